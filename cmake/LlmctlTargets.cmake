@@ -1,0 +1,32 @@
+# Helpers every folder uses: warnings as errors for project code only, and one test per file.
+
+# Project code compiles with warnings as errors; third-party headers come in as SYSTEM includes
+# (imported targets' include directories are SYSTEM by default), so their warnings never fail the build.
+function(llmctl_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Werror -Wno-unused-parameter)
+endfunction()
+
+# llmctl_library(NAME SOURCES ... DEPS ...)
+function(llmctl_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+  llmctl_warnings(${name})
+endfunction()
+
+# llmctl_test(NAME SOURCES ... DEPS ... [ENV k=v ...])
+# Tests are discovered when ctest runs (not at build time), with a fixed thread count so results and
+# timings do not depend on the machine's core count. A GTEST_SKIP shows as "skipped" in ctest's summary.
+function(llmctl_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;ENV" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  llmctl_warnings(${name})
+  gtest_discover_tests(${name}
+    DISCOVERY_MODE PRE_TEST
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    PROPERTIES
+      ENVIRONMENT "OMP_NUM_THREADS=2;MKL_NUM_THREADS=2;LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR};LLMCTL_BUILD_DIR=${PROJECT_BINARY_DIR};${ARG_ENV}"
+      SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+endfunction()
