@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
@@ -77,6 +78,12 @@ template <typename T>
 class [[nodiscard]] StatusOr {
  public:
   StatusOr(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  // Anything convertible to T, e.g. std::unique_ptr<Derived> for StatusOr<std::unique_ptr<Base>>.
+  template <typename U, typename = std::enable_if_t<std::is_convertible_v<U&&, T> &&
+                                                    !std::is_same_v<std::decay_t<U>, T> &&
+                                                    !std::is_same_v<std::decay_t<U>, Status> &&
+                                                    !std::is_same_v<std::decay_t<U>, StatusOr>>>
+  StatusOr(U&& value) : value_(T(std::forward<U>(value))) {}  // NOLINT: implicit by design
   StatusOr(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
     if (status_.ok()) status_ = InternalError("StatusOr constructed from an OK status without a value");
   }

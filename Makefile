@@ -1,0 +1,28 @@
+# The two commands a newcomer types: `make demo` (the main job) and `make test` (the whole test suite).
+# Each does whatever setup and build is still missing.
+BUILD ?= build
+VENV := .venv
+TORCH_CMAKE = $(shell $(VENV)/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+TEST_JOBS ?= 2
+
+.PHONY: setup configure build demo test clean
+
+setup:
+	@scripts/setup.sh
+
+$(BUILD)/build.ninja: CMakeLists.txt | setup
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(TORCH_CMAKE)"
+
+configure: $(BUILD)/build.ninja
+
+build: setup configure
+	cmake --build $(BUILD)
+
+demo: build
+	$(BUILD)/trainer/llm-train --config experiments/demo.yaml
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(TEST_JOBS)
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Installs everything llmctl needs on a fresh Debian 12 machine: Debian packages (with retries) and the
+# pinned LibTorch wheel in a project-local virtual environment (.venv). Re-running it checks and returns
+# in about a second when nothing is missing. `--dev` adds the Python packages that regenerate the test
+# fixtures and run the peer benchmarks (transformers, tokenizers, safetensors, numpy).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION=2.15.0
+DEBIAN_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git python3-venv
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libboost-dev libboost-system-dev libcurl4-openssl-dev libssl-dev
+  nlohmann-json3-dev libsqlite3-dev sqlite3 libspdlog-dev libyaml-cpp-dev libcli11-dev
+  libgtest-dev libgmock-dev libpcre2-dev
+)
+DEV_PYTHON_PACKAGES=(numpy "transformers==5.23.0" "tokenizers==0.23.3" "safetensors==0.8.0")
+
+retry() {
+  local attempt
+  for attempt in 1 2 3 4 5; do
+    if "$@"; then return 0; fi
+    echo "setup: '$*' failed (attempt $attempt of 5); retrying in $((attempt * 5)) s" >&2
+    sleep $((attempt * 5))
+  done
+  echo "setup: giving up on '$*'" >&2
+  return 1
+}
+
+missing=()
+for pkg in "${DEBIAN_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  retry $SUDO apt-get update -q
+  retry $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Python: prefer Debian's python3 for the venv when the default python3 cannot make one.
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+installed_torch=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
+if [ "$installed_torch" != "$TORCH_VERSION" ]; then
+  echo "setup: installing torch==$TORCH_VERSION into .venv (about 3 GB to download, about 75 s here)"
+  retry .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
+fi
+if [ "${1:-}" = "--dev" ]; then
+  if ! .venv/bin/python -c 'import transformers, tokenizers, safetensors, numpy' 2>/dev/null; then
+    echo "setup: installing the fixture and benchmark tools into .venv"
+    retry .venv/bin/pip install -q --disable-pip-version-check "${DEV_PYTHON_PACKAGES[@]}"
+  fi
+fi
+echo "setup: ok"

@@ -1,0 +1,93 @@
+// llm-train: runs one trial of an experiment file in this process.
+//
+//   llm-train --config FILE [--trial NAME] [--set key=value ...] [--events FILE] [--prepare]
+//
+// Exit codes: 0 ok, 1 failed, 2 invalid input (nothing ran), 3 out of memory, 4 diverged, 5 cancelled.
+#include <csignal>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "common/experiment.h"
+#include "common/model_config.h"
+#include "common/trial_config.h"
+#include "trainer/train/batches.h"
+#include "trainer/train/trainer.h"
+
+namespace {
+
+std::atomic<bool> g_cancel{false};
+
+void OnSignal(int) { g_cancel.store(true); }
+
+int Fail(const std::string& message) {
+  std::cerr << "llm-train: " << message << std::endl;
+  return llmctl::trainer::kExitInvalidInput;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"llm-train: fine-tunes a LLaMA-family model and reports where the memory went"};
+  std::string config_path;
+  std::string trial_name;
+  std::vector<std::string> overrides;
+  std::string events_path;
+  bool prepare_only = false;
+  app.add_option("--config", config_path, "experiment file (YAML)")->required();
+  app.add_option("--trial", trial_name, "which trial of the file to run (default: the only one)");
+  app.add_option("--set", overrides, "override a trial key, e.g. --set train.micro_batch_size=8");
+  app.add_option("--events", events_path, "append JSON-lines events to this file");
+  app.add_flag("--prepare", prepare_only, "only tokenize the dataset into the token cache");
+  CLI11_PARSE(app, argc, argv);
+
+  auto experiment = llmctl::LoadExperimentFile(config_path);
+  if (!experiment.ok()) return Fail(experiment.status().message());
+  const llmctl::Trial* trial = nullptr;
+  if (trial_name.empty()) {
+    if (experiment->trials.size() != 1) {
+      std::string names;
+      for (const auto& t : experiment->trials) names += (names.empty() ? "" : ", ") + t.name;
+      return Fail(config_path + " has " + std::to_string(experiment->trials.size()) +
+                  " trials; choose one with --trial (" + names + ")");
+    }
+    trial = &experiment->trials.front();
+  } else {
+    for (const auto& t : experiment->trials) {
+      if (t.name == trial_name) trial = &t;
+    }
+    if (trial == nullptr) return Fail(config_path + ": no trial named '" + trial_name + "'");
+  }
+  llmctl::TrialConfig config = trial->config;
+  for (const std::string& assignment : overrides) {
+    const size_t eq = assignment.find('=');
+    if (eq == std::string::npos) return Fail("--set expects key=value, got '" + assignment + "'");
+    llmctl::Status status = config.SetFromText(assignment.substr(0, eq), assignment.substr(eq + 1));
+    if (!status.ok()) return Fail("--set " + assignment + ": " + status.message());
+  }
+  auto model = llmctl::ResolveModel(config.GetString("model"));
+  if (!model.ok()) return Fail(model.status().message());
+  if (llmctl::Status status = llmctl::ValidateTrialConfig(config, &*model); !status.ok()) {
+    return Fail(status.message());
+  }
+
+  if (prepare_only) {
+    auto tokens = llmctl::trainer::PrepareTokens(config, *model);
+    if (!tokens.ok()) return Fail(tokens.status().message());
+    std::cout << *tokens << std::endl;
+    return 0;
+  }
+
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  llmctl::trainer::RunOptions options;
+  options.events_path = events_path;
+  options.human = &std::cout;
+  options.cancel = &g_cancel;
+  const llmctl::trainer::TrialResult result = llmctl::trainer::RunTrial(config, options);
+  if (result.invalid_input) {
+    std::cerr << "llm-train: " << result.error << std::endl;
+    return llmctl::trainer::kExitInvalidInput;
+  }
+  return llmctl::trainer::ExitCodeFor(result.outcome);
+}

@@ -1,0 +1,130 @@
+#include "trainer/memory/counting_allocator.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <string>
+
+#include "common/byte_size.h"
+
+namespace llmctl::trainer {
+namespace {
+
+thread_local bool t_host_allocations = false;
+
+// Above LibTorch's own registration, so GetCPUAllocator() returns the counting allocator.
+constexpr uint8_t kAllocatorPriority = 100;
+
+void RaiseToAtLeast(std::atomic<uint64_t>& peak, uint64_t value) {
+  uint64_t seen = peak.load(std::memory_order_relaxed);
+  while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+// One per live allocation: the inner allocator's DataPtr plus what to give back on free.
+struct CountingCpuAllocator::Record {
+  c10::DataPtr inner;
+  uint64_t bytes;
+  MemoryPool pool;
+  CountingCpuAllocator* owner;
+};
+
+CountingCpuAllocator::CountingCpuAllocator() : inner_(c10::GetDefaultCPUAllocator()) {}
+
+CountingCpuAllocator& CountingCpuAllocator::Install() {
+  // Never destroyed: tensors may outlive static destruction order.
+  static CountingCpuAllocator* instance = [] {
+    auto* allocator = new CountingCpuAllocator();
+    c10::SetCPUAllocator(allocator, kAllocatorPriority);
+    return allocator;
+  }();
+  return *instance;
+}
+
+CountingCpuAllocator* CountingCpuAllocator::Installed() {
+  c10::Allocator* current = c10::GetCPUAllocator();
+  return dynamic_cast<CountingCpuAllocator*>(current);
+}
+
+c10::DataPtr CountingCpuAllocator::allocate(size_t n) {
+  const MemoryPool pool = t_host_allocations ? MemoryPool::kHost : MemoryPool::kDevice;
+  Counters& counters = CountersFor(pool);
+  const uint64_t bytes = n;
+  const uint64_t after = counters.allocated.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  const uint64_t budget = budget_.load(std::memory_order_relaxed);
+  if (pool == MemoryPool::kDevice && budget != 0 && after > budget) {
+    counters.allocated.fetch_sub(bytes, std::memory_order_relaxed);
+    failed_request_.store(bytes);
+    failed_at_allocated_.store(after - bytes);
+    has_failure_.store(true);
+    // The same exception type CUDA's caching allocator throws, so one code path handles both.
+    C10_THROW_ERROR(OutOfMemoryError,
+                    "device_memory budget exceeded: tried to allocate " + FormatBytes(bytes) + " with " +
+                        FormatBytes(after - bytes) + " of " + FormatBytes(budget) + " in use");
+  }
+  RaiseToAtLeast(counters.peak, after);
+  c10::DataPtr inner;
+  try {
+    inner = inner_->allocate(n);
+  } catch (...) {
+    counters.allocated.fetch_sub(bytes, std::memory_order_relaxed);
+    throw;
+  }
+  void* data = inner.get();
+  auto* record = new Record{std::move(inner), bytes, pool, this};
+  return c10::DataPtr(data, record, &CountingCpuAllocator::Delete, c10::Device(c10::kCPU));
+}
+
+void CountingCpuAllocator::Delete(void* opaque) {
+  auto* record = static_cast<Record*>(opaque);
+  record->owner->CountersFor(record->pool).allocated.fetch_sub(record->bytes,
+                                                               std::memory_order_relaxed);
+  delete record;  // frees the inner DataPtr with its own deleter
+}
+
+void CountingCpuAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  std::memcpy(dest, src, count);
+}
+
+PoolCounters CountingCpuAllocator::device() const {
+  return {device_.allocated.load(), device_.peak.load()};
+}
+
+PoolCounters CountingCpuAllocator::host() const { return {host_.allocated.load(), host_.peak.load()}; }
+
+void CountingCpuAllocator::ResetPeaks() {
+  device_.peak.store(device_.allocated.load());
+  host_.peak.store(host_.allocated.load());
+}
+
+void CountingCpuAllocator::SetDeviceBudget(std::optional<uint64_t> budget) {
+  budget_.store(budget.value_or(0));
+  has_failure_.store(false);
+}
+
+std::optional<uint64_t> CountingCpuAllocator::device_budget() const {
+  const uint64_t budget = budget_.load();
+  if (budget == 0) return std::nullopt;
+  return budget;
+}
+
+std::optional<BudgetFailure> CountingCpuAllocator::last_budget_failure() const {
+  if (!has_failure_.load()) return std::nullopt;
+  return BudgetFailure{failed_request_.load(), failed_at_allocated_.load()};
+}
+
+std::optional<MemoryPool> CountingCpuAllocator::PoolOf(const c10::Storage& storage) {
+  const c10::DataPtr& data_ptr = storage.data_ptr();
+  if (data_ptr.get_deleter() != &CountingCpuAllocator::Delete) return std::nullopt;
+  return static_cast<const Record*>(data_ptr.get_context())->pool;
+}
+
+ScopedHostAllocations::ScopedHostAllocations() : previous_(t_host_allocations) {
+  t_host_allocations = true;
+}
+
+ScopedHostAllocations::~ScopedHostAllocations() { t_host_allocations = previous_; }
+
+}  // namespace llmctl::trainer

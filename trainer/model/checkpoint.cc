@@ -1,0 +1,89 @@
+#include "trainer/model/checkpoint.h"
+
+#include <ATen/autocast_mode.h>
+
+namespace llmctl::trainer {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// Keeps the block alive in the autograd graph until backward has run (or the graph is freed).
+struct RecomputeHolder : torch::CustomClassHolder {
+  explicit RecomputeHolder(std::function<torch::Tensor(const torch::Tensor&)> f) : block(std::move(f)) {}
+  std::function<torch::Tensor(const torch::Tensor&)> block;
+};
+
+// Autocast settings of the forward pass, put back while recomputing (backward runs on the autograd
+// engine's threads, where they are off).
+struct AutocastSettings {
+  bool cpu_enabled;
+  at::ScalarType cpu_dtype;
+  bool cuda_enabled;
+  at::ScalarType cuda_dtype;
+
+  static AutocastSettings Current() {
+    return {at::autocast::is_autocast_enabled(at::kCPU), at::autocast::get_autocast_dtype(at::kCPU),
+            at::autocast::is_autocast_enabled(at::kCUDA), at::autocast::get_autocast_dtype(at::kCUDA)};
+  }
+  void Apply() const {
+    at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
+    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+  }
+};
+
+class ScopedAutocast {
+ public:
+  explicit ScopedAutocast(const AutocastSettings& settings) : previous_(AutocastSettings::Current()) {
+    settings.Apply();
+  }
+  ~ScopedAutocast() { previous_.Apply(); }
+
+ private:
+  AutocastSettings previous_;
+};
+
+struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input,
+                               c10::intrusive_ptr<RecomputeHolder> holder) {
+    ctx->save_for_backward({input});
+    const AutocastSettings autocast = AutocastSettings::Current();
+    ctx->saved_data["cpu_autocast"] = autocast.cpu_enabled;
+    ctx->saved_data["cpu_dtype"] = static_cast<int64_t>(autocast.cpu_dtype);
+    ctx->saved_data["cuda_autocast"] = autocast.cuda_enabled;
+    ctx->saved_data["cuda_dtype"] = static_cast<int64_t>(autocast.cuda_dtype);
+    ctx->saved_data["block"] = c10::IValue::make_capsule(holder);
+    torch::NoGradGuard no_grad;
+    return holder->block(input);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    torch::Tensor input = ctx->get_saved_variables()[0];
+    auto holder = c10::static_intrusive_pointer_cast<RecomputeHolder>(ctx->saved_data["block"].toCapsule());
+    const AutocastSettings autocast{
+        ctx->saved_data["cpu_autocast"].toBool(),
+        static_cast<at::ScalarType>(ctx->saved_data["cpu_dtype"].toInt()),
+        ctx->saved_data["cuda_autocast"].toBool(),
+        static_cast<at::ScalarType>(ctx->saved_data["cuda_dtype"].toInt())};
+    torch::Tensor detached = input.detach().requires_grad_(true);
+    torch::Tensor output;
+    {
+      torch::AutoGradMode grad_on(true);
+      ScopedAutocast scoped(autocast);
+      output = holder->block(detached);
+    }
+    torch::autograd::backward({output}, {grad_outputs[0]});
+    return {detached.grad(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor CheckpointedForward(std::function<torch::Tensor(const torch::Tensor&)> block,
+                                  const torch::Tensor& input) {
+  return CheckpointFunction::apply(input, c10::make_intrusive<RecomputeHolder>(std::move(block)));
+}
+
+}  // namespace llmctl::trainer

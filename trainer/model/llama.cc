@@ -1,0 +1,191 @@
+#include "trainer/model/llama.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "trainer/model/checkpoint.h"
+
+namespace llmctl::trainer {
+namespace {
+
+torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// Inverse frequencies (D/2,), with Llama 3's piecewise rescaling when configured.
+torch::Tensor InverseFrequencies(const ModelConfig& config) {
+  const int64_t dim = config.head_dim;
+  auto exponents = torch::arange(0, dim, 2, torch::kFloat64) / static_cast<double>(dim);
+  auto inv_freq = 1.0 / torch::pow(config.rope_theta, exponents);
+  if (config.rope_scaling) {
+    const RopeScaling& s = *config.rope_scaling;
+    const double old_context = static_cast<double>(s.original_max_position_embeddings);
+    const double low_freq_wavelen = old_context / s.low_freq_factor;
+    const double high_freq_wavelen = old_context / s.high_freq_factor;
+    auto wavelen = 2.0 * std::numbers::pi / inv_freq;
+    auto scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+    auto smooth = (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    auto smoothed = (1.0 - smooth) * scaled / s.factor + smooth * scaled;
+    auto is_medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+    inv_freq = torch::where(is_medium, smoothed, scaled);
+  }
+  return inv_freq.to(torch::kFloat32);
+}
+
+// (B, H, T, D): (-x2, x1) for halves x1, x2 of the last dimension.
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half);
+  auto x2 = x.narrow(-1, half, half);
+  return torch::cat({-x2, x1}, -1);
+}
+
+torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope) {
+  // Tables are (T, D) float32; like transformers, cast them to the activations' dtype first.
+  auto cos = rope.cos.to(x.scalar_type());
+  auto sin = rope.sin.to(x.scalar_type());
+  return x * cos + RotateHalf(x) * sin;
+}
+
+}  // namespace
+
+RmsNormImpl::RmsNormImpl(int64_t size, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({size}));
+}
+
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
+  // As transformers: normalise in float32, cast back to the input dtype, then scale.
+  auto x32 = x.to(torch::kFloat32);
+  auto variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+  auto normed = (x32 * torch::rsqrt(variance + eps_)).to(x.scalar_type());
+  return weight * normed;
+}
+
+RotaryTables MakeRotaryTables(const ModelConfig& config, int64_t seq_len, torch::Device device) {
+  auto inv_freq = InverseFrequencies(config).to(device);                           // (D/2,)
+  auto positions = torch::arange(seq_len, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  auto freqs = torch::outer(positions, inv_freq);                                  // (T, D/2)
+  auto angles = torch::cat({freqs, freqs}, -1);                                    // (T, D)
+  return {angles.cos(), angles.sin()};
+}
+
+AttentionImpl::AttentionImpl(const ModelConfig& c)
+    : num_heads_(c.num_attention_heads), num_kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+  const bool qkv_bias = c.attention_qkv_bias;
+  q_proj_ = register_module("q_proj", MakeLinear(c.hidden_size, num_heads_ * head_dim_, qkv_bias));
+  k_proj_ = register_module("k_proj", MakeLinear(c.hidden_size, num_kv_heads_ * head_dim_, qkv_bias));
+  v_proj_ = register_module("v_proj", MakeLinear(c.hidden_size, num_kv_heads_ * head_dim_, qkv_bias));
+  o_proj_ = register_module("o_proj",
+                            MakeLinear(num_heads_ * head_dim_, c.hidden_size, c.attention_output_bias));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
+  const int64_t batch = x.size(0);
+  const int64_t seq = x.size(1);
+  auto q = q_proj_(x).view({batch, seq, num_heads_, head_dim_}).transpose(1, 2);     // (B, H, T, D)
+  auto k = k_proj_(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);  // (B, K, T, D)
+  auto v = v_proj_(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);  // (B, K, T, D)
+  q = ApplyRotary(q, rope);
+  k = ApplyRotary(k, rope);
+  // Right padding only: real tokens never attend to padding under the causal mask, and padded positions
+  // carry no labels, so no padding mask is needed.
+  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                            /*is_causal=*/true, /*scale=*/std::nullopt,
+                                            /*enable_gqa=*/num_heads_ != num_kv_heads_);  // (B, H, T, D)
+  y = y.transpose(1, 2).reshape({batch, seq, num_heads_ * head_dim_});
+  return o_proj_(y);
+}
+
+MlpImpl::MlpImpl(const ModelConfig& c) {
+  gate_proj_ = register_module("gate_proj", MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  up_proj_ = register_module("up_proj", MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  down_proj_ = register_module("down_proj", MakeLinear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return down_proj_(torch::silu(gate_proj_(x)) * up_proj_(x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
+  self_attn_ = register_module("self_attn", Attention(c));
+  mlp_ = register_module("mlp", Mlp(c));
+  input_layernorm_ = register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm_ =
+      register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
+  auto h = x + self_attn_(input_layernorm_(x), rope);
+  return h + mlp_(post_attention_layernorm_(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const ModelConfig& c) : config_(c) {
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  layers_ = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layer_list_.push_back(DecoderLayer(c));
+    layers_->push_back(layer_list_.back());
+  }
+  norm_ = register_module("norm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids, const LlamaOptions& options) {
+  auto h = embed_tokens(input_ids);  // (B, T, C)
+  const RotaryTables rope = MakeRotaryTables(config_, input_ids.size(1), input_ids.device());
+  for (DecoderLayer& layer : layer_list_) {
+    if (options.activation_checkpointing && torch::GradMode::is_enabled()) {
+      h = CheckpointedForward(
+          [layer, rope](const torch::Tensor& input) mutable { return layer->forward(input, rope); }, h);
+    } else {
+      h = layer->forward(h, rope);
+    }
+  }
+  return norm_(h);
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& c) : config_(c) {
+  model_ = register_module("model", LlamaModel(c));
+  if (!c.tie_word_embeddings) {
+    lm_head_ = register_module("lm_head", MakeLinear(c.hidden_size, c.vocab_size, /*bias=*/false));
+  }
+}
+
+torch::Tensor LlamaForCausalLMImpl::Hidden(const torch::Tensor& input_ids, const LlamaOptions& options) {
+  return model_->forward(input_ids, options);
+}
+
+torch::Tensor LlamaForCausalLMImpl::OutputWeight() const {
+  return lm_head_ ? lm_head_->weight : model_->embed_tokens->weight;
+}
+
+torch::Tensor LlamaForCausalLMImpl::Logits(const torch::Tensor& hidden) {
+  return torch::nn::functional::linear(hidden, OutputWeight());
+}
+
+void LlamaForCausalLMImpl::InitializeRandom(double std) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    torch::Tensor& p = item.value();
+    if (name.ends_with("layernorm.weight") || name.ends_with("norm.weight")) {
+      p.fill_(1.0);
+    } else if (name.ends_with(".bias")) {
+      p.zero_();
+    } else {
+      p.normal_(0.0, std);
+    }
+  }
+}
+
+torch::Tensor CausalLmLoss(const torch::Tensor& logits, const torch::Tensor& labels) {
+  const int64_t vocab = logits.size(-1);
+  const int64_t seq = logits.size(1);
+  // (B, T-1, V) predicts (B, T-1): position t scores token t+1.
+  auto shifted_logits = logits.narrow(1, 0, seq - 1).reshape({-1, vocab}).to(torch::kFloat32);
+  auto shifted_labels = labels.narrow(1, 1, seq - 1).reshape({-1});
+  return torch::nn::functional::cross_entropy(
+      shifted_logits, shifted_labels,
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kMean));
+}
+
+}  // namespace llmctl::trainer

@@ -1,0 +1,121 @@
+// The LLaMA-family decoder (LLaMA 1/2/3, TinyLlama, OpenLLaMA, Mistral, Qwen2, SmolLM shapes) with Hugging
+// Face's parameter names, so a model directory's safetensors load by name and logits match transformers.
+//
+// B = batch size, T = sequence length, C = hidden size, H = attention heads, K = key/value heads,
+// D = head dim, V = vocabulary size.
+#ifndef LLMCTL_TRAINER_MODEL_LLAMA_H_
+#define LLMCTL_TRAINER_MODEL_LLAMA_H_
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "common/model_config.h"
+
+namespace llmctl::trainer {
+
+class RmsNormImpl : public torch::nn::Module {
+ public:
+  RmsNormImpl(int64_t size, double eps);
+  torch::Tensor forward(const torch::Tensor& x);  // (..., C) -> (..., C)
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RmsNorm);
+
+// cos and sin tables for rotary embeddings: (T, D) each, float32.
+struct RotaryTables {
+  torch::Tensor cos;
+  torch::Tensor sin;
+};
+RotaryTables MakeRotaryTables(const ModelConfig& config, int64_t seq_len, torch::Device device);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope);  // (B, T, C) -> (B, T, C)
+
+ private:
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+  torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+};
+TORCH_MODULE(Attention);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);  // SwiGLU: down(silu(gate(x)) * up(x))
+
+ private:
+  torch::nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope);  // (B, T, C)
+
+ private:
+  RmsNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
+  Attention self_attn_{nullptr};
+  Mlp mlp_{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+struct LlamaOptions {
+  // Recompute each decoder layer in backward instead of keeping its activations.
+  bool activation_checkpointing = false;
+};
+
+// "model.*" of a Hugging Face LlamaForCausalLM: embeddings, decoder layers, final norm.
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  explicit LlamaModelImpl(const ModelConfig& config);
+  // input_ids (B, T) int64 -> final hidden states (B, T, C)
+  torch::Tensor forward(const torch::Tensor& input_ids, const LlamaOptions& options);
+  torch::nn::Embedding embed_tokens{nullptr};
+
+ private:
+  ModelConfig config_;
+  torch::nn::ModuleList layers_{nullptr};
+  std::vector<DecoderLayer> layer_list_;
+  RmsNorm norm_{nullptr};
+};
+TORCH_MODULE(LlamaModel);
+
+class LlamaForCausalLMImpl : public torch::nn::Module {
+ public:
+  explicit LlamaForCausalLMImpl(const ModelConfig& config);
+
+  // input_ids (B, T) -> hidden states (B, T, C) after the final norm.
+  torch::Tensor Hidden(const torch::Tensor& input_ids, const LlamaOptions& options);
+  // hidden (B, T, C) -> logits (B, T, V) in the compute dtype.
+  torch::Tensor Logits(const torch::Tensor& hidden);
+  // The output projection's weight (V, C): lm_head's, or the embedding's when tied.
+  torch::Tensor OutputWeight() const;
+
+  const ModelConfig& config() const { return config_; }
+
+  // Hugging Face's initialisation: normal(0, 0.02) for linear and embedding weights, zero biases, ones
+  // for norms. Deterministic under torch::manual_seed.
+  void InitializeRandom(double std = 0.02);
+
+ private:
+  ModelConfig config_;
+  LlamaModel model_{nullptr};
+  torch::nn::Linear lm_head_{nullptr};  // null when embeddings are tied
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+// Mean cross-entropy over the labels that are not -100, with Hugging Face's shift: position t predicts
+// label t+1. logits (B, T, V), labels (B, T) int64. Computed in float32. Returns the scalar mean and
+// writes the number of counted tokens.
+torch::Tensor CausalLmLoss(const torch::Tensor& logits, const torch::Tensor& labels);
+
+}  // namespace llmctl::trainer
+
+#endif  // LLMCTL_TRAINER_MODEL_LLAMA_H_

@@ -1,0 +1,109 @@
+#include "trainer/model/weights.h"
+
+#include <set>
+
+namespace llmctl::trainer {
+namespace {
+
+torch::Dtype TorchDtype(safetensors::DType dtype) {
+  switch (dtype) {
+    case safetensors::DType::kF64: return torch::kFloat64;
+    case safetensors::DType::kF32: return torch::kFloat32;
+    case safetensors::DType::kF16: return torch::kFloat16;
+    case safetensors::DType::kBF16: return torch::kBFloat16;
+    case safetensors::DType::kI64: return torch::kInt64;
+    case safetensors::DType::kI32: return torch::kInt32;
+    case safetensors::DType::kI16: return torch::kInt16;
+    case safetensors::DType::kI8: return torch::kInt8;
+    case safetensors::DType::kU8: return torch::kUInt8;
+    case safetensors::DType::kBool: return torch::kBool;
+  }
+  return torch::kUInt8;
+}
+
+std::string ShapeText(c10::IntArrayRef shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// Sets the default dtype while alive so module constructors allocate parameters directly in the run's
+// dtype (no fp32 copy first).
+class ScopedDefaultDtype {
+ public:
+  explicit ScopedDefaultDtype(torch::Dtype dtype) : previous_(torch::get_default_dtype()) {
+    torch::set_default_dtype(caffe2::scalarTypeToTypeMeta(dtype));
+  }
+  ~ScopedDefaultDtype() { torch::set_default_dtype(previous_); }
+
+ private:
+  caffe2::TypeMeta previous_;
+};
+
+}  // namespace
+
+torch::Tensor TensorFromView(const safetensors::TensorView& view) {
+  // from_blob never frees; the mapping is read-only, so the tensor must only be read.
+  return torch::from_blob(const_cast<std::byte*>(view.bytes.data()), view.shape,
+                          torch::TensorOptions().dtype(TorchDtype(view.dtype)));
+}
+
+Status LoadWeights(LlamaForCausalLM& model, const safetensors::ShardedCheckpoint& checkpoint,
+                   const std::string& source) {
+  torch::NoGradGuard no_grad;
+  std::set<std::string> used;
+  for (auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    torch::Tensor& param = item.value();
+    const safetensors::TensorView* view = checkpoint.Find(name);
+    if (view == nullptr) return DataLossError(source + ": tensor '" + name + "' is missing");
+    if (!param.sizes().equals(view->shape)) {
+      return DataLossError(source + ": tensor '" + name + "' has shape " + ShapeText(view->shape) +
+                           ", the config says " + ShapeText(param.sizes()));
+    }
+    const bool is_float = view->dtype == safetensors::DType::kF32 ||
+                          view->dtype == safetensors::DType::kF16 ||
+                          view->dtype == safetensors::DType::kBF16 ||
+                          view->dtype == safetensors::DType::kF64;
+    if (!is_float) {
+      return DataLossError(source + ": tensor '" + name + "' has dtype " +
+                           std::string(safetensors::DTypeName(view->dtype)) +
+                           ", expected a floating-point type");
+    }
+    param.copy_(TensorFromView(*view));
+    used.insert(name);
+  }
+  for (const std::string& name : checkpoint.names()) {
+    if (used.count(name)) continue;
+    // Tied checkpoints sometimes store lm_head.weight as well; rotary tables are recomputed.
+    if (name == "lm_head.weight" || name.ends_with("rotary_emb.inv_freq")) continue;
+    return DataLossError(source + ": unexpected tensor '" + name +
+                         "' (is config.json the one that belongs to these weights?)");
+  }
+  return Status::Ok();
+}
+
+StatusOr<LlamaForCausalLM> BuildModel(const ModelConfig& config, const std::string& init,
+                                      const std::string& model_dir, torch::Dtype dtype,
+                                      torch::Device device) {
+  std::unique_ptr<safetensors::ShardedCheckpoint> checkpoint;
+  if (init == "pretrained") {
+    ASSIGN_OR_RETURN(checkpoint, safetensors::ShardedCheckpoint::Open(model_dir));
+  } else if (init != "random") {
+    return InvalidArgumentError("init: expected pretrained or random, got '" + init + "'");
+  }
+  LlamaForCausalLM model{nullptr};
+  {
+    ScopedDefaultDtype default_dtype(dtype);
+    model = LlamaForCausalLM(config);
+  }
+  if (!device.is_cpu()) model->to(device);
+  if (checkpoint) {
+    RETURN_IF_ERROR(LoadWeights(model, *checkpoint, model_dir));
+  } else {
+    model->InitializeRandom();
+  }
+  return model;
+}
+
+}  // namespace llmctl::trainer

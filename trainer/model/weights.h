@@ -1,0 +1,33 @@
+// Building a model: random initialisation, or weights from a Hugging Face directory's safetensors.
+#ifndef LLMCTL_TRAINER_MODEL_WEIGHTS_H_
+#define LLMCTL_TRAINER_MODEL_WEIGHTS_H_
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "common/model_config.h"
+#include "common/status.h"
+#include "trainer/model/llama.h"
+#include "trainer/safetensors/safetensors.h"
+
+namespace llmctl::trainer {
+
+// Builds the model with parameters of `dtype` on `device`. init "random" draws Hugging Face's
+// initialisation (seeded by the caller's torch::manual_seed); init "pretrained" loads `model_dir`'s
+// model.safetensors (or its sharded index). Errors name the file and the tensor.
+StatusOr<LlamaForCausalLM> BuildModel(const ModelConfig& config, const std::string& init,
+                                      const std::string& model_dir, torch::Dtype dtype,
+                                      torch::Device device);
+
+// Copies every parameter from `checkpoint` by Hugging Face name, converting dtype tensor by tensor
+// straight from the memory-mapped file into the parameter (no second full copy of the model).
+Status LoadWeights(LlamaForCausalLM& model, const safetensors::ShardedCheckpoint& checkpoint,
+                   const std::string& source);
+
+// A zero-copy tensor over a view's bytes (valid while the file stays open).
+torch::Tensor TensorFromView(const safetensors::TensorView& view);
+
+}  // namespace llmctl::trainer
+
+#endif  // LLMCTL_TRAINER_MODEL_WEIGHTS_H_

@@ -1,0 +1,38 @@
+// Test support: runs a trial of experiments/demo.yaml (with overrides) in this process and reads back
+// its event log.
+#ifndef LLMCTL_TRAINER_TESTING_TRIAL_RUNNER_H_
+#define LLMCTL_TRAINER_TESTING_TRIAL_RUNNER_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/trial_config.h"
+#include "trainer/train/trainer.h"
+
+namespace llmctl::trainer::testing {
+
+// The repository root (LLMCTL_SOURCE_DIR, set by ctest).
+std::string SourceDir();
+
+// experiments/demo.yaml's trial with `overrides` applied as `--set key=value` would; fails the test on
+// a bad override.
+TrialConfig DemoConfig(const std::vector<std::pair<std::string, std::string>>& overrides);
+
+struct TrialRecord {
+  TrialResult result;
+  std::vector<nlohmann::json> events;
+
+  std::vector<nlohmann::json> OfType(const std::string& type) const;
+  // The snapshot of (step, micro_batch, phase); fails the test when absent.
+  nlohmann::json Snapshot(int64_t step, int64_t micro_batch, const std::string& phase) const;
+  std::vector<double> Losses() const;
+};
+
+TrialRecord RunAndRecord(const TrialConfig& config);
+
+}  // namespace llmctl::trainer::testing
+
+#endif  // LLMCTL_TRAINER_TESTING_TRIAL_RUNNER_H_

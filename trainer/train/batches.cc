@@ -1,0 +1,178 @@
+#include "trainer/train/batches.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include "trainer/data/batch_iterator.h"
+#include "trainer/data/file_util.h"
+#include "trainer/data/text_encoder.h"
+#include "trainer/data/token_file.h"
+#include "trainer/tokenizer/tokenizer.h"
+
+namespace llmctl::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The data pipeline's view of a tokenizer.json tokenizer; its fingerprint is the file's hash.
+class TokenizerEncoder final : public data::TextEncoder {
+ public:
+  TokenizerEncoder(Tokenizer tokenizer, std::string fingerprint)
+      : tokenizer_(std::move(tokenizer)), fingerprint_(std::move(fingerprint)) {}
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens) const override {
+    return tokenizer_.Encode(text, add_special_tokens);
+  }
+  int32_t bos_id() const override { return tokenizer_.bos_id().value_or(-1); }
+  int32_t eos_id() const override { return tokenizer_.eos_id().value_or(-1); }
+  std::string fingerprint() const override { return fingerprint_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+
+ private:
+  Tokenizer tokenizer_;
+  std::string fingerprint_;
+};
+
+StatusOr<std::string> TokenizerPath(const TrialConfig& config) {
+  std::string path = config.GetString("tokenizer");
+  if (path.empty()) {
+    const std::string model = config.GetString("model");
+    if (!fs::is_directory(model)) {
+      return InvalidArgumentError("tokenizer: model '" + model +
+                                  "' is a preset without files; set tokenizer to a tokenizer.json "
+                                  "(experiments/tokenizers/demo/tokenizer.json is the demo's)");
+    }
+    path = model;
+  }
+  if (fs::is_directory(path)) path = (fs::path(path) / "tokenizer.json").string();
+  return path;
+}
+
+StatusOr<std::unique_ptr<TokenizerEncoder>> LoadEncoder(const TrialConfig& config) {
+  ASSIGN_OR_RETURN(std::string path, TokenizerPath(config));
+  ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(path));
+  ASSIGN_OR_RETURN(uint64_t hash, data::Fnv1a64File(path));
+  std::ostringstream fingerprint;
+  fingerprint << "fnv1a64:" << std::hex << std::setw(16) << std::setfill('0') << hash;
+  return std::make_unique<TokenizerEncoder>(std::move(tokenizer), fingerprint.str());
+}
+
+StatusOr<data::PrepareOptions> PrepareOptionsFor(const TrialConfig& config) {
+  data::PrepareOptions options;
+  ASSIGN_OR_RETURN(options.format, data::ParseDatasetFormat(config.GetString("data.format")));
+  ASSIGN_OR_RETURN(options.prompt_template, data::ParsePromptTemplate(config.GetString("data.template")));
+  options.max_seq_length = config.GetInt("data.max_seq_length");
+  options.mask_prompt = config.GetBool("data.mask_prompt");
+  options.samples = config.GetInt("data.samples");
+  return options;
+}
+
+// $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else ~/.cache/llmctl; token files under tokens/.
+fs::path TokenCacheDir() {
+  if (const char* dir = std::getenv("LLMCTL_CACHE_DIR"); dir != nullptr && *dir) {
+    return fs::path(dir) / "tokens";
+  }
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg) {
+    return fs::path(xdg) / "llmctl" / "tokens";
+  }
+  const char* home = std::getenv("HOME");
+  return fs::path(home != nullptr ? home : "/tmp") / ".cache" / "llmctl" / "tokens";
+}
+
+class TokenFileBatches final : public BatchSource {
+ public:
+  TokenFileBatches(std::unique_ptr<data::TokenFile> file, data::BatchIterator iterator)
+      : file_(std::move(file)), iterator_(std::move(iterator)) {}
+
+  int64_t num_examples() const override { return file_->num_examples(); }
+
+  MicroBatch Next(int64_t size, torch::Device device) override {
+    data::Batch batch = iterator_.Next();
+    TORCH_CHECK(batch.rows == size, "micro-batch of ", batch.rows, " rows, expected ", size);
+    MicroBatch micro;
+    const auto options = torch::TensorOptions().dtype(torch::kInt64);
+    // (B, T) each; copied out of the vectors, then moved to the device.
+    micro.input_ids = torch::from_blob(batch.input_ids.data(), {batch.rows, batch.seq_len}, options)
+                          .clone()
+                          .to(device);
+    micro.labels =
+        torch::from_blob(batch.labels.data(), {batch.rows, batch.seq_len}, options).clone().to(device);
+    micro.label_tokens = batch.num_target_tokens;
+    for (int64_t length : batch.lengths) micro.real_tokens += length;
+    return micro;
+  }
+
+  nlohmann::json Position() const override {
+    const data::BatchPosition position = iterator_.position();
+    return {{"epoch", position.epoch}, {"index", position.index}};
+  }
+
+  Status Restore(const nlohmann::json& position) override {
+    if (!position.is_object() || !position.contains("epoch") || !position.contains("index")) {
+      return DataLossError("data position must be {\"epoch\": N, \"index\": N}");
+    }
+    return iterator_.Restore({position["epoch"].get<int64_t>(), position["index"].get<int64_t>()});
+  }
+
+ private:
+  std::unique_ptr<data::TokenFile> file_;
+  data::BatchIterator iterator_;
+};
+
+}  // namespace
+
+StatusOr<std::string> PrepareTokens(const TrialConfig& config, const ModelConfig& model) {
+  const std::string data_path = config.GetString("data.path");
+  if (data_path.empty()) return InvalidArgumentError("data.path: no dataset given");
+  ASSIGN_OR_RETURN(auto encoder, LoadEncoder(config));
+  if (encoder->tokenizer().vocab_size() > model.vocab_size) {
+    return InvalidArgumentError("tokenizer " + encoder->tokenizer().source() + " has " +
+                                std::to_string(encoder->tokenizer().vocab_size()) +
+                                " tokens, more than the model's vocab_size " +
+                                std::to_string(model.vocab_size));
+  }
+  ASSIGN_OR_RETURN(data::PrepareOptions options, PrepareOptionsFor(config));
+  ASSIGN_OR_RETURN(std::string fingerprint, data::ExpectedFingerprint(data_path, *encoder, options));
+  const fs::path dir = TokenCacheDir();
+  std::ostringstream name;
+  name << std::hex << std::setw(16) << std::setfill('0') << data::Fnv1a64(fingerprint) << ".tok";
+  const fs::path path = dir / name.str();
+  if (fs::exists(path)) {
+    data::TokenFile::Options quick;
+    quick.verify_contents = false;
+    auto existing = data::TokenFile::Open(path.string(), quick);
+    if (existing.ok() && (*existing)->fingerprint() == fingerprint) return path.string();
+  }
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return UnavailableError("cannot create the token cache " + dir.string() + ": " + error.message());
+  ASSIGN_OR_RETURN(data::PrepareStats stats, data::PrepareTokenFile(data_path, *encoder, options, path.string()));
+  (void)stats;
+  return path.string();
+}
+
+StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config, const ModelConfig& model) {
+  ASSIGN_OR_RETURN(std::string path, PrepareTokens(config, model));
+  ASSIGN_OR_RETURN(std::unique_ptr<data::TokenFile> file, data::TokenFile::Open(path));
+  if (file->max_token_id() >= model.vocab_size) {
+    return InvalidArgumentError(path + ": token id " + std::to_string(file->max_token_id()) +
+                                " is outside the model's vocabulary of " +
+                                std::to_string(model.vocab_size));
+  }
+  data::BatchOptions options;
+  options.micro_batch_size = config.GetInt("train.micro_batch_size");
+  options.seed = static_cast<uint64_t>(config.GetInt("seed"));
+  // Every micro-batch has the same number of rows, so accumulation's weights and shapes stay uniform.
+  options.drop_last = true;
+  if (file->num_examples() < options.micro_batch_size) {
+    return InvalidArgumentError(config.GetString("data.path") + " has " +
+                                std::to_string(file->num_examples()) +
+                                " examples, fewer than one micro-batch of " +
+                                std::to_string(options.micro_batch_size));
+  }
+  ASSIGN_OR_RETURN(data::BatchIterator iterator, data::BatchIterator::Create(*file, options));
+  return std::unique_ptr<BatchSource>(new TokenFileBatches(std::move(file), std::move(iterator)));
+}
+
+}  // namespace llmctl::trainer

@@ -1,0 +1,192 @@
+#include "trainer/train/optimizer.h"
+
+#include <map>
+
+namespace llmctl::trainer {
+namespace {
+
+// AdamW with decoupled weight decay, through PyTorch's fused kernel (one pass over p, g, m, v per
+// tensor, on CPU and CUDA). Moments have the parameter's dtype, as torch.optim.AdamW's do. The kernel
+// reads the step count from a tensor; one float32 scalar shared by all parameters holds it (4 bytes of
+// state in all, counted as optimizer state).
+class AdamW final : public Optimizer {
+ public:
+  AdamW(const OptimizerOptions& options, std::vector<torch::Tensor> params)
+      : options_(options), params_(std::move(params)) {}
+
+  void Step(double lr) override {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+    if (exp_avg_.empty()) Materialize();
+    step_.add_(1.0);
+    ++steps_taken_;
+    std::vector<torch::Tensor> steps;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].grad().defined()) continue;
+      params.push_back(params_[i]);
+      grads.push_back(params_[i].grad());
+      exp_avgs.push_back(exp_avg_[i]);
+      exp_avg_sqs.push_back(exp_avg_sq_[i]);
+      steps.push_back(step_);
+    }
+    if (params.empty()) return;
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
+                      options_.beta1, options_.beta2, options_.weight_decay, options_.eps,
+                      /*amsgrad=*/false, /*maximize=*/false);
+  }
+
+  std::vector<torch::Tensor> StateTensors() const override {
+    std::vector<torch::Tensor> state;
+    if (exp_avg_.empty()) return state;
+    state.insert(state.end(), exp_avg_.begin(), exp_avg_.end());
+    state.insert(state.end(), exp_avg_sq_.begin(), exp_avg_sq_.end());
+    state.push_back(step_);
+    return state;
+  }
+
+  std::vector<std::pair<std::string, torch::Tensor>> NamedState() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    if (exp_avg_.empty()) return named;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      named.emplace_back(std::to_string(i) + ".exp_avg", exp_avg_[i]);
+      named.emplace_back(std::to_string(i) + ".exp_avg_sq", exp_avg_sq_[i]);
+    }
+    named.emplace_back("step", step_);
+    return named;
+  }
+
+  Status LoadNamedState(const std::vector<std::pair<std::string, torch::Tensor>>& state) override {
+    std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
+    if (by_name.empty()) return Status::Ok();
+    Materialize();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      for (auto [field, target] : {std::pair{".exp_avg", &exp_avg_[i]}, {".exp_avg_sq", &exp_avg_sq_[i]}}) {
+        auto it = by_name.find(std::to_string(i) + field);
+        if (it == by_name.end() || !it->second.sizes().equals(target->sizes())) {
+          return DataLossError("optimizer state '" + std::to_string(i) + field +
+                               "' is missing or has the wrong shape");
+        }
+        target->copy_(it->second);
+      }
+    }
+    auto it = by_name.find("step");
+    if (it == by_name.end()) return DataLossError("optimizer state 'step' is missing");
+    step_.copy_(it->second);
+    steps_taken_ = static_cast<int64_t>(step_.item<double>());
+    return Status::Ok();
+  }
+
+  int64_t steps_taken() const override { return steps_taken_; }
+
+ private:
+  void Materialize() {
+    if (!exp_avg_.empty()) return;
+    for (const torch::Tensor& p : params_) {
+      exp_avg_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      exp_avg_sq_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    }
+    step_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(params_.front().device()));
+  }
+
+  OptimizerOptions options_;
+  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> exp_avg_;
+  std::vector<torch::Tensor> exp_avg_sq_;
+  torch::Tensor step_;
+  int64_t steps_taken_ = 0;
+};
+
+// SGD; with momentum 0 it keeps no state at all (the labs' "optimizer without state" row).
+class Sgd final : public Optimizer {
+ public:
+  Sgd(const OptimizerOptions& options, std::vector<torch::Tensor> params)
+      : options_(options), params_(std::move(params)) {}
+
+  void Step(double lr) override {
+    torch::NoGradGuard no_grad;
+    ++steps_taken_;
+    if (options_.momentum != 0.0 && momentum_.empty()) momentum_.assign(params_.size(), torch::Tensor());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      torch::Tensor& p = params_[i];
+      if (!p.grad().defined()) continue;
+      torch::Tensor update = p.grad();
+      if (options_.weight_decay != 0.0) update = update.add(p, options_.weight_decay);
+      if (options_.momentum != 0.0) {
+        if (!momentum_[i].defined()) {
+          momentum_[i] = update.clone();
+        } else {
+          momentum_[i].mul_(options_.momentum).add_(update);
+        }
+        update = momentum_[i];
+      }
+      p.add_(update, -lr);
+    }
+  }
+
+  std::vector<torch::Tensor> StateTensors() const override {
+    std::vector<torch::Tensor> state;
+    for (const torch::Tensor& m : momentum_) {
+      if (m.defined()) state.push_back(m);
+    }
+    return state;
+  }
+
+  std::vector<std::pair<std::string, torch::Tensor>> NamedState() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    for (size_t i = 0; i < momentum_.size(); ++i) {
+      if (momentum_[i].defined()) named.emplace_back(std::to_string(i) + ".momentum", momentum_[i]);
+    }
+    return named;
+  }
+
+  Status LoadNamedState(const std::vector<std::pair<std::string, torch::Tensor>>& state) override {
+    if (state.empty()) return Status::Ok();
+    if (options_.momentum == 0.0) return DataLossError("checkpoint has SGD momentum, but momentum is 0");
+    momentum_.assign(params_.size(), torch::Tensor());
+    for (const auto& [name, tensor] : state) {
+      const size_t dot = name.find('.');
+      const size_t index = std::stoul(name.substr(0, dot));
+      if (index >= params_.size()) return DataLossError("optimizer state '" + name + "' has no parameter");
+      momentum_[index] = tensor.clone();
+    }
+    return Status::Ok();
+  }
+
+  int64_t steps_taken() const override { return steps_taken_; }
+
+ private:
+  OptimizerOptions options_;
+  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> momentum_;
+  int64_t steps_taken_ = 0;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerOptions& options,
+                                                   std::vector<torch::Tensor> params) {
+  if (params.empty()) return InvalidArgumentError("the model has no trainable parameters");
+  if (options.name == "adamw") return std::unique_ptr<Optimizer>(new AdamW(options, std::move(params)));
+  if (options.name == "sgd") return std::unique_ptr<Optimizer>(new Sgd(options, std::move(params)));
+  return InvalidArgumentError("optimizer: unknown optimizer '" + options.name + "' (adamw, sgd)");
+}
+
+double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> norms;
+  for (const torch::Tensor& p : params) {
+    if (p.grad().defined()) norms.push_back(p.grad().norm(2, {}, false, torch::kFloat32));
+  }
+  if (norms.empty()) return 0.0;
+  const double total = torch::stack(norms).norm().item<double>();
+  const double coefficient = max_norm / (total + 1e-6);
+  if (coefficient < 1.0) {
+    for (const torch::Tensor& p : params) {
+      if (p.grad().defined()) p.grad().mul_(coefficient);
+    }
+  }
+  return total;
+}
+
+}  // namespace llmctl::trainer

@@ -1,0 +1,396 @@
+#include "trainer/train/trainer.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <numbers>
+#include <ostream>
+#include <sstream>
+
+#include "common/byte_size.h"
+#include "common/model_config.h"
+#include "trainer/memory/accounting.h"
+#include "trainer/model/llama.h"
+#include "trainer/model/weights.h"
+#include "trainer/train/batches.h"
+#include "trainer/train/events.h"
+#include "trainer/train/optimizer.h"
+#include "trainer/train/precision.h"
+
+namespace llmctl::trainer {
+
+std::string_view OutcomeName(Outcome outcome) {
+  switch (outcome) {
+    case Outcome::kOk: return "ok";
+    case Outcome::kOom: return "oom";
+    case Outcome::kDiverged: return "diverged";
+    case Outcome::kFailed: return "failed";
+    case Outcome::kCancelled: return "cancelled";
+  }
+  return "failed";
+}
+
+int ExitCodeFor(Outcome outcome) {
+  switch (outcome) {
+    case Outcome::kOk: return kExitOk;
+    case Outcome::kOom: return kExitOom;
+    case Outcome::kDiverged: return kExitDiverged;
+    case Outcome::kFailed: return kExitFailed;
+    case Outcome::kCancelled: return kExitCancelled;
+  }
+  return kExitFailed;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+constexpr const char* kPhaseBeforeForward = "phase0_before_fwd";
+constexpr const char* kPhaseAfterForward = "phase1_after_fwd";
+constexpr const char* kPhaseAfterBackward = "phase2_after_bwd";
+constexpr const char* kPhaseAfterOptimizerStep = "phase3_after_opt_step";
+
+json SnapshotJson(const MemorySnapshot& s) {
+  return json{{"params_bytes", s.params_bytes},         {"grads_bytes", s.grads_bytes},
+              {"optim_device_bytes", s.optim_device_bytes}, {"optim_host_bytes", s.optim_host_bytes},
+              {"other_bytes", s.other_bytes},           {"allocated_bytes", s.allocated_bytes},
+              {"peak_bytes", s.peak_bytes},             {"reserved_bytes", s.reserved_bytes}};
+}
+
+// Linear warmup to the peak rate, then cosine decay to zero at the last step (LitGPT's schedule).
+double LearningRate(double peak, int64_t step, int64_t warmup_steps, int64_t total_steps) {
+  if (warmup_steps > 0 && step < warmup_steps) {
+    return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  }
+  const int64_t decay_steps = total_steps - warmup_steps;
+  if (decay_steps <= 0) return peak;
+  const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps);
+  return 0.5 * peak * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+// Everything one run holds; members are destroyed in reverse order, model last.
+class TrialRun {
+ public:
+  TrialRun(const TrialConfig& config, const RunOptions& options, EventLog& events)
+      : config_(config), options_(options), events_(events) {}
+
+  TrialResult Run();
+
+ private:
+  Status Setup();
+  // Returns false when the trial ended (diverged or cancelled) inside the step.
+  bool TrainStep(int64_t step);
+  void Snapshot(int64_t step, int64_t micro_batch, const char* phase);
+  void Log(const std::string& level, const std::string& message);
+  void Human(const std::string& line) {
+    if (options_.human != nullptr) *options_.human << line << std::endl;
+  }
+  TrialResult Finish(Outcome outcome, std::string error);
+  std::vector<torch::Tensor> OptimizerState() const {
+    return optimizer_ ? optimizer_->StateTensors() : std::vector<torch::Tensor>{};
+  }
+
+  const TrialConfig& config_;
+  const RunOptions& options_;
+  EventLog& events_;
+
+  ModelConfig model_config_;
+  Precision precision_;
+  torch::Device device_{torch::kCPU};
+  std::optional<DeviceMemory> memory_;
+  LlamaForCausalLM model_{nullptr};
+  LlamaOptions model_options_;
+  std::vector<torch::Tensor> all_params_;
+  std::vector<torch::Tensor> trainable_params_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<BatchSource> batches_;
+  std::optional<LossScaler> loss_scaler_;
+
+  int64_t micro_batch_size_ = 1;
+  int64_t accumulation_ = 1;
+  int64_t total_steps_ = 0;
+  int64_t snapshot_every_ = 50;
+  int64_t log_every_ = 1;
+  bool snapshot_this_step_ = false;
+  double train_seconds_ = 0.0;
+  int64_t tokens_seen_ = 0;
+  std::optional<double> last_loss_;
+  int64_t steps_done_ = 0;
+  std::string divergence_;
+};
+
+Status TrialRun::Setup() {
+  ASSIGN_OR_RETURN(model_config_, ResolveModel(config_.GetString("model")));
+  ASSIGN_OR_RETURN(precision_, Precision::FromName(config_.GetString("precision")));
+  device_ = config_.GetString("device") == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  ASSIGN_OR_RETURN(DeviceMemory memory, DeviceMemory::For(device_));
+  memory_.emplace(memory);
+  RETURN_IF_ERROR(memory_->SetBudget(config_.GetByteSize("device_memory")));
+
+  micro_batch_size_ = config_.GetInt("train.micro_batch_size");
+  accumulation_ = config_.GetInt("train.global_batch_size") / micro_batch_size_;
+  snapshot_every_ = std::max<int64_t>(1, config_.GetInt("snapshot_every"));
+  log_every_ = std::max<int64_t>(1, config_.GetInt("log_every"));
+  model_options_.activation_checkpointing = config_.GetBool("activation_checkpointing");
+  if (precision_.loss_scaling) loss_scaler_.emplace(device_);
+  return Status::Ok();
+}
+
+void TrialRun::Log(const std::string& level, const std::string& message) {
+  events_.Emit({{"type", "log"}, {"level", level}, {"message", message}});
+  Human("[" + level + "] " + message);
+}
+
+void TrialRun::Snapshot(int64_t step, int64_t micro_batch, const char* phase) {
+  if (!snapshot_this_step_) return;
+  const MemorySnapshot snapshot = TakeSnapshot(*memory_, all_params_, OptimizerState());
+  json event = SnapshotJson(snapshot);
+  event["type"] = "snapshot";
+  event["step"] = step;
+  event["micro_batch"] = micro_batch;
+  event["phase"] = phase;
+  events_.Emit(event);
+  std::string label = "step" + std::to_string(step);
+  if (accumulation_ > 1) label += "_mb" + std::to_string(micro_batch);
+  Human("[" + label + "_" + phase + "] " + FormatSnapshot(snapshot));
+}
+
+bool TrialRun::TrainStep(int64_t step) {
+  const auto started = Clock::now();
+  snapshot_this_step_ = step == 0 || step == 1 || step % snapshot_every_ == 0;
+  const double lr = LearningRate(config_.GetFloat("train.lr"), step,
+                                 config_.GetInt("train.warmup_steps"), total_steps_);
+
+  // The global batch's loss is the mean over all of its label tokens, so each micro-batch's mean is
+  // weighted by its share of them: k micro-batches give exactly the gradient of one batch k times larger.
+  std::vector<MicroBatch> micro_batches;
+  int64_t global_label_tokens = 0;
+  for (int64_t i = 0; i < accumulation_; ++i) {
+    micro_batches.push_back(batches_->Next(micro_batch_size_, device_));
+    global_label_tokens += micro_batches.back().label_tokens;
+  }
+
+  for (torch::Tensor& p : trainable_params_) p.mutable_grad() = torch::Tensor();
+  double loss_sum = 0.0;  // Σ micro-batch mean × its label tokens
+  int64_t step_tokens = 0;
+  for (int64_t i = 0; i < accumulation_; ++i) {
+    if (options_.cancel != nullptr && options_.cancel->load()) return false;
+    MicroBatch& batch = micro_batches[static_cast<size_t>(i)];
+    Snapshot(step, i, kPhaseBeforeForward);
+    torch::Tensor loss;
+    {
+      AutocastScope autocast(precision_, device_);
+      torch::Tensor hidden = model_->Hidden(batch.input_ids, model_options_);
+      torch::Tensor logits = model_->Logits(hidden);  // (B, T, V)
+      loss = CausalLmLoss(logits, batch.labels);
+    }
+    Snapshot(step, i, kPhaseAfterForward);
+    const double loss_value = loss.item<double>();
+    if (!std::isfinite(loss_value)) {
+      divergence_ = "loss is " + std::to_string(loss_value) + " at step " + std::to_string(step) +
+                    ", micro-batch " + std::to_string(i);
+      return false;
+    }
+    const double weight = global_label_tokens > 0 ? static_cast<double>(batch.label_tokens) /
+                                                        static_cast<double>(global_label_tokens)
+                                                  : 0.0;
+    torch::Tensor objective = loss * weight;
+    if (loss_scaler_) objective = objective * loss_scaler_->scale();
+    objective.backward();
+    objective = torch::Tensor();
+    loss = torch::Tensor();
+    Snapshot(step, i, kPhaseAfterBackward);
+    loss_sum += loss_value * static_cast<double>(batch.label_tokens);
+    step_tokens += batch.real_tokens;
+  }
+  micro_batches.clear();
+
+  bool grads_finite = true;
+  if (loss_scaler_) grads_finite = loss_scaler_->UnscaleAndCheck(trainable_params_);
+  const double grad_clip = config_.GetFloat("train.grad_clip");
+  if (grads_finite && grad_clip > 0.0) ClipGradNorm(trainable_params_, grad_clip);
+  if (grads_finite) optimizer_->Step(lr);
+  if (loss_scaler_) loss_scaler_->Update(grads_finite);
+  Snapshot(step, accumulation_ - 1, kPhaseAfterOptimizerStep);
+  if (device_.is_cuda()) torch::cuda::synchronize();
+
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  train_seconds_ += seconds;
+  tokens_seen_ += step_tokens;
+  const double step_loss =
+      global_label_tokens > 0 ? loss_sum / static_cast<double>(global_label_tokens) : 0.0;
+  last_loss_ = step_loss;
+  steps_done_ = step + 1;
+  events_.Emit({{"type", "step"},
+                {"step", step},
+                {"loss", step_loss},
+                {"lr", lr},
+                {"tokens", step_tokens},
+                {"seconds", seconds},
+                {"allocated_bytes", memory_->allocated_bytes()},
+                {"peak_bytes", memory_->peak_bytes()}});
+  if (step % log_every_ == 0 || step + 1 == total_steps_) {
+    std::ostringstream line;
+    line.precision(4);
+    line << "[step " << step + 1 << "/" << total_steps_ << "] loss " << std::fixed << step_loss
+         << " | lr " << std::scientific << lr << std::fixed << " | " << step_tokens << " tokens | "
+         << seconds << " s | " << static_cast<int64_t>(static_cast<double>(step_tokens) / seconds)
+         << " tokens/s | allocated " << FormatBytes(memory_->allocated_bytes()) << " (peak "
+         << FormatBytes(memory_->peak_bytes()) << ")";
+    Human(line.str());
+  }
+  return true;
+}
+
+TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
+  TrialResult result;
+  result.outcome = outcome;
+  result.error = std::move(error);
+  result.train_seconds = train_seconds_;
+  result.tokens_per_second = train_seconds_ > 0 ? static_cast<double>(tokens_seen_) / train_seconds_ : 0.0;
+  result.peak_bytes = memory_ ? memory_->peak_bytes() : 0;
+  result.final_loss = last_loss_;
+  result.steps_done = steps_done_;
+  json event{{"type", "result"},
+             {"outcome", OutcomeName(outcome)},
+             {"train_seconds", result.train_seconds},
+             {"tokens_per_second", result.tokens_per_second},
+             {"peak_bytes", result.peak_bytes},
+             {"steps", result.steps_done},
+             {"final_loss", result.final_loss ? json(*result.final_loss) : json(nullptr)},
+             {"error", result.error}};
+  events_.Emit(event);
+  std::ostringstream line;
+  line.precision(2);
+  line << std::fixed << "[done] outcome " << OutcomeName(outcome) << " | train time "
+       << result.train_seconds << " s | peak memory " << FormatGiB(result.peak_bytes) << " ("
+       << FormatBytes(result.peak_bytes) << ") | tokens/s " << std::setprecision(0)
+       << result.tokens_per_second;
+  if (!result.error.empty()) line << " | " << result.error;
+  Human(line.str());
+  return result;
+}
+
+TrialResult TrialRun::Run() {
+  if (Status status = Setup(); !status.ok()) {
+    TrialResult result = Finish(Outcome::kFailed, status.message());
+    result.invalid_input = true;
+    return result;
+  }
+  uint64_t load_peak = 0;
+  try {
+    // Data first: a bad dataset or tokenizer should fail before minutes of model loading.
+    auto batches = OpenBatches(config_, model_config_);
+    if (!batches.ok()) {
+      TrialResult result = Finish(Outcome::kFailed, batches.status().message());
+      result.invalid_input = true;
+      return result;
+    }
+    batches_ = std::move(*batches);
+    Log("info", "dataset " + config_.GetString("data.path") + ": " +
+                    std::to_string(batches_->num_examples()) + " examples");
+
+    memory_->ResetPeak();
+    torch::manual_seed(static_cast<uint64_t>(config_.GetInt("seed")));
+    auto model = BuildModel(model_config_, config_.GetString("init"), config_.GetString("model"),
+                            precision_.param_dtype, device_);
+    if (!model.ok()) {
+      TrialResult result = Finish(Outcome::kFailed, model.status().message());
+      result.invalid_input = true;
+      return result;
+    }
+    model_ = std::move(*model);
+    load_peak = memory_->peak_bytes();
+    model_->train();
+    for (const torch::Tensor& p : model_->parameters()) {
+      all_params_.push_back(p);
+      if (p.requires_grad()) trainable_params_.push_back(p);
+    }
+    OptimizerOptions optimizer_options;
+    optimizer_options.name = config_.GetString("optimizer");
+    optimizer_options.lr = config_.GetFloat("train.lr");
+    const std::vector<double> betas = config_.GetFloatList("train.betas");
+    optimizer_options.beta1 = betas.at(0);
+    optimizer_options.beta2 = betas.at(1);
+    optimizer_options.eps = config_.GetFloat("train.eps");
+    optimizer_options.weight_decay = config_.GetFloat("train.weight_decay");
+    optimizer_options.momentum = config_.GetFloat("train.momentum");
+    auto optimizer = MakeOptimizer(optimizer_options, trainable_params_);
+    if (!optimizer.ok()) {
+      TrialResult result = Finish(Outcome::kFailed, optimizer.status().message());
+      result.invalid_input = true;
+      return result;
+    }
+    optimizer_ = std::move(*optimizer);
+
+    const int64_t global_batch = micro_batch_size_ * accumulation_;
+    const int64_t steps_per_epoch = std::max<int64_t>(1, batches_->num_examples() / global_batch);
+    total_steps_ = config_.GetInt("train.max_steps") > 0
+                       ? config_.GetInt("train.max_steps")
+                       : steps_per_epoch * std::max<int64_t>(1, config_.GetInt("train.epochs"));
+
+    int64_t trainable_count = 0;
+    int64_t total_count = 0;
+    for (const torch::Tensor& p : all_params_) {
+      total_count += p.numel();
+      if (p.requires_grad()) trainable_count += p.numel();
+    }
+    events_.Emit({{"type", "start"},
+                  {"config", config_.ToJson()},
+                  {"total_steps", total_steps_},
+                  {"examples", batches_->num_examples()},
+                  {"parameters_total", total_count},
+                  {"parameters_trainable", trainable_count},
+                  {"load_peak_bytes", load_peak},
+                  {"device", device_.str()},
+                  {"threads", torch::get_num_threads()},
+                  {"torch_version", TORCH_VERSION}});
+    Human("[start] model " + config_.GetString("model") + " (" + std::to_string(total_count) +
+          " parameters, " + std::to_string(trainable_count) + " trainable) | " +
+          precision_.name + " | " + config_.GetString("optimizer") + " | micro-batch " +
+          std::to_string(micro_batch_size_) + " x " + std::to_string(accumulation_) + " | " +
+          std::to_string(total_steps_) + " steps | loading peak " + FormatBytes(load_peak));
+
+    memory_->ResetPeak();
+    for (int64_t step = 0; step < total_steps_; ++step) {
+      if (!TrainStep(step)) {
+        if (!divergence_.empty()) return Finish(Outcome::kDiverged, divergence_);
+        return Finish(Outcome::kCancelled, "cancelled at step " + std::to_string(step));
+      }
+    }
+    return Finish(Outcome::kOk, "");
+  } catch (const c10::OutOfMemoryError& e) {
+    const MemorySnapshot snapshot = SnapshotAtFailure(*memory_, all_params_, OptimizerState());
+    json event = SnapshotJson(snapshot);
+    event["type"] = "snapshot";
+    event["step"] = steps_done_;
+    event["micro_batch"] = -1;
+    event["phase"] = "oom";
+    events_.Emit(event);
+    Human("[oom] " + FormatSnapshot(snapshot));
+    return Finish(Outcome::kOom, e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    return Finish(Outcome::kFailed, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Finish(Outcome::kFailed, e.what());
+  }
+}
+
+}  // namespace
+
+TrialResult RunTrial(const TrialConfig& config, const RunOptions& options) {
+  auto events = EventLog::Open(options.events_path);
+  if (!events.ok()) {
+    TrialResult result;
+    result.outcome = Outcome::kFailed;
+    result.invalid_input = true;
+    result.error = events.status().message();
+    return result;
+  }
+  TrialRun run(config, options, **events);
+  return run.Run();
+}
+
+}  // namespace llmctl::trainer

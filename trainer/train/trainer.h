@@ -1,0 +1,56 @@
+// Runs one trial: the one place that knows the step anatomy.
+//
+// For each micro-batch: phase0_before_fwd → forward → phase1_after_fwd → backward → phase2_after_bwd;
+// after the last micro-batch of a global batch: optimizer step → phase3_after_opt_step. Snapshots are
+// taken at step 0, step 1 and every `snapshot_every` steps (every micro-batch of such a step).
+#ifndef LLMCTL_TRAINER_TRAIN_TRAINER_H_
+#define LLMCTL_TRAINER_TRAIN_TRAINER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/trial_config.h"
+
+namespace llmctl::trainer {
+
+enum class Outcome { kOk, kOom, kDiverged, kFailed, kCancelled };
+
+std::string_view OutcomeName(Outcome outcome);
+
+// llm-train's documented exit codes.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitInvalidInput = 2;  // bad config, model files, tokenizer or data: nothing ran
+inline constexpr int kExitOom = 3;
+inline constexpr int kExitDiverged = 4;
+inline constexpr int kExitCancelled = 5;
+int ExitCodeFor(Outcome outcome);
+
+struct TrialResult {
+  Outcome outcome = Outcome::kFailed;
+  bool invalid_input = false;  // failed before training started because an input was bad
+  double train_seconds = 0.0;
+  double tokens_per_second = 0.0;
+  uint64_t peak_bytes = 0;
+  std::optional<double> final_loss;
+  int64_t steps_done = 0;
+  std::string error;
+};
+
+struct RunOptions {
+  std::string events_path;             // JSON lines; empty = none
+  std::ostream* human = nullptr;       // the labs' human lines; null = silent
+  const std::atomic<bool>* cancel = nullptr;  // set by a signal handler to stop between micro-batches
+  std::string resume_from;             // a checkpoint directory written by an earlier run
+};
+
+// Runs the trial in this process and reports how it ended. Never throws.
+TrialResult RunTrial(const TrialConfig& config, const RunOptions& options);
+
+}  // namespace llmctl::trainer
+
+#endif  // LLMCTL_TRAINER_TRAIN_TRAINER_H_

@@ -1,0 +1,204 @@
+// End-to-end trainer tests on the demo model: exact memory accounting, the step anatomy, gradient
+// accumulation, activation checkpointing, precision modes and outcomes. Each test runs in its own process
+// (ctest runs each discovered test alone), so allocator figures are not shared between tests.
+#include "trainer/train/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include "common/model_config.h"
+#include "trainer/testing/trial_runner.h"
+
+namespace llmctl::trainer {
+namespace {
+
+using testing::DemoConfig;
+using testing::RunAndRecord;
+using testing::TrialRecord;
+
+constexpr const char* kPhases[] = {"phase0_before_fwd", "phase1_after_fwd", "phase2_after_bwd"};
+
+uint64_t DemoParameterCount() {
+  const ModelConfig* preset = FindPreset("llmctl-demo");
+  EXPECT_NE(preset, nullptr);
+  return preset ? ParameterCount(*preset) : 0;
+}
+
+uint64_t Field(const nlohmann::json& snapshot, const char* name) { return snapshot[name].get<uint64_t>(); }
+
+TEST(MemoryAccountingTest, Fp32AdamWIsExactToTheByteAfterTheFirstStep) {
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"}, {"train.micro_batch_size", "2"},
+                                             {"train.global_batch_size", "2"}}));
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  const uint64_t params = 4 * DemoParameterCount();
+  const nlohmann::json s = run.Snapshot(0, 0, "phase3_after_opt_step");
+  EXPECT_EQ(Field(s, "params_bytes"), params);
+  EXPECT_EQ(Field(s, "grads_bytes"), params);
+  // Two fp32 moments per parameter plus the one fp32 step counter the fused kernel reads.
+  EXPECT_EQ(Field(s, "optim_device_bytes"), 2 * params + 4);
+  EXPECT_EQ(Field(s, "optim_host_bytes"), 0u);
+  EXPECT_EQ(Field(s, "allocated_bytes"), Field(s, "params_bytes") + Field(s, "grads_bytes") +
+                                             Field(s, "optim_device_bytes") + Field(s, "other_bytes"));
+  EXPECT_GE(Field(s, "peak_bytes"), Field(s, "allocated_bytes"));
+  EXPECT_EQ(Field(s, "reserved_bytes"), Field(s, "allocated_bytes"));  // CPU: nothing is cached
+
+  // Before the first step there is no optimizer state and no gradient yet.
+  const nlohmann::json before = run.Snapshot(0, 0, "phase0_before_fwd");
+  EXPECT_EQ(Field(before, "params_bytes"), params);
+  EXPECT_EQ(Field(before, "grads_bytes"), 0u);
+  EXPECT_EQ(Field(before, "optim_device_bytes"), 0u);
+  // After backward the gradients exist, the optimizer state not yet.
+  const nlohmann::json after_backward = run.Snapshot(0, 0, "phase2_after_bwd");
+  EXPECT_EQ(Field(after_backward, "grads_bytes"), params);
+  EXPECT_EQ(Field(after_backward, "optim_device_bytes"), 0u);
+  // Forward keeps activations for backward: more than anything before it.
+  const nlohmann::json after_forward = run.Snapshot(0, 0, "phase1_after_fwd");
+  EXPECT_GT(Field(after_forward, "other_bytes"), Field(before, "other_bytes"));
+}
+
+TEST(MemoryAccountingTest, Bf16TrueHalvesParamsGradsAndMoments) {
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "1"}, {"precision", "bf16-true"}}));
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  const uint64_t params = 2 * DemoParameterCount();
+  const nlohmann::json s = run.Snapshot(0, 1, "phase3_after_opt_step");
+  EXPECT_EQ(Field(s, "params_bytes"), params);
+  EXPECT_EQ(Field(s, "grads_bytes"), params);
+  EXPECT_EQ(Field(s, "optim_device_bytes"), 2 * params + 4);
+}
+
+TEST(MemoryAccountingTest, SgdWithoutMomentumKeepsNoOptimizerState) {
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"}, {"optimizer", "sgd"}}));
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  for (const auto& snapshot : run.OfType("snapshot")) {
+    EXPECT_EQ(Field(snapshot, "optim_device_bytes"), 0u) << snapshot.dump();
+    EXPECT_EQ(Field(snapshot, "optim_host_bytes"), 0u);
+  }
+}
+
+TEST(StepAnatomyTest, SnapshotsEveryPhaseOfEveryMicroBatchOfSnapshotSteps) {
+  // demo: micro 4, global 8 -> 2 micro-batches per step; snapshots at steps 0, 1 and every 3rd.
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "4"}, {"snapshot_every", "3"}}));
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  for (int64_t step : {0, 1, 3}) {
+    for (int64_t mb : {0, 1}) {
+      for (const char* phase : kPhases) run.Snapshot(step, mb, phase);
+    }
+    run.Snapshot(step, 1, "phase3_after_opt_step");
+  }
+  for (const auto& snapshot : run.OfType("snapshot")) EXPECT_NE(snapshot["step"], 2) << snapshot.dump();
+  // 3 snapshot steps x (2 micro-batches x 3 phases + 1 optimizer phase)
+  EXPECT_EQ(run.OfType("snapshot").size(), 3u * 7u);
+}
+
+TEST(StepAnatomyTest, EventLogStartsWithStartAndEndsWithResult) {
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "3"}}));
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  ASSERT_FALSE(run.events.empty());
+  EXPECT_EQ(run.events.front()["type"], "start");
+  EXPECT_EQ(run.events.front()["total_steps"], 3);
+  EXPECT_EQ(run.events.front()["parameters_total"], DemoParameterCount());
+  EXPECT_GT(run.events.front()["load_peak_bytes"].get<uint64_t>(), 4 * DemoParameterCount() - 1);
+  EXPECT_EQ(run.events.back()["type"], "result");
+  EXPECT_EQ(run.events.back()["outcome"], "ok");
+  EXPECT_EQ(run.OfType("step").size(), 3u);
+  EXPECT_EQ(run.OfType("result").size(), 1u);
+  EXPECT_GT(run.result.tokens_per_second, 0.0);
+  ASSERT_TRUE(run.result.final_loss.has_value());
+  EXPECT_DOUBLE_EQ(*run.result.final_loss, run.Losses().back());
+}
+
+TEST(TrainingLoopTest, LossGoesDownOnTheDemoData) {
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "20"}}));
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  const std::vector<double> losses = run.Losses();
+  ASSERT_EQ(losses.size(), 20u);
+  EXPECT_LT(losses.back(), losses.front() - 1.0) << "first " << losses.front() << ", last " << losses.back();
+}
+
+// k micro-batches give the same update as one batch k times larger (plain SGD makes the update a direct
+// function of the gradient, so any difference in the gradient shows in the next losses).
+TEST(TrainingLoopTest, GradientAccumulationMatchesOneLargerBatch) {
+  auto run_with = [](const std::string& micro) {
+    return RunAndRecord(DemoConfig({{"train.max_steps", "4"},
+                                    {"optimizer", "sgd"},
+                                    {"train.lr", "0.5"},
+                                    {"train.warmup_steps", "0"},
+                                    {"train.global_batch_size", "8"},
+                                    {"train.micro_batch_size", micro}}));
+  };
+  TrialRecord whole = run_with("8");
+  TrialRecord halves = run_with("4");
+  TrialRecord singles = run_with("1");
+  ASSERT_EQ(whole.result.outcome, Outcome::kOk) << whole.result.error;
+  ASSERT_EQ(halves.result.outcome, Outcome::kOk) << halves.result.error;
+  ASSERT_EQ(singles.result.outcome, Outcome::kOk) << singles.result.error;
+  const auto a = whole.Losses(), b = halves.Losses(), c = singles.Losses();
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  ASSERT_EQ(c.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i], b[i], 1e-4) << "step " << i;
+    EXPECT_NEAR(a[i], c[i], 1e-4) << "step " << i;
+  }
+  EXPECT_GT(std::abs(a[3] - a[0]), 1e-2) << "the updates must change the loss for this test to mean anything";
+}
+
+TEST(TrainingLoopTest, ActivationCheckpointingGivesTheSameLossesWithLessActivationMemory) {
+  auto run_with = [](const std::string& checkpointing) {
+    return RunAndRecord(DemoConfig({{"train.max_steps", "3"}, {"activation_checkpointing", checkpointing}}));
+  };
+  TrialRecord plain = run_with("false");
+  TrialRecord checkpointed = run_with("true");
+  ASSERT_EQ(plain.result.outcome, Outcome::kOk) << plain.result.error;
+  ASSERT_EQ(checkpointed.result.outcome, Outcome::kOk) << checkpointed.result.error;
+  const auto a = plain.Losses(), b = checkpointed.Losses();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i;
+  EXPECT_LT(Field(checkpointed.Snapshot(1, 0, "phase1_after_fwd"), "other_bytes"),
+            Field(plain.Snapshot(1, 0, "phase1_after_fwd"), "other_bytes"));
+}
+
+TEST(PrecisionTest, MixedModesTrainWithFp32MasterWeights) {
+  for (const char* precision : {"bf16-mixed", "16-mixed"}) {
+    TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "3"}, {"precision", precision}}));
+    ASSERT_EQ(run.result.outcome, Outcome::kOk) << precision << ": " << run.result.error;
+    EXPECT_EQ(Field(run.Snapshot(0, 1, "phase3_after_opt_step"), "params_bytes"), 4 * DemoParameterCount())
+        << precision;
+    for (double loss : run.Losses()) EXPECT_TRUE(std::isfinite(loss)) << precision;
+  }
+}
+
+TEST(OutcomeTest, BudgetExceededIsOomWithTheSnapshotAtTheFailingPoint) {
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"}, {"device_memory", "12MiB"}}));
+  ASSERT_EQ(run.result.outcome, Outcome::kOom) << run.result.error;
+  EXPECT_EQ(ExitCodeFor(run.result.outcome), kExitOom);
+  EXPECT_NE(run.result.error.find("device_memory budget exceeded"), std::string::npos) << run.result.error;
+  bool found = false;
+  for (const auto& snapshot : run.OfType("snapshot")) {
+    if (snapshot["phase"] != "oom") continue;
+    found = true;
+    EXPECT_LE(Field(snapshot, "allocated_bytes"), 12u << 20);
+    EXPECT_EQ(Field(snapshot, "params_bytes"), 4 * DemoParameterCount());
+  }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(run.events.back()["outcome"], "oom");
+}
+
+TEST(OutcomeTest, NonFiniteLossIsDiverged) {
+  TrialRecord run = RunAndRecord(DemoConfig(
+      {{"train.max_steps", "10"}, {"optimizer", "sgd"}, {"train.lr", "1e12"}, {"train.warmup_steps", "0"}}));
+  ASSERT_EQ(run.result.outcome, Outcome::kDiverged) << run.result.error;
+  EXPECT_EQ(ExitCodeFor(run.result.outcome), kExitDiverged);
+  EXPECT_NE(run.result.error.find("loss is"), std::string::npos) << run.result.error;
+}
+
+TEST(OutcomeTest, MissingDatasetIsInvalidInputBeforeAnythingRuns) {
+  TrialRecord run = RunAndRecord(DemoConfig({{"data.path", "/nonexistent/data.jsonl"}}));
+  EXPECT_EQ(run.result.outcome, Outcome::kFailed);
+  EXPECT_TRUE(run.result.invalid_input);
+  EXPECT_NE(run.result.error.find("/nonexistent/data.jsonl"), std::string::npos) << run.result.error;
+  EXPECT_TRUE(run.OfType("start").empty());
+  EXPECT_EQ(run.OfType("step").size(), 0u);
+}
+
+}  // namespace
+}  // namespace llmctl::trainer
