@@ -23,13 +23,25 @@ void RaiseToAtLeast(std::atomic<uint64_t>& peak, uint64_t value) {
 
 }  // namespace
 
-// One per live allocation: the inner allocator's DataPtr plus what to give back on free.
-struct CountingCpuAllocator::Record {
-  c10::DataPtr inner;
+// Every allocation carries a header in front of the caller's bytes with what to give back on free.
+// Keeping it in front (rather than in a DataPtr context) makes the context equal the data pointer, which
+// LibTorch's raw_allocate/raw_deallocate (used by oneDNN's bf16 kernels, among others) require.
+struct CountingCpuAllocator::Header {
   uint64_t bytes;
   MemoryPool pool;
   CountingCpuAllocator* owner;
+  c10::DeleterFnPtr inner_deleter;
+  void* inner_context;
 };
+// 64 keeps the caller's bytes at the inner allocator's 64-byte alignment.
+static_assert(sizeof(CountingCpuAllocator::Header) <= CountingCpuAllocator::kHeaderBytes);
+
+namespace {
+CountingCpuAllocator::Header* HeaderOf(void* data) {
+  return reinterpret_cast<CountingCpuAllocator::Header*>(static_cast<char*>(data) -
+                                                          CountingCpuAllocator::kHeaderBytes);
+}
+}  // namespace
 
 CountingCpuAllocator::CountingCpuAllocator() : inner_(c10::GetDefaultCPUAllocator()) {}
 
@@ -67,22 +79,27 @@ c10::DataPtr CountingCpuAllocator::allocate(size_t n) {
   RaiseToAtLeast(counters.peak, after);
   c10::DataPtr inner;
   try {
-    inner = inner_->allocate(n);
+    inner = inner_->allocate(n + kHeaderBytes);
   } catch (...) {
     counters.allocated.fetch_sub(bytes, std::memory_order_relaxed);
     throw;
   }
-  void* data = inner.get();
-  auto* record = new Record{std::move(inner), bytes, pool, this};
-  return c10::DataPtr(data, record, &CountingCpuAllocator::Delete, c10::Device(c10::kCPU));
+  char* base = static_cast<char*>(inner.get());
+  const c10::DeleterFnPtr inner_deleter = inner.get_deleter();
+  void* inner_context = inner.release_context();
+  void* data = base + kHeaderBytes;
+  new (base) Header{bytes, pool, this, inner_deleter, inner_context};
+  return c10::DataPtr(data, data, &CountingCpuAllocator::Delete, c10::Device(c10::kCPU));
 }
 
-void CountingCpuAllocator::Delete(void* opaque) {
-  auto* record = static_cast<Record*>(opaque);
-  record->owner->CountersFor(record->pool).allocated.fetch_sub(record->bytes,
-                                                               std::memory_order_relaxed);
-  delete record;  // frees the inner DataPtr with its own deleter
+void CountingCpuAllocator::Delete(void* data) {
+  Header* header = HeaderOf(data);
+  const Header copy = *header;
+  copy.owner->CountersFor(copy.pool).allocated.fetch_sub(copy.bytes, std::memory_order_relaxed);
+  copy.inner_deleter(copy.inner_context);
 }
+
+c10::DeleterFnPtr CountingCpuAllocator::raw_deleter() const { return &CountingCpuAllocator::Delete; }
 
 void CountingCpuAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
   std::memcpy(dest, src, count);
@@ -118,7 +135,7 @@ std::optional<BudgetFailure> CountingCpuAllocator::last_budget_failure() const {
 std::optional<MemoryPool> CountingCpuAllocator::PoolOf(const c10::Storage& storage) {
   const c10::DataPtr& data_ptr = storage.data_ptr();
   if (data_ptr.get_deleter() != &CountingCpuAllocator::Delete) return std::nullopt;
-  return static_cast<const Record*>(data_ptr.get_context())->pool;
+  return HeaderOf(data_ptr.get_context())->pool;
 }
 
 ScopedHostAllocations::ScopedHostAllocations() : previous_(t_host_allocations) {

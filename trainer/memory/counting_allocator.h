@@ -43,6 +43,7 @@ class CountingCpuAllocator final : public c10::Allocator {
   static CountingCpuAllocator* Installed();
 
   c10::DataPtr allocate(size_t n) override;
+  c10::DeleterFnPtr raw_deleter() const override;
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
   PoolCounters device() const;
@@ -65,7 +66,12 @@ class CountingCpuAllocator final : public c10::Allocator {
     std::atomic<uint64_t> allocated{0};
     std::atomic<uint64_t> peak{0};
   };
-  struct Record;
+
+ public:
+  struct Header;
+  static constexpr size_t kHeaderBytes = 64;
+
+ private:
   static void Delete(void* record);
   Counters& CountersFor(MemoryPool pool) { return pool == MemoryPool::kDevice ? device_ : host_; }
 

@@ -289,8 +289,6 @@ TrialResult TrialRun::Run() {
       return result;
     }
     batches_ = std::move(*batches);
-    Log("info", "dataset " + config_.GetString("data.path") + ": " +
-                    std::to_string(batches_->num_examples()) + " examples");
 
     memory_->ResetPeak();
     torch::manual_seed(static_cast<uint64_t>(config_.GetInt("seed")));
@@ -353,6 +351,8 @@ TrialResult TrialRun::Run() {
           std::to_string(micro_batch_size_) + " x " + std::to_string(accumulation_) + " | " +
           std::to_string(total_steps_) + " steps | loading peak " + FormatBytes(load_peak));
 
+    Log("info", "dataset " + config_.GetString("data.path") + ": " +
+                    std::to_string(batches_->num_examples()) + " examples");
     memory_->ResetPeak();
     for (int64_t step = 0; step < total_steps_; ++step) {
       if (!TrainStep(step)) {
