@@ -25,15 +25,23 @@ std::string ShortJson(const Json& value) {
 
 std::string_view JsonTypeName(const Json& value) {
   switch (value.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::object: return "an object";
-    case Json::value_t::array: return "a list";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::object:
+      return "an object";
+    case Json::value_t::array:
+      return "a list";
+    case Json::value_t::string:
+      return "a string";
+    case Json::value_t::boolean:
+      return "a boolean";
     case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "an integer";
-    case Json::value_t::number_float: return "a number";
-    default: return "an unsupported value";
+    case Json::value_t::number_unsigned:
+      return "an integer";
+    case Json::value_t::number_float:
+      return "a number";
+    default:
+      return "an unsupported value";
   }
 }
 
@@ -61,8 +69,8 @@ class FieldReader {
   }
 
   Status WrongType(std::string_view name, std::string_view expected, const Json& value) const {
-    return Error(name, "must be " + std::string(expected) + ", got " + std::string(JsonTypeName(value)) +
-                           " " + ShortJson(value));
+    return Error(name, "must be " + std::string(expected) + ", got " +
+                           std::string(JsonTypeName(value)) + " " + ShortJson(value));
   }
 
   StatusOr<std::optional<int64_t>> OptionalInt(std::string_view name) const {
@@ -132,10 +140,11 @@ std::string JoinNames(const std::vector<std::string>& names) {
   return joined;
 }
 
-// transformers 5 writes "rope_parameters" (rope_theta inside it, rope_type "default" when unscaled);
-// earlier versions wrote "rope_scaling" beside a top-level rope_theta. Reads either; sets *rope_theta when
-// the object carries one.
-StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const FieldReader& top, std::string_view filename,
+// transformers 5 writes "rope_parameters" (rope_theta inside it, rope_type "default" when
+// unscaled); earlier versions wrote "rope_scaling" beside a top-level rope_theta. Reads either;
+// sets *rope_theta when the object carries one.
+StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const FieldReader& top,
+                                                      std::string_view filename,
                                                       double* rope_theta) {
   std::string key = "rope_scaling";
   const Json* value = top.Find(key);
@@ -154,7 +163,9 @@ StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const FieldReader& top, st
     ASSIGN_OR_RETURN(rope_type, reader.OptionalString("type"));
   }
   if (!rope_type) return reader.Missing("rope_type");
-  if (*rope_type == "default") return std::optional<RopeScaling>();  // plain RoPE, written explicitly
+  if (*rope_type == "default") {
+    return std::optional<RopeScaling>();  // plain RoPE, written explicitly
+  }
   if (*rope_type != "llama3") {
     return reader.Error("rope_type", "is '" + *rope_type +
                                          "', which llmctl does not implement (supported: llama3; "
@@ -181,7 +192,8 @@ StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const FieldReader& top, st
 
 StatusOr<ModelConfig> ParseHfConfigObject(const Json& root, std::string_view filename) {
   if (!root.is_object()) {
-    return InvalidArgumentError(std::string(filename) + ": expected a JSON object at the top level, got " +
+    return InvalidArgumentError(std::string(filename) +
+                                ": expected a JSON object at the top level, got " +
                                 std::string(JsonTypeName(root)));
   }
   const FieldReader reader(root, filename);
@@ -189,11 +201,12 @@ StatusOr<ModelConfig> ParseHfConfigObject(const Json& root, std::string_view fil
 
   ASSIGN_OR_RETURN(std::optional<std::string> model_type, reader.OptionalString("model_type"));
   if (model_type) config.model_type = *model_type;
-  if (std::find(std::begin(kSupportedModelTypes), std::end(kSupportedModelTypes), config.model_type) ==
-      std::end(kSupportedModelTypes)) {
-    return reader.Error("model_type", "is '" + config.model_type +
-                                          "', which llmctl cannot train; supported: llama, mistral, "
-                                          "qwen2 (LLaMA-family decoders)");
+  if (std::find(std::begin(kSupportedModelTypes), std::end(kSupportedModelTypes),
+                config.model_type) == std::end(kSupportedModelTypes)) {
+    return reader.Error("model_type",
+                        "is '" + config.model_type +
+                            "', which llmctl cannot train; supported: llama, mistral, "
+                            "qwen2 (LLaMA-family decoders)");
   }
 
   ASSIGN_OR_RETURN(config.vocab_size, reader.RequiredPositiveInt("vocab_size"));
@@ -202,14 +215,16 @@ StatusOr<ModelConfig> ParseHfConfigObject(const Json& root, std::string_view fil
   ASSIGN_OR_RETURN(config.num_hidden_layers, reader.RequiredPositiveInt("num_hidden_layers"));
   ASSIGN_OR_RETURN(config.num_attention_heads, reader.RequiredPositiveInt("num_attention_heads"));
 
-  ASSIGN_OR_RETURN(std::optional<int64_t> kv_heads, reader.OptionalPositiveInt("num_key_value_heads"));
+  ASSIGN_OR_RETURN(std::optional<int64_t> kv_heads,
+                   reader.OptionalPositiveInt("num_key_value_heads"));
   config.num_key_value_heads = kv_heads.value_or(config.num_attention_heads);
 
   ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, reader.OptionalPositiveInt("head_dim"));
   if (head_dim) {
     config.head_dim = *head_dim;
   } else {
-    // Only a derived head_dim needs hidden_size to split evenly; models that state it (Mistral Nemo) may not.
+    // Only a derived head_dim needs hidden_size to split evenly; models that state it (Mistral
+    // Nemo) may not.
     if (config.hidden_size % config.num_attention_heads != 0) {
       return InvalidArgumentError(
           std::string(filename) + ": field 'hidden_size' (" + std::to_string(config.hidden_size) +
@@ -243,7 +258,8 @@ StatusOr<ModelConfig> ParseHfConfigObject(const Json& root, std::string_view fil
   ASSIGN_OR_RETURN(std::optional<bool> mlp_bias, reader.OptionalBool("mlp_bias"));
   config.mlp_bias = mlp_bias.value_or(false);
 
-  // Mistral states a window (null from v0.2 on); Qwen2 states one but uses it only with use_sliding_window.
+  // Mistral states a window (null from v0.2 on); Qwen2 states one but uses it only with
+  // use_sliding_window.
   ASSIGN_OR_RETURN(std::optional<int64_t> window, reader.OptionalPositiveInt("sliding_window"));
   if (config.model_type == "mistral") {
     config.sliding_window = window;
@@ -287,8 +303,8 @@ struct Preset {
   ModelConfig config;
 };
 
-ModelConfig LlamaShape(int64_t vocab, int64_t hidden, int64_t intermediate, int64_t layers, int64_t heads,
-                       int64_t kv_heads, int64_t max_positions, double eps) {
+ModelConfig LlamaShape(int64_t vocab, int64_t hidden, int64_t intermediate, int64_t layers,
+                       int64_t heads, int64_t kv_heads, int64_t max_positions, double eps) {
   ModelConfig config;
   config.model_type = "llama";
   config.vocab_size = vocab;
@@ -332,9 +348,9 @@ const std::vector<Preset>& Presets() {
                      {"openlm-research/open_llama_13b"},
                      with_tokens(LlamaShape(32000, 5120, 13824, 40, 40, 40, 2048, 1e-6), "float16",
                                  "openlm-research/open_llama_13b")});
-    // Small enough to train for a few steps on a laptop CPU in seconds, yet with every feature the big
-    // ones have that changes memory: GQA (2 KV heads for 4 query heads) and tied embeddings. Its token ids
-    // come from the demo tokenizer, so none are fixed here.
+    // Small enough to train for a few steps on a laptop CPU in seconds, yet with every feature the
+    // big ones have that changes memory: GQA (2 KV heads for 4 query heads) and tied embeddings.
+    // Its token ids come from the demo tokenizer, so none are fixed here.
     ModelConfig demo = LlamaShape(2048, 128, 352, 4, 4, 2, 512, 1e-5);
     demo.tie_word_embeddings = true;
     demo.torch_dtype = "float32";
@@ -367,9 +383,10 @@ Status ValidateModelConfig(const ModelConfig& config) {
   auto field_error = [](std::string_view field, std::string problem) {
     return InvalidArgumentError("field '" + std::string(field) + "' " + problem);
   };
-  if (std::find(std::begin(kSupportedModelTypes), std::end(kSupportedModelTypes), config.model_type) ==
-      std::end(kSupportedModelTypes)) {
-    return field_error("model_type", "is '" + config.model_type + "'; supported: llama, mistral, qwen2");
+  if (std::find(std::begin(kSupportedModelTypes), std::end(kSupportedModelTypes),
+                config.model_type) == std::end(kSupportedModelTypes)) {
+    return field_error("model_type",
+                       "is '" + config.model_type + "'; supported: llama, mistral, qwen2");
   }
   const std::pair<std::string_view, int64_t> sizes[] = {
       {"vocab_size", config.vocab_size},
@@ -392,24 +409,27 @@ Status ValidateModelConfig(const ModelConfig& config) {
                            "): each key/value head must serve the same number of query heads");
   }
   if (config.head_dim % 2 != 0) {
-    return field_error("head_dim", "(" + std::to_string(config.head_dim) +
-                                       ") must be even: rotary embeddings rotate pairs of dimensions");
+    return field_error("head_dim",
+                       "(" + std::to_string(config.head_dim) +
+                           ") must be even: rotary embeddings rotate pairs of dimensions");
   }
   if (!(config.rms_norm_eps > 0)) return field_error("rms_norm_eps", "must be positive");
   if (!(config.rope_theta > 0)) return field_error("rope_theta", "must be positive");
   if (config.rope_scaling) {
     const RopeScaling& scaling = *config.rope_scaling;
     if (scaling.rope_type != "llama3") {
-      return field_error("rope_scaling.rope_type", "is '" + scaling.rope_type + "'; supported: llama3");
+      return field_error("rope_scaling.rope_type",
+                         "is '" + scaling.rope_type + "'; supported: llama3");
     }
     if (!(scaling.factor > 0)) return field_error("rope_scaling.factor", "must be positive");
     if (!(scaling.low_freq_factor > 0)) {
       return field_error("rope_scaling.low_freq_factor", "must be positive");
     }
     if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
-      return field_error("rope_scaling.high_freq_factor",
-                         "must be greater than 'rope_scaling.low_freq_factor' (the blend between them "
-                         "divides by their difference)");
+      return field_error(
+          "rope_scaling.high_freq_factor",
+          "must be greater than 'rope_scaling.low_freq_factor' (the blend between them "
+          "divides by their difference)");
     }
     if (scaling.original_max_position_embeddings <= 0) {
       return field_error("rope_scaling.original_max_position_embeddings", "must be positive");
@@ -419,9 +439,10 @@ Status ValidateModelConfig(const ModelConfig& config) {
     return field_error("sliding_window", "must be positive");
   }
   if (config.hidden_act != "silu") {
-    return field_error("hidden_act", "is '" + config.hidden_act +
-                                         "'; LLaMA-family MLPs use 'silu' (SwiGLU), the only one llmctl "
-                                         "implements");
+    return field_error("hidden_act",
+                       "is '" + config.hidden_act +
+                           "'; LLaMA-family MLPs use 'silu' (SwiGLU), the only one llmctl "
+                           "implements");
   }
   return Status::Ok();
 }
@@ -431,10 +452,12 @@ StatusOr<ModelConfig> ParseHfConfigJson(std::string_view json_text, std::string_
   try {
     root = Json::parse(json_text.begin(), json_text.end());
   } catch (const Json::parse_error& error) {
-    // nlohmann's what() starts with "[json.exception.parse_error.101] "; the rest says where and why.
+    // nlohmann's what() starts with "[json.exception.parse_error.101] "; the rest says where and
+    // why.
     std::string what = error.what();
     const size_t bracket = what.find("] ");
-    if (what.rfind("[json.exception", 0) == 0 && bracket != std::string::npos) what = what.substr(bracket + 2);
+    if (what.rfind("[json.exception", 0) == 0 && bracket != std::string::npos)
+      what = what.substr(bracket + 2);
     return InvalidArgumentError(std::string(filename) + ": invalid JSON: " + what);
   }
   try {
@@ -447,7 +470,8 @@ StatusOr<ModelConfig> ParseHfConfigJson(std::string_view json_text, std::string_
 StatusOr<ModelConfig> LoadHfConfig(const std::string& model_dir) {
   const std::filesystem::path path = std::filesystem::path(model_dir) / "config.json";
   std::ifstream file(path, std::ios::binary);
-  if (!file) return NotFoundError("cannot read " + path.string() + ": no such file or not readable");
+  if (!file)
+    return NotFoundError("cannot read " + path.string() + ": no such file or not readable");
   std::stringstream text;
   text << file.rdbuf();
   if (file.bad()) return DataLossError("error while reading " + path.string());
@@ -531,7 +555,8 @@ uint64_t ParameterCount(const ModelConfig& config) {
   const uint64_t embedding = static_cast<uint64_t>(config.vocab_size) * hidden;
   const uint64_t lm_head = config.tie_word_embeddings ? 0 : embedding;
   const uint64_t final_norm = hidden;
-  return embedding + static_cast<uint64_t>(config.num_hidden_layers) * per_layer + final_norm + lm_head;
+  return embedding + static_cast<uint64_t>(config.num_hidden_layers) * per_layer + final_norm +
+         lm_head;
 }
 
 StatusOr<ModelConfig> ResolveModel(std::string_view model) {
@@ -541,9 +566,10 @@ StatusOr<ModelConfig> ResolveModel(std::string_view model) {
   const std::filesystem::path path{std::string(model)};
   if (!model.empty() && std::filesystem::is_directory(path, error)) {
     if (!std::filesystem::exists(path / "config.json", error)) {
-      return NotFoundError("model directory '" + std::string(model) +
-                           "' has no config.json (a Hugging Face model directory holds config.json and "
-                           "the weights)");
+      return NotFoundError(
+          "model directory '" + std::string(model) +
+          "' has no config.json (a Hugging Face model directory holds config.json and "
+          "the weights)");
     }
     return LoadHfConfig(path.string());
   }

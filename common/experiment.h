@@ -1,0 +1,87 @@
+// Experiment files: a base training config plus a list of trials that edit it, in YAML.
+//
+//   name: single-gpu-lab            # optional; defaults to the file name without extension
+//   description: ...                # optional
+//   target: {site: KVM@TACC, flavor: g1.h100.pci.1}   # optional map of strings (site, flavor,
+//   node_type...) model: tinyllama-1.1b           # the base config: any trial keys
+//   (common/trial_keys.h), train: {micro_batch_size: 16}   #   nested maps or dotted names
+//   (train.micro_batch_size: 16) trials:                         # optional; absent: one trial
+//   named after the experiment
+//     - name: baseline              # required; letters, digits, '.', '_', '-'; unique
+//       description: ...            # optional
+//       set: {train.micro_batch_size: 64}   # optional edits of the base, nested or dotted
+//       expect: oom                 # optional: oom | ok
+//   sweep:                          # optional: every trial runs once per combination of these
+//   values
+//     precision: [32-true, bf16-true]
+//
+// Precedence, lowest first: registry defaults, the base config, the trial's `set`, the sweep's
+// values. A trial may not `set` a key that the sweep varies (one of the two would be silently
+// ignored). With a sweep, trial names get the values as a suffix: "baseline/precision=bf16-true"
+// (keys joined with ',' in the order the sweep lists them; the first key varies slowest). Without
+// `trials:`, the sweep's trials are named "<experiment>/<key>=<value>".
+//
+// Relative paths: data.path, tokenizer, output_dir and a `model` that is not a preset are looked up
+// relative to the directory of the experiment file first; when the file exists there the value
+// becomes that joined path (e.g. "experiments/data/x.jsonl" for "data/x.jsonl" in
+// "experiments/demo.yaml"), otherwise it is kept exactly as written (and so is relative to the
+// current directory). Preset names always win over a directory of the same name. Nothing else
+// checks that files exist.
+//
+// Each trial is validated after its values are combined (ValidateTrialConfig), with the model's
+// shape when the model can be resolved (a preset, or a directory's config.json).
+//
+// Errors are one line, "FILE:LINE:COLUMN: problem" (1-based), pointing at the offending key or
+// value: unknown keys (with "did you mean"), wrong types, bad enum values (listing the allowed
+// ones), duplicate keys or trial names, an empty trials list, YAML syntax errors, and per-trial
+// impossible combinations, which name the trial and point where the offending key was written (in
+// the trial's `set:`, the sweep, or the base config).
+#ifndef LLMCTL_COMMON_EXPERIMENT_H_
+#define LLMCTL_COMMON_EXPERIMENT_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "common/trial_config.h"
+
+namespace llmctl {
+
+struct Trial {
+  std::string name;
+  std::string description;
+  TrialConfig config;                 // complete: defaults, base, set and sweep values combined
+  std::optional<std::string> expect;  // "oom" or "ok" when the file states what should happen
+};
+
+struct Experiment {
+  std::string name;
+  std::string description;
+  std::map<std::string, std::string> target;
+  std::vector<Trial> trials;  // in file order, sweep combinations of one trial together
+};
+
+struct ExperimentParseOptions {
+  // True where the experiment file's directory is on this machine (the CLI, the trainer): relative
+  // paths are resolved against it and a model directory's config.json is read for model-dependent
+  // checks. False where only the text arrived (the controller): paths stay as written, and a model
+  // that is not a preset is taken on trust, skipping the checks that need its shape.
+  bool resolve_local_paths = true;
+};
+
+// Parses and validates an experiment. `filename` is used in messages and, unless the options say
+// otherwise, as the base for relative paths. InvalidArgument "FILE:LINE:COLUMN: problem" on any
+// error.
+StatusOr<Experiment> ParseExperiment(std::string_view yaml_text, std::string_view filename,
+                                     const ExperimentParseOptions& options = {});
+
+// Reads `path` and parses it. NotFound when the file cannot be read.
+StatusOr<Experiment> LoadExperimentFile(const std::string& path,
+                                        const ExperimentParseOptions& options = {});
+
+}  // namespace llmctl
+
+#endif  // LLMCTL_COMMON_EXPERIMENT_H_

@@ -1,0 +1,462 @@
+#include "common/experiment.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace llmctl {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The source tree, from LLMCTL_SOURCE_DIR (set by llmctl_test), so the test runs from any
+// directory.
+fs::path SourceDir() {
+  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
+  return dir != nullptr ? fs::path(dir) : fs::current_path();
+}
+
+fs::path FixtureDir() { return SourceDir() / "tests" / "fixtures" / "experiments"; }
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+std::string TrimNewlines(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  return text;
+}
+
+Experiment MustParse(std::string_view yaml, std::string_view filename = "exp.yaml") {
+  StatusOr<Experiment> experiment = ParseExperiment(yaml, filename);
+  EXPECT_TRUE(experiment.ok()) << experiment.status().message();
+  return experiment.ok() ? *experiment : Experiment{};
+}
+
+std::string ParseError(std::string_view yaml, std::string_view filename = "exp.yaml") {
+  StatusOr<Experiment> experiment = ParseExperiment(yaml, filename);
+  EXPECT_FALSE(experiment.ok()) << yaml;
+  if (experiment.ok()) return "";
+  EXPECT_EQ(experiment.status().code(), StatusCode::kInvalidArgument);
+  return experiment.status().message();
+}
+
+std::vector<std::string> TrialNames(const Experiment& experiment) {
+  std::vector<std::string> names;
+  for (const Trial& trial : experiment.trials) names.push_back(trial.name);
+  return names;
+}
+
+TEST(ParseExperimentTest, MinimalFileIsOneTrialNamedAfterTheFile) {
+  const Experiment experiment = MustParse("data: {path: train.jsonl}\n", "dir/my-lab.yaml");
+  EXPECT_EQ(experiment.name, "my-lab");
+  EXPECT_EQ(experiment.description, "");
+  EXPECT_TRUE(experiment.target.empty());
+  ASSERT_EQ(experiment.trials.size(), 1u);
+  const Trial& trial = experiment.trials[0];
+  EXPECT_EQ(trial.name, "my-lab");
+  EXPECT_FALSE(trial.expect.has_value());
+  EXPECT_EQ(trial.config.GetString("data.path"), "train.jsonl");
+  EXPECT_EQ(trial.config.GetString("model"), "llmctl-demo");
+}
+
+TEST(ParseExperimentTest, FileStemIsMadeIntoAValidName) {
+  EXPECT_EQ(MustParse("data: {path: t.jsonl}\n", "my lab (v2).yaml").name, "my-lab--v2-");
+  EXPECT_EQ(MustParse("data: {path: t.jsonl}\n", "").name, "experiment");
+}
+
+TEST(ParseExperimentTest, NameDescriptionTarget) {
+  const Experiment experiment = MustParse(R"(
+name: single-gpu
+description: |
+  Two lines
+  of text.
+target: {site: KVM@TACC, flavor: g1.h100.pci.1, node_type: gpu_a100_pcie}
+data: {path: t.jsonl}
+)");
+  EXPECT_EQ(experiment.name, "single-gpu");
+  EXPECT_EQ(experiment.description, "Two lines\nof text.\n");
+  EXPECT_EQ(
+      experiment.target,
+      (std::map<std::string, std::string>{
+          {"site", "KVM@TACC"}, {"flavor", "g1.h100.pci.1"}, {"node_type", "gpu_a100_pcie"}}));
+  EXPECT_EQ(experiment.trials[0].name, "single-gpu");
+}
+
+TEST(ParseExperimentTest, NestedAndDottedKeysAreTheSame) {
+  const Experiment nested =
+      MustParse("data: {path: t.jsonl}\ntrain: {micro_batch_size: 4, lr: 1e-3}\n");
+  const Experiment dotted =
+      MustParse("data.path: t.jsonl\ntrain.micro_batch_size: 4\ntrain.lr: 1e-3\n");
+  ASSERT_EQ(nested.trials.size(), 1u);
+  ASSERT_EQ(dotted.trials.size(), 1u);
+  EXPECT_EQ(nested.trials[0].config, dotted.trials[0].config);
+  EXPECT_EQ(nested.trials[0].config.GetInt("train.micro_batch_size"), 4);
+  EXPECT_DOUBLE_EQ(nested.trials[0].config.GetFloat("train.lr"), 1e-3);
+  EXPECT_TRUE(nested.trials[0].config.IsSet("train.lr"));
+  EXPECT_FALSE(nested.trials[0].config.IsSet("seed"));
+}
+
+TEST(ParseExperimentTest, TrialsEditTheBase) {
+  const Experiment experiment = MustParse(R"(
+model: tinyllama-1.1b
+data: {path: t.jsonl}
+train: {micro_batch_size: 16, global_batch_size: 16}
+trials:
+  - name: baseline
+    set: {train.micro_batch_size: 8}
+    expect: oom
+  - name: reduced-batch
+    description: smaller
+    set: {train: {micro_batch_size: 4}}
+    expect: ok
+  - name: as-is
+)");
+  EXPECT_EQ(TrialNames(experiment),
+            (std::vector<std::string>{"baseline", "reduced-batch", "as-is"}));
+  EXPECT_EQ(experiment.trials[0].config.GetInt("train.micro_batch_size"), 8);
+  EXPECT_EQ(experiment.trials[0].config.GetInt("train.global_batch_size"), 16);
+  EXPECT_EQ(experiment.trials[0].expect, "oom");
+  EXPECT_EQ(experiment.trials[1].config.GetInt("train.micro_batch_size"), 4);
+  EXPECT_EQ(experiment.trials[1].description, "smaller");
+  EXPECT_EQ(experiment.trials[1].expect, "ok");
+  EXPECT_EQ(experiment.trials[2].config.GetInt("train.micro_batch_size"), 16);
+  EXPECT_FALSE(experiment.trials[2].expect.has_value());
+  for (const Trial& trial : experiment.trials)
+    EXPECT_EQ(trial.config.GetString("model"), "tinyllama-1.1b");
+}
+
+TEST(ParseExperimentTest, TrialsMayComeBeforeTheBase) {
+  const Experiment experiment = MustParse(R"(
+trials:
+  - name: a
+    set: {seed: 7}
+data: {path: t.jsonl}
+seed: 1
+)");
+  ASSERT_EQ(experiment.trials.size(), 1u);
+  EXPECT_EQ(experiment.trials[0].config.GetInt("seed"), 7);
+}
+
+TEST(ParseExperimentTest, SweepMultipliesTrials) {
+  const Experiment experiment = MustParse(R"(
+data: {path: t.jsonl}
+trials:
+  - name: a
+  - name: b
+    set: {seed: 3}
+sweep:
+  precision: [32-true, bf16-true]
+  train: {micro_batch_size: [1, 2]}
+)");
+  EXPECT_EQ(TrialNames(experiment),
+            (std::vector<std::string>{"a/precision=32-true,train.micro_batch_size=1",
+                                      "a/precision=32-true,train.micro_batch_size=2",
+                                      "a/precision=bf16-true,train.micro_batch_size=1",
+                                      "a/precision=bf16-true,train.micro_batch_size=2",
+                                      "b/precision=32-true,train.micro_batch_size=1",
+                                      "b/precision=32-true,train.micro_batch_size=2",
+                                      "b/precision=bf16-true,train.micro_batch_size=1",
+                                      "b/precision=bf16-true,train.micro_batch_size=2"}));
+  EXPECT_EQ(experiment.trials[2].config.GetString("precision"), "bf16-true");
+  EXPECT_EQ(experiment.trials[2].config.GetInt("train.micro_batch_size"), 1);
+  EXPECT_EQ(experiment.trials[7].config.GetInt("seed"), 3);
+  EXPECT_EQ(experiment.trials[0].config.GetInt("seed"), 42);
+}
+
+TEST(ParseExperimentTest, SweepWithoutTrialsUsesTheExperimentName) {
+  const Experiment experiment = MustParse(R"(
+name: lr-scan
+data: {path: t.jsonl}
+train.lr: 1e-4
+sweep: {train.lr: [1e-3, 2e-4]}
+)");
+  EXPECT_EQ(TrialNames(experiment),
+            (std::vector<std::string>{"lr-scan/train.lr=1e-3", "lr-scan/train.lr=2e-4"}));
+  EXPECT_DOUBLE_EQ(experiment.trials[0].config.GetFloat("train.lr"),
+                   1e-3);  // the sweep beats the base
+}
+
+TEST(ParseExperimentTest, SweepOverAListTypedKey) {
+  const Experiment experiment = MustParse(R"(
+data: {path: t.jsonl}
+sweep:
+  train.betas: [[0.9, 0.95], [0.9, 0.999]]
+)");
+  ASSERT_EQ(experiment.trials.size(), 2u);
+  EXPECT_EQ(experiment.trials[1].name, "exp/train.betas=[0.9, 0.999]");
+  EXPECT_EQ(experiment.trials[1].config.GetFloatList("train.betas"),
+            (std::vector<double>{0.9, 0.999}));
+}
+
+TEST(ParseExperimentTest, ExpectIsCopiedToSweepTrials) {
+  const Experiment experiment = MustParse(R"(
+data: {path: t.jsonl}
+trials: [{name: a, expect: oom}]
+sweep: {seed: [1, 2]}
+)");
+  ASSERT_EQ(experiment.trials.size(), 2u);
+  EXPECT_EQ(experiment.trials[0].expect, "oom");
+  EXPECT_EQ(experiment.trials[1].expect, "oom");
+}
+
+TEST(ParseExperimentTest, HugeSweepsAreRefused) {
+  const std::string message = ParseError(R"(
+data: {path: t.jsonl}
+sweep:
+  seed: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+  train.epochs: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+  log_every: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+  train.max_steps: [1, 2]
+)");
+  EXPECT_NE(message.find("the sweep makes more than 1000 trials"), std::string::npos) << message;
+}
+
+TEST(ParseExperimentTest, NullClearsAKeyWithoutDefault) {
+  const Experiment experiment = MustParse(R"(
+data: {path: t.jsonl}
+device_memory: 1GiB
+trials:
+  - name: unlimited
+    set: {device_memory: null}
+  - name: limited
+)");
+  EXPECT_FALSE(experiment.trials[0].config.GetByteSize("device_memory").has_value());
+  EXPECT_EQ(experiment.trials[1].config.GetByteSize("device_memory"), uint64_t{1} << 30);
+}
+
+TEST(ParseExperimentTest, QuotedNumbersAreAccepted) {
+  const Experiment experiment = MustParse("data: {path: t.jsonl}\ntrain.micro_batch_size: \"2\"\n");
+  EXPECT_EQ(experiment.trials[0].config.GetInt("train.micro_batch_size"), 2);
+}
+
+TEST(ParseExperimentTest, ErrorsUseFileLineColumn) {
+  EXPECT_EQ(ParseError("data: {path: t.jsonl}\ntrain:\n  micro_batch_size: abc\n", "lab.yaml"),
+            "lab.yaml:3:21: train.micro_batch_size: expected an integer, got 'abc'");
+}
+
+TEST(ParseExperimentTest, TrialProblemsNameTheTrialAndPointIntoItsSet) {
+  const std::string yaml = R"(data: {path: t.jsonl}
+train: {micro_batch_size: 16, global_batch_size: 16}
+trials:
+  - name: fine
+  - name: baseline
+    set:
+      seed: 1
+      train.micro_batch_size: 64
+)";
+  EXPECT_EQ(ParseError(yaml),
+            "exp.yaml:8:7: trial 'baseline': train.global_batch_size (16) must be a multiple of "
+            "train.micro_batch_size (64): each optimizer step accumulates whole micro-batches");
+}
+
+TEST(ParseExperimentTest, BaseProblemsPointAtTheBaseKey) {
+  EXPECT_EQ(ParseError("data: {path: t.jsonl}\ntrain.lr: -1\n"),
+            "exp.yaml:2:1: train.lr must not be negative, got -1");
+}
+
+TEST(ParseExperimentTest, DefaultCausedProblemPointsAtTheTrialsSet) {
+  const std::string message = ParseError(R"(trials:
+  - name: a
+    set: {seed: 1}
+)");
+  EXPECT_EQ(message.rfind("exp.yaml:3:5: trial 'a': data.path is required", 0), 0u) << message;
+}
+
+TEST(ParseExperimentTest, UnknownKeysListWhatIsValidInTheirGroup) {
+  const std::string message = ParseError("data: {path: t.jsonl}\ntrain: {zzzzzzzz: 1}\n");
+  EXPECT_EQ(message.rfind(
+                "exp.yaml:2:9: unknown key 'train.zzzzzzzz'; keys under train: micro_batch_size, "
+                "global_batch_size, lr,",
+                0),
+            0u)
+      << message;
+}
+
+TEST(ParseExperimentTest, ModelDirectoryIsResolvedBesideTheFile) {
+  const fs::path file = FixtureDir() / "good" / "model_directory.yaml";
+  StatusOr<Experiment> experiment = LoadExperimentFile(file.string());
+  ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+  const TrialConfig& config = experiment->trials[0].config;
+  EXPECT_EQ(config.GetString("model"),
+            (FixtureDir() / "models" / "tiny-qwen2").lexically_normal().string());
+  EXPECT_EQ(config.GetString("data.path"),
+            (FixtureDir() / "good" / "data" / "train.jsonl").string());
+  EXPECT_EQ(config.GetString("output_dir"), (FixtureDir() / "good" / "data").string());
+  EXPECT_EQ(config.GetString("tokenizer"),
+            "no/such/tokenizer.json");  // not beside the file: as written
+}
+
+TEST(ParseExperimentTest, ModelDirectoryShapeIsChecked) {
+  const fs::path file = FixtureDir() / "good" / "x.yaml";  // only its directory matters
+  StatusOr<Experiment> experiment = ParseExperiment(
+      "model: ../models/tiny-qwen2\ndata: {path: t.jsonl, max_seq_length: 512}\n", file.string());
+  ASSERT_FALSE(experiment.ok());
+  EXPECT_EQ(
+      experiment.status().message(),
+      file.string() +
+          ":2:23: data.max_seq_length (512) exceeds the model's max_position_embeddings (256)");
+}
+
+TEST(ParseExperimentTest, WithoutLocalPathsModelsAreTakenOnTrust) {
+  ExperimentParseOptions remote;
+  remote.resolve_local_paths = false;
+  const fs::path file = FixtureDir() / "good" / "model_directory.yaml";
+  StatusOr<Experiment> experiment = ParseExperiment(ReadFile(file), file.string(), remote);
+  ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+  EXPECT_EQ(experiment->trials[0].config.GetString("model"), "../models/tiny-qwen2");
+  EXPECT_EQ(experiment->trials[0].config.GetString("data.path"), "data/train.jsonl");
+
+  experiment = ParseExperiment(
+      "model: /nowhere/model\ndata: {path: t.jsonl, max_seq_length: 100000}\n", "exp.yaml", remote);
+  EXPECT_TRUE(experiment.ok()) << experiment.status().message();
+  // Presets are still checked.
+  experiment = ParseExperiment(
+      "model: tinyllama-1.1b\ndata: {path: t.jsonl, max_seq_length: 100000}\n", "exp.yaml", remote);
+  EXPECT_FALSE(experiment.ok());
+}
+
+TEST(ParseExperimentTest, PresetNamesWinOverDirectories) {
+  // A preset never becomes a path, even when a directory of that name might exist beside the file.
+  const Experiment experiment = MustParse("model: open_llama_3b\ndata: {path: t.jsonl}\n",
+                                          (FixtureDir() / "x.yaml").string());
+  EXPECT_EQ(experiment.trials[0].config.GetString("model"), "open_llama_3b");
+}
+
+TEST(ParseExperimentTest, NeverThrowsOnOddInput) {
+  const std::string_view inputs[] = {
+      "{",
+      "]",
+      "a: [",
+      "? [a, b]\n: c\n",
+      "&a [*a]",
+      "!!binary x",
+      "- - - -",
+      "data: ~",
+      "trials: ~",
+      "sweep: ~",
+      "sweep: []",
+      "target: {a: [1]}",
+      "\xff\xfe",
+      "name: ''",
+      "trials:\n  - ~\n",
+      "trials:\n  - name: [a]\n",
+      "data: {path: t.jsonl}\nsweep: {seed: [~]}\n",
+      "data: {path: t.jsonl}\ntrials: [{name: a, set: ~}]\n",
+      std::string_view("data:\0x", 7),
+  };
+  for (std::string_view input : inputs) {
+    StatusOr<Experiment> experiment = ParseExperiment(input, "odd.yaml");
+    if (!experiment.ok()) {
+      EXPECT_EQ(experiment.status().message().rfind("odd.yaml:", 0), 0u)
+          << experiment.status().message();
+    }
+  }
+}
+
+TEST(LoadExperimentFileTest, MissingFileIsNotFound) {
+  StatusOr<Experiment> experiment = LoadExperimentFile("/no/such/experiment.yaml");
+  ASSERT_FALSE(experiment.ok());
+  EXPECT_EQ(experiment.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(experiment.status().message().find("/no/such/experiment.yaml"), std::string::npos);
+}
+
+TEST(LoadExperimentFileTest, GoodFixturesParse) {
+  StatusOr<Experiment> experiment =
+      LoadExperimentFile((FixtureDir() / "good" / "single_gpu_lab.yaml").string());
+  ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+  EXPECT_EQ(experiment->name, "single-gpu-lab");
+  EXPECT_EQ(experiment->target.at("flavor"), "g1.h100.pci.1");
+  EXPECT_EQ(TrialNames(*experiment),
+            (std::vector<std::string>{
+                "baseline/data.max_seq_length=256", "baseline/data.max_seq_length=512",
+                "reduced-batch/data.max_seq_length=256", "reduced-batch/data.max_seq_length=512",
+                "bf16/data.max_seq_length=256", "bf16/data.max_seq_length=512"}));
+  const TrialConfig& baseline = experiment->trials[1].config;
+  EXPECT_EQ(baseline.GetInt("train.micro_batch_size"), 32);
+  EXPECT_EQ(baseline.GetInt("train.global_batch_size"), 32);
+  EXPECT_EQ(baseline.GetInt("data.max_seq_length"), 512);
+  EXPECT_EQ(baseline.GetString("init"), "pretrained");
+  EXPECT_EQ(baseline.GetString("data.path"),
+            (FixtureDir() / "good" / "data" / "train.jsonl").string());
+  EXPECT_EQ(experiment->trials[4].config.GetString("precision"), "bf16-true");
+  EXPECT_EQ(experiment->trials[0].expect, "oom");
+}
+
+// Every broken fixture fails with its .expected text, located in that file: "FILE:LINE:COLUMN:
+// ...".
+TEST(BrokenExperimentCorpusTest, EachFileFailsWithItsExpectedMessage) {
+  const fs::path dir = FixtureDir() / "broken";
+  ASSERT_TRUE(fs::is_directory(dir)) << dir;
+  std::vector<fs::path> files;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() == ".yaml") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  ASSERT_GE(files.size(), 40u);
+  for (const fs::path& file : files) {
+    SCOPED_TRACE(file.filename().string());
+    fs::path expected_file = file;
+    expected_file.replace_extension(".expected");
+    ASSERT_TRUE(fs::exists(expected_file))
+        << "add " << expected_file.filename() << " beside the fixture";
+    const std::string expected = TrimNewlines(ReadFile(expected_file));
+    ASSERT_FALSE(expected.empty());
+    StatusOr<Experiment> experiment = LoadExperimentFile(file.string());
+    ASSERT_FALSE(experiment.ok()) << "parsed, but should fail with: " << expected;
+    const std::string& message = experiment.status().message();
+    EXPECT_EQ(experiment.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(message.rfind(file.string() + ":", 0), 0u) << message;
+    EXPECT_NE(message.find(expected), std::string::npos)
+        << "message: " << message << "\nexpected: " << expected;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message;
+  }
+}
+
+// Every experiment shipped in experiments/ must parse.
+TEST(ShippedExperimentsTest, AllParse) {
+  const fs::path dir = SourceDir() / "experiments";
+  ASSERT_TRUE(fs::is_directory(dir)) << dir;
+  size_t count = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++count;
+    StatusOr<Experiment> experiment = LoadExperimentFile(entry.path().string());
+    EXPECT_TRUE(experiment.ok()) << experiment.status().message();
+  }
+  EXPECT_GE(count, 1u);
+}
+
+TEST(ShippedExperimentsTest, Demo) {
+  // Parsed from the repository root, as `make demo` runs it.
+  const std::string text = ReadFile(SourceDir() / "experiments" / "demo.yaml");
+  StatusOr<Experiment> experiment = ParseExperiment(text, "experiments/demo.yaml");
+  ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+  EXPECT_EQ(experiment->name, "demo");
+  ASSERT_EQ(experiment->trials.size(), 1u);
+  const TrialConfig& config = experiment->trials[0].config;
+  EXPECT_EQ(config.GetString("model"), "llmctl-demo");
+  EXPECT_EQ(config.GetString("init"), "random");
+  EXPECT_EQ(config.GetString("tokenizer"), "experiments/tokenizers/demo/tokenizer.json");
+  EXPECT_EQ(config.GetString("data.path"), "experiments/data/alpaca-demo.jsonl");
+  EXPECT_EQ(config.GetInt("data.max_seq_length"), 128);
+  EXPECT_EQ(config.GetInt("train.micro_batch_size"), 4);
+  EXPECT_EQ(config.GetInt("train.global_batch_size"), 8);
+  EXPECT_EQ(config.GetInt("train.max_steps"), 20);
+  EXPECT_DOUBLE_EQ(config.GetFloat("train.lr"), 1e-3);
+  EXPECT_EQ(config.GetInt("train.warmup_steps"), 2);
+  EXPECT_EQ(config.GetInt("snapshot_every"), 10);
+  EXPECT_EQ(config.GetString("precision"), "32-true");
+  EXPECT_EQ(config.GetString("optimizer"), "adamw");
+  EXPECT_EQ(config.GetString("device"), "cpu");
+}
+
+}  // namespace
+}  // namespace llmctl

@@ -1,0 +1,626 @@
+#include "common/trial_config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+#include "common/byte_size.h"
+#include "common/spelling.h"
+
+namespace llmctl {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string_view Trim(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) {
+    text.remove_prefix(1);
+  }
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
+    text.remove_suffix(1);
+  }
+  return text;
+}
+
+std::string Lower(std::string_view text) {
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return lower;
+}
+
+std::string Join(const std::vector<std::string_view>& items, std::string_view separator) {
+  std::string joined;
+  for (std::string_view item : items) {
+    if (!joined.empty()) joined += separator;
+    joined += item;
+  }
+  return joined;
+}
+
+Status ValueError(const KeySpec& spec, std::string problem) {
+  return InvalidArgumentError(std::string(spec.name) + ": " + problem);
+}
+
+Status UnknownKeyError(std::string_view key) {
+  std::string message = "unknown key '" + std::string(key) + "'";
+  const std::string nearest = NearestTrialKey(key);
+  if (!nearest.empty()) message += " (did you mean '" + nearest + "'?)";
+  return InvalidArgumentError(message);
+}
+
+std::optional<int64_t> ParseInt(std::string_view text) {
+  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  return value;
+}
+
+std::optional<double> ParseFloat(std::string_view text) {
+  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  if (!std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+std::optional<bool> ParseBool(std::string_view text) {
+  const std::string lower = Lower(text);
+  if (lower == "true" || lower == "yes" || lower == "on") return true;
+  if (lower == "false" || lower == "no" || lower == "off") return false;
+  return std::nullopt;
+}
+
+// Splits "[a, b]" or "a, b" into trimmed items; quotes around an item are removed.
+std::optional<std::vector<std::string>> SplitListText(std::string_view text) {
+  text = Trim(text);
+  if (!text.empty() && text.front() == '[') {
+    if (text.back() != ']') return std::nullopt;
+    text = Trim(text.substr(1, text.size() - 2));
+  }
+  std::vector<std::string> items;
+  if (text.empty()) return items;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    std::string_view item = Trim(text.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    if (item.size() >= 2 && (item.front() == '"' || item.front() == '\'') &&
+        item.back() == item.front()) {
+      item = item.substr(1, item.size() - 2);
+    }
+    items.emplace_back(item);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return items;
+}
+
+// Parses one item of a list-typed key.
+StatusOr<KeyValue> ParseScalar(const KeySpec& spec, KeyType type, std::string_view raw) {
+  const std::string_view text = Trim(raw);
+  const std::string quoted = "'" + std::string(raw) + "'";
+  switch (type) {
+    case KeyType::kString:
+    case KeyType::kPath:
+      return KeyValue(std::string(text));
+    case KeyType::kEnum: {
+      if (std::find(spec.allowed.begin(), spec.allowed.end(), text) != spec.allowed.end()) {
+        return KeyValue(std::string(text));
+      }
+      std::string message = quoted + " is not allowed; choose one of " + Join(spec.allowed, ", ");
+      const std::string_view nearest = ClosestMatch(text, spec.allowed);
+      if (!nearest.empty()) message += " (did you mean '" + std::string(nearest) + "'?)";
+      return ValueError(spec, message);
+    }
+    case KeyType::kInt: {
+      if (std::optional<int64_t> value = ParseInt(text)) return KeyValue(*value);
+      return ValueError(spec, "expected an integer, got " + quoted);
+    }
+    case KeyType::kFloat: {
+      if (std::optional<double> value = ParseFloat(text)) return KeyValue(*value);
+      return ValueError(spec, "expected a number, got " + quoted);
+    }
+    case KeyType::kBool: {
+      if (std::optional<bool> value = ParseBool(text)) return KeyValue(*value);
+      return ValueError(spec, "expected true or false, got " + quoted);
+    }
+    case KeyType::kByteSize: {
+      StatusOr<uint64_t> bytes = ParseByteSize(text);
+      if (!bytes.ok()) return ValueError(spec, bytes.status().message());
+      return KeyValue(std::string(text));
+    }
+    case KeyType::kFloatList:
+    case KeyType::kStringList:
+      break;
+  }
+  return InternalError(std::string(spec.name) + ": ParseScalar called for a list type");
+}
+
+[[noreturn]] void GetterMisuse(std::string_view key, std::string_view problem) {
+  std::fprintf(stderr, "llmctl: TrialConfig getter misuse for key '%.*s': %.*s\n",
+               static_cast<int>(key.size()), key.data(), static_cast<int>(problem.size()),
+               problem.data());
+  std::abort();
+}
+
+// Writes `value` at the dotted path `key` inside nested objects.
+void PutNested(Json& root, std::string_view key, Json value) {
+  Json* node = &root;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = key.find('.', start);
+    if (dot == std::string_view::npos) {
+      (*node)[std::string(key.substr(start))] = std::move(value);
+      return;
+    }
+    node = &(*node)[std::string(key.substr(start, dot - start))];
+    start = dot + 1;
+  }
+}
+
+Json ValueToJson(const std::optional<KeyValue>& value) {
+  if (!value) return nullptr;
+  return std::visit([](const auto& v) { return Json(v); }, *value);
+}
+
+// Converts a JSON value into a KeyValue for `spec` (the inverse of ValueToJson).
+StatusOr<KeyValue> ValueFromJson(const KeySpec& spec, const Json& json) {
+  auto wrong_type = [&] {
+    return ValueError(spec, "expected " + DescribeExpectedValue(spec) + ", got " + json.dump());
+  };
+  switch (spec.type) {
+    case KeyType::kBool:
+      if (!json.is_boolean()) return wrong_type();
+      return KeyValue(json.get<bool>());
+    case KeyType::kInt:
+      if (!json.is_number_integer()) return wrong_type();
+      if (json.is_number_unsigned() &&
+          json.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return ValueError(spec, "value too large: " + json.dump());
+      }
+      return KeyValue(json.get<int64_t>());
+    case KeyType::kFloat:
+      if (!json.is_number()) return wrong_type();
+      return KeyValue(json.get<double>());
+    case KeyType::kByteSize:
+      if (json.is_number_unsigned())
+        return ParseKeyValue(spec, std::to_string(json.get<uint64_t>()));
+      [[fallthrough]];
+    case KeyType::kString:
+    case KeyType::kEnum:
+    case KeyType::kPath:
+      if (!json.is_string()) return wrong_type();
+      return ParseKeyValue(spec, json.get<std::string>());
+    case KeyType::kFloatList: {
+      if (!json.is_array()) return wrong_type();
+      std::vector<double> values;
+      for (const Json& item : json) {
+        if (!item.is_number()) return wrong_type();
+        values.push_back(item.get<double>());
+      }
+      return KeyValue(std::move(values));
+    }
+    case KeyType::kStringList: {
+      if (!json.is_array()) return wrong_type();
+      std::vector<std::string> values;
+      for (const Json& item : json) {
+        if (!item.is_string()) return wrong_type();
+        values.push_back(item.get<std::string>());
+      }
+      return KeyValue(std::move(values));
+    }
+  }
+  return wrong_type();
+}
+
+Status CollectJson(const Json& object, const std::string& prefix, TrialConfig& config) {
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    const std::string key = prefix + it.key();
+    const KeySpec* spec = FindTrialKey(key);
+    if (spec == nullptr) {
+      if (it->is_object() && IsTrialKeyGroup(key)) {
+        RETURN_IF_ERROR(CollectJson(*it, key + ".", config));
+        continue;
+      }
+      return UnknownKeyError(key);
+    }
+    if (it->is_null()) {
+      RETURN_IF_ERROR(config.SetFromText(key, ""));
+      continue;
+    }
+    ASSIGN_OR_RETURN(KeyValue value, ValueFromJson(*spec, *it));
+    RETURN_IF_ERROR(config.Set(key, std::move(value)));
+  }
+  return Status::Ok();
+}
+
+std::string Str(int64_t value) { return std::to_string(value); }
+
+}  // namespace
+
+StatusOr<KeyValue> ParseKeyValue(const KeySpec& spec, std::string_view text) {
+  if (Trim(text).empty()) {
+    return ValueError(spec, "a value is required (expected " + DescribeExpectedValue(spec) + ")");
+  }
+  if (spec.type == KeyType::kFloatList || spec.type == KeyType::kStringList) {
+    std::optional<std::vector<std::string>> items = SplitListText(text);
+    if (!items) {
+      return ValueError(spec, "expected a list like [0.9, 0.95], got '" + std::string(text) + "'");
+    }
+    return ParseKeyValueList(spec, *items);
+  }
+  return ParseScalar(spec, spec.type, text);
+}
+
+StatusOr<KeyValue> ParseKeyValueList(const KeySpec& spec, const std::vector<std::string>& items) {
+  if (spec.type == KeyType::kFloatList) {
+    std::vector<double> values;
+    for (const std::string& item : items) {
+      std::optional<double> value = ParseFloat(Trim(item));
+      if (!value) return ValueError(spec, "expected a number in the list, got '" + item + "'");
+      values.push_back(*value);
+    }
+    return KeyValue(std::move(values));
+  }
+  if (spec.type == KeyType::kStringList) {
+    std::vector<std::string> values;
+    for (const std::string& item : items) values.emplace_back(Trim(item));
+    return KeyValue(std::move(values));
+  }
+  return ValueError(spec, "expected " + std::string(KeyTypeName(spec.type)) + ", got a list");
+}
+
+std::string FormatKeyValue(const KeyValue& value) {
+  struct Formatter {
+    std::string operator()(bool v) const { return v ? "true" : "false"; }
+    std::string operator()(int64_t v) const { return std::to_string(v); }
+    std::string operator()(double v) const {
+      char buffer[64];
+      const auto result = std::to_chars(buffer, buffer + sizeof(buffer), v);
+      return std::string(buffer, result.ptr);
+    }
+    std::string operator()(const std::string& v) const { return v; }
+    std::string operator()(const std::vector<double>& v) const {
+      std::string text = "[";
+      for (size_t i = 0; i < v.size(); ++i) text += (i ? ", " : "") + (*this)(v[i]);
+      return text + "]";
+    }
+    std::string operator()(const std::vector<std::string>& v) const {
+      std::string text = "[";
+      for (size_t i = 0; i < v.size(); ++i) text += (i ? ", " : "") + v[i];
+      return text + "]";
+    }
+  };
+  return std::visit(Formatter{}, value);
+}
+
+TrialConfig::TrialConfig() {
+  const std::vector<KeySpec>& keys = TrialKeys();
+  entries_.resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].default_value.empty()) continue;
+    StatusOr<KeyValue> value = ParseKeyValue(keys[i], keys[i].default_value);
+    // The registry's defaults are constants checked by the tests; a bad one is a programming error.
+    if (!value.ok()) GetterMisuse(keys[i].name, "invalid default: " + value.status().message());
+    entries_[i].value = std::move(*value);
+  }
+}
+
+const TrialConfig::Entry* TrialConfig::FindEntry(std::string_view key) const {
+  const std::vector<KeySpec>& keys = TrialKeys();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].name == key) return &entries_[i];
+  }
+  return nullptr;
+}
+
+Status TrialConfig::Set(std::string_view key, KeyValue value) {
+  const KeySpec* spec = FindTrialKey(key);
+  if (spec == nullptr) return UnknownKeyError(key);
+  Entry& entry = entries_[static_cast<size_t>(spec - TrialKeys().data())];
+
+  // Normalise the alternative to the key's type, and check the value the way the text parser would.
+  switch (spec->type) {
+    case KeyType::kBool:
+      if (!std::holds_alternative<bool>(value)) return ValueError(*spec, "expected true or false");
+      break;
+    case KeyType::kInt:
+      if (!std::holds_alternative<int64_t>(value)) return ValueError(*spec, "expected an integer");
+      break;
+    case KeyType::kFloat:
+      if (std::holds_alternative<int64_t>(value)) {
+        value = static_cast<double>(std::get<int64_t>(value));
+      }
+      if (!std::holds_alternative<double>(value)) return ValueError(*spec, "expected a number");
+      if (!std::isfinite(std::get<double>(value)))
+        return ValueError(*spec, "expected a finite number");
+      break;
+    case KeyType::kString:
+    case KeyType::kEnum:
+    case KeyType::kPath:
+    case KeyType::kByteSize: {
+      if (!std::holds_alternative<std::string>(value)) {
+        return ValueError(*spec, "expected " + DescribeExpectedValue(*spec));
+      }
+      const std::string& text = std::get<std::string>(value);
+      if (text.empty()) {
+        if (!spec->default_value.empty()) {
+          return ParseKeyValue(*spec, "").status();  // "a value is required (...)"
+        }
+        entry.value.reset();
+        entry.explicitly_set = true;
+        return Status::Ok();
+      }
+      ASSIGN_OR_RETURN(value, ParseScalar(*spec, spec->type, text));
+      break;
+    }
+    case KeyType::kFloatList:
+      if (!std::holds_alternative<std::vector<double>>(value)) {
+        return ValueError(*spec, "expected a list of numbers");
+      }
+      for (double item : std::get<std::vector<double>>(value)) {
+        if (!std::isfinite(item)) return ValueError(*spec, "expected finite numbers");
+      }
+      break;
+    case KeyType::kStringList:
+      if (!std::holds_alternative<std::vector<std::string>>(value)) {
+        return ValueError(*spec, "expected a list of strings");
+      }
+      break;
+  }
+  entry.value = std::move(value);
+  entry.explicitly_set = true;
+  return Status::Ok();
+}
+
+Status TrialConfig::SetFromText(std::string_view key, std::string_view text) {
+  const KeySpec* spec = FindTrialKey(key);
+  if (spec == nullptr) return UnknownKeyError(key);
+  if (Trim(text).empty() && spec->default_value.empty()) {
+    Entry& entry = entries_[static_cast<size_t>(spec - TrialKeys().data())];
+    entry.value.reset();
+    entry.explicitly_set = true;
+    return Status::Ok();
+  }
+  ASSIGN_OR_RETURN(KeyValue value, ParseKeyValue(*spec, text));
+  return Set(key, std::move(value));
+}
+
+bool TrialConfig::IsSet(std::string_view key) const {
+  const Entry* entry = FindEntry(key);
+  return entry != nullptr && entry->explicitly_set;
+}
+
+std::optional<KeyValue> TrialConfig::Get(std::string_view key) const {
+  const KeySpec* spec = FindTrialKey(key);
+  if (spec == nullptr) return std::nullopt;
+  const Entry& entry = entries_[static_cast<size_t>(spec - TrialKeys().data())];
+  if (entry.value) return entry.value;
+  if (!spec->default_from.empty()) return Get(spec->default_from);
+  return std::nullopt;
+}
+
+const TrialConfig::Entry& TrialConfig::EntryForGetter(std::string_view key,
+                                                      std::initializer_list<KeyType> types) const {
+  const KeySpec* spec = FindTrialKey(key);
+  if (spec == nullptr) GetterMisuse(key, "no such key in the registry");
+  if (std::find(types.begin(), types.end(), spec->type) == types.end()) {
+    GetterMisuse(key, "the key is of type " + std::string(KeyTypeName(spec->type)));
+  }
+  return entries_[static_cast<size_t>(spec - TrialKeys().data())];
+}
+
+std::string TrialConfig::GetString(std::string_view key) const {
+  EntryForGetter(key, {KeyType::kString, KeyType::kEnum, KeyType::kPath, KeyType::kByteSize});
+  std::optional<KeyValue> value = Get(key);
+  return value ? std::get<std::string>(*value) : "";
+}
+
+int64_t TrialConfig::GetInt(std::string_view key) const {
+  EntryForGetter(key, {KeyType::kInt});
+  std::optional<KeyValue> value = Get(key);
+  return value ? std::get<int64_t>(*value) : 0;
+}
+
+double TrialConfig::GetFloat(std::string_view key) const {
+  EntryForGetter(key, {KeyType::kFloat});
+  std::optional<KeyValue> value = Get(key);
+  return value ? std::get<double>(*value) : 0.0;
+}
+
+bool TrialConfig::GetBool(std::string_view key) const {
+  EntryForGetter(key, {KeyType::kBool});
+  std::optional<KeyValue> value = Get(key);
+  return value ? std::get<bool>(*value) : false;
+}
+
+std::vector<double> TrialConfig::GetFloatList(std::string_view key) const {
+  EntryForGetter(key, {KeyType::kFloatList});
+  std::optional<KeyValue> value = Get(key);
+  return value ? std::get<std::vector<double>>(*value) : std::vector<double>();
+}
+
+std::vector<std::string> TrialConfig::GetStringList(std::string_view key) const {
+  EntryForGetter(key, {KeyType::kStringList});
+  std::optional<KeyValue> value = Get(key);
+  return value ? std::get<std::vector<std::string>>(*value) : std::vector<std::string>();
+}
+
+std::optional<uint64_t> TrialConfig::GetByteSize(std::string_view key) const {
+  EntryForGetter(key, {KeyType::kByteSize});
+  std::optional<KeyValue> value = Get(key);
+  if (!value) return std::nullopt;
+  StatusOr<uint64_t> bytes = ParseByteSize(std::get<std::string>(*value));
+  if (!bytes.ok()) GetterMisuse(key, "stored text is not a byte size");  // Set() checked it
+  return *bytes;
+}
+
+nlohmann::json TrialConfig::ToJson() const {
+  Json root = Json::object();
+  for (const KeySpec& spec : TrialKeys()) PutNested(root, spec.name, ValueToJson(Get(spec.name)));
+  return root;
+}
+
+StatusOr<TrialConfig> TrialConfig::FromJson(const nlohmann::json& json) {
+  if (!json.is_object()) return InvalidArgumentError("trial config: expected a JSON object");
+  TrialConfig config;
+  try {
+    RETURN_IF_ERROR(CollectJson(json, "", config));
+  } catch (const Json::exception& error) {  // defensive: types are checked before every get<>
+    return InvalidArgumentError(std::string("trial config: ") + error.what());
+  }
+  return config;
+}
+
+bool operator==(const TrialConfig& a, const TrialConfig& b) {
+  for (const KeySpec& spec : TrialKeys()) {
+    if (a.Get(spec.name) != b.Get(spec.name)) return false;
+  }
+  return true;
+}
+
+std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
+                                               const ModelConfig* model) {
+  auto problem = [](std::vector<std::string> keys, std::string message) {
+    return std::optional<ConfigProblem>(ConfigProblem{std::move(keys), std::move(message)});
+  };
+
+  const std::string model_name = config.GetString("model");
+  if (model_name.empty())
+    return problem({"model"}, "model is required: a preset name or a model directory");
+  if (config.GetString("data.path").empty()) {
+    return problem({"data.path"},
+                   "data.path is required: the training data, a JSON-lines file (e.g. data: {path: "
+                   "train.jsonl})");
+  }
+
+  // Counts that must be at least 1, and those that may also be 0 (meaning "off" or "all").
+  const std::pair<std::string_view, int64_t> at_least_one[] = {
+      {"data.max_seq_length", 2},
+      {"train.micro_batch_size", 1},
+      {"train.global_batch_size", 1},
+      {"train.epochs", 1},
+      {"devices", 1},
+      {"log_every", 1},
+  };
+  for (const auto& [key, minimum] : at_least_one) {
+    const int64_t value = config.GetInt(key);
+    if (value < minimum) {
+      std::string why =
+          key == "data.max_seq_length" ? " (an input token and its next-token target)" : "";
+      return problem({std::string(key)}, std::string(key) + " must be at least " + Str(minimum) +
+                                             why + ", got " + Str(value));
+    }
+  }
+  for (std::string_view key : {"data.samples", "train.warmup_steps", "train.max_steps", "seed",
+                               "snapshot_every", "checkpoint_every"}) {
+    const int64_t value = config.GetInt(key);
+    if (value < 0) {
+      return problem({std::string(key)},
+                     std::string(key) + " must not be negative, got " + Str(value));
+    }
+  }
+
+  const int64_t micro = config.GetInt("train.micro_batch_size");
+  const int64_t global = config.GetInt("train.global_batch_size");
+  const int64_t devices = config.GetInt("devices");
+  if (global % (micro * devices) != 0) {
+    std::vector<std::string> keys = {"train.global_batch_size", "train.micro_batch_size"};
+    if (devices > 1) keys.push_back("devices");
+    std::string per_step = "train.micro_batch_size (" + Str(micro) + ")";
+    if (devices > 1) per_step += " x devices (" + Str(devices) + ") = " + Str(micro * devices);
+    return problem(keys, "train.global_batch_size (" + Str(global) + ") must be a multiple of " +
+                             per_step + ": each optimizer step accumulates whole micro-batches");
+  }
+
+  const double lr = config.GetFloat("train.lr");
+  if (lr < 0)
+    return problem({"train.lr"}, "train.lr must not be negative, got " + FormatKeyValue(lr));
+  const std::vector<double> betas = config.GetFloatList("train.betas");
+  if (betas.size() != 2) {
+    return problem({"train.betas"}, "train.betas must be exactly two numbers [beta1, beta2], got " +
+                                        FormatKeyValue(betas));
+  }
+  for (double beta : betas) {
+    if (beta < 0 || beta >= 1) {
+      return problem({"train.betas"},
+                     "train.betas must each be in [0, 1), got " + FormatKeyValue(betas));
+    }
+  }
+  if (!(config.GetFloat("train.eps") > 0)) {
+    return problem({"train.eps"}, "train.eps must be positive, got " +
+                                      FormatKeyValue(config.GetFloat("train.eps")));
+  }
+  for (std::string_view key : {"train.weight_decay", "train.grad_clip"}) {
+    const double value = config.GetFloat(key);
+    if (value < 0) {
+      return problem({std::string(key)},
+                     std::string(key) + " must not be negative, got " + FormatKeyValue(value));
+    }
+  }
+  const double momentum = config.GetFloat("train.momentum");
+  if (momentum < 0 || momentum >= 1) {
+    return problem({"train.momentum"},
+                   "train.momentum must be in [0, 1), got " + FormatKeyValue(momentum));
+  }
+  if (momentum != 0 && config.GetString("optimizer") != "sgd") {
+    return problem({"train.momentum", "optimizer"},
+                   "train.momentum applies only to optimizer sgd, but optimizer is " +
+                       config.GetString("optimizer") +
+                       "; remove train.momentum or set optimizer: sgd");
+  }
+
+  if (const std::optional<uint64_t> budget = config.GetByteSize("device_memory");
+      budget && *budget == 0) {
+    return problem({"device_memory"},
+                   "device_memory must be more than 0 bytes (leave it unset for no "
+                   "budget)");
+  }
+
+  if (config.GetString("data.format") == "text") {
+    if (config.IsSet("data.template") && config.GetString("data.template") != "none") {
+      return problem({"data.template", "data.format"},
+                     "data.template " + config.GetString("data.template") +
+                         " needs instruction records, but data.format is text; use data.template: "
+                         "none or data.format: alpaca");
+    }
+    if (config.IsSet("data.mask_prompt") && config.GetBool("data.mask_prompt")) {
+      return problem(
+          {"data.mask_prompt", "data.format"},
+          "data.mask_prompt: true needs a prompt to mask, but data.format text has none; "
+          "remove data.mask_prompt or use data.format: alpaca");
+    }
+  }
+
+  if (config.GetString("init") == "pretrained") {
+    const ModelConfig* preset = FindPreset(model_name);
+    if (preset != nullptr && preset->hf_repo_id.empty()) {
+      return problem({"init", "model"}, "init: pretrained needs published weights, and model " +
+                                            model_name + " has none; use init: random");
+    }
+  }
+
+  if (model != nullptr) {
+    const int64_t length = config.GetInt("data.max_seq_length");
+    if (length > model->max_position_embeddings) {
+      return problem({"data.max_seq_length", "model"},
+                     "data.max_seq_length (" + Str(length) + ") exceeds the model's " +
+                         "max_position_embeddings (" + Str(model->max_position_embeddings) + ")");
+    }
+  }
+  return std::nullopt;
+}
+
+Status ValidateTrialConfig(const TrialConfig& config, const ModelConfig* model) {
+  std::optional<ConfigProblem> problem = FindConfigProblem(config, model);
+  if (!problem) return Status::Ok();
+  return InvalidArgumentError(problem->message);
+}
+
+}  // namespace llmctl

@@ -1,0 +1,121 @@
+// One trial's settings: a value for every key in the registry (common/trial_keys.h), typed, with
+// defaults, a JSON mapping and the checks that catch impossible combinations before any GPU time is
+// spent.
+#ifndef LLMCTL_COMMON_TRIAL_CONFIG_H_
+#define LLMCTL_COMMON_TRIAL_CONFIG_H_
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "common/model_config.h"
+#include "common/status.h"
+#include "common/trial_keys.h"
+
+namespace llmctl {
+
+// The value of one key. Which alternative a key uses follows its KeyType: kBool -> bool, kInt ->
+// int64_t, kFloat -> double, kString/kEnum/kPath/kByteSize -> std::string (a byte size keeps the
+// text it was written with, "24GiB"), kFloatList -> std::vector<double>, kStringList ->
+// std::vector<std::string>.
+using KeyValue =
+    std::variant<bool, int64_t, double, std::string, std::vector<double>, std::vector<std::string>>;
+
+// Parses `text` (a YAML scalar or a `--set` value) as a value of `spec`'s type. Booleans:
+// true/false, yes/no, on/off (any case). Lists: "[0.9, 0.95]" or "0.9, 0.95". Enums must be one of
+// spec.allowed, byte sizes what ParseByteSize accepts, numbers finite. InvalidArgument messages
+// name the key and the text: "train.micro_batch_size: expected an integer, got 'abc'". Does not
+// accept "" (see TrialConfig::SetFromText).
+StatusOr<KeyValue> ParseKeyValue(const KeySpec& spec, std::string_view text);
+
+// The same for a list-typed key whose items arrive separately (a YAML sequence).
+StatusOr<KeyValue> ParseKeyValueList(const KeySpec& spec, const std::vector<std::string>& items);
+
+// The value as YAML flow text: true, 16, 2e-04, bf16-true, [0.9, 0.95] (numbers in the shortest
+// form that reads back exactly).
+std::string FormatKeyValue(const KeyValue& value);
+
+class TrialConfig {
+ public:
+  // Every key at its registry default; keys without one hold no value.
+  TrialConfig();
+
+  // Sets `key` to `value` after checking the type (an integer is accepted for a number), enum
+  // membership and byte-size syntax; an empty string for a key with no default clears it back to
+  // "no value". InvalidArgument for an unknown key (with the nearest key, if any) or a wrong value.
+  Status Set(std::string_view key, KeyValue value);
+
+  // `--set key=value`: parses `text` with ParseKeyValue. Empty text clears a key that has no
+  // default
+  // (`--set device_memory=` removes the budget) and is an error for the others.
+  Status SetFromText(std::string_view key, std::string_view text);
+
+  // True when the key was given explicitly (even if to its default value); false for defaults.
+  bool IsSet(std::string_view key) const;
+
+  // The value the trainer sees: the set value, else the default, else the default_from key's value;
+  // nullopt for a key with no value, or an unknown key.
+  std::optional<KeyValue> Get(std::string_view key) const;
+
+  // Typed reads. Asking for an unknown key or with the wrong getter for its type is a programming
+  // error and aborts with a message (key names are constants in the code, so tests catch it).
+  // GetString serves kString, kEnum, kPath and kByteSize (the text) keys, "" when there is no
+  // value.
+  std::string GetString(std::string_view key) const;
+  int64_t GetInt(std::string_view key) const;  // 0 when there is no value
+  double GetFloat(std::string_view key) const;
+  bool GetBool(std::string_view key) const;
+  std::vector<double> GetFloatList(std::string_view key) const;
+  std::vector<std::string> GetStringList(std::string_view key) const;
+  std::optional<uint64_t> GetByteSize(std::string_view key) const;  // nullopt when unset
+
+  // Every key's effective value, nested like the YAML ({"train": {"lr": 0.0002, ...}, ...}), null
+  // for keys with no value. Defaults are written out so a stored trial means the same thing after
+  // defaults change.
+  nlohmann::json ToJson() const;
+
+  // The inverse of ToJson; accepts nested or dotted keys and any subset of them (the rest keep
+  // defaults). Every key present counts as set. InvalidArgument for unknown keys or wrong types.
+  static StatusOr<TrialConfig> FromJson(const nlohmann::json& json);
+
+  // Equal when every key has the same effective value (whether it was set or defaulted does not
+  // matter).
+  friend bool operator==(const TrialConfig& a, const TrialConfig& b);
+
+ private:
+  struct Entry {
+    std::optional<KeyValue> value;
+    bool explicitly_set = false;
+  };
+  const Entry* FindEntry(std::string_view key) const;
+  const Entry& EntryForGetter(std::string_view key, std::initializer_list<KeyType> types) const;
+
+  std::vector<Entry> entries_;  // parallel to TrialKeys()
+};
+
+// One reason a trial cannot run. `keys` are the keys involved, the one most likely to need changing
+// first, so a caller that knows where each key was written can point there.
+struct ConfigProblem {
+  std::vector<std::string> keys;
+  std::string
+      message;  // names the keys and values: "train.global_batch_size (10) must be a multiple ..."
+};
+
+// The first problem found, or nullopt. `model` (may be null when the model cannot be loaded here)
+// enables the model-dependent checks, e.g. data.max_seq_length <= max_position_embeddings. Checks:
+// data.path given; sizes and counts positive; global batch a multiple of micro batch x devices; lr
+// >= 0; exactly two betas in [0, 1); eps > 0; momentum in [0, 1) and only with sgd; `init:
+// pretrained` only for models with weights; text data with no prompt template or prompt masking
+// asked for.
+std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config, const ModelConfig* model);
+
+// FindConfigProblem as a Status: InvalidArgument with the problem's message, or OK.
+Status ValidateTrialConfig(const TrialConfig& config, const ModelConfig* model);
+
+}  // namespace llmctl
+
+#endif  // LLMCTL_COMMON_TRIAL_CONFIG_H_

@@ -1,0 +1,344 @@
+#include "common/trial_keys.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "common/spelling.h"
+
+namespace llmctl {
+namespace {
+
+const std::vector<KeySpec>* BuildTrialKeys() {
+  using K = KeyType;
+  return new std::vector<KeySpec>{
+      {"model",
+       K::kString,
+       "llmctl-demo",
+       {},
+       "Preset name (tinyllama-1.1b, open_llama_3b, open_llama_7b, open_llama_13b, llmctl-demo) or "
+       "a "
+       "Hugging Face model directory holding config.json"},
+      {"init",
+       K::kEnum,
+       "random",
+       {"pretrained", "random"},
+       "Start from the model's published weights or from a seeded random initialisation"},
+      {"tokenizer",
+       K::kPath,
+       "",
+       {},
+       "tokenizer.json, or a directory holding one; unset: the model directory's, or the demo "
+       "tokenizer "
+       "for presets"},
+      {"data.path", K::kPath, "", {}, "Training data: a JSON-lines file (required)"},
+      {"data.format",
+       K::kEnum,
+       "alpaca",
+       {"alpaca", "text"},
+       "alpaca: {instruction, input, output} records; text: {text} records"},
+      {"data.template",
+       K::kEnum,
+       "alpaca",
+       {"alpaca", "none"},
+       "Prompt template wrapped around Alpaca records"},
+      {"data.mask_prompt",
+       K::kBool,
+       "true",
+       {},
+       "Train on the response only: the prompt's tokens do not count in the loss"},
+      {"data.samples",
+       K::kInt,
+       "0",
+       {},
+       "Use the first N records of the data (0 = all); the labs' num_train_samples"},
+      {"data.max_seq_length",
+       K::kInt,
+       "512",
+       {},
+       "Truncate every example to this many tokens; at most the model's max_position_embeddings"},
+      {"train.micro_batch_size",
+       K::kInt,
+       "1",
+       {},
+       "Examples per forward/backward pass on each device"},
+      {"train.global_batch_size",
+       K::kInt,
+       "",
+       {},
+       "Examples per optimizer step; a multiple of micro_batch_size x devices (the rest is "
+       "gradient "
+       "accumulation)",
+       "train.micro_batch_size"},
+      {"train.lr", K::kFloat, "2e-4", {}, "Peak learning rate"},
+      {"train.warmup_steps",
+       K::kInt,
+       "0",
+       {},
+       "Optimizer steps of linear learning-rate warmup from 0"},
+      {"train.max_steps",
+       K::kInt,
+       "0",
+       {},
+       "Stop after this many optimizer steps (0 = as many as train.epochs take)"},
+      {"train.epochs", K::kInt, "1", {}, "Passes over the data when train.max_steps is 0"},
+      {"train.betas", K::kFloatList, "[0.9, 0.95]", {}, "AdamW's beta1 and beta2"},
+      {"train.eps", K::kFloat, "1e-8", {}, "AdamW's epsilon"},
+      {"train.weight_decay", K::kFloat, "0.0", {}, "Decoupled weight decay"},
+      {"train.grad_clip",
+       K::kFloat,
+       "0.0",
+       {},
+       "Clip the global gradient norm to this value (0 = no clipping)"},
+      {"train.momentum", K::kFloat, "0.0", {}, "SGD momentum (optimizer: sgd only)"},
+      {"precision",
+       K::kEnum,
+       "32-true",
+       {"32-true", "bf16-true", "bf16-mixed", "16-mixed"},
+       "Weights and compute: fp32; bf16 throughout; bf16 compute with fp32 weights; fp16 compute "
+       "with "
+       "fp32 weights and loss scaling"},
+      {"optimizer", K::kEnum, "adamw", {"adamw", "sgd"}, "Optimizer"},
+      {"activation_checkpointing",
+       K::kBool,
+       "false",
+       {},
+       "Recompute each decoder layer's activations in backward instead of keeping them"},
+      {"device", K::kEnum, "cpu", {"cpu", "cuda"}, "Where training runs"},
+      {"devices", K::kInt, "1", {}, "Number of devices (one worker process each)"},
+      {"device_memory",
+       K::kByteSize,
+       "",
+       {},
+       "Memory budget per device, e.g. 24GiB; exceeding it is an out-of-memory outcome (unset = no "
+       "budget)"},
+      {"seed", K::kInt, "42", {}, "Seed for initialisation, data order and dropout"},
+      {"snapshot_every",
+       K::kInt,
+       "50",
+       {},
+       "Memory snapshots at steps 0 and 1, then every N optimizer steps (0 = steps 0 and 1 only)"},
+      {"log_every", K::kInt, "1", {}, "Log loss and throughput every N optimizer steps"},
+      {"output_dir",
+       K::kPath,
+       "",
+       {},
+       "Where checkpoints and adapters go (unset = the trial's own directory)"},
+      {"checkpoint_every",
+       K::kInt,
+       "0",
+       {},
+       "Save a checkpoint every N optimizer steps (0 = never)"},
+  };
+}
+
+// Names other tools use for the same settings, so a user arriving from LitGPT or the labs is told
+// ours.
+constexpr std::pair<std::string_view, std::string_view> kForeignNames[] = {
+    {"learning_rate", "train.lr"},
+    {"lr_warmup_steps", "train.warmup_steps"},
+    {"warmup", "train.warmup_steps"},
+    {"num_train_samples", "data.samples"},
+    {"max_seq_len", "data.max_seq_length"},
+    {"block_size", "data.max_seq_length"},
+    {"batch_size", "train.micro_batch_size"},
+    {"out_dir", "output_dir"},
+    {"gradient_checkpointing", "activation_checkpointing"},
+    {"grad_checkpointing", "activation_checkpointing"},
+    {"accelerator", "device"},
+    {"optim", "optimizer"},
+    {"checkpoint_dir", "model"},
+};
+
+std::string_view LastSegment(std::string_view name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string_view::npos ? name : name.substr(dot + 1);
+}
+
+std::vector<std::string_view> GroupNames() {
+  std::vector<std::string_view> groups;
+  for (const KeySpec& spec : TrialKeys()) {
+    const size_t dot = spec.name.find('.');
+    if (dot == std::string_view::npos) continue;
+    const std::string_view group = spec.name.substr(0, dot);
+    if (std::find(groups.begin(), groups.end(), group) == groups.end()) groups.push_back(group);
+  }
+  return groups;
+}
+
+std::string EscapeMarkdownCell(std::string_view text) {
+  std::string escaped;
+  for (char c : text) {
+    if (c == '|') escaped += '\\';
+    escaped += c;
+  }
+  return escaped;
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& TrialKeys() {
+  static const std::vector<KeySpec>* const keys = BuildTrialKeys();
+  return *keys;
+}
+
+const KeySpec* FindTrialKey(std::string_view dotted_name) {
+  for (const KeySpec& spec : TrialKeys()) {
+    if (spec.name == dotted_name) return &spec;
+  }
+  return nullptr;
+}
+
+bool IsTrialKeyGroup(std::string_view prefix) {
+  if (prefix.empty()) return false;
+  for (const KeySpec& spec : TrialKeys()) {
+    if (spec.name.size() > prefix.size() && spec.name.substr(0, prefix.size()) == prefix &&
+        spec.name[prefix.size()] == '.') {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string_view> TrialKeysInGroup(std::string_view group) {
+  std::vector<std::string_view> names;
+  if (group.empty()) return names;
+  for (const KeySpec& spec : TrialKeys()) {
+    if (spec.name.size() > group.size() && spec.name.substr(0, group.size()) == group &&
+        spec.name[group.size()] == '.') {
+      names.push_back(spec.name);
+    }
+  }
+  return names;
+}
+
+std::string NearestTrialKey(std::string_view unknown) {
+  if (unknown.empty()) return "";
+  const std::string_view unknown_last = LastSegment(unknown);
+  for (const auto& [foreign, ours] : kForeignNames) {
+    if (unknown == foreign || unknown_last == foreign) return std::string(ours);
+  }
+
+  // Candidates in registry order so ties go to the earlier (more commonly used) key; groups last.
+  std::vector<std::string_view> full_names;
+  std::vector<std::string_view> last_segments;
+  for (const KeySpec& spec : TrialKeys()) {
+    full_names.push_back(spec.name);
+    last_segments.push_back(LastSegment(spec.name));
+  }
+  const std::vector<std::string_view> groups = GroupNames();
+
+  size_t best_distance = SIZE_MAX;
+  std::string_view best;
+  auto consider = [&](std::string_view typed, std::string_view candidate, std::string_view answer) {
+    const size_t distance = EditDistance(typed, candidate);
+    if (distance <= MaxTypoDistance(typed) && distance < best_distance) {
+      best_distance = distance;
+      best = answer;
+    }
+  };
+  for (size_t i = 0; i < full_names.size(); ++i) consider(unknown, full_names[i], full_names[i]);
+  // "micro_batch_size" at the top level, or "data.micro_batch_size": the right key under another
+  // group.
+  for (size_t i = 0; i < full_names.size(); ++i) {
+    consider(unknown_last, last_segments[i], full_names[i]);
+  }
+  for (std::string_view group : groups) consider(unknown, group, group);
+  return std::string(best);
+}
+
+std::string_view KeyTypeName(KeyType type) {
+  switch (type) {
+    case KeyType::kString:
+      return "string";
+    case KeyType::kInt:
+      return "integer";
+    case KeyType::kFloat:
+      return "number";
+    case KeyType::kBool:
+      return "true/false";
+    case KeyType::kEnum:
+      return "one of";
+    case KeyType::kByteSize:
+      return "byte size";
+    case KeyType::kFloatList:
+      return "list of numbers";
+    case KeyType::kStringList:
+      return "list of strings";
+    case KeyType::kPath:
+      return "path";
+  }
+  return "value";
+}
+
+std::string DescribeExpectedValue(const KeySpec& spec) {
+  switch (spec.type) {
+    case KeyType::kString:
+      return "a string";
+    case KeyType::kInt:
+      return "an integer";
+    case KeyType::kFloat:
+      return "a number";
+    case KeyType::kBool:
+      return "true or false";
+    case KeyType::kEnum: {
+      std::string text = "one of ";
+      for (size_t i = 0; i < spec.allowed.size(); ++i) {
+        if (i > 0) text.append(", ");
+        text.append(spec.allowed[i]);
+      }
+      return text;
+    }
+    case KeyType::kByteSize:
+      return "a byte size such as 24GiB";
+    case KeyType::kFloatList:
+      return "a list of numbers";
+    case KeyType::kStringList:
+      return "a list of strings";
+    case KeyType::kPath:
+      return "a path";
+  }
+  return "a value";
+}
+
+std::string TrialKeysMarkdownTable() {
+  // Built with append() only: GCC 12 reports a false -Wrestrict on `"literal" + std::string`
+  // chains.
+  auto code = [](std::string_view text) {
+    std::string quoted;
+    quoted.append("`").append(text).append("`");
+    return quoted;
+  };
+  std::string table = "| key | type | default | allowed | help |\n|---|---|---|---|---|\n";
+  for (const KeySpec& spec : TrialKeys()) {
+    std::string default_cell;
+    if (!spec.default_value.empty()) {
+      default_cell = code(spec.default_value);
+    } else if (!spec.default_from.empty()) {
+      default_cell.append("= ").append(code(spec.default_from));
+    } else {
+      default_cell = "(none)";
+    }
+    std::string allowed_cell;
+    for (std::string_view value : spec.allowed) {
+      if (!allowed_cell.empty()) allowed_cell.append(", ");
+      allowed_cell.append(code(value));
+    }
+    const std::string_view type_name =
+        spec.type == KeyType::kEnum ? "enum" : KeyTypeName(spec.type);
+    table.append("| ")
+        .append(code(spec.name))
+        .append(" | ")
+        .append(type_name)
+        .append(" | ")
+        .append(EscapeMarkdownCell(default_cell))
+        .append(" | ")
+        .append(EscapeMarkdownCell(allowed_cell))
+        .append(" | ")
+        .append(EscapeMarkdownCell(spec.help))
+        .append(" |\n");
+  }
+  return table;
+}
+
+}  // namespace llmctl

@@ -1,0 +1,171 @@
+#include "trainer/data/file_util.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace llmctl::data {
+namespace {
+
+Status ErrnoStatus(int err, const std::string& message) {
+  const std::string text = message + ": " + std::strerror(err);
+  if (err == ENOENT) return NotFoundError(text);
+  if (err == EACCES || err == EPERM) return Status(StatusCode::kPermissionDenied, text);
+  return UnavailableError(text);
+}
+
+}  // namespace
+
+uint64_t Fnv1a64(std::span<const std::byte> bytes, uint64_t hash) {
+  for (std::byte b : bytes) {
+    hash ^= static_cast<uint64_t>(b);
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+uint64_t Fnv1a64(std::string_view text, uint64_t hash) {
+  return Fnv1a64(std::as_bytes(std::span(text.data(), text.size())), hash);
+}
+
+StatusOr<uint64_t> Fnv1a64File(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string content, ReadFileToString(path));
+  return Fnv1a64(content);
+}
+
+std::string HexU64(uint64_t value) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, value >>= 4) out[i] = kHex[value & 15];
+  return out;
+}
+
+StatusOr<std::string> ReadFileToString(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "cannot open " + path);
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgumentError(path + " is a directory, not a file");
+  }
+  std::string data;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      return ErrnoStatus(err, "cannot read " + path);
+    }
+    if (n == 0) break;
+    data.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return data;
+}
+
+Status WriteAll(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return UnavailableError(std::strerror(errno));
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status WriteFileAtomically(const std::string& path, const std::function<Status(int fd)>& write) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, "cannot create " + tmp);
+  Status status = write(fd);
+  // fsync before rename: otherwise a crash can leave the new name pointing at unwritten blocks.
+  if (status.ok() && ::fsync(fd) != 0) status = UnavailableError(std::strerror(errno));
+  if (::close(fd) != 0 && status.ok()) status = UnavailableError(std::strerror(errno));
+  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    status = UnavailableError("rename to " + path + ": " + std::strerror(errno));
+  }
+  if (!status.ok()) {
+    ::unlink(tmp.c_str());
+    return Status(status.code(), "cannot write " + path + ": " + status.message());
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "cannot open " + path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, "cannot stat " + path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgumentError(path + " is not a regular file");
+  }
+  std::unique_ptr<MappedFile> file(new MappedFile());
+  file->size_ = static_cast<size_t>(st.st_size);
+  if (file->size_ > 0) {  // mmap refuses length 0; an empty file is an empty span
+    void* data = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (data == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoStatus(err, "cannot mmap " + path);
+    }
+    file->data_ = data;
+  }
+  ::close(fd);  // the mapping keeps the file referenced
+  return file;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+size_t FirstInvalidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    uint32_t cp;
+    if ((c & 0xe0) == 0xc0) {
+      len = 2;
+      cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      len = 3;
+      cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return i;
+    }
+    if (i + len > s.size()) return i;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xc0) != 0x80) return i;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    constexpr uint32_t kMinForLen[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMinForLen[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace llmctl::data

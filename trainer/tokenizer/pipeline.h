@@ -1,0 +1,139 @@
+// The stages of a Hugging Face tokenizer around the BPE model, each built from its tokenizer.json
+// object: added-token extraction, normalizers, pre-tokenizers, post-processors and decoders. Each
+// stage copies the `tokenizers` library's behaviour for the ids it produces (offsets are not
+// tracked: nothing here needs them).
+//
+// Internal to trainer/tokenizer.
+#ifndef LLMCTL_TRAINER_TOKENIZER_PIPELINE_H_
+#define LLMCTL_TRAINER_TOKENIZER_PIPELINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/status.h"
+#include "trainer/tokenizer/bpe.h"
+#include "trainer/tokenizer/json_util.h"
+
+namespace llmctl::tokenizer_internal {
+
+// A piece of the input on its way to the model.
+struct Piece {
+  std::string text;
+  int32_t added_id = -1;  // >= 0: an added token already resolved; later stages leave it alone
+  bool at_origin =
+      false;  // starts at byte 0 of the caller's text (Metaspace's prepend_scheme "first")
+};
+
+class Normalizer {
+ public:
+  virtual ~Normalizer() = default;
+  virtual Status Normalize(std::string* text) const = 0;
+};
+
+class PreTokenizer {
+ public:
+  virtual ~PreTokenizer() = default;
+  // Splits and rewrites the pieces that are not added tokens; empty pieces are dropped.
+  virtual Status PreTokenize(std::vector<Piece>* pieces) const = 0;
+};
+
+class PostProcessor {
+ public:
+  virtual ~PostProcessor() = default;
+  // Adds the special tokens of a single sequence (called only when the caller asked for them).
+  virtual void AddSpecialTokens(std::vector<int32_t>* ids) const = 0;
+};
+
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  virtual void DecodeChain(std::vector<std::string>* tokens) const = 0;
+};
+
+// Each Parse* reads one component object; `path` is its location in the file, for errors. Unknown
+// or unsupported types are errors that name the type.
+StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const JsonSource& src, const Json& json,
+                                                      const std::string& path, int depth = 0);
+StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const JsonSource& src, const Json& json,
+                                                          const std::string& path, int depth = 0);
+StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(const JsonSource& src, const Json& json,
+                                                            const std::string& path, int depth = 0);
+StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const JsonSource& src, const Json& json,
+                                                const std::string& path, int depth = 0);
+
+// One entry of tokenizer.json's "added_tokens".
+struct AddedToken {
+  std::string content;
+  bool single_word = false;
+  bool lstrip = false;
+  bool rstrip = false;
+  bool normalized = true;
+  bool special = false;
+};
+
+// Added and special tokens: found in the text before the model runs (tokens with normalized=false
+// in the raw text, the others in the normalized text), leftmost-longest, with the
+// lstrip/rstrip/single_word rules.
+class AddedVocabulary {
+ public:
+  // Assigns ids the way the library does when it loads a file: a token already in the model keeps
+  // the model's id, a new one gets the next id after the model's vocabulary.
+  static StatusOr<std::unique_ptr<AddedVocabulary>> Create(const std::vector<AddedToken>& tokens,
+                                                           const BpeModel& model,
+                                                           const Normalizer* normalizer);
+
+  // Splits `text` (valid UTF-8) into added tokens and normalized text pieces.
+  Status ExtractAndNormalize(std::string_view text, const Normalizer* normalizer,
+                             std::vector<Piece>* pieces) const;
+
+  std::optional<int32_t> TokenToId(std::string_view content) const;
+  // The text an id decodes from (for normalized tokens, their normalized form), or nullptr.
+  const std::string* IdToToken(int32_t id) const;
+  bool IsSpecial(std::string_view token) const { return special_.contains(token); }
+  int32_t max_id() const { return max_id_; }
+
+ private:
+  struct Entry {
+    AddedToken token;
+    int32_t id;
+    std::string pattern;  // what is searched for: the content, normalized for normalized tokens
+  };
+  // A byte trie over the patterns; leaves point into entries_.
+  struct Trie {
+    struct Node {
+      std::vector<std::pair<unsigned char, int32_t>> children;
+      int32_t entry = -1;
+    };
+    std::vector<Node> nodes;
+    bool first_byte[256] = {};
+    void Insert(std::string_view pattern, int32_t entry);
+    // The entry of the longest pattern that starts at text[pos], or -1.
+    int32_t LongestAt(std::string_view text, size_t pos, size_t* length) const;
+  };
+  struct Split {
+    size_t begin;
+    size_t end;
+    int32_t id;  // -1 for text between tokens
+  };
+
+  AddedVocabulary() = default;
+  void FindSplits(std::string_view text, const Trie& trie, std::vector<Split>* splits) const;
+
+  std::vector<Entry> entries_;  // by id order of insertion; the last definition of an id wins
+  std::unordered_map<int32_t, size_t> by_id_;
+  StringIdMap by_content_;
+  std::unordered_set<std::string, StringHash, std::equal_to<>> special_;
+  Trie raw_trie_;
+  Trie normalized_trie_;
+  int32_t max_id_ = -1;
+};
+
+}  // namespace llmctl::tokenizer_internal
+
+#endif  // LLMCTL_TRAINER_TOKENIZER_PIPELINE_H_
