@@ -1,6 +1,7 @@
 // llm-train: runs one trial of an experiment file in this process.
 //
 //   llm-train --config FILE [--trial NAME] [--set key=value ...] [--events FILE] [--prepare]
+//             [--resume CHECKPOINT_DIR]
 //
 // Exit codes: 0 ok, 1 failed, 2 invalid input (nothing ran), 3 out of memory, 4 diverged, 5 cancelled.
 #include <csignal>
@@ -34,11 +35,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   std::string events_path;
   bool prepare_only = false;
+  std::string resume_from;
   app.add_option("--config", config_path, "experiment file (YAML)")->required();
   app.add_option("--trial", trial_name, "which trial of the file to run (default: the only one)");
   app.add_option("--set", overrides, "override a trial key, e.g. --set train.micro_batch_size=8");
   app.add_option("--events", events_path, "append JSON-lines events to this file");
   app.add_flag("--prepare", prepare_only, "only tokenize the dataset into the token cache");
+  app.add_option("--resume", resume_from,
+                 "continue from a checkpoint directory (<output_dir>/checkpoints/step-N)");
   CLI11_PARSE(app, argc, argv);
 
   auto experiment = llmctl::LoadExperimentFile(config_path);
@@ -84,6 +88,7 @@ int main(int argc, char** argv) {
   options.events_path = events_path;
   options.human = &std::cout;
   options.cancel = &g_cancel;
+  options.resume_from = resume_from;
   const llmctl::trainer::TrialResult result = llmctl::trainer::RunTrial(config, options);
   if (result.invalid_input) {
     std::cerr << "llm-train: " << result.error << std::endl;

@@ -52,12 +52,13 @@ std::vector<double> TrialRecord::Losses() const {
   return losses;
 }
 
-TrialRecord RunAndRecord(const TrialConfig& config) {
+TrialRecord RunAndRecord(const TrialConfig& config, const std::string& resume_from) {
   const std::filesystem::path path = std::filesystem::temp_directory_path() /
                                      ("llmctl-test-events-" + std::to_string(::getpid()) + ".jsonl");
   std::filesystem::remove(path);
   RunOptions options;
   options.events_path = path.string();
+  options.resume_from = resume_from;
   TrialRecord record;
   record.result = RunTrial(config, options);
   std::ifstream in(path);
@@ -65,6 +66,14 @@ TrialRecord RunAndRecord(const TrialConfig& config) {
   while (std::getline(in, line)) record.events.push_back(nlohmann::json::parse(line));
   std::filesystem::remove(path);
   return record;
+}
+
+std::string FreshTempDir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("llmctl-test-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
 }
 
 }  // namespace llmctl::trainer::testing

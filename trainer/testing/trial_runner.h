@@ -31,7 +31,11 @@ struct TrialRecord {
   std::vector<double> Losses() const;
 };
 
-TrialRecord RunAndRecord(const TrialConfig& config);
+// Runs the trial (continuing from `resume_from` when given) and reads its event log back.
+TrialRecord RunAndRecord(const TrialConfig& config, const std::string& resume_from = "");
+
+// A fresh empty directory under the system's temporary directory, unique to this process.
+std::string FreshTempDir(const std::string& name);
 
 }  // namespace llmctl::trainer::testing
 

@@ -324,7 +324,16 @@ StatusOr<Tokenizer> Tokenizer::Load(const std::string& path) {
     std::error_code ec;
     fs::path file = path;
     if (fs::is_directory(file, ec)) file /= "tokenizer.json";
-    if (!fs::exists(file, ec)) return NotFoundError(file.string() + ": no such file");
+    if (!fs::exists(file, ec)) {
+      if (fs::exists(file.parent_path() / "tokenizer.model", ec)) {
+        return UnimplementedError(
+            file.string() +
+            ": no such file, and SentencePiece tokenizer.model files are not "
+            "supported (transformers' LlamaTokenizerFast writes a "
+            "tokenizer.json: AutoTokenizer.from_pretrained(dir).save_pretrained(dir))");
+      }
+      return NotFoundError(file.string() + ": no such file");
+    }
     ASSIGN_OR_RETURN(const std::string text, tokenizer_internal::ReadFile(file));
     ASSIGN_OR_RETURN(auto state, tokenizer_internal::ParseTokenizer(text, file.string()));
     const fs::path config = file.parent_path() / "tokenizer_config.json";

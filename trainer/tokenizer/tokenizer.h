@@ -1,16 +1,15 @@
-// Tokenizer: a Hugging Face tokenizer.json (BPE models) that encodes and decodes id for id like the
-// `tokenizers` library. No LibTorch.
+// Tokenizer: a Hugging Face tokenizer.json (BPE models) that encodes and decodes id for id like
+// the `tokenizers` library. No LibTorch.
 //
 // Supported, i.e. the two families LLaMA-style models use:
 //   - SentencePiece-style BPE with byte fallback (Llama 2, TinyLlama, Mistral): normalizer
 //     Sequence[Prepend("▁"), Replace(" ", "▁")] and no pre-tokenizer, or the newer Metaspace
-//     pre-tokenizer;
-//     `<0xNN>` byte tokens, fuse_unk; decoder Replace/ByteFallback/Fuse/Strip or Metaspace.
-//   - Byte-level BPE (Llama 3, Qwen2, GPT-2): Split(regex from the file, run on PCRE2) + ByteLevel,
-//   NFC,
-//     ignore_merges.
+//     pre-tokenizer; `<0xNN>` byte tokens, fuse_unk; decoders Replace/ByteFallback/Fuse/Strip or
+//     Metaspace.
+//   - Byte-level BPE (Llama 3, Qwen2, GPT-2, SmolLM): Split with the file's regex (run on PCRE2),
+//     ByteLevel, Digits, NFC, ignore_merges.
 //   - Merges as "a b" strings or [a, b] pairs; added tokens (special, normalized, lstrip, rstrip,
-//     single_word); post-processors TemplateProcessing, Bert/RobertaProcessing, ByteLevel,
+//     single_word); post-processors TemplateProcessing, Bert/RobertaProcessing, ByteLevel and
 //     Sequence.
 // Anything else (WordPiece, Unigram or WordLevel models, NFKC, Lowercase, BPE dropout, ...) fails
 // to load with an error naming the file and the feature. The file's "truncation" and "padding"
@@ -18,9 +17,9 @@
 //
 // Example:
 //   ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load("models/tinyllama"));
-//   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode("Hello world",
-//   /*add_special_tokens=*/true)); if (tok.eos_id()) ids.push_back(*tok.eos_id()); std::string text
-//   = tok.Decode(ids, /*skip_special_tokens=*/true);
+//   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode("Hi", /*add_special_tokens=*/true));
+//   if (tok.eos_id()) ids.push_back(*tok.eos_id());
+//   std::string text = tok.Decode(ids, /*skip_special_tokens=*/true);
 //
 // Thread-safety: all const methods may be called concurrently (the word cache has its own lock).
 #ifndef LLMCTL_TRAINER_TOKENIZER_TOKENIZER_H_

@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -38,7 +40,7 @@ const Tokenizer& Fixture(const std::string& name) {
   if (it == loaded->end()) {
     StatusOr<Tokenizer> tokenizer = Tokenizer::Load(TokenizerPath(name).string());
     if (!tokenizer.ok()) {
-      ADD_FAILURE() << tokenizer.status().ToString();
+      std::fprintf(stderr, "cannot load fixture: %s\n", tokenizer.status().ToString().c_str());
       std::abort();
     }
     it = loaded->emplace(name, std::move(*tokenizer)).first;
@@ -88,9 +90,9 @@ std::vector<int32_t> EncodeOrDie(const Tokenizer& tokenizer, std::string_view te
 // ------------------------------------------------------------------------------------------------------------
 // Id-for-id agreement with the `tokenizers` library.
 
-class ReferenceTest : public testing::TestWithParam<std::string> {};
+class TokenizerReferenceTest : public testing::TestWithParam<std::string> {};
 
-TEST_P(ReferenceTest, EncodeAndDecodeMatchTheLibrary) {
+TEST_P(TokenizerReferenceTest, EncodeAndDecodeMatchTheLibrary) {
   const Tokenizer& tokenizer = Fixture(GetParam());
   int checked = 0;
   for (const Case& c : Cases()) {
@@ -105,16 +107,16 @@ TEST_P(ReferenceTest, EncodeAndDecodeMatchTheLibrary) {
   EXPECT_GT(checked, 100) << "cases.jsonl has too few cases for " << GetParam();
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceTest,
+INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerReferenceTest,
                          testing::Values("sp_bpe", "sp_bpe_metaspace", "byte_bpe", "byte_bpe_qwen2",
                                          "demo"));
 
 // ------------------------------------------------------------------------------------------------------------
 // Round trips: text without added-token look-alikes decodes back to itself.
 
-class RoundTripTest : public testing::TestWithParam<std::string> {};
+class TokenizerRoundTripTest : public testing::TestWithParam<std::string> {};
 
-TEST_P(RoundTripTest, DecodeOfEncodeIsTheText) {
+TEST_P(TokenizerRoundTripTest, DecodeOfEncodeIsTheText) {
   const Tokenizer& tokenizer = Fixture(GetParam());
   int checked = 0;
   for (const Case& c : Cases()) {
@@ -132,7 +134,8 @@ TEST_P(RoundTripTest, DecodeOfEncodeIsTheText) {
 
 // Not the Metaspace variant (a leading space is dropped, as in the library) nor Qwen2's (NFC
 // changes text).
-INSTANTIATE_TEST_SUITE_P(Fixtures, RoundTripTest, testing::Values("sp_bpe", "byte_bpe", "demo"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerRoundTripTest,
+                         testing::Values("sp_bpe", "byte_bpe", "demo"));
 
 // ------------------------------------------------------------------------------------------------------------
 // Special tokens and vocabulary.
@@ -262,7 +265,7 @@ TEST(TokenizerTest, ConcurrentEncodesAgree) {
 // ------------------------------------------------------------------------------------------------------------
 // Loading.
 
-TEST(LoadTest, AcceptsADirectoryOrTheFile) {
+TEST(TokenizerLoadTest, AcceptsADirectoryOrTheFile) {
   const StatusOr<Tokenizer> from_dir = Tokenizer::Load((FixtureDir() / "sp_bpe").string());
   ASSERT_TRUE(from_dir.ok()) << from_dir.status().ToString();
   const StatusOr<Tokenizer> from_file = Tokenizer::Load(TokenizerPath("sp_bpe").string());
@@ -272,14 +275,28 @@ TEST(LoadTest, AcceptsADirectoryOrTheFile) {
   EXPECT_NE(from_file->source().find("tokenizer.json"), std::string::npos);
 }
 
-TEST(LoadTest, MissingFileIsNotFound) {
+TEST(TokenizerLoadTest, MissingFileIsNotFound) {
   const StatusOr<Tokenizer> tokenizer = Tokenizer::Load((FixtureDir() / "no_such_dir").string());
   ASSERT_FALSE(tokenizer.ok());
   EXPECT_EQ(tokenizer.status().code(), StatusCode::kNotFound);
   EXPECT_NE(tokenizer.status().message().find("no_such_dir"), std::string::npos);
 }
 
-TEST(LoadTest, TokenizerConfigOverridesSpecialTokens) {
+TEST(TokenizerLoadTest, SentencePieceModelAloneIsUnimplemented) {
+  const char* build_dir = std::getenv("LLMCTL_BUILD_DIR");
+  const fs::path dir = (build_dir != nullptr ? fs::path(build_dir) : fs::temp_directory_path()) /
+                       "tokenizer_model_only_test";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "tokenizer.model") << "not read";
+  const StatusOr<Tokenizer> tokenizer = Tokenizer::Load(dir.string());
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_EQ(tokenizer.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(tokenizer.status().message().find("tokenizer.model"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(TokenizerLoadTest, TokenizerConfigOverridesSpecialTokens) {
   const char* build_dir = std::getenv("LLMCTL_BUILD_DIR");
   const fs::path dir = (build_dir != nullptr ? fs::path(build_dir) : fs::temp_directory_path()) /
                        "tokenizer_config_test";
@@ -309,9 +326,12 @@ struct BrokenCase {
   const char* field;  // must appear in the message, after the file name
 };
 
-class BrokenFileTest : public testing::TestWithParam<BrokenCase> {};
+// gtest prints parameters in test names and failures; the file name says it all.
+void PrintTo(const BrokenCase& c, std::ostream* os) { *os << c.file; }
 
-TEST_P(BrokenFileTest, FailsWithAnErrorNamingFileAndField) {
+class TokenizerBrokenFileTest : public testing::TestWithParam<BrokenCase> {};
+
+TEST_P(TokenizerBrokenFileTest, FailsWithAnErrorNamingFileAndField) {
   const BrokenCase& c = GetParam();
   const fs::path path = FixtureDir() / "broken" / c.file;
   ASSERT_TRUE(fs::exists(path)) << path;
@@ -328,7 +348,7 @@ TEST_P(BrokenFileTest, FailsWithAnErrorNamingFileAndField) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Broken, BrokenFileTest,
+    Broken, TokenizerBrokenFileTest,
     testing::Values(
         BrokenCase{"truncated.json", StatusCode::kInvalidArgument, "not valid JSON"},
         BrokenCase{"empty.json", StatusCode::kInvalidArgument, "not valid JSON"},
@@ -363,7 +383,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // A hostile pattern fails the encode instead of hanging the trainer.
-TEST(LoadTest, CatastrophicRegexFailsFast) {
+TEST(TokenizerLoadTest, CatastrophicRegexFailsFast) {
   const std::string json = R"({"version":"1.0",
     "pre_tokenizer":{"type":"Split","pattern":{"Regex":"(x+x+)+[yz]"},"behavior":"Isolated","invert":false},
     "model":{"type":"BPE","vocab":{"x":0},"merges":[]}})";

@@ -43,6 +43,7 @@ class LossScaler {
  public:
   explicit LossScaler(torch::Device device);
   double scale() const { return scale_; }
+  void set_scale(double scale) { scale_ = scale; }
   // Divides gradients by the scale; returns false when any is non-finite (the step must be skipped).
   bool UnscaleAndCheck(const std::vector<torch::Tensor>& params);
   void Update(bool grads_were_finite);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <numbers>
 #include <ostream>
 #include <sstream>
@@ -14,6 +15,7 @@
 #include "trainer/model/llama.h"
 #include "trainer/model/weights.h"
 #include "trainer/train/batches.h"
+#include "trainer/train/checkpoints.h"
 #include "trainer/train/events.h"
 #include "trainer/train/optimizer.h"
 #include "trainer/train/precision.h"
@@ -88,6 +90,14 @@ class TrialRun {
     if (options_.human != nullptr) *options_.human << line << std::endl;
   }
   TrialResult Finish(Outcome outcome, std::string error);
+  TrialResult InvalidInput(const Status& status) {
+    TrialResult result = Finish(Outcome::kFailed, status.message());
+    result.invalid_input = true;
+    return result;
+  }
+  // Puts weights, optimizer state, data position and generators back from options_.resume_from.
+  Status Resume();
+  Status SaveCheckpointAfter(int64_t step);
   std::vector<torch::Tensor> OptimizerState() const {
     return optimizer_ ? optimizer_->StateTensors() : std::vector<torch::Tensor>{};
   }
@@ -118,6 +128,7 @@ class TrialRun {
   int64_t tokens_seen_ = 0;
   std::optional<double> last_loss_;
   int64_t steps_done_ = 0;
+  int64_t first_step_ = 0;
   std::string divergence_;
 };
 
@@ -135,6 +146,46 @@ Status TrialRun::Setup() {
   log_every_ = std::max<int64_t>(1, config_.GetInt("log_every"));
   model_options_.activation_checkpointing = config_.GetBool("activation_checkpointing");
   if (precision_.loss_scaling) loss_scaler_.emplace(device_);
+  if (config_.GetInt("checkpoint_every") > 0 && config_.GetString("output_dir").empty()) {
+    return InvalidArgumentError("checkpoint_every: checkpoints need output_dir to say where they go");
+  }
+  return Status::Ok();
+}
+
+Status TrialRun::Resume() {
+  const std::string& dir = options_.resume_from;
+  ASSIGN_OR_RETURN(LoadedCheckpoint checkpoint, LoadCheckpoint(dir));
+  std::map<std::string, torch::Tensor> saved(checkpoint.model.begin(), checkpoint.model.end());
+  torch::NoGradGuard no_grad;
+  for (auto& item : model_->named_parameters()) {
+    auto it = saved.find(item.key());
+    if (it == saved.end() || !it->second.sizes().equals(item.value().sizes())) {
+      return DataLossError(dir + "/model.safetensors: parameter '" + item.key() +
+                           "' is missing or has another shape (a checkpoint of a different model?)");
+    }
+    item.value().copy_(it->second);
+  }
+  RETURN_IF_ERROR(optimizer_->LoadNamedState(checkpoint.optimizer).WithContext(dir));
+  RETURN_IF_ERROR(batches_->Restore(checkpoint.state.data_position).WithContext(dir));
+  if (loss_scaler_) loss_scaler_->set_scale(checkpoint.state.loss_scale);
+  RETURN_IF_ERROR(RestoreGeneratorStates(checkpoint.generators).WithContext(dir));
+  first_step_ = checkpoint.state.next_step;
+  return Status::Ok();
+}
+
+Status TrialRun::SaveCheckpointAfter(int64_t step) {
+  const std::string dir =
+      config_.GetString("output_dir") + "/checkpoints/step-" + std::to_string(step + 1);
+  NamedTensors model;
+  for (auto& item : model_->named_parameters()) model.emplace_back(item.key(), item.value());
+  TrainingState state;
+  state.next_step = step + 1;
+  state.data_position = batches_->Position();
+  state.loss_scale = loss_scaler_ ? loss_scaler_->scale() : 0.0;
+  state.config = config_.ToJson();
+  RETURN_IF_ERROR(SaveCheckpoint(dir, model, optimizer_->NamedState(), state));
+  events_.Emit({{"type", "checkpoint"}, {"step", step}, {"path", dir}});
+  Human("[checkpoint] " + dir);
   return Status::Ok();
 }
 
@@ -274,31 +325,19 @@ TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
 }
 
 TrialResult TrialRun::Run() {
-  if (Status status = Setup(); !status.ok()) {
-    TrialResult result = Finish(Outcome::kFailed, status.message());
-    result.invalid_input = true;
-    return result;
-  }
+  if (Status status = Setup(); !status.ok()) return InvalidInput(status);
   uint64_t load_peak = 0;
   try {
     // Data first: a bad dataset or tokenizer should fail before minutes of model loading.
     auto batches = OpenBatches(config_, model_config_);
-    if (!batches.ok()) {
-      TrialResult result = Finish(Outcome::kFailed, batches.status().message());
-      result.invalid_input = true;
-      return result;
-    }
+    if (!batches.ok()) return InvalidInput(batches.status());
     batches_ = std::move(*batches);
 
     memory_->ResetPeak();
     torch::manual_seed(static_cast<uint64_t>(config_.GetInt("seed")));
     auto model = BuildModel(model_config_, config_.GetString("init"), config_.GetString("model"),
                             precision_.param_dtype, device_);
-    if (!model.ok()) {
-      TrialResult result = Finish(Outcome::kFailed, model.status().message());
-      result.invalid_input = true;
-      return result;
-    }
+    if (!model.ok()) return InvalidInput(model.status());
     model_ = std::move(*model);
     load_peak = memory_->peak_bytes();
     model_->train();
@@ -316,12 +355,11 @@ TrialResult TrialRun::Run() {
     optimizer_options.weight_decay = config_.GetFloat("train.weight_decay");
     optimizer_options.momentum = config_.GetFloat("train.momentum");
     auto optimizer = MakeOptimizer(optimizer_options, trainable_params_);
-    if (!optimizer.ok()) {
-      TrialResult result = Finish(Outcome::kFailed, optimizer.status().message());
-      result.invalid_input = true;
-      return result;
-    }
+    if (!optimizer.ok()) return InvalidInput(optimizer.status());
     optimizer_ = std::move(*optimizer);
+    if (!options_.resume_from.empty()) {
+      if (Status status = Resume(); !status.ok()) return InvalidInput(status);
+    }
 
     const int64_t global_batch = micro_batch_size_ * accumulation_;
     const int64_t steps_per_epoch = std::max<int64_t>(1, batches_->num_examples() / global_batch);
@@ -342,6 +380,8 @@ TrialResult TrialRun::Run() {
                   {"parameters_total", total_count},
                   {"parameters_trainable", trainable_count},
                   {"load_peak_bytes", load_peak},
+                  {"first_step", first_step_},
+                  {"resumed_from", options_.resume_from},
                   {"device", device_.str()},
                   {"threads", torch::get_num_threads()},
                   {"torch_version", TORCH_VERSION}});
@@ -354,10 +394,16 @@ TrialResult TrialRun::Run() {
     Log("info", "dataset " + config_.GetString("data.path") + ": " +
                     std::to_string(batches_->num_examples()) + " examples");
     memory_->ResetPeak();
-    for (int64_t step = 0; step < total_steps_; ++step) {
+    const int64_t checkpoint_every = config_.GetInt("checkpoint_every");
+    for (int64_t step = first_step_; step < total_steps_; ++step) {
       if (!TrainStep(step)) {
         if (!divergence_.empty()) return Finish(Outcome::kDiverged, divergence_);
         return Finish(Outcome::kCancelled, "cancelled at step " + std::to_string(step));
+      }
+      if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0) {
+        if (Status status = SaveCheckpointAfter(step); !status.ok()) {
+          return Finish(Outcome::kFailed, status.message());
+        }
       }
     }
     return Finish(Outcome::kOk, "");

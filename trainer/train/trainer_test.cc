@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "common/model_config.h"
 #include "trainer/testing/trial_runner.h"
 
@@ -155,6 +157,34 @@ TEST(TrainingLoopTest, ActivationCheckpointingGivesTheSameLossesWithLessActivati
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << "step " << i;
   EXPECT_LT(Field(checkpointed.Snapshot(1, 0, "phase1_after_fwd"), "other_bytes"),
             Field(plain.Snapshot(1, 0, "phase1_after_fwd"), "other_bytes"));
+}
+
+TEST(CheckpointResumeTest, ResumedRunReproducesTheUninterruptedLossesExactly) {
+  const std::string out = testing::FreshTempDir("resume");
+  TrialRecord whole = RunAndRecord(DemoConfig({{"train.max_steps", "6"},
+                                               {"checkpoint_every", "3"},
+                                               {"output_dir", out}}));
+  ASSERT_EQ(whole.result.outcome, Outcome::kOk) << whole.result.error;
+  ASSERT_EQ(whole.OfType("checkpoint").size(), 2u);
+  const std::string checkpoint = out + "/checkpoints/step-3";
+  ASSERT_TRUE(std::filesystem::exists(checkpoint + "/model.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(checkpoint + ".tmp"));
+
+  TrialRecord resumed = RunAndRecord(DemoConfig({{"train.max_steps", "6"}}), checkpoint);
+  ASSERT_EQ(resumed.result.outcome, Outcome::kOk) << resumed.result.error;
+  EXPECT_EQ(resumed.events.front()["first_step"], 3);
+  const std::vector<double> all = whole.Losses();
+  const std::vector<double> rest = resumed.Losses();
+  ASSERT_EQ(all.size(), 6u);
+  ASSERT_EQ(rest.size(), 3u);
+  for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], all[i + 3]) << "step " << i + 3;
+  std::filesystem::remove_all(out);
+}
+
+TEST(CheckpointResumeTest, MissingCheckpointIsInvalidInput) {
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"}}), "/nonexistent/step-3");
+  EXPECT_TRUE(run.result.invalid_input);
+  EXPECT_NE(run.result.error.find("/nonexistent/step-3"), std::string::npos) << run.result.error;
 }
 
 TEST(PrecisionTest, MixedModesTrainWithFp32MasterWeights) {

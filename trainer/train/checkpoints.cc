@@ -1,0 +1,125 @@
+#include "trainer/train/checkpoints.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "trainer/data/file_util.h"
+#include "trainer/model/weights.h"
+#include "trainer/safetensors/safetensors.h"
+
+namespace llmctl::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kFormatVersion = 1;
+
+StatusOr<safetensors::DType> SafetensorsDType(torch::Dtype dtype) {
+  switch (dtype) {
+    case torch::kFloat64: return safetensors::DType::kF64;
+    case torch::kFloat32: return safetensors::DType::kF32;
+    case torch::kFloat16: return safetensors::DType::kF16;
+    case torch::kBFloat16: return safetensors::DType::kBF16;
+    case torch::kInt64: return safetensors::DType::kI64;
+    case torch::kInt32: return safetensors::DType::kI32;
+    case torch::kUInt8: return safetensors::DType::kU8;
+    case torch::kInt8: return safetensors::DType::kI8;
+    case torch::kBool: return safetensors::DType::kBool;
+    default: return UnimplementedError("cannot checkpoint a tensor of dtype " + std::string(c10::toString(dtype)));
+  }
+}
+
+Status WriteTensors(const std::string& path, const NamedTensors& tensors) {
+  std::vector<torch::Tensor> keep_alive;  // contiguous CPU copies the spans point into
+  std::vector<safetensors::TensorToWrite> to_write;
+  keep_alive.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    keep_alive.push_back(tensor.detach().to(torch::kCPU).contiguous());
+    const torch::Tensor& t = keep_alive.back();
+    ASSIGN_OR_RETURN(safetensors::DType dtype, SafetensorsDType(t.scalar_type()));
+    to_write.push_back({name, dtype, t.sizes().vec(),
+                        std::span<const std::byte>(static_cast<const std::byte*>(t.data_ptr()), t.nbytes())});
+  }
+  return safetensors::WriteSafetensors(path, to_write);
+}
+
+StatusOr<NamedTensors> ReadTensors(const std::string& path) {
+  ASSIGN_OR_RETURN(auto file, safetensors::SafetensorsFile::Open(path));
+  NamedTensors tensors;
+  for (const safetensors::TensorView& view : file->tensors()) {
+    tensors.emplace_back(view.name, TensorFromView(view).clone());
+  }
+  return tensors;
+}
+
+}  // namespace
+
+NamedTensors GeneratorStates() {
+  NamedTensors states;
+  states.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
+  return states;
+}
+
+Status RestoreGeneratorStates(const NamedTensors& states) {
+  for (const auto& [name, state] : states) {
+    if (name != "cpu") return DataLossError("unknown generator '" + name + "' in checkpoint");
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(state.to(torch::kCPU).contiguous());
+  }
+  return Status::Ok();
+}
+
+Status SaveCheckpoint(const std::string& dir, const NamedTensors& model, const NamedTensors& optimizer,
+                      const TrainingState& state) {
+  const fs::path final_dir(dir);
+  const fs::path staging = final_dir.string() + ".tmp";
+  std::error_code error;
+  fs::remove_all(staging, error);
+  fs::create_directories(staging, error);
+  if (error) return UnavailableError("cannot create " + staging.string() + ": " + error.message());
+  RETURN_IF_ERROR(WriteTensors((staging / "model.safetensors").string(), model));
+  RETURN_IF_ERROR(WriteTensors((staging / "optimizer.safetensors").string(), optimizer));
+  RETURN_IF_ERROR(WriteTensors((staging / "rng.safetensors").string(), GeneratorStates()));
+  const nlohmann::json json{{"format_version", kFormatVersion},
+                            {"next_step", state.next_step},
+                            {"data_position", state.data_position},
+                            {"loss_scale", state.loss_scale},
+                            {"config", state.config}};
+  const std::string text = json.dump(2) + "\n";
+  RETURN_IF_ERROR(data::WriteFileAtomically((staging / "trainer_state.json").string(), [&](int fd) {
+    return data::WriteAll(fd, text.data(), text.size());
+  }));
+  fs::remove_all(final_dir, error);
+  fs::rename(staging, final_dir, error);
+  if (error) return UnavailableError("cannot rename " + staging.string() + ": " + error.message());
+  return Status::Ok();
+}
+
+StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir) {
+  const fs::path root(dir);
+  const std::string state_path = (root / "trainer_state.json").string();
+  ASSIGN_OR_RETURN(std::string text, data::ReadFileToString(state_path));
+  LoadedCheckpoint loaded;
+  try {
+    const nlohmann::json json = nlohmann::json::parse(text);
+    if (json.value("format_version", 0) != kFormatVersion) {
+      return DataLossError(state_path + ": unsupported checkpoint format_version " +
+                           json.value("format_version", nlohmann::json()).dump());
+    }
+    loaded.state.next_step = json.at("next_step").get<int64_t>();
+    loaded.state.data_position = json.at("data_position");
+    loaded.state.loss_scale = json.at("loss_scale").get<double>();
+    loaded.state.config = json.value("config", nlohmann::json::object());
+  } catch (const nlohmann::json::exception& e) {
+    return DataLossError(state_path + ": " + e.what());
+  }
+  ASSIGN_OR_RETURN(loaded.model, ReadTensors((root / "model.safetensors").string()));
+  ASSIGN_OR_RETURN(loaded.optimizer, ReadTensors((root / "optimizer.safetensors").string()));
+  ASSIGN_OR_RETURN(loaded.generators, ReadTensors((root / "rng.safetensors").string()));
+  return loaded;
+}
+
+}  // namespace llmctl::trainer

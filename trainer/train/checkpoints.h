@@ -1,0 +1,51 @@
+// Training checkpoints: everything a run needs to continue exactly where it stopped.
+//
+// <output_dir>/checkpoints/step-<N>/ holds model.safetensors (Hugging Face names, the run's dtype: the
+// directory loads in transformers), optimizer.safetensors (the optimizer's named state), rng.safetensors
+// (the generator states) and trainer_state.json (next step, data position, loss scale). A checkpoint is
+// written into step-<N>.tmp and renamed when complete, so a directory named step-<N> is always whole.
+#ifndef LLMCTL_TRAINER_TRAIN_CHECKPOINTS_H_
+#define LLMCTL_TRAINER_TRAIN_CHECKPOINTS_H_
+
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace llmctl::trainer {
+
+struct TrainingState {
+  int64_t next_step = 0;           // the first step the resumed run executes
+  nlohmann::json data_position;    // BatchSource::Position()
+  double loss_scale = 0.0;         // 16-mixed only
+  nlohmann::json config;           // the resolved trial config, for the record
+};
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// Writes a complete checkpoint directory at `dir` (atomically: into dir + ".tmp", then renamed).
+Status SaveCheckpoint(const std::string& dir, const NamedTensors& model, const NamedTensors& optimizer,
+                      const TrainingState& state);
+
+struct LoadedCheckpoint {
+  NamedTensors model;      // CPU tensors, owned (copied out of the files)
+  NamedTensors optimizer;
+  NamedTensors generators;  // for RestoreGeneratorStates, once everything that draws at setup has drawn
+  TrainingState state;
+};
+
+// Reads a checkpoint directory written by SaveCheckpoint; errors name the file and what is wrong.
+StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir);
+
+// The CPU (and, when present, CUDA) generator states, as tensors to save and to put back.
+NamedTensors GeneratorStates();
+Status RestoreGeneratorStates(const NamedTensors& states);
+
+}  // namespace llmctl::trainer
+
+#endif  // LLMCTL_TRAINER_TRAIN_CHECKPOINTS_H_
