@@ -5,7 +5,7 @@ VENV := .venv
 TORCH_CMAKE = $(shell $(VENV)/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 TEST_JOBS ?= 2
 
-.PHONY: setup configure build demo test clean
+.PHONY: setup configure build demo test bench readme-keys clean
 
 setup:
 	@scripts/setup.sh
@@ -23,6 +23,15 @@ demo: build
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(TEST_JOBS)
+
+# Regenerates the README's trial-key table from the registry (a test checks they agree).
+readme-keys: build
+	$(BUILD)/trainer/llm-train --keys > $(BUILD)/trial-keys.md
+	python3 scripts/replace_between.py README.md '<!-- trial-keys:begin -->' '<!-- trial-keys:end -->' $(BUILD)/trial-keys.md
+
+# Side-by-side benchmarks against the peers (not part of the tests; minutes on 2 cores).
+bench: build
+	$(VENV)/bin/python bench/run_train_bench.py --llm-train $(BUILD)/trainer/llm-train
 
 clean:
 	rm -rf $(BUILD)

@@ -1,8 +1,10 @@
 #include "common/experiment.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -117,14 +119,18 @@ class ExperimentParser {
   }
 
   StatusOr<Experiment> Parse(std::string_view text) {
-    std::vector<YAML::Node> documents;
+    YAML::Node root;
     try {
-      documents = YAML::LoadAll(std::string(text));
+      // Not YAML::LoadAll: yaml-cpp 0.7 loops forever, allocating, on some invalid input such as
+      // "," (jbeder/yaml-cpp#1040, fixed upstream in 0.8.x). Load reads one document;
+      // CheckSingleDocument looks for a second one without that loop.
+      root = YAML::Load(std::string(text));
+      RETURN_IF_ERROR(CheckSingleDocument(text));
     } catch (const YAML::Exception& error) {
       return SyntaxError(text, error);
     }
     try {
-      return ParseDocuments(documents);
+      return ParseRoot(text, root);
     } catch (const YAML::Exception& error) {  // defensive: node accessors are used on checked types
       return ErrorAt(error.mark, "YAML error: " + error.msg);
     } catch (const std::exception& error) {
@@ -164,19 +170,89 @@ class ExperimentParser {
     return ErrorAt(error.mark, "YAML syntax error: " + error.msg);
   }
 
-  StatusOr<Experiment> ParseDocuments(const std::vector<YAML::Node>& documents) {
-    if (documents.size() > 1) {
-      return ErrorAt(
-          documents[1].Mark(),
-          "expected one YAML document, found another after '---'; put each experiment in "
-          "its own file");
+  // Records where each document starts and whether it holds anything.
+  class DocumentScanner : public YAML::EventHandler {
+   public:
+    struct Document {
+      YAML::Mark start;
+      bool has_content = false;
+    };
+    std::vector<Document> documents;
+
+    void OnDocumentStart(const YAML::Mark& mark) override { documents.push_back({mark}); }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override { Content(); }
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  const std::string&) override {
+      Content();
     }
-    if (documents.empty() || documents[0].IsNull()) {
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {
+      Content();
+    }
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {
+      Content();
+    }
+    void OnMapEnd() override {}
+
+   private:
+    void Content() {
+      if (!documents.empty()) documents.back().has_content = true;
+    }
+  };
+
+  // True for text with nothing but blank lines, comments and document markers.
+  static bool HasNoContent(std::string_view text) {
+    size_t start = 0;
+    while (start < text.size()) {
+      const size_t end = std::min(text.find('\n', start), text.size());
+      std::string_view line = text.substr(start, end - start);
+      while (!line.empty() && std::isspace(static_cast<unsigned char>(line.front()))) {
+        line.remove_prefix(1);
+      }
+      while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) {
+        line.remove_suffix(1);
+      }
+      if (!line.empty() && line.front() != '#' && line != "---" && line != "...") return false;
+      start = end + 1;
+    }
+    return true;
+  }
+
+  // An experiment is one document; a second one after "---" would be silently ignored by Load.
+  // May throw YAML::Exception for a malformed second document.
+  Status CheckSingleDocument(std::string_view text) const {
+    std::stringstream stream{std::string(text)};
+    YAML::Parser parser(stream);
+    DocumentScanner scanner;
+    // At most two calls: yaml-cpp's parser does not always advance on bad input (see Parse).
+    if (!parser.HandleNextDocument(scanner) || !parser.HandleNextDocument(scanner)) {
+      return Status::Ok();
+    }
+    if (scanner.documents.size() < 2) return Status::Ok();
+    const YAML::Mark& first = scanner.documents[0].start;
+    const YAML::Mark& second = scanner.documents[1].start;
+    if (second.pos <= first.pos) {
+      // The parser is stuck on a token it cannot place (yaml-cpp accepts a lone "," as a document).
+      const size_t pos = static_cast<size_t>(std::max(second.pos, 0));
+      const std::string token = pos < text.size() ? std::string(1, text[pos]) : "end of file";
+      return ErrorAt(second, "YAML syntax error: unexpected '" + token + "'");
+    }
+    if (!scanner.documents[1].has_content) return Status::Ok();  // a trailing "---" alone
+    return ErrorAt(second,
+                   "expected one YAML document, found another after '---'; put each experiment "
+                   "in its own file");
+  }
+
+  StatusOr<Experiment> ParseRoot(std::string_view text, const YAML::Node& root) {
+    if (root.IsNull() && HasNoContent(text)) {
       return ErrorAt(YAML::Mark(),
                      "the experiment file is empty; it needs at least the training data, e.g. "
                      "`data: {path: train.jsonl}`");
     }
-    const YAML::Node& root = documents[0];
     if (!root.IsMap()) {
       return ErrorAt(root.Mark(),
                      "expected a map of keys at the top level (name:, model:, trials: ...), "

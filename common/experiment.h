@@ -1,18 +1,16 @@
 // Experiment files: a base training config plus a list of trials that edit it, in YAML.
 //
-//   name: single-gpu-lab            # optional; defaults to the file name without extension
-//   description: ...                # optional
-//   target: {site: KVM@TACC, flavor: g1.h100.pci.1}   # optional map of strings (site, flavor,
-//   node_type...) model: tinyllama-1.1b           # the base config: any trial keys
-//   (common/trial_keys.h), train: {micro_batch_size: 16}   #   nested maps or dotted names
-//   (train.micro_batch_size: 16) trials:                         # optional; absent: one trial
-//   named after the experiment
-//     - name: baseline              # required; letters, digits, '.', '_', '-'; unique
-//       description: ...            # optional
-//       set: {train.micro_batch_size: 64}   # optional edits of the base, nested or dotted
-//       expect: oom                 # optional: oom | ok
-//   sweep:                          # optional: every trial runs once per combination of these
-//   values
+//   name: single-gpu-lab                  # optional; default: the file name without extension
+//   description: ...                      # optional
+//   target: {site: KVM@TACC, flavor: g1.h100.pci.1}   # optional map of strings
+//   model: tinyllama-1.1b                 # the base config: any trial keys (trial_keys.h),
+//   train: {micro_batch_size: 16}         #   as nested maps or dotted names
+//   trials:                               # optional; absent: one trial named after the file
+//     - name: baseline                    # required, unique; letters, digits, '.', '_', '-'
+//       description: ...                  # optional
+//       set: {train.micro_batch_size: 64} # optional edits of the base, nested or dotted
+//       expect: oom                       # optional: oom | ok
+//   sweep:                                # optional: each trial runs once per combination
 //     precision: [32-true, bf16-true]
 //
 // Precedence, lowest first: registry defaults, the base config, the trial's `set`, the sweep's

@@ -361,6 +361,28 @@ TEST(ParseExperimentTest, NeverThrowsOnOddInput) {
   }
 }
 
+TEST(ParseExperimentTest, DocumentBoundaries) {
+  EXPECT_EQ(ParseError(""),
+            "exp.yaml:1:1: the experiment file is empty; it needs at least the "
+            "training data, e.g. `data: {path: train.jsonl}`");
+  EXPECT_EQ(
+      ParseError("# nothing yet\n---\n").rfind("exp.yaml:1:1: the experiment file is empty", 0),
+      0u);
+  EXPECT_EQ(ParseError("~\n").rfind("exp.yaml:1:1: expected a map of keys at the top level", 0),
+            0u);
+  EXPECT_EQ(ParseError("data: {path: t.jsonl}\n---\nseed: 1\n"),
+            "exp.yaml:2:1: expected one YAML document, found another after '---'; put each "
+            "experiment in its own file");
+  MustParse("---\ndata: {path: t.jsonl}\n...\n");
+  MustParse("data: {path: t.jsonl}\n---\n");  // a trailing marker alone is harmless
+}
+
+TEST(ParseExperimentTest, InputThatHangsYamlCppLoadAllIsAnError) {
+  // yaml-cpp 0.7's LoadAll never returns on these (jbeder/yaml-cpp#1040).
+  EXPECT_EQ(ParseError(","), "exp.yaml:1:1: YAML syntax error: unexpected ','");
+  EXPECT_EQ(ParseError(",a: 1\n"), "exp.yaml:1:1: YAML syntax error: unexpected ','");
+}
+
 TEST(LoadExperimentFileTest, MissingFileIsNotFound) {
   StatusOr<Experiment> experiment = LoadExperimentFile("/no/such/experiment.yaml");
   ASSERT_FALSE(experiment.ok());

@@ -451,7 +451,8 @@ StatusOr<ModelConfig> ParseHfConfigJson(std::string_view json_text, std::string_
   Json root;
   try {
     root = Json::parse(json_text.begin(), json_text.end());
-  } catch (const Json::parse_error& error) {
+  } catch (const Json::exception& error) {
+    // Not only parse_error: a number too large for a double ("1e999") throws out_of_range.406.
     // nlohmann's what() starts with "[json.exception.parse_error.101] "; the rest says where and
     // why.
     std::string what = error.what();
@@ -539,24 +540,38 @@ std::string CanonicalPresetName(std::string_view name) {
 }
 
 uint64_t ParameterCount(const ModelConfig& config) {
-  const uint64_t hidden = static_cast<uint64_t>(config.hidden_size);
-  const uint64_t intermediate = static_cast<uint64_t>(config.intermediate_size);
-  const uint64_t query_width = static_cast<uint64_t>(config.num_attention_heads * config.head_dim);
-  const uint64_t kv_width = static_cast<uint64_t>(config.num_key_value_heads * config.head_dim);
+  // Every size is positive and at most INT64_MAX once validated, but their products need not fit:
+  // a config.json may state any size. Saturating at UINT64_MAX keeps absurd shapes absurd instead
+  // of overflowing (undefined for the signed head products) or wrapping to a small count.
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  auto mul = [](uint64_t a, uint64_t b) {
+    uint64_t product = 0;
+    return __builtin_mul_overflow(a, b, &product) ? kMax : product;
+  };
+  auto add = [](uint64_t a, uint64_t b) {
+    uint64_t sum = 0;
+    return __builtin_add_overflow(a, b, &sum) ? kMax : sum;
+  };
+  auto size = [](int64_t value) { return static_cast<uint64_t>(std::max<int64_t>(value, 0)); };
+  const uint64_t hidden = size(config.hidden_size);
+  const uint64_t intermediate = size(config.intermediate_size);
+  const uint64_t query_width = mul(size(config.num_attention_heads), size(config.head_dim));
+  const uint64_t kv_width = mul(size(config.num_key_value_heads), size(config.head_dim));
 
-  uint64_t attention = hidden * query_width + 2 * hidden * kv_width + query_width * hidden;
-  if (config.attention_qkv_bias) attention += query_width + 2 * kv_width;
-  if (config.attention_output_bias) attention += hidden;
-  uint64_t mlp = 3 * hidden * intermediate;  // gate, up, down
-  if (config.mlp_bias) mlp += 2 * intermediate + hidden;
-  const uint64_t norms = 2 * hidden;  // before attention, before the MLP
-  const uint64_t per_layer = attention + mlp + norms;
+  // q and o are hidden x query_width, k and v hidden x kv_width.
+  uint64_t attention = add(mul(2, mul(hidden, query_width)), mul(2, mul(hidden, kv_width)));
+  if (config.attention_qkv_bias) attention = add(attention, add(query_width, mul(2, kv_width)));
+  if (config.attention_output_bias) attention = add(attention, hidden);
+  uint64_t mlp = mul(3, mul(hidden, intermediate));  // gate, up, down
+  if (config.mlp_bias) mlp = add(mlp, add(mul(2, intermediate), hidden));
+  const uint64_t norms = mul(2, hidden);  // before attention, before the MLP
+  const uint64_t per_layer = add(add(attention, mlp), norms);
 
-  const uint64_t embedding = static_cast<uint64_t>(config.vocab_size) * hidden;
+  const uint64_t embedding = mul(size(config.vocab_size), hidden);
   const uint64_t lm_head = config.tie_word_embeddings ? 0 : embedding;
   const uint64_t final_norm = hidden;
-  return embedding + static_cast<uint64_t>(config.num_hidden_layers) * per_layer + final_norm +
-         lm_head;
+  return add(add(add(embedding, mul(size(config.num_hidden_layers), per_layer)), final_norm),
+             lm_head);
 }
 
 StatusOr<ModelConfig> ResolveModel(std::string_view model) {

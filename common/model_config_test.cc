@@ -57,7 +57,8 @@ constexpr std::string_view kQwen2Json = R"({
   "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
   "max_position_embeddings": 131072, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
   "tie_word_embeddings": true, "bos_token_id": 151643, "eos_token_id": 151643,
-  "sliding_window": 131072, "use_sliding_window": false, "torch_dtype": "bfloat16", "hidden_act": "silu"
+  "sliding_window": 131072, "use_sliding_window": false, "torch_dtype": "bfloat16",
+  "hidden_act": "silu"
 })";
 
 std::string Minimal(std::string_view extra_fields = "") {
@@ -281,8 +282,9 @@ TEST(ParseHfConfigJsonTest, NullMeansDefault) {
 TEST(ParseHfConfigJsonTest, ExplicitHeadDimNeedNotDivideHidden) {
   // Mistral Nemo: hidden 5120, 32 heads, head_dim 128 (not 160).
   StatusOr<ModelConfig> config = ParseHfConfigJson(
-      R"({"vocab_size": 131072, "hidden_size": 5120, "intermediate_size": 14336, "num_hidden_layers": 40,
-          "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "model_type": "mistral"})",
+      R"({"vocab_size": 131072, "hidden_size": 5120, "intermediate_size": 14336,
+          "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+          "head_dim": 128, "model_type": "mistral"})",
       "config.json");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   EXPECT_EQ(config->head_dim, 128);

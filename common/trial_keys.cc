@@ -28,9 +28,8 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        K::kPath,
        "",
        {},
-       "tokenizer.json, or a directory holding one; unset: the model directory's, or the demo "
-       "tokenizer "
-       "for presets"},
+       "tokenizer.json, or a directory holding one; unset: the model directory's (presets have no "
+       "files, so they need one)"},
       {"data.path", K::kPath, "", {}, "Training data: a JSON-lines file (required)"},
       {"data.format",
        K::kEnum,

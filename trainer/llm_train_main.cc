@@ -12,6 +12,7 @@
 #include "common/experiment.h"
 #include "common/model_config.h"
 #include "common/trial_config.h"
+#include "common/trial_keys.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/trainer.h"
 
@@ -36,7 +37,9 @@ int main(int argc, char** argv) {
   std::string events_path;
   bool prepare_only = false;
   std::string resume_from;
-  app.add_option("--config", config_path, "experiment file (YAML)")->required();
+  bool print_keys = false;
+  app.add_flag("--keys", print_keys, "print every trial key (type, default, allowed values) as Markdown");
+  app.add_option("--config", config_path, "experiment file (YAML)");
   app.add_option("--trial", trial_name, "which trial of the file to run (default: the only one)");
   app.add_option("--set", overrides, "override a trial key, e.g. --set train.micro_batch_size=8");
   app.add_option("--events", events_path, "append JSON-lines events to this file");
@@ -44,6 +47,11 @@ int main(int argc, char** argv) {
   app.add_option("--resume", resume_from,
                  "continue from a checkpoint directory (<output_dir>/checkpoints/step-N)");
   CLI11_PARSE(app, argc, argv);
+  if (print_keys) {
+    std::cout << llmctl::TrialKeysMarkdownTable();
+    return 0;
+  }
+  if (config_path.empty()) return Fail("--config is required (see --help)");
 
   auto experiment = llmctl::LoadExperimentFile(config_path);
   if (!experiment.ok()) return Fail(experiment.status().message());

@@ -3,19 +3,20 @@
 //
 // Replayed over tests/fuzz/corpus/tokenizer/ by the `tokenizer_fuzz_replay` test. To fuzz for real
 // (clang with libFuzzer; on Debian: apt-get install clang libclang-rt-14-dev), from the repository
-// root:
+// root, in bash:
 //
-//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. tests/fuzz/tokenizer_fuzz.cc
-//       trainer/tokenizer/{bpe,pipeline,regex,tokenizer,unicode}.cc common/status.cc
-//       $(pkg-config --cflags --libs libpcre2-8) -o /tmp/tokenizer_fuzz        (one command line)
+//   SRCS="tests/fuzz/tokenizer_fuzz.cc common/status.cc trainer/tokenizer/bpe.cc
+//         trainer/tokenizer/pipeline.cc trainer/tokenizer/regex.cc trainer/tokenizer/tokenizer.cc
+//         trainer/tokenizer/unicode.cc"
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. $SRCS
+//       $(pkg-config --cflags --libs libpcre2-8) -o /tmp/tokenizer_fuzz     # (one line)
 //   mkdir -p /tmp/tokenizer_corpus
-//   /tmp/tokenizer_fuzz -max_total_time=120 -max_len=8192 -timeout=10
-//   -dict=tests/fuzz/tokenizer_fuzz.dict
-//       /tmp/tokenizer_corpus tests/fuzz/corpus/tokenizer                       (one command line)
+//   OPTS="-max_total_time=120 -max_len=8192 -timeout=10 -dict=tests/fuzz/tokenizer_fuzz.dict"
+//   /tmp/tokenizer_fuzz $OPTS /tmp/tokenizer_corpus tests/fuzz/corpus/tokenizer
 //
-// New inputs land in /tmp/tokenizer_corpus; copy the few that crashed (crash-*, timeout-*) or that
-// reach new code into tests/fuzz/corpus/tokenizer/ once the bug is fixed (`-merge=1` picks a
-// minimal set).
+// New inputs land in /tmp/tokenizer_corpus. Inputs that crash (crash-*, timeout-*) go into
+// tests/fuzz/corpus/tokenizer/ with the fix; so do a few that reach new code (`-merge=1` finds
+// them), keeping the checked-in corpus small.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

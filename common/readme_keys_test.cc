@@ -1,0 +1,33 @@
+// The README's table of trial keys is generated from the registry (`make readme-keys`); this test fails
+// when they disagree, so the documentation cannot drift from the keys the code accepts.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "common/trial_keys.h"
+
+namespace llmctl {
+namespace {
+
+TEST(ReadmeKeysTest, ReadmeTableEqualsTheRegistry) {
+  const char* source = std::getenv("LLMCTL_SOURCE_DIR");
+  std::ifstream in(std::string(source ? source : ".") + "/README.md");
+  ASSERT_TRUE(in) << "README.md not found";
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string readme = buffer.str();
+  const std::string begin = "<!-- trial-keys:begin -->\n";
+  const std::string end = "<!-- trial-keys:end -->";
+  const size_t from = readme.find(begin);
+  const size_t to = readme.find(end);
+  ASSERT_NE(from, std::string::npos);
+  ASSERT_NE(to, std::string::npos);
+  const std::string table = readme.substr(from + begin.size(), to - from - begin.size());
+  EXPECT_EQ(table, TrialKeysMarkdownTable()) << "README.md's key table is stale: run `make readme-keys`";
+}
+
+}  // namespace
+}  // namespace llmctl

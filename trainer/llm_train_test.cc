@@ -1,0 +1,160 @@
+// llm-train as a user meets it: bad input gets one clear message naming the file and the problem, exit
+// code 2, no crash, and no events file that looks complete.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "trainer/testing/trial_runner.h"
+
+namespace llmctl::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+CommandResult RunLlmTrain(const std::string& args) {
+  const char* build = std::getenv("LLMCTL_BUILD_DIR");
+  const std::string command =
+      std::string(build ? build : "build") + "/trainer/llm-train " + args + " 2>&1";
+  CommandResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::string Demo() { return testing::SourceDir() + "/experiments/demo.yaml"; }
+
+void WriteFile(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+// A model directory whose config.json is fine and whose model.safetensors is `weights`.
+std::string ModelDirWith(const std::string& name, const std::string& weights) {
+  const fs::path dir = testing::FreshTempDir(name);
+  fs::copy_file(testing::SourceDir() + "/tests/fixtures/models/tiny-llama/config.json", dir / "config.json");
+  fs::copy_file(testing::SourceDir() + "/tests/fixtures/models/tiny-llama/tokenizer.json",
+                dir / "tokenizer.json");
+  WriteFile(dir / "model.safetensors", weights);
+  return dir.string();
+}
+
+TEST(LlmTrainTest, DemoRunsAndWritesACompleteEventLog) {
+  const std::string events = testing::FreshTempDir("cli-ok") + "/events.jsonl";
+  CommandResult run = RunLlmTrain("--config " + Demo() + " --set train.max_steps=2 --events " + events);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("[step0_mb0_phase1_after_fwd] Params: "), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("[done] outcome ok | train time"), std::string::npos) << run.output;
+  std::ifstream in(events);
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  EXPECT_NE(last.find("\"type\":\"result\""), std::string::npos) << last;
+}
+
+TEST(LlmTrainTest, UnknownKeySuggestsTheNearestOne) {
+  CommandResult run = RunLlmTrain("--config " + Demo() + " --set train.micro_bach_size=2");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("train.micro_batch_size"), std::string::npos) << run.output;
+}
+
+TEST(LlmTrainTest, ImpossibleCombinationIsRejected) {
+  CommandResult run = RunLlmTrain("--config " + Demo() +
+                                  " --set train.micro_batch_size=3 --set train.global_batch_size=8");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("global_batch_size"), std::string::npos) << run.output;
+}
+
+TEST(LlmTrainTest, TruncatedSafetensorsHeaderNamesTheFile) {
+  const std::string dir = ModelDirWith("truncated", std::string("\x10\x00\x00", 3));
+  const std::string events = dir + "/events.jsonl";
+  CommandResult run = RunLlmTrain("--config " + Demo() + " --set model=" + dir +
+                                  " --set init=pretrained --set tokenizer=" + dir + " --events " + events);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find(dir + "/model.safetensors"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("Segmentation"), std::string::npos);
+  // The log records the failure, and nothing in it claims the trial ran.
+  std::ifstream in(events);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.find("\"type\":\"start\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"outcome\":\"failed\""), std::string::npos) << text;
+}
+
+TEST(LlmTrainTest, LyingSafetensorsHeaderIsDataLossNotACrash) {
+  // Header length 1 TB: larger than the file.
+  const std::string dir = ModelDirWith("lying", std::string("\x00\x00\x00\x00\x00\x01\x00\x00{}", 10));
+  CommandResult run = RunLlmTrain("--config " + Demo() + " --set model=" + dir +
+                                  " --set init=pretrained --set tokenizer=" + dir);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("model.safetensors"), std::string::npos) << run.output;
+}
+
+TEST(LlmTrainTest, ConfigWithoutARequiredFieldNamesTheField) {
+  const fs::path dir = testing::FreshTempDir("no-hidden");
+  WriteFile(dir / "config.json", R"({"vocab_size": 2048, "intermediate_size": 64, "num_hidden_layers": 1,
+                                     "num_attention_heads": 2})");
+  CommandResult run = RunLlmTrain("--config " + Demo() + " --set model=" + dir.string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("hidden_size"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("config.json"), std::string::npos) << run.output;
+}
+
+TEST(LlmTrainTest, EmptyDatasetIsAnError) {
+  const fs::path dir = testing::FreshTempDir("empty-data");
+  WriteFile(dir / "empty.jsonl", "");
+  CommandResult run = RunLlmTrain("--config " + Demo() + " --set data.path=" + (dir / "empty.jsonl").string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("empty.jsonl"), std::string::npos) << run.output;
+}
+
+TEST(LlmTrainTest, UnreadableTokenizerIsAnError) {
+  const fs::path dir = testing::FreshTempDir("bad-tokenizer");
+  WriteFile(dir / "tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": ");
+  CommandResult run = RunLlmTrain("--config " + Demo() + " --set tokenizer=" + (dir / "tokenizer.json").string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("tokenizer.json"), std::string::npos) << run.output;
+}
+
+TEST(LlmTrainTest, TrialFileWithSeveralTrialsNeedsTrialFlag) {
+  const fs::path dir = testing::FreshTempDir("two-trials");
+  std::ifstream demo(Demo());
+  std::string text((std::istreambuf_iterator<char>(demo)), std::istreambuf_iterator<char>());
+  const std::string base = testing::SourceDir() + "/experiments/";
+  // Absolute paths: the copy lives elsewhere.
+  for (const std::string rel : {"tokenizers/demo/tokenizer.json", "data/alpaca-demo.jsonl"}) {
+    text.replace(text.find(rel), rel.size(), base + rel);
+  }
+  text += "trials:\n  - name: a\n  - name: b\n    set: {precision: bf16-true}\n";
+  WriteFile(dir / "two.yaml", text);
+  CommandResult run = RunLlmTrain("--config " + (dir / "two.yaml").string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("--trial"), std::string::npos) << run.output;
+  CommandResult chosen = RunLlmTrain("--config " + (dir / "two.yaml").string() +
+                                     " --trial b --set train.max_steps=1");
+  EXPECT_EQ(chosen.exit_code, 0) << chosen.output;
+  EXPECT_NE(chosen.output.find("bf16-true"), std::string::npos) << chosen.output;
+}
+
+TEST(LlmTrainTest, OutOfMemoryExitsWithCode3) {
+  CommandResult run =
+      RunLlmTrain("--config " + Demo() + " --set device_memory=12MiB --set train.max_steps=2");
+  EXPECT_EQ(run.exit_code, 3) << run.output;
+  EXPECT_NE(run.output.find("[oom] Params:"), std::string::npos) << run.output;
+}
+
+}  // namespace
+}  // namespace llmctl::trainer
