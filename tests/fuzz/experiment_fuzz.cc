@@ -44,6 +44,40 @@ void Check(bool condition) {
   if (!condition) std::abort();
 }
 
+// Strict UTF-8 (no overlong forms, surrogates or code points past U+10FFFF), what nlohmann::json
+// insists on when it writes a string.
+bool IsUtf8(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto byte = [&](size_t at) { return static_cast<unsigned char>(text[at]); };
+    const unsigned char lead = byte(i);
+    size_t length = 0;
+    unsigned char low = 0x80, high = 0xBF;  // the range of the second byte
+    if (lead < 0x80) {
+      length = 1;
+    } else if (lead >= 0xC2 && lead <= 0xDF) {
+      length = 2;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      length = 3;
+      if (lead == 0xE0) low = 0xA0;
+      if (lead == 0xED) high = 0x9F;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      length = 4;
+      if (lead == 0xF0) low = 0x90;
+      if (lead == 0xF4) high = 0x8F;
+    } else {
+      return false;
+    }
+    if (text.size() - i < length) return false;
+    for (size_t k = 1; k < length; ++k) {
+      const unsigned char c = byte(i + k);
+      if (k == 1 ? (c < low || c > high) : (c < 0x80 || c > 0xBF)) return false;
+    }
+    i += length;
+  }
+  return true;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -55,14 +89,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!experiment.ok()) {
     Check(experiment.status().code() == llmctl::StatusCode::kInvalidArgument);
     Check(experiment.status().message().rfind("fuzz.yaml:", 0) == 0);
+    // Messages must be UTF-8 whatever the input, so that they can be put into JSON.
+    Check(IsUtf8(experiment.status().message()));
     return 0;
   }
-  Check(!experiment->name.empty());
+  Check(!experiment->name.empty() && IsUtf8(experiment->name));
+  Check(IsUtf8(experiment->description));
+  for (const auto& [key, value] : experiment->target) Check(IsUtf8(key) && IsUtf8(value));
   Check(!experiment->trials.empty());
   std::set<std::string> names;
   for (const llmctl::Trial& trial : experiment->trials) {
     Check(!trial.name.empty());
     Check(names.insert(trial.name).second);
+    Check(IsUtf8(trial.name) && IsUtf8(trial.description));
     const llmctl::ModelConfig* model = llmctl::FindPreset(trial.config.GetString("model"));
     if (model != nullptr) Check(llmctl::ValidateTrialConfig(trial.config, model).ok());
     const nlohmann::json json = trial.config.ToJson();

@@ -179,12 +179,11 @@ void LlamaForCausalLMImpl::InitializeRandom(double std) {
 
 torch::Tensor CausalLmLoss(const torch::Tensor& logits, const torch::Tensor& labels) {
   const int64_t vocab = logits.size(-1);
-  const int64_t seq = logits.size(1);
-  // (B, T-1, V) predicts (B, T-1): position t scores token t+1.
-  auto shifted_logits = logits.narrow(1, 0, seq - 1).reshape({-1, vocab}).to(torch::kFloat32);
-  auto shifted_labels = labels.narrow(1, 1, seq - 1).reshape({-1});
+  // Shift the labels, not the logits (as transformers does): position t is scored against label t+1,
+  // and the last position gets -100. Narrowing the logits instead would copy all B*T*V of them.
+  auto next_labels = torch::constant_pad_nd(labels.narrow(1, 1, labels.size(1) - 1), {0, 1}, -100);
   return torch::nn::functional::cross_entropy(
-      shifted_logits, shifted_labels,
+      logits.to(torch::kFloat32).reshape({-1, vocab}), next_labels.reshape({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kMean));
 }
 

@@ -112,8 +112,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 TORCH_MODULE(LlamaForCausalLM);
 
 // Mean cross-entropy over the labels that are not -100, with Hugging Face's shift: position t predicts
-// label t+1. logits (B, T, V), labels (B, T) int64. Computed in float32. Returns the scalar mean and
-// writes the number of counted tokens.
+// label t+1. logits (B, T, V), labels (B, T) int64. Computed in float32; returns the scalar mean.
 torch::Tensor CausalLmLoss(const torch::Tensor& logits, const torch::Tensor& labels);
 
 }  // namespace llmctl::trainer
