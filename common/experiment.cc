@@ -60,6 +60,65 @@ struct Origin {
   YAML::Mark mark;
 };
 
+// The length of the UTF-8 sequence at text[i], or 0 when it is not valid UTF-8. Strict: no
+// overlong forms, surrogates or code points past U+10FFFF; nlohmann::json throws when asked to
+// write anything else.
+size_t Utf8SequenceLength(std::string_view text, size_t i) {
+  const unsigned char lead = static_cast<unsigned char>(text[i]);
+  size_t length = 1;
+  unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
+  if (lead < 0x80) {
+    return 1;
+  } else if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;
+    if (lead == 0xED) high = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;
+  } else {
+    return 0;
+  }
+  if (text.size() - i < length) return 0;
+  for (size_t k = 1; k < length; ++k) {
+    const unsigned char c = static_cast<unsigned char>(text[i + k]);
+    if (c < (k == 1 ? low : 0x80) || c > (k == 1 ? high : 0xBF)) return 0;
+  }
+  return length;
+}
+
+bool IsValidUtf8(std::string_view text) {
+  for (size_t i = 0, length = 0; i < text.size(); i += length) {
+    length = Utf8SequenceLength(text, i);
+    if (length == 0) return false;
+  }
+  return true;
+}
+
+// `text` with each byte that is not part of valid UTF-8 written as \xNN (yaml-cpp quotes input
+// bytes in some messages, e.g. "unknown escape character").
+std::string EscapeInvalidUtf8(std::string_view text) {
+  std::string escaped;
+  for (size_t i = 0; i < text.size();) {
+    const size_t length = Utf8SequenceLength(text, i);
+    if (length == 0) {
+      constexpr char kHex[] = "0123456789ABCDEF";
+      const unsigned char byte = static_cast<unsigned char>(text[i]);
+      escaped += "\\x";
+      escaped += kHex[byte >> 4];
+      escaped += kHex[byte & 0xF];
+      ++i;
+    } else {
+      escaped.append(text.substr(i, length));
+      i += length;
+    }
+  }
+  return escaped;
+}
+
 bool IsNameCharacter(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
 }
@@ -145,7 +204,7 @@ class ExperimentParser {
     const int line = std::max(mark.line, 0) + 1;
     const int column = std::max(mark.column, 0) + 1;
     return InvalidArgumentError(filename_ + ":" + std::to_string(line) + ":" +
-                                std::to_string(column) + ": " + message);
+                                std::to_string(column) + ": " + EscapeInvalidUtf8(message));
   }
 
   Status SyntaxError(std::string_view text, const YAML::Exception& error) const {
@@ -178,14 +237,17 @@ class ExperimentParser {
       bool has_content = false;
     };
     std::vector<Document> documents;
+    // The first key or value of the first document that is not UTF-8 text.
+    std::optional<YAML::Mark> bad_utf8;
 
     void OnDocumentStart(const YAML::Mark& mark) override { documents.push_back({mark}); }
     void OnDocumentEnd() override {}
     void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
     void OnAlias(const YAML::Mark&, YAML::anchor_t) override { Content(); }
-    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                  const std::string&) override {
+    void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  const std::string& value) override {
       Content();
+      if (!bad_utf8 && documents.size() <= 1 && !IsValidUtf8(value)) bad_utf8 = mark;
     }
     void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
                          YAML::EmitterStyle::value) override {
@@ -229,9 +291,13 @@ class ExperimentParser {
     YAML::Parser parser(stream);
     DocumentScanner scanner;
     // At most two calls: yaml-cpp's parser does not always advance on bad input (see Parse).
-    if (!parser.HandleNextDocument(scanner) || !parser.HandleNextDocument(scanner)) {
-      return Status::Ok();
+    const bool two_calls = parser.HandleNextDocument(scanner) && parser.HandleNextDocument(scanner);
+    // Keys and values end up in messages and in JSON (TrialConfig::ToJson), which must be UTF-8.
+    if (scanner.bad_utf8) {
+      return ErrorAt(*scanner.bad_utf8,
+                     "text that is not valid UTF-8; experiment files must be UTF-8 text");
     }
+    if (!two_calls) return Status::Ok();
     if (scanner.documents.size() < 2) return Status::Ok();
     const YAML::Mark& first = scanner.documents[0].start;
     const YAML::Mark& second = scanner.documents[1].start;

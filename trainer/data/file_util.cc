@@ -69,38 +69,6 @@ StatusOr<std::string> ReadFileToString(const std::string& path) {
   return data;
 }
 
-Status WriteAll(int fd, const void* data, size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return UnavailableError(std::strerror(errno));
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
-
-Status WriteFileAtomically(const std::string& path, const std::function<Status(int fd)>& write) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "cannot create " + tmp);
-  Status status = write(fd);
-  // fsync before rename: otherwise a crash can leave the new name pointing at unwritten blocks.
-  if (status.ok() && ::fsync(fd) != 0) status = UnavailableError(std::strerror(errno));
-  if (::close(fd) != 0 && status.ok()) status = UnavailableError(std::strerror(errno));
-  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    status = UnavailableError("rename to " + path + ": " + std::strerror(errno));
-  }
-  if (!status.ok()) {
-    ::unlink(tmp.c_str());
-    return Status(status.code(), "cannot write " + path + ": " + status.message());
-  }
-  return Status::Ok();
-}
-
 StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, "cannot open " + path);

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/atomic_file.h"
 #include "common/status.h"
 
 namespace llmctl::data {
@@ -29,12 +30,7 @@ std::string HexU64(uint64_t value);
 // The whole file; NotFound when missing.
 StatusOr<std::string> ReadFileToString(const std::string& path);
 
-// Calls `write(fd)` on `path`.tmp, fsyncs, and renames it over `path`; on any failure the temporary
-// is removed and `path` is untouched, so a crash never leaves a half-written file under the real
-// name.
-Status WriteFileAtomically(const std::string& path, const std::function<Status(int fd)>& write);
-// write(2) in a loop (partial writes, EINTR).
-Status WriteAll(int fd, const void* data, size_t size);
+// Atomic writes: WriteFileAtomically and WriteAll live in common/atomic_file.h.
 
 // A read-only MAP_PRIVATE mapping of a whole file, unmapped on destruction.
 class MappedFile {

@@ -16,6 +16,8 @@
 #include <set>
 #include <utility>
 
+#include "common/atomic_file.h"
+
 namespace llmctl::safetensors {
 namespace {
 
@@ -323,20 +325,6 @@ StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_bytes) {
   return data;
 }
 
-Status WriteAll(int fd, const void* data, size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status(StatusCode::kUnavailable, ErrnoText(errno));
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 std::string_view DTypeName(DType dtype) {
@@ -585,26 +573,13 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   const uint64_t header_len = header_text.size();
 
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "cannot create " + tmp);
-  Status status = WriteAll(fd, &header_len, 8);
-  if (status.ok()) status = WriteAll(fd, header_text.data(), header_text.size());
-  for (const TensorToWrite* t : order) {
-    if (!status.ok()) break;
-    status = WriteAll(fd, t->bytes.data(), t->bytes.size());
-  }
-  // fsync before rename: otherwise a crash can leave the new name pointing at unwritten blocks.
-  if (status.ok() && ::fsync(fd) != 0) status = UnavailableError(ErrnoText(errno));
-  if (::close(fd) != 0 && status.ok()) status = UnavailableError(ErrnoText(errno));
-  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    status = UnavailableError("rename to " + path + ": " + ErrnoText(errno));
-  }
-  if (!status.ok()) {
-    ::unlink(tmp.c_str());
-    return UnavailableError("cannot write " + tmp + ": " + status.message());
-  }
-  return Status::Ok();
+  return WriteFileAtomically(path, [&](int fd) -> Status {
+    RETURN_IF_ERROR(WriteAll(fd, &header_len, 8));
+    RETURN_IF_ERROR(WriteAll(fd, header_text.data(), header_text.size()));
+    for (const TensorToWrite* t : order)
+      RETURN_IF_ERROR(WriteAll(fd, t->bytes.data(), t->bytes.size()));
+    return Status::Ok();
+  });
 }
 
 StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::Open(const std::string& dir) {

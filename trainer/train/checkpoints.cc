@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 
+#include "common/atomic_file.h"
 #include "trainer/data/file_util.h"
 #include "trainer/model/weights.h"
 #include "trainer/safetensors/safetensors.h"
@@ -19,16 +20,27 @@ constexpr int kFormatVersion = 1;
 
 StatusOr<safetensors::DType> SafetensorsDType(torch::Dtype dtype) {
   switch (dtype) {
-    case torch::kFloat64: return safetensors::DType::kF64;
-    case torch::kFloat32: return safetensors::DType::kF32;
-    case torch::kFloat16: return safetensors::DType::kF16;
-    case torch::kBFloat16: return safetensors::DType::kBF16;
-    case torch::kInt64: return safetensors::DType::kI64;
-    case torch::kInt32: return safetensors::DType::kI32;
-    case torch::kUInt8: return safetensors::DType::kU8;
-    case torch::kInt8: return safetensors::DType::kI8;
-    case torch::kBool: return safetensors::DType::kBool;
-    default: return UnimplementedError("cannot checkpoint a tensor of dtype " + std::string(c10::toString(dtype)));
+    case torch::kFloat64:
+      return safetensors::DType::kF64;
+    case torch::kFloat32:
+      return safetensors::DType::kF32;
+    case torch::kFloat16:
+      return safetensors::DType::kF16;
+    case torch::kBFloat16:
+      return safetensors::DType::kBF16;
+    case torch::kInt64:
+      return safetensors::DType::kI64;
+    case torch::kInt32:
+      return safetensors::DType::kI32;
+    case torch::kUInt8:
+      return safetensors::DType::kU8;
+    case torch::kInt8:
+      return safetensors::DType::kI8;
+    case torch::kBool:
+      return safetensors::DType::kBool;
+    default:
+      return UnimplementedError("cannot checkpoint a tensor of dtype " +
+                                std::string(c10::toString(dtype)));
   }
 }
 
@@ -40,8 +52,9 @@ Status WriteTensors(const std::string& path, const NamedTensors& tensors) {
     keep_alive.push_back(tensor.detach().to(torch::kCPU).contiguous());
     const torch::Tensor& t = keep_alive.back();
     ASSIGN_OR_RETURN(safetensors::DType dtype, SafetensorsDType(t.scalar_type()));
-    to_write.push_back({name, dtype, t.sizes().vec(),
-                        std::span<const std::byte>(static_cast<const std::byte*>(t.data_ptr()), t.nbytes())});
+    to_write.push_back(
+        {name, dtype, t.sizes().vec(),
+         std::span<const std::byte>(static_cast<const std::byte*>(t.data_ptr()), t.nbytes())});
   }
   return safetensors::WriteSafetensors(path, to_write);
 }
@@ -72,8 +85,8 @@ Status RestoreGeneratorStates(const NamedTensors& states) {
   return Status::Ok();
 }
 
-Status SaveCheckpoint(const std::string& dir, const NamedTensors& model, const NamedTensors& optimizer,
-                      const TrainingState& state) {
+Status SaveCheckpoint(const std::string& dir, const NamedTensors& model,
+                      const NamedTensors& optimizer, const TrainingState& state) {
   const fs::path final_dir(dir);
   const fs::path staging = final_dir.string() + ".tmp";
   std::error_code error;
@@ -89,8 +102,8 @@ Status SaveCheckpoint(const std::string& dir, const NamedTensors& model, const N
                             {"loss_scale", state.loss_scale},
                             {"config", state.config}};
   const std::string text = json.dump(2) + "\n";
-  RETURN_IF_ERROR(data::WriteFileAtomically((staging / "trainer_state.json").string(), [&](int fd) {
-    return data::WriteAll(fd, text.data(), text.size());
+  RETURN_IF_ERROR(WriteFileAtomically((staging / "trainer_state.json").string(), [&](int fd) {
+    return WriteAll(fd, text.data(), text.size());
   }));
   fs::remove_all(final_dir, error);
   fs::rename(staging, final_dir, error);

@@ -1,0 +1,24 @@
+// Writing a file so that a crash or a concurrent writer never leaves a half-written file under its
+// name.
+#ifndef LLMCTL_COMMON_ATOMIC_FILE_H_
+#define LLMCTL_COMMON_ATOMIC_FILE_H_
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+#include "common/status.h"
+
+namespace llmctl {
+
+// Calls `write(fd)` on a temporary file beside `path` (named uniquely per process and call, so two
+// processes preparing the same file never share one), fsyncs it and renames it over `path`. On any
+// failure the temporary is removed and `path` is untouched.
+Status WriteFileAtomically(const std::string& path, const std::function<Status(int fd)>& write);
+
+// write(2) in a loop (partial writes, EINTR).
+Status WriteAll(int fd, const void* data, size_t size);
+
+}  // namespace llmctl
+
+#endif  // LLMCTL_COMMON_ATOMIC_FILE_H_
