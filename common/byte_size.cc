@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <limits>
 
+#include "common/text.h"
+
 namespace llmctl {
 namespace {
 
@@ -40,16 +42,6 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
     }
   }
   return true;
-}
-
-std::string_view Trim(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) {
-    text.remove_prefix(1);
-  }
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
-    text.remove_suffix(1);
-  }
-  return text;
 }
 
 Status InvalidByteSize(std::string_view text, std::string_view why) {

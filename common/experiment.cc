@@ -12,6 +12,7 @@
 
 #include "common/model_config.h"
 #include "common/spelling.h"
+#include "common/text.h"
 #include "common/trial_keys.h"
 
 namespace llmctl {
@@ -60,61 +61,20 @@ struct Origin {
   YAML::Mark mark;
 };
 
-// The length of the UTF-8 sequence at text[i], or 0 when it is not valid UTF-8. Strict: no
-// overlong forms, surrogates or code points past U+10FFFF; nlohmann::json throws when asked to
-// write anything else.
-size_t Utf8SequenceLength(std::string_view text, size_t i) {
-  const unsigned char lead = static_cast<unsigned char>(text[i]);
-  size_t length = 1;
-  unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
-  if (lead < 0x80) {
-    return 1;
-  } else if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    if (lead == 0xE0) low = 0xA0;
-    if (lead == 0xED) high = 0x9F;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    if (lead == 0xF0) low = 0x90;
-    if (lead == 0xF4) high = 0x8F;
-  } else {
-    return 0;
-  }
-  if (text.size() - i < length) return 0;
-  for (size_t k = 1; k < length; ++k) {
-    const unsigned char c = static_cast<unsigned char>(text[i + k]);
-    if (c < (k == 1 ? low : 0x80) || c > (k == 1 ? high : 0xBF)) return 0;
-  }
-  return length;
-}
-
-bool IsValidUtf8(std::string_view text) {
-  for (size_t i = 0, length = 0; i < text.size(); i += length) {
-    length = Utf8SequenceLength(text, i);
-    if (length == 0) return false;
-  }
-  return true;
-}
-
-// `text` with each byte that is not part of valid UTF-8 written as \xNN (yaml-cpp quotes input
-// bytes in some messages, e.g. "unknown escape character").
+// `text` with each byte that breaks UTF-8 written as \xNN (yaml-cpp quotes input bytes in some
+// messages, e.g. "unknown escape character").
 std::string EscapeInvalidUtf8(std::string_view text) {
   std::string escaped;
-  for (size_t i = 0; i < text.size();) {
-    const size_t length = Utf8SequenceLength(text, i);
-    if (length == 0) {
-      constexpr char kHex[] = "0123456789ABCDEF";
-      const unsigned char byte = static_cast<unsigned char>(text[i]);
-      escaped += "\\x";
-      escaped += kHex[byte >> 4];
-      escaped += kHex[byte & 0xF];
-      ++i;
-    } else {
-      escaped.append(text.substr(i, length));
-      i += length;
-    }
+  while (!text.empty()) {
+    const size_t bad = FirstInvalidUtf8(text);
+    escaped.append(text.substr(0, bad));
+    if (bad == std::string_view::npos) break;
+    constexpr char kHex[] = "0123456789ABCDEF";
+    const unsigned char byte = static_cast<unsigned char>(text[bad]);
+    escaped += "\\x";
+    escaped += kHex[byte >> 4];
+    escaped += kHex[byte & 0xF];
+    text.remove_prefix(bad + 1);
   }
   return escaped;
 }
@@ -247,7 +207,9 @@ class ExperimentParser {
     void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
                   const std::string& value) override {
       Content();
-      if (!bad_utf8 && documents.size() <= 1 && !IsValidUtf8(value)) bad_utf8 = mark;
+      if (!bad_utf8 && documents.size() <= 1 && FirstInvalidUtf8(value) != std::string::npos) {
+        bad_utf8 = mark;
+      }
     }
     void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
                          YAML::EmitterStyle::value) override {
@@ -719,6 +681,12 @@ class ExperimentParser {
       return ErrorAt(value.IsNull() ? key_node.Mark() : value.Mark(),
                      "sweep: " + dotted + ": expected a non-empty list of values to try, e.g. " +
                          dotted + ": [a, b]");
+    }
+    // Expand refuses this too, but only after the values are checked for duplicates, which takes
+    // quadratic time: a list of 100,000 values would take minutes.
+    if (value.size() > kMaxTrials) {
+      return ErrorAt(key_node.Mark(), "the sweep makes more than " + std::to_string(kMaxTrials) +
+                                          " trials; split the experiment or sweep fewer values");
     }
     SweepAxis axis;
     axis.spec = spec;

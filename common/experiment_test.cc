@@ -219,6 +219,18 @@ sweep:
   EXPECT_NE(message.find("the sweep makes more than 1000 trials"), std::string::npos) << message;
 }
 
+// Found while fuzzing (tests/fuzz/experiment_fuzz.cc, by hand: inputs this long exceed -max_len):
+// with a value list this long, checking the values for duplicates took minutes (quadratic) before
+// Expand refused the sweep.
+TEST(ParseExperimentTest, LongSweepListsAreRefusedBeforeTheirValuesAreCompared) {
+  std::string yaml = "data: {path: t.jsonl}\nsweep:\n  seed: [0";
+  for (int i = 1; i < 100000; ++i) yaml += ", " + std::to_string(i);
+  yaml += "]\n";
+  EXPECT_EQ(ParseError(yaml),
+            "exp.yaml:3:3: the sweep makes more than 1000 trials; split the experiment or sweep "
+            "fewer values");
+}
+
 TEST(ParseExperimentTest, NullClearsAKeyWithoutDefault) {
   const Experiment experiment = MustParse(R"(
 data: {path: t.jsonl}
@@ -381,6 +393,24 @@ TEST(ParseExperimentTest, InputThatHangsYamlCppLoadAllIsAnError) {
   // yaml-cpp 0.7's LoadAll never returns on these (jbeder/yaml-cpp#1040).
   EXPECT_EQ(ParseError(","), "exp.yaml:1:1: YAML syntax error: unexpected ','");
   EXPECT_EQ(ParseError(",a: 1\n"), "exp.yaml:1:1: YAML syntax error: unexpected ','");
+}
+
+// Found by tests/fuzz/experiment_fuzz.cc: a value that is not UTF-8 was accepted, and writing the
+// trial's config as JSON (checkpoints) then threw; yaml-cpp's messages quoted such bytes raw.
+TEST(ParseExperimentTest, TextMustBeUtf8) {
+  EXPECT_EQ(ParseError("data: {path: t\xff\xfe.jsonl}\n"),
+            "exp.yaml:1:14: text that is not valid UTF-8; experiment files must be UTF-8 text");
+  EXPECT_EQ(ParseError("data: {path: t.jsonl}\ntrials:\n  - name: a\n    description: \xc3\x28\n"),
+            "exp.yaml:4:18: text that is not valid UTF-8; experiment files must be UTF-8 text");
+  EXPECT_EQ(ParseError("data: {path: t.jsonl}\n\xed\xa0\x80: 1\n"),  // a UTF-8 surrogate
+            "exp.yaml:2:1: text that is not valid UTF-8; experiment files must be UTF-8 text");
+  EXPECT_EQ(ParseError(std::string_view("data: {path: t.jsonl}\ntrain.\0\xfa\n", 31)),
+            "exp.yaml:2:9: YAML syntax error: unknown escape character: \\xFA");
+  const Experiment experiment =
+      MustParse("data: {path: \"caf\xc3\xa9 \\U0001F642.jsonl\"}\ndescription: \xe2\x98\x83\n");
+  EXPECT_EQ(experiment.trials[0].config.GetString("data.path"),
+            "caf\xc3\xa9 \xf0\x9f\x99\x82.jsonl");
+  EXPECT_NO_THROW((void)experiment.trials[0].config.ToJson().dump());
 }
 
 TEST(LoadExperimentFileTest, MissingFileIsNotFound) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 
 namespace llmctl {
@@ -376,6 +377,25 @@ TEST(ParseHfConfigJsonTest, MalformedJson) {
   EXPECT_NE(ParseError("").find("invalid JSON"), std::string::npos);
 }
 
+// Found by tests/fuzz/hf_config_fuzz.cc: nlohmann throws out_of_range, not parse_error, for a
+// number too large for a double, and that escaped as an uncaught exception.
+TEST(ParseHfConfigJsonTest, NumberTooLargeForADoubleIsInvalidJson) {
+  const std::string message = ParseError(Minimal(R"("rms_norm_eps": 1e999)"));
+  EXPECT_EQ(message.rfind("config.json: invalid JSON: ", 0), 0u) << message;
+  EXPECT_NE(message.find("1e999"), std::string::npos) << message;
+  EXPECT_EQ(message.find("[json.exception"), std::string::npos) << message;
+}
+
+// Found while fuzzing (tests/fuzz/hf_config_fuzz.cc, by hand: inputs this deep exceed -max_len):
+// quoting a deeply nested wrong-typed value in the message overflowed the stack.
+TEST(ParseHfConfigJsonTest, DeeplyNestedWrongTypeIsAnError) {
+  const std::string nested = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_EQ(ParseError(R"({"vocab_size": )" + nested + "}"),
+            "config.json: field 'vocab_size' must be an integer, got a list [...]");
+  EXPECT_NE(ParseError(Minimal(R"("eos_token_id": [[1, 2]])")).find("got a list [1,2]"),
+            std::string::npos);
+}
+
 TEST(ToHfConfigJsonTest, RoundTrips) {
   for (std::string_view json : {kTinyLlamaJson, kLlama32Json, kQwen2Json}) {
     StatusOr<ModelConfig> config = ParseHfConfigJson(json, "config.json");
@@ -461,6 +481,23 @@ TEST(ParameterCountTest, CountsBiases) {
   config.tie_word_embeddings = false;
   EXPECT_EQ(ParameterCount(config),
             without + 4u * (128 + 2 * 64 + 128 + 2 * 352 + 128) + 2048u * 128);
+}
+
+// Found by tests/fuzz/hf_config_fuzz.cc: heads x head_dim overflowed int64_t (undefined behaviour)
+// for sizes a config.json may state; counts too large for uint64_t now saturate.
+TEST(ParameterCountTest, HugeSizesSaturate) {
+  StatusOr<ModelConfig> config = ParseHfConfigJson(
+      R"({"vocab_size": 9223372036854775807, "hidden_size": 9223372036854775806,
+          "intermediate_size": 9223372036854775807, "num_hidden_layers": 9223372036854775807,
+          "num_attention_heads": 2, "head_dim": 4611686018427387904})",
+      "config.json");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  EXPECT_EQ(ParameterCount(*config), std::numeric_limits<uint64_t>::max());
+  ModelConfig wide = *FindPreset("llmctl-demo");
+  wide.num_attention_heads = 1 << 20;
+  wide.num_key_value_heads = 1 << 20;
+  wide.head_dim = int64_t{1} << 44;
+  EXPECT_EQ(ParameterCount(wide), std::numeric_limits<uint64_t>::max());
 }
 
 TEST(PresetTest, EveryPresetIsValid) {

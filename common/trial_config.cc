@@ -10,21 +10,12 @@
 
 #include "common/byte_size.h"
 #include "common/spelling.h"
+#include "common/text.h"
 
 namespace llmctl {
 namespace {
 
 using Json = nlohmann::json;
-
-std::string_view Trim(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) {
-    text.remove_prefix(1);
-  }
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
-    text.remove_suffix(1);
-  }
-  return text;
-}
 
 std::string Lower(std::string_view text) {
   std::string lower(text);

@@ -3,15 +3,13 @@
 // "fuzz.yaml:LINE:COLUMN: problem" Status, never crash, hang, leak or trip a sanitizer. yaml-cpp is
 // part of what runs, so this also watches for its known loops on bad input (see experiment.cc).
 //
-// Replayed over tests/fuzz/corpus/experiment/ by the `experiment_fuzz_replay` test. To fuzz for real
-// (clang with libFuzzer; on Debian: apt-get install clang libclang-rt-14-dev), from the repository
-// root, in bash:
+// Replayed over tests/fuzz/corpus/experiment/ by the `experiment_fuzz_replay` test. To fuzz for
+// real (clang with libFuzzer; on Debian: apt-get install clang libclang-rt-14-dev), from the
+// repository root, in bash:
 //
-//   SRCS="tests/fuzz/experiment_fuzz.cc common/byte_size.cc common/experiment.cc
-//         common/model_config.cc common/spelling.cc common/status.cc common/trial_config.cc
-//         common/trial_keys.cc"
-//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. $SRCS
-//       $(pkg-config --cflags --libs yaml-cpp) -o /tmp/experiment_fuzz          # (one line)
+//   SRCS="tests/fuzz/experiment_fuzz.cc $(ls common/*.cc | grep -v _test.cc)"
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.
+//       $SRCS $(pkg-config --cflags --libs yaml-cpp) -o /tmp/experiment_fuzz    # (one line)
 //   mkdir -p /tmp/experiment_corpus
 //   OPTS="-max_total_time=180 -max_len=4096 -timeout=10 -rss_limit_mb=2048
 //         -dict=tests/fuzz/experiment_fuzz.dict"
@@ -19,20 +17,20 @@
 //
 // New inputs land in /tmp/experiment_corpus. Inputs that crash (crash-*, timeout-*, leak-*, oom-*)
 // go into tests/fuzz/corpus/experiment/ with the fix; so do a few that reach new code (`-merge=1`
-// finds them), keeping the checked-in corpus small. yaml-cpp is not built with the sanitizers'
-// coverage, so only the parser's own edges guide the search.
+// finds them), keeping the checked-in corpus small. yaml-cpp (the system library) has no coverage
+// instrumentation, so only llmctl's own code guides the search.
 //
-// Beyond "no crash", the target checks the parser's promises on every accepted experiment: at least
-// one trial, unique non-empty names, each trial valid for its model when that is a preset, and each
-// trial's config serialises to JSON text and reads back unchanged (what the controller stores).
+// Beyond "no crash", the target checks the parser's promises: messages are UTF-8 whatever the
+// input; an accepted experiment has at least one trial, unique non-empty names, UTF-8 text, each
+// trial valid for its model when that is a preset, and each trial's config serialises to JSON text
+// and reads back unchanged (as checkpoints store it).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "common/experiment.h"
 #include "common/model_config.h"

@@ -5,9 +5,9 @@
 // (clang with libFuzzer; on Debian: apt-get install clang libclang-rt-14-dev), from the repository
 // root, in bash:
 //
-//   SRCS="tests/fuzz/hf_config_fuzz.cc common/model_config.cc common/spelling.cc common/status.cc"
-//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. $SRCS
-//       -o /tmp/hf_config_fuzz                                               # (one line)
+//   SRCS="tests/fuzz/hf_config_fuzz.cc $(ls common/*.cc | grep -v _test.cc)"
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.
+//       $SRCS $(pkg-config --cflags --libs yaml-cpp) -o /tmp/hf_config_fuzz    # (one line)
 //   mkdir -p /tmp/hf_config_corpus
 //   OPTS="-max_total_time=180 -max_len=4096 -timeout=10 -rss_limit_mb=2048
 //         -dict=tests/fuzz/hf_config_fuzz.dict"
@@ -18,8 +18,8 @@
 // them), keeping the checked-in corpus small.
 //
 // Beyond "no crash", the target checks the parser's promises on every accepted config: it passes
-// ValidateModelConfig, its parameter count is computed without overflow traps, and it survives the
-// round trip through ToHfConfigJson unchanged.
+// ValidateModelConfig, ParameterCount runs without undefined behaviour, and it survives the round
+// trip through ToHfConfigJson unchanged.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

@@ -13,6 +13,7 @@
 
 #include "common/atomic_file.h"
 #include "common/status.h"
+#include "common/text.h"
 
 namespace llmctl::data {
 
@@ -48,9 +49,7 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// Offset of the first byte that is not valid UTF-8 (overlongs, surrogates and code points past
-// U+10FFFF are invalid), or std::string_view::npos.
-size_t FirstInvalidUtf8(std::string_view text);
+// FirstInvalidUtf8 lives in common/text.h.
 
 }  // namespace llmctl::data
 

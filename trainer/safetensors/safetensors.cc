@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/atomic_file.h"
+#include "common/text.h"
 
 namespace llmctl::safetensors {
 namespace {
@@ -62,43 +63,6 @@ std::string Printable(std::string_view s) {
   }
   if (s.size() > kMax) out += "...";
   return out;
-}
-
-// Returns the offset of the first byte that breaks UTF-8 (overlongs, surrogates and code points
-// past U+10FFFF included), or npos when `s` is valid.
-size_t FirstInvalidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len;
-    uint32_t cp;
-    if ((c & 0xe0) == 0xc0) {
-      len = 2;
-      cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      len = 3;
-      cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return i;
-    }
-    if (i + len > s.size()) return i;
-    for (int k = 1; k < len; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xc0) != 0x80) return i;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    constexpr uint32_t kMinForLen[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMinForLen[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
-    i += len;
-  }
-  return std::string_view::npos;
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
