@@ -238,6 +238,14 @@ bool TrialRun::TrainStep(int64_t step) {
       loss = CausalLmLoss(logits, batch.labels);
     }
     Snapshot(step, i, kPhaseAfterForward);
+    step_tokens += batch.real_tokens;
+    if (batch.label_tokens == 0) {
+      // Truncation left no target in this micro-batch: its mean loss is 0/0, and it adds nothing to
+      // the gradient, so it is not a divergence and there is nothing to backpropagate.
+      loss = torch::Tensor();
+      Snapshot(step, i, kPhaseAfterBackward);
+      continue;
+    }
     const double loss_value = loss.item<double>();
     if (!std::isfinite(loss_value)) {
       divergence_ = "loss is " + std::to_string(loss_value) + " at step " + std::to_string(step) +
@@ -254,7 +262,6 @@ bool TrialRun::TrainStep(int64_t step) {
     loss = torch::Tensor();
     Snapshot(step, i, kPhaseAfterBackward);
     loss_sum += loss_value * static_cast<double>(batch.label_tokens);
-    step_tokens += batch.real_tokens;
   }
   micro_batches.clear();
 

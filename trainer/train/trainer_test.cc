@@ -251,6 +251,13 @@ TEST(OutcomeTest, NonFiniteLossIsDiverged) {
   EXPECT_NE(run.result.error.find("loss is"), std::string::npos) << run.result.error;
 }
 
+TEST(OutcomeTest, MicroBatchesWithoutTargetsAreNotDivergence) {
+  // 16 tokens cannot get past the Alpaca prompt: no example keeps a trained token.
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"}, {"data.max_seq_length", "16"}}));
+  EXPECT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  for (double loss : run.Losses()) EXPECT_EQ(loss, 0.0);
+}
+
 TEST(OutcomeTest, MissingDatasetIsInvalidInputBeforeAnythingRuns) {
   TrialRecord run = RunAndRecord(DemoConfig({{"data.path", "/nonexistent/data.jsonl"}}));
   EXPECT_EQ(run.result.outcome, Outcome::kFailed);
