@@ -9,16 +9,7 @@
 #include <cstring>
 
 namespace llmctl::data {
-namespace {
-
-Status ErrnoStatus(int err, const std::string& message) {
-  const std::string text = message + ": " + std::strerror(err);
-  if (err == ENOENT) return NotFoundError(text);
-  if (err == EACCES || err == EPERM) return Status(StatusCode::kPermissionDenied, text);
-  return UnavailableError(text);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 uint64_t Fnv1a64(std::span<const std::byte> bytes, uint64_t hash) {
   for (std::byte b : bytes) {
@@ -42,63 +33,6 @@ std::string HexU64(uint64_t value) {
   std::string out(16, '0');
   for (int i = 15; i >= 0; --i, value >>= 4) out[i] = kHex[value & 15];
   return out;
-}
-
-StatusOr<std::string> ReadFileToString(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open " + path);
-  struct stat st;
-  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    return InvalidArgumentError(path + " is a directory, not a file");
-  }
-  std::string data;
-  char buf[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, "cannot read " + path);
-    }
-    if (n == 0) break;
-    data.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return data;
-}
-
-StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open " + path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, "cannot stat " + path);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return InvalidArgumentError(path + " is not a regular file");
-  }
-  std::unique_ptr<MappedFile> file(new MappedFile());
-  file->size_ = static_cast<size_t>(st.st_size);
-  if (file->size_ > 0) {  // mmap refuses length 0; an empty file is an empty span
-    void* data = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (data == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, "cannot mmap " + path);
-    }
-    file->data_ = data;
-  }
-  ::close(fd);  // the mapping keeps the file referenced
-  return file;
-}
-
-MappedFile::~MappedFile() {
-  if (data_ != nullptr) ::munmap(data_, size_);
 }
 
 }  // namespace llmctl::data

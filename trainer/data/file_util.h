@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "common/atomic_file.h"
+#include "common/files.h"
 #include "common/status.h"
 #include "common/text.h"
 
@@ -28,28 +29,7 @@ StatusOr<uint64_t> Fnv1a64File(const std::string& path);
 // 16 lowercase hex digits.
 std::string HexU64(uint64_t value);
 
-// The whole file; NotFound when missing.
-StatusOr<std::string> ReadFileToString(const std::string& path);
-
-// Atomic writes: WriteFileAtomically and WriteAll live in common/atomic_file.h.
-
-// A read-only MAP_PRIVATE mapping of a whole file, unmapped on destruction.
-class MappedFile {
- public:
-  static StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path);
-  ~MappedFile();
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-
-  std::span<const std::byte> bytes() const { return {static_cast<const std::byte*>(data_), size_}; }
-
- private:
-  MappedFile() = default;
-  void* data_ = nullptr;
-  size_t size_ = 0;
-};
-
-// FirstInvalidUtf8 lives in common/text.h.
+// ReadFileToString and MappedFile live in common/files.h, FirstInvalidUtf8 in common/text.h.
 
 }  // namespace llmctl::data
 

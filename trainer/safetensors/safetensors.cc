@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/atomic_file.h"
+#include "common/files.h"
 #include "common/text.h"
 
 namespace llmctl::safetensors {
@@ -254,40 +255,6 @@ int ReferenceRank(DType dtype) {
   return 0;
 }
 
-std::string ErrnoText(int err) { return std::strerror(err); }
-
-Status ErrnoStatus(int err, const std::string& message) {
-  if (err == ENOENT) return NotFoundError(message + ": " + ErrnoText(err));
-  if (err == EACCES || err == EPERM) {
-    return Status(StatusCode::kPermissionDenied, message + ": " + ErrnoText(err));
-  }
-  return UnavailableError(message + ": " + ErrnoText(err));
-}
-
-// Whole small files (index JSON). Capped so a wrong path to a multi-GB file fails fast.
-StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open " + path);
-  std::string data;
-  char buf[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, "cannot read " + path);
-    }
-    if (n == 0) break;
-    data.append(buf, static_cast<size_t>(n));
-    if (data.size() > max_bytes) {
-      ::close(fd);
-      return DataLossError(path + " is larger than " + std::to_string(max_bytes) + " bytes");
-    }
-  }
-  ::close(fd);
-  return data;
-}
 
 }  // namespace
 
@@ -319,34 +286,16 @@ int64_t TensorView::numel() const {
 }
 
 StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open safetensors file " + path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, "cannot stat " + path);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return DataLossError(path + " is not a regular file");
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapping, MappedFile::Open(path));
+  const size_t size = mapping->bytes().size();
   if (size < 8) {
-    ::close(fd);
     return DataLossError(path + ": file is " + std::to_string(size) +
                          " bytes, shorter than the 8-byte header length");
   }
-  void* mapping = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int mmap_errno = errno;
-  ::close(fd);  // the mapping keeps the file referenced
-  if (mapping == MAP_FAILED) return ErrnoStatus(mmap_errno, "cannot mmap " + path);
-
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  file->mapping_ = mapping;
-  file->mapping_size_ = size;
-  RETURN_IF_ERROR(file->Parse({static_cast<const std::byte*>(mapping), size}));
+  file->mapping_ = std::move(mapping);
+  RETURN_IF_ERROR(file->Parse(file->mapping_->bytes()));
   return file;
 }
 
@@ -358,9 +307,7 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBuffer(
   return file;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (mapping_ != nullptr) ::munmap(mapping_, mapping_size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 const TensorView* SafetensorsFile::Find(std::string_view name) const {
   const auto it = by_name_.find(name);
@@ -570,7 +517,7 @@ StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::OpenFile(const s
 
 StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::OpenIndex(
     const std::string& index_path) {
-  ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(index_path, kMaxHeaderBytes));
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(index_path, kMaxHeaderBytes));
   ASSIGN_OR_RETURN(const Json index, ParseJsonStrict(text, index_path));
   if (!index.is_object()) {
     return DataLossError(index_path + ": must be a JSON object, got " + JsonTypeName(index));

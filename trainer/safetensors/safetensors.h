@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/files.h"
 #include "common/status.h"
 
 namespace llmctl::safetensors {
@@ -83,8 +84,7 @@ class SafetensorsFile {
   Status Parse(std::span<const std::byte> file_bytes);
 
   std::string path_;
-  void* mapping_ = nullptr;  // owned mmap region, or nullptr for FromBuffer
-  size_t mapping_size_ = 0;
+  std::unique_ptr<MappedFile> mapping_;  // null for FromBuffer
   std::vector<TensorView> tensors_;
   std::unordered_map<std::string_view, size_t> by_name_;  // keys view tensors_[i].name
   std::map<std::string, std::string> metadata_;

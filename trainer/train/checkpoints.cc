@@ -114,7 +114,7 @@ Status SaveCheckpoint(const std::string& dir, const NamedTensors& model,
 StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir) {
   const fs::path root(dir);
   const std::string state_path = (root / "trainer_state.json").string();
-  ASSIGN_OR_RETURN(std::string text, data::ReadFileToString(state_path));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(state_path));
   LoadedCheckpoint loaded;
   try {
     const nlohmann::json json = nlohmann::json::parse(text);

@@ -1,0 +1,42 @@
+// Reading files: whole small files, and read-only memory mappings of large ones.
+#ifndef LLMCTL_COMMON_FILES_H_
+#define LLMCTL_COMMON_FILES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "common/status.h"
+
+namespace llmctl {
+
+// The whole file. NotFound when missing, PermissionDenied when unreadable, InvalidArgument for a
+// directory, DataLoss when it is larger than `max_bytes` (so a wrong path to a huge file fails
+// fast).
+StatusOr<std::string> ReadFileToString(const std::string& path,
+                                       size_t max_bytes = std::numeric_limits<size_t>::max());
+
+// A read-only MAP_PRIVATE mapping of a whole file, unmapped on destruction. Errors as
+// ReadFileToString; InvalidArgument for anything that is not a regular file. An empty file maps to
+// an empty span.
+class MappedFile {
+ public:
+  static StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  std::span<const std::byte> bytes() const { return {static_cast<const std::byte*>(data_), size_}; }
+
+ private:
+  MappedFile() = default;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace llmctl
+
+#endif  // LLMCTL_COMMON_FILES_H_
