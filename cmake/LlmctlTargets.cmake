@@ -30,3 +30,17 @@ function(llmctl_test name)
       ENVIRONMENT "OMP_NUM_THREADS=2;MKL_NUM_THREADS=2;LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR};LLMCTL_BUILD_DIR=${PROJECT_BINARY_DIR};${ARG_ENV}"
       SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endfunction()
+
+# llmctl_fuzz_replay(NAME DEPS ...): replays tests/fuzz/corpus/NAME through tests/fuzz/NAME_fuzz.cc's
+# LLVMFuzzerTestOneInput with a plain main(), so every test run covers the inputs that once crashed or
+# reached new code. The libFuzzer builds themselves are manual: each fuzz file says how.
+function(llmctl_fuzz_replay name)
+  cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})
+  add_executable(${name}_fuzz_replay
+    ${PROJECT_SOURCE_DIR}/tests/fuzz/${name}_fuzz.cc
+    ${PROJECT_SOURCE_DIR}/tests/fuzz/replay_main.cc)
+  target_link_libraries(${name}_fuzz_replay PRIVATE ${ARG_DEPS})
+  llmctl_warnings(${name}_fuzz_replay)
+  add_test(NAME ${name}_fuzz_replay
+    COMMAND ${name}_fuzz_replay ${PROJECT_SOURCE_DIR}/tests/fuzz/corpus/${name})
+endfunction()
