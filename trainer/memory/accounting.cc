@@ -15,8 +15,11 @@ namespace llmctl::trainer {
 namespace {
 
 #ifdef LLMCTL_HAVE_CUDA
+// "cuda" without an index means the first device.
+c10::DeviceIndex CudaIndex(torch::Device device) { return device.index() < 0 ? 0 : device.index(); }
+
 c10::CachingDeviceAllocator::DeviceStats CudaStats(torch::Device device) {
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(CudaIndex(device));
 }
 constexpr size_t kAggregatePool = 0;  // StatType::AGGREGATE
 #endif
@@ -58,8 +61,8 @@ MemorySnapshot Categorize(const DeviceMemory& memory, const std::vector<torch::T
   snapshot.peak_bytes = std::max(memory.peak_bytes(), allocated);
   snapshot.reserved_bytes = std::max(memory.reserved_bytes(), allocated);
   const uint64_t known = snapshot.params_bytes + snapshot.grads_bytes + snapshot.optim_device_bytes;
-  // The categories are a subset of the allocator's live bytes, so this never underflows unless a tensor
-  // was allocated outside the allocator (which the tests rule out).
+  // The categories are a subset of the allocator's live bytes, so this never underflows unless a
+  // tensor was allocated outside the allocator (which the tests rule out).
   snapshot.other_bytes = allocated > known ? allocated - known : 0;
   return snapshot;
 }
@@ -106,7 +109,7 @@ uint64_t DeviceMemory::reserved_bytes() const {
 void DeviceMemory::ResetPeak() {
 #ifdef LLMCTL_HAVE_CUDA
   if (device_.is_cuda()) {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index() < 0 ? 0 : device_.index());
+    c10::cuda::CUDACachingAllocator::resetPeakStats(CudaIndex(device_));
     return;
   }
 #endif
@@ -117,7 +120,7 @@ Status DeviceMemory::SetBudget(std::optional<uint64_t> budget) {
 #ifdef LLMCTL_HAVE_CUDA
   if (device_.is_cuda()) {
     if (!budget) return Status::Ok();
-    const int index = device_.index() < 0 ? 0 : device_.index();
+    const c10::DeviceIndex index = CudaIndex(device_);
     size_t free_bytes = 0;
     size_t total_bytes = 0;
     c10::cuda::CUDAGuard guard(index);
@@ -126,8 +129,8 @@ Status DeviceMemory::SetBudget(std::optional<uint64_t> budget) {
     }
     const double fraction = static_cast<double>(*budget) / static_cast<double>(total_bytes);
     if (fraction > 1.0) {
-      return InvalidArgumentError("device_memory " + FormatBytes(*budget) + " is more than the GPU's " +
-                                  FormatBytes(total_bytes));
+      return InvalidArgumentError("device_memory " + FormatBytes(*budget) +
+                                  " is more than the GPU's " + FormatBytes(total_bytes));
     }
     c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
     return Status::Ok();
@@ -143,7 +146,8 @@ std::optional<BudgetFailure> DeviceMemory::last_budget_failure() const {
 }
 
 bool DeviceMemory::OnDevice(const torch::Tensor& tensor) const {
-  if (!device_.is_cpu()) return tensor.device() == device_ || tensor.device().type() == device_.type();
+  if (!device_.is_cpu())
+    return tensor.device() == device_ || tensor.device().type() == device_.type();
   if (!tensor.device().is_cpu()) return false;
   return CountingCpuAllocator::PoolOf(tensor.storage()).value_or(MemoryPool::kDevice) ==
          MemoryPool::kDevice;
@@ -154,7 +158,8 @@ MemorySnapshot TakeSnapshot(const DeviceMemory& memory, const std::vector<torch:
   return Categorize(memory, params, optimizer_state, memory.allocated_bytes());
 }
 
-MemorySnapshot SnapshotAtFailure(const DeviceMemory& memory, const std::vector<torch::Tensor>& params,
+MemorySnapshot SnapshotAtFailure(const DeviceMemory& memory,
+                                 const std::vector<torch::Tensor>& params,
                                  const std::vector<torch::Tensor>& optimizer_state) {
   uint64_t allocated = memory.allocated_bytes();
   if (auto failure = memory.last_budget_failure()) allocated = failure->allocated_bytes;
@@ -172,14 +177,17 @@ uint64_t UniqueStorageBytes(const std::vector<torch::Tensor>& tensors) {
 }
 
 std::string FormatSnapshot(const MemorySnapshot& s) {
-  std::string line = "Params: " + FormatBytes(s.params_bytes) + " | Grads: " + FormatBytes(s.grads_bytes);
+  std::string line =
+      "Params: " + FormatBytes(s.params_bytes) + " | Grads: " + FormatBytes(s.grads_bytes);
   if (s.optim_host_bytes > 0) {
-    line += " | Optim GPU: " + FormatBytes(s.optim_device_bytes) + " | Optim CPU: " + FormatBytes(s.optim_host_bytes);
+    line += " | Optim GPU: " + FormatBytes(s.optim_device_bytes) +
+            " | Optim CPU: " + FormatBytes(s.optim_host_bytes);
   } else {
     line += " | Optim: " + FormatBytes(s.optim_device_bytes);
   }
-  line += " | Acts: " + FormatBytes(s.other_bytes) + " | Allocated: " + FormatBytes(s.allocated_bytes) +
-          " (peak " + FormatBytes(s.peak_bytes) + ") | Reserved: " + FormatBytes(s.reserved_bytes);
+  line += " | Acts: " + FormatBytes(s.other_bytes) +
+          " | Allocated: " + FormatBytes(s.allocated_bytes) + " (peak " +
+          FormatBytes(s.peak_bytes) + ") | Reserved: " + FormatBytes(s.reserved_bytes);
   return line;
 }
 

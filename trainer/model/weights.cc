@@ -1,24 +1,25 @@
 #include "trainer/model/weights.h"
 
 #include <set>
+#include <utility>
 
 namespace llmctl::trainer {
 namespace {
 
+// The dtypes both formats have, in one table for both directions.
+constexpr std::pair<safetensors::DType, torch::Dtype> kDtypes[] = {
+    {safetensors::DType::kF64, torch::kFloat64}, {safetensors::DType::kF32, torch::kFloat32},
+    {safetensors::DType::kF16, torch::kFloat16}, {safetensors::DType::kBF16, torch::kBFloat16},
+    {safetensors::DType::kI64, torch::kInt64},   {safetensors::DType::kI32, torch::kInt32},
+    {safetensors::DType::kI16, torch::kInt16},   {safetensors::DType::kI8, torch::kInt8},
+    {safetensors::DType::kU8, torch::kUInt8},    {safetensors::DType::kBool, torch::kBool},
+};
+
 torch::Dtype TorchDtype(safetensors::DType dtype) {
-  switch (dtype) {
-    case safetensors::DType::kF64: return torch::kFloat64;
-    case safetensors::DType::kF32: return torch::kFloat32;
-    case safetensors::DType::kF16: return torch::kFloat16;
-    case safetensors::DType::kBF16: return torch::kBFloat16;
-    case safetensors::DType::kI64: return torch::kInt64;
-    case safetensors::DType::kI32: return torch::kInt32;
-    case safetensors::DType::kI16: return torch::kInt16;
-    case safetensors::DType::kI8: return torch::kInt8;
-    case safetensors::DType::kU8: return torch::kUInt8;
-    case safetensors::DType::kBool: return torch::kBool;
+  for (const auto& [file_dtype, torch_dtype] : kDtypes) {
+    if (file_dtype == dtype) return torch_dtype;
   }
-  return torch::kUInt8;
+  return torch::kUInt8;  // unreachable: every safetensors::DType is in the table
 }
 
 std::string ShapeText(c10::IntArrayRef shape) {
@@ -27,8 +28,8 @@ std::string ShapeText(c10::IntArrayRef shape) {
   return text + "]";
 }
 
-// Sets the default dtype while alive so module constructors allocate parameters directly in the run's
-// dtype (no fp32 copy first).
+// Sets the default dtype while alive so module constructors allocate parameters directly in the
+// run's dtype (no fp32 copy first).
 class ScopedDefaultDtype {
  public:
   explicit ScopedDefaultDtype(torch::Dtype dtype) : previous_(torch::get_default_dtype()) {
@@ -41,6 +42,13 @@ class ScopedDefaultDtype {
 };
 
 }  // namespace
+
+StatusOr<safetensors::DType> SafetensorsDtype(torch::Dtype dtype) {
+  for (const auto& [file_dtype, torch_dtype] : kDtypes) {
+    if (torch_dtype == dtype) return file_dtype;
+  }
+  return UnimplementedError("safetensors has no dtype for " + std::string(c10::toString(dtype)));
+}
 
 torch::Tensor TensorFromView(const safetensors::TensorView& view) {
   // from_blob never frees; the mapping is read-only, so the tensor must only be read.
@@ -61,10 +69,9 @@ Status LoadWeights(LlamaForCausalLM& model, const safetensors::ShardedCheckpoint
       return DataLossError(source + ": tensor '" + name + "' has shape " + ShapeText(view->shape) +
                            ", the config says " + ShapeText(param.sizes()));
     }
-    const bool is_float = view->dtype == safetensors::DType::kF32 ||
-                          view->dtype == safetensors::DType::kF16 ||
-                          view->dtype == safetensors::DType::kBF16 ||
-                          view->dtype == safetensors::DType::kF64;
+    const bool is_float =
+        view->dtype == safetensors::DType::kF32 || view->dtype == safetensors::DType::kF16 ||
+        view->dtype == safetensors::DType::kBF16 || view->dtype == safetensors::DType::kF64;
     if (!is_float) {
       return DataLossError(source + ": tensor '" + name + "' has dtype " +
                            std::string(safetensors::DTypeName(view->dtype)) +

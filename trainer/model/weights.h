@@ -25,6 +25,9 @@ StatusOr<LlamaForCausalLM> BuildModel(const ModelConfig& config, const std::stri
 Status LoadWeights(LlamaForCausalLM& model, const safetensors::ShardedCheckpoint& checkpoint,
                    const std::string& source);
 
+// The safetensors dtype of a tensor dtype; Unimplemented for dtypes the format lacks.
+StatusOr<safetensors::DType> SafetensorsDtype(torch::Dtype dtype);
+
 // A zero-copy tensor over a view's bytes (valid while the file stays open).
 torch::Tensor TensorFromView(const safetensors::TensorView& view);
 

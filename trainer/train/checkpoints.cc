@@ -18,32 +18,6 @@ namespace fs = std::filesystem;
 
 constexpr int kFormatVersion = 1;
 
-StatusOr<safetensors::DType> SafetensorsDType(torch::Dtype dtype) {
-  switch (dtype) {
-    case torch::kFloat64:
-      return safetensors::DType::kF64;
-    case torch::kFloat32:
-      return safetensors::DType::kF32;
-    case torch::kFloat16:
-      return safetensors::DType::kF16;
-    case torch::kBFloat16:
-      return safetensors::DType::kBF16;
-    case torch::kInt64:
-      return safetensors::DType::kI64;
-    case torch::kInt32:
-      return safetensors::DType::kI32;
-    case torch::kUInt8:
-      return safetensors::DType::kU8;
-    case torch::kInt8:
-      return safetensors::DType::kI8;
-    case torch::kBool:
-      return safetensors::DType::kBool;
-    default:
-      return UnimplementedError("cannot checkpoint a tensor of dtype " +
-                                std::string(c10::toString(dtype)));
-  }
-}
-
 Status WriteTensors(const std::string& path, const NamedTensors& tensors) {
   std::vector<torch::Tensor> keep_alive;  // contiguous CPU copies the spans point into
   std::vector<safetensors::TensorToWrite> to_write;
@@ -51,7 +25,7 @@ Status WriteTensors(const std::string& path, const NamedTensors& tensors) {
   for (const auto& [name, tensor] : tensors) {
     keep_alive.push_back(tensor.detach().to(torch::kCPU).contiguous());
     const torch::Tensor& t = keep_alive.back();
-    ASSIGN_OR_RETURN(safetensors::DType dtype, SafetensorsDType(t.scalar_type()));
+    ASSIGN_OR_RETURN(safetensors::DType dtype, SafetensorsDtype(t.scalar_type()));
     to_write.push_back(
         {name, dtype, t.sizes().vec(),
          std::span<const std::byte>(static_cast<const std::byte*>(t.data_ptr()), t.nbytes())});

@@ -35,13 +35,18 @@ LossScaler::LossScaler(torch::Device device) : device_(device) {}
 
 bool LossScaler::UnscaleAndCheck(const std::vector<torch::Tensor>& params) {
   torch::NoGradGuard no_grad;
-  bool finite = true;
+  std::vector<torch::Tensor> grads;
   for (const torch::Tensor& p : params) {
-    if (!p.grad().defined()) continue;
-    p.grad().mul_(1.0 / scale_);
-    if (finite && !torch::isfinite(p.grad()).all().item<bool>()) finite = false;
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
-  return finite;
+  if (grads.empty()) return true;
+  // PyTorch's GradScaler kernel: divides every gradient and flags any non-finite value in one pass,
+  // with a single host synchronisation for the flag.
+  const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
+  torch::Tensor found_inf = torch::zeros({1}, options);
+  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf,
+                                                 torch::full({1}, 1.0 / scale_, options));
+  return found_inf.item<float>() == 0.0f;
 }
 
 void LossScaler::Update(bool grads_were_finite) {

@@ -24,22 +24,32 @@ namespace llmctl::trainer {
 
 std::string_view OutcomeName(Outcome outcome) {
   switch (outcome) {
-    case Outcome::kOk: return "ok";
-    case Outcome::kOom: return "oom";
-    case Outcome::kDiverged: return "diverged";
-    case Outcome::kFailed: return "failed";
-    case Outcome::kCancelled: return "cancelled";
+    case Outcome::kOk:
+      return "ok";
+    case Outcome::kOom:
+      return "oom";
+    case Outcome::kDiverged:
+      return "diverged";
+    case Outcome::kFailed:
+      return "failed";
+    case Outcome::kCancelled:
+      return "cancelled";
   }
   return "failed";
 }
 
 int ExitCodeFor(Outcome outcome) {
   switch (outcome) {
-    case Outcome::kOk: return kExitOk;
-    case Outcome::kOom: return kExitOom;
-    case Outcome::kDiverged: return kExitDiverged;
-    case Outcome::kFailed: return kExitFailed;
-    case Outcome::kCancelled: return kExitCancelled;
+    case Outcome::kOk:
+      return kExitOk;
+    case Outcome::kOom:
+      return kExitOom;
+    case Outcome::kDiverged:
+      return kExitDiverged;
+    case Outcome::kFailed:
+      return kExitFailed;
+    case Outcome::kCancelled:
+      return kExitCancelled;
   }
   return kExitFailed;
 }
@@ -55,10 +65,14 @@ constexpr const char* kPhaseAfterBackward = "phase2_after_bwd";
 constexpr const char* kPhaseAfterOptimizerStep = "phase3_after_opt_step";
 
 json SnapshotJson(const MemorySnapshot& s) {
-  return json{{"params_bytes", s.params_bytes},         {"grads_bytes", s.grads_bytes},
-              {"optim_device_bytes", s.optim_device_bytes}, {"optim_host_bytes", s.optim_host_bytes},
-              {"other_bytes", s.other_bytes},           {"allocated_bytes", s.allocated_bytes},
-              {"peak_bytes", s.peak_bytes},             {"reserved_bytes", s.reserved_bytes}};
+  return json{{"params_bytes", s.params_bytes},
+              {"grads_bytes", s.grads_bytes},
+              {"optim_device_bytes", s.optim_device_bytes},
+              {"optim_host_bytes", s.optim_host_bytes},
+              {"other_bytes", s.other_bytes},
+              {"allocated_bytes", s.allocated_bytes},
+              {"peak_bytes", s.peak_bytes},
+              {"reserved_bytes", s.reserved_bytes}};
 }
 
 // Linear warmup to the peak rate, then cosine decay to zero at the last step (LitGPT's schedule).
@@ -68,7 +82,8 @@ double LearningRate(double peak, int64_t step, int64_t warmup_steps, int64_t tot
   }
   const int64_t decay_steps = total_steps - warmup_steps;
   if (decay_steps <= 0) return peak;
-  const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps);
+  const double progress =
+      static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps);
   return 0.5 * peak * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
@@ -135,7 +150,8 @@ class TrialRun {
 Status TrialRun::Setup() {
   ASSIGN_OR_RETURN(model_config_, ResolveModel(config_.GetString("model")));
   ASSIGN_OR_RETURN(precision_, Precision::FromName(config_.GetString("precision")));
-  device_ = config_.GetString("device") == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  device_ = config_.GetString("device") == "cuda" ? torch::Device(torch::kCUDA, 0)
+                                                  : torch::Device(torch::kCPU);
   ASSIGN_OR_RETURN(DeviceMemory memory, DeviceMemory::For(device_));
   memory_.emplace(memory);
   RETURN_IF_ERROR(memory_->SetBudget(config_.GetByteSize("device_memory")));
@@ -147,7 +163,8 @@ Status TrialRun::Setup() {
   model_options_.activation_checkpointing = config_.GetBool("activation_checkpointing");
   if (precision_.loss_scaling) loss_scaler_.emplace(device_);
   if (config_.GetInt("checkpoint_every") > 0 && config_.GetString("output_dir").empty()) {
-    return InvalidArgumentError("checkpoint_every: checkpoints need output_dir to say where they go");
+    return InvalidArgumentError(
+        "checkpoint_every: checkpoints need output_dir to say where they go");
   }
   return Status::Ok();
 }
@@ -160,8 +177,9 @@ Status TrialRun::Resume() {
   for (auto& item : model_->named_parameters()) {
     auto it = saved.find(item.key());
     if (it == saved.end() || !it->second.sizes().equals(item.value().sizes())) {
-      return DataLossError(dir + "/model.safetensors: parameter '" + item.key() +
-                           "' is missing or has another shape (a checkpoint of a different model?)");
+      return DataLossError(
+          dir + "/model.safetensors: parameter '" + item.key() +
+          "' is missing or has another shape (a checkpoint of a different model?)");
     }
     item.value().copy_(it->second);
   }
@@ -215,7 +233,8 @@ bool TrialRun::TrainStep(int64_t step) {
                                  config_.GetInt("train.warmup_steps"), total_steps_);
 
   // The global batch's loss is the mean over all of its label tokens, so each micro-batch's mean is
-  // weighted by its share of them: k micro-batches give exactly the gradient of one batch k times larger.
+  // weighted by its share of them: k micro-batches give exactly the gradient of one batch k times
+  // larger.
   std::vector<MicroBatch> micro_batches;
   int64_t global_label_tokens = 0;
   for (int64_t i = 0; i < accumulation_; ++i) {
@@ -252,9 +271,9 @@ bool TrialRun::TrainStep(int64_t step) {
                     ", micro-batch " + std::to_string(i);
       return false;
     }
-    const double weight = global_label_tokens > 0 ? static_cast<double>(batch.label_tokens) /
-                                                        static_cast<double>(global_label_tokens)
-                                                  : 0.0;
+    // Non-zero: this micro-batch has label tokens, so the global batch does too.
+    const double weight =
+        static_cast<double>(batch.label_tokens) / static_cast<double>(global_label_tokens);
     torch::Tensor objective = loss * weight;
     if (loss_scaler_) objective = objective * loss_scaler_->scale();
     objective.backward();
@@ -307,7 +326,8 @@ TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
   result.outcome = outcome;
   result.error = std::move(error);
   result.train_seconds = train_seconds_;
-  result.tokens_per_second = train_seconds_ > 0 ? static_cast<double>(tokens_seen_) / train_seconds_ : 0.0;
+  result.tokens_per_second =
+      train_seconds_ > 0 ? static_cast<double>(tokens_seen_) / train_seconds_ : 0.0;
   result.peak_bytes = memory_ ? memory_->peak_bytes() : 0;
   result.final_loss = last_loss_;
   result.steps_done = steps_done_;
@@ -393,8 +413,8 @@ TrialResult TrialRun::Run() {
                   {"threads", torch::get_num_threads()},
                   {"torch_version", TORCH_VERSION}});
     Human("[start] model " + config_.GetString("model") + " (" + std::to_string(total_count) +
-          " parameters, " + std::to_string(trainable_count) + " trainable) | " +
-          precision_.name + " | " + config_.GetString("optimizer") + " | micro-batch " +
+          " parameters, " + std::to_string(trainable_count) + " trainable) | " + precision_.name +
+          " | " + config_.GetString("optimizer") + " | micro-batch " +
           std::to_string(micro_batch_size_) + " x " + std::to_string(accumulation_) + " | " +
           std::to_string(total_steps_) + " steps | loading peak " + FormatBytes(load_peak));
 
