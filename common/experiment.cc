@@ -800,6 +800,7 @@ class ExperimentParser {
     };
     const std::string prefix = named_trials_ ? "trial '" + trial.name + "': " : "";
 
+    ApplyLabSpellings(trial.config);
     const ModelConfig* model = nullptr;
     const std::string model_name = trial.config.GetString("model");
     if (const ModelConfig* preset = FindPreset(model_name)) {

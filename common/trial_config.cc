@@ -476,6 +476,135 @@ bool operator==(const TrialConfig& a, const TrialConfig& b) {
   return true;
 }
 
+void ApplyLabSpellings(TrialConfig& config) {
+  auto set = [&config](std::string_view key, std::string value) {
+    Status status = config.Set(key, KeyValue(std::move(value)));
+    if (!status.ok()) GetterMisuse(key, status.message());  // the values are registry constants
+  };
+  const std::string optimizer = config.GetString("optimizer");
+  if (optimizer == "adam_8bit") set("optimizer", "adamw_8bit");
+  if (config.GetString("strategy") == "deepspeed_stage_2_offload" &&
+      (optimizer == "deepspeed_cpu" || optimizer == "adamw")) {
+    set("optimizer", "adamw");
+    set("offload", "optimizer");
+    set("strategy", "auto");
+  }
+}
+
+namespace {
+
+// The memory-saving techniques' settings that cannot run together.
+std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
+  auto problem = [](std::vector<std::string> keys, std::string message) {
+    return std::optional<ConfigProblem>(ConfigProblem{std::move(keys), std::move(message)});
+  };
+  const std::string optimizer = config.GetString("optimizer");
+  if (optimizer == "deepspeed_cpu") {
+    return problem({"optimizer", "strategy"},
+                   "optimizer deepspeed_cpu (DeepSpeedCPUAdam) runs only with strategy: "
+                   "deepspeed_stage_2_offload; in llmctl's words: optimizer: adamw and offload: "
+                   "optimizer");
+  }
+  if (config.GetString("strategy") == "deepspeed_stage_2_offload") {
+    return problem({"strategy", "optimizer"},
+                   "strategy deepspeed_stage_2_offload offloads AdamW's state, but optimizer is " +
+                       optimizer + "; use optimizer: adamw (or deepspeed_cpu)");
+  }
+  const bool offload = config.GetString("offload") == "optimizer";
+  if (offload && optimizer != "adamw") {
+    return problem({"offload", "optimizer"},
+                   "offload: optimizer keeps AdamW's fp32 state on the host, but optimizer is " +
+                       optimizer + "; use optimizer: adamw or offload: none");
+  }
+  if (config.GetBool("optimizer_in_backward")) {
+    const int64_t micro = config.GetInt("train.micro_batch_size");
+    const int64_t global = config.GetInt("train.global_batch_size");
+    const int64_t devices = config.GetInt("devices");
+    if (global != micro * devices) {
+      return problem(
+          {"optimizer_in_backward", "train.global_batch_size"},
+          "optimizer_in_backward updates each parameter while backward runs, so gradients "
+          "cannot accumulate: train.global_batch_size (" +
+              Str(global) + ") must equal train.micro_batch_size x devices (" +
+              Str(micro * devices) + ")");
+    }
+    if (config.GetFloat("train.grad_clip") > 0) {
+      return problem({"optimizer_in_backward", "train.grad_clip"},
+                     "optimizer_in_backward updates each parameter before the other gradients "
+                     "exist, so the global norm train.grad_clip needs is never known; set "
+                     "train.grad_clip: 0");
+    }
+    if (config.GetString("precision") == "16-mixed") {
+      return problem({"optimizer_in_backward", "precision"},
+                     "optimizer_in_backward cannot skip a step whose gradients overflowed, which "
+                     "16-mixed loss scaling needs; use bf16-mixed or bf16-true");
+    }
+    if (offload) {
+      return problem({"optimizer_in_backward", "offload"},
+                     "optimizer_in_backward and offload: optimizer cannot be combined; choose one");
+    }
+  }
+
+  const std::string method = config.GetString("peft.method");
+  if (method == "none") {
+    for (std::string_view key : TrialKeysInGroup("peft")) {
+      if (key != "peft.method" && config.IsSet(key)) {
+        return problem({std::string(key), "peft.method"},
+                       std::string(key) +
+                           " applies to adapters, but peft.method is none; set peft.method: lora "
+                           "or qlora, or remove " +
+                           std::string(key));
+      }
+    }
+    return std::nullopt;
+  }
+  if (config.GetInt("peft.r") < 1) {
+    return problem({"peft.r"}, "peft.r must be at least 1, got " + Str(config.GetInt("peft.r")));
+  }
+  if (!(config.GetFloat("peft.alpha") > 0)) {
+    return problem({"peft.alpha"}, "peft.alpha must be positive, got " +
+                                       FormatKeyValue(config.GetFloat("peft.alpha")));
+  }
+  const double dropout = config.GetFloat("peft.dropout");
+  if (dropout < 0 || dropout >= 1) {
+    return problem({"peft.dropout"},
+                   "peft.dropout must be in [0, 1), got " + FormatKeyValue(dropout));
+  }
+  const std::vector<std::string> targets = config.GetStringList("peft.targets");
+  if (targets.empty()) {
+    return problem({"peft.targets"},
+                   "peft.targets is empty: name the projections that get adapters, e.g. [q_proj, "
+                   "v_proj]");
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (std::find(kLoraTargets.begin(), kLoraTargets.end(), targets[i]) == kLoraTargets.end()) {
+      std::string known;
+      for (std::string_view name : kLoraTargets)
+        known += (known.empty() ? "" : ", ") + std::string(name);
+      return problem({"peft.targets"}, "peft.targets: unknown projection '" + targets[i] +
+                                           "' (known: " + known + ")");
+    }
+    if (std::find(targets.begin(), targets.begin() + static_cast<std::ptrdiff_t>(i), targets[i]) !=
+        targets.begin() + static_cast<std::ptrdiff_t>(i)) {
+      return problem({"peft.targets"}, "peft.targets: '" + targets[i] + "' is listed twice");
+    }
+  }
+  if (method == "lora") {
+    for (std::string_view key : {"peft.double_quant", "peft.compute_dtype"}) {
+      if (config.IsSet(key)) {
+        return problem({std::string(key), "peft.method"},
+                       std::string(key) +
+                           " applies to NF4 base weights, but peft.method is lora; use "
+                           "peft.method: qlora or remove " +
+                           std::string(key));
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
                                                const ModelConfig* model) {
   auto problem = [](std::vector<std::string> keys, std::string message) {
@@ -566,6 +695,8 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
                        config.GetString("optimizer") +
                        "; remove train.momentum or set optimizer: sgd");
   }
+
+  if (std::optional<ConfigProblem> found = FindTechniqueProblem(config)) return found;
 
   if (const std::optional<uint64_t> budget = config.GetByteSize("device_memory");
       budget && *budget == 0) {

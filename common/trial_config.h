@@ -4,6 +4,7 @@
 #ifndef LLMCTL_COMMON_TRIAL_CONFIG_H_
 #define LLMCTL_COMMON_TRIAL_CONFIG_H_
 
+#include <array>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -97,6 +98,16 @@ class TrialConfig {
   std::vector<Entry> entries_;  // parallel to TrialKeys()
 };
 
+// The projections `peft.targets` may name: Hugging Face's module names in LLaMA-family models.
+inline constexpr std::array<std::string_view, 8> kLoraTargets = {
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"};
+
+// Rewrites the labs' spellings to llmctl's: optimizer adam_8bit -> adamw_8bit; strategy
+// deepspeed_stage_2_offload with optimizer deepspeed_cpu (DeepSpeedCPUAdam) or adamw -> optimizer
+// adamw + offload: optimizer (strategy back to auto). Other combinations are left for
+// FindConfigProblem to explain. Call once every value is set, before validating.
+void ApplyLabSpellings(TrialConfig& config);
+
 // One reason a trial cannot run. `keys` are the keys involved, the one most likely to need changing
 // first, so a caller that knows where each key was written can point there.
 struct ConfigProblem {
@@ -110,7 +121,9 @@ struct ConfigProblem {
 // data.path given; sizes and counts positive; global batch a multiple of micro batch x devices; lr
 // >= 0; exactly two betas in [0, 1); eps > 0; momentum in [0, 1) and only with sgd; `init:
 // pretrained` only for models with weights; text data with no prompt template or prompt masking
-// asked for.
+// asked for; memory-saving techniques that cannot run together (offload with a non-AdamW optimizer,
+// optimizer_in_backward with accumulation, clipping or loss scaling) and adapter settings that do
+// not fit peft.method.
 std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config, const ModelConfig* model);
 
 // FindConfigProblem as a Status: InvalidArgument with the problem's message, or OK.

@@ -391,6 +391,103 @@ TEST(ValidateTrialConfigTest, OptimizerSettings) {
   EXPECT_TRUE(ValidateTrialConfig(zero_lr, nullptr).ok());
 }
 
+TEST(ApplyLabSpellingsTest, LabOptimizerNamesBecomeLlmctls) {
+  TrialConfig eight_bit = Valid();
+  ASSERT_TRUE(eight_bit.SetFromText("optimizer", "adam_8bit").ok());
+  ApplyLabSpellings(eight_bit);
+  EXPECT_EQ(eight_bit.GetString("optimizer"), "adamw_8bit");
+  EXPECT_TRUE(ValidateTrialConfig(eight_bit, nullptr).ok());
+
+  TrialConfig offload = Valid();
+  ASSERT_TRUE(offload.SetFromText("optimizer", "deepspeed_cpu").ok());
+  ASSERT_TRUE(offload.SetFromText("strategy", "deepspeed_stage_2_offload").ok());
+  ApplyLabSpellings(offload);
+  EXPECT_EQ(offload.GetString("optimizer"), "adamw");
+  EXPECT_EQ(offload.GetString("offload"), "optimizer");
+  EXPECT_EQ(offload.GetString("strategy"), "auto");
+  EXPECT_TRUE(ValidateTrialConfig(offload, nullptr).ok());
+
+  TrialConfig alone = Valid();
+  ASSERT_TRUE(alone.SetFromText("optimizer", "deepspeed_cpu").ok());
+  ApplyLabSpellings(alone);
+  EXPECT_EQ(ProblemKeys(alone), (std::vector<std::string>{"optimizer", "strategy"}));
+  EXPECT_NE(ProblemMessage(alone).find("offload: optimizer"), std::string::npos);
+
+  TrialConfig sgd_offload = Valid();
+  ASSERT_TRUE(sgd_offload.SetFromText("optimizer", "sgd").ok());
+  ASSERT_TRUE(sgd_offload.SetFromText("strategy", "deepspeed_stage_2_offload").ok());
+  ApplyLabSpellings(sgd_offload);
+  EXPECT_EQ(ProblemKeys(sgd_offload).front(), "strategy");
+}
+
+TEST(ValidateTrialConfigTest, TechniquesThatCannotRunTogether) {
+  auto problem_with = [](std::vector<std::pair<std::string, std::string>> settings) {
+    TrialConfig config = Valid();
+    for (const auto& [key, value] : settings)
+      EXPECT_TRUE(config.SetFromText(key, value).ok()) << key;
+    return ProblemMessage(config);
+  };
+  EXPECT_EQ(problem_with({{"offload", "optimizer"}, {"optimizer", "sgd"}}),
+            "offload: optimizer keeps AdamW's fp32 state on the host, but optimizer is sgd; use "
+            "optimizer: adamw or offload: none");
+  EXPECT_NE(problem_with({{"optimizer_in_backward", "true"},
+                          {"train.micro_batch_size", "2"},
+                          {"train.global_batch_size", "4"}})
+                .find("gradients cannot accumulate"),
+            std::string::npos);
+  EXPECT_NE(problem_with({{"optimizer_in_backward", "true"}, {"train.grad_clip", "1.0"}})
+                .find("train.grad_clip: 0"),
+            std::string::npos);
+  EXPECT_NE(problem_with({{"optimizer_in_backward", "true"}, {"precision", "16-mixed"}})
+                .find("loss scaling"),
+            std::string::npos);
+
+  TrialConfig in_backward = Valid();
+  ASSERT_TRUE(in_backward.SetFromText("optimizer_in_backward", "true").ok());
+  ASSERT_TRUE(in_backward.SetFromText("loss", "chunked_ce").ok());
+  EXPECT_TRUE(ValidateTrialConfig(in_backward, nullptr).ok());
+}
+
+TEST(ValidateTrialConfigTest, AdapterSettings) {
+  auto problem_with = [](std::vector<std::pair<std::string, std::string>> settings) {
+    TrialConfig config = Valid();
+    for (const auto& [key, value] : settings)
+      EXPECT_TRUE(config.SetFromText(key, value).ok()) << key;
+    return ProblemMessage(config);
+  };
+  EXPECT_EQ(problem_with({{"peft.r", "16"}}),
+            "peft.r applies to adapters, but peft.method is none; set peft.method: lora or qlora, "
+            "or remove peft.r");
+  EXPECT_EQ(problem_with({{"peft.method", "lora"}, {"peft.r", "0"}}),
+            "peft.r must be at least 1, got 0");
+  EXPECT_NE(problem_with({{"peft.method", "lora"}, {"peft.alpha", "0"}}).find("positive"),
+            std::string::npos);
+  EXPECT_NE(problem_with({{"peft.method", "lora"}, {"peft.dropout", "1"}}).find("[0, 1)"),
+            std::string::npos);
+  EXPECT_EQ(problem_with({{"peft.method", "lora"}, {"peft.targets", "[q_proj, query]"}}),
+            "peft.targets: unknown projection 'query' (known: q_proj, k_proj, v_proj, o_proj, "
+            "gate_proj, up_proj, down_proj, lm_head)");
+  EXPECT_EQ(problem_with({{"peft.method", "lora"}, {"peft.targets", "[q_proj, q_proj]"}}),
+            "peft.targets: 'q_proj' is listed twice");
+  EXPECT_NE(problem_with({{"peft.method", "lora"}, {"peft.double_quant", "false"}})
+                .find("peft.method: qlora"),
+            std::string::npos);
+
+  TrialConfig qlora = Valid();
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"peft.method", "qlora"},
+           {"peft.r", "32"},
+           {"peft.alpha", "16"},
+           {"peft.dropout", "0.05"},
+           {"peft.targets",
+            "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head]"},
+           {"peft.double_quant", "true"},
+           {"peft.compute_dtype", "fp32"}}) {
+    ASSERT_TRUE(qlora.SetFromText(key, value).ok()) << key;
+  }
+  EXPECT_TRUE(ValidateTrialConfig(qlora, nullptr).ok());
+}
+
 TEST(ValidateTrialConfigTest, DeviceMemoryMustBePositive) {
   TrialConfig config = Valid();
   ASSERT_TRUE(config.SetFromText("device_memory", "0").ok());

@@ -97,7 +97,68 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "Weights and compute: fp32; bf16 throughout; bf16 compute with fp32 weights; fp16 compute "
        "with "
        "fp32 weights and loss scaling"},
-      {"optimizer", K::kEnum, "adamw", {"adamw", "sgd"}, "Optimizer"},
+      {"optimizer",
+       K::kEnum,
+       "adamw",
+       {"adamw", "sgd", "adamw_8bit", "adam_8bit", "deepspeed_cpu"},
+       "adamw: fp32-state AdamW; sgd: no state; adamw_8bit (alias adam_8bit): bitsandbytes' "
+       "blockwise "
+       "8-bit AdamW; deepspeed_cpu: the labs' name, only with strategy deepspeed_stage_2_offload "
+       "(becomes adamw + offload: optimizer)"},
+      {"offload",
+       K::kEnum,
+       "none",
+       {"none", "optimizer"},
+       "optimizer: fp32 master weights and AdamW state live in host memory and the step runs there "
+       "(DeepSpeed stage-2 offload)"},
+      {"strategy",
+       K::kEnum,
+       "auto",
+       {"auto", "deepspeed_stage_2_offload"},
+       "The labs' Lightning strategy; deepspeed_stage_2_offload becomes offload: optimizer"},
+      {"optimizer_in_backward",
+       K::kBool,
+       "false",
+       {},
+       "Update each parameter as soon as its gradient is ready and free the gradient (no gradient "
+       "accumulation or global-norm clipping)"},
+      {"loss",
+       K::kEnum,
+       "ce",
+       {"ce", "chunked_ce"},
+       "ce: cross-entropy over the full (B, T, V) logits; chunked_ce: over chunks of tokens, never "
+       "holding all logits or their gradient"},
+      {"peft.method",
+       K::kEnum,
+       "none",
+       {"none", "lora", "qlora"},
+       "none: train every weight; lora: frozen base + low-rank adapters (Hugging Face PEFT); "
+       "qlora: "
+       "the same over NF4-quantised base weights (bitsandbytes)"},
+      {"peft.r", K::kInt, "8", {}, "LoRA rank"},
+      {"peft.alpha", K::kFloat, "8", {}, "LoRA alpha; adapters are scaled by alpha / r"},
+      {"peft.dropout", K::kFloat, "0.0", {}, "Dropout on the adapters' input (not the base path)"},
+      {"peft.targets",
+       K::kStringList,
+       "[q_proj, v_proj]",
+       {},
+       "Projections that get adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+       "down_proj, lm_head"},
+      {"peft.double_quant",
+       K::kBool,
+       "true",
+       {},
+       "qlora: quantise the NF4 block scales again (8-bit, blocks of 256), ~0.4 bit/param less"},
+      {"peft.compute_dtype",
+       K::kEnum,
+       "bf16",
+       {"bf16", "fp32"},
+       "qlora: the dtype NF4 weights are dequantised to for each matmul"},
+      {"peft.save_merged",
+       K::kBool,
+       "false",
+       {},
+       "Also write the model with adapters merged into the base weights (output_dir/merged)"},
       {"activation_checkpointing",
        K::kBool,
        "false",
@@ -147,6 +208,12 @@ constexpr std::pair<std::string_view, std::string_view> kForeignNames[] = {
     {"accelerator", "device"},
     {"optim", "optimizer"},
     {"checkpoint_dir", "model"},
+    {"lora_r", "peft.r"},
+    {"lora_alpha", "peft.alpha"},
+    {"lora_dropout", "peft.dropout"},
+    {"target_modules", "peft.targets"},
+    {"bnb_4bit_use_double_quant", "peft.double_quant"},
+    {"bnb_4bit_compute_dtype", "peft.compute_dtype"},
 };
 
 std::string_view LastSegment(std::string_view name) {

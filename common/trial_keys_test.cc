@@ -92,6 +92,18 @@ TEST(TrialKeysTest, TheKeysTheTrainerNeeds) {
       {"train.momentum", KeyType::kFloat, "0.0"},
       {"precision", KeyType::kEnum, "32-true"},
       {"optimizer", KeyType::kEnum, "adamw"},
+      {"offload", KeyType::kEnum, "none"},
+      {"strategy", KeyType::kEnum, "auto"},
+      {"optimizer_in_backward", KeyType::kBool, "false"},
+      {"loss", KeyType::kEnum, "ce"},
+      {"peft.method", KeyType::kEnum, "none"},
+      {"peft.r", KeyType::kInt, "8"},
+      {"peft.alpha", KeyType::kFloat, "8"},
+      {"peft.dropout", KeyType::kFloat, "0.0"},
+      {"peft.targets", KeyType::kStringList, "[q_proj, v_proj]"},
+      {"peft.double_quant", KeyType::kBool, "true"},
+      {"peft.compute_dtype", KeyType::kEnum, "bf16"},
+      {"peft.save_merged", KeyType::kBool, "false"},
       {"activation_checkpointing", KeyType::kBool, "false"},
       {"device", KeyType::kEnum, "cpu"},
       {"devices", KeyType::kInt, "1"},
@@ -146,6 +158,8 @@ TEST(NearestTrialKeyTest, Typos) {
   EXPECT_EQ(NearestTrialKey("train.mirco_batch_size"), "train.micro_batch_size");
   EXPECT_EQ(NearestTrialKey("precison"), "precision");
   EXPECT_EQ(NearestTrialKey("optimiser"), "optimizer");
+  EXPECT_EQ(NearestTrialKey("lora_r"), "peft.r");
+  EXPECT_EQ(NearestTrialKey("target_modules"), "peft.targets");
   EXPECT_EQ(NearestTrialKey("seeds"), "seed");
   EXPECT_EQ(NearestTrialKey("data.pth"), "data.path");
   EXPECT_EQ(NearestTrialKey("mdoel"), "model");

@@ -3,11 +3,11 @@
 //   llm-train --config FILE [--trial NAME] [--set key=value ...] [--events FILE] [--prepare]
 //             [--resume CHECKPOINT_DIR]
 //
-// Exit codes: 0 ok, 1 failed, 2 invalid input (nothing ran), 3 out of memory, 4 diverged, 5 cancelled.
+// Exit codes: 0 ok, 1 failed, 2 invalid input (nothing ran), 3 out of memory, 4 diverged, 5
+// cancelled.
+#include <CLI/CLI.hpp>
 #include <csignal>
 #include <iostream>
-
-#include <CLI/CLI.hpp>
 
 #include "common/experiment.h"
 #include "common/model_config.h"
@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   bool prepare_only = false;
   std::string resume_from;
   bool print_keys = false;
-  app.add_flag("--keys", print_keys, "print every trial key (type, default, allowed values) as Markdown");
+  app.add_flag("--keys", print_keys,
+               "print every trial key (type, default, allowed values) as Markdown");
   app.add_option("--config", config_path, "experiment file (YAML)");
   app.add_option("--trial", trial_name, "which trial of the file to run (default: the only one)");
   app.add_option("--set", overrides, "override a trial key, e.g. --set train.micro_batch_size=8");
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
     llmctl::Status status = config.SetFromText(assignment.substr(0, eq), assignment.substr(eq + 1));
     if (!status.ok()) return Fail("--set " + assignment + ": " + status.message());
   }
+  llmctl::ApplyLabSpellings(config);
   auto model = llmctl::ResolveModel(config.GetString("model"));
   if (!model.ok()) return Fail(model.status().message());
   if (llmctl::Status status = llmctl::ValidateTrialConfig(config, &*model); !status.ok()) {
