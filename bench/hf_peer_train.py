@@ -94,6 +94,40 @@ def make_batch(torch, rows, pad_id):
     return input_ids, labels, real
 
 
+def quantize_decoder_linears(torch, model, double_quant, compute_dtype):
+    """Replaces every decoder projection with a bitsandbytes Linear4bit holding its weight in NF4 (blocksize
+    64), one module at a time: what from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True,
+    bnb_4bit_quant_type="nf4", ...)) does; lm_head and the embeddings stay unquantised, as there."""
+    import bitsandbytes as bnb
+
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if not isinstance(child, torch.nn.Linear):
+                    continue
+                quantized = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                              compute_dtype=compute_dtype, compress_statistics=double_quant,
+                                              quant_type="nf4")
+                quantized.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False,
+                                                     compress_statistics=double_quant, quant_type="nf4")
+                if child.bias is not None:
+                    quantized.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
+                setattr(parent, name, quantized.to("cpu"))  # .to() quantises
+                del child
+
+
+def add_adapters(torch, model, args):
+    from peft import LoraConfig, get_peft_model
+
+    if args.peft == "qlora":
+        compute = torch.bfloat16 if args.compute_dtype == "bf16" else torch.float32
+        quantize_decoder_linears(torch, model, bool(args.double_quant), compute)
+    config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                        target_modules=[t for t in args.lora_targets.split(",") if t], bias="none",
+                        task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="directory with config.json")
@@ -114,6 +148,15 @@ def main():
                          "foreach=True, or PyTorch's default choice (the per-tensor loop on CPU)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: leave)")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--peft", default="none", choices=["none", "lora", "qlora"],
+                    help="lora: PEFT LoRA adapters over frozen weights; qlora: the same over bitsandbytes "
+                         "Linear4bit (NF4) decoder projections, as BitsAndBytesConfig(load_in_4bit) makes them")
+    ap.add_argument("--lora-r", type=int, default=8)
+    ap.add_argument("--lora-alpha", type=float, default=8)
+    ap.add_argument("--lora-dropout", type=float, default=0.0)
+    ap.add_argument("--lora-targets", default="q_proj,v_proj", help="comma-separated module names")
+    ap.add_argument("--double-quant", type=int, default=1, help="qlora: bnb_4bit_use_double_quant")
+    ap.add_argument("--compute-dtype", default="bf16", choices=["bf16", "fp32"], help="qlora: compute dtype")
     args = ap.parse_args()
 
     started = time.perf_counter()
@@ -142,12 +185,15 @@ def main():
     # Built directly in the training dtype (as llm-train builds its modules under that default dtype), so
     # no fp32 copy of a bf16 model ever exists.
     model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    if args.peft != "none":
+        model = add_adapters(torch, model, args)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     impl = {"fused": {"fused": True}, "foreach": {"foreach": True}, "default": {}}[args.optimizer_impl]
     optimizer = torch.optim.AdamW(params, lr=args.lr, betas=tuple(args.betas), eps=args.eps,
                                   weight_decay=args.weight_decay, **impl)
     emit({"type": "start", "parameters_total": sum(p.numel() for p in model.parameters()),
+          "parameters_trainable": sum(p.numel() for p in params), "peft": args.peft,
           "dtype": str(dtype), "threads": torch.get_num_threads(), "torch_version": torch.__version__,
           "transformers_version": transformers.__version__, "attn_implementation":
           model.config._attn_implementation, "optimizer_impl": args.optimizer_impl,

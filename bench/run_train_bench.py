@@ -170,7 +170,15 @@ def child_env(threads, wait_policy):
 # Both sides.
 
 
-def write_experiment(path, args, data_path, precision, snapshot_every):
+def peft_yaml(args, method):
+    if method == "none":
+        return ""
+    targets = ", ".join(t for t in args.lora_targets.split(",") if t)
+    return (f"peft:\n  method: {method}\n  r: {args.lora_r}\n  alpha: {args.lora_alpha}\n"
+            f"  targets: [{targets}]\n")
+
+
+def write_experiment(path, args, data_path, precision, snapshot_every, method="none"):
     yaml = f"""# Written by bench/run_train_bench.py.
 name: bench-{precision}
 description: llm-train vs transformers throughput benchmark
@@ -198,7 +206,7 @@ device: cpu
 seed: {args.seed}
 snapshot_every: {snapshot_every}
 log_every: 1
-"""
+""" + peft_yaml(args, method)
     Path(path).write_text(yaml)
 
 
@@ -265,12 +273,12 @@ def ours_phases(child, steps, warmup):
     return {k: statistics.mean(p[k] for p in per_step) for k in per_step[0]}
 
 
-def run_ours(args, workdir, data_path, precision, env):
-    experiment = workdir / f"ours-{precision}.yaml"
-    events = workdir / f"ours-{precision}.events.jsonl"
+def run_ours(args, workdir, data_path, precision, method, env):
+    experiment = workdir / f"ours-{precision}-{method}.yaml"
+    events = workdir / f"ours-{precision}-{method}.events.jsonl"
     if events.exists():
         events.unlink()
-    write_experiment(experiment, args, data_path, precision, 1 if args.phase_timing else 10**9)
+    write_experiment(experiment, args, data_path, precision, 1 if args.phase_timing else 10**9, method)
     child = ChildRun([str(args.llm_train), "--config", str(experiment), "--events", str(events)], env,
                      echo=args.verbose)
     parsed = [json.loads(l) for l in events.read_text().splitlines() if l.strip()] if events.exists() else []
@@ -289,6 +297,7 @@ def run_ours(args, workdir, data_path, precision, env):
         "allocator_peak": result.get("peak_bytes"),
         "load_peak": start.get("load_peak_bytes"),
         "parameters": start.get("parameters_total"),
+        "trainable": start.get("parameters_trainable"),
         "threads": start.get("threads"),
         "wall": child.wall_seconds,
         "cpu": child.user_seconds + child.system_seconds,
@@ -311,13 +320,14 @@ def ours_baseline_rss(args, workdir, data_path, env):
     return child.peak_rss_bytes
 
 
-def run_peer(args, data_path, precision, env):
+def run_peer(args, data_path, precision, method, env):
     argv = [sys.executable, str(BENCH_DIR / "hf_peer_train.py"), "--model", str(args.model),
             "--tokenizer", str(args.tokenizer), "--data", str(data_path), "--precision", precision,
             "--max-seq-length", str(args.seq_len), "--micro-batch-size", str(args.micro_batch_size),
             "--global-batch-size", str(args.global_batch_size), "--steps", str(args.steps),
             "--lr", str(args.lr), "--threads", str(args.threads), "--seed", str(args.seed),
-            "--optimizer-impl", args.peer_optimizer]
+            "--optimizer-impl", args.peer_optimizer, "--peft", method, "--lora-r", str(args.lora_r),
+            "--lora-alpha", str(args.lora_alpha), "--lora-targets", args.lora_targets]
     child = ChildRun(argv, env, echo=args.verbose)
     parsed, cpu_marks = [], {}
     for _, line, cpu in child.lines:
@@ -350,6 +360,7 @@ def run_peer(args, data_path, precision, env):
         "peak_rss": child.peak_rss_bytes,
         "baseline_rss": result.get("rss_baseline_bytes"),
         "parameters": start.get("parameters_total"),
+        "trainable": start.get("parameters_trainable"),
         "threads": start.get("threads"),
         "wall": child.wall_seconds,
         "cpu": child.user_seconds + child.system_seconds,
@@ -395,7 +406,9 @@ def report(args, rows, ours_baseline, data_info, machine):
     out.append(f"## llm-train vs transformers: {args.model.name}, seq {args.seq_len}, micro-batch "
                f"{args.micro_batch_size}, global batch {args.global_batch_size}, AdamW, CPU, "
                f"{args.threads} thread(s)"
-               + (f", best of {args.repeats} runs per side" if args.repeats > 1 else "") + "\n")
+               + (f", best of {args.repeats} runs per side" if args.repeats > 1 else "")
+               + (f"; adapters: alpha {args.lora_alpha:g} on {args.lora_targets} (peer: PEFT, "
+                  "bitsandbytes for qlora)" if args.peft != "none" else "") + "\n")
     out.append("| config | ours tok/s | peer tok/s | ratio (ours/peer) | ours peak RSS | peer peak RSS | "
                "ratio | ours peak − baseline | peer peak − baseline | ratio | ours allocator peak¹ |")
     out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -491,6 +504,13 @@ def main():
     ap.add_argument("--global-batch-size", type=int, default=None, help="default: the micro-batch size")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--peft", default="none",
+                    help="comma-separated, from none,lora,qlora (default none: full fine-tuning); "
+                         "the peer uses PEFT, and bitsandbytes' CPU backend for qlora")
+    ap.add_argument("--lora-r", type=int, default=8)
+    ap.add_argument("--lora-alpha", type=float, default=16)
+    ap.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                    help="comma-separated projections that get adapters (both sides)")
     ap.add_argument("--peer-optimizer", default="fused", choices=["fused", "foreach", "default"],
                     help="the peer's torch.optim.AdamW implementation (default fused, the kernel ours uses)")
     ap.add_argument("--omp-wait-policy", default="inherit", choices=["inherit", "passive", "active"],
@@ -506,6 +526,10 @@ def main():
 
     args.global_batch_size = args.global_batch_size or args.micro_batch_size
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    methods = [m.strip() for m in args.peft.split(",") if m.strip()]
+    for m in methods:
+        if m not in ("none", "lora", "qlora"):
+            sys.exit(f"run_train_bench: unknown --peft method '{m}' (choose from none, lora, qlora)")
     for p in precisions:
         if p not in PRECISIONS:
             sys.exit(f"run_train_bench: unknown precision '{p}' (choose from {', '.join(PRECISIONS)})")
@@ -544,17 +568,18 @@ def main():
         ours_baseline = ours_baseline_rss(args, workdir, data_path, env)
         log(f"llm-train baseline RSS (--prepare): {mib(ours_baseline)}")
         rows = []
-        for precision in precisions:
+        for precision, method in [(p, m) for p in precisions for m in methods]:
+            label = precision if method == "none" else f"{precision} {method} r{args.lora_r}"
             ours_runs, peer_runs = [], []
             for repeat in range(args.repeats):  # alternating, so slow drifts in load hit both sides
-                tag = f"{precision}" + (f" (run {repeat + 1}/{args.repeats})" if args.repeats > 1 else "")
+                tag = f"{label}" + (f" (run {repeat + 1}/{args.repeats})" if args.repeats > 1 else "")
                 log(f"{tag}: llm-train, {args.steps} steps ...")
-                ours_runs.append(run_ours(args, workdir, data_path, precision, env))
+                ours_runs.append(run_ours(args, workdir, data_path, precision, method, env))
                 r = ours_runs[-1]
                 log(f"{tag}: llm-train {r['tokens_per_second']:,.1f} tok/s, peak RSS {mib(r['peak_rss'])}, "
                     f"step seconds {', '.join(f'{s:.2f}' for s in r['step_seconds'])}")
                 log(f"{tag}: transformers peer, {args.steps} steps ...")
-                peer_runs.append(run_peer(args, data_path, precision, env))
+                peer_runs.append(run_peer(args, data_path, precision, method, env))
                 r = peer_runs[-1]
                 log(f"{tag}: peer {r['tokens_per_second']:,.1f} tok/s, peak RSS {mib(r['peak_rss'])}, "
                     f"step seconds {', '.join(f'{s:.2f}' for s in r['step_seconds'])}")
@@ -563,9 +588,11 @@ def main():
             for side, r in (("llm-train", ours), ("peer", peer)):
                 if r["threads"] != args.threads:
                     log(f"warning: {side} ran with {r['threads']} threads, not {args.threads}")
-            if ours["parameters"] != peer["parameters"]:
+            if method != "qlora" and ours["parameters"] != peer["parameters"]:
                 log(f"warning: parameter counts differ: ours {ours['parameters']}, peer {peer['parameters']}")
-            rows.append((precision, ours, peer))
+            if ours["trainable"] != peer["trainable"]:
+                log(f"warning: trainable counts differ: ours {ours['trainable']}, peer {peer['trainable']}")
+            rows.append((label, ours, peer))
 
         text = report(args, rows, ours_baseline, data_info, machine)
         print(text)
