@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "trainer/train/adamw_8bit.h"
+
 namespace llmctl::trainer {
 namespace {
 
@@ -168,8 +170,10 @@ StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerOptions& optio
                                                    std::vector<torch::Tensor> params) {
   if (params.empty()) return InvalidArgumentError("the model has no trainable parameters");
   if (options.name == "adamw") return std::unique_ptr<Optimizer>(new AdamW(options, std::move(params)));
+  if (options.name == "adamw_8bit") return MakeAdamW8bit(options, std::move(params));
   if (options.name == "sgd") return std::unique_ptr<Optimizer>(new Sgd(options, std::move(params)));
-  return InvalidArgumentError("optimizer: unknown optimizer '" + options.name + "' (adamw, sgd)");
+  return InvalidArgumentError("optimizer: unknown optimizer '" + options.name +
+                              "' (adamw, adamw_8bit, sgd)");
 }
 
 double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {

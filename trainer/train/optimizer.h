@@ -13,7 +13,7 @@
 namespace llmctl::trainer {
 
 struct OptimizerOptions {
-  std::string name = "adamw";  // adamw | sgd
+  std::string name = "adamw";  // adamw | adamw_8bit | sgd
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;

@@ -1,0 +1,81 @@
+// bitsandbytes-compatible quantisation: the 8-bit dynamic code maps and blockwise 8-bit
+// quantisation (8-bit optimizer state), and NF4 weights as bitsandbytes' Linear4bit stores them
+// (QLoRA), with a linear layer that dequantises them on the fly.
+//
+// Every function reproduces bitsandbytes 0.50 bit for bit (tests/fixtures/quant, written by
+// scripts/fixtures/make_bnb_fixtures.py). "Nearest code" is exact: bitsandbytes' CUDA and
+// pure-PyTorch kernels pick the nearest code (a value on a midpoint goes to the lower code); its
+// native CPU kernel is an approximation that misplaces ~0.15% of values, and is not what is matched
+// here.
+//
+// Implemented with device-generic ATen ops, so weights and optimizer state can live on CPU or CUDA.
+// Argument errors are programming errors and throw c10::Error (TORCH_CHECK).
+#ifndef LLMCTL_TRAINER_QUANT_QUANT_H_
+#define LLMCTL_TRAINER_QUANT_QUANT_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace llmctl::trainer {
+
+// bitsandbytes' create_dynamic_map(signed=is_signed, max_exponent_bits=7, total_bits=8): 256
+// float32 codes in ascending order, spanning [-1, 1] (signed) or [0, 1] (unsigned). On CPU.
+torch::Tensor DynamicMap(bool is_signed);
+
+// Blockwise 8-bit quantisation against a sorted 256-entry code map (bitsandbytes
+// quantize_blockwise).
+struct Blockwise8bit {
+  torch::Tensor codes;   // uint8, the input's shape
+  torch::Tensor absmax;  // fp32 (ceil(numel / blocksize))
+  int64_t blocksize = 256;
+};
+
+// Per block of `blocksize` consecutive elements (the last may be short): the fp32 absmax, then each
+// x / absmax mapped to the nearest code. `x` may have any float dtype; `code_map` must be on x's
+// device.
+Blockwise8bit QuantizeBlockwise8bit(const torch::Tensor& x, const torch::Tensor& code_map,
+                                    int64_t blocksize);
+// code_map[codes] * absmax of the block, fp32, flat (numel).
+torch::Tensor DequantizeBlockwise8bit(const Blockwise8bit& q, const torch::Tensor& code_map);
+
+// An NF4 weight as bitsandbytes' Linear4bit holds it: blockwise absmax scaling and the 16-value NF4
+// table, two codes per byte, the first element in the high nibble. With double quantisation the
+// per-block absmax is itself quantised: offset = mean(absmax), and absmax - offset is quantised
+// blockwise (256) with the signed dynamic map.
+struct Nf4Weight {
+  std::vector<int64_t> shape;  // the original weight's shape, e.g. (out, in)
+  int64_t blocksize = 64;
+  torch::Tensor packed;            // uint8 (ceil(numel / 2))
+  torch::Tensor absmax;            // fp32 (blocks); only without double quantisation
+  torch::Tensor quantized_absmax;  // uint8 (blocks); only with double quantisation
+  torch::Tensor nested_absmax;     // fp32 (ceil(blocks / 256)); only with double quantisation
+  float offset = 0;                // mean of the fp32 absmax; only with double quantisation
+  bool double_quant = true;
+
+  int64_t numel() const;
+  // Every tensor it holds, so memory accounting counts them as parameter bytes.
+  std::vector<torch::Tensor> StorageTensors() const;
+  // Bytes of StorageTensors() plus the fp32 offset with double quantisation.
+  int64_t bytes() const;
+};
+
+// The NF4 code table, index 0 -> 15 (fp32, on CPU).
+torch::Tensor Nf4CodeTable();
+
+// bitsandbytes quantize_4bit(quant_type="nf4", blocksize, compress_statistics=double_quant).
+// `weight` may have any float dtype and device; the result lives on the same device.
+Nf4Weight QuantizeNf4(const torch::Tensor& weight, bool double_quant, int64_t blocksize = 64);
+// bitsandbytes dequantize_4bit: code * absmax in fp32, then rounded to `dtype`; the original shape.
+torch::Tensor DequantizeNf4(const Nf4Weight& w, torch::ScalarType dtype);
+
+// y = x W^T for an NF4 W, in `compute_dtype`. W is dequantised in forward and again in backward, so
+// the dense weight never outlives either pass; W gets no gradient (it is frozen, as in QLoRA), x
+// does. x (..., in) -> y (..., out).
+torch::Tensor Nf4Linear(const torch::Tensor& x, const Nf4Weight& w,
+                        torch::ScalarType compute_dtype);
+
+}  // namespace llmctl::trainer
+
+#endif  // LLMCTL_TRAINER_QUANT_QUANT_H_

@@ -1,0 +1,167 @@
+#include "trainer/quant/quant.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "trainer/memory/counting_allocator.h"
+#include "trainer/model/weights.h"
+#include "trainer/safetensors/safetensors.h"
+
+namespace llmctl::trainer {
+namespace {
+
+// tests/fixtures/quant/<name>, written by scripts/fixtures/make_bnb_fixtures.py from bitsandbytes
+// 0.50.2.
+std::map<std::string, torch::Tensor> LoadFixture(const std::string& name) {
+  const char* root = std::getenv("LLMCTL_SOURCE_DIR");
+  auto file = safetensors::SafetensorsFile::Open(std::string(root ? root : ".") +
+                                                 "/tests/fixtures/quant/" + name);
+  EXPECT_TRUE(file.ok()) << file.status().ToString();
+  std::map<std::string, torch::Tensor> tensors;
+  if (!file.ok()) return tensors;
+  for (const safetensors::TensorView& view : (*file)->tensors())
+    tensors[view.name] = TensorFromView(view).clone();
+  return tensors;
+}
+
+void ExpectBitEqual(const torch::Tensor& actual, const torch::Tensor& expected,
+                    const std::string& what) {
+  ASSERT_TRUE(expected.defined()) << what << " missing from the fixture";
+  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
+  ASSERT_EQ(actual.numel(), expected.numel()) << what;
+  EXPECT_TRUE(torch::equal(actual.reshape(-1), expected.reshape(-1)))
+      << what << ": " << actual.reshape(-1).ne(expected.reshape(-1)).sum().item<int64_t>()
+      << " elements differ";
+}
+
+double Seconds(const std::chrono::steady_clock::time_point& start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+TEST(DynamicMapTest, MatchesBitsandbytes) {
+  auto fixture = LoadFixture("dynamic_maps.safetensors");
+  ExpectBitEqual(DynamicMap(/*is_signed=*/true), fixture["signed"], "signed map");
+  ExpectBitEqual(DynamicMap(/*is_signed=*/false), fixture["unsigned"], "unsigned map");
+}
+
+TEST(Blockwise8bitTest, MatchesBitsandbytesWithTailBlock) {
+  auto fixture = LoadFixture("blockwise.safetensors");
+  const torch::Tensor x = fixture["x"];  // 1000 elements: 3 blocks of 256 and a tail of 232
+  for (const bool is_signed : {true, false}) {
+    const std::string name = is_signed ? "signed" : "unsigned";
+    const torch::Tensor map = DynamicMap(is_signed);
+    Blockwise8bit q = QuantizeBlockwise8bit(is_signed ? x : x.abs(), map, 256);
+    ExpectBitEqual(q.codes, fixture[name + ".codes"], name + " codes");
+    ExpectBitEqual(q.absmax, fixture[name + ".absmax"], name + " absmax");
+    ExpectBitEqual(DequantizeBlockwise8bit(q, map), fixture[name + ".dequant"], name + " dequant");
+  }
+}
+
+TEST(Nf4Test, MatchesBitsandbytes) {
+  auto fixture = LoadFixture("nf4.safetensors");
+  for (const std::string name : {"w64x128_f32", "w64x128_bf16", "w37x75_f32"}) {
+    const torch::Tensor weight = fixture[name + ".weight"];
+    Nf4Weight plain = QuantizeNf4(weight, /*double_quant=*/false);
+    ExpectBitEqual(plain.packed, fixture[name + ".packed"], name + " packed");
+    ExpectBitEqual(plain.absmax, fixture[name + ".plain.absmax"], name + " absmax");
+    ExpectBitEqual(DequantizeNf4(plain, weight.scalar_type()), fixture[name + ".plain.dequant"],
+                   name + " dequant");
+
+    Nf4Weight nested = QuantizeNf4(weight, /*double_quant=*/true);
+    ExpectBitEqual(nested.packed, fixture[name + ".packed"], name + " packed (double quant)");
+    ExpectBitEqual(nested.quantized_absmax, fixture[name + ".double.quantized_absmax"],
+                   name + " quantized absmax");
+    ExpectBitEqual(nested.nested_absmax, fixture[name + ".double.nested_absmax"],
+                   name + " nested absmax");
+    EXPECT_EQ(nested.offset, fixture[name + ".double.offset"].item<float>()) << name;
+    ExpectBitEqual(DequantizeNf4(nested, weight.scalar_type()), fixture[name + ".double.dequant"],
+                   name + " dequant (double quant)");
+    EXPECT_EQ(DequantizeNf4(nested, torch::kFloat32).sizes(), weight.sizes());
+  }
+}
+
+// A 4096x4096 weight: 4 bits + one fp32 absmax per 64 = 4.5 bits; with double quantisation 4 + 8/64
+// + 32/(64*256) + 32 bits of offset = 4.127 bits. Also times quantise and dequantise (printed).
+TEST(Nf4Test, BitsPerParamAndThroughputFor4096x4096) {
+  torch::manual_seed(0);
+  const torch::Tensor weight = torch::randn({4096, 4096}).mul_(0.02).to(torch::kBFloat16);
+  const double numel = static_cast<double>(weight.numel());
+  for (const bool double_quant : {false, true}) {
+    auto start = std::chrono::steady_clock::now();
+    Nf4Weight w = QuantizeNf4(weight, double_quant);
+    const double quantize_s = Seconds(start);
+    start = std::chrono::steady_clock::now();
+    torch::Tensor dense = DequantizeNf4(w, torch::kBFloat16);
+    const double dequantize_s = Seconds(start);
+    const int64_t blocks = weight.numel() / 64;
+    const int64_t expected_bytes = double_quant
+                                       ? weight.numel() / 2 + blocks + 4 * (blocks / 256) + 4
+                                       : weight.numel() / 2 + 4 * blocks;
+    EXPECT_EQ(w.bytes(), expected_bytes);
+    const double bits = 8.0 * static_cast<double>(w.bytes()) / numel;
+    EXPECT_GE(bits, 4.1);
+    EXPECT_LE(bits, 4.6);
+    std::printf(
+        "NF4 4096x4096 %s: %.4f bits/param; quantise %.1f ms (%.0f Mparam/s), dequantise to bf16 "
+        "%.1f ms "
+        "(%.0f Mparam/s)\n",
+        double_quant ? "double quant" : "plain", bits, quantize_s * 1e3, numel / quantize_s / 1e6,
+        dequantize_s * 1e3, numel / dequantize_s / 1e6);
+    // NF4's worst case is half the widest gap between codes (0.16) times the block absmax.
+    EXPECT_LT((dense.to(torch::kFloat32) - weight.to(torch::kFloat32)).abs().max().item<float>(),
+              0.2f * 0.12f);
+  }
+}
+
+TEST(Nf4LinearTest, ForwardAndInputGradientMatchTheDensePath) {
+  torch::manual_seed(1);
+  Nf4Weight w = QuantizeNf4(torch::randn({48, 128}) * 0.05, /*double_quant=*/true);
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const torch::Tensor x0 = torch::randn({3, 5, 128});
+    const torch::Tensor upstream = torch::randn({3, 5, 48}).to(dtype);
+    torch::Tensor x = x0.clone().requires_grad_(true);
+    torch::Tensor y = Nf4Linear(x, w, dtype);  // (3, 5, 48)
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{3, 5, 48}));
+    ASSERT_EQ(y.scalar_type(), dtype);
+    y.backward(upstream);
+
+    torch::Tensor x_dense = x0.clone().requires_grad_(true);
+    torch::Tensor y_dense = torch::matmul(x_dense.to(dtype), DequantizeNf4(w, dtype).t());
+    y_dense.backward(upstream);
+    EXPECT_TRUE(torch::equal(y, y_dense)) << torch::toString(dtype);
+    EXPECT_TRUE(torch::allclose(x.grad(), x_dense.grad(), 1e-5, 1e-6)) << torch::toString(dtype);
+    EXPECT_EQ(x.grad().scalar_type(), torch::kFloat32);
+  }
+}
+
+// With the graph alive after forward, only the output is new memory: the dense weight is freed when
+// forward returns and rebuilt in backward.
+TEST(Nf4LinearTest, KeepsNoDenseWeightBetweenForwardAndBackward) {
+  CountingCpuAllocator& allocator = CountingCpuAllocator::Install();
+  torch::manual_seed(2);
+  Nf4Weight w = QuantizeNf4(torch::randn({1024, 1024}) * 0.05, /*double_quant=*/true);
+  DequantizeNf4(w, torch::kFloat32);  // builds the cached code tables outside the measurement
+  torch::Tensor x = torch::randn({4, 1024}).requires_grad_(true);
+  const uint64_t dense_bytes = 1024 * 1024 * sizeof(float);
+
+  const uint64_t before = allocator.device().allocated_bytes;
+  allocator.ResetPeaks();
+  torch::Tensor y = Nf4Linear(x, w, torch::kFloat32);  // (4, 1024)
+  const uint64_t after_forward = allocator.device().allocated_bytes - before;
+  EXPECT_GE(allocator.device().peak_bytes - before, dense_bytes);  // it was materialised, briefly
+  EXPECT_LT(after_forward, dense_bytes + y.nbytes());
+  EXPECT_LT(after_forward, dense_bytes / 16);
+  std::printf("after forward, graph alive: %llu bytes (dense weight %llu)\n",
+              static_cast<unsigned long long>(after_forward),
+              static_cast<unsigned long long>(dense_bytes));
+  y.sum().backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_EQ(x.grad().sizes(), x.sizes());
+}
+
+}  // namespace
+}  // namespace llmctl::trainer

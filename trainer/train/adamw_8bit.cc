@@ -1,0 +1,179 @@
+#include "trainer/train/adamw_8bit.h"
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "trainer/quant/quant.h"
+
+namespace llmctl::trainer {
+namespace {
+
+// One parameter's moments: 8-bit codes with absmax, or fp32 for small tensors.
+struct Moments {
+  bool eight_bit = false;
+  Blockwise8bit m;  // codes uint8 (n), absmax fp32 (ceil(n / 256)); 8-bit only
+  Blockwise8bit v;
+  torch::Tensor exp_avg;  // fp32 (n); small tensors only
+  torch::Tensor exp_avg_sq;
+};
+
+class AdamW8bit final : public Optimizer {
+ public:
+  AdamW8bit(const OptimizerOptions& options, std::vector<torch::Tensor> params)
+      : options_(options), params_(std::move(params)) {}
+
+  void Step(double lr) override {
+    torch::NoGradGuard no_grad;
+    Materialize();
+    step_.add_(1.0);
+    ++steps_taken_;
+    const double t = static_cast<double>(steps_taken_);
+    const double c1 = 1.0 - std::pow(options_.beta1, t);
+    const double c2 = std::sqrt(1.0 - std::pow(options_.beta2, t));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].grad().defined()) Update(params_[i], moments_[i], lr, c1, c2);
+    }
+  }
+
+  std::vector<torch::Tensor> StateTensors() const override {
+    std::vector<torch::Tensor> state;
+    if (moments_.empty()) return state;
+    for (const Moments& s : moments_) {
+      if (s.eight_bit) {
+        state.insert(state.end(), {s.m.codes, s.m.absmax, s.v.codes, s.v.absmax});
+      } else {
+        state.insert(state.end(), {s.exp_avg, s.exp_avg_sq});
+      }
+    }
+    state.insert(state.end(), {step_, signed_map_, unsigned_map_});
+    return state;
+  }
+
+  // bitsandbytes' names: state1/absmax1 for m, state2/absmax2 for v.
+  std::vector<std::pair<std::string, torch::Tensor>> NamedState() const override {
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    if (moments_.empty()) return named;
+    for (size_t i = 0; i < moments_.size(); ++i) {
+      for (auto& [field, tensor] : Fields(moments_[i]))
+        named.emplace_back(std::to_string(i) + field, tensor);
+    }
+    named.emplace_back("step", step_);
+    return named;
+  }
+
+  Status LoadNamedState(const std::vector<std::pair<std::string, torch::Tensor>>& state) override {
+    std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
+    if (by_name.empty()) return Status::Ok();
+    Materialize();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < moments_.size(); ++i) {
+      for (auto& [field, target] : Fields(moments_[i])) {
+        const std::string name = std::to_string(i) + field;
+        auto it = by_name.find(name);
+        if (it == by_name.end() || !it->second.sizes().equals(target.sizes()) ||
+            it->second.scalar_type() != target.scalar_type()) {
+          return DataLossError("optimizer state '" + name +
+                               "' is missing or has the wrong shape or dtype");
+        }
+        target.copy_(it->second);
+      }
+    }
+    auto it = by_name.find("step");
+    if (it == by_name.end()) return DataLossError("optimizer state 'step' is missing");
+    step_.copy_(it->second);
+    steps_taken_ = static_cast<int64_t>(step_.item<double>());
+    return Status::Ok();
+  }
+
+  int64_t steps_taken() const override { return steps_taken_; }
+
+ private:
+  // Handles to the live tensors (copy_ into one writes the state).
+  static std::vector<std::pair<std::string, torch::Tensor>> Fields(const Moments& s) {
+    if (s.eight_bit) {
+      return {{".state1", s.m.codes},
+              {".absmax1", s.m.absmax},
+              {".state2", s.v.codes},
+              {".absmax2", s.v.absmax}};
+    }
+    return {{".state1", s.exp_avg}, {".state2", s.exp_avg_sq}};
+  }
+
+  // Zero moments, as bitsandbytes starts them: code 0 with absmax 0 dequantises to 0.
+  void Materialize() {
+    if (!moments_.empty()) return;
+    const torch::Device device = params_.front().device();
+    signed_map_ = DynamicMap(/*is_signed=*/true).to(device);
+    unsigned_map_ = DynamicMap(/*is_signed=*/false).to(device);
+    for (const torch::Tensor& p : params_) {
+      const int64_t n = p.numel();
+      const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(p.device());
+      Moments s;
+      s.eight_bit = n >= kAdamW8bitMinSize;
+      if (s.eight_bit) {
+        const auto u8 = torch::TensorOptions().dtype(torch::kUInt8).device(p.device());
+        const int64_t blocks = (n + kAdamW8bitBlocksize - 1) / kAdamW8bitBlocksize;
+        s.m = {torch::zeros({n}, u8), torch::zeros({blocks}, f32), kAdamW8bitBlocksize};
+        s.v = {torch::zeros({n}, u8), torch::zeros({blocks}, f32), kAdamW8bitBlocksize};
+      } else {
+        s.exp_avg = torch::zeros({n}, f32);
+        s.exp_avg_sq = torch::zeros({n}, f32);
+      }
+      moments_.push_back(std::move(s));
+    }
+    step_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  }
+
+  void Update(torch::Tensor& p, Moments& s, double lr, double c1, double c2) {
+    const torch::Tensor g = p.grad().reshape(-1).to(torch::kFloat32);  // (n)
+    // Elementwise skip without a host sync: non-finite elements keep their old values below.
+    const torch::Tensor finite = g.isfinite();
+    const torch::Tensor m_old = s.eight_bit ? DequantizeBlockwise8bit(s.m, signed_map_) : s.exp_avg;
+    const torch::Tensor v_old =
+        s.eight_bit ? DequantizeBlockwise8bit(s.v, unsigned_map_) : s.exp_avg_sq;
+    // The same fp32 ATen ops as bitsandbytes' CPU update, so the requantised codes match it bit for
+    // bit.
+    torch::Tensor m =
+        torch::where(finite, m_old.mul(options_.beta1).add_(g, 1.0 - options_.beta1), m_old);
+    torch::Tensor v =
+        torch::where(finite, v_old.mul(options_.beta2).addcmul_(g, g, 1.0 - options_.beta2), v_old);
+
+    const torch::Tensor p32 = p.detach().reshape(-1).to(torch::kFloat32);
+    torch::Tensor updated = p32.addcdiv(m, v.sqrt().add_(c2 * options_.eps), -lr * c2 / c1);
+    if (options_.weight_decay > 0.0) updated.mul_(1.0 - lr * options_.weight_decay);
+    p.detach().view(-1).copy_(torch::where(finite, updated, p32));
+
+    if (s.eight_bit) {
+      Store(s.m, QuantizeBlockwise8bit(m, signed_map_, kAdamW8bitBlocksize));
+      Store(s.v, QuantizeBlockwise8bit(v, unsigned_map_, kAdamW8bitBlocksize));
+    } else {
+      s.exp_avg.copy_(m);
+      s.exp_avg_sq.copy_(v);
+    }
+  }
+
+  // Into the existing tensors, so state handed out by StateTensors() stays the live state.
+  static void Store(Blockwise8bit& state, const Blockwise8bit& q) {
+    state.codes.copy_(q.codes);
+    state.absmax.copy_(q.absmax);
+  }
+
+  OptimizerOptions options_;
+  std::vector<torch::Tensor> params_;
+  std::vector<Moments> moments_;
+  torch::Tensor signed_map_;
+  torch::Tensor unsigned_map_;
+  torch::Tensor step_;
+  int64_t steps_taken_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> MakeAdamW8bit(const OptimizerOptions& options,
+                                         std::vector<torch::Tensor> params) {
+  return std::make_unique<AdamW8bit>(options, std::move(params));
+}
+
+}  // namespace llmctl::trainer
