@@ -458,6 +458,9 @@ TEST(ValidateTrialConfigTest, AdapterSettings) {
   EXPECT_EQ(problem_with({{"peft.r", "16"}}),
             "peft.r applies to adapters, but peft.method is none; set peft.method: lora or qlora, "
             "or remove peft.r");
+  EXPECT_EQ(problem_with({{"peft.adapter", "adapters/run-1"}}),
+            "peft.adapter applies to adapters, but peft.method is none; set peft.method: lora or "
+            "qlora, or remove peft.adapter");
   EXPECT_EQ(problem_with({{"peft.method", "lora"}, {"peft.r", "0"}}),
             "peft.r must be at least 1, got 0");
   EXPECT_NE(problem_with({{"peft.method", "lora"}, {"peft.alpha", "0"}}).find("positive"),

@@ -159,6 +159,12 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "false",
        {},
        "Also write the model with adapters merged into the base weights (output_dir/merged)"},
+      {"peft.adapter",
+       K::kPath,
+       "",
+       {},
+       "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) to start from; "
+       "its r and targets must equal peft.r and peft.targets"},
       {"activation_checkpointing",
        K::kBool,
        "false",

@@ -104,6 +104,7 @@ TEST(TrialKeysTest, TheKeysTheTrainerNeeds) {
       {"peft.double_quant", KeyType::kBool, "true"},
       {"peft.compute_dtype", KeyType::kEnum, "bf16"},
       {"peft.save_merged", KeyType::kBool, "false"},
+      {"peft.adapter", KeyType::kPath, ""},
       {"activation_checkpointing", KeyType::kBool, "false"},
       {"device", KeyType::kEnum, "cpu"},
       {"devices", KeyType::kInt, "1"},

@@ -8,10 +8,6 @@
 namespace llmctl::trainer {
 namespace {
 
-torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
-}
-
 // Inverse frequencies (D/2,), with Llama 3's piecewise rescaling when configured.
 torch::Tensor InverseFrequencies(const ModelConfig& config) {
   const int64_t dim = config.head_dim;
@@ -72,11 +68,13 @@ RotaryTables MakeRotaryTables(const ModelConfig& config, int64_t seq_len, torch:
 AttentionImpl::AttentionImpl(const ModelConfig& c)
     : num_heads_(c.num_attention_heads), num_kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
   const bool qkv_bias = c.attention_qkv_bias;
-  q_proj_ = register_module("q_proj", MakeLinear(c.hidden_size, num_heads_ * head_dim_, qkv_bias));
-  k_proj_ = register_module("k_proj", MakeLinear(c.hidden_size, num_kv_heads_ * head_dim_, qkv_bias));
-  v_proj_ = register_module("v_proj", MakeLinear(c.hidden_size, num_kv_heads_ * head_dim_, qkv_bias));
-  o_proj_ = register_module("o_proj",
-                            MakeLinear(num_heads_ * head_dim_, c.hidden_size, c.attention_output_bias));
+  q_proj_ = register_module("q_proj", Projection(c.hidden_size, num_heads_ * head_dim_, qkv_bias));
+  k_proj_ =
+      register_module("k_proj", Projection(c.hidden_size, num_kv_heads_ * head_dim_, qkv_bias));
+  v_proj_ =
+      register_module("v_proj", Projection(c.hidden_size, num_kv_heads_ * head_dim_, qkv_bias));
+  o_proj_ = register_module(
+      "o_proj", Projection(num_heads_ * head_dim_, c.hidden_size, c.attention_output_bias));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
@@ -97,9 +95,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
 }
 
 MlpImpl::MlpImpl(const ModelConfig& c) {
-  gate_proj_ = register_module("gate_proj", MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias));
-  up_proj_ = register_module("up_proj", MakeLinear(c.hidden_size, c.intermediate_size, c.mlp_bias));
-  down_proj_ = register_module("down_proj", MakeLinear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+  gate_proj_ =
+      register_module("gate_proj", Projection(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  up_proj_ = register_module("up_proj", Projection(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  down_proj_ =
+      register_module("down_proj", Projection(c.intermediate_size, c.hidden_size, c.mlp_bias));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -131,6 +131,12 @@ LlamaModelImpl::LlamaModelImpl(const ModelConfig& c) : config_(c) {
 
 torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids, const LlamaOptions& options) {
   auto h = embed_tokens(input_ids);  // (B, T, C)
+  if (options.activation_checkpointing && torch::GradMode::is_enabled() && !h.requires_grad()) {
+    // A frozen embedding (LoRA) gives the first layer an input that needs no gradient, and a
+    // checkpointed block whose input needs none never reruns in backward, so its adapters would get
+    // no gradient. As transformers' enable_input_require_grads, make the input require one.
+    h.requires_grad_(true);
+  }
   const RotaryTables rope = MakeRotaryTables(config_, input_ids.size(1), input_ids.device());
   for (DecoderLayer& layer : layer_list_) {
     if (options.activation_checkpointing && torch::GradMode::is_enabled()) {
@@ -145,22 +151,16 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids, const Llam
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& c) : config_(c) {
   model_ = register_module("model", LlamaModel(c));
-  if (!c.tie_word_embeddings) {
-    lm_head_ = register_module("lm_head", MakeLinear(c.hidden_size, c.vocab_size, /*bias=*/false));
-  }
+  lm_head_ = register_module(
+      "lm_head", c.tie_word_embeddings ? Projection(model_->embed_tokens->weight)
+                                       : Projection(c.hidden_size, c.vocab_size, /*bias=*/false));
 }
 
 torch::Tensor LlamaForCausalLMImpl::Hidden(const torch::Tensor& input_ids, const LlamaOptions& options) {
   return model_->forward(input_ids, options);
 }
 
-torch::Tensor LlamaForCausalLMImpl::OutputWeight() const {
-  return lm_head_ ? lm_head_->weight : model_->embed_tokens->weight;
-}
-
-torch::Tensor LlamaForCausalLMImpl::Logits(const torch::Tensor& hidden) {
-  return torch::nn::functional::linear(hidden, OutputWeight());
-}
+torch::Tensor LlamaForCausalLMImpl::Logits(const torch::Tensor& hidden) { return lm_head_(hidden); }
 
 void LlamaForCausalLMImpl::InitializeRandom(double std) {
   torch::NoGradGuard no_grad;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/model_config.h"
+#include "trainer/model/projection.h"
 
 namespace llmctl::trainer {
 
@@ -40,7 +41,7 @@ class AttentionImpl : public torch::nn::Module {
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
-  torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+  Projection q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
 };
 TORCH_MODULE(Attention);
 
@@ -50,7 +51,7 @@ class MlpImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);  // SwiGLU: down(silu(gate(x)) * up(x))
 
  private:
-  torch::nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+  Projection gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
 };
 TORCH_MODULE(Mlp);
 
@@ -93,10 +94,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
   // input_ids (B, T) -> hidden states (B, T, C) after the final norm.
   torch::Tensor Hidden(const torch::Tensor& input_ids, const LlamaOptions& options);
-  // hidden (B, T, C) -> logits (B, T, V) in the compute dtype.
+  // hidden (N..., C) -> logits (N..., V) in the compute dtype, through lm_head (and its adapter, if
+  // any), for any leading shape: (B, T, C) or a chunk of rows (N, C).
   torch::Tensor Logits(const torch::Tensor& hidden);
-  // The output projection's weight (V, C): lm_head's, or the embedding's when tied.
-  torch::Tensor OutputWeight() const;
 
   const ModelConfig& config() const { return config_; }
 
@@ -107,7 +107,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
  private:
   ModelConfig config_;
   LlamaModel model_{nullptr};
-  torch::nn::Linear lm_head_{nullptr};  // null when embeddings are tied
+  // With tied embeddings, a projection over the embedding matrix that owns no weight: an lm_head
+  // adapter then applies to the output projection as PEFT's does, under the name PEFT gives it.
+  Projection lm_head_{nullptr};
 };
 TORCH_MODULE(LlamaForCausalLM);
 

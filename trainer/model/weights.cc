@@ -56,28 +56,33 @@ torch::Tensor TensorFromView(const safetensors::TensorView& view) {
                           torch::TensorOptions().dtype(TorchDtype(view.dtype)));
 }
 
+Status CopyTensorFromView(const safetensors::TensorView& view, torch::Tensor& param,
+                          const std::string& source) {
+  if (!param.sizes().equals(view.shape)) {
+    return DataLossError(source + ": tensor '" + view.name + "' has shape " +
+                         ShapeText(view.shape) + ", expected " + ShapeText(param.sizes()));
+  }
+  const bool is_float =
+      view.dtype == safetensors::DType::kF32 || view.dtype == safetensors::DType::kF16 ||
+      view.dtype == safetensors::DType::kBF16 || view.dtype == safetensors::DType::kF64;
+  if (!is_float) {
+    return DataLossError(source + ": tensor '" + view.name + "' has dtype " +
+                         std::string(safetensors::DTypeName(view.dtype)) +
+                         ", expected a floating-point type");
+  }
+  torch::NoGradGuard no_grad;
+  param.copy_(TensorFromView(view));
+  return Status::Ok();
+}
+
 Status LoadWeights(LlamaForCausalLM& model, const safetensors::ShardedCheckpoint& checkpoint,
                    const std::string& source) {
-  torch::NoGradGuard no_grad;
   std::set<std::string> used;
   for (auto& item : model->named_parameters()) {
     const std::string& name = item.key();
-    torch::Tensor& param = item.value();
     const safetensors::TensorView* view = checkpoint.Find(name);
     if (view == nullptr) return DataLossError(source + ": tensor '" + name + "' is missing");
-    if (!param.sizes().equals(view->shape)) {
-      return DataLossError(source + ": tensor '" + name + "' has shape " + ShapeText(view->shape) +
-                           ", the config says " + ShapeText(param.sizes()));
-    }
-    const bool is_float =
-        view->dtype == safetensors::DType::kF32 || view->dtype == safetensors::DType::kF16 ||
-        view->dtype == safetensors::DType::kBF16 || view->dtype == safetensors::DType::kF64;
-    if (!is_float) {
-      return DataLossError(source + ": tensor '" + name + "' has dtype " +
-                           std::string(safetensors::DTypeName(view->dtype)) +
-                           ", expected a floating-point type");
-    }
-    param.copy_(TensorFromView(*view));
+    RETURN_IF_ERROR(CopyTensorFromView(*view, item.value(), source));
     used.insert(name);
   }
   for (const std::string& name : checkpoint.names()) {

@@ -25,6 +25,11 @@ StatusOr<LlamaForCausalLM> BuildModel(const ModelConfig& config, const std::stri
 Status LoadWeights(LlamaForCausalLM& model, const safetensors::ShardedCheckpoint& checkpoint,
                    const std::string& source);
 
+// Copies a floating-point tensor of a file into `param` (same shape, any float dtype), converting
+// the dtype; DataLoss naming `source` and the tensor on another shape or a non-float dtype.
+Status CopyTensorFromView(const safetensors::TensorView& view, torch::Tensor& param,
+                          const std::string& source);
+
 // The safetensors dtype of a tensor dtype; Unimplemented for dtypes the format lacks.
 StatusOr<safetensors::DType> SafetensorsDtype(torch::Dtype dtype);
 

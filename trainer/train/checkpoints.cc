@@ -18,7 +18,19 @@ namespace fs = std::filesystem;
 
 constexpr int kFormatVersion = 1;
 
-Status WriteTensors(const std::string& path, const NamedTensors& tensors) {
+StatusOr<NamedTensors> ReadTensors(const std::string& path) {
+  ASSIGN_OR_RETURN(auto file, safetensors::SafetensorsFile::Open(path));
+  NamedTensors tensors;
+  for (const safetensors::TensorView& view : file->tensors()) {
+    tensors.emplace_back(view.name, TensorFromView(view).clone());
+  }
+  return tensors;
+}
+
+}  // namespace
+
+Status WriteTensors(const std::string& path, const NamedTensors& tensors,
+                    const std::map<std::string, std::string>& metadata) {
   std::vector<torch::Tensor> keep_alive;  // contiguous CPU copies the spans point into
   std::vector<safetensors::TensorToWrite> to_write;
   keep_alive.reserve(tensors.size());
@@ -30,19 +42,8 @@ Status WriteTensors(const std::string& path, const NamedTensors& tensors) {
         {name, dtype, t.sizes().vec(),
          std::span<const std::byte>(static_cast<const std::byte*>(t.data_ptr()), t.nbytes())});
   }
-  return safetensors::WriteSafetensors(path, to_write);
+  return safetensors::WriteSafetensors(path, to_write, metadata);
 }
-
-StatusOr<NamedTensors> ReadTensors(const std::string& path) {
-  ASSIGN_OR_RETURN(auto file, safetensors::SafetensorsFile::Open(path));
-  NamedTensors tensors;
-  for (const safetensors::TensorView& view : file->tensors()) {
-    tensors.emplace_back(view.name, TensorFromView(view).clone());
-  }
-  return tensors;
-}
-
-}  // namespace
 
 NamedTensors GeneratorStates() {
   NamedTensors states;

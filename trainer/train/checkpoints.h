@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,10 @@ struct TrainingState {
 };
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// Writes `tensors` (any device, any layout) to a safetensors file at `path`, atomically.
+Status WriteTensors(const std::string& path, const NamedTensors& tensors,
+                    const std::map<std::string, std::string>& metadata = {});
 
 // Writes a complete checkpoint directory at `dir` (atomically: into dir + ".tmp", then renamed).
 Status SaveCheckpoint(const std::string& dir, const NamedTensors& model, const NamedTensors& optimizer,

@@ -14,6 +14,7 @@
 #include "trainer/memory/accounting.h"
 #include "trainer/model/llama.h"
 #include "trainer/model/weights.h"
+#include "trainer/peft/lora.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/checkpoints.h"
 #include "trainer/train/events.h"
@@ -113,6 +114,9 @@ class TrialRun {
   // Puts weights, optimizer state, data position and generators back from options_.resume_from.
   Status Resume();
   Status SaveCheckpointAfter(int64_t step);
+  // With adapters and an output_dir: output_dir/adapter (PEFT's files) and, with peft.save_merged,
+  // output_dir/merged.
+  Status SaveAdapterOutputs();
   std::vector<torch::Tensor> OptimizerState() const {
     return optimizer_ ? optimizer_->StateTensors() : std::vector<torch::Tensor>{};
   }
@@ -127,6 +131,7 @@ class TrialRun {
   std::optional<DeviceMemory> memory_;
   LlamaForCausalLM model_{nullptr};
   LlamaOptions model_options_;
+  std::optional<LoraConfig> lora_;  // peft.method lora
   std::vector<torch::Tensor> all_params_;
   std::vector<torch::Tensor> trainable_params_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -162,6 +167,7 @@ Status TrialRun::Setup() {
   log_every_ = std::max<int64_t>(1, config_.GetInt("log_every"));
   model_options_.activation_checkpointing = config_.GetBool("activation_checkpointing");
   if (precision_.loss_scaling) loss_scaler_.emplace(device_);
+  ASSIGN_OR_RETURN(lora_, LoraConfigFromTrial(config_));
   if (config_.GetInt("checkpoint_every") > 0 && config_.GetString("output_dir").empty()) {
     return InvalidArgumentError(
         "checkpoint_every: checkpoints need output_dir to say where they go");
@@ -204,6 +210,20 @@ Status TrialRun::SaveCheckpointAfter(int64_t step) {
   RETURN_IF_ERROR(SaveCheckpoint(dir, model, optimizer_->NamedState(), state));
   events_.Emit({{"type", "checkpoint"}, {"step", step}, {"path", dir}});
   Human("[checkpoint] " + dir);
+  return Status::Ok();
+}
+
+Status TrialRun::SaveAdapterOutputs() {
+  const std::string output_dir = config_.GetString("output_dir");
+  if (!lora_ || output_dir.empty()) return Status::Ok();
+  const std::string adapter_dir = output_dir + "/adapter";
+  RETURN_IF_ERROR(SaveAdapter(model_, *lora_, config_.GetString("model"), adapter_dir));
+  Log("info", "adapter written to " + adapter_dir);
+  if (config_.GetBool("peft.save_merged")) {
+    const std::string merged_dir = output_dir + "/merged";
+    RETURN_IF_ERROR(SaveMerged(model_, merged_dir));
+    Log("info", "merged model written to " + merged_dir);
+  }
   return Status::Ok();
 }
 
@@ -366,6 +386,15 @@ TrialResult TrialRun::Run() {
                             precision_.param_dtype, device_);
     if (!model.ok()) return InvalidInput(model.status());
     model_ = std::move(*model);
+    if (lora_) {
+      ApplyLora(model_, *lora_);
+      const std::string adapter = config_.GetString("peft.adapter");
+      if (!adapter.empty()) {
+        if (Status status = LoadAdapter(model_, *lora_, adapter); !status.ok()) {
+          return InvalidInput(status);
+        }
+      }
+    }
     load_peak = memory_->peak_bytes();
     model_->train();
     for (const torch::Tensor& p : model_->parameters()) {
@@ -432,6 +461,9 @@ TrialResult TrialRun::Run() {
           return Finish(Outcome::kFailed, status.message());
         }
       }
+    }
+    if (Status status = SaveAdapterOutputs(); !status.ok()) {
+      return Finish(Outcome::kFailed, status.message());
     }
     return Finish(Outcome::kOk, "");
   } catch (const c10::OutOfMemoryError& e) {

@@ -6,8 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <iostream>
+#include <map>
 
 #include "common/model_config.h"
+#include "trainer/model/weights.h"
+#include "trainer/peft/lora.h"
+#include "trainer/safetensors/safetensors.h"
 #include "trainer/testing/trial_runner.h"
 
 namespace llmctl::trainer {
@@ -23,6 +28,27 @@ uint64_t DemoParameterCount() {
   const ModelConfig* preset = FindPreset("llmctl-demo");
   EXPECT_NE(preset, nullptr);
   return preset ? ParameterCount(*preset) : 0;
+}
+
+// Adapter parameters of the demo model with rank `r` on `targets`: r x (in + out) per projection.
+uint64_t DemoAdapterCount(int64_t r, const std::vector<std::string>& targets) {
+  const ModelConfig* c = FindPreset("llmctl-demo");
+  EXPECT_NE(c, nullptr);
+  if (c == nullptr) return 0;
+  const int64_t q = c->num_attention_heads * c->head_dim;
+  const int64_t kv = c->num_key_value_heads * c->head_dim;
+  const int64_t hidden = c->hidden_size;
+  const int64_t mlp = c->intermediate_size;
+  const std::map<std::string, int64_t> per_layer = {
+      {"q_proj", hidden + q},     {"k_proj", hidden + kv},     {"v_proj", hidden + kv},
+      {"o_proj", q + hidden},     {"gate_proj", hidden + mlp}, {"up_proj", hidden + mlp},
+      {"down_proj", mlp + hidden}};
+  int64_t count = 0;
+  for (const std::string& target : targets) {
+    count += target == "lm_head" ? r * (hidden + c->vocab_size)
+                                 : c->num_hidden_layers * r * per_layer.at(target);
+  }
+  return static_cast<uint64_t>(count);
 }
 
 uint64_t Field(const nlohmann::json& snapshot, const char* name) { return snapshot[name].get<uint64_t>(); }
@@ -265,6 +291,117 @@ TEST(OutcomeTest, MissingDatasetIsInvalidInputBeforeAnythingRuns) {
   EXPECT_NE(run.result.error.find("/nonexistent/data.jsonl"), std::string::npos) << run.result.error;
   EXPECT_TRUE(run.OfType("start").empty());
   EXPECT_EQ(run.OfType("step").size(), 0u);
+}
+
+TEST(LoraTrainingTest, GradsAndOptimizerStateAreTheAdaptersOnly) {
+  struct Case {
+    std::string r;
+    std::string targets_text;
+    std::vector<std::string> targets;
+  };
+  const Case cases[] = {
+      {"8", "[q_proj, v_proj]", {"q_proj", "v_proj"}},
+      {"32",
+       "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head]",
+       {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}},
+  };
+  for (const Case& c : cases) {
+    TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "1"},
+                                               {"peft.method", "lora"},
+                                               {"peft.r", c.r},
+                                               {"peft.targets", c.targets_text}}));
+    ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+    const uint64_t adapter_count = DemoAdapterCount(std::stoll(c.r), c.targets);
+    const uint64_t adapters = 4 * adapter_count;
+    EXPECT_EQ(run.events.front()["parameters_trainable"], adapter_count) << c.targets_text;
+    EXPECT_EQ(run.events.front()["parameters_total"], DemoParameterCount() + adapter_count);
+    const nlohmann::json s = run.Snapshot(0, 1, "phase3_after_opt_step");
+    EXPECT_EQ(Field(s, "params_bytes"), 4 * DemoParameterCount() + adapters) << c.targets_text;
+    EXPECT_EQ(Field(s, "grads_bytes"), adapters) << c.targets_text;
+    // Two fp32 moments per adapter parameter plus fused AdamW's shared fp32 step counter.
+    EXPECT_EQ(Field(s, "optim_device_bytes"), 2 * adapters + 4) << c.targets_text;
+    std::cout << "lora r " << c.r << " on " << c.targets_text << ": params "
+              << Field(s, "params_bytes") << " B, grads " << Field(s, "grads_bytes") << " B, optim "
+              << Field(s, "optim_device_bytes") << " B" << std::endl;
+  }
+}
+
+TEST(LoraTrainingTest, TrainingChangesTheAdaptersAndNotTheBase) {
+  const std::string out = testing::FreshTempDir("lora");
+  const TrialConfig config = DemoConfig({{"train.max_steps", "3"},
+                                         {"peft.method", "lora"},
+                                         {"peft.targets", "[q_proj, v_proj, lm_head]"},
+                                         {"peft.save_merged", "true"},
+                                         {"checkpoint_every", "3"},
+                                         {"output_dir", out}});
+  TrialRecord run = RunAndRecord(config);
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+
+  // The weights the run started from: the trainer seeds, builds and adds adapters in this order.
+  torch::manual_seed(static_cast<uint64_t>(config.GetInt("seed")));
+  auto start = BuildModel(*FindPreset("llmctl-demo"), "random", "", torch::kFloat32, torch::kCPU);
+  ASSERT_TRUE(start.ok()) << start.status().ToString();
+  auto lora = LoraConfigFromTrial(config);
+  ASSERT_TRUE(lora.ok() && lora->has_value());
+  ApplyLora(*start, **lora);
+
+  auto trained = safetensors::SafetensorsFile::Open(out + "/checkpoints/step-3/model.safetensors");
+  auto adapter = safetensors::SafetensorsFile::Open(out + "/adapter/adapter_model.safetensors");
+  ASSERT_TRUE(trained.ok()) << trained.status().ToString();
+  ASSERT_TRUE(adapter.ok()) << adapter.status().ToString();
+  int adapters = 0;
+  for (const auto& item : (*start)->named_parameters()) {
+    const safetensors::TensorView* view = (*trained)->Find(item.key());
+    ASSERT_NE(view, nullptr) << item.key();
+    const torch::Tensor after = TensorFromView(*view);
+    if (!IsAdapterParameter(item.key())) {
+      EXPECT_TRUE(torch::equal(after, item.value())) << item.key() << " is frozen but changed";
+      continue;
+    }
+    ++adapters;
+    EXPECT_FALSE(torch::equal(after, item.value())) << item.key() << " did not train";
+    const safetensors::TensorView* saved = (*adapter)->Find("base_model.model." + item.key());
+    ASSERT_NE(saved, nullptr) << item.key();
+    EXPECT_TRUE(torch::equal(TensorFromView(*saved), after)) << item.key();
+  }
+  EXPECT_EQ(adapters, 2 * (2 * 4 + 1));
+  EXPECT_TRUE(std::filesystem::exists(out + "/adapter/adapter_config.json"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/merged/model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/merged/config.json"));
+  std::filesystem::remove_all(out);
+}
+
+TEST(LoraTrainingTest, StartsFromASavedAdapter) {
+  const std::string out = testing::FreshTempDir("lora-start");
+  const std::vector<std::pair<std::string, std::string>> lora = {
+      {"peft.method", "lora"}, {"peft.targets", "[q_proj, v_proj, lm_head]"}, {"train.lr", "1e-2"}};
+  auto with = [&](std::vector<std::pair<std::string, std::string>> more) {
+    more.insert(more.end(), lora.begin(), lora.end());
+    return DemoConfig(more);
+  };
+  TrialRecord first = RunAndRecord(with({{"train.max_steps", "6"}, {"output_dir", out}}));
+  ASSERT_EQ(first.result.outcome, Outcome::kOk) << first.result.error;
+  TrialRecord next =
+      RunAndRecord(with({{"train.max_steps", "1"}, {"peft.adapter", out + "/adapter"}}));
+  ASSERT_EQ(next.result.outcome, Outcome::kOk) << next.result.error;
+  // Same seed, same first batch: only the loaded adapter makes the first loss lower.
+  EXPECT_LT(next.Losses().front(), first.Losses().front() - 0.1);
+
+  TrialRecord other_rank = RunAndRecord(
+      with({{"train.max_steps", "1"}, {"peft.r", "16"}, {"peft.adapter", out + "/adapter"}}));
+  EXPECT_TRUE(other_rank.result.invalid_input);
+  EXPECT_NE(
+      other_rank.result.error.find(out + "/adapter/adapter_config.json: r is 8, but peft.r is 16"),
+      std::string::npos)
+      << other_rank.result.error;
+  std::filesystem::remove_all(out);
+}
+
+TEST(LoraTrainingTest, QloraIsRefusedUntilItIsBuilt) {
+  TrialRecord run = RunAndRecord(DemoConfig({{"peft.method", "qlora"}}));
+  EXPECT_EQ(run.result.outcome, Outcome::kFailed);
+  EXPECT_TRUE(run.result.invalid_input);
+  EXPECT_NE(run.result.error.find("peft.method qlora"), std::string::npos) << run.result.error;
 }
 
 }  // namespace

@@ -1,0 +1,61 @@
+// LoRA with Hugging Face PEFT's semantics and files: adapters on the named projections, everything
+// else frozen; adapters read from and written to PEFT's adapter directories (adapter_config.json +
+// adapter_model.safetensors), and the merged model written as a Hugging Face model directory.
+//
+// Our parameter names are PEFT's on-disk names without "base_model.model.":
+// "model.layers.0.self_attn.q_proj.lora_A.weight" is PEFT's
+// "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight".
+#ifndef LLMCTL_TRAINER_PEFT_LORA_H_
+#define LLMCTL_TRAINER_PEFT_LORA_H_
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "common/trial_config.h"
+#include "trainer/model/llama.h"
+#include "trainer/model/projection.h"
+
+namespace llmctl::trainer {
+
+struct LoraConfig {
+  LoraOptions options;
+  std::vector<std::string> targets;  // projection names from kLoraTargets, e.g. q_proj, lm_head
+};
+
+// The adapter settings of a trial (peft.r, peft.alpha, peft.dropout, peft.targets); nullopt for
+// peft.method none. InvalidArgument for qlora, whose NF4 base weights are not built yet.
+StatusOr<std::optional<LoraConfig>> LoraConfigFromTrial(const TrialConfig& trial);
+
+// Freezes every parameter of `model` and adds a trainable adapter to every projection named in
+// config.targets (lm_head included when embeddings are tied: its base is then the embedding
+// matrix). Draws lora_A from the default generator: seed first for reproducible runs.
+void ApplyLora(LlamaForCausalLM& model, const LoraConfig& config);
+
+// Whether a parameter name belongs to an adapter ("….lora_A.weight", "….lora_B.weight").
+bool IsAdapterParameter(std::string_view name);
+
+// Copies the adapter in PEFT directory `dir` into the adapters ApplyLora added. adapter_config.json
+// must describe the same adapter (peft_type LORA, r, lora_alpha, target_modules equal to `config`;
+// no rsLoRA, DoRA, biases, fan_in_fan_out or per-layer patterns); adapter_model.safetensors must
+// hold exactly the adapter tensors, in a floating-point dtype and the model's shapes. Errors name
+// the file and the field or tensor.
+Status LoadAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std::string& dir);
+
+// Writes `dir`/adapter_config.json and `dir`/adapter_model.safetensors as PEFT's save_pretrained
+// does, so PeftModel.from_pretrained(base, dir) loads them. `base_model` goes into
+// base_model_name_or_path.
+Status SaveAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std::string& base_model,
+                   const std::string& dir);
+
+// Writes `dir`/config.json and `dir`/model.safetensors (Hugging Face names, the parameters' dtype)
+// with every adapter merged into its base weight: W + (lora_B @ lora_A) * alpha / r. With tied
+// embeddings and an lm_head adapter the output projection no longer equals the embedding matrix, so
+// lm_head.weight is written and config.json says tie_word_embeddings: false.
+Status SaveMerged(LlamaForCausalLM& model, const std::string& dir);
+
+}  // namespace llmctl::trainer
+
+#endif  // LLMCTL_TRAINER_PEFT_LORA_H_
