@@ -2,6 +2,8 @@
 //
 //   llm-train --config FILE [--trial NAME] [--set key=value ...] [--events FILE] [--prepare]
 //             [--resume CHECKPOINT_DIR]
+//   llm-train --config FILE --list        # the trials, with their expected outcomes
+//   llm-train --keys                      # every trial key as Markdown
 //
 // Exit codes: 0 ok, 1 failed, 2 invalid input (nothing ran), 3 out of memory, 4 diverged, 5
 // cancelled.
@@ -38,10 +40,14 @@ int main(int argc, char** argv) {
   bool prepare_only = false;
   std::string resume_from;
   bool print_keys = false;
+  bool list_trials = false;
   app.add_flag("--keys", print_keys,
                "print every trial key (type, default, allowed values) as Markdown");
   app.add_option("--config", config_path, "experiment file (YAML)");
   app.add_option("--trial", trial_name, "which trial of the file to run (default: the only one)");
+  app.add_flag("--list", list_trials,
+               "print the file's trials, one per line: the name, and a tab and the expected outcome "
+               "when the file states one");
   app.add_option("--set", overrides, "override a trial key, e.g. --set train.micro_batch_size=8");
   app.add_option("--events", events_path, "append JSON-lines events to this file");
   app.add_flag("--prepare", prepare_only, "only tokenize the dataset into the token cache");
@@ -56,6 +62,14 @@ int main(int argc, char** argv) {
 
   auto experiment = llmctl::LoadExperimentFile(config_path);
   if (!experiment.ok()) return Fail(experiment.status().message());
+  if (list_trials) {
+    for (const llmctl::Trial& t : experiment->trials) {
+      std::cout << t.name;
+      if (t.expect) std::cout << '\t' << *t.expect;
+      std::cout << '\n';
+    }
+    return 0;
+  }
   const llmctl::Trial* trial = nullptr;
   if (trial_name.empty()) {
     if (experiment->trials.size() != 1) {

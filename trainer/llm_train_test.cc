@@ -138,7 +138,7 @@ TEST(LlmTrainTest, TrialFileWithSeveralTrialsNeedsTrialFlag) {
   for (const std::string rel : {"tokenizers/demo/tokenizer.json", "data/alpaca-demo.jsonl"}) {
     text.replace(text.find(rel), rel.size(), base + rel);
   }
-  text += "trials:\n  - name: a\n  - name: b\n    set: {precision: bf16-true}\n";
+  text += "trials:\n  - name: a\n  - name: b\n    set: {precision: bf16-true}\n    expect: ok\n";
   WriteFile(dir / "two.yaml", text);
   CommandResult run = RunLlmTrain("--config " + (dir / "two.yaml").string());
   EXPECT_EQ(run.exit_code, 2) << run.output;
@@ -147,6 +147,9 @@ TEST(LlmTrainTest, TrialFileWithSeveralTrialsNeedsTrialFlag) {
                                      " --trial b --set train.max_steps=1");
   EXPECT_EQ(chosen.exit_code, 0) << chosen.output;
   EXPECT_NE(chosen.output.find("bf16-true"), std::string::npos) << chosen.output;
+  CommandResult listed = RunLlmTrain("--config " + (dir / "two.yaml").string() + " --list");
+  EXPECT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_EQ(listed.output, "a\nb\tok\n");
 }
 
 TEST(LlmTrainTest, OutOfMemoryExitsWithCode3) {
