@@ -516,6 +516,19 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
                    "offload: optimizer keeps AdamW's fp32 state on the host, but optimizer is " +
                        optimizer + "; use optimizer: adamw or offload: none");
   }
+  // Offload moves each gradient to the host as it is produced, where neither the global-norm clip
+  // nor the loss scaler's unscale-and-check (both over the device .grad tensors) sees it.
+  if (offload && config.GetFloat("train.grad_clip") > 0) {
+    return problem({"offload", "train.grad_clip"},
+                   "offload: optimizer moves gradients to the host as backward produces them, "
+                   "where train.grad_clip does not reach; set train.grad_clip: 0 or offload: none");
+  }
+  if (offload && config.GetString("precision") == "16-mixed") {
+    return problem({"offload", "precision"},
+                   "offload: optimizer moves gradients to the host as backward produces them, "
+                   "where 16-mixed loss scaling cannot check them for overflow; use bf16-mixed or "
+                   "bf16-true");
+  }
   if (config.GetBool("optimizer_in_backward")) {
     const int64_t micro = config.GetInt("train.micro_batch_size");
     const int64_t global = config.GetInt("train.global_batch_size");

@@ -430,6 +430,12 @@ TEST(ValidateTrialConfigTest, TechniquesThatCannotRunTogether) {
   EXPECT_EQ(problem_with({{"offload", "optimizer"}, {"optimizer", "sgd"}}),
             "offload: optimizer keeps AdamW's fp32 state on the host, but optimizer is sgd; use "
             "optimizer: adamw or offload: none");
+  EXPECT_NE(problem_with({{"offload", "optimizer"}, {"train.grad_clip", "1.0"}})
+                .find("set train.grad_clip: 0 or offload: none"),
+            std::string::npos);
+  EXPECT_NE(problem_with({{"offload", "optimizer"}, {"precision", "16-mixed"}})
+                .find("16-mixed loss scaling"),
+            std::string::npos);
   EXPECT_NE(problem_with({{"optimizer_in_backward", "true"},
                           {"train.micro_batch_size", "2"},
                           {"train.global_batch_size", "4"}})

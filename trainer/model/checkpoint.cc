@@ -14,37 +14,6 @@ struct RecomputeHolder : torch::CustomClassHolder {
   std::function<torch::Tensor(const torch::Tensor&)> block;
 };
 
-// Autocast settings of the forward pass, put back while recomputing (backward runs on the autograd
-// engine's threads, where they are off).
-struct AutocastSettings {
-  bool cpu_enabled;
-  at::ScalarType cpu_dtype;
-  bool cuda_enabled;
-  at::ScalarType cuda_dtype;
-
-  static AutocastSettings Current() {
-    return {at::autocast::is_autocast_enabled(at::kCPU), at::autocast::get_autocast_dtype(at::kCPU),
-            at::autocast::is_autocast_enabled(at::kCUDA), at::autocast::get_autocast_dtype(at::kCUDA)};
-  }
-  void Apply() const {
-    at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
-    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
-    at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
-    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
-  }
-};
-
-class ScopedAutocast {
- public:
-  explicit ScopedAutocast(const AutocastSettings& settings) : previous_(AutocastSettings::Current()) {
-    settings.Apply();
-  }
-  ~ScopedAutocast() { previous_.Apply(); }
-
- private:
-  AutocastSettings previous_;
-};
-
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input,
                                c10::intrusive_ptr<RecomputeHolder> holder) {
@@ -80,6 +49,26 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 };
 
 }  // namespace
+
+AutocastSettings AutocastSettings::Current() {
+  return {at::autocast::is_autocast_enabled(at::kCPU), at::autocast::get_autocast_dtype(at::kCPU),
+          at::autocast::is_autocast_enabled(at::kCUDA),
+          at::autocast::get_autocast_dtype(at::kCUDA)};
+}
+
+void AutocastSettings::Apply() const {
+  at::autocast::set_autocast_enabled(at::kCPU, cpu_enabled);
+  at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+  at::autocast::set_autocast_enabled(at::kCUDA, cuda_enabled);
+  at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+}
+
+ScopedAutocast::ScopedAutocast(const AutocastSettings& settings)
+    : previous_(AutocastSettings::Current()) {
+  settings.Apply();
+}
+
+ScopedAutocast::~ScopedAutocast() { previous_.Apply(); }
 
 torch::Tensor CheckpointedForward(std::function<torch::Tensor(const torch::Tensor&)> block,
                                   const torch::Tensor& input) {

@@ -8,6 +8,31 @@
 
 namespace llmctl::trainer {
 
+// The autocast state of both device types. Backward runs on the autograd engine's threads, where
+// autocast is off, so code that reruns part of a forward pass in backward captures this in forward
+// and puts it back while rerunning.
+struct AutocastSettings {
+  bool cpu_enabled;
+  at::ScalarType cpu_dtype;
+  bool cuda_enabled;
+  at::ScalarType cuda_dtype;
+
+  static AutocastSettings Current();
+  void Apply() const;
+};
+
+// Applies `settings` while alive; puts the previous ones back.
+class ScopedAutocast {
+ public:
+  explicit ScopedAutocast(const AutocastSettings& settings);
+  ~ScopedAutocast();
+  ScopedAutocast(const ScopedAutocast&) = delete;
+  ScopedAutocast& operator=(const ScopedAutocast&) = delete;
+
+ private:
+  AutocastSettings previous_;
+};
+
 // Returns block(input) while keeping only `input` for backward. In backward the block runs again with
 // gradients on (and the forward's autocast settings), and its parameters' gradients accumulate as usual.
 // `block` must not capture anything by reference that dies before backward: capture tensors by value.

@@ -162,6 +162,15 @@ torch::Tensor LlamaForCausalLMImpl::Hidden(const torch::Tensor& input_ids, const
 
 torch::Tensor LlamaForCausalLMImpl::Logits(const torch::Tensor& hidden) { return lm_head_(hidden); }
 
+std::vector<torch::Tensor> LlamaForCausalLMImpl::OutputParameters() const {
+  std::vector<torch::Tensor> tensors{lm_head_->weight()};
+  if (lm_head_->has_adapter()) {
+    tensors.push_back(lm_head_->lora_A->weight);
+    tensors.push_back(lm_head_->lora_B->weight);
+  }
+  return tensors;
+}
+
 void LlamaForCausalLMImpl::InitializeRandom(double std) {
   torch::NoGradGuard no_grad;
   for (auto& item : named_parameters()) {

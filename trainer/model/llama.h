@@ -97,6 +97,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // hidden (N..., C) -> logits (N..., V) in the compute dtype, through lm_head (and its adapter, if
   // any), for any leading shape: (B, T, C) or a chunk of rows (N, C).
   torch::Tensor Logits(const torch::Tensor& hidden);
+  // Every tensor Logits reads that can need a gradient: the output weight (the embedding matrix when
+  // tied) and, with an lm_head adapter, its lora_A and lora_B weights.
+  std::vector<torch::Tensor> OutputParameters() const;
 
   const ModelConfig& config() const { return config_; }
 

@@ -14,6 +14,7 @@
 
 #include "common/files.h"
 #include "common/model_config.h"
+#include "trainer/model/loss.h"
 #include "trainer/model/weights.h"
 #include "trainer/safetensors/safetensors.h"
 #include "trainer/testing/trial_runner.h"
@@ -223,30 +224,51 @@ TEST(ApplyLoraTest, SameSeedSameAdapters) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
 }
 
-TEST(ApplyLoraTest, ActivationCheckpointingGivesTheAdaptersTheSameGradients) {
-  auto grads_with = [](bool checkpointing) {
-    LlamaForCausalLM model = TinyLlamaWithFixtureAdapter();
-    const torch::Tensor ids = LoadExpected().input_ids;
-    LlamaOptions options;
-    options.activation_checkpointing = checkpointing;
-    CausalLmLoss(model->Logits(model->Hidden(ids, options)), ids).backward();
-    std::vector<torch::Tensor> grads;
-    for (const auto& item : model->named_parameters()) {
-      if (!IsAdapterParameter(item.key())) {
-        EXPECT_FALSE(item.value().grad().defined()) << item.key();
-        continue;
-      }
-      EXPECT_TRUE(item.value().grad().defined()) << item.key();
-      if (item.value().grad().defined()) grads.push_back(item.value().grad().clone());
+// The adapters' gradients with activation checkpointing and/or the chunked loss (which must reach
+// the lm_head adapter through OutputParameters()).
+std::vector<torch::Tensor> AdapterGradients(bool checkpointing, bool chunked_loss) {
+  LlamaForCausalLM model = TinyLlamaWithFixtureAdapter();
+  const torch::Tensor ids = LoadExpected().input_ids;
+  LlamaOptions options;
+  options.activation_checkpointing = checkpointing;
+  const torch::Tensor hidden = model->Hidden(ids, options);  // (B, T, C)
+  if (chunked_loss) {
+    ChunkedCausalLmLoss(
+        hidden, ids, [model](const torch::Tensor& h) mutable { return model->Logits(h); },
+        model->OutputParameters(), /*chunk_tokens=*/7)
+        .backward();
+  } else {
+    CausalLmLoss(model->Logits(hidden), ids).backward();
+  }
+  std::vector<torch::Tensor> grads;
+  for (const auto& item : model->named_parameters()) {
+    if (!IsAdapterParameter(item.key())) {
+      EXPECT_FALSE(item.value().grad().defined()) << item.key();
+      continue;
     }
-    return grads;
-  };
-  const auto plain = grads_with(false);
-  const auto checkpointed = grads_with(true);
+    EXPECT_TRUE(item.value().grad().defined()) << item.key();
+    if (item.value().grad().defined()) grads.push_back(item.value().grad().clone());
+  }
+  return grads;
+}
+
+TEST(ApplyLoraTest, ActivationCheckpointingGivesTheAdaptersTheSameGradients) {
+  const auto plain = AdapterGradients(false, false);
+  const auto checkpointed = AdapterGradients(true, false);
   ASSERT_EQ(plain.size(), 30u);
   ASSERT_EQ(checkpointed.size(), plain.size());
   for (size_t i = 0; i < plain.size(); ++i) {
     EXPECT_TRUE(torch::allclose(plain[i], checkpointed[i], 1e-5, 1e-6)) << "adapter tensor " << i;
+  }
+}
+
+TEST(ApplyLoraTest, ChunkedLossGivesTheAdaptersTheSameGradients) {
+  const auto plain = AdapterGradients(false, false);
+  const auto chunked = AdapterGradients(false, true);
+  ASSERT_EQ(plain.size(), 30u);
+  ASSERT_EQ(chunked.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(plain[i], chunked[i], 1e-5, 1e-6)) << "adapter tensor " << i;
   }
 }
 

@@ -25,16 +25,24 @@ class AdamW8bit final : public Optimizer {
       : options_(options), params_(std::move(params)) {}
 
   void Step(double lr) override {
+    BeginStep(lr);
+    for (size_t i = 0; i < params_.size(); ++i) StepParameter(i);
+  }
+
+  void BeginStep(double lr) override {
     torch::NoGradGuard no_grad;
     Materialize();
     step_.add_(1.0);
     ++steps_taken_;
     const double t = static_cast<double>(steps_taken_);
-    const double c1 = 1.0 - std::pow(options_.beta1, t);
-    const double c2 = std::sqrt(1.0 - std::pow(options_.beta2, t));
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i].grad().defined()) Update(params_[i], moments_[i], lr, c1, c2);
-    }
+    lr_ = lr;
+    c1_ = 1.0 - std::pow(options_.beta1, t);
+    c2_ = std::sqrt(1.0 - std::pow(options_.beta2, t));
+  }
+
+  void StepParameter(size_t index) override {
+    torch::NoGradGuard no_grad;
+    if (params_[index].grad().defined()) Update(params_[index], moments_[index], lr_, c1_, c2_);
   }
 
   std::vector<torch::Tensor> StateTensors() const override {
@@ -167,6 +175,10 @@ class AdamW8bit final : public Optimizer {
   torch::Tensor unsigned_map_;
   torch::Tensor step_;
   int64_t steps_taken_ = 0;
+  // The current step's learning rate and bias corrections (1 - beta1^t, sqrt(1 - beta2^t)).
+  double lr_ = 0.0;
+  double c1_ = 1.0;
+  double c2_ = 1.0;
 };
 
 }  // namespace

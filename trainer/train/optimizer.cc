@@ -3,6 +3,7 @@
 #include <map>
 
 #include "trainer/train/adamw_8bit.h"
+#include "trainer/train/offload.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -18,11 +19,8 @@ class AdamW final : public Optimizer {
 
   void Step(double lr) override {
     torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
-    if (exp_avg_.empty()) Materialize();
-    step_.add_(1.0);
-    ++steps_taken_;
-    std::vector<torch::Tensor> steps;
+    BeginStep(lr);
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!params_[i].grad().defined()) continue;
       params.push_back(params_[i]);
@@ -32,9 +30,27 @@ class AdamW final : public Optimizer {
       steps.push_back(step_);
     }
     if (params.empty()) return;
-    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr_,
                       options_.beta1, options_.beta2, options_.weight_decay, options_.eps,
                       /*amsgrad=*/false, /*maximize=*/false);
+  }
+
+  void BeginStep(double lr) override {
+    torch::NoGradGuard no_grad;
+    Materialize();
+    step_.add_(1.0);
+    ++steps_taken_;
+    lr_ = lr;
+  }
+
+  // The fused kernel over a one-tensor list: per element the arithmetic of Step's batched call.
+  void StepParameter(size_t index) override {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor& p = params_[index];
+    if (!p.grad().defined()) return;
+    at::_fused_adamw_({p}, {p.grad()}, {exp_avg_[index]}, {exp_avg_sq_[index]},
+                      /*max_exp_avg_sqs=*/{}, {step_}, lr_, options_.beta1, options_.beta2,
+                      options_.weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false);
   }
 
   std::vector<torch::Tensor> StateTensors() const override {
@@ -97,6 +113,7 @@ class AdamW final : public Optimizer {
   std::vector<torch::Tensor> exp_avg_sq_;
   torch::Tensor step_;
   int64_t steps_taken_ = 0;
+  double lr_ = 0.0;  // of the step in progress
 };
 
 // SGD; with momentum 0 it keeps no state at all (the labs' "optimizer without state" row).
@@ -106,24 +123,31 @@ class Sgd final : public Optimizer {
       : options_(options), params_(std::move(params)) {}
 
   void Step(double lr) override {
-    torch::NoGradGuard no_grad;
+    BeginStep(lr);
+    for (size_t i = 0; i < params_.size(); ++i) StepParameter(i);
+  }
+
+  void BeginStep(double lr) override {
     ++steps_taken_;
+    lr_ = lr;
     if (options_.momentum != 0.0 && momentum_.empty()) momentum_.assign(params_.size(), torch::Tensor());
-    for (size_t i = 0; i < params_.size(); ++i) {
-      torch::Tensor& p = params_[i];
-      if (!p.grad().defined()) continue;
-      torch::Tensor update = p.grad();
-      if (options_.weight_decay != 0.0) update = update.add(p, options_.weight_decay);
-      if (options_.momentum != 0.0) {
-        if (!momentum_[i].defined()) {
-          momentum_[i] = update.clone();
-        } else {
-          momentum_[i].mul_(options_.momentum).add_(update);
-        }
-        update = momentum_[i];
+  }
+
+  void StepParameter(size_t index) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor& p = params_[index];
+    if (!p.grad().defined()) return;
+    torch::Tensor update = p.grad();
+    if (options_.weight_decay != 0.0) update = update.add(p, options_.weight_decay);
+    if (options_.momentum != 0.0) {
+      if (!momentum_[index].defined()) {
+        momentum_[index] = update.clone();
+      } else {
+        momentum_[index].mul_(options_.momentum).add_(update);
       }
-      p.add_(update, -lr);
+      update = momentum_[index];
     }
+    p.add_(update, -lr_);
   }
 
   std::vector<torch::Tensor> StateTensors() const override {
@@ -162,6 +186,14 @@ class Sgd final : public Optimizer {
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> momentum_;
   int64_t steps_taken_ = 0;
+  double lr_ = 0.0;  // of the step in progress
+};
+
+struct FunctionPostAccumulateGradHook final : torch::autograd::PostAccumulateGradHook {
+  explicit FunctionPostAccumulateGradHook(std::function<void(const torch::Tensor&)> f)
+      : hook(std::move(f)) {}
+  void operator()(const torch::autograd::Variable& tensor) override { hook(tensor); }
+  std::function<void(const torch::Tensor&)> hook;
 };
 
 }  // namespace
@@ -169,11 +201,23 @@ class Sgd final : public Optimizer {
 StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerOptions& options,
                                                    std::vector<torch::Tensor> params) {
   if (params.empty()) return InvalidArgumentError("the model has no trainable parameters");
+  if (options.offload) {
+    if (options.name != "adamw") {
+      return InvalidArgumentError("offload: optimizer runs AdamW only, not '" + options.name + "'");
+    }
+    return MakeOffloadedAdamW(options, std::move(params));
+  }
   if (options.name == "adamw") return std::unique_ptr<Optimizer>(new AdamW(options, std::move(params)));
   if (options.name == "adamw_8bit") return MakeAdamW8bit(options, std::move(params));
   if (options.name == "sgd") return std::unique_ptr<Optimizer>(new Sgd(options, std::move(params)));
   return InvalidArgumentError("optimizer: unknown optimizer '" + options.name +
                               "' (adamw, adamw_8bit, sgd)");
+}
+
+void SetPostAccumulateGradHook(const torch::Tensor& param,
+                               std::function<void(const torch::Tensor&)> hook) {
+  torch::autograd::impl::set_post_acc_grad_hooks(
+      param, hook ? std::make_unique<FunctionPostAccumulateGradHook>(std::move(hook)) : nullptr);
 }
 
 double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,9 @@ struct OptimizerOptions {
   double eps = 1e-8;
   double weight_decay = 0.0;
   double momentum = 0.0;  // sgd
+  // adamw only: fp32 master weights, moments and gradients in host memory, the update on the host
+  // (trainer/train/offload.h).
+  bool offload = false;
 };
 
 class Optimizer {
@@ -27,6 +31,14 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // Applies one update to every parameter that has a gradient, at learning rate `lr`.
   virtual void Step(double lr) = 0;
+  // The same step one parameter at a time, for the optimizer in backward: BeginStep(lr), before
+  // backward, counts the step and fixes its learning rate; then StepParameter(i), from parameter
+  // i's post-accumulate-grad hook, applies that step's update to parameter i alone (`i` indexes the
+  // `params` given to MakeOptimizer; a parameter without a gradient is left alone) and leaves the
+  // gradient for the caller to free. Step(lr) gives the same result as BeginStep(lr) and then
+  // StepParameter for every parameter. Every optimizer implements both.
+  virtual void BeginStep(double lr) = 0;
+  virtual void StepParameter(size_t index) = 0;
   // Every tensor the optimizer keeps (created lazily at the first step, as PyTorch's optimizers do).
   virtual std::vector<torch::Tensor> StateTensors() const = 0;
   // Named state for checkpoints: "<param index>.<field>" -> tensor.
@@ -38,6 +50,12 @@ class Optimizer {
 // `params` are the trainable parameters (requires_grad), in a fixed order.
 StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerOptions& options,
                                                    std::vector<torch::Tensor> params);
+
+// Calls `hook(param)` each time autograd has accumulated a gradient into param.grad(), as
+// torch.Tensor.register_post_accumulate_grad_hook does; the hook may free the gradient. A tensor
+// has one such hook: setting another replaces it, and an empty `hook` removes it.
+void SetPostAccumulateGradHook(const torch::Tensor& param,
+                               std::function<void(const torch::Tensor&)> hook);
 
 // Clips the global L2 norm of the gradients to `max_norm`; returns the norm before clipping.
 double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm);

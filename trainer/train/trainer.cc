@@ -13,6 +13,7 @@
 #include "common/model_config.h"
 #include "trainer/memory/accounting.h"
 #include "trainer/model/llama.h"
+#include "trainer/model/loss.h"
 #include "trainer/model/weights.h"
 #include "trainer/peft/lora.h"
 #include "trainer/train/batches.h"
@@ -138,6 +139,8 @@ class TrialRun {
   std::unique_ptr<BatchSource> batches_;
   std::optional<LossScaler> loss_scaler_;
 
+  bool chunked_loss_ = false;
+  bool optimizer_in_backward_ = false;
   int64_t micro_batch_size_ = 1;
   int64_t accumulation_ = 1;
   int64_t total_steps_ = 0;
@@ -166,6 +169,8 @@ Status TrialRun::Setup() {
   snapshot_every_ = std::max<int64_t>(1, config_.GetInt("snapshot_every"));
   log_every_ = std::max<int64_t>(1, config_.GetInt("log_every"));
   model_options_.activation_checkpointing = config_.GetBool("activation_checkpointing");
+  chunked_loss_ = config_.GetString("loss") == "chunked_ce";
+  optimizer_in_backward_ = config_.GetBool("optimizer_in_backward");
   if (precision_.loss_scaling) loss_scaler_.emplace(device_);
   ASSIGN_OR_RETURN(lora_, LoraConfigFromTrial(config_));
   if (config_.GetInt("checkpoint_every") > 0 && config_.GetString("output_dir").empty()) {
@@ -263,6 +268,8 @@ bool TrialRun::TrainStep(int64_t step) {
   }
 
   for (torch::Tensor& p : trainable_params_) p.mutable_grad() = torch::Tensor();
+  // With the optimizer in backward, the parameters' hooks apply this step's update during backward.
+  if (optimizer_in_backward_) optimizer_->BeginStep(lr);
   double loss_sum = 0.0;  // Σ micro-batch mean × its label tokens
   int64_t step_tokens = 0;
   for (int64_t i = 0; i < accumulation_; ++i) {
@@ -272,9 +279,15 @@ bool TrialRun::TrainStep(int64_t step) {
     torch::Tensor loss;
     {
       AutocastScope autocast(precision_, device_);
-      torch::Tensor hidden = model_->Hidden(batch.input_ids, model_options_);
-      torch::Tensor logits = model_->Logits(hidden);  // (B, T, V)
-      loss = CausalLmLoss(logits, batch.labels);
+      torch::Tensor hidden = model_->Hidden(batch.input_ids, model_options_);  // (B, T, C)
+      if (chunked_loss_) {
+        loss = ChunkedCausalLmLoss(
+            hidden, batch.labels,
+            [model = model_](const torch::Tensor& h) mutable { return model->Logits(h); },
+            model_->OutputParameters(), kLossChunkTokens);
+      } else {
+        loss = CausalLmLoss(model_->Logits(hidden), batch.labels);  // logits (B, T, V)
+      }
     }
     Snapshot(step, i, kPhaseAfterForward);
     step_tokens += batch.real_tokens;
@@ -304,12 +317,16 @@ bool TrialRun::TrainStep(int64_t step) {
   }
   micro_batches.clear();
 
-  bool grads_finite = true;
-  if (loss_scaler_) grads_finite = loss_scaler_->UnscaleAndCheck(trainable_params_);
-  const double grad_clip = config_.GetFloat("train.grad_clip");
-  if (grads_finite && grad_clip > 0.0) ClipGradNorm(trainable_params_, grad_clip);
-  if (grads_finite) optimizer_->Step(lr);
-  if (loss_scaler_) loss_scaler_->Update(grads_finite);
+  // With the optimizer in backward the hooks have applied the update already; validation rules out
+  // the loss scaling and clipping that would come first.
+  if (!optimizer_in_backward_) {
+    bool grads_finite = true;
+    if (loss_scaler_) grads_finite = loss_scaler_->UnscaleAndCheck(trainable_params_);
+    const double grad_clip = config_.GetFloat("train.grad_clip");
+    if (grads_finite && grad_clip > 0.0) ClipGradNorm(trainable_params_, grad_clip);
+    if (grads_finite) optimizer_->Step(lr);
+    if (loss_scaler_) loss_scaler_->Update(grads_finite);
+  }
   Snapshot(step, accumulation_ - 1, kPhaseAfterOptimizerStep);
   if (device_.is_cuda()) torch::cuda::synchronize();
 
@@ -410,9 +427,20 @@ TrialResult TrialRun::Run() {
     optimizer_options.eps = config_.GetFloat("train.eps");
     optimizer_options.weight_decay = config_.GetFloat("train.weight_decay");
     optimizer_options.momentum = config_.GetFloat("train.momentum");
+    optimizer_options.offload = config_.GetString("offload") == "optimizer";
     auto optimizer = MakeOptimizer(optimizer_options, trainable_params_);
     if (!optimizer.ok()) return InvalidInput(optimizer.status());
     optimizer_ = std::move(*optimizer);
+    if (optimizer_in_backward_) {
+      for (size_t i = 0; i < trainable_params_.size(); ++i) {
+        // Freeing the gradient right after its update keeps about one layer's gradients alive.
+        SetPostAccumulateGradHook(trainable_params_[i],
+                                  [optimizer = optimizer_.get(), i](const torch::Tensor& p) {
+                                    optimizer->StepParameter(i);
+                                    p.mutable_grad() = torch::Tensor();
+                                  });
+      }
+    }
     if (!options_.resume_from.empty()) {
       if (Status status = Resume(); !status.ok()) return InvalidInput(status);
     }
