@@ -2,7 +2,7 @@
 # Installs everything llmctl needs on a fresh Debian 12 machine: Debian packages (with retries) and the
 # pinned LibTorch wheel in a project-local virtual environment (.venv). Re-running it checks and returns
 # in about a second when nothing is missing. `--dev` adds the Python packages that regenerate the test
-# fixtures and run the peer benchmarks (transformers, tokenizers, safetensors, numpy).
+# fixtures and run the peer benchmarks (transformers, tokenizers, safetensors, numpy, peft, bitsandbytes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +14,8 @@ DEBIAN_PACKAGES=(
   nlohmann-json3-dev libsqlite3-dev sqlite3 libspdlog-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libpcre2-dev
 )
-DEV_PYTHON_PACKAGES=(numpy "transformers==5.23.0" "tokenizers==0.23.3" "safetensors==0.8.0")
+DEV_PYTHON_PACKAGES=(numpy "transformers==5.23.0" "tokenizers==0.23.3" "safetensors==0.8.0" "peft==0.21.2"
+  "bitsandbytes==0.50.2")
 
 retry() {
   local attempt
@@ -52,7 +53,7 @@ if [ "$installed_torch" != "$TORCH_VERSION" ]; then
   retry .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
 fi
 if [ "${1:-}" = "--dev" ]; then
-  if ! .venv/bin/python -c 'import transformers, tokenizers, safetensors, numpy' 2>/dev/null; then
+  if ! .venv/bin/python -c 'import transformers, tokenizers, safetensors, numpy, peft, bitsandbytes' 2>/dev/null; then
     echo "setup: installing the fixture and benchmark tools into .venv"
     retry .venv/bin/pip install -q --disable-pip-version-check "${DEV_PYTHON_PACKAGES[@]}"
   fi
