@@ -602,6 +602,14 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
       return problem({"peft.targets"}, "peft.targets: '" + targets[i] + "' is listed twice");
     }
   }
+  if (method == "qlora" && config.GetString("precision") == "16-mixed" &&
+      config.GetString("peft.compute_dtype") == "bf16") {
+    return problem({"peft.compute_dtype", "precision"},
+                   "peft.compute_dtype bf16 with precision 16-mixed: fp16 autocast runs every "
+                   "matmul in fp16, so each NF4 weight would be rounded to bf16 and then again to "
+                   "fp16 (and 16-mixed is for devices without bf16); set peft.compute_dtype: fp32 "
+                   "or use precision bf16-mixed");
+  }
   if (method == "lora") {
     for (std::string_view key : {"peft.double_quant", "peft.compute_dtype"}) {
       if (config.IsSet(key)) {

@@ -495,6 +495,11 @@ TEST(ValidateTrialConfigTest, AdapterSettings) {
     ASSERT_TRUE(qlora.SetFromText(key, value).ok()) << key;
   }
   EXPECT_TRUE(ValidateTrialConfig(qlora, nullptr).ok());
+  ASSERT_TRUE(qlora.SetFromText("precision", "16-mixed").ok());
+  EXPECT_TRUE(ValidateTrialConfig(qlora, nullptr).ok());  // compute_dtype fp32
+  ASSERT_TRUE(qlora.SetFromText("peft.compute_dtype", "bf16").ok());
+  EXPECT_NE(ProblemMessage(qlora).find("peft.compute_dtype bf16 with precision 16-mixed"),
+            std::string::npos);
 }
 
 TEST(ValidateTrialConfigTest, DeviceMemoryMustBePositive) {

@@ -65,16 +65,19 @@ RotaryTables MakeRotaryTables(const ModelConfig& config, int64_t seq_len, torch:
   return {angles.cos(), angles.sin()};
 }
 
-AttentionImpl::AttentionImpl(const ModelConfig& c)
-    : num_heads_(c.num_attention_heads), num_kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+AttentionImpl::AttentionImpl(const ModelConfig& c, const std::optional<Nf4Options>& nf4)
+    : num_heads_(c.num_attention_heads),
+      num_kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim) {
   const bool qkv_bias = c.attention_qkv_bias;
-  q_proj_ = register_module("q_proj", Projection(c.hidden_size, num_heads_ * head_dim_, qkv_bias));
-  k_proj_ =
-      register_module("k_proj", Projection(c.hidden_size, num_kv_heads_ * head_dim_, qkv_bias));
-  v_proj_ =
-      register_module("v_proj", Projection(c.hidden_size, num_kv_heads_ * head_dim_, qkv_bias));
+  q_proj_ =
+      register_module("q_proj", Projection(c.hidden_size, num_heads_ * head_dim_, qkv_bias, nf4));
+  k_proj_ = register_module("k_proj",
+                            Projection(c.hidden_size, num_kv_heads_ * head_dim_, qkv_bias, nf4));
+  v_proj_ = register_module("v_proj",
+                            Projection(c.hidden_size, num_kv_heads_ * head_dim_, qkv_bias, nf4));
   o_proj_ = register_module(
-      "o_proj", Projection(num_heads_ * head_dim_, c.hidden_size, c.attention_output_bias));
+      "o_proj", Projection(num_heads_ * head_dim_, c.hidden_size, c.attention_output_bias, nf4));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
@@ -94,21 +97,22 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   return o_proj_(y);
 }
 
-MlpImpl::MlpImpl(const ModelConfig& c) {
+MlpImpl::MlpImpl(const ModelConfig& c, const std::optional<Nf4Options>& nf4) {
   gate_proj_ =
-      register_module("gate_proj", Projection(c.hidden_size, c.intermediate_size, c.mlp_bias));
-  up_proj_ = register_module("up_proj", Projection(c.hidden_size, c.intermediate_size, c.mlp_bias));
+      register_module("gate_proj", Projection(c.hidden_size, c.intermediate_size, c.mlp_bias, nf4));
+  up_proj_ =
+      register_module("up_proj", Projection(c.hidden_size, c.intermediate_size, c.mlp_bias, nf4));
   down_proj_ =
-      register_module("down_proj", Projection(c.intermediate_size, c.hidden_size, c.mlp_bias));
+      register_module("down_proj", Projection(c.intermediate_size, c.hidden_size, c.mlp_bias, nf4));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   return down_proj_(torch::silu(gate_proj_(x)) * up_proj_(x));
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
-  self_attn_ = register_module("self_attn", Attention(c));
-  mlp_ = register_module("mlp", Mlp(c));
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, const std::optional<Nf4Options>& nf4) {
+  self_attn_ = register_module("self_attn", Attention(c, nf4));
+  mlp_ = register_module("mlp", Mlp(c, nf4));
   input_layernorm_ = register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm_ =
       register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
@@ -119,11 +123,12 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RotaryTabl
   return h + mlp_(post_attention_layernorm_(h));
 }
 
-LlamaModelImpl::LlamaModelImpl(const ModelConfig& c) : config_(c) {
+LlamaModelImpl::LlamaModelImpl(const ModelConfig& c, const std::optional<Nf4Options>& nf4)
+    : config_(c) {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
   layers_ = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    layer_list_.push_back(DecoderLayer(c));
+    layer_list_.push_back(DecoderLayer(c, nf4));
     layers_->push_back(layer_list_.back());
   }
   norm_ = register_module("norm", RmsNorm(c.hidden_size, c.rms_norm_eps));
@@ -149,8 +154,10 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids, const Llam
   return norm_(h);
 }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& c) : config_(c) {
-  model_ = register_module("model", LlamaModel(c));
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& c,
+                                           const std::optional<Nf4Options>& nf4)
+    : config_(c) {
+  model_ = register_module("model", LlamaModel(c, nf4));
   lm_head_ = register_module(
       "lm_head", c.tie_word_embeddings ? Projection(model_->embed_tokens->weight)
                                        : Projection(c.hidden_size, c.vocab_size, /*bias=*/false));
@@ -163,25 +170,39 @@ torch::Tensor LlamaForCausalLMImpl::Hidden(const torch::Tensor& input_ids, const
 torch::Tensor LlamaForCausalLMImpl::Logits(const torch::Tensor& hidden) { return lm_head_(hidden); }
 
 std::vector<torch::Tensor> LlamaForCausalLMImpl::OutputParameters() const {
-  std::vector<torch::Tensor> tensors{lm_head_->weight()};
-  if (lm_head_->has_adapter()) {
-    tensors.push_back(lm_head_->lora_A->weight);
-    tensors.push_back(lm_head_->lora_B->weight);
+  return lm_head_->ForwardParameters();
+}
+
+std::vector<std::pair<std::string, Projection>> LlamaForCausalLMImpl::NamedProjections() {
+  std::vector<std::pair<std::string, Projection>> projections;
+  for (const auto& item : named_modules()) {
+    if (auto projection = std::dynamic_pointer_cast<ProjectionImpl>(item.value())) {
+      projections.emplace_back(item.key(), Projection(projection));
+    }
   }
-  return tensors;
+  return projections;
 }
 
 void LlamaForCausalLMImpl::InitializeRandom(double std) {
   torch::NoGradGuard no_grad;
-  for (auto& item : named_parameters()) {
-    const std::string& name = item.key();
-    torch::Tensor& p = item.value();
-    if (name.ends_with("layernorm.weight") || name.ends_with("norm.weight")) {
-      p.fill_(1.0);
-    } else if (name.ends_with(".bias")) {
-      p.zero_();
-    } else {
-      p.normal_(0.0, std);
+  // Module by module, each module's own parameters in registration order: the order
+  // named_parameters() visits them, with an NF4 base drawn where its dense "weight" would be
+  // (first).
+  for (const auto& module : named_modules()) {
+    auto projection = std::dynamic_pointer_cast<ProjectionImpl>(module.value());
+    if (projection && projection->is_quantized()) {
+      projection->SetBaseWeight(projection->EmptyDenseWeight().normal_(0.0, std));
+    }
+    for (auto& item : module.value()->named_parameters(/*recurse=*/false)) {
+      const std::string name = module.key() + "." + item.key();
+      torch::Tensor& p = item.value();
+      if (name.ends_with("layernorm.weight") || name.ends_with("norm.weight")) {
+        p.fill_(1.0);
+      } else if (name.ends_with(".bias")) {
+        p.zero_();
+      } else {
+        p.normal_(0.0, std);
+      }
     }
   }
 }

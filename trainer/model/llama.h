@@ -8,7 +8,9 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/model_config.h"
@@ -34,9 +36,13 @@ struct RotaryTables {
 };
 RotaryTables MakeRotaryTables(const ModelConfig& config, int64_t seq_len, torch::Device device);
 
+// `nf4` in the constructors below: when set, every decoder projection (q/k/v/o, gate/up/down) gets
+// an NF4 base weight, as BitsAndBytesConfig(load_in_4bit) quantises every decoder linear whichever
+// get adapters; the embeddings, norms and lm_head stay dense.
+
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const ModelConfig& config);
+  AttentionImpl(const ModelConfig& config, const std::optional<Nf4Options>& nf4);
   torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope);  // (B, T, C) -> (B, T, C)
 
  private:
@@ -47,7 +53,7 @@ TORCH_MODULE(Attention);
 
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const ModelConfig& config);
+  MlpImpl(const ModelConfig& config, const std::optional<Nf4Options>& nf4);
   torch::Tensor forward(const torch::Tensor& x);  // SwiGLU: down(silu(gate(x)) * up(x))
 
  private:
@@ -57,7 +63,7 @@ TORCH_MODULE(Mlp);
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit DecoderLayerImpl(const ModelConfig& config);
+  DecoderLayerImpl(const ModelConfig& config, const std::optional<Nf4Options>& nf4);
   torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope);  // (B, T, C)
 
  private:
@@ -75,7 +81,7 @@ struct LlamaOptions {
 // "model.*" of a Hugging Face LlamaForCausalLM: embeddings, decoder layers, final norm.
 class LlamaModelImpl : public torch::nn::Module {
  public:
-  explicit LlamaModelImpl(const ModelConfig& config);
+  LlamaModelImpl(const ModelConfig& config, const std::optional<Nf4Options>& nf4);
   // input_ids (B, T) int64 -> final hidden states (B, T, C)
   torch::Tensor forward(const torch::Tensor& input_ids, const LlamaOptions& options);
   torch::nn::Embedding embed_tokens{nullptr};
@@ -90,21 +96,28 @@ TORCH_MODULE(LlamaModel);
 
 class LlamaForCausalLMImpl : public torch::nn::Module {
  public:
-  explicit LlamaForCausalLMImpl(const ModelConfig& config);
+  explicit LlamaForCausalLMImpl(const ModelConfig& config,
+                                const std::optional<Nf4Options>& nf4 = std::nullopt);
 
   // input_ids (B, T) -> hidden states (B, T, C) after the final norm.
   torch::Tensor Hidden(const torch::Tensor& input_ids, const LlamaOptions& options);
   // hidden (N..., C) -> logits (N..., V) in the compute dtype, through lm_head (and its adapter, if
   // any), for any leading shape: (B, T, C) or a chunk of rows (N, C).
   torch::Tensor Logits(const torch::Tensor& hidden);
-  // Every tensor Logits reads that can need a gradient: the output weight (the embedding matrix when
-  // tied) and, with an lm_head adapter, its lora_A and lora_B weights.
+  // Every parameter Logits reads: the output weight (the embedding matrix when tied) and, with an
+  // lm_head adapter, its lora_A and lora_B weights.
   std::vector<torch::Tensor> OutputParameters() const;
 
   const ModelConfig& config() const { return config_; }
 
-  // Hugging Face's initialisation: normal(0, 0.02) for linear and embedding weights, zero biases, ones
-  // for norms. Deterministic under torch::manual_seed.
+  // Every projection by module name ("model.layers.0.self_attn.q_proj", "lm_head"), in module
+  // order.
+  std::vector<std::pair<std::string, Projection>> NamedProjections();
+
+  // Hugging Face's initialisation: normal(0, 0.02) for linear and embedding weights, zero biases,
+  // ones for norms. Deterministic under torch::manual_seed; an NF4 base draws its dense weight (one
+  // at a time) in the same order as a dense one, so the same seed gives the same weights,
+  // quantised.
   void InitializeRandom(double std = 0.02);
 
  private:

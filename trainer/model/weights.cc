@@ -85,6 +85,16 @@ Status LoadWeights(LlamaForCausalLM& model, const safetensors::ShardedCheckpoint
     RETURN_IF_ERROR(CopyTensorFromView(*view, item.value(), source));
     used.insert(name);
   }
+  for (auto& [module_name, projection] : model->NamedProjections()) {
+    if (!projection->is_quantized()) continue;
+    const std::string name = module_name + ".weight";
+    const safetensors::TensorView* view = checkpoint.Find(name);
+    if (view == nullptr) return DataLossError(source + ": tensor '" + name + "' is missing");
+    torch::Tensor dense = projection->EmptyDenseWeight();  // (O, I), freed after quantising
+    RETURN_IF_ERROR(CopyTensorFromView(*view, dense, source));
+    projection->SetBaseWeight(dense);
+    used.insert(name);
+  }
   for (const std::string& name : checkpoint.names()) {
     if (used.count(name)) continue;
     // Tied checkpoints sometimes store lm_head.weight as well; rotary tables are recomputed.
@@ -97,7 +107,7 @@ Status LoadWeights(LlamaForCausalLM& model, const safetensors::ShardedCheckpoint
 
 StatusOr<LlamaForCausalLM> BuildModel(const ModelConfig& config, const std::string& init,
                                       const std::string& model_dir, torch::Dtype dtype,
-                                      torch::Device device) {
+                                      torch::Device device, const std::optional<Nf4Options>& nf4) {
   std::unique_ptr<safetensors::ShardedCheckpoint> checkpoint;
   if (init == "pretrained") {
     ASSIGN_OR_RETURN(checkpoint, safetensors::ShardedCheckpoint::Open(model_dir));
@@ -107,7 +117,7 @@ StatusOr<LlamaForCausalLM> BuildModel(const ModelConfig& config, const std::stri
   LlamaForCausalLM model{nullptr};
   {
     ScopedDefaultDtype default_dtype(dtype);
-    model = LlamaForCausalLM(config);
+    model = LlamaForCausalLM(config, nf4);
   }
   if (!device.is_cpu()) model->to(device);
   if (checkpoint) {

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 
 #include "common/model_config.h"
@@ -15,13 +16,17 @@ namespace llmctl::trainer {
 
 // Builds the model with parameters of `dtype` on `device`. init "random" draws Hugging Face's
 // initialisation (seeded by the caller's torch::manual_seed); init "pretrained" loads `model_dir`'s
-// model.safetensors (or its sharded index). Errors name the file and the tensor.
+// model.safetensors (or its sharded index). Errors name the file and the tensor. With `nf4` the
+// decoder projections are NF4 (QLoRA): their dense weights never exist all at once, only one at a
+// time while it is quantised.
 StatusOr<LlamaForCausalLM> BuildModel(const ModelConfig& config, const std::string& init,
                                       const std::string& model_dir, torch::Dtype dtype,
-                                      torch::Device device);
+                                      torch::Device device,
+                                      const std::optional<Nf4Options>& nf4 = std::nullopt);
 
 // Copies every parameter from `checkpoint` by Hugging Face name, converting dtype tensor by tensor
-// straight from the memory-mapped file into the parameter (no second full copy of the model).
+// straight from the memory-mapped file into the parameter (no second full copy of the model). An
+// NF4 base weight is read into one dense tensor, quantised, and the dense tensor dropped.
 Status LoadWeights(LlamaForCausalLM& model, const safetensors::ShardedCheckpoint& checkpoint,
                    const std::string& source);
 

@@ -34,18 +34,6 @@ std::string_view LastSegment(std::string_view name) {
   return dot == std::string_view::npos ? name : name.substr(dot + 1);
 }
 
-// The projections carrying an adapter, by module name ("model.layers.0.self_attn.q_proj",
-// "lm_head").
-std::vector<std::pair<std::string, Projection>> Projections(LlamaForCausalLM& model) {
-  std::vector<std::pair<std::string, Projection>> projections;
-  for (const auto& item : model->named_modules()) {
-    if (auto projection = std::dynamic_pointer_cast<ProjectionImpl>(item.value())) {
-      projections.emplace_back(item.key(), Projection(projection));
-    }
-  }
-  return projections;
-}
-
 // The targets in kLoraTargets' order, so files do not depend on how the trial listed them.
 std::vector<std::string> SortedTargets(const std::vector<std::string>& targets) {
   std::vector<std::string> sorted;
@@ -155,15 +143,17 @@ bool IsEmbeddingLayerCopy(std::string_view name) {
 StatusOr<std::optional<LoraConfig>> LoraConfigFromTrial(const TrialConfig& trial) {
   const std::string method = trial.GetString("peft.method");
   if (method == "none") return std::optional<LoraConfig>();
-  if (method == "qlora") {
-    return InvalidArgumentError(
-        "peft.method qlora: NF4-quantised base weights are not built yet; use peft.method: lora");
-  }
   LoraConfig config;
   config.options.r = trial.GetInt("peft.r");
   config.options.alpha = trial.GetFloat("peft.alpha");
   config.options.dropout = trial.GetFloat("peft.dropout");
   config.targets = trial.GetStringList("peft.targets");
+  if (method == "qlora") {
+    config.nf4 = Nf4Options{.double_quant = trial.GetBool("peft.double_quant"),
+                            .compute_dtype = trial.GetString("peft.compute_dtype") == "fp32"
+                                                 ? torch::kFloat32
+                                                 : torch::kBFloat16};
+  }
   return std::optional<LoraConfig>(std::move(config));
 }
 
@@ -174,7 +164,7 @@ bool IsAdapterParameter(std::string_view name) {
 
 void ApplyLora(LlamaForCausalLM& model, const LoraConfig& config) {
   for (torch::Tensor& param : model->parameters()) param.requires_grad_(false);
-  for (auto& [name, projection] : Projections(model)) {
+  for (auto& [name, projection] : model->NamedProjections()) {
     const std::string_view target = LastSegment(name);
     if (std::find(config.targets.begin(), config.targets.end(), target) != config.targets.end()) {
       projection->AddAdapter(config.options);
@@ -251,11 +241,13 @@ Status SaveAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std:
 Status SaveMerged(LlamaForCausalLM& model, const std::string& dir) {
   RETURN_IF_ERROR(CreateDirectory(dir));
   torch::NoGradGuard no_grad;
-  std::map<std::string, torch::Tensor> merged_weights;  // "<projection>.weight" -> W + delta
-  for (auto& [name, projection] : Projections(model)) {
-    if (projection->has_adapter()) {
-      merged_weights[name + ".weight"] = projection->weight() + projection->MergedDelta();
-    }
+  // "<projection>.weight" -> W + delta, and the dequantised W of NF4 bases without an adapter
+  std::map<std::string, torch::Tensor> merged_weights;
+  for (auto& [name, projection] : model->NamedProjections()) {
+    if (!projection->has_adapter() && !projection->is_quantized()) continue;
+    torch::Tensor weight = projection->DenseWeight();
+    if (projection->has_adapter()) weight = weight + projection->MergedDelta();
+    merged_weights[name + ".weight"] = weight;
   }
   NamedTensors tensors;
   for (const auto& item : model->named_parameters()) {
@@ -264,10 +256,10 @@ Status SaveMerged(LlamaForCausalLM& model, const std::string& dir) {
     tensors.emplace_back(item.key(), merged.empty() ? item.value() : merged.mapped());
   }
   ModelConfig config = model->config();
-  // What is left has no parameter of its own: the tied lm_head, now its own matrix.
+  // What is left has no parameter of its own: NF4 bases, and the tied lm_head, now its own matrix.
   for (auto& [name, weight] : merged_weights) {
     tensors.emplace_back(name, weight);
-    config.tie_word_embeddings = false;
+    if (name == "lm_head.weight") config.tie_word_embeddings = false;
   }
   RETURN_IF_ERROR(WriteTensors(dir + "/model.safetensors", tensors, TorchFormat()));
   return WriteJson(dir + "/config.json", ToHfConfigJson(config));

@@ -23,10 +23,12 @@ namespace llmctl::trainer {
 struct LoraConfig {
   LoraOptions options;
   std::vector<std::string> targets;  // projection names from kLoraTargets, e.g. q_proj, lm_head
+  // QLoRA: the decoder projections' base weights are NF4 (BuildModel's `nf4`); nullopt for LoRA.
+  std::optional<Nf4Options> nf4;
 };
 
-// The adapter settings of a trial (peft.r, peft.alpha, peft.dropout, peft.targets); nullopt for
-// peft.method none. InvalidArgument for qlora, whose NF4 base weights are not built yet.
+// The adapter settings of a trial (peft.r, peft.alpha, peft.dropout, peft.targets, and for qlora
+// peft.double_quant and peft.compute_dtype); nullopt for peft.method none.
 StatusOr<std::optional<LoraConfig>> LoraConfigFromTrial(const TrialConfig& trial);
 
 // Freezes every parameter of `model` and adds a trainable adapter to every projection named in
@@ -51,7 +53,9 @@ Status SaveAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std:
                    const std::string& dir);
 
 // Writes `dir`/config.json and `dir`/model.safetensors (Hugging Face names, the parameters' dtype)
-// with every adapter merged into its base weight: W + (lora_B @ lora_A) * alpha / r. With tied
+// with every adapter merged into its base weight: W + (lora_B @ lora_A) * alpha / r. NF4 base
+// weights are dequantised to the parameters' dtype first, so a QLoRA model is written dense, as
+// PEFT's merge_and_unload of a dequantised 4-bit model gives it. With tied
 // embeddings and an lm_head adapter the output projection no longer equals the embedding matrix, so
 // lm_head.weight is written and config.json says tie_word_embeddings: false.
 Status SaveMerged(LlamaForCausalLM& model, const std::string& dir);

@@ -135,7 +135,7 @@ void SaveNf4(torch::autograd::AutogradContext* ctx, const Nf4Weight& w) {
   ctx->saved_data["absmax"] = w.absmax;
   ctx->saved_data["quantized_absmax"] = w.quantized_absmax;
   ctx->saved_data["nested_absmax"] = w.nested_absmax;
-  ctx->saved_data["offset"] = static_cast<double>(w.offset);
+  ctx->saved_data["offset"] = w.offset;
   ctx->saved_data["double_quant"] = w.double_quant;
 }
 
@@ -147,7 +147,7 @@ Nf4Weight LoadNf4(torch::autograd::AutogradContext* ctx) {
   w.absmax = ctx->saved_data["absmax"].toTensor();
   w.quantized_absmax = ctx->saved_data["quantized_absmax"].toTensor();
   w.nested_absmax = ctx->saved_data["nested_absmax"].toTensor();
-  w.offset = static_cast<float>(ctx->saved_data["offset"].toDouble());
+  w.offset = ctx->saved_data["offset"].toTensor();
   w.double_quant = ctx->saved_data["double_quant"].toBool();
   return w;
 }
@@ -223,12 +223,12 @@ int64_t Nf4Weight::numel() const {
 }
 
 std::vector<torch::Tensor> Nf4Weight::StorageTensors() const {
-  if (double_quant) return {packed, quantized_absmax, nested_absmax};
+  if (double_quant) return {packed, quantized_absmax, nested_absmax, offset};
   return {packed, absmax};
 }
 
 int64_t Nf4Weight::bytes() const {
-  int64_t total = double_quant ? static_cast<int64_t>(sizeof(offset)) : 0;
+  int64_t total = 0;
   for (const torch::Tensor& t : StorageTensors()) total += t.nbytes();
   return total;
 }
@@ -249,13 +249,43 @@ Nf4Weight QuantizeNf4(const torch::Tensor& weight, bool double_quant, int64_t bl
     w.absmax = s.absmax;
     return w;
   }
-  torch::Tensor offset = s.absmax.mean();
-  w.offset = offset.item<float>();
+  w.offset = s.absmax.mean();
   Blockwise8bit nested = QuantizeBlockwise8bit(
-      s.absmax - offset, DynamicMap(/*is_signed=*/true).to(weight.device()), kNestedBlocksize);
+      s.absmax - w.offset, DynamicMap(/*is_signed=*/true).to(weight.device()), kNestedBlocksize);
   w.quantized_absmax = nested.codes;
   w.nested_absmax = nested.absmax;
   return w;
+}
+
+Nf4Weight EmptyNf4(const std::vector<int64_t>& shape, bool double_quant, torch::Device device,
+                   int64_t blocksize) {
+  Nf4Weight w;
+  w.shape = shape;
+  w.blocksize = blocksize;
+  w.double_quant = double_quant;
+  const int64_t n = w.numel();
+  const int64_t blocks = (n + blocksize - 1) / blocksize;
+  const auto bytes = torch::TensorOptions().dtype(torch::kUInt8).device(device);
+  const auto floats = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  w.packed = torch::empty({(n + 1) / 2}, bytes);
+  if (!double_quant) {
+    w.absmax = torch::empty({blocks}, floats);
+    return w;
+  }
+  w.quantized_absmax = torch::empty({blocks}, bytes);
+  w.nested_absmax = torch::empty({(blocks + kNestedBlocksize - 1) / kNestedBlocksize}, floats);
+  w.offset = torch::empty({}, floats);
+  return w;
+}
+
+void CopyNf4(const Nf4Weight& from, Nf4Weight& to) {
+  TORCH_CHECK(from.shape == to.shape && from.blocksize == to.blocksize &&
+                  from.double_quant == to.double_quant,
+              "CopyNf4: the weights differ in shape, blocksize or double quantisation");
+  torch::NoGradGuard no_grad;
+  const std::vector<torch::Tensor> source = from.StorageTensors();
+  std::vector<torch::Tensor> target = to.StorageTensors();
+  for (size_t i = 0; i < source.size(); ++i) target[i].copy_(source[i]);
 }
 
 torch::Tensor DequantizeNf4(const Nf4Weight& w, torch::ScalarType dtype) {

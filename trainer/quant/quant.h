@@ -51,13 +51,15 @@ struct Nf4Weight {
   torch::Tensor absmax;            // fp32 (blocks); only without double quantisation
   torch::Tensor quantized_absmax;  // uint8 (blocks); only with double quantisation
   torch::Tensor nested_absmax;     // fp32 (ceil(blocks / 256)); only with double quantisation
-  float offset = 0;                // mean of the fp32 absmax; only with double quantisation
+  // fp32 scalar (0-dim): the mean of the fp32 absmax; only with double quantisation. A tensor, not
+  // a float, so it lives on the weight's device and moves, saves and loads with the other tensors.
+  torch::Tensor offset;
   bool double_quant = true;
 
   int64_t numel() const;
   // Every tensor it holds, so memory accounting counts them as parameter bytes.
   std::vector<torch::Tensor> StorageTensors() const;
-  // Bytes of StorageTensors() plus the fp32 offset with double quantisation.
+  // Bytes of StorageTensors().
   int64_t bytes() const;
 };
 
@@ -67,6 +69,12 @@ torch::Tensor Nf4CodeTable();
 // bitsandbytes quantize_4bit(quant_type="nf4", blocksize, compress_statistics=double_quant).
 // `weight` may have any float dtype and device; the result lives on the same device.
 Nf4Weight QuantizeNf4(const torch::Tensor& weight, bool double_quant, int64_t blocksize = 64);
+// An Nf4Weight for a weight of `shape` with its tensors allocated on `device` but not filled: a
+// module registers them before the values exist, and CopyNf4 fills them from QuantizeNf4's result.
+Nf4Weight EmptyNf4(const std::vector<int64_t>& shape, bool double_quant, torch::Device device,
+                   int64_t blocksize = 64);
+// Copies `from`'s tensors into `to`'s (same shape, blocksize and double_quant), in place.
+void CopyNf4(const Nf4Weight& from, Nf4Weight& to);
 // bitsandbytes dequantize_4bit: code * absmax in fp32, then rounded to `dtype`; the original shape.
 torch::Tensor DequantizeNf4(const Nf4Weight& w, torch::ScalarType dtype);
 

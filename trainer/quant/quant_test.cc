@@ -77,7 +77,7 @@ TEST(Nf4Test, MatchesBitsandbytes) {
                    name + " quantized absmax");
     ExpectBitEqual(nested.nested_absmax, fixture[name + ".double.nested_absmax"],
                    name + " nested absmax");
-    EXPECT_EQ(nested.offset, fixture[name + ".double.offset"].item<float>()) << name;
+    EXPECT_EQ(nested.offset.item<float>(), fixture[name + ".double.offset"].item<float>()) << name;
     ExpectBitEqual(DequantizeNf4(nested, weight.scalar_type()), fixture[name + ".double.dequant"],
                    name + " dequant (double quant)");
     EXPECT_EQ(DequantizeNf4(nested, torch::kFloat32).sizes(), weight.sizes());

@@ -1,9 +1,12 @@
 // Training checkpoints: everything a run needs to continue exactly where it stopped.
 //
-// <output_dir>/checkpoints/step-<N>/ holds model.safetensors (Hugging Face names, the run's dtype: the
-// directory loads in transformers), optimizer.safetensors (the optimizer's named state), rng.safetensors
-// (the generator states) and trainer_state.json (next step, data position, loss scale). A checkpoint is
-// written into step-<N>.tmp and renamed when complete, so a directory named step-<N> is always whole.
+// <output_dir>/checkpoints/step-<N>/ holds model.safetensors (Hugging Face names, the run's dtype:
+// the directory loads in transformers; a QLoRA run's NF4 base weights are there as their buffers,
+// "<projection>.nf4_packed" etc., saved rather than re-derived so a resume never depends on the
+// model files or seed being the same), optimizer.safetensors (the optimizer's named state),
+// rng.safetensors (the generator states) and trainer_state.json (next step, data position, loss
+// scale). A checkpoint is written into step-<N>.tmp and renamed when complete, so a directory named
+// step-<N> is always whole.
 #ifndef LLMCTL_TRAINER_TRAIN_CHECKPOINTS_H_
 #define LLMCTL_TRAINER_TRAIN_CHECKPOINTS_H_
 

@@ -89,6 +89,15 @@ double LearningRate(double peak, int64_t step, int64_t warmup_steps, int64_t tot
   return 0.5 * peak * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
+// What a checkpoint holds of the model: its parameters and buffers (a QLoRA model's NF4 base
+// weights), by name.
+NamedTensors ModelState(LlamaForCausalLM& model) {
+  NamedTensors state;
+  for (const auto& item : model->named_parameters()) state.emplace_back(item.key(), item.value());
+  for (const auto& item : model->named_buffers()) state.emplace_back(item.key(), item.value());
+  return state;
+}
+
 // Everything one run holds; members are destroyed in reverse order, model last.
 class TrialRun {
  public:
@@ -132,7 +141,7 @@ class TrialRun {
   std::optional<DeviceMemory> memory_;
   LlamaForCausalLM model_{nullptr};
   LlamaOptions model_options_;
-  std::optional<LoraConfig> lora_;  // peft.method lora
+  std::optional<LoraConfig> lora_;  // peft.method lora or qlora
   std::vector<torch::Tensor> all_params_;
   std::vector<torch::Tensor> trainable_params_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -185,14 +194,14 @@ Status TrialRun::Resume() {
   ASSIGN_OR_RETURN(LoadedCheckpoint checkpoint, LoadCheckpoint(dir));
   std::map<std::string, torch::Tensor> saved(checkpoint.model.begin(), checkpoint.model.end());
   torch::NoGradGuard no_grad;
-  for (auto& item : model_->named_parameters()) {
-    auto it = saved.find(item.key());
-    if (it == saved.end() || !it->second.sizes().equals(item.value().sizes())) {
+  for (auto& [name, tensor] : ModelState(model_)) {
+    auto it = saved.find(name);
+    if (it == saved.end() || !it->second.sizes().equals(tensor.sizes())) {
       return DataLossError(
-          dir + "/model.safetensors: parameter '" + item.key() +
+          dir + "/model.safetensors: tensor '" + name +
           "' is missing or has another shape (a checkpoint of a different model?)");
     }
-    item.value().copy_(it->second);
+    tensor.copy_(it->second);
   }
   RETURN_IF_ERROR(optimizer_->LoadNamedState(checkpoint.optimizer).WithContext(dir));
   RETURN_IF_ERROR(batches_->Restore(checkpoint.state.data_position).WithContext(dir));
@@ -205,8 +214,7 @@ Status TrialRun::Resume() {
 Status TrialRun::SaveCheckpointAfter(int64_t step) {
   const std::string dir =
       config_.GetString("output_dir") + "/checkpoints/step-" + std::to_string(step + 1);
-  NamedTensors model;
-  for (auto& item : model_->named_parameters()) model.emplace_back(item.key(), item.value());
+  const NamedTensors model = ModelState(model_);
   TrainingState state;
   state.next_step = step + 1;
   state.data_position = batches_->Position();
@@ -400,7 +408,7 @@ TrialResult TrialRun::Run() {
     memory_->ResetPeak();
     torch::manual_seed(static_cast<uint64_t>(config_.GetInt("seed")));
     auto model = BuildModel(model_config_, config_.GetString("init"), config_.GetString("model"),
-                            precision_.param_dtype, device_);
+                            precision_.param_dtype, device_, lora_ ? lora_->nf4 : std::nullopt);
     if (!model.ok()) return InvalidInput(model.status());
     model_ = std::move(*model);
     if (lora_) {
@@ -418,6 +426,8 @@ TrialResult TrialRun::Run() {
       all_params_.push_back(p);
       if (p.requires_grad()) trainable_params_.push_back(p);
     }
+    // Buffers hold model weights too: a QLoRA model's NF4 base weights.
+    for (const torch::Tensor& b : model_->buffers()) all_params_.push_back(b);
     OptimizerOptions optimizer_options;
     optimizer_options.name = config_.GetString("optimizer");
     optimizer_options.lr = config_.GetFloat("train.lr");
@@ -453,9 +463,12 @@ TrialResult TrialRun::Run() {
 
     int64_t trainable_count = 0;
     int64_t total_count = 0;
-    for (const torch::Tensor& p : all_params_) {
+    for (const torch::Tensor& p : model_->parameters()) {
       total_count += p.numel();
       if (p.requires_grad()) trainable_count += p.numel();
+    }
+    for (auto& [name, projection] : model_->NamedProjections()) {
+      if (projection->is_quantized()) total_count += projection->nf4_weight().numel();
     }
     events_.Emit({{"type", "start"},
                   {"config", config_.ToJson()},

@@ -397,11 +397,97 @@ TEST(LoraTrainingTest, StartsFromASavedAdapter) {
   std::filesystem::remove_all(out);
 }
 
-TEST(LoraTrainingTest, QloraIsRefusedUntilItIsBuilt) {
-  TrialRecord run = RunAndRecord(DemoConfig({{"peft.method", "qlora"}}));
-  EXPECT_EQ(run.result.outcome, Outcome::kFailed);
-  EXPECT_TRUE(run.result.invalid_input);
-  EXPECT_NE(run.result.error.find("peft.method qlora"), std::string::npos) << run.result.error;
+constexpr const char* kAllTargets =
+    "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head]";
+
+// QLoRA replaces each decoder projection's dense weight by its NF4 weight and changes nothing else:
+// the adapters, their gradients and their optimizer state are the LoRA run's to the byte.
+TEST(QloraTrainingTest, ParamsDropByTheDenseProjectionsLessTheirNf4Bytes) {
+  const std::vector<std::pair<std::string, std::string>> common = {{"train.max_steps", "1"},
+                                                                   {"precision", "bf16-true"},
+                                                                   {"peft.r", "8"},
+                                                                   {"peft.targets", kAllTargets}};
+  auto run_with = [&](const std::string& method) {
+    auto overrides = common;
+    overrides.emplace_back("peft.method", method);
+    return RunAndRecord(DemoConfig(overrides));
+  };
+  TrialRecord lora = run_with("lora");
+  TrialRecord qlora = run_with("qlora");
+  ASSERT_EQ(lora.result.outcome, Outcome::kOk) << lora.result.error;
+  ASSERT_EQ(qlora.result.outcome, Outcome::kOk) << qlora.result.error;
+
+  // Every decoder projection of the demo model, dense in bf16 (2 bytes a weight) or NF4.
+  auto quantized = BuildModel(*FindPreset("llmctl-demo"), "random", "", torch::kBFloat16,
+                              torch::kCPU, Nf4Options{});
+  ASSERT_TRUE(quantized.ok()) << quantized.status().ToString();
+  uint64_t dense_bytes = 0;
+  uint64_t nf4_bytes = 0;
+  for (auto& [name, projection] : (*quantized)->NamedProjections()) {
+    if (!projection->is_quantized()) continue;
+    dense_bytes += 2 * static_cast<uint64_t>(projection->nf4_weight().numel());
+    nf4_bytes += static_cast<uint64_t>(projection->nf4_weight().bytes());
+  }
+  const nlohmann::json l = lora.Snapshot(0, 1, "phase3_after_opt_step");
+  const nlohmann::json q = qlora.Snapshot(0, 1, "phase3_after_opt_step");
+  EXPECT_EQ(Field(q, "params_bytes"), Field(l, "params_bytes") - dense_bytes + nf4_bytes);
+  const uint64_t adapter_count = DemoAdapterCount(
+      8, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"});
+  EXPECT_EQ(Field(q, "grads_bytes"), 2 * adapter_count);
+  EXPECT_EQ(Field(q, "grads_bytes"), Field(l, "grads_bytes"));
+  EXPECT_EQ(Field(q, "optim_device_bytes"), Field(l, "optim_device_bytes"));
+  EXPECT_EQ(qlora.events.front()["parameters_trainable"], adapter_count);
+  EXPECT_EQ(qlora.events.front()["parameters_total"], DemoParameterCount() + adapter_count);
+  // Loading never holds the dense decoder weights at once.
+  EXPECT_LT(qlora.events.front()["load_peak_bytes"].get<uint64_t>(),
+            lora.events.front()["load_peak_bytes"].get<uint64_t>());
+  std::cout << "bf16-true, r 8 on every projection: params lora " << Field(l, "params_bytes")
+            << " B, qlora " << Field(q, "params_bytes") << " B (decoder projections " << dense_bytes
+            << " B dense, " << nf4_bytes << " B NF4); loading peak lora "
+            << lora.events.front()["load_peak_bytes"] << " B, qlora "
+            << qlora.events.front()["load_peak_bytes"] << " B" << std::endl;
+}
+
+TEST(QloraTrainingTest, TrainsTheAdaptersAndResumesExactly) {
+  const std::string out = testing::FreshTempDir("qlora");
+  const std::vector<std::pair<std::string, std::string>> qlora = {{"train.max_steps", "6"},
+                                                                  {"train.lr", "1e-2"},
+                                                                  {"peft.method", "qlora"},
+                                                                  {"peft.targets", kAllTargets},
+                                                                  {"peft.compute_dtype", "fp32"}};
+  auto with = [&](std::vector<std::pair<std::string, std::string>> more) {
+    more.insert(more.end(), qlora.begin(), qlora.end());
+    return DemoConfig(more);
+  };
+  TrialRecord whole = RunAndRecord(
+      with({{"checkpoint_every", "3"}, {"output_dir", out}, {"peft.save_merged", "true"}}));
+  ASSERT_EQ(whole.result.outcome, Outcome::kOk) << whole.result.error;
+  const std::vector<double> all = whole.Losses();
+  ASSERT_EQ(all.size(), 6u);
+  EXPECT_LT(all.back(), all.front() - 0.1) << "first " << all.front() << ", last " << all.back();
+
+  // The checkpoint holds the NF4 buffers, not dense decoder weights.
+  const std::string checkpoint = out + "/checkpoints/step-3";
+  auto saved = safetensors::SafetensorsFile::Open(checkpoint + "/model.safetensors");
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_NE((*saved)->Find("model.layers.0.self_attn.q_proj.nf4_packed"), nullptr);
+  EXPECT_NE((*saved)->Find("model.layers.0.self_attn.q_proj.nf4_offset"), nullptr);
+  EXPECT_EQ((*saved)->Find("model.layers.0.self_attn.q_proj.weight"), nullptr);
+
+  TrialRecord resumed = RunAndRecord(with({}), checkpoint);
+  ASSERT_EQ(resumed.result.outcome, Outcome::kOk) << resumed.result.error;
+  const std::vector<double> rest = resumed.Losses();
+  ASSERT_EQ(rest.size(), 3u);
+  for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], all[i + 3]) << "step " << i + 3;
+
+  EXPECT_TRUE(std::filesystem::exists(out + "/adapter/adapter_model.safetensors"));
+  // The merged model is dense: every projection weight is there, in the run's dtype.
+  auto merged = safetensors::SafetensorsFile::Open(out + "/merged/model.safetensors");
+  ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+  const safetensors::TensorView* q_proj = (*merged)->Find("model.layers.3.self_attn.q_proj.weight");
+  ASSERT_NE(q_proj, nullptr);
+  EXPECT_EQ(q_proj->dtype, safetensors::DType::kF32);
+  std::filesystem::remove_all(out);
 }
 
 }  // namespace
