@@ -6,6 +6,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <memory>
+#include <utility>
+
+#include "trainer/quant/quant_cpu.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -83,16 +87,17 @@ torch::Tensor ScaleBlocks(const torch::Tensor& values, const torch::Tensor& absm
   return out;
 }
 
-// Built once: DequantizeNf4 runs in every forward and backward.
-const torch::Tensor& SignedMapOnCpu() {
-  static const torch::Tensor map = DynamicMap(/*is_signed=*/true);
-  return map;
+// Built once: DequantizeNf4 runs in every forward and backward, the optimizer in every step.
+const torch::Tensor& DynamicMapOnCpu(bool is_signed) {
+  static const torch::Tensor signed_map = DynamicMap(/*is_signed=*/true);
+  static const torch::Tensor unsigned_map = DynamicMap(/*is_signed=*/false);
+  return is_signed ? signed_map : unsigned_map;
 }
 
 // The fp32 per-block absmax of an NF4 weight, undoing double quantisation when present.
 torch::Tensor Nf4Absmax(const Nf4Weight& w) {
   if (!w.double_quant) return w.absmax;
-  const torch::Tensor code = SignedMapOnCpu().to(w.quantized_absmax.device());
+  const torch::Tensor code = DynamicMapOnCpu(/*is_signed=*/true).to(w.quantized_absmax.device());
   return DequantizeBlockwise8bit({w.quantized_absmax, w.nested_absmax, kNestedBlocksize}, code)
       .add_(w.offset);
 }
@@ -125,6 +130,128 @@ void DequantizeNf4Cpu(const uint8_t* packed, const float* absmax, int64_t n, int
       }
     }
   });
+}
+
+// Blocks per parallel_for task: about 16K elements, so tasks outweigh their scheduling.
+int64_t GrainBlocks(int64_t blocksize) { return std::max<int64_t>(1, 16384 / blocksize); }
+
+// QuantizeBlockwise8bit on CPU in one pass over x, in parallel over blocks, without temporaries.
+template <typename T>
+void QuantizeBlockwise8bitCpu(const T* x, int64_t n, const quant_cpu::NearestCode<256>& nearest,
+                              int64_t blocksize, uint8_t* codes, float* absmax) {
+  const int64_t blocks = (n + blocksize - 1) / blocksize;
+  at::parallel_for(0, blocks, GrainBlocks(blocksize), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t start = b * blocksize;
+      const int64_t len = std::min(blocksize, n - start);
+      uint8_t* out = codes + start;
+      absmax[b] = quant_cpu::QuantizeBlock(x + start, len, len == blocksize, nearest,
+                                           [out](int64_t i, uint8_t code) { out[i] = code; });
+    }
+  });
+}
+
+// The NF4 codes and absmax on CPU in one pass over the weight, in parallel over blocks. `blocksize`
+// is even, so no byte straddles two blocks (two tasks never write one byte).
+template <typename T>
+void PackNf4Cpu(const T* x, int64_t n, int64_t blocksize, uint8_t* packed, float* absmax) {
+  static const auto* const nearest_nf4 = new quant_cpu::NearestCode<16>(kNf4Codes.data());
+  const quant_cpu::NearestCode<16>& nearest = *nearest_nf4;
+  // An odd count gets the code of 0 in the last low nibble, as the ATen path pads the scaled
+  // values.
+  const uint8_t pad = nearest(0.0f);
+  const int64_t blocks = (n + blocksize - 1) / blocksize;
+  at::parallel_for(0, blocks, GrainBlocks(blocksize), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t start = b * blocksize;
+      const int64_t len = std::min(blocksize, n - start);
+      uint8_t* out = packed + start / 2;
+      absmax[b] = quant_cpu::QuantizeBlock(x + start, len, len == blocksize, nearest,
+                                           [out](int64_t i, uint8_t code) {
+                                             if ((i & 1) == 0) {
+                                               out[i >> 1] = static_cast<uint8_t>(code << 4);
+                                             } else {
+                                               out[i >> 1] |= code;
+                                             }
+                                           });
+      if (len % 2 != 0) out[len >> 1] |= pad;
+    }
+  });
+}
+
+struct PackedNf4 {
+  torch::Tensor packed;  // uint8 (ceil(n / 2))
+  torch::Tensor absmax;  // fp32 (blocks)
+};
+
+PackedNf4 PackNf4OnCpu(const torch::Tensor& weight, int64_t blocksize) {
+  const torch::Tensor x = weight.contiguous();
+  const int64_t n = x.numel();
+  PackedNf4 out{torch::empty({(n + 1) / 2}, torch::TensorOptions().dtype(torch::kUInt8)),
+                torch::empty({(n + blocksize - 1) / blocksize},
+                             torch::TensorOptions().dtype(torch::kFloat32))};
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      torch::kBFloat16, torch::kHalf, x.scalar_type(), "QuantizeNf4", [&] {
+        PackNf4Cpu(x.data_ptr<scalar_t>(), n, blocksize, out.packed.data_ptr<uint8_t>(),
+                   out.absmax.data_ptr<float>());
+      });
+  return out;
+}
+
+PackedNf4 PackNf4WithAten(const torch::Tensor& weight, int64_t blocksize) {
+  BlockScaled s = ScaleByBlockAbsmax(Flat32(weight), blocksize);
+  // An odd count gets a zero in the last low nibble, as bitsandbytes pads it.
+  if (s.scaled.numel() % 2 != 0) s.scaled = torch::constant_pad_nd(s.scaled, {0, 1});
+  torch::Tensor codes = NearestCode(s.scaled, Nf4CodeTable().to(weight.device())).view({-1, 2});
+  return {codes.select(1, 0).bitwise_left_shift(4).bitwise_or_(codes.select(1, 1)), s.absmax};
+}
+
+// The Nf4Weight of packed codes and their absmax, double quantising the absmax if asked (with
+// QuantizeBlockwise8bit, or its ATen reference when `aten`).
+Nf4Weight MakeNf4Weight(const torch::Tensor& weight, PackedNf4 packed, bool double_quant,
+                        int64_t blocksize, bool aten) {
+  Nf4Weight w;
+  w.shape = weight.sizes().vec();
+  w.blocksize = blocksize;
+  w.double_quant = double_quant;
+  w.packed = std::move(packed.packed);
+  if (!double_quant) {
+    w.absmax = std::move(packed.absmax);
+    return w;
+  }
+  const torch::Tensor offset = packed.absmax.mean();
+  w.offset = offset;  // 0-dim fp32, so it moves and is saved with the other buffers
+  const torch::Tensor centred = packed.absmax - offset;
+  const torch::Tensor code = DynamicMapOnCpu(/*is_signed=*/true).to(weight.device());
+  Blockwise8bit nested = aten ? internal::QuantizeBlockwise8bitAten(centred, code, kNestedBlocksize)
+                              : QuantizeBlockwise8bit(centred, code, kNestedBlocksize);
+  w.quantized_absmax = nested.codes;
+  w.nested_absmax = nested.absmax;
+  return w;
+}
+
+void CheckNf4Arguments(const torch::Tensor& weight, int64_t blocksize) {
+  TORCH_CHECK(weight.is_floating_point(), "NF4 quantises float weights, got ",
+              weight.scalar_type());
+  TORCH_CHECK(blocksize > 0, "blocksize must be positive, got ", blocksize);
+}
+
+// The nearest-code search for a contiguous CPU `code_map`: the shared one for a dynamic map, else
+// one built into `storage`.
+const quant_cpu::NearestCode<256>& NearestFor(
+    const torch::Tensor& code_map, std::unique_ptr<quant_cpu::NearestCode<256>>& storage) {
+  for (const bool is_signed : {true, false}) {
+    if (torch::equal(code_map, DynamicMapOnCpu(is_signed))) {
+      return quant_cpu::DynamicMapNearest(is_signed);
+    }
+  }
+  storage = std::make_unique<quant_cpu::NearestCode<256>>(code_map.data_ptr<float>());
+  return *storage;
+}
+
+void CheckCodeMap(const torch::Tensor& code_map) {
+  TORCH_CHECK(code_map.numel() == 256 && code_map.scalar_type() == torch::kFloat32,
+              "code map must be 256 fp32 codes");
 }
 
 // Saved in the autograd context instead of the dense weight: the backward dequantises again.
@@ -178,6 +305,19 @@ class Nf4LinearFunction : public torch::autograd::Function<Nf4LinearFunction> {
 
 }  // namespace
 
+namespace quant_cpu {
+
+const NearestCode<256>& DynamicMapNearest(bool is_signed) {
+  // Leaked on purpose: no destructor runs at exit.
+  static const auto* const signed_nearest =
+      new NearestCode<256>(DynamicMapOnCpu(/*is_signed=*/true).data_ptr<float>());
+  static const auto* const unsigned_nearest =
+      new NearestCode<256>(DynamicMapOnCpu(/*is_signed=*/false).data_ptr<float>());
+  return is_signed ? *signed_nearest : *unsigned_nearest;
+}
+
+}  // namespace quant_cpu
+
 torch::Tensor DynamicMap(bool is_signed) {
   // create_dynamic_map(signed, max_exponent_bits=7, total_bits=8): for exponent i, 2^i (signed) or
   // 2^(i+1) (unsigned) linearly spaced fractions in (0.1, 1) scaled by 10^(i-6), mirrored for the
@@ -201,10 +341,26 @@ torch::Tensor DynamicMap(bool is_signed) {
 
 Blockwise8bit QuantizeBlockwise8bit(const torch::Tensor& x, const torch::Tensor& code_map,
                                     int64_t blocksize) {
-  TORCH_CHECK(code_map.numel() == 256 && code_map.scalar_type() == torch::kFloat32,
-              "code map must be 256 fp32 codes");
-  BlockScaled s = ScaleByBlockAbsmax(Flat32(x), blocksize);
-  return {NearestCode(s.scaled, code_map).view(x.sizes()), s.absmax, blocksize};
+  if (!x.is_cpu() || !x.is_floating_point()) {
+    return internal::QuantizeBlockwise8bitAten(x, code_map, blocksize);
+  }
+  CheckCodeMap(code_map);
+  TORCH_CHECK(blocksize > 0, "blocksize must be positive, got ", blocksize);
+  const torch::Tensor flat = x.contiguous();
+  const torch::Tensor map = code_map.contiguous();
+  const int64_t n = flat.numel();
+  std::unique_ptr<quant_cpu::NearestCode<256>> storage;
+  const quant_cpu::NearestCode<256>& nearest = NearestFor(map, storage);
+  Blockwise8bit q{torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kUInt8)),
+                  torch::empty({(n + blocksize - 1) / blocksize},
+                               torch::TensorOptions().dtype(torch::kFloat32)),
+                  blocksize};
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      torch::kBFloat16, torch::kHalf, flat.scalar_type(), "QuantizeBlockwise8bit", [&] {
+        QuantizeBlockwise8bitCpu(flat.data_ptr<scalar_t>(), n, nearest, blocksize,
+                                 q.codes.data_ptr<uint8_t>(), q.absmax.data_ptr<float>());
+      });
+  return q;
 }
 
 torch::Tensor DequantizeBlockwise8bit(const Blockwise8bit& q, const torch::Tensor& code_map) {
@@ -234,27 +390,13 @@ int64_t Nf4Weight::bytes() const {
 }
 
 Nf4Weight QuantizeNf4(const torch::Tensor& weight, bool double_quant, int64_t blocksize) {
-  TORCH_CHECK(weight.is_floating_point(), "NF4 quantises float weights, got ",
-              weight.scalar_type());
-  Nf4Weight w;
-  w.shape = weight.sizes().vec();
-  w.blocksize = blocksize;
-  w.double_quant = double_quant;
-  BlockScaled s = ScaleByBlockAbsmax(Flat32(weight), blocksize);
-  // An odd count gets a zero in the last low nibble, as bitsandbytes pads it.
-  if (s.scaled.numel() % 2 != 0) s.scaled = torch::constant_pad_nd(s.scaled, {0, 1});
-  torch::Tensor codes = NearestCode(s.scaled, Nf4CodeTable().to(weight.device())).view({-1, 2});
-  w.packed = codes.select(1, 0).bitwise_left_shift(4).bitwise_or_(codes.select(1, 1));
-  if (!double_quant) {
-    w.absmax = s.absmax;
-    return w;
+  // Odd block sizes (bitsandbytes has none) share a byte between blocks: ATen only.
+  if (!weight.is_cpu() || blocksize % 2 != 0) {
+    return internal::QuantizeNf4Aten(weight, double_quant, blocksize);
   }
-  w.offset = s.absmax.mean();
-  Blockwise8bit nested = QuantizeBlockwise8bit(
-      s.absmax - w.offset, DynamicMap(/*is_signed=*/true).to(weight.device()), kNestedBlocksize);
-  w.quantized_absmax = nested.codes;
-  w.nested_absmax = nested.absmax;
-  return w;
+  CheckNf4Arguments(weight, blocksize);
+  return MakeNf4Weight(weight, PackNf4OnCpu(weight, blocksize), double_quant, blocksize,
+                       /*aten=*/false);
 }
 
 Nf4Weight EmptyNf4(const std::vector<int64_t>& shape, bool double_quant, torch::Device device,
@@ -314,5 +456,22 @@ torch::Tensor Nf4Linear(const torch::Tensor& x, const Nf4Weight& w,
               x.size(-1), ") does not match the weight's in-features");
   return Nf4LinearFunction::apply(x, w, compute_dtype);
 }
+
+namespace internal {
+
+Blockwise8bit QuantizeBlockwise8bitAten(const torch::Tensor& x, const torch::Tensor& code_map,
+                                        int64_t blocksize) {
+  CheckCodeMap(code_map);
+  BlockScaled s = ScaleByBlockAbsmax(Flat32(x), blocksize);
+  return {NearestCode(s.scaled, code_map).view(x.sizes()), s.absmax, blocksize};
+}
+
+Nf4Weight QuantizeNf4Aten(const torch::Tensor& weight, bool double_quant, int64_t blocksize) {
+  CheckNf4Arguments(weight, blocksize);
+  return MakeNf4Weight(weight, PackNf4WithAten(weight, blocksize), double_quant, blocksize,
+                       /*aten=*/true);
+}
+
+}  // namespace internal
 
 }  // namespace llmctl::trainer

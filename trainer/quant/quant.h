@@ -8,7 +8,9 @@
 // native CPU kernel is an approximation that misplaces ~0.15% of values, and is not what is matched
 // here.
 //
-// Implemented with device-generic ATen ops, so weights and optimizer state can live on CPU or CUDA.
+// Implemented with device-generic ATen ops, so weights and optimizer state can live on CPU or CUDA;
+// CPU tensors take one-pass loops, parallel over blocks, with the same fp32 arithmetic (the same
+// bits) and no temporaries the size of the input.
 // Argument errors are programming errors and throw c10::Error (TORCH_CHECK).
 #ifndef LLMCTL_TRAINER_QUANT_QUANT_H_
 #define LLMCTL_TRAINER_QUANT_QUANT_H_
@@ -83,6 +85,16 @@ torch::Tensor DequantizeNf4(const Nf4Weight& w, torch::ScalarType dtype);
 // does. x (..., in) -> y (..., out).
 torch::Tensor Nf4Linear(const torch::Tensor& x, const Nf4Weight& w,
                         torch::ScalarType compute_dtype);
+
+namespace internal {
+
+// The device-generic ATen implementations, which non-CPU tensors take. The CPU fast paths of
+// QuantizeBlockwise8bit and QuantizeNf4 give the same bits; tests check them against these.
+Blockwise8bit QuantizeBlockwise8bitAten(const torch::Tensor& x, const torch::Tensor& code_map,
+                                        int64_t blocksize);
+Nf4Weight QuantizeNf4Aten(const torch::Tensor& weight, bool double_quant, int64_t blocksize);
+
+}  // namespace internal
 
 }  // namespace llmctl::trainer
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -115,6 +116,114 @@ TEST(Nf4Test, BitsPerParamAndThroughputFor4096x4096) {
     EXPECT_LT((dense.to(torch::kFloat32) - weight.to(torch::kFloat32)).abs().max().item<float>(),
               0.2f * 0.12f);
   }
+}
+
+// Bitwise equality (so -0 differs from 0), except that any NaN equals any NaN: ATen's reductions do
+// not all return the same NaN bits.
+void ExpectSameBits(const torch::Tensor& actual, const torch::Tensor& expected,
+                    const std::string& what) {
+  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  if (actual.scalar_type() != torch::kFloat32) {
+    EXPECT_TRUE(torch::equal(actual, expected))
+        << what << ": " << actual.ne(expected).sum().item<int64_t>() << " elements differ";
+    return;
+  }
+  const auto bits = [](const torch::Tensor& t) {
+    return torch::where(t.isnan(), torch::zeros_like(t), t).view(torch::kInt32);
+  };
+  const torch::Tensor differ =
+      bits(actual).ne(bits(expected)).logical_or_(actual.isnan().logical_xor(expected.isnan()));
+  EXPECT_EQ(differ.sum().item<int64_t>(), 0) << what << ": elements differ";
+}
+
+// Values on and next to every midpoint between neighbouring codes of `code` (the ties the nearest-
+// code search must resolve as the ATen path does), led by 1 so that a block holding them has absmax
+// 1 and is scaled exactly.
+torch::Tensor MidpointProbes(const torch::Tensor& code) {
+  const torch::Tensor mid = (code.slice(0, 0, -1) + code.slice(0, 1)) / 2.0;
+  const torch::Tensor up = torch::nextafter(mid, torch::full_like(mid, 2.0));
+  const torch::Tensor down = torch::nextafter(mid, torch::full_like(mid, -2.0));
+  return torch::cat({torch::ones({1}), mid, up, down});
+}
+
+// The CPU fast path against the ATen path (internal::QuantizeBlockwise8bitAten): random blocks of
+// each float dtype with short tails, a zero block, the midpoints (exact ties), inf and NaN, a
+// non-contiguous view, and several block sizes.
+TEST(Blockwise8bitTest, CpuPathMatchesAtenPath) {
+  torch::manual_seed(7);
+  for (const bool is_signed : {true, false}) {
+    const torch::Tensor map = DynamicMap(is_signed);
+    const torch::Tensor probes = MidpointProbes(map);  // 1 + 3 * 255: 766
+    // The probes start a block for block sizes 64 and 256.
+    torch::Tensor x = torch::cat({torch::randn({5120}) * 3e-3, torch::zeros({256}), probes,
+                                  probes.slice(0, 0, 100) * 0.5, torch::randn({77})});
+    if (!is_signed) x = x.abs();
+    torch::Tensor special = torch::randn({600});
+    special[5] = INFINITY;
+    special[300] = std::nan("");
+    special[599] = -INFINITY;
+    for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
+      for (const int64_t blocksize : {64, 256, 4096}) {
+        for (const torch::Tensor& input : {x, special, x.slice(0, 0, 4000).view({40, 100}).t()}) {
+          const torch::Tensor typed = input.to(dtype);
+          const std::string what =
+              std::string(is_signed ? "signed " : "unsigned ") + torch::toString(dtype) +
+              " blocksize " + std::to_string(blocksize) + " numel " + std::to_string(input.numel());
+          Blockwise8bit fast = QuantizeBlockwise8bit(typed, map, blocksize);
+          Blockwise8bit aten = internal::QuantizeBlockwise8bitAten(typed, map, blocksize);
+          ExpectSameBits(fast.codes, aten.codes, what + " codes");
+          ExpectSameBits(fast.absmax, aten.absmax, what + " absmax");
+        }
+      }
+    }
+  }
+}
+
+// The same for NF4, plain and double quantised: odd element counts (a padded last byte), tails,
+// exact ties on the NF4 midpoints, fp32/bf16/fp16 and a non-contiguous weight.
+TEST(Nf4Test, CpuPathMatchesAtenPath) {
+  torch::manual_seed(8);
+  const torch::Tensor probes = MidpointProbes(Nf4CodeTable());  // 1 + 3 * 15: 46
+  const torch::Tensor tied = torch::cat({probes, torch::zeros({18}), probes * -0.25}).view({2, 55});
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kHalf}) {
+    for (const torch::Tensor& weight :
+         {torch::randn({64, 128}) * 0.02, torch::randn({37, 75}) * 0.02,
+          torch::randn({300, 41}).t() * 0.02, tied, torch::randn({1})}) {
+      for (const int64_t blocksize : {64, 128}) {
+        for (const bool double_quant : {false, true}) {
+          const torch::Tensor typed = weight.to(dtype);
+          const std::string what = std::string(torch::toString(dtype)) + " numel " +
+                                   std::to_string(weight.numel()) + " blocksize " +
+                                   std::to_string(blocksize) + (double_quant ? " double" : "");
+          Nf4Weight fast = QuantizeNf4(typed, double_quant, blocksize);
+          Nf4Weight aten = internal::QuantizeNf4Aten(typed, double_quant, blocksize);
+          ExpectSameBits(fast.packed, aten.packed, what + " packed");
+          if (double_quant) {
+            ExpectSameBits(fast.quantized_absmax, aten.quantized_absmax,
+                           what + " quantized absmax");
+            ExpectSameBits(fast.nested_absmax, aten.nested_absmax, what + " nested absmax");
+            ExpectSameBits(fast.offset, aten.offset, what + " offset");
+          } else {
+            ExpectSameBits(fast.absmax, aten.absmax, what + " absmax");
+          }
+        }
+      }
+    }
+  }
+}
+
+// Quantising allocates its outputs and nothing the size of the input.
+TEST(Nf4Test, CpuQuantisationAllocatesOnlyItsOutputs) {
+  CountingCpuAllocator& allocator = CountingCpuAllocator::Install();
+  const torch::Tensor weight = (torch::randn({1024, 1024}) * 0.02).to(torch::kBFloat16);
+  const uint64_t before = allocator.device().allocated_bytes;
+  allocator.ResetPeaks();
+  Nf4Weight w = QuantizeNf4(weight, /*double_quant=*/true);
+  const uint64_t peak = allocator.device().peak_bytes - before;
+  std::printf("NF4 1024x1024 bf16: peak %llu bytes while quantising, %lld bytes stored\n",
+              static_cast<unsigned long long>(peak), static_cast<long long>(w.bytes()));
+  EXPECT_LT(peak, static_cast<uint64_t>(w.bytes()) + weight.nbytes() / 4);
 }
 
 TEST(Nf4LinearTest, ForwardAndInputGradientMatchTheDensePath) {

@@ -1,11 +1,17 @@
 #include "trainer/train/adamw_8bit.h"
 
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <string>
 #include <utility>
 
 #include "trainer/quant/quant.h"
+#include "trainer/quant/quant_cpu.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -19,10 +25,82 @@ struct Moments {
   torch::Tensor exp_avg_sq;
 };
 
+// The update's scalars in fp32, each rounded from double as ATen rounds a Scalar applied to an fp32
+// tensor.
+struct UpdateScalars {
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float step_size;  // -lr c2 / c1
+  float eps;        // c2 eps
+  bool decays;
+  float decay;  // 1 - lr wd
+};
+
+// One moment's 8-bit state as raw CPU buffers.
+struct EightBitBuffers {
+  uint8_t* codes;
+  float* absmax;
+  const float* map;
+  const quant_cpu::NearestCode<256>* nearest;
+};
+
+// Requantises one block of new moment values into `state` at block `b`.
+void StoreBlock(const float* values, int64_t b, int64_t len, const EightBitBuffers& state) {
+  uint8_t* out = state.codes + b * kAdamW8bitBlocksize;
+  state.absmax[b] =
+      quant_cpu::QuantizeBlock(values, len, len == kAdamW8bitBlocksize, *state.nearest,
+                               [out](int64_t i, uint8_t code) { out[i] = code; });
+}
+
+// The 8-bit update of a CPU parameter in one pass, in parallel over state blocks, allocating
+// nothing: per block, the old moments are dequantised, updated with the ATen path's fp32 arithmetic
+// in its order, buffered on the stack (the new absmax is needed before the codes) and requantised.
+// ATen's CPU kernels fuse the scaled term into the sum in add(alpha) and addcmul, so std::fma is
+// used exactly there; the file is built with -ffp-contract=off so the compiler fuses nothing else.
+// m and v, hence the codes and absmax, are bit-identical to the ATen path's; std::sqrt is correctly
+// rounded where ATen's CPU sqrt (MKL) is at times 1 ulp off, so a parameter may differ by a
+// rounding step.
+template <typename T>
+void UpdateBlocksCpu(T* p, const T* g, int64_t n, const EightBitBuffers& m,
+                     const EightBitBuffers& v, const UpdateScalars& s) {
+  const int64_t blocks = (n + kAdamW8bitBlocksize - 1) / kAdamW8bitBlocksize;
+  at::parallel_for(0, blocks, /*grain_size=*/16, [&](int64_t begin, int64_t end) {
+    std::array<float, kAdamW8bitBlocksize> m_new;
+    std::array<float, kAdamW8bitBlocksize> v_new;
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t start = b * kAdamW8bitBlocksize;
+      const int64_t len = std::min(kAdamW8bitBlocksize, n - start);
+      const float m_scale = m.absmax[b];
+      const float v_scale = v.absmax[b];
+      for (int64_t i = 0; i < len; ++i) {
+        const int64_t j = start + i;
+        const float m_old = m.map[m.codes[j]] * m_scale;
+        const float v_old = v.map[v.codes[j]] * v_scale;
+        const float grad = static_cast<float>(g[j]);
+        if (!std::isfinite(grad)) {
+          m_new[i] = m_old;
+          v_new[i] = v_old;
+          continue;
+        }
+        m_new[i] = std::fma(grad, s.one_minus_beta1, m_old * s.beta1);
+        v_new[i] = std::fma(s.one_minus_beta2 * grad, grad, v_old * s.beta2);
+        float updated =
+            static_cast<float>(p[j]) + s.step_size * m_new[i] / (std::sqrt(v_new[i]) + s.eps);
+        if (s.decays) updated = updated * s.decay;
+        p[j] = static_cast<T>(updated);
+      }
+      StoreBlock(m_new.data(), b, len, m);
+      StoreBlock(v_new.data(), b, len, v);
+    }
+  });
+}
+
 class AdamW8bit final : public Optimizer {
  public:
-  AdamW8bit(const OptimizerOptions& options, std::vector<torch::Tensor> params)
-      : options_(options), params_(std::move(params)) {}
+  AdamW8bit(const OptimizerOptions& options, std::vector<torch::Tensor> params, AdamW8bitImpl impl)
+      : options_(options), params_(std::move(params)), impl_(impl) {}
 
   void Step(double lr) override {
     BeginStep(lr);
@@ -135,6 +213,37 @@ class AdamW8bit final : public Optimizer {
   }
 
   void Update(torch::Tensor& p, Moments& s, double lr, double c1, double c2) {
+    const torch::Tensor& grad = p.grad();
+    if (impl_ == AdamW8bitImpl::kDefault && s.eight_bit && p.is_cpu() && p.is_contiguous() &&
+        grad.scalar_type() == p.scalar_type()) {
+      UpdateCpu(p, grad.contiguous(), s, lr, c1, c2);
+    } else {
+      UpdateAten(p, s, lr, c1, c2);
+    }
+  }
+
+  void UpdateCpu(torch::Tensor& p, const torch::Tensor& grad, Moments& s, double lr, double c1,
+                 double c2) {
+    const UpdateScalars scalars{
+        static_cast<float>(options_.beta1), static_cast<float>(1.0 - options_.beta1),
+        static_cast<float>(options_.beta2), static_cast<float>(1.0 - options_.beta2),
+        static_cast<float>(-lr * c2 / c1),  static_cast<float>(c2 * options_.eps),
+        options_.weight_decay > 0.0,        static_cast<float>(1.0 - lr * options_.weight_decay)};
+    const EightBitBuffers m{s.m.codes.data_ptr<uint8_t>(), s.m.absmax.data_ptr<float>(),
+                            signed_map_.data_ptr<float>(),
+                            &quant_cpu::DynamicMapNearest(/*is_signed=*/true)};
+    const EightBitBuffers v{s.v.codes.data_ptr<uint8_t>(), s.v.absmax.data_ptr<float>(),
+                            unsigned_map_.data_ptr<float>(),
+                            &quant_cpu::DynamicMapNearest(/*is_signed=*/false)};
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        torch::kBFloat16, torch::kHalf, p.scalar_type(), "AdamW8bitUpdate", [&] {
+          UpdateBlocksCpu(p.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(), p.numel(), m, v,
+                          scalars);
+        });
+  }
+
+  // Device-generic: every tensor, whatever its device or dtype; also the small tensors' fp32 path.
+  void UpdateAten(torch::Tensor& p, Moments& s, double lr, double c1, double c2) {
     const torch::Tensor g = p.grad().reshape(-1).to(torch::kFloat32);  // (n)
     // Elementwise skip without a host sync: non-finite elements keep their old values below.
     const torch::Tensor finite = g.isfinite();
@@ -170,6 +279,7 @@ class AdamW8bit final : public Optimizer {
 
   OptimizerOptions options_;
   std::vector<torch::Tensor> params_;
+  AdamW8bitImpl impl_;
   std::vector<Moments> moments_;
   torch::Tensor signed_map_;
   torch::Tensor unsigned_map_;
@@ -184,8 +294,8 @@ class AdamW8bit final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> MakeAdamW8bit(const OptimizerOptions& options,
-                                         std::vector<torch::Tensor> params) {
-  return std::make_unique<AdamW8bit>(options, std::move(params));
+                                         std::vector<torch::Tensor> params, AdamW8bitImpl impl) {
+  return std::make_unique<AdamW8bit>(options, std::move(params), impl);
 }
 
 }  // namespace llmctl::trainer

@@ -18,6 +18,13 @@ inline constexpr int64_t kAdamW8bitBlocksize = 256;
 // Tensors with fewer elements keep fp32 moments (bitsandbytes' min_8bit_size).
 inline constexpr int64_t kAdamW8bitMinSize = 4096;
 
+// How Step() updates 8-bit state. kDefault: for CPU parameters, one fused pass per tensor with no
+// temporaries the size of the parameter; device-generic ATen ops for any other. kAten: the ATen ops
+// everywhere, the reference the fused CPU kernel is tested against: the same state bits, parameters
+// within a rounding step (its sqrt is correctly rounded, ATen's CPU sqrt is MKL's, 1 ulp off at
+// times).
+enum class AdamW8bitImpl { kDefault, kAten };
+
 // Per parameter of n elements, the state is:
 //   n >= kAdamW8bitMinSize: m as uint8 codes of the signed dynamic map and v of the unsigned one,
 //   with an
@@ -32,7 +39,8 @@ inline constexpr int64_t kAdamW8bitMinSize = 4096;
 // and m, v are requantised blockwise to the nearest code. Elements whose gradient is not finite
 // keep their parameter and moments unchanged, as the kernel skips them.
 std::unique_ptr<Optimizer> MakeAdamW8bit(const OptimizerOptions& options,
-                                         std::vector<torch::Tensor> params);
+                                         std::vector<torch::Tensor> params,
+                                         AdamW8bitImpl impl = AdamW8bitImpl::kDefault);
 
 }  // namespace llmctl::trainer
 
