@@ -11,6 +11,7 @@
 #include "trainer/memory/counting_allocator.h"
 #include "trainer/model/weights.h"
 #include "trainer/safetensors/safetensors.h"
+#include "trainer/testing/trial_runner.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -18,15 +19,7 @@ namespace {
 // tests/fixtures/quant/<name>, written by scripts/fixtures/make_bnb_fixtures.py from bitsandbytes
 // 0.50.2.
 std::map<std::string, torch::Tensor> LoadFixture(const std::string& name) {
-  const char* root = std::getenv("LLMCTL_SOURCE_DIR");
-  auto file = safetensors::SafetensorsFile::Open(std::string(root ? root : ".") +
-                                                 "/tests/fixtures/quant/" + name);
-  EXPECT_TRUE(file.ok()) << file.status().ToString();
-  std::map<std::string, torch::Tensor> tensors;
-  if (!file.ok()) return tensors;
-  for (const safetensors::TensorView& view : (*file)->tensors())
-    tensors[view.name] = TensorFromView(view).clone();
-  return tensors;
+  return testing::LoadTensorFixture("quant/" + name);
 }
 
 void ExpectBitEqual(const torch::Tensor& actual, const torch::Tensor& expected,

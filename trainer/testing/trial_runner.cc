@@ -8,6 +8,8 @@
 #include <fstream>
 
 #include "common/experiment.h"
+#include "trainer/model/weights.h"
+#include "trainer/safetensors/safetensors.h"
 
 namespace llmctl::trainer::testing {
 
@@ -36,13 +38,15 @@ std::vector<nlohmann::json> TrialRecord::OfType(const std::string& type) const {
   return matching;
 }
 
-nlohmann::json TrialRecord::Snapshot(int64_t step, int64_t micro_batch, const std::string& phase) const {
+nlohmann::json TrialRecord::Snapshot(int64_t step, int64_t micro_batch,
+                                     const std::string& phase) const {
   for (const auto& event : OfType("snapshot")) {
     if (event["step"] == step && event["micro_batch"] == micro_batch && event["phase"] == phase) {
       return event;
     }
   }
-  ADD_FAILURE() << "no snapshot for step " << step << ", micro-batch " << micro_batch << ", " << phase;
+  ADD_FAILURE() << "no snapshot for step " << step << ", micro-batch " << micro_batch << ", "
+                << phase;
   return nlohmann::json::object();
 }
 
@@ -53,8 +57,9 @@ std::vector<double> TrialRecord::Losses() const {
 }
 
 TrialRecord RunAndRecord(const TrialConfig& config, const std::string& resume_from) {
-  const std::filesystem::path path = std::filesystem::temp_directory_path() /
-                                     ("llmctl-test-events-" + std::to_string(::getpid()) + ".jsonl");
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() /
+      ("llmctl-test-events-" + std::to_string(::getpid()) + ".jsonl");
   std::filesystem::remove(path);
   RunOptions options;
   options.events_path = path.string();
@@ -66,6 +71,17 @@ TrialRecord RunAndRecord(const TrialConfig& config, const std::string& resume_fr
   while (std::getline(in, line)) record.events.push_back(nlohmann::json::parse(line));
   std::filesystem::remove(path);
   return record;
+}
+
+std::map<std::string, torch::Tensor> LoadTensorFixture(const std::string& relative_path) {
+  auto file = safetensors::SafetensorsFile::Open(SourceDir() + "/tests/fixtures/" + relative_path);
+  EXPECT_TRUE(file.ok()) << file.status().ToString();
+  std::map<std::string, torch::Tensor> tensors;
+  if (!file.ok()) return tensors;
+  for (const safetensors::TensorView& view : (*file)->tensors()) {
+    tensors[view.name] = TensorFromView(view).clone();
+  }
+  return tensors;
 }
 
 std::string FreshTempDir(const std::string& name) {

@@ -1,13 +1,15 @@
-// Test support: runs a trial of experiments/demo.yaml (with overrides) in this process and reads back
-// its event log.
+// Test support: runs a trial of experiments/demo.yaml (with overrides) in this process and reads
+// back its event log.
 #ifndef LLMCTL_TRAINER_TESTING_TRIAL_RUNNER_H_
 #define LLMCTL_TRAINER_TESTING_TRIAL_RUNNER_H_
 
+#include <torch/torch.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/trial_config.h"
 #include "trainer/train/trainer.h"
@@ -17,8 +19,8 @@ namespace llmctl::trainer::testing {
 // The repository root (LLMCTL_SOURCE_DIR, set by ctest).
 std::string SourceDir();
 
-// experiments/demo.yaml's trial with `overrides` applied as `--set key=value` would; fails the test on
-// a bad override.
+// experiments/demo.yaml's trial with `overrides` applied as `--set key=value` would; fails the test
+// on a bad override.
 TrialConfig DemoConfig(const std::vector<std::pair<std::string, std::string>>& overrides);
 
 struct TrialRecord {
@@ -33,6 +35,10 @@ struct TrialRecord {
 
 // Runs the trial (continuing from `resume_from` when given) and reads its event log back.
 TrialRecord RunAndRecord(const TrialConfig& config, const std::string& resume_from = "");
+
+// Every tensor of tests/fixtures/<relative_path> (a safetensors file), copied out of the mapping;
+// fails the test when the file cannot be read.
+std::map<std::string, torch::Tensor> LoadTensorFixture(const std::string& relative_path);
 
 // A fresh empty directory under the system's temporary directory, unique to this process.
 std::string FreshTempDir(const std::string& name);

@@ -156,20 +156,10 @@ class AdamW8bit final : public Optimizer {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < moments_.size(); ++i) {
       for (auto& [field, target] : Fields(moments_[i])) {
-        const std::string name = std::to_string(i) + field;
-        auto it = by_name.find(name);
-        if (it == by_name.end() || !it->second.sizes().equals(target.sizes()) ||
-            it->second.scalar_type() != target.scalar_type()) {
-          return DataLossError("optimizer state '" + name +
-                               "' is missing or has the wrong shape or dtype");
-        }
-        target.copy_(it->second);
+        RETURN_IF_ERROR(CopyNamedState(by_name, std::to_string(i) + field, target));
       }
     }
-    auto it = by_name.find("step");
-    if (it == by_name.end()) return DataLossError("optimizer state 'step' is missing");
-    step_.copy_(it->second);
-    steps_taken_ = static_cast<int64_t>(step_.item<double>());
+    ASSIGN_OR_RETURN(steps_taken_, LoadStepCounter(by_name, step_));
     return Status::Ok();
   }
 

@@ -85,28 +85,15 @@ class OffloadedAdamW final : public Optimizer {
     ScopedHostAllocations host;
     for (size_t i = 0; i < params_.size(); ++i) {
       const std::string prefix = std::to_string(i);
-      for (auto [field, target] :
-           {std::pair{".exp_avg", &exp_avg_[i]}, {".exp_avg_sq", &exp_avg_sq_[i]}}) {
-        auto it = by_name.find(prefix + field);
-        if (it == by_name.end() || !it->second.sizes().equals(target->sizes())) {
-          return DataLossError("optimizer state '" + prefix + field +
-                               "' is missing or has the wrong shape");
-        }
-        target->copy_(it->second);
-      }
-      auto master = by_name.find(prefix + ".master");
-      if (master == by_name.end()) {
+      RETURN_IF_ERROR(CopyNamedState(by_name, prefix + ".exp_avg", exp_avg_[i]));
+      RETURN_IF_ERROR(CopyNamedState(by_name, prefix + ".exp_avg_sq", exp_avg_sq_[i]));
+      if (by_name.count(prefix + ".master") == 0) {
         master_[i].copy_(params_[i]);  // plain AdamW's checkpoint: the parameters are all there is
-      } else if (!master->second.sizes().equals(master_[i].sizes())) {
-        return DataLossError("optimizer state '" + prefix + ".master' has the wrong shape");
       } else {
-        master_[i].copy_(master->second);
+        RETURN_IF_ERROR(CopyNamedState(by_name, prefix + ".master", master_[i]));
       }
     }
-    auto it = by_name.find("step");
-    if (it == by_name.end()) return DataLossError("optimizer state 'step' is missing");
-    step_.copy_(it->second);
-    steps_taken_ = static_cast<int64_t>(step_.item<double>());
+    ASSIGN_OR_RETURN(steps_taken_, LoadStepCounter(by_name, step_));
     return Status::Ok();
   }
 

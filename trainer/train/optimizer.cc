@@ -79,19 +79,10 @@ class AdamW final : public Optimizer {
     Materialize();
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
-      for (auto [field, target] : {std::pair{".exp_avg", &exp_avg_[i]}, {".exp_avg_sq", &exp_avg_sq_[i]}}) {
-        auto it = by_name.find(std::to_string(i) + field);
-        if (it == by_name.end() || !it->second.sizes().equals(target->sizes())) {
-          return DataLossError("optimizer state '" + std::to_string(i) + field +
-                               "' is missing or has the wrong shape");
-        }
-        target->copy_(it->second);
-      }
+      RETURN_IF_ERROR(CopyNamedState(by_name, std::to_string(i) + ".exp_avg", exp_avg_[i]));
+      RETURN_IF_ERROR(CopyNamedState(by_name, std::to_string(i) + ".exp_avg_sq", exp_avg_sq_[i]));
     }
-    auto it = by_name.find("step");
-    if (it == by_name.end()) return DataLossError("optimizer state 'step' is missing");
-    step_.copy_(it->second);
-    steps_taken_ = static_cast<int64_t>(step_.item<double>());
+    ASSIGN_OR_RETURN(steps_taken_, LoadStepCounter(by_name, step_));
     return Status::Ok();
   }
 
@@ -218,6 +209,27 @@ void SetPostAccumulateGradHook(const torch::Tensor& param,
                                std::function<void(const torch::Tensor&)> hook) {
   torch::autograd::impl::set_post_acc_grad_hooks(
       param, hook ? std::make_unique<FunctionPostAccumulateGradHook>(std::move(hook)) : nullptr);
+}
+
+Status CopyNamedState(const std::map<std::string, torch::Tensor>& state, const std::string& name,
+                      torch::Tensor& target) {
+  auto it = state.find(name);
+  // Floating-point state converts (a bf16 run's moments into offload's fp32 ones); 8-bit codes must
+  // stay codes.
+  if (it == state.end() || !it->second.sizes().equals(target.sizes()) ||
+      it->second.is_floating_point() != target.is_floating_point()) {
+    return DataLossError("optimizer state '" + name +
+                         "' is missing or has the wrong shape or dtype");
+  }
+  torch::NoGradGuard no_grad;
+  target.copy_(it->second);
+  return Status::Ok();
+}
+
+StatusOr<int64_t> LoadStepCounter(const std::map<std::string, torch::Tensor>& state,
+                                  torch::Tensor& step) {
+  RETURN_IF_ERROR(CopyNamedState(state, "step", step));
+  return static_cast<int64_t>(step.item<double>());
 }
 
 double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,16 @@ StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerOptions& optio
 // has one such hook: setting another replaces it, and an empty `hook` removes it.
 void SetPostAccumulateGradHook(const torch::Tensor& param,
                                std::function<void(const torch::Tensor&)> hook);
+
+// For LoadNamedState: copies state[name] into `target` (a live state tensor), which must exist with
+// target's shape and be floating-point exactly when target is; DataLoss naming the entry otherwise.
+Status CopyNamedState(const std::map<std::string, torch::Tensor>& state, const std::string& name,
+                      torch::Tensor& target);
+
+// For LoadNamedState: restores the shared step counter from state["step"] into `step` and returns
+// the number of steps taken.
+StatusOr<int64_t> LoadStepCounter(const std::map<std::string, torch::Tensor>& state,
+                                  torch::Tensor& step);
 
 // Clips the global L2 norm of the gradients to `max_norm`; returns the norm before clipping.
 double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm);
