@@ -422,12 +422,12 @@ TrialResult TrialRun::Run() {
     }
     load_peak = memory_->peak_bytes();
     model_->train();
+    // What accounting counts as params is what a checkpoint holds: parameters and buffers (a QLoRA
+    // model's NF4 base weights).
+    for (auto& [name, tensor] : ModelState(model_)) all_params_.push_back(tensor);
     for (const torch::Tensor& p : model_->parameters()) {
-      all_params_.push_back(p);
       if (p.requires_grad()) trainable_params_.push_back(p);
     }
-    // Buffers hold model weights too: a QLoRA model's NF4 base weights.
-    for (const torch::Tensor& b : model_->buffers()) all_params_.push_back(b);
     OptimizerOptions optimizer_options;
     optimizer_options.name = config_.GetString("optimizer");
     optimizer_options.lr = config_.GetFloat("train.lr");
