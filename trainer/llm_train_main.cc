@@ -4,17 +4,21 @@
 //             [--resume CHECKPOINT_DIR]
 //   llm-train --config FILE --list        # the trials, with their expected outcomes
 //   llm-train --keys                      # every trial key as Markdown
+//   llm-train --version                   # llmctl's and LibTorch's versions, and CUDA's when built with it
 //
 // Exit codes: 0 ok, 1 failed, 2 invalid input (nothing ran), 3 out of memory, 4 diverged, 5
 // cancelled.
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <iostream>
+#include <torch/cuda.h>
+#include <torch/version.h>
 
 #include "common/experiment.h"
 #include "common/model_config.h"
 #include "common/trial_config.h"
 #include "common/trial_keys.h"
+#include "common/version.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/trainer.h"
 
@@ -41,6 +45,8 @@ int main(int argc, char** argv) {
   std::string resume_from;
   bool print_keys = false;
   bool list_trials = false;
+  bool print_version = false;
+  app.add_flag("--version", print_version, "print llmctl's and LibTorch's versions");
   app.add_flag("--keys", print_keys,
                "print every trial key (type, default, allowed values) as Markdown");
   app.add_option("--config", config_path, "experiment file (YAML)");
@@ -54,6 +60,12 @@ int main(int argc, char** argv) {
   app.add_option("--resume", resume_from,
                  "continue from a checkpoint directory (<output_dir>/checkpoints/step-N)");
   CLI11_PARSE(app, argc, argv);
+  if (print_version) {
+    // The agent reports this line in its node info, so a report can say which trainer measured what.
+    std::cout << "llm-train " << llmctl::kVersion << " (LibTorch " << TORCH_VERSION
+              << (torch::cuda::is_available() ? ", CUDA available" : ", no CUDA device") << ")\n";
+    return 0;
+  }
   if (print_keys) {
     std::cout << llmctl::TrialKeysMarkdownTable();
     return 0;
