@@ -1,0 +1,92 @@
+// The scheduler: which queued trial runs where, and which running attempts to give up on. A pure
+// policy over plain values: no store, no network, and no clock reads (time comes in as an
+// argument), so every decision is a function of its inputs and tested as such.
+#ifndef LLMCTL_CONTROLLER_SCHEDULER_SCHEDULER_H_
+#define LLMCTL_CONTROLLER_SCHEDULER_SCHEDULER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace llmctl::scheduler {
+
+struct QueuedTrial {
+  int64_t trial_id = 0;
+  std::string device_type;  // "cpu" or "cuda"
+  int64_t device_count = 1;
+};
+
+// The devices of one type on an agent, numbered 0 .. count - 1. A CPU agent has one "cpu" device.
+struct DevicePool {
+  std::string type;
+  int64_t count = 0;
+  std::set<int64_t> busy;  // indices that a running trial holds
+};
+
+struct Agent {
+  std::string name;
+  bool connected = false;  // only connected agents get trials
+  std::vector<DevicePool> pools;
+};
+
+struct Assignment {
+  int64_t trial_id = 0;
+  std::string agent;
+  std::string device_type;
+  std::vector<int64_t> device_indices;  // ascending, device_count of them
+};
+
+struct Placement {
+  std::vector<Assignment> assignments;  // in the order of the queue
+  // Trials that a connected agent could run but none can now (their devices are busy or held for
+  // an earlier trial), in queue order.
+  std::vector<int64_t> waiting;
+  // Trials that no connected agent could ever run (no pool of their type is large enough), in
+  // queue order. They hold nothing back.
+  std::vector<int64_t> unsatisfiable;
+};
+
+// Places queued trials (given in file order: experiment by experiment) on agents.
+// - A trial goes to a connected agent's pool of its device type with at least device_count free
+//   devices, and takes the lowest free indices. One trial per device at a time: an agent with four
+//   GPUs runs four 1-GPU trials, a CPU agent one trial.
+// - Among the pools that fit, the one with the fewest free devices wins (ties: agent name), so that
+//   small trials pack together and large pools stay free for large trials.
+// - No overtaking: a trial that cannot be placed now reserves every pool that could ever hold it,
+//   so no later trial takes devices from those pools in this round; later trials may still use
+//   pools the waiting trial cannot use at all.
+// - A trial that no connected agent could ever satisfy reserves nothing.
+Placement PlaceTrials(const std::vector<QueuedTrial>& queue, const std::vector<Agent>& agents);
+
+using Time = std::chrono::system_clock::time_point;
+
+struct RunningAttempt {
+  int64_t trial_id = 0;
+  int64_t attempt = 0;
+  std::string agent;
+  Time agent_last_seen;  // the last time the controller heard from the attempt's agent
+};
+
+struct LostAgentDecision {
+  // The agent may still come back: keep the attempt and resume streaming when it does.
+  std::vector<RunningAttempt> keep_waiting;
+  // The agent has been silent for requeue_after or longer: declare the attempt lost and queue the
+  // trial again (as attempt + 1).
+  std::vector<RunningAttempt> requeue;
+  // The earliest time at which a kept attempt will be due for requeueing, if nothing is heard
+  // from its agent before then: when to decide again. Empty when nothing is kept.
+  std::optional<Time> decide_again_at;
+};
+
+// Sorts running attempts by how long their agents have been silent at `now`: requeue once
+// now >= agent_last_seen + requeue_after (a negative requeue_after counts as 0), keep waiting
+// before that. An agent last seen in the future (clock skew between hosts) is kept.
+LostAgentDecision DecideLostAttempts(const std::vector<RunningAttempt>& running, Time now,
+                                     std::chrono::milliseconds requeue_after);
+
+}  // namespace llmctl::scheduler
+
+#endif  // LLMCTL_CONTROLLER_SCHEDULER_SCHEDULER_H_

@@ -1,0 +1,153 @@
+#include "controller/store/sqlite.h"
+
+#include <utility>
+
+namespace llmctl::store::sqlite {
+
+Status Error(sqlite3* db, int rc, std::string_view what) {
+  std::string message(what);
+  message += ": ";
+  message += db != nullptr && sqlite3_errcode(db) == rc ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+  const int primary = rc & 0xff;
+  switch (primary) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return UnavailableError(std::move(message));
+    case SQLITE_CONSTRAINT:
+      if (rc == SQLITE_CONSTRAINT_UNIQUE || rc == SQLITE_CONSTRAINT_PRIMARYKEY) {
+        return AlreadyExistsError(std::move(message));
+      }
+      return InvalidArgumentError(std::move(message));
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+      return DataLossError(std::move(message));
+    case SQLITE_FULL:
+      return ResourceExhaustedError(std::move(message));
+    case SQLITE_CANTOPEN:
+    case SQLITE_READONLY:
+    case SQLITE_PERM:
+      return FailedPreconditionError(std::move(message));
+    default:
+      return InternalError(std::move(message));
+  }
+}
+
+Status Exec(sqlite3* db, std::string_view sql) {
+  const std::string text(sql);
+  const int rc = sqlite3_exec(db, text.c_str(), nullptr, nullptr, nullptr);
+  if (rc != SQLITE_OK) return Error(db, rc, "executing SQL");
+  return Status::Ok();
+}
+
+StatusOr<Statement> Statement::Prepare(sqlite3* db, std::string_view sql) {
+  sqlite3_stmt* stmt = nullptr;
+  const int rc = sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
+  if (rc != SQLITE_OK) {
+    sqlite3_finalize(stmt);
+    return Error(db, rc, "preparing SQL");
+  }
+  return Statement(db, stmt);
+}
+
+Statement::~Statement() { sqlite3_finalize(stmt_); }
+
+Statement::Statement(Statement&& other) noexcept
+    : db_(other.db_), stmt_(std::exchange(other.stmt_, nullptr)), bind_error_(other.bind_error_) {}
+
+void Statement::KeepBindError(int rc) {
+  if (rc != SQLITE_OK && bind_error_ == SQLITE_OK) bind_error_ = rc;
+}
+
+Statement& Statement::Bind(int index, int64_t value) {
+  KeepBindError(sqlite3_bind_int64(stmt_, index, value));
+  return *this;
+}
+
+Statement& Statement::Bind(int index, std::string_view value) {
+  KeepBindError(
+      sqlite3_bind_text64(stmt_, index, value.data(), value.size(), SQLITE_TRANSIENT, SQLITE_UTF8));
+  return *this;
+}
+
+Statement& Statement::BindOptional(int index, const std::optional<std::string>& value) {
+  if (!value) {
+    KeepBindError(sqlite3_bind_null(stmt_, index));
+    return *this;
+  }
+  return Bind(index, std::string_view(*value));
+}
+
+Statement& Statement::BindOptional(int index, const std::optional<int64_t>& value) {
+  if (!value) {
+    KeepBindError(sqlite3_bind_null(stmt_, index));
+    return *this;
+  }
+  return Bind(index, *value);
+}
+
+StatusOr<bool> Statement::Step() {
+  if (bind_error_ != SQLITE_OK) return Error(db_, bind_error_, "binding a value");
+  const int rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  // sqlite3_reset returns the same code; it also ends an implicit read transaction early.
+  sqlite3_reset(stmt_);
+  return Error(db_, rc, "running SQL");
+}
+
+Status Statement::Run() {
+  ASSIGN_OR_RETURN(const bool has_row, Step());
+  if (has_row) return InternalError("SQL statement returned rows where none were expected");
+  return Status::Ok();
+}
+
+void Statement::Reset() {
+  sqlite3_reset(stmt_);
+  sqlite3_clear_bindings(stmt_);
+  bind_error_ = SQLITE_OK;
+}
+
+bool Statement::IsNull(int column) const {
+  return sqlite3_column_type(stmt_, column) == SQLITE_NULL;
+}
+
+int64_t Statement::Int(int column) const { return sqlite3_column_int64(stmt_, column); }
+
+std::string Statement::Text(int column) const {
+  const unsigned char* text = sqlite3_column_text(stmt_, column);
+  if (text == nullptr) return "";
+  return std::string(reinterpret_cast<const char*>(text),
+                     static_cast<size_t>(sqlite3_column_bytes(stmt_, column)));
+}
+
+std::optional<std::string> Statement::OptionalText(int column) const {
+  if (IsNull(column)) return std::nullopt;
+  return Text(column);
+}
+
+std::optional<int64_t> Statement::OptionalInt(int column) const {
+  if (IsNull(column)) return std::nullopt;
+  return Int(column);
+}
+
+StatusOr<Transaction> Transaction::Begin(sqlite3* db) {
+  RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE").WithContext("starting a transaction"));
+  return Transaction(db);
+}
+
+StatusOr<Transaction> Transaction::BeginRead(sqlite3* db) {
+  RETURN_IF_ERROR(Exec(db, "BEGIN DEFERRED").WithContext("starting a read transaction"));
+  return Transaction(db);
+}
+
+Transaction::~Transaction() {
+  if (db_ != nullptr) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+}
+
+Status Transaction::Commit() {
+  RETURN_IF_ERROR(Exec(db_, "COMMIT").WithContext("committing a transaction"));
+  db_ = nullptr;
+  return Status::Ok();
+}
+
+}  // namespace llmctl::store::sqlite

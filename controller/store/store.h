@@ -1,0 +1,234 @@
+// The controller's SQLite store: experiments, their trials, each trial's attempts and the events
+// its workers wrote, agents' nodes, the digests of uploaded inputs and references to secrets.
+//
+// Plain values in, plain values out: no protobuf, no gRPC. Every operation returns Status or
+// StatusOr; a Store is safe to use from several threads, and several Stores (in one or several
+// processes) may open the same file: writes wait up to 5 s for each other (busy timeout), then
+// fail with Unavailable.
+//
+// Trial life cycle:
+//   queued --StartAttempt--> running --FinishAttempt--> ok | oom | diverged | failed | cancelled
+//   running --MarkAttemptLost--> queued (the next StartAttempt makes attempt + 1), or cancelled
+//            when the user cancelled the trial while it ran
+//   queued --CancelTrial/CancelExperiment--> cancelled
+// Only a trial's current attempt may add events or finish; anything from an older attempt, or
+// from the current one once it has been declared lost, is refused with FailedPrecondition (the
+// fencing of stale attempts).
+#ifndef LLMCTL_CONTROLLER_STORE_STORE_H_
+#define LLMCTL_CONTROLLER_STORE_STORE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+struct sqlite3;
+
+namespace llmctl::store {
+
+// Stored with millisecond resolution.
+using Time = std::chrono::system_clock::time_point;
+
+enum class TrialState { kQueued, kRunning, kOk, kOom, kDiverged, kFailed, kCancelled };
+// "queued", "running", "ok", "oom", "diverged", "failed", "cancelled".
+std::string_view TrialStateName(TrialState state);
+// InvalidArgument naming the allowed values for anything else.
+StatusOr<TrialState> ParseTrialState(std::string_view name);
+// True for the outcomes: every state but queued and running.
+bool IsOutcome(TrialState state);
+
+struct NewTrial {
+  std::string name;  // unique within the experiment
+  std::string description;
+  std::string config_json;            // TrialConfig::ToJson
+  std::optional<std::string> expect;  // "ok" or "oom" when the file states what should happen
+  std::string device_type;            // "cpu" or "cuda"
+  int64_t device_count = 1;           // >= 1
+};
+
+struct NewExperiment {
+  std::string name;
+  std::string filename;  // as the user gave it, for messages and the report
+  std::string yaml_text;
+  std::string description;
+  std::map<std::string, std::string> target;
+  std::vector<NewTrial> trials;  // in file order; at least one
+  // Inputs uploaded with the experiment: the path as the file writes it → content digest.
+  std::map<std::string, std::string> inputs;
+};
+
+enum class ExperimentState { kActive, kDone };                // done: every trial has an outcome
+std::string_view ExperimentStateName(ExperimentState state);  // "active", "done"
+
+struct ExperimentRecord {
+  int64_t id = 0;
+  std::string name;
+  std::string filename;
+  std::string yaml_text;
+  std::string description;
+  std::map<std::string, std::string> target;
+  Time created_at;
+  ExperimentState state = ExperimentState::kActive;
+};
+
+struct TrialRecord {
+  int64_t id = 0;
+  int64_t experiment_id = 0;
+  int64_t ordinal = 0;  // position in the experiment file, from 0
+  std::string name;
+  std::string description;
+  std::string config_json;
+  std::optional<std::string> expect;
+  std::string device_type;
+  int64_t device_count = 1;
+  TrialState state = TrialState::kQueued;
+  int64_t current_attempt = 0;  // 0 before the first attempt
+  bool cancel_requested = false;
+};
+
+// An attempt that is running on a node (or was, before the controller restarted).
+struct RunningAttempt {
+  int64_t trial_id = 0;
+  int64_t experiment_id = 0;
+  int64_t attempt = 0;
+  std::string node;
+  Time started_at;
+};
+
+// One line of a worker's event file.
+struct Event {
+  int64_t seq = 0;   // 1-based line number in the event file
+  std::string type;  // the line's "type": start, snapshot, step, log, checkpoint, result
+  std::string json;  // the whole line, a JSON object
+};
+
+struct NodeRecord {
+  std::string name;
+  std::string address;
+  std::string devices_json;
+  Time last_seen;
+  std::string state;  // the controller's word for it, e.g. "connected"
+};
+
+// One trial's row of the report, from its final (current) attempt. The event objects are the
+// trainer's JSON lines as stored (README, "llm-train", --events); null when the attempt wrote no
+// such event (or there is no attempt yet).
+struct TrialReport {
+  int64_t trial_id = 0;
+  std::string name;
+  std::optional<std::string> expect;
+  TrialState state = TrialState::kQueued;
+  int64_t attempt = 0;  // the final attempt; 0 when the trial never started
+  std::string node;
+  std::optional<int64_t> exit_code;
+  std::string attempt_error;  // the error FinishAttempt recorded
+  nlohmann::json start;       // the `start` event (total_steps, parameter counts, ...)
+  nlohmann::json result;      // the `result` event (outcome, train_seconds, tokens_per_second, ...)
+  nlohmann::json last_step;   // the `step` event with the highest seq (step, loss, ...)
+  nlohmann::json
+      peak_snapshot;  // the `snapshot` with the highest allocated_bytes (earliest on a tie)
+  // For each phase name ("phase0_before_fwd", ..., "oom"), that phase's snapshot with the highest
+  // allocated_bytes (earliest on a tie).
+  std::map<std::string, nlohmann::json> phase_peaks;
+};
+
+struct ExperimentReport {
+  ExperimentRecord experiment;
+  std::vector<TrialReport> trials;  // in file order
+};
+
+class Store {
+ public:
+  // Opens or creates the database at `path` (and its missing parent directories, mode 0700). The
+  // file is created with mode 0600 and narrowed to 0600 if it was wider. Applies the schema
+  // migrations this build knows; FailedPrecondition when the file was written by a newer llmctld
+  // (its schema version is higher), DataLoss when it is no SQLite database.
+  static StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // The schema version of the open database (PRAGMA user_version).
+  StatusOr<int64_t> SchemaVersion();
+
+  // Stores the experiment, its trials (all queued) and its inputs in one transaction: on any error
+  // nothing is stored. InvalidArgument for a bad field (naming the trial), AlreadyExists when two
+  // trials share a name. Returns the new experiment's id.
+  StatusOr<int64_t> CreateExperiment(const NewExperiment& experiment, Time now);
+
+  StatusOr<std::vector<ExperimentRecord>> ListExperiments();        // by id
+  StatusOr<ExperimentRecord> GetExperiment(int64_t experiment_id);  // NotFound
+  // NotFound when no experiment is stored yet.
+  StatusOr<int64_t> LatestExperimentId();
+  StatusOr<std::map<std::string, std::string>> GetInputs(int64_t experiment_id);
+
+  StatusOr<std::vector<TrialRecord>> ListTrials(int64_t experiment_id);  // file order; NotFound
+  StatusOr<TrialRecord> GetTrial(int64_t trial_id);                      // NotFound
+  // Queued trials of all experiments, by (experiment id, file order): the scheduler's input.
+  StatusOr<std::vector<TrialRecord>> NextQueuedTrials();
+  // Attempts in state running, by (trial id): what a restarted controller resumes streaming.
+  StatusOr<std::vector<RunningAttempt>> ListRunningAttempts();
+
+  // Starts the next attempt of a queued trial on `node`; the trial becomes running. Returns the
+  // attempt number (current_attempt + 1). FailedPrecondition when the trial is not queued.
+  StatusOr<int64_t> StartAttempt(int64_t trial_id, std::string_view node, Time now);
+
+  // Declares the trial's current, running attempt lost (its node stopped answering): the trial is
+  // queued again, or cancelled when a cancel was requested while it ran. Repeating it is OK.
+  // FailedPrecondition for a stale attempt or one that has ended.
+  Status MarkAttemptLost(int64_t trial_id, int64_t attempt, Time now);
+
+  // Stores events of the trial's current attempt, in one transaction. Idempotent on
+  // (trial, attempt, seq): events already stored are skipped, so a stream may resume from any
+  // point. Returns how many were new. FailedPrecondition "stale attempt N of trial X; current is
+  // M" for any other attempt, or for the current one once declared lost; InvalidArgument for
+  // seq < 1, an empty type or a line that is not a JSON object.
+  StatusOr<int64_t> AppendEvents(int64_t trial_id, int64_t attempt, std::span<const Event> events);
+
+  // The highest stored seq of the attempt, 0 when none: a stream resumes from LastSeq + 1.
+  StatusOr<int64_t> LastSeq(int64_t trial_id, int64_t attempt);
+
+  // Ends the trial's current attempt with `outcome` (ok, oom, diverged, failed or cancelled),
+  // which becomes the trial's state. Repeating it with the same outcome, exit code and error is
+  // OK; a different outcome for an attempt that already ended, a stale or lost attempt, or a trial
+  // that is not running → FailedPrecondition.
+  Status FinishAttempt(int64_t trial_id, int64_t attempt, TrialState outcome,
+                       std::optional<int64_t> exit_code, std::string_view error, Time now);
+
+  // Queued trials become cancelled at once; running ones are marked cancel-requested and returned,
+  // for the caller to cancel on their nodes (each then finishes as cancelled). Trials with an
+  // outcome are left alone. NotFound for an unknown id.
+  StatusOr<std::vector<RunningAttempt>> CancelTrial(int64_t trial_id);
+  StatusOr<std::vector<RunningAttempt>> CancelExperiment(int64_t experiment_id);
+
+  // Inserts or replaces the node with this name.
+  Status UpsertNode(const NodeRecord& node);
+  StatusOr<std::vector<NodeRecord>> ListNodes();  // by name
+
+  // The name under which a secret is kept in the secrets file (never the secret itself).
+  Status PutSecretRef(std::string_view name, std::string_view reference);
+  StatusOr<std::string> GetSecretRef(std::string_view name);  // NotFound
+
+  // The report rows of an experiment, from each trial's final attempt. NotFound for an unknown id.
+  StatusOr<ExperimentReport> Report(int64_t experiment_id);
+
+ private:
+  explicit Store(sqlite3* db) : db_(db) {}
+
+  std::mutex mutex_;
+  // One connection, used only with mutex_ held. Constant after construction.
+  sqlite3* const db_;
+};
+
+}  // namespace llmctl::store
+
+#endif  // LLMCTL_CONTROLLER_STORE_STORE_H_

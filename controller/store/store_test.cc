@@ -1,0 +1,599 @@
+#include "controller/store/store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "controller/store/schema.h"
+
+namespace llmctl::store {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using json = nlohmann::json;
+
+const Time kNow = Time(std::chrono::milliseconds(1'700'000'000'123));
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (std::filesystem::temp_directory_path() / "llmctl-store-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    path_ = (dir_ / "data" / "llmctl.db").string();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<Store> OpenStore() {
+    StatusOr<std::unique_ptr<Store>> store = Store::Open(path_);
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    return store.ok() ? std::move(*store) : nullptr;
+  }
+
+  // A statement's single integer result, read through a connection of the test's own.
+  int64_t QueryInt(const std::string& sql) {
+    sqlite3* db = nullptr;
+    EXPECT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+    sqlite3_stmt* stmt = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK) << sql;
+    EXPECT_EQ(sqlite3_step(stmt), SQLITE_ROW) << sql;
+    const int64_t value = sqlite3_column_int64(stmt, 0);
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    return value;
+  }
+
+  std::filesystem::path dir_;
+  std::string path_;
+};
+
+NewTrial MakeTrial(std::string name, std::string device_type = "cpu", int64_t count = 1) {
+  return NewTrial{.name = std::move(name),
+                  .description = "",
+                  .config_json = R"({"model":"tiny"})",
+                  .expect = std::nullopt,
+                  .device_type = std::move(device_type),
+                  .device_count = count};
+}
+
+NewExperiment MakeExperiment(std::string name, std::vector<std::string> trial_names) {
+  NewExperiment experiment{.name = std::move(name),
+                           .filename = "experiments/demo.yaml",
+                           .yaml_text = "model: tiny\n",
+                           .description = "a test",
+                           .target = {{"flavor", "g1.h100.pci.1"}},
+                           .trials = {},
+                           .inputs = {{"data/train.jsonl", "sha256:abc"}}};
+  for (std::string& trial : trial_names) experiment.trials.push_back(MakeTrial(std::move(trial)));
+  return experiment;
+}
+
+Event MakeEvent(int64_t seq, const json& line) {
+  return Event{.seq = seq, .type = line.at("type").get<std::string>(), .json = line.dump()};
+}
+
+Event StepEvent(int64_t seq, int64_t step, double loss = 1.0) {
+  return MakeEvent(seq, {{"type", "step"}, {"step", step}, {"loss", loss}});
+}
+
+json Snapshot(int64_t step, const std::string& phase, int64_t allocated) {
+  return {{"type", "snapshot"},
+          {"step", step},
+          {"micro_batch", 0},
+          {"phase", phase},
+          {"params_bytes", 10},
+          {"grads_bytes", 20},
+          {"allocated_bytes", allocated}};
+}
+
+// Creates an experiment with the given trials and returns their ids in file order.
+std::vector<int64_t> CreateTrials(Store& store, const std::string& name,
+                                  std::vector<std::string> trial_names) {
+  StatusOr<int64_t> id = store.CreateExperiment(MakeExperiment(name, std::move(trial_names)), kNow);
+  EXPECT_TRUE(id.ok()) << id.status().ToString();
+  std::vector<int64_t> ids;
+  if (!id.ok()) return ids;
+  StatusOr<std::vector<TrialRecord>> trials = store.ListTrials(*id);
+  EXPECT_TRUE(trials.ok()) << trials.status().ToString();
+  for (const TrialRecord& trial : *trials) ids.push_back(trial.id);
+  return ids;
+}
+
+mode_t FileMode(const std::string& path) {
+  struct stat info {};
+  EXPECT_EQ(::stat(path.c_str(), &info), 0) << path;
+  return info.st_mode & 0777;
+}
+
+TEST_F(StoreTest, OpenCreatesAPrivateDatabaseAtTheNewestSchema) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(*store->SchemaVersion(), static_cast<int64_t>(Migrations().size()));
+  EXPECT_EQ(FileMode(path_), 0600u);
+  EXPECT_EQ(FileMode((dir_ / "data").string()), 0700u);
+  ASSERT_TRUE(store->CreateExperiment(MakeExperiment("e", {"a"}), kNow).ok());
+  // The write-ahead log holds the same data and gets the database file's mode.
+  EXPECT_EQ(FileMode(path_ + "-wal"), 0600u);
+}
+
+TEST_F(StoreTest, ReopeningKeepsTheDataAndTheSchemaVersion) {
+  int64_t experiment_id = 0;
+  {
+    std::unique_ptr<Store> store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    experiment_id = *store->CreateExperiment(MakeExperiment("kept", {"a", "b"}), kNow);
+  }
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(*store->SchemaVersion(), static_cast<int64_t>(Migrations().size()));
+  StatusOr<ExperimentRecord> experiment = store->GetExperiment(experiment_id);
+  ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
+  EXPECT_EQ(experiment->name, "kept");
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM trials"), 2);
+}
+
+TEST_F(StoreTest, OpenNarrowsAWiderFileToOwnerOnly) {
+  std::filesystem::create_directories(dir_ / "data");
+  std::ofstream(path_).close();
+  ASSERT_EQ(::chmod(path_.c_str(), 0644), 0);
+  ASSERT_NE(OpenStore(), nullptr);
+  EXPECT_EQ(FileMode(path_), 0600u);
+}
+
+TEST_F(StoreTest, DatabaseFromANewerVersionIsRefused) {
+  std::filesystem::create_directories(dir_ / "data");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 999", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+
+  StatusOr<std::unique_ptr<Store>> store = Store::Open(path_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(store.status().message(), HasSubstr(path_));
+  EXPECT_THAT(store.status().message(), HasSubstr("schema version is 999"));
+  EXPECT_EQ(QueryInt("PRAGMA user_version"), 999);  // untouched
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM sqlite_schema"), 0);
+}
+
+TEST_F(StoreTest, FileThatIsNoDatabaseIsRefused) {
+  std::filesystem::create_directories(dir_ / "data");
+  std::ofstream(path_) << std::string(4096, 'x');
+  StatusOr<std::unique_ptr<Store>> store = Store::Open(path_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(store.status().message(), HasSubstr("not an SQLite database"));
+}
+
+TEST_F(StoreTest, DirectoryInPlaceOfTheFileIsRefused) {
+  std::filesystem::create_directories(path_);
+  StatusOr<std::unique_ptr<Store>> store = Store::Open(path_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_THAT(store.status().message(), HasSubstr(path_));
+}
+
+TEST_F(StoreTest, CreateExperimentStoresEverythingInFileOrder) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->LatestExperimentId().status().code(), StatusCode::kNotFound);
+  NewExperiment input = MakeExperiment("lab", {"zeta", "alpha", "mid"});
+  input.trials[1].expect = "oom";
+  input.trials[2].device_type = "cuda";
+  input.trials[2].device_count = 2;
+  const int64_t id = *store->CreateExperiment(input, kNow);
+  EXPECT_EQ(*store->LatestExperimentId(), id);
+
+  StatusOr<ExperimentRecord> experiment = store->GetExperiment(id);
+  ASSERT_TRUE(experiment.ok());
+  EXPECT_EQ(experiment->filename, "experiments/demo.yaml");
+  EXPECT_EQ(experiment->yaml_text, "model: tiny\n");
+  EXPECT_EQ(experiment->target.at("flavor"), "g1.h100.pci.1");
+  EXPECT_EQ(experiment->created_at, kNow);
+  EXPECT_EQ(experiment->state, ExperimentState::kActive);
+  EXPECT_EQ(store->GetInputs(id)->at("data/train.jsonl"), "sha256:abc");
+
+  StatusOr<std::vector<TrialRecord>> trials = store->ListTrials(id);
+  ASSERT_TRUE(trials.ok());
+  ASSERT_EQ(trials->size(), 3u);
+  EXPECT_EQ((*trials)[0].name, "zeta");
+  EXPECT_EQ((*trials)[1].name, "alpha");
+  EXPECT_EQ((*trials)[1].expect, "oom");
+  EXPECT_EQ((*trials)[2].device_type, "cuda");
+  EXPECT_EQ((*trials)[2].device_count, 2);
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*trials)[i].ordinal, i);
+    EXPECT_EQ((*trials)[i].state, TrialState::kQueued);
+    EXPECT_EQ((*trials)[i].current_attempt, 0);
+  }
+  EXPECT_EQ(store->GetTrial((*trials)[1].id)->name, "alpha");
+  EXPECT_EQ(store->ListExperiments()->size(), 1u);
+}
+
+TEST_F(StoreTest, CreateExperimentIsAllOrNothing) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  // The duplicate is the third trial: the experiment row and two trials were already written
+  // inside the transaction when it failed.
+  StatusOr<int64_t> duplicate =
+      store->CreateExperiment(MakeExperiment("dup", {"a", "b", "a"}), kNow);
+  ASSERT_FALSE(duplicate.ok());
+  EXPECT_EQ(duplicate.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(duplicate.status().message(), HasSubstr("'a' twice"));
+  EXPECT_THAT(*store->ListExperiments(), IsEmpty());
+  EXPECT_THAT(*store->NextQueuedTrials(), IsEmpty());
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM trials"), 0);
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM inputs"), 0);
+
+  // The store is usable afterwards.
+  EXPECT_TRUE(store->CreateExperiment(MakeExperiment("ok", {"a", "b"}), kNow).ok());
+}
+
+TEST_F(StoreTest, CreateExperimentNamesTheBadField) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  NewExperiment bad_device = MakeExperiment("e", {"a", "b"});
+  bad_device.trials[1].device_type = "gpu";
+  StatusOr<int64_t> result = store->CreateExperiment(bad_device, kNow);
+  EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(result.status().message(), HasSubstr("trial 'b': device type must be cpu or cuda"));
+
+  NewExperiment bad_expect = MakeExperiment("e", {"a"});
+  bad_expect.trials[0].expect = "fail";
+  EXPECT_THAT(store->CreateExperiment(bad_expect, kNow).status().message(),
+              HasSubstr("expect must be ok or oom"));
+
+  NewExperiment bad_count = MakeExperiment("e", {"a"});
+  bad_count.trials[0].device_count = 0;
+  EXPECT_THAT(store->CreateExperiment(bad_count, kNow).status().message(),
+              HasSubstr("device count must be at least 1"));
+
+  EXPECT_EQ(store->CreateExperiment(MakeExperiment("e", {}), kNow).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_THAT(*store->ListExperiments(), IsEmpty());
+}
+
+TEST_F(StoreTest, LostAttemptRequeuesAndTheNextAttemptIsNumberedOnwards) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t trial = CreateTrials(*store, "e", {"a"})[0];
+  EXPECT_EQ(*store->StartAttempt(trial, "node-1", kNow), 1);
+  EXPECT_EQ(store->GetTrial(trial)->state, TrialState::kRunning);
+  EXPECT_THAT(*store->NextQueuedTrials(), IsEmpty());
+  ASSERT_EQ(store->ListRunningAttempts()->size(), 1u);
+  EXPECT_EQ((*store->ListRunningAttempts())[0].node, "node-1");
+  EXPECT_EQ(store->StartAttempt(trial, "node-2", kNow).status().code(),
+            StatusCode::kFailedPrecondition);
+
+  ASSERT_TRUE(store->MarkAttemptLost(trial, 1, kNow).ok());
+  EXPECT_TRUE(store->MarkAttemptLost(trial, 1, kNow).ok());  // repeating is harmless
+  EXPECT_EQ(store->GetTrial(trial)->state, TrialState::kQueued);
+  EXPECT_THAT(*store->ListRunningAttempts(), IsEmpty());
+  EXPECT_EQ(*store->StartAttempt(trial, "node-2", kNow), 2);
+  EXPECT_EQ(store->GetTrial(trial)->current_attempt, 2);
+}
+
+TEST_F(StoreTest, AppendEventsIsIdempotentOnTrialAttemptAndSeq) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t trial = CreateTrials(*store, "e", {"a"})[0];
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow), 1);
+  EXPECT_EQ(*store->LastSeq(trial, 1), 0);
+
+  const std::vector<Event> first = {StepEvent(1, 0), StepEvent(2, 1), StepEvent(3, 2)};
+  EXPECT_EQ(*store->AppendEvents(trial, 1, first), 3);
+  EXPECT_EQ(*store->AppendEvents(trial, 1, first), 0);  // the same batch again
+  EXPECT_EQ(*store->LastSeq(trial, 1), 3);
+
+  // A stream that resumed from an older position: 2 and 3 again, then new ones.
+  const std::vector<Event> overlapping = {StepEvent(2, 1), StepEvent(3, 2), StepEvent(4, 3),
+                                          StepEvent(5, 4)};
+  EXPECT_EQ(*store->AppendEvents(trial, 1, overlapping), 2);
+  EXPECT_EQ(*store->LastSeq(trial, 1), 5);
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM events"), 5);
+  EXPECT_EQ(QueryInt("SELECT COUNT(DISTINCT seq) FROM events WHERE seq BETWEEN 1 AND 5"), 5);
+  EXPECT_EQ(*store->AppendEvents(trial, 1, {}), 0);
+}
+
+TEST_F(StoreTest, AppendEventsRefusesMalformedEventsWhole) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t trial = CreateTrials(*store, "e", {"a"})[0];
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow), 1);
+  const std::vector<Event> zero_seq = {StepEvent(1, 0), StepEvent(0, 1)};
+  EXPECT_THAT(store->AppendEvents(trial, 1, zero_seq).status().message(),
+              HasSubstr("event 0 of attempt 1"));
+  const std::vector<Event> not_json = {Event{.seq = 1, .type = "step", .json = "{step: 1"}};
+  EXPECT_EQ(store->AppendEvents(trial, 1, not_json).status().code(), StatusCode::kInvalidArgument);
+  const std::vector<Event> wrong_type = {
+      Event{.seq = 1, .type = "step", .json = R"({"type":"result"})"}};
+  EXPECT_THAT(store->AppendEvents(trial, 1, wrong_type).status().message(),
+              HasSubstr("\"result\", not 'step'"));
+  EXPECT_EQ(*store->LastSeq(trial, 1), 0);
+}
+
+TEST_F(StoreTest, StaleAttemptsAreFencedOff) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t trial = CreateTrials(*store, "e", {"a"})[0];
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow), 1);
+  const std::vector<Event> batch = {StepEvent(1, 0)};
+  ASSERT_EQ(*store->AppendEvents(trial, 1, batch), 1);
+  ASSERT_TRUE(store->MarkAttemptLost(trial, 1, kNow).ok());
+
+  // Declared lost but not yet restarted: the old attempt already may not write.
+  StatusOr<int64_t> lost = store->AppendEvents(trial, 1, std::vector<Event>{StepEvent(2, 1)});
+  EXPECT_EQ(lost.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(lost.status().message(), HasSubstr("declared lost"));
+
+  ASSERT_EQ(*store->StartAttempt(trial, "m", kNow), 2);
+  StatusOr<int64_t> stale = store->AppendEvents(trial, 1, std::vector<Event>{StepEvent(2, 1)});
+  EXPECT_EQ(stale.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stale.status().message(),
+            "stale attempt 1 of trial " + std::to_string(trial) + "; current is 2");
+  const Status finish = store->FinishAttempt(trial, 1, TrialState::kOk, 0, "", kNow);
+  EXPECT_EQ(finish.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(finish.message(), HasSubstr("stale attempt 1"));
+  const Status future = store->MarkAttemptLost(trial, 3, kNow);
+  EXPECT_EQ(future.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(future.message(), HasSubstr("attempt 3 of trial " + std::to_string(trial) +
+                                          " was never started; current is 2"));
+
+  EXPECT_EQ(*store->LastSeq(trial, 1), 1);
+  EXPECT_EQ(*store->LastSeq(trial, 2), 0);
+  EXPECT_EQ(*store->AppendEvents(trial, 2, batch), 1);
+  EXPECT_EQ(store->GetTrial(trial)->state, TrialState::kRunning);
+}
+
+TEST_F(StoreTest, FinishAttemptSetsTheOutcomeAndIsIdempotent) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const std::vector<int64_t> trials = CreateTrials(*store, "e", {"a", "b"});
+  const int64_t experiment = *store->LatestExperimentId();
+  ASSERT_EQ(*store->StartAttempt(trials[0], "n", kNow), 1);
+  EXPECT_EQ(store->FinishAttempt(trials[0], 1, TrialState::kRunning, 0, "", kNow).code(),
+            StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(store->FinishAttempt(trials[0], 1, TrialState::kOom, 3, "out of memory", kNow).ok());
+  EXPECT_EQ(store->GetTrial(trials[0])->state, TrialState::kOom);
+  EXPECT_TRUE(store->FinishAttempt(trials[0], 1, TrialState::kOom, 3, "out of memory", kNow).ok());
+  const Status different = store->FinishAttempt(trials[0], 1, TrialState::kOk, 0, "", kNow);
+  EXPECT_EQ(different.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(different.message(), HasSubstr("already ended as oom"));
+  EXPECT_EQ(store->MarkAttemptLost(trials[0], 1, kNow).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->GetExperiment(experiment)->state, ExperimentState::kActive);
+
+  // Events that drain after the exit status still belong to the current attempt.
+  EXPECT_EQ(*store->AppendEvents(trials[0], 1, std::vector<Event>{StepEvent(1, 0)}), 1);
+
+  ASSERT_EQ(*store->StartAttempt(trials[1], "n", kNow), 1);
+  ASSERT_TRUE(store->FinishAttempt(trials[1], 1, TrialState::kOk, 0, "", kNow).ok());
+  EXPECT_EQ(store->GetExperiment(experiment)->state, ExperimentState::kDone);
+}
+
+TEST_F(StoreTest, CancelEndsQueuedTrialsAndReturnsRunningOnes) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const std::vector<int64_t> trials = CreateTrials(*store, "e", {"run", "lose", "wait", "done"});
+  const int64_t experiment = *store->LatestExperimentId();
+  ASSERT_EQ(*store->StartAttempt(trials[0], "n1", kNow), 1);
+  ASSERT_EQ(*store->StartAttempt(trials[1], "n2", kNow), 1);
+  ASSERT_EQ(*store->StartAttempt(trials[3], "n1", kNow), 1);
+  ASSERT_TRUE(store->FinishAttempt(trials[3], 1, TrialState::kOk, 0, "", kNow).ok());
+
+  StatusOr<std::vector<RunningAttempt>> running = store->CancelExperiment(experiment);
+  ASSERT_TRUE(running.ok()) << running.status().ToString();
+  ASSERT_EQ(running->size(), 2u);
+  EXPECT_EQ((*running)[0].trial_id, trials[0]);
+  EXPECT_EQ((*running)[0].node, "n1");
+  EXPECT_EQ((*running)[1].trial_id, trials[1]);
+  EXPECT_EQ(store->GetTrial(trials[2])->state, TrialState::kCancelled);
+  EXPECT_EQ(store->GetTrial(trials[3])->state, TrialState::kOk);
+  EXPECT_TRUE(store->GetTrial(trials[0])->cancel_requested);
+  EXPECT_EQ(store->GetExperiment(experiment)->state, ExperimentState::kActive);
+
+  // The agent confirms one cancellation; the other agent is lost, and a cancelled trial is not
+  // queued again.
+  ASSERT_TRUE(store->FinishAttempt(trials[0], 1, TrialState::kCancelled, 5, "", kNow).ok());
+  ASSERT_TRUE(store->MarkAttemptLost(trials[1], 1, kNow).ok());
+  EXPECT_EQ(store->GetTrial(trials[1])->state, TrialState::kCancelled);
+  EXPECT_THAT(*store->NextQueuedTrials(), IsEmpty());
+  EXPECT_EQ(store->GetExperiment(experiment)->state, ExperimentState::kDone);
+
+  EXPECT_THAT(*store->CancelTrial(trials[0]), IsEmpty());  // nothing left to cancel
+  EXPECT_EQ(store->CancelTrial(987654).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store->CancelExperiment(987654).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, NextQueuedTrialsFollowExperimentsThenFileOrder) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const std::vector<int64_t> first = CreateTrials(*store, "first", {"c", "a"});
+  const std::vector<int64_t> second = CreateTrials(*store, "second", {"b", "d"});
+  ASSERT_EQ(*store->StartAttempt(first[0], "n", kNow), 1);
+  std::vector<std::string> names;
+  const StatusOr<std::vector<TrialRecord>> queued = store->NextQueuedTrials();
+  ASSERT_TRUE(queued.ok());
+  for (const TrialRecord& trial : *queued) {
+    names.push_back(std::to_string(trial.experiment_id) + "/" + trial.name);
+  }
+  const std::string e1 = std::to_string(store->GetTrial(first[0])->experiment_id);
+  const std::string e2 = std::to_string(store->GetTrial(second[0])->experiment_id);
+  EXPECT_THAT(names, ElementsAre(e1 + "/a", e2 + "/b", e2 + "/d"));
+}
+
+TEST_F(StoreTest, NodesAndSecretReferences) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  NodeRecord node{.name = "gpu-1",
+                  .address = "10.0.0.5:7070",
+                  .devices_json = R"([{"type":"cuda","count":1}])",
+                  .last_seen = kNow,
+                  .state = "connected"};
+  ASSERT_TRUE(store->UpsertNode(node).ok());
+  node.state = "disconnected";
+  node.last_seen = kNow + std::chrono::seconds(5);
+  ASSERT_TRUE(store->UpsertNode(node).ok());
+  ASSERT_TRUE(store
+                  ->UpsertNode({.name = "cpu-0",
+                                .address = "unix:/tmp/a.sock",
+                                .devices_json = "[]",
+                                .last_seen = kNow,
+                                .state = "connected"})
+                  .ok());
+  StatusOr<std::vector<NodeRecord>> nodes = store->ListNodes();
+  ASSERT_TRUE(nodes.ok());
+  ASSERT_EQ(nodes->size(), 2u);
+  EXPECT_EQ((*nodes)[0].name, "cpu-0");
+  EXPECT_EQ((*nodes)[1].state, "disconnected");
+  EXPECT_EQ((*nodes)[1].last_seen, kNow + std::chrono::seconds(5));
+  EXPECT_EQ(store
+                ->UpsertNode({.name = "x",
+                              .address = "a",
+                              .devices_json = "{",
+                              .last_seen = kNow,
+                              .state = "connected"})
+                .code(),
+            StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(store->PutSecretRef("openstack", "secrets.json#chameleon").ok());
+  EXPECT_EQ(*store->GetSecretRef("openstack"), "secrets.json#chameleon");
+  EXPECT_EQ(store->GetSecretRef("nope").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, ReportReadsTheFinalAttemptOnly) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  NewExperiment input = MakeExperiment("report", {"requeued", "never-ran"});
+  input.trials[0].expect = "ok";
+  const int64_t experiment = *store->CreateExperiment(input, kNow);
+  const int64_t trial = store->ListTrials(experiment)->at(0).id;
+
+  // Attempt 1 saw a huge snapshot before its node was lost; the report must not show it.
+  ASSERT_EQ(*store->StartAttempt(trial, "lost-node", kNow), 1);
+  ASSERT_EQ(*store->AppendEvents(trial, 1,
+                                 std::vector<Event>{
+                                     MakeEvent(1, {{"type", "start"}, {"total_steps", 99}}),
+                                     MakeEvent(2, Snapshot(0, "phase1_after_fwd", 1'000'000)),
+                                 }),
+            2);
+  ASSERT_TRUE(store->MarkAttemptLost(trial, 1, kNow).ok());
+
+  ASSERT_EQ(*store->StartAttempt(trial, "good-node", kNow), 2);
+  const std::vector<Event> events = {
+      MakeEvent(1, {{"type", "start"}, {"total_steps", 2}, {"parameters_total", 1234}}),
+      MakeEvent(2, Snapshot(0, "phase0_before_fwd", 100)),
+      MakeEvent(3, Snapshot(0, "phase1_after_fwd", 300)),
+      MakeEvent(4, Snapshot(0, "phase2_after_bwd", 250)),
+      MakeEvent(5, Snapshot(0, "phase3_after_opt_step", 200)),
+      StepEvent(6, 0, 2.5),
+      MakeEvent(7, Snapshot(1, "phase0_before_fwd", 150)),
+      MakeEvent(8, Snapshot(1, "phase1_after_fwd", 300)),  // ties step 0's: the earlier wins
+      MakeEvent(9, Snapshot(1, "phase2_after_bwd", 260)),
+      StepEvent(10, 1, 2.25),
+      MakeEvent(11, {{"type", "log"}, {"level", "info"}, {"message", "hi"}}),
+      MakeEvent(12, {{"type", "result"},
+                     {"outcome", "ok"},
+                     {"train_seconds", 1.5},
+                     {"tokens_per_second", 1000.0},
+                     {"peak_bytes", 320},
+                     {"final_loss", 2.25},
+                     {"error", ""}}),
+  };
+  ASSERT_EQ(*store->AppendEvents(trial, 2, events), 12);
+  ASSERT_TRUE(store->FinishAttempt(trial, 2, TrialState::kOk, 0, "", kNow).ok());
+
+  StatusOr<ExperimentReport> report = store->Report(experiment);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->experiment.name, "report");
+  ASSERT_EQ(report->trials.size(), 2u);
+
+  const TrialReport& row = report->trials[0];
+  EXPECT_EQ(row.name, "requeued");
+  EXPECT_EQ(row.expect, "ok");
+  EXPECT_EQ(row.state, TrialState::kOk);
+  EXPECT_EQ(row.attempt, 2);
+  EXPECT_EQ(row.node, "good-node");
+  EXPECT_EQ(row.exit_code, 0);
+  EXPECT_EQ(row.start.at("total_steps"), 2);
+  EXPECT_EQ(row.result.at("tokens_per_second"), 1000.0);
+  EXPECT_EQ(row.result.at("final_loss"), 2.25);
+  EXPECT_EQ(row.last_step.at("step"), 1);
+  EXPECT_EQ(row.last_step.at("loss"), 2.25);
+  EXPECT_EQ(row.peak_snapshot.at("allocated_bytes"), 300);
+  EXPECT_EQ(row.peak_snapshot.at("step"), 0);
+  EXPECT_EQ(row.peak_snapshot.at("phase"), "phase1_after_fwd");
+  EXPECT_EQ(row.peak_snapshot.at("params_bytes"), 10);
+
+  std::vector<std::string> phases;
+  for (const auto& [phase, snapshot] : row.phase_peaks) {
+    phases.push_back(phase + ":" + std::to_string(snapshot.at("allocated_bytes").get<int64_t>()) +
+                     "@" + std::to_string(snapshot.at("step").get<int64_t>()));
+  }
+  EXPECT_THAT(phases, ElementsAre("phase0_before_fwd:150@1", "phase1_after_fwd:300@0",
+                                  "phase2_after_bwd:260@1", "phase3_after_opt_step:200@0"));
+
+  const TrialReport& idle = report->trials[1];
+  EXPECT_EQ(idle.name, "never-ran");
+  EXPECT_EQ(idle.state, TrialState::kQueued);
+  EXPECT_EQ(idle.attempt, 0);
+  EXPECT_TRUE(idle.result.is_null());
+  EXPECT_TRUE(idle.peak_snapshot.is_null());
+  EXPECT_TRUE(idle.phase_peaks.empty());
+
+  EXPECT_EQ(store->Report(987654).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, ConcurrentWritersFromThreadsAndSeveralStoresLoseNothing) {
+  std::unique_ptr<Store> first = OpenStore();
+  std::unique_ptr<Store> second = OpenStore();
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  const std::vector<int64_t> trials = CreateTrials(*first, "busy", {"a", "b", "c", "d"});
+  for (int64_t trial : trials) ASSERT_EQ(*first->StartAttempt(trial, "n", kNow), 1);
+
+  // Each thread writes one trial's events one transaction at a time; two threads share each
+  // Store, and the two Stores contend for the file's write lock.
+  constexpr int64_t kEvents = 150;
+  std::vector<Status> failures(trials.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < trials.size(); ++i) {
+    Store* store = i % 2 == 0 ? first.get() : second.get();
+    threads.emplace_back([store, trial = trials[i], &failure = failures[i]] {
+      for (int64_t seq = 1; seq <= kEvents && failure.ok(); ++seq) {
+        StatusOr<int64_t> added =
+            store->AppendEvents(trial, 1, std::vector<Event>{StepEvent(seq, seq - 1)});
+        if (!added.ok()) failure = added.status();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const Status& failure : failures) EXPECT_TRUE(failure.ok()) << failure.ToString();
+  for (int64_t trial : trials) {
+    EXPECT_EQ(*first->LastSeq(trial, 1), kEvents);
+    EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM events WHERE trial_id = " + std::to_string(trial)),
+              kEvents);
+  }
+}
+
+TEST(TrialStateTest, NamesRoundTrip) {
+  for (TrialState state :
+       {TrialState::kQueued, TrialState::kRunning, TrialState::kOk, TrialState::kOom,
+        TrialState::kDiverged, TrialState::kFailed, TrialState::kCancelled}) {
+    EXPECT_EQ(*ParseTrialState(TrialStateName(state)), state);
+  }
+  EXPECT_THAT(ParseTrialState("done").status().message(), HasSubstr("'done' is not one of"));
+  EXPECT_EQ(ExperimentStateName(ExperimentState::kDone), "done");
+  EXPECT_FALSE(IsOutcome(TrialState::kRunning));
+  EXPECT_TRUE(IsOutcome(TrialState::kCancelled));
+}
+
+}  // namespace
+}  // namespace llmctl::store
