@@ -1,0 +1,625 @@
+// llm-agent end to end: real gRPC over mutual TLS on a unix socket, the real supervisor (the built
+// llm-agent binary), a shell script standing in for llm-train, and the real llm-train when it has
+// been built.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "agent/input_cache.h"
+#include "agent/process.h"
+#include "agent/server.h"
+#include "agent/sha256.h"
+#include "common/experiment.h"
+#include "common/files.h"
+#include "llmctl/v1/agent.grpc.pb.h"
+#include "rpc/tls.h"
+
+extern char** environ;
+
+namespace llmctl::agent {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = llmctl::v1;
+
+constexpr char kToken[] = "node1-token-0123456789";
+constexpr auto kCallTimeout = std::chrono::seconds(120);
+
+// Stands in for llm-train; the trial's seed says what it does. Every run writes three events;
+// seed 0 finishes ok, 1..99 exit with that code, 100+N kill themselves with signal N, 200 ignores
+// SIGTERM with a child in its process group until it is killed, 300 waits for a file named `go`
+// in the run directory before its last events.
+constexpr char kFakeTrainer[] = R"(#!/bin/sh
+config="$2"
+events="$4"
+seed=$(sed -n 's/^seed: *//p' "$config")
+out=$(sed -n 's/^output_dir: *//p' "$config")
+emit() { printf '%s\n' "$1" >> "$events"; }
+emit '{"type":"start","total_steps":4}'
+emit '{"type":"step","step":1}'
+emit '{"type":"step","step":2}'
+case "$seed" in
+  200) trap '' TERM
+       sleep 1000 &
+       echo $! > child.pid.tmp && mv child.pid.tmp child.pid
+       while :; do sleep 0.05; done ;;
+  300) while [ ! -e go ]; do sleep 0.02; done
+       emit '{"type":"step","step":3}'
+       emit '{"type":"step","step":4}' ;;
+esac
+if [ "$seed" -ge 100 ] && [ "$seed" -lt 200 ]; then kill -$((seed - 100)) $$; fi
+mkdir -p "$out/adapter"
+head -c 2500000 /dev/urandom > "$out/adapter/weights.bin"
+echo "stderr line for seed $seed" >&2
+if [ "$seed" -eq 0 ] || [ "$seed" -eq 300 ]; then
+  emit '{"type":"result","outcome":"ok","error":""}'
+  exit 0
+fi
+exit "$seed"
+)";
+
+std::string BuildDir() {
+  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
+  return dir != nullptr ? dir : "build";
+}
+
+std::string ReadAll(const fs::path& path) {
+  auto text = ReadFileToString(path.string());
+  return text.ok() ? *text : "";
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+void WriteFile(const fs::path& path, const std::string& text, fs::perms perms) {
+  std::ofstream(path) << text;
+  fs::permissions(path, perms);
+}
+
+pb::RunKey Key(int64_t experiment, const std::string& trial, int attempt) {
+  pb::RunKey key;
+  key.set_experiment_id(experiment);
+  key.set_trial(trial);
+  key.set_attempt(attempt);
+  return key;
+}
+
+struct Streamed {
+  std::vector<pb::TrialEvent> events;
+  std::optional<pb::RunEnded> ended;
+  grpc::Status status;
+};
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("llmctl_agent_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    auto ca = rpc::CertificateAuthority::LoadOrCreate((dir_ / "ca").string());
+    ASSERT_TRUE(ca.ok()) << ca.status().ToString();
+    auto agent = (*ca)->Issue(rpc::AgentCertificateName("node1"), 1);
+    auto controller = (*ca)->Issue(rpc::kControllerCertificateName, 1);
+    ASSERT_TRUE(agent.ok() && controller.ok());
+    agent_identity_ = {(*ca)->ca_certificate_pem(), agent->certificate_pem, agent->private_key_pem};
+    controller_identity_ = {(*ca)->ca_certificate_pem(), controller->certificate_pem,
+                            controller->private_key_pem};
+    fake_trainer_ = (dir_ / "fake-llm-train").string();
+    WriteFile(fake_trainer_, kFakeTrainer, fs::perms::owner_all);
+    supervisor_ = BuildDir() + "/agent/llm-agent";
+    ASSERT_TRUE(fs::exists(supervisor_)) << supervisor_ << " is built with agent_test";
+    address_ = "unix:" + (dir_ / "agent.sock").string();
+  }
+
+  void TearDown() override {
+    server_.reset();
+    if (agent_pid_ > 0) KillAgentProcess();
+    fs::remove_all(dir_);
+  }
+
+  AgentOptions Options(const std::string& llm_train) {
+    AgentOptions options;
+    options.listen = address_;
+    options.data_dir = (dir_ / "data").string();
+    options.node = "node1";
+    options.identity = agent_identity_;
+    options.token = kToken;
+    options.llm_train = llm_train;
+    options.supervisor_program = supervisor_;
+    options.cancel_grace = std::chrono::milliseconds(300);
+    options.poll_interval = std::chrono::milliseconds(20);
+    return options;
+  }
+
+  void StartAgent(const std::string& llm_train = "") {
+    auto server = AgentServer::Start(Options(llm_train.empty() ? fake_trainer_ : llm_train));
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(*server);
+  }
+
+  // The agent as its own process, so that it can be killed with SIGKILL.
+  void StartAgentProcess() {
+    const fs::path files = dir_ / "agent-files";
+    fs::create_directories(files);
+    WriteFile(files / "ca.pem", agent_identity_.ca_pem,
+              fs::perms::owner_read | fs::perms::owner_write);
+    WriteFile(files / "cert.pem", agent_identity_.certificate_pem,
+              fs::perms::owner_read | fs::perms::owner_write);
+    WriteFile(files / "key.pem", agent_identity_.private_key_pem,
+              fs::perms::owner_read | fs::perms::owner_write);
+    WriteFile(files / "token", std::string(kToken) + "\n",
+              fs::perms::owner_read | fs::perms::owner_write);
+    std::vector<std::string> args = {supervisor_,
+                                     "--listen",
+                                     address_,
+                                     "--data-dir",
+                                     (dir_ / "data").string(),
+                                     "--node",
+                                     "node1",
+                                     "--ca",
+                                     (files / "ca.pem").string(),
+                                     "--cert",
+                                     (files / "cert.pem").string(),
+                                     "--key",
+                                     (files / "key.pem").string(),
+                                     "--token-file",
+                                     (files / "token").string(),
+                                     "--llm-train",
+                                     fake_trainer_,
+                                     "--cancel-grace-ms",
+                                     "300"};
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    ASSERT_EQ(::posix_spawn(&agent_pid_, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+    // Ready once it answers.
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    context.set_deadline(std::chrono::system_clock::now() + kCallTimeout);
+    pb::NodeInfo info;
+    const grpc::Status status = Stub()->GetNodeInfo(&context, {}, &info);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+
+  void KillAgentProcess() {
+    ::kill(agent_pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(agent_pid_, &status, 0);
+    agent_pid_ = 0;
+  }
+
+  std::unique_ptr<pb::Agent::Stub> Stub() {
+    return pb::Agent::NewStub(rpc::Dial(address_, rpc::AgentCertificateName("node1"),
+                                        rpc::ChannelCredentials(controller_identity_, kToken)));
+  }
+
+  static void Deadline(grpc::ClientContext* context) {
+    context->set_deadline(std::chrono::system_clock::now() + kCallTimeout);
+  }
+
+  pb::RunState RunTrial(const pb::RunKey& key, int seed, grpc::Status* status_out = nullptr) {
+    pb::RunTrialRequest request;
+    *request.mutable_key() = key;
+    request.set_config_json(
+        nlohmann::json{{"seed", seed}, {"data", {{"path", "unused.jsonl"}}}}.dump());
+    grpc::ClientContext context;
+    Deadline(&context);
+    pb::RunState state;
+    const grpc::Status status = Stub()->RunTrial(&context, request, &state);
+    if (status_out != nullptr) {
+      *status_out = status;
+    } else {
+      EXPECT_TRUE(status.ok()) << status.error_message();
+    }
+    return state;
+  }
+
+  // Streams from `from_seq`; stops after `max_events` events when given, else at the end.
+  Streamed Stream(const pb::RunKey& key, int64_t from_seq, size_t max_events = SIZE_MAX) {
+    pb::StreamEventsRequest request;
+    *request.mutable_key() = key;
+    request.set_from_seq(from_seq);
+    grpc::ClientContext context;
+    Deadline(&context);
+    auto stub = Stub();
+    auto reader = stub->StreamEvents(&context, request);
+    Streamed streamed;
+    pb::StreamEventsResponse item;
+    while (streamed.events.size() < max_events && reader->Read(&item)) {
+      if (item.has_event()) streamed.events.push_back(item.event());
+      if (item.has_ended()) streamed.ended = item.ended();
+    }
+    if (streamed.events.size() >= max_events) context.TryCancel();
+    streamed.status = reader->Finish();
+    return streamed;
+  }
+
+  fs::path RunDir(const pb::RunKey& key) {
+    return dir_ / "data" / "runs" / std::to_string(key.experiment_id()) / key.trial() /
+           std::to_string(key.attempt());
+  }
+
+  fs::path dir_;
+  rpc::TlsIdentity agent_identity_;
+  rpc::TlsIdentity controller_identity_;
+  std::string fake_trainer_;
+  std::string supervisor_;
+  std::string address_;
+  std::unique_ptr<AgentServer> server_;
+  pid_t agent_pid_ = 0;
+};
+
+void ExpectSameAsFile(const std::vector<pb::TrialEvent>& events, const fs::path& file,
+                      int64_t first_seq = 1) {
+  const std::vector<std::string> lines = Lines(ReadAll(file));
+  ASSERT_EQ(static_cast<int64_t>(events.size()),
+            static_cast<int64_t>(lines.size()) - first_seq + 1);
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].seq(), first_seq + static_cast<int64_t>(i));
+    EXPECT_EQ(events[i].json(), lines[first_seq - 1 + i]);
+  }
+}
+
+TEST_F(AgentTest, RunsToOkStreamingEveryEventOnceAndIsIdempotent) {
+  StartAgent();
+  const pb::RunKey key = Key(7, "base/precision=bf16-true", 1);
+  const pb::RunState started = RunTrial(key, 0);
+  EXPECT_EQ(started.key().trial(), key.trial());
+
+  const Streamed streamed = Stream(key, 0);
+  ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
+  ASSERT_TRUE(streamed.ended.has_value());
+  EXPECT_EQ(streamed.ended->outcome(), "ok");
+  EXPECT_EQ(streamed.ended->exit_code(), 0);
+  ASSERT_EQ(streamed.events.size(), 4u);
+  EXPECT_EQ(streamed.events.front().type(), "start");
+  EXPECT_EQ(streamed.events.back().type(), "result");
+  const fs::path dir = dir_ / "data/runs/7/base%2Fprecision%3Dbf16-true/1";
+  ExpectSameAsFile(streamed.events, dir / "events.jsonl");
+  EXPECT_TRUE(fs::exists(dir / "ended.json"));
+  EXPECT_TRUE(fs::exists(dir / "exit.json"));
+  EXPECT_NE(ReadAll(dir / "stderr.log").find("stderr line for seed 0"), std::string::npos);
+
+  // The same key again: the existing run's state, nothing started twice.
+  const pb::RunState again = RunTrial(key, 0);
+  EXPECT_EQ(again.status(), pb::RUN_STATUS_ENDED);
+  EXPECT_EQ(again.last_seq(), 4);
+  EXPECT_EQ(again.ended().outcome(), "ok");
+  EXPECT_EQ(Lines(ReadAll(dir / "events.jsonl")).size(), 4u);
+  // Another attempt is another run.
+  RunTrial(Key(7, key.trial(), 2), 0);
+  grpc::ClientContext context;
+  Deadline(&context);
+  pb::ListRunsResponse runs;
+  ASSERT_TRUE(Stub()->ListRuns(&context, {}, &runs).ok());
+  EXPECT_EQ(runs.runs_size(), 2);
+}
+
+TEST_F(AgentTest, StreamingResumesFromASequenceNumber) {
+  StartAgent();
+  const pb::RunKey key = Key(1, "t", 1);
+  RunTrial(key, 0);
+  const Streamed all = Stream(key, 1);
+  ASSERT_TRUE(all.ended.has_value());
+  const Streamed rest = Stream(key, 3);
+  ASSERT_EQ(rest.events.size(), 2u);
+  ExpectSameAsFile(rest.events, RunDir(key) / "events.jsonl", 3);
+  EXPECT_TRUE(rest.ended.has_value());
+  const Streamed none = Stream(key, 10);
+  EXPECT_TRUE(none.events.empty());
+  EXPECT_TRUE(none.ended.has_value());
+  EXPECT_EQ(Stream(Key(1, "unknown", 1), 0).status.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(AgentTest, ExitCodesAndSignalsBecomeOutcomes) {
+  StartAgent();
+  const struct {
+    int seed;
+    const char* outcome;
+    int exit_code;
+    const char* error_part;
+  } table[] = {
+      {1, "failed", 1, "stderr line for seed 1"},
+      {2, "invalid", 2, "stderr line for seed 2"},
+      {3, "oom", 3, ""},
+      {4, "diverged", 4, ""},
+      {5, "cancelled", 5, ""},
+      {7, "failed", 7, "llm-train exited with code 7: stderr line for seed 7"},
+      {100 + SIGKILL, "oom", -SIGKILL, "killed by the kernel (host memory)"},
+      {100 + SIGSEGV, "failed", -SIGSEGV, "SIGSEGV"},
+  };
+  for (const auto& row : table) {
+    const pb::RunKey key = Key(2, "seed-" + std::to_string(row.seed), 1);
+    RunTrial(key, row.seed);
+    const Streamed streamed = Stream(key, 0);
+    ASSERT_TRUE(streamed.ended.has_value()) << row.seed;
+    EXPECT_EQ(streamed.ended->outcome(), row.outcome) << row.seed;
+    EXPECT_EQ(streamed.ended->exit_code(), row.exit_code) << row.seed;
+    EXPECT_NE(streamed.ended->error().find(row.error_part), std::string::npos)
+        << row.seed << ": " << streamed.ended->error();
+    EXPECT_EQ(streamed.events.size(), 3u) << row.seed;
+  }
+}
+
+TEST_F(AgentTest, CancelKillsTheWholeProcessGroup) {
+  StartAgent();
+  const pb::RunKey key = Key(3, "stubborn", 1);
+  RunTrial(key, 200);
+  const fs::path child_file = RunDir(key) / "child.pid";
+  // The fake writes child.pid once its child runs; the wait is for the file, not for a time.
+  while (!fs::exists(child_file)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const pid_t child = std::stoi(ReadAll(child_file));
+  const nlohmann::json worker = nlohmann::json::parse(ReadAll(RunDir(key) / "worker.json"));
+  ASSERT_TRUE(ProcessStartTime(child).has_value());
+
+  pb::CancelRunRequest request;
+  *request.mutable_key() = key;
+  grpc::ClientContext context;
+  Deadline(&context);
+  pb::RunState state;
+  ASSERT_TRUE(Stub()->CancelRun(&context, request, &state).ok());
+  EXPECT_EQ(state.status(), pb::RUN_STATUS_ENDED);
+  EXPECT_EQ(state.ended().outcome(), "cancelled");
+  EXPECT_NE(state.ended().error().find("SIGKILL"), std::string::npos) << state.ended().error();
+  // It ignored SIGTERM, so both it and its child went with SIGKILL to the group.
+  EXPECT_FALSE(ProcessStartTime(worker["pid"].get<pid_t>()).has_value());
+  EXPECT_FALSE(ProcessStartTime(child).has_value());
+  const Streamed streamed = Stream(key, 0);
+  ASSERT_TRUE(streamed.ended.has_value());
+  EXPECT_EQ(streamed.ended->outcome(), "cancelled");
+}
+
+TEST_F(AgentTest, KilledAgentReadoptsTheRunningWorkerAfterRestart) {
+  StartAgentProcess();
+  const pb::RunKey key = Key(4, "survivor", 1);
+  RunTrial(key, 300);
+  const Streamed before = Stream(key, 0, 3);
+  ASSERT_EQ(before.events.size(), 3u);
+
+  KillAgentProcess();
+  StartAgentProcess();
+  WriteFile(RunDir(key) / "go", "", fs::perms::owner_read | fs::perms::owner_write);
+  const Streamed after = Stream(key, before.events.back().seq() + 1);
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  ASSERT_TRUE(after.ended.has_value());
+  EXPECT_EQ(after.ended->outcome(), "ok");
+  std::vector<pb::TrialEvent> all = before.events;
+  all.insert(all.end(), after.events.begin(), after.events.end());
+  ExpectSameAsFile(all, RunDir(key) / "events.jsonl");
+  EXPECT_EQ(all.size(), 6u);
+}
+
+TEST_F(AgentTest, RunWhoseSupervisorVanishedIsFailedAfterRestart) {
+  StartAgentProcess();
+  const pb::RunKey key = Key(4, "orphan", 1);
+  RunTrial(key, 300);
+  ASSERT_EQ(Stream(key, 0, 3).events.size(), 3u);
+  KillAgentProcess();
+  const nlohmann::json supervisor = nlohmann::json::parse(ReadAll(RunDir(key) / "supervisor.json"));
+  const nlohmann::json worker = nlohmann::json::parse(ReadAll(RunDir(key) / "worker.json"));
+  ::kill(supervisor["pid"].get<pid_t>(), SIGKILL);
+  while (ProcessStartTime(supervisor["pid"].get<pid_t>()).has_value()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  StartAgentProcess();
+  const Streamed streamed = Stream(key, 0);
+  ASSERT_TRUE(streamed.ended.has_value());
+  EXPECT_EQ(streamed.ended->outcome(), "failed");
+  EXPECT_NE(streamed.ended->error().find("worker vanished"), std::string::npos);
+  // Nobody would collect the orphaned worker's result: it was stopped.
+  EXPECT_FALSE(ProcessStartTime(worker["pid"].get<pid_t>()).has_value());
+}
+
+TEST_F(AgentTest, UploadsAreCheckedAndABadOneLeavesNothing) {
+  StartAgent();
+  const std::string data(3 << 20, 'x');
+  const std::string sha = Sha256Hex(data);
+  auto upload = [&](const std::string& announced_sha, const std::string& bytes,
+                    pb::UploadBlobResponse* response) {
+    grpc::ClientContext context;
+    Deadline(&context);
+    auto stub = Stub();
+    auto writer = stub->UploadBlob(&context, response);
+    for (size_t offset = 0; offset < bytes.size() || offset == 0; offset += 1 << 20) {
+      pb::BlobChunk chunk;
+      if (offset == 0) {
+        chunk.set_sha256(announced_sha);
+        chunk.set_size(static_cast<int64_t>(bytes.size()));
+      }
+      chunk.set_data(bytes.substr(offset, 1 << 20));
+      if (!writer->Write(chunk)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  pb::UploadBlobResponse response;
+  std::string corrupted = data;
+  corrupted[12345] = 'y';
+  EXPECT_EQ(upload(sha, corrupted, &response).error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_TRUE(fs::is_empty(dir_ / "data/cache/blobs"));
+  EXPECT_TRUE(fs::is_empty(dir_ / "data/cache/tmp"));
+  EXPECT_EQ(upload("not-a-sha", data, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  ASSERT_TRUE(upload(sha, data, &response).ok());
+  EXPECT_FALSE(response.already_present());
+  EXPECT_EQ(ReadAll(dir_ / "data/cache/blobs" / sha), data);
+  ASSERT_TRUE(upload(sha, data, &response).ok());
+  EXPECT_TRUE(response.already_present());
+
+  pb::MissingBlobsRequest request;
+  request.add_sha256(sha);
+  request.add_sha256(Sha256Hex("absent"));
+  grpc::ClientContext context;
+  Deadline(&context);
+  pb::MissingBlobsResponse missing;
+  ASSERT_TRUE(Stub()->MissingBlobs(&context, request, &missing).ok());
+  ASSERT_EQ(missing.sha256_size(), 1);
+  EXPECT_EQ(missing.sha256(0), Sha256Hex("absent"));
+}
+
+TEST_F(AgentTest, UnsafeOrIncompleteInputTreesAreRefused) {
+  StartAgent();
+  auto run_with = [&](const std::string& path, grpc::Status* status) {
+    pb::RunTrialRequest request;
+    *request.mutable_key() = Key(5, "inputs", 1);
+    request.set_config_json("{}");
+    pb::InputTree& tree = (*request.mutable_inputs())["data.path"];
+    tree.set_is_file(true);
+    pb::TreeFile* file = tree.add_files();
+    file->set_path(path);
+    file->set_sha256(Sha256Hex("data"));
+    file->set_size(4);
+    tree.set_digest(TreeDigest({{path, Sha256Hex("data"), 4}}));
+    grpc::ClientContext context;
+    Deadline(&context);
+    pb::RunState state;
+    *status = Stub()->RunTrial(&context, request, &state);
+  };
+  grpc::Status status;
+  run_with("../../etc/passwd", &status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find(".."), std::string::npos) << status.error_message();
+  run_with("data.jsonl", &status);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find(Sha256Hex("data")), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_ / "data/runs/5")) << "a refused run leaves no directory";
+}
+
+TEST_F(AgentTest, ArtifactsComeInChunksWithTheirSha256) {
+  StartAgent();
+  const pb::RunKey key = Key(6, "art", 1);
+  RunTrial(key, 0);
+  ASSERT_TRUE(Stream(key, 0).ended.has_value());
+  pb::FetchArtifactsRequest request;
+  *request.mutable_key() = key;
+  grpc::ClientContext context;
+  Deadline(&context);
+  auto stub = Stub();
+  auto reader = stub->FetchArtifacts(&context, request);
+  std::map<std::string, std::string> files;
+  std::map<std::string, std::string> sha256s;
+  std::string current;
+  int weight_chunks = 0;
+  pb::ArtifactChunk chunk;
+  while (reader->Read(&chunk)) {
+    EXPECT_LE(chunk.data().size(), size_t{1} << 20);
+    if (!chunk.path().empty()) current = chunk.path();
+    if (current == "output/adapter/weights.bin") ++weight_chunks;
+    files[current] += chunk.data();
+    if (chunk.last()) sha256s[current] = chunk.sha256();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_TRUE(files.count("output/adapter/weights.bin"));
+  EXPECT_EQ(files["output/adapter/weights.bin"],
+            ReadAll(RunDir(key) / "output/adapter/weights.bin"));
+  EXPECT_EQ(files["output/adapter/weights.bin"].size(), 2500000u);
+  EXPECT_EQ(weight_chunks, 3);
+  for (const char* log : {"events.jsonl", "stderr.log", "stdout.log", "trial.yaml"}) {
+    EXPECT_TRUE(files.count(log)) << log;
+  }
+  for (const auto& [path, bytes] : files) EXPECT_EQ(sha256s[path], Sha256Hex(bytes)) << path;
+}
+
+TEST_F(AgentTest, NodeInfoAndAuthentication) {
+  StartAgent();
+  grpc::ClientContext context;
+  Deadline(&context);
+  pb::NodeInfo info;
+  ASSERT_TRUE(Stub()->GetNodeInfo(&context, {}, &info).ok());
+  EXPECT_EQ(info.node(), "agent-node1.llmctl");
+  ASSERT_GT(info.devices_size(), 0);
+  EXPECT_GT(info.host_memory_bytes(), 0);
+  EXPECT_GT(info.cpu_count(), 0);
+
+  auto wrong =
+      pb::Agent::NewStub(rpc::Dial(address_, rpc::AgentCertificateName("node1"),
+                                   rpc::ChannelCredentials(controller_identity_, "guess")));
+  grpc::ClientContext refused;
+  Deadline(&refused);
+  EXPECT_EQ(wrong->GetNodeInfo(&refused, {}, &info).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+
+  grpc::ClientContext hub;
+  Deadline(&hub);
+  pb::PrepareHubModelResponse hub_response;
+  EXPECT_EQ(Stub()->PrepareHubModel(&hub, {}, &hub_response).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+}
+
+// The real trainer on the demo experiment, two steps, with the data and tokenizer uploaded as
+// input trees.
+TEST_F(AgentTest, RealLlmTrainRunsTheDemoFromUploadedInputs) {
+  const std::string llm_train = BuildDir() + "/trainer/llm-train";
+  if (!fs::exists(llm_train)) GTEST_SKIP() << llm_train << " is not built";
+  StartAgent(llm_train);
+  auto experiment = LoadExperimentFile("experiments/demo.yaml");
+  ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
+  TrialConfig config = experiment->trials.front().config;
+  ASSERT_TRUE(config.Set("train.max_steps", int64_t{2}).ok());
+
+  pb::RunTrialRequest request;
+  *request.mutable_key() = Key(9, "demo", 1);
+  request.set_config_json(config.ToJson().dump());
+  for (const std::string key : {"data.path", "tokenizer"}) {
+    const std::string path = config.GetString(key);
+    const std::string bytes = ReadAll(path);
+    ASSERT_FALSE(bytes.empty()) << path;
+    pb::UploadBlobResponse uploaded;
+    grpc::ClientContext context;
+    Deadline(&context);
+    auto stub = Stub();
+    auto writer = stub->UploadBlob(&context, &uploaded);
+    pb::BlobChunk chunk;
+    chunk.set_sha256(Sha256Hex(bytes));
+    chunk.set_size(static_cast<int64_t>(bytes.size()));
+    chunk.set_data(bytes);
+    ASSERT_TRUE(writer->Write(chunk));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+    const std::string name = fs::path(path).filename().string();
+    pb::InputTree& tree = (*request.mutable_inputs())[key];
+    tree.set_is_file(true);
+    pb::TreeFile* file = tree.add_files();
+    file->set_path(name);
+    file->set_sha256(Sha256Hex(bytes));
+    file->set_size(static_cast<int64_t>(bytes.size()));
+    tree.set_digest(TreeDigest({{name, Sha256Hex(bytes), static_cast<int64_t>(bytes.size())}}));
+  }
+  grpc::ClientContext context;
+  Deadline(&context);
+  pb::RunState state;
+  const grpc::Status started = Stub()->RunTrial(&context, request, &state);
+  ASSERT_TRUE(started.ok()) << started.error_message();
+  const Streamed streamed = Stream(request.key(), 0);
+  ASSERT_TRUE(streamed.ended.has_value());
+  EXPECT_EQ(streamed.ended->outcome(), "ok") << streamed.ended->error() << "\n"
+                                             << ReadAll(RunDir(request.key()) / "stderr.log");
+  ASSERT_FALSE(streamed.events.empty());
+  EXPECT_EQ(streamed.events.front().type(), "start");
+  EXPECT_EQ(streamed.events.back().type(), "result");
+  int steps = 0;
+  for (const auto& event : streamed.events) steps += event.type() == "step";
+  EXPECT_EQ(steps, 2);
+  ExpectSameAsFile(streamed.events, RunDir(request.key()) / "events.jsonl");
+  // The token cache went to the agent's cache, not the user's home.
+  EXPECT_TRUE(fs::exists(dir_ / "data/cache/tokens"));
+}
+
+}  // namespace
+}  // namespace llmctl::agent

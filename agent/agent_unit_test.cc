@@ -1,0 +1,255 @@
+// The agent's pure parts: outcomes, trial files, the input cache, event following, node probing.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "agent/event_reader.h"
+#include "agent/input_cache.h"
+#include "agent/node_info.h"
+#include "agent/outcome.h"
+#include "agent/runs.h"
+#include "agent/sha256.h"
+#include "agent/trial_file.h"
+#include "common/experiment.h"
+
+namespace llmctl::agent {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path FreshDir(const std::string& name) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("llmctl_agent_unit_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+TEST(OutcomeTest, ExitCodesFollowTheTrainersTable) {
+  const ResultEvent result{true, ""};
+  const struct {
+    int code;
+    const char* outcome;
+  } table[] = {{0, "ok"},       {1, "failed"},    {2, "invalid"}, {3, "oom"},
+               {4, "diverged"}, {5, "cancelled"}, {7, "failed"}};
+  for (const auto& row : table) {
+    const RunEnd end = DecideOutcome(WorkerExit{row.code, 0}, result, false, "");
+    EXPECT_EQ(end.outcome, row.outcome) << "exit code " << row.code;
+    EXPECT_EQ(end.exit_code, row.code);
+  }
+  EXPECT_EQ(DecideOutcome({7, 0}, {}, false, "").error, "llm-train exited with code 7");
+}
+
+TEST(OutcomeTest, ErrorsComeFromTheResultEventElseStderr) {
+  EXPECT_EQ(DecideOutcome({3, 0}, {true, "CUDA out of memory"}, false, "noise\n").error,
+            "CUDA out of memory");
+  EXPECT_EQ(
+      DecideOutcome({2, 0}, {}, false, "loading\nllm-train: x.yaml:3:1: unknown key\n\n").error,
+      "llm-train: x.yaml:3:1: unknown key");
+  EXPECT_EQ(DecideOutcome({0, 0}, {true, ""}, false, "warning\n").error, "");
+}
+
+TEST(OutcomeTest, SignalsAndCancels) {
+  const RunEnd killed = DecideOutcome({0, SIGKILL}, {}, false, "");
+  EXPECT_EQ(killed.outcome, "oom");
+  EXPECT_EQ(killed.error, "killed by the kernel (host memory)");
+  EXPECT_EQ(killed.exit_code, -SIGKILL);
+  // SIGKILL after the trainer reported its result was not the OOM killer's doing.
+  EXPECT_EQ(DecideOutcome({0, SIGKILL}, {true, ""}, false, "").outcome, "failed");
+  const RunEnd segv = DecideOutcome({0, SIGSEGV}, {}, false, "");
+  EXPECT_EQ(segv.outcome, "failed");
+  EXPECT_NE(segv.error.find("SIGSEGV"), std::string::npos) << segv.error;
+  EXPECT_EQ(DecideOutcome({0, SIGKILL}, {}, true, "").outcome, "cancelled");
+  EXPECT_EQ(DecideOutcome({5, 0}, {}, true, "").outcome, "cancelled");
+  // A worker that finished before the cancel reached it keeps its result.
+  EXPECT_EQ(DecideOutcome({0, 0}, {true, ""}, true, "").outcome, "ok");
+}
+
+TEST(OutcomeTest, ResultEventIsFoundOnlyOnCompleteLines) {
+  EXPECT_TRUE(
+      FindResultEvent("{\"type\":\"step\"}\n{\"type\":\"result\",\"error\":\"x\"}\n").present);
+  EXPECT_EQ(FindResultEvent("{\"type\":\"result\",\"error\":\"x\"}\n").error, "x");
+  EXPECT_FALSE(FindResultEvent("{\"type\":\"step\"}\n{\"type\":\"result\"}").present);
+  EXPECT_FALSE(FindResultEvent("{\"type\":\"log\",\"message\":\"\\\"result\\\"\"}\n").present);
+}
+
+TEST(TrialNameTest, EncodingRoundTripsAndIsOneDirectoryName) {
+  for (const std::string name : {"base", "base/precision=bf16-true", "a,b=c d%", "ünï"}) {
+    const std::string encoded = EncodeTrialName(name);
+    EXPECT_EQ(encoded.find('/'), std::string::npos);
+    EXPECT_EQ(DecodeTrialName(encoded), name);
+  }
+  EXPECT_EQ(EncodeTrialName("base/precision=bf16-true"), "base%2Fprecision%3Dbf16-true");
+  EXPECT_FALSE(DecodeTrialName("bad%2").has_value());
+  EXPECT_FALSE(DecodeTrialName("bad%zz").has_value());
+}
+
+TEST(TrialFileTest, InputsReplaceValuesNullsAreDroppedAndLlmTrainParsesIt) {
+  const fs::path dir = FreshDir("trial_file");
+  auto experiment = LoadExperimentFile("experiments/demo.yaml");
+  ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
+  TrialConfig config = experiment->trials.front().config;
+  ASSERT_TRUE(config.Set("train.max_steps", int64_t{2}).ok());
+  const std::string data = (dir / "data.jsonl").string();
+  auto file = MakeTrialFile(config.ToJson().dump(), {{"data.path", data}}, (dir / "out").string());
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(file->device, "cpu");
+  EXPECT_EQ(file->yaml.find("null"), std::string::npos) << file->yaml;
+  EXPECT_EQ(file->yaml.find("device_memory"), std::string::npos)
+      << "keys without a value are left out";
+  std::ofstream(dir / "trial.yaml") << file->yaml;
+  // What llm-train does with --config: parse the file as an experiment.
+  auto parsed = LoadExperimentFile((dir / "trial.yaml").string());
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString() << "\n" << file->yaml;
+  ASSERT_EQ(parsed->trials.size(), 1u);
+  const TrialConfig& trial = parsed->trials.front().config;
+  EXPECT_EQ(trial.GetString("data.path"), data);
+  EXPECT_EQ(trial.GetString("output_dir"), (dir / "out").string());
+  EXPECT_EQ(trial.GetInt("train.max_steps"), 2);
+  EXPECT_EQ(trial.GetFloat("train.lr"), config.GetFloat("train.lr"));
+  EXPECT_EQ(trial.GetFloatList("train.betas"), config.GetFloatList("train.betas"));
+  EXPECT_EQ(trial.GetString("tokenizer"), config.GetString("tokenizer"));
+  fs::remove_all(dir);
+}
+
+TEST(TrialFileTest, BadConfigsAndInputsAreNamed) {
+  EXPECT_EQ(MakeTrialFile("[1]", {}, "/o").status().code(), StatusCode::kInvalidArgument);
+  auto unknown = MakeTrialFile(R"({"train": {"lrr": 1}})", {}, "/o");
+  EXPECT_NE(unknown.status().message().find("lrr"), std::string::npos)
+      << unknown.status().message();
+  auto not_a_path = MakeTrialFile("{}", {{"train.lr", "/x"}}, "/o");
+  EXPECT_NE(not_a_path.status().message().find("train.lr"), std::string::npos);
+  // An explicit output_dir stays.
+  auto kept = MakeTrialFile(R"({"output_dir": "/elsewhere"})", {}, "/o");
+  ASSERT_TRUE(kept.ok());
+  EXPECT_NE(kept->yaml.find("/elsewhere"), std::string::npos);
+}
+
+class InputCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = FreshDir("cache");
+    auto cache = InputCache::Open(dir_.string());
+    ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+    cache_ = std::move(*cache);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Status Upload(const std::string& sha256, const std::string& data, int64_t size) {
+    ASSIGN_OR_RETURN(auto upload, cache_->BeginUpload(sha256, size));
+    RETURN_IF_ERROR(upload->Append(data.substr(0, data.size() / 2)));
+    RETURN_IF_ERROR(upload->Append(data.substr(data.size() / 2)));
+    return upload->Finish();
+  }
+  bool DirEmpty(const std::string& sub) { return fs::is_empty(dir_ / sub); }
+
+  fs::path dir_;
+  std::unique_ptr<InputCache> cache_;
+};
+
+TEST_F(InputCacheTest, UploadsAreVerifiedAndNothingHalfWrittenStays) {
+  const std::string data = "hello world\n";
+  const std::string sha = Sha256Hex(data);
+  EXPECT_EQ(*cache_->MissingBlobs({sha}), std::vector<std::string>{sha});
+  EXPECT_EQ(Upload(Sha256Hex("other"), data, data.size()).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(Upload(sha, data, data.size() + 1).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(Upload(sha, data, data.size() - 1).code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(DirEmpty("blobs"));
+  EXPECT_TRUE(DirEmpty("tmp"));
+  ASSERT_TRUE(Upload(sha, data, data.size()).ok());
+  EXPECT_TRUE(cache_->MissingBlobs({sha})->empty());
+  EXPECT_TRUE(DirEmpty("tmp"));
+  EXPECT_EQ(cache_->MissingBlobs({"ABC"}).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(InputCacheTest, TreesAreCheckedThenLinked) {
+  const std::string a = "alpha\n", b = "beta\n";
+  ASSERT_TRUE(Upload(Sha256Hex(a), a, a.size()).ok());
+  InputTree tree;
+  tree.files = {{"sub/b.txt", Sha256Hex(b), static_cast<int64_t>(b.size())},
+                {"a.txt", Sha256Hex(a), static_cast<int64_t>(a.size())}};
+  tree.digest = TreeDigest(tree.files);
+  // The digest rule from common.proto, written out by hand.
+  EXPECT_EQ(tree.digest, Sha256Hex(Sha256Hex(a) + " 6 a.txt\n" + Sha256Hex(b) + " 5 sub/b.txt\n"));
+
+  auto incomplete = cache_->Materialize(tree);
+  EXPECT_EQ(incomplete.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(incomplete.status().message().find(Sha256Hex(b)), std::string::npos);
+  ASSERT_TRUE(Upload(Sha256Hex(b), b, b.size()).ok());
+  auto path = cache_->Materialize(tree);
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  std::ifstream in(*path + "/sub/b.txt");
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "beta");
+  EXPECT_EQ(*cache_->Materialize(tree), *path) << "a second call finds the tree in place";
+
+  InputTree wrong = tree;
+  wrong.digest = Sha256Hex("x");
+  EXPECT_EQ(cache_->Materialize(wrong).status().code(), StatusCode::kInvalidArgument);
+  for (const std::string bad : {"../etc/passwd", "/etc/passwd", "a/../../b", "a//b", "./a"}) {
+    InputTree evil;
+    evil.files = {{bad, Sha256Hex(a), static_cast<int64_t>(a.size())}};
+    evil.digest = TreeDigest(evil.files);
+    auto refused = cache_->Materialize(evil);
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(refused.status().message().find(bad), std::string::npos)
+        << refused.status().message();
+  }
+  InputTree clash;
+  clash.files = {{"a", Sha256Hex(a), 6}, {"a/b", Sha256Hex(b), 5}};
+  clash.digest = TreeDigest(clash.files);
+  EXPECT_EQ(cache_->Materialize(clash).status().code(), StatusCode::kInvalidArgument);
+
+  InputTree single;
+  single.is_file = true;
+  single.files = {{"data.jsonl", Sha256Hex(a), 6}};
+  single.digest = TreeDigest(single.files);
+  auto file = cache_->Materialize(single);
+  ASSERT_TRUE(file.ok());
+  EXPECT_TRUE(fs::is_regular_file(*file));
+  EXPECT_EQ(fs::path(*file).filename(), "data.jsonl");
+  EXPECT_TRUE(DirEmpty("tmp"));
+}
+
+TEST(EventReaderTest, OnlyCompleteLinesInOrder) {
+  const fs::path dir = FreshDir("events");
+  const std::string path = (dir / "events.jsonl").string();
+  EventReader reader(path);
+  EXPECT_TRUE(reader.ReadNewLines()->empty()) << "no file yet";
+  std::ofstream out(path);
+  out << "{\"type\":\"start\"}\n{\"type\":\"st" << std::flush;
+  EXPECT_EQ(*reader.ReadNewLines(), std::vector<std::string>{"{\"type\":\"start\"}"});
+  out << "ep\"}\n" << std::flush;
+  auto lines = reader.ReadNewLines();
+  ASSERT_EQ(lines->size(), 1u);
+  EXPECT_EQ(EventType(lines->front()), "step");
+  EXPECT_EQ(reader.lines_read(), 2);
+  EXPECT_EQ(EventType("not json"), "");
+  fs::remove_all(dir);
+}
+
+TEST(NodeInfoTest, ParsesNvidiaSmiAndMeminfo) {
+  auto gpus = ParseNvidiaSmiCsv("0, NVIDIA H100 PCIe, 81559\n1, NVIDIA A100-SXM4-80GB, 81920\n");
+  ASSERT_TRUE(gpus.ok()) << gpus.status().ToString();
+  ASSERT_EQ(gpus->size(), 2u);
+  EXPECT_EQ((*gpus)[0].name, "NVIDIA H100 PCIe");
+  EXPECT_EQ((*gpus)[1].index, 1);
+  EXPECT_EQ((*gpus)[1].memory_bytes, int64_t{81920} * 1024 * 1024);
+  EXPECT_EQ(ParseNvidiaSmiCsv("No devices were found\n").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(*ParseMemTotal("MemFree: 1 kB\nMemTotal:       16384 kB\n"), 16384 * 1024);
+  EXPECT_FALSE(ParseMemTotal("MemFree: 1 kB\n").ok());
+  const NodeFacts facts = ProbeNode("/nonexistent/llm-train");
+  EXPECT_GT(facts.cpu_count, 0);
+  EXPECT_GT(facts.host_memory_bytes, 0);
+  ASSERT_FALSE(facts.devices.empty());
+  EXPECT_EQ(facts.trainer_version, "");
+}
+
+}  // namespace
+}  // namespace llmctl::agent

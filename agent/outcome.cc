@@ -1,0 +1,105 @@
+#include "agent/outcome.h"
+
+#include <signal.h>
+#include <string.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/text.h"
+
+namespace llmctl::agent {
+namespace {
+
+std::string SignalName(int signal) {
+  const char* abbreviation = ::sigabbrev_np(signal);
+  const char* description = ::sigdescr_np(signal);
+  std::string name = abbreviation != nullptr ? std::string("SIG") + abbreviation
+                                             : "signal " + std::to_string(signal);
+  if (description != nullptr) name += std::string(" (") + description + ")";
+  return name;
+}
+
+}  // namespace
+
+std::string LastLine(std::string_view text) {
+  while (!text.empty()) {
+    const size_t newline = text.find_last_of('\n');
+    const std::string_view line =
+        Trim(newline == std::string_view::npos ? text : text.substr(newline + 1));
+    if (!line.empty()) return std::string(line);
+    if (newline == std::string_view::npos) break;
+    text = text.substr(0, newline);
+  }
+  return "";
+}
+
+ResultEvent FindResultEvent(std::string_view events_text) {
+  ResultEvent result;
+  size_t start = 0;
+  while (start < events_text.size()) {
+    const size_t end = events_text.find('\n', start);
+    if (end == std::string_view::npos) break;  // an unfinished line is no event
+    const std::string_view line = events_text.substr(start, end - start);
+    start = end + 1;
+    if (line.find("\"result\"") == std::string_view::npos) continue;
+    const nlohmann::json event = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!event.is_object() || event.value("type", "") != "result") continue;
+    result.present = true;
+    const auto error = event.find("error");
+    result.error = (error != event.end() && error->is_string()) ? error->get<std::string>() : "";
+  }
+  return result;
+}
+
+RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool cancel_requested,
+                     std::string_view stderr_tail) {
+  RunEnd end;
+  const std::string reported = !result.error.empty() ? result.error : LastLine(stderr_tail);
+  if (exit.signal != 0) {
+    end.exit_code = -exit.signal;
+    if (exit.signal == SIGKILL && !result.present) {
+      end.outcome = "oom";
+      end.error = "killed by the kernel (host memory)";
+    } else {
+      end.outcome = "failed";
+      end.error = "killed by " + SignalName(exit.signal);
+    }
+  } else {
+    end.exit_code = exit.exit_code;
+    switch (exit.exit_code) {
+      case 0:
+        end.outcome = "ok";
+        break;
+      case 1:
+        end.outcome = "failed";
+        break;
+      case 2:
+        end.outcome = "invalid";
+        break;
+      case 3:
+        end.outcome = "oom";
+        break;
+      case 4:
+        end.outcome = "diverged";
+        break;
+      case 5:
+        end.outcome = "cancelled";
+        break;
+      default:
+        end.outcome = "failed";
+        end.error = "llm-train exited with code " + std::to_string(exit.exit_code);
+        if (!reported.empty()) end.error += ": " + reported;
+        break;
+    }
+    if (end.error.empty() && exit.exit_code != 0) end.error = reported;
+  }
+  if (cancel_requested && end.outcome != "ok") {
+    end.outcome = "cancelled";
+    end.error = "cancelled on request; the worker " +
+                (exit.signal != 0 ? "was killed by " + SignalName(exit.signal)
+                                  : "exited with code " + std::to_string(exit.exit_code));
+  }
+  return end;
+}
+
+}  // namespace llmctl::agent

@@ -1,0 +1,41 @@
+// How a run ended: the worker's exit status, read together with its event file.
+#ifndef LLMCTL_AGENT_OUTCOME_H_
+#define LLMCTL_AGENT_OUTCOME_H_
+
+#include <string>
+#include <string_view>
+
+#include "agent/supervisor.h"
+
+namespace llmctl::agent {
+
+// agent.proto's RunEnded as plain values.
+struct RunEnd {
+  std::string outcome;  // ok | oom | diverged | failed | cancelled | invalid
+  int exit_code = 0;    // -signal when killed by a signal
+  std::string error;
+};
+
+// What the event file says about the end.
+struct ResultEvent {
+  bool present = false;  // a `result` line was written
+  std::string error;     // its `error`, if any
+};
+
+// The trainer's exit codes (README "llm-train": 0 ok, 1 failed, 2 invalid input, 3 oom,
+// 4 diverged, 5 cancelled); SIGKILL without a result event is the kernel's OOM killer ("oom",
+// "killed by the kernel (host memory)"); any other signal is "failed" naming it. A cancel that was
+// asked for makes any unsuccessful end "cancelled". The error comes from the result event, else
+// from the last line of the worker's stderr.
+RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool cancel_requested,
+                     std::string_view stderr_tail);
+
+// Scans a worker's event file text for its `result` line.
+ResultEvent FindResultEvent(std::string_view events_text);
+
+// The last non-empty line of `text`.
+std::string LastLine(std::string_view text);
+
+}  // namespace llmctl::agent
+
+#endif  // LLMCTL_AGENT_OUTCOME_H_

@@ -1,0 +1,94 @@
+#include "agent/process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+extern char** environ;
+
+namespace llmctl::agent {
+
+std::optional<uint64_t> ProcessStartTime(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!in || !std::getline(in, stat)) return std::nullopt;
+  // "pid (comm) state ...": comm may hold spaces and parentheses, so fields count from the last
+  // ')'.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(stat.substr(close + 1));
+  std::string state;
+  fields >> state;
+  if (state == "Z" || state == "X") return std::nullopt;
+  std::string skip;
+  for (int field = 4; field < 22; ++field) fields >> skip;  // fields 4..21
+  uint64_t start_time = 0;
+  if (!(fields >> start_time)) return std::nullopt;
+  return start_time;
+}
+
+bool IsSameProcessAlive(pid_t pid, uint64_t start_time) {
+  const std::optional<uint64_t> actual = ProcessStartTime(pid);
+  return actual.has_value() && *actual == start_time;
+}
+
+StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
+                                   std::chrono::milliseconds timeout) {
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
+    return UnavailableError(std::string("pipe: ") + std::strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  std::vector<char*> args;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(pipe_fds[1]);
+  if (spawned != 0) {
+    ::close(pipe_fds[0]);
+    return NotFoundError("cannot run " + argv[0] + ": " + std::strerror(spawned));
+  }
+  CommandOutput output;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool timed_out = false;
+  char buffer[4096];
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd fd{pipe_fds[0], POLLIN, 0};
+    const int ready = ::poll(&fd, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;
+    const ssize_t n = ::read(pipe_fds[0], buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (output.stdout_text.size() < (1 << 20))
+      output.stdout_text.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(pipe_fds[0]);
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  output.exit_code = (!timed_out && WIFEXITED(status)) ? WEXITSTATUS(status) : -1;
+  return output;
+}
+
+}  // namespace llmctl::agent

@@ -1,0 +1,37 @@
+// Processes the agent did not necessarily start: identity by pid plus start time, so that a pid
+// the kernel reused for something else is never mistaken for our worker.
+#ifndef LLMCTL_AGENT_PROCESS_H_
+#define LLMCTL_AGENT_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace llmctl::agent {
+
+// The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), or nullopt when
+// there is no such process or it has exited (a zombie counts as exited).
+std::optional<uint64_t> ProcessStartTime(pid_t pid);
+
+// True while `pid` runs and started at `start_time`.
+bool IsSameProcessAlive(pid_t pid, uint64_t start_time);
+
+struct CommandOutput {
+  int exit_code = -1;  // -1 when it could not run or was killed (timeout)
+  std::string stdout_text;
+};
+
+// Runs `argv` (argv[0] looked up in PATH) with stdin and stderr on /dev/null and returns its
+// standard output (at most 1 MiB). Killed after `timeout`. NotFound when it cannot be started.
+StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
+                                   std::chrono::milliseconds timeout);
+
+}  // namespace llmctl::agent
+
+#endif  // LLMCTL_AGENT_PROCESS_H_

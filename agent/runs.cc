@@ -1,0 +1,466 @@
+#include "agent/runs.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "agent/process.h"
+#include "agent/supervisor.h"
+#include "agent/trial_file.h"
+#include "common/atomic_file.h"
+#include "common/files.h"
+
+extern char** environ;
+
+namespace llmctl::agent {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kTrialFile[] = "trial.yaml";
+constexpr char kEventsFile[] = "events.jsonl";
+constexpr char kSupervisorFile[] = "supervisor.json";
+constexpr char kSupervisorLog[] = "supervisor.log";
+constexpr char kCancelFile[] = "cancel_requested";
+constexpr char kEndedFile[] = "ended.json";
+constexpr char kOutputDir[] = "output";
+constexpr size_t kStderrTailBytes = 64 * 1024;
+constexpr size_t kMaxTrialNameBytes = 200;
+
+Status WriteJson(const std::string& path, const nlohmann::json& json) {
+  const std::string text = json.dump() + "\n";
+  return WriteFileAtomically(path, [&](int fd) { return WriteAll(fd, text.data(), text.size()); });
+}
+
+std::optional<nlohmann::json> ReadJson(const std::string& path) {
+  auto text = ReadFileToString(path, 1 << 20);
+  if (!text.ok()) return std::nullopt;
+  nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) return std::nullopt;
+  return json;
+}
+
+bool Exists(const std::string& path) {
+  struct stat info;
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+// Complete lines (ending in '\n') in the file; 0 when it does not exist.
+int64_t CountLines(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  int64_t lines = 0;
+  char buffer[1 << 16];
+  ssize_t n;
+  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0) {
+    lines += std::count(buffer, buffer + n, '\n');
+  }
+  ::close(fd);
+  return lines;
+}
+
+std::string ReadTail(const std::string& path, size_t bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat info;
+  std::string text;
+  if (::fstat(fd, &info) == 0) {
+    const off_t start = info.st_size > static_cast<off_t>(bytes) ? info.st_size - bytes : 0;
+    text.resize(static_cast<size_t>(info.st_size - start));
+    const ssize_t n = ::pread(fd, text.data(), text.size(), start);
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  ::close(fd);
+  return text;
+}
+
+nlohmann::json EndToJson(const RunEnd& end) {
+  return {{"outcome", end.outcome}, {"exit_code", end.exit_code}, {"error", end.error}};
+}
+
+std::optional<RunEnd> EndFromJson(const nlohmann::json& json) {
+  if (!json.contains("outcome") || !json["outcome"].is_string()) return std::nullopt;
+  RunEnd end;
+  end.outcome = json["outcome"].get<std::string>();
+  end.exit_code = json.value("exit_code", 0);
+  end.error = json.value("error", "");
+  return end;
+}
+
+Status CheckKey(const RunKey& key) {
+  if (key.experiment_id <= 0) {
+    return InvalidArgumentError("run key: experiment_id must be positive, got " +
+                                std::to_string(key.experiment_id));
+  }
+  if (key.attempt <= 0) {
+    return InvalidArgumentError("run key: attempt must be positive, got " +
+                                std::to_string(key.attempt));
+  }
+  if (key.trial.empty() || key.trial == "." || key.trial == ".." ||
+      key.trial.size() > kMaxTrialNameBytes) {
+    return InvalidArgumentError("run key: trial name '" + key.trial +
+                                "' must be 1 to 200 bytes and not '.' or '..'");
+  }
+  return Status::Ok();
+}
+
+// Whole-number directory names only ("3", not "03" or "x").
+std::optional<int64_t> ParsePositive(const std::string& text) {
+  if (text.empty() || text.size() > 18 || text[0] == '0' ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  return std::stoll(text);
+}
+
+}  // namespace
+
+std::string DescribeRunKey(const RunKey& key) {
+  return "experiment " + std::to_string(key.experiment_id) + ", trial '" + key.trial +
+         "', attempt " + std::to_string(key.attempt);
+}
+
+std::string EncodeTrialName(const std::string& trial) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string encoded;
+  for (unsigned char c : trial) {
+    if (std::isalnum(c) || c == '.' || c == '_' || c == '-') {
+      encoded += static_cast<char>(c);
+    } else {
+      encoded += '%';
+      encoded += kHex[c >> 4];
+      encoded += kHex[c & 15];
+    }
+  }
+  return encoded;
+}
+
+std::optional<std::string> DecodeTrialName(const std::string& encoded) {
+  std::string trial;
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    if (encoded[i] != '%') {
+      trial += encoded[i];
+      continue;
+    }
+    if (i + 2 >= encoded.size()) return std::nullopt;
+    const std::string hex = encoded.substr(i + 1, 2);
+    if (!std::isxdigit(static_cast<unsigned char>(hex[0])) ||
+        !std::isxdigit(static_cast<unsigned char>(hex[1]))) {
+      return std::nullopt;
+    }
+    trial += static_cast<char>(std::stoi(hex, nullptr, 16));
+    i += 2;
+  }
+  return trial;
+}
+
+RunManager::RunManager(RunManagerOptions options, InputCache* cache)
+    : options_(std::move(options)), cache_(cache) {}
+
+StatusOr<std::unique_ptr<RunManager>> RunManager::Open(RunManagerOptions options,
+                                                       InputCache* cache) {
+  std::error_code error;
+  fs::create_directories(options.data_dir + "/runs", error);
+  if (error) {
+    return UnavailableError("cannot create " + options.data_dir + "/runs: " + error.message());
+  }
+  std::unique_ptr<RunManager> manager(new RunManager(std::move(options), cache));
+  RETURN_IF_ERROR(manager->Recover());
+  manager->watcher_ = std::thread([m = manager.get()] { m->WatchLoop(); });
+  return manager;
+}
+
+RunManager::~RunManager() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  stop_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+std::string RunManager::RunDirFor(const RunKey& key) const {
+  return options_.data_dir + "/runs/" + std::to_string(key.experiment_id) + "/" +
+         EncodeTrialName(key.trial) + "/" + std::to_string(key.attempt);
+}
+
+Status RunManager::Recover() {
+  std::error_code error;
+  const fs::path runs_dir = options_.data_dir + "/runs";
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& experiment : fs::directory_iterator(runs_dir, error)) {
+    const auto experiment_id = ParsePositive(experiment.path().filename().string());
+    if (!experiment_id || !experiment.is_directory()) continue;
+    for (const auto& trial : fs::directory_iterator(experiment.path(), error)) {
+      const auto trial_name = DecodeTrialName(trial.path().filename().string());
+      if (!trial_name || !trial.is_directory()) continue;
+      for (const auto& attempt : fs::directory_iterator(trial.path(), error)) {
+        const auto attempt_number = ParsePositive(attempt.path().filename().string());
+        if (!attempt_number || *attempt_number > INT32_MAX || !attempt.is_directory()) continue;
+        const RunKey key{*experiment_id, *trial_name, static_cast<int32_t>(*attempt_number)};
+        Run run;
+        run.dir = attempt.path().string();
+        if (auto ended = ReadJson(run.dir + "/" + kEndedFile)) run.end = EndFromJson(*ended);
+        if (!run.end) {
+          if (auto supervisor = ReadJson(run.dir + "/" + kSupervisorFile)) {
+            run.supervisor_pid = supervisor->value("pid", 0);
+            run.supervisor_start_time = supervisor->value("start_time", uint64_t{0});
+          }
+          CheckRun(run);  // re-adopted if alive, else ended from exit.json or as vanished
+        }
+        runs_.emplace(key, std::move(run));
+      }
+    }
+  }
+  if (error) return UnavailableError("cannot scan " + runs_dir.string() + ": " + error.message());
+  return Status::Ok();
+}
+
+void RunManager::WatchLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    for (auto& [key, run] : runs_) {
+      if (!run.end) CheckRun(run);
+    }
+    stop_.wait_for(lock, options_.poll_interval, [this] { return stopping_; });
+  }
+}
+
+void RunManager::CheckRun(Run& run) {
+  if (run.is_child && run.supervisor_pid > 0) {
+    int status = 0;
+    if (::waitpid(run.supervisor_pid, &status, WNOHANG) == run.supervisor_pid) run.is_child = false;
+  }
+  // Alive first: the supervisor writes exit.json before it exits, so a dead supervisor without
+  // exit.json afterwards never wrote one.
+  const bool alive =
+      run.supervisor_pid > 0 && IsSameProcessAlive(run.supervisor_pid, run.supervisor_start_time);
+  auto exit = ReadWorkerExit(run.dir);
+  const bool cancel_requested = Exists(run.dir + "/" + kCancelFile);
+  if (exit.ok() && exit->has_value()) {
+    auto events = ReadFileToString(run.dir + "/" + kEventsFile);
+    const ResultEvent result = events.ok() ? FindResultEvent(*events) : ResultEvent{};
+    EndRun(run, DecideOutcome(**exit, result, cancel_requested,
+                              ReadTail(run.dir + "/" + kStderrFile, kStderrTailBytes)));
+    return;
+  }
+  if (alive) return;
+  // The supervisor is gone without a word. Its worker may still run (the supervisor was killed):
+  // stop it, nobody would ever collect its result.
+  if (auto worker = ReadJson(run.dir + "/" + kWorkerFile)) {
+    const pid_t pid = worker->value("pid", 0);
+    if (pid > 0 && IsSameProcessAlive(pid, worker->value("start_time", uint64_t{0}))) {
+      ::kill(-worker->value("pgid", pid), SIGKILL);
+    }
+  }
+  RunEnd end;
+  end.outcome = cancel_requested ? "cancelled" : "failed";
+  end.error = "worker vanished: its supervisor ended without recording an exit status";
+  if (!exit.ok()) end.error += " (" + exit.status().message() + ")";
+  EndRun(run, end);
+}
+
+void RunManager::EndRun(Run& run, const RunEnd& end) {
+  const Status written = WriteJson(run.dir + "/" + kEndedFile, EndToJson(end));
+  // Without ended.json the next start decides again from the same files, with the same result.
+  (void)written;
+  run.end = end;
+  ended_.notify_all();
+}
+
+RunState RunManager::StateOf(const RunKey& key, Run& run) const {
+  RunState state;
+  state.key = key;
+  state.ended = run.end.has_value();
+  if (run.end) state.end = *run.end;
+  if (run.end && run.final_seq >= 0) {
+    state.last_seq = run.final_seq;
+  } else {
+    state.last_seq = CountLines(run.dir + "/" + kEventsFile);
+    if (run.end) run.final_seq = state.last_seq;
+  }
+  return state;
+}
+
+StatusOr<RunState> RunManager::Start(const RunRequest& request) {
+  RETURN_IF_ERROR(CheckKey(request.key));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = runs_.find(request.key); it != runs_.end()) return StateOf(it->first, it->second);
+  }
+  for (int index : request.device_indices) {
+    if (index < 0) {
+      return InvalidArgumentError("device_indices: " + std::to_string(index) + " is negative");
+    }
+  }
+  std::map<std::string, std::string> input_paths;
+  for (const auto& [key, tree] : request.inputs) {
+    auto path = cache_->Materialize(tree);
+    if (!path.ok()) return path.status().WithContext("inputs[" + key + "]");
+    input_paths[key] = *path;
+  }
+  const std::string dir = RunDirFor(request.key);
+  ASSIGN_OR_RETURN(const TrialFile trial_file,
+                   MakeTrialFile(request.config_json, input_paths, dir + "/" + kOutputDir));
+  if (trial_file.device == "cuda" && request.device_indices.empty()) {
+    return InvalidArgumentError("a cuda trial needs device_indices");
+  }
+
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Checked again: another call with this key may have started it meanwhile.
+  if (auto it = runs_.find(request.key); it != runs_.end()) return StateOf(it->first, it->second);
+  // The directory is assembled under a temporary name and renamed, so a half-made run is never
+  // found by a restarted agent.
+  const std::string staging = dir + ".new";
+  std::error_code error;
+  fs::remove_all(staging, error);
+  fs::create_directories(staging + "/" + kOutputDir, error);
+  if (error) return UnavailableError("cannot create " + staging + ": " + error.message());
+  RETURN_IF_ERROR(WriteFileAtomically(staging + "/" + kTrialFile, [&](int fd) {
+    return WriteAll(fd, trial_file.yaml.data(), trial_file.yaml.size());
+  }));
+  if (::rename(staging.c_str(), dir.c_str()) != 0) {
+    return UnavailableError("cannot create run directory " + dir + ": " + std::strerror(errno));
+  }
+
+  SupervisorCommand command;
+  command.run_dir = dir;
+  command.grace = options_.cancel_grace;
+  command.worker_argv = {options_.llm_train, "--config", dir + "/" + kTrialFile, "--events",
+                         dir + "/" + kEventsFile};
+  const std::vector<std::string> argv = SupervisorArgv(options_.supervisor_program, command);
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    if (entry.starts_with("CUDA_VISIBLE_DEVICES=") || entry.starts_with("LLMCTL_CACHE_DIR="))
+      continue;
+    env.emplace_back(entry);
+  }
+  // llm-train's token cache lives in the agent's cache, next to the inputs it was made from.
+  env.push_back("LLMCTL_CACHE_DIR=" + cache_->dir());
+  if (trial_file.device == "cuda") {
+    std::string devices;
+    for (int index : request.device_indices) {
+      devices += (devices.empty() ? "" : ",") + std::to_string(index);
+    }
+    env.push_back("CUDA_VISIBLE_DEVICES=" + devices);
+  }
+  std::vector<char*> argv_c;
+  for (const std::string& a : argv) argv_c.push_back(const_cast<char*>(a.c_str()));
+  argv_c.push_back(nullptr);
+  std::vector<char*> env_c;
+  for (const std::string& e : env) env_c.push_back(const_cast<char*>(e.c_str()));
+  env_c.push_back(nullptr);
+
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  // A new session: the supervisor leaves the agent's process group and terminal, so neither a
+  // signal to the agent's group nor the agent's exit reaches it.
+  posix_spawnattr_setflags(&attributes,
+                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  for (int signal : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD})
+    sigaddset(&defaults, signal);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  const std::string log = dir + "/" + kSupervisorLog;
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = 0;
+  const int spawned =
+      ::posix_spawn(&pid, argv_c[0], &actions, &attributes, argv_c.data(), env_c.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+
+  Run run;
+  run.dir = dir;
+  if (spawned != 0) {
+    RunEnd end;
+    end.outcome = "failed";
+    end.error = "cannot start the supervisor " + options_.supervisor_program + ": " +
+                std::strerror(spawned);
+    EndRun(run, end);
+  } else {
+    run.supervisor_pid = pid;
+    run.is_child = true;
+    // Read at once: the process exists from the moment posix_spawn returns, exec'd or not.
+    run.supervisor_start_time = ProcessStartTime(pid).value_or(0);
+    const Status recorded = WriteJson(dir + "/" + kSupervisorFile,
+                                      {{"pid", pid}, {"start_time", run.supervisor_start_time}});
+    (void)recorded;  // without it a restarted agent reports the run as vanished
+  }
+  auto [it, inserted] = runs_.emplace(request.key, std::move(run));
+  return StateOf(it->first, it->second);
+}
+
+StatusOr<RunState> RunManager::Get(const RunKey& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = runs_.find(key);
+  if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
+  return StateOf(it->first, it->second);
+}
+
+StatusOr<std::optional<RunEnd>> RunManager::Ended(const RunKey& key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = runs_.find(key);
+  if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
+  return it->second.end;
+}
+
+std::vector<RunState> RunManager::List() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<RunState> states;
+  for (auto& [key, run] : runs_) states.push_back(StateOf(key, run));
+  return states;
+}
+
+StatusOr<std::string> RunManager::RunDir(const RunKey& key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = runs_.find(key);
+  if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
+  return it->second.dir;
+}
+
+StatusOr<RunState> RunManager::WaitForEnd(const RunKey& key, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto it = runs_.find(key);
+  if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
+  ended_.wait_for(lock, timeout, [&] { return it->second.end.has_value() || stopping_; });
+  return StateOf(it->first, it->second);
+}
+
+StatusOr<RunState> RunManager::Cancel(const RunKey& key) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = runs_.find(key);
+    if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
+    Run& run = it->second;
+    if (run.end) return StateOf(it->first, run);
+    // The marker first: whoever decides the outcome, now or after a restart, sees the request.
+    RETURN_IF_ERROR(
+        WriteFileAtomically(run.dir + "/" + kCancelFile, [](int) { return Status::Ok(); }));
+    if (run.supervisor_pid > 0 &&
+        IsSameProcessAlive(run.supervisor_pid, run.supervisor_start_time)) {
+      ::kill(run.supervisor_pid, SIGTERM);
+    }
+  }
+  return WaitForEnd(key, options_.cancel_grace + std::chrono::seconds(5));
+}
+
+}  // namespace llmctl::agent

@@ -1,0 +1,136 @@
+// The runs on this node: each trial attempt in its own directory, started through a supervisor
+// (agent/supervisor.h) so that it survives an agent restart, and re-adopted when the agent starts.
+//
+//   DATA/runs/<experiment_id>/<trial, percent-encoded>/<attempt>/
+//     trial.yaml        the one-trial experiment file llm-train runs
+//     events.jsonl      llm-train --events (line number = sequence number)
+//     stdout.log, stderr.log
+//     supervisor.json   the supervisor's pid and start time (written by the agent)
+//     worker.json       the worker's pid, process group and start time (written by the supervisor)
+//     exit.json         how the worker ended (written by the supervisor)
+//     cancel_requested  present once a cancel was asked for
+//     ended.json        the run's outcome (written by the agent): the run is over
+//     output/           the trial's output_dir unless the config names another
+#ifndef LLMCTL_AGENT_RUNS_H_
+#define LLMCTL_AGENT_RUNS_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <compare>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/input_cache.h"
+#include "agent/outcome.h"
+#include "common/status.h"
+
+namespace llmctl::agent {
+
+struct RunKey {
+  int64_t experiment_id = 0;
+  std::string trial;
+  int32_t attempt = 0;
+  friend auto operator<=>(const RunKey&, const RunKey&) = default;
+};
+
+std::string DescribeRunKey(const RunKey& key);  // "experiment 3, trial 'base', attempt 1"
+
+struct RunState {
+  RunKey key;
+  bool ended = false;
+  int64_t last_seq = 0;  // complete lines in events.jsonl so far
+  RunEnd end;            // when ended
+};
+
+struct RunRequest {
+  RunKey key;
+  std::string config_json;                  // TrialConfig::ToJson
+  std::map<std::string, InputTree> inputs;  // trial key -> uploaded tree
+  std::vector<int> device_indices;
+};
+
+struct RunManagerOptions {
+  std::string data_dir;
+  std::string llm_train;           // the worker program
+  std::string supervisor_program;  // the llm-agent binary, re-executed with --supervise
+  std::chrono::milliseconds cancel_grace{10000};  // SIGTERM, then SIGKILL after this
+  std::chrono::milliseconds poll_interval{100};   // how often running runs are checked
+};
+
+// Thread-safe.
+class RunManager {
+ public:
+  // Scans DATA/runs: runs with ended.json are over; the others are re-adopted when their supervisor
+  // still runs, finished from exit.json when it exists, and marked failed ("worker vanished")
+  // otherwise. Then watches the running ones on a background thread.
+  static StatusOr<std::unique_ptr<RunManager>> Open(RunManagerOptions options, InputCache* cache);
+  // Stops watching; workers keep running (a later Open re-adopts them).
+  ~RunManager();
+  RunManager(const RunManager&) = delete;
+  RunManager& operator=(const RunManager&) = delete;
+
+  // Starts the run, or returns the state of the run with that key if there is one. InvalidArgument
+  // for a bad key, config or inputs; FailedPrecondition when an input tree's blobs are missing.
+  StatusOr<RunState> Start(const RunRequest& request);
+  // NotFound for an unknown key.
+  StatusOr<RunState> Get(const RunKey& key);
+  // How the run ended, nullopt while it runs; cheaper than Get (no look at the event file).
+  // NotFound for an unknown key.
+  StatusOr<std::optional<RunEnd>> Ended(const RunKey& key) const;
+  std::vector<RunState> List();
+  // Asks the supervisor to stop the worker (SIGTERM, SIGKILL after the grace period) and waits up
+  // to the grace period plus a margin for the run to end; returns its state then. An ended run is
+  // left as it is.
+  StatusOr<RunState> Cancel(const RunKey& key);
+  // Waits up to `timeout` for the run to end; returns its state then. NotFound for an unknown key.
+  StatusOr<RunState> WaitForEnd(const RunKey& key, std::chrono::milliseconds timeout);
+  // The run's directory. NotFound for an unknown key.
+  StatusOr<std::string> RunDir(const RunKey& key) const;
+
+ private:
+  struct Run {
+    std::string dir;
+    pid_t supervisor_pid = 0;  // 0: unknown (the agent died before recording it)
+    uint64_t supervisor_start_time = 0;
+    bool is_child = false;  // started by this process: reaped here
+    std::optional<RunEnd> end;
+    int64_t final_seq = -1;  // the event file's lines once ended (it no longer grows), -1 unknown
+  };
+
+  RunManager(RunManagerOptions options, InputCache* cache);
+  Status Recover();
+  void WatchLoop();
+  // Checks one running run and ends it when its worker is gone. Requires mutex_.
+  void CheckRun(Run& run);
+  void EndRun(Run& run, const RunEnd& end);
+  // Requires mutex_.
+  RunState StateOf(const RunKey& key, Run& run) const;
+  std::string RunDirFor(const RunKey& key) const;
+
+  const RunManagerOptions options_;
+  InputCache* const cache_;  // not owned
+
+  mutable std::mutex mutex_;
+  std::condition_variable ended_;  // notified when a run ends
+  std::map<RunKey, Run> runs_;     // guarded by mutex_
+  bool stopping_ = false;          // guarded by mutex_
+  std::condition_variable stop_;
+  std::thread watcher_;
+};
+
+// Trial names as directory names: bytes other than [A-Za-z0-9._-] become %XX, so
+// "base/precision=bf16-true" is "base%2Fprecision%3Dbf16-true".
+std::string EncodeTrialName(const std::string& trial);
+std::optional<std::string> DecodeTrialName(const std::string& encoded);
+
+}  // namespace llmctl::agent
+
+#endif  // LLMCTL_AGENT_RUNS_H_

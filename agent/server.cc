@@ -1,0 +1,343 @@
+#include "agent/server.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "agent/event_reader.h"
+#include "agent/node_info.h"
+#include "agent/sha256.h"
+#include "llmctl/v1/agent.grpc.pb.h"
+#include "rpc/status.h"
+
+namespace llmctl::agent {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = llmctl::v1;
+
+constexpr size_t kArtifactChunkBytes = 1 << 20;
+constexpr char kHubNotYet[] = "hub downloads arrive with the HTTP client";
+
+RunKey FromProto(const pb::RunKey& key) {
+  return RunKey{key.experiment_id(), key.trial(), key.attempt()};
+}
+
+void ToProto(const RunKey& key, pb::RunKey* out) {
+  out->set_experiment_id(key.experiment_id);
+  out->set_trial(key.trial);
+  out->set_attempt(key.attempt);
+}
+
+void ToProto(const RunEnd& end, pb::RunEnded* out) {
+  out->set_outcome(end.outcome);
+  out->set_exit_code(end.exit_code);
+  out->set_error(end.error);
+}
+
+void ToProto(const RunState& state, pb::RunState* out) {
+  ToProto(state.key, out->mutable_key());
+  out->set_status(state.ended ? pb::RUN_STATUS_ENDED : pb::RUN_STATUS_RUNNING);
+  out->set_last_seq(state.last_seq);
+  if (state.ended) ToProto(state.end, out->mutable_ended());
+}
+
+InputTree FromProto(const pb::InputTree& tree) {
+  InputTree plain;
+  plain.digest = tree.digest();
+  plain.is_file = tree.is_file();
+  for (const pb::TreeFile& file : tree.files()) {
+    plain.files.push_back(TreeFile{file.path(), file.sha256(), file.size()});
+  }
+  return plain;
+}
+
+// The run's artifacts: every regular file under output/, then the logs, as paths relative to the
+// run directory.
+std::vector<std::string> ArtifactPaths(const std::string& run_dir) {
+  std::vector<std::string> paths;
+  std::error_code error;
+  const fs::path output = fs::path(run_dir) / "output";
+  for (auto it = fs::recursive_directory_iterator(output, error);
+       !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+    if (it->is_regular_file(error) && !it->is_symlink(error)) {
+      paths.push_back(fs::relative(it->path(), run_dir, error).string());
+    }
+  }
+  std::sort(paths.begin(), paths.end());
+  for (const char* log : {"trial.yaml", "events.jsonl", "stdout.log", "stderr.log"}) {
+    if (fs::is_regular_file(fs::path(run_dir) / log, error)) paths.push_back(log);
+  }
+  return paths;
+}
+
+}  // namespace
+
+class AgentService final : public pb::Agent::Service {
+ public:
+  AgentService(const AgentOptions& options, InputCache* cache, RunManager* runs)
+      : node_(options.node),
+        llm_train_(options.llm_train),
+        poll_interval_(options.poll_interval),
+        cache_(cache),
+        runs_(runs) {}
+
+  // Ends the streams that follow running runs.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+  }
+
+  grpc::Status GetNodeInfo(grpc::ServerContext*, const pb::GetNodeInfoRequest*,
+                           pb::NodeInfo* response) override {
+    const NodeFacts facts = ProbeNode(llm_train_);
+    response->set_node(rpc::AgentCertificateName(node_));
+    for (const DeviceInfo& device : facts.devices) {
+      pb::Device* out = response->add_devices();
+      out->set_type(device.type);
+      out->set_index(device.index);
+      out->set_name(device.name);
+      out->set_memory_bytes(device.memory_bytes);
+    }
+    response->set_host_memory_bytes(facts.host_memory_bytes);
+    response->set_trainer_version(facts.trainer_version);
+    response->set_cpu_count(facts.cpu_count);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status MissingBlobs(grpc::ServerContext*, const pb::MissingBlobsRequest* request,
+                            pb::MissingBlobsResponse* response) override {
+    auto missing = cache_->MissingBlobs({request->sha256().begin(), request->sha256().end()});
+    if (!missing.ok()) return rpc::ToGrpcStatus(missing.status());
+    for (const std::string& sha256 : *missing) response->add_sha256(sha256);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status UploadBlob(grpc::ServerContext*, grpc::ServerReader<pb::BlobChunk>* reader,
+                          pb::UploadBlobResponse* response) override {
+    pb::BlobChunk chunk;
+    if (!reader->Read(&chunk)) {
+      return rpc::ToGrpcStatus(InvalidArgumentError("UploadBlob: the stream carried no chunk"));
+    }
+    const std::string sha256 = chunk.sha256();
+    response->set_sha256(sha256);
+    if (IsSha256Hex(sha256) && cache_->HasBlob(sha256)) {
+      response->set_already_present(true);
+      return grpc::Status::OK;
+    }
+    auto upload = cache_->BeginUpload(sha256, chunk.size());
+    if (!upload.ok()) return rpc::ToGrpcStatus(upload.status());
+    do {
+      if (!chunk.sha256().empty() && chunk.sha256() != sha256) {
+        return rpc::ToGrpcStatus(InvalidArgumentError("UploadBlob: a chunk names blob " +
+                                                      chunk.sha256() + " inside the upload of " +
+                                                      sha256));
+      }
+      if (Status appended = (*upload)->Append(chunk.data()); !appended.ok()) {
+        return rpc::ToGrpcStatus(appended);
+      }
+    } while (reader->Read(&chunk));
+    return rpc::ToGrpcStatus((*upload)->Finish());
+  }
+
+  grpc::Status PrepareHubModel(grpc::ServerContext*, const pb::PrepareHubModelRequest*,
+                               pb::PrepareHubModelResponse*) override {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, kHubNotYet);
+  }
+
+  grpc::Status RunTrial(grpc::ServerContext*, const pb::RunTrialRequest* request,
+                        pb::RunState* response) override {
+    RunRequest plain;
+    plain.key = FromProto(request->key());
+    plain.config_json = request->config_json();
+    for (const auto& [key, tree] : request->inputs()) plain.inputs[key] = FromProto(tree);
+    plain.device_indices.assign(request->device_indices().begin(), request->device_indices().end());
+    auto state = runs_->Start(plain);
+    if (!state.ok()) return rpc::ToGrpcStatus(state.status());
+    ToProto(*state, response);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListRuns(grpc::ServerContext*, const pb::ListRunsRequest*,
+                        pb::ListRunsResponse* response) override {
+    for (const RunState& state : runs_->List()) ToProto(state, response->add_runs());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status StreamEvents(grpc::ServerContext* context, const pb::StreamEventsRequest* request,
+                            grpc::ServerWriter<pb::StreamEventsResponse>* writer) override {
+    const RunKey key = FromProto(request->key());
+    if (request->from_seq() < 0) {
+      return rpc::ToGrpcStatus(InvalidArgumentError("StreamEvents: from_seq must be >= 0, got " +
+                                                    std::to_string(request->from_seq())));
+    }
+    const int64_t from_seq = std::max<int64_t>(1, request->from_seq());
+    auto dir = runs_->RunDir(key);
+    if (!dir.ok()) return rpc::ToGrpcStatus(dir.status());
+    EventReader reader(*dir + "/events.jsonl");
+    while (true) {
+      if (context->IsCancelled()) return grpc::Status::CANCELLED;
+      // Ended is read before the file: a run that had ended then has all its lines in the file.
+      auto ended = runs_->Ended(key);
+      if (!ended.ok()) return rpc::ToGrpcStatus(ended.status());
+      auto lines = reader.ReadNewLines();
+      if (!lines.ok()) return rpc::ToGrpcStatus(lines.status());
+      int64_t seq = reader.lines_read() - static_cast<int64_t>(lines->size());
+      for (std::string& line : *lines) {
+        if (++seq < from_seq) continue;
+        pb::StreamEventsResponse item;
+        pb::TrialEvent* event = item.mutable_event();
+        event->set_seq(seq);
+        event->set_type(EventType(line));
+        event->set_json(std::move(line));
+        if (!writer->Write(item)) return grpc::Status::CANCELLED;  // the client went away
+      }
+      if (ended->has_value()) {
+        pb::StreamEventsResponse item;
+        ToProto(**ended, item.mutable_ended());
+        writer->Write(item);
+        return grpc::Status::OK;
+      }
+      if (lines->empty()) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (wake_.wait_for(lock, poll_interval_, [this] { return stopping_; })) {
+          return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
+        }
+      }
+    }
+  }
+
+  grpc::Status CancelRun(grpc::ServerContext*, const pb::CancelRunRequest* request,
+                         pb::RunState* response) override {
+    auto state = runs_->Cancel(FromProto(request->key()));
+    if (!state.ok()) return rpc::ToGrpcStatus(state.status());
+    ToProto(*state, response);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status FetchArtifacts(grpc::ServerContext* context,
+                              const pb::FetchArtifactsRequest* request,
+                              grpc::ServerWriter<pb::ArtifactChunk>* writer) override {
+    auto dir = runs_->RunDir(FromProto(request->key()));
+    if (!dir.ok()) return rpc::ToGrpcStatus(dir.status());
+    std::string buffer(kArtifactChunkBytes, '\0');
+    for (const std::string& path : ArtifactPaths(*dir)) {
+      std::ifstream in(*dir + "/" + path, std::ios::binary);
+      std::error_code error;
+      const auto size = fs::file_size(*dir + "/" + path, error);
+      if (!in || error) continue;  // removed meanwhile
+      // The size when the listing was made: a log still growing is sent up to there.
+      int64_t left = static_cast<int64_t>(size);
+      Sha256 hasher;
+      bool first = true;
+      do {
+        if (context->IsCancelled()) return grpc::Status::CANCELLED;
+        const int64_t wanted = std::min<int64_t>(left, kArtifactChunkBytes);
+        in.read(buffer.data(), wanted);
+        const int64_t got = in.gcount();
+        // A file cut short meanwhile ends here; the receiver sees the size and sha256 disagree.
+        left = got < wanted ? 0 : left - got;
+        const std::string_view data(buffer.data(), static_cast<size_t>(got));
+        hasher.Update(data);
+        pb::ArtifactChunk chunk;
+        if (first) {
+          chunk.set_path(path);
+          chunk.set_size(static_cast<int64_t>(size));
+        }
+        chunk.set_data(std::string(data));
+        if (left == 0) {
+          chunk.set_last(true);
+          chunk.set_sha256(hasher.HexDigest());
+        }
+        if (!writer->Write(chunk)) return grpc::Status::CANCELLED;
+        first = false;
+      } while (left > 0);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string node_;
+  const std::string llm_train_;
+  const std::chrono::milliseconds poll_interval_;
+  InputCache* const cache_;
+  RunManager* const runs_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;  // guarded by mutex_
+};
+
+StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) {
+  if (options.listen.empty() || options.data_dir.empty() || options.node.empty() ||
+      options.token.empty() || options.llm_train.empty() || options.supervisor_program.empty()) {
+    return InvalidArgumentError(
+        "the agent needs --listen, --data-dir, --node, a token, --llm-train and its own path");
+  }
+  std::unique_ptr<AgentServer> server(new AgentServer());
+  ASSIGN_OR_RETURN(server->cache_, InputCache::Open(options.data_dir + "/cache"));
+  RunManagerOptions run_options;
+  run_options.data_dir = options.data_dir;
+  run_options.llm_train = options.llm_train;
+  run_options.supervisor_program = options.supervisor_program;
+  run_options.cancel_grace = options.cancel_grace;
+  run_options.poll_interval = options.poll_interval;
+  ASSIGN_OR_RETURN(server->runs_, RunManager::Open(run_options, server->cache_.get()));
+  server->service_ =
+      std::make_unique<AgentService>(options, server->cache_.get(), server->runs_.get());
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const bool is_unix = options.listen.rfind("unix:", 0) == 0;
+  if (is_unix) {
+    // A socket left by an earlier agent would make the bind fail; anything else stays.
+    struct stat info;
+    const std::string path = options.listen.substr(5);
+    if (::lstat(path.c_str(), &info) == 0) {
+      if (!S_ISSOCK(info.st_mode)) {
+        return InvalidArgumentError("--listen " + options.listen + ": " + path +
+                                    " exists and is not a socket");
+      }
+      ::unlink(path.c_str());
+    }
+  }
+  builder.AddListeningPort(options.listen, rpc::ServerCredentials(options.identity, options.token),
+                           is_unix ? nullptr : &port);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(8 << 20);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || (!is_unix && port == 0)) {
+    return UnavailableError("cannot listen on " + options.listen);
+  }
+  if (is_unix) {
+    server->address_ = options.listen;
+  } else {
+    const std::string host = options.listen.substr(0, options.listen.rfind(':'));
+    server->address_ = host + ":" + std::to_string(port);
+  }
+  return server;
+}
+
+void AgentServer::Wait() {
+  if (server_) server_->Wait();
+}
+
+void AgentServer::Shutdown() {
+  if (service_) service_->Stop();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+AgentServer::~AgentServer() {
+  Shutdown();
+  if (server_) server_->Wait();
+}
+
+}  // namespace llmctl::agent

@@ -1,0 +1,60 @@
+// llm-agent's gRPC server: the Agent service (proto/llmctl/v1/agent.proto) over mutual TLS with the
+// node's token, on a unix socket or a TCP port.
+#ifndef LLMCTL_AGENT_SERVER_H_
+#define LLMCTL_AGENT_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "agent/input_cache.h"
+#include "agent/runs.h"
+#include "common/status.h"
+#include "rpc/tls.h"
+
+namespace llmctl::agent {
+
+struct AgentOptions {
+  std::string listen;    // "unix:/path" or "host:port" (port 0: any free port)
+  std::string data_dir;  // runs/ and cache/ live here
+  std::string node;      // the certificate names agent-<node>.llmctl
+  rpc::TlsIdentity identity;
+  std::string token;
+  std::string llm_train;           // the trainer binary
+  std::string supervisor_program;  // this binary (re-executed as the supervisor)
+  std::chrono::milliseconds cancel_grace{10000};
+  std::chrono::milliseconds poll_interval{100};  // run checks and event-file following
+};
+
+class AgentService;
+
+class AgentServer {
+ public:
+  // Opens the cache and the runs (re-adopting running workers) and starts serving.
+  // InvalidArgument for bad options; Unavailable when the address cannot be bound.
+  static StatusOr<std::unique_ptr<AgentServer>> Start(AgentOptions options);
+  // Shuts down: open streams end, workers keep running.
+  ~AgentServer();
+  AgentServer(const AgentServer&) = delete;
+  AgentServer& operator=(const AgentServer&) = delete;
+
+  // Where it listens: the unix address as given, or "host:port" with the port chosen.
+  const std::string& address() const { return address_; }
+  // Blocks until Shutdown() (from another thread or a signal handler's thread).
+  void Wait();
+  void Shutdown();
+
+ private:
+  AgentServer() = default;
+  std::unique_ptr<InputCache> cache_;
+  std::unique_ptr<RunManager> runs_;
+  std::unique_ptr<AgentService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+}  // namespace llmctl::agent
+
+#endif  // LLMCTL_AGENT_SERVER_H_

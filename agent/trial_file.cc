@@ -1,0 +1,87 @@
+#include "agent/trial_file.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/trial_config.h"
+#include "common/trial_keys.h"
+
+namespace llmctl::agent {
+namespace {
+
+std::string ScalarText(const nlohmann::json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  return value.dump();  // numbers in the shortest form that reads back exactly; true/false
+}
+
+// `config` without the keys that have no value or hold their registry default (`defaults`, the
+// same nesting). A file states only what differs, as a user would write it: the checks that look
+// at which keys were given (peft.r without a peft.method) then see what they saw in the original
+// experiment file, and llm-train fills in the same defaults.
+nlohmann::json WithoutDefaults(const nlohmann::json& config, const nlohmann::json& defaults) {
+  nlohmann::json kept = nlohmann::json::object();
+  for (const auto& [name, value] : config.items()) {
+    const auto default_value = defaults.find(name);
+    const bool has_default = default_value != defaults.end();
+    if (value.is_object()) {
+      nlohmann::json inner =
+          WithoutDefaults(value, has_default ? *default_value : nlohmann::json::object());
+      if (!inner.empty()) kept[name] = std::move(inner);
+    } else if (!value.is_null() && !(has_default && *default_value == value)) {
+      kept[name] = value;
+    }
+  }
+  return kept;
+}
+
+// Writes `object`'s members as a block map.
+void EmitMap(YAML::Emitter& out, const nlohmann::json& object) {
+  out << YAML::BeginMap;
+  for (const auto& [name, value] : object.items()) {
+    out << YAML::Key << name << YAML::Value;
+    if (value.is_object()) {
+      EmitMap(out, value);
+    } else if (value.is_array()) {
+      out << YAML::Flow << YAML::BeginSeq;
+      for (const auto& item : value) out << ScalarText(item);
+      out << YAML::EndSeq;
+    } else {
+      out << ScalarText(value);
+    }
+  }
+  out << YAML::EndMap;
+}
+
+}  // namespace
+
+StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
+                                  const std::map<std::string, std::string>& input_paths,
+                                  const std::string& default_output_dir) {
+  const nlohmann::json json =
+      nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return InvalidArgumentError("config_json is not a JSON object");
+  }
+  auto config = TrialConfig::FromJson(json);
+  if (!config.ok()) return config.status().WithContext("config_json");
+  for (const auto& [key, path] : input_paths) {
+    const KeySpec* spec = FindTrialKey(key);
+    if (spec == nullptr) {
+      return InvalidArgumentError("inputs: '" + key + "' is not a trial key");
+    }
+    if (spec->type != KeyType::kPath && key != "model") {
+      return InvalidArgumentError("inputs: '" + key + "' does not name a file or directory (" +
+                                  std::string(KeyTypeName(spec->type)) + ")");
+    }
+    RETURN_IF_ERROR(config->Set(key, path).WithContext("inputs"));
+  }
+  if (config->GetString("output_dir").empty()) {
+    RETURN_IF_ERROR(config->Set("output_dir", default_output_dir));
+  }
+  YAML::Emitter out;
+  EmitMap(out, WithoutDefaults(config->ToJson(), TrialConfig().ToJson()));
+  return TrialFile{std::string(out.c_str()) + "\n", config->GetString("device")};
+}
+
+}  // namespace llmctl::agent

@@ -1,0 +1,382 @@
+#include "rpc/tls.h"
+
+#include <fcntl.h>
+#include <openssl/bn.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/sha.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "common/atomic_file.h"
+#include "common/files.h"
+#include "common/text.h"
+
+namespace llmctl::rpc {
+namespace {
+
+struct BioFree {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+struct X509Free {
+  void operator()(X509* x) const { X509_free(x); }
+};
+struct PkeyFree {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+struct BnFree {
+  void operator()(BIGNUM* b) const { BN_free(b); }
+};
+using BioPtr = std::unique_ptr<BIO, BioFree>;
+using X509Ptr = std::unique_ptr<X509, X509Free>;
+using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyFree>;
+using BnPtr = std::unique_ptr<BIGNUM, BnFree>;
+
+constexpr char kCaKeyFile[] = "ca.key";
+constexpr char kCaCertificateFile[] = "ca.crt";
+constexpr char kCaCommonName[] = "llmctl CA";
+constexpr int kCaValidityDays = 3650;
+
+// OpenSSL's most recent error as text, and clears its queue.
+std::string OpenSslError() {
+  const unsigned long code = ERR_get_error();
+  ERR_clear_error();
+  if (code == 0) return "unknown OpenSSL error";
+  char buffer[256];
+  ERR_error_string_n(code, buffer, sizeof(buffer));
+  return buffer;
+}
+
+X509Ptr ParseCertificate(const std::string& pem) {
+  BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  return X509Ptr(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+}
+
+PkeyPtr ParsePrivateKey(const std::string& pem) {
+  BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  return PkeyPtr(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+}
+
+std::string BioToString(BIO* bio) {
+  char* data = nullptr;
+  const long size = BIO_get_mem_data(bio, &data);
+  return std::string(data, static_cast<size_t>(size));
+}
+
+StatusOr<std::string> CertificatePem(X509* certificate) {
+  BioPtr bio(BIO_new(BIO_s_mem()));
+  if (PEM_write_bio_X509(bio.get(), certificate) != 1) {
+    return InternalError("cannot encode a certificate: " + OpenSslError());
+  }
+  return BioToString(bio.get());
+}
+
+StatusOr<std::string> PrivateKeyPem(EVP_PKEY* key) {
+  BioPtr bio(BIO_new(BIO_s_mem()));
+  if (PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0, nullptr, nullptr) != 1) {
+    return InternalError("cannot encode a private key: " + OpenSslError());
+  }
+  return BioToString(bio.get());
+}
+
+StatusOr<PkeyPtr> NewP256Key() {
+  PkeyPtr key(EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256"));
+  if (key == nullptr) return InternalError("cannot generate an EC P-256 key: " + OpenSslError());
+  return key;
+}
+
+Status AddExtension(X509* certificate, X509* issuer, int nid, const char* value) {
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, issuer, certificate, nullptr, nullptr, 0);
+  X509_EXTENSION* extension = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
+  if (extension == nullptr) {
+    return InternalError(std::string("cannot make extension ") + OBJ_nid2sn(nid) + "=" + value +
+                         ": " + OpenSslError());
+  }
+  const int added = X509_add_ext(certificate, extension, -1);
+  X509_EXTENSION_free(extension);
+  if (added != 1) return InternalError("cannot add a certificate extension: " + OpenSslError());
+  return Status::Ok();
+}
+
+// A certificate for `common_name` and `key`, not yet signed: random 159-bit serial, valid from an
+// hour ago for `validity_days`. `issuer` null means self-issued.
+StatusOr<X509Ptr> NewCertificate(const std::string& common_name, EVP_PKEY* key, X509* issuer,
+                                 int validity_days) {
+  X509Ptr certificate(X509_new());
+  if (certificate == nullptr) return InternalError("X509_new: " + OpenSslError());
+  X509_set_version(certificate.get(), X509_VERSION_3);
+  BnPtr serial(BN_new());
+  // 159 bits keeps the DER integer positive and within RFC 5280's 20 octets.
+  if (serial == nullptr || BN_rand(serial.get(), 159, BN_RAND_TOP_ANY, BN_RAND_BOTTOM_ANY) != 1 ||
+      BN_to_ASN1_INTEGER(serial.get(), X509_get_serialNumber(certificate.get())) == nullptr) {
+    return InternalError("cannot draw a serial number: " + OpenSslError());
+  }
+  X509_gmtime_adj(X509_getm_notBefore(certificate.get()), -3600);
+  X509_gmtime_adj(X509_getm_notAfter(certificate.get()), static_cast<long>(validity_days) * 86400);
+  X509_NAME* name = X509_get_subject_name(certificate.get());
+  if (X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_UTF8,
+                                 reinterpret_cast<const unsigned char*>(common_name.c_str()), -1,
+                                 -1, 0) != 1) {
+    return InvalidArgumentError("cannot use '" + common_name +
+                                "' as a common name: " + OpenSslError());
+  }
+  X509_set_issuer_name(certificate.get(), issuer == nullptr ? name : X509_get_subject_name(issuer));
+  if (X509_set_pubkey(certificate.get(), key) != 1) {
+    return InternalError("X509_set_pubkey: " + OpenSslError());
+  }
+  return certificate;
+}
+
+Status Sign(X509* certificate, EVP_PKEY* signing_key) {
+  if (X509_sign(certificate, signing_key, EVP_sha256()) == 0) {
+    return InternalError("cannot sign a certificate: " + OpenSslError());
+  }
+  return Status::Ok();
+}
+
+Status WriteSecretFile(const std::string& path, const std::string& text, mode_t mode) {
+  return WriteFileAtomically(path, [&](int fd) -> Status {
+    if (::fchmod(fd, mode) != 0)
+      return InternalError(std::string("fchmod: ") + std::strerror(errno));
+    return WriteAll(fd, text.data(), text.size());
+  });
+}
+
+}  // namespace
+
+struct CertificateAuthority::Keys {
+  PkeyPtr key;
+  X509Ptr certificate;
+};
+
+CertificateAuthority::CertificateAuthority(std::unique_ptr<Keys> keys,
+                                           std::string ca_certificate_pem)
+    : keys_(std::move(keys)), ca_certificate_pem_(std::move(ca_certificate_pem)) {}
+
+CertificateAuthority::~CertificateAuthority() = default;
+
+StatusOr<std::unique_ptr<CertificateAuthority>> CertificateAuthority::LoadOrCreate(
+    const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error)
+    return UnavailableError("cannot create the CA directory " + dir + ": " + error.message());
+  if (::chmod(dir.c_str(), 0700) != 0) {
+    return UnavailableError("cannot restrict " + dir + " to its owner: " + std::strerror(errno));
+  }
+  const std::string key_path = dir + "/" + kCaKeyFile;
+  const std::string certificate_path = dir + "/" + kCaCertificateFile;
+  const bool have_key = std::filesystem::exists(key_path);
+  const bool have_certificate = std::filesystem::exists(certificate_path);
+  auto keys = std::make_unique<Keys>();
+  std::string certificate_pem;
+  if (have_key != have_certificate) {
+    return FailedPreconditionError("the CA in " + dir +
+                                   " is incomplete: " + (have_key ? certificate_path : key_path) +
+                                   " is missing (restore it, or remove the directory to start a "
+                                   "new CA, which invalidates every certificate issued so far)");
+  }
+  if (have_key) {
+    ASSIGN_OR_RETURN(const std::string key_pem, ReadFileToString(key_path, 1 << 20));
+    ASSIGN_OR_RETURN(certificate_pem, ReadFileToString(certificate_path, 1 << 20));
+    keys->key = ParsePrivateKey(key_pem);
+    if (keys->key == nullptr) return InvalidArgumentError(key_path + ": not a PEM private key");
+    keys->certificate = ParseCertificate(certificate_pem);
+    if (keys->certificate == nullptr) {
+      return InvalidArgumentError(certificate_path + ": not a PEM certificate");
+    }
+    if (X509_check_private_key(keys->certificate.get(), keys->key.get()) != 1) {
+      ERR_clear_error();
+      return FailedPreconditionError(key_path + " does not belong to " + certificate_path);
+    }
+  } else {
+    ASSIGN_OR_RETURN(keys->key, NewP256Key());
+    ASSIGN_OR_RETURN(keys->certificate,
+                     NewCertificate(kCaCommonName, keys->key.get(), nullptr, kCaValidityDays));
+    X509* ca = keys->certificate.get();
+    RETURN_IF_ERROR(AddExtension(ca, ca, NID_basic_constraints, "critical,CA:TRUE"));
+    RETURN_IF_ERROR(AddExtension(ca, ca, NID_key_usage, "critical,keyCertSign,cRLSign"));
+    RETURN_IF_ERROR(AddExtension(ca, ca, NID_subject_key_identifier, "hash"));
+    RETURN_IF_ERROR(Sign(ca, keys->key.get()));
+    ASSIGN_OR_RETURN(const std::string key_pem, PrivateKeyPem(keys->key.get()));
+    ASSIGN_OR_RETURN(certificate_pem, CertificatePem(ca));
+    // The key first: a crash in between leaves a key without a certificate, reported above.
+    RETURN_IF_ERROR(WriteSecretFile(key_path, key_pem, 0600));
+    RETURN_IF_ERROR(WriteSecretFile(certificate_path, certificate_pem, 0644));
+  }
+  return std::unique_ptr<CertificateAuthority>(
+      new CertificateAuthority(std::move(keys), std::move(certificate_pem)));
+}
+
+StatusOr<IssuedCertificate> CertificateAuthority::Issue(const std::string& common_name,
+                                                        int validity_days) const {
+  if (common_name.empty() || validity_days <= 0) {
+    return InvalidArgumentError("a certificate needs a common name and a positive validity, got '" +
+                                common_name + "' for " + std::to_string(validity_days) + " days");
+  }
+  ASSIGN_OR_RETURN(PkeyPtr key, NewP256Key());
+  ASSIGN_OR_RETURN(X509Ptr certificate,
+                   NewCertificate(common_name, key.get(), keys_->certificate.get(), validity_days));
+  X509* leaf = certificate.get();
+  X509* ca = keys_->certificate.get();
+  RETURN_IF_ERROR(AddExtension(leaf, ca, NID_basic_constraints, "critical,CA:FALSE"));
+  RETURN_IF_ERROR(
+      AddExtension(leaf, ca, NID_key_usage, "critical,digitalSignature,keyEncipherment"));
+  RETURN_IF_ERROR(AddExtension(leaf, ca, NID_ext_key_usage, "serverAuth,clientAuth"));
+  RETURN_IF_ERROR(AddExtension(leaf, ca, NID_subject_alt_name, ("DNS:" + common_name).c_str()));
+  RETURN_IF_ERROR(AddExtension(leaf, ca, NID_authority_key_identifier, "keyid:always"));
+  RETURN_IF_ERROR(Sign(leaf, keys_->key.get()));
+  IssuedCertificate issued;
+  ASSIGN_OR_RETURN(issued.certificate_pem, CertificatePem(leaf));
+  ASSIGN_OR_RETURN(issued.private_key_pem, PrivateKeyPem(key.get()));
+  return issued;
+}
+
+std::string AgentCertificateName(const std::string& node) { return "agent-" + node + ".llmctl"; }
+
+StatusOr<TlsIdentity> LoadTlsIdentity(const std::string& ca_file,
+                                      const std::string& certificate_file,
+                                      const std::string& private_key_file) {
+  TlsIdentity identity;
+  ASSIGN_OR_RETURN(identity.ca_pem, ReadFileToString(ca_file, 1 << 20));
+  ASSIGN_OR_RETURN(identity.certificate_pem, ReadFileToString(certificate_file, 1 << 20));
+  ASSIGN_OR_RETURN(identity.private_key_pem, ReadFileToString(private_key_file, 1 << 20));
+  if (ParseCertificate(identity.ca_pem) == nullptr) {
+    return InvalidArgumentError(ca_file + ": not a PEM certificate");
+  }
+  X509Ptr certificate = ParseCertificate(identity.certificate_pem);
+  if (certificate == nullptr)
+    return InvalidArgumentError(certificate_file + ": not a PEM certificate");
+  PkeyPtr key = ParsePrivateKey(identity.private_key_pem);
+  if (key == nullptr) return InvalidArgumentError(private_key_file + ": not a PEM private key");
+  if (X509_check_private_key(certificate.get(), key.get()) != 1) {
+    ERR_clear_error();
+    return InvalidArgumentError(private_key_file + " is not the key of " + certificate_file);
+  }
+  return identity;
+}
+
+namespace {
+
+constexpr char kAuthorizationHeader[] = "authorization";
+constexpr char kBearerPrefix[] = "Bearer ";
+
+// Compares sha256 digests with CRYPTO_memcmp: the time taken says nothing about the token, not
+// even its length.
+bool SameSecret(std::string_view presented, std::string_view expected) {
+  unsigned char a[SHA256_DIGEST_LENGTH];
+  unsigned char b[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(presented.data()), presented.size(), a);
+  SHA256(reinterpret_cast<const unsigned char*>(expected.data()), expected.size(), b);
+  return CRYPTO_memcmp(a, b, sizeof(a)) == 0;
+}
+
+class BearerTokenChecker : public grpc::AuthMetadataProcessor {
+ public:
+  explicit BearerTokenChecker(std::string token) : token_(std::move(token)) {}
+
+  bool IsBlocking() const override { return false; }
+
+  grpc::Status Process(const InputMetadata& auth_metadata, grpc::AuthContext* context,
+                       OutputMetadata* consumed_auth_metadata,
+                       OutputMetadata* response_metadata) override {
+    if (token_.empty()) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "this server has no token configured");
+    }
+    const auto range = auth_metadata.equal_range(kAuthorizationHeader);
+    if (range.first == range.second) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing bearer token");
+    }
+    bool accepted = false;
+    for (auto it = range.first; it != range.second; ++it) {
+      const std::string_view value(it->second.data(), it->second.size());
+      const std::string_view prefix(kBearerPrefix);
+      if (value.substr(0, prefix.size()) == prefix &&
+          SameSecret(value.substr(prefix.size()), token_)) {
+        accepted = true;
+      }
+    }
+    if (!accepted) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
+    // Consumed: the handlers never see the token, so it cannot leak into their logs.
+    consumed_auth_metadata->emplace(kAuthorizationHeader, "");
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string token_;
+};
+
+class BearerTokenPlugin : public grpc::MetadataCredentialsPlugin {
+ public:
+  explicit BearerTokenPlugin(std::string token) : header_(kBearerPrefix + token) {}
+  bool IsBlocking() const override { return false; }
+  const char* GetType() const override { return "llmctl-bearer"; }
+  grpc::Status GetMetadata(grpc::string_ref, grpc::string_ref, const grpc::AuthContext&,
+                           std::multimap<std::string, std::string>* metadata) override {
+    metadata->emplace(kAuthorizationHeader, header_);
+    return grpc::Status::OK;
+  }
+  std::string DebugString() override { return "llmctl bearer token (not shown)"; }
+
+ private:
+  const std::string header_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsIdentity& identity,
+                                                           const std::string& token) {
+  grpc::SslServerCredentialsOptions options(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = identity.ca_pem;
+  options.pem_key_cert_pairs.push_back({identity.private_key_pem, identity.certificate_pem});
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(options);
+  credentials->SetAuthMetadataProcessor(std::make_shared<BearerTokenChecker>(token));
+  return credentials;
+}
+
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsIdentity& identity,
+                                                             const std::string& token) {
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = identity.ca_pem;
+  options.pem_private_key = identity.private_key_pem;
+  options.pem_cert_chain = identity.certificate_pem;
+  return grpc::CompositeChannelCredentials(
+      grpc::SslCredentials(options),
+      grpc::MetadataCredentialsFromPlugin(std::make_unique<BearerTokenPlugin>(token)));
+}
+
+std::shared_ptr<grpc::Channel> Dial(const std::string& address, const std::string& target_name,
+                                    const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+  grpc::ChannelArguments arguments;
+  arguments.SetSslTargetNameOverride(target_name);
+  return grpc::CreateCustomChannel(address, credentials, arguments);
+}
+
+StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  struct stat info;
+  if (::stat(path.c_str(), &info) != 0) {
+    return NotFoundError("token file " + path + ": " + std::strerror(errno));
+  }
+  if ((info.st_mode & 077) != 0) {
+    return Status(StatusCode::kPermissionDenied,
+                  "token file " + path + " may be read by others; chmod 600 it");
+  }
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path, 4096));
+  const std::string_view token = Trim(text);
+  if (token.empty()) return InvalidArgumentError("token file " + path + " is empty");
+  return std::string(token);
+}
+
+}  // namespace llmctl::rpc

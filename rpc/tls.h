@@ -1,0 +1,92 @@
+// Mutual TLS and per-node tokens for the controller <-> agent link.
+//
+// The controller owns a certificate authority; every agent gets a certificate for the fixed name
+// agent-<node>.llmctl and the controller one for controller.llmctl, so an agent's floating IP need
+// not be known when its certificate is made: the controller dials any address (an IP, a unix
+// socket) and checks the name. On top of TLS, every call carries "authorization: Bearer <token>";
+// the server compares it in constant time and answers UNAUTHENTICATED to anything else. The token
+// is never logged nor put in a message.
+#ifndef LLMCTL_RPC_TLS_H_
+#define LLMCTL_RPC_TLS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace llmctl::rpc {
+
+// PEM texts: the CA certificate that the peer's certificate must chain to, this side's
+// certificate and its private key.
+struct TlsIdentity {
+  std::string ca_pem;
+  std::string certificate_pem;
+  std::string private_key_pem;
+};
+
+// Reads the three PEM files and checks that each parses and that the key belongs to the
+// certificate. InvalidArgument / NotFound messages name the file.
+StatusOr<TlsIdentity> LoadTlsIdentity(const std::string& ca_file,
+                                      const std::string& certificate_file,
+                                      const std::string& private_key_file);
+
+struct IssuedCertificate {
+  std::string certificate_pem;
+  std::string private_key_pem;
+};
+
+// An EC P-256 certificate authority kept in a directory (ca.key 0600, ca.crt; the directory 0700).
+class CertificateAuthority {
+ public:
+  // Creates the directory, key and self-signed certificate on first use and loads them afterwards.
+  // FailedPrecondition when only one of the two files exists or the key does not match the
+  // certificate; InvalidArgument when a file does not parse.
+  static StatusOr<std::unique_ptr<CertificateAuthority>> LoadOrCreate(const std::string& dir);
+  ~CertificateAuthority();
+  CertificateAuthority(const CertificateAuthority&) = delete;
+  CertificateAuthority& operator=(const CertificateAuthority&) = delete;
+
+  // A new key and a certificate signed by this CA whose subject CN and DNS subjectAltName are
+  // `common_name` ("agent-node1.llmctl", "controller.llmctl"), usable for TLS server and client
+  // authentication, valid from an hour ago (clock skew) for `validity_days`, with a random serial.
+  StatusOr<IssuedCertificate> Issue(const std::string& common_name, int validity_days) const;
+
+  const std::string& ca_certificate_pem() const { return ca_certificate_pem_; }
+
+ private:
+  struct Keys;
+  explicit CertificateAuthority(std::unique_ptr<Keys> keys, std::string ca_certificate_pem);
+  std::unique_ptr<Keys> keys_;  // constant after construction
+  std::string ca_certificate_pem_;
+};
+
+// The name in an agent's certificate: "agent-<node>.llmctl".
+std::string AgentCertificateName(const std::string& node);
+inline constexpr char kControllerCertificateName[] = "controller.llmctl";
+
+// Server side: presents `identity`'s certificate, requires a client certificate that chains to
+// `identity.ca_pem`, and refuses calls whose bearer token is not `token` with UNAUTHENTICATED.
+// `token` must not be empty.
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsIdentity& identity,
+                                                           const std::string& token);
+
+// Client side: presents `identity`'s certificate, trusts only servers whose certificate chains to
+// `identity.ca_pem`, and sends `token` as "authorization: Bearer <token>" on every call.
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsIdentity& identity,
+                                                             const std::string& token);
+
+// A channel to `address` ("unix:/path", "host:port") that checks the server's certificate against
+// `target_name` (e.g. AgentCertificateName("node1")) instead of the address.
+std::shared_ptr<grpc::Channel> Dial(const std::string& address, const std::string& target_name,
+                                    const std::shared_ptr<grpc::ChannelCredentials>& credentials);
+
+// Reads a token file: its content without surrounding white space. InvalidArgument when it is
+// empty, and PermissionDenied when the group or others may read it (a secret belongs in a 0600
+// file); the messages name the file, never the token.
+StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+}  // namespace llmctl::rpc
+
+#endif  // LLMCTL_RPC_TLS_H_
