@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/version.h"
 #include "agent/input_cache.h"
 #include "agent/process.h"
 #include "agent/server.h"
@@ -546,6 +547,7 @@ TEST_F(AgentTest, NodeInfoAndAuthentication) {
   ASSERT_GT(info.devices_size(), 0);
   EXPECT_GT(info.host_memory_bytes(), 0);
   EXPECT_GT(info.cpu_count(), 0);
+  EXPECT_EQ(info.llmctl_version(), kVersion);
 
   auto wrong =
       pb::Agent::NewStub(rpc::Dial(address_, rpc::AgentCertificateName("node1"),

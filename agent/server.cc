@@ -13,6 +13,7 @@
 #include "agent/event_reader.h"
 #include "agent/node_info.h"
 #include "agent/sha256.h"
+#include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/status.h"
 
@@ -99,7 +100,10 @@ class AgentService final : public pb::Agent::Service {
 
   grpc::Status GetNodeInfo(grpc::ServerContext*, const pb::GetNodeInfoRequest*,
                            pb::NodeInfo* response) override {
-    const NodeFacts facts = ProbeNode(llm_train_);
+    // The controller calls this as its health check; the facts do not change while the agent runs, and
+    // probing them runs nvidia-smi and llm-train (which loads LibTorch), so probe once.
+    std::call_once(probe_once_, [this] { facts_ = ProbeNode(llm_train_); });
+    const NodeFacts& facts = facts_;
     response->set_node(rpc::AgentCertificateName(node_));
     for (const DeviceInfo& device : facts.devices) {
       pb::Device* out = response->add_devices();
@@ -109,6 +113,7 @@ class AgentService final : public pb::Agent::Service {
       out->set_memory_bytes(device.memory_bytes);
     }
     response->set_host_memory_bytes(facts.host_memory_bytes);
+    response->set_llmctl_version(std::string(kVersion));
     response->set_trainer_version(facts.trainer_version);
     response->set_cpu_count(facts.cpu_count);
     return grpc::Status::OK;
@@ -268,6 +273,8 @@ class AgentService final : public pb::Agent::Service {
  private:
   const std::string node_;
   const std::string llm_train_;
+  std::once_flag probe_once_;
+  NodeFacts facts_;
   const std::chrono::milliseconds poll_interval_;
   InputCache* const cache_;
   RunManager* const runs_;
