@@ -1,0 +1,402 @@
+#include "common/http/http_client.h"
+
+#include <curl/curl.h>
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+
+namespace llmctl::http {
+namespace {
+
+bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+std::string ToLower(std::string_view text) {
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return lower;
+}
+
+void InitCurlOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+struct CurlDeleter {
+  void operator()(CURL* curl) const { curl_easy_cleanup(curl); }
+};
+struct SlistDeleter {
+  void operator()(curl_slist* list) const { curl_slist_free_all(list); }
+};
+struct FileCloser {
+  void operator()(std::FILE* file) const { std::fclose(file); }
+};
+struct DigestDeleter {
+  void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
+};
+
+std::string HexDigest(EVP_MD_CTX* ctx) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(ctx, digest, &length);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < length; ++i) {
+    hex += kHex[digest[i] >> 4];
+    hex += kHex[digest[i] & 0xf];
+  }
+  return hex;
+}
+
+// What one transfer collects while libcurl runs it.
+struct Transfer {
+  CURL* curl = nullptr;
+  Response response;
+  // Downloads: where 200/206 bodies go, decided when the first body byte of the final answer
+  // arrives.
+  const std::string* download_path = nullptr;
+  uint64_t resume_from = 0;
+  std::unique_ptr<std::FILE, FileCloser> file;
+  std::unique_ptr<EVP_MD_CTX, DigestDeleter> digest;
+  bool body_to_file = false;
+  bool body_mode_decided = false;
+  std::string file_error;
+};
+
+size_t OnHeader(char* data, size_t size, size_t count, void* user) {
+  auto* transfer = static_cast<Transfer*>(user);
+  std::string_view line(data, size * count);
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.remove_suffix(1);
+  // A new status line starts the headers of a new answer (a redirect or 100-continue came first).
+  if (line.starts_with("HTTP/")) {
+    transfer->response.headers.Clear();
+    return size * count;
+  }
+  size_t colon = line.find(':');
+  if (colon == std::string_view::npos) return size * count;
+  std::string_view value = line.substr(colon + 1);
+  while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+  transfer->response.headers.Add(std::string(line.substr(0, colon)), std::string(value));
+  return size * count;
+}
+
+// Opens the download file for a 200 (rewrite) or 206 (append, hashing what is already there).
+bool OpenDownload(Transfer& transfer, long status) {
+  const std::string& path = *transfer.download_path;
+  transfer.digest.reset(EVP_MD_CTX_new());
+  EVP_DigestInit_ex(transfer.digest.get(), EVP_sha256(), nullptr);
+  if (status == 206) {
+    std::unique_ptr<std::FILE, FileCloser> existing(std::fopen(path.c_str(), "rb"));
+    if (!existing) {
+      transfer.file_error = "cannot reread " + path;
+      return false;
+    }
+    char buffer[1 << 16];
+    size_t n;
+    while ((n = std::fread(buffer, 1, sizeof buffer, existing.get())) > 0) {
+      EVP_DigestUpdate(transfer.digest.get(), buffer, n);
+      transfer.response.file_size += n;
+    }
+    transfer.file.reset(std::fopen(path.c_str(), "ab"));
+  } else {
+    transfer.file.reset(std::fopen(path.c_str(), "wb"));
+  }
+  if (!transfer.file) {
+    transfer.file_error = "cannot write " + path;
+    return false;
+  }
+  return true;
+}
+
+size_t OnBody(char* data, size_t size, size_t count, void* user) {
+  auto* transfer = static_cast<Transfer*>(user);
+  size_t bytes = size * count;
+  if (!transfer->body_mode_decided) {
+    transfer->body_mode_decided = true;
+    long status = 0;
+    curl_easy_getinfo(transfer->curl, CURLINFO_RESPONSE_CODE, &status);
+    bool resumed = status == 206 && transfer->resume_from > 0;
+    if (transfer->download_path != nullptr && (status == 200 || resumed)) {
+      transfer->body_to_file = true;
+      if (!OpenDownload(*transfer, status)) return 0;  // 0 makes libcurl fail with a write error
+    }
+  }
+  if (!transfer->body_to_file) {
+    transfer->response.body.append(data, bytes);
+    return bytes;
+  }
+  if (std::fwrite(data, 1, bytes, transfer->file.get()) != bytes) {
+    transfer->file_error = "short write to " + *transfer->download_path;
+    return 0;
+  }
+  EVP_DigestUpdate(transfer->digest.get(), data, bytes);
+  transfer->response.file_size += bytes;
+  return bytes;
+}
+
+Status TransportError(const Request& request, CURLcode code, const char* detail) {
+  std::string message = request.method + " " + RedactUrl(request.url) + ": ";
+  std::string reason = detail[0] != '\0' ? detail : curl_easy_strerror(code);
+  switch (code) {
+    case CURLE_OPERATION_TIMEDOUT:
+      return Status(StatusCode::kDeadlineExceeded, message + "timed out (" + reason + ")");
+    case CURLE_URL_MALFORMAT:
+    case CURLE_UNSUPPORTED_PROTOCOL:
+      return InvalidArgumentError(message + "bad URL (" + reason + ")");
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CERTPROBLEM:
+      return FailedPreconditionError(message + "TLS verification failed (" + reason + ")");
+    default:
+      return UnavailableError(message + "connection failed (" + reason + ")");
+  }
+}
+
+}  // namespace
+
+void Headers::Add(std::string name, std::string value) {
+  fields_.emplace_back(std::move(name), std::move(value));
+}
+
+std::optional<std::string> Headers::Get(std::string_view name) const {
+  for (const auto& [field, value] : fields_) {
+    if (EqualsIgnoreCase(field, name)) return value;
+  }
+  return std::nullopt;
+}
+
+HttpClient::HttpClient(ClientOptions options) : options_(std::move(options)) {
+  InitCurlOnce();
+  if (!options_.sleep) {
+    options_.sleep = [](std::chrono::milliseconds delay) { std::this_thread::sleep_for(delay); };
+  }
+  if (!options_.random_unit) {
+    options_.random_unit = [] {
+      static std::mutex mutex;
+      static std::mt19937_64 engine{std::random_device{}()};
+      std::lock_guard<std::mutex> lock(mutex);
+      return std::uniform_real_distribution<double>(0.0, 1.0)(engine);
+    };
+  }
+}
+
+std::chrono::milliseconds HttpClient::BackoffDelay(int failed_attempts) const {
+  // Full jitter (a uniform draw below the exponential cap) spreads clients that failed together.
+  auto cap = options_.retry.base_delay * (int64_t{1} << std::min(failed_attempts - 1, 20));
+  cap = std::min(cap, options_.retry.max_delay);
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(options_.random_unit() * static_cast<double>(cap.count())));
+}
+
+StatusOr<Response> HttpClient::Send(const Request& request) const {
+  const bool may_retry = IsIdempotent(request.method);
+  const int max_attempts = may_retry ? std::max(1, options_.retry.max_attempts) : 1;
+  for (int attempt = 1;; ++attempt) {
+    StatusOr<Response> result = SendOnce(request);
+    bool retryable = result.ok() ? result->status >= 500
+                                 : (result.status().code() == StatusCode::kUnavailable ||
+                                    result.status().code() == StatusCode::kDeadlineExceeded);
+    if (!retryable || attempt >= max_attempts) {
+      if (!result.ok() && attempt > 1) {
+        return result.status().WithContext("after " + std::to_string(attempt) + " attempts");
+      }
+      return result;
+    }
+    options_.sleep(BackoffDelay(attempt));
+  }
+}
+
+StatusOr<Response> HttpClient::SendOnce(const Request& request) const {
+  std::unique_ptr<CURL, CurlDeleter> curl(curl_easy_init());
+  if (!curl) return InternalError("libcurl could not start a transfer");
+  Transfer transfer;
+  transfer.curl = curl.get();
+  CURL* c = curl.get();
+  char error_buffer[CURL_ERROR_SIZE] = {};
+
+  curl_easy_setopt(c, CURLOPT_URL, request.url.c_str());
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error_buffer);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
+  curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L);
+  curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (!options_.ca_bundle_path.empty()) {
+    curl_easy_setopt(c, CURLOPT_CAINFO, options_.ca_bundle_path.c_str());
+  }
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
+                   static_cast<long>(request.connect_timeout.count()));
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(request.total_timeout.count()));
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, &transfer);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &transfer);
+
+  if (request.method == "HEAD") {
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  } else if (request.method != "GET") {
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+  }
+  if (!request.body.empty() || request.method == "POST" || request.method == "PUT") {
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, request.body.data());
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+  }
+
+  std::unique_ptr<curl_slist, SlistDeleter> header_list;
+  auto add_header = [&](const std::string& line) {
+    header_list.reset(curl_slist_append(header_list.release(), line.c_str()));
+  };
+  for (const auto& [name, value] : request.headers.fields()) add_header(name + ": " + value);
+  add_header("Expect:");  // no 100-continue round trip before bodies
+
+  if (!request.download_path.empty()) {
+    transfer.download_path = &request.download_path;
+    std::error_code error;
+    auto size = std::filesystem::file_size(request.download_path, error);
+    if (!error && size > 0) {
+      transfer.resume_from = size;
+      add_header("Range: bytes=" + std::to_string(size) + "-");
+    }
+  }
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, header_list.get());
+
+  CURLcode code = curl_easy_perform(c);
+  if (!transfer.file_error.empty()) {
+    return DataLossError(request.method + " " + RedactUrl(request.url) + ": " +
+                         transfer.file_error);
+  }
+  if (code != CURLE_OK) return TransportError(request, code, error_buffer);
+  long status = 0;
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  transfer.response.status = static_cast<int>(status);
+  bool download_answer = transfer.download_path != nullptr &&
+                         (status == 200 || (status == 206 && transfer.resume_from > 0));
+  if (download_answer && !transfer.body_mode_decided) {
+    // An empty body never reached OnBody: still rewrite (200) or rehash (206) the file.
+    transfer.body_to_file = true;
+    if (!OpenDownload(transfer, status)) {
+      return DataLossError(request.method + " " + RedactUrl(request.url) + ": " +
+                           transfer.file_error);
+    }
+  }
+  if (transfer.body_to_file) {
+    if (std::fflush(transfer.file.get()) != 0) {
+      return DataLossError(request.method + " " + RedactUrl(request.url) + ": cannot flush " +
+                           request.download_path);
+    }
+    transfer.response.file_sha256 = HexDigest(transfer.digest.get());
+  }
+  return std::move(transfer.response);
+}
+
+bool IsIdempotent(std::string_view method) {
+  return method == "GET" || method == "HEAD" || method == "PUT" || method == "DELETE";
+}
+
+std::string RedactUrl(std::string_view url) {
+  std::string result(url);
+  size_t scheme_end = result.find("://");
+  size_t authority_start = scheme_end == std::string::npos ? 0 : scheme_end + 3;
+  size_t authority_end = result.find_first_of("/?#", authority_start);
+  if (authority_end == std::string::npos) authority_end = result.size();
+  size_t at = result.rfind('@', authority_end);
+  if (at != std::string::npos && at >= authority_start) {
+    result.erase(authority_start, at + 1 - authority_start);
+  }
+  size_t query = result.find('?');
+  if (query == std::string::npos) return result;
+  std::string redacted = result.substr(0, query + 1);
+  std::string_view rest = std::string_view(result).substr(query + 1);
+  static constexpr std::string_view kSecretWords[] = {"token", "secret",    "password",
+                                                      "key",   "signature", "sig"};
+  bool first = true;
+  while (true) {
+    size_t end = rest.find('&');
+    std::string_view pair = rest.substr(0, end);
+    size_t eq = pair.find('=');
+    std::string name = ToLower(pair.substr(0, eq));
+    bool secret = std::any_of(std::begin(kSecretWords), std::end(kSecretWords),
+                              [&](std::string_view word) { return name.find(word) != name.npos; });
+    if (!first) redacted += '&';
+    first = false;
+    if (secret && eq != std::string_view::npos) {
+      redacted += std::string(pair.substr(0, eq)) + "=REDACTED";
+    } else {
+      redacted += pair;
+    }
+    if (end == std::string_view::npos) break;
+    rest.remove_prefix(end + 1);
+  }
+  return redacted;
+}
+
+Status ResponseError(const Request& request, const Response& response, std::string_view detail) {
+  std::string message =
+      request.method + " " + RedactUrl(request.url) + ": HTTP " + std::to_string(response.status);
+  if (auto id = response.headers.Get("X-Openstack-Request-Id")) {
+    message += " (request " + *id + ")";
+  }
+  if (!detail.empty()) message += ": " + std::string(detail);
+  StatusCode code = StatusCode::kFailedPrecondition;
+  switch (response.status) {
+    case 400:
+      code = StatusCode::kInvalidArgument;
+      break;
+    case 401:
+      code = StatusCode::kUnauthenticated;
+      break;
+    case 403:
+      code = StatusCode::kPermissionDenied;
+      break;
+    case 404:
+      code = StatusCode::kNotFound;
+      break;
+    case 409:
+      code = StatusCode::kAborted;
+      break;
+    case 429:
+      code = StatusCode::kUnavailable;
+      break;
+    default:
+      if (response.status >= 500) code = StatusCode::kUnavailable;
+  }
+  return Status(code, std::move(message));
+}
+
+std::string FormEncode(const std::vector<std::pair<std::string, std::string>>& fields) {
+  auto escape = [](const std::string& text) {
+    std::string out;
+    static constexpr char kHex[] = "0123456789ABCDEF";
+    for (unsigned char c : text) {
+      if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+        out += static_cast<char>(c);
+      } else {
+        out += '%';
+        out += kHex[c >> 4];
+        out += kHex[c & 0xf];
+      }
+    }
+    return out;
+  };
+  std::string encoded;
+  for (const auto& [name, value] : fields) {
+    if (!encoded.empty()) encoded += '&';
+    encoded += escape(name) + "=" + escape(value);
+  }
+  return encoded;
+}
+
+}  // namespace llmctl::http

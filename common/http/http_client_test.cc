@@ -1,0 +1,307 @@
+#include "common/http/http_client.h"
+
+#include <gtest/gtest.h>
+#include <openssl/evp.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/support/server_process.h"
+
+namespace llmctl::http {
+namespace {
+
+using std::chrono::milliseconds;
+
+class HttpClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server =
+        llmctl::testing::ServerProcess::StartPython("common/http/testdata/http_test_server.py", {});
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(*server);
+  }
+
+  // A client whose waits are recorded instead of slept and whose jitter is always `jitter`.
+  HttpClient MakeClient(double jitter = 0.5, int max_attempts = 4) {
+    ClientOptions options;
+    options.retry.max_attempts = max_attempts;
+    options.retry.base_delay = milliseconds(100);
+    options.retry.max_delay = milliseconds(300);
+    options.sleep = [this](milliseconds delay) { sleeps_.push_back(delay); };
+    options.random_unit = [jitter] { return jitter; };
+    return HttpClient(options);
+  }
+
+  Request Get(const std::string& path) {
+    Request request;
+    request.url = server_->url() + path;
+    return request;
+  }
+
+  int Count(const std::string& key) {
+    auto response = MakeClient().Send(Get("/count/" + key));
+    return response.ok() ? std::stoi(response->body) : -1;
+  }
+
+  std::unique_ptr<llmctl::testing::ServerProcess> server_;
+  std::vector<milliseconds> sleeps_;
+};
+
+TEST_F(HttpClientTest, SendsMethodHeadersAndBody) {
+  Request request = Get("/echo");
+  request.method = "PUT";
+  request.body = R"({"a": 1})";
+  request.headers.Add("X-Auth-Token", "tok");
+  auto response = MakeClient().Send(request);
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->status, 200);
+  EXPECT_EQ(response->headers.Get("content-type"), "application/json");
+  EXPECT_EQ(response->headers.Get("CONTENT-TYPE"), "application/json");
+  auto echo = nlohmann::json::parse(response->body);
+  EXPECT_EQ(echo["method"], "PUT");
+  EXPECT_EQ(echo["body"], R"({"a": 1})");
+  EXPECT_EQ(echo["headers"]["x-auth-token"], "tok");
+}
+
+TEST_F(HttpClientTest, FollowsRedirects) {
+  auto response = MakeClient().Send(Get("/redirect"));
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->status, 200);
+  EXPECT_EQ(nlohmann::json::parse(response->body)["path"], "/echo");
+}
+
+TEST_F(HttpClientTest, ClientErrorsAreAnswersNotRetried) {
+  auto response = MakeClient().Send(Get("/status/404"));
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->status, 404);
+  EXPECT_TRUE(sleeps_.empty());
+}
+
+TEST_F(HttpClientTest, RetriesIdempotentCallsOn503WithCappedJitteredBackoff) {
+  auto response = MakeClient(0.5).Send(Get("/flaky/get/3"));
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->status, 200);
+  EXPECT_EQ(Count("get"), 4);
+  // Half of min(300, 100 * 2^(n-1)) ms.
+  EXPECT_EQ(sleeps_,
+            (std::vector<milliseconds>{milliseconds(50), milliseconds(100), milliseconds(150)}));
+}
+
+TEST_F(HttpClientTest, GivesUpAfterMaxAttemptsWithTheLast5xx) {
+  auto response = MakeClient(0.0, 3).Send(Get("/flaky/many/10"));
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->status, 503);
+  EXPECT_EQ(Count("many"), 3);
+}
+
+TEST_F(HttpClientTest, NeverRetriesPost) {
+  Request request = Get("/flaky/post/1");
+  request.method = "POST";
+  auto response = MakeClient().Send(request);
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->status, 503);
+  EXPECT_EQ(Count("post"), 1);
+  EXPECT_TRUE(sleeps_.empty());
+}
+
+TEST_F(HttpClientTest, TimeoutIsDeadlineExceededAndRetriedForGet) {
+  Request request = Get("/slow/get-slow/3000?once=1");
+  request.total_timeout = milliseconds(1000);
+  auto response = MakeClient().Send(request);
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->body, "slow");
+  EXPECT_EQ(Count("get-slow"), 2);
+}
+
+TEST_F(HttpClientTest, PostTimeoutIsReportedOnce) {
+  Request request = Get("/slow/post-slow/3000");
+  request.method = "POST";
+  request.total_timeout = milliseconds(1000);
+  auto response = MakeClient().Send(request);
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(response.status().message().find("POST http://127.0.0.1:"), std::string::npos)
+      << response.status().message();
+  EXPECT_EQ(Count("post-slow"), 1);
+}
+
+TEST_F(HttpClientTest, ConnectionRefusedIsUnavailableNamingTheUrl) {
+  // A port that was just free: bind to 0 on loopback through a finished server is racy, so use
+  // port 1, which no test machine serves.
+  Request request;
+  request.url = "http://127.0.0.1:1/v3?token=abc";
+  auto response = MakeClient(0.0, 2).Send(request);
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(response.status().message().find("GET http://127.0.0.1:1/v3?token=REDACTED"),
+            std::string::npos)
+      << response.status().message();
+  EXPECT_NE(response.status().message().find("after 2 attempts"), std::string::npos);
+  EXPECT_EQ(sleeps_.size(), 1u);
+}
+
+TEST_F(HttpClientTest, ResponseErrorCarriesMethodUrlStatusAndRequestId) {
+  Request request = Get("/status/409");
+  request.method = "DELETE";
+  auto response = MakeClient().Send(request);
+  ASSERT_TRUE(response.ok());
+  Status error = ResponseError(request, *response, "lease is busy");
+  EXPECT_EQ(error.code(), StatusCode::kAborted);
+  EXPECT_EQ(error.message(), "DELETE " + server_->url() +
+                                 "/status/409: HTTP 409 (request req-test-42): lease is busy");
+}
+
+std::string Sha256Hex(const std::string& bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr);
+  std::string hex;
+  char buffer[3];
+  for (unsigned int i = 0; i < length; ++i) {
+    std::snprintf(buffer, sizeof buffer, "%02x", digest[i]);
+    hex += buffer;
+  }
+  return hex;
+}
+
+std::string ExpectedFileBytes() {
+  std::string bytes;
+  for (int i = 0; i < 100000; ++i) bytes += static_cast<char>((i * 7 + 3) % 251);
+  return bytes;
+}
+
+std::string ReadAll(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class DownloadTest : public HttpClientTest {
+ protected:
+  void SetUp() override {
+    HttpClientTest::SetUp();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("llmctl_http_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(DownloadTest, StreamsToFileWithSha256) {
+  Request request = Get("/file/whole");
+  request.download_path = dir_ / "model.bin";
+  auto response = MakeClient().Send(request);
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->status, 200);
+  EXPECT_TRUE(response->body.empty());
+  EXPECT_EQ(response->file_size, 100000u);
+  std::string expected = ExpectedFileBytes();
+  EXPECT_EQ(ReadAll(request.download_path), expected);
+  EXPECT_EQ(response->file_sha256, Sha256Hex(expected));
+}
+
+TEST_F(DownloadTest, ResumesACutTransferWithRange) {
+  Request request = Get("/file/cut?cut=30000");
+  request.download_path = dir_ / "model.bin";
+  auto response = MakeClient().Send(request);
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->status, 206);  // the retry asked for the rest
+  EXPECT_EQ(Count("cut"), 2);
+  std::string expected = ExpectedFileBytes();
+  EXPECT_EQ(ReadAll(request.download_path), expected);
+  EXPECT_EQ(response->file_size, 100000u);
+  EXPECT_EQ(response->file_sha256, Sha256Hex(expected));
+}
+
+TEST_F(DownloadTest, ResumesAPartialFileLeftByAnEarlierRun) {
+  std::string expected = ExpectedFileBytes();
+  std::filesystem::path path = dir_ / "model.bin";
+  std::ofstream(path, std::ios::binary) << expected.substr(0, 12345);
+  Request request = Get("/file/partial");
+  request.download_path = path;
+  auto response = MakeClient().Send(request);
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->status, 206);
+  EXPECT_EQ(ReadAll(path), expected);
+  EXPECT_EQ(response->file_sha256, Sha256Hex(expected));
+}
+
+TEST_F(DownloadTest, ErrorBodiesStayInTheResponseNotTheFile) {
+  Request request = Get("/status/404");
+  request.download_path = dir_ / "model.bin";
+  auto response = MakeClient().Send(request);
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->status, 404);
+  EXPECT_EQ(response->body, R"({"error": "as asked"})");
+  EXPECT_FALSE(std::filesystem::exists(request.download_path));
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
+    testdata_ = std::string(source_dir ? source_dir : ".") + "/common/http/testdata/";
+    auto server = llmctl::testing::ServerProcess::StartPython(
+        "common/http/testdata/http_test_server.py",
+        {"--tls", testdata_ + "loopback_cert.pem", testdata_ + "loopback_key.pem"});
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(*server);
+  }
+  std::string testdata_;
+  std::unique_ptr<llmctl::testing::ServerProcess> server_;
+};
+
+TEST_F(TlsTest, AnUntrustedCertificateIsRefusedAndNotRetried) {
+  int sleeps = 0;
+  ClientOptions options;
+  options.sleep = [&](milliseconds) { ++sleeps; };
+  Request request;
+  request.url = "https://127.0.0.1:" + std::to_string(server_->port()) + "/echo";
+  auto response = HttpClient(options).Send(request);
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), StatusCode::kFailedPrecondition)
+      << response.status().ToString();
+  EXPECT_NE(response.status().message().find("TLS verification failed"), std::string::npos);
+  EXPECT_EQ(sleeps, 0);
+}
+
+TEST_F(TlsTest, ACaBundleMakesTheCertificateTrusted) {
+  ClientOptions options;
+  options.ca_bundle_path = testdata_ + "loopback_cert.pem";
+  Request request;
+  request.url = "https://127.0.0.1:" + std::to_string(server_->port()) + "/echo";
+  auto response = HttpClient(options).Send(request);
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->status, 200);
+}
+
+TEST(RedactUrlTest, DropsCredentialsAndSecretQueryValues) {
+  EXPECT_EQ(RedactUrl("https://user:pw@host:5000/v3?name=x&api_key=s3&Signature=abc"),
+            "https://host:5000/v3?name=x&api_key=REDACTED&Signature=REDACTED");
+  EXPECT_EQ(RedactUrl("http://127.0.0.1:80/a@b"), "http://127.0.0.1:80/a@b");
+}
+
+TEST(FormEncodeTest, EscapesReservedCharacters) {
+  EXPECT_EQ(FormEncode({{"scope", "openid profile"}, {"password", "a&b=c"}}),
+            "scope=openid%20profile&password=a%26b%3Dc");
+}
+
+TEST(IsIdempotentTest, PostAndPatchAreNot) {
+  EXPECT_TRUE(IsIdempotent("GET"));
+  EXPECT_TRUE(IsIdempotent("PUT"));
+  EXPECT_TRUE(IsIdempotent("DELETE"));
+  EXPECT_TRUE(IsIdempotent("HEAD"));
+  EXPECT_FALSE(IsIdempotent("POST"));
+  EXPECT_FALSE(IsIdempotent("PATCH"));
+}
+
+}  // namespace
+}  // namespace llmctl::http

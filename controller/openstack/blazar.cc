@@ -1,0 +1,388 @@
+#include "controller/openstack/blazar.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "common/spelling.h"
+
+namespace llmctl::openstack {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kBlazarDate[] = "%Y-%m-%d %H:%M";
+
+std::string Text(const json& value, const char* key) {
+  return value.is_object() && value.contains(key) && value[key].is_string()
+             ? value[key].get<std::string>()
+             : std::string();
+}
+
+int Number(const json& value, const char* key) {
+  return value.is_object() && value.contains(key) && value[key].is_number_integer()
+             ? value[key].get<int>()
+             : 0;
+}
+
+// python-chi's test for Blazar's no-capacity answer: "not enough <resource> available".
+bool IsNoCapacity(const http::Response& response) {
+  static const std::regex kPattern("not enough [a-z_ ]+ available", std::regex::icase);
+  return response.status == 500 && std::regex_search(ServiceMessage(response), kPattern);
+}
+
+// After these the server may have acted on a POST we never heard back from.
+bool MayHaveCreated(int status) { return status == 502 || status == 503 || status == 504; }
+
+std::string Describe(const LeaseSpec& spec) {
+  if (!spec.flavor_id.empty()) {
+    return std::to_string(spec.amount) + " x flavor " + spec.flavor_id;
+  }
+  return std::to_string(spec.hosts) + " x node type " + spec.node_type;
+}
+
+// A JSON-encoded string, spelled as python-chi's json.dumps spells it: ["==", "$node_type", "x"].
+std::string NodeTypeProperties(const std::string& node_type) {
+  return "[\"==\", \"$node_type\", " + json(node_type).dump() + "]";
+}
+
+}  // namespace
+
+json LeaseRequestBody(const LeaseSpec& spec) {
+  json reservation;
+  if (!spec.flavor_id.empty()) {
+    // amount, flavor_id and affinity are all required; affinity must be null.
+    reservation = {{"resource_type", "flavor:instance"},
+                   {"flavor_id", spec.flavor_id},
+                   {"amount", spec.amount},
+                   {"affinity", nullptr}};
+  } else {
+    reservation = {{"resource_type", "physical:host"},
+                   {"resource_properties", NodeTypeProperties(spec.node_type)},
+                   {"hypervisor_properties", ""},
+                   {"min", spec.hosts},
+                   {"max", spec.hosts}};
+  }
+  return {{"name", spec.name},
+          {"start_date", spec.start ? FormatUtc(*spec.start, kBlazarDate) : "now"},
+          {"end_date", FormatUtc(spec.end, kBlazarDate)},
+          {"reservations", json::array({reservation})},
+          {"events", json::array()},
+          {"before_end_date", nullptr}};
+}
+
+StatusOr<Lease> ParseLease(const json& value) {
+  if (!value.is_object() || Text(value, "id").empty()) {
+    return InternalError("Blazar lease without an id: " + value.dump().substr(0, 200));
+  }
+  Lease lease;
+  lease.id = Text(value, "id");
+  lease.name = Text(value, "name");
+  lease.status = Text(value, "status");
+  StatusOr<TimePoint> start = ParseUtcTimestamp(Text(value, "start_date"));
+  StatusOr<TimePoint> end = ParseUtcTimestamp(Text(value, "end_date"));
+  if (!start.ok() || !end.ok()) {
+    return InternalError("Blazar lease " + lease.id +
+                         " has unreadable dates: " + (start.ok() ? end : start).status().message());
+  }
+  lease.start = *start;
+  lease.end = *end;
+  json reservations = value.contains("reservations") ? value["reservations"] : json::array();
+  if (reservations.is_string()) {
+    reservations = json::parse(reservations.get<std::string>(), nullptr, false);
+  }
+  if (!reservations.is_array()) {
+    return InternalError("Blazar lease " + lease.id + " has unreadable reservations");
+  }
+  for (const json& item : reservations) {
+    Reservation reservation;
+    reservation.id = Text(item, "id");
+    reservation.resource_type = Text(item, "resource_type");
+    reservation.status = Text(item, "status");
+    reservation.flavor_id = Text(item, "flavor_id");
+    reservation.amount = Number(item, "amount");
+    reservation.resource_properties = Text(item, "resource_properties");
+    reservation.min = Number(item, "min");
+    reservation.max = Number(item, "max");
+    lease.reservations.push_back(std::move(reservation));
+  }
+  return lease;
+}
+
+BlazarClient::BlazarClient(Session& session, Clock& clock, BlazarOptions options)
+    : session_(session), clock_(clock), options_(options) {}
+
+StatusOr<std::string> BlazarClient::LeasesPath() {
+  // Whether the catalog's reservation URL already ends in /v1 is not confirmed for Chameleon.
+  ASSIGN_OR_RETURN(std::string base, session_.EndpointUrl("reservation"));
+  while (base.ends_with('/')) base.pop_back();
+  return base.ends_with("/v1") ? std::string("/leases") : std::string("/v1/leases");
+}
+
+StatusOr<std::vector<Lease>> BlazarClient::List() {
+  ASSIGN_OR_RETURN(std::string path, LeasesPath());
+  ASSIGN_OR_RETURN(json body, session_.CallJson("reservation", "GET", path));
+  if (!body.is_object() || !body.contains("leases") || !body["leases"].is_array()) {
+    return InternalError("Blazar's lease list has no 'leases' array");
+  }
+  std::vector<Lease> leases;
+  for (const json& value : body["leases"]) {
+    ASSIGN_OR_RETURN(Lease lease, ParseLease(value));
+    leases.push_back(std::move(lease));
+  }
+  return leases;
+}
+
+StatusOr<std::optional<Lease>> BlazarClient::FindByName(std::string_view name) {
+  ASSIGN_OR_RETURN(std::vector<Lease> leases, List());
+  for (Lease& lease : leases) {
+    if (lease.name == name) return std::optional<Lease>(std::move(lease));
+  }
+  return std::optional<Lease>();
+}
+
+StatusOr<Lease> BlazarClient::Get(std::string_view name_or_id) {
+  ASSIGN_OR_RETURN(std::vector<Lease> leases, List());
+  std::vector<const Lease*> named;
+  std::vector<std::string_view> names;
+  for (const Lease& lease : leases) {
+    if (lease.id == name_or_id) return lease;
+    if (lease.name == name_or_id) named.push_back(&lease);
+    names.push_back(lease.name);
+  }
+  if (named.size() == 1) return *named.front();
+  if (named.size() > 1) {
+    std::string ids;
+    for (const Lease* lease : named) ids += (ids.empty() ? "" : ", ") + lease->id;
+    return FailedPreconditionError("several leases are named '" + std::string(name_or_id) + "' (" +
+                                   ids + "): use an id");
+  }
+  std::string message = "no lease named '" + std::string(name_or_id) + "'";
+  std::string_view close = ClosestMatch(name_or_id, names);
+  if (!close.empty()) message += " (did you mean '" + std::string(close) + "'?)";
+  return NotFoundError(message);
+}
+
+StatusOr<Lease> BlazarClient::Create(const LeaseSpec& spec) {
+  if (spec.name.empty()) return InvalidArgumentError("a lease needs a name");
+  if (spec.flavor_id.empty() == spec.node_type.empty()) {
+    return InvalidArgumentError("a lease reserves either a flavor or a node type, not " +
+                                std::string(spec.flavor_id.empty() ? "neither" : "both"));
+  }
+  TimePoint start = spec.start.value_or(clock_.Now());
+  if (spec.end <= start) {
+    return InvalidArgumentError("lease '" + spec.name + "' would end (" +
+                                FormatUtc(spec.end, kBlazarDate) + ") before it starts (" +
+                                FormatUtc(start, kBlazarDate) + ")");
+  }
+  ASSIGN_OR_RETURN(std::optional<Lease> existing, FindByName(spec.name));
+  if (existing) {
+    return AlreadyExistsError("a lease named '" + spec.name + "' already exists (" +
+                              existing->status + ", id " + existing->id +
+                              "): pick another name or delete it");
+  }
+  ASSIGN_OR_RETURN(std::string path, LeasesPath());
+  const json body = LeaseRequestBody(spec);
+  Status last_error;
+  for (int attempt = 1; attempt <= options_.create_attempts; ++attempt) {
+    http::Request request;
+    request.method = "POST";
+    request.url = path;
+    request.body = body.dump();
+    request.connect_timeout = session_.options().connect_timeout;
+    request.total_timeout = session_.options().request_timeout;
+    StatusOr<Exchange> exchange = session_.Call("reservation", request);
+    if (exchange.ok()) {
+      const http::Response& response = exchange->response;
+      if (response.status == 200 || response.status == 201) {
+        json answer = json::parse(response.body, nullptr, false);
+        if (!answer.is_object() || !answer.contains("lease")) {
+          return InternalError("Blazar created lease '" + spec.name +
+                               "' but its answer has no lease object");
+        }
+        return ParseLease(answer["lease"]);
+      }
+      if (IsNoCapacity(response)) {
+        return CapacityError(spec, start, ApiError(exchange->request, response).message());
+      }
+      Status error = ApiError(exchange->request, response);
+      if (!MayHaveCreated(response.status)) {
+        if (response.status == 500 &&
+            session_.credentials().auth_type == AuthType::kApplicationCredential) {
+          return Status(error.code(),
+                        error.message() +
+                            " (on Chameleon a restricted application credential causes this: "
+                            "create one with --unrestricted)");
+        }
+        return error;
+      }
+      last_error = error;
+    } else if (exchange.status().code() == StatusCode::kDeadlineExceeded ||
+               exchange.status().code() == StatusCode::kUnavailable) {
+      last_error = exchange.status();
+    } else {
+      return exchange.status();
+    }
+    // The POST may have reached Blazar: give it time to finish, then a lease with our name
+    // means it did.
+    clock_.SleepFor(options_.create_retry_delay * attempt);
+    ASSIGN_OR_RETURN(std::optional<Lease> created, FindByName(spec.name));
+    if (created) return *created;
+  }
+  return last_error.WithContext("lease '" + spec.name + "' was not created after " +
+                                std::to_string(options_.create_attempts) +
+                                " attempts (none of them left a lease behind)");
+}
+
+StatusOr<std::optional<TimePoint>> BlazarClient::NextFreeHostSlot(const std::string& node_type,
+                                                                  int hosts, TimePoint from,
+                                                                  std::chrono::seconds duration) {
+  ASSIGN_OR_RETURN(std::string leases_path, LeasesPath());
+  std::string prefix = leases_path.substr(0, leases_path.size() - std::string("/leases").size());
+  ASSIGN_OR_RETURN(json host_list, session_.CallJson("reservation", "GET", prefix + "/os-hosts"));
+  ASSIGN_OR_RETURN(json allocations,
+                   session_.CallJson("reservation", "GET", prefix + "/os-hosts/allocations"));
+  if (!host_list.contains("hosts") || !host_list["hosts"].is_array() ||
+      !allocations.contains("allocations") || !allocations["allocations"].is_array()) {
+    return InternalError("Blazar's host calendar has an unexpected shape");
+  }
+  std::set<std::string> matching;
+  for (const json& host : host_list["hosts"]) {
+    // Extra capabilities such as node_type are top-level fields of a host; ids may be numbers.
+    std::string id =
+        host.contains("id") && host["id"].is_number() ? host["id"].dump() : Text(host, "id");
+    if (Text(host, "node_type") == node_type) matching.insert(id);
+  }
+  if (static_cast<int>(matching.size()) < hosts) return std::optional<TimePoint>();
+  std::map<std::string, std::vector<std::pair<TimePoint, TimePoint>>> busy;
+  std::vector<TimePoint> candidates = {from};
+  for (const json& allocation : allocations["allocations"]) {
+    std::string id = allocation.contains("resource_id") && allocation["resource_id"].is_number()
+                         ? allocation["resource_id"].dump()
+                         : Text(allocation, "resource_id");
+    if (!matching.contains(id) || !allocation.contains("reservations")) continue;
+    for (const json& reservation : allocation["reservations"]) {
+      StatusOr<TimePoint> start = ParseUtcTimestamp(Text(reservation, "start_date"));
+      StatusOr<TimePoint> end = ParseUtcTimestamp(Text(reservation, "end_date"));
+      if (!start.ok() || !end.ok()) continue;
+      busy[id].emplace_back(*start, *end);
+      if (*end > from) candidates.push_back(*end);
+    }
+  }
+  std::sort(candidates.begin(), candidates.end());
+  for (TimePoint candidate : candidates) {
+    int free = 0;
+    for (const std::string& id : matching) {
+      bool overlaps = false;
+      for (const auto& [start, end] : busy[id]) {
+        overlaps = overlaps || (start < candidate + duration && candidate < end);
+      }
+      if (!overlaps) ++free;
+    }
+    if (free >= hosts) return std::optional<TimePoint>(candidate);
+  }
+  return std::optional<TimePoint>();
+}
+
+Status BlazarClient::CapacityError(const LeaseSpec& spec, TimePoint start,
+                                   const std::string& detail) {
+  std::string message = "no capacity for that period: " + Describe(spec) + " from " +
+                        FormatUtc(start, kBlazarDate) + " to " + FormatUtc(spec.end, kBlazarDate) +
+                        " UTC";
+  if (!spec.node_type.empty()) {
+    auto duration = std::chrono::duration_cast<std::chrono::seconds>(spec.end - start);
+    StatusOr<std::optional<TimePoint>> slot =
+        NextFreeHostSlot(spec.node_type, spec.hosts, start, duration);
+    if (slot.ok() && *slot) {
+      message += "; the host calendar's next free slot of that length starts at " +
+                 FormatUtc(**slot, kBlazarDate) + " UTC";
+    } else if (slot.ok()) {
+      message += "; the site has fewer than " + std::to_string(spec.hosts) + " '" + spec.node_type +
+                 "' hosts";
+    }
+  } else {
+    // Chameleon's flavor availability endpoint exists but its answer's shape is unconfirmed.
+    message += "; try a later --start or another flavor";
+  }
+  return ResourceExhaustedError(message + " [" + detail + "]");
+}
+
+StatusOr<Lease> BlazarClient::Extend(std::string_view name_or_id, TimePoint new_end) {
+  ASSIGN_OR_RETURN(Lease lease, Get(name_or_id));
+  if (new_end <= lease.start) {
+    return InvalidArgumentError("the new end " + FormatUtc(new_end, kBlazarDate) +
+                                " is before lease '" + lease.name + "' starts");
+  }
+  ASSIGN_OR_RETURN(std::string path, LeasesPath());
+  json body = {{"end_date", FormatUtc(new_end, kBlazarDate)}};
+  http::Request request;
+  request.method = "PUT";
+  request.url = path + "/" + lease.id;
+  request.body = body.dump();
+  request.connect_timeout = session_.options().connect_timeout;
+  request.total_timeout = session_.options().request_timeout;
+  ASSIGN_OR_RETURN(Exchange exchange, session_.Call("reservation", request));
+  if (IsNoCapacity(exchange.response)) {
+    return ResourceExhaustedError("no capacity to extend lease '" + lease.name + "' to " +
+                                  FormatUtc(new_end, kBlazarDate) + " UTC [" +
+                                  ApiError(exchange.request, exchange.response).message() + "]");
+  }
+  if (exchange.response.status != 200) {
+    return ApiError(exchange.request, exchange.response)
+        .WithContext("extending lease '" + lease.name + "'");
+  }
+  json answer = json::parse(exchange.response.body, nullptr, false);
+  if (!answer.is_object() || !answer.contains("lease")) {
+    return InternalError("Blazar's answer to extending '" + lease.name + "' has no lease");
+  }
+  return ParseLease(answer["lease"]);
+}
+
+Status BlazarClient::Delete(std::string_view name_or_id) {
+  ASSIGN_OR_RETURN(Lease lease, Get(name_or_id));
+  ASSIGN_OR_RETURN(std::string path, LeasesPath());
+  StatusOr<json> answer = session_.CallJson("reservation", "DELETE", path + "/" + lease.id);
+  // A retried DELETE whose first try went through answers 404: the lease is gone either way.
+  if (!answer.ok() && answer.status().code() != StatusCode::kNotFound) {
+    return answer.status().WithContext("deleting lease '" + lease.name + "'");
+  }
+  return Status::Ok();
+}
+
+StatusOr<Lease> BlazarClient::WaitUntilActive(std::string_view name_or_id,
+                                              std::chrono::seconds timeout) {
+  ASSIGN_OR_RETURN(Lease lease, Get(name_or_id));
+  ASSIGN_OR_RETURN(std::string path, LeasesPath());
+  const TimePoint deadline = std::max(clock_.Now(), lease.start) + timeout;
+  while (true) {
+    if (lease.status == "ACTIVE") return lease;
+    if (lease.status == "ERROR") {
+      return FailedPreconditionError("lease '" + lease.name + "' (" + lease.id +
+                                     ") went to ERROR: Blazar could not start it; delete it and "
+                                     "try another period or site");
+    }
+    if (lease.status == "TERMINATED" || lease.status == "DELETED") {
+      return FailedPreconditionError("lease '" + lease.name + "' is " + lease.status +
+                                     ": it ended before it became usable");
+    }
+    if (clock_.Now() >= deadline) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "lease '" + lease.name + "' is still " + lease.status + " " +
+                        std::to_string(timeout.count()) + " s after its start (" +
+                        FormatUtc(lease.start, kBlazarDate) + " UTC)");
+    }
+    // Nothing can change before the start date: sleep until then rather than poll an hour away.
+    auto until_start =
+        std::chrono::duration_cast<std::chrono::milliseconds>(lease.start - clock_.Now());
+    clock_.SleepFor(std::max<std::chrono::milliseconds>(options_.poll_interval, until_start));
+    ASSIGN_OR_RETURN(json answer, session_.CallJson("reservation", "GET", path + "/" + lease.id));
+    if (!answer.is_object() || !answer.contains("lease")) {
+      return InternalError("Blazar's answer for lease " + lease.id + " has no lease object");
+    }
+    ASSIGN_OR_RETURN(lease, ParseLease(answer["lease"]));
+  }
+}
+
+}  // namespace llmctl::openstack

@@ -1,0 +1,102 @@
+// Blazar (reservation v1): leases for KVM flavors (flavor:instance) and bare-metal node types
+// (physical:host), created at most once however often a create times out.
+#ifndef LLMCTL_CONTROLLER_OPENSTACK_BLAZAR_H_
+#define LLMCTL_CONTROLLER_OPENSTACK_BLAZAR_H_
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/openstack/clock.h"
+#include "controller/openstack/session.h"
+
+namespace llmctl::openstack {
+
+struct Reservation {
+  std::string id;
+  std::string resource_type;        // "flavor:instance" or "physical:host"
+  std::string status;               // pending, active, deleted, error
+  std::string flavor_id;            // flavor:instance
+  int amount = 0;                   // flavor:instance
+  std::string resource_properties;  // physical:host, a JSON-encoded string
+  int min = 0, max = 0;             // physical:host
+};
+
+struct Lease {
+  std::string id;
+  std::string name;
+  std::string status;  // PENDING, ACTIVE, TERMINATED, ERROR, or a transitional one
+  TimePoint start;
+  TimePoint end;
+  std::vector<Reservation> reservations;
+};
+
+// What to reserve. Exactly one of flavor_id and node_type is set.
+struct LeaseSpec {
+  std::string name;
+  std::optional<TimePoint> start;  // nullopt: "now"
+  TimePoint end;
+  std::string flavor_id;  // flavor:instance: a Nova flavor id (not its name), `amount` instances
+  int amount = 1;
+  std::string node_type;  // physical:host: `hosts` nodes whose node_type matches
+  int hosts = 1;
+};
+
+struct BlazarOptions {
+  int create_attempts = 3;  // POSTs at most, each after a lookup by name found nothing
+  std::chrono::milliseconds create_retry_delay{std::chrono::seconds(2)};
+  std::chrono::seconds poll_interval{5};  // python-chi's lease wait
+};
+
+// Not thread-safe beyond what Session is: one caller at a time per client.
+class BlazarClient {
+ public:
+  BlazarClient(Session& session, Clock& clock, BlazarOptions options = {});
+
+  // Creates the lease. AlreadyExists when a lease of that name exists. After a timeout or a
+  // gateway error the lease may exist anyway: it is looked up by name before any re-send, so at
+  // most one lease is ever made. ResourceExhausted "no capacity for that period" (with the next
+  // free slot for node types, from the host calendar) when Blazar has no hosts.
+  StatusOr<Lease> Create(const LeaseSpec& spec);
+
+  StatusOr<std::vector<Lease>> List();
+
+  // By id or name. NotFound (with the nearest name) or FailedPrecondition when a name is shared.
+  StatusOr<Lease> Get(std::string_view name_or_id);
+
+  // Moves the end date. Blazar refuses this for flavor:instance leases (the error says so).
+  StatusOr<Lease> Extend(std::string_view name_or_id, TimePoint new_end);
+
+  Status Delete(std::string_view name_or_id);
+
+  // Polls until ACTIVE. FailedPrecondition when the lease ends in ERROR or TERMINATED;
+  // DeadlineExceeded when still not active `timeout` after its start date.
+  StatusOr<Lease> WaitUntilActive(std::string_view name_or_id, std::chrono::seconds timeout);
+
+ private:
+  StatusOr<std::string> LeasesPath();
+  StatusOr<std::optional<Lease>> FindByName(std::string_view name);
+  Status CapacityError(const LeaseSpec& spec, TimePoint start, const std::string& detail);
+  StatusOr<std::optional<TimePoint>> NextFreeHostSlot(const std::string& node_type, int hosts,
+                                                      TimePoint from,
+                                                      std::chrono::seconds duration);
+
+  Session& session_;
+  Clock& clock_;
+  const BlazarOptions options_;
+};
+
+// The POST /leases body exactly as python-chi sends it.
+nlohmann::json LeaseRequestBody(const LeaseSpec& spec);
+
+// One lease object ({"lease": ...}'s value or an element of "leases"); reservations may come as
+// a JSON string.
+StatusOr<Lease> ParseLease(const nlohmann::json& value);
+
+}  // namespace llmctl::openstack
+
+#endif  // LLMCTL_CONTROLLER_OPENSTACK_BLAZAR_H_

@@ -1,0 +1,314 @@
+#include "controller/openstack/blazar.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "controller/openstack/nova.h"
+#include "tests/openstack_sim/simulator.h"
+
+namespace llmctl::openstack {
+namespace {
+
+using llmctl::testing::Simulator;
+using nlohmann::json;
+using std::chrono::hours;
+using std::chrono::minutes;
+using std::chrono::seconds;
+
+class BlazarTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartSimulator({}); }
+
+  void StartSimulator(const std::vector<std::string>& args) {
+    auto sim = Simulator::Start(args);
+    ASSERT_TRUE(sim.ok()) << sim.status().ToString();
+    sim_ = std::move(*sim);
+    http::ClientOptions http_options;
+    http_options.sleep = [this](std::chrono::milliseconds) { ++http_retry_sleeps_; };
+    http_ = std::make_unique<http::HttpClient>(http_options);
+    Connect("ac-unrestricted");
+  }
+
+  void Connect(const std::string& credential_id,
+               std::chrono::milliseconds request_timeout = std::chrono::seconds(10)) {
+    auto creds = CredentialsFromEnvironment(
+        sim_->Environment({{"OS_APPLICATION_CREDENTIAL_ID", credential_id}}));
+    ASSERT_TRUE(creds.ok()) << creds.status().ToString();
+    SessionOptions options;
+    options.request_timeout = request_timeout;
+    session_ = std::make_unique<Session>(*creds, *http_, sim_->clock(), options);
+    blazar_ = std::make_unique<BlazarClient>(*session_, sim_->clock());
+  }
+
+  LeaseSpec FlavorLease(const std::string& name, const std::string& flavor_id = "f-h100-1") {
+    LeaseSpec spec;
+    spec.name = name;
+    spec.end = sim_->clock().Now() + hours(2) + minutes(50);
+    spec.flavor_id = flavor_id;
+    return spec;
+  }
+
+  LeaseSpec HostLease(const std::string& name, int hosts) {
+    LeaseSpec spec;
+    spec.name = name;
+    spec.end = sim_->clock().Now() + hours(2) + minutes(50);
+    spec.node_type = "gpu_a100_pcie";
+    spec.hosts = hosts;
+    return spec;
+  }
+
+  // Names of the leases the simulator holds, whatever their state.
+  std::vector<std::string> LeasesInBooks() {
+    std::vector<std::string> names;
+    auto books = sim_->Books();
+    if (books.ok()) {
+      for (const json& lease : (*books)["leases"]) names.push_back(lease["name"]);
+    }
+    return names;
+  }
+
+  std::unique_ptr<Simulator> sim_;
+  int http_retry_sleeps_ = 0;
+  std::unique_ptr<http::HttpClient> http_;
+  std::unique_ptr<Session> session_;
+  std::unique_ptr<BlazarClient> blazar_;
+};
+
+TEST(LeaseRequestBodyTest, MatchesPythonChisShapes) {
+  LeaseSpec flavor;
+  flavor.name = "my-lease";
+  flavor.end = *ParseUtcTimestamp("2025-08-13 14:00");
+  flavor.flavor_id = "f-1";
+  EXPECT_EQ(LeaseRequestBody(flavor), json::parse(R"({
+    "name": "my-lease", "start_date": "now", "end_date": "2025-08-13 14:00",
+    "events": [], "before_end_date": null,
+    "reservations": [{"resource_type": "flavor:instance", "flavor_id": "f-1", "amount": 1,
+                      "affinity": null}]})"));
+  LeaseSpec host;
+  host.name = "bm";
+  host.start = *ParseUtcTimestamp("2025-08-13 10:05");
+  host.end = *ParseUtcTimestamp("2025-08-13 14:00");
+  host.node_type = "gpu_a100_pcie";
+  host.hosts = 2;
+  EXPECT_EQ(LeaseRequestBody(host)["start_date"], "2025-08-13 10:05");
+  EXPECT_EQ(LeaseRequestBody(host)["reservations"][0], json::parse(R"({
+    "resource_type": "physical:host",
+    "resource_properties": "[\"==\", \"$node_type\", \"gpu_a100_pcie\"]",
+    "hypervisor_properties": "", "min": 2, "max": 2})"));
+}
+
+TEST(ParseLeaseTest, AcceptsReservationsAsAJsonString) {
+  auto lease = ParseLease(json::parse(R"({"id": "l1", "name": "n", "status": "PENDING",
+    "start_date": "2017-12-26T12:00:00.000000", "end_date": "2017-12-27T12:00:00.000000",
+    "reservations": "[{\"id\": \"r1\", \"resource_type\": \"physical:host\", \"min\": 4}]"})"));
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  ASSERT_EQ(lease->reservations.size(), 1u);
+  EXPECT_EQ(lease->reservations[0].min, 4);
+  EXPECT_EQ(FormatUtc(lease->end, "%Y-%m-%d %H:%M"), "2017-12-27 12:00");
+  EXPECT_FALSE(ParseLease(json::parse(R"({"id": "l1", "start_date": "soon"})")).ok());
+}
+
+TEST_F(BlazarTest, FlavorLeaseLifecycleOnTheSimulatorsClock) {
+  NovaClient nova(*session_);
+  auto flavor = nova.FindFlavor("g1.h100.pci.1");
+  ASSERT_TRUE(flavor.ok()) << flavor.status().ToString();
+  auto created = blazar_->Create(FlavorLease("life", flavor->id));
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_EQ(created->status, "PENDING");
+  ASSERT_EQ(created->reservations.size(), 1u);
+  const std::string reservation_id = created->reservations[0].id;
+  EXPECT_EQ(nova.ReservationFlavor(reservation_id).status().code(), StatusCode::kNotFound);
+
+  auto active = blazar_->WaitUntilActive("life", seconds(300));
+  ASSERT_TRUE(active.ok()) << active.status().ToString();
+  EXPECT_EQ(active->status, "ACTIVE");
+  EXPECT_EQ(sim_->clock().sleeps(), 1);  // one 5 s poll
+  auto private_flavor = nova.ReservationFlavor(reservation_id);
+  ASSERT_TRUE(private_flavor.ok()) << private_flavor.status().ToString();
+  EXPECT_EQ(private_flavor->name, "reservation:" + reservation_id);
+
+  sim_->clock().SleepFor(hours(3));
+  auto ended = blazar_->Get("life");
+  ASSERT_TRUE(ended.ok());
+  EXPECT_EQ(ended->status, "TERMINATED");
+  EXPECT_EQ((*sim_->Books())["private_flavors"], json::array());
+  ASSERT_TRUE(blazar_->Delete("life").ok());
+  EXPECT_TRUE(LeasesInBooks().empty());
+}
+
+TEST_F(BlazarTest, WaitCoversALeaseThatStartsLater) {
+  LeaseSpec spec = HostLease("later", 1);
+  spec.start = sim_->clock().Now() + hours(1);
+  spec.end = *spec.start + hours(2);
+  ASSERT_TRUE(blazar_->Create(spec).ok());
+  auto active = blazar_->WaitUntilActive("later", seconds(60));
+  ASSERT_TRUE(active.ok()) << active.status().ToString();
+  EXPECT_GE(sim_->clock().Now(), *spec.start);
+  EXPECT_LE(sim_->clock().sleeps(), 2);  // to the start, then at most one poll
+}
+
+TEST_F(BlazarTest, WaitFailsClearlyOnError) {
+  ASSERT_TRUE(sim_->Admin("fail_lease", {{"name", "doomed"}}).ok());
+  ASSERT_TRUE(blazar_->Create(FlavorLease("doomed")).ok());
+  auto active = blazar_->WaitUntilActive("doomed", seconds(300));
+  ASSERT_FALSE(active.ok());
+  EXPECT_EQ(active.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(active.status().message().find("lease 'doomed'"), std::string::npos);
+  EXPECT_NE(active.status().message().find("went to ERROR"), std::string::npos);
+}
+
+TEST_F(BlazarTest, ASecondCreateWithTheSameNameIsRefused) {
+  ASSERT_TRUE(blazar_->Create(FlavorLease("once")).ok());
+  auto again = blazar_->Create(FlavorLease("once"));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(LeasesInBooks(), std::vector<std::string>{"once"});
+}
+
+TEST_F(BlazarTest, ATimedOutCreateThatWentThroughIsFoundNotRepeated) {
+  // Blazar makes the lease, then answers after the client's 1 s timeout.
+  Connect("ac-unrestricted", std::chrono::seconds(1));
+  ASSERT_TRUE(sim_->Admin("faults", {{"method", "POST"},
+                                     {"path", "/blazar/v1/leases"},
+                                     {"delay_ms", 2500},
+                                     {"after", true},
+                                     {"count", 1}})
+                  .ok());
+  auto lease = blazar_->Create(FlavorLease("slow"));
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->name, "slow");
+  EXPECT_EQ(sim_->CountRequests("POST", "/blazar/v1/leases"), 1);
+  EXPECT_EQ(LeasesInBooks(), std::vector<std::string>{"slow"});
+}
+
+TEST_F(BlazarTest, ACreateRefusedWith503IsSentAgainAfterTheLookup) {
+  ASSERT_TRUE(
+      sim_->Admin(
+              "faults",
+              {{"method", "POST"}, {"path", "/blazar/v1/leases"}, {"status", 503}, {"count", 1}})
+          .ok());
+  auto lease = blazar_->Create(FlavorLease("retried"));
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(sim_->CountRequests("POST", "/blazar/v1/leases"), 2);
+  EXPECT_EQ(LeasesInBooks(), std::vector<std::string>{"retried"});
+  EXPECT_EQ(http_retry_sleeps_, 0);  // POST is never retried by the HTTP client itself
+}
+
+TEST_F(BlazarTest, ACreateThatKeepsFailingGivesUpWithNothingLeftBehind) {
+  ASSERT_TRUE(
+      sim_->Admin(
+              "faults",
+              {{"method", "POST"}, {"path", "/blazar/v1/leases"}, {"status", 503}, {"count", 10}})
+          .ok());
+  auto lease = blazar_->Create(FlavorLease("never"));
+  ASSERT_FALSE(lease.ok());
+  EXPECT_EQ(lease.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(lease.status().message().find("lease 'never' was not created after 3 attempts"),
+            std::string::npos)
+      << lease.status().message();
+  EXPECT_NE(lease.status().message().find("HTTP 503 (request req-"), std::string::npos);
+  EXPECT_EQ(sim_->CountRequests("POST", "/blazar/v1/leases"), 3);
+  EXPECT_TRUE(LeasesInBooks().empty());
+}
+
+TEST_F(BlazarTest, IdempotentCallsAreRetriedOn503) {
+  ASSERT_TRUE(
+      sim_->Admin("faults",
+                  {{"method", "GET"}, {"path", "/blazar/v1/leases"}, {"status", 503}, {"count", 2}})
+          .ok());
+  auto leases = blazar_->List();
+  ASSERT_TRUE(leases.ok()) << leases.status().ToString();
+  EXPECT_EQ(sim_->CountRequests("GET", "/blazar/v1/leases"), 3);
+  EXPECT_EQ(http_retry_sleeps_, 2);
+}
+
+TEST_F(BlazarTest, NoFlavorCapacityIsSaidPlainly) {
+  ASSERT_TRUE(blazar_->Create(FlavorLease("first", "f-h100-4")).ok());
+  auto second = blazar_->Create(FlavorLease("second", "f-h100-4"));
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(second.status().message().starts_with(
+      "no capacity for that period: 1 x flavor f-h100-4 from 2030-01-01 00:00 to 2030-01-01 02:50 "
+      "UTC"))
+      << second.status().message();
+  EXPECT_NE(second.status().message().find("Not enough hosts available"), std::string::npos);
+  EXPECT_EQ(LeasesInBooks(), std::vector<std::string>{"first"});
+}
+
+TEST_F(BlazarTest, NoHostCapacityNamesTheNextFreeSlot) {
+  ASSERT_TRUE(blazar_->Create(HostLease("both", 2)).ok());
+  auto more = blazar_->Create(HostLease("one-more", 1));
+  ASSERT_FALSE(more.ok());
+  EXPECT_EQ(more.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(more.status().message().find("next free slot of that length starts at 2030-01-01 "
+                                         "02:50 UTC"),
+            std::string::npos)
+      << more.status().message();
+  auto too_many = blazar_->Create(HostLease("three", 3));
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_NE(too_many.status().message().find("fewer than 3 'gpu_a100_pcie' hosts"),
+            std::string::npos)
+      << too_many.status().message();
+}
+
+TEST_F(BlazarTest, ExtendMovesTheEndOfAHostLease) {
+  ASSERT_TRUE(blazar_->Create(HostLease("grow", 1)).ok());
+  auto lease = blazar_->Get("grow");
+  ASSERT_TRUE(lease.ok());
+  auto longer = blazar_->Extend("grow", lease->end + hours(1));
+  ASSERT_TRUE(longer.ok()) << longer.status().ToString();
+  EXPECT_EQ(FormatUtc(longer->end, "%Y-%m-%d %H:%M"), "2030-01-01 03:50");
+}
+
+TEST_F(BlazarTest, ExtendingAFlavorLeaseReportsBlazarsRefusal) {
+  ASSERT_TRUE(blazar_->Create(FlavorLease("kvm")).ok());
+  auto lease = blazar_->Get("kvm");
+  ASSERT_TRUE(lease.ok());
+  auto longer = blazar_->Extend("kvm", lease->end + hours(1));
+  ASSERT_FALSE(longer.ok());
+  EXPECT_EQ(longer.status().code(), StatusCode::kAborted);
+  EXPECT_NE(longer.status().message().find("extending lease 'kvm': PUT "), std::string::npos)
+      << longer.status().message();
+  EXPECT_NE(longer.status().message().find("not supported"), std::string::npos);
+}
+
+TEST_F(BlazarTest, UnknownLeaseSuggestsTheNearestName) {
+  ASSERT_TRUE(blazar_->Create(FlavorLease("training-run")).ok());
+  auto missing = blazar_->Get("training-rn");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().message(),
+            "no lease named 'training-rn' (did you mean 'training-run'?)");
+  EXPECT_EQ(blazar_->Delete("nothing").code(), StatusCode::kNotFound);
+}
+
+TEST_F(BlazarTest, RestrictedApplicationCredentialGetsAHint) {
+  Connect("ac-restricted");
+  auto lease = blazar_->Create(FlavorLease("restricted"));
+  ASSERT_FALSE(lease.ok());
+  EXPECT_NE(lease.status().message().find("--unrestricted"), std::string::npos)
+      << lease.status().message();
+  EXPECT_TRUE(LeasesInBooks().empty());
+}
+
+TEST_F(BlazarTest, ACatalogUrlEndingInV1IsUsedAsIs) {
+  StartSimulator({"--reservation-suffix", "/v1"});
+  ASSERT_TRUE(blazar_->Create(FlavorLease("v1")).ok());
+  auto leases = blazar_->List();
+  ASSERT_TRUE(leases.ok()) << leases.status().ToString();
+  EXPECT_EQ(leases->size(), 1u);
+  EXPECT_EQ(sim_->CountRequests("GET", "/blazar/v1/leases"), 2);  // the name check, then List
+}
+
+TEST_F(BlazarTest, RejectsImpossibleSpecsBeforeCallingBlazar) {
+  LeaseSpec spec = FlavorLease("backwards");
+  spec.end = sim_->clock().Now() - minutes(1);
+  EXPECT_EQ(blazar_->Create(spec).status().code(), StatusCode::kInvalidArgument);
+  spec = FlavorLease("both");
+  spec.node_type = "gpu_a100_pcie";
+  EXPECT_EQ(blazar_->Create(spec).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim_->CountRequests("POST", "/blazar"), 0);
+}
+
+}  // namespace
+}  // namespace llmctl::openstack

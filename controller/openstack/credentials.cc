@@ -1,0 +1,280 @@
+#include "controller/openstack/credentials.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string_view>
+
+#include "common/spelling.h"
+
+namespace llmctl::openstack {
+namespace {
+
+struct AuthTypeName {
+  std::string_view name;
+  AuthType type;
+};
+constexpr AuthTypeName kAuthTypes[] = {
+    {"v3applicationcredential", AuthType::kApplicationCredential},
+    {"password", AuthType::kPassword},
+    {"v3password", AuthType::kPassword},
+    {"v3oidcpassword", AuthType::kV3OidcPassword},
+};
+
+StatusOr<AuthType> ParseAuthType(const std::string& text, const std::string& where) {
+  std::vector<std::string_view> names;
+  for (const auto& entry : kAuthTypes) {
+    if (entry.name == text) return entry.type;
+    names.push_back(entry.name);
+  }
+  std::string message = where + ": unsupported auth type '" + text + "'";
+  std::string_view close = ClosestMatch(text, names);
+  if (!close.empty()) message += " (did you mean '" + std::string(close) + "'?)";
+  message += "; supported: v3applicationcredential, password, v3password, v3oidcpassword";
+  return InvalidArgumentError(message);
+}
+
+// The field names shared by OS_<UPPER> variables and clouds.yaml's auth section.
+struct Field {
+  std::string_view key;  // clouds.yaml auth key; OS_ + upper case for the variable
+  std::string Credentials::*member;
+};
+const Field kAuthFields[] = {
+    {"auth_url", &Credentials::auth_url},
+    {"username", &Credentials::username},
+    {"user_id", &Credentials::user_id},
+    {"user_domain_name", &Credentials::user_domain_name},
+    {"user_domain_id", &Credentials::user_domain_id},
+    {"password", &Credentials::password},
+    {"project_id", &Credentials::project_id},
+    {"project_name", &Credentials::project_name},
+    {"project_domain_name", &Credentials::project_domain_name},
+    {"project_domain_id", &Credentials::project_domain_id},
+    {"application_credential_id", &Credentials::application_credential_id},
+    {"application_credential_name", &Credentials::application_credential_name},
+    {"application_credential_secret", &Credentials::application_credential_secret},
+    {"identity_provider", &Credentials::identity_provider},
+    {"protocol", &Credentials::protocol},
+    {"discovery_endpoint", &Credentials::discovery_endpoint},
+    {"client_id", &Credentials::client_id},
+    {"client_secret", &Credentials::client_secret},
+    {"openid_scope", &Credentials::openid_scope},
+};
+
+std::string EnvName(std::string_view key) {
+  std::string name = "OS_";
+  for (char c : key) name += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
+
+// `describe(key)` says how the user spells a field in this source ("OS_AUTH_URL" or
+// "clouds.x.auth.auth_url"), so a message points at the line to fix.
+Status Validate(Credentials& creds, const std::function<std::string(std::string_view)>& describe) {
+  auto missing = [&](std::string_view key, std::string_view why) {
+    return InvalidArgumentError(creds.source + ": " + describe(key) + " is not set (" +
+                                std::string(why) + ")");
+  };
+  if (creds.auth_url.empty()) return missing("auth_url", "Keystone's v3 URL");
+  if (!creds.auth_url.starts_with("https://") && !creds.auth_url.starts_with("http://")) {
+    return InvalidArgumentError(creds.source + ": " + describe("auth_url") + " '" + creds.auth_url +
+                                "' is not an http(s) URL");
+  }
+  while (creds.auth_url.ends_with('/')) creds.auth_url.pop_back();
+  if (creds.interface != "public" && creds.interface != "internal" && creds.interface != "admin") {
+    return InvalidArgumentError(creds.source + ": interface '" + creds.interface +
+                                "' is not one of public, internal, admin");
+  }
+  bool has_project = !creds.project_id.empty() || !creds.project_name.empty();
+  switch (creds.auth_type) {
+    case AuthType::kApplicationCredential:
+      if (creds.application_credential_secret.empty()) {
+        return missing("application_credential_secret", "the application credential's secret");
+      }
+      if (creds.application_credential_id.empty() && creds.application_credential_name.empty()) {
+        return missing("application_credential_id", "or application_credential_name");
+      }
+      if (creds.application_credential_id.empty() && creds.user_id.empty() &&
+          creds.username.empty()) {
+        return missing("user_id", "a credential named by name needs its user");
+      }
+      break;
+    case AuthType::kPassword:
+      if (creds.username.empty() && creds.user_id.empty()) return missing("username", "or user_id");
+      if (creds.password.empty()) return missing("password", "the user's password");
+      if (!has_project) return missing("project_id", "or project_name: the project to work in");
+      break;
+    case AuthType::kV3OidcPassword:
+      if (creds.username.empty()) return missing("username", "the Chameleon login");
+      if (creds.password.empty()) return missing("password", "the Chameleon CLI password");
+      if (!has_project) return missing("project_id", "or project_name: the project to work in");
+      if (creds.identity_provider.empty()) return missing("identity_provider", "e.g. chameleon");
+      if (creds.protocol.empty()) return missing("protocol", "e.g. openid");
+      if (creds.discovery_endpoint.empty()) {
+        return missing("discovery_endpoint", "the OpenID Connect discovery document's URL");
+      }
+      if (creds.client_id.empty())
+        return missing("client_id", "the OIDC client, e.g. keystone-kvm-prod");
+      break;
+  }
+  return Status::Ok();
+}
+
+AuthType InferAuthType(const Credentials& creds) {
+  return creds.application_credential_id.empty() && creds.application_credential_name.empty()
+             ? AuthType::kPassword
+             : AuthType::kApplicationCredential;
+}
+
+}  // namespace
+
+EnvLookup ProcessEnvironment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+StatusOr<Credentials> CredentialsFromEnvironment(const EnvLookup& env) {
+  Credentials creds;
+  creds.source = "OS_* variables";
+  for (const Field& field : kAuthFields) {
+    if (auto value = env(EnvName(field.key)); value && !value->empty()) {
+      creds.*field.member = *value;
+    }
+  }
+  if (auto value = env("OS_REGION_NAME")) creds.region_name = *value;
+  if (auto value = env("OS_INTERFACE"); value && !value->empty()) creds.interface = *value;
+  if (auto value = env("OS_CACERT")) creds.cacert = *value;
+  if (auto version = env("OS_IDENTITY_API_VERSION"); version && *version != "3") {
+    return InvalidArgumentError("OS_IDENTITY_API_VERSION is '" + *version +
+                                "'; only Keystone v3 is supported");
+  }
+  if (auto type = env("OS_AUTH_TYPE"); type && !type->empty()) {
+    ASSIGN_OR_RETURN(creds.auth_type, ParseAuthType(*type, "OS_AUTH_TYPE"));
+  } else {
+    creds.auth_type = InferAuthType(creds);
+  }
+  RETURN_IF_ERROR(Validate(creds, [](std::string_view key) { return EnvName(key); }));
+  return creds;
+}
+
+std::vector<std::string> CloudsYamlSearchPath(const EnvLookup& env) {
+  std::vector<std::string> paths;
+  if (auto file = env("OS_CLIENT_CONFIG_FILE"); file && !file->empty()) paths.push_back(*file);
+  paths.push_back("clouds.yaml");
+  if (auto home = env("HOME"); home && !home->empty()) {
+    paths.push_back(*home + "/.config/openstack/clouds.yaml");
+  }
+  paths.push_back("/etc/openstack/clouds.yaml");
+  return paths;
+}
+
+StatusOr<Credentials> CredentialsFromCloudsYaml(const std::string& cloud,
+                                                const std::vector<std::string>& paths) {
+  std::string path;
+  for (const std::string& candidate : paths) {
+    std::error_code error;
+    if (std::filesystem::is_regular_file(candidate, error)) {
+      path = candidate;
+      break;
+    }
+  }
+  if (path.empty()) {
+    std::string searched;
+    for (const std::string& candidate : paths)
+      searched += (searched.empty() ? "" : ", ") + candidate;
+    return NotFoundError("no clouds.yaml for cloud '" + cloud + "' (searched " + searched + ")");
+  }
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& error) {
+    return InvalidArgumentError(path + ":" + std::to_string(error.mark.line + 1) + ":" +
+                                std::to_string(error.mark.column + 1) + ": " + error.msg);
+  }
+  YAML::Node clouds = root["clouds"];
+  if (!clouds || !clouds.IsMap()) {
+    return InvalidArgumentError(path + ": no 'clouds' mapping at the top level");
+  }
+  YAML::Node entry = clouds[cloud];
+  if (!entry) {
+    std::vector<std::string> names;
+    for (const auto& item : clouds) names.push_back(item.first.as<std::string>());
+    std::vector<std::string_view> views(names.begin(), names.end());
+    std::string message = path + ": no cloud named '" + cloud + "'";
+    std::string_view close = ClosestMatch(cloud, views);
+    if (!close.empty()) message += " (did you mean '" + std::string(close) + "'?)";
+    std::string list;
+    for (const auto& name : names) list += (list.empty() ? "" : ", ") + name;
+    return NotFoundError(message + "; clouds there: " + (list.empty() ? "none" : list));
+  }
+  Credentials creds;
+  creds.source = "clouds.yaml " + path;
+  const std::string prefix = "clouds." + cloud;
+  auto scalar = [&](const YAML::Node& node, const std::string& key, std::string& out) -> Status {
+    if (!node[key]) return Status::Ok();
+    if (!node[key].IsScalar()) {
+      return InvalidArgumentError(path + ":" + std::to_string(node[key].Mark().line + 1) + ": " +
+                                  key + " must be a string");
+    }
+    out = node[key].as<std::string>();
+    return Status::Ok();
+  };
+  YAML::Node auth = entry["auth"];
+  if (auth && !auth.IsMap()) {
+    return InvalidArgumentError(path + ": " + prefix + ".auth must be a mapping");
+  }
+  if (auth) {
+    std::vector<std::string_view> known;
+    for (const Field& field : kAuthFields) {
+      known.push_back(field.key);
+      RETURN_IF_ERROR(scalar(auth, std::string(field.key), creds.*field.member));
+    }
+    for (const auto& item : auth) {
+      std::string key = item.first.as<std::string>();
+      bool is_known = false;
+      for (auto name : known) is_known = is_known || name == key;
+      if (!is_known) {
+        std::string message = path + ":" + std::to_string(item.first.Mark().line + 1) + ": " +
+                              prefix + ".auth." + key + " is not a supported auth key";
+        std::string_view close = ClosestMatch(key, known);
+        if (!close.empty()) message += " (did you mean '" + std::string(close) + "'?)";
+        return InvalidArgumentError(message);
+      }
+    }
+  }
+  RETURN_IF_ERROR(scalar(entry, "region_name", creds.region_name));
+  RETURN_IF_ERROR(scalar(entry, "interface", creds.interface));
+  RETURN_IF_ERROR(scalar(entry, "cacert", creds.cacert));
+  std::string version;
+  RETURN_IF_ERROR(scalar(entry, "identity_api_version", version));
+  if (!version.empty() && version != "3") {
+    return InvalidArgumentError(path + ": " + prefix + ".identity_api_version is '" + version +
+                                "'; only Keystone v3 is supported");
+  }
+  std::string auth_type;
+  RETURN_IF_ERROR(scalar(entry, "auth_type", auth_type));
+  if (!auth_type.empty()) {
+    ASSIGN_OR_RETURN(creds.auth_type,
+                     ParseAuthType(auth_type, path + ": " + prefix + ".auth_type"));
+  } else {
+    creds.auth_type = InferAuthType(creds);
+  }
+  RETURN_IF_ERROR(
+      Validate(creds, [&](std::string_view key) { return prefix + ".auth." + std::string(key); }));
+  return creds;
+}
+
+StatusOr<Credentials> LoadCredentials(const std::string& os_cloud, const EnvLookup& env) {
+  std::string cloud = os_cloud;
+  if (cloud.empty()) {
+    if (auto value = env("OS_CLOUD")) cloud = *value;
+  }
+  if (cloud.empty()) return CredentialsFromEnvironment(env);
+  return CredentialsFromCloudsYaml(cloud, CloudsYamlSearchPath(env));
+}
+
+}  // namespace llmctl::openstack

@@ -1,0 +1,213 @@
+#include "controller/openstack/credentials.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "controller/openstack/sites.h"
+
+namespace llmctl::openstack {
+namespace {
+
+EnvLookup Env(std::map<std::string, std::string> variables) {
+  return [variables](const std::string& name) -> std::optional<std::string> {
+    auto found = variables.find(name);
+    if (found == variables.end()) return std::nullopt;
+    return found->second;
+  };
+}
+
+// Chameleon's openrc for KVM@TACC, exported unchanged.
+std::map<std::string, std::string> ChameleonOpenrc() {
+  return {{"OS_AUTH_URL", "https://kvm.tacc.chameleoncloud.org:5000/v3"},
+          {"OS_IDENTITY_API_VERSION", "3"},
+          {"OS_INTERFACE", "public"},
+          {"OS_PROJECT_ID", "11b23a03af1b4fcbb16a21a86ce2a65d"},
+          {"OS_USERNAME", "someone@example.edu"},
+          {"OS_PROTOCOL", "openid"},
+          {"OS_AUTH_TYPE", "v3oidcpassword"},
+          {"OS_PASSWORD", "hunter2-secret"},
+          {"OS_IDENTITY_PROVIDER", "chameleon"},
+          {"OS_DISCOVERY_ENDPOINT",
+           "https://auth.chameleoncloud.org/auth/realms/chameleon/.well-known/"
+           "openid-configuration"},
+          {"OS_CLIENT_ID", "keystone-kvm-prod"},
+          {"OS_ACCESS_TOKEN_TYPE", "access_token"},
+          {"OS_CLIENT_SECRET", "none"},
+          {"OS_REGION_NAME", "KVM@TACC"}};
+}
+
+TEST(CredentialsFromEnvironmentTest, ReadsChameleonsOpenrcUnchanged) {
+  auto creds = CredentialsFromEnvironment(Env(ChameleonOpenrc()));
+  ASSERT_TRUE(creds.ok()) << creds.status().ToString();
+  EXPECT_EQ(creds->auth_type, AuthType::kV3OidcPassword);
+  EXPECT_EQ(creds->auth_url, "https://kvm.tacc.chameleoncloud.org:5000/v3");
+  EXPECT_EQ(creds->region_name, "KVM@TACC");
+  EXPECT_EQ(creds->identity_provider, "chameleon");
+  EXPECT_EQ(creds->client_id, "keystone-kvm-prod");
+  EXPECT_EQ(creds->project_id, "11b23a03af1b4fcbb16a21a86ce2a65d");
+}
+
+TEST(CredentialsFromEnvironmentTest, InfersApplicationCredentialWithoutAuthType) {
+  auto creds = CredentialsFromEnvironment(Env({{"OS_AUTH_URL", "https://k:5000/v3/"},
+                                               {"OS_APPLICATION_CREDENTIAL_ID", "id1"},
+                                               {"OS_APPLICATION_CREDENTIAL_SECRET", "s"}}));
+  ASSERT_TRUE(creds.ok()) << creds.status().ToString();
+  EXPECT_EQ(creds->auth_type, AuthType::kApplicationCredential);
+  EXPECT_EQ(creds->auth_url, "https://k:5000/v3");  // trailing slash dropped
+}
+
+TEST(CredentialsFromEnvironmentTest, NamesTheMissingVariable) {
+  auto creds = CredentialsFromEnvironment(Env({{"OS_AUTH_URL", "https://k/v3"},
+                                               {"OS_AUTH_TYPE", "password"},
+                                               {"OS_USERNAME", "u"},
+                                               {"OS_PASSWORD", "p"}}));
+  ASSERT_FALSE(creds.ok());
+  EXPECT_EQ(creds.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(creds.status().message(),
+            "OS_* variables: OS_PROJECT_ID is not set (or project_name: the project to work in)");
+  auto no_url = CredentialsFromEnvironment(Env({}));
+  EXPECT_NE(no_url.status().message().find("OS_AUTH_URL is not set"), std::string::npos);
+}
+
+TEST(CredentialsFromEnvironmentTest, RejectsUnknownAuthTypeWithASuggestion) {
+  auto env = ChameleonOpenrc();
+  env["OS_AUTH_TYPE"] = "v3oidcpasword";
+  auto creds = CredentialsFromEnvironment(Env(env));
+  ASSERT_FALSE(creds.ok());
+  EXPECT_NE(creds.status().message().find("did you mean 'v3oidcpassword'"), std::string::npos)
+      << creds.status().message();
+}
+
+TEST(CredentialsFromEnvironmentTest, RejectsIdentityV2) {
+  auto env = ChameleonOpenrc();
+  env["OS_IDENTITY_API_VERSION"] = "2";
+  EXPECT_FALSE(CredentialsFromEnvironment(Env(env)).ok());
+}
+
+class CloudsYamlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("llmctl_clouds_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Write(const std::string& name, const std::string& text) {
+    std::filesystem::path path = dir_ / name;
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(CloudsYamlTest, ReadsTheFirstFileOfTheSearchPath) {
+  std::string first = Write("first.yaml", R"(clouds:
+  chi:
+    auth:
+      auth_url: https://chi.uc.chameleoncloud.org:5000/v3
+      application_credential_id: abc
+      application_credential_secret: xyz
+    auth_type: v3applicationcredential
+    region_name: CHI@UC
+    interface: public
+    identity_api_version: 3
+)");
+  std::string second = Write("second.yaml", "clouds: {}\n");
+  auto creds = CredentialsFromCloudsYaml("chi", {(dir_ / "missing.yaml").string(), first, second});
+  ASSERT_TRUE(creds.ok()) << creds.status().ToString();
+  EXPECT_EQ(creds->auth_type, AuthType::kApplicationCredential);
+  EXPECT_EQ(creds->application_credential_id, "abc");
+  EXPECT_EQ(creds->region_name, "CHI@UC");
+  EXPECT_EQ(creds->source, "clouds.yaml " + first);
+}
+
+TEST_F(CloudsYamlTest, UnknownCloudListsTheCloudsThere) {
+  std::string path = Write("clouds.yaml", R"(clouds:
+  kvm-tacc:
+    auth: {auth_url: "https://x/v3", application_credential_id: a, application_credential_secret: b}
+)");
+  auto creds = CredentialsFromCloudsYaml("kvm-taac", {path});
+  ASSERT_FALSE(creds.ok());
+  EXPECT_EQ(creds.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(creds.status().message(), path +
+                                          ": no cloud named 'kvm-taac' (did you mean "
+                                          "'kvm-tacc'?); clouds there: kvm-tacc");
+}
+
+TEST_F(CloudsYamlTest, UnknownAuthKeyNamesFileLineAndNearestKey) {
+  std::string path = Write("clouds.yaml", R"(clouds:
+  c:
+    auth:
+      auth_url: https://x/v3
+      application_credential_secret: b
+      aplication_credential_id: a
+)");
+  auto creds = CredentialsFromCloudsYaml("c", {path});
+  ASSERT_FALSE(creds.ok());
+  EXPECT_EQ(creds.status().message(),
+            path +
+                ":6: clouds.c.auth.aplication_credential_id is not a supported auth key (did "
+                "you mean 'application_credential_id'?)");
+}
+
+TEST_F(CloudsYamlTest, MissingFieldNamesTheYamlKey) {
+  std::string path = Write("clouds.yaml", R"(clouds:
+  c:
+    auth_type: password
+    auth: {auth_url: "https://x/v3", username: u, project_name: p}
+)");
+  auto creds = CredentialsFromCloudsYaml("c", {path});
+  ASSERT_FALSE(creds.ok());
+  EXPECT_NE(creds.status().message().find("clouds.c.auth.password is not set"), std::string::npos)
+      << creds.status().message();
+}
+
+TEST_F(CloudsYamlTest, BrokenYamlGivesLineAndColumn) {
+  std::string path = Write("clouds.yaml", "clouds:\n  c: [unclosed\n");
+  auto creds = CredentialsFromCloudsYaml("c", {path});
+  ASSERT_FALSE(creds.ok());
+  EXPECT_TRUE(creds.status().message().starts_with(path + ":")) << creds.status().message();
+}
+
+TEST_F(CloudsYamlTest, NoFileAnywhereSaysWhereItLooked) {
+  auto creds = CredentialsFromCloudsYaml("c", {(dir_ / "a.yaml").string()});
+  ASSERT_FALSE(creds.ok());
+  EXPECT_NE(creds.status().message().find("searched " + (dir_ / "a.yaml").string()),
+            std::string::npos);
+}
+
+TEST(CloudsYamlSearchPathTest, FollowsTheOpenstackClientOrder) {
+  EXPECT_EQ(CloudsYamlSearchPath(Env({{"HOME", "/home/u"}})),
+            (std::vector<std::string>{"clouds.yaml", "/home/u/.config/openstack/clouds.yaml",
+                                      "/etc/openstack/clouds.yaml"}));
+  EXPECT_EQ(CloudsYamlSearchPath(Env({{"OS_CLIENT_CONFIG_FILE", "/x.yaml"}})).front(), "/x.yaml");
+}
+
+TEST(LoadCredentialsTest, OsCloudPicksCloudsYaml) {
+  auto creds = LoadCredentials("", Env({{"OS_CLOUD", "nowhere"}, {"HOME", "/nonexistent"}}));
+  ASSERT_FALSE(creds.ok());
+  EXPECT_NE(creds.status().message().find("no clouds.yaml for cloud 'nowhere'"), std::string::npos);
+}
+
+TEST(SitesTest, TableAndLookups) {
+  auto kvm = FindSite("kvm@tacc");
+  ASSERT_TRUE(kvm.ok());
+  EXPECT_EQ(kvm->name, "KVM@TACC");
+  EXPECT_EQ(kvm->auth_url, "https://kvm.tacc.chameleoncloud.org:5000/v3");
+  EXPECT_EQ(kvm->kind, SiteKind::kKvm);
+  auto typo = FindSite("CHI@UCC");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("did you mean 'CHI@UC'"), std::string::npos);
+  EXPECT_EQ(SiteForFlavor("g1.h100.pci.4"), "KVM@TACC");
+  EXPECT_EQ(SiteForFlavor("baremetal"), "");
+  EXPECT_EQ(SiteForAuthUrl("https://chi.uc.chameleoncloud.org:5000/v3/"), "CHI@UC");
+  EXPECT_EQ(SiteForAuthUrl("http://127.0.0.1:5000/v3"), "");
+}
+
+}  // namespace
+}  // namespace llmctl::openstack

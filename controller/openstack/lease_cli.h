@@ -1,0 +1,45 @@
+// `llmctl lease create|list|show|extend|delete`: the CLI's lease commands, callable from the
+// llmctl binary (and tests) without a process of their own.
+#ifndef LLMCTL_CONTROLLER_OPENSTACK_LEASE_CLI_H_
+#define LLMCTL_CONTROLLER_OPENSTACK_LEASE_CLI_H_
+
+#include <chrono>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "common/http/http_client.h"
+#include "common/status.h"
+#include "controller/openstack/blazar.h"
+#include "controller/openstack/clock.h"
+#include "controller/openstack/credentials.h"
+#include "controller/openstack/session.h"
+
+namespace llmctl::openstack {
+
+// Everything the commands take from outside their arguments; the defaults are the real world.
+struct LeaseCommandContext {
+  EnvLookup env = ProcessEnvironment();
+  Clock* clock = &SystemClock();
+  http::ClientOptions http_options;
+  SessionOptions session_options;
+  BlazarOptions blazar_options;
+  std::chrono::seconds wait_timeout{300};  // --wait: python-chi's 300 s after the start
+};
+
+// Runs one lease command; `args` are the words after "lease", e.g. {"create", "--flavor",
+// "g1.h100.pci.1", "--wait"}. Tables and results go to `out`, errors (one line each) to `err`.
+// Returns the exit code: 0 done, 1 the cloud refused or failed, 2 bad usage or input.
+//
+//   lease create (--flavor F | --node-type T [--hosts N]) [--site S] [--start T]
+//                [--duration 2h50m] [--name N] [--wait] [--os-cloud C]
+//   lease list | show NAME | extend NAME --duration D | delete NAME      [--os-cloud C]
+int RunLeaseCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+                    const LeaseCommandContext& context = {});
+
+// "2h50m", "90m", "1d12h", "45s" → seconds. InvalidArgument quoting the text otherwise.
+StatusOr<std::chrono::seconds> ParseDuration(std::string_view text);
+
+}  // namespace llmctl::openstack
+
+#endif  // LLMCTL_CONTROLLER_OPENSTACK_LEASE_CLI_H_

@@ -1,0 +1,166 @@
+#include "controller/openstack/lease_cli.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <sstream>
+
+#include "tests/openstack_sim/simulator.h"
+
+namespace llmctl::openstack {
+namespace {
+
+using llmctl::testing::Simulator;
+
+class LeaseCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto sim = Simulator::Start();
+    ASSERT_TRUE(sim.ok()) << sim.status().ToString();
+    sim_ = std::move(*sim);
+  }
+
+  struct Result {
+    int code;
+    std::string out, err;
+  };
+
+  Result Run(const std::vector<std::string>& args,
+             const std::map<std::string, std::string>& env = {}) {
+    LeaseCommandContext context;
+    context.env = sim_->Environment(env);
+    context.clock = &sim_->clock();
+    context.http_options.sleep = [](std::chrono::milliseconds) {};
+    std::ostringstream out, err;
+    int code = RunLeaseCommand(args, out, err, context);
+    return {code, out.str(), err.str()};
+  }
+
+  std::unique_ptr<Simulator> sim_;
+};
+
+TEST_F(LeaseCliTest, CreateAFlavorLeaseAndWait) {
+  Result result = Run({"create", "--flavor", "g1.h100.pci.1", "--wait"});
+  ASSERT_EQ(result.code, 0) << result.err;
+  EXPECT_EQ(result.err, "");
+  EXPECT_NE(result.out.find("name:         llmctl-g1.h100.pci.1-20300101-0000\n"),
+            std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("status:       ACTIVE\n"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("start (UTC):  2030-01-01 00:00\nend (UTC):    2030-01-01 02:50\n"),
+            std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("flavor:instance active (1 x flavor f-h100-1)"), std::string::npos);
+}
+
+TEST_F(LeaseCliTest, ListShowExtendDelete) {
+  ASSERT_EQ(Run({"create", "--node-type", "gpu_a100_pcie", "--site", "KVM@TACC", "--name", "bm",
+                 "--duration", "1h", "--start", "2030-01-01 06:00"})
+                .code,
+            0);
+  Result list = Run({"list"});
+  ASSERT_EQ(list.code, 0) << list.err;
+  std::istringstream lines(list.out);
+  std::string header, row;
+  std::getline(lines, header);
+  std::getline(lines, row);
+  EXPECT_TRUE(header.starts_with("NAME  STATUS   START (UTC)       END (UTC)         RESERVES"))
+      << header;
+  EXPECT_TRUE(
+      row.starts_with("bm    PENDING  2030-01-01 06:00  2030-01-01 07:00  1 x "
+                      "physical:host"))
+      << row;
+
+  Result extend = Run({"extend", "bm", "--duration", "30m"});
+  ASSERT_EQ(extend.code, 0) << extend.err;
+  EXPECT_NE(extend.out.find("end (UTC):    2030-01-01 07:30"), std::string::npos) << extend.out;
+  Result show = Run({"show", "bm"});
+  EXPECT_NE(show.out.find("end (UTC):    2030-01-01 07:30"), std::string::npos) << show.out;
+
+  Result removed = Run({"delete", "bm"});
+  ASSERT_EQ(removed.code, 0) << removed.err;
+  EXPECT_EQ(removed.out, "deleted lease bm\n");
+  EXPECT_EQ((*sim_->Books())["leases"], nlohmann::json::array());
+  Result again = Run({"delete", "bm"});
+  EXPECT_EQ(again.code, 1);
+  EXPECT_EQ(again.err, "llmctl lease delete: no lease named 'bm'\n");
+}
+
+TEST_F(LeaseCliTest, RerunningTheSameCreateMakesNoSecondLease) {
+  ASSERT_EQ(Run({"create", "--flavor", "g1.h100.pci.1"}).code, 0);
+  Result again = Run({"create", "--flavor", "g1.h100.pci.1"});
+  EXPECT_EQ(again.code, 1);
+  EXPECT_NE(again.err.find("a lease named 'llmctl-g1.h100.pci.1-20300101-0000' already exists"),
+            std::string::npos)
+      << again.err;
+  EXPECT_EQ((*sim_->Books())["leases"].size(), 1u);
+}
+
+TEST_F(LeaseCliTest, BadInputIsUsageErrorNamingTheFlag) {
+  Result duration = Run({"create", "--flavor", "g1.h100.pci.1", "--duration", "2x"});
+  EXPECT_EQ(duration.code, 2);
+  EXPECT_EQ(duration.err,
+            "llmctl lease create: duration '2x' is not like 2h50m (units d, h, m, s)\n");
+  Result neither = Run({"create"});
+  EXPECT_EQ(neither.code, 2);
+  EXPECT_NE(neither.err.find("exactly one of --flavor"), std::string::npos);
+  Result past = Run({"create", "--flavor", "g1.h100.pci.1", "--start", "2029-12-31 10:00"});
+  EXPECT_EQ(past.code, 2);
+  EXPECT_NE(past.err.find("is in the past"), std::string::npos) << past.err;
+  Result unknown = Run({"frobnicate"});
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_EQ(sim_->CountRequests("POST", "/blazar"), 0);
+}
+
+TEST_F(LeaseCliTest, UnknownFlavorSuggestsTheNearestOne) {
+  Result result = Run({"create", "--flavor", "g1.h100.pci.2"});
+  EXPECT_EQ(result.code, 1);
+  EXPECT_NE(result.err.find("no flavor 'g1.h100.pci.2' at this site (did you mean "
+                            "'g1.h100.pci.1'?)"),
+            std::string::npos)
+      << result.err;
+}
+
+TEST_F(LeaseCliTest, ASiteTheCredentialsCannotReachIsRefusedBeforeAnyCall) {
+  // The simulator is not a Chameleon site, so its credentials cannot be moved to CHI@UC.
+  Result result = Run({"create", "--node-type", "gpu_a100_pcie", "--site", "CHI@UC"});
+  EXPECT_EQ(result.code, 1);
+  EXPECT_NE(result.err.find("--site CHI@UC is at CHI@UC, but the credentials (OS_* variables) are "
+                            "for region KVM@TACC"),
+            std::string::npos)
+      << result.err;
+  EXPECT_EQ(sim_->CountRequests("POST", "/v3"), 0);
+}
+
+TEST_F(LeaseCliTest, AnotherChameleonSiteNeedsItsOwnApplicationCredential) {
+  // Credentials for CHI@UC's Keystone; g1.* flavors live at KVM@TACC. Nothing is sent anywhere.
+  Result result = Run(
+      {"create", "--flavor", "g1.h100.pci.1"},
+      {{"OS_AUTH_URL", "https://chi.uc.chameleoncloud.org:5000/v3"}, {"OS_REGION_NAME", "CHI@UC"}});
+  EXPECT_EQ(result.code, 1);
+  EXPECT_EQ(result.err,
+            "llmctl lease create: flavor g1.h100.pci.1 is at KVM@TACC, but the credentials (OS_* "
+            "variables) are for CHI@UC; application credentials and passwords belong to one site: "
+            "use KVM@TACC's (its openrc file or a clouds.yaml entry with --os-cloud)\n");
+}
+
+TEST_F(LeaseCliTest, NoSecretInAnyOutput) {
+  const std::string secret = "cli-Secret-42";
+  Result result = Run({"list"}, {{"OS_APPLICATION_CREDENTIAL_SECRET", secret}});
+  EXPECT_EQ(result.code, 1);
+  EXPECT_NE(result.err.find("HTTP 401"), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find(secret), std::string::npos) << result.err;
+  EXPECT_EQ(result.out.find(secret), std::string::npos);
+}
+
+TEST(ParseDurationTest, UnitsAndErrors) {
+  EXPECT_EQ(*ParseDuration("2h50m"), std::chrono::seconds(10200));
+  EXPECT_EQ(*ParseDuration("1d12h"), std::chrono::seconds(129600));
+  EXPECT_EQ(*ParseDuration("45s"), std::chrono::seconds(45));
+  for (const char* bad : {"", "2", "h", "2h50", "-1h", "0m", "1w"}) {
+    EXPECT_FALSE(ParseDuration(bad).ok()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace llmctl::openstack
