@@ -1,0 +1,121 @@
+#include "controller/config.h"
+
+#include <gtest/gtest.h>
+
+namespace llmctl::controller {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(ParseDurationTest, ReadsEachUnit) {
+  EXPECT_EQ(*ParseDuration("500ms"), milliseconds(500));
+  EXPECT_EQ(*ParseDuration("30s"), milliseconds(30'000));
+  EXPECT_EQ(*ParseDuration("10m"), milliseconds(600'000));
+  EXPECT_EQ(*ParseDuration("2h"), milliseconds(7'200'000));
+}
+
+TEST(ParseDurationTest, RefusesWhatIsNoDuration) {
+  for (const char* text : {"", "10", "0s", "-5s", "5 s", "5d", "s", "99999999999999999h"}) {
+    auto duration = ParseDuration(text);
+    ASSERT_FALSE(duration.ok()) << text;
+    EXPECT_NE(duration.status().message().find("expected a duration"), std::string::npos);
+  }
+}
+
+TEST(ListenAddressTest, LoopbackAndUnixSocketsAreAllowed) {
+  for (const char* address :
+       {"unix:/tmp/x/controller.sock", "127.0.0.1:7070", "localhost:0", "[::1]:65535"}) {
+    EXPECT_TRUE(ValidateListenAddress(address, false).ok()) << address;
+  }
+}
+
+TEST(ListenAddressTest, OtherAddressesNeedTheFlag) {
+  Status refused = ValidateListenAddress("0.0.0.0:7070", false);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("--allow-remote-listen"), std::string::npos);
+  EXPECT_TRUE(ValidateListenAddress("0.0.0.0:7070", true).ok());
+}
+
+TEST(ListenAddressTest, RefusesMalformedAddresses) {
+  for (const char* address :
+       {"unix:relative.sock", "unix:", "7070", "127.0.0.1:", "host:70000", "127.0.0.1:x"}) {
+    EXPECT_EQ(ValidateListenAddress(address, true).code(), StatusCode::kInvalidArgument) << address;
+  }
+}
+
+TEST(ConfigYamlTest, SetsEveryKey) {
+  ControllerConfig config;
+  ASSERT_TRUE(ApplyConfigYaml("data_dir: /srv/llmctl\nlisten: 127.0.0.1:9000\n"
+                              "allow_remote_listen: true\nrequeue_after: 2m\n"
+                              "agent_call_deadline: 5s\nhealth_interval: 250ms\n",
+                              "c.yaml", config)
+                  .ok());
+  EXPECT_EQ(config.data_dir, "/srv/llmctl");
+  EXPECT_EQ(config.listen, "127.0.0.1:9000");
+  EXPECT_TRUE(config.allow_remote_listen);
+  EXPECT_EQ(config.requeue_after, milliseconds(120'000));
+  EXPECT_EQ(config.agent_call_deadline, milliseconds(5'000));
+  EXPECT_EQ(config.health_interval, milliseconds(250));
+}
+
+TEST(ConfigYamlTest, ErrorsNameTheFileLineAndKey) {
+  ControllerConfig config;
+  Status unknown = ApplyConfigYaml("listen: unix:/a.sock\nrequeue: 5m\n", "c.yaml", config);
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.message().find("c.yaml:2:1: unknown setting 'requeue'"), std::string::npos)
+      << unknown.message();
+
+  Status bad_duration = ApplyConfigYaml("requeue_after: soon\n", "c.yaml", config);
+  EXPECT_NE(bad_duration.message().find("c.yaml:1:16: requeue_after: expected a duration"),
+            std::string::npos)
+      << bad_duration.message();
+
+  EXPECT_NE(ApplyConfigYaml("[1, 2]", "c.yaml", config).message().find("expected a map"),
+            std::string::npos);
+  EXPECT_NE(ApplyConfigYaml("a: [", "c.yaml", config).message().find("c.yaml:1:"),
+            std::string::npos);
+}
+
+TEST(ResolveConfigTest, DefaultsFollowTheDataDirectory) {
+  auto config = ResolveControllerConfig({.env_home = "/home/u"});
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->data_dir, "/home/u/.local/share/llmctl");
+  EXPECT_EQ(config->listen, "unix:/home/u/.local/share/llmctl/controller.sock");
+
+  auto xdg = ResolveControllerConfig({.env_home = "/home/u", .env_xdg_data_home = "/x"});
+  EXPECT_EQ(xdg->data_dir, "/x/llmctl");
+}
+
+TEST(ResolveConfigTest, FlagsOverrideTheEnvironmentWhichOverridesTheFile) {
+  const std::string file = testing::TempDir() + "/controller_config_test.yaml";
+  FILE* out = fopen(file.c_str(), "w");
+  fputs("data_dir: /from/file\nlisten: 127.0.0.1:1\n", out);
+  fclose(out);
+
+  auto from_file = ResolveControllerConfig({.config_file = file});
+  EXPECT_EQ(from_file->listen, "127.0.0.1:1");
+  auto from_env = ResolveControllerConfig({.config_file = file, .env_controller = "127.0.0.1:2"});
+  EXPECT_EQ(from_env->listen, "127.0.0.1:2");
+  EXPECT_EQ(from_env->data_dir, "/from/file");
+  auto from_flags = ResolveControllerConfig({.config_file = file,
+                                             .data_dir = "/from/flag",
+                                             .listen = "127.0.0.1:3",
+                                             .env_controller = "127.0.0.1:2"});
+  EXPECT_EQ(from_flags->listen, "127.0.0.1:3");
+  EXPECT_EQ(from_flags->data_dir, "/from/flag");
+}
+
+TEST(ResolveConfigTest, RefusesRelativeDirectoriesAndRemoteListening) {
+  EXPECT_EQ(ResolveControllerConfig({.data_dir = "rel"}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveControllerConfig({.data_dir = "/d", .listen = "10.0.0.5:7070"}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ResolveControllerConfig(
+                  {.data_dir = "/d", .listen = "10.0.0.5:7070", .allow_remote_listen = true})
+                  .ok());
+  EXPECT_EQ(ResolveControllerConfig({.config_file = "/no/such/file.yaml"}).status().code(),
+            StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace llmctl::controller

@@ -1,0 +1,436 @@
+#include "controller/controller_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <exception>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "controller/submission.h"
+#include "rpc/status.h"
+
+namespace llmctl::controller {
+namespace {
+
+using nlohmann::json;
+
+// Runs a handler body, turning an escaping exception into INTERNAL.
+grpc::Status Guard(std::string_view method, const std::function<Status()>& body) {
+  try {
+    return rpc::ToGrpcStatus(body());
+  } catch (const std::exception& e) {
+    spdlog::error("{}: unexpected exception: {}", method, e.what());
+    return grpc::Status(grpc::StatusCode::INTERNAL, std::string(method) + ": " + e.what());
+  }
+}
+
+int64_t IntField(const json& object, const char* key) {
+  if (!object.is_object()) return 0;
+  auto it = object.find(key);
+  return it != object.end() && it->is_number() ? it->get<int64_t>() : 0;
+}
+
+double NumberField(const json& object, const char* key) {
+  if (!object.is_object()) return 0;
+  auto it = object.find(key);
+  return it != object.end() && it->is_number() ? it->get<double>() : 0;
+}
+
+std::string StringField(const json& object, const char* key) {
+  if (!object.is_object()) return "";
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+v1::MemorySnapshot ToSnapshot(const json& snapshot) {
+  v1::MemorySnapshot proto;
+  proto.set_step(IntField(snapshot, "step"));
+  proto.set_micro_batch(static_cast<int32_t>(IntField(snapshot, "micro_batch")));
+  proto.set_phase(StringField(snapshot, "phase"));
+  proto.set_params_bytes(IntField(snapshot, "params_bytes"));
+  proto.set_grads_bytes(IntField(snapshot, "grads_bytes"));
+  proto.set_optim_device_bytes(IntField(snapshot, "optim_device_bytes"));
+  proto.set_optim_host_bytes(IntField(snapshot, "optim_host_bytes"));
+  proto.set_other_bytes(IntField(snapshot, "other_bytes"));
+  proto.set_allocated_bytes(IntField(snapshot, "allocated_bytes"));
+  proto.set_peak_bytes(IntField(snapshot, "peak_bytes"));
+  proto.set_reserved_bytes(IntField(snapshot, "reserved_bytes"));
+  return proto;
+}
+
+// The step anatomy's phases in order; other phases ("oom") follow.
+constexpr std::array<std::string_view, 4> kPhaseOrder = {
+    "phase0_before_fwd", "phase1_after_fwd", "phase2_after_bwd", "phase3_after_opt_step"};
+
+std::string TrialError(const store::TrialReport& trial) {
+  return !trial.attempt_error.empty() ? trial.attempt_error : StringField(trial.result, "error");
+}
+
+InputTreeSpec FromProto(const v1::InputTree& tree) {
+  InputTreeSpec spec{.digest = tree.digest(), .files = {}, .is_file = tree.is_file()};
+  for (const v1::TreeFile& file : tree.files()) {
+    spec.files.push_back({file.path(), file.sha256(), file.size()});
+  }
+  return spec;
+}
+
+Status ValidateAgentAddress(std::string_view address) {
+  if (address.starts_with("unix:")) {
+    if (address.size() > 5 && address[5] == '/') return Status::Ok();
+  } else if (const size_t colon = address.rfind(':');
+             colon != std::string_view::npos && colon > 0 && colon + 1 < address.size() &&
+             address.find_first_of(" \t\n") == std::string_view::npos) {
+    return Status::Ok();
+  }
+  return InvalidArgumentError("register node: address '" + std::string(address) +
+                              "' is neither host:port nor unix:/absolute/path");
+}
+
+}  // namespace
+
+Status ValidateNodeName(std::string_view name) {
+  const bool good_length = !name.empty() && name.size() <= 63;
+  const bool good_chars = std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+  });
+  if (!good_length || !good_chars || name.front() == '-' || name.back() == '-') {
+    return InvalidArgumentError("node name '" + std::string(name) +
+                                "': use 1 to 63 letters, digits and '-' (not at either end)");
+  }
+  return Status::Ok();
+}
+
+ControllerService::ControllerService(store::Store& store, const BlobStore& blobs,
+                                     SecretsFile& secrets, const rpc::CertificateAuthority& ca,
+                                     Dispatcher& dispatcher, const ChangeNotifier& changes,
+                                     const Clock& clock)
+    : store_(store),
+      blobs_(blobs),
+      secrets_(secrets),
+      ca_(ca),
+      dispatcher_(dispatcher),
+      changes_(changes),
+      clock_(clock) {}
+
+grpc::Status ControllerService::MissingBlobs(grpc::ServerContext*,
+                                             const v1::MissingBlobsRequest* request,
+                                             v1::MissingBlobsResponse* response) {
+  return Guard("MissingBlobs", [&]() -> Status {
+    const std::vector<std::string> wanted(request->sha256().begin(), request->sha256().end());
+    ASSIGN_OR_RETURN(std::vector<std::string> missing, blobs_.Missing(wanted));
+    for (std::string& sha256 : missing) response->add_sha256(std::move(sha256));
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::UploadBlob(grpc::ServerContext*,
+                                           grpc::ServerReader<v1::BlobChunk>* reader,
+                                           v1::UploadBlobResponse* response) {
+  return Guard("UploadBlob", [&]() -> Status {
+    v1::BlobChunk chunk;
+    if (!reader->Read(&chunk)) return InvalidArgumentError("upload: no chunk arrived");
+    const std::string sha256 = chunk.sha256();
+    response->set_sha256(sha256);
+    if (blobs_.Has(sha256)) {
+      while (reader->Read(&chunk)) {
+      }
+      response->set_already_present(true);
+      return Status::Ok();
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<BlobWriter> writer, blobs_.BeginWrite(sha256, chunk.size()));
+    do {
+      if (!chunk.sha256().empty() && chunk.sha256() != sha256) {
+        return InvalidArgumentError("upload of " + sha256 + ": a later chunk names another blob");
+      }
+      RETURN_IF_ERROR(writer->Append(chunk.data()));
+    } while (reader->Read(&chunk));
+    return writer->Commit();
+  });
+}
+
+grpc::Status ControllerService::Submit(grpc::ServerContext*, const v1::SubmitRequest* request,
+                                       v1::SubmitResponse* response) {
+  return Guard("Submit", [&]() -> Status {
+    std::map<std::string, InputTreeSpec> inputs;
+    for (const auto& [path, tree] : request->inputs()) {
+      if (path.empty()) return InvalidArgumentError("submit: an input has an empty path");
+      inputs[path] = FromProto(tree);
+    }
+    ASSIGN_OR_RETURN(store::NewExperiment experiment,
+                     PrepareSubmission(request->yaml_text(), request->filename(), inputs, blobs_));
+    for (const auto& [path, tree] : inputs) {
+      RETURN_IF_ERROR(blobs_.PutTree(tree).WithContext("input '" + path + "'"));
+    }
+    ASSIGN_OR_RETURN(int64_t id, store_.CreateExperiment(experiment, clock_.Now()));
+    spdlog::info("experiment {} ({}, {} trials) submitted from {}", id, experiment.name,
+                 experiment.trials.size(), experiment.filename);
+    response->set_experiment_id(id);
+    response->set_name(experiment.name);
+    for (const store::NewTrial& trial : experiment.trials) response->add_trials(trial.name);
+    dispatcher_.Wake();
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::ListExperiments(grpc::ServerContext*,
+                                                const v1::ListExperimentsRequest*,
+                                                v1::ListExperimentsResponse* response) {
+  return Guard("ListExperiments", [&]() -> Status {
+    ASSIGN_OR_RETURN(std::vector<store::ExperimentRecord> experiments, store_.ListExperiments());
+    for (const store::ExperimentRecord& experiment : experiments) {
+      ASSIGN_OR_RETURN(std::vector<store::TrialRecord> trials, store_.ListTrials(experiment.id));
+      v1::ExperimentSummary* summary = response->add_experiments();
+      summary->set_id(experiment.id);
+      summary->set_name(experiment.name);
+      summary->set_filename(experiment.filename);
+      summary->set_created_unix(
+          std::chrono::duration_cast<std::chrono::seconds>(experiment.created_at.time_since_epoch())
+              .count());
+      summary->set_trials(static_cast<int32_t>(trials.size()));
+      int32_t ended = 0;
+      bool started = false;
+      for (const store::TrialRecord& trial : trials) {
+        if (store::IsOutcome(trial.state)) ++ended;
+        if (trial.state != store::TrialState::kQueued) started = true;
+      }
+      summary->set_ended(ended);
+      summary->set_state(experiment.state == store::ExperimentState::kDone ? "ended"
+                         : started                                         ? "running"
+                                                                           : "queued");
+    }
+    return Status::Ok();
+  });
+}
+
+StatusOr<int64_t> ControllerService::ResolveExperimentId(int64_t requested) {
+  if (requested < 0) return InvalidArgumentError("experiment id must be positive (0: the latest)");
+  if (requested > 0) return requested;
+  auto latest = store_.LatestExperimentId();
+  if (!latest.ok() && latest.status().code() == StatusCode::kNotFound) {
+    return NotFoundError("no experiment has been submitted yet");
+  }
+  return latest;
+}
+
+StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment_id) {
+  ASSIGN_OR_RETURN(store::ExperimentReport report, store_.Report(experiment_id));
+  v1::ExperimentStatus status;
+  status.set_id(experiment_id);
+  status.set_name(report.experiment.name);
+  bool started = false;
+  for (const store::TrialReport& trial : report.trials) {
+    v1::TrialStatus* row = status.add_trials();
+    row->set_name(trial.name);
+    row->set_state(std::string(store::TrialStateName(trial.state)));
+    row->set_expect(trial.expect.value_or(""));
+    row->set_attempt(static_cast<int32_t>(trial.attempt));
+    row->set_node(trial.node);
+    if (!trial.last_step.is_null()) row->set_step(IntField(trial.last_step, "step") + 1);
+    row->set_total_steps(IntField(trial.start, "total_steps"));
+    const double seconds = NumberField(trial.last_step, "seconds");
+    if (!trial.result.is_null()) {
+      row->set_tokens_per_second(NumberField(trial.result, "tokens_per_second"));
+    } else if (seconds > 0) {
+      row->set_tokens_per_second(NumberField(trial.last_step, "tokens") / seconds);
+    }
+    row->set_allocated_bytes(IntField(trial.last_step, "allocated_bytes"));
+    row->set_peak_bytes(std::max(IntField(trial.last_step, "peak_bytes"),
+                                 IntField(trial.peak_snapshot, "peak_bytes")));
+    row->set_loss(NumberField(trial.last_step, "loss"));
+    row->set_error(TrialError(trial));
+    if (trial.state != store::TrialState::kQueued) started = true;
+  }
+  status.set_state(report.experiment.state == store::ExperimentState::kDone ? "ended"
+                   : started                                                ? "running"
+                                                                            : "queued");
+  return status;
+}
+
+grpc::Status ControllerService::GetExperiment(grpc::ServerContext*,
+                                              const v1::GetExperimentRequest* request,
+                                              v1::ExperimentStatus* response) {
+  return Guard("GetExperiment", [&]() -> Status {
+    ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
+    ASSIGN_OR_RETURN(*response, BuildStatus(id));
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::Watch(grpc::ServerContext* context,
+                                      const v1::GetExperimentRequest* request,
+                                      grpc::ServerWriter<v1::ExperimentStatus>* writer) {
+  return Guard("Watch", [&]() -> Status {
+    ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
+    uint64_t seen = changes_.version();
+    std::string last_sent;
+    while (!context->IsCancelled()) {
+      ASSIGN_OR_RETURN(v1::ExperimentStatus status, BuildStatus(id));
+      std::string serialized = status.SerializeAsString();
+      if (serialized != last_sent) {
+        if (!writer->Write(status)) return CancelledError("the watcher went away");
+        last_sent = std::move(serialized);
+      }
+      if (status.state() == "ended") return Status::Ok();
+      // Bounded so that a watcher that hung up is noticed even when nothing changes.
+      seen = changes_.WaitForChange(seen, std::chrono::milliseconds(500));
+    }
+    return CancelledError("the watcher went away");
+  });
+}
+
+grpc::Status ControllerService::Cancel(grpc::ServerContext*, const v1::CancelRequest* request,
+                                       v1::CancelResponse* response) {
+  return Guard("Cancel", [&]() -> Status {
+    ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
+    ASSIGN_OR_RETURN(std::vector<std::string> cancelled, dispatcher_.Cancel(id, request->trial()));
+    for (std::string& name : cancelled) response->add_cancelled(std::move(name));
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::Report(grpc::ServerContext*,
+                                       const v1::GetExperimentRequest* request,
+                                       v1::ReportResponse* response) {
+  return Guard("Report", [&]() -> Status {
+    ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
+    ASSIGN_OR_RETURN(store::ExperimentReport report, store_.Report(id));
+    ASSIGN_OR_RETURN(std::vector<store::TrialRecord> records, store_.ListTrials(id));
+    std::map<int64_t, const store::TrialRecord*> by_id;
+    for (const store::TrialRecord& record : records) by_id[record.id] = &record;
+    response->set_experiment_id(id);
+    response->set_name(report.experiment.name);
+    for (const store::TrialReport& trial : report.trials) {
+      v1::TrialReport* row = response->add_trials();
+      row->set_name(trial.name);
+      if (auto record = by_id.find(trial.trial_id); record != by_id.end()) {
+        row->set_description(record->second->description);
+        row->set_config_json(record->second->config_json);
+      }
+      row->set_outcome(std::string(store::TrialStateName(trial.state)));
+      row->set_expected(trial.expect.value_or(""));
+      row->set_attempt(static_cast<int32_t>(trial.attempt));
+      row->set_node(trial.node);
+      row->set_train_seconds(NumberField(trial.result, "train_seconds"));
+      row->set_tokens_per_second(NumberField(trial.result, "tokens_per_second"));
+      row->set_peak_bytes(std::max(IntField(trial.result, "peak_bytes"),
+                                   IntField(trial.peak_snapshot, "peak_bytes")));
+      if (trial.result.is_object() && trial.result.contains("final_loss") &&
+          trial.result["final_loss"].is_number()) {
+        row->set_final_loss(trial.result["final_loss"].get<double>());
+      }
+      row->set_error(TrialError(trial));
+      if (!trial.peak_snapshot.is_null()) *row->mutable_at_peak() = ToSnapshot(trial.peak_snapshot);
+      for (std::string_view phase : kPhaseOrder) {
+        if (auto it = trial.phase_peaks.find(std::string(phase)); it != trial.phase_peaks.end()) {
+          *row->add_per_phase() = ToSnapshot(it->second);
+        }
+      }
+      for (const auto& [phase, snapshot] : trial.phase_peaks) {
+        if (std::find(kPhaseOrder.begin(), kPhaseOrder.end(), phase) == kPhaseOrder.end()) {
+          *row->add_per_phase() = ToSnapshot(snapshot);
+        }
+      }
+      row->set_load_peak_bytes(IntField(trial.start, "load_peak_bytes"));
+    }
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::FetchArtifacts(grpc::ServerContext* context,
+                                               const v1::FetchTrialArtifactsRequest* request,
+                                               grpc::ServerWriter<v1::ArtifactChunk>* writer) {
+  return Guard("FetchArtifacts", [&]() -> Status {
+    ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
+    ASSIGN_OR_RETURN(store::ExperimentReport report, store_.Report(id));
+    auto trial =
+        std::find_if(report.trials.begin(), report.trials.end(),
+                     [&](const store::TrialReport& t) { return t.name == request->trial(); });
+    if (trial == report.trials.end()) {
+      return NotFoundError("experiment " + std::to_string(id) + " has no trial '" +
+                           request->trial() + "'");
+    }
+    if (trial->attempt == 0) {
+      return FailedPreconditionError("trial '" + trial->name + "' has not run yet");
+    }
+    v1::RunKey key;
+    key.set_experiment_id(id);
+    key.set_trial(trial->name);
+    key.set_attempt(static_cast<int32_t>(trial->attempt));
+    return dispatcher_.FetchArtifacts(trial->node, key, [&](const v1::ArtifactChunk& chunk) {
+      return !context->IsCancelled() && writer->Write(chunk);
+    });
+  });
+}
+
+grpc::Status ControllerService::ListNodes(grpc::ServerContext*, const v1::ListNodesRequest*,
+                                          v1::ListNodesResponse* response) {
+  return Guard("ListNodes", [&]() -> Status {
+    ASSIGN_OR_RETURN(std::vector<store::NodeRecord> nodes, store_.ListNodes());
+    ASSIGN_OR_RETURN(std::vector<store::RunningAttempt> running, store_.ListRunningAttempts());
+    for (const store::NodeRecord& node : nodes) {
+      v1::NodeStatus* row = response->add_nodes();
+      row->set_name(node.name);
+      row->set_address(node.address);
+      row->set_state(node.state);
+      row->set_last_seen_unix(
+          std::chrono::duration_cast<std::chrono::seconds>(node.last_seen.time_since_epoch())
+              .count());
+      const json devices = json::parse(node.devices_json, nullptr, /*allow_exceptions=*/false);
+      if (devices.is_array()) {
+        for (const json& device : devices) {
+          v1::Device* proto = row->add_devices();
+          proto->set_type(StringField(device, "type"));
+          proto->set_index(static_cast<int32_t>(IntField(device, "index")));
+          proto->set_name(StringField(device, "name"));
+          proto->set_memory_bytes(IntField(device, "memory_bytes"));
+        }
+      }
+      std::string runs;
+      for (const store::RunningAttempt& attempt : running) {
+        if (attempt.node != node.name) continue;
+        ASSIGN_OR_RETURN(store::TrialRecord trial, store_.GetTrial(attempt.trial_id));
+        if (!runs.empty()) runs += ",";
+        runs += std::to_string(attempt.experiment_id) + "/" + trial.name + "#" +
+                std::to_string(attempt.attempt);
+      }
+      row->set_running(runs);
+    }
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::RegisterNode(grpc::ServerContext*,
+                                             const v1::RegisterNodeRequest* request,
+                                             v1::NodeCredentials* response) {
+  return Guard("RegisterNode", [&]() -> Status {
+    RETURN_IF_ERROR(ValidateNodeName(request->name()));
+    RETURN_IF_ERROR(ValidateAgentAddress(request->address()));
+    ASSIGN_OR_RETURN(rpc::IssuedCertificate certificate,
+                     ca_.Issue(rpc::AgentCertificateName(request->name()), 365));
+    ASSIGN_OR_RETURN(std::string token, NewNodeToken());
+    RETURN_IF_ERROR(secrets_.PutNodeToken(request->name(), token));
+    RETURN_IF_ERROR(
+        store_.PutSecretRef(request->name(), SecretsFile::NodeTokenRef(request->name())));
+    store::NodeRecord node{.name = request->name(),
+                           .address = request->address(),
+                           .devices_json = "[]",
+                           .last_seen = {},
+                           .state = "registered"};
+    ASSIGN_OR_RETURN(std::vector<store::NodeRecord> known, store_.ListNodes());
+    for (const store::NodeRecord& existing : known) {
+      if (existing.name == node.name) node.last_seen = existing.last_seen;
+    }
+    RETURN_IF_ERROR(store_.UpsertNode(node));
+    spdlog::info("node {} registered at {}", node.name, node.address);
+    response->set_name(node.name);
+    response->set_certificate_pem(std::move(certificate.certificate_pem));
+    response->set_private_key_pem(std::move(certificate.private_key_pem));
+    response->set_ca_certificate_pem(ca_.ca_certificate_pem());
+    response->set_token(std::move(token));
+    dispatcher_.Wake();
+    return Status::Ok();
+  });
+}
+
+}  // namespace llmctl::controller

@@ -1,0 +1,68 @@
+// The controller's gRPC API for the CLI (proto/llmctl/v1/controller.proto): protobuf in, plain
+// values to the store, blob store and dispatcher. No exception leaves a handler: each ends with a
+// status (INTERNAL for an unexpected exception).
+#ifndef LLMCTL_CONTROLLER_CONTROLLER_SERVICE_H_
+#define LLMCTL_CONTROLLER_CONTROLLER_SERVICE_H_
+
+#include "controller/blob_store.h"
+#include "controller/change_notifier.h"
+#include "controller/clock.h"
+#include "controller/dispatcher.h"
+#include "controller/secrets.h"
+#include "controller/store/store.h"
+#include "llmctl/v1/controller.grpc.pb.h"
+#include "rpc/tls.h"
+
+namespace llmctl::controller {
+
+class ControllerService final : public v1::Controller::Service {
+ public:
+  // The references must outlive the service.
+  ControllerService(store::Store& store, const BlobStore& blobs, SecretsFile& secrets,
+                    const rpc::CertificateAuthority& ca, Dispatcher& dispatcher,
+                    const ChangeNotifier& changes, const Clock& clock);
+
+  grpc::Status MissingBlobs(grpc::ServerContext* context, const v1::MissingBlobsRequest* request,
+                            v1::MissingBlobsResponse* response) override;
+  grpc::Status UploadBlob(grpc::ServerContext* context, grpc::ServerReader<v1::BlobChunk>* reader,
+                          v1::UploadBlobResponse* response) override;
+  grpc::Status Submit(grpc::ServerContext* context, const v1::SubmitRequest* request,
+                      v1::SubmitResponse* response) override;
+  grpc::Status ListExperiments(grpc::ServerContext* context,
+                               const v1::ListExperimentsRequest* request,
+                               v1::ListExperimentsResponse* response) override;
+  grpc::Status GetExperiment(grpc::ServerContext* context, const v1::GetExperimentRequest* request,
+                             v1::ExperimentStatus* response) override;
+  grpc::Status Watch(grpc::ServerContext* context, const v1::GetExperimentRequest* request,
+                     grpc::ServerWriter<v1::ExperimentStatus>* writer) override;
+  grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
+                      v1::CancelResponse* response) override;
+  grpc::Status Report(grpc::ServerContext* context, const v1::GetExperimentRequest* request,
+                      v1::ReportResponse* response) override;
+  grpc::Status FetchArtifacts(grpc::ServerContext* context,
+                              const v1::FetchTrialArtifactsRequest* request,
+                              grpc::ServerWriter<v1::ArtifactChunk>* writer) override;
+  grpc::Status ListNodes(grpc::ServerContext* context, const v1::ListNodesRequest* request,
+                         v1::ListNodesResponse* response) override;
+  grpc::Status RegisterNode(grpc::ServerContext* context, const v1::RegisterNodeRequest* request,
+                            v1::NodeCredentials* response) override;
+
+ private:
+  StatusOr<int64_t> ResolveExperimentId(int64_t requested);
+  StatusOr<v1::ExperimentStatus> BuildStatus(int64_t experiment_id);
+
+  store::Store& store_;
+  const BlobStore& blobs_;
+  SecretsFile& secrets_;
+  const rpc::CertificateAuthority& ca_;
+  Dispatcher& dispatcher_;
+  const ChangeNotifier& changes_;
+  const Clock& clock_;
+};
+
+// "letters, digits and '-'", 1 to 63 of them: a DNS label, as the agent's certificate name needs.
+Status ValidateNodeName(std::string_view name);
+
+}  // namespace llmctl::controller
+
+#endif  // LLMCTL_CONTROLLER_CONTROLLER_SERVICE_H_

@@ -1,0 +1,144 @@
+#include "controller/daemon.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "common/atomic_file.h"
+#include "common/files.h"
+
+namespace llmctl::controller {
+namespace {
+
+Status MakePrivateDirectory(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return FailedPreconditionError("cannot create " + dir + ": " + error.message());
+  if (chmod(dir.c_str(), 0700) != 0) {
+    return FailedPreconditionError("cannot make " + dir + " private: " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+// True when something accepts connections on the unix socket at `path`.
+bool SocketIsLive(const std::string& path) {
+  sockaddr_un address{};
+  if (path.size() >= sizeof(address.sun_path)) return false;
+  address.sun_family = AF_UNIX;
+  path.copy(address.sun_path, path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool live = connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return live;
+}
+
+Status WritePrivateFile(const std::string& path, const std::string& text) {
+  return WriteFileAtomically(path, [&](int fd) -> Status {
+    if (fchmod(fd, 0600) != 0) return InternalError("cannot make " + path + " private");
+    return WriteAll(fd, text.data(), text.size());
+  });
+}
+
+}  // namespace
+
+StatusOr<rpc::TlsIdentity> LoadOrCreateControllerIdentity(const std::string& data_dir,
+                                                          const rpc::CertificateAuthority& ca) {
+  const std::string dir = data_dir + "/controller";
+  RETURN_IF_ERROR(MakePrivateDirectory(dir));
+  const std::string certificate = dir + "/client.crt";
+  const std::string key = dir + "/client.key";
+  const std::string ca_file = dir + "/ca.crt";
+  if (!std::filesystem::exists(certificate) || !std::filesystem::exists(key)) {
+    ASSIGN_OR_RETURN(rpc::IssuedCertificate issued,
+                     ca.Issue(rpc::kControllerCertificateName, 3650));
+    RETURN_IF_ERROR(WritePrivateFile(key, issued.private_key_pem));
+    RETURN_IF_ERROR(WritePrivateFile(certificate, issued.certificate_pem));
+  }
+  RETURN_IF_ERROR(WritePrivateFile(ca_file, ca.ca_certificate_pem()));
+  return rpc::LoadTlsIdentity(ca_file, certificate, key);
+}
+
+StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, const Clock& clock,
+                                                DaemonOptions options) {
+  std::unique_ptr<Daemon> daemon(new Daemon());
+  const std::string& data = config.data_dir;
+  RETURN_IF_ERROR(MakePrivateDirectory(data));
+  ASSIGN_OR_RETURN(daemon->store_, store::Store::Open(data + "/llmctl.db"));
+  ASSIGN_OR_RETURN(daemon->blobs_, BlobStore::Open(data));
+  ASSIGN_OR_RETURN(daemon->secrets_, SecretsFile::Open(data + "/secrets.json"));
+  ASSIGN_OR_RETURN(daemon->ca_, rpc::CertificateAuthority::LoadOrCreate(data + "/ca"));
+  ASSIGN_OR_RETURN(rpc::TlsIdentity identity, LoadOrCreateControllerIdentity(data, *daemon->ca_));
+
+  daemon->dispatcher_ = std::make_unique<Dispatcher>(
+      *daemon->store_, *daemon->blobs_, TlsAgentConnector(std::move(identity), *daemon->secrets_),
+      clock, daemon->changes_,
+      DispatcherOptions{.requeue_after = config.requeue_after,
+                        .call_deadline = config.agent_call_deadline,
+                        .health_interval = config.health_interval,
+                        .backoff_initial = options.backoff_initial,
+                        .backoff_max = options.backoff_max});
+  daemon->service_ = std::make_unique<ControllerService>(
+      *daemon->store_, *daemon->blobs_, *daemon->secrets_, *daemon->ca_, *daemon->dispatcher_,
+      daemon->changes_, clock);
+
+  const std::optional<std::string> socket = UnixSocketPath(config.listen);
+  if (socket) {
+    RETURN_IF_ERROR(MakePrivateDirectory(std::filesystem::path(*socket).parent_path().string()));
+    struct stat info;
+    if (lstat(socket->c_str(), &info) == 0 && S_ISSOCK(info.st_mode)) {
+      if (SocketIsLive(*socket)) {
+        return FailedPreconditionError("another llmctld is serving on " + *socket);
+      }
+      unlink(socket->c_str());  // left by a controller that did not stop cleanly
+    }
+  }
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  // The CLI's API: a unix socket in a private directory, or loopback (ValidateListenAddress).
+  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(),
+                           socket ? nullptr : &bound_port);
+  builder.RegisterService(daemon->service_.get());
+  daemon->server_ = builder.BuildAndStart();
+  if (daemon->server_ == nullptr || (!socket && bound_port == 0)) {
+    return UnavailableError("cannot listen on " + config.listen);
+  }
+  if (socket) {
+    if (chmod(socket->c_str(), 0600) != 0) {
+      return FailedPreconditionError("cannot make " + *socket + " private");
+    }
+    daemon->address_ = config.listen;
+  } else {
+    daemon->address_ =
+        config.listen.substr(0, config.listen.rfind(':') + 1) + std::to_string(bound_port);
+  }
+  if (options.run_dispatcher) daemon->dispatcher_->Start();
+  spdlog::info("llmctld: serving on {} with data in {}", daemon->address_, data);
+  return daemon;
+}
+
+Daemon::~Daemon() { Shutdown(); }
+
+void Daemon::Shutdown() {
+  {
+    std::lock_guard lock(shutdown_mutex_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+  if (dispatcher_ != nullptr) dispatcher_->Stop();
+}
+
+void Daemon::Wait() {
+  if (server_ != nullptr) server_->Wait();
+}
+
+}  // namespace llmctl::controller

@@ -1,0 +1,712 @@
+#include "controller/dispatcher.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/trial_config.h"
+#include "controller/scheduler/scheduler.h"
+#include "controller/submission.h"
+#include "rpc/status.h"
+
+namespace llmctl::controller {
+
+struct Dispatcher::Link {
+  std::string name;
+  std::string address;
+  // Shared with the stream readers and calls in flight, which may outlive a redial. Replaced by
+  // the round thread only, under mutex_; null until dialled and after a failed health check.
+  std::shared_ptr<v1::Agent::Stub> stub;
+  // Guarded by Dispatcher::mutex_:
+  bool connected = false;
+  bool needs_reconcile = true;  // ListRuns after each (re)connect
+  store::Time last_seen;
+  store::Time next_health_at;
+  std::vector<v1::Device> devices;
+};
+
+struct Dispatcher::Stream {
+  store::RunningAttempt attempt;
+  std::string trial_name;
+  std::thread thread;
+  std::shared_ptr<v1::Agent::Stub> stub;  // the reader's own reference
+  // Guarded by Dispatcher::mutex_:
+  grpc::ClientContext* context = nullptr;  // while the reader is in a call
+  bool stop = false;
+  bool done = true;      // no reader running
+  bool settled = false;  // ended and finished, or fenced off: never reopened
+  store::Time retry_at;
+  std::chrono::milliseconds backoff{0};
+};
+
+AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& secrets) {
+  return [identity = std::move(identity),
+          &secrets](const store::NodeRecord& node) -> StatusOr<std::shared_ptr<grpc::Channel>> {
+    ASSIGN_OR_RETURN(std::string token, secrets.NodeToken(node.name));
+    return rpc::Dial(node.address, rpc::AgentCertificateName(node.name),
+                     rpc::ChannelCredentials(identity, token));
+  };
+}
+
+namespace {
+
+std::string DevicesJson(const std::vector<v1::Device>& devices) {
+  nlohmann::json json = nlohmann::json::array();
+  for (const v1::Device& device : devices) {
+    json.push_back({{"type", device.type()},
+                    {"index", device.index()},
+                    {"name", device.name()},
+                    {"memory_bytes", device.memory_bytes()}});
+  }
+  return json.dump();
+}
+
+std::string AttemptName(const store::RunningAttempt& attempt) {
+  return "trial " + std::to_string(attempt.trial_id) + " attempt " +
+         std::to_string(attempt.attempt);
+}
+
+// How the agent's outcome word maps to a trial state; `invalid` (the trainer refused its config)
+// and anything unknown end the trial as failed.
+store::TrialState OutcomeState(const std::string& outcome) {
+  auto state = store::ParseTrialState(outcome);
+  if (state.ok() && store::IsOutcome(*state)) return *state;
+  return store::TrialState::kFailed;
+}
+
+v1::InputTree ToProto(const InputTreeSpec& tree) {
+  v1::InputTree proto;
+  proto.set_digest(tree.digest);
+  proto.set_is_file(tree.is_file);
+  for (const TreeEntry& file : tree.files) {
+    v1::TreeFile* entry = proto.add_files();
+    entry->set_path(file.path);
+    entry->set_sha256(file.sha256);
+    entry->set_size(file.size);
+  }
+  return proto;
+}
+
+}  // namespace
+
+Dispatcher::Dispatcher(store::Store& store, const BlobStore& blobs, AgentConnector connect,
+                       const Clock& clock, ChangeNotifier& changes, DispatcherOptions options)
+    : store_(store),
+      blobs_(blobs),
+      connect_(std::move(connect)),
+      clock_(clock),
+      changes_(changes),
+      options_(options) {}
+
+Dispatcher::~Dispatcher() { Stop(); }
+
+void Dispatcher::Start() {
+  thread_ = std::thread([this] {
+    while (true) {
+      Tick();
+      std::unique_lock lock(mutex_);
+      wake_.wait_for(lock, options_.health_interval, [&] { return stopping_ || wake_requested_; });
+      if (stopping_) return;
+      wake_requested_ = false;
+    }
+  });
+}
+
+void Dispatcher::Stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::vector<AttemptKey> keys;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [key, stream] : streams_) keys.push_back(key);
+  }
+  for (const AttemptKey& key : keys) StopStream(key);
+}
+
+void Dispatcher::Wake() {
+  {
+    std::lock_guard lock(mutex_);
+    wake_requested_ = true;
+  }
+  wake_.notify_all();
+}
+
+int Dispatcher::ActiveStreams() {
+  std::lock_guard lock(mutex_);
+  return static_cast<int>(std::count_if(streams_.begin(), streams_.end(),
+                                        [](const auto& entry) { return !entry.second->done; }));
+}
+
+std::unique_ptr<grpc::ClientContext> Dispatcher::CallContext() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() + options_.call_deadline);
+  return context;
+}
+
+void Dispatcher::Tick() {
+  std::lock_guard tick(tick_mutex_);
+  const store::Time now = clock_.Now();
+  auto nodes = store_.ListNodes();
+  if (!nodes.ok()) {
+    spdlog::error("dispatcher: cannot list nodes: {}", nodes.status().ToString());
+    return;
+  }
+  for (const store::NodeRecord& node : *nodes) {
+    Link* link = EnsureLink(node, now);
+    bool due;
+    {
+      std::lock_guard lock(mutex_);
+      due = now >= link->next_health_at;
+    }
+    if (due) CheckHealth(*link, now);
+  }
+
+  auto running = store_.ListRunningAttempts();
+  if (!running.ok()) {
+    spdlog::error("dispatcher: cannot list running attempts: {}", running.status().ToString());
+    return;
+  }
+  std::vector<Link*> links;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [name, link] : links_) links.push_back(link.get());
+  }
+  for (Link* link : links) ReconcileRuns(*link, *running, now);
+  RequeueLost(*running, now);
+
+  running = store_.ListRunningAttempts();
+  if (running.ok()) PlaceQueued(*running, now);
+  running = store_.ListRunningAttempts();
+  if (running.ok()) FollowRunning(*running, now);
+}
+
+Dispatcher::Link* Dispatcher::EnsureLink(const store::NodeRecord& node, store::Time now) {
+  std::lock_guard lock(mutex_);
+  std::unique_ptr<Link>& link = links_[node.name];
+  if (link == nullptr) {
+    link = std::make_unique<Link>();
+    link->name = node.name;
+    link->address = node.address;
+    link->last_seen = node.last_seen;
+    link->next_health_at = now;
+  } else if (link->address != node.address) {
+    // Re-registered at another address: dial anew.
+    link->stub = nullptr;
+    link->address = node.address;
+    link->connected = false;
+    link->next_health_at = now;
+  }
+  return link.get();
+}
+
+void Dispatcher::CheckHealth(Link& link, store::Time now) {
+  store::NodeRecord record;
+  record.name = link.name;
+  record.address = link.address;
+  std::shared_ptr<v1::Agent::Stub> stub;
+  {
+    std::lock_guard lock(mutex_);
+    stub = link.stub;
+  }
+  if (stub == nullptr) {
+    auto channel = connect_(record);
+    if (channel.ok()) {
+      stub = v1::Agent::NewStub(*channel);
+    } else {
+      spdlog::warn("node {}: cannot connect: {}", link.name, channel.status().ToString());
+    }
+  }
+  Status health = UnavailableError("no channel");
+  v1::NodeInfo info;
+  if (stub != nullptr) {
+    auto context = CallContext();
+    health = rpc::FromGrpcStatus(stub->GetNodeInfo(context.get(), {}, &info));
+  }
+  std::lock_guard lock(mutex_);
+  link.next_health_at = now + options_.health_interval;
+  // After a failure the next check dials a fresh channel, so the controller's schedule decides
+  // when to try again, not gRPC's growing reconnect backoff: an agent that restarts is seen at the
+  // next health check.
+  link.stub = health.ok() ? stub : nullptr;
+  if (health.ok()) {
+    if (!link.connected) {
+      spdlog::info("node {}: connected ({})", link.name, link.address);
+      link.needs_reconcile = true;
+    }
+    link.connected = true;
+    link.last_seen = now;
+    link.devices.assign(info.devices().begin(), info.devices().end());
+  } else {
+    if (link.connected) spdlog::warn("node {}: unreachable: {}", link.name, health.ToString());
+    link.connected = false;
+  }
+  record.devices_json = DevicesJson(link.devices);
+  record.last_seen = link.last_seen;
+  record.state = link.connected ? "connected" : "unreachable";
+  if (Status stored = store_.UpsertNode(record); !stored.ok()) {
+    spdlog::error("node {}: cannot store its state: {}", link.name, stored.ToString());
+  }
+}
+
+void Dispatcher::ReconcileRuns(Link& link, const std::vector<store::RunningAttempt>& running,
+                               store::Time now) {
+  std::shared_ptr<v1::Agent::Stub> stub;
+  {
+    std::lock_guard lock(mutex_);
+    if (!link.connected || !link.needs_reconcile) return;
+    stub = link.stub;
+  }
+  auto context = CallContext();
+  v1::ListRunsResponse runs;
+  grpc::Status listed = stub->ListRuns(context.get(), {}, &runs);
+  if (!listed.ok()) {
+    spdlog::warn("node {}: ListRuns failed: {}", link.name, listed.error_message());
+    return;
+  }
+  std::set<std::tuple<int64_t, std::string, int64_t>> known;
+  for (const v1::RunState& run : runs.runs()) {
+    known.emplace(run.key().experiment_id(), run.key().trial(), run.key().attempt());
+  }
+  for (const store::RunningAttempt& attempt : running) {
+    if (attempt.node != link.name) continue;
+    auto trial = store_.GetTrial(attempt.trial_id);
+    if (!trial.ok()) continue;
+    if (known.contains({attempt.experiment_id, trial->name, attempt.attempt})) continue;
+    // The agent came back without this run (its node was rebuilt, or its state lost): waiting
+    // longer cannot bring it back.
+    spdlog::warn("node {}: has no run for {} of experiment {}; requeueing it", link.name,
+                 AttemptName(attempt), attempt.experiment_id);
+    StopStream({attempt.trial_id, attempt.attempt});
+    if (Status lost = store_.MarkAttemptLost(attempt.trial_id, attempt.attempt, now); !lost.ok()) {
+      spdlog::warn("{}: {}", AttemptName(attempt), lost.ToString());
+    }
+    changes_.Notify();
+  }
+  std::lock_guard lock(mutex_);
+  link.needs_reconcile = false;
+}
+
+void Dispatcher::RequeueLost(const std::vector<store::RunningAttempt>& running, store::Time now) {
+  std::vector<scheduler::RunningAttempt> attempts;
+  {
+    std::lock_guard lock(mutex_);
+    for (const store::RunningAttempt& attempt : running) {
+      auto link = links_.find(attempt.node);
+      const store::Time last_seen = link == links_.end()
+                                        ? attempt.started_at
+                                        : std::max(link->second->last_seen, attempt.started_at);
+      attempts.push_back({.trial_id = attempt.trial_id,
+                          .attempt = attempt.attempt,
+                          .agent = attempt.node,
+                          .agent_last_seen = last_seen});
+    }
+  }
+  const scheduler::LostAgentDecision decision =
+      scheduler::DecideLostAttempts(attempts, now, options_.requeue_after);
+  for (const scheduler::RunningAttempt& attempt : decision.requeue) {
+    spdlog::warn(
+        "node {} silent for {} s: trial {} attempt {} is lost and requeued", attempt.agent,
+        std::chrono::duration_cast<std::chrono::seconds>(now - attempt.agent_last_seen).count(),
+        attempt.trial_id, attempt.attempt);
+    StopStream({attempt.trial_id, attempt.attempt});
+    if (Status lost = store_.MarkAttemptLost(attempt.trial_id, attempt.attempt, now); !lost.ok()) {
+      spdlog::warn("trial {} attempt {}: {}", attempt.trial_id, attempt.attempt, lost.ToString());
+    }
+    changes_.Notify();
+  }
+}
+
+void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, store::Time now) {
+  auto queued = store_.NextQueuedTrials();
+  if (!queued.ok()) {
+    spdlog::error("dispatcher: cannot list queued trials: {}", queued.status().ToString());
+    return;
+  }
+  if (queued->empty()) return;
+
+  // Which devices the running attempts hold. Indices this controller did not hand out (it was
+  // restarted since) are taken as the lowest free ones of the trial's type.
+  std::map<std::string, std::vector<const store::RunningAttempt*>> running_on;
+  for (const store::RunningAttempt& attempt : running) running_on[attempt.node].push_back(&attempt);
+  std::vector<scheduler::Agent> agents;
+  std::map<std::string, Link*> connected;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [name, link] : links_) {
+      if (!link->connected) continue;
+      connected[name] = link.get();
+      scheduler::Agent& agent = agents.emplace_back();
+      agent.name = name;
+      agent.connected = true;
+      std::map<std::string, int64_t> counts;
+      for (const v1::Device& device : link->devices) ++counts[device.type()];
+      if (counts.empty()) counts["cpu"] = 1;
+      for (const auto& [type, count] : counts)
+        agent.pools.push_back({.type = type, .count = count, .busy = {}});
+    }
+  }
+  for (scheduler::Agent& agent : agents) {
+    for (const store::RunningAttempt* attempt : running_on[agent.name]) {
+      auto trial = store_.GetTrial(attempt->trial_id);
+      if (!trial.ok()) continue;
+      auto pool = std::find_if(
+          agent.pools.begin(), agent.pools.end(),
+          [&](const scheduler::DevicePool& p) { return p.type == trial->device_type; });
+      if (pool == agent.pools.end()) continue;
+      std::vector<int64_t> held;
+      {
+        std::lock_guard lock(mutex_);
+        if (auto known = devices_.find({attempt->trial_id, attempt->attempt});
+            known != devices_.end()) {
+          held = known->second;
+        }
+      }
+      if (held.empty()) {
+        for (int64_t index = 0;
+             index < pool->count && static_cast<int64_t>(held.size()) < trial->device_count;
+             ++index) {
+          if (!pool->busy.contains(index)) held.push_back(index);
+        }
+      }
+      pool->busy.insert(held.begin(), held.end());
+    }
+  }
+
+  std::vector<scheduler::QueuedTrial> queue;
+  std::map<int64_t, const store::TrialRecord*> by_id;
+  for (const store::TrialRecord& trial : *queued) {
+    queue.push_back({.trial_id = trial.id,
+                     .device_type = trial.device_type,
+                     .device_count = trial.device_count});
+    by_id[trial.id] = &trial;
+  }
+  const scheduler::Placement placement = scheduler::PlaceTrials(queue, agents);
+  for (const scheduler::Assignment& assignment : placement.assignments) {
+    const store::TrialRecord& trial = *by_id.at(assignment.trial_id);
+    Status launched =
+        Launch(trial, *connected.at(assignment.agent), assignment.device_indices, now);
+    if (!launched.ok()) {
+      spdlog::warn("trial {} of experiment {} on node {}: {}", trial.name, trial.experiment_id,
+                   assignment.agent, launched.ToString());
+    }
+  }
+}
+
+Status Dispatcher::Launch(const store::TrialRecord& trial, Link& link,
+                          const std::vector<int64_t>& devices, store::Time now) {
+  const int64_t attempt = trial.current_attempt + 1;
+  std::shared_ptr<v1::Agent::Stub> stub;
+  {
+    std::lock_guard lock(mutex_);
+    stub = link.stub;
+  }
+  if (stub == nullptr) return UnavailableError("node " + link.name + " is not connected");
+  nlohmann::json config_json;
+  try {
+    config_json = nlohmann::json::parse(trial.config_json);
+  } catch (const nlohmann::json::exception& e) {
+    return DataLossError("stored config is damaged: " + std::string(e.what()));
+  }
+  ASSIGN_OR_RETURN(TrialConfig config, TrialConfig::FromJson(config_json));
+  ASSIGN_OR_RETURN(auto inputs, store_.GetInputs(trial.experiment_id));
+
+  v1::RunTrialRequest request;
+  request.mutable_key()->set_experiment_id(trial.experiment_id);
+  request.mutable_key()->set_trial(trial.name);
+  request.mutable_key()->set_attempt(static_cast<int32_t>(attempt));
+  request.set_config_json(trial.config_json);
+  for (const auto& [key, digest] : TrialInputDigests(config, inputs)) {
+    ASSIGN_OR_RETURN(InputTreeSpec tree, blobs_.GetTree(digest));
+    RETURN_IF_ERROR(EnsureBlobs(*stub, tree).WithContext("sending input '" + key + "'"));
+    (*request.mutable_inputs())[key] = ToProto(tree);
+  }
+  for (int64_t index : devices) request.add_device_indices(static_cast<int32_t>(index));
+
+  v1::RunState state;
+  auto context = CallContext();
+  const grpc::Status ran = stub->RunTrial(context.get(), request, &state);
+  if (!ran.ok() && ran.error_code() != grpc::StatusCode::INVALID_ARGUMENT) {
+    return rpc::FromGrpcStatus(ran).WithContext("RunTrial");
+  }
+  ASSIGN_OR_RETURN(int64_t started, store_.StartAttempt(trial.id, link.name, now));
+  if (!ran.ok()) {
+    // The agent refuses this trial itself: running it again anywhere cannot help.
+    RETURN_IF_ERROR(store_.FinishAttempt(trial.id, started, store::TrialState::kFailed,
+                                         std::nullopt,
+                                         "the agent refused it: " + ran.error_message(), now));
+    changes_.Notify();
+    return Status::Ok();
+  }
+  spdlog::info("trial {} of experiment {}: attempt {} started on node {}", trial.name,
+               trial.experiment_id, started, link.name);
+  {
+    std::lock_guard lock(mutex_);
+    devices_[{trial.id, started}] = devices;
+  }
+  changes_.Notify();
+  return Status::Ok();
+}
+
+Status Dispatcher::EnsureBlobs(v1::Agent::Stub& stub, const InputTreeSpec& tree) {
+  v1::MissingBlobsRequest request;
+  std::set<std::string> wanted;
+  for (const TreeEntry& file : tree.files) {
+    if (wanted.insert(file.sha256).second) request.add_sha256(file.sha256);
+  }
+  v1::MissingBlobsResponse missing;
+  auto context = CallContext();
+  RETURN_IF_ERROR(rpc::FromGrpcStatus(stub.MissingBlobs(context.get(), request, &missing)));
+  for (const std::string& sha256 : missing.sha256()) {
+    if (!wanted.contains(sha256))
+      return InternalError("the agent asked for a blob it was not offered");
+    const std::string path = blobs_.PathOf(sha256);
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return DataLossError("blob " + sha256 + " is gone from " + path);
+    auto upload_context = CallContext();
+    v1::UploadBlobResponse response;
+    auto writer = stub.UploadBlob(upload_context.get(), &response);
+    const auto size = std::find_if(tree.files.begin(), tree.files.end(), [&](const TreeEntry& f) {
+                        return f.sha256 == sha256;
+                      })->size;
+    std::string buffer(static_cast<size_t>(options_.upload_chunk_bytes), '\0');
+    v1::BlobChunk chunk;
+    chunk.set_sha256(sha256);
+    chunk.set_size(size);
+    // The first chunk carries the digest and size, even for an empty blob.
+    bool first = true;
+    Status read_status;
+    while (true) {
+      const ssize_t n = read(fd, buffer.data(), buffer.size());
+      if (n < 0) {
+        read_status = DataLossError("cannot read " + path);
+        break;
+      }
+      if (n == 0 && !first) break;
+      chunk.set_data(buffer.data(), static_cast<size_t>(n));
+      if (!writer->Write(chunk) || n == 0) break;
+      chunk.clear_sha256();
+      chunk.clear_size();
+      first = false;
+    }
+    close(fd);
+    writer->WritesDone();
+    const grpc::Status uploaded = writer->Finish();
+    RETURN_IF_ERROR(read_status);
+    RETURN_IF_ERROR(rpc::FromGrpcStatus(uploaded).WithContext("UploadBlob " + sha256));
+  }
+  return Status::Ok();
+}
+
+void Dispatcher::FollowRunning(const std::vector<store::RunningAttempt>& running, store::Time now) {
+  std::set<AttemptKey> still_running;
+  for (const store::RunningAttempt& attempt : running) {
+    const AttemptKey key{attempt.trial_id, attempt.attempt};
+    still_running.insert(key);
+    std::shared_ptr<v1::Agent::Stub> stub;
+    Stream* stream = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      auto link = links_.find(attempt.node);
+      if (link == links_.end() || !link->second->connected) continue;
+      std::unique_ptr<Stream>& entry = streams_[key];
+      if (entry == nullptr) entry = std::make_unique<Stream>();
+      if (!entry->done || entry->settled || now < entry->retry_at) continue;
+      if (link->second->stub == nullptr) continue;
+      stream = entry.get();
+      stub = link->second->stub;
+      stream->done = false;
+      stream->stop = false;
+    }
+    if (stream->thread.joinable()) stream->thread.join();
+    if (stream->trial_name.empty()) {
+      auto trial = store_.GetTrial(attempt.trial_id);
+      if (!trial.ok()) {
+        std::lock_guard lock(mutex_);
+        stream->done = true;
+        continue;
+      }
+      stream->trial_name = trial->name;
+    }
+    stream->attempt = attempt;
+    stream->stub = std::move(stub);
+    stream->thread = std::thread([this, stream] { ReadStream(*stream, *stream->stub); });
+  }
+  // Attempts that ended or were lost: their readers are no longer needed.
+  std::vector<AttemptKey> gone;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [key, stream] : streams_) {
+      if (!still_running.contains(key)) gone.push_back(key);
+    }
+  }
+  for (const AttemptKey& key : gone) StopStream(key);
+}
+
+void Dispatcher::ReadStream(Stream& stream, v1::Agent::Stub& stub) {
+  const store::RunningAttempt& attempt = stream.attempt;
+  Status result;
+  bool ended = false;
+  bool received = false;
+  auto last_seq = store_.LastSeq(attempt.trial_id, attempt.attempt);
+  grpc::ClientContext context;
+  bool stopped;
+  {
+    std::lock_guard lock(mutex_);
+    stopped = stream.stop;
+    if (!stopped) stream.context = &context;
+  }
+  if (!last_seq.ok()) {
+    result = last_seq.status();
+  } else if (!stopped) {
+    v1::StreamEventsRequest request;
+    request.mutable_key()->set_experiment_id(attempt.experiment_id);
+    request.mutable_key()->set_trial(stream.trial_name);
+    request.mutable_key()->set_attempt(static_cast<int32_t>(attempt.attempt));
+    request.set_from_seq(*last_seq + 1);
+    auto reader = stub.StreamEvents(&context, request);
+    v1::StreamEventsResponse response;
+    while (reader->Read(&response)) {
+      received = true;
+      if (response.has_event()) {
+        const store::Event event{.seq = response.event().seq(),
+                                 .type = response.event().type(),
+                                 .json = response.event().json()};
+        auto appended = store_.AppendEvents(attempt.trial_id, attempt.attempt, {&event, 1});
+        if (!appended.ok()) {
+          result = appended.status();
+          context.TryCancel();
+          break;
+        }
+        if (*appended > 0) changes_.Notify();
+      } else if (response.has_ended()) {
+        const v1::RunEnded& end = response.ended();
+        std::string error = end.error();
+        if (end.outcome() == "invalid" && error.empty()) error = "the trainer refused the config";
+        result =
+            store_.FinishAttempt(attempt.trial_id, attempt.attempt, OutcomeState(end.outcome()),
+                                 end.exit_code(), error, clock_.Now());
+        ended = true;
+        changes_.Notify();
+        if (!result.ok()) break;
+      }
+    }
+    const grpc::Status finished = reader->Finish();
+    if (result.ok() && !ended) {
+      result = finished.ok() ? UnavailableError("the event stream closed before the run ended")
+                             : rpc::FromGrpcStatus(finished);
+    }
+  }
+  if (!result.ok() && result.code() != StatusCode::kCancelled) {
+    spdlog::warn("{} on node {}: event stream: {}", AttemptName(attempt), attempt.node,
+                 result.ToString());
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stream.context = nullptr;
+    // Fenced off (a stale or lost attempt) or finished: nothing more to read.
+    stream.settled = (ended && result.ok()) || result.code() == StatusCode::kFailedPrecondition;
+    if (received) stream.backoff = std::chrono::milliseconds(0);
+    if (!stream.settled) {
+      stream.backoff = stream.backoff.count() == 0
+                           ? options_.backoff_initial
+                           : std::min(stream.backoff * 2, options_.backoff_max);
+      stream.retry_at = clock_.Now() + stream.backoff;
+    }
+    stream.done = true;
+  }
+  changes_.Notify();
+  Wake();
+}
+
+void Dispatcher::StopStream(const AttemptKey& key) {
+  std::unique_ptr<Stream> stream;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = streams_.find(key);
+    if (it == streams_.end()) return;
+    it->second->stop = true;
+    if (it->second->context != nullptr) it->second->context->TryCancel();
+    stream = std::move(it->second);
+    streams_.erase(it);
+    devices_.erase(key);
+  }
+  if (stream->thread.joinable()) stream->thread.join();
+}
+
+StatusOr<std::vector<std::string>> Dispatcher::Cancel(int64_t experiment_id,
+                                                      std::string_view trial) {
+  ASSIGN_OR_RETURN(std::vector<store::TrialRecord> trials, store_.ListTrials(experiment_id));
+  std::vector<std::string> affected;
+  std::map<int64_t, std::string> names;
+  const store::TrialRecord* named = nullptr;
+  for (const store::TrialRecord& record : trials) {
+    names[record.id] = record.name;
+    if (!trial.empty() && record.name != trial) continue;
+    named = &record;
+    if (!store::IsOutcome(record.state)) affected.push_back(record.name);
+  }
+  if (!trial.empty() && named == nullptr) {
+    return NotFoundError("experiment " + std::to_string(experiment_id) + " has no trial '" +
+                         std::string(trial) + "'");
+  }
+  ASSIGN_OR_RETURN(
+      std::vector<store::RunningAttempt> running,
+      trial.empty() ? store_.CancelExperiment(experiment_id) : store_.CancelTrial(named->id));
+  for (const store::RunningAttempt& attempt : running) {
+    std::shared_ptr<v1::Agent::Stub> stub;
+    {
+      std::lock_guard lock(mutex_);
+      auto link = links_.find(attempt.node);
+      if (link != links_.end()) stub = link->second->stub;
+    }
+    if (stub == nullptr) continue;  // ends as cancelled when the attempt is declared lost
+    v1::CancelRunRequest request;
+    request.mutable_key()->set_experiment_id(attempt.experiment_id);
+    request.mutable_key()->set_trial(names[attempt.trial_id]);
+    request.mutable_key()->set_attempt(static_cast<int32_t>(attempt.attempt));
+    v1::RunState state;
+    auto context = CallContext();
+    const grpc::Status cancelled = stub->CancelRun(context.get(), request, &state);
+    if (!cancelled.ok()) {
+      spdlog::warn("{} on node {}: CancelRun failed: {}", AttemptName(attempt), attempt.node,
+                   cancelled.error_message());
+    }
+  }
+  changes_.Notify();
+  Wake();
+  return affected;
+}
+
+Status Dispatcher::FetchArtifacts(const std::string& node, const v1::RunKey& key,
+                                  const std::function<bool(const v1::ArtifactChunk&)>& sink) {
+  std::shared_ptr<v1::Agent::Stub> stub;
+  {
+    std::lock_guard lock(mutex_);
+    auto link = links_.find(node);
+    if (link != links_.end()) stub = link->second->stub;
+  }
+  if (stub == nullptr) return UnavailableError("node " + node + " is not connected");
+  grpc::ClientContext context;
+  v1::FetchArtifactsRequest request;
+  *request.mutable_key() = key;
+  auto reader = stub->FetchArtifacts(&context, request);
+  v1::ArtifactChunk chunk;
+  while (reader->Read(&chunk)) {
+    if (!sink(chunk)) {
+      context.TryCancel();
+      reader->Finish();
+      return CancelledError("the artifact download was abandoned");
+    }
+  }
+  return rpc::FromGrpcStatus(reader->Finish());
+}
+
+}  // namespace llmctl::controller

@@ -1,0 +1,137 @@
+// The dispatcher: puts queued trials on agents and follows what runs there.
+//
+// Each round (Tick) it
+//   1. keeps one link per node in the store and asks each agent for its node info every
+//      health_interval (with a deadline), recording the node as connected or unreachable;
+//   2. after a link (re)connects, asks the agent which runs it has (ListRuns): an attempt the store
+//      has as running there that the agent does not know is lost at once;
+//   3. follows every running attempt whose agent is connected with a StreamEvents reader that
+//      starts at the store's LastSeq + 1, stores what arrives (idempotent on trial, attempt, seq)
+//      and finishes the attempt on `ended`; a broken stream is reopened after a backoff that
+//      doubles up to backoff_max, from the last stored seq;
+//   4. declares lost the attempts whose agent has been silent for requeue_after (the scheduler's
+//      policy): the trial is queued again as attempt + 1, and anything the old attempt still sends
+//      is refused by the store (fencing);
+//   5. places queued trials on connected agents (the scheduler's policy) and, for each, sends the
+//      agent the blobs of its inputs that it lacks, calls RunTrial, then StartAttempt. In that
+//      order a crash in between is harmless: the trial is still queued, is placed again, and
+//      RunTrial is idempotent on its key (same trial, same attempt number).
+// Time comes from the injected Clock, so tests drive rounds and timeouts by hand.
+//
+// Thread-safe. Start() runs rounds on a thread of its own; the stream readers have a thread each.
+#ifndef LLMCTL_CONTROLLER_DISPATCHER_H_
+#define LLMCTL_CONTROLLER_DISPATCHER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/blob_store.h"
+#include "controller/change_notifier.h"
+#include "controller/clock.h"
+#include "controller/secrets.h"
+#include "controller/store/store.h"
+#include "llmctl/v1/agent.grpc.pb.h"
+#include "rpc/tls.h"
+
+namespace llmctl::controller {
+
+// Opens the channel to a node's agent.
+using AgentConnector =
+    std::function<StatusOr<std::shared_ptr<grpc::Channel>>(const store::NodeRecord& node)>;
+
+// Mutual TLS with the controller's identity, checking the agent's certificate name
+// (agent-<node>.llmctl), with the node's token from `secrets` on every call.
+AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& secrets);
+
+struct DispatcherOptions {
+  std::chrono::milliseconds requeue_after = std::chrono::minutes(10);
+  std::chrono::milliseconds call_deadline = std::chrono::seconds(30);
+  std::chrono::milliseconds health_interval = std::chrono::seconds(5);
+  std::chrono::milliseconds backoff_initial = std::chrono::seconds(1);
+  std::chrono::milliseconds backoff_max = std::chrono::seconds(30);
+  int64_t upload_chunk_bytes = 1 << 20;
+};
+
+class Dispatcher {
+ public:
+  // The references must outlive the dispatcher.
+  Dispatcher(store::Store& store, const BlobStore& blobs, AgentConnector connect,
+             const Clock& clock, ChangeNotifier& changes, DispatcherOptions options);
+  ~Dispatcher();  // Stop()
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // Runs Tick on a background thread: again after health_interval, or at once after Wake().
+  void Start();
+  // Ends the background thread and every stream reader.
+  void Stop();
+  void Wake();
+  // One round (see the file comment).
+  void Tick();
+
+  // Cancels one trial (or, with an empty name, every trial) of the experiment: queued ones at once,
+  // running ones through CancelRun on their agents (they then finish as cancelled; an unreachable
+  // agent's trial ends cancelled when its attempt is declared lost). Returns the trials that were
+  // queued or running. NotFound for an unknown experiment or trial.
+  StatusOr<std::vector<std::string>> Cancel(int64_t experiment_id, std::string_view trial);
+
+  // Streams a run's artifacts from `node`'s agent into `sink`; a false from `sink` stops it
+  // (Cancelled). Unavailable when the node has no link.
+  Status FetchArtifacts(const std::string& node, const v1::RunKey& key,
+                        const std::function<bool(const v1::ArtifactChunk&)>& sink);
+
+  // How many stream readers are running now (for tests and the node list).
+  int ActiveStreams();
+
+ private:
+  struct Link;
+  struct Stream;
+  using AttemptKey = std::pair<int64_t, int64_t>;  // (trial id, attempt)
+
+  Link* EnsureLink(const store::NodeRecord& node, store::Time now);
+  void CheckHealth(Link& link, store::Time now);
+  void ReconcileRuns(Link& link, const std::vector<store::RunningAttempt>& running,
+                     store::Time now);
+  void FollowRunning(const std::vector<store::RunningAttempt>& running, store::Time now);
+  void RequeueLost(const std::vector<store::RunningAttempt>& running, store::Time now);
+  void PlaceQueued(const std::vector<store::RunningAttempt>& running, store::Time now);
+  Status Launch(const store::TrialRecord& trial, Link& link, const std::vector<int64_t>& devices,
+                store::Time now);
+  Status EnsureBlobs(v1::Agent::Stub& stub, const InputTreeSpec& tree);
+  void ReadStream(Stream& stream, v1::Agent::Stub& stub);
+  void StopStream(const AttemptKey& key);
+  std::unique_ptr<grpc::ClientContext> CallContext() const;
+
+  store::Store& store_;
+  const BlobStore& blobs_;
+  const AgentConnector connect_;
+  const Clock& clock_;
+  ChangeNotifier& changes_;
+  const DispatcherOptions options_;
+
+  std::mutex tick_mutex_;  // one round at a time
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool wake_requested_ = false;                         // guarded by mutex_
+  bool stopping_ = false;                               // guarded by mutex_
+  std::map<std::string, std::unique_ptr<Link>> links_;  // by node; guarded by mutex_, never erased
+  std::map<AttemptKey, std::unique_ptr<Stream>> streams_;  // guarded by mutex_
+  // The device indices of the attempts this controller started; guarded by mutex_.
+  std::map<AttemptKey, std::vector<int64_t>> devices_;
+  std::thread thread_;
+};
+
+}  // namespace llmctl::controller
+
+#endif  // LLMCTL_CONTROLLER_DISPATCHER_H_

@@ -1,0 +1,592 @@
+// The dispatcher against an in-process fake agent that speaks agent.proto over mutual TLS with the
+// credentials RegisterNode issued, on unix sockets; a real SQLite file; a manual clock for health
+// checks, backoff and requeueing.
+#include "controller/dispatcher.h"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sqlite3.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "controller/daemon.h"
+#include "rpc/tls.h"
+
+namespace llmctl::controller {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::string RunName(const v1::RunKey& key) {
+  return std::to_string(key.experiment_id()) + "/" + key.trial() + "#" +
+         std::to_string(key.attempt());
+}
+
+std::string StepLine(int step) {
+  return R"({"type":"step","step":)" + std::to_string(step) +
+         R"(,"loss":2.5,"tokens":64,"seconds":0.5,"allocated_bytes":1000,"peak_bytes":2000})";
+}
+const std::string kResultLine =
+    R"({"type":"result","outcome":"ok","train_seconds":1.5,"tokens_per_second":128.0,"peak_bytes":2000,"final_loss":2.25})";
+
+// What the fake agent knows; it outlives the fake's servers, as a real agent's disk does.
+struct FakeAgentState {
+  struct Run {
+    v1::RunTrialRequest request;
+    std::vector<std::string> lines;
+    bool ended = false;
+    std::string outcome;
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::map<std::string, Run> runs;  // by RunName
+  std::vector<int64_t> stream_from_seqs;
+  std::set<std::string> blobs;
+  std::vector<std::string> cancelled;
+  // What the next RunTrial's worker will write.
+  std::vector<std::string> script = {StepLine(0), StepLine(1), kResultLine};
+  bool script_ends = true;
+  // The next stream breaks after sending this many events (0: never).
+  int drop_after = 0;
+
+  void AddLinesAndEnd(const std::string& run, const std::vector<std::string>& lines,
+                      const std::string& outcome) {
+    {
+      std::lock_guard lock(mutex);
+      Run& r = runs.at(run);
+      r.lines.insert(r.lines.end(), lines.begin(), lines.end());
+      r.ended = true;
+      r.outcome = outcome;
+    }
+    changed.notify_all();
+  }
+};
+
+class FakeAgent final : public v1::Agent::Service {
+ public:
+  explicit FakeAgent(FakeAgentState& state) : state_(state) {}
+
+  grpc::Status GetNodeInfo(grpc::ServerContext*, const v1::GetNodeInfoRequest*,
+                           v1::NodeInfo* info) override {
+    info->set_node("n1");
+    v1::Device* cpu = info->add_devices();
+    cpu->set_type("cpu");
+    cpu->set_name("fake cpu");
+    return grpc::Status::OK;
+  }
+  grpc::Status MissingBlobs(grpc::ServerContext*, const v1::MissingBlobsRequest* request,
+                            v1::MissingBlobsResponse* response) override {
+    std::lock_guard lock(state_.mutex);
+    for (const std::string& sha : request->sha256()) {
+      if (!state_.blobs.contains(sha)) response->add_sha256(sha);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status UploadBlob(grpc::ServerContext*, grpc::ServerReader<v1::BlobChunk>* reader,
+                          v1::UploadBlobResponse* response) override {
+    v1::BlobChunk chunk;
+    std::string sha;
+    Sha256 hasher;
+    while (reader->Read(&chunk)) {
+      if (sha.empty()) sha = chunk.sha256();
+      hasher.Update(chunk.data());
+    }
+    if (hasher.HexDigest() != sha) return grpc::Status(grpc::StatusCode::DATA_LOSS, "digest");
+    std::lock_guard lock(state_.mutex);
+    state_.blobs.insert(sha);
+    response->set_sha256(sha);
+    return grpc::Status::OK;
+  }
+  grpc::Status RunTrial(grpc::ServerContext*, const v1::RunTrialRequest* request,
+                        v1::RunState* state) override {
+    std::lock_guard lock(state_.mutex);
+    auto [run, created] = state_.runs.try_emplace(RunName(request->key()));
+    if (created) {
+      run->second.request = *request;
+      run->second.lines = state_.script;
+      run->second.ended = state_.script_ends;
+      run->second.outcome = "ok";
+    }
+    *state->mutable_key() = request->key();
+    state->set_status(run->second.ended ? v1::RUN_STATUS_ENDED : v1::RUN_STATUS_RUNNING);
+    return grpc::Status::OK;
+  }
+  grpc::Status ListRuns(grpc::ServerContext*, const v1::ListRunsRequest*,
+                        v1::ListRunsResponse* response) override {
+    std::lock_guard lock(state_.mutex);
+    for (const auto& [name, run] : state_.runs) {
+      v1::RunState* state = response->add_runs();
+      *state->mutable_key() = run.request.key();
+      state->set_status(run.ended ? v1::RUN_STATUS_ENDED : v1::RUN_STATUS_RUNNING);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status StreamEvents(grpc::ServerContext* context, const v1::StreamEventsRequest* request,
+                            grpc::ServerWriter<v1::StreamEventsResponse>* writer) override {
+    std::unique_lock lock(state_.mutex);
+    state_.stream_from_seqs.push_back(request->from_seq());
+    auto run = state_.runs.find(RunName(request->key()));
+    if (run == state_.runs.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such run");
+    const int drop_after = std::exchange(state_.drop_after, 0);
+    size_t next = static_cast<size_t>(std::max<int64_t>(request->from_seq(), 1) - 1);
+    int sent = 0;
+    while (!context->IsCancelled()) {
+      while (next < run->second.lines.size()) {
+        v1::StreamEventsResponse response;
+        response.mutable_event()->set_seq(static_cast<int64_t>(next + 1));
+        const std::string line = run->second.lines[next];
+        response.mutable_event()->set_json(line);
+        response.mutable_event()->set_type(line.find("\"result\"") != std::string::npos ? "result"
+                                                                                        : "step");
+        lock.unlock();
+        const bool written = writer->Write(response);
+        lock.lock();
+        if (!written) return grpc::Status::CANCELLED;
+        ++next;
+        if (drop_after > 0 && ++sent == drop_after) {
+          return grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection dropped");
+        }
+      }
+      if (run->second.ended) {
+        v1::StreamEventsResponse response;
+        response.mutable_ended()->set_outcome(run->second.outcome);
+        lock.unlock();
+        writer->Write(response);
+        return grpc::Status::OK;
+      }
+      state_.changed.wait_for(lock, milliseconds(20));
+    }
+    return grpc::Status::CANCELLED;
+  }
+  grpc::Status CancelRun(grpc::ServerContext*, const v1::CancelRunRequest* request,
+                         v1::RunState* state) override {
+    {
+      std::lock_guard lock(state_.mutex);
+      state_.cancelled.push_back(RunName(request->key()));
+      auto run = state_.runs.find(RunName(request->key()));
+      if (run == state_.runs.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no run");
+      run->second.ended = true;
+      run->second.outcome = "cancelled";
+    }
+    state_.changed.notify_all();
+    *state->mutable_key() = request->key();
+    return grpc::Status::OK;
+  }
+  grpc::Status FetchArtifacts(grpc::ServerContext*, const v1::FetchArtifactsRequest* request,
+                              grpc::ServerWriter<v1::ArtifactChunk>* writer) override {
+    v1::ArtifactChunk chunk;
+    chunk.set_path("adapter/" + RunName(request->key()));
+    chunk.set_data("weights");
+    chunk.set_last(true);
+    writer->Write(chunk);
+    return grpc::Status::OK;
+  }
+
+ private:
+  FakeAgentState& state_;
+};
+
+constexpr std::string_view kExperiment = R"(name: one
+model: llmctl-demo
+tokenizer: tok.json
+data: {path: data/train.jsonl, max_seq_length: 64}
+train: {micro_batch_size: 2, max_steps: 2}
+)";
+
+class DispatcherTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = testing::TempDir() + "/dispatcher_test_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+    config_.data_dir = root_ + "/data";
+    config_.listen = "unix:" + root_ + "/controller.sock";
+    config_.requeue_after = seconds(60);
+    config_.health_interval = seconds(5);
+    config_.agent_call_deadline = seconds(10);
+    StartController();
+
+    grpc::ClientContext context;
+    v1::RegisterNodeRequest request;
+    request.set_name("n1");
+    request.set_address(agent_address_);
+    ASSERT_TRUE(controller_->RegisterNode(&context, request, &credentials_).ok());
+    StartAgent();
+  }
+  void TearDown() override {
+    daemon_.reset();
+    StopAgent();
+    fs::remove_all(root_);
+  }
+
+  void StartController() {
+    auto daemon = Daemon::Start(
+        config_, clock_,
+        {.run_dispatcher = false, .backoff_initial = seconds(1), .backoff_max = seconds(4)});
+    ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+    daemon_ = std::move(*daemon);
+    controller_ = v1::Controller::NewStub(
+        grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  void StartAgent() {
+    agent_service_ = std::make_unique<FakeAgent>(agent_state_);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(
+        agent_address_,
+        rpc::ServerCredentials({credentials_.ca_certificate_pem(), credentials_.certificate_pem(),
+                                credentials_.private_key_pem()},
+                               credentials_.token()));
+    builder.RegisterService(agent_service_.get());
+    agent_ = builder.BuildAndStart();
+    ASSERT_NE(agent_, nullptr);
+  }
+  void StopAgent() {
+    if (agent_ == nullptr) return;
+    agent_->Shutdown(std::chrono::system_clock::now());
+    agent_->Wait();
+    agent_.reset();
+  }
+
+  int64_t SubmitOne() {
+    v1::SubmitRequest request;
+    request.set_filename("one.yaml");
+    request.set_yaml_text(std::string(kExperiment));
+    v1::SubmitResponse response;
+    grpc::ClientContext context;
+    EXPECT_TRUE(controller_->Submit(&context, request, &response).ok());
+    return response.experiment_id();
+  }
+
+  store::TrialRecord OnlyTrial(int64_t experiment) {
+    auto trials = daemon_->store().ListTrials(experiment);
+    EXPECT_TRUE(trials.ok() && trials->size() == 1);
+    return trials->front();
+  }
+
+  // Waits for the stream readers (threads) to get somewhere; bounded so a bug fails instead of
+  // hanging. Nothing here measures time.
+  template <typename Predicate>
+  bool Eventually(Predicate predicate) {
+    for (int i = 0; i < 2000; ++i) {
+      if (predicate()) return true;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return predicate();
+  }
+
+  int64_t StoredEvents(int64_t trial, int64_t attempt) {
+    sqlite3* db = nullptr;
+    sqlite3_open_v2((config_.data_dir + "/llmctl.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr);
+    sqlite3_stmt* statement = nullptr;
+    sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM events WHERE trial_id = ? AND attempt = ?", -1,
+                       &statement, nullptr);
+    sqlite3_bind_int64(statement, 1, trial);
+    sqlite3_bind_int64(statement, 2, attempt);
+    int64_t count = -1;
+    if (sqlite3_step(statement) == SQLITE_ROW) count = sqlite3_column_int64(statement, 0);
+    sqlite3_finalize(statement);
+    sqlite3_close(db);
+    return count;
+  }
+
+  void Tick() { daemon_->dispatcher().Tick(); }
+
+  ManualClock clock_{store::Time(seconds(1'700'000'000))};
+  std::string root_;
+  ControllerConfig config_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<v1::Controller::Stub> controller_;
+  v1::NodeCredentials credentials_;
+  std::string agent_address_ =
+      "unix:" + testing::TempDir() + "/dispatcher_test_agent_" + std::to_string(getpid()) + ".sock";
+  FakeAgentState agent_state_;
+  std::unique_ptr<FakeAgent> agent_service_;
+  std::unique_ptr<grpc::Server> agent_;
+};
+
+TEST_F(DispatcherTest, RunsATrialWithItsInputsAndStoresEveryEvent) {
+  // The data file goes to the controller first, then to the agent with the trial.
+  const std::string content = "{\"text\": \"hello\"}\n";
+  const std::string sha = Sha256Hex(content);
+  {
+    grpc::ClientContext context;
+    v1::UploadBlobResponse response;
+    auto writer = controller_->UploadBlob(&context, &response);
+    v1::BlobChunk chunk;
+    chunk.set_sha256(sha);
+    chunk.set_size(static_cast<int64_t>(content.size()));
+    chunk.set_data(content);
+    writer->Write(chunk);
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  v1::InputTree tree;
+  tree.set_is_file(true);
+  v1::TreeFile* file = tree.add_files();
+  file->set_path("train.jsonl");
+  file->set_sha256(sha);
+  file->set_size(static_cast<int64_t>(content.size()));
+  tree.set_digest(Sha256Hex(sha + " " + std::to_string(content.size()) + " train.jsonl\n"));
+  v1::SubmitRequest request;
+  request.set_filename("one.yaml");
+  request.set_yaml_text(std::string(kExperiment));
+  (*request.mutable_inputs())["data/train.jsonl"] = tree;
+  v1::SubmitResponse submitted;
+  grpc::ClientContext submit_context;
+  ASSERT_TRUE(controller_->Submit(&submit_context, request, &submitted).ok());
+
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(submitted.experiment_id());
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    ASSERT_EQ(agent_state_.runs.size(), 1u);
+    const v1::RunTrialRequest& run = agent_state_.runs.begin()->second.request;
+    EXPECT_EQ(run.key().attempt(), 1);
+    EXPECT_EQ(run.key().trial(), "one");
+    ASSERT_TRUE(run.inputs().contains("data.path"));
+    EXPECT_EQ(run.inputs().at("data.path").digest(), tree.digest());
+    EXPECT_TRUE(run.inputs().at("data.path").is_file());
+    EXPECT_EQ(std::vector<int32_t>(run.device_indices().begin(), run.device_indices().end()),
+              std::vector<int32_t>{0});
+    EXPECT_TRUE(agent_state_.blobs.contains(sha));
+  }
+  ASSERT_TRUE(Eventually(
+      [&] { return OnlyTrial(submitted.experiment_id()).state == store::TrialState::kOk; }));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 3);
+
+  grpc::ClientContext report_context;
+  v1::GetExperimentRequest which;
+  which.set_experiment_id(submitted.experiment_id());
+  v1::ReportResponse report;
+  ASSERT_TRUE(controller_->Report(&report_context, which, &report).ok());
+  ASSERT_EQ(report.trials_size(), 1);
+  EXPECT_EQ(report.trials(0).outcome(), "ok");
+  EXPECT_EQ(report.trials(0).node(), "n1");
+  EXPECT_DOUBLE_EQ(report.trials(0).final_loss(), 2.25);
+  EXPECT_DOUBLE_EQ(report.trials(0).tokens_per_second(), 128.0);
+
+  grpc::ClientContext nodes_context;
+  v1::ListNodesResponse nodes;
+  ASSERT_TRUE(controller_->ListNodes(&nodes_context, {}, &nodes).ok());
+  ASSERT_EQ(nodes.nodes_size(), 1);
+  EXPECT_EQ(nodes.nodes(0).state(), "connected");
+  ASSERT_EQ(nodes.nodes(0).devices_size(), 1);
+  EXPECT_EQ(nodes.nodes(0).devices(0).type(), "cpu");
+
+  grpc::ClientContext fetch_context;
+  v1::FetchTrialArtifactsRequest fetch;
+  fetch.set_experiment_id(submitted.experiment_id());
+  fetch.set_trial("one");
+  auto reader = controller_->FetchArtifacts(&fetch_context, fetch);
+  v1::ArtifactChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  EXPECT_EQ(chunk.path(), "adapter/" + std::to_string(submitted.experiment_id()) + "/one#1");
+  EXPECT_TRUE(reader->Finish().ok());
+}
+
+TEST_F(DispatcherTest, ADroppedStreamResumesFromTheLastStoredSeqAfterTheBackoff) {
+  agent_state_.script = {StepLine(0), StepLine(1), StepLine(2), StepLine(3), kResultLine};
+  agent_state_.drop_after = 2;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 2);
+
+  Tick();  // within the backoff: no new stream
+  EXPECT_EQ(agent_state_.stream_from_seqs, std::vector<int64_t>{1});
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(agent_state_.stream_from_seqs, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 5);
+  EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 5);
+}
+
+TEST_F(DispatcherTest, EventsSentTwiceAreStoredOnce) {
+  agent_state_.script = {StepLine(0), StepLine(1)};
+  agent_state_.script_ends = false;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(Eventually([&] { return StoredEvents(trial.id, 1) == 2; }));
+  // A second delivery of the same lines (as after a reconnect that overlaps) changes nothing.
+  const std::vector<store::Event> again = {{1, "step", StepLine(0)}, {2, "step", StepLine(1)}};
+  EXPECT_EQ(*daemon_->store().AppendEvents(trial.id, 1, again), 0);
+  agent_state_.AddLinesAndEnd(std::to_string(experiment) + "/one#1", {kResultLine}, "ok");
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 3);
+}
+
+TEST_F(DispatcherTest, ARestartedControllerResumesStreamingWhereTheStoreEnds) {
+  agent_state_.script = {StepLine(0), StepLine(1), StepLine(2)};
+  agent_state_.script_ends = false;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(Eventually([&] { return StoredEvents(trial.id, 1) == 3; }));
+
+  daemon_.reset();
+  StartController();
+  agent_state_.AddLinesAndEnd(std::to_string(experiment) + "/one#1", {StepLine(3), kResultLine},
+                              "ok");
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(agent_state_.stream_from_seqs.back(), 4);
+  EXPECT_EQ(StoredEvents(trial.id, 1), 5);
+  std::lock_guard lock(agent_state_.mutex);
+  EXPECT_EQ(agent_state_.runs.size(), 1u) << "the finished work is not run again";
+}
+
+TEST_F(DispatcherTest, ATrialWhoseAgentStaysSilentIsRequeuedAndItsOldAttemptFencedOff) {
+  agent_state_.script = {StepLine(0)};
+  agent_state_.script_ends = false;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(Eventually([&] { return StoredEvents(trial.id, 1) == 1; }));
+
+  StopAgent();
+  clock_.Advance(seconds(30));
+  Tick();  // unreachable, but not for long enough
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kRunning);
+  clock_.Advance(seconds(31));
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 1);
+
+  // The agent returns, still running attempt 1: the trial goes out again as attempt 2.
+  agent_state_.script = {StepLine(0), kResultLine};
+  agent_state_.script_ends = true;
+  StartAgent();
+  clock_.Advance(seconds(5));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
+  EXPECT_EQ(StoredEvents(trial.id, 2), 2);
+
+  // Whatever attempt 1 still produces is refused.
+  const std::vector<store::Event> late = {{2, "step", StepLine(1)}};
+  EXPECT_EQ(daemon_->store().AppendEvents(trial.id, 1, late).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(daemon_->store()
+                .FinishAttempt(trial.id, 1, store::TrialState::kOk, 0, "", clock_.Now())
+                .code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(StoredEvents(trial.id, 1), 1);
+}
+
+TEST_F(DispatcherTest, AnAgentThatComesBackWithoutTheRunHasItRequeuedAtOnce) {
+  agent_state_.script = {StepLine(0)};
+  agent_state_.script_ends = false;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 1; }));
+
+  StopAgent();
+  clock_.Advance(seconds(5));
+  Tick();  // unreachable
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.runs.clear();  // the node was rebuilt
+    agent_state_.script_ends = true;
+  }
+  StartAgent();
+  clock_.Advance(seconds(5));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
+}
+
+TEST_F(DispatcherTest, CancelStopsARunningTrialOnItsAgent) {
+  agent_state_.script = {StepLine(0)};
+  agent_state_.script_ends = false;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 1; }));
+
+  grpc::ClientContext context;
+  v1::CancelRequest request;
+  request.set_experiment_id(experiment);
+  v1::CancelResponse response;
+  ASSERT_TRUE(controller_->Cancel(&context, request, &response).ok());
+  EXPECT_EQ(response.cancelled_size(), 1);
+  ASSERT_TRUE(
+      Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
+  std::lock_guard lock(agent_state_.mutex);
+  EXPECT_EQ(agent_state_.cancelled,
+            std::vector<std::string>{std::to_string(experiment) + "/one#1"});
+}
+
+TEST_F(DispatcherTest, AnAgentWithACertificateFromAnotherCaIsNotTrusted) {
+  StopAgent();
+  auto other_ca = rpc::CertificateAuthority::LoadOrCreate(root_ + "/other-ca");
+  ASSERT_TRUE(other_ca.ok());
+  auto impostor = (*other_ca)->Issue(rpc::AgentCertificateName("n1"), 1);
+  ASSERT_TRUE(impostor.ok());
+  credentials_.set_ca_certificate_pem((*other_ca)->ca_certificate_pem());
+  credentials_.set_certificate_pem(impostor->certificate_pem);
+  credentials_.set_private_key_pem(impostor->private_key_pem);
+  StartAgent();
+
+  const int64_t experiment = SubmitOne();
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  auto nodes = daemon_->store().ListNodes();
+  ASSERT_TRUE(nodes.ok() && nodes->size() == 1);
+  EXPECT_EQ(nodes->front().state, "unreachable");
+  std::lock_guard lock(agent_state_.mutex);
+  EXPECT_TRUE(agent_state_.runs.empty());
+}
+
+TEST_F(DispatcherTest, NoTokenAppearsInTheLogsOrTheDatabase) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  // A fresh registration, a run with a dropped stream and a cancel: the paths that log.
+  StopAgent();
+  grpc::ClientContext context;
+  v1::RegisterNodeRequest request;
+  request.set_name("n1");
+  request.set_address(agent_address_);
+  ASSERT_TRUE(controller_->RegisterNode(&context, request, &credentials_).ok());
+  StartAgent();
+  agent_state_.script = {StepLine(0), StepLine(1)};
+  agent_state_.script_ends = false;
+  agent_state_.drop_after = 1;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  grpc::ClientContext cancel_context;
+  v1::CancelRequest cancel;
+  cancel.set_experiment_id(experiment);
+  v1::CancelResponse cancelled;
+  ASSERT_TRUE(controller_->Cancel(&cancel_context, cancel, &cancelled).ok());
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(
+      Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
+  spdlog::default_logger()->sinks().pop_back();
+
+  const std::string token = credentials_.token();
+  ASSERT_EQ(token.size(), 64u);
+  EXPECT_NE(log.str().find("registered"), std::string::npos) << "the sink saw the log";
+  EXPECT_EQ(log.str().find(token), std::string::npos);
+  for (const fs::directory_entry& entry : fs::directory_iterator(config_.data_dir)) {
+    if (!entry.path().filename().string().starts_with("llmctl.db")) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(bytes.find(token), std::string::npos) << entry.path();
+  }
+}
+
+}  // namespace
+}  // namespace llmctl::controller

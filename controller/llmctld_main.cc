@@ -1,0 +1,63 @@
+// llmctld: the controller daemon. See controller/daemon.h and controller/config.h.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "controller/config.h"
+#include "controller/daemon.h"
+
+namespace {
+
+std::optional<std::string> Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? std::nullopt : std::optional<std::string>(value);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace llmctl::controller;
+  CLI::App app("llmctld: the llmctl controller (experiments, agents, reports)");
+  ControllerOverrides overrides;
+  app.add_option("--data-dir", overrides.data_dir,
+                 "Data directory (default ~/.local/share/llmctl)");
+  app.add_option("--listen", overrides.listen,
+                 "unix:/path/controller.sock (default: in the data directory) or 127.0.0.1:PORT");
+  app.add_option("--config", overrides.config_file, "YAML config file");
+  app.add_flag("--allow-remote-listen", overrides.allow_remote_listen,
+               "Allow a listen address other than loopback (the API has no authentication)");
+  CLI11_PARSE(app, argc, argv);
+  overrides.env_controller = Env("LLMCTL_CONTROLLER");
+  overrides.env_home = Env("HOME");
+  overrides.env_xdg_data_home = Env("XDG_DATA_HOME");
+
+  auto config = ResolveControllerConfig(overrides);
+  if (!config.ok()) {
+    std::cerr << "llmctld: " << config.status().message() << "\n";
+    return 2;
+  }
+  // Blocked before any thread starts, so that only the waiter below receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  SystemClock clock;
+  auto daemon = Daemon::Start(*config, clock);
+  if (!daemon.ok()) {
+    std::cerr << "llmctld: " << daemon.status().ToString() << "\n";
+    return 1;
+  }
+  std::thread waiter([&] {
+    int received = 0;
+    sigwait(&signals, &received);
+    (*daemon)->Shutdown();
+  });
+  (*daemon)->Wait();
+  waiter.join();
+  return 0;
+}

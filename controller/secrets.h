@@ -1,0 +1,45 @@
+// The controller's secrets file, DATA/secrets.json (mode 0600, replaced atomically on every
+// change): each node's token. The database holds only references to entries here.
+#ifndef LLMCTL_CONTROLLER_SECRETS_H_
+#define LLMCTL_CONTROLLER_SECRETS_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace llmctl::controller {
+
+// 32 random bytes (OpenSSL's CSPRNG) as 64 hex digits.
+StatusOr<std::string> NewNodeToken();
+
+// Thread-safe.
+class SecretsFile {
+ public:
+  // Reads `path` when it exists (DataLoss when it is damaged; FailedPrecondition when its mode
+  // lets anyone but the owner read it), else starts empty and creates it on the first change.
+  static StatusOr<std::unique_ptr<SecretsFile>> Open(std::string path);
+
+  // Stores the node's token (replacing an older one) and rewrites the file before returning.
+  Status PutNodeToken(std::string_view node, std::string_view token);
+  // NotFound when the node has no token.
+  StatusOr<std::string> NodeToken(std::string_view node) const;
+
+  // How the database refers to a node's token: "secrets.json#node_tokens/<node>".
+  static std::string NodeTokenRef(std::string_view node);
+
+ private:
+  explicit SecretsFile(std::string path) : path_(std::move(path)) {}
+  Status WriteLocked();
+
+  const std::string path_;
+  mutable std::mutex mutex_;
+  std::map<std::string, std::string, std::less<>> node_tokens_;  // guarded by mutex_
+};
+
+}  // namespace llmctl::controller
+
+#endif  // LLMCTL_CONTROLLER_SECRETS_H_

@@ -1,0 +1,67 @@
+#include "controller/secrets.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+
+#include "common/files.h"
+
+namespace llmctl::controller {
+namespace {
+
+class SecretsFileTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = testing::TempDir() + "/secrets_test_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    path_ = dir_ + "/secrets.json";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string dir_;
+  std::string path_;
+};
+
+TEST(NodeTokenTest, IsRandomHexOf32Bytes) {
+  const std::string a = *NewNodeToken();
+  const std::string b = *NewNodeToken();
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_NE(a, b);
+}
+
+TEST_F(SecretsFileTest, TokensSurviveReopeningInAPrivateFile) {
+  {
+    auto secrets = *SecretsFile::Open(path_);
+    EXPECT_EQ(secrets->NodeToken("n1").status().code(), StatusCode::kNotFound);
+    ASSERT_TRUE(secrets->PutNodeToken("n1", "token-one").ok());
+    ASSERT_TRUE(secrets->PutNodeToken("n2", "token-two").ok());
+    ASSERT_TRUE(secrets->PutNodeToken("n1", "token-three").ok());
+  }
+  struct stat info;
+  ASSERT_EQ(stat(path_.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0600u);
+
+  auto reopened = SecretsFile::Open(path_);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  EXPECT_EQ(*(*reopened)->NodeToken("n1"), "token-three");
+  EXPECT_EQ(*(*reopened)->NodeToken("n2"), "token-two");
+  EXPECT_EQ(SecretsFile::NodeTokenRef("n1"), "secrets.json#node_tokens/n1");
+}
+
+TEST_F(SecretsFileTest, RefusesAFileOthersCanReadOrADamagedOne) {
+  ASSERT_TRUE((*SecretsFile::Open(path_))->PutNodeToken("n", "t").ok());
+  chmod(path_.c_str(), 0644);
+  EXPECT_EQ(SecretsFile::Open(path_).status().code(), StatusCode::kFailedPrecondition);
+
+  chmod(path_.c_str(), 0600);
+  FILE* out = fopen(path_.c_str(), "w");
+  fputs("{not json", out);
+  fclose(out);
+  EXPECT_EQ(SecretsFile::Open(path_).status().code(), StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace llmctl::controller

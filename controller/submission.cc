@@ -1,0 +1,63 @@
+#include "controller/submission.h"
+
+#include "common/experiment.h"
+#include "common/trial_keys.h"
+
+namespace llmctl::controller {
+
+StatusOr<store::NewExperiment> PrepareSubmission(std::string_view yaml_text,
+                                                 std::string_view filename,
+                                                 const std::map<std::string, InputTreeSpec>& inputs,
+                                                 const BlobStore& blobs) {
+  if (filename.empty()) return InvalidArgumentError("submit: the request names no file");
+  ASSIGN_OR_RETURN(Experiment parsed,
+                   ParseExperiment(yaml_text, filename, {.resolve_local_paths = false}));
+
+  store::NewExperiment experiment;
+  experiment.name = parsed.name;
+  experiment.filename = std::string(filename);
+  experiment.yaml_text = std::string(yaml_text);
+  experiment.description = parsed.description;
+  experiment.target = parsed.target;
+  for (const auto& [path, tree] : inputs) {
+    const std::string where = std::string(filename) + ": input '" + path + "'";
+    RETURN_IF_ERROR(ValidateInputTree(where, tree));
+    std::vector<std::string> wanted;
+    for (const TreeEntry& file : tree.files) wanted.push_back(file.sha256);
+    ASSIGN_OR_RETURN(std::vector<std::string> missing, blobs.Missing(wanted));
+    if (!missing.empty()) {
+      return FailedPreconditionError(where + ": " + std::to_string(missing.size()) + " of " +
+                                     std::to_string(wanted.size()) +
+                                     " files are not uploaded yet (first: " + missing.front() +
+                                     "); upload them with UploadBlob, then submit again");
+    }
+    experiment.inputs[path] = tree.digest;
+  }
+  for (const Trial& trial : parsed.trials) {
+    store::NewTrial& stored = experiment.trials.emplace_back();
+    stored.name = trial.name;
+    stored.description = trial.description;
+    stored.config_json = trial.config.ToJson().dump();
+    stored.expect = trial.expect;
+    stored.device_type = trial.config.GetString("device");
+    stored.device_count = trial.config.GetInt("devices");
+  }
+  return experiment;
+}
+
+std::map<std::string, std::string> TrialInputDigests(
+    const TrialConfig& config, const std::map<std::string, std::string>& experiment_inputs) {
+  std::map<std::string, std::string> digests;
+  for (const KeySpec& spec : TrialKeys()) {
+    // `model` is a string (a preset name or a directory), so it is named besides the kPath keys.
+    if (spec.type != KeyType::kPath && spec.name != "model") continue;
+    const std::string value = config.GetString(spec.name);
+    if (value.empty()) continue;
+    if (auto it = experiment_inputs.find(value); it != experiment_inputs.end()) {
+      digests[std::string(spec.name)] = it->second;
+    }
+  }
+  return digests;
+}
+
+}  // namespace llmctl::controller

@@ -1,0 +1,34 @@
+// Turning a submission (the experiment file's text and its uploaded input trees) into what the
+// store keeps, and a stored trial back into the inputs an agent needs. No network, no database.
+#ifndef LLMCTL_CONTROLLER_SUBMISSION_H_
+#define LLMCTL_CONTROLLER_SUBMISSION_H_
+
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "common/trial_config.h"
+#include "controller/blob_store.h"
+#include "controller/store/store.h"
+
+namespace llmctl::controller {
+
+// Parses and validates the experiment exactly as the CLI does (common/experiment.h, with paths kept
+// as written) and checks each input tree: ValidateInputTree, and every one of its blobs already
+// uploaded to `blobs` (FailedPrecondition naming the input and how many blobs are missing, so the
+// CLI knows to upload first). InvalidArgument "FILE:LINE:COLUMN: problem" for the file. Nothing is
+// written anywhere.
+StatusOr<store::NewExperiment> PrepareSubmission(std::string_view yaml_text,
+                                                 std::string_view filename,
+                                                 const std::map<std::string, InputTreeSpec>& inputs,
+                                                 const BlobStore& blobs);
+
+// The trial's path keys (`model` and every kPath key of common/trial_keys.h) whose value, as
+// written, is one of the experiment's inputs (path as written → tree digest): key → digest.
+std::map<std::string, std::string> TrialInputDigests(
+    const TrialConfig& config, const std::map<std::string, std::string>& experiment_inputs);
+
+}  // namespace llmctl::controller
+
+#endif  // LLMCTL_CONTROLLER_SUBMISSION_H_

@@ -1,0 +1,122 @@
+#include "controller/submission.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+namespace llmctl::controller {
+namespace {
+
+constexpr std::string_view kExperiment = R"(name: tiny
+model: llmctl-demo
+tokenizer: tokenizers/demo/tokenizer.json
+data: {path: data/train.jsonl, max_seq_length: 64}
+train: {micro_batch_size: 2, max_steps: 2}
+device: cpu
+trials:
+  - name: a
+  - name: b
+    description: two devices
+    set: {devices: 2, train.global_batch_size: 4}
+    expect: oom
+)";
+
+class SubmissionTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = testing::TempDir() + "/submission_test_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+    blobs_ = std::move(*BlobStore::Open(root_));
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  // A one-file tree whose blob is uploaded when `upload` says so.
+  InputTreeSpec FileTree(std::string_view name, std::string_view content, bool upload) {
+    InputTreeSpec tree{
+        .digest = "",
+        .files = {{std::string(name), Sha256Hex(content), static_cast<int64_t>(content.size())}},
+        .is_file = true};
+    tree.digest = Sha256Hex(TreeManifest(tree.files));
+    if (upload) {
+      auto writer = *blobs_->BeginWrite(tree.files[0].sha256, tree.files[0].size);
+      EXPECT_TRUE(writer->Append(content).ok());
+      EXPECT_TRUE(writer->Commit().ok());
+    }
+    return tree;
+  }
+
+  std::string root_;
+  std::unique_ptr<BlobStore> blobs_;
+};
+
+TEST_F(SubmissionTest, ExpandsTrialsWithTheirDevicesAndInputs) {
+  const InputTreeSpec data = FileTree("train.jsonl", "{\"text\": \"hi\"}\n", true);
+  auto experiment =
+      PrepareSubmission(kExperiment, "tiny.yaml", {{"data/train.jsonl", data}}, *blobs_);
+  ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
+  EXPECT_EQ(experiment->name, "tiny");
+  EXPECT_EQ(experiment->filename, "tiny.yaml");
+  EXPECT_EQ(experiment->yaml_text, kExperiment);
+  EXPECT_EQ(experiment->inputs,
+            (std::map<std::string, std::string>{{"data/train.jsonl", data.digest}}));
+  ASSERT_EQ(experiment->trials.size(), 2u);
+  EXPECT_EQ(experiment->trials[0].name, "a");
+  EXPECT_EQ(experiment->trials[0].device_type, "cpu");
+  EXPECT_EQ(experiment->trials[0].device_count, 1);
+  EXPECT_FALSE(experiment->trials[0].expect.has_value());
+  EXPECT_EQ(experiment->trials[1].device_count, 2);
+  EXPECT_EQ(experiment->trials[1].expect, "oom");
+  EXPECT_EQ(experiment->trials[1].description, "two devices");
+
+  auto config = TrialConfig::FromJson(nlohmann::json::parse(experiment->trials[1].config_json));
+  ASSERT_TRUE(config.ok());
+  // Paths stay as written: the controller has no copy of the user's directory.
+  EXPECT_EQ(config->GetString("data.path"), "data/train.jsonl");
+  EXPECT_EQ(config->GetInt("devices"), 2);
+}
+
+TEST_F(SubmissionTest, AFileErrorPointsIntoTheFile) {
+  auto experiment = PrepareSubmission("model: llmctl-demo\ntrain: {micro_bach_size: 2}\n",
+                                      "typo.yaml", {}, *blobs_);
+  EXPECT_EQ(experiment.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(experiment.status().message().rfind("typo.yaml:2:", 0), 0u)
+      << experiment.status().message();
+  EXPECT_NE(experiment.status().message().find("micro_batch_size"), std::string::npos);
+}
+
+TEST_F(SubmissionTest, InputsMustBeWholeAndUploaded) {
+  const InputTreeSpec missing = FileTree("train.jsonl", "not uploaded", false);
+  auto not_uploaded =
+      PrepareSubmission(kExperiment, "tiny.yaml", {{"data/train.jsonl", missing}}, *blobs_);
+  EXPECT_EQ(not_uploaded.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(not_uploaded.status().message().find(
+                "tiny.yaml: input 'data/train.jsonl': 1 of 1 files are not uploaded"),
+            std::string::npos)
+      << not_uploaded.status().message();
+
+  InputTreeSpec forged = FileTree("train.jsonl", "uploaded", true);
+  forged.files[0].size = 999;
+  auto bad_digest =
+      PrepareSubmission(kExperiment, "tiny.yaml", {{"data/train.jsonl", forged}}, *blobs_);
+  EXPECT_EQ(bad_digest.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_digest.status().message().find("does not match its manifest"), std::string::npos);
+
+  EXPECT_EQ(PrepareSubmission(kExperiment, "", {}, *blobs_).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(TrialInputDigestsTest, MapsPathKeysWhoseValueWasUploaded) {
+  TrialConfig config;
+  ASSERT_TRUE(config.Set("model", std::string("models/tiny")).ok());
+  ASSERT_TRUE(config.Set("tokenizer", std::string("tok/tokenizer.json")).ok());
+  ASSERT_TRUE(config.Set("data.path", std::string("data/train.jsonl")).ok());
+  ASSERT_TRUE(config.Set("output_dir", std::string("out")).ok());
+  const std::map<std::string, std::string> inputs = {
+      {"models/tiny", "d-model"}, {"data/train.jsonl", "d-data"}, {"unused/path", "d-unused"}};
+  EXPECT_EQ(TrialInputDigests(config, inputs),
+            (std::map<std::string, std::string>{{"data.path", "d-data"}, {"model", "d-model"}}));
+}
+
+}  // namespace
+}  // namespace llmctl::controller

@@ -1,0 +1,373 @@
+// The controller with real llm-agent processes (the binary this build made), over mutual TLS on
+// unix sockets, with a real SQLite file; a shell script stands in for llm-train (the trainer's own
+// tests cover it) so that a run can be held mid-way, killed, or made to fail. The dispatcher's
+// rounds run by hand on a manual clock.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/files.h"
+#include "controller/daemon.h"
+
+namespace llmctl::controller {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// Every run writes a start and two steps; seed 0 then finishes ok, 300 first waits for a file
+// named `go` in its run directory, 109 kills itself with SIGKILL (as the kernel's OOM killer does).
+constexpr char kFakeTrainer[] = R"(#!/bin/sh
+config="$2"
+events="$4"
+seed=$(sed -n 's/^seed: *//p' "$config")
+emit() { printf '%s\n' "$1" >> "$events"; }
+emit '{"type":"start","total_steps":4}'
+emit '{"type":"step","step":0,"loss":2.0}'
+emit '{"type":"step","step":1,"loss":1.5}'
+if [ "$seed" -eq 300 ]; then
+  while [ ! -e go ]; do sleep 0.02; done
+  emit '{"type":"step","step":2,"loss":1.25}'
+fi
+if [ "$seed" -eq 109 ]; then kill -9 $$; fi
+emit '{"type":"result","outcome":"ok","error":"","final_loss":1.0}'
+exit 0
+)";
+
+std::string BuildDir() {
+  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
+  return dir != nullptr ? dir : "build";
+}
+
+void WriteFile(const fs::path& path, const std::string& text, fs::perms perms) {
+  std::ofstream(path) << text;
+  fs::permissions(path, perms);
+}
+
+std::string Experiment(const std::vector<std::pair<std::string, int>>& trials) {
+  std::string yaml =
+      "name: integration\nmodel: llmctl-demo\ntokenizer: tok.json\n"
+      "data: {path: data/train.jsonl, max_seq_length: 64}\n"
+      "train: {micro_batch_size: 2, max_steps: 2}\ntrials:\n";
+  for (const auto& [name, seed] : trials) {
+    yaml += "  - name: " + name + "\n    set: {seed: " + std::to_string(seed) + "}\n";
+  }
+  return yaml;
+}
+
+class ControllerAgentTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    // Short: unix socket paths live under it (at most 107 characters).
+    std::string pattern = (fs::temp_directory_path() / "llmctl_ca_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    agent_binary_ = BuildDir() + "/agent/llm-agent";
+    ASSERT_TRUE(fs::exists(agent_binary_)) << agent_binary_ << " is built with this test";
+    trainer_ = (dir_ / "fake-llm-train").string();
+    WriteFile(trainer_, kFakeTrainer, fs::perms::owner_all);
+
+    ControllerConfig config;
+    config.data_dir = (dir_ / "controller").string();
+    config.listen = "unix:" + (dir_ / "controller.sock").string();
+    config.requeue_after = seconds(600);
+    config.health_interval = seconds(5);
+    config.agent_call_deadline = seconds(30);
+    auto daemon = Daemon::Start(config, clock_, {.run_dispatcher = false});
+    ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+    daemon_ = std::move(*daemon);
+    controller_ = v1::Controller::NewStub(
+        grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    daemon_.reset();
+    for (auto& [node, pid] : agents_) Kill(node);
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Registers the node with the controller and starts its llm-agent with the credentials.
+  void AddAgent(const std::string& node) {
+    grpc::ClientContext context;
+    v1::RegisterNodeRequest request;
+    request.set_name(node);
+    request.set_address("unix:" + (dir_ / (node + ".sock")).string());
+    v1::NodeCredentials credentials;
+    ASSERT_TRUE(controller_->RegisterNode(&context, request, &credentials).ok());
+    const fs::path etc = dir_ / (node + "-etc");
+    fs::create_directories(etc);
+    WriteFile(etc / "ca.pem", credentials.ca_certificate_pem(),
+              fs::perms::owner_read | fs::perms::owner_write);
+    WriteFile(etc / "agent.pem", credentials.certificate_pem(),
+              fs::perms::owner_read | fs::perms::owner_write);
+    WriteFile(etc / "agent.key", credentials.private_key_pem(),
+              fs::perms::owner_read | fs::perms::owner_write);
+    WriteFile(etc / "agent.token", credentials.token(),
+              fs::perms::owner_read | fs::perms::owner_write);
+    StartAgent(node);
+  }
+
+  void StartAgent(const std::string& node) {
+    const fs::path etc = dir_ / (node + "-etc");
+    const std::string socket = (dir_ / (node + ".sock")).string();
+    fs::remove(socket);
+    const std::vector<std::string> args = {agent_binary_,
+                                           "--listen",
+                                           "unix:" + socket,
+                                           "--data-dir",
+                                           (dir_ / (node + "-data")).string(),
+                                           "--node",
+                                           node,
+                                           "--ca",
+                                           (etc / "ca.pem").string(),
+                                           "--cert",
+                                           (etc / "agent.pem").string(),
+                                           "--key",
+                                           (etc / "agent.key").string(),
+                                           "--token-file",
+                                           (etc / "agent.token").string(),
+                                           "--llm-train",
+                                           trainer_};
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      std::vector<char*> argv;
+      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+      argv.push_back(nullptr);
+      freopen((dir_ / (node + "-agent.log")).c_str(), "a", stderr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    agents_[node] = pid;
+    for (int i = 0; i < 1000 && !fs::exists(socket); ++i)
+      std::this_thread::sleep_for(milliseconds(10));
+    ASSERT_TRUE(fs::exists(socket)) << "llm-agent did not start; see " << node << "-agent.log";
+  }
+
+  void Kill(const std::string& node) {
+    const pid_t pid = agents_.at(node);
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    agents_[node] = 0;
+  }
+
+  int64_t Submit(const std::string& yaml) {
+    v1::SubmitRequest request;
+    request.set_filename("integration.yaml");
+    request.set_yaml_text(yaml);
+    v1::SubmitResponse response;
+    grpc::ClientContext context;
+    grpc::Status status = controller_->Submit(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.experiment_id();
+  }
+
+  std::vector<store::TrialRecord> Trials(int64_t experiment) {
+    auto trials = daemon_->store().ListTrials(experiment);
+    EXPECT_TRUE(trials.ok());
+    return trials.ok() ? *trials : std::vector<store::TrialRecord>{};
+  }
+
+  // Dispatcher rounds, each a health interval later, until `done`; bounded so that a bug fails the
+  // test instead of hanging it. Nothing here measures time.
+  template <typename Predicate>
+  bool RoundsUntil(Predicate done) {
+    for (int i = 0; i < 1500; ++i) {
+      if (done()) return true;
+      clock_.Advance(seconds(5));
+      daemon_->dispatcher().Tick();
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return done();
+  }
+
+  bool AllEnded(int64_t experiment) {
+    for (const store::TrialRecord& trial : Trials(experiment)) {
+      if (!store::IsOutcome(trial.state)) return false;
+    }
+    return true;
+  }
+
+  fs::path RunDir(const std::string& node, int64_t experiment, const std::string& trial,
+                  int attempt) {
+    return dir_ / (node + "-data") / "runs" / std::to_string(experiment) / trial /
+           std::to_string(attempt);
+  }
+
+  int64_t FileLines(const fs::path& path) {
+    auto text = ReadFileToString(path.string());
+    return text.ok() ? std::count(text->begin(), text->end(), '\n') : -1;
+  }
+
+  ManualClock clock_{store::Time(seconds(1'700'000'000))};
+  fs::path dir_;
+  std::string agent_binary_;
+  std::string trainer_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<v1::Controller::Stub> controller_;
+  std::map<std::string, pid_t> agents_;
+};
+
+TEST_F(ControllerAgentTest, TwoAgentsTenTrialsEachRunsExactlyOnce) {
+  AddAgent("n1");
+  AddAgent("n2");
+  std::vector<std::pair<std::string, int>> trials;
+  for (int i = 0; i < 10; ++i) trials.emplace_back(std::string("t").append(std::to_string(i)), 0);
+  const int64_t experiment = Submit(Experiment(trials));
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+
+  std::map<std::string, int> per_node;
+  for (const store::TrialRecord& trial : Trials(experiment)) {
+    SCOPED_TRACE(trial.name);
+    EXPECT_EQ(trial.state, store::TrialState::kOk);
+    EXPECT_EQ(trial.current_attempt, 1);
+    std::string node;
+    for (const std::string candidate : {"n1", "n2"}) {
+      if (fs::exists(RunDir(candidate, experiment, trial.name, 1))) {
+        EXPECT_TRUE(node.empty()) << "ran on both nodes";
+        node = candidate;
+      }
+    }
+    ASSERT_FALSE(node.empty());
+    ++per_node[node];
+    const int64_t lines = FileLines(RunDir(node, experiment, trial.name, 1) / "events.jsonl");
+    EXPECT_EQ(lines, 4);
+    EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), lines);
+  }
+  EXPECT_EQ(per_node["n1"] + per_node["n2"], 10);
+  EXPECT_GT(per_node["n1"], 0);
+  EXPECT_GT(per_node["n2"], 0);
+}
+
+TEST_F(ControllerAgentTest, AKilledAgentIsRestartedAndItsTrialCompletesWithNoGapOrDuplicate) {
+  AddAgent("n1");
+  const int64_t experiment = Submit(Experiment({{"held", 300}}));
+  const store::TrialRecord trial = Trials(experiment).front();
+  ASSERT_TRUE(RoundsUntil([&] { return *daemon_->store().LastSeq(trial.id, 1) == 3; }));
+
+  Kill("n1");
+  daemon_->dispatcher().Tick();
+  StartAgent("n1");
+  WriteFile(RunDir("n1", experiment, "held", 1) / "go", "",
+            fs::perms::owner_read | fs::perms::owner_write);
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+
+  const store::TrialRecord done = Trials(experiment).front();
+  EXPECT_EQ(done.state, store::TrialState::kOk);
+  EXPECT_EQ(done.current_attempt, 1);
+  const int64_t lines = FileLines(RunDir("n1", experiment, "held", 1) / "events.jsonl");
+  EXPECT_EQ(lines, 5);
+  EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), lines);
+}
+
+TEST_F(ControllerAgentTest, ATrialKilledForMemoryIsOomAndTheNextTrialRuns) {
+  AddAgent("n1");
+  const int64_t experiment = Submit(Experiment({{"too-big", 109}, {"next", 0}}));
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  const std::vector<store::TrialRecord> trials = Trials(experiment);
+  EXPECT_EQ(trials[0].state, store::TrialState::kOom);
+  EXPECT_EQ(trials[1].state, store::TrialState::kOk);
+
+  grpc::ClientContext context;
+  v1::GetExperimentRequest which;
+  which.set_experiment_id(experiment);
+  v1::ReportResponse report;
+  ASSERT_TRUE(controller_->Report(&context, which, &report).ok());
+  EXPECT_EQ(report.trials(0).outcome(), "oom");
+  EXPECT_NE(report.trials(0).error().find("killed by the kernel"), std::string::npos)
+      << report.trials(0).error();
+}
+
+// llmctld as a process of its own, killed with SIGKILL mid-experiment and started again on the same
+// data directory: it goes on from its store, and what finished is not run again.
+TEST_F(ControllerAgentTest, AKilledControllerContinuesAndRunsNothingTwice) {
+  daemon_.reset();  // this test's controller is the real binary
+  const fs::path data = dir_ / "llmctld-data";
+  WriteFile(dir_ / "llmctld.yaml", "health_interval: 100ms\nagent_call_deadline: 10s\n",
+            fs::perms::owner_read | fs::perms::owner_write);
+  const std::string address = "unix:" + (dir_ / "llmctld.sock").string();
+  auto start_controller = [&]() -> pid_t {
+    const std::vector<std::string> args = {BuildDir() + "/controller/llmctld",
+                                           "--data-dir",
+                                           data.string(),
+                                           "--listen",
+                                           address,
+                                           "--config",
+                                           (dir_ / "llmctld.yaml").string()};
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::vector<char*> argv;
+      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+      argv.push_back(nullptr);
+      freopen((dir_ / "llmctld.log").c_str(), "a", stderr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    return pid;
+  };
+  pid_t controller = start_controller();
+  ASSERT_GT(controller, 0);
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + seconds(30)));
+  controller_ = v1::Controller::NewStub(channel);
+  AddAgent("n1");
+  const int64_t experiment = Submit(Experiment({{"quick", 0}, {"held", 300}}));
+
+  // The experiment's status; nullopt while the controller is away (a call in flight when it was
+  // killed fails with UNAVAILABLE, which the CLI retries).
+  auto status = [&]() -> std::optional<v1::ExperimentStatus> {
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    context.set_deadline(std::chrono::system_clock::now() + seconds(30));
+    v1::GetExperimentRequest which;
+    which.set_experiment_id(experiment);
+    v1::ExperimentStatus experiment_status;
+    const grpc::Status got = controller_->GetExperiment(&context, which, &experiment_status);
+    if (got.error_code() == grpc::StatusCode::UNAVAILABLE) return std::nullopt;
+    EXPECT_TRUE(got.ok()) << got.error_message();
+    return experiment_status;
+  };
+  auto eventually = [&](auto done) {
+    for (int i = 0; i < 1500 && !done(); ++i) std::this_thread::sleep_for(milliseconds(20));
+    return done();
+  };
+  ASSERT_TRUE(eventually([&] {
+    const auto now = status();
+    return now && now->trials_size() == 2 && now->trials(0).state() == "ok" &&
+           now->trials(1).state() == "running" && now->trials(1).step() == 2;
+  }));
+
+  kill(controller, SIGKILL);
+  waitpid(controller, nullptr, 0);
+  WriteFile(RunDir("n1", experiment, "held", 1) / "go", "",
+            fs::perms::owner_read | fs::perms::owner_write);
+  controller = start_controller();
+  ASSERT_TRUE(eventually([&] {
+    const auto now = status();
+    return now && now->state() == "ended";
+  }));
+  const v1::ExperimentStatus ended = *status();
+  kill(controller, SIGTERM);
+  int exit_status = 0;
+  waitpid(controller, &exit_status, 0);
+  EXPECT_TRUE(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0);
+
+  for (const v1::TrialStatus& trial : ended.trials()) {
+    SCOPED_TRACE(trial.name());
+    EXPECT_EQ(trial.state(), "ok");
+    EXPECT_EQ(trial.attempt(), 1);
+    EXPECT_FALSE(fs::exists(RunDir("n1", experiment, trial.name(), 2)));
+  }
+  EXPECT_EQ(ended.trials(1).step(), 3);
+}
+
+}  // namespace
+}  // namespace llmctl::controller
