@@ -133,9 +133,7 @@ std::vector<std::string_view> KeysDirectlyUnder(std::string_view prefix) {
 class ExperimentParser {
  public:
   ExperimentParser(std::string_view filename, const ExperimentParseOptions& options)
-      : filename_(filename), options_(options) {
-    base_dir_ = fs::path(std::string(filename)).parent_path();
-  }
+      : filename_(filename), options_(options) {}
 
   StatusOr<Experiment> Parse(std::string_view text) {
     YAML::Node root;
@@ -520,17 +518,11 @@ class ExperimentParser {
 
   // See "Relative paths" in the header.
   KeyValue ResolvePath(const KeySpec& spec, KeyValue value) const {
-    if (!options_.resolve_local_paths || base_dir_.empty()) return value;
-    const bool is_path =
-        spec.type == KeyType::kPath ||
-        (spec.name == "model" && FindPreset(std::get<std::string>(value)) == nullptr);
-    if (!is_path) return value;
-    const fs::path written(std::get<std::string>(value));
-    if (written.empty() || written.is_absolute()) return value;
-    const fs::path beside_file = base_dir_ / written;
-    std::error_code error;
-    if (!fs::exists(beside_file, error)) return value;
-    return KeyValue(beside_file.lexically_normal().string());
+    if (!options_.resolve_local_paths) return value;
+    if (spec.type != KeyType::kPath && spec.name != "model") return value;
+    const std::string& written = std::get<std::string>(value);
+    if (!IsPathValue(spec, written)) return value;
+    return KeyValue(ResolveLocalPath(filename_, written));
   }
 
   StatusOr<std::vector<TrialSpec>> ParseTrials(const YAML::Node& node,
@@ -825,13 +817,30 @@ class ExperimentParser {
 
   const std::string filename_;
   const ExperimentParseOptions options_;
-  fs::path base_dir_;
   std::vector<Assignment> base_;
   bool named_trials_ = false;  // messages name the trial when the file has trials or a sweep
   std::map<std::string, ModelConfig> models_;  // model directories read so far
 };
 
 }  // namespace
+
+bool IsPathValue(const KeySpec& spec, std::string_view value) {
+  return spec.type == KeyType::kPath || (spec.name == "model" && FindPreset(value) == nullptr);
+}
+
+bool IsInputPathValue(const KeySpec& spec, std::string_view value) {
+  return IsPathValue(spec, value) && spec.name != "output_dir";
+}
+
+std::string ResolveLocalPath(std::string_view filename, std::string_view written) {
+  const fs::path base_dir = fs::path(std::string(filename)).parent_path();
+  const fs::path path{std::string(written)};
+  if (base_dir.empty() || path.empty() || path.is_absolute()) return std::string(written);
+  const fs::path beside_file = base_dir / path;
+  std::error_code error;
+  if (!fs::exists(beside_file, error)) return std::string(written);
+  return beside_file.lexically_normal().string();
+}
 
 StatusOr<Experiment> ParseExperiment(std::string_view yaml_text, std::string_view filename,
                                      const ExperimentParseOptions& options) {

@@ -45,6 +45,7 @@
 
 #include "common/status.h"
 #include "common/trial_config.h"
+#include "common/trial_keys.h"
 
 namespace llmctl {
 
@@ -79,6 +80,18 @@ StatusOr<Experiment> ParseExperiment(std::string_view yaml_text, std::string_vie
 // Reads `path` and parses it. NotFound when the file cannot be read.
 StatusOr<Experiment> LoadExperimentFile(const std::string& path,
                                         const ExperimentParseOptions& options = {});
+
+// True when `value` of key `spec` names a file or directory: every kPath key, and `model` when the
+// value is not a preset.
+bool IsPathValue(const KeySpec& spec, std::string_view value);
+
+// True for the path values a trial reads (model, tokenizer, data, adapter): IsPathValue less
+// output_dir, which the trial writes. The CLI uploads these from the user's machine.
+bool IsInputPathValue(const KeySpec& spec, std::string_view value);
+
+// Where a path value written in the experiment file `filename` is on this machine, by the "Relative
+// paths" rule above: beside the file when it exists there, else exactly as written.
+std::string ResolveLocalPath(std::string_view filename, std::string_view written);
 
 }  // namespace llmctl
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 namespace llmctl {
 namespace {
@@ -484,6 +485,80 @@ TEST(ShippedExperimentsTest, AllParse) {
     EXPECT_TRUE(experiment.ok()) << experiment.status().message();
   }
   EXPECT_GE(count, 1u);
+}
+
+// As `llmctl submit experiments/X.yaml` and `llm-train --config experiments/X.yaml` see them from
+// the repository root: every file validates with its local paths resolved, and every relative input
+// path names something in the repository (a typo in a GPU file would otherwise surface only on the
+// node).
+TEST(ShippedExperimentsTest, ValidateFromTheRepositoryRootWithEveryInputPresent) {
+  const fs::path root = SourceDir();
+  size_t count = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(root / "experiments")) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++count;
+    const std::string filename = "experiments/" + entry.path().filename().string();
+    StatusOr<Experiment> experiment =
+        ParseExperiment(ReadFile(entry.path()), filename, {.resolve_local_paths = true});
+    ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+    StatusOr<Experiment> as_written =
+        ParseExperiment(ReadFile(entry.path()), filename, {.resolve_local_paths = false});
+    ASSERT_TRUE(as_written.ok()) << as_written.status().message();
+    for (const Trial& trial : as_written->trials) {
+      for (const KeySpec& spec : TrialKeys()) {
+        if (spec.type != KeyType::kPath && spec.name != "model") continue;
+        const std::string written = trial.config.GetString(spec.name);
+        if (written.empty() || !IsInputPathValue(spec, written)) continue;
+        EXPECT_TRUE(fs::exists(root / ResolveLocalPath(filename, written)))
+            << filename << ", trial " << trial.name << ": " << spec.name << " '" << written
+            << "' names nothing";
+      }
+    }
+  }
+  EXPECT_GE(count, 5u);  // demo, cpu-lab, peft, single, single-a100
+}
+
+// The GPU tables: the labs' rows in order, on their GPU, with the labs' out-of-memory rows.
+TEST(ShippedExperimentsTest, SingleGpuTables) {
+  for (const auto& [file, flavor_key, flavor] :
+       {std::tuple{"single.yaml", "flavor", "g1.h100.pci.1"},
+        std::tuple{"single-a100.yaml", "node_type", "compute_gigaio"}}) {
+    StatusOr<Experiment> experiment =
+        LoadExperimentFile((SourceDir() / "experiments" / file).string());
+    ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+    EXPECT_EQ(experiment->target.at(flavor_key), flavor) << file;
+    std::vector<std::string> names, oom;
+    for (const Trial& trial : experiment->trials) {
+      names.push_back(trial.name);
+      if (trial.expect == "oom") oom.push_back(trial.name);
+      EXPECT_EQ(trial.config.GetString("device"), "cuda") << file << " " << trial.name;
+      EXPECT_EQ(trial.config.GetInt("data.max_seq_length"), 512);
+    }
+    EXPECT_EQ(names,
+              (std::vector<std::string>{
+                  "baseline", "reduced-batch", "grad-accumulation", "bf16-true", "bf16-mixed",
+                  "larger-model-3b", "larger-model", "even-larger", "smallest-batch", "sgd",
+                  "adam-8bit", "activation-checkpointing", "cpu-offload", "lora", "qlora"}))
+        << file;
+    EXPECT_EQ(oom, (std::vector<std::string>{"baseline", "even-larger", "smallest-batch"})) << file;
+  }
+}
+
+TEST(LocalPathsTest, InputPathsAndWhereTheyResolve) {
+  const KeySpec& model = *FindTrialKey("model");
+  EXPECT_FALSE(IsPathValue(model, "tinyllama-1.1b"));  // a preset
+  EXPECT_TRUE(IsPathValue(model, "models/cpu-lab-small"));
+  EXPECT_TRUE(IsInputPathValue(*FindTrialKey("data.path"), "x.jsonl"));
+  EXPECT_TRUE(IsPathValue(*FindTrialKey("output_dir"), "out"));
+  EXPECT_FALSE(IsInputPathValue(*FindTrialKey("output_dir"), "out"));  // written, not read
+  EXPECT_FALSE(IsPathValue(*FindTrialKey("precision"), "bf16-true"));
+
+  const std::string demo = (SourceDir() / "experiments" / "demo.yaml").string();
+  EXPECT_EQ(ResolveLocalPath(demo, "data/alpaca-demo.jsonl"),
+            (SourceDir() / "experiments" / "data" / "alpaca-demo.jsonl").string());
+  EXPECT_EQ(ResolveLocalPath(demo, "data/absent.jsonl"), "data/absent.jsonl");
+  EXPECT_EQ(ResolveLocalPath(demo, "/abs/path"), "/abs/path");
+  EXPECT_EQ(ResolveLocalPath("demo.yaml", "data/x.jsonl"), "data/x.jsonl");  // no folder to try
 }
 
 TEST(ShippedExperimentsTest, Demo) {

@@ -1,0 +1,49 @@
+// Where the controller is: LLMCTL_CONTROLLER, else the config file's `controller:`, else the
+// embedded default (llmctl starts llmctld and a local agent in the user's data directory; see
+// daemons.h).
+#ifndef LLMCTL_CONTROLLER_CLI_ADDRESS_H_
+#define LLMCTL_CONTROLLER_CLI_ADDRESS_H_
+
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace llmctl::cli {
+
+// Reads an environment variable; a seam so tests need not change the process's environment.
+using EnvLookup = std::function<std::optional<std::string>(std::string_view name)>;
+
+// The process's environment (getenv); empty values count as unset.
+EnvLookup ProcessEnvironment();
+
+struct ControllerAddress {
+  std::string target;  // a gRPC target: "unix:/abs/path" or "host:port"
+  std::string source;  // where it came from, for messages: "LLMCTL_CONTROLLER", the config file's
+                       // path, or "embedded"
+  bool embedded = false;
+  std::filesystem::path data_dir;  // embedded only: the daemons' data directory
+};
+
+// Checks a controller address: "unix:/absolute/path" or "host:port" (port 1-65535, host not
+// empty; "[::1]:port" for IPv6). InvalidArgument naming `where` and the value otherwise.
+Status CheckControllerTarget(std::string_view target, std::string_view where);
+
+// $LLMCTL_HOME, else ${XDG_DATA_HOME:-$HOME/.local/share}/llmctl. InvalidArgument when neither
+// LLMCTL_HOME nor HOME is set, or a value is not an absolute path.
+StatusOr<std::filesystem::path> EmbeddedDataDir(const EnvLookup& env);
+
+// ${XDG_CONFIG_HOME:-$HOME/.config}/llmctl/config.yaml; nullopt when neither variable is set.
+std::optional<std::filesystem::path> ConfigFilePath(const EnvLookup& env);
+
+// LLMCTL_CONTROLLER, else the config file (a YAML map whose only key is `controller`; a missing
+// file is no configuration), else the embedded default in EmbeddedDataDir. InvalidArgument for a
+// bad address or config file ("FILE:LINE:COLUMN: problem" for the file).
+StatusOr<ControllerAddress> ResolveControllerAddress(const EnvLookup& env);
+
+}  // namespace llmctl::cli
+
+#endif  // LLMCTL_CONTROLLER_CLI_ADDRESS_H_

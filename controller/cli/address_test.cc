@@ -1,0 +1,122 @@
+#include "controller/cli/address.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+
+namespace llmctl::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+EnvLookup FakeEnv(std::map<std::string, std::string> values) {
+  return [values = std::move(values)](std::string_view name) -> std::optional<std::string> {
+    auto it = values.find(std::string(name));
+    if (it == values.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+class AddressTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/llmctl-address-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    home_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(home_); }
+  void WriteConfig(const std::string& text) {
+    fs::create_directories(home_ / ".config" / "llmctl");
+    std::ofstream(home_ / ".config" / "llmctl" / "config.yaml") << text;
+  }
+  fs::path home_;
+};
+
+TEST(CheckControllerTargetTest, AcceptsUnixPathsAndHostPorts) {
+  for (const char* good : {"unix:/run/llmctl/controller.sock", "localhost:7070", "127.0.0.1:1",
+                           "[::1]:65535", "controller.example:443"}) {
+    EXPECT_TRUE(CheckControllerTarget(good, "test").ok()) << good;
+  }
+  for (const char* bad : {"unix:relative.sock", "localhost", "localhost:0", "host:65536", ":7070",
+                          "::1:7070", "host:port", "unix:"}) {
+    Status status = CheckControllerTarget(bad, "LLMCTL_CONTROLLER");
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(status.message().rfind("LLMCTL_CONTROLLER: controller address '", 0), 0u)
+        << status.message();
+  }
+}
+
+TEST_F(AddressTest, EnvironmentWinsOverTheConfigFile) {
+  WriteConfig("controller: localhost:7070\n");
+  StatusOr<ControllerAddress> address = ResolveControllerAddress(
+      FakeEnv({{"HOME", home_.string()}, {"LLMCTL_CONTROLLER", "unix:/tmp/c.sock"}}));
+  ASSERT_TRUE(address.ok()) << address.status().message();
+  EXPECT_EQ(address->target, "unix:/tmp/c.sock");
+  EXPECT_EQ(address->source, "LLMCTL_CONTROLLER");
+  EXPECT_FALSE(address->embedded);
+}
+
+TEST_F(AddressTest, ConfigFileWhenNoEnvironment) {
+  WriteConfig("# where llmctld listens\ncontroller: localhost:7070\n");
+  StatusOr<ControllerAddress> address = ResolveControllerAddress(FakeEnv({{"HOME", home_}}));
+  ASSERT_TRUE(address.ok()) << address.status().message();
+  EXPECT_EQ(address->target, "localhost:7070");
+  EXPECT_EQ(address->source, (home_ / ".config/llmctl/config.yaml").string());
+  EXPECT_FALSE(address->embedded);
+}
+
+TEST_F(AddressTest, XdgConfigHomeMovesTheConfigFile) {
+  fs::create_directories(home_ / "xdg" / "llmctl");
+  std::ofstream(home_ / "xdg" / "llmctl" / "config.yaml") << "controller: unix:/x.sock\n";
+  StatusOr<ControllerAddress> address = ResolveControllerAddress(
+      FakeEnv({{"HOME", home_}, {"XDG_CONFIG_HOME", (home_ / "xdg").string()}}));
+  ASSERT_TRUE(address.ok()) << address.status().message();
+  EXPECT_EQ(address->target, "unix:/x.sock");
+}
+
+TEST_F(AddressTest, ConfigFileErrorsNameFileLineAndColumn) {
+  const std::string file = (home_ / ".config/llmctl/config.yaml").string();
+  WriteConfig("controler: localhost:7070\n");
+  Status unknown = ResolveControllerAddress(FakeEnv({{"HOME", home_}})).status();
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.message(),
+            file + ":1:1: unknown key 'controler' (the only key is 'controller')");
+
+  WriteConfig("\ncontroller: localhost\n");
+  Status bad = ResolveControllerAddress(FakeEnv({{"HOME", home_}})).status();
+  EXPECT_EQ(bad.message().rfind(file + ":2:13: controller address 'localhost'", 0), 0u)
+      << bad.message();
+
+  WriteConfig("controller: [unclosed\n");
+  Status syntax = ResolveControllerAddress(FakeEnv({{"HOME", home_}})).status();
+  EXPECT_EQ(syntax.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(syntax.message().rfind(file + ":", 0), 0u) << syntax.message();
+}
+
+TEST_F(AddressTest, EmbeddedDefaultUsesTheDataDirectory) {
+  StatusOr<ControllerAddress> address = ResolveControllerAddress(FakeEnv({{"HOME", home_}}));
+  ASSERT_TRUE(address.ok()) << address.status().message();
+  EXPECT_TRUE(address->embedded);
+  EXPECT_EQ(address->data_dir, home_ / ".local/share/llmctl");
+  EXPECT_EQ(address->target, "unix:" + (home_ / ".local/share/llmctl/controller.sock").string());
+
+  WriteConfig("# nothing configured yet\n");
+  EXPECT_TRUE(ResolveControllerAddress(FakeEnv({{"HOME", home_}}))->embedded);
+}
+
+TEST(EmbeddedDataDirTest, LlmctlHomeThenXdgDataHomeThenHome) {
+  EXPECT_EQ(
+      *EmbeddedDataDir(FakeEnv({{"LLMCTL_HOME", "/d"}, {"XDG_DATA_HOME", "/x"}, {"HOME", "/h"}})),
+      fs::path("/d"));
+  EXPECT_EQ(*EmbeddedDataDir(FakeEnv({{"XDG_DATA_HOME", "/x"}, {"HOME", "/h"}})),
+            fs::path("/x/llmctl"));
+  EXPECT_EQ(*EmbeddedDataDir(FakeEnv({{"HOME", "/h"}})), fs::path("/h/.local/share/llmctl"));
+  EXPECT_EQ(EmbeddedDataDir(FakeEnv({})).status().code(), StatusCode::kInvalidArgument);
+  Status relative = EmbeddedDataDir(FakeEnv({{"LLMCTL_HOME", "data"}})).status();
+  EXPECT_EQ(relative.message(), "LLMCTL_HOME='data' is not an absolute path");
+}
+
+}  // namespace
+}  // namespace llmctl::cli

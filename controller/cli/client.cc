@@ -1,0 +1,19 @@
+#include "controller/cli/client.h"
+
+namespace llmctl::cli {
+
+std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target) {
+  grpc::ChannelArguments arguments;
+  // Uploads send 1 MiB chunks; reports and artifacts may come back larger than gRPC's 4 MiB
+  // default.
+  arguments.SetMaxReceiveMessageSize(64 << 20);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
+}
+
+std::unique_ptr<grpc::ClientContext> UnaryContext() {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  return context;
+}
+
+}  // namespace llmctl::cli

@@ -1,0 +1,29 @@
+// The CLI's side of the Controller service: channels and the calls' deadlines (statuses convert
+// with rpc/status.h).
+#ifndef LLMCTL_CONTROLLER_CLI_CLIENT_H_
+#define LLMCTL_CONTROLLER_CLI_CLIENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "llmctl/v1/controller.grpc.pb.h"
+
+namespace llmctl::cli {
+
+// Deadline of every unary call; streams (watch, uploads, fetch) have none.
+inline constexpr std::chrono::seconds kCallDeadline{60};
+
+// A channel to the controller at `target` ("unix:/path" or "host:port"). The CLI API is served on a
+// unix socket or on localhost (see controller/), so the channel carries no TLS.
+std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target);
+
+// A context whose deadline is kCallDeadline from now.
+std::unique_ptr<grpc::ClientContext> UnaryContext();
+
+}  // namespace llmctl::cli
+
+#endif  // LLMCTL_CONTROLLER_CLI_CLIENT_H_

@@ -1,0 +1,584 @@
+#include "controller/cli/commands.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "common/atomic_file.h"
+#include "common/experiment.h"
+#include "common/files.h"
+#include "controller/cli/client.h"
+#include "controller/cli/daemons.h"
+#include "controller/cli/input_tree.h"
+#include "controller/cli/inputs.h"
+#include "controller/cli/report.h"
+#include "controller/cli/watch_view.h"
+#include "controller/openstack/lease_cli.h"
+#include "llmctl/v1/controller.grpc.pb.h"
+#include "rpc/status.h"
+
+namespace llmctl::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t kMaxExperimentFileBytes = 4 << 20;
+constexpr int kWatchReconnects = 30;
+constexpr std::chrono::seconds kDaemonStopGrace{10};
+
+// Left-aligned columns, two spaces apart.
+std::string Columns(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    widths.resize(std::max(widths.size(), row.size()), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string FormatUnixTime(int64_t seconds) {
+  const std::time_t time = static_cast<std::time_t>(seconds);
+  std::tm tm{};
+  localtime_r(&time, &tm);
+  char buffer[32];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%d %H:%M", &tm);
+  return buffer;
+}
+
+// A relative, '/'-separated path with no "..", "." or empty segment, as an artifact path must be
+// before anything is written under the destination.
+bool IsSafeRelativePath(const std::string& path) {
+  if (path.empty() || path.front() == '/') return false;
+  size_t start = 0;
+  while (start <= path.size()) {
+    const size_t end = std::min(path.find('/', start), path.size());
+    const std::string_view segment(path.data() + start, end - start);
+    if (segment.empty() || segment == "." || segment == "..") return false;
+    start = end + 1;
+  }
+  return path.find('\0') == std::string::npos;
+}
+
+// One artifact file as it arrives: written to "<path>.part", renamed to its name once its size and
+// sha256 check out, removed otherwise. Artifacts can be checkpoints of many GiB: nothing is held in
+// memory.
+class ArtifactFile {
+ public:
+  static StatusOr<std::unique_ptr<ArtifactFile>> Begin(const fs::path& destination,
+                                                       const v1::ArtifactChunk& first) {
+    if (!IsSafeRelativePath(first.path())) {
+      return DataLossError(
+          "the controller sent an artifact path that is not a safe relative "
+          "path: '" +
+          first.path() + "'");
+    }
+    const fs::path target = destination / first.path();
+    std::error_code error;
+    fs::create_directories(target.parent_path(), error);
+    if (error) {
+      return FailedPreconditionError(target.parent_path().string() + ": " + error.message());
+    }
+    const fs::path part = target.string() + ".part";
+    const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return FailedPreconditionError(part.string() + ": " + std::strerror(errno));
+    return std::unique_ptr<ArtifactFile>(
+        new ArtifactFile(first.path(), first.size(), target, part, fd));
+  }
+
+  ~ArtifactFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!finished_) ::unlink(part_.c_str());
+  }
+
+  Status Append(std::string_view data) {
+    received_ += static_cast<int64_t>(data.size());
+    if (received_ > size_) {
+      return DataLossError(path_ + ": more bytes than the announced " + std::to_string(size_));
+    }
+    sha256_.Update(data);
+    return WriteAll(fd_, data.data(), data.size());
+  }
+
+  Status Finish(const std::string& expected_sha256) {
+    const std::string sha256 = sha256_.HexDigest();
+    if (received_ != size_ || sha256 != expected_sha256) {
+      return DataLossError(path_ + ": received " + std::to_string(received_) +
+                           " bytes with sha256 " + sha256 + ", expected " + std::to_string(size_) +
+                           " bytes with sha256 " + expected_sha256);
+    }
+    const int fd = std::exchange(fd_, -1);
+    if (::fsync(fd) != 0 || ::close(fd) != 0) {
+      return FailedPreconditionError(part_.string() + ": " + std::strerror(errno));
+    }
+    if (::rename(part_.c_str(), target_.c_str()) != 0) {
+      return FailedPreconditionError(target_.string() + ": " + std::strerror(errno));
+    }
+    finished_ = true;
+    return Status::Ok();
+  }
+
+  const std::string& path() const { return path_; }
+  int64_t size() const { return size_; }
+
+ private:
+  ArtifactFile(std::string path, int64_t size, fs::path target, fs::path part, int fd)
+      : path_(std::move(path)),
+        size_(size),
+        target_(std::move(target)),
+        part_(std::move(part)),
+        fd_(fd) {}
+
+  const std::string path_;  // as the controller named it
+  const int64_t size_;
+  const fs::path target_;
+  const fs::path part_;
+  int fd_;
+  int64_t received_ = 0;
+  Sha256 sha256_;
+  bool finished_ = false;
+};
+
+class Llmctl {
+ public:
+  explicit Llmctl(CliContext& context) : context_(context) {}
+
+  int Run(const std::vector<std::string>& args);
+
+ private:
+  // The controller's stub, starting the embedded daemons when no controller is configured.
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> Connect();
+  int Fail(const Status& status) {
+    context_.err << "llmctl: " << status.message() << "\n";
+    if (status.code() == StatusCode::kUnavailable && !target_.empty()) {
+      context_.err << "llmctl: is the controller at " << target_ << " (from " << target_source_
+                   << ") running?\n";
+    }
+    return ExitCodeFor(status);
+  }
+  // Prints each status of experiment `id` until every trial has ended, reconnecting when the
+  // controller goes away for a while. The last status.
+  StatusOr<v1::ExperimentStatus> Follow(v1::Controller::Stub& stub, int64_t id);
+
+  int Submit(const std::string& file, bool wait);
+  int ShowStatus(int64_t id);
+  int Watch(int64_t id);
+  int Cancel(int64_t id, const std::string& trial);
+  int Report(int64_t id, const std::string& format_name, const std::string& output);
+  int Fetch(int64_t id, const std::string& trial, const std::string& to);
+  int Nodes();
+  int Daemon(const std::string& action);
+
+  CliContext& context_;
+  std::string target_;  // set by Connect, for messages
+  std::string target_source_;
+};
+
+StatusOr<std::unique_ptr<v1::Controller::Stub>> Llmctl::Connect() {
+  ASSIGN_OR_RETURN(ControllerAddress address, ResolveControllerAddress(context_.env));
+  target_ = address.target;
+  target_source_ = address.source;
+  if (address.embedded) {
+    StatusOr<DaemonBinaries> binaries = LocateDaemonBinaries(context_.self, context_.env);
+    if (!binaries.ok()) {
+      return UnavailableError(
+          "no controller is configured (LLMCTL_CONTROLLER or " +
+          ConfigFilePath(context_.env).value_or("config.yaml").string() +
+          ") and the embedded one cannot start: " + binaries.status().message());
+    }
+    EmbeddedDaemons daemons(address.data_dir, std::move(*binaries));
+    RETURN_IF_ERROR(daemons.EnsureRunning(context_.daemon_ready_timeout));
+  }
+  return v1::Controller::NewStub(OpenControllerChannel(address.target));
+}
+
+StatusOr<v1::ExperimentStatus> Llmctl::Follow(v1::Controller::Stub& stub, int64_t id) {
+  WatchPrinter printer(context_.out_is_tty);
+  std::optional<v1::ExperimentStatus> last;
+  for (int reconnects = 0;; ++reconnects) {
+    grpc::ClientContext call;
+    v1::GetExperimentRequest request;
+    request.set_experiment_id(id);
+    std::unique_ptr<grpc::ClientReader<v1::ExperimentStatus>> reader = stub.Watch(&call, request);
+    v1::ExperimentStatus status;
+    while (reader->Read(&status)) {
+      context_.out << printer.Update(status) << std::flush;
+      last = status;
+    }
+    const Status finished = rpc::FromGrpcStatus(reader->Finish());
+    if (finished.ok()) {
+      if (last) return *last;
+      return InternalError("the controller ended the watch of experiment " + std::to_string(id) +
+                           " without a status");
+    }
+    if (finished.code() != StatusCode::kUnavailable || reconnects == kWatchReconnects) {
+      return finished.WithContext("watching experiment " + std::to_string(id));
+    }
+    std::this_thread::sleep_for(context_.watch_retry_interval);
+  }
+}
+
+int Llmctl::Submit(const std::string& file, bool wait) {
+  StatusOr<std::string> text = ReadFileToString(file, kMaxExperimentFileBytes);
+  if (!text.ok()) return Fail(InvalidArgumentError(file + ": " + text.status().message()));
+  // Locally first, with the files on this machine, exactly as llm-train would: nothing is sent
+  // when the file is wrong.
+  StatusOr<Experiment> checked = ParseExperiment(*text, file, {.resolve_local_paths = true});
+  if (!checked.ok()) return Fail(checked.status());
+  StatusOr<Experiment> as_written = ParseExperiment(*text, file, {.resolve_local_paths = false});
+  if (!as_written.ok()) return Fail(as_written.status());
+  StatusOr<SubmitInputs> inputs = CollectInputs(*as_written, file);
+  if (!inputs.ok()) return Fail(inputs.status());
+
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
+  if (!stub.ok()) return Fail(stub.status());
+  StatusOr<UploadSummary> uploaded = UploadMissingBlobs(**stub, inputs->blobs);
+  if (!uploaded.ok()) return Fail(uploaded.status());
+
+  v1::SubmitRequest request;
+  request.set_filename(file);
+  request.set_yaml_text(*text);
+  for (auto& [written, tree] : inputs->trees) (*request.mutable_inputs())[written] = tree;
+  v1::SubmitResponse response;
+  const Status submitted =
+      rpc::FromGrpcStatus((*stub)->Submit(UnaryContext().get(), request, &response));
+  if (!submitted.ok()) return Fail(submitted);
+  context_.out << response.experiment_id() << "\n" << std::flush;
+  context_.err << "submitted " << response.name() << " (" << response.trials_size()
+               << " trials); inputs: " << inputs->trees.size() << " trees, " << uploaded->blobs
+               << " files, " << uploaded->uploaded << " uploaded (" << uploaded->bytes
+               << " bytes)\n";
+  if (!wait) return kExitOk;
+
+  StatusOr<v1::ExperimentStatus> followed = Follow(**stub, response.experiment_id());
+  if (!followed.ok()) return Fail(followed.status());
+  v1::GetExperimentRequest report_request;
+  report_request.set_experiment_id(response.experiment_id());
+  v1::ReportResponse report;
+  const Status reported =
+      rpc::FromGrpcStatus((*stub)->Report(UnaryContext().get(), report_request, &report));
+  if (!reported.ok()) return Fail(reported);
+  context_.out << "\n" << RenderReport(report, ReportFormat::kTable);
+  return CountUnexpectedOutcomes(report) > 0 ? kExitFailed : kExitOk;
+}
+
+int Llmctl::ShowStatus(int64_t id) {
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
+  if (!stub.ok()) return Fail(stub.status());
+  if (id == 0) {
+    v1::ListExperimentsResponse list;
+    const Status listed = rpc::FromGrpcStatus(
+        (*stub)->ListExperiments(UnaryContext().get(), v1::ListExperimentsRequest(), &list));
+    if (!listed.ok()) return Fail(listed);
+    if (list.experiments().empty()) {
+      context_.out << "no experiments yet; llmctl submit FILE.yaml starts one\n";
+      return kExitOk;
+    }
+    std::vector<std::vector<std::string>> rows = {
+        {"id", "name", "state", "ended", "created", "file"}};
+    for (const v1::ExperimentSummary& e : list.experiments()) {
+      rows.push_back({std::to_string(e.id()), e.name(), e.state(),
+                      std::to_string(e.ended()) + "/" + std::to_string(e.trials()),
+                      FormatUnixTime(e.created_unix()), e.filename()});
+    }
+    context_.out << Columns(rows);
+    return kExitOk;
+  }
+  v1::GetExperimentRequest request;
+  request.set_experiment_id(id);
+  v1::ExperimentStatus status;
+  const Status got =
+      rpc::FromGrpcStatus((*stub)->GetExperiment(UnaryContext().get(), request, &status));
+  if (!got.ok()) return Fail(got);
+  context_.out << "experiment " << status.id() << " " << status.name() << ": " << status.state()
+               << "\n";
+  for (const std::string& line : WatchLines(status)) context_.out << line << "\n";
+  return kExitOk;
+}
+
+int Llmctl::Watch(int64_t id) {
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
+  if (!stub.ok()) return Fail(stub.status());
+  StatusOr<v1::ExperimentStatus> followed = Follow(**stub, id);
+  if (!followed.ok()) return Fail(followed.status());
+  return kExitOk;
+}
+
+int Llmctl::Cancel(int64_t id, const std::string& trial) {
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
+  if (!stub.ok()) return Fail(stub.status());
+  v1::CancelRequest request;
+  request.set_experiment_id(id);
+  request.set_trial(trial);
+  v1::CancelResponse response;
+  const Status cancelled =
+      rpc::FromGrpcStatus((*stub)->Cancel(UnaryContext().get(), request, &response));
+  if (!cancelled.ok()) return Fail(cancelled);
+  if (response.cancelled().empty()) {
+    context_.out << "nothing to cancel: " << (trial.empty() ? "every trial" : trial)
+                 << " had already ended\n";
+  }
+  for (const std::string& name : response.cancelled()) context_.out << "cancelled " << name << "\n";
+  return kExitOk;
+}
+
+int Llmctl::Report(int64_t id, const std::string& format_name, const std::string& output) {
+  StatusOr<ReportFormat> format = ParseReportFormat(format_name);
+  if (!format.ok()) return Fail(format.status());
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
+  if (!stub.ok()) return Fail(stub.status());
+  v1::GetExperimentRequest request;
+  request.set_experiment_id(id);
+  v1::ReportResponse report;
+  const Status got = rpc::FromGrpcStatus((*stub)->Report(UnaryContext().get(), request, &report));
+  if (!got.ok()) return Fail(got);
+  const std::string text = RenderReport(report, *format);
+  if (output.empty()) {
+    context_.out << text;
+    return kExitOk;
+  }
+  const Status written =
+      WriteFileAtomically(output, [&](int fd) { return WriteAll(fd, text.data(), text.size()); });
+  if (!written.ok()) return Fail(written.WithContext("--output " + output));
+  context_.err << "wrote " << output << "\n";
+  return kExitOk;
+}
+
+int Llmctl::Fetch(int64_t id, const std::string& trial, const std::string& to) {
+  std::string safe_trial = trial;  // sweep trials are named "base/key=value"
+  std::replace(safe_trial.begin(), safe_trial.end(), '/', '_');
+  const fs::path destination =
+      to.empty() ? fs::path("llmctl-" + std::to_string(id) + "-" + safe_trial) : fs::path(to);
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
+  if (!stub.ok()) return Fail(stub.status());
+
+  grpc::ClientContext call;
+  v1::FetchTrialArtifactsRequest request;
+  request.set_experiment_id(id);
+  request.set_trial(trial);
+  std::unique_ptr<grpc::ClientReader<v1::ArtifactChunk>> reader =
+      (*stub)->FetchArtifacts(&call, request);
+  auto abort = [&](const Status& status) {
+    call.TryCancel();
+    reader->Finish().ok();
+    return Fail(status);
+  };
+  std::unique_ptr<ArtifactFile> current;
+  int files = 0;
+  int64_t total = 0;
+  v1::ArtifactChunk chunk;
+  while (reader->Read(&chunk)) {
+    if (current == nullptr) {
+      StatusOr<std::unique_ptr<ArtifactFile>> begun = ArtifactFile::Begin(destination, chunk);
+      if (!begun.ok()) return abort(begun.status());
+      current = std::move(*begun);
+    }
+    if (Status appended = current->Append(chunk.data()); !appended.ok()) return abort(appended);
+    if (!chunk.last()) continue;
+    if (Status finished = current->Finish(chunk.sha256()); !finished.ok()) return abort(finished);
+    ++files;
+    total += current->size();
+    current.reset();
+  }
+  const Status finished = rpc::FromGrpcStatus(reader->Finish());
+  if (!finished.ok()) return Fail(finished);
+  if (current != nullptr) {
+    return Fail(DataLossError(current->path() + ": the stream ended in the middle of the file"));
+  }
+  context_.out << "fetched " << files << " files (" << total << " bytes, sha256 checked) into "
+               << destination.string() << "\n";
+  return kExitOk;
+}
+
+int Llmctl::Nodes() {
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
+  if (!stub.ok()) return Fail(stub.status());
+  v1::ListNodesResponse nodes;
+  const Status listed =
+      rpc::FromGrpcStatus((*stub)->ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes));
+  if (!listed.ok()) return Fail(listed);
+  std::vector<std::vector<std::string>> rows = {
+      {"node", "state", "address", "devices", "last seen", "running"}};
+  for (const v1::NodeStatus& node : nodes.nodes()) {
+    std::map<std::string, int> device_counts;  // "cuda NVIDIA H100 PCIe 79.6 GiB" -> count
+    for (const v1::Device& device : node.devices()) {
+      char memory[32];
+      std::snprintf(memory, sizeof memory, " %.1f GiB",
+                    static_cast<double>(device.memory_bytes()) / (1LL << 30));
+      ++device_counts[device.type() + " " + device.name() + memory];
+    }
+    std::string devices;
+    for (const auto& [description, count] : device_counts) {
+      if (!devices.empty()) devices += ", ";
+      devices += std::to_string(count) + "x " + description;
+    }
+    rows.push_back({node.name(), node.state(), node.address(), devices.empty() ? "–" : devices,
+                    node.last_seen_unix() > 0 ? FormatUnixTime(node.last_seen_unix()) : "never",
+                    node.running().empty() ? "–" : node.running()});
+  }
+  context_.out << Columns(rows);
+  return kExitOk;
+}
+
+int Llmctl::Daemon(const std::string& action) {
+  StatusOr<ControllerAddress> address = ResolveControllerAddress(context_.env);
+  if (!address.ok()) return Fail(address.status());
+  if (!address->embedded) {
+    return Fail(InvalidArgumentError(
+        "the controller is configured (" + address->target + ", from " + address->source +
+        "); `llmctl daemon` manages only the embedded one, used when none is configured"));
+  }
+  StatusOr<DaemonBinaries> binaries = LocateDaemonBinaries(context_.self, context_.env);
+  if (!binaries.ok()) return Fail(binaries.status());
+  EmbeddedDaemons daemons(address->data_dir, std::move(*binaries));
+  if (action == "start") {
+    const Status started = daemons.EnsureRunning(context_.daemon_ready_timeout);
+    if (!started.ok()) return Fail(started);
+  } else if (action == "stop") {
+    for (const std::string& line : daemons.Stop(kDaemonStopGrace)) context_.out << line << "\n";
+    return kExitOk;
+  }
+  for (const std::string& line : daemons.Describe()) context_.out << line << "\n";
+  return kExitOk;
+}
+
+constexpr char kDescription[] =
+    "llmctl: run fine-tuning memory/speed experiments and report what each technique costs.\n\n"
+    "The controller is LLMCTL_CONTROLLER (unix:/path or host:port), else `controller:` in\n"
+    "${XDG_CONFIG_HOME:-~/.config}/llmctl/config.yaml, else an embedded one that llmctl starts\n"
+    "in the background (llmctld and a local llm-agent, data in $LLMCTL_HOME or\n"
+    "${XDG_DATA_HOME:-~/.local/share}/llmctl; `llmctl daemon stop` ends them).\n\n"
+    "Exit codes: 0 ok; 1 a trial ended other than its `expect:` (submit --wait) or an operation\n"
+    "failed; 2 invalid input (flags, experiment file, id, trial); 3 controller unreachable.";
+
+int Llmctl::Run(const std::vector<std::string>& args) {
+  CLI::App app(kDescription, "llmctl");
+  app.require_subcommand(1);
+
+  std::string file, trial, format = "table", output, to, action;
+  int64_t id = 0;
+  bool wait = false;
+
+  CLI::App* submit = app.add_subcommand(
+      "submit", "Validate an experiment file, upload its local inputs, start it; prints its id");
+  submit->add_option("FILE", file, "The experiment file (YAML)")->required();
+  submit->add_flag("--wait", wait,
+                   "Follow it live, print the report, exit 1 when a trial's outcome differs "
+                   "from its expect:");
+
+  CLI::App* status = app.add_subcommand("status", "List experiments, or one experiment's trials");
+  status->add_option("ID", id, "An experiment id (default: list them all)")
+      ->check(CLI::NonNegativeNumber);
+
+  CLI::App* watch = app.add_subcommand(
+      "watch",
+      "Follow an experiment live until every trial has ended (a table redrawn in place "
+      "on a terminal, appended lines otherwise)");
+  watch->add_option("ID", id, "The experiment id (default: the latest)")
+      ->check(CLI::NonNegativeNumber);
+
+  CLI::App* cancel =
+      app.add_subcommand("cancel", "Cancel an experiment's trials that have not ended");
+  cancel->add_option("ID", id, "The experiment id")->required()->check(CLI::PositiveNumber);
+  cancel->add_option("--trial", trial, "Only this trial");
+
+  CLI::App* report = app.add_subcommand("report",
+                                        "An experiment's results: outcome, memory per "
+                                        "category at the peak snapshot, time, tokens/s");
+  report->add_option("ID", id, "The experiment id (default: the latest)")
+      ->check(CLI::NonNegativeNumber);
+  report
+      ->add_option("--format", format, "table, csv, json, markdown or html (one file with charts)")
+      ->capture_default_str();
+  report->add_option("--output", output, "Write to FILE instead of standard output");
+
+  CLI::App* fetch = app.add_subcommand(
+      "fetch", "Copy a trial's artifacts (adapters, checkpoints, logs), checking each sha256");
+  fetch->add_option("ID", id, "The experiment id")->required()->check(CLI::PositiveNumber);
+  fetch->add_option("TRIAL", trial, "The trial's name")->required();
+  fetch->add_option("--to", to, "Destination directory (default: ./llmctl-ID-TRIAL)");
+
+  CLI::App* nodes =
+      app.add_subcommand("nodes", "The agents the controller knows and their devices");
+
+  // The lease commands parse their own flags (controller/openstack/lease_cli.h).
+  CLI::App* lease = app.add_subcommand(
+      "lease", "Chameleon leases: create|list|show|extend|delete (llmctl lease list, ...)");
+  lease->prefix_command();
+  lease->set_help_flag();
+
+  CLI::App* daemon =
+      app.add_subcommand("daemon", "Start, stop or show the embedded llmctld and llm-agent");
+  daemon->add_option("ACTION", action, "start, stop or status")
+      ->required()
+      ->check(CLI::IsMember({"start", "stop", "status"}));
+
+  std::vector<const char*> argv;
+  for (const std::string& arg : args) argv.push_back(arg.c_str());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e, context_.out, context_.err);
+    return code == static_cast<int>(CLI::ExitCodes::Success) ? kExitOk : kExitInvalidInput;
+  }
+
+  if (submit->parsed()) return Submit(file, wait);
+  if (status->parsed()) return ShowStatus(id);
+  if (watch->parsed()) return Watch(id);
+  if (cancel->parsed()) return Cancel(id, trial);
+  if (report->parsed()) return Report(id, format, output);
+  if (fetch->parsed()) return Fetch(id, trial, to);
+  if (nodes->parsed()) return Nodes();
+  if (daemon->parsed()) return Daemon(action);
+  if (lease->parsed()) {
+    openstack::LeaseCommandContext lease_context;
+    lease_context.env = [this](const std::string& name) { return context_.env(name); };
+    return openstack::RunLeaseCommand(lease->remaining(), context_.out, context_.err,
+                                      lease_context);
+  }
+  return kExitInvalidInput;  // require_subcommand(1) makes this unreachable
+}
+
+}  // namespace
+
+int ExitCodeFor(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kOk:
+      return kExitOk;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kNotFound:
+    case StatusCode::kAlreadyExists:
+    case StatusCode::kOutOfRange:
+      return kExitInvalidInput;
+    case StatusCode::kUnavailable:
+    case StatusCode::kDeadlineExceeded:
+      return kExitUnreachable;
+    default:
+      return kExitFailed;
+  }
+}
+
+int RunLlmctl(const std::vector<std::string>& args, CliContext& context) {
+  return Llmctl(context).Run(args);
+}
+
+}  // namespace llmctl::cli

@@ -1,0 +1,50 @@
+// The `llmctl` command line: submit, status, watch, cancel, report, fetch, nodes, daemon, and lease
+// (controller/openstack/lease_cli.h, same exit codes).
+//
+// Exit codes (stable; scripts rely on them):
+//   0  success
+//   1  a trial ended other than its `expect:` says (submit --wait), or an operation failed
+//   2  invalid input: a bad flag, experiment file, format, id or trial name (nothing was sent)
+//   3  the controller is unreachable (or the embedded one could not be started)
+#ifndef LLMCTL_CONTROLLER_CLI_COMMANDS_H_
+#define LLMCTL_CONTROLLER_CLI_COMMANDS_H_
+
+#include <chrono>
+#include <filesystem>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/cli/address.h"
+
+namespace llmctl::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitInvalidInput = 2;
+inline constexpr int kExitUnreachable = 3;
+
+// The exit code for a failed operation's status: 2 for the caller's mistakes (InvalidArgument,
+// NotFound, AlreadyExists, OutOfRange), 3 for Unavailable and DeadlineExceeded, 1 otherwise.
+int ExitCodeFor(const Status& status);
+
+// What a command reads and writes besides its arguments, so tests run commands in-process.
+struct CliContext {
+  EnvLookup env;
+  std::ostream& out;
+  std::ostream& err;
+  bool out_is_tty = false;
+  std::filesystem::path self;  // this executable, to find llmctld and llm-agent beside it
+  // How long the embedded controller may take to answer after it is started.
+  std::chrono::milliseconds daemon_ready_timeout{30000};
+  // Between reconnects of a watch whose controller went away.
+  std::chrono::milliseconds watch_retry_interval{1000};
+};
+
+// Runs one command line (args[0] is the program name) and returns its exit code.
+int RunLlmctl(const std::vector<std::string>& args, CliContext& context);
+
+}  // namespace llmctl::cli
+
+#endif  // LLMCTL_CONTROLLER_CLI_COMMANDS_H_

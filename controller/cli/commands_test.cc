@@ -1,0 +1,386 @@
+// llmctl's commands against an in-process fake Controller on a unix socket.
+#include "controller/cli/commands.h"
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "controller/cli/input_tree.h"
+#include "controller/cli/inputs.h"
+#include "llmctl/v1/controller.grpc.pb.h"
+
+namespace llmctl::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Records what the CLI sends and answers from canned responses.
+class FakeController final : public v1::Controller::Service {
+ public:
+  grpc::Status MissingBlobs(grpc::ServerContext*, const v1::MissingBlobsRequest* request,
+                            v1::MissingBlobsResponse* response) override {
+    std::lock_guard lock(mutex_);
+    ++calls_;
+    for (const std::string& sha256 : request->sha256()) {
+      asked_.push_back(sha256);
+      if (!present_.contains(sha256)) response->add_sha256(sha256);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status UploadBlob(grpc::ServerContext*, grpc::ServerReader<v1::BlobChunk>* reader,
+                          v1::UploadBlobResponse* response) override {
+    v1::BlobChunk chunk;
+    std::string sha256, bytes;
+    int64_t size = -1;
+    std::vector<size_t> chunk_sizes;
+    while (reader->Read(&chunk)) {
+      if (size < 0) {
+        sha256 = chunk.sha256();
+        size = chunk.size();
+      } else if (!chunk.sha256().empty()) {
+        return {grpc::StatusCode::INVALID_ARGUMENT, "sha256 after the first chunk"};
+      }
+      chunk_sizes.push_back(chunk.data().size());
+      bytes += chunk.data();
+    }
+    if (Sha256Hex(bytes) != sha256 || static_cast<int64_t>(bytes.size()) != size) {
+      return {grpc::StatusCode::DATA_LOSS, "digest or size differ"};
+    }
+    std::lock_guard lock(mutex_);
+    ++calls_;
+    uploaded_[sha256] = bytes;
+    upload_chunk_sizes_[sha256] = chunk_sizes;
+    response->set_sha256(sha256);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest* request,
+                      v1::SubmitResponse* response) override {
+    std::lock_guard lock(mutex_);
+    ++calls_;
+    submitted_ = *request;
+    response->set_experiment_id(42);
+    response->set_name("lab");
+    response->add_trials(std::string("a"));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Watch(grpc::ServerContext*, const v1::GetExperimentRequest* request,
+                     grpc::ServerWriter<v1::ExperimentStatus>* writer) override {
+    {
+      std::lock_guard lock(mutex_);
+      ++calls_;
+    }
+    for (const v1::ExperimentStatus& status : watch_) writer->Write(status);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Report(grpc::ServerContext*, const v1::GetExperimentRequest* request,
+                      v1::ReportResponse* response) override {
+    std::lock_guard lock(mutex_);
+    ++calls_;
+    if (request->experiment_id() != report_.experiment_id() && request->experiment_id() != 0) {
+      return {grpc::StatusCode::NOT_FOUND,
+              "no experiment " + std::to_string(request->experiment_id())};
+    }
+    *response = report_;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status FetchArtifacts(grpc::ServerContext*, const v1::FetchTrialArtifactsRequest*,
+                              grpc::ServerWriter<v1::ArtifactChunk>* writer) override {
+    for (const v1::ArtifactChunk& chunk : artifacts_) writer->Write(chunk);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Cancel(grpc::ServerContext*, const v1::CancelRequest* request,
+                      v1::CancelResponse* response) override {
+    std::lock_guard lock(mutex_);
+    ++calls_;
+    response->add_cancelled(request->trial().empty() ? "all" : request->trial());
+    return grpc::Status::OK;
+  }
+
+  std::mutex mutex_;
+  int calls_ = 0;
+  std::set<std::string> present_;
+  std::vector<std::string> asked_;
+  std::map<std::string, std::string> uploaded_;
+  std::map<std::string, std::vector<size_t>> upload_chunk_sizes_;
+  std::optional<v1::SubmitRequest> submitted_;
+  std::vector<v1::ExperimentStatus> watch_;
+  v1::ReportResponse report_;
+  std::vector<v1::ArtifactChunk> artifacts_;
+};
+
+class CommandsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/llmctl-cli-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    target_ = "unix:" + (dir_ / "controller.sock").string();
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(target_, grpc::InsecureServerCredentials());
+    builder.RegisterService(&fake_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+  }
+  void TearDown() override {
+    server_->Shutdown();
+    fs::remove_all(dir_);
+  }
+
+  int Run(std::vector<std::string> args, std::string target = "") {
+    out_.str("");
+    err_.str("");
+    args.insert(args.begin(), "llmctl");
+    const std::string controller = target.empty() ? target_ : target;
+    CliContext context{
+        .env = [controller](std::string_view name) -> std::optional<std::string> {
+          if (name == "LLMCTL_CONTROLLER") return controller;
+          return std::nullopt;
+        },
+        .out = out_,
+        .err = err_,
+        .out_is_tty = false,
+        .self = dir_ / "llmctl",
+        .daemon_ready_timeout = std::chrono::milliseconds(100),
+        .watch_retry_interval = std::chrono::milliseconds(1),
+    };
+    return RunLlmctl(args, context);
+  }
+
+  void Write(const fs::path& relative, const std::string& text) {
+    fs::create_directories((dir_ / relative).parent_path());
+    std::ofstream(dir_ / relative, std::ios::binary) << text;
+  }
+
+  std::string WriteExperiment() {
+    Write("lab/lab.yaml",
+          "model: llmctl-demo\n"
+          "init: random\n"
+          "tokenizer: tok\n"
+          "data: {path: data/train.jsonl}\n"
+          "trials:\n"
+          "  - {name: a, expect: ok}\n"
+          "  - {name: b, set: {data.path: /nonexistent/on/this/machine.jsonl}}\n");
+    return (dir_ / "lab" / "lab.yaml").string();
+  }
+
+  fs::path dir_;
+  std::string target_;
+  FakeController fake_;
+  std::unique_ptr<grpc::Server> server_;
+  std::ostringstream out_, err_;
+};
+
+TEST_F(CommandsTest, SubmitUploadsOnlyMissingBlobsInChunksAndSendsTheTrees) {
+  const std::string data(2 * kBlobChunkBytes + 5, 'd');  // three chunks
+  Write("lab/data/train.jsonl", data);
+  Write("lab/tok/tokenizer.json", "{}");
+  Write("lab/tok/special_tokens_map.json", "{}");  // same bytes: one blob
+  fake_.present_.insert(Sha256Hex("{}"));
+  const std::string file = WriteExperiment();
+
+  ASSERT_EQ(Run({"submit", file}), kExitOk) << err_.str();
+  EXPECT_EQ(out_.str(), "42\n");
+
+  std::lock_guard lock(fake_.mutex_);
+  EXPECT_EQ(fake_.asked_.size(), 2u);  // each distinct blob once
+  ASSERT_EQ(fake_.uploaded_.size(), 1u);
+  EXPECT_EQ(fake_.uploaded_.begin()->first, Sha256Hex(data));
+  EXPECT_EQ(fake_.uploaded_.begin()->second, data);
+  EXPECT_EQ(fake_.upload_chunk_sizes_.begin()->second,
+            (std::vector<size_t>{kBlobChunkBytes, kBlobChunkBytes, 5}));
+
+  ASSERT_TRUE(fake_.submitted_.has_value());
+  const v1::SubmitRequest& request = *fake_.submitted_;
+  EXPECT_EQ(request.filename(), file);
+  EXPECT_EQ(request.yaml_text().rfind("model: llmctl-demo\n", 0), 0u);
+  // Keyed by the path as written; the preset and the path that is not on this machine are not.
+  ASSERT_EQ(request.inputs_size(), 2);
+  const v1::InputTree& data_tree = request.inputs().at("data/train.jsonl");
+  EXPECT_TRUE(data_tree.is_file());
+  EXPECT_EQ(data_tree.files(0).path(), "train.jsonl");
+  EXPECT_EQ(data_tree.files(0).size(), static_cast<int64_t>(data.size()));
+  const v1::InputTree& tokenizer_tree = request.inputs().at("tok");
+  EXPECT_FALSE(tokenizer_tree.is_file());
+  EXPECT_EQ(tokenizer_tree.files_size(), 2);
+  EXPECT_EQ(tokenizer_tree.digest(), InputTreeDigest(tokenizer_tree));
+}
+
+TEST_F(CommandsTest, InvalidFileExitsTwoAndSendsNothing) {
+  Write("bad.yaml", "model: llmctl-demo\ntrain: {micro_batch_sise: 4}\n");
+  EXPECT_EQ(Run({"submit", (dir_ / "bad.yaml").string()}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("bad.yaml:2:9: unknown key 'train.micro_batch_sise' (did you mean "
+                            "'train.micro_batch_size'?)"),
+            std::string::npos)
+      << err_.str();
+  EXPECT_EQ(out_.str(), "");
+
+  EXPECT_EQ(Run({"submit", (dir_ / "missing.yaml").string()}), kExitInvalidInput);
+  EXPECT_EQ(Run({"submit"}), kExitInvalidInput);
+  EXPECT_EQ(Run({"report", "--format", "pdf"}), kExitInvalidInput);
+  EXPECT_EQ(Run({"cancel", "-3"}), kExitInvalidInput);
+  std::lock_guard lock(fake_.mutex_);
+  EXPECT_EQ(fake_.calls_, 0);
+}
+
+TEST_F(CommandsTest, HelpExitsZero) {
+  EXPECT_EQ(Run({"--help"}), kExitOk);
+  EXPECT_NE(out_.str().find("Exit codes:"), std::string::npos);
+  EXPECT_EQ(Run({"report", "--help"}), kExitOk);
+  EXPECT_NE(out_.str().find("--format"), std::string::npos);
+}
+
+v1::ReportResponse OneTrialReport(const std::string& outcome, const std::string& expected) {
+  v1::ReportResponse report;
+  report.set_experiment_id(42);
+  report.set_name("lab");
+  v1::TrialReport* trial = report.add_trials();
+  trial->set_name("a");
+  trial->set_outcome(outcome);
+  trial->set_expected(expected);
+  trial->set_train_seconds(2.5);
+  trial->set_tokens_per_second(1000);
+  trial->set_peak_bytes(100 << 20);
+  trial->set_final_loss(2.0);
+  v1::MemorySnapshot* snap = trial->mutable_at_peak();
+  snap->set_phase("phase1_after_fwd");
+  snap->set_params_bytes(10 << 20);
+  snap->set_allocated_bytes(90 << 20);
+  trial->add_per_phase()->CopyFrom(*snap);
+  return report;
+}
+
+TEST_F(CommandsTest, ReportJsonShape) {
+  fake_.report_ = OneTrialReport("ok", "ok");
+  ASSERT_EQ(Run({"report", "42", "--format", "json"}), kExitOk) << err_.str();
+  const nlohmann::json json = nlohmann::json::parse(out_.str());
+  ASSERT_EQ(json["trials"].size(), 1u);
+  const nlohmann::json& trial = json["trials"][0];
+  EXPECT_EQ(trial["name"], "a");
+  EXPECT_EQ(trial["outcome"], "ok");
+  EXPECT_EQ(trial["expected"], "ok");
+  EXPECT_EQ(trial["train_seconds"], 2.5);
+  EXPECT_EQ(trial["tokens_per_second"], 1000.0);
+  EXPECT_EQ(trial["peak_bytes"], 100 << 20);
+  EXPECT_EQ(trial["final_loss"], 2.0);
+  EXPECT_EQ(trial["at_peak"]["params_bytes"], 10 << 20);
+  EXPECT_EQ(trial["at_peak"]["allocated_bytes"], 90 << 20);
+  EXPECT_EQ(trial["per_phase"].size(), 1u);
+
+  EXPECT_EQ(Run({"report", "9"}), kExitInvalidInput);  // NOT_FOUND from the controller
+  EXPECT_NE(err_.str().find("no experiment 9"), std::string::npos);
+}
+
+TEST_F(CommandsTest, ReportOutputWritesTheFile) {
+  fake_.report_ = OneTrialReport("ok", "ok");
+  const fs::path output = dir_ / "report.html";
+  ASSERT_EQ(Run({"report", "--format", "html", "--output", output.string()}), kExitOk);
+  EXPECT_EQ(out_.str(), "");
+  std::ifstream in(output);
+  std::stringstream html;
+  html << in.rdbuf();
+  EXPECT_EQ(html.str().rfind("<!DOCTYPE html>", 0), 0u);
+}
+
+TEST_F(CommandsTest, SubmitWaitFollowsThenExitsOneWhenAnOutcomeDiffers) {
+  Write("lab/data/train.jsonl", "x");
+  Write("lab/tok/tokenizer.json", "{}");
+  v1::ExperimentStatus running;
+  running.set_id(42);
+  running.set_state("running");
+  v1::TrialStatus* trial = running.add_trials();
+  trial->set_name("a");
+  trial->set_state("running");
+  trial->set_step(1);
+  trial->set_total_steps(2);
+  v1::ExperimentStatus ended = running;
+  ended.set_state("ended");
+  ended.mutable_trials(0)->set_state("oom");
+  fake_.watch_ = {running, ended};
+  fake_.report_ = OneTrialReport("oom", "ok");
+
+  EXPECT_EQ(Run({"submit", WriteExperiment(), "--wait"}), kExitFailed) << err_.str();
+  const std::string out = out_.str();
+  EXPECT_EQ(out.rfind("42\n", 0), 0u);
+  EXPECT_NE(out.find("a      running    ["), std::string::npos) << out;
+  EXPECT_NE(out.find("a      oom        ["), std::string::npos) << out;
+  EXPECT_NE(out.find("oom (expected ok)"), std::string::npos) << out;
+
+  fake_.report_ = OneTrialReport("ok", "ok");
+  EXPECT_EQ(Run({"submit", WriteExperiment(), "--wait"}), kExitOk) << err_.str();
+}
+
+TEST_F(CommandsTest, UnreachableControllerExitsThree) {
+  EXPECT_EQ(Run({"report", "1"}, "unix:" + (dir_ / "nobody.sock").string()), kExitUnreachable);
+  EXPECT_NE(err_.str().find("is the controller at unix:"), std::string::npos) << err_.str();
+}
+
+TEST_F(CommandsTest, BadControllerAddressIsInvalidInput) {
+  EXPECT_EQ(Run({"nodes"}, "localhost"), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("LLMCTL_CONTROLLER: controller address 'localhost'"),
+            std::string::npos);
+}
+
+TEST_F(CommandsTest, CancelNamesWhatWasCancelled) {
+  ASSERT_EQ(Run({"cancel", "42", "--trial", "b"}), kExitOk);
+  EXPECT_EQ(out_.str(), "cancelled b\n");
+}
+
+// `llmctl lease ...` is controller/openstack's command with the words after "lease" and our
+// environment: here none of the OS_* variables, so it refuses before any network call.
+TEST_F(CommandsTest, LeaseHandsItsWordsAndEnvironmentToTheLeaseCommands) {
+  EXPECT_EQ(Run({"lease", "list"}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("OS_AUTH_URL is not set"), std::string::npos) << err_.str();
+}
+
+std::vector<v1::ArtifactChunk> ArtifactChunks(const std::string& path, const std::string& bytes,
+                                              const std::string& sha256) {
+  v1::ArtifactChunk first, last;
+  first.set_path(path);
+  first.set_size(static_cast<int64_t>(bytes.size()));
+  first.set_data(bytes.substr(0, 3));
+  last.set_data(bytes.substr(3));
+  last.set_sha256(sha256);
+  last.set_last(true);
+  return {first, last};
+}
+
+TEST_F(CommandsTest, FetchWritesVerifiedFilesAndRefusesBadOnes) {
+  const std::string adapter = "adapter bytes";
+  fake_.artifacts_ =
+      ArtifactChunks("adapter/adapter_model.safetensors", adapter, Sha256Hex(adapter));
+  const std::vector<v1::ArtifactChunk> log =
+      ArtifactChunks("events.jsonl", "{}\n{}\n", Sha256Hex("{}\n{}\n"));
+  fake_.artifacts_.insert(fake_.artifacts_.end(), log.begin(), log.end());
+  const fs::path to = dir_ / "out";
+  ASSERT_EQ(Run({"fetch", "42", "a", "--to", to.string()}), kExitOk) << err_.str();
+  std::ifstream in(to / "adapter" / "adapter_model.safetensors");
+  std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, adapter);
+  EXPECT_TRUE(fs::exists(to / "events.jsonl"));
+
+  fake_.artifacts_ = ArtifactChunks("bad.bin", adapter, Sha256Hex("something else"));
+  EXPECT_EQ(Run({"fetch", "42", "a", "--to", to.string()}), kExitFailed);
+  EXPECT_NE(err_.str().find("bad.bin: received 13 bytes with sha256"), std::string::npos);
+  EXPECT_FALSE(fs::exists(to / "bad.bin"));
+  EXPECT_FALSE(fs::exists(to / "bad.bin.part"));  // nothing half-written is left behind
+
+  fake_.artifacts_ = ArtifactChunks("../escape.bin", adapter, Sha256Hex(adapter));
+  EXPECT_EQ(Run({"fetch", "42", "a", "--to", to.string()}), kExitFailed);
+  EXPECT_FALSE(fs::exists(dir_ / "escape.bin"));
+}
+
+}  // namespace
+}  // namespace llmctl::cli

@@ -1,0 +1,351 @@
+#include "controller/cli/daemons.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <thread>
+
+#include "common/atomic_file.h"
+#include "controller/cli/client.h"
+#include "rpc/status.h"
+
+namespace llmctl::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kPollInterval{50};
+constexpr char kLocalNode[] = "local";
+
+std::string Errno(int error) { return std::strerror(error); }
+
+// True while `pid` exists and is not a zombie waiting for its parent.
+bool Alive(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
+}
+
+Status WriteText(const fs::path& path, const std::string& text, mode_t mode) {
+  return WriteFileAtomically(path.string(), [&](int fd) -> Status {
+    if (::fchmod(fd, mode) != 0) return InternalError(path.string() + ": chmod: " + Errno(errno));
+    return WriteAll(fd, text.data(), text.size());
+  });
+}
+
+Status MakeDirectory(const fs::path& dir, fs::perms perms) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return FailedPreconditionError(dir.string() + ": cannot create: " + error.message());
+  fs::permissions(dir, perms, error);
+  if (error) return FailedPreconditionError(dir.string() + ": chmod: " + error.message());
+  return Status::Ok();
+}
+
+// Holds an exclusive flock on a file for its lifetime.
+class FileLock {
+ public:
+  static StatusOr<FileLock> Acquire(const fs::path& path) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return FailedPreconditionError(path.string() + ": " + Errno(errno));
+    if (::flock(fd, LOCK_EX) != 0) {
+      const int error = errno;
+      ::close(fd);
+      return FailedPreconditionError(path.string() + ": lock: " + Errno(error));
+    }
+    return FileLock(fd);
+  }
+  FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FileLock& operator=(FileLock&&) = delete;
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+  }
+
+ private:
+  explicit FileLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+std::optional<fs::path> FirstExisting(const std::vector<fs::path>& candidates) {
+  for (const fs::path& candidate : candidates) {
+    std::error_code error;
+    if (fs::is_regular_file(candidate, error) && ::access(candidate.c_str(), X_OK) == 0) {
+      return fs::canonical(candidate, error);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
+  const int log = ::open(spec.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (log < 0) return FailedPreconditionError(spec.log_file.string() + ": " + Errno(errno));
+  // The grandchild reports its pid, then either execs (the close-on-exec pipe closes empty) or
+  // writes the exec error.
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    ::close(log);
+    return InternalError("pipe: " + Errno(errno));
+  }
+  std::vector<std::string> argv_text = {spec.binary.string()};
+  argv_text.insert(argv_text.end(), spec.args.begin(), spec.args.end());
+  std::vector<char*> argv;
+  for (std::string& arg : argv_text) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+
+  const pid_t child = ::fork();
+  if (child < 0) {
+    ::close(log);
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return InternalError("fork: " + Errno(errno));
+  }
+  if (child == 0) {
+    // Only async-signal-safe calls from here on.
+    ::setsid();
+    const pid_t daemon = ::fork();
+    if (daemon != 0) ::_exit(daemon < 0 ? 1 : 0);
+    const pid_t self = ::getpid();
+    (void)!::write(pipe_fds[1], &self, sizeof self);
+    const int null = ::open("/dev/null", O_RDONLY);
+    ::dup2(null, STDIN_FILENO);
+    ::dup2(log, STDOUT_FILENO);
+    ::dup2(log, STDERR_FILENO);
+    ::execv(argv[0], argv.data());
+    const int error = errno;
+    (void)!::write(pipe_fds[1], &error, sizeof error);
+    ::_exit(127);
+  }
+  ::close(log);
+  ::close(pipe_fds[1]);
+  int child_status = 0;
+  ::waitpid(child, &child_status, 0);
+  pid_t daemon = 0;
+  int exec_error = 0;
+  const ssize_t got_pid = ::read(pipe_fds[0], &daemon, sizeof daemon);
+  const ssize_t got_error = ::read(pipe_fds[0], &exec_error, sizeof exec_error);
+  ::close(pipe_fds[0]);
+  if (got_pid != sizeof daemon) return InternalError("could not start " + spec.name);
+  if (got_error == sizeof exec_error) {
+    return FailedPreconditionError("cannot run " + spec.binary.string() + ": " + Errno(exec_error));
+  }
+  RETURN_IF_ERROR(WriteText(spec.pid_file, std::to_string(daemon) + "\n", 0644));
+  return daemon;
+}
+
+std::optional<pid_t> RunningPid(const fs::path& pid_file, const fs::path& binary) {
+  std::ifstream in(pid_file);
+  long pid = 0;
+  if (!(in >> pid) || pid <= 1) return std::nullopt;
+  if (!Alive(static_cast<pid_t>(pid))) return std::nullopt;
+  std::error_code error;
+  std::string exe = fs::read_symlink("/proc/" + std::to_string(pid) + "/exe", error).string();
+  if (error) return std::nullopt;
+  // A binary rebuilt while its daemon runs shows as "<path> (deleted)".
+  if (const std::string deleted = " (deleted)"; exe.ends_with(deleted)) {
+    exe.resize(exe.size() - deleted.size());
+  }
+  if (exe != fs::weakly_canonical(binary, error).string()) return std::nullopt;
+  return static_cast<pid_t>(pid);
+}
+
+bool StopProcess(pid_t pid, milliseconds grace) {
+  ::kill(pid, SIGTERM);
+  for (milliseconds waited{0}; waited < grace; waited += kPollInterval) {
+    if (!Alive(pid)) return false;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  if (!Alive(pid)) return false;
+  ::kill(pid, SIGKILL);
+  for (int i = 0; i < 100 && Alive(pid); ++i) std::this_thread::sleep_for(kPollInterval);
+  return true;
+}
+
+std::string LogTail(const fs::path& log_file, size_t max_lines) {
+  std::ifstream in(log_file);
+  std::deque<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    lines.push_back(std::move(line));
+    if (lines.size() > max_lines) lines.pop_front();
+  }
+  std::string tail;
+  for (const std::string& line : lines) tail += "  " + line + "\n";
+  return tail;
+}
+
+StatusOr<DaemonBinaries> LocateDaemonBinaries(const fs::path& self, const EnvLookup& env) {
+  const fs::path dir = self.parent_path();
+  const fs::path build_root = dir.parent_path().parent_path();  // build/controller/cli/llmctl
+  auto locate = [&](const std::string& name, const std::string& variable,
+                    const std::string& build_dir) -> StatusOr<fs::path> {
+    if (std::optional<std::string> path = env(variable)) {
+      if (std::optional<fs::path> found = FirstExisting({*path})) return *found;
+      return NotFoundError(variable + "=" + *path + " is not an executable file");
+    }
+    if (std::optional<fs::path> found =
+            FirstExisting({dir / name, build_root / build_dir / name})) {
+      return *found;
+    }
+    return NotFoundError("cannot find " + name + " beside " + self.string() +
+                         " or in the build tree; build it, or set " + variable);
+  };
+  DaemonBinaries binaries;
+  ASSIGN_OR_RETURN(binaries.llmctld, locate("llmctld", "LLMCTL_LLMCTLD_BIN", "controller"));
+  ASSIGN_OR_RETURN(binaries.llm_agent, locate("llm-agent", "LLMCTL_AGENT_BIN", "agent"));
+  ASSIGN_OR_RETURN(binaries.llm_train, locate("llm-train", "LLMCTL_TRAIN_BIN", "trainer"));
+  return binaries;
+}
+
+Status WriteAgentCredentials(const v1::NodeCredentials& credentials, const fs::path& tls_dir) {
+  if (credentials.certificate_pem().empty() || credentials.private_key_pem().empty() ||
+      credentials.ca_certificate_pem().empty() || credentials.token().empty()) {
+    return InvalidArgumentError("RegisterNode answered without a certificate, key, CA or token");
+  }
+  RETURN_IF_ERROR(MakeDirectory(tls_dir, fs::perms::owner_all));
+  RETURN_IF_ERROR(WriteText(tls_dir / "ca.crt", credentials.ca_certificate_pem(), 0600));
+  RETURN_IF_ERROR(WriteText(tls_dir / "agent.crt", credentials.certificate_pem(), 0600));
+  RETURN_IF_ERROR(WriteText(tls_dir / "agent.key", credentials.private_key_pem(), 0600));
+  // The token last: its presence says the set is complete.
+  return WriteText(tls_dir / "token", credentials.token(), 0600);
+}
+
+EmbeddedDaemons::EmbeddedDaemons(fs::path data_dir, DaemonBinaries binaries)
+    : data_dir_(std::move(data_dir)), binaries_(std::move(binaries)) {}
+
+std::string EmbeddedDaemons::controller_target() const {
+  return "unix:" + (data_dir_ / "controller.sock").string();
+}
+
+std::string EmbeddedDaemons::agent_target() const {
+  return "unix:" + (data_dir_ / "agent.sock").string();
+}
+
+DaemonSpec EmbeddedDaemons::ControllerSpec() const {
+  return {"llmctld",
+          binaries_.llmctld,
+          {"--data-dir", data_dir_.string(), "--listen", controller_target()},
+          data_dir_ / "llmctld.pid",
+          data_dir_ / "logs" / "llmctld.log"};
+}
+
+DaemonSpec EmbeddedDaemons::AgentSpec() const {
+  const fs::path agent_dir = data_dir_ / "agent";
+  const fs::path tls = agent_dir / "tls";
+  return {"llm-agent",
+          binaries_.llm_agent,
+          {"--data-dir", agent_dir.string(), "--listen", agent_target(), "--node", kLocalNode,
+           "--llm-train", binaries_.llm_train.string(), "--ca", (tls / "ca.crt").string(), "--cert",
+           (tls / "agent.crt").string(), "--key", (tls / "agent.key").string(), "--token-file",
+           (tls / "token").string()},
+          data_dir_ / "llm-agent.pid",
+          data_dir_ / "logs" / "llm-agent.log"};
+}
+
+Status EmbeddedDaemons::WaitForController(pid_t pid, milliseconds timeout) const {
+  const std::shared_ptr<grpc::Channel> channel = OpenControllerChannel(controller_target());
+  const std::unique_ptr<v1::Controller::Stub> stub = v1::Controller::NewStub(channel);
+  const auto give_up = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (!Alive(pid)) {
+      return UnavailableError("llmctld exited at start; the end of " +
+                              ControllerSpec().log_file.string() + ":\n" +
+                              LogTail(ControllerSpec().log_file, 15));
+    }
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    v1::ListNodesResponse nodes;
+    if (stub->ListNodes(&context, v1::ListNodesRequest(), &nodes).ok()) return Status::Ok();
+    if (std::chrono::steady_clock::now() > give_up) {
+      return UnavailableError("llmctld (pid " + std::to_string(pid) + ") did not answer on " +
+                              controller_target() + "; see " + ControllerSpec().log_file.string());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+Status EmbeddedDaemons::RegisterLocalAgent() const {
+  const fs::path tls = data_dir_ / "agent" / "tls";
+  std::error_code error;
+  if (fs::exists(tls / "token", error)) return Status::Ok();
+  const std::unique_ptr<v1::Controller::Stub> stub =
+      v1::Controller::NewStub(OpenControllerChannel(controller_target()));
+  v1::RegisterNodeRequest request;
+  request.set_name(kLocalNode);
+  request.set_address(agent_target());
+  v1::NodeCredentials credentials;
+  const Status status =
+      rpc::FromGrpcStatus(stub->RegisterNode(UnaryContext().get(), request, &credentials));
+  if (!status.ok()) return status.WithContext("registering the local agent");
+  return WriteAgentCredentials(credentials, tls);
+}
+
+Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
+  RETURN_IF_ERROR(MakeDirectory(data_dir_, fs::perms::owner_all));
+  RETURN_IF_ERROR(MakeDirectory(data_dir_ / "logs", fs::perms::owner_all));
+  RETURN_IF_ERROR(MakeDirectory(data_dir_ / "agent", fs::perms::owner_all));
+  ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(data_dir_ / "daemons.lock"));
+
+  const DaemonSpec controller = ControllerSpec();
+  std::optional<pid_t> controller_pid = RunningPid(controller.pid_file, controller.binary);
+  if (!controller_pid) {
+    // A socket left by a controller that died would make the new one fail to bind.
+    std::error_code error;
+    fs::remove(data_dir_ / "controller.sock", error);
+    ASSIGN_OR_RETURN(controller_pid, StartDetached(controller));
+  }
+  RETURN_IF_ERROR(WaitForController(*controller_pid, ready_timeout));
+  RETURN_IF_ERROR(RegisterLocalAgent());
+
+  const DaemonSpec agent = AgentSpec();
+  if (!RunningPid(agent.pid_file, agent.binary)) {
+    std::error_code error;
+    fs::remove(data_dir_ / "agent.sock", error);
+    RETURN_IF_ERROR(StartDetached(agent).status());
+  }
+  return Status::Ok();
+}
+
+std::vector<std::string> EmbeddedDaemons::Stop(milliseconds grace) {
+  std::vector<std::string> lines;
+  for (const DaemonSpec& spec : {AgentSpec(), ControllerSpec()}) {
+    std::optional<pid_t> pid = RunningPid(spec.pid_file, spec.binary);
+    if (!pid) {
+      lines.push_back(spec.name + ": not running");
+    } else {
+      const bool killed = StopProcess(*pid, grace);
+      lines.push_back(spec.name + " (pid " + std::to_string(*pid) +
+                      "): " + (killed ? "did not end on SIGTERM; killed" : "stopped"));
+    }
+    std::error_code error;
+    fs::remove(spec.pid_file, error);
+  }
+  return lines;
+}
+
+std::vector<std::string> EmbeddedDaemons::Describe() const {
+  std::vector<std::string> lines = {"data directory: " + data_dir_.string()};
+  const std::pair<DaemonSpec, std::string> daemons[] = {{ControllerSpec(), controller_target()},
+                                                        {AgentSpec(), agent_target()}};
+  for (const auto& [spec, target] : daemons) {
+    std::optional<pid_t> pid = RunningPid(spec.pid_file, spec.binary);
+    lines.push_back(spec.name + ": " +
+                    (pid ? "running (pid " + std::to_string(*pid) + ")" : std::string("stopped")) +
+                    ", " + target + ", log " + spec.log_file.string());
+  }
+  return lines;
+}
+
+}  // namespace llmctl::cli

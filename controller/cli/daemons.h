@@ -1,0 +1,105 @@
+// The embedded default (../shared/DESIGN.md): with no controller configured, llmctl runs llmctld
+// and a local llm-agent itself, in the background, on unix sockets in its data directory D:
+//
+//   D/controller.sock, D/llmctld.pid, D/logs/llmctld.log       llmctld --data-dir D --listen
+//   unix:D/controller.sock D/agent.sock, D/llm-agent.pid, D/logs/llm-agent.log        llm-agent
+//   --node local, its data in D/agent D/agent/tls/{ca.crt,agent.crt,agent.key,token} (0600) from
+//   RegisterNode("local", ...) the first time
+//
+// Daemons are detached (double fork + setsid: they outlive the command and its terminal); a pid
+// file is believed only while /proc/<pid>/exe is still the binary it names, so a reused pid is not
+// mistaken for a daemon. Starts are serialised by a lock file, so two commands at once start one
+// pair.
+#ifndef LLMCTL_CONTROLLER_CLI_DAEMONS_H_
+#define LLMCTL_CONTROLLER_CLI_DAEMONS_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/cli/address.h"
+#include "llmctl/v1/controller.pb.h"
+
+namespace llmctl::cli {
+
+// One detached process: a binary, its pid file and its log.
+struct DaemonSpec {
+  std::string name;               // for messages: "llmctld"
+  std::filesystem::path binary;   // absolute
+  std::vector<std::string> args;  // without argv[0]
+  std::filesystem::path pid_file;
+  std::filesystem::path log_file;  // stdout and stderr, appended
+};
+
+// Starts `spec` detached from this process (its own session, stdin from /dev/null) and writes its
+// pid file. FailedPrecondition with the reason when the binary cannot be executed.
+StatusOr<pid_t> StartDetached(const DaemonSpec& spec);
+
+// The pid in `pid_file` when that process is alive and still runs `binary`; nullopt otherwise.
+std::optional<pid_t> RunningPid(const std::filesystem::path& pid_file,
+                                const std::filesystem::path& binary);
+
+// SIGTERM, then waits up to `grace` for the process to end (SIGKILL after that); removes the pid
+// file. Returns true when it had to kill.
+bool StopProcess(pid_t pid, std::chrono::milliseconds grace);
+
+// The last `max_lines` lines of a log, for messages when a daemon dies at start.
+std::string LogTail(const std::filesystem::path& log_file, size_t max_lines);
+
+struct DaemonBinaries {
+  std::filesystem::path llmctld;
+  std::filesystem::path llm_agent;
+  std::filesystem::path llm_train;
+};
+
+// LLMCTL_LLMCTLD_BIN, LLMCTL_AGENT_BIN, LLMCTL_TRAIN_BIN when set; otherwise beside `self` (an
+// install: every binary in one folder) or in the build tree around it (build/controller/cli/llmctl,
+// build/controller/llmctld, build/agent/llm-agent, build/trainer/llm-train). NotFound naming what
+// is missing and the override to set.
+StatusOr<DaemonBinaries> LocateDaemonBinaries(const std::filesystem::path& self,
+                                              const EnvLookup& env);
+
+// The embedded pair in one data directory.
+class EmbeddedDaemons {
+ public:
+  EmbeddedDaemons(std::filesystem::path data_dir, DaemonBinaries binaries);
+
+  std::string controller_target() const;  // "unix:D/controller.sock"
+  std::string agent_target() const;       // "unix:D/agent.sock"
+
+  // Starts whatever is not running, waits up to `ready_timeout` for the controller to answer, and
+  // registers the local agent the first time (credentials into D/agent/tls, 0600). Unavailable
+  // with the end of llmctld's log when it does not come up.
+  Status EnsureRunning(std::chrono::milliseconds ready_timeout);
+
+  // Ends the agent, then the controller (SIGTERM, up to `grace` each). Lines saying what it did.
+  std::vector<std::string> Stop(std::chrono::milliseconds grace);
+
+  // One line per daemon: running (pid) or stopped, with its socket and log.
+  std::vector<std::string> Describe() const;
+
+  // What EnsureRunning starts: llmctld's and llm-agent's command lines, pid files and logs.
+  DaemonSpec ControllerSpec() const;
+  DaemonSpec AgentSpec() const;
+
+ private:
+  Status WaitForController(pid_t pid, std::chrono::milliseconds timeout) const;
+  Status RegisterLocalAgent() const;
+
+  const std::filesystem::path data_dir_;
+  const DaemonBinaries binaries_;
+};
+
+// Writes a RegisterNode response where the agent reads it: ca.crt, agent.crt, agent.key and token
+// in `tls_dir` (created 0700), each 0600, written whole before being renamed into place.
+Status WriteAgentCredentials(const v1::NodeCredentials& credentials,
+                             const std::filesystem::path& tls_dir);
+
+}  // namespace llmctl::cli
+
+#endif  // LLMCTL_CONTROLLER_CLI_DAEMONS_H_

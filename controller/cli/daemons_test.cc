@@ -1,0 +1,182 @@
+#include "controller/cli/daemons.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "rpc/tls.h"
+
+namespace llmctl::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+class DaemonsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/llmctl-daemons-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void MakeExecutable(const fs::path& path) {
+    fs::create_directories(path.parent_path());
+    std::ofstream(path) << "#!/bin/sh\n";
+    fs::permissions(path, fs::perms::owner_all);
+  }
+
+  fs::path dir_;
+};
+
+DaemonSpec Sleeper(const fs::path& dir) {
+  return {
+      "sleeper", fs::canonical("/bin/sleep"), {"300"}, dir / "sleeper.pid", dir / "sleeper.log"};
+}
+
+TEST_F(DaemonsTest, StartsDetachedFindsItByPidFileAndStopsIt) {
+  StatusOr<pid_t> pid = StartDetached(Sleeper(dir_));
+  ASSERT_TRUE(pid.ok()) << pid.status().message();
+  EXPECT_EQ(RunningPid(dir_ / "sleeper.pid", "/bin/sleep"), *pid);
+  EXPECT_NE(::getsid(*pid), ::getsid(0));  // its own session: it outlives our terminal
+  EXPECT_FALSE(StopProcess(*pid, std::chrono::seconds(10)));  // ended on SIGTERM
+  EXPECT_EQ(RunningPid(dir_ / "sleeper.pid", "/bin/sleep"), std::nullopt);
+}
+
+TEST_F(DaemonsTest, APidFileOfAnotherProgramIsNotBelieved) {
+  std::ofstream(dir_ / "other.pid") << ::getpid() << "\n";  // this test binary, not sleep
+  EXPECT_EQ(RunningPid(dir_ / "other.pid", "/bin/sleep"), std::nullopt);
+  std::ofstream(dir_ / "garbage.pid") << "not a pid\n";
+  EXPECT_EQ(RunningPid(dir_ / "garbage.pid", "/bin/sleep"), std::nullopt);
+  EXPECT_EQ(RunningPid(dir_ / "absent.pid", "/bin/sleep"), std::nullopt);
+}
+
+TEST_F(DaemonsTest, ABinaryThatCannotRunIsReported) {
+  DaemonSpec spec = Sleeper(dir_);
+  spec.binary = dir_ / "not-executable";
+  std::ofstream(spec.binary) << "data";
+  Status status = StartDetached(spec).status();
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("cannot run " + spec.binary.string() + ": Permission denied"),
+            std::string::npos)
+      << status.message();
+  EXPECT_FALSE(fs::exists(spec.pid_file));
+}
+
+TEST_F(DaemonsTest, LogTailKeepsTheLastLines) {
+  std::ofstream(dir_ / "x.log") << "one\ntwo\nthree\n";
+  EXPECT_EQ(LogTail(dir_ / "x.log", 2), "  two\n  three\n");
+}
+
+TEST_F(DaemonsTest, CredentialsAreWrittenOwnerOnly) {
+  v1::NodeCredentials credentials;
+  credentials.set_certificate_pem("CERT");
+  credentials.set_private_key_pem("KEY");
+  credentials.set_ca_certificate_pem("CA");
+  credentials.set_token("TOKEN");
+  const fs::path tls = dir_ / "agent" / "tls";
+  ASSERT_TRUE(WriteAgentCredentials(credentials, tls).ok());
+  EXPECT_EQ(fs::status(tls).permissions() & fs::perms::all, fs::perms::owner_all);
+  for (const char* name : {"ca.crt", "agent.crt", "agent.key", "token"}) {
+    EXPECT_EQ(fs::status(tls / name).permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write)
+        << name;
+  }
+  std::ifstream token(tls / "token");
+  std::string text((std::istreambuf_iterator<char>(token)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "TOKEN");
+
+  credentials.clear_token();
+  EXPECT_EQ(WriteAgentCredentials(credentials, dir_ / "other").code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_F(DaemonsTest, BinariesBesideLlmctlOrInTheBuildTreeOrFromOverrides) {
+  auto no_env = [](std::string_view) -> std::optional<std::string> { return std::nullopt; };
+  // The build tree: build/controller/cli/llmctl, build/controller/llmctld, ...
+  const fs::path build = dir_ / "build";
+  MakeExecutable(build / "controller" / "llmctld");
+  MakeExecutable(build / "agent" / "llm-agent");
+  MakeExecutable(build / "trainer" / "llm-train");
+  StatusOr<DaemonBinaries> found = LocateDaemonBinaries(build / "controller/cli/llmctl", no_env);
+  ASSERT_TRUE(found.ok()) << found.status().message();
+  EXPECT_EQ(found->llm_agent, fs::canonical(build / "agent" / "llm-agent"));
+
+  // An install: all in one folder.
+  const fs::path bin = dir_ / "bin";
+  for (const char* name : {"llmctld", "llm-agent", "llm-train"}) MakeExecutable(bin / name);
+  found = LocateDaemonBinaries(bin / "llmctl", no_env);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(found->llmctld, fs::canonical(bin / "llmctld"));
+
+  // Overrides win, and a wrong one is named.
+  MakeExecutable(dir_ / "custom-agent");
+  auto env = [&](std::string_view name) -> std::optional<std::string> {
+    if (name == "LLMCTL_AGENT_BIN") return (dir_ / "custom-agent").string();
+    return std::nullopt;
+  };
+  EXPECT_EQ(LocateDaemonBinaries(bin / "llmctl", env)->llm_agent,
+            fs::canonical(dir_ / "custom-agent"));
+  auto wrong = [](std::string_view name) -> std::optional<std::string> {
+    if (name == "LLMCTL_TRAIN_BIN") return "/nonexistent/llm-train";
+    return std::nullopt;
+  };
+  Status status = LocateDaemonBinaries(bin / "llmctl", wrong).status();
+  EXPECT_EQ(status.message(), "LLMCTL_TRAIN_BIN=/nonexistent/llm-train is not an executable file");
+
+  Status missing = LocateDaemonBinaries(dir_ / "empty" / "llmctl", no_env).status();
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find("set LLMCTL_LLMCTLD_BIN"), std::string::npos);
+}
+
+// The flags EnsureRunning passes and the credential files it writes, against the real llm-agent: it
+// must come up on D/agent.sock with them, and end on `daemon stop`.
+TEST_F(DaemonsTest, TheRealAgentStartsWithTheFlagsAndCredentialsWeWrite) {
+  // ctest runs tests in the source directory; LLMCTL_BUILD_DIR names another build tree.
+  const char* build = std::getenv("LLMCTL_BUILD_DIR");
+  const fs::path agent_binary =
+      fs::path(build != nullptr ? build : "build") / "agent" / "llm-agent";
+  ASSERT_TRUE(fs::exists(agent_binary)) << agent_binary;
+
+  StatusOr<std::unique_ptr<rpc::CertificateAuthority>> ca =
+      rpc::CertificateAuthority::LoadOrCreate((dir_ / "ca").string());
+  ASSERT_TRUE(ca.ok()) << ca.status().message();
+  StatusOr<rpc::IssuedCertificate> issued = (*ca)->Issue(rpc::AgentCertificateName("local"), 1);
+  ASSERT_TRUE(issued.ok()) << issued.status().message();
+  v1::NodeCredentials credentials;
+  credentials.set_name("local");
+  credentials.set_certificate_pem(issued->certificate_pem);
+  credentials.set_private_key_pem(issued->private_key_pem);
+  credentials.set_ca_certificate_pem((*ca)->ca_certificate_pem());
+  credentials.set_token("a-token-for-this-test");
+  const fs::path data = dir_ / "data";
+  ASSERT_TRUE(WriteAgentCredentials(credentials, data / "agent" / "tls").ok());
+  fs::create_directories(data / "logs");
+
+  EmbeddedDaemons daemons(
+      data, {fs::canonical("/bin/false"), fs::canonical(agent_binary), fs::canonical("/bin/true")});
+  StatusOr<pid_t> pid = StartDetached(daemons.AgentSpec());
+  ASSERT_TRUE(pid.ok()) << pid.status().message();
+  // Bounded wait for the socket; the agent exiting instead is the failure this test looks for.
+  for (int i = 0; i < 400 && !fs::exists(data / "agent.sock") &&
+                  RunningPid(data / "llm-agent.pid", agent_binary);
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(fs::exists(data / "agent.sock")) << LogTail(data / "logs" / "llm-agent.log", 20);
+  EXPECT_EQ(RunningPid(data / "llm-agent.pid", agent_binary), *pid);
+
+  const std::vector<std::string> stopped = daemons.Stop(std::chrono::seconds(10));
+  ASSERT_EQ(stopped.size(), 2u);
+  EXPECT_EQ(stopped[0], "llm-agent (pid " + std::to_string(*pid) + "): stopped");
+  EXPECT_EQ(stopped[1], "llmctld: not running");
+  EXPECT_EQ(RunningPid(data / "llm-agent.pid", agent_binary), std::nullopt);
+}
+
+}  // namespace
+}  // namespace llmctl::cli

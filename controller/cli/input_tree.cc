@@ -1,0 +1,162 @@
+#include "controller/cli/input_tree.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+namespace llmctl::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t kReadPiece = 1 << 20;
+
+}  // namespace
+
+Sha256::Sha256() : context_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
+  EVP_DigestInit_ex(context_.get(), EVP_sha256(), nullptr);
+}
+
+void Sha256::Update(std::string_view bytes) {
+  EVP_DigestUpdate(context_.get(), bytes.data(), bytes.size());
+}
+
+std::string Sha256::HexDigest() {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(context_.get(), digest, &length);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(2 * length);
+  for (unsigned int i = 0; i < length; ++i) {
+    hex.push_back(kHex[digest[i] >> 4]);
+    hex.push_back(kHex[digest[i] & 0xf]);
+  }
+  return hex;
+}
+
+std::string Sha256Hex(std::string_view bytes) {
+  Sha256 sha;
+  sha.Update(bytes);
+  return sha.HexDigest();
+}
+
+StatusOr<std::string> Sha256OfFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int error = errno;
+    const std::string reason = std::strerror(error);
+    if (error == ENOENT) return NotFoundError(path.string() + ": " + reason);
+    if (error == EACCES) {
+      return Status(StatusCode::kPermissionDenied, path.string() + ": " + reason);
+    }
+    return InternalError(path.string() + ": cannot open: " + reason);
+  }
+  Sha256 sha;
+  std::vector<char> piece(kReadPiece);
+  while (in) {
+    in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
+    sha.Update(std::string_view(piece.data(), static_cast<size_t>(in.gcount())));
+  }
+  if (in.bad()) return InternalError(path.string() + ": read failed");
+  return sha.HexDigest();
+}
+
+std::string InputTreeDigest(const v1::InputTree& tree) {
+  std::string manifest;
+  for (const v1::TreeFile& file : tree.files()) {
+    manifest += file.sha256() + " " + std::to_string(file.size()) + " " + file.path() + "\n";
+  }
+  return Sha256Hex(manifest);
+}
+
+StatusOr<InputTreeBuilder::FileDigest> InputTreeBuilder::Digest(const fs::path& file) {
+  std::error_code error;
+  const fs::path canonical = fs::canonical(file, error);
+  if (error) return NotFoundError(file.string() + ": " + error.message());
+  if (auto it = digests_.find(canonical); it != digests_.end()) return it->second;
+  const uintmax_t size = fs::file_size(canonical, error);
+  if (error) return InternalError(file.string() + ": " + error.message());
+  ASSIGN_OR_RETURN(std::string sha256, Sha256OfFile(canonical));
+  FileDigest digest{std::move(sha256), static_cast<int64_t>(size)};
+  blobs_.emplace(digest.sha256, canonical);
+  digests_.emplace(canonical, digest);
+  return digest;
+}
+
+Status InputTreeBuilder::AddFile(const fs::path& file, std::string relative_path,
+                                 v1::InputTree& tree) {
+  ASSIGN_OR_RETURN(FileDigest digest, Digest(file));
+  v1::TreeFile* entry = tree.add_files();
+  entry->set_path(std::move(relative_path));
+  entry->set_sha256(digest.sha256);
+  entry->set_size(digest.size);
+  return Status::Ok();
+}
+
+Status InputTreeBuilder::Walk(const fs::path& root, const fs::path& dir, v1::InputTree& tree) {
+  std::error_code error;
+  fs::directory_iterator it(dir, error);
+  if (error) return InvalidArgumentError(dir.string() + ": cannot list: " + error.message());
+  for (; it != fs::directory_iterator(); it.increment(error)) {
+    const fs::path& path = it->path();
+    const fs::file_status own = fs::symlink_status(path, error);
+    if (error) return InvalidArgumentError(path.string() + ": " + error.message());
+    const std::string relative = path.lexically_relative(root).generic_string();
+    if (fs::is_symlink(own)) {
+      const fs::file_status target = fs::status(path, error);
+      if (error || !fs::exists(target)) {
+        return InvalidArgumentError(path.string() + ": a symbolic link to nothing");
+      }
+      if (fs::is_directory(target)) {
+        return InvalidArgumentError(path.string() +
+                                    ": a symbolic link to a directory inside an input; name "
+                                    "that directory in the experiment file, or copy it here");
+      }
+      if (!fs::is_regular_file(target)) {
+        return InvalidArgumentError(path.string() +
+                                    ": a symbolic link to something that is not a regular file");
+      }
+      RETURN_IF_ERROR(AddFile(path, relative, tree));
+    } else if (fs::is_directory(own)) {
+      RETURN_IF_ERROR(Walk(root, path, tree));
+    } else if (fs::is_regular_file(own)) {
+      RETURN_IF_ERROR(AddFile(path, relative, tree));
+    } else {
+      return InvalidArgumentError(path.string() +
+                                  ": not a regular file or directory (a socket, FIFO or device)");
+    }
+  }
+  if (error) return InvalidArgumentError(dir.string() + ": cannot list: " + error.message());
+  return Status::Ok();
+}
+
+StatusOr<v1::InputTree> InputTreeBuilder::Build(const fs::path& path) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);  // follows a link the user named
+  if (error || !fs::exists(status)) return NotFoundError(path.string() + ": no such file");
+  v1::InputTree tree;
+  if (fs::is_regular_file(status)) {
+    tree.set_is_file(true);
+    RETURN_IF_ERROR(AddFile(path, path.filename().string(), tree));
+  } else if (fs::is_directory(status)) {
+    RETURN_IF_ERROR(Walk(path, path, tree));
+    if (tree.files().empty()) {
+      return InvalidArgumentError(path.string() + ": an empty directory; nothing to upload");
+    }
+    std::sort(tree.mutable_files()->begin(), tree.mutable_files()->end(),
+              [](const v1::TreeFile& a, const v1::TreeFile& b) { return a.path() < b.path(); });
+  } else {
+    return InvalidArgumentError(path.string() +
+                                ": not a regular file or directory (a socket, FIFO or device)");
+  }
+  tree.set_digest(InputTreeDigest(tree));
+  return tree;
+}
+
+}  // namespace llmctl::cli

@@ -1,0 +1,76 @@
+// Input trees: files and directories on the user's machine (datasets, tokenizers, model and adapter
+// directories), described by content so the controller stores each blob once and the agent's cache
+// can key on the tree's digest. The digest rule is proto/llmctl/v1/common.proto's (InputTree).
+//
+// What a directory walk accepts, deliberately: regular files, subdirectories, and symbolic links to
+// regular files (a Hugging Face cache snapshot is a directory of such links). It refuses symbolic
+// links to directories (they can loop, and the tree would silently grow), dangling links, and
+// special files (sockets, FIFOs, devices), each with a message naming the path. The path the user
+// named may itself be a link; it is followed.
+#ifndef LLMCTL_CONTROLLER_CLI_INPUT_TREE_H_
+#define LLMCTL_CONTROLLER_CLI_INPUT_TREE_H_
+
+#include <openssl/evp.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "llmctl/v1/common.pb.h"
+
+namespace llmctl::cli {
+
+// A sha256 computed piece by piece (OpenSSL's EVP interface), for data too large to hold at once.
+class Sha256 {
+ public:
+  Sha256();
+  void Update(std::string_view bytes);
+  // Lowercase hex; call once, after the last Update.
+  std::string HexDigest();
+
+ private:
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context_;
+};
+
+// Lowercase hex sha256 of `bytes`.
+std::string Sha256Hex(std::string_view bytes);
+
+// Lowercase hex sha256 of a file's bytes, read in 1 MiB pieces. NotFound / PermissionDenied /
+// Internal with the path in the message.
+StatusOr<std::string> Sha256OfFile(const std::filesystem::path& path);
+
+// The tree's digest: sha256 of "<sha256> <size> <path>\n" for each file in `tree.files` order.
+std::string InputTreeDigest(const v1::InputTree& tree);
+
+// Builds trees and remembers every file it hashed, so a file shared by several trees (or named
+// twice) is read once per builder; one builder per submit. Not thread-safe.
+class InputTreeBuilder {
+ public:
+  // The tree for a file or a directory, files sorted by path (byte order). InvalidArgument for
+  // what the walk refuses (see above) and for a directory with no files; NotFound when `path`
+  // does not exist.
+  StatusOr<v1::InputTree> Build(const std::filesystem::path& path);
+
+  // Every blob of the trees built so far: sha256 → a local file with those bytes.
+  const std::map<std::string, std::filesystem::path>& blobs() const { return blobs_; }
+
+ private:
+  struct FileDigest {
+    std::string sha256;
+    int64_t size = 0;
+  };
+  StatusOr<FileDigest> Digest(const std::filesystem::path& file);
+  Status Walk(const std::filesystem::path& root, const std::filesystem::path& dir,
+              v1::InputTree& tree);
+  Status AddFile(const std::filesystem::path& file, std::string relative_path, v1::InputTree& tree);
+
+  std::map<std::filesystem::path, FileDigest> digests_;  // by canonical path
+  std::map<std::string, std::filesystem::path> blobs_;
+};
+
+}  // namespace llmctl::cli
+
+#endif  // LLMCTL_CONTROLLER_CLI_INPUT_TREE_H_

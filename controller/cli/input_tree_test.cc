@@ -1,0 +1,153 @@
+#include "controller/cli/input_tree.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace llmctl::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// sha256 of "abc" and of "" (FIPS 180-2 test vectors).
+constexpr char kAbc[] = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+constexpr char kEmpty[] = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+class InputTreeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/llmctl-input-tree-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    root_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  void Write(const fs::path& relative, const std::string& text) {
+    fs::create_directories((root_ / relative).parent_path());
+    std::ofstream(root_ / relative, std::ios::binary) << text;
+  }
+  fs::path root_;
+};
+
+TEST(Sha256Test, KnownVectors) {
+  EXPECT_EQ(Sha256Hex("abc"), kAbc);
+  EXPECT_EQ(Sha256Hex(""), kEmpty);
+}
+
+TEST_F(InputTreeTest, FileHashMatchesBytesAcrossReadPieces) {
+  const std::string big(3 * (1 << 20) + 17, 'x');  // spans several 1 MiB read pieces
+  Write("big.bin", big);
+  StatusOr<std::string> sha = Sha256OfFile(root_ / "big.bin");
+  ASSERT_TRUE(sha.ok()) << sha.status().message();
+  EXPECT_EQ(*sha, Sha256Hex(big));
+  EXPECT_EQ(Sha256OfFile(root_ / "missing").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(InputTreeTest, SingleFileIsATreeOfOneNamedAfterIt) {
+  Write("data.jsonl", "abc");
+  InputTreeBuilder builder;
+  StatusOr<v1::InputTree> tree = builder.Build(root_ / "data.jsonl");
+  ASSERT_TRUE(tree.ok()) << tree.status().message();
+  EXPECT_TRUE(tree->is_file());
+  ASSERT_EQ(tree->files_size(), 1);
+  EXPECT_EQ(tree->files(0).path(), "data.jsonl");
+  EXPECT_EQ(tree->files(0).sha256(), kAbc);
+  EXPECT_EQ(tree->files(0).size(), 3);
+  // The digest rule of common.proto, spelled out.
+  EXPECT_EQ(tree->digest(), Sha256Hex(std::string(kAbc) + " 3 data.jsonl\n"));
+  EXPECT_EQ(builder.blobs().at(kAbc), fs::canonical(root_ / "data.jsonl"));
+}
+
+TEST_F(InputTreeTest, DirectoryWalkSortsPathsInByteOrderAndRecurses) {
+  Write("model/config.json", "abc");
+  Write("model/b/weights.safetensors", "");
+  Write("model/B.txt", "abc");
+  Write("model/a b.txt", "abc");
+  InputTreeBuilder builder;
+  StatusOr<v1::InputTree> tree = builder.Build(root_ / "model");
+  ASSERT_TRUE(tree.ok()) << tree.status().message();
+  EXPECT_FALSE(tree->is_file());
+  std::vector<std::string> paths;
+  for (const v1::TreeFile& file : tree->files()) paths.push_back(file.path());
+  EXPECT_EQ(paths,
+            (std::vector<std::string>{"B.txt", "a b.txt", "b/weights.safetensors", "config.json"}));
+  const std::string manifest = std::string(kAbc) + " 3 B.txt\n" + kAbc + " 3 a b.txt\n" + kEmpty +
+                               " 0 b/weights.safetensors\n" + kAbc + " 3 config.json\n";
+  EXPECT_EQ(tree->digest(), Sha256Hex(manifest));
+  EXPECT_EQ(tree->digest(), InputTreeDigest(*tree));
+  EXPECT_EQ(builder.blobs().size(), 2u);  // three files with the same bytes are one blob
+}
+
+TEST_F(InputTreeTest, ContentChangesTheDigestButTheLocationDoesNot) {
+  Write("one/tok/tokenizer.json", "abc");
+  Write("two/tok/tokenizer.json", "abc");
+  Write("three/tok/tokenizer.json", "abd");
+  InputTreeBuilder builder;
+  const std::string one = builder.Build(root_ / "one" / "tok")->digest();
+  EXPECT_EQ(one, builder.Build(root_ / "two" / "tok")->digest());
+  EXPECT_NE(one, builder.Build(root_ / "three" / "tok")->digest());
+}
+
+TEST_F(InputTreeTest, EachFileIsHashedOncePerBuilder) {
+  Write("data.jsonl", "abc");
+  InputTreeBuilder builder;
+  const std::string first = builder.Build(root_ / "data.jsonl")->digest();
+  Write("data.jsonl", "changed");  // a second hash would see this
+  EXPECT_EQ(builder.Build(root_ / "data.jsonl")->digest(), first);
+  EXPECT_NE(InputTreeBuilder().Build(root_ / "data.jsonl")->digest(), first);
+}
+
+TEST_F(InputTreeTest, SymlinksToFilesAreFollowedLikeAHuggingFaceSnapshot) {
+  Write("blobs/1234", "abc");
+  fs::create_directories(root_ / "snapshot");
+  fs::create_symlink("../blobs/1234", root_ / "snapshot" / "config.json");
+  StatusOr<v1::InputTree> tree = InputTreeBuilder().Build(root_ / "snapshot");
+  ASSERT_TRUE(tree.ok()) << tree.status().message();
+  ASSERT_EQ(tree->files_size(), 1);
+  EXPECT_EQ(tree->files(0).path(), "config.json");
+  EXPECT_EQ(tree->files(0).sha256(), kAbc);
+}
+
+TEST_F(InputTreeTest, TheNamedPathMayItselfBeALink) {
+  Write("real/tokenizer.json", "abc");
+  fs::create_directory_symlink(root_ / "real", root_ / "link");
+  StatusOr<v1::InputTree> tree = InputTreeBuilder().Build(root_ / "link");
+  ASSERT_TRUE(tree.ok()) << tree.status().message();
+  EXPECT_EQ(tree->files(0).path(), "tokenizer.json");
+}
+
+TEST_F(InputTreeTest, RefusesDirectoryLinksDanglingLinksSpecialFilesAndEmptyDirectories) {
+  Write("loop/file.txt", "abc");
+  fs::create_directory_symlink(root_ / "loop", root_ / "loop" / "again");
+  StatusOr<v1::InputTree> loop = InputTreeBuilder().Build(root_ / "loop");
+  EXPECT_EQ(loop.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(loop.status().message().find("loop/again: a symbolic link to a directory"),
+            std::string::npos)
+      << loop.status().message();
+
+  Write("dangling/file.txt", "abc");
+  fs::create_symlink(root_ / "nowhere", root_ / "dangling" / "gone");
+  StatusOr<v1::InputTree> dangling = InputTreeBuilder().Build(root_ / "dangling");
+  EXPECT_EQ(dangling.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(dangling.status().message().find("gone: a symbolic link to nothing"),
+            std::string::npos);
+
+  fs::create_directories(root_ / "special");
+  ASSERT_EQ(::mkfifo((root_ / "special" / "pipe").c_str(), 0600), 0);
+  StatusOr<v1::InputTree> special = InputTreeBuilder().Build(root_ / "special");
+  EXPECT_EQ(special.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(special.status().message().find("pipe: not a regular file or directory"),
+            std::string::npos);
+  EXPECT_EQ(InputTreeBuilder().Build(root_ / "special" / "pipe").status().code(),
+            StatusCode::kInvalidArgument);
+
+  fs::create_directories(root_ / "empty" / "sub");
+  EXPECT_EQ(InputTreeBuilder().Build(root_ / "empty").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(InputTreeBuilder().Build(root_ / "absent").status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace llmctl::cli

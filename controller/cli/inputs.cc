@@ -1,0 +1,104 @@
+#include "controller/cli/inputs.h"
+
+#include <fstream>
+#include <set>
+#include <vector>
+
+#include "common/trial_keys.h"
+#include "controller/cli/client.h"
+#include "controller/cli/input_tree.h"
+#include "rpc/status.h"
+
+namespace llmctl::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+Status UploadBlob(v1::Controller::StubInterface& stub, const std::string& sha256,
+                  const fs::path& file, int64_t& bytes_sent) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return NotFoundError(file.string() + ": cannot open for upload");
+  std::error_code error;
+  const uintmax_t size = fs::file_size(file, error);
+  if (error) return NotFoundError(file.string() + ": " + error.message());
+
+  grpc::ClientContext context;
+  v1::UploadBlobResponse response;
+  std::unique_ptr<grpc::ClientWriterInterface<v1::BlobChunk>> writer =
+      stub.UploadBlob(&context, &response);
+  v1::BlobChunk chunk;
+  chunk.set_sha256(sha256);
+  chunk.set_size(static_cast<int64_t>(size));
+  std::string buffer(kBlobChunkBytes, '\0');
+  bool first = true;
+  while (true) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const std::streamsize got = in.gcount();
+    if (got == 0 && !first) break;
+    chunk.set_data(buffer.data(), static_cast<size_t>(got));
+    if (!writer->Write(chunk)) break;  // the server ended the call; Finish says why
+    bytes_sent += got;
+    chunk.clear_sha256();
+    chunk.clear_size();
+    first = false;
+    if (got < static_cast<std::streamsize>(buffer.size())) break;
+  }
+  if (in.bad()) {
+    context.TryCancel();
+    writer->Finish().ok();
+    return DataLossError(file.string() + ": read failed during upload");
+  }
+  writer->WritesDone();
+  return rpc::FromGrpcStatus(writer->Finish()).WithContext("uploading " + file.string());
+}
+
+}  // namespace
+
+StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_view filename) {
+  SubmitInputs inputs;
+  InputTreeBuilder builder;
+  std::set<std::string> looked_at;
+  for (const Trial& trial : as_written.trials) {
+    for (const KeySpec& spec : TrialKeys()) {
+      if (spec.type != KeyType::kPath && spec.name != "model") continue;
+      const std::string written = trial.config.GetString(spec.name);
+      if (written.empty() || !IsInputPathValue(spec, written)) continue;
+      if (!looked_at.insert(written).second) continue;
+      const fs::path local = ResolveLocalPath(filename, written);
+      std::error_code error;
+      if (!fs::exists(local, error)) continue;  // not on this machine: the node's business
+      StatusOr<v1::InputTree> tree = builder.Build(local);
+      if (!tree.ok()) {
+        return Status(tree.status().code(), std::string(filename) + ": trial '" + trial.name +
+                                                "', " + std::string(spec.name) + " '" + written +
+                                                "': " + tree.status().message());
+      }
+      inputs.trees.emplace(written, std::move(*tree));
+    }
+  }
+  inputs.blobs = builder.blobs();
+  return inputs;
+}
+
+StatusOr<UploadSummary> UploadMissingBlobs(v1::Controller::StubInterface& stub,
+                                           const std::map<std::string, fs::path>& blobs) {
+  UploadSummary summary;
+  summary.blobs = static_cast<int>(blobs.size());
+  if (blobs.empty()) return summary;
+  v1::MissingBlobsRequest request;
+  for (const auto& [sha256, path] : blobs) request.add_sha256(sha256);
+  v1::MissingBlobsResponse missing;
+  RETURN_IF_ERROR(rpc::FromGrpcStatus(stub.MissingBlobs(UnaryContext().get(), request, &missing))
+                      .WithContext("asking which inputs the controller lacks"));
+  for (const std::string& sha256 : missing.sha256()) {
+    auto it = blobs.find(sha256);
+    if (it == blobs.end()) {
+      return InternalError("the controller asked for blob " + sha256 + ", which was not offered");
+    }
+    RETURN_IF_ERROR(UploadBlob(stub, sha256, it->second, summary.bytes));
+    ++summary.uploaded;
+  }
+  return summary;
+}
+
+}  // namespace llmctl::cli

@@ -1,0 +1,505 @@
+#include "controller/cli/report.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+namespace llmctl::cli {
+namespace {
+
+constexpr std::string_view kNone = "–";  // what a trial does not have, as scripts/lab_table.py
+constexpr double kMiB = 1 << 20;
+
+std::string Printf(const char* format, double value) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, format, value);
+  return buffer;
+}
+
+// Python's f"{value:,.Nf}": fixed decimals, thousands separated by commas.
+std::string Grouped(double value, int decimals) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.*f", decimals, value);
+  const std::string_view text = buffer;
+  const size_t sign = text[0] == '-' ? 1 : 0;
+  const size_t integer_end = std::min(text.find('.'), text.size());
+  std::string grouped(text.substr(0, sign));
+  for (size_t i = sign; i < integer_end; ++i) {
+    if (i > sign && (integer_end - i) % 3 == 0) grouped.push_back(',');
+    grouped.push_back(text[i]);
+  }
+  grouped.append(text.substr(integer_end));
+  return grouped;
+}
+
+std::string Mib(int64_t bytes) { return Grouped(static_cast<double>(bytes) / kMiB, 1); }
+
+bool Unexpected(const v1::TrialReport& trial) {
+  return !trial.expected().empty() && trial.outcome() != trial.expected();
+}
+
+// The cells of one row of the lab table, in kLabColumns order; the outcome cell without emphasis.
+struct LabRow {
+  std::vector<std::string> cells;
+  bool unexpected = false;
+};
+
+constexpr std::array<std::string_view, 10> kLabColumns = {
+    "trial",    "expected", "outcome", "Params MiB", "Grads MiB", "Optim MiB (device + host)",
+    "Acts MiB", "peak MiB", "train s", "tokens/s"};
+constexpr size_t kOutcomeColumn = 2;
+constexpr size_t kFirstNumericColumn = 3;
+
+LabRow MakeLabRow(const v1::TrialReport& trial) {
+  LabRow row;
+  row.unexpected = Unexpected(trial);
+  const bool ended = HasEnded(trial);
+  row.cells.push_back(trial.name());
+  row.cells.push_back(trial.expected().empty() ? std::string(kNone) : trial.expected());
+  row.cells.push_back(trial.outcome());
+  if (trial.has_at_peak()) {
+    const v1::MemorySnapshot& snap = trial.at_peak();
+    std::string optim = Mib(snap.optim_device_bytes());
+    if (snap.optim_host_bytes() != 0) optim += " + " + Mib(snap.optim_host_bytes());
+    row.cells.insert(row.cells.end(), {Mib(snap.params_bytes()), Mib(snap.grads_bytes()), optim,
+                                       Mib(snap.other_bytes())});
+  } else {
+    row.cells.insert(row.cells.end(), 4, std::string(kNone));
+  }
+  row.cells.push_back(ended ? Mib(trial.peak_bytes()) : std::string(kNone));
+  row.cells.push_back(ended ? Printf("%.1f", trial.train_seconds()) : std::string(kNone));
+  row.cells.push_back(ended && trial.tokens_per_second() != 0
+                          ? Grouped(trial.tokens_per_second(), 0)
+                          : std::string(kNone));
+  return row;
+}
+
+// Display width of UTF-8 text: code points (every character here is one column wide).
+size_t Width(std::string_view text) {
+  return static_cast<size_t>(
+      std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+std::string RenderTable(const v1::ReportResponse& report) {
+  std::vector<std::vector<std::string>> rows;
+  rows.emplace_back(kLabColumns.begin(), kLabColumns.end());
+  for (const v1::TrialReport& trial : report.trials()) {
+    LabRow row = MakeLabRow(trial);
+    if (row.unexpected) {
+      row.cells[kOutcomeColumn] += " (expected " + trial.expected() + ")";
+    }
+    rows.push_back(std::move(row.cells));
+  }
+  std::vector<size_t> widths(kLabColumns.size(), 0);
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], Width(row[i]));
+  }
+  std::string out =
+      "experiment " + std::to_string(report.experiment_id()) + ": " + report.name() + "\n";
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      const std::string padding(widths[i] - Width(row[i]), ' ');
+      if (i > 0) line += "  ";
+      line += i >= kFirstNumericColumn ? padding + row[i] : row[i] + padding;
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  const int unexpected = CountUnexpectedOutcomes(report);
+  if (unexpected > 0) {
+    out += "\n" + std::to_string(unexpected) +
+           " trial(s) ended other than the experiment file expects.\n";
+  }
+  return out;
+}
+
+std::string RenderMarkdown(const v1::ReportResponse& report) {
+  std::string out;
+  out += "| ";
+  for (size_t i = 0; i < kLabColumns.size(); ++i) {
+    out += std::string(kLabColumns[i]) + (i + 1 < kLabColumns.size() ? " | " : " |\n");
+  }
+  out += "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const v1::TrialReport& trial : report.trials()) {
+    LabRow row = MakeLabRow(trial);
+    if (row.unexpected) {
+      row.cells[kOutcomeColumn] =
+          "**" + row.cells[kOutcomeColumn] + "** (expected " + trial.expected() + ")";
+    }
+    out += "|";
+    for (const std::string& cell : row.cells) {
+      std::string escaped;  // a '|' inside a cell would end it
+      for (char c : cell) escaped += c == '|' ? std::string("\\|") : std::string(1, c);
+      out += " " + escaped + " |";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+nlohmann::ordered_json SnapshotJson(const v1::MemorySnapshot& snap) {
+  nlohmann::ordered_json json;
+  json["step"] = snap.step();
+  json["micro_batch"] = snap.micro_batch();
+  json["phase"] = snap.phase();
+  json["params_bytes"] = snap.params_bytes();
+  json["grads_bytes"] = snap.grads_bytes();
+  json["optim_device_bytes"] = snap.optim_device_bytes();
+  json["optim_host_bytes"] = snap.optim_host_bytes();
+  json["other_bytes"] = snap.other_bytes();
+  json["allocated_bytes"] = snap.allocated_bytes();
+  json["peak_bytes"] = snap.peak_bytes();
+  json["reserved_bytes"] = snap.reserved_bytes();
+  return json;
+}
+
+std::string RenderJson(const v1::ReportResponse& report) {
+  nlohmann::ordered_json root;
+  root["experiment_id"] = report.experiment_id();
+  root["name"] = report.name();
+  root["trials"] = nlohmann::ordered_json::array();
+  for (const v1::TrialReport& trial : report.trials()) {
+    nlohmann::ordered_json json;
+    json["name"] = trial.name();
+    json["description"] = trial.description();
+    json["outcome"] = trial.outcome();
+    json["expected"] = trial.expected().empty() ? nlohmann::ordered_json()
+                                                : nlohmann::ordered_json(trial.expected());
+    json["attempt"] = trial.attempt();
+    json["node"] = trial.node();
+    json["train_seconds"] = trial.train_seconds();
+    json["tokens_per_second"] = trial.tokens_per_second();
+    json["peak_bytes"] = trial.peak_bytes();
+    json["load_peak_bytes"] = trial.load_peak_bytes();
+    json["final_loss"] =
+        trial.has_final_loss() ? nlohmann::ordered_json(trial.final_loss()) : nullptr;
+    json["error"] = trial.error();
+    json["at_peak"] = trial.has_at_peak() ? SnapshotJson(trial.at_peak()) : nullptr;
+    json["per_phase"] = nlohmann::ordered_json::array();
+    for (const v1::MemorySnapshot& snap : trial.per_phase()) {
+      json["per_phase"].push_back(SnapshotJson(snap));
+    }
+    // The controller's resolved config as an object; kept as text should it not be JSON.
+    nlohmann::ordered_json config =
+        nlohmann::ordered_json::parse(trial.config_json(), nullptr, /*allow_exceptions=*/false);
+    json["config"] = config.is_discarded() ? nlohmann::ordered_json(trial.config_json()) : config;
+    root["trials"].push_back(std::move(json));
+  }
+  return root.dump(2, ' ', /*ensure_ascii=*/false,
+                   nlohmann::ordered_json::error_handler_t::replace) +
+         "\n";
+}
+
+std::string CsvField(const std::string& text) {
+  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
+}
+
+std::string Number(double value) { return nlohmann::json(value).dump(); }
+
+std::string RenderCsv(const v1::ReportResponse& report) {
+  std::string out =
+      "trial,description,expected,outcome,attempt,node,params_bytes,grads_bytes,"
+      "optim_device_bytes,optim_host_bytes,other_bytes,allocated_bytes,reserved_bytes,"
+      "peak_bytes,train_seconds,tokens_per_second,final_loss,error\n";
+  for (const v1::TrialReport& trial : report.trials()) {
+    std::vector<std::string> fields = {trial.name(),
+                                       trial.description(),
+                                       trial.expected(),
+                                       trial.outcome(),
+                                       std::to_string(trial.attempt()),
+                                       trial.node()};
+    if (trial.has_at_peak()) {
+      const v1::MemorySnapshot& snap = trial.at_peak();
+      for (int64_t bytes : {snap.params_bytes(), snap.grads_bytes(), snap.optim_device_bytes(),
+                            snap.optim_host_bytes(), snap.other_bytes(), snap.allocated_bytes(),
+                            snap.reserved_bytes()}) {
+        fields.push_back(std::to_string(bytes));
+      }
+    } else {
+      fields.insert(fields.end(), 7, "");
+    }
+    const bool ended = HasEnded(trial);
+    fields.push_back(ended ? std::to_string(trial.peak_bytes()) : "");
+    fields.push_back(ended ? Number(trial.train_seconds()) : "");
+    fields.push_back(ended ? Number(trial.tokens_per_second()) : "");
+    fields.push_back(trial.has_final_loss() ? Number(trial.final_loss()) : "");
+    fields.push_back(trial.error());
+    for (size_t i = 0; i < fields.size(); ++i) {
+      out += CsvField(fields[i]) + (i + 1 < fields.size() ? "," : "\n");
+    }
+  }
+  return out;
+}
+
+// ---- HTML: inline CSS and SVG only.
+
+struct Category {
+  std::string_view name;
+  std::string_view color;
+};
+constexpr std::array<Category, 4> kCategories = {
+    Category{"params", "#4e79a7"}, Category{"grads", "#f28e2b"},
+    Category{"optim (device)", "#59a14f"}, Category{"acts", "#b07aa1"}};
+
+std::array<int64_t, 4> Stack(const v1::MemorySnapshot& snap) {
+  return {snap.params_bytes(), snap.grads_bytes(), snap.optim_device_bytes(),
+          std::max<int64_t>(snap.other_bytes(), 0)};
+}
+
+// "phase2_after_bwd" -> "2"; other phases (e.g. "oom") as they are.
+std::string PhaseLabel(const std::string& phase) {
+  if (phase.size() > 5 && phase.starts_with("phase") && phase[5] >= '0' && phase[5] <= '9') {
+    return phase.substr(5, 1);
+  }
+  return phase;
+}
+
+std::string Legend() {
+  std::string out = "<p class=\"legend\">";
+  for (const Category& category : kCategories) {
+    out += "<span><i style=\"background:" + std::string(category.color) + "\"></i>" +
+           EscapeHtml(category.name) + "</span>";
+  }
+  return out + "</p>\n";
+}
+
+std::string PhaseCharts(const v1::ReportResponse& report) {
+  int64_t top = 1;
+  for (const v1::TrialReport& trial : report.trials()) {
+    for (const v1::MemorySnapshot& snap : trial.per_phase()) {
+      const std::array<int64_t, 4> stack = Stack(snap);
+      int64_t sum = 0;
+      for (int64_t bytes : stack) sum += bytes;
+      top = std::max(top, sum);
+    }
+  }
+  constexpr double kHeight = 160, kBar = 28, kGap = 14, kLeft = 8, kBottom = 18, kTop = 14;
+  std::string out = "<p>Full height: " + Mib(top) + " MiB.</p>\n<div class=\"grid\">\n";
+  for (const v1::TrialReport& trial : report.trials()) {
+    const double width = kLeft + std::max(1, trial.per_phase_size()) * (kBar + kGap) + kGap;
+    out += "<figure><figcaption>" + EscapeHtml(trial.name()) + "</figcaption>\n";
+    out += "<svg width=\"" + Printf("%.0f", width) + "\" height=\"" +
+           Printf("%.0f", kTop + kHeight + kBottom) + "\" role=\"img\">\n";
+    if (trial.per_phase().empty()) {
+      out += "<text x=\"8\" y=\"40\">no snapshots</text>\n";
+    }
+    double x = kLeft + kGap;
+    for (const v1::MemorySnapshot& snap : trial.per_phase()) {
+      const std::array<int64_t, 4> stack = Stack(snap);
+      double y = kTop + kHeight;
+      for (size_t i = 0; i < stack.size(); ++i) {
+        const double h = kHeight * static_cast<double>(stack[i]) / static_cast<double>(top);
+        y -= h;
+        out += "<rect x=\"" + Printf("%.1f", x) + "\" y=\"" + Printf("%.1f", y) + "\" width=\"" +
+               Printf("%.0f", kBar) + "\" height=\"" + Printf("%.1f", h) + "\" fill=\"" +
+               std::string(kCategories[i].color) + "\"><title>" + EscapeHtml(snap.phase()) + " " +
+               EscapeHtml(kCategories[i].name) + ": " + Mib(stack[i]) + " MiB</title></rect>\n";
+      }
+      out += "<text x=\"" + Printf("%.1f", x + kBar / 2) + "\" y=\"" +
+             Printf("%.0f", kTop + kHeight + 13) + "\" text-anchor=\"middle\">" +
+             EscapeHtml(PhaseLabel(snap.phase())) + "<title>" + EscapeHtml(snap.phase()) +
+             ", step " + std::to_string(snap.step()) + ", allocated " +
+             Mib(snap.allocated_bytes()) + " MiB, optim (host) " + Mib(snap.optim_host_bytes()) +
+             " MiB</title></text>\n";
+      x += kBar + kGap;
+    }
+    out += "</svg></figure>\n";
+  }
+  return out + "</div>\n";
+}
+
+// Horizontal bars, one per trial; `value` of each trial and its label text.
+template <typename Value, typename Label>
+std::string BarChart(const v1::ReportResponse& report, Value value, Label label,
+                     std::string_view color) {
+  constexpr double kRow = 22, kNameWidth = 200, kBarWidth = 360;
+  double top = 0;
+  for (const v1::TrialReport& trial : report.trials()) top = std::max(top, value(trial));
+  if (top <= 0) top = 1;
+  std::string out = "<svg width=\"" + Printf("%.0f", kNameWidth + kBarWidth + 90) + "\" height=\"" +
+                    Printf("%.0f", kRow * report.trials_size() + 4) + "\" role=\"img\">\n";
+  double y = 2;
+  for (const v1::TrialReport& trial : report.trials()) {
+    const double w = kBarWidth * std::max(0.0, value(trial)) / top;
+    out += "<text x=\"" + Printf("%.0f", kNameWidth - 6) + "\" y=\"" + Printf("%.0f", y + 15) +
+           "\" text-anchor=\"end\">" + EscapeHtml(trial.name()) + "</text>\n";
+    out += "<rect x=\"" + Printf("%.0f", kNameWidth) + "\" y=\"" + Printf("%.0f", y + 3) +
+           "\" width=\"" + Printf("%.1f", w) + "\" height=\"16\" fill=\"" + std::string(color) +
+           "\"/>\n";
+    out += "<text x=\"" + Printf("%.1f", kNameWidth + w + 6) + "\" y=\"" + Printf("%.0f", y + 15) +
+           "\">" + EscapeHtml(label(trial)) + "</text>\n";
+    y += kRow;
+  }
+  return out + "</svg>\n";
+}
+
+std::string OutcomeChart(const v1::ReportResponse& report) {
+  constexpr double kRow = 22, kNameWidth = 200, kPill = 110;
+  std::string out = "<svg width=\"" + Printf("%.0f", kNameWidth + 2 * kPill + 40) + "\" height=\"" +
+                    Printf("%.0f", kRow * (report.trials_size() + 1) + 4) + "\" role=\"img\">\n";
+  out += "<text x=\"" + Printf("%.0f", kNameWidth + kPill / 2) +
+         "\" y=\"15\" text-anchor=\"middle\" class=\"head\">expected</text>\n";
+  out += "<text x=\"" + Printf("%.0f", kNameWidth + kPill * 1.5 + 10) +
+         "\" y=\"15\" text-anchor=\"middle\" class=\"head\">observed</text>\n";
+  double y = kRow + 2;
+  for (const v1::TrialReport& trial : report.trials()) {
+    const bool stated = !trial.expected().empty();
+    const std::string observed_color =
+        !stated ? "#bab0ac" : (Unexpected(trial) ? "#e15759" : "#59a14f");
+    const std::string expected = stated ? trial.expected() : std::string(kNone);
+    out += "<text x=\"" + Printf("%.0f", kNameWidth - 6) + "\" y=\"" + Printf("%.0f", y + 15) +
+           "\" text-anchor=\"end\">" + EscapeHtml(trial.name()) + "</text>\n";
+    out += "<rect x=\"" + Printf("%.0f", kNameWidth) + "\" y=\"" + Printf("%.0f", y + 2) +
+           "\" width=\"" + Printf("%.0f", kPill) + "\" height=\"18\" rx=\"9\" fill=\"#e8e8e8\"/>\n";
+    out += "<text x=\"" + Printf("%.0f", kNameWidth + kPill / 2) + "\" y=\"" +
+           Printf("%.0f", y + 15) + "\" text-anchor=\"middle\">" + EscapeHtml(expected) +
+           "</text>\n";
+    out += "<rect x=\"" + Printf("%.0f", kNameWidth + kPill + 10) + "\" y=\"" +
+           Printf("%.0f", y + 2) + "\" width=\"" + Printf("%.0f", kPill) +
+           "\" height=\"18\" rx=\"9\" fill=\"" + observed_color + "\"/>\n";
+    out += "<text x=\"" + Printf("%.0f", kNameWidth + kPill * 1.5 + 10) + "\" y=\"" +
+           Printf("%.0f", y + 15) + "\" text-anchor=\"middle\" fill=\"#fff\">" +
+           EscapeHtml(trial.outcome()) + "</text>\n";
+    y += kRow;
+  }
+  return out + "</svg>\n";
+}
+
+std::string RenderHtml(const v1::ReportResponse& report) {
+  const std::string title = "llmctl report: " + report.name() + " (experiment " +
+                            std::to_string(report.experiment_id()) + ")";
+  std::string out =
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>" +
+      EscapeHtml(title) +
+      "</title>\n<style>\n"
+      "body{font-family:system-ui,sans-serif;margin:2em;color:#222}\n"
+      "table{border-collapse:collapse;font-size:14px}\n"
+      "th,td{border:1px solid #ccc;padding:3px 8px}td.n{text-align:right}\n"
+      "tr.unexpected td{background:#fde2e2}\n"
+      "svg{font-size:12px;font-family:inherit}svg .head{font-weight:bold}\n"
+      ".grid{display:flex;flex-wrap:wrap;gap:1em}figure{margin:0}\n"
+      "figcaption{font-weight:bold;font-size:13px}\n"
+      ".legend span{margin-right:1.2em}"
+      ".legend i{display:inline-block;width:12px;height:12px;margin-right:4px}\n"
+      "</style>\n</head>\n<body>\n<h1>" +
+      EscapeHtml(title) + "</h1>\n";
+
+  out += "<h2>Trials</h2>\n<table>\n<tr>";
+  for (std::string_view column : kLabColumns) out += "<th>" + EscapeHtml(column) + "</th>";
+  out += "</tr>\n";
+  for (const v1::TrialReport& trial : report.trials()) {
+    LabRow row = MakeLabRow(trial);
+    if (row.unexpected) row.cells[kOutcomeColumn] += " (expected " + trial.expected() + ")";
+    out += row.unexpected ? "<tr class=\"unexpected\">" : "<tr>";
+    for (size_t i = 0; i < row.cells.size(); ++i) {
+      out += (i >= kFirstNumericColumn ? "<td class=\"n\">" : "<td>") + EscapeHtml(row.cells[i]) +
+             "</td>";
+    }
+    out += "</tr>\n";
+  }
+  out +=
+      "</table>\n<p>MiB = 2<sup>20</sup> bytes. Memory columns are the snapshot with the most "
+      "allocated bytes (for an out-of-memory trial, the moment the allocation failed).</p>\n";
+
+  out +=
+      "<h2>Memory per phase</h2>\n<p>The snapshot with the most allocated bytes of each phase "
+      "(0 before forward, 1 after forward, 2 after backward, 3 after the optimizer step), on one "
+      "scale for every trial.</p>\n" +
+      Legend() + PhaseCharts(report);
+  out += "<h2>Train time</h2>\n" +
+         BarChart(
+             report, [](const v1::TrialReport& t) { return HasEnded(t) ? t.train_seconds() : 0; },
+             [](const v1::TrialReport& t) {
+               return HasEnded(t) ? Printf("%.1f s", t.train_seconds()) : std::string(kNone);
+             },
+             "#4e79a7");
+  out +=
+      "<h2>Tokens per second</h2>\n" +
+      BarChart(
+          report, [](const v1::TrialReport& t) { return HasEnded(t) ? t.tokens_per_second() : 0; },
+          [](const v1::TrialReport& t) {
+            return HasEnded(t) && t.tokens_per_second() != 0 ? Grouped(t.tokens_per_second(), 0)
+                                                             : std::string(kNone);
+          },
+          "#f28e2b");
+  out += "<h2>Expected and observed outcomes</h2>\n" + OutcomeChart(report);
+  for (const v1::TrialReport& trial : report.trials()) {
+    if (trial.error().empty()) continue;
+    out += "<p><b>" + EscapeHtml(trial.name()) + "</b>: " + EscapeHtml(trial.error()) + "</p>\n";
+  }
+  return out + "</body>\n</html>\n";
+}
+
+}  // namespace
+
+StatusOr<ReportFormat> ParseReportFormat(std::string_view name) {
+  if (name == "table") return ReportFormat::kTable;
+  if (name == "csv") return ReportFormat::kCsv;
+  if (name == "json") return ReportFormat::kJson;
+  if (name == "markdown" || name == "md") return ReportFormat::kMarkdown;
+  if (name == "html") return ReportFormat::kHtml;
+  return InvalidArgumentError("--format: unknown format '" + std::string(name) +
+                              "' (one of table, csv, json, markdown, html)");
+}
+
+bool HasEnded(const v1::TrialReport& trial) {
+  const std::string& outcome = trial.outcome();
+  return outcome == "ok" || outcome == "oom" || outcome == "diverged" || outcome == "failed" ||
+         outcome == "cancelled";
+}
+
+int CountUnexpectedOutcomes(const v1::ReportResponse& report) {
+  return static_cast<int>(
+      std::count_if(report.trials().begin(), report.trials().end(), Unexpected));
+}
+
+std::string EscapeHtml(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string RenderReport(const v1::ReportResponse& report, ReportFormat format) {
+  switch (format) {
+    case ReportFormat::kTable:
+      return RenderTable(report);
+    case ReportFormat::kCsv:
+      return RenderCsv(report);
+    case ReportFormat::kJson:
+      return RenderJson(report);
+    case ReportFormat::kMarkdown:
+      return RenderMarkdown(report);
+    case ReportFormat::kHtml:
+      return RenderHtml(report);
+  }
+  return {};
+}
+
+}  // namespace llmctl::cli

@@ -1,0 +1,39 @@
+// `llmctl report`: one ReportResponse rendered as a terminal table, CSV, JSON, Markdown or a
+// self-contained HTML page with charts. Pure functions of the response (golden-file tested).
+//
+// The table and Markdown show what scripts/lab_table.py shows for `make cpu-lab`, the same numbers
+// the same way: per trial the expected and the actual outcome, the memory categories at the
+// snapshot with the most allocated bytes (MiB = 2^20 bytes, one decimal), the peak, train seconds
+// and tokens/s. "–" marks what a trial does not have (no snapshot, not ended, no tokens).
+#ifndef LLMCTL_CONTROLLER_CLI_REPORT_H_
+#define LLMCTL_CONTROLLER_CLI_REPORT_H_
+
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "llmctl/v1/controller.pb.h"
+
+namespace llmctl::cli {
+
+enum class ReportFormat { kTable, kCsv, kJson, kMarkdown, kHtml };
+
+// "table", "csv", "json", "markdown" (or "md"), "html". InvalidArgument listing them otherwise.
+StatusOr<ReportFormat> ParseReportFormat(std::string_view name);
+
+// The whole report in `format`, ending with a newline.
+std::string RenderReport(const v1::ReportResponse& report, ReportFormat format);
+
+// True when the trial's outcome is a final one (ok, oom, diverged, failed, cancelled).
+bool HasEnded(const v1::TrialReport& trial);
+
+// Trials whose file states an `expect` that the outcome does not match (a trial that has not ended
+// counts too: it did not do what was expected).
+int CountUnexpectedOutcomes(const v1::ReportResponse& report);
+
+// `text` with &, <, >, " and ' replaced by entities, for HTML text and attribute values.
+std::string EscapeHtml(std::string_view text);
+
+}  // namespace llmctl::cli
+
+#endif  // LLMCTL_CONTROLLER_CLI_REPORT_H_
