@@ -15,19 +15,31 @@ function(llmctl_library name)
   llmctl_warnings(${name})
 endfunction()
 
-# llmctl_test(NAME SOURCES ... DEPS ... [ENV k=v ...])
+# llmctl_test(NAME SOURCES ... DEPS ... [ENV k=v ...] [ONE_PROCESS])
 # Tests are discovered when ctest runs (not at build time), with a fixed thread count so results and
 # timings do not depend on the machine's core count. A GTEST_SKIP shows as "skipped" in ctest's summary.
+# ONE_PROCESS: one ctest test runs all of the binary's tests in one process, for suites that share an
+# expensive fixture (a real Keystone). A skip then marks the whole ctest test skipped, so such a suite's
+# tests must skip all together or not at all.
 function(llmctl_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;ENV" ${ARGN})
+  cmake_parse_arguments(ARG "ONE_PROCESS" "" "SOURCES;DEPS;ENV" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
   llmctl_warnings(${name})
+  set(environment
+    "OMP_NUM_THREADS=2;MKL_NUM_THREADS=2;LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR};LLMCTL_BUILD_DIR=${PROJECT_BINARY_DIR};${ARG_ENV}")
+  if(ARG_ONE_PROCESS)
+    add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+    set_tests_properties(${name} PROPERTIES
+      ENVIRONMENT "${environment}"
+      SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+    return()
+  endif()
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
     PROPERTIES
-      ENVIRONMENT "OMP_NUM_THREADS=2;MKL_NUM_THREADS=2;LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR};LLMCTL_BUILD_DIR=${PROJECT_BINARY_DIR};${ARG_ENV}"
+      ENVIRONMENT "${environment}"
       SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endfunction()
 
