@@ -13,6 +13,7 @@ DEBIAN_PACKAGES=(
   libboost-dev libboost-system-dev libcurl4-openssl-dev libssl-dev
   nlohmann-json3-dev libsqlite3-dev sqlite3 libspdlog-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libpcre2-dev
+  cloud-init shellcheck python3-openstackclient
 )
 DEV_PYTHON_PACKAGES=(numpy "transformers==5.23.0" "tokenizers==0.23.3" "safetensors==0.8.0" "peft==0.21.2"
   "bitsandbytes==0.50.2")
