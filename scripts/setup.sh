@@ -16,6 +16,8 @@ DEBIAN_PACKAGES=(
   # A real Keystone (OpenStack Zed) for the cloud client's tests, and the openstack CLI that cross-checks them:
   # about 175 packages, 27 MB, 3.5 min here. The tests start their own on loopback (tests/keystone).
   keystone uwsgi-plugin-python3 python3-openstackclient
+  # cloud-init and shellcheck check the node bootstrap's user-data (controller/openstack/user_data.cc).
+  cloud-init shellcheck
 )
 DEV_PYTHON_PACKAGES=(numpy "transformers==5.23.0" "tokenizers==0.23.3" "safetensors==0.8.0" "peft==0.21.2"
   "bitsandbytes==0.50.2")

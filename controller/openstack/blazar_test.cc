@@ -110,7 +110,7 @@ TEST(ParseLeaseTest, AcceptsReservationsAsAJsonString) {
 }
 
 TEST_F(BlazarTest, FlavorLeaseLifecycleOnTheSimulatorsClock) {
-  NovaClient nova(*session_);
+  NovaClient nova(*session_, sim_->clock());
   auto flavor = nova.FindFlavor("g1.h100.pci.1");
   ASSERT_TRUE(flavor.ok()) << flavor.status().ToString();
   auto created = blazar_->Create(FlavorLease("life", flavor->id));

@@ -29,36 +29,6 @@ struct Cloud {
   std::unique_ptr<BlazarClient> blazar;
 };
 
-// Each Chameleon site has its own Keystone, so a lease at another site than the credentials'
-// region must authenticate there. Only Chameleon's OIDC login (v3oidcpassword) works at every
-// site; application credentials and Keystone passwords belong to one site, so for those the user
-// is told which credentials to use instead of being sent to a Keystone that will refuse them.
-Status MoveToSite(Credentials& creds, const std::string& site_name, const std::string& why) {
-  if (site_name.empty()) return Status::Ok();
-  ASSIGN_OR_RETURN(Site site, FindSite(site_name));
-  if (site.name == creds.region_name) return Status::Ok();
-  std::string_view credentials_site = SiteForAuthUrl(creds.auth_url);
-  if (credentials_site.empty()) {
-    // Not a Chameleon cloud: its regions are its own business unless the user named one.
-    if (creds.region_name.empty()) return Status::Ok();
-    return FailedPreconditionError(why + " is at " + std::string(site.name) +
-                                   ", but the credentials (" + creds.source + ") are for region " +
-                                   creds.region_name + " at " + creds.auth_url +
-                                   ", which is not a Chameleon site");
-  }
-  if (creds.auth_type != AuthType::kV3OidcPassword) {
-    return FailedPreconditionError(
-        why + " is at " + std::string(site.name) + ", but the credentials (" + creds.source +
-        ") are for " + std::string(credentials_site) +
-        "; application credentials and passwords belong to one site: use " +
-        std::string(site.name) + "'s (its openrc file or a clouds.yaml entry with --os-cloud)");
-  }
-  creds.auth_url = std::string(site.auth_url);
-  creds.region_name = std::string(site.name);
-  creds.client_id = std::string(site.oidc_client_id);
-  return Status::Ok();
-}
-
 StatusOr<Cloud> Connect(Credentials creds, const LeaseCommandContext& context) {
   Cloud cloud;
   http::ClientOptions options = context.http_options;
@@ -156,7 +126,7 @@ Status RunCreate(const LeaseFlags& flags, std::ostream& out, const LeaseCommandC
     site = std::string(SiteForFlavor(flags.flavor));
     why = "flavor " + flags.flavor;
   }
-  RETURN_IF_ERROR(MoveToSite(creds, site, why));
+  RETURN_IF_ERROR(MoveCredentialsToSite(creds, site, why));
   ASSIGN_OR_RETURN(Cloud cloud, Connect(std::move(creds), context));
 
   LeaseSpec spec;
@@ -164,7 +134,7 @@ Status RunCreate(const LeaseFlags& flags, std::ostream& out, const LeaseCommandC
   TimePoint begin = start.value_or(context.clock->Now());
   spec.end = begin + duration;
   if (!flags.flavor.empty()) {
-    NovaClient nova(*cloud.session);
+    NovaClient nova(*cloud.session, *context.clock);
     ASSIGN_OR_RETURN(Flavor flavor, nova.FindFlavor(flags.flavor));
     spec.flavor_id = flavor.id;
   } else {
@@ -188,7 +158,8 @@ Status RunCreate(const LeaseFlags& flags, std::ostream& out, const LeaseCommandC
 Status RunOther(const std::string& command, const LeaseFlags& flags, std::ostream& out,
                 const LeaseCommandContext& context) {
   ASSIGN_OR_RETURN(Credentials creds, LoadCredentials(flags.os_cloud, context.env));
-  if (!flags.site.empty()) RETURN_IF_ERROR(MoveToSite(creds, flags.site, "--site " + flags.site));
+  if (!flags.site.empty())
+    RETURN_IF_ERROR(MoveCredentialsToSite(creds, flags.site, "--site " + flags.site));
   ASSIGN_OR_RETURN(Cloud cloud, Connect(std::move(creds), context));
   if (command == "list") {
     ASSIGN_OR_RETURN(std::vector<Lease> leases, cloud.blazar->List());
@@ -209,6 +180,37 @@ Status RunOther(const std::string& command, const LeaseFlags& flags, std::ostrea
 }
 
 }  // namespace
+
+// Each Chameleon site has its own Keystone, so a lease at another site than the credentials'
+// region must authenticate there. Only Chameleon's OIDC login (v3oidcpassword) works at every
+// site; application credentials and Keystone passwords belong to one site, so for those the user
+// is told which credentials to use instead of being sent to a Keystone that will refuse them.
+Status MoveCredentialsToSite(Credentials& creds, const std::string& site_name,
+                             const std::string& why) {
+  if (site_name.empty()) return Status::Ok();
+  ASSIGN_OR_RETURN(Site site, FindSite(site_name));
+  if (site.name == creds.region_name) return Status::Ok();
+  std::string_view credentials_site = SiteForAuthUrl(creds.auth_url);
+  if (credentials_site.empty()) {
+    // Not a Chameleon cloud: its regions are its own business unless the user named one.
+    if (creds.region_name.empty()) return Status::Ok();
+    return FailedPreconditionError(why + " is at " + std::string(site.name) +
+                                   ", but the credentials (" + creds.source + ") are for region " +
+                                   creds.region_name + " at " + creds.auth_url +
+                                   ", which is not a Chameleon site");
+  }
+  if (creds.auth_type != AuthType::kV3OidcPassword) {
+    return FailedPreconditionError(
+        why + " is at " + std::string(site.name) + ", but the credentials (" + creds.source +
+        ") are for " + std::string(credentials_site) +
+        "; application credentials and passwords belong to one site: use " +
+        std::string(site.name) + "'s (its openrc file or a clouds.yaml entry with --os-cloud)");
+  }
+  creds.auth_url = std::string(site.auth_url);
+  creds.region_name = std::string(site.name);
+  creds.client_id = std::string(site.oidc_client_id);
+  return Status::Ok();
+}
 
 StatusOr<std::chrono::seconds> ParseDuration(std::string_view text) {
   auto bad = [&] {

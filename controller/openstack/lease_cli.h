@@ -37,6 +37,12 @@ struct LeaseCommandContext {
 int RunLeaseCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
                     const LeaseCommandContext& context = {});
 
+// Points `creds` at `site_name`'s Keystone when the site differs from the credentials' region.
+// Only Chameleon's OIDC login works at every site; for other credentials FailedPrecondition says
+// which to use instead. `why` names what chose the site ("--site CHI@UC", "flavor g1.h100.pci.1").
+Status MoveCredentialsToSite(Credentials& creds, const std::string& site_name,
+                             const std::string& why);
+
 // "2h50m", "90m", "1d12h", "45s" → seconds. InvalidArgument quoting the text otherwise.
 StatusOr<std::chrono::seconds> ParseDuration(std::string_view text);
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A stateful OpenStack simulator for llmctl's tests (Python standard library only).
 
-Follows ../shared/reference/openstack-api.md for Keystone v3, Blazar v1 and Nova's flavors. It listens
+Follows ../shared/reference/openstack-api.md for Keystone v3, Blazar v1, Nova (flavors, key pairs, servers),
+Cinder volumes, Neutron (networks, ports, security groups and rules, floating IPs) and Glance images. It listens
 on 127.0.0.1 port 0 and prints "PORT <n>" as its only line of output. Time is the simulator's own:
 it starts at --now and moves only when a test asks (POST /admin/advance), so lease and token
 lifetimes are deterministic.
@@ -22,16 +23,28 @@ Admin endpoints (no token needed):
   POST /admin/revoke_tokens         every issued token answers 401 from now on
   POST /admin/capacity              {"flavor": {"<flavor id>": n}, "hosts": [{"id","node_type"}]}
   POST /admin/fail_lease            {"name"}: the lease goes to ERROR when it should start
-  GET  /admin/books                 what exists (leases, private flavors) and every request seen
+  POST /admin/compute               {"build_seconds": n, "fail_servers": {"<name>": "<fault>"}}:
+                                    how long BUILD lasts; named servers end in ERROR with that fault
+  POST /admin/storage               {"volume_seconds": n}: how long a volume stays "creating"
+  POST /admin/images                {"page_size": n, "add": [{"id", "name"}]}
+  POST /admin/floating_ip_pool      {"size": n}: how many 127.0.0.x addresses Neutron can hand out
+  GET  /admin/books                 what exists (leases, private flavors, servers, volumes, ports,
+                                    security groups, floating IPs) and every request seen
+
+Servers are limited by their reservation: at most `amount` live servers per flavor:instance
+reservation, one per host of a physical:host reservation; beyond that a server ends in ERROR with
+"No valid host was found", as Nova's scheduler answers. Floating IPs are 127.0.0.x only.
 """
 import argparse
+import base64
 import datetime as dt
 import json
+import re
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, quote, urlparse
 
 UTC = dt.timezone.utc
 PROJECT = {"id": "p-demo", "name": "demo-project", "domain": {"id": "default", "name": "Default"}}
@@ -41,7 +54,12 @@ PUBLIC_FLAVORS = [
     {"id": "f-small", "name": "m1.small", "vcpus": 1, "ram": 2048, "disk": 20},
     {"id": "f-h100-1", "name": "g1.h100.pci.1", "vcpus": 16, "ram": 131072, "disk": 0},
     {"id": "f-h100-4", "name": "g1.h100.pci.4", "vcpus": 64, "ram": 524288, "disk": 0},
+    {"id": "f-baremetal", "name": "baremetal", "vcpus": 1, "ram": 1024, "disk": 0},
 ]
+KEYPAIRS = {"demo-key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDemoKeyForTheSimulatorOnly demo"}
+NETWORKS = [{"id": "net-sharednet1", "name": "sharednet1", "router:external": False},
+            {"id": "net-public", "name": "public", "router:external": True}]
+SERVER_DELETE_SECONDS = 3
 
 
 def fmt_blazar(t):
@@ -70,6 +88,72 @@ class State:
         self.failing_leases = set()
         self.access_tokens = set()
         self.reservation_suffix = ""
+        self.images = [{"id": "img-cuda-2404", "name": "CC-Ubuntu24.04-CUDA"},
+                       {"id": "img-ubuntu-2404", "name": "CC-Ubuntu24.04"},
+                       {"id": "img-ubuntu-2204", "name": "CC-Ubuntu22.04"}]
+        self.image_page_size = 25
+        self.build_seconds = 60
+        self.volume_seconds = 30
+        self.fail_servers = {}  # server name -> fault message
+        self.servers = {}  # id -> server (API shape, plus private keys starting with "_")
+        self.volumes = {}
+        self.ports = {}
+        self.security_groups = {}
+        self.floating_ips = {}
+        self.floating_ip_pool = 20
+
+    # --- servers and volumes over time ---
+    def tick_resources(self):
+        for volume in self.volumes.values():
+            if volume["status"] == "creating" and self.now >= volume["_ready"]:
+                volume["status"] = "available"
+        for server in list(self.servers.values()):
+            if server.get("_deleting") is not None:
+                if self.now >= server["_deleting"]:
+                    self.remove_server(server)
+                continue
+            if server["status"] == "BUILD" and self.now >= server["_ready"]:
+                fault = self.fail_servers.get(server["name"]) or self.no_valid_host(server)
+                if fault:
+                    server["status"] = "ERROR"
+                    server["fault"] = {"code": 500, "message": fault,
+                                       "created": fmt_iso(self.now)}
+                else:
+                    server["status"] = "ACTIVE"
+
+    def no_valid_host(self, server):
+        """Nova's scheduler: a reserved flavor or hint admits as many servers as the reservation holds."""
+        reservation, allowed = server["_reservation"], None
+        for lease in self.leases.values():
+            for res in lease["reservations"]:
+                if res["id"] == reservation:
+                    if lease["status"] != "ACTIVE":
+                        return "No valid host was found. Reservation %s is not active." % reservation
+                    allowed = res.get("amount") or len(res.get("_hosts", []))
+        if reservation is None:
+            if server["flavor"]["id"] == "f-baremetal":
+                return "No valid host was found. Bare-metal hosts are reserved: pass a reservation hint."
+            return None
+        if allowed is None:
+            return "No valid host was found. Unknown reservation %s." % reservation
+        running = [s for s in self.servers.values() if s["_reservation"] == reservation
+                   and s["status"] == "ACTIVE" and s.get("_deleting") is None]
+        if len(running) >= allowed:
+            return "No valid host was found. There are not enough hosts available."
+        return None
+
+    def remove_server(self, server):
+        del self.servers[server["id"]]
+        for port in [p for p in self.ports.values() if p["device_id"] == server["id"]]:
+            del self.ports[port["id"]]
+            for fip in self.floating_ips.values():
+                if fip["port_id"] == port["id"]:
+                    fip.update(port_id=None, fixed_ip_address=None, status="DOWN")
+        for volume in self.volumes.values():
+            volume["attachments"] = [a for a in volume["attachments"]
+                                     if a["server_id"] != server["id"]]
+            if volume["status"] == "in-use" and not volume["attachments"]:
+                volume["status"] = "available"
 
     # --- leases over time ---
     def tick(self):
@@ -90,6 +174,7 @@ class State:
                 for res in lease["reservations"]:
                     if res["resource_type"] == "flavor:instance":
                         self.private_flavors[res["id"]] = self.reservation_flavor(res)
+        self.tick_resources()
 
     @staticmethod
     def set_status(lease, status, reservation_status):
@@ -155,6 +240,24 @@ def keystone_error(status, message):
                                        "message": message}})
 
 
+def nova_error(status, message):
+    keys = {400: "badRequest", 403: "forbidden", 404: "itemNotFound", 409: "conflictingRequest"}
+    return ApiError(status, {keys.get(status, "computeFault"): {"code": status, "message": message}})
+
+
+def neutron_error(status, kind, message):
+    return ApiError(status, {"NeutronError": {"type": kind, "message": message, "detail": ""}})
+
+
+def cinder_error(status, message):
+    keys = {400: "badRequest", 404: "itemNotFound"}
+    return ApiError(status, {keys.get(status, "computeFault"): {"code": status, "message": message}})
+
+
+def new_id(prefix):
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:12])
+
+
 def parse_blazar_date(text, field):
     for pattern in ("%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"):
         try:
@@ -183,7 +286,11 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up waiting (a test's timeout fault): nothing to tell it
+
 
     def handle_any(self):
         url = urlparse(self.path)
@@ -249,7 +356,18 @@ class Handler(BaseHTTPRequestHandler):
             return self.blazar(path[len("/blazar/v1/"):], query, raw)
         if path.startswith("/nova/v2.1/"):
             self.require_token()
-            return self.nova(path[len("/nova/v2.1/"):])
+            return self.nova(path[len("/nova/v2.1/"):], query, raw)
+        if path.startswith("/cinder/v3/%s/" % PROJECT["id"]):
+            self.require_token()
+            return self.cinder(path[len("/cinder/v3/%s/" % PROJECT["id"]):], raw)
+        if path.startswith("/neutron/v2.0/"):
+            self.require_token()
+            return self.neutron(path[len("/neutron/v2.0/"):], query, raw)
+        if path.startswith("/glance/v2/"):
+            self.require_token()
+            return self.glance(path[len("/glance/v2/"):], query)
+        if path.rstrip("/") in ("/nova", "/cinder", "/neutron", "/glance", "/blazar"):
+            return self.versions(path.strip("/"))
         raise ApiError(404, {"error": "no route for " + path})
 
     # --- admin ---
@@ -276,12 +394,35 @@ class Handler(BaseHTTPRequestHandler):
         if what == "fail_lease":
             STATE.failing_leases.add(body["name"])
             return 200, {}, None
+        if what == "compute":
+            STATE.build_seconds = body.get("build_seconds", STATE.build_seconds)
+            STATE.fail_servers.update(body.get("fail_servers", {}))
+            return 200, {}, None
+        if what == "storage":
+            STATE.volume_seconds = body.get("volume_seconds", STATE.volume_seconds)
+            return 200, {}, None
+        if what == "images":
+            STATE.image_page_size = body.get("page_size", STATE.image_page_size)
+            STATE.images += body.get("add", [])
+            return 200, {}, None
+        if what == "floating_ip_pool":
+            STATE.floating_ip_pool = body["size"]
+            return 200, {}, None
         if what == "books":
+            def names(table, *keys):
+                return [{k: item.get(k) for k in ("id", "name") + keys} for item in table.values()]
             return 200, {
                 "now": fmt_iso(STATE.now),
                 "leases": [{"id": l["id"], "name": l["name"], "status": l["status"]}
                            for l in STATE.leases.values()],
                 "private_flavors": sorted(STATE.private_flavors),
+                "servers": names(STATE.servers, "status"),
+                "volumes": names(STATE.volumes, "status"),
+                "ports": names(STATE.ports, "device_id"),
+                "security_groups": names(STATE.security_groups, "description"),
+                "floating_ips": [{k: f[k] for k in ("id", "floating_ip_address", "port_id",
+                                                    "description")}
+                                 for f in STATE.floating_ips.values()],
                 "tokens_issued": len(STATE.tokens),
                 "requests": STATE.requests[:-1],
             }, None
@@ -319,6 +460,8 @@ class Handler(BaseHTTPRequestHandler):
         return [service("reservation", base + "/blazar" + STATE.reservation_suffix),
                 service("compute", base + "/nova/v2.1"),
                 service("volumev3", base + "/cinder/v3/" + PROJECT["id"]),
+                service("network", base + "/neutron"),
+                service("image", base + "/glance"),
                 service("identity", base + "/v3")]
 
     def issue_token(self, method, scoped, status=201):
@@ -520,13 +663,344 @@ class Handler(BaseHTTPRequestHandler):
                 event["time"] = fmt_blazar(end)
         return 200, {"lease": self.lease_view(lease)}, None
 
+    # --- version documents (what openstacksdk's discovery reads) ---
+    def versions(self, service):
+        base = self.base_url() + "/" + service
+        ids = {"nova": ("v2.1", "2.90"), "cinder": ("v3.0", "3.70"), "neutron": ("v2.0", ""),
+               "glance": ("v2.15", ""), "blazar": ("v1.0", "")}
+        version, micro = ids[service]
+        suffix = {"nova": "/v2.1/", "cinder": "/v3/", "neutron": "/v2.0/", "glance": "/v2/",
+                  "blazar": "/v1/"}[service]
+        entry = {"id": version, "status": "CURRENT", "version": micro, "min_version": "",
+                 "links": [{"rel": "self", "href": base + suffix}]}
+        if micro:
+            entry["min_version"] = {"nova": "2.1", "cinder": "3.0"}[service]
+        return 300 if service != "neutron" else 200, {"versions": [entry]}, None
+
     # --- Nova ---
-    def nova(self, what):
-        if what.strip("/") == "flavors/detail" and self.command == "GET":
+    def nova(self, what, query, raw):
+        parts = what.strip("/").split("/")
+        if parts == [""]:
+            return 200, {"version": {"id": "v2.1", "status": "CURRENT", "version": "2.90",
+                                     "min_version": "2.1", "links": []}}, None
+        if parts == ["flavors", "detail"] and self.command == "GET":
             flavors = [dict(f, extra_specs={}) for f in PUBLIC_FLAVORS]
             flavors += list(STATE.private_flavors.values())
             return 200, {"flavors": flavors}, None
-        raise ApiError(404, {"itemNotFound": {"code": 404, "message": "no Nova route " + what}})
+        if parts[0] == "os-keypairs" and self.command == "GET":
+            if len(parts) == 1:
+                return 200, {"keypairs": [{"keypair": {"name": n, "public_key": k, "type": "ssh"}}
+                                          for n, k in KEYPAIRS.items()]}, None
+            if parts[1] not in KEYPAIRS:
+                raise nova_error(404, "Keypair %s not found for user %s" % (parts[1], USER["id"]))
+            return 200, {"keypair": {"name": parts[1], "public_key": KEYPAIRS[parts[1]],
+                                     "type": "ssh", "user_id": USER["id"]}}, None
+        if parts in (["servers"], ["servers", "detail"]) and self.command == "GET":
+            servers = [self.server_view(s) for s in STATE.servers.values()]
+            if "name" in query:  # Nova's name filter is a regular expression
+                pattern = re.compile(query["name"][0])
+                servers = [s for s in servers if pattern.search(s["name"])]
+            return 200, {"servers": servers}, None
+        if parts == ["servers"] and self.command == "POST":
+            return self.create_server(self.json_body(raw))
+        if len(parts) == 2 and parts[0] == "servers":
+            server = STATE.servers.get(parts[1])
+            if server is None:
+                raise nova_error(404, "Instance %s could not be found." % parts[1])
+            if self.command == "GET":
+                return 200, {"server": self.server_view(server)}, None
+            if self.command == "DELETE":
+                if server.get("_deleting") is None:
+                    server["_deleting"] = STATE.now + dt.timedelta(seconds=SERVER_DELETE_SECONDS)
+                return 204, None, None
+        raise nova_error(404, "no Nova route " + what)
+
+    def server_view(self, server):
+        view = {k: v for k, v in server.items() if not k.startswith("_")}
+        addresses = {}
+        for port in STATE.ports.values():
+            if port["device_id"] != server["id"]:
+                continue
+            net = next(n["name"] for n in NETWORKS if n["id"] == port["network_id"])
+            entries = addresses.setdefault(net, [])
+            entries.append({"addr": port["fixed_ips"][0]["ip_address"], "version": 4,
+                            "OS-EXT-IPS:type": "fixed"})
+            for fip in STATE.floating_ips.values():
+                if fip["port_id"] == port["id"]:
+                    entries.append({"addr": fip["floating_ip_address"], "version": 4,
+                                    "OS-EXT-IPS:type": "floating"})
+        view["addresses"] = addresses
+        if server.get("_deleting") is not None:
+            view["OS-EXT-STS:task_state"] = "deleting"
+        return view
+
+    def create_server(self, body):
+        spec = body.get("server")
+        if not isinstance(spec, dict) or not spec.get("name"):
+            raise nova_error(400, "Invalid input for field/attribute server. 'name' is required")
+        flavor_id = spec.get("flavorRef")
+        flavor = next((f for f in PUBLIC_FLAVORS if f["id"] == flavor_id), None) \
+            or STATE.private_flavors.get(flavor_id)
+        if flavor is None:
+            raise nova_error(400, "Flavor %s could not be found." % flavor_id)
+        networks = spec.get("networks")
+        if not isinstance(networks, list) or not networks:
+            raise nova_error(400, "Invalid input for field/attribute networks.")
+        for net in networks:
+            if not any(n["id"] == net.get("uuid") for n in NETWORKS):
+                raise nova_error(400, "Network %s could not be found." % net.get("uuid"))
+        if "key_name" in spec and spec["key_name"] not in KEYPAIRS:
+            raise nova_error(400, "Invalid key_name provided.")
+        user_data = spec.get("user_data")
+        if user_data is not None:
+            if len(user_data) > 65535:
+                raise nova_error(400, "User data too large. User data must be no larger than "
+                                      "65535 bytes once base64 encoded.")
+            try:
+                base64.b64decode(user_data, validate=True)
+            except ValueError:
+                raise nova_error(400, "User data needs to be valid base 64.")
+        groups = []
+        for group in spec.get("security_groups") or [{"name": "default"}]:
+            matches = [g for g in STATE.security_groups.values() if g["name"] == group["name"]]
+            if group["name"] != "default" and len(matches) != 1:
+                raise nova_error(400 if not matches else 409,
+                                 "Security group %s not found for project %s."
+                                 % (group["name"], PROJECT["id"]) if not matches else
+                                 "Multiple security groups named %s" % group["name"])
+            groups += [g["id"] for g in matches]
+        mappings = spec.get("block_device_mapping_v2") or []
+        volume = None
+        if mappings:
+            mapping = mappings[0]
+            if mapping.get("source_type") != "volume" or mapping.get("destination_type") != "volume":
+                raise nova_error(400, "The simulator boots only from an existing volume")
+            volume = STATE.volumes.get(mapping.get("uuid"))
+            if volume is None:
+                raise nova_error(400, "Block Device Mapping is Invalid: failed to get volume %s."
+                                 % mapping.get("uuid"))
+            if volume["status"] != "available":
+                raise nova_error(400, "Block Device Mapping is Invalid: volume %s is %s, not "
+                                      "available." % (volume["id"], volume["status"]))
+        elif not any(i["id"] == spec.get("imageRef") for i in STATE.images):
+            raise nova_error(400, "Image %s could not be found." % spec.get("imageRef"))
+        hints = body.get("OS-SCH-HNT:scheduler_hints") or body.get("os:scheduler_hints") or {}
+        reservation = hints.get("reservation")
+        extra = flavor.get("extra_specs", {}) if isinstance(flavor, dict) else {}
+        reservation = extra.get("aggregate_instance_extra_specs:reservation", reservation)
+        server_id = str(uuid.uuid4())
+        server = {"id": server_id, "name": spec["name"], "status": "BUILD",
+                  "flavor": {"id": flavor_id}, "image": "" if volume else {"id": spec["imageRef"]},
+                  "key_name": spec.get("key_name"), "tenant_id": PROJECT["id"],
+                  "user_id": USER["id"], "created": fmt_iso(STATE.now),
+                  "metadata": spec.get("metadata", {}),
+                  "security_groups": [{"name": g["name"]} for g in
+                                      spec.get("security_groups") or [{"name": "default"}]],
+                  "_reservation": reservation,
+                  "_ready": STATE.now + dt.timedelta(seconds=STATE.build_seconds)}
+        STATE.servers[server_id] = server
+        if volume is not None:
+            volume["status"] = "in-use"
+            volume["attachments"].append({"server_id": server_id, "device": "/dev/vda"})
+        for net in networks:
+            port_id = str(uuid.uuid4())
+            STATE.ports[port_id] = {
+                "id": port_id, "name": "", "network_id": net["uuid"], "device_id": server_id,
+                "device_owner": "compute:nova", "security_groups": groups, "status": "ACTIVE",
+                "project_id": PROJECT["id"], "tenant_id": PROJECT["id"],
+                "fixed_ips": [{"ip_address": "10.0.0.%d" % (len(STATE.ports) + 10)}]}
+        return 202, {"server": {"id": server_id, "links": [], "adminPass": "x" * 12,
+                                "security_groups": server["security_groups"],
+                                "OS-DCF:diskConfig": "MANUAL"}}, {
+            "Location": self.base_url() + "/nova/v2.1/servers/" + server_id}
+
+    # --- Cinder ---
+    def volume_view(self, volume):
+        return {k: v for k, v in volume.items() if not k.startswith("_")}
+
+    def cinder(self, what, raw):
+        parts = what.strip("/").split("/")
+        if parts in (["volumes"], ["volumes", "detail"]) and self.command == "GET":
+            return 200, {"volumes": [self.volume_view(v) for v in STATE.volumes.values()]}, None
+        if parts == ["volumes"] and self.command == "POST":
+            spec = self.json_body(raw).get("volume")
+            if not isinstance(spec, dict) or not isinstance(spec.get("size"), int) \
+                    or spec["size"] < 1:
+                raise cinder_error(400, "Invalid input received: size must be an integer >= 1")
+            image = spec.get("imageRef")
+            if image is not None and not any(i["id"] == image for i in STATE.images):
+                raise cinder_error(400, "Invalid image identifier or unable to access "
+                                        "requested image.")
+            volume_id = str(uuid.uuid4())
+            STATE.volumes[volume_id] = {
+                "id": volume_id, "name": spec.get("name"), "size": spec["size"],
+                "status": "creating", "bootable": "true" if image else "false",
+                "volume_type": spec.get("volume_type") or "ceph-ssd", "attachments": [],
+                "created_at": fmt_iso(STATE.now),
+                "_ready": STATE.now + dt.timedelta(seconds=STATE.volume_seconds)}
+            return 202, {"volume": self.volume_view(STATE.volumes[volume_id])}, None
+        if len(parts) == 2 and parts[0] == "volumes":
+            volume = STATE.volumes.get(parts[1])
+            if volume is None:
+                raise cinder_error(404, "Volume %s could not be found." % parts[1])
+            if self.command == "GET":
+                return 200, {"volume": self.volume_view(volume)}, None
+            if self.command == "DELETE":
+                if volume["status"] not in ("available", "error", "error_restoring",
+                                            "error_extending"):
+                    raise cinder_error(400, "Invalid volume: Volume status must be available or "
+                                            "error or error_restoring or error_extending or "
+                                            "error_managing and must not be migrating, attached, "
+                                            "belong to a group, have snapshots or be disassociated "
+                                            "from snapshots after volume transfer.")
+                del STATE.volumes[volume["id"]]
+                return 202, None, None
+        raise cinder_error(404, "no Cinder route " + what)
+
+    # --- Neutron ---
+    def neutron(self, what, query, raw):
+        parts = what.strip("/").split("/")
+        if parts == [""]:
+            return 200, {"resources": []}, None
+        filters = {k: v[0] for k, v in query.items() if k not in ("fields", "limit", "marker")}
+
+        def listed(items):
+            return [i for i in items
+                    if all(str(i.get(k)) == v or (v == "" and i.get(k) is None)
+                           for k, v in filters.items())]
+        if parts == ["networks"] and self.command == "GET":
+            return 200, {"networks": listed([dict(n, status="ACTIVE", subnets=[],
+                                                  project_id="admin", shared=True)
+                                             for n in NETWORKS])}, None
+        if parts == ["ports"] and self.command == "GET":
+            return 200, {"ports": listed(list(STATE.ports.values()))}, None
+        if parts == ["security-groups"] and self.command == "GET":
+            return 200, {"security_groups": listed(list(STATE.security_groups.values()))}, None
+        if parts == ["security-groups"] and self.command == "POST":
+            spec = self.json_body(raw).get("security_group") or {}
+            if not spec.get("name"):
+                raise neutron_error(400, "HTTPBadRequest", "security_group needs a name")
+            group_id = str(uuid.uuid4())
+            STATE.security_groups[group_id] = {
+                "id": group_id, "name": spec["name"], "description": spec.get("description", ""),
+                "project_id": PROJECT["id"], "tenant_id": PROJECT["id"], "stateful": True,
+                "security_group_rules": [self.rule(group_id, "egress", None, None, None)]}
+            return 201, {"security_group": STATE.security_groups[group_id]}, None
+        if len(parts) == 2 and parts[0] == "security-groups":
+            group = STATE.security_groups.get(parts[1])
+            if group is None:
+                raise neutron_error(404, "SecurityGroupNotFound",
+                                    "Security group %s does not exist" % parts[1])
+            if self.command == "GET":
+                return 200, {"security_group": group}, None
+            if self.command == "DELETE":
+                if any(group["id"] in p["security_groups"] for p in STATE.ports.values()):
+                    raise neutron_error(409, "SecurityGroupInUse",
+                                        "Security Group %s in use." % group["id"])
+                del STATE.security_groups[group["id"]]
+                return 204, None, None
+        if parts == ["security-group-rules"] and self.command == "POST":
+            spec = self.json_body(raw).get("security_group_rule") or {}
+            group = STATE.security_groups.get(spec.get("security_group_id"))
+            if group is None:
+                raise neutron_error(404, "SecurityGroupNotFound", "Security group %s does not "
+                                    "exist" % spec.get("security_group_id"))
+            rule = self.rule(group["id"], spec.get("direction"), spec.get("protocol"),
+                             spec.get("port_range_min"), spec.get("port_range_max"))
+            for existing in group["security_group_rules"]:
+                if all(existing[k] == rule[k] for k in ("direction", "protocol",
+                                                         "port_range_min", "port_range_max")):
+                    raise neutron_error(409, "SecurityGroupRuleExists",
+                                        "Security group rule already exists. Rule id is %s."
+                                        % existing["id"])
+            group["security_group_rules"].append(rule)
+            return 201, {"security_group_rule": rule}, None
+        if parts == ["floatingips"] and self.command == "GET":
+            return 200, {"floatingips": listed(list(STATE.floating_ips.values()))}, None
+        if parts == ["floatingips"] and self.command == "POST":
+            spec = self.json_body(raw).get("floatingip") or {}
+            if spec.get("floating_network_id") != "net-public":
+                raise neutron_error(400, "BadRequest", "Bad floatingip request: network %s is "
+                                    "not external" % spec.get("floating_network_id"))
+            used = {f["floating_ip_address"] for f in STATE.floating_ips.values()}
+            free = [a for a in ("127.0.0.%d" % n for n in range(10, 10 + STATE.floating_ip_pool))
+                    if a not in used]
+            if not free:
+                raise neutron_error(409, "IpAddressGenerationFailure",
+                                    "No more IP addresses available on network net-public.")
+            fip_id = str(uuid.uuid4())
+            STATE.floating_ips[fip_id] = {
+                "id": fip_id, "floating_ip_address": free[0], "floating_network_id": "net-public",
+                "port_id": None, "fixed_ip_address": None, "status": "DOWN",
+                "description": spec.get("description", ""), "project_id": PROJECT["id"],
+                "tenant_id": PROJECT["id"], "router_id": None}
+            self.associate(STATE.floating_ips[fip_id], spec.get("port_id"))
+            return 201, {"floatingip": STATE.floating_ips[fip_id]}, None
+        if len(parts) == 2 and parts[0] == "floatingips":
+            fip = STATE.floating_ips.get(parts[1])
+            if fip is None:
+                raise neutron_error(404, "FloatingIPNotFound",
+                                    "Floating IP %s could not be found" % parts[1])
+            if self.command == "GET":
+                return 200, {"floatingip": fip}, None
+            if self.command == "PUT":
+                spec = self.json_body(raw).get("floatingip") or {}
+                if "description" in spec:
+                    fip["description"] = spec["description"]
+                if "port_id" in spec:
+                    self.associate(fip, spec["port_id"])
+                return 200, {"floatingip": fip}, None
+            if self.command == "DELETE":
+                del STATE.floating_ips[fip["id"]]
+                return 204, None, None
+        raise neutron_error(404, "HTTPNotFound", "no Neutron route " + what)
+
+    @staticmethod
+    def rule(group_id, direction, protocol, port_min, port_max):
+        return {"id": str(uuid.uuid4()), "security_group_id": group_id, "direction": direction,
+                "ethertype": "IPv4", "protocol": protocol, "port_range_min": port_min,
+                "port_range_max": port_max, "remote_ip_prefix": None}
+
+    @staticmethod
+    def associate(fip, port_id):
+        if port_id is None:
+            fip.update(port_id=None, fixed_ip_address=None, status="DOWN")
+            return
+        port = STATE.ports.get(port_id)
+        if port is None:
+            raise neutron_error(404, "PortNotFound", "Port %s could not be found." % port_id)
+        if any(f["port_id"] == port_id and f["id"] != fip["id"]
+               for f in STATE.floating_ips.values()):
+            raise neutron_error(409, "FloatingIPPortAlreadyAssociated",
+                                "Cannot associate floating IP %s with port %s: it already has a "
+                                "floating IP." % (fip["floating_ip_address"], port_id))
+        fip.update(port_id=port_id, fixed_ip_address=port["fixed_ips"][0]["ip_address"],
+                   status="ACTIVE")
+
+    # --- Glance ---
+    def glance(self, what, query):
+        parts = what.strip("/").split("/")
+        if parts == ["images"] and self.command == "GET":
+            images = [dict(i, status="active", visibility="public") for i in STATE.images]
+            if "name" in query:
+                images = [i for i in images if i["name"] == query["name"][0]]
+            start = 0
+            if "marker" in query:
+                start = next(n for n, i in enumerate(images) if i["id"] == query["marker"][0]) + 1
+            size = int(query.get("limit", [STATE.image_page_size])[0])
+            page = images[start:start + size]
+            body = {"images": page, "first": "/v2/images", "schema": "/v2/schemas/images"}
+            if start + size < len(images):
+                rest = [("marker", page[-1]["id"])] + [
+                    (k, v[0]) for k, v in query.items() if k != "marker"]
+                body["next"] = "/v2/images?" + "&".join("%s=%s" % (k, quote(v)) for k, v in rest)
+            return 200, body, None
+        if len(parts) == 2 and parts[0] == "images" and self.command == "GET":
+            image = next((i for i in STATE.images if i["id"] == parts[1]), None)
+            if image is None:
+                raise ApiError(404, {"message": "No image found with ID %s" % parts[1]})
+            return 200, dict(image, status="active", visibility="public"), None
+        raise ApiError(404, {"message": "no Glance route " + what})
 
 
 def main():

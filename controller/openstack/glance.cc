@@ -1,0 +1,54 @@
+#include "controller/openstack/glance.h"
+
+#include <vector>
+
+#include "common/http/http_client.h"
+
+namespace llmctl::openstack {
+
+using nlohmann::json;
+
+StatusOr<Image> ParseImage(const json& value) {
+  if (!value.is_object() || !value.contains("id") || !value["id"].is_string() ||
+      !value.contains("name") || !value["name"].is_string()) {
+    return InternalError("Glance image without an id or name: " + value.dump().substr(0, 200));
+  }
+  return Image{value["id"].get<std::string>(), value["name"].get<std::string>(),
+               value.value("status", "")};
+}
+
+StatusOr<Image> GlanceClient::FindImage(std::string_view name) {
+  std::vector<Image> found;
+  std::string path = "/v2/images?" + http::FormEncode({{"name", std::string(name)}});
+  // Glance's "next" is relative to the endpoint ("/v2/images?marker=..."); a page limit keeps a
+  // misbehaving server from looping for ever.
+  for (int page = 0; !path.empty(); ++page) {
+    if (page == 1000) return InternalError("Glance's image list did not end after 1000 pages");
+    ASSIGN_OR_RETURN(json body, session_.CallJson("image", "GET", path));
+    if (!body.is_object() || !body.contains("images") || !body["images"].is_array()) {
+      return InternalError("Glance's image list has no 'images' array");
+    }
+    for (const json& value : body["images"]) {
+      ASSIGN_OR_RETURN(Image image, ParseImage(value));
+      if (image.name == name) found.push_back(std::move(image));
+    }
+    path = body.contains("next") && body["next"].is_string() ? body["next"].get<std::string>() : "";
+  }
+  if (found.empty()) {
+    return NotFoundError("no image named '" + std::string(name) +
+                         "' at this site (openstack image list shows the names)");
+  }
+  if (found.size() > 1) {
+    std::string ids;
+    for (const Image& image : found) ids += (ids.empty() ? "" : ", ") + image.id;
+    return FailedPreconditionError(std::to_string(found.size()) + " images are named '" +
+                                   std::string(name) + "' (" + ids + "); pass an unambiguous name");
+  }
+  if (found.front().status != "active") {
+    return FailedPreconditionError("image '" + std::string(name) + "' (" + found.front().id +
+                                   ") is " + found.front().status + ", not active");
+  }
+  return found.front();
+}
+
+}  // namespace llmctl::openstack

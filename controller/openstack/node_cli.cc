@@ -1,0 +1,171 @@
+#include "controller/openstack/node_cli.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <memory>
+
+#include "controller/openstack/lease_cli.h"
+
+namespace llmctl::openstack {
+namespace {
+
+struct NodeFlags {
+  std::string os_cloud, site;
+  std::string name;  // show / down
+  NodeSpec spec;
+  AgentImageSource image;
+};
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string text;
+  for (const std::string& item : items) text += (text.empty() ? "" : ", ") + item;
+  return text.empty() ? "-" : text;
+}
+
+void PrintTable(const std::vector<Node>& nodes, std::ostream& out) {
+  std::vector<std::vector<std::string>> rows = {{"NODE", "STATUS", "AGENT", "SERVER ID"}};
+  for (const Node& node : nodes) {
+    rows.push_back({node.name, node.server ? node.server->status : "-",
+                    node.AgentAddress().empty() ? "-" : node.AgentAddress(),
+                    node.server ? node.server->id : "-"});
+  }
+  std::vector<size_t> widths(rows.front().size(), 0);
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+    }
+    out << line << "\n";
+  }
+}
+
+void PrintNode(const Node& node, std::ostream& out) {
+  out << "node:         " << node.name << "\n";
+  if (node.server) {
+    out << "server:       " << node.server->name << " (" << node.server->id << ") "
+        << node.server->status << (node.server->fault.empty() ? "" : ": " + node.server->fault)
+        << "\n"
+        << "addresses:    " << Join(node.server->fixed_addresses) << "\n";
+  } else {
+    out << "server:       -\n";
+  }
+  out << "boot volume:  "
+      << (node.volume ? node.volume->name + " (" + node.volume->id + ") " + node.volume->status +
+                            ", " + std::to_string(node.volume->size_gb) + " GiB"
+                      : "-")
+      << "\n"
+      << "floating IP:  " << (node.floating_ip ? node.floating_ip->address : "-") << "\n"
+      << "agent:        " << (node.AgentAddress().empty() ? "-" : node.AgentAddress()) << "\n";
+}
+
+Status Run(const std::string& command, const NodeFlags& flags, std::ostream& out,
+           const NodeCommandContext& context) {
+  AgentImageSource image = flags.image;
+  if (command == "up") {
+    if (image.image.empty() && image.git_url.empty()) image = context.default_agent_image;
+    if (image.image.empty() && image.git_url.empty()) {
+      return InvalidArgumentError(
+          "node up needs the agent's image: --agent-image REF, or --agent-git URL "
+          "--agent-commit SHA to build it on the node");
+    }
+    if (!image.git_url.empty() && image.git_commit.empty()) {
+      return InvalidArgumentError("--agent-git needs --agent-commit (the build is pinned)");
+    }
+    if (!context.issue_agent_secrets) {
+      return FailedPreconditionError(
+          "node up needs the controller to issue the agent's certificate and token");
+    }
+  }
+  ASSIGN_OR_RETURN(Credentials creds, LoadCredentials(flags.os_cloud, context.env));
+  RETURN_IF_ERROR(MoveCredentialsToSite(creds, flags.site, "--site " + flags.site));
+  http::ClientOptions options = context.http_options;
+  if (!creds.cacert.empty()) options.ca_bundle_path = creds.cacert;
+  http::HttpClient http(options);
+  Session session(std::move(creds), http, *context.clock, context.session_options);
+  NodeManager nodes(session, *context.clock, context.node_options,
+                    [&out](const std::string& line) { out << line << "\n"; });
+  if (command == "up") {
+    NodeSpec spec = flags.spec;
+    const int agent_port = spec.agent_port;
+    spec.user_data = [&](const std::string& node) -> StatusOr<std::string> {
+      BootstrapConfig config;
+      config.node = node;
+      config.agent_port = agent_port;
+      config.source = image;
+      ASSIGN_OR_RETURN(config.secrets, context.issue_agent_secrets(node));
+      return AgentUserData(config);
+    };
+    // The bootstrap's inputs are checked before anything is made in the cloud.
+    BootstrapConfig check;
+    check.node = NamesForNode(spec.lease).node;
+    check.agent_port = agent_port;
+    check.source = image;
+    RETURN_IF_ERROR(BootstrapScript(check).status());
+    ASSIGN_OR_RETURN(Node node, nodes.Up(spec));
+    PrintNode(node, out);
+  } else if (command == "list") {
+    ASSIGN_OR_RETURN(std::vector<Node> all, nodes.List());
+    PrintTable(all, out);
+  } else if (command == "show") {
+    ASSIGN_OR_RETURN(Node node, nodes.Show(flags.name));
+    PrintNode(node, out);
+  } else if (command == "down") {
+    RETURN_IF_ERROR(nodes.Down(flags.name));
+    out << "node " << flags.name << " is down\n";
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int RunNodeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+                   const NodeCommandContext& context) {
+  CLI::App app{"GPU nodes on a Blazar lease", "llmctl node"};
+  app.require_subcommand(1);
+  NodeFlags flags;
+  app.add_option("--os-cloud", flags.os_cloud, "cloud in clouds.yaml (default: OS_* variables)");
+  app.add_option("--site", flags.site, "site (default: the credentials' region)");
+
+  CLI::App* up = app.add_subcommand("up", "bring up (or finish bringing up) a lease's node");
+  up->add_option("--lease", flags.spec.lease, "an ACTIVE lease's name or id")->required();
+  up->add_option("--image", flags.spec.image, "Glance image")->default_val(flags.spec.image);
+  up->add_option("--boot-volume", flags.spec.boot_volume_gb, "boot volume GiB (KVM sites)")
+      ->default_val(flags.spec.boot_volume_gb);
+  up->add_option("--key-name", flags.spec.key_name, "Nova key pair for SSH");
+  up->add_option("--agent-port", flags.spec.agent_port, "llm-agent's TCP port")
+      ->default_val(flags.spec.agent_port);
+  up->add_option("--agent-image", flags.image.image, "agent image to pull, e.g. REGISTRY/IMG:TAG");
+  up->add_option("--agent-git", flags.image.git_url, "git URL to build the agent image from");
+  up->add_option("--agent-commit", flags.image.git_commit, "the commit to build (40 hex)");
+  app.add_subcommand("list", "llmctl's nodes");
+  CLI::App* show = app.add_subcommand("show", "one node");
+  show->add_option("node", flags.name, "node (lease) name")->required();
+  CLI::App* down = app.add_subcommand("down", "remove a node's server, volume and floating IP");
+  down->add_option("node", flags.name, "node (lease) name")->required();
+
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    out << app.help();
+    return 0;
+  } catch (const CLI::ParseError& error) {
+    err << "llmctl node: " << error.what() << "\n";
+    return 2;
+  }
+  if (!flags.image.image.empty() && !flags.image.git_url.empty()) {
+    err << "llmctl node up: give --agent-image or --agent-git, not both\n";
+    return 2;
+  }
+  std::string command = app.get_subcommands().front()->get_name();
+  Status status = Run(command, flags, out, context);
+  if (status.ok()) return 0;
+  err << "llmctl node " << command << ": " << status.message() << "\n";
+  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace llmctl::openstack

@@ -1,0 +1,47 @@
+// `llmctl node up|list|show|down`: the CLI's node commands, callable from the llmctl binary (and
+// tests) without a process of their own.
+#ifndef LLMCTL_CONTROLLER_OPENSTACK_NODE_CLI_H_
+#define LLMCTL_CONTROLLER_OPENSTACK_NODE_CLI_H_
+
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "common/http/http_client.h"
+#include "common/status.h"
+#include "controller/openstack/clock.h"
+#include "controller/openstack/credentials.h"
+#include "controller/openstack/nodes.h"
+#include "controller/openstack/session.h"
+#include "controller/openstack/user_data.h"
+
+namespace llmctl::openstack {
+
+// Everything the commands take from outside their arguments; the defaults are the real world.
+struct NodeCommandContext {
+  EnvLookup env = ProcessEnvironment();
+  Clock* clock = &SystemClock();
+  http::ClientOptions http_options;
+  SessionOptions session_options;
+  NodeOptions node_options;
+  // The controller's: a certificate for agent-<node>.llmctl, its key, the CA and a token. Called
+  // only when a server is about to be created. Unset: `node up` refuses to boot a server.
+  std::function<StatusOr<AgentSecrets>(const std::string& node)> issue_agent_secrets;
+  // Used when `node up` names neither --agent-image nor --agent-git (the controller's config).
+  AgentImageSource default_agent_image;
+};
+
+// Runs one node command; `args` are the words after "node". Progress, tables and results go to
+// `out`, errors (one line each) to `err`. Returns 0 done, 1 the cloud refused or failed, 2 bad
+// usage or input.
+//
+//   node up --lease NAME [--image CC-Ubuntu24.04-CUDA] [--boot-volume 200] [--key-name K]
+//           [--agent-port 7443] [--agent-image REF | --agent-git URL --agent-commit SHA]
+//   node list | show NAME | down NAME                       (all: [--site S] [--os-cloud C])
+int RunNodeCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+                   const NodeCommandContext& context = {});
+
+}  // namespace llmctl::openstack
+
+#endif  // LLMCTL_CONTROLLER_OPENSTACK_NODE_CLI_H_

@@ -1,0 +1,207 @@
+#include "controller/openstack/node_cli.h"
+
+#include <gtest/gtest.h>
+#include <stdio.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <memory>
+#include <sstream>
+
+#include "controller/openstack/lease_cli.h"
+#include "tests/openstack_sim/simulator.h"
+
+namespace llmctl::openstack {
+namespace {
+
+using llmctl::testing::Simulator;
+using nlohmann::json;
+
+constexpr char kToken[] = "node-token-S3CRET";
+
+AgentSecrets FakeSecrets() {
+  auto pem = [](const std::string& kind) {
+    return "-----BEGIN " + kind + "-----\nQUJDRA==\n-----END " + kind + "-----\n";
+  };
+  return {pem("CERTIFICATE"), pem("CERTIFICATE"), pem("PRIVATE KEY"), kToken};
+}
+
+// Runs `command` through the shell; its exit code and stdout.
+std::pair<int, std::string> Shell(const std::string& command) {
+  std::string output;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return {-1, ""};
+  std::array<char, 4096> buffer;
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+// One simulator for the binary; each test uses its own lease.
+class NodeCliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto sim = Simulator::Start();
+    ASSERT_TRUE(sim.ok()) << sim.status().ToString();
+    sim_ = std::move(*sim).release();
+    ASSERT_TRUE(sim_->Admin("capacity", {{"flavor", {{"f-h100-1", 50}}}}).ok());
+  }
+  static void TearDownTestSuite() {
+    delete sim_;
+    sim_ = nullptr;
+  }
+
+  struct Result {
+    int code;
+    std::string out, err;
+  };
+
+  Result Node(const std::vector<std::string>& args) {
+    NodeCommandContext context;
+    context.env = sim_->Environment();
+    context.clock = &sim_->clock();
+    context.http_options.sleep = [](std::chrono::milliseconds) {};
+    context.issue_agent_secrets = [this](const std::string& node) -> StatusOr<AgentSecrets> {
+      issued_for_.push_back(node);
+      return FakeSecrets();
+    };
+    std::ostringstream out, err;
+    int code = RunNodeCommand(args, out, err, context);
+    EXPECT_EQ(out.str().find(kToken), std::string::npos);
+    EXPECT_EQ(err.str().find(kToken), std::string::npos);
+    return {code, out.str(), err.str()};
+  }
+
+  void ActiveLease(const std::string& name) {
+    LeaseCommandContext context;
+    context.env = sim_->Environment();
+    context.clock = &sim_->clock();
+    std::ostringstream out, err;
+    ASSERT_EQ(RunLeaseCommand({"create", "--flavor", "g1.h100.pci.1", "--name", name, "--wait"},
+                              out, err, context),
+              0)
+        << err.str();
+  }
+
+  static Simulator* sim_;
+  std::vector<std::string> issued_for_;
+};
+
+Simulator* NodeCliTest::sim_ = nullptr;
+
+TEST_F(NodeCliTest, UpListShowDown) {
+  ActiveLease("cli");
+  Result up = Node({"up", "--lease", "cli", "--agent-image", "registry.example.org/agent:1",
+                    "--key-name", "demo-key", "--boot-volume", "120"});
+  ASSERT_EQ(up.code, 0) << up.err;
+  EXPECT_EQ(issued_for_, std::vector<std::string>{"cli"});
+  EXPECT_NE(up.out.find("server:       llmctl-cli-server ("), std::string::npos) << up.out;
+  EXPECT_NE(up.out.find(") ACTIVE\n"), std::string::npos) << up.out;
+  EXPECT_NE(up.out.find("in-use, 120 GiB\n"), std::string::npos) << up.out;
+  EXPECT_NE(up.out.find("agent:        127.0.0."), std::string::npos) << up.out;
+
+  Result list = Node({"list"});
+  ASSERT_EQ(list.code, 0) << list.err;
+  std::istringstream lines(list.out);
+  std::string header, row;
+  std::getline(lines, header);
+  std::getline(lines, row);
+  EXPECT_TRUE(header.starts_with("NODE  STATUS  AGENT")) << header;
+  EXPECT_TRUE(row.starts_with("cli   ACTIVE  127.0.0.")) << row;
+
+  Result again = Node({"up", "--lease", "cli", "--agent-image", "registry.example.org/agent:1"});
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.out.find("server llmctl-cli-server ("), std::string::npos);
+  EXPECT_NE(again.out.find(") exists: ACTIVE"), std::string::npos) << again.out;
+  EXPECT_EQ(issued_for_.size(), 1u);  // no second certificate for a server that exists
+
+  Result down = Node({"down", "cli"});
+  ASSERT_EQ(down.code, 0) << down.err;
+  EXPECT_NE(down.out.find("deleted server llmctl-cli-server"), std::string::npos) << down.out;
+  EXPECT_NE(down.out.find("deleted boot volume llmctl-cli-boot"), std::string::npos);
+  EXPECT_NE(down.out.find("released floating IP 127.0.0."), std::string::npos);
+  EXPECT_NE(down.out.find("node cli is down\n"), std::string::npos);
+  json books = *sim_->Books();
+  EXPECT_EQ(books["servers"], json::array());
+  EXPECT_EQ(books["volumes"], json::array());
+  EXPECT_EQ(books["floating_ips"], json::array());
+  EXPECT_EQ(books["ports"], json::array());
+  EXPECT_EQ(books["security_groups"], json::array());
+  EXPECT_EQ(Node({"down", "cli"}).code, 0);
+  Result show = Node({"show", "cli"});
+  EXPECT_EQ(show.code, 1);
+  EXPECT_EQ(show.err,
+            "llmctl node show: no node 'cli' (no server llmctl-cli-server, volume llmctl-cli-boot "
+            "or floating IP)\n");
+}
+
+TEST_F(NodeCliTest, BadUsageIsRefusedBeforeAnythingIsMade) {
+  int posts = sim_->CountRequests("POST", "/nova") + sim_->CountRequests("POST", "/cinder");
+  Result no_image = Node({"up", "--lease", "x"});
+  EXPECT_EQ(no_image.code, 2);
+  EXPECT_NE(no_image.err.find("node up needs the agent's image"), std::string::npos);
+  Result both = Node(
+      {"up", "--lease", "x", "--agent-image", "a/b:c", "--agent-git", "https://example.org/r.git"});
+  EXPECT_EQ(both.code, 2);
+  EXPECT_EQ(both.err, "llmctl node up: give --agent-image or --agent-git, not both\n");
+  Result unpinned = Node({"up", "--lease", "x", "--agent-git", "https://example.org/r.git"});
+  EXPECT_EQ(unpinned.code, 2);
+  EXPECT_EQ(unpinned.err,
+            "llmctl node up: --agent-git needs --agent-commit (the build is pinned)\n");
+  Result port = Node({"up", "--lease", "x", "--agent-image", "a/b:c", "--agent-port", "0"});
+  EXPECT_EQ(port.code, 2);
+  EXPECT_EQ(port.err, "llmctl node up: agent port 0 is not in 1-65535\n");
+  Result unknown_lease = Node({"up", "--lease", "nosuch", "--agent-image", "a/b:c"});
+  EXPECT_EQ(unknown_lease.code, 1);
+  EXPECT_NE(unknown_lease.err.find("no lease named 'nosuch'"), std::string::npos)
+      << unknown_lease.err;
+  EXPECT_EQ(Node({"frobnicate"}).code, 2);
+  EXPECT_EQ(sim_->CountRequests("POST", "/nova") + sim_->CountRequests("POST", "/cinder"), posts);
+}
+
+// Debian's openstack CLI (python-openstackclient, openstacksdk: nobody here wrote them) sees
+// what `node up` made in the simulator.
+TEST_F(NodeCliTest, TheOpenstackCliSeesWhatNodeUpMade) {
+  if (Shell("command -v openstack >/dev/null 2>&1").first != 0) {
+    GTEST_SKIP() << "the openstack CLI is not installed (Debian: python3-openstackclient)";
+  }
+  ActiveLease("xcheck");
+  Result up = Node({"up", "--lease", "xcheck", "--agent-image", "registry.example.org/agent:1"});
+  ASSERT_EQ(up.code, 0) << up.err;
+  std::string env = "env -i PATH=/usr/bin:/bin HOME=/nonexistent OS_AUTH_URL=" + sim_->auth_url() +
+                    " OS_AUTH_TYPE=v3applicationcredential"
+                    " OS_APPLICATION_CREDENTIAL_ID=ac-unrestricted"
+                    " OS_APPLICATION_CREDENTIAL_SECRET=ac-secret OS_REGION_NAME=KVM@TACC"
+                    " OS_INTERFACE=public OS_IDENTITY_API_VERSION=3 openstack ";
+  auto list = [&](const std::string& what) {
+    auto [code, output] = Shell(env + what + " -f json");
+    EXPECT_EQ(code, 0) << what << ": " << output;
+    json parsed = json::parse(output, nullptr, false);
+    EXPECT_TRUE(parsed.is_array()) << what << ": " << output;
+    return parsed.is_array() ? parsed : json::array();
+  };
+  json books = *sim_->Books();
+  json servers = list("server list");
+  ASSERT_EQ(servers.size(), 1u) << servers;
+  EXPECT_EQ(servers[0]["Name"], "llmctl-xcheck-server");
+  EXPECT_EQ(servers[0]["Status"], "ACTIVE");
+  EXPECT_EQ(servers[0]["ID"], books["servers"][0]["id"]);
+  json volumes = list("volume list");
+  ASSERT_EQ(volumes.size(), 1u) << volumes;
+  EXPECT_EQ(volumes[0]["Name"], "llmctl-xcheck-boot");
+  EXPECT_EQ(volumes[0]["Status"], "in-use");
+  json groups = list("security group list");
+  std::vector<std::string> names;
+  for (const json& group : groups) names.push_back(group["Name"]);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"allow-llmctl-agent-7443", "allow-ssh"}));
+  json addresses = list("floating ip list");
+  ASSERT_EQ(addresses.size(), 1u) << addresses;
+  EXPECT_EQ(addresses[0]["Floating IP Address"], books["floating_ips"][0]["floating_ip_address"]);
+  EXPECT_EQ(addresses[0]["Port"], books["floating_ips"][0]["port_id"]);
+
+  ASSERT_EQ(Node({"down", "xcheck"}).code, 0);
+}
+
+}  // namespace
+}  // namespace llmctl::openstack

@@ -1,0 +1,198 @@
+#include "controller/openstack/user_data.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace llmctl::openstack {
+namespace {
+
+constexpr char kToken[] = "tok-S3CRET-never-logged";
+constexpr char kKeyBody[] = "MHcCAQEEIKeySecretBodyThatMustNotLeakAAAAAAAAAAoAoGCCqGSM49";
+
+std::string Pem(const std::string& kind, const std::string& body) {
+  return "-----BEGIN " + kind + "-----\n" + body + "\n-----END " + kind + "-----\n";
+}
+
+BootstrapConfig PulledImage() {
+  BootstrapConfig config;
+  config.node = "lease1";
+  config.agent_port = 7443;
+  config.source.image = "registry.example.org/llmctl/agent:1.0";
+  config.secrets = {Pem("CERTIFICATE", "Q0FjZXJ0aWZpY2F0ZQ=="),
+                    Pem("CERTIFICATE", "YWdlbnRjZXJ0aWZpY2F0ZQ=="), Pem("EC PRIVATE KEY", kKeyBody),
+                    kToken};
+  return config;
+}
+
+BootstrapConfig BuiltFromGit() {
+  BootstrapConfig config = PulledImage();
+  config.source = {"", "https://github.com/example/llmctl.git",
+                   "0123456789abcdef0123456789abcdef01234567"};
+  return config;
+}
+
+// Runs `command` through the shell; its exit code and what it printed.
+std::pair<int, std::string> Shell(const std::string& command) {
+  std::string output;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::array<char, 4096> buffer;
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+bool HaveTool(const std::string& tool) { return Shell("command -v " + tool).first == 0; }
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "user_data_test.XXXXXX");
+    path_ = mkdtemp(pattern.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string Write(const std::string& name, const std::string& text) const {
+    std::string file = path_ + "/" + name;
+    std::ofstream(file) << text;
+    return file;
+  }
+
+ private:
+  std::string path_;
+};
+
+TEST(UserDataTest, WritesTheSecretsAs0600FilesAndRunsTheScript) {
+  BootstrapConfig config = PulledImage();
+  auto user_data = AgentUserData(config);
+  ASSERT_TRUE(user_data.ok()) << user_data.status().ToString();
+  ASSERT_TRUE(user_data->starts_with("#cloud-config\n"));
+  YAML::Node root = YAML::Load(*user_data);
+  std::map<std::string, std::pair<std::string, std::string>> files;
+  for (const YAML::Node& file : root["write_files"]) {
+    files[file["path"].as<std::string>()] = {file["permissions"].as<std::string>(),
+                                             file["content"].as<std::string>()};
+  }
+  EXPECT_EQ(files["/etc/llmctl/ca.pem"],
+            std::make_pair(std::string("0600"), config.secrets.ca_pem));
+  EXPECT_EQ(files["/etc/llmctl/agent.pem"],
+            std::make_pair(std::string("0600"), config.secrets.certificate_pem));
+  EXPECT_EQ(files["/etc/llmctl/agent.key"],
+            std::make_pair(std::string("0600"), config.secrets.private_key_pem));
+  EXPECT_EQ(files["/etc/llmctl/agent.token"],
+            std::make_pair(std::string("0600"), std::string(kToken) + "\n"));
+  auto script = BootstrapScript(config);
+  ASSERT_TRUE(script.ok());
+  EXPECT_EQ(files["/usr/local/sbin/llmctl-bootstrap"],
+            std::make_pair(std::string("0700"), *script));
+  EXPECT_EQ(root["runcmd"][0][0].as<std::string>(), "/usr/local/sbin/llmctl-bootstrap");
+  // The script itself holds no secret: it reads the files.
+  EXPECT_EQ(script->find(kToken), std::string::npos);
+  EXPECT_EQ(script->find(kKeyBody), std::string::npos);
+}
+
+TEST(UserDataTest, ScriptSetsUpTheGpuRuntimeAndStartsTheAgentWithItsFlags) {
+  auto script = BootstrapScript(PulledImage());
+  ASSERT_TRUE(script.ok()) << script.status().ToString();
+  for (const char* expected :
+       {"get.docker.com", "apt-get install -y -q nvidia-container-toolkit",
+        "nvidia-ctk runtime configure --runtime=docker", "native.cgroupdriver=cgroupfs",
+        "systemctl restart docker", "retry docker pull \"$IMAGE\"",
+        "IMAGE=\"registry.example.org/llmctl/agent:1.0\"", "--gpus all",
+        "-p \"$AGENT_PORT:$AGENT_PORT\"", "AGENT_PORT=7443", "NODE=\"lease1\"",
+        // llm-agent's required flags (agent/main.cc).
+        "--listen \"0.0.0.0:$AGENT_PORT\"", "--data-dir /var/lib/llmctl", "--node \"$NODE\"",
+        "--ca \"$CONFIG_DIR/ca.pem\"", "--cert \"$CONFIG_DIR/agent.pem\"",
+        "--key \"$CONFIG_DIR/agent.key\"", "--token-file \"$CONFIG_DIR/agent.token\"",
+        "--llm-train /usr/local/bin/llm-train"}) {
+    EXPECT_NE(script->find(expected), std::string::npos) << expected;
+  }
+  auto built = BootstrapScript(BuiltFromGit());
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  EXPECT_NE(built->find("GIT_COMMIT=0123456789abcdef0123456789abcdef01234567"), std::string::npos);
+  EXPECT_NE(built->find("docker build -f \"$SOURCE/deploy/Dockerfile\" -t \"$IMAGE\""),
+            std::string::npos);
+  EXPECT_EQ(built->find("docker pull"), std::string::npos);
+}
+
+TEST(UserDataTest, PassesCloudInitSchema) {
+  if (!HaveTool("cloud-init")) GTEST_SKIP() << "cloud-init is not installed (Debian: cloud-init)";
+  TempDir dir;
+  for (const BootstrapConfig& config : {PulledImage(), BuiltFromGit()}) {
+    auto user_data = AgentUserData(config);
+    ASSERT_TRUE(user_data.ok());
+    std::string file = dir.Write("user-data", *user_data);
+    auto [code, output] = Shell("cloud-init schema --config-file " + file);
+    EXPECT_EQ(code, 0) << output;
+    EXPECT_NE(output.find("Valid cloud-config"), std::string::npos) << output;
+  }
+  // And the check can fail: a misspelt key is reported.
+  std::string broken =
+      dir.Write("broken", "#cloud-config\nwrite_files:\n  - path: 7\n    permisions: 1\n");
+  EXPECT_NE(Shell("cloud-init schema --config-file " + broken).first, 0);
+}
+
+TEST(UserDataTest, ScriptPassesShellcheck) {
+  if (!HaveTool("shellcheck")) GTEST_SKIP() << "shellcheck is not installed";
+  TempDir dir;
+  for (const BootstrapConfig& config : {PulledImage(), BuiltFromGit()}) {
+    auto script = BootstrapScript(config);
+    ASSERT_TRUE(script.ok());
+    auto [code, output] =
+        Shell("shellcheck --severity=style " + dir.Write("bootstrap.sh", *script));
+    EXPECT_EQ(code, 0) << output;
+  }
+  auto [code, output] = Shell("shellcheck " + dir.Write("bad.sh", "#!/bin/bash\nrm -rf $1/x\n"));
+  EXPECT_NE(code, 0) << "shellcheck accepted an unquoted expansion";
+}
+
+TEST(UserDataTest, BadInputNamesTheFieldAndNeverTheSecret) {
+  auto message = [](const BootstrapConfig& config) {
+    auto result = AgentUserData(config);
+    EXPECT_FALSE(result.ok());
+    EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument);
+    return result.status().message();
+  };
+  BootstrapConfig config = PulledImage();
+  config.node = "bad name";
+  EXPECT_EQ(message(config), "node name 'bad name' must be 1-63 letters, digits, '-', '_' or '.'");
+  config = PulledImage();
+  config.agent_port = 70000;
+  EXPECT_EQ(message(config), "agent port 70000 is not in 1-65535");
+  config = BuiltFromGit();
+  config.source.image = "also/an:image";
+  EXPECT_NE(message(config).find("exactly one of"), std::string::npos);
+  config = BuiltFromGit();
+  config.source.git_commit = "main";
+  EXPECT_NE(message(config).find("git commit 'main' is not a full 40-hex"), std::string::npos);
+  config = BuiltFromGit();
+  config.source.git_url = "https://example.org/$(reboot)";
+  EXPECT_NE(message(config).find("is not an https:// or git@ URL"), std::string::npos);
+  config = PulledImage();
+  config.secrets.private_key_pem = std::string(kKeyBody) + "\n";
+  EXPECT_EQ(message(config), "bootstrap agent private key is not a PEM block");
+  config = PulledImage();
+  config.secrets.token = std::string(kToken) + " x";
+  std::string token_message = message(config);
+  EXPECT_NE(token_message.find("bootstrap token"), std::string::npos);
+  EXPECT_EQ(token_message.find(kToken), std::string::npos);
+}
+
+TEST(UserDataTest, RefusesMoreThan64KiB) {
+  BootstrapConfig config = PulledImage();
+  config.secrets.certificate_pem = Pem("CERTIFICATE", std::string(70 * 1024, 'A'));
+  auto result = AgentUserData(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("cloud-init takes at most 65536"), std::string::npos)
+      << result.status().message();
+}
+
+}  // namespace
+}  // namespace llmctl::openstack
