@@ -523,7 +523,8 @@ class ExperimentParser {
     if (!options_.resolve_local_paths || base_dir_.empty()) return value;
     const bool is_path =
         spec.type == KeyType::kPath ||
-        (spec.name == "model" && FindPreset(std::get<std::string>(value)) == nullptr);
+        (spec.name == "model" && FindPreset(std::get<std::string>(value)) == nullptr &&
+         !IsHubModelRef(std::get<std::string>(value)));
     if (!is_path) return value;
     const fs::path written(std::get<std::string>(value));
     if (written.empty() || written.is_absolute()) return value;
@@ -805,6 +806,12 @@ class ExperimentParser {
     const std::string model_name = trial.config.GetString("model");
     if (const ModelConfig* preset = FindPreset(model_name)) {
       model = preset;
+    } else if (IsHubModelRef(model_name)) {
+      // Checked for form everywhere; its shape is known only once an agent has downloaded it, so
+      // the checks that need it are skipped, as for any model taken on trust.
+      if (StatusOr<HubModelRef> ref = ParseHubModelRef(model_name); !ref.ok()) {
+        return ErrorAt(location({"model"}), prefix + ref.status().message());
+      }
     } else if (options_.resolve_local_paths) {
       auto cached = models_.find(model_name);
       if (cached == models_.end()) {
