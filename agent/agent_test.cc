@@ -14,13 +14,13 @@
 #include <sstream>
 #include <thread>
 
-#include "common/version.h"
 #include "agent/input_cache.h"
 #include "agent/process.h"
 #include "agent/server.h"
 #include "agent/sha256.h"
 #include "common/experiment.h"
 #include "common/files.h"
+#include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/tls.h"
 
@@ -560,8 +560,10 @@ TEST_F(AgentTest, NodeInfoAndAuthentication) {
   grpc::ClientContext hub;
   Deadline(&hub);
   pb::PrepareHubModelResponse hub_response;
+  // An authenticated call reaches the handler, which checks the request (agent_hub_test covers
+  // the downloads).
   EXPECT_EQ(Stub()->PrepareHubModel(&hub, {}, &hub_response).error_code(),
-            grpc::StatusCode::UNIMPLEMENTED);
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 // The real trainer on the demo experiment, two steps, with the data and tokenizer uploaded as

@@ -94,6 +94,17 @@ StatusOr<std::vector<std::string>> InputCache::MissingBlobs(
   return missing;
 }
 
+Status InputCache::AdoptBlob(const std::string& file, const std::string& sha256) {
+  if (!IsSha256Hex(sha256)) return InvalidArgumentError("'" + sha256 + "' is not a sha256");
+  if (::chmod(file.c_str(), 0444) != 0) return UnavailableError("chmod " + file + ": " + Errno());
+  if (::rename(file.c_str(), BlobPath(sha256).c_str()) != 0) {
+    const std::string message = "cannot move " + file + " into the cache: " + Errno();
+    ::unlink(file.c_str());
+    return UnavailableError(message);
+  }
+  return Status::Ok();
+}
+
 std::string InputCache::TempPath(std::string_view what) {
   return dir_ + "/tmp/" + std::string(what) + "." + std::to_string(::getpid()) + "." +
          std::to_string(g_temp_counter.fetch_add(1));

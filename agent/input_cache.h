@@ -5,6 +5,7 @@
 //   DATA/cache/blobs/<sha256>          one file's bytes, read-only
 //   DATA/cache/trees/<digest>/<path>   hard links to the blobs, laid out as on the user's machine
 //   DATA/cache/tmp/                    uploads and trees being assembled
+//   DATA/cache/hub/                    models from the Hugging Face hub (agent/hub.h)
 //
 // Nothing half-written is ever visible under blobs/ or trees/: both are assembled in tmp/ and
 // renamed into place. Thread-safe.
@@ -62,12 +63,19 @@ class InputCache {
   // FailedPrecondition naming the blobs that are not in the cache yet.
   StatusOr<std::string> Materialize(const InputTree& tree);
 
+  // Moves `file`, a complete file on the cache's filesystem whose sha256 the caller has checked,
+  // into the cache as blob `sha256` (read-only); a blob already there holds the same bytes and
+  // is replaced atomically. On failure `file` is removed.
+  Status AdoptBlob(const std::string& file, const std::string& sha256);
+
+  std::string BlobPath(const std::string& sha256) const { return dir_ + "/blobs/" + sha256; }
+  // A path under tmp/ that no other call of this process or another uses.
+  std::string TempPath(std::string_view what);
+
   const std::string& dir() const { return dir_; }
 
  private:
   explicit InputCache(std::string dir) : dir_(std::move(dir)) {}
-  std::string BlobPath(const std::string& sha256) const { return dir_ + "/blobs/" + sha256; }
-  std::string TempPath(std::string_view what);
 
   const std::string dir_;  // constant after construction
 };

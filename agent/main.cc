@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   options.cancel_grace = std::chrono::milliseconds(cancel_grace_ms);
+  options.hub = llmctl::agent::HubOptionsFromEnvironment();
 
   auto identity = llmctl::rpc::LoadTlsIdentity(ca_file, cert_file, key_file);
   if (!identity.ok()) return Fail(identity.status().message());
@@ -75,7 +76,8 @@ int main(int argc, char** argv) {
   auto server = llmctl::agent::AgentServer::Start(options);
   if (!server.ok()) return Fail(server.status().message());
   std::cerr << "llm-agent: node " << options.node << " listening on " << (*server)->address()
-            << ", data in " << options.data_dir << std::endl;
+            << ", data in " << options.data_dir << ", models from " << options.hub.endpoint
+            << (options.hub.token.empty() ? "" : " (with HF_TOKEN)") << std::endl;
   int signal = 0;
   sigwait(&stop_signals, &signal);
   std::cerr << "llm-agent: stopping (signal " << signal << "); running trials go on" << std::endl;

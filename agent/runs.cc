@@ -303,8 +303,11 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
       return InvalidArgumentError("device_indices: " + std::to_string(index) + " is negative");
     }
   }
-  std::map<std::string, std::string> input_paths;
+  std::map<std::string, std::string> input_paths = request.local_paths;
   for (const auto& [key, tree] : request.inputs) {
+    if (input_paths.count(key) > 0) {
+      return InvalidArgumentError("inputs[" + key + "]: the key already has a path on this node");
+    }
     auto path = cache_->Materialize(tree);
     if (!path.ok()) return path.status().WithContext("inputs[" + key + "]");
     input_paths[key] = *path;

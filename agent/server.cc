@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 
 #include "agent/event_reader.h"
 #include "agent/node_info.h"
 #include "agent/sha256.h"
+#include "common/model_config.h"
 #include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/status.h"
@@ -24,7 +26,6 @@ namespace fs = std::filesystem;
 namespace pb = llmctl::v1;
 
 constexpr size_t kArtifactChunkBytes = 1 << 20;
-constexpr char kHubNotYet[] = "hub downloads arrive with the HTTP client";
 
 RunKey FromProto(const pb::RunKey& key) {
   return RunKey{key.experiment_id(), key.trial(), key.attempt()};
@@ -82,11 +83,12 @@ std::vector<std::string> ArtifactPaths(const std::string& run_dir) {
 
 class AgentService final : public pb::Agent::Service {
  public:
-  AgentService(const AgentOptions& options, InputCache* cache, RunManager* runs)
+  AgentService(const AgentOptions& options, InputCache* cache, HubCache* hub, RunManager* runs)
       : node_(options.node),
         llm_train_(options.llm_train),
         poll_interval_(options.poll_interval),
         cache_(cache),
+        hub_(hub),
         runs_(runs) {}
 
   // Ends the streams that follow running runs.
@@ -100,8 +102,8 @@ class AgentService final : public pb::Agent::Service {
 
   grpc::Status GetNodeInfo(grpc::ServerContext*, const pb::GetNodeInfoRequest*,
                            pb::NodeInfo* response) override {
-    // The controller calls this as its health check; the facts do not change while the agent runs, and
-    // probing them runs nvidia-smi and llm-train (which loads LibTorch), so probe once.
+    // The controller calls this as its health check; the facts do not change while the agent runs,
+    // and probing them runs nvidia-smi and llm-train (which loads LibTorch), so probe once.
     std::call_once(probe_once_, [this] { facts_ = ProbeNode(llm_train_); });
     const NodeFacts& facts = facts_;
     response->set_node(rpc::AgentCertificateName(node_));
@@ -154,9 +156,15 @@ class AgentService final : public pb::Agent::Service {
     return rpc::ToGrpcStatus((*upload)->Finish());
   }
 
-  grpc::Status PrepareHubModel(grpc::ServerContext*, const pb::PrepareHubModelRequest*,
-                               pb::PrepareHubModelResponse*) override {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, kHubNotYet);
+  grpc::Status PrepareHubModel(grpc::ServerContext*, const pb::PrepareHubModelRequest* request,
+                               pb::PrepareHubModelResponse* response) override {
+    auto ref = MakeHubModelRef(request->repo(), request->revision());
+    if (!ref.ok()) return rpc::ToGrpcStatus(ref.status().WithContext("PrepareHubModel"));
+    auto prepared = hub_->Prepare(*ref, {request->files().begin(), request->files().end()});
+    if (!prepared.ok()) return rpc::ToGrpcStatus(prepared.status());
+    response->set_path(prepared->path);
+    response->set_bytes(prepared->bytes);
+    return grpc::Status::OK;
   }
 
   grpc::Status RunTrial(grpc::ServerContext*, const pb::RunTrialRequest* request,
@@ -165,6 +173,18 @@ class AgentService final : public pb::Agent::Service {
     plain.key = FromProto(request->key());
     plain.config_json = request->config_json();
     for (const auto& [key, tree] : request->inputs()) plain.inputs[key] = FromProto(tree);
+    // A hub model runs from the directory PrepareHubModel made (an uploaded tree for `model` wins).
+    const nlohmann::json config =
+        nlohmann::json::parse(request->config_json(), nullptr, /*allow_exceptions=*/false);
+    if (const auto model = config.is_object() ? config.find("model") : config.end();
+        model != config.end() && model->is_string() && IsHubModelRef(model->get<std::string>()) &&
+        plain.inputs.count("model") == 0) {
+      auto ref = ParseHubModelRef(model->get<std::string>());
+      if (!ref.ok()) return rpc::ToGrpcStatus(ref.status().WithContext("config_json"));
+      auto dir = hub_->Find(*ref);
+      if (!dir.ok()) return rpc::ToGrpcStatus(dir.status());
+      plain.local_paths["model"] = *dir;
+    }
     plain.device_indices.assign(request->device_indices().begin(), request->device_indices().end());
     auto state = runs_->Start(plain);
     if (!state.ok()) return rpc::ToGrpcStatus(state.status());
@@ -277,6 +297,7 @@ class AgentService final : public pb::Agent::Service {
   NodeFacts facts_;
   const std::chrono::milliseconds poll_interval_;
   InputCache* const cache_;
+  HubCache* const hub_;
   RunManager* const runs_;
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -291,6 +312,7 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
   }
   std::unique_ptr<AgentServer> server(new AgentServer());
   ASSIGN_OR_RETURN(server->cache_, InputCache::Open(options.data_dir + "/cache"));
+  server->hub_ = std::make_unique<HubCache>(options.hub, server->cache_.get());
   RunManagerOptions run_options;
   run_options.data_dir = options.data_dir;
   run_options.llm_train = options.llm_train;
@@ -298,8 +320,8 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
   run_options.cancel_grace = options.cancel_grace;
   run_options.poll_interval = options.poll_interval;
   ASSIGN_OR_RETURN(server->runs_, RunManager::Open(run_options, server->cache_.get()));
-  server->service_ =
-      std::make_unique<AgentService>(options, server->cache_.get(), server->runs_.get());
+  server->service_ = std::make_unique<AgentService>(options, server->cache_.get(),
+                                                    server->hub_.get(), server->runs_.get());
 
   grpc::ServerBuilder builder;
   int port = 0;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/hub.h"
 #include "agent/input_cache.h"
 #include "agent/runs.h"
 #include "common/status.h"
@@ -26,6 +27,7 @@ struct AgentOptions {
   std::string supervisor_program;  // this binary (re-executed as the supervisor)
   std::chrono::milliseconds cancel_grace{10000};
   std::chrono::milliseconds poll_interval{100};  // run checks and event-file following
+  HubOptions hub;  // where PrepareHubModel downloads from (HF_ENDPOINT, HF_TOKEN)
 };
 
 class AgentService;
@@ -49,6 +51,7 @@ class AgentServer {
  private:
   AgentServer() = default;
   std::unique_ptr<InputCache> cache_;
+  std::unique_ptr<HubCache> hub_;
   std::unique_ptr<RunManager> runs_;
   std::unique_ptr<AgentService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -797,6 +797,12 @@ class ExperimentParser {
     const std::string model_name = trial.config.GetString("model");
     if (const ModelConfig* preset = FindPreset(model_name)) {
       model = preset;
+    } else if (IsHubModelRef(model_name)) {
+      // Checked for form everywhere; its shape is known only once an agent has downloaded it, so
+      // the checks that need it are skipped, as for any model taken on trust.
+      if (StatusOr<HubModelRef> ref = ParseHubModelRef(model_name); !ref.ok()) {
+        return ErrorAt(location({"model"}), prefix + ref.status().message());
+      }
     } else if (options_.resolve_local_paths) {
       auto cached = models_.find(model_name);
       if (cached == models_.end()) {
@@ -825,7 +831,8 @@ class ExperimentParser {
 }  // namespace
 
 bool IsPathValue(const KeySpec& spec, std::string_view value) {
-  return spec.type == KeyType::kPath || (spec.name == "model" && FindPreset(value) == nullptr);
+  return spec.type == KeyType::kPath ||
+         (spec.name == "model" && FindPreset(value) == nullptr && !IsHubModelRef(value));
 }
 
 bool IsInputPathValue(const KeySpec& spec, std::string_view value) {

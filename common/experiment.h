@@ -82,7 +82,7 @@ StatusOr<Experiment> LoadExperimentFile(const std::string& path,
                                         const ExperimentParseOptions& options = {});
 
 // True when `value` of key `spec` names a file or directory: every kPath key, and `model` when the
-// value is not a preset.
+// value is neither a preset nor a hub reference (hf:ORG/NAME).
 bool IsPathValue(const KeySpec& spec, std::string_view value);
 
 // True for the path values a trial reads (model, tokenizer, data, adapter): IsPathValue less

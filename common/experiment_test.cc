@@ -336,6 +336,28 @@ TEST(ParseExperimentTest, WithoutLocalPathsModelsAreTakenOnTrust) {
   EXPECT_FALSE(experiment.ok());
 }
 
+TEST(ParseExperimentTest, HubModelsAreAcceptedInBothModesAndCheckedForForm) {
+  ExperimentParseOptions remote;
+  remote.resolve_local_paths = false;
+  for (const ExperimentParseOptions& options : {ExperimentParseOptions{}, remote}) {
+    StatusOr<Experiment> experiment = ParseExperiment(
+        "model: hf:TinyLlama/TinyLlama_v1.1@v1.0\ninit: pretrained\ndata: {path: t.jsonl}\n",
+        (FixtureDir() / "x.yaml").string(), options);
+    ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+    // Never resolved as a path beside the file.
+    EXPECT_EQ(experiment->trials[0].config.GetString("model"), "hf:TinyLlama/TinyLlama_v1.1@v1.0");
+
+    experiment = ParseExperiment("model: hf:no-org\ndata: {path: t.jsonl}\n", "exp.yaml", options);
+    ASSERT_FALSE(experiment.ok());
+    EXPECT_EQ(
+        experiment.status().message().rfind("exp.yaml:1:1: model hf:no-org: 'no-org' is not a "
+                                            "Hugging Face repository id",
+                                            0),
+        0u)
+        << experiment.status().message();
+  }
+}
+
 TEST(ParseExperimentTest, PresetNamesWinOverDirectories) {
   // A preset never becomes a path, even when a directory of that name might exist beside the file.
   const Experiment experiment = MustParse("model: open_llama_3b\ndata: {path: t.jsonl}\n",

@@ -102,9 +102,36 @@ std::string CanonicalPresetName(std::string_view name);
 // TinyLlama 1.1B: 1,100,048,384; LLaMA 7B: 6,738,415,616.
 uint64_t ParameterCount(const ModelConfig& config);
 
+// A model on the Hugging Face hub as an experiment names it: `hf:ORG/NAME` or
+// `hf:ORG/NAME@REVISION`. Only an llmctl agent downloads it (agent/hub.h); the controller takes it
+// on trust, and the agent replaces it with the prepared directory before llm-train sees it.
+struct HubModelRef {
+  std::string repo;      // "ORG/NAME"
+  std::string revision;  // a branch, tag or commit; "main" when the reference names none
+
+  bool operator==(const HubModelRef&) const = default;
+};
+
+inline constexpr std::string_view kHubModelPrefix = "hf:";
+
+// True when `model` starts with "hf:" (it is then a hub reference or an error, never a path).
+bool IsHubModelRef(std::string_view model);
+
+// Checks a repository id (ORG/NAME, each 1-96 of [A-Za-z0-9._-], no "--" or "..") and a
+// revision (1-255 of [A-Za-z0-9._/-], no "..", no leading or trailing '/'); "" means "main".
+// InvalidArgument naming the bad part.
+StatusOr<HubModelRef> MakeHubModelRef(std::string_view repo, std::string_view revision);
+
+// Parses "hf:ORG/NAME[@REVISION]"; InvalidArgument as above, quoting the whole value.
+StatusOr<HubModelRef> ParseHubModelRef(std::string_view model);
+
+// "hf:ORG/NAME@REVISION".
+std::string HubModelRefText(const HubModelRef& ref);
+
 // `model` as an experiment names it: a preset name (or alias), else a directory holding
 // config.json. NotFound when it is neither, naming the presets and the closest one when the text
-// looks like a typo; errors from config.json as above.
+// looks like a typo; errors from config.json as above. A hub reference (hf:...) is
+// FailedPrecondition: only an llmctl agent downloads it (llm-train runs on what is on disk).
 StatusOr<ModelConfig> ResolveModel(std::string_view model);
 
 }  // namespace llmctl

@@ -588,3 +588,44 @@ TEST(ResolveModelTest, DirectoryWithoutConfigJson) {
 
 }  // namespace
 }  // namespace llmctl
+
+namespace llmctl {
+namespace {
+
+TEST(HubModelRefTest, ParsesRepoAndRevision) {
+  StatusOr<HubModelRef> ref = ParseHubModelRef("hf:TinyLlama/TinyLlama_v1.1");
+  ASSERT_TRUE(ref.ok()) << ref.status().message();
+  EXPECT_EQ(*ref, (HubModelRef{"TinyLlama/TinyLlama_v1.1", "main"}));
+  ref = ParseHubModelRef("hf:openlm-research/open_llama_3b@refs/pr/1");
+  ASSERT_TRUE(ref.ok()) << ref.status().message();
+  EXPECT_EQ(*ref, (HubModelRef{"openlm-research/open_llama_3b", "refs/pr/1"}));
+  EXPECT_EQ(HubModelRefText(*ref), "hf:openlm-research/open_llama_3b@refs/pr/1");
+}
+
+TEST(HubModelRefTest, RefusesMalformedReferences) {
+  for (const char* bad : {"hf:", "hf:name-only", "hf:a/b/c", "hf:a/b@", "hf:a/../b", "hf:a/b@../x",
+                          "hf:a/b@/main", "hf:a b/c", "hf:org/na--me", "hf:a/b@x y"}) {
+    StatusOr<HubModelRef> ref = ParseHubModelRef(bad);
+    EXPECT_FALSE(ref.ok()) << bad;
+    EXPECT_EQ(ref.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(ref.status().message().find(std::string("model ") + bad), std::string::npos)
+        << ref.status().message();
+  }
+  EXPECT_FALSE(MakeHubModelRef("org/name", "a..b").ok());
+  EXPECT_TRUE(MakeHubModelRef("org/name", "").ok());
+}
+
+TEST(HubModelRefTest, ResolveModelSaysOnlyAnAgentDownloads) {
+  StatusOr<ModelConfig> model = ResolveModel("hf:TinyLlama/TinyLlama_v1.1@main");
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(model.status().message().find("submit the experiment with llmctl"), std::string::npos);
+  EXPECT_NE(model.status().message().find("huggingface-cli download TinyLlama/TinyLlama_v1.1 "
+                                          "--revision main"),
+            std::string::npos)
+      << model.status().message();
+  EXPECT_EQ(ResolveModel("hf:bad").status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace llmctl

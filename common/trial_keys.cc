@@ -16,9 +16,9 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        K::kString,
        "llmctl-demo",
        {},
-       "Preset name (tinyllama-1.1b, open_llama_3b, open_llama_7b, open_llama_13b, llmctl-demo) or "
-       "a "
-       "Hugging Face model directory holding config.json"},
+       "Preset name (tinyllama-1.1b, open_llama_3b, open_llama_7b, open_llama_13b, llmctl-demo), "
+       "a Hugging Face model directory holding config.json, or hf:ORG/NAME[@REVISION] (downloaded "
+       "by the agent; llm-train alone refuses it)"},
       {"init",
        K::kEnum,
        "random",

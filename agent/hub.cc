@@ -1,0 +1,470 @@
+#include "agent/hub.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "agent/sha256.h"
+#include "common/atomic_file.h"
+#include "common/files.h"
+
+namespace llmctl::agent {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::chrono::milliseconds kListingTimeout = std::chrono::minutes(1);
+// One file's whole transfer; a transfer cut off by it is resumed by the client's next attempt.
+constexpr std::chrono::milliseconds kFileTimeout = std::chrono::hours(2);
+constexpr char kIndexFile[] = "model.safetensors.index.json";
+constexpr char kSingleWeightsFile[] = "model.safetensors";
+constexpr const char* kOptionalDefaultFiles[] = {"generation_config.json", "tokenizer.json",
+                                                 "tokenizer_config.json", "special_tokens_map.json",
+                                                 "tokenizer.model"};
+
+// One file of a revision, as the hub lists it.
+struct HubFile {
+  int64_t size = -1;        // -1: not listed
+  std::string git_blob_id;  // sha1 of "blob <size>\0" + bytes; "" when not listed
+  std::string lfs_sha256;   // LFS files only
+};
+
+struct Listing {
+  std::string commit;
+  std::map<std::string, HubFile> files;  // by path in the repository
+};
+
+bool IsCommitHex(std::string_view text) {
+  return text.size() == 40 && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// Relative, '/'-separated, no empty, "." or ".." component: safe to join under a directory.
+bool IsSafeRelativePath(std::string_view path) {
+  if (path.empty() || path.front() == '/' || path.find('\\') != std::string_view::npos ||
+      path.find('\0') != std::string_view::npos) {
+    return false;
+  }
+  size_t start = 0;
+  while (start <= path.size()) {
+    const size_t end = std::min(path.find('/', start), path.size());
+    const std::string_view part = path.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    start = end + 1;
+  }
+  return true;
+}
+
+// RFC 3986 unreserved bytes stay, everything else is %XX ('/' too unless `keep_slash`).
+std::string PercentEncode(std::string_view text, bool keep_slash) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' ||
+        (keep_slash && c == '/')) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+// Digests of a file on disk: its sha256 and its git blob id.
+struct FileDigests {
+  std::string sha256;
+  std::string git_blob_id;
+};
+
+StatusOr<FileDigests> HashFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::error_code error;
+  const auto size = fs::file_size(path, error);
+  if (!in || error) return UnavailableError("cannot read " + path);
+  Sha256 sha256;
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> sha1(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(sha1.get(), EVP_sha1(), nullptr);
+  const std::string git_header = "blob " + std::to_string(size) + std::string(1, '\0');
+  EVP_DigestUpdate(sha1.get(), git_header.data(), git_header.size());
+  std::string buffer(1 << 16, '\0');
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const std::string_view data(buffer.data(), static_cast<size_t>(in.gcount()));
+    sha256.Update(data);
+    EVP_DigestUpdate(sha1.get(), data.data(), data.size());
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(sha1.get(), digest, &length);
+  static constexpr char kHex[] = "0123456789abcdef";
+  FileDigests digests{sha256.HexDigest(), ""};
+  for (unsigned int i = 0; i < length; ++i) {
+    digests.git_blob_id += kHex[digest[i] >> 4];
+    digests.git_blob_id += kHex[digest[i] & 15];
+  }
+  return digests;
+}
+
+std::string Describe(const HubModelRef& ref) { return ref.repo + "@" + ref.revision; }
+
+// The hub's answer as a Status with a message that says what to do. huggingface_hub reads the
+// same X-Error-Code values; the hub answers 401 for a repository it will not admit exists to an
+// anonymous caller, so that is "not found" too unless a token was sent.
+Status HubError(const HubModelRef& ref, const std::string& endpoint, bool has_token,
+                const std::string& file, const http::Request& request,
+                const http::Response& response) {
+  const std::string code = response.headers.Get("X-Error-Code").value_or("");
+  const std::string token_hint =
+      has_token ? "" : " (a private or gated repository needs HF_TOKEN in the agent's environment)";
+  if (code == "RepositoryNotFound" || (response.status == 401 && !has_token) ||
+      (response.status == 404 && code.empty() && file.empty())) {
+    return NotFoundError("Hugging Face model " + ref.repo + " not found at " + endpoint +
+                         token_hint);
+  }
+  if (code == "RevisionNotFound") {
+    return NotFoundError("revision '" + ref.revision + "' not found in Hugging Face model " +
+                         ref.repo);
+  }
+  if (code == "EntryNotFound" || (response.status == 404 && !file.empty())) {
+    return NotFoundError("Hugging Face model " + Describe(ref) + " has no file " + file);
+  }
+  if (code == "GatedRepo" || response.status == 403) {
+    return Status(StatusCode::kPermissionDenied,
+                  "Hugging Face model " + ref.repo +
+                      " is gated: accept its terms on the hub with the account whose HF_TOKEN the "
+                      "agent uses" +
+                      token_hint);
+  }
+  if (response.status == 401) {
+    return Status(StatusCode::kUnauthenticated,
+                  "the hub at " + endpoint + " refused the agent's HF_TOKEN for " + ref.repo);
+  }
+  return http::ResponseError(request, response,
+                             response.headers.Get("X-Error-Message").value_or(""));
+}
+
+StatusOr<Listing> ParseListing(const std::string& body, const std::string& what) {
+  const nlohmann::json json = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](const std::string& problem) {
+    return DataLossError(what + ": the hub's answer is not a model listing: " + problem);
+  };
+  if (json.is_discarded() || !json.is_object()) return bad("not a JSON object");
+  const auto sha = json.find("sha");
+  if (sha == json.end() || !sha->is_string() || !IsCommitHex(sha->get<std::string>())) {
+    return bad("no 40-hex 'sha'");
+  }
+  const auto siblings = json.find("siblings");
+  if (siblings == json.end() || !siblings->is_array()) return bad("no 'siblings' list");
+  Listing listing;
+  listing.commit = sha->get<std::string>();
+  for (const nlohmann::json& sibling : *siblings) {
+    const auto name = sibling.find("rfilename");
+    if (!sibling.is_object() || name == sibling.end() || !name->is_string()) {
+      return bad("a sibling without 'rfilename'");
+    }
+    HubFile file;
+    if (auto size = sibling.find("size"); size != sibling.end() && size->is_number_integer()) {
+      file.size = size->get<int64_t>();
+    }
+    if (auto blob = sibling.find("blobId"); blob != sibling.end() && blob->is_string()) {
+      file.git_blob_id = blob->get<std::string>();
+    }
+    if (auto lfs = sibling.find("lfs"); lfs != sibling.end() && lfs->is_object()) {
+      const auto sha256 = lfs->find("sha256");
+      if (sha256 == lfs->end() || !sha256->is_string() ||
+          !IsSha256Hex(sha256->get<std::string>())) {
+        return bad(name->get<std::string>() + " is an LFS file without a valid lfs.sha256");
+      }
+      file.lfs_sha256 = sha256->get<std::string>();
+      if (auto size = lfs->find("size"); size != lfs->end() && size->is_number_integer()) {
+        file.size = size->get<int64_t>();
+      }
+    }
+    listing.files[name->get<std::string>()] = std::move(file);
+  }
+  return listing;
+}
+
+// The shard files model.safetensors.index.json names in its weight_map, sorted.
+StatusOr<std::vector<std::string>> IndexShards(const std::string& index_path,
+                                               const std::string& what) {
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(index_path));
+  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const auto map = json.is_object() ? json.find("weight_map") : json.end();
+  if (json.is_discarded() || !json.is_object() || map == json.end() || !map->is_object() ||
+      map->empty()) {
+    return DataLossError(what + ": " + kIndexFile + " has no weight_map of tensor names to files");
+  }
+  std::set<std::string> shards;
+  for (const auto& [tensor, file] : map->items()) {
+    if (!file.is_string() || !IsSafeRelativePath(file.get<std::string>())) {
+      return DataLossError(what + ": " + kIndexFile + ": tensor " + tensor +
+                           " maps to something that is not a relative file name");
+    }
+    shards.insert(file.get<std::string>());
+  }
+  return std::vector<std::string>(shards.begin(), shards.end());
+}
+
+// Every regular file under `dir`, as paths relative to it.
+std::vector<std::string> FilesUnder(const fs::path& dir) {
+  std::vector<std::string> files;
+  std::error_code error;
+  for (auto it = fs::recursive_directory_iterator(dir, error);
+       !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+    if (it->is_regular_file(error)) files.push_back(fs::relative(it->path(), dir, error).string());
+  }
+  return files;
+}
+
+Status LinkInto(const std::string& source, const fs::path& target) {
+  std::error_code error;
+  fs::create_directories(target.parent_path(), error);
+  if (error) return UnavailableError("cannot create " + target.parent_path().string());
+  if (::link(source.c_str(), target.c_str()) != 0) {
+    return UnavailableError("cannot link " + source + " to " + target.string() + ": " +
+                            std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+HubOptions HubOptionsFromEnvironment() {
+  HubOptions options;
+  if (const char* endpoint = std::getenv("HF_ENDPOINT"); endpoint != nullptr && *endpoint) {
+    options.endpoint = endpoint;
+  }
+  while (options.endpoint.ends_with('/')) options.endpoint.pop_back();
+  if (const char* token = std::getenv("HF_TOKEN"); token != nullptr) options.token = token;
+  return options;
+}
+
+HubCache::HubCache(HubOptions options, InputCache* cache)
+    : options_(std::move(options)), client_(options_.http), cache_(cache) {}
+
+std::string HubCache::RepoDir(const std::string& repo) const {
+  return cache_->dir() + "/hub/" + repo;
+}
+
+std::mutex& HubCache::CommitMutex(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_ptr<std::mutex>& slot = commit_mutexes_[key];
+  if (!slot) slot = std::make_unique<std::mutex>();
+  return *slot;
+}
+
+StatusOr<PreparedModel> HubCache::Prepare(const HubModelRef& ref,
+                                          const std::vector<std::string>& files) {
+  std::string key = ref.repo + "\n" + ref.revision;
+  for (const std::string& file : files) key += "\n" + file;
+  std::promise<StatusOr<PreparedModel>> promise;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (auto it = in_flight_.find(key); it != in_flight_.end()) {
+      std::shared_future<StatusOr<PreparedModel>> running = it->second;
+      lock.unlock();
+      return running.get();
+    }
+    in_flight_.emplace(key, promise.get_future().share());
+  }
+  StatusOr<PreparedModel> result = InternalError("the download of " + Describe(ref) + " failed");
+  try {
+    result = Download(ref, files);
+  } catch (const std::exception& error) {  // the waiters must hear back whatever happens
+    result = InternalError("preparing " + Describe(ref) + ": " + error.what());
+  }
+  promise.set_value(result);
+  std::lock_guard<std::mutex> lock(mutex_);
+  in_flight_.erase(key);
+  return result;
+}
+
+StatusOr<PreparedModel> HubCache::Download(const HubModelRef& ref,
+                                           const std::vector<std::string>& requested) {
+  for (const std::string& file : requested) {
+    if (!IsSafeRelativePath(file)) {
+      return InvalidArgumentError("files: '" + file +
+                                  "' is not a relative path inside the repository");
+    }
+  }
+  http::Headers auth;
+  if (!options_.token.empty()) auth.Add("Authorization", "Bearer " + options_.token);
+  const bool has_token = !options_.token.empty();
+
+  http::Request listing_request;
+  listing_request.url = options_.endpoint + "/api/models/" + ref.repo + "/revision/" +
+                        PercentEncode(ref.revision, /*keep_slash=*/false) + "?blobs=true";
+  listing_request.headers = auth;
+  listing_request.total_timeout = kListingTimeout;
+  ASSIGN_OR_RETURN(const http::Response listing_response, client_.Send(listing_request));
+  if (listing_response.status != 200) {
+    return HubError(ref, options_.endpoint, has_token, "", listing_request, listing_response);
+  }
+  ASSIGN_OR_RETURN(const Listing listing,
+                   ParseListing(listing_response.body, "Hugging Face model " + Describe(ref)));
+  const std::string what = "Hugging Face model " + ref.repo + "@" + listing.commit;
+
+  std::lock_guard<std::mutex> commit_lock(CommitMutex(ref.repo + "@" + listing.commit));
+  const fs::path model_dir = fs::path(RepoDir(ref.repo)) / listing.commit;
+  std::error_code error;
+
+  // One file into the cache's blobs (unless it is there already); returns its blob path.
+  auto fetch = [&](const std::string& path) -> StatusOr<std::string> {
+    const auto listed = listing.files.find(path);
+    if (listed == listing.files.end()) return NotFoundError(what + " has no file " + path);
+    const HubFile& file = listed->second;
+    if (!file.lfs_sha256.empty() && cache_->HasBlob(file.lfs_sha256)) {
+      return cache_->BlobPath(file.lfs_sha256);
+    }
+    // The same name on every attempt, so that the next call resumes what this one left.
+    const std::string partial = cache_->dir() + "/tmp/hub-" +
+                                Sha256Hex(ref.repo + "@" + listing.commit + "/" + path) + ".part";
+    const auto have = fs::file_size(partial, error);
+    const bool complete = !error && file.size >= 0 && static_cast<int64_t>(have) == file.size;
+    if (!error && file.size >= 0 && static_cast<int64_t>(have) > file.size)
+      fs::remove(partial, error);
+    std::string sha256;
+    if (!complete) {
+      http::Request request;
+      request.url = options_.endpoint + "/" + ref.repo + "/resolve/" + listing.commit + "/" +
+                    PercentEncode(path, /*keep_slash=*/true);
+      request.headers = auth;
+      request.total_timeout = kFileTimeout;
+      request.download_path = partial;
+      ASSIGN_OR_RETURN(const http::Response response, client_.Send(request));
+      if (response.status != 200 && response.status != 206) {
+        if (response.status == 416) fs::remove(partial, error);  // a stale partial file
+        return HubError(ref, options_.endpoint, has_token, path, request, response);
+      }
+      if (file.size >= 0 && static_cast<int64_t>(response.file_size) != file.size) {
+        fs::remove(partial, error);
+        return DataLossError(what + ": " + path + " arrived with " +
+                             std::to_string(response.file_size) + " bytes, the hub lists " +
+                             std::to_string(file.size) + "; the download was discarded");
+      }
+      sha256 = response.file_sha256;
+    }
+    // Small files (no LFS digest) are checked against their git blob id, which needs another
+    // pass; so does a partial file found complete.
+    if (complete || file.lfs_sha256.empty()) {
+      ASSIGN_OR_RETURN(const FileDigests digests, HashFile(partial));
+      sha256 = digests.sha256;
+      if (file.lfs_sha256.empty() && !file.git_blob_id.empty() &&
+          digests.git_blob_id != file.git_blob_id) {
+        fs::remove(partial, error);
+        return DataLossError(what + ": " + path + " has git blob id " + digests.git_blob_id +
+                             ", the hub lists " + file.git_blob_id +
+                             "; the download was discarded");
+      }
+    }
+    if (!file.lfs_sha256.empty() && sha256 != file.lfs_sha256) {
+      fs::remove(partial, error);
+      return DataLossError(what + ": " + path + " has sha256 " + sha256 + ", the hub lists " +
+                           file.lfs_sha256 + "; the download was discarded");
+    }
+    RETURN_IF_ERROR(cache_->AdoptBlob(partial, sha256));
+    return cache_->BlobPath(sha256);
+  };
+
+  // path in the model directory -> where its bytes are now (the directory or a blob).
+  std::map<std::string, std::string> sources;
+  for (const std::string& path : FilesUnder(model_dir)) sources[path] = (model_dir / path).string();
+  auto want = [&](const std::string& path) -> Status {
+    if (sources.count(path) > 0) return Status::Ok();
+    ASSIGN_OR_RETURN(sources[path], fetch(path));
+    return Status::Ok();
+  };
+
+  if (requested.empty()) {
+    if (listing.files.count("config.json") == 0) {
+      return FailedPreconditionError(what + " has no config.json: it is not a transformers model");
+    }
+    RETURN_IF_ERROR(want("config.json"));
+    for (const char* optional : kOptionalDefaultFiles) {
+      if (listing.files.count(optional) > 0) RETURN_IF_ERROR(want(optional));
+    }
+    if (listing.files.count(kIndexFile) > 0) {
+      RETURN_IF_ERROR(want(kIndexFile));
+      ASSIGN_OR_RETURN(const std::vector<std::string> shards,
+                       IndexShards(sources[kIndexFile], what));
+      for (const std::string& shard : shards) RETURN_IF_ERROR(want(shard));
+    } else if (listing.files.count(kSingleWeightsFile) > 0) {
+      RETURN_IF_ERROR(want(kSingleWeightsFile));
+    } else {
+      return FailedPreconditionError(what + " has no safetensors weights (" + kSingleWeightsFile +
+                                     " or " + kIndexFile + "); llmctl loads safetensors only");
+    }
+  } else {
+    for (const std::string& path : requested) RETURN_IF_ERROR(want(path));
+  }
+
+  const std::vector<std::string> present = FilesUnder(model_dir);
+  if (present.size() != sources.size()) {
+    // Assembled beside the cache and swapped in whole: a reader sees the old set or the new one.
+    const std::string staging = cache_->TempPath("hub-" + listing.commit);
+    for (const auto& [path, source] : sources) {
+      if (Status linked = LinkInto(source, fs::path(staging) / path); !linked.ok()) {
+        fs::remove_all(staging, error);
+        return linked;
+      }
+    }
+    fs::create_directories(model_dir.parent_path(), error);
+    if (::rename(staging.c_str(), model_dir.c_str()) != 0) {
+      // An older, smaller set is there: exchange the two atomically, then drop the old one.
+      if ((errno != EEXIST && errno != ENOTEMPTY) ||
+          ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, model_dir.c_str(), RENAME_EXCHANGE) !=
+              0) {
+        const std::string message =
+            "cannot move " + staging + " to " + model_dir.string() + ": " + std::strerror(errno);
+        fs::remove_all(staging, error);
+        return UnavailableError(message);
+      }
+      fs::remove_all(staging, error);
+    }
+  }
+  if (ref.revision != listing.commit) {
+    const fs::path ref_file =
+        fs::path(RepoDir(ref.repo)) / "refs" / PercentEncode(ref.revision, /*keep_slash=*/false);
+    fs::create_directories(ref_file.parent_path(), error);
+    RETURN_IF_ERROR(WriteFileAtomically(ref_file.string(), [&](int fd) {
+      return WriteAll(fd, listing.commit.data(), listing.commit.size());
+    }));
+  }
+  PreparedModel prepared{model_dir.string(), listing.commit, 0};
+  for (const std::string& path : FilesUnder(model_dir)) {
+    prepared.bytes += static_cast<int64_t>(fs::file_size(model_dir / path, error));
+  }
+  return prepared;
+}
+
+StatusOr<std::string> HubCache::Find(const HubModelRef& ref) const {
+  std::string commit = ref.revision;
+  if (!IsCommitHex(commit)) {
+    auto text = ReadFileToString(RepoDir(ref.repo) + "/refs/" +
+                                 PercentEncode(ref.revision, /*keep_slash=*/false));
+    commit = text.ok() ? *text : "";
+  }
+  const std::string dir = RepoDir(ref.repo) + "/" + commit;
+  std::error_code error;
+  if (!IsCommitHex(commit) || !fs::is_regular_file(dir + "/config.json", error)) {
+    return FailedPreconditionError("model " + HubModelRefText(ref) +
+                                   " not prepared on this node (PrepareHubModel downloads it)");
+  }
+  return dir;
+}
+
+}  // namespace llmctl::agent

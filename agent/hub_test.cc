@@ -1,0 +1,330 @@
+// PrepareHubModel and hub models in RunTrial, through the agent's gRPC API (mutual TLS on a unix
+// socket), against tests/fake_hub/fake_hub.py on 127.0.0.1 serving
+// tests/fixtures/models/tiny-llama3 (config.json, tokenizer.json, a safetensors index and four LFS
+// shards).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "agent/server.h"
+#include "common/files.h"
+#include "common/http/http_client.h"
+#include "common/model_config.h"
+#include "llmctl/v1/agent.grpc.pb.h"
+#include "rpc/tls.h"
+#include "tests/support/server_process.h"
+
+namespace llmctl::agent {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = llmctl::v1;
+
+constexpr char kToken[] = "node1-token-0123456789";
+constexpr char kHfToken[] = "hf_fake_secret_4f2a";
+constexpr char kRepo[] = "llmctl/tiny-llama3";
+constexpr char kFirstShard[] = "model-00001-of-00004.safetensors";
+
+std::string SourceDir() {
+  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
+  return dir != nullptr ? dir : ".";
+}
+
+std::string BuildDir() {
+  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
+  return dir != nullptr ? dir : "build";
+}
+
+fs::path FixtureModel() { return fs::path(SourceDir()) / "tests/fixtures/models/tiny-llama3"; }
+
+std::string ReadAll(const fs::path& path) {
+  auto text = ReadFileToString(path.string());
+  return text.ok() ? *text : "";
+}
+
+class HubTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("llmctl_hub_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const std::string model = FixtureModel().string();
+    auto hub = testing::ServerProcess::StartPython(
+        "tests/fake_hub/fake_hub.py",
+        {"--repo", std::string(kRepo) + "=" + model, "--repo", "llmctl/bad-shard=" + model,
+         "--wrong-sha256", "llmctl/bad-shard/model-00002-of-00004.safetensors", "--repo",
+         "llmctl/private=" + model, "--private", "llmctl/private", "--token", kHfToken});
+    ASSERT_TRUE(hub.ok()) << hub.status().ToString();
+    hub_ = std::move(*hub);
+
+    auto ca = rpc::CertificateAuthority::LoadOrCreate((dir_ / "ca").string());
+    ASSERT_TRUE(ca.ok()) << ca.status().ToString();
+    auto agent = (*ca)->Issue(rpc::AgentCertificateName("node1"), 1);
+    auto controller = (*ca)->Issue(rpc::kControllerCertificateName, 1);
+    ASSERT_TRUE(agent.ok() && controller.ok());
+    agent_identity_ = {(*ca)->ca_certificate_pem(), agent->certificate_pem, agent->private_key_pem};
+    controller_identity_ = {(*ca)->ca_certificate_pem(), controller->certificate_pem,
+                            controller->private_key_pem};
+  }
+
+  void TearDown() override {
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+
+  // The agent as llm-agent's main makes it: hub options from HF_ENDPOINT and HF_TOKEN.
+  void StartAgent(const std::string& hf_token = "") {
+    ::setenv("HF_ENDPOINT", (hub_->url() + "/").c_str(), 1);
+    if (hf_token.empty()) {
+      ::unsetenv("HF_TOKEN");
+    } else {
+      ::setenv("HF_TOKEN", hf_token.c_str(), 1);
+    }
+    AgentOptions options;
+    options.listen = "unix:" + (dir_ / "agent.sock").string();
+    options.data_dir = (dir_ / "data").string();
+    options.node = "node1";
+    options.identity = agent_identity_;
+    options.token = kToken;
+    options.llm_train = "/bin/true";
+    options.supervisor_program = BuildDir() + "/agent/llm-agent";
+    options.hub = HubOptionsFromEnvironment();
+    options.hub.http.sleep = [](std::chrono::milliseconds) {};  // retries without waiting
+    auto server = AgentServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(*server);
+  }
+
+  std::unique_ptr<pb::Agent::Stub> Stub() {
+    return pb::Agent::NewStub(rpc::Dial(server_->address(), rpc::AgentCertificateName("node1"),
+                                        rpc::ChannelCredentials(controller_identity_, kToken)));
+  }
+
+  grpc::Status Prepare(const std::string& repo, const std::string& revision,
+                       pb::PrepareHubModelResponse* response,
+                       const std::vector<std::string>& files = {}) {
+    pb::PrepareHubModelRequest request;
+    request.set_repo(repo);
+    request.set_revision(revision);
+    for (const std::string& file : files) request.add_files(file);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    return Stub()->PrepareHubModel(&context, request, response);
+  }
+
+  grpc::Status RunTrial(const std::string& model, pb::RunState* state) {
+    pb::RunTrialRequest request;
+    request.mutable_key()->set_experiment_id(1);
+    request.mutable_key()->set_trial("hub");
+    request.mutable_key()->set_attempt(1);
+    request.set_config_json(nlohmann::json{
+        {"model", model}, {"init", "pretrained"}, {"data", {{"path", "unused.jsonl"}}}}
+                                .dump());
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    return Stub()->RunTrial(&context, request, state);
+  }
+
+  nlohmann::json HubStats() {
+    http::HttpClient client;
+    http::Request request;
+    request.url = hub_->url() + "/_stats";
+    auto response = client.Send(request);
+    EXPECT_TRUE(response.ok() && response->status == 200);
+    return response.ok() ? nlohmann::json::parse(response->body) : nlohmann::json::object();
+  }
+
+  void HubControl(const std::string& path_and_query) {
+    http::HttpClient client;
+    http::Request request;
+    request.method = "POST";
+    request.url = hub_->url() + path_and_query;
+    auto response = client.Send(request);
+    ASSERT_TRUE(response.ok() && response->status == 204) << path_and_query;
+  }
+
+  fs::path dir_;
+  std::unique_ptr<testing::ServerProcess> hub_;
+  rpc::TlsIdentity agent_identity_;
+  rpc::TlsIdentity controller_identity_;
+  std::unique_ptr<AgentServer> server_;
+};
+
+int64_t CdnRequests(const nlohmann::json& stats, const std::string& file) {
+  int64_t count = 0;
+  for (const auto& [path, n] : stats["requests"].items()) {
+    if (path.starts_with("/cdn/") && path.ends_with("/" + file)) count += n.get<int64_t>();
+  }
+  return count;
+}
+
+TEST_F(HubTest, DownloadsTheDefaultFilesIntoAModelDirectoryThatLoads) {
+  StartAgent();
+  pb::PrepareHubModelResponse response;
+  const grpc::Status status = Prepare(kRepo, "main", &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+
+  const fs::path model_dir = response.path();
+  EXPECT_EQ(model_dir.parent_path(), dir_ / "data/cache/hub/llmctl/tiny-llama3");
+  const std::string commit = model_dir.filename().string();
+  EXPECT_EQ(commit.size(), 40u);
+  std::vector<std::string> files;
+  int64_t bytes = 0;
+  for (const auto& entry : fs::directory_iterator(model_dir)) {
+    files.push_back(entry.path().filename().string());
+    bytes += static_cast<int64_t>(entry.file_size());
+    EXPECT_EQ(ReadAll(entry.path()), ReadAll(FixtureModel() / entry.path().filename()))
+        << entry.path();
+  }
+  std::sort(files.begin(), files.end());
+  // expected.safetensors is in the repository but is neither config, tokenizer nor indexed weights.
+  EXPECT_EQ(files, (std::vector<std::string>{"config.json", "model-00001-of-00004.safetensors",
+                                             "model-00002-of-00004.safetensors",
+                                             "model-00003-of-00004.safetensors",
+                                             "model-00004-of-00004.safetensors",
+                                             "model.safetensors.index.json", "tokenizer.json"}));
+  EXPECT_EQ(response.bytes(), bytes);
+  StatusOr<ModelConfig> loaded = ResolveModel(model_dir.string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(*loaded, *ResolveModel(FixtureModel().string()));
+  // Nothing left behind in the cache's scratch space.
+  EXPECT_TRUE(fs::is_empty(dir_ / "data/cache/tmp"));
+
+  // Prepared models are reused: again by branch and by commit, with no file fetched twice.
+  const nlohmann::json before = HubStats();
+  pb::PrepareHubModelResponse again;
+  ASSERT_TRUE(Prepare(kRepo, "main", &again).ok());
+  EXPECT_EQ(again.path(), response.path());
+  ASSERT_TRUE(Prepare(kRepo, commit, &again).ok());
+  EXPECT_EQ(again.path(), response.path());
+  EXPECT_EQ(HubStats()["bytes"], before["bytes"]);
+
+  // A trial naming the model by hub reference runs from the prepared directory.
+  pb::RunState state;
+  const grpc::Status started = RunTrial(std::string("hf:") + kRepo, &state);
+  ASSERT_TRUE(started.ok()) << started.error_message();
+  const std::string trial_yaml = ReadAll(dir_ / "data/runs/1/hub/1/trial.yaml");
+  EXPECT_NE(trial_yaml.find("model: " + model_dir.string()), std::string::npos) << trial_yaml;
+}
+
+TEST_F(HubTest, ExplicitFilesAreAddedToThePreparedDirectory) {
+  StartAgent();
+  pb::PrepareHubModelResponse response;
+  ASSERT_TRUE(Prepare(kRepo, "main", &response, {"config.json"}).ok());
+  EXPECT_TRUE(fs::exists(fs::path(response.path()) / "config.json"));
+  EXPECT_FALSE(fs::exists(fs::path(response.path()) / "expected.safetensors"));
+  const grpc::Status status = Prepare(kRepo, "main", &response, {"expected.safetensors"});
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(fs::exists(fs::path(response.path()) / "config.json"));
+  EXPECT_EQ(ReadAll(fs::path(response.path()) / "expected.safetensors"),
+            ReadAll(FixtureModel() / "expected.safetensors"));
+  EXPECT_EQ(Prepare(kRepo, "main", &response, {"missing.bin"}).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(HubTest, ADroppedConnectionIsResumedWhereItStopped) {
+  StartAgent();
+  HubControl(std::string("/_drop?file=") + kFirstShard + "&after=200000");
+  pb::PrepareHubModelResponse response;
+  const grpc::Status status = Prepare(kRepo, "main", &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(ReadAll(fs::path(response.path()) / kFirstShard),
+            ReadAll(FixtureModel() / kFirstShard));
+  const nlohmann::json stats = HubStats();
+  // Two transfers, and together exactly the file: the second began where the first broke off.
+  EXPECT_EQ(CdnRequests(stats, kFirstShard), 2);
+  EXPECT_EQ(stats["bytes"][kFirstShard].get<int64_t>(),
+            static_cast<int64_t>(fs::file_size(FixtureModel() / kFirstShard)));
+}
+
+TEST_F(HubTest, AWrongSha256IsRefusedAndNothingIsMaterialised) {
+  StartAgent();
+  pb::PrepareHubModelResponse response;
+  const grpc::Status status = Prepare("llmctl/bad-shard", "main", &response);
+  ASSERT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS) << status.error_message();
+  EXPECT_NE(status.error_message().find("model-00002-of-00004.safetensors has sha256 "),
+            std::string::npos)
+      << status.error_message();
+  EXPECT_NE(status.error_message().find("the download was discarded"), std::string::npos);
+  std::error_code error;
+  EXPECT_FALSE(fs::exists(dir_ / "data/cache/hub/llmctl/bad-shard", error));
+  EXPECT_TRUE(fs::is_empty(dir_ / "data/cache/tmp"));  // the bad bytes are not kept to resume
+
+  pb::RunState state;
+  const grpc::Status started = RunTrial("hf:llmctl/bad-shard", &state);
+  EXPECT_EQ(started.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(started.error_message(),
+            "model hf:llmctl/bad-shard@main not prepared on this node (PrepareHubModel "
+            "downloads it)");
+}
+
+TEST_F(HubTest, UnknownRepositoriesRevisionsAndBadRequestsAreClear) {
+  StartAgent();
+  pb::PrepareHubModelResponse response;
+  grpc::Status status = Prepare("llmctl/no-such-model", "main", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_message(),
+            "Hugging Face model llmctl/no-such-model not found at " + hub_->url() +
+                " (a private or gated repository needs HF_TOKEN in the agent's environment)");
+  status = Prepare(kRepo, "v9", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_message(),
+            "revision 'v9' not found in Hugging Face model llmctl/tiny-llama3");
+  status = Prepare("no-org", "main", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("'no-org' is not a Hugging Face repository id"),
+            std::string::npos);
+  status = Prepare(kRepo, "main", &response, {"../etc/passwd"});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // A private repository without a token is indistinguishable from a missing one.
+  EXPECT_EQ(Prepare("llmctl/private", "main", &response).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(HubTest, TheTokenIsSentWhenSetAndNeverShown) {
+  StartAgent(kHfToken);
+  pb::PrepareHubModelResponse response;
+  grpc::Status status = Prepare("llmctl/private", "main", &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  const nlohmann::json stats = HubStats();
+  ASSERT_FALSE(stats["authorization"].empty());
+  for (const auto& header : stats["authorization"]) {
+    EXPECT_EQ(header, std::string("Bearer ") + kHfToken);
+  }
+  status = Prepare("llmctl/no-such-model", "main", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_message().find(kHfToken), std::string::npos);
+}
+
+TEST_F(HubTest, ConcurrentCallsShareOneDownload) {
+  StartAgent();
+  HubControl("/_delay?ms=300");  // the listing is slow, so the calls overlap
+  constexpr int kCalls = 4;
+  std::vector<pb::PrepareHubModelResponse> responses(kCalls);
+  std::vector<grpc::Status> statuses(kCalls);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCalls; ++i) {
+    callers.emplace_back([&, i] { statuses[i] = Prepare(kRepo, "main", &responses[i]); });
+  }
+  for (std::thread& caller : callers) caller.join();
+  for (int i = 0; i < kCalls; ++i) {
+    ASSERT_TRUE(statuses[i].ok()) << statuses[i].error_message();
+    EXPECT_EQ(responses[i].path(), responses[0].path());
+  }
+  const nlohmann::json stats = HubStats();
+  EXPECT_EQ(stats["requests"]["/api/models/llmctl/tiny-llama3/revision/main"], 1);
+  for (const char* shard :
+       {"model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors",
+        "model-00003-of-00004.safetensors", "model-00004-of-00004.safetensors"}) {
+    EXPECT_EQ(CdnRequests(stats, shard), 1) << shard;
+  }
+}
+
+}  // namespace
+}  // namespace llmctl::agent
