@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
 #include <exception>
 #include <functional>
@@ -239,6 +240,9 @@ StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment
                                  IntField(trial.peak_snapshot, "peak_bytes")));
     row->set_loss(NumberField(trial.last_step, "loss"));
     row->set_error(TrialError(trial));
+    if (trial.state == store::TrialState::kRunning) {
+      row->set_notice(dispatcher_.NodeNotice(trial.node));
+    }
     if (trial.state != store::TrialState::kQueued) started = true;
   }
   status.set_state(report.experiment.state == store::ExperimentState::kDone ? "ended"
@@ -363,38 +367,52 @@ grpc::Status ControllerService::FetchArtifacts(grpc::ServerContext* context,
   });
 }
 
+StatusOr<v1::NodeStatus> ControllerService::BuildNodeStatus(
+    const store::NodeRecord& node, const std::vector<store::RunningAttempt>& running) {
+  v1::NodeStatus row;
+  row.set_name(node.name);
+  row.set_address(node.address);
+  row.set_state(node.state);
+  row.set_last_seen_unix(
+      std::chrono::duration_cast<std::chrono::seconds>(node.last_seen.time_since_epoch()).count());
+  const json devices = json::parse(node.devices_json, nullptr, /*allow_exceptions=*/false);
+  if (devices.is_array()) {
+    for (const json& device : devices) {
+      v1::Device* proto = row.add_devices();
+      proto->set_type(StringField(device, "type"));
+      proto->set_index(static_cast<int32_t>(IntField(device, "index")));
+      proto->set_name(StringField(device, "name"));
+      proto->set_memory_bytes(IntField(device, "memory_bytes"));
+    }
+  }
+  std::string runs;
+  for (const store::RunningAttempt& attempt : running) {
+    if (attempt.node != node.name) continue;
+    ASSIGN_OR_RETURN(store::TrialRecord trial, store_.GetTrial(attempt.trial_id));
+    if (!runs.empty()) runs += ",";
+    runs += std::to_string(attempt.experiment_id) + "/" + trial.name + "#" +
+            std::to_string(attempt.attempt);
+  }
+  row.set_running(runs);
+  if (node.lease.has_value()) {
+    v1::NodeLease* lease = row.mutable_lease();
+    lease->set_name(node.lease->name);
+    lease->set_site(node.lease->site);
+    lease->set_flavor(node.lease->flavor);
+    lease->set_ends_unix(
+        std::chrono::duration_cast<std::chrono::seconds>(node.lease->ends.time_since_epoch())
+            .count());
+  }
+  return row;
+}
+
 grpc::Status ControllerService::ListNodes(grpc::ServerContext*, const v1::ListNodesRequest*,
                                           v1::ListNodesResponse* response) {
   return Guard("ListNodes", [&]() -> Status {
     ASSIGN_OR_RETURN(std::vector<store::NodeRecord> nodes, store_.ListNodes());
     ASSIGN_OR_RETURN(std::vector<store::RunningAttempt> running, store_.ListRunningAttempts());
     for (const store::NodeRecord& node : nodes) {
-      v1::NodeStatus* row = response->add_nodes();
-      row->set_name(node.name);
-      row->set_address(node.address);
-      row->set_state(node.state);
-      row->set_last_seen_unix(
-          std::chrono::duration_cast<std::chrono::seconds>(node.last_seen.time_since_epoch())
-              .count());
-      const json devices = json::parse(node.devices_json, nullptr, /*allow_exceptions=*/false);
-      if (devices.is_array()) {
-        for (const json& device : devices) {
-          v1::Device* proto = row->add_devices();
-          proto->set_type(StringField(device, "type"));
-          proto->set_index(static_cast<int32_t>(IntField(device, "index")));
-          proto->set_name(StringField(device, "name"));
-          proto->set_memory_bytes(IntField(device, "memory_bytes"));
-        }
-      }
-      std::string runs;
-      for (const store::RunningAttempt& attempt : running) {
-        if (attempt.node != node.name) continue;
-        ASSIGN_OR_RETURN(store::TrialRecord trial, store_.GetTrial(attempt.trial_id));
-        if (!runs.empty()) runs += ",";
-        runs += std::to_string(attempt.experiment_id) + "/" + trial.name + "#" +
-                std::to_string(attempt.attempt);
-      }
-      row->set_running(runs);
+      ASSIGN_OR_RETURN(*response->add_nodes(), BuildNodeStatus(node, running));
     }
     return Status::Ok();
   });
@@ -405,7 +423,7 @@ grpc::Status ControllerService::RegisterNode(grpc::ServerContext*,
                                              v1::NodeCredentials* response) {
   return Guard("RegisterNode", [&]() -> Status {
     RETURN_IF_ERROR(ValidateNodeName(request->name()));
-    RETURN_IF_ERROR(ValidateAgentAddress(request->address()));
+    if (!request->address().empty()) RETURN_IF_ERROR(ValidateAgentAddress(request->address()));
     ASSIGN_OR_RETURN(rpc::IssuedCertificate certificate,
                      ca_.Issue(rpc::AgentCertificateName(request->name()), 365));
     ASSIGN_OR_RETURN(std::string token, NewNodeToken());
@@ -416,18 +434,57 @@ grpc::Status ControllerService::RegisterNode(grpc::ServerContext*,
                            .address = request->address(),
                            .devices_json = "[]",
                            .last_seen = {},
-                           .state = "registered"};
+                           .state = "registered",
+                           .lease = std::nullopt};
     ASSIGN_OR_RETURN(std::vector<store::NodeRecord> known, store_.ListNodes());
     for (const store::NodeRecord& existing : known) {
       if (existing.name == node.name) node.last_seen = existing.last_seen;
     }
     RETURN_IF_ERROR(store_.UpsertNode(node));
-    spdlog::info("node {} registered at {}", node.name, node.address);
+    spdlog::info("node {} registered at {}", node.name,
+                 node.address.empty() ? "an address not yet known" : node.address);
     response->set_name(node.name);
     response->set_certificate_pem(std::move(certificate.certificate_pem));
     response->set_private_key_pem(std::move(certificate.private_key_pem));
     response->set_ca_certificate_pem(ca_.ca_certificate_pem());
     response->set_token(std::move(token));
+    dispatcher_.Wake();
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::UpdateNode(grpc::ServerContext*,
+                                           const v1::UpdateNodeRequest* request,
+                                           v1::NodeStatus* response) {
+  return Guard("UpdateNode", [&]() -> Status {
+    RETURN_IF_ERROR(ValidateNodeName(request->name()));
+    if (!request->address().empty()) RETURN_IF_ERROR(ValidateAgentAddress(request->address()));
+    if (request->has_lease() && request->lease().ends_unix() <= 0) {
+      return InvalidArgumentError("update node " + request->name() +
+                                  ": the lease's end (ends_unix) is missing");
+    }
+    ASSIGN_OR_RETURN(std::vector<store::NodeRecord> known, store_.ListNodes());
+    auto node = std::find_if(known.begin(), known.end(), [&](const store::NodeRecord& record) {
+      return record.name == request->name();
+    });
+    if (node == known.end()) {
+      return NotFoundError("no node '" + request->name() + "' is registered");
+    }
+    if (!request->address().empty() && request->address() != node->address) {
+      node->address = request->address();
+      RETURN_IF_ERROR(store_.UpsertNode(*node));
+      spdlog::info("node {} is at {}", node->name, node->address);
+    }
+    if (request->has_lease()) {
+      node->lease =
+          store::NodeLease{.name = request->lease().name(),
+                           .site = request->lease().site(),
+                           .flavor = request->lease().flavor(),
+                           .ends = store::Time(std::chrono::seconds(request->lease().ends_unix()))};
+      RETURN_IF_ERROR(store_.SetNodeLease(node->name, *node->lease));
+    }
+    ASSIGN_OR_RETURN(std::vector<store::RunningAttempt> running, store_.ListRunningAttempts());
+    ASSIGN_OR_RETURN(*response, BuildNodeStatus(*node, running));
     dispatcher_.Wake();
     return Status::Ok();
   });

@@ -46,10 +46,14 @@ class ControllerService final : public v1::Controller::Service {
                          v1::ListNodesResponse* response) override;
   grpc::Status RegisterNode(grpc::ServerContext* context, const v1::RegisterNodeRequest* request,
                             v1::NodeCredentials* response) override;
+  grpc::Status UpdateNode(grpc::ServerContext* context, const v1::UpdateNodeRequest* request,
+                          v1::NodeStatus* response) override;
 
  private:
   StatusOr<int64_t> ResolveExperimentId(int64_t requested);
   StatusOr<v1::ExperimentStatus> BuildStatus(int64_t experiment_id);
+  StatusOr<v1::NodeStatus> BuildNodeStatus(const store::NodeRecord& node,
+                                           const std::vector<store::RunningAttempt>& running);
 
   store::Store& store_;
   const BlobStore& blobs_;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -43,6 +44,19 @@ struct Dispatcher::Stream {
   std::chrono::milliseconds backoff{0};
 };
 
+struct Dispatcher::HubPreparation {
+  std::string node;
+  std::string model;  // "hf:ORG/NAME@REV"
+  std::thread thread;
+  // Guarded by Dispatcher::mutex_:
+  enum class State { kIdle, kRunning, kReady, kFailed } state = State::kIdle;
+  Status failure;                 // kFailed: why preparing cannot succeed
+  std::set<int64_t> experiments;  // whose trials waited for this preparation
+  store::Time retry_at;           // kIdle after a failure that retrying may cure
+  std::chrono::milliseconds backoff{0};
+  grpc::ClientContext* context = nullptr;  // while PrepareHubModel is in flight
+};
+
 AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& secrets) {
   return [identity = std::move(identity),
           &secrets](const store::NodeRecord& node) -> StatusOr<std::shared_ptr<grpc::Channel>> {
@@ -76,6 +90,30 @@ store::TrialState OutcomeState(const std::string& outcome) {
   auto state = store::ParseTrialState(outcome);
   if (state.ok() && store::IsOutcome(*state)) return *state;
   return store::TrialState::kFailed;
+}
+
+// Codes with which PrepareHubModel cannot succeed however often it is retried.
+bool IsPermanentPrepareFailure(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::DATA_LOSS:
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string FormatUtc(store::Time time) {
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(time);
+  std::tm tm{};
+  gmtime_r(&seconds, &tm);
+  char buffer[32];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%d %H:%M UTC", &tm);
+  return buffer;
 }
 
 v1::InputTree ToProto(const InputTreeSpec& tree) {
@@ -124,11 +162,32 @@ void Dispatcher::Stop() {
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   std::vector<AttemptKey> keys;
+  std::vector<HubPreparation*> preparations;
   {
     std::lock_guard lock(mutex_);
     for (const auto& [key, stream] : streams_) keys.push_back(key);
+    for (const auto& [key, preparation] : hub_models_) {
+      if (preparation->context != nullptr) preparation->context->TryCancel();
+      preparations.push_back(preparation.get());
+    }
   }
   for (const AttemptKey& key : keys) StopStream(key);
+  for (HubPreparation* preparation : preparations) {
+    if (preparation->thread.joinable()) preparation->thread.join();
+  }
+}
+
+int Dispatcher::HubPreparationsInFlight() {
+  std::lock_guard lock(mutex_);
+  return static_cast<int>(std::count_if(hub_models_.begin(), hub_models_.end(), [](const auto& e) {
+    return e.second->state == HubPreparation::State::kRunning;
+  }));
+}
+
+std::string Dispatcher::NodeNotice(const std::string& node) {
+  std::lock_guard lock(mutex_);
+  auto notice = node_notices_.find(node);
+  return notice == node_notices_.end() ? "" : notice->second;
 }
 
 void Dispatcher::Wake() {
@@ -160,6 +219,7 @@ void Dispatcher::Tick() {
     return;
   }
   for (const store::NodeRecord& node : *nodes) {
+    if (node.address.empty()) continue;  // registered before its address is known
     Link* link = EnsureLink(node, now);
     bool due;
     {
@@ -181,6 +241,8 @@ void Dispatcher::Tick() {
   }
   for (Link* link : links) ReconcileRuns(*link, *running, now);
   RequeueLost(*running, now);
+  running = store_.ListRunningAttempts();
+  if (running.ok()) WatchLeases(*nodes, *running, now);
 
   running = store_.ListRunningAttempts();
   if (running.ok()) PlaceQueued(*running, now);
@@ -341,7 +403,8 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
   {
     std::lock_guard lock(mutex_);
     for (auto& [name, link] : links_) {
-      if (!link->connected) continue;
+      // A node whose lease ends soon takes no new trial.
+      if (!link->connected || node_notices_.contains(name)) continue;
       connected[name] = link.get();
       scheduler::Agent& agent = agents.emplace_back();
       agent.name = name;
@@ -417,6 +480,18 @@ Status Dispatcher::Launch(const store::TrialRecord& trial, Link& link,
   }
   ASSIGN_OR_RETURN(TrialConfig config, TrialConfig::FromJson(config_json));
   ASSIGN_OR_RETURN(auto inputs, store_.GetInputs(trial.experiment_id));
+  if (const std::string model = config.GetString("model"); IsHubModelRef(model)) {
+    StatusOr<bool> ready = EnsureHubModel(link, model, trial.experiment_id, now);
+    if (!ready.ok()) {
+      // Preparing cannot succeed: running the trial anywhere would fail the same way.
+      ASSIGN_OR_RETURN(int64_t started, store_.StartAttempt(trial.id, link.name, now));
+      RETURN_IF_ERROR(store_.FinishAttempt(trial.id, started, store::TrialState::kFailed,
+                                           std::nullopt, ready.status().message(), now));
+      changes_.Notify();
+      return Status::Ok();
+    }
+    if (!*ready) return Status::Ok();  // still queued; placed again once the model is there
+  }
 
   v1::RunTrialRequest request;
   request.mutable_key()->set_experiment_id(trial.experiment_id);
@@ -434,6 +509,18 @@ Status Dispatcher::Launch(const store::TrialRecord& trial, Link& link,
   auto context = CallContext();
   const grpc::Status ran = stub->RunTrial(context.get(), request, &state);
   if (!ran.ok() && ran.error_code() != grpc::StatusCode::INVALID_ARGUMENT) {
+    if (const std::string model = config.GetString("model");
+        IsHubModelRef(model) && ran.error_code() == grpc::StatusCode::NOT_FOUND) {
+      // The agent lost its copy (a wiped cache): prepare it again.
+      auto ref = ParseHubModelRef(model);
+      std::lock_guard lock(mutex_);
+      if (ref.ok()) {
+        auto preparation = hub_models_.find({link.name, HubModelRefText(*ref)});
+        if (preparation != hub_models_.end()) {
+          preparation->second->state = HubPreparation::State::kIdle;
+        }
+      }
+    }
     return rpc::FromGrpcStatus(ran).WithContext("RunTrial");
   }
   ASSIGN_OR_RETURN(int64_t started, store_.StartAttempt(trial.id, link.name, now));
@@ -453,6 +540,153 @@ Status Dispatcher::Launch(const store::TrialRecord& trial, Link& link,
   }
   changes_.Notify();
   return Status::Ok();
+}
+
+StatusOr<bool> Dispatcher::EnsureHubModel(Link& link, const std::string& model,
+                                          int64_t experiment_id, store::Time now) {
+  ASSIGN_OR_RETURN(HubModelRef ref, ParseHubModelRef(model));
+  HubPreparation* preparation = nullptr;
+  std::shared_ptr<v1::Agent::Stub> stub;
+  {
+    std::lock_guard lock(mutex_);
+    std::unique_ptr<HubPreparation>& entry = hub_models_[{link.name, HubModelRefText(ref)}];
+    if (entry == nullptr) {
+      entry = std::make_unique<HubPreparation>();
+      entry->node = link.name;
+      entry->model = HubModelRefText(ref);
+    }
+    preparation = entry.get();
+    switch (preparation->state) {
+      case HubPreparation::State::kReady:
+        return true;
+      case HubPreparation::State::kRunning:
+        preparation->experiments.insert(experiment_id);
+        return false;
+      case HubPreparation::State::kFailed:
+        // The trials that waited for it fail with its error; a later experiment tries again.
+        if (preparation->experiments.contains(experiment_id)) return preparation->failure;
+        preparation->experiments.clear();
+        break;
+      case HubPreparation::State::kIdle:
+        if (now < preparation->retry_at) {
+          preparation->experiments.insert(experiment_id);
+          return false;
+        }
+        break;
+    }
+    stub = link.stub;
+    if (stub == nullptr) return false;
+    preparation->experiments.insert(experiment_id);
+    preparation->state = HubPreparation::State::kRunning;
+  }
+  // Not running: any earlier thread has finished its work.
+  if (preparation->thread.joinable()) preparation->thread.join();
+  spdlog::info("node {}: preparing {}", link.name, preparation->model);
+  preparation->thread = std::thread([this, preparation, stub = std::move(stub), ref] {
+    PrepareHubModel(*preparation, stub, ref);
+  });
+  return false;
+}
+
+void Dispatcher::PrepareHubModel(HubPreparation& preparation, std::shared_ptr<v1::Agent::Stub> stub,
+                                 HubModelRef ref) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + options_.prepare_deadline);
+  {
+    std::lock_guard lock(mutex_);
+    preparation.context = &context;
+  }
+  v1::PrepareHubModelRequest request;
+  request.set_repo(ref.repo);
+  request.set_revision(ref.revision);
+  v1::PrepareHubModelResponse response;
+  // Stop() may have cancelled the context before it was published: then this call is cut short by
+  // the stopping flag below instead.
+  bool stopping;
+  {
+    std::lock_guard lock(mutex_);
+    stopping = stopping_;
+  }
+  const grpc::Status prepared =
+      stopping ? grpc::Status(grpc::StatusCode::CANCELLED, "the controller is stopping")
+               : stub->PrepareHubModel(&context, request, &response);
+  {
+    std::lock_guard lock(mutex_);
+    preparation.context = nullptr;
+    if (prepared.ok()) {
+      preparation.state = HubPreparation::State::kReady;
+      preparation.backoff = std::chrono::milliseconds(0);
+      spdlog::info("node {}: {} is ready ({} bytes in {})", preparation.node, preparation.model,
+                   response.bytes(), response.path());
+    } else if (IsPermanentPrepareFailure(prepared.error_code())) {
+      preparation.state = HubPreparation::State::kFailed;
+      preparation.failure = rpc::FromGrpcStatus(prepared).WithContext(
+          "preparing " + preparation.model + " on node " + preparation.node);
+      spdlog::warn("{}", preparation.failure.message());
+    } else {
+      preparation.state = HubPreparation::State::kIdle;
+      preparation.backoff = preparation.backoff.count() == 0
+                                ? options_.backoff_initial
+                                : std::min(preparation.backoff * 2, options_.backoff_max);
+      preparation.retry_at = clock_.Now() + preparation.backoff;
+      spdlog::warn("node {}: preparing {} failed, trying again in {} ms: {}", preparation.node,
+                   preparation.model, preparation.backoff.count(), prepared.error_message());
+    }
+  }
+  Wake();
+}
+
+void Dispatcher::WatchLeases(const std::vector<store::NodeRecord>& nodes,
+                             const std::vector<store::RunningAttempt>& running, store::Time now) {
+  std::map<std::string, std::string> notices;
+  for (const store::NodeRecord& node : nodes) {
+    if (!node.lease.has_value() || now < node.lease->ends - options_.lease_warning) continue;
+    const std::string ends = "node " + node.name + "'s lease " + node.lease->name + " ends at " +
+                             FormatUtc(node.lease->ends);
+    const std::string notice = ends + "; its trials are stopped at " +
+                               FormatUtc(node.lease->ends - options_.lease_stop_margin) +
+                               " (llmctl lease extend " + node.lease->name + " gives it more time)";
+    notices[node.name] = notice;
+    {
+      std::lock_guard lock(mutex_);
+      if (!node_notices_.contains(node.name)) spdlog::warn("{}", notice);
+    }
+    if (now < node.lease->ends - options_.lease_stop_margin) continue;
+    for (const store::RunningAttempt& attempt : running) {
+      if (attempt.node != node.name) continue;
+      std::shared_ptr<v1::Agent::Stub> stub;
+      {
+        std::lock_guard lock(mutex_);
+        const AttemptKey key{attempt.trial_id, attempt.attempt};
+        if (lease_stops_.contains(key)) continue;
+        lease_stops_[key] = ends + ": stopped before it does";
+        auto link = links_.find(node.name);
+        if (link != links_.end()) stub = link->second->stub;
+      }
+      auto trial = store_.GetTrial(attempt.trial_id);
+      if (!trial.ok()) continue;
+      spdlog::warn("{} on node {}: {}: stopping it", AttemptName(attempt), node.name, ends);
+      // Unreachable: the attempt is declared lost and requeued like any other.
+      if (stub != nullptr) CancelRun(attempt, trial->name, *stub);
+    }
+  }
+  std::lock_guard lock(mutex_);
+  node_notices_ = std::move(notices);
+}
+
+void Dispatcher::CancelRun(const store::RunningAttempt& attempt, const std::string& trial_name,
+                           v1::Agent::Stub& stub) {
+  v1::CancelRunRequest request;
+  request.mutable_key()->set_experiment_id(attempt.experiment_id);
+  request.mutable_key()->set_trial(trial_name);
+  request.mutable_key()->set_attempt(static_cast<int32_t>(attempt.attempt));
+  v1::RunState state;
+  auto context = CallContext();
+  const grpc::Status cancelled = stub.CancelRun(context.get(), request, &state);
+  if (!cancelled.ok()) {
+    spdlog::warn("{} on node {}: CancelRun failed: {}", AttemptName(attempt), attempt.node,
+                 cancelled.error_message());
+  }
 }
 
 Status Dispatcher::EnsureBlobs(v1::Agent::Stub& stub, const InputTreeSpec& tree) {
@@ -590,6 +824,13 @@ void Dispatcher::ReadStream(Stream& stream, v1::Agent::Stub& stub) {
         const v1::RunEnded& end = response.ended();
         std::string error = end.error();
         if (end.outcome() == "invalid" && error.empty()) error = "the trainer refused the config";
+        {
+          std::lock_guard lock(mutex_);
+          auto stopped = lease_stops_.find({attempt.trial_id, attempt.attempt});
+          if (stopped != lease_stops_.end() && end.outcome() == "cancelled") {
+            error = stopped->second;
+          }
+        }
         result =
             store_.FinishAttempt(attempt.trial_id, attempt.attempt, OutcomeState(end.outcome()),
                                  end.exit_code(), error, clock_.Now());
@@ -668,17 +909,7 @@ StatusOr<std::vector<std::string>> Dispatcher::Cancel(int64_t experiment_id,
       if (link != links_.end()) stub = link->second->stub;
     }
     if (stub == nullptr) continue;  // ends as cancelled when the attempt is declared lost
-    v1::CancelRunRequest request;
-    request.mutable_key()->set_experiment_id(attempt.experiment_id);
-    request.mutable_key()->set_trial(names[attempt.trial_id]);
-    request.mutable_key()->set_attempt(static_cast<int32_t>(attempt.attempt));
-    v1::RunState state;
-    auto context = CallContext();
-    const grpc::Status cancelled = stub->CancelRun(context.get(), request, &state);
-    if (!cancelled.ok()) {
-      spdlog::warn("{} on node {}: CancelRun failed: {}", AttemptName(attempt), attempt.node,
-                   cancelled.error_message());
-    }
+    CancelRun(attempt, names[attempt.trial_id], *stub);
   }
   changes_.Notify();
   Wake();

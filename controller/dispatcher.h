@@ -16,6 +16,17 @@
 //      agent the blobs of its inputs that it lacks, calls RunTrial, then StartAttempt. In that
 //      order a crash in between is harmless: the trial is still queued, is placed again, and
 //      RunTrial is idempotent on its key (same trial, same attempt number).
+//      A trial whose model is on the Hugging Face hub (hf:ORG/NAME@REV) first needs the agent to
+//      download it: PrepareHubModel runs on a thread of its own (once per node and model, with
+//      prepare_deadline), the trial stays queued meanwhile and other placements go on. UNAVAILABLE
+//      or DEADLINE_EXCEEDED (and other codes retrying can help) → prepared again after a backoff;
+//      NOT_FOUND, PERMISSION_DENIED, UNAUTHENTICATED, FAILED_PRECONDITION, DATA_LOSS and
+//      INVALID_ARGUMENT → the trial fails with the agent's message;
+//   6. watches the end of each node's cloud lease: from lease_warning before it, a warning (logged
+//      once, and NodeNotice for the status the CLI shows) and no new trial on that node; from
+//      lease_stop_margin before it, CancelRun for each trial running there (llm-train stops at
+//      the next micro-batch; its last periodic checkpoint, if any, stays in its output_dir), which
+//      then ends cancelled with "node N's lease L ends at ...".
 // Time comes from the injected Clock, so tests drive rounds and timeouts by hand.
 //
 // Thread-safe. Start() runs rounds on a thread of its own; the stream readers have a thread each.
@@ -34,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/model_config.h"
 #include "common/status.h"
 #include "controller/blob_store.h"
 #include "controller/change_notifier.h"
@@ -60,6 +72,10 @@ struct DispatcherOptions {
   std::chrono::milliseconds backoff_initial = std::chrono::seconds(1);
   std::chrono::milliseconds backoff_max = std::chrono::seconds(30);
   int64_t upload_chunk_bytes = 1 << 20;
+  // A model download can take hours for a 13B model on a slow link.
+  std::chrono::milliseconds prepare_deadline = std::chrono::hours(6);
+  std::chrono::milliseconds lease_warning = std::chrono::minutes(30);
+  std::chrono::milliseconds lease_stop_margin = std::chrono::minutes(10);
 };
 
 class Dispatcher {
@@ -93,10 +109,18 @@ class Dispatcher {
   // How many stream readers are running now (for tests and the node list).
   int ActiveStreams();
 
+  // How many hub model downloads are in flight now (for tests).
+  int HubPreparationsInFlight();
+
+  // A warning about `node` for the trials running there ("" when none): its lease ends soon.
+  std::string NodeNotice(const std::string& node);
+
  private:
   struct Link;
   struct Stream;
-  using AttemptKey = std::pair<int64_t, int64_t>;  // (trial id, attempt)
+  struct HubPreparation;
+  using AttemptKey = std::pair<int64_t, int64_t>;      // (trial id, attempt)
+  using HubKey = std::pair<std::string, std::string>;  // (node, "hf:ORG/NAME@REV")
 
   Link* EnsureLink(const store::NodeRecord& node, store::Time now);
   void CheckHealth(Link& link, store::Time now);
@@ -108,6 +132,16 @@ class Dispatcher {
   Status Launch(const store::TrialRecord& trial, Link& link, const std::vector<int64_t>& devices,
                 store::Time now);
   Status EnsureBlobs(v1::Agent::Stub& stub, const InputTreeSpec& tree);
+  // True when the link's node has the model; false while it is being prepared (started here if
+  // need be); the agent's error when preparing it cannot succeed.
+  StatusOr<bool> EnsureHubModel(Link& link, const std::string& model, int64_t experiment_id,
+                                store::Time now);
+  void PrepareHubModel(HubPreparation& preparation, std::shared_ptr<v1::Agent::Stub> stub,
+                       HubModelRef ref);
+  void WatchLeases(const std::vector<store::NodeRecord>& nodes,
+                   const std::vector<store::RunningAttempt>& running, store::Time now);
+  void CancelRun(const store::RunningAttempt& attempt, const std::string& trial_name,
+                 v1::Agent::Stub& stub);
   void ReadStream(Stream& stream, v1::Agent::Stub& stub);
   void StopStream(const AttemptKey& key);
   std::unique_ptr<grpc::ClientContext> CallContext() const;
@@ -129,6 +163,11 @@ class Dispatcher {
   std::map<AttemptKey, std::unique_ptr<Stream>> streams_;  // guarded by mutex_
   // The device indices of the attempts this controller started; guarded by mutex_.
   std::map<AttemptKey, std::vector<int64_t>> devices_;
+  std::map<HubKey, std::unique_ptr<HubPreparation>> hub_models_;  // guarded by mutex_, never erased
+  // Nodes whose lease ends soon → the warning; guarded by mutex_.
+  std::map<std::string, std::string> node_notices_;
+  // Attempts stopped because their node's lease ends → why; guarded by mutex_.
+  std::map<AttemptKey, std::string> lease_stops_;
   std::thread thread_;
 };
 

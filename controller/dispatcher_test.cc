@@ -55,6 +55,11 @@ struct FakeAgentState {
   bool script_ends = true;
   // The next stream breaks after sending this many events (0: never).
   int drop_after = 0;
+  // PrepareHubModel: the requests seen, the answers to give in order (then OK), and whether a
+  // call waits until `prepare_open` is set.
+  std::vector<v1::PrepareHubModelRequest> prepared;
+  std::vector<grpc::Status> prepare_results;
+  bool prepare_open = true;
 
   void AddLinesAndEnd(const std::string& run, const std::vector<std::string>& lines,
                       const std::string& outcome) {
@@ -103,6 +108,24 @@ class FakeAgent final : public v1::Agent::Service {
     state_.blobs.insert(sha);
     response->set_sha256(sha);
     return grpc::Status::OK;
+  }
+  grpc::Status PrepareHubModel(grpc::ServerContext* context,
+                               const v1::PrepareHubModelRequest* request,
+                               v1::PrepareHubModelResponse* response) override {
+    std::unique_lock lock(state_.mutex);
+    state_.prepared.push_back(*request);
+    state_.changed.notify_all();
+    while (!state_.prepare_open && !context->IsCancelled()) {
+      state_.changed.wait_for(lock, milliseconds(20));
+    }
+    if (context->IsCancelled()) return grpc::Status::CANCELLED;
+    grpc::Status result = grpc::Status::OK;
+    if (!state_.prepare_results.empty()) {
+      result = state_.prepare_results.front();
+      state_.prepare_results.erase(state_.prepare_results.begin());
+    }
+    response->set_path("/cache/models/" + request->repo());
+    return result;
   }
   grpc::Status RunTrial(grpc::ServerContext*, const v1::RunTrialRequest* request,
                         v1::RunState* state) override {
@@ -255,10 +278,12 @@ class DispatcherTest : public testing::Test {
     agent_.reset();
   }
 
-  int64_t SubmitOne() {
+  int64_t SubmitOne(std::string_view model = "llmctl-demo") {
+    std::string text(kExperiment);
+    text.replace(text.find("llmctl-demo"), std::string_view("llmctl-demo").size(), model);
     v1::SubmitRequest request;
     request.set_filename("one.yaml");
-    request.set_yaml_text(std::string(kExperiment));
+    request.set_yaml_text(text);
     v1::SubmitResponse response;
     grpc::ClientContext context;
     EXPECT_TRUE(controller_->Submit(&context, request, &response).ok());
@@ -298,6 +323,36 @@ class DispatcherTest : public testing::Test {
   }
 
   void Tick() { daemon_->dispatcher().Tick(); }
+
+  size_t PrepareCalls() {
+    std::lock_guard lock(agent_state_.mutex);
+    return agent_state_.prepared.size();
+  }
+  int InFlightPrepares() { return daemon_->dispatcher().HubPreparationsInFlight(); }
+  size_t RunsStarted() {
+    std::lock_guard lock(agent_state_.mutex);
+    return agent_state_.runs.size();
+  }
+  v1::ExperimentStatus StatusOf(int64_t experiment) {
+    grpc::ClientContext context;
+    v1::GetExperimentRequest request;
+    request.set_experiment_id(experiment);
+    v1::ExperimentStatus status;
+    EXPECT_TRUE(controller_->GetExperiment(&context, request, &status).ok());
+    return status;
+  }
+  grpc::Status SetLease(std::string_view node, store::Time ends) {
+    grpc::ClientContext context;
+    v1::UpdateNodeRequest request;
+    request.set_name(std::string(node));
+    request.mutable_lease()->set_name("lab-lease");
+    request.mutable_lease()->set_site("KVM@TACC");
+    request.mutable_lease()->set_flavor("g1.h100.pci.1");
+    request.mutable_lease()->set_ends_unix(
+        std::chrono::duration_cast<seconds>(ends.time_since_epoch()).count());
+    v1::NodeStatus status;
+    return controller_->UpdateNode(&context, request, &status);
+  }
 
   ManualClock clock_{store::Time(seconds(1'700'000'000))};
   std::string root_;
@@ -586,6 +641,129 @@ TEST_F(DispatcherTest, NoTokenAppearsInTheLogsOrTheDatabase) {
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_EQ(bytes.find(token), std::string::npos) << entry.path();
   }
+}
+
+TEST_F(DispatcherTest, AHubModelIsPreparedOnceOnTheNodeBeforeItsTrialRuns) {
+  agent_state_.prepare_open = false;
+  const int64_t experiment = SubmitOne("hf:TinyLlama/TinyLlama-1.1B@abc123");
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return PrepareCalls() == 1; }));
+  // The download goes on in the background: the round is over and the trial waits, queued.
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  Tick();
+  EXPECT_EQ(PrepareCalls(), 1u) << "one download per node and model";
+  EXPECT_EQ(RunsStarted(), 0u);
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    EXPECT_EQ(agent_state_.prepared[0].repo(), "TinyLlama/TinyLlama-1.1B");
+    EXPECT_EQ(agent_state_.prepared[0].revision(), "abc123");
+    agent_state_.prepare_open = true;
+  }
+  agent_state_.changed.notify_all();
+  // The finished download wakes the dispatcher; these rounds stand in for the woken thread.
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return RunsStarted() == 1;
+  }));
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+
+  // A second experiment with the same model finds it there.
+  const int64_t again = SubmitOne("hf:TinyLlama/TinyLlama-1.1B@abc123");
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(again).state == store::TrialState::kOk; }));
+  EXPECT_EQ(PrepareCalls(), 1u);
+}
+
+TEST_F(DispatcherTest, AHubDownloadThatMayRecoverIsRetriedAfterTheBackoff) {
+  agent_state_.prepare_results = {grpc::Status(grpc::StatusCode::UNAVAILABLE, "hub 503"),
+                                  grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "slow")};
+  const int64_t experiment = SubmitOne("hf:org/tiny");
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return PrepareCalls() == 1 && InFlightPrepares() == 0; }));
+  Tick();  // within the backoff (1 s)
+  EXPECT_EQ(InFlightPrepares(), 0);
+  EXPECT_EQ(PrepareCalls(), 1u);
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return PrepareCalls() == 2 && InFlightPrepares() == 0; }));
+  clock_.Advance(seconds(1));
+  Tick();  // the backoff doubled
+  EXPECT_EQ(InFlightPrepares(), 0);
+  EXPECT_EQ(PrepareCalls(), 2u);
+  clock_.Advance(seconds(1));
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return RunsStarted() == 1;
+  }));
+  EXPECT_EQ(PrepareCalls(), 3u);
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    EXPECT_EQ(agent_state_.prepared[2].revision(), "main");
+  }
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+}
+
+TEST_F(DispatcherTest, AHubModelThatCannotBePreparedFailsItsTrialWithTheAgentsMessage) {
+  agent_state_.prepare_results = {
+      grpc::Status(grpc::StatusCode::NOT_FOUND, "hf:org/missing@main: the hub has no such repo")};
+  const int64_t experiment = SubmitOne("hf:org/missing");
+  Tick();
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return OnlyTrial(experiment).state == store::TrialState::kFailed;
+  }));
+  EXPECT_EQ(RunsStarted(), 0u);
+  const v1::ExperimentStatus status = StatusOf(experiment);
+  ASSERT_EQ(status.trials_size(), 1);
+  EXPECT_NE(status.trials(0).error().find("preparing hf:org/missing@main on node n1"),
+            std::string::npos)
+      << status.trials(0).error();
+  EXPECT_NE(status.trials(0).error().find("the hub has no such repo"), std::string::npos);
+  EXPECT_EQ(PrepareCalls(), 1u);
+}
+
+TEST_F(DispatcherTest, BeforeItsLeaseEndsANodeWarnsThenStopsItsTrialsAndTakesNoNewOnes) {
+  agent_state_.script = {StepLine(0)};
+  agent_state_.script_ends = false;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 1; }));
+  const store::Time ends = clock_.Now() + std::chrono::minutes(45);
+  ASSERT_TRUE(SetLease("n1", ends).ok());
+  EXPECT_EQ(SetLease("nobody", ends).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  Tick();  // 45 min left: nothing to say yet
+  EXPECT_EQ(StatusOf(experiment).trials(0).notice(), "");
+
+  clock_.Advance(std::chrono::minutes(20));  // 25 min left: the warning
+  Tick();
+  const std::string notice = StatusOf(experiment).trials(0).notice();
+  EXPECT_NE(notice.find("node n1's lease lab-lease ends at"), std::string::npos) << notice;
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kRunning);
+  const int64_t later = SubmitOne();
+  Tick();
+  EXPECT_EQ(OnlyTrial(later).state, store::TrialState::kQueued) << "no new trial on that node";
+
+  clock_.Advance(std::chrono::minutes(16));  // 9 min left: stopped
+  Tick();
+  ASSERT_TRUE(
+      Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
+  const v1::ExperimentStatus status = StatusOf(experiment);
+  EXPECT_NE(status.trials(0).error().find("lease lab-lease ends at"), std::string::npos)
+      << status.trials(0).error();
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    EXPECT_EQ(agent_state_.cancelled,
+              std::vector<std::string>{std::to_string(experiment) + "/one#1"});
+  }
+  EXPECT_EQ(OnlyTrial(later).state, store::TrialState::kQueued);
+
+  // The lease was extended: the node takes trials again.
+  ASSERT_TRUE(SetLease("n1", clock_.Now() + std::chrono::hours(3)).ok());
+  agent_state_.script = {StepLine(0), kResultLine};
+  agent_state_.script_ends = true;
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(later).state == store::TrialState::kOk; }));
 }
 
 }  // namespace

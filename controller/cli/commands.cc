@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "common/atomic_file.h"
@@ -25,6 +27,7 @@
 #include "controller/cli/report.h"
 #include "controller/cli/watch_view.h"
 #include "controller/openstack/lease_cli.h"
+#include "controller/openstack/node_cli.h"
 #include "llmctl/v1/controller.grpc.pb.h"
 #include "rpc/status.h"
 
@@ -179,7 +182,17 @@ class Llmctl {
   // controller goes away for a while. The last status.
   StatusOr<v1::ExperimentStatus> Follow(v1::Controller::Stub& stub, int64_t id);
 
-  int Submit(const std::string& file, bool wait);
+  int Submit(const std::string& file, bool wait, bool provision,
+             const std::vector<std::string>& node_flags);
+  // OK when a registered node's lease matches the experiment's target, or after --provision made
+  // one; FailedPrecondition saying what to run otherwise.
+  Status EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& experiment, bool provision,
+                          const std::vector<std::string>& node_flags);
+  int Lease(const std::vector<std::string>& args, std::ostream& out);
+  int Node(const std::vector<std::string>& args, std::ostream& out);
+  // Tells the controller where `node up`'s agent is and on which lease, then waits until the
+  // controller reaches it.
+  Status AwaitAgent(const openstack::NodeUp& up, std::ostream& out);
   int ShowStatus(int64_t id);
   int Watch(int64_t id);
   int Cancel(int64_t id, const std::string& trial);
@@ -237,7 +250,8 @@ StatusOr<v1::ExperimentStatus> Llmctl::Follow(v1::Controller::Stub& stub, int64_
   }
 }
 
-int Llmctl::Submit(const std::string& file, bool wait) {
+int Llmctl::Submit(const std::string& file, bool wait, bool provision,
+                   const std::vector<std::string>& node_flags) {
   StatusOr<std::string> text = ReadFileToString(file, kMaxExperimentFileBytes);
   if (!text.ok()) return Fail(InvalidArgumentError(file + ": " + text.status().message()));
   // Locally first, with the files on this machine, exactly as llm-train would: nothing is sent
@@ -251,6 +265,13 @@ int Llmctl::Submit(const std::string& file, bool wait) {
 
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
+  if (!checked->target.empty()) {
+    const Status placed = EnsureTargetNode(**stub, *checked, provision, node_flags);
+    if (!placed.ok()) return Fail(placed.WithContext(file + ": target"));
+  } else if (provision) {
+    return Fail(
+        InvalidArgumentError(file + ": --provision needs a `target: {site, flavor}` in it"));
+  }
   StatusOr<UploadSummary> uploaded = UploadMissingBlobs(**stub, inputs->blobs);
   if (!uploaded.ok()) return Fail(uploaded.status());
 
@@ -279,6 +300,149 @@ int Llmctl::Submit(const std::string& file, bool wait) {
   if (!reported.ok()) return Fail(reported);
   context_.out << "\n" << RenderReport(report, ReportFormat::kTable);
   return CountUnexpectedOutcomes(report) > 0 ? kExitFailed : kExitOk;
+}
+
+Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& experiment,
+                                bool provision, const std::vector<std::string>& node_flags) {
+  for (const auto& [key, value] : experiment.target) {
+    if (key != "site" && key != "flavor") {
+      return InvalidArgumentError("unknown key '" + key + "' (target takes site and flavor)");
+    }
+  }
+  const auto target_value = [&](const char* key) {
+    auto found = experiment.target.find(key);
+    return found == experiment.target.end() ? std::string() : found->second;
+  };
+  const std::string site = target_value("site");
+  const std::string flavor = target_value("flavor");
+  if (flavor.empty()) return InvalidArgumentError("the target needs a flavor");
+  v1::ListNodesResponse nodes;
+  RETURN_IF_ERROR(
+      rpc::FromGrpcStatus(stub.ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes)));
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  for (const v1::NodeStatus& node : nodes.nodes()) {
+    if (!node.has_lease() || node.lease().flavor() != flavor) continue;
+    if (!site.empty() && node.lease().site() != site) continue;
+    if (node.lease().ends_unix() <= now) continue;
+    context_.err << "target " << flavor << ": node " << node.name() << " (lease "
+                 << node.lease().name() << ")\n";
+    return Status::Ok();
+  }
+  const std::string lease = ProvisionLeaseName(experiment.name, flavor);
+  std::vector<std::string> create = {"create", "--flavor", flavor, "--name", lease, "--wait"};
+  if (!site.empty()) create.insert(create.end(), {"--site", site});
+  std::vector<std::string> up = {"up", "--lease", lease};
+  up.insert(up.end(), node_flags.begin(), node_flags.end());
+  if (!site.empty()) up.insert(up.begin(), {"--site", site});
+  if (!provision) {
+    std::string create_line = "llmctl lease", up_line = "llmctl node";
+    for (const std::string& word : create) create_line += " " + word;
+    for (const std::string& word : up) up_line += " " + word;
+    return FailedPreconditionError(
+        "no node of the controller's is on a lease of " + flavor +
+        (site.empty() ? "" : " at " + site) +
+        ". `llmctl submit --provision` makes one (it spends your allocation), or run: " +
+        create_line + " && " + up_line + (node_flags.empty() ? " --agent-image REF" : ""));
+  }
+  context_.err << "provisioning lease " << lease << " and its node for target " << flavor << "\n";
+  // Rerunning finds the lease of the earlier run by its name instead of making another.
+  std::vector<std::string> show = {"show", lease};
+  if (!site.empty()) show.insert(show.end(), {"--site", site});
+  std::ostringstream ignored;
+  if (Lease(show, ignored) != kExitOk && Lease(create, context_.err) != kExitOk) {
+    return FailedPreconditionError("lease " + lease + " could not be made (see above)");
+  }
+  if (Node(up, context_.err) != kExitOk) {
+    return FailedPreconditionError("node " + lease + " could not be brought up (see above)");
+  }
+  return Status::Ok();
+}
+
+int Llmctl::Lease(const std::vector<std::string>& args, std::ostream& out) {
+  openstack::LeaseCommandContext lease_context;
+  lease_context.env = [this](const std::string& name) { return context_.env(name); };
+  if (context_.cloud_clock != nullptr) lease_context.clock = context_.cloud_clock;
+  return openstack::RunLeaseCommand(args, out, context_.err, lease_context);
+}
+
+int Llmctl::Node(const std::vector<std::string>& args, std::ostream& out) {
+  openstack::NodeCommandContext node_context;
+  node_context.env = [this](const std::string& name) { return context_.env(name); };
+  if (context_.cloud_clock != nullptr) node_context.clock = context_.cloud_clock;
+  node_context.issue_agent_secrets =
+      [this](const std::string& node) -> StatusOr<openstack::AgentSecrets> {
+    ASSIGN_OR_RETURN(std::unique_ptr<v1::Controller::Stub> stub, Connect());
+    // The floating IP comes after the server, so the address follows with UpdateNode.
+    v1::RegisterNodeRequest request;
+    request.set_name(node);
+    v1::NodeCredentials issued;
+    RETURN_IF_ERROR(
+        rpc::FromGrpcStatus(stub->RegisterNode(UnaryContext().get(), request, &issued)));
+    return openstack::AgentSecrets{.ca_pem = issued.ca_certificate_pem(),
+                                   .certificate_pem = issued.certificate_pem(),
+                                   .private_key_pem = issued.private_key_pem(),
+                                   .token = issued.token()};
+  };
+  node_context.node_up = [this, &out](const openstack::NodeUp& up) { return AwaitAgent(up, out); };
+  return openstack::RunNodeCommand(args, out, context_.err, node_context);
+}
+
+Status Llmctl::AwaitAgent(const openstack::NodeUp& up, std::ostream& out) {
+  const std::string address = up.node.AgentAddress();
+  if (address.empty()) {
+    return FailedPreconditionError("node " + up.node.name +
+                                   " has no agent address yet (no floating IP or agent port)");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<v1::Controller::Stub> stub, Connect());
+  v1::UpdateNodeRequest request;
+  request.set_name(up.node.name);
+  request.set_address(address);
+  v1::NodeLease* lease = request.mutable_lease();
+  lease->set_name(up.lease.name);
+  lease->set_site(up.site);
+  lease->set_flavor(up.flavor);
+  lease->set_ends_unix(
+      std::chrono::duration_cast<std::chrono::seconds>(up.lease.end.time_since_epoch()).count());
+  v1::NodeStatus updated;
+  const Status told =
+      rpc::FromGrpcStatus(stub->UpdateNode(UnaryContext().get(), request, &updated));
+  if (told.code() == StatusCode::kNotFound) {
+    return FailedPreconditionError(
+        "the controller does not know node " + up.node.name +
+        " (its server was made for another controller): llmctl node down " + up.node.name +
+        ", then node up again");
+  }
+  RETURN_IF_ERROR(told);
+  const auto minutes =
+      std::chrono::duration_cast<std::chrono::minutes>(context_.agent_ready_timeout);
+  out << "waiting for the agent at " << address << " (up to " << minutes.count()
+      << " min: cloud-init installs Docker and the agent first)\n"
+      << std::flush;
+  const auto deadline = std::chrono::steady_clock::now() + context_.agent_ready_timeout;
+  while (true) {
+    v1::ListNodesResponse nodes;
+    RETURN_IF_ERROR(
+        rpc::FromGrpcStatus(stub->ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes)));
+    for (const v1::NodeStatus& node : nodes.nodes()) {
+      if (node.name() == up.node.name && node.state() == "connected") {
+        out << "node " << node.name() << ": the agent answers (" << node.devices_size()
+            << " devices)\n";
+        return Status::Ok();
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status(
+          StatusCode::kDeadlineExceeded,
+          "the controller could not reach node " + up.node.name + "'s agent at " + address +
+              " within " + std::to_string(minutes.count()) +
+              " min; the server is up: look at its console log (openstack console log show " +
+              openstack::NamesForNode(up.node.name).server + ") and run `llmctl node up --lease " +
+              up.lease.name + "` again to wait once more");
+    }
+    std::this_thread::sleep_for(context_.agent_poll_interval);
+  }
 }
 
 int Llmctl::ShowStatus(int64_t id) {
@@ -417,7 +581,7 @@ int Llmctl::Nodes() {
       rpc::FromGrpcStatus((*stub)->ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes));
   if (!listed.ok()) return Fail(listed);
   std::vector<std::vector<std::string>> rows = {
-      {"node", "state", "address", "devices", "last seen", "running"}};
+      {"node", "state", "address", "devices", "last seen", "lease ends", "running"}};
   for (const v1::NodeStatus& node : nodes.nodes()) {
     std::map<std::string, int> device_counts;  // "cuda NVIDIA H100 PCIe 79.6 GiB" -> count
     for (const v1::Device& device : node.devices()) {
@@ -433,6 +597,7 @@ int Llmctl::Nodes() {
     }
     rows.push_back({node.name(), node.state(), node.address(), devices.empty() ? "–" : devices,
                     node.last_seen_unix() > 0 ? FormatUnixTime(node.last_seen_unix()) : "never",
+                    node.has_lease() ? FormatUnixTime(node.lease().ends_unix()) : "–",
                     node.running().empty() ? "–" : node.running()});
   }
   context_.out << Columns(rows);
@@ -474,9 +639,9 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   CLI::App app(kDescription, "llmctl");
   app.require_subcommand(1);
 
-  std::string file, trial, format = "table", output, to, action;
+  std::string file, trial, format = "table", output, to, action, agent_image;
   int64_t id = 0;
-  bool wait = false;
+  bool wait = false, provision = false;
 
   CLI::App* submit = app.add_subcommand(
       "submit", "Validate an experiment file, upload its local inputs, start it; prints its id");
@@ -484,6 +649,11 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   submit->add_flag("--wait", wait,
                    "Follow it live, print the report, exit 1 when a trial's outcome differs "
                    "from its expect:");
+  submit->add_flag("--provision", provision,
+                   "When no node is on a lease matching the file's target: {site, flavor}, "
+                   "create the lease and bring up its node first (spends your allocation)");
+  submit->add_option("--agent-image", agent_image,
+                     "With --provision: the agent image the new node pulls");
 
   CLI::App* status = app.add_subcommand("status", "List experiments, or one experiment's trials");
   status->add_option("ID", id, "An experiment id (default: list them all)")
@@ -526,6 +696,11 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   lease->prefix_command();
   lease->set_help_flag();
 
+  CLI::App* node = app.add_subcommand(
+      "node", "Chameleon GPU nodes on a lease: up|list|show|down (llmctl node up --lease L ...)");
+  node->prefix_command();
+  node->set_help_flag();
+
   CLI::App* daemon =
       app.add_subcommand("daemon", "Start, stop or show the embedded llmctld and llm-agent");
   daemon->add_option("ACTION", action, "start, stop or status")
@@ -541,7 +716,11 @@ int Llmctl::Run(const std::vector<std::string>& args) {
     return code == static_cast<int>(CLI::ExitCodes::Success) ? kExitOk : kExitInvalidInput;
   }
 
-  if (submit->parsed()) return Submit(file, wait);
+  if (submit->parsed()) {
+    std::vector<std::string> node_flags;
+    if (!agent_image.empty()) node_flags = {"--agent-image", agent_image};
+    return Submit(file, wait, provision, node_flags);
+  }
   if (status->parsed()) return ShowStatus(id);
   if (watch->parsed()) return Watch(id);
   if (cancel->parsed()) return Cancel(id, trial);
@@ -549,16 +728,24 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   if (fetch->parsed()) return Fetch(id, trial, to);
   if (nodes->parsed()) return Nodes();
   if (daemon->parsed()) return Daemon(action);
-  if (lease->parsed()) {
-    openstack::LeaseCommandContext lease_context;
-    lease_context.env = [this](const std::string& name) { return context_.env(name); };
-    return openstack::RunLeaseCommand(lease->remaining(), context_.out, context_.err,
-                                      lease_context);
-  }
+  if (lease->parsed()) return Lease(lease->remaining(), context_.out);
+  if (node->parsed()) return Node(node->remaining(), context_.out);
   return kExitInvalidInput;  // require_subcommand(1) makes this unreachable
 }
 
 }  // namespace
+
+std::string ProvisionLeaseName(std::string_view experiment, std::string_view flavor) {
+  std::string name = "llmctl-" + std::string(experiment) + "-" + std::string(flavor);
+  for (char& c : name) {
+    c = std::isalnum(static_cast<unsigned char>(c))
+            ? static_cast<char>(std::tolower(static_cast<unsigned char>(c)))
+            : '-';
+  }
+  name.resize(std::min<size_t>(name.size(), 63));
+  while (name.back() == '-') name.pop_back();
+  return name;
+}
 
 int ExitCodeFor(const Status& status) {
   switch (status.code()) {

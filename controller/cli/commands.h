@@ -1,5 +1,5 @@
-// The `llmctl` command line: submit, status, watch, cancel, report, fetch, nodes, daemon, and lease
-// (controller/openstack/lease_cli.h, same exit codes).
+// The `llmctl` command line: submit, status, watch, cancel, report, fetch, nodes, daemon, lease and
+// node (controller/openstack/lease_cli.h and node_cli.h, same exit codes).
 //
 // Exit codes (stable; scripts rely on them):
 //   0  success
@@ -17,6 +17,7 @@
 
 #include "common/status.h"
 #include "controller/cli/address.h"
+#include "controller/openstack/clock.h"
 
 namespace llmctl::cli {
 
@@ -40,7 +41,18 @@ struct CliContext {
   std::chrono::milliseconds daemon_ready_timeout{30000};
   // Between reconnects of a watch whose controller went away.
   std::chrono::milliseconds watch_retry_interval{1000};
+  // The cloud commands' clock (lease --wait, node up's polling); null: the system's.
+  openstack::Clock* cloud_clock = nullptr;
+  // How long `node up` waits for the controller to reach the node's agent (cloud-init installs
+  // Docker and the agent image first), and how often it asks.
+  std::chrono::milliseconds agent_ready_timeout = std::chrono::minutes(30);
+  std::chrono::milliseconds agent_poll_interval = std::chrono::seconds(5);
 };
+
+// The lease (and node) `submit --provision` makes for an experiment named `experiment` with
+// target flavor `flavor`: "llmctl-<experiment>-<flavor>" in lower case, other characters as '-',
+// at most 63 characters (a DNS label, as the node's certificate name needs).
+std::string ProvisionLeaseName(std::string_view experiment, std::string_view flavor);
 
 // Runs one command line (args[0] is the program name) and returns its exit code.
 int RunLlmctl(const std::vector<std::string>& args, CliContext& context);

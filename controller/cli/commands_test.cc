@@ -62,6 +62,12 @@ class FakeController final : public v1::Controller::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status ListNodes(grpc::ServerContext*, const v1::ListNodesRequest*,
+                         v1::ListNodesResponse* response) override {
+    std::lock_guard lock(mutex_);
+    *response = nodes_;
+    return grpc::Status::OK;
+  }
   grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest* request,
                       v1::SubmitResponse* response) override {
     std::lock_guard lock(mutex_);
@@ -116,6 +122,7 @@ class FakeController final : public v1::Controller::Service {
   std::map<std::string, std::string> uploaded_;
   std::map<std::string, std::vector<size_t>> upload_chunk_sizes_;
   std::optional<v1::SubmitRequest> submitted_;
+  v1::ListNodesResponse nodes_;
   std::vector<v1::ExperimentStatus> watch_;
   v1::ReportResponse report_;
   std::vector<v1::ArtifactChunk> artifacts_;
@@ -343,6 +350,61 @@ TEST_F(CommandsTest, CancelNamesWhatWasCancelled) {
 TEST_F(CommandsTest, LeaseHandsItsWordsAndEnvironmentToTheLeaseCommands) {
   EXPECT_EQ(Run({"lease", "list"}), kExitInvalidInput);
   EXPECT_NE(err_.str().find("OS_AUTH_URL is not set"), std::string::npos) << err_.str();
+}
+
+TEST_F(CommandsTest, NodeHandsItsWordsAndEnvironmentToTheNodeCommands) {
+  EXPECT_EQ(Run({"node", "list"}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("OS_AUTH_URL is not set"), std::string::npos) << err_.str();
+  EXPECT_EQ(Run({"node", "up"}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("--lease is required"), std::string::npos) << err_.str();
+}
+
+TEST(ProvisionLeaseNameTest, IsADnsLabelFromTheExperimentAndFlavor) {
+  EXPECT_EQ(ProvisionLeaseName("Single GPU", "g1.h100.pci.1"), "llmctl-single-gpu-g1-h100-pci-1");
+  const std::string long_name = ProvisionLeaseName(std::string(80, 'x'), "g1.h100.pci.1");
+  EXPECT_EQ(long_name.size(), 63u);
+  EXPECT_EQ(ProvisionLeaseName(std::string(55, 'x') + "._", "f"),
+            "llmctl-" + std::string(55, 'x'));  // no trailing '-'
+}
+
+TEST_F(CommandsTest, ATargetWithNoMatchingNodeSaysWhatToRunAndSubmitsNothing) {
+  Write("gpu.yaml",
+        "name: single\n"
+        "target: {site: KVM@TACC, flavor: g1.h100.pci.1}\n"
+        "model: llmctl-demo\n"
+        "init: random\n"
+        "data: {path: synthetic}\n");
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* other = fake_.nodes_.add_nodes();  // a lease of another flavor
+    other->set_name("a100");
+    other->mutable_lease()->set_flavor("g1.a100.pci.1");
+    other->mutable_lease()->set_site("KVM@TACC");
+    other->mutable_lease()->set_ends_unix(4'000'000'000);
+  }
+  EXPECT_EQ(Run({"submit", (dir_ / "gpu.yaml").string()}), kExitFailed);
+  EXPECT_NE(err_.str().find("no node of the controller's is on a lease of g1.h100.pci.1 at "
+                            "KVM@TACC. `llmctl submit --provision`"),
+            std::string::npos)
+      << err_.str();
+  EXPECT_NE(err_.str().find("llmctl lease create --flavor g1.h100.pci.1 --name "
+                            "llmctl-single-g1-h100-pci-1 --wait --site KVM@TACC && llmctl node "
+                            "--site KVM@TACC up --lease llmctl-single-g1-h100-pci-1"),
+            std::string::npos)
+      << err_.str();
+  {
+    std::lock_guard lock(fake_.mutex_);
+    EXPECT_FALSE(fake_.submitted_.has_value());
+    v1::NodeStatus* node = fake_.nodes_.add_nodes();
+    node->set_name("llmctl-single-g1-h100-pci-1");
+    node->mutable_lease()->set_flavor("g1.h100.pci.1");
+    node->mutable_lease()->set_site("KVM@TACC");
+    node->mutable_lease()->set_ends_unix(4'000'000'000);
+  }
+  ASSERT_EQ(Run({"submit", (dir_ / "gpu.yaml").string()}), kExitOk) << err_.str();
+  EXPECT_NE(err_.str().find("node llmctl-single-g1-h100-pci-1"), std::string::npos);
+  std::lock_guard lock(fake_.mutex_);
+  EXPECT_TRUE(fake_.submitted_.has_value());
 }
 
 std::vector<v1::ArtifactChunk> ArtifactChunks(const std::string& path, const std::string& bytes,

@@ -53,6 +53,7 @@ std::vector<std::string> WatchLines(const v1::ExperimentStatus& status) {
     if (!trial.node().empty()) line += "  on " + trial.node();
     if (!trial.error().empty()) line += "  " + trial.error();
     lines.push_back(std::move(line));
+    if (!trial.notice().empty()) lines.push_back("    ! " + trial.notice());
   }
   return lines;
 }

@@ -107,6 +107,21 @@ Status Run(const std::string& command, const NodeFlags& flags, std::ostream& out
     RETURN_IF_ERROR(BootstrapScript(check).status());
     ASSIGN_OR_RETURN(Node node, nodes.Up(spec));
     PrintNode(node, out);
+    if (context.node_up) {
+      BlazarClient blazar(session, *context.clock);
+      ASSIGN_OR_RETURN(Lease lease, blazar.Get(spec.lease));
+      std::string flavor;
+      for (const Reservation& reservation : lease.reservations) {
+        if (reservation.resource_type != "flavor:instance") continue;
+        NovaClient nova(session, *context.clock);
+        ASSIGN_OR_RETURN(Flavor reserved, nova.FindFlavor(reservation.flavor_id));
+        flavor = reserved.name;
+      }
+      RETURN_IF_ERROR(context.node_up(NodeUp{.node = std::move(node),
+                                             .lease = std::move(lease),
+                                             .site = session.credentials().region_name,
+                                             .flavor = std::move(flavor)}));
+    }
   } else if (command == "list") {
     ASSIGN_OR_RETURN(std::vector<Node> all, nodes.List());
     PrintTable(all, out);

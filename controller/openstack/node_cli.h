@@ -10,6 +10,7 @@
 
 #include "common/http/http_client.h"
 #include "common/status.h"
+#include "controller/openstack/blazar.h"
 #include "controller/openstack/clock.h"
 #include "controller/openstack/credentials.h"
 #include "controller/openstack/nodes.h"
@@ -17,6 +18,14 @@
 #include "controller/openstack/user_data.h"
 
 namespace llmctl::openstack {
+
+// What `node up` brought up, for the controller to dial and to watch the lease of.
+struct NodeUp {
+  Node node;
+  Lease lease;
+  std::string site;    // the credentials' region, e.g. KVM@TACC
+  std::string flavor;  // the reserved flavor's name ("" for a bare-metal reservation)
+};
 
 // Everything the commands take from outside their arguments; the defaults are the real world.
 struct NodeCommandContext {
@@ -28,6 +37,9 @@ struct NodeCommandContext {
   // The controller's: a certificate for agent-<node>.llmctl, its key, the CA and a token. Called
   // only when a server is about to be created. Unset: `node up` refuses to boot a server.
   std::function<StatusOr<AgentSecrets>(const std::string& node)> issue_agent_secrets;
+  // Called once `node up` has the node's floating IP; its error fails the command (the node stays
+  // up; rerunning `node up` finishes). Unset: nothing is told.
+  std::function<Status(const NodeUp& up)> node_up;
   // Used when `node up` names neither --agent-image nor --agent-git (the controller's config).
   AgentImageSource default_agent_image;
 };

@@ -89,7 +89,15 @@ CREATE TABLE secrets_ref (
 ) WITHOUT ROWID;
 )sql";
 
-constexpr std::array<std::string_view, 1> kMigrations = {kInitialSchema};
+// The cloud lease a node runs on (all empty / NULL for nodes on no lease).
+constexpr std::string_view kNodeLeases = R"sql(
+ALTER TABLE nodes ADD COLUMN lease TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN lease_site TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN lease_flavor TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN lease_ends INTEGER;
+)sql";
+
+constexpr std::array<std::string_view, 2> kMigrations = {kInitialSchema, kNodeLeases};
 
 }  // namespace
 

@@ -810,8 +810,11 @@ Status Store::UpsertNode(const NodeRecord& node) {
   std::lock_guard lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_,
-                                      "INSERT OR REPLACE INTO nodes (name, address, devices_json, "
-                                      "last_seen, state) VALUES (?, ?, ?, ?, ?)"));
+                                      "INSERT INTO nodes (name, address, devices_json, last_seen, "
+                                      "state) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE "
+                                      "SET address = excluded.address, devices_json = "
+                                      "excluded.devices_json, last_seen = excluded.last_seen, "
+                                      "state = excluded.state"));
   stmt.Bind(1, node.name)
       .Bind(2, node.address)
       .Bind(3, node.devices_json)
@@ -824,19 +827,43 @@ StatusOr<std::vector<NodeRecord>> Store::ListNodes() {
   std::lock_guard lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_,
-                                      "SELECT name, address, devices_json, last_seen, state "
+                                      "SELECT name, address, devices_json, last_seen, state, "
+                                      "lease, lease_site, lease_flavor, lease_ends "
                                       "FROM nodes ORDER BY name"));
   std::vector<NodeRecord> nodes;
   while (true) {
     ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
     if (!has_row) break;
-    nodes.push_back(NodeRecord{.name = stmt.Text(0),
-                               .address = stmt.Text(1),
-                               .devices_json = stmt.Text(2),
-                               .last_seen = FromMillis(stmt.Int(3)),
-                               .state = stmt.Text(4)});
+    NodeRecord& node = nodes.emplace_back(NodeRecord{.name = stmt.Text(0),
+                                                     .address = stmt.Text(1),
+                                                     .devices_json = stmt.Text(2),
+                                                     .last_seen = FromMillis(stmt.Int(3)),
+                                                     .state = stmt.Text(4),
+                                                     .lease = std::nullopt});
+    if (!stmt.IsNull(8)) {
+      node.lease = NodeLease{.name = stmt.Text(5),
+                             .site = stmt.Text(6),
+                             .flavor = stmt.Text(7),
+                             .ends = FromMillis(stmt.Int(8))};
+    }
   }
   return nodes;
+}
+
+Status Store::SetNodeLease(std::string_view node, const NodeLease& lease) {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db_,
+                                      "UPDATE nodes SET lease = ?, lease_site = ?, lease_flavor = "
+                                      "?, lease_ends = ? WHERE name = ?"));
+  stmt.Bind(1, lease.name)
+      .Bind(2, lease.site)
+      .Bind(3, lease.flavor)
+      .Bind(4, ToMillis(lease.ends))
+      .Bind(5, node);
+  RETURN_IF_ERROR(stmt.Run());
+  if (sqlite3_changes(db_) == 0) return NotFoundError("no node " + Quoted(node));
+  return Status::Ok();
 }
 
 Status Store::PutSecretRef(std::string_view name, std::string_view reference) {

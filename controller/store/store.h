@@ -111,12 +111,23 @@ struct Event {
   std::string json;  // the whole line, a JSON object
 };
 
+// The cloud lease a node runs on.
+struct NodeLease {
+  std::string name;
+  std::string site;
+  std::string flavor;  // or the bare-metal node type
+  Time ends;
+
+  bool operator==(const NodeLease&) const = default;
+};
+
 struct NodeRecord {
   std::string name;
-  std::string address;
+  std::string address;  // empty: not yet known, not dialled
   std::string devices_json;
   Time last_seen;
-  std::string state;  // the controller's word for it, e.g. "connected"
+  std::string state;               // the controller's word for it, e.g. "connected"
+  std::optional<NodeLease> lease;  // read only: UpsertNode keeps it, SetNodeLease sets it
 };
 
 // One trial's row of the report, from its final (current) attempt. The event objects are the
@@ -210,8 +221,10 @@ class Store {
   StatusOr<std::vector<RunningAttempt>> CancelTrial(int64_t trial_id);
   StatusOr<std::vector<RunningAttempt>> CancelExperiment(int64_t experiment_id);
 
-  // Inserts or replaces the node with this name.
+  // Inserts the node with this name, or replaces all but its lease.
   Status UpsertNode(const NodeRecord& node);
+  // NotFound for an unknown node.
+  Status SetNodeLease(std::string_view node, const NodeLease& lease);
   StatusOr<std::vector<NodeRecord>> ListNodes();  // by name
 
   // The name under which a secret is kept in the secrets file (never the secret itself).

@@ -436,7 +436,8 @@ TEST_F(StoreTest, NodesAndSecretReferences) {
                   .address = "10.0.0.5:7070",
                   .devices_json = R"([{"type":"cuda","count":1}])",
                   .last_seen = kNow,
-                  .state = "connected"};
+                  .state = "connected",
+                  .lease = std::nullopt};
   ASSERT_TRUE(store->UpsertNode(node).ok());
   node.state = "disconnected";
   node.last_seen = kNow + std::chrono::seconds(5);
@@ -446,7 +447,8 @@ TEST_F(StoreTest, NodesAndSecretReferences) {
                                 .address = "unix:/tmp/a.sock",
                                 .devices_json = "[]",
                                 .last_seen = kNow,
-                                .state = "connected"})
+                                .state = "connected",
+                                .lease = std::nullopt})
                   .ok());
   StatusOr<std::vector<NodeRecord>> nodes = store->ListNodes();
   ASSERT_TRUE(nodes.ok());
@@ -459,9 +461,25 @@ TEST_F(StoreTest, NodesAndSecretReferences) {
                               .address = "a",
                               .devices_json = "{",
                               .last_seen = kNow,
-                              .state = "connected"})
+                              .state = "connected",
+                              .lease = std::nullopt})
                 .code(),
             StatusCode::kInvalidArgument);
+
+  // A node's lease survives the dispatcher's upserts of its state.
+  const NodeLease lease{.name = "lab",
+                        .site = "KVM@TACC",
+                        .flavor = "g1.h100.pci.1",
+                        .ends = kNow + std::chrono::hours(3)};
+  ASSERT_TRUE(store->SetNodeLease("gpu-1", lease).ok());
+  EXPECT_EQ(store->SetNodeLease("nobody", lease).code(), StatusCode::kNotFound);
+  node.state = "connected";
+  ASSERT_TRUE(store->UpsertNode(node).ok());
+  nodes = store->ListNodes();
+  ASSERT_TRUE(nodes.ok() && nodes->size() == 2u);
+  EXPECT_EQ((*nodes)[1].lease, lease);
+  EXPECT_EQ((*nodes)[1].state, "connected");
+  EXPECT_FALSE((*nodes)[0].lease.has_value());
 
   ASSERT_TRUE(store->PutSecretRef("openstack", "secrets.json#chameleon").ok());
   EXPECT_EQ(*store->GetSecretRef("openstack"), "secrets.json#chameleon");
