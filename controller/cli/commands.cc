@@ -39,6 +39,7 @@ namespace fs = std::filesystem;
 constexpr size_t kMaxExperimentFileBytes = 4 << 20;
 constexpr int kWatchReconnects = 30;
 constexpr std::chrono::seconds kDaemonStopGrace{10};
+constexpr std::chrono::milliseconds kFirstAgentPoll{100};
 
 // Left-aligned columns, two spaces apart.
 std::string Columns(const std::vector<std::vector<std::string>>& rows) {
@@ -421,6 +422,9 @@ Status Llmctl::AwaitAgent(const openstack::NodeUp& up, std::ostream& out) {
       << " min: cloud-init installs Docker and the agent first)\n"
       << std::flush;
   const auto deadline = std::chrono::steady_clock::now() + context_.agent_ready_timeout;
+  // The first polls come quickly (an agent that is already running answers within a dispatcher
+  // round), then double up to agent_poll_interval for a node that is still booting.
+  std::chrono::milliseconds poll = std::min(kFirstAgentPoll, context_.agent_poll_interval);
   while (true) {
     v1::ListNodesResponse nodes;
     RETURN_IF_ERROR(
@@ -441,7 +445,8 @@ Status Llmctl::AwaitAgent(const openstack::NodeUp& up, std::ostream& out) {
               openstack::NamesForNode(up.node.name).server + ") and run `llmctl node up --lease " +
               up.lease.name + "` again to wait once more");
     }
-    std::this_thread::sleep_for(context_.agent_poll_interval);
+    std::this_thread::sleep_for(poll);
+    poll = std::min(poll * 2, context_.agent_poll_interval);
   }
 }
 

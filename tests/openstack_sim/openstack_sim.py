@@ -5,7 +5,8 @@ Follows ../shared/reference/openstack-api.md for Keystone v3, Blazar v1, Nova (f
 Cinder volumes, Neutron (networks, ports, security groups and rules, floating IPs) and Glance images. It listens
 on 127.0.0.1 port 0 and prints "PORT <n>" as its only line of output. Time is the simulator's own:
 it starts at --now and moves only when a test asks (POST /admin/advance), so lease and token
-lifetimes are deterministic.
+lifetimes are deterministic. With --wall-clock it follows the system's clock instead (plus any
+/admin/advance), for tests that run the real llmctl binary, whose clock is the system's.
 
 Fixed identities (tests use these):
   password user      name "demo" (id "u-demo", domain Default), password "demo-password"
@@ -23,13 +24,16 @@ Admin endpoints (no token needed):
   POST /admin/revoke_tokens         every issued token answers 401 from now on
   POST /admin/capacity              {"flavor": {"<flavor id>": n}, "hosts": [{"id","node_type"}]}
   POST /admin/fail_lease            {"name"}: the lease goes to ERROR when it should start
-  POST /admin/compute               {"build_seconds": n, "fail_servers": {"<name>": "<fault>"}}:
-                                    how long BUILD lasts; named servers end in ERROR with that fault
+  POST /admin/compute               {"build_seconds": n, "delete_seconds": n,
+                                     "fail_servers": {"<name>": "<fault>"}}: how long BUILD and a
+                                    delete last; named servers end in ERROR with that fault
   POST /admin/storage               {"volume_seconds": n}: how long a volume stays "creating"
   POST /admin/images                {"page_size": n, "add": [{"id", "name"}]}
   POST /admin/floating_ip_pool      {"size": n}: how many 127.0.0.x addresses Neutron can hand out
   GET  /admin/books                 what exists (leases, private flavors, servers, volumes, ports,
-                                    security groups, floating IPs) and every request seen
+                                    security groups, floating IPs) and every request seen; a
+                                    server's user_data is there as sent (base64), as Nova shows
+                                    admins OS-EXT-SRV-ATTR:user_data
 
 Servers are limited by their reservation: at most `amount` live servers per flavor:instance
 reservation, one per host of a physical:host reservation; beyond that a server ends in ERROR with
@@ -93,6 +97,8 @@ class State:
                        {"id": "img-ubuntu-2204", "name": "CC-Ubuntu22.04"}]
         self.image_page_size = 25
         self.build_seconds = 60
+        self.delete_seconds = SERVER_DELETE_SECONDS
+        self.wall_clock_offset = None  # --wall-clock: now = system time + this
         self.volume_seconds = 30
         self.fail_servers = {}  # server name -> fault message
         self.servers = {}  # id -> server (API shape, plus private keys starting with "_")
@@ -299,6 +305,8 @@ class Handler(BaseHTTPRequestHandler):
         path = url.path
         delay_before = delay_after = 0
         with STATE.lock:
+            if STATE.wall_clock_offset is not None:
+                STATE.now = dt.datetime.now(UTC) + STATE.wall_clock_offset
             STATE.requests.append({"method": self.command, "path": path})
             fault = next((f for f in STATE.faults if f["count"] > 0
                           and f.get("method", self.command) == self.command
@@ -377,6 +385,8 @@ class Handler(BaseHTTPRequestHandler):
             return 200, {"now": fmt_iso(STATE.now)}, None
         if what == "advance":
             STATE.now += dt.timedelta(seconds=body["seconds"])
+            if STATE.wall_clock_offset is not None:
+                STATE.wall_clock_offset += dt.timedelta(seconds=body["seconds"])
             STATE.tick()
             return 200, {"now": fmt_iso(STATE.now)}, None
         if what == "faults":
@@ -396,6 +406,7 @@ class Handler(BaseHTTPRequestHandler):
             return 200, {}, None
         if what == "compute":
             STATE.build_seconds = body.get("build_seconds", STATE.build_seconds)
+            STATE.delete_seconds = body.get("delete_seconds", STATE.delete_seconds)
             STATE.fail_servers.update(body.get("fail_servers", {}))
             return 200, {}, None
         if what == "storage":
@@ -416,7 +427,8 @@ class Handler(BaseHTTPRequestHandler):
                 "leases": [{"id": l["id"], "name": l["name"], "status": l["status"]}
                            for l in STATE.leases.values()],
                 "private_flavors": sorted(STATE.private_flavors),
-                "servers": names(STATE.servers, "status"),
+                "servers": [dict(id=s["id"], name=s["name"], status=s["status"],
+                                 user_data=s.get("_user_data")) for s in STATE.servers.values()],
                 "volumes": names(STATE.volumes, "status"),
                 "ports": names(STATE.ports, "device_id"),
                 "security_groups": names(STATE.security_groups, "description"),
@@ -711,7 +723,7 @@ class Handler(BaseHTTPRequestHandler):
                 return 200, {"server": self.server_view(server)}, None
             if self.command == "DELETE":
                 if server.get("_deleting") is None:
-                    server["_deleting"] = STATE.now + dt.timedelta(seconds=SERVER_DELETE_SECONDS)
+                    server["_deleting"] = STATE.now + dt.timedelta(seconds=STATE.delete_seconds)
                 return 204, None, None
         raise nova_error(404, "no Nova route " + what)
 
@@ -796,7 +808,7 @@ class Handler(BaseHTTPRequestHandler):
                   "metadata": spec.get("metadata", {}),
                   "security_groups": [{"name": g["name"]} for g in
                                       spec.get("security_groups") or [{"name": "default"}]],
-                  "_reservation": reservation,
+                  "_reservation": reservation, "_user_data": user_data,
                   "_ready": STATE.now + dt.timedelta(seconds=STATE.build_seconds)}
         STATE.servers[server_id] = server
         if volume is not None:
@@ -1007,6 +1019,8 @@ def main():
     global STATE
     parser = argparse.ArgumentParser()
     parser.add_argument("--now", default="2030-01-01T00:00:00")
+    parser.add_argument("--wall-clock", action="store_true",
+                        help="follow the system's clock instead of --now")
     parser.add_argument("--token-ttl", type=int, default=3600)
     parser.add_argument("--region", default="KVM@TACC")
     parser.add_argument("--reservation-suffix", default="", choices=["", "/v1"],
@@ -1015,6 +1029,9 @@ def main():
     STATE = State(dt.datetime.fromisoformat(args.now).replace(tzinfo=UTC), args.token_ttl,
                   args.region)
     STATE.reservation_suffix = args.reservation_suffix
+    if args.wall_clock:
+        STATE.wall_clock_offset = dt.timedelta(0)
+        STATE.now = dt.datetime.now(UTC)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     print("PORT %d" % server.server_address[1], flush=True)

@@ -1,0 +1,288 @@
+// The cloud path end to end with the built `llmctl` as a user runs it: lease create --wait, node
+// up, submit --wait, report, node down, lease delete, daemon stop, against the OpenStack simulator
+// following the system's clock. No node boots: once `node up` has made the server, the test reads
+// the user-data Nova was given (the credentials the controller issued for the node) and starts an
+// llm-agent with them on the floating IP (127.0.0.x, loopback), as cloud-init would on the node. A
+// shell script stands in for llm-train (the trainer's own tests cover it).
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/openstack_sim/simulator.h"
+
+namespace llmctl {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr char kLease[] = "e2e";
+constexpr char kFlavor[] = "g1.h100.pci.1";
+
+// Two steps and an ok result; each run lasts long enough that the second trial finds the first
+// one's agent busy and goes to the other, so both the local agent and the cloud node run one.
+constexpr char kFakeTrainer[] = R"(#!/bin/sh
+events="$4"
+emit() { printf '%s\n' "$1" >> "$events"; }
+emit '{"type":"start","total_steps":2}'
+emit '{"type":"step","step":0,"loss":2.0}'
+sleep 1
+emit '{"type":"step","step":1,"loss":1.5}'
+emit '{"type":"result","outcome":"ok","error":"","final_loss":1.5}'
+)";
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout, then stderr
+};
+
+fs::path BuildDir() {
+  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
+  return fs::absolute(dir != nullptr ? dir : "build");  // ctest runs in the source directory
+}
+
+// A TCP port nobody listens on right now (the kernel's pick for port 0).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+class CloudEndToEndTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto simulator = testing::Simulator::Start({"--wall-clock"});
+    ASSERT_TRUE(simulator.ok()) << simulator.status().ToString();
+    simulator_ = std::move(*simulator);
+    // Nothing here boots: servers and volumes are ready at once, deletes finish at once.
+    ASSERT_TRUE(simulator_->Admin("compute", {{"build_seconds", 0}, {"delete_seconds", 0}}).ok());
+    ASSERT_TRUE(simulator_->Admin("storage", {{"volume_seconds", 0}}).ok());
+    char pattern[] = "/tmp/llmctl-cloud-XXXXXX";  // short: unix socket paths live under it
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    home_ = pattern;
+    trainer_ = home_ / "fake-llm-train";
+    std::ofstream(trainer_) << kFakeTrainer;
+    fs::permissions(trainer_, fs::perms::owner_all);
+  }
+
+  void TearDown() override {
+    if (agent_pid_ > 0) {
+      ::kill(agent_pid_, SIGTERM);
+      ::waitpid(agent_pid_, nullptr, 0);
+    }
+    if (home_.empty()) return;
+    Llmctl("daemon stop");  // whatever happened above, no daemon outlives the test
+    if (!HasFailure()) fs::remove_all(home_);
+  }
+
+  CommandResult Llmctl(const std::string& args) {
+    const openstack::EnvLookup cloud = simulator_->Environment();
+    std::string command = "env -u LLMCTL_CONTROLLER -u OS_CLOUD -u OS_USERNAME -u OS_PASSWORD";
+    for (const char* name : {"OS_AUTH_URL", "OS_AUTH_TYPE", "OS_APPLICATION_CREDENTIAL_ID",
+                             "OS_APPLICATION_CREDENTIAL_SECRET", "OS_REGION_NAME", "OS_INTERFACE",
+                             "OS_IDENTITY_API_VERSION"}) {
+      command += std::string(" ") + name + "=" + cloud(name).value_or("");
+    }
+    command += " LLMCTL_HOME=" + home_.string() +
+               " XDG_CONFIG_HOME=" + (home_ / "config").string() +
+               " LLMCTL_TRAIN_BIN=" + trainer_.string() + " " +
+               (BuildDir() / "controller" / "cli" / "llmctl").string() + " " + args + " 2>&1";
+    CommandResult result;
+    FILE* pipe = ::popen(command.c_str(), "r");
+    if (pipe == nullptr) return result;
+    std::array<char, 4096> buffer;
+    size_t got;
+    while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
+      result.out.append(buffer.data(), got);
+    }
+    const int status = ::pclose(pipe);
+    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return result;
+  }
+
+  // The server's user-data and floating IP once `node up` has made both; null until then.
+  json BootedServer() {
+    auto books = simulator_->Books();
+    if (!books.ok()) return nullptr;
+    for (const json& server : (*books)["servers"]) {
+      if (!server["user_data"].is_string()) continue;
+      for (const json& ip : (*books)["floating_ips"]) {
+        if (!ip["port_id"].is_null()) {
+          return {{"user_data", server["user_data"]}, {"address", ip["floating_ip_address"]}};
+        }
+      }
+    }
+    return nullptr;
+  }
+
+  // What cloud-init would do on the node: write the credentials from the user-data's write_files
+  // and start the agent on the floating IP.
+  void StandInForNode(const json& server, int agent_port) {
+    const std::string encoded = server["user_data"];
+    std::string decoded;
+    {  // base64, as Nova takes it
+      static const std::string kAlphabet =
+          "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+      uint32_t bits = 0;
+      int count = 0;
+      for (char c : encoded) {
+        const size_t value = kAlphabet.find(c);
+        if (value == std::string::npos) continue;  // '=' padding
+        bits = (bits << 6) | static_cast<uint32_t>(value);
+        count += 6;
+        if (count >= 8) {
+          count -= 8;
+          decoded.push_back(static_cast<char>((bits >> count) & 0xff));
+        }
+      }
+    }
+    ASSERT_EQ(decoded.rfind("#cloud-config\n", 0), 0u) << decoded.substr(0, 200);
+    const fs::path etc = home_ / "node-etc";
+    fs::create_directories(etc);
+    std::map<std::string, fs::path> written;
+    for (const YAML::Node& file : YAML::Load(decoded)["write_files"]) {
+      const fs::path path = file["path"].as<std::string>();
+      written[path.filename().string()] = etc / path.filename();
+      std::ofstream(etc / path.filename()) << file["content"].as<std::string>();
+      fs::permissions(etc / path.filename(), fs::perms::owner_read | fs::perms::owner_write);
+    }
+    for (const char* name : {"ca.pem", "agent.pem", "agent.key", "agent.token"}) {
+      ASSERT_EQ(written.count(name), 1u) << name << " is not in the user-data";
+    }
+    const std::vector<std::string> args = {
+        (BuildDir() / "agent" / "llm-agent").string(),
+        "--listen",
+        server["address"].get<std::string>() + ":" + std::to_string(agent_port),
+        "--data-dir",
+        (home_ / "node-data").string(),
+        "--node",
+        kLease,
+        "--ca",
+        written["ca.pem"].string(),
+        "--cert",
+        written["agent.pem"].string(),
+        "--key",
+        written["agent.key"].string(),
+        "--token-file",
+        written["agent.token"].string(),
+        "--llm-train",
+        trainer_.string()};
+    agent_pid_ = ::fork();
+    ASSERT_GE(agent_pid_, 0);
+    if (agent_pid_ == 0) {
+      std::vector<char*> argv;
+      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+  }
+
+  std::unique_ptr<testing::Simulator> simulator_;
+  fs::path home_;
+  fs::path trainer_;
+  pid_t agent_pid_ = -1;
+};
+
+TEST_F(CloudEndToEndTest, LeaseNodeSubmitReportAndNothingLeftBehind) {
+  CommandResult lease =
+      Llmctl(std::string("lease create --flavor ") + kFlavor + " --name " + kLease + " --wait");
+  ASSERT_EQ(lease.exit_code, 0) << lease.out;
+
+  const int agent_port = FreePort();
+  ASSERT_GT(agent_port, 0);
+  std::future<CommandResult> node_up = std::async(std::launch::async, [&] {
+    return Llmctl(
+        std::string("node up --lease ") + kLease +
+        " --key-name demo-key --agent-image registry.example/llm-agent:test --agent-port " +
+        std::to_string(agent_port));
+  });
+  json server;
+  for (int i = 0; i < 300 && server.is_null(); ++i) {
+    if (node_up.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready) break;
+    server = BootedServer();
+  }
+  ASSERT_FALSE(server.is_null()) << node_up.get().out;
+  StandInForNode(server, agent_port);
+  const CommandResult up = node_up.get();
+  ASSERT_EQ(up.exit_code, 0) << up.out;
+  EXPECT_NE(up.out.find("node e2e: the agent answers"), std::string::npos) << up.out;
+
+  const fs::path experiment = home_ / "tiny.yaml";
+  fs::copy_file("experiments/data/alpaca-demo.jsonl", home_ / "train.jsonl");
+  fs::copy_file("experiments/tokenizers/demo/tokenizer.json", home_ / "tokenizer.json");
+  std::ofstream(experiment) << "name: cloud-e2e\n"
+                               "model: llmctl-demo\n"
+                               "init: random\n"
+                               "tokenizer: tokenizer.json\n"
+                               "data: {path: train.jsonl, max_seq_length: 64}\n"
+                               "train: {micro_batch_size: 2, max_steps: 2}\n"
+                               "trials:\n"
+                               "  - {name: first, expect: ok}\n"
+                               "  - {name: second, expect: ok}\n";
+  CommandResult submitted = Llmctl("submit " + experiment.string() + " --wait");
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
+  const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
+
+  CommandResult report = Llmctl("report " + id + " --format json");
+  ASSERT_EQ(report.exit_code, 0) << report.out;
+  const json trials = json::parse(report.out)["trials"];
+  ASSERT_EQ(trials.size(), 2u) << report.out;
+  std::set<std::string> nodes;
+  for (const json& trial : trials) {
+    EXPECT_EQ(trial["outcome"], "ok") << trial.dump();
+    EXPECT_EQ(trial["final_loss"], 1.5) << trial.dump();
+    nodes.insert(trial["node"].get<std::string>());
+  }
+  EXPECT_EQ(nodes, (std::set<std::string>{"local", kLease})) << report.out;
+
+  CommandResult down = Llmctl(std::string("node down ") + kLease);
+  ASSERT_EQ(down.exit_code, 0) << down.out;
+  CommandResult deleted = Llmctl(std::string("lease delete ") + kLease);
+  ASSERT_EQ(deleted.exit_code, 0) << deleted.out;
+
+  auto books = simulator_->Books();
+  ASSERT_TRUE(books.ok()) << books.status().ToString();
+  for (const char* table : {"servers", "volumes", "floating_ips", "ports"}) {
+    EXPECT_EQ((*books)[table], json::array()) << table;
+  }
+  for (const json& group : (*books)["security_groups"]) {
+    EXPECT_EQ(group["description"].get<std::string>().rfind("llmctl:", 0), std::string::npos)
+        << group.dump();
+  }
+  for (const json& lease_left : (*books)["leases"]) {
+    EXPECT_NE(lease_left["name"], kLease) << lease_left.dump();
+  }
+
+  CommandResult stopped = Llmctl("daemon stop");
+  EXPECT_EQ(stopped.exit_code, 0) << stopped.out;
+}
+
+}  // namespace
+}  // namespace llmctl
