@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/digest/digest.h"
 #include "common/status.h"
 #include "controller/blob_store.h"
 #include "controller/change_notifier.h"
@@ -107,7 +108,7 @@ class Dispatcher {
   void PlaceQueued(const std::vector<store::RunningAttempt>& running, store::Time now);
   Status Launch(const store::TrialRecord& trial, Link& link, const std::vector<int64_t>& devices,
                 store::Time now);
-  Status EnsureBlobs(v1::Agent::Stub& stub, const InputTreeSpec& tree);
+  Status EnsureBlobs(v1::Agent::Stub& stub, const digest::InputTree& tree);
   void ReadStream(Stream& stream, v1::Agent::Stub& stub);
   void StopStream(const AttemptKey& key);
   std::unique_ptr<grpc::ClientContext> CallContext() const;
