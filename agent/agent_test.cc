@@ -17,7 +17,7 @@
 #include "agent/input_cache.h"
 #include "agent/process.h"
 #include "agent/server.h"
-#include "agent/sha256.h"
+#include "common/digest/digest.h"
 #include "common/experiment.h"
 #include "common/files.h"
 #include "common/version.h"
@@ -430,7 +430,7 @@ TEST_F(AgentTest, RunWhoseSupervisorVanishedIsFailedAfterRestart) {
 TEST_F(AgentTest, UploadsAreCheckedAndABadOneLeavesNothing) {
   StartAgent();
   const std::string data(3 << 20, 'x');
-  const std::string sha = Sha256Hex(data);
+  const std::string sha = digest::Sha256Hex(data);
   auto upload = [&](const std::string& announced_sha, const std::string& bytes,
                     pb::UploadBlobResponse* response) {
     grpc::ClientContext context;
@@ -465,13 +465,13 @@ TEST_F(AgentTest, UploadsAreCheckedAndABadOneLeavesNothing) {
 
   pb::MissingBlobsRequest request;
   request.add_sha256(sha);
-  request.add_sha256(Sha256Hex("absent"));
+  request.add_sha256(digest::Sha256Hex("absent"));
   grpc::ClientContext context;
   Deadline(&context);
   pb::MissingBlobsResponse missing;
   ASSERT_TRUE(Stub()->MissingBlobs(&context, request, &missing).ok());
   ASSERT_EQ(missing.sha256_size(), 1);
-  EXPECT_EQ(missing.sha256(0), Sha256Hex("absent"));
+  EXPECT_EQ(missing.sha256(0), digest::Sha256Hex("absent"));
 }
 
 TEST_F(AgentTest, UnsafeOrIncompleteInputTreesAreRefused) {
@@ -484,9 +484,10 @@ TEST_F(AgentTest, UnsafeOrIncompleteInputTreesAreRefused) {
     tree.set_is_file(true);
     pb::TreeFile* file = tree.add_files();
     file->set_path(path);
-    file->set_sha256(Sha256Hex("data"));
+    file->set_sha256(digest::Sha256Hex("data"));
     file->set_size(4);
-    tree.set_digest(TreeDigest({{path, Sha256Hex("data"), 4}}));
+    tree.set_digest(
+        digest::TreeDigest(std::vector<digest::TreeFile>{{path, digest::Sha256Hex("data"), 4}}));
     grpc::ClientContext context;
     Deadline(&context);
     pb::RunState state;
@@ -498,7 +499,7 @@ TEST_F(AgentTest, UnsafeOrIncompleteInputTreesAreRefused) {
   EXPECT_NE(status.error_message().find(".."), std::string::npos) << status.error_message();
   run_with("data.jsonl", &status);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(status.error_message().find(Sha256Hex("data")), std::string::npos);
+  EXPECT_NE(status.error_message().find(digest::Sha256Hex("data")), std::string::npos);
   EXPECT_FALSE(fs::exists(dir_ / "data/runs/5")) << "a refused run leaves no directory";
 }
 
@@ -534,7 +535,8 @@ TEST_F(AgentTest, ArtifactsComeInChunksWithTheirSha256) {
   for (const char* log : {"events.jsonl", "stderr.log", "stdout.log", "trial.yaml"}) {
     EXPECT_TRUE(files.count(log)) << log;
   }
-  for (const auto& [path, bytes] : files) EXPECT_EQ(sha256s[path], Sha256Hex(bytes)) << path;
+  for (const auto& [path, bytes] : files)
+    EXPECT_EQ(sha256s[path], digest::Sha256Hex(bytes)) << path;
 }
 
 TEST_F(AgentTest, NodeInfoAndAuthentication) {
@@ -590,7 +592,7 @@ TEST_F(AgentTest, RealLlmTrainRunsTheDemoFromUploadedInputs) {
     auto stub = Stub();
     auto writer = stub->UploadBlob(&context, &uploaded);
     pb::BlobChunk chunk;
-    chunk.set_sha256(Sha256Hex(bytes));
+    chunk.set_sha256(digest::Sha256Hex(bytes));
     chunk.set_size(static_cast<int64_t>(bytes.size()));
     chunk.set_data(bytes);
     ASSERT_TRUE(writer->Write(chunk));
@@ -601,9 +603,10 @@ TEST_F(AgentTest, RealLlmTrainRunsTheDemoFromUploadedInputs) {
     tree.set_is_file(true);
     pb::TreeFile* file = tree.add_files();
     file->set_path(name);
-    file->set_sha256(Sha256Hex(bytes));
+    file->set_sha256(digest::Sha256Hex(bytes));
     file->set_size(static_cast<int64_t>(bytes.size()));
-    tree.set_digest(TreeDigest({{name, Sha256Hex(bytes), static_cast<int64_t>(bytes.size())}}));
+    tree.set_digest(digest::TreeDigest(std::vector<digest::TreeFile>{
+        {name, digest::Sha256Hex(bytes), static_cast<int64_t>(bytes.size())}}));
   }
   grpc::ClientContext context;
   Deadline(&context);

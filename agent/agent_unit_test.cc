@@ -12,8 +12,8 @@
 #include "agent/node_info.h"
 #include "agent/outcome.h"
 #include "agent/runs.h"
-#include "agent/sha256.h"
 #include "agent/trial_file.h"
+#include "common/digest/digest.h"
 #include "common/experiment.h"
 
 namespace llmctl::agent {
@@ -143,7 +143,7 @@ class InputCacheTest : public ::testing::Test {
     ASSIGN_OR_RETURN(auto upload, cache_->BeginUpload(sha256, size));
     RETURN_IF_ERROR(upload->Append(data.substr(0, data.size() / 2)));
     RETURN_IF_ERROR(upload->Append(data.substr(data.size() / 2)));
-    return upload->Finish();
+    return upload->Commit(sha256);
   }
   bool DirEmpty(const std::string& sub) { return fs::is_empty(dir_ / sub); }
 
@@ -153,9 +153,9 @@ class InputCacheTest : public ::testing::Test {
 
 TEST_F(InputCacheTest, UploadsAreVerifiedAndNothingHalfWrittenStays) {
   const std::string data = "hello world\n";
-  const std::string sha = Sha256Hex(data);
+  const std::string sha = digest::Sha256Hex(data);
   EXPECT_EQ(*cache_->MissingBlobs({sha}), std::vector<std::string>{sha});
-  EXPECT_EQ(Upload(Sha256Hex("other"), data, data.size()).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(Upload(digest::Sha256Hex("other"), data, data.size()).code(), StatusCode::kDataLoss);
   EXPECT_EQ(Upload(sha, data, data.size() + 1).code(), StatusCode::kDataLoss);
   EXPECT_EQ(Upload(sha, data, data.size() - 1).code(), StatusCode::kDataLoss);
   EXPECT_TRUE(DirEmpty("blobs"));
@@ -168,18 +168,19 @@ TEST_F(InputCacheTest, UploadsAreVerifiedAndNothingHalfWrittenStays) {
 
 TEST_F(InputCacheTest, TreesAreCheckedThenLinked) {
   const std::string a = "alpha\n", b = "beta\n";
-  ASSERT_TRUE(Upload(Sha256Hex(a), a, a.size()).ok());
-  InputTree tree;
-  tree.files = {{"sub/b.txt", Sha256Hex(b), static_cast<int64_t>(b.size())},
-                {"a.txt", Sha256Hex(a), static_cast<int64_t>(a.size())}};
-  tree.digest = TreeDigest(tree.files);
+  ASSERT_TRUE(Upload(digest::Sha256Hex(a), a, a.size()).ok());
+  digest::InputTree tree;
+  tree.files = {{"a.txt", digest::Sha256Hex(a), static_cast<int64_t>(a.size())},
+                {"sub/b.txt", digest::Sha256Hex(b), static_cast<int64_t>(b.size())}};
+  tree.digest = digest::TreeDigest(tree.files);
   // The digest rule from common.proto, written out by hand.
-  EXPECT_EQ(tree.digest, Sha256Hex(Sha256Hex(a) + " 6 a.txt\n" + Sha256Hex(b) + " 5 sub/b.txt\n"));
+  EXPECT_EQ(tree.digest, digest::Sha256Hex(digest::Sha256Hex(a) + " 6 a.txt\n" +
+                                           digest::Sha256Hex(b) + " 5 sub/b.txt\n"));
 
   auto incomplete = cache_->Materialize(tree);
   EXPECT_EQ(incomplete.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(incomplete.status().message().find(Sha256Hex(b)), std::string::npos);
-  ASSERT_TRUE(Upload(Sha256Hex(b), b, b.size()).ok());
+  EXPECT_NE(incomplete.status().message().find(digest::Sha256Hex(b)), std::string::npos);
+  ASSERT_TRUE(Upload(digest::Sha256Hex(b), b, b.size()).ok());
   auto path = cache_->Materialize(tree);
   ASSERT_TRUE(path.ok()) << path.status().ToString();
   std::ifstream in(*path + "/sub/b.txt");
@@ -188,27 +189,27 @@ TEST_F(InputCacheTest, TreesAreCheckedThenLinked) {
   EXPECT_EQ(line, "beta");
   EXPECT_EQ(*cache_->Materialize(tree), *path) << "a second call finds the tree in place";
 
-  InputTree wrong = tree;
-  wrong.digest = Sha256Hex("x");
+  digest::InputTree wrong = tree;
+  wrong.digest = digest::Sha256Hex("x");
   EXPECT_EQ(cache_->Materialize(wrong).status().code(), StatusCode::kInvalidArgument);
   for (const std::string bad : {"../etc/passwd", "/etc/passwd", "a/../../b", "a//b", "./a"}) {
-    InputTree evil;
-    evil.files = {{bad, Sha256Hex(a), static_cast<int64_t>(a.size())}};
-    evil.digest = TreeDigest(evil.files);
+    digest::InputTree evil;
+    evil.files = {{bad, digest::Sha256Hex(a), static_cast<int64_t>(a.size())}};
+    evil.digest = digest::TreeDigest(evil.files);
     auto refused = cache_->Materialize(evil);
     EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(refused.status().message().find(bad), std::string::npos)
         << refused.status().message();
   }
-  InputTree clash;
-  clash.files = {{"a", Sha256Hex(a), 6}, {"a/b", Sha256Hex(b), 5}};
-  clash.digest = TreeDigest(clash.files);
+  digest::InputTree clash;
+  clash.files = {{"a", digest::Sha256Hex(a), 6}, {"a/b", digest::Sha256Hex(b), 5}};
+  clash.digest = digest::TreeDigest(clash.files);
   EXPECT_EQ(cache_->Materialize(clash).status().code(), StatusCode::kInvalidArgument);
 
-  InputTree single;
+  digest::InputTree single;
   single.is_file = true;
-  single.files = {{"data.jsonl", Sha256Hex(a), 6}};
-  single.digest = TreeDigest(single.files);
+  single.files = {{"data.jsonl", digest::Sha256Hex(a), 6}};
+  single.digest = digest::TreeDigest(single.files);
   auto file = cache_->Materialize(single);
   ASSERT_TRUE(file.ok());
   EXPECT_TRUE(fs::is_regular_file(*file));

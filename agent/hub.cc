@@ -1,7 +1,6 @@
 #include "agent/hub.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -14,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "agent/sha256.h"
 #include "common/atomic_file.h"
+#include "common/digest/digest.h"
 #include "common/files.h"
 
 namespace llmctl::agent {
@@ -94,28 +93,16 @@ StatusOr<FileDigests> HashFile(const std::string& path) {
   std::error_code error;
   const auto size = fs::file_size(path, error);
   if (!in || error) return UnavailableError("cannot read " + path);
-  Sha256 sha256;
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> sha1(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  EVP_DigestInit_ex(sha1.get(), EVP_sha1(), nullptr);
-  const std::string git_header = "blob " + std::to_string(size) + std::string(1, '\0');
-  EVP_DigestUpdate(sha1.get(), git_header.data(), git_header.size());
+  digest::Sha256 sha256;
+  digest::GitBlobId git_blob_id(size);
   std::string buffer(1 << 16, '\0');
   while (in) {
     in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
     const std::string_view data(buffer.data(), static_cast<size_t>(in.gcount()));
     sha256.Update(data);
-    EVP_DigestUpdate(sha1.get(), data.data(), data.size());
+    git_blob_id.Update(data);
   }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_DigestFinal_ex(sha1.get(), digest, &length);
-  static constexpr char kHex[] = "0123456789abcdef";
-  FileDigests digests{sha256.HexDigest(), ""};
-  for (unsigned int i = 0; i < length; ++i) {
-    digests.git_blob_id += kHex[digest[i] >> 4];
-    digests.git_blob_id += kHex[digest[i] & 15];
-  }
-  return digests;
+  return FileDigests{sha256.HexDigest(), git_blob_id.HexDigest()};
 }
 
 std::string Describe(const HubModelRef& ref) { return ref.repo + "@" + ref.revision; }
@@ -185,7 +172,7 @@ StatusOr<Listing> ParseListing(const std::string& body, const std::string& what)
     if (auto lfs = sibling.find("lfs"); lfs != sibling.end() && lfs->is_object()) {
       const auto sha256 = lfs->find("sha256");
       if (sha256 == lfs->end() || !sha256->is_string() ||
-          !IsSha256Hex(sha256->get<std::string>())) {
+          !digest::IsSha256Hex(sha256->get<std::string>())) {
         return bad(name->get<std::string>() + " is an LFS file without a valid lfs.sha256");
       }
       file.lfs_sha256 = sha256->get<std::string>();
@@ -332,7 +319,8 @@ StatusOr<PreparedModel> HubCache::Download(const HubModelRef& ref,
     }
     // The same name on every attempt, so that the next call resumes what this one left.
     const std::string partial = cache_->dir() + "/tmp/hub-" +
-                                Sha256Hex(ref.repo + "@" + listing.commit + "/" + path) + ".part";
+                                digest::Sha256Hex(ref.repo + "@" + listing.commit + "/" + path) +
+                                ".part";
     const auto have = fs::file_size(partial, error);
     const bool complete = !error && file.size >= 0 && static_cast<int64_t>(have) == file.size;
     if (!error && file.size >= 0 && static_cast<int64_t>(have) > file.size)

@@ -18,30 +18,11 @@
 #include <string_view>
 #include <vector>
 
+#include "common/digest/digest.h"
+#include "common/digest/verified_file.h"
 #include "common/status.h"
 
 namespace llmctl::agent {
-
-// One file of an input tree (common.proto's TreeFile, as plain values).
-struct TreeFile {
-  std::string path;  // relative, '/'-separated, no "..", no leading '/'
-  std::string sha256;
-  int64_t size = 0;
-};
-
-struct InputTree {
-  std::string digest;  // sha256 of "<sha256> <size> <path>\n" for each file in path order
-  std::vector<TreeFile> files;
-  bool is_file = false;  // the tree stands for its one file
-};
-
-// The digest InputTree::digest must have (files sorted by path, byte order).
-std::string TreeDigest(std::vector<TreeFile> files);
-
-// True for 64 lowercase hex digits.
-bool IsSha256Hex(std::string_view text);
-
-class BlobUpload;
 
 class InputCache {
  public:
@@ -54,14 +35,15 @@ class InputCache {
 
   bool HasBlob(const std::string& sha256) const;
 
-  // Starts receiving a blob of `size` bytes whose sha256 is `sha256`. InvalidArgument for a bad
-  // digest or a negative size.
-  StatusOr<std::unique_ptr<BlobUpload>> BeginUpload(const std::string& sha256, int64_t size);
+  // Starts receiving a blob of `size` bytes whose sha256 is `sha256`; Commit(sha256) moves it into
+  // the cache. InvalidArgument for a bad digest or a negative size.
+  StatusOr<std::unique_ptr<digest::VerifiedFileWriter>> BeginUpload(const std::string& sha256,
+                                                                    int64_t size);
 
   // The tree's directory in the cache (or, for `is_file`, its one file), materialised on first
-  // use. InvalidArgument for a digest that does not match the files, unsafe or duplicate paths;
-  // FailedPrecondition naming the blobs that are not in the cache yet.
-  StatusOr<std::string> Materialize(const InputTree& tree);
+  // use. InvalidArgument for a tree digest::ValidateInputTree refuses and for a path that is both a
+  // file and a directory; FailedPrecondition naming the blobs that are not in the cache yet.
+  StatusOr<std::string> Materialize(const digest::InputTree& tree);
 
   // Moves `file`, a complete file on the cache's filesystem whose sha256 the caller has checked,
   // into the cache as blob `sha256` (read-only); a blob already there holds the same bytes and
@@ -78,34 +60,6 @@ class InputCache {
   explicit InputCache(std::string dir) : dir_(std::move(dir)) {}
 
   const std::string dir_;  // constant after construction
-};
-
-// One blob arriving in pieces. Bytes go to a temporary file; Finish() checks size and sha256 and
-// renames it into the cache. Destroying an unfinished upload removes the temporary file.
-class BlobUpload {
- public:
-  ~BlobUpload();
-  BlobUpload(const BlobUpload&) = delete;
-  BlobUpload& operator=(const BlobUpload&) = delete;
-
-  // DataLoss once more bytes arrive than the size announced.
-  Status Append(std::string_view data);
-  // DataLoss when the size or the sha256 differ from the announced ones (nothing is kept).
-  Status Finish();
-
- private:
-  friend class InputCache;
-  BlobUpload(std::string sha256, int64_t size, std::string temp_path, std::string final_path,
-             int fd);
-
-  const std::string sha256_;
-  const int64_t size_;
-  const std::string temp_path_;
-  const std::string final_path_;
-  int fd_;
-  int64_t received_ = 0;
-  struct Hasher;
-  std::unique_ptr<Hasher> hasher_;
 };
 
 }  // namespace llmctl::agent

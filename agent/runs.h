@@ -52,8 +52,8 @@ struct RunState {
 
 struct RunRequest {
   RunKey key;
-  std::string config_json;                  // TrialConfig::ToJson
-  std::map<std::string, InputTree> inputs;  // trial key -> uploaded tree
+  std::string config_json;                          // TrialConfig::ToJson
+  std::map<std::string, digest::InputTree> inputs;  // trial key -> uploaded tree
   // Trial key -> a path already on this node that replaces its value (a prepared hub model).
   std::map<std::string, std::string> local_paths;
   std::vector<int> device_indices;

@@ -13,7 +13,7 @@
 
 #include "agent/event_reader.h"
 #include "agent/node_info.h"
-#include "agent/sha256.h"
+#include "common/digest/digest.h"
 #include "common/model_config.h"
 #include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
@@ -50,12 +50,12 @@ void ToProto(const RunState& state, pb::RunState* out) {
   if (state.ended) ToProto(state.end, out->mutable_ended());
 }
 
-InputTree FromProto(const pb::InputTree& tree) {
-  InputTree plain;
+digest::InputTree FromProto(const pb::InputTree& tree) {
+  digest::InputTree plain;
   plain.digest = tree.digest();
   plain.is_file = tree.is_file();
   for (const pb::TreeFile& file : tree.files()) {
-    plain.files.push_back(TreeFile{file.path(), file.sha256(), file.size()});
+    plain.files.push_back(digest::TreeFile{file.path(), file.sha256(), file.size()});
   }
   return plain;
 }
@@ -137,7 +137,7 @@ class AgentService final : public pb::Agent::Service {
     }
     const std::string sha256 = chunk.sha256();
     response->set_sha256(sha256);
-    if (IsSha256Hex(sha256) && cache_->HasBlob(sha256)) {
+    if (digest::IsSha256Hex(sha256) && cache_->HasBlob(sha256)) {
       response->set_already_present(true);
       return grpc::Status::OK;
     }
@@ -153,7 +153,7 @@ class AgentService final : public pb::Agent::Service {
         return rpc::ToGrpcStatus(appended);
       }
     } while (reader->Read(&chunk));
-    return rpc::ToGrpcStatus((*upload)->Finish());
+    return rpc::ToGrpcStatus((*upload)->Commit(sha256));
   }
 
   grpc::Status PrepareHubModel(grpc::ServerContext*, const pb::PrepareHubModelRequest* request,
@@ -262,7 +262,7 @@ class AgentService final : public pb::Agent::Service {
       if (!in || error) continue;  // removed meanwhile
       // The size when the listing was made: a log still growing is sent up to there.
       int64_t left = static_cast<int64_t>(size);
-      Sha256 hasher;
+      digest::Sha256 hasher;
       bool first = true;
       do {
         if (context->IsCancelled()) return grpc::Status::CANCELLED;

@@ -26,8 +26,8 @@ function(llmctl_test name)
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
   llmctl_warnings(${name})
-  set(environment
-    "OMP_NUM_THREADS=2;MKL_NUM_THREADS=2;LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR};LLMCTL_BUILD_DIR=${PROJECT_BINARY_DIR};${ARG_ENV}")
+  set(environment OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR}
+    LLMCTL_BUILD_DIR=${PROJECT_BINARY_DIR} ${ARG_ENV})
   if(ARG_ONE_PROCESS)
     add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
     set_tests_properties(${name} PROPERTIES
@@ -35,11 +35,17 @@ function(llmctl_test name)
       SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
     return()
   endif()
+  # PRE_TEST discovery passes PROPERTIES through three list expansions (gtest_discover_tests' own
+  # argument parsing, the generated include file's call, and the per-test set_tests_properties it
+  # writes); each splits on a bare ";" and halves the backslashes before an escaped one. Unescaped,
+  # ENVIRONMENT keeps only the first variable and the others become property names; seven
+  # backslashes arrive as one ";" between two variables.
+  string(REPLACE ";" "\\\\\\\\\\\\\\;" discovered_environment "${environment}")
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
     PROPERTIES
-      ENVIRONMENT "${environment}"
+      ENVIRONMENT "${discovered_environment}"
       SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endfunction()
 

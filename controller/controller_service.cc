@@ -8,6 +8,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "common/digest/digest.h"
 #include "controller/submission.h"
 #include "rpc/status.h"
 
@@ -68,8 +69,8 @@ std::string TrialError(const store::TrialReport& trial) {
   return !trial.attempt_error.empty() ? trial.attempt_error : StringField(trial.result, "error");
 }
 
-InputTreeSpec FromProto(const v1::InputTree& tree) {
-  InputTreeSpec spec{.digest = tree.digest(), .files = {}, .is_file = tree.is_file()};
+digest::InputTree FromProto(const v1::InputTree& tree) {
+  digest::InputTree spec{.digest = tree.digest(), .files = {}, .is_file = tree.is_file()};
   for (const v1::TreeFile& file : tree.files()) {
     spec.files.push_back({file.path(), file.sha256(), file.size()});
   }
@@ -139,21 +140,22 @@ grpc::Status ControllerService::UploadBlob(grpc::ServerContext*,
       response->set_already_present(true);
       return Status::Ok();
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<BlobWriter> writer, blobs_.BeginWrite(sha256, chunk.size()));
+    ASSIGN_OR_RETURN(std::unique_ptr<digest::VerifiedFileWriter> writer,
+                     blobs_.BeginWrite(sha256, chunk.size()));
     do {
       if (!chunk.sha256().empty() && chunk.sha256() != sha256) {
         return InvalidArgumentError("upload of " + sha256 + ": a later chunk names another blob");
       }
       RETURN_IF_ERROR(writer->Append(chunk.data()));
     } while (reader->Read(&chunk));
-    return writer->Commit();
+    return writer->Commit(sha256);
   });
 }
 
 grpc::Status ControllerService::Submit(grpc::ServerContext*, const v1::SubmitRequest* request,
                                        v1::SubmitResponse* response) {
   return Guard("Submit", [&]() -> Status {
-    std::map<std::string, InputTreeSpec> inputs;
+    std::map<std::string, digest::InputTree> inputs;
     for (const auto& [path, tree] : request->inputs()) {
       if (path.empty()) return InvalidArgumentError("submit: an input has an empty path");
       inputs[path] = FromProto(tree);

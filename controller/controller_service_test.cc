@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/digest/digest.h"
 #include "common/files.h"
 #include "controller/daemon.h"
 
@@ -166,15 +167,15 @@ TEST_F(ControllerServiceTest, EveryBrokenExperimentIsRefusedAndNothingIsStored) 
 
 TEST_F(ControllerServiceTest, InputsMustBeUploadedWholeBeforeSubmit) {
   const std::string content = "{\"text\": \"hello\"}\n";
-  auto sha = [](std::string_view data) { return Sha256Hex(data); };
+  auto sha = [](std::string_view data) { return digest::Sha256Hex(data); };
   v1::InputTree tree;
   tree.set_is_file(true);
   v1::TreeFile* file = tree.add_files();
   file->set_path("train.jsonl");
   file->set_sha256(sha(content));
   file->set_size(static_cast<int64_t>(content.size()));
-  tree.set_digest(sha(TreeManifest(std::vector<TreeEntry>{
-      {"train.jsonl", sha(content), static_cast<int64_t>(content.size())}})));
+  tree.set_digest(digest::TreeDigest(std::vector<digest::TreeFile>{
+      {"train.jsonl", sha(content), static_cast<int64_t>(content.size())}}));
 
   v1::SubmitResponse response;
   grpc::Status early = Submit("tiny.yaml", kExperiment, &response, {{"data/train.jsonl", tree}});

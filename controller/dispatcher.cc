@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/digest/digest.h"
 #include "common/trial_config.h"
 #include "controller/scheduler/scheduler.h"
 #include "controller/submission.h"
@@ -116,11 +117,11 @@ std::string FormatUtc(store::Time time) {
   return buffer;
 }
 
-v1::InputTree ToProto(const InputTreeSpec& tree) {
+v1::InputTree ToProto(const digest::InputTree& tree) {
   v1::InputTree proto;
   proto.set_digest(tree.digest);
   proto.set_is_file(tree.is_file);
-  for (const TreeEntry& file : tree.files) {
+  for (const digest::TreeFile& file : tree.files) {
     v1::TreeFile* entry = proto.add_files();
     entry->set_path(file.path);
     entry->set_sha256(file.sha256);
@@ -498,8 +499,8 @@ Status Dispatcher::Launch(const store::TrialRecord& trial, Link& link,
   request.mutable_key()->set_trial(trial.name);
   request.mutable_key()->set_attempt(static_cast<int32_t>(attempt));
   request.set_config_json(trial.config_json);
-  for (const auto& [key, digest] : TrialInputDigests(config, inputs)) {
-    ASSIGN_OR_RETURN(InputTreeSpec tree, blobs_.GetTree(digest));
+  for (const auto& [key, tree_digest] : TrialInputDigests(config, inputs)) {
+    ASSIGN_OR_RETURN(digest::InputTree tree, blobs_.GetTree(tree_digest));
     RETURN_IF_ERROR(EnsureBlobs(*stub, tree).WithContext("sending input '" + key + "'"));
     (*request.mutable_inputs())[key] = ToProto(tree);
   }
@@ -689,10 +690,10 @@ void Dispatcher::CancelRun(const store::RunningAttempt& attempt, const std::stri
   }
 }
 
-Status Dispatcher::EnsureBlobs(v1::Agent::Stub& stub, const InputTreeSpec& tree) {
+Status Dispatcher::EnsureBlobs(v1::Agent::Stub& stub, const digest::InputTree& tree) {
   v1::MissingBlobsRequest request;
   std::set<std::string> wanted;
-  for (const TreeEntry& file : tree.files) {
+  for (const digest::TreeFile& file : tree.files) {
     if (wanted.insert(file.sha256).second) request.add_sha256(file.sha256);
   }
   v1::MissingBlobsResponse missing;
@@ -707,9 +708,10 @@ Status Dispatcher::EnsureBlobs(v1::Agent::Stub& stub, const InputTreeSpec& tree)
     auto upload_context = CallContext();
     v1::UploadBlobResponse response;
     auto writer = stub.UploadBlob(upload_context.get(), &response);
-    const auto size = std::find_if(tree.files.begin(), tree.files.end(), [&](const TreeEntry& f) {
-                        return f.sha256 == sha256;
-                      })->size;
+    const auto size =
+        std::find_if(tree.files.begin(), tree.files.end(), [&](const digest::TreeFile& f) {
+          return f.sha256 == sha256;
+        })->size;
     std::string buffer(static_cast<size_t>(options_.upload_chunk_bytes), '\0');
     v1::BlobChunk chunk;
     chunk.set_sha256(sha256);

@@ -45,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/digest/digest.h"
 #include "common/model_config.h"
 #include "common/status.h"
 #include "controller/blob_store.h"
@@ -131,7 +132,7 @@ class Dispatcher {
   void PlaceQueued(const std::vector<store::RunningAttempt>& running, store::Time now);
   Status Launch(const store::TrialRecord& trial, Link& link, const std::vector<int64_t>& devices,
                 store::Time now);
-  Status EnsureBlobs(v1::Agent::Stub& stub, const InputTreeSpec& tree);
+  Status EnsureBlobs(v1::Agent::Stub& stub, const digest::InputTree& tree);
   // True when the link's node has the model; false while it is being prepared (started here if
   // need be); the agent's error when preparing it cannot succeed.
   StatusOr<bool> EnsureHubModel(Link& link, const std::string& model, int64_t experiment_id,

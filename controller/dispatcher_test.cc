@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/digest/digest.h"
 #include "controller/daemon.h"
 #include "rpc/tls.h"
 
@@ -98,7 +99,7 @@ class FakeAgent final : public v1::Agent::Service {
                           v1::UploadBlobResponse* response) override {
     v1::BlobChunk chunk;
     std::string sha;
-    Sha256 hasher;
+    digest::Sha256 hasher;
     while (reader->Read(&chunk)) {
       if (sha.empty()) sha = chunk.sha256();
       hasher.Update(chunk.data());
@@ -370,7 +371,7 @@ class DispatcherTest : public testing::Test {
 TEST_F(DispatcherTest, RunsATrialWithItsInputsAndStoresEveryEvent) {
   // The data file goes to the controller first, then to the agent with the trial.
   const std::string content = "{\"text\": \"hello\"}\n";
-  const std::string sha = Sha256Hex(content);
+  const std::string sha = digest::Sha256Hex(content);
   {
     grpc::ClientContext context;
     v1::UploadBlobResponse response;
@@ -389,7 +390,7 @@ TEST_F(DispatcherTest, RunsATrialWithItsInputsAndStoresEveryEvent) {
   file->set_path("train.jsonl");
   file->set_sha256(sha);
   file->set_size(static_cast<int64_t>(content.size()));
-  tree.set_digest(Sha256Hex(sha + " " + std::to_string(content.size()) + " train.jsonl\n"));
+  tree.set_digest(digest::Sha256Hex(sha + " " + std::to_string(content.size()) + " train.jsonl\n"));
   v1::SubmitRequest request;
   request.set_filename("one.yaml");
   request.set_yaml_text(std::string(kExperiment));

@@ -1,14 +1,14 @@
 #include "controller/submission.h"
 
+#include "common/digest/digest.h"
 #include "common/experiment.h"
 #include "common/trial_keys.h"
 
 namespace llmctl::controller {
 
-StatusOr<store::NewExperiment> PrepareSubmission(std::string_view yaml_text,
-                                                 std::string_view filename,
-                                                 const std::map<std::string, InputTreeSpec>& inputs,
-                                                 const BlobStore& blobs) {
+StatusOr<store::NewExperiment> PrepareSubmission(
+    std::string_view yaml_text, std::string_view filename,
+    const std::map<std::string, digest::InputTree>& inputs, const BlobStore& blobs) {
   if (filename.empty()) return InvalidArgumentError("submit: the request names no file");
   ASSIGN_OR_RETURN(Experiment parsed,
                    ParseExperiment(yaml_text, filename, {.resolve_local_paths = false}));
@@ -21,9 +21,9 @@ StatusOr<store::NewExperiment> PrepareSubmission(std::string_view yaml_text,
   experiment.target = parsed.target;
   for (const auto& [path, tree] : inputs) {
     const std::string where = std::string(filename) + ": input '" + path + "'";
-    RETURN_IF_ERROR(ValidateInputTree(where, tree));
+    RETURN_IF_ERROR(digest::ValidateInputTree(where, tree));
     std::vector<std::string> wanted;
-    for (const TreeEntry& file : tree.files) wanted.push_back(file.sha256);
+    for (const digest::TreeFile& file : tree.files) wanted.push_back(file.sha256);
     ASSIGN_OR_RETURN(std::vector<std::string> missing, blobs.Missing(wanted));
     if (!missing.empty()) {
       return FailedPreconditionError(where + ": " + std::to_string(missing.size()) + " of " +

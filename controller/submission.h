@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/digest/digest.h"
 #include "common/status.h"
 #include "common/trial_config.h"
 #include "controller/blob_store.h"
@@ -19,10 +20,9 @@ namespace llmctl::controller {
 // uploaded to `blobs` (FailedPrecondition naming the input and how many blobs are missing, so the
 // CLI knows to upload first). InvalidArgument "FILE:LINE:COLUMN: problem" for the file. Nothing is
 // written anywhere.
-StatusOr<store::NewExperiment> PrepareSubmission(std::string_view yaml_text,
-                                                 std::string_view filename,
-                                                 const std::map<std::string, InputTreeSpec>& inputs,
-                                                 const BlobStore& blobs);
+StatusOr<store::NewExperiment> PrepareSubmission(
+    std::string_view yaml_text, std::string_view filename,
+    const std::map<std::string, digest::InputTree>& inputs, const BlobStore& blobs);
 
 // The trial's path keys (`model` and every kPath key of common/trial_keys.h) whose value, as
 // written, is one of the experiment's inputs (path as written → tree digest): key → digest.

@@ -4,6 +4,8 @@
 
 #include <filesystem>
 
+#include "common/digest/digest.h"
+
 namespace llmctl::controller {
 namespace {
 
@@ -32,16 +34,16 @@ class SubmissionTest : public testing::Test {
   void TearDown() override { std::filesystem::remove_all(root_); }
 
   // A one-file tree whose blob is uploaded when `upload` says so.
-  InputTreeSpec FileTree(std::string_view name, std::string_view content, bool upload) {
-    InputTreeSpec tree{
-        .digest = "",
-        .files = {{std::string(name), Sha256Hex(content), static_cast<int64_t>(content.size())}},
-        .is_file = true};
-    tree.digest = Sha256Hex(TreeManifest(tree.files));
+  digest::InputTree FileTree(std::string_view name, std::string_view content, bool upload) {
+    digest::InputTree tree{.digest = "",
+                           .files = {{std::string(name), digest::Sha256Hex(content),
+                                      static_cast<int64_t>(content.size())}},
+                           .is_file = true};
+    tree.digest = digest::TreeDigest(tree.files);
     if (upload) {
       auto writer = *blobs_->BeginWrite(tree.files[0].sha256, tree.files[0].size);
       EXPECT_TRUE(writer->Append(content).ok());
-      EXPECT_TRUE(writer->Commit().ok());
+      EXPECT_TRUE(writer->Commit(tree.files[0].sha256).ok());
     }
     return tree;
   }
@@ -51,7 +53,7 @@ class SubmissionTest : public testing::Test {
 };
 
 TEST_F(SubmissionTest, ExpandsTrialsWithTheirDevicesAndInputs) {
-  const InputTreeSpec data = FileTree("train.jsonl", "{\"text\": \"hi\"}\n", true);
+  const digest::InputTree data = FileTree("train.jsonl", "{\"text\": \"hi\"}\n", true);
   auto experiment =
       PrepareSubmission(kExperiment, "tiny.yaml", {{"data/train.jsonl", data}}, *blobs_);
   ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
@@ -86,7 +88,7 @@ TEST_F(SubmissionTest, AFileErrorPointsIntoTheFile) {
 }
 
 TEST_F(SubmissionTest, InputsMustBeWholeAndUploaded) {
-  const InputTreeSpec missing = FileTree("train.jsonl", "not uploaded", false);
+  const digest::InputTree missing = FileTree("train.jsonl", "not uploaded", false);
   auto not_uploaded =
       PrepareSubmission(kExperiment, "tiny.yaml", {{"data/train.jsonl", missing}}, *blobs_);
   EXPECT_EQ(not_uploaded.status().code(), StatusCode::kFailedPrecondition);
@@ -95,7 +97,7 @@ TEST_F(SubmissionTest, InputsMustBeWholeAndUploaded) {
             std::string::npos)
       << not_uploaded.status().message();
 
-  InputTreeSpec forged = FileTree("train.jsonl", "uploaded", true);
+  digest::InputTree forged = FileTree("train.jsonl", "uploaded", true);
   forged.files[0].size = 999;
   auto bad_digest =
       PrepareSubmission(kExperiment, "tiny.yaml", {{"data/train.jsonl", forged}}, *blobs_);

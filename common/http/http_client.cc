@@ -1,7 +1,6 @@
 #include "common/http/http_client.h"
 
 #include <curl/curl.h>
-#include <openssl/evp.h>
 
 #include <algorithm>
 #include <cctype>
@@ -11,6 +10,8 @@
 #include <mutex>
 #include <random>
 #include <thread>
+
+#include "common/digest/digest.h"
 
 namespace llmctl::http {
 namespace {
@@ -42,22 +43,6 @@ struct SlistDeleter {
 struct FileCloser {
   void operator()(std::FILE* file) const { std::fclose(file); }
 };
-struct DigestDeleter {
-  void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
-};
-
-std::string HexDigest(EVP_MD_CTX* ctx) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_DigestFinal_ex(ctx, digest, &length);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < length; ++i) {
-    hex += kHex[digest[i] >> 4];
-    hex += kHex[digest[i] & 0xf];
-  }
-  return hex;
-}
 
 // What one transfer collects while libcurl runs it.
 struct Transfer {
@@ -68,7 +53,7 @@ struct Transfer {
   const std::string* download_path = nullptr;
   uint64_t resume_from = 0;
   std::unique_ptr<std::FILE, FileCloser> file;
-  std::unique_ptr<EVP_MD_CTX, DigestDeleter> digest;
+  std::unique_ptr<digest::Sha256> sha256;
   bool body_to_file = false;
   bool body_mode_decided = false;
   std::string file_error;
@@ -94,8 +79,7 @@ size_t OnHeader(char* data, size_t size, size_t count, void* user) {
 // Opens the download file for a 200 (rewrite) or 206 (append, hashing what is already there).
 bool OpenDownload(Transfer& transfer, long status) {
   const std::string& path = *transfer.download_path;
-  transfer.digest.reset(EVP_MD_CTX_new());
-  EVP_DigestInit_ex(transfer.digest.get(), EVP_sha256(), nullptr);
+  transfer.sha256 = std::make_unique<digest::Sha256>();
   if (status == 206) {
     std::unique_ptr<std::FILE, FileCloser> existing(std::fopen(path.c_str(), "rb"));
     if (!existing) {
@@ -105,7 +89,7 @@ bool OpenDownload(Transfer& transfer, long status) {
     char buffer[1 << 16];
     size_t n;
     while ((n = std::fread(buffer, 1, sizeof buffer, existing.get())) > 0) {
-      EVP_DigestUpdate(transfer.digest.get(), buffer, n);
+      transfer.sha256->Update(std::string_view(buffer, n));
       transfer.response.file_size += n;
     }
     transfer.file.reset(std::fopen(path.c_str(), "ab"));
@@ -140,7 +124,7 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
     transfer->file_error = "short write to " + *transfer->download_path;
     return 0;
   }
-  EVP_DigestUpdate(transfer->digest.get(), data, bytes);
+  transfer->sha256->Update(std::string_view(data, bytes));
   transfer->response.file_size += bytes;
   return bytes;
 }
@@ -297,7 +281,7 @@ StatusOr<Response> HttpClient::SendOnce(const Request& request) const {
       return DataLossError(request.method + " " + RedactUrl(request.url) + ": cannot flush " +
                            request.download_path);
     }
-    transfer.response.file_sha256 = HexDigest(transfer.digest.get());
+    transfer.response.file_sha256 = transfer.sha256->HexDigest();
   }
   return std::move(transfer.response);
 }

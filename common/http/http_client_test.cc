@@ -1,7 +1,6 @@
 #include "common/http/http_client.h"
 
 #include <gtest/gtest.h>
-#include <openssl/evp.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/digest/digest.h"
 #include "tests/support/server_process.h"
 
 namespace llmctl::http {
@@ -157,19 +157,6 @@ TEST_F(HttpClientTest, ResponseErrorCarriesMethodUrlStatusAndRequestId) {
                                  "/status/409: HTTP 409 (request req-test-42): lease is busy");
 }
 
-std::string Sha256Hex(const std::string& bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr);
-  std::string hex;
-  char buffer[3];
-  for (unsigned int i = 0; i < length; ++i) {
-    std::snprintf(buffer, sizeof buffer, "%02x", digest[i]);
-    hex += buffer;
-  }
-  return hex;
-}
-
 std::string ExpectedFileBytes() {
   std::string bytes;
   for (int i = 0; i < 100000; ++i) bytes += static_cast<char>((i * 7 + 3) % 251);
@@ -205,7 +192,7 @@ TEST_F(DownloadTest, StreamsToFileWithSha256) {
   EXPECT_EQ(response->file_size, 100000u);
   std::string expected = ExpectedFileBytes();
   EXPECT_EQ(ReadAll(request.download_path), expected);
-  EXPECT_EQ(response->file_sha256, Sha256Hex(expected));
+  EXPECT_EQ(response->file_sha256, digest::Sha256Hex(expected));
 }
 
 TEST_F(DownloadTest, ResumesACutTransferWithRange) {
@@ -218,7 +205,7 @@ TEST_F(DownloadTest, ResumesACutTransferWithRange) {
   std::string expected = ExpectedFileBytes();
   EXPECT_EQ(ReadAll(request.download_path), expected);
   EXPECT_EQ(response->file_size, 100000u);
-  EXPECT_EQ(response->file_sha256, Sha256Hex(expected));
+  EXPECT_EQ(response->file_sha256, digest::Sha256Hex(expected));
 }
 
 TEST_F(DownloadTest, ResumesAPartialFileLeftByAnEarlierRun) {
@@ -231,7 +218,7 @@ TEST_F(DownloadTest, ResumesAPartialFileLeftByAnEarlierRun) {
   ASSERT_TRUE(response.ok()) << response.status().ToString();
   EXPECT_EQ(response->status, 206);
   EXPECT_EQ(ReadAll(path), expected);
-  EXPECT_EQ(response->file_sha256, Sha256Hex(expected));
+  EXPECT_EQ(response->file_sha256, digest::Sha256Hex(expected));
 }
 
 TEST_F(DownloadTest, ErrorBodiesStayInTheResponseNotTheFile) {

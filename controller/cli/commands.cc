@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "common/atomic_file.h"
+#include "common/digest/verified_file.h"
 #include "common/experiment.h"
 #include "common/files.h"
 #include "controller/cli/client.h"
@@ -69,20 +70,6 @@ std::string FormatUnixTime(int64_t seconds) {
   return buffer;
 }
 
-// A relative, '/'-separated path with no "..", "." or empty segment, as an artifact path must be
-// before anything is written under the destination.
-bool IsSafeRelativePath(const std::string& path) {
-  if (path.empty() || path.front() == '/') return false;
-  size_t start = 0;
-  while (start <= path.size()) {
-    const size_t end = std::min(path.find('/', start), path.size());
-    const std::string_view segment(path.data() + start, end - start);
-    if (segment.empty() || segment == "." || segment == "..") return false;
-    start = end + 1;
-  }
-  return path.find('\0') == std::string::npos;
-}
-
 // One artifact file as it arrives: written to "<path>.part", renamed to its name once its size and
 // sha256 check out, removed otherwise. Artifacts can be checkpoints of many GiB: nothing is held in
 // memory.
@@ -90,11 +77,10 @@ class ArtifactFile {
  public:
   static StatusOr<std::unique_ptr<ArtifactFile>> Begin(const fs::path& destination,
                                                        const v1::ArtifactChunk& first) {
-    if (!IsSafeRelativePath(first.path())) {
+    if (std::string problem = digest::RelativePathProblem(first.path()); !problem.empty()) {
       return DataLossError(
-          "the controller sent an artifact path that is not a safe relative "
-          "path: '" +
-          first.path() + "'");
+          "the controller sent an artifact path that is not a safe relative path: '" +
+          first.path() + "' (" + problem + ")");
     }
     const fs::path target = destination / first.path();
     std::error_code error;
@@ -106,60 +92,24 @@ class ArtifactFile {
     const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return FailedPreconditionError(part.string() + ": " + std::strerror(errno));
     return std::unique_ptr<ArtifactFile>(
-        new ArtifactFile(first.path(), first.size(), target, part, fd));
+        new ArtifactFile(first.path(), first.size(),
+                         std::make_unique<digest::VerifiedFileWriter>(first.path(), fd, part,
+                                                                      target, first.size())));
   }
 
-  ~ArtifactFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!finished_) ::unlink(part_.c_str());
-  }
-
-  Status Append(std::string_view data) {
-    received_ += static_cast<int64_t>(data.size());
-    if (received_ > size_) {
-      return DataLossError(path_ + ": more bytes than the announced " + std::to_string(size_));
-    }
-    sha256_.Update(data);
-    return WriteAll(fd_, data.data(), data.size());
-  }
-
-  Status Finish(const std::string& expected_sha256) {
-    const std::string sha256 = sha256_.HexDigest();
-    if (received_ != size_ || sha256 != expected_sha256) {
-      return DataLossError(path_ + ": received " + std::to_string(received_) +
-                           " bytes with sha256 " + sha256 + ", expected " + std::to_string(size_) +
-                           " bytes with sha256 " + expected_sha256);
-    }
-    const int fd = std::exchange(fd_, -1);
-    if (::fsync(fd) != 0 || ::close(fd) != 0) {
-      return FailedPreconditionError(part_.string() + ": " + std::strerror(errno));
-    }
-    if (::rename(part_.c_str(), target_.c_str()) != 0) {
-      return FailedPreconditionError(target_.string() + ": " + std::strerror(errno));
-    }
-    finished_ = true;
-    return Status::Ok();
-  }
+  Status Append(std::string_view data) { return writer_->Append(data); }
+  Status Finish(const std::string& expected_sha256) { return writer_->Commit(expected_sha256); }
 
   const std::string& path() const { return path_; }
   int64_t size() const { return size_; }
 
  private:
-  ArtifactFile(std::string path, int64_t size, fs::path target, fs::path part, int fd)
-      : path_(std::move(path)),
-        size_(size),
-        target_(std::move(target)),
-        part_(std::move(part)),
-        fd_(fd) {}
+  ArtifactFile(std::string path, int64_t size, std::unique_ptr<digest::VerifiedFileWriter> writer)
+      : path_(std::move(path)), size_(size), writer_(std::move(writer)) {}
 
   const std::string path_;  // as the controller named it
   const int64_t size_;
-  const fs::path target_;
-  const fs::path part_;
-  int fd_;
-  int64_t received_ = 0;
-  Sha256 sha256_;
-  bool finished_ = false;
+  const std::unique_ptr<digest::VerifiedFileWriter> writer_;
 };
 
 class Llmctl {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/digest/digest.h"
 #include "controller/cli/input_tree.h"
 #include "controller/cli/inputs.h"
 #include "llmctl/v1/controller.grpc.pb.h"
@@ -51,7 +52,7 @@ class FakeController final : public v1::Controller::Service {
       chunk_sizes.push_back(chunk.data().size());
       bytes += chunk.data();
     }
-    if (Sha256Hex(bytes) != sha256 || static_cast<int64_t>(bytes.size()) != size) {
+    if (digest::Sha256Hex(bytes) != sha256 || static_cast<int64_t>(bytes.size()) != size) {
       return {grpc::StatusCode::DATA_LOSS, "digest or size differ"};
     }
     std::lock_guard lock(mutex_);
@@ -195,7 +196,7 @@ TEST_F(CommandsTest, SubmitUploadsOnlyMissingBlobsInChunksAndSendsTheTrees) {
   Write("lab/data/train.jsonl", data);
   Write("lab/tok/tokenizer.json", "{}");
   Write("lab/tok/special_tokens_map.json", "{}");  // same bytes: one blob
-  fake_.present_.insert(Sha256Hex("{}"));
+  fake_.present_.insert(digest::Sha256Hex("{}"));
   const std::string file = WriteExperiment();
 
   ASSERT_EQ(Run({"submit", file}), kExitOk) << err_.str();
@@ -204,7 +205,7 @@ TEST_F(CommandsTest, SubmitUploadsOnlyMissingBlobsInChunksAndSendsTheTrees) {
   std::lock_guard lock(fake_.mutex_);
   EXPECT_EQ(fake_.asked_.size(), 2u);  // each distinct blob once
   ASSERT_EQ(fake_.uploaded_.size(), 1u);
-  EXPECT_EQ(fake_.uploaded_.begin()->first, Sha256Hex(data));
+  EXPECT_EQ(fake_.uploaded_.begin()->first, digest::Sha256Hex(data));
   EXPECT_EQ(fake_.uploaded_.begin()->second, data);
   EXPECT_EQ(fake_.upload_chunk_sizes_.begin()->second,
             (std::vector<size_t>{kBlobChunkBytes, kBlobChunkBytes, 5}));
@@ -422,9 +423,9 @@ std::vector<v1::ArtifactChunk> ArtifactChunks(const std::string& path, const std
 TEST_F(CommandsTest, FetchWritesVerifiedFilesAndRefusesBadOnes) {
   const std::string adapter = "adapter bytes";
   fake_.artifacts_ =
-      ArtifactChunks("adapter/adapter_model.safetensors", adapter, Sha256Hex(adapter));
+      ArtifactChunks("adapter/adapter_model.safetensors", adapter, digest::Sha256Hex(adapter));
   const std::vector<v1::ArtifactChunk> log =
-      ArtifactChunks("events.jsonl", "{}\n{}\n", Sha256Hex("{}\n{}\n"));
+      ArtifactChunks("events.jsonl", "{}\n{}\n", digest::Sha256Hex("{}\n{}\n"));
   fake_.artifacts_.insert(fake_.artifacts_.end(), log.begin(), log.end());
   const fs::path to = dir_ / "out";
   ASSERT_EQ(Run({"fetch", "42", "a", "--to", to.string()}), kExitOk) << err_.str();
@@ -433,13 +434,13 @@ TEST_F(CommandsTest, FetchWritesVerifiedFilesAndRefusesBadOnes) {
   EXPECT_EQ(got, adapter);
   EXPECT_TRUE(fs::exists(to / "events.jsonl"));
 
-  fake_.artifacts_ = ArtifactChunks("bad.bin", adapter, Sha256Hex("something else"));
+  fake_.artifacts_ = ArtifactChunks("bad.bin", adapter, digest::Sha256Hex("something else"));
   EXPECT_EQ(Run({"fetch", "42", "a", "--to", to.string()}), kExitFailed);
-  EXPECT_NE(err_.str().find("bad.bin: received 13 bytes with sha256"), std::string::npos);
+  EXPECT_NE(err_.str().find("bad.bin: 13 bytes with sha256"), std::string::npos);
   EXPECT_FALSE(fs::exists(to / "bad.bin"));
   EXPECT_FALSE(fs::exists(to / "bad.bin.part"));  // nothing half-written is left behind
 
-  fake_.artifacts_ = ArtifactChunks("../escape.bin", adapter, Sha256Hex(adapter));
+  fake_.artifacts_ = ArtifactChunks("../escape.bin", adapter, digest::Sha256Hex(adapter));
   EXPECT_EQ(Run({"fetch", "42", "a", "--to", to.string()}), kExitFailed);
   EXPECT_FALSE(fs::exists(dir_ / "escape.bin"));
 }

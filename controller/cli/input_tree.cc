@@ -1,13 +1,13 @@
 #include "controller/cli/input_tree.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <vector>
+
+#include "common/digest/digest.h"
 
 namespace llmctl::cli {
 namespace {
@@ -17,34 +17,6 @@ namespace fs = std::filesystem;
 constexpr size_t kReadPiece = 1 << 20;
 
 }  // namespace
-
-Sha256::Sha256() : context_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
-  EVP_DigestInit_ex(context_.get(), EVP_sha256(), nullptr);
-}
-
-void Sha256::Update(std::string_view bytes) {
-  EVP_DigestUpdate(context_.get(), bytes.data(), bytes.size());
-}
-
-std::string Sha256::HexDigest() {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_DigestFinal_ex(context_.get(), digest, &length);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(2 * length);
-  for (unsigned int i = 0; i < length; ++i) {
-    hex.push_back(kHex[digest[i] >> 4]);
-    hex.push_back(kHex[digest[i] & 0xf]);
-  }
-  return hex;
-}
-
-std::string Sha256Hex(std::string_view bytes) {
-  Sha256 sha;
-  sha.Update(bytes);
-  return sha.HexDigest();
-}
 
 StatusOr<std::string> Sha256OfFile(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -57,7 +29,7 @@ StatusOr<std::string> Sha256OfFile(const fs::path& path) {
     }
     return InternalError(path.string() + ": cannot open: " + reason);
   }
-  Sha256 sha;
+  digest::Sha256 sha;
   std::vector<char> piece(kReadPiece);
   while (in) {
     in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
@@ -68,11 +40,12 @@ StatusOr<std::string> Sha256OfFile(const fs::path& path) {
 }
 
 std::string InputTreeDigest(const v1::InputTree& tree) {
-  std::string manifest;
+  std::vector<digest::TreeFile> files;
+  files.reserve(static_cast<size_t>(tree.files_size()));
   for (const v1::TreeFile& file : tree.files()) {
-    manifest += file.sha256() + " " + std::to_string(file.size()) + " " + file.path() + "\n";
+    files.push_back({file.path(), file.sha256(), file.size()});
   }
-  return Sha256Hex(manifest);
+  return digest::TreeDigest(files);
 }
 
 StatusOr<InputTreeBuilder::FileDigest> InputTreeBuilder::Digest(const fs::path& file) {

@@ -10,39 +10,20 @@
 #ifndef LLMCTL_CONTROLLER_CLI_INPUT_TREE_H_
 #define LLMCTL_CONTROLLER_CLI_INPUT_TREE_H_
 
-#include <openssl/evp.h>
-
 #include <filesystem>
 #include <map>
-#include <memory>
 #include <string>
-#include <string_view>
 
 #include "common/status.h"
 #include "llmctl/v1/common.pb.h"
 
 namespace llmctl::cli {
 
-// A sha256 computed piece by piece (OpenSSL's EVP interface), for data too large to hold at once.
-class Sha256 {
- public:
-  Sha256();
-  void Update(std::string_view bytes);
-  // Lowercase hex; call once, after the last Update.
-  std::string HexDigest();
-
- private:
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context_;
-};
-
-// Lowercase hex sha256 of `bytes`.
-std::string Sha256Hex(std::string_view bytes);
-
 // Lowercase hex sha256 of a file's bytes, read in 1 MiB pieces. NotFound / PermissionDenied /
 // Internal with the path in the message.
 StatusOr<std::string> Sha256OfFile(const std::filesystem::path& path);
 
-// The tree's digest: sha256 of "<sha256> <size> <path>\n" for each file in `tree.files` order.
+// digest::TreeDigest of `tree.files`, in their order.
 std::string InputTreeDigest(const v1::InputTree& tree);
 
 // Builds trees and remembers every file it hashed, so a file shared by several trees (or named

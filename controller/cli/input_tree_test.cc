@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/digest/digest.h"
+
 namespace llmctl::cli {
 namespace {
 
@@ -31,17 +33,12 @@ class InputTreeTest : public ::testing::Test {
   fs::path root_;
 };
 
-TEST(Sha256Test, KnownVectors) {
-  EXPECT_EQ(Sha256Hex("abc"), kAbc);
-  EXPECT_EQ(Sha256Hex(""), kEmpty);
-}
-
 TEST_F(InputTreeTest, FileHashMatchesBytesAcrossReadPieces) {
   const std::string big(3 * (1 << 20) + 17, 'x');  // spans several 1 MiB read pieces
   Write("big.bin", big);
   StatusOr<std::string> sha = Sha256OfFile(root_ / "big.bin");
   ASSERT_TRUE(sha.ok()) << sha.status().message();
-  EXPECT_EQ(*sha, Sha256Hex(big));
+  EXPECT_EQ(*sha, digest::Sha256Hex(big));
   EXPECT_EQ(Sha256OfFile(root_ / "missing").status().code(), StatusCode::kNotFound);
 }
 
@@ -56,7 +53,7 @@ TEST_F(InputTreeTest, SingleFileIsATreeOfOneNamedAfterIt) {
   EXPECT_EQ(tree->files(0).sha256(), kAbc);
   EXPECT_EQ(tree->files(0).size(), 3);
   // The digest rule of common.proto, spelled out.
-  EXPECT_EQ(tree->digest(), Sha256Hex(std::string(kAbc) + " 3 data.jsonl\n"));
+  EXPECT_EQ(tree->digest(), digest::Sha256Hex(std::string(kAbc) + " 3 data.jsonl\n"));
   EXPECT_EQ(builder.blobs().at(kAbc), fs::canonical(root_ / "data.jsonl"));
 }
 
@@ -75,7 +72,7 @@ TEST_F(InputTreeTest, DirectoryWalkSortsPathsInByteOrderAndRecurses) {
             (std::vector<std::string>{"B.txt", "a b.txt", "b/weights.safetensors", "config.json"}));
   const std::string manifest = std::string(kAbc) + " 3 B.txt\n" + kAbc + " 3 a b.txt\n" + kEmpty +
                                " 0 b/weights.safetensors\n" + kAbc + " 3 config.json\n";
-  EXPECT_EQ(tree->digest(), Sha256Hex(manifest));
+  EXPECT_EQ(tree->digest(), digest::Sha256Hex(manifest));
   EXPECT_EQ(tree->digest(), InputTreeDigest(*tree));
   EXPECT_EQ(builder.blobs().size(), 2u);  // three files with the same bytes are one blob
 }
