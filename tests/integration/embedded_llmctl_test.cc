@@ -78,19 +78,29 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
                                        "data: {path: train.jsonl, max_seq_length: 64}\n"
                                        "train: {micro_batch_size: 2, max_steps: 2}\n"
                                        "trials:\n"
+                                       "  - name: squeezed\n"
+                                       "    set: {device_memory: 6MiB}\n"
+                                       "    expect: oom\n"
                                        "  - {name: tiny, expect: ok}\n";
 
   CommandResult submitted = Llmctl("submit " + (user / "tiny.yaml").string() + " --wait");
   ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
   const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
   EXPECT_NE(submitted.out.find("2 trees, 2 files, 2 uploaded"), std::string::npos) << submitted.out;
-  EXPECT_NE(submitted.out.find("tiny   ok"), std::string::npos) << submitted.out;
+  // --wait exits 0 only when every trial ended as its `expect:` says.
 
   CommandResult report = Llmctl("report " + id + " --format json");
   ASSERT_EQ(report.exit_code, 0);
   const nlohmann::json json = nlohmann::json::parse(report.out);
-  ASSERT_EQ(json["trials"].size(), 1u);
-  const nlohmann::json& trial = json["trials"][0];
+  ASSERT_EQ(json["trials"].size(), 2u);
+  // The trial that ran out of memory is stored as oom with the snapshot taken when the allocation
+  // failed, and the next trial on the same agent still ran.
+  const nlohmann::json& squeezed = json["trials"][0];
+  EXPECT_EQ(squeezed["name"], "squeezed");
+  EXPECT_EQ(squeezed["outcome"], "oom");
+  EXPECT_GT(squeezed["at_peak"]["params_bytes"].get<int64_t>(), 0);
+  EXPECT_LE(squeezed["at_peak"]["allocated_bytes"].get<int64_t>(), 6 << 20);
+  const nlohmann::json& trial = json["trials"][1];
   EXPECT_EQ(trial["outcome"], "ok");
   EXPECT_EQ(trial["expected"], "ok");
   EXPECT_GT(trial["peak_bytes"].get<int64_t>(), 0);
