@@ -123,7 +123,9 @@ class TrialRun {
   }
   // Puts weights, optimizer state, data position and generators back from options_.resume_from.
   Status Resume();
-  Status SaveCheckpointAfter(int64_t step);
+  // A checkpoint of the state after `completed_steps` optimizer steps, whose next micro-batches
+  // start at `data_position`.
+  Status WriteCheckpoint(int64_t completed_steps, const nlohmann::json& data_position);
   // With adapters and an output_dir: output_dir/adapter (PEFT's files) and, with peft.save_merged,
   // output_dir/merged.
   Status SaveAdapterOutputs();
@@ -161,6 +163,8 @@ class TrialRun {
   std::optional<double> last_loss_;
   int64_t steps_done_ = 0;
   int64_t first_step_ = 0;
+  int64_t last_checkpoint_steps_ = 0;  // completed steps in the newest checkpoint (or resumed from)
+  nlohmann::json step_start_position_;  // the data position before the running step's micro-batches
   std::string divergence_;
 };
 
@@ -208,20 +212,22 @@ Status TrialRun::Resume() {
   if (loss_scaler_) loss_scaler_->set_scale(checkpoint.state.loss_scale);
   RETURN_IF_ERROR(RestoreGeneratorStates(checkpoint.generators).WithContext(dir));
   first_step_ = checkpoint.state.next_step;
+  last_checkpoint_steps_ = first_step_;
   return Status::Ok();
 }
 
-Status TrialRun::SaveCheckpointAfter(int64_t step) {
+Status TrialRun::WriteCheckpoint(int64_t completed_steps, const nlohmann::json& data_position) {
   const std::string dir =
-      config_.GetString("output_dir") + "/checkpoints/step-" + std::to_string(step + 1);
+      config_.GetString("output_dir") + "/checkpoints/step-" + std::to_string(completed_steps);
   const NamedTensors model = ModelState(model_);
   TrainingState state;
-  state.next_step = step + 1;
-  state.data_position = batches_->Position();
+  state.next_step = completed_steps;
+  state.data_position = data_position;
   state.loss_scale = loss_scaler_ ? loss_scaler_->scale() : 0.0;
   state.config = config_.ToJson();
   RETURN_IF_ERROR(SaveCheckpoint(dir, model, optimizer_->NamedState(), state));
-  events_.Emit({{"type", "checkpoint"}, {"step", step}, {"path", dir}});
+  last_checkpoint_steps_ = completed_steps;
+  events_.Emit({{"type", "checkpoint"}, {"step", completed_steps - 1}, {"path", dir}});
   Human("[checkpoint] " + dir);
   return Status::Ok();
 }
@@ -270,6 +276,7 @@ bool TrialRun::TrainStep(int64_t step) {
   // larger.
   std::vector<MicroBatch> micro_batches;
   int64_t global_label_tokens = 0;
+  step_start_position_ = batches_->Position();
   for (int64_t i = 0; i < accumulation_; ++i) {
     micro_batches.push_back(batches_->Next(micro_batch_size_, device_));
     global_label_tokens += micro_batches.back().label_tokens;
@@ -495,10 +502,18 @@ TrialResult TrialRun::Run() {
     for (int64_t step = first_step_; step < total_steps_; ++step) {
       if (!TrainStep(step)) {
         if (!divergence_.empty()) return Finish(Outcome::kDiverged, divergence_);
+        // A run that keeps checkpoints keeps its progress when it is stopped (the controller stops
+        // trials before their node's lease ends): the weights and optimizer state are still those
+        // after the last complete step, and the data resumes where that step's micro-batches began.
+        if (checkpoint_every > 0 && step > last_checkpoint_steps_) {
+          if (Status status = WriteCheckpoint(step, step_start_position_); !status.ok()) {
+            return Finish(Outcome::kFailed, status.message());
+          }
+        }
         return Finish(Outcome::kCancelled, "cancelled at step " + std::to_string(step));
       }
       if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0) {
-        if (Status status = SaveCheckpointAfter(step); !status.ok()) {
+        if (Status status = WriteCheckpoint(step + 1, batches_->Position()); !status.ok()) {
           return Finish(Outcome::kFailed, status.message());
         }
       }

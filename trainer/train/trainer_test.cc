@@ -5,9 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <streambuf>
 
 #include "common/model_config.h"
 #include "trainer/model/weights.h"
@@ -204,6 +206,61 @@ TEST(CheckpointResumeTest, ResumedRunReproducesTheUninterruptedLossesExactly) {
   ASSERT_EQ(all.size(), 6u);
   ASSERT_EQ(rest.size(), 3u);
   for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], all[i + 3]) << "step " << i + 3;
+  std::filesystem::remove_all(out);
+}
+
+// Raises `cancel` once the trainer has printed the line of step `after_step`, so the stop arrives while
+// the next step runs, as llm-train's SIGTERM handler would raise it.
+class CancelAfterStep : public std::streambuf {
+ public:
+  CancelAfterStep(int after_step, std::atomic<bool>* cancel)
+      : marker_("[step " + std::to_string(after_step) + "/"), cancel_(cancel) {}
+
+ protected:
+  int overflow(int c) override {
+    if (c != traits_type::eof()) Append(std::string(1, static_cast<char>(c)));
+    return c;
+  }
+  std::streamsize xsputn(const char* text, std::streamsize count) override {
+    Append(std::string(text, static_cast<size_t>(count)));
+    return count;
+  }
+
+ private:
+  void Append(const std::string& text) {
+    printed_ += text;
+    if (printed_.find(marker_) != std::string::npos) cancel_->store(true);
+  }
+  const std::string marker_;
+  std::atomic<bool>* cancel_;
+  std::string printed_;
+};
+
+TEST(CheckpointResumeTest, AStoppedRunCheckpointsItsLastCompleteStepAndResumesExactly) {
+  const std::string out = testing::FreshTempDir("stopped");
+  TrialRecord whole = RunAndRecord(DemoConfig({{"train.max_steps", "6"}}));
+  ASSERT_EQ(whole.result.outcome, Outcome::kOk) << whole.result.error;
+
+  // checkpoint_every 4 would first write after step 4; the stop during step 3 writes step-2.
+  std::atomic<bool> cancel{false};
+  CancelAfterStep stop_after_step_2(2, &cancel);
+  std::ostream human(&stop_after_step_2);
+  RunOptions options;
+  options.human = &human;
+  options.cancel = &cancel;
+  const TrialResult stopped = RunTrial(
+      DemoConfig({{"train.max_steps", "6"}, {"checkpoint_every", "4"}, {"output_dir", out}}),
+      options);
+  ASSERT_EQ(stopped.outcome, Outcome::kCancelled) << stopped.error;
+  const std::string checkpoint = out + "/checkpoints/step-2";
+  ASSERT_TRUE(std::filesystem::exists(checkpoint + "/model.safetensors"));
+
+  TrialRecord resumed = RunAndRecord(DemoConfig({{"train.max_steps", "6"}}), checkpoint);
+  ASSERT_EQ(resumed.result.outcome, Outcome::kOk) << resumed.result.error;
+  const std::vector<double> all = whole.Losses();
+  const std::vector<double> rest = resumed.Losses();
+  ASSERT_EQ(rest.size(), 4u);
+  for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], all[i + 2]) << "step " << i + 2;
   std::filesystem::remove_all(out);
 }
 
