@@ -1,5 +1,6 @@
 #include "common/text.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
 
@@ -48,6 +49,37 @@ size_t FirstInvalidUtf8(std::string_view s) {
     i += len;
   }
   return std::string_view::npos;
+}
+
+namespace {
+
+size_t DisplayWidth(std::string_view text) {
+  size_t width = 0;
+  for (char c : text) width += (static_cast<unsigned char>(c) & 0xC0) != 0x80;  // not a continuation
+  return width;
+}
+
+}  // namespace
+
+std::string FormatColumns(const std::vector<std::vector<std::string>>& rows,
+                          size_t first_right_aligned) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], DisplayWidth(row[i]));
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      const std::string padding(widths[i] - DisplayWidth(row[i]), ' ');
+      if (i > 0) line += "  ";
+      line += i >= first_right_aligned ? padding + row[i] : row[i] + padding;
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
 }
 
 }  // namespace llmctl

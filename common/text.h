@@ -3,7 +3,10 @@
 #define LLMCTL_COMMON_TEXT_H_
 
 #include <cstddef>
+#include <limits>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace llmctl {
 
@@ -13,6 +16,13 @@ std::string_view Trim(std::string_view text);
 // The offset of the first byte that breaks UTF-8 (overlong forms, surrogates and code points past
 // U+10FFFF included), or std::string_view::npos when `text` is valid.
 size_t FirstInvalidUtf8(std::string_view text);
+
+// The rows as text columns two spaces apart, one line each, every column as wide as its widest cell
+// counted in characters (UTF-8 such as "–" counts once). Columns from `first_right_aligned` on are
+// right-aligned (numbers); rows may have fewer cells than others; no line ends in a space. The one
+// table printer of the command-line tools.
+std::string FormatColumns(const std::vector<std::vector<std::string>>& rows,
+                          size_t first_right_aligned = std::numeric_limits<size_t>::max());
 
 }  // namespace llmctl
 

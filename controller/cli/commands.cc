@@ -21,6 +21,7 @@
 #include "common/digest/verified_file.h"
 #include "common/experiment.h"
 #include "common/files.h"
+#include "common/text.h"
 #include "controller/cli/client.h"
 #include "controller/cli/daemons.h"
 #include "controller/cli/input_tree.h"
@@ -42,24 +43,6 @@ constexpr int kWatchReconnects = 30;
 constexpr std::chrono::seconds kDaemonStopGrace{10};
 constexpr std::chrono::milliseconds kFirstAgentPoll{100};
 
-// Left-aligned columns, two spaces apart.
-std::string Columns(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> widths;
-  for (const auto& row : rows) {
-    widths.resize(std::max(widths.size(), row.size()), 0);
-    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
-  }
-  std::string out;
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      line += row[i];
-      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
-    }
-    out += line + "\n";
-  }
-  return out;
-}
 
 std::string FormatUnixTime(int64_t seconds) {
   const std::time_t time = static_cast<std::time_t>(seconds);
@@ -419,7 +402,7 @@ int Llmctl::ShowStatus(int64_t id) {
                       std::to_string(e.ended()) + "/" + std::to_string(e.trials()),
                       FormatUnixTime(e.created_unix()), e.filename()});
     }
-    context_.out << Columns(rows);
+    context_.out << FormatColumns(rows);
     return kExitOk;
   }
   v1::GetExperimentRequest request;
@@ -555,7 +538,7 @@ int Llmctl::Nodes() {
                     node.has_lease() ? FormatUnixTime(node.lease().ends_unix()) : "–",
                     node.running().empty() ? "–" : node.running()});
   }
-  context_.out << Columns(rows);
+  context_.out << FormatColumns(rows);
   return kExitOk;
 }
 

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "common/text.h"
+
 namespace llmctl::cli {
 namespace {
 
@@ -77,11 +79,6 @@ LabRow MakeLabRow(const v1::TrialReport& trial) {
 }
 
 // Display width of UTF-8 text: code points (every character here is one column wide).
-size_t Width(std::string_view text) {
-  return static_cast<size_t>(
-      std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; }));
-}
-
 std::string RenderTable(const v1::ReportResponse& report) {
   std::vector<std::vector<std::string>> rows;
   rows.emplace_back(kLabColumns.begin(), kLabColumns.end());
@@ -92,22 +89,9 @@ std::string RenderTable(const v1::ReportResponse& report) {
     }
     rows.push_back(std::move(row.cells));
   }
-  std::vector<size_t> widths(kLabColumns.size(), 0);
-  for (const auto& row : rows) {
-    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], Width(row[i]));
-  }
   std::string out =
-      "experiment " + std::to_string(report.experiment_id()) + ": " + report.name() + "\n";
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      const std::string padding(widths[i] - Width(row[i]), ' ');
-      if (i > 0) line += "  ";
-      line += i >= kFirstNumericColumn ? padding + row[i] : row[i] + padding;
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out += line + "\n";
-  }
+      "experiment " + std::to_string(report.experiment_id()) + ": " + report.name() + "\n" +
+      FormatColumns(rows, kFirstNumericColumn);
   const int unexpected = CountUnexpectedOutcomes(report);
   if (unexpected > 0) {
     out += "\n" + std::to_string(unexpected) +

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 
+#include "common/text.h"
 #include "controller/openstack/nova.h"
 #include "controller/openstack/sites.h"
 
@@ -62,18 +63,7 @@ void PrintTable(const std::vector<Lease>& leases, std::ostream& out) {
     rows.push_back({lease.name, lease.status, FormatUtc(lease.start, kTableDate),
                     FormatUtc(lease.end, kTableDate), Reserves(lease), lease.id});
   }
-  std::vector<size_t> widths(rows.front().size(), 0);
-  for (const auto& row : rows) {
-    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      line += row[i];
-      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
-    }
-    out << line << "\n";
-  }
+  out << FormatColumns(rows);
 }
 
 void PrintLease(const Lease& lease, std::ostream& out) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "common/text.h"
 #include "controller/openstack/lease_cli.h"
 
 namespace llmctl::openstack {
@@ -29,18 +30,7 @@ void PrintTable(const std::vector<Node>& nodes, std::ostream& out) {
                     node.AgentAddress().empty() ? "-" : node.AgentAddress(),
                     node.server ? node.server->id : "-"});
   }
-  std::vector<size_t> widths(rows.front().size(), 0);
-  for (const auto& row : rows) {
-    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      line += row[i];
-      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
-    }
-    out << line << "\n";
-  }
+  out << FormatColumns(rows);
 }
 
 void PrintNode(const Node& node, std::ostream& out) {

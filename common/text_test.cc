@@ -1,0 +1,37 @@
+#include "common/text.h"
+
+#include <gtest/gtest.h>
+
+namespace llmctl {
+namespace {
+
+TEST(TrimTest, DropsSurroundingWhiteSpaceOnly) {
+  EXPECT_EQ(Trim("  a b \t\n"), "a b");
+  EXPECT_EQ(Trim(""), "");
+}
+
+TEST(FirstInvalidUtf8Test, FindsTheBreakingByte) {
+  EXPECT_EQ(FirstInvalidUtf8("plain – ok"), std::string_view::npos);
+  EXPECT_EQ(FirstInvalidUtf8("ab\xC0\xAF"), 2u);  // overlong '/'
+}
+
+TEST(FormatColumnsTest, AlignsByCharactersAndRightAlignsNumbers) {
+  const std::string table = FormatColumns({{"trial", "outcome", "MiB"},
+                                           {"baseline", "oom", "212.2"},
+                                           {"qlora", "ok", "–"}},
+                                          2);
+  EXPECT_EQ(table,
+            "trial     outcome    MiB\n"
+            "baseline  oom      212.2\n"
+            "qlora     ok           –\n");
+}
+
+TEST(FormatColumnsTest, LeftAlignedRaggedRowsEndWithoutSpaces) {
+  EXPECT_EQ(FormatColumns({{"NAME", "STATUS"}, {"a"}, {"longer-name", "ACTIVE"}}),
+            "NAME         STATUS\n"
+            "a\n"
+            "longer-name  ACTIVE\n");
+}
+
+}  // namespace
+}  // namespace llmctl
