@@ -244,6 +244,8 @@ StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment
     row->set_error(TrialError(trial));
     if (trial.state == store::TrialState::kRunning) {
       row->set_notice(dispatcher_.NodeNotice(trial.node));
+    } else if (trial.state == store::TrialState::kQueued) {
+      row->set_notice(dispatcher_.QueuedNotice(trial.trial_id));
     }
     if (trial.state != store::TrialState::kQueued) started = true;
   }

@@ -191,6 +191,12 @@ std::string Dispatcher::NodeNotice(const std::string& node) {
   return notice == node_notices_.end() ? "" : notice->second;
 }
 
+std::string Dispatcher::QueuedNotice(int64_t trial_id) {
+  std::lock_guard lock(mutex_);
+  auto notice = queued_notices_.find(trial_id);
+  return notice == queued_notices_.end() ? "" : notice->second;
+}
+
 void Dispatcher::Wake() {
   {
     std::lock_guard lock(mutex_);
@@ -393,7 +399,11 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
     spdlog::error("dispatcher: cannot list queued trials: {}", queued.status().ToString());
     return;
   }
-  if (queued->empty()) return;
+  if (queued->empty()) {
+    std::lock_guard lock(mutex_);
+    queued_notices_.clear();
+    return;
+  }
 
   // Which devices the running attempts hold. Indices this controller did not hand out (it was
   // restarted since) are taken as the lowest free ones of the trial's type.
@@ -453,6 +463,19 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
     by_id[trial.id] = &trial;
   }
   const scheduler::Placement placement = scheduler::PlaceTrials(queue, agents);
+  // A trial that no connected node could ever run would otherwise wait without a word (say, an
+  // experiment for GPUs submitted to the embedded CPU agent).
+  std::map<int64_t, std::string> waiting;
+  for (int64_t trial_id : placement.unsatisfiable) {
+    const store::TrialRecord& trial = *by_id.at(trial_id);
+    waiting[trial_id] = "no connected node has " + std::to_string(trial.device_count) + " " +
+                        trial.device_type +
+                        " device(s); the trial waits until one does (llmctl nodes, llmctl node up)";
+  }
+  {
+    std::lock_guard lock(mutex_);
+    queued_notices_ = std::move(waiting);
+  }
   for (const scheduler::Assignment& assignment : placement.assignments) {
     const store::TrialRecord& trial = *by_id.at(assignment.trial_id);
     Status launched =

@@ -582,6 +582,35 @@ TEST_F(DispatcherTest, CancelStopsARunningTrialOnItsAgent) {
             std::vector<std::string>{std::to_string(experiment) + "/one#1"});
 }
 
+TEST_F(DispatcherTest, ATrialNoConnectedNodeCanRunWaitsWithANoticeSayingWhy) {
+  v1::SubmitRequest request;
+  request.set_filename("gpu.yaml");
+  request.set_yaml_text(std::string(kExperiment) + "device: cuda\n");
+  v1::SubmitResponse submitted;
+  grpc::ClientContext submit_context;
+  const grpc::Status accepted = controller_->Submit(&submit_context, request, &submitted);
+  ASSERT_TRUE(accepted.ok()) << accepted.error_message();
+  Tick();
+  EXPECT_EQ(OnlyTrial(submitted.experiment_id()).state, store::TrialState::kQueued);
+  EXPECT_EQ(RunsStarted(), 0u);
+
+  grpc::ClientContext context;
+  v1::GetExperimentRequest get;
+  get.set_experiment_id(submitted.experiment_id());
+  v1::ExperimentStatus status;
+  ASSERT_TRUE(controller_->GetExperiment(&context, get, &status).ok());
+  ASSERT_EQ(status.trials_size(), 1);
+  EXPECT_NE(status.trials(0).notice().find("no connected node has 1 cuda device(s)"),
+            std::string::npos)
+      << status.trials(0).notice();
+
+  // A CPU trial is placed as usual and carries no notice.
+  const int64_t cpu = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(cpu).state == store::TrialState::kOk; }));
+  EXPECT_EQ(daemon_->dispatcher().QueuedNotice(OnlyTrial(cpu).id), "");
+}
+
 TEST_F(DispatcherTest, AnAgentWithACertificateFromAnotherCaIsNotTrusted) {
   StopAgent();
   auto other_ca = rpc::CertificateAuthority::LoadOrCreate(root_ + "/other-ca");
