@@ -55,7 +55,8 @@ namespace {
 
 size_t DisplayWidth(std::string_view text) {
   size_t width = 0;
-  for (char c : text) width += (static_cast<unsigned char>(c) & 0xC0) != 0x80;  // not a continuation
+  for (char c : text)
+    width += (static_cast<unsigned char>(c) & 0xC0) != 0x80;  // not a continuation
   return width;
 }
 

@@ -16,10 +16,8 @@ TEST(FirstInvalidUtf8Test, FindsTheBreakingByte) {
 }
 
 TEST(FormatColumnsTest, AlignsByCharactersAndRightAlignsNumbers) {
-  const std::string table = FormatColumns({{"trial", "outcome", "MiB"},
-                                           {"baseline", "oom", "212.2"},
-                                           {"qlora", "ok", "–"}},
-                                          2);
+  const std::string table = FormatColumns(
+      {{"trial", "outcome", "MiB"}, {"baseline", "oom", "212.2"}, {"qlora", "ok", "–"}}, 2);
   EXPECT_EQ(table,
             "trial     outcome    MiB\n"
             "baseline  oom      212.2\n"

@@ -409,6 +409,14 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
   // restarted since) are taken as the lowest free ones of the trial's type.
   std::map<std::string, std::vector<const store::RunningAttempt*>> running_on;
   for (const store::RunningAttempt& attempt : running) running_on[attempt.node].push_back(&attempt);
+  // A node's labels are its lease's site and flavor; an experiment's `target:` must match them.
+  std::map<std::string, std::map<std::string, std::string>> labels;
+  if (auto nodes = store_.ListNodes(); nodes.ok()) {
+    for (const store::NodeRecord& node : *nodes) {
+      if (node.lease)
+        labels[node.name] = {{"site", node.lease->site}, {"flavor", node.lease->flavor}};
+    }
+  }
   std::vector<scheduler::Agent> agents;
   std::map<std::string, Link*> connected;
   {
@@ -420,6 +428,7 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
       scheduler::Agent& agent = agents.emplace_back();
       agent.name = name;
       agent.connected = true;
+      agent.labels = labels[name];
       std::map<std::string, int64_t> counts;
       for (const v1::Device& device : link->devices) ++counts[device.type()];
       if (counts.empty()) counts["cpu"] = 1;
@@ -456,10 +465,23 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
 
   std::vector<scheduler::QueuedTrial> queue;
   std::map<int64_t, const store::TrialRecord*> by_id;
+  std::map<int64_t, std::map<std::string, std::string>> targets;  // by experiment
   for (const store::TrialRecord& trial : *queued) {
+    if (!targets.contains(trial.experiment_id)) {
+      // Only what a node's labels say (its lease's site and flavor) can be matched.
+      std::map<std::string, std::string>& target = targets[trial.experiment_id];
+      if (auto experiment = store_.GetExperiment(trial.experiment_id); experiment.ok()) {
+        for (const char* key : {"site", "flavor"}) {
+          if (auto value = experiment->target.find(key); value != experiment->target.end()) {
+            target[key] = value->second;
+          }
+        }
+      }
+    }
     queue.push_back({.trial_id = trial.id,
                      .device_type = trial.device_type,
-                     .device_count = trial.device_count});
+                     .device_count = trial.device_count,
+                     .target = targets[trial.experiment_id]});
     by_id[trial.id] = &trial;
   }
   const scheduler::Placement placement = scheduler::PlaceTrials(queue, agents);
@@ -468,7 +490,11 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
   std::map<int64_t, std::string> waiting;
   for (int64_t trial_id : placement.unsatisfiable) {
     const store::TrialRecord& trial = *by_id.at(trial_id);
-    waiting[trial_id] = "no connected node has " + std::to_string(trial.device_count) + " " +
+    std::string where = "no connected node";
+    for (const auto& [name, value] : targets[trial.experiment_id]) {
+      where += (where == "no connected node" ? " with " : ", ") + name + " " + value;
+    }
+    waiting[trial_id] = where + " has " + std::to_string(trial.device_count) + " " +
                         trial.device_type +
                         " device(s); the trial waits until one does (llmctl nodes, llmctl node up)";
   }

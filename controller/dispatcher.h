@@ -115,7 +115,8 @@ class Dispatcher {
 
   // A warning about `node` for the trials running there ("" when none): its lease ends soon.
   std::string NodeNotice(const std::string& node);
-  // Why a queued trial is not placed when no connected node has the devices it needs ("" otherwise).
+  // Why a queued trial is not placed when no connected node has the devices it needs (""
+  // otherwise).
   std::string QueuedNotice(int64_t trial_id);
 
  private:
@@ -169,7 +170,8 @@ class Dispatcher {
   std::map<HubKey, std::unique_ptr<HubPreparation>> hub_models_;  // guarded by mutex_, never erased
   // Nodes whose lease ends soon → the warning; guarded by mutex_.
   std::map<std::string, std::string> node_notices_;
-  // Queued trials no connected node could run, as of the last placement round → why; guarded by mutex_.
+  // Queued trials no connected node could run, as of the last placement round → why; guarded by
+  // mutex_.
   std::map<int64_t, std::string> queued_notices_;
   // Attempts stopped because their node's lease ends → why; guarded by mutex_.
   std::map<AttemptKey, std::string> lease_stops_;

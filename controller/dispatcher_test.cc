@@ -609,6 +609,29 @@ TEST_F(DispatcherTest, ATrialNoConnectedNodeCanRunWaitsWithANoticeSayingWhy) {
   Tick();
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(cpu).state == store::TrialState::kOk; }));
   EXPECT_EQ(daemon_->dispatcher().QueuedNotice(OnlyTrial(cpu).id), "");
+
+  // An experiment for one flavor runs only on a node whose lease is of that flavor.
+  request.set_filename("targeted.yaml");
+  request.set_yaml_text(std::string(kExperiment) +
+                        "target: {site: KVM@TACC, flavor: g1.h100.pci.1}\n");
+  grpc::ClientContext targeted_context;
+  ASSERT_TRUE(controller_->Submit(&targeted_context, request, &submitted).ok());
+  const int64_t targeted = submitted.experiment_id();
+  Tick();
+  EXPECT_EQ(OnlyTrial(targeted).state, store::TrialState::kQueued);
+  EXPECT_NE(daemon_->dispatcher()
+                .QueuedNotice(OnlyTrial(targeted).id)
+                .find("no connected node with flavor g1.h100.pci.1, site KVM@TACC has 1 cpu"),
+            std::string::npos)
+      << daemon_->dispatcher().QueuedNotice(OnlyTrial(targeted).id);
+  ASSERT_TRUE(daemon_->store()
+                  .SetNodeLease("n1", {.name = "lab",
+                                       .site = "KVM@TACC",
+                                       .flavor = "g1.h100.pci.1",
+                                       .ends = clock_.Now() + std::chrono::hours(10)})
+                  .ok());
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(targeted).state == store::TrialState::kOk; }));
 }
 
 TEST_F(DispatcherTest, AnAgentWithACertificateFromAnotherCaIsNotTrusted) {

@@ -43,7 +43,6 @@ constexpr int kWatchReconnects = 30;
 constexpr std::chrono::seconds kDaemonStopGrace{10};
 constexpr std::chrono::milliseconds kFirstAgentPoll{100};
 
-
 std::string FormatUnixTime(int64_t seconds) {
   const std::time_t time = static_cast<std::time_t>(seconds);
   std::tm tm{};

@@ -89,9 +89,8 @@ std::string RenderTable(const v1::ReportResponse& report) {
     }
     rows.push_back(std::move(row.cells));
   }
-  std::string out =
-      "experiment " + std::to_string(report.experiment_id()) + ": " + report.name() + "\n" +
-      FormatColumns(rows, kFirstNumericColumn);
+  std::string out = "experiment " + std::to_string(report.experiment_id()) + ": " + report.name() +
+                    "\n" + FormatColumns(rows, kFirstNumericColumn);
   const int unexpected = CountUnexpectedOutcomes(report);
   if (unexpected > 0) {
     out += "\n" + std::to_string(unexpected) +

@@ -10,6 +10,7 @@ namespace {
 // A pool as this round of placement sees it.
 struct PoolState {
   const std::string* agent = nullptr;
+  const std::map<std::string, std::string>* labels = nullptr;
   const DevicePool* pool = nullptr;
   std::set<int64_t> free;
   // Held for an earlier trial that could not be placed: later trials may not take from it.
@@ -23,6 +24,7 @@ std::vector<PoolState> ConnectedPools(const std::vector<Agent>& agents) {
     for (const DevicePool& pool : agent.pools) {
       PoolState state;
       state.agent = &agent.name;
+      state.labels = &agent.labels;
       state.pool = &pool;
       for (int64_t index = 0; index < pool.count; ++index) {
         if (!pool.busy.contains(index)) state.free.insert(index);
@@ -34,6 +36,10 @@ std::vector<PoolState> ConnectedPools(const std::vector<Agent>& agents) {
 }
 
 bool CouldEverHold(const PoolState& state, const QueuedTrial& trial) {
+  for (const auto& [name, wanted] : trial.target) {
+    auto label = state.labels->find(name);
+    if (label == state.labels->end() || label->second != wanted) return false;
+  }
   return state.pool->type == trial.device_type && state.pool->count >= trial.device_count;
 }
 

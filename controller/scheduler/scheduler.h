@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -17,6 +18,9 @@ struct QueuedTrial {
   int64_t trial_id = 0;
   std::string device_type;  // "cpu" or "cuda"
   int64_t device_count = 1;
+  // The experiment's `target:` ({site, flavor}); each entry must equal the agent's label of that
+  // name, so figures measured for one GPU model never come from another. Empty: any agent.
+  std::map<std::string, std::string> target;
 };
 
 // The devices of one type on an agent, numbered 0 .. count - 1. A CPU agent has one "cpu" device.
@@ -28,7 +32,8 @@ struct DevicePool {
 
 struct Agent {
   std::string name;
-  bool connected = false;  // only connected agents get trials
+  bool connected = false;                     // only connected agents get trials
+  std::map<std::string, std::string> labels;  // from the node's lease: site, flavor
   std::vector<DevicePool> pools;
 };
 
@@ -50,9 +55,9 @@ struct Placement {
 };
 
 // Places queued trials (given in file order: experiment by experiment) on agents.
-// - A trial goes to a connected agent's pool of its device type with at least device_count free
-//   devices, and takes the lowest free indices. One trial per device at a time: an agent with four
-//   GPUs runs four 1-GPU trials, a CPU agent one trial.
+// - A trial goes only to a connected agent whose labels match its target, to a pool of its device
+//   type with at least device_count free devices, and takes the lowest free indices. One trial per
+//   device at a time: an agent with four GPUs runs four 1-GPU trials, a CPU agent one trial.
 // - Among the pools that fit, the one with the fewest free devices wins (ties: agent name), so that
 //   small trials pack together and large pools stay free for large trials.
 // - No overtaking: a trial that cannot be placed now reserves every pool that could ever hold it,

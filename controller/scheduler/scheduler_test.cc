@@ -12,18 +12,22 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
 QueuedTrial Cuda(int64_t id, int64_t count = 1) {
-  return {.trial_id = id, .device_type = "cuda", .device_count = count};
+  return {.trial_id = id, .device_type = "cuda", .device_count = count, .target = {}};
 }
-QueuedTrial Cpu(int64_t id) { return {.trial_id = id, .device_type = "cpu", .device_count = 1}; }
+QueuedTrial Cpu(int64_t id) {
+  return {.trial_id = id, .device_type = "cpu", .device_count = 1, .target = {}};
+}
 
 Agent GpuAgent(std::string name, int64_t gpus, std::set<int64_t> busy = {}) {
   return {.name = std::move(name),
           .connected = true,
+          .labels = {},
           .pools = {{.type = "cuda", .count = gpus, .busy = std::move(busy)}}};
 }
 Agent CpuAgent(std::string name, std::set<int64_t> busy = {}) {
   return {.name = std::move(name),
           .connected = true,
+          .labels = {},
           .pools = {{.type = "cpu", .count = 1, .busy = std::move(busy)}}};
 }
 
@@ -50,6 +54,24 @@ TEST(PlaceTrialsTest, CpuAgentRunsOneTrialAtATimeInFileOrder) {
   EXPECT_THAT(Describe(placement), ElementsAre("1@a:0"));
   EXPECT_THAT(placement.waiting, ElementsAre(2, 3));
   EXPECT_THAT(placement.unsatisfiable, IsEmpty());
+}
+
+TEST(PlaceTrialsTest, ATrialWithATargetRunsOnlyWhereTheNodesLeaseMatchesIt) {
+  Agent a100 = GpuAgent("a100", 1);
+  a100.labels = {{"site", "CHI@UC"}, {"flavor", "gpu_a100_pcie"}};
+  Agent h100 = GpuAgent("h100", 1);
+  h100.labels = {{"site", "KVM@TACC"}, {"flavor", "g1.h100.pci.1"}};
+  QueuedTrial for_h100 = Cuda(1);
+  for_h100.target = {{"site", "KVM@TACC"}, {"flavor", "g1.h100.pci.1"}};
+  QueuedTrial anywhere = Cuda(2);
+  // The A100 node comes first by name, yet the H100 trial goes to the H100 node.
+  EXPECT_THAT(Describe(PlaceTrials({for_h100, anywhere}, {a100, h100})),
+              ElementsAre("1@h100:0", "2@a100:0"));
+
+  // With no node of its target connected, the trial cannot run anywhere and holds nothing back.
+  const Placement placement = PlaceTrials({for_h100, anywhere}, {a100});
+  EXPECT_THAT(placement.unsatisfiable, ElementsAre(1));
+  EXPECT_THAT(Describe(placement), ElementsAre("2@a100:0"));
 }
 
 TEST(PlaceTrialsTest, BusyCpuAgentTakesNothing) {
