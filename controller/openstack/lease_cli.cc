@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "common/text.h"
+#include "controller/openstack/command_words.h"
 #include "controller/openstack/nova.h"
 #include "controller/openstack/sites.h"
 
@@ -269,22 +270,11 @@ int RunLeaseCommand(const std::vector<std::string>& args, std::ostream& out, std
     sub->add_option("--site", flags.site, "site (default: the credentials' region)");
   }
 
-  std::vector<std::string> reversed(args.rbegin(), args.rend());
-  try {
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
-    out << app.help();
-    return 0;
-  } catch (const CLI::ParseError& error) {
-    err << "llmctl lease: " << error.what() << "\n";
-    return 2;
-  }
+  if (std::optional<int> stop = ParseCommandWords(app, args, "lease", out, err)) return *stop;
   std::string command = app.get_subcommands().front()->get_name();
   Status status =
       command == "create" ? RunCreate(flags, out, context) : RunOther(command, flags, out, context);
-  if (status.ok()) return 0;
-  err << "llmctl lease " << command << ": " << status.message() << "\n";
-  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  return CommandExitCode(status, "lease", command, err);
 }
 
 }  // namespace llmctl::openstack

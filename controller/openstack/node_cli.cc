@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "common/text.h"
+#include "controller/openstack/command_words.h"
 #include "controller/openstack/lease_cli.h"
 
 namespace llmctl::openstack {
@@ -152,25 +153,13 @@ int RunNodeCommand(const std::vector<std::string>& args, std::ostream& out, std:
   CLI::App* down = app.add_subcommand("down", "remove a node's server, volume and floating IP");
   down->add_option("node", flags.name, "node (lease) name")->required();
 
-  std::vector<std::string> reversed(args.rbegin(), args.rend());
-  try {
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
-    out << app.help();
-    return 0;
-  } catch (const CLI::ParseError& error) {
-    err << "llmctl node: " << error.what() << "\n";
-    return 2;
-  }
+  if (std::optional<int> stop = ParseCommandWords(app, args, "node", out, err)) return *stop;
   if (!flags.image.image.empty() && !flags.image.git_url.empty()) {
     err << "llmctl node up: give --agent-image or --agent-git, not both\n";
     return 2;
   }
   std::string command = app.get_subcommands().front()->get_name();
-  Status status = Run(command, flags, out, context);
-  if (status.ok()) return 0;
-  err << "llmctl node " << command << ": " << status.message() << "\n";
-  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  return CommandExitCode(Run(command, flags, out, context), "node", command, err);
 }
 
 }  // namespace llmctl::openstack

@@ -1,0 +1,28 @@
+#include "controller/openstack/command_words.h"
+
+namespace llmctl::openstack {
+
+std::optional<int> ParseCommandWords(CLI::App& app, const std::vector<std::string>& words,
+                                     std::string_view group, std::ostream& out, std::ostream& err) {
+  // CLI11 takes the words last first.
+  std::vector<std::string> reversed(words.rbegin(), words.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    out << app.help();
+    return 0;
+  } catch (const CLI::ParseError& error) {
+    err << "llmctl " << group << ": " << error.what() << "\n";
+    return 2;
+  }
+  return std::nullopt;
+}
+
+int CommandExitCode(const Status& status, std::string_view group, std::string_view command,
+                    std::ostream& err) {
+  if (status.ok()) return 0;
+  err << "llmctl " << group << " " << command << ": " << status.message() << "\n";
+  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace llmctl::openstack
