@@ -12,7 +12,6 @@
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
-#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -26,12 +25,14 @@
 #include <vector>
 
 #include "tests/openstack_sim/simulator.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using testing::CommandResult;
 
 constexpr char kLease[] = "e2e";
 constexpr char kFlavor[] = "g1.h100.pci.1";
@@ -47,11 +48,6 @@ sleep 1
 emit '{"type":"step","step":1,"loss":1.5}'
 emit '{"type":"result","outcome":"ok","error":"","final_loss":1.5}'
 )";
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;  // stdout, then stderr
-};
 
 fs::path BuildDir() {
   const char* dir = std::getenv("LLMCTL_BUILD_DIR");
@@ -112,18 +108,8 @@ class CloudEndToEndTest : public ::testing::Test {
     command += " LLMCTL_HOME=" + home_.string() +
                " XDG_CONFIG_HOME=" + (home_ / "config").string() +
                " LLMCTL_TRAIN_BIN=" + trainer_.string() + " " +
-               (BuildDir() / "controller" / "cli" / "llmctl").string() + " " + args + " 2>&1";
-    CommandResult result;
-    FILE* pipe = ::popen(command.c_str(), "r");
-    if (pipe == nullptr) return result;
-    std::array<char, 4096> buffer;
-    size_t got;
-    while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
-      result.out.append(buffer.data(), got);
-    }
-    const int status = ::pclose(pipe);
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return result;
+               (BuildDir() / "controller" / "cli" / "llmctl").string() + " " + args;
+    return testing::RunShellCommand(command);
   }
 
   // The server's user-data and floating IP once `node up` has made both; null until then.

@@ -4,25 +4,20 @@
 // (nothing left to upload) and stops both daemons. Real processes, real gRPC on unix sockets, real
 // SQLite, a real llm-train run of the demo model for two steps.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/support/shell_command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;  // stdout, then stderr
-};
+using llmctl::testing::CommandResult;
 
 fs::path BuildDir() {
   const char* dir = std::getenv("LLMCTL_BUILD_DIR");
@@ -50,18 +45,8 @@ class EmbeddedLlmctlTest : public ::testing::Test {
     const std::string command = "env -u LLMCTL_CONTROLLER LLMCTL_HOME=" + home_.string() +
                                 " XDG_CONFIG_HOME=" + (home_ / "config").string() + " " +
                                 (BuildDir() / "controller" / "cli" / "llmctl").string() + " " +
-                                args + " 2>&1";
-    CommandResult result;
-    FILE* pipe = ::popen(command.c_str(), "r");
-    if (pipe == nullptr) return result;
-    std::array<char, 4096> buffer;
-    size_t got;
-    while ((got = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
-      result.out.append(buffer.data(), got);
-    }
-    const int status = ::pclose(pipe);
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return result;
+                                args;
+    return llmctl::testing::RunShellCommand(command);
   }
 
   fs::path home_;
