@@ -132,6 +132,21 @@ class HubTest : public ::testing::Test {
     return Stub()->RunTrial(&context, request, state);
   }
 
+  // Follows the run's event stream until the agent says the run ended (its supervisor has written
+  // the worker's exit and is gone).
+  bool AwaitEnd(const pb::RunKey& key) {
+    pb::StreamEventsRequest request;
+    *request.mutable_key() = key;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    auto stub = Stub();
+    auto reader = stub->StreamEvents(&context, request);
+    bool ended = false;
+    pb::StreamEventsResponse item;
+    while (reader->Read(&item)) ended = ended || item.has_ended();
+    return reader->Finish().ok() && ended;
+  }
+
   nlohmann::json HubStats() {
     http::HttpClient client;
     http::Request request;
@@ -212,6 +227,9 @@ TEST_F(HubTest, DownloadsTheDefaultFilesIntoAModelDirectoryThatLoads) {
   ASSERT_TRUE(started.ok()) << started.error_message();
   const std::string trial_yaml = ReadAll(dir_ / "data/runs/1/hub/1/trial.yaml");
   EXPECT_NE(trial_yaml.find("model: " + model_dir.string()), std::string::npos) << trial_yaml;
+  // The run's supervisor outlives this call; it must be done writing its files before TearDown
+  // removes the directory under it.
+  EXPECT_TRUE(AwaitEnd(state.key()));
 }
 
 TEST_F(HubTest, ExplicitFilesAreAddedToThePreparedDirectory) {
