@@ -444,7 +444,7 @@ grpc::Status ControllerService::RegisterNode(grpc::ServerContext*,
     for (const store::NodeRecord& existing : known) {
       if (existing.name == node.name) node.last_seen = existing.last_seen;
     }
-    RETURN_IF_ERROR(store_.UpsertNode(node));
+    RETURN_IF_ERROR(store_.RegisterNode(node));
     spdlog::info("node {} registered at {}", node.name,
                  node.address.empty() ? "an address not yet known" : node.address);
     response->set_name(node.name);
@@ -490,6 +490,41 @@ grpc::Status ControllerService::UpdateNode(grpc::ServerContext*,
     ASSIGN_OR_RETURN(std::vector<store::RunningAttempt> running, store_.ListRunningAttempts());
     ASSIGN_OR_RETURN(*response, BuildNodeStatus(*node, running));
     dispatcher_.Wake();
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::DeregisterNode(grpc::ServerContext*,
+                                               const v1::DeregisterNodeRequest* request,
+                                               v1::DeregisterNodeResponse* response) {
+  return Guard("DeregisterNode", [&]() -> Status {
+    RETURN_IF_ERROR(ValidateNodeName(request->name()).WithContext("deregister node"));
+    // The token goes first: from the moment the node is removed the controller cannot present it
+    // again. Should the removal fail after this, the node is unreachable until a retry removes it.
+    RETURN_IF_ERROR(secrets_.RemoveNodeToken(request->name()));
+    ASSIGN_OR_RETURN(store::NodeRemoval removal, dispatcher_.RemoveNode(request->name()));
+    response->set_name(request->name());
+    switch (removal.result) {
+      case store::NodeRemoval::Result::kRemoved:
+        response->set_result("removed");
+        break;
+      case store::NodeRemoval::Result::kAlreadyRemoved:
+        response->set_result("already_removed");
+        break;
+      case store::NodeRemoval::Result::kUnknown:
+        response->set_result("unknown");
+        break;
+    }
+    if (removal.removed_at.has_value()) {
+      response->set_removed_unix(
+          std::chrono::duration_cast<std::chrono::seconds>(removal.removed_at->time_since_epoch())
+              .count());
+    }
+    for (const store::RunningAttempt& attempt : removal.lost) {
+      ASSIGN_OR_RETURN(store::TrialRecord trial, store_.GetTrial(attempt.trial_id));
+      response->add_requeued(std::to_string(attempt.experiment_id) + "/" + trial.name + "#" +
+                             std::to_string(attempt.attempt));
+    }
     return Status::Ok();
   });
 }

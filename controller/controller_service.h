@@ -48,6 +48,9 @@ class ControllerService final : public v1::Controller::Service {
                             v1::NodeCredentials* response) override;
   grpc::Status UpdateNode(grpc::ServerContext* context, const v1::UpdateNodeRequest* request,
                           v1::NodeStatus* response) override;
+  grpc::Status DeregisterNode(grpc::ServerContext* context,
+                              const v1::DeregisterNodeRequest* request,
+                              v1::DeregisterNodeResponse* response) override;
 
  private:
   StatusOr<int64_t> ResolveExperimentId(int64_t requested);

@@ -278,6 +278,80 @@ TEST_F(ControllerServiceTest, RegisterNodeIssuesCredentialsThatAreStoredOnlyInTh
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+TEST_F(ControllerServiceTest, DeregisterNodeRequeuesItsTrialsRevokesItsTokenAndIsIdempotent) {
+  auto register_node = [&](v1::NodeCredentials* credentials) {
+    grpc::ClientContext context;
+    v1::RegisterNodeRequest request;
+    request.set_name("gpu-1");
+    request.set_address("127.0.0.1:7443");
+    return stub_->RegisterNode(&context, request, credentials);
+  };
+  auto deregister = [&](const std::string& name, v1::DeregisterNodeResponse* response) {
+    grpc::ClientContext context;
+    v1::DeregisterNodeRequest request;
+    request.set_name(name);
+    return stub_->DeregisterNode(&context, request, response);
+  };
+  auto listed = [&] {
+    grpc::ClientContext context;
+    v1::ListNodesResponse nodes;
+    EXPECT_TRUE(stub_->ListNodes(&context, {}, &nodes).ok());
+    std::vector<std::string> names;
+    for (const v1::NodeStatus& node : nodes.nodes()) names.push_back(node.name());
+    return names;
+  };
+  v1::NodeCredentials first;
+  ASSERT_TRUE(register_node(&first).ok());
+  v1::SubmitResponse submitted;
+  ASSERT_TRUE(Submit("tiny.yaml", kExperiment, &submitted).ok());
+  store::Store& store = daemon_->store();
+  const std::vector<store::TrialRecord> trials = *store.ListTrials(submitted.experiment_id());
+  ASSERT_EQ(*store.StartAttempt(trials[0].id, "gpu-1", clock_.Now()), 1);
+
+  v1::DeregisterNodeResponse removed;
+  grpc::Status status = deregister("gpu-1", &removed);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(removed.result(), "removed");
+  EXPECT_EQ(removed.removed_unix(), 1'700'000'000);
+  ASSERT_EQ(removed.requeued_size(), 1);
+  EXPECT_EQ(removed.requeued(0), std::to_string(submitted.experiment_id()) + "/a#1");
+  // At once, with the clock where it was: no requeue_after to wait for.
+  EXPECT_EQ(store.GetTrial(trials[0].id)->state, store::TrialState::kQueued);
+  EXPECT_EQ(store.GetTrial(trials[0].id)->current_attempt, 1);
+  EXPECT_TRUE(listed().empty());
+  // The token is revoked: gone from the secrets file, so the controller can never present it.
+  EXPECT_EQ(ReadAll(root_ + "/data/secrets.json").find(first.token()), std::string::npos);
+  EXPECT_EQ(store.GetSecretRef("gpu-1").status().code(), StatusCode::kNotFound);
+  grpc::ClientContext update_context;
+  v1::UpdateNodeRequest update;
+  update.set_name("gpu-1");
+  update.set_address("127.0.0.1:7444");
+  v1::NodeStatus updated;
+  EXPECT_EQ(stub_->UpdateNode(&update_context, update, &updated).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+
+  clock_.Advance(std::chrono::seconds(60));
+  v1::DeregisterNodeResponse again;
+  ASSERT_TRUE(deregister("gpu-1", &again).ok());
+  EXPECT_EQ(again.result(), "already_removed");
+  EXPECT_EQ(again.removed_unix(), 1'700'000'000);
+  EXPECT_EQ(again.requeued_size(), 0);
+  v1::DeregisterNodeResponse unknown;
+  ASSERT_TRUE(deregister("never-seen", &unknown).ok());
+  EXPECT_EQ(unknown.result(), "unknown");
+  EXPECT_EQ(unknown.removed_unix(), 0);
+  EXPECT_EQ(deregister("bad name", &unknown).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // `node up` again under the same name: a new node with fresh credentials.
+  v1::NodeCredentials second;
+  ASSERT_TRUE(register_node(&second).ok());
+  EXPECT_NE(second.token(), first.token());
+  EXPECT_NE(second.certificate_pem(), first.certificate_pem());
+  EXPECT_NE(ReadAll(root_ + "/data/secrets.json").find(second.token()), std::string::npos);
+  EXPECT_EQ(listed(), std::vector<std::string>{"gpu-1"});
+  EXPECT_EQ(*store.StartAttempt(trials[0].id, "gpu-1", clock_.Now()), 2);
+}
+
 TEST_F(ControllerServiceTest, CancellingQueuedTrialsEndsTheExperimentAndItsWatch) {
   v1::SubmitResponse submitted;
   ASSERT_TRUE(Submit("tiny.yaml", kExperiment, &submitted).ok());

@@ -26,6 +26,7 @@ struct Dispatcher::Link {
   // Guarded by Dispatcher::mutex_:
   bool connected = false;
   bool needs_reconcile = true;  // ListRuns after each (re)connect
+  bool removed = false;         // RemoveNode: never dialled again; the next round erases it
   store::Time last_seen;
   store::Time next_health_at;
   std::vector<v1::Device> devices;
@@ -225,6 +226,14 @@ void Dispatcher::Tick() {
     spdlog::error("dispatcher: cannot list nodes: {}", nodes.status().ToString());
     return;
   }
+  {
+    // Links of removed nodes. Every Link* is used under tick_mutex_ (held here) or looked up
+    // under mutex_, so erasing is safe.
+    std::set<std::string> listed;
+    for (const store::NodeRecord& node : *nodes) listed.insert(node.name);
+    std::lock_guard lock(mutex_);
+    std::erase_if(links_, [&](const auto& entry) { return !listed.contains(entry.first); });
+  }
   for (const store::NodeRecord& node : *nodes) {
     if (node.address.empty()) continue;  // registered before its address is known
     Link* link = EnsureLink(node, now);
@@ -260,7 +269,8 @@ void Dispatcher::Tick() {
 Dispatcher::Link* Dispatcher::EnsureLink(const store::NodeRecord& node, store::Time now) {
   std::lock_guard lock(mutex_);
   std::unique_ptr<Link>& link = links_[node.name];
-  if (link == nullptr) {
+  // A removed node registered again before a round erased its old link starts afresh.
+  if (link == nullptr || link->removed) {
     link = std::make_unique<Link>();
     link->name = node.name;
     link->address = node.address;
@@ -300,6 +310,7 @@ void Dispatcher::CheckHealth(Link& link, store::Time now) {
     health = rpc::FromGrpcStatus(stub->GetNodeInfo(context.get(), {}, &info));
   }
   std::lock_guard lock(mutex_);
+  if (link.removed) return;  // RemoveNode ran meanwhile: keep its link disconnected
   link.next_health_at = now + options_.health_interval;
   // After a failure the next check dials a fresh channel, so the controller's schedule decides
   // when to try again, not gRPC's growing reconnect backoff: an agent that restarts is seen at the
@@ -931,6 +942,37 @@ void Dispatcher::StopStream(const AttemptKey& key) {
     devices_.erase(key);
   }
   if (stream->thread.joinable()) stream->thread.join();
+}
+
+StatusOr<store::NodeRemoval> Dispatcher::RemoveNode(const std::string& node) {
+  ASSIGN_OR_RETURN(store::NodeRemoval removal, store_.RemoveNode(node, clock_.Now()));
+  for (const store::RunningAttempt& attempt : removal.lost) {
+    spdlog::warn("node {} removed: {} is lost and requeued", node, AttemptName(attempt));
+    StopStream({attempt.trial_id, attempt.attempt});
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (auto link = links_.find(node); link != links_.end()) {
+      link->second->removed = true;
+      link->second->connected = false;
+      link->second->stub = nullptr;
+    }
+    node_notices_.erase(node);
+    for (auto& [key, preparation] : hub_models_) {
+      if (preparation->node != node) continue;
+      if (preparation->context != nullptr) preparation->context->TryCancel();
+      // A node registered again under this name starts with an empty cache.
+      if (preparation->state == HubPreparation::State::kReady) {
+        preparation->state = HubPreparation::State::kIdle;
+      }
+    }
+  }
+  if (removal.result == store::NodeRemoval::Result::kRemoved) {
+    spdlog::info("node {} removed ({} running attempts requeued)", node, removal.lost.size());
+  }
+  changes_.Notify();
+  Wake();
+  return removal;
 }
 
 StatusOr<std::vector<std::string>> Dispatcher::Cancel(int64_t experiment_id,

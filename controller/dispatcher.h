@@ -27,6 +27,9 @@
 //      lease_stop_margin before it, CancelRun for each trial running there (llm-train stops at
 //      the next micro-batch; its last periodic checkpoint, if any, stays in its output_dir), which
 //      then ends cancelled with "node N's lease L ends at ...".
+// A node removed with RemoveNode (`llmctl node down`) is no longer dialled: its stream readers stop
+// at once, its attempts are requeued at once (not after requeue_after), and the next round drops
+// its link.
 // Time comes from the injected Clock, so tests drive rounds and timeouts by hand.
 //
 // Thread-safe. Start() runs rounds on a thread of its own; the stream readers have a thread each.
@@ -102,6 +105,12 @@ class Dispatcher {
   // queued or running. NotFound for an unknown experiment or trial.
   StatusOr<std::vector<std::string>> Cancel(int64_t experiment_id, std::string_view trial);
 
+  // Removes the node (Store::RemoveNode: its running attempts are declared lost and their trials
+  // queued again, in one transaction), then stops the stream readers of those attempts and the
+  // node's hub model downloads, and drops its link before returning, so no call goes to the node
+  // from now on. An unknown or already removed node is OK (the result says which).
+  StatusOr<store::NodeRemoval> RemoveNode(const std::string& node);
+
   // Streams a run's artifacts from `node`'s agent into `sink`; a false from `sink` stops it
   // (Cancelled). Unavailable when the node has no link.
   Status FetchArtifacts(const std::string& node, const v1::RunKey& key,
@@ -161,9 +170,11 @@ class Dispatcher {
 
   std::mutex mutex_;
   std::condition_variable wake_;
-  bool wake_requested_ = false;                         // guarded by mutex_
-  bool stopping_ = false;                               // guarded by mutex_
-  std::map<std::string, std::unique_ptr<Link>> links_;  // by node; guarded by mutex_, never erased
+  bool wake_requested_ = false;  // guarded by mutex_
+  bool stopping_ = false;        // guarded by mutex_
+  // By node; guarded by mutex_. Erased only by Tick (under tick_mutex_, which every user of a
+  // Link* holds) once the node is no longer listed.
+  std::map<std::string, std::unique_ptr<Link>> links_;
   std::map<AttemptKey, std::unique_ptr<Stream>> streams_;  // guarded by mutex_
   // The device indices of the attempts this controller started; guarded by mutex_.
   std::map<AttemptKey, std::vector<int64_t>> devices_;

@@ -49,6 +49,7 @@ struct FakeAgentState {
   std::condition_variable changed;
   std::map<std::string, Run> runs;  // by RunName
   std::vector<int64_t> stream_from_seqs;
+  int node_info_calls = 0;
   std::set<std::string> blobs;
   std::vector<std::string> cancelled;
   // What the next RunTrial's worker will write.
@@ -81,6 +82,10 @@ class FakeAgent final : public v1::Agent::Service {
 
   grpc::Status GetNodeInfo(grpc::ServerContext*, const v1::GetNodeInfoRequest*,
                            v1::NodeInfo* info) override {
+    {
+      std::lock_guard lock(state_.mutex);
+      ++state_.node_info_calls;
+    }
     info->set_node("n1");
     v1::Device* cpu = info->add_devices();
     cpu->set_type("cpu");
@@ -236,13 +241,16 @@ class DispatcherTest : public testing::Test {
     config_.health_interval = seconds(5);
     config_.agent_call_deadline = seconds(10);
     StartController();
-
+    RegisterNode();
+    StartAgent();
+  }
+  // Registers node n1 at the fake agent's address; its credentials go to credentials_.
+  void RegisterNode() {
     grpc::ClientContext context;
     v1::RegisterNodeRequest request;
     request.set_name("n1");
     request.set_address(agent_address_);
     ASSERT_TRUE(controller_->RegisterNode(&context, request, &credentials_).ok());
-    StartAgent();
   }
   void TearDown() override {
     daemon_.reset();
@@ -560,6 +568,55 @@ TEST_F(DispatcherTest, AnAgentThatComesBackWithoutTheRunHasItRequeuedAtOnce) {
   Tick();
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
   EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
+}
+
+TEST_F(DispatcherTest, ARemovedNodesTrialIsRequeuedAtOnceAndTheNodeIsNoLongerDialled) {
+  agent_state_.script = {StepLine(0)};
+  agent_state_.script_ends = false;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(Eventually([&] { return StoredEvents(trial.id, 1) == 1; }));
+  ASSERT_EQ(daemon_->dispatcher().ActiveStreams(), 1);
+
+  // `llmctl node down n1`, the agent still up and the clock standing still.
+  grpc::ClientContext context;
+  v1::DeregisterNodeRequest request;
+  request.set_name("n1");
+  v1::DeregisterNodeResponse removed;
+  ASSERT_TRUE(controller_->DeregisterNode(&context, request, &removed).ok());
+  ASSERT_EQ(removed.requeued_size(), 1);
+  // Requeued now, not requeue_after (60 s) later; its stream reader already gone.
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 1);
+  EXPECT_EQ(daemon_->dispatcher().ActiveStreams(), 0);
+
+  auto node_info_calls = [&] {
+    std::lock_guard lock(agent_state_.mutex);
+    return agent_state_.node_info_calls;
+  };
+  const int calls = node_info_calls();
+  for (int round = 0; round < 3; ++round) {
+    clock_.Advance(config_.health_interval);
+    Tick();
+  }
+  EXPECT_EQ(node_info_calls(), calls) << "a removed node is dialled no more";
+  EXPECT_EQ(RunsStarted(), 1u) << "no trial goes to a removed node";
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+
+  // `node up` again under the same name: fresh credentials, and the trial runs as attempt 2.
+  StopAgent();
+  const std::string old_token = credentials_.token();
+  RegisterNode();
+  ASSERT_NE(credentials_.token(), old_token);
+  agent_state_.script = {StepLine(0), kResultLine};
+  agent_state_.script_ends = true;
+  StartAgent();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
+  EXPECT_EQ(StoredEvents(trial.id, 2), 2);
+  EXPECT_EQ(StoredEvents(trial.id, 1), 1);
 }
 
 TEST_F(DispatcherTest, CancelStopsARunningTrialOnItsAgent) {

@@ -53,6 +53,14 @@ Status SecretsFile::PutNodeToken(std::string_view node, std::string_view token) 
   return WriteLocked();
 }
 
+Status SecretsFile::RemoveNodeToken(std::string_view node) {
+  std::lock_guard lock(mutex_);
+  auto it = node_tokens_.find(node);
+  if (it == node_tokens_.end()) return Status::Ok();
+  node_tokens_.erase(it);
+  return WriteLocked();
+}
+
 StatusOr<std::string> SecretsFile::NodeToken(std::string_view node) const {
   std::lock_guard lock(mutex_);
   auto it = node_tokens_.find(node);

@@ -25,6 +25,9 @@ class SecretsFile {
 
   // Stores the node's token (replacing an older one) and rewrites the file before returning.
   Status PutNodeToken(std::string_view node, std::string_view token);
+  // Forgets the node's token (nothing to do when it has none) and rewrites the file before
+  // returning: the controller can no longer present it to the node's agent.
+  Status RemoveNodeToken(std::string_view node);
   // NotFound when the node has no token.
   StatusOr<std::string> NodeToken(std::string_view node) const;
 

@@ -51,6 +51,22 @@ TEST_F(SecretsFileTest, TokensSurviveReopeningInAPrivateFile) {
   EXPECT_EQ(SecretsFile::NodeTokenRef("n1"), "secrets.json#node_tokens/n1");
 }
 
+TEST_F(SecretsFileTest, ARemovedTokenIsGoneFromTheFileAndRemovingTwiceIsFine) {
+  {
+    auto secrets = *SecretsFile::Open(path_);
+    ASSERT_TRUE(secrets->PutNodeToken("n1", "token-one").ok());
+    ASSERT_TRUE(secrets->PutNodeToken("n2", "token-two").ok());
+    ASSERT_TRUE(secrets->RemoveNodeToken("n1").ok());
+    EXPECT_EQ(secrets->NodeToken("n1").status().code(), StatusCode::kNotFound);
+    EXPECT_TRUE(secrets->RemoveNodeToken("n1").ok());
+    EXPECT_TRUE(secrets->RemoveNodeToken("never-registered").ok());
+  }
+  auto reopened = *SecretsFile::Open(path_);
+  EXPECT_EQ(reopened->NodeToken("n1").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(*reopened->NodeToken("n2"), "token-two");
+  EXPECT_EQ(ReadFileToString(path_, 1 << 20)->find("token-one"), std::string::npos);
+}
+
 TEST_F(SecretsFileTest, RefusesAFileOthersCanReadOrADamagedOne) {
   ASSERT_TRUE((*SecretsFile::Open(path_))->PutNodeToken("n", "t").ok());
   chmod(path_.c_str(), 0644);

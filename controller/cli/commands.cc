@@ -126,6 +126,9 @@ class Llmctl {
   // Tells the controller where `node up`'s agent is and on which lease, then waits until the
   // controller reaches it.
   Status AwaitAgent(const openstack::NodeUp& up, std::ostream& out);
+  // `node down`'s part on the controller: DeregisterNode, its result printed to `out`. The error
+  // names the controller.
+  Status DeregisterNode(const std::string& node, std::ostream& out);
   int ShowStatus(int64_t id);
   int Watch(int64_t id);
   int Cancel(int64_t id, const std::string& trial);
@@ -319,7 +322,42 @@ int Llmctl::Node(const std::vector<std::string>& args, std::ostream& out) {
                                    .token = issued.token()};
   };
   node_context.node_up = [this, &out](const openstack::NodeUp& up) { return AwaitAgent(up, out); };
+  node_context.node_down = [this, &out](const std::string& node) {
+    return DeregisterNode(node, out);
+  };
   return openstack::RunNodeCommand(args, out, context_.err, node_context);
+}
+
+Status Llmctl::DeregisterNode(const std::string& node, std::ostream& out) {
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
+  v1::DeregisterNodeResponse response;
+  Status told = stub.status();
+  if (stub.ok()) {
+    v1::DeregisterNodeRequest request;
+    request.set_name(node);
+    told = rpc::FromGrpcStatus((*stub)->DeregisterNode(UnaryContext().get(), request, &response));
+  }
+  if (!told.ok()) {
+    const std::string controller =
+        target_.empty() ? "the controller"
+                        : "the controller at " + target_ + " (from " + target_source_ + ")";
+    return Status(told.code(), "cannot tell " + controller + " that node " + node +
+                                   " is going: " + told.message());
+  }
+  if (response.result() == "removed") {
+    out << "controller: node " << node << " removed";
+    if (response.requeued_size() > 0) {
+      out << "; its running trials are queued again:";
+      for (const std::string& attempt : response.requeued()) out << " " << attempt;
+    }
+    out << "\n";
+  } else if (response.result() == "already_removed") {
+    out << "controller: node " << node << " was already removed at "
+        << FormatUnixTime(response.removed_unix()) << "\n";
+  } else {
+    out << "controller: node " << node << " was not registered there\n";
+  }
+  return Status::Ok();
 }
 
 Status Llmctl::AwaitAgent(const openstack::NodeUp& up, std::ostream& out) {

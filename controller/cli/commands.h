@@ -5,7 +5,9 @@
 //   0  success
 //   1  a trial ended other than its `expect:` says (submit --wait), or an operation failed
 //   2  invalid input: a bad flag, experiment file, format, id or trial name (nothing was sent)
-//   3  the controller is unreachable (or the embedded one could not be started)
+//   3  the controller is unreachable (or the embedded one could not be started); for lease and node
+//      commands also the cloud, when it did not answer (`node down` still deletes the node's cloud
+//      resources when only the controller is unreachable, and says to run it again)
 #ifndef LLMCTL_CONTROLLER_CLI_COMMANDS_H_
 #define LLMCTL_CONTROLLER_CLI_COMMANDS_H_
 

@@ -22,7 +22,15 @@ int CommandExitCode(const Status& status, std::string_view group, std::string_vi
                     std::ostream& err) {
   if (status.ok()) return 0;
   err << "llmctl " << group << " " << command << ": " << status.message() << "\n";
-  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  switch (status.code()) {
+    case StatusCode::kInvalidArgument:
+      return 2;
+    case StatusCode::kUnavailable:
+    case StatusCode::kDeadlineExceeded:
+      return 3;
+    default:
+      return 1;
+  }
 }
 
 }  // namespace llmctl::openstack

@@ -20,7 +20,10 @@ std::optional<int> ParseCommandWords(CLI::App& app, const std::vector<std::strin
                                      std::string_view group, std::ostream& out, std::ostream& err);
 
 // 0 when `status` is OK; otherwise prints "llmctl <group> <command>: <message>" and returns 2 for
-// bad input, 1 when the cloud refused or failed.
+// bad input (InvalidArgument), 3 when a service did not answer (Unavailable or DeadlineExceeded:
+// the controller, or the cloud after the HTTP client's retries; trying again later may help), 1
+// when the cloud refused or failed otherwise. The same codes as llmctl's other commands
+// (controller/cli/commands.h).
 int CommandExitCode(const Status& status, std::string_view group, std::string_view command,
                     std::ostream& err);
 

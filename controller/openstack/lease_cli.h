@@ -29,7 +29,8 @@ struct LeaseCommandContext {
 
 // Runs one lease command; `args` are the words after "lease", e.g. {"create", "--flavor",
 // "g1.h100.pci.1", "--wait"}. Tables and results go to `out`, errors (one line each) to `err`.
-// Returns the exit code: 0 done, 1 the cloud refused or failed, 2 bad usage or input.
+// Returns the exit code (CommandExitCode): 0 done, 1 the cloud refused or failed, 2 bad usage or
+// input, 3 the cloud did not answer.
 //
 //   lease create (--flavor F | --node-type T [--hosts N]) [--site S] [--start T]
 //                [--duration 2h50m] [--name N] [--wait] [--os-cloud C]

@@ -53,7 +53,7 @@ void PrintNode(const Node& node, std::ostream& out) {
       << "agent:        " << (node.AgentAddress().empty() ? "-" : node.AgentAddress()) << "\n";
 }
 
-Status Run(const std::string& command, const NodeFlags& flags, std::ostream& out,
+Status Run(const std::string& command, const NodeFlags& flags, std::ostream& out, std::ostream& err,
            const NodeCommandContext& context) {
   AgentImageSource image = flags.image;
   if (command == "up") {
@@ -120,8 +120,23 @@ Status Run(const std::string& command, const NodeFlags& flags, std::ostream& out
     ASSIGN_OR_RETURN(Node node, nodes.Show(flags.name));
     PrintNode(node, out);
   } else if (command == "down") {
+    Status told = context.node_down ? context.node_down(flags.name) : Status::Ok();
+    const bool unanswered =
+        told.code() == StatusCode::kUnavailable || told.code() == StatusCode::kDeadlineExceeded;
+    if (!told.ok() && !unanswered) return told;
+    if (unanswered) {
+      err << "llmctl node down: warning: " << told.message()
+          << "; deleting the node's cloud resources anyway\n";
+    }
     RETURN_IF_ERROR(nodes.Down(flags.name));
     out << "node " << flags.name << " is down\n";
+    if (unanswered) {
+      return Status(told.code(), "node " + flags.name +
+                                     "'s cloud resources are deleted, but the controller still "
+                                     "lists it: once the controller answers, run `llmctl node "
+                                     "down " +
+                                     flags.name + "` again");
+    }
   }
   return Status::Ok();
 }
@@ -159,7 +174,7 @@ int RunNodeCommand(const std::vector<std::string>& args, std::ostream& out, std:
     return 2;
   }
   std::string command = app.get_subcommands().front()->get_name();
-  return CommandExitCode(Run(command, flags, out, context), "node", command, err);
+  return CommandExitCode(Run(command, flags, out, err, context), "node", command, err);
 }
 
 }  // namespace llmctl::openstack

@@ -40,13 +40,20 @@ struct NodeCommandContext {
   // Called once `node up` has the node's floating IP; its error fails the command (the node stays
   // up; rerunning `node up` finishes). Unset: nothing is told.
   std::function<Status(const NodeUp& up)> node_up;
+  // Called by `node down` before anything is deleted, so that the controller forgets the node and
+  // places no new trial there. Unavailable or DeadlineExceeded (the controller does not answer):
+  // `node down` warns, deletes the cloud resources anyway and then fails with that status (exit 3:
+  // run it again once the controller answers); any other error stops it before anything is deleted.
+  // Unset: nothing is told.
+  std::function<Status(const std::string& node)> node_down;
   // Used when `node up` names neither --agent-image nor --agent-git (the controller's config).
   AgentImageSource default_agent_image;
 };
 
 // Runs one node command; `args` are the words after "node". Progress, tables and results go to
-// `out`, errors (one line each) to `err`. Returns 0 done, 1 the cloud refused or failed, 2 bad
-// usage or input.
+// `out`, errors and warnings (one line each) to `err`. Returns the exit code (CommandExitCode): 0
+// done, 1 the cloud refused or failed, 2 bad usage or input, 3 the controller (or the cloud) did
+// not answer.
 //
 //   node up --lease NAME [--image CC-Ubuntu24.04-CUDA] [--boot-volume 200] [--key-name K]
 //           [--agent-port 7443] [--agent-image REF | --agent-git URL --agent-commit SHA]

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <sstream>
 
@@ -56,8 +57,10 @@ class NodeCliTest : public ::testing::Test {
     std::string out, err;
   };
 
-  Result Node(const std::vector<std::string>& args) {
+  Result Node(const std::vector<std::string>& args,
+              std::function<Status(const std::string&)> node_down = nullptr) {
     NodeCommandContext context;
+    context.node_down = std::move(node_down);
     context.env = sim_->Environment();
     context.clock = &sim_->clock();
     context.http_options.sleep = [](std::chrono::milliseconds) {};
@@ -157,6 +160,51 @@ TEST_F(NodeCliTest, BadUsageIsRefusedBeforeAnythingIsMade) {
       << unknown_lease.err;
   EXPECT_EQ(Node({"frobnicate"}).code, 2);
   EXPECT_EQ(sim_->CountRequests("POST", "/nova") + sim_->CountRequests("POST", "/cinder"), posts);
+}
+
+TEST_F(NodeCliTest, DownTellsTheControllerFirstAndStillDeletesWhenItDoesNotAnswer) {
+  ActiveLease("gone");
+  ASSERT_EQ(Node({"up", "--lease", "gone", "--agent-image", "registry.example.org/agent:1"}).code,
+            0);
+  std::vector<std::string> told;
+  size_t servers_when_told = 0;
+  Result down = Node({"down", "gone"}, [&](const std::string& node) {
+    told.push_back(node);
+    servers_when_told = (*sim_->Books())["servers"].size();
+    return UnavailableError(
+        "cannot tell the controller at unix:/run/c.sock (from LLMCTL_CONTROLLER) that node gone "
+        "is going: connection refused");
+  });
+  EXPECT_EQ(down.code, 3) << down.err;
+  EXPECT_EQ(told, std::vector<std::string>{"gone"});
+  EXPECT_EQ(servers_when_told, 1u) << "the controller is told before anything is deleted";
+  EXPECT_NE(down.err.find("llmctl node down: warning: cannot tell the controller at "
+                          "unix:/run/c.sock (from LLMCTL_CONTROLLER) that node gone is going"),
+            std::string::npos)
+      << down.err;
+  EXPECT_NE(down.err.find("once the controller answers, run `llmctl node down gone` again"),
+            std::string::npos)
+      << down.err;
+  EXPECT_NE(down.out.find("node gone is down\n"), std::string::npos) << down.out;
+  json books = *sim_->Books();
+  for (const char* table : {"servers", "volumes", "floating_ips", "ports"}) {
+    EXPECT_EQ(books[table], json::array()) << table;
+  }
+  // Rerunning once the controller answers is safe and ends well.
+  Result again = Node({"down", "gone"}, [](const std::string&) { return Status::Ok(); });
+  EXPECT_EQ(again.code, 0) << again.err;
+
+  // Any other answer from the controller stops `node down` before anything is deleted.
+  ActiveLease("kept");
+  ASSERT_EQ(Node({"up", "--lease", "kept", "--agent-image", "registry.example.org/agent:1"}).code,
+            0);
+  Result refused = Node({"down", "kept"}, [](const std::string&) {
+    return FailedPreconditionError("the controller cannot write its database");
+  });
+  EXPECT_EQ(refused.code, 1);
+  EXPECT_EQ(refused.err, "llmctl node down: the controller cannot write its database\n");
+  EXPECT_EQ((*sim_->Books())["servers"].size(), 1u);
+  EXPECT_EQ(Node({"down", "kept"}).code, 0);
 }
 
 // Debian's openstack CLI (python-openstackclient, openstacksdk: nobody here wrote them) sees

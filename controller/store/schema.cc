@@ -97,7 +97,13 @@ ALTER TABLE nodes ADD COLUMN lease_flavor TEXT NOT NULL DEFAULT '';
 ALTER TABLE nodes ADD COLUMN lease_ends INTEGER;
 )sql";
 
-constexpr std::array<std::string_view, 2> kMigrations = {kInitialSchema, kNodeLeases};
+// When `llmctl node down` removed the node (NULL while it is registered). The row stays so that
+// attempts keep naming a node the controller knew; a removed node is not listed or dialled.
+constexpr std::string_view kNodeRemoval = R"sql(
+ALTER TABLE nodes ADD COLUMN removed_at INTEGER;
+)sql";
+
+constexpr std::array<std::string_view, 3> kMigrations = {kInitialSchema, kNodeLeases, kNodeRemoval};
 
 }  // namespace
 

@@ -311,6 +311,48 @@ Status RefreshExperimentState(sqlite3* db, int64_t experiment_id) {
   return stmt.Run();
 }
 
+// Declares the trial's current, running attempt lost, inside the caller's transaction: the one
+// rule behind MarkAttemptLost (a silent agent, an agent that lost its run) and RemoveNode. The
+// trial is queued again, or cancelled when a cancel was requested while it ran.
+Status LoseAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, Time now) {
+  StatusOr<CurrentAttempt> current = LoadCurrentAttempt(db, trial_id, attempt);
+  if (!current.ok()) {
+    // Declaring the same attempt lost twice is not an error.
+    ASSIGN_OR_RETURN(const std::optional<AttemptRow> row, LoadAttempt(db, trial_id, attempt));
+    if (row && row->state == AttemptState::kLost) return Status::Ok();
+    return current.status();
+  }
+  if (current->attempt.state == AttemptState::kEnded) {
+    return FailedPreconditionError("attempt " + std::to_string(attempt) + " of " +
+                                   TrialLabel(trial_id) + " has ended as " +
+                                   current->attempt.outcome.value_or("?") + "; it cannot be lost");
+  }
+  ASSIGN_OR_RETURN(Statement lose,
+                   Statement::Prepare(db,
+                                      "UPDATE attempts SET state = 'lost', ended_at = ? "
+                                      "WHERE trial_id = ? AND attempt = ?"));
+  lose.Bind(1, ToMillis(now)).Bind(2, trial_id).Bind(3, attempt);
+  RETURN_IF_ERROR(lose.Run());
+  ASSIGN_OR_RETURN(Statement requeue,
+                   Statement::Prepare(db,
+                                      "UPDATE trials SET state = CASE WHEN cancel_requested "
+                                      "THEN 'cancelled' ELSE 'queued' END WHERE id = ?"));
+  requeue.Bind(1, trial_id);
+  RETURN_IF_ERROR(requeue.Run());
+  return RefreshExperimentState(db, current->trial.experiment_id);
+}
+
+// The node's removal time: nullopt while it is registered, NotFound when no row has its name.
+StatusOr<std::optional<Time>> LoadNodeRemovedAt(sqlite3* db, std::string_view node) {
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db, "SELECT removed_at FROM nodes WHERE name = ?"));
+  stmt.Bind(1, node);
+  ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+  if (!has_row) return NotFoundError("no node " + Quoted(node));
+  if (stmt.IsNull(0)) return std::optional<Time>();
+  return std::optional<Time>(FromMillis(stmt.Int(0)));
+}
+
 StatusOr<std::vector<RunningAttempt>> QueryRunningAttempts(sqlite3* db,
                                                            const std::string& trial_filter,
                                                            std::optional<int64_t> bound) {
@@ -411,6 +453,23 @@ Status ValidateEvent(const Event& event, int64_t trial_id, int64_t attempt) {
                                 Quoted(event.type));
   }
   return Status::Ok();
+}
+
+Status ValidateNode(const NodeRecord& node) {
+  if (node.name.empty()) return InvalidArgumentError("a node needs a name");
+  if (!json::parse(node.devices_json, nullptr, false).is_array()) {
+    return InvalidArgumentError("node " + Quoted(node.name) + ": devices are not a JSON array");
+  }
+  return Status::Ok();
+}
+
+// Binds name, address, devices_json, last_seen and state as parameters 1 to 5.
+void BindNode(Statement& stmt, const NodeRecord& node) {
+  stmt.Bind(1, node.name)
+      .Bind(2, node.address)
+      .Bind(3, node.devices_json)
+      .Bind(4, ToMillis(node.last_seen))
+      .Bind(5, node.state);
 }
 
 // The stored event lines of one attempt that a report reads.
@@ -664,6 +723,13 @@ StatusOr<int64_t> Store::StartAttempt(int64_t trial_id, std::string_view node, T
                                    std::string(TrialStateName(trial.state)) +
                                    "; only a queued trial can start");
   }
+  if (StatusOr<std::optional<Time>> removed = LoadNodeRemovedAt(db_, node);
+      removed.ok() && removed->has_value()) {
+    return FailedPreconditionError("starting " + TrialLabel(trial_id) + ": node " + Quoted(node) +
+                                   " has been removed");
+  } else if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) {
+    return removed.status();
+  }
   const int64_t attempt = trial.current_attempt + 1;
   ASSIGN_OR_RETURN(Statement insert,
                    Statement::Prepare(db_,
@@ -684,31 +750,7 @@ StatusOr<int64_t> Store::StartAttempt(int64_t trial_id, std::string_view node, T
 Status Store::MarkAttemptLost(int64_t trial_id, int64_t attempt, Time now) {
   std::lock_guard lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
-  StatusOr<CurrentAttempt> current = LoadCurrentAttempt(db_, trial_id, attempt);
-  if (!current.ok()) {
-    // Declaring the same attempt lost twice is not an error.
-    ASSIGN_OR_RETURN(const std::optional<AttemptRow> row, LoadAttempt(db_, trial_id, attempt));
-    if (row && row->state == AttemptState::kLost) return Status::Ok();
-    return current.status();
-  }
-  if (current->attempt.state == AttemptState::kEnded) {
-    return FailedPreconditionError("attempt " + std::to_string(attempt) + " of " +
-                                   TrialLabel(trial_id) + " has ended as " +
-                                   current->attempt.outcome.value_or("?") + "; it cannot be lost");
-  }
-  ASSIGN_OR_RETURN(Statement lose,
-                   Statement::Prepare(db_,
-                                      "UPDATE attempts SET state = 'lost', ended_at = ? "
-                                      "WHERE trial_id = ? AND attempt = ?"));
-  lose.Bind(1, ToMillis(now)).Bind(2, trial_id).Bind(3, attempt);
-  RETURN_IF_ERROR(lose.Run());
-  ASSIGN_OR_RETURN(Statement requeue,
-                   Statement::Prepare(db_,
-                                      "UPDATE trials SET state = CASE WHEN cancel_requested "
-                                      "THEN 'cancelled' ELSE 'queued' END WHERE id = ?"));
-  requeue.Bind(1, trial_id);
-  RETURN_IF_ERROR(requeue.Run());
-  RETURN_IF_ERROR(RefreshExperimentState(db_, current->trial.experiment_id));
+  RETURN_IF_ERROR(LoseAttempt(db_, trial_id, attempt, now));
   return txn.Commit();
 }
 
@@ -803,10 +845,7 @@ StatusOr<std::vector<RunningAttempt>> Store::CancelExperiment(int64_t experiment
 }
 
 Status Store::UpsertNode(const NodeRecord& node) {
-  if (node.name.empty()) return InvalidArgumentError("a node needs a name");
-  if (!json::parse(node.devices_json, nullptr, false).is_array()) {
-    return InvalidArgumentError("node " + Quoted(node.name) + ": devices are not a JSON array");
-  }
+  RETURN_IF_ERROR(ValidateNode(node));
   std::lock_guard lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_,
@@ -814,12 +853,32 @@ Status Store::UpsertNode(const NodeRecord& node) {
                                       "state) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE "
                                       "SET address = excluded.address, devices_json = "
                                       "excluded.devices_json, last_seen = excluded.last_seen, "
-                                      "state = excluded.state"));
-  stmt.Bind(1, node.name)
-      .Bind(2, node.address)
-      .Bind(3, node.devices_json)
-      .Bind(4, ToMillis(node.last_seen))
-      .Bind(5, node.state);
+                                      "state = excluded.state WHERE removed_at IS NULL"));
+  BindNode(stmt, node);
+  return stmt.Run();
+}
+
+Status Store::RegisterNode(const NodeRecord& node) {
+  RETURN_IF_ERROR(ValidateNode(node));
+  std::lock_guard lock(mutex_);
+  // A removed node's lease belonged to the server that `node down` deleted.
+  ASSIGN_OR_RETURN(
+      Statement stmt,
+      Statement::Prepare(db_,
+                         "INSERT INTO nodes (name, address, devices_json, last_seen, "
+                         "state) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE "
+                         "SET address = excluded.address, devices_json = "
+                         "excluded.devices_json, last_seen = excluded.last_seen, "
+                         "state = excluded.state, "
+                         "lease = CASE WHEN removed_at IS NULL THEN lease ELSE '' END, "
+                         "lease_site = CASE WHEN removed_at IS NULL THEN lease_site "
+                         "ELSE '' END, "
+                         "lease_flavor = CASE WHEN removed_at IS NULL THEN "
+                         "lease_flavor ELSE '' END, "
+                         "lease_ends = CASE WHEN removed_at IS NULL THEN lease_ends "
+                         "ELSE NULL END, "
+                         "removed_at = NULL"));
+  BindNode(stmt, node);
   return stmt.Run();
 }
 
@@ -829,7 +888,7 @@ StatusOr<std::vector<NodeRecord>> Store::ListNodes() {
                    Statement::Prepare(db_,
                                       "SELECT name, address, devices_json, last_seen, state, "
                                       "lease, lease_site, lease_flavor, lease_ends "
-                                      "FROM nodes ORDER BY name"));
+                                      "FROM nodes WHERE removed_at IS NULL ORDER BY name"));
   std::vector<NodeRecord> nodes;
   while (true) {
     ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
@@ -855,7 +914,7 @@ Status Store::SetNodeLease(std::string_view node, const NodeLease& lease) {
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_,
                                       "UPDATE nodes SET lease = ?, lease_site = ?, lease_flavor = "
-                                      "?, lease_ends = ? WHERE name = ?"));
+                                      "?, lease_ends = ? WHERE name = ? AND removed_at IS NULL"));
   stmt.Bind(1, lease.name)
       .Bind(2, lease.site)
       .Bind(3, lease.flavor)
@@ -864,6 +923,45 @@ Status Store::SetNodeLease(std::string_view node, const NodeLease& lease) {
   RETURN_IF_ERROR(stmt.Run());
   if (sqlite3_changes(db_) == 0) return NotFoundError("no node " + Quoted(node));
   return Status::Ok();
+}
+
+StatusOr<NodeRemoval> Store::RemoveNode(std::string_view node, Time now) {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
+  NodeRemoval removal;
+  StatusOr<std::optional<Time>> removed_at = LoadNodeRemovedAt(db_, node);
+  if (removed_at.ok() && removed_at->has_value()) {
+    removal.result = NodeRemoval::Result::kAlreadyRemoved;
+    removal.removed_at = **removed_at;
+  } else if (removed_at.ok()) {
+    removal.result = NodeRemoval::Result::kRemoved;
+    removal.removed_at = now;
+    ASSIGN_OR_RETURN(Statement remove,
+                     Statement::Prepare(db_,
+                                        "UPDATE nodes SET removed_at = ?, state = 'removed', "
+                                        "address = '' WHERE name = ?"));
+    remove.Bind(1, ToMillis(now)).Bind(2, node);
+    RETURN_IF_ERROR(remove.Run());
+  } else if (removed_at.status().code() == StatusCode::kNotFound) {
+    removal.result = NodeRemoval::Result::kUnknown;
+  } else {
+    return removed_at.status();
+  }
+  ASSIGN_OR_RETURN(Statement forget_secret,
+                   Statement::Prepare(db_, "DELETE FROM secrets_ref WHERE name = ?"));
+  forget_secret.Bind(1, node);
+  RETURN_IF_ERROR(forget_secret.Run());
+  // Attempts on a node that never had a row (or started before its removal): lost all the same,
+  // so that nothing is left running on a node the controller no longer knows.
+  ASSIGN_OR_RETURN(std::vector<RunningAttempt> running,
+                   QueryRunningAttempts(db_, "", std::nullopt));
+  for (RunningAttempt& attempt : running) {
+    if (attempt.node != node) continue;
+    RETURN_IF_ERROR(LoseAttempt(db_, attempt.trial_id, attempt.attempt, now));
+    removal.lost.push_back(std::move(attempt));
+  }
+  RETURN_IF_ERROR(txn.Commit());
+  return removal;
 }
 
 Status Store::PutSecretRef(std::string_view name, std::string_view reference) {

@@ -130,6 +130,20 @@ struct NodeRecord {
   std::optional<NodeLease> lease;  // read only: UpsertNode keeps it, SetNodeLease sets it
 };
 
+// What RemoveNode did.
+struct NodeRemoval {
+  enum class Result {
+    kRemoved,         // the node was registered and is removed now
+    kAlreadyRemoved,  // an earlier RemoveNode removed it (at removed_at)
+    kUnknown,         // no node of that name was ever registered
+  };
+  Result result = Result::kUnknown;
+  std::optional<Time> removed_at;  // kRemoved: now; kAlreadyRemoved: then
+  // The attempts that were running on the node, now declared lost exactly as MarkAttemptLost
+  // does: each trial is queued again (or cancelled when a cancel was requested while it ran).
+  std::vector<RunningAttempt> lost;
+};
+
 // One trial's row of the report, from its final (current) attempt. The event objects are the
 // trainer's JSON lines as stored (README, "llm-train", --events); null when the attempt wrote no
 // such event (or there is no attempt yet).
@@ -190,7 +204,8 @@ class Store {
   StatusOr<std::vector<RunningAttempt>> ListRunningAttempts();
 
   // Starts the next attempt of a queued trial on `node`; the trial becomes running. Returns the
-  // attempt number (current_attempt + 1). FailedPrecondition when the trial is not queued.
+  // attempt number (current_attempt + 1). FailedPrecondition when the trial is not queued, or when
+  // `node` has been removed (a placement that raced with RemoveNode).
   StatusOr<int64_t> StartAttempt(int64_t trial_id, std::string_view node, Time now);
 
   // Declares the trial's current, running attempt lost (its node stopped answering): the trial is
@@ -221,11 +236,21 @@ class Store {
   StatusOr<std::vector<RunningAttempt>> CancelTrial(int64_t trial_id);
   StatusOr<std::vector<RunningAttempt>> CancelExperiment(int64_t experiment_id);
 
-  // Inserts the node with this name, or replaces all but its lease.
+  // Inserts the node with this name, or replaces all but its lease. A removed node stays removed
+  // and unchanged: a health check that raced with RemoveNode does not bring it back.
   Status UpsertNode(const NodeRecord& node);
-  // NotFound for an unknown node.
+  // As UpsertNode, except that a removed node of this name comes back as a new one (without the
+  // old node's lease): `llmctl node up` after `node down`.
+  Status RegisterNode(const NodeRecord& node);
+  // NotFound for an unknown or removed node.
   Status SetNodeLease(std::string_view node, const NodeLease& lease);
-  StatusOr<std::vector<NodeRecord>> ListNodes();  // by name
+  StatusOr<std::vector<NodeRecord>> ListNodes();  // registered (not removed) nodes, by name
+
+  // Removes the node in one transaction: it is marked removed (its row stays, so attempts keep
+  // naming a node the store knew; it is no longer listed), its secret reference is deleted, and
+  // every attempt running on it is declared lost with MarkAttemptLost's rule. Idempotent: an
+  // unknown or already removed node changes nothing and says so in the result.
+  StatusOr<NodeRemoval> RemoveNode(std::string_view node, Time now);
 
   // The name under which a secret is kept in the secrets file (never the secret itself).
   Status PutSecretRef(std::string_view name, std::string_view reference);

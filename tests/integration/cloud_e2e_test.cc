@@ -97,9 +97,11 @@ class CloudEndToEndTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(home_);
   }
 
-  CommandResult Llmctl(const std::string& args) {
+  // `extra_env`: more NAME=VALUE words for the command's environment.
+  CommandResult Llmctl(const std::string& args, const std::string& extra_env = "") {
     const openstack::EnvLookup cloud = simulator_->Environment();
     std::string command = "env -u LLMCTL_CONTROLLER -u OS_CLOUD -u OS_USERNAME -u OS_PASSWORD";
+    if (!extra_env.empty()) command += " " + extra_env;
     for (const char* name : {"OS_AUTH_URL", "OS_AUTH_TYPE", "OS_APPLICATION_CREDENTIAL_ID",
                              "OS_APPLICATION_CREDENTIAL_SECRET", "OS_REGION_NAME", "OS_INTERFACE",
                              "OS_IDENTITY_API_VERSION"}) {
@@ -250,6 +252,30 @@ TEST_F(CloudEndToEndTest, LeaseNodeSubmitReportAndNothingLeftBehind) {
 
   CommandResult down = Llmctl(std::string("node down ") + kLease);
   ASSERT_EQ(down.exit_code, 0) << down.out;
+  EXPECT_NE(down.out.find("controller: node e2e removed"), std::string::npos) << down.out;
+  // The controller forgot the node at once; the report still names it for the trial it ran.
+  CommandResult listed = Llmctl("nodes");
+  ASSERT_EQ(listed.exit_code, 0) << listed.out;
+  EXPECT_NE(listed.out.find("\nlocal "), std::string::npos) << listed.out;
+  EXPECT_EQ(listed.out.find(std::string("\n") + kLease + " "), std::string::npos) << listed.out;
+  CommandResult history = Llmctl("report " + id + " --format json");
+  ASSERT_EQ(history.exit_code, 0) << history.out;
+  EXPECT_EQ(json::parse(history.out)["trials"], trials) << history.out;
+  // Running it again is safe: nothing is left to delete, and the controller says so.
+  CommandResult again = Llmctl(std::string("node down ") + kLease);
+  EXPECT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_NE(again.out.find("controller: node e2e was already removed at "), std::string::npos)
+      << again.out;
+  // With the controller unreachable it still deletes (nothing, here), warns and exits 3.
+  const std::string nobody = "unix:" + (home_ / "nobody.sock").string();
+  CommandResult unreachable =
+      Llmctl(std::string("node down ") + kLease, "LLMCTL_CONTROLLER=" + nobody);
+  EXPECT_EQ(unreachable.exit_code, 3) << unreachable.out;
+  EXPECT_NE(unreachable.out.find("warning: cannot tell the controller at " + nobody),
+            std::string::npos)
+      << unreachable.out;
+  EXPECT_NE(unreachable.out.find("run `llmctl node down e2e` again"), std::string::npos)
+      << unreachable.out;
   CommandResult deleted = Llmctl(std::string("lease delete ") + kLease);
   ASSERT_EQ(deleted.exit_code, 0) << deleted.out;
 
