@@ -97,7 +97,15 @@ ALTER TABLE nodes ADD COLUMN lease_flavor TEXT NOT NULL DEFAULT '';
 ALTER TABLE nodes ADD COLUMN lease_ends INTEGER;
 )sql";
 
-constexpr std::array<std::string_view, 2> kMigrations = {kInitialSchema, kNodeLeases};
+// The device indices the scheduler gave an attempt, as a JSON array ("[2,3]"), so that a restarted
+// controller knows which devices of a multi-GPU node are busy. NULL for attempts started before
+// this migration: their indices are unknown.
+constexpr std::string_view kAttemptDevices = R"sql(
+ALTER TABLE attempts ADD COLUMN device_indices_json TEXT;
+)sql";
+
+constexpr std::array<std::string_view, 3> kMigrations = {kInitialSchema, kNodeLeases,
+                                                         kAttemptDevices};
 
 }  // namespace
 
