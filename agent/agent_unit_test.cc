@@ -88,7 +88,7 @@ TEST(TrialNameTest, EncodingRoundTripsAndIsOneDirectoryName) {
   EXPECT_FALSE(DecodeTrialName("bad%zz").has_value());
 }
 
-TEST(TrialFileTest, InputsReplaceValuesNullsAreDroppedAndLlmTrainParsesIt) {
+TEST(TrialFileTest, InputsReplaceValuesUnsetKeysAreLeftOutAndLlmTrainParsesIt) {
   const fs::path dir = FreshDir("trial_file");
   auto experiment = LoadExperimentFile("experiments/demo.yaml");
   ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
@@ -100,7 +100,7 @@ TEST(TrialFileTest, InputsReplaceValuesNullsAreDroppedAndLlmTrainParsesIt) {
   EXPECT_EQ(file->device, "cpu");
   EXPECT_EQ(file->yaml.find("null"), std::string::npos) << file->yaml;
   EXPECT_EQ(file->yaml.find("device_memory"), std::string::npos)
-      << "keys without a value are left out";
+      << "keys the experiment did not set are left out";
   std::ofstream(dir / "trial.yaml") << file->yaml;
   // What llm-train does with --config: parse the file as an experiment.
   auto parsed = LoadExperimentFile((dir / "trial.yaml").string());
@@ -113,6 +113,33 @@ TEST(TrialFileTest, InputsReplaceValuesNullsAreDroppedAndLlmTrainParsesIt) {
   EXPECT_EQ(trial.GetFloat("train.lr"), config.GetFloat("train.lr"));
   EXPECT_EQ(trial.GetFloatList("train.betas"), config.GetFloatList("train.betas"));
   EXPECT_EQ(trial.GetString("tokenizer"), config.GetString("tokenizer"));
+  fs::remove_all(dir);
+}
+
+TEST(TrialFileTest, TheFileSetsExactlyTheKeysTheExperimentSet) {
+  const fs::path dir = FreshDir("trial_file_keys");
+  TrialConfig config;
+  for (const auto& [key, value] : {std::pair{"model", "llmctl-demo"},
+                                   {"peft.method", "lora"},
+                                   {"peft.r", "4"},
+                                   {"precision", "32-true"},  // its default, written explicitly
+                                   {"device_memory", ""}}) {  // cleared
+    ASSERT_TRUE(config.SetFromText(key, value).ok()) << key;
+  }
+  const std::string data = (dir / "data.jsonl").string();
+  auto file = MakeTrialFile(config.ToJson().dump(), {{"data.path", data}}, (dir / "out").string());
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ(file->yaml.find("peft.compute_dtype"), std::string::npos) << file->yaml;
+  std::ofstream(dir / "trial.yaml") << file->yaml;
+  auto parsed = LoadExperimentFile((dir / "trial.yaml").string());
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString() << "\n" << file->yaml;
+  const TrialConfig& trial = parsed->trials.front().config;
+  ASSERT_TRUE(config.Set("data.path", data).ok());
+  ASSERT_TRUE(config.Set("output_dir", (dir / "out").string()).ok());
+  EXPECT_TRUE(trial == config);
+  for (const KeySpec& spec : TrialKeys()) {
+    EXPECT_EQ(trial.IsSet(spec.name), config.IsSet(spec.name)) << spec.name << "\n" << file->yaml;
+  }
   fs::remove_all(dir);
 }
 

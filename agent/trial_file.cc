@@ -15,33 +15,16 @@ std::string ScalarText(const nlohmann::json& value) {
   return value.dump();  // numbers in the shortest form that reads back exactly; true/false
 }
 
-// `config` without the keys that have no value or hold their registry default (`defaults`, the
-// same nesting). A file states only what differs, as a user would write it: the checks that look
-// at which keys were given (peft.r without a peft.method) then see what they saw in the original
-// experiment file, and llm-train fills in the same defaults.
-nlohmann::json WithoutDefaults(const nlohmann::json& config, const nlohmann::json& defaults) {
-  nlohmann::json kept = nlohmann::json::object();
-  for (const auto& [name, value] : config.items()) {
-    const auto default_value = defaults.find(name);
-    const bool has_default = default_value != defaults.end();
-    if (value.is_object()) {
-      nlohmann::json inner =
-          WithoutDefaults(value, has_default ? *default_value : nlohmann::json::object());
-      if (!inner.empty()) kept[name] = std::move(inner);
-    } else if (!value.is_null() && !(has_default && *default_value == value)) {
-      kept[name] = value;
-    }
-  }
-  return kept;
-}
-
-// Writes `object`'s members as a block map.
+// Writes `object`'s members as a block map; null (a key cleared to "no value") as YAML's null,
+// which the experiment parser reads back as the same cleared key.
 void EmitMap(YAML::Emitter& out, const nlohmann::json& object) {
   out << YAML::BeginMap;
   for (const auto& [name, value] : object.items()) {
     out << YAML::Key << name << YAML::Value;
     if (value.is_object()) {
       EmitMap(out, value);
+    } else if (value.is_null()) {
+      out << YAML::Null;
     } else if (value.is_array()) {
       out << YAML::Flow << YAML::BeginSeq;
       for (const auto& item : value) out << ScalarText(item);
@@ -79,8 +62,11 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
   if (config->GetString("output_dir").empty()) {
     RETURN_IF_ERROR(config->Set("output_dir", default_output_dir));
   }
+  // ToJson holds exactly the keys the experiment set, so llm-train's checks that look at which keys
+  // were given (peft.r without peft.method) see what the experiment file said, and llm-train fills
+  // in the same registry's defaults.
   YAML::Emitter out;
-  EmitMap(out, WithoutDefaults(config->ToJson(), TrialConfig().ToJson()));
+  EmitMap(out, config->ToJson());
   return TrialFile{std::string(out.c_str()) + "\n", config->GetString("device")};
 }
 

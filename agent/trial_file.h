@@ -10,17 +10,16 @@
 namespace llmctl::agent {
 
 struct TrialFile {
-  std::string yaml;    // nested like the experiment files; keys at their default are left out
+  std::string yaml;    // nested like the experiment files; only the keys the experiment set
   std::string device;  // the trial's `device` ("cpu", "cuda")
 };
 
 // `config_json` is TrialConfig::ToJson as the controller stored it; it is checked with
 // TrialConfig::FromJson (InvalidArgument naming the bad key). `input_paths` maps trial keys to
 // paths on this node that replace their values: only path keys and `model` may be inputs. When
-// output_dir is unset it becomes `default_output_dir`. Keys at their registry default are left out
-// of the file (llm-train's defaults are the same registry's), so that the file means what the
-// experiment file did: FromJson counts every key it reads as set, and checks such as "peft.r
-// without peft.method" look at which keys were set.
+// output_dir is unset it becomes `default_output_dir`. The file carries the keys that were set
+// (TrialConfig::ToJson) and no others, so llm-train sees which keys the experiment set, as its
+// checks need, and fills in the rest from the same registry's defaults.
 StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
                                   const std::map<std::string, std::string>& input_paths,
                                   const std::string& default_output_dir);

@@ -509,6 +509,32 @@ TEST(ShippedExperimentsTest, AllParse) {
   EXPECT_GE(count, 1u);
 }
 
+// The controller stores each trial as TrialConfig::ToJson and the agent rebuilds it with FromJson:
+// the trial must come back with the same values and the same keys set, and still validate (checks
+// such as "peft.r without peft.method" look at which keys were set).
+TEST(ShippedExperimentsTest, EveryTrialSurvivesTheJsonRoundTripWithItsSetKeys) {
+  size_t trials = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(SourceDir() / "experiments")) {
+    if (entry.path().extension() != ".yaml") continue;
+    StatusOr<Experiment> experiment = LoadExperimentFile(entry.path().string());
+    ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+    for (const Trial& trial : experiment->trials) {
+      ++trials;
+      const std::string where = entry.path().filename().string() + ", trial " + trial.name;
+      StatusOr<TrialConfig> back = TrialConfig::FromJson(trial.config.ToJson());
+      ASSERT_TRUE(back.ok()) << where << ": " << back.status().message();
+      EXPECT_TRUE(*back == trial.config) << where;
+      for (const KeySpec& spec : TrialKeys()) {
+        EXPECT_EQ(back->IsSet(spec.name), trial.config.IsSet(spec.name))
+            << where << ": " << spec.name;
+      }
+      const Status valid = ValidateTrialConfig(*back, FindPreset(back->GetString("model")));
+      EXPECT_TRUE(valid.ok()) << where << ": " << valid.message();
+    }
+  }
+  EXPECT_GE(trials, 5u);
+}
+
 // As `llmctl submit experiments/X.yaml` and `llm-train --config experiments/X.yaml` see them from
 // the repository root: every file validates with its local paths resolved, and every relative input
 // path names something in the repository (a typo in a GPU file would otherwise surface only on the

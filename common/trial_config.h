@@ -74,13 +74,21 @@ class TrialConfig {
   std::vector<std::string> GetStringList(std::string_view key) const;
   std::optional<uint64_t> GetByteSize(std::string_view key) const;  // nullopt when unset
 
-  // Every key's effective value, nested like the YAML ({"train": {"lr": 0.0002, ...}, ...}), null
-  // for keys with no value. Defaults are written out so a stored trial means the same thing after
-  // defaults change.
+  // The keys that were set and their values, nested like the YAML ({"train": {"lr": 0.001}, ...});
+  // null for a key set to "no value". What the controller stores and sends to agents: a key is in
+  // the JSON exactly when it is set, so FromJson(ToJson()) keeps which keys were set (checks such
+  // as "peft.r without peft.method" look at that), and the defaults have one home, the registry.
   nlohmann::json ToJson() const;
 
+  // Every key's effective value, nested the same way, null for keys with no value: a self-contained
+  // record of what a run used (the trainer's `start` event, checkpoints, reports). Not for
+  // FromJson, which would count every key as set.
+  nlohmann::json EffectiveJson() const;
+
   // The inverse of ToJson; accepts nested or dotted keys and any subset of them (the rest keep
-  // defaults). Every key present counts as set. InvalidArgument for unknown keys or wrong types.
+  // defaults). Every key present counts as set, except in an object that names every key (a full
+  // dump stored before ToJson carried only set keys), where values equal to their default count as
+  // unset. InvalidArgument for unknown keys or wrong types.
   static StatusOr<TrialConfig> FromJson(const nlohmann::json& json);
 
   // Equal when every key has the same effective value (whether it was set or defaulted does not

@@ -230,11 +230,22 @@ TEST(TrialConfigDeathTest, GetterMisuseAborts) {
   EXPECT_DEATH((void)config.GetString("no.such.key"), "no such key");
 }
 
-TEST(TrialConfigTest, ToJsonIsNestedAndComplete) {
+TEST(TrialConfigTest, ToJsonCarriesExactlyTheSetKeys) {
+  TrialConfig config;
+  ASSERT_TRUE(config.SetFromText("train.micro_batch_size", "16").ok());
+  ASSERT_TRUE(config.SetFromText("precision", "32-true").ok());  // set to its default: still set
+  ASSERT_TRUE(config.SetFromText("device_memory", "").ok());     // set to "no value"
+  EXPECT_EQ(config.ToJson(), nlohmann::json::parse(R"({"train": {"micro_batch_size": 16},
+                                                       "precision": "32-true",
+                                                       "device_memory": null})"));
+  EXPECT_EQ(TrialConfig().ToJson(), nlohmann::json::object());
+}
+
+TEST(TrialConfigTest, EffectiveJsonIsNestedAndComplete) {
   TrialConfig config;
   ASSERT_TRUE(config.SetFromText("train.micro_batch_size", "16").ok());
   ASSERT_TRUE(config.SetFromText("device_memory", "24GiB").ok());
-  const nlohmann::json json = config.ToJson();
+  const nlohmann::json json = config.EffectiveJson();
   EXPECT_EQ(json["model"], "llmctl-demo");
   EXPECT_EQ(json["train"]["micro_batch_size"], 16);
   EXPECT_EQ(json["train"]["global_batch_size"], 16);
@@ -255,10 +266,36 @@ TEST(TrialConfigTest, JsonRoundTrip) {
   ASSERT_TRUE(config.SetFromText("train.betas", "[0.9, 0.999]").ok());
   ASSERT_TRUE(config.SetFromText("train.global_batch_size", "8").ok());
   ASSERT_TRUE(config.SetFromText("device_memory", "2GB").ok());
+  ASSERT_TRUE(config.SetFromText("peft.method", "none").ok());  // its default, set explicitly
   StatusOr<TrialConfig> back = TrialConfig::FromJson(config.ToJson());
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, config);
   EXPECT_EQ(back->ToJson(), config.ToJson());
+  for (const KeySpec& spec : TrialKeys()) {
+    EXPECT_EQ(back->IsSet(spec.name), config.IsSet(spec.name)) << spec.name;
+  }
+  EXPECT_TRUE(ValidateTrialConfig(*back, nullptr).ok());
+}
+
+TEST(TrialConfigTest, AFullDumpFromAnOlderControllerCountsDefaultValuesAsUnset) {
+  // Stored before ToJson carried only the set keys: every key, most at their default.
+  TrialConfig lora = Valid();
+  ASSERT_TRUE(lora.SetFromText("peft.method", "lora").ok());
+  ASSERT_TRUE(lora.SetFromText("train.micro_batch_size", "4").ok());
+  StatusOr<TrialConfig> back = TrialConfig::FromJson(lora.EffectiveJson());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, lora);
+  EXPECT_TRUE(back->IsSet("peft.method"));
+  EXPECT_TRUE(back->IsSet("train.micro_batch_size"));
+  EXPECT_FALSE(back->IsSet("peft.compute_dtype"));       // qlora-only, at its default
+  EXPECT_FALSE(back->IsSet("train.global_batch_size"));  // follows micro_batch_size
+  EXPECT_FALSE(back->IsSet("device_memory"));            // null: no value, as by default
+  EXPECT_TRUE(ValidateTrialConfig(*back, nullptr).ok());
+  // A subset is taken as written, defaults included.
+  StatusOr<TrialConfig> subset =
+      TrialConfig::FromJson(nlohmann::json::parse(R"({"peft": {"compute_dtype": "fp32"}})"));
+  ASSERT_TRUE(subset.ok());
+  EXPECT_TRUE(subset->IsSet("peft.compute_dtype"));
 }
 
 TEST(TrialConfigTest, FromJsonAcceptsDottedSubsets) {

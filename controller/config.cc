@@ -5,6 +5,7 @@
 #include <charconv>
 #include <limits>
 
+#include "common/byte_size.h"
 #include "common/files.h"
 
 namespace llmctl::controller {
@@ -120,11 +121,19 @@ Status ApplyConfigYaml(std::string_view yaml_text, std::string_view filename,
       (key == "requeue_after"         ? config.requeue_after
        : key == "agent_call_deadline" ? config.agent_call_deadline
                                       : config.health_interval) = *duration;
+    } else if (key == "min_transfer_rate") {
+      StatusOr<uint64_t> rate = ParseByteSize(text);
+      if (!rate.ok()) return InvalidArgumentError(where + ": " + rate.status().message());
+      if (*rate == 0 || *rate > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return InvalidArgumentError(where + ": expected a rate above 0 such as 10MiB, got '" +
+                                    text + "'");
+      }
+      config.min_transfer_bytes_per_second = static_cast<int64_t>(*rate);
     } else {
       return InvalidArgumentError(
           Where(filename, entry.first.Mark()) + ": unknown setting '" + key +
           "' (known: data_dir, listen, allow_remote_listen, requeue_after, agent_call_deadline, "
-          "health_interval)");
+          "min_transfer_rate, health_interval)");
     }
   }
   return Status::Ok();

@@ -6,7 +6,11 @@
 //   listen: unix:/var/lib/llmctl/controller.sock   # or 127.0.0.1:7070
 //   allow_remote_listen: false   # true to listen on an address other than loopback
 //   requeue_after: 10m           # an agent silent this long loses its running trials (requeued)
-//   agent_call_deadline: 30s     # deadline of each unary call to an agent
+//   agent_call_deadline: 30s     # deadline of each unary call to an agent; an artifact download
+//                                # is abandoned when the agent sends nothing for this long
+//   min_transfer_rate: 10MiB     # per second: a blob upload to an agent may take
+//                                # agent_call_deadline + its size at this rate (a 26 GB model
+//                                # directory: ~42 min at 10 MiB/s)
 //   health_interval: 5s          # how often each agent is asked for its node info
 //
 // LLMCTL_CONTROLLER says where the controller lives for the CLI and the daemon alike: an address
@@ -20,6 +24,7 @@
 #include <string_view>
 
 #include "common/status.h"
+#include "rpc/transfer.h"
 
 namespace llmctl::controller {
 
@@ -29,6 +34,7 @@ struct ControllerConfig {
   bool allow_remote_listen = false;
   std::chrono::milliseconds requeue_after = std::chrono::minutes(10);
   std::chrono::milliseconds agent_call_deadline = std::chrono::seconds(30);
+  int64_t min_transfer_bytes_per_second = rpc::kDefaultMinTransferBytesPerSecond;
   std::chrono::milliseconds health_interval = std::chrono::seconds(5);
 };
 

@@ -47,7 +47,8 @@ TEST(ConfigYamlTest, SetsEveryKey) {
   ControllerConfig config;
   ASSERT_TRUE(ApplyConfigYaml("data_dir: /srv/llmctl\nlisten: 127.0.0.1:9000\n"
                               "allow_remote_listen: true\nrequeue_after: 2m\n"
-                              "agent_call_deadline: 5s\nhealth_interval: 250ms\n",
+                              "agent_call_deadline: 5s\nhealth_interval: 250ms\n"
+                              "min_transfer_rate: 2MiB\n",
                               "c.yaml", config)
                   .ok());
   EXPECT_EQ(config.data_dir, "/srv/llmctl");
@@ -56,6 +57,17 @@ TEST(ConfigYamlTest, SetsEveryKey) {
   EXPECT_EQ(config.requeue_after, milliseconds(120'000));
   EXPECT_EQ(config.agent_call_deadline, milliseconds(5'000));
   EXPECT_EQ(config.health_interval, milliseconds(250));
+  EXPECT_EQ(config.min_transfer_bytes_per_second, 2 << 20);
+}
+
+TEST(ConfigYamlTest, MinTransferRateMustBeAPositiveSize) {
+  ControllerConfig config;
+  EXPECT_EQ(config.min_transfer_bytes_per_second, rpc::kDefaultMinTransferBytesPerSecond);
+  for (const char* bad : {"min_transfer_rate: 0\n", "min_transfer_rate: fast\n"}) {
+    Status status = ApplyConfigYaml(bad, "c.yaml", config);
+    EXPECT_NE(status.message().find("c.yaml:1:20: min_transfer_rate: "), std::string::npos)
+        << status.message();
+  }
 }
 
 TEST(ConfigYamlTest, ErrorsNameTheFileLineAndKey) {

@@ -81,6 +81,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
       clock, daemon->changes_,
       DispatcherOptions{.requeue_after = config.requeue_after,
                         .call_deadline = config.agent_call_deadline,
+                        .min_transfer_bytes_per_second = config.min_transfer_bytes_per_second,
                         .health_interval = config.health_interval,
                         .backoff_initial = options.backoff_initial,
                         .backoff_max = options.backoff_max});

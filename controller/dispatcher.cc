@@ -416,8 +416,9 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
     return;
   }
 
-  // Which devices the running attempts hold. Indices this controller did not hand out (it was
-  // restarted since) are taken as the lowest free ones of the trial's type.
+  // Which devices the running attempts hold, as the store recorded them when they started, so a
+  // restarted controller sees the same occupancy. Attempts stored without indices (started before
+  // the store kept them) are then taken to hold the lowest indices still free.
   std::map<std::string, std::vector<const store::RunningAttempt*>> running_on;
   for (const store::RunningAttempt& attempt : running) running_on[attempt.node].push_back(&attempt);
   // A node's labels are its lease's site and flavor; an experiment's `target:` must match them.
@@ -448,6 +449,7 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
     }
   }
   for (scheduler::Agent& agent : agents) {
+    std::vector<std::pair<scheduler::DevicePool*, int64_t>> unrecorded;  // (pool, device count)
     for (const store::RunningAttempt* attempt : running_on[agent.name]) {
       auto trial = store_.GetTrial(attempt->trial_id);
       if (!trial.ok()) continue;
@@ -455,22 +457,17 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
           agent.pools.begin(), agent.pools.end(),
           [&](const scheduler::DevicePool& p) { return p.type == trial->device_type; });
       if (pool == agent.pools.end()) continue;
-      std::vector<int64_t> held;
-      {
-        std::lock_guard lock(mutex_);
-        if (auto known = devices_.find({attempt->trial_id, attempt->attempt});
-            known != devices_.end()) {
-          held = known->second;
-        }
+      if (attempt->device_indices.empty()) {
+        unrecorded.emplace_back(&*pool, trial->device_count);
+      } else {
+        pool->busy.insert(attempt->device_indices.begin(), attempt->device_indices.end());
       }
-      if (held.empty()) {
-        for (int64_t index = 0;
-             index < pool->count && static_cast<int64_t>(held.size()) < trial->device_count;
-             ++index) {
-          if (!pool->busy.contains(index)) held.push_back(index);
-        }
+    }
+    // After every recorded index, so a guess never lands on a device known to be busy.
+    for (auto [pool, count] : unrecorded) {
+      for (int64_t index = 0; index < pool->count && count > 0; ++index) {
+        if (pool->busy.insert(index).second) --count;
       }
-      pool->busy.insert(held.begin(), held.end());
     }
   }
 
@@ -584,7 +581,7 @@ Status Dispatcher::Launch(const store::TrialRecord& trial, Link& link,
     }
     return rpc::FromGrpcStatus(ran).WithContext("RunTrial");
   }
-  ASSIGN_OR_RETURN(int64_t started, store_.StartAttempt(trial.id, link.name, now));
+  ASSIGN_OR_RETURN(int64_t started, store_.StartAttempt(trial.id, link.name, now, devices));
   if (!ran.ok()) {
     // The agent refuses this trial itself: running it again anywhere cannot help.
     RETURN_IF_ERROR(store_.FinishAttempt(trial.id, started, store::TrialState::kFailed,
@@ -595,10 +592,6 @@ Status Dispatcher::Launch(const store::TrialRecord& trial, Link& link,
   }
   spdlog::info("trial {} of experiment {}: attempt {} started on node {}", trial.name,
                trial.experiment_id, started, link.name);
-  {
-    std::lock_guard lock(mutex_);
-    devices_[{trial.id, started}] = devices;
-  }
   changes_.Notify();
   return Status::Ok();
 }
@@ -765,13 +758,16 @@ Status Dispatcher::EnsureBlobs(v1::Agent::Stub& stub, const digest::InputTree& t
     const std::string path = blobs_.PathOf(sha256);
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return DataLossError("blob " + sha256 + " is gone from " + path);
-    auto upload_context = CallContext();
-    v1::UploadBlobResponse response;
-    auto writer = stub.UploadBlob(upload_context.get(), &response);
     const auto size =
         std::find_if(tree.files.begin(), tree.files.end(), [&](const digest::TreeFile& f) {
           return f.sha256 == sha256;
         })->size;
+    grpc::ClientContext upload_context;
+    upload_context.set_deadline(std::chrono::system_clock::now() +
+                                rpc::TransferDeadline(options_.call_deadline, size,
+                                                      options_.min_transfer_bytes_per_second));
+    v1::UploadBlobResponse response;
+    auto writer = stub.UploadBlob(&upload_context, &response);
     std::string buffer(static_cast<size_t>(options_.upload_chunk_bytes), '\0');
     v1::BlobChunk chunk;
     chunk.set_sha256(sha256);
@@ -939,7 +935,6 @@ void Dispatcher::StopStream(const AttemptKey& key) {
     if (it->second->context != nullptr) it->second->context->TryCancel();
     stream = std::move(it->second);
     streams_.erase(it);
-    devices_.erase(key);
   }
   if (stream->thread.joinable()) stream->thread.join();
 }
@@ -1018,7 +1013,9 @@ Status Dispatcher::FetchArtifacts(const std::string& node, const v1::RunKey& key
     if (link != links_.end()) stub = link->second->stub;
   }
   if (stub == nullptr) return UnavailableError("node " + node + " is not connected");
+  // The artifacts' total size is not known up front: no call deadline, an idle limit instead.
   grpc::ClientContext context;
+  rpc::IdleCanceller idle(context, options_.call_deadline);
   v1::FetchArtifactsRequest request;
   *request.mutable_key() = key;
   auto reader = stub->FetchArtifacts(&context, request);
@@ -1029,8 +1026,10 @@ Status Dispatcher::FetchArtifacts(const std::string& node, const v1::RunKey& key
       reader->Finish();
       return CancelledError("the artifact download was abandoned");
     }
+    // After the sink: time spent passing the chunk on is not the agent's silence.
+    idle.Progress();
   }
-  return rpc::FromGrpcStatus(reader->Finish());
+  return idle.Explain(reader->Finish(), "fetching artifacts from node " + node);
 }
 
 }  // namespace llmctl::controller

@@ -15,7 +15,8 @@
 //   5. places queued trials on connected agents (the scheduler's policy) and, for each, sends the
 //      agent the blobs of its inputs that it lacks, calls RunTrial, then StartAttempt. In that
 //      order a crash in between is harmless: the trial is still queued, is placed again, and
-//      RunTrial is idempotent on its key (same trial, same attempt number).
+//      RunTrial is idempotent on its key (same trial, same attempt number). StartAttempt records
+//      the device indices the attempt holds, so a restarted controller places around them.
 //      A trial whose model is on the Hugging Face hub (hf:ORG/NAME@REV) first needs the agent to
 //      download it: PrepareHubModel runs on a thread of its own (once per node and model, with
 //      prepare_deadline), the trial stays queued meanwhile and other placements go on. UNAVAILABLE
@@ -58,6 +59,7 @@
 #include "controller/store/store.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/tls.h"
+#include "rpc/transfer.h"
 
 namespace llmctl::controller {
 
@@ -71,7 +73,11 @@ AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& s
 
 struct DispatcherOptions {
   std::chrono::milliseconds requeue_after = std::chrono::minutes(10);
+  // Deadline of each unary call; a blob upload gets it plus its size at
+  // min_transfer_bytes_per_second (rpc::TransferDeadline), and an artifact download is abandoned
+  // when no chunk arrives for this long.
   std::chrono::milliseconds call_deadline = std::chrono::seconds(30);
+  int64_t min_transfer_bytes_per_second = rpc::kDefaultMinTransferBytesPerSecond;
   std::chrono::milliseconds health_interval = std::chrono::seconds(5);
   std::chrono::milliseconds backoff_initial = std::chrono::seconds(1);
   std::chrono::milliseconds backoff_max = std::chrono::seconds(30);
@@ -112,7 +118,8 @@ class Dispatcher {
   StatusOr<store::NodeRemoval> RemoveNode(const std::string& node);
 
   // Streams a run's artifacts from `node`'s agent into `sink`; a false from `sink` stops it
-  // (Cancelled). Unavailable when the node has no link.
+  // (Cancelled). Unavailable when the node has no link; DeadlineExceeded when no chunk arrives for
+  // call_deadline.
   Status FetchArtifacts(const std::string& node, const v1::RunKey& key,
                         const std::function<bool(const v1::ArtifactChunk&)>& sink);
 
@@ -176,8 +183,6 @@ class Dispatcher {
   // Link* holds) once the node is no longer listed.
   std::map<std::string, std::unique_ptr<Link>> links_;
   std::map<AttemptKey, std::unique_ptr<Stream>> streams_;  // guarded by mutex_
-  // The device indices of the attempts this controller started; guarded by mutex_.
-  std::map<AttemptKey, std::vector<int64_t>> devices_;
   std::map<HubKey, std::unique_ptr<HubPreparation>> hub_models_;  // guarded by mutex_, never erased
   // Nodes whose lease ends soon → the warning; guarded by mutex_.
   std::map<std::string, std::string> node_notices_;

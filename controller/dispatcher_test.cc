@@ -47,11 +47,14 @@ struct FakeAgentState {
   };
   std::mutex mutex;
   std::condition_variable changed;
+  int cuda_devices = 0;             // GetNodeInfo lists these besides one CPU
   std::map<std::string, Run> runs;  // by RunName
   std::vector<int64_t> stream_from_seqs;
   int node_info_calls = 0;
   std::set<std::string> blobs;
   std::vector<std::string> cancelled;
+  // How long each UploadBlob had left before its deadline when it arrived, by sha256.
+  std::map<std::string, std::chrono::system_clock::duration> upload_time_left;
   // What the next RunTrial's worker will write.
   std::vector<std::string> script = {StepLine(0), StepLine(1), kResultLine};
   bool script_ends = true;
@@ -90,6 +93,13 @@ class FakeAgent final : public v1::Agent::Service {
     v1::Device* cpu = info->add_devices();
     cpu->set_type("cpu");
     cpu->set_name("fake cpu");
+    std::lock_guard lock(state_.mutex);
+    for (int index = 0; index < state_.cuda_devices; ++index) {
+      v1::Device* gpu = info->add_devices();
+      gpu->set_type("cuda");
+      gpu->set_index(index);
+      gpu->set_name("fake gpu");
+    }
     return grpc::Status::OK;
   }
   grpc::Status MissingBlobs(grpc::ServerContext*, const v1::MissingBlobsRequest* request,
@@ -100,8 +110,9 @@ class FakeAgent final : public v1::Agent::Service {
     }
     return grpc::Status::OK;
   }
-  grpc::Status UploadBlob(grpc::ServerContext*, grpc::ServerReader<v1::BlobChunk>* reader,
+  grpc::Status UploadBlob(grpc::ServerContext* context, grpc::ServerReader<v1::BlobChunk>* reader,
                           v1::UploadBlobResponse* response) override {
+    const auto time_left = context->deadline() - std::chrono::system_clock::now();
     v1::BlobChunk chunk;
     std::string sha;
     digest::Sha256 hasher;
@@ -111,6 +122,7 @@ class FakeAgent final : public v1::Agent::Service {
     }
     if (hasher.HexDigest() != sha) return grpc::Status(grpc::StatusCode::DATA_LOSS, "digest");
     std::lock_guard lock(state_.mutex);
+    state_.upload_time_left[sha] = time_left;
     state_.blobs.insert(sha);
     response->set_sha256(sha);
     return grpc::Status::OK;
@@ -376,22 +388,21 @@ class DispatcherTest : public testing::Test {
   std::unique_ptr<grpc::Server> agent_;
 };
 
-TEST_F(DispatcherTest, RunsATrialWithItsInputsAndStoresEveryEvent) {
-  // The data file goes to the controller first, then to the agent with the trial.
-  const std::string content = "{\"text\": \"hello\"}\n";
+// Uploads `content` to the controller as the experiment's data file and submits kExperiment with
+// it; returns the experiment id (0 on failure) and the file's tree.
+std::pair<int64_t, v1::InputTree> SubmitWithDataFile(v1::Controller::Stub& controller,
+                                                     const std::string& content) {
   const std::string sha = digest::Sha256Hex(content);
-  {
-    grpc::ClientContext context;
-    v1::UploadBlobResponse response;
-    auto writer = controller_->UploadBlob(&context, &response);
-    v1::BlobChunk chunk;
-    chunk.set_sha256(sha);
-    chunk.set_size(static_cast<int64_t>(content.size()));
-    chunk.set_data(content);
-    writer->Write(chunk);
-    writer->WritesDone();
-    ASSERT_TRUE(writer->Finish().ok());
-  }
+  grpc::ClientContext context;
+  v1::UploadBlobResponse response;
+  auto writer = controller.UploadBlob(&context, &response);
+  v1::BlobChunk chunk;
+  chunk.set_sha256(sha);
+  chunk.set_size(static_cast<int64_t>(content.size()));
+  chunk.set_data(content);
+  writer->Write(chunk);
+  writer->WritesDone();
+  if (!writer->Finish().ok()) return {0, {}};
   v1::InputTree tree;
   tree.set_is_file(true);
   v1::TreeFile* file = tree.add_files();
@@ -405,7 +416,18 @@ TEST_F(DispatcherTest, RunsATrialWithItsInputsAndStoresEveryEvent) {
   (*request.mutable_inputs())["data/train.jsonl"] = tree;
   v1::SubmitResponse submitted;
   grpc::ClientContext submit_context;
-  ASSERT_TRUE(controller_->Submit(&submit_context, request, &submitted).ok());
+  if (!controller.Submit(&submit_context, request, &submitted).ok()) return {0, {}};
+  return {submitted.experiment_id(), tree};
+}
+
+TEST_F(DispatcherTest, RunsATrialWithItsInputsAndStoresEveryEvent) {
+  // The data file goes to the controller first, then to the agent with the trial.
+  const std::string content = "{\"text\": \"hello\"}\n";
+  const std::string sha = digest::Sha256Hex(content);
+  const auto [experiment_id, tree] = SubmitWithDataFile(*controller_, content);
+  ASSERT_NE(experiment_id, 0);
+  v1::SubmitResponse submitted;
+  submitted.set_experiment_id(experiment_id);
 
   Tick();
   const store::TrialRecord trial = OnlyTrial(submitted.experiment_id());
@@ -454,6 +476,22 @@ TEST_F(DispatcherTest, RunsATrialWithItsInputsAndStoresEveryEvent) {
   ASSERT_TRUE(reader->Read(&chunk));
   EXPECT_EQ(chunk.path(), "adapter/" + std::to_string(submitted.experiment_id()) + "/one#1");
   EXPECT_TRUE(reader->Finish().ok());
+}
+
+TEST_F(DispatcherTest, AnUploadToTheAgentGetsTimeForItsSizeAtTheMinimumRate) {
+  // At 1 byte/s a 593-byte blob may take almost 10 minutes on top of the 10 s call deadline: far
+  // beyond the fixed deadline that made large model directories impossible to upload.
+  daemon_.reset();
+  config_.min_transfer_bytes_per_second = 1;
+  StartController();
+  const std::string content = "{\"text\": \"" + std::string(580, 'x') + "\"}\n";
+  ASSERT_EQ(content.size(), 593u);
+  ASSERT_NE(SubmitWithDataFile(*controller_, content).first, 0);
+  Tick();
+  std::lock_guard lock(agent_state_.mutex);
+  ASSERT_TRUE(agent_state_.upload_time_left.contains(digest::Sha256Hex(content)));
+  // 10 s + 593 s; the margin only absorbs the time between the call's start and its arrival.
+  EXPECT_GT(agent_state_.upload_time_left.at(digest::Sha256Hex(content)), seconds(500));
 }
 
 TEST_F(DispatcherTest, ADroppedStreamResumesFromTheLastStoredSeqAfterTheBackoff) {
@@ -508,6 +546,50 @@ TEST_F(DispatcherTest, ARestartedControllerResumesStreamingWhereTheStoreEnds) {
   EXPECT_EQ(StoredEvents(trial.id, 1), 5);
   std::lock_guard lock(agent_state_.mutex);
   EXPECT_EQ(agent_state_.runs.size(), 1u) << "the finished work is not run again";
+}
+
+TEST_F(DispatcherTest, ARestartedControllerKnowsWhichDevicesTheRunningAttemptsHold) {
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.cuda_devices = 4;
+    agent_state_.script_ends = false;
+  }
+  auto submit = [&](const std::string& name, const std::string& trials) {
+    v1::SubmitRequest request;
+    request.set_filename(name + ".yaml");
+    request.set_yaml_text(std::string(kExperiment) + "device: cuda\ntrials:\n" + trials);
+    v1::SubmitResponse submitted;
+    grpc::ClientContext context;
+    const grpc::Status accepted = controller_->Submit(&context, request, &submitted);
+    EXPECT_TRUE(accepted.ok()) << accepted.error_message();
+    return submitted.experiment_id();
+  };
+  auto devices_of = [&](const std::string& run) {
+    std::lock_guard lock(agent_state_.mutex);
+    const auto& indices = agent_state_.runs.at(run).request.device_indices();
+    return std::vector<int32_t>(indices.begin(), indices.end());
+  };
+  // a → {0}, b → {1}, c → {2, 3}; then b ends: {2, 3} and {0} stay busy.
+  const int64_t first = submit("first",
+                               "  - {name: a}\n  - {name: b}\n"
+                               "  - {name: c, set: {devices: 2, train.global_batch_size: 4}}\n");
+  Tick();
+  const std::string prefix = std::to_string(first) + "/";
+  ASSERT_EQ(RunsStarted(), 3u);
+  ASSERT_EQ(devices_of(prefix + "c#1"), (std::vector<int32_t>{2, 3}));
+  ASSERT_EQ(devices_of(prefix + "a#1"), (std::vector<int32_t>{0}));
+  agent_state_.AddLinesAndEnd(prefix + "b#1", {kResultLine}, "ok");
+  ASSERT_TRUE(Eventually([&] {
+    auto trials = daemon_->store().ListTrials(first);
+    return trials.ok() && (*trials)[1].state == store::TrialState::kOk;
+  }));
+
+  daemon_.reset();  // a new store and dispatcher on the same database file
+  StartController();
+  const int64_t second = submit("second", "  - {name: d}\n");
+  Tick();
+  ASSERT_EQ(RunsStarted(), 4u);
+  EXPECT_EQ(devices_of(std::to_string(second) + "/d#1"), (std::vector<int32_t>{1}));
 }
 
 TEST_F(DispatcherTest, ATrialWhoseAgentStaysSilentIsRequeuedAndItsOldAttemptFencedOff) {

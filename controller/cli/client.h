@@ -14,7 +14,9 @@
 
 namespace llmctl::cli {
 
-// Deadline of every unary call; streams (watch, uploads, fetch) have none.
+// Deadline of every unary call. Streams differ: watch has none, an upload gets this plus its size
+// at the minimum transfer rate, and fetch is abandoned after this long without a chunk
+// (rpc/transfer.h).
 inline constexpr std::chrono::seconds kCallDeadline{60};
 
 // A channel to the controller at `target` ("unix:/path" or "host:port"). The CLI API is served on a

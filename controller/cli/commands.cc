@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +19,7 @@
 #include <thread>
 
 #include "common/atomic_file.h"
+#include "common/byte_size.h"
 #include "common/digest/verified_file.h"
 #include "common/experiment.h"
 #include "common/files.h"
@@ -32,6 +34,7 @@
 #include "controller/openstack/node_cli.h"
 #include "llmctl/v1/controller.grpc.pb.h"
 #include "rpc/status.h"
+#include "rpc/transfer.h"
 
 namespace llmctl::cli {
 namespace {
@@ -42,6 +45,21 @@ constexpr size_t kMaxExperimentFileBytes = 4 << 20;
 constexpr int kWatchReconnects = 30;
 constexpr std::chrono::seconds kDaemonStopGrace{10};
 constexpr std::chrono::milliseconds kFirstAgentPoll{100};
+
+// LLMCTL_MIN_TRANSFER_RATE ("2MiB", per second): the slowest link an upload must survive
+// (rpc::TransferDeadline); rpc::kDefaultMinTransferBytesPerSecond when unset.
+StatusOr<int64_t> MinTransferRate(const EnvLookup& env) {
+  const std::optional<std::string> text = env("LLMCTL_MIN_TRANSFER_RATE");
+  if (!text || text->empty()) return rpc::kDefaultMinTransferBytesPerSecond;
+  StatusOr<uint64_t> rate = ParseByteSize(*text);
+  if (!rate.ok() || *rate == 0 ||
+      *rate > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return InvalidArgumentError(
+        "LLMCTL_MIN_TRANSFER_RATE: expected a rate per second above 0 such as 10MiB, got '" +
+        *text + "'");
+  }
+  return static_cast<int64_t>(*rate);
+}
 
 std::string FormatUnixTime(int64_t seconds) {
   const std::time_t time = static_cast<std::time_t>(seconds);
@@ -198,6 +216,8 @@ int Llmctl::Submit(const std::string& file, bool wait, bool provision,
   if (!as_written.ok()) return Fail(as_written.status());
   StatusOr<SubmitInputs> inputs = CollectInputs(*as_written, file);
   if (!inputs.ok()) return Fail(inputs.status());
+  StatusOr<int64_t> min_transfer_rate = MinTransferRate(context_.env);
+  if (!min_transfer_rate.ok()) return Fail(min_transfer_rate.status());
 
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
@@ -208,7 +228,7 @@ int Llmctl::Submit(const std::string& file, bool wait, bool provision,
     return Fail(
         InvalidArgumentError(file + ": --provision needs a `target: {site, flavor}` in it"));
   }
-  StatusOr<UploadSummary> uploaded = UploadMissingBlobs(**stub, inputs->blobs);
+  StatusOr<UploadSummary> uploaded = UploadMissingBlobs(**stub, inputs->blobs, *min_transfer_rate);
   if (!uploaded.ok()) return Fail(uploaded.status());
 
   v1::SubmitRequest request;
@@ -510,7 +530,9 @@ int Llmctl::Fetch(int64_t id, const std::string& trial, const std::string& to) {
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
 
+  // The artifacts' total size is not known up front: no call deadline, an idle limit instead.
   grpc::ClientContext call;
+  rpc::IdleCanceller idle(call, kCallDeadline);
   v1::FetchTrialArtifactsRequest request;
   request.set_experiment_id(id);
   request.set_trial(trial);
@@ -526,6 +548,7 @@ int Llmctl::Fetch(int64_t id, const std::string& trial, const std::string& to) {
   int64_t total = 0;
   v1::ArtifactChunk chunk;
   while (reader->Read(&chunk)) {
+    idle.Progress();
     if (current == nullptr) {
       StatusOr<std::unique_ptr<ArtifactFile>> begun = ArtifactFile::Begin(destination, chunk);
       if (!begun.ok()) return abort(begun.status());
@@ -538,7 +561,7 @@ int Llmctl::Fetch(int64_t id, const std::string& trial, const std::string& to) {
     total += current->size();
     current.reset();
   }
-  const Status finished = rpc::FromGrpcStatus(reader->Finish());
+  const Status finished = idle.Explain(reader->Finish(), "fetching the artifacts");
   if (!finished.ok()) return Fail(finished);
   if (current != nullptr) {
     return Fail(DataLossError(current->path() + ": the stream ended in the middle of the file"));
@@ -606,7 +629,9 @@ constexpr char kDescription[] =
     "The controller is LLMCTL_CONTROLLER (unix:/path or host:port), else `controller:` in\n"
     "${XDG_CONFIG_HOME:-~/.config}/llmctl/config.yaml, else an embedded one that llmctl starts\n"
     "in the background (llmctld and a local llm-agent, data in $LLMCTL_HOME or\n"
-    "${XDG_DATA_HOME:-~/.local/share}/llmctl; `llmctl daemon stop` ends them).\n\n"
+    "${XDG_DATA_HOME:-~/.local/share}/llmctl; `llmctl daemon stop` ends them).\n"
+    "An upload may take the call deadline plus its size at LLMCTL_MIN_TRANSFER_RATE (per\n"
+    "second, default 10MiB).\n\n"
     "Exit codes: 0 ok; 1 a trial ended other than its `expect:` (submit --wait) or an operation\n"
     "failed; 2 invalid input (flags, experiment file, id, trial); 3 controller unreachable.";
 

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/digest/digest.h"
+#include "controller/cli/client.h"
 #include "controller/cli/input_tree.h"
 #include "controller/cli/inputs.h"
 #include "llmctl/v1/controller.grpc.pb.h"
@@ -36,8 +37,9 @@ class FakeController final : public v1::Controller::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status UploadBlob(grpc::ServerContext*, grpc::ServerReader<v1::BlobChunk>* reader,
+  grpc::Status UploadBlob(grpc::ServerContext* context, grpc::ServerReader<v1::BlobChunk>* reader,
                           v1::UploadBlobResponse* response) override {
+    const auto time_left = context->deadline() - std::chrono::system_clock::now();
     v1::BlobChunk chunk;
     std::string sha256, bytes;
     int64_t size = -1;
@@ -59,6 +61,7 @@ class FakeController final : public v1::Controller::Service {
     ++calls_;
     uploaded_[sha256] = bytes;
     upload_chunk_sizes_[sha256] = chunk_sizes;
+    upload_time_left_[sha256] = time_left;
     response->set_sha256(sha256);
     return grpc::Status::OK;
   }
@@ -122,6 +125,7 @@ class FakeController final : public v1::Controller::Service {
   std::vector<std::string> asked_;
   std::map<std::string, std::string> uploaded_;
   std::map<std::string, std::vector<size_t>> upload_chunk_sizes_;
+  std::map<std::string, std::chrono::system_clock::duration> upload_time_left_;
   std::optional<v1::SubmitRequest> submitted_;
   v1::ListNodesResponse nodes_;
   std::vector<v1::ExperimentStatus> watch_;
@@ -153,8 +157,9 @@ class CommandsTest : public ::testing::Test {
     args.insert(args.begin(), "llmctl");
     const std::string controller = target.empty() ? target_ : target;
     CliContext context{
-        .env = [controller](std::string_view name) -> std::optional<std::string> {
+        .env = [controller, env = env_](std::string_view name) -> std::optional<std::string> {
           if (name == "LLMCTL_CONTROLLER") return controller;
+          if (auto value = env.find(std::string(name)); value != env.end()) return value->second;
           return std::nullopt;
         },
         .out = out_,
@@ -186,6 +191,7 @@ class CommandsTest : public ::testing::Test {
 
   fs::path dir_;
   std::string target_;
+  std::map<std::string, std::string> env_;  // besides LLMCTL_CONTROLLER
   FakeController fake_;
   std::unique_ptr<grpc::Server> server_;
   std::ostringstream out_, err_;
@@ -224,6 +230,35 @@ TEST_F(CommandsTest, SubmitUploadsOnlyMissingBlobsInChunksAndSendsTheTrees) {
   EXPECT_FALSE(tokenizer_tree.is_file());
   EXPECT_EQ(tokenizer_tree.files_size(), 2);
   EXPECT_EQ(tokenizer_tree.digest(), InputTreeDigest(tokenizer_tree));
+}
+
+TEST_F(CommandsTest, AnUploadGetsTimeForItsSizeAtTheMinimumRate) {
+  // 2 MiB at 1 KiB/s: 2048 s on top of the 60 s call deadline.
+  const std::string data(2 * kBlobChunkBytes, 'd');
+  Write("lab/data/train.jsonl", data);
+  Write("lab/tok/tokenizer.json", "{}");
+  env_["LLMCTL_MIN_TRANSFER_RATE"] = "1KiB";
+  ASSERT_EQ(Run({"submit", WriteExperiment()}), kExitOk) << err_.str();
+
+  std::lock_guard lock(fake_.mutex_);
+  ASSERT_TRUE(fake_.upload_time_left_.contains(digest::Sha256Hex(data)));
+  // The margin only absorbs the time between the call's start and its arrival.
+  EXPECT_GT(fake_.upload_time_left_.at(digest::Sha256Hex(data)), std::chrono::seconds(2000));
+  // A small blob gets about the call deadline.
+  EXPECT_LT(fake_.upload_time_left_.at(digest::Sha256Hex("{}")),
+            kCallDeadline + std::chrono::seconds(1));
+}
+
+TEST_F(CommandsTest, ABadMinimumTransferRateIsInvalidInputAndSendsNothing) {
+  Write("lab/data/train.jsonl", "{}");
+  Write("lab/tok/tokenizer.json", "{}");
+  env_["LLMCTL_MIN_TRANSFER_RATE"] = "0";
+  EXPECT_EQ(Run({"submit", WriteExperiment()}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("LLMCTL_MIN_TRANSFER_RATE: expected a rate per second above 0"),
+            std::string::npos)
+      << err_.str();
+  std::lock_guard lock(fake_.mutex_);
+  EXPECT_EQ(fake_.calls_, 0);
 }
 
 TEST_F(CommandsTest, InvalidFileExitsTwoAndSendsNothing) {

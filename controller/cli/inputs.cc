@@ -8,6 +8,7 @@
 #include "controller/cli/client.h"
 #include "controller/cli/input_tree.h"
 #include "rpc/status.h"
+#include "rpc/transfer.h"
 
 namespace llmctl::cli {
 namespace {
@@ -15,7 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 
 Status UploadBlob(v1::Controller::StubInterface& stub, const std::string& sha256,
-                  const fs::path& file, int64_t& bytes_sent) {
+                  const fs::path& file, int64_t min_bytes_per_second, int64_t& bytes_sent) {
   std::ifstream in(file, std::ios::binary);
   if (!in) return NotFoundError(file.string() + ": cannot open for upload");
   std::error_code error;
@@ -23,6 +24,9 @@ Status UploadBlob(v1::Controller::StubInterface& stub, const std::string& sha256
   if (error) return NotFoundError(file.string() + ": " + error.message());
 
   grpc::ClientContext context;
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      rpc::TransferDeadline(kCallDeadline, static_cast<int64_t>(size), min_bytes_per_second));
   v1::UploadBlobResponse response;
   std::unique_ptr<grpc::ClientWriterInterface<v1::BlobChunk>> writer =
       stub.UploadBlob(&context, &response);
@@ -81,7 +85,8 @@ StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_v
 }
 
 StatusOr<UploadSummary> UploadMissingBlobs(v1::Controller::StubInterface& stub,
-                                           const std::map<std::string, fs::path>& blobs) {
+                                           const std::map<std::string, fs::path>& blobs,
+                                           int64_t min_bytes_per_second) {
   UploadSummary summary;
   summary.blobs = static_cast<int>(blobs.size());
   if (blobs.empty()) return summary;
@@ -95,7 +100,7 @@ StatusOr<UploadSummary> UploadMissingBlobs(v1::Controller::StubInterface& stub,
     if (it == blobs.end()) {
       return InternalError("the controller asked for blob " + sha256 + ", which was not offered");
     }
-    RETURN_IF_ERROR(UploadBlob(stub, sha256, it->second, summary.bytes));
+    RETURN_IF_ERROR(UploadBlob(stub, sha256, it->second, min_bytes_per_second, summary.bytes));
     ++summary.uploaded;
   }
   return summary;

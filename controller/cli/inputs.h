@@ -36,9 +36,11 @@ struct UploadSummary {
 };
 
 // Asks MissingBlobs for `blobs` and uploads only what is missing, in chunks of kBlobChunkBytes (the
-// first message carries sha256 and size).
+// first message carries sha256 and size). Each upload's deadline is kCallDeadline plus the blob's
+// size at `min_bytes_per_second` (rpc::TransferDeadline).
 StatusOr<UploadSummary> UploadMissingBlobs(
-    v1::Controller::StubInterface& stub, const std::map<std::string, std::filesystem::path>& blobs);
+    v1::Controller::StubInterface& stub, const std::map<std::string, std::filesystem::path>& blobs,
+    int64_t min_bytes_per_second);
 
 }  // namespace llmctl::cli
 

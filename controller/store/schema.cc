@@ -103,7 +103,15 @@ constexpr std::string_view kNodeRemoval = R"sql(
 ALTER TABLE nodes ADD COLUMN removed_at INTEGER;
 )sql";
 
-constexpr std::array<std::string_view, 3> kMigrations = {kInitialSchema, kNodeLeases, kNodeRemoval};
+// The device indices the scheduler gave an attempt, as a JSON array ("[2,3]"), so that a restarted
+// controller knows which devices of a multi-GPU node are busy. NULL for attempts started before
+// this migration: their indices are unknown.
+constexpr std::string_view kAttemptDevices = R"sql(
+ALTER TABLE attempts ADD COLUMN device_indices_json TEXT;
+)sql";
+
+constexpr std::array<std::string_view, 4> kMigrations = {kInitialSchema, kNodeLeases, kNodeRemoval,
+                                                         kAttemptDevices};
 
 }  // namespace
 

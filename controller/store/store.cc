@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -169,6 +170,24 @@ StatusOr<json> ParseStoredJson(const std::string& text, std::string_view what) {
   json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) return DataLossError("stored " + std::string(what) + " is not JSON");
   return value;
+}
+
+// An attempt's device_indices_json: a JSON array of distinct non-negative integers.
+StatusOr<std::vector<int64_t>> ParseStoredDeviceIndices(const std::string& text, int64_t trial_id,
+                                                        int64_t attempt) {
+  const std::string what =
+      "device indices of attempt " + std::to_string(attempt) + " of " + TrialLabel(trial_id);
+  ASSIGN_OR_RETURN(const json value, ParseStoredJson(text, what));
+  const auto damaged = [&] {
+    return DataLossError("stored " + what + " are not a list of indices: " + text);
+  };
+  if (!value.is_array()) return damaged();
+  std::vector<int64_t> indices;
+  for (const json& index : value) {
+    if (!index.is_number_integer() || index.get<int64_t>() < 0) return damaged();
+    indices.push_back(index.get<int64_t>());
+  }
+  return indices;
 }
 
 constexpr std::string_view kExperimentColumns =
@@ -359,19 +378,26 @@ StatusOr<std::vector<RunningAttempt>> QueryRunningAttempts(sqlite3* db,
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db,
                                       "SELECT a.trial_id, t.experiment_id, a.attempt, a.node, "
-                                      "a.started_at FROM attempts a JOIN trials t ON "
-                                      "t.id = a.trial_id WHERE a.state = 'running' " +
+                                      "a.started_at, a.device_indices_json FROM attempts a JOIN "
+                                      "trials t ON t.id = a.trial_id WHERE a.state = 'running' " +
                                           trial_filter + " ORDER BY a.trial_id"));
   if (bound) stmt.Bind(1, *bound);
   std::vector<RunningAttempt> attempts;
   while (true) {
     ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
     if (!has_row) break;
-    attempts.push_back(RunningAttempt{.trial_id = stmt.Int(0),
-                                      .experiment_id = stmt.Int(1),
-                                      .attempt = stmt.Int(2),
-                                      .node = stmt.Text(3),
-                                      .started_at = FromMillis(stmt.Int(4))});
+    RunningAttempt& attempt = attempts.emplace_back(RunningAttempt{
+        .trial_id = stmt.Int(0),
+        .experiment_id = stmt.Int(1),
+        .attempt = stmt.Int(2),
+        .node = stmt.Text(3),
+        .started_at = FromMillis(stmt.Int(4)),
+        .device_indices = {},
+    });
+    if (std::optional<std::string> indices = stmt.OptionalText(5)) {
+      ASSIGN_OR_RETURN(attempt.device_indices,
+                       ParseStoredDeviceIndices(*indices, attempt.trial_id, attempt.attempt));
+    }
   }
   return attempts;
 }
@@ -713,8 +739,17 @@ StatusOr<std::vector<RunningAttempt>> Store::ListRunningAttempts() {
   return QueryRunningAttempts(db_, "", std::nullopt);
 }
 
-StatusOr<int64_t> Store::StartAttempt(int64_t trial_id, std::string_view node, Time now) {
+StatusOr<int64_t> Store::StartAttempt(int64_t trial_id, std::string_view node, Time now,
+                                      const std::vector<int64_t>& device_indices) {
   if (node.empty()) return InvalidArgumentError("starting " + TrialLabel(trial_id) + ": no node");
+  std::vector<int64_t> sorted = device_indices;
+  std::sort(sorted.begin(), sorted.end());
+  if ((!sorted.empty() && sorted.front() < 0) ||
+      std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return InvalidArgumentError("starting " + TrialLabel(trial_id) + " on node " +
+                                std::string(node) + ": device indices " +
+                                json(device_indices).dump() + " must be distinct and >= 0");
+  }
   std::lock_guard lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   ASSIGN_OR_RETURN(const TrialRecord trial, LoadTrial(db_, trial_id));
@@ -734,8 +769,13 @@ StatusOr<int64_t> Store::StartAttempt(int64_t trial_id, std::string_view node, T
   ASSIGN_OR_RETURN(Statement insert,
                    Statement::Prepare(db_,
                                       "INSERT INTO attempts (trial_id, attempt, node, state, "
-                                      "started_at) VALUES (?, ?, ?, 'running', ?)"));
-  insert.Bind(1, trial_id).Bind(2, attempt).Bind(3, node).Bind(4, ToMillis(now));
+                                      "started_at, device_indices_json) VALUES "
+                                      "(?, ?, ?, 'running', ?, ?)"));
+  insert.Bind(1, trial_id)
+      .Bind(2, attempt)
+      .Bind(3, node)
+      .Bind(4, ToMillis(now))
+      .Bind(5, json(sorted).dump());
   RETURN_IF_ERROR(insert.Run());
   ASSIGN_OR_RETURN(Statement update,
                    Statement::Prepare(db_,

@@ -102,6 +102,9 @@ struct RunningAttempt {
   int64_t attempt = 0;
   std::string node;
   Time started_at;
+  // The device indices it holds on `node`, ascending; empty when unknown (started by a controller
+  // that did not record them).
+  std::vector<int64_t> device_indices;
 };
 
 // One line of a worker's event file.
@@ -203,10 +206,13 @@ class Store {
   // Attempts in state running, by (trial id): what a restarted controller resumes streaming.
   StatusOr<std::vector<RunningAttempt>> ListRunningAttempts();
 
-  // Starts the next attempt of a queued trial on `node`; the trial becomes running. Returns the
-  // attempt number (current_attempt + 1). FailedPrecondition when the trial is not queued, or when
-  // `node` has been removed (a placement that raced with RemoveNode).
-  StatusOr<int64_t> StartAttempt(int64_t trial_id, std::string_view node, Time now);
+  // Starts the next attempt of a queued trial on `node`, holding `device_indices` there (none for
+  // an attempt that ends before it runs); the trial becomes running. Returns the attempt number
+  // (current_attempt + 1). FailedPrecondition when the trial is not queued, or when `node` has been
+  // removed (a placement that raced with RemoveNode); InvalidArgument for a negative or repeated
+  // device index.
+  StatusOr<int64_t> StartAttempt(int64_t trial_id, std::string_view node, Time now,
+                                 const std::vector<int64_t>& device_indices = {});
 
   // Declares the trial's current, running attempt lost (its node stopped answering): the trial is
   // queued again, or cancelled when a cancel was requested while it ran. Repeating it is OK.

@@ -280,6 +280,75 @@ TEST_F(StoreTest, LostAttemptRequeuesAndTheNextAttemptIsNumberedOnwards) {
   EXPECT_EQ(store->GetTrial(trial)->current_attempt, 2);
 }
 
+TEST_F(StoreTest, AnAttemptKeepsTheDeviceIndicesItStartedWith) {
+  std::vector<int64_t> trials;
+  {
+    std::unique_ptr<Store> store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    trials = CreateTrials(*store, "e", {"a", "b", "c"});
+    ASSERT_EQ(*store->StartAttempt(trials[0], "gpu-node", kNow, {3, 2}), 1);
+    ASSERT_EQ(*store->StartAttempt(trials[1], "gpu-node", kNow, {0}), 1);
+    // Negative or repeated indices are refused and start nothing.
+    for (const std::vector<int64_t>& bad : {std::vector<int64_t>{-1}, std::vector<int64_t>{1, 1}}) {
+      const StatusOr<int64_t> refused = store->StartAttempt(trials[2], "gpu-node", kNow, bad);
+      EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_THAT(refused.status().message(), HasSubstr("must be distinct and >= 0"));
+    }
+    EXPECT_EQ(store->GetTrial(trials[2])->state, TrialState::kQueued);
+  }
+  std::unique_ptr<Store> reopened = OpenStore();  // as after a controller restart
+  ASSERT_NE(reopened, nullptr);
+  StatusOr<std::vector<RunningAttempt>> running = reopened->ListRunningAttempts();
+  ASSERT_TRUE(running.ok()) << running.status().ToString();
+  ASSERT_EQ(running->size(), 2u);
+  EXPECT_THAT((*running)[0].device_indices, ElementsAre(2, 3));
+  EXPECT_THAT((*running)[1].device_indices, ElementsAre(0));
+}
+
+TEST_F(StoreTest, AttemptsFromBeforeDeviceIndicesWereStoredStillLoad) {
+  // A database at schema version 2 (before the attempts' device indices) with a running attempt.
+  std::filesystem::create_directories(dir_ / "data");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  std::string sql = std::string(Migrations()[0]) + std::string(Migrations()[1]) +
+                    "INSERT INTO experiments VALUES (1, 'old', 'old.yaml', 'model: tiny', '', "
+                    "'{}', 0, 'active');"
+                    "INSERT INTO trials (id, experiment_id, ordinal, name, description, "
+                    "config_json, device_type, device_count, state, current_attempt) VALUES "
+                    "(1, 1, 0, 'a', '', '{}', 'cuda', 2, 'running', 1);"
+                    "INSERT INTO attempts (trial_id, attempt, node, state, started_at) VALUES "
+                    "(1, 1, 'gpu-node', 'running', 0);"
+                    "PRAGMA user_version = 2;";
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(*store->SchemaVersion(), static_cast<int64_t>(Migrations().size()));
+  StatusOr<std::vector<RunningAttempt>> running = store->ListRunningAttempts();
+  ASSERT_TRUE(running.ok()) << running.status().ToString();
+  ASSERT_EQ(running->size(), 1u);
+  EXPECT_EQ((*running)[0].node, "gpu-node");
+  EXPECT_THAT((*running)[0].device_indices, IsEmpty());  // unknown
+}
+
+TEST_F(StoreTest, DamagedDeviceIndicesAreReportedAsDataLoss) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t trial = CreateTrials(*store, "e", {"a"})[0];
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow, {0}), 1);
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE attempts SET device_indices_json = '[0, \"x\"]'", nullptr,
+                         nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  StatusOr<std::vector<RunningAttempt>> running = store->ListRunningAttempts();
+  EXPECT_EQ(running.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(running.status().message(), HasSubstr("device indices of attempt 1 of trial"));
+}
+
 TEST_F(StoreTest, AppendEventsIsIdempotentOnTrialAttemptAndSeq) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);

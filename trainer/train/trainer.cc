@@ -224,7 +224,7 @@ Status TrialRun::WriteCheckpoint(int64_t completed_steps, const nlohmann::json& 
   state.next_step = completed_steps;
   state.data_position = data_position;
   state.loss_scale = loss_scaler_ ? loss_scaler_->scale() : 0.0;
-  state.config = config_.ToJson();
+  state.config = config_.EffectiveJson();
   RETURN_IF_ERROR(SaveCheckpoint(dir, model, optimizer_->NamedState(), state));
   last_checkpoint_steps_ = completed_steps;
   events_.Emit({{"type", "checkpoint"}, {"step", completed_steps - 1}, {"path", dir}});
@@ -478,7 +478,7 @@ TrialResult TrialRun::Run() {
       if (projection->is_quantized()) total_count += projection->nf4_weight().numel();
     }
     events_.Emit({{"type", "start"},
-                  {"config", config_.ToJson()},
+                  {"config", config_.EffectiveJson()},
                   {"total_steps", total_steps_},
                   {"examples", batches_->num_examples()},
                   {"parameters_total", total_count},
