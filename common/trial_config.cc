@@ -210,20 +210,6 @@ StatusOr<KeyValue> ValueFromJson(const KeySpec& spec, const Json& json) {
   return wrong_type();
 }
 
-// How many registry keys `object` names, nested or dotted.
-size_t CountTrialKeys(const Json& object, const std::string& prefix) {
-  size_t count = 0;
-  for (auto it = object.begin(); it != object.end(); ++it) {
-    const std::string key = prefix + it.key();
-    if (FindTrialKey(key) != nullptr) {
-      ++count;
-    } else if (it->is_object() && IsTrialKeyGroup(key)) {
-      count += CountTrialKeys(*it, key + ".");
-    }
-  }
-  return count;
-}
-
 Status CollectJson(const Json& object, const std::string& prefix, TrialConfig& config) {
   for (auto it = object.begin(); it != object.end(); ++it) {
     const std::string key = prefix + it.key();
@@ -488,20 +474,6 @@ StatusOr<TrialConfig> TrialConfig::FromJson(const nlohmann::json& json) {
     RETURN_IF_ERROR(CollectJson(json, "", config));
   } catch (const Json::exception& error) {  // defensive: types are checked before every get<>
     return InvalidArgumentError(std::string("trial config: ") + error.what());
-  }
-  const std::vector<KeySpec>& keys = TrialKeys();
-  if (CountTrialKeys(json, "") == keys.size()) {
-    // A full dump (EffectiveJson's shape) stored by an older controller: which keys the experiment
-    // set is lost, and a value equal to its default is taken as not set, as a user would have
-    // written it.
-    const TrialConfig defaults;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      Entry& entry = config.entries_[i];
-      const std::optional<KeyValue> default_value = keys[i].default_from.empty()
-                                                        ? defaults.entries_[i].value
-                                                        : config.Get(keys[i].default_from);
-      if (entry.value == default_value) entry = defaults.entries_[i];
-    }
   }
   return config;
 }

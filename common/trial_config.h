@@ -86,9 +86,7 @@ class TrialConfig {
   nlohmann::json EffectiveJson() const;
 
   // The inverse of ToJson; accepts nested or dotted keys and any subset of them (the rest keep
-  // defaults). Every key present counts as set, except in an object that names every key (a full
-  // dump stored before ToJson carried only set keys), where values equal to their default count as
-  // unset. InvalidArgument for unknown keys or wrong types.
+  // defaults). Every key present counts as set. InvalidArgument for unknown keys or wrong types.
   static StatusOr<TrialConfig> FromJson(const nlohmann::json& json);
 
   // Equal when every key has the same effective value (whether it was set or defaulted does not

@@ -277,27 +277,6 @@ TEST(TrialConfigTest, JsonRoundTrip) {
   EXPECT_TRUE(ValidateTrialConfig(*back, nullptr).ok());
 }
 
-TEST(TrialConfigTest, AFullDumpFromAnOlderControllerCountsDefaultValuesAsUnset) {
-  // Stored before ToJson carried only the set keys: every key, most at their default.
-  TrialConfig lora = Valid();
-  ASSERT_TRUE(lora.SetFromText("peft.method", "lora").ok());
-  ASSERT_TRUE(lora.SetFromText("train.micro_batch_size", "4").ok());
-  StatusOr<TrialConfig> back = TrialConfig::FromJson(lora.EffectiveJson());
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
-  EXPECT_EQ(*back, lora);
-  EXPECT_TRUE(back->IsSet("peft.method"));
-  EXPECT_TRUE(back->IsSet("train.micro_batch_size"));
-  EXPECT_FALSE(back->IsSet("peft.compute_dtype"));       // qlora-only, at its default
-  EXPECT_FALSE(back->IsSet("train.global_batch_size"));  // follows micro_batch_size
-  EXPECT_FALSE(back->IsSet("device_memory"));            // null: no value, as by default
-  EXPECT_TRUE(ValidateTrialConfig(*back, nullptr).ok());
-  // A subset is taken as written, defaults included.
-  StatusOr<TrialConfig> subset =
-      TrialConfig::FromJson(nlohmann::json::parse(R"({"peft": {"compute_dtype": "fp32"}})"));
-  ASSERT_TRUE(subset.ok());
-  EXPECT_TRUE(subset->IsSet("peft.compute_dtype"));
-}
-
 TEST(TrialConfigTest, FromJsonAcceptsDottedSubsets) {
   StatusOr<TrialConfig> config = TrialConfig::FromJson(nlohmann::json::parse(
       R"({"train.lr": 0.001, "data": {"path": "x.jsonl"}, "device_memory": 1024})"));
