@@ -38,7 +38,9 @@ constexpr auto kCallTimeout = std::chrono::seconds(120);
 // Stands in for llm-train; the trial's seed says what it does. Every run writes three events;
 // seed 0 finishes ok, 1..99 exit with that code, 100+N kill themselves with signal N, 200 ignores
 // SIGTERM with a child in its process group until it is killed, 300 waits for a file named `go`
-// in the run directory before its last events.
+// in the run directory before its last events, 400 writes `ready` and waits for SIGTERM or SIGUSR1,
+// writes the signal's name to `got-signal`, takes a second (a checkpoint being written) and exits
+// cancelled.
 constexpr char kFakeTrainer[] = R"(#!/bin/sh
 config="$2"
 events="$4"
@@ -56,6 +58,14 @@ case "$seed" in
   300) while [ ! -e go ]; do sleep 0.02; done
        emit '{"type":"step","step":3}'
        emit '{"type":"step","step":4}' ;;
+  400) stop=0
+       trap 'echo TERM > got-signal; stop=1' TERM
+       trap 'echo USR1 > got-signal; stop=1' USR1
+       : > ready.tmp && mv ready.tmp ready
+       while [ "$stop" -eq 0 ]; do sleep 0.02; done
+       sleep 1
+       emit '{"type":"result","outcome":"cancelled","error":"cancelled at step 2"}'
+       exit 5 ;;
 esac
 if [ "$seed" -ge 100 ] && [ "$seed" -lt 200 ]; then kill -$((seed - 100)) $$; fi
 mkdir -p "$out/adapter"
@@ -256,6 +266,14 @@ class AgentTest : public ::testing::Test {
            std::to_string(key.attempt());
   }
 
+  // Runs the fake trainer's seed 400 and waits until it listens for its stop signal.
+  void StartSignalRecorder(const pb::RunKey& key) {
+    RunTrial(key, 400);
+    while (!fs::exists(RunDir(key) / "ready")) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
   fs::path dir_;
   rpc::TlsIdentity agent_identity_;
   rpc::TlsIdentity controller_identity_;
@@ -384,6 +402,53 @@ TEST_F(AgentTest, CancelKillsTheWholeProcessGroup) {
   const Streamed streamed = Stream(key, 0);
   ASSERT_TRUE(streamed.ended.has_value());
   EXPECT_EQ(streamed.ended->outcome(), "cancelled");
+}
+
+TEST_F(AgentTest, CheckpointingCancelSendsSigusr1AndWaitsItsLongerGrace) {
+  StartAgent();  // cancel grace 300 ms: shorter than the worker's second of "checkpointing"
+  const pb::RunKey key = Key(3, "checkpointing", 1);
+  StartSignalRecorder(key);
+
+  pb::CancelRunRequest request;
+  *request.mutable_key() = key;
+  request.set_checkpoint_grace_ms(60'000);
+  {
+    grpc::ClientContext context;
+    Deadline(&context);
+    pb::RunState state;
+    const grpc::Status refused = Stub()->CancelRun(&context, request, &state);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << "a grace without checkpoint";
+  }
+  request.set_checkpoint(true);
+  grpc::ClientContext context;
+  Deadline(&context);
+  pb::RunState state;
+  ASSERT_TRUE(Stub()->CancelRun(&context, request, &state).ok());
+
+  const Streamed streamed = Stream(key, 0);
+  ASSERT_TRUE(streamed.ended.has_value());
+  EXPECT_EQ(streamed.ended->outcome(), "cancelled");
+  // It exited by itself after its second: the 60 s grace applied, not the 300 ms one.
+  EXPECT_EQ(streamed.ended->exit_code(), 5) << streamed.ended->error();
+  EXPECT_EQ(ReadAll(RunDir(key) / "got-signal"), "USR1\n");
+  EXPECT_EQ(streamed.events.back().type(), "result");
+}
+
+TEST_F(AgentTest, PlainCancelSendsSigtermAndKillsAfterTheCancelGrace) {
+  StartAgent();
+  const pb::RunKey key = Key(3, "plain", 1);
+  StartSignalRecorder(key);
+  pb::CancelRunRequest request;
+  *request.mutable_key() = key;
+  grpc::ClientContext context;
+  Deadline(&context);
+  pb::RunState state;
+  ASSERT_TRUE(Stub()->CancelRun(&context, request, &state).ok());
+  ASSERT_EQ(state.status(), pb::RUN_STATUS_ENDED);
+  EXPECT_EQ(state.ended().outcome(), "cancelled");
+  EXPECT_EQ(state.ended().exit_code(), -SIGKILL) << state.ended().error();
+  EXPECT_EQ(ReadAll(RunDir(key) / "got-signal"), "TERM\n");
 }
 
 TEST_F(AgentTest, KilledAgentReadoptsTheRunningWorkerAfterRestart) {

@@ -448,6 +448,28 @@ StatusOr<RunState> RunManager::WaitForEnd(const RunKey& key, std::chrono::millis
   return StateOf(it->first, it->second);
 }
 
+Status RunManager::RequestCancel(Run& run,
+                                 std::optional<std::chrono::milliseconds> checkpoint_grace) {
+  // The marker first: whoever decides the outcome, now or after a restart, sees the request.
+  RETURN_IF_ERROR(
+      WriteFileAtomically(run.dir + "/" + kCancelFile, [](int) { return Status::Ok(); }));
+  if (run.supervisor_pid <= 0 ||
+      !IsSameProcessAlive(run.supervisor_pid, run.supervisor_start_time)) {
+    return Status::Ok();
+  }
+  if (!checkpoint_grace) {
+    ::kill(run.supervisor_pid, SIGTERM);
+    return Status::Ok();
+  }
+  sigval grace;
+  grace.sival_int = static_cast<int>(checkpoint_grace->count());
+  if (::sigqueue(run.supervisor_pid, SIGUSR1, grace) != 0) {
+    return UnavailableError("cannot signal the supervisor of " + run.dir + ": " +
+                            std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
 StatusOr<RunState> RunManager::Cancel(const RunKey& key) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -455,15 +477,24 @@ StatusOr<RunState> RunManager::Cancel(const RunKey& key) {
     if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
     Run& run = it->second;
     if (run.end) return StateOf(it->first, run);
-    // The marker first: whoever decides the outcome, now or after a restart, sees the request.
-    RETURN_IF_ERROR(
-        WriteFileAtomically(run.dir + "/" + kCancelFile, [](int) { return Status::Ok(); }));
-    if (run.supervisor_pid > 0 &&
-        IsSameProcessAlive(run.supervisor_pid, run.supervisor_start_time)) {
-      ::kill(run.supervisor_pid, SIGTERM);
-    }
+    RETURN_IF_ERROR(RequestCancel(run, std::nullopt));
   }
   return WaitForEnd(key, options_.cancel_grace + std::chrono::seconds(5));
+}
+
+StatusOr<RunState> RunManager::CancelWithCheckpoint(const RunKey& key,
+                                                    std::chrono::milliseconds grace) {
+  if (grace.count() < 0 || grace > kMaxCheckpointGrace) {
+    return InvalidArgumentError("checkpoint grace: must be 0 to " +
+                                std::to_string(kMaxCheckpointGrace.count()) + " ms, got " +
+                                std::to_string(grace.count()));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = runs_.find(key);
+  if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
+  Run& run = it->second;
+  if (!run.end) RETURN_IF_ERROR(RequestCancel(run, grace));
+  return StateOf(it->first, run);
 }
 
 }  // namespace llmctl::agent

@@ -59,6 +59,9 @@ struct RunRequest {
   std::vector<int> device_indices;
 };
 
+// The longest grace a checkpointing cancel can give: it travels in milliseconds as a signal's int.
+inline constexpr std::chrono::milliseconds kMaxCheckpointGrace{INT32_MAX};
+
 struct RunManagerOptions {
   std::string data_dir;
   std::string llm_train;           // the worker program
@@ -92,6 +95,12 @@ class RunManager {
   // to the grace period plus a margin for the run to end; returns its state then. An ended run is
   // left as it is.
   StatusOr<RunState> Cancel(const RunKey& key);
+  // Asks the supervisor to have the worker checkpoint its last complete step and stop (SIGUSR1;
+  // SIGKILL after `grace`, or after the cancel grace when it is 0) and returns the run's state at
+  // once: writing a large checkpoint takes minutes, and WaitForEnd says when it is over. An ended
+  // run is left as it is. InvalidArgument for a negative `grace` or one longer than a signal can
+  // carry (kMaxCheckpointGrace).
+  StatusOr<RunState> CancelWithCheckpoint(const RunKey& key, std::chrono::milliseconds grace);
   // Waits up to `timeout` for the run to end; returns its state then. NotFound for an unknown key.
   StatusOr<RunState> WaitForEnd(const RunKey& key, std::chrono::milliseconds timeout);
   // The run's directory. NotFound for an unknown key.
@@ -113,6 +122,9 @@ class RunManager {
   // Checks one running run and ends it when its worker is gone. Requires mutex_.
   void CheckRun(Run& run);
   void EndRun(Run& run, const RunEnd& end);
+  // Marks the run cancel-requested and signals its supervisor: SIGTERM, or SIGUSR1 carrying
+  // `checkpoint_grace` when given. Requires mutex_.
+  Status RequestCancel(Run& run, std::optional<std::chrono::milliseconds> checkpoint_grace);
   // Requires mutex_.
   RunState StateOf(const RunKey& key, Run& run) const;
   std::string RunDirFor(const RunKey& key) const;

@@ -243,7 +243,15 @@ class AgentService final : public pb::Agent::Service {
 
   grpc::Status CancelRun(grpc::ServerContext*, const pb::CancelRunRequest* request,
                          pb::RunState* response) override {
-    auto state = runs_->Cancel(FromProto(request->key()));
+    if (!request->checkpoint() && request->checkpoint_grace_ms() != 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "CancelRun: checkpoint_grace_ms is only for a cancel with checkpoint");
+    }
+    auto state =
+        request->checkpoint()
+            ? runs_->CancelWithCheckpoint(FromProto(request->key()),
+                                          std::chrono::milliseconds(request->checkpoint_grace_ms()))
+            : runs_->Cancel(FromProto(request->key()));
     if (!state.ok()) return rpc::ToGrpcStatus(state.status());
     ToProto(*state, response);
     return grpc::Status::OK;

@@ -49,6 +49,13 @@ Status WriteJsonAtomically(const std::string& path, const nlohmann::json& json) 
   ::_exit(127);
 }
 
+// How long a stop that SIGUSR1 asked for may take: the milliseconds the signal's value carries
+// when the agent sent it with sigqueue, else `grace`.
+std::chrono::milliseconds CheckpointGrace(const siginfo_t& info, std::chrono::milliseconds grace) {
+  if (info.si_code != SI_QUEUE || info.si_value.sival_int <= 0) return grace;
+  return std::chrono::milliseconds(info.si_value.sival_int);
+}
+
 }  // namespace
 
 std::vector<std::string> SupervisorArgv(const std::string& program,
@@ -85,7 +92,7 @@ int RunSupervisor(const SupervisorCommand& command) {
   // Signals are taken synchronously with sigtimedwait: no handlers, no races with waitpid.
   sigset_t watched;
   sigemptyset(&watched);
-  for (int signal : {SIGTERM, SIGINT, SIGCHLD}) sigaddset(&watched, signal);
+  for (int signal : {SIGTERM, SIGINT, SIGUSR1, SIGCHLD}) sigaddset(&watched, signal);
   ::sigprocmask(SIG_BLOCK, &watched, nullptr);
   ::signal(SIGHUP, SIG_IGN);
 
@@ -114,11 +121,17 @@ int RunSupervisor(const SupervisorCommand& command) {
     const pid_t done = ::waitpid(worker, &status, WNOHANG);
     if (done == worker) break;
     timespec wait{0, 200 * 1000 * 1000};
-    const int signal = ::sigtimedwait(&watched, nullptr, &wait);
+    siginfo_t info{};
+    const int signal = ::sigtimedwait(&watched, &info, &wait);
     if ((signal == SIGTERM || signal == SIGINT) && !cancelling) {
       cancelling = true;
       ::kill(-worker, SIGTERM);
       kill_at = std::chrono::steady_clock::now() + command.grace;
+    }
+    if (signal == SIGUSR1 && !cancelling) {
+      cancelling = true;
+      ::kill(-worker, SIGUSR1);
+      kill_at = std::chrono::steady_clock::now() + CheckpointGrace(info, command.grace);
     }
     if (cancelling && std::chrono::steady_clock::now() >= kill_at) {
       ::kill(-worker, SIGKILL);

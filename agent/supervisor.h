@@ -5,8 +5,12 @@
 // session. The supervisor starts the worker in its own process group with stdout/stderr going to
 // RUN_DIR/stdout.log and stderr.log, records it in worker.json, waits for it and writes exit.json
 // atomically ({"exit_code": N} or {"signal": N}). SIGTERM asks it to cancel: SIGTERM to the
-// worker's process group, SIGKILL after the grace period. Once the worker has exited, whatever is
-// left of its process group is killed, so no stray process holds a device.
+// worker's process group, SIGKILL after the grace period. SIGUSR1 asks it to cancel after a
+// checkpoint: SIGUSR1 to the worker's group (llm-train checkpoints its last complete step, then
+// stops), SIGKILL after the grace in milliseconds that the signal's value carries when sent with
+// sigqueue (a large checkpoint takes minutes), else after the grace period. Only the first of these
+// signals counts. Once the worker has exited, whatever is left of its process group is killed, so
+// no stray process holds a device.
 #ifndef LLMCTL_AGENT_SUPERVISOR_H_
 #define LLMCTL_AGENT_SUPERVISOR_H_
 

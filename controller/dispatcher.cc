@@ -44,6 +44,8 @@ struct Dispatcher::Stream {
   bool settled = false;  // ended and finished, or fenced off: never reopened
   store::Time retry_at;
   std::chrono::milliseconds backoff{0};
+  // The worker's `result` event once it came; used only by the reader thread (one at a time).
+  std::string result_json;
 };
 
 struct Dispatcher::HubPreparation {
@@ -107,6 +109,31 @@ bool IsPermanentPrepareFailure(grpc::StatusCode code) {
     default:
       return false;
   }
+}
+
+// What a run stopped before its lease ends kept, from the worker's `result` event (empty when none
+// came): the checkpoint of its last complete step (written, or the one it resumed from), or why
+// there is none.
+std::string DescribeStopCheckpoint(const std::string& result_json, int64_t experiment_id,
+                                   const std::string& trial_name) {
+  const nlohmann::json result =
+      nlohmann::json::parse(result_json, nullptr, /*allow_exceptions=*/false);
+  if (!result.is_object()) {
+    return "no checkpoint: the worker ended without a result (killed when its grace ran out?)";
+  }
+  const auto checkpoint = result.find("checkpoint");
+  if (checkpoint != result.end() && checkpoint->is_object() &&
+      checkpoint->value("step", nlohmann::json()).is_number_integer() &&
+      checkpoint->value("path", nlohmann::json()).is_string()) {
+    // The event counts steps from 0; "after step N" and the directory step-N count completed ones.
+    return "checkpoint after step " + std::to_string((*checkpoint)["step"].get<int64_t>() + 1) +
+           " in " + (*checkpoint)["path"].get<std::string>() + " on the node (llmctl fetch " +
+           std::to_string(experiment_id) + " '" + trial_name +
+           "' copies the run's output while the node is up; llm-train --resume continues from it)";
+  }
+  const std::string error =
+      result.value("error", nlohmann::json()).is_string() ? result["error"].get<std::string>() : "";
+  return "no checkpoint" + (error.empty() ? std::string() : " (" + error + ")");
 }
 
 std::string FormatUtc(store::Time time) {
@@ -719,9 +746,15 @@ void Dispatcher::WatchLeases(const std::vector<store::NodeRecord>& nodes,
       }
       auto trial = store_.GetTrial(attempt.trial_id);
       if (!trial.ok()) continue;
-      spdlog::warn("{} on node {}: {}: stopping it", AttemptName(attempt), node.name, ends);
+      spdlog::warn("{} on node {}: {}: checkpointing and stopping it", AttemptName(attempt),
+                   node.name, ends);
+      // What is left of the lease but the reserve; 0 (the agent's own cancel grace) when nothing
+      // is left.
+      const auto grace = std::max(std::chrono::milliseconds(0),
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      node.lease->ends - now - options_.lease_stop_reserve));
       // Unreachable: the attempt is declared lost and requeued like any other.
-      if (stub != nullptr) CancelRun(attempt, trial->name, *stub);
+      if (stub != nullptr) CancelRun(attempt, trial->name, *stub, grace);
     }
   }
   std::lock_guard lock(mutex_);
@@ -729,11 +762,16 @@ void Dispatcher::WatchLeases(const std::vector<store::NodeRecord>& nodes,
 }
 
 void Dispatcher::CancelRun(const store::RunningAttempt& attempt, const std::string& trial_name,
-                           v1::Agent::Stub& stub) {
+                           v1::Agent::Stub& stub,
+                           std::optional<std::chrono::milliseconds> checkpoint_grace) {
   v1::CancelRunRequest request;
   request.mutable_key()->set_experiment_id(attempt.experiment_id);
   request.mutable_key()->set_trial(trial_name);
   request.mutable_key()->set_attempt(static_cast<int32_t>(attempt.attempt));
+  if (checkpoint_grace) {
+    request.set_checkpoint(true);
+    request.set_checkpoint_grace_ms(checkpoint_grace->count());
+  }
   v1::RunState state;
   auto context = CallContext();
   const grpc::Status cancelled = stub.CancelRun(context.get(), request, &state);
@@ -871,6 +909,7 @@ void Dispatcher::ReadStream(Stream& stream, v1::Agent::Stub& stub) {
         const store::Event event{.seq = response.event().seq(),
                                  .type = response.event().type(),
                                  .json = response.event().json()};
+        if (event.type == "result") stream.result_json = event.json;
         auto appended = store_.AppendEvents(attempt.trial_id, attempt.attempt, {&event, 1});
         if (!appended.ok()) {
           result = appended.status();
@@ -886,7 +925,9 @@ void Dispatcher::ReadStream(Stream& stream, v1::Agent::Stub& stub) {
           std::lock_guard lock(mutex_);
           auto stopped = lease_stops_.find({attempt.trial_id, attempt.attempt});
           if (stopped != lease_stops_.end() && end.outcome() == "cancelled") {
-            error = stopped->second;
+            error = stopped->second + "; " +
+                    DescribeStopCheckpoint(stream.result_json, attempt.experiment_id,
+                                           stream.trial_name);
           }
         }
         result =
@@ -997,7 +1038,7 @@ StatusOr<std::vector<std::string>> Dispatcher::Cancel(int64_t experiment_id,
       if (link != links_.end()) stub = link->second->stub;
     }
     if (stub == nullptr) continue;  // ends as cancelled when the attempt is declared lost
-    CancelRun(attempt, names[attempt.trial_id], *stub);
+    CancelRun(attempt, names[attempt.trial_id], *stub, std::nullopt);
   }
   changes_.Notify();
   Wake();

@@ -25,9 +25,12 @@
 //      INVALID_ARGUMENT → the trial fails with the agent's message;
 //   6. watches the end of each node's cloud lease: from lease_warning before it, a warning (logged
 //      once, and NodeNotice for the status the CLI shows) and no new trial on that node; from
-//      lease_stop_margin before it, CancelRun for each trial running there (llm-train stops at
-//      the next micro-batch; its last periodic checkpoint, if any, stays in its output_dir), which
-//      then ends cancelled with "node N's lease L ends at ...".
+//      lease_stop_margin before it, CancelRun with checkpoint for each trial running there
+//      (llm-train writes a checkpoint of its last complete step into its output_dir, when it fits
+//      on the disk, and stops), with what is left of the lease less lease_stop_reserve as the
+//      grace before the worker is killed; the trial then ends cancelled with "node N's lease L
+//      ends at ...: stopped before it does; checkpoint after step S in PATH ..." (or why there is
+//      none).
 // A node removed with RemoveNode (`llmctl node down`) is no longer dialled: its stream readers stop
 // at once, its attempts are requeued at once (not after requeue_after), and the next round drops
 // its link.
@@ -45,6 +48,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,6 +90,9 @@ struct DispatcherOptions {
   std::chrono::milliseconds prepare_deadline = std::chrono::hours(6);
   std::chrono::milliseconds lease_warning = std::chrono::minutes(30);
   std::chrono::milliseconds lease_stop_margin = std::chrono::minutes(10);
+  // Of the time left when a trial is stopped for its lease, what is kept back from the checkpoint's
+  // grace: for killing a worker that overran it and reporting its end while the node is still up.
+  std::chrono::milliseconds lease_stop_reserve = std::chrono::minutes(2);
 };
 
 class Dispatcher {
@@ -160,8 +167,10 @@ class Dispatcher {
                        HubModelRef ref);
   void WatchLeases(const std::vector<store::NodeRecord>& nodes,
                    const std::vector<store::RunningAttempt>& running, store::Time now);
+  // With `checkpoint_grace`, the worker first checkpoints its last complete step and gets that
+  // long before it is killed.
   void CancelRun(const store::RunningAttempt& attempt, const std::string& trial_name,
-                 v1::Agent::Stub& stub);
+                 v1::Agent::Stub& stub, std::optional<std::chrono::milliseconds> checkpoint_grace);
   void ReadStream(Stream& stream, v1::Agent::Stub& stub);
   void StopStream(const AttemptKey& key);
   std::unique_ptr<grpc::ClientContext> CallContext() const;

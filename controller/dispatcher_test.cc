@@ -55,6 +55,9 @@ struct FakeAgentState {
   std::vector<std::string> cancelled;
   // How long each UploadBlob had left before its deadline when it arrived, by sha256.
   std::map<std::string, std::chrono::system_clock::duration> upload_time_left;
+  std::vector<v1::CancelRunRequest> cancel_requests;
+  // What a cancelled run's worker writes before it ends.
+  std::vector<std::string> cancel_lines;
   // What the next RunTrial's worker will write.
   std::vector<std::string> script = {StepLine(0), StepLine(1), kResultLine};
   bool script_ends = true;
@@ -211,8 +214,11 @@ class FakeAgent final : public v1::Agent::Service {
     {
       std::lock_guard lock(state_.mutex);
       state_.cancelled.push_back(RunName(request->key()));
+      state_.cancel_requests.push_back(*request);
       auto run = state_.runs.find(RunName(request->key()));
       if (run == state_.runs.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no run");
+      run->second.lines.insert(run->second.lines.end(), state_.cancel_lines.begin(),
+                               state_.cancel_lines.end());
       run->second.ended = true;
       run->second.outcome = "cancelled";
     }
@@ -719,6 +725,10 @@ TEST_F(DispatcherTest, CancelStopsARunningTrialOnItsAgent) {
   std::lock_guard lock(agent_state_.mutex);
   EXPECT_EQ(agent_state_.cancelled,
             std::vector<std::string>{std::to_string(experiment) + "/one#1"});
+  // A user's cancel asks for no checkpoint and keeps the agent's own grace.
+  ASSERT_EQ(agent_state_.cancel_requests.size(), 1u);
+  EXPECT_FALSE(agent_state_.cancel_requests[0].checkpoint());
+  EXPECT_EQ(agent_state_.cancel_requests[0].checkpoint_grace_ms(), 0);
 }
 
 TEST_F(DispatcherTest, ATrialNoConnectedNodeCanRunWaitsWithANoticeSayingWhy) {
@@ -915,8 +925,13 @@ TEST_F(DispatcherTest, AHubModelThatCannotBePreparedFailsItsTrialWithTheAgentsMe
 }
 
 TEST_F(DispatcherTest, BeforeItsLeaseEndsANodeWarnsThenStopsItsTrialsAndTakesNoNewOnes) {
-  agent_state_.script = {StepLine(0)};
+  agent_state_.script = {StepLine(0), StepLine(1), StepLine(2)};
   agent_state_.script_ends = false;
+  const std::string checkpoint = "/agent/runs/1/one/1/output/checkpoints/step-3";
+  agent_state_.cancel_lines = {
+      R"({"type":"result","outcome":"cancelled","steps":3,"error":"cancelled at step 3",)"
+      R"("checkpoint":{"step":2,"path":")" +
+      checkpoint + R"("}})"};
   const int64_t experiment = SubmitOne();
   Tick();
   ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 1; }));
@@ -936,17 +951,27 @@ TEST_F(DispatcherTest, BeforeItsLeaseEndsANodeWarnsThenStopsItsTrialsAndTakesNoN
   Tick();
   EXPECT_EQ(OnlyTrial(later).state, store::TrialState::kQueued) << "no new trial on that node";
 
-  clock_.Advance(std::chrono::minutes(16));  // 9 min left: stopped
+  clock_.Advance(std::chrono::minutes(16));  // 9 min left: checkpointed and stopped
   Tick();
   ASSERT_TRUE(
       Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
   const v1::ExperimentStatus status = StatusOf(experiment);
-  EXPECT_NE(status.trials(0).error().find("lease lab-lease ends at"), std::string::npos)
-      << status.trials(0).error();
+  const std::string error = status.trials(0).error();
+  EXPECT_NE(error.find("lease lab-lease ends at"), std::string::npos) << error;
+  EXPECT_NE(error.find("stopped before it does; checkpoint after step 3 in " + checkpoint +
+                       " on the node (llmctl fetch " + std::to_string(experiment) + " 'one'"),
+            std::string::npos)
+      << error;
   {
     std::lock_guard lock(agent_state_.mutex);
     EXPECT_EQ(agent_state_.cancelled,
               std::vector<std::string>{std::to_string(experiment) + "/one#1"});
+    // The worker gets what is left of the lease (9 min) less the 2 min reserve to write it.
+    ASSERT_EQ(agent_state_.cancel_requests.size(), 1u);
+    EXPECT_TRUE(agent_state_.cancel_requests[0].checkpoint());
+    EXPECT_EQ(agent_state_.cancel_requests[0].checkpoint_grace_ms(),
+              std::chrono::duration_cast<milliseconds>(std::chrono::minutes(7)).count());
+    agent_state_.cancel_lines.clear();
   }
   EXPECT_EQ(OnlyTrial(later).state, store::TrialState::kQueued);
 
@@ -956,6 +981,31 @@ TEST_F(DispatcherTest, BeforeItsLeaseEndsANodeWarnsThenStopsItsTrialsAndTakesNoN
   agent_state_.script_ends = true;
   Tick();
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(later).state == store::TrialState::kOk; }));
+}
+
+TEST_F(DispatcherTest, ALeaseStopWhoseCheckpointDidNotFitSaysWhy) {
+  agent_state_.script = {StepLine(0)};
+  agent_state_.script_ends = false;
+  agent_state_.cancel_lines = {
+      R"({"type":"result","outcome":"cancelled","steps":1,"error":"cancelled at step 1; )"
+      R"(checkpoint skipped: needs 12.00 GiB, 3.50 GiB free in /agent/out"})"};
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 1; }));
+  ASSERT_TRUE(SetLease("n1", clock_.Now() + std::chrono::minutes(5)).ok());
+  Tick();
+  ASSERT_TRUE(
+      Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
+  const std::string error = StatusOf(experiment).trials(0).error();
+  EXPECT_NE(error.find("stopped before it does; no checkpoint (cancelled at step 1; checkpoint "
+                       "skipped: needs 12.00 GiB, 3.50 GiB free in /agent/out)"),
+            std::string::npos)
+      << error;
+  std::lock_guard lock(agent_state_.mutex);
+  ASSERT_EQ(agent_state_.cancel_requests.size(), 1u);
+  EXPECT_TRUE(agent_state_.cancel_requests[0].checkpoint());
+  EXPECT_EQ(agent_state_.cancel_requests[0].checkpoint_grace_ms(),
+            std::chrono::duration_cast<milliseconds>(std::chrono::minutes(3)).count());
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 //   llm-train --version                   # llmctl's and LibTorch's versions, and CUDA's when built with it
 //
 // Exit codes: 0 ok, 1 failed, 2 invalid input (nothing ran), 3 out of memory, 4 diverged, 5
-// cancelled.
+// cancelled. SIGINT/SIGTERM stop the run between micro-batches; SIGUSR1 does too, after writing a
+// checkpoint of the last complete step into output_dir (the agent sends it before a lease ends).
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <iostream>
@@ -25,8 +26,15 @@
 namespace {
 
 std::atomic<bool> g_cancel{false};
+std::atomic<bool> g_checkpoint_on_cancel{false};
 
 void OnSignal(int) { g_cancel.store(true); }
+
+// The checkpoint flag first: the trainer reads it once it sees `g_cancel`.
+void OnCheckpointSignal(int) {
+  g_checkpoint_on_cancel.store(true);
+  g_cancel.store(true);
+}
 
 int Fail(const std::string& message) {
   std::cerr << "llm-train: " << message << std::endl;
@@ -120,10 +128,12 @@ int main(int argc, char** argv) {
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  std::signal(SIGUSR1, OnCheckpointSignal);
   llmctl::trainer::RunOptions options;
   options.events_path = events_path;
   options.human = &std::cout;
   options.cancel = &g_cancel;
+  options.checkpoint_on_cancel = &g_checkpoint_on_cancel;
   options.resume_from = resume_from;
   const llmctl::trainer::TrialResult result = llmctl::trainer::RunTrial(config, options);
   if (result.invalid_input) {

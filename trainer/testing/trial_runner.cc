@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include "common/experiment.h"
 #include "trainer/model/weights.h"
@@ -57,13 +58,17 @@ std::vector<double> TrialRecord::Losses() const {
 }
 
 TrialRecord RunAndRecord(const TrialConfig& config, const std::string& resume_from) {
+  RunOptions options;
+  options.resume_from = resume_from;
+  return RunAndRecord(config, std::move(options));
+}
+
+TrialRecord RunAndRecord(const TrialConfig& config, RunOptions options) {
   const std::filesystem::path path =
       std::filesystem::temp_directory_path() /
       ("llmctl-test-events-" + std::to_string(::getpid()) + ".jsonl");
   std::filesystem::remove(path);
-  RunOptions options;
   options.events_path = path.string();
-  options.resume_from = resume_from;
   TrialRecord record;
   record.result = RunTrial(config, options);
   std::ifstream in(path);

@@ -35,6 +35,8 @@ struct TrialRecord {
 
 // Runs the trial (continuing from `resume_from` when given) and reads its event log back.
 TrialRecord RunAndRecord(const TrialConfig& config, const std::string& resume_from = "");
+// The same with `options`, whose events_path is replaced by a temporary file.
+TrialRecord RunAndRecord(const TrialConfig& config, RunOptions options);
 
 // Every tensor of tests/fixtures/<relative_path> (a safetensors file), copied out of the mapping;
 // fails the test when the file cannot be read.

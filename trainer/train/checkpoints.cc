@@ -60,6 +60,23 @@ Status RestoreGeneratorStates(const NamedTensors& states) {
   return Status::Ok();
 }
 
+uint64_t CheckpointBytes(const NamedTensors& model, const NamedTensors& optimizer) {
+  // A safetensors header entry (name, dtype, shape, offsets) stays well under this per tensor;
+  // trainer_state.json holds the resolved config and the data position, a few KiB.
+  constexpr uint64_t kHeaderBytesPerTensor = 256;
+  constexpr uint64_t kStateFileBytes = 64 * 1024;
+  uint64_t bytes = kStateFileBytes;
+  for (const NamedTensors* tensors : {&model, &optimizer}) {
+    for (const auto& [name, tensor] : *tensors) {
+      bytes += static_cast<uint64_t>(tensor.nbytes()) + kHeaderBytesPerTensor;
+    }
+  }
+  for (const auto& [name, state] : GeneratorStates()) {
+    bytes += static_cast<uint64_t>(state.nbytes()) + kHeaderBytesPerTensor;
+  }
+  return bytes;
+}
+
 Status SaveCheckpoint(const std::string& dir, const NamedTensors& model,
                       const NamedTensors& optimizer, const TrainingState& state) {
   const fs::path final_dir(dir);

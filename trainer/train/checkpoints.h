@@ -40,6 +40,10 @@ Status WriteTensors(const std::string& path, const NamedTensors& tensors,
 Status SaveCheckpoint(const std::string& dir, const NamedTensors& model, const NamedTensors& optimizer,
                       const TrainingState& state);
 
+// The bytes SaveCheckpoint needs on disk for `model` and `optimizer`: their tensors' data, the
+// generator states, and an allowance for the safetensors headers and trainer_state.json.
+uint64_t CheckpointBytes(const NamedTensors& model, const NamedTensors& optimizer);
+
 struct LoadedCheckpoint {
   NamedTensors model;      // CPU tensors, owned (copied out of the files)
   NamedTensors optimizer;

@@ -1,9 +1,13 @@
 #include "trainer/train/trainer.h"
 
+#include <sys/statvfs.h>
 #include <torch/torch.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <numbers>
 #include <ostream>
@@ -98,6 +102,24 @@ NamedTensors ModelState(LlamaForCausalLM& model) {
   return state;
 }
 
+// statvfs's free bytes (for unprivileged users) on the filesystem that holds `path`, or would hold
+// it: the nearest existing ancestor is asked, as output_dir may not exist yet.
+StatusOr<uint64_t> StatvfsFreeBytes(const std::string& path) {
+  std::error_code error;
+  std::filesystem::path probe = std::filesystem::absolute(path, error);
+  if (error) probe = path;
+  while (!std::filesystem::exists(probe, error) && probe.has_parent_path() &&
+         probe != probe.parent_path()) {
+    probe = probe.parent_path();
+  }
+  struct statvfs info;
+  if (::statvfs(probe.c_str(), &info) != 0) {
+    return UnavailableError("cannot tell the free space in " + probe.string() + ": " +
+                            std::strerror(errno));
+  }
+  return static_cast<uint64_t>(info.f_bavail) * static_cast<uint64_t>(info.f_frsize);
+}
+
 // Everything one run holds; members are destroyed in reverse order, model last.
 class TrialRun {
  public:
@@ -116,6 +138,9 @@ class TrialRun {
     if (options_.human != nullptr) *options_.human << line << std::endl;
   }
   TrialResult Finish(Outcome outcome, std::string error);
+  // The run was asked to stop while step `step` ran: ends it as cancelled, first checkpointing the
+  // last complete step when the trial keeps checkpoints or the stop asked for one.
+  TrialResult Stop(int64_t step);
   TrialResult InvalidInput(const Status& status) {
     TrialResult result = Finish(Outcome::kFailed, status.message());
     result.invalid_input = true;
@@ -126,6 +151,10 @@ class TrialRun {
   // A checkpoint of the state after `completed_steps` optimizer steps, whose next micro-batches
   // start at `data_position`.
   Status WriteCheckpoint(int64_t completed_steps, const nlohmann::json& data_position);
+  // WriteCheckpoint of the last complete step when a stop interrupted the next one, unless the
+  // checkpoint does not fit on output_dir's filesystem: then nothing is written and the error says
+  // how much it needs and how much is free.
+  Status CheckpointBeforeStop(int64_t completed_steps);
   // With adapters and an output_dir: output_dir/adapter (PEFT's files) and, with peft.save_merged,
   // output_dir/merged.
   Status SaveAdapterOutputs();
@@ -164,6 +193,7 @@ class TrialRun {
   int64_t steps_done_ = 0;
   int64_t first_step_ = 0;
   int64_t last_checkpoint_steps_ = 0;  // completed steps in the newest checkpoint (or resumed from)
+  std::string last_checkpoint_dir_;    // that checkpoint's directory; empty when there is none
   nlohmann::json step_start_position_;  // the data position before the running step's micro-batches
   std::string divergence_;
 };
@@ -213,6 +243,7 @@ Status TrialRun::Resume() {
   RETURN_IF_ERROR(RestoreGeneratorStates(checkpoint.generators).WithContext(dir));
   first_step_ = checkpoint.state.next_step;
   last_checkpoint_steps_ = first_step_;
+  last_checkpoint_dir_ = dir;
   return Status::Ok();
 }
 
@@ -227,9 +258,28 @@ Status TrialRun::WriteCheckpoint(int64_t completed_steps, const nlohmann::json& 
   state.config = config_.EffectiveJson();
   RETURN_IF_ERROR(SaveCheckpoint(dir, model, optimizer_->NamedState(), state));
   last_checkpoint_steps_ = completed_steps;
+  last_checkpoint_dir_ = dir;
   events_.Emit({{"type", "checkpoint"}, {"step", completed_steps - 1}, {"path", dir}});
   Human("[checkpoint] " + dir);
   return Status::Ok();
+}
+
+Status TrialRun::CheckpointBeforeStop(int64_t completed_steps) {
+  const std::string output_dir = config_.GetString("output_dir");
+  if (output_dir.empty()) {
+    return FailedPreconditionError("checkpoint skipped: the trial has no output_dir");
+  }
+  const uint64_t needed = CheckpointBytes(ModelState(model_), optimizer_->NamedState());
+  auto free = options_.free_disk_bytes ? options_.free_disk_bytes(output_dir)
+                                       : StatvfsFreeBytes(output_dir);
+  if (!free.ok()) {
+    // Not knowing is no reason to lose the run's progress: the write reports its own failure.
+    Log("warning", free.status().message());
+  } else if (*free < needed) {
+    return ResourceExhaustedError("checkpoint skipped: needs " + FormatBytes(needed) + ", " +
+                                  FormatBytes(*free) + " free in " + output_dir);
+  }
+  return WriteCheckpoint(completed_steps, step_start_position_).WithContext("checkpoint failed");
 }
 
 Status TrialRun::SaveAdapterOutputs() {
@@ -391,6 +441,11 @@ TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
              {"steps", result.steps_done},
              {"final_loss", result.final_loss ? json(*result.final_loss) : json(nullptr)},
              {"error", result.error}};
+  // The newest checkpoint, written or resumed from, with the checkpoint event's fields: what
+  // --resume continues from (the controller names it when it stopped the run).
+  if (!last_checkpoint_dir_.empty()) {
+    event["checkpoint"] = {{"step", last_checkpoint_steps_ - 1}, {"path", last_checkpoint_dir_}};
+  }
   events_.Emit(event);
   std::ostringstream line;
   line.precision(2);
@@ -401,6 +456,21 @@ TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
   if (!result.error.empty()) line << " | " << result.error;
   Human(line.str());
   return result;
+}
+
+TrialResult TrialRun::Stop(int64_t step) {
+  std::string error = "cancelled at step " + std::to_string(step);
+  const bool requested =
+      options_.checkpoint_on_cancel != nullptr && options_.checkpoint_on_cancel->load();
+  // The weights and optimizer state are still those after the last complete step, and the data
+  // resumes where the interrupted step's micro-batches began, so that step is what a checkpoint
+  // keeps; one written (or resumed from) at that step already is enough.
+  if ((requested || config_.GetInt("checkpoint_every") > 0) && step > last_checkpoint_steps_) {
+    if (Status status = CheckpointBeforeStop(step); !status.ok()) {
+      error += "; " + status.message();
+    }
+  }
+  return Finish(Outcome::kCancelled, error);
 }
 
 TrialResult TrialRun::Run() {
@@ -502,15 +572,7 @@ TrialResult TrialRun::Run() {
     for (int64_t step = first_step_; step < total_steps_; ++step) {
       if (!TrainStep(step)) {
         if (!divergence_.empty()) return Finish(Outcome::kDiverged, divergence_);
-        // A run that keeps checkpoints keeps its progress when it is stopped (the controller stops
-        // trials before their node's lease ends): the weights and optimizer state are still those
-        // after the last complete step, and the data resumes where that step's micro-batches began.
-        if (checkpoint_every > 0 && step > last_checkpoint_steps_) {
-          if (Status status = WriteCheckpoint(step, step_start_position_); !status.ok()) {
-            return Finish(Outcome::kFailed, status.message());
-          }
-        }
-        return Finish(Outcome::kCancelled, "cancelled at step " + std::to_string(step));
+        return Stop(step);
       }
       if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0) {
         if (Status status = WriteCheckpoint(step + 1, batches_->Position()); !status.ok()) {

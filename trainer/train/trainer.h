@@ -8,11 +8,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "common/status.h"
 #include "common/trial_config.h"
 
 namespace llmctl::trainer {
@@ -45,6 +47,13 @@ struct RunOptions {
   std::string events_path;             // JSON lines; empty = none
   std::ostream* human = nullptr;       // the labs' human lines; null = silent
   const std::atomic<bool>* cancel = nullptr;  // set by a signal handler to stop between micro-batches
+  // Set before `cancel` (llm-train's SIGUSR1, which the agent sends when the node's lease ends): the
+  // stop first writes a checkpoint of the last complete step into output_dir, whether or not the
+  // trial keeps periodic checkpoints (checkpoint_every).
+  const std::atomic<bool>* checkpoint_on_cancel = nullptr;
+  // Free bytes on the filesystem that holds `path`, asked before a stop checkpoint is written (a
+  // checkpoint that does not fit is not started); statvfs when unset. Tests give a full disk.
+  std::function<StatusOr<uint64_t>(const std::string& path)> free_disk_bytes;
   std::string resume_from;             // a checkpoint directory written by an earlier run
 };
 

@@ -7,15 +7,18 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <streambuf>
+#include <utility>
 
 #include "common/model_config.h"
 #include "trainer/model/weights.h"
 #include "trainer/peft/lora.h"
 #include "trainer/safetensors/safetensors.h"
 #include "trainer/testing/trial_runner.h"
+#include "trainer/train/checkpoints.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -236,31 +239,121 @@ class CancelAfterStep : public std::streambuf {
   std::string printed_;
 };
 
+// Runs `config` and stops it while the step after `after_step` runs: as llm-train's SIGTERM would,
+// or, with `checkpoint`, as its SIGUSR1 would (a checkpoint first). `free_disk_bytes` stands in for
+// statvfs when given.
+TrialRecord RunAndStopAfterStep(
+    const TrialConfig& config, int after_step, bool checkpoint,
+    std::function<StatusOr<uint64_t>(const std::string&)> free_disk_bytes = nullptr) {
+  std::atomic<bool> cancel{false};
+  const std::atomic<bool> checkpoint_on_cancel{checkpoint};
+  CancelAfterStep stop(after_step, &cancel);
+  std::ostream human(&stop);
+  RunOptions options;
+  options.human = &human;
+  options.cancel = &cancel;
+  options.checkpoint_on_cancel = &checkpoint_on_cancel;
+  options.free_disk_bytes = std::move(free_disk_bytes);
+  return RunAndRecord(config, std::move(options));
+}
+
+// Resuming from `checkpoint`, written after `completed_steps` steps, gives exactly the losses of
+// the rest of the uninterrupted run `whole`.
+void ExpectResumeContinues(const std::string& checkpoint, const TrialRecord& whole,
+                           size_t completed_steps) {
+  const std::vector<double> all = whole.Losses();
+  TrialRecord resumed = RunAndRecord(
+      DemoConfig({{"train.max_steps", std::to_string(all.size())}}), checkpoint);
+  ASSERT_EQ(resumed.result.outcome, Outcome::kOk) << resumed.result.error;
+  const std::vector<double> rest = resumed.Losses();
+  ASSERT_EQ(rest.size(), all.size() - completed_steps);
+  for (size_t i = 0; i < rest.size(); ++i) {
+    EXPECT_EQ(rest[i], all[i + completed_steps]) << "step " << i + completed_steps;
+  }
+}
+
 TEST(CheckpointResumeTest, AStoppedRunCheckpointsItsLastCompleteStepAndResumesExactly) {
   const std::string out = testing::FreshTempDir("stopped");
   TrialRecord whole = RunAndRecord(DemoConfig({{"train.max_steps", "6"}}));
   ASSERT_EQ(whole.result.outcome, Outcome::kOk) << whole.result.error;
 
   // checkpoint_every 4 would first write after step 4; the stop during step 3 writes step-2.
-  std::atomic<bool> cancel{false};
-  CancelAfterStep stop_after_step_2(2, &cancel);
-  std::ostream human(&stop_after_step_2);
-  RunOptions options;
-  options.human = &human;
-  options.cancel = &cancel;
-  const TrialResult stopped = RunTrial(
-      DemoConfig({{"train.max_steps", "6"}, {"checkpoint_every", "4"}, {"output_dir", out}}),
-      options);
-  ASSERT_EQ(stopped.outcome, Outcome::kCancelled) << stopped.error;
+  const TrialRecord stopped = RunAndStopAfterStep(
+      DemoConfig({{"train.max_steps", "6"}, {"checkpoint_every", "4"}, {"output_dir", out}}), 2,
+      /*checkpoint=*/false);
+  ASSERT_EQ(stopped.result.outcome, Outcome::kCancelled) << stopped.result.error;
   const std::string checkpoint = out + "/checkpoints/step-2";
   ASSERT_TRUE(std::filesystem::exists(checkpoint + "/model.safetensors"));
 
-  TrialRecord resumed = RunAndRecord(DemoConfig({{"train.max_steps", "6"}}), checkpoint);
-  ASSERT_EQ(resumed.result.outcome, Outcome::kOk) << resumed.result.error;
-  const std::vector<double> all = whole.Losses();
-  const std::vector<double> rest = resumed.Losses();
-  ASSERT_EQ(rest.size(), 4u);
-  for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], all[i + 2]) << "step " << i + 2;
+  ExpectResumeContinues(checkpoint, whole, 2);
+  std::filesystem::remove_all(out);
+}
+
+TEST(CheckpointResumeTest, AStopAskingForACheckpointWritesOneWithoutCheckpointEvery) {
+  const std::string out = testing::FreshTempDir("requested");
+  TrialRecord whole = RunAndRecord(DemoConfig({{"train.max_steps", "6"}}));
+  ASSERT_EQ(whole.result.outcome, Outcome::kOk) << whole.result.error;
+  const TrialConfig config = DemoConfig({{"train.max_steps", "6"}, {"output_dir", out}});
+
+  // A plain stop of a trial without checkpoint_every keeps nothing.
+  const TrialRecord plain = RunAndStopAfterStep(config, 2, /*checkpoint=*/false);
+  ASSERT_EQ(plain.result.outcome, Outcome::kCancelled) << plain.result.error;
+  EXPECT_FALSE(std::filesystem::exists(out + "/checkpoints"));
+  ASSERT_EQ(plain.OfType("result").size(), 1u);
+  EXPECT_FALSE(plain.OfType("result").front().contains("checkpoint"));
+
+  const TrialRecord stopped = RunAndStopAfterStep(config, 2, /*checkpoint=*/true);
+  ASSERT_EQ(stopped.result.outcome, Outcome::kCancelled) << stopped.result.error;
+  EXPECT_EQ(stopped.result.error, "cancelled at step 2");
+  const std::string checkpoint = out + "/checkpoints/step-2";
+  ASSERT_TRUE(std::filesystem::exists(checkpoint + "/model.safetensors"));
+  ASSERT_EQ(stopped.OfType("result").size(), 1u);
+  const nlohmann::json result = stopped.OfType("result").front();
+  EXPECT_EQ(result["checkpoint"], (nlohmann::json{{"step", 1}, {"path", checkpoint}}))
+      << result.dump();
+
+  ExpectResumeContinues(checkpoint, whole, 2);
+  std::filesystem::remove_all(out);
+}
+
+TEST(CheckpointResumeTest, AStopCheckpointThatDoesNotFitOnTheDiskIsSkippedAndSaysWhy) {
+  const std::string out = testing::FreshTempDir("full");
+  std::string asked;
+  const TrialRecord stopped = RunAndStopAfterStep(
+      DemoConfig({{"train.max_steps", "6"}, {"output_dir", out}}), 2, /*checkpoint=*/true,
+      [&](const std::string& path) -> StatusOr<uint64_t> {
+        asked = path;
+        return uint64_t{4096};
+      });
+  ASSERT_EQ(stopped.result.outcome, Outcome::kCancelled) << stopped.result.error;
+  EXPECT_EQ(asked, out);
+  EXPECT_FALSE(std::filesystem::exists(out + "/checkpoints"));
+  EXPECT_TRUE(stopped.result.error.starts_with("cancelled at step 2; checkpoint skipped: needs "))
+      << stopped.result.error;
+  EXPECT_TRUE(stopped.result.error.ends_with(", 4.00 KiB free in " + out)) << stopped.result.error;
+  ASSERT_EQ(stopped.OfType("result").size(), 1u);
+  EXPECT_FALSE(stopped.OfType("result").front().contains("checkpoint"));
+  std::filesystem::remove_all(out);
+}
+
+TEST(CheckpointResumeTest, CheckpointBytesCoverWhatSaveCheckpointWrites) {
+  const std::string out = testing::FreshTempDir("size");
+  const NamedTensors model = {{"embed", torch::randn({64, 32})},
+                              {"norm", torch::ones({32}, torch::kBFloat16)}};
+  const NamedTensors optimizer = {{"embed.exp_avg", torch::zeros({64, 32})},
+                                  {"step", torch::zeros({}, torch::kFloat32)}};
+  TrainingState state;
+  state.config = DemoConfig({}).ToJson();
+  ASSERT_TRUE(SaveCheckpoint(out + "/step-1", model, optimizer, state).ok());
+  uint64_t written = 0;
+  for (const auto& file : std::filesystem::directory_iterator(out + "/step-1")) {
+    written += file.file_size();
+  }
+  const uint64_t tensor_bytes = 2 * 64 * 32 * 4 + 32 * 2 + 4;
+  EXPECT_GT(written, tensor_bytes);
+  EXPECT_GE(CheckpointBytes(model, optimizer), written);
+  // An allowance, not a multiple: a large model's estimate stays close to its tensors' bytes.
+  EXPECT_LT(CheckpointBytes(model, optimizer), tensor_bytes + 128 * 1024);
   std::filesystem::remove_all(out);
 }
 
