@@ -40,8 +40,9 @@ constexpr auto kCallTimeout = std::chrono::seconds(120);
 // SIGTERM with a child in its process group until it is killed, 300 waits for a file named `go`
 // in the run directory before its last events, 400 writes `ready` and waits for SIGTERM or SIGUSR1,
 // writes the signal's name to `got-signal`, takes a second (a checkpoint being written) and exits
-// cancelled.
+// cancelled. `--version` (the agent's probe) answers a version.
 constexpr char kFakeTrainer[] = R"(#!/bin/sh
+if [ "$1" = --version ]; then echo "fake-llm-train 0"; exit 0; fi  # the agent's node probe
 config="$2"
 events="$4"
 seed=$(sed -n 's/^seed: *//p' "$config")
@@ -144,7 +145,7 @@ class AgentTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  AgentOptions Options(const std::string& llm_train) {
+  AgentOptions Options(const std::string& llm_train, std::chrono::milliseconds poll_interval) {
     AgentOptions options;
     options.listen = address_;
     options.data_dir = (dir_ / "data").string();
@@ -154,12 +155,14 @@ class AgentTest : public ::testing::Test {
     options.llm_train = llm_train;
     options.supervisor_program = supervisor_;
     options.cancel_grace = std::chrono::milliseconds(300);
-    options.poll_interval = std::chrono::milliseconds(20);
+    options.poll_interval = poll_interval;
     return options;
   }
 
-  void StartAgent(const std::string& llm_train = "") {
-    auto server = AgentServer::Start(Options(llm_train.empty() ? fake_trainer_ : llm_train));
+  void StartAgent(const std::string& llm_train = "",
+                  std::chrono::milliseconds poll_interval = std::chrono::milliseconds(20)) {
+    auto server =
+        AgentServer::Start(Options(llm_train.empty() ? fake_trainer_ : llm_train, poll_interval));
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(*server);
   }
@@ -449,6 +452,57 @@ TEST_F(AgentTest, PlainCancelSendsSigtermAndKillsAfterTheCancelGrace) {
   EXPECT_EQ(state.ended().outcome(), "cancelled");
   EXPECT_EQ(state.ended().exit_code(), -SIGKILL) << state.ended().error();
   EXPECT_EQ(ReadAll(RunDir(key) / "got-signal"), "TERM\n");
+}
+
+// With a poll interval far past the call deadline, only the wake-ups can end these in time: a
+// supervisor's exit wakes the run watcher, and a run's end wakes the stream following it and the
+// cancel waiting for it.
+TEST_F(AgentTest, RunsEndWhenTheirSupervisorExitsNotAtThePollInterval) {
+  StartAgent("", std::chrono::hours(1));
+  const pb::RunKey key = Key(5, "followed", 1);
+  RunTrial(key, 300);
+  // Events are followed at the poll interval: the stream starts once the worker has written the
+  // three it writes before waiting for `go`, so that its first read gets them all.
+  while (Lines(ReadAll(RunDir(key) / "events.jsonl")).size() < 3) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  pb::StreamEventsRequest request;
+  *request.mutable_key() = key;
+  grpc::ClientContext context;
+  Deadline(&context);
+  auto stub = Stub();
+  auto reader = stub->StreamEvents(&context, request);
+  pb::StreamEventsResponse item;
+  // The worker waits for `go` after these three: the stream is waiting on a live run.
+  for (int64_t seq = 1; seq <= 3; ++seq) {
+    ASSERT_TRUE(reader->Read(&item));
+    EXPECT_EQ(item.event().seq(), seq);
+  }
+  WriteFile(RunDir(key) / "go", "", fs::perms::owner_read | fs::perms::owner_write);
+  std::vector<pb::TrialEvent> rest;
+  std::optional<pb::RunEnded> ended;
+  while (reader->Read(&item)) {
+    if (item.has_event()) rest.push_back(item.event());
+    if (item.has_ended()) ended = item.ended();
+  }
+  const grpc::Status finished = reader->Finish();
+  ASSERT_TRUE(finished.ok()) << finished.error_message();
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->outcome(), "ok");
+  EXPECT_EQ(rest.size(), 3u);
+
+  const pb::RunKey stubborn = Key(5, "stubborn", 1);
+  RunTrial(stubborn, 200);
+  const fs::path child_file = RunDir(stubborn) / "child.pid";
+  while (!fs::exists(child_file)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  pb::CancelRunRequest cancel;
+  *cancel.mutable_key() = stubborn;
+  grpc::ClientContext cancel_context;
+  Deadline(&cancel_context);
+  pb::RunState state;
+  ASSERT_TRUE(Stub()->CancelRun(&cancel_context, cancel, &state).ok());
+  EXPECT_EQ(state.status(), pb::RUN_STATUS_ENDED);
+  EXPECT_EQ(state.ended().outcome(), "cancelled");
 }
 
 TEST_F(AgentTest, KilledAgentReadoptsTheRunningWorkerAfterRestart) {

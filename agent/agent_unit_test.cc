@@ -1,6 +1,8 @@
 // The agent's pure parts: outcomes, trial files, the input cache, event following, node probing.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -11,6 +13,7 @@
 #include "agent/input_cache.h"
 #include "agent/node_info.h"
 #include "agent/outcome.h"
+#include "agent/process.h"
 #include "agent/runs.h"
 #include "agent/trial_file.h"
 #include "common/digest/digest.h"
@@ -259,6 +262,29 @@ TEST(EventReaderTest, OnlyCompleteLinesInOrder) {
   EXPECT_EQ(reader.lines_read(), 2);
   EXPECT_EQ(EventType("not json"), "");
   fs::remove_all(dir);
+}
+
+TEST(ProcessTest, ExitWatchIsReadableOnceTheProcessHasExited) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::pause();  // until killed
+    ::_exit(0);
+  }
+  const std::optional<uint64_t> start_time = ProcessStartTime(child);
+  ASSERT_TRUE(start_time.has_value());
+  EXPECT_FALSE(OpenExitWatch(child, *start_time + 1).valid()) << "another process's start time";
+  UniqueFd watch = OpenExitWatch(child, *start_time);
+  ASSERT_TRUE(watch.valid()) << "pidfd_open is refused here";
+  pollfd exited{watch.get(), POLLIN, 0};
+  EXPECT_EQ(::poll(&exited, 1, 0), 0) << "readable while the process runs";
+
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(::poll(&exited, 1, 60 * 1000), 1);
+  EXPECT_TRUE(exited.revents & POLLIN);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_FALSE(OpenExitWatch(child, *start_time).valid()) << "the process is gone";
 }
 
 TEST(NodeInfoTest, ParsesNvidiaSmiAndMeminfo) {

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,6 +39,35 @@ std::optional<uint64_t> ProcessStartTime(pid_t pid) {
 bool IsSameProcessAlive(pid_t pid, uint64_t start_time) {
   const std::optional<uint64_t> actual = ProcessStartTime(pid);
   return actual.has_value() && *actual == start_time;
+}
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  if (this != &other) {
+    reset();
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+void UniqueFd::reset() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+int UniqueFd::release() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+UniqueFd OpenExitWatch(pid_t pid, uint64_t start_time) {
+  // Through syscall(): Debian 12's <sys/pidfd.h> declares pidfd_open without C linkage. Every
+  // pidfd is close-on-exec.
+  UniqueFd watch(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  // Checked after opening: the descriptor then names the process that was alive at the check, not
+  // a later one the kernel gave the same pid.
+  if (!watch.valid() || !IsSameProcessAlive(pid, start_time)) return UniqueFd();
+  return watch;
 }
 
 StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,

@@ -22,6 +22,32 @@ std::optional<uint64_t> ProcessStartTime(pid_t pid);
 // True while `pid` runs and started at `start_time`.
 bool IsSameProcessAlive(pid_t pid, uint64_t start_time);
 
+// An owned file descriptor, closed when it goes out of scope. Move-only.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { reset(); }
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  bool valid() const { return fd_ >= 0; }
+  int get() const { return fd_; }
+  void reset();
+  int release();
+
+ private:
+  int fd_ = -1;
+};
+
+// A descriptor that poll() reports readable once the process `pid` (started at `start_time`) has
+// exited: a pidfd, so it works for processes this one did not start. Invalid when the process is
+// already gone or the kernel has no pidfd_open (before Linux 5.3, or a seccomp filter refuses it):
+// callers keep a periodic check for that case.
+UniqueFd OpenExitWatch(pid_t pid, uint64_t start_time);
+
 struct CommandOutput {
   int exit_code = -1;  // -1 when it could not run or was killed (timeout)
   std::string stdout_text;

@@ -1,8 +1,10 @@
 #include "agent/runs.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -175,6 +177,10 @@ StatusOr<std::unique_ptr<RunManager>> RunManager::Open(RunManagerOptions options
     return UnavailableError("cannot create " + options.data_dir + "/runs: " + error.message());
   }
   std::unique_ptr<RunManager> manager(new RunManager(std::move(options), cache));
+  manager->wake_watcher_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!manager->wake_watcher_.valid()) {
+    return UnavailableError(std::string("cannot create an eventfd: ") + std::strerror(errno));
+  }
   RETURN_IF_ERROR(manager->Recover());
   manager->watcher_ = std::thread([m = manager.get()] { m->WatchLoop(); });
   return manager;
@@ -185,8 +191,15 @@ RunManager::~RunManager() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
-  stop_.notify_all();
+  ended_.notify_all();
+  WakeWatcher();
   if (watcher_.joinable()) watcher_.join();
+}
+
+void RunManager::WakeWatcher() {
+  const uint64_t one = 1;
+  // Fails only when the counter is at its maximum: the watcher has a wake-up pending anyway.
+  (void)!::write(wake_watcher_.get(), &one, sizeof(one));
 }
 
 std::string RunManager::RunDirFor(const RunKey& key) const {
@@ -217,6 +230,9 @@ Status RunManager::Recover() {
             run.supervisor_start_time = supervisor->value("start_time", uint64_t{0});
           }
           CheckRun(run);  // re-adopted if alive, else ended from exit.json or as vanished
+          if (!run.end) {
+            run.supervisor_exit = OpenExitWatch(run.supervisor_pid, run.supervisor_start_time);
+          }
         }
         runs_.emplace(key, std::move(run));
       }
@@ -227,12 +243,25 @@ Status RunManager::Recover() {
 }
 
 void RunManager::WatchLoop() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stopping_) {
-    for (auto& [key, run] : runs_) {
-      if (!run.end) CheckRun(run);
+  std::vector<pollfd> watched;
+  while (true) {
+    watched.assign(1, pollfd{wake_watcher_.get(), POLLIN, 0});
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return;
+      for (auto& [key, run] : runs_) {
+        if (!run.end) CheckRun(run);
+        if (!run.end && run.supervisor_exit.valid()) {
+          watched.push_back(pollfd{run.supervisor_exit.get(), POLLIN, 0});
+        }
+      }
     }
-    stop_.wait_for(lock, options_.poll_interval, [this] { return stopping_; });
+    // Returns as soon as a supervisor exits (exit.json is written by then), a run starts or the
+    // manager stops, so a run ends within milliseconds of its worker; the interval bounds how long
+    // a run without an exit watch goes unchecked.
+    ::poll(watched.data(), watched.size(), static_cast<int>(options_.poll_interval.count()));
+    uint64_t wakeups;
+    (void)!::read(wake_watcher_.get(), &wakeups, sizeof(wakeups));  // reset the counter
   }
 }
 
@@ -275,6 +304,7 @@ void RunManager::EndRun(Run& run, const RunEnd& end) {
   // Without ended.json the next start decides again from the same files, with the same result.
   (void)written;
   run.end = end;
+  run.supervisor_exit.reset();
   ended_.notify_all();
 }
 
@@ -404,11 +434,13 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
     run.is_child = true;
     // Read at once: the process exists from the moment posix_spawn returns, exec'd or not.
     run.supervisor_start_time = ProcessStartTime(pid).value_or(0);
+    run.supervisor_exit = OpenExitWatch(pid, run.supervisor_start_time);
     const Status recorded = WriteJson(dir + "/" + kSupervisorFile,
                                       {{"pid", pid}, {"start_time", run.supervisor_start_time}});
     (void)recorded;  // without it a restarted agent reports the run as vanished
   }
   auto [it, inserted] = runs_.emplace(request.key, std::move(run));
+  WakeWatcher();  // to watch the new supervisor's exit
   return StateOf(it->first, it->second);
 }
 
@@ -419,10 +451,12 @@ StatusOr<RunState> RunManager::Get(const RunKey& key) {
   return StateOf(it->first, it->second);
 }
 
-StatusOr<std::optional<RunEnd>> RunManager::Ended(const RunKey& key) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+StatusOr<std::optional<RunEnd>> RunManager::Ended(const RunKey& key,
+                                                  std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mutex_);
   auto it = runs_.find(key);
   if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
+  ended_.wait_for(lock, wait, [&] { return it->second.end.has_value() || stopping_; });
   return it->second.end;
 }
 

@@ -30,6 +30,7 @@
 
 #include "agent/input_cache.h"
 #include "agent/outcome.h"
+#include "agent/process.h"
 #include "common/status.h"
 
 namespace llmctl::agent {
@@ -67,7 +68,9 @@ struct RunManagerOptions {
   std::string llm_train;           // the worker program
   std::string supervisor_program;  // the llm-agent binary, re-executed with --supervise
   std::chrono::milliseconds cancel_grace{10000};  // SIGTERM, then SIGKILL after this
-  std::chrono::milliseconds poll_interval{100};   // how often running runs are checked
+  // How often running runs are checked besides the wake-up when a supervisor exits: the check
+  // that finds a supervisor whose exit the kernel cannot report (no pidfd_open).
+  std::chrono::milliseconds poll_interval{100};
 };
 
 // Thread-safe.
@@ -75,7 +78,8 @@ class RunManager {
  public:
   // Scans DATA/runs: runs with ended.json are over; the others are re-adopted when their supervisor
   // still runs, finished from exit.json when it exists, and marked failed ("worker vanished")
-  // otherwise. Then watches the running ones on a background thread.
+  // otherwise. Then watches the running ones on a background thread, which wakes as soon as a
+  // supervisor exits.
   static StatusOr<std::unique_ptr<RunManager>> Open(RunManagerOptions options, InputCache* cache);
   // Stops watching; workers keep running (a later Open re-adopts them).
   ~RunManager();
@@ -87,9 +91,10 @@ class RunManager {
   StatusOr<RunState> Start(const RunRequest& request);
   // NotFound for an unknown key.
   StatusOr<RunState> Get(const RunKey& key);
-  // How the run ended, nullopt while it runs; cheaper than Get (no look at the event file).
-  // NotFound for an unknown key.
-  StatusOr<std::optional<RunEnd>> Ended(const RunKey& key) const;
+  // How the run ended, waiting up to `wait` for it to end; nullopt while it runs. Cheaper than
+  // Get (no look at the event file). NotFound for an unknown key.
+  StatusOr<std::optional<RunEnd>> Ended(
+      const RunKey& key, std::chrono::milliseconds wait = std::chrono::milliseconds(0));
   std::vector<RunState> List();
   // Asks the supervisor to stop the worker (SIGTERM, SIGKILL after the grace period) and waits up
   // to the grace period plus a margin for the run to end; returns its state then. An ended run is
@@ -112,6 +117,10 @@ class RunManager {
     pid_t supervisor_pid = 0;  // 0: unknown (the agent died before recording it)
     uint64_t supervisor_start_time = 0;
     bool is_child = false;  // started by this process: reaped here
+    // Readable once the supervisor has exited (it writes exit.json first); invalid when ended or
+    // when it could not be opened. Opened and closed only where the watcher cannot be polling it:
+    // before the watcher starts, in Start, and by the watcher itself.
+    UniqueFd supervisor_exit;
     std::optional<RunEnd> end;
     int64_t final_seq = -1;  // the event file's lines once ended (it no longer grows), -1 unknown
   };
@@ -119,6 +128,7 @@ class RunManager {
   RunManager(RunManagerOptions options, InputCache* cache);
   Status Recover();
   void WatchLoop();
+  void WakeWatcher();
   // Checks one running run and ends it when its worker is gone. Requires mutex_.
   void CheckRun(Run& run);
   void EndRun(Run& run, const RunEnd& end);
@@ -133,10 +143,12 @@ class RunManager {
   InputCache* const cache_;  // not owned
 
   mutable std::mutex mutex_;
-  std::condition_variable ended_;  // notified when a run ends
+  std::condition_variable ended_;  // notified when a run ends or the manager stops
   std::map<RunKey, Run> runs_;     // guarded by mutex_
   bool stopping_ = false;          // guarded by mutex_
-  std::condition_variable stop_;
+  // An eventfd that wakes the watcher from poll(): a run started (a new descriptor to watch) or
+  // the manager stops.
+  UniqueFd wake_watcher_;
   std::thread watcher_;
 };
 

@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "agent/event_reader.h"
 #include "agent/node_info.h"
@@ -91,21 +91,25 @@ class AgentService final : public pb::Agent::Service {
         hub_(hub),
         runs_(runs) {}
 
-  // Ends the streams that follow running runs.
-  void Stop() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
+  ~AgentService() {
+    if (probe_thread_.joinable()) probe_thread_.join();
   }
+
+  // Probes the node on a thread of its own, so that the controller's first health check, which
+  // comes right after the agent starts, finds the facts ready instead of waiting for llm-train to
+  // load LibTorch.
+  void StartProbe() {
+    probe_thread_ = std::thread([this] { Probe(); });
+  }
+
+  // Ends the streams that follow running runs (within one poll interval).
+  void Stop() { stopping_ = true; }
 
   grpc::Status GetNodeInfo(grpc::ServerContext*, const pb::GetNodeInfoRequest*,
                            pb::NodeInfo* response) override {
     // The controller calls this as its health check; the facts do not change while the agent runs,
     // and probing them runs nvidia-smi and llm-train (which loads LibTorch), so probe once.
-    std::call_once(probe_once_, [this] { facts_ = ProbeNode(llm_train_); });
-    const NodeFacts& facts = facts_;
+    const NodeFacts& facts = Probe();
     response->set_node(rpc::AgentCertificateName(node_));
     for (const DeviceInfo& device : facts.devices) {
       pb::Device* out = response->add_devices();
@@ -209,10 +213,13 @@ class AgentService final : public pb::Agent::Service {
     auto dir = runs_->RunDir(key);
     if (!dir.ok()) return rpc::ToGrpcStatus(dir.status());
     EventReader reader(*dir + "/events.jsonl");
+    // Nothing to wait for before the first read; after a read that found no new line, up to one
+    // poll interval, cut short when the run ends so that its end goes out at once.
+    std::chrono::milliseconds wait(0);
     while (true) {
       if (context->IsCancelled()) return grpc::Status::CANCELLED;
       // Ended is read before the file: a run that had ended then has all its lines in the file.
-      auto ended = runs_->Ended(key);
+      auto ended = runs_->Ended(key, wait);
       if (!ended.ok()) return rpc::ToGrpcStatus(ended.status());
       auto lines = reader.ReadNewLines();
       if (!lines.ok()) return rpc::ToGrpcStatus(lines.status());
@@ -232,12 +239,10 @@ class AgentService final : public pb::Agent::Service {
         writer->Write(item);
         return grpc::Status::OK;
       }
-      if (lines->empty()) {
-        std::unique_lock<std::mutex> lock(mutex_);
-        if (wake_.wait_for(lock, poll_interval_, [this] { return stopping_; })) {
-          return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
-        }
+      if (stopping_) {
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
       }
+      wait = lines->empty() ? poll_interval_ : std::chrono::milliseconds(0);
     }
   }
 
@@ -301,15 +306,21 @@ class AgentService final : public pb::Agent::Service {
  private:
   const std::string node_;
   const std::string llm_train_;
+  // The facts do not change while the agent runs, and probing them runs nvidia-smi and llm-train
+  // (which loads LibTorch): probed once.
+  const NodeFacts& Probe() {
+    std::call_once(probe_once_, [this] { facts_ = ProbeNode(llm_train_); });
+    return facts_;
+  }
+
   std::once_flag probe_once_;
   NodeFacts facts_;
+  std::thread probe_thread_;
   const std::chrono::milliseconds poll_interval_;
   InputCache* const cache_;
   HubCache* const hub_;
   RunManager* const runs_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stopping_ = false;  // guarded by mutex_
+  std::atomic<bool> stopping_ = false;
 };
 
 StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) {
@@ -330,6 +341,7 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
   ASSIGN_OR_RETURN(server->runs_, RunManager::Open(run_options, server->cache_.get()));
   server->service_ = std::make_unique<AgentService>(options, server->cache_.get(),
                                                     server->hub_.get(), server->runs_.get());
+  server->service_->StartProbe();
 
   grpc::ServerBuilder builder;
   int port = 0;

@@ -29,6 +29,10 @@ struct Dispatcher::Link {
   bool removed = false;         // RemoveNode: never dialled again; the next round erases it
   store::Time last_seen;
   store::Time next_health_at;
+  // After a failed check the next comes sooner than health_interval: backoff_initial, doubling up
+  // to health_interval, so that an agent that is just starting (the embedded one is started right
+  // after it is registered) is seen within a second. 0 after a successful check.
+  std::chrono::milliseconds health_backoff{0};
   std::vector<v1::Device> devices;
 };
 
@@ -176,11 +180,25 @@ void Dispatcher::Start() {
     while (true) {
       Tick();
       std::unique_lock lock(mutex_);
-      wake_.wait_for(lock, options_.health_interval, [&] { return stopping_ || wake_requested_; });
+      wake_.wait_for(lock, UntilNextRound(), [&] { return stopping_ || wake_requested_; });
       if (stopping_) return;
       wake_requested_ = false;
     }
   });
+}
+
+std::chrono::milliseconds Dispatcher::UntilNextRound() const {
+  const store::Time now = clock_.Now();
+  store::Time next = now + options_.health_interval;
+  // Only times still ahead: one already past (a node no longer listed) would make rounds spin.
+  auto sooner = [&](store::Time at) {
+    if (at > now && at < next) next = at;
+  };
+  for (const auto& [name, link] : links_) sooner(link->next_health_at);
+  for (const auto& [key, stream] : streams_) {
+    if (stream->done && !stream->settled) sooner(stream->retry_at);
+  }
+  return std::chrono::ceil<std::chrono::milliseconds>(next - now);
 }
 
 void Dispatcher::Stop() {
@@ -338,7 +356,11 @@ void Dispatcher::CheckHealth(Link& link, store::Time now) {
   }
   std::lock_guard lock(mutex_);
   if (link.removed) return;  // RemoveNode ran meanwhile: keep its link disconnected
-  link.next_health_at = now + options_.health_interval;
+  link.health_backoff = health.ok() ? std::chrono::milliseconds(0)
+                        : link.health_backoff.count() == 0
+                            ? std::min(options_.backoff_initial, options_.health_interval)
+                            : std::min(link.health_backoff * 2, options_.health_interval);
+  link.next_health_at = now + (health.ok() ? options_.health_interval : link.health_backoff);
   // After a failure the next check dials a fresh channel, so the controller's schedule decides
   // when to try again, not gRPC's growing reconnect backoff: an agent that restarts is seen at the
   // next health check.

@@ -2,7 +2,8 @@
 //
 // Each round (Tick) it
 //   1. keeps one link per node in the store and asks each agent for its node info every
-//      health_interval (with a deadline), recording the node as connected or unreachable;
+//      health_interval (with a deadline), recording the node as connected or unreachable; after a
+//      failed check the next comes after backoff_initial, doubling up to health_interval;
 //   2. after a link (re)connects, asks the agent which runs it has (ListRuns): an attempt the store
 //      has as running there that the agent does not know is lost at once;
 //   3. follows every running attempt whose agent is connected with a StreamEvents reader that
@@ -104,7 +105,8 @@ class Dispatcher {
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;
 
-  // Runs Tick on a background thread: again after health_interval, or at once after Wake().
+  // Runs Tick on a background thread: again after health_interval or when a retry (a health check
+  // after a failed one, a broken stream) is due, whichever comes first, or at once after Wake().
   void Start();
   // Ends the background thread and every stream reader.
   void Stop();
@@ -149,6 +151,8 @@ class Dispatcher {
   using AttemptKey = std::pair<int64_t, int64_t>;      // (trial id, attempt)
   using HubKey = std::pair<std::string, std::string>;  // (node, "hf:ORG/NAME@REV")
 
+  // How long the round thread may sleep before the next round. Requires mutex_.
+  std::chrono::milliseconds UntilNextRound() const;
   Link* EnsureLink(const store::NodeRecord& node, store::Time now);
   void CheckHealth(Link& link, store::Time now);
   void ReconcileRuns(Link& link, const std::vector<store::RunningAttempt>& running,

@@ -10,6 +10,16 @@ std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target) 
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
 }
 
+std::shared_ptr<grpc::Channel> OpenStartingControllerChannel(const std::string& target,
+                                                             std::chrono::milliseconds retry) {
+  grpc::ChannelArguments arguments;
+  const int retry_ms = static_cast<int>(retry.count());
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, retry_ms);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, retry_ms);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, retry_ms);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
+}
+
 std::unique_ptr<grpc::ClientContext> UnaryContext() {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(std::chrono::system_clock::now() + kCallDeadline);

@@ -23,6 +23,12 @@ inline constexpr std::chrono::seconds kCallDeadline{60};
 // unix socket or on localhost (see controller/), so the channel carries no TLS.
 std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target);
 
+// The same, for waiting on a controller that is starting: a failed connection is tried again after
+// `retry`, not after gRPC's reconnect backoff (1 s growing 1.6 times per failure), so that the
+// first call after the socket appears is not held up by the refusals before it.
+std::shared_ptr<grpc::Channel> OpenStartingControllerChannel(const std::string& target,
+                                                             std::chrono::milliseconds retry);
+
 // A context whose deadline is kCallDeadline from now.
 std::unique_ptr<grpc::ClientContext> UnaryContext();
 

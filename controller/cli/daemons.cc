@@ -255,7 +255,9 @@ DaemonSpec EmbeddedDaemons::AgentSpec() const {
 }
 
 Status EmbeddedDaemons::WaitForController(pid_t pid, milliseconds timeout) const {
-  const std::shared_ptr<grpc::Channel> channel = OpenControllerChannel(controller_target());
+  constexpr milliseconds kRetry{100};
+  const std::shared_ptr<grpc::Channel> channel =
+      OpenStartingControllerChannel(controller_target(), kRetry);
   const std::unique_ptr<v1::Controller::Stub> stub = v1::Controller::NewStub(channel);
   const auto give_up = std::chrono::steady_clock::now() + timeout;
   while (true) {
@@ -272,7 +274,7 @@ Status EmbeddedDaemons::WaitForController(pid_t pid, milliseconds timeout) const
       return UnavailableError("llmctld (pid " + std::to_string(pid) + ") did not answer on " +
                               controller_target() + "; see " + ControllerSpec().log_file.string());
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(kRetry);
   }
 }
 
