@@ -268,6 +268,10 @@ Status EmbeddedDaemons::WaitForController(pid_t pid, milliseconds timeout) const
     }
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    // The call waits while the channel connects: with the sync API only a thread inside a call
+    // reads the socket, so a connection attempted between calls never sees the server's SETTINGS
+    // and times out (that cost 5 s at every start).
+    context.set_wait_for_ready(true);
     v1::ListNodesResponse nodes;
     if (stub->ListNodes(&context, v1::ListNodesRequest(), &nodes).ok()) return Status::Ok();
     if (std::chrono::steady_clock::now() > give_up) {
