@@ -8,6 +8,9 @@ trial, events streamed into SQLite, the report). Both run the same trials with t
 in the same run (the peer's token cache is warmed first; the agent keeps its own cache, so ours includes
 tokenizing the data once); the script prints both wall times, their ratio, and checks that
 both measured the same peak memory per trial (the accounting must not depend on who ran the trainer).
+Because trainer times swing by tens of percent on a shared machine (CPU steal), it also prints each side's
+time outside the trainer processes: by hand, the total less each llm-train's wall time; ours, the total
+less each worker's life (the supervisor's worker.json to exit.json). That is the orchestrator's own cost.
 Not a test: nothing asserts a time.
 
   python3 bench/run_orchestrator_bench.py [--experiment experiments/cpu-lab.yaml] [--build build]
@@ -36,6 +39,15 @@ def peak_of(events_path):
     return peak
 
 
+def worker_seconds(runs_dir):
+    """The summed lives of the agent's workers: each run's supervisor writes worker.json when it has
+    forked the worker and exit.json when the worker has exited."""
+    total = 0.0
+    for worker in runs_dir.glob("*/*/*/worker.json"):
+        total += (worker.parent / "exit.json").stat().st_mtime - worker.stat().st_mtime
+    return total
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default="experiments/cpu-lab.yaml")
@@ -55,10 +67,13 @@ def main():
 
         started = time.monotonic()
         direct_peaks = {}
+        direct_in_trainer = 0.0
         for trial in trials:
             events = scratch / f"{trial}.jsonl"
+            trial_started = time.monotonic()
             subprocess.run([llm_train, "--config", args.experiment, "--trial", trial, "--events", events],
                            env=env, capture_output=True)
+            direct_in_trainer += time.monotonic() - trial_started
             direct_peaks[trial] = peak_of(events)
         direct_seconds = time.monotonic() - started
 
@@ -68,6 +83,7 @@ def main():
         submitted = subprocess.run([llmctl, "submit", args.experiment, "--wait"], env=ours_env,
                                    capture_output=True, text=True)
         ours_seconds = time.monotonic() - started
+        ours_in_trainer = worker_seconds(home / "agent" / "runs")
         report = json.loads(run([llmctl, "report", "--format", "json"], ours_env).stdout)
         run([llmctl, "daemon", "stop"], ours_env)
         if submitted.returncode != 0:
@@ -79,6 +95,9 @@ def main():
     print(f"llm-train by hand, one after another: {direct_seconds:.1f} s")
     print(f"llmctl submit --wait (embedded controller + agent, cold start): {ours_seconds:.1f} s")
     print(f"ratio ours / by hand: {ours_seconds / direct_seconds:.3f}")
+    print(f"outside the trainer processes: by hand {direct_seconds - direct_in_trainer:.2f} s, "
+          f"llmctl {ours_seconds - ours_in_trainer:.2f} s "
+          f"({(ours_seconds - ours_in_trainer) * 1000 / len(trials):.0f} ms per trial)")
     print("peak allocated bytes per trial identical on both sides: " + ("yes" if same else "NO"))
     if not same:
         for trial in trials:
