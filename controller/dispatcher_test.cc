@@ -317,6 +317,18 @@ class DispatcherTest : public testing::Test {
     return response.experiment_id();
   }
 
+  // Submits one trial and places it; its worker writes one step and runs on. Returns once that
+  // step is stored.
+  int64_t SubmitOneThatKeepsRunning() {
+    agent_state_.script = {StepLine(0)};
+    agent_state_.script_ends = false;
+    const int64_t experiment = SubmitOne();
+    Tick();
+    const int64_t trial_id = OnlyTrial(experiment).id;
+    EXPECT_TRUE(Eventually([&] { return StoredEvents(trial_id, 1) == 1; }));
+    return experiment;
+  }
+
   store::TrialRecord OnlyTrial(int64_t experiment) {
     auto trials = daemon_->store().ListTrials(experiment);
     EXPECT_TRUE(trials.ok() && trials->size() == 1);
@@ -599,12 +611,8 @@ TEST_F(DispatcherTest, ARestartedControllerKnowsWhichDevicesTheRunningAttemptsHo
 }
 
 TEST_F(DispatcherTest, ATrialWhoseAgentStaysSilentIsRequeuedAndItsOldAttemptFencedOff) {
-  agent_state_.script = {StepLine(0)};
-  agent_state_.script_ends = false;
-  const int64_t experiment = SubmitOne();
-  Tick();
+  const int64_t experiment = SubmitOneThatKeepsRunning();
   const store::TrialRecord trial = OnlyTrial(experiment);
-  ASSERT_TRUE(Eventually([&] { return StoredEvents(trial.id, 1) == 1; }));
 
   StopAgent();
   clock_.Advance(seconds(30));
@@ -659,12 +667,8 @@ TEST_F(DispatcherTest, AnAgentThatComesBackWithoutTheRunHasItRequeuedAtOnce) {
 }
 
 TEST_F(DispatcherTest, ARemovedNodesTrialIsRequeuedAtOnceAndTheNodeIsNoLongerDialled) {
-  agent_state_.script = {StepLine(0)};
-  agent_state_.script_ends = false;
-  const int64_t experiment = SubmitOne();
-  Tick();
+  const int64_t experiment = SubmitOneThatKeepsRunning();
   const store::TrialRecord trial = OnlyTrial(experiment);
-  ASSERT_TRUE(Eventually([&] { return StoredEvents(trial.id, 1) == 1; }));
   ASSERT_EQ(daemon_->dispatcher().ActiveStreams(), 1);
 
   // `llmctl node down n1`, the agent still up and the clock standing still.
