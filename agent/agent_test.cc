@@ -227,6 +227,12 @@ class AgentTest : public ::testing::Test {
     context->set_deadline(std::chrono::system_clock::now() + kCallTimeout);
   }
 
+  grpc::Status Cancel(const pb::CancelRunRequest& request, pb::RunState* state) {
+    grpc::ClientContext context;
+    Deadline(&context);
+    return Stub()->CancelRun(&context, request, state);
+  }
+
   pb::RunState RunTrial(const pb::RunKey& key, int seed, grpc::Status* status_out = nullptr) {
     pb::RunTrialRequest request;
     *request.mutable_key() = key;
@@ -392,10 +398,8 @@ TEST_F(AgentTest, CancelKillsTheWholeProcessGroup) {
 
   pb::CancelRunRequest request;
   *request.mutable_key() = key;
-  grpc::ClientContext context;
-  Deadline(&context);
   pb::RunState state;
-  ASSERT_TRUE(Stub()->CancelRun(&context, request, &state).ok());
+  ASSERT_TRUE(Cancel(request, &state).ok());
   EXPECT_EQ(state.status(), pb::RUN_STATUS_ENDED);
   EXPECT_EQ(state.ended().outcome(), "cancelled");
   EXPECT_NE(state.ended().error().find("SIGKILL"), std::string::npos) << state.ended().error();
@@ -415,19 +419,11 @@ TEST_F(AgentTest, CheckpointingCancelSendsSigusr1AndWaitsItsLongerGrace) {
   pb::CancelRunRequest request;
   *request.mutable_key() = key;
   request.set_checkpoint_grace_ms(60'000);
-  {
-    grpc::ClientContext context;
-    Deadline(&context);
-    pb::RunState state;
-    const grpc::Status refused = Stub()->CancelRun(&context, request, &state);
-    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
-        << "a grace without checkpoint";
-  }
-  request.set_checkpoint(true);
-  grpc::ClientContext context;
-  Deadline(&context);
   pb::RunState state;
-  ASSERT_TRUE(Stub()->CancelRun(&context, request, &state).ok());
+  EXPECT_EQ(Cancel(request, &state).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << "a grace without checkpoint";
+  request.set_checkpoint(true);
+  ASSERT_TRUE(Cancel(request, &state).ok());
 
   const Streamed streamed = Stream(key, 0);
   ASSERT_TRUE(streamed.ended.has_value());
@@ -444,10 +440,8 @@ TEST_F(AgentTest, PlainCancelSendsSigtermAndKillsAfterTheCancelGrace) {
   StartSignalRecorder(key);
   pb::CancelRunRequest request;
   *request.mutable_key() = key;
-  grpc::ClientContext context;
-  Deadline(&context);
   pb::RunState state;
-  ASSERT_TRUE(Stub()->CancelRun(&context, request, &state).ok());
+  ASSERT_TRUE(Cancel(request, &state).ok());
   ASSERT_EQ(state.status(), pb::RUN_STATUS_ENDED);
   EXPECT_EQ(state.ended().outcome(), "cancelled");
   EXPECT_EQ(state.ended().exit_code(), -SIGKILL) << state.ended().error();
@@ -497,10 +491,8 @@ TEST_F(AgentTest, RunsEndWhenTheirSupervisorExitsNotAtThePollInterval) {
   while (!fs::exists(child_file)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   pb::CancelRunRequest cancel;
   *cancel.mutable_key() = stubborn;
-  grpc::ClientContext cancel_context;
-  Deadline(&cancel_context);
   pb::RunState state;
-  ASSERT_TRUE(Stub()->CancelRun(&cancel_context, cancel, &state).ok());
+  ASSERT_TRUE(Cancel(cancel, &state).ok());
   EXPECT_EQ(state.status(), pb::RUN_STATUS_ENDED);
   EXPECT_EQ(state.ended().outcome(), "cancelled");
 }
