@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <array>
 #include <exception>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -59,14 +58,6 @@ v1::MemorySnapshot ToSnapshot(const json& snapshot) {
   proto.set_peak_bytes(IntField(snapshot, "peak_bytes"));
   proto.set_reserved_bytes(IntField(snapshot, "reserved_bytes"));
   return proto;
-}
-
-// The step anatomy's phases in order; other phases ("oom") follow.
-constexpr std::array<std::string_view, 4> kPhaseOrder = {
-    "phase0_before_fwd", "phase1_after_fwd", "phase2_after_bwd", "phase3_after_opt_step"};
-
-std::string TrialError(const store::TrialReport& trial) {
-  return !trial.attempt_error.empty() ? trial.attempt_error : StringField(trial.result, "error");
 }
 
 digest::InputTree FromProto(const v1::InputTree& tree) {
@@ -232,8 +223,8 @@ StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment
     if (!trial.last_step.is_null()) row->set_step(IntField(trial.last_step, "step") + 1);
     row->set_total_steps(IntField(trial.start, "total_steps"));
     const double seconds = NumberField(trial.last_step, "seconds");
-    if (!trial.result.is_null()) {
-      row->set_tokens_per_second(NumberField(trial.result, "tokens_per_second"));
+    if (trial.tokens_per_second.has_value()) {
+      row->set_tokens_per_second(*trial.tokens_per_second);
     } else if (seconds > 0) {
       row->set_tokens_per_second(NumberField(trial.last_step, "tokens") / seconds);
     }
@@ -241,7 +232,7 @@ StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment
     row->set_peak_bytes(std::max(IntField(trial.last_step, "peak_bytes"),
                                  IntField(trial.peak_snapshot, "peak_bytes")));
     row->set_loss(NumberField(trial.last_step, "loss"));
-    row->set_error(TrialError(trial));
+    row->set_error(trial.error);
     if (trial.state == store::TrialState::kRunning) {
       row->set_notice(dispatcher_.NodeNotice(trial.node));
     } else if (trial.state == store::TrialState::kQueued) {
@@ -319,27 +310,16 @@ grpc::Status ControllerService::Report(grpc::ServerContext*,
       row->set_expected(trial.expect.value_or(""));
       row->set_attempt(static_cast<int32_t>(trial.attempt));
       row->set_node(trial.node);
-      row->set_train_seconds(NumberField(trial.result, "train_seconds"));
-      row->set_tokens_per_second(NumberField(trial.result, "tokens_per_second"));
-      row->set_peak_bytes(std::max(IntField(trial.result, "peak_bytes"),
-                                   IntField(trial.peak_snapshot, "peak_bytes")));
-      if (trial.result.is_object() && trial.result.contains("final_loss") &&
-          trial.result["final_loss"].is_number()) {
-        row->set_final_loss(trial.result["final_loss"].get<double>());
-      }
-      row->set_error(TrialError(trial));
+      row->set_train_seconds(trial.train_seconds.value_or(0));
+      row->set_tokens_per_second(trial.tokens_per_second.value_or(0));
+      row->set_peak_bytes(trial.peak_bytes.value_or(0));
+      if (trial.final_loss.has_value()) row->set_final_loss(*trial.final_loss);
+      row->set_error(trial.error);
       if (!trial.peak_snapshot.is_null()) *row->mutable_at_peak() = ToSnapshot(trial.peak_snapshot);
-      for (std::string_view phase : kPhaseOrder) {
-        if (auto it = trial.phase_peaks.find(std::string(phase)); it != trial.phase_peaks.end()) {
-          *row->add_per_phase() = ToSnapshot(it->second);
-        }
-      }
       for (const auto& [phase, snapshot] : trial.phase_peaks) {
-        if (std::find(kPhaseOrder.begin(), kPhaseOrder.end(), phase) == kPhaseOrder.end()) {
-          *row->add_per_phase() = ToSnapshot(snapshot);
-        }
+        *row->add_per_phase() = ToSnapshot(snapshot);
       }
-      row->set_load_peak_bytes(IntField(trial.start, "load_peak_bytes"));
+      row->set_load_peak_bytes(trial.load_peak_bytes.value_or(0));
     }
     return Status::Ok();
   });

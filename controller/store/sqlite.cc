@@ -130,6 +130,12 @@ std::optional<int64_t> Statement::OptionalInt(int column) const {
   return Int(column);
 }
 
+std::optional<double> Statement::OptionalNumber(int column) const {
+  const int type = sqlite3_column_type(stmt_, column);
+  if (type != SQLITE_INTEGER && type != SQLITE_FLOAT) return std::nullopt;
+  return sqlite3_column_double(stmt_, column);
+}
+
 StatusOr<Transaction> Transaction::Begin(sqlite3* db) {
   RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE").WithContext("starting a transaction"));
   return Transaction(db);

@@ -54,6 +54,9 @@ class Statement {
   std::string Text(int column) const;  // NULL reads as ""
   std::optional<std::string> OptionalText(int column) const;
   std::optional<int64_t> OptionalInt(int column) const;
+  // nullopt unless the column holds a number (NULL, or text that json_extract found in a field
+  // that should have been a number).
+  std::optional<double> OptionalNumber(int column) const;
 
  private:
   Statement(sqlite3* db, sqlite3_stmt* stmt) : db_(db), stmt_(stmt) {}

@@ -511,57 +511,74 @@ StatusOr<json> LatestEventOfType(sqlite3* db, int64_t trial_id, int64_t attempt,
   return ParseStoredJson(stmt.Text(0), "event");
 }
 
-Status FillSnapshots(sqlite3* db, TrialReport& report) {
-  ASSIGN_OR_RETURN(
-      Statement peak,
-      Statement::Prepare(db,
-                         "SELECT json FROM events WHERE trial_id = ? AND attempt = ? AND "
-                         "type = 'snapshot' ORDER BY json_extract(json, '$.allocated_bytes') DESC, "
-                         "seq ASC LIMIT 1"));
-  peak.Bind(1, report.trial_id).Bind(2, report.attempt);
-  ASSIGN_OR_RETURN(const bool has_peak, peak.Step());
-  if (!has_peak) return Status::Ok();
-  ASSIGN_OR_RETURN(report.peak_snapshot, ParseStoredJson(peak.Text(0), "snapshot event"));
-
-  ASSIGN_OR_RETURN(
-      Statement phases,
-      Statement::Prepare(
-          db,
-          "SELECT phase, json FROM (SELECT json_extract(json, '$.phase') AS phase, "
-          "json, ROW_NUMBER() OVER (PARTITION BY json_extract(json, '$.phase') "
-          "ORDER BY json_extract(json, '$.allocated_bytes') DESC, seq ASC) AS row_in_phase "
-          "FROM events WHERE trial_id = ? AND attempt = ? AND type = 'snapshot') "
-          "WHERE row_in_phase = 1 AND phase IS NOT NULL"));
-  phases.Bind(1, report.trial_id).Bind(2, report.attempt);
-  while (true) {
-    ASSIGN_OR_RETURN(const bool has_row, phases.Step());
-    if (!has_row) break;
-    ASSIGN_OR_RETURN(report.phase_peaks[phases.Text(0)],
-                     ParseStoredJson(phases.Text(1), "snapshot event"));
-  }
-  return Status::Ok();
+// One stored event line, parsed; null when there is no event with that key.
+StatusOr<json> LoadEventJson(sqlite3* db, int64_t trial_id, int64_t attempt, int64_t seq) {
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db,
+                                      "SELECT json FROM events WHERE trial_id = ? AND attempt = ? "
+                                      "AND seq = ?"));
+  stmt.Bind(1, trial_id).Bind(2, attempt).Bind(3, seq);
+  ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+  if (!has_row) return json(nullptr);
+  return ParseStoredJson(stmt.Text(0), "event");
 }
 
-StatusOr<TrialReport> BuildTrialReport(sqlite3* db, const TrialRecord& trial) {
-  TrialReport report;
-  report.trial_id = trial.id;
-  report.name = trial.name;
-  report.expect = trial.expect;
-  report.state = trial.state;
-  report.attempt = trial.current_attempt;
-  if (trial.current_attempt == 0) return report;
-  ASSIGN_OR_RETURN(std::optional<AttemptRow> attempt,
-                   LoadAttempt(db, trial.id, trial.current_attempt));
-  if (!attempt) return DataLossError(TrialLabel(trial.id) + " has no row for its current attempt");
-  report.node = attempt->node;
-  report.exit_code = attempt->exit_code;
-  report.attempt_error = attempt->error;
-  ASSIGN_OR_RETURN(report.start, LatestEventOfType(db, trial.id, trial.current_attempt, "start"));
-  ASSIGN_OR_RETURN(report.result, LatestEventOfType(db, trial.id, trial.current_attempt, "result"));
-  ASSIGN_OR_RETURN(report.last_step,
-                   LatestEventOfType(db, trial.id, trial.current_attempt, "step"));
-  RETURN_IF_ERROR(FillSnapshots(db, report));
-  return report;
+// The experiment's rows of the trial_results view (schema.cc: the report's rules), in file order.
+StatusOr<std::vector<TrialReport>> QueryTrialResults(sqlite3* db, int64_t experiment_id) {
+  ASSIGN_OR_RETURN(
+      Statement stmt,
+      Statement::Prepare(db,
+                         "SELECT trial_id, trial, expected, outcome, attempt, node, exit_code, "
+                         "error, train_seconds, tokens_per_second, final_loss, peak_bytes, "
+                         "load_peak_bytes, at_peak_attempt, at_peak_seq FROM trial_results "
+                         "WHERE experiment_id = ? ORDER BY ordinal"));
+  stmt.Bind(1, experiment_id);
+  std::vector<TrialReport> trials;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    TrialReport& report = trials.emplace_back();
+    report.trial_id = stmt.Int(0);
+    report.name = stmt.Text(1);
+    report.expect = stmt.OptionalText(2);
+    ASSIGN_OR_RETURN(report.state, StoredTrialState(stmt.Text(3)));
+    report.attempt = stmt.OptionalInt(4).value_or(0);
+    report.node = stmt.Text(5);
+    report.exit_code = stmt.OptionalInt(6);
+    report.error = stmt.Text(7);
+    report.train_seconds = stmt.OptionalNumber(8);
+    report.tokens_per_second = stmt.OptionalNumber(9);
+    report.final_loss = stmt.OptionalNumber(10);
+    report.peak_bytes = stmt.OptionalInt(11);
+    report.load_peak_bytes = stmt.OptionalInt(12);
+    if (!stmt.IsNull(13)) {
+      ASSIGN_OR_RETURN(report.peak_snapshot,
+                       LoadEventJson(db, report.trial_id, stmt.Int(13), stmt.Int(14)));
+    }
+  }
+  return trials;
+}
+
+// Adds the experiment's rows of the trial_phase_peaks view to its trials' reports.
+Status FillPhasePeaks(sqlite3* db, int64_t experiment_id, std::vector<TrialReport>& trials) {
+  std::map<int64_t, TrialReport*> by_id;
+  for (TrialReport& trial : trials) by_id[trial.trial_id] = &trial;
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db,
+                                      "SELECT v.trial_id, v.phase, e.json FROM trial_phase_peaks v "
+                                      "JOIN events e ON e.trial_id = v.trial_id AND "
+                                      "e.attempt = v.attempt AND e.seq = v.seq "
+                                      "WHERE v.experiment_id = ? ORDER BY v.phase_order"));
+  stmt.Bind(1, experiment_id);
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    auto trial = by_id.find(stmt.Int(0));
+    if (trial == by_id.end()) continue;
+    ASSIGN_OR_RETURN(json snapshot, ParseStoredJson(stmt.Text(2), "snapshot event"));
+    trial->second->phase_peaks.emplace_back(stmt.Text(1), std::move(snapshot));
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -1033,12 +1050,14 @@ StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
   ASSIGN_OR_RETURN(Transaction snapshot, Transaction::BeginRead(db_));
   ExperimentReport report;
   ASSIGN_OR_RETURN(report.experiment, LoadExperiment(db_, experiment_id));
-  ASSIGN_OR_RETURN(const std::vector<TrialRecord> trials,
-                   QueryTrials(db_, "WHERE experiment_id = ? ORDER BY ordinal", experiment_id));
-  for (const TrialRecord& trial : trials) {
-    ASSIGN_OR_RETURN(TrialReport row, BuildTrialReport(db_, trial));
-    report.trials.push_back(std::move(row));
+  ASSIGN_OR_RETURN(report.trials, QueryTrialResults(db_, experiment_id));
+  for (TrialReport& trial : report.trials) {
+    if (trial.attempt == 0) continue;
+    ASSIGN_OR_RETURN(trial.start, LatestEventOfType(db_, trial.trial_id, trial.attempt, "start"));
+    ASSIGN_OR_RETURN(trial.last_step,
+                     LatestEventOfType(db_, trial.trial_id, trial.attempt, "step"));
   }
+  RETURN_IF_ERROR(FillPhasePeaks(db_, experiment_id, report.trials));
   RETURN_IF_ERROR(snapshot.Commit());
   return report;
 }

@@ -147,9 +147,11 @@ struct NodeRemoval {
   std::vector<RunningAttempt> lost;
 };
 
-// One trial's row of the report, from its final (current) attempt. The event objects are the
-// trainer's JSON lines as stored (README, "llm-train", --events); null when the attempt wrote no
-// such event (or there is no attempt yet).
+// One trial's row of the report: its row of the `trial_results` view and its rows of
+// `trial_phase_peaks` (controller/store/schema.cc states their rules: figures from the final
+// attempt, "at peak" = the snapshot with the most allocated bytes, ...), and the final attempt's
+// latest `start` and `step` events for a trial's progress while it runs. Event objects are the
+// trainer's JSON lines as stored (README, "llm-train", --events); null when there is none.
 struct TrialReport {
   int64_t trial_id = 0;
   std::string name;
@@ -158,15 +160,18 @@ struct TrialReport {
   int64_t attempt = 0;  // the final attempt; 0 when the trial never started
   std::string node;
   std::optional<int64_t> exit_code;
-  std::string attempt_error;  // the error FinishAttempt recorded
-  nlohmann::json start;       // the `start` event (total_steps, parameter counts, ...)
-  nlohmann::json result;      // the `result` event (outcome, train_seconds, tokens_per_second, ...)
-  nlohmann::json last_step;   // the `step` event with the highest seq (step, loss, ...)
-  nlohmann::json
-      peak_snapshot;  // the `snapshot` with the highest allocated_bytes (earliest on a tie)
-  // For each phase name ("phase0_before_fwd", ..., "oom"), that phase's snapshot with the highest
-  // allocated_bytes (earliest on a tie).
-  std::map<std::string, nlohmann::json> phase_peaks;
+  std::string error;  // recorded when the attempt ended, else its result's; "" when none
+  // nullopt when the attempt has no `result` (or `start`) event with the figure.
+  std::optional<double> train_seconds;
+  std::optional<double> tokens_per_second;
+  std::optional<double> final_loss;
+  std::optional<int64_t> peak_bytes;  // the higher of the result's and the at-peak snapshot's
+  std::optional<int64_t> load_peak_bytes;
+  nlohmann::json start;          // the `start` event (total_steps, parameter counts, ...)
+  nlohmann::json last_step;      // the `step` event with the highest seq (step, loss, ...)
+  nlohmann::json peak_snapshot;  // the `snapshot` event at peak
+  // (phase, that phase's snapshot at peak), in the step anatomy's order, "oom" last.
+  std::vector<std::pair<std::string, nlohmann::json>> phase_peaks;
 };
 
 struct ExperimentReport {

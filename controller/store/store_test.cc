@@ -716,8 +716,10 @@ TEST_F(StoreTest, ReportReadsTheFinalAttemptOnly) {
   EXPECT_EQ(row.node, "good-node");
   EXPECT_EQ(row.exit_code, 0);
   EXPECT_EQ(row.start.at("total_steps"), 2);
-  EXPECT_EQ(row.result.at("tokens_per_second"), 1000.0);
-  EXPECT_EQ(row.result.at("final_loss"), 2.25);
+  EXPECT_EQ(row.tokens_per_second, 1000.0);
+  EXPECT_EQ(row.train_seconds, 1.5);
+  EXPECT_EQ(row.final_loss, 2.25);
+  EXPECT_EQ(row.peak_bytes, 320);  // the result's: the snapshots name no peak
   EXPECT_EQ(row.last_step.at("step"), 1);
   EXPECT_EQ(row.last_step.at("loss"), 2.25);
   EXPECT_EQ(row.peak_snapshot.at("allocated_bytes"), 300);
@@ -737,7 +739,8 @@ TEST_F(StoreTest, ReportReadsTheFinalAttemptOnly) {
   EXPECT_EQ(idle.name, "never-ran");
   EXPECT_EQ(idle.state, TrialState::kQueued);
   EXPECT_EQ(idle.attempt, 0);
-  EXPECT_TRUE(idle.result.is_null());
+  EXPECT_FALSE(idle.tokens_per_second.has_value());
+  EXPECT_FALSE(idle.peak_bytes.has_value());
   EXPECT_TRUE(idle.peak_snapshot.is_null());
   EXPECT_TRUE(idle.phase_peaks.empty());
 
@@ -774,6 +777,275 @@ TEST_F(StoreTest, ConcurrentWritersFromThreadsAndSeveralStoresLoseNothing) {
     EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM events WHERE trial_id = " + std::to_string(trial)),
               kEvents);
   }
+}
+
+// A snapshot event with every memory category, as llm-train writes it.
+json FullSnapshot(int64_t step, int64_t micro_batch, const std::string& phase, int64_t allocated,
+                  int64_t peak) {
+  return {{"type", "snapshot"},
+          {"step", step},
+          {"micro_batch", micro_batch},
+          {"phase", phase},
+          {"params_bytes", 4000},
+          {"grads_bytes", step == 0 && phase == "phase0_before_fwd" ? 0 : 4000},
+          {"optim_device_bytes", 8004},
+          {"optim_host_bytes", 0},
+          {"other_bytes", allocated - 16004},
+          {"allocated_bytes", allocated},
+          {"peak_bytes", peak},
+          {"reserved_bytes", allocated}};
+}
+
+// An experiment with one trial of each kind the report tells apart: ok after a lost attempt, out
+// of memory, failed without a result, and never started. Returns its id.
+int64_t StoreLabExperiment(Store& store) {
+  NewExperiment input = MakeExperiment("lab", {"ok-run", "oom-run", "failed-run", "never-ran"});
+  input.trials[0].expect = "ok";
+  input.trials[1].expect = "oom";
+  const int64_t experiment = *store.CreateExperiment(input, kNow);
+  const std::vector<TrialRecord> trials = *store.ListTrials(experiment);
+
+  const int64_t ok = trials[0].id;
+  EXPECT_EQ(*store.StartAttempt(ok, "lost-node", kNow), 1);
+  EXPECT_TRUE(store.AppendEvents(ok, 1, std::vector<Event>{MakeEvent(
+                                             1, FullSnapshot(0, 0, "phase1_after_fwd", 99'999, 99'999))})
+                  .ok());
+  EXPECT_TRUE(store.MarkAttemptLost(ok, 1, kNow).ok());
+  EXPECT_EQ(*store.StartAttempt(ok, "cpu-1", kNow), 2);
+  EXPECT_TRUE(
+      store
+          .AppendEvents(
+              ok, 2,
+              std::vector<Event>{
+                  MakeEvent(1, {{"type", "start"}, {"total_steps", 2}, {"load_peak_bytes", 5000}}),
+                  MakeEvent(2, FullSnapshot(0, 0, "phase0_before_fwd", 20'000, 21'000)),
+                  MakeEvent(3, FullSnapshot(0, 0, "phase1_after_fwd", 30'000, 31'000)),
+                  MakeEvent(4, FullSnapshot(0, 0, "phase2_after_bwd", 25'000, 33'000)),
+                  MakeEvent(5, FullSnapshot(0, 0, "phase3_after_opt_step", 24'000, 34'000)),
+                  MakeEvent(6, {{"type", "step"},
+                                {"step", 0},
+                                {"loss", 10.5},
+                                {"lr", 0.001},
+                                {"tokens", 128},
+                                {"seconds", 0.25},
+                                {"allocated_bytes", 24'000},
+                                {"peak_bytes", 34'000}}),
+                  MakeEvent(7, FullSnapshot(1, 0, "phase1_after_fwd", 30'000, 34'000)),
+                  MakeEvent(8, {{"type", "step"},
+                                {"step", 1},
+                                {"loss", 9.75},
+                                {"lr", 0.0005},
+                                {"tokens", 120},
+                                {"seconds", 0.5},
+                                {"allocated_bytes", 24'000},
+                                {"peak_bytes", 34'000}}),
+                  MakeEvent(9, {{"type", "result"},
+                                {"outcome", "ok"},
+                                {"train_seconds", 0.75},
+                                {"tokens_per_second", 330.0},
+                                {"peak_bytes", 34'500},
+                                {"final_loss", 9.75},
+                                {"error", ""}}),
+              })
+          .ok());
+  EXPECT_TRUE(store.FinishAttempt(ok, 2, TrialState::kOk, 0, "", kNow).ok());
+
+  const int64_t oom = trials[1].id;
+  EXPECT_EQ(*store.StartAttempt(oom, "cpu-1", kNow), 1);
+  EXPECT_TRUE(store
+                  .AppendEvents(oom, 1,
+                                std::vector<Event>{
+                                    MakeEvent(1, {{"type", "start"}, {"load_peak_bytes", 6000}}),
+                                    MakeEvent(2, FullSnapshot(0, 0, "phase0_before_fwd", 40'000,
+                                                              40'000)),
+                                    MakeEvent(3, FullSnapshot(0, -1, "oom", 60'000, 61'000)),
+                                    MakeEvent(4, {{"type", "result"},
+                                                  {"outcome", "oom"},
+                                                  {"train_seconds", 0.0},
+                                                  {"tokens_per_second", 0.0},
+                                                  {"peak_bytes", 61'000},
+                                                  {"final_loss", nullptr},
+                                                  {"error", "out of memory: 2 MiB more"}}),
+                                })
+                  .ok());
+  EXPECT_TRUE(store.FinishAttempt(oom, 1, TrialState::kOom, 3, "", kNow).ok());
+
+  const int64_t failed = trials[2].id;
+  EXPECT_EQ(*store.StartAttempt(failed, "cpu-1", kNow), 1);
+  EXPECT_TRUE(store.AppendEvents(failed, 1, std::vector<Event>{StepEvent(1, 0, 3.5)}).ok());
+  EXPECT_TRUE(store
+                  .FinishAttempt(failed, 1, TrialState::kFailed, -9,
+                                 "killed by the kernel (host memory)", kNow)
+                  .ok());
+  return experiment;
+}
+
+// The rows of a query as JSON objects (column name → value), through a connection of the test's
+// own, as the sqlite3 shell would read them.
+std::vector<json> QueryRows(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK)
+      << sql << ": " << sqlite3_errmsg(db);
+  std::vector<json> rows;
+  int rc = SQLITE_DONE;
+  while (stmt != nullptr && (rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    json& row = rows.emplace_back(json::object());
+    for (int i = 0; i < sqlite3_column_count(stmt); ++i) {
+      json& cell = row[sqlite3_column_name(stmt, i)];
+      switch (sqlite3_column_type(stmt, i)) {
+        case SQLITE_INTEGER:
+          cell = sqlite3_column_int64(stmt, i);
+          break;
+        case SQLITE_FLOAT:
+          cell = sqlite3_column_double(stmt, i);
+          break;
+        case SQLITE_TEXT:
+          cell = reinterpret_cast<const char*>(sqlite3_column_text(stmt, i));
+          break;
+        default:
+          cell = nullptr;
+      }
+    }
+  }
+  if (stmt != nullptr) {
+    EXPECT_EQ(rc, SQLITE_DONE) << sql << ": " << sqlite3_errmsg(db);
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return rows;
+}
+
+// What a view's column should hold for a figure the report has or lacks.
+template <typename T>
+json Cell(const std::optional<T>& value) {
+  return value.has_value() ? json(*value) : json(nullptr);
+}
+
+json SnapshotCell(const json& snapshot, const char* key) {
+  return snapshot.is_object() ? snapshot.at(key) : json(nullptr);
+}
+
+TEST_F(StoreTest, TrialResultsViewHoldsTheReportsFigures) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t experiment = StoreLabExperiment(*store);
+  StatusOr<ExperimentReport> report = store->Report(experiment);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const std::vector<json> rows = QueryRows(
+      path_, "SELECT * FROM trial_results WHERE experiment_id = " + std::to_string(experiment));
+  ASSERT_EQ(rows.size(), report->trials.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const json& row = rows[i];
+    const TrialReport& trial = report->trials[i];
+    SCOPED_TRACE(trial.name);
+    EXPECT_EQ(row["experiment"], "lab");
+    EXPECT_EQ(row["trial"], trial.name);
+    EXPECT_EQ(row["ordinal"], static_cast<int64_t>(i));
+    EXPECT_EQ(row["attempt"], trial.attempt == 0 ? json(nullptr) : json(trial.attempt));
+    EXPECT_EQ(row["node"], trial.node.empty() ? json(nullptr) : json(trial.node));
+    EXPECT_EQ(row["outcome"], TrialStateName(trial.state));
+    EXPECT_EQ(row["expected"], Cell(trial.expect));
+    EXPECT_EQ(row["exit_code"], Cell(trial.exit_code));
+    EXPECT_EQ(row["error"], trial.error.empty() ? json(nullptr) : json(trial.error));
+    EXPECT_EQ(row["peak_bytes"], Cell(trial.peak_bytes));
+    EXPECT_EQ(row["load_peak_bytes"], Cell(trial.load_peak_bytes));
+    EXPECT_EQ(row["tokens_per_second"], Cell(trial.tokens_per_second));
+    EXPECT_EQ(row["train_seconds"], Cell(trial.train_seconds));
+    EXPECT_EQ(row["final_loss"], Cell(trial.final_loss));
+    EXPECT_EQ(row["at_peak_step"], SnapshotCell(trial.peak_snapshot, "step"));
+    EXPECT_EQ(row["at_peak_phase"], SnapshotCell(trial.peak_snapshot, "phase"));
+    for (const char* category : {"params_bytes", "grads_bytes", "optim_device_bytes",
+                                 "optim_host_bytes", "other_bytes", "allocated_bytes",
+                                 "reserved_bytes"}) {
+      EXPECT_EQ(row[category], SnapshotCell(trial.peak_snapshot, category)) << category;
+    }
+  }
+  // The figures themselves, so that the view and the report cannot be wrong together.
+  EXPECT_EQ(rows[0]["attempt"], 2);  // the lost attempt's larger snapshot does not count
+  EXPECT_EQ(rows[0]["node"], "cpu-1");
+  EXPECT_EQ(rows[0]["peak_bytes"], 34'500);
+  EXPECT_EQ(rows[0]["tokens_per_second"], 330.0);
+  EXPECT_EQ(rows[0]["final_loss"], 9.75);
+  EXPECT_EQ(rows[0]["at_peak_step"], 0);  // step 1's snapshot only ties it
+  EXPECT_EQ(rows[0]["at_peak_phase"], "phase1_after_fwd");
+  EXPECT_EQ(rows[0]["other_bytes"], 30'000 - 16'004);
+  EXPECT_EQ(rows[1]["outcome"], "oom");
+  EXPECT_EQ(rows[1]["at_peak_phase"], "oom");
+  EXPECT_EQ(rows[1]["error"], "out of memory: 2 MiB more");
+  EXPECT_EQ(rows[1]["final_loss"], nullptr);
+  EXPECT_EQ(rows[2]["error"], "killed by the kernel (host memory)");
+  EXPECT_EQ(rows[2]["peak_bytes"], nullptr);
+  EXPECT_EQ(rows[3]["outcome"], "queued");
+  EXPECT_EQ(rows[3]["attempt"], nullptr);
+
+  // Per phase: the report's per-phase rows, in the step anatomy's order.
+  const std::vector<json> phases = QueryRows(
+      path_, "SELECT trial, phase, step, allocated_bytes FROM trial_phase_peaks WHERE "
+             "experiment_id = " + std::to_string(experiment));
+  std::vector<json> expected;
+  for (const TrialReport& trial : report->trials) {
+    for (const auto& [phase, snapshot] : trial.phase_peaks) {
+      expected.push_back({{"trial", trial.name},
+                          {"phase", phase},
+                          {"step", snapshot.at("step")},
+                          {"allocated_bytes", snapshot.at("allocated_bytes")}});
+    }
+  }
+  EXPECT_EQ(phases, expected);
+  ASSERT_EQ(phases.size(), 6u);
+  EXPECT_EQ(phases[1]["phase"], "phase1_after_fwd");
+  EXPECT_EQ(phases[1]["step"], 0);
+  EXPECT_EQ(phases[5]["phase"], "oom");
+
+  // Steps: the final attempts' step events.
+  const std::vector<json> steps = QueryRows(
+      path_, "SELECT trial, attempt, step, loss, tokens, seconds FROM trial_steps WHERE "
+             "experiment_id = " + std::to_string(experiment));
+  EXPECT_EQ(steps, (std::vector<json>{
+                       {{"trial", "ok-run"}, {"attempt", 2}, {"step", 0}, {"loss", 10.5},
+                        {"tokens", 128}, {"seconds", 0.25}},
+                       {{"trial", "ok-run"}, {"attempt", 2}, {"step", 1}, {"loss", 9.75},
+                        {"tokens", 120}, {"seconds", 0.5}},
+                       {{"trial", "failed-run"}, {"attempt", 1}, {"step", 0}, {"loss", 3.5},
+                        {"tokens", nullptr}, {"seconds", nullptr}},
+                   }));
+}
+
+// The README's "The results in SQL" shows `sqlite3 PATH 'QUERY'` lines (wherever the docs keep
+// it: README.md or docs/*.md): each query runs against a database the store wrote, and the path is
+// the embedded controller's.
+TEST_F(StoreTest, TheDocsSqlExamplesRun) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  StoreLabExperiment(*store);
+  const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
+  const std::filesystem::path source = source_dir != nullptr ? source_dir : ".";
+  ASSERT_TRUE(std::filesystem::exists(source / "README.md")) << "README.md not found";
+  std::vector<std::filesystem::path> docs = {source / "README.md"};
+  for (const auto& entry : std::filesystem::directory_iterator(source / "docs")) {
+    if (entry.path().extension() == ".md") docs.push_back(entry.path());
+  }
+  int examples = 0;
+  for (const std::filesystem::path& doc : docs) {
+    std::ifstream in(doc);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.starts_with("sqlite3 ")) continue;
+      SCOPED_TRACE(doc.string() + ": " + line);
+      ++examples;
+      EXPECT_NE(line.find(" ~/.local/share/llmctl/llmctl.db "), std::string::npos)
+          << "not the embedded controller's database";
+      const size_t open = line.find_first_of("'\"");
+      ASSERT_NE(open, std::string::npos);
+      const size_t close = line.rfind(line[open]);
+      ASSERT_GT(close, open);
+      const std::string sql = line.substr(open + 1, close - open - 1);
+      EXPECT_FALSE(QueryRows(path_, sql).empty()) << sql;
+    }
+  }
+  EXPECT_GE(examples, 2);
 }
 
 TEST(TrialStateTest, NamesRoundTrip) {
