@@ -29,10 +29,10 @@ demo: build
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(TEST_JOBS)
 
-# Regenerates the README's trial-key table from the registry (a test checks they agree).
+# Regenerates docs/experiment-files.md's trial-key table from the registry (a test checks they agree).
 readme-keys: build
 	$(BUILD)/trainer/llm-train --keys > $(BUILD)/trial-keys.md
-	python3 scripts/replace_between.py README.md '<!-- trial-keys:begin -->' '<!-- trial-keys:end -->' $(BUILD)/trial-keys.md
+	python3 scripts/replace_between.py docs/experiment-files.md '<!-- trial-keys:begin -->' '<!-- trial-keys:end -->' $(BUILD)/trial-keys.md
 
 # Side-by-side benchmarks against the peers (not part of the tests; minutes on 2 cores).
 bench: build

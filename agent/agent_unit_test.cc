@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "agent/event_reader.h"
@@ -101,6 +102,10 @@ TEST(TrialFileTest, InputsReplaceValuesUnsetKeysAreLeftOutAndLlmTrainParsesIt) {
   auto file = MakeTrialFile(config.ToJson().dump(), {{"data.path", data}}, (dir / "out").string());
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   EXPECT_EQ(file->device, "cpu");
+  // Messages about the copy name what the experiment wrote (llm-train --input-name).
+  const std::map<std::string, std::string> names = {
+      {data, config.GetString("data.path")}};
+  EXPECT_EQ(file->input_names, names);
   EXPECT_EQ(file->yaml.find("null"), std::string::npos) << file->yaml;
   EXPECT_EQ(file->yaml.find("device_memory"), std::string::npos)
       << "keys the experiment did not set are left out";

@@ -342,6 +342,20 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
     if (!path.ok()) return path.status().WithContext("inputs[" + key + "]");
     input_paths[key] = *path;
   }
+  if (!request.resume_checkpoint.empty()) {
+    const std::string from = "resume from " + DescribeRunKey(request.resume_run);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (runs_.count(request.resume_run) == 0) {
+        return FailedPreconditionError(from + ": this node has no such run");
+      }
+    }
+    // What SaveCheckpoint writes last into a complete checkpoint (trainer/train/checkpoints.h).
+    if (!Exists(request.resume_checkpoint + "/trainer_state.json")) {
+      return FailedPreconditionError(from + ": its checkpoint " + request.resume_checkpoint +
+                                     " is gone from this node");
+    }
+  }
   const std::string dir = RunDirFor(request.key);
   ASSIGN_OR_RETURN(const TrialFile trial_file,
                    MakeTrialFile(request.config_json, input_paths, dir + "/" + kOutputDir));
@@ -371,6 +385,12 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
   command.grace = options_.cancel_grace;
   command.worker_argv = {options_.llm_train, "--config", dir + "/" + kTrialFile, "--events",
                          dir + "/" + kEventsFile};
+  for (const auto& [path, written] : trial_file.input_names) {
+    command.worker_argv.insert(command.worker_argv.end(), {"--input-name", path + "=" + written});
+  }
+  if (!request.resume_checkpoint.empty()) {
+    command.worker_argv.insert(command.worker_argv.end(), {"--resume", request.resume_checkpoint});
+  }
   const std::vector<std::string> argv = SupervisorArgv(options_.supervisor_program, command);
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {

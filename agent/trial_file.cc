@@ -48,6 +48,7 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
   }
   auto config = TrialConfig::FromJson(json);
   if (!config.ok()) return config.status().WithContext("config_json");
+  std::map<std::string, std::string> input_names;
   for (const auto& [key, path] : input_paths) {
     const KeySpec* spec = FindTrialKey(key);
     if (spec == nullptr) {
@@ -57,7 +58,9 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
       return InvalidArgumentError("inputs: '" + key + "' does not name a file or directory (" +
                                   std::string(KeyTypeName(spec->type)) + ")");
     }
+    const std::string written = config->GetString(key);
     RETURN_IF_ERROR(config->Set(key, path).WithContext("inputs"));
+    if (!written.empty() && written != path) input_names[path] = written;
   }
   if (config->GetString("output_dir").empty()) {
     RETURN_IF_ERROR(config->Set("output_dir", default_output_dir));
@@ -67,7 +70,8 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
   // in the same registry's defaults.
   YAML::Emitter out;
   EmitMap(out, config->ToJson());
-  return TrialFile{std::string(out.c_str()) + "\n", config->GetString("device")};
+  return TrialFile{std::string(out.c_str()) + "\n", config->GetString("device"),
+                   std::move(input_names)};
 }
 
 }  // namespace llmctl::agent

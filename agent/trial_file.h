@@ -12,6 +12,9 @@ namespace llmctl::agent {
 struct TrialFile {
   std::string yaml;    // nested like the experiment files; only the keys the experiment set
   std::string device;  // the trial's `device` ("cpu", "cuda")
+  // Each input's path on this node → the value the experiment wrote for it, for llm-train's
+  // --input-name: messages name the user's path, not the agent's cache.
+  std::map<std::string, std::string> input_names;
 };
 
 // `config_json` is TrialConfig::ToJson as the controller stored it; it is checked with

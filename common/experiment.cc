@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <utility>
 
+#include "common/files.h"
 #include "common/model_config.h"
 #include "common/spelling.h"
 #include "common/text.h"
@@ -197,32 +197,65 @@ class ExperimentParser {
     std::vector<Document> documents;
     // The first key or value of the first document that is not UTF-8 text.
     std::optional<YAML::Mark> bad_utf8;
+    // The first YAML feature an experiment file may not use, and what to say about it.
+    std::optional<std::pair<YAML::Mark, std::string>> untrusted;
 
     void OnDocumentStart(const YAML::Mark& mark) override { documents.push_back({mark}); }
     void OnDocumentEnd() override {}
-    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
-    void OnAlias(const YAML::Mark&, YAML::anchor_t) override { Content(); }
-    void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
-                  const std::string& value) override {
+    // Not content: an empty document after a trailing "---" is a null.
+    void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override { Check(mark, "", anchor); }
+    void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
       Content();
+      Untrusted(mark, "YAML alias (*name): anchors and aliases are not supported in experiment "
+                      "files (they can expand without bound, and `<<` merges hide where a value "
+                      "came from); write the values out, or put shared values in the base config");
+    }
+    void OnScalar(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t anchor,
+                  const std::string& value) override {
+      Node(mark, tag, anchor);
       if (!bad_utf8 && documents.size() <= 1 && FirstInvalidUtf8(value) != std::string::npos) {
         bad_utf8 = mark;
       }
     }
-    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+    void OnSequenceStart(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t anchor,
                          YAML::EmitterStyle::value) override {
-      Content();
+      Node(mark, tag, anchor);
     }
     void OnSequenceEnd() override {}
-    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+    void OnMapStart(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t anchor,
                     YAML::EmitterStyle::value) override {
-      Content();
+      Node(mark, tag, anchor);
     }
     void OnMapEnd() override {}
 
    private:
     void Content() {
       if (!documents.empty()) documents.back().has_content = true;
+    }
+    void Untrusted(const YAML::Mark& mark, std::string problem) {
+      if (!untrusted) untrusted.emplace(mark, std::move(problem));
+    }
+    void Node(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t anchor) {
+      Content();
+      Check(mark, tag, anchor);
+    }
+    // Values are plain text to llmctl: an explicit tag (!!binary, !!python/object...) would ask a
+    // YAML loader to build something else, and an anchor exists only to be aliased.
+    void Check(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t anchor) {
+      if (anchor != YAML::NullAnchor) {
+        Untrusted(mark, "YAML anchor (&name): anchors and aliases are not supported in experiment "
+                        "files (they can expand without bound, and `<<` merges hide where a "
+                        "value came from); write the values out, or put shared values in the "
+                        "base config");
+      }
+      if (!tag.empty() && tag != "?" && tag != "!") {
+        constexpr std::string_view kCoreTags = "tag:yaml.org,2002:";
+        const std::string shown =
+            tag.starts_with(kCoreTags) ? "!!" + tag.substr(kCoreTags.size()) : tag;
+        Untrusted(mark, "YAML tag '" + shown +
+                            "': tags are not supported in experiment files; values are plain "
+                            "text, numbers, lists and maps");
+      }
     }
   };
 
@@ -257,6 +290,7 @@ class ExperimentParser {
       return ErrorAt(*scanner.bad_utf8,
                      "text that is not valid UTF-8; experiment files must be UTF-8 text");
     }
+    if (scanner.untrusted) return ErrorAt(scanner.untrusted->first, scanner.untrusted->second);
     if (!two_calls) return Status::Ok();
     if (scanner.documents.size() < 2) return Status::Ok();
     const YAML::Mark& first = scanner.documents[0].start;
@@ -518,9 +552,9 @@ class ExperimentParser {
 
   // See "Relative paths" in the header.
   KeyValue ResolvePath(const KeySpec& spec, KeyValue value) const {
-    if (!options_.resolve_local_paths) return value;
     if (spec.type != KeyType::kPath && spec.name != "model") return value;
     const std::string& written = std::get<std::string>(value);
+    if (IsNodePath(written) || !options_.resolve_local_paths) return value;
     if (!IsPathValue(spec, written)) return value;
     return KeyValue(ResolveLocalPath(filename_, written));
   }
@@ -803,6 +837,8 @@ class ExperimentParser {
       if (StatusOr<HubModelRef> ref = ParseHubModelRef(model_name); !ref.ok()) {
         return ErrorAt(location({"model"}), prefix + ref.status().message());
       }
+    } else if (IsNodePath(model_name)) {
+      // A directory only the node has: taken on trust, as above (llm-train checks it there).
     } else if (options_.resolve_local_paths) {
       auto cached = models_.find(model_name);
       if (cached == models_.end()) {
@@ -836,7 +872,17 @@ bool IsPathValue(const KeySpec& spec, std::string_view value) {
 }
 
 bool IsInputPathValue(const KeySpec& spec, std::string_view value) {
-  return IsPathValue(spec, value) && spec.name != "output_dir";
+  return IsPathValue(spec, value) && spec.name != "output_dir" && !IsNodePath(value);
+}
+
+void LocalizeNodePaths(TrialConfig& config) {
+  for (const KeySpec& spec : TrialKeys()) {
+    if (spec.type != KeyType::kPath && spec.name != "model") continue;
+    const std::string value = config.GetString(spec.name);
+    if (!IsNodePath(value)) continue;
+    const Status set = config.Set(spec.name, KeyValue(value.substr(kNodePathPrefix.size())));
+    (void)set;  // a shorter absolute path of the same key: always valid
+  }
 }
 
 std::string ResolveLocalPath(std::string_view filename, std::string_view written) {
@@ -857,14 +903,11 @@ StatusOr<Experiment> ParseExperiment(std::string_view yaml_text, std::string_vie
 
 StatusOr<Experiment> LoadExperimentFile(const std::string& path,
                                         const ExperimentParseOptions& options) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file)
-    return NotFoundError("cannot read experiment file '" + path +
-                         "': no such file or not readable");
-  std::stringstream text;
-  text << file.rdbuf();
-  if (file.bad()) return DataLossError("error while reading experiment file '" + path + "'");
-  return ParseExperiment(text.str(), path, options);
+  StatusOr<std::string> text = ReadFileToString(path, kMaxExperimentFileBytes);
+  if (!text.ok()) {
+    return Status(text.status().code(), "experiment file: " + text.status().message());
+  }
+  return ParseExperiment(*text, path, options);
 }
 
 }  // namespace llmctl

@@ -23,8 +23,10 @@
 // relative to the directory of the experiment file first; when the file exists there the value
 // becomes that joined path (e.g. "experiments/data/x.jsonl" for "data/x.jsonl" in
 // "experiments/demo.yaml"), otherwise it is kept exactly as written (and so is relative to the
-// current directory). Preset names always win over a directory of the same name. Nothing else
-// checks that files exist.
+// current directory). Preset names always win over a directory of the same name. A value written
+// node:/abs/path is on the node (trial_keys.h, kNodePathPrefix) and never resolved here. Parsing
+// does not check that files exist: trainer/inputs/trial_inputs.h does, for llm-train and `llmctl
+// submit` alike.
 //
 // Each trial is validated after its values are combined (ValidateTrialConfig), with the model's
 // shape when the model can be resolved (a preset, or a directory's config.json).
@@ -77,7 +79,11 @@ struct ExperimentParseOptions {
 StatusOr<Experiment> ParseExperiment(std::string_view yaml_text, std::string_view filename,
                                      const ExperimentParseOptions& options = {});
 
-// Reads `path` and parses it. NotFound when the file cannot be read.
+// Experiment files are a few KB; a bigger one is a wrong path, refused before it is read whole.
+inline constexpr size_t kMaxExperimentFileBytes = 4 << 20;
+
+// Reads `path` (a regular file of at most kMaxExperimentFileBytes) and parses it. NotFound when
+// the file is missing; InvalidArgument when it is a directory, device or FIFO.
 StatusOr<Experiment> LoadExperimentFile(const std::string& path,
                                         const ExperimentParseOptions& options = {});
 
@@ -85,13 +91,18 @@ StatusOr<Experiment> LoadExperimentFile(const std::string& path,
 // value is neither a preset nor a hub reference (hf:ORG/NAME).
 bool IsPathValue(const KeySpec& spec, std::string_view value);
 
-// True for the path values a trial reads (model, tokenizer, data, adapter): IsPathValue less
-// output_dir, which the trial writes. The CLI uploads these from the user's machine.
+// True for the path values a trial reads (model, tokenizer, data, adapter) from the machine where
+// the experiment file is: IsPathValue less output_dir, which the trial writes, and node paths
+// (kNodePathPrefix), which are on the node already. The CLI checks and uploads these.
 bool IsInputPathValue(const KeySpec& spec, std::string_view value);
 
 // Where a path value written in the experiment file `filename` is on this machine, by the "Relative
 // paths" rule above: beside the file when it exists there, else exactly as written.
 std::string ResolveLocalPath(std::string_view filename, std::string_view written);
+
+// Where the trial runs (llm-train), node paths are local: each value node:/abs/path becomes
+// /abs/path. Parsing keeps them as written everywhere, and takes a model named by one on trust.
+void LocalizeNodePaths(TrialConfig& config);
 
 }  // namespace llmctl
 

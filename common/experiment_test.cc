@@ -609,6 +609,55 @@ TEST(LocalPathsTest, InputPathsAndWhereTheyResolve) {
   EXPECT_EQ(ResolveLocalPath("demo.yaml", "data/x.jsonl"), "data/x.jsonl");  // no folder to try
 }
 
+TEST(LocalPathsTest, NodePathsStayAsWrittenAndMustBeAbsolute) {
+  EXPECT_FALSE(IsInputPathValue(*FindTrialKey("data.path"), "node:/data/x.jsonl"));
+  EXPECT_FALSE(IsInputPathValue(*FindTrialKey("model"), "node:/models/llama"));
+  // Never resolved beside the file, in either mode; a model only the node has is taken on trust.
+  for (const bool resolve : {true, false}) {
+    StatusOr<Experiment> experiment = ParseExperiment(
+        "model: node:/models/llama\ninit: pretrained\ndata: {path: node:/data/x.jsonl}\n",
+        (SourceDir() / "experiments" / "demo.yaml").string(), {.resolve_local_paths = resolve});
+    ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+    EXPECT_EQ(experiment->trials[0].config.GetString("model"), "node:/models/llama");
+    EXPECT_EQ(experiment->trials[0].config.GetString("data.path"), "node:/data/x.jsonl");
+  }
+  StatusOr<Experiment> relative =
+      ParseExperiment("model: llmctl-demo\ndata: {path: node:x.jsonl}\n", "exp.yaml");
+  ASSERT_FALSE(relative.ok());
+  EXPECT_EQ(relative.status().message(),
+            "exp.yaml:2:14: data.path: 'node:x.jsonl': a node path must be absolute "
+            "(node:/data/train.jsonl)");
+}
+
+TEST(ParseExperimentTest, AnchorsAliasesAndTagsAreRefused) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"model: &m llmctl-demo\ndata: {path: x.jsonl}\n", "exp.yaml:1:8: YAML anchor (&name)"},
+      {"a: &a [1]\nmodel: *a\n", "exp.yaml:1:4: YAML anchor (&name)"},
+      {"model: !!python/object/apply:os.system [ls]\n",
+       "exp.yaml:1:8: YAML tag '!!python/object/apply:os.system'"},
+      {"data: {path: !!binary aGVsbG8=}\nmodel: llmctl-demo\n", "exp.yaml:1:14: YAML tag '!!binary'"},
+      {"model: !custom llmctl-demo\n", "exp.yaml:1:8: YAML tag '!custom'"},
+  };
+  for (const auto& [yaml, expected] : cases) {
+    StatusOr<Experiment> experiment = ParseExperiment(yaml, "exp.yaml");
+    ASSERT_FALSE(experiment.ok()) << yaml;
+    EXPECT_EQ(experiment.status().message().rfind(expected, 0), 0u)
+        << experiment.status().message();
+  }
+  // Quoted and plain scalars carry yaml-cpp's non-specific tags, which are fine.
+  EXPECT_TRUE(ParseExperiment("model: 'llmctl-demo'\ndata: {path: \"x.jsonl\"}\n", "exp.yaml").ok());
+}
+
+TEST(LoadExperimentFileTest, NonRegularFilesAreRefusedAtOnce) {
+  for (const char* path : {"/dev/zero", "/dev/null", "/"}) {
+    StatusOr<Experiment> experiment = LoadExperimentFile(path);
+    ASSERT_FALSE(experiment.ok()) << path;
+    EXPECT_EQ(experiment.status().code(), StatusCode::kInvalidArgument) << path;
+    EXPECT_NE(experiment.status().message().find("not a regular file"), std::string::npos)
+        << experiment.status().message();
+  }
+}
+
 TEST(ShippedExperimentsTest, Demo) {
   // Parsed from the repository root, as `make demo` runs it.
   const std::string text = ReadFile(SourceDir() / "experiments" / "demo.yaml");

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 namespace llmctl {
 namespace {
@@ -18,16 +19,39 @@ Status ErrnoStatus(int err, const std::string& message) {
   return UnavailableError(text);
 }
 
+std::string_view FileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a named pipe (FIFO)";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// Opens `path` for reading only when it is a regular file. O_NONBLOCK: opening a FIFO would
+// otherwise wait for a writer, and reading /dev/zero would never end; for a regular file the flag
+// changes nothing.
+StatusOr<int> OpenRegularFile(const std::string& path, struct stat& st) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return ErrnoStatus(errno, "cannot open " + path);
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, "cannot stat " + path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgumentError(path + " is " + std::string(FileTypeName(st.st_mode)) +
+                                ", not a regular file");
+  }
+  return fd;
+}
+
 }  // namespace
 
 StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open " + path);
   struct stat st;
-  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    return InvalidArgumentError(path + " is a directory, not a file");
-  }
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, st));
   std::string data;
   char buf[1 << 16];
   while (true) {
@@ -50,18 +74,8 @@ StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes
 }
 
 StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open " + path);
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, "cannot stat " + path);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return InvalidArgumentError(path + " is not a regular file");
-  }
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, st));
   std::unique_ptr<MappedFile> file(new MappedFile());
   file->size_ = static_cast<size_t>(st.st_size);
   if (file->size_ > 0) {  // mmap refuses length 0; an empty file is an empty span

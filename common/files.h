@@ -13,15 +13,15 @@
 
 namespace llmctl {
 
-// The whole file. NotFound when missing, PermissionDenied when unreadable, InvalidArgument for a
-// directory, DataLoss when it is larger than `max_bytes` (so a wrong path to a huge file fails
-// fast).
+// The whole file. NotFound when missing, PermissionDenied when unreadable, InvalidArgument for
+// anything but a regular file (a directory, a device such as /dev/zero, a FIFO, a socket: refused
+// at once, never read or waited on), DataLoss when it is larger than `max_bytes` (so a wrong path
+// to a huge file fails fast).
 StatusOr<std::string> ReadFileToString(const std::string& path,
                                        size_t max_bytes = std::numeric_limits<size_t>::max());
 
 // A read-only MAP_PRIVATE mapping of a whole file, unmapped on destruction. Errors as
-// ReadFileToString; InvalidArgument for anything that is not a regular file. An empty file maps to
-// an empty span.
+// ReadFileToString. An empty file maps to an empty span.
 class MappedFile {
  public:
   static StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path);

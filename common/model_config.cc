@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "common/files.h"
 #include "common/spelling.h"
 
 namespace llmctl {
@@ -483,13 +484,9 @@ StatusOr<ModelConfig> ParseHfConfigJson(std::string_view json_text, std::string_
 
 StatusOr<ModelConfig> LoadHfConfig(const std::string& model_dir) {
   const std::filesystem::path path = std::filesystem::path(model_dir) / "config.json";
-  std::ifstream file(path, std::ios::binary);
-  if (!file)
-    return NotFoundError("cannot read " + path.string() + ": no such file or not readable");
-  std::stringstream text;
-  text << file.rdbuf();
-  if (file.bad()) return DataLossError("error while reading " + path.string());
-  return ParseHfConfigJson(text.str(), path.string());
+  // A real config.json is a few KB; the limit makes a wrong file fail fast.
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path.string(), 1 << 20));
+  return ParseHfConfigJson(text, path.string());
 }
 
 nlohmann::json ToHfConfigJson(const ModelConfig& config) {
@@ -585,6 +582,52 @@ uint64_t ParameterCount(const ModelConfig& config) {
   const uint64_t final_norm = hidden;
   return add(add(add(embedding, mul(size(config.num_hidden_layers), per_layer)), final_norm),
              lm_head);
+}
+
+namespace {
+
+int64_t TensorsPerLayer(const ModelConfig& config) {
+  return 4 + (config.attention_qkv_bias ? 3 : 0) + (config.attention_output_bias ? 1 : 0) + 3 +
+         (config.mlp_bias ? 3 : 0) + 2;
+}
+
+}  // namespace
+
+int64_t CheckpointTensorCount(const ModelConfig& config) {
+  const int64_t layers = std::max<int64_t>(config.num_hidden_layers, 0);
+  const int64_t outside_layers = 2 + (config.tie_word_embeddings ? 0 : 1);  // embedding, norm, head
+  if (layers > (std::numeric_limits<int64_t>::max() - outside_layers) / TensorsPerLayer(config)) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return layers * TensorsPerLayer(config) + outside_layers;
+}
+
+std::vector<CheckpointTensor> CheckpointTensors(const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size;
+  const int64_t query_width = config.num_attention_heads * config.head_dim;
+  const int64_t kv_width = config.num_key_value_heads * config.head_dim;
+  std::vector<CheckpointTensor> tensors;
+  tensors.reserve(static_cast<size_t>(CheckpointTensorCount(config)));
+  tensors.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
+  const auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
+    tensors.push_back({name + ".weight", {out, in}});
+    if (bias) tensors.push_back({name + ".bias", {out}});
+  };
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string layer = "model.layers." + std::to_string(i) + ".";
+    linear(layer + "self_attn.q_proj", hidden, query_width, config.attention_qkv_bias);
+    linear(layer + "self_attn.k_proj", hidden, kv_width, config.attention_qkv_bias);
+    linear(layer + "self_attn.v_proj", hidden, kv_width, config.attention_qkv_bias);
+    linear(layer + "self_attn.o_proj", query_width, hidden, config.attention_output_bias);
+    linear(layer + "mlp.gate_proj", hidden, config.intermediate_size, config.mlp_bias);
+    linear(layer + "mlp.up_proj", hidden, config.intermediate_size, config.mlp_bias);
+    linear(layer + "mlp.down_proj", config.intermediate_size, hidden, config.mlp_bias);
+    tensors.push_back({layer + "input_layernorm.weight", {hidden}});
+    tensors.push_back({layer + "post_attention_layernorm.weight", {hidden}});
+  }
+  tensors.push_back({"model.norm.weight", {hidden}});
+  if (!config.tie_word_embeddings) tensors.push_back({"lm_head.weight", {config.vocab_size, hidden}});
+  return tensors;
 }
 
 namespace {

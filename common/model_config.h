@@ -102,6 +102,20 @@ std::string CanonicalPresetName(std::string_view name);
 // TinyLlama 1.1B: 1,100,048,384; LLaMA 7B: 6,738,415,616.
 uint64_t ParameterCount(const ModelConfig& config);
 
+// One tensor of a Hugging Face checkpoint of a model.
+struct CheckpointTensor {
+  std::string name;            // e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // projections (out, in), as nn.Linear stores them
+};
+
+// The tensors a Hugging Face checkpoint of `config` holds, which are also llm-train's parameters by
+// the same names and shapes (trainer/model/llama_test checks the two agree): the embedding; per
+// layer q, k, v, o (with their biases), gate, up, down (with theirs) and the two norms; the final
+// norm; lm_head unless tied. Lists CheckpointTensorCount(config) entries: check that count against
+// a checkpoint before listing, as a config.json may claim any number of layers.
+std::vector<CheckpointTensor> CheckpointTensors(const ModelConfig& config);
+int64_t CheckpointTensorCount(const ModelConfig& config);
+
 // A model on the Hugging Face hub as an experiment names it: `hf:ORG/NAME` or
 // `hf:ORG/NAME@REVISION`. Only an llmctl agent downloads it (agent/hub.h); the controller takes it
 // on trust, and the agent replaces it with the prepared directory before llm-train sees it.

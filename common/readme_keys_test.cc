@@ -1,5 +1,5 @@
-// The README's table of trial keys is generated from the registry (`make readme-keys`); this test fails
-// when they disagree, so the documentation cannot drift from the keys the code accepts.
+// docs/experiment-files.md's table of trial keys is generated from the registry (`make readme-keys`);
+// this test fails when they disagree, so the documentation cannot drift from the keys the code accepts.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -14,8 +14,8 @@ namespace {
 
 TEST(ReadmeKeysTest, ReadmeTableEqualsTheRegistry) {
   const char* source = std::getenv("LLMCTL_SOURCE_DIR");
-  std::ifstream in(std::string(source ? source : ".") + "/README.md");
-  ASSERT_TRUE(in) << "README.md not found";
+  std::ifstream in(std::string(source ? source : ".") + "/docs/experiment-files.md");
+  ASSERT_TRUE(in) << "docs/experiment-files.md not found";
   std::stringstream buffer;
   buffer << in.rdbuf();
   const std::string readme = buffer.str();
@@ -26,7 +26,7 @@ TEST(ReadmeKeysTest, ReadmeTableEqualsTheRegistry) {
   ASSERT_NE(from, std::string::npos);
   ASSERT_NE(to, std::string::npos);
   const std::string table = readme.substr(from + begin.size(), to - from - begin.size());
-  EXPECT_EQ(table, TrialKeysMarkdownTable()) << "README.md's key table is stale: run `make readme-keys`";
+  EXPECT_EQ(table, TrialKeysMarkdownTable()) << "docs/experiment-files.md's key table is stale: run `make readme-keys`";
 }
 
 }  // namespace

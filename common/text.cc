@@ -83,4 +83,20 @@ std::string FormatColumns(const std::vector<std::vector<std::string>>& rows,
   return out;
 }
 
+std::string NameInputs(std::string text, const std::map<std::string, std::string>& names) {
+  std::vector<const std::pair<const std::string, std::string>*> longest_first;
+  for (const auto& entry : names) {
+    if (!entry.first.empty()) longest_first.push_back(&entry);
+  }
+  std::sort(longest_first.begin(), longest_first.end(),
+            [](auto* a, auto* b) { return a->first.size() > b->first.size(); });
+  for (const auto* entry : longest_first) {
+    const auto& [from, to] = *entry;
+    for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+      text.replace(at, from.size(), to);
+    }
+  }
+  return text;
+}
+
 }  // namespace llmctl

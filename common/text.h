@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <limits>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,11 @@ std::string_view Trim(std::string_view text);
 // The offset of the first byte that breaks UTF-8 (overlong forms, surrogates and code points past
 // U+10FFFF included), or std::string_view::npos when `text` is valid.
 size_t FirstInvalidUtf8(std::string_view text);
+
+// `text` with every occurrence of each key of `names` replaced by its value, longest key first (so
+// a path wins over its own prefix). Used to name inputs in messages by the path the user wrote
+// rather than where a copy of it lives.
+std::string NameInputs(std::string text, const std::map<std::string, std::string>& names);
 
 // The rows as text columns two spaces apart, one line each, every column as wide as its widest cell
 // counted in characters (UTF-8 such as "–" counts once). Columns from `first_right_aligned` on are

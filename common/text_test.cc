@@ -31,5 +31,17 @@ TEST(FormatColumnsTest, LeftAlignedRaggedRowsEndWithoutSpaces) {
             "longer-name  ACTIVE\n");
 }
 
+TEST(NameInputsTest, ReplacesEveryPathLongestFirst) {
+  const std::map<std::string, std::string> names = {
+      {"/agent/cache/trees/b4", "model"},
+      {"/agent/cache/trees/b4/x.jsonl", "data/x.jsonl"},
+      {"", "never"}};
+  EXPECT_EQ(NameInputs("/agent/cache/trees/b4/x.jsonl:2: invalid JSON; see /agent/cache/trees/"
+                       "b4/x.jsonl and /agent/cache/trees/b4/config.json",
+                       names),
+            "data/x.jsonl:2: invalid JSON; see data/x.jsonl and model/config.json");
+  EXPECT_EQ(NameInputs("nothing to name", names), "nothing to name");
+}
+
 }  // namespace
 }  // namespace llmctl

@@ -99,6 +99,10 @@ StatusOr<KeyValue> ParseScalar(const KeySpec& spec, KeyType type, std::string_vi
   switch (type) {
     case KeyType::kString:
     case KeyType::kPath:
+      if ((spec.type == KeyType::kPath || spec.name == "model") && IsNodePath(text) &&
+          !text.substr(kNodePathPrefix.size()).starts_with('/')) {
+        return ValueError(spec, quoted + ": a node path must be absolute (node:/data/train.jsonl)");
+      }
       return KeyValue(std::string(text));
     case KeyType::kEnum: {
       if (std::find(spec.allowed.begin(), spec.allowed.end(), text) != spec.allowed.end()) {

@@ -343,6 +343,8 @@ std::string_view KeyTypeName(KeyType type) {
   return "value";
 }
 
+bool IsNodePath(std::string_view value) { return value.starts_with(kNodePathPrefix); }
+
 std::string DescribeExpectedValue(const KeySpec& spec) {
   switch (spec.type) {
     case KeyType::kString:

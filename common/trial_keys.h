@@ -43,6 +43,14 @@ struct KeySpec {
 // Every key, in documentation order (groups kept together).
 const std::vector<KeySpec>& TrialKeys();
 
+// A path value (or `model`) written `node:/abs/path` names a file or directory on the node that
+// runs the trial, such as a dataset or model already there: `llmctl submit` neither checks nor
+// uploads it, and llm-train reads /abs/path (LocalizeNodePaths). It must be absolute
+// (ParseKeyValue refuses it otherwise). Any other path value names something on the machine where
+// the experiment file is, and must exist there when submitted.
+inline constexpr std::string_view kNodePathPrefix = "node:";
+bool IsNodePath(std::string_view value);
+
 // The spec for a dotted name, or null when no such key exists. Exact, case-sensitive match.
 const KeySpec* FindTrialKey(std::string_view dotted_name);
 

@@ -12,14 +12,17 @@
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <iostream>
+#include <map>
 #include <torch/cuda.h>
 #include <torch/version.h>
 
 #include "common/experiment.h"
 #include "common/model_config.h"
+#include "common/text.h"
 #include "common/trial_config.h"
 #include "common/trial_keys.h"
 #include "common/version.h"
+#include "trainer/inputs/trial_inputs.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/trainer.h"
 
@@ -67,6 +70,10 @@ int main(int argc, char** argv) {
   app.add_flag("--prepare", prepare_only, "only tokenize the dataset into the token cache");
   app.add_option("--resume", resume_from,
                  "continue from a checkpoint directory (<output_dir>/checkpoints/step-N)");
+  std::vector<std::string> input_names;
+  app.add_option("--input-name", input_names,
+                 "PATH=NAME: call PATH by NAME in messages (the agent names the inputs it copied "
+                 "by the paths written in the experiment file)");
   CLI11_PARSE(app, argc, argv);
   if (print_version) {
     // The agent reports this line in its node info, so a report can say which trainer measured what.
@@ -112,16 +119,27 @@ int main(int argc, char** argv) {
     llmctl::Status status = config.SetFromText(assignment.substr(0, eq), assignment.substr(eq + 1));
     if (!status.ok()) return Fail("--set " + assignment + ": " + status.message());
   }
+  llmctl::LocalizeNodePaths(config);
   llmctl::ApplyLabSpellings(config);
   auto model = llmctl::ResolveModel(config.GetString("model"));
   if (!model.ok()) return Fail(model.status().message());
   if (llmctl::Status status = llmctl::ValidateTrialConfig(config, &*model); !status.ok()) {
     return Fail(status.message());
   }
+  std::map<std::string, std::string> names;
+  for (const std::string& entry : input_names) {
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Fail("--input-name expects PATH=NAME, got '" + entry + "'");
+    }
+    names[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
 
   if (prepare_only) {
-    auto tokens = llmctl::trainer::PrepareTokens(config, *model);
-    if (!tokens.ok()) return Fail(tokens.status().message());
+    auto checked = llmctl::TrialInputsChecker().Check(config, &*model);
+    if (!checked.ok()) return Fail(llmctl::NameInputs(checked.status().message(), names));
+    auto tokens = llmctl::trainer::PrepareTokens(config);
+    if (!tokens.ok()) return Fail(llmctl::NameInputs(tokens.status().message(), names));
     std::cout << *tokens << std::endl;
     return 0;
   }
@@ -135,6 +153,7 @@ int main(int argc, char** argv) {
   options.cancel = &g_cancel;
   options.checkpoint_on_cancel = &g_checkpoint_on_cancel;
   options.resume_from = resume_from;
+  options.input_names = std::move(names);
   const llmctl::trainer::TrialResult result = llmctl::trainer::RunTrial(config, options);
   if (result.invalid_input) {
     std::cerr << "llm-train: " << result.error << std::endl;

@@ -41,7 +41,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr size_t kMaxExperimentFileBytes = 4 << 20;
 constexpr int kWatchReconnects = 30;
 constexpr std::chrono::seconds kDaemonStopGrace{10};
 constexpr std::chrono::milliseconds kFirstAgentPoll{100};
@@ -207,15 +206,22 @@ StatusOr<v1::ExperimentStatus> Llmctl::Follow(v1::Controller::Stub& stub, int64_
 int Llmctl::Submit(const std::string& file, bool wait, bool provision,
                    const std::vector<std::string>& node_flags) {
   StatusOr<std::string> text = ReadFileToString(file, kMaxExperimentFileBytes);
-  if (!text.ok()) return Fail(InvalidArgumentError(file + ": " + text.status().message()));
+  if (!text.ok()) return Fail(InvalidArgumentError(text.status().message()));  // names the file
   // Locally first, with the files on this machine, exactly as llm-train would: nothing is sent
   // when the file is wrong.
   StatusOr<Experiment> checked = ParseExperiment(*text, file, {.resolve_local_paths = true});
   if (!checked.ok()) return Fail(checked.status());
   StatusOr<Experiment> as_written = ParseExperiment(*text, file, {.resolve_local_paths = false});
   if (!as_written.ok()) return Fail(as_written.status());
+  // Whatever went wrong with a local input (missing, unreadable, malformed) is the caller's to fix:
+  // exit 2, like llm-train.
   StatusOr<SubmitInputs> inputs = CollectInputs(*as_written, file);
-  if (!inputs.ok()) return Fail(inputs.status());
+  if (!inputs.ok()) return Fail(InvalidArgumentError(inputs.status().message()));
+  // What each input holds, before anything is stored or sent: a broken dataset or tokenizer fails
+  // here in seconds, not on a leased node.
+  if (const Status contents = CheckLocalInputs(*checked, file); !contents.ok()) {
+    return Fail(InvalidArgumentError(contents.message()));
+  }
   StatusOr<int64_t> min_transfer_rate = MinTransferRate(context_.env);
   if (!min_transfer_rate.ok()) return Fail(min_transfer_rate.status());
 
@@ -632,8 +638,9 @@ constexpr char kDescription[] =
     "${XDG_DATA_HOME:-~/.local/share}/llmctl; `llmctl daemon stop` ends them).\n"
     "An upload may take the call deadline plus its size at LLMCTL_MIN_TRANSFER_RATE (per\n"
     "second, default 10MiB).\n\n"
-    "Exit codes: 0 ok; 1 a trial ended other than its `expect:` (submit --wait) or an operation\n"
-    "failed; 2 invalid input (flags, experiment file, id, trial); 3 controller unreachable.";
+    "Exit codes: 0 ok; 1 a trial ended other than its `expect:` (without one: failed, diverged or\n"
+    "cancelled) under submit --wait, or an operation failed; 2 invalid input (flags, experiment\n"
+    "file, its input files, id, trial); 3 controller unreachable.";
 
 int Llmctl::Run(const std::vector<std::string>& args) {
   CLI::App app(kDescription, "llmctl");

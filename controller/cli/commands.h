@@ -3,8 +3,10 @@
 //
 // Exit codes (stable; scripts rely on them):
 //   0  success
-//   1  a trial ended other than its `expect:` says (submit --wait), or an operation failed
-//   2  invalid input: a bad flag, experiment file, format, id or trial name (nothing was sent)
+//   1  a trial ended other than its `expect:` says, or without one failed, diverged or was
+//      cancelled (submit --wait); or an operation failed
+//   2  invalid input: a bad flag, experiment file, input file (data, tokenizer, model, adapter),
+//      format, id or trial name (nothing was stored or sent)
 //   3  the controller is unreachable (or the embedded one could not be started); for lease and node
 //      commands also the cloud, when it did not answer (`node down` still deletes the node's cloud
 //      resources when only the controller is unreachable, and says to run it again)

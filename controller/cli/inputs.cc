@@ -7,6 +7,7 @@
 #include "common/trial_keys.h"
 #include "controller/cli/client.h"
 #include "controller/cli/input_tree.h"
+#include "trainer/inputs/trial_inputs.h"
 #include "rpc/status.h"
 #include "rpc/transfer.h"
 
@@ -70,7 +71,13 @@ StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_v
       if (!looked_at.insert(written).second) continue;
       const fs::path local = ResolveLocalPath(filename, written);
       std::error_code error;
-      if (!fs::exists(local, error)) continue;  // not on this machine: the node's business
+      if (!fs::exists(fs::symlink_status(local, error))) {
+        return NotFoundError(std::string(filename) + ": trial '" + trial.name + "', " +
+                             std::string(spec.name) + " '" + written +
+                             "': no such file or directory here (beside the experiment file or "
+                             "in the current directory); a path on the node is written " +
+                             std::string(kNodePathPrefix) + "/absolute/path");
+      }
       StatusOr<v1::InputTree> tree = builder.Build(local);
       if (!tree.ok()) {
         return Status(tree.status().code(), std::string(filename) + ": trial '" + trial.name +
@@ -82,6 +89,28 @@ StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_v
   }
   inputs.blobs = builder.blobs();
   return inputs;
+}
+
+Status CheckLocalInputs(const Experiment& checked, std::string_view filename) {
+  TrialInputsChecker checker;
+  std::map<std::string, StatusOr<ModelConfig>> models;
+  for (const Trial& trial : checked.trials) {
+    const std::string model_name = trial.config.GetString("model");
+    const ModelConfig* model = nullptr;
+    if (!IsHubModelRef(model_name) && !IsNodePath(model_name)) {
+      auto it = models.find(model_name);
+      if (it == models.end()) it = models.emplace(model_name, ResolveModel(model_name)).first;
+      // Parsing resolved it already; a failure here is a file that changed meanwhile.
+      if (!it->second.ok()) return it->second.status().WithContext(std::string(filename));
+      model = &*it->second;
+    }
+    StatusOr<TrialInputsSummary> summary = checker.Check(trial.config, model);
+    if (!summary.ok()) {
+      return Status(summary.status().code(), std::string(filename) + ": trial '" + trial.name +
+                                                 "': " + summary.status().message());
+    }
+  }
+  return Status::Ok();
 }
 
 StatusOr<UploadSummary> UploadMissingBlobs(v1::Controller::StubInterface& stub,

@@ -24,10 +24,17 @@ struct SubmitInputs {
 
 // For every trial of `as_written` (parsed with resolve_local_paths = false, so values are as the
 // file writes them) and every input path value (IsInputPathValue), the tree of what it names on
-// this machine (ResolveLocalPath against `filename`); values that name nothing here are left to
-// the controller and the agent (a preset, a directory on the node). Each file is hashed once.
-// Errors from InputTreeBuilder, prefixed with the key and the path as written.
+// this machine (ResolveLocalPath against `filename`). Each file is hashed once. NotFound when such
+// a value names nothing here (a path on the node is written node:/abs/path and is not an input
+// path value); errors from InputTreeBuilder, prefixed with the trial, the key and the path as
+// written.
 StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_view filename);
+
+// Checks the contents of every local input of every trial of `checked` (parsed with
+// resolve_local_paths = true) as llm-train will read them (TrialInputsChecker): records parsed and
+// counted, tokenizer loaded, model config and safetensors headers read, not the weights. Errors
+// name the experiment file, the trial, the key and the input's file and line.
+Status CheckLocalInputs(const Experiment& checked, std::string_view filename);
 
 struct UploadSummary {
   int blobs = 0;      // distinct blobs in the inputs

@@ -27,8 +27,9 @@ std::string RenderReport(const v1::ReportResponse& report, ReportFormat format);
 // True when the trial's outcome is a final one (ok, oom, diverged, failed, cancelled).
 bool HasEnded(const v1::TrialReport& trial);
 
-// Trials whose file states an `expect` that the outcome does not match (a trial that has not ended
-// counts too: it did not do what was expected).
+// Trials that did not do what was expected: with `expect:`, an outcome other than it (a trial that
+// has not ended counts too); without, failed, diverged or cancelled (ok and oom are measurements).
+// `submit --wait` exits 1 when there is one.
 int CountUnexpectedOutcomes(const v1::ReportResponse& report);
 
 // `text` with &, <, >, " and ' replaced by entities, for HTML text and attribute values.

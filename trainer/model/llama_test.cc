@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "common/model_config.h"
 #include "trainer/model/checkpoint.h"
 #include "trainer/model/weights.h"
@@ -67,6 +72,34 @@ TEST(CheckpointTest, GradientsEqualThePlainRun) {
   ASSERT_EQ(plain.size(), checkpointed.size());
   for (size_t i = 0; i < plain.size(); ++i) {
     EXPECT_TRUE(torch::allclose(plain[i], checkpointed[i], 1e-5, 1e-6)) << "parameter " << i;
+  }
+}
+
+// CheckpointTensors (common/, no LibTorch) is what `llmctl submit` checks a model directory's
+// headers against: it must be exactly the model's parameters, by name and shape, in every variant.
+TEST(WeightsTest, ParametersAreTheCheckpointTensors) {
+  std::vector<ModelConfig> configs;
+  for (const char* name : {"tiny-llama", "tiny-qwen2", "tiny-llama3"}) {
+    auto config = LoadHfConfig(ModelDir(name));
+    ASSERT_TRUE(config.ok()) << name;
+    configs.push_back(*config);
+  }
+  ModelConfig every_bias = configs.front();
+  every_bias.tie_word_embeddings = false;
+  every_bias.attention_qkv_bias = every_bias.attention_output_bias = every_bias.mlp_bias = true;
+  configs.push_back(every_bias);
+  for (const ModelConfig& config : configs) {
+    LlamaForCausalLM model(config, std::nullopt);
+    std::map<std::string, std::vector<int64_t>> parameters;
+    for (const auto& item : model->named_parameters()) {
+      // A tied head is the embedding itself, not a tensor of its own.
+      if (config.tie_word_embeddings && item.key() == "lm_head.weight") continue;
+      parameters[item.key()] = item.value().sizes().vec();
+    }
+    std::map<std::string, std::vector<int64_t>> listed;
+    for (const CheckpointTensor& tensor : CheckpointTensors(config)) listed[tensor.name] = tensor.shape;
+    EXPECT_EQ(parameters, listed);
+    EXPECT_EQ(static_cast<int64_t>(listed.size()), CheckpointTensorCount(config));
   }
 }
 

@@ -12,6 +12,7 @@
 #include "common/atomic_file.h"
 #include "common/files.h"
 #include "common/model_config.h"
+#include "trainer/inputs/trial_inputs.h"
 #include "trainer/model/weights.h"
 #include "trainer/safetensors/safetensors.h"
 #include "trainer/train/checkpoints.h"
@@ -24,10 +25,6 @@ using nlohmann::json;
 // PEFT's prefix for a causal LM's tensors: PeftModel.base_model (LoraModel) .model (the
 // transformers model).
 constexpr std::string_view kPeftPrefix = "base_model.model.";
-constexpr const char* kAdapterConfigFile = "adapter_config.json";
-constexpr const char* kAdapterWeightsFile = "adapter_model.safetensors";
-// adapter_config.json is a few KB; anything near this is not one.
-constexpr size_t kMaxAdapterConfigBytes = 1 << 20;
 
 std::string_view LastSegment(std::string_view name) {
   const size_t dot = name.rfind('.');

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <utility>
 
+#include "common/files.h"
 #include "trainer/tokenizer/bpe.h"
 #include "trainer/tokenizer/json_util.h"
 #include "trainer/tokenizer/pipeline.h"
@@ -254,13 +254,10 @@ StatusOr<std::unique_ptr<TokenizerState>> ParseTokenizer(std::string_view text,
   return state;
 }
 
+// A regular file only (common/files.h): a device or FIFO given as a tokenizer is refused at once.
+// The largest published tokenizer.json files are ~20 MB; the limit makes a wrong file fail fast.
 StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError(path.string() + ": cannot open");
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) return DataLossError(path.string() + ": read failed");
-  return std::move(contents).str();
+  return ReadFileToString(path.string(), 256 << 20);
 }
 
 // tokenizer_config.json's bos_token/eos_token/pad_token: a string, an AddedToken object or null.

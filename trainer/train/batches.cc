@@ -9,6 +9,7 @@
 #include "trainer/data/file_util.h"
 #include "trainer/data/text_encoder.h"
 #include "trainer/data/token_file.h"
+#include "trainer/inputs/trial_inputs.h"
 #include "trainer/tokenizer/tokenizer.h"
 
 namespace llmctl::trainer {
@@ -34,23 +35,8 @@ class TokenizerEncoder final : public data::TextEncoder {
   std::string fingerprint_;
 };
 
-StatusOr<std::string> TokenizerPath(const TrialConfig& config) {
-  std::string path = config.GetString("tokenizer");
-  if (path.empty()) {
-    const std::string model = config.GetString("model");
-    if (!fs::is_directory(model)) {
-      return InvalidArgumentError("tokenizer: model '" + model +
-                                  "' is a preset without files; set tokenizer to a tokenizer.json "
-                                  "(experiments/tokenizers/demo/tokenizer.json is the demo's)");
-    }
-    path = model;
-  }
-  if (fs::is_directory(path)) path = (fs::path(path) / "tokenizer.json").string();
-  return path;
-}
-
 StatusOr<std::unique_ptr<TokenizerEncoder>> LoadEncoder(const TrialConfig& config) {
-  ASSIGN_OR_RETURN(std::string path, TokenizerPath(config));
+  ASSIGN_OR_RETURN(std::string path, TrialTokenizerPath(config));
   ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(path));
   ASSIGN_OR_RETURN(uint64_t hash, data::Fnv1a64File(path));
   std::ostringstream fingerprint;
@@ -122,16 +108,11 @@ class TokenFileBatches final : public BatchSource {
 
 }  // namespace
 
-StatusOr<std::string> PrepareTokens(const TrialConfig& config, const ModelConfig& model) {
+StatusOr<std::string> PrepareTokens(const TrialConfig& config) {
   const std::string data_path = config.GetString("data.path");
   if (data_path.empty()) return InvalidArgumentError("data.path: no dataset given");
+  // TrialInputsChecker has compared the tokenizer's vocabulary with the model's.
   ASSIGN_OR_RETURN(auto encoder, LoadEncoder(config));
-  if (encoder->tokenizer().vocab_size() > model.vocab_size) {
-    return InvalidArgumentError("tokenizer " + encoder->tokenizer().source() + " has " +
-                                std::to_string(encoder->tokenizer().vocab_size()) +
-                                " tokens, more than the model's vocab_size " +
-                                std::to_string(model.vocab_size));
-  }
   ASSIGN_OR_RETURN(data::PrepareOptions options, PrepareOptionsFor(config));
   ASSIGN_OR_RETURN(std::string fingerprint, data::ExpectedFingerprint(data_path, *encoder, options));
   const fs::path dir = TokenCacheDir();
@@ -153,7 +134,7 @@ StatusOr<std::string> PrepareTokens(const TrialConfig& config, const ModelConfig
 }
 
 StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config, const ModelConfig& model) {
-  ASSIGN_OR_RETURN(std::string path, PrepareTokens(config, model));
+  ASSIGN_OR_RETURN(std::string path, PrepareTokens(config));
   ASSIGN_OR_RETURN(std::unique_ptr<data::TokenFile> file, data::TokenFile::Open(path));
   if (file->max_token_id() >= model.vocab_size) {
     return InvalidArgumentError(path + ": token id " + std::to_string(file->max_token_id()) +

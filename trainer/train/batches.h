@@ -34,8 +34,8 @@ class BatchSource {
 };
 
 // Tokenizes the trial's dataset into the token cache if needed (what `llm-train --prepare` does) and
-// returns the token file's path.
-StatusOr<std::string> PrepareTokens(const TrialConfig& config, const ModelConfig& model);
+// returns the token file's path. The trial's inputs are checked first (TrialInputsChecker).
+StatusOr<std::string> PrepareTokens(const TrialConfig& config);
 
 // Opens the prepared token file for training, shuffled with the trial's seed.
 StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config, const ModelConfig& model);

@@ -15,6 +15,8 @@
 
 #include "common/byte_size.h"
 #include "common/model_config.h"
+#include "common/text.h"
+#include "trainer/inputs/trial_inputs.h"
 #include "trainer/memory/accounting.h"
 #include "trainer/model/llama.h"
 #include "trainer/model/loss.h"
@@ -200,6 +202,9 @@ class TrialRun {
 
 Status TrialRun::Setup() {
   ASSIGN_OR_RETURN(model_config_, ResolveModel(config_.GetString("model")));
+  // Every input file, before anything loads: what `llmctl submit` checked on the user's machine,
+  // checked again where the trial runs.
+  RETURN_IF_ERROR(TrialInputsChecker().Check(config_, &model_config_).status());
   ASSIGN_OR_RETURN(precision_, Precision::FromName(config_.GetString("precision")));
   device_ = config_.GetString("device") == "cuda" ? torch::Device(torch::kCUDA, 0)
                                                   : torch::Device(torch::kCPU);
@@ -426,7 +431,7 @@ bool TrialRun::TrainStep(int64_t step) {
 TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
   TrialResult result;
   result.outcome = outcome;
-  result.error = std::move(error);
+  result.error = NameInputs(std::move(error), options_.input_names);
   result.train_seconds = train_seconds_;
   result.tokens_per_second =
       train_seconds_ > 0 ? static_cast<double>(tokens_seen_) / train_seconds_ : 0.0;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -55,6 +56,10 @@ struct RunOptions {
   // checkpoint that does not fit is not started); statvfs when unset. Tests give a full disk.
   std::function<StatusOr<uint64_t>(const std::string& path)> free_disk_bytes;
   std::string resume_from;             // a checkpoint directory written by an earlier run
+  // Paths as messages should name them: a path in the config → the name the user knows it by. The
+  // agent runs trials on copies of the user's inputs in its cache; errors name the path the user
+  // wrote in the experiment file instead of the cache's.
+  std::map<std::string, std::string> input_names;
 };
 
 // Runs the trial in this process and reports how it ended. Never throws.

@@ -1,0 +1,236 @@
+#include "trainer/inputs/trial_inputs.h"
+
+#include <filesystem>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "common/experiment.h"
+#include "common/files.h"
+#include "trainer/data/dataset.h"
+#include "trainer/tokenizer/tokenizer.h"
+
+namespace llmctl {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+bool IsFloating(safetensors::DType dtype) {
+  return dtype == safetensors::DType::kF32 || dtype == safetensors::DType::kF16 ||
+         dtype == safetensors::DType::kBF16 || dtype == safetensors::DType::kF64;
+}
+
+// A directory input: it must exist and be a directory; anything else is named for what it is.
+Status CheckDirectory(const std::string& dir) {
+  std::error_code error;
+  const fs::file_status status = fs::status(dir, error);
+  if (error || !fs::exists(status)) return NotFoundError(dir + ": no such directory");
+  if (!fs::is_directory(status)) return InvalidArgumentError(dir + " is not a directory");
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::string> TrialTokenizerPath(const TrialConfig& config) {
+  std::string path = config.GetString("tokenizer");
+  if (path.empty()) {
+    const std::string model = config.GetString("model");
+    std::error_code error;
+    if (!fs::is_directory(model, error)) {
+      return InvalidArgumentError("tokenizer: model '" + model +
+                                  "' is a preset without files; set tokenizer to a tokenizer.json "
+                                  "(experiments/tokenizers/demo/tokenizer.json is the demo's)");
+    }
+    path = model;
+  }
+  std::error_code error;
+  if (fs::is_directory(path, error)) path = (fs::path(path) / "tokenizer.json").string();
+  return path;
+}
+
+Status CheckCheckpointTensors(const safetensors::ShardedCheckpoint& checkpoint,
+                              const ModelConfig& model, const std::string& source) {
+  // transformers ignores these on load: a tied head saved anyway, and rotary tables it recomputes.
+  const auto tolerated = [&](const std::string& name) {
+    return (name == "lm_head.weight" && model.tie_word_embeddings) ||
+           name.ends_with("rotary_emb.inv_freq");
+  };
+  size_t tolerated_present = 0;
+  for (const std::string& name : checkpoint.names()) tolerated_present += tolerated(name) ? 1 : 0;
+  const int64_t expected = CheckpointTensorCount(model);
+  const auto present = static_cast<int64_t>(checkpoint.names().size() - tolerated_present);
+  // Counted first, so that a config.json claiming a billion layers is not listed out.
+  if (present < expected) {
+    // Name the first missing tensor: more use than a count. Only listed when the count is sane.
+    if (expected <= present + 100000) {
+      for (const CheckpointTensor& tensor : CheckpointTensors(model)) {
+        if (checkpoint.Find(tensor.name) == nullptr) {
+          return DataLossError(source + ": tensor '" + tensor.name +
+                               "' is missing (is config.json the one that belongs to these "
+                               "weights?)");
+        }
+      }
+    }
+    return DataLossError(source + ": the checkpoint has " + std::to_string(present) +
+                         " tensors, config.json describes " + std::to_string(expected));
+  }
+  std::set<std::string, std::less<>> used;
+  for (const CheckpointTensor& tensor : CheckpointTensors(model)) {
+    const safetensors::TensorView* view = checkpoint.Find(tensor.name);
+    if (view == nullptr) {
+      return DataLossError(source + ": tensor '" + tensor.name +
+                           "' is missing (is config.json the one that belongs to these weights?)");
+    }
+    if (view->shape != tensor.shape) {
+      return DataLossError(source + ": tensor '" + tensor.name + "' has shape " +
+                           ShapeText(view->shape) + ", expected " + ShapeText(tensor.shape));
+    }
+    if (!IsFloating(view->dtype)) {
+      return DataLossError(source + ": tensor '" + tensor.name + "' has dtype " +
+                           std::string(safetensors::DTypeName(view->dtype)) +
+                           ", expected a floating-point type");
+    }
+    used.insert(tensor.name);
+  }
+  for (const std::string& name : checkpoint.names()) {
+    if (used.contains(name) || tolerated(name)) continue;
+    return DataLossError(source + ": unexpected tensor '" + name +
+                         "' (is config.json the one that belongs to these weights?)");
+  }
+  return Status::Ok();
+}
+
+StatusOr<TrialInputsSummary> TrialInputsChecker::Check(const TrialConfig& config,
+                                                       const ModelConfig* model) {
+  TrialInputsSummary summary;
+  const std::string data_path = config.GetString("data.path");
+  if (!IsNodePath(data_path)) {
+    StatusOr<int64_t> records = CheckData(config);
+    if (!records.ok()) return records.status().WithContext("data.path");
+    summary.records = *records;
+  }
+
+  const std::string model_name = config.GetString("model");
+  const std::string tokenizer = config.GetString("tokenizer");
+  // A tokenizer that comes from a model only the node has is the node's to read.
+  const bool tokenizer_here =
+      !IsNodePath(tokenizer) && !(tokenizer.empty() && (IsNodePath(model_name) ||
+                                                        IsHubModelRef(model_name)));
+  if (tokenizer_here) {
+    StatusOr<std::string> path = TrialTokenizerPath(config);
+    if (!path.ok()) return path.status();
+    StatusOr<int64_t> vocab = CheckTokenizer(*path);
+    if (!vocab.ok()) return vocab.status().WithContext("tokenizer");
+    if (model != nullptr && *vocab > model->vocab_size) {
+      return InvalidArgumentError("tokenizer: " + *path + " has " + std::to_string(*vocab) +
+                                  " tokens, more than the model's vocab_size " +
+                                  std::to_string(model->vocab_size));
+    }
+    summary.tokenizer_path = *path;
+    summary.tokenizer_vocab = *vocab;
+  }
+
+  const bool model_dir_here = FindPreset(model_name) == nullptr && !IsHubModelRef(model_name) &&
+                              !IsNodePath(model_name);
+  if (model_dir_here && model != nullptr && config.GetString("init") == "pretrained") {
+    StatusOr<int64_t> tensors = CheckCheckpoint(model_name, *model);
+    if (!tensors.ok()) return tensors.status().WithContext("model");
+    summary.checkpoint_tensors = *tensors;
+  }
+
+  const std::string adapter = config.GetString("peft.adapter");
+  if (!adapter.empty() && !IsNodePath(adapter)) {
+    if (Status status = CheckAdapter(adapter); !status.ok()) {
+      return status.WithContext("peft.adapter");
+    }
+  }
+  return summary;
+}
+
+StatusOr<int64_t> TrialInputsChecker::CheckData(const TrialConfig& config) {
+  const std::string path = config.GetString("data.path");
+  if (path.empty()) return InvalidArgumentError("no dataset given");
+  ASSIGN_OR_RETURN(const data::DatasetFormat format,
+                   data::ParseDatasetFormat(config.GetString("data.format")));
+  ASSIGN_OR_RETURN(const data::PromptTemplate prompt_template,
+                   data::ParsePromptTemplate(config.GetString("data.template")));
+  const int64_t samples = config.GetInt("data.samples");
+  const std::string key = "data\n" + path + "\n" + config.GetString("data.format") + "\n" +
+                          config.GetString("data.template") + "\n" + std::to_string(samples);
+  auto [it, inserted] = done_.try_emplace(key, int64_t{0});
+  if (inserted) {
+    it->second = [&]() -> StatusOr<int64_t> {
+      ASSIGN_OR_RETURN(std::vector<data::Record> records, data::LoadJsonl(path, format));
+      if (samples > 0 && static_cast<size_t>(samples) < records.size()) records.resize(samples);
+      // Rendered as training will: a template that does not fit the records fails here.
+      for (const data::Record& record : records) {
+        StatusOr<data::PromptAndResponse> rendered =
+            data::RenderExample(record, format, prompt_template);
+        if (!rendered.ok()) {
+          return rendered.status().WithContext(path + ":" + std::to_string(record.line));
+        }
+      }
+      return static_cast<int64_t>(records.size());
+    }();
+  }
+  ASSIGN_OR_RETURN(const int64_t records, it->second);
+  const int64_t micro_batch = config.GetInt("train.micro_batch_size");
+  if (records < micro_batch) {
+    return InvalidArgumentError(path + " has " + std::to_string(records) +
+                                " records, fewer than one micro-batch of " +
+                                std::to_string(micro_batch));
+  }
+  return records;
+}
+
+StatusOr<int64_t> TrialInputsChecker::CheckTokenizer(const std::string& path) {
+  auto [it, inserted] = done_.try_emplace("tokenizer\n" + path, int64_t{0});
+  if (inserted) {
+    StatusOr<Tokenizer> tokenizer = Tokenizer::Load(path);
+    it->second = tokenizer.ok() ? StatusOr<int64_t>(tokenizer->vocab_size())
+                                : StatusOr<int64_t>(tokenizer.status());
+  }
+  return it->second;
+}
+
+StatusOr<int64_t> TrialInputsChecker::CheckCheckpoint(const std::string& dir,
+                                                      const ModelConfig& model) {
+  auto [it, inserted] = done_.try_emplace("model\n" + dir, int64_t{0});
+  if (inserted) {
+    it->second = [&]() -> StatusOr<int64_t> {
+      RETURN_IF_ERROR(CheckDirectory(dir));
+      // Maps the files and validates their headers; no weight is read.
+      ASSIGN_OR_RETURN(auto checkpoint, safetensors::ShardedCheckpoint::Open(dir));
+      RETURN_IF_ERROR(CheckCheckpointTensors(*checkpoint, model, dir));
+      return static_cast<int64_t>(checkpoint->names().size());
+    }();
+  }
+  return it->second;
+}
+
+Status TrialInputsChecker::CheckAdapter(const std::string& dir) {
+  auto [it, inserted] = done_.try_emplace("adapter\n" + dir, int64_t{0});
+  if (inserted) {
+    it->second = [&]() -> StatusOr<int64_t> {
+      RETURN_IF_ERROR(CheckDirectory(dir));
+      const std::string config_path = dir + "/" + kAdapterConfigFile;
+      ASSIGN_OR_RETURN(const std::string text, ReadFileToString(config_path, kMaxAdapterConfigBytes));
+      const nlohmann::json parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded() || !parsed.is_object()) {
+        return DataLossError(config_path + ": not a JSON object");
+      }
+      ASSIGN_OR_RETURN(auto weights,
+                       safetensors::SafetensorsFile::Open(dir + "/" + kAdapterWeightsFile));
+      return static_cast<int64_t>(weights->tensors().size());
+    }();
+  }
+  return it->second.status();
+}
+
+}  // namespace llmctl
