@@ -807,8 +807,10 @@ int64_t StoreLabExperiment(Store& store) {
 
   const int64_t ok = trials[0].id;
   EXPECT_EQ(*store.StartAttempt(ok, "lost-node", kNow), 1);
-  EXPECT_TRUE(store.AppendEvents(ok, 1, std::vector<Event>{MakeEvent(
-                                             1, FullSnapshot(0, 0, "phase1_after_fwd", 99'999, 99'999))})
+  EXPECT_TRUE(store
+                  .AppendEvents(ok, 1,
+                                std::vector<Event>{MakeEvent(
+                                    1, FullSnapshot(0, 0, "phase1_after_fwd", 99'999, 99'999))})
                   .ok());
   EXPECT_TRUE(store.MarkAttemptLost(ok, 1, kNow).ok());
   EXPECT_EQ(*store.StartAttempt(ok, "cpu-1", kNow), 2);
@@ -852,22 +854,22 @@ int64_t StoreLabExperiment(Store& store) {
 
   const int64_t oom = trials[1].id;
   EXPECT_EQ(*store.StartAttempt(oom, "cpu-1", kNow), 1);
-  EXPECT_TRUE(store
-                  .AppendEvents(oom, 1,
-                                std::vector<Event>{
-                                    MakeEvent(1, {{"type", "start"}, {"load_peak_bytes", 6000}}),
-                                    MakeEvent(2, FullSnapshot(0, 0, "phase0_before_fwd", 40'000,
-                                                              40'000)),
-                                    MakeEvent(3, FullSnapshot(0, -1, "oom", 60'000, 61'000)),
-                                    MakeEvent(4, {{"type", "result"},
-                                                  {"outcome", "oom"},
-                                                  {"train_seconds", 0.0},
-                                                  {"tokens_per_second", 0.0},
-                                                  {"peak_bytes", 61'000},
-                                                  {"final_loss", nullptr},
-                                                  {"error", "out of memory: 2 MiB more"}}),
-                                })
-                  .ok());
+  EXPECT_TRUE(
+      store
+          .AppendEvents(oom, 1,
+                        std::vector<Event>{
+                            MakeEvent(1, {{"type", "start"}, {"load_peak_bytes", 6000}}),
+                            MakeEvent(2, FullSnapshot(0, 0, "phase0_before_fwd", 40'000, 40'000)),
+                            MakeEvent(3, FullSnapshot(0, -1, "oom", 60'000, 61'000)),
+                            MakeEvent(4, {{"type", "result"},
+                                          {"outcome", "oom"},
+                                          {"train_seconds", 0.0},
+                                          {"tokens_per_second", 0.0},
+                                          {"peak_bytes", 61'000},
+                                          {"final_loss", nullptr},
+                                          {"error", "out of memory: 2 MiB more"}}),
+                        })
+          .ok());
   EXPECT_TRUE(store.FinishAttempt(oom, 1, TrialState::kOom, 3, "", kNow).ok());
 
   const int64_t failed = trials[2].id;
@@ -956,9 +958,9 @@ TEST_F(StoreTest, TrialResultsViewHoldsTheReportsFigures) {
     EXPECT_EQ(row["final_loss"], Cell(trial.final_loss));
     EXPECT_EQ(row["at_peak_step"], SnapshotCell(trial.peak_snapshot, "step"));
     EXPECT_EQ(row["at_peak_phase"], SnapshotCell(trial.peak_snapshot, "phase"));
-    for (const char* category : {"params_bytes", "grads_bytes", "optim_device_bytes",
-                                 "optim_host_bytes", "other_bytes", "allocated_bytes",
-                                 "reserved_bytes"}) {
+    for (const char* category :
+         {"params_bytes", "grads_bytes", "optim_device_bytes", "optim_host_bytes", "other_bytes",
+          "allocated_bytes", "reserved_bytes"}) {
       EXPECT_EQ(row[category], SnapshotCell(trial.peak_snapshot, category)) << category;
     }
   }
@@ -981,9 +983,11 @@ TEST_F(StoreTest, TrialResultsViewHoldsTheReportsFigures) {
   EXPECT_EQ(rows[3]["attempt"], nullptr);
 
   // Per phase: the report's per-phase rows, in the step anatomy's order.
-  const std::vector<json> phases = QueryRows(
-      path_, "SELECT trial, phase, step, allocated_bytes FROM trial_phase_peaks WHERE "
-             "experiment_id = " + std::to_string(experiment));
+  const std::vector<json> phases =
+      QueryRows(path_,
+                "SELECT trial, phase, step, allocated_bytes FROM trial_phase_peaks WHERE "
+                "experiment_id = " +
+                    std::to_string(experiment));
   std::vector<json> expected;
   for (const TrialReport& trial : report->trials) {
     for (const auto& [phase, snapshot] : trial.phase_peaks) {
@@ -1000,16 +1004,30 @@ TEST_F(StoreTest, TrialResultsViewHoldsTheReportsFigures) {
   EXPECT_EQ(phases[5]["phase"], "oom");
 
   // Steps: the final attempts' step events.
-  const std::vector<json> steps = QueryRows(
-      path_, "SELECT trial, attempt, step, loss, tokens, seconds FROM trial_steps WHERE "
-             "experiment_id = " + std::to_string(experiment));
+  const std::vector<json> steps =
+      QueryRows(path_,
+                "SELECT trial, attempt, step, loss, tokens, seconds FROM trial_steps WHERE "
+                "experiment_id = " +
+                    std::to_string(experiment));
   EXPECT_EQ(steps, (std::vector<json>{
-                       {{"trial", "ok-run"}, {"attempt", 2}, {"step", 0}, {"loss", 10.5},
-                        {"tokens", 128}, {"seconds", 0.25}},
-                       {{"trial", "ok-run"}, {"attempt", 2}, {"step", 1}, {"loss", 9.75},
-                        {"tokens", 120}, {"seconds", 0.5}},
-                       {{"trial", "failed-run"}, {"attempt", 1}, {"step", 0}, {"loss", 3.5},
-                        {"tokens", nullptr}, {"seconds", nullptr}},
+                       {{"trial", "ok-run"},
+                        {"attempt", 2},
+                        {"step", 0},
+                        {"loss", 10.5},
+                        {"tokens", 128},
+                        {"seconds", 0.25}},
+                       {{"trial", "ok-run"},
+                        {"attempt", 2},
+                        {"step", 1},
+                        {"loss", 9.75},
+                        {"tokens", 120},
+                        {"seconds", 0.5}},
+                       {{"trial", "failed-run"},
+                        {"attempt", 1},
+                        {"step", 0},
+                        {"loss", 3.5},
+                        {"tokens", nullptr},
+                        {"seconds", nullptr}},
                    }));
 }
 
