@@ -121,6 +121,39 @@ TEST(LlmTrainTest, EmptyDatasetIsAnError) {
   EXPECT_NE(run.output.find("empty.jsonl"), std::string::npos) << run.output;
 }
 
+// The agent runs trials on copies of the user's files in its cache; --input-name makes messages,
+// on stderr and in the result event, name the path the user wrote instead.
+TEST(LlmTrainTest, InputNamesReplaceCachePathsInMessages) {
+  const fs::path cache = fs::path(testing::FreshTempDir("agent-cache")) / "trees" / "b498df";
+  fs::create_directories(cache);
+  WriteFile(cache / "bad_lines.jsonl", "{\"instruction\": \"a\", \"output\": \"b\"}\n{oops\n");
+  const fs::path events = cache.parent_path() / "events.jsonl";
+  CommandResult run = RunLlmTrain("--config " + Demo() + " --set data.path=" +
+                                  (cache / "bad_lines.jsonl").string() + " --input-name " +
+                                  (cache / "bad_lines.jsonl").string() +
+                                  "=data/bad_lines.jsonl --events " + events.string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("data/bad_lines.jsonl:2: invalid JSON"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(run.output.find(cache.string()), std::string::npos) << run.output;
+  std::ifstream in(events);
+  std::string line, result;
+  while (std::getline(in, line)) {
+    if (line.find("\"type\":\"result\"") != std::string::npos) result = line;
+  }
+  EXPECT_NE(result.find("data/bad_lines.jsonl:2: invalid JSON"), std::string::npos) << result;
+  EXPECT_EQ(result.find(cache.string()), std::string::npos) << result;
+}
+
+// A device, FIFO or directory is refused at once instead of read until killed.
+TEST(LlmTrainTest, NonRegularDataFilesAreRefusedAtOnce) {
+  for (const char* path : {"/dev/zero", "/dev/urandom", "/tmp"}) {
+    CommandResult run = RunLlmTrain("--config " + Demo() + " --set data.path=" + path);
+    EXPECT_EQ(run.exit_code, 2) << run.output;
+    EXPECT_NE(run.output.find("not a regular file"), std::string::npos) << run.output;
+  }
+}
+
 TEST(LlmTrainTest, UnreadableTokenizerIsAnError) {
   const fs::path dir = testing::FreshTempDir("bad-tokenizer");
   WriteFile(dir / "tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": ");
