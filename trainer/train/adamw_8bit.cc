@@ -55,13 +55,14 @@ void StoreBlock(const float* values, int64_t b, int64_t len, const EightBitBuffe
 }
 
 // The 8-bit update of a CPU parameter in one pass, in parallel over state blocks, allocating
-// nothing: per block, the old moments are dequantised, updated with the ATen path's fp32 arithmetic
-// in its order, buffered on the stack (the new absmax is needed before the codes) and requantised.
-// ATen's CPU kernels fuse the scaled term into the sum in add(alpha) and addcmul, so std::fma is
-// used exactly there; the file is built with -ffp-contract=off so the compiler fuses nothing else.
-// m and v, hence the codes and absmax, are bit-identical to the ATen path's; std::sqrt is correctly
-// rounded where ATen's CPU sqrt (MKL) is at times 1 ulp off, so a parameter may differ by a
-// rounding step.
+// nothing: per block, the old moments are dequantised, updated in fp32 in the order adamw_8bit.h
+// documents, buffered on the stack (the new absmax is needed before the codes) and requantised.
+// std::fma stands where ATen's AVX2 and AVX-512 kernels fuse the scaled term into the sum
+// (add(alpha), addcmul); the file is built with -ffp-contract=off so the compiler fuses nothing
+// else. Every operation is a correctly rounded IEEE-754 one and blocks are independent, so given
+// the same fp32 scalars (from the C library's pow) the results are the same bits on every CPU and
+// thread count. The ATen path's are not (its kernels differ by CPU, and its sqrt is not correctly
+// rounded, up to 0.75 ulp off): the two agree within the bounds adamw_8bit_test.cc derives.
 template <typename T>
 void UpdateBlocksCpu(T* p, const T* g, int64_t n, const EightBitBuffers& m,
                      const EightBitBuffers& v, const UpdateScalars& s) {
@@ -240,8 +241,8 @@ class AdamW8bit final : public Optimizer {
     const torch::Tensor m_old = s.eight_bit ? DequantizeBlockwise8bit(s.m, signed_map_) : s.exp_avg;
     const torch::Tensor v_old =
         s.eight_bit ? DequantizeBlockwise8bit(s.v, unsigned_map_) : s.exp_avg_sq;
-    // The same fp32 ATen ops as bitsandbytes' CPU update, so the requantised codes match it bit for
-    // bit.
+    // The same fp32 ATen ops as bitsandbytes' CPU update, so on a CPU that gets the same ATen
+    // kernels the requantised codes match it bit for bit.
     torch::Tensor m =
         torch::where(finite, m_old.mul(options_.beta1).add_(g, 1.0 - options_.beta1), m_old);
     torch::Tensor v =

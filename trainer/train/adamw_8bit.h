@@ -19,10 +19,12 @@ inline constexpr int64_t kAdamW8bitBlocksize = 256;
 inline constexpr int64_t kAdamW8bitMinSize = 4096;
 
 // How Step() updates 8-bit state. kDefault: for CPU parameters, one fused pass per tensor with no
-// temporaries the size of the parameter; device-generic ATen ops for any other. kAten: the ATen ops
-// everywhere, the reference the fused CPU kernel is tested against: the same state bits, parameters
-// within a rounding step (its sqrt is correctly rounded, ATen's CPU sqrt is MKL's, 1 ulp off at
-// times).
+// temporaries the size of the parameter, whose bits are the same on every CPU and thread count;
+// device-generic ATen ops for any other. kAten: the ATen ops everywhere (what CUDA runs). Their
+// rounding depends on the kernels ATen picks for the CPU (whether add(alpha) and addcmul fuse their
+// product, the order of addcmul's and addcdiv's products, a sqrt not correctly rounded), so on
+// CPU the two agree within a few fp32 rounding steps, and the codes within the neighbours those
+// steps reach; the bounds are derived in adamw_8bit_test.cc.
 enum class AdamW8bitImpl { kDefault, kAten };
 
 // Per parameter of n elements, the state is:
@@ -37,7 +39,12 @@ enum class AdamW8bitImpl { kDefault, kAten };
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   p += (-lr c2 / c1) m / (sqrt(v) + c2 eps);  then p *= 1 - lr wd  (decay after the step)
 // and m, v are requantised blockwise to the nearest code. Elements whose gradient is not finite
-// keep their parameter and moments unchanged, as the kernel skips them.
+// keep their parameter and moments unchanged, as the kernel skips them. The fused CPU path
+// evaluates it in fp32 exactly in this order, every operation correctly rounded:
+//   m = fma(g, 1 - beta1, m_old beta1);  v = fma((1 - beta2) g, g, v_old beta2)
+//   p = (p + (step_size m) / (sqrt(v) + eps')) decay
+// with beta1, 1 - beta1, beta2, 1 - beta2, step_size = -lr c2 / c1, eps' = c2 eps and decay = 1 -
+// lr wd (1 without decay) each rounded from double to fp32, and p rounded to its dtype at the end.
 std::unique_ptr<Optimizer> MakeAdamW8bit(const OptimizerOptions& options,
                                          std::vector<torch::Tensor> params,
                                          AdamW8bitImpl impl = AdamW8bitImpl::kDefault);
