@@ -58,6 +58,10 @@ struct RunRequest {
   // Trial key -> a path already on this node that replaces its value (a prepared hub model).
   std::map<std::string, std::string> local_paths;
   std::vector<int> device_indices;
+  // Continue from this checkpoint directory, which `resume_run` (a run on this node) wrote or
+  // resumed from, instead of starting at step 0 (llm-train --resume). Empty: from step 0.
+  std::string resume_checkpoint;
+  RunKey resume_run;
 };
 
 // The longest grace a checkpointing cancel can give: it travels in milliseconds as a signal's int.
@@ -87,7 +91,8 @@ class RunManager {
   RunManager& operator=(const RunManager&) = delete;
 
   // Starts the run, or returns the state of the run with that key if there is one. InvalidArgument
-  // for a bad key, config or inputs; FailedPrecondition when an input tree's blobs are missing.
+  // for a bad key, config or inputs; FailedPrecondition when an input tree's blobs are missing, or
+  // when the run to resume from is not on this node or its checkpoint is gone.
   StatusOr<RunState> Start(const RunRequest& request);
   // NotFound for an unknown key.
   StatusOr<RunState> Get(const RunKey& key);

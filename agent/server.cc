@@ -190,6 +190,13 @@ class AgentService final : public pb::Agent::Service {
       plain.local_paths["model"] = *dir;
     }
     plain.device_indices.assign(request->device_indices().begin(), request->device_indices().end());
+    if (request->has_resume_from()) {
+      if (request->resume_from().checkpoint().empty()) {
+        return rpc::ToGrpcStatus(InvalidArgumentError("resume_from: no checkpoint named"));
+      }
+      plain.resume_run = FromProto(request->resume_from().run());
+      plain.resume_checkpoint = request->resume_from().checkpoint();
+    }
     auto state = runs_->Start(plain);
     if (!state.ok()) return rpc::ToGrpcStatus(state.status());
     ToProto(*state, response);

@@ -282,8 +282,25 @@ grpc::Status ControllerService::Cancel(grpc::ServerContext*, const v1::CancelReq
                                        v1::CancelResponse* response) {
   return Guard("Cancel", [&]() -> Status {
     ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
-    ASSIGN_OR_RETURN(std::vector<std::string> cancelled, dispatcher_.Cancel(id, request->trial()));
+    ASSIGN_OR_RETURN(std::vector<std::string> cancelled,
+                     dispatcher_.Cancel(id, request->trial(), request->checkpoint()));
     for (std::string& name : cancelled) response->add_cancelled(std::move(name));
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::Resume(grpc::ServerContext*, const v1::ResumeRequest* request,
+                                       v1::ResumeResponse* response) {
+  return Guard("Resume", [&]() -> Status {
+    ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
+    if (request->trial().empty()) return InvalidArgumentError("resume: which trial?");
+    ASSIGN_OR_RETURN(store::TrialResume resume, dispatcher_.Resume(id, request->trial()));
+    response->set_experiment_id(id);
+    response->set_trial(request->trial());
+    response->set_resumes_attempt(static_cast<int32_t>(resume.attempt));
+    response->set_first_step(resume.step);
+    response->set_node(resume.node);
+    response->set_checkpoint(resume.checkpoint);
     return Status::Ok();
   });
 }
@@ -295,8 +312,11 @@ grpc::Status ControllerService::Report(grpc::ServerContext*,
     ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
     ASSIGN_OR_RETURN(store::ExperimentReport report, store_.Report(id));
     ASSIGN_OR_RETURN(std::vector<store::TrialRecord> records, store_.ListTrials(id));
+    ASSIGN_OR_RETURN(std::vector<store::TrialStep> steps, store_.RunSteps(id));
     std::map<int64_t, const store::TrialRecord*> by_id;
     for (const store::TrialRecord& record : records) by_id[record.id] = &record;
+    std::map<int64_t, std::vector<const store::TrialStep*>> steps_by_trial;
+    for (const store::TrialStep& step : steps) steps_by_trial[step.trial_id].push_back(&step);
     response->set_experiment_id(id);
     response->set_name(report.experiment.name);
     for (const store::TrialReport& trial : report.trials) {
@@ -320,6 +340,17 @@ grpc::Status ControllerService::Report(grpc::ServerContext*,
         *row->add_per_phase() = ToSnapshot(snapshot);
       }
       row->set_load_peak_bytes(trial.load_peak_bytes.value_or(0));
+      for (int64_t attempt : trial.run_attempts) {
+        row->add_run_attempts(static_cast<int32_t>(attempt));
+      }
+      for (const store::TrialStep* step : steps_by_trial[trial.trial_id]) {
+        v1::TrialStep* proto = row->add_steps();
+        proto->set_attempt(static_cast<int32_t>(step->attempt));
+        proto->set_step(step->step);
+        proto->set_loss(step->loss.value_or(0));
+        proto->set_tokens(step->tokens.value_or(0));
+        proto->set_seconds(step->seconds.value_or(0));
+      }
     }
     return Status::Ok();
   });

@@ -37,6 +37,8 @@ class ControllerService final : public v1::Controller::Service {
                      grpc::ServerWriter<v1::ExperimentStatus>* writer) override;
   grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
                       v1::CancelResponse* response) override;
+  grpc::Status Resume(grpc::ServerContext* context, const v1::ResumeRequest* request,
+                      v1::ResumeResponse* response) override;
   grpc::Status Report(grpc::ServerContext* context, const v1::GetExperimentRequest* request,
                       v1::ReportResponse* response) override;
   grpc::Status FetchArtifacts(grpc::ServerContext* context,

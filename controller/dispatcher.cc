@@ -115,7 +115,7 @@ bool IsPermanentPrepareFailure(grpc::StatusCode code) {
   }
 }
 
-// What a run stopped before its lease ends kept, from the worker's `result` event (empty when none
+// What a run stopped with a checkpoint kept, from the worker's `result` event (empty when none
 // came): the checkpoint of its last complete step (written, or the one it resumed from), or why
 // there is none.
 std::string DescribeStopCheckpoint(const std::string& result_json, int64_t experiment_id,
@@ -130,10 +130,11 @@ std::string DescribeStopCheckpoint(const std::string& result_json, int64_t exper
       checkpoint->value("step", nlohmann::json()).is_number_integer() &&
       checkpoint->value("path", nlohmann::json()).is_string()) {
     // The event counts steps from 0; "after step N" and the directory step-N count completed ones.
+    const std::string trial = std::to_string(experiment_id) + " '" + trial_name + "'";
     return "checkpoint after step " + std::to_string((*checkpoint)["step"].get<int64_t>() + 1) +
-           " in " + (*checkpoint)["path"].get<std::string>() + " on the node (llmctl fetch " +
-           std::to_string(experiment_id) + " '" + trial_name +
-           "' copies the run's output while the node is up; llm-train --resume continues from it)";
+           " in " + (*checkpoint)["path"].get<std::string>() + " on the node (llmctl resume " +
+           trial + " continues from it there; llmctl fetch " + trial +
+           " copies the run's output while the node is up)";
   }
   const std::string error =
       result.value("error", nlohmann::json()).is_string() ? result["error"].get<std::string>() : "";
@@ -472,8 +473,10 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
   for (const store::RunningAttempt& attempt : running) running_on[attempt.node].push_back(&attempt);
   // A node's labels are its lease's site and flavor; an experiment's `target:` must match them.
   std::map<std::string, std::map<std::string, std::string>> labels;
+  std::set<std::string> registered;  // not removed
   if (auto nodes = store_.ListNodes(); nodes.ok()) {
     for (const store::NodeRecord& node : *nodes) {
+      registered.insert(node.name);
       if (node.lease)
         labels[node.name] = {{"site", node.lease->site}, {"flavor", node.lease->flavor}};
     }
@@ -538,7 +541,8 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
     queue.push_back({.trial_id = trial.id,
                      .device_type = trial.device_type,
                      .device_count = trial.device_count,
-                     .target = targets[trial.experiment_id]});
+                     .target = targets[trial.experiment_id],
+                     .only_agent = trial.resume ? trial.resume->node : ""});
     by_id[trial.id] = &trial;
   }
   const scheduler::Placement placement = scheduler::PlaceTrials(queue, agents);
@@ -547,6 +551,21 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
   std::map<int64_t, std::string> waiting;
   for (int64_t trial_id : placement.unsatisfiable) {
     const store::TrialRecord& trial = *by_id.at(trial_id);
+    if (trial.resume) {
+      const std::string& node = trial.resume->node;
+      const std::string from = "it resumes from a checkpoint on node " + node;
+      waiting[trial_id] =
+          !registered.contains(node)
+              ? from + ", which has been removed: it cannot run (llmctl cancel " +
+                    std::to_string(trial.experiment_id) + " --trial '" + trial.name + "')"
+          : connected.contains(node)
+              ? from + ", which has no " + std::to_string(trial.device_count) + " " +
+                    trial.device_type + " device(s) now; it waits there"
+              : from +
+                    ", which is not connected or takes no new trials (its lease ends soon); "
+                    "it waits for it (llmctl nodes)";
+      continue;
+    }
     std::string where = "no connected node";
     for (const auto& [name, value] : targets[trial.experiment_id]) {
       where += (where == "no connected node" ? " with " : ", ") + name + " " + value;
@@ -611,11 +630,22 @@ Status Dispatcher::Launch(const store::TrialRecord& trial, Link& link,
     (*request.mutable_inputs())[key] = ToProto(tree);
   }
   for (int64_t index : devices) request.add_device_indices(static_cast<int32_t>(index));
+  if (trial.resume) {
+    v1::RunKey* from = request.mutable_resume_from()->mutable_run();
+    from->set_experiment_id(trial.experiment_id);
+    from->set_trial(trial.name);
+    from->set_attempt(static_cast<int32_t>(trial.resume->attempt));
+    request.mutable_resume_from()->set_checkpoint(trial.resume->checkpoint);
+  }
 
   v1::RunState state;
   auto context = CallContext();
   const grpc::Status ran = stub->RunTrial(context.get(), request, &state);
-  if (!ran.ok() && ran.error_code() != grpc::StatusCode::INVALID_ARGUMENT) {
+  // The agent refuses the trial itself, or (for a resumed trial) no longer has its checkpoint:
+  // running it again cannot help.
+  const bool refused = ran.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+                       (trial.resume && ran.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  if (!ran.ok() && !refused) {
     if (const std::string model = config.GetString("model");
         IsHubModelRef(model) && ran.error_code() == grpc::StatusCode::NOT_FOUND) {
       // The agent lost its copy (a wiped cache): prepare it again.
@@ -632,7 +662,6 @@ Status Dispatcher::Launch(const store::TrialRecord& trial, Link& link,
   }
   ASSIGN_OR_RETURN(int64_t started, store_.StartAttempt(trial.id, link.name, now, devices));
   if (!ran.ok()) {
-    // The agent refuses this trial itself: running it again anywhere cannot help.
     RETURN_IF_ERROR(store_.FinishAttempt(trial.id, started, store::TrialState::kFailed,
                                          std::nullopt,
                                          "the agent refused it: " + ran.error_message(), now));
@@ -761,8 +790,8 @@ void Dispatcher::WatchLeases(const std::vector<store::NodeRecord>& nodes,
       {
         std::lock_guard lock(mutex_);
         const AttemptKey key{attempt.trial_id, attempt.attempt};
-        if (lease_stops_.contains(key)) continue;
-        lease_stops_[key] = ends + ": stopped before it does";
+        if (checkpoint_stops_.contains(key)) continue;
+        checkpoint_stops_[key] = ends + ": stopped before it does";
         auto link = links_.find(node.name);
         if (link != links_.end()) stub = link->second->stub;
       }
@@ -945,8 +974,8 @@ void Dispatcher::ReadStream(Stream& stream, v1::Agent::Stub& stub) {
         if (end.outcome() == "invalid" && error.empty()) error = "the trainer refused the config";
         {
           std::lock_guard lock(mutex_);
-          auto stopped = lease_stops_.find({attempt.trial_id, attempt.attempt});
-          if (stopped != lease_stops_.end() && end.outcome() == "cancelled") {
+          auto stopped = checkpoint_stops_.find({attempt.trial_id, attempt.attempt});
+          if (stopped != checkpoint_stops_.end() && end.outcome() == "cancelled") {
             error = stopped->second + "; " +
                     DescribeStopCheckpoint(stream.result_json, attempt.experiment_id,
                                            stream.trial_name);
@@ -1033,8 +1062,8 @@ StatusOr<store::NodeRemoval> Dispatcher::RemoveNode(const std::string& node) {
   return removal;
 }
 
-StatusOr<std::vector<std::string>> Dispatcher::Cancel(int64_t experiment_id,
-                                                      std::string_view trial) {
+StatusOr<std::vector<std::string>> Dispatcher::Cancel(int64_t experiment_id, std::string_view trial,
+                                                      bool checkpoint) {
   ASSIGN_OR_RETURN(std::vector<store::TrialRecord> trials, store_.ListTrials(experiment_id));
   std::vector<std::string> affected;
   std::map<int64_t, std::string> names;
@@ -1058,13 +1087,34 @@ StatusOr<std::vector<std::string>> Dispatcher::Cancel(int64_t experiment_id,
       std::lock_guard lock(mutex_);
       auto link = links_.find(attempt.node);
       if (link != links_.end()) stub = link->second->stub;
+      if (checkpoint) {
+        checkpoint_stops_.try_emplace({attempt.trial_id, attempt.attempt},
+                                      "cancelled with a checkpoint (llmctl cancel --checkpoint)");
+      }
     }
     if (stub == nullptr) continue;  // ends as cancelled when the attempt is declared lost
-    CancelRun(attempt, names[attempt.trial_id], *stub, std::nullopt);
+    CancelRun(attempt, names[attempt.trial_id], *stub,
+              checkpoint ? std::optional(options_.cancel_checkpoint_grace) : std::nullopt);
   }
   changes_.Notify();
   Wake();
   return affected;
+}
+
+StatusOr<store::TrialResume> Dispatcher::Resume(int64_t experiment_id, std::string_view trial) {
+  ASSIGN_OR_RETURN(std::vector<store::TrialRecord> trials, store_.ListTrials(experiment_id));
+  auto named = std::find_if(trials.begin(), trials.end(),
+                            [&](const store::TrialRecord& record) { return record.name == trial; });
+  if (named == trials.end()) {
+    return NotFoundError("experiment " + std::to_string(experiment_id) + " has no trial '" +
+                         std::string(trial) + "'");
+  }
+  ASSIGN_OR_RETURN(store::TrialResume resume, store_.ResumeTrial(named->id));
+  spdlog::info("trial {} of experiment {}: resuming attempt {}'s checkpoint on node {} ({})",
+               named->name, experiment_id, resume.attempt, resume.node, resume.checkpoint);
+  changes_.Notify();
+  Wake();
+  return resume;
 }
 
 Status Dispatcher::FetchArtifacts(const std::string& node, const v1::RunKey& key,

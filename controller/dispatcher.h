@@ -23,7 +23,11 @@
 //      prepare_deadline), the trial stays queued meanwhile and other placements go on. UNAVAILABLE
 //      or DEADLINE_EXCEEDED (and other codes retrying can help) → prepared again after a backoff;
 //      NOT_FOUND, PERMISSION_DENIED, UNAUTHENTICATED, FAILED_PRECONDITION, DATA_LOSS and
-//      INVALID_ARGUMENT → the trial fails with the agent's message;
+//      INVALID_ARGUMENT → the trial fails with the agent's message.
+//      A resumed trial (Resume) goes only to the node holding its checkpoint, and RunTrial names
+//      the checkpoint in resume_from; the agent's FAILED_PRECONDITION (that run or its checkpoint
+//      is gone from the node) fails the trial, as retrying cannot bring it back. While the node is
+//      not connected the trial waits, and QueuedNotice says for what;
 //   6. watches the end of each node's cloud lease: from lease_warning before it, a warning (logged
 //      once, and NodeNotice for the status the CLI shows) and no new trial on that node; from
 //      lease_stop_margin before it, CancelRun with checkpoint for each trial running there
@@ -94,6 +98,9 @@ struct DispatcherOptions {
   // Of the time left when a trial is stopped for its lease, what is kept back from the checkpoint's
   // grace: for killing a worker that overran it and reporting its end while the node is still up.
   std::chrono::milliseconds lease_stop_reserve = std::chrono::minutes(2);
+  // How long a worker cancelled with a checkpoint (Cancel with `checkpoint`) may take to write it
+  // before it is killed: a large model's checkpoint takes minutes.
+  std::chrono::milliseconds cancel_checkpoint_grace = std::chrono::minutes(10);
 };
 
 class Dispatcher {
@@ -116,9 +123,17 @@ class Dispatcher {
 
   // Cancels one trial (or, with an empty name, every trial) of the experiment: queued ones at once,
   // running ones through CancelRun on their agents (they then finish as cancelled; an unreachable
-  // agent's trial ends cancelled when its attempt is declared lost). Returns the trials that were
-  // queued or running. NotFound for an unknown experiment or trial.
-  StatusOr<std::vector<std::string>> Cancel(int64_t experiment_id, std::string_view trial);
+  // agent's trial ends cancelled when its attempt is declared lost). With `checkpoint`, running
+  // workers first checkpoint their last complete step (within cancel_checkpoint_grace), and the
+  // trial's error says where the checkpoint is, for Resume. Returns the trials that were queued or
+  // running. NotFound for an unknown experiment or trial.
+  StatusOr<std::vector<std::string>> Cancel(int64_t experiment_id, std::string_view trial,
+                                            bool checkpoint = false);
+
+  // Queues the trial again to continue from its final attempt's checkpoint (Store::ResumeTrial's
+  // rules); it then runs only on the node holding the checkpoint, with RunTrial's resume_from.
+  // NotFound for an unknown experiment or trial; FailedPrecondition saying why it cannot resume.
+  StatusOr<store::TrialResume> Resume(int64_t experiment_id, std::string_view trial);
 
   // Removes the node (Store::RemoveNode: its running attempts are declared lost and their trials
   // queued again, in one transaction), then stops the stream readers of those attempts and the
@@ -202,8 +217,9 @@ class Dispatcher {
   // Queued trials no connected node could run, as of the last placement round → why; guarded by
   // mutex_.
   std::map<int64_t, std::string> queued_notices_;
-  // Attempts stopped because their node's lease ends → why; guarded by mutex_.
-  std::map<AttemptKey, std::string> lease_stops_;
+  // Attempts stopped with a checkpoint (their node's lease ends, or Cancel with `checkpoint`) →
+  // why; guarded by mutex_.
+  std::map<AttemptKey, std::string> checkpoint_stops_;
   std::thread thread_;
 };
 

@@ -36,6 +36,7 @@ std::vector<PoolState> ConnectedPools(const std::vector<Agent>& agents) {
 }
 
 bool CouldEverHold(const PoolState& state, const QueuedTrial& trial) {
+  if (!trial.only_agent.empty() && *state.agent != trial.only_agent) return false;
   for (const auto& [name, wanted] : trial.target) {
     auto label = state.labels->find(name);
     if (label == state.labels->end() || label->second != wanted) return false;

@@ -21,6 +21,9 @@ struct QueuedTrial {
   // The experiment's `target:` ({site, flavor}); each entry must equal the agent's label of that
   // name, so figures measured for one GPU model never come from another. Empty: any agent.
   std::map<std::string, std::string> target;
+  // Only this agent may run it (a resumed trial: the agent whose disk holds its checkpoint).
+  // Empty: any agent.
+  std::string only_agent;
 };
 
 // The devices of one type on an agent, numbered 0 .. count - 1. A CPU agent has one "cpu" device.
@@ -63,7 +66,8 @@ struct Placement {
 // - No overtaking: a trial that cannot be placed now reserves every pool that could ever hold it,
 //   so no later trial takes devices from those pools in this round; later trials may still use
 //   pools the waiting trial cannot use at all.
-// - A trial that no connected agent could ever satisfy reserves nothing.
+// - A trial that no connected agent could ever satisfy reserves nothing; nor does one whose
+//   only_agent is not connected (or could never hold it).
 Placement PlaceTrials(const std::vector<QueuedTrial>& queue, const std::vector<Agent>& agents);
 
 using Time = std::chrono::system_clock::time_point;

@@ -12,10 +12,11 @@ using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
 QueuedTrial Cuda(int64_t id, int64_t count = 1) {
-  return {.trial_id = id, .device_type = "cuda", .device_count = count, .target = {}};
+  return {
+      .trial_id = id, .device_type = "cuda", .device_count = count, .target = {}, .only_agent = {}};
 }
 QueuedTrial Cpu(int64_t id) {
-  return {.trial_id = id, .device_type = "cpu", .device_count = 1, .target = {}};
+  return {.trial_id = id, .device_type = "cpu", .device_count = 1, .target = {}, .only_agent = {}};
 }
 
 Agent GpuAgent(std::string name, int64_t gpus, std::set<int64_t> busy = {}) {
@@ -72,6 +73,24 @@ TEST(PlaceTrialsTest, ATrialWithATargetRunsOnlyWhereTheNodesLeaseMatchesIt) {
   const Placement placement = PlaceTrials({for_h100, anywhere}, {a100});
   EXPECT_THAT(placement.unsatisfiable, ElementsAre(1));
   EXPECT_THAT(Describe(placement), ElementsAre("2@a100:0"));
+}
+
+TEST(PlaceTrialsTest, AResumedTrialRunsOnlyOnTheAgentHoldingItsCheckpoint) {
+  QueuedTrial resumed = Cuda(1);
+  resumed.only_agent = "b";
+  // Agent a is the emptier fit and first by name, yet the trial goes to b.
+  EXPECT_THAT(Describe(PlaceTrials({resumed, Cuda(2)}, {GpuAgent("a", 2), GpuAgent("b", 4)})),
+              ElementsAre("1@b:0", "2@a:0"));
+
+  // b busy: it waits for b, holding b's devices, not a's.
+  Placement placement = PlaceTrials({resumed, Cuda(2)}, {GpuAgent("a", 1), GpuAgent("b", 1, {0})});
+  EXPECT_THAT(placement.waiting, ElementsAre(1));
+  EXPECT_THAT(Describe(placement), ElementsAre("2@a:0"));
+
+  // b gone: it cannot run now and holds nothing back.
+  placement = PlaceTrials({resumed, Cuda(2)}, {GpuAgent("a", 1)});
+  EXPECT_THAT(placement.unsatisfiable, ElementsAre(1));
+  EXPECT_THAT(Describe(placement), ElementsAre("2@a:0"));
 }
 
 TEST(PlaceTrialsTest, BusyCpuAgentTakesNothing) {

@@ -223,8 +223,162 @@ JOIN events e ON e.trial_id = t.id AND e.attempt = t.current_attempt AND e.type 
 ORDER BY t.experiment_id, t.ordinal, e.attempt, e.seq;
 )sql";
 
-constexpr std::array<std::string_view, 5> kMigrations = {kInitialSchema, kNodeLeases, kNodeRemoval,
-                                                         kAttemptDevices, kReportViews};
+// `llmctl resume`: a trial whose final attempt stopped with a checkpoint runs again from it. The
+// trial keeps the checkpoint its next attempts start from (a continuation that is lost is replaced
+// by another from the same checkpoint), each attempt the step it started at; and the report views
+// read a trial's run, its final attempt and the attempts it resumed from, instead of the final
+// attempt alone.
+//
+// Which attempts make up the run: the final one and every attempt before it that ended. An attempt
+// ends once and gives the trial its outcome, and only a resume queues the trial again after that,
+// from the final attempt's checkpoint; so each ended attempt before the final one is one that the
+// next attempt of the run continued (lost attempts never count). An attempt's steps count up to
+// the step the next attempt of the run started at (its `until_step`): later ones were run again.
+// The run's figures: train_seconds summed over its attempts' results, tokens_per_second their
+// tokens over that time, peak_bytes the highest of their results' and the at-peak snapshot's,
+// final_loss and error the final attempt's; at peak and per phase over all their snapshots (ties:
+// the earliest attempt, then seq). A run of one attempt has exactly that attempt's figures.
+constexpr std::string_view kResume = R"sql(
+ALTER TABLE trials ADD COLUMN resume_attempt INTEGER;  -- whose checkpoint; NULL: from step 0
+ALTER TABLE trials ADD COLUMN resume_step INTEGER;  -- the steps it holds: the first step to run
+ALTER TABLE trials ADD COLUMN resume_checkpoint TEXT;  -- its directory on resume_attempt's node
+ALTER TABLE attempts ADD COLUMN first_step INTEGER NOT NULL DEFAULT 0;
+
+DROP VIEW trial_results;
+DROP VIEW trial_phase_peaks;
+DROP VIEW trial_steps;
+
+CREATE VIEW trial_run_attempts AS
+SELECT
+  a.trial_id,
+  a.attempt,
+  a.first_step,
+  (SELECT n.first_step FROM attempts n
+   WHERE n.trial_id = a.trial_id AND n.attempt > a.attempt AND n.attempt <= t.current_attempt
+     AND (n.attempt = t.current_attempt OR n.state = 'ended')
+   ORDER BY n.attempt LIMIT 1) AS until_step
+FROM trials t
+JOIN attempts a ON a.trial_id = t.id
+WHERE a.attempt = t.current_attempt OR (a.attempt < t.current_attempt AND a.state = 'ended');
+
+-- The latest `result` event of each attempt of each trial's run.
+CREATE VIEW trial_run_results AS
+SELECT m.trial_id, m.attempt, e.seq, e.json
+FROM trial_run_attempts m
+JOIN events e ON e.trial_id = m.trial_id AND e.attempt = m.attempt AND e.seq =
+  (SELECT MAX(seq) FROM events
+   WHERE trial_id = m.trial_id AND attempt = m.attempt AND type = 'result');
+
+CREATE VIEW trial_results AS
+SELECT
+  x.id AS experiment_id,
+  x.name AS experiment,
+  t.id AS trial_id,
+  t.name AS trial,
+  t.ordinal,
+  NULLIF(t.current_attempt, 0) AS attempt,
+  (SELECT group_concat(attempt, ',') FROM
+     (SELECT attempt FROM trial_run_attempts WHERE trial_id = t.id ORDER BY attempt))
+      AS run_attempts,
+  a.node,
+  t.state AS outcome,
+  t.expect AS expected,
+  a.exit_code,
+  COALESCE(NULLIF(a.error, ''), NULLIF(json_extract(r.json, '$.error'), '')) AS error,
+  json_extract(s.json, '$.load_peak_bytes') AS load_peak_bytes,
+  (SELECT MAX(COALESCE(MAX(json_extract(json, '$.peak_bytes')), json_extract(p.json, '$.peak_bytes')),
+              COALESCE(json_extract(p.json, '$.peak_bytes'), MAX(json_extract(json, '$.peak_bytes'))))
+   FROM trial_run_results WHERE trial_id = t.id) AS peak_bytes,
+  (SELECT CASE WHEN COUNT(*) = 1 THEN MAX(json_extract(json, '$.tokens_per_second'))
+          ELSE SUM(json_extract(json, '$.tokens_per_second') * json_extract(json, '$.train_seconds'))
+               / SUM(json_extract(json, '$.train_seconds')) END
+   FROM trial_run_results WHERE trial_id = t.id) AS tokens_per_second,
+  (SELECT SUM(json_extract(json, '$.train_seconds')) FROM trial_run_results WHERE trial_id = t.id)
+      AS train_seconds,
+  json_extract(r.json, '$.final_loss') AS final_loss,
+  p.attempt AS at_peak_attempt,
+  p.seq AS at_peak_seq,
+  json_extract(p.json, '$.step') AS at_peak_step,
+  json_extract(p.json, '$.phase') AS at_peak_phase,
+  json_extract(p.json, '$.params_bytes') AS params_bytes,
+  json_extract(p.json, '$.grads_bytes') AS grads_bytes,
+  json_extract(p.json, '$.optim_device_bytes') AS optim_device_bytes,
+  json_extract(p.json, '$.optim_host_bytes') AS optim_host_bytes,
+  json_extract(p.json, '$.other_bytes') AS other_bytes,
+  json_extract(p.json, '$.allocated_bytes') AS allocated_bytes,
+  json_extract(p.json, '$.reserved_bytes') AS reserved_bytes
+FROM trials t
+JOIN experiments x ON x.id = t.experiment_id
+LEFT JOIN attempts a ON a.trial_id = t.id AND a.attempt = t.current_attempt
+LEFT JOIN events s ON s.trial_id = t.id AND s.attempt = t.current_attempt AND s.seq =
+  (SELECT MAX(seq) FROM events
+   WHERE trial_id = t.id AND attempt = t.current_attempt AND type = 'start')
+LEFT JOIN events r ON r.trial_id = t.id AND r.attempt = t.current_attempt AND r.seq =
+  (SELECT MAX(seq) FROM events
+   WHERE trial_id = t.id AND attempt = t.current_attempt AND type = 'result')
+LEFT JOIN events p ON (p.trial_id, p.attempt, p.seq) =
+  (SELECT trial_id, attempt, seq FROM events
+   WHERE trial_id = t.id AND type = 'snapshot'
+     AND attempt IN (SELECT attempt FROM trial_run_attempts WHERE trial_id = t.id)
+   ORDER BY json_extract(json, '$.allocated_bytes') DESC, attempt, seq LIMIT 1)
+ORDER BY x.id, t.ordinal;
+
+CREATE VIEW trial_phase_peaks AS
+SELECT
+  t.experiment_id,
+  t.id AS trial_id,
+  t.name AS trial,
+  ph.phase_order,
+  ph.phase,
+  p.attempt,
+  p.seq,
+  json_extract(p.json, '$.step') AS step,
+  json_extract(p.json, '$.micro_batch') AS micro_batch,
+  json_extract(p.json, '$.params_bytes') AS params_bytes,
+  json_extract(p.json, '$.grads_bytes') AS grads_bytes,
+  json_extract(p.json, '$.optim_device_bytes') AS optim_device_bytes,
+  json_extract(p.json, '$.optim_host_bytes') AS optim_host_bytes,
+  json_extract(p.json, '$.other_bytes') AS other_bytes,
+  json_extract(p.json, '$.allocated_bytes') AS allocated_bytes,
+  json_extract(p.json, '$.peak_bytes') AS peak_bytes,
+  json_extract(p.json, '$.reserved_bytes') AS reserved_bytes
+FROM trials t
+CROSS JOIN (SELECT 0 AS phase_order, 'phase0_before_fwd' AS phase
+            UNION ALL SELECT 1, 'phase1_after_fwd'
+            UNION ALL SELECT 2, 'phase2_after_bwd'
+            UNION ALL SELECT 3, 'phase3_after_opt_step'
+            UNION ALL SELECT 4, 'oom') AS ph
+JOIN events p ON (p.trial_id, p.attempt, p.seq) =
+  (SELECT trial_id, attempt, seq FROM events
+   WHERE trial_id = t.id AND type = 'snapshot'
+     AND attempt IN (SELECT attempt FROM trial_run_attempts WHERE trial_id = t.id)
+     AND json_extract(json, '$.phase') = ph.phase
+   ORDER BY json_extract(json, '$.allocated_bytes') DESC, attempt, seq LIMIT 1)
+ORDER BY t.experiment_id, t.ordinal, ph.phase_order;
+
+-- The `step` events of each trial's run; step counts from 0, as in the events.
+CREATE VIEW trial_steps AS
+SELECT
+  t.experiment_id,
+  t.id AS trial_id,
+  t.name AS trial,
+  e.attempt,
+  json_extract(e.json, '$.step') AS step,
+  json_extract(e.json, '$.loss') AS loss,
+  json_extract(e.json, '$.lr') AS lr,
+  json_extract(e.json, '$.tokens') AS tokens,
+  json_extract(e.json, '$.seconds') AS seconds,
+  json_extract(e.json, '$.allocated_bytes') AS allocated_bytes,
+  json_extract(e.json, '$.peak_bytes') AS peak_bytes
+FROM trials t
+JOIN trial_run_attempts m ON m.trial_id = t.id
+JOIN events e ON e.trial_id = t.id AND e.attempt = m.attempt AND e.type = 'step'
+WHERE m.until_step IS NULL OR json_extract(e.json, '$.step') < m.until_step
+ORDER BY t.experiment_id, t.ordinal, e.attempt, e.seq;
+)sql";
+
+constexpr std::array<std::string_view, 6> kMigrations = {
+    kInitialSchema, kNodeLeases, kNodeRemoval, kAttemptDevices, kReportViews, kResume};
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 #include <utility>
 
 #include "controller/store/schema.h"
@@ -213,7 +214,9 @@ StatusOr<ExperimentRecord> ReadExperiment(const Statement& stmt) {
 
 constexpr std::string_view kTrialColumns =
     "id, experiment_id, ordinal, name, description, config_json, expect, device_type, "
-    "device_count, state, current_attempt, cancel_requested";
+    "device_count, state, current_attempt, cancel_requested, resume_attempt, resume_step, "
+    "resume_checkpoint, (SELECT node FROM attempts WHERE trial_id = trials.id AND "
+    "attempt = trials.resume_attempt)";
 
 StatusOr<TrialRecord> ReadTrial(const Statement& stmt) {
   TrialRecord record;
@@ -229,6 +232,12 @@ StatusOr<TrialRecord> ReadTrial(const Statement& stmt) {
   ASSIGN_OR_RETURN(record.state, StoredTrialState(stmt.Text(9)));
   record.current_attempt = stmt.Int(10);
   record.cancel_requested = stmt.Int(11) != 0;
+  if (!stmt.IsNull(12)) {
+    record.resume = TrialResume{.attempt = stmt.Int(12),
+                                .node = stmt.Text(15),
+                                .checkpoint = stmt.Text(14),
+                                .step = stmt.Int(13)};
+  }
   return record;
 }
 
@@ -530,8 +539,8 @@ StatusOr<std::vector<TrialReport>> QueryTrialResults(sqlite3* db, int64_t experi
       Statement::Prepare(db,
                          "SELECT trial_id, trial, expected, outcome, attempt, node, exit_code, "
                          "error, train_seconds, tokens_per_second, final_loss, peak_bytes, "
-                         "load_peak_bytes, at_peak_attempt, at_peak_seq FROM trial_results "
-                         "WHERE experiment_id = ? ORDER BY ordinal"));
+                         "load_peak_bytes, at_peak_attempt, at_peak_seq, run_attempts "
+                         "FROM trial_results WHERE experiment_id = ? ORDER BY ordinal"));
   stmt.Bind(1, experiment_id);
   std::vector<TrialReport> trials;
   while (true) {
@@ -554,6 +563,10 @@ StatusOr<std::vector<TrialReport>> QueryTrialResults(sqlite3* db, int64_t experi
     if (!stmt.IsNull(13)) {
       ASSIGN_OR_RETURN(report.peak_snapshot,
                        LoadEventJson(db, report.trial_id, stmt.Int(13), stmt.Int(14)));
+    }
+    std::istringstream run_attempts(stmt.Text(15));  // "1,3"
+    for (std::string attempt; std::getline(run_attempts, attempt, ',');) {
+      report.run_attempts.push_back(std::stoll(attempt));
     }
   }
   return trials;
@@ -786,13 +799,14 @@ StatusOr<int64_t> Store::StartAttempt(int64_t trial_id, std::string_view node, T
   ASSIGN_OR_RETURN(Statement insert,
                    Statement::Prepare(db_,
                                       "INSERT INTO attempts (trial_id, attempt, node, state, "
-                                      "started_at, device_indices_json) VALUES "
-                                      "(?, ?, ?, 'running', ?, ?)"));
+                                      "started_at, device_indices_json, first_step) VALUES "
+                                      "(?, ?, ?, 'running', ?, ?, ?)"));
   insert.Bind(1, trial_id)
       .Bind(2, attempt)
       .Bind(3, node)
       .Bind(4, ToMillis(now))
-      .Bind(5, json(sorted).dump());
+      .Bind(5, json(sorted).dump())
+      .Bind(6, trial.resume ? trial.resume->step : int64_t{0});
   RETURN_IF_ERROR(insert.Run());
   ASSIGN_OR_RETURN(Statement update,
                    Statement::Prepare(db_,
@@ -887,6 +901,75 @@ Status Store::FinishAttempt(int64_t trial_id, int64_t attempt, TrialState outcom
   RETURN_IF_ERROR(update.Run());
   RETURN_IF_ERROR(RefreshExperimentState(db_, current.trial.experiment_id));
   return txn.Commit();
+}
+
+StatusOr<TrialResume> Store::ResumeTrial(int64_t trial_id) {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
+  ASSIGN_OR_RETURN(const TrialRecord trial, LoadTrial(db_, trial_id));
+  const std::string label = "trial '" + trial.name + "'";
+  const std::string state(TrialStateName(trial.state));
+  if (!IsOutcome(trial.state)) {
+    return FailedPreconditionError(label + " is " + state +
+                                   "; only a trial that has ended can be resumed");
+  }
+  if (trial.state == TrialState::kOk) {
+    return FailedPreconditionError(label + " ended ok: there is nothing left to run");
+  }
+  const int64_t final_attempt = trial.current_attempt;
+  const std::string which = label + "'s final attempt " + std::to_string(final_attempt);
+  ASSIGN_OR_RETURN(const std::optional<AttemptRow> row, LoadAttempt(db_, trial_id, final_attempt));
+  if (!row) {
+    return FailedPreconditionError(label + " is " + state + " and never ran: it has no checkpoint");
+  }
+  if (row->state != AttemptState::kEnded) {
+    return FailedPreconditionError(which +
+                                   " was lost with its node: its end and any checkpoint "
+                                   "are unknown");
+  }
+  ASSIGN_OR_RETURN(const json result, LatestEventOfType(db_, trial_id, final_attempt, "result"));
+  TrialResume resume;
+  const json checkpoint = result.is_object() ? result.value("checkpoint", json()) : json();
+  if (checkpoint.is_object() && checkpoint.value("step", json()).is_number_integer() &&
+      checkpoint["step"].get<int64_t>() >= 0 && checkpoint.value("path", json()).is_string() &&
+      !checkpoint["path"].get<std::string>().empty()) {
+    // The event counts steps from 0; the checkpoint holds the steps up to and including it.
+    resume = TrialResume{.attempt = final_attempt,
+                         .node = row->node,
+                         .checkpoint = checkpoint["path"].get<std::string>(),
+                         .step = checkpoint["step"].get<int64_t>() + 1};
+  } else if (trial.resume) {
+    // The final attempt continued this checkpoint and ended before it wrote or named one (say, the
+    // agent no longer had it, or the trainer refused its config): the checkpoint is still the
+    // run's latest.
+    resume = *trial.resume;
+  } else {
+    std::string why = row->error;
+    if (why.empty() && result.is_object() && result.value("error", json()).is_string()) {
+      why = result["error"].get<std::string>();
+    }
+    return FailedPreconditionError(which + " ended " + state + " without a checkpoint" +
+                                   (why.empty() ? "" : " (" + why + ")") +
+                                   "; a running trial stopped with llmctl cancel --checkpoint "
+                                   "keeps one");
+  }
+  if (StatusOr<std::optional<Time>> removed = LoadNodeRemovedAt(db_, resume.node);
+      removed.ok() && removed->has_value()) {
+    return FailedPreconditionError(label + "'s checkpoint is on node " + Quoted(resume.node) +
+                                   ", which has been removed");
+  } else if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) {
+    return removed.status();
+  }
+  ASSIGN_OR_RETURN(Statement update,
+                   Statement::Prepare(db_,
+                                      "UPDATE trials SET state = 'queued', cancel_requested = 0, "
+                                      "resume_attempt = ?, resume_step = ?, resume_checkpoint = ? "
+                                      "WHERE id = ?"));
+  update.Bind(1, resume.attempt).Bind(2, resume.step).Bind(3, resume.checkpoint).Bind(4, trial_id);
+  RETURN_IF_ERROR(update.Run());
+  RETURN_IF_ERROR(RefreshExperimentState(db_, trial.experiment_id));
+  RETURN_IF_ERROR(txn.Commit());
+  return resume;
 }
 
 StatusOr<std::vector<RunningAttempt>> Store::CancelTrial(int64_t trial_id) {
@@ -1060,6 +1143,30 @@ StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
   RETURN_IF_ERROR(FillPhasePeaks(db_, experiment_id, report.trials));
   RETURN_IF_ERROR(snapshot.Commit());
   return report;
+}
+
+StatusOr<std::vector<TrialStep>> Store::RunSteps(int64_t experiment_id) {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Transaction snapshot, Transaction::BeginRead(db_));
+  RETURN_IF_ERROR(LoadExperiment(db_, experiment_id).status());
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db_,
+                                      "SELECT trial_id, attempt, step, loss, tokens, seconds "
+                                      "FROM trial_steps WHERE experiment_id = ?"));
+  stmt.Bind(1, experiment_id);
+  std::vector<TrialStep> steps;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    steps.push_back(TrialStep{.trial_id = stmt.Int(0),
+                              .attempt = stmt.Int(1),
+                              .step = stmt.Int(2),
+                              .loss = stmt.OptionalNumber(3),
+                              .tokens = stmt.OptionalInt(4),
+                              .seconds = stmt.OptionalNumber(5)});
+  }
+  RETURN_IF_ERROR(snapshot.Commit());
+  return steps;
 }
 
 }  // namespace llmctl::store

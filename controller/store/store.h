@@ -11,6 +11,8 @@
 //   running --MarkAttemptLost--> queued (the next StartAttempt makes attempt + 1), or cancelled
 //            when the user cancelled the trial while it ran
 //   queued --CancelTrial/CancelExperiment--> cancelled
+//   an outcome but ok --ResumeTrial--> queued (the next attempt continues from the final
+//            attempt's checkpoint)
 // Only a trial's current attempt may add events or finish; anything from an older attempt, or
 // from the current one once it has been declared lost, is refused with FailedPrecondition (the
 // fencing of stale attempts).
@@ -80,6 +82,16 @@ struct ExperimentRecord {
   ExperimentState state = ExperimentState::kActive;
 };
 
+// Where a resumed trial's attempts start: the checkpoint an earlier attempt left (ResumeTrial).
+struct TrialResume {
+  int64_t attempt = 0;     // the attempt whose checkpoint it is
+  std::string node;        // where that attempt ran: the checkpoint is on its disk
+  std::string checkpoint;  // the checkpoint's directory there
+  int64_t step = 0;        // the steps it holds: the first step (from 0) the next attempt runs
+
+  bool operator==(const TrialResume&) const = default;
+};
+
 struct TrialRecord {
   int64_t id = 0;
   int64_t experiment_id = 0;
@@ -93,6 +105,8 @@ struct TrialRecord {
   TrialState state = TrialState::kQueued;
   int64_t current_attempt = 0;  // 0 before the first attempt
   bool cancel_requested = false;
+  // Set once the trial was resumed: its next attempts continue from this checkpoint.
+  std::optional<TrialResume> resume;
 };
 
 // An attempt that is running on a node (or was, before the controller restarted).
@@ -148,8 +162,8 @@ struct NodeRemoval {
 };
 
 // One trial's row of the report: its row of the `trial_results` view and its rows of
-// `trial_phase_peaks` (controller/store/schema.cc states their rules: figures from the final
-// attempt, "at peak" = the snapshot with the most allocated bytes, ...), and the final attempt's
+// `trial_phase_peaks` (controller/store/schema.cc states their rules: figures from the trial's
+// run, "at peak" = the snapshot with the most allocated bytes, ...), and the final attempt's
 // latest `start` and `step` events for a trial's progress while it runs. Event objects are the
 // trainer's JSON lines as stored (README, "llm-train", --events); null when there is none.
 struct TrialReport {
@@ -158,6 +172,9 @@ struct TrialReport {
   std::optional<std::string> expect;
   TrialState state = TrialState::kQueued;
   int64_t attempt = 0;  // the final attempt; 0 when the trial never started
+  // The attempts whose events make up the figures: the final one, preceded by those it resumed
+  // from; empty before the first attempt.
+  std::vector<int64_t> run_attempts;
   std::string node;
   std::optional<int64_t> exit_code;
   std::string error;  // recorded when the attempt ended, else its result's; "" when none
@@ -177,6 +194,16 @@ struct TrialReport {
 struct ExperimentReport {
   ExperimentRecord experiment;
   std::vector<TrialReport> trials;  // in file order
+};
+
+// One optimizer step of a trial's run (the `trial_steps` view).
+struct TrialStep {
+  int64_t trial_id = 0;
+  int64_t attempt = 0;
+  int64_t step = 0;  // from 0
+  std::optional<double> loss;
+  std::optional<int64_t> tokens;
+  std::optional<double> seconds;
 };
 
 class Store {
@@ -212,7 +239,8 @@ class Store {
   StatusOr<std::vector<RunningAttempt>> ListRunningAttempts();
 
   // Starts the next attempt of a queued trial on `node`, holding `device_indices` there (none for
-  // an attempt that ends before it runs); the trial becomes running. Returns the attempt number
+  // an attempt that ends before it runs); the trial becomes running. A resumed trial's attempt
+  // records that it starts at the checkpoint's step. Returns the attempt number
   // (current_attempt + 1). FailedPrecondition when the trial is not queued, or when `node` has been
   // removed (a placement that raced with RemoveNode); InvalidArgument for a negative or repeated
   // device index.
@@ -241,6 +269,14 @@ class Store {
   Status FinishAttempt(int64_t trial_id, int64_t attempt, TrialState outcome,
                        std::optional<int64_t> exit_code, std::string_view error, Time now);
 
+  // Queues a trial that ended other than ok again, to continue from its final attempt's checkpoint
+  // (the `checkpoint` of its latest `result` event; when that attempt itself continued a checkpoint
+  // and wrote none, the same checkpoint again), and clears its cancel request. Its next attempts
+  // then start at the checkpoint's step on the checkpoint's node. FailedPrecondition saying why
+  // when it cannot: the trial has not ended or ended ok, its final attempt was lost or left no
+  // checkpoint, or the checkpoint's node has been removed. NotFound for an unknown trial.
+  StatusOr<TrialResume> ResumeTrial(int64_t trial_id);
+
   // Queued trials become cancelled at once; running ones are marked cancel-requested and returned,
   // for the caller to cancel on their nodes (each then finishes as cancelled). Trials with an
   // outcome are left alone. NotFound for an unknown id.
@@ -267,8 +303,13 @@ class Store {
   Status PutSecretRef(std::string_view name, std::string_view reference);
   StatusOr<std::string> GetSecretRef(std::string_view name);  // NotFound
 
-  // The report rows of an experiment, from each trial's final attempt. NotFound for an unknown id.
+  // The report rows of an experiment, from each trial's run (its final attempt and the attempts
+  // it resumed from). NotFound for an unknown id.
   StatusOr<ExperimentReport> Report(int64_t experiment_id);
+  // The steps of each trial's run, by trial in file order, then attempt and step: the steps of an
+  // attempt that a later one resumed count up to the step the later one started at. NotFound for
+  // an unknown id.
+  StatusOr<std::vector<TrialStep>> RunSteps(int64_t experiment_id);
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}

@@ -966,6 +966,7 @@ TEST_F(StoreTest, TrialResultsViewHoldsTheReportsFigures) {
   }
   // The figures themselves, so that the view and the report cannot be wrong together.
   EXPECT_EQ(rows[0]["attempt"], 2);  // the lost attempt's larger snapshot does not count
+  EXPECT_EQ(rows[0]["run_attempts"], "2");
   EXPECT_EQ(rows[0]["node"], "cpu-1");
   EXPECT_EQ(rows[0]["peak_bytes"], 34'500);
   EXPECT_EQ(rows[0]["tokens_per_second"], 330.0);
@@ -1064,6 +1065,192 @@ TEST_F(StoreTest, TheDocsSqlExamplesRun) {
     }
   }
   EXPECT_GE(examples, 2);
+}
+
+json ResultEvent(const std::string& outcome, double train_seconds, double tokens_per_second,
+                 int64_t peak, json final_loss, json checkpoint = nullptr) {
+  json result = {{"type", "result"},
+                 {"outcome", outcome},
+                 {"train_seconds", train_seconds},
+                 {"tokens_per_second", tokens_per_second},
+                 {"peak_bytes", peak},
+                 {"final_loss", std::move(final_loss)},
+                 {"error", outcome == "cancelled" ? "cancelled at step 3" : ""}};
+  if (!checkpoint.is_null()) result["checkpoint"] = std::move(checkpoint);
+  return result;
+}
+
+TEST_F(StoreTest, AResumedTrialRunsFromItsCheckpointAndItsRunJoinsTheAttempts) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  NewExperiment input = MakeExperiment("resume", {"long"});
+  input.trials[0].expect = "ok";
+  const int64_t experiment = *store->CreateExperiment(input, kNow);
+  const int64_t trial = store->ListTrials(experiment)->at(0).id;
+  const std::string checkpoint = "/agent/runs/1/long/1/output/checkpoints/step-3";
+  const json checkpoint_event = {{"step", 2}, {"path", checkpoint}};
+
+  ASSERT_EQ(*store->StartAttempt(trial, "n1", kNow), 1);
+  EXPECT_THAT(store->ResumeTrial(trial).status().message(),
+              HasSubstr("'long' is running; only a trial that has ended can be resumed"));
+  // Stopped after 4 steps with a checkpoint of 3 (an older one: writing the stop's failed), so step
+  // 3 (from 0) is run again by the continuation.
+  std::vector<Event> first = {
+      MakeEvent(1, {{"type", "start"}, {"total_steps", 6}, {"load_peak_bytes", 90}}),
+      MakeEvent(2, FullSnapshot(0, 0, "phase1_after_fwd", 30'000, 30'000)),
+      MakeEvent(3, FullSnapshot(0, 0, "phase3_after_opt_step", 24'000, 31'000)),
+  };
+  for (int step = 0; step < 4; ++step) {
+    first.push_back(MakeEvent(4 + step, {{"type", "step"},
+                                         {"step", step},
+                                         {"loss", 6.0 - step},
+                                         {"tokens", 100},
+                                         {"seconds", 1.0}}));
+  }
+  first.push_back(
+      MakeEvent(8, ResultEvent("cancelled", 3.0, 100.0, 35'000, 3.0, checkpoint_event)));
+  ASSERT_TRUE(store->AppendEvents(trial, 1, first).ok());
+  ASSERT_TRUE(store->CancelTrial(trial).ok());  // a cancel request, as `cancel --checkpoint` makes
+  ASSERT_TRUE(store->FinishAttempt(trial, 1, TrialState::kCancelled, 5, "", kNow).ok());
+  ASSERT_EQ(store->GetExperiment(experiment)->state, ExperimentState::kDone);
+
+  StatusOr<TrialResume> resume = store->ResumeTrial(trial);
+  ASSERT_TRUE(resume.ok()) << resume.status().ToString();
+  const TrialResume expected{.attempt = 1, .node = "n1", .checkpoint = checkpoint, .step = 3};
+  EXPECT_EQ(*resume, expected);
+  StatusOr<TrialRecord> record = store->GetTrial(trial);
+  EXPECT_EQ(record->state, TrialState::kQueued);
+  EXPECT_FALSE(record->cancel_requested);
+  EXPECT_EQ(record->resume, expected);
+  EXPECT_EQ(store->GetExperiment(experiment)->state, ExperimentState::kActive);
+
+  // The continuation is lost (its cancel request was cleared: it is queued again, not cancelled),
+  // and the next one starts from the same checkpoint.
+  ASSERT_EQ(*store->StartAttempt(trial, "n1", kNow), 2);
+  ASSERT_TRUE(store->AppendEvents(trial, 2, std::vector<Event>{StepEvent(1, 3, 99.0)}).ok());
+  ASSERT_TRUE(store->MarkAttemptLost(trial, 2, kNow).ok());
+  EXPECT_EQ(store->GetTrial(trial)->state, TrialState::kQueued);
+  ASSERT_EQ(*store->StartAttempt(trial, "n1", kNow), 3);
+  EXPECT_EQ(
+      QueryInt("SELECT SUM(first_step) FROM attempts WHERE trial_id = " + std::to_string(trial)),
+      6);  // 0 + 3 + 3
+  std::vector<Event> third = {
+      MakeEvent(1, {{"type", "start"}, {"total_steps", 6}, {"load_peak_bytes", 80}}),
+      MakeEvent(2, FullSnapshot(4, 0, "phase1_after_fwd", 30'000, 30'000)),  // ties attempt 1's
+      MakeEvent(3, FullSnapshot(4, 0, "phase3_after_opt_step", 26'000, 30'000)),
+  };
+  for (int step = 3; step < 6; ++step) {
+    third.push_back(MakeEvent(1 + static_cast<int64_t>(third.size()), {{"type", "step"},
+                                                                       {"step", step},
+                                                                       {"loss", 6.0 - step},
+                                                                       {"tokens", 100},
+                                                                       {"seconds", 0.5}}));
+  }
+  third.push_back(MakeEvent(1 + static_cast<int64_t>(third.size()),
+                            ResultEvent("ok", 1.5, 200.0, 32'000, 1.0, checkpoint_event)));
+  ASSERT_TRUE(store->AppendEvents(trial, 3, third).ok());
+  ASSERT_TRUE(store->FinishAttempt(trial, 3, TrialState::kOk, 0, "", kNow).ok());
+
+  StatusOr<ExperimentReport> report = store->Report(experiment);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const TrialReport& row = report->trials[0];
+  EXPECT_EQ(row.state, TrialState::kOk);
+  EXPECT_EQ(row.attempt, 3);
+  EXPECT_THAT(row.run_attempts, ElementsAre(1, 3));
+  EXPECT_EQ(row.train_seconds, 4.5);
+  EXPECT_DOUBLE_EQ(*row.tokens_per_second, (300.0 + 300.0) / 4.5);
+  EXPECT_EQ(row.peak_bytes, 35'000);  // attempt 1's result
+  EXPECT_EQ(row.final_loss, 1.0);
+  EXPECT_EQ(row.load_peak_bytes, 80);  // the final attempt's start
+  EXPECT_EQ(row.error, "");
+  EXPECT_EQ(row.start.at("load_peak_bytes"), 80);
+  EXPECT_EQ(row.peak_snapshot.at("step"), 0) << "a tie goes to the earlier attempt";
+  std::vector<std::string> phases;
+  for (const auto& [phase, snapshot] : row.phase_peaks) {
+    phases.push_back(phase + "@" + std::to_string(snapshot.at("step").get<int64_t>()));
+  }
+  EXPECT_THAT(phases, ElementsAre("phase1_after_fwd@0", "phase3_after_opt_step@4"));
+
+  StatusOr<std::vector<TrialStep>> steps = store->RunSteps(experiment);
+  ASSERT_TRUE(steps.ok()) << steps.status().ToString();
+  std::vector<std::string> run;
+  for (const TrialStep& step : *steps) {
+    run.push_back(std::to_string(step.attempt) + ":" + std::to_string(step.step) + "=" +
+                  std::to_string(static_cast<int>(step.loss.value_or(-1))));
+  }
+  // Attempt 1 up to its checkpoint (its step 3 was run again), the lost attempt 2 not at all.
+  EXPECT_THAT(run, ElementsAre("1:0=6", "1:1=5", "1:2=4", "3:3=3", "3:4=2", "3:5=1"));
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM trial_steps"), 6);
+  EXPECT_EQ(QueryInt("SELECT train_seconds * 10 FROM trial_results"), 45);
+
+  EXPECT_THAT(store->ResumeTrial(trial).status().message(),
+              HasSubstr("'long' ended ok: there is nothing left to run"));
+  EXPECT_EQ(store->RunSteps(987654).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, ResumeSaysWhyATrialCannotBeResumed) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store
+                  ->UpsertNode(NodeRecord{.name = "gone",
+                                          .address = "unix:/x",
+                                          .devices_json = "[]",
+                                          .last_seen = kNow,
+                                          .state = "connected",
+                                          .lease = std::nullopt})
+                  .ok());
+  const std::vector<int64_t> trials =
+      CreateTrials(*store, "why", {"queued", "no-checkpoint", "removed", "refused"});
+  const auto status_of = [&](int64_t trial) { return store->ResumeTrial(trial).status(); };
+  EXPECT_EQ(status_of(trials[0]).code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status_of(trials[0]).message(), HasSubstr("is queued"));
+  EXPECT_EQ(store->ResumeTrial(987654).status().code(), StatusCode::kNotFound);
+
+  ASSERT_EQ(*store->StartAttempt(trials[1], "n1", kNow), 1);
+  ASSERT_TRUE(store
+                  ->AppendEvents(trials[1], 1,
+                                 std::vector<Event>{
+                                     MakeEvent(1, ResultEvent("cancelled", 1.0, 1.0, 1, nullptr))})
+                  .ok());
+  ASSERT_TRUE(store->FinishAttempt(trials[1], 1, TrialState::kCancelled, 5, "", kNow).ok());
+  EXPECT_THAT(status_of(trials[1]).message(),
+              HasSubstr("'no-checkpoint''s final attempt 1 ended cancelled without a checkpoint "
+                        "(cancelled at step 3); a running trial stopped with llmctl cancel "
+                        "--checkpoint keeps one"));
+
+  const json checkpoint = {{"step", 0}, {"path", "/ckpt/step-1"}};
+  ASSERT_EQ(*store->StartAttempt(trials[2], "gone", kNow), 1);
+  ASSERT_TRUE(store
+                  ->AppendEvents(trials[2], 1,
+                                 std::vector<Event>{MakeEvent(
+                                     1, ResultEvent("cancelled", 1.0, 1.0, 1, 1.0, checkpoint))})
+                  .ok());
+  ASSERT_TRUE(store->FinishAttempt(trials[2], 1, TrialState::kCancelled, 5, "", kNow).ok());
+  ASSERT_EQ(store->RemoveNode("gone", kNow)->result, NodeRemoval::Result::kRemoved);
+  EXPECT_THAT(status_of(trials[2]).message(),
+              HasSubstr("checkpoint is on node 'gone', which has been removed"));
+  EXPECT_EQ(store->GetTrial(trials[2])->state, TrialState::kCancelled) << "nothing changed";
+
+  // A continuation that ended before naming a checkpoint (the agent no longer had it): resuming
+  // again goes back to the same checkpoint.
+  ASSERT_EQ(*store->StartAttempt(trials[3], "n1", kNow), 1);
+  ASSERT_TRUE(store
+                  ->AppendEvents(trials[3], 1,
+                                 std::vector<Event>{MakeEvent(
+                                     1, ResultEvent("failed", 1.0, 1.0, 1, 1.0, checkpoint))})
+                  .ok());
+  ASSERT_TRUE(store->FinishAttempt(trials[3], 1, TrialState::kFailed, 1, "", kNow).ok());
+  const StatusOr<TrialResume> first = store->ResumeTrial(trials[3]);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->step, 1);
+  ASSERT_EQ(*store->StartAttempt(trials[3], "n1", kNow), 2);
+  ASSERT_TRUE(store
+                  ->FinishAttempt(trials[3], 2, TrialState::kFailed, std::nullopt,
+                                  "the agent refused it: its checkpoint is gone", kNow)
+                  .ok());
+  const StatusOr<TrialResume> again = store->ResumeTrial(trials[3]);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, *first);
 }
 
 TEST(TrialStateTest, NamesRoundTrip) {
