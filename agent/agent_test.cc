@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -40,7 +41,8 @@ constexpr auto kCallTimeout = std::chrono::seconds(120);
 // SIGTERM with a child in its process group until it is killed, 300 waits for a file named `go`
 // in the run directory before its last events, 400 writes `ready` and waits for SIGTERM or SIGUSR1,
 // writes the signal's name to `got-signal`, takes a second (a checkpoint being written) and exits
-// cancelled. `--version` (the agent's probe) answers a version.
+// cancelled. Its arguments go to `argv` in the run directory, one a line. `--version` (the
+// agent's probe) answers a version.
 constexpr char kFakeTrainer[] = R"(#!/bin/sh
 if [ "$1" = --version ]; then echo "fake-llm-train 0"; exit 0; fi  # the agent's node probe
 config="$2"
@@ -48,6 +50,7 @@ events="$4"
 seed=$(sed -n 's/^seed: *//p' "$config")
 out=$(sed -n 's/^output_dir: *//p' "$config")
 emit() { printf '%s\n' "$1" >> "$events"; }
+printf '%s\n' "$@" > "${events%/*}/argv"  # the run directory: what the agent passed
 emit '{"type":"start","total_steps":4}'
 emit '{"type":"step","step":1}'
 emit '{"type":"step","step":2}'
@@ -302,6 +305,53 @@ void ExpectSameAsFile(const std::vector<pb::TrialEvent>& events, const fs::path&
     EXPECT_EQ(events[i].seq(), first_seq + static_cast<int64_t>(i));
     EXPECT_EQ(events[i].json(), lines[first_seq - 1 + i]);
   }
+}
+
+TEST_F(AgentTest, AResumedRunGetsItsCheckpointOnlyWhileThisNodeHasIt) {
+  StartAgent();
+  const pb::RunKey first = Key(9, "long", 1);
+  RunTrial(first, 0);
+  ASSERT_TRUE(Stream(first, 0).ended.has_value());
+  const fs::path checkpoint = RunDir(first) / "output" / "checkpoints" / "step-2";
+  const auto resume = [&](const pb::RunKey& key, const pb::RunKey& from, const fs::path& path) {
+    pb::RunTrialRequest request;
+    *request.mutable_key() = key;
+    request.set_config_json(
+        nlohmann::json{{"seed", 0}, {"data", {{"path", "unused.jsonl"}}}}.dump());
+    *request.mutable_resume_from()->mutable_run() = from;
+    request.mutable_resume_from()->set_checkpoint(path.string());
+    grpc::ClientContext context;
+    Deadline(&context);
+    pb::RunState state;
+    return Stub()->RunTrial(&context, request, &state);
+  };
+
+  grpc::Status status = resume(Key(9, "long", 2), first, checkpoint);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("its checkpoint " + checkpoint.string() +
+                                        " is gone from this node"),
+            std::string::npos)
+      << status.error_message();
+  status = resume(Key(9, "long", 2), Key(9, "other", 1), checkpoint);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("this node has no such run"), std::string::npos)
+      << status.error_message();
+  EXPECT_FALSE(fs::exists(RunDir(Key(9, "long", 2)))) << "nothing started";
+
+  fs::create_directories(checkpoint);
+  WriteFile(checkpoint / "trainer_state.json", "{}",
+            fs::perms::owner_read | fs::perms::owner_write);
+  status = resume(Key(9, "long", 2), first, checkpoint);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_TRUE(Stream(Key(9, "long", 2), 0).ended.has_value());
+  const std::vector<std::string> argv = Lines(ReadAll(RunDir(Key(9, "long", 2)) / "argv"));
+  const auto flag = std::find(argv.begin(), argv.end(), "--resume");
+  ASSERT_NE(flag, argv.end()) << ReadAll(RunDir(Key(9, "long", 2)) / "argv");
+  ASSERT_NE(flag + 1, argv.end());
+  EXPECT_EQ(*(flag + 1), checkpoint.string());
+  // A run from step 0 gets no --resume.
+  const std::vector<std::string> first_argv = Lines(ReadAll(RunDir(first) / "argv"));
+  EXPECT_EQ(std::find(first_argv.begin(), first_argv.end(), "--resume"), first_argv.end());
 }
 
 TEST_F(AgentTest, RunsToOkStreamingEveryEventOnceAndIsIdempotent) {
