@@ -269,6 +269,21 @@ std::string MakeFingerprint(std::string_view tokenizer_fingerprint, uint64_t dat
          "; samples=" + (options.samples > 0 ? std::to_string(options.samples) : "all");
 }
 
+StatusOr<PrepareOptions> PrepareOptionsFor(const TrialConfig& config) {
+  PrepareOptions options;
+  ASSIGN_OR_RETURN(options.format, ParseDatasetFormat(config.GetString("data.format")));
+  if (options.format == DatasetFormat::kText && !config.IsSet("data.template")) {
+    options.prompt_template = PromptTemplate::kNone;
+  } else {
+    ASSIGN_OR_RETURN(options.prompt_template,
+                     ParsePromptTemplate(config.GetString("data.template")));
+  }
+  options.max_seq_length = config.GetInt("data.max_seq_length");
+  options.mask_prompt = config.GetBool("data.mask_prompt");
+  options.samples = config.GetInt("data.samples");
+  return options;
+}
+
 StatusOr<std::string> ExpectedFingerprint(const std::string& data_path, const TextEncoder& encoder,
                                           const PrepareOptions& options) {
   ASSIGN_OR_RETURN(const uint64_t hash, Fnv1a64File(data_path));

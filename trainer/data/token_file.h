@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/trial_config.h"
 #include "trainer/data/dataset.h"
 #include "trainer/data/file_util.h"
 #include "trainer/data/text_encoder.h"
@@ -115,6 +116,12 @@ struct PrepareOptions {
   bool mask_prompt = true;
   int64_t samples = 0;  // use the first N records; 0 = all (the labs' num_train_samples)
 };
+
+// A trial's data options from its keys (data.format, data.template, data.max_seq_length,
+// data.mask_prompt, data.samples). Text records have no prompt: their template is none unless the
+// trial sets one, which ValidateTrialConfig refuses (data.template's default, alpaca, is for
+// instruction records).
+StatusOr<PrepareOptions> PrepareOptionsFor(const TrialConfig& config);
 
 // "llmctl-tokens v1; tokenizer=<encoder fingerprint>; data=fnv1a64:<hex>; format=alpaca;
 // template=alpaca; max_seq_length=512; mask_prompt=true; samples=all".

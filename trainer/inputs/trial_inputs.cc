@@ -8,6 +8,7 @@
 #include "common/experiment.h"
 #include "common/files.h"
 #include "trainer/data/dataset.h"
+#include "trainer/data/token_file.h"
 #include "trainer/tokenizer/tokenizer.h"
 
 namespace llmctl {
@@ -156,13 +157,13 @@ StatusOr<TrialInputsSummary> TrialInputsChecker::Check(const TrialConfig& config
 StatusOr<int64_t> TrialInputsChecker::CheckData(const TrialConfig& config) {
   const std::string path = config.GetString("data.path");
   if (path.empty()) return InvalidArgumentError("no dataset given");
-  ASSIGN_OR_RETURN(const data::DatasetFormat format,
-                   data::ParseDatasetFormat(config.GetString("data.format")));
-  ASSIGN_OR_RETURN(const data::PromptTemplate prompt_template,
-                   data::ParsePromptTemplate(config.GetString("data.template")));
-  const int64_t samples = config.GetInt("data.samples");
-  const std::string key = "data\n" + path + "\n" + config.GetString("data.format") + "\n" +
-                          config.GetString("data.template") + "\n" + std::to_string(samples);
+  ASSIGN_OR_RETURN(const data::PrepareOptions options, data::PrepareOptionsFor(config));
+  const data::DatasetFormat format = options.format;
+  const data::PromptTemplate prompt_template = options.prompt_template;
+  const int64_t samples = options.samples;
+  const std::string key = "data\n" + path + "\n" + std::string(data::DatasetFormatName(format)) +
+                          "\n" + std::string(data::PromptTemplateName(prompt_template)) + "\n" +
+                          std::to_string(samples);
   auto [it, inserted] = done_.try_emplace(key, int64_t{0});
   if (inserted) {
     it->second = [&]() -> StatusOr<int64_t> {

@@ -93,5 +93,27 @@ TEST(TrialInputsTest, SharedFilesAreCheckedOnce) {
   fs::remove_all(dir);
 }
 
+// Every shipped experiment's inputs pass the check `llmctl submit` runs, so a user submitting one
+// of them is never refused.
+TEST(TrialInputsTest, ShippedExperimentsPass) {
+  TrialInputsChecker checker;
+  int trials = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator("experiments")) {
+    if (entry.path().extension() != ".yaml") continue;
+    StatusOr<Experiment> experiment = LoadExperimentFile(entry.path().string());
+    ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
+    for (const Trial& trial : experiment->trials) {
+      const std::string model_name = trial.config.GetString("model");
+      StatusOr<ModelConfig> model = ResolveModel(model_name);
+      StatusOr<TrialInputsSummary> summary =
+          checker.Check(trial.config, model.ok() ? &*model : nullptr);
+      EXPECT_TRUE(summary.ok()) << entry.path() << " trial " << trial.name << ": "
+                                << summary.status().ToString();
+      ++trials;
+    }
+  }
+  EXPECT_GT(trials, 30);
+}
+
 }  // namespace
 }  // namespace llmctl

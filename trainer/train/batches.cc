@@ -44,16 +44,6 @@ StatusOr<std::unique_ptr<TokenizerEncoder>> LoadEncoder(const TrialConfig& confi
   return std::make_unique<TokenizerEncoder>(std::move(tokenizer), fingerprint.str());
 }
 
-StatusOr<data::PrepareOptions> PrepareOptionsFor(const TrialConfig& config) {
-  data::PrepareOptions options;
-  ASSIGN_OR_RETURN(options.format, data::ParseDatasetFormat(config.GetString("data.format")));
-  ASSIGN_OR_RETURN(options.prompt_template, data::ParsePromptTemplate(config.GetString("data.template")));
-  options.max_seq_length = config.GetInt("data.max_seq_length");
-  options.mask_prompt = config.GetBool("data.mask_prompt");
-  options.samples = config.GetInt("data.samples");
-  return options;
-}
-
 // $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else ~/.cache/llmctl; token files under tokens/.
 fs::path TokenCacheDir() {
   if (const char* dir = std::getenv("LLMCTL_CACHE_DIR"); dir != nullptr && *dir) {
@@ -113,7 +103,7 @@ StatusOr<std::string> PrepareTokens(const TrialConfig& config) {
   if (data_path.empty()) return InvalidArgumentError("data.path: no dataset given");
   // TrialInputsChecker has compared the tokenizer's vocabulary with the model's.
   ASSIGN_OR_RETURN(auto encoder, LoadEncoder(config));
-  ASSIGN_OR_RETURN(data::PrepareOptions options, PrepareOptionsFor(config));
+  ASSIGN_OR_RETURN(data::PrepareOptions options, data::PrepareOptionsFor(config));
   ASSIGN_OR_RETURN(std::string fingerprint, data::ExpectedFingerprint(data_path, *encoder, options));
   const fs::path dir = TokenCacheDir();
   std::ostringstream name;
