@@ -131,6 +131,8 @@ class Llmctl {
   // Prints each status of experiment `id` until every trial has ended, reconnecting when the
   // controller goes away for a while. The last status.
   StatusOr<v1::ExperimentStatus> Follow(v1::Controller::Stub& stub, int64_t id);
+  // Follow, then the report's table; the exit code `submit --wait` and `resume --wait` end with.
+  int FollowAndReport(v1::Controller::Stub& stub, int64_t id);
 
   int Submit(const std::string& file, bool wait, bool provision,
              const std::vector<std::string>& node_flags);
@@ -148,7 +150,8 @@ class Llmctl {
   Status DeregisterNode(const std::string& node, std::ostream& out);
   int ShowStatus(int64_t id);
   int Watch(int64_t id);
-  int Cancel(int64_t id, const std::string& trial);
+  int Cancel(int64_t id, const std::string& trial, bool checkpoint);
+  int Resume(int64_t id, const std::string& trial, bool wait);
   int Report(int64_t id, const std::string& format_name, const std::string& output);
   int Fetch(int64_t id, const std::string& trial, const std::string& to);
   int Nodes();
@@ -251,14 +254,17 @@ int Llmctl::Submit(const std::string& file, bool wait, bool provision,
                << " files, " << uploaded->uploaded << " uploaded (" << uploaded->bytes
                << " bytes)\n";
   if (!wait) return kExitOk;
+  return FollowAndReport(**stub, response.experiment_id());
+}
 
-  StatusOr<v1::ExperimentStatus> followed = Follow(**stub, response.experiment_id());
+int Llmctl::FollowAndReport(v1::Controller::Stub& stub, int64_t id) {
+  StatusOr<v1::ExperimentStatus> followed = Follow(stub, id);
   if (!followed.ok()) return Fail(followed.status());
   v1::GetExperimentRequest report_request;
-  report_request.set_experiment_id(response.experiment_id());
+  report_request.set_experiment_id(id);
   v1::ReportResponse report;
   const Status reported =
-      rpc::FromGrpcStatus((*stub)->Report(UnaryContext().get(), report_request, &report));
+      rpc::FromGrpcStatus(stub.Report(UnaryContext().get(), report_request, &report));
   if (!reported.ok()) return Fail(reported);
   context_.out << "\n" << RenderReport(report, ReportFormat::kTable);
   return CountUnexpectedOutcomes(report) > 0 ? kExitFailed : kExitOk;
@@ -488,12 +494,13 @@ int Llmctl::Watch(int64_t id) {
   return kExitOk;
 }
 
-int Llmctl::Cancel(int64_t id, const std::string& trial) {
+int Llmctl::Cancel(int64_t id, const std::string& trial, bool checkpoint) {
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
   v1::CancelRequest request;
   request.set_experiment_id(id);
   request.set_trial(trial);
+  request.set_checkpoint(checkpoint);
   v1::CancelResponse response;
   const Status cancelled =
       rpc::FromGrpcStatus((*stub)->Cancel(UnaryContext().get(), request, &response));
@@ -503,7 +510,36 @@ int Llmctl::Cancel(int64_t id, const std::string& trial) {
                  << " had already ended\n";
   }
   for (const std::string& name : response.cancelled()) context_.out << "cancelled " << name << "\n";
+  if (checkpoint && !response.cancelled().empty()) {
+    const std::string ids = std::to_string(id);
+    context_.out << "running trials first checkpoint their last complete step: `llmctl status " +
+                        ids + "` says where, `llmctl resume " + ids + " TRIAL` continues from it\n";
+  }
   return kExitOk;
+}
+
+int Llmctl::Resume(int64_t id, const std::string& trial, bool wait) {
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
+  if (!stub.ok()) return Fail(stub.status());
+  v1::ResumeRequest request;
+  request.set_experiment_id(id);
+  request.set_trial(trial);
+  v1::ResumeResponse response;
+  const Status resumed =
+      rpc::FromGrpcStatus((*stub)->Resume(UnaryContext().get(), request, &response));
+  // A trial that cannot be resumed is the caller's mistake, like an unknown one: nothing changed.
+  if (resumed.code() == StatusCode::kFailedPrecondition) {
+    context_.err << "llmctl: cannot resume: " << resumed.message() << "\n";
+    return kExitInvalidInput;
+  }
+  if (!resumed.ok()) return Fail(resumed);
+  context_.out << "resuming " << response.trial() << " of experiment " << response.experiment_id()
+               << " at step " << response.first_step() + 1 << " from attempt "
+               << response.resumes_attempt() << "'s checkpoint " << response.checkpoint()
+               << " on node " << response.node() << "\n"
+               << std::flush;
+  if (!wait) return kExitOk;
+  return FollowAndReport(**stub, response.experiment_id());
 }
 
 int Llmctl::Report(int64_t id, const std::string& format_name, const std::string& output) {
@@ -639,8 +675,9 @@ constexpr char kDescription[] =
     "An upload may take the call deadline plus its size at LLMCTL_MIN_TRANSFER_RATE (per\n"
     "second, default 10MiB).\n\n"
     "Exit codes: 0 ok; 1 a trial ended other than its `expect:` (without one: failed, diverged or\n"
-    "cancelled) under submit --wait, or an operation failed; 2 invalid input (flags, experiment\n"
-    "file, its input files, id, trial); 3 controller unreachable.";
+    "cancelled) under submit or resume --wait, or an operation failed; 2 invalid input (flags,\n"
+    "experiment file, its input files, id, trial, a trial resume cannot continue); 3 controller\n"
+    "unreachable.";
 
 int Llmctl::Run(const std::vector<std::string>& args) {
   CLI::App app(kDescription, "llmctl");
@@ -648,7 +685,7 @@ int Llmctl::Run(const std::vector<std::string>& args) {
 
   std::string file, trial, format = "table", output, to, action, agent_image;
   int64_t id = 0;
-  bool wait = false, provision = false;
+  bool wait = false, provision = false, checkpoint = false;
 
   CLI::App* submit = app.add_subcommand(
       "submit", "Validate an experiment file, upload its local inputs, start it; prints its id");
@@ -677,6 +714,19 @@ int Llmctl::Run(const std::vector<std::string>& args) {
       app.add_subcommand("cancel", "Cancel an experiment's trials that have not ended");
   cancel->add_option("ID", id, "The experiment id")->required()->check(CLI::PositiveNumber);
   cancel->add_option("--trial", trial, "Only this trial");
+  cancel->add_flag("--checkpoint", checkpoint,
+                   "Stop now, keep the progress: running trials first checkpoint their last "
+                   "complete step (llmctl resume continues from it)");
+
+  CLI::App* resume = app.add_subcommand(
+      "resume",
+      "Continue a trial that stopped with a checkpoint (cancel --checkpoint, a lease's end) from "
+      "it, on the node that holds it; the report then shows the steps of both runs");
+  resume->add_option("ID", id, "The experiment id")->required()->check(CLI::PositiveNumber);
+  resume->add_option("TRIAL", trial, "The trial's name")->required();
+  resume->add_flag("--wait", wait,
+                   "Follow the experiment live, print the report, exit 1 when a trial's outcome "
+                   "differs from its expect:");
 
   CLI::App* report = app.add_subcommand("report",
                                         "An experiment's results: outcome, memory per "
@@ -730,7 +780,8 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   }
   if (status->parsed()) return ShowStatus(id);
   if (watch->parsed()) return Watch(id);
-  if (cancel->parsed()) return Cancel(id, trial);
+  if (cancel->parsed()) return Cancel(id, trial, checkpoint);
+  if (resume->parsed()) return Resume(id, trial, wait);
   if (report->parsed()) return Report(id, format, output);
   if (fetch->parsed()) return Fetch(id, trial, to);
   if (nodes->parsed()) return Nodes();

@@ -1,12 +1,13 @@
-// The `llmctl` command line: submit, status, watch, cancel, report, fetch, nodes, daemon, lease and
-// node (controller/openstack/lease_cli.h and node_cli.h, same exit codes).
+// The `llmctl` command line: submit, status, watch, cancel, resume, report, fetch, nodes, daemon,
+// lease and node (controller/openstack/lease_cli.h and node_cli.h, same exit codes).
 //
 // Exit codes (stable; scripts rely on them):
 //   0  success
 //   1  a trial ended other than its `expect:` says, or without one failed, diverged or was
-//      cancelled (submit --wait); or an operation failed
+//      cancelled (submit --wait, resume --wait); or an operation failed
 //   2  invalid input: a bad flag, experiment file, input file (data, tokenizer, model, adapter),
-//      format, id or trial name (nothing was stored or sent)
+//      format, id or trial name (nothing was stored or sent); for resume also a trial that cannot
+//      be resumed (still running, ended ok, no checkpoint, its node removed), saying why
 //   3  the controller is unreachable (or the embedded one could not be started); for lease and node
 //      commands also the cloud, when it did not answer (`node down` still deletes the node's cloud
 //      resources when only the controller is unreachable, and says to run it again)

@@ -116,6 +116,26 @@ class FakeController final : public v1::Controller::Service {
     std::lock_guard lock(mutex_);
     ++calls_;
     response->add_cancelled(request->trial().empty() ? "all" : request->trial());
+    cancel_checkpoint_ = request->checkpoint();
+    return grpc::Status::OK;
+  }
+
+  // "running": cannot be resumed; "nope": no such trial; others resume from attempt 1's step 3.
+  grpc::Status Resume(grpc::ServerContext*, const v1::ResumeRequest* request,
+                      v1::ResumeResponse* response) override {
+    if (request->trial() == "running") {
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              "trial 'running' is running; only a trial that has ended can be resumed"};
+    }
+    if (request->trial() == "nope") {
+      return {grpc::StatusCode::NOT_FOUND, "experiment 42 has no trial 'nope'"};
+    }
+    response->set_experiment_id(request->experiment_id());
+    response->set_trial(request->trial());
+    response->set_resumes_attempt(1);
+    response->set_first_step(3);
+    response->set_node("n1");
+    response->set_checkpoint("/ckpt/step-3");
     return grpc::Status::OK;
   }
 
@@ -131,6 +151,7 @@ class FakeController final : public v1::Controller::Service {
   std::vector<v1::ExperimentStatus> watch_;
   v1::ReportResponse report_;
   std::vector<v1::ArtifactChunk> artifacts_;
+  bool cancel_checkpoint_ = false;
 };
 
 class CommandsTest : public ::testing::Test {
@@ -379,6 +400,28 @@ TEST_F(CommandsTest, BadControllerAddressIsInvalidInput) {
 TEST_F(CommandsTest, CancelNamesWhatWasCancelled) {
   ASSERT_EQ(Run({"cancel", "42", "--trial", "b"}), kExitOk);
   EXPECT_EQ(out_.str(), "cancelled b\n");
+}
+
+TEST_F(CommandsTest, CancelWithACheckpointAsksForOneAndSaysHowToGoOn) {
+  ASSERT_EQ(Run({"cancel", "42", "--trial", "b", "--checkpoint"}), kExitOk);
+  EXPECT_TRUE(fake_.cancel_checkpoint_);
+  EXPECT_NE(out_.str().find("cancelled b\n"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find("`llmctl resume 42 TRIAL` continues"), std::string::npos) << out_.str();
+}
+
+TEST_F(CommandsTest, ResumeSaysWhereTheTrialContinuesOrWhyItCannot) {
+  ASSERT_EQ(Run({"resume", "42", "b"}), kExitOk);
+  EXPECT_EQ(out_.str(),
+            "resuming b of experiment 42 at step 4 from attempt 1's checkpoint /ckpt/step-3 on "
+            "node n1\n");
+  EXPECT_EQ(Run({"resume", "42", "running"}), kExitInvalidInput);
+  EXPECT_EQ(err_.str(),
+            "llmctl: cannot resume: trial 'running' is running; only a trial that has ended can "
+            "be resumed\n");
+  EXPECT_EQ(Run({"resume", "42", "nope"}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("has no trial 'nope'"), std::string::npos) << err_.str();
+  EXPECT_EQ(Run({"resume", "42"}), kExitInvalidInput);
+  EXPECT_EQ(Run({"resume", "0", "b"}), kExitInvalidInput);
 }
 
 // `llmctl lease ...` is controller/openstack's command with the words after "lease" and our

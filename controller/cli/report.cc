@@ -83,6 +83,25 @@ LabRow MakeLabRow(const v1::TrialReport& trial) {
   return row;
 }
 
+// "long: resumed; steps 1-3 in attempt 1, 4-6 in attempt 3\n" (steps counted from 1, as the
+// live view and the checkpoint messages count them): which attempt ran which part of the run.
+std::string DescribeResumedRun(const v1::TrialReport& trial) {
+  std::string parts;
+  for (int i = 0; i < trial.steps_size();) {
+    int end = i;
+    while (end + 1 < trial.steps_size() &&
+           trial.steps(end + 1).attempt() == trial.steps(i).attempt()) {
+      ++end;
+    }
+    if (!parts.empty()) parts += ", ";
+    parts += std::to_string(trial.steps(i).step() + 1) + "-" +
+             std::to_string(trial.steps(end).step() + 1) + " in attempt " +
+             std::to_string(trial.steps(i).attempt());
+    i = end + 1;
+  }
+  return trial.name() + ": resumed; " + (parts.empty() ? "no steps" : "steps " + parts) + "\n";
+}
+
 // Display width of UTF-8 text: code points (every character here is one column wide).
 std::string RenderTable(const v1::ReportResponse& report) {
   std::vector<std::vector<std::string>> rows;
@@ -96,6 +115,9 @@ std::string RenderTable(const v1::ReportResponse& report) {
   }
   std::string out = "experiment " + std::to_string(report.experiment_id()) + ": " + report.name() +
                     "\n" + FormatColumns(rows, kFirstNumericColumn);
+  for (const v1::TrialReport& trial : report.trials()) {
+    if (trial.run_attempts_size() > 1) out += DescribeResumedRun(trial);
+  }
   const int unexpected = CountUnexpectedOutcomes(report);
   if (unexpected > 0) {
     out += "\n" + std::to_string(unexpected) +
@@ -169,6 +191,17 @@ std::string RenderJson(const v1::ReportResponse& report) {
     json["per_phase"] = nlohmann::ordered_json::array();
     for (const v1::MemorySnapshot& snap : trial.per_phase()) {
       json["per_phase"].push_back(SnapshotJson(snap));
+    }
+    json["run_attempts"] = nlohmann::ordered_json(
+        std::vector<int32_t>(trial.run_attempts().begin(), trial.run_attempts().end()));
+    json["steps"] = nlohmann::ordered_json::array();
+    for (const v1::TrialStep& step : trial.steps()) {
+      nlohmann::ordered_json& entry = json["steps"].emplace_back();
+      entry["attempt"] = step.attempt();
+      entry["step"] = step.step();
+      entry["loss"] = step.loss();
+      entry["tokens"] = step.tokens();
+      entry["seconds"] = step.seconds();
     }
     // The controller's resolved config as an object; kept as text should it not be JSON.
     nlohmann::ordered_json config =

@@ -198,6 +198,37 @@ TEST(ReportTest, CountsOutcomesOtherThanExpected) {
   }
 }
 
+TEST(ReportTest, AResumedRunSaysWhichAttemptRanWhichSteps) {
+  v1::ReportResponse report;
+  report.set_experiment_id(3);
+  report.set_name("resumed");
+  v1::TrialReport* trial = report.add_trials();
+  trial->set_name("long");
+  trial->set_outcome("ok");
+  trial->set_attempt(3);
+  trial->add_run_attempts(1);
+  trial->add_run_attempts(3);
+  for (const auto& [attempt, step] :
+       std::vector<std::pair<int, int>>{{1, 0}, {1, 1}, {1, 2}, {3, 3}, {3, 4}}) {
+    v1::TrialStep* entry = trial->add_steps();
+    entry->set_attempt(attempt);
+    entry->set_step(step);
+    entry->set_loss(10.0 - step);
+  }
+  const std::string table = RenderReport(report, ReportFormat::kTable);
+  EXPECT_NE(table.find("\nlong: resumed; steps 1-3 in attempt 1, 4-5 in attempt 3\n"),
+            std::string::npos)
+      << table;
+  const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+  EXPECT_EQ(json["trials"][0]["run_attempts"], nlohmann::json({1, 3}));
+  ASSERT_EQ(json["trials"][0]["steps"].size(), 5u);
+  EXPECT_EQ(json["trials"][0]["steps"][3],
+            nlohmann::json(
+                {{"attempt", 3}, {"step", 3}, {"loss", 7.0}, {"tokens", 0}, {"seconds", 0.0}}));
+  // A run of one attempt says nothing more.
+  EXPECT_EQ(RenderReport(FixedReport(), ReportFormat::kTable).find("resumed;"), std::string::npos);
+}
+
 TEST(ReportTest, ParsesFormatNames) {
   EXPECT_EQ(*ParseReportFormat("md"), ReportFormat::kMarkdown);
   EXPECT_EQ(*ParseReportFormat("html"), ReportFormat::kHtml);

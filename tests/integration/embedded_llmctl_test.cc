@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "tests/support/shell_command.h"
 
@@ -47,6 +48,27 @@ class EmbeddedLlmctlTest : public ::testing::Test {
                                 (BuildDir() / "controller" / "cli" / "llmctl").string() + " " +
                                 args;
     return llmctl::testing::RunShellCommand(command);
+  }
+
+  // The first trial of experiment `id`'s report as JSON; an empty object when llmctl failed.
+  nlohmann::json FirstTrial(const std::string& id) {
+    CommandResult report = Llmctl("report " + id + " --format json");
+    EXPECT_EQ(report.exit_code, 0) << report.out;
+    const nlohmann::json json =
+        nlohmann::json::parse(report.out, nullptr, /*allow_exceptions=*/false);
+    if (!json.is_object() || !json.contains("trials") || json["trials"].empty()) return {};
+    return json["trials"][0];
+  }
+
+  // Polls the first trial of experiment `id` until `done` says so (false after a minute).
+  template <typename Done>
+  bool WaitForFirstTrial(const std::string& id, nlohmann::json& trial, Done done) {
+    for (int polls = 0; polls < 1200; ++polls) {
+      trial = FirstTrial(id);
+      if (done(trial)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
   }
 
   fs::path home_;
@@ -105,6 +127,101 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
   CommandResult status = Llmctl("daemon status");
   EXPECT_NE(status.out.find("llmctld: stopped"), std::string::npos) << status.out;
   EXPECT_NE(status.out.find("llm-agent: stopped"), std::string::npos) << status.out;
+}
+
+// "Stop now, keep the progress": `cancel --checkpoint` stops a running trial after a checkpoint of
+// its last complete step, `resume` continues it on the same node from there, and the two attempts'
+// steps together are the uninterrupted run's, loss for loss (llm-train --resume is exact on CPU).
+TEST_F(EmbeddedLlmctlTest, ResumeAfterACheckpointedCancelReproducesTheUninterruptedRun) {
+  const fs::path user = home_ / "user";
+  fs::create_directories(user);
+  fs::copy_file("experiments/data/alpaca-demo.jsonl", user / "train.jsonl");
+  fs::copy_file("experiments/tokenizers/demo/tokenizer.json", user / "tokenizer.json");
+  const auto write_experiment = [&](int steps) {
+    std::ofstream(user / "long.yaml") << "model: llmctl-demo\n"
+                                         "init: random\n"
+                                         "tokenizer: tokenizer.json\n"
+                                         "data: {path: train.jsonl, max_seq_length: 64}\n"
+                                         "train: {micro_batch_size: 2, max_steps: "
+                                      << steps
+                                      << "}\n"
+                                         "trials:\n"
+                                         "  - {name: long, expect: ok}\n";
+  };
+  const auto submit = [&](const std::string& flags) {
+    CommandResult submitted = Llmctl("submit " + (user / "long.yaml").string() + flags);
+    EXPECT_EQ(submitted.exit_code, 0) << submitted.out;
+    return submitted.out.substr(0, submitted.out.find('\n'));
+  };
+
+  // Stop a run after at least 3 of its steps. A machine fast enough to finish the run before the
+  // stop arrives gets a longer run.
+  std::string id;
+  int steps = 12;
+  for (int tries = 0;; ++tries, steps *= 2) {
+    ASSERT_LT(tries, 4) << "every run ended before it could be stopped";
+    write_experiment(steps);
+    id = submit("");
+    nlohmann::json trial;
+    const auto running = [](const nlohmann::json& t) {
+      return t.value("outcome", "") == "queued" || t.value("outcome", "") == "running";
+    };
+    ASSERT_TRUE(WaitForFirstTrial(id, trial, [&](const nlohmann::json& t) {
+      return !running(t) || t.value("steps", nlohmann::json::array()).size() >= 3;
+    })) << trial.dump(2);
+    if (trial["outcome"] == "ok") continue;
+    CommandResult cancelled = Llmctl("cancel " + id + " --trial long --checkpoint");
+    ASSERT_EQ(cancelled.exit_code, 0) << cancelled.out;
+    ASSERT_TRUE(WaitForFirstTrial(id, trial, [&](const nlohmann::json& t) { return !running(t); }))
+        << trial.dump(2);
+    if (trial["outcome"] == "ok") continue;  // it ended before the stop arrived
+    ASSERT_EQ(trial["outcome"], "cancelled") << trial.dump(2);
+    EXPECT_NE(trial["error"].get<std::string>().find("checkpoint after step " +
+                                                     std::to_string(trial["steps"].size())),
+              std::string::npos)
+        << trial["error"];
+    break;
+  }
+
+  // The same run, uninterrupted.
+  const std::string reference_id = submit(" --wait");
+  const nlohmann::json reference = FirstTrial(reference_id);
+  ASSERT_EQ(reference["steps"].size(), static_cast<size_t>(steps));
+
+  CommandResult resumed = Llmctl("resume " + id + " long --wait");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("resuming long of experiment " + id + " at step "), std::string::npos)
+      << resumed.out;
+  const nlohmann::json trial = FirstTrial(id);
+  EXPECT_EQ(trial["outcome"], "ok");
+  EXPECT_EQ(trial["attempt"], 2);
+  EXPECT_EQ(trial["run_attempts"], nlohmann::json({1, 2}));
+  ASSERT_EQ(trial["steps"].size(), static_cast<size_t>(steps));
+  size_t first_run = 0;
+  for (size_t i = 0; i < trial["steps"].size(); ++i) {
+    const nlohmann::json& step = trial["steps"][i];
+    EXPECT_EQ(step["step"], i);
+    if (step["attempt"] == 1) first_run = i + 1;
+    EXPECT_EQ(step["attempt"], i < first_run ? 1 : 2) << "step " << i;
+    // Exactly: the continuation starts from the checkpoint's weights, optimizer state, data
+    // position and generators.
+    EXPECT_EQ(step["loss"].get<double>(), reference["steps"][i]["loss"].get<double>())
+        << "step " << i;
+  }
+  EXPECT_GE(first_run, 3u);
+  EXPECT_LT(first_run, static_cast<size_t>(steps));
+  EXPECT_EQ(trial["final_loss"], reference["final_loss"]);
+  EXPECT_NE(resumed.out.find("long: resumed; steps 1-" + std::to_string(first_run) +
+                             " in attempt 1, " + std::to_string(first_run + 1) + "-" +
+                             std::to_string(steps) + " in attempt 2"),
+            std::string::npos)
+      << resumed.out;
+
+  // Nothing left to resume now.
+  CommandResult again = Llmctl("resume " + id + " long");
+  EXPECT_EQ(again.exit_code, 2) << again.out;
+  EXPECT_NE(again.out.find("ended ok: there is nothing left to run"), std::string::npos)
+      << again.out;
 }
 
 }  // namespace
