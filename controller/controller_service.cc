@@ -223,7 +223,9 @@ StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment
     if (!trial.last_step.is_null()) row->set_step(IntField(trial.last_step, "step") + 1);
     row->set_total_steps(IntField(trial.start, "total_steps"));
     const double seconds = NumberField(trial.last_step, "seconds");
-    if (trial.tokens_per_second.has_value()) {
+    // Once the trial has ended, its run's figure; before, the latest step's (a resumed trial's run
+    // also holds the earlier attempts' results).
+    if (store::IsOutcome(trial.state) && trial.tokens_per_second.has_value()) {
       row->set_tokens_per_second(*trial.tokens_per_second);
     } else if (seconds > 0) {
       row->set_tokens_per_second(NumberField(trial.last_step, "tokens") / seconds);
