@@ -198,6 +198,30 @@ class CommandsTest : public ::testing::Test {
     std::ofstream(dir_ / relative, std::ios::binary) << text;
   }
 
+  // Inputs that pass submit's content check: alpaca records making exactly `bytes` bytes, and the
+  // demo's tokenizer.json.
+  static std::string Records(size_t bytes) {
+    const std::string head = R"({"instruction": "i", "output": ")", tail = "\"}\n";
+    std::string text;
+    while (text.size() < bytes) {
+      const size_t left = bytes - text.size() - head.size() - tail.size();
+      // Lines of about 1000 bytes; the last one takes what is left (never less than 1 byte).
+      const size_t fill = left > 2000 ? 1000 - head.size() - tail.size() : left;
+      text += head + std::string(fill, 'o') + tail;
+    }
+    return text;
+  }
+  static std::string Tokenizer() {
+    std::ifstream in("experiments/tokenizers/demo/tokenizer.json", std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+  void WriteGoodInputs(const std::string& records) {
+    Write("lab/data/train.jsonl", records);
+    Write("lab/tok/tokenizer.json", Tokenizer());
+  }
+
   std::string WriteExperiment() {
     Write("lab/lab.yaml",
           "model: llmctl-demo\n"
@@ -206,7 +230,7 @@ class CommandsTest : public ::testing::Test {
           "data: {path: data/train.jsonl}\n"
           "trials:\n"
           "  - {name: a, expect: ok}\n"
-          "  - {name: b, set: {data.path: /nonexistent/on/this/machine.jsonl}}\n");
+          "  - {name: b, set: {data.path: \"node:/nonexistent/on/this/machine.jsonl\"}}\n");
     return (dir_ / "lab" / "lab.yaml").string();
   }
 
@@ -219,18 +243,19 @@ class CommandsTest : public ::testing::Test {
 };
 
 TEST_F(CommandsTest, SubmitUploadsOnlyMissingBlobsInChunksAndSendsTheTrees) {
-  const std::string data(2 * kBlobChunkBytes + 5, 'd');  // three chunks
-  Write("lab/data/train.jsonl", data);
-  Write("lab/tok/tokenizer.json", "{}");
-  Write("lab/tok/special_tokens_map.json", "{}");  // same bytes: one blob
+  const std::string data = Records(2 * kBlobChunkBytes + 5);  // three chunks
+  WriteGoodInputs(data);
+  Write("lab/tok/special_tokens_map.json", "{}");
+  Write("lab/tok/notes.txt", "{}");  // same bytes: one blob
   fake_.present_.insert(digest::Sha256Hex("{}"));
+  fake_.present_.insert(digest::Sha256Hex(Tokenizer()));
   const std::string file = WriteExperiment();
 
   ASSERT_EQ(Run({"submit", file}), kExitOk) << err_.str();
   EXPECT_EQ(out_.str(), "42\n");
 
   std::lock_guard lock(fake_.mutex_);
-  EXPECT_EQ(fake_.asked_.size(), 2u);  // each distinct blob once
+  EXPECT_EQ(fake_.asked_.size(), 3u);  // each distinct blob once
   ASSERT_EQ(fake_.uploaded_.size(), 1u);
   EXPECT_EQ(fake_.uploaded_.begin()->first, digest::Sha256Hex(data));
   EXPECT_EQ(fake_.uploaded_.begin()->second, data);
@@ -241,7 +266,7 @@ TEST_F(CommandsTest, SubmitUploadsOnlyMissingBlobsInChunksAndSendsTheTrees) {
   const v1::SubmitRequest& request = *fake_.submitted_;
   EXPECT_EQ(request.filename(), file);
   EXPECT_EQ(request.yaml_text().rfind("model: llmctl-demo\n", 0), 0u);
-  // Keyed by the path as written; the preset and the path that is not on this machine are not.
+  // Keyed by the path as written; the preset and the path on the node are not.
   ASSERT_EQ(request.inputs_size(), 2);
   const v1::InputTree& data_tree = request.inputs().at("data/train.jsonl");
   EXPECT_TRUE(data_tree.is_file());
@@ -249,15 +274,15 @@ TEST_F(CommandsTest, SubmitUploadsOnlyMissingBlobsInChunksAndSendsTheTrees) {
   EXPECT_EQ(data_tree.files(0).size(), static_cast<int64_t>(data.size()));
   const v1::InputTree& tokenizer_tree = request.inputs().at("tok");
   EXPECT_FALSE(tokenizer_tree.is_file());
-  EXPECT_EQ(tokenizer_tree.files_size(), 2);
+  EXPECT_EQ(tokenizer_tree.files_size(), 3);
   EXPECT_EQ(tokenizer_tree.digest(), InputTreeDigest(tokenizer_tree));
 }
 
 TEST_F(CommandsTest, AnUploadGetsTimeForItsSizeAtTheMinimumRate) {
   // 2 MiB at 1 KiB/s: 2048 s on top of the 60 s call deadline.
-  const std::string data(2 * kBlobChunkBytes, 'd');
-  Write("lab/data/train.jsonl", data);
-  Write("lab/tok/tokenizer.json", "{}");
+  const std::string data = Records(2 * kBlobChunkBytes);
+  WriteGoodInputs(data);
+  Write("lab/tok/special_tokens_map.json", "{}");
   env_["LLMCTL_MIN_TRANSFER_RATE"] = "1KiB";
   ASSERT_EQ(Run({"submit", WriteExperiment()}), kExitOk) << err_.str();
 
@@ -271,8 +296,7 @@ TEST_F(CommandsTest, AnUploadGetsTimeForItsSizeAtTheMinimumRate) {
 }
 
 TEST_F(CommandsTest, ABadMinimumTransferRateIsInvalidInputAndSendsNothing) {
-  Write("lab/data/train.jsonl", "{}");
-  Write("lab/tok/tokenizer.json", "{}");
+  WriteGoodInputs(Records(4096));
   env_["LLMCTL_MIN_TRANSFER_RATE"] = "0";
   EXPECT_EQ(Run({"submit", WriteExperiment()}), kExitInvalidInput);
   EXPECT_NE(err_.str().find("LLMCTL_MIN_TRANSFER_RATE: expected a rate per second above 0"),
@@ -359,8 +383,7 @@ TEST_F(CommandsTest, ReportOutputWritesTheFile) {
 }
 
 TEST_F(CommandsTest, SubmitWaitFollowsThenExitsOneWhenAnOutcomeDiffers) {
-  Write("lab/data/train.jsonl", "x");
-  Write("lab/tok/tokenizer.json", "{}");
+  WriteGoodInputs(Records(4096));
   v1::ExperimentStatus running;
   running.set_id(42);
   running.set_state("running");
@@ -452,7 +475,8 @@ TEST_F(CommandsTest, ATargetWithNoMatchingNodeSaysWhatToRunAndSubmitsNothing) {
         "target: {site: KVM@TACC, flavor: g1.h100.pci.1}\n"
         "model: llmctl-demo\n"
         "init: random\n"
-        "data: {path: synthetic}\n");
+        "tokenizer: node:/data/tokenizer.json\n"
+        "data: {path: node:/data/synthetic.jsonl}\n");
   {
     std::lock_guard lock(fake_.mutex_);
     v1::NodeStatus* other = fake_.nodes_.add_nodes();  // a lease of another flavor
