@@ -11,6 +11,11 @@
 // Implemented with device-generic ATen ops, so weights and optimizer state can live on CPU or CUDA;
 // CPU tensors take one-pass loops, parallel over blocks, with the same fp32 arithmetic (the same
 // bits) and no temporaries the size of the input.
+// On CPU the results are the same bits whatever vector unit ATen dispatches to (default, AVX2,
+// AVX-512; ATEN_CPU_CAPABILITY) and whatever the thread count: the two results whose ATen rounding
+// varies with those, the dynamic map's linspace and the NF4 offset's mean, are computed in scalar
+// code in the order ATen's AVX2 build uses, which is what bitsandbytes gives on an AVX2 CPU. On
+// CUDA the offset is ATen's mean, whose rounding may differ from the CPU's.
 // Argument errors are programming errors and throw c10::Error (TORCH_CHECK).
 #ifndef LLMCTL_TRAINER_QUANT_QUANT_H_
 #define LLMCTL_TRAINER_QUANT_QUANT_H_
@@ -23,7 +28,9 @@
 namespace llmctl::trainer {
 
 // bitsandbytes' create_dynamic_map(signed=is_signed, max_exponent_bits=7, total_bits=8): 256
-// float32 codes in ascending order, spanning [-1, 1] (signed) or [0, 1] (unsigned). On CPU.
+// float32 codes in ascending order, spanning [-1, 1] (signed) or [0, 1] (unsigned). On CPU. The
+// codes bitsandbytes builds with torch on an AVX2 CPU (its linspace fuses multiply-adds there), on
+// every CPU.
 torch::Tensor DynamicMap(bool is_signed);
 
 // Blockwise 8-bit quantisation against a sorted 256-entry code map (bitsandbytes
@@ -55,6 +62,8 @@ struct Nf4Weight {
   torch::Tensor nested_absmax;     // fp32 (ceil(blocks / 256)); only with double quantisation
   // fp32 scalar (0-dim): the mean of the fp32 absmax; only with double quantisation. A tensor, not
   // a float, so it lives on the weight's device and moves, saves and loads with the other tensors.
+  // Quantised on CPU, summed in the fixed order of torch's single-threaded AVX2 mean (what
+  // bitsandbytes gets on such a CPU), so it has the same bits on every CPU and thread count.
   torch::Tensor offset;
   bool double_quant = true;
 

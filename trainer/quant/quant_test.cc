@@ -1,5 +1,7 @@
 #include "trainer/quant/quant.h"
 
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -203,6 +205,39 @@ TEST(Nf4Test, CpuPathMatchesAtenPath) {
         }
       }
     }
+  }
+}
+
+// The NF4 offset is summed in one fixed order (ATen's single-threaded mean with 8-float vectors, as
+// bitsandbytes gets it on an AVX2 CPU), so its bits depend neither on the CPU nor on the thread
+// count, even from 32768 blocks, where ATen's own mean splits the sum between threads.
+TEST(Nf4Test, OffsetHasTheSameBitsForAnyThreadCount) {
+  torch::manual_seed(9);
+  const int threads = at::get_num_threads();
+  const std::string capability = at::get_cpu_capability();
+#if defined(__x86_64__)
+  // x86's default build has 8-float vectors too; AVX-512 has 16, and sums in another order.
+  const bool aten_sums_in_8_lanes = capability == "AVX2" || capability == "DEFAULT";
+#else
+  const bool aten_sums_in_8_lanes = capability == "AVX2";
+#endif
+  // Blocks of 64: 1 and 3 (fewer than 8 values), 1001 (the last short) and 35200 (ATen splits that
+  // sum between threads).
+  for (const int64_t n :
+       {int64_t{40}, int64_t{3 * 64}, int64_t{1000 * 64 + 17}, 35200 * int64_t{64}}) {
+    const torch::Tensor weight = torch::randn({n}) * 0.02;
+    at::set_num_threads(1);
+    const torch::Tensor one = QuantizeNf4(weight, /*double_quant=*/true).offset;
+    const torch::Tensor aten_one = QuantizeNf4(weight, /*double_quant=*/false).absmax.mean();
+    at::set_num_threads(2);
+    const torch::Tensor two = QuantizeNf4(weight, /*double_quant=*/true).offset;
+    const torch::Tensor aten_two = QuantizeNf4(weight, /*double_quant=*/false).absmax.mean();
+    at::set_num_threads(threads);
+    const std::string what = "numel " + std::to_string(n);
+    std::printf("%s: ATen's mean with 2 threads %s the one with 1\n", what.c_str(),
+                torch::equal(aten_two, aten_one) ? "equals" : "differs from");
+    ExpectSameBits(two, one, what + " offset, 2 threads against 1");
+    if (aten_sums_in_8_lanes) ExpectSameBits(one, aten_one, what + " offset against ATen's mean");
   }
 }
 
