@@ -354,6 +354,108 @@ TEST_F(AgentTest, AResumedRunGetsItsCheckpointOnlyWhileThisNodeHasIt) {
   EXPECT_EQ(std::find(first_argv.begin(), first_argv.end(), "--resume"), first_argv.end());
 }
 
+TEST_F(AgentTest, ACheckpointIsFetchedByItsPathAndAnotherNodeResumesFromItAsATree) {
+  StartAgent();
+  const pb::RunKey first = Key(9, "moved", 1);
+  RunTrial(first, 0);
+  ASSERT_TRUE(Stream(first, 0).ended.has_value());
+  const fs::path checkpoint = RunDir(first) / "output" / "checkpoints" / "step-2";
+  fs::create_directories(checkpoint / "sub");
+  const std::map<std::string, std::string> written = {
+      {"model.safetensors", std::string(1500000, 'm')},
+      {"sub/rng.safetensors", ""},
+      {"trainer_state.json", R"({"next_step": 2})"}};
+  for (const auto& [path, content] : written) {
+    WriteFile(checkpoint / path, content, fs::perms::owner_read | fs::perms::owner_write);
+  }
+  // The checkpoint's directory alone, as the controller copies it: paths relative to it.
+  const auto fetch = [&](const std::string& path, std::map<std::string, std::string>* files) {
+    pb::FetchArtifactsRequest request;
+    *request.mutable_key() = first;
+    request.set_path(path);
+    grpc::ClientContext context;
+    Deadline(&context);
+    auto stub = Stub();
+    auto reader = stub->FetchArtifacts(&context, request);
+    std::string current;
+    pb::ArtifactChunk chunk;
+    while (reader->Read(&chunk)) {
+      if (!chunk.path().empty()) current = chunk.path();
+      (*files)[current] += chunk.data();
+      if (chunk.last()) {
+        EXPECT_EQ(chunk.sha256(), digest::Sha256Hex((*files)[current]));
+      }
+    }
+    return reader->Finish();
+  };
+  for (const std::string& path : {checkpoint.string(), std::string("output/checkpoints/step-2")}) {
+    std::map<std::string, std::string> files;
+    const grpc::Status fetched = fetch(path, &files);
+    ASSERT_TRUE(fetched.ok()) << path << ": " << fetched.error_message();
+    EXPECT_EQ(files, written) << path;
+  }
+  std::map<std::string, std::string> ignored;
+  EXPECT_EQ(fetch(RunDir(first).string(), &ignored).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(fetch("output/../../../../..", &ignored).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(fetch("output/checkpoints/step-9", &ignored).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(ignored.empty());
+
+  // Sent to a node as a tree (here the same agent, under another trial with no run of its own).
+  std::vector<digest::TreeFile> files;
+  pb::InputTree tree;
+  for (const auto& [path, content] : written) {
+    files.push_back({path, digest::Sha256Hex(content), static_cast<int64_t>(content.size())});
+    pb::TreeFile* file = tree.add_files();
+    file->set_path(path);
+    file->set_sha256(digest::Sha256Hex(content));
+    file->set_size(static_cast<int64_t>(content.size()));
+  }
+  tree.set_digest(digest::TreeDigest(files));
+  const auto resume = [&](const pb::RunKey& key) {
+    pb::RunTrialRequest request;
+    *request.mutable_key() = key;
+    request.set_config_json(
+        nlohmann::json{{"seed", 0}, {"data", {{"path", "unused.jsonl"}}}}.dump());
+    *request.mutable_resume_from()->mutable_run() = Key(9, "elsewhere", 1);
+    request.mutable_resume_from()->set_checkpoint("/on/another/node");
+    *request.mutable_resume_from()->mutable_tree() = tree;
+    grpc::ClientContext context;
+    Deadline(&context);
+    pb::RunState state;
+    return Stub()->RunTrial(&context, request, &state);
+  };
+  const pb::RunKey moved = Key(9, "elsewhere", 2);
+  grpc::Status status = resume(moved);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << "its blobs are missing";
+  EXPECT_FALSE(fs::exists(RunDir(moved)));
+  for (const auto& [path, content] : written) {
+    grpc::ClientContext context;
+    Deadline(&context);
+    pb::UploadBlobResponse response;
+    auto stub = Stub();
+    auto writer = stub->UploadBlob(&context, &response);
+    pb::BlobChunk chunk;
+    chunk.set_sha256(digest::Sha256Hex(content));
+    chunk.set_size(static_cast<int64_t>(content.size()));
+    chunk.set_data(content);
+    writer->Write(chunk);
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok()) << path;
+  }
+  status = resume(moved);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_TRUE(Stream(moved, 0).ended.has_value());
+  const std::vector<std::string> argv = Lines(ReadAll(RunDir(moved) / "argv"));
+  const auto flag = std::find(argv.begin(), argv.end(), "--resume");
+  ASSERT_NE(flag, argv.end());
+  ASSERT_NE(flag + 1, argv.end());
+  EXPECT_EQ(*(flag + 1), (dir_ / "data/cache/trees" / tree.digest()).string());
+  EXPECT_EQ(ReadAll(fs::path(*(flag + 1)) / "trainer_state.json"),
+            written.at("trainer_state.json"));
+}
+
 TEST_F(AgentTest, RunsToOkStreamingEveryEventOnceAndIsIdempotent) {
   StartAgent();
   const pb::RunKey key = Key(7, "base/precision=bf16-true", 1);

@@ -342,7 +342,18 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
     if (!path.ok()) return path.status().WithContext("inputs[" + key + "]");
     input_paths[key] = *path;
   }
-  if (!request.resume_checkpoint.empty()) {
+  std::string resume_checkpoint = request.resume_checkpoint;
+  if (request.resume_tree) {
+    // Trees are content-addressed and never written to (llm-train only reads a checkpoint it
+    // resumes from), so the cache's copy is resumed from in place.
+    auto path = cache_->Materialize(*request.resume_tree);
+    if (!path.ok()) return path.status().WithContext("resume_from.tree");
+    resume_checkpoint = *path;
+    if (!Exists(resume_checkpoint + "/trainer_state.json")) {
+      return InvalidArgumentError("resume_from.tree " + request.resume_tree->digest +
+                                  " is no checkpoint: it has no trainer_state.json");
+    }
+  } else if (!resume_checkpoint.empty()) {
     const std::string from = "resume from " + DescribeRunKey(request.resume_run);
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -388,8 +399,8 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
   for (const auto& [path, written] : trial_file.input_names) {
     command.worker_argv.insert(command.worker_argv.end(), {"--input-name", path + "=" + written});
   }
-  if (!request.resume_checkpoint.empty()) {
-    command.worker_argv.insert(command.worker_argv.end(), {"--resume", request.resume_checkpoint});
+  if (!resume_checkpoint.empty()) {
+    command.worker_argv.insert(command.worker_argv.end(), {"--resume", resume_checkpoint});
   }
   const std::vector<std::string> argv = SupervisorArgv(options_.supervisor_program, command);
   std::vector<std::string> env;

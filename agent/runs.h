@@ -62,6 +62,9 @@ struct RunRequest {
   // resumed from, instead of starting at step 0 (llm-train --resume). Empty: from step 0.
   std::string resume_checkpoint;
   RunKey resume_run;
+  // Continue from this uploaded tree instead (the controller's copy of a checkpoint another node
+  // wrote): it is materialised from the cache, and resume_checkpoint and resume_run are not used.
+  std::optional<digest::InputTree> resume_tree;
 };
 
 // The longest grace a checkpointing cancel can give: it travels in milliseconds as a signal's int.
@@ -91,8 +94,9 @@ class RunManager {
   RunManager& operator=(const RunManager&) = delete;
 
   // Starts the run, or returns the state of the run with that key if there is one. InvalidArgument
-  // for a bad key, config or inputs; FailedPrecondition when an input tree's blobs are missing, or
-  // when the run to resume from is not on this node or its checkpoint is gone.
+  // for a bad key, config or inputs; FailedPrecondition when an input tree's blobs (or those of
+  // the resume tree) are missing, or when the run to resume from is not on this node or its
+  // checkpoint is gone.
   StatusOr<RunState> Start(const RunRequest& request);
   // NotFound for an unknown key.
   StatusOr<RunState> Get(const RunKey& key);

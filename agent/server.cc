@@ -60,19 +60,46 @@ digest::InputTree FromProto(const pb::InputTree& tree) {
   return plain;
 }
 
-// The run's artifacts: every regular file under output/, then the logs, as paths relative to the
-// run directory.
-std::vector<std::string> ArtifactPaths(const std::string& run_dir) {
+// The regular files under `dir` (symbolic links are not followed), relative to `relative_to`,
+// sorted.
+std::vector<std::string> FilesBelow(const std::string& dir, const std::string& relative_to) {
   std::vector<std::string> paths;
   std::error_code error;
-  const fs::path output = fs::path(run_dir) / "output";
-  for (auto it = fs::recursive_directory_iterator(output, error);
+  for (auto it = fs::recursive_directory_iterator(dir, error);
        !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
     if (it->is_regular_file(error) && !it->is_symlink(error)) {
-      paths.push_back(fs::relative(it->path(), run_dir, error).string());
+      paths.push_back(fs::relative(it->path(), relative_to, error).string());
     }
   }
   std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+std::vector<std::string> FilesBelow(const std::string& dir) { return FilesBelow(dir, dir); }
+
+// `path` (absolute, or relative to the run's directory) as a directory inside the run's output
+// directory: only what the worker wrote may be fetched this way, never the agent's other files.
+StatusOr<std::string> OutputSubdirectory(const std::string& run_dir, const std::string& path) {
+  std::error_code error;
+  const fs::path output = fs::weakly_canonical(fs::path(run_dir) / "output", error);
+  if (error) return UnavailableError("cannot resolve " + run_dir + "/output: " + error.message());
+  const fs::path wanted = fs::weakly_canonical(fs::path(run_dir) / path, error);
+  if (error) return NotFoundError("cannot resolve " + path + ": " + error.message());
+  const fs::path inside = wanted.lexically_relative(output);
+  if (inside.empty() || *inside.begin() == "..") {
+    return InvalidArgumentError(path + " is not inside the run's output directory");
+  }
+  if (!fs::is_directory(wanted, error)) {
+    return NotFoundError(path + " is not a directory of the run (gone?)");
+  }
+  return wanted.string();
+}
+
+// The run's artifacts: every regular file under output/, then the logs, as paths relative to the
+// run directory.
+std::vector<std::string> ArtifactPaths(const std::string& run_dir) {
+  std::vector<std::string> paths = FilesBelow((fs::path(run_dir) / "output").string(), run_dir);
+  std::error_code error;
   for (const char* log : {"trial.yaml", "events.jsonl", "stdout.log", "stderr.log"}) {
     if (fs::is_regular_file(fs::path(run_dir) / log, error)) paths.push_back(log);
   }
@@ -190,7 +217,9 @@ class AgentService final : public pb::Agent::Service {
       plain.local_paths["model"] = *dir;
     }
     plain.device_indices.assign(request->device_indices().begin(), request->device_indices().end());
-    if (request->has_resume_from()) {
+    if (request->has_resume_from() && request->resume_from().has_tree()) {
+      plain.resume_tree = FromProto(request->resume_from().tree());
+    } else if (request->has_resume_from()) {
       if (request->resume_from().checkpoint().empty()) {
         return rpc::ToGrpcStatus(InvalidArgumentError("resume_from: no checkpoint named"));
       }
@@ -272,13 +301,23 @@ class AgentService final : public pb::Agent::Service {
   grpc::Status FetchArtifacts(grpc::ServerContext* context,
                               const pb::FetchArtifactsRequest* request,
                               grpc::ServerWriter<pb::ArtifactChunk>* writer) override {
-    auto dir = runs_->RunDir(FromProto(request->key()));
-    if (!dir.ok()) return rpc::ToGrpcStatus(dir.status());
+    auto run_dir = runs_->RunDir(FromProto(request->key()));
+    if (!run_dir.ok()) return rpc::ToGrpcStatus(run_dir.status());
+    std::string root = *run_dir;
+    std::vector<std::string> paths;
+    if (request->path().empty()) {
+      paths = ArtifactPaths(root);
+    } else {
+      auto below = OutputSubdirectory(root, request->path());
+      if (!below.ok()) return rpc::ToGrpcStatus(below.status().WithContext("FetchArtifacts"));
+      root = *below;
+      paths = FilesBelow(root);
+    }
     std::string buffer(kArtifactChunkBytes, '\0');
-    for (const std::string& path : ArtifactPaths(*dir)) {
-      std::ifstream in(*dir + "/" + path, std::ios::binary);
+    for (const std::string& path : paths) {
+      std::ifstream in(root + "/" + path, std::ios::binary);
       std::error_code error;
-      const auto size = fs::file_size(*dir + "/" + path, error);
+      const auto size = fs::file_size(root + "/" + path, error);
       if (!in || error) continue;  // removed meanwhile
       // The size when the listing was made: a log still growing is sent up to there.
       int64_t left = static_cast<int64_t>(size);

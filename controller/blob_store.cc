@@ -65,6 +65,45 @@ StatusOr<std::unique_ptr<digest::VerifiedFileWriter>> BlobStore::BeginWrite(std:
                                                       std::move(temp_path), PathOf(sha256), size);
 }
 
+ReceivedBlob::ReceivedBlob(std::unique_ptr<digest::VerifiedFileWriter> writer,
+                           std::string checked_path, std::string blobs_dir)
+    : writer_(std::move(writer)),
+      checked_path_(std::move(checked_path)),
+      blobs_dir_(std::move(blobs_dir)) {}
+
+ReceivedBlob::~ReceivedBlob() { unlink(checked_path_.c_str()); }
+
+Status ReceivedBlob::Commit(std::string_view sha256) {
+  if (!digest::IsSha256Hex(sha256)) {
+    return InvalidArgumentError("received blob: no sha256 (64 lowercase hex digits): " +
+                                std::string(sha256));
+  }
+  // The writer checks the bytes against `sha256` before they appear at checked_path_; only then
+  // do they take the blob's name.
+  RETURN_IF_ERROR(writer_->Commit(sha256));
+  const std::string final_path = blobs_dir_ + "/" + std::string(sha256);
+  if (::rename(checked_path_.c_str(), final_path.c_str()) != 0) {
+    return InternalError("cannot rename " + checked_path_ + " to " + final_path + ": " +
+                         std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<ReceivedBlob>> BlobStore::BeginReceive(int64_t size) const {
+  if (size < 0) return InvalidArgumentError("received blob: negative size");
+  std::string temp_path = root_ + "/blobs/.receive-XXXXXX";
+  const int fd = mkstemp(temp_path.data());
+  if (fd < 0) {
+    return InternalError("cannot create a temporary file in " + root_ +
+                         "/blobs: " + std::strerror(errno));
+  }
+  std::string checked_path = temp_path + ".checked";
+  auto writer = std::make_unique<digest::VerifiedFileWriter>("received blob", fd, temp_path,
+                                                             checked_path, size);
+  return std::make_unique<ReceivedBlob>(std::move(writer), std::move(checked_path),
+                                        root_ + "/blobs");
+}
+
 Status BlobStore::PutTree(const digest::InputTree& tree) const {
   auto existing = GetTree(tree.digest);
   if (existing.ok()) {

@@ -19,6 +19,28 @@
 
 namespace llmctl::controller {
 
+// A blob received from an agent, whose sha256 comes only with its last chunk (a fetched
+// artifact). Destroying it uncommitted removes what arrived. Not thread-safe.
+class ReceivedBlob {
+ public:
+  ReceivedBlob(std::unique_ptr<digest::VerifiedFileWriter> writer, std::string checked_path,
+               std::string blobs_dir);
+  ~ReceivedBlob();
+  ReceivedBlob(const ReceivedBlob&) = delete;
+  ReceivedBlob& operator=(const ReceivedBlob&) = delete;
+
+  // DataLoss once more bytes arrived than the announced size.
+  Status Append(std::string_view data) { return writer_->Append(data); }
+  // Checks the size and that the bytes hash to `sha256` (DataLoss otherwise), then publishes them
+  // as blob `sha256`. InvalidArgument for a bad digest.
+  Status Commit(std::string_view sha256);
+
+ private:
+  std::unique_ptr<digest::VerifiedFileWriter> writer_;
+  const std::string checked_path_;  // where the writer publishes before the blob is named
+  const std::string blobs_dir_;
+};
+
 class BlobStore {
  public:
   // Uses (and creates, mode 0700) `root`/blobs and `root`/trees.
@@ -33,6 +55,10 @@ class BlobStore {
   // digest or a negative size.
   StatusOr<std::unique_ptr<digest::VerifiedFileWriter>> BeginWrite(std::string_view sha256,
                                                                    int64_t size) const;
+
+  // Receives a blob of `size` bytes whose sha256 is named at its end (ReceivedBlob::Commit).
+  // InvalidArgument for a negative size.
+  StatusOr<std::unique_ptr<ReceivedBlob>> BeginReceive(int64_t size) const;
 
   // Keeps a submitted tree (after digest::ValidateInputTree) so the dispatcher can send it to
   // agents. FailedPrecondition when the same digest was kept before as the other kind (a file vs a

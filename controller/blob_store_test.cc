@@ -66,6 +66,28 @@ TEST_F(BlobStoreTest, RefusesBytesThatDoNotMatchTheDeclaredDigestOrSize) {
   EXPECT_TRUE(std::filesystem::is_empty(root_ + "/data/blobs"));
 }
 
+TEST_F(BlobStoreTest, ReceivesABlobNamedAtItsEndOnlyWhenTheBytesMatchTheName) {
+  const std::string data = "checkpoint bytes";
+  const std::string sha = digest::Sha256Hex(data);
+  {
+    auto received = *blobs_->BeginReceive(static_cast<int64_t>(data.size()));
+    ASSERT_TRUE(received->Append(data).ok());
+    // The sender names another blob's digest: nothing is published under either name.
+    EXPECT_EQ(received->Commit(digest::Sha256Hex("other")).code(), StatusCode::kDataLoss);
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(root_ + "/data/blobs"));
+  auto received = *blobs_->BeginReceive(static_cast<int64_t>(data.size()));
+  ASSERT_TRUE(received->Append(data).ok());
+  ASSERT_TRUE(received->Commit(sha).ok());
+  received.reset();
+  EXPECT_EQ(*ReadFileToString(blobs_->PathOf(sha)), data);
+  EXPECT_EQ(blobs_->BeginReceive(-1).status().code(), StatusCode::kInvalidArgument);
+  // Only the blob is left.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(root_ + "/data/blobs"),
+                          std::filesystem::directory_iterator()),
+            1);
+}
+
 TEST_F(BlobStoreTest, RefusesBadDigests) {
   EXPECT_EQ(blobs_->BeginWrite("../../etc/passwd", 1).status().code(),
             StatusCode::kInvalidArgument);

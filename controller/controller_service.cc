@@ -303,6 +303,7 @@ grpc::Status ControllerService::Resume(grpc::ServerContext*, const v1::ResumeReq
     response->set_first_step(resume.step);
     response->set_node(resume.node);
     response->set_checkpoint(resume.checkpoint);
+    response->set_checkpoint_copied(!resume.tree.empty());
     return Status::Ok();
   });
 }

@@ -223,6 +223,22 @@ void Dispatcher::Stop() {
   for (HubPreparation* preparation : preparations) {
     if (preparation->thread.joinable()) preparation->thread.join();
   }
+  // The stream readers that start copies have stopped, so no copy starts from here on; the running
+  // ones see stopping_ at their next chunk.
+  std::map<AttemptKey, std::pair<std::thread, bool>> copies;
+  {
+    std::lock_guard lock(mutex_);
+    copies.swap(checkpoint_copies_);
+  }
+  for (auto& [key, copy] : copies) {
+    if (copy.first.joinable()) copy.first.join();
+  }
+}
+
+int Dispatcher::CheckpointCopiesInFlight() {
+  std::lock_guard lock(mutex_);
+  return static_cast<int>(std::count_if(checkpoint_copies_.begin(), checkpoint_copies_.end(),
+                                        [](const auto& entry) { return !entry.second.second; }));
 }
 
 int Dispatcher::HubPreparationsInFlight() {
@@ -538,11 +554,14 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
         }
       }
     }
-    queue.push_back({.trial_id = trial.id,
-                     .device_type = trial.device_type,
-                     .device_count = trial.device_count,
-                     .target = targets[trial.experiment_id],
-                     .only_agent = trial.resume ? trial.resume->node : ""});
+    queue.push_back(
+        {.trial_id = trial.id,
+         .device_type = trial.device_type,
+         .device_count = trial.device_count,
+         .target = targets[trial.experiment_id],
+         // Without the controller's copy of its checkpoint, only the node that
+         // holds it can continue the trial.
+         .only_agent = trial.resume && trial.resume->tree.empty() ? trial.resume->node : ""});
     by_id[trial.id] = &trial;
   }
   const scheduler::Placement placement = scheduler::PlaceTrials(queue, agents);
@@ -551,7 +570,7 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
   std::map<int64_t, std::string> waiting;
   for (int64_t trial_id : placement.unsatisfiable) {
     const store::TrialRecord& trial = *by_id.at(trial_id);
-    if (trial.resume) {
+    if (trial.resume && trial.resume->tree.empty()) {
       const std::string& node = trial.resume->node;
       const std::string from = "it resumes from a checkpoint on node " + node;
       waiting[trial_id] =
@@ -636,6 +655,12 @@ Status Dispatcher::Launch(const store::TrialRecord& trial, Link& link,
     from->set_trial(trial.name);
     from->set_attempt(static_cast<int32_t>(trial.resume->attempt));
     request.mutable_resume_from()->set_checkpoint(trial.resume->checkpoint);
+    if (!trial.resume->tree.empty()) {
+      // The controller's copy goes to the node like an input, whichever node it is.
+      ASSIGN_OR_RETURN(digest::InputTree tree, blobs_.GetTree(trial.resume->tree));
+      RETURN_IF_ERROR(EnsureBlobs(*stub, tree).WithContext("sending the checkpoint to resume"));
+      *request.mutable_resume_from()->mutable_tree() = ToProto(tree);
+    }
   }
 
   v1::RunState state;
@@ -972,14 +997,21 @@ void Dispatcher::ReadStream(Stream& stream, v1::Agent::Stub& stub) {
         const v1::RunEnded& end = response.ended();
         std::string error = end.error();
         if (end.outcome() == "invalid" && error.empty()) error = "the trainer refused the config";
+        bool stopped_with_checkpoint = false;
         {
           std::lock_guard lock(mutex_);
           auto stopped = checkpoint_stops_.find({attempt.trial_id, attempt.attempt});
           if (stopped != checkpoint_stops_.end() && end.outcome() == "cancelled") {
+            stopped_with_checkpoint = true;
             error = stopped->second + "; " +
                     DescribeStopCheckpoint(stream.result_json, attempt.experiment_id,
                                            stream.trial_name);
           }
+        }
+        // At once: a lease stop leaves minutes before the node, and its checkpoint, are gone. And
+        // before the trial ends, so whoever sees it ended also sees the copy under way.
+        if (stopped_with_checkpoint) {
+          StartCheckpointCopy(attempt, stream.trial_name, stream.result_json);
         }
         result =
             store_.FinishAttempt(attempt.trial_id, attempt.attempt, OutcomeState(end.outcome()),
@@ -1015,6 +1047,119 @@ void Dispatcher::ReadStream(Stream& stream, v1::Agent::Stub& stub) {
   }
   changes_.Notify();
   Wake();
+}
+
+void Dispatcher::StartCheckpointCopy(const store::RunningAttempt& attempt,
+                                     const std::string& trial_name,
+                                     const std::string& result_json) {
+  const nlohmann::json result =
+      nlohmann::json::parse(result_json, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json checkpoint =
+      result.is_object() ? result.value("checkpoint", nlohmann::json()) : nlohmann::json();
+  if (!checkpoint.is_object() || !checkpoint.value("step", nlohmann::json()).is_number_integer() ||
+      !checkpoint.value("path", nlohmann::json()).is_string()) {
+    return;  // nothing to copy; the trial's error says why
+  }
+  const std::string path = checkpoint["path"].get<std::string>();
+  const int64_t step = checkpoint["step"].get<int64_t>();
+  const AttemptKey key{attempt.trial_id, attempt.attempt};
+  std::lock_guard lock(mutex_);
+  if (stopping_ || checkpoint_copies_.contains(key)) return;
+  auto& copy = checkpoint_copies_[key];
+  copy.second = false;
+  copy.first = std::thread([this, attempt, trial_name, path, step, key] {
+    const auto started = std::chrono::steady_clock::now();
+    StatusOr<std::string> tree = CopyCheckpoint(attempt, trial_name, path, step);
+    if (tree.ok()) {
+      spdlog::info(
+          "{}: checkpoint after step {} copied from node {} in {:.1f} s (tree {}): any "
+          "node can continue it",
+          AttemptName(attempt), step + 1, attempt.node,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), *tree);
+    } else {
+      spdlog::warn(
+          "{}: cannot copy its checkpoint {} from node {}: {}; only that node can "
+          "continue it",
+          AttemptName(attempt), path, attempt.node, tree.status().ToString());
+    }
+    std::lock_guard lock(mutex_);
+    if (auto entry = checkpoint_copies_.find(key); entry != checkpoint_copies_.end()) {
+      entry->second.second = true;
+    }
+  });
+}
+
+StatusOr<std::string> Dispatcher::CopyCheckpoint(const store::RunningAttempt& attempt,
+                                                 const std::string& trial_name,
+                                                 const std::string& checkpoint, int64_t step) {
+  ASSIGN_OR_RETURN(const store::TrialRecord trial, store_.GetTrial(attempt.trial_id));
+  if (trial.resume && !trial.resume->tree.empty() && trial.resume->step == step + 1) {
+    // The attempt continued the controller's copy and wrote no newer checkpoint: its result names
+    // the copy (as materialised on the node), which the controller already holds.
+    RETURN_IF_ERROR(
+        store_.SetCheckpointTree(attempt.trial_id, attempt.attempt, trial.resume->tree));
+    return trial.resume->tree;
+  }
+  v1::RunKey key;
+  key.set_experiment_id(attempt.experiment_id);
+  key.set_trial(trial_name);
+  key.set_attempt(static_cast<int32_t>(attempt.attempt));
+  std::vector<digest::TreeFile> files;
+  std::unique_ptr<ReceivedBlob> blob;
+  Status received;
+  const Status fetched = FetchArtifacts(
+      attempt.node, key,
+      [&](const v1::ArtifactChunk& chunk) {
+        {
+          std::lock_guard lock(mutex_);
+          if (stopping_) {
+            received = CancelledError("the controller is stopping");
+            return false;
+          }
+        }
+        if (!chunk.path().empty()) {
+          if (const std::string problem = digest::RelativePathProblem(chunk.path());
+              !problem.empty()) {
+            received = DataLossError("the agent sent file '" + chunk.path() + "': " + problem);
+            return false;
+          }
+          auto begun = blobs_.BeginReceive(chunk.size());
+          if (!begun.ok()) {
+            received = begun.status();
+            return false;
+          }
+          blob = std::move(*begun);
+          files.push_back({chunk.path(), "", chunk.size()});
+        }
+        if (blob == nullptr) {
+          received = DataLossError("the agent sent data before naming its file");
+          return false;
+        }
+        received = blob->Append(chunk.data());
+        if (received.ok() && chunk.last()) {
+          received = blob->Commit(chunk.sha256()).WithContext(files.back().path);
+          files.back().sha256 = chunk.sha256();
+          blob.reset();
+        }
+        return received.ok();
+      },
+      checkpoint);
+  RETURN_IF_ERROR(received);  // why the sink stopped the download, before the download's own error
+  RETURN_IF_ERROR(fetched);
+  if (blob != nullptr) return DataLossError(files.back().path + " was cut short");
+  std::sort(files.begin(), files.end(),
+            [](const digest::TreeFile& a, const digest::TreeFile& b) { return a.path < b.path; });
+  // What SaveCheckpoint writes last: without it the directory is no complete checkpoint.
+  if (std::none_of(files.begin(), files.end(), [](const digest::TreeFile& file) {
+        return file.path == "trainer_state.json";
+      })) {
+    return DataLossError("the agent sent no trainer_state.json: no complete checkpoint");
+  }
+  digest::InputTree tree{.digest = digest::TreeDigest(files), .files = files, .is_file = false};
+  RETURN_IF_ERROR(digest::ValidateInputTree("checkpoint " + checkpoint, tree));
+  RETURN_IF_ERROR(blobs_.PutTree(tree));
+  RETURN_IF_ERROR(store_.SetCheckpointTree(attempt.trial_id, attempt.attempt, tree.digest));
+  return tree.digest;
 }
 
 void Dispatcher::StopStream(const AttemptKey& key) {
@@ -1118,7 +1263,8 @@ StatusOr<store::TrialResume> Dispatcher::Resume(int64_t experiment_id, std::stri
 }
 
 Status Dispatcher::FetchArtifacts(const std::string& node, const v1::RunKey& key,
-                                  const std::function<bool(const v1::ArtifactChunk&)>& sink) {
+                                  const std::function<bool(const v1::ArtifactChunk&)>& sink,
+                                  const std::string& path) {
   std::shared_ptr<v1::Agent::Stub> stub;
   {
     std::lock_guard lock(mutex_);
@@ -1131,6 +1277,7 @@ Status Dispatcher::FetchArtifacts(const std::string& node, const v1::RunKey& key
   rpc::IdleCanceller idle(context, options_.call_deadline);
   v1::FetchArtifactsRequest request;
   *request.mutable_key() = key;
+  request.set_path(path);
   auto reader = stub->FetchArtifacts(&context, request);
   v1::ArtifactChunk chunk;
   while (reader->Read(&chunk)) {

@@ -28,6 +28,13 @@
 //      the checkpoint in resume_from; the agent's FAILED_PRECONDITION (that run or its checkpoint
 //      is gone from the node) fails the trial, as retrying cannot bring it back. While the node is
 //      not connected the trial waits, and QueuedNotice says for what;
+//      A trial stopped with a checkpoint (below, and Cancel with `checkpoint`) has that
+//      checkpoint copied at once, on a thread of its own, from its agent into the blob store as
+//      an input tree (FetchArtifacts of the checkpoint's directory, every file checked against
+//      its sha256), recorded with Store::SetCheckpointTree: a resumed trial whose checkpoint the
+//      controller holds may run on any node that satisfies it, which gets the tree like any other
+//      input and resumes from it (resume_from.tree). A failed copy is logged, and the node
+//      holding the checkpoint stays the only one that can continue it;
 //   6. watches the end of each node's cloud lease: from lease_warning before it, a warning (logged
 //      once, and NodeNotice for the status the CLI shows) and no new trial on that node; from
 //      lease_stop_margin before it, CancelRun with checkpoint for each trial running there
@@ -141,17 +148,21 @@ class Dispatcher {
   // from now on. An unknown or already removed node is OK (the result says which).
   StatusOr<store::NodeRemoval> RemoveNode(const std::string& node);
 
-  // Streams a run's artifacts from `node`'s agent into `sink`; a false from `sink` stops it
-  // (Cancelled). Unavailable when the node has no link; DeadlineExceeded when no chunk arrives for
-  // call_deadline.
+  // Streams a run's artifacts from `node`'s agent into `sink` (only those under `path`, a
+  // directory in the run's output, when given; FetchArtifactsRequest says how); a false from
+  // `sink` stops it (Cancelled). Unavailable when the node has no link; DeadlineExceeded when no
+  // chunk arrives for call_deadline.
   Status FetchArtifacts(const std::string& node, const v1::RunKey& key,
-                        const std::function<bool(const v1::ArtifactChunk&)>& sink);
+                        const std::function<bool(const v1::ArtifactChunk&)>& sink,
+                        const std::string& path = "");
 
   // How many stream readers are running now (for tests and the node list).
   int ActiveStreams();
 
   // How many hub model downloads are in flight now (for tests).
   int HubPreparationsInFlight();
+  // How many checkpoint copies to the controller are in flight now (for tests).
+  int CheckpointCopiesInFlight();
 
   // A warning about `node` for the trials running there ("" when none): its lease ends soon.
   std::string NodeNotice(const std::string& node);
@@ -191,6 +202,14 @@ class Dispatcher {
   void CancelRun(const store::RunningAttempt& attempt, const std::string& trial_name,
                  v1::Agent::Stub& stub, std::optional<std::chrono::milliseconds> checkpoint_grace);
   void ReadStream(Stream& stream, v1::Agent::Stub& stub);
+  // Starts copying the checkpoint that `result_json` (the attempt's result event) names into the
+  // blob store, when it names one.
+  void StartCheckpointCopy(const store::RunningAttempt& attempt, const std::string& trial_name,
+                           const std::string& result_json);
+  // The copy itself: the tree's digest, recorded with the attempt.
+  StatusOr<std::string> CopyCheckpoint(const store::RunningAttempt& attempt,
+                                       const std::string& trial_name, const std::string& checkpoint,
+                                       int64_t step);
   void StopStream(const AttemptKey& key);
   std::unique_ptr<grpc::ClientContext> CallContext() const;
 
@@ -220,6 +239,9 @@ class Dispatcher {
   // Attempts stopped with a checkpoint (their node's lease ends, or Cancel with `checkpoint`) →
   // why; guarded by mutex_.
   std::map<AttemptKey, std::string> checkpoint_stops_;
+  // Checkpoint copies (StartCheckpointCopy) → their thread and whether it is done; guarded by
+  // mutex_, joined by Stop.
+  std::map<AttemptKey, std::pair<std::thread, bool>> checkpoint_copies_;
   std::thread thread_;
 };
 

@@ -536,7 +536,11 @@ int Llmctl::Resume(int64_t id, const std::string& trial, bool wait) {
   context_.out << "resuming " << response.trial() << " of experiment " << response.experiment_id()
                << " at step " << response.first_step() + 1 << " from attempt "
                << response.resumes_attempt() << "'s checkpoint " << response.checkpoint()
-               << " on node " << response.node() << "\n"
+               << " on node " << response.node()
+               << (response.checkpoint_copied()
+                       ? " (the controller has a copy: any node that can run it may continue it)"
+                       : "")
+               << "\n"
                << std::flush;
   if (!wait) return kExitOk;
   return FollowAndReport(**stub, response.experiment_id());

@@ -136,6 +136,7 @@ class FakeController final : public v1::Controller::Service {
     response->set_first_step(3);
     response->set_node("n1");
     response->set_checkpoint("/ckpt/step-3");
+    response->set_checkpoint_copied(request->trial() == "copied");
     return grpc::Status::OK;
   }
 
@@ -437,6 +438,11 @@ TEST_F(CommandsTest, ResumeSaysWhereTheTrialContinuesOrWhyItCannot) {
   EXPECT_EQ(out_.str(),
             "resuming b of experiment 42 at step 4 from attempt 1's checkpoint /ckpt/step-3 on "
             "node n1\n");
+  out_.str("");
+  ASSERT_EQ(Run({"resume", "42", "copied"}), kExitOk);
+  EXPECT_EQ(out_.str(),
+            "resuming copied of experiment 42 at step 4 from attempt 1's checkpoint /ckpt/step-3 "
+            "on node n1 (the controller has a copy: any node that can run it may continue it)\n");
   EXPECT_EQ(Run({"resume", "42", "running"}), kExitInvalidInput);
   EXPECT_EQ(err_.str(),
             "llmctl: cannot resume: trial 'running' is running; only a trial that has ended can "

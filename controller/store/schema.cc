@@ -377,8 +377,17 @@ WHERE m.until_step IS NULL OR json_extract(e.json, '$.step') < m.until_step
 ORDER BY t.experiment_id, t.ordinal, e.attempt, e.seq;
 )sql";
 
-constexpr std::array<std::string_view, 6> kMigrations = {
-    kInitialSchema, kNodeLeases, kNodeRemoval, kAttemptDevices, kReportViews, kResume};
+// The controller's copy of a checkpoint, fetched from its node after a checkpointing stop, so a
+// resumed trial can continue on any node (the node may go away with its lease).
+constexpr std::string_view kCheckpointTrees = R"sql(
+-- the digest of the input tree in the controller's blob store holding the checkpoint this
+-- attempt's result names; NULL while the controller has no copy
+ALTER TABLE attempts ADD COLUMN checkpoint_tree TEXT;
+)sql";
+
+constexpr std::array<std::string_view, 7> kMigrations = {
+    kInitialSchema, kNodeLeases, kNodeRemoval,    kAttemptDevices,
+    kReportViews,   kResume,     kCheckpointTrees};
 
 }  // namespace
 

@@ -216,7 +216,8 @@ constexpr std::string_view kTrialColumns =
     "id, experiment_id, ordinal, name, description, config_json, expect, device_type, "
     "device_count, state, current_attempt, cancel_requested, resume_attempt, resume_step, "
     "resume_checkpoint, (SELECT node FROM attempts WHERE trial_id = trials.id AND "
-    "attempt = trials.resume_attempt)";
+    "attempt = trials.resume_attempt), (SELECT checkpoint_tree FROM attempts WHERE "
+    "trial_id = trials.id AND attempt = trials.resume_attempt)";
 
 StatusOr<TrialRecord> ReadTrial(const Statement& stmt) {
   TrialRecord record;
@@ -236,7 +237,8 @@ StatusOr<TrialRecord> ReadTrial(const Statement& stmt) {
     record.resume = TrialResume{.attempt = stmt.Int(12),
                                 .node = stmt.Text(15),
                                 .checkpoint = stmt.Text(14),
-                                .step = stmt.Int(13)};
+                                .step = stmt.Int(13),
+                                .tree = stmt.IsNull(16) ? "" : stmt.Text(16)};
   }
   return record;
 }
@@ -934,10 +936,17 @@ StatusOr<TrialResume> Store::ResumeTrial(int64_t trial_id) {
       checkpoint["step"].get<int64_t>() >= 0 && checkpoint.value("path", json()).is_string() &&
       !checkpoint["path"].get<std::string>().empty()) {
     // The event counts steps from 0; the checkpoint holds the steps up to and including it.
+    ASSIGN_OR_RETURN(Statement tree,
+                     Statement::Prepare(db_,
+                                        "SELECT checkpoint_tree FROM attempts WHERE trial_id = ? "
+                                        "AND attempt = ?"));
+    tree.Bind(1, trial_id).Bind(2, final_attempt);
+    ASSIGN_OR_RETURN(const bool has_row, tree.Step());
     resume = TrialResume{.attempt = final_attempt,
                          .node = row->node,
                          .checkpoint = checkpoint["path"].get<std::string>(),
-                         .step = checkpoint["step"].get<int64_t>() + 1};
+                         .step = checkpoint["step"].get<int64_t>() + 1,
+                         .tree = has_row && !tree.IsNull(0) ? tree.Text(0) : ""};
   } else if (trial.resume) {
     // The final attempt continued this checkpoint and ended before it wrote or named one (say, the
     // agent no longer had it, or the trainer refused its config): the checkpoint is still the
@@ -953,12 +962,17 @@ StatusOr<TrialResume> Store::ResumeTrial(int64_t trial_id) {
                                    "; a running trial stopped with llmctl cancel --checkpoint "
                                    "keeps one");
   }
-  if (StatusOr<std::optional<Time>> removed = LoadNodeRemovedAt(db_, resume.node);
-      removed.ok() && removed->has_value()) {
-    return FailedPreconditionError(label + "'s checkpoint is on node " + Quoted(resume.node) +
-                                   ", which has been removed");
-  } else if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) {
-    return removed.status();
+  // With the controller's copy any node can continue it; without, only the checkpoint's node.
+  if (resume.tree.empty()) {
+    StatusOr<std::optional<Time>> removed = LoadNodeRemovedAt(db_, resume.node);
+    if (removed.ok() && removed->has_value()) {
+      return FailedPreconditionError(label + "'s checkpoint is on node " + Quoted(resume.node) +
+                                     ", which has been removed, and the controller has no copy "
+                                     "of it");
+    }
+    if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) {
+      return removed.status();
+    }
   }
   ASSIGN_OR_RETURN(Statement update,
                    Statement::Prepare(db_,
@@ -970,6 +984,21 @@ StatusOr<TrialResume> Store::ResumeTrial(int64_t trial_id) {
   RETURN_IF_ERROR(RefreshExperimentState(db_, trial.experiment_id));
   RETURN_IF_ERROR(txn.Commit());
   return resume;
+}
+
+Status Store::SetCheckpointTree(int64_t trial_id, int64_t attempt, std::string_view tree_digest) {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Statement update,
+                   Statement::Prepare(db_,
+                                      "UPDATE attempts SET checkpoint_tree = ? WHERE trial_id = ? "
+                                      "AND attempt = ?"));
+  update.Bind(1, tree_digest).Bind(2, trial_id).Bind(3, attempt);
+  RETURN_IF_ERROR(update.Run());
+  if (sqlite3_changes(db_) == 0) {
+    return NotFoundError("trial " + std::to_string(trial_id) + " has no attempt " +
+                         std::to_string(attempt));
+  }
+  return Status::Ok();
 }
 
 StatusOr<std::vector<RunningAttempt>> Store::CancelTrial(int64_t trial_id) {

@@ -88,6 +88,10 @@ struct TrialResume {
   std::string node;        // where that attempt ran: the checkpoint is on its disk
   std::string checkpoint;  // the checkpoint's directory there
   int64_t step = 0;        // the steps it holds: the first step (from 0) the next attempt runs
+  // The controller's copy of the checkpoint (an input tree's digest in its blob store, recorded
+  // with SetCheckpointTree), so any node may continue it; empty while there is none, and then only
+  // `node` can.
+  std::string tree;
 
   bool operator==(const TrialResume&) const = default;
 };
@@ -274,8 +278,14 @@ class Store {
   // and wrote none, the same checkpoint again), and clears its cancel request. Its next attempts
   // then start at the checkpoint's step on the checkpoint's node. FailedPrecondition saying why
   // when it cannot: the trial has not ended or ended ok, its final attempt was lost or left no
-  // checkpoint, or the checkpoint's node has been removed. NotFound for an unknown trial.
+  // checkpoint, or the checkpoint's node has been removed and the controller holds no copy of
+  // it. NotFound for an unknown trial.
   StatusOr<TrialResume> ResumeTrial(int64_t trial_id);
+
+  // Records that the controller holds the checkpoint the attempt's result names as input tree
+  // `tree_digest` (stored in its blob store), whether the trial was resumed yet or is later: its
+  // resume then names the tree. NotFound for an unknown attempt.
+  Status SetCheckpointTree(int64_t trial_id, int64_t attempt, std::string_view tree_digest);
 
   // Queued trials become cancelled at once; running ones are marked cancel-requested and returned,
   // for the caller to cancel on their nodes (each then finishes as cancelled). Trials with an

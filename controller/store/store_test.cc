@@ -1116,7 +1116,8 @@ TEST_F(StoreTest, AResumedTrialRunsFromItsCheckpointAndItsRunJoinsTheAttempts) {
 
   StatusOr<TrialResume> resume = store->ResumeTrial(trial);
   ASSERT_TRUE(resume.ok()) << resume.status().ToString();
-  const TrialResume expected{.attempt = 1, .node = "n1", .checkpoint = checkpoint, .step = 3};
+  const TrialResume expected{
+      .attempt = 1, .node = "n1", .checkpoint = checkpoint, .step = 3, .tree = ""};
   EXPECT_EQ(*resume, expected);
   StatusOr<TrialRecord> record = store->GetTrial(trial);
   EXPECT_EQ(record->state, TrialState::kQueued);
@@ -1186,6 +1187,60 @@ TEST_F(StoreTest, AResumedTrialRunsFromItsCheckpointAndItsRunJoinsTheAttempts) {
   EXPECT_THAT(store->ResumeTrial(trial).status().message(),
               HasSubstr("'long' ended ok: there is nothing left to run"));
   EXPECT_EQ(store->RunSteps(987654).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, TheControllersCopyOfACheckpointLetsItsTrialResumeAfterItsNodeIsRemoved) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store
+                  ->UpsertNode(NodeRecord{.name = "leased",
+                                          .address = "unix:/x",
+                                          .devices_json = "[]",
+                                          .last_seen = kNow,
+                                          .state = "connected",
+                                          .lease = std::nullopt})
+                  .ok());
+  const std::vector<int64_t> trials =
+      CreateTrials(*store, "copy", {"before", "after", "resumed-first"});
+  const json checkpoint = {{"step", 4}, {"path", "/runs/1/x/1/output/checkpoints/step-5"}};
+  const std::string tree(64, 'a');
+  for (int64_t trial : trials) {
+    ASSERT_EQ(*store->StartAttempt(trial, "leased", kNow), 1);
+    ASSERT_TRUE(store
+                    ->AppendEvents(trial, 1,
+                                   std::vector<Event>{MakeEvent(
+                                       1, ResultEvent("cancelled", 1.0, 1.0, 1, 1.0, checkpoint))})
+                    .ok());
+    ASSERT_TRUE(store->FinishAttempt(trial, 1, TrialState::kCancelled, 5, "", kNow).ok());
+  }
+  EXPECT_EQ(store->SetCheckpointTree(trials[0], 2, tree).code(), StatusCode::kNotFound);
+  // Resumed while the copy is still on its way: only the node can continue it until it arrives.
+  ASSERT_EQ(store->ResumeTrial(trials[2])->tree, "");
+  ASSERT_TRUE(store->SetCheckpointTree(trials[2], 1, tree).ok());
+  EXPECT_EQ(store->GetTrial(trials[2])->resume->tree, tree);
+  // The copy arrives before the resume: the resume names it, and the node may go.
+  ASSERT_TRUE(store->SetCheckpointTree(trials[0], 1, tree).ok());
+  ASSERT_EQ(store->RemoveNode("leased", kNow)->result, NodeRemoval::Result::kRemoved);
+  StatusOr<TrialResume> resume = store->ResumeTrial(trials[0]);
+  ASSERT_TRUE(resume.ok()) << resume.status().ToString();
+  EXPECT_EQ(*resume, (TrialResume{.attempt = 1,
+                                  .node = "leased",
+                                  .checkpoint = checkpoint["path"],
+                                  .step = 5,
+                                  .tree = tree}));
+  EXPECT_EQ(store->GetTrial(trials[0])->resume, *resume);
+  // Without a copy the removed node's checkpoint is out of reach; once the copy is recorded (a
+  // fetch that finished late) the trial resumes from it.
+  EXPECT_THAT(store->ResumeTrial(trials[1]).status().message(),
+              HasSubstr("which has been removed, and the controller has no copy of it"));
+  ASSERT_TRUE(store->SetCheckpointTree(trials[1], 1, tree).ok());
+  ASSERT_TRUE(store->ResumeTrial(trials[1]).ok());
+  EXPECT_EQ(store->GetTrial(trials[1])->resume->tree, tree);
+  // The next attempt starts at the checkpoint's step on any node.
+  ASSERT_EQ(*store->StartAttempt(trials[1], "n2", kNow), 2);
+  EXPECT_EQ(QueryInt("SELECT first_step FROM attempts WHERE attempt = 2 AND trial_id = " +
+                     std::to_string(trials[1])),
+            5);
 }
 
 TEST_F(StoreTest, ResumeSaysWhyATrialCannotBeResumed) {

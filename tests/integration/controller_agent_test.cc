@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/digest/digest.h"
 #include "common/files.h"
 #include "controller/daemon.h"
 
@@ -284,6 +285,115 @@ TEST_F(ControllerAgentTest, ATrialKilledForMemoryIsOomAndTheNextTrialRuns) {
   EXPECT_EQ(report.trials(0).outcome(), "oom");
   EXPECT_NE(report.trials(0).error().find("killed by the kernel"), std::string::npos)
       << report.trials(0).error();
+}
+
+// A lease's end with the real llm-train: the trial is stopped with a checkpoint on n1, the
+// controller copies the checkpoint, n1 goes (`llmctl node down`), and the resumed trial runs on n2
+// from the copy, its losses exactly those of the same run uninterrupted.
+TEST_F(ControllerAgentTest, ATrialStoppedWithACheckpointResumesOnAnotherNodeExactly) {
+  const fs::path llm_train = fs::absolute(BuildDir() + "/trainer/llm-train");
+  if (!fs::exists(llm_train)) GTEST_SKIP() << llm_train << " is not built";
+  trainer_ = llm_train.string();
+  const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
+  const fs::path source = source_dir != nullptr ? source_dir : ".";
+  // The user's inputs, uploaded as submit does: each file a tree of one.
+  std::map<std::string, v1::InputTree> inputs;
+  for (const auto& [name, path] : std::map<std::string, fs::path>{
+           {"train.jsonl", source / "experiments/data/alpaca-demo.jsonl"},
+           {"tokenizer.json", source / "experiments/tokenizers/demo/tokenizer.json"}}) {
+    auto content = ReadFileToString(path.string());
+    ASSERT_TRUE(content.ok()) << path;
+    const std::string sha = digest::Sha256Hex(*content);
+    grpc::ClientContext context;
+    v1::UploadBlobResponse response;
+    auto writer = controller_->UploadBlob(&context, &response);
+    v1::BlobChunk chunk;
+    chunk.set_sha256(sha);
+    chunk.set_size(static_cast<int64_t>(content->size()));
+    chunk.set_data(*content);
+    writer->Write(chunk);
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok()) << name;
+    const std::vector<digest::TreeFile> files = {
+        {name, sha, static_cast<int64_t>(content->size())}};
+    v1::InputTree& tree = inputs[name];
+    tree.set_is_file(true);
+    tree.set_digest(digest::TreeDigest(files));
+    v1::TreeFile* file = tree.add_files();
+    file->set_path(name);
+    file->set_sha256(sha);
+    file->set_size(static_cast<int64_t>(content->size()));
+  }
+  constexpr int kSteps = 24;
+  const auto submit = [&] {
+    v1::SubmitRequest request;
+    request.set_filename("long.yaml");
+    request.set_yaml_text(
+        "model: llmctl-demo\ninit: random\ntokenizer: tokenizer.json\n"
+        "data: {path: train.jsonl, max_seq_length: 64}\n"
+        "train: {micro_batch_size: 2, max_steps: " +
+        std::to_string(kSteps) + "}\ntrials:\n  - {name: long, expect: ok}\n");
+    for (const auto& [name, tree] : inputs) (*request.mutable_inputs())[name] = tree;
+    v1::SubmitResponse response;
+    grpc::ClientContext context;
+    const grpc::Status status = controller_->Submit(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.experiment_id();
+  };
+  const auto losses = [&](int64_t experiment) {
+    std::vector<std::pair<int64_t, double>> by_step;  // (attempt, loss)
+    auto steps = daemon_->store().RunSteps(experiment);
+    EXPECT_TRUE(steps.ok());
+    if (steps.ok()) {
+      for (const store::TrialStep& step : *steps) {
+        by_step.emplace_back(step.attempt, step.loss.value_or(-1));
+      }
+    }
+    return by_step;
+  };
+  // Rounds until `done`, with a wall-clock bound roomy enough for LibTorch starting on a busy
+  // machine.
+  const auto until = [&](auto done) {
+    for (int i = 0; i < 6000 && !done(); ++i) {
+      clock_.Advance(milliseconds(100));
+      daemon_->dispatcher().Tick();
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return done();
+  };
+
+  AddAgent("n1");
+  const int64_t experiment = submit();
+  const int64_t trial = Trials(experiment).front().id;
+  ASSERT_TRUE(until([&] { return losses(experiment).size() >= 3; }));
+  ASSERT_TRUE(daemon_->dispatcher().Cancel(experiment, "long", /*checkpoint=*/true).ok());
+  ASSERT_TRUE(until([&] { return AllEnded(experiment); }));
+  ASSERT_EQ(Trials(experiment).front().state, store::TrialState::kCancelled)
+      << "the run ended before the stop; the machine is faster than this test assumes";
+  ASSERT_TRUE(until([&] { return daemon_->dispatcher().CheckpointCopiesInFlight() == 0; }));
+
+  AddAgent("n2");
+  ASSERT_TRUE(daemon_->dispatcher().RemoveNode("n1").ok());
+  Kill("n1");
+  auto resume = daemon_->dispatcher().Resume(experiment, "long");
+  ASSERT_TRUE(resume.ok()) << resume.status().ToString();
+  ASSERT_FALSE(resume->tree.empty()) << "the controller has no copy of the checkpoint";
+  ASSERT_TRUE(until([&] { return AllEnded(experiment); }));
+  const store::TrialRecord resumed = daemon_->store().GetTrial(trial).value();
+  ASSERT_EQ(resumed.state, store::TrialState::kOk);
+  EXPECT_TRUE(fs::exists(RunDir("n2", experiment, "long", 2) / "events.jsonl"));
+
+  const int64_t reference = submit();
+  ASSERT_TRUE(until([&] { return AllEnded(reference); }));
+  const auto expected = losses(reference);
+  const auto got = losses(experiment);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(got.size(), expected.size());
+  EXPECT_EQ(got.front().first, 1);
+  EXPECT_EQ(got.back().first, 2);
+  for (size_t step = 0; step < got.size(); ++step) {
+    EXPECT_EQ(got[step].second, expected[step].second) << "step " << step;
+  }
 }
 
 // llmctld as a process of its own, killed with SIGKILL mid-experiment and started again on the same
