@@ -23,11 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using llmctl::testing::CommandResult;
-
-fs::path BuildDir() {
-  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
-  return fs::absolute(dir != nullptr ? dir : "build");  // ctest runs in the source directory
-}
+using llmctl::testing::BuildDir;
 
 struct BrokenCase {
   fs::path file;

@@ -33,6 +33,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using testing::CommandResult;
+using testing::BuildDir;
 
 constexpr char kLease[] = "e2e";
 constexpr char kFlavor[] = "g1.h100.pci.1";
@@ -48,11 +49,6 @@ sleep 1
 emit '{"type":"step","step":1,"loss":1.5}'
 emit '{"type":"result","outcome":"ok","error":"","final_loss":1.5}'
 )";
-
-fs::path BuildDir() {
-  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
-  return fs::absolute(dir != nullptr ? dir : "build");  // ctest runs in the source directory
-}
 
 // A TCP port nobody listens on right now (the kernel's pick for port 0).
 int FreePort() {

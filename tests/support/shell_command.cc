@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 
 namespace llmctl::testing {
 
@@ -19,6 +20,11 @@ CommandResult RunShellCommand(const std::string& command) {
   const int status = ::pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+std::filesystem::path BuildDir() {
+  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
+  return std::filesystem::absolute(dir != nullptr ? dir : "build");
 }
 
 }  // namespace llmctl::testing

@@ -3,6 +3,7 @@
 #ifndef LLMCTL_TESTS_SUPPORT_SHELL_COMMAND_H_
 #define LLMCTL_TESTS_SUPPORT_SHELL_COMMAND_H_
 
+#include <filesystem>
 #include <string>
 
 namespace llmctl::testing {
@@ -13,6 +14,10 @@ struct CommandResult {
 };
 
 CommandResult RunShellCommand(const std::string& command);
+
+// Where the built binaries are, as an absolute path: $LLMCTL_BUILD_DIR, else build/ (ctest runs the
+// tests in the source directory).
+std::filesystem::path BuildDir();
 
 }  // namespace llmctl::testing
 
