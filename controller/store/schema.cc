@@ -111,142 +111,46 @@ ALTER TABLE attempts ADD COLUMN device_indices_json TEXT;
 )sql";
 
 // The report's figures as SQL views, so that `sqlite3 llmctl.db 'select * from trial_results'`
-// answers what `llmctl report` shows without unpacking event JSON by hand. Store::Report reads
-// them, so they are the one statement of the report's rules:
-// - a trial's figures come from its final (current) attempt;
-// - train_seconds, tokens_per_second, final_loss from that attempt's latest `result` event, and
-//   load_peak_bytes from its latest `start` event;
-// - "at peak" is the attempt's `snapshot` event with the most allocated bytes, the earliest (lowest
-//   seq) on a tie: for an out-of-memory trial, the moment the allocation failed;
-// - peak_bytes is the higher of the result's and the at-peak snapshot's peak;
-// - error is what the controller recorded when the attempt ended, else the result's;
-// - per phase, the phase's snapshot with the most allocated bytes, the earliest on a tie, in the
-//   step anatomy's order (trainer/train/trainer.cc) with the out-of-memory snapshot last.
-// NULL where the attempt has no such figure (a trial that never started, a run without a result).
-// Each subquery is correlated to one trial, so that a query for one experiment reads only its
-// trials' events (through the events primary key and events_by_type).
-constexpr std::string_view kReportViews = R"sql(
-CREATE VIEW trial_results AS
-SELECT
-  x.id AS experiment_id,
-  x.name AS experiment,
-  t.id AS trial_id,
-  t.name AS trial,
-  t.ordinal,
-  NULLIF(t.current_attempt, 0) AS attempt,
-  a.node,
-  t.state AS outcome,
-  t.expect AS expected,
-  a.exit_code,
-  COALESCE(NULLIF(a.error, ''), NULLIF(json_extract(r.json, '$.error'), '')) AS error,
-  json_extract(s.json, '$.load_peak_bytes') AS load_peak_bytes,
-  MAX(COALESCE(json_extract(r.json, '$.peak_bytes'), json_extract(p.json, '$.peak_bytes')),
-      COALESCE(json_extract(p.json, '$.peak_bytes'), json_extract(r.json, '$.peak_bytes')))
-      AS peak_bytes,
-  json_extract(r.json, '$.tokens_per_second') AS tokens_per_second,
-  json_extract(r.json, '$.train_seconds') AS train_seconds,
-  json_extract(r.json, '$.final_loss') AS final_loss,
-  p.attempt AS at_peak_attempt,
-  p.seq AS at_peak_seq,
-  json_extract(p.json, '$.step') AS at_peak_step,
-  json_extract(p.json, '$.phase') AS at_peak_phase,
-  json_extract(p.json, '$.params_bytes') AS params_bytes,
-  json_extract(p.json, '$.grads_bytes') AS grads_bytes,
-  json_extract(p.json, '$.optim_device_bytes') AS optim_device_bytes,
-  json_extract(p.json, '$.optim_host_bytes') AS optim_host_bytes,
-  json_extract(p.json, '$.other_bytes') AS other_bytes,
-  json_extract(p.json, '$.allocated_bytes') AS allocated_bytes,
-  json_extract(p.json, '$.reserved_bytes') AS reserved_bytes
-FROM trials t
-JOIN experiments x ON x.id = t.experiment_id
-LEFT JOIN attempts a ON a.trial_id = t.id AND a.attempt = t.current_attempt
-LEFT JOIN events s ON s.trial_id = t.id AND s.attempt = t.current_attempt AND s.seq =
-  (SELECT MAX(seq) FROM events
-   WHERE trial_id = t.id AND attempt = t.current_attempt AND type = 'start')
-LEFT JOIN events r ON r.trial_id = t.id AND r.attempt = t.current_attempt AND r.seq =
-  (SELECT MAX(seq) FROM events
-   WHERE trial_id = t.id AND attempt = t.current_attempt AND type = 'result')
-LEFT JOIN events p ON p.trial_id = t.id AND p.attempt = t.current_attempt AND p.seq =
-  (SELECT seq FROM events
-   WHERE trial_id = t.id AND attempt = t.current_attempt AND type = 'snapshot'
-   ORDER BY json_extract(json, '$.allocated_bytes') DESC, seq LIMIT 1)
-ORDER BY x.id, t.ordinal;
-
-CREATE VIEW trial_phase_peaks AS
-SELECT
-  t.experiment_id,
-  t.id AS trial_id,
-  t.name AS trial,
-  ph.phase_order,
-  ph.phase,
-  p.attempt,
-  p.seq,
-  json_extract(p.json, '$.step') AS step,
-  json_extract(p.json, '$.micro_batch') AS micro_batch,
-  json_extract(p.json, '$.params_bytes') AS params_bytes,
-  json_extract(p.json, '$.grads_bytes') AS grads_bytes,
-  json_extract(p.json, '$.optim_device_bytes') AS optim_device_bytes,
-  json_extract(p.json, '$.optim_host_bytes') AS optim_host_bytes,
-  json_extract(p.json, '$.other_bytes') AS other_bytes,
-  json_extract(p.json, '$.allocated_bytes') AS allocated_bytes,
-  json_extract(p.json, '$.peak_bytes') AS peak_bytes,
-  json_extract(p.json, '$.reserved_bytes') AS reserved_bytes
-FROM trials t
-CROSS JOIN (SELECT 0 AS phase_order, 'phase0_before_fwd' AS phase
-            UNION ALL SELECT 1, 'phase1_after_fwd'
-            UNION ALL SELECT 2, 'phase2_after_bwd'
-            UNION ALL SELECT 3, 'phase3_after_opt_step'
-            UNION ALL SELECT 4, 'oom') AS ph
-JOIN events p ON p.trial_id = t.id AND p.attempt = t.current_attempt AND p.seq =
-  (SELECT seq FROM events
-   WHERE trial_id = t.id AND attempt = t.current_attempt AND type = 'snapshot'
-     AND json_extract(json, '$.phase') = ph.phase
-   ORDER BY json_extract(json, '$.allocated_bytes') DESC, seq LIMIT 1)
-ORDER BY t.experiment_id, t.ordinal, ph.phase_order;
-
--- The `step` events of each trial's final attempt; step counts from 0, as in the events.
-CREATE VIEW trial_steps AS
-SELECT
-  t.experiment_id,
-  t.id AS trial_id,
-  t.name AS trial,
-  e.attempt,
-  json_extract(e.json, '$.step') AS step,
-  json_extract(e.json, '$.loss') AS loss,
-  json_extract(e.json, '$.lr') AS lr,
-  json_extract(e.json, '$.tokens') AS tokens,
-  json_extract(e.json, '$.seconds') AS seconds,
-  json_extract(e.json, '$.allocated_bytes') AS allocated_bytes,
-  json_extract(e.json, '$.peak_bytes') AS peak_bytes
-FROM trials t
-JOIN events e ON e.trial_id = t.id AND e.attempt = t.current_attempt AND e.type = 'step'
-ORDER BY t.experiment_id, t.ordinal, e.attempt, e.seq;
-)sql";
-
+// answers what `llmctl report` shows without unpacking event JSON by hand; and what `llmctl resume`
+// needs beside them: where a continuation starts, and the controller's copy of a checkpoint. One
+// migration: none of this had shipped when it was written. Store::Report reads the views, so they
+// are the one statement of the report's rules.
+//
 // `llmctl resume`: a trial whose final attempt stopped with a checkpoint runs again from it. The
 // trial keeps the checkpoint its next attempts start from (a continuation that is lost is replaced
-// by another from the same checkpoint), each attempt the step it started at; and the report views
-// read a trial's run, its final attempt and the attempts it resumed from, instead of the final
-// attempt alone.
+// by another from the same checkpoint), each attempt the step it started at; the views read a
+// trial's run, its final attempt and the attempts it resumed from.
 //
 // Which attempts make up the run: the final one and every attempt before it that ended. An attempt
 // ends once and gives the trial its outcome, and only a resume queues the trial again after that,
 // from the final attempt's checkpoint; so each ended attempt before the final one is one that the
 // next attempt of the run continued (lost attempts never count). An attempt's steps count up to
 // the step the next attempt of the run started at (its `until_step`): later ones were run again.
-// The run's figures: train_seconds summed over its attempts' results, tokens_per_second their
-// tokens over that time, peak_bytes the highest of their results' and the at-peak snapshot's,
-// final_loss and error the final attempt's; at peak and per phase over all their snapshots (ties:
-// the earliest attempt, then seq). A run of one attempt has exactly that attempt's figures.
-constexpr std::string_view kResume = R"sql(
+//
+// The run's figures:
+// - train_seconds summed over its attempts' latest `result` events, tokens_per_second their tokens
+//   over that time; final_loss the final attempt's result's; load_peak_bytes from the final
+//   attempt's latest `start` event;
+// - "at peak" is the `snapshot` event of the run with the most allocated bytes, the earliest
+//   (attempt, then seq) on a tie: for an out-of-memory trial, the moment the allocation failed;
+// - peak_bytes is the highest of the results' and the at-peak snapshot's peak;
+// - error is what the controller recorded when the final attempt ended, else its result's;
+// - per phase, the phase's snapshot with the most allocated bytes, the earliest on a tie, in the
+//   step anatomy's order (trainer/train/trainer.cc) with the out-of-memory snapshot last.
+// A run of one attempt has exactly that attempt's figures; NULL where there is no such figure (a
+// trial that never started, a run without a result). Each subquery is correlated to one trial, so
+// that a query for one experiment reads only its trials' events (through the events primary key and
+// events_by_type).
+constexpr std::string_view kReportViewsAndResume = R"sql(
 ALTER TABLE trials ADD COLUMN resume_attempt INTEGER;  -- whose checkpoint; NULL: from step 0
 ALTER TABLE trials ADD COLUMN resume_step INTEGER;  -- the steps it holds: the first step to run
 ALTER TABLE trials ADD COLUMN resume_checkpoint TEXT;  -- its directory on resume_attempt's node
 ALTER TABLE attempts ADD COLUMN first_step INTEGER NOT NULL DEFAULT 0;
-
-DROP VIEW trial_results;
-DROP VIEW trial_phase_peaks;
-DROP VIEW trial_steps;
+-- The controller's copy of a checkpoint, fetched from its node after a checkpointing stop, so a
+-- resumed trial can continue on any node (the node may go away with its lease): the digest of the
+-- input tree in the controller's blob store holding the checkpoint this attempt's result names;
+-- NULL while the controller has no copy.
+ALTER TABLE attempts ADD COLUMN checkpoint_tree TEXT;
 
 CREATE VIEW trial_run_attempts AS
 SELECT
@@ -377,17 +281,8 @@ WHERE m.until_step IS NULL OR json_extract(e.json, '$.step') < m.until_step
 ORDER BY t.experiment_id, t.ordinal, e.attempt, e.seq;
 )sql";
 
-// The controller's copy of a checkpoint, fetched from its node after a checkpointing stop, so a
-// resumed trial can continue on any node (the node may go away with its lease).
-constexpr std::string_view kCheckpointTrees = R"sql(
--- the digest of the input tree in the controller's blob store holding the checkpoint this
--- attempt's result names; NULL while the controller has no copy
-ALTER TABLE attempts ADD COLUMN checkpoint_tree TEXT;
-)sql";
-
-constexpr std::array<std::string_view, 7> kMigrations = {
-    kInitialSchema, kNodeLeases, kNodeRemoval,    kAttemptDevices,
-    kReportViews,   kResume,     kCheckpointTrees};
+constexpr std::array<std::string_view, 5> kMigrations = {
+    kInitialSchema, kNodeLeases, kNodeRemoval, kAttemptDevices, kReportViewsAndResume};
 
 }  // namespace
 
