@@ -509,7 +509,7 @@ void BindNode(Statement& stmt, const NodeRecord& node) {
       .Bind(5, node.state);
 }
 
-// The stored event lines of one attempt that a report reads.
+// The latest event of `type` in one attempt, parsed; null when it has none.
 StatusOr<json> LatestEventOfType(sqlite3* db, int64_t trial_id, int64_t attempt,
                                  std::string_view type) {
   ASSIGN_OR_RETURN(Statement stmt,

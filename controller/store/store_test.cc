@@ -1192,14 +1192,7 @@ TEST_F(StoreTest, AResumedTrialRunsFromItsCheckpointAndItsRunJoinsTheAttempts) {
 TEST_F(StoreTest, TheControllersCopyOfACheckpointLetsItsTrialResumeAfterItsNodeIsRemoved) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);
-  ASSERT_TRUE(store
-                  ->UpsertNode(NodeRecord{.name = "leased",
-                                          .address = "unix:/x",
-                                          .devices_json = "[]",
-                                          .last_seen = kNow,
-                                          .state = "connected",
-                                          .lease = std::nullopt})
-                  .ok());
+  ASSERT_TRUE(store->UpsertNode(RegisteredNode("leased")).ok());
   const std::vector<int64_t> trials =
       CreateTrials(*store, "copy", {"before", "after", "resumed-first"});
   const json checkpoint = {{"step", 4}, {"path", "/runs/1/x/1/output/checkpoints/step-5"}};
@@ -1246,14 +1239,7 @@ TEST_F(StoreTest, TheControllersCopyOfACheckpointLetsItsTrialResumeAfterItsNodeI
 TEST_F(StoreTest, ResumeSaysWhyATrialCannotBeResumed) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);
-  ASSERT_TRUE(store
-                  ->UpsertNode(NodeRecord{.name = "gone",
-                                          .address = "unix:/x",
-                                          .devices_json = "[]",
-                                          .last_seen = kNow,
-                                          .state = "connected",
-                                          .lease = std::nullopt})
-                  .ok());
+  ASSERT_TRUE(store->UpsertNode(RegisteredNode("gone")).ok());
   const std::vector<int64_t> trials =
       CreateTrials(*store, "why", {"queued", "no-checkpoint", "removed", "refused"});
   const auto status_of = [&](int64_t trial) { return store->ResumeTrial(trial).status(); };

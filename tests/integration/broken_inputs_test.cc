@@ -22,8 +22,8 @@
 namespace {
 
 namespace fs = std::filesystem;
-using llmctl::testing::CommandResult;
 using llmctl::testing::BuildDir;
+using llmctl::testing::CommandResult;
 
 struct BrokenCase {
   fs::path file;
@@ -65,8 +65,9 @@ std::vector<BrokenCase> Corpus() {
 class BrokenInputsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const fs::path& binary : {BuildDir() / "controller" / "llmctld",
-                                   BuildDir() / "trainer" / "llm-train", BuildDir() / "agent" / "llm-agent"}) {
+    for (const fs::path& binary :
+         {BuildDir() / "controller" / "llmctld", BuildDir() / "trainer" / "llm-train",
+          BuildDir() / "agent" / "llm-agent"}) {
       if (!fs::exists(binary)) GTEST_SKIP() << binary << " is not built";
     }
     char pattern[] = "/tmp/llmctl-broken-XXXXXX";
@@ -81,11 +82,10 @@ class BrokenInputsTest : public ::testing::Test {
 
   // A hang is a failure, not a stuck suite: the run is killed after a minute (exit code -1).
   CommandResult Run(const std::string& command) {
-    return llmctl::testing::RunShellCommand("env -u LLMCTL_CONTROLLER LLMCTL_HOME=" +
-                                            home_.string() + " LLMCTL_CACHE_DIR=" +
-                                            (home_ / "cache").string() +
-                                            " XDG_CONFIG_HOME=" + (home_ / "config").string() +
-                                            " timeout -s KILL 60 " + command);
+    return llmctl::testing::RunShellCommand(
+        "env -u LLMCTL_CONTROLLER LLMCTL_HOME=" + home_.string() +
+        " LLMCTL_CACHE_DIR=" + (home_ / "cache").string() +
+        " XDG_CONFIG_HOME=" + (home_ / "config").string() + " timeout -s KILL 60 " + command);
   }
   CommandResult Llmctl(const std::string& args) {
     return Run((BuildDir() / "controller" / "cli" / "llmctl").string() + " " + args);

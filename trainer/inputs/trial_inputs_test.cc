@@ -29,7 +29,8 @@ TrialConfig Demo(const std::string& data, const std::string& model = "llmctl-dem
 TEST(TrialInputsTest, GoodInputsAreCountedWithoutReadingWeights) {
   const ModelConfig* demo = FindPreset("llmctl-demo");
   TrialInputsChecker checker;
-  StatusOr<TrialInputsSummary> summary = checker.Check(Demo((kInputs / "good.jsonl").string()), demo);
+  StatusOr<TrialInputsSummary> summary =
+      checker.Check(Demo((kInputs / "good.jsonl").string()), demo);
   ASSERT_TRUE(summary.ok()) << summary.status().ToString();
   EXPECT_EQ(summary->records, 8);
   EXPECT_EQ(summary->tokenizer_vocab, 2048);
@@ -41,14 +42,17 @@ TEST(TrialInputsTest, ErrorsNameTheKeyTheFileAndTheLine) {
   StatusOr<TrialInputsSummary> summary =
       checker.Check(Demo((kInputs / "broken_line.jsonl").string()), FindPreset("llmctl-demo"));
   ASSERT_FALSE(summary.ok());
-  EXPECT_EQ(summary.status().message().rfind("data.path: " + (kInputs / "broken_line.jsonl").string() + ":2: ", 0), 0u)
+  EXPECT_EQ(summary.status().message().rfind(
+                "data.path: " + (kInputs / "broken_line.jsonl").string() + ":2: ", 0),
+            0u)
       << summary.status().message();
 }
 
 TEST(TrialInputsTest, NodePathsAreLeftToTheNode) {
   TrialConfig config = Demo("node:/data/train.jsonl");
   ASSERT_TRUE(config.Set("tokenizer", std::string("node:/models/tokenizer.json")).ok());
-  StatusOr<TrialInputsSummary> summary = TrialInputsChecker().Check(config, FindPreset("llmctl-demo"));
+  StatusOr<TrialInputsSummary> summary =
+      TrialInputsChecker().Check(config, FindPreset("llmctl-demo"));
   ASSERT_TRUE(summary.ok()) << summary.status().ToString();
   EXPECT_EQ(summary->records, 0);
   EXPECT_EQ(summary->tokenizer_path, "");
@@ -63,8 +67,8 @@ TEST(TrialInputsTest, AClaimOfBillionsOfLayersIsCountedNotListed) {
   ModelConfig model = *FindPreset("llmctl-demo");
   model.num_hidden_layers = int64_t{1} << 40;
   EXPECT_GT(CheckpointTensorCount(model), int64_t{1} << 42);
-  auto checkpoint = safetensors::ShardedCheckpoint::Open(
-      (kInputs / "models" / "missing_tensor").string());
+  auto checkpoint =
+      safetensors::ShardedCheckpoint::Open((kInputs / "models" / "missing_tensor").string());
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
   const Status status = CheckCheckpointTensors(**checkpoint, model, "dir");
   EXPECT_NE(status.message().find("config.json describes"), std::string::npos) << status.message();
@@ -77,7 +81,9 @@ TEST(TrialInputsTest, SharedFilesAreCheckedOnce) {
   const fs::path data = dir / "four.jsonl";
   {
     std::ofstream out(data);
-    for (int i = 0; i < 4; ++i) out << R"({"instruction": "a", "output": "b"})" << "\n";
+    for (int i = 0; i < 4; ++i)
+      out << R"({"instruction": "a", "output": "b"})"
+          << "\n";
   }
   TrialInputsChecker checker;
   ASSERT_TRUE(checker.Check(Demo(data.string()), FindPreset("llmctl-demo")).ok());

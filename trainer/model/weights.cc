@@ -23,12 +23,6 @@ torch::Dtype TorchDtype(safetensors::DType dtype) {
   return torch::kUInt8;  // unreachable: every safetensors::DType is in the table
 }
 
-std::string ShapeText(c10::IntArrayRef shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 // Sets the default dtype while alive so module constructors allocate parameters directly in the
 // run's dtype (no fp32 copy first).
 class ScopedDefaultDtype {
@@ -61,12 +55,10 @@ Status CopyTensorFromView(const safetensors::TensorView& view, torch::Tensor& pa
                           const std::string& source) {
   if (!param.sizes().equals(view.shape)) {
     return DataLossError(source + ": tensor '" + view.name + "' has shape " +
-                         ShapeText(view.shape) + ", expected " + ShapeText(param.sizes()));
+                         safetensors::ShapeString(view.shape) + ", expected " +
+                         safetensors::ShapeString({param.sizes().data(), param.sizes().size()}));
   }
-  const bool is_float =
-      view.dtype == safetensors::DType::kF32 || view.dtype == safetensors::DType::kF16 ||
-      view.dtype == safetensors::DType::kBF16 || view.dtype == safetensors::DType::kF64;
-  if (!is_float) {
+  if (!safetensors::IsFloatingPoint(view.dtype)) {
     return DataLossError(source + ": tensor '" + view.name + "' has dtype " +
                          std::string(safetensors::DTypeName(view.dtype)) +
                          ", expected a floating-point type");

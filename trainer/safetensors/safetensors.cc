@@ -66,15 +66,6 @@ std::string Printable(std::string_view s) {
   return out;
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 // nlohmann's messages start with "[json.exception.parse_error.101] "; the category adds nothing for
 // a user, and the rest can quote the offending input, so it goes through Printable too.
 std::string JsonErrorText(const std::exception& e) {
@@ -277,6 +268,20 @@ StatusOr<DType> ParseDType(std::string_view name) {
     if (info.name == name) return info.dtype;
   }
   return UnimplementedError("unsupported dtype '" + Printable(name) + "'");
+}
+
+bool IsFloatingPoint(DType dtype) {
+  return dtype == DType::kF64 || dtype == DType::kF32 || dtype == DType::kF16 ||
+         dtype == DType::kBF16;
+}
+
+std::string ShapeString(std::span<const int64_t> shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
 }
 
 int64_t TensorView::numel() const {

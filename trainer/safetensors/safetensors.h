@@ -37,6 +37,10 @@ std::string_view DTypeName(DType dtype);
 size_t DTypeSize(DType dtype);
 // Parses a header spelling; fails with "unsupported dtype 'X'" for anything else.
 StatusOr<DType> ParseDType(std::string_view name);
+// F64, F32, F16, BF16: what a model's weights may be stored as.
+bool IsFloatingPoint(DType dtype);
+// "[2, 3]", as messages show a shape.
+std::string ShapeString(std::span<const int64_t> shape);
 
 // One tensor inside a mapped file. `bytes` points into the mapping and lives as long as the file
 // object. It is element-aligned when the writer padded the header to 8 bytes and ordered tensors by
