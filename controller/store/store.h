@@ -210,6 +210,40 @@ struct TrialStep {
   std::optional<double> seconds;
 };
 
+// One device's reading during an attempt of a trial, as the node's agent took it once a second
+// (agent/device_sampler.h), or, for the part of a run older than the full-resolution window, the
+// readings of one bucket merged into one row (Store::AppendDeviceSamples says which window and
+// bucket): the mean utilisation and power, the highest memory and temperature.
+struct DeviceSample {
+  int64_t attempt = 0;
+  // "cuda:N" (N: the node's device index), or "cpu": the trial's processes on a CPU node.
+  std::string device;
+  Time time;          // when it was read; for a merged row the start of its bucket
+  int64_t count = 1;  // readings in this row: 1, or more for a merged row
+  // GPU: NVML's utilisation, 0-100. CPU: the trial's processes' CPU time over wall time in
+  // percent of one core (180 = 1.8 cores busy). nullopt when not read (a CPU's first reading).
+  std::optional<double> utilization_percent;
+  // GPU: memory in use on the device (by any process). CPU: the trial's processes' resident set.
+  int64_t memory_used_bytes = 0;
+  int64_t memory_total_bytes = 0;             // the device's memory; on CPU the host's MemTotal
+  std::optional<double> power_watts;          // GPU only
+  std::optional<double> temperature_celsius;  // GPU only
+
+  bool operator==(const DeviceSample&) const = default;
+};
+
+// A reading as the agent sent it: `seq` is its line in the run's samples file (1-based), which
+// makes ingestion idempotent (AppendDeviceSamples).
+struct NewDeviceSample {
+  int64_t seq = 0;
+  DeviceSample sample;  // its `attempt` and `count` are not read
+};
+
+// How device samples are kept: each attempt's readings of the last kDeviceSampleWindow (before its
+// newest reading) one by one; older ones merged per device into kDeviceSampleBucket rows.
+inline constexpr std::chrono::minutes kDeviceSampleWindow{10};
+inline constexpr std::chrono::seconds kDeviceSampleBucket{10};
+
 class Store {
  public:
   // Opens or creates the database at `path` (and its missing parent directories, mode 0700). The
@@ -320,6 +354,24 @@ class Store {
   // attempt that a later one resumed count up to the step the later one started at. NotFound for
   // an unknown id.
   StatusOr<std::vector<TrialStep>> RunSteps(int64_t experiment_id);
+
+  // Stores device readings of the trial's current attempt in one transaction, then merges its
+  // readings older than kDeviceSampleWindow before its newest one into kDeviceSampleBucket rows
+  // (per device and bucket: mean utilisation and power over the readings that have them, highest
+  // memory and temperature). Idempotent on (trial, attempt, seq): a reading whose seq is not above
+  // the attempt's highest stored one is skipped. Returns how many were new. FailedPrecondition for
+  // a stale or lost attempt, as AppendEvents; InvalidArgument for a bad reading (seq < 1, no
+  // device, negative memory or power, used memory above a known total, a non-finite figure),
+  // naming its seq; nothing is stored then.
+  StatusOr<int64_t> AppendDeviceSamples(int64_t trial_id, int64_t attempt,
+                                        std::span<const NewDeviceSample> samples);
+  // The highest stored reading's seq of the attempt, 0 when none: a stream resumes from it + 1.
+  StatusOr<int64_t> LastDeviceSampleSeq(int64_t trial_id, int64_t attempt);
+  // The trial's device samples, all attempts, by time then device. NotFound for an unknown
+  // experiment or trial.
+  StatusOr<std::vector<DeviceSample>> DeviceSamples(int64_t experiment_id, std::string_view trial);
+  // The newest row of each device of the attempt, by device: what `llmctl watch` draws.
+  StatusOr<std::vector<DeviceSample>> LatestDeviceSamples(int64_t trial_id, int64_t attempt);
 
  private:
   explicit Store(sqlite3* db) : db_(db) {}
