@@ -1,0 +1,89 @@
+// FakeGpuProbe: a GpuProbe with set readings, for tests of code above NVML on machines without a
+// GPU. Thread-safe, so a test may change readings while a sampler thread reads them.
+#ifndef LLMCTL_COMMON_NVML_FAKE_GPU_PROBE_H_
+#define LLMCTL_COMMON_NVML_FAKE_GPU_PROBE_H_
+
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/nvml/gpu_probe.h"
+
+namespace llmctl::nvml {
+
+struct FakeGpu {
+  std::string name = "NVIDIA H100 80GB HBM3";
+  GpuMemory memory{0, 80LL << 30};
+  GpuUtilization utilization;
+  std::optional<int64_t> power_milliwatts = 70'000;  // nullopt: the GPU reports none
+  std::optional<int> temperature_celsius = 30;       // nullopt: the GPU reports none
+};
+
+class FakeGpuProbe final : public GpuProbe {
+ public:
+  explicit FakeGpuProbe(std::vector<FakeGpu> gpus, std::string driver_version = "580.95.05",
+                        CudaVersion driver_cuda = {13, 0})
+      : gpus_(std::move(gpus)),
+        driver_version_(std::move(driver_version)),
+        driver_cuda_(driver_cuda) {}
+
+  void SetGpu(int device, FakeGpu gpu) {
+    std::lock_guard lock(mutex_);
+    gpus_.at(device) = std::move(gpu);
+  }
+
+  StatusOr<int> DeviceCount() override {
+    std::lock_guard lock(mutex_);
+    return static_cast<int>(gpus_.size());
+  }
+  StatusOr<std::string> Name(int device) override {
+    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device));
+    return gpu.name;
+  }
+  StatusOr<GpuMemory> Memory(int device) override {
+    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device));
+    return gpu.memory;
+  }
+  StatusOr<GpuUtilization> Utilization(int device) override {
+    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device));
+    return gpu.utilization;
+  }
+  StatusOr<int64_t> PowerMilliwatts(int device) override {
+    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device));
+    if (!gpu.power_milliwatts) return NotSupported("nvmlDeviceGetPowerUsage", device);
+    return *gpu.power_milliwatts;
+  }
+  StatusOr<int> TemperatureCelsius(int device) override {
+    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device));
+    if (!gpu.temperature_celsius) return NotSupported("nvmlDeviceGetTemperature", device);
+    return *gpu.temperature_celsius;
+  }
+  StatusOr<std::string> DriverVersion() override { return driver_version_; }
+  StatusOr<CudaVersion> DriverCudaVersion() override { return driver_cuda_; }
+
+ private:
+  // The real probe's messages, so tests see what a node would report.
+  static Status NotSupported(const std::string& call, int device) {
+    return UnavailableError("NVML " + call + "(device " + std::to_string(device) +
+                            "): Not Supported");
+  }
+  StatusOr<FakeGpu> Gpu(int device) {
+    std::lock_guard lock(mutex_);
+    if (device < 0 || device >= static_cast<int>(gpus_.size())) {
+      return UnavailableError("NVML nvmlDeviceGetHandleByIndex_v2(device " +
+                              std::to_string(device) + "): Invalid Argument");
+    }
+    return gpus_[device];
+  }
+
+  std::mutex mutex_;
+  std::vector<FakeGpu> gpus_;
+  const std::string driver_version_;
+  const CudaVersion driver_cuda_;
+};
+
+}  // namespace llmctl::nvml
+
+#endif  // LLMCTL_COMMON_NVML_FAKE_GPU_PROBE_H_
