@@ -22,6 +22,9 @@ endfunction()
 # expensive fixture (a real Keystone). A skip then marks the whole ctest test skipped, so such a suite's
 # tests must skip all together or not at all.
 function(llmctl_test name)
+  if(LLMCTL_TRAINER_ONLY)  # no GoogleTest there: the tests run in the full build
+    return()
+  endif()
   cmake_parse_arguments(ARG "ONE_PROCESS" "" "SOURCES;DEPS;ENV" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
@@ -53,6 +56,9 @@ endfunction()
 # LLVMFuzzerTestOneInput with a plain main(), so every test run covers the inputs that once crashed or
 # reached new code. The libFuzzer builds themselves are manual: each fuzz file says how.
 function(llmctl_fuzz_replay name)
+  if(LLMCTL_TRAINER_ONLY)
+    return()
+  endif()
   cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})
   add_executable(${name}_fuzz_replay
     ${PROJECT_SOURCE_DIR}/tests/fuzz/${name}_fuzz.cc
