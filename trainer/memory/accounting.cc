@@ -133,11 +133,27 @@ Status DeviceMemory::SetBudget(std::optional<uint64_t> budget) {
                                   " is more than the GPU's " + FormatBytes(total_bytes));
     }
     c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index);
+    budget_ = budget;
     return Status::Ok();
   }
 #endif
   CountingCpuAllocator::Install().SetDeviceBudget(budget);
+  budget_ = budget;
   return Status::Ok();
+}
+
+std::optional<uint64_t> DeviceMemory::limit_bytes() const {
+  if (budget_) return budget_;
+#ifdef LLMCTL_HAVE_CUDA
+  if (device_.is_cuda()) {
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    c10::cuda::CUDAGuard guard(CudaIndex(device_));
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return std::nullopt;
+    return total_bytes;
+  }
+#endif
+  return std::nullopt;
 }
 
 std::optional<BudgetFailure> DeviceMemory::last_budget_failure() const {

@@ -1,9 +1,10 @@
 // Memory accounting: the one place that knows the memory categories.
 //
-// A snapshot splits the training device's allocated bytes into params, grads, optimizer state (on the
-// device and, for offloaded state, on the host) and "other" (activations, buffers such as RoPE tables,
-// temporaries) = allocated − params − grads − device optimizer state. Categories are counted from the
-// tensors themselves, deduplicated by storage, so views and tied weights count once.
+// A snapshot splits the training device's allocated bytes into params, grads, optimizer state (on
+// the device and, for offloaded state, on the host) and "other" (activations, buffers such as RoPE
+// tables, temporaries) = allocated − params − grads − device optimizer state. Categories are
+// counted from the tensors themselves, deduplicated by storage, so views and tied weights count
+// once.
 #ifndef LLMCTL_TRAINER_MEMORY_ACCOUNTING_H_
 #define LLMCTL_TRAINER_MEMORY_ACCOUNTING_H_
 
@@ -30,8 +31,8 @@ struct MemorySnapshot {
   uint64_t reserved_bytes = 0;
 };
 
-// Allocation statistics of the training device: CUDA's caching allocator on GPUs, the counting allocator
-// on CPU (where reserved equals allocated: nothing is cached).
+// Allocation statistics of the training device: CUDA's caching allocator on GPUs, the counting
+// allocator on CPU (where reserved equals allocated: nothing is cached).
 class DeviceMemory {
  public:
   // For CPU, installs the counting allocator if it is not installed yet.
@@ -42,10 +43,15 @@ class DeviceMemory {
   uint64_t peak_bytes() const;
   uint64_t reserved_bytes() const;
   void ResetPeak();
-  // Allocations beyond `budget` fail with c10::OutOfMemoryError. CUDA: a fraction of the device's memory.
+  // Allocations beyond `budget` fail with c10::OutOfMemoryError. CUDA: a fraction of the device's
+  // memory.
   Status SetBudget(std::optional<uint64_t> budget);
-  // Bytes of the request that failed and the bytes in use then, when the last OOM was a budget refusal.
+  // Bytes of the request that failed and the bytes in use then, when the last OOM was a budget
+  // refusal.
   std::optional<BudgetFailure> last_budget_failure() const;
+  // The most the run may allocate on the device: the budget when one is set, else a GPU's whole
+  // memory; nullopt for a CPU without a budget (host memory is no device limit).
+  std::optional<uint64_t> limit_bytes() const;
 
   // Whether the tensor's storage lives in the device pool (vs host memory).
   bool OnDevice(const torch::Tensor& tensor) const;
@@ -53,24 +59,26 @@ class DeviceMemory {
  private:
   explicit DeviceMemory(torch::Device device) : device_(device) {}
   torch::Device device_;
+  std::optional<uint64_t> budget_;  // as SetBudget last set it
 };
 
-// What a snapshot counts. `params` are everything that holds model weights (trainable or frozen, packed
-// quantised weights included); their .grad() tensors are the grads; `optimizer_state` is every tensor an
-// optimizer keeps (moments, step counters, fp32 master copies).
+// What a snapshot counts. `params` are everything that holds model weights (trainable or frozen,
+// packed quantised weights included); their .grad() tensors are the grads; `optimizer_state` is
+// every tensor an optimizer keeps (moments, step counters, fp32 master copies).
 MemorySnapshot TakeSnapshot(const DeviceMemory& memory, const std::vector<torch::Tensor>& params,
                             const std::vector<torch::Tensor>& optimizer_state);
 
-// The snapshot at the moment an allocation failed: the categories as they are now, allocated as it was
-// when the failing request came (the unwinding since then has freed temporaries).
-MemorySnapshot SnapshotAtFailure(const DeviceMemory& memory, const std::vector<torch::Tensor>& params,
+// The snapshot at the moment an allocation failed: the categories as they are now, allocated as it
+// was when the failing request came (the unwinding since then has freed temporaries).
+MemorySnapshot SnapshotAtFailure(const DeviceMemory& memory,
+                                 const std::vector<torch::Tensor>& params,
                                  const std::vector<torch::Tensor>& optimizer_state);
 
 // Bytes of the storages behind `tensors`, each storage once.
 uint64_t UniqueStorageBytes(const std::vector<torch::Tensor>& tensors);
 
-// "Params: 0.52 GiB | Grads: … | Optim: … | Acts: … | Allocated: … (peak …) | Reserved: …", the labs'
-// line; "Optim GPU/CPU" split when state is offloaded.
+// "Params: 0.52 GiB | Grads: … | Optim: … | Acts: … | Allocated: … (peak …) | Reserved: …", the
+// labs' line; "Optim GPU/CPU" split when state is offloaded.
 std::string FormatSnapshot(const MemorySnapshot& snapshot);
 
 }  // namespace llmctl::trainer

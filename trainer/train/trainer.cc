@@ -135,6 +135,9 @@ class TrialRun {
   // Returns false when the trial ended (diverged or cancelled) inside the step.
   bool TrainStep(int64_t step);
   void Snapshot(int64_t step, int64_t micro_batch, const char* phase);
+  // The `snapshot` event: `snapshot`'s bytes, where in the run it was taken, and when.
+  void EmitSnapshot(const MemorySnapshot& snapshot, int64_t step, int64_t micro_batch,
+                    const char* phase);
   void Log(const std::string& level, const std::string& message);
   void Human(const std::string& line) {
     if (options_.human != nullptr) *options_.human << line << std::endl;
@@ -167,6 +170,10 @@ class TrialRun {
   const TrialConfig& config_;
   const RunOptions& options_;
   EventLog& events_;
+  // The run's start, the zero of every snapshot's elapsed_ms: on the monotonic clock, and on the
+  // wall clock (for the start event, so a reader can place the snapshots beside other clocks).
+  const Clock::time_point started_ = Clock::now();
+  const std::chrono::system_clock::time_point started_wall_ = std::chrono::system_clock::now();
 
   ModelConfig model_config_;
   Precision precision_;
@@ -306,15 +313,24 @@ void TrialRun::Log(const std::string& level, const std::string& message) {
   Human("[" + level + "] " + message);
 }
 
-void TrialRun::Snapshot(int64_t step, int64_t micro_batch, const char* phase) {
-  if (!snapshot_this_step_) return;
-  const MemorySnapshot snapshot = TakeSnapshot(*memory_, all_params_, OptimizerState());
+void TrialRun::EmitSnapshot(const MemorySnapshot& snapshot, int64_t step, int64_t micro_batch,
+                            const char* phase) {
   json event = SnapshotJson(snapshot);
   event["type"] = "snapshot";
   event["step"] = step;
   event["micro_batch"] = micro_batch;
   event["phase"] = phase;
+  // Microseconds are enough to order the phases of the smallest model's step.
+  const auto elapsed =
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started_);
+  event["elapsed_ms"] = static_cast<double>(elapsed.count()) / 1000.0;
   events_.Emit(event);
+}
+
+void TrialRun::Snapshot(int64_t step, int64_t micro_batch, const char* phase) {
+  if (!snapshot_this_step_) return;
+  const MemorySnapshot snapshot = TakeSnapshot(*memory_, all_params_, OptimizerState());
+  EmitSnapshot(snapshot, step, micro_batch, phase);
   std::string label = "step" + std::to_string(step);
   if (accumulation_ > 1) label += "_mb" + std::to_string(micro_batch);
   Human("[" + label + "_" + phase + "] " + FormatSnapshot(snapshot));
@@ -552,6 +568,7 @@ TrialResult TrialRun::Run() {
     for (auto& [name, projection] : model_->NamedProjections()) {
       if (projection->is_quantized()) total_count += projection->nf4_weight().numel();
     }
+    const std::optional<uint64_t> limit = memory_->limit_bytes();
     events_.Emit({{"type", "start"},
                   {"config", config_.EffectiveJson()},
                   {"total_steps", total_steps_},
@@ -562,6 +579,10 @@ TrialResult TrialRun::Run() {
                   {"first_step", first_step_},
                   {"resumed_from", options_.resume_from},
                   {"device", device_.str()},
+                  {"device_limit_bytes", limit ? json(*limit) : json(nullptr)},
+                  {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          started_wall_.time_since_epoch())
+                                          .count()},
                   {"threads", torch::get_num_threads()},
                   {"torch_version", TORCH_VERSION}});
     Human("[start] model " + config_.GetString("model") + " (" + std::to_string(total_count) +
@@ -591,12 +612,7 @@ TrialResult TrialRun::Run() {
     return Finish(Outcome::kOk, "");
   } catch (const c10::OutOfMemoryError& e) {
     const MemorySnapshot snapshot = SnapshotAtFailure(*memory_, all_params_, OptimizerState());
-    json event = SnapshotJson(snapshot);
-    event["type"] = "snapshot";
-    event["step"] = steps_done_;
-    event["micro_batch"] = -1;
-    event["phase"] = "oom";
-    events_.Emit(event);
+    EmitSnapshot(snapshot, steps_done_, -1, "oom");
     Human("[oom] " + FormatSnapshot(snapshot));
     return Finish(Outcome::kOom, e.what_without_backtrace());
   } catch (const c10::Error& e) {

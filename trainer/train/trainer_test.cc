@@ -1,11 +1,13 @@
 // End-to-end trainer tests on the demo model: exact memory accounting, the step anatomy, gradient
-// accumulation, activation checkpointing, precision modes and outcomes. Each test runs in its own process
-// (ctest runs each discovered test alone), so allocator figures are not shared between tests.
+// accumulation, activation checkpointing, precision modes and outcomes. Each test runs in its own
+// process (ctest runs each discovered test alone), so allocator figures are not shared between
+// tests.
 #include "trainer/train/trainer.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -56,10 +58,13 @@ uint64_t DemoAdapterCount(int64_t r, const std::vector<std::string>& targets) {
   return static_cast<uint64_t>(count);
 }
 
-uint64_t Field(const nlohmann::json& snapshot, const char* name) { return snapshot[name].get<uint64_t>(); }
+uint64_t Field(const nlohmann::json& snapshot, const char* name) {
+  return snapshot[name].get<uint64_t>();
+}
 
 TEST(MemoryAccountingTest, Fp32AdamWIsExactToTheByteAfterTheFirstStep) {
-  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"}, {"train.micro_batch_size", "2"},
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"},
+                                             {"train.micro_batch_size", "2"},
                                              {"train.global_batch_size", "2"}}));
   ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
   const uint64_t params = 4 * DemoParameterCount();
@@ -70,7 +75,8 @@ TEST(MemoryAccountingTest, Fp32AdamWIsExactToTheByteAfterTheFirstStep) {
   EXPECT_EQ(Field(s, "optim_device_bytes"), 2 * params + 4);
   EXPECT_EQ(Field(s, "optim_host_bytes"), 0u);
   EXPECT_EQ(Field(s, "allocated_bytes"), Field(s, "params_bytes") + Field(s, "grads_bytes") +
-                                             Field(s, "optim_device_bytes") + Field(s, "other_bytes"));
+                                             Field(s, "optim_device_bytes") +
+                                             Field(s, "other_bytes"));
   EXPECT_GE(Field(s, "peak_bytes"), Field(s, "allocated_bytes"));
   EXPECT_EQ(Field(s, "reserved_bytes"), Field(s, "allocated_bytes"));  // CPU: nothing is cached
 
@@ -89,7 +95,8 @@ TEST(MemoryAccountingTest, Fp32AdamWIsExactToTheByteAfterTheFirstStep) {
 }
 
 TEST(MemoryAccountingTest, Bf16TrueHalvesParamsGradsAndMoments) {
-  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "1"}, {"precision", "bf16-true"}}));
+  TrialRecord run =
+      RunAndRecord(DemoConfig({{"train.max_steps", "1"}, {"precision", "bf16-true"}}));
   ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
   const uint64_t params = 2 * DemoParameterCount();
   const nlohmann::json s = run.Snapshot(0, 1, "phase3_after_opt_step");
@@ -117,7 +124,8 @@ TEST(StepAnatomyTest, SnapshotsEveryPhaseOfEveryMicroBatchOfSnapshotSteps) {
     }
     run.Snapshot(step, 1, "phase3_after_opt_step");
   }
-  for (const auto& snapshot : run.OfType("snapshot")) EXPECT_NE(snapshot["step"], 2) << snapshot.dump();
+  for (const auto& snapshot : run.OfType("snapshot"))
+    EXPECT_NE(snapshot["step"], 2) << snapshot.dump();
   // 3 snapshot steps x (2 micro-batches x 3 phases + 1 optimizer phase)
   EXPECT_EQ(run.OfType("snapshot").size(), 3u * 7u);
 }
@@ -139,16 +147,45 @@ TEST(StepAnatomyTest, EventLogStartsWithStartAndEndsWithResult) {
   EXPECT_DOUBLE_EQ(*run.result.final_loss, run.Losses().back());
 }
 
+// Snapshots carry the milliseconds since the run's start on the monotonic clock, and the start
+// event the wall clock of that zero, so that a reader can place them beside other clocks' readings.
+TEST(StepAnatomyTest, SnapshotsCarryTheirTimeSinceTheRunsStart) {
+  const int64_t before_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"}}));
+  const int64_t after_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  const nlohmann::json& start = run.events.front();
+  ASSERT_EQ(start["type"], "start");
+  EXPECT_GE(start["started_unix_ms"].get<int64_t>(), before_ms);
+  EXPECT_LE(start["started_unix_ms"].get<int64_t>(), after_ms);
+  EXPECT_TRUE(start["device_limit_bytes"].is_null()) << "a CPU without device_memory has no limit";
+  const auto snapshots = run.OfType("snapshot");
+  ASSERT_EQ(snapshots.size(), 2u * 7u);
+  double previous = 0;
+  for (const auto& snapshot : snapshots) {
+    const double elapsed = snapshot["elapsed_ms"].get<double>();
+    EXPECT_GE(elapsed, previous) << snapshot.dump();
+    EXPECT_LE(elapsed, static_cast<double>(after_ms - start["started_unix_ms"].get<int64_t>()) + 1);
+    previous = elapsed;
+  }
+  EXPECT_GT(previous, 0.0);
+}
+
 TEST(TrainingLoopTest, LossGoesDownOnTheDemoData) {
   TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "20"}}));
   ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
   const std::vector<double> losses = run.Losses();
   ASSERT_EQ(losses.size(), 20u);
-  EXPECT_LT(losses.back(), losses.front() - 1.0) << "first " << losses.front() << ", last " << losses.back();
+  EXPECT_LT(losses.back(), losses.front() - 1.0)
+      << "first " << losses.front() << ", last " << losses.back();
 }
 
-// k micro-batches give the same update as one batch k times larger (plain SGD makes the update a direct
-// function of the gradient, so any difference in the gradient shows in the next losses).
+// k micro-batches give the same update as one batch k times larger (plain SGD makes the update a
+// direct function of the gradient, so any difference in the gradient shows in the next losses).
 TEST(TrainingLoopTest, GradientAccumulationMatchesOneLargerBatch) {
   auto run_with = [](const std::string& micro) {
     return RunAndRecord(DemoConfig({{"train.max_steps", "4"},
@@ -172,12 +209,14 @@ TEST(TrainingLoopTest, GradientAccumulationMatchesOneLargerBatch) {
     EXPECT_NEAR(a[i], b[i], 1e-4) << "step " << i;
     EXPECT_NEAR(a[i], c[i], 1e-4) << "step " << i;
   }
-  EXPECT_GT(std::abs(a[3] - a[0]), 1e-2) << "the updates must change the loss for this test to mean anything";
+  EXPECT_GT(std::abs(a[3] - a[0]), 1e-2)
+      << "the updates must change the loss for this test to mean anything";
 }
 
 TEST(TrainingLoopTest, ActivationCheckpointingGivesTheSameLossesWithLessActivationMemory) {
   auto run_with = [](const std::string& checkpointing) {
-    return RunAndRecord(DemoConfig({{"train.max_steps", "3"}, {"activation_checkpointing", checkpointing}}));
+    return RunAndRecord(
+        DemoConfig({{"train.max_steps", "3"}, {"activation_checkpointing", checkpointing}}));
   };
   TrialRecord plain = run_with("false");
   TrialRecord checkpointed = run_with("true");
@@ -192,9 +231,8 @@ TEST(TrainingLoopTest, ActivationCheckpointingGivesTheSameLossesWithLessActivati
 
 TEST(CheckpointResumeTest, ResumedRunReproducesTheUninterruptedLossesExactly) {
   const std::string out = testing::FreshTempDir("resume");
-  TrialRecord whole = RunAndRecord(DemoConfig({{"train.max_steps", "6"},
-                                               {"checkpoint_every", "3"},
-                                               {"output_dir", out}}));
+  TrialRecord whole = RunAndRecord(
+      DemoConfig({{"train.max_steps", "6"}, {"checkpoint_every", "3"}, {"output_dir", out}}));
   ASSERT_EQ(whole.result.outcome, Outcome::kOk) << whole.result.error;
   ASSERT_EQ(whole.OfType("checkpoint").size(), 2u);
   const std::string checkpoint = out + "/checkpoints/step-3";
@@ -212,8 +250,8 @@ TEST(CheckpointResumeTest, ResumedRunReproducesTheUninterruptedLossesExactly) {
   std::filesystem::remove_all(out);
 }
 
-// Raises `cancel` once the trainer has printed the line of step `after_step`, so the stop arrives while
-// the next step runs, as llm-train's SIGTERM handler would raise it.
+// Raises `cancel` once the trainer has printed the line of step `after_step`, so the stop arrives
+// while the next step runs, as llm-train's SIGTERM handler would raise it.
 class CancelAfterStep : public std::streambuf {
  public:
   CancelAfterStep(int after_step, std::atomic<bool>* cancel)
@@ -262,8 +300,8 @@ TrialRecord RunAndStopAfterStep(
 void ExpectResumeContinues(const std::string& checkpoint, const TrialRecord& whole,
                            size_t completed_steps) {
   const std::vector<double> all = whole.Losses();
-  TrialRecord resumed = RunAndRecord(
-      DemoConfig({{"train.max_steps", std::to_string(all.size())}}), checkpoint);
+  TrialRecord resumed =
+      RunAndRecord(DemoConfig({{"train.max_steps", std::to_string(all.size())}}), checkpoint);
   ASSERT_EQ(resumed.result.outcome, Outcome::kOk) << resumed.result.error;
   const std::vector<double> rest = resumed.Losses();
   ASSERT_EQ(rest.size(), all.size() - completed_steps);
@@ -319,12 +357,12 @@ TEST(CheckpointResumeTest, AStopAskingForACheckpointWritesOneWithoutCheckpointEv
 TEST(CheckpointResumeTest, AStopCheckpointThatDoesNotFitOnTheDiskIsSkippedAndSaysWhy) {
   const std::string out = testing::FreshTempDir("full");
   std::string asked;
-  const TrialRecord stopped = RunAndStopAfterStep(
-      DemoConfig({{"train.max_steps", "6"}, {"output_dir", out}}), 2, /*checkpoint=*/true,
-      [&](const std::string& path) -> StatusOr<uint64_t> {
-        asked = path;
-        return uint64_t{4096};
-      });
+  const TrialRecord stopped =
+      RunAndStopAfterStep(DemoConfig({{"train.max_steps", "6"}, {"output_dir", out}}), 2,
+                          /*checkpoint=*/true, [&](const std::string& path) -> StatusOr<uint64_t> {
+                            asked = path;
+                            return uint64_t{4096};
+                          });
   ASSERT_EQ(stopped.result.outcome, Outcome::kCancelled) << stopped.result.error;
   EXPECT_EQ(asked, out);
   EXPECT_FALSE(std::filesystem::exists(out + "/checkpoints"));
@@ -365,18 +403,20 @@ TEST(CheckpointResumeTest, MissingCheckpointIsInvalidInput) {
 
 TEST(PrecisionTest, MixedModesTrainWithFp32MasterWeights) {
   for (const char* precision : {"bf16-mixed", "16-mixed"}) {
-    TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "3"}, {"precision", precision}}));
+    TrialRecord run =
+        RunAndRecord(DemoConfig({{"train.max_steps", "3"}, {"precision", precision}}));
     ASSERT_EQ(run.result.outcome, Outcome::kOk) << precision << ": " << run.result.error;
-    EXPECT_EQ(Field(run.Snapshot(0, 1, "phase3_after_opt_step"), "params_bytes"), 4 * DemoParameterCount())
+    EXPECT_EQ(Field(run.Snapshot(0, 1, "phase3_after_opt_step"), "params_bytes"),
+              4 * DemoParameterCount())
         << precision;
     for (double loss : run.Losses()) EXPECT_TRUE(std::isfinite(loss)) << precision;
   }
 }
 
-// The labs' first single-GPU rows in miniature, under a 64 MiB device_memory budget: the baseline batch
-// runs out of memory, the reduced batch fits, accumulation stays close to the reduced batch, bf16-true
-// needs much less and bf16-mixed sits between. Measured here: 120 / 36 / 42 / 27 / 39 MiB peaks; the
-// bounds leave at least 20% margin.
+// The labs' first single-GPU rows in miniature, under a 64 MiB device_memory budget: the baseline
+// batch runs out of memory, the reduced batch fits, accumulation stays close to the reduced batch,
+// bf16-true needs much less and bf16-mixed sits between. Measured here: 120 / 36 / 42 / 27 / 39 MiB
+// peaks; the bounds leave at least 20% margin.
 TEST(LabRowsTest, BudgetReproducesTheFirstRowsOfTheSingleGpuLab) {
   auto row = [](const std::string& micro, const std::string& global, const std::string& precision) {
     return RunAndRecord(DemoConfig({{"train.max_steps", "3"},
@@ -404,24 +444,35 @@ TEST(LabRowsTest, BudgetReproducesTheFirstRowsOfTheSingleGpuLab) {
 }
 
 TEST(OutcomeTest, BudgetExceededIsOomWithTheSnapshotAtTheFailingPoint) {
-  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"}, {"device_memory", "12MiB"}}));
+  TrialRecord run =
+      RunAndRecord(DemoConfig({{"train.max_steps", "2"}, {"device_memory", "12MiB"}}));
   ASSERT_EQ(run.result.outcome, Outcome::kOom) << run.result.error;
   EXPECT_EQ(ExitCodeFor(run.result.outcome), kExitOom);
-  EXPECT_NE(run.result.error.find("device_memory budget exceeded"), std::string::npos) << run.result.error;
+  EXPECT_NE(run.result.error.find("device_memory budget exceeded"), std::string::npos)
+      << run.result.error;
+  ASSERT_EQ(run.events.front()["type"], "start");
+  EXPECT_EQ(run.events.front()["device_limit_bytes"], 12u << 20);
   bool found = false;
+  double latest_elapsed_ms = 0;
   for (const auto& snapshot : run.OfType("snapshot")) {
-    if (snapshot["phase"] != "oom") continue;
+    if (snapshot["phase"] != "oom") {
+      latest_elapsed_ms = snapshot["elapsed_ms"].get<double>();
+      continue;
+    }
     found = true;
     EXPECT_LE(Field(snapshot, "allocated_bytes"), 12u << 20);
     EXPECT_EQ(Field(snapshot, "params_bytes"), 4 * DemoParameterCount());
+    EXPECT_GE(snapshot["elapsed_ms"].get<double>(), latest_elapsed_ms) << "the failure comes last";
   }
   EXPECT_TRUE(found);
   EXPECT_EQ(run.events.back()["outcome"], "oom");
 }
 
 TEST(OutcomeTest, NonFiniteLossIsDiverged) {
-  TrialRecord run = RunAndRecord(DemoConfig(
-      {{"train.max_steps", "10"}, {"optimizer", "sgd"}, {"train.lr", "1e12"}, {"train.warmup_steps", "0"}}));
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "10"},
+                                             {"optimizer", "sgd"},
+                                             {"train.lr", "1e12"},
+                                             {"train.warmup_steps", "0"}}));
   ASSERT_EQ(run.result.outcome, Outcome::kDiverged) << run.result.error;
   EXPECT_EQ(ExitCodeFor(run.result.outcome), kExitDiverged);
   EXPECT_NE(run.result.error.find("loss is"), std::string::npos) << run.result.error;
@@ -429,7 +480,8 @@ TEST(OutcomeTest, NonFiniteLossIsDiverged) {
 
 TEST(OutcomeTest, MicroBatchesWithoutTargetsAreNotDivergence) {
   // 16 tokens cannot get past the Alpaca prompt: no example keeps a trained token.
-  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"}, {"data.max_seq_length", "16"}}));
+  TrialRecord run =
+      RunAndRecord(DemoConfig({{"train.max_steps", "2"}, {"data.max_seq_length", "16"}}));
   EXPECT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
   for (double loss : run.Losses()) EXPECT_EQ(loss, 0.0);
 }
@@ -438,7 +490,8 @@ TEST(OutcomeTest, MissingDatasetIsInvalidInputBeforeAnythingRuns) {
   TrialRecord run = RunAndRecord(DemoConfig({{"data.path", "/nonexistent/data.jsonl"}}));
   EXPECT_EQ(run.result.outcome, Outcome::kFailed);
   EXPECT_TRUE(run.result.invalid_input);
-  EXPECT_NE(run.result.error.find("/nonexistent/data.jsonl"), std::string::npos) << run.result.error;
+  EXPECT_NE(run.result.error.find("/nonexistent/data.jsonl"), std::string::npos)
+      << run.result.error;
   EXPECT_TRUE(run.OfType("start").empty());
   EXPECT_EQ(run.OfType("step").size(), 0u);
 }
