@@ -281,8 +281,33 @@ WHERE m.until_step IS NULL OR json_extract(e.json, '$.step') < m.until_step
 ORDER BY t.experiment_id, t.ordinal, e.attempt, e.seq;
 )sql";
 
-constexpr std::array<std::string_view, 5> kMigrations = {
-    kInitialSchema, kNodeLeases, kNodeRemoval, kAttemptDevices, kReportViewsAndResume};
+// What the agents sampled of each attempt's devices once a second (agent/device_sampler.h): GPU
+// utilisation, memory, power and temperature, or the trial's processes' CPU and resident memory.
+// Store::AppendDeviceSamples keeps an attempt's last 10 minutes one reading per row and merges
+// older readings per device into 10-second rows (`count` readings; mean utilisation and power,
+// highest memory and temperature). attempts.device_sample_seq is the highest reading ingested (its
+// line in the agent's samples file): what makes ingestion idempotent once rows are merged.
+constexpr std::string_view kDeviceSamples = R"sql(
+CREATE TABLE device_samples (
+  trial_id INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  device TEXT NOT NULL,          -- "cuda:N" (the node's index) or "cpu"
+  sampled_at INTEGER NOT NULL,   -- a merged row: its bucket's start
+  count INTEGER NOT NULL CHECK (count >= 1),
+  utilization_percent REAL,      -- GPU 0-100; CPU percent of one core
+  memory_used_bytes INTEGER NOT NULL CHECK (memory_used_bytes >= 0),
+  memory_total_bytes INTEGER NOT NULL CHECK (memory_total_bytes >= 0),
+  power_watts REAL,
+  temperature_celsius REAL,
+  PRIMARY KEY (trial_id, attempt, device, sampled_at),
+  FOREIGN KEY (trial_id, attempt) REFERENCES attempts(trial_id, attempt) ON DELETE CASCADE
+) WITHOUT ROWID;
+ALTER TABLE attempts ADD COLUMN device_sample_seq INTEGER NOT NULL DEFAULT 0;
+)sql";
+
+constexpr std::array<std::string_view, 6> kMigrations = {kInitialSchema,        kNodeLeases,
+                                                         kNodeRemoval,          kAttemptDevices,
+                                                         kReportViewsAndResume, kDeviceSamples};
 
 }  // namespace
 

@@ -85,6 +85,12 @@ Statement& Statement::BindOptional(int index, const std::optional<int64_t>& valu
   return Bind(index, *value);
 }
 
+Statement& Statement::BindOptional(int index, const std::optional<double>& value) {
+  KeepBindError(value ? sqlite3_bind_double(stmt_, index, *value)
+                      : sqlite3_bind_null(stmt_, index));
+  return *this;
+}
+
 StatusOr<bool> Statement::Step() {
   if (bind_error_ != SQLITE_OK) return Error(db_, bind_error_, "binding a value");
   const int rc = sqlite3_step(stmt_);

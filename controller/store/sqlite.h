@@ -41,6 +41,7 @@ class Statement {
   // nullopt binds NULL.
   Statement& BindOptional(int index, const std::optional<std::string>& value);
   Statement& BindOptional(int index, const std::optional<int64_t>& value);
+  Statement& BindOptional(int index, const std::optional<double>& value);
 
   // Advances to the next row: true when there is one, false when done.
   StatusOr<bool> Step();

@@ -15,6 +15,7 @@
 
 #include "controller/store/schema.h"
 #include "controller/store/sqlite.h"
+#include "controller/store/store_internal.h"
 
 namespace llmctl::store {
 namespace {
@@ -28,11 +29,8 @@ constexpr int kBusyTimeoutMs = 5000;
 constexpr std::array<std::string_view, 7> kTrialStateNames = {
     "queued", "running", "ok", "oom", "diverged", "failed", "cancelled"};
 
-int64_t ToMillis(Time time) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(time.time_since_epoch()).count();
-}
-
-Time FromMillis(int64_t millis) { return Time(std::chrono::milliseconds(millis)); }
+using internal::FromMillis;
+using internal::ToMillis;
 
 std::string Quoted(std::string_view text) {
   // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) about "'" + std::string(text).
@@ -597,6 +595,10 @@ Status FillPhasePeaks(sqlite3* db, int64_t experiment_id, std::vector<TrialRepor
 }
 
 }  // namespace
+
+Status internal::CheckCurrentAttempt(sqlite3* db, int64_t trial_id, int64_t attempt) {
+  return LoadCurrentAttempt(db, trial_id, attempt).status();
+}
 
 std::string_view TrialStateName(TrialState state) {
   return kTrialStateNames[static_cast<size_t>(state)];

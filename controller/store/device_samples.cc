@@ -1,0 +1,237 @@
+// Store's device samples: the agents' once-a-second readings of each attempt's devices, kept one by
+// one for an attempt's last kDeviceSampleWindow and merged into kDeviceSampleBucket rows before
+// that (controller/store/schema.cc, kDeviceSamples).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "controller/store/sqlite.h"
+#include "controller/store/store.h"
+#include "controller/store/store_internal.h"
+
+namespace llmctl::store {
+namespace {
+
+using internal::FromMillis;
+using internal::ToMillis;
+using sqlite::Statement;
+using sqlite::Transaction;
+
+constexpr char kSampleColumns[] =
+    "attempt, device, sampled_at, count, utilization_percent, memory_used_bytes, "
+    "memory_total_bytes, power_watts, temperature_celsius";
+
+DeviceSample ReadSample(const Statement& stmt) {
+  DeviceSample sample;
+  sample.attempt = stmt.Int(0);
+  sample.device = stmt.Text(1);
+  sample.time = FromMillis(stmt.Int(2));
+  sample.count = stmt.Int(3);
+  sample.utilization_percent = stmt.OptionalNumber(4);
+  sample.memory_used_bytes = stmt.Int(5);
+  sample.memory_total_bytes = stmt.Int(6);
+  sample.power_watts = stmt.OptionalNumber(7);
+  sample.temperature_celsius = stmt.OptionalNumber(8);
+  return sample;
+}
+
+StatusOr<std::vector<DeviceSample>> ReadSamples(Statement& stmt) {
+  std::vector<DeviceSample> samples;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) return samples;
+    samples.push_back(ReadSample(stmt));
+  }
+}
+
+bool IsBadFigure(const std::optional<double>& value) {
+  return value.has_value() && (!std::isfinite(*value) || *value < 0);
+}
+
+Status ValidateSample(const NewDeviceSample& reading, int64_t trial_id, int64_t attempt) {
+  const std::string where = "device sample " + std::to_string(reading.seq) + " of attempt " +
+                            std::to_string(attempt) + " of trial " + std::to_string(trial_id);
+  const DeviceSample& sample = reading.sample;
+  if (reading.seq < 1) return InvalidArgumentError(where + ": sequence numbers start at 1");
+  if (sample.device.empty()) return InvalidArgumentError(where + ": no device named");
+  if (ToMillis(sample.time) <= 0) return InvalidArgumentError(where + ": no time");
+  if (sample.memory_used_bytes < 0 || sample.memory_total_bytes < 0) {
+    return InvalidArgumentError(where + ": negative memory");
+  }
+  if (sample.memory_total_bytes > 0 && sample.memory_used_bytes > sample.memory_total_bytes) {
+    return InvalidArgumentError(where + ": " + std::to_string(sample.memory_used_bytes) +
+                                " bytes used of " + std::to_string(sample.memory_total_bytes));
+  }
+  if (IsBadFigure(sample.utilization_percent) || IsBadFigure(sample.power_watts) ||
+      (sample.temperature_celsius && !std::isfinite(*sample.temperature_celsius))) {
+    return InvalidArgumentError(where + ": a figure is negative or not finite");
+  }
+  return Status::Ok();
+}
+
+// Merges the attempt's rows older than the window before its newest one into one row per device
+// and bucket. Buckets that already hold one row are left alone, so merging again changes nothing.
+Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt) {
+  ASSIGN_OR_RETURN(Statement newest, Statement::Prepare(db,
+                                                        "SELECT MAX(sampled_at) FROM "
+                                                        "device_samples WHERE trial_id = ? AND "
+                                                        "attempt = ?"));
+  newest.Bind(1, trial_id).Bind(2, attempt);
+  ASSIGN_OR_RETURN(const bool has_newest, newest.Step());
+  if (!has_newest || newest.IsNull(0)) return Status::Ok();
+  const int64_t bucket_ms = std::chrono::milliseconds(kDeviceSampleBucket).count();
+  const int64_t window_ms = std::chrono::milliseconds(kDeviceSampleWindow).count();
+  // Whole buckets only: a bucket straddling the window's start stays one reading per row.
+  const int64_t oldest_kept = newest.Int(0) - window_ms;
+  const int64_t cutoff = oldest_kept - ((oldest_kept % bucket_ms) + bucket_ms) % bucket_ms;
+  const std::string bucket = "(sampled_at - ((sampled_at % " + std::to_string(bucket_ms) + ") + " +
+                             std::to_string(bucket_ms) + ") % " + std::to_string(bucket_ms) + ")";
+  ASSIGN_OR_RETURN(
+      Statement groups,
+      Statement::Prepare(
+          db,
+          "SELECT ?, device, " + bucket +
+              " AS bucket, SUM(count), "
+              "SUM(utilization_percent * count) / "
+              "SUM(CASE WHEN utilization_percent IS NOT NULL THEN count END), "
+              "MAX(memory_used_bytes), MAX(memory_total_bytes), "
+              "SUM(power_watts * count) / SUM(CASE WHEN power_watts IS NOT NULL THEN count END), "
+              "MAX(temperature_celsius) FROM device_samples "
+              "WHERE trial_id = ? AND attempt = ? AND sampled_at < ? "
+              "GROUP BY device, bucket HAVING COUNT(*) > 1"));
+  groups.Bind(1, attempt).Bind(2, trial_id).Bind(3, attempt).Bind(4, cutoff);
+  ASSIGN_OR_RETURN(const std::vector<DeviceSample> merged, ReadSamples(groups));
+  if (merged.empty()) return Status::Ok();
+  ASSIGN_OR_RETURN(Statement remove,
+                   Statement::Prepare(db,
+                                      "DELETE FROM device_samples WHERE trial_id = ? AND attempt = "
+                                      "? AND device = ? AND sampled_at >= ? AND sampled_at < ?"));
+  ASSIGN_OR_RETURN(
+      Statement insert,
+      Statement::Prepare(db, std::string("INSERT INTO device_samples (trial_id, ") +
+                                 kSampleColumns + ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
+  for (const DeviceSample& row : merged) {
+    const int64_t start = ToMillis(row.time);
+    remove.Reset();
+    remove.Bind(1, trial_id)
+        .Bind(2, attempt)
+        .Bind(3, row.device)
+        .Bind(4, start)
+        .Bind(5, start + bucket_ms);
+    RETURN_IF_ERROR(remove.Run());
+    insert.Reset();
+    insert.Bind(1, trial_id)
+        .Bind(2, attempt)
+        .Bind(3, row.device)
+        .Bind(4, start)
+        .Bind(5, row.count)
+        .BindOptional(6, row.utilization_percent)
+        .Bind(7, row.memory_used_bytes)
+        .Bind(8, row.memory_total_bytes)
+        .BindOptional(9, row.power_watts)
+        .BindOptional(10, row.temperature_celsius);
+    RETURN_IF_ERROR(insert.Run());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<int64_t> Store::AppendDeviceSamples(int64_t trial_id, int64_t attempt,
+                                             std::span<const NewDeviceSample> samples) {
+  for (const NewDeviceSample& sample : samples) {
+    RETURN_IF_ERROR(ValidateSample(sample, trial_id, attempt));
+  }
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
+  RETURN_IF_ERROR(internal::CheckCurrentAttempt(db_, trial_id, attempt));
+  ASSIGN_OR_RETURN(Statement cursor,
+                   Statement::Prepare(db_,
+                                      "SELECT device_sample_seq FROM attempts WHERE trial_id = ? "
+                                      "AND attempt = ?"));
+  cursor.Bind(1, trial_id).Bind(2, attempt);
+  ASSIGN_OR_RETURN(const bool has_cursor, cursor.Step());
+  if (!has_cursor) return InternalError("the current attempt has no row");
+  int64_t last_seq = cursor.Int(0);
+  // A reading repeated within one bucket's millisecond (a clock step back) is one reading.
+  ASSIGN_OR_RETURN(
+      Statement insert,
+      Statement::Prepare(db_, std::string("INSERT OR IGNORE INTO device_samples "
+                                          "(trial_id, ") +
+                                  kSampleColumns + ") VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?)"));
+  int64_t added = 0;
+  for (const NewDeviceSample& reading : samples) {
+    if (reading.seq <= last_seq) continue;
+    last_seq = reading.seq;
+    const DeviceSample& sample = reading.sample;
+    insert.Reset();
+    insert.Bind(1, trial_id)
+        .Bind(2, attempt)
+        .Bind(3, sample.device)
+        .Bind(4, ToMillis(sample.time))
+        .BindOptional(5, sample.utilization_percent)
+        .Bind(6, sample.memory_used_bytes)
+        .Bind(7, sample.memory_total_bytes)
+        .BindOptional(8, sample.power_watts)
+        .BindOptional(9, sample.temperature_celsius);
+    RETURN_IF_ERROR(insert.Run());
+    ++added;
+  }
+  if (added == 0) return 0;
+  ASSIGN_OR_RETURN(Statement advance,
+                   Statement::Prepare(db_,
+                                      "UPDATE attempts SET device_sample_seq = ? WHERE trial_id = "
+                                      "? AND attempt = ?"));
+  advance.Bind(1, last_seq).Bind(2, trial_id).Bind(3, attempt);
+  RETURN_IF_ERROR(advance.Run());
+  RETURN_IF_ERROR(MergeOldSamples(db_, trial_id, attempt));
+  RETURN_IF_ERROR(txn.Commit());
+  return added;
+}
+
+StatusOr<int64_t> Store::LastDeviceSampleSeq(int64_t trial_id, int64_t attempt) {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db_,
+                                      "SELECT device_sample_seq FROM attempts WHERE trial_id = ? "
+                                      "AND attempt = ?"));
+  stmt.Bind(1, trial_id).Bind(2, attempt);
+  ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+  return has_row ? stmt.Int(0) : 0;
+}
+
+StatusOr<std::vector<DeviceSample>> Store::DeviceSamples(int64_t experiment_id,
+                                                         std::string_view trial) {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::BeginRead(db_));
+  ASSIGN_OR_RETURN(
+      Statement find,
+      Statement::Prepare(db_, "SELECT id FROM trials WHERE experiment_id = ? AND name = ?"));
+  find.Bind(1, experiment_id).Bind(2, trial);
+  ASSIGN_OR_RETURN(const bool found, find.Step());
+  if (!found) {
+    return NotFoundError("experiment " + std::to_string(experiment_id) + " has no trial '" +
+                         std::string(trial) + "'");
+  }
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db_, std::string("SELECT ") + kSampleColumns +
+                                               " FROM device_samples WHERE trial_id = ? "
+                                               "ORDER BY sampled_at, device, attempt"));
+  stmt.Bind(1, find.Int(0));
+  return ReadSamples(stmt);
+}
+
+StatusOr<std::vector<DeviceSample>> Store::LatestDeviceSamples(int64_t trial_id, int64_t attempt) {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(
+      Statement stmt,
+      Statement::Prepare(db_, std::string("SELECT ") + kSampleColumns +
+                                  " FROM device_samples s WHERE trial_id = ? AND attempt = ? "
+                                  "AND sampled_at = (SELECT MAX(sampled_at) FROM device_samples "
+                                  "WHERE trial_id = s.trial_id AND attempt = s.attempt AND "
+                                  "device = s.device) ORDER BY device"));
+  stmt.Bind(1, trial_id).Bind(2, attempt);
+  return ReadSamples(stmt);
+}
+
+}  // namespace llmctl::store
