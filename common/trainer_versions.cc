@@ -1,0 +1,77 @@
+#include "common/trainer_versions.h"
+
+#include <nlohmann/json.hpp>
+
+namespace llmctl {
+namespace {
+
+using Json = nlohmann::json;
+
+struct StringField {
+  const char* key;
+  std::string TrainerVersions::*member;
+  bool required;
+};
+
+constexpr StringField kStringFields[] = {
+    {"llmctl", &TrainerVersions::llmctl, true},
+    {"libtorch", &TrainerVersions::libtorch, true},
+    {"libtorch_cuda", &TrainerVersions::libtorch_cuda, false},
+    {"cuda_runtime", &TrainerVersions::cuda_runtime, false},
+    {"nvidia_driver", &TrainerVersions::nvidia_driver, false},
+    {"driver_cuda", &TrainerVersions::driver_cuda, false},
+};
+
+}  // namespace
+
+std::string TrainerVersions::Summary() const {
+  return "llm-train " + llmctl + " (LibTorch " + libtorch +
+         (cuda_devices > 0 ? ", CUDA available" : ", no CUDA device") + ")";
+}
+
+std::string TrainerVersions::ToText() const {
+  std::string text = Summary() + "\n";
+  if (!libtorch_cuda.empty()) text += "LibTorch built for CUDA " + libtorch_cuda + "\n";
+  std::string runtime;
+  if (!cuda_runtime.empty()) runtime = "CUDA runtime " + cuda_runtime;
+  if (!nvidia_driver.empty()) {
+    runtime += (runtime.empty() ? "" : ", ") + std::string("NVIDIA driver ") + nvidia_driver;
+    if (!driver_cuda.empty()) runtime += " (supports CUDA up to " + driver_cuda + ")";
+  }
+  if (!runtime.empty()) text += runtime + "\n";
+  return text;
+}
+
+std::string TrainerVersions::ToJson() const {
+  Json json = Json::object();
+  for (const StringField& field : kStringFields) json[field.key] = this->*field.member;
+  json["cuda_devices"] = cuda_devices;
+  return json.dump();
+}
+
+StatusOr<TrainerVersions> ParseTrainerVersions(std::string_view text) {
+  const std::string where = "llm-train --version --json";
+  const Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) {
+    return InvalidArgumentError(where + ": not a JSON object: '" + std::string(text) + "'");
+  }
+  TrainerVersions versions;
+  for (const StringField& field : kStringFields) {
+    auto value = json.find(field.key);
+    if (value == json.end() && !field.required) continue;
+    if (value == json.end() || !value->is_string()) {
+      return InvalidArgumentError(where + ": '" + field.key + "' is " +
+                                  (value == json.end() ? "missing" : "not a string"));
+    }
+    versions.*field.member = value->get<std::string>();
+  }
+  if (auto devices = json.find("cuda_devices"); devices != json.end()) {
+    if (!devices->is_number_integer() || devices->get<int64_t>() < 0) {
+      return InvalidArgumentError(where + ": 'cuda_devices' is not a count");
+    }
+    versions.cuda_devices = devices->get<int>();
+  }
+  return versions;
+}
+
+}  // namespace llmctl
