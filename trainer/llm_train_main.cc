@@ -4,7 +4,8 @@
 //             [--resume CHECKPOINT_DIR]
 //   llm-train --config FILE --list        # the trials, with their expected outcomes
 //   llm-train --keys                      # every trial key as Markdown
-//   llm-train --version                   # llmctl's and LibTorch's versions, and CUDA's when built with it
+//   llm-train --version [--json]          # llmctl's, LibTorch's, CUDA's and the NVIDIA driver's
+//                                         # versions; --json: one JSON line (the agent reads it)
 //
 // Exit codes: 0 ok, 1 failed, 2 invalid input (nothing ran), 3 out of memory, 4 diverged, 5
 // cancelled. SIGINT/SIGTERM stop the run between micro-batches; SIGUSR1 does too, after writing a
@@ -13,18 +14,16 @@
 #include <csignal>
 #include <iostream>
 #include <map>
-#include <torch/cuda.h>
-#include <torch/version.h>
 
 #include "common/experiment.h"
 #include "common/model_config.h"
 #include "common/text.h"
 #include "common/trial_config.h"
 #include "common/trial_keys.h"
-#include "common/version.h"
 #include "trainer/inputs/trial_inputs.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/trainer.h"
+#include "trainer/train/versions.h"
 
 namespace {
 
@@ -57,14 +56,19 @@ int main(int argc, char** argv) {
   bool print_keys = false;
   bool list_trials = false;
   bool print_version = false;
-  app.add_flag("--version", print_version, "print llmctl's and LibTorch's versions");
+  bool json = false;
+  app.add_flag("--version", print_version,
+               "print llmctl's and LibTorch's versions, the CUDA LibTorch was built for and, with "
+               "a GPU, the CUDA runtime's and the NVIDIA driver's");
+  app.add_flag("--json", json, "with --version: one line of JSON");
   app.add_flag("--keys", print_keys,
                "print every trial key (type, default, allowed values) as Markdown");
   app.add_option("--config", config_path, "experiment file (YAML)");
   app.add_option("--trial", trial_name, "which trial of the file to run (default: the only one)");
-  app.add_flag("--list", list_trials,
-               "print the file's trials, one per line: the name, and a tab and the expected outcome "
-               "when the file states one");
+  app.add_flag(
+      "--list", list_trials,
+      "print the file's trials, one per line: the name, and a tab and the expected outcome "
+      "when the file states one");
   app.add_option("--set", overrides, "override a trial key, e.g. --set train.micro_batch_size=8");
   app.add_option("--events", events_path, "append JSON-lines events to this file");
   app.add_flag("--prepare", prepare_only, "only tokenize the dataset into the token cache");
@@ -76,9 +80,10 @@ int main(int argc, char** argv) {
                  "by the paths written in the experiment file)");
   CLI11_PARSE(app, argc, argv);
   if (print_version) {
-    // The agent reports this line in its node info, so a report can say which trainer measured what.
-    std::cout << "llm-train " << llmctl::kVersion << " (LibTorch " << TORCH_VERSION
-              << (torch::cuda::is_available() ? ", CUDA available" : ", no CUDA device") << ")\n";
+    // The agent reads the JSON for its node info: the first line of the text names the trainer in
+    // reports, and the CUDA versions let the controller refuse a node whose driver is too old.
+    const llmctl::TrainerVersions versions = llmctl::trainer::ProbeTrainerVersions();
+    std::cout << (json ? versions.ToJson() + "\n" : versions.ToText());
     return 0;
   }
   if (print_keys) {

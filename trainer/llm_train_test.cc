@@ -1,7 +1,8 @@
-// llm-train as a user meets it: bad input gets one clear message naming the file and the problem, exit
-// code 2, no crash, and no events file that looks complete.
+// llm-train as a user meets it: bad input gets one clear message naming the file and the problem,
+// exit code 2, no crash, and no events file that looks complete.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <torch/version.h>
 
 #include <array>
 #include <cstdio>
@@ -10,6 +11,10 @@
 #include <fstream>
 #include <string>
 
+#include "common/cuda_version.h"
+#include "common/nvml/gpu_probe.h"
+#include "common/trainer_versions.h"
+#include "common/version.h"
 #include "trainer/testing/trial_runner.h"
 
 namespace llmctl::trainer {
@@ -31,7 +36,8 @@ CommandResult RunLlmTrain(const std::string& args) {
   if (pipe == nullptr) return result;
   std::array<char, 4096> buffer;
   size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    result.output.append(buffer.data(), n);
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
@@ -47,7 +53,8 @@ void WriteFile(const fs::path& path, const std::string& text) {
 // A model directory whose config.json is fine and whose model.safetensors is `weights`.
 std::string ModelDirWith(const std::string& name, const std::string& weights) {
   const fs::path dir = testing::FreshTempDir(name);
-  fs::copy_file(testing::SourceDir() + "/tests/fixtures/models/tiny-llama/config.json", dir / "config.json");
+  fs::copy_file(testing::SourceDir() + "/tests/fixtures/models/tiny-llama/config.json",
+                dir / "config.json");
   fs::copy_file(testing::SourceDir() + "/tests/fixtures/models/tiny-llama/tokenizer.json",
                 dir / "tokenizer.json");
   WriteFile(dir / "model.safetensors", weights);
@@ -56,14 +63,42 @@ std::string ModelDirWith(const std::string& name, const std::string& weights) {
 
 TEST(LlmTrainTest, DemoRunsAndWritesACompleteEventLog) {
   const std::string events = testing::FreshTempDir("cli-ok") + "/events.jsonl";
-  CommandResult run = RunLlmTrain("--config " + Demo() + " --set train.max_steps=2 --events " + events);
+  CommandResult run =
+      RunLlmTrain("--config " + Demo() + " --set train.max_steps=2 --events " + events);
   EXPECT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_NE(run.output.find("[step0_mb0_phase1_after_fwd] Params: "), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("[step0_mb0_phase1_after_fwd] Params: "), std::string::npos)
+      << run.output;
   EXPECT_NE(run.output.find("[done] outcome ok | train time"), std::string::npos) << run.output;
   std::ifstream in(events);
   std::string line, last;
   while (std::getline(in, line)) last = line;
   EXPECT_NE(last.find("\"type\":\"result\""), std::string::npos) << last;
+}
+
+// The agent reads --version --json; the text's first line is the summary reports name the trainer
+// by.
+TEST(LlmTrainTest, VersionJsonIsWhatTheAgentParses) {
+  const CommandResult json = RunLlmTrain("--version --json");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  // stderr is in `output` too: LibTorch may warn there; the JSON is the last line.
+  std::string line = json.output.substr(0, json.output.size() - 1);
+  line = line.substr(line.rfind('\n') + 1);
+  auto versions = ParseTrainerVersions(line);
+  ASSERT_TRUE(versions.ok()) << versions.status().ToString();
+  EXPECT_EQ(versions->llmctl, kVersion);
+  EXPECT_EQ(versions->libtorch, TORCH_VERSION);
+#ifdef LLMCTL_HAVE_CUDA
+  EXPECT_TRUE(ParseCudaVersion(versions->libtorch_cuda).ok()) << versions->libtorch_cuda;
+#else
+  EXPECT_EQ(versions->libtorch_cuda, "");
+#endif
+  // The driver's versions come from NVML, so exactly when NVML answers here.
+  EXPECT_EQ(versions->nvidia_driver.empty(), !nvml::OpenNvml().ok());
+  EXPECT_EQ(versions->driver_cuda.empty(), versions->nvidia_driver.empty());
+
+  const CommandResult text = RunLlmTrain("--version");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find(versions->Summary() + "\n"), std::string::npos) << text.output;
 }
 
 TEST(LlmTrainTest, UnknownKeySuggestsTheNearestOne) {
@@ -73,8 +108,8 @@ TEST(LlmTrainTest, UnknownKeySuggestsTheNearestOne) {
 }
 
 TEST(LlmTrainTest, ImpossibleCombinationIsRejected) {
-  CommandResult run = RunLlmTrain("--config " + Demo() +
-                                  " --set train.micro_batch_size=3 --set train.global_batch_size=8");
+  CommandResult run = RunLlmTrain(
+      "--config " + Demo() + " --set train.micro_batch_size=3 --set train.global_batch_size=8");
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("global_batch_size"), std::string::npos) << run.output;
 }
@@ -82,8 +117,9 @@ TEST(LlmTrainTest, ImpossibleCombinationIsRejected) {
 TEST(LlmTrainTest, TruncatedSafetensorsHeaderNamesTheFile) {
   const std::string dir = ModelDirWith("truncated", std::string("\x10\x00\x00", 3));
   const std::string events = dir + "/events.jsonl";
-  CommandResult run = RunLlmTrain("--config " + Demo() + " --set model=" + dir +
-                                  " --set init=pretrained --set tokenizer=" + dir + " --events " + events);
+  CommandResult run =
+      RunLlmTrain("--config " + Demo() + " --set model=" + dir +
+                  " --set init=pretrained --set tokenizer=" + dir + " --events " + events);
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find(dir + "/model.safetensors"), std::string::npos) << run.output;
   EXPECT_EQ(run.output.find("Segmentation"), std::string::npos);
@@ -96,7 +132,8 @@ TEST(LlmTrainTest, TruncatedSafetensorsHeaderNamesTheFile) {
 
 TEST(LlmTrainTest, LyingSafetensorsHeaderIsDataLossNotACrash) {
   // Header length 1 TB: larger than the file.
-  const std::string dir = ModelDirWith("lying", std::string("\x00\x00\x00\x00\x00\x01\x00\x00{}", 10));
+  const std::string dir =
+      ModelDirWith("lying", std::string("\x00\x00\x00\x00\x00\x01\x00\x00{}", 10));
   CommandResult run = RunLlmTrain("--config " + Demo() + " --set model=" + dir +
                                   " --set init=pretrained --set tokenizer=" + dir);
   EXPECT_EQ(run.exit_code, 2) << run.output;
@@ -105,7 +142,8 @@ TEST(LlmTrainTest, LyingSafetensorsHeaderIsDataLossNotACrash) {
 
 TEST(LlmTrainTest, ConfigWithoutARequiredFieldNamesTheField) {
   const fs::path dir = testing::FreshTempDir("no-hidden");
-  WriteFile(dir / "config.json", R"({"vocab_size": 2048, "intermediate_size": 64, "num_hidden_layers": 1,
+  WriteFile(dir / "config.json",
+            R"({"vocab_size": 2048, "intermediate_size": 64, "num_hidden_layers": 1,
                                      "num_attention_heads": 2})");
   CommandResult run = RunLlmTrain("--config " + Demo() + " --set model=" + dir.string());
   EXPECT_EQ(run.exit_code, 2) << run.output;
@@ -116,7 +154,8 @@ TEST(LlmTrainTest, ConfigWithoutARequiredFieldNamesTheField) {
 TEST(LlmTrainTest, EmptyDatasetIsAnError) {
   const fs::path dir = testing::FreshTempDir("empty-data");
   WriteFile(dir / "empty.jsonl", "");
-  CommandResult run = RunLlmTrain("--config " + Demo() + " --set data.path=" + (dir / "empty.jsonl").string());
+  CommandResult run =
+      RunLlmTrain("--config " + Demo() + " --set data.path=" + (dir / "empty.jsonl").string());
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("empty.jsonl"), std::string::npos) << run.output;
 }
@@ -128,9 +167,9 @@ TEST(LlmTrainTest, InputNamesReplaceCachePathsInMessages) {
   fs::create_directories(cache);
   WriteFile(cache / "bad_lines.jsonl", "{\"instruction\": \"a\", \"output\": \"b\"}\n{oops\n");
   const fs::path events = cache.parent_path() / "events.jsonl";
-  CommandResult run = RunLlmTrain("--config " + Demo() + " --set data.path=" +
-                                  (cache / "bad_lines.jsonl").string() + " --input-name " +
-                                  (cache / "bad_lines.jsonl").string() +
+  CommandResult run = RunLlmTrain("--config " + Demo() +
+                                  " --set data.path=" + (cache / "bad_lines.jsonl").string() +
+                                  " --input-name " + (cache / "bad_lines.jsonl").string() +
                                   "=data/bad_lines.jsonl --events " + events.string());
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("data/bad_lines.jsonl:2: invalid JSON"), std::string::npos)
@@ -157,7 +196,8 @@ TEST(LlmTrainTest, NonRegularDataFilesAreRefusedAtOnce) {
 TEST(LlmTrainTest, UnreadableTokenizerIsAnError) {
   const fs::path dir = testing::FreshTempDir("bad-tokenizer");
   WriteFile(dir / "tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": ");
-  CommandResult run = RunLlmTrain("--config " + Demo() + " --set tokenizer=" + (dir / "tokenizer.json").string());
+  CommandResult run =
+      RunLlmTrain("--config " + Demo() + " --set tokenizer=" + (dir / "tokenizer.json").string());
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("tokenizer.json"), std::string::npos) << run.output;
 }
@@ -176,8 +216,8 @@ TEST(LlmTrainTest, TrialFileWithSeveralTrialsNeedsTrialFlag) {
   CommandResult run = RunLlmTrain("--config " + (dir / "two.yaml").string());
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("--trial"), std::string::npos) << run.output;
-  CommandResult chosen = RunLlmTrain("--config " + (dir / "two.yaml").string() +
-                                     " --trial b --set train.max_steps=1");
+  CommandResult chosen =
+      RunLlmTrain("--config " + (dir / "two.yaml").string() + " --trial b --set train.max_steps=1");
   EXPECT_EQ(chosen.exit_code, 0) << chosen.output;
   EXPECT_NE(chosen.output.find("bf16-true"), std::string::npos) << chosen.output;
   CommandResult listed = RunLlmTrain("--config " + (dir / "two.yaml").string() + " --list");
