@@ -147,6 +147,8 @@ def main():
                     help="torch.optim.AdamW implementation: fused=True (llm-train uses the same kernel), "
                          "foreach=True, or PyTorch's default choice (the per-tensor loop on CPU)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: leave)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where the model trains (cuda: the first GPU; step times then wait for the GPU)")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--peft", default="none", choices=["none", "lora", "qlora"],
                     help="lora: PEFT LoRA adapters over frozen weights; qlora: the same over bitsandbytes "
@@ -180,12 +182,16 @@ def main():
     peak_before_model = peak_rss_bytes()
 
     dtype = torch.bfloat16 if args.precision == "bf16-true" else torch.float32
+    device = torch.device(args.device)
     config = LlamaConfig.from_pretrained(args.model)
     torch.manual_seed(args.seed)
-    # Built directly in the training dtype (as llm-train builds its modules under that default dtype), so
-    # no fp32 copy of a bf16 model ever exists.
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    # Built directly in the training dtype on the device (as llm-train builds its modules under that
+    # default dtype and device), so no fp32 or host copy of the model ever exists.
+    with device:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     if args.peft != "none":
+        if args.device != "cpu":
+            sys.exit("hf_peer_train: --peft runs on the CPU only (its NF4 path is bitsandbytes' CPU backend)")
         model = add_adapters(torch, model, args)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -200,6 +206,15 @@ def main():
           "accumulation": accumulation, "examples": len(examples),
           "rss_baseline_bytes": rss_baseline, "rss_peak_before_model_bytes": peak_before_model,
           "rss_after_model_bytes": rss_bytes(), "setup_seconds": time.perf_counter() - started})
+
+    def synchronize():  # a GPU step's time is when its kernels end, not when they were queued
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    if device.type == "cuda":
+        # Training's peak, as llm-train reports it: from here on (the load peak is separate there too).
+        synchronize()
+        torch.cuda.reset_peak_memory_stats()
 
     rng = random.Random(args.seed)
     order, cursor = [], 0
@@ -226,11 +241,13 @@ def main():
         t_fwd = t_bwd = 0.0
         loss_sum, tokens = 0.0, 0
         for (input_ids, labels, real), n_labels in zip(batches, label_tokens):
+            input_ids, labels = input_ids.to(device), labels.to(device)
             a = time.perf_counter()
             loss = model(input_ids=input_ids, labels=labels, use_cache=False).loss
+            loss_value = loss.item()  # waits for the forward pass
             b = time.perf_counter()
-            loss_value = loss.item()
             (loss * (n_labels / total_labels)).backward()
+            synchronize()
             c = time.perf_counter()
             t_fwd += b - a
             t_bwd += c - b
@@ -240,6 +257,7 @@ def main():
         a = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        synchronize()
         b = time.perf_counter()
         seconds = b - t0
         train_seconds += seconds
@@ -253,7 +271,9 @@ def main():
     emit({"type": "result", "outcome": "ok", "steps": args.steps, "train_seconds": train_seconds,
           "tokens_per_second": train_tokens / train_seconds if train_seconds > 0 else 0.0,
           "rss_baseline_bytes": rss_baseline, "rss_peak_bytes": peak_rss_bytes(),
-          "rss_end_bytes": rss_bytes(), "wall_seconds": time.perf_counter() - started})
+          "rss_end_bytes": rss_bytes(), "wall_seconds": time.perf_counter() - started,
+          "cuda_peak_allocated_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else None,
+          "cuda_peak_reserved_bytes": torch.cuda.max_memory_reserved() if device.type == "cuda" else None})
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Training throughput and memory: llm-train against Hugging Face transformers on the same LibTorch.
 
-Runs one configuration through both trainers, on the CPU, with the same thread count, data, tokenizer,
-sequence length, batch size and optimizer settings: the ~110M-parameter LLaMA in bench/models/llama-100m
-(random init), full fine-tuning with AdamW, in 32-true (fp32 weights and AdamW state) and bf16-true
-(everything bf16). Prints a Markdown table of tokens/s, peak RSS and their ratios; see bench/README.md.
+Runs one configuration through both trainers, on the CPU (or with --device cuda on the first GPU), with the
+same thread count, data, tokenizer, sequence length, batch size and optimizer settings: the ~110M-parameter
+LLaMA in bench/models/llama-100m (random init), full fine-tuning with AdamW, in 32-true (fp32 weights and
+AdamW state) and bf16-true (everything bf16). Prints a Markdown table of tokens/s, peak RSS and their
+ratios (on a GPU also the allocators' peaks and MFU); see bench/README.md.
 
   .venv/bin/python bench/run_train_bench.py                       # both precisions, 10 steps each
   .venv/bin/python bench/run_train_bench.py --steps 3 --warmup-steps 1 --precisions 32-true
@@ -153,15 +154,15 @@ class ChildRun:
         return "\n".join("    " + l for l in out)
 
 
-def child_env(threads, wait_policy):
+def child_env(threads, wait_policy, device):
     env = dict(os.environ)
     if wait_policy != "inherit":
         env["OMP_WAIT_POLICY"] = wait_policy.upper()
     env["OMP_NUM_THREADS"] = str(threads)
     env["MKL_NUM_THREADS"] = str(threads)
     env["OPENBLAS_NUM_THREADS"] = str(threads)  # numpy's OpenBLAS, loaded by transformers in the peer
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU benchmark: neither side may touch a GPU
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # CPU benchmark: neither side may touch a GPU
     env["TOKENIZERS_PARALLELISM"] = "false"
     return env
 
@@ -202,7 +203,7 @@ train:
   weight_decay: 0.0
 precision: {precision}
 optimizer: adamw
-device: cpu
+device: {args.device}
 seed: {args.seed}
 snapshot_every: {snapshot_every}
 log_every: 1
@@ -289,12 +290,14 @@ def run_ours(args, workdir, data_path, precision, method, env):
         raise RuntimeError(f"llm-train ({precision}) failed with exit code {child.returncode}, outcome "
                            f"{result.get('outcome')!r}: {result.get('error', '')}\n{child.tail()}")
     tps, measured, tokens = throughput(steps, args.warmup_steps)
+    snapshots = [e for e in parsed if e.get("type") == "snapshot"]
     return {
         "tokens_per_second": tps,
         "measured_steps": measured,
         "measured_tokens": tokens,
         "peak_rss": child.peak_rss_bytes,
         "allocator_peak": result.get("peak_bytes"),
+        "reserved_peak": max((e["reserved_bytes"] for e in snapshots), default=None),
         "load_peak": start.get("load_peak_bytes"),
         "parameters": start.get("parameters_total"),
         "trainable": start.get("parameters_trainable"),
@@ -326,7 +329,7 @@ def run_peer(args, data_path, precision, method, env):
             "--max-seq-length", str(args.seq_len), "--micro-batch-size", str(args.micro_batch_size),
             "--global-batch-size", str(args.global_batch_size), "--steps", str(args.steps),
             "--lr", str(args.lr), "--threads", str(args.threads), "--seed", str(args.seed),
-            "--optimizer-impl", args.peer_optimizer, "--peft", method, "--lora-r", str(args.lora_r),
+            "--optimizer-impl", args.peer_optimizer, "--device", args.device, "--peft", method, "--lora-r", str(args.lora_r),
             "--lora-alpha", str(args.lora_alpha), "--lora-targets", args.lora_targets]
     child = ChildRun(argv, env, echo=args.verbose)
     parsed, cpu_marks = [], {}
@@ -359,6 +362,8 @@ def run_peer(args, data_path, precision, method, env):
         "measured_tokens": tokens,
         "peak_rss": child.peak_rss_bytes,
         "baseline_rss": result.get("rss_baseline_bytes"),
+        "allocator_peak": result.get("cuda_peak_allocated_bytes"),
+        "reserved_peak": result.get("cuda_peak_reserved_bytes"),
         "parameters": start.get("parameters_total"),
         "trainable": start.get("parameters_trainable"),
         "threads": start.get("threads"),
@@ -381,10 +386,32 @@ def mib(n):
     return "n/a" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
+def percent(x):
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def model_flops_utilization(args, precision, side):
+    """6 · N · tokens/s over the device's dense peak for the precision (None without a peak)."""
+    peak = args.peak_tflops if precision.startswith("bf16") else args.peak_tflops_fp32
+    if not peak or not side["parameters"] or side["tokens_per_second"] != side["tokens_per_second"]:
+        return None
+    return 6 * side["parameters"] * side["tokens_per_second"] / (peak * 1e12)
+
+
 def ratio(a, b, fmt="{:.2f}x"):
     if a is None or b is None or not b or a != a or b != b:
         return "n/a"
     return fmt.format(a / b)
+
+
+def gpu_name():
+    """The first GPU's name as nvidia-smi reports it."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return out.splitlines()[0] if out else "GPU (nvidia-smi unavailable)"
 
 
 def machine_info():
@@ -404,8 +431,8 @@ def machine_info():
 def report(args, rows, ours_baseline, data_info, machine):
     out = []
     out.append(f"## llm-train vs transformers: {args.model.name}, seq {args.seq_len}, micro-batch "
-               f"{args.micro_batch_size}, global batch {args.global_batch_size}, AdamW, CPU, "
-               f"{args.threads} thread(s)"
+               f"{args.micro_batch_size}, global batch {args.global_batch_size}, AdamW, "
+               f"{'CPU, ' + str(args.threads) + ' thread(s)' if args.device == 'cpu' else args.gpu_name}"
                + (f", best of {args.repeats} runs per side" if args.repeats > 1 else "")
                + (f"; adapters: alpha {args.lora_alpha:g} on {args.lora_targets} (peer: PEFT, "
                   "bitsandbytes for qlora)" if args.peft != "none" else "") + "\n")
@@ -438,6 +465,23 @@ def report(args, rows, ours_baseline, data_info, machine):
     out.append("¹ Allocator peak: llm-train's exact high-water mark of LibTorch CPU tensor bytes during "
                "training (its counting allocator, the `result` event's `peak_bytes`); it excludes "
                "oneDNN/BLAS scratch, malloc slack and code. The peer has no such counter.")
+    if args.device == "cuda":
+        out.append("")
+        out.append("| config | ours GPU peak | peer GPU peak | ratio | ours reserved | peer reserved | ratio | "
+                   "ours MFU | peer MFU |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for precision, ours, peer in rows:
+            out.append(f"| {precision} | {mib(ours['allocator_peak'])} | {mib(peer['allocator_peak'])} | "
+                       f"{ratio(ours['allocator_peak'], peer['allocator_peak'])} | {mib(ours['reserved_peak'])} | "
+                       f"{mib(peer['reserved_peak'])} | {ratio(ours['reserved_peak'], peer['reserved_peak'])} | "
+                       f"{percent(ours['mfu'])} | {percent(peer['mfu'])} |")
+        out.append("")
+        out.append("GPU peak: each side's CUDA caching-allocator high-water mark of allocated bytes during "
+                   "training (llm-train's `result` peak_bytes; the peer's torch.cuda.max_memory_allocated() "
+                   "after a reset once the model and optimizer exist); reserved: what the allocator held. "
+                   f"MFU = 6 · N · tokens/s / peak, N = all parameters (embeddings included, attention's "
+                   f"own FLOPs not counted), peak {args.peak_tflops:g} TFLOP/s for bf16 rows and "
+                   f"{args.peak_tflops_fp32:g} TFLOP/s for fp32 rows (dense, no sparsity).")
     out.append("")
     out.append("| config | side | params | threads | process wall s | process CPU s | measured steps: "
                "wall s | CPU s | tok per CPU-s | first loss | last loss |")
@@ -494,6 +538,13 @@ def main():
     ap.add_argument("--llm-train", type=Path, default=REPO_ROOT / "build" / "trainer" / "llm-train",
                     help="the llm-train binary (default build/trainer/llm-train)")
     ap.add_argument("--markdown", type=Path, help="also write the report to this file")
+    ap.add_argument("--json", type=Path, help="also write every figure of both sides to this file")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where both sides train (default cpu; cuda: the first GPU)")
+    ap.add_argument("--peak-tflops", type=float, default=0,
+                    help="the device's dense bf16 peak in TFLOP/s, for MFU (H100 SXM: 989)")
+    ap.add_argument("--peak-tflops-fp32", type=float, default=0,
+                    help="the device's fp32 peak in TFLOP/s, for the 32-true rows' MFU (H100 SXM: 67)")
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory (config.json)")
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     ap.add_argument("--repeats", type=int, default=1,
@@ -552,7 +603,8 @@ def main():
 
     workdir = Path(tempfile.mkdtemp(prefix="llmctl-bench-"))
     try:
-        env = child_env(args.threads, args.omp_wait_policy)
+        env = child_env(args.threads, args.omp_wait_policy, args.device)
+        args.gpu_name = gpu_name() if args.device == "cuda" else None
         env["LLMCTL_CACHE_DIR"] = str(workdir / "cache")  # keep the token cache out of the user's
         data_path = workdir / "data.jsonl"
         count = max(64, args.steps * args.global_batch_size)
@@ -592,6 +644,8 @@ def main():
                 log(f"warning: parameter counts differ: ours {ours['parameters']}, peer {peer['parameters']}")
             if ours["trainable"] != peer["trainable"]:
                 log(f"warning: trainable counts differ: ours {ours['trainable']}, peer {peer['trainable']}")
+            for r in (ours, peer):
+                r["mfu"] = model_flops_utilization(args, precision, r)
             rows.append((label, ours, peer))
 
         text = report(args, rows, ours_baseline, data_info, machine)
@@ -599,6 +653,16 @@ def main():
         if args.markdown:
             args.markdown.write_text(text)
             log(f"wrote {args.markdown}")
+        if args.json:
+            args.json.write_text(json.dumps({
+                "device": args.device, "gpu": args.gpu_name, "machine": machine, "model": str(args.model),
+                "seq_len": args.seq_len, "micro_batch_size": args.micro_batch_size,
+                "global_batch_size": args.global_batch_size, "steps": args.steps,
+                "warmup_steps": args.warmup_steps, "peak_tflops": args.peak_tflops,
+                "peak_tflops_fp32": args.peak_tflops_fp32, "ours_baseline_rss": ours_baseline,
+                "rows": [{"config": label, "ours": ours, "peer": peer} for label, ours, peer in rows]},
+                indent=2) + "\n")
+            log(f"wrote {args.json}")
     except RuntimeError as e:
         sys.exit(f"run_train_bench: {e}")
     finally:

@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""deploy/gpu-check's bookkeeping: versions, one JSON row per finished trial or check, and the tables.
+
+Every subcommand reads and writes files in the output directory only, so a stage killed halfway leaves
+the rows it finished. Not meant to be run by hand; deploy/gpu-check calls it:
+
+  gpu_check.py env OUT DEVICE LLM_TRAIN BUILD_DIR     versions -> OUT/env.json (+ nvidia-smi.txt)
+  gpu_check.py env-field ENV_JSON FIELD               prints one field ('' when absent)
+  gpu_check.py stage-row OUT STAGE STATUS SECONDS     appends to OUT/stages.jsonl
+  gpu_check.py has-row JSONL TRIAL                    exit 0 when JSONL has a row for TRIAL
+  gpu_check.py lab-row OUT FILE TRIAL EXPECTED CODE   one lab trial's row -> OUT/lab.jsonl
+  gpu_check.py lab-table OUT FILE [SKIPPED...]        OUT/lab.md and OUT/lab.json from lab.jsonl
+  gpu_check.py ranks-row OUT BACKEND DEVICE CODE JSONL  one c10d check's row -> OUT/ranks.jsonl (+ .md)
+  gpu_check.py summary OUT                            Markdown: versions and every stage's status
+"""
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GIB = 2**30
+
+
+def run_text(argv):
+    """A command's stdout, or '' when it is missing or fails (versions are best-effort facts)."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def read_jsonl(path):
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line cut short by a kill
+    return rows
+
+
+def append_jsonl(path, row):
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_env(out):
+    path = Path(out) / "env.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def env_tag(env):
+    return env.get("tag", "versions unknown (the build stage has not run)")
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def cmd_env(out, device, llm_train, build_dir):
+    out = Path(out)
+    import torch
+
+    env = {
+        "device": device,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": platform.node(),
+        "os": run_text(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
+        "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
+                    "unknown"),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cxx": run_text(["c++", "--version"]).splitlines()[0] if run_text(["c++", "--version"]) else "",
+        "cmake": (run_text(["cmake", "--version"]).splitlines() or [""])[0],
+        "nvcc": (run_text(["nvcc", "--version"]).splitlines() or [""])[-1],
+        "llm_train": run_text([llm_train, "--version"]),
+        "commit": run_text(["git", "-C", str(REPO), "rev-parse", "HEAD"]) or "unknown (no .git)",
+        "build_dir": build_dir,
+    }
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        env["transformers"] = None
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("gpu_check: --device cuda but PyTorch sees no GPU")
+        props = torch.cuda.get_device_properties(0)
+        env.update({
+            "gpu": props.name,
+            "gpu_memory_bytes": props.total_memory,
+            "gpu_count": torch.cuda.device_count(),
+            "compute_capability": f"{props.major}.{props.minor}",
+            "driver": run_text(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).split("\n")[0],
+            "cuda_runtime": torch.version.cuda,
+        })
+        smi = run_text(["nvidia-smi"])
+        (out / "nvidia-smi.txt").write_text(smi + "\n" + run_text(["nvidia-smi", "-q"]) + "\n")
+        env["tag"] = (f"{props.name}, driver {env['driver']}, CUDA {torch.version.cuda}, torch {torch.__version__}"
+                      f", {env['llm_train']}")
+    else:
+        env["tag"] = f"CPU {env['cpu']} x{env['cpus']}, torch {torch.__version__}, {env['llm_train']}"
+    (out / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+
+
+def cmd_env_field(env_json, field):
+    path = Path(env_json)
+    value = json.loads(path.read_text()).get(field, "") if path.exists() else ""
+    print("" if value is None else value)
+
+
+def cmd_stage_row(out, stage, status, seconds):
+    append_jsonl(Path(out) / "stages.jsonl", {"stage": stage, "status": status, "seconds": int(seconds),
+                                              "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                              "env": env_tag(load_env(out))})
+
+
+def cmd_summary(out):
+    out = Path(out)
+    env = load_env(out)
+    lines = [f"# gpu-check: {env_tag(env)}", ""]
+    if env:
+        lines.append(f"commit {env.get('commit')}; {env.get('os')}; {env.get('cxx')}; {env.get('cmake')}; "
+                     f"nvcc: {env.get('nvcc') or 'none'}; transformers {env.get('transformers')}")
+        lines.append("")
+    lines += ["| stage | status | seconds | when (UTC) |", "|---|---|---:|---|"]
+    for row in read_jsonl(out / "stages.jsonl"):
+        lines.append(f"| {row['stage']} | {row['status']} | {row['seconds']} | {row['time_utc']} |")
+    for name in ("lab.md", "peer.md", "ranks.md"):
+        if (out / name).exists():
+            lines += ["", f"See {name}."]
+    print("\n".join(lines))
+
+
+def cmd_has_row(jsonl, trial):
+    """Whether TRIAL has a finished row (one stopped at the time budget is measured again)."""
+    sys.exit(0 if any(r.get("trial") == trial and not r.get("stopped_at_budget") for r in read_jsonl(jsonl))
+             else 1)
+
+
+def summarize_events(events_path):
+    """What one llm-train run measured, from its --events file (a run cut short has no result)."""
+    events = read_jsonl(events_path)
+    start = next((e for e in events if e.get("type") == "start"), {})
+    result = next((e for e in events if e.get("type") == "result"), None)
+    snapshots = [e for e in events if e.get("type") == "snapshot"]
+    steps = [e for e in events if e.get("type") == "step"]
+    # Step 0 pays for CUDA's and cuBLAS's first calls and creates the optimizer state: not counted.
+    timed = [s for s in steps if s["step"] >= 1] or steps
+    seconds = sum(s["seconds"] for s in timed)
+    at_peak = max(snapshots, key=lambda s: s["allocated_bytes"]) if snapshots else {}
+    return {
+        "parameters": start.get("parameters_total"),
+        "trainable": start.get("parameters_trainable"),
+        "load_peak_bytes": start.get("load_peak_bytes"),
+        "result": result,
+        "steps_run": len(steps),
+        "timed_steps": len(timed),
+        "tokens_per_second": sum(s["tokens"] for s in timed) / seconds if seconds > 0 else None,
+        "peak_bytes": result.get("peak_bytes") if result else (max((s["peak_bytes"] for s in snapshots), default=None)),
+        "reserved_peak_bytes": max((s["reserved_bytes"] for s in snapshots), default=None),
+        "at_peak": {k: at_peak.get(k) for k in ("step", "phase", "params_bytes", "grads_bytes", "optim_device_bytes",
+                                                "optim_host_bytes", "other_bytes", "allocated_bytes")},
+    }
+
+
+def published_figures(experiment_file):
+    table = json.loads((REPO / "deploy" / "lab-published.json").read_text())
+    return table.get(experiment_file, {})
+
+
+def cmd_lab_row(out, experiment_file, trial, expected, exit_code):
+    out = Path(out)
+    measured = summarize_events(out / "lab" / f"{trial}.events.jsonl")
+    result = measured.pop("result")
+    # timeout(1) exits 124 after its SIGTERM (llm-train then cancels and still writes a result) and 137
+    # after the SIGKILL that follows when it does not stop in time.
+    stopped_at_budget = exit_code in ("124", "137")
+    if stopped_at_budget:
+        observed = "stopped: time budget"
+        error = "the stage's time budget ran out during this trial; run the stage again"
+    elif result:
+        observed = result["outcome"]
+        error = result.get("error", "")
+    else:
+        observed, error = "failed", f"exit code {exit_code}, no result event (see lab/{trial}.log)"
+    env = load_env(out)
+    row = {"trial": trial, "file": experiment_file, "expected": expected or None, "observed": observed,
+           "matches": (observed == expected) if expected and not stopped_at_budget else None,
+           "stopped_at_budget": stopped_at_budget, "exit_code": int(exit_code),
+           "error": error, "published": published_figures(experiment_file).get(trial), "env": env_tag(env),
+           **measured}
+    append_jsonl(out / "lab.jsonl", row)
+
+
+def gib(n):
+    return "–" if n is None else f"{n / GIB:.2f}"
+
+
+def cmd_lab_table(out, experiment_file, *skipped):
+    out = Path(out)
+    env = load_env(out)
+    rows = {r["trial"]: r for r in read_jsonl(out / "lab.jsonl")}  # a rerun's row replaces the older one
+    lines = [f"## Lab table: {experiment_file} on {env_tag(env)}", "",
+             "| trial | expected | observed | peak GiB | peak GB | reserved GiB | params | grads | optim (device + host) "
+             "| acts | tokens/s | published (lab) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows.values():
+        p = r.get("at_peak") or {}
+        pub = r.get("published")
+        if pub:
+            figures = [f"{pub['peak_gb']:.2f} GB" if pub.get("peak_gb") is not None else None,
+                       f"{pub['tokens_per_second']:,} tok/s" if pub.get("tokens_per_second") else None,
+                       pub.get("outcome")]
+            pub_text = f"{pub['what']}: " + ", ".join(f for f in figures if f)
+        else:
+            pub_text = "–"
+        mark = "" if r["matches"] is not False else " ✗"
+        peak_gb = "–" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 1e9:.2f}"
+        tps = "–" if r.get("tokens_per_second") is None else f"{r['tokens_per_second']:,.0f}"
+        optim = (f"{gib(p.get('optim_device_bytes'))} + {gib(p.get('optim_host_bytes'))}"
+                 if p.get("optim_device_bytes") is not None else "–")
+        lines.append(f"| {r['trial']} | {r['expected'] or '–'} | {r['observed']}{mark} | {gib(r.get('peak_bytes'))} | "
+                     f"{peak_gb} | {gib(r.get('reserved_peak_bytes'))} | {gib(p.get('params_bytes'))} | "
+                     f"{gib(p.get('grads_bytes'))} | {optim} | {gib(p.get('other_bytes'))} | {tps} | {pub_text} |")
+    for trial in skipped:
+        if trial not in rows:
+            lines.append(f"| {trial} | | skipped: out of time | | | | | | | | | |")
+    matched = sum(1 for r in rows.values() if r["matches"])
+    stated = sum(1 for r in rows.values() if r["matches"] is not None)
+    steps = max((r["steps_run"] for r in rows.values()), default=0)
+    if published_figures(experiment_file):
+        models = ("Models are random-init presets of the published shapes (no network there, so no hub weights): "
+                  "memory is the same as with the real weights, loss is not.")
+    else:
+        models = "Models are the file's small random-init stand-ins under its simulated device budget."
+    lines += ["", f"{matched} of {stated} rows with an expectation ended as expected (✗: not). {models} Each trial ran at most {steps} optimizer steps (the file's own "
+              "count is longer; an out-of-memory row stops at its first); tokens/s is over the steps after the first. Peak: the allocator's "
+              "high-water mark since training started (GiB = 2^30 bytes; GB = 10^9); columns params to acts are "
+              "the snapshot with the most allocated bytes. Published: the LitGPT lab's figures on an A100 80GB "
+              "with real weights (deploy/lab-published.json), for the trials that match one of its rows."]
+    (out / "lab.md").write_text("\n".join(lines) + "\n")
+    (out / "lab.json").write_text(json.dumps({"env": env, "file": experiment_file, "rows": list(rows.values()),
+                                              "skipped": [t for t in skipped if t not in rows]}, indent=2) + "\n")
+    print("\n".join(lines))
+
+
+def cmd_ranks_row(out, backend, device, exit_code, jsonl):
+    """One c10d check: its JSON lines and exit code. NCCL cannot run two ranks on one GPU, so with one
+    GPU that combination is expected to fail; the row says so instead of counting it as a failure."""
+    out = Path(out)
+    env = load_env(out)
+    checks = read_jsonl(jsonl) if exit_code != "skipped" else []
+    one_gpu = env.get("gpu_count") == 1
+    expected_refusal = backend == "nccl" and one_gpu
+    if exit_code == "skipped":
+        status = "skipped: out of time"
+    elif exit_code == "0":
+        status = "ok"
+    elif expected_refusal:
+        status = "refused, as expected: NCCL needs a GPU per rank and this machine has one"
+    else:
+        status = f"failed (exit code {exit_code})"
+    row = {"backend": backend, "device": device, "world_size": 2, "exit_code": exit_code, "status": status,
+           "checks": checks, "env": env_tag(env)}
+    append_jsonl(out / "ranks.jsonl", row)
+    lines = [f"## c10d collectives, 2 ranks, on {env_tag(env)}", "", "| backend | device | checks | status |",
+             "|---|---|---:|---|"]
+    for r in read_jsonl(out / "ranks.jsonl"):
+        lines.append(f"| {r['backend']} | {r['device']} | {len(r['checks'])} | {r['status']} |")
+    (out / "ranks.md").write_text("\n".join(lines) + "\n")
+    print(f"ranks: {backend} on {device}: {status}")
+    sys.exit(0 if status == "ok" or status.startswith("refused, as expected") else 1)
+
+
+COMMANDS = {
+    "has-row": cmd_has_row,
+    "lab-row": cmd_lab_row,
+    "lab-table": cmd_lab_table,
+    "ranks-row": cmd_ranks_row,
+    "env": cmd_env,
+    "env-field": cmd_env_field,
+    "stage-row": cmd_stage_row,
+    "summary": cmd_summary,
+}
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        sys.exit(__doc__)
+    COMMANDS[sys.argv[1]](*sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()
