@@ -275,6 +275,13 @@ TEST(ParseExperimentTest, BaseProblemsPointAtTheBaseKey) {
             "exp.yaml:2:1: train.lr must not be negative, got -1");
 }
 
+TEST(ParseExperimentTest, ProfileProblemsPointAtTheProfileKey) {
+  EXPECT_EQ(ParseError("data: {path: t.jsonl}\nprofile: {steps: 2, first_step: -1}\n"),
+            "exp.yaml:2:21: profile.first_step must not be negative, got -1");
+  EXPECT_EQ(ParseError("data: {path: t.jsonl}\nprofile:\n  steps: two\n"),
+            "exp.yaml:3:10: profile.steps: expected an integer, got 'two'");
+}
+
 TEST(ParseExperimentTest, DefaultCausedProblemPointsAtTheTrialsSet) {
   const std::string message = ParseError(R"(trials:
   - name: a
@@ -635,7 +642,8 @@ TEST(ParseExperimentTest, AnchorsAliasesAndTagsAreRefused) {
       {"a: &a [1]\nmodel: *a\n", "exp.yaml:1:4: YAML anchor (&name)"},
       {"model: !!python/object/apply:os.system [ls]\n",
        "exp.yaml:1:8: YAML tag '!!python/object/apply:os.system'"},
-      {"data: {path: !!binary aGVsbG8=}\nmodel: llmctl-demo\n", "exp.yaml:1:14: YAML tag '!!binary'"},
+      {"data: {path: !!binary aGVsbG8=}\nmodel: llmctl-demo\n",
+       "exp.yaml:1:14: YAML tag '!!binary'"},
       {"model: !custom llmctl-demo\n", "exp.yaml:1:8: YAML tag '!custom'"},
   };
   for (const auto& [yaml, expected] : cases) {
@@ -645,7 +653,8 @@ TEST(ParseExperimentTest, AnchorsAliasesAndTagsAreRefused) {
         << experiment.status().message();
   }
   // Quoted and plain scalars carry yaml-cpp's non-specific tags, which are fine.
-  EXPECT_TRUE(ParseExperiment("model: 'llmctl-demo'\ndata: {path: \"x.jsonl\"}\n", "exp.yaml").ok());
+  EXPECT_TRUE(
+      ParseExperiment("model: 'llmctl-demo'\ndata: {path: \"x.jsonl\"}\n", "exp.yaml").ok());
 }
 
 TEST(LoadExperimentFileTest, NonRegularFilesAreRefusedAtOnce) {

@@ -637,6 +637,35 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
   return std::nullopt;
 }
 
+// The profile group: its other keys only mean something with profile.steps, and the profiled
+// steps must be steps the run takes.
+std::optional<ConfigProblem> FindProfileProblem(const TrialConfig& config) {
+  auto problem = [](std::vector<std::string> keys, std::string message) {
+    return std::optional<ConfigProblem>(ConfigProblem{std::move(keys), std::move(message)});
+  };
+  const int64_t steps = config.GetInt("profile.steps");
+  if (steps == 0) {
+    for (std::string_view key : {"profile.first_step", "profile.memory_history"}) {
+      if (config.IsSet(key)) {
+        return problem({std::string(key)}, std::string(key) +
+                                               " applies to profiled steps, but profile.steps is "
+                                               "0; set profile.steps (e.g. 2) or remove " +
+                                               std::string(key));
+      }
+    }
+    return std::nullopt;
+  }
+  const int64_t first = config.GetInt("profile.first_step");
+  const int64_t max_steps = config.GetInt("train.max_steps");
+  if (max_steps > 0 && first + steps > max_steps) {
+    return problem({"profile.first_step", "profile.steps", "train.max_steps"},
+                   "profile: steps " + Str(first) + " to " + Str(first + steps - 1) +
+                       " are profiled, but train.max_steps " + Str(max_steps) +
+                       " ends the run after step " + Str(max_steps - 1));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
@@ -672,14 +701,16 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
                                              why + ", got " + Str(value));
     }
   }
-  for (std::string_view key : {"data.samples", "train.warmup_steps", "train.max_steps", "seed",
-                               "snapshot_every", "checkpoint_every"}) {
+  for (std::string_view key :
+       {"data.samples", "train.warmup_steps", "train.max_steps", "seed", "snapshot_every",
+        "checkpoint_every", "profile.steps", "profile.first_step"}) {
     const int64_t value = config.GetInt(key);
     if (value < 0) {
       return problem({std::string(key)},
                      std::string(key) + " must not be negative, got " + Str(value));
     }
   }
+  if (std::optional<ConfigProblem> found = FindProfileProblem(config)) return found;
 
   const int64_t micro = config.GetInt("train.micro_batch_size");
   const int64_t global = config.GetInt("train.global_batch_size");

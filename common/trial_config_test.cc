@@ -367,6 +367,8 @@ TEST(ValidateTrialConfigTest, PositiveSizesAndCounts) {
       {"seed", "-1"},
       {"snapshot_every", "-1"},
       {"checkpoint_every", "-1"},
+      {"profile.steps", "-1"},
+      {"profile.first_step", "-1"},
   };
   for (const auto& [key, value] : bad) {
     TrialConfig config = Valid();
@@ -375,6 +377,26 @@ TEST(ValidateTrialConfigTest, PositiveSizesAndCounts) {
     EXPECT_EQ(message.rfind(std::string(key), 0), 0u) << key << ": " << message;
     EXPECT_EQ(ProblemKeys(config).front(), key);
   }
+}
+
+TEST(ValidateTrialConfigTest, ProfileKeys) {
+  TrialConfig unprofiled = Valid();
+  ASSERT_TRUE(unprofiled.SetFromText("profile.first_step", "3").ok());
+  EXPECT_EQ(ProblemMessage(unprofiled),
+            "profile.first_step applies to profiled steps, but profile.steps is 0; set "
+            "profile.steps (e.g. 2) or remove profile.first_step");
+  TrialConfig no_history = Valid();
+  ASSERT_TRUE(no_history.SetFromText("profile.memory_history", "false").ok());
+  EXPECT_EQ(ProblemKeys(no_history).front(), "profile.memory_history");
+
+  TrialConfig past_the_end = Valid();
+  ASSERT_TRUE(past_the_end.SetFromText("train.max_steps", "4").ok());
+  ASSERT_TRUE(past_the_end.SetFromText("profile.steps", "2").ok());
+  ASSERT_TRUE(past_the_end.SetFromText("profile.first_step", "3").ok());
+  EXPECT_EQ(ProblemMessage(past_the_end),
+            "profile: steps 3 to 4 are profiled, but train.max_steps 4 ends the run after step 3");
+  ASSERT_TRUE(past_the_end.SetFromText("profile.first_step", "2").ok());
+  EXPECT_TRUE(ValidateTrialConfig(past_the_end, nullptr).ok());
 }
 
 TEST(ValidateTrialConfigTest, OptimizerSettings) {

@@ -182,6 +182,24 @@ MemorySnapshot SnapshotAtFailure(const DeviceMemory& memory,
   return Categorize(memory, params, optimizer_state, allocated);
 }
 
+std::vector<StorageCategory> StorageCategories(const DeviceMemory& memory,
+                                               const std::vector<torch::Tensor>& params,
+                                               const std::vector<torch::Tensor>& optimizer_state) {
+  std::vector<StorageCategory> categories;
+  std::unordered_set<const c10::StorageImpl*> seen;
+  // In Categorize's order, so a storage counted in two roles gets the category it is counted in.
+  auto add = [&](const torch::Tensor& tensor, const char* category) {
+    if (!tensor.defined() || !tensor.has_storage() || !memory.OnDevice(tensor)) return;
+    if (!seen.insert(tensor.storage().unsafeGetStorageImpl()).second) return;
+    categories.push_back(
+        {reinterpret_cast<uintptr_t>(tensor.storage().data_ptr().get()), category});
+  };
+  for (const torch::Tensor& p : params) add(p, "params");
+  for (const torch::Tensor& p : params) add(p.grad(), "grads");
+  for (const torch::Tensor& t : optimizer_state) add(t, "optimizer state");
+  return categories;
+}
+
 uint64_t UniqueStorageBytes(const std::vector<torch::Tensor>& tensors) {
   std::unordered_set<const c10::StorageImpl*> seen;
   uint64_t total = 0;

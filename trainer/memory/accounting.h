@@ -74,6 +74,18 @@ MemorySnapshot SnapshotAtFailure(const DeviceMemory& memory,
                                  const std::vector<torch::Tensor>& params,
                                  const std::vector<torch::Tensor>& optimizer_state);
 
+// A device storage's accounting category ("params", "grads" or "optimizer state"), by its data
+// pointer: what the memory viewers name a live allocation (memory_history.h).
+struct StorageCategory {
+  uint64_t address;
+  std::string category;
+};
+
+// The category of every device storage a snapshot would count as params, grads or optimizer state.
+std::vector<StorageCategory> StorageCategories(const DeviceMemory& memory,
+                                               const std::vector<torch::Tensor>& params,
+                                               const std::vector<torch::Tensor>& optimizer_state);
+
 // Bytes of the storages behind `tensors`, each storage once.
 uint64_t UniqueStorageBytes(const std::vector<torch::Tensor>& tensors);
 

@@ -27,6 +27,7 @@
 #include "trainer/train/events.h"
 #include "trainer/train/optimizer.h"
 #include "trainer/train/precision.h"
+#include "trainer/train/profiling.h"
 
 namespace llmctl::trainer {
 
@@ -139,6 +140,8 @@ class TrialRun {
   void EmitSnapshot(const MemorySnapshot& snapshot, int64_t step, int64_t micro_batch,
                     const char* phase);
   void Log(const std::string& level, const std::string& message);
+  // Writes the profiled steps' files (profiling.h) and names them in log events.
+  void WriteProfile();
   void Human(const std::string& line) {
     if (options_.human != nullptr) *options_.human << line << std::endl;
   }
@@ -186,6 +189,7 @@ class TrialRun {
   std::vector<torch::Tensor> trainable_params_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BatchSource> batches_;
+  std::unique_ptr<StepProfiler> profiler_;  // null when no step is profiled
   std::optional<LossScaler> loss_scaler_;
 
   bool chunked_loss_ = false;
@@ -232,6 +236,7 @@ Status TrialRun::Setup() {
     return InvalidArgumentError(
         "checkpoint_every: checkpoints need output_dir to say where they go");
   }
+  ASSIGN_OR_RETURN(profiler_, StepProfiler::ForTrial(config_, device_));
   return Status::Ok();
 }
 
@@ -328,6 +333,8 @@ void TrialRun::EmitSnapshot(const MemorySnapshot& snapshot, int64_t step, int64_
 }
 
 void TrialRun::Snapshot(int64_t step, int64_t micro_batch, const char* phase) {
+  // Each phase boundary is also where the profiler names what follows and marks its memory history.
+  if (profiler_) profiler_->Phase(step, micro_batch, phase);
   if (!snapshot_this_step_) return;
   const MemorySnapshot snapshot = TakeSnapshot(*memory_, all_params_, OptimizerState());
   EmitSnapshot(snapshot, step, micro_batch, phase);
@@ -338,7 +345,10 @@ void TrialRun::Snapshot(int64_t step, int64_t micro_batch, const char* phase) {
 
 bool TrialRun::TrainStep(int64_t step) {
   const auto started = Clock::now();
-  snapshot_this_step_ = step == 0 || step == 1 || step % snapshot_every_ == 0;
+  if (profiler_) profiler_->BeginStep(step);
+  // Profiled steps are snapshotted too, so their traces can be read beside the snapshots.
+  snapshot_this_step_ = step == 0 || step == 1 || step % snapshot_every_ == 0 ||
+                        (profiler_ && profiler_->Profiles(step));
   const double lr = LearningRate(config_.GetFloat("train.lr"), step,
                                  config_.GetInt("train.warmup_steps"), total_steps_);
 
@@ -441,10 +451,23 @@ bool TrialRun::TrainStep(int64_t step) {
          << FormatBytes(memory_->peak_bytes()) << ")";
     Human(line.str());
   }
+  if (profiler_ && profiler_->EndsWith(step)) WriteProfile();
   return true;
 }
 
+void TrialRun::WriteProfile() {
+  auto files = profiler_->Write(StorageCategories(*memory_, all_params_, OptimizerState()));
+  if (!files.ok()) {
+    Log("warning", "profile not written: " + files.status().message());
+    return;
+  }
+  for (const std::string& path : files->paths) Log("info", "profile written to " + path);
+  if (!files->warning.empty()) Log("warning", files->warning);
+}
+
 TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
+  // A run that ends inside its profiled steps (out of memory, cancelled) keeps what was recorded.
+  if (profiler_ && profiler_->recording()) WriteProfile();
   TrialResult result;
   result.outcome = outcome;
   result.error = NameInputs(std::move(error), options_.input_names);

@@ -1,0 +1,161 @@
+#include "trainer/train/profiling.h"
+
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <filesystem>
+#include <set>
+#include <system_error>
+#include <utility>
+
+namespace llmctl::trainer {
+namespace {
+
+namespace kineto = torch::autograd::profiler;
+using torch::profiler::impl::ActivityType;
+using torch::profiler::impl::ProfilerConfig;
+using torch::profiler::impl::ProfilerState;
+
+// Input shapes are cheap and say which matmul is which; Kineto's memory events are not recorded:
+// LibTorch's CPU allocator reports them with the counting allocator's headers included, and the
+// memory history has the exact figures.
+ProfilerConfig KinetoConfig() {
+  return ProfilerConfig(ProfilerState::KINETO, /*report_input_shapes=*/true,
+                        /*profile_memory=*/false, /*with_stack=*/false, /*with_flops=*/false,
+                        /*with_modules=*/false);
+}
+
+std::set<ActivityType> Activities(torch::Device device) {
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (device.is_cuda()) activities.insert(ActivityType::CUDA);
+  return activities;
+}
+
+// What runs after each phase boundary of trainer.h's step anatomy.
+std::string_view NextPart(std::string_view phase, bool last_micro_batch) {
+  if (phase == "phase0_before_fwd") return "forward";
+  if (phase == "phase1_after_fwd") return "backward";
+  if (phase == "phase2_after_bwd") return last_micro_batch ? "optimizer step" : "next micro-batch";
+  return "after step";
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<StepProfiler>> StepProfiler::ForTrial(const TrialConfig& config,
+                                                               torch::Device device) {
+  const int64_t steps = config.GetInt("profile.steps");
+  if (steps <= 0) return std::unique_ptr<StepProfiler>();
+  const std::string output_dir = config.GetString("output_dir");
+  if (output_dir.empty()) {
+    return InvalidArgumentError("profile.steps: profiles need output_dir to say where they go");
+  }
+  std::optional<MemoryHistory> memory;
+  if (config.GetBool("profile.memory_history")) {
+    ASSIGN_OR_RETURN(MemoryHistory history, MemoryHistory::For(device));
+    memory.emplace(std::move(history));
+  }
+  const int64_t first = config.GetInt("profile.first_step");
+  const int64_t accumulation =
+      config.GetInt("train.global_batch_size") / config.GetInt("train.micro_batch_size");
+  return std::unique_ptr<StepProfiler>(new StepProfiler(
+      device, first, first + steps - 1, accumulation, output_dir + "/profile", std::move(memory)));
+}
+
+StepProfiler::StepProfiler(torch::Device device, int64_t first_step, int64_t last_step,
+                           int64_t accumulation, std::string dir,
+                           std::optional<MemoryHistory> memory)
+    : device_(device),
+      first_step_(first_step),
+      last_step_(last_step),
+      accumulation_(accumulation),
+      dir_(std::move(dir)),
+      memory_(std::move(memory)) {}
+
+StepProfiler::~StepProfiler() {
+  if (!recording_) return;
+  // A run that ended without Write (an exception past the trainer): stop collecting, write nothing.
+  phase_span_.reset();
+  step_span_.reset();
+  kineto::disableProfiler();
+}
+
+void StepProfiler::OpenSpan(std::unique_ptr<at::RecordFunction>& span, const std::string& name) {
+  span = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+  if (span->isActive()) span->before(name);
+}
+
+void StepProfiler::Label(const std::string& what, bool marker) {
+  if (!memory_) return;
+  // Outside the recorded steps the label says only the part of the step, so that the labels stay
+  // few over a long run; it names where the allocations live at the start were made.
+  memory_->Label(recording_ ? "step " + std::to_string(step_) + ", " + what : what, marker);
+}
+
+void StepProfiler::BeginStep(int64_t step) {
+  step_ = step;
+  if (step == first_step_ && !recording_) {
+    std::error_code error;
+    std::filesystem::create_directories(dir_, error);  // Write reports a failure to write there
+    if (memory_) memory_->Start(kMaxMemoryHistoryEntries);
+    kineto::prepareProfiler(KinetoConfig(), Activities(device_));
+    kineto::enableProfiler(KinetoConfig(), Activities(device_));
+    recording_ = true;
+  }
+  if (recording_) {
+    phase_span_.reset();
+    step_span_.reset();
+    OpenSpan(step_span_, "ProfilerStep#" + std::to_string(step));
+    OpenSpan(phase_span_, "batches");
+  }
+  Label("batches", false);
+}
+
+void StepProfiler::Phase(int64_t step, int64_t micro_batch, std::string_view phase) {
+  const std::string where =
+      accumulation_ > 1 ? "micro-batch " + std::to_string(micro_batch) + ", " : "";
+  Label(where + std::string(phase), true);
+  const std::string next(NextPart(phase, micro_batch + 1 == accumulation_));
+  if (recording_ && step == step_) {
+    phase_span_.reset();
+    OpenSpan(phase_span_, next);
+  }
+  Label(where + next, false);
+}
+
+StatusOr<ProfileFiles> StepProfiler::Write(const std::vector<StorageCategory>& categories) {
+  ProfileFiles files;
+  if (!recording_) return files;
+  recording_ = false;
+  phase_span_.reset();
+  step_span_.reset();
+  const std::string steps = "steps-" + std::to_string(first_step_) + "-" + std::to_string(step_);
+
+  std::unique_ptr<kineto::ProfilerResult> result = kineto::disableProfiler();
+  const std::string trace_path = dir_ + "/trace-" + steps + ".json";
+  // Kineto writes the file itself; written beside it and renamed, a reader never sees half of it.
+  const std::string partial = trace_path + ".partial";
+  result->save(partial);
+  std::error_code error;
+  std::filesystem::rename(partial, trace_path, error);
+  if (error) {
+    return InternalError("cannot write the profiler's trace " + trace_path + ": " +
+                         error.message());
+  }
+  files.paths.push_back(trace_path);
+
+  if (memory_) {
+    const std::string memory_path = dir_ + "/memory-" + steps + ".pickle";
+    ASSIGN_OR_RETURN(MemoryHistorySummary summary, memory_->StopAndWrite(memory_path, categories));
+    if (summary.dropped_events > 0) {
+      files.warning = memory_path + " holds the newest " +
+                      std::to_string(kMaxMemoryHistoryEntries) + " allocator events of steps " +
+                      std::to_string(first_step_) + "-" + std::to_string(step_) + "; " +
+                      std::to_string(summary.dropped_events) +
+                      " older ones were dropped (profile fewer steps to see them all)";
+    }
+    files.paths.push_back(memory_path);
+  }
+  return files;
+}
+
+}  // namespace llmctl::trainer
