@@ -7,45 +7,11 @@
 #include <vector>
 
 #include "common/text.h"
+#include "controller/cli/report_charts.h"
+#include "controller/cli/report_format.h"
 
 namespace llmctl::cli {
 namespace {
-
-constexpr std::string_view kNone = "–";  // what a trial does not have, as scripts/lab_table.py
-constexpr double kMiB = 1 << 20;
-
-std::string Printf(const char* format, double value) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof buffer, format, value);
-  return buffer;
-}
-
-// Python's f"{value:,.Nf}": fixed decimals, thousands separated by commas.
-std::string Grouped(double value, int decimals) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof buffer, "%.*f", decimals, value);
-  const std::string_view text = buffer;
-  const size_t sign = text[0] == '-' ? 1 : 0;
-  const size_t integer_end = std::min(text.find('.'), text.size());
-  std::string grouped(text.substr(0, sign));
-  for (size_t i = sign; i < integer_end; ++i) {
-    if (i > sign && (integer_end - i) % 3 == 0) grouped.push_back(',');
-    grouped.push_back(text[i]);
-  }
-  grouped.append(text.substr(integer_end));
-  return grouped;
-}
-
-std::string Mib(int64_t bytes) { return Grouped(static_cast<double>(bytes) / kMiB, 1); }
-
-// With `expect:`, any other outcome. Without, an outcome nobody asks for: failed, diverged or
-// cancelled. An oom without `expect:` is a measurement (the labs run trials to see whether they
-// fit), not a failure: it counts only when the file says `expect: ok`.
-bool Unexpected(const v1::TrialReport& trial) {
-  if (!trial.expected().empty()) return trial.outcome() != trial.expected();
-  const std::string& outcome = trial.outcome();
-  return outcome == "failed" || outcome == "diverged" || outcome == "cancelled";
-}
 
 // The cells of one row of the lab table, in kLabColumns order; the outcome cell without emphasis.
 struct LabRow {
@@ -61,7 +27,7 @@ constexpr size_t kFirstNumericColumn = 3;
 
 LabRow MakeLabRow(const v1::TrialReport& trial) {
   LabRow row;
-  row.unexpected = Unexpected(trial);
+  row.unexpected = IsUnexpected(trial);
   const bool ended = HasEnded(trial);
   row.cells.push_back(trial.name());
   row.cells.push_back(trial.expected().empty() ? std::string(kNone) : trial.expected());
@@ -163,6 +129,7 @@ nlohmann::ordered_json SnapshotJson(const v1::MemorySnapshot& snap) {
   json["allocated_bytes"] = snap.allocated_bytes();
   json["peak_bytes"] = snap.peak_bytes();
   json["reserved_bytes"] = snap.reserved_bytes();
+  json["elapsed_ms"] = snap.elapsed_ms();
   return json;
 }
 
@@ -202,6 +169,25 @@ std::string RenderJson(const v1::ReportResponse& report) {
       entry["loss"] = step.loss();
       entry["tokens"] = step.tokens();
       entry["seconds"] = step.seconds();
+    }
+    json["memory_timeline"] = nlohmann::ordered_json::array();
+    for (const v1::AttemptMemory& attempt : trial.memory_timeline()) {
+      nlohmann::ordered_json& entry = json["memory_timeline"].emplace_back();
+      entry["attempt"] = attempt.attempt();
+      entry["started_unix_ms"] = attempt.started_unix_ms();
+      entry["device_limit_bytes"] = attempt.device_limit_bytes();
+      entry["snapshots"] = nlohmann::ordered_json::array();
+      for (const v1::MemorySnapshot& snap : attempt.snapshots()) {
+        entry["snapshots"].push_back(SnapshotJson(snap));
+      }
+      entry["device_samples"] = nlohmann::ordered_json::array();
+      for (const v1::DeviceMemorySample& sample : attempt.device_samples()) {
+        nlohmann::ordered_json& row = entry["device_samples"].emplace_back();
+        row["device"] = sample.device();
+        row["unix_ms"] = sample.unix_ms();
+        row["memory_used_bytes"] = sample.memory_used_bytes();
+        row["memory_total_bytes"] = sample.memory_total_bytes();
+      }
     }
     // The controller's resolved config as an object; kept as text should it not be JSON.
     nlohmann::ordered_json config =
@@ -258,140 +244,6 @@ std::string RenderCsv(const v1::ReportResponse& report) {
   return out;
 }
 
-// ---- HTML: inline CSS and SVG only.
-
-struct Category {
-  std::string_view name;
-  std::string_view color;
-};
-constexpr std::array<Category, 4> kCategories = {
-    Category{"params", "#4e79a7"}, Category{"grads", "#f28e2b"},
-    Category{"optim (device)", "#59a14f"}, Category{"acts", "#b07aa1"}};
-
-std::array<int64_t, 4> Stack(const v1::MemorySnapshot& snap) {
-  return {snap.params_bytes(), snap.grads_bytes(), snap.optim_device_bytes(),
-          std::max<int64_t>(snap.other_bytes(), 0)};
-}
-
-// "phase2_after_bwd" -> "2"; other phases (e.g. "oom") as they are.
-std::string PhaseLabel(const std::string& phase) {
-  if (phase.size() > 5 && phase.starts_with("phase") && phase[5] >= '0' && phase[5] <= '9') {
-    return phase.substr(5, 1);
-  }
-  return phase;
-}
-
-std::string Legend() {
-  std::string out = "<p class=\"legend\">";
-  for (const Category& category : kCategories) {
-    out += "<span><i style=\"background:" + std::string(category.color) + "\"></i>" +
-           EscapeHtml(category.name) + "</span>";
-  }
-  return out + "</p>\n";
-}
-
-std::string PhaseCharts(const v1::ReportResponse& report) {
-  int64_t top = 1;
-  for (const v1::TrialReport& trial : report.trials()) {
-    for (const v1::MemorySnapshot& snap : trial.per_phase()) {
-      const std::array<int64_t, 4> stack = Stack(snap);
-      int64_t sum = 0;
-      for (int64_t bytes : stack) sum += bytes;
-      top = std::max(top, sum);
-    }
-  }
-  constexpr double kHeight = 160, kBar = 28, kGap = 14, kLeft = 8, kBottom = 18, kTop = 14;
-  std::string out = "<p>Full height: " + Mib(top) + " MiB.</p>\n<div class=\"grid\">\n";
-  for (const v1::TrialReport& trial : report.trials()) {
-    const double width = kLeft + std::max(1, trial.per_phase_size()) * (kBar + kGap) + kGap;
-    out += "<figure><figcaption>" + EscapeHtml(trial.name()) + "</figcaption>\n";
-    out += "<svg width=\"" + Printf("%.0f", width) + "\" height=\"" +
-           Printf("%.0f", kTop + kHeight + kBottom) + "\" role=\"img\">\n";
-    if (trial.per_phase().empty()) {
-      out += "<text x=\"8\" y=\"40\">no snapshots</text>\n";
-    }
-    double x = kLeft + kGap;
-    for (const v1::MemorySnapshot& snap : trial.per_phase()) {
-      const std::array<int64_t, 4> stack = Stack(snap);
-      double y = kTop + kHeight;
-      for (size_t i = 0; i < stack.size(); ++i) {
-        const double h = kHeight * static_cast<double>(stack[i]) / static_cast<double>(top);
-        y -= h;
-        out += "<rect x=\"" + Printf("%.1f", x) + "\" y=\"" + Printf("%.1f", y) + "\" width=\"" +
-               Printf("%.0f", kBar) + "\" height=\"" + Printf("%.1f", h) + "\" fill=\"" +
-               std::string(kCategories[i].color) + "\"><title>" + EscapeHtml(snap.phase()) + " " +
-               EscapeHtml(kCategories[i].name) + ": " + Mib(stack[i]) + " MiB</title></rect>\n";
-      }
-      out += "<text x=\"" + Printf("%.1f", x + kBar / 2) + "\" y=\"" +
-             Printf("%.0f", kTop + kHeight + 13) + "\" text-anchor=\"middle\">" +
-             EscapeHtml(PhaseLabel(snap.phase())) + "<title>" + EscapeHtml(snap.phase()) +
-             ", step " + std::to_string(snap.step()) + ", allocated " +
-             Mib(snap.allocated_bytes()) + " MiB, optim (host) " + Mib(snap.optim_host_bytes()) +
-             " MiB</title></text>\n";
-      x += kBar + kGap;
-    }
-    out += "</svg></figure>\n";
-  }
-  return out + "</div>\n";
-}
-
-// Horizontal bars, one per trial; `value` of each trial and its label text.
-template <typename Value, typename Label>
-std::string BarChart(const v1::ReportResponse& report, Value value, Label label,
-                     std::string_view color) {
-  constexpr double kRow = 22, kNameWidth = 200, kBarWidth = 360;
-  double top = 0;
-  for (const v1::TrialReport& trial : report.trials()) top = std::max(top, value(trial));
-  if (top <= 0) top = 1;
-  std::string out = "<svg width=\"" + Printf("%.0f", kNameWidth + kBarWidth + 90) + "\" height=\"" +
-                    Printf("%.0f", kRow * report.trials_size() + 4) + "\" role=\"img\">\n";
-  double y = 2;
-  for (const v1::TrialReport& trial : report.trials()) {
-    const double w = kBarWidth * std::max(0.0, value(trial)) / top;
-    out += "<text x=\"" + Printf("%.0f", kNameWidth - 6) + "\" y=\"" + Printf("%.0f", y + 15) +
-           "\" text-anchor=\"end\">" + EscapeHtml(trial.name()) + "</text>\n";
-    out += "<rect x=\"" + Printf("%.0f", kNameWidth) + "\" y=\"" + Printf("%.0f", y + 3) +
-           "\" width=\"" + Printf("%.1f", w) + "\" height=\"16\" fill=\"" + std::string(color) +
-           "\"/>\n";
-    out += "<text x=\"" + Printf("%.1f", kNameWidth + w + 6) + "\" y=\"" + Printf("%.0f", y + 15) +
-           "\">" + EscapeHtml(label(trial)) + "</text>\n";
-    y += kRow;
-  }
-  return out + "</svg>\n";
-}
-
-std::string OutcomeChart(const v1::ReportResponse& report) {
-  constexpr double kRow = 22, kNameWidth = 200, kPill = 110;
-  std::string out = "<svg width=\"" + Printf("%.0f", kNameWidth + 2 * kPill + 40) + "\" height=\"" +
-                    Printf("%.0f", kRow * (report.trials_size() + 1) + 4) + "\" role=\"img\">\n";
-  out += "<text x=\"" + Printf("%.0f", kNameWidth + kPill / 2) +
-         "\" y=\"15\" text-anchor=\"middle\" class=\"head\">expected</text>\n";
-  out += "<text x=\"" + Printf("%.0f", kNameWidth + kPill * 1.5 + 10) +
-         "\" y=\"15\" text-anchor=\"middle\" class=\"head\">observed</text>\n";
-  double y = kRow + 2;
-  for (const v1::TrialReport& trial : report.trials()) {
-    const bool stated = !trial.expected().empty();
-    const std::string observed_color =
-        !stated ? "#bab0ac" : (Unexpected(trial) ? "#e15759" : "#59a14f");
-    const std::string expected = stated ? trial.expected() : std::string(kNone);
-    out += "<text x=\"" + Printf("%.0f", kNameWidth - 6) + "\" y=\"" + Printf("%.0f", y + 15) +
-           "\" text-anchor=\"end\">" + EscapeHtml(trial.name()) + "</text>\n";
-    out += "<rect x=\"" + Printf("%.0f", kNameWidth) + "\" y=\"" + Printf("%.0f", y + 2) +
-           "\" width=\"" + Printf("%.0f", kPill) + "\" height=\"18\" rx=\"9\" fill=\"#e8e8e8\"/>\n";
-    out += "<text x=\"" + Printf("%.0f", kNameWidth + kPill / 2) + "\" y=\"" +
-           Printf("%.0f", y + 15) + "\" text-anchor=\"middle\">" + EscapeHtml(expected) +
-           "</text>\n";
-    out += "<rect x=\"" + Printf("%.0f", kNameWidth + kPill + 10) + "\" y=\"" +
-           Printf("%.0f", y + 2) + "\" width=\"" + Printf("%.0f", kPill) +
-           "\" height=\"18\" rx=\"9\" fill=\"" + observed_color + "\"/>\n";
-    out += "<text x=\"" + Printf("%.0f", kNameWidth + kPill * 1.5 + 10) + "\" y=\"" +
-           Printf("%.0f", y + 15) + "\" text-anchor=\"middle\" fill=\"#fff\">" +
-           EscapeHtml(trial.outcome()) + "</text>\n";
-    y += kRow;
-  }
-  return out + "</svg>\n";
-}
-
 std::string RenderHtml(const v1::ReportResponse& report) {
   const std::string title = "llmctl report: " + report.name() + " (experiment " +
                             std::to_string(report.experiment_id()) + ")";
@@ -432,23 +284,15 @@ std::string RenderHtml(const v1::ReportResponse& report) {
       "<h2>Memory per phase</h2>\n<p>The snapshot with the most allocated bytes of each phase "
       "(0 before forward, 1 after forward, 2 after backward, 3 after the optimizer step), on one "
       "scale for every trial.</p>\n" +
-      Legend() + PhaseCharts(report);
-  out += "<h2>Train time</h2>\n" +
-         BarChart(
-             report, [](const v1::TrialReport& t) { return HasEnded(t) ? t.train_seconds() : 0; },
-             [](const v1::TrialReport& t) {
-               return HasEnded(t) ? Printf("%.1f s", t.train_seconds()) : std::string(kNone);
-             },
-             "#4e79a7");
+      PhaseCharts(report);
   out +=
-      "<h2>Tokens per second</h2>\n" +
-      BarChart(
-          report, [](const v1::TrialReport& t) { return HasEnded(t) ? t.tokens_per_second() : 0; },
-          [](const v1::TrialReport& t) {
-            return HasEnded(t) && t.tokens_per_second() != 0 ? Grouped(t.tokens_per_second(), 0)
-                                                             : std::string(kNone);
-          },
-          "#f28e2b");
+      "<h2>Memory over time</h2>\n<p>Allocated and reserved bytes at each of the trainer's "
+      "snapshots, each marked with the phase it closes (0&#8211;3 as above), against seconds "
+      "since the trainer started; each trial on its own scales. A resumed trial's attempts follow "
+      "each other on one axis, each from its own start, without the time between them.</p>\n" +
+      MemoryTimelineCharts(report);
+  out += "<h2>Train time</h2>\n" + TrainTimeChart(report);
+  out += "<h2>Tokens per second</h2>\n" + TokensPerSecondChart(report);
   out += "<h2>Expected and observed outcomes</h2>\n" + OutcomeChart(report);
   for (const v1::TrialReport& trial : report.trials()) {
     if (trial.error().empty()) continue;
@@ -469,6 +313,14 @@ StatusOr<ReportFormat> ParseReportFormat(std::string_view name) {
                               "' (one of table, csv, json, markdown, html)");
 }
 
+// An oom without `expect:` is a measurement (the labs run trials to see whether they fit), not a
+// failure: it counts only when the file says `expect: ok`.
+bool IsUnexpected(const v1::TrialReport& trial) {
+  if (!trial.expected().empty()) return trial.outcome() != trial.expected();
+  const std::string& outcome = trial.outcome();
+  return outcome == "failed" || outcome == "diverged" || outcome == "cancelled";
+}
+
 bool HasEnded(const v1::TrialReport& trial) {
   const std::string& outcome = trial.outcome();
   return outcome == "ok" || outcome == "oom" || outcome == "diverged" || outcome == "failed" ||
@@ -477,7 +329,7 @@ bool HasEnded(const v1::TrialReport& trial) {
 
 int CountUnexpectedOutcomes(const v1::ReportResponse& report) {
   return static_cast<int>(
-      std::count_if(report.trials().begin(), report.trials().end(), Unexpected));
+      std::count_if(report.trials().begin(), report.trials().end(), IsUnexpected));
 }
 
 std::string EscapeHtml(std::string_view text) {

@@ -1,5 +1,6 @@
 // `llmctl report`: one ReportResponse rendered as a terminal table, CSV, JSON, Markdown or a
-// self-contained HTML page with charts. Pure functions of the response (golden-file tested).
+// self-contained HTML page with charts (report_charts.h). Pure functions of the response
+// (golden-file tested).
 //
 // The table and Markdown show what scripts/lab_table.py shows for `make cpu-lab`, the same numbers
 // the same way: per trial the expected and the actual outcome, the memory categories at the
@@ -27,9 +28,12 @@ std::string RenderReport(const v1::ReportResponse& report, ReportFormat format);
 // True when the trial's outcome is a final one (ok, oom, diverged, failed, cancelled).
 bool HasEnded(const v1::TrialReport& trial);
 
-// Trials that did not do what was expected: with `expect:`, an outcome other than it (a trial that
-// has not ended counts too); without, failed, diverged or cancelled (ok and oom are measurements).
-// `submit --wait` exits 1 when there is one.
+// A trial that did not do what was expected: with `expect:`, an outcome other than it (a trial
+// that has not ended counts too); without, failed, diverged or cancelled (ok and oom are
+// measurements).
+bool IsUnexpected(const v1::TrialReport& trial);
+
+// The trials that IsUnexpected; `submit --wait` exits 1 when there is one.
 int CountUnexpectedOutcomes(const v1::ReportResponse& report);
 
 // `text` with &, <, >, " and ' replaced by entities, for HTML text and attribute values.

@@ -7,7 +7,12 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
+#include <tuple>
+#include <vector>
+
+#include "controller/cli/report_charts.h"
 
 namespace llmctl::cli {
 namespace {
@@ -30,6 +35,36 @@ v1::MemorySnapshot Snapshot(const std::string& phase, int64_t step, int64_t para
   snap.set_peak_bytes(snap.allocated_bytes() + 3 * kMiB);
   snap.set_reserved_bytes(snap.allocated_bytes() + 8 * kMiB);
   return snap;
+}
+
+// `attempt`'s memory over time: a snapshot at each (elapsed ms, phase, step, allocated bytes),
+// reserved 8 MiB above, and device samples at (ms after the start, bytes in use).
+v1::AttemptMemory* AddAttemptMemory(
+    v1::TrialReport* trial, int32_t attempt, int64_t started_unix_ms, int64_t limit_bytes,
+    const std::vector<std::tuple<double, std::string, int64_t, int64_t>>& snapshots,
+    const std::vector<std::pair<int64_t, int64_t>>& samples) {
+  v1::AttemptMemory* memory = trial->add_memory_timeline();
+  memory->set_attempt(attempt);
+  memory->set_started_unix_ms(started_unix_ms);
+  memory->set_device_limit_bytes(limit_bytes);
+  for (const auto& [elapsed_ms, phase, step, allocated] : snapshots) {
+    v1::MemorySnapshot* snap = memory->add_snapshots();
+    snap->set_elapsed_ms(elapsed_ms);
+    snap->set_phase(phase);
+    snap->set_step(step);
+    snap->set_micro_batch(phase == "oom" ? -1 : 0);
+    snap->set_allocated_bytes(allocated);
+    snap->set_peak_bytes(allocated);
+    snap->set_reserved_bytes(allocated + 8 * kMiB);
+  }
+  for (const auto& [after_ms, used] : samples) {
+    v1::DeviceMemorySample* sample = memory->add_device_samples();
+    sample->set_device("cuda:0");
+    sample->set_unix_ms(started_unix_ms + after_ms);
+    sample->set_memory_used_bytes(used);
+    sample->set_memory_total_bytes(80 * 1024 * kMiB);
+  }
+  return memory;
 }
 
 // A fixed report covering every case a renderer meets: ok with the four phases, an expected
@@ -63,6 +98,19 @@ v1::ReportResponse FixedReport() {
   ok->add_per_phase()->CopyFrom(
       Snapshot("phase3_after_opt_step", 0, params, params, 2 * params, 0, 40 * kMiB));
   ok->mutable_at_peak()->CopyFrom(ok->per_phase(1));
+  constexpr int64_t kStart = 1'700'000'000'000;
+  AddAttemptMemory(ok, 1, kStart, 80 * 1024 * kMiB,
+                   {{410.5, "phase0_before_fwd", 0, 16 * 1024 * kMiB},
+                    {980.25, "phase1_after_fwd", 0, 25 * 1024 * kMiB},
+                    {1650, "phase2_after_bwd", 0, 17 * 1024 * kMiB},
+                    {1800, "phase3_after_opt_step", 0, 16 * 1024 * kMiB},
+                    {2100, "phase0_before_fwd", 1, 16 * 1024 * kMiB},
+                    {2600, "phase1_after_fwd", 1, 29 * 1024 * kMiB}},
+                   {{-500, 1024 * kMiB},
+                    {0, 2 * 1024 * kMiB},
+                    {1000, 26 * 1024 * kMiB},
+                    {2000, 31 * 1024 * kMiB},
+                    {3000, 31 * 1024 * kMiB}});
 
   v1::TrialReport* oom = report.add_trials();
   oom->set_name("baseline");
@@ -76,6 +124,9 @@ v1::ReportResponse FixedReport() {
   oom->add_per_phase()->CopyFrom(Snapshot("phase0_before_fwd", 0, params, 0, 0, 0, 20 * kMiB));
   oom->add_per_phase()->CopyFrom(Snapshot("oom", 0, params, 0, 0, 0, 90000 * kMiB));
   oom->mutable_at_peak()->CopyFrom(oom->per_phase(1));
+  AddAttemptMemory(oom, 1, kStart, 93 * 1024 * kMiB,
+                   {{300, "phase0_before_fwd", 0, 4216 * kMiB}, {950, "oom", 0, 92 * 1024 * kMiB}},
+                   {});
 
   v1::TrialReport* offload = report.add_trials();
   offload->set_name("cpu-offload");
@@ -89,6 +140,12 @@ v1::ReportResponse FixedReport() {
   offload->add_per_phase()->CopyFrom(
       Snapshot("phase2_after_bwd", 0, 60 * kMiB, 0, 0, 480 * kMiB + kMiB / 10, kMiB));
   offload->mutable_at_peak()->CopyFrom(offload->per_phase(0));
+  AddAttemptMemory(
+      offload, 1, kStart, 0,
+      {{20, "phase0_before_fwd", 0, 50 * kMiB}, {45, "phase2_after_bwd", 0, 61 * kMiB}}, {});
+  AddAttemptMemory(
+      offload, 2, kStart + 3'600'000, 0,
+      {{15, "phase0_before_fwd", 1, 52 * kMiB}, {40, "phase2_after_bwd", 1, 61 * kMiB}}, {});
 
   v1::TrialReport* running = report.add_trials();
   running->set_name("<script>alert('x')</script>&co|pipe");
@@ -227,6 +284,120 @@ TEST(ReportTest, AResumedRunSaysWhichAttemptRanWhichSteps) {
                 {{"attempt", 3}, {"step", 3}, {"loss", 7.0}, {"tokens", 0}, {"seconds", 0.0}}));
   // A run of one attempt says nothing more.
   EXPECT_EQ(RenderReport(FixedReport(), ReportFormat::kTable).find("resumed;"), std::string::npos);
+}
+
+// The attempts of a run follow each other on one axis, each from its trainer's start; device
+// samples are placed by their wall clock against that start, those from before it left out.
+TEST(MemoryTimelineTest, LaysOutAttemptsEndToEndAndSamplesByTheirClock) {
+  const v1::ReportResponse report = FixedReport();
+  const MemoryTimeline ok = LayOutMemoryTimeline(report.trials(0));
+  ASSERT_EQ(ok.attempts.size(), 1u);
+  EXPECT_EQ(ok.attempts[0].limit_bytes, 80 * 1024 * kMiB);
+  ASSERT_EQ(ok.snapshots.size(), 6u);
+  const v1::AttemptMemory& stored = report.trials(0).memory_timeline(0);
+  for (size_t i = 0; i < ok.snapshots.size(); ++i) {
+    const v1::MemorySnapshot& snap = stored.snapshots(static_cast<int>(i));
+    EXPECT_DOUBLE_EQ(ok.snapshots[i].seconds, snap.elapsed_ms() / 1000);
+    EXPECT_EQ(ok.snapshots[i].allocated_bytes, snap.allocated_bytes());
+    EXPECT_EQ(ok.snapshots[i].reserved_bytes, snap.reserved_bytes());
+    EXPECT_EQ(ok.snapshots[i].phase, snap.phase());
+  }
+  ASSERT_EQ(ok.device_used.at("cuda:0").size(), 4u);  // the one from before the start left out
+  EXPECT_DOUBLE_EQ(ok.device_used.at("cuda:0")[1].seconds, 1.0);
+  EXPECT_EQ(ok.device_used.at("cuda:0")[3].used_bytes, 31 * 1024 * kMiB);
+  EXPECT_DOUBLE_EQ(ok.end_seconds, 3.0);  // the last sample outlasts the last snapshot
+  EXPECT_EQ(ok.top_bytes, 80 * 1024 * kMiB);
+
+  // Resumed an hour later: the second attempt starts where the first one's last snapshot was.
+  const MemoryTimeline resumed = LayOutMemoryTimeline(report.trials(2));
+  ASSERT_EQ(resumed.attempts.size(), 2u);
+  EXPECT_DOUBLE_EQ(resumed.attempts[1].start_seconds, 0.045);
+  ASSERT_EQ(resumed.snapshots.size(), 4u);
+  EXPECT_EQ(resumed.snapshots[2].attempt, 2);
+  EXPECT_DOUBLE_EQ(resumed.snapshots[2].seconds, 0.045 + 0.015);
+  EXPECT_DOUBLE_EQ(resumed.end_seconds, 0.085);
+}
+
+// One figure of the "Memory over time" section, by its trial's name.
+std::string TimelineFigure(const std::string& html, const std::string& trial) {
+  const size_t section = html.find("<h2>Memory over time</h2>");
+  const size_t begin = html.find("<figcaption>" + trial + "</figcaption>", section);
+  if (section == std::string::npos || begin == std::string::npos) return "";
+  return html.substr(begin, html.find("</figure>", begin) - begin);
+}
+
+// The (x, y) pairs of every `<polyline class="CLASS" ... points="...">` in `svg`, one list each.
+std::vector<std::vector<std::pair<double, double>>> Polylines(const std::string& svg,
+                                                              const std::string& css_class) {
+  std::vector<std::vector<std::pair<double, double>>> lines;
+  const std::regex polyline("<polyline class=\"" + css_class + "\"[^>]* points=\"([^\"]*)\"");
+  for (std::sregex_iterator it(svg.begin(), svg.end(), polyline), end; it != end; ++it) {
+    std::vector<std::pair<double, double>>& line = lines.emplace_back();
+    std::istringstream points((*it)[1].str());
+    for (std::string pair; points >> pair;) {
+      const size_t comma = pair.find(',');
+      line.emplace_back(std::stod(pair.substr(0, comma)), std::stod(pair.substr(comma + 1)));
+    }
+  }
+  return lines;
+}
+
+// The chart draws the snapshots themselves: one point per snapshot, x an affine function of its
+// seconds and y of its bytes (to the SVG's 0.1 px), one line per attempt.
+TEST(MemoryTimelineTest, ChartPointsAreTheSnapshots) {
+  const v1::ReportResponse report = FixedReport();
+  const std::string html = RenderReport(report, ReportFormat::kHtml);
+  for (int t : {0, 1, 2}) {
+    const v1::TrialReport& trial = report.trials(t);
+    const std::string figure = TimelineFigure(html, trial.name());
+    ASSERT_FALSE(figure.empty()) << trial.name();
+    const auto lines = Polylines(figure, "allocated");
+    ASSERT_EQ(static_cast<int>(lines.size()), trial.memory_timeline_size()) << trial.name();
+    std::vector<std::pair<double, double>> points;      // drawn
+    std::vector<std::pair<double, int64_t>> snapshots;  // stored: joined seconds, bytes
+    double offset = 0;
+    for (int a = 0; a < trial.memory_timeline_size(); ++a) {
+      const v1::AttemptMemory& attempt = trial.memory_timeline(a);
+      ASSERT_EQ(static_cast<int>(lines[a].size()), attempt.snapshots_size()) << trial.name();
+      points.insert(points.end(), lines[a].begin(), lines[a].end());
+      for (const v1::MemorySnapshot& snap : attempt.snapshots()) {
+        snapshots.emplace_back(offset + snap.elapsed_ms() / 1000, snap.allocated_bytes());
+      }
+      offset = snapshots.back().first;
+    }
+    // The scales from the first and the highest point, checked on every point.
+    const size_t high = static_cast<size_t>(
+        std::max_element(snapshots.begin(), snapshots.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; }) -
+        snapshots.begin());
+    const double x_per_second =
+        (points[high].first - points[0].first) / (snapshots[high].first - snapshots[0].first);
+    const double y_per_byte = (points[high].second - points[0].second) /
+                              static_cast<double>(snapshots[high].second - snapshots[0].second);
+    EXPECT_GT(x_per_second, 0);
+    EXPECT_LT(y_per_byte, 0);  // up the page
+    for (size_t i = 0; i < points.size(); ++i) {
+      EXPECT_NEAR(points[i].first,
+                  points[0].first + x_per_second * (snapshots[i].first - snapshots[0].first), 0.1)
+          << trial.name() << " point " << i;
+      EXPECT_NEAR(points[i].second,
+                  points[0].second +
+                      y_per_byte * static_cast<double>(snapshots[i].second - snapshots[0].second),
+                  0.1)
+          << trial.name() << " point " << i;
+    }
+  }
+  const std::string ok = TimelineFigure(html, "reduced-batch");
+  EXPECT_EQ(Polylines(ok, "device").at(0).size(), 4u);
+  EXPECT_NE(ok.find("limit 80.00 GiB"), std::string::npos);
+  EXPECT_NE(ok.find("<title>phase1_after_fwd, step 1, micro-batch 0, 2.600 s: allocated 29,696.0 "
+                    "MiB, reserved 29,704.0 MiB</title>"),
+            std::string::npos);
+  const std::string oom = TimelineFigure(html, "baseline");
+  EXPECT_NE(oom.find("class=\"oom\""), std::string::npos);
+  EXPECT_NE(oom.find("out of memory"), std::string::npos);
+  EXPECT_EQ(TimelineFigure(html, "reduced-batch").find("class=\"oom\""), std::string::npos);
+  EXPECT_NE(TimelineFigure(html, "cpu-offload").find("attempt 2"), std::string::npos);
 }
 
 TEST(ReportTest, ParsesFormatNames) {

@@ -1,0 +1,439 @@
+#include "controller/cli/report_charts.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "common/byte_size.h"
+#include "controller/cli/report.h"
+#include "controller/cli/report_format.h"
+
+namespace llmctl::cli {
+namespace {
+
+struct Category {
+  std::string_view name;
+  std::string_view color;
+};
+constexpr std::array<Category, 4> kCategories = {
+    Category{"params", "#4e79a7"}, Category{"grads", "#f28e2b"},
+    Category{"optim (device)", "#59a14f"}, Category{"acts", "#b07aa1"}};
+
+std::array<int64_t, 4> Stack(const v1::MemorySnapshot& snap) {
+  return {snap.params_bytes(), snap.grads_bytes(), snap.optim_device_bytes(),
+          std::max<int64_t>(snap.other_bytes(), 0)};
+}
+
+// "phase2_after_bwd" -> "2"; other phases (e.g. "oom") as they are.
+std::string PhaseLabel(const std::string& phase) {
+  if (phase.size() > 5 && phase.starts_with("phase") && phase[5] >= '0' && phase[5] <= '9') {
+    return phase.substr(5, 1);
+  }
+  return phase;
+}
+
+// Legend entries: a colour swatch and its name.
+std::string Legend(const std::vector<Category>& entries) {
+  std::string out = "<p class=\"legend\">";
+  for (const Category& entry : entries) {
+    out += "<span><i style=\"background:" + std::string(entry.color) + "\"></i>" +
+           EscapeHtml(entry.name) + "</span>";
+  }
+  return out + "</p>\n";
+}
+
+// Horizontal bars, one per trial; `value` of each trial and its label text.
+template <typename Value, typename Label>
+std::string BarChart(const v1::ReportResponse& report, Value value, Label label,
+                     std::string_view color) {
+  constexpr double kRow = 22, kNameWidth = 200, kBarWidth = 360;
+  double top = 0;
+  for (const v1::TrialReport& trial : report.trials()) top = std::max(top, value(trial));
+  if (top <= 0) top = 1;
+  std::string out = "<svg width=\"" + Printf("%.0f", kNameWidth + kBarWidth + 90) + "\" height=\"" +
+                    Printf("%.0f", kRow * report.trials_size() + 4) + "\" role=\"img\">\n";
+  double y = 2;
+  for (const v1::TrialReport& trial : report.trials()) {
+    const double w = kBarWidth * std::max(0.0, value(trial)) / top;
+    out += "<text x=\"" + Printf("%.0f", kNameWidth - 6) + "\" y=\"" + Printf("%.0f", y + 15) +
+           "\" text-anchor=\"end\">" + EscapeHtml(trial.name()) + "</text>\n";
+    out += "<rect x=\"" + Printf("%.0f", kNameWidth) + "\" y=\"" + Printf("%.0f", y + 3) +
+           "\" width=\"" + Printf("%.1f", w) + "\" height=\"16\" fill=\"" + std::string(color) +
+           "\"/>\n";
+    out += "<text x=\"" + Printf("%.1f", kNameWidth + w + 6) + "\" y=\"" + Printf("%.0f", y + 15) +
+           "\">" + EscapeHtml(label(trial)) + "</text>\n";
+    y += kRow;
+  }
+  return out + "</svg>\n";
+}
+
+// ---- Memory over time.
+
+constexpr std::string_view kAllocatedColor = "#4e79a7";
+constexpr std::string_view kReservedColor = "#f28e2b";
+constexpr std::string_view kDeviceUsedColor = "#59a14f";
+constexpr std::string_view kLimitColor = "#e15759";
+constexpr std::string_view kRuleColor = "#e4e4e4";
+
+// An axis from 0 to `top` in steps of 1, 2 or 5 times a power of ten of `unit`, about `ticks`
+// of them.
+struct Axis {
+  double unit = 1;  // what one label counts: bytes of a MiB, seconds of a minute, ...
+  std::string_view unit_name;
+  double step = 1;  // in units
+  double max = 1;   // in units: the last tick, at or above the data
+  int decimals = 0;
+  std::string Label(double units) const {
+    return Printf(("%." + std::to_string(decimals) + "f").c_str(), units) + " " +
+           std::string(unit_name);
+  }
+};
+
+Axis NiceAxis(double top, double unit, std::string_view unit_name, int ticks) {
+  Axis axis{.unit = unit, .unit_name = unit_name};
+  const double span = std::max(top / unit, 1e-9);
+  const double rough = span / ticks;
+  const double magnitude = std::pow(10.0, std::floor(std::log10(rough)));
+  for (double factor : {1.0, 2.0, 5.0, 10.0}) {
+    axis.step = factor * magnitude;
+    if (axis.step >= rough) break;
+  }
+  axis.max = std::ceil(span / axis.step - 1e-9) * axis.step;
+  axis.decimals = std::max(0, static_cast<int>(-std::floor(std::log10(axis.step) + 1e-9)));
+  return axis;
+}
+
+// Bytes in the largest binary unit that keeps the top at least 1 (MiB for 216 MiB, GiB for 80 GiB).
+Axis BytesAxis(int64_t top) {
+  constexpr std::array<std::string_view, 5> kUnits = {"B", "KiB", "MiB", "GiB", "TiB"};
+  size_t index = 0;
+  double unit = 1;
+  while (index + 1 < kUnits.size() && static_cast<double>(top) >= unit * 1024) {
+    unit *= 1024;
+    ++index;
+  }
+  return NiceAxis(static_cast<double>(std::max<int64_t>(top, 1)), unit, kUnits[index], 4);
+}
+
+// Seconds up to three minutes, then minutes up to three hours, then hours.
+Axis TimeAxis(double seconds) {
+  if (seconds >= 3 * 3600) return NiceAxis(seconds, 3600, "h", 5);
+  if (seconds >= 180) return NiceAxis(seconds, 60, "min", 5);
+  return NiceAxis(std::max(seconds, 1e-3), 1, "s", 5);
+}
+
+// "x,y" with one decimal: an SVG coordinate pair.
+std::string Coordinates(double x, double y) { return Printf("%.1f", x) + "," + Printf("%.1f", y); }
+
+// Appended to an SVG points list.
+void AppendPoint(std::string& points, double x, double y) {
+  if (!points.empty()) points += ' ';
+  points += Coordinates(x, y);
+}
+
+// "cuda:0 memory in use", "the trial's resident memory (cpu)".
+std::string DeviceSeriesName(const std::string& device) {
+  if (device == "cpu") return "the trial's processes' resident memory";
+  return device + " memory in use (any process)";
+}
+
+std::string MemoryTimelineChart(const v1::TrialReport& trial) {
+  constexpr double kWidth = 430, kHeight = 196;
+  constexpr double kLeft = 64, kRight = 14, kTop = 20, kBottom = 32;
+  constexpr double kPlotWidth = kWidth - kLeft - kRight, kPlotHeight = kHeight - kTop - kBottom;
+  constexpr double kLabelSpacing = 9;  // px between phase labels, so that they never overlap
+
+  const MemoryTimeline timeline = LayOutMemoryTimeline(trial);
+  std::string out = "<figure><figcaption>" + EscapeHtml(trial.name()) + "</figcaption>\n";
+  out += "<svg width=\"" + Printf("%.0f", kWidth) + "\" height=\"" + Printf("%.0f", kHeight) +
+         "\" role=\"img\" class=\"timeline\">\n";
+  if (timeline.snapshots.empty() && timeline.device_used.empty()) {
+    return out + "<text x=\"8\" y=\"40\">no snapshots</text>\n</svg></figure>\n";
+  }
+  const Axis y_axis = BytesAxis(timeline.top_bytes);
+  const Axis x_axis = TimeAxis(timeline.end_seconds);
+  const auto x_of = [&](double seconds) {
+    return kLeft + kPlotWidth * seconds / (x_axis.max * x_axis.unit);
+  };
+  const auto y_of = [&](int64_t bytes) {
+    return kTop + kPlotHeight -
+           kPlotHeight * static_cast<double>(bytes) / (y_axis.max * y_axis.unit);
+  };
+
+  // Grid and tick labels.
+  for (double tick = 0; tick <= y_axis.max + y_axis.step / 2; tick += y_axis.step) {
+    const double y = y_of(static_cast<int64_t>(std::llround(tick * y_axis.unit)));
+    out += "<line x1=\"" + Printf("%.0f", kLeft) + "\" x2=\"" + Printf("%.0f", kLeft + kPlotWidth) +
+           "\" y1=\"" + Printf("%.1f", y) + "\" y2=\"" + Printf("%.1f", y) + "\" stroke=\"" +
+           std::string(kRuleColor) + "\"/>\n";
+    out += "<text x=\"" + Printf("%.0f", kLeft - 5) + "\" y=\"" + Printf("%.1f", y + 4) +
+           "\" text-anchor=\"end\">" + y_axis.Label(tick) + "</text>\n";
+  }
+  for (double tick = 0; tick <= x_axis.max + x_axis.step / 2; tick += x_axis.step) {
+    const double x = x_of(tick * x_axis.unit);
+    out += "<text x=\"" + Printf("%.1f", x) + "\" y=\"" + Printf("%.0f", kHeight - kBottom + 15) +
+           "\" text-anchor=\"middle\">" + x_axis.Label(tick) + "</text>\n";
+  }
+
+  // Phase boundaries: a rule at each snapshot, its phase's number above the plot where there is
+  // room for it.
+  double last_label_x = -kLabelSpacing;
+  for (const MemoryTimeline::Snapshot& snap : timeline.snapshots) {
+    if (snap.phase == "oom") continue;
+    const double x = x_of(snap.seconds);
+    out += "<line x1=\"" + Printf("%.1f", x) + "\" x2=\"" + Printf("%.1f", x) + "\" y1=\"" +
+           Printf("%.0f", kTop) + "\" y2=\"" + Printf("%.0f", kTop + kPlotHeight) + "\" stroke=\"" +
+           std::string(kRuleColor) + "\"/>\n";
+    if (x - last_label_x >= kLabelSpacing) {
+      out += "<text x=\"" + Printf("%.1f", x) + "\" y=\"" + Printf("%.0f", kTop - 5) +
+             "\" text-anchor=\"middle\" class=\"phase\">" + EscapeHtml(PhaseLabel(snap.phase)) +
+             "</text>\n";
+      last_label_x = x;
+    }
+  }
+
+  // Attempts: the device limit over each, and where each after the first began.
+  for (size_t i = 0; i < timeline.attempts.size(); ++i) {
+    const MemoryTimeline::Attempt& attempt = timeline.attempts[i];
+    const double x1 = x_of(attempt.start_seconds);
+    const double x2 = x_of(std::max(attempt.end_seconds, attempt.start_seconds));
+    if (i > 0) {
+      out += "<line x1=\"" + Printf("%.1f", x1) + "\" x2=\"" + Printf("%.1f", x1) + "\" y1=\"" +
+             Printf("%.0f", kTop) + "\" y2=\"" + Printf("%.0f", kTop + kPlotHeight) +
+             "\" stroke=\"#888\" stroke-dasharray=\"2 3\"/>\n";
+      out += "<text x=\"" + Printf("%.1f", x1 + 3) + "\" y=\"" + Printf("%.0f", kTop + 11) +
+             "\" class=\"attempt\">attempt " + std::to_string(attempt.attempt) + "</text>\n";
+    }
+    if (attempt.limit_bytes > 0) {
+      const double y = y_of(attempt.limit_bytes);
+      out += "<line x1=\"" + Printf("%.1f", x1) + "\" x2=\"" + Printf("%.1f", x2) + "\" y1=\"" +
+             Printf("%.1f", y) + "\" y2=\"" + Printf("%.1f", y) + "\" stroke=\"" +
+             std::string(kLimitColor) + "\" stroke-dasharray=\"6 3\" class=\"limit\"><title>" +
+             "device limit " + Mib(attempt.limit_bytes) + " MiB</title></line>\n";
+      out += "<text x=\"" + Printf("%.1f", x2 - 2) + "\" y=\"" + Printf("%.1f", y - 4) +
+             "\" text-anchor=\"end\" fill=\"" + std::string(kLimitColor) + "\">limit " +
+             FormatBytes(static_cast<uint64_t>(attempt.limit_bytes)) + "</text>\n";
+    }
+  }
+
+  // Device samples, then reserved under allocated (on a CPU they are the same line).
+  for (const auto& [device, samples] : timeline.device_used) {
+    std::string points;
+    for (const MemoryTimeline::Sample& sample : samples) {
+      AppendPoint(points, x_of(sample.seconds), y_of(sample.used_bytes));
+    }
+    out += "<polyline class=\"device\" fill=\"none\" stroke=\"" + std::string(kDeviceUsedColor) +
+           "\" stroke-width=\"1.5\" points=\"" + points + "\"><title>" +
+           EscapeHtml(DeviceSeriesName(device)) + "</title></polyline>\n";
+  }
+  // One line per attempt and series: a resumed run's attempts are not joined by a line.
+  for (const auto& [series, color, dash] :
+       {std::tuple<std::string_view, std::string_view, std::string_view>{"reserved", kReservedColor,
+                                                                         "4 2"},
+        {"allocated", kAllocatedColor, ""}}) {
+    for (const MemoryTimeline::Attempt& attempt : timeline.attempts) {
+      std::string points;
+      for (const MemoryTimeline::Snapshot& snap : timeline.snapshots) {
+        if (snap.attempt != attempt.attempt) continue;
+        const int64_t bytes = series == "reserved" ? snap.reserved_bytes : snap.allocated_bytes;
+        AppendPoint(points, x_of(snap.seconds), y_of(bytes));
+      }
+      if (points.empty()) continue;
+      out += "<polyline class=\"" + std::string(series) + "\" fill=\"none\" stroke=\"" +
+             std::string(color) + "\" stroke-width=\"1.5\"" +
+             (dash.empty() ? std::string() : " stroke-dasharray=\"" + std::string(dash) + "\"") +
+             " points=\"" + points + "\"/>\n";
+    }
+  }
+  // Each snapshot as a point to hover, the out-of-memory one as a cross.
+  for (const MemoryTimeline::Snapshot& snap : timeline.snapshots) {
+    const double x = x_of(snap.seconds), y = y_of(snap.allocated_bytes);
+    const std::string title =
+        "<title>" + EscapeHtml(snap.phase) + ", step " + std::to_string(snap.step) +
+        ", micro-batch " + std::to_string(snap.micro_batch) + ", " + Printf("%.3f", snap.seconds) +
+        " s: allocated " + Mib(snap.allocated_bytes) + " MiB, reserved " +
+        Mib(snap.reserved_bytes) + " MiB</title>";
+    if (snap.phase == "oom") {
+      std::string cross = "M";  // two strokes
+      cross += Coordinates(x - 5, y - 5) + " L" + Coordinates(x + 5, y + 5);
+      cross += " M" + Coordinates(x - 5, y + 5) + " L" + Coordinates(x + 5, y - 5);
+      out += "<path class=\"oom\" d=\"" + cross + "\" stroke=\"" + std::string(kLimitColor) +
+             "\" stroke-width=\"2.5\">" + title + "</path>\n";
+      out += "<text x=\"" + Printf("%.1f", x - 8) + "\" y=\"" + Printf("%.1f", y + 4) +
+             "\" text-anchor=\"end\" fill=\"" + std::string(kLimitColor) +
+             "\" class=\"head\">out of memory</text>\n";
+      continue;
+    }
+    out += "<circle cx=\"" + Printf("%.1f", x) + "\" cy=\"" + Printf("%.1f", y) +
+           "\" r=\"2\" fill=\"" + std::string(kAllocatedColor) + "\">" + title + "</circle>\n";
+  }
+  out += "<line x1=\"" + Printf("%.0f", kLeft) + "\" x2=\"" + Printf("%.0f", kLeft) + "\" y1=\"" +
+         Printf("%.0f", kTop) + "\" y2=\"" + Printf("%.0f", kTop + kPlotHeight) +
+         "\" stroke=\"#888\"/>\n";
+  out += "<line x1=\"" + Printf("%.0f", kLeft) + "\" x2=\"" + Printf("%.0f", kLeft + kPlotWidth) +
+         "\" y1=\"" + Printf("%.0f", kTop + kPlotHeight) + "\" y2=\"" +
+         Printf("%.0f", kTop + kPlotHeight) + "\" stroke=\"#888\"/>\n";
+  return out + "</svg></figure>\n";
+}
+
+}  // namespace
+
+std::string PhaseCharts(const v1::ReportResponse& report) {
+  int64_t top = 1;
+  for (const v1::TrialReport& trial : report.trials()) {
+    for (const v1::MemorySnapshot& snap : trial.per_phase()) {
+      const std::array<int64_t, 4> stack = Stack(snap);
+      int64_t sum = 0;
+      for (int64_t bytes : stack) sum += bytes;
+      top = std::max(top, sum);
+    }
+  }
+  constexpr double kHeight = 160, kBar = 28, kGap = 14, kLeft = 8, kBottom = 18, kTop = 14;
+  std::string out = Legend({kCategories.begin(), kCategories.end()}) +
+                    "<p>Full height: " + Mib(top) + " MiB.</p>\n<div class=\"grid\">\n";
+  for (const v1::TrialReport& trial : report.trials()) {
+    const double width = kLeft + std::max(1, trial.per_phase_size()) * (kBar + kGap) + kGap;
+    out += "<figure><figcaption>" + EscapeHtml(trial.name()) + "</figcaption>\n";
+    out += "<svg width=\"" + Printf("%.0f", width) + "\" height=\"" +
+           Printf("%.0f", kTop + kHeight + kBottom) + "\" role=\"img\">\n";
+    if (trial.per_phase().empty()) {
+      out += "<text x=\"8\" y=\"40\">no snapshots</text>\n";
+    }
+    double x = kLeft + kGap;
+    for (const v1::MemorySnapshot& snap : trial.per_phase()) {
+      const std::array<int64_t, 4> stack = Stack(snap);
+      double y = kTop + kHeight;
+      for (size_t i = 0; i < stack.size(); ++i) {
+        const double h = kHeight * static_cast<double>(stack[i]) / static_cast<double>(top);
+        y -= h;
+        out += "<rect x=\"" + Printf("%.1f", x) + "\" y=\"" + Printf("%.1f", y) + "\" width=\"" +
+               Printf("%.0f", kBar) + "\" height=\"" + Printf("%.1f", h) + "\" fill=\"" +
+               std::string(kCategories[i].color) + "\"><title>" + EscapeHtml(snap.phase()) + " " +
+               EscapeHtml(kCategories[i].name) + ": " + Mib(stack[i]) + " MiB</title></rect>\n";
+      }
+      out += "<text x=\"" + Printf("%.1f", x + kBar / 2) + "\" y=\"" +
+             Printf("%.0f", kTop + kHeight + 13) + "\" text-anchor=\"middle\">" +
+             EscapeHtml(PhaseLabel(snap.phase())) + "<title>" + EscapeHtml(snap.phase()) +
+             ", step " + std::to_string(snap.step()) + ", allocated " +
+             Mib(snap.allocated_bytes()) + " MiB, optim (host) " + Mib(snap.optim_host_bytes()) +
+             " MiB</title></text>\n";
+      x += kBar + kGap;
+    }
+    out += "</svg></figure>\n";
+  }
+  return out + "</div>\n";
+}
+
+std::string TrainTimeChart(const v1::ReportResponse& report) {
+  return BarChart(
+      report, [](const v1::TrialReport& t) { return HasEnded(t) ? t.train_seconds() : 0; },
+      [](const v1::TrialReport& t) {
+        return HasEnded(t) ? Printf("%.1f s", t.train_seconds()) : std::string(kNone);
+      },
+      "#4e79a7");
+}
+
+std::string TokensPerSecondChart(const v1::ReportResponse& report) {
+  return BarChart(
+      report, [](const v1::TrialReport& t) { return HasEnded(t) ? t.tokens_per_second() : 0; },
+      [](const v1::TrialReport& t) {
+        return HasEnded(t) && t.tokens_per_second() != 0 ? Grouped(t.tokens_per_second(), 0)
+                                                         : std::string(kNone);
+      },
+      "#f28e2b");
+}
+
+std::string OutcomeChart(const v1::ReportResponse& report) {
+  constexpr double kRow = 22, kNameWidth = 200, kPill = 110;
+  std::string out = "<svg width=\"" + Printf("%.0f", kNameWidth + 2 * kPill + 40) + "\" height=\"" +
+                    Printf("%.0f", kRow * (report.trials_size() + 1) + 4) + "\" role=\"img\">\n";
+  out += "<text x=\"" + Printf("%.0f", kNameWidth + kPill / 2) +
+         "\" y=\"15\" text-anchor=\"middle\" class=\"head\">expected</text>\n";
+  out += "<text x=\"" + Printf("%.0f", kNameWidth + kPill * 1.5 + 10) +
+         "\" y=\"15\" text-anchor=\"middle\" class=\"head\">observed</text>\n";
+  double y = kRow + 2;
+  for (const v1::TrialReport& trial : report.trials()) {
+    const bool stated = !trial.expected().empty();
+    const std::string observed_color =
+        !stated ? "#bab0ac" : (IsUnexpected(trial) ? "#e15759" : "#59a14f");
+    const std::string expected = stated ? trial.expected() : std::string(kNone);
+    out += "<text x=\"" + Printf("%.0f", kNameWidth - 6) + "\" y=\"" + Printf("%.0f", y + 15) +
+           "\" text-anchor=\"end\">" + EscapeHtml(trial.name()) + "</text>\n";
+    out += "<rect x=\"" + Printf("%.0f", kNameWidth) + "\" y=\"" + Printf("%.0f", y + 2) +
+           "\" width=\"" + Printf("%.0f", kPill) + "\" height=\"18\" rx=\"9\" fill=\"#e8e8e8\"/>\n";
+    out += "<text x=\"" + Printf("%.0f", kNameWidth + kPill / 2) + "\" y=\"" +
+           Printf("%.0f", y + 15) + "\" text-anchor=\"middle\">" + EscapeHtml(expected) +
+           "</text>\n";
+    out += "<rect x=\"" + Printf("%.0f", kNameWidth + kPill + 10) + "\" y=\"" +
+           Printf("%.0f", y + 2) + "\" width=\"" + Printf("%.0f", kPill) +
+           "\" height=\"18\" rx=\"9\" fill=\"" + observed_color + "\"/>\n";
+    out += "<text x=\"" + Printf("%.0f", kNameWidth + kPill * 1.5 + 10) + "\" y=\"" +
+           Printf("%.0f", y + 15) + "\" text-anchor=\"middle\" fill=\"#fff\">" +
+           EscapeHtml(trial.outcome()) + "</text>\n";
+    y += kRow;
+  }
+  return out + "</svg>\n";
+}
+
+MemoryTimeline LayOutMemoryTimeline(const v1::TrialReport& trial) {
+  MemoryTimeline timeline;
+  double offset = 0;
+  for (const v1::AttemptMemory& attempt : trial.memory_timeline()) {
+    MemoryTimeline::Attempt& span = timeline.attempts.emplace_back();
+    span.attempt = attempt.attempt();
+    span.start_seconds = offset;
+    span.limit_bytes = attempt.device_limit_bytes();
+    double end = 0;  // seconds since this attempt's trainer started
+    for (const v1::MemorySnapshot& snap : attempt.snapshots()) {
+      const double seconds = snap.elapsed_ms() / 1000.0;
+      end = std::max(end, seconds);
+      timeline.snapshots.push_back({.attempt = attempt.attempt(),
+                                    .seconds = offset + seconds,
+                                    .allocated_bytes = snap.allocated_bytes(),
+                                    .reserved_bytes = snap.reserved_bytes(),
+                                    .phase = snap.phase(),
+                                    .step = snap.step(),
+                                    .micro_batch = snap.micro_batch()});
+      timeline.top_bytes =
+          std::max({timeline.top_bytes, snap.allocated_bytes(), snap.reserved_bytes()});
+    }
+    if (attempt.started_unix_ms() > 0) {
+      for (const v1::DeviceMemorySample& sample : attempt.device_samples()) {
+        const double seconds =
+            static_cast<double>(sample.unix_ms() - attempt.started_unix_ms()) / 1000.0;
+        if (seconds < 0) continue;
+        end = std::max(end, seconds);
+        timeline.device_used[sample.device()].push_back(
+            {.seconds = offset + seconds, .used_bytes = sample.memory_used_bytes()});
+        timeline.top_bytes = std::max(timeline.top_bytes, sample.memory_used_bytes());
+      }
+    }
+    timeline.top_bytes = std::max(timeline.top_bytes, span.limit_bytes);
+    span.end_seconds = offset + end;
+    offset = span.end_seconds;
+  }
+  timeline.end_seconds = offset;
+  return timeline;
+}
+
+std::string MemoryTimelineCharts(const v1::ReportResponse& report) {
+  bool any_samples = false;
+  for (const v1::TrialReport& trial : report.trials()) {
+    for (const v1::AttemptMemory& attempt : trial.memory_timeline()) {
+      any_samples = any_samples || attempt.device_samples_size() > 0;
+    }
+  }
+  std::vector<Category> legend = {
+      {"allocated", kAllocatedColor},
+      {"reserved (dashed; on a CPU it equals allocated)", kReservedColor}};
+  if (any_samples) {
+    legend.push_back(
+        {"device memory in use (GPU), the trial's resident memory (CPU)", kDeviceUsedColor});
+  }
+  legend.push_back({"device limit (dashed), out of memory (×)", kLimitColor});
+  std::string out = Legend(legend) + "<div class=\"grid\">\n";
+  for (const v1::TrialReport& trial : report.trials()) out += MemoryTimelineChart(trial);
+  return out + "</div>\n";
+}
+
+}  // namespace llmctl::cli
