@@ -262,19 +262,19 @@ def cmd_lab_table(out, experiment_file, *skipped):
 
 
 def cmd_ranks_row(out, backend, device, exit_code, jsonl):
-    """One c10d check: its JSON lines and exit code. NCCL cannot run two ranks on one GPU, so with one
-    GPU that combination is expected to fail; the row says so instead of counting it as a failure."""
+    """One c10d check: its JSON lines and exit code. NCCL cannot run two ranks on one GPU, and
+    llm-c10d-check refuses that with exit code 3 before starting any rank: with fewer GPUs than ranks
+    that is the expected outcome, so the row says so instead of counting it as a failure."""
     out = Path(out)
     env = load_env(out)
     checks = read_jsonl(jsonl) if exit_code != "skipped" else []
-    one_gpu = env.get("gpu_count") == 1
-    expected_refusal = backend == "nccl" and one_gpu
+    gpus = env.get("gpu_count")
     if exit_code == "skipped":
         status = "skipped: out of time"
     elif exit_code == "0":
         status = "ok"
-    elif expected_refusal:
-        status = "refused, as expected: NCCL needs a GPU per rank and this machine has one"
+    elif backend == "nccl" and exit_code == "3" and gpus is not None and gpus < 2:
+        status = f"refused, as expected: NCCL needs a GPU per rank and this machine has {gpus}"
     else:
         status = f"failed (exit code {exit_code})"
     row = {"backend": backend, "device": device, "world_size": 2, "exit_code": exit_code, "status": status,

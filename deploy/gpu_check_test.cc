@@ -1,0 +1,160 @@
+// deploy/gpu-check's parts that run without a GPU: the trainer-only CMake configuration it builds,
+// its lab rows (deploy/gpu_check.py) and its command line.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "common/files.h"
+#include "tests/support/shell_command.h"
+
+namespace llmctl {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path SourceDir() {
+  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
+  return fs::absolute(dir != nullptr ? dir : ".");
+}
+
+fs::path FreshDir(const std::string& name) {
+  std::string pattern =
+      (fs::temp_directory_path() / ("llmctl-gpu-check-" + name + "-XXXXXX")).string();
+  EXPECT_NE(::mkdtemp(pattern.data()), nullptr) << pattern;
+  return pattern;
+}
+
+std::string Read(const fs::path& path) {
+  StatusOr<std::string> text = ReadFileToString(path.string());
+  EXPECT_TRUE(text.ok()) << text.status().message();
+  return text.ok() ? *text : "";
+}
+
+// The value of KEY:TYPE=VALUE in a CMakeCache.txt, "" when absent.
+std::string CacheValue(const std::string& cache, const std::string& key) {
+  std::istringstream lines(cache);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with(key + ":")) return line.substr(line.find('=') + 1);
+  }
+  return "";
+}
+
+TEST(TrainerOnlyConfigurationTest, HasLlmTrainAndNoneOfTheOrchestratorsPackages) {
+  const std::string torch_dir =
+      CacheValue(Read(testing::BuildDir() / "CMakeCache.txt"), "Torch_DIR");
+  ASSERT_FALSE(torch_dir.empty()) << "no Torch_DIR in the build's CMakeCache.txt";
+  const fs::path build = FreshDir("configure");
+  const testing::CommandResult configure = testing::RunShellCommand(
+      "cmake -S '" + SourceDir().string() + "' -B '" + build.string() +
+      "' -G Ninja -DLLMCTL_TRAINER_ONLY=ON -DTorch_DIR='" + torch_dir + "'");
+  ASSERT_EQ(configure.exit_code, 0) << configure.out;
+
+  const testing::CommandResult targets =
+      testing::RunShellCommand("cmake --build '" + build.string() + "' --target help");
+  ASSERT_EQ(targets.exit_code, 0) << targets.out;
+  EXPECT_NE(targets.out.find("\nllm-train: "), std::string::npos) << targets.out;
+  for (const char* absent :
+       {"llmctld:", "llm-agent:", "llmctl_bin:", "trainer_test:", "quant_bench:"}) {
+    EXPECT_EQ(targets.out.find(std::string("\n") + absent), std::string::npos) << absent;
+  }
+  // find_package leaves <Package>_DIR (or pkg-config's <PREFIX>_FOUND) in the cache when it is
+  // called.
+  const std::string cache = Read(build / "CMakeCache.txt");
+  for (const char* never_looked_for : {"GTest_DIR", "gRPC_DIR", "SQLITE3_FOUND", "CURL_FOUND"}) {
+    EXPECT_EQ(CacheValue(cache, never_looked_for), "") << never_looked_for;
+  }
+  EXPECT_EQ(CacheValue(cache, "LLMCTL_TRAINER_ONLY"), "ON");
+  fs::remove_all(build);
+}
+
+// A run's events as llm-train writes them: step 0 is slow (it creates the optimizer state).
+void WriteEvents(const fs::path& path) {
+  std::ofstream out(path);
+  out << R"({"type":"start","parameters_total":1000,"parameters_trainable":1000,"load_peak_bytes":10})"
+      << "\n"
+      << R"({"type":"snapshot","step":0,"micro_batch":0,"phase":"phase3_after_opt_step","params_bytes":2000,)"
+      << R"("grads_bytes":2000,"optim_device_bytes":4004,"optim_host_bytes":0,"other_bytes":96,)"
+      << R"("allocated_bytes":8100,"peak_bytes":9000,"reserved_bytes":12000})"
+      << "\n"
+      << R"({"type":"step","step":0,"loss":7.0,"lr":1e-4,"tokens":100,"seconds":5.0})"
+      << "\n"
+      << R"({"type":"step","step":1,"loss":6.9,"lr":1e-4,"tokens":300,"seconds":1.0})"
+      << "\n"
+      << R"({"type":"step","step":2,"loss":6.8,"lr":1e-4,"tokens":300,"seconds":2.0})"
+      << "\n"
+      << R"({"type":"result","outcome":"ok","peak_bytes":9000,"tokens_per_second":100,"error":""})"
+      << "\n";
+}
+
+testing::CommandResult Helper(const std::string& args) {
+  return testing::RunShellCommand("python3 '" + (SourceDir() / "deploy/gpu_check.py").string() +
+                                  "' " + args);
+}
+
+nlohmann::json LastRow(const fs::path& jsonl) {
+  std::istringstream lines(Read(jsonl));
+  std::string line, last;
+  while (std::getline(lines, line)) last = line;
+  return nlohmann::json::parse(last);
+}
+
+TEST(GpuCheckLabRowTest, TimesTheStepsAfterTheFirstAndSetsThePublishedFigureBeside) {
+  const fs::path out = FreshDir("lab");
+  fs::create_directories(out / "lab");
+  WriteEvents(out / "lab/bf16-true.events.jsonl");
+  const testing::CommandResult row =
+      Helper("lab-row '" + out.string() + "' experiments/single-a100.yaml bf16-true ok 0");
+  ASSERT_EQ(row.exit_code, 0) << row.out;
+
+  const nlohmann::json r = LastRow(out / "lab.jsonl");
+  EXPECT_EQ(r["observed"], "ok");
+  EXPECT_EQ(r["matches"], true);
+  EXPECT_DOUBLE_EQ(r["tokens_per_second"].get<double>(), 600.0 / 3.0);  // steps 1 and 2 only
+  EXPECT_EQ(r["peak_bytes"], 9000);
+  EXPECT_EQ(r["reserved_peak_bytes"], 12000);
+  EXPECT_EQ(r["at_peak"]["optim_device_bytes"], 4004);
+  EXPECT_DOUBLE_EQ(r["published"]["peak_gb"].get<double>(), 20.10);  // deploy/lab-published.json
+  EXPECT_EQ(Helper("has-row '" + (out / "lab.jsonl").string() + "' bf16-true").exit_code, 0);
+  EXPECT_EQ(Helper("has-row '" + (out / "lab.jsonl").string() + "' bf16-mixed").exit_code, 1);
+
+  const testing::CommandResult table =
+      Helper("lab-table '" + out.string() + "' experiments/single-a100.yaml bf16-mixed");
+  ASSERT_EQ(table.exit_code, 0) << table.out;
+  const std::string markdown = Read(out / "lab.md");
+  EXPECT_NE(markdown.find("| bf16-true | ok | ok | 0.00 |"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("20.10 GB, 12,506 tok/s"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("| bf16-mixed | | skipped: out of time |"), std::string::npos)
+      << markdown;
+  fs::remove_all(out);
+}
+
+TEST(GpuCheckLabRowTest, ATrialStoppedAtTheBudgetStatesNoOutcomeAndIsMeasuredAgain) {
+  const fs::path out = FreshDir("budget");
+  fs::create_directories(out / "lab");
+  WriteEvents(out / "lab/sgd.events.jsonl");
+  ASSERT_EQ(Helper("lab-row '" + out.string() + "' experiments/cpu-lab.yaml sgd ok 124").exit_code,
+            0);
+  const nlohmann::json r = LastRow(out / "lab.jsonl");
+  EXPECT_EQ(r["observed"], "stopped: time budget");
+  EXPECT_TRUE(r["matches"].is_null());
+  EXPECT_TRUE(r["published"].is_null());  // cpu-lab.yaml has no published figures
+  EXPECT_EQ(Helper("has-row '" + (out / "lab.jsonl").string() + "' sgd").exit_code, 1);
+  fs::remove_all(out);
+}
+
+TEST(GpuCheckCommandTest, AnUnknownStageIsAUsageError) {
+  const fs::path out = FreshDir("usage");
+  const testing::CommandResult run = testing::RunShellCommand(
+      (SourceDir() / "deploy/gpu-check").string() + " '" + out.string() + "' build nosuch");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_NE(run.out.find("gpu-check: unknown stage 'nosuch'"), std::string::npos) << run.out;
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace llmctl
