@@ -21,6 +21,7 @@
 #include "common/digest/digest.h"
 #include "common/experiment.h"
 #include "common/files.h"
+#include "common/nvml/gpu_probe.h"
 #include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/tls.h"
@@ -41,10 +42,12 @@ constexpr auto kCallTimeout = std::chrono::seconds(120);
 // SIGTERM with a child in its process group until it is killed, 300 waits for a file named `go`
 // in the run directory before its last events, 400 writes `ready` and waits for SIGTERM or SIGUSR1,
 // writes the signal's name to `got-signal`, takes a second (a checkpoint being written) and exits
-// cancelled. Its arguments go to `argv` in the run directory, one a line. `--version` (the
-// agent's probe) answers a version.
+// cancelled. Its arguments go to `argv` in the run directory, one a line. `--version --json`
+// (the agent's probe) answers a CUDA 13.2 LibTorch.
 constexpr char kFakeTrainer[] = R"(#!/bin/sh
-if [ "$1" = --version ]; then echo "fake-llm-train 0"; exit 0; fi  # the agent's node probe
+if [ "$1" = --version ]; then  # the agent's node probe: llm-train --version --json
+  echo '{"llmctl": "0", "libtorch": "2.15.0", "libtorch_cuda": "13.2", "cuda_devices": 0}'; exit 0
+fi
 config="$2"
 events="$4"
 seed=$(sed -n 's/^seed: *//p' "$config")
@@ -813,6 +816,11 @@ TEST_F(AgentTest, NodeInfoAndAuthentication) {
   EXPECT_GT(info.host_memory_bytes(), 0);
   EXPECT_GT(info.cpu_count(), 0);
   EXPECT_EQ(info.llmctl_version(), kVersion);
+  EXPECT_EQ(info.trainer_version(), "llm-train 0 (LibTorch 2.15.0, no CUDA device)");
+  EXPECT_EQ(info.libtorch_version(), "2.15.0");
+  EXPECT_EQ(info.libtorch_cuda_version(), "13.2");
+  // The driver's versions come from NVML: this machine's, if it has one.
+  EXPECT_EQ(info.nvidia_driver_version().empty(), !nvml::OpenNvml().ok());
 
   auto wrong =
       pb::Agent::NewStub(rpc::Dial(address_, rpc::AgentCertificateName("node1"),

@@ -19,6 +19,7 @@
 #include "agent/trial_file.h"
 #include "common/digest/digest.h"
 #include "common/experiment.h"
+#include "common/nvml/fake_gpu_probe.h"
 
 namespace llmctl::agent {
 namespace {
@@ -103,8 +104,7 @@ TEST(TrialFileTest, InputsReplaceValuesUnsetKeysAreLeftOutAndLlmTrainParsesIt) {
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   EXPECT_EQ(file->device, "cpu");
   // Messages about the copy name what the experiment wrote (llm-train --input-name).
-  const std::map<std::string, std::string> names = {
-      {data, config.GetString("data.path")}};
+  const std::map<std::string, std::string> names = {{data, config.GetString("data.path")}};
   EXPECT_EQ(file->input_names, names);
   EXPECT_EQ(file->yaml.find("null"), std::string::npos) << file->yaml;
   EXPECT_EQ(file->yaml.find("device_memory"), std::string::npos)
@@ -292,22 +292,74 @@ TEST(ProcessTest, ExitWatchIsReadableOnceTheProcessHasExited) {
   EXPECT_FALSE(OpenExitWatch(child, *start_time).valid()) << "the process is gone";
 }
 
-TEST(NodeInfoTest, ParsesNvidiaSmiAndMeminfo) {
-  auto gpus = ParseNvidiaSmiCsv("0, NVIDIA H100 PCIe, 81559\n1, NVIDIA A100-SXM4-80GB, 81920\n");
-  ASSERT_TRUE(gpus.ok()) << gpus.status().ToString();
-  ASSERT_EQ(gpus->size(), 2u);
-  EXPECT_EQ((*gpus)[0].name, "NVIDIA H100 PCIe");
-  EXPECT_EQ((*gpus)[1].index, 1);
-  EXPECT_EQ((*gpus)[1].memory_bytes, int64_t{81920} * 1024 * 1024);
-  EXPECT_EQ(ParseNvidiaSmiCsv("No devices were found\n").status().code(),
-            StatusCode::kInvalidArgument);
+TEST(NodeInfoTest, ParsesMeminfo) {
   EXPECT_EQ(*ParseMemTotal("MemFree: 1 kB\nMemTotal:       16384 kB\n"), 16384 * 1024);
   EXPECT_FALSE(ParseMemTotal("MemFree: 1 kB\n").ok());
-  const NodeFacts facts = ProbeNode("/nonexistent/llm-train");
+}
+
+nvml::FakeGpuProbe TwoGpus() {
+  nvml::FakeGpu h100;
+  h100.memory.total_bytes = int64_t{81559} << 20;
+  nvml::FakeGpu a100;
+  a100.name = "NVIDIA A100-SXM4-80GB";
+  a100.memory.total_bytes = int64_t{81920} << 20;
+  return nvml::FakeGpuProbe({h100, a100}, "550.54.15", {12, 4});
+}
+
+TEST(NodeInfoTest, GpusAndTheDriverComeFromNvml) {
+  nvml::FakeGpuProbe gpus = TwoGpus();
+  const NodeFacts facts = ProbeNode("/nonexistent/llm-train", &gpus);
+  ASSERT_EQ(facts.devices.size(), 2u);
+  EXPECT_EQ(facts.devices[0].type, "cuda");
+  EXPECT_EQ(facts.devices[0].name, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(facts.devices[1].index, 1);
+  EXPECT_EQ(facts.devices[1].name, "NVIDIA A100-SXM4-80GB");
+  EXPECT_EQ(facts.devices[1].memory_bytes, int64_t{81920} * 1024 * 1024);
+  EXPECT_EQ(facts.nvidia_driver_version, "550.54.15");
+  EXPECT_EQ(facts.driver_cuda_version, "12.4");
+  EXPECT_EQ(facts.trainer_version, "");
+  EXPECT_EQ(facts.libtorch_cuda_version, "");
+}
+
+TEST(NodeInfoTest, WithoutNvmlTheNodeIsOneCpu) {
+  const NodeFacts facts = ProbeNode("/nonexistent/llm-train", nullptr);
   EXPECT_GT(facts.cpu_count, 0);
   EXPECT_GT(facts.host_memory_bytes, 0);
-  ASSERT_FALSE(facts.devices.empty());
-  EXPECT_EQ(facts.trainer_version, "");
+  ASSERT_EQ(facts.devices.size(), 1u);
+  EXPECT_EQ(facts.devices[0].type, "cpu");
+  EXPECT_EQ(facts.devices[0].memory_bytes, facts.host_memory_bytes);
+  EXPECT_EQ(facts.nvidia_driver_version, "");
+  EXPECT_EQ(facts.driver_cuda_version, "");
+}
+
+TEST(NodeInfoTest, ListingStopsAtNvmlsError) {
+  nvml::FakeGpuProbe gpus({});
+  EXPECT_TRUE(ListGpus(gpus)->empty());
+  nvml::FakeGpu lost;
+  lost.lost = true;
+  nvml::FakeGpuProbe second_lost({nvml::FakeGpu{}, lost});
+  EXPECT_EQ(ListGpus(second_lost).status().message(),
+            "NVML nvmlDeviceGetName(device 1): GPU is lost");
+}
+
+// The agent reads llm-train --version --json; the summary line stays what reports name it by.
+TEST(NodeInfoTest, TrainerVersionsComeFromItsJson) {
+  const fs::path dir = FreshDir("node_info");
+  const fs::path trainer = dir / "llm-train";
+  {
+    std::ofstream script(trainer);
+    script << "#!/bin/sh\n"
+              "[ \"$1 $2\" = \"--version --json\" ] || exit 9\n"
+              "echo '{\"llmctl\": \"0.4.0\", \"libtorch\": \"2.15.0\", "
+              "\"libtorch_cuda\": \"13.2\", \"cuda_devices\": 0}'\n";
+  }
+  fs::permissions(trainer, fs::perms::owner_all);
+  nvml::FakeGpuProbe gpus = TwoGpus();
+  const NodeFacts facts = ProbeNode(trainer.string(), &gpus);
+  EXPECT_EQ(facts.trainer_version, "llm-train 0.4.0 (LibTorch 2.15.0, no CUDA device)");
+  EXPECT_EQ(facts.libtorch_version, "2.15.0");
+  EXPECT_EQ(facts.libtorch_cuda_version, "13.2");
+  fs::remove_all(dir);
 }
 
 }  // namespace

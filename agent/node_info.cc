@@ -4,11 +4,13 @@
 
 #include <charconv>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include "agent/process.h"
 #include "common/files.h"
 #include "common/text.h"
+#include "common/trainer_versions.h"
 
 namespace llmctl::agent {
 namespace {
@@ -36,26 +38,13 @@ std::string CpuModelName() {
 
 }  // namespace
 
-StatusOr<std::vector<DeviceInfo>> ParseNvidiaSmiCsv(std::string_view csv) {
+StatusOr<std::vector<DeviceInfo>> ListGpus(nvml::GpuProbe& gpus) {
+  ASSIGN_OR_RETURN(const int count, gpus.DeviceCount());
   std::vector<DeviceInfo> devices;
-  std::istringstream lines{std::string(csv)};
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (Trim(line).empty()) continue;
-    const size_t first = line.find(',');
-    const size_t last = line.rfind(',');
-    DeviceInfo device;
-    device.type = "cuda";
-    int64_t mib = 0;
-    if (first == std::string::npos || first == last ||
-        !ParseInt(std::string_view(line).substr(0, first), &device.index) ||
-        !ParseInt(std::string_view(line).substr(last + 1), &mib)) {
-      return InvalidArgumentError("nvidia-smi: cannot read the line '" + line +
-                                  "' (expected: index, name, memory in MiB)");
-    }
-    device.name = std::string(Trim(std::string_view(line).substr(first + 1, last - first - 1)));
-    device.memory_bytes = mib * 1024 * 1024;
-    devices.push_back(device);
+  for (int index = 0; index < count; ++index) {
+    ASSIGN_OR_RETURN(std::string name, gpus.Name(index));
+    ASSIGN_OR_RETURN(const nvml::GpuMemory memory, gpus.Memory(index));
+    devices.push_back(DeviceInfo{"cuda", index, std::move(name), memory.total_bytes});
   }
   return devices;
 }
@@ -75,23 +64,41 @@ StatusOr<int64_t> ParseMemTotal(std::string_view meminfo) {
 }
 
 NodeFacts ProbeNode(const std::string& llm_train) {
+  auto nvml = nvml::OpenNvml();
+  // Without NVML this is a CPU node; the reason goes to the log.
+  if (!nvml.ok()) std::cerr << "llm-agent: a CPU node: " << nvml.status().message() << std::endl;
+  return ProbeNode(llm_train, nvml.ok() ? nvml->get() : nullptr);
+}
+
+NodeFacts ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus) {
   NodeFacts facts;
   facts.cpu_count = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
   if (auto meminfo = ReadFileToString("/proc/meminfo", 1 << 20); meminfo.ok()) {
     if (auto total = ParseMemTotal(*meminfo); total.ok()) facts.host_memory_bytes = *total;
   }
-  auto smi = RunCommand(
-      {"nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"},
-      kProbeTimeout);
-  if (smi.ok() && smi->exit_code == 0) {
-    if (auto gpus = ParseNvidiaSmiCsv(smi->stdout_text); gpus.ok()) facts.devices = *gpus;
+  if (gpus != nullptr) {
+    if (auto listed = ListGpus(*gpus); listed.ok()) {
+      facts.devices = *std::move(listed);
+    } else {
+      std::cerr << "llm-agent: cannot list the GPUs: " << listed.status().message() << std::endl;
+    }
+    if (auto driver = gpus->DriverVersion(); driver.ok()) facts.nvidia_driver_version = *driver;
+    if (auto cuda = gpus->DriverCudaVersion(); cuda.ok()) {
+      facts.driver_cuda_version = cuda->ToString();
+    }
   }
   if (facts.devices.empty()) {
     facts.devices.push_back(DeviceInfo{"cpu", 0, CpuModelName(), facts.host_memory_bytes});
   }
-  auto version = RunCommand({llm_train, "--version"}, kProbeTimeout);
+  auto version = RunCommand({llm_train, "--version", "--json"}, kProbeTimeout);
   if (version.ok() && version->exit_code == 0) {
-    facts.trainer_version = std::string(Trim(version->stdout_text));
+    if (auto trainer = ParseTrainerVersions(Trim(version->stdout_text)); trainer.ok()) {
+      facts.trainer_version = trainer->Summary();
+      facts.libtorch_version = trainer->libtorch;
+      facts.libtorch_cuda_version = trainer->libtorch_cuda;
+    } else {
+      std::cerr << "llm-agent: " << trainer.status().message() << std::endl;
+    }
   }
   return facts;
 }

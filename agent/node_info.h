@@ -1,4 +1,5 @@
-// What this node offers: its devices, memory, CPU count and the trainer's version.
+// What this node offers: its devices, memory, CPU count, its NVIDIA driver and the trainer's
+// versions.
 #ifndef LLMCTL_AGENT_NODE_INFO_H_
 #define LLMCTL_AGENT_NODE_INFO_H_
 
@@ -7,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/nvml/gpu_probe.h"
 #include "common/status.h"
 
 namespace llmctl::agent {
@@ -22,16 +24,23 @@ struct NodeFacts {
   std::vector<DeviceInfo> devices;
   int64_t host_memory_bytes = 0;
   int cpu_count = 0;
-  std::string trainer_version;  // `llm-train --version`, "" when it has none
+  std::string nvidia_driver_version;  // NVML's, "" without an NVIDIA driver
+  std::string driver_cuda_version;    // the highest CUDA the driver supports, "" without one
+  // From `llm-train --version --json`; "" when it does not answer that.
+  std::string trainer_version;        // its summary line, "llm-train 0.4.0 (LibTorch 2.15.0, ...)"
+  std::string libtorch_version;       // "2.15.0"
+  std::string libtorch_cuda_version;  // the CUDA LibTorch was built for, "13.2"; "" for a CPU build
 };
 
-// The GPUs from `nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader,nounits`
-// when nvidia-smi runs, else one cpu device with the host's memory; `llm_train --version`.
+// The GPUs through NVML (nvml::OpenNvml) when it loads, else one cpu device with the host's
+// memory; the driver's versions; `llm_train --version --json`.
 NodeFacts ProbeNode(const std::string& llm_train);
+// The same with the GPUs from `gpus`; null: a machine without NVML.
+NodeFacts ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus);
 
-// nvidia-smi's CSV lines ("0, NVIDIA H100 PCIe, 81559": memory in MiB). InvalidArgument naming
-// the line that does not fit.
-StatusOr<std::vector<DeviceInfo>> ParseNvidiaSmiCsv(std::string_view csv);
+// Each GPU NVML lists as a cuda device: its index, name and total memory. The first call that
+// fails ends the list with its error.
+StatusOr<std::vector<DeviceInfo>> ListGpus(nvml::GpuProbe& gpus);
 
 // MemTotal from /proc/meminfo's text, in bytes. InvalidArgument when it is missing.
 StatusOr<int64_t> ParseMemTotal(std::string_view meminfo);

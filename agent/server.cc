@@ -135,7 +135,7 @@ class AgentService final : public pb::Agent::Service {
   grpc::Status GetNodeInfo(grpc::ServerContext*, const pb::GetNodeInfoRequest*,
                            pb::NodeInfo* response) override {
     // The controller calls this as its health check; the facts do not change while the agent runs,
-    // and probing them runs nvidia-smi and llm-train (which loads LibTorch), so probe once.
+    // and probing them loads NVML and runs llm-train (which loads LibTorch), so probe once.
     const NodeFacts& facts = Probe();
     response->set_node(rpc::AgentCertificateName(node_));
     for (const DeviceInfo& device : facts.devices) {
@@ -149,6 +149,10 @@ class AgentService final : public pb::Agent::Service {
     response->set_llmctl_version(std::string(kVersion));
     response->set_trainer_version(facts.trainer_version);
     response->set_cpu_count(facts.cpu_count);
+    response->set_nvidia_driver_version(facts.nvidia_driver_version);
+    response->set_driver_cuda_version(facts.driver_cuda_version);
+    response->set_libtorch_version(facts.libtorch_version);
+    response->set_libtorch_cuda_version(facts.libtorch_cuda_version);
     return grpc::Status::OK;
   }
 
@@ -352,7 +356,7 @@ class AgentService final : public pb::Agent::Service {
  private:
   const std::string node_;
   const std::string llm_train_;
-  // The facts do not change while the agent runs, and probing them runs nvidia-smi and llm-train
+  // The facts do not change while the agent runs, and probing them loads NVML and runs llm-train
   // (which loads LibTorch): probed once.
   const NodeFacts& Probe() {
     std::call_once(probe_once_, [this] { facts_ = ProbeNode(llm_train_); });

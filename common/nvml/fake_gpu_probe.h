@@ -19,6 +19,7 @@ struct FakeGpu {
   GpuUtilization utilization;
   std::optional<int64_t> power_milliwatts = 70'000;  // nullopt: the GPU reports none
   std::optional<int> temperature_celsius = 30;       // nullopt: the GPU reports none
+  bool lost = false;  // every call about it fails, as NVML's do for a GPU that fell off the bus
 };
 
 class FakeGpuProbe final : public GpuProbe {
@@ -39,24 +40,24 @@ class FakeGpuProbe final : public GpuProbe {
     return static_cast<int>(gpus_.size());
   }
   StatusOr<std::string> Name(int device) override {
-    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device));
+    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device, "nvmlDeviceGetName"));
     return gpu.name;
   }
   StatusOr<GpuMemory> Memory(int device) override {
-    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device));
+    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device, "nvmlDeviceGetMemoryInfo"));
     return gpu.memory;
   }
   StatusOr<GpuUtilization> Utilization(int device) override {
-    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device));
+    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device, "nvmlDeviceGetUtilizationRates"));
     return gpu.utilization;
   }
   StatusOr<int64_t> PowerMilliwatts(int device) override {
-    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device));
+    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device, "nvmlDeviceGetPowerUsage"));
     if (!gpu.power_milliwatts) return NotSupported("nvmlDeviceGetPowerUsage", device);
     return *gpu.power_milliwatts;
   }
   StatusOr<int> TemperatureCelsius(int device) override {
-    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device));
+    ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device, "nvmlDeviceGetTemperature"));
     if (!gpu.temperature_celsius) return NotSupported("nvmlDeviceGetTemperature", device);
     return *gpu.temperature_celsius;
   }
@@ -65,16 +66,18 @@ class FakeGpuProbe final : public GpuProbe {
 
  private:
   // The real probe's messages, so tests see what a node would report.
-  static Status NotSupported(const std::string& call, int device) {
-    return UnavailableError("NVML " + call + "(device " + std::to_string(device) +
-                            "): Not Supported");
+  static Status Error(const std::string& call, int device, const std::string& what) {
+    return UnavailableError("NVML " + call + "(device " + std::to_string(device) + "): " + what);
   }
-  StatusOr<FakeGpu> Gpu(int device) {
+  static Status NotSupported(const std::string& call, int device) {
+    return Error(call, device, "Not Supported");
+  }
+  StatusOr<FakeGpu> Gpu(int device, const std::string& call) {
     std::lock_guard lock(mutex_);
     if (device < 0 || device >= static_cast<int>(gpus_.size())) {
-      return UnavailableError("NVML nvmlDeviceGetHandleByIndex_v2(device " +
-                              std::to_string(device) + "): Invalid Argument");
+      return Error("nvmlDeviceGetHandleByIndex_v2", device, "Invalid Argument");
     }
+    if (gpus_[device].lost) return Error(call, device, "GPU is lost");
     return gpus_[device];
   }
 

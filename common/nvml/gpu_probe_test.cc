@@ -83,6 +83,10 @@ TEST(FakeGpuProbeTest, ReportsItsReadingsAndNvmlsErrors) {
   first.utilization.gpu_percent = 3;
   probe.SetGpu(0, first);
   EXPECT_EQ(probe.Utilization(0)->gpu_percent, 3);
+  second.lost = true;
+  probe.SetGpu(1, second);
+  EXPECT_EQ(probe.Memory(1).status().message(),
+            "NVML nvmlDeviceGetMemoryInfo(device 1): GPU is lost");
 }
 
 }  // namespace
