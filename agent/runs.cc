@@ -31,6 +31,7 @@ namespace fs = std::filesystem;
 
 constexpr char kTrialFile[] = "trial.yaml";
 constexpr char kEventsFile[] = "events.jsonl";
+constexpr char kDevicesFile[] = "devices.json";
 constexpr char kSupervisorFile[] = "supervisor.json";
 constexpr char kSupervisorLog[] = "supervisor.log";
 constexpr char kCancelFile[] = "cancel_requested";
@@ -223,6 +224,15 @@ Status RunManager::Recover() {
         const RunKey key{*experiment_id, *trial_name, static_cast<int32_t>(*attempt_number)};
         Run run;
         run.dir = attempt.path().string();
+        if (auto devices = ReadJson(run.dir + "/" + kDevicesFile)) {
+          const nlohmann::json indices = devices->value("indices", nlohmann::json::array());
+          if (devices->value("type", nlohmann::json()).is_string() && indices.is_array() &&
+              std::all_of(indices.begin(), indices.end(),
+                          [](const nlohmann::json& i) { return i.is_number_integer(); })) {
+            run.device_type = devices->at("type").get<std::string>();
+            run.device_indices = indices.get<std::vector<int>>();
+          }
+        }
         if (auto ended = ReadJson(run.dir + "/" + kEndedFile)) run.end = EndFromJson(*ended);
         if (!run.end) {
           if (auto supervisor = ReadJson(run.dir + "/" + kSupervisorFile)) {
@@ -387,6 +397,8 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
   RETURN_IF_ERROR(WriteFileAtomically(staging + "/" + kTrialFile, [&](int fd) {
     return WriteAll(fd, trial_file.yaml.data(), trial_file.yaml.size());
   }));
+  RETURN_IF_ERROR(WriteJson(staging + "/" + kDevicesFile,
+                            {{"type", trial_file.device}, {"indices", request.device_indices}}));
   if (::rename(staging.c_str(), dir.c_str()) != 0) {
     return UnavailableError("cannot create run directory " + dir + ": " + std::strerror(errno));
   }
@@ -454,6 +466,8 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
 
   Run run;
   run.dir = dir;
+  run.device_type = trial_file.device;
+  run.device_indices = request.device_indices;
   if (spawned != 0) {
     RunEnd end;
     end.outcome = "failed";
@@ -496,6 +510,16 @@ std::vector<RunState> RunManager::List() {
   std::vector<RunState> states;
   for (auto& [key, run] : runs_) states.push_back(StateOf(key, run));
   return states;
+}
+
+std::vector<RunningRun> RunManager::Running() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<RunningRun> running;
+  for (const auto& [key, run] : runs_) {
+    if (run.end || run.device_type.empty()) continue;
+    running.push_back(RunningRun{key, run.dir, run.device_type, run.device_indices});
+  }
+  return running;
 }
 
 StatusOr<std::string> RunManager::RunDir(const RunKey& key) const {

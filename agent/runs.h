@@ -3,7 +3,9 @@
 //
 //   DATA/runs/<experiment_id>/<trial, percent-encoded>/<attempt>/
 //     trial.yaml        the one-trial experiment file llm-train runs
+//     devices.json      the trial's device type and the node's device indices it holds
 //     events.jsonl      llm-train --events (line number = sequence number)
+//     samples.jsonl     the agent's device samples while it runs (agent/sample_recorder.h)
 //     stdout.log, stderr.log
 //     supervisor.json   the supervisor's pid and start time (written by the agent)
 //     worker.json       the worker's pid, process group and start time (written by the supervisor)
@@ -67,6 +69,14 @@ struct RunRequest {
   std::optional<digest::InputTree> resume_tree;
 };
 
+// A run whose worker may be running, as the device sampler needs it.
+struct RunningRun {
+  RunKey key;
+  std::string dir;
+  std::string device_type;  // "cpu" or "cuda"
+  std::vector<int> device_indices;
+};
+
 // The longest grace a checkpointing cancel can give: it travels in milliseconds as a signal's int.
 inline constexpr std::chrono::milliseconds kMaxCheckpointGrace{INT32_MAX};
 
@@ -105,6 +115,9 @@ class RunManager {
   StatusOr<std::optional<RunEnd>> Ended(
       const RunKey& key, std::chrono::milliseconds wait = std::chrono::milliseconds(0));
   std::vector<RunState> List();
+  // The runs that have not ended, except those started before devices.json existed (their devices
+  // are unknown).
+  std::vector<RunningRun> Running();
   // Asks the supervisor to stop the worker (SIGTERM, SIGKILL after the grace period) and waits up
   // to the grace period plus a margin for the run to end; returns its state then. An ended run is
   // left as it is.
@@ -123,6 +136,8 @@ class RunManager {
  private:
   struct Run {
     std::string dir;
+    std::string device_type;  // "" when unknown
+    std::vector<int> device_indices;
     pid_t supervisor_pid = 0;  // 0: unknown (the agent died before recording it)
     uint64_t supervisor_start_time = 0;
     bool is_child = false;  // started by this process: reaped here

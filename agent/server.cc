@@ -26,6 +26,8 @@ namespace fs = std::filesystem;
 namespace pb = llmctl::v1;
 
 constexpr size_t kArtifactChunkBytes = 1 << 20;
+// At most this many device samples go in one message (a long backlog after a reconnect).
+constexpr int kSamplesPerMessage = 1000;
 
 RunKey FromProto(const pb::RunKey& key) {
   return RunKey{key.experiment_id(), key.trial(), key.attempt()};
@@ -41,6 +43,18 @@ void ToProto(const RunEnd& end, pb::RunEnded* out) {
   out->set_outcome(end.outcome);
   out->set_exit_code(end.exit_code);
   out->set_error(end.error);
+}
+
+void ToProto(int64_t seq, const TimedReading& timed, pb::DeviceSample* out) {
+  const DeviceReading& reading = timed.reading;
+  out->set_seq(seq);
+  out->set_unix_ms(timed.unix_ms);
+  out->set_device(reading.device);
+  if (reading.utilization_percent) out->set_utilization_percent(*reading.utilization_percent);
+  out->set_memory_used_bytes(reading.memory_used_bytes);
+  out->set_memory_total_bytes(reading.memory_total_bytes);
+  if (reading.power_watts) out->set_power_watts(*reading.power_watts);
+  if (reading.temperature_celsius) out->set_temperature_celsius(*reading.temperature_celsius);
 }
 
 void ToProto(const RunState& state, pb::RunState* out) {
@@ -245,14 +259,18 @@ class AgentService final : public pb::Agent::Service {
   grpc::Status StreamEvents(grpc::ServerContext* context, const pb::StreamEventsRequest* request,
                             grpc::ServerWriter<pb::StreamEventsResponse>* writer) override {
     const RunKey key = FromProto(request->key());
-    if (request->from_seq() < 0) {
-      return rpc::ToGrpcStatus(InvalidArgumentError("StreamEvents: from_seq must be >= 0, got " +
-                                                    std::to_string(request->from_seq())));
+    if (request->from_seq() < 0 || request->from_sample_seq() < 0) {
+      return rpc::ToGrpcStatus(
+          InvalidArgumentError("StreamEvents: from_seq and from_sample_seq must be >= 0, got " +
+                               std::to_string(request->from_seq()) + " and " +
+                               std::to_string(request->from_sample_seq())));
     }
     const int64_t from_seq = std::max<int64_t>(1, request->from_seq());
+    const int64_t from_sample_seq = std::max<int64_t>(1, request->from_sample_seq());
     auto dir = runs_->RunDir(key);
     if (!dir.ok()) return rpc::ToGrpcStatus(dir.status());
     EventReader reader(*dir + "/events.jsonl");
+    EventReader samples_reader(*dir + "/" + kSamplesFile);
     // Nothing to wait for before the first read; after a read that found no new line, up to one
     // poll interval, cut short when the run ends so that its end goes out at once.
     std::chrono::milliseconds wait(0);
@@ -273,6 +291,11 @@ class AgentService final : public pb::Agent::Service {
         event->set_json(std::move(line));
         if (!writer->Write(item)) return grpc::Status::CANCELLED;  // the client went away
       }
+      auto sample_lines = samples_reader.ReadNewLines();
+      if (!sample_lines.ok()) return rpc::ToGrpcStatus(sample_lines.status());
+      if (!SendSamples(*sample_lines, samples_reader.lines_read(), from_sample_seq, writer)) {
+        return grpc::Status::CANCELLED;
+      }
       if (ended->has_value()) {
         pb::StreamEventsResponse item;
         ToProto(**ended, item.mutable_ended());
@@ -282,7 +305,8 @@ class AgentService final : public pb::Agent::Service {
       if (stopping_) {
         return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
       }
-      wait = lines->empty() ? poll_interval_ : std::chrono::milliseconds(0);
+      wait =
+          lines->empty() && sample_lines->empty() ? poll_interval_ : std::chrono::milliseconds(0);
     }
   }
 
@@ -354,6 +378,26 @@ class AgentService final : public pb::Agent::Service {
   }
 
  private:
+  // Sends the sample lines from `from_seq` on (`lines_read`: the number of the last line) in
+  // messages of up to kSamplesPerMessage; a line that does not parse is skipped, its number
+  // unused. False when the client went away.
+  static bool SendSamples(const std::vector<std::string>& lines, int64_t lines_read,
+                          int64_t from_seq, grpc::ServerWriter<pb::StreamEventsResponse>* writer) {
+    int64_t seq = lines_read - static_cast<int64_t>(lines.size());
+    pb::StreamEventsResponse item;
+    for (const std::string& line : lines) {
+      if (++seq < from_seq) continue;
+      auto timed = ParseSampleLine(line);
+      if (!timed.ok()) continue;
+      ToProto(seq, *timed, item.mutable_samples()->add_samples());
+      if (item.samples().samples_size() == kSamplesPerMessage) {
+        if (!writer->Write(item)) return false;
+        item.Clear();
+      }
+    }
+    return !item.has_samples() || writer->Write(item);
+  }
+
   const std::string node_;
   const std::string llm_train_;
   // The facts do not change while the agent runs, and probing them loads NVML and runs llm-train
@@ -389,6 +433,16 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
   run_options.cancel_grace = options.cancel_grace;
   run_options.poll_interval = options.poll_interval;
   ASSIGN_OR_RETURN(server->runs_, RunManager::Open(run_options, server->cache_.get()));
+  if (options.sample_interval.count() <= 0) {
+    return InvalidArgumentError("the sample interval must be positive");
+  }
+  DeviceSampler* sampler = options.sampler;
+  if (sampler == nullptr) {
+    server->node_sampler_ = MakeNodeSampler();
+    sampler = server->node_sampler_.get();
+  }
+  server->recorder_ =
+      std::make_unique<SampleRecorder>(server->runs_.get(), sampler, options.sample_interval);
   server->service_ = std::make_unique<AgentService>(options, server->cache_.get(),
                                                     server->hub_.get(), server->runs_.get());
   server->service_->StartProbe();

@@ -9,9 +9,11 @@
 #include <memory>
 #include <string>
 
+#include "agent/device_sampler.h"
 #include "agent/hub.h"
 #include "agent/input_cache.h"
 #include "agent/runs.h"
+#include "agent/sample_recorder.h"
 #include "common/status.h"
 #include "rpc/tls.h"
 
@@ -28,6 +30,10 @@ struct AgentOptions {
   std::chrono::milliseconds cancel_grace{10000};
   std::chrono::milliseconds poll_interval{100};  // run checks and event-file following
   HubOptions hub;  // where PrepareHubModel downloads from (HF_ENDPOINT, HF_TOKEN)
+  // How often the devices of running trials are sampled (agent/sample_recorder.h), and by what:
+  // not owned; null: the node's own (/proc for CPU trials, NVML for GPU trials).
+  std::chrono::milliseconds sample_interval{1000};
+  DeviceSampler* sampler = nullptr;
 };
 
 class AgentService;
@@ -53,6 +59,8 @@ class AgentServer {
   std::unique_ptr<InputCache> cache_;
   std::unique_ptr<HubCache> hub_;
   std::unique_ptr<RunManager> runs_;
+  std::unique_ptr<DeviceSampler> node_sampler_;  // null when AgentOptions named one
+  std::unique_ptr<SampleRecorder> recorder_;
   std::unique_ptr<AgentService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;

@@ -1,0 +1,165 @@
+#include "agent/sample_recorder.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "agent/process.h"
+#include "agent/supervisor.h"
+#include "common/atomic_file.h"
+#include "common/files.h"
+
+namespace llmctl::agent {
+namespace {
+
+using json = nlohmann::json;
+
+void PutOptional(json& line, const char* key, const std::optional<double>& value) {
+  if (value) line[key] = *value;
+}
+
+// nullopt when absent; false when present and not a finite number.
+bool GetOptional(const json& line, const char* key, std::optional<double>& out) {
+  const auto it = line.find(key);
+  if (it == line.end()) return true;
+  if (!it->is_number() || !std::isfinite(it->get<double>())) return false;
+  out = it->get<double>();
+  return true;
+}
+
+// The worker's process group while the worker runs (worker.json, written by the supervisor), else
+// 0.
+pid_t WorkerProcessGroup(const std::string& run_dir) {
+  auto text = ReadFileToString(run_dir + "/" + kWorkerFile, 1 << 16);
+  if (!text.ok()) return 0;
+  const json worker = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!worker.is_object()) return 0;
+  const pid_t pid = worker.value("pid", 0);
+  if (pid <= 0 || !IsSameProcessAlive(pid, worker.value("start_time", uint64_t{0}))) return 0;
+  return worker.value("pgid", pid);
+}
+
+Status AppendLines(const std::string& path, const std::string& lines) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return UnavailableError("cannot open " + path + ": " + std::strerror(errno));
+  // One write of whole lines: a reader never sees half a line it would count.
+  Status written = WriteAll(fd, lines.data(), lines.size());
+  ::close(fd);
+  return written;
+}
+
+}  // namespace
+
+std::string FormatSampleLine(const TimedReading& timed) {
+  const DeviceReading& reading = timed.reading;
+  json line = {{"unix_ms", timed.unix_ms}, {"device", reading.device}};
+  PutOptional(line, "utilization_percent", reading.utilization_percent);
+  line["memory_used_bytes"] = reading.memory_used_bytes;
+  line["memory_total_bytes"] = reading.memory_total_bytes;
+  PutOptional(line, "power_watts", reading.power_watts);
+  PutOptional(line, "temperature_celsius", reading.temperature_celsius);
+  return line.dump();
+}
+
+StatusOr<TimedReading> ParseSampleLine(std::string_view text) {
+  const json line = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const auto bad = [&](const std::string& why) {
+    return InvalidArgumentError("device sample line " + std::string(text.substr(0, 200)) + ": " +
+                                why);
+  };
+  if (!line.is_object()) return bad("not a JSON object");
+  TimedReading timed;
+  DeviceReading& reading = timed.reading;
+  const auto integer = [&](const char* key, int64_t& out) {
+    const auto it = line.find(key);
+    if (it == line.end() || !it->is_number_integer() || it->get<int64_t>() < 0) return false;
+    out = it->get<int64_t>();
+    return true;
+  };
+  if (!integer("unix_ms", timed.unix_ms)) return bad("no unix_ms");
+  if (!line.value("device", json()).is_string() || line["device"].get<std::string>().empty()) {
+    return bad("no device");
+  }
+  reading.device = line["device"].get<std::string>();
+  if (!integer("memory_used_bytes", reading.memory_used_bytes) ||
+      !integer("memory_total_bytes", reading.memory_total_bytes)) {
+    return bad("no memory figures");
+  }
+  if (!GetOptional(line, "utilization_percent", reading.utilization_percent) ||
+      !GetOptional(line, "power_watts", reading.power_watts) ||
+      !GetOptional(line, "temperature_celsius", reading.temperature_celsius)) {
+    return bad("a figure is not a number");
+  }
+  return timed;
+}
+
+SampleRecorder::SampleRecorder(RunManager* runs, DeviceSampler* sampler,
+                               std::chrono::milliseconds interval)
+    : runs_(runs), sampler_(sampler), interval_(interval) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+SampleRecorder::~SampleRecorder() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  stop_.notify_all();
+  thread_.join();
+}
+
+void SampleRecorder::Loop() {
+  auto next = std::chrono::steady_clock::now();
+  while (true) {
+    {
+      std::unique_lock lock(mutex_);
+      if (stop_.wait_until(lock, next, [&] { return stopping_; })) return;
+    }
+    SampleOnce();
+    // On a fixed beat, not one interval after a slow round: readings stay a second apart.
+    next += interval_;
+    const auto now = std::chrono::steady_clock::now();
+    if (next < now) next = now;
+  }
+}
+
+void SampleRecorder::SampleOnce() {
+  std::set<std::string> sampled;
+  for (const RunningRun& run : runs_->Running()) {
+    SampleTarget target{run.dir, run.device_type, run.device_indices, WorkerProcessGroup(run.dir)};
+    sampled.insert(run.dir);
+    auto readings = sampler_->Sample(target);
+    const int64_t unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+    std::string lines;
+    if (readings.ok()) {
+      for (const DeviceReading& reading : *readings) {
+        lines += FormatSampleLine(TimedReading{unix_ms, reading}) + "\n";
+      }
+    }
+    Status status = readings.status();
+    if (status.ok() && !lines.empty()) {
+      status = AppendLines(run.dir + "/" + kSamplesFile, lines);
+    }
+    // Once per run: a sampler that fails fails every second.
+    if (!status.ok() && warned_.insert(run.dir).second) {
+      std::cerr << "llm-agent: sampling the devices of " << DescribeRunKey(run.key) << ": "
+                << status.message() << std::endl;
+    }
+  }
+  for (const std::string& dir : sampled_) {
+    if (!sampled.contains(dir)) {
+      sampler_->Forget(dir);
+      warned_.erase(dir);
+    }
+  }
+  sampled_ = std::move(sampled);
+}
+
+}  // namespace llmctl::agent

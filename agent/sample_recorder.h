@@ -1,0 +1,73 @@
+// SampleRecorder: once an interval (a second by default) it samples the devices of every running
+// run (agent/device_sampler.h) and appends the readings to the run's samples.jsonl, one JSON line
+// per device reading, beside llm-train's events.jsonl:
+//
+//   {"unix_ms":1732550000123,"device":"cuda:0","utilization_percent":45,
+//    "memory_used_bytes":65712160768,"memory_total_bytes":85899345920,"power_watts":312.5,
+//    "temperature_celsius":64}
+//
+// As with events, a line's number in the file is the reading's sequence number: StreamEvents sends
+// readings from any number on, so a controller resumes where it stopped, and the file outlives an
+// agent restart (the next agent appends to it). The file is the agent's own, never llm-train's:
+// the trainer's event contract is untouched.
+#ifndef LLMCTL_AGENT_SAMPLE_RECORDER_H_
+#define LLMCTL_AGENT_SAMPLE_RECORDER_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "agent/device_sampler.h"
+#include "agent/runs.h"
+#include "common/status.h"
+
+namespace llmctl::agent {
+
+inline constexpr char kSamplesFile[] = "samples.jsonl";
+
+struct TimedReading {
+  int64_t unix_ms = 0;
+  DeviceReading reading;
+};
+
+// One line of samples.jsonl, without its '\n'.
+std::string FormatSampleLine(const TimedReading& reading);
+// InvalidArgument when the line is not one FormatSampleLine wrote (a field missing or of the
+// wrong type, a negative memory figure).
+StatusOr<TimedReading> ParseSampleLine(std::string_view line);
+
+// Thread-safe.
+class SampleRecorder {
+ public:
+  // Samples every `interval` on a thread of its own until destroyed. `runs` and `sampler` are not
+  // owned and must outlive the recorder.
+  SampleRecorder(RunManager* runs, DeviceSampler* sampler, std::chrono::milliseconds interval);
+  ~SampleRecorder();
+  SampleRecorder(const SampleRecorder&) = delete;
+  SampleRecorder& operator=(const SampleRecorder&) = delete;
+
+ private:
+  void Loop();
+  // One round: every running run's readings appended to its file; runs that ended are forgotten.
+  void SampleOnce();
+
+  RunManager* const runs_;
+  DeviceSampler* const sampler_;
+  const std::chrono::milliseconds interval_;
+  std::set<std::string> sampled_;  // run directories sampled last round; only the thread's
+  std::set<std::string> warned_;   // runs whose sampling failure was logged; only the thread's
+
+  std::mutex mutex_;
+  std::condition_variable stop_;
+  bool stopping_ = false;  // guarded by mutex_
+  std::thread thread_;
+};
+
+}  // namespace llmctl::agent
+
+#endif  // LLMCTL_AGENT_SAMPLE_RECORDER_H_
