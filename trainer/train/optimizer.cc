@@ -9,9 +9,9 @@ namespace llmctl::trainer {
 namespace {
 
 // AdamW with decoupled weight decay, through PyTorch's fused kernel (one pass over p, g, m, v per
-// tensor, on CPU and CUDA). Moments have the parameter's dtype, as torch.optim.AdamW's do. The kernel
-// reads the step count from a tensor; one float32 scalar shared by all parameters holds it (4 bytes of
-// state in all, counted as optimizer state).
+// tensor, on CPU and CUDA). Moments have the parameter's dtype, as torch.optim.AdamW's do. The
+// kernel reads the step count from a tensor; one float32 scalar shared by all parameters holds it
+// (4 bytes of state in all, counted as optimizer state).
 class AdamW final : public Optimizer {
  public:
   AdamW(const OptimizerOptions& options, std::vector<torch::Tensor> params)
@@ -95,7 +95,8 @@ class AdamW final : public Optimizer {
       exp_avg_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
       exp_avg_sq_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
     }
-    step_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(params_.front().device()));
+    step_ = torch::zeros(
+        {}, torch::TensorOptions().dtype(torch::kFloat32).device(params_.front().device()));
   }
 
   OptimizerOptions options_;
@@ -121,7 +122,8 @@ class Sgd final : public Optimizer {
   void BeginStep(double lr) override {
     ++steps_taken_;
     lr_ = lr;
-    if (options_.momentum != 0.0 && momentum_.empty()) momentum_.assign(params_.size(), torch::Tensor());
+    if (options_.momentum != 0.0 && momentum_.empty())
+      momentum_.assign(params_.size(), torch::Tensor());
   }
 
   void StepParameter(size_t index) override {
@@ -159,12 +161,14 @@ class Sgd final : public Optimizer {
 
   Status LoadNamedState(const std::vector<std::pair<std::string, torch::Tensor>>& state) override {
     if (state.empty()) return Status::Ok();
-    if (options_.momentum == 0.0) return DataLossError("checkpoint has SGD momentum, but momentum is 0");
+    if (options_.momentum == 0.0)
+      return DataLossError("checkpoint has SGD momentum, but momentum is 0");
     momentum_.assign(params_.size(), torch::Tensor());
     for (const auto& [name, tensor] : state) {
       const size_t dot = name.find('.');
       const size_t index = std::stoul(name.substr(0, dot));
-      if (index >= params_.size()) return DataLossError("optimizer state '" + name + "' has no parameter");
+      if (index >= params_.size())
+        return DataLossError("optimizer state '" + name + "' has no parameter");
       momentum_[index] = tensor.clone();
     }
     return Status::Ok();
@@ -198,7 +202,8 @@ StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerOptions& optio
     }
     return MakeOffloadedAdamW(options, std::move(params));
   }
-  if (options.name == "adamw") return std::unique_ptr<Optimizer>(new AdamW(options, std::move(params)));
+  if (options.name == "adamw")
+    return std::unique_ptr<Optimizer>(new AdamW(options, std::move(params)));
   if (options.name == "adamw_8bit") return MakeAdamW8bit(options, std::move(params));
   if (options.name == "sgd") return std::unique_ptr<Optimizer>(new Sgd(options, std::move(params)));
   return InvalidArgumentError("optimizer: unknown optimizer '" + options.name +
@@ -236,7 +241,11 @@ double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> norms;
   for (const torch::Tensor& p : params) {
-    if (p.grad().defined()) norms.push_back(p.grad().norm(2, {}, false, torch::kFloat32));
+    // An empty dimension list (all of them), spelled out: LibTorch before 2.15 also has a Dimname
+    // overload, which makes a bare {} ambiguous.
+    if (p.grad().defined()) {
+      norms.push_back(p.grad().norm(2, torch::IntArrayRef{}, false, torch::kFloat32));
+    }
   }
   if (norms.empty()) return 0.0;
   const double total = torch::stack(norms).norm().item<double>();
