@@ -1,0 +1,105 @@
+#include "trainer/dist/launcher.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace llmctl::dist {
+namespace {
+
+namespace fs = std::filesystem;
+
+class LauncherTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("llmctl_launcher_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Ranks that are /bin/sh running `script`; each first writes its pid to DIR/rankN.pid.
+  LaunchSpec Shell(const std::string& script, int world_size) const {
+    LaunchSpec spec;
+    spec.argv = {"/bin/sh", "-c", "echo $$ > " + dir_.string() + "/rank$RANK.pid; " + script};
+    spec.world_size = world_size;
+    spec.master_port = 29555;
+    return spec;
+  }
+
+  pid_t PidOf(int rank) const {
+    std::ifstream in(dir_ / ("rank" + std::to_string(rank) + ".pid"));
+    pid_t pid = -1;
+    in >> pid;
+    return pid;
+  }
+
+  std::string Read(const std::string& name) const {
+    std::ifstream in(dir_ / name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(LauncherTest, EveryRankGetsTorchrunsVariables) {
+  const Status launched = LaunchRanks(
+      Shell("echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT > " +
+                dir_.string() + "/env$RANK",
+            3));
+  ASSERT_TRUE(launched.ok()) << launched.ToString();
+  EXPECT_EQ(Read("env0"), "0 0 3 3 127.0.0.1 29555\n");
+  EXPECT_EQ(Read("env1"), "1 1 3 3 127.0.0.1 29555\n");
+  EXPECT_EQ(Read("env2"), "2 2 3 3 127.0.0.1 29555\n");
+}
+
+TEST_F(LauncherTest, ARankThatExitsEarlyStopsTheOthersAndIsNamed) {
+  // Rank 1 fails at once; ranks 0 and 2 would sleep for ten minutes (exec: the rank is the sleep).
+  const Status launched =
+      LaunchRanks(Shell("if [ \"$RANK\" = 1 ]; then exit 7; fi; exec sleep 600", 3));
+  ASSERT_FALSE(launched.ok());
+  EXPECT_EQ(launched.code(), StatusCode::kAborted);
+  EXPECT_EQ(launched.message(), "rank 1 of 3 exited with code 7; the other ranks were stopped");
+  // Every rank is gone and reaped: no process, not even a zombie, has its pid.
+  for (int rank : {0, 1, 2}) {
+    const pid_t pid = PidOf(rank);
+    ASSERT_GT(pid, 0) << "rank " << rank;
+    EXPECT_EQ(::kill(pid, 0), -1) << "rank " << rank << " (pid " << pid << ") is still there";
+    EXPECT_EQ(errno, ESRCH);
+  }
+}
+
+TEST_F(LauncherTest, ARankKilledByASignalIsNamed) {
+  const Status launched =
+      LaunchRanks(Shell("if [ \"$RANK\" = 0 ]; then kill -9 $$; fi; exec sleep 600", 2));
+  ASSERT_FALSE(launched.ok());
+  EXPECT_EQ(launched.message(),
+            "rank 0 of 2 was killed by signal 9 (Killed); the other ranks were stopped");
+  EXPECT_EQ(::kill(PidOf(1), 0), -1);
+}
+
+TEST_F(LauncherTest, ARankThatIgnoresSigtermIsKilled) {
+  LaunchSpec spec =
+      Shell("if [ \"$RANK\" = 1 ]; then exit 3; fi; trap '' TERM; while :; do :; done", 2);
+  spec.stop_grace = std::chrono::milliseconds(200);
+  const Status launched = LaunchRanks(spec);
+  ASSERT_FALSE(launched.ok());
+  EXPECT_EQ(launched.message(), "rank 1 of 2 exited with code 3; the other ranks were stopped");
+  EXPECT_EQ(::kill(PidOf(0), 0), -1);
+}
+
+TEST_F(LauncherTest, AProgramThatCannotRunIsNamed) {
+  LaunchSpec spec;
+  spec.argv = {(dir_ / "no-such-program").string()};
+  spec.world_size = 2;
+  const Status launched = LaunchRanks(spec);
+  ASSERT_FALSE(launched.ok());
+  EXPECT_NE(launched.message().find("could not execute its program"), std::string::npos)
+      << launched.message();
+}
+
+}  // namespace
+}  // namespace llmctl::dist

@@ -1,0 +1,288 @@
+#include "trainer/dist/process_group.h"
+
+#include <arpa/inet.h>
+#include <c10/util/Exception.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <utility>
+#include <vector>
+
+#ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace llmctl::dist {
+namespace {
+
+// Every key this group writes lives under one prefix, so a later group (FSDP's, a second trial's)
+// can share the same TCPStore without its keys colliding.
+constexpr char kStorePrefix[] = "llmctl/default_pg/";
+
+std::string Seconds(std::chrono::milliseconds duration) {
+  return std::to_string(duration.count() / 1000) + " s";
+}
+
+std::string DescribeException(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) {
+    return c10_error->what_without_backtrace();
+  }
+  return error.what();
+}
+
+// Binds and listens on MASTER_PORT for every address of this host, then hands the socket to the
+// TCPStore (which takes it over): binding here, rather than inside c10d, tells "the port is in
+// use" apart from every other failure and leaves no window for another process to take the port.
+StatusOr<int> ListenOnMasterPort(uint16_t port) {
+  const auto in_use = [port](int error) -> Status {
+    if (error == EADDRINUSE) {
+      return FailedPreconditionError("rank 0 cannot serve the rendezvous store: MASTER_PORT " +
+                                     std::to_string(port) +
+                                     " is already in use on this host; choose a free port");
+    }
+    return UnavailableError("rank 0 cannot serve the rendezvous store on MASTER_PORT " +
+                            std::to_string(port) + ": " + std::strerror(error));
+  };
+  // IPv6 with IPv4-mapped addresses accepts both families; a host without IPv6 gets IPv4 only.
+  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool ipv6 = fd >= 0;
+  if (!ipv6) fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return in_use(errno);
+  const int on = 1;
+  const int off = 0;
+  // SO_REUSEADDR only skips TIME_WAIT leftovers of an earlier run; a live listener still conflicts.
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  int bound = 0;
+  if (ipv6) {
+    ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+    sockaddr_in6 address{};
+    address.sin6_family = AF_INET6;
+    address.sin6_addr = in6addr_any;
+    address.sin6_port = htons(port);
+    bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  } else {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_ANY);
+    address.sin_port = htons(port);
+    bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  }
+  if (bound != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return in_use(error);
+  }
+  return fd;
+}
+
+StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RankEnv& env,
+                                                       const ProcessGroupOptions& options) {
+  c10d::TCPStoreOptions store_options;
+  store_options.port = env.master_port;
+  store_options.isServer = env.rank == 0;
+  store_options.numWorkers = static_cast<size_t>(env.world_size);
+  store_options.waitWorkers = true;
+  store_options.timeout = options.rendezvous_timeout;
+  if (store_options.isServer) {
+    ASSIGN_OR_RETURN(store_options.masterListenFd, ListenOnMasterPort(env.master_port));
+  }
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  try {
+    c10::intrusive_ptr<c10d::Store> store =
+        c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+    return c10::make_intrusive<c10d::PrefixStore>(kStorePrefix, std::move(store));
+  } catch (const std::exception& error) {
+    if (store_options.isServer) {
+      return UnavailableError("rank 0 served the rendezvous store on " + where + " but not all " +
+                              std::to_string(env.world_size) + " ranks joined within " +
+                              Seconds(options.rendezvous_timeout) + ": " +
+                              DescribeException(error));
+    }
+    return UnavailableError("rank " + std::to_string(env.rank) +
+                            " cannot reach the rendezvous store of rank 0 at " + where +
+                            " (MASTER_ADDR:MASTER_PORT) within " +
+                            Seconds(options.rendezvous_timeout) + ": " + DescribeException(error));
+  }
+}
+
+StatusOr<c10::intrusive_ptr<c10d::Backend>> CreateBackend(
+    const RankEnv& env, const ProcessGroupOptions& options,
+    const c10::intrusive_ptr<c10d::Store>& store) {
+  try {
+    switch (options.backend) {
+      case BackendKind::kGloo: {
+        auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.collective_timeout);
+        // As torch.distributed does: the interface GLOO_SOCKET_IFNAME names, else the address
+        // this host's name resolves to (loopback when it resolves to none).
+        const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
+        gloo_options->devices.push_back(
+            interface != nullptr && *interface != '\0'
+                ? c10d::ProcessGroupGloo::createDeviceForInterface(interface)
+                : c10d::ProcessGroupGloo::createDefaultDevice());
+        return c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<c10d::ProcessGroupGloo>(
+            store, env.rank, env.world_size, std::move(gloo_options)));
+      }
+      case BackendKind::kNccl: {
+#ifdef USE_C10D_NCCL
+        c10::cuda::set_device(static_cast<c10::DeviceIndex>(options.cuda_device));
+        auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+        nccl_options->timeout = options.collective_timeout;
+        auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size,
+                                                                std::move(nccl_options));
+        // Bound to its GPU and connected now, so a broken NCCL setup fails here, not at the
+        // first gradient all-reduce.
+        const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(options.cuda_device));
+        nccl->setBoundDeviceId(device);
+        nccl->eagerConnectSingleDevice(device);
+        return c10::intrusive_ptr<c10d::Backend>(std::move(nccl));
+#else
+        return FailedPreconditionError(
+            "this build has no NCCL (the LibTorch it links is not the CUDA build)");
+#endif
+      }
+    }
+  } catch (const std::exception& error) {
+    return UnavailableError("rank " + std::to_string(env.rank) + " cannot start the " +
+                            std::string(BackendKindName(options.backend)) +
+                            " process group: " + DescribeException(error));
+  }
+  return InternalError("unknown backend");
+}
+
+// Runs one collective and waits for it; c10d reports failures (a dead peer, a timeout, a
+// mismatched call) by throwing, which stops here.
+template <typename Start>
+Status RunCollective(std::string_view name, int rank, Start start) {
+  try {
+    c10::intrusive_ptr<c10d::Work> work = start();
+    work->wait();
+    return Status::Ok();
+  } catch (const std::exception& error) {
+    return UnavailableError(std::string(name) + " failed on rank " + std::to_string(rank) + ": " +
+                            DescribeException(error));
+  }
+}
+
+}  // namespace
+
+StatusOr<BackendKind> ParseBackendKind(std::string_view name) {
+  if (name == "gloo") return BackendKind::kGloo;
+  if (name == "nccl") return BackendKind::kNccl;
+  return InvalidArgumentError("unknown backend '" + std::string(name) + "': expected gloo or nccl");
+}
+
+std::string_view BackendKindName(BackendKind kind) {
+  return kind == BackendKind::kGloo ? "gloo" : "nccl";
+}
+
+bool BackendKindCompiled(BackendKind kind) {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return kind == BackendKind::kGloo;
+#endif
+}
+
+int64_t ShardNumel(int64_t numel, int world_size) { return (numel + world_size - 1) / world_size; }
+
+StatusOr<ProcessGroup> ProcessGroup::Create(const RankEnv& env,
+                                            const ProcessGroupOptions& options) {
+  if (!BackendKindCompiled(options.backend)) {
+    return FailedPreconditionError("this build has no " +
+                                   std::string(BackendKindName(options.backend)) +
+                                   " (the LibTorch it links is not the CUDA build)");
+  }
+  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store, ConnectStore(env, options));
+  ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Backend> backend, CreateBackend(env, options, store));
+  return ProcessGroup(env.rank, env.world_size, options.backend, options.cuda_device,
+                      std::move(store), std::move(backend));
+}
+
+ProcessGroup::ProcessGroup(int rank, int world_size, BackendKind backend_kind, int cuda_device,
+                           c10::intrusive_ptr<c10d::Store> store,
+                           c10::intrusive_ptr<c10d::Backend> backend)
+    : rank_(rank),
+      world_size_(world_size),
+      backend_kind_(backend_kind),
+      cuda_device_(cuda_device),
+      store_(std::move(store)),
+      backend_(std::move(backend)) {}
+
+ProcessGroup::~ProcessGroup() = default;
+
+c10d::ReduceOp ProcessGroup::NativeOp(ReduceOp op) const {
+  if (op == ReduceOp::kAvg && backend_kind_ == BackendKind::kNccl) return c10d::ReduceOp::AVG;
+  return c10d::ReduceOp::SUM;
+}
+
+void ProcessGroup::FinishMean(at::Tensor& tensor, ReduceOp op) const {
+  if (op == ReduceOp::kAvg && backend_kind_ != BackendKind::kNccl) tensor.div_(world_size_);
+}
+
+Status ProcessGroup::AllReduce(at::Tensor& tensor, ReduceOp op) {
+  c10d::AllreduceOptions options;
+  options.reduceOp = NativeOp(op);
+  std::vector<at::Tensor> tensors = {tensor};
+  RETURN_IF_ERROR(
+      RunCollective("all_reduce", rank_, [&] { return backend_->allreduce(tensors, options); }));
+  FinishMean(tensor, op);
+  return Status::Ok();
+}
+
+Status ProcessGroup::Broadcast(at::Tensor& tensor, int root) {
+  if (root < 0 || root >= world_size_) {
+    return InvalidArgumentError("broadcast root " + std::to_string(root) + " is not a rank of " +
+                                std::to_string(world_size_));
+  }
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  std::vector<at::Tensor> tensors = {tensor};
+  return RunCollective("broadcast", rank_, [&] { return backend_->broadcast(tensors, options); });
+}
+
+Status ProcessGroup::AllGatherIntoTensor(at::Tensor& output, const at::Tensor& input) {
+  if (output.numel() != input.numel() * world_size_) {
+    return InvalidArgumentError("all_gather_into_tensor: the output has " +
+                                std::to_string(output.numel()) + " elements, not world size " +
+                                std::to_string(world_size_) + " x input " +
+                                std::to_string(input.numel()));
+  }
+  at::Tensor in = input;
+  return RunCollective("all_gather_into_tensor", rank_,
+                       [&] { return backend_->all_gather_single(output, in); });
+}
+
+Status ProcessGroup::ReduceScatterTensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  if (input.numel() != output.numel() * world_size_) {
+    return InvalidArgumentError("reduce_scatter_tensor: the input has " +
+                                std::to_string(input.numel()) + " elements, not world size " +
+                                std::to_string(world_size_) + " x output " +
+                                std::to_string(output.numel()));
+  }
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = NativeOp(op);
+  at::Tensor in = input;
+  RETURN_IF_ERROR(RunCollective("reduce_scatter_tensor", rank_, [&] {
+    return backend_->reduce_scatter_single(output, in, options);
+  }));
+  FinishMean(output, op);
+  return Status::Ok();
+}
+
+Status ProcessGroup::Barrier() {
+  c10d::BarrierOptions options;
+  if (backend_kind_ == BackendKind::kNccl) options.device_ids = {cuda_device_};
+  return RunCollective("barrier", rank_, [&] { return backend_->barrier(options); });
+}
+
+}  // namespace llmctl::dist
