@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -108,12 +107,14 @@ def cmd_env(out, device, llm_train, build_dir):
             "gpu_count": torch.cuda.device_count(),
             "compute_capability": f"{props.major}.{props.minor}",
             "driver": run_text(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).split("\n")[0],
-            "cuda_runtime": torch.version.cuda,
         })
         smi = run_text(["nvidia-smi"])
+        # The highest CUDA version the driver supports, as nvidia-smi's header states it.
+        match = re.search(r"CUDA Version:\s*([0-9.]+)", smi)
+        env["driver_cuda"] = match.group(1) if match else None
         (out / "nvidia-smi.txt").write_text(smi + "\n" + run_text(["nvidia-smi", "-q"]) + "\n")
-        env["tag"] = (f"{props.name}, driver {env['driver']}, CUDA {torch.version.cuda}, torch {torch.__version__}"
-                      f", {env['llm_train']}")
+        env["tag"] = (f"{props.name}, driver {env['driver']} (CUDA {env['driver_cuda']}), torch {torch.__version__} "
+                      f"(CUDA {torch.version.cuda}), {env['llm_train']}")
     else:
         env["tag"] = f"CPU {env['cpu']} x{env['cpus']}, torch {torch.__version__}, {env['llm_train']}"
     (out / "env.json").write_text(json.dumps(env, indent=2) + "\n")
