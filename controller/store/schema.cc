@@ -305,9 +305,40 @@ CREATE TABLE device_samples (
 ALTER TABLE attempts ADD COLUMN device_sample_seq INTEGER NOT NULL DEFAULT 0;
 )sql";
 
-constexpr std::array<std::string_view, 6> kMigrations = {kInitialSchema,        kNodeLeases,
-                                                         kNodeRemoval,          kAttemptDevices,
-                                                         kReportViewsAndResume, kDeviceSamples};
+// Memory over time, as the HTML report draws it: every `snapshot` event of each attempt of a
+// trial's run, in order, beside its attempt's start on the wall clock and device limit (from the
+// attempt's latest `start` event: the zero of the snapshots' elapsed_ms, which the trainer counts
+// on its monotonic clock; NULL when the attempt has no start event, or one from before the field).
+// An attempt of the run without snapshots has one row with NULL seq, so that every attempt of the
+// run is listed: its device samples (device_samples) still belong on the axis.
+constexpr std::string_view kMemoryTimeline = R"sql(
+CREATE VIEW trial_memory_timeline AS
+SELECT
+  t.experiment_id,
+  t.id AS trial_id,
+  t.name AS trial,
+  m.attempt,
+  json_extract(s.json, '$.started_unix_ms') AS attempt_started_unix_ms,
+  json_extract(s.json, '$.device_limit_bytes') AS device_limit_bytes,
+  e.seq,
+  json_extract(e.json, '$.elapsed_ms') AS elapsed_ms,
+  json_extract(e.json, '$.step') AS step,
+  json_extract(e.json, '$.micro_batch') AS micro_batch,
+  json_extract(e.json, '$.phase') AS phase,
+  json_extract(e.json, '$.allocated_bytes') AS allocated_bytes,
+  json_extract(e.json, '$.reserved_bytes') AS reserved_bytes,
+  json_extract(e.json, '$.peak_bytes') AS peak_bytes
+FROM trials t
+JOIN trial_run_attempts m ON m.trial_id = t.id
+LEFT JOIN events s ON s.trial_id = t.id AND s.attempt = m.attempt AND s.seq =
+  (SELECT MAX(seq) FROM events WHERE trial_id = t.id AND attempt = m.attempt AND type = 'start')
+LEFT JOIN events e ON e.trial_id = t.id AND e.attempt = m.attempt AND e.type = 'snapshot'
+ORDER BY t.experiment_id, t.ordinal, m.attempt, e.seq;
+)sql";
+
+constexpr std::array<std::string_view, 7> kMigrations = {
+    kInitialSchema,        kNodeLeases,    kNodeRemoval,   kAttemptDevices,
+    kReportViewsAndResume, kDeviceSamples, kMemoryTimeline};
 
 }  // namespace
 

@@ -594,6 +594,38 @@ Status FillPhasePeaks(sqlite3* db, int64_t experiment_id, std::vector<TrialRepor
   return Status::Ok();
 }
 
+// Adds the experiment's rows of the trial_memory_timeline view to its trials' reports.
+Status FillMemoryTimeline(sqlite3* db, int64_t experiment_id, std::vector<TrialReport>& trials) {
+  std::map<int64_t, TrialReport*> by_id;
+  for (TrialReport& trial : trials) by_id[trial.trial_id] = &trial;
+  ASSIGN_OR_RETURN(
+      Statement stmt,
+      Statement::Prepare(db,
+                         "SELECT v.trial_id, v.attempt, v.attempt_started_unix_ms, "
+                         "v.device_limit_bytes, e.json FROM trial_memory_timeline v "
+                         "LEFT JOIN events e ON e.trial_id = v.trial_id AND "
+                         "e.attempt = v.attempt AND e.seq = v.seq "
+                         "WHERE v.experiment_id = ? ORDER BY v.trial_id, v.attempt, v.seq"));
+  stmt.Bind(1, experiment_id);
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    auto trial = by_id.find(stmt.Int(0));
+    if (trial == by_id.end()) continue;
+    std::vector<AttemptMemory>& timeline = trial->second->memory_timeline;
+    if (timeline.empty() || timeline.back().attempt != stmt.Int(1)) {
+      timeline.push_back(AttemptMemory{.attempt = stmt.Int(1),
+                                       .started_unix_ms = stmt.OptionalInt(2),
+                                       .device_limit_bytes = stmt.OptionalInt(3),
+                                       .snapshots = {}});
+    }
+    if (stmt.IsNull(4)) continue;  // an attempt without snapshots
+    ASSIGN_OR_RETURN(json snapshot, ParseStoredJson(stmt.Text(4), "snapshot event"));
+    timeline.back().snapshots.push_back(std::move(snapshot));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status internal::CheckCurrentAttempt(sqlite3* db, int64_t trial_id, int64_t attempt) {
@@ -1172,6 +1204,7 @@ StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
                      LatestEventOfType(db_, trial.trial_id, trial.attempt, "step"));
   }
   RETURN_IF_ERROR(FillPhasePeaks(db_, experiment_id, report.trials));
+  RETURN_IF_ERROR(FillMemoryTimeline(db_, experiment_id, report.trials));
   RETURN_IF_ERROR(snapshot.Commit());
   return report;
 }

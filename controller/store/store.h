@@ -165,6 +165,16 @@ struct NodeRemoval {
   std::vector<RunningAttempt> lost;
 };
 
+// One attempt of a trial's run on the memory-over-time axis (the `trial_memory_timeline` view).
+struct AttemptMemory {
+  int64_t attempt = 0;
+  // From the attempt's latest `start` event: the wall clock of the trainer's start (the zero of
+  // its snapshots' elapsed_ms) and its device limit; nullopt without one.
+  std::optional<int64_t> started_unix_ms;
+  std::optional<int64_t> device_limit_bytes;
+  std::vector<nlohmann::json> snapshots;  // its `snapshot` events, in order
+};
+
 // One trial's row of the report: its row of the `trial_results` view and its rows of
 // `trial_phase_peaks` (controller/store/schema.cc states their rules: figures from the trial's
 // run, "at peak" = the snapshot with the most allocated bytes, ...), and the final attempt's
@@ -193,6 +203,8 @@ struct TrialReport {
   nlohmann::json peak_snapshot;  // the `snapshot` event at peak
   // (phase, that phase's snapshot at peak), in the step anatomy's order, "oom" last.
   std::vector<std::pair<std::string, nlohmann::json>> phase_peaks;
+  // The run's attempts in order (run_attempts), each with its snapshots.
+  std::vector<AttemptMemory> memory_timeline;
 };
 
 struct ExperimentReport {

@@ -1171,6 +1171,15 @@ TEST_F(StoreTest, AResumedTrialRunsFromItsCheckpointAndItsRunJoinsTheAttempts) {
     phases.push_back(phase + "@" + std::to_string(snapshot.at("step").get<int64_t>()));
   }
   EXPECT_THAT(phases, ElementsAre("phase1_after_fwd@0", "phase3_after_opt_step@4"));
+  // Memory over time: the run's attempts, each with every snapshot it took (the lost one none).
+  ASSERT_EQ(row.memory_timeline.size(), 2u);
+  EXPECT_EQ(row.memory_timeline[0].attempt, 1);
+  EXPECT_THAT(row.memory_timeline[0].snapshots,
+              ElementsAre(json::parse(first[1].json), json::parse(first[2].json)));
+  EXPECT_EQ(row.memory_timeline[1].attempt, 3);
+  EXPECT_THAT(row.memory_timeline[1].snapshots,
+              ElementsAre(json::parse(third[1].json), json::parse(third[2].json)));
+  EXPECT_EQ(row.memory_timeline[1].started_unix_ms, std::nullopt) << "a start without the field";
 
   StatusOr<std::vector<TrialStep>> steps = store->RunSteps(experiment);
   ASSERT_TRUE(steps.ok()) << steps.status().ToString();
@@ -1187,6 +1196,53 @@ TEST_F(StoreTest, AResumedTrialRunsFromItsCheckpointAndItsRunJoinsTheAttempts) {
   EXPECT_THAT(store->ResumeTrial(trial).status().message(),
               HasSubstr("'long' ended ok: there is nothing left to run"));
   EXPECT_EQ(store->RunSteps(987654).status().code(), StatusCode::kNotFound);
+}
+
+// The trial_memory_timeline view: each attempt's snapshots in order beside its start's wall clock
+// and device limit; an attempt without snapshots is listed all the same.
+TEST_F(StoreTest, MemoryTimelineHoldsEachAttemptsSnapshotsAndItsStart) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const std::vector<int64_t> trials =
+      CreateTrials(*store, "timeline", {"fits", "load-oom", "queued"});
+  ASSERT_EQ(trials.size(), 3u);
+  ASSERT_EQ(*store->StartAttempt(trials[0], "n1", kNow), 1);
+  json early = FullSnapshot(0, 0, "phase0_before_fwd", 20'000, 20'000);
+  early["elapsed_ms"] = 812.125;
+  json late = FullSnapshot(0, 0, "phase1_after_fwd", 30'000, 30'000);
+  late["elapsed_ms"] = 1'020.5;
+  json oom = FullSnapshot(0, -1, "oom", 40'000, 40'000);
+  oom["elapsed_ms"] = 1'100;
+  ASSERT_TRUE(
+      store
+          ->AppendEvents(trials[0], 1,
+                         std::vector<Event>{MakeEvent(1, {{"type", "start"},
+                                                          {"started_unix_ms", 1'700'000'000'123},
+                                                          {"device_limit_bytes", 226'492'416}}),
+                                            MakeEvent(2, early), StepEvent(3, 0),
+                                            MakeEvent(4, late), MakeEvent(5, oom)})
+          .ok());
+  ASSERT_EQ(*store->StartAttempt(trials[1], "n1", kNow), 1);  // no start event, no snapshot
+
+  StatusOr<ExperimentReport> report = store->Report(store->ListExperiments()->back().id);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const std::vector<AttemptMemory>& fits = report->trials[0].memory_timeline;
+  ASSERT_EQ(fits.size(), 1u);
+  EXPECT_EQ(fits[0].attempt, 1);
+  EXPECT_EQ(fits[0].started_unix_ms, 1'700'000'000'123);
+  EXPECT_EQ(fits[0].device_limit_bytes, 226'492'416);
+  EXPECT_THAT(fits[0].snapshots, ElementsAre(early, late, oom));
+  const std::vector<AttemptMemory>& load_oom = report->trials[1].memory_timeline;
+  ASSERT_EQ(load_oom.size(), 1u);
+  EXPECT_EQ(load_oom[0].started_unix_ms, std::nullopt);
+  EXPECT_EQ(load_oom[0].device_limit_bytes, std::nullopt);
+  EXPECT_TRUE(load_oom[0].snapshots.empty());
+  EXPECT_TRUE(report->trials[2].memory_timeline.empty()) << "never started";
+  // What sqlite3 users read: the times and bytes as columns.
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM trial_memory_timeline WHERE trial = 'fits'"), 3);
+  EXPECT_EQ(QueryInt("SELECT SUM(elapsed_ms * 1000) FROM trial_memory_timeline"), 2'932'625);
+  EXPECT_EQ(QueryInt("SELECT allocated_bytes FROM trial_memory_timeline WHERE phase = 'oom'"),
+            40'000);
 }
 
 TEST_F(StoreTest, TheControllersCopyOfACheckpointLetsItsTrialResumeAfterItsNodeIsRemoved) {
