@@ -250,6 +250,9 @@ Status ProcessGroup::Broadcast(at::Tensor& tensor, int root) {
   return RunCollective("broadcast", rank_, [&] { return backend_->broadcast(tensors, options); });
 }
 
+// All-gather and reduce-scatter go through the names every PyTorch from 2.8 on has
+// (_allgather_base, _reduce_scatter_base; 2.15 forwards them to all_gather_single and
+// reduce_scatter_single): a GPU machine builds llm-train against its own PyTorch.
 Status ProcessGroup::AllGatherIntoTensor(at::Tensor& output, const at::Tensor& input) {
   if (output.numel() != input.numel() * world_size_) {
     return InvalidArgumentError("all_gather_into_tensor: the output has " +
@@ -259,7 +262,7 @@ Status ProcessGroup::AllGatherIntoTensor(at::Tensor& output, const at::Tensor& i
   }
   at::Tensor in = input;
   return RunCollective("all_gather_into_tensor", rank_,
-                       [&] { return backend_->all_gather_single(output, in); });
+                       [&] { return backend_->_allgather_base(output, in); });
 }
 
 Status ProcessGroup::ReduceScatterTensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
@@ -273,7 +276,7 @@ Status ProcessGroup::ReduceScatterTensor(at::Tensor& output, const at::Tensor& i
   options.reduceOp = NativeOp(op);
   at::Tensor in = input;
   RETURN_IF_ERROR(RunCollective("reduce_scatter_tensor", rank_, [&] {
-    return backend_->reduce_scatter_single(output, in, options);
+    return backend_->_reduce_scatter_base(output, in, options);
   }));
   FinishMean(output, op);
   return Status::Ok();

@@ -156,8 +156,8 @@ TEST(ProcessGroupTest, AnUnreachableMasterIsNamedAfterTheTimeout) {
 
 // llm-c10d-check itself: two real rank processes under its launcher.
 testing::CommandResult RunCheck(const std::string& args) {
-  return testing::RunShellCommand((testing::BuildDir() / "trainer/dist/llm-c10d-check").string() +
-                                  " " + args + " 2>&1");
+  return testing::RunShellCommand((testing::BuildDir() / "trainer/llm-c10d-check").string() + " " +
+                                  args + " 2>&1");
 }
 
 TEST(LlmC10dCheckTest, TwoGlooRanksOnCpuVerifyEveryCollective) {
@@ -236,7 +236,7 @@ TEST(LlmC10dCheckTest, NcclOnCpuIsAUsageError) {
 
 TEST(LlmC10dCheckTest, WithoutTorchrunsVariablesARankSaysWhichIsMissing) {
   const testing::CommandResult run = testing::RunShellCommand(
-      "env -u WORLD_SIZE " + (testing::BuildDir() / "trainer/dist/llm-c10d-check").string() +
+      "env -u WORLD_SIZE " + (testing::BuildDir() / "trainer/llm-c10d-check").string() +
       " --as-rank 2>&1");
   EXPECT_EQ(run.exit_code, kCheckExitUsage) << run.out;
   EXPECT_NE(run.out.find("llm-c10d-check: WORLD_SIZE is not set (a distributed rank needs RANK"),
