@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "agent/fake_device_sampler.h"
 #include "agent/input_cache.h"
 #include "agent/process.h"
 #include "agent/server.h"
@@ -162,6 +163,8 @@ class AgentTest : public ::testing::Test {
     options.supervisor_program = supervisor_;
     options.cancel_grace = std::chrono::milliseconds(300);
     options.poll_interval = poll_interval;
+    options.sampler = sampler_.get();
+    options.sample_interval = sample_interval_;
     return options;
   }
 
@@ -295,6 +298,9 @@ class AgentTest : public ::testing::Test {
   std::string fake_trainer_;
   std::string supervisor_;
   std::string address_;
+  // The agent's device sampler when set (it outlives the agent); else the node's own.
+  std::unique_ptr<FakeDeviceSampler> sampler_;
+  std::chrono::milliseconds sample_interval_{1000};
   std::unique_ptr<AgentServer> server_;
   pid_t agent_pid_ = 0;
 };
@@ -492,6 +498,78 @@ TEST_F(AgentTest, RunsToOkStreamingEveryEventOnceAndIsIdempotent) {
   pb::ListRunsResponse runs;
   ASSERT_TRUE(Stub()->ListRuns(&context, {}, &runs).ok());
   EXPECT_EQ(runs.runs_size(), 2);
+}
+
+TEST_F(AgentTest, DeviceSamplesOfARunningTrialAreStreamedFromAnySequenceNumber) {
+  const DeviceReading gpu0{.device = "cuda:0",
+                           .utilization_percent = 45,
+                           .memory_used_bytes = int64_t{49} << 30,
+                           .memory_total_bytes = int64_t{80} << 30,
+                           .power_watts = 312.5,
+                           .temperature_celsius = 64};
+  DeviceReading gpu1 = gpu0;
+  gpu1.device = "cuda:1";
+  gpu1.power_watts.reset();
+  sampler_ = std::make_unique<FakeDeviceSampler>(std::vector<DeviceReading>{gpu0, gpu1});
+  sample_interval_ = std::chrono::milliseconds(20);
+  StartAgent();
+  const pb::RunKey key = Key(3, "sampled", 1);
+  RunTrial(key, 300);  // holds until `go`
+  const fs::path samples_file = RunDir(key) / "samples.jsonl";
+  // Until the sampler has seen the worker's process group and written a few readings.
+  const auto worker_seen = [&] {
+    const std::vector<SampleTarget> targets = sampler_->targets();
+    return std::any_of(targets.begin(), targets.end(),
+                       [](const SampleTarget& t) { return t.process_group > 0; });
+  };
+  while (Lines(ReadAll(samples_file)).size() < 6 || !worker_seen()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::ofstream(RunDir(key) / "go").close();
+
+  pb::StreamEventsRequest request;
+  *request.mutable_key() = key;
+  request.set_from_sample_seq(3);
+  grpc::ClientContext context;
+  Deadline(&context);
+  auto stub = Stub();
+  auto reader = stub->StreamEvents(&context, request);
+  std::vector<pb::DeviceSample> samples;
+  bool ended = false;
+  for (pb::StreamEventsResponse item; reader->Read(&item);) {
+    for (const pb::DeviceSample& sample : item.samples().samples()) samples.push_back(sample);
+    ended = ended || item.has_ended();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_TRUE(ended);
+
+  // Every line from the third on, once, in order, as the sampler read it.
+  const std::vector<std::string> lines = Lines(ReadAll(samples_file));
+  ASSERT_GE(samples.size(), 4u);
+  ASSERT_LE(samples.size(), lines.size() - 2);  // the recorder may add lines after the end
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const pb::DeviceSample& sample = samples[i];
+    SCOPED_TRACE("sample " + std::to_string(sample.seq()));
+    EXPECT_EQ(sample.seq(), static_cast<int64_t>(i) + 3);
+    const DeviceReading& expected = i % 2 == 0 ? gpu0 : gpu1;
+    EXPECT_EQ(sample.device(), expected.device);
+    EXPECT_EQ(sample.utilization_percent(), 45);
+    EXPECT_EQ(sample.memory_used_bytes(), expected.memory_used_bytes);
+    EXPECT_EQ(sample.memory_total_bytes(), expected.memory_total_bytes);
+    EXPECT_EQ(sample.has_power_watts(), expected.power_watts.has_value());
+    EXPECT_EQ(sample.temperature_celsius(), 64);
+    EXPECT_GT(sample.unix_ms(), 0);
+    const auto line = ParseSampleLine(lines[sample.seq() - 1]);
+    ASSERT_TRUE(line.ok());
+    EXPECT_EQ(line->unix_ms, sample.unix_ms());
+  }
+  // The sampler saw the run as it is (a CPU trial) and forgot it once it ended.
+  const std::vector<SampleTarget> targets = sampler_->targets();
+  EXPECT_EQ(targets.front().run_dir, RunDir(key).string());
+  EXPECT_EQ(targets.front().device_type, "cpu");
+  while (!sampler_->forgotten().contains(RunDir(key).string())) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 TEST_F(AgentTest, StreamingResumesFromASequenceNumber) {
