@@ -93,13 +93,15 @@ void StepProfiler::Label(const std::string& what, bool marker) {
 
 void StepProfiler::BeginStep(int64_t step) {
   step_ = step;
-  if (step == first_step_ && !recording_) {
+  // A run resumed inside the profiled steps records those left.
+  if (Profiles(step) && !recording_ && recorded_from_ < 0) {
     std::error_code error;
     std::filesystem::create_directories(dir_, error);  // Write reports a failure to write there
-    if (memory_) memory_->Start(kMaxMemoryHistoryEntries);
+    if (memory_) memory_->Start(kMaxMemoryHistoryEvents);
     kineto::prepareProfiler(KinetoConfig(), Activities(device_));
     kineto::enableProfiler(KinetoConfig(), Activities(device_));
     recording_ = true;
+    recorded_from_ = step;
   }
   if (recording_) {
     phase_span_.reset();
@@ -122,13 +124,13 @@ void StepProfiler::Phase(int64_t step, int64_t micro_batch, std::string_view pha
   Label(where + next, false);
 }
 
-StatusOr<ProfileFiles> StepProfiler::Write(const std::vector<StorageCategory>& categories) {
+ProfileFiles StepProfiler::Write(const std::vector<StorageCategory>& categories) {
   ProfileFiles files;
   if (!recording_) return files;
   recording_ = false;
   phase_span_.reset();
   step_span_.reset();
-  const std::string steps = "steps-" + std::to_string(first_step_) + "-" + std::to_string(step_);
+  const std::string steps = "steps-" + std::to_string(recorded_from_) + "-" + std::to_string(step_);
 
   std::unique_ptr<kineto::ProfilerResult> result = kineto::disableProfiler();
   const std::string trace_path = dir_ + "/trace-" + steps + ".json";
@@ -138,22 +140,27 @@ StatusOr<ProfileFiles> StepProfiler::Write(const std::vector<StorageCategory>& c
   std::error_code error;
   std::filesystem::rename(partial, trace_path, error);
   if (error) {
-    return InternalError("cannot write the profiler's trace " + trace_path + ": " +
-                         error.message());
+    files.problems.push_back("cannot write the profiler's trace " + trace_path + ": " +
+                             error.message());
+  } else {
+    files.paths.push_back(trace_path);
   }
-  files.paths.push_back(trace_path);
 
   if (memory_) {
     const std::string memory_path = dir_ + "/memory-" + steps + ".pickle";
-    ASSIGN_OR_RETURN(MemoryHistorySummary summary, memory_->StopAndWrite(memory_path, categories));
-    if (summary.dropped_events > 0) {
-      files.warning = memory_path + " holds the newest " +
-                      std::to_string(kMaxMemoryHistoryEntries) + " allocator events of steps " +
-                      std::to_string(first_step_) + "-" + std::to_string(step_) + "; " +
-                      std::to_string(summary.dropped_events) +
-                      " older ones were dropped (profile fewer steps to see them all)";
+    auto summary = memory_->StopAndWrite(memory_path, categories);
+    if (!summary.ok()) {
+      files.problems.push_back(summary.status().message());
+      return files;
     }
     files.paths.push_back(memory_path);
+    if (summary->dropped_events > 0) {
+      files.problems.push_back(
+          memory_path + " holds the newest " + std::to_string(kMaxMemoryHistoryEvents) +
+          " allocator events of steps " + std::to_string(recorded_from_) + "-" +
+          std::to_string(step_) + "; " + std::to_string(summary->dropped_events) +
+          " older ones were dropped (profile fewer steps to see them all)");
+    }
   }
   return files;
 }

@@ -29,13 +29,12 @@ struct RecordFunction;
 
 namespace llmctl::trainer {
 
-// The most memory-history trace entries kept (the newest): a few steps of a 7B model, about
-// 50 MB of file.
-inline constexpr size_t kMaxMemoryHistoryEntries = 500'000;
+// The most allocator events (allocations, frees, phase marks) a memory history keeps, the newest.
+inline constexpr size_t kMaxMemoryHistoryEvents = 500'000;
 
 struct ProfileFiles {
-  std::vector<std::string> paths;  // the trace, then the memory history
-  std::string warning;             // non-empty when the memory history had to drop events
+  std::vector<std::string> paths;     // written: the trace, then the memory history
+  std::vector<std::string> problems;  // a file that could not be written, dropped history events
 };
 
 class StepProfiler {
@@ -61,7 +60,7 @@ class StepProfiler {
   bool EndsWith(int64_t step) const { return recording_ && step == last_step_; }
   // Stops recording and writes the files (also when the run ended inside the profiled steps);
   // nothing when not recording. `categories` name the storages live now (accounting.h).
-  StatusOr<ProfileFiles> Write(const std::vector<StorageCategory>& categories);
+  ProfileFiles Write(const std::vector<StorageCategory>& categories);
 
  private:
   StepProfiler(torch::Device device, int64_t first_step, int64_t last_step, int64_t accumulation,
@@ -76,7 +75,8 @@ class StepProfiler {
   const std::string dir_;       // output_dir/profile
   std::optional<MemoryHistory> memory_;
   bool recording_ = false;
-  int64_t step_ = -1;  // the step running
+  int64_t step_ = -1;           // the step running
+  int64_t recorded_from_ = -1;  // the first step recorded; -1 before recording starts
   // The open "ProfilerStep#N" span and the phase span inside it; the phase closes first.
   std::unique_ptr<at::RecordFunction> step_span_;
   std::unique_ptr<at::RecordFunction> phase_span_;

@@ -456,13 +456,10 @@ bool TrialRun::TrainStep(int64_t step) {
 }
 
 void TrialRun::WriteProfile() {
-  auto files = profiler_->Write(StorageCategories(*memory_, all_params_, OptimizerState()));
-  if (!files.ok()) {
-    Log("warning", "profile not written: " + files.status().message());
-    return;
-  }
-  for (const std::string& path : files->paths) Log("info", "profile written to " + path);
-  if (!files->warning.empty()) Log("warning", files->warning);
+  const ProfileFiles files =
+      profiler_->Write(StorageCategories(*memory_, all_params_, OptimizerState()));
+  for (const std::string& path : files.paths) Log("info", "profile written to " + path);
+  for (const std::string& problem : files.problems) Log("warning", "profile: " + problem);
 }
 
 TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
