@@ -60,6 +60,7 @@ def main(path, out_dir):
     identity = lambda lines: lines  # the flamegraph inputs, without downloading flamegraph.pl
     report = {
         "entries": len(trace),
+        "ooms": [e["size"] for e in trace if e["action"] == "oom"],
         "live_bytes": live_bytes,
         "categories": categories,
         "markers": markers,

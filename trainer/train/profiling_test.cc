@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/byte_size.h"
 #include "tests/support/shell_command.h"
 #include "trainer/testing/trial_runner.h"
 
@@ -176,6 +177,26 @@ TEST(ProfilingTest, MemoryHistoryOpensInMemoryVizWithOurTotals) {
   EXPECT_EQ(report["categories"]["grads"], last["grads_bytes"]);
   EXPECT_EQ(report["categories"]["optimizer state"], last["optim_device_bytes"]);
   EXPECT_EQ(report["live_bytes"], last["allocated_bytes"]);
+}
+
+TEST(ProfilingTest, ARunOutOfMemoryKeepsTheHistoryUpToTheRefusal) {
+  const std::string dir = FreshTempDir("profile-oom");
+  const TrialRecord record = RunAndRecord(DemoConfig({{"train.max_steps", "3"},
+                                                      {"profile.steps", "2"},
+                                                      {"profile.first_step", "0"},
+                                                      {"device_memory", "10MiB"},
+                                                      {"output_dir", dir}}));
+  ASSERT_EQ(record.result.outcome, Outcome::kOom) << record.result.error;
+  const std::string path = LoggedPath(record, "memory-steps-0-0.pickle");
+  EXPECT_TRUE(std::filesystem::exists(dir + "/profile/trace-steps-0-0.json"));
+  const json report = CheckWithPytorch(path);
+  if (report.is_null()) GTEST_SKIP() << "no .venv/bin/python with torch";
+  // The refused request is the history's "oom" entry, as CUDA's allocator records one.
+  ASSERT_EQ(report["ooms"].size(), 1u) << report.dump();
+  EXPECT_NE(record.result.error.find("tried to allocate " +
+                                     FormatBytes(report["ooms"][0].get<uint64_t>())),
+            std::string::npos)
+      << record.result.error;
 }
 
 TEST(ProfilingTest, WithoutMemoryHistoryOnlyTheTraceIsWritten) {
