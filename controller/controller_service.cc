@@ -391,6 +391,7 @@ StatusOr<v1::NodeStatus> ControllerService::BuildNodeStatus(
   row.set_name(node.name);
   row.set_address(node.address);
   row.set_state(node.state);
+  row.set_unusable(dispatcher_.NodeUnusable(node.name));
   row.set_last_seen_unix(
       std::chrono::duration_cast<std::chrono::seconds>(node.last_seen.time_since_epoch()).count());
   const json devices = json::parse(node.devices_json, nullptr, /*allow_exceptions=*/false);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/cuda_version.h"
 #include "common/digest/digest.h"
 #include "common/trial_config.h"
 #include "controller/scheduler/scheduler.h"
@@ -34,6 +35,8 @@ struct Dispatcher::Link {
   // after it is registered) is seen within a second. 0 after a successful check.
   std::chrono::milliseconds health_backoff{0};
   std::vector<v1::Device> devices;
+  // Why the connected node takes no trial (CheckDriverRunsLibTorch's message); "" when it may.
+  std::string unusable;
 };
 
 struct Dispatcher::Stream {
@@ -254,6 +257,12 @@ std::string Dispatcher::NodeNotice(const std::string& node) {
   return notice == node_notices_.end() ? "" : notice->second;
 }
 
+std::string Dispatcher::NodeUnusable(const std::string& node) {
+  std::lock_guard lock(mutex_);
+  auto link = links_.find(node);
+  return link == links_.end() || !link->second->connected ? "" : link->second->unusable;
+}
+
 std::string Dispatcher::QueuedNotice(int64_t trial_id) {
   std::lock_guard lock(mutex_);
   auto notice = queued_notices_.find(trial_id);
@@ -390,13 +399,31 @@ void Dispatcher::CheckHealth(Link& link, store::Time now) {
     link.connected = true;
     link.last_seen = now;
     link.devices.assign(info.devices().begin(), info.devices().end());
+    const Status runs = CheckDriverRunsLibTorch(
+        {.node = link.name,
+         .gpus = static_cast<int>(
+             std::count_if(link.devices.begin(), link.devices.end(),
+                           [](const v1::Device& device) { return device.type() == "cuda"; })),
+         .driver = info.nvidia_driver_version(),
+         .driver_cuda = info.driver_cuda_version(),
+         .libtorch = info.libtorch_version(),
+         .libtorch_cuda = info.libtorch_cuda_version()});
+    // Logged once per change, like connecting: the node is checked every health interval.
+    if (runs.message() != link.unusable) {
+      if (runs.ok()) {
+        spdlog::info("node {}: usable again", link.name);
+      } else {
+        spdlog::error("{}; no trial is placed there", runs.message());
+      }
+    }
+    link.unusable = runs.ok() ? "" : runs.message();
   } else {
     if (link.connected) spdlog::warn("node {}: unreachable: {}", link.name, health.ToString());
     link.connected = false;
   }
   record.devices_json = DevicesJson(link.devices);
   record.last_seen = link.last_seen;
-  record.state = link.connected ? "connected" : "unreachable";
+  record.state = !link.connected ? "unreachable" : link.unusable.empty() ? "connected" : "unusable";
   if (Status stored = store_.UpsertNode(record); !stored.ok()) {
     spdlog::error("node {}: cannot store its state: {}", link.name, stored.ToString());
   }
@@ -499,11 +526,13 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
   }
   std::vector<scheduler::Agent> agents;
   std::map<std::string, Link*> connected;
+  std::string unusable;  // why connected nodes take no trial, for the waiting trials' notices
   {
     std::lock_guard lock(mutex_);
     for (auto& [name, link] : links_) {
-      // A node whose lease ends soon takes no new trial.
-      if (!link->connected || node_notices_.contains(name)) continue;
+      if (link->connected && !link->unusable.empty()) unusable += "; " + link->unusable;
+      // A node whose lease ends soon, or that cannot run llm-train, takes no new trial.
+      if (!link->connected || !link->unusable.empty() || node_notices_.contains(name)) continue;
       connected[name] = link.get();
       scheduler::Agent& agent = agents.emplace_back();
       agent.name = name;
@@ -589,9 +618,9 @@ void Dispatcher::PlaceQueued(const std::vector<store::RunningAttempt>& running, 
     for (const auto& [name, value] : targets[trial.experiment_id]) {
       where += (where == "no connected node" ? " with " : ", ") + name + " " + value;
     }
-    waiting[trial_id] = where + " has " + std::to_string(trial.device_count) + " " +
-                        trial.device_type +
-                        " device(s); the trial waits until one does (llmctl nodes, llmctl node up)";
+    waiting[trial_id] =
+        where + " has " + std::to_string(trial.device_count) + " " + trial.device_type +
+        " device(s); the trial waits until one does (llmctl nodes, llmctl node up)" + unusable;
   }
   {
     std::lock_guard lock(mutex_);

@@ -3,7 +3,10 @@
 // Each round (Tick) it
 //   1. keeps one link per node in the store and asks each agent for its node info every
 //      health_interval (with a deadline), recording the node as connected or unreachable; after a
-//      failed check the next comes after backoff_initial, doubling up to health_interval;
+//      failed check the next comes after backoff_initial, doubling up to health_interval. A node
+//      whose NVIDIA driver supports an older CUDA than its llm-train's LibTorch was built for
+//      (CheckDriverRunsLibTorch, common/cuda_version.h) is recorded as unusable, logged once with
+//      what to change, shown with that reason (NodeUnusable) and given no trial;
 //   2. after a link (re)connects, asks the agent which runs it has (ListRuns): an attempt the store
 //      has as running there that the agent does not know is lost at once;
 //   3. follows every running attempt whose agent is connected with a StreamEvents reader that
@@ -166,6 +169,9 @@ class Dispatcher {
 
   // A warning about `node` for the trials running there ("" when none): its lease ends soon.
   std::string NodeNotice(const std::string& node);
+  // Why the connected `node` takes no trial ("" when it may): its NVIDIA driver supports an older
+  // CUDA than its llm-train's LibTorch was built for (CheckDriverRunsLibTorch).
+  std::string NodeUnusable(const std::string& node);
   // Why a queued trial is not placed when no connected node has the devices it needs (""
   // otherwise).
   std::string QueuedNotice(int64_t trial_id);
@@ -229,7 +235,7 @@ class Dispatcher {
   // By node; guarded by mutex_. Erased only by Tick (under tick_mutex_, which every user of a
   // Link* holds) once the node is no longer listed.
   std::map<std::string, std::unique_ptr<Link>> links_;
-  std::map<AttemptKey, std::unique_ptr<Stream>> streams_;  // guarded by mutex_
+  std::map<AttemptKey, std::unique_ptr<Stream>> streams_;         // guarded by mutex_
   std::map<HubKey, std::unique_ptr<HubPreparation>> hub_models_;  // guarded by mutex_, never erased
   // Nodes whose lease ends soon → the warning; guarded by mutex_.
   std::map<std::string, std::string> node_notices_;

@@ -47,7 +47,9 @@ struct FakeAgentState {
   };
   std::mutex mutex;
   std::condition_variable changed;
-  int cuda_devices = 0;             // GetNodeInfo lists these besides one CPU
+  int cuda_devices = 0;  // GetNodeInfo lists these besides one CPU
+  // What GetNodeInfo says of the NVIDIA driver and llm-train's LibTorch ("": nothing).
+  std::string driver_version, driver_cuda_version, libtorch_cuda_version;
   std::map<std::string, Run> runs;  // by RunName
   std::vector<int64_t> stream_from_seqs;
   int node_info_calls = 0;
@@ -107,6 +109,10 @@ class FakeAgent final : public v1::Agent::Service {
       gpu->set_index(index);
       gpu->set_name("fake gpu");
     }
+    info->set_nvidia_driver_version(state_.driver_version);
+    info->set_driver_cuda_version(state_.driver_cuda_version);
+    info->set_libtorch_version("2.15.0");
+    info->set_libtorch_cuda_version(state_.libtorch_cuda_version);
     return grpc::Status::OK;
   }
   grpc::Status MissingBlobs(grpc::ServerContext*, const v1::MissingBlobsRequest* request,
@@ -827,6 +833,69 @@ TEST_F(DispatcherTest, ATrialNoConnectedNodeCanRunWaitsWithANoticeSayingWhy) {
                   .ok());
   Tick();
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(targeted).state == store::TrialState::kOk; }));
+}
+
+v1::NodeStatus NodeStatusOf(v1::Controller::Stub& controller, const std::string& node) {
+  grpc::ClientContext context;
+  v1::ListNodesResponse nodes;
+  EXPECT_TRUE(controller.ListNodes(&context, {}, &nodes).ok());
+  for (const v1::NodeStatus& status : nodes.nodes()) {
+    if (status.name() == node) return status;
+  }
+  ADD_FAILURE() << "no node " << node;
+  return {};
+}
+
+TEST_F(DispatcherTest, ANodeWhoseDriverIsTooOldForLibTorchsCudaIsUnusableAndSaysWhy) {
+  {
+    // CC-Ubuntu24.04-CUDA's driver 560 (CUDA 12.6) and the pinned cu132 wheel.
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.cuda_devices = 1;
+    agent_state_.driver_version = "560.35.03";
+    agent_state_.driver_cuda_version = "12.6";
+    agent_state_.libtorch_cuda_version = "13.2";
+  }
+  const int64_t cpu = SubmitOne();
+  v1::SubmitRequest request;
+  request.set_filename("gpu.yaml");
+  request.set_yaml_text(std::string(kExperiment) + "device: cuda\n");
+  v1::SubmitResponse submitted;
+  grpc::ClientContext submit_context;
+  ASSERT_TRUE(controller_->Submit(&submit_context, request, &submitted).ok());
+  const int64_t gpu = submitted.experiment_id();
+  Tick();
+
+  const std::string reason =
+      "node n1: NVIDIA driver 560.35.03 supports CUDA up to 12.6, but llm-train's LibTorch 2.15.0 "
+      "was built for CUDA 13.2: use an image whose NVIDIA driver supports CUDA 13 (driver >= "
+      "580.65.06), or an llm-train built with a LibTorch for CUDA 12.x";
+  const v1::NodeStatus unusable = NodeStatusOf(*controller_, "n1");
+  EXPECT_EQ(unusable.state(), "unusable");
+  EXPECT_EQ(unusable.unusable(), reason);
+  EXPECT_EQ(RunsStarted(), 0u) << "no trial is placed on the node, not even a CPU one";
+  EXPECT_EQ(OnlyTrial(cpu).state, store::TrialState::kQueued);
+  EXPECT_EQ(OnlyTrial(gpu).state, store::TrialState::kQueued);
+  // The waiting trials say why too.
+  const std::string notice = daemon_->dispatcher().QueuedNotice(OnlyTrial(gpu).id);
+  EXPECT_NE(notice.find("no connected node has 1 cuda device(s)"), std::string::npos) << notice;
+  EXPECT_TRUE(notice.ends_with("; " + reason)) << notice;
+
+  // The node's image gets a newer driver: the next health check finds it usable.
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.driver_version = "580.95.05";
+    agent_state_.driver_cuda_version = "13.0";
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  const v1::NodeStatus usable = NodeStatusOf(*controller_, "n1");
+  EXPECT_EQ(usable.state(), "connected");
+  EXPECT_EQ(usable.unusable(), "");
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return OnlyTrial(cpu).state == store::TrialState::kOk &&
+           OnlyTrial(gpu).state == store::TrialState::kOk;
+  }));
 }
 
 TEST_F(DispatcherTest, AnAgentWithACertificateFromAnotherCaIsNotTrusted) {

@@ -432,6 +432,10 @@ Status Llmctl::AwaitAgent(const openstack::NodeUp& up, std::ostream& out) {
     RETURN_IF_ERROR(
         rpc::FromGrpcStatus(stub->ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes)));
     for (const v1::NodeStatus& node : nodes.nodes()) {
+      // The agent answers, but its node cannot run llm-train: waiting longer does not help.
+      if (node.name() == up.node.name && !node.unusable().empty()) {
+        return FailedPreconditionError(node.unusable());
+      }
       if (node.name() == up.node.name && node.state() == "connected") {
         out << "node " << node.name() << ": the agent answers (" << node.devices_size()
             << " devices)\n";
@@ -645,6 +649,9 @@ int Llmctl::Nodes() {
                     node.running().empty() ? "–" : node.running()});
   }
   context_.out << FormatColumns(rows);
+  for (const v1::NodeStatus& node : nodes.nodes()) {
+    if (!node.unusable().empty()) context_.out << "! " << node.unusable() << "\n";
+  }
   return kExitOk;
 }
 

@@ -516,6 +516,26 @@ TEST_F(CommandsTest, ATargetWithNoMatchingNodeSaysWhatToRunAndSubmitsNothing) {
   EXPECT_TRUE(fake_.submitted_.has_value());
 }
 
+TEST_F(CommandsTest, NodesShowsWhyANodeIsUnusable) {
+  const std::string reason =
+      "node n1: NVIDIA driver 560.35.03 supports CUDA up to 12.6, but llm-train's LibTorch 2.15.0 "
+      "was built for CUDA 13.2: use an image whose NVIDIA driver supports CUDA 13 (driver >= "
+      "580.65.06), or an llm-train built with a LibTorch for CUDA 12.x";
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* node = fake_.nodes_.add_nodes();
+    node->set_name("n1");
+    node->set_state("unusable");
+    node->set_unusable(reason);
+    v1::NodeStatus* fine = fake_.nodes_.add_nodes();
+    fine->set_name("n2");
+    fine->set_state("connected");
+  }
+  ASSERT_EQ(Run({"nodes"}), kExitOk) << err_.str();
+  EXPECT_NE(out_.str().find("n1    unusable"), std::string::npos) << out_.str();
+  EXPECT_TRUE(out_.str().ends_with("\n! " + reason + "\n")) << out_.str();
+}
+
 std::vector<v1::ArtifactChunk> ArtifactChunks(const std::string& path, const std::string& bytes,
                                               const std::string& sha256) {
   v1::ArtifactChunk first, last;
