@@ -2,7 +2,8 @@
 
 Usage: memory_viz_check.py MEMORY_PICKLE OUT_DIR
 
-Loads the file with pickle.load, runs torch.cuda._memory_viz's text tools (segsum, trace, the
+Checks that the file uses only the pickle opcodes pytorch.org/memory_viz's unpickler reads, loads
+it with pickle, runs torch.cuda._memory_viz's text tools (segsum, trace, the
 segments and memory flamegraph inputs) and its HTML viewers (trace_plot: Active Memory Timeline,
 segment_plot: Allocator State History, written to OUT_DIR), and replays the trace: the bytes live
 at the trace's start are those of the segments at its end minus what the trace allocated plus what
@@ -14,14 +15,28 @@ import collections
 import json
 import os
 import pickle
+import pickletools
 import sys
 
 from torch.cuda import _memory_viz
 
 
+# The opcodes the viewer's own unpickler (torch/utils/viz/MemoryViz.js, behind
+# pytorch.org/memory_viz) reads; a file with any other does not open there.
+MEMORY_VIZ_OPCODES = {
+    "APPEND", "APPENDS", "BINFLOAT", "BINGET", "BININT", "BININT1", "BININT2", "BINPUT",
+    "BINUNICODE", "DICT", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE", "FRAME", "LIST", "LONG1",
+    "LONG_BINGET", "LONG_BINPUT", "MARK", "MEMOIZE", "NEWFALSE", "NEWTRUE", "NONE", "PROTO",
+    "SETITEM", "SETITEMS", "SHORT_BINUNICODE", "STOP", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
+}
+
+
 def main(path, out_dir):
     with open(path, "rb") as f:
-        data = pickle.load(f)
+        raw = f.read()
+    opcodes = {op.name for op, _, _ in pickletools.genops(raw)}
+    assert opcodes <= MEMORY_VIZ_OPCODES, opcodes - MEMORY_VIZ_OPCODES
+    data = pickle.loads(raw)
     assert set(data) >= {"segments", "device_traces"}, sorted(data)
     (trace,) = data["device_traces"]
 
