@@ -3,8 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "common/digest/digest.h"
@@ -57,7 +59,34 @@ v1::MemorySnapshot ToSnapshot(const json& snapshot) {
   proto.set_allocated_bytes(IntField(snapshot, "allocated_bytes"));
   proto.set_peak_bytes(IntField(snapshot, "peak_bytes"));
   proto.set_reserved_bytes(IntField(snapshot, "reserved_bytes"));
+  proto.set_elapsed_ms(NumberField(snapshot, "elapsed_ms"));
   return proto;
+}
+
+// The trial's run's attempts for memory over time: each with its snapshots and, of `samples` (the
+// trial's, every attempt's), its own.
+void AddMemoryTimeline(const store::TrialReport& trial,
+                       const std::vector<store::DeviceSample>& samples, v1::TrialReport& row) {
+  std::map<int64_t, v1::AttemptMemory*> by_attempt;
+  for (const store::AttemptMemory& attempt : trial.memory_timeline) {
+    v1::AttemptMemory* proto = row.add_memory_timeline();
+    by_attempt[attempt.attempt] = proto;
+    proto->set_attempt(static_cast<int32_t>(attempt.attempt));
+    proto->set_started_unix_ms(attempt.started_unix_ms.value_or(0));
+    proto->set_device_limit_bytes(attempt.device_limit_bytes.value_or(0));
+    for (const json& snapshot : attempt.snapshots) *proto->add_snapshots() = ToSnapshot(snapshot);
+  }
+  for (const store::DeviceSample& sample : samples) {
+    auto attempt = by_attempt.find(sample.attempt);
+    if (attempt == by_attempt.end()) continue;  // a lost attempt, not part of the run
+    v1::DeviceMemorySample* proto = attempt->second->add_device_samples();
+    proto->set_device(sample.device);
+    proto->set_unix_ms(
+        std::chrono::duration_cast<std::chrono::milliseconds>(sample.time.time_since_epoch())
+            .count());
+    proto->set_memory_used_bytes(sample.memory_used_bytes);
+    proto->set_memory_total_bytes(sample.memory_total_bytes);
+  }
 }
 
 digest::InputTree FromProto(const v1::InputTree& tree) {
@@ -346,6 +375,9 @@ grpc::Status ControllerService::Report(grpc::ServerContext*,
       for (int64_t attempt : trial.run_attempts) {
         row->add_run_attempts(static_cast<int32_t>(attempt));
       }
+      ASSIGN_OR_RETURN(std::vector<store::DeviceSample> samples,
+                       store_.DeviceSamples(id, trial.name));
+      AddMemoryTimeline(trial, samples, *row);
       for (const store::TrialStep* step : steps_by_trial[trial.trial_id]) {
         v1::TrialStep* proto = row->add_steps();
         proto->set_attempt(static_cast<int32_t>(step->attempt));

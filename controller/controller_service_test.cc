@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "common/digest/digest.h"
 #include "common/files.h"
@@ -400,6 +401,95 @@ TEST_F(ControllerServiceTest, CancellingQueuedTrialsEndsTheExperimentAndItsWatch
   EXPECT_EQ(report.trials(0).attempt(), 0);
   EXPECT_FALSE(report.trials(0).has_final_loss());
   EXPECT_FALSE(report.trials(0).config_json().empty());
+}
+
+// The report's memory over time is what the store holds: each snapshot of the run's attempts with
+// its time, the attempt's start and device limit, and the device samples of those attempts only.
+TEST_F(ControllerServiceTest, ReportCarriesTheRunsSnapshotsAndDeviceSamplesOverTime) {
+  v1::SubmitResponse submitted;
+  ASSERT_TRUE(Submit("tiny.yaml", kExperiment, &submitted).ok());
+  store::Store& store = daemon_->store();
+  const int64_t trial = store.ListTrials(submitted.experiment_id())->at(0).id;
+  const auto sample = [&](int64_t seq, int64_t after_ms, int64_t used) {
+    store::NewDeviceSample reading{.seq = seq, .sample = {}};
+    reading.sample.device = "cuda:0";
+    reading.sample.time = store::Time(std::chrono::milliseconds(1'700'000'000'000 + after_ms));
+    reading.sample.memory_used_bytes = used;
+    reading.sample.memory_total_bytes = 80LL << 30;
+    return reading;
+  };
+  // Attempt 1 is lost: neither its snapshots nor its samples are the run's.
+  ASSERT_EQ(*store.StartAttempt(trial, "local", clock_.Now()), 1);
+  const nlohmann::json lost_snapshot = {{"type", "snapshot"},
+                                        {"phase", "phase0_before_fwd"},
+                                        {"allocated_bytes", 1},
+                                        {"elapsed_ms", 5.0}};
+  const std::vector<store::Event> lost_events = {
+      {.seq = 1, .type = "snapshot", .json = lost_snapshot.dump()}};
+  ASSERT_TRUE(store.AppendEvents(trial, 1, lost_events).ok());
+  ASSERT_TRUE(store.AppendDeviceSamples(trial, 1, std::vector{sample(1, 0, 7)}).ok());
+  ASSERT_TRUE(store.MarkAttemptLost(trial, 1, clock_.Now()).ok());
+
+  ASSERT_EQ(*store.StartAttempt(trial, "local", clock_.Now()), 2);
+  const nlohmann::json start = {{"type", "start"},
+                                {"started_unix_ms", 1'700'000'060'000},
+                                {"device_limit_bytes", 40LL << 30}};
+  std::vector<nlohmann::json> snapshots;
+  for (const auto& [phase, allocated, elapsed_ms] :
+       std::vector<std::tuple<std::string, int64_t, double>>{
+           {"phase0_before_fwd", 3LL << 30, 1500.25},
+           {"phase1_after_fwd", 9LL << 30, 1900.5},
+           {"oom", 39LL << 30, 2000}}) {
+    snapshots.push_back({{"type", "snapshot"},
+                         {"step", 0},
+                         {"micro_batch", phase == "oom" ? -1 : 0},
+                         {"phase", phase},
+                         {"params_bytes", 1LL << 30},
+                         {"allocated_bytes", allocated},
+                         {"peak_bytes", allocated},
+                         {"reserved_bytes", allocated + (1LL << 20)},
+                         {"elapsed_ms", elapsed_ms}});
+  }
+  std::vector<store::Event> events = {{.seq = 1, .type = "start", .json = start.dump()}};
+  for (const nlohmann::json& snapshot : snapshots) {
+    events.push_back({.seq = static_cast<int64_t>(events.size()) + 1,
+                      .type = "snapshot",
+                      .json = snapshot.dump()});
+  }
+  ASSERT_TRUE(store.AppendEvents(trial, 2, events).ok());
+  ASSERT_TRUE(
+      store
+          .AppendDeviceSamples(
+              trial, 2, std::vector{sample(1, 60'500, 2LL << 30), sample(2, 61'500, 10LL << 30)})
+          .ok());
+
+  grpc::ClientContext context;
+  v1::GetExperimentRequest request;
+  request.set_experiment_id(submitted.experiment_id());
+  v1::ReportResponse report;
+  ASSERT_TRUE(stub_->Report(&context, request, &report).ok());
+  const v1::TrialReport& row = report.trials(0);
+  ASSERT_EQ(row.memory_timeline_size(), 1);
+  const v1::AttemptMemory& attempt = row.memory_timeline(0);
+  EXPECT_EQ(attempt.attempt(), 2);
+  EXPECT_EQ(attempt.started_unix_ms(), 1'700'000'060'000);
+  EXPECT_EQ(attempt.device_limit_bytes(), 40LL << 30);
+  ASSERT_EQ(attempt.snapshots_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    const v1::MemorySnapshot& drawn = attempt.snapshots(i);
+    const nlohmann::json& stored = snapshots[static_cast<size_t>(i)];
+    EXPECT_EQ(drawn.phase(), stored["phase"]);
+    EXPECT_EQ(drawn.micro_batch(), stored["micro_batch"]);
+    EXPECT_EQ(drawn.params_bytes(), stored["params_bytes"]);
+    EXPECT_EQ(drawn.allocated_bytes(), stored["allocated_bytes"]);
+    EXPECT_EQ(drawn.reserved_bytes(), stored["reserved_bytes"]);
+    EXPECT_EQ(drawn.elapsed_ms(), stored["elapsed_ms"].get<double>());
+  }
+  ASSERT_EQ(attempt.device_samples_size(), 2);
+  EXPECT_EQ(attempt.device_samples(0).device(), "cuda:0");
+  EXPECT_EQ(attempt.device_samples(0).unix_ms(), 1'700'000'060'500);
+  EXPECT_EQ(attempt.device_samples(1).memory_used_bytes(), 10LL << 30);
+  EXPECT_EQ(attempt.device_samples(1).memory_total_bytes(), 80LL << 30);
 }
 
 TEST_F(ControllerServiceTest, UnknownExperimentsAreNotFound) {
