@@ -218,7 +218,16 @@ ProcessGroup::ProcessGroup(int rank, int world_size, BackendKind backend_kind, i
       store_(std::move(store)),
       backend_(std::move(backend)) {}
 
-ProcessGroup::~ProcessGroup() = default;
+ProcessGroup::~ProcessGroup() {
+  if (!backend_) return;  // moved from
+  // Ends NCCL's communicators and watchdog in order (its destructor would too, with a warning that
+  // the group was not shut down); Gloo has nothing to do.
+  try {
+    backend_->shutdown();
+  } catch (const std::exception&) {
+    // Shutting down after a failed collective: nothing more to report.
+  }
+}
 
 c10d::ReduceOp ProcessGroup::NativeOp(ReduceOp op) const {
   if (op == ReduceOp::kAvg && backend_kind_ == BackendKind::kNccl) return c10d::ReduceOp::AVG;
