@@ -12,6 +12,15 @@
 #ifdef LLMCTL_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
+#include <torch/version.h>
+
+// LibTorch 2.15 has supportsUserMetadata and annotateMemory; 2.11 (deploy/gpu-check's GPU machine)
+// has neither, only setUserMetadata, which its native allocator implements (versions between
+// unchecked). Without them the CUDA history keeps the phase labels but not the live blocks'
+// categories.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
+#define LLMCTL_TORCH_ANNOTATES_MEMORY 1
+#endif
 #endif
 
 namespace llmctl::trainer {
@@ -205,9 +214,10 @@ void MemoryHistory::Start(size_t max_events) {
 void MemoryHistory::Label(const std::string& label, bool marker) {
 #ifdef LLMCTL_HAVE_CUDA
   if (device_.is_cuda()) {
-    if (c10::cuda::CUDACachingAllocator::supportsUserMetadata()) {
-      c10::cuda::CUDACachingAllocator::setUserMetadata(label);
-    }
+#ifdef LLMCTL_TORCH_ANNOTATES_MEMORY
+    if (!c10::cuda::CUDACachingAllocator::supportsUserMetadata()) return;
+#endif
+    c10::cuda::CUDACachingAllocator::setUserMetadata(label);
     return;
   }
 #endif
@@ -219,12 +229,14 @@ StatusOr<MemoryHistorySummary> MemoryHistory::StopAndWrite(
   MemoryHistorySummary summary;
 #ifdef LLMCTL_HAVE_CUDA
   if (device_.is_cuda()) {
+#ifdef LLMCTL_TORCH_ANNOTATES_MEMORY
     if (c10::cuda::CUDACachingAllocator::supportsUserMetadata()) {
       for (const StorageCategory& storage : categories) {
         c10::cuda::CUDACachingAllocator::annotateMemory(
             reinterpret_cast<const void*>(storage.address), storage.category);
       }
     }
+#endif
     const std::string pickled = torch::cuda::_memory_snapshot_pickled();
     torch::cuda::_record_memory_history(std::nullopt);
     RETURN_IF_ERROR(WriteBytes(path, pickled));
