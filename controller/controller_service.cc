@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/digest/digest.h"
+#include "controller/device_samples.h"
 #include "controller/submission.h"
 #include "rpc/status.h"
 
@@ -266,6 +267,9 @@ StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment
     row->set_error(trial.error);
     if (trial.state == store::TrialState::kRunning) {
       row->set_notice(dispatcher_.NodeNotice(trial.node));
+      ASSIGN_OR_RETURN(const std::vector<store::DeviceSample> devices,
+                       store_.LatestDeviceSamples(trial.trial_id, trial.attempt));
+      for (const store::DeviceSample& device : devices) ToProto(device, row->add_devices());
     } else if (trial.state == store::TrialState::kQueued) {
       row->set_notice(dispatcher_.QueuedNotice(trial.trial_id));
     }

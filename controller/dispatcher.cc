@@ -12,6 +12,7 @@
 #include "common/cuda_version.h"
 #include "common/digest/digest.h"
 #include "common/trial_config.h"
+#include "controller/device_samples.h"
 #include "controller/scheduler/scheduler.h"
 #include "controller/submission.h"
 #include "rpc/status.h"
@@ -991,6 +992,7 @@ void Dispatcher::ReadStream(Stream& stream, v1::Agent::Stub& stub) {
   bool ended = false;
   bool received = false;
   auto last_seq = store_.LastSeq(attempt.trial_id, attempt.attempt);
+  auto last_sample_seq = store_.LastDeviceSampleSeq(attempt.trial_id, attempt.attempt);
   grpc::ClientContext context;
   bool stopped;
   {
@@ -998,14 +1000,15 @@ void Dispatcher::ReadStream(Stream& stream, v1::Agent::Stub& stub) {
     stopped = stream.stop;
     if (!stopped) stream.context = &context;
   }
-  if (!last_seq.ok()) {
-    result = last_seq.status();
+  if (!last_seq.ok() || !last_sample_seq.ok()) {
+    result = last_seq.ok() ? last_sample_seq.status() : last_seq.status();
   } else if (!stopped) {
     v1::StreamEventsRequest request;
     request.mutable_key()->set_experiment_id(attempt.experiment_id);
     request.mutable_key()->set_trial(stream.trial_name);
     request.mutable_key()->set_attempt(static_cast<int32_t>(attempt.attempt));
     request.set_from_seq(*last_seq + 1);
+    request.set_from_sample_seq(*last_sample_seq + 1);
     auto reader = stub.StreamEvents(&context, request);
     v1::StreamEventsResponse response;
     while (reader->Read(&response)) {
@@ -1022,6 +1025,21 @@ void Dispatcher::ReadStream(Stream& stream, v1::Agent::Stub& stub) {
           break;
         }
         if (*appended > 0) changes_.Notify();
+      } else if (response.has_samples()) {
+        auto stored = store_.AppendDeviceSamples(attempt.trial_id, attempt.attempt,
+                                                 FromProto(response.samples()));
+        if (!stored.ok() && stored.status().code() == StatusCode::kFailedPrecondition) {
+          result = stored.status();  // fenced off, as its events are
+          context.TryCancel();
+          break;
+        }
+        // A batch the store refuses is lost, not the stream: samples only show how it runs.
+        if (!stored.ok()) {
+          spdlog::warn("{} on node {}: device samples dropped: {}", AttemptName(attempt),
+                       attempt.node, stored.status().ToString());
+        } else if (*stored > 0) {
+          changes_.Notify();
+        }
       } else if (response.has_ended()) {
         const v1::RunEnded& end = response.ended();
         std::string error = end.error();

@@ -52,6 +52,9 @@ struct FakeAgentState {
   std::string driver_version, driver_cuda_version, libtorch_cuda_version;
   std::map<std::string, Run> runs;  // by RunName
   std::vector<int64_t> stream_from_seqs;
+  std::vector<int64_t> stream_from_sample_seqs;
+  // The device samples every run has; each stream sends those from its from_sample_seq first.
+  std::vector<v1::DeviceSample> samples;
   int node_info_calls = 0;
   std::set<std::string> blobs;
   std::vector<std::string> cancelled;
@@ -191,8 +194,16 @@ class FakeAgent final : public v1::Agent::Service {
                             grpc::ServerWriter<v1::StreamEventsResponse>* writer) override {
     std::unique_lock lock(state_.mutex);
     state_.stream_from_seqs.push_back(request->from_seq());
+    state_.stream_from_sample_seqs.push_back(request->from_sample_seq());
     auto run = state_.runs.find(RunName(request->key()));
     if (run == state_.runs.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such run");
+    v1::StreamEventsResponse samples;
+    for (const v1::DeviceSample& sample : state_.samples) {
+      if (sample.seq() >= request->from_sample_seq()) {
+        *samples.mutable_samples()->add_samples() = sample;
+      }
+    }
+    if (samples.has_samples() && !writer->Write(samples)) return grpc::Status::CANCELLED;
     const int drop_after = std::exchange(state_.drop_after, 0);
     size_t next = static_cast<size_t>(std::max<int64_t>(request->from_seq(), 1) - 1);
     int sent = 0;
@@ -577,6 +588,70 @@ TEST_F(DispatcherTest, ADroppedStreamResumesFromTheLastStoredSeqAfterTheBackoff)
   EXPECT_EQ(agent_state_.stream_from_seqs, (std::vector<int64_t>{1, 3}));
   EXPECT_EQ(StoredEvents(trial.id, 1), 5);
   EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 5);
+}
+
+// Device sample `seq` of a GPU, a second apart.
+v1::DeviceSample GpuSample(int64_t seq, const std::string& device = "cuda:0") {
+  v1::DeviceSample sample;
+  sample.set_seq(seq);
+  sample.set_unix_ms(1'700'000'000'000 + 1000 * seq);
+  sample.set_device(device);
+  sample.set_utilization_percent(40 + seq);
+  sample.set_memory_used_bytes(seq << 30);
+  sample.set_memory_total_bytes(int64_t{80} << 30);
+  sample.set_temperature_celsius(60);
+  return sample;
+}
+
+TEST_F(DispatcherTest, DeviceSamplesAreStoredOnceAndAStreamResumesAfterTheLastStored) {
+  agent_state_.samples = {GpuSample(1), GpuSample(2), GpuSample(3)};
+  agent_state_.script = {StepLine(0), StepLine(1), StepLine(2), kResultLine};
+  agent_state_.drop_after = 2;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  EXPECT_EQ(agent_state_.stream_from_sample_seqs, std::vector<int64_t>{1});
+  EXPECT_EQ(*daemon_->store().LastDeviceSampleSeq(OnlyTrial(experiment).id, 1), 3);
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  // The second stream asks for what the store lacks: nothing is stored twice.
+  EXPECT_EQ(agent_state_.stream_from_sample_seqs, (std::vector<int64_t>{1, 4}));
+  StatusOr<std::vector<store::DeviceSample>> stored =
+      daemon_->store().DeviceSamples(experiment, "one");
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  ASSERT_EQ(stored->size(), 3u);
+  for (int64_t seq = 1; seq <= 3; ++seq) {
+    const store::DeviceSample& sample = (*stored)[seq - 1];
+    EXPECT_EQ(sample.attempt, 1);
+    EXPECT_EQ(sample.device, "cuda:0");
+    EXPECT_EQ(sample.time, store::Time(milliseconds(1'700'000'000'000 + 1000 * seq)));
+    EXPECT_EQ(sample.utilization_percent, 40.0 + seq);
+    EXPECT_EQ(sample.memory_used_bytes, seq << 30);
+    EXPECT_EQ(sample.memory_total_bytes, int64_t{80} << 30);
+    EXPECT_FALSE(sample.power_watts.has_value());
+    EXPECT_EQ(sample.temperature_celsius, 60.0);
+  }
+}
+
+TEST_F(DispatcherTest, ARunningTrialsStatusCarriesEachDevicesLatestSample) {
+  agent_state_.samples = {GpuSample(1, "cuda:0"), GpuSample(2, "cuda:1"), GpuSample(3, "cuda:0"),
+                          GpuSample(4, "cuda:1")};
+  const int64_t experiment = SubmitOneThatKeepsRunning();
+  ASSERT_TRUE(Eventually([&] { return StatusOf(experiment).trials(0).devices_size() == 2; }));
+  const v1::TrialStatus trial = StatusOf(experiment).trials(0);
+  EXPECT_EQ(trial.devices(0).device(), "cuda:0");
+  EXPECT_EQ(trial.devices(0).utilization_percent(), 43);
+  EXPECT_EQ(trial.devices(0).memory_used_bytes(), int64_t{3} << 30);
+  EXPECT_EQ(trial.devices(1).device(), "cuda:1");
+  EXPECT_EQ(trial.devices(1).memory_used_bytes(), int64_t{4} << 30);
+  EXPECT_FALSE(trial.devices(1).has_power_watts());
+  EXPECT_EQ(trial.devices(1).temperature_celsius(), 60);
+  // Once it has ended, no bars: the samples stay in the store for the report.
+  agent_state_.AddLinesAndEnd(std::to_string(experiment) + "/one#1", {kResultLine}, "ok");
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(StatusOf(experiment).trials(0).devices_size(), 0);
+  EXPECT_EQ(daemon_->store().DeviceSamples(experiment, "one")->size(), 4u);
 }
 
 TEST_F(DispatcherTest, EventsSentTwiceAreStoredOnce) {
