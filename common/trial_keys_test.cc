@@ -111,6 +111,9 @@ TEST(TrialKeysTest, TheKeysTheTrainerNeeds) {
       {"device_memory", KeyType::kByteSize, ""},
       {"seed", KeyType::kInt, "42"},
       {"snapshot_every", KeyType::kInt, "50"},
+      {"profile.steps", KeyType::kInt, "0"},
+      {"profile.first_step", KeyType::kInt, "2"},
+      {"profile.memory_history", KeyType::kBool, "true"},
       {"log_every", KeyType::kInt, "1"},
       {"output_dir", KeyType::kPath, ""},
       {"checkpoint_every", KeyType::kInt, "0"},
@@ -139,6 +142,7 @@ TEST(FindTrialKeyTest, ExactMatchOnly) {
 TEST(IsTrialKeyGroupTest, Groups) {
   EXPECT_TRUE(IsTrialKeyGroup("train"));
   EXPECT_TRUE(IsTrialKeyGroup("data"));
+  EXPECT_TRUE(IsTrialKeyGroup("profile"));
   EXPECT_FALSE(IsTrialKeyGroup("tra"));  // a prefix of a segment is not a group
   EXPECT_FALSE(IsTrialKeyGroup("model"));
   EXPECT_FALSE(IsTrialKeyGroup(""));
