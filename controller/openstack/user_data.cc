@@ -91,11 +91,13 @@ std::string WriteFile(const std::string& path, const char* permissions, std::str
          "'\n    content: |\n" + Block(content, 6);
 }
 
-// Installs Docker and the NVIDIA container toolkit the way the labs do, then starts the agent.
-// Rerunnable: each step checks whether it is done.
+// Replaces an NVIDIA driver too old for llm-train's CUDA, installs Docker and the NVIDIA container
+// toolkit the way the labs do, then starts the agent. Rerunnable: each step checks whether it is
+// done.
 constexpr char kScriptHead[] = R"SH(#!/bin/bash
-# llmctl node bootstrap (run once by cloud-init): Docker, the NVIDIA container toolkit, then
-# llm-agent in a container with every GPU. The log is /var/log/llmctl-bootstrap.log.
+# llmctl node bootstrap (run once by cloud-init, and once more after a reboot into a newer NVIDIA
+# driver): the driver llm-train needs, Docker, the NVIDIA container toolkit, then llm-agent in a
+# container with every GPU. The log is /var/log/llmctl-bootstrap.log.
 set -euo pipefail
 exec >>/var/log/llmctl-bootstrap.log 2>&1
 export DEBIAN_FRONTEND=noninteractive
@@ -116,6 +118,40 @@ install_docker() {
   sh /tmp/get-docker.sh
 }
 
+# llm-train's LibTorch (deploy/Dockerfile's torch wheel) is built for CUDA 13, which needs NVIDIA
+# driver 580 or newer; Chameleon's CC-Ubuntu24.04-CUDA image ships nvidia-driver-560 (CUDA 12.6;
+# docs/architecture.md, "The agent image"). An older driver is replaced by nvidia-driver-580 from
+# the image's own apt sources (its NVIDIA CUDA repository) and loaded at once, or after a reboot
+# that runs this script again.
+NVIDIA_DRIVER_BRANCH=580
+PER_BOOT=/var/lib/cloud/scripts/per-boot/llmctl-bootstrap
+
+reload_nvidia_modules() {
+  local module
+  systemctl stop nvidia-persistenced 2>/dev/null || true
+  for module in nvidia_uvm nvidia_drm nvidia_modeset nvidia; do
+    if grep -q "^$module " /proc/modules; then rmmod "$module" || return 1; fi
+  done
+  modprobe nvidia && modprobe nvidia_uvm
+}
+
+ensure_nvidia_driver() {
+  command -v nvidia-smi >/dev/null || return 0  # no NVIDIA driver: a CPU node
+  local version
+  version=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+  if [ -n "$version" ] && [ "${version%%.*}" -ge "$NVIDIA_DRIVER_BRANCH" ]; then return 0; fi
+  echo "llmctl-bootstrap: NVIDIA driver ${version:-unknown} is older than" \
+    "$NVIDIA_DRIVER_BRANCH (CUDA 13): installing nvidia-driver-$NVIDIA_DRIVER_BRANCH"
+  retry apt-get install -y -q "nvidia-driver-$NVIDIA_DRIVER_BRANCH"
+  if reload_nvidia_modules; then return 0; fi
+  echo "llmctl-bootstrap: the old driver is in use: rebooting into the new one; this script" \
+    "runs again after the reboot"
+  mkdir -p "$(dirname "$PER_BOOT")"
+  install -m 0700 "$0" "$PER_BOOT"
+  systemctl reboot
+  exit 0
+}
+
 install_nvidia_toolkit() {
   command -v nvidia-ctk >/dev/null && return 0
   local keyring=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
@@ -128,6 +164,8 @@ install_nvidia_toolkit() {
 
 retry apt-get update -q
 retry apt-get install -y -q ca-certificates curl gnupg jq git
+ensure_nvidia_driver
+rm -f "$PER_BOOT"
 retry install_docker
 retry install_nvidia_toolkit
 nvidia-ctk runtime configure --runtime=docker

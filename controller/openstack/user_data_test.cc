@@ -59,6 +59,7 @@ class TempDir {
     path_ = mkdtemp(pattern.data());
   }
   ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
   std::string Write(const std::string& name, const std::string& text) const {
     std::string file = path_ + "/" + name;
     std::ofstream(file) << text;
@@ -120,6 +121,79 @@ TEST(UserDataTest, ScriptSetsUpTheGpuRuntimeAndStartsTheAgentWithItsFlags) {
   EXPECT_NE(built->find("docker build -f \"$SOURCE/deploy/Dockerfile\" -t \"$IMAGE\""),
             std::string::npos);
   EXPECT_EQ(built->find("docker pull"), std::string::npos);
+}
+
+// The script's driver step, run by bash with fake nvidia-smi, apt-get, modprobe and systemctl
+// that log their arguments to `calls`.
+class DriverStep {
+ public:
+  explicit DriverStep(const std::string& script) {
+    const size_t begin = script.find("NVIDIA_DRIVER_BRANCH=");
+    const size_t end = script.find("\n}\n", script.find("ensure_nvidia_driver() {"));
+    functions_ = script.substr(begin, end + 3 - begin);
+    const std::string log = " >>\"" + dir_.path() + "/calls\"\n";
+    for (const char* tool : {"apt-get", "systemctl", "rmmod"}) {
+      Tool(tool, "echo " + std::string(tool) + " \"$*\"" + log);
+    }
+    Tool("modprobe", "echo modprobe \"$*\"" + log + "[ ! -e \"" + dir_.path() + "/busy\" ]\n");
+  }
+
+  // Runs ensure_nvidia_driver with nvidia-smi reporting `driver` ("": no nvidia-smi); its exit
+  // code, and the calls the fakes logged.
+  std::pair<int, std::string> Run(const std::string& driver, bool modules_busy = false) {
+    std::filesystem::remove(dir_.path() + "/nvidia-smi");
+    std::filesystem::remove(dir_.path() + "/calls");
+    if (!driver.empty()) Tool("nvidia-smi", "echo " + driver + "\n");
+    if (modules_busy) dir_.Write("busy", "");
+    const std::string step = dir_.Write(
+        "step.sh", "set -euo pipefail\nretry() { \"$@\"; }\n" + functions_ + "PER_BOOT=\"" +
+                       dir_.path() + "/per-boot/llmctl-bootstrap\"\nensure_nvidia_driver\n");
+    const auto [code, output] = Shell("PATH=\"" + dir_.path() + ":/usr/bin:/bin\" bash " + step);
+    std::ifstream calls(dir_.path() + "/calls");
+    return {code, std::string(std::istreambuf_iterator<char>(calls), {})};
+  }
+
+  bool ScriptRunsAtNextBoot() const {
+    return std::filesystem::exists(dir_.path() + "/per-boot/llmctl-bootstrap");
+  }
+
+ private:
+  void Tool(const std::string& name, const std::string& body) {
+    std::filesystem::permissions(dir_.Write(name, "#!/bin/sh\n" + body),
+                                 std::filesystem::perms::owner_all);
+  }
+
+  TempDir dir_;
+  std::string functions_;
+};
+
+TEST(UserDataTest, ADriverTooOldForCuda13IsReplacedAndLoaded) {
+  if (!HaveTool("bash")) GTEST_SKIP() << "bash is not installed";
+  auto script = BootstrapScript(PulledImage());
+  ASSERT_TRUE(script.ok()) << script.status().ToString();
+  // The step runs before the container toolkit, whose docker run needs the driver.
+  ASSERT_LT(script->find("\nensure_nvidia_driver\n"), script->find("\nretry install_docker\n"));
+  DriverStep step(*script);
+
+  // CC-Ubuntu24.04-CUDA's driver: replaced and loaded without a reboot (nothing holds it).
+  auto [code, calls] = step.Run("560.35.03");
+  EXPECT_EQ(code, 0);
+  EXPECT_NE(calls.find("apt-get install -y -q nvidia-driver-580\n"), std::string::npos) << calls;
+  EXPECT_NE(calls.find("modprobe nvidia\nmodprobe nvidia_uvm\n"), std::string::npos) << calls;
+  EXPECT_FALSE(step.ScriptRunsAtNextBoot());
+
+  // A driver new enough, or none at all (a CPU node): nothing to do.
+  for (const char* driver : {"580.95.05", "590.44.01", ""}) {
+    std::tie(code, calls) = step.Run(driver);
+    EXPECT_EQ(code, 0) << driver;
+    EXPECT_EQ(calls, "") << driver;
+  }
+
+  // The old driver's modules cannot be unloaded: the script reboots and runs again after it.
+  std::tie(code, calls) = step.Run("550.54.15", /*modules_busy=*/true);
+  EXPECT_EQ(code, 0);
+  EXPECT_NE(calls.find("systemctl reboot\n"), std::string::npos) << calls;
+  EXPECT_TRUE(step.ScriptRunsAtNextBoot());
 }
 
 TEST(UserDataTest, PassesCloudInitSchema) {
