@@ -179,8 +179,8 @@ std::optional<Refusal> RefuseMachine(const CheckOptions& options, int local_rank
   const int devices = torch::cuda::device_count();
   if (devices == 0) {
     return Refusal{kCheckExitNoCuda,
-                   "--device cuda: this machine has no CUDA device (LibTorch sees none; is the "
-                   "NVIDIA driver loaded and CUDA_VISIBLE_DEVICES unset or non-empty?)"};
+                   "--device cuda: this machine has no CUDA device that LibTorch can see (no "
+                   "GPU, no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides them)"};
   }
   if (options.backend == BackendKind::kNccl && devices < local_ranks) {
     return Refusal{kCheckExitGpuPerRank,
