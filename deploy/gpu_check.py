@@ -87,7 +87,7 @@ def cmd_env(out, device, llm_train, build_dir):
         "cxx": run_text(["c++", "--version"]).splitlines()[0] if run_text(["c++", "--version"]) else "",
         "cmake": (run_text(["cmake", "--version"]).splitlines() or [""])[0],
         "nvcc": (run_text(["nvcc", "--version"]).splitlines() or [""])[-1],
-        "llm_train": run_text([llm_train, "--version"]),
+        "llm_train": "; ".join(run_text([llm_train, "--version"]).splitlines()),
         "commit": run_text(["git", "-C", str(REPO), "rev-parse", "HEAD"]) or "unknown (no .git)",
         "build_dir": build_dir,
     }
