@@ -79,6 +79,16 @@ StepProfiler::~StepProfiler() {
   kineto::disableProfiler();
 }
 
+std::string StepProfiler::StepsPast(int64_t total_steps) const {
+  if (last_step_ < total_steps) return "";
+  const std::string asked = "profile: steps " + std::to_string(first_step_) + "-" +
+                            std::to_string(last_step_) + " were asked for, but the run has " +
+                            std::to_string(total_steps) + " steps";
+  if (first_step_ >= total_steps) return asked + ": nothing is profiled";
+  return asked + ": only steps " + std::to_string(first_step_) + "-" +
+         std::to_string(total_steps - 1) + " are profiled";
+}
+
 void StepProfiler::OpenSpan(std::unique_ptr<at::RecordFunction>& span, const std::string& name) {
   span = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
   if (span->isActive()) span->before(name);

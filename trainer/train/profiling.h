@@ -48,6 +48,9 @@ class StepProfiler {
   StepProfiler& operator=(const StepProfiler&) = delete;
 
   bool Profiles(int64_t step) const { return step >= first_step_ && step <= last_step_; }
+  // What a run of `total_steps` steps leaves unprofiled when it ends before the last profiled step
+  // (train.epochs decides how many steps there are only once the data is read); "" otherwise.
+  std::string StepsPast(int64_t total_steps) const;
   bool recording() const { return recording_; }
 
   // At the start of every step, before its batches are made; starts recording at the first

@@ -209,6 +209,28 @@ TEST(ProfilingTest, WithoutMemoryHistoryOnlyTheTraceIsWritten) {
   EXPECT_EQ(files, std::vector<std::string>{"trace-steps-1-2.json"});
 }
 
+TEST(ProfilingTest, StepsPastTheRunsEndAreNamedInAWarning) {
+  // 600 examples, 32 a step: 18 steps, of which 17 and 18 are asked for; 18 does not exist.
+  const std::string dir = FreshTempDir("profile-epochs");
+  const TrialRecord record = RunAndRecord(DemoConfig({{"train.max_steps", "0"},
+                                                      {"train.micro_batch_size", "32"},
+                                                      {"train.global_batch_size", "32"},
+                                                      {"data.max_seq_length", "16"},
+                                                      {"profile.steps", "2"},
+                                                      {"profile.first_step", "17"},
+                                                      {"profile.memory_history", "false"},
+                                                      {"output_dir", dir}}));
+  ASSERT_EQ(record.result.outcome, Outcome::kOk) << record.result.error;
+  ASSERT_EQ(record.result.steps_done, 18);
+  std::vector<std::string> warnings;
+  for (const json& log : record.OfType("log")) {
+    if (log["level"] == "warning") warnings.push_back(log["message"]);
+  }
+  EXPECT_EQ(warnings, std::vector<std::string>{"profile: steps 17-18 were asked for, but the run "
+                                               "has 18 steps: only steps 17-17 are profiled"});
+  EXPECT_TRUE(std::filesystem::exists(dir + "/profile/trace-steps-17-17.json"));
+}
+
 TEST(ProfilingTest, ProfilingNeedsAnOutputDir) {
   const TrialRecord record =
       RunAndRecord(DemoConfig({{"train.max_steps", "3"}, {"profile.steps", "1"}}));

@@ -611,6 +611,11 @@ TrialResult TrialRun::Run() {
           std::to_string(micro_batch_size_) + " x " + std::to_string(accumulation_) + " | " +
           std::to_string(total_steps_) + " steps | loading peak " + FormatBytes(load_peak));
 
+    if (profiler_) {
+      if (std::string missed = profiler_->StepsPast(total_steps_); !missed.empty()) {
+        Log("warning", missed);
+      }
+    }
     Log("info", "dataset " + config_.GetString("data.path") + ": " +
                     std::to_string(batches_->num_examples()) + " examples");
     memory_->ResetPeak();
