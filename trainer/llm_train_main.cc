@@ -57,10 +57,11 @@ int main(int argc, char** argv) {
   bool list_trials = false;
   bool print_version = false;
   bool json = false;
-  app.add_flag("--version", print_version,
-               "print llmctl's and LibTorch's versions, the CUDA LibTorch was built for and, with "
-               "a GPU, the CUDA runtime's and the NVIDIA driver's");
-  app.add_flag("--json", json, "with --version: one line of JSON");
+  CLI::Option* version_flag =
+      app.add_flag("--version", print_version,
+                   "print llmctl's and LibTorch's versions, the CUDA LibTorch was built for and, "
+                   "with a GPU, the CUDA runtime's and the NVIDIA driver's");
+  app.add_flag("--json", json, "with --version: one line of JSON")->needs(version_flag);
   app.add_flag("--keys", print_keys,
                "print every trial key (type, default, allowed values) as Markdown");
   app.add_option("--config", config_path, "experiment file (YAML)");
