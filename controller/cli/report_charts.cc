@@ -112,7 +112,8 @@ Axis BytesAxis(int64_t top) {
     unit *= 1024;
     ++index;
   }
-  return NiceAxis(static_cast<double>(std::max<int64_t>(top, 1)), unit, kUnits[index], 4);
+  // A little headroom, so that a limit at the top is not drawn on the frame.
+  return NiceAxis(1.04 * static_cast<double>(std::max<int64_t>(top, 1)), unit, kUnits[index], 4);
 }
 
 // Seconds up to three minutes, then minutes up to three hours, then hours.
@@ -131,20 +132,13 @@ void AppendPoint(std::string& points, double x, double y) {
   points += Coordinates(x, y);
 }
 
-// "cuda:0 memory in use", "the trial's resident memory (cpu)".
-std::string DeviceSeriesName(const std::string& device) {
-  if (device == "cpu") return "the trial's processes' resident memory";
-  return device + " memory in use (any process)";
-}
-
-std::string MemoryTimelineChart(const v1::TrialReport& trial) {
-  constexpr double kWidth = 430, kHeight = 196;
-  constexpr double kLeft = 64, kRight = 14, kTop = 20, kBottom = 32;
+std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& timeline) {
+  constexpr double kWidth = 420, kHeight = 196;
+  constexpr double kLeft = 64, kRight = 22, kTop = 20, kBottom = 32;
   constexpr double kPlotWidth = kWidth - kLeft - kRight, kPlotHeight = kHeight - kTop - kBottom;
   constexpr double kLabelSpacing = 9;  // px between phase labels, so that they never overlap
 
-  const MemoryTimeline timeline = LayOutMemoryTimeline(trial);
-  std::string out = "<figure><figcaption>" + EscapeHtml(trial.name()) + "</figcaption>\n";
+  std::string out = "<figure><figcaption>" + EscapeHtml(name) + "</figcaption>\n";
   out += "<svg width=\"" + Printf("%.0f", kWidth) + "\" height=\"" + Printf("%.0f", kHeight) +
          "\" role=\"img\" class=\"timeline\">\n";
   if (timeline.snapshots.empty() && timeline.device_used.empty()) {
@@ -210,8 +204,9 @@ std::string MemoryTimelineChart(const v1::TrialReport& trial) {
              Printf("%.1f", y) + "\" y2=\"" + Printf("%.1f", y) + "\" stroke=\"" +
              std::string(kLimitColor) + "\" stroke-dasharray=\"6 3\" class=\"limit\"><title>" +
              "device limit " + Mib(attempt.limit_bytes) + " MiB</title></line>\n";
-      out += "<text x=\"" + Printf("%.1f", x2 - 2) + "\" y=\"" + Printf("%.1f", y - 4) +
-             "\" text-anchor=\"end\" fill=\"" + std::string(kLimitColor) + "\">limit " +
+      // Below the line at its start, where memory has yet to rise and an OOM cannot be.
+      out += "<text x=\"" + Printf("%.1f", x1 + 4) + "\" y=\"" + Printf("%.1f", y + 13) +
+             "\" fill=\"" + std::string(kLimitColor) + "\">limit " +
              FormatBytes(static_cast<uint64_t>(attempt.limit_bytes)) + "</text>\n";
     }
   }
@@ -223,8 +218,8 @@ std::string MemoryTimelineChart(const v1::TrialReport& trial) {
       AppendPoint(points, x_of(sample.seconds), y_of(sample.used_bytes));
     }
     out += "<polyline class=\"device\" fill=\"none\" stroke=\"" + std::string(kDeviceUsedColor) +
-           "\" stroke-width=\"1.5\" points=\"" + points + "\"><title>" +
-           EscapeHtml(DeviceSeriesName(device)) + "</title></polyline>\n";
+           "\" stroke-width=\"1.5\" points=\"" + points + "\"><title>" + EscapeHtml(device) +
+           " memory in use (any process)</title></polyline>\n";
   }
   // One line per attempt and series: a resumed run's attempts are not joined by a line.
   for (const auto& [series, color, dash] :
@@ -259,9 +254,11 @@ std::string MemoryTimelineChart(const v1::TrialReport& trial) {
       cross += " M" + Coordinates(x - 5, y + 5) + " L" + Coordinates(x + 5, y - 5);
       out += "<path class=\"oom\" d=\"" + cross + "\" stroke=\"" + std::string(kLimitColor) +
              "\" stroke-width=\"2.5\">" + title + "</path>\n";
-      out += "<text x=\"" + Printf("%.1f", x - 8) + "\" y=\"" + Printf("%.1f", y + 4) +
-             "\" text-anchor=\"end\" fill=\"" + std::string(kLimitColor) +
-             "\" class=\"head\">out of memory</text>\n";
+      // Below the cross, towards the middle of the plot.
+      const bool right_half = x > kLeft + kPlotWidth / 2;
+      out += "<text x=\"" + Printf("%.1f", right_half ? x - 4 : x + 4) + "\" y=\"" +
+             Printf("%.1f", y + 19) + "\" text-anchor=\"" + (right_half ? "end" : "start") +
+             "\" fill=\"" + std::string(kLimitColor) + "\" class=\"head\">out of memory</text>\n";
       continue;
     }
     out += "<circle cx=\"" + Printf("%.1f", x) + "\" cy=\"" + Printf("%.1f", y) +
@@ -292,7 +289,7 @@ std::string PhaseCharts(const v1::ReportResponse& report) {
   std::string out = Legend({kCategories.begin(), kCategories.end()}) +
                     "<p>Full height: " + Mib(top) + " MiB.</p>\n<div class=\"grid\">\n";
   for (const v1::TrialReport& trial : report.trials()) {
-    const double width = kLeft + std::max(1, trial.per_phase_size()) * (kBar + kGap) + kGap;
+    const double width = kLeft + std::max(2, trial.per_phase_size()) * (kBar + kGap) + kGap;
     out += "<figure><figcaption>" + EscapeHtml(trial.name()) + "</figcaption>\n";
     out += "<svg width=\"" + Printf("%.0f", width) + "\" height=\"" +
            Printf("%.0f", kTop + kHeight + kBottom) + "\" role=\"img\">\n";
@@ -399,6 +396,10 @@ MemoryTimeline LayOutMemoryTimeline(const v1::TrialReport& trial) {
     }
     if (attempt.started_unix_ms() > 0) {
       for (const v1::DeviceMemorySample& sample : attempt.device_samples()) {
+        // A CPU node's sample is the trial's resident memory: LibTorch's code, the host's share of
+        // the run and everything the device budget leaves out, two to three times the budget in
+        // the CPU lab. It is no device's memory, and it would squeeze the chart into its bottom.
+        if (sample.device() == "cpu") continue;
         const double seconds =
             static_cast<double>(sample.unix_ms() - attempt.started_unix_ms()) / 1000.0;
         if (seconds < 0) continue;
@@ -417,22 +418,23 @@ MemoryTimeline LayOutMemoryTimeline(const v1::TrialReport& trial) {
 }
 
 std::string MemoryTimelineCharts(const v1::ReportResponse& report) {
+  std::vector<MemoryTimeline> timelines;
   bool any_samples = false;
   for (const v1::TrialReport& trial : report.trials()) {
-    for (const v1::AttemptMemory& attempt : trial.memory_timeline()) {
-      any_samples = any_samples || attempt.device_samples_size() > 0;
-    }
+    timelines.push_back(LayOutMemoryTimeline(trial));
+    any_samples = any_samples || !timelines.back().device_used.empty();
   }
   std::vector<Category> legend = {
       {"allocated", kAllocatedColor},
       {"reserved (dashed; on a CPU it equals allocated)", kReservedColor}};
   if (any_samples) {
-    legend.push_back(
-        {"device memory in use (GPU), the trial's resident memory (CPU)", kDeviceUsedColor});
+    legend.push_back({"GPU memory in use (the node's samples)", kDeviceUsedColor});
   }
   legend.push_back({"device limit (dashed), out of memory (×)", kLimitColor});
   std::string out = Legend(legend) + "<div class=\"grid\">\n";
-  for (const v1::TrialReport& trial : report.trials()) out += MemoryTimelineChart(trial);
+  for (int i = 0; i < report.trials_size(); ++i) {
+    out += MemoryTimelineChart(report.trials(i).name(), timelines[static_cast<size_t>(i)]);
+  }
   return out + "</div>\n";
 }
 

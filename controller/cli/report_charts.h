@@ -25,8 +25,9 @@ std::string OutcomeChart(const v1::ReportResponse& report);
 
 // One trial's memory over time on one axis of seconds. Each attempt of the run counts from its
 // trainer's start (elapsed_ms), and the attempts of a resumed run follow each other without the
-// time between them; device samples are placed by their wall clock against the attempt's
-// started_unix_ms (samples from before that, or of an attempt without it, are left out).
+// time between them; a GPU's device samples are placed by their wall clock against the attempt's
+// started_unix_ms (samples from before that, or of an attempt without it, are left out; a CPU
+// node's, the trial's resident memory, are no device's memory and left out too).
 struct MemoryTimeline {
   struct Attempt {
     int32_t attempt = 0;
@@ -49,14 +50,14 @@ struct MemoryTimeline {
   };
   std::vector<Attempt> attempts;                           // the run's, in order
   std::vector<Snapshot> snapshots;                         // the run's, in order
-  std::map<std::string, std::vector<Sample>> device_used;  // by device ("cuda:0", "cpu")
+  std::map<std::string, std::vector<Sample>> device_used;  // by device ("cuda:0")
   double end_seconds = 0;
   int64_t top_bytes = 0;  // the most that any series or limit reaches
 };
 MemoryTimeline LayOutMemoryTimeline(const v1::TrialReport& trial);
 
 // Small multiples of LayOutMemoryTimeline, one figure per trial, with their legend: allocated and
-// reserved bytes at each snapshot, the phase each snapshot closes, the device's memory in use,
+// reserved bytes at each snapshot, the phase each snapshot closes, the GPU's memory in use,
 // each attempt's device limit, where the run ran out of memory and where a resumed run's next
 // attempt began.
 std::string MemoryTimelineCharts(const v1::ReportResponse& report);

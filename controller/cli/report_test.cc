@@ -307,6 +307,14 @@ TEST(MemoryTimelineTest, LaysOutAttemptsEndToEndAndSamplesByTheirClock) {
   EXPECT_EQ(ok.device_used.at("cuda:0")[3].used_bytes, 31 * 1024 * kMiB);
   EXPECT_DOUBLE_EQ(ok.end_seconds, 3.0);  // the last sample outlasts the last snapshot
   EXPECT_EQ(ok.top_bytes, 80 * 1024 * kMiB);
+  // A CPU node's samples (the trial's resident memory) are no device's memory.
+  v1::TrialReport on_cpu = report.trials(0);
+  for (v1::DeviceMemorySample& sample :
+       *on_cpu.mutable_memory_timeline(0)->mutable_device_samples()) {
+    sample.set_device("cpu");
+  }
+  EXPECT_TRUE(LayOutMemoryTimeline(on_cpu).device_used.empty());
+  EXPECT_DOUBLE_EQ(LayOutMemoryTimeline(on_cpu).end_seconds, 2.6);
 
   // Resumed an hour later: the second attempt starts where the first one's last snapshot was.
   const MemoryTimeline resumed = LayOutMemoryTimeline(report.trials(2));
