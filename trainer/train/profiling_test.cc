@@ -231,6 +231,22 @@ TEST(ProfilingTest, StepsPastTheRunsEndAreNamedInAWarning) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/profile/trace-steps-17-17.json"));
 }
 
+TEST(ProfilingTest, ARunResumedInsideItsProfiledStepsRecordsThoseLeft) {
+  const std::string dir = FreshTempDir("profile-resume");
+  const TrialRecord first = RunAndRecord(
+      DemoConfig({{"train.max_steps", "2"}, {"checkpoint_every", "2"}, {"output_dir", dir}}));
+  ASSERT_EQ(first.result.outcome, Outcome::kOk) << first.result.error;
+  const TrialRecord resumed = RunAndRecord(DemoConfig({{"train.max_steps", "4"},
+                                                       {"profile.first_step", "1"},
+                                                       {"profile.steps", "2"},
+                                                       {"output_dir", dir}}),
+                                           dir + "/checkpoints/step-2");
+  ASSERT_EQ(resumed.result.outcome, Outcome::kOk) << resumed.result.error;
+  EXPECT_EQ(LoggedPath(resumed, "trace-steps-2-2.json"), dir + "/profile/trace-steps-2-2.json");
+  EXPECT_EQ(LoggedPath(resumed, "memory-steps-2-2.pickle"),
+            dir + "/profile/memory-steps-2-2.pickle");
+}
+
 TEST(ProfilingTest, ProfilingNeedsAnOutputDir) {
   const TrialRecord record =
       RunAndRecord(DemoConfig({{"train.max_steps", "3"}, {"profile.steps", "1"}}));
