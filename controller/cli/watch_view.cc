@@ -1,12 +1,16 @@
 #include "controller/cli/watch_view.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace llmctl::cli {
 namespace {
 
 constexpr int kBarWidth = 20;
+constexpr int kMeterWidth = 20;
+constexpr int kMemoryMeterWidth = 30;  // its text ("61.2/80.0 GiB") takes half
+constexpr double kGib = 1 << 30;
 
 std::string Mib(int64_t bytes) {
   char buffer[32];
@@ -18,7 +22,78 @@ std::string Pad(const std::string& text, size_t width) {
   return text.size() >= width ? text : text + std::string(width - text.size(), ' ');
 }
 
+std::string Format(const char* format, double value) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, format, value);
+  return buffer;
+}
+
+// The widths of the name and state columns: aligned across the experiment's trials.
+struct Columns {
+  size_t name = 5;
+  size_t state = 9;
+};
+
+Columns ColumnsOf(const v1::ExperimentStatus& status) {
+  Columns columns;
+  for (const v1::TrialStatus& trial : status.trials()) {
+    columns.name = std::max(columns.name, trial.name().size());
+    columns.state = std::max(columns.state, trial.state().size());
+  }
+  return columns;
+}
+
+// A trial's own line and its notice, without its devices: what plain output compares.
+std::vector<std::string> TrialLines(const v1::TrialStatus& trial, const Columns& columns) {
+  std::string line =
+      Pad(trial.name(), columns.name) + "  " + Pad(trial.state(), columns.state) + "  " +
+      ProgressBar(trial.step(), trial.total_steps(), kBarWidth) + " " +
+      Pad(std::to_string(trial.step()) + "/" +
+              (trial.total_steps() > 0 ? std::to_string(trial.total_steps()) : std::string("?")),
+          9);
+  char speed[32];
+  std::snprintf(speed, sizeof speed, "%8.0f tok/s", trial.tokens_per_second());
+  line += std::string(speed) + "  mem " + Mib(trial.allocated_bytes()) + " (peak " +
+          Mib(trial.peak_bytes()) + ")";
+  if (!trial.node().empty()) line += "  on " + trial.node();
+  if (!trial.error().empty()) line += "  " + trial.error();
+  std::vector<std::string> lines = {std::move(line)};
+  if (!trial.notice().empty()) lines.push_back("    ! " + trial.notice());
+  return lines;
+}
+
 }  // namespace
+
+std::string Meter(const std::string& label, double fraction, const std::string& text, int width) {
+  std::string cells(static_cast<size_t>(width), ' ');
+  const double clamped = std::isfinite(fraction) ? std::clamp(fraction, 0.0, 1.0) : 0.0;
+  const auto filled = static_cast<size_t>(std::lround(clamped * width));
+  std::fill_n(cells.begin(), filled, '|');
+  const size_t shown = std::min(text.size(), cells.size());
+  cells.replace(cells.size() - shown, shown, text.substr(text.size() - shown));
+  return label + "[" + cells + "]";
+}
+
+std::string DeviceLine(const v1::DeviceSample& sample, size_t name_width) {
+  const bool cpu = sample.device() == "cpu";
+  std::string line = Pad(sample.device(), name_width) + " ";
+  if (sample.has_utilization_percent()) {
+    line += Meter(cpu ? "CPU" : "GPU", sample.utilization_percent() / 100,
+                  Format("%.0f%%", sample.utilization_percent()), kMeterWidth);
+  } else {
+    line += Meter(cpu ? "CPU" : "GPU", 0, "?", kMeterWidth);
+  }
+  const double total = static_cast<double>(sample.memory_total_bytes());
+  const double used = static_cast<double>(sample.memory_used_bytes());
+  const std::string amount = Format("%.1f/", used / kGib) + Format("%.1f GiB", total / kGib);
+  line += ' ';
+  line += Meter(cpu ? "RSS" : "MEM", total > 0 ? used / total : 0, amount, kMemoryMeterWidth);
+  if (sample.has_power_watts()) line += Format(" %.0f W", sample.power_watts());
+  if (sample.has_temperature_celsius()) {
+    line += Format(" %.0f\u00b0C", sample.temperature_celsius());
+  }
+  return line;
+}
 
 std::string ProgressBar(int64_t step, int64_t total, int width) {
   int filled = 0;
@@ -33,27 +108,19 @@ std::string ProgressBar(int64_t step, int64_t total, int width) {
 }
 
 std::vector<std::string> WatchLines(const v1::ExperimentStatus& status) {
-  size_t name_width = 5, state_width = 9;
-  for (const v1::TrialStatus& trial : status.trials()) {
-    name_width = std::max(name_width, trial.name().size());
-    state_width = std::max(state_width, trial.state().size());
-  }
+  const Columns columns = ColumnsOf(status);
   std::vector<std::string> lines;
   for (const v1::TrialStatus& trial : status.trials()) {
-    std::string line =
-        Pad(trial.name(), name_width) + "  " + Pad(trial.state(), state_width) + "  " +
-        ProgressBar(trial.step(), trial.total_steps(), kBarWidth) + " " +
-        Pad(std::to_string(trial.step()) + "/" +
-                (trial.total_steps() > 0 ? std::to_string(trial.total_steps()) : std::string("?")),
-            9);
-    char speed[32];
-    std::snprintf(speed, sizeof speed, "%8.0f tok/s", trial.tokens_per_second());
-    line += std::string(speed) + "  mem " + Mib(trial.allocated_bytes()) + " (peak " +
-            Mib(trial.peak_bytes()) + ")";
-    if (!trial.node().empty()) line += "  on " + trial.node();
-    if (!trial.error().empty()) line += "  " + trial.error();
-    lines.push_back(std::move(line));
-    if (!trial.notice().empty()) lines.push_back("    ! " + trial.notice());
+    for (std::string& line : TrialLines(trial, columns)) {
+      lines.push_back(std::move(line));
+    }
+    size_t device_width = 0;
+    for (const v1::DeviceSample& device : trial.devices()) {
+      device_width = std::max(device_width, device.device().size());
+    }
+    for (const v1::DeviceSample& device : trial.devices()) {
+      lines.push_back("    " + DeviceLine(device, device_width));
+    }
   }
   return lines;
 }
@@ -73,11 +140,16 @@ std::string WatchPrinter::Update(const v1::ExperimentStatus& status) {
     drawn_lines_ = std::max(drawn_lines_, lines.size() + 1);
     return out;
   }
-  for (int i = 0; i < status.trials_size(); ++i) {
-    std::string& last = last_[status.trials(i).name()];
-    if (last == lines[i]) continue;
-    last = lines[i];
-    out += lines[i] + "\n";
+  const Columns columns = ColumnsOf(status);
+  for (const v1::TrialStatus& trial : status.trials()) {
+    std::string text;
+    for (const std::string& line : TrialLines(trial, columns)) {
+      text += line + "\n";
+    }
+    std::string& last = last_[trial.name()];
+    if (last == text) continue;
+    last = text;
+    out += text;
   }
   return out;
 }

@@ -1,6 +1,8 @@
-// `llmctl watch`: an experiment's live status as a terminal table. On a TTY the table is redrawn
-// in place (ANSI cursor movement); elsewhere (a pipe, a log file) each trial's line is appended
-// when it changes, so the output reads as a log.
+// `llmctl watch`: an experiment's live status as a terminal table, with a running trial's devices
+// under it as bars, as nvtop draws them, from their latest sample (a second old at most). On a TTY
+// the table is redrawn in place (ANSI cursor movement); elsewhere (a pipe, a log file) each trial's
+// line is appended when it changes, so the output reads as a log, without the device bars (they
+// change every second).
 #ifndef LLMCTL_CONTROLLER_CLI_WATCH_VIEW_H_
 #define LLMCTL_CONTROLLER_CLI_WATCH_VIEW_H_
 
@@ -16,8 +18,20 @@ namespace llmctl::cli {
 // is unknown (0).
 std::string ProgressBar(int64_t step, int64_t total, int width);
 
-// One line per trial: name, state, progress bar and step/total, tokens/s, current and peak memory
-// (MiB), and the error for a failed trial. Columns aligned across the experiment's trials.
+// nvtop's meter: `label[` + `width` cells, the first `fraction` of them '|', with `text`
+// right-aligned over the end + `]`. "GPU[||||||||      45%]".
+std::string Meter(const std::string& label, double fraction, const std::string& text, int width);
+
+// One device's bars, its name padded to `name_width`:
+//   cuda:0 GPU[|||||||||        45%] MEM[|||||||||||||||||61.2/80.0 GiB] 312 W 64°C
+//   cpu    CPU[||||||||||||||||180%] RSS[||                1.6/24.0 GiB]
+// A CPU's percent is of one core (180% = 1.8 cores busy): its bar is full from 100% on. Figures a
+// sample lacks are left out, or "?" for a CPU's percent before its second reading.
+std::string DeviceLine(const v1::DeviceSample& sample, size_t name_width);
+
+// Per trial: its line (name, state, progress bar and step/total, tokens/s, current and peak memory
+// in MiB, and the error for a failed trial; columns aligned across the experiment's trials), then
+// its notice ("    ! ...") and its devices' lines, indented, when it has them.
 std::vector<std::string> WatchLines(const v1::ExperimentStatus& status);
 
 // Writes successive statuses of one experiment. Not thread-safe.

@@ -41,6 +41,72 @@ TEST(WatchLinesTest, OneAlignedLinePerTrial) {
   EXPECT_EQ(lines[1].find("reduced-batch  queued     [--------------------] 0/?"), 0u) << lines[1];
 }
 
+v1::DeviceSample Gpu(const std::string& device, double percent, double used_gib) {
+  v1::DeviceSample sample;
+  sample.set_device(device);
+  sample.set_utilization_percent(percent);
+  sample.set_memory_used_bytes(static_cast<int64_t>(used_gib * (1 << 30)));
+  sample.set_memory_total_bytes(int64_t{80} << 30);
+  sample.set_power_watts(312.4);
+  sample.set_temperature_celsius(64);
+  return sample;
+}
+
+TEST(MeterTest, FillsInProportionUnderItsText) {
+  EXPECT_EQ(Meter("GPU", 0.45, "45%", 20), "GPU[|||||||||        45%]");
+  EXPECT_EQ(Meter("GPU", 0, "0%", 10), "GPU[        0%]");
+  EXPECT_EQ(Meter("GPU", 1, "100%", 10), "GPU[||||||100%]");
+  EXPECT_EQ(Meter("CPU", 1.8, "180%", 10), "CPU[||||||180%]");  // full from 100% on
+  EXPECT_EQ(Meter("X", -1, "", 4), "X[    ]");
+  EXPECT_EQ(Meter("X", 0.5, "too long", 4), "X[long]");  // the text's end stays
+}
+
+TEST(DeviceLineTest, GpuAndCpuAsNvtopDrawsThem) {
+  EXPECT_EQ(DeviceLine(Gpu("cuda:0", 45, 61.2), 6),
+            "cuda:0 GPU[|||||||||        45%] MEM[|||||||||||||||||61.2/80.0 GiB] 312 W 64\u00b0C");
+  v1::DeviceSample cpu;
+  cpu.set_device("cpu");
+  cpu.set_utilization_percent(180);
+  cpu.set_memory_used_bytes(int64_t{13} << 30 >> 3);  // 1.625 GiB
+  cpu.set_memory_total_bytes(int64_t{24} << 30);
+  EXPECT_EQ(DeviceLine(cpu, 6),
+            "cpu    CPU[||||||||||||||||180%] RSS[||                1.6/24.0 GiB]");
+  cpu.clear_utilization_percent();  // a CPU's first reading
+  EXPECT_EQ(DeviceLine(cpu, 3).find("cpu CPU[                   ?] RSS["), 0u);
+}
+
+TEST(WatchLinesTest, ARunningTrialsDevicesFollowItsLineAligned) {
+  v1::ExperimentStatus status = TwoTrials(3);
+  *status.mutable_trials(0)->add_devices() = Gpu("cuda:0", 45, 61.2);
+  *status.mutable_trials(0)->add_devices() = Gpu("cuda:10", 100, 80);
+  status.mutable_trials(0)->set_notice("node n's lease ends soon");
+  const std::vector<std::string> lines = WatchLines(status);
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_EQ(lines[0].find("baseline "), 0u);
+  EXPECT_EQ(lines[1], "    ! node n's lease ends soon");
+  EXPECT_EQ(lines[2].find("    cuda:0  GPU[|||||||||        45%] MEM["), 0u) << lines[2];
+  EXPECT_EQ(
+      lines[3].find("    cuda:10 GPU[||||||||||||||||100%] MEM[|||||||||||||||||80.0/80.0 GiB]"),
+      0u)
+      << lines[3];
+  EXPECT_EQ(lines[4].find("reduced-batch "), 0u);
+}
+
+TEST(WatchPrinterTest, PlainOutputLeavesOutTheDevicesThatChangeEverySecond) {
+  WatchPrinter printer(/*tty=*/false);
+  v1::ExperimentStatus status = TwoTrials(1);
+  *status.mutable_trials(0)->add_devices() = Gpu("cuda:0", 45, 61.2);
+  const std::string first = printer.Update(status);
+  EXPECT_NE(first.find("baseline"), std::string::npos);
+  EXPECT_EQ(first.find("cuda:0"), std::string::npos);
+  *status.mutable_trials(0)->mutable_devices(0) = Gpu("cuda:0", 90, 70);
+  EXPECT_EQ(printer.Update(status), "");
+  // A notice is part of the trial's lines.
+  status.mutable_trials(1)->set_notice("no connected node has 1 cuda device(s)");
+  EXPECT_EQ(printer.Update(status), std::string(WatchLines(status)[2]) +
+                                        "\n    ! no connected node has 1 cuda device(s)\n");
+}
+
 TEST(WatchPrinterTest, PlainOutputAppendsOnlyChangedLines) {
   WatchPrinter printer(/*tty=*/false);
   const std::string first = printer.Update(TwoTrials(1));
