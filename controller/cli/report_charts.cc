@@ -75,8 +75,8 @@ constexpr std::string_view kDeviceUsedColor = "#59a14f";
 constexpr std::string_view kLimitColor = "#e15759";
 constexpr std::string_view kRuleColor = "#e4e4e4";
 
-// An axis from 0 to `top` in steps of 1, 2 or 5 times a power of ten of `unit`, about `ticks`
-// of them.
+// An axis from 0 to `top` in steps of 1, 2, 2.5 or 5 times a power of ten of `unit`, about
+// `ticks` of them.
 struct Axis {
   double unit = 1;  // what one label counts: bytes of a MiB, seconds of a minute, ...
   std::string_view unit_name;
@@ -94,12 +94,17 @@ Axis NiceAxis(double top, double unit, std::string_view unit_name, int ticks) {
   const double span = std::max(top / unit, 1e-9);
   const double rough = span / ticks;
   const double magnitude = std::pow(10.0, std::floor(std::log10(rough)));
-  for (double factor : {1.0, 2.0, 5.0, 10.0}) {
+  for (double factor : {1.0, 2.0, 2.5, 5.0, 10.0}) {
     axis.step = factor * magnitude;
     if (axis.step >= rough) break;
   }
   axis.max = std::ceil(span / axis.step - 1e-9) * axis.step;
-  axis.decimals = std::max(0, static_cast<int>(-std::floor(std::log10(axis.step) + 1e-9)));
+  // As many decimals as the step has: 0.25 -> 2, 0.5 -> 1, 25 -> 0.
+  while (axis.decimals < 3) {
+    const double scaled = axis.step * std::pow(10.0, axis.decimals);
+    if (std::abs(scaled - std::round(scaled)) < 1e-6) break;
+    ++axis.decimals;
+  }
   return axis;
 }
 
