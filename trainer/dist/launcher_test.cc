@@ -30,6 +30,13 @@ class LauncherTest : public testing::Test {
     return spec;
   }
 
+  // Shell code that waits until ranks 0..world_size-1 have all written their pid files, so a rank
+  // that then fails cannot get the others stopped before they have recorded who they are.
+  std::string AwaitPids(int world_size) const {
+    return "for r in $(seq 0 " + std::to_string(world_size - 1) + "); do while [ ! -s " +
+           dir_.string() + "/rank$r.pid ]; do sleep 0.01; done; done; ";
+  }
+
   pid_t PidOf(int rank) const {
     std::ifstream in(dir_ / ("rank" + std::to_string(rank) + ".pid"));
     pid_t pid = -1;
@@ -57,9 +64,10 @@ TEST_F(LauncherTest, EveryRankGetsTorchrunsVariables) {
 }
 
 TEST_F(LauncherTest, ARankThatExitsEarlyStopsTheOthersAndIsNamed) {
-  // Rank 1 fails at once; ranks 0 and 2 would sleep for ten minutes (exec: the rank is the sleep).
-  const Status launched =
-      LaunchRanks(Shell("if [ \"$RANK\" = 1 ]; then exit 7; fi; exec sleep 600", 3));
+  // Rank 1 fails once all have started; ranks 0 and 2 would sleep for ten minutes (exec: the rank
+  // is the sleep).
+  const Status launched = LaunchRanks(
+      Shell("if [ \"$RANK\" = 1 ]; then " + AwaitPids(3) + "exit 7; fi; exec sleep 600", 3));
   ASSERT_FALSE(launched.ok());
   EXPECT_EQ(launched.code(), StatusCode::kAborted);
   EXPECT_EQ(launched.message(), "rank 1 of 3 exited with code 7; the other ranks were stopped");
@@ -73,21 +81,27 @@ TEST_F(LauncherTest, ARankThatExitsEarlyStopsTheOthersAndIsNamed) {
 }
 
 TEST_F(LauncherTest, ARankKilledByASignalIsNamed) {
-  const Status launched =
-      LaunchRanks(Shell("if [ \"$RANK\" = 0 ]; then kill -9 $$; fi; exec sleep 600", 2));
+  const Status launched = LaunchRanks(
+      Shell("if [ \"$RANK\" = 0 ]; then " + AwaitPids(2) + "kill -9 $$; fi; exec sleep 600", 2));
   ASSERT_FALSE(launched.ok());
   EXPECT_EQ(launched.message(),
             "rank 0 of 2 was killed by signal 9 (Killed); the other ranks were stopped");
+  ASSERT_GT(PidOf(1), 0);
   EXPECT_EQ(::kill(PidOf(1), 0), -1);
 }
 
 TEST_F(LauncherTest, ARankThatIgnoresSigtermIsKilled) {
-  LaunchSpec spec =
-      Shell("if [ \"$RANK\" = 1 ]; then exit 3; fi; trap '' TERM; while :; do :; done", 2);
+  // Rank 0 ignores SIGTERM before rank 1 fails, so only the SIGKILL after stop_grace ends it.
+  const std::string trapped = (dir_ / "trapped").string();
+  LaunchSpec spec = Shell("if [ \"$RANK\" = 1 ]; then " + AwaitPids(2) + "while [ ! -e " + trapped +
+                              " ]; do sleep 0.01; done; exit 3; fi; trap '' TERM; touch " +
+                              trapped + "; while :; do :; done",
+                          2);
   spec.stop_grace = std::chrono::milliseconds(200);
   const Status launched = LaunchRanks(spec);
   ASSERT_FALSE(launched.ok());
   EXPECT_EQ(launched.message(), "rank 1 of 2 exited with code 3; the other ranks were stopped");
+  ASSERT_GT(PidOf(0), 0);
   EXPECT_EQ(::kill(PidOf(0), 0), -1);
 }
 
