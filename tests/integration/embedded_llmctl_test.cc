@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,8 +20,8 @@
 namespace {
 
 namespace fs = std::filesystem;
-using llmctl::testing::CommandResult;
 using llmctl::testing::BuildDir;
+using llmctl::testing::CommandResult;
 
 class EmbeddedLlmctlTest : public ::testing::Test {
  protected:
@@ -110,6 +112,23 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
   EXPECT_GT(trial["at_peak"]["params_bytes"].get<int64_t>(), 0);
   EXPECT_FALSE(trial["per_phase"].empty());
   EXPECT_TRUE(trial["final_loss"].is_number());
+  // Memory over time: every snapshot the trainer took, timed from its start, the at-peak one among
+  // them; the out-of-memory trial's last one is where the allocation failed.
+  ASSERT_EQ(trial["memory_timeline"].size(), 1u);
+  const nlohmann::json& timeline = trial["memory_timeline"][0];
+  EXPECT_GT(timeline["started_unix_ms"].get<int64_t>(), 0);
+  EXPECT_EQ(timeline["device_limit_bytes"], 0) << "a CPU without device_memory";
+  ASSERT_FALSE(timeline["snapshots"].empty());
+  double previous_ms = 0;
+  for (const nlohmann::json& snapshot : timeline["snapshots"]) {
+    EXPECT_GE(snapshot["elapsed_ms"].get<double>(), previous_ms) << snapshot.dump();
+    previous_ms = snapshot["elapsed_ms"].get<double>();
+  }
+  EXPECT_NE(std::find(timeline["snapshots"].begin(), timeline["snapshots"].end(), trial["at_peak"]),
+            timeline["snapshots"].end());
+  ASSERT_EQ(squeezed["memory_timeline"].size(), 1u);
+  EXPECT_EQ(squeezed["memory_timeline"][0]["snapshots"].back(), squeezed["at_peak"]);
+  EXPECT_EQ(squeezed["at_peak"]["phase"], "oom");
 
   // The daemons stayed up; the inputs are already there.
   CommandResult again = Llmctl("submit " + (user / "tiny.yaml").string());
