@@ -269,6 +269,47 @@ TEST_F(ControllerAgentTest, AKilledAgentIsRestartedAndItsTrialCompletesWithNoGap
   EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), lines);
 }
 
+// The device samples llm-agent takes of a running trial (here the fake trainer's processes, read
+// from /proc once a second) reach the store through the real stream; after the agent is killed and
+// started again the readings go on in the same file and none is stored twice.
+TEST_F(ControllerAgentTest, DeviceSamplesReachTheStoreOnceAcrossAnAgentRestart) {
+  AddAgent("n1");
+  const int64_t experiment = Submit(Experiment({{"held", 300}}));
+  const store::TrialRecord trial = Trials(experiment).front();
+  const auto stored = [&] { return *daemon_->store().LastDeviceSampleSeq(trial.id, 1); };
+  ASSERT_TRUE(RoundsUntil([&] { return stored() >= 2; }));
+  Kill("n1");
+  daemon_->dispatcher().Tick();
+  StartAgent("n1");
+  const int64_t before_restart = stored();
+  ASSERT_TRUE(RoundsUntil([&] { return stored() >= before_restart + 2; }));
+  WriteFile(RunDir("n1", experiment, "held", 1) / "go", "",
+            fs::perms::owner_read | fs::perms::owner_write);
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+
+  auto samples = daemon_->store().DeviceSamples(experiment, "held");
+  ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+  // One row per reading streamed (readings taken after the run's end may stay on the node).
+  EXPECT_EQ(static_cast<int64_t>(samples->size()), stored());
+  EXPECT_LE(stored(), FileLines(RunDir("n1", experiment, "held", 1) / "samples.jsonl"));
+  const double most_percent = 100.0 * std::thread::hardware_concurrency() * 1.1;
+  for (size_t i = 0; i < samples->size(); ++i) {
+    const store::DeviceSample& sample = (*samples)[i];
+    SCOPED_TRACE("sample " + std::to_string(i));
+    EXPECT_EQ(sample.device, "cpu");
+    EXPECT_EQ(sample.count, 1);
+    EXPECT_GT(sample.memory_used_bytes, 0);
+    EXPECT_GT(sample.memory_total_bytes, sample.memory_used_bytes);
+    if (sample.utilization_percent) {
+      EXPECT_GE(*sample.utilization_percent, 0.0);
+      EXPECT_LE(*sample.utilization_percent, most_percent);
+    }
+    if (i > 0) {
+      EXPECT_GT(sample.time, (*samples)[i - 1].time);
+    }
+  }
+}
+
 TEST_F(ControllerAgentTest, ATrialKilledForMemoryIsOomAndTheNextTrialRuns) {
   AddAgent("n1");
   const int64_t experiment = Submit(Experiment({{"too-big", 109}, {"next", 0}}));
