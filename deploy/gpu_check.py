@@ -190,12 +190,16 @@ def cmd_lab_row(out, experiment_file, trial, expected, exit_code):
     out = Path(out)
     measured = summarize_events(out / "lab" / f"{trial}.events.jsonl")
     result = measured.pop("result")
-    # timeout(1) exits 124 after its SIGTERM (llm-train then cancels and still writes a result) and 137
-    # after the SIGKILL that follows when it does not stop in time.
-    stopped_at_budget = exit_code in ("124", "137")
+    # 124: the stage's time budget ended the run (deploy/gpu-check says so for timeout's SIGKILL too);
+    # 137 otherwise: something else killed it, on a GPU machine most likely the kernel's out-of-memory
+    # killer when the host ran out (the cpu-offload row keeps 16 bytes per parameter in host memory).
+    stopped_at_budget = exit_code == "124"
     if stopped_at_budget:
         observed = "stopped: time budget"
         error = "the stage's time budget ran out during this trial; run the stage again"
+    elif exit_code == "137":
+        observed = "killed"
+        error = "killed by SIGKILL before its time budget: the host's out-of-memory killer? (see dmesg)"
     elif result:
         observed = result["outcome"]
         error = result.get("error", "")

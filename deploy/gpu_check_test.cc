@@ -147,6 +147,19 @@ TEST(GpuCheckLabRowTest, ATrialStoppedAtTheBudgetStatesNoOutcomeAndIsMeasuredAga
   fs::remove_all(out);
 }
 
+TEST(GpuCheckLabRowTest, ATrialKilledBeforeTheBudgetIsAFailedRowNotAStoppedOne) {
+  const fs::path out = FreshDir("killed");
+  fs::create_directories(out / "lab");
+  WriteEvents(out / "lab/lora.events.jsonl");
+  ASSERT_EQ(Helper("lab-row '" + out.string() + "' experiments/cpu-lab.yaml lora ok 137").exit_code,
+            0);
+  const nlohmann::json r = LastRow(out / "lab.jsonl");
+  EXPECT_EQ(r["observed"], "killed");
+  EXPECT_EQ(r["matches"], false);
+  EXPECT_EQ(Helper("has-row '" + (out / "lab.jsonl").string() + "' lora").exit_code, 0);
+  fs::remove_all(out);
+}
+
 TEST(GpuCheckCommandTest, AnUnknownStageIsAUsageError) {
   const fs::path out = FreshDir("usage");
   const testing::CommandResult run = testing::RunShellCommand(
