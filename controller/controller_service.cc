@@ -76,6 +76,7 @@ void AddMemoryTimeline(const store::TrialReport& trial,
     proto->set_started_unix_ms(attempt.started_unix_ms.value_or(0));
     proto->set_device_limit_bytes(attempt.device_limit_bytes.value_or(0));
     for (const json& snapshot : attempt.snapshots) *proto->add_snapshots() = ToSnapshot(snapshot);
+    proto->set_ended_elapsed_ms(attempt.ended_elapsed_ms.value_or(0));
   }
   for (const store::DeviceSample& sample : samples) {
     auto attempt = by_attempt.find(sample.attempt);

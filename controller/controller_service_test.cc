@@ -456,6 +456,9 @@ TEST_F(ControllerServiceTest, ReportCarriesTheRunsSnapshotsAndDeviceSamplesOverT
                       .type = "snapshot",
                       .json = snapshot.dump()});
   }
+  const nlohmann::json result = {{"type", "result"}, {"outcome", "oom"}, {"elapsed_ms", 2'100.5}};
+  events.push_back(
+      {.seq = static_cast<int64_t>(events.size()) + 1, .type = "result", .json = result.dump()});
   ASSERT_TRUE(store.AppendEvents(trial, 2, events).ok());
   ASSERT_TRUE(
       store
@@ -474,6 +477,7 @@ TEST_F(ControllerServiceTest, ReportCarriesTheRunsSnapshotsAndDeviceSamplesOverT
   EXPECT_EQ(attempt.attempt(), 2);
   EXPECT_EQ(attempt.started_unix_ms(), 1'700'000'060'000);
   EXPECT_EQ(attempt.device_limit_bytes(), 40LL << 30);
+  EXPECT_EQ(attempt.ended_elapsed_ms(), 2'100.5);
   ASSERT_EQ(attempt.snapshots_size(), 3);
   for (int i = 0; i < 3; ++i) {
     const v1::MemorySnapshot& drawn = attempt.snapshots(i);

@@ -176,6 +176,7 @@ std::string RenderJson(const v1::ReportResponse& report) {
       entry["attempt"] = attempt.attempt();
       entry["started_unix_ms"] = attempt.started_unix_ms();
       entry["device_limit_bytes"] = attempt.device_limit_bytes();
+      entry["ended_elapsed_ms"] = attempt.ended_elapsed_ms();
       entry["snapshots"] = nlohmann::ordered_json::array();
       for (const v1::MemorySnapshot& snap : attempt.snapshots()) {
         entry["snapshots"].push_back(SnapshotJson(snap));

@@ -385,7 +385,7 @@ MemoryTimeline LayOutMemoryTimeline(const v1::TrialReport& trial) {
     span.attempt = attempt.attempt();
     span.start_seconds = offset;
     span.limit_bytes = attempt.device_limit_bytes();
-    double end = 0;  // seconds since this attempt's trainer started
+    double end = attempt.ended_elapsed_ms() / 1000.0;  // seconds since its trainer started
     for (const v1::MemorySnapshot& snap : attempt.snapshots()) {
       const double seconds = snap.elapsed_ms() / 1000.0;
       end = std::max(end, seconds);

@@ -32,7 +32,7 @@ struct MemoryTimeline {
   struct Attempt {
     int32_t attempt = 0;
     double start_seconds = 0;  // where its trainer's start lies on the axis
-    double end_seconds = 0;    // its last snapshot or sample
+    double end_seconds = 0;    // its trainer's end, or its last snapshot or sample if later
     int64_t limit_bytes = 0;   // its device limit; 0: none
   };
   struct Snapshot {

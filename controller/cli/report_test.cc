@@ -143,6 +143,7 @@ v1::ReportResponse FixedReport() {
   AddAttemptMemory(
       offload, 1, kStart, 0,
       {{20, "phase0_before_fwd", 0, 50 * kMiB}, {45, "phase2_after_bwd", 0, 61 * kMiB}}, {});
+  offload->mutable_memory_timeline(0)->set_ended_elapsed_ms(60);  // stopped after its last snapshot
   AddAttemptMemory(
       offload, 2, kStart + 3'600'000, 0,
       {{15, "phase0_before_fwd", 1, 52 * kMiB}, {40, "phase2_after_bwd", 1, 61 * kMiB}}, {});
@@ -316,14 +317,16 @@ TEST(MemoryTimelineTest, LaysOutAttemptsEndToEndAndSamplesByTheirClock) {
   EXPECT_TRUE(LayOutMemoryTimeline(on_cpu).device_used.empty());
   EXPECT_DOUBLE_EQ(LayOutMemoryTimeline(on_cpu).end_seconds, 2.6);
 
-  // Resumed an hour later: the second attempt starts where the first one's last snapshot was.
+  // Resumed an hour later: the second attempt starts where the first one's trainer ended (after
+  // its last snapshot), and ends at its own last snapshot, as it has no end.
   const MemoryTimeline resumed = LayOutMemoryTimeline(report.trials(2));
   ASSERT_EQ(resumed.attempts.size(), 2u);
-  EXPECT_DOUBLE_EQ(resumed.attempts[1].start_seconds, 0.045);
+  EXPECT_DOUBLE_EQ(resumed.attempts[0].end_seconds, 0.06);
+  EXPECT_DOUBLE_EQ(resumed.attempts[1].start_seconds, 0.06);
   ASSERT_EQ(resumed.snapshots.size(), 4u);
   EXPECT_EQ(resumed.snapshots[2].attempt, 2);
-  EXPECT_DOUBLE_EQ(resumed.snapshots[2].seconds, 0.045 + 0.015);
-  EXPECT_DOUBLE_EQ(resumed.end_seconds, 0.085);
+  EXPECT_DOUBLE_EQ(resumed.snapshots[2].seconds, 0.06 + 0.015);
+  EXPECT_DOUBLE_EQ(resumed.end_seconds, 0.1);
 }
 
 // One figure of the "Memory over time" section, by its trial's name.
@@ -371,7 +374,8 @@ TEST(MemoryTimelineTest, ChartPointsAreTheSnapshots) {
       for (const v1::MemorySnapshot& snap : attempt.snapshots()) {
         snapshots.emplace_back(offset + snap.elapsed_ms() / 1000, snap.allocated_bytes());
       }
-      offset = snapshots.back().first;
+      offset +=
+          std::max(attempt.ended_elapsed_ms(), attempt.snapshots().rbegin()->elapsed_ms()) / 1000;
     }
     // The scales from the first and the highest point, checked on every point.
     const size_t high = static_cast<size_t>(

@@ -617,11 +617,21 @@ Status FillMemoryTimeline(sqlite3* db, int64_t experiment_id, std::vector<TrialR
       timeline.push_back(AttemptMemory{.attempt = stmt.Int(1),
                                        .started_unix_ms = stmt.OptionalInt(2),
                                        .device_limit_bytes = stmt.OptionalInt(3),
-                                       .snapshots = {}});
+                                       .snapshots = {},
+                                       .ended_elapsed_ms = std::nullopt});
     }
     if (stmt.IsNull(4)) continue;  // an attempt without snapshots
     ASSIGN_OR_RETURN(json snapshot, ParseStoredJson(stmt.Text(4), "snapshot event"));
     timeline.back().snapshots.push_back(std::move(snapshot));
+  }
+  for (TrialReport& trial : trials) {
+    for (AttemptMemory& attempt : trial.memory_timeline) {
+      ASSIGN_OR_RETURN(const json result,
+                       LatestEventOfType(db, trial.trial_id, attempt.attempt, "result"));
+      if (result.is_object() && result.contains("elapsed_ms") && result["elapsed_ms"].is_number()) {
+        attempt.ended_elapsed_ms = result["elapsed_ms"].get<double>();
+      }
+    }
   }
   return Status::Ok();
 }

@@ -173,6 +173,8 @@ struct AttemptMemory {
   std::optional<int64_t> started_unix_ms;
   std::optional<int64_t> device_limit_bytes;
   std::vector<nlohmann::json> snapshots;  // its `snapshot` events, in order
+  // When the trainer ended, on the snapshots' clock: its latest `result` event's elapsed_ms.
+  std::optional<double> ended_elapsed_ms;
 };
 
 // One trial's row of the report: its row of the `trial_results` view and its rows of

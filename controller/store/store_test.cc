@@ -1215,12 +1215,14 @@ TEST_F(StoreTest, MemoryTimelineHoldsEachAttemptsSnapshotsAndItsStart) {
   oom["elapsed_ms"] = 1'100;
   ASSERT_TRUE(
       store
-          ->AppendEvents(trials[0], 1,
-                         std::vector<Event>{MakeEvent(1, {{"type", "start"},
-                                                          {"started_unix_ms", 1'700'000'000'123},
-                                                          {"device_limit_bytes", 226'492'416}}),
-                                            MakeEvent(2, early), StepEvent(3, 0),
-                                            MakeEvent(4, late), MakeEvent(5, oom)})
+          ->AppendEvents(
+              trials[0], 1,
+              std::vector<Event>{
+                  MakeEvent(1, {{"type", "start"},
+                                {"started_unix_ms", 1'700'000'000'123},
+                                {"device_limit_bytes", 226'492'416}}),
+                  MakeEvent(2, early), StepEvent(3, 0), MakeEvent(4, late), MakeEvent(5, oom),
+                  MakeEvent(6, {{"type", "result"}, {"outcome", "oom"}, {"elapsed_ms", 1'234.5}})})
           .ok());
   ASSERT_EQ(*store->StartAttempt(trials[1], "n1", kNow), 1);  // no start event, no snapshot
 
@@ -1232,11 +1234,13 @@ TEST_F(StoreTest, MemoryTimelineHoldsEachAttemptsSnapshotsAndItsStart) {
   EXPECT_EQ(fits[0].started_unix_ms, 1'700'000'000'123);
   EXPECT_EQ(fits[0].device_limit_bytes, 226'492'416);
   EXPECT_THAT(fits[0].snapshots, ElementsAre(early, late, oom));
+  EXPECT_EQ(fits[0].ended_elapsed_ms, 1'234.5);
   const std::vector<AttemptMemory>& load_oom = report->trials[1].memory_timeline;
   ASSERT_EQ(load_oom.size(), 1u);
   EXPECT_EQ(load_oom[0].started_unix_ms, std::nullopt);
   EXPECT_EQ(load_oom[0].device_limit_bytes, std::nullopt);
   EXPECT_TRUE(load_oom[0].snapshots.empty());
+  EXPECT_EQ(load_oom[0].ended_elapsed_ms, std::nullopt);
   EXPECT_TRUE(report->trials[2].memory_timeline.empty()) << "never started";
   // What sqlite3 users read: the times and bytes as columns.
   EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM trial_memory_timeline WHERE trial = 'fits'"), 3);

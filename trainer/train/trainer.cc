@@ -139,6 +139,14 @@ class TrialRun {
   // The `snapshot` event: `snapshot`'s bytes, where in the run it was taken, and when.
   void EmitSnapshot(const MemorySnapshot& snapshot, int64_t step, int64_t micro_batch,
                     const char* phase);
+  // Milliseconds since the run's start, to the microsecond: enough to order the phases of the
+  // smallest model's step.
+  double ElapsedMs() const {
+    return static_cast<double>(
+               std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started_)
+                   .count()) /
+           1000.0;
+  }
   void Log(const std::string& level, const std::string& message);
   // Writes the profiled steps' files (profiling.h) and names them in log events.
   void WriteProfile();
@@ -325,10 +333,7 @@ void TrialRun::EmitSnapshot(const MemorySnapshot& snapshot, int64_t step, int64_
   event["step"] = step;
   event["micro_batch"] = micro_batch;
   event["phase"] = phase;
-  // Microseconds are enough to order the phases of the smallest model's step.
-  const auto elapsed =
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started_);
-  event["elapsed_ms"] = static_cast<double>(elapsed.count()) / 1000.0;
+  event["elapsed_ms"] = ElapsedMs();
   events_.Emit(event);
 }
 
@@ -481,7 +486,8 @@ TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
              {"peak_bytes", result.peak_bytes},
              {"steps", result.steps_done},
              {"final_loss", result.final_loss ? json(*result.final_loss) : json(nullptr)},
-             {"error", result.error}};
+             {"error", result.error},
+             {"elapsed_ms", ElapsedMs()}};
   // The newest checkpoint, written or resumed from, with the checkpoint event's fields: what
   // --resume continues from (the controller names it when it stopped the run).
   if (!last_checkpoint_dir_.empty()) {

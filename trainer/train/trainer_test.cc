@@ -173,6 +173,8 @@ TEST(StepAnatomyTest, SnapshotsCarryTheirTimeSinceTheRunsStart) {
     previous = elapsed;
   }
   EXPECT_GT(previous, 0.0);
+  ASSERT_EQ(run.events.back()["type"], "result");
+  EXPECT_GE(run.events.back()["elapsed_ms"].get<double>(), previous) << "the run ends last";
 }
 
 TEST(TrainingLoopTest, LossGoesDownOnTheDemoData) {
