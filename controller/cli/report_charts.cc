@@ -209,10 +209,13 @@ std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& t
              Printf("%.1f", y) + "\" y2=\"" + Printf("%.1f", y) + "\" stroke=\"" +
              std::string(kLimitColor) + "\" stroke-dasharray=\"6 3\" class=\"limit\"><title>" +
              "device limit " + Mib(attempt.limit_bytes) + " MiB</title></line>\n";
-      // Below the line at its start, where memory has yet to rise and an OOM cannot be.
-      out += "<text x=\"" + Printf("%.1f", x1 + 4) + "\" y=\"" + Printf("%.1f", y + 13) +
-             "\" fill=\"" + std::string(kLimitColor) + "\">limit " +
-             FormatBytes(static_cast<uint64_t>(attempt.limit_bytes)) + "</text>\n";
+      // Below the line at its start, where memory has yet to rise and an OOM cannot be; once
+      // for a run whose attempts share the limit.
+      if (i == 0 || timeline.attempts[i - 1].limit_bytes != attempt.limit_bytes) {
+        out += "<text x=\"" + Printf("%.1f", x1 + 4) + "\" y=\"" + Printf("%.1f", y + 13) +
+               "\" fill=\"" + std::string(kLimitColor) + "\">limit " +
+               FormatBytes(static_cast<uint64_t>(attempt.limit_bytes)) + "</text>\n";
+      }
     }
   }
 

@@ -410,6 +410,22 @@ TEST(MemoryTimelineTest, ChartPointsAreTheSnapshots) {
   EXPECT_NE(oom.find("out of memory"), std::string::npos);
   EXPECT_EQ(TimelineFigure(html, "reduced-batch").find("class=\"oom\""), std::string::npos);
   EXPECT_NE(TimelineFigure(html, "cpu-offload").find("attempt 2"), std::string::npos);
+
+  // Attempts with one limit: a line over each, its label once.
+  v1::ReportResponse same_limit = FixedReport();
+  for (v1::AttemptMemory& attempt : *same_limit.mutable_trials(2)->mutable_memory_timeline()) {
+    attempt.set_device_limit_bytes(100 * kMiB);
+  }
+  const std::string resumed =
+      TimelineFigure(RenderReport(same_limit, ReportFormat::kHtml), "cpu-offload");
+  size_t lines = 0;
+  for (size_t at = resumed.find("class=\"limit\""); at != std::string::npos;
+       at = resumed.find("class=\"limit\"", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 2u);
+  EXPECT_EQ(resumed.find(">limit 100.00 MiB<"), resumed.rfind(">limit 100.00 MiB<"));
+  EXPECT_NE(resumed.find(">limit 100.00 MiB<"), std::string::npos);
 }
 
 TEST(ReportTest, ParsesFormatNames) {
