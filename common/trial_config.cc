@@ -542,6 +542,15 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
                    "where 16-mixed loss scaling cannot check them for overflow; use bf16-mixed or "
                    "bf16-true");
   }
+  // DDP all-reduces the gradients that backward accumulates in .grad; offload moves them to the
+  // host and optimizer_in_backward consumes them before the other ranks' gradients are known.
+  if (config.GetString("strategy") == "ddp" &&
+      (offload || config.GetBool("optimizer_in_backward"))) {
+    const std::string other = offload ? "offload" : "optimizer_in_backward";
+    return problem({"strategy", other},
+                   "strategy: ddp averages the gradients across ranks after backward, which " +
+                       other + " does not wait for; use strategy: auto or turn " + other + " off");
+  }
   if (config.GetBool("optimizer_in_backward")) {
     const int64_t micro = config.GetInt("train.micro_batch_size");
     const int64_t global = config.GetInt("train.global_batch_size");

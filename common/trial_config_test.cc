@@ -429,6 +429,24 @@ TEST(ValidateTrialConfigTest, OptimizerSettings) {
   EXPECT_TRUE(ValidateTrialConfig(zero_lr, nullptr).ok());
 }
 
+// DDP averages the gradients in .grad after backward; offload and optimizer_in_backward take them
+// before that.
+TEST(ValidateTrialConfigTest, DdpRefusesTechniquesThatTakeTheGradientsEarly) {
+  TrialConfig ddp = Valid();
+  ASSERT_TRUE(ddp.SetFromText("strategy", "ddp").ok());
+  ASSERT_TRUE(ddp.SetFromText("devices", "2").ok());
+  ASSERT_TRUE(ddp.SetFromText("train.global_batch_size", "2").ok());
+  EXPECT_TRUE(ValidateTrialConfig(ddp, nullptr).ok());
+  TrialConfig offload = ddp;
+  ASSERT_TRUE(offload.SetFromText("offload", "optimizer").ok());
+  EXPECT_NE(ProblemMessage(offload).find("strategy: ddp averages the gradients"),
+            std::string::npos);
+  TrialConfig in_backward = ddp;
+  ASSERT_TRUE(in_backward.SetFromText("optimizer_in_backward", "true").ok());
+  EXPECT_NE(ProblemMessage(in_backward).find("which optimizer_in_backward does not wait for"),
+            std::string::npos);
+}
+
 TEST(ApplyLabSpellingsTest, LabOptimizerNamesBecomeLlmctls) {
   TrialConfig eight_bit = Valid();
   ASSERT_TRUE(eight_bit.SetFromText("optimizer", "adam_8bit").ok());

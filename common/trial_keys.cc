@@ -114,8 +114,11 @@ const std::vector<KeySpec>* BuildTrialKeys() {
       {"strategy",
        K::kEnum,
        "auto",
-       {"auto", "deepspeed_stage_2_offload"},
-       "The labs' Lightning strategy; deepspeed_stage_2_offload becomes offload: optimizer"},
+       {"auto", "ddp", "deepspeed_stage_2_offload"},
+       "auto: one process; ddp: data-parallel over `devices` ranks (c10d: Gloo on cpu, NCCL on "
+       "cuda), each rank a shard of the data, gradients averaged by bucketed all-reduce during "
+       "backward (llm-train --nproc N); deepspeed_stage_2_offload (the labs' Lightning strategy) "
+       "becomes offload: optimizer"},
       {"optimizer_in_backward",
        K::kBool,
        "false",
@@ -172,6 +175,12 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "Recompute each decoder layer's activations in backward instead of keeping them"},
       {"device", K::kEnum, "cpu", {"cpu", "cuda"}, "Where training runs"},
       {"devices", K::kInt, "1", {}, "Number of devices (one worker process each)"},
+      {"ddp.bucket_size",
+       K::kByteSize,
+       "25MiB",
+       {},
+       "strategy ddp: gradients are all-reduced in flat buckets of about this size, in reverse "
+       "parameter order (PyTorch DDP's bucket_cap_mb)"},
       {"device_memory",
        K::kByteSize,
        "",

@@ -1,7 +1,7 @@
 // llm-train: runs one trial of an experiment file in this process.
 //
 //   llm-train --config FILE [--trial NAME] [--set key=value ...] [--events FILE] [--prepare]
-//             [--resume CHECKPOINT_DIR]
+//             [--resume CHECKPOINT_DIR] [--nproc N [--master-port P]]
 //   llm-train --config FILE --list        # the trials, with their expected outcomes
 //   llm-train --keys                      # every trial key as Markdown
 //   llm-train --version [--json]          # llmctl's, LibTorch's, CUDA's and the NVIDIA driver's
@@ -20,8 +20,11 @@
 #include "common/text.h"
 #include "common/trial_config.h"
 #include "common/trial_keys.h"
+#include "trainer/dist/launcher.h"
+#include "trainer/dist/rank_env.h"
 #include "trainer/inputs/trial_inputs.h"
 #include "trainer/train/batches.h"
+#include "trainer/train/ddp.h"
 #include "trainer/train/trainer.h"
 #include "trainer/train/versions.h"
 
@@ -75,6 +78,16 @@ int main(int argc, char** argv) {
   app.add_flag("--prepare", prepare_only, "only tokenize the dataset into the token cache");
   app.add_option("--resume", resume_from,
                  "continue from a checkpoint directory (<output_dir>/checkpoints/step-N)");
+  int nproc = 0;
+  app.add_option(
+         "--nproc", nproc,
+         "strategy ddp: start this many ranks of this trial on this machine, torchrun-style "
+         "(the trial's devices); one rank failing stops the others")
+      ->check(CLI::PositiveNumber);
+  int master_port = 29500;
+  app.add_option("--master-port", master_port,
+                 "with --nproc: the port rank 0 serves the rendezvous on")
+      ->check(CLI::Range(1, 65535));
   std::vector<std::string> input_names;
   app.add_option("--input-name", input_names,
                  "PATH=NAME: call PATH by NAME in messages (the agent names the inputs it copied "
@@ -150,11 +163,52 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  const bool ddp = config.GetString("strategy") == "ddp" && config.GetInt("devices") > 1;
+  if (nproc > 0) {
+    if (!ddp || config.GetInt("devices") != nproc) {
+      return Fail(
+          "--nproc " + std::to_string(nproc) +
+          " starts the ranks of a data-parallel trial: it needs strategy: ddp and devices: " +
+          std::to_string(nproc) + " (the trial has strategy: " + config.GetString("strategy") +
+          ", devices: " + std::to_string(config.GetInt("devices")) + ")");
+    }
+    // Each rank is this command without --nproc, told its place by the launcher's variables.
+    llmctl::dist::LaunchSpec spec;
+    for (int i = 0; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg == "--nproc" || arg == "--master-port") {
+        ++i;
+        continue;
+      }
+      if (arg.starts_with("--nproc=") || arg.starts_with("--master-port=")) continue;
+      spec.argv.push_back(arg);
+    }
+    spec.world_size = nproc;
+    spec.master_port = static_cast<uint16_t>(master_port);
+    if (llmctl::Status status = llmctl::dist::LaunchRanks(spec); !status.ok()) {
+      std::cerr << "llm-train: " << status.message() << std::endl;
+      return llmctl::trainer::kExitFailed;
+    }
+    return llmctl::trainer::kExitOk;
+  }
+  std::optional<llmctl::dist::RankEnv> rank_env;
+  if (ddp) {
+    auto env = llmctl::dist::RankEnvFromEnvironment();
+    if (!env.ok()) {
+      return Fail("strategy: ddp with devices: " + std::to_string(config.GetInt("devices")) +
+                  " runs one rank per device: start them with --nproc " +
+                  std::to_string(config.GetInt("devices")) +
+                  " (or torchrun): " + env.status().message());
+    }
+    rank_env = *env;
+  }
+
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGUSR1, OnCheckpointSignal);
   llmctl::trainer::RunOptions options;
-  options.events_path = events_path;
+  options.events_path = llmctl::trainer::RankEventsPath(events_path, rank_env ? rank_env->rank : 0);
+  options.rank_env = rank_env;
   options.human = &std::cout;
   options.cancel = &g_cancel;
   options.checkpoint_on_cancel = &g_checkpoint_on_cancel;

@@ -45,9 +45,15 @@ StatusOr<BatchIterator> BatchIterator::Create(const TokenFile& file, const Batch
     return InvalidArgumentError("micro_batch_size must be at least 1, got " +
                                 std::to_string(options.micro_batch_size));
   }
-  if (options.drop_last && options.micro_batch_size > file.num_examples()) {
-    return InvalidArgumentError("micro_batch_size " + std::to_string(options.micro_batch_size) +
-                                " exceeds the " + std::to_string(file.num_examples()) +
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    return InvalidArgumentError("rank " + std::to_string(options.rank) + " is not one of " +
+                                std::to_string(options.world_size) + " ranks");
+  }
+  const int64_t round = options.micro_batch_size * options.world_size;
+  if (options.drop_last && round > file.num_examples()) {
+    std::string batch = "micro_batch_size " + std::to_string(options.micro_batch_size);
+    if (options.world_size > 1) batch += " x " + std::to_string(options.world_size) + " ranks";
+    return InvalidArgumentError(batch + " exceeds the " + std::to_string(file.num_examples()) +
                                 " examples in " + file.path() +
                                 " and drop_last is set: no batch "
                                 "would ever be produced");
@@ -69,7 +75,7 @@ void BatchIterator::StartEpoch(int64_t epoch) {
 }
 
 int64_t BatchIterator::batches_per_epoch() const {
-  const int64_t n = file_->num_examples(), b = options_.micro_batch_size;
+  const int64_t n = file_->num_examples(), b = options_.micro_batch_size * options_.world_size;
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
@@ -87,15 +93,19 @@ Status BatchIterator::Restore(const BatchPosition& position) {
 
 Batch BatchIterator::Next() {
   const int64_t n = file_->num_examples();
-  const int64_t b = options_.micro_batch_size;
-  // An epoch is over when nothing is left, or (drop_last) less than a full batch.
-  if (index_ >= n || (options_.drop_last && n - index_ < b)) StartEpoch(epoch_ + 1);
+  const int64_t world = options_.world_size;
+  const int64_t round = options_.micro_batch_size * world;
+  // An epoch is over when nothing is left, or (drop_last) less than a full batch of every rank.
+  if (index_ >= n || (options_.drop_last && n - index_ < round)) StartEpoch(epoch_ + 1);
 
   Batch batch;
   batch.epoch = epoch_;
-  batch.rows = std::min(b, n - index_);
-  batch.example_indices.assign(order_.begin() + index_, order_.begin() + index_ + batch.rows);
-  index_ += batch.rows;
+  const int64_t taken = std::min(round, n - index_);
+  for (int64_t i = options_.rank; i < taken; i += world) {
+    batch.example_indices.push_back(order_[index_ + i]);
+  }
+  batch.rows = static_cast<int64_t>(batch.example_indices.size());
+  index_ += taken;
 
   for (int64_t e : batch.example_indices) {
     batch.lengths.push_back(file_->length(e));

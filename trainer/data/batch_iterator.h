@@ -22,6 +22,13 @@ struct BatchOptions {
   bool shuffle = true;     // false: file order every epoch
   bool drop_last = false;  // true: skip an epoch's final, smaller batch
   int32_t pad_id = -1;     // < 0: the file's EOS id, or 0 when the tokenizer has none
+  // Data parallelism as PyTorch's DistributedSampler shards it: the ranks walk the same epoch order
+  // together, world_size * micro_batch_size examples at a time, and rank r takes every
+  // world_size-th of them from the r-th on, so each example of an epoch goes to exactly one rank. A
+  // rank's batch is then a slice of the batch one process with world_size times the micro-batch
+  // would see.
+  int64_t rank = 0;
+  int64_t world_size = 1;
 };
 
 // A micro-batch as plain row-major vectors; the trainer wraps them in tensors.
@@ -40,7 +47,8 @@ struct Batch {
 };
 
 // Where the iterator stands: the next batch starts at example order[index] of `epoch`'s
-// permutation. Saved with a checkpoint and given back to Restore.
+// permutation (the ranks' shared index: the same on every rank). Saved with a checkpoint and given
+// back to Restore.
 struct BatchPosition {
   int64_t epoch = 0;
   int64_t index = 0;
@@ -49,8 +57,8 @@ struct BatchPosition {
 
 class BatchIterator {
  public:
-  // Borrows `file`, which must outlive the iterator. Fails on micro_batch_size < 1, or drop_last
-  // with fewer examples than one batch.
+  // Borrows `file`, which must outlive the iterator. Fails on micro_batch_size < 1, a rank outside
+  // [0, world_size), or drop_last with fewer examples than one batch of every rank.
   static StatusOr<BatchIterator> Create(const TokenFile& file, const BatchOptions& options);
 
   // The next micro-batch. Never runs out: after an epoch's last batch comes the first batch of the

@@ -178,6 +178,48 @@ TEST(BatchIteratorTest, DropLastSkipsThePartialBatch) {
   EXPECT_FALSE(BatchIterator::Create(*file, Options(0, 0)).ok());
 }
 
+// DistributedSampler's sharding: over an epoch the ranks see every example exactly once, and one
+// round of the ranks' batches is the batch one process with world_size times the micro-batch sees,
+// each rank taking every world_size-th row of it.
+TEST(BatchIteratorTest, RanksShareEachEpochWithoutRepeats) {
+  auto file = MakeFile({2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6});  // 13 examples
+  constexpr int64_t kWorld = 3;
+  auto whole = BatchIterator::Create(*file, Options(2 * kWorld, 7, true, true));
+  ASSERT_TRUE(whole.ok());
+  std::vector<BatchIterator> ranks;
+  for (int64_t rank = 0; rank < kWorld; ++rank) {
+    BatchOptions options = Options(2, 7, true, true);
+    options.rank = rank;
+    options.world_size = kWorld;
+    auto it = BatchIterator::Create(*file, options);
+    ASSERT_TRUE(it.ok()) << it.status().ToString();
+    EXPECT_EQ(it->batches_per_epoch(), 2);  // 13 / (2 x 3), the rest dropped
+    ranks.push_back(std::move(*it));
+  }
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    std::multiset<int64_t> seen;
+    for (int64_t round = 0; round < 2; ++round) {
+      const Batch reference = whole->Next();
+      for (int64_t rank = 0; rank < kWorld; ++rank) {
+        const Batch b = ranks[rank].Next();
+        EXPECT_EQ(b.rows, 2);
+        EXPECT_EQ(b.epoch, epoch);
+        EXPECT_EQ(b.example_indices,
+                  (std::vector<int64_t>{reference.example_indices[rank],
+                                        reference.example_indices[rank + kWorld]}));
+        seen.insert(b.example_indices.begin(), b.example_indices.end());
+        EXPECT_EQ(ranks[rank].position(), whole->position());
+      }
+    }
+    EXPECT_EQ(seen.size(), 12u);
+    EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), 12u) << "an example repeated";
+  }
+  BatchOptions outside = Options(2, 7);
+  outside.rank = 3;
+  outside.world_size = 3;
+  EXPECT_FALSE(BatchIterator::Create(*file, outside).ok());
+}
+
 TEST(BatchIteratorTest, PadIdFallsBackToZeroWithoutEos) {
   auto file = MakeFile({3, 1}, /*eos=*/-1);
   auto it = BatchIterator::Create(*file, Options(2, 0, false));

@@ -248,6 +248,31 @@ Status ProcessGroup::AllReduce(at::Tensor& tensor, ReduceOp op) {
   return Status::Ok();
 }
 
+StatusOr<PendingAllReduce> ProcessGroup::StartAllReduce(at::Tensor& tensor, ReduceOp op) {
+  c10d::AllreduceOptions options;
+  options.reduceOp = NativeOp(op);
+  std::vector<at::Tensor> tensors = {tensor};
+  try {
+    c10::intrusive_ptr<c10d::Work> work = backend_->allreduce(tensors, options);
+    const bool divide = op == ReduceOp::kAvg && backend_kind_ != BackendKind::kNccl;
+    return PendingAllReduce(std::move(work), tensor, divide ? world_size_ : 1, rank_);
+  } catch (const std::exception& error) {
+    return UnavailableError("all_reduce failed on rank " + std::to_string(rank_) + ": " +
+                            DescribeException(error));
+  }
+}
+
+Status PendingAllReduce::Wait() {
+  try {
+    work_->wait();
+  } catch (const std::exception& error) {
+    return UnavailableError("all_reduce failed on rank " + std::to_string(rank_) + ": " +
+                            DescribeException(error));
+  }
+  if (divisor_ > 1) tensor_.div_(divisor_);
+  return Status::Ok();
+}
+
 Status ProcessGroup::Broadcast(at::Tensor& tensor, int root) {
   if (root < 0 || root >= world_size_) {
     return InvalidArgumentError("broadcast root " + std::to_string(root) + " is not a rank of " +

@@ -47,6 +47,28 @@ struct ProcessGroupOptions {
 // elements so that reduce-scatter and all-gather see equal pieces.
 int64_t ShardNumel(int64_t numel, int world_size);
 
+// An all-reduce started by ProcessGroup::StartAllReduce and not yet waited for: DDP starts one per
+// gradient bucket while backward is still computing the others.
+class PendingAllReduce {
+ public:
+  PendingAllReduce(PendingAllReduce&&) = default;
+  PendingAllReduce& operator=(PendingAllReduce&&) = default;
+
+  // Waits until the tensor holds the result (for a mean on Gloo, divides it here); Unavailable
+  // naming the rank when the collective failed.
+  Status Wait();
+
+ private:
+  friend class ProcessGroup;
+  PendingAllReduce(c10::intrusive_ptr<c10d::Work> work, at::Tensor tensor, int divisor, int rank)
+      : work_(std::move(work)), tensor_(std::move(tensor)), divisor_(divisor), rank_(rank) {}
+
+  c10::intrusive_ptr<c10d::Work> work_;
+  at::Tensor tensor_;
+  int divisor_ = 1;  // the world size for a mean the backend cannot take itself, else 1
+  int rank_ = 0;
+};
+
 class ProcessGroup {
  public:
   // Joins the group `env` describes: rank 0 binds MASTER_PORT and serves the store
@@ -65,6 +87,8 @@ class ProcessGroup {
 
   // In place: every rank's `tensor` becomes the element-wise sum (or mean) over the ranks.
   Status AllReduce(at::Tensor& tensor, ReduceOp op);
+  // AllReduce without waiting: the tensor must stay untouched until the result's Wait returns.
+  StatusOr<PendingAllReduce> StartAllReduce(at::Tensor& tensor, ReduceOp op);
   // In place: every rank's `tensor` becomes rank `root`'s.
   Status Broadcast(at::Tensor& tensor, int root);
   // `output` (world_size * input.numel() elements, contiguous) becomes the ranks' `input`s one

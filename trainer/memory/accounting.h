@@ -1,8 +1,9 @@
 // Memory accounting: the one place that knows the memory categories.
 //
 // A snapshot splits the training device's allocated bytes into params, grads, optimizer state (on
-// the device and, for offloaded state, on the host) and "other" (activations, buffers such as RoPE
-// tables, temporaries) = allocated − params − grads − device optimizer state. Categories are
+// the device and, for offloaded state, on the host), comm buckets (data parallelism's flat gradient
+// buffers) and "other" (activations, buffers such as RoPE tables, temporaries) = allocated − params
+// − grads − device optimizer state − comm buckets. Categories are
 // counted from the tensors themselves, deduplicated by storage, so views and tied weights count
 // once.
 #ifndef LLMCTL_TRAINER_MEMORY_ACCOUNTING_H_
@@ -25,6 +26,7 @@ struct MemorySnapshot {
   uint64_t grads_bytes = 0;
   uint64_t optim_device_bytes = 0;
   uint64_t optim_host_bytes = 0;
+  uint64_t comm_bytes = 0;   // strategy ddp's gradient buckets ("comm buckets")
   uint64_t other_bytes = 0;  // "Acts" in human output
   uint64_t allocated_bytes = 0;
   uint64_t peak_bytes = 0;  // high-water mark since the last ResetPeak()
@@ -64,18 +66,21 @@ class DeviceMemory {
 
 // What a snapshot counts. `params` are everything that holds model weights (trainable or frozen,
 // packed quantised weights included); their .grad() tensors are the grads; `optimizer_state` is
-// every tensor an optimizer keeps (moments, step counters, fp32 master copies).
+// every tensor an optimizer keeps (moments, step counters, fp32 master copies); `comm_buffers` the
+// buffers gradients are communicated through (DDP's buckets; empty for one device).
 MemorySnapshot TakeSnapshot(const DeviceMemory& memory, const std::vector<torch::Tensor>& params,
-                            const std::vector<torch::Tensor>& optimizer_state);
+                            const std::vector<torch::Tensor>& optimizer_state,
+                            const std::vector<torch::Tensor>& comm_buffers);
 
 // The snapshot at the moment an allocation failed: the categories as they are now, allocated as it
 // was when the failing request came (the unwinding since then has freed temporaries).
 MemorySnapshot SnapshotAtFailure(const DeviceMemory& memory,
                                  const std::vector<torch::Tensor>& params,
-                                 const std::vector<torch::Tensor>& optimizer_state);
+                                 const std::vector<torch::Tensor>& optimizer_state,
+                                 const std::vector<torch::Tensor>& comm_buffers);
 
-// A device storage's accounting category ("params", "grads" or "optimizer state"), by its data
-// pointer: what the memory viewers name a live allocation (memory_history.h).
+// A device storage's accounting category ("params", "grads", "optimizer state" or "comm buckets"),
+// by its data pointer: what the memory viewers name a live allocation (memory_history.h).
 struct StorageCategory {
   uint64_t address;
   std::string category;
@@ -84,13 +89,14 @@ struct StorageCategory {
 // The category of every device storage a snapshot would count as params, grads or optimizer state.
 std::vector<StorageCategory> StorageCategories(const DeviceMemory& memory,
                                                const std::vector<torch::Tensor>& params,
-                                               const std::vector<torch::Tensor>& optimizer_state);
+                                               const std::vector<torch::Tensor>& optimizer_state,
+                                               const std::vector<torch::Tensor>& comm_buffers);
 
 // Bytes of the storages behind `tensors`, each storage once.
 uint64_t UniqueStorageBytes(const std::vector<torch::Tensor>& tensors);
 
 // "Params: 0.52 GiB | Grads: … | Optim: … | Acts: … | Allocated: … (peak …) | Reserved: …", the
-// labs' line; "Optim GPU/CPU" split when state is offloaded.
+// labs' line; "Optim GPU/CPU" split when state is offloaded, "Comm: …" after Optim under DDP.
 std::string FormatSnapshot(const MemorySnapshot& snapshot);
 
 }  // namespace llmctl::trainer

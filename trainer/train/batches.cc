@@ -22,7 +22,8 @@ class TokenizerEncoder final : public data::TextEncoder {
  public:
   TokenizerEncoder(Tokenizer tokenizer, std::string fingerprint)
       : tokenizer_(std::move(tokenizer)), fingerprint_(std::move(fingerprint)) {}
-  StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens) const override {
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                        bool add_special_tokens) const override {
     return tokenizer_.Encode(text, add_special_tokens);
   }
   int32_t bos_id() const override { return tokenizer_.bos_id().value_or(-1); }
@@ -72,8 +73,9 @@ class TokenFileBatches final : public BatchSource {
     micro.input_ids = torch::from_blob(batch.input_ids.data(), {batch.rows, batch.seq_len}, options)
                           .clone()
                           .to(device);
-    micro.labels =
-        torch::from_blob(batch.labels.data(), {batch.rows, batch.seq_len}, options).clone().to(device);
+    micro.labels = torch::from_blob(batch.labels.data(), {batch.rows, batch.seq_len}, options)
+                       .clone()
+                       .to(device);
     micro.label_tokens = batch.num_target_tokens;
     for (int64_t length : batch.lengths) micro.real_tokens += length;
     return micro;
@@ -104,7 +106,8 @@ StatusOr<std::string> PrepareTokens(const TrialConfig& config) {
   // TrialInputsChecker has compared the tokenizer's vocabulary with the model's.
   ASSIGN_OR_RETURN(auto encoder, LoadEncoder(config));
   ASSIGN_OR_RETURN(data::PrepareOptions options, data::PrepareOptionsFor(config));
-  ASSIGN_OR_RETURN(std::string fingerprint, data::ExpectedFingerprint(data_path, *encoder, options));
+  ASSIGN_OR_RETURN(std::string fingerprint,
+                   data::ExpectedFingerprint(data_path, *encoder, options));
   const fs::path dir = TokenCacheDir();
   std::ostringstream name;
   name << std::hex << std::setw(16) << std::setfill('0') << data::Fnv1a64(fingerprint) << ".tok";
@@ -117,13 +120,18 @@ StatusOr<std::string> PrepareTokens(const TrialConfig& config) {
   }
   std::error_code error;
   fs::create_directories(dir, error);
-  if (error) return UnavailableError("cannot create the token cache " + dir.string() + ": " + error.message());
-  ASSIGN_OR_RETURN(data::PrepareStats stats, data::PrepareTokenFile(data_path, *encoder, options, path.string()));
+  if (error)
+    return UnavailableError("cannot create the token cache " + dir.string() + ": " +
+                            error.message());
+  ASSIGN_OR_RETURN(data::PrepareStats stats,
+                   data::PrepareTokenFile(data_path, *encoder, options, path.string()));
   (void)stats;
   return path.string();
 }
 
-StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config, const ModelConfig& model) {
+StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config,
+                                                   const ModelConfig& model, int rank,
+                                                   int world_size) {
   ASSIGN_OR_RETURN(std::string path, PrepareTokens(config));
   ASSIGN_OR_RETURN(std::unique_ptr<data::TokenFile> file, data::TokenFile::Open(path));
   if (file->max_token_id() >= model.vocab_size) {
@@ -134,13 +142,17 @@ StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config, co
   data::BatchOptions options;
   options.micro_batch_size = config.GetInt("train.micro_batch_size");
   options.seed = static_cast<uint64_t>(config.GetInt("seed"));
-  // Every micro-batch has the same number of rows, so accumulation's weights and shapes stay uniform.
+  options.rank = rank;
+  options.world_size = world_size;
+  // Every micro-batch has the same number of rows, so accumulation's weights and shapes stay
+  // uniform.
   options.drop_last = true;
-  if (file->num_examples() < options.micro_batch_size) {
+  if (file->num_examples() < options.micro_batch_size * world_size) {
+    std::string batch = "one micro-batch of " + std::to_string(options.micro_batch_size);
+    if (world_size > 1) batch += " on each of " + std::to_string(world_size) + " ranks";
     return InvalidArgumentError(config.GetString("data.path") + " has " +
-                                std::to_string(file->num_examples()) +
-                                " examples, fewer than one micro-batch of " +
-                                std::to_string(options.micro_batch_size));
+                                std::to_string(file->num_examples()) + " examples, fewer than " +
+                                batch);
   }
   ASSIGN_OR_RETURN(data::BatchIterator iterator, data::BatchIterator::Create(*file, options));
   return std::unique_ptr<BatchSource>(new TokenFileBatches(std::move(file), std::move(iterator)));

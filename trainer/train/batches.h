@@ -5,9 +5,8 @@
 #include <torch/torch.h>
 
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "common/model_config.h"
 #include "common/status.h"
@@ -33,12 +32,15 @@ class BatchSource {
   virtual Status Restore(const nlohmann::json& position) = 0;
 };
 
-// Tokenizes the trial's dataset into the token cache if needed (what `llm-train --prepare` does) and
-// returns the token file's path. The trial's inputs are checked first (TrialInputsChecker).
+// Tokenizes the trial's dataset into the token cache if needed (what `llm-train --prepare` does)
+// and returns the token file's path. The trial's inputs are checked first (TrialInputsChecker).
 StatusOr<std::string> PrepareTokens(const TrialConfig& config);
 
-// Opens the prepared token file for training, shuffled with the trial's seed.
-StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config, const ModelConfig& model);
+// Opens the prepared token file for training, shuffled with the trial's seed; as rank `rank` of
+// `world_size` data-parallel ranks, its shard of every epoch (DistributedSampler's).
+StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config,
+                                                   const ModelConfig& model, int rank,
+                                                   int world_size);
 
 }  // namespace llmctl::trainer
 

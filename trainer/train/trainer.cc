@@ -12,6 +12,7 @@
 #include <numbers>
 #include <ostream>
 #include <sstream>
+#include <stdexcept>
 
 #include "common/byte_size.h"
 #include "common/model_config.h"
@@ -24,6 +25,7 @@
 #include "trainer/peft/lora.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/checkpoints.h"
+#include "trainer/train/ddp.h"
 #include "trainer/train/events.h"
 #include "trainer/train/optimizer.h"
 #include "trainer/train/precision.h"
@@ -78,6 +80,7 @@ json SnapshotJson(const MemorySnapshot& s) {
               {"grads_bytes", s.grads_bytes},
               {"optim_device_bytes", s.optim_device_bytes},
               {"optim_host_bytes", s.optim_host_bytes},
+              {"comm_bytes", s.comm_bytes},
               {"other_bytes", s.other_bytes},
               {"allocated_bytes", s.allocated_bytes},
               {"peak_bytes", s.peak_bytes},
@@ -150,8 +153,9 @@ class TrialRun {
   void Log(const std::string& level, const std::string& message);
   // Writes the profiled steps' files (profiling.h) and names them in log events.
   void WriteProfile();
+  // The ranks of a DDP job share a terminal: rank 0 speaks for them (each has its events file).
   void Human(const std::string& line) {
-    if (options_.human != nullptr) *options_.human << line << std::endl;
+    if (options_.human != nullptr && rank_ == 0) *options_.human << line << std::endl;
   }
   TrialResult Finish(Outcome outcome, std::string error);
   // The run was asked to stop while step `step` ran: ends it as cancelled, first checkpointing the
@@ -177,6 +181,11 @@ class TrialRun {
   std::vector<torch::Tensor> OptimizerState() const {
     return optimizer_ ? optimizer_->StateTensors() : std::vector<torch::Tensor>{};
   }
+  std::vector<torch::Tensor> CommBuffers() const {
+    return ddp_ ? ddp_->bucket_tensors() : std::vector<torch::Tensor>{};
+  }
+  // Joins the DDP process group when the trial has strategy ddp over more than one device.
+  Status JoinRanks();
 
   const TrialConfig& config_;
   const RunOptions& options_;
@@ -198,6 +207,8 @@ class TrialRun {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BatchSource> batches_;
   std::unique_ptr<StepProfiler> profiler_;  // null when no step is profiled
+  std::unique_ptr<DataParallel> ddp_;       // null unless strategy ddp with devices > 1
+  int rank_ = 0;                            // outputs (checkpoints, adapters, profile) on rank 0
   std::optional<LossScaler> loss_scaler_;
 
   bool chunked_loss_ = false;
@@ -225,14 +236,18 @@ Status TrialRun::Setup() {
   // checked again where the trial runs.
   RETURN_IF_ERROR(TrialInputsChecker().Check(config_, &model_config_).status());
   ASSIGN_OR_RETURN(precision_, Precision::FromName(config_.GetString("precision")));
-  device_ = config_.GetString("device") == "cuda" ? torch::Device(torch::kCUDA, 0)
+  // A DDP rank's GPU is its LOCAL_RANK, as torchrun's convention has it.
+  const int local_rank = options_.rank_env ? options_.rank_env->local_rank : 0;
+  device_ = config_.GetString("device") == "cuda" ? torch::Device(torch::kCUDA, local_rank)
                                                   : torch::Device(torch::kCPU);
   ASSIGN_OR_RETURN(DeviceMemory memory, DeviceMemory::For(device_));
   memory_.emplace(memory);
   RETURN_IF_ERROR(memory_->SetBudget(config_.GetByteSize("device_memory")));
 
+  RETURN_IF_ERROR(JoinRanks());
   micro_batch_size_ = config_.GetInt("train.micro_batch_size");
-  accumulation_ = config_.GetInt("train.global_batch_size") / micro_batch_size_;
+  const int64_t world_size = ddp_ ? ddp_->world_size() : 1;
+  accumulation_ = config_.GetInt("train.global_batch_size") / (micro_batch_size_ * world_size);
   snapshot_every_ = std::max<int64_t>(1, config_.GetInt("snapshot_every"));
   log_every_ = std::max<int64_t>(1, config_.GetInt("log_every"));
   model_options_.activation_checkpointing = config_.GetBool("activation_checkpointing");
@@ -244,7 +259,29 @@ Status TrialRun::Setup() {
     return InvalidArgumentError(
         "checkpoint_every: checkpoints need output_dir to say where they go");
   }
-  ASSIGN_OR_RETURN(profiler_, StepProfiler::ForTrial(config_, device_));
+  // The ranks' steps are the same; one profile of rank 0's says what they do.
+  if (rank_ == 0) {
+    ASSIGN_OR_RETURN(profiler_, StepProfiler::ForTrial(config_, device_));
+  }
+  return Status::Ok();
+}
+
+Status TrialRun::JoinRanks() {
+  const int64_t devices = config_.GetInt("devices");
+  if (config_.GetString("strategy") != "ddp" || devices == 1) return Status::Ok();
+  if (!options_.rank_env) {
+    return InvalidArgumentError(
+        "strategy: ddp with devices: " + std::to_string(devices) + " runs as " +
+        std::to_string(devices) + " ranks: start them with llm-train --nproc " +
+        std::to_string(devices) + " (or torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...)");
+  }
+  if (options_.rank_env->world_size != devices) {
+    return InvalidArgumentError("WORLD_SIZE=" + std::to_string(options_.rank_env->world_size) +
+                                " but the trial has devices: " + std::to_string(devices) +
+                                ": strategy ddp runs one rank per device");
+  }
+  ASSIGN_OR_RETURN(ddp_, DataParallel::Join(*options_.rank_env, device_));
+  rank_ = ddp_->rank();
   return Status::Ok();
 }
 
@@ -273,6 +310,9 @@ Status TrialRun::Resume() {
 }
 
 Status TrialRun::WriteCheckpoint(int64_t completed_steps, const nlohmann::json& data_position) {
+  // Every rank holds the same weights and optimizer state, and the data position is the ranks'
+  // shared one: rank 0's checkpoint is the job's, and every rank resumes from it.
+  if (rank_ != 0) return Status::Ok();
   const std::string dir =
       config_.GetString("output_dir") + "/checkpoints/step-" + std::to_string(completed_steps);
   const NamedTensors model = ModelState(model_);
@@ -309,7 +349,7 @@ Status TrialRun::CheckpointBeforeStop(int64_t completed_steps) {
 
 Status TrialRun::SaveAdapterOutputs() {
   const std::string output_dir = config_.GetString("output_dir");
-  if (!lora_ || output_dir.empty()) return Status::Ok();
+  if (!lora_ || output_dir.empty() || rank_ != 0) return Status::Ok();
   const std::string adapter_dir = output_dir + "/adapter";
   RETURN_IF_ERROR(SaveAdapter(model_, *lora_, config_.GetString("model"), adapter_dir));
   Log("info", "adapter written to " + adapter_dir);
@@ -341,7 +381,8 @@ void TrialRun::Snapshot(int64_t step, int64_t micro_batch, const char* phase) {
   // Each phase boundary is also where the profiler names what follows and marks its memory history.
   if (profiler_) profiler_->Phase(step, micro_batch, phase);
   if (!snapshot_this_step_) return;
-  const MemorySnapshot snapshot = TakeSnapshot(*memory_, all_params_, OptimizerState());
+  const MemorySnapshot snapshot =
+      TakeSnapshot(*memory_, all_params_, OptimizerState(), CommBuffers());
   EmitSnapshot(snapshot, step, micro_batch, phase);
   std::string label = "step" + std::to_string(step);
   if (accumulation_ > 1) label += "_mb" + std::to_string(micro_batch);
@@ -366,6 +407,15 @@ bool TrialRun::TrainStep(int64_t step) {
   for (int64_t i = 0; i < accumulation_; ++i) {
     micro_batches.push_back(batches_->Next(micro_batch_size_, device_));
     global_label_tokens += micro_batches.back().label_tokens;
+  }
+  // Under DDP the global batch is every rank's micro-batches: the weights use all ranks' label
+  // tokens, scaled by the world size that the gradients' average divides by again.
+  double rank_weight = 1.0;
+  if (ddp_) {
+    auto total = ddp_->SumAcrossRanks({static_cast<double>(global_label_tokens)});
+    if (!total.ok()) throw std::runtime_error(total.status().message());
+    global_label_tokens = static_cast<int64_t>(total->at(0));
+    rank_weight = static_cast<double>(ddp_->world_size());
   }
 
   for (torch::Tensor& p : trainable_params_) p.mutable_grad() = torch::Tensor();
@@ -406,10 +456,12 @@ bool TrialRun::TrainStep(int64_t step) {
       return false;
     }
     // Non-zero: this micro-batch has label tokens, so the global batch does too.
-    const double weight =
-        static_cast<double>(batch.label_tokens) / static_cast<double>(global_label_tokens);
+    const double weight = rank_weight * static_cast<double>(batch.label_tokens) /
+                          static_cast<double>(global_label_tokens);
     torch::Tensor objective = loss * weight;
     if (loss_scaler_) objective = objective * loss_scaler_->scale();
+    // DDP's no_sync: only the step's last backward all-reduces.
+    if (ddp_) ddp_->SetSync(i == accumulation_ - 1);
     objective.backward();
     objective = torch::Tensor();
     loss = torch::Tensor();
@@ -417,6 +469,16 @@ bool TrialRun::TrainStep(int64_t step) {
     loss_sum += loss_value * static_cast<double>(batch.label_tokens);
   }
   micro_batches.clear();
+  if (ddp_) {
+    if (Status status = ddp_->FinishGradients(); !status.ok()) {
+      throw std::runtime_error(status.message());
+    }
+    // The step's loss and tokens are the job's: every rank reports the same.
+    auto totals = ddp_->SumAcrossRanks({loss_sum, static_cast<double>(step_tokens)});
+    if (!totals.ok()) throw std::runtime_error(totals.status().message());
+    loss_sum = totals->at(0);
+    step_tokens = static_cast<int64_t>(totals->at(1));
+  }
 
   // With the optimizer in backward the hooks have applied the update already; validation rules out
   // the loss scaling and clipping that would come first.
@@ -462,7 +524,7 @@ bool TrialRun::TrainStep(int64_t step) {
 
 void TrialRun::WriteProfile() {
   const ProfileFiles files =
-      profiler_->Write(StorageCategories(*memory_, all_params_, OptimizerState()));
+      profiler_->Write(StorageCategories(*memory_, all_params_, OptimizerState(), CommBuffers()));
   for (const std::string& path : files.paths) Log("info", "profile written to " + path);
   for (const std::string& problem : files.problems) Log("warning", "profile: " + problem);
 }
@@ -525,7 +587,7 @@ TrialResult TrialRun::Run() {
   uint64_t load_peak = 0;
   try {
     // Data first: a bad dataset or tokenizer should fail before minutes of model loading.
-    auto batches = OpenBatches(config_, model_config_);
+    auto batches = OpenBatches(config_, model_config_, rank_, ddp_ ? ddp_->world_size() : 1);
     if (!batches.ok()) return InvalidInput(batches.status());
     batches_ = std::move(*batches);
 
@@ -578,8 +640,15 @@ TrialResult TrialRun::Run() {
     if (!options_.resume_from.empty()) {
       if (Status status = Resume(); !status.ok()) return InvalidInput(status);
     }
+    if (ddp_) {
+      if (Status status = ddp_->BroadcastFromRankZero(all_params_); !status.ok()) {
+        return Finish(Outcome::kFailed, status.message());
+      }
+      ddp_->Attach(trainable_params_, config_.GetByteSize("ddp.bucket_size").value_or(0));
+    }
 
-    const int64_t global_batch = micro_batch_size_ * accumulation_;
+    const int64_t global_batch =
+        micro_batch_size_ * accumulation_ * (ddp_ ? ddp_->world_size() : 1);
     const int64_t steps_per_epoch = std::max<int64_t>(1, batches_->num_examples() / global_batch);
     total_steps_ = config_.GetInt("train.max_steps") > 0
                        ? config_.GetInt("train.max_steps")
@@ -605,6 +674,9 @@ TrialResult TrialRun::Run() {
                   {"first_step", first_step_},
                   {"resumed_from", options_.resume_from},
                   {"device", device_.str()},
+                  {"rank", rank_},
+                  {"world_size", ddp_ ? ddp_->world_size() : 1},
+                  {"comm_bytes", UniqueStorageBytes(CommBuffers())},
                   {"device_limit_bytes", limit ? json(*limit) : json(nullptr)},
                   {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
                                           started_wall_.time_since_epoch())
@@ -642,7 +714,8 @@ TrialResult TrialRun::Run() {
     }
     return Finish(Outcome::kOk, "");
   } catch (const c10::OutOfMemoryError& e) {
-    const MemorySnapshot snapshot = SnapshotAtFailure(*memory_, all_params_, OptimizerState());
+    const MemorySnapshot snapshot =
+        SnapshotAtFailure(*memory_, all_params_, OptimizerState(), CommBuffers());
     EmitSnapshot(snapshot, steps_done_, -1, "oom");
     Human("[oom] " + FormatSnapshot(snapshot));
     return Finish(Outcome::kOom, e.what_without_backtrace());

@@ -1,22 +1,24 @@
 // Runs one trial: the one place that knows the step anatomy.
 //
-// For each micro-batch: phase0_before_fwd → forward → phase1_after_fwd → backward → phase2_after_bwd;
-// after the last micro-batch of a global batch: optimizer step → phase3_after_opt_step. Snapshots are
-// taken at step 0, step 1 and every `snapshot_every` steps (every micro-batch of such a step).
+// For each micro-batch: phase0_before_fwd → forward → phase1_after_fwd → backward →
+// phase2_after_bwd; after the last micro-batch of a global batch: optimizer step →
+// phase3_after_opt_step. Snapshots are taken at step 0, step 1 and every `snapshot_every` steps
+// (every micro-batch of such a step).
 #ifndef LLMCTL_TRAINER_TRAIN_TRAINER_H_
 #define LLMCTL_TRAINER_TRAIN_TRAINER_H_
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <iosfwd>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include "common/status.h"
 #include "common/trial_config.h"
+#include "trainer/dist/rank_env.h"
 
 namespace llmctl::trainer {
 
@@ -27,7 +29,8 @@ std::string_view OutcomeName(Outcome outcome);
 // llm-train's documented exit codes.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;
-inline constexpr int kExitInvalidInput = 2;  // bad config, model files, tokenizer or data: nothing ran
+inline constexpr int kExitInvalidInput =
+    2;  // bad config, model files, tokenizer or data: nothing ran
 inline constexpr int kExitOom = 3;
 inline constexpr int kExitDiverged = 4;
 inline constexpr int kExitCancelled = 5;
@@ -45,21 +48,25 @@ struct TrialResult {
 };
 
 struct RunOptions {
-  std::string events_path;             // JSON lines; empty = none
-  std::ostream* human = nullptr;       // the labs' human lines; null = silent
-  const std::atomic<bool>* cancel = nullptr;  // set by a signal handler to stop between micro-batches
-  // Set before `cancel` (llm-train's SIGUSR1, which the agent sends when the node's lease ends): the
-  // stop first writes a checkpoint of the last complete step into output_dir, whether or not the
-  // trial keeps periodic checkpoints (checkpoint_every).
+  std::string events_path;        // JSON lines; empty = none
+  std::ostream* human = nullptr;  // the labs' human lines; null = silent
+  const std::atomic<bool>* cancel =
+      nullptr;  // set by a signal handler to stop between micro-batches
+  // Set before `cancel` (llm-train's SIGUSR1, which the agent sends when the node's lease ends):
+  // the stop first writes a checkpoint of the last complete step into output_dir, whether or not
+  // the trial keeps periodic checkpoints (checkpoint_every).
   const std::atomic<bool>* checkpoint_on_cancel = nullptr;
   // Free bytes on the filesystem that holds `path`, asked before a stop checkpoint is written (a
   // checkpoint that does not fit is not started); statvfs when unset. Tests give a full disk.
   std::function<StatusOr<uint64_t>(const std::string& path)> free_disk_bytes;
-  std::string resume_from;             // a checkpoint directory written by an earlier run
+  std::string resume_from;  // a checkpoint directory written by an earlier run
   // Paths as messages should name them: a path in the config → the name the user knows it by. The
   // agent runs trials on copies of the user's inputs in its cache; errors name the path the user
   // wrote in the experiment file instead of the cache's.
   std::map<std::string, std::string> input_names;
+  // This process's place in a strategy: ddp job (torchrun's variables); required when the trial has
+  // strategy ddp and devices > 1, whose WORLD_SIZE it must equal.
+  std::optional<dist::RankEnv> rank_env;
 };
 
 // Runs the trial in this process and reports how it ended. Never throws.
