@@ -130,11 +130,23 @@ Status DataParallel::FinishGradients() {
 }
 
 StatusOr<std::vector<double>> DataParallel::SumAcrossRanks(const std::vector<double>& values) {
-  torch::Tensor tensor =
-      torch::tensor(values, torch::TensorOptions().dtype(torch::kFloat64)).to(device_);
-  RETURN_IF_ERROR(group_.AllReduce(tensor, dist::ReduceOp::kSum));
-  tensor = tensor.cpu();
-  return std::vector<double>(tensor.data_ptr<double>(), tensor.data_ptr<double>() + tensor.numel());
+  const int64_t count = static_cast<int64_t>(values.size());
+  if (count > kMaxSummedValues) {
+    return InternalError("SumAcrossRanks takes at most " + std::to_string(kMaxSummedValues) +
+                         " values, not " + std::to_string(count));
+  }
+  torch::NoGradGuard no_grad;
+  torch::Tensor slots = sums_.narrow(0, 0, count);
+  slots.copy_(torch::tensor(values, torch::TensorOptions().dtype(torch::kFloat64)));
+  RETURN_IF_ERROR(group_.AllReduce(slots, dist::ReduceOp::kSum));
+  const torch::Tensor sums = slots.cpu();
+  return std::vector<double>(sums.data_ptr<double>(), sums.data_ptr<double>() + count);
+}
+
+std::vector<torch::Tensor> DataParallel::CommTensors() const {
+  std::vector<torch::Tensor> tensors = bucket_tensors_;
+  tensors.push_back(sums_);
+  return tensors;
 }
 
 }  // namespace llmctl::trainer

@@ -11,7 +11,10 @@
 // averaged gradients back before the optimizer steps.
 //
 // The buckets are allocated once and kept for the run (DDP's, without gradient_as_bucket_view):
-// memory accounting counts them as their own category, "comm buckets".
+// memory accounting counts them as their own category, "comm buckets", together with the few
+// float64 slots that SumAcrossRanks reduces in. Those are kept too, because a collective's worker
+// thread drops its reference to the tensor it reduced some time after Wait returns: a temporary
+// would stay allocated for an unpredictable while and show up as activations.
 #ifndef LLMCTL_TRAINER_TRAIN_DDP_H_
 #define LLMCTL_TRAINER_TRAIN_DDP_H_
 
@@ -57,11 +60,15 @@ class DataParallel {
   // averaged gradients back into the parameters' .grad.
   Status FinishGradients();
 
-  // The element-wise sum over the ranks of a few numbers (token counts, loss sums).
+  // How many numbers SumAcrossRanks takes at most.
+  static constexpr int64_t kMaxSummedValues = 2;
+
+  // The element-wise sum over the ranks of at most kMaxSummedValues numbers (token counts, loss
+  // sums).
   StatusOr<std::vector<double>> SumAcrossRanks(const std::vector<double>& values);
 
-  // The flat bucket tensors, for memory accounting.
-  const std::vector<torch::Tensor>& bucket_tensors() const { return bucket_tensors_; }
+  // The flat bucket tensors and the sums' slots, for memory accounting.
+  std::vector<torch::Tensor> CommTensors() const;
 
  private:
   struct Bucket {
@@ -72,7 +79,10 @@ class DataParallel {
   };
 
   DataParallel(dist::ProcessGroup group, torch::Device device)
-      : group_(std::move(group)), device_(device) {}
+      : group_(std::move(group)),
+        device_(device),
+        sums_(torch::zeros({kMaxSummedValues},
+                           torch::TensorOptions().dtype(torch::kFloat64).device(device))) {}
   void OnGradientReady(size_t param);
   // Starts every bucket from next_bucket_ on whose gradients are all ready, in bucket order: every
   // rank must issue the collectives in the same order.
@@ -83,6 +93,7 @@ class DataParallel {
   torch::Device device_;
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> bucket_tensors_;
+  torch::Tensor sums_;  // (kMaxSummedValues,) float64: SumAcrossRanks' slots
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // params_ index → bucket
   size_t next_bucket_ = 0;

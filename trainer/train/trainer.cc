@@ -182,7 +182,7 @@ class TrialRun {
     return optimizer_ ? optimizer_->StateTensors() : std::vector<torch::Tensor>{};
   }
   std::vector<torch::Tensor> CommBuffers() const {
-    return ddp_ ? ddp_->bucket_tensors() : std::vector<torch::Tensor>{};
+    return ddp_ ? ddp_->CommTensors() : std::vector<torch::Tensor>{};
   }
   // Joins the DDP process group when the trial has strategy ddp over more than one device.
   Status JoinRanks();
