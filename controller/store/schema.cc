@@ -336,9 +336,94 @@ LEFT JOIN events e ON e.trial_id = t.id AND e.attempt = m.attempt AND e.type = '
 ORDER BY t.experiment_id, t.ordinal, m.attempt, e.seq;
 )sql";
 
-constexpr std::array<std::string_view, 7> kMigrations = {
-    kInitialSchema,        kNodeLeases,    kNodeRemoval,   kAttemptDevices,
-    kReportViewsAndResume, kDeviceSamples, kMemoryTimeline};
+// A multi-rank trial's (strategy ddp or fsdp, devices > 1) other ranks' event lines: rank r's
+// events.rank<r>.jsonl, seq its 1-based line there. Rank 0's lines stay in `events`, which every
+// view above reads: rank 0 reports the job's loss, tokens and tokens/s (the trainer sums them over
+// the ranks), and its memory is one rank's. The views below read all ranks:
+// - all_rank_events: `events` as rank 0 and rank_events, one relation;
+// - trial_rank_peaks: per trial of the run and rank, the highest peak_bytes of its snapshots and
+//   results and the most allocated bytes of a snapshot; a trial with one rank has one row (rank 0);
+// - trial_rank_phase_peaks: per trial, rank and phase, the phase's most allocated bytes (and its
+//   highest peak_bytes), in the step anatomy's order with "oom" last;
+// - trial_rank_steps: the `step` events of every rank of each trial's run, as trial_steps.
+constexpr std::string_view kRankEvents = R"sql(
+CREATE TABLE rank_events (
+  trial_id INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  rank INTEGER NOT NULL CHECK (rank >= 1),
+  seq INTEGER NOT NULL CHECK (seq >= 1),
+  type TEXT NOT NULL,
+  json TEXT NOT NULL,
+  PRIMARY KEY (trial_id, attempt, rank, seq),
+  FOREIGN KEY (trial_id, attempt) REFERENCES attempts(trial_id, attempt) ON DELETE CASCADE
+) WITHOUT ROWID;
+CREATE INDEX rank_events_by_type ON rank_events (trial_id, attempt, type, rank, seq);
+
+CREATE VIEW all_rank_events AS
+SELECT trial_id, attempt, 0 AS rank, seq, type, json FROM events
+UNION ALL
+SELECT trial_id, attempt, rank, seq, type, json FROM rank_events;
+
+CREATE VIEW trial_rank_peaks AS
+SELECT
+  t.experiment_id,
+  t.id AS trial_id,
+  t.name AS trial,
+  e.rank,
+  MAX(json_extract(e.json, '$.peak_bytes')) AS peak_bytes,
+  MAX(CASE WHEN e.type = 'snapshot' THEN json_extract(e.json, '$.allocated_bytes') END)
+      AS allocated_bytes
+FROM trials t
+JOIN trial_run_attempts m ON m.trial_id = t.id
+JOIN all_rank_events e ON e.trial_id = t.id AND e.attempt = m.attempt
+     AND e.type IN ('snapshot', 'result')
+GROUP BY t.id, e.rank
+ORDER BY t.experiment_id, t.ordinal, e.rank;
+
+CREATE VIEW trial_rank_phase_peaks AS
+SELECT
+  t.experiment_id,
+  t.id AS trial_id,
+  t.name AS trial,
+  e.rank,
+  ph.phase_order,
+  ph.phase,
+  MAX(json_extract(e.json, '$.allocated_bytes')) AS allocated_bytes,
+  MAX(json_extract(e.json, '$.peak_bytes')) AS peak_bytes
+FROM trials t
+JOIN trial_run_attempts m ON m.trial_id = t.id
+JOIN all_rank_events e ON e.trial_id = t.id AND e.attempt = m.attempt AND e.type = 'snapshot'
+JOIN (SELECT 0 AS phase_order, 'phase0_before_fwd' AS phase
+      UNION ALL SELECT 1, 'phase1_after_fwd'
+      UNION ALL SELECT 2, 'phase2_after_bwd'
+      UNION ALL SELECT 3, 'phase3_after_opt_step'
+      UNION ALL SELECT 4, 'oom') AS ph ON ph.phase = json_extract(e.json, '$.phase')
+GROUP BY t.id, e.rank, ph.phase_order
+ORDER BY t.experiment_id, t.ordinal, e.rank, ph.phase_order;
+
+CREATE VIEW trial_rank_steps AS
+SELECT
+  t.experiment_id,
+  t.id AS trial_id,
+  t.name AS trial,
+  e.attempt,
+  e.rank,
+  json_extract(e.json, '$.step') AS step,
+  json_extract(e.json, '$.loss') AS loss,
+  json_extract(e.json, '$.tokens') AS tokens,
+  json_extract(e.json, '$.seconds') AS seconds,
+  json_extract(e.json, '$.allocated_bytes') AS allocated_bytes,
+  json_extract(e.json, '$.peak_bytes') AS peak_bytes
+FROM trials t
+JOIN trial_run_attempts m ON m.trial_id = t.id
+JOIN all_rank_events e ON e.trial_id = t.id AND e.attempt = m.attempt AND e.type = 'step'
+WHERE m.until_step IS NULL OR json_extract(e.json, '$.step') < m.until_step
+ORDER BY t.experiment_id, t.ordinal, e.attempt, e.rank, e.seq;
+)sql";
+
+constexpr std::array<std::string_view, 8> kMigrations = {
+    kInitialSchema,        kNodeLeases,    kNodeRemoval,    kAttemptDevices,
+    kReportViewsAndResume, kDeviceSamples, kMemoryTimeline, kRankEvents};
 
 }  // namespace
 

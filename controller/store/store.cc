@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -479,6 +480,9 @@ Status ValidateEvent(const Event& event, int64_t trial_id, int64_t attempt) {
   const std::string where = "event " + std::to_string(event.seq) + " of attempt " +
                             std::to_string(attempt) + " of " + TrialLabel(trial_id);
   if (event.seq < 1) return InvalidArgumentError(where + ": sequence numbers start at 1");
+  if (event.rank < 0) {
+    return InvalidArgumentError(where + ": rank " + std::to_string(event.rank) + " is negative");
+  }
   if (event.type.empty()) return InvalidArgumentError(where + ": the type is empty");
   const json line = json::parse(event.json, nullptr, false);
   if (!line.is_object()) return InvalidArgumentError(where + ": the line is not a JSON object");
@@ -590,6 +594,59 @@ Status FillPhasePeaks(sqlite3* db, int64_t experiment_id, std::vector<TrialRepor
     if (trial == by_id.end()) continue;
     ASSIGN_OR_RETURN(json snapshot, ParseStoredJson(stmt.Text(2), "snapshot event"));
     trial->second->phase_peaks.emplace_back(stmt.Text(1), std::move(snapshot));
+  }
+  return Status::Ok();
+}
+
+// Adds every rank's memory (trial_rank_peaks, trial_rank_phase_peaks) to the reports of the
+// experiment's trials that have events of a rank above 0.
+Status FillRankMemory(sqlite3* db, int64_t experiment_id, std::vector<TrialReport>& trials) {
+  std::map<int64_t, TrialReport*> by_id;
+  for (TrialReport& trial : trials) by_id[trial.trial_id] = &trial;
+  ASSIGN_OR_RETURN(Statement multi,
+                   Statement::Prepare(db,
+                                      "SELECT DISTINCT r.trial_id FROM rank_events r "
+                                      "JOIN trials t ON t.id = r.trial_id "
+                                      "WHERE t.experiment_id = ?"));
+  multi.Bind(1, experiment_id);
+  std::set<int64_t> multi_rank;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, multi.Step());
+    if (!has_row) break;
+    multi_rank.insert(multi.Int(0));
+  }
+  if (multi_rank.empty()) return Status::Ok();
+  ASSIGN_OR_RETURN(Statement peaks,
+                   Statement::Prepare(db,
+                                      "SELECT trial_id, rank, peak_bytes, allocated_bytes "
+                                      "FROM trial_rank_peaks WHERE experiment_id = ?"));
+  peaks.Bind(1, experiment_id);
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, peaks.Step());
+    if (!has_row) break;
+    auto trial = by_id.find(peaks.Int(0));
+    if (trial == by_id.end() || !multi_rank.contains(peaks.Int(0))) continue;
+    trial->second->ranks.push_back(RankMemory{.rank = static_cast<int32_t>(peaks.Int(1)),
+                                              .peak_bytes = peaks.OptionalInt(2),
+                                              .allocated_bytes = peaks.OptionalInt(3),
+                                              .phase_allocated = {}});
+  }
+  ASSIGN_OR_RETURN(Statement phases,
+                   Statement::Prepare(db,
+                                      "SELECT trial_id, rank, phase, allocated_bytes "
+                                      "FROM trial_rank_phase_peaks WHERE experiment_id = ? "
+                                      "AND allocated_bytes IS NOT NULL"));
+  phases.Bind(1, experiment_id);
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, phases.Step());
+    if (!has_row) break;
+    auto trial = by_id.find(phases.Int(0));
+    if (trial == by_id.end()) continue;
+    for (RankMemory& rank : trial->second->ranks) {
+      if (rank.rank == phases.Int(1)) {
+        rank.phase_allocated.emplace_back(phases.Text(2), phases.Int(3));
+      }
+    }
   }
   return Status::Ok();
 }
@@ -881,15 +938,30 @@ StatusOr<int64_t> Store::AppendEvents(int64_t trial_id, int64_t attempt,
                    Statement::Prepare(db_,
                                       "INSERT OR IGNORE INTO events (trial_id, attempt, seq, type, "
                                       "json) VALUES (?, ?, ?, ?, ?)"));
+  ASSIGN_OR_RETURN(Statement insert_ranked,
+                   Statement::Prepare(db_,
+                                      "INSERT OR IGNORE INTO rank_events (trial_id, attempt, rank, "
+                                      "seq, type, json) VALUES (?, ?, ?, ?, ?, ?)"));
   int64_t added = 0;
   for (const Event& event : events) {
-    insert.Reset();
-    insert.Bind(1, trial_id)
-        .Bind(2, attempt)
-        .Bind(3, event.seq)
-        .Bind(4, event.type)
-        .Bind(5, event.json);
-    RETURN_IF_ERROR(insert.Run());
+    if (event.rank == 0) {
+      insert.Reset();
+      insert.Bind(1, trial_id)
+          .Bind(2, attempt)
+          .Bind(3, event.seq)
+          .Bind(4, event.type)
+          .Bind(5, event.json);
+      RETURN_IF_ERROR(insert.Run());
+    } else {
+      insert_ranked.Reset();
+      insert_ranked.Bind(1, trial_id)
+          .Bind(2, attempt)
+          .Bind(3, static_cast<int64_t>(event.rank))
+          .Bind(4, event.seq)
+          .Bind(5, event.type)
+          .Bind(6, event.json);
+      RETURN_IF_ERROR(insert_ranked.Run());
+    }
     added += sqlite3_changes(db_);
   }
   RETURN_IF_ERROR(txn.Commit());
@@ -905,6 +977,22 @@ StatusOr<int64_t> Store::LastSeq(int64_t trial_id, int64_t attempt) {
   ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
   if (!has_row) return InternalError("MAX(seq) returned no row");
   return stmt.Int(0);
+}
+
+StatusOr<std::map<int32_t, int64_t>> Store::LastRankSeqs(int64_t trial_id, int64_t attempt) {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db_,
+                                      "SELECT rank, MAX(seq) FROM rank_events "
+                                      "WHERE trial_id = ? AND attempt = ? GROUP BY rank"));
+  stmt.Bind(1, trial_id).Bind(2, attempt);
+  std::map<int32_t, int64_t> seqs;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    seqs[static_cast<int32_t>(stmt.Int(0))] = stmt.Int(1);
+  }
+  return seqs;
 }
 
 Status Store::FinishAttempt(int64_t trial_id, int64_t attempt, TrialState outcome,
@@ -1214,6 +1302,7 @@ StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
                      LatestEventOfType(db_, trial.trial_id, trial.attempt, "step"));
   }
   RETURN_IF_ERROR(FillPhasePeaks(db_, experiment_id, report.trials));
+  RETURN_IF_ERROR(FillRankMemory(db_, experiment_id, report.trials));
   RETURN_IF_ERROR(FillMemoryTimeline(db_, experiment_id, report.trials));
   RETURN_IF_ERROR(snapshot.Commit());
   return report;

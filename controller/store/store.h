@@ -127,9 +127,12 @@ struct RunningAttempt {
 
 // One line of a worker's event file.
 struct Event {
-  int64_t seq = 0;   // 1-based line number in the event file
+  int64_t seq = 0;   // 1-based line number in its rank's event file
   std::string type;  // the line's "type": start, snapshot, step, log, checkpoint, result
   std::string json;  // the whole line, a JSON object
+  // The rank that wrote it: 0 for a one-process trial and rank 0 (the `events` table), r >= 1 for
+  // rank r of a multi-rank trial (`rank_events`).
+  int32_t rank = 0;
 };
 
 // The cloud lease a node runs on.
@@ -177,6 +180,15 @@ struct AttemptMemory {
   std::optional<double> ended_elapsed_ms;
 };
 
+// One rank's memory over a multi-rank trial's run.
+struct RankMemory {
+  int32_t rank = 0;
+  std::optional<int64_t> peak_bytes;       // the highest of its snapshots' and results' peak
+  std::optional<int64_t> allocated_bytes;  // the most allocated bytes of one of its snapshots
+  // (phase, the most allocated bytes of the phase's snapshots), in the step anatomy's order.
+  std::vector<std::pair<std::string, int64_t>> phase_allocated;
+};
+
 // One trial's row of the report: its row of the `trial_results` view and its rows of
 // `trial_phase_peaks` (controller/store/schema.cc states their rules: figures from the trial's
 // run, "at peak" = the snapshot with the most allocated bytes, ...), and the final attempt's
@@ -205,6 +217,9 @@ struct TrialReport {
   nlohmann::json peak_snapshot;  // the `snapshot` event at peak
   // (phase, that phase's snapshot at peak), in the step anatomy's order, "oom" last.
   std::vector<std::pair<std::string, nlohmann::json>> phase_peaks;
+  // Every rank's memory (trial_rank_peaks, trial_rank_phase_peaks), rank 0 first, when the run has
+  // events of a rank above 0 (a multi-rank trial); empty otherwise. The figures above are rank 0's.
+  std::vector<RankMemory> ranks;
   // The run's attempts in order (run_attempts), each with its snapshots.
   std::vector<AttemptMemory> memory_timeline;
 };
@@ -305,14 +320,17 @@ class Store {
   Status MarkAttemptLost(int64_t trial_id, int64_t attempt, Time now);
 
   // Stores events of the trial's current attempt, in one transaction. Idempotent on
-  // (trial, attempt, seq): events already stored are skipped, so a stream may resume from any
-  // point. Returns how many were new. FailedPrecondition "stale attempt N of trial X; current is
-  // M" for any other attempt, or for the current one once declared lost; InvalidArgument for
-  // seq < 1, an empty type or a line that is not a JSON object.
+  // (trial, attempt, rank, seq): events already stored are skipped, so a stream may resume from
+  // any point. Returns how many were new. FailedPrecondition "stale attempt N of trial X; current
+  // is M" for any other attempt, or for the current one once declared lost; InvalidArgument for
+  // seq < 1, rank < 0, an empty type or a line that is not a JSON object.
   StatusOr<int64_t> AppendEvents(int64_t trial_id, int64_t attempt, std::span<const Event> events);
 
-  // The highest stored seq of the attempt, 0 when none: a stream resumes from LastSeq + 1.
+  // The highest stored seq of the attempt (rank 0's), 0 when none: a stream resumes from LastSeq + 1.
   StatusOr<int64_t> LastSeq(int64_t trial_id, int64_t attempt);
+  // A multi-rank attempt's highest stored seq per rank above 0 (ranks without events are absent):
+  // a stream resumes rank r from LastRankSeqs[r] + 1 (StreamEventsRequest.from_rank_seq).
+  StatusOr<std::map<int32_t, int64_t>> LastRankSeqs(int64_t trial_id, int64_t attempt);
 
   // Ends the trial's current attempt with `outcome` (ok, oom, diverged, failed or cancelled),
   // which becomes the trial's state. Repeating it with the same outcome, exit code and error is

@@ -18,6 +18,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Pair;
 using json = nlohmann::json;
 
 const Time kNow = Time(std::chrono::milliseconds(1'700'000'000'123));
@@ -659,6 +660,84 @@ TEST_F(StoreTest, ARemovedNodeRegisteredAgainComesBackWithoutItsOldLease) {
   const int64_t trial = CreateTrials(*store, "e", {"a"})[0];
   EXPECT_EQ(*store->StartAttempt(trial, "gpu-1", kNow), 1);
   EXPECT_EQ(store->RemoveNode("gpu-1", kNow)->result, NodeRemoval::Result::kRemoved);
+}
+
+TEST_F(StoreTest, RankEventsAreKeptPerRankWithTheirOwnSeqs) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t trial = CreateTrials(*store, "e", {"ddp"})[0];
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow, {0, 1}), 1);
+  EXPECT_THAT(*store->LastRankSeqs(trial, 1), IsEmpty());
+  // Rank 0's seq 1 and rank 1's seq 1 are different lines; rank 0 keeps its table.
+  auto ranked = [](Event event, int32_t rank) {
+    event.rank = rank;
+    return event;
+  };
+  const std::vector<Event> batch = {StepEvent(1, 0), ranked(StepEvent(1, 0, 2.0), 1),
+                                    ranked(StepEvent(2, 1, 2.0), 1),
+                                    ranked(StepEvent(1, 0, 3.0), 2)};
+  EXPECT_EQ(*store->AppendEvents(trial, 1, batch), 4);
+  EXPECT_EQ(*store->AppendEvents(trial, 1, batch), 0);  // idempotent on (rank, seq)
+  EXPECT_EQ(*store->LastSeq(trial, 1), 1);
+  EXPECT_THAT(*store->LastRankSeqs(trial, 1), ElementsAre(Pair(1, 2), Pair(2, 1)));
+  EXPECT_EQ(store->AppendEvents(trial, 1, std::vector<Event>{ranked(StepEvent(3, 2), -1)})
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM events"), 1);
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM rank_events"), 3);
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM trial_rank_steps WHERE rank = 1"), 2);
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM all_rank_events"), 4);
+}
+
+TEST_F(StoreTest, ReportHasEveryRanksMemoryForAMultiRankTrial) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t experiment = *store->CreateExperiment(MakeExperiment("x", {"ddp", "one"}), kNow);
+  const int64_t ddp = store->ListTrials(experiment)->at(0).id;
+  const int64_t one = store->ListTrials(experiment)->at(1).id;
+  ASSERT_EQ(*store->StartAttempt(ddp, "n", kNow, {0, 1}), 1);
+  auto ranked = [](Event event, int32_t rank) {
+    event.rank = rank;
+    return event;
+  };
+  ASSERT_EQ(*store->AppendEvents(
+                ddp, 1,
+                std::vector<Event>{
+                    MakeEvent(1, Snapshot(0, "phase1_after_fwd", 300)),
+                    MakeEvent(2, Snapshot(0, "phase2_after_bwd", 250)),
+                    MakeEvent(3, Snapshot(1, "phase1_after_fwd", 310)),
+                    ranked(MakeEvent(1, Snapshot(0, "phase1_after_fwd", 400)), 1),
+                    ranked(MakeEvent(2, Snapshot(0, "phase2_after_bwd", 200)), 1),
+                    MakeEvent(4, {{"type", "result"}, {"outcome", "ok"}, {"peak_bytes", 330}}),
+                    ranked(MakeEvent(3, {{"type", "result"}, {"outcome", "ok"}, {"peak_bytes", 420}}),
+                           1),
+                }),
+            7);
+  ASSERT_TRUE(store->FinishAttempt(ddp, 1, TrialState::kOk, 0, "", kNow).ok());
+  ASSERT_EQ(*store->StartAttempt(one, "n", kNow, {0}), 1);
+  ASSERT_EQ(*store->AppendEvents(one, 1,
+                                 std::vector<Event>{MakeEvent(1, Snapshot(0, "phase1_after_fwd", 5))}),
+            1);
+
+  StatusOr<ExperimentReport> report = store->Report(experiment);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const TrialReport& row = report->trials[0];
+  ASSERT_EQ(row.ranks.size(), 2u);
+  EXPECT_EQ(row.ranks[0].rank, 0);
+  EXPECT_EQ(row.ranks[0].peak_bytes, 330);
+  EXPECT_EQ(row.ranks[0].allocated_bytes, 310);
+  EXPECT_THAT(row.ranks[0].phase_allocated,
+              ElementsAre(Pair("phase1_after_fwd", 310), Pair("phase2_after_bwd", 250)));
+  EXPECT_EQ(row.ranks[1].rank, 1);
+  EXPECT_EQ(row.ranks[1].peak_bytes, 420);
+  EXPECT_EQ(row.ranks[1].allocated_bytes, 400);
+  EXPECT_THAT(row.ranks[1].phase_allocated,
+              ElementsAre(Pair("phase1_after_fwd", 400), Pair("phase2_after_bwd", 200)));
+  // The trial-level figures stay rank 0's.
+  EXPECT_EQ(row.peak_snapshot.at("allocated_bytes"), 310);
+  // A one-process trial lists no ranks.
+  EXPECT_THAT(report->trials[1].ranks, IsEmpty());
 }
 
 TEST_F(StoreTest, ReportReadsTheFinalAttemptOnly) {
