@@ -551,6 +551,36 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
                    "strategy: ddp averages the gradients across ranks after backward, which " +
                        other + " does not wait for; use strategy: auto or turn " + other + " off");
   }
+  // FSDP here shards every parameter as a trainable flat shard, reduces gradients in backward,
+  // and clips over the ranks; what it does not build yet is refused by name.
+  if (config.GetString("strategy") == "fsdp") {
+    if (offload || config.GetBool("optimizer_in_backward")) {
+      const std::string other = offload ? "offload" : "optimizer_in_backward";
+      return problem({"strategy", other},
+                     "strategy: fsdp reduce-scatters the gradients into shards after each unit's "
+                     "backward; " +
+                         other +
+                         " is not built for shards here (no ZeRO-3 offload yet); use strategy: "
+                         "auto or turn " +
+                         other + " off");
+    }
+    if (config.GetString("peft.method") != "none") {
+      return problem({"strategy", "peft.method"},
+                     "strategy: fsdp shards trainable full parameters only; LoRA's frozen base "
+                     "weights and QLoRA's NF4 shards are not built yet; use strategy: ddp or auto");
+    }
+    const std::string optimizer = config.GetString("optimizer");
+    if (optimizer != "adamw" && optimizer != "sgd") {
+      return problem({"strategy", "optimizer"},
+                     "strategy: fsdp steps adamw or sgd on the shards; optimizer " + optimizer +
+                         " is not built for flat shards yet");
+    }
+    if (config.GetString("precision") == "16-mixed") {
+      return problem({"strategy", "precision"},
+                     "strategy: fsdp has no sharded loss scaler for 16-mixed yet; use bf16-mixed, "
+                     "bf16-true or 32-true");
+    }
+  }
   if (config.GetBool("optimizer_in_backward")) {
     const int64_t micro = config.GetInt("train.micro_batch_size");
     const int64_t global = config.GetInt("train.global_batch_size");

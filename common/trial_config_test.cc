@@ -447,6 +447,28 @@ TEST(ValidateTrialConfigTest, DdpRefusesTechniquesThatTakeTheGradientsEarly) {
             std::string::npos);
 }
 
+// What strategy fsdp does not build yet (ZeRO-3 offload, the optimizer in backward, LoRA/QLoRA
+// shards, 8-bit state, fp16 loss scaling over shards) is refused naming both keys.
+TEST(ValidateTrialConfigTest, FsdpRefusesWhatItDoesNotBuild) {
+  TrialConfig fsdp = Valid();
+  ASSERT_TRUE(fsdp.SetFromText("strategy", "fsdp").ok());
+  ASSERT_TRUE(fsdp.SetFromText("devices", "2").ok());
+  ASSERT_TRUE(fsdp.SetFromText("train.global_batch_size", "2").ok());
+  EXPECT_TRUE(ValidateTrialConfig(fsdp, nullptr).ok());
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"offload", "optimizer"},
+      {"optimizer_in_backward", "true"},
+      {"peft.method", "lora"},
+      {"optimizer", "adamw_8bit"},
+      {"precision", "16-mixed"}};
+  for (const auto& [key, value] : refused) {
+    TrialConfig other = fsdp;
+    ASSERT_TRUE(other.SetFromText(key, value).ok()) << key;
+    EXPECT_EQ(ProblemKeys(other), (std::vector<std::string>{"strategy", key})) << key;
+    EXPECT_NE(ProblemMessage(other).find("strategy: fsdp"), std::string::npos) << key;
+  }
+}
+
 TEST(ApplyLabSpellingsTest, LabOptimizerNamesBecomeLlmctls) {
   TrialConfig eight_bit = Valid();
   ASSERT_TRUE(eight_bit.SetFromText("optimizer", "adam_8bit").ok());

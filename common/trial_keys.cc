@@ -114,10 +114,13 @@ const std::vector<KeySpec>* BuildTrialKeys() {
       {"strategy",
        K::kEnum,
        "auto",
-       {"auto", "ddp", "deepspeed_stage_2_offload"},
+       {"auto", "ddp", "fsdp", "deepspeed_stage_2_offload"},
        "auto: one process; ddp: data-parallel over `devices` ranks (c10d: Gloo on cpu, NCCL on "
        "cuda), each rank a shard of the data, gradients averaged by bucketed all-reduce during "
-       "backward (llm-train --nproc N); deepspeed_stage_2_offload (the labs' Lightning strategy) "
+       "backward (llm-train --nproc N); fsdp: fully sharded data parallel over `devices` ranks "
+       "(FSDP2's fully_shard: each decoder layer a unit, parameters, gradients and optimizer state "
+       "in 1/N flat shards, layers all-gathered around their forward and backward, gradients "
+       "reduce-scattered); deepspeed_stage_2_offload (the labs' Lightning strategy) "
        "becomes offload: optimizer"},
       {"optimizer_in_backward",
        K::kBool,

@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
   int nproc = 0;
   app.add_option(
          "--nproc", nproc,
-         "strategy ddp: start this many ranks of this trial on this machine, torchrun-style "
-         "(the trial's devices); one rank failing stops the others")
+         "strategy ddp or fsdp: start this many ranks of this trial on this machine, "
+         "torchrun-style (the trial's devices); one rank failing stops the others")
       ->check(CLI::PositiveNumber);
   int master_port = 29500;
   app.add_option("--master-port", master_port,
@@ -163,12 +163,14 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  const bool ddp = config.GetString("strategy") == "ddp" && config.GetInt("devices") > 1;
+  const std::string strategy = config.GetString("strategy");
+  const bool ranked = (strategy == "ddp" || strategy == "fsdp") && config.GetInt("devices") > 1;
   if (nproc > 0) {
-    if (!ddp || config.GetInt("devices") != nproc) {
+    if (!ranked || config.GetInt("devices") != nproc) {
       return Fail(
           "--nproc " + std::to_string(nproc) +
-          " starts the ranks of a data-parallel trial: it needs strategy: ddp and devices: " +
+          " starts the ranks of a data-parallel trial: it needs strategy: ddp or fsdp and "
+          "devices: " +
           std::to_string(nproc) + " (the trial has strategy: " + config.GetString("strategy") +
           ", devices: " + std::to_string(config.GetInt("devices")) + ")");
     }
@@ -192,10 +194,11 @@ int main(int argc, char** argv) {
     return llmctl::trainer::kExitOk;
   }
   std::optional<llmctl::dist::RankEnv> rank_env;
-  if (ddp) {
+  if (ranked) {
     auto env = llmctl::dist::RankEnvFromEnvironment();
     if (!env.ok()) {
-      return Fail("strategy: ddp with devices: " + std::to_string(config.GetInt("devices")) +
+      return Fail("strategy: " + strategy +
+                  " with devices: " + std::to_string(config.GetInt("devices")) +
                   " runs one rank per device: start them with --nproc " +
                   std::to_string(config.GetInt("devices")) +
                   " (or torchrun): " + env.status().message());

@@ -48,7 +48,8 @@ class StorageCounter {
 
 MemorySnapshot Categorize(const DeviceMemory& memory, const std::vector<torch::Tensor>& params,
                           const std::vector<torch::Tensor>& optimizer_state,
-                          const std::vector<torch::Tensor>& comm_buffers, uint64_t allocated) {
+                          const std::vector<torch::Tensor>& comm_buffers,
+                          const std::vector<torch::Tensor>& gathered_params, uint64_t allocated) {
   MemorySnapshot snapshot;
   StorageCounter counter(memory);
   uint64_t host_params = 0;
@@ -59,11 +60,13 @@ MemorySnapshot Categorize(const DeviceMemory& memory, const std::vector<torch::T
     counter.Add(t, snapshot.optim_device_bytes, &snapshot.optim_host_bytes);
   }
   for (const torch::Tensor& t : comm_buffers) counter.Add(t, snapshot.comm_bytes, nullptr);
+  for (const torch::Tensor& t : gathered_params) counter.Add(t, snapshot.gathered_bytes, nullptr);
   snapshot.allocated_bytes = allocated;
   snapshot.peak_bytes = std::max(memory.peak_bytes(), allocated);
   snapshot.reserved_bytes = std::max(memory.reserved_bytes(), allocated);
   const uint64_t known = snapshot.params_bytes + snapshot.grads_bytes +
-                         snapshot.optim_device_bytes + snapshot.comm_bytes;
+                         snapshot.optim_device_bytes + snapshot.comm_bytes +
+                         snapshot.gathered_bytes;
   // The categories are a subset of the allocator's live bytes, so this never underflows unless a
   // tensor was allocated outside the allocator (which the tests rule out).
   snapshot.other_bytes = allocated > known ? allocated - known : 0;
@@ -174,23 +177,27 @@ bool DeviceMemory::OnDevice(const torch::Tensor& tensor) const {
 
 MemorySnapshot TakeSnapshot(const DeviceMemory& memory, const std::vector<torch::Tensor>& params,
                             const std::vector<torch::Tensor>& optimizer_state,
-                            const std::vector<torch::Tensor>& comm_buffers) {
-  return Categorize(memory, params, optimizer_state, comm_buffers, memory.allocated_bytes());
+                            const std::vector<torch::Tensor>& comm_buffers,
+                            const std::vector<torch::Tensor>& gathered_params) {
+  return Categorize(memory, params, optimizer_state, comm_buffers, gathered_params,
+                    memory.allocated_bytes());
 }
 
 MemorySnapshot SnapshotAtFailure(const DeviceMemory& memory,
                                  const std::vector<torch::Tensor>& params,
                                  const std::vector<torch::Tensor>& optimizer_state,
-                                 const std::vector<torch::Tensor>& comm_buffers) {
+                                 const std::vector<torch::Tensor>& comm_buffers,
+                                 const std::vector<torch::Tensor>& gathered_params) {
   uint64_t allocated = memory.allocated_bytes();
   if (auto failure = memory.last_budget_failure()) allocated = failure->allocated_bytes;
-  return Categorize(memory, params, optimizer_state, comm_buffers, allocated);
+  return Categorize(memory, params, optimizer_state, comm_buffers, gathered_params, allocated);
 }
 
 std::vector<StorageCategory> StorageCategories(const DeviceMemory& memory,
                                                const std::vector<torch::Tensor>& params,
                                                const std::vector<torch::Tensor>& optimizer_state,
-                                               const std::vector<torch::Tensor>& comm_buffers) {
+                                               const std::vector<torch::Tensor>& comm_buffers,
+                                               const std::vector<torch::Tensor>& gathered_params) {
   std::vector<StorageCategory> categories;
   std::unordered_set<const c10::StorageImpl*> seen;
   // In Categorize's order, so a storage counted in two roles gets the category it is counted in.
@@ -204,6 +211,7 @@ std::vector<StorageCategory> StorageCategories(const DeviceMemory& memory,
   for (const torch::Tensor& p : params) add(p.grad(), "grads");
   for (const torch::Tensor& t : optimizer_state) add(t, "optimizer state");
   for (const torch::Tensor& t : comm_buffers) add(t, "comm buckets");
+  for (const torch::Tensor& t : gathered_params) add(t, "gathered params");
   return categories;
 }
 
@@ -227,6 +235,7 @@ std::string FormatSnapshot(const MemorySnapshot& s) {
     line += " | Optim: " + FormatBytes(s.optim_device_bytes);
   }
   if (s.comm_bytes > 0) line += " | Comm: " + FormatBytes(s.comm_bytes);
+  if (s.gathered_bytes > 0) line += " | Gathered: " + FormatBytes(s.gathered_bytes);
   line += " | Acts: " + FormatBytes(s.other_bytes) +
           " | Allocated: " + FormatBytes(s.allocated_bytes) + " (peak " +
           FormatBytes(s.peak_bytes) + ") | Reserved: " + FormatBytes(s.reserved_bytes);

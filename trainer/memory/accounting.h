@@ -2,8 +2,10 @@
 //
 // A snapshot splits the training device's allocated bytes into params, grads, optimizer state (on
 // the device and, for offloaded state, on the host), comm buckets (data parallelism's flat gradient
-// buffers) and "other" (activations, buffers such as RoPE tables, temporaries) = allocated − params
-// − grads − device optimizer state − comm buckets. Categories are
+// buffers), gathered params (strategy fsdp's full parameters of the units gathered right now) and
+// "other" (activations, buffers such as RoPE tables, temporaries) = allocated − params − grads −
+// device optimizer state − comm buckets − gathered params. Under fsdp, params, grads and optimizer
+// state are the rank's shards. Categories are
 // counted from the tensors themselves, deduplicated by storage, so views and tied weights count
 // once.
 #ifndef LLMCTL_TRAINER_MEMORY_ACCOUNTING_H_
@@ -26,8 +28,9 @@ struct MemorySnapshot {
   uint64_t grads_bytes = 0;
   uint64_t optim_device_bytes = 0;
   uint64_t optim_host_bytes = 0;
-  uint64_t comm_bytes = 0;   // strategy ddp's gradient buckets ("comm buckets")
-  uint64_t other_bytes = 0;  // "Acts" in human output
+  uint64_t comm_bytes = 0;      // ddp's buckets, fsdp's flat gradient buffer ("comm buckets")
+  uint64_t gathered_bytes = 0;  // fsdp's gathered full parameters ("gathered params")
+  uint64_t other_bytes = 0;     // "Acts" in human output
   uint64_t allocated_bytes = 0;
   uint64_t peak_bytes = 0;  // high-water mark since the last ResetPeak()
   uint64_t reserved_bytes = 0;
@@ -67,19 +70,23 @@ class DeviceMemory {
 // What a snapshot counts. `params` are everything that holds model weights (trainable or frozen,
 // packed quantised weights included); their .grad() tensors are the grads; `optimizer_state` is
 // every tensor an optimizer keeps (moments, step counters, fp32 master copies); `comm_buffers` the
-// buffers gradients are communicated through (DDP's buckets; empty for one device).
+// buffers gradients are communicated through (DDP's buckets; empty for one device);
+// `gathered_params` FSDP's gathered flat parameter buffers (zero bytes while freed).
 MemorySnapshot TakeSnapshot(const DeviceMemory& memory, const std::vector<torch::Tensor>& params,
                             const std::vector<torch::Tensor>& optimizer_state,
-                            const std::vector<torch::Tensor>& comm_buffers);
+                            const std::vector<torch::Tensor>& comm_buffers,
+                            const std::vector<torch::Tensor>& gathered_params);
 
 // The snapshot at the moment an allocation failed: the categories as they are now, allocated as it
 // was when the failing request came (the unwinding since then has freed temporaries).
 MemorySnapshot SnapshotAtFailure(const DeviceMemory& memory,
                                  const std::vector<torch::Tensor>& params,
                                  const std::vector<torch::Tensor>& optimizer_state,
-                                 const std::vector<torch::Tensor>& comm_buffers);
+                                 const std::vector<torch::Tensor>& comm_buffers,
+                                 const std::vector<torch::Tensor>& gathered_params);
 
-// A device storage's accounting category ("params", "grads", "optimizer state" or "comm buckets"),
+// A device storage's accounting category ("params", "grads", "optimizer state", "comm buckets" or
+// "gathered params"),
 // by its data pointer: what the memory viewers name a live allocation (memory_history.h).
 struct StorageCategory {
   uint64_t address;
@@ -90,13 +97,15 @@ struct StorageCategory {
 std::vector<StorageCategory> StorageCategories(const DeviceMemory& memory,
                                                const std::vector<torch::Tensor>& params,
                                                const std::vector<torch::Tensor>& optimizer_state,
-                                               const std::vector<torch::Tensor>& comm_buffers);
+                                               const std::vector<torch::Tensor>& comm_buffers,
+                                               const std::vector<torch::Tensor>& gathered_params);
 
 // Bytes of the storages behind `tensors`, each storage once.
 uint64_t UniqueStorageBytes(const std::vector<torch::Tensor>& tensors);
 
 // "Params: 0.52 GiB | Grads: … | Optim: … | Acts: … | Allocated: … (peak …) | Reserved: …", the
-// labs' line; "Optim GPU/CPU" split when state is offloaded, "Comm: …" after Optim under DDP.
+// labs' line; "Optim GPU/CPU" split when state is offloaded, "Comm: …" after Optim under DDP and
+// FSDP, "Gathered: …" after it under FSDP.
 std::string FormatSnapshot(const MemorySnapshot& snapshot);
 
 }  // namespace llmctl::trainer

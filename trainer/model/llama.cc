@@ -143,13 +143,16 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids, const Llam
     h.requires_grad_(true);
   }
   const RotaryTables rope = MakeRotaryTables(config_, input_ids.size(1), input_ids.device());
-  for (DecoderLayer& layer : layer_list_) {
+  for (size_t i = 0; i < layer_list_.size(); ++i) {
+    DecoderLayer& layer = layer_list_[i];
+    if (options.layer_hooks != nullptr) h = options.layer_hooks->BeforeLayer(static_cast<int64_t>(i), h);
     if (options.activation_checkpointing && torch::GradMode::is_enabled()) {
       h = CheckpointedForward(
           [layer, rope](const torch::Tensor& input) mutable { return layer->forward(input, rope); }, h);
     } else {
       h = layer->forward(h, rope);
     }
+    if (options.layer_hooks != nullptr) h = options.layer_hooks->AfterLayer(static_cast<int64_t>(i), h);
   }
   return norm_(h);
 }

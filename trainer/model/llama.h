@@ -73,9 +73,20 @@ class DecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DecoderLayer);
 
+// Called around each decoder layer's forward (outside its activation checkpoint): strategy fsdp
+// gathers a layer's parameters before it and frees them after. Each returns the hidden states the
+// model goes on with, so it may put an autograd node in their path (to act in backward).
+class LayerHooks {
+ public:
+  virtual ~LayerHooks() = default;
+  virtual torch::Tensor BeforeLayer(int64_t layer, const torch::Tensor& hidden) = 0;  // (B, T, C)
+  virtual torch::Tensor AfterLayer(int64_t layer, const torch::Tensor& hidden) = 0;   // (B, T, C)
+};
+
 struct LlamaOptions {
   // Recompute each decoder layer in backward instead of keeping its activations.
   bool activation_checkpointing = false;
+  LayerHooks* layer_hooks = nullptr;  // not owned; null: none
 };
 
 // "model.*" of a Hugging Face LlamaForCausalLM: embeddings, decoder layers, final norm.

@@ -18,6 +18,8 @@ namespace fs = std::filesystem;
 
 constexpr int kFormatVersion = 1;
 
+}  // namespace
+
 StatusOr<NamedTensors> ReadTensors(const std::string& path) {
   ASSIGN_OR_RETURN(auto file, safetensors::SafetensorsFile::Open(path));
   NamedTensors tensors;
@@ -26,8 +28,6 @@ StatusOr<NamedTensors> ReadTensors(const std::string& path) {
   }
   return tensors;
 }
-
-}  // namespace
 
 Status WriteTensors(const std::string& path, const NamedTensors& tensors,
                     const std::map<std::string, std::string>& metadata) {
@@ -78,7 +78,8 @@ uint64_t CheckpointBytes(const NamedTensors& model, const NamedTensors& optimize
 }
 
 Status SaveCheckpoint(const std::string& dir, const NamedTensors& model,
-                      const NamedTensors& optimizer, const TrainingState& state) {
+                      const NamedTensors& optimizer, const TrainingState& state,
+                      const std::function<Status(const std::string& staging_dir)>& before_rename) {
   const fs::path final_dir(dir);
   const fs::path staging = final_dir.string() + ".tmp";
   std::error_code error;
@@ -97,6 +98,7 @@ Status SaveCheckpoint(const std::string& dir, const NamedTensors& model,
   RETURN_IF_ERROR(WriteFileAtomically((staging / "trainer_state.json").string(), [&](int fd) {
     return WriteAll(fd, text.data(), text.size());
   }));
+  if (before_rename) RETURN_IF_ERROR(before_rename(staging.string()));
   fs::remove_all(final_dir, error);
   fs::rename(staging, final_dir, error);
   if (error) return UnavailableError("cannot rename " + staging.string() + ": " + error.message());

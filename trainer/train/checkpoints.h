@@ -12,6 +12,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -37,8 +38,15 @@ Status WriteTensors(const std::string& path, const NamedTensors& tensors,
                     const std::map<std::string, std::string>& metadata = {});
 
 // Writes a complete checkpoint directory at `dir` (atomically: into dir + ".tmp", then renamed).
-Status SaveCheckpoint(const std::string& dir, const NamedTensors& model, const NamedTensors& optimizer,
-                      const TrainingState& state);
+// `before_rename`, when set, runs once the staging directory holds everything above and may add to
+// it (strategy fsdp's other ranks' optimizer shards); its failure fails the checkpoint.
+Status SaveCheckpoint(
+    const std::string& dir, const NamedTensors& model, const NamedTensors& optimizer,
+    const TrainingState& state,
+    const std::function<Status(const std::string& staging_dir)>& before_rename = nullptr);
+
+// The tensors of a safetensors file, as owned CPU tensors.
+StatusOr<NamedTensors> ReadTensors(const std::string& path);
 
 // The bytes SaveCheckpoint needs on disk for `model` and `optimizer`: their tensors' data, the
 // generator states, and an allowance for the safetensors headers and trainer_state.json.

@@ -27,6 +27,7 @@
 #include "trainer/train/checkpoints.h"
 #include "trainer/train/ddp.h"
 #include "trainer/train/events.h"
+#include "trainer/train/fsdp.h"
 #include "trainer/train/optimizer.h"
 #include "trainer/train/precision.h"
 #include "trainer/train/profiling.h"
@@ -81,6 +82,7 @@ json SnapshotJson(const MemorySnapshot& s) {
               {"optim_device_bytes", s.optim_device_bytes},
               {"optim_host_bytes", s.optim_host_bytes},
               {"comm_bytes", s.comm_bytes},
+              {"gathered_bytes", s.gathered_bytes},
               {"other_bytes", s.other_bytes},
               {"allocated_bytes", s.allocated_bytes},
               {"peak_bytes", s.peak_bytes},
@@ -168,6 +170,16 @@ class TrialRun {
   }
   // Puts weights, optimizer state, data position and generators back from options_.resume_from.
   Status Resume();
+  // Under strategy fsdp: each rank's optimizer shard in the checkpoint directory (rank 0's is
+  // optimizer.safetensors).
+  static std::string RankOptimizerFile(int rank) {
+    return "optimizer.rank" + std::to_string(rank) + ".safetensors";
+  }
+  TrainingState CheckpointState(int64_t completed_steps, const nlohmann::json& data_position) const;
+  Status WriteShardedCheckpoint(int64_t completed_steps, const std::string& dir,
+                                const nlohmann::json& data_position);
+  // Records the checkpoint written at `dir` (every rank); rank 0 announces it.
+  Status CheckpointWritten(int64_t completed_steps, const std::string& dir);
   // A checkpoint of the state after `completed_steps` optimizer steps, whose next micro-batches
   // start at `data_position`.
   Status WriteCheckpoint(int64_t completed_steps, const nlohmann::json& data_position);
@@ -182,10 +194,36 @@ class TrialRun {
     return optimizer_ ? optimizer_->StateTensors() : std::vector<torch::Tensor>{};
   }
   std::vector<torch::Tensor> CommBuffers() const {
-    return ddp_ ? ddp_->CommTensors() : std::vector<torch::Tensor>{};
+    if (ddp_) return ddp_->CommTensors();
+    if (fsdp_) return fsdp_->CommTensors();
+    return {};
   }
-  // Joins the DDP process group when the trial has strategy ddp over more than one device.
+  std::vector<torch::Tensor> GatheredParams() const {
+    return fsdp_ ? fsdp_->GatheredTensors() : std::vector<torch::Tensor>{};
+  }
+  MemorySnapshot Categories(bool at_failure) const {
+    return at_failure ? SnapshotAtFailure(*memory_, all_params_, OptimizerState(), CommBuffers(),
+                                          GatheredParams())
+                      : TakeSnapshot(*memory_, all_params_, OptimizerState(), CommBuffers(),
+                                     GatheredParams());
+  }
+  int64_t WorldSize() const {
+    if (ddp_) return ddp_->world_size();
+    if (fsdp_) return fsdp_->world_size();
+    return 1;
+  }
+  bool Distributed() const { return ddp_ || fsdp_; }
+  // The element-wise sum of `values` over the ranks (DDP or FSDP); throws on a failed collective.
+  std::vector<double> SumAcrossRanks(const std::vector<double>& values) {
+    auto sums = ddp_ ? ddp_->SumAcrossRanks(values) : fsdp_->SumAcrossRanks(values);
+    if (!sums.ok()) throw std::runtime_error(sums.status().message());
+    return *sums;
+  }
+  // Joins the process group when the trial has strategy ddp or fsdp over more than one device.
   Status JoinRanks();
+  // strategy fsdp: shards the model (before the optimizer is made); what accounting counts as
+  // params and what the optimizer steps become the rank's flat shards.
+  Status ShardModel();
 
   const TrialConfig& config_;
   const RunOptions& options_;
@@ -206,9 +244,10 @@ class TrialRun {
   std::vector<torch::Tensor> trainable_params_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BatchSource> batches_;
-  std::unique_ptr<StepProfiler> profiler_;  // null when no step is profiled
-  std::unique_ptr<DataParallel> ddp_;       // null unless strategy ddp with devices > 1
-  int rank_ = 0;                            // outputs (checkpoints, adapters, profile) on rank 0
+  std::unique_ptr<StepProfiler> profiler_;          // null when no step is profiled
+  std::unique_ptr<DataParallel> ddp_;               // null unless strategy ddp with devices > 1
+  std::unique_ptr<FullyShardedDataParallel> fsdp_;  // null unless strategy fsdp, devices > 1
+  int rank_ = 0;  // outputs (checkpoints, adapters, profile) on rank 0
   std::optional<LossScaler> loss_scaler_;
 
   bool chunked_loss_ = false;
@@ -246,7 +285,7 @@ Status TrialRun::Setup() {
 
   RETURN_IF_ERROR(JoinRanks());
   micro_batch_size_ = config_.GetInt("train.micro_batch_size");
-  const int64_t world_size = ddp_ ? ddp_->world_size() : 1;
+  const int64_t world_size = WorldSize();
   accumulation_ = config_.GetInt("train.global_batch_size") / (micro_batch_size_ * world_size);
   snapshot_every_ = std::max<int64_t>(1, config_.GetInt("snapshot_every"));
   log_every_ = std::max<int64_t>(1, config_.GetInt("log_every"));
@@ -268,20 +307,36 @@ Status TrialRun::Setup() {
 
 Status TrialRun::JoinRanks() {
   const int64_t devices = config_.GetInt("devices");
-  if (config_.GetString("strategy") != "ddp" || devices == 1) return Status::Ok();
+  const std::string strategy = config_.GetString("strategy");
+  if ((strategy != "ddp" && strategy != "fsdp") || devices == 1) return Status::Ok();
   if (!options_.rank_env) {
     return InvalidArgumentError(
-        "strategy: ddp with devices: " + std::to_string(devices) + " runs as " +
+        "strategy: " + strategy + " with devices: " + std::to_string(devices) + " runs as " +
         std::to_string(devices) + " ranks: start them with llm-train --nproc " +
         std::to_string(devices) + " (or torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...)");
   }
   if (options_.rank_env->world_size != devices) {
     return InvalidArgumentError("WORLD_SIZE=" + std::to_string(options_.rank_env->world_size) +
                                 " but the trial has devices: " + std::to_string(devices) +
-                                ": strategy ddp runs one rank per device");
+                                ": strategy " + strategy + " runs one rank per device");
+  }
+  if (strategy == "fsdp") {
+    ASSIGN_OR_RETURN(fsdp_, FullyShardedDataParallel::Join(*options_.rank_env, device_));
+    rank_ = fsdp_->rank();
+    return Status::Ok();
   }
   ASSIGN_OR_RETURN(ddp_, DataParallel::Join(*options_.rank_env, device_));
   rank_ = ddp_->rank();
+  return Status::Ok();
+}
+
+Status TrialRun::ShardModel() {
+  RETURN_IF_ERROR(fsdp_->Shard(model_));
+  all_params_ = fsdp_->Shards();
+  // Buffers stay whole on every rank (the model has none but a QLoRA base, which fsdp refuses).
+  for (const auto& item : model_->named_buffers()) all_params_.push_back(item.value());
+  trainable_params_ = fsdp_->Shards();
+  model_options_.layer_hooks = fsdp_.get();
   return Status::Ok();
 }
 
@@ -290,14 +345,22 @@ Status TrialRun::Resume() {
   ASSIGN_OR_RETURN(LoadedCheckpoint checkpoint, LoadCheckpoint(dir));
   std::map<std::string, torch::Tensor> saved(checkpoint.model.begin(), checkpoint.model.end());
   torch::NoGradGuard no_grad;
-  for (auto& [name, tensor] : ModelState(model_)) {
-    auto it = saved.find(name);
-    if (it == saved.end() || !it->second.sizes().equals(tensor.sizes())) {
-      return DataLossError(
-          dir + "/model.safetensors: tensor '" + name +
-          "' is missing or has another shape (a checkpoint of a different model?)");
+  if (fsdp_) {
+    // The full model, each rank taking its pieces; each rank's optimizer shard from its own file.
+    RETURN_IF_ERROR(fsdp_->LoadFullState(saved).WithContext(dir + "/model.safetensors"));
+    if (rank_ != 0) {
+      ASSIGN_OR_RETURN(checkpoint.optimizer, ReadTensors(dir + "/" + RankOptimizerFile(rank_)));
     }
-    tensor.copy_(it->second);
+  } else {
+    for (auto& [name, tensor] : ModelState(model_)) {
+      auto it = saved.find(name);
+      if (it == saved.end() || !it->second.sizes().equals(tensor.sizes())) {
+        return DataLossError(
+            dir + "/model.safetensors: tensor '" + name +
+            "' is missing or has another shape (a checkpoint of a different model?)");
+      }
+      tensor.copy_(it->second);
+    }
   }
   RETURN_IF_ERROR(optimizer_->LoadNamedState(checkpoint.optimizer).WithContext(dir));
   RETURN_IF_ERROR(batches_->Restore(checkpoint.state.data_position).WithContext(dir));
@@ -310,18 +373,66 @@ Status TrialRun::Resume() {
 }
 
 Status TrialRun::WriteCheckpoint(int64_t completed_steps, const nlohmann::json& data_position) {
+  const std::string dir =
+      config_.GetString("output_dir") + "/checkpoints/step-" + std::to_string(completed_steps);
+  if (fsdp_) return WriteShardedCheckpoint(completed_steps, dir, data_position);
   // Every rank holds the same weights and optimizer state, and the data position is the ranks'
   // shared one: rank 0's checkpoint is the job's, and every rank resumes from it.
   if (rank_ != 0) return Status::Ok();
-  const std::string dir =
-      config_.GetString("output_dir") + "/checkpoints/step-" + std::to_string(completed_steps);
   const NamedTensors model = ModelState(model_);
+  RETURN_IF_ERROR(SaveCheckpoint(dir, model, optimizer_->NamedState(),
+                                 CheckpointState(completed_steps, data_position)));
+  return CheckpointWritten(completed_steps, dir);
+}
+
+TrainingState TrialRun::CheckpointState(int64_t completed_steps,
+                                        const nlohmann::json& data_position) const {
   TrainingState state;
   state.next_step = completed_steps;
   state.data_position = data_position;
   state.loss_scale = loss_scaler_ ? loss_scaler_->scale() : 0.0;
   state.config = config_.EffectiveJson();
-  RETURN_IF_ERROR(SaveCheckpoint(dir, model, optimizer_->NamedState(), state));
+  return state;
+}
+
+Status TrialRun::WriteShardedCheckpoint(int64_t completed_steps, const std::string& dir,
+                                        const nlohmann::json& data_position) {
+  // Every rank gathers (a collective); rank 0 writes the whole model in Hugging Face names with its
+  // optimizer shard, and before it renames the staging directory into place each other rank adds
+  // its own shard there (optimizer.rank<r>.safetensors), so step-N is still always whole. The
+  // ranks' sum of failures is both the barrier and the verdict.
+  ASSIGN_OR_RETURN(const NamedTensors model, fsdp_->FullState());
+  const std::string staging = dir + ".tmp";
+  if (rank_ != 0) {
+    RETURN_IF_ERROR(fsdp_->Barrier());  // rank 0's staging directory holds its files
+    const Status written =
+        WriteTensors(staging + "/" + RankOptimizerFile(rank_), optimizer_->NamedState());
+    const double failed = SumAcrossRanks({written.ok() ? 0.0 : 1.0}).at(0);
+    RETURN_IF_ERROR(written);
+    if (failed > 0) return UnavailableError("checkpoint " + dir + " failed on another rank");
+    return CheckpointWritten(completed_steps, dir);
+  }
+  bool joined = false;
+  const Status saved = SaveCheckpoint(
+      dir, model, optimizer_->NamedState(), CheckpointState(completed_steps, data_position),
+      [&](const std::string&) -> Status {
+        joined = true;
+        RETURN_IF_ERROR(fsdp_->Barrier());
+        if (SumAcrossRanks({0.0}).at(0) > 0) {
+          return UnavailableError("another rank could not write its optimizer shard");
+        }
+        return Status::Ok();
+      });
+  if (!joined) {
+    // Rank 0 failed before the others could write: release them, with the failure counted.
+    RETURN_IF_ERROR(fsdp_->Barrier());
+    SumAcrossRanks({1.0});
+  }
+  RETURN_IF_ERROR(saved);
+  return CheckpointWritten(completed_steps, dir);
+}
+
+Status TrialRun::CheckpointWritten(int64_t completed_steps, const std::string& dir) {
   last_checkpoint_steps_ = completed_steps;
   last_checkpoint_dir_ = dir;
   events_.Emit({{"type", "checkpoint"}, {"step", completed_steps - 1}, {"path", dir}});
@@ -381,8 +492,7 @@ void TrialRun::Snapshot(int64_t step, int64_t micro_batch, const char* phase) {
   // Each phase boundary is also where the profiler names what follows and marks its memory history.
   if (profiler_) profiler_->Phase(step, micro_batch, phase);
   if (!snapshot_this_step_) return;
-  const MemorySnapshot snapshot =
-      TakeSnapshot(*memory_, all_params_, OptimizerState(), CommBuffers());
+  const MemorySnapshot snapshot = Categories(/*at_failure=*/false);
   EmitSnapshot(snapshot, step, micro_batch, phase);
   std::string label = "step" + std::to_string(step);
   if (accumulation_ > 1) label += "_mb" + std::to_string(micro_batch);
@@ -411,11 +521,10 @@ bool TrialRun::TrainStep(int64_t step) {
   // Under DDP the global batch is every rank's micro-batches: the weights use all ranks' label
   // tokens, scaled by the world size that the gradients' average divides by again.
   double rank_weight = 1.0;
-  if (ddp_) {
-    auto total = ddp_->SumAcrossRanks({static_cast<double>(global_label_tokens)});
-    if (!total.ok()) throw std::runtime_error(total.status().message());
-    global_label_tokens = static_cast<int64_t>(total->at(0));
-    rank_weight = static_cast<double>(ddp_->world_size());
+  if (Distributed()) {
+    global_label_tokens =
+        static_cast<int64_t>(SumAcrossRanks({static_cast<double>(global_label_tokens)}).at(0));
+    rank_weight = static_cast<double>(WorldSize());
   }
 
   for (torch::Tensor& p : trainable_params_) p.mutable_grad() = torch::Tensor();
@@ -430,6 +539,11 @@ bool TrialRun::TrainStep(int64_t step) {
     torch::Tensor loss;
     {
       AutocastScope autocast(precision_, device_);
+      if (fsdp_) {
+        if (Status status = fsdp_->BeginForward(); !status.ok()) {
+          throw std::runtime_error(status.message());
+        }
+      }
       torch::Tensor hidden = model_->Hidden(batch.input_ids, model_options_);  // (B, T, C)
       if (chunked_loss_) {
         loss = ChunkedCausalLmLoss(
@@ -444,7 +558,16 @@ bool TrialRun::TrainStep(int64_t step) {
     step_tokens += batch.real_tokens;
     if (batch.label_tokens == 0) {
       // Truncation left no target in this micro-batch: its mean loss is 0/0, and it adds nothing to
-      // the gradient, so it is not a divergence and there is nothing to backpropagate.
+      // the gradient, so it is not a divergence and there is nothing to backpropagate. Under FSDP
+      // every rank must still run backward, whose gathers and reductions are collectives: a zero
+      // objective (nan_to_num's gradient is zero where the loss is not finite) gives zero
+      // gradients.
+      if (fsdp_) {
+        (torch::nan_to_num(loss, 0.0, 0.0, 0.0) * 0.0).backward();
+        if (Status status = fsdp_->FinishBackward(); !status.ok()) {
+          throw std::runtime_error(status.message());
+        }
+      }
       loss = torch::Tensor();
       Snapshot(step, i, kPhaseAfterBackward);
       continue;
@@ -465,6 +588,11 @@ bool TrialRun::TrainStep(int64_t step) {
     objective.backward();
     objective = torch::Tensor();
     loss = torch::Tensor();
+    if (fsdp_) {
+      if (Status status = fsdp_->FinishBackward(); !status.ok()) {
+        throw std::runtime_error(status.message());
+      }
+    }
     Snapshot(step, i, kPhaseAfterBackward);
     loss_sum += loss_value * static_cast<double>(batch.label_tokens);
   }
@@ -473,11 +601,12 @@ bool TrialRun::TrainStep(int64_t step) {
     if (Status status = ddp_->FinishGradients(); !status.ok()) {
       throw std::runtime_error(status.message());
     }
+  }
+  if (Distributed()) {
     // The step's loss and tokens are the job's: every rank reports the same.
-    auto totals = ddp_->SumAcrossRanks({loss_sum, static_cast<double>(step_tokens)});
-    if (!totals.ok()) throw std::runtime_error(totals.status().message());
-    loss_sum = totals->at(0);
-    step_tokens = static_cast<int64_t>(totals->at(1));
+    const std::vector<double> totals = SumAcrossRanks({loss_sum, static_cast<double>(step_tokens)});
+    loss_sum = totals.at(0);
+    step_tokens = static_cast<int64_t>(totals.at(1));
   }
 
   // With the optimizer in backward the hooks have applied the update already; validation rules out
@@ -486,7 +615,16 @@ bool TrialRun::TrainStep(int64_t step) {
     bool grads_finite = true;
     if (loss_scaler_) grads_finite = loss_scaler_->UnscaleAndCheck(trainable_params_);
     const double grad_clip = config_.GetFloat("train.grad_clip");
-    if (grads_finite && grad_clip > 0.0) ClipGradNorm(trainable_params_, grad_clip);
+    if (grads_finite && grad_clip > 0.0) {
+      if (fsdp_) {
+        // The norm is the whole model's: the ranks' shards' squares summed.
+        if (auto norm = fsdp_->ClipGradNorm(grad_clip); !norm.ok()) {
+          throw std::runtime_error(norm.status().message());
+        }
+      } else {
+        ClipGradNorm(trainable_params_, grad_clip);
+      }
+    }
     if (grads_finite) optimizer_->Step(lr);
     if (loss_scaler_) loss_scaler_->Update(grads_finite);
   }
@@ -523,8 +661,8 @@ bool TrialRun::TrainStep(int64_t step) {
 }
 
 void TrialRun::WriteProfile() {
-  const ProfileFiles files =
-      profiler_->Write(StorageCategories(*memory_, all_params_, OptimizerState(), CommBuffers()));
+  const ProfileFiles files = profiler_->Write(
+      StorageCategories(*memory_, all_params_, OptimizerState(), CommBuffers(), GatheredParams()));
   for (const std::string& path : files.paths) Log("info", "profile written to " + path);
   for (const std::string& problem : files.problems) Log("warning", "profile: " + problem);
 }
@@ -587,7 +725,7 @@ TrialResult TrialRun::Run() {
   uint64_t load_peak = 0;
   try {
     // Data first: a bad dataset or tokenizer should fail before minutes of model loading.
-    auto batches = OpenBatches(config_, model_config_, rank_, ddp_ ? ddp_->world_size() : 1);
+    auto batches = OpenBatches(config_, model_config_, rank_, WorldSize());
     if (!batches.ok()) return InvalidInput(batches.status());
     batches_ = std::move(*batches);
 
@@ -606,14 +744,20 @@ TrialResult TrialRun::Run() {
         }
       }
     }
-    load_peak = memory_->peak_bytes();
     model_->train();
-    // What accounting counts as params is what a checkpoint holds: parameters and buffers (a QLoRA
-    // model's NF4 base weights).
-    for (auto& [name, tensor] : ModelState(model_)) all_params_.push_back(tensor);
-    for (const torch::Tensor& p : model_->parameters()) {
-      if (p.requires_grad()) trainable_params_.push_back(p);
+    if (fsdp_) {
+      if (Status status = ShardModel(); !status.ok()) {
+        return Finish(Outcome::kFailed, status.message());
+      }
+    } else {
+      // What accounting counts as params is what a checkpoint holds: parameters and buffers (a
+      // QLoRA model's NF4 base weights).
+      for (auto& [name, tensor] : ModelState(model_)) all_params_.push_back(tensor);
+      for (const torch::Tensor& p : model_->parameters()) {
+        if (p.requires_grad()) trainable_params_.push_back(p);
+      }
     }
+    load_peak = memory_->peak_bytes();
     OptimizerOptions optimizer_options;
     optimizer_options.name = config_.GetString("optimizer");
     optimizer_options.lr = config_.GetFloat("train.lr");
@@ -647,8 +791,7 @@ TrialResult TrialRun::Run() {
       ddp_->Attach(trainable_params_, config_.GetByteSize("ddp.bucket_size").value_or(0));
     }
 
-    const int64_t global_batch =
-        micro_batch_size_ * accumulation_ * (ddp_ ? ddp_->world_size() : 1);
+    const int64_t global_batch = micro_batch_size_ * accumulation_ * WorldSize();
     const int64_t steps_per_epoch = std::max<int64_t>(1, batches_->num_examples() / global_batch);
     total_steps_ = config_.GetInt("train.max_steps") > 0
                        ? config_.GetInt("train.max_steps")
@@ -675,7 +818,7 @@ TrialResult TrialRun::Run() {
                   {"resumed_from", options_.resume_from},
                   {"device", device_.str()},
                   {"rank", rank_},
-                  {"world_size", ddp_ ? ddp_->world_size() : 1},
+                  {"world_size", WorldSize()},
                   {"comm_bytes", UniqueStorageBytes(CommBuffers())},
                   {"device_limit_bytes", limit ? json(*limit) : json(nullptr)},
                   {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -714,8 +857,7 @@ TrialResult TrialRun::Run() {
     }
     return Finish(Outcome::kOk, "");
   } catch (const c10::OutOfMemoryError& e) {
-    const MemorySnapshot snapshot =
-        SnapshotAtFailure(*memory_, all_params_, OptimizerState(), CommBuffers());
+    const MemorySnapshot snapshot = Categories(/*at_failure=*/true);
     EmitSnapshot(snapshot, steps_done_, -1, "oom");
     Human("[oom] " + FormatSnapshot(snapshot));
     return Finish(Outcome::kOom, e.what_without_backtrace());

@@ -1,0 +1,327 @@
+#include "trainer/train/fsdp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "trainer/train/optimizer.h"
+
+namespace llmctl::trainer {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// The identity on a layer's output whose backward gathers the layer again before its own backward
+// nodes run: they all lie upstream of this output, so none can run before it (FSDP2's pre-backward
+// hook on the module's outputs).
+struct PreBackward : public torch::autograd::Function<PreBackward> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor hidden,
+                               FullyShardedDataParallel* fsdp, int64_t layer) {
+    ctx->saved_data["fsdp"] = reinterpret_cast<int64_t>(fsdp);
+    ctx->saved_data["layer"] = layer;
+    return hidden.view_as(hidden);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    auto* fsdp = reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["fsdp"].toInt());
+    fsdp->GatherForBackward(ctx->saved_data["layer"].toInt());
+    return {grad_outputs[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// "model.layers.<i>." → i; -1 for the root's parameters.
+int64_t LayerOf(const std::string& name) {
+  static const std::string kPrefix = "model.layers.";
+  if (!name.starts_with(kPrefix)) return -1;
+  return std::stoll(name.substr(kPrefix.size(), name.find('.', kPrefix.size()) - kPrefix.size()));
+}
+
+}  // namespace
+
+int64_t PaddedNumel(int64_t numel, int64_t world_size) {
+  return (numel + world_size - 1) / world_size * world_size;
+}
+
+StatusOr<std::unique_ptr<FullyShardedDataParallel>> FullyShardedDataParallel::Join(
+    const dist::RankEnv& env, torch::Device device) {
+  dist::ProcessGroupOptions options;
+  options.backend = device.is_cuda() ? dist::BackendKind::kNccl : dist::BackendKind::kGloo;
+  options.cuda_device = device.is_cuda() ? device.index() : 0;
+  ASSIGN_OR_RETURN(dist::ProcessGroup group, dist::ProcessGroup::Create(env, options));
+  return std::unique_ptr<FullyShardedDataParallel>(
+      new FullyShardedDataParallel(std::move(group), device));
+}
+
+FullyShardedDataParallel::FullyShardedDataParallel(dist::ProcessGroup group, torch::Device device)
+    : group_(std::move(group)),
+      device_(device),
+      sums_(torch::zeros({kMaxSummedValues},
+                         torch::TensorOptions().dtype(torch::kFloat64).device(device))) {}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  // The hooks point at this object; the model may outlive it.
+  for (Unit& unit : units_) {
+    for (const torch::Tensor& p : unit.params) SetPostAccumulateGradHook(p, nullptr);
+  }
+}
+
+Status FullyShardedDataParallel::Shard(LlamaForCausalLM& model) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = world_size();
+  units_.resize(1);
+  units_[0].name = "root";
+  for (const auto& item : model->named_parameters()) {
+    const torch::Tensor& p = item.value();
+    if (!p.requires_grad()) {
+      return UnimplementedError("strategy fsdp shards trainable parameters only, and '" +
+                                item.key() + "' is frozen");
+    }
+    const int64_t layer = LayerOf(item.key());
+    const size_t index = static_cast<size_t>(layer + 1);
+    if (units_.size() <= index) units_.resize(index + 1);
+    Unit& unit = units_[index];
+    if (unit.name.empty()) unit.name = "layer " + std::to_string(layer);
+    unit.names.push_back(item.key());
+    unit.params.push_back(p);
+    unit.offsets.push_back(unit.numel);
+    unit.numel += p.numel();
+  }
+  int64_t max_padded = 0;
+  for (Unit& unit : units_) {
+    if (unit.params.empty()) return InternalError("fsdp: " + unit.name + " has no parameters");
+    // Every rank starts from rank 0's weights, as DDP's broadcast makes them.
+    for (torch::Tensor& p : unit.params) RETURN_IF_ERROR(group_.Broadcast(p, 0));
+    const torch::TensorOptions options = unit.params.front().options().requires_grad(false);
+    unit.padded = PaddedNumel(unit.numel, n);
+    max_padded = std::max(max_padded, unit.padded);
+    const int64_t shard_numel = unit.padded / n;
+    unit.shard = torch::zeros({shard_numel}, options);
+    // The rank's piece of the flat parameter: the elements [rank × shard, (rank + 1) × shard) of
+    // the parameters laid end to end, the padding left zero.
+    const int64_t begin = rank() * shard_numel;
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      const int64_t first = std::max(begin, unit.offsets[i]);
+      const int64_t last = std::min(begin + shard_numel, unit.offsets[i] + unit.params[i].numel());
+      if (first >= last) continue;
+      unit.shard.narrow(0, first - begin, last - first)
+          .copy_(unit.params[i].reshape({-1}).narrow(0, first - unit.offsets[i], last - first));
+    }
+    unit.shard.requires_grad_(true);
+    shards_.push_back(unit.shard);
+    unit.gathered = torch::empty({unit.padded}, options);
+    // The parameters become views into the gathered buffer; their own storage dies here.
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      torch::Tensor& p = unit.params[i];
+      p.set_data(unit.gathered.narrow(0, unit.offsets[i], p.numel()).view(p.sizes()));
+    }
+    Free(unit);
+    unit.pending = unit.params.size();
+  }
+  // Only the parameters' tensors, not the module's, were replaced: the module names them too.
+  grad_buffer_ = torch::zeros({max_padded}, units_.front().shard.options().requires_grad(false));
+  if (device_.is_cuda()) {
+    scatter_buffer_ = torch::zeros({max_padded / n}, grad_buffer_.options());
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (const torch::Tensor& p : units_[u].params) {
+      SetPostAccumulateGradHook(p, [this, u](const torch::Tensor&) { OnGradientReady(u); });
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<torch::Tensor> FullyShardedDataParallel::GatheredTensors() const {
+  std::vector<torch::Tensor> tensors;
+  for (const Unit& unit : units_) tensors.push_back(unit.gathered);
+  return tensors;
+}
+
+std::vector<torch::Tensor> FullyShardedDataParallel::CommTensors() const {
+  std::vector<torch::Tensor> tensors = {grad_buffer_, sums_};
+  if (scatter_buffer_.defined()) tensors.push_back(scatter_buffer_);
+  return tensors;
+}
+
+Status FullyShardedDataParallel::Gather(Unit& unit) {
+  c10::StorageImpl* storage = unit.gathered.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() > 0) return Status::Ok();
+  torch::NoGradGuard no_grad;
+  const size_t bytes = static_cast<size_t>(unit.padded) * unit.gathered.element_size();
+  // The storage's own allocator (the counting one on cpu, CUDA's caching one on cuda): the views
+  // see the new memory at once, as their data pointers are the storage's plus their offsets.
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+  if (device_.is_cuda()) return group_.AllGatherIntoTensor(unit.gathered, unit.shard);
+  const int64_t shard_numel = unit.shard.numel();
+  unit.gathered.zero_();
+  unit.gathered.narrow(0, rank() * shard_numel, shard_numel).copy_(unit.shard);
+  // Exact: each element is one rank's value plus zeros.
+  return group_.AllReduce(unit.gathered, dist::ReduceOp::kSum);
+}
+
+void FullyShardedDataParallel::Free(Unit& unit) {
+  c10::StorageImpl* storage = unit.gathered.storage().unsafeGetStorageImpl();
+  // The old DataPtr, returned and dropped here, frees the memory now (FSDP1's resize_(0)).
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, unit.gathered.device()));
+  storage->set_nbytes(0);
+}
+
+Status FullyShardedDataParallel::BeginForward() {
+  RETURN_IF_ERROR(error_);
+  return Gather(units_.front());
+}
+
+torch::Tensor FullyShardedDataParallel::BeforeLayer(int64_t layer, const torch::Tensor& hidden) {
+  if (Status status = Gather(units_[static_cast<size_t>(layer + 1)]); !status.ok()) {
+    Fail(status);
+    throw std::runtime_error(status.message());
+  }
+  return hidden;
+}
+
+torch::Tensor FullyShardedDataParallel::AfterLayer(int64_t layer, const torch::Tensor& hidden) {
+  Free(units_[static_cast<size_t>(layer + 1)]);
+  if (!hidden.requires_grad()) return hidden;
+  return PreBackward::apply(hidden, this, layer);
+}
+
+void FullyShardedDataParallel::GatherForBackward(int64_t layer) {
+  // An exception here would cross the autograd engine; the failure is reported after backward.
+  if (!error_.ok()) return;
+  Fail(Gather(units_[static_cast<size_t>(layer + 1)]));
+}
+
+void FullyShardedDataParallel::OnGradientReady(size_t u) {
+  Unit& unit = units_[u];
+  if (unit.pending > 0) --unit.pending;
+  if (unit.pending > 0 || !error_.ok()) return;
+  Fail(Reduce(unit));
+  unit.pending = unit.params.size();
+}
+
+Status FullyShardedDataParallel::Reduce(Unit& unit) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor flat = grad_buffer_.narrow(0, 0, unit.padded);
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    const torch::Tensor& grad = unit.params[i].grad();
+    torch::Tensor slot = flat.narrow(0, unit.offsets[i], unit.params[i].numel());
+    if (grad.defined()) {
+      slot.copy_(grad.reshape({-1}));
+    } else {
+      slot.zero_();
+    }
+  }
+  flat.narrow(0, unit.numel, unit.padded - unit.numel).zero_();
+  const int64_t shard_numel = unit.shard.numel();
+  torch::Tensor piece;
+  if (device_.is_cuda()) {
+    piece = scatter_buffer_.narrow(0, 0, shard_numel);
+    RETURN_IF_ERROR(group_.ReduceScatterTensor(piece, flat, dist::ReduceOp::kAvg));
+  } else {
+    RETURN_IF_ERROR(group_.AllReduce(flat, dist::ReduceOp::kAvg));
+    piece = flat.narrow(0, rank() * shard_numel, shard_numel);
+  }
+  // Accumulated micro-batches add their reduced pieces, as FSDP2 accumulates sharded gradients.
+  torch::Tensor& shard_grad = unit.shard.mutable_grad();
+  if (shard_grad.defined()) {
+    shard_grad.add_(piece);
+  } else {
+    shard_grad = piece.clone();
+  }
+  for (torch::Tensor& p : unit.params) p.mutable_grad() = torch::Tensor();
+  Free(unit);
+  return Status::Ok();
+}
+
+Status FullyShardedDataParallel::FinishBackward() {
+  Status error = std::exchange(error_, Status::Ok());
+  for (Unit& unit : units_) {
+    if (unit.pending != unit.params.size() && error.ok()) {
+      error = InternalError("fsdp: backward left " + std::to_string(unit.pending) + " of " +
+                            unit.name + "'s " + std::to_string(unit.params.size()) +
+                            " parameters without a gradient");
+    }
+    unit.pending = unit.params.size();
+    for (torch::Tensor& p : unit.params) p.mutable_grad() = torch::Tensor();
+    Free(unit);
+  }
+  return error;
+}
+
+StatusOr<double> FullyShardedDataParallel::ClipGradNorm(double max_norm) {
+  torch::NoGradGuard no_grad;
+  // The padding's gradient is zero, so the shards' squares sum to the whole model's.
+  double squares = 0.0;
+  for (const torch::Tensor& shard : shards_) {
+    if (!shard.grad().defined()) continue;
+    const double norm =
+        shard.grad().norm(2, torch::IntArrayRef{}, false, torch::kFloat32).item<double>();
+    squares += norm * norm;
+  }
+  ASSIGN_OR_RETURN(std::vector<double> total, SumAcrossRanks({squares}));
+  const double norm = std::sqrt(total.at(0));
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (coefficient < 1.0) {
+    for (const torch::Tensor& shard : shards_) {
+      if (shard.grad().defined()) shard.grad().mul_(coefficient);
+    }
+  }
+  return norm;
+}
+
+StatusOr<std::vector<double>> FullyShardedDataParallel::SumAcrossRanks(
+    const std::vector<double>& values) {
+  const int64_t count = static_cast<int64_t>(values.size());
+  if (count > kMaxSummedValues) {
+    return InternalError("SumAcrossRanks takes at most " + std::to_string(kMaxSummedValues) +
+                         " values, not " + std::to_string(count));
+  }
+  torch::NoGradGuard no_grad;
+  torch::Tensor slots = sums_.narrow(0, 0, count);
+  slots.copy_(torch::tensor(values, torch::TensorOptions().dtype(torch::kFloat64)));
+  RETURN_IF_ERROR(group_.AllReduce(slots, dist::ReduceOp::kSum));
+  const torch::Tensor sums = slots.cpu();
+  return std::vector<double>(sums.data_ptr<double>(), sums.data_ptr<double>() + count);
+}
+
+StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> FullyShardedDataParallel::FullState() {
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  for (Unit& unit : units_) {
+    RETURN_IF_ERROR(Gather(unit));
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      // A host copy that the checkpoint owns (on cpu, outside the device pool's accounting only in
+      // that it lives as long as the write).
+      state.emplace_back(unit.names[i],
+                         unit.params[i].detach().to(torch::kCPU, /*non_blocking=*/false,
+                                                    /*copy=*/true));
+    }
+    Free(unit);
+  }
+  return state;
+}
+
+Status FullyShardedDataParallel::LoadFullState(const std::map<std::string, torch::Tensor>& state) {
+  torch::NoGradGuard no_grad;
+  for (Unit& unit : units_) {
+    const int64_t shard_numel = unit.shard.numel();
+    const int64_t begin = rank() * shard_numel;
+    unit.shard.zero_();
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      auto it = state.find(unit.names[i]);
+      if (it == state.end() || !it->second.sizes().equals(unit.params[i].sizes())) {
+        return DataLossError("tensor '" + unit.names[i] +
+                             "' is missing or has another shape (a checkpoint of a different "
+                             "model?)");
+      }
+      const int64_t first = std::max(begin, unit.offsets[i]);
+      const int64_t last = std::min(begin + shard_numel, unit.offsets[i] + unit.params[i].numel());
+      if (first >= last) continue;
+      unit.shard.narrow(0, first - begin, last - first)
+          .copy_(it->second.reshape({-1}).narrow(0, first - unit.offsets[i], last - first));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace llmctl::trainer

@@ -1,0 +1,141 @@
+// strategy: fsdp, PyTorch's fully sharded data parallelism (FSDP2's fully_shard) over
+// trainer/dist's c10d process group.
+//
+// Units: every decoder layer is one unit; everything else (the embeddings, the final norm and the
+// output head, which the tied embedding shares) is the root unit, as fully_shard(model) after
+// fully_shard(layer) for each layer leaves them. A unit's parameters are laid out, in
+// named_parameters order, in one flat tensor padded with zeros to a multiple of the world size N;
+// each rank keeps only its 1/N piece of it, the shard, a leaf tensor that requires grad: the
+// optimizer's parameter, its gradient the gradient shard, its state the optimizer-state shard.
+//
+// The module's parameters stay the model's own tensors, but their data are views into the unit's
+// gathered flat buffer (FSDP1's flat parameter): gathering allocates the buffer's storage and
+// all-gathers the shards into it, freeing releases the storage (resizes it to zero bytes) while
+// every view, and every tensor autograd saved for backward, keeps pointing at the same storage.
+// So memory is freed when FSDP says, never when a last reference happens to die: c10d's Gloo
+// worker thread keeps references to a collective's tensors for a while after wait() returns.
+//
+// Forward: the root is gathered before the model runs (BeginForward) and stays gathered until its
+// gradients are reduced at the end of backward (FSDP2 does not reshard the root after forward, as
+// backward needs it first). Layer i is gathered before its forward and freed after it; an identity
+// autograd node on its output gathers it again when backward reaches it (activation checkpointing
+// recomputes inside that window). When a unit's last parameter has accumulated its gradient
+// (post-accumulate-grad hooks, counted per unit), its gradients are copied into the flat gradient
+// buffer, reduce-scattered with mean into the rank's piece, added to the gradient shard, and the
+// unit's unsharded gradients and gathered parameters are freed. Every micro-batch reduce-scatters
+// (FSDP2's default; no no_sync). Collectives run synchronously, without FSDP2's prefetching.
+//
+// On Gloo (cpu) the all-gather and the reduce-scatter are both an in-place all-reduce of the flat
+// buffer (the rank's piece written in, zeros elsewhere, summed; or the gradients averaged and the
+// rank's piece taken): Gloo's own all-gather and reduce-scatter allocate full-size temporaries
+// that its worker thread frees at an unpredictable time, and Gloo's reduce-scatter is an
+// all-reduce anyway. On NCCL (cuda) they are the real all-gather and reduce-scatter.
+#ifndef LLMCTL_TRAINER_TRAIN_FSDP_H_
+#define LLMCTL_TRAINER_TRAIN_FSDP_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "trainer/dist/process_group.h"
+#include "trainer/dist/rank_env.h"
+#include "trainer/model/llama.h"
+
+namespace llmctl::trainer {
+
+// The padded length of a unit's flat parameter of `numel` elements over `world_size` ranks: the
+// next multiple of world_size; each rank's shard is a world_size-th of it.
+int64_t PaddedNumel(int64_t numel, int64_t world_size);
+
+class FullyShardedDataParallel : public LayerHooks {
+ public:
+  // Joins the process group `env` describes on `device`'s backend: Gloo for cpu, NCCL for cuda.
+  static StatusOr<std::unique_ptr<FullyShardedDataParallel>> Join(const dist::RankEnv& env,
+                                                                  torch::Device device);
+  ~FullyShardedDataParallel() override;
+
+  int rank() const { return group_.rank(); }
+  int world_size() const { return group_.world_size(); }
+
+  // Makes rank 0's weights every rank's, then shards `model` into its units: afterwards the model's
+  // parameters own no memory until gathered, and Shards() hold the rank's pieces. Once, after the
+  // model is built and before the optimizer is made. Every parameter must require grad.
+  Status Shard(LlamaForCausalLM& model);
+
+  // The rank's flat parameter shards, one per unit (root first, then the layers): what the
+  // optimizer steps and what accounting counts as params (their .grad as grads).
+  const std::vector<torch::Tensor>& Shards() const { return shards_; }
+  // The units' gathered flat buffers (zero bytes while freed), accounting's "gathered params".
+  std::vector<torch::Tensor> GatheredTensors() const;
+  // The flat gradient buffer and the sums' slots, accounting's "comm buckets".
+  std::vector<torch::Tensor> CommTensors() const;
+
+  // Before the model's forward: gathers the root unit.
+  Status BeginForward();
+  // LayerHooks: gather layer i before its forward, free it after (and gather it again in backward).
+  torch::Tensor BeforeLayer(int64_t layer, const torch::Tensor& hidden) override;
+  torch::Tensor AfterLayer(int64_t layer, const torch::Tensor& hidden) override;
+  // From the autograd node on layer i's output: gathers layer i for its backward (a failure is
+  // kept for FinishBackward, as nothing may throw through the autograd engine).
+  void GatherForBackward(int64_t layer);
+  // After each micro-batch's backward: every unit's gradients must have been reduced and every
+  // gathered buffer freed; reports the first failure inside a hook.
+  Status FinishBackward();
+
+  // Clips the global L2 norm of the gradient shards (summed over the ranks) to `max_norm`.
+  StatusOr<double> ClipGradNorm(double max_norm);
+
+  // How many numbers SumAcrossRanks takes at most.
+  static constexpr int64_t kMaxSummedValues = 2;
+  // The element-wise sum over the ranks of at most kMaxSummedValues numbers.
+  StatusOr<std::vector<double>> SumAcrossRanks(const std::vector<double>& values);
+
+  // The whole model in Hugging Face names, gathered unit by unit into host copies (collective:
+  // every rank must call it; rank 0 writes it).
+  StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> FullState();
+  // Puts a full state (FullState's names and shapes) back into the rank's shards.
+  Status LoadFullState(const std::map<std::string, torch::Tensor>& state);
+
+  Status Barrier() { return group_.Barrier(); }
+
+ private:
+  struct Unit {
+    std::string name;                   // "root", "layer 3"
+    std::vector<std::string> names;     // Hugging Face names of its parameters
+    std::vector<torch::Tensor> params;  // the module's parameters (views into `gathered`)
+    std::vector<int64_t> offsets;       // each one's first element in the flat parameter
+    int64_t numel = 0;                  // before padding
+    int64_t padded = 0;                 // PaddedNumel(numel, world size)
+    torch::Tensor shard;                // (padded / N,)
+    torch::Tensor gathered;             // (padded,), storage freed between uses
+    size_t pending = 0;                 // gradients not yet accumulated in this backward
+  };
+
+  FullyShardedDataParallel(dist::ProcessGroup group, torch::Device device);
+  Status Gather(Unit& unit);
+  void Free(Unit& unit);
+  Status Reduce(Unit& unit);
+  void OnGradientReady(size_t unit);
+  void Fail(const Status& status) {
+    if (error_.ok()) error_ = status;
+  }
+
+  dist::ProcessGroup group_;
+  torch::Device device_;
+  std::vector<Unit> units_;  // root first, then layer i at index i + 1
+  std::vector<torch::Tensor> shards_;
+  torch::Tensor grad_buffer_;     // (max padded,): a unit's unsharded gradients, reduced in place
+  torch::Tensor scatter_buffer_;  // (max padded / N,): NCCL's reduce-scatter output (cuda only)
+  torch::Tensor sums_;            // (kMaxSummedValues,) float64
+  Status error_;                  // the first failure inside a hook or an autograd node
+};
+
+}  // namespace llmctl::trainer
+
+#endif  // LLMCTL_TRAINER_TRAIN_FSDP_H_

@@ -1,0 +1,305 @@
+// strategy: fsdp as a user runs it: `llm-train --nproc 2` on this CPU (Gloo), checked against one
+// process with twice the micro-batch, and its per-rank memory against the shard arithmetic, which
+// the test derives from the model's parameter shapes and the padding rule, not from the trainer.
+#include "trainer/train/fsdp.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/model_config.h"
+#include "trainer/testing/trial_runner.h"
+#include "trainer/train/checkpoints.h"
+#include "trainer/train/ddp.h"
+
+namespace llmctl::trainer {
+namespace {
+
+struct DemoRun {
+  int exit_code = -1;
+  std::string output;
+  std::string dir;
+  std::vector<std::vector<nlohmann::json>> events;   // per rank
+  std::map<std::string, torch::Tensor> final_model;  // the checkpoint after the last step
+};
+
+// A port nothing listened on a moment ago.
+uint16_t FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+std::vector<nlohmann::json> ReadEvents(const std::string& path) {
+  std::vector<nlohmann::json> events;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) events.push_back(nlohmann::json::parse(line));
+  return events;
+}
+
+constexpr int64_t kSteps = 3;
+
+// experiments/demo.yaml for `steps` steps with `sets`, as `ranks` fsdp ranks (--nproc) or one
+// process; a checkpoint after the last step.
+DemoRun RunDemo(const std::string& name, int ranks, const std::vector<std::string>& sets,
+                int64_t steps = kSteps, const std::string& extra_flags = "") {
+  DemoRun run;
+  run.dir = testing::FreshTempDir("fsdp-" + name);
+  std::string command =
+      std::string(std::getenv("LLMCTL_BUILD_DIR") ? std::getenv("LLMCTL_BUILD_DIR") : "build") +
+      "/trainer/llm-train --config " + testing::SourceDir() + "/experiments/demo.yaml --events " +
+      run.dir + "/events.jsonl" + " --set train.max_steps=" + std::to_string(steps) +
+      " --set output_dir=" + run.dir + "/out --set snapshot_every=1" + extra_flags;
+  bool checkpoint_set = false;
+  for (const std::string& set : sets) {
+    command += " --set " + set;
+    checkpoint_set |= set.starts_with("checkpoint_every=");
+  }
+  if (!checkpoint_set) command += " --set checkpoint_every=" + std::to_string(steps);
+  if (ranks > 1) {
+    command += " --set strategy=fsdp --set devices=" + std::to_string(ranks) + " --nproc " +
+               std::to_string(ranks) + " --master-port " + std::to_string(FreePort());
+  }
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return run;
+  std::array<char, 4096> buffer;
+  for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) {
+    run.output.append(buffer.data(), n);
+  }
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  for (int rank = 0; rank < ranks; ++rank) {
+    run.events.push_back(ReadEvents(RankEventsPath(run.dir + "/events.jsonl", rank)));
+  }
+  auto checkpoint = LoadCheckpoint(run.dir + "/out/checkpoints/step-" + std::to_string(steps));
+  if (checkpoint.ok()) {
+    for (auto& [tensor_name, tensor] : checkpoint->model) run.final_model[tensor_name] = tensor;
+  }
+  return run;
+}
+
+std::vector<nlohmann::json> OfType(const std::vector<nlohmann::json>& events,
+                                   const std::string& type) {
+  std::vector<nlohmann::json> found;
+  for (const nlohmann::json& event : events) {
+    if (event["type"] == type) found.push_back(event);
+  }
+  return found;
+}
+
+std::vector<double> Losses(const std::vector<nlohmann::json>& events) {
+  std::vector<double> losses;
+  for (const nlohmann::json& step : OfType(events, "step")) losses.push_back(step["loss"]);
+  return losses;
+}
+
+// 2 ranks at micro-batch m against 1 process at 2m: the same examples in each step, so the same
+// losses and, with the gradients averaged, the same weights (the checkpoint's, gathered from the
+// shards in Hugging Face names).
+void ExpectSameTraining(const std::string& name, const std::vector<std::string>& one,
+                        const std::vector<std::string>& two) {
+  const DemoRun single = RunDemo(name + "-1", 1, one);
+  const DemoRun fsdp = RunDemo(name + "-2", 2, two);
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
+  const std::vector<double> expected = Losses(single.events[0]);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<double> losses = Losses(fsdp.events[rank]);
+    ASSERT_EQ(losses.size(), expected.size()) << "rank " << rank;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_NEAR(losses[i], expected[i], 1e-5) << "rank " << rank << ", step " << i;
+    }
+    const nlohmann::json start = OfType(fsdp.events[rank], "start").at(0);
+    EXPECT_EQ(start["rank"], rank);
+    EXPECT_EQ(start["world_size"], 2);
+  }
+  // The loss must move, or equal losses would say nothing about the updates.
+  EXPECT_GT(std::abs(expected.front() - expected.back()), 1e-3);
+  ASSERT_FALSE(single.final_model.empty());
+  ASSERT_EQ(fsdp.final_model.size(), single.final_model.size());
+  for (const auto& [tensor_name, tensor] : single.final_model) {
+    ASSERT_TRUE(fsdp.final_model.contains(tensor_name)) << tensor_name;
+    const torch::Tensor& other = fsdp.final_model.at(tensor_name);
+    ASSERT_TRUE(other.sizes().equals(tensor.sizes())) << tensor_name;
+    EXPECT_LE((other - tensor).abs().max().item<double>(), 1e-5) << tensor_name;
+  }
+}
+
+// With activation checkpointing on the FSDP side: the recomputed layers are gathered again.
+TEST(FsdpTest, TwoRanksTrainLikeOneProcessWithTwiceTheMicroBatch) {
+  ExpectSameTraining(
+      "adamw", {"train.micro_batch_size=4", "train.global_batch_size=4"},
+      {"train.micro_batch_size=2", "train.global_batch_size=4", "activation_checkpointing=true"});
+}
+
+// With 2-step accumulation (the reduce-scattered shards accumulate) and SGD, whose update scales
+// with the gradient: ranks that summed the gradients instead of averaging them would take steps
+// twice as long, and the weights would differ far beyond 1e-5.
+TEST(FsdpTest, AccumulatedStepsAverageTheGradientsAcrossRanks) {
+  const std::vector<std::string> sgd = {"optimizer=sgd", "train.lr=0.5", "train.warmup_steps=0"};
+  std::vector<std::string> one = sgd, two = sgd;
+  one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=8"});
+  two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=8"});
+  ExpectSameTraining("sgd-accumulation", one, two);
+}
+
+// The shard arithmetic from the model's shapes: each decoder layer a unit, the rest (embedding,
+// final norm; the head is tied in llmctl-demo) the root; each unit's flat length padded to a
+// multiple of the world size, each rank holding a world-size-th.
+struct ShardArithmetic {
+  int64_t shard_numel = 0;  // Σ over units of padded / N
+  int64_t padding = 0;      // Σ over units of padded − numel
+  int64_t root_padded = 0;  // the root's gathered length
+  int64_t max_padded = 0;   // the longest unit's gathered length
+  int64_t total_numel = 0;
+};
+
+ShardArithmetic ShardsOf(const std::string& model, int64_t world_size) {
+  const ModelConfig config = ResolveModel(model).value();
+  std::map<int64_t, int64_t> unit_numel;  // -1 the root, else the layer
+  for (const CheckpointTensor& tensor : CheckpointTensors(config)) {
+    int64_t numel = 1;
+    for (int64_t d : tensor.shape) numel *= d;
+    int64_t unit = -1;
+    if (tensor.name.starts_with("model.layers.")) {
+      unit = std::stoll(tensor.name.substr(13, tensor.name.find('.', 13) - 13));
+    }
+    unit_numel[unit] += numel;
+  }
+  ShardArithmetic result;
+  for (const auto& [unit, numel] : unit_numel) {
+    const int64_t padded = (numel + world_size - 1) / world_size * world_size;
+    result.shard_numel += padded / world_size;
+    result.padding += padded - numel;
+    result.total_numel += numel;
+    result.max_padded = std::max(result.max_padded, padded);
+    if (unit == -1) result.root_padded = padded;
+  }
+  return result;
+}
+
+// Three ranks, as llmctl-demo's decoder layers (184,576 parameters each) do not divide by three:
+// each layer's flat parameter is padded by 2. Per rank, at every phase of every step: params, grads
+// and AdamW's two moments are the shards to the byte (plus AdamW's one float32 step counter); the
+// gathered parameters are the root's full flat parameter after forward (FSDP2 keeps the root for
+// backward; every layer was freed after its forward) and nothing at the other phases; the comm
+// buffers are one flat gradient buffer of the longest unit plus the two float64 sums; and what is
+// left ("other": activations) is one device's at the same micro-batch, byte for byte, so no
+// gathered layer or stray collective buffer hides there.
+TEST(FsdpTest, PerRankMemoryIsTheShardsAndWhatIsGathered) {
+  const std::vector<std::string> shape = {"data.max_seq_length=24", "data.mask_prompt=false",
+                                          "train.micro_batch_size=2"};
+  constexpr int kRanks = 3;
+  std::vector<std::string> one = shape, three = shape;
+  one.push_back("train.global_batch_size=2");
+  three.push_back("train.global_batch_size=6");
+  const DemoRun single = RunDemo("memory-1", 1, one);
+  const DemoRun fsdp = RunDemo("memory-3", kRanks, three);
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
+
+  const ShardArithmetic shards = ShardsOf("llmctl-demo", kRanks);
+  // Counted honestly: the padding is params (and grads, and optimizer state) on some rank.
+  ASSERT_EQ(shards.padding, 4 * 2);
+  const uint64_t f32 = sizeof(float);
+  const uint64_t shard_bytes = shards.shard_numel * f32;
+  const uint64_t comm = shards.max_padded * f32 + 2 * sizeof(double);
+  // One device holds every parameter: the shards over both ranks are that plus the padding.
+  const std::vector<nlohmann::json> expected = OfType(single.events[0], "snapshot");
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps * 4));
+  EXPECT_EQ(expected.front()["params_bytes"].get<uint64_t>(), shards.total_numel * f32);
+  EXPECT_EQ(kRanks * shard_bytes, (shards.total_numel + shards.padding) * f32);
+
+  for (int rank = 0; rank < kRanks; ++rank) {
+    EXPECT_EQ(OfType(fsdp.events[rank], "start").at(0)["comm_bytes"], comm);
+    const std::vector<nlohmann::json> snapshots = OfType(fsdp.events[rank], "snapshot");
+    ASSERT_EQ(snapshots.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const nlohmann::json& s = snapshots[i];
+      const nlohmann::json& e = expected[i];
+      const int64_t step = s["step"];
+      const std::string phase = s["phase"];
+      const std::string where =
+          "rank " + std::to_string(rank) + ", step " + std::to_string(step) + " " + phase;
+      ASSERT_EQ(e["phase"], phase) << where;
+      EXPECT_EQ(s["params_bytes"], shard_bytes) << where;
+      // Gradient shards exist from the first reduce-scatter until the next step begins.
+      const bool has_grads = phase == "phase2_after_bwd" || phase == "phase3_after_opt_step";
+      EXPECT_EQ(s["grads_bytes"], has_grads ? shard_bytes : 0) << where;
+      // AdamW's moments appear at the first step.
+      const bool has_state = step > 0 || phase == "phase3_after_opt_step";
+      EXPECT_EQ(s["optim_device_bytes"], has_state ? 2 * shard_bytes + f32 : 0) << where;
+      EXPECT_EQ(s["gathered_bytes"], phase == "phase1_after_fwd" ? shards.root_padded * f32 : 0)
+          << where;
+      EXPECT_EQ(s["comm_bytes"], comm) << where;
+      EXPECT_EQ(s["other_bytes"], e["other_bytes"]) << where;
+      EXPECT_EQ(s["allocated_bytes"].get<uint64_t>(),
+                s["params_bytes"].get<uint64_t>() + s["grads_bytes"].get<uint64_t>() +
+                    s["optim_device_bytes"].get<uint64_t>() + comm +
+                    s["gathered_bytes"].get<uint64_t>() + e["other_bytes"].get<uint64_t>())
+          << where;
+    }
+  }
+}
+
+// A run stopped after a checkpoint and resumed from it continues exactly: the full model comes
+// back into the shards and each rank's optimizer shard from its own file.
+TEST(FsdpTest, ResumeContinuesExactly) {
+  const std::vector<std::string> sets = {"train.micro_batch_size=2", "train.global_batch_size=4",
+                                         "checkpoint_every=2"};
+  const DemoRun whole = RunDemo("resume-whole", 2, sets, /*steps=*/4);
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const std::string checkpoint = whole.dir + "/out/checkpoints/step-2";
+  ASSERT_TRUE(std::filesystem::exists(checkpoint + "/optimizer.safetensors"));
+  ASSERT_TRUE(std::filesystem::exists(checkpoint + "/optimizer.rank1.safetensors"));
+  const DemoRun resumed =
+      RunDemo("resume-continued", 2, sets, /*steps=*/4, " --resume " + checkpoint);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const std::vector<double> expected = Losses(whole.events[0]);
+  ASSERT_EQ(expected.size(), 4u);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<double> losses = Losses(resumed.events[rank]);
+    ASSERT_EQ(losses.size(), 2u) << "rank " << rank;
+    EXPECT_EQ(losses[0], expected[2]) << "rank " << rank;
+    EXPECT_EQ(losses[1], expected[3]) << "rank " << rank;
+  }
+  ASSERT_EQ(resumed.final_model.size(), whole.final_model.size());
+  for (const auto& [tensor_name, tensor] : whole.final_model) {
+    EXPECT_TRUE(torch::equal(resumed.final_model.at(tensor_name), tensor)) << tensor_name;
+  }
+}
+
+TEST(FsdpTest, WhatFsdpDoesNotBuildIsRefusedByName) {
+  const DemoRun offload =
+      RunDemo("offload", 1,
+              {"strategy=fsdp", "devices=2", "train.global_batch_size=8", "offload=optimizer"});
+  EXPECT_EQ(offload.exit_code, 2) << offload.output;
+  EXPECT_NE(offload.output.find("offload"), std::string::npos) << offload.output;
+  EXPECT_NE(offload.output.find("strategy: fsdp"), std::string::npos) << offload.output;
+  const DemoRun alone =
+      RunDemo("no-ranks", 1, {"strategy=fsdp", "devices=2", "train.global_batch_size=8"});
+  EXPECT_EQ(alone.exit_code, 2) << alone.output;
+  EXPECT_NE(alone.output.find("--nproc 2"), std::string::npos) << alone.output;
+}
+
+}  // namespace
+}  // namespace llmctl::trainer
