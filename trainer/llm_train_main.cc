@@ -1,7 +1,7 @@
 // llm-train: runs one trial of an experiment file in this process.
 //
 //   llm-train --config FILE [--trial NAME] [--set key=value ...] [--events FILE] [--prepare]
-//             [--resume CHECKPOINT_DIR] [--nproc N [--master-port P]]
+//             [--resume CHECKPOINT_DIR] [--nproc N [--master-port P] [--ranks-file FILE]]
 //   llm-train --config FILE --list        # the trials, with their expected outcomes
 //   llm-train --keys                      # every trial key as Markdown
 //   llm-train --version [--json]          # llmctl's, LibTorch's, CUDA's and the NVIDIA driver's
@@ -86,8 +86,13 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   int master_port = 29500;
   app.add_option("--master-port", master_port,
-                 "with --nproc: the port rank 0 serves the rendezvous on")
-      ->check(CLI::Range(1, 65535));
+                 "with --nproc: the port rank 0 serves the rendezvous on; 0: a free port the "
+                 "launcher asks the kernel for (what the agent uses)")
+      ->check(CLI::Range(0, 65535));
+  std::string ranks_file;
+  app.add_option("--ranks-file", ranks_file,
+                 "with --nproc: write the ranks' pids and, once one fails, which failed first and "
+                 "how, as JSON to this file (atomically; the agent reads it)");
   std::vector<std::string> input_names;
   app.add_option("--input-name", input_names,
                  "PATH=NAME: call PATH by NAME in messages (the agent names the inputs it copied "
@@ -178,17 +183,29 @@ int main(int argc, char** argv) {
     llmctl::dist::LaunchSpec spec;
     for (int i = 0; i < argc; ++i) {
       const std::string arg = argv[i];
-      if (arg == "--nproc" || arg == "--master-port") {
+      if (arg == "--nproc" || arg == "--master-port" || arg == "--ranks-file") {
         ++i;
         continue;
       }
-      if (arg.starts_with("--nproc=") || arg.starts_with("--master-port=")) continue;
+      if (arg.starts_with("--nproc=") || arg.starts_with("--master-port=") ||
+          arg.starts_with("--ranks-file=")) {
+        continue;
+      }
       spec.argv.push_back(arg);
     }
     spec.world_size = nproc;
     spec.master_port = static_cast<uint16_t>(master_port);
-    if (llmctl::Status status = llmctl::dist::LaunchRanks(spec); !status.ok()) {
-      std::cerr << "llm-train: " << status.message() << std::endl;
+    spec.status_file = ranks_file;
+    const llmctl::dist::LaunchResult launched = llmctl::dist::Launch(spec);
+    if (!launched.status.ok()) {
+      std::cerr << "llm-train: " << launched.status.message() << std::endl;
+      // The job ends as its first failed rank did (invalid input, out of memory, diverged,
+      // cancelled), else as failed.
+      const auto& failure = launched.first_failure;
+      if (failure && failure->signal == 0 && failure->exit_code >= llmctl::trainer::kExitFailed &&
+          failure->exit_code <= llmctl::trainer::kExitCancelled) {
+        return failure->exit_code;
+      }
       return llmctl::trainer::kExitFailed;
     }
     return llmctl::trainer::kExitOk;

@@ -1,5 +1,6 @@
 #include "trainer/dist/launcher.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -7,10 +8,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 #include <optional>
 #include <string_view>
 #include <thread>
 
+#include "common/atomic_file.h"
 #include "trainer/dist/rank_env.h"
 
 extern char** environ;
@@ -68,13 +71,63 @@ std::string DescribeExit(int status) {
   return "exited with code " + std::to_string(code);
 }
 
+// The signal the launcher was sent last, for the wait loop to pass on to the ranks.
+volatile sig_atomic_t g_forward_signal = 0;
+
+void RecordSignal(int signal) { g_forward_signal = signal; }
+
+// 1 when the failure is the rank's own rather than what its peers end with when a rank dies under
+// them or they are stopped: killed by a signal, invalid input (2), out of memory (3), diverged (4).
+int IsOwnFailure(const RankFailure& failure) {
+  if (failure.signal != 0) return 1;
+  return failure.exit_code >= 2 && failure.exit_code <= 4 ? 1 : 0;
+}
+
+void WriteStatusFile(const LaunchSpec& spec, uint16_t master_port, const std::vector<pid_t>& pids,
+                     const std::optional<RankFailure>& failure) {
+  std::string text = "{\"world_size\":" + std::to_string(spec.world_size) +
+                     ",\"master_port\":" + std::to_string(master_port) + ",\"pids\":[";
+  for (size_t i = 0; i < pids.size(); ++i) {
+    if (i > 0) text += ',';
+    text += std::to_string(pids[i]);
+  }
+  text += "]";
+  if (failure) {
+    text += ",\"first_failure\":{\"rank\":";
+    text += std::to_string(failure->rank);
+    text += failure->signal != 0 ? ",\"signal\":" : ",\"exit_code\":";
+    text += std::to_string(failure->signal != 0 ? failure->signal : failure->exit_code);
+    text += '}';
+  }
+  text += "}\n";
+  const Status written = WriteFileAtomically(
+      spec.status_file, [&](int fd) { return WriteAll(fd, text.data(), text.size()); });
+  if (!written.ok()) std::cerr << "launcher: " << written.message() << std::endl;
+}
+
 }  // namespace
 
-Status LaunchRanks(const LaunchSpec& spec) {
-  if (spec.argv.empty()) return InvalidArgumentError("no program to launch");
+LaunchResult Launch(const LaunchSpec& spec) {
+  if (spec.argv.empty()) return {InvalidArgumentError("no program to launch"), std::nullopt};
   if (spec.world_size < 1) {
-    return InvalidArgumentError("world size " + std::to_string(spec.world_size) +
-                                " must be at least 1");
+    return {InvalidArgumentError("world size " + std::to_string(spec.world_size) +
+                                 " must be at least 1"),
+            std::nullopt};
+  }
+  // Port 0: a free port from the kernel, its listening socket handed to rank 0.
+  int listen_fd = -1;
+  uint16_t master_port = spec.master_port;
+  if (master_port == 0) {
+    auto fd = ListenOnMasterPort(0);
+    if (!fd.ok()) return {fd.status(), std::nullopt};
+    listen_fd = *fd;
+    master_port = ListeningPort(listen_fd);
+    if (master_port == 0) {
+      ::close(listen_fd);
+      return {UnavailableError(std::string("cannot read the rendezvous port the kernel chose: ") +
+                               std::strerror(errno)),
+              std::nullopt};
+    }
   }
   std::vector<std::string> argv = spec.argv;
   std::vector<char*> argv_c = CStrings(argv);
@@ -87,27 +140,49 @@ Status LaunchRanks(const LaunchSpec& spec) {
     env.world_size = spec.world_size;
     env.local_world_size = spec.world_size;
     env.master_addr = spec.master_addr;
-    env.master_port = spec.master_port;
-    const std::vector<std::string> variables = RankEnvVariables(env);
+    env.master_port = master_port;
+    std::vector<std::string> variables = RankEnvVariables(env);
+    // Filtered from every rank's inherited environment; only rank 0 gets it back, set.
+    variables.push_back(std::string(kMasterListenFdVariable) + "=" +
+                        (rank == 0 && listen_fd >= 0 ? std::to_string(listen_fd) : ""));
     std::vector<std::string> environment = InheritedEnvironment(variables);
+    if (rank == 0 && listen_fd >= 0) environment.push_back(variables.back());
+    variables.pop_back();
     environment.insert(environment.end(), variables.begin(), variables.end());
     environments.push_back(std::move(environment));
   }
 
+  // Signals for the ranks, passed on from the wait loop.
+  g_forward_signal = 0;
+  struct sigaction forward {};
+  forward.sa_handler = RecordSignal;
+  sigemptyset(&forward.sa_mask);
+  struct sigaction previous[3];
+  const int forwarded[3] = {SIGTERM, SIGINT, SIGUSR1};
+  for (int i = 0; i < 3; ++i) ::sigaction(forwarded[i], &forward, &previous[i]);
+
   const pid_t launcher = ::getpid();
   std::vector<pid_t> pids(spec.world_size, -1);  // -1: not started, or reaped
-  std::optional<Status> failure;
-  for (int rank = 0; rank < spec.world_size && !failure; ++rank) {
+  std::vector<pid_t> started(spec.world_size, -1);
+  LaunchResult result;
+  for (int rank = 0; rank < spec.world_size && !result.first_failure && result.status.ok();
+       ++rank) {
     std::vector<char*> envp = CStrings(environments[rank]);
     const pid_t pid = ::fork();
-    if (pid == 0) ExecRank(launcher, argv_c.data(), envp.data());
+    if (pid == 0) {
+      // The socket is close-on-exec: rank 0 keeps it open across its exec, the others lose it.
+      if (rank == 0 && listen_fd >= 0) ::fcntl(listen_fd, F_SETFD, 0);
+      ExecRank(launcher, argv_c.data(), envp.data());
+    }
     if (pid < 0) {
-      failure = UnavailableError("cannot start rank " + std::to_string(rank) +
-                                 ": fork: " + std::strerror(errno));
+      result.status = UnavailableError("cannot start rank " + std::to_string(rank) +
+                                       ": fork: " + std::strerror(errno));
     } else {
-      pids[rank] = pid;
+      pids[rank] = started[rank] = pid;
     }
   }
+  if (listen_fd >= 0) ::close(listen_fd);  // rank 0 has its own
+  if (!spec.status_file.empty()) WriteStatusFile(spec, master_port, started, std::nullopt);
 
   // Poll every rank: the first to end otherwise than with 0 fails the job.
   auto kill_at = std::chrono::steady_clock::time_point::max();
@@ -117,10 +192,20 @@ Status LaunchRanks(const LaunchSpec& spec) {
     }
     kill_at = std::chrono::steady_clock::now() + spec.stop_grace;
   };
-  if (failure) stop_others();
+  if (!result.status.ok()) stop_others();
   int running = 0;
   for (pid_t pid : pids) running += pid > 0 ? 1 : 0;
   while (running > 0) {
+    if (const int signal = g_forward_signal; signal != 0) {
+      g_forward_signal = 0;
+      for (pid_t pid : pids) {
+        if (pid > 0) ::kill(pid, signal);
+      }
+    }
+    // Every rank that ended since the last look; the first cause among them, by the rule above.
+    std::optional<RankFailure> seen;
+    int seen_status = 0;
+    bool seen_unwaitable = false;
     for (int rank = 0; rank < spec.world_size; ++rank) {
       if (pids[rank] <= 0) continue;
       int status = 0;
@@ -129,13 +214,31 @@ Status LaunchRanks(const LaunchSpec& spec) {
       pids[rank] = -1;
       --running;
       const bool ok = done > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!ok && !failure) {
-        failure = Status(StatusCode::kAborted,
-                         "rank " + std::to_string(rank) + " of " + std::to_string(spec.world_size) +
-                             " " + (done > 0 ? DescribeExit(status) : "could not be waited for") +
-                             "; the other ranks were stopped");
-        stop_others();
+      if (ok || result.first_failure) continue;
+      RankFailure failure;
+      failure.rank = rank;
+      if (done > 0 && WIFSIGNALED(status)) {
+        failure.signal = WTERMSIG(status);
+      } else {
+        failure.exit_code = done > 0 ? WEXITSTATUS(status) : 1;
       }
+      if (!seen || IsOwnFailure(failure) > IsOwnFailure(*seen)) {
+        seen = failure;
+        seen_status = status;
+        seen_unwaitable = done < 0;
+      }
+    }
+    if (seen) {
+      result.first_failure = seen;
+      if (!spec.status_file.empty()) WriteStatusFile(spec, master_port, started, seen);
+      if (result.status.ok()) {
+        result.status = Status(
+            StatusCode::kAborted,
+            "rank " + std::to_string(seen->rank) + " of " + std::to_string(spec.world_size) + " " +
+                (seen_unwaitable ? "could not be waited for" : DescribeExit(seen_status)) +
+                "; the other ranks were stopped");
+      }
+      stop_others();
     }
     if (running == 0) break;
     if (std::chrono::steady_clock::now() >= kill_at) {
@@ -146,7 +249,10 @@ Status LaunchRanks(const LaunchSpec& spec) {
     }
     std::this_thread::sleep_for(kPollInterval);
   }
-  return failure.value_or(Status::Ok());
+  for (int i = 0; i < 3; ++i) ::sigaction(forwarded[i], &previous[i], nullptr);
+  return result;
 }
+
+Status LaunchRanks(const LaunchSpec& spec) { return Launch(spec).status; }
 
 }  // namespace llmctl::dist

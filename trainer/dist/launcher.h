@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,9 +22,29 @@ struct LaunchSpec {
   std::vector<std::string> argv;  // every rank runs this; argv[0] is a path
   int world_size = 1;
   std::string master_addr = "127.0.0.1";
+  // 0: the launcher asks the kernel for a free port and hands rank 0 the listening socket
+  // (kMasterListenFdVariable), so two jobs on one host never collide and no port is guessed.
   uint16_t master_port = 29500;
+  // When set, the job's record, written atomically: once every rank has started
+  // {"world_size":N,"master_port":P,"pids":[...]}, and again with "first_failure" once a rank has
+  // failed ({"rank":R,"exit_code":C} or {"rank":R,"signal":S}), before the others are stopped. It
+  // outlives the launcher, so whoever classifies the job's end (the agent, after a restart too)
+  // knows which rank failed first and how.
+  std::string status_file;
   // After a rank fails, how long the others have to end on SIGTERM before they get SIGKILL.
   std::chrono::milliseconds stop_grace{std::chrono::seconds(3)};
+};
+
+// How the first rank to fail ended.
+struct RankFailure {
+  int rank = -1;
+  int exit_code = 0;  // when signal is 0
+  int signal = 0;     // non-zero: killed by this signal
+};
+
+struct LaunchResult {
+  Status status;
+  std::optional<RankFailure> first_failure;  // set when a rank failed
 };
 
 // Runs spec.world_size processes of spec.argv (this process's environment plus the rank's
@@ -31,6 +52,16 @@ struct LaunchSpec {
 // 0. Otherwise the first rank to fail (a non-zero exit, a signal, or a program that cannot be
 // executed) is named in the error, the others are stopped, and every rank has been reaped when this
 // returns. Ranks die with this process too (PR_SET_PDEATHSIG), so none outlives a killed launcher.
+// SIGTERM, SIGINT and SIGUSR1 sent to the launcher while it waits are passed on to every rank
+// (a rank gets a signal sent to the whole process group twice; llm-train's handlers only set flags).
+//
+// "First" is the first failure seen; when the launcher finds several ranks ended in the same look,
+// a rank's own failure (killed by a signal, out of memory, diverged, invalid input: exit codes 2,
+// 3, 4 or a signal) comes before a plain failure or a stop (1, 5), which is what the peers of a
+// dead rank end with when its sockets close under them.
+LaunchResult Launch(const LaunchSpec& spec);
+
+// Launch's status.
 Status LaunchRanks(const LaunchSpec& spec);
 
 }  // namespace llmctl::dist

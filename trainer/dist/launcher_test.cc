@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 namespace llmctl::dist {
 namespace {
@@ -113,6 +114,67 @@ TEST_F(LauncherTest, AProgramThatCannotRunIsNamed) {
   ASSERT_FALSE(launched.ok());
   EXPECT_NE(launched.message().find("could not execute its program"), std::string::npos)
       << launched.message();
+}
+
+TEST_F(LauncherTest, PortZeroHandsRankZeroAListeningSocketOnAFreePort) {
+  LaunchSpec spec = Shell("echo $MASTER_PORT \"${LLMCTL_MASTER_LISTEN_FD:-none}\" > " +
+                              dir_.string() + "/env$RANK",
+                          2);
+  spec.master_port = 0;
+  spec.status_file = (dir_ / "ranks.json").string();
+  const LaunchResult launched = Launch(spec);
+  ASSERT_TRUE(launched.status.ok()) << launched.status.ToString();
+  EXPECT_FALSE(launched.first_failure.has_value());
+  std::istringstream rank0(Read("env0"));
+  std::istringstream rank1(Read("env1"));
+  int port0 = 0, port1 = 0;
+  std::string fd0, fd1;
+  rank0 >> port0 >> fd0;
+  rank1 >> port1 >> fd1;
+  EXPECT_GT(port0, 0);
+  EXPECT_EQ(port0, port1);
+  // Only rank 0 holds the socket; the others do not have the variable.
+  EXPECT_NE(fd0, "none");
+  EXPECT_EQ(fd1, "none");
+  const std::string record = Read("ranks.json");
+  EXPECT_NE(record.find("\"world_size\":2,\"master_port\":" + std::to_string(port0)),
+            std::string::npos)
+      << record;
+  EXPECT_EQ(record.find("first_failure"), std::string::npos) << record;
+}
+
+TEST_F(LauncherTest, TheFirstFailureIsRecordedInTheStatusFile) {
+  LaunchSpec spec = Shell(
+      "if [ \"$RANK\" = 1 ]; then " + AwaitPids(2) + "kill -9 $$; fi; exec sleep 600", 2);
+  spec.status_file = (dir_ / "ranks.json").string();
+  const LaunchResult launched = Launch(spec);
+  ASSERT_FALSE(launched.status.ok());
+  ASSERT_TRUE(launched.first_failure.has_value());
+  EXPECT_EQ(launched.first_failure->rank, 1);
+  EXPECT_EQ(launched.first_failure->signal, SIGKILL);
+  const std::string record = Read("ranks.json");
+  EXPECT_NE(record.find("\"pids\":[" + std::to_string(PidOf(0)) + "," +
+                        std::to_string(PidOf(1)) + "]"),
+            std::string::npos)
+      << record;
+  EXPECT_NE(record.find("\"first_failure\":{\"rank\":1,\"signal\":9}"), std::string::npos)
+      << record;
+}
+
+TEST_F(LauncherTest, SigtermToTheLauncherReachesEveryRank) {
+  // Each rank records SIGTERM and exits 5, as llm-train does when it is stopped; rank 0 sends
+  // SIGTERM to the launcher alone once both have set their trap.
+  const std::string script =
+      "trap 'touch " + dir_.string() + "/term$RANK; exit 5' TERM; touch " + dir_.string() +
+      "/trap$RANK; if [ \"$RANK\" = 0 ]; then while [ ! -e " + dir_.string() +
+      "/trap1 ]; do sleep 0.01; done; kill -TERM $PPID; fi; while :; do sleep 0.05; done";
+  LaunchSpec spec = Shell(script, 2);
+  const LaunchResult launched = Launch(spec);
+  ASSERT_FALSE(launched.status.ok());
+  ASSERT_TRUE(launched.first_failure.has_value());
+  EXPECT_EQ(launched.first_failure->exit_code, 5);
+  EXPECT_TRUE(fs::exists(dir_ / "term0"));
+  EXPECT_TRUE(fs::exists(dir_ / "term1"));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <c10/util/Exception.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -40,49 +41,23 @@ std::string DescribeException(const std::exception& error) {
   return error.what();
 }
 
-// Binds and listens on MASTER_PORT for every address of this host, then hands the socket to the
-// TCPStore (which takes it over): binding here, rather than inside c10d, tells "the port is in
-// use" apart from every other failure and leaves no window for another process to take the port.
-StatusOr<int> ListenOnMasterPort(uint16_t port) {
-  const auto in_use = [port](int error) -> Status {
-    if (error == EADDRINUSE) {
-      return FailedPreconditionError("rank 0 cannot serve the rendezvous store: MASTER_PORT " +
-                                     std::to_string(port) +
-                                     " is already in use on this host; choose a free port");
+// The listening socket rank 0 serves the store on: the launcher's (kMasterListenFdVariable) when it
+// chose the port, else MASTER_PORT bound here: binding here, rather than inside c10d, tells "the port
+// is in use" apart from every other failure and leaves no window for another process to take it.
+StatusOr<int> MasterListenFd(const RankEnv& env) {
+  const char* inherited = std::getenv(kMasterListenFdVariable);
+  if (inherited != nullptr && *inherited != '\0') {
+    char* end = nullptr;
+    const long fd = std::strtol(inherited, &end, 10);
+    if (*end != '\0' || fd < 3 || fd > INT32_MAX || ListeningPort(static_cast<int>(fd)) != env.master_port) {
+      return InvalidArgumentError(std::string(kMasterListenFdVariable) + "=" + inherited +
+                                  " is no socket listening on MASTER_PORT " +
+                                  std::to_string(env.master_port));
     }
-    return UnavailableError("rank 0 cannot serve the rendezvous store on MASTER_PORT " +
-                            std::to_string(port) + ": " + std::strerror(error));
-  };
-  // IPv6 with IPv4-mapped addresses accepts both families; a host without IPv6 gets IPv4 only.
-  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const bool ipv6 = fd >= 0;
-  if (!ipv6) fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return in_use(errno);
-  const int on = 1;
-  const int off = 0;
-  // SO_REUSEADDR only skips TIME_WAIT leftovers of an earlier run; a live listener still conflicts.
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  int bound = 0;
-  if (ipv6) {
-    ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
-    sockaddr_in6 address{};
-    address.sin6_family = AF_INET6;
-    address.sin6_addr = in6addr_any;
-    address.sin6_port = htons(port);
-    bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
-  } else {
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_ANY);
-    address.sin_port = htons(port);
-    bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+    ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);  // the TCPStore owns it from here
+    return static_cast<int>(fd);
   }
-  if (bound != 0 || ::listen(fd, SOMAXCONN) != 0) {
-    const int error = errno;
-    ::close(fd);
-    return in_use(error);
-  }
-  return fd;
+  return ListenOnMasterPort(env.master_port);
 }
 
 StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RankEnv& env,
@@ -94,7 +69,7 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const RankEnv& env,
   store_options.waitWorkers = true;
   store_options.timeout = options.rendezvous_timeout;
   if (store_options.isServer) {
-    ASSIGN_OR_RETURN(store_options.masterListenFd, ListenOnMasterPort(env.master_port));
+    ASSIGN_OR_RETURN(store_options.masterListenFd, MasterListenFd(env));
   }
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   try {

@@ -1,6 +1,12 @@
 #include "trainer/dist/rank_env.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <cstdlib>
 #include <limits>
 
@@ -87,6 +93,61 @@ std::vector<std::string> RankEnvVariables(const RankEnv& env) {
     variables.push_back("LOCAL_WORLD_SIZE=" + std::to_string(*env.local_world_size));
   }
   return variables;
+}
+
+StatusOr<int> ListenOnMasterPort(uint16_t port) {
+  const auto in_use = [port](int error) -> Status {
+    if (error == EADDRINUSE) {
+      return FailedPreconditionError("rank 0 cannot serve the rendezvous store: MASTER_PORT " +
+                                     std::to_string(port) +
+                                     " is already in use on this host; choose a free port");
+    }
+    return UnavailableError("rank 0 cannot serve the rendezvous store on MASTER_PORT " +
+                            std::to_string(port) + ": " + std::strerror(error));
+  };
+  // IPv6 with IPv4-mapped addresses accepts both families; a host without IPv6 gets IPv4 only.
+  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool ipv6 = fd >= 0;
+  if (!ipv6) fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return in_use(errno);
+  const int on = 1;
+  const int off = 0;
+  // SO_REUSEADDR only skips TIME_WAIT leftovers of an earlier run; a live listener still conflicts.
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  int bound = 0;
+  if (ipv6) {
+    ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+    sockaddr_in6 address{};
+    address.sin6_family = AF_INET6;
+    address.sin6_addr = in6addr_any;
+    address.sin6_port = htons(port);
+    bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  } else {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_ANY);
+    address.sin_port = htons(port);
+    bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  }
+  if (bound != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return in_use(error);
+  }
+  return fd;
+}
+
+uint16_t ListeningPort(int fd) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return 0;
+  if (address.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
+  }
+  if (address.ss_family == AF_INET) {
+    return ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
+  }
+  return 0;
 }
 
 }  // namespace llmctl::dist

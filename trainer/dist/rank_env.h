@@ -41,6 +41,20 @@ StatusOr<RankEnv> RankEnvFromEnvironment();
 // The variables above as NAME=VALUE entries, for a launcher to add to a rank's environment.
 std::vector<std::string> RankEnvVariables(const RankEnv& env);
 
+// Set by llm-train's launcher for rank 0 when it chose MASTER_PORT itself (--master-port 0): the
+// number of an inherited descriptor already listening on MASTER_PORT, which rank 0 serves the
+// rendezvous store on instead of binding the port again. The port is never free in between, so two
+// jobs on one host cannot both take it.
+inline constexpr char kMasterListenFdVariable[] = "LLMCTL_MASTER_LISTEN_FD";
+
+// Binds and listens on `port` for every address of this host (IPv6 with IPv4-mapped addresses, or
+// IPv4 only), close-on-exec; port 0 asks the kernel for a free one (see ListeningPort).
+// FailedPrecondition naming MASTER_PORT when the port is in use.
+StatusOr<int> ListenOnMasterPort(uint16_t port);
+
+// The port a listening socket is bound to; 0 when it cannot be read.
+uint16_t ListeningPort(int fd);
+
 }  // namespace llmctl::dist
 
 #endif  // LLMCTL_TRAINER_DIST_RANK_ENV_H_
