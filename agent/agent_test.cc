@@ -1,6 +1,7 @@
 // llm-agent end to end: real gRPC over mutual TLS on a unix socket, the real supervisor (the built
 // llm-agent binary), a shell script standing in for llm-train, and the real llm-train when it has
 // been built.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -44,8 +46,11 @@ constexpr auto kCallTimeout = std::chrono::seconds(120);
 // in the run directory before its last events, 400 writes `ready` and waits for SIGTERM or SIGUSR1,
 // writes the signal's name to `got-signal`, takes a second (a checkpoint being written) and exits
 // cancelled. Its arguments go to `argv` in the run directory, one a line. `--version --json`
-// (the agent's probe) answers a CUDA 13.2 LibTorch.
-constexpr char kFakeTrainer[] = R"(#!/bin/sh
+// (the agent's probe) answers a CUDA 13.2 LibTorch. With `--nproc 2` (a 2-rank ddp trial) it plays
+// llm-train's launcher and both ranks: every event also goes to rank 1's events.rank1.jsonl (with
+// "rank":1), and seeds 500+C end with rank 1 failing first with exit code C, 600+N with rank 1
+// killed by signal N, as the launcher records them in --ranks-file (the job then exits C, or 1).
+constexpr char kFakeTrainer[] = R"sh(#!/bin/sh
 if [ "$1" = --version ]; then  # the agent's node probe: llm-train --version --json
   echo '{"llmctl": "0", "libtorch": "2.15.0", "libtorch_cuda": "13.2", "cuda_devices": 0}'; exit 0
 fi
@@ -53,7 +58,32 @@ config="$2"
 events="$4"
 seed=$(sed -n 's/^seed: *//p' "$config")
 out=$(sed -n 's/^output_dir: *//p' "$config")
-emit() { printf '%s\n' "$1" >> "$events"; }
+nproc=1; ranks_file=; prev=
+for arg in "$@"; do
+  case "$prev" in --nproc) nproc=$arg ;; --ranks-file) ranks_file=$arg ;; esac
+  prev=$arg
+done
+emit() {
+  printf '%s\n' "$1" >> "$events"
+  if [ "$nproc" -gt 1 ]; then
+    printf '%s\n' "$1" | sed 's/^{/{"rank":1,/' >> "${events%.jsonl}.rank1.jsonl"
+  fi
+}
+if [ "$nproc" -gt 1 ] && [ "$seed" -ge 500 ] && [ "$seed" -lt 700 ]; then
+  emit '{"type":"start","total_steps":4}'
+  if [ "$seed" -lt 600 ]; then
+    failure="\"exit_code\":$((seed - 500))"
+    printf '%s\n' '{"type":"result","outcome":"oom","error":"out of memory at step 1"}' \
+      >> "${events%.jsonl}.rank1.jsonl"
+  else
+    failure="\"signal\":$((seed - 600))"
+  fi
+  printf '{"world_size":2,"master_port":1,"pids":[1,2],"first_failure":{"rank":1,%s}}\n' \
+    "$failure" > "$ranks_file"
+  echo "llm-train: rank 1 of 2 failed; the other ranks were stopped" >&2
+  [ "$seed" -lt 600 ] && exit $((seed - 500))
+  exit 1
+fi
 printf '%s\n' "$@" > "${events%/*}/argv"  # the run directory: what the agent passed
 emit '{"type":"start","total_steps":4}'
 emit '{"type":"step","step":1}'
@@ -84,7 +114,7 @@ if [ "$seed" -eq 0 ] || [ "$seed" -eq 300 ]; then
   exit 0
 fi
 exit "$seed"
-)";
+)sh";
 
 std::string BuildDir() {
   const char* dir = std::getenv("LLMCTL_BUILD_DIR");
@@ -242,11 +272,17 @@ class AgentTest : public ::testing::Test {
     return Stub()->CancelRun(&context, request, state);
   }
 
-  pb::RunState RunTrial(const pb::RunKey& key, int seed, grpc::Status* status_out = nullptr) {
+  pb::RunState RunTrial(const pb::RunKey& key, int seed, grpc::Status* status_out = nullptr,
+                        int ddp_devices = 0) {
     pb::RunTrialRequest request;
     *request.mutable_key() = key;
-    request.set_config_json(
-        nlohmann::json{{"seed", seed}, {"data", {{"path", "unused.jsonl"}}}}.dump());
+    nlohmann::json config{{"seed", seed}, {"data", {{"path", "unused.jsonl"}}}};
+    if (ddp_devices > 0) {
+      config["strategy"] = "ddp";
+      config["devices"] = ddp_devices;
+      for (int i = 0; i < ddp_devices; ++i) request.add_device_indices(i);
+    }
+    request.set_config_json(config.dump());
     grpc::ClientContext context;
     Deadline(&context);
     pb::RunState state;
@@ -259,11 +295,14 @@ class AgentTest : public ::testing::Test {
     return state;
   }
 
-  // Streams from `from_seq`; stops after `max_events` events when given, else at the end.
-  Streamed Stream(const pb::RunKey& key, int64_t from_seq, size_t max_events = SIZE_MAX) {
+  // Streams from `from_seq` (rank 0's; other ranks' from `from_rank_seq`); stops after
+  // `max_events` events when given, else at the end.
+  Streamed Stream(const pb::RunKey& key, int64_t from_seq, size_t max_events = SIZE_MAX,
+                  const std::map<int, int64_t>& from_rank_seq = {}) {
     pb::StreamEventsRequest request;
     *request.mutable_key() = key;
     request.set_from_seq(from_seq);
+    for (const auto& [rank, seq] : from_rank_seq) (*request.mutable_from_rank_seq())[rank] = seq;
     grpc::ClientContext context;
     Deadline(&context);
     auto stub = Stub();
@@ -304,6 +343,15 @@ class AgentTest : public ::testing::Test {
   std::unique_ptr<AgentServer> server_;
   pid_t agent_pid_ = 0;
 };
+
+// The events of one rank, in the order they came.
+std::vector<pb::TrialEvent> OfRank(const std::vector<pb::TrialEvent>& events, int rank) {
+  std::vector<pb::TrialEvent> of_rank;
+  for (const pb::TrialEvent& event : events) {
+    if (event.rank() == rank) of_rank.push_back(event);
+  }
+  return of_rank;
+}
 
 void ExpectSameAsFile(const std::vector<pb::TrialEvent>& events, const fs::path& file,
                       int64_t first_seq = 1) {
@@ -748,6 +796,92 @@ TEST_F(AgentTest, KilledAgentReadoptsTheRunningWorkerAfterRestart) {
   all.insert(all.end(), after.events.begin(), after.events.end());
   ExpectSameAsFile(all, RunDir(key) / "events.jsonl");
   EXPECT_EQ(all.size(), 6u);
+}
+
+TEST_F(AgentTest, ATwoRankTrialRunsThroughTheLauncherAndStreamsEveryRank) {
+  StartAgent();
+  const pb::RunKey key = Key(5, "ddp", 1);
+  RunTrial(key, 0, nullptr, /*ddp_devices=*/2);
+  const Streamed streamed = Stream(key, 0);
+  ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
+  ASSERT_TRUE(streamed.ended.has_value());
+  EXPECT_EQ(streamed.ended->outcome(), "ok");
+  const std::vector<std::string> argv = Lines(ReadAll(RunDir(key) / "argv"));
+  const std::string joined = [&] {
+    std::string all;
+    for (const std::string& arg : argv) all += arg + " ";
+    return all;
+  }();
+  EXPECT_NE(joined.find("--nproc 2 --master-port 0 --ranks-file " +
+                        (RunDir(key) / "ranks.json").string()),
+            std::string::npos)
+      << joined;
+  ASSERT_EQ(streamed.events.size(), 8u);
+  ExpectSameAsFile(OfRank(streamed.events, 0), RunDir(key) / "events.jsonl");
+  ExpectSameAsFile(OfRank(streamed.events, 1), RunDir(key) / "events.rank1.jsonl");
+  EXPECT_EQ(OfRank(streamed.events, 1).back().type(), "result");
+
+  // Each rank resumes from its own seq.
+  const Streamed rest = Stream(key, 3, SIZE_MAX, {{1, 4}});
+  ASSERT_TRUE(rest.ended.has_value());
+  ExpectSameAsFile(OfRank(rest.events, 0), RunDir(key) / "events.jsonl", 3);
+  ExpectSameAsFile(OfRank(rest.events, 1), RunDir(key) / "events.rank1.jsonl", 4);
+  EXPECT_EQ(rest.events.size(), 3u);
+  EXPECT_EQ(Stream(key, 0, SIZE_MAX, {{0, 1}}).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(AgentTest, TheFirstFailedRankDecidesTheOutcomeAndIsNamed) {
+  StartAgent();
+  const pb::RunKey oom = Key(5, "oom", 1);
+  RunTrial(oom, 503, nullptr, /*ddp_devices=*/2);
+  const Streamed oom_streamed = Stream(oom, 0);
+  ASSERT_TRUE(oom_streamed.ended.has_value());
+  EXPECT_EQ(oom_streamed.ended->outcome(), "oom");
+  EXPECT_EQ(oom_streamed.ended->exit_code(), 3);
+  EXPECT_EQ(oom_streamed.ended->error(), "rank 1 of 2: out of memory at step 1");
+
+  const pb::RunKey killed = Key(5, "killed", 1);
+  RunTrial(killed, 600 + SIGSEGV, nullptr, /*ddp_devices=*/2);
+  const Streamed killed_streamed = Stream(killed, 0);
+  ASSERT_TRUE(killed_streamed.ended.has_value());
+  EXPECT_EQ(killed_streamed.ended->outcome(), "failed");
+  EXPECT_EQ(killed_streamed.ended->exit_code(), -SIGSEGV);
+  EXPECT_THAT(killed_streamed.ended->error(), ::testing::StartsWith("rank 1 of 2: killed by SIGSEGV"));
+
+  // After a restart the outcome is decided again from the same files, with the same result.
+  server_.reset();
+  fs::remove(RunDir(oom) / "ended.json");
+  StartAgent();
+  const Streamed again = Stream(oom, 0);
+  ASSERT_TRUE(again.ended.has_value());
+  EXPECT_EQ(again.ended->outcome(), "oom");
+  EXPECT_EQ(again.ended->error(), "rank 1 of 2: out of memory at step 1");
+}
+
+TEST_F(AgentTest, KilledAgentReadoptsATwoRankRunAndLosesOrRepeatsNoEvent) {
+  StartAgentProcess();
+  const pb::RunKey key = Key(4, "ddp-survivor", 1);
+  RunTrial(key, 300, nullptr, /*ddp_devices=*/2);
+  // Some of the 6 events written before `go`, of either rank.
+  const Streamed before = Stream(key, 0, 4);
+  ASSERT_EQ(before.events.size(), 4u);
+
+  KillAgentProcess();
+  StartAgentProcess();
+  WriteFile(RunDir(key) / "go", "", fs::perms::owner_read | fs::perms::owner_write);
+  // Each rank from the line after the last one received, as the controller resumes.
+  std::map<int, int64_t> next = {{0, 1}, {1, 1}};
+  for (const pb::TrialEvent& event : before.events) next[event.rank()] = event.seq() + 1;
+  const Streamed after = Stream(key, next[0], SIZE_MAX, {{1, next[1]}});
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  ASSERT_TRUE(after.ended.has_value());
+  EXPECT_EQ(after.ended->outcome(), "ok");
+  std::vector<pb::TrialEvent> all = before.events;
+  all.insert(all.end(), after.events.begin(), after.events.end());
+  ExpectSameAsFile(OfRank(all, 0), RunDir(key) / "events.jsonl");
+  ExpectSameAsFile(OfRank(all, 1), RunDir(key) / "events.rank1.jsonl");
+  EXPECT_EQ(all.size(), 12u);
 }
 
 TEST_F(AgentTest, RunWhoseSupervisorVanishedIsFailedAfterRestart) {

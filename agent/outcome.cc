@@ -102,4 +102,20 @@ RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool can
   return end;
 }
 
+RunEnd DecideRankOutcome(const RankExit& failed, int ranks, const ResultEvent& result,
+                         bool cancel_requested, std::string_view stderr_tail) {
+  RunEnd end = DecideOutcome(failed.exit, result, cancel_requested, stderr_tail);
+  const std::string rank =
+      "rank " + std::to_string(failed.rank) + " of " + std::to_string(ranks);
+  if (end.error.empty()) {
+    end.error = rank + " " +
+                (failed.exit.signal != 0 ? "was killed"
+                                         : "exited with code " + std::to_string(end.exit_code)) +
+                "; the other ranks were stopped";
+  } else {
+    end.error = rank + ": " + end.error;
+  }
+  return end;
+}
+
 }  // namespace llmctl::agent

@@ -30,6 +30,18 @@ struct ResultEvent {
 RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool cancel_requested,
                      std::string_view stderr_tail);
 
+// How one rank of a multi-rank run ended (llm-train's launcher records the first to fail).
+struct RankExit {
+  int rank = 0;
+  WorkerExit exit;
+};
+
+// A multi-rank run's end from its first failed rank: DecideOutcome of that rank's exit and its own
+// event file's result, the error naming it ("rank 1 of 2: out of memory ..."), so that rank 1's
+// out-of-memory makes the attempt oom even though the others were stopped.
+RunEnd DecideRankOutcome(const RankExit& failed, int ranks, const ResultEvent& result,
+                         bool cancel_requested, std::string_view stderr_tail);
+
 // Scans a worker's event file text for its `result` line.
 ResultEvent FindResultEvent(std::string_view events_text);
 

@@ -37,6 +37,7 @@ constexpr char kSupervisorLog[] = "supervisor.log";
 constexpr char kCancelFile[] = "cancel_requested";
 constexpr char kEndedFile[] = "ended.json";
 constexpr char kOutputDir[] = "output";
+constexpr char kRanksFile[] = "ranks.json";
 constexpr size_t kStderrTailBytes = 64 * 1024;
 constexpr size_t kMaxTrialNameBytes = 200;
 
@@ -126,7 +127,27 @@ std::optional<int64_t> ParsePositive(const std::string& text) {
   return std::stoll(text);
 }
 
+// The first failed rank as llm-train's launcher recorded it in ranks.json; nullopt when none did.
+std::optional<RankExit> ReadFirstFailedRank(const std::string& path) {
+  auto json = ReadJson(path);
+  if (!json) return std::nullopt;
+  const nlohmann::json failure = json->value("first_failure", nlohmann::json());
+  if (!failure.is_object() || !failure.value("rank", nlohmann::json()).is_number_integer()) {
+    return std::nullopt;
+  }
+  RankExit exit;
+  exit.rank = failure["rank"].get<int>();
+  if (exit.rank < 0) return std::nullopt;
+  exit.exit.signal = failure.value("signal", 0);
+  exit.exit.exit_code = failure.value("exit_code", 0);
+  return exit;
+}
+
 }  // namespace
+
+std::string RankEventsFile(int rank) {
+  return rank == 0 ? kEventsFile : "events.rank" + std::to_string(rank) + ".jsonl";
+}
 
 std::string DescribeRunKey(const RunKey& key) {
   return "experiment " + std::to_string(key.experiment_id) + ", trial '" + key.trial +
@@ -232,6 +253,11 @@ Status RunManager::Recover() {
             run.device_type = devices->at("type").get<std::string>();
             run.device_indices = indices.get<std::vector<int>>();
           }
+          const nlohmann::json ranks = devices->value("ranks", nlohmann::json(1));
+          if (ranks.is_number_integer() && ranks.get<int64_t>() >= 1 &&
+              ranks.get<int64_t>() <= kMaxRanks) {
+            run.ranks = ranks.get<int>();
+          }
         }
         if (auto ended = ReadJson(run.dir + "/" + kEndedFile)) run.end = EndFromJson(*ended);
         if (!run.end) {
@@ -287,10 +313,22 @@ void RunManager::CheckRun(Run& run) {
   auto exit = ReadWorkerExit(run.dir);
   const bool cancel_requested = Exists(run.dir + "/" + kCancelFile);
   if (exit.ok() && exit->has_value()) {
+    const std::string stderr_tail = ReadTail(run.dir + "/" + kStderrFile, kStderrTailBytes);
+    // A multi-rank run ends as its first failed rank did, as the launcher recorded it (a cancel
+    // stops every rank: that is no rank's failure).
+    const std::optional<RankExit> failed =
+        run.ranks > 1 && !cancel_requested && ((*exit)->signal != 0 || (*exit)->exit_code != 0)
+            ? ReadFirstFailedRank(run.dir + "/" + kRanksFile)
+            : std::nullopt;
+    if (failed && failed->rank < run.ranks) {
+      auto events = ReadFileToString(run.dir + "/" + RankEventsFile(failed->rank));
+      const ResultEvent result = events.ok() ? FindResultEvent(*events) : ResultEvent{};
+      EndRun(run, DecideRankOutcome(*failed, run.ranks, result, cancel_requested, stderr_tail));
+      return;
+    }
     auto events = ReadFileToString(run.dir + "/" + kEventsFile);
     const ResultEvent result = events.ok() ? FindResultEvent(*events) : ResultEvent{};
-    EndRun(run, DecideOutcome(**exit, result, cancel_requested,
-                              ReadTail(run.dir + "/" + kStderrFile, kStderrTailBytes)));
+    EndRun(run, DecideOutcome(**exit, result, cancel_requested, stderr_tail));
     return;
   }
   if (alive) return;
@@ -397,8 +435,9 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
   RETURN_IF_ERROR(WriteFileAtomically(staging + "/" + kTrialFile, [&](int fd) {
     return WriteAll(fd, trial_file.yaml.data(), trial_file.yaml.size());
   }));
-  RETURN_IF_ERROR(WriteJson(staging + "/" + kDevicesFile,
-                            {{"type", trial_file.device}, {"indices", request.device_indices}}));
+  RETURN_IF_ERROR(WriteJson(staging + "/" + kDevicesFile, {{"type", trial_file.device},
+                                                            {"indices", request.device_indices},
+                                                            {"ranks", trial_file.ranks}}));
   if (::rename(staging.c_str(), dir.c_str()) != 0) {
     return UnavailableError("cannot create run directory " + dir + ": " + std::strerror(errno));
   }
@@ -413,6 +452,14 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
   }
   if (!resume_checkpoint.empty()) {
     command.worker_argv.insert(command.worker_argv.end(), {"--resume", resume_checkpoint});
+  }
+  if (trial_file.ranks > 1) {
+    // llm-train's launcher starts the ranks under this one worker (its process group, so the
+    // supervisor's signals and its final SIGKILL reach them all); port 0: it takes a free port
+    // from the kernel and hands rank 0 the listening socket, so trials on one node never collide.
+    command.worker_argv.insert(command.worker_argv.end(),
+                               {"--nproc", std::to_string(trial_file.ranks), "--master-port", "0",
+                                "--ranks-file", dir + "/" + kRanksFile});
   }
   const std::vector<std::string> argv = SupervisorArgv(options_.supervisor_program, command);
   std::vector<std::string> env;
@@ -468,6 +515,7 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
   run.dir = dir;
   run.device_type = trial_file.device;
   run.device_indices = request.device_indices;
+  run.ranks = trial_file.ranks;
   if (spawned != 0) {
     RunEnd end;
     end.outcome = "failed";
@@ -520,6 +568,13 @@ std::vector<RunningRun> RunManager::Running() {
     running.push_back(RunningRun{key, run.dir, run.device_type, run.device_indices});
   }
   return running;
+}
+
+StatusOr<int> RunManager::Ranks(const RunKey& key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = runs_.find(key);
+  if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
+  return it->second.ranks;
 }
 
 StatusOr<std::string> RunManager::RunDir(const RunKey& key) const {

@@ -46,10 +46,17 @@ struct RunKey {
 
 std::string DescribeRunKey(const RunKey& key);  // "experiment 3, trial 'base', attempt 1"
 
+// The most ranks a run may have (a node's devices).
+inline constexpr int kMaxRanks = 1024;
+
+// A rank's event file in its run directory: events.jsonl for rank 0, events.rank<r>.jsonl for
+// rank r (llm-train's naming).
+std::string RankEventsFile(int rank);
+
 struct RunState {
   RunKey key;
   bool ended = false;
-  int64_t last_seq = 0;  // complete lines in events.jsonl so far
+  int64_t last_seq = 0;  // complete lines in events.jsonl (rank 0's) so far
   RunEnd end;            // when ended
 };
 
@@ -132,12 +139,16 @@ class RunManager {
   StatusOr<RunState> WaitForEnd(const RunKey& key, std::chrono::milliseconds timeout);
   // The run's directory. NotFound for an unknown key.
   StatusOr<std::string> RunDir(const RunKey& key) const;
+  // The run's ranks (worker processes with their own event file): 1 unless it is a multi-rank
+  // ddp or fsdp trial. NotFound for an unknown key.
+  StatusOr<int> Ranks(const RunKey& key) const;
 
  private:
   struct Run {
     std::string dir;
     std::string device_type;  // "" when unknown
     std::vector<int> device_indices;
+    int ranks = 1;
     pid_t supervisor_pid = 0;  // 0: unknown (the agent died before recording it)
     uint64_t supervisor_start_time = 0;
     bool is_child = false;  // started by this process: reaped here

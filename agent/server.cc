@@ -117,6 +117,13 @@ std::vector<std::string> ArtifactPaths(const std::string& run_dir) {
   for (const char* log : {"trial.yaml", "events.jsonl", "stdout.log", "stderr.log"}) {
     if (fs::is_regular_file(fs::path(run_dir) / log, error)) paths.push_back(log);
   }
+  // A multi-rank run's other ranks' events and the launcher's record.
+  for (int rank = 1;; ++rank) {
+    const std::string events = RankEventsFile(rank);
+    if (!fs::is_regular_file(fs::path(run_dir) / events, error)) break;
+    paths.push_back(events);
+  }
+  if (fs::is_regular_file(fs::path(run_dir) / "ranks.json", error)) paths.push_back("ranks.json");
   return paths;
 }
 
@@ -265,31 +272,54 @@ class AgentService final : public pb::Agent::Service {
                                std::to_string(request->from_seq()) + " and " +
                                std::to_string(request->from_sample_seq())));
     }
-    const int64_t from_seq = std::max<int64_t>(1, request->from_seq());
-    const int64_t from_sample_seq = std::max<int64_t>(1, request->from_sample_seq());
     auto dir = runs_->RunDir(key);
     if (!dir.ok()) return rpc::ToGrpcStatus(dir.status());
-    EventReader reader(*dir + "/events.jsonl");
+    auto ranks = runs_->Ranks(key);
+    if (!ranks.ok()) return rpc::ToGrpcStatus(ranks.status());
+    // One reader per rank's event file, each with its own line numbers.
+    std::vector<std::unique_ptr<EventReader>> readers;
+    std::vector<int64_t> from_seqs;
+    for (int rank = 0; rank < *ranks; ++rank) {
+      readers.push_back(std::make_unique<EventReader>(*dir + "/" + RankEventsFile(rank)));
+      from_seqs.push_back(1);
+    }
+    from_seqs[0] = std::max<int64_t>(1, request->from_seq());
+    for (const auto& [rank, seq] : request->from_rank_seq()) {
+      if (rank < 1 || seq < 0) {
+        return rpc::ToGrpcStatus(InvalidArgumentError(
+            "StreamEvents: from_rank_seq names ranks from 1 with seqs >= 0, got rank " +
+            std::to_string(rank) + " at " + std::to_string(seq)));
+      }
+      if (rank < *ranks) from_seqs[rank] = std::max<int64_t>(1, seq);
+    }
+    const int64_t from_sample_seq = std::max<int64_t>(1, request->from_sample_seq());
     EventReader samples_reader(*dir + "/" + kSamplesFile);
     // Nothing to wait for before the first read; after a read that found no new line, up to one
     // poll interval, cut short when the run ends so that its end goes out at once.
     std::chrono::milliseconds wait(0);
     while (true) {
       if (context->IsCancelled()) return grpc::Status::CANCELLED;
-      // Ended is read before the file: a run that had ended then has all its lines in the file.
+      // Ended is read before the files: a run that had ended then has all its lines in them (the
+      // launcher reaps every rank before it exits).
       auto ended = runs_->Ended(key, wait);
       if (!ended.ok()) return rpc::ToGrpcStatus(ended.status());
-      auto lines = reader.ReadNewLines();
-      if (!lines.ok()) return rpc::ToGrpcStatus(lines.status());
-      int64_t seq = reader.lines_read() - static_cast<int64_t>(lines->size());
-      for (std::string& line : *lines) {
-        if (++seq < from_seq) continue;
-        pb::StreamEventsResponse item;
-        pb::TrialEvent* event = item.mutable_event();
-        event->set_seq(seq);
-        event->set_type(EventType(line));
-        event->set_json(std::move(line));
-        if (!writer->Write(item)) return grpc::Status::CANCELLED;  // the client went away
+      bool any_lines = false;
+      for (int rank = 0; rank < *ranks; ++rank) {
+        EventReader& reader = *readers[rank];
+        auto lines = reader.ReadNewLines();
+        if (!lines.ok()) return rpc::ToGrpcStatus(lines.status());
+        any_lines = any_lines || !lines->empty();
+        int64_t seq = reader.lines_read() - static_cast<int64_t>(lines->size());
+        for (std::string& line : *lines) {
+          if (++seq < from_seqs[rank]) continue;
+          pb::StreamEventsResponse item;
+          pb::TrialEvent* event = item.mutable_event();
+          event->set_seq(seq);
+          event->set_rank(rank);
+          event->set_type(EventType(line));
+          event->set_json(std::move(line));
+          if (!writer->Write(item)) return grpc::Status::CANCELLED;  // the client went away
+        }
       }
       auto sample_lines = samples_reader.ReadNewLines();
       if (!sample_lines.ok()) return rpc::ToGrpcStatus(sample_lines.status());
@@ -305,8 +335,7 @@ class AgentService final : public pb::Agent::Service {
       if (stopping_) {
         return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
       }
-      wait =
-          lines->empty() && sample_lines->empty() ? poll_interval_ : std::chrono::milliseconds(0);
+      wait = !any_lines && sample_lines->empty() ? poll_interval_ : std::chrono::milliseconds(0);
     }
   }
 

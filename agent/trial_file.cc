@@ -70,7 +70,11 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
   // in the same registry's defaults.
   YAML::Emitter out;
   EmitMap(out, config->ToJson());
-  return TrialFile{std::string(out.c_str()) + "\n", config->GetString("device"),
+  const std::string strategy = config->GetString("strategy");
+  const int64_t devices = config->GetInt("devices");
+  const int ranks =
+      (strategy == "ddp" || strategy == "fsdp") && devices > 1 ? static_cast<int>(devices) : 1;
+  return TrialFile{std::string(out.c_str()) + "\n", config->GetString("device"), ranks,
                    std::move(input_names)};
 }
 

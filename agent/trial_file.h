@@ -12,6 +12,9 @@ namespace llmctl::agent {
 struct TrialFile {
   std::string yaml;    // nested like the experiment files; only the keys the experiment set
   std::string device;  // the trial's `device` ("cpu", "cuda")
+  // The worker processes (ranks) the trial runs as: its `devices` for a data-parallel strategy
+  // (ddp, fsdp) with more than one device, started through llm-train --nproc; else 1.
+  int ranks = 1;
   // Each input's path on this node → the value the experiment wrote for it, for llm-train's
   // --input-name: messages name the user's path, not the agent's cache.
   std::map<std::string, std::string> input_names;
