@@ -1,6 +1,9 @@
-// The dispatcher: puts queued trials on agents and follows what runs there.
-//
-// Each round (Tick) it
+// The dispatcher: puts queued trials on agents and follows what runs there. It is the thin
+// coordinator of the parts in controller/dispatch/, each owning one concern: agent_links (steps 1,
+// 2 and 4 but the declaring lost, which is the coordinator's), event_streams (3), placement and
+// launcher (5), hub_preparation (5's hub models), checkpoint_copy and artifacts (5's checkpoint
+// copies), lease_watch (6), cancellation (Cancel, Resume); RemoveNode spans several parts and
+// stays here. Each round (Tick) it
 //   1. keeps one link per node in the store and asks each agent for its node info every
 //      health_interval (with a deadline), recording the node as connected or unreachable; after a
 //      failed check the next comes after backoff_initial, doubling up to health_interval. A node
@@ -51,67 +54,37 @@
 // its link.
 // Time comes from the injected Clock, so tests drive rounds and timeouts by hand.
 //
-// Thread-safe. Start() runs rounds on a thread of its own; the stream readers have a thread each.
+// Thread-safe. Start() runs rounds on a thread of its own; the stream readers, hub model downloads
+// and checkpoint copies have a thread each. The parts share one mutex (dispatch/shared.h).
 #ifndef LLMCTL_CONTROLLER_DISPATCHER_H_
 #define LLMCTL_CONTROLLER_DISPATCHER_H_
 
-#include <grpcpp/grpcpp.h>
-
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <map>
-#include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
-#include "common/digest/digest.h"
-#include "common/model_config.h"
 #include "common/status.h"
 #include "controller/blob_store.h"
 #include "controller/change_notifier.h"
 #include "controller/clock.h"
-#include "controller/secrets.h"
+#include "controller/dispatch/agent_links.h"
+#include "controller/dispatch/artifacts.h"
+#include "controller/dispatch/cancellation.h"
+#include "controller/dispatch/checkpoint_copy.h"
+#include "controller/dispatch/event_streams.h"
+#include "controller/dispatch/hub_preparation.h"
+#include "controller/dispatch/launcher.h"
+#include "controller/dispatch/lease_watch.h"
+#include "controller/dispatch/placement.h"
+#include "controller/dispatch/shared.h"
 #include "controller/store/store.h"
 #include "llmctl/v1/agent.grpc.pb.h"
-#include "rpc/tls.h"
-#include "rpc/transfer.h"
 
 namespace llmctl::controller {
-
-// Opens the channel to a node's agent.
-using AgentConnector =
-    std::function<StatusOr<std::shared_ptr<grpc::Channel>>(const store::NodeRecord& node)>;
-
-// Mutual TLS with the controller's identity, checking the agent's certificate name
-// (agent-<node>.llmctl), with the node's token from `secrets` on every call.
-AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& secrets);
-
-struct DispatcherOptions {
-  std::chrono::milliseconds requeue_after = std::chrono::minutes(10);
-  // Deadline of each unary call; a blob upload gets it plus its size at
-  // min_transfer_bytes_per_second (rpc::TransferDeadline), and an artifact download is abandoned
-  // when no chunk arrives for this long.
-  std::chrono::milliseconds call_deadline = std::chrono::seconds(30);
-  int64_t min_transfer_bytes_per_second = rpc::kDefaultMinTransferBytesPerSecond;
-  std::chrono::milliseconds health_interval = std::chrono::seconds(5);
-  std::chrono::milliseconds backoff_initial = std::chrono::seconds(1);
-  std::chrono::milliseconds backoff_max = std::chrono::seconds(30);
-  int64_t upload_chunk_bytes = 1 << 20;
-  // A model download can take hours for a 13B model on a slow link.
-  std::chrono::milliseconds prepare_deadline = std::chrono::hours(6);
-  std::chrono::milliseconds lease_warning = std::chrono::minutes(30);
-  std::chrono::milliseconds lease_stop_margin = std::chrono::minutes(10);
-  // Of the time left when a trial is stopped for its lease, what is kept back from the checkpoint's
-  // grace: for killing a worker that overran it and reporting its end while the node is still up.
-  std::chrono::milliseconds lease_stop_reserve = std::chrono::minutes(2);
-  // How long a worker cancelled with a checkpoint (Cancel with `checkpoint`) may take to write it
-  // before it is killed: a large model's checkpoint takes minutes.
-  std::chrono::milliseconds cancel_checkpoint_grace = std::chrono::minutes(10);
-};
 
 class Dispatcher {
  public:
@@ -177,77 +150,24 @@ class Dispatcher {
   std::string QueuedNotice(int64_t trial_id);
 
  private:
-  struct Link;
-  struct Stream;
-  struct HubPreparation;
-  using AttemptKey = std::pair<int64_t, int64_t>;      // (trial id, attempt)
-  using HubKey = std::pair<std::string, std::string>;  // (node, "hf:ORG/NAME@REV")
-
-  // How long the round thread may sleep before the next round. Requires mutex_.
+  // How long the round thread may sleep before the next round. Requires the shared mutex.
   std::chrono::milliseconds UntilNextRound() const;
-  Link* EnsureLink(const store::NodeRecord& node, store::Time now);
-  void CheckHealth(Link& link, store::Time now);
-  void ReconcileRuns(Link& link, const std::vector<store::RunningAttempt>& running,
-                     store::Time now);
-  void FollowRunning(const std::vector<store::RunningAttempt>& running, store::Time now);
-  void RequeueLost(const std::vector<store::RunningAttempt>& running, store::Time now);
-  void PlaceQueued(const std::vector<store::RunningAttempt>& running, store::Time now);
-  Status Launch(const store::TrialRecord& trial, Link& link, const std::vector<int64_t>& devices,
-                store::Time now);
-  Status EnsureBlobs(v1::Agent::Stub& stub, const digest::InputTree& tree);
-  // True when the link's node has the model; false while it is being prepared (started here if
-  // need be); the agent's error when preparing it cannot succeed.
-  StatusOr<bool> EnsureHubModel(Link& link, const std::string& model, int64_t experiment_id,
-                                store::Time now);
-  void PrepareHubModel(HubPreparation& preparation, std::shared_ptr<v1::Agent::Stub> stub,
-                       HubModelRef ref);
-  void WatchLeases(const std::vector<store::NodeRecord>& nodes,
-                   const std::vector<store::RunningAttempt>& running, store::Time now);
-  // With `checkpoint_grace`, the worker first checkpoints its last complete step and gets that
-  // long before it is killed.
-  void CancelRun(const store::RunningAttempt& attempt, const std::string& trial_name,
-                 v1::Agent::Stub& stub, std::optional<std::chrono::milliseconds> checkpoint_grace);
-  void ReadStream(Stream& stream, v1::Agent::Stub& stub);
-  // Starts copying the checkpoint that `result_json` (the attempt's result event) names into the
-  // blob store, when it names one.
-  void StartCheckpointCopy(const store::RunningAttempt& attempt, const std::string& trial_name,
-                           const std::string& result_json);
-  // The copy itself: the tree's digest, recorded with the attempt.
-  StatusOr<std::string> CopyCheckpoint(const store::RunningAttempt& attempt,
-                                       const std::string& trial_name, const std::string& checkpoint,
-                                       int64_t step);
-  void StopStream(const AttemptKey& key);
-  std::unique_ptr<grpc::ClientContext> CallContext() const;
+  // Stops the attempt's stream reader and marks it lost (its trial is queued again).
+  void DeclareLost(const dispatch::AttemptKey& attempt, store::Time now);
 
-  store::Store& store_;
-  const BlobStore& blobs_;
-  const AgentConnector connect_;
-  const Clock& clock_;
-  ChangeNotifier& changes_;
-  const DispatcherOptions options_;
+  dispatch::Shared shared_;
+  // The parts, each using those declared before it.
+  dispatch::AgentLinks links_;
+  dispatch::ArtifactFetcher artifacts_;
+  dispatch::CheckpointCopies checkpoints_;
+  dispatch::EventStreams streams_;
+  dispatch::HubPreparations hub_models_;
+  dispatch::Launcher launcher_;
+  dispatch::LeaseWatch leases_;
+  dispatch::Placement placement_;
+  dispatch::Cancellation cancellation_;
 
   std::mutex tick_mutex_;  // one round at a time
-
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool wake_requested_ = false;  // guarded by mutex_
-  bool stopping_ = false;        // guarded by mutex_
-  // By node; guarded by mutex_. Erased only by Tick (under tick_mutex_, which every user of a
-  // Link* holds) once the node is no longer listed.
-  std::map<std::string, std::unique_ptr<Link>> links_;
-  std::map<AttemptKey, std::unique_ptr<Stream>> streams_;         // guarded by mutex_
-  std::map<HubKey, std::unique_ptr<HubPreparation>> hub_models_;  // guarded by mutex_, never erased
-  // Nodes whose lease ends soon → the warning; guarded by mutex_.
-  std::map<std::string, std::string> node_notices_;
-  // Queued trials no connected node could run, as of the last placement round → why; guarded by
-  // mutex_.
-  std::map<int64_t, std::string> queued_notices_;
-  // Attempts stopped with a checkpoint (their node's lease ends, or Cancel with `checkpoint`) →
-  // why; guarded by mutex_.
-  std::map<AttemptKey, std::string> checkpoint_stops_;
-  // Checkpoint copies (StartCheckpointCopy) → their thread and whether it is done; guarded by
-  // mutex_, joined by Stop.
-  std::map<AttemptKey, std::pair<std::thread, bool>> checkpoint_copies_;
   std::thread thread_;
 };
 

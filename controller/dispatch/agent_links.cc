@@ -1,0 +1,257 @@
+#include "controller/dispatch/agent_links.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
+
+#include "common/cuda_version.h"
+#include "controller/scheduler/scheduler.h"
+#include "rpc/status.h"
+
+namespace llmctl::controller {
+
+AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& secrets) {
+  return [identity = std::move(identity),
+          &secrets](const store::NodeRecord& node) -> StatusOr<std::shared_ptr<grpc::Channel>> {
+    ASSIGN_OR_RETURN(std::string token, secrets.NodeToken(node.name));
+    return rpc::Dial(node.address, rpc::AgentCertificateName(node.name),
+                     rpc::ChannelCredentials(identity, token));
+  };
+}
+
+namespace dispatch {
+
+std::string DevicesJson(const std::vector<v1::Device>& devices) {
+  nlohmann::json json = nlohmann::json::array();
+  for (const v1::Device& device : devices) {
+    json.push_back({{"type", device.type()},
+                    {"index", device.index()},
+                    {"name", device.name()},
+                    {"memory_bytes", device.memory_bytes()}});
+  }
+  return json.dump();
+}
+
+void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::Time now) {
+  {
+    // Links of removed nodes. Every Link* is used on the round thread (this one) or looked up
+    // under the mutex, so erasing is safe.
+    std::set<std::string> listed;
+    for (const store::NodeRecord& node : nodes) listed.insert(node.name);
+    std::lock_guard lock(shared_.mutex);
+    std::erase_if(links_, [&](const auto& entry) { return !listed.contains(entry.first); });
+  }
+  for (const store::NodeRecord& node : nodes) {
+    if (node.address.empty()) continue;  // registered before its address is known
+    Link* link = EnsureLink(node, now);
+    bool due;
+    {
+      std::lock_guard lock(shared_.mutex);
+      due = now >= link->next_health_at;
+    }
+    if (due) CheckHealth(*link, now);
+  }
+}
+
+AgentLinks::Link* AgentLinks::EnsureLink(const store::NodeRecord& node, store::Time now) {
+  std::lock_guard lock(shared_.mutex);
+  std::unique_ptr<Link>& link = links_[node.name];
+  // A removed node registered again before a round erased its old link starts afresh.
+  if (link == nullptr || link->removed) {
+    link = std::make_unique<Link>();
+    link->name = node.name;
+    link->address = node.address;
+    link->last_seen = node.last_seen;
+    link->next_health_at = now;
+  } else if (link->address != node.address) {
+    // Re-registered at another address: dial anew.
+    link->stub = nullptr;
+    link->address = node.address;
+    link->connected = false;
+    link->next_health_at = now;
+  }
+  return link.get();
+}
+
+void AgentLinks::CheckHealth(Link& link, store::Time now) {
+  const DispatcherOptions& options = shared_.options;
+  store::NodeRecord record;
+  record.name = link.name;
+  record.address = link.address;
+  std::shared_ptr<v1::Agent::Stub> stub;
+  {
+    std::lock_guard lock(shared_.mutex);
+    stub = link.stub;
+  }
+  if (stub == nullptr) {
+    auto channel = connect_(record);
+    if (channel.ok()) {
+      stub = v1::Agent::NewStub(*channel);
+    } else {
+      spdlog::warn("node {}: cannot connect: {}", link.name, channel.status().ToString());
+    }
+  }
+  Status health = UnavailableError("no channel");
+  v1::NodeInfo info;
+  if (stub != nullptr) {
+    auto context = shared_.CallContext();
+    health = rpc::FromGrpcStatus(stub->GetNodeInfo(context.get(), {}, &info));
+  }
+  std::lock_guard lock(shared_.mutex);
+  if (link.removed) return;  // Disconnect ran meanwhile: keep its link disconnected
+  link.health_backoff =
+      health.ok() ? std::chrono::milliseconds(0)
+                  : NextBackoff(link.health_backoff,
+                                std::min(options.backoff_initial, options.health_interval),
+                                options.health_interval);
+  link.next_health_at = now + (health.ok() ? options.health_interval : link.health_backoff);
+  // After a failure the next check dials a fresh channel, so the controller's schedule decides
+  // when to try again, not gRPC's growing reconnect backoff: an agent that restarts is seen at the
+  // next health check.
+  link.stub = health.ok() ? stub : nullptr;
+  if (health.ok()) {
+    if (!link.connected) {
+      spdlog::info("node {}: connected ({})", link.name, link.address);
+      link.needs_reconcile = true;
+    }
+    link.connected = true;
+    link.last_seen = now;
+    link.devices.assign(info.devices().begin(), info.devices().end());
+    const Status runs = CheckDriverRunsLibTorch(
+        {.node = link.name,
+         .gpus = static_cast<int>(
+             std::count_if(link.devices.begin(), link.devices.end(),
+                           [](const v1::Device& device) { return device.type() == "cuda"; })),
+         .driver = info.nvidia_driver_version(),
+         .driver_cuda = info.driver_cuda_version(),
+         .libtorch = info.libtorch_version(),
+         .libtorch_cuda = info.libtorch_cuda_version()});
+    // Logged once per change, like connecting: the node is checked every health interval.
+    if (runs.message() != link.unusable) {
+      if (runs.ok()) {
+        spdlog::info("node {}: usable again", link.name);
+      } else {
+        spdlog::error("{}; no trial is placed there", runs.message());
+      }
+    }
+    link.unusable = runs.ok() ? "" : runs.message();
+  } else {
+    if (link.connected) spdlog::warn("node {}: unreachable: {}", link.name, health.ToString());
+    link.connected = false;
+  }
+  record.devices_json = DevicesJson(link.devices);
+  record.last_seen = link.last_seen;
+  record.state = !link.connected ? "unreachable" : link.unusable.empty() ? "connected" : "unusable";
+  if (Status stored = shared_.store.UpsertNode(record); !stored.ok()) {
+    spdlog::error("node {}: cannot store its state: {}", link.name, stored.ToString());
+  }
+}
+
+std::vector<AttemptKey> AgentLinks::ForgottenRuns(
+    const std::vector<store::RunningAttempt>& running) {
+  std::vector<Link*> links;
+  {
+    std::lock_guard lock(shared_.mutex);
+    for (auto& [name, link] : links_) links.push_back(link.get());
+  }
+  std::vector<AttemptKey> forgotten;
+  for (Link* link : links) Reconcile(*link, running, forgotten);
+  return forgotten;
+}
+
+void AgentLinks::Reconcile(Link& link, const std::vector<store::RunningAttempt>& running,
+                           std::vector<AttemptKey>& forgotten) {
+  std::shared_ptr<v1::Agent::Stub> stub;
+  {
+    std::lock_guard lock(shared_.mutex);
+    if (!link.connected || !link.needs_reconcile) return;
+    stub = link.stub;
+  }
+  auto context = shared_.CallContext();
+  v1::ListRunsResponse runs;
+  grpc::Status listed = stub->ListRuns(context.get(), {}, &runs);
+  if (!listed.ok()) {
+    spdlog::warn("node {}: ListRuns failed: {}", link.name, listed.error_message());
+    return;
+  }
+  std::set<std::tuple<int64_t, std::string, int64_t>> known;
+  for (const v1::RunState& run : runs.runs()) {
+    known.emplace(run.key().experiment_id(), run.key().trial(), run.key().attempt());
+  }
+  for (const store::RunningAttempt& attempt : running) {
+    if (attempt.node != link.name) continue;
+    auto trial = shared_.store.GetTrial(attempt.trial_id);
+    if (!trial.ok()) continue;
+    if (known.contains({attempt.experiment_id, trial->name, attempt.attempt})) continue;
+    spdlog::warn("node {}: has no run for {} of experiment {}; requeueing it", link.name,
+                 AttemptName(attempt), attempt.experiment_id);
+    forgotten.emplace_back(attempt.trial_id, attempt.attempt);
+  }
+  std::lock_guard lock(shared_.mutex);
+  link.needs_reconcile = false;
+}
+
+std::vector<AttemptKey> AgentLinks::SilentRuns(const std::vector<store::RunningAttempt>& running,
+                                               store::Time now) {
+  std::vector<scheduler::RunningAttempt> attempts;
+  {
+    std::lock_guard lock(shared_.mutex);
+    for (const store::RunningAttempt& attempt : running) {
+      auto link = links_.find(attempt.node);
+      const store::Time last_seen = link == links_.end()
+                                        ? attempt.started_at
+                                        : std::max(link->second->last_seen, attempt.started_at);
+      attempts.push_back({.trial_id = attempt.trial_id,
+                          .attempt = attempt.attempt,
+                          .agent = attempt.node,
+                          .agent_last_seen = last_seen});
+    }
+  }
+  const scheduler::LostAgentDecision decision =
+      scheduler::DecideLostAttempts(attempts, now, shared_.options.requeue_after);
+  std::vector<AttemptKey> silent;
+  for (const scheduler::RunningAttempt& attempt : decision.requeue) {
+    spdlog::warn(
+        "node {} silent for {} s: trial {} attempt {} is lost and requeued", attempt.agent,
+        std::chrono::duration_cast<std::chrono::seconds>(now - attempt.agent_last_seen).count(),
+        attempt.trial_id, attempt.attempt);
+    silent.emplace_back(attempt.trial_id, attempt.attempt);
+  }
+  return silent;
+}
+
+std::shared_ptr<v1::Agent::Stub> AgentLinks::Stub(const std::string& node) {
+  std::lock_guard lock(shared_.mutex);
+  const Link* link = FindLocked(node);
+  return link == nullptr ? nullptr : link->stub;
+}
+
+std::string AgentLinks::Unusable(const std::string& node) {
+  std::lock_guard lock(shared_.mutex);
+  const Link* link = FindLocked(node);
+  return link == nullptr || !link->connected ? "" : link->unusable;
+}
+
+void AgentLinks::Disconnect(const std::string& node) {
+  std::lock_guard lock(shared_.mutex);
+  if (Link* link = FindLocked(node); link != nullptr) {
+    link->removed = true;
+    link->connected = false;
+    link->stub = nullptr;
+  }
+}
+
+AgentLinks::Link* AgentLinks::FindLocked(const std::string& node) {
+  auto link = links_.find(node);
+  return link == links_.end() ? nullptr : link->second.get();
+}
+
+void AgentLinks::CollectWakeTimesLocked(std::vector<store::Time>& times) const {
+  for (const auto& [name, link] : links_) times.push_back(link->next_health_at);
+}
+
+}  // namespace dispatch
+}  // namespace llmctl::controller

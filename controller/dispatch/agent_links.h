@@ -1,0 +1,110 @@
+// The dispatcher's links to the agents: one per node in the store, each health-checked with
+// GetNodeInfo every health_interval (sooner, with a doubling backoff, after a failure), recording
+// the node as connected, unreachable or unusable (its NVIDIA driver is too old for its llm-train's
+// LibTorch, CheckDriverRunsLibTorch). It also says which running attempts are lost through their
+// agent: those an agent that (re)connected does not know (ListRuns), and those whose agent has been
+// silent for requeue_after (the scheduler's DecideLostAttempts); the dispatcher declares them lost.
+// The other parts reach an agent through the stub of its link.
+#ifndef LLMCTL_CONTROLLER_DISPATCH_AGENT_LINKS_H_
+#define LLMCTL_CONTROLLER_DISPATCH_AGENT_LINKS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/dispatch/shared.h"
+#include "controller/secrets.h"
+#include "controller/store/store.h"
+#include "llmctl/v1/agent.grpc.pb.h"
+#include "rpc/tls.h"
+
+namespace llmctl::controller {
+
+// Opens the channel to a node's agent.
+using AgentConnector =
+    std::function<StatusOr<std::shared_ptr<grpc::Channel>>(const store::NodeRecord& node)>;
+
+// Mutual TLS with the controller's identity, checking the agent's certificate name
+// (agent-<node>.llmctl), with the node's token from `secrets` on every call.
+AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& secrets);
+
+namespace dispatch {
+
+// The node's devices as the store keeps them (NodeRecord::devices_json).
+std::string DevicesJson(const std::vector<v1::Device>& devices);
+
+class AgentLinks {
+ public:
+  struct Link {
+    std::string name;
+    std::string address;
+    // Shared with the stream readers and calls in flight, which may outlive a redial. Replaced by
+    // the round thread only, under the shared mutex; null until dialled and after a failed health
+    // check.
+    std::shared_ptr<v1::Agent::Stub> stub;
+    // Guarded by the shared mutex:
+    bool connected = false;
+    bool needs_reconcile = true;  // ListRuns after each (re)connect
+    bool removed = false;         // Disconnect: never dialled again; the next round erases it
+    store::Time last_seen;
+    store::Time next_health_at;
+    // After a failed check the next comes sooner than health_interval: backoff_initial, doubling
+    // up to health_interval, so that an agent that is just starting (the embedded one is started
+    // right after it is registered) is seen within a second. 0 after a successful check.
+    std::chrono::milliseconds health_backoff{0};
+    std::vector<v1::Device> devices;
+    // Why the connected node takes no trial (CheckDriverRunsLibTorch's message); "" when it may.
+    std::string unusable;
+  };
+
+  AgentLinks(Shared& shared, AgentConnector connect)
+      : shared_(shared), connect_(std::move(connect)) {}
+
+  // The round's first step: drops the links of nodes no longer listed, makes one for each listed
+  // node with an address, and checks the health of those that are due. Only the round thread (one
+  // round at a time) calls it, so a Link* stays valid for the rest of the round.
+  void CheckNodes(const std::vector<store::NodeRecord>& nodes, store::Time now);
+  // ListRuns on each link that (re)connected since it last did: the attempts the store has as
+  // running there that the agent does not know (its node was rebuilt, or its state lost). Waiting
+  // longer cannot bring them back.
+  std::vector<AttemptKey> ForgottenRuns(const std::vector<store::RunningAttempt>& running);
+  // The running attempts whose agent has been silent for requeue_after (the scheduler's policy).
+  std::vector<AttemptKey> SilentRuns(const std::vector<store::RunningAttempt>& running,
+                                     store::Time now);
+
+  // The node's stub; null when it has no link or is not dialled.
+  std::shared_ptr<v1::Agent::Stub> Stub(const std::string& node);
+  // Dispatcher::NodeUnusable.
+  std::string Unusable(const std::string& node);
+  // RemoveNode: the node's link is never dialled again and the next round erases it.
+  void Disconnect(const std::string& node);
+
+  // Require the shared mutex:
+  Link* FindLocked(const std::string& node);
+  const std::map<std::string, std::unique_ptr<Link>>& AllLocked() const { return links_; }
+  // When the links want the next round (their next health checks).
+  void CollectWakeTimesLocked(std::vector<store::Time>& times) const;
+
+ private:
+  Link* EnsureLink(const store::NodeRecord& node, store::Time now);
+  void CheckHealth(Link& link, store::Time now);
+  void Reconcile(Link& link, const std::vector<store::RunningAttempt>& running,
+                 std::vector<AttemptKey>& forgotten);
+
+  Shared& shared_;
+  const AgentConnector connect_;
+  // By node; guarded by the shared mutex. Erased only by CheckNodes (on the round thread, which
+  // every user of a Link* is on) once the node is no longer listed.
+  std::map<std::string, std::unique_ptr<Link>> links_;
+};
+
+}  // namespace dispatch
+}  // namespace llmctl::controller
+
+#endif  // LLMCTL_CONTROLLER_DISPATCH_AGENT_LINKS_H_

@@ -1,0 +1,216 @@
+// Links to the agents: requeueing after silence and fencing, an agent back without its run, a node
+// whose driver is too old, a certificate from another CA, no token in logs or the database;
+// DevicesJson.
+#include "controller/dispatch/agent_links.h"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "controller/dispatch/dispatch_test_support.h"
+
+namespace llmctl::controller::dispatch_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+using AgentLinksTest = DispatcherTest;
+
+v1::NodeStatus NodeStatusOf(v1::Controller::Stub& controller, const std::string& node) {
+  grpc::ClientContext context;
+  v1::ListNodesResponse nodes;
+  EXPECT_TRUE(controller.ListNodes(&context, {}, &nodes).ok());
+  for (const v1::NodeStatus& status : nodes.nodes()) {
+    if (status.name() == node) return status;
+  }
+  ADD_FAILURE() << "no node " << node;
+  return {};
+}
+
+TEST_F(AgentLinksTest, ATrialWhoseAgentStaysSilentIsRequeuedAndItsOldAttemptFencedOff) {
+  const int64_t experiment = SubmitOneThatKeepsRunning();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+
+  StopAgent();
+  clock_.Advance(seconds(30));
+  Tick();  // unreachable, but not for long enough
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kRunning);
+  clock_.Advance(seconds(31));
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 1);
+
+  // The agent returns, still running attempt 1: the trial goes out again as attempt 2.
+  agent_state_.script = {StepLine(0), kResultLine};
+  agent_state_.script_ends = true;
+  StartAgent();
+  clock_.Advance(seconds(5));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
+  EXPECT_EQ(StoredEvents(trial.id, 2), 2);
+
+  // Whatever attempt 1 still produces is refused.
+  const std::vector<store::Event> late = {{2, "step", StepLine(1)}};
+  EXPECT_EQ(daemon_->store().AppendEvents(trial.id, 1, late).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(daemon_->store()
+                .FinishAttempt(trial.id, 1, store::TrialState::kOk, 0, "", clock_.Now())
+                .code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(StoredEvents(trial.id, 1), 1);
+}
+
+TEST_F(AgentLinksTest, AnAgentThatComesBackWithoutTheRunHasItRequeuedAtOnce) {
+  agent_state_.script = {StepLine(0)};
+  agent_state_.script_ends = false;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 1; }));
+
+  StopAgent();
+  clock_.Advance(seconds(5));
+  Tick();  // unreachable
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.runs.clear();  // the node was rebuilt
+    agent_state_.script_ends = true;
+  }
+  StartAgent();
+  clock_.Advance(seconds(5));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
+}
+
+TEST_F(AgentLinksTest, ANodeWhoseDriverIsTooOldForLibTorchsCudaIsUnusableAndSaysWhy) {
+  {
+    // CC-Ubuntu24.04-CUDA's driver 560 (CUDA 12.6) and the pinned cu132 wheel.
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.cuda_devices = 1;
+    agent_state_.driver_version = "560.35.03";
+    agent_state_.driver_cuda_version = "12.6";
+    agent_state_.libtorch_cuda_version = "13.2";
+  }
+  const int64_t cpu = SubmitOne();
+  v1::SubmitRequest request;
+  request.set_filename("gpu.yaml");
+  request.set_yaml_text(std::string(kExperiment) + "device: cuda\n");
+  v1::SubmitResponse submitted;
+  grpc::ClientContext submit_context;
+  ASSERT_TRUE(controller_->Submit(&submit_context, request, &submitted).ok());
+  const int64_t gpu = submitted.experiment_id();
+  Tick();
+
+  const std::string reason =
+      "node n1: NVIDIA driver 560.35.03 supports CUDA up to 12.6, but llm-train's LibTorch 2.15.0 "
+      "was built for CUDA 13.2: use an image whose NVIDIA driver supports CUDA 13 (driver >= "
+      "580.65.06), or an llm-train built with a LibTorch for CUDA 12.x";
+  const v1::NodeStatus unusable = NodeStatusOf(*controller_, "n1");
+  EXPECT_EQ(unusable.state(), "unusable");
+  EXPECT_EQ(unusable.unusable(), reason);
+  EXPECT_EQ(RunsStarted(), 0u) << "no trial is placed on the node, not even a CPU one";
+  EXPECT_EQ(OnlyTrial(cpu).state, store::TrialState::kQueued);
+  EXPECT_EQ(OnlyTrial(gpu).state, store::TrialState::kQueued);
+  // The waiting trials say why too.
+  const std::string notice = daemon_->dispatcher().QueuedNotice(OnlyTrial(gpu).id);
+  EXPECT_NE(notice.find("no connected node has 1 cuda device(s)"), std::string::npos) << notice;
+  EXPECT_TRUE(notice.ends_with("; " + reason)) << notice;
+
+  // The node's image gets a newer driver: the next health check finds it usable.
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.driver_version = "580.95.05";
+    agent_state_.driver_cuda_version = "13.0";
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  const v1::NodeStatus usable = NodeStatusOf(*controller_, "n1");
+  EXPECT_EQ(usable.state(), "connected");
+  EXPECT_EQ(usable.unusable(), "");
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return OnlyTrial(cpu).state == store::TrialState::kOk &&
+           OnlyTrial(gpu).state == store::TrialState::kOk;
+  }));
+}
+
+TEST_F(AgentLinksTest, AnAgentWithACertificateFromAnotherCaIsNotTrusted) {
+  StopAgent();
+  auto other_ca = rpc::CertificateAuthority::LoadOrCreate(root_ + "/other-ca");
+  ASSERT_TRUE(other_ca.ok());
+  auto impostor = (*other_ca)->Issue(rpc::AgentCertificateName("n1"), 1);
+  ASSERT_TRUE(impostor.ok());
+  credentials_.set_ca_certificate_pem((*other_ca)->ca_certificate_pem());
+  credentials_.set_certificate_pem(impostor->certificate_pem);
+  credentials_.set_private_key_pem(impostor->private_key_pem);
+  StartAgent();
+
+  const int64_t experiment = SubmitOne();
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  auto nodes = daemon_->store().ListNodes();
+  ASSERT_TRUE(nodes.ok() && nodes->size() == 1);
+  EXPECT_EQ(nodes->front().state, "unreachable");
+  std::lock_guard lock(agent_state_.mutex);
+  EXPECT_TRUE(agent_state_.runs.empty());
+}
+
+TEST_F(AgentLinksTest, NoTokenAppearsInTheLogsOrTheDatabase) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  // A fresh registration, a run with a dropped stream and a cancel: the paths that log.
+  StopAgent();
+  grpc::ClientContext context;
+  v1::RegisterNodeRequest request;
+  request.set_name("n1");
+  request.set_address(agent_address_);
+  ASSERT_TRUE(controller_->RegisterNode(&context, request, &credentials_).ok());
+  StartAgent();
+  agent_state_.script = {StepLine(0), StepLine(1)};
+  agent_state_.script_ends = false;
+  agent_state_.drop_after = 1;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  grpc::ClientContext cancel_context;
+  v1::CancelRequest cancel;
+  cancel.set_experiment_id(experiment);
+  v1::CancelResponse cancelled;
+  ASSERT_TRUE(controller_->Cancel(&cancel_context, cancel, &cancelled).ok());
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(
+      Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
+  spdlog::default_logger()->sinks().pop_back();
+
+  const std::string token = credentials_.token();
+  ASSERT_EQ(token.size(), 64u);
+  EXPECT_NE(log.str().find("registered"), std::string::npos) << "the sink saw the log";
+  EXPECT_EQ(log.str().find(token), std::string::npos);
+  for (const fs::directory_entry& entry : fs::directory_iterator(config_.data_dir)) {
+    if (!entry.path().filename().string().starts_with("llmctl.db")) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(bytes.find(token), std::string::npos) << entry.path();
+  }
+}
+
+TEST(DevicesJsonTest, ListsEachDevicesTypeIndexNameAndMemory) {
+  v1::Device gpu;
+  gpu.set_type("cuda");
+  gpu.set_index(1);
+  gpu.set_name("H100");
+  gpu.set_memory_bytes(80);
+  EXPECT_EQ(dispatch::DevicesJson({}), "[]");
+  EXPECT_EQ(dispatch::DevicesJson({gpu}),
+            R"([{"index":1,"memory_bytes":80,"name":"H100","type":"cuda"}])");
+}
+
+}  // namespace
+}  // namespace llmctl::controller::dispatch_test

@@ -1,0 +1,32 @@
+#include "controller/dispatch/artifacts.h"
+
+#include "rpc/transfer.h"
+
+namespace llmctl::controller::dispatch {
+
+Status ArtifactFetcher::Fetch(const std::string& node, const v1::RunKey& key,
+                              const std::function<bool(const v1::ArtifactChunk&)>& sink,
+                              const std::string& path) const {
+  const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(node);
+  if (stub == nullptr) return UnavailableError("node " + node + " is not connected");
+  // The artifacts' total size is not known up front: no call deadline, an idle limit instead.
+  grpc::ClientContext context;
+  rpc::IdleCanceller idle(context, shared_.options.call_deadline);
+  v1::FetchArtifactsRequest request;
+  *request.mutable_key() = key;
+  request.set_path(path);
+  auto reader = stub->FetchArtifacts(&context, request);
+  v1::ArtifactChunk chunk;
+  while (reader->Read(&chunk)) {
+    if (!sink(chunk)) {
+      context.TryCancel();
+      reader->Finish();
+      return CancelledError("the artifact download was abandoned");
+    }
+    // After the sink: time spent passing the chunk on is not the agent's silence.
+    idle.Progress();
+  }
+  return idle.Explain(reader->Finish(), "fetching artifacts from node " + node);
+}
+
+}  // namespace llmctl::controller::dispatch

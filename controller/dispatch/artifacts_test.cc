@@ -1,0 +1,61 @@
+// Artifact downloads from a node's agent: streamed into the sink, only the directory asked for,
+// Unavailable without a link, Cancelled when the sink says no.
+#include "controller/dispatch/artifacts.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "controller/dispatch/dispatch_test_support.h"
+
+namespace llmctl::controller::dispatch_test {
+namespace {
+
+using ArtifactsTest = DispatcherTest;
+
+v1::RunKey Key() {
+  v1::RunKey key;
+  key.set_experiment_id(1);
+  key.set_trial("one");
+  key.set_attempt(1);
+  return key;
+}
+
+TEST_F(ArtifactsTest, StreamsARunsArtifactsFromItsNodeIntoTheSink) {
+  Tick();  // links n1
+  std::vector<v1::ArtifactChunk> chunks;
+  const Status fetched =
+      daemon_->dispatcher().FetchArtifacts("n1", Key(), [&](const v1::ArtifactChunk& chunk) {
+        chunks.push_back(chunk);
+        return true;
+      });
+  ASSERT_TRUE(fetched.ok()) << fetched.ToString();
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0].path(), "adapter/1/one#1");
+  EXPECT_EQ(chunks[0].data(), "weights");
+}
+
+TEST_F(ArtifactsTest, AskingForADirectoryTheRunLacksIsTheAgentsNotFound) {
+  Tick();
+  const Status fetched = daemon_->dispatcher().FetchArtifacts(
+      "n1", Key(), [](const v1::ArtifactChunk&) { return true; }, "output/checkpoints/step-3");
+  EXPECT_EQ(fetched.code(), StatusCode::kNotFound) << fetched.ToString();
+  std::lock_guard lock(agent_state_.mutex);
+  EXPECT_EQ(agent_state_.fetched_paths, std::vector<std::string>{"output/checkpoints/step-3"});
+}
+
+TEST_F(ArtifactsTest, ANodeWithoutALinkIsUnavailableAndASinkThatSaysNoCancels) {
+  auto ignore = [](const v1::ArtifactChunk&) { return true; };
+  const Status unlinked =
+      daemon_->dispatcher().FetchArtifacts("n1", Key(), ignore);  // no round yet
+  EXPECT_EQ(unlinked.code(), StatusCode::kUnavailable) << unlinked.ToString();
+  Tick();
+  EXPECT_EQ(daemon_->dispatcher().FetchArtifacts("n9", Key(), ignore).code(),
+            StatusCode::kUnavailable);
+  const Status abandoned = daemon_->dispatcher().FetchArtifacts(
+      "n1", Key(), [](const v1::ArtifactChunk&) { return false; });
+  EXPECT_EQ(abandoned.code(), StatusCode::kCancelled) << abandoned.ToString();
+}
+
+}  // namespace
+}  // namespace llmctl::controller::dispatch_test

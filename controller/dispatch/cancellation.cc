@@ -1,0 +1,81 @@
+#include "controller/dispatch/cancellation.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+
+namespace llmctl::controller::dispatch {
+
+void CancelRun(const Shared& shared, const store::RunningAttempt& attempt,
+               const std::string& trial_name, v1::Agent::Stub& stub,
+               std::optional<std::chrono::milliseconds> checkpoint_grace) {
+  v1::CancelRunRequest request;
+  request.mutable_key()->set_experiment_id(attempt.experiment_id);
+  request.mutable_key()->set_trial(trial_name);
+  request.mutable_key()->set_attempt(static_cast<int32_t>(attempt.attempt));
+  if (checkpoint_grace) {
+    request.set_checkpoint(true);
+    request.set_checkpoint_grace_ms(checkpoint_grace->count());
+  }
+  v1::RunState state;
+  auto context = shared.CallContext();
+  const grpc::Status cancelled = stub.CancelRun(context.get(), request, &state);
+  if (!cancelled.ok()) {
+    spdlog::warn("{} on node {}: CancelRun failed: {}", AttemptName(attempt), attempt.node,
+                 cancelled.error_message());
+  }
+}
+
+StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,
+                                                        std::string_view trial, bool checkpoint) {
+  store::Store& store = shared_.store;
+  ASSIGN_OR_RETURN(std::vector<store::TrialRecord> trials, store.ListTrials(experiment_id));
+  std::vector<std::string> affected;
+  std::map<int64_t, std::string> names;
+  const store::TrialRecord* named = nullptr;
+  for (const store::TrialRecord& record : trials) {
+    names[record.id] = record.name;
+    if (!trial.empty() && record.name != trial) continue;
+    named = &record;
+    if (!store::IsOutcome(record.state)) affected.push_back(record.name);
+  }
+  if (!trial.empty() && named == nullptr) {
+    return NotFoundError("experiment " + std::to_string(experiment_id) + " has no trial '" +
+                         std::string(trial) + "'");
+  }
+  ASSIGN_OR_RETURN(
+      std::vector<store::RunningAttempt> running,
+      trial.empty() ? store.CancelExperiment(experiment_id) : store.CancelTrial(named->id));
+  for (const store::RunningAttempt& attempt : running) {
+    const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(attempt.node);
+    if (checkpoint) {
+      checkpoints_.MarkStopped({attempt.trial_id, attempt.attempt},
+                               "cancelled with a checkpoint (llmctl cancel --checkpoint)");
+    }
+    if (stub == nullptr) continue;  // ends as cancelled when the attempt is declared lost
+    CancelRun(shared_, attempt, names[attempt.trial_id], *stub,
+              checkpoint ? std::optional(shared_.options.cancel_checkpoint_grace) : std::nullopt);
+  }
+  shared_.changes.Notify();
+  shared_.Wake();
+  return affected;
+}
+
+StatusOr<store::TrialResume> Cancellation::Resume(int64_t experiment_id, std::string_view trial) {
+  ASSIGN_OR_RETURN(std::vector<store::TrialRecord> trials, shared_.store.ListTrials(experiment_id));
+  auto named = std::find_if(trials.begin(), trials.end(),
+                            [&](const store::TrialRecord& record) { return record.name == trial; });
+  if (named == trials.end()) {
+    return NotFoundError("experiment " + std::to_string(experiment_id) + " has no trial '" +
+                         std::string(trial) + "'");
+  }
+  ASSIGN_OR_RETURN(store::TrialResume resume, shared_.store.ResumeTrial(named->id));
+  spdlog::info("trial {} of experiment {}: resuming attempt {}'s checkpoint on node {} ({})",
+               named->name, experiment_id, resume.attempt, resume.node, resume.checkpoint);
+  shared_.changes.Notify();
+  shared_.Wake();
+  return resume;
+}
+
+}  // namespace llmctl::controller::dispatch

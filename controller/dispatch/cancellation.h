@@ -1,0 +1,48 @@
+// Stopping and continuing trials at the user's word: Cancel (queued trials at once, running ones
+// through CancelRun on their agents, optionally with a checkpoint first) and Resume (Store's
+// ResumeTrial; placement then sends the trial to where its checkpoint is). CancelRun, the call
+// itself, is shared with lease_watch.h's lease stops.
+#ifndef LLMCTL_CONTROLLER_DISPATCH_CANCELLATION_H_
+#define LLMCTL_CONTROLLER_DISPATCH_CANCELLATION_H_
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "controller/dispatch/agent_links.h"
+#include "controller/dispatch/checkpoint_copy.h"
+#include "controller/dispatch/shared.h"
+#include "controller/store/store.h"
+#include "llmctl/v1/agent.grpc.pb.h"
+
+namespace llmctl::controller::dispatch {
+
+// Asks the agent to stop the attempt's run; a failure is logged. With `checkpoint_grace`, the
+// worker first checkpoints its last complete step and gets that long before it is killed.
+void CancelRun(const Shared& shared, const store::RunningAttempt& attempt,
+               const std::string& trial_name, v1::Agent::Stub& stub,
+               std::optional<std::chrono::milliseconds> checkpoint_grace);
+
+class Cancellation {
+ public:
+  Cancellation(Shared& shared, AgentLinks& links, CheckpointCopies& checkpoints)
+      : shared_(shared), links_(links), checkpoints_(checkpoints) {}
+
+  // Dispatcher::Cancel and Dispatcher::Resume.
+  StatusOr<std::vector<std::string>> Cancel(int64_t experiment_id, std::string_view trial,
+                                            bool checkpoint);
+  StatusOr<store::TrialResume> Resume(int64_t experiment_id, std::string_view trial);
+
+ private:
+  Shared& shared_;
+  AgentLinks& links_;
+  CheckpointCopies& checkpoints_;
+};
+
+}  // namespace llmctl::controller::dispatch
+
+#endif  // LLMCTL_CONTROLLER_DISPATCH_CANCELLATION_H_

@@ -1,0 +1,167 @@
+// Cancel and Resume: a running trial stopped on its agent, a cancel with a checkpoint then a resume
+// on the same node, a resumed trial waiting for its node and failing when its checkpoint is gone.
+#include "controller/dispatch/cancellation.h"
+
+#include <gtest/gtest.h>
+
+#include "controller/dispatch/dispatch_test_support.h"
+
+namespace llmctl::controller::dispatch_test {
+namespace {
+
+using CancellationTest = DispatcherTest;
+
+TEST_F(CancellationTest, CancelStopsARunningTrialOnItsAgent) {
+  agent_state_.script = {StepLine(0)};
+  agent_state_.script_ends = false;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 1; }));
+
+  grpc::ClientContext context;
+  v1::CancelRequest request;
+  request.set_experiment_id(experiment);
+  v1::CancelResponse response;
+  ASSERT_TRUE(controller_->Cancel(&context, request, &response).ok());
+  EXPECT_EQ(response.cancelled_size(), 1);
+  ASSERT_TRUE(
+      Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
+  std::lock_guard lock(agent_state_.mutex);
+  EXPECT_EQ(agent_state_.cancelled,
+            std::vector<std::string>{std::to_string(experiment) + "/one#1"});
+  // A user's cancel asks for no checkpoint and keeps the agent's own grace.
+  ASSERT_EQ(agent_state_.cancel_requests.size(), 1u);
+  EXPECT_FALSE(agent_state_.cancel_requests[0].checkpoint());
+  EXPECT_EQ(agent_state_.cancel_requests[0].checkpoint_grace_ms(), 0);
+}
+
+TEST_F(CancellationTest, ACancelWithACheckpointThenResumeRunsTheRestOnTheSameNode) {
+  agent_state_.script = {StepLine(0), StepLine(1), StepLine(2)};
+  agent_state_.script_ends = false;
+  const std::string checkpoint = "/agent/runs/1/one/1/output/checkpoints/step-3";
+  agent_state_.cancel_lines = {
+      R"({"type":"result","outcome":"cancelled","train_seconds":1.5,"tokens_per_second":128.0,)"
+      R"("peak_bytes":2000,"error":"cancelled at step 3","checkpoint":{"step":2,"path":")" +
+      checkpoint + R"("}})"};
+  const int64_t experiment = SubmitOne();
+  const int64_t trial = OnlyTrial(experiment).id;
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return StoredEvents(trial, 1) == 3; }));
+
+  // Resuming a running trial says why not, and changes nothing.
+  grpc::ClientContext early_context;
+  v1::ResumeRequest resume_request;
+  resume_request.set_experiment_id(experiment);
+  resume_request.set_trial("one");
+  v1::ResumeResponse resumed;
+  const grpc::Status early = controller_->Resume(&early_context, resume_request, &resumed);
+  EXPECT_EQ(early.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(early.error_message().find("is running"), std::string::npos) << early.error_message();
+
+  grpc::ClientContext cancel_context;
+  v1::CancelRequest cancel;
+  cancel.set_experiment_id(experiment);
+  cancel.set_trial("one");
+  cancel.set_checkpoint(true);
+  v1::CancelResponse cancelled;
+  ASSERT_TRUE(controller_->Cancel(&cancel_context, cancel, &cancelled).ok());
+  ASSERT_TRUE(
+      Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    ASSERT_EQ(agent_state_.cancel_requests.size(), 1u);
+    EXPECT_TRUE(agent_state_.cancel_requests[0].checkpoint());
+    EXPECT_EQ(agent_state_.cancel_requests[0].checkpoint_grace_ms(),
+              std::chrono::duration_cast<milliseconds>(std::chrono::minutes(10)).count());
+  }
+  const std::string error = StatusOf(experiment).trials(0).error();
+  EXPECT_NE(error.find("cancelled with a checkpoint (llmctl cancel --checkpoint); checkpoint "
+                       "after step 3 in " +
+                       checkpoint + " on the node (llmctl resume " + std::to_string(experiment) +
+                       " 'one' continues from it there"),
+            std::string::npos)
+      << error;
+
+  // The rest of the run: steps 3 and 4, from the checkpoint, on the node that has it.
+  agent_state_.script = {StepLine(3), StepLine(4), kResultLine};
+  agent_state_.script_ends = true;
+  grpc::ClientContext resume_context;
+  ASSERT_TRUE(controller_->Resume(&resume_context, resume_request, &resumed).ok());
+  EXPECT_EQ(resumed.resumes_attempt(), 1);
+  EXPECT_EQ(resumed.first_step(), 3);
+  EXPECT_EQ(resumed.node(), "n1");
+  EXPECT_EQ(resumed.checkpoint(), checkpoint);
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    const v1::RunTrialRequest& request =
+        agent_state_.runs.at(std::to_string(experiment) + "/one#2").request;
+    ASSERT_TRUE(request.has_resume_from());
+    EXPECT_EQ(RunName(request.resume_from().run()), std::to_string(experiment) + "/one#1");
+    EXPECT_EQ(request.resume_from().checkpoint(), checkpoint);
+  }
+
+  grpc::ClientContext report_context;
+  v1::GetExperimentRequest report_request;
+  report_request.set_experiment_id(experiment);
+  v1::ReportResponse report;
+  ASSERT_TRUE(controller_->Report(&report_context, report_request, &report).ok());
+  const v1::TrialReport& row = report.trials(0);
+  EXPECT_EQ(row.outcome(), "ok");
+  EXPECT_EQ(row.attempt(), 2);
+  EXPECT_EQ(std::vector<int32_t>(row.run_attempts().begin(), row.run_attempts().end()),
+            (std::vector<int32_t>{1, 2}));
+  std::vector<std::string> steps;
+  for (const v1::TrialStep& step : row.steps()) {
+    steps.push_back(std::to_string(step.attempt()) + ":" + std::to_string(step.step()));
+  }
+  EXPECT_EQ(steps, (std::vector<std::string>{"1:0", "1:1", "1:2", "2:3", "2:4"}));
+  EXPECT_EQ(row.train_seconds(), 3.0);  // both attempts' 1.5 s
+  EXPECT_EQ(row.tokens_per_second(), 128.0);
+}
+
+TEST_F(CancellationTest, AResumedTrialWaitsForItsNodeAndFailsWhenItsCheckpointIsGone) {
+  agent_state_.script = {StepLine(0)};
+  agent_state_.script_ends = false;
+  agent_state_.cancel_lines = {
+      R"({"type":"result","outcome":"cancelled","checkpoint":{"step":0,"path":"/ckpt/step-1"}})"};
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 1; }));
+  ASSERT_TRUE(daemon_->dispatcher().Cancel(experiment, "one", /*checkpoint=*/true).ok());
+  ASSERT_TRUE(
+      Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
+
+  // The node is away: the trial waits for it, and says so; no other node may take it.
+  StopAgent();
+  clock_.Advance(seconds(6));
+  Tick();
+  ASSERT_TRUE(daemon_->dispatcher().Resume(experiment, "one").ok());
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  EXPECT_NE(StatusOf(experiment)
+                .trials(0)
+                .notice()
+                .find("it resumes from a checkpoint on node n1, which is not connected"),
+            std::string::npos)
+      << StatusOf(experiment).trials(0).notice();
+
+  // It comes back without that run (its disk was wiped): the trial fails saying so.
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.runs.clear();
+  }
+  StartAgent();
+  clock_.Advance(seconds(6));
+  Tick();
+  ASSERT_TRUE(
+      Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kFailed; }));
+  const std::string error = StatusOf(experiment).trials(0).error();
+  EXPECT_NE(error.find("the agent refused it: this node has no such run"), std::string::npos)
+      << error;
+}
+
+}  // namespace
+}  // namespace llmctl::controller::dispatch_test

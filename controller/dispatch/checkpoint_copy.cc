@@ -1,0 +1,195 @@
+#include "controller/dispatch/checkpoint_copy.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "common/digest/digest.h"
+
+namespace llmctl::controller::dispatch {
+namespace {
+
+std::optional<ResultCheckpoint> CheckpointOf(const nlohmann::json& result) {
+  if (!result.is_object()) return std::nullopt;
+  const auto checkpoint = result.find("checkpoint");
+  if (checkpoint == result.end() || !checkpoint->is_object() ||
+      !checkpoint->value("step", nlohmann::json()).is_number_integer() ||
+      !checkpoint->value("path", nlohmann::json()).is_string()) {
+    return std::nullopt;
+  }
+  return ResultCheckpoint{.path = (*checkpoint)["path"].get<std::string>(),
+                          .step = (*checkpoint)["step"].get<int64_t>()};
+}
+
+nlohmann::json ParseResult(const std::string& result_json) {
+  return nlohmann::json::parse(result_json, nullptr, /*allow_exceptions=*/false);
+}
+
+}  // namespace
+
+std::optional<ResultCheckpoint> ResultCheckpointOf(const std::string& result_json) {
+  return CheckpointOf(ParseResult(result_json));
+}
+
+std::string DescribeStopCheckpoint(const std::string& result_json, int64_t experiment_id,
+                                   const std::string& trial_name) {
+  const nlohmann::json result = ParseResult(result_json);
+  if (!result.is_object()) {
+    return "no checkpoint: the worker ended without a result (killed when its grace ran out?)";
+  }
+  if (const std::optional<ResultCheckpoint> checkpoint = CheckpointOf(result)) {
+    // The event counts steps from 0; "after step N" and the directory step-N count completed ones.
+    const std::string trial = std::to_string(experiment_id) + " '" + trial_name + "'";
+    return "checkpoint after step " + std::to_string(checkpoint->step + 1) + " in " +
+           checkpoint->path + " on the node (llmctl resume " + trial +
+           " continues from it there; llmctl fetch " + trial +
+           " copies the run's output while the node is up)";
+  }
+  const std::string error =
+      result.value("error", nlohmann::json()).is_string() ? result["error"].get<std::string>() : "";
+  return "no checkpoint" + (error.empty() ? std::string() : " (" + error + ")");
+}
+
+bool CheckpointCopies::MarkStopped(const AttemptKey& key, const std::string& why) {
+  std::lock_guard lock(shared_.mutex);
+  return stops_.try_emplace(key, why).second;
+}
+
+std::optional<std::string> CheckpointCopies::OnEnded(const store::RunningAttempt& attempt,
+                                                     const std::string& trial_name,
+                                                     const std::string& outcome,
+                                                     const std::string& result_json) {
+  std::optional<std::string> error;
+  {
+    std::lock_guard lock(shared_.mutex);
+    auto stopped = stops_.find({attempt.trial_id, attempt.attempt});
+    if (stopped == stops_.end() || outcome != "cancelled") return std::nullopt;
+    error = stopped->second + "; " +
+            DescribeStopCheckpoint(result_json, attempt.experiment_id, trial_name);
+  }
+  // At once: a lease stop leaves minutes before the node, and its checkpoint, are gone.
+  Start(attempt, trial_name, result_json);
+  return error;
+}
+
+void CheckpointCopies::Start(const store::RunningAttempt& attempt, const std::string& trial_name,
+                             const std::string& result_json) {
+  const std::optional<ResultCheckpoint> checkpoint = ResultCheckpointOf(result_json);
+  if (!checkpoint) return;  // nothing to copy; the trial's error says why
+  const AttemptKey key{attempt.trial_id, attempt.attempt};
+  std::lock_guard lock(shared_.mutex);
+  if (shared_.stopping || copies_.contains(key)) return;
+  auto& copy = copies_[key];
+  copy.second = false;
+  copy.first = std::thread([this, attempt, trial_name, checkpoint = *checkpoint, key] {
+    const auto started = std::chrono::steady_clock::now();
+    StatusOr<std::string> tree = Copy(attempt, trial_name, checkpoint);
+    if (tree.ok()) {
+      spdlog::info(
+          "{}: checkpoint after step {} copied from node {} in {:.1f} s (tree {}): any "
+          "node can continue it",
+          AttemptName(attempt), checkpoint.step + 1, attempt.node,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), *tree);
+    } else {
+      spdlog::warn(
+          "{}: cannot copy its checkpoint {} from node {}: {}; only that node can "
+          "continue it",
+          AttemptName(attempt), checkpoint.path, attempt.node, tree.status().ToString());
+    }
+    std::lock_guard lock(shared_.mutex);
+    if (auto entry = copies_.find(key); entry != copies_.end()) entry->second.second = true;
+  });
+}
+
+StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attempt,
+                                             const std::string& trial_name,
+                                             const ResultCheckpoint& checkpoint) {
+  store::Store& store = shared_.store;
+  const BlobStore& blobs = shared_.blobs;
+  ASSIGN_OR_RETURN(const store::TrialRecord trial, store.GetTrial(attempt.trial_id));
+  if (trial.resume && !trial.resume->tree.empty() && trial.resume->step == checkpoint.step + 1) {
+    // The attempt continued the controller's copy and wrote no newer checkpoint: its result names
+    // the copy (as materialised on the node), which the controller already holds.
+    RETURN_IF_ERROR(store.SetCheckpointTree(attempt.trial_id, attempt.attempt, trial.resume->tree));
+    return trial.resume->tree;
+  }
+  v1::RunKey key;
+  key.set_experiment_id(attempt.experiment_id);
+  key.set_trial(trial_name);
+  key.set_attempt(static_cast<int32_t>(attempt.attempt));
+  std::vector<digest::TreeFile> files;
+  std::unique_ptr<ReceivedBlob> blob;
+  Status received;
+  const Status fetched = artifacts_.Fetch(
+      attempt.node, key,
+      [&](const v1::ArtifactChunk& chunk) {
+        if (shared_.Stopping()) {
+          received = CancelledError("the controller is stopping");
+          return false;
+        }
+        if (!chunk.path().empty()) {
+          if (const std::string problem = digest::RelativePathProblem(chunk.path());
+              !problem.empty()) {
+            received = DataLossError("the agent sent file '" + chunk.path() + "': " + problem);
+            return false;
+          }
+          auto begun = blobs.BeginReceive(chunk.size());
+          if (!begun.ok()) {
+            received = begun.status();
+            return false;
+          }
+          blob = std::move(*begun);
+          files.push_back({chunk.path(), "", chunk.size()});
+        }
+        if (blob == nullptr) {
+          received = DataLossError("the agent sent data before naming its file");
+          return false;
+        }
+        received = blob->Append(chunk.data());
+        if (received.ok() && chunk.last()) {
+          received = blob->Commit(chunk.sha256()).WithContext(files.back().path);
+          files.back().sha256 = chunk.sha256();
+          blob.reset();
+        }
+        return received.ok();
+      },
+      checkpoint.path);
+  RETURN_IF_ERROR(received);  // why the sink stopped the download, before the download's own error
+  RETURN_IF_ERROR(fetched);
+  if (blob != nullptr) return DataLossError(files.back().path + " was cut short");
+  std::sort(files.begin(), files.end(),
+            [](const digest::TreeFile& a, const digest::TreeFile& b) { return a.path < b.path; });
+  // What SaveCheckpoint writes last: without it the directory is no complete checkpoint.
+  if (std::none_of(files.begin(), files.end(), [](const digest::TreeFile& file) {
+        return file.path == "trainer_state.json";
+      })) {
+    return DataLossError("the agent sent no trainer_state.json: no complete checkpoint");
+  }
+  digest::InputTree tree{.digest = digest::TreeDigest(files), .files = files, .is_file = false};
+  RETURN_IF_ERROR(digest::ValidateInputTree("checkpoint " + checkpoint.path, tree));
+  RETURN_IF_ERROR(blobs.PutTree(tree));
+  RETURN_IF_ERROR(store.SetCheckpointTree(attempt.trial_id, attempt.attempt, tree.digest));
+  return tree.digest;
+}
+
+int CheckpointCopies::InFlight() {
+  std::lock_guard lock(shared_.mutex);
+  return static_cast<int>(std::count_if(copies_.begin(), copies_.end(),
+                                        [](const auto& entry) { return !entry.second.second; }));
+}
+
+void CheckpointCopies::Stop() {
+  std::map<AttemptKey, std::pair<std::thread, bool>> copies;
+  {
+    std::lock_guard lock(shared_.mutex);
+    copies.swap(copies_);
+  }
+  for (auto& [key, copy] : copies) {
+    if (copy.first.joinable()) copy.first.join();
+  }
+}
+
+}  // namespace llmctl::controller::dispatch

@@ -1,0 +1,78 @@
+// Attempts stopped with a checkpoint (their node's lease ends, lease_watch.h, or Cancel with
+// `checkpoint`, cancellation.h): why they were stopped, what their end says (the trial's error
+// names the checkpoint, or why there is none), and the copy of that checkpoint, on a thread of its
+// own, from the agent into the blob store as an input tree (FetchArtifacts of the checkpoint's
+// directory, every file checked against its sha256), recorded with Store::SetCheckpointTree. With
+// the copy a resumed trial may run on any node; a failed copy is logged, and the node holding the
+// checkpoint stays the only one that can continue it.
+#ifndef LLMCTL_CONTROLLER_DISPATCH_CHECKPOINT_COPY_H_
+#define LLMCTL_CONTROLLER_DISPATCH_CHECKPOINT_COPY_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "common/status.h"
+#include "controller/dispatch/artifacts.h"
+#include "controller/dispatch/shared.h"
+#include "controller/store/store.h"
+
+namespace llmctl::controller::dispatch {
+
+// The checkpoint a worker's `result` event names.
+struct ResultCheckpoint {
+  std::string path;
+  int64_t step = 0;  // counted from 0: the checkpoint is after step + 1 complete steps
+};
+// Nothing when `result_json` is no result naming a checkpoint.
+std::optional<ResultCheckpoint> ResultCheckpointOf(const std::string& result_json);
+
+// What a run stopped with a checkpoint kept, from the worker's `result` event (empty when none
+// came): the checkpoint of its last complete step (written, or the one it resumed from), or why
+// there is none.
+std::string DescribeStopCheckpoint(const std::string& result_json, int64_t experiment_id,
+                                   const std::string& trial_name);
+
+class CheckpointCopies {
+ public:
+  CheckpointCopies(Shared& shared, const ArtifactFetcher& artifacts)
+      : shared_(shared), artifacts_(artifacts) {}
+
+  // Records that the attempt is being stopped with a checkpoint, and why; false when it already
+  // was.
+  bool MarkStopped(const AttemptKey& key, const std::string& why);
+  // The attempt ended with `outcome`: when it was stopped with a checkpoint and ended cancelled,
+  // the trial's error (why it stopped; what it kept), and the copy of its checkpoint has started.
+  // Before the trial is marked ended, so whoever sees it ended also sees the copy under way.
+  std::optional<std::string> OnEnded(const store::RunningAttempt& attempt,
+                                     const std::string& trial_name, const std::string& outcome,
+                                     const std::string& result_json);
+  // How many copies are in flight now (for tests).
+  int InFlight();
+  // Waits for the copies (Dispatcher::Stop, after `stopping` and after the stream readers, which
+  // start copies, have stopped); running ones see `stopping` at their next chunk.
+  void Stop();
+
+ private:
+  // Starts copying the checkpoint that `result_json` (the attempt's result event) names into the
+  // blob store, when it names one.
+  void Start(const store::RunningAttempt& attempt, const std::string& trial_name,
+             const std::string& result_json);
+  // The copy itself: the tree's digest, recorded with the attempt.
+  StatusOr<std::string> Copy(const store::RunningAttempt& attempt, const std::string& trial_name,
+                             const ResultCheckpoint& checkpoint);
+
+  Shared& shared_;
+  const ArtifactFetcher& artifacts_;
+  // Attempts stopped with a checkpoint → why; guarded by the shared mutex.
+  std::map<AttemptKey, std::string> stops_;
+  // Copies → their thread and whether it is done; guarded by the shared mutex, joined by Stop.
+  std::map<AttemptKey, std::pair<std::thread, bool>> copies_;
+};
+
+}  // namespace llmctl::controller::dispatch
+
+#endif  // LLMCTL_CONTROLLER_DISPATCH_CHECKPOINT_COPY_H_

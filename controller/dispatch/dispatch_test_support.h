@@ -1,0 +1,478 @@
+// What the dispatcher's tests share (controller/dispatch/*_test.cc, controller/dispatcher_test.cc):
+// an in-process fake agent that speaks agent.proto over mutual TLS with the credentials
+// RegisterNode issued, on unix sockets, and a fixture with the whole controller (Daemon: a real
+// SQLite file, the controller's gRPC API) whose dispatcher rounds the tests run by hand on a
+// manual clock, for health checks, backoff and requeueing.
+#ifndef LLMCTL_CONTROLLER_DISPATCH_DISPATCH_TEST_SUPPORT_H_
+#define LLMCTL_CONTROLLER_DISPATCH_DISPATCH_TEST_SUPPORT_H_
+
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/digest/digest.h"
+#include "controller/daemon.h"
+#include "controller/dispatcher.h"
+#include "llmctl/v1/agent.grpc.pb.h"
+#include "llmctl/v1/controller.grpc.pb.h"
+#include "rpc/tls.h"
+
+namespace llmctl::controller::dispatch_test {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+inline std::string RunName(const v1::RunKey& key) {
+  return std::to_string(key.experiment_id()) + "/" + key.trial() + "#" +
+         std::to_string(key.attempt());
+}
+
+inline std::string StepLine(int step) {
+  return R"({"type":"step","step":)" + std::to_string(step) +
+         R"(,"loss":2.5,"tokens":64,"seconds":0.5,"allocated_bytes":1000,"peak_bytes":2000})";
+}
+inline const std::string kResultLine =
+    R"({"type":"result","outcome":"ok","train_seconds":1.5,"tokens_per_second":128.0,"peak_bytes":2000,"final_loss":2.25})";
+
+// What the fake agent knows; it outlives the fake's servers, as a real agent's disk does.
+struct FakeAgentState {
+  struct Run {
+    v1::RunTrialRequest request;
+    std::vector<std::string> lines;
+    bool ended = false;
+    std::string outcome;
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  int cuda_devices = 0;  // GetNodeInfo lists these besides one CPU
+  // What GetNodeInfo says of the NVIDIA driver and llm-train's LibTorch ("": nothing).
+  std::string driver_version, driver_cuda_version, libtorch_cuda_version;
+  std::map<std::string, Run> runs;  // by RunName
+  std::vector<int64_t> stream_from_seqs;
+  std::vector<int64_t> stream_from_sample_seqs;
+  // The device samples every run has; each stream sends those from its from_sample_seq first.
+  std::vector<v1::DeviceSample> samples;
+  int node_info_calls = 0;
+  std::set<std::string> blobs;
+  std::vector<std::string> cancelled;
+  // How long each UploadBlob had left before its deadline when it arrived, by sha256.
+  std::map<std::string, std::chrono::system_clock::duration> upload_time_left;
+  std::vector<v1::CancelRunRequest> cancel_requests;
+  // What a cancelled run's worker writes before it ends.
+  std::vector<std::string> cancel_lines;
+  // What the next RunTrial's worker will write.
+  std::vector<std::string> script = {StepLine(0), StepLine(1), kResultLine};
+  bool script_ends = true;
+  // The next stream breaks after sending this many events (0: never).
+  int drop_after = 0;
+  // PrepareHubModel: the requests seen, the answers to give in order (then OK), and whether a
+  // call waits until `prepare_open` is set.
+  std::vector<v1::PrepareHubModelRequest> prepared;
+  std::vector<grpc::Status> prepare_results;
+  bool prepare_open = true;
+  // What FetchArtifacts with a path (a checkpoint's directory) sends: relative path → content;
+  // empty: NOT_FOUND, as for a checkpoint that is not there. The paths asked for.
+  std::map<std::string, std::string> checkpoint_files;
+  std::vector<std::string> fetched_paths;
+
+  void AddLinesAndEnd(const std::string& run, const std::vector<std::string>& lines,
+                      const std::string& outcome) {
+    {
+      std::lock_guard lock(mutex);
+      Run& r = runs.at(run);
+      r.lines.insert(r.lines.end(), lines.begin(), lines.end());
+      r.ended = true;
+      r.outcome = outcome;
+    }
+    changed.notify_all();
+  }
+};
+
+class FakeAgent final : public v1::Agent::Service {
+ public:
+  explicit FakeAgent(FakeAgentState& state) : state_(state) {}
+
+  grpc::Status GetNodeInfo(grpc::ServerContext*, const v1::GetNodeInfoRequest*,
+                           v1::NodeInfo* info) override {
+    {
+      std::lock_guard lock(state_.mutex);
+      ++state_.node_info_calls;
+    }
+    info->set_node("n1");
+    v1::Device* cpu = info->add_devices();
+    cpu->set_type("cpu");
+    cpu->set_name("fake cpu");
+    std::lock_guard lock(state_.mutex);
+    for (int index = 0; index < state_.cuda_devices; ++index) {
+      v1::Device* gpu = info->add_devices();
+      gpu->set_type("cuda");
+      gpu->set_index(index);
+      gpu->set_name("fake gpu");
+    }
+    info->set_nvidia_driver_version(state_.driver_version);
+    info->set_driver_cuda_version(state_.driver_cuda_version);
+    info->set_libtorch_version("2.15.0");
+    info->set_libtorch_cuda_version(state_.libtorch_cuda_version);
+    return grpc::Status::OK;
+  }
+  grpc::Status MissingBlobs(grpc::ServerContext*, const v1::MissingBlobsRequest* request,
+                            v1::MissingBlobsResponse* response) override {
+    std::lock_guard lock(state_.mutex);
+    for (const std::string& sha : request->sha256()) {
+      if (!state_.blobs.contains(sha)) response->add_sha256(sha);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status UploadBlob(grpc::ServerContext* context, grpc::ServerReader<v1::BlobChunk>* reader,
+                          v1::UploadBlobResponse* response) override {
+    const auto time_left = context->deadline() - std::chrono::system_clock::now();
+    v1::BlobChunk chunk;
+    std::string sha;
+    digest::Sha256 hasher;
+    while (reader->Read(&chunk)) {
+      if (sha.empty()) sha = chunk.sha256();
+      hasher.Update(chunk.data());
+    }
+    if (hasher.HexDigest() != sha) return grpc::Status(grpc::StatusCode::DATA_LOSS, "digest");
+    std::lock_guard lock(state_.mutex);
+    state_.upload_time_left[sha] = time_left;
+    state_.blobs.insert(sha);
+    response->set_sha256(sha);
+    return grpc::Status::OK;
+  }
+  grpc::Status PrepareHubModel(grpc::ServerContext* context,
+                               const v1::PrepareHubModelRequest* request,
+                               v1::PrepareHubModelResponse* response) override {
+    std::unique_lock lock(state_.mutex);
+    state_.prepared.push_back(*request);
+    state_.changed.notify_all();
+    while (!state_.prepare_open && !context->IsCancelled()) {
+      state_.changed.wait_for(lock, milliseconds(20));
+    }
+    if (context->IsCancelled()) return grpc::Status::CANCELLED;
+    grpc::Status result = grpc::Status::OK;
+    if (!state_.prepare_results.empty()) {
+      result = state_.prepare_results.front();
+      state_.prepare_results.erase(state_.prepare_results.begin());
+    }
+    response->set_path("/cache/models/" + request->repo());
+    return result;
+  }
+  grpc::Status RunTrial(grpc::ServerContext*, const v1::RunTrialRequest* request,
+                        v1::RunState* state) override {
+    std::lock_guard lock(state_.mutex);
+    // A checkpoint sent as a tree needs no earlier run on this node.
+    if (request->has_resume_from() && !request->resume_from().has_tree() &&
+        !state_.runs.contains(RunName(request->resume_from().run()))) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this node has no such run");
+    }
+    auto [run, created] = state_.runs.try_emplace(RunName(request->key()));
+    if (created) {
+      run->second.request = *request;
+      run->second.lines = state_.script;
+      run->second.ended = state_.script_ends;
+      run->second.outcome = "ok";
+    }
+    *state->mutable_key() = request->key();
+    state->set_status(run->second.ended ? v1::RUN_STATUS_ENDED : v1::RUN_STATUS_RUNNING);
+    return grpc::Status::OK;
+  }
+  grpc::Status ListRuns(grpc::ServerContext*, const v1::ListRunsRequest*,
+                        v1::ListRunsResponse* response) override {
+    std::lock_guard lock(state_.mutex);
+    for (const auto& [name, run] : state_.runs) {
+      v1::RunState* state = response->add_runs();
+      *state->mutable_key() = run.request.key();
+      state->set_status(run.ended ? v1::RUN_STATUS_ENDED : v1::RUN_STATUS_RUNNING);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status StreamEvents(grpc::ServerContext* context, const v1::StreamEventsRequest* request,
+                            grpc::ServerWriter<v1::StreamEventsResponse>* writer) override {
+    std::unique_lock lock(state_.mutex);
+    state_.stream_from_seqs.push_back(request->from_seq());
+    state_.stream_from_sample_seqs.push_back(request->from_sample_seq());
+    auto run = state_.runs.find(RunName(request->key()));
+    if (run == state_.runs.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such run");
+    v1::StreamEventsResponse samples;
+    for (const v1::DeviceSample& sample : state_.samples) {
+      if (sample.seq() >= request->from_sample_seq()) {
+        *samples.mutable_samples()->add_samples() = sample;
+      }
+    }
+    if (samples.has_samples() && !writer->Write(samples)) return grpc::Status::CANCELLED;
+    const int drop_after = std::exchange(state_.drop_after, 0);
+    size_t next = static_cast<size_t>(std::max<int64_t>(request->from_seq(), 1) - 1);
+    int sent = 0;
+    while (!context->IsCancelled()) {
+      while (next < run->second.lines.size()) {
+        v1::StreamEventsResponse response;
+        response.mutable_event()->set_seq(static_cast<int64_t>(next + 1));
+        const std::string line = run->second.lines[next];
+        response.mutable_event()->set_json(line);
+        response.mutable_event()->set_type(line.find("\"result\"") != std::string::npos ? "result"
+                                                                                        : "step");
+        lock.unlock();
+        const bool written = writer->Write(response);
+        lock.lock();
+        if (!written) return grpc::Status::CANCELLED;
+        ++next;
+        if (drop_after > 0 && ++sent == drop_after) {
+          return grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection dropped");
+        }
+      }
+      if (run->second.ended) {
+        v1::StreamEventsResponse response;
+        response.mutable_ended()->set_outcome(run->second.outcome);
+        lock.unlock();
+        writer->Write(response);
+        return grpc::Status::OK;
+      }
+      state_.changed.wait_for(lock, milliseconds(20));
+    }
+    return grpc::Status::CANCELLED;
+  }
+  grpc::Status CancelRun(grpc::ServerContext*, const v1::CancelRunRequest* request,
+                         v1::RunState* state) override {
+    {
+      std::lock_guard lock(state_.mutex);
+      state_.cancelled.push_back(RunName(request->key()));
+      state_.cancel_requests.push_back(*request);
+      auto run = state_.runs.find(RunName(request->key()));
+      if (run == state_.runs.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no run");
+      run->second.lines.insert(run->second.lines.end(), state_.cancel_lines.begin(),
+                               state_.cancel_lines.end());
+      run->second.ended = true;
+      run->second.outcome = "cancelled";
+    }
+    state_.changed.notify_all();
+    *state->mutable_key() = request->key();
+    return grpc::Status::OK;
+  }
+  grpc::Status FetchArtifacts(grpc::ServerContext*, const v1::FetchArtifactsRequest* request,
+                              grpc::ServerWriter<v1::ArtifactChunk>* writer) override {
+    if (!request->path().empty()) {
+      std::map<std::string, std::string> files;
+      {
+        std::lock_guard lock(state_.mutex);
+        state_.fetched_paths.push_back(request->path());
+        files = state_.checkpoint_files;
+      }
+      if (files.empty()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such directory");
+      for (const auto& [path, content] : files) {
+        // In two chunks, as a real agent sends a large file in several.
+        const size_t half = content.size() / 2;
+        v1::ArtifactChunk first;
+        first.set_path(path);
+        first.set_size(static_cast<int64_t>(content.size()));
+        first.set_data(content.substr(0, half));
+        writer->Write(first);
+        v1::ArtifactChunk last;
+        last.set_data(content.substr(half));
+        last.set_sha256(digest::Sha256Hex(content));
+        last.set_last(true);
+        writer->Write(last);
+      }
+      return grpc::Status::OK;
+    }
+    v1::ArtifactChunk chunk;
+    chunk.set_path("adapter/" + RunName(request->key()));
+    chunk.set_data("weights");
+    chunk.set_last(true);
+    writer->Write(chunk);
+    return grpc::Status::OK;
+  }
+
+ private:
+  FakeAgentState& state_;
+};
+
+inline constexpr std::string_view kExperiment = R"(name: one
+model: llmctl-demo
+tokenizer: tok.json
+data: {path: data/train.jsonl, max_seq_length: 64}
+train: {micro_batch_size: 2, max_steps: 2}
+)";
+
+class DispatcherTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = testing::TempDir() + "/dispatcher_test_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+    config_.data_dir = root_ + "/data";
+    config_.listen = "unix:" + root_ + "/controller.sock";
+    config_.requeue_after = seconds(60);
+    config_.health_interval = seconds(5);
+    config_.agent_call_deadline = seconds(10);
+    StartController();
+    RegisterNode();
+    StartAgent();
+  }
+  // Registers node n1 at the fake agent's address; its credentials go to credentials_.
+  void RegisterNode() {
+    grpc::ClientContext context;
+    v1::RegisterNodeRequest request;
+    request.set_name("n1");
+    request.set_address(agent_address_);
+    ASSERT_TRUE(controller_->RegisterNode(&context, request, &credentials_).ok());
+  }
+  void TearDown() override {
+    daemon_.reset();
+    StopAgent();
+    std::filesystem::remove_all(root_);
+  }
+
+  void StartController() {
+    auto daemon = Daemon::Start(
+        config_, clock_,
+        {.run_dispatcher = false, .backoff_initial = seconds(1), .backoff_max = seconds(4)});
+    ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+    daemon_ = std::move(*daemon);
+    controller_ = v1::Controller::NewStub(
+        grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  void StartAgent() {
+    agent_service_ = std::make_unique<FakeAgent>(agent_state_);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(
+        agent_address_,
+        rpc::ServerCredentials({credentials_.ca_certificate_pem(), credentials_.certificate_pem(),
+                                credentials_.private_key_pem()},
+                               credentials_.token()));
+    builder.RegisterService(agent_service_.get());
+    agent_ = builder.BuildAndStart();
+    ASSERT_NE(agent_, nullptr);
+  }
+  void StopAgent() {
+    if (agent_ == nullptr) return;
+    agent_->Shutdown(std::chrono::system_clock::now());
+    agent_->Wait();
+    agent_.reset();
+  }
+
+  int64_t SubmitOne(std::string_view model = "llmctl-demo") {
+    std::string text(kExperiment);
+    text.replace(text.find("llmctl-demo"), std::string_view("llmctl-demo").size(), model);
+    v1::SubmitRequest request;
+    request.set_filename("one.yaml");
+    request.set_yaml_text(text);
+    v1::SubmitResponse response;
+    grpc::ClientContext context;
+    EXPECT_TRUE(controller_->Submit(&context, request, &response).ok());
+    return response.experiment_id();
+  }
+
+  // Submits one trial and places it; its worker writes one step and runs on. Returns once that
+  // step is stored.
+  int64_t SubmitOneThatKeepsRunning() {
+    agent_state_.script = {StepLine(0)};
+    agent_state_.script_ends = false;
+    const int64_t experiment = SubmitOne();
+    Tick();
+    const int64_t trial_id = OnlyTrial(experiment).id;
+    EXPECT_TRUE(Eventually([&] { return StoredEvents(trial_id, 1) == 1; }));
+    return experiment;
+  }
+
+  store::TrialRecord OnlyTrial(int64_t experiment) {
+    auto trials = daemon_->store().ListTrials(experiment);
+    EXPECT_TRUE(trials.ok() && trials->size() == 1);
+    return trials->front();
+  }
+
+  // Waits for the stream readers (threads) to get somewhere; bounded so a bug fails instead of
+  // hanging. Nothing here measures time.
+  template <typename Predicate>
+  bool Eventually(Predicate predicate) {
+    for (int i = 0; i < 2000; ++i) {
+      if (predicate()) return true;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return predicate();
+  }
+
+  int64_t StoredEvents(int64_t trial, int64_t attempt) {
+    sqlite3* db = nullptr;
+    sqlite3_open_v2((config_.data_dir + "/llmctl.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr);
+    sqlite3_stmt* statement = nullptr;
+    sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM events WHERE trial_id = ? AND attempt = ?", -1,
+                       &statement, nullptr);
+    sqlite3_bind_int64(statement, 1, trial);
+    sqlite3_bind_int64(statement, 2, attempt);
+    int64_t count = -1;
+    if (sqlite3_step(statement) == SQLITE_ROW) count = sqlite3_column_int64(statement, 0);
+    sqlite3_finalize(statement);
+    sqlite3_close(db);
+    return count;
+  }
+
+  void Tick() { daemon_->dispatcher().Tick(); }
+
+  // The copy of a stopped trial's checkpoint was asked for and is over (done or failed).
+  bool CheckpointCopied() {
+    {
+      std::lock_guard lock(agent_state_.mutex);
+      if (agent_state_.fetched_paths.empty()) return false;
+    }
+    return daemon_->dispatcher().CheckpointCopiesInFlight() == 0;
+  }
+
+  size_t PrepareCalls() {
+    std::lock_guard lock(agent_state_.mutex);
+    return agent_state_.prepared.size();
+  }
+  int InFlightPrepares() { return daemon_->dispatcher().HubPreparationsInFlight(); }
+  size_t RunsStarted() {
+    std::lock_guard lock(agent_state_.mutex);
+    return agent_state_.runs.size();
+  }
+  v1::ExperimentStatus StatusOf(int64_t experiment) {
+    grpc::ClientContext context;
+    v1::GetExperimentRequest request;
+    request.set_experiment_id(experiment);
+    v1::ExperimentStatus status;
+    EXPECT_TRUE(controller_->GetExperiment(&context, request, &status).ok());
+    return status;
+  }
+  grpc::Status SetLease(std::string_view node, store::Time ends) {
+    grpc::ClientContext context;
+    v1::UpdateNodeRequest request;
+    request.set_name(std::string(node));
+    request.mutable_lease()->set_name("lab-lease");
+    request.mutable_lease()->set_site("KVM@TACC");
+    request.mutable_lease()->set_flavor("g1.h100.pci.1");
+    request.mutable_lease()->set_ends_unix(
+        std::chrono::duration_cast<seconds>(ends.time_since_epoch()).count());
+    v1::NodeStatus status;
+    return controller_->UpdateNode(&context, request, &status);
+  }
+
+  ManualClock clock_{store::Time(seconds(1'700'000'000))};
+  std::string root_;
+  ControllerConfig config_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<v1::Controller::Stub> controller_;
+  v1::NodeCredentials credentials_;
+  std::string agent_address_ =
+      "unix:" + testing::TempDir() + "/dispatcher_test_agent_" + std::to_string(getpid()) + ".sock";
+  FakeAgentState agent_state_;
+  std::unique_ptr<FakeAgent> agent_service_;
+  std::unique_ptr<grpc::Server> agent_;
+};
+
+}  // namespace llmctl::controller::dispatch_test
+
+#endif  // LLMCTL_CONTROLLER_DISPATCH_DISPATCH_TEST_SUPPORT_H_

@@ -1,0 +1,197 @@
+#include "controller/dispatch/event_streams.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "controller/device_samples.h"
+#include "rpc/status.h"
+
+namespace llmctl::controller::dispatch {
+
+store::TrialState OutcomeState(const std::string& outcome) {
+  auto state = store::ParseTrialState(outcome);
+  if (state.ok() && store::IsOutcome(*state)) return *state;
+  return store::TrialState::kFailed;
+}
+
+void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, store::Time now) {
+  std::set<AttemptKey> still_running;
+  for (const store::RunningAttempt& attempt : running) {
+    const AttemptKey key{attempt.trial_id, attempt.attempt};
+    still_running.insert(key);
+    std::shared_ptr<v1::Agent::Stub> stub;
+    Stream* stream = nullptr;
+    {
+      std::lock_guard lock(shared_.mutex);
+      const AgentLinks::Link* link = links_.FindLocked(attempt.node);
+      if (link == nullptr || !link->connected) continue;
+      std::unique_ptr<Stream>& entry = streams_[key];
+      if (entry == nullptr) entry = std::make_unique<Stream>();
+      if (!entry->done || entry->settled || now < entry->retry_at) continue;
+      if (link->stub == nullptr) continue;
+      stream = entry.get();
+      stub = link->stub;
+      stream->done = false;
+      stream->stop = false;
+    }
+    if (stream->thread.joinable()) stream->thread.join();
+    if (stream->trial_name.empty()) {
+      auto trial = shared_.store.GetTrial(attempt.trial_id);
+      if (!trial.ok()) {
+        std::lock_guard lock(shared_.mutex);
+        stream->done = true;
+        continue;
+      }
+      stream->trial_name = trial->name;
+    }
+    stream->attempt = attempt;
+    stream->stub = std::move(stub);
+    stream->thread = std::thread([this, stream] { Read(*stream, *stream->stub); });
+  }
+  // Attempts that ended or were lost: their readers are no longer needed.
+  std::vector<AttemptKey> gone;
+  {
+    std::lock_guard lock(shared_.mutex);
+    for (const auto& [key, stream] : streams_) {
+      if (!still_running.contains(key)) gone.push_back(key);
+    }
+  }
+  for (const AttemptKey& key : gone) Stop(key);
+}
+
+void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
+  store::Store& store = shared_.store;
+  const store::RunningAttempt& attempt = stream.attempt;
+  Status result;
+  bool ended = false;
+  bool received = false;
+  auto last_seq = store.LastSeq(attempt.trial_id, attempt.attempt);
+  auto last_sample_seq = store.LastDeviceSampleSeq(attempt.trial_id, attempt.attempt);
+  grpc::ClientContext context;
+  bool stopped;
+  {
+    std::lock_guard lock(shared_.mutex);
+    stopped = stream.stop;
+    if (!stopped) stream.context = &context;
+  }
+  if (!last_seq.ok() || !last_sample_seq.ok()) {
+    result = last_seq.ok() ? last_sample_seq.status() : last_seq.status();
+  } else if (!stopped) {
+    v1::StreamEventsRequest request;
+    request.mutable_key()->set_experiment_id(attempt.experiment_id);
+    request.mutable_key()->set_trial(stream.trial_name);
+    request.mutable_key()->set_attempt(static_cast<int32_t>(attempt.attempt));
+    request.set_from_seq(*last_seq + 1);
+    request.set_from_sample_seq(*last_sample_seq + 1);
+    auto reader = stub.StreamEvents(&context, request);
+    v1::StreamEventsResponse response;
+    while (reader->Read(&response)) {
+      received = true;
+      if (response.has_event()) {
+        const store::Event event{.seq = response.event().seq(),
+                                 .type = response.event().type(),
+                                 .json = response.event().json()};
+        if (event.type == "result") stream.result_json = event.json;
+        auto appended = store.AppendEvents(attempt.trial_id, attempt.attempt, {&event, 1});
+        if (!appended.ok()) {
+          result = appended.status();
+          context.TryCancel();
+          break;
+        }
+        if (*appended > 0) shared_.changes.Notify();
+      } else if (response.has_samples()) {
+        auto stored = store.AppendDeviceSamples(attempt.trial_id, attempt.attempt,
+                                                FromProto(response.samples()));
+        if (!stored.ok() && stored.status().code() == StatusCode::kFailedPrecondition) {
+          result = stored.status();  // fenced off, as its events are
+          context.TryCancel();
+          break;
+        }
+        // A batch the store refuses is lost, not the stream: samples only show how it runs.
+        if (!stored.ok()) {
+          spdlog::warn("{} on node {}: device samples dropped: {}", AttemptName(attempt),
+                       attempt.node, stored.status().ToString());
+        } else if (*stored > 0) {
+          shared_.changes.Notify();
+        }
+      } else if (response.has_ended()) {
+        const v1::RunEnded& end = response.ended();
+        std::string error = end.error();
+        if (end.outcome() == "invalid" && error.empty()) error = "the trainer refused the config";
+        if (std::optional<std::string> stopped_error = checkpoints_.OnEnded(
+                attempt, stream.trial_name, end.outcome(), stream.result_json)) {
+          error = *std::move(stopped_error);
+        }
+        result = store.FinishAttempt(attempt.trial_id, attempt.attempt, OutcomeState(end.outcome()),
+                                     end.exit_code(), error, shared_.clock.Now());
+        ended = true;
+        shared_.changes.Notify();
+        if (!result.ok()) break;
+      }
+    }
+    const grpc::Status finished = reader->Finish();
+    if (result.ok() && !ended) {
+      result = finished.ok() ? UnavailableError("the event stream closed before the run ended")
+                             : rpc::FromGrpcStatus(finished);
+    }
+  }
+  if (!result.ok() && result.code() != StatusCode::kCancelled) {
+    spdlog::warn("{} on node {}: event stream: {}", AttemptName(attempt), attempt.node,
+                 result.ToString());
+  }
+  {
+    std::lock_guard lock(shared_.mutex);
+    stream.context = nullptr;
+    // Fenced off (a stale or lost attempt) or finished: nothing more to read.
+    stream.settled = (ended && result.ok()) || result.code() == StatusCode::kFailedPrecondition;
+    if (received) stream.backoff = std::chrono::milliseconds(0);
+    if (!stream.settled) {
+      stream.backoff =
+          NextBackoff(stream.backoff, shared_.options.backoff_initial, shared_.options.backoff_max);
+      stream.retry_at = shared_.clock.Now() + stream.backoff;
+    }
+    stream.done = true;
+  }
+  shared_.changes.Notify();
+  shared_.Wake();
+}
+
+void EventStreams::Stop(const AttemptKey& key) {
+  std::unique_ptr<Stream> stream;
+  {
+    std::lock_guard lock(shared_.mutex);
+    auto it = streams_.find(key);
+    if (it == streams_.end()) return;
+    it->second->stop = true;
+    if (it->second->context != nullptr) it->second->context->TryCancel();
+    stream = std::move(it->second);
+    streams_.erase(it);
+  }
+  if (stream->thread.joinable()) stream->thread.join();
+}
+
+void EventStreams::StopAll() {
+  std::vector<AttemptKey> keys;
+  {
+    std::lock_guard lock(shared_.mutex);
+    for (const auto& [key, stream] : streams_) keys.push_back(key);
+  }
+  for (const AttemptKey& key : keys) Stop(key);
+}
+
+int EventStreams::Active() {
+  std::lock_guard lock(shared_.mutex);
+  return static_cast<int>(std::count_if(streams_.begin(), streams_.end(),
+                                        [](const auto& entry) { return !entry.second->done; }));
+}
+
+void EventStreams::CollectWakeTimesLocked(std::vector<store::Time>& times) const {
+  for (const auto& [key, stream] : streams_) {
+    if (stream->done && !stream->settled) times.push_back(stream->retry_at);
+  }
+}
+
+}  // namespace llmctl::controller::dispatch

@@ -1,0 +1,76 @@
+// Following what runs on the agents: one StreamEvents reader (a thread) per running attempt whose
+// agent is connected, from the store's LastSeq + 1 (and its device samples from
+// LastDeviceSampleSeq + 1). What arrives is stored idempotently on (trial, attempt, seq); `ended`
+// finishes the attempt (through checkpoint_copy.h when it was stopped with a checkpoint); a broken
+// stream is reopened after a backoff that doubles up to backoff_max, from the last stored seq; a
+// fenced-off attempt (the store refuses it) is never reopened. Readers of attempts that are no
+// longer running stop.
+#ifndef LLMCTL_CONTROLLER_DISPATCH_EVENT_STREAMS_H_
+#define LLMCTL_CONTROLLER_DISPATCH_EVENT_STREAMS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "controller/dispatch/agent_links.h"
+#include "controller/dispatch/checkpoint_copy.h"
+#include "controller/dispatch/shared.h"
+#include "controller/store/store.h"
+#include "llmctl/v1/agent.grpc.pb.h"
+
+namespace llmctl::controller::dispatch {
+
+// How the agent's outcome word maps to a trial state; `invalid` (the trainer refused its config)
+// and anything unknown end the trial as failed.
+store::TrialState OutcomeState(const std::string& outcome);
+
+class EventStreams {
+ public:
+  EventStreams(Shared& shared, AgentLinks& links, CheckpointCopies& checkpoints)
+      : shared_(shared), links_(links), checkpoints_(checkpoints) {}
+
+  // One round: starts (or restarts, once their backoff is over) the readers of the `running`
+  // attempts, and stops those of attempts no longer running.
+  void Follow(const std::vector<store::RunningAttempt>& running, store::Time now);
+  // Stops the attempt's reader and waits for it.
+  void Stop(const AttemptKey& key);
+  // Every reader (Dispatcher::Stop).
+  void StopAll();
+  // How many readers are running now.
+  int Active();
+  // When broken streams are due to be reopened. Requires the shared mutex.
+  void CollectWakeTimesLocked(std::vector<store::Time>& times) const;
+
+ private:
+  struct Stream {
+    store::RunningAttempt attempt;
+    std::string trial_name;
+    std::thread thread;
+    std::shared_ptr<v1::Agent::Stub> stub;  // the reader's own reference
+    // Guarded by the shared mutex:
+    grpc::ClientContext* context = nullptr;  // while the reader is in a call
+    bool stop = false;
+    bool done = true;      // no reader running
+    bool settled = false;  // ended and finished, or fenced off: never reopened
+    store::Time retry_at;
+    std::chrono::milliseconds backoff{0};
+    // The worker's `result` event once it came; used only by the reader thread (one at a time).
+    std::string result_json;
+  };
+
+  void Read(Stream& stream, v1::Agent::Stub& stub);
+
+  Shared& shared_;
+  AgentLinks& links_;
+  CheckpointCopies& checkpoints_;
+  std::map<AttemptKey, std::unique_ptr<Stream>> streams_;  // guarded by the shared mutex
+};
+
+}  // namespace llmctl::controller::dispatch
+
+#endif  // LLMCTL_CONTROLLER_DISPATCH_EVENT_STREAMS_H_

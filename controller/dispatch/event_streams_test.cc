@@ -1,0 +1,143 @@
+// Following running attempts: dropped streams reopened from the last stored seq, device samples,
+// idempotent storage, a restarted controller resuming where the store ends; OutcomeState.
+#include "controller/dispatch/event_streams.h"
+
+#include <gtest/gtest.h>
+
+#include "controller/dispatch/dispatch_test_support.h"
+
+namespace llmctl::controller::dispatch_test {
+namespace {
+
+using EventStreamsTest = DispatcherTest;
+
+// Device sample `seq` of a GPU, a second apart.
+v1::DeviceSample GpuSample(int64_t seq, const std::string& device = "cuda:0") {
+  v1::DeviceSample sample;
+  sample.set_seq(seq);
+  sample.set_unix_ms(1'700'000'000'000 + 1000 * seq);
+  sample.set_device(device);
+  sample.set_utilization_percent(40 + seq);
+  sample.set_memory_used_bytes(seq << 30);
+  sample.set_memory_total_bytes(int64_t{80} << 30);
+  sample.set_temperature_celsius(60);
+  return sample;
+}
+
+TEST_F(EventStreamsTest, ADroppedStreamResumesFromTheLastStoredSeqAfterTheBackoff) {
+  agent_state_.script = {StepLine(0), StepLine(1), StepLine(2), StepLine(3), kResultLine};
+  agent_state_.drop_after = 2;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 2);
+
+  Tick();  // within the backoff: no new stream
+  EXPECT_EQ(agent_state_.stream_from_seqs, std::vector<int64_t>{1});
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(agent_state_.stream_from_seqs, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 5);
+  EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 5);
+}
+
+TEST_F(EventStreamsTest, DeviceSamplesAreStoredOnceAndAStreamResumesAfterTheLastStored) {
+  agent_state_.samples = {GpuSample(1), GpuSample(2), GpuSample(3)};
+  agent_state_.script = {StepLine(0), StepLine(1), StepLine(2), kResultLine};
+  agent_state_.drop_after = 2;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  EXPECT_EQ(agent_state_.stream_from_sample_seqs, std::vector<int64_t>{1});
+  EXPECT_EQ(*daemon_->store().LastDeviceSampleSeq(OnlyTrial(experiment).id, 1), 3);
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  // The second stream asks for what the store lacks: nothing is stored twice.
+  EXPECT_EQ(agent_state_.stream_from_sample_seqs, (std::vector<int64_t>{1, 4}));
+  StatusOr<std::vector<store::DeviceSample>> stored =
+      daemon_->store().DeviceSamples(experiment, "one");
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  ASSERT_EQ(stored->size(), 3u);
+  for (int64_t seq = 1; seq <= 3; ++seq) {
+    const store::DeviceSample& sample = (*stored)[seq - 1];
+    EXPECT_EQ(sample.attempt, 1);
+    EXPECT_EQ(sample.device, "cuda:0");
+    EXPECT_EQ(sample.time, store::Time(milliseconds(1'700'000'000'000 + 1000 * seq)));
+    EXPECT_EQ(sample.utilization_percent, 40.0 + seq);
+    EXPECT_EQ(sample.memory_used_bytes, seq << 30);
+    EXPECT_EQ(sample.memory_total_bytes, int64_t{80} << 30);
+    EXPECT_FALSE(sample.power_watts.has_value());
+    EXPECT_EQ(sample.temperature_celsius, 60.0);
+  }
+}
+
+TEST_F(EventStreamsTest, ARunningTrialsStatusCarriesEachDevicesLatestSample) {
+  agent_state_.samples = {GpuSample(1, "cuda:0"), GpuSample(2, "cuda:1"), GpuSample(3, "cuda:0"),
+                          GpuSample(4, "cuda:1")};
+  const int64_t experiment = SubmitOneThatKeepsRunning();
+  ASSERT_TRUE(Eventually([&] { return StatusOf(experiment).trials(0).devices_size() == 2; }));
+  const v1::TrialStatus trial = StatusOf(experiment).trials(0);
+  EXPECT_EQ(trial.devices(0).device(), "cuda:0");
+  EXPECT_EQ(trial.devices(0).utilization_percent(), 43);
+  EXPECT_EQ(trial.devices(0).memory_used_bytes(), int64_t{3} << 30);
+  EXPECT_EQ(trial.devices(1).device(), "cuda:1");
+  EXPECT_EQ(trial.devices(1).memory_used_bytes(), int64_t{4} << 30);
+  EXPECT_FALSE(trial.devices(1).has_power_watts());
+  EXPECT_EQ(trial.devices(1).temperature_celsius(), 60);
+  // Once it has ended, no bars: the samples stay in the store for the report.
+  agent_state_.AddLinesAndEnd(std::to_string(experiment) + "/one#1", {kResultLine}, "ok");
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(StatusOf(experiment).trials(0).devices_size(), 0);
+  EXPECT_EQ(daemon_->store().DeviceSamples(experiment, "one")->size(), 4u);
+}
+
+TEST_F(EventStreamsTest, EventsSentTwiceAreStoredOnce) {
+  agent_state_.script = {StepLine(0), StepLine(1)};
+  agent_state_.script_ends = false;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(Eventually([&] { return StoredEvents(trial.id, 1) == 2; }));
+  // A second delivery of the same lines (as after a reconnect that overlaps) changes nothing.
+  const std::vector<store::Event> again = {{1, "step", StepLine(0)}, {2, "step", StepLine(1)}};
+  EXPECT_EQ(*daemon_->store().AppendEvents(trial.id, 1, again), 0);
+  agent_state_.AddLinesAndEnd(std::to_string(experiment) + "/one#1", {kResultLine}, "ok");
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 3);
+}
+
+TEST_F(EventStreamsTest, ARestartedControllerResumesStreamingWhereTheStoreEnds) {
+  agent_state_.script = {StepLine(0), StepLine(1), StepLine(2)};
+  agent_state_.script_ends = false;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(Eventually([&] { return StoredEvents(trial.id, 1) == 3; }));
+
+  daemon_.reset();
+  StartController();
+  agent_state_.AddLinesAndEnd(std::to_string(experiment) + "/one#1", {StepLine(3), kResultLine},
+                              "ok");
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(agent_state_.stream_from_seqs.back(), 4);
+  EXPECT_EQ(StoredEvents(trial.id, 1), 5);
+  std::lock_guard lock(agent_state_.mutex);
+  EXPECT_EQ(agent_state_.runs.size(), 1u) << "the finished work is not run again";
+}
+
+TEST(OutcomeStateTest, OutcomesMapToTheirStateAndAnythingElseFails) {
+  EXPECT_EQ(dispatch::OutcomeState("ok"), store::TrialState::kOk);
+  EXPECT_EQ(dispatch::OutcomeState("cancelled"), store::TrialState::kCancelled);
+  EXPECT_EQ(dispatch::OutcomeState("failed"), store::TrialState::kFailed);
+  EXPECT_EQ(dispatch::OutcomeState("oom"), store::TrialState::kOom);
+  EXPECT_EQ(dispatch::OutcomeState("invalid"), store::TrialState::kFailed);
+  EXPECT_EQ(dispatch::OutcomeState("running"), store::TrialState::kFailed);  // no outcome
+  EXPECT_EQ(dispatch::OutcomeState("what"), store::TrialState::kFailed);
+}
+
+}  // namespace
+}  // namespace llmctl::controller::dispatch_test

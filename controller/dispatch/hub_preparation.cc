@@ -1,0 +1,156 @@
+#include "controller/dispatch/hub_preparation.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "rpc/status.h"
+
+namespace llmctl::controller::dispatch {
+
+bool IsPermanentPrepareFailure(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::DATA_LOSS:
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return true;
+    default:
+      return false;
+  }
+}
+
+StatusOr<bool> HubPreparations::Ensure(AgentLinks::Link& link, const std::string& model,
+                                       int64_t experiment_id, store::Time now) {
+  ASSIGN_OR_RETURN(HubModelRef ref, ParseHubModelRef(model));
+  Preparation* preparation = nullptr;
+  std::shared_ptr<v1::Agent::Stub> stub;
+  {
+    std::lock_guard lock(shared_.mutex);
+    std::unique_ptr<Preparation>& entry = preparations_[{link.name, HubModelRefText(ref)}];
+    if (entry == nullptr) {
+      entry = std::make_unique<Preparation>();
+      entry->node = link.name;
+      entry->model = HubModelRefText(ref);
+    }
+    preparation = entry.get();
+    switch (preparation->state) {
+      case Preparation::State::kReady:
+        return true;
+      case Preparation::State::kRunning:
+        preparation->experiments.insert(experiment_id);
+        return false;
+      case Preparation::State::kFailed:
+        // The trials that waited for it fail with its error; a later experiment tries again.
+        if (preparation->experiments.contains(experiment_id)) return preparation->failure;
+        preparation->experiments.clear();
+        break;
+      case Preparation::State::kIdle:
+        if (now < preparation->retry_at) {
+          preparation->experiments.insert(experiment_id);
+          return false;
+        }
+        break;
+    }
+    stub = link.stub;
+    if (stub == nullptr) return false;
+    preparation->experiments.insert(experiment_id);
+    preparation->state = Preparation::State::kRunning;
+  }
+  // Not running: any earlier thread has finished its work.
+  if (preparation->thread.joinable()) preparation->thread.join();
+  spdlog::info("node {}: preparing {}", link.name, preparation->model);
+  preparation->thread = std::thread(
+      [this, preparation, stub = std::move(stub), ref] { Prepare(*preparation, stub, ref); });
+  return false;
+}
+
+void HubPreparations::Prepare(Preparation& preparation, std::shared_ptr<v1::Agent::Stub> stub,
+                              HubModelRef ref) {
+  const DispatcherOptions& options = shared_.options;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + options.prepare_deadline);
+  {
+    std::lock_guard lock(shared_.mutex);
+    preparation.context = &context;
+  }
+  v1::PrepareHubModelRequest request;
+  request.set_repo(ref.repo);
+  request.set_revision(ref.revision);
+  v1::PrepareHubModelResponse response;
+  // Stop() may have cancelled the context before it was published: then this call is cut short by
+  // the stopping flag instead.
+  const grpc::Status prepared =
+      shared_.Stopping() ? grpc::Status(grpc::StatusCode::CANCELLED, "the controller is stopping")
+                         : stub->PrepareHubModel(&context, request, &response);
+  {
+    std::lock_guard lock(shared_.mutex);
+    preparation.context = nullptr;
+    if (prepared.ok()) {
+      preparation.state = Preparation::State::kReady;
+      preparation.backoff = std::chrono::milliseconds(0);
+      spdlog::info("node {}: {} is ready ({} bytes in {})", preparation.node, preparation.model,
+                   response.bytes(), response.path());
+    } else if (IsPermanentPrepareFailure(prepared.error_code())) {
+      preparation.state = Preparation::State::kFailed;
+      preparation.failure = rpc::FromGrpcStatus(prepared).WithContext(
+          "preparing " + preparation.model + " on node " + preparation.node);
+      spdlog::warn("{}", preparation.failure.message());
+    } else {
+      preparation.state = Preparation::State::kIdle;
+      preparation.backoff =
+          NextBackoff(preparation.backoff, options.backoff_initial, options.backoff_max);
+      preparation.retry_at = shared_.clock.Now() + preparation.backoff;
+      spdlog::warn("node {}: preparing {} failed, trying again in {} ms: {}", preparation.node,
+                   preparation.model, preparation.backoff.count(), prepared.error_message());
+    }
+  }
+  shared_.Wake();
+}
+
+void HubPreparations::Forget(const std::string& node, const std::string& model) {
+  auto ref = ParseHubModelRef(model);
+  if (!ref.ok()) return;
+  std::lock_guard lock(shared_.mutex);
+  auto preparation = preparations_.find({node, HubModelRefText(*ref)});
+  if (preparation != preparations_.end()) {
+    preparation->second->state = Preparation::State::kIdle;
+  }
+}
+
+void HubPreparations::ForgetNode(const std::string& node) {
+  std::lock_guard lock(shared_.mutex);
+  for (auto& [key, preparation] : preparations_) {
+    if (preparation->node != node) continue;
+    if (preparation->context != nullptr) preparation->context->TryCancel();
+    if (preparation->state == Preparation::State::kReady) {
+      preparation->state = Preparation::State::kIdle;
+    }
+  }
+}
+
+int HubPreparations::InFlight() {
+  std::lock_guard lock(shared_.mutex);
+  return static_cast<int>(std::count_if(
+      preparations_.begin(), preparations_.end(),
+      [](const auto& entry) { return entry.second->state == Preparation::State::kRunning; }));
+}
+
+void HubPreparations::Stop() {
+  std::vector<Preparation*> preparations;
+  {
+    std::lock_guard lock(shared_.mutex);
+    for (const auto& [key, preparation] : preparations_) {
+      if (preparation->context != nullptr) preparation->context->TryCancel();
+      preparations.push_back(preparation.get());
+    }
+  }
+  for (Preparation* preparation : preparations) {
+    if (preparation->thread.joinable()) preparation->thread.join();
+  }
+}
+
+}  // namespace llmctl::controller::dispatch

@@ -1,0 +1,135 @@
+// Launching a placed trial: its inputs' missing blobs sent (with time for their size), RunTrial,
+// then every event stored; ToProto.
+#include "controller/dispatch/launcher.h"
+
+#include <gtest/gtest.h>
+
+#include "controller/dispatch/dispatch_test_support.h"
+
+namespace llmctl::controller::dispatch_test {
+namespace {
+
+using LauncherTest = DispatcherTest;
+
+// Uploads `content` to the controller as the experiment's data file and submits kExperiment with
+// it; returns the experiment id (0 on failure) and the file's tree.
+std::pair<int64_t, v1::InputTree> SubmitWithDataFile(v1::Controller::Stub& controller,
+                                                     const std::string& content) {
+  const std::string sha = digest::Sha256Hex(content);
+  grpc::ClientContext context;
+  v1::UploadBlobResponse response;
+  auto writer = controller.UploadBlob(&context, &response);
+  v1::BlobChunk chunk;
+  chunk.set_sha256(sha);
+  chunk.set_size(static_cast<int64_t>(content.size()));
+  chunk.set_data(content);
+  writer->Write(chunk);
+  writer->WritesDone();
+  if (!writer->Finish().ok()) return {0, {}};
+  v1::InputTree tree;
+  tree.set_is_file(true);
+  v1::TreeFile* file = tree.add_files();
+  file->set_path("train.jsonl");
+  file->set_sha256(sha);
+  file->set_size(static_cast<int64_t>(content.size()));
+  tree.set_digest(digest::Sha256Hex(sha + " " + std::to_string(content.size()) + " train.jsonl\n"));
+  v1::SubmitRequest request;
+  request.set_filename("one.yaml");
+  request.set_yaml_text(std::string(kExperiment));
+  (*request.mutable_inputs())["data/train.jsonl"] = tree;
+  v1::SubmitResponse submitted;
+  grpc::ClientContext submit_context;
+  if (!controller.Submit(&submit_context, request, &submitted).ok()) return {0, {}};
+  return {submitted.experiment_id(), tree};
+}
+
+TEST_F(LauncherTest, RunsATrialWithItsInputsAndStoresEveryEvent) {
+  // The data file goes to the controller first, then to the agent with the trial.
+  const std::string content = "{\"text\": \"hello\"}\n";
+  const std::string sha = digest::Sha256Hex(content);
+  const auto [experiment_id, tree] = SubmitWithDataFile(*controller_, content);
+  ASSERT_NE(experiment_id, 0);
+  v1::SubmitResponse submitted;
+  submitted.set_experiment_id(experiment_id);
+
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(submitted.experiment_id());
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    ASSERT_EQ(agent_state_.runs.size(), 1u);
+    const v1::RunTrialRequest& run = agent_state_.runs.begin()->second.request;
+    EXPECT_EQ(run.key().attempt(), 1);
+    EXPECT_EQ(run.key().trial(), "one");
+    ASSERT_TRUE(run.inputs().contains("data.path"));
+    EXPECT_EQ(run.inputs().at("data.path").digest(), tree.digest());
+    EXPECT_TRUE(run.inputs().at("data.path").is_file());
+    EXPECT_EQ(std::vector<int32_t>(run.device_indices().begin(), run.device_indices().end()),
+              std::vector<int32_t>{0});
+    EXPECT_TRUE(agent_state_.blobs.contains(sha));
+  }
+  ASSERT_TRUE(Eventually(
+      [&] { return OnlyTrial(submitted.experiment_id()).state == store::TrialState::kOk; }));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 3);
+
+  grpc::ClientContext report_context;
+  v1::GetExperimentRequest which;
+  which.set_experiment_id(submitted.experiment_id());
+  v1::ReportResponse report;
+  ASSERT_TRUE(controller_->Report(&report_context, which, &report).ok());
+  ASSERT_EQ(report.trials_size(), 1);
+  EXPECT_EQ(report.trials(0).outcome(), "ok");
+  EXPECT_EQ(report.trials(0).node(), "n1");
+  EXPECT_DOUBLE_EQ(report.trials(0).final_loss(), 2.25);
+  EXPECT_DOUBLE_EQ(report.trials(0).tokens_per_second(), 128.0);
+
+  grpc::ClientContext nodes_context;
+  v1::ListNodesResponse nodes;
+  ASSERT_TRUE(controller_->ListNodes(&nodes_context, {}, &nodes).ok());
+  ASSERT_EQ(nodes.nodes_size(), 1);
+  EXPECT_EQ(nodes.nodes(0).state(), "connected");
+  ASSERT_EQ(nodes.nodes(0).devices_size(), 1);
+  EXPECT_EQ(nodes.nodes(0).devices(0).type(), "cpu");
+
+  grpc::ClientContext fetch_context;
+  v1::FetchTrialArtifactsRequest fetch;
+  fetch.set_experiment_id(submitted.experiment_id());
+  fetch.set_trial("one");
+  auto reader = controller_->FetchArtifacts(&fetch_context, fetch);
+  v1::ArtifactChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  EXPECT_EQ(chunk.path(), "adapter/" + std::to_string(submitted.experiment_id()) + "/one#1");
+  EXPECT_TRUE(reader->Finish().ok());
+}
+
+TEST_F(LauncherTest, AnUploadToTheAgentGetsTimeForItsSizeAtTheMinimumRate) {
+  // At 1 byte/s a 593-byte blob may take almost 10 minutes on top of the 10 s call deadline: far
+  // beyond the fixed deadline that made large model directories impossible to upload.
+  daemon_.reset();
+  config_.min_transfer_bytes_per_second = 1;
+  StartController();
+  const std::string content = "{\"text\": \"" + std::string(580, 'x') + "\"}\n";
+  ASSERT_EQ(content.size(), 593u);
+  ASSERT_NE(SubmitWithDataFile(*controller_, content).first, 0);
+  Tick();
+  std::lock_guard lock(agent_state_.mutex);
+  ASSERT_TRUE(agent_state_.upload_time_left.contains(digest::Sha256Hex(content)));
+  // 10 s + 593 s; the margin only absorbs the time between the call's start and its arrival.
+  EXPECT_GT(agent_state_.upload_time_left.at(digest::Sha256Hex(content)), seconds(500));
+}
+
+TEST(LauncherToProtoTest, CarriesTheTreesDigestKindAndFiles) {
+  const digest::InputTree tree{
+      .digest = "d1", .files = {{"a.txt", "s1", 3}, {"b/c.bin", "s2", 0}}, .is_file = false};
+  const v1::InputTree proto = dispatch::ToProto(tree);
+  EXPECT_EQ(proto.digest(), "d1");
+  EXPECT_FALSE(proto.is_file());
+  ASSERT_EQ(proto.files_size(), 2);
+  EXPECT_EQ(proto.files(0).path(), "a.txt");
+  EXPECT_EQ(proto.files(0).sha256(), "s1");
+  EXPECT_EQ(proto.files(0).size(), 3);
+  EXPECT_EQ(proto.files(1).path(), "b/c.bin");
+  EXPECT_EQ(proto.files(1).size(), 0);
+}
+
+}  // namespace
+}  // namespace llmctl::controller::dispatch_test

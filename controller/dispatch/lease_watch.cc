@@ -1,0 +1,73 @@
+#include "controller/dispatch/lease_watch.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <ctime>
+
+#include "controller/dispatch/cancellation.h"
+
+namespace llmctl::controller::dispatch {
+
+std::string FormatUtc(store::Time time) {
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(time);
+  std::tm tm{};
+  gmtime_r(&seconds, &tm);
+  char buffer[32];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%d %H:%M UTC", &tm);
+  return buffer;
+}
+
+void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
+                       const std::vector<store::RunningAttempt>& running, store::Time now) {
+  const DispatcherOptions& options = shared_.options;
+  std::map<std::string, std::string> notices;
+  for (const store::NodeRecord& node : nodes) {
+    if (!node.lease.has_value() || now < node.lease->ends - options.lease_warning) continue;
+    const std::string ends = "node " + node.name + "'s lease " + node.lease->name + " ends at " +
+                             FormatUtc(node.lease->ends);
+    const std::string notice = ends + "; its trials are stopped at " +
+                               FormatUtc(node.lease->ends - options.lease_stop_margin) +
+                               " (llmctl lease extend " + node.lease->name + " gives it more time)";
+    notices[node.name] = notice;
+    {
+      std::lock_guard lock(shared_.mutex);
+      if (!notices_.contains(node.name)) spdlog::warn("{}", notice);
+    }
+    if (now < node.lease->ends - options.lease_stop_margin) continue;
+    for (const store::RunningAttempt& attempt : running) {
+      if (attempt.node != node.name) continue;
+      if (!checkpoints_.MarkStopped({attempt.trial_id, attempt.attempt},
+                                    ends + ": stopped before it does")) {
+        continue;  // stopped already
+      }
+      const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(node.name);
+      auto trial = shared_.store.GetTrial(attempt.trial_id);
+      if (!trial.ok()) continue;
+      spdlog::warn("{} on node {}: {}: checkpointing and stopping it", AttemptName(attempt),
+                   node.name, ends);
+      // What is left of the lease but the reserve; 0 (the agent's own cancel grace) when nothing
+      // is left.
+      const auto grace = std::max(std::chrono::milliseconds(0),
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      node.lease->ends - now - options.lease_stop_reserve));
+      // Unreachable: the attempt is declared lost and requeued like any other.
+      if (stub != nullptr) CancelRun(shared_, attempt, trial->name, *stub, grace);
+    }
+  }
+  std::lock_guard lock(shared_.mutex);
+  notices_ = std::move(notices);
+}
+
+std::string LeaseWatch::Notice(const std::string& node) {
+  std::lock_guard lock(shared_.mutex);
+  auto notice = notices_.find(node);
+  return notice == notices_.end() ? "" : notice->second;
+}
+
+void LeaseWatch::ForgetNode(const std::string& node) {
+  std::lock_guard lock(shared_.mutex);
+  notices_.erase(node);
+}
+
+}  // namespace llmctl::controller::dispatch

@@ -1,0 +1,166 @@
+#include "controller/dispatch/placement.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <set>
+
+#include "controller/scheduler/scheduler.h"
+
+namespace llmctl::controller::dispatch {
+
+std::string WaitingNotice(const store::TrialRecord& trial,
+                          const std::map<std::string, std::string>& target,
+                          bool checkpoint_node_registered, bool checkpoint_node_takes_trials,
+                          const std::string& unusable) {
+  if (trial.resume && trial.resume->tree.empty()) {
+    const std::string& node = trial.resume->node;
+    const std::string from = "it resumes from a checkpoint on node " + node;
+    return !checkpoint_node_registered
+               ? from + ", which has been removed: it cannot run (llmctl cancel " +
+                     std::to_string(trial.experiment_id) + " --trial '" + trial.name + "')"
+           : checkpoint_node_takes_trials
+               ? from + ", which has no " + std::to_string(trial.device_count) + " " +
+                     trial.device_type + " device(s) now; it waits there"
+               : from +
+                     ", which is not connected or takes no new trials (its lease ends soon); "
+                     "it waits for it (llmctl nodes)";
+  }
+  std::string where = "no connected node";
+  for (const auto& [name, value] : target) {
+    where += (where == "no connected node" ? " with " : ", ") + name + " " + value;
+  }
+  return where + " has " + std::to_string(trial.device_count) + " " + trial.device_type +
+         " device(s); the trial waits until one does (llmctl nodes, llmctl node up)" + unusable;
+}
+
+void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, store::Time now) {
+  store::Store& store = shared_.store;
+  auto queued = store.NextQueuedTrials();
+  if (!queued.ok()) {
+    spdlog::error("dispatcher: cannot list queued trials: {}", queued.status().ToString());
+    return;
+  }
+  if (queued->empty()) {
+    std::lock_guard lock(shared_.mutex);
+    queued_notices_.clear();
+    return;
+  }
+
+  // Which devices the running attempts hold, as the store recorded them when they started, so a
+  // restarted controller sees the same occupancy. Attempts stored without indices (started before
+  // the store kept them) are then taken to hold the lowest indices still free.
+  std::map<std::string, std::vector<const store::RunningAttempt*>> running_on;
+  for (const store::RunningAttempt& attempt : running) running_on[attempt.node].push_back(&attempt);
+  // A node's labels are its lease's site and flavor; an experiment's `target:` must match them.
+  std::map<std::string, std::map<std::string, std::string>> labels;
+  std::set<std::string> registered;  // not removed
+  if (auto nodes = store.ListNodes(); nodes.ok()) {
+    for (const store::NodeRecord& node : *nodes) {
+      registered.insert(node.name);
+      if (node.lease)
+        labels[node.name] = {{"site", node.lease->site}, {"flavor", node.lease->flavor}};
+    }
+  }
+  std::vector<scheduler::Agent> agents;
+  std::map<std::string, AgentLinks::Link*> connected;
+  std::string unusable;  // why connected nodes take no trial, for the waiting trials' notices
+  {
+    std::lock_guard lock(shared_.mutex);
+    for (const auto& [name, link] : links_.AllLocked()) {
+      if (link->connected && !link->unusable.empty()) unusable += "; " + link->unusable;
+      // A node whose lease ends soon, or that cannot run llm-train, takes no new trial.
+      if (!link->connected || !link->unusable.empty() || leases_.EndsSoonLocked(name)) continue;
+      connected[name] = link.get();
+      scheduler::Agent& agent = agents.emplace_back();
+      agent.name = name;
+      agent.connected = true;
+      agent.labels = labels[name];
+      std::map<std::string, int64_t> counts;
+      for (const v1::Device& device : link->devices) ++counts[device.type()];
+      if (counts.empty()) counts["cpu"] = 1;
+      for (const auto& [type, count] : counts)
+        agent.pools.push_back({.type = type, .count = count, .busy = {}});
+    }
+  }
+  for (scheduler::Agent& agent : agents) {
+    std::vector<std::pair<scheduler::DevicePool*, int64_t>> unrecorded;  // (pool, device count)
+    for (const store::RunningAttempt* attempt : running_on[agent.name]) {
+      auto trial = store.GetTrial(attempt->trial_id);
+      if (!trial.ok()) continue;
+      auto pool = std::find_if(
+          agent.pools.begin(), agent.pools.end(),
+          [&](const scheduler::DevicePool& p) { return p.type == trial->device_type; });
+      if (pool == agent.pools.end()) continue;
+      if (attempt->device_indices.empty()) {
+        unrecorded.emplace_back(&*pool, trial->device_count);
+      } else {
+        pool->busy.insert(attempt->device_indices.begin(), attempt->device_indices.end());
+      }
+    }
+    // After every recorded index, so a guess never lands on a device known to be busy.
+    for (auto [pool, count] : unrecorded) {
+      for (int64_t index = 0; index < pool->count && count > 0; ++index) {
+        if (pool->busy.insert(index).second) --count;
+      }
+    }
+  }
+
+  std::vector<scheduler::QueuedTrial> queue;
+  std::map<int64_t, const store::TrialRecord*> by_id;
+  std::map<int64_t, std::map<std::string, std::string>> targets;  // by experiment
+  for (const store::TrialRecord& trial : *queued) {
+    if (!targets.contains(trial.experiment_id)) {
+      // Only what a node's labels say (its lease's site and flavor) can be matched.
+      std::map<std::string, std::string>& target = targets[trial.experiment_id];
+      if (auto experiment = store.GetExperiment(trial.experiment_id); experiment.ok()) {
+        for (const char* key : {"site", "flavor"}) {
+          if (auto value = experiment->target.find(key); value != experiment->target.end()) {
+            target[key] = value->second;
+          }
+        }
+      }
+    }
+    queue.push_back(
+        {.trial_id = trial.id,
+         .device_type = trial.device_type,
+         .device_count = trial.device_count,
+         .target = targets[trial.experiment_id],
+         // Without the controller's copy of its checkpoint, only the node that
+         // holds it can continue the trial.
+         .only_agent = trial.resume && trial.resume->tree.empty() ? trial.resume->node : ""});
+    by_id[trial.id] = &trial;
+  }
+  const scheduler::Placement placement = scheduler::PlaceTrials(queue, agents);
+  // A trial that no connected node could ever run would otherwise wait without a word (say, an
+  // experiment for GPUs submitted to the embedded CPU agent).
+  std::map<int64_t, std::string> waiting;
+  for (int64_t trial_id : placement.unsatisfiable) {
+    const store::TrialRecord& trial = *by_id.at(trial_id);
+    const std::string checkpoint_node = trial.resume ? trial.resume->node : "";
+    waiting[trial_id] =
+        WaitingNotice(trial, targets[trial.experiment_id], registered.contains(checkpoint_node),
+                      connected.contains(checkpoint_node), unusable);
+  }
+  {
+    std::lock_guard lock(shared_.mutex);
+    queued_notices_ = std::move(waiting);
+  }
+  for (const scheduler::Assignment& assignment : placement.assignments) {
+    const store::TrialRecord& trial = *by_id.at(assignment.trial_id);
+    Status launched =
+        launcher_.Launch(trial, *connected.at(assignment.agent), assignment.device_indices, now);
+    if (!launched.ok()) {
+      spdlog::warn("trial {} of experiment {} on node {}: {}", trial.name, trial.experiment_id,
+                   assignment.agent, launched.ToString());
+    }
+  }
+}
+
+std::string Placement::QueuedNotice(int64_t trial_id) {
+  std::lock_guard lock(shared_.mutex);
+  auto notice = queued_notices_.find(trial_id);
+  return notice == queued_notices_.end() ? "" : notice->second;
+}
+
+}  // namespace llmctl::controller::dispatch

@@ -1,0 +1,149 @@
+// Placement: a restarted controller places around the devices running attempts hold, and a trial
+// no connected node can run waits with a notice saying why (WaitingNotice).
+#include "controller/dispatch/placement.h"
+
+#include <gtest/gtest.h>
+
+#include "controller/dispatch/dispatch_test_support.h"
+
+namespace llmctl::controller::dispatch_test {
+namespace {
+
+using PlacementTest = DispatcherTest;
+
+TEST_F(PlacementTest, ARestartedControllerKnowsWhichDevicesTheRunningAttemptsHold) {
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.cuda_devices = 4;
+    agent_state_.script_ends = false;
+  }
+  auto submit = [&](const std::string& name, const std::string& trials) {
+    v1::SubmitRequest request;
+    request.set_filename(name + ".yaml");
+    request.set_yaml_text(std::string(kExperiment) + "device: cuda\ntrials:\n" + trials);
+    v1::SubmitResponse submitted;
+    grpc::ClientContext context;
+    const grpc::Status accepted = controller_->Submit(&context, request, &submitted);
+    EXPECT_TRUE(accepted.ok()) << accepted.error_message();
+    return submitted.experiment_id();
+  };
+  auto devices_of = [&](const std::string& run) {
+    std::lock_guard lock(agent_state_.mutex);
+    const auto& indices = agent_state_.runs.at(run).request.device_indices();
+    return std::vector<int32_t>(indices.begin(), indices.end());
+  };
+  // a → {0}, b → {1}, c → {2, 3}; then b ends: {2, 3} and {0} stay busy.
+  const int64_t first = submit("first",
+                               "  - {name: a}\n  - {name: b}\n"
+                               "  - {name: c, set: {devices: 2, train.global_batch_size: 4}}\n");
+  Tick();
+  const std::string prefix = std::to_string(first) + "/";
+  ASSERT_EQ(RunsStarted(), 3u);
+  ASSERT_EQ(devices_of(prefix + "c#1"), (std::vector<int32_t>{2, 3}));
+  ASSERT_EQ(devices_of(prefix + "a#1"), (std::vector<int32_t>{0}));
+  agent_state_.AddLinesAndEnd(prefix + "b#1", {kResultLine}, "ok");
+  ASSERT_TRUE(Eventually([&] {
+    auto trials = daemon_->store().ListTrials(first);
+    return trials.ok() && (*trials)[1].state == store::TrialState::kOk;
+  }));
+
+  daemon_.reset();  // a new store and dispatcher on the same database file
+  StartController();
+  const int64_t second = submit("second", "  - {name: d}\n");
+  Tick();
+  ASSERT_EQ(RunsStarted(), 4u);
+  EXPECT_EQ(devices_of(std::to_string(second) + "/d#1"), (std::vector<int32_t>{1}));
+}
+
+TEST_F(PlacementTest, ATrialNoConnectedNodeCanRunWaitsWithANoticeSayingWhy) {
+  v1::SubmitRequest request;
+  request.set_filename("gpu.yaml");
+  request.set_yaml_text(std::string(kExperiment) + "device: cuda\n");
+  v1::SubmitResponse submitted;
+  grpc::ClientContext submit_context;
+  const grpc::Status accepted = controller_->Submit(&submit_context, request, &submitted);
+  ASSERT_TRUE(accepted.ok()) << accepted.error_message();
+  Tick();
+  EXPECT_EQ(OnlyTrial(submitted.experiment_id()).state, store::TrialState::kQueued);
+  EXPECT_EQ(RunsStarted(), 0u);
+
+  grpc::ClientContext context;
+  v1::GetExperimentRequest get;
+  get.set_experiment_id(submitted.experiment_id());
+  v1::ExperimentStatus status;
+  ASSERT_TRUE(controller_->GetExperiment(&context, get, &status).ok());
+  ASSERT_EQ(status.trials_size(), 1);
+  EXPECT_NE(status.trials(0).notice().find("no connected node has 1 cuda device(s)"),
+            std::string::npos)
+      << status.trials(0).notice();
+
+  // A CPU trial is placed as usual and carries no notice.
+  const int64_t cpu = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(cpu).state == store::TrialState::kOk; }));
+  EXPECT_EQ(daemon_->dispatcher().QueuedNotice(OnlyTrial(cpu).id), "");
+
+  // An experiment for one flavor runs only on a node whose lease is of that flavor.
+  request.set_filename("targeted.yaml");
+  request.set_yaml_text(std::string(kExperiment) +
+                        "target: {site: KVM@TACC, flavor: g1.h100.pci.1}\n");
+  grpc::ClientContext targeted_context;
+  ASSERT_TRUE(controller_->Submit(&targeted_context, request, &submitted).ok());
+  const int64_t targeted = submitted.experiment_id();
+  Tick();
+  EXPECT_EQ(OnlyTrial(targeted).state, store::TrialState::kQueued);
+  EXPECT_NE(daemon_->dispatcher()
+                .QueuedNotice(OnlyTrial(targeted).id)
+                .find("no connected node with flavor g1.h100.pci.1, site KVM@TACC has 1 cpu"),
+            std::string::npos)
+      << daemon_->dispatcher().QueuedNotice(OnlyTrial(targeted).id);
+  ASSERT_TRUE(daemon_->store()
+                  .SetNodeLease("n1", {.name = "lab",
+                                       .site = "KVM@TACC",
+                                       .flavor = "g1.h100.pci.1",
+                                       .ends = clock_.Now() + std::chrono::hours(10)})
+                  .ok());
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(targeted).state == store::TrialState::kOk; }));
+}
+
+store::TrialRecord WaitingTrial() {
+  store::TrialRecord trial;
+  trial.experiment_id = 7;
+  trial.name = "lr-1e-4";
+  trial.device_type = "cuda";
+  trial.device_count = 2;
+  return trial;
+}
+
+TEST(WaitingNoticeTest, SaysWhatNoConnectedNodeHasWithTheTargetAndWhyNodesTakeNone) {
+  EXPECT_EQ(dispatch::WaitingNotice(WaitingTrial(), {}, false, false, ""),
+            "no connected node has 2 cuda device(s); the trial waits until one does (llmctl "
+            "nodes, llmctl node up)");
+  EXPECT_EQ(dispatch::WaitingNotice(WaitingTrial(), {{"flavor", "g1"}, {"site", "TACC"}}, false,
+                                    false, "; n2: driver too old"),
+            "no connected node with flavor g1, site TACC has 2 cuda device(s); the trial waits "
+            "until one does (llmctl nodes, llmctl node up); n2: driver too old");
+}
+
+TEST(WaitingNoticeTest, AResumedTrialWaitsForItsCheckpointsNodeOrCannotRunWithoutIt) {
+  store::TrialRecord trial = WaitingTrial();
+  trial.resume = store::TrialResume{};
+  trial.resume->node = "n1";
+  const std::string from = "it resumes from a checkpoint on node n1";
+  EXPECT_EQ(dispatch::WaitingNotice(trial, {}, false, false, ""),
+            from + ", which has been removed: it cannot run (llmctl cancel 7 --trial 'lr-1e-4')");
+  EXPECT_EQ(dispatch::WaitingNotice(trial, {}, true, true, ""),
+            from + ", which has no 2 cuda device(s) now; it waits there");
+  EXPECT_EQ(dispatch::WaitingNotice(trial, {}, true, false, ""),
+            from +
+                ", which is not connected or takes no new trials (its lease ends soon); it "
+                "waits for it (llmctl nodes)");
+  // With the controller's copy of the checkpoint any node will do.
+  trial.resume->tree = "tree-digest";
+  EXPECT_EQ(dispatch::WaitingNotice(trial, {}, false, false, ""),
+            dispatch::WaitingNotice(WaitingTrial(), {}, false, false, ""));
+}
+
+}  // namespace
+}  // namespace llmctl::controller::dispatch_test

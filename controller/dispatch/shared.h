@@ -1,0 +1,92 @@
+// What every part of the dispatcher shares: the store, blobs, clock and change notifier it was
+// given, its options, and one lock. The parts (agent_links.h, placement.h, launcher.h,
+// hub_preparation.h, lease_watch.h, event_streams.h, cancellation.h, checkpoint_copy.h,
+// artifacts.h) each own their own state but guard it with this one mutex, as the dispatcher did
+// before it was split: a round looks at several parts at once (placement reads the links and the
+// lease notices together), and Dispatcher::Stop's `stopping` flag ends the parts' threads.
+#ifndef LLMCTL_CONTROLLER_DISPATCH_SHARED_H_
+#define LLMCTL_CONTROLLER_DISPATCH_SHARED_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "controller/blob_store.h"
+#include "controller/change_notifier.h"
+#include "controller/clock.h"
+#include "controller/store/store.h"
+#include "rpc/transfer.h"
+
+namespace llmctl::controller {
+
+struct DispatcherOptions {
+  std::chrono::milliseconds requeue_after = std::chrono::minutes(10);
+  // Deadline of each unary call; a blob upload gets it plus its size at
+  // min_transfer_bytes_per_second (rpc::TransferDeadline), and an artifact download is abandoned
+  // when no chunk arrives for this long.
+  std::chrono::milliseconds call_deadline = std::chrono::seconds(30);
+  int64_t min_transfer_bytes_per_second = rpc::kDefaultMinTransferBytesPerSecond;
+  std::chrono::milliseconds health_interval = std::chrono::seconds(5);
+  std::chrono::milliseconds backoff_initial = std::chrono::seconds(1);
+  std::chrono::milliseconds backoff_max = std::chrono::seconds(30);
+  int64_t upload_chunk_bytes = 1 << 20;
+  // A model download can take hours for a 13B model on a slow link.
+  std::chrono::milliseconds prepare_deadline = std::chrono::hours(6);
+  std::chrono::milliseconds lease_warning = std::chrono::minutes(30);
+  std::chrono::milliseconds lease_stop_margin = std::chrono::minutes(10);
+  // Of the time left when a trial is stopped for its lease, what is kept back from the checkpoint's
+  // grace: for killing a worker that overran it and reporting its end while the node is still up.
+  std::chrono::milliseconds lease_stop_reserve = std::chrono::minutes(2);
+  // How long a worker cancelled with a checkpoint (Cancel with `checkpoint`) may take to write it
+  // before it is killed: a large model's checkpoint takes minutes.
+  std::chrono::milliseconds cancel_checkpoint_grace = std::chrono::minutes(10);
+};
+
+namespace dispatch {
+
+using AttemptKey = std::pair<int64_t, int64_t>;  // (trial id, attempt)
+
+// "trial T attempt A", as the logs name an attempt.
+std::string AttemptName(int64_t trial_id, int64_t attempt);
+std::string AttemptName(const store::RunningAttempt& attempt);
+
+// The next backoff after a failure: `initial` first, then doubling up to `max`.
+std::chrono::milliseconds NextBackoff(std::chrono::milliseconds backoff,
+                                      std::chrono::milliseconds initial,
+                                      std::chrono::milliseconds max);
+
+struct Shared {
+  Shared(store::Store& store, const BlobStore& blobs, const Clock& clock, ChangeNotifier& changes,
+         DispatcherOptions options)
+      : store(store), blobs(blobs), clock(clock), changes(changes), options(options) {}
+
+  // Asks the round thread for a round now.
+  void Wake();
+  // Whether Dispatcher::Stop has begun; locks `mutex`.
+  bool Stopping();
+  // A unary call's context with the call deadline.
+  std::unique_ptr<grpc::ClientContext> CallContext() const;
+
+  store::Store& store;
+  const BlobStore& blobs;
+  const Clock& clock;
+  ChangeNotifier& changes;
+  const DispatcherOptions options;
+
+  // Guards every part's state (each says which of its fields), and the two flags below.
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool wake_requested = false;
+  bool stopping = false;
+};
+
+}  // namespace dispatch
+}  // namespace llmctl::controller
+
+#endif  // LLMCTL_CONTROLLER_DISPATCH_SHARED_H_
