@@ -1051,64 +1051,167 @@ TEST_F(AgentTest, NodeInfoAndAuthentication) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
-// The real trainer on the demo experiment, two steps, with the data and tokenizer uploaded as
-// input trees.
-TEST_F(AgentTest, RealLlmTrainRunsTheDemoFromUploadedInputs) {
-  const std::string llm_train = BuildDir() + "/trainer/llm-train";
-  if (!fs::exists(llm_train)) GTEST_SKIP() << llm_train << " is not built";
-  StartAgent(llm_train);
-  auto experiment = LoadExperimentFile("experiments/demo.yaml");
-  ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
-  TrialConfig config = experiment->trials.front().config;
-  ASSERT_TRUE(config.Set("train.max_steps", int64_t{2}).ok());
+// A run of the demo experiment's trial (`config`) by the real trainer, with the data and
+// tokenizer uploaded as input trees.
+class RealTrainerTest : public AgentTest {
+ protected:
+  void SetUp() override {
+    AgentTest::SetUp();
+    llm_train_ = BuildDir() + "/trainer/llm-train";
+    if (!fs::exists(llm_train_)) GTEST_SKIP() << llm_train_ << " is not built";
+    auto experiment = LoadExperimentFile("experiments/demo.yaml");
+    ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
+    config_ = experiment->trials.front().config;
+  }
 
-  pb::RunTrialRequest request;
-  *request.mutable_key() = Key(9, "demo", 1);
-  request.set_config_json(config.ToJson().dump());
-  for (const std::string key : {"data.path", "tokenizer"}) {
-    const std::string path = config.GetString(key);
-    const std::string bytes = ReadAll(path);
-    ASSERT_FALSE(bytes.empty()) << path;
-    pb::UploadBlobResponse uploaded;
+  // Uploads the inputs and starts the run.
+  void Start(const pb::RunKey& key, int devices = 1) {
+    pb::RunTrialRequest request;
+    *request.mutable_key() = key;
+    request.set_config_json(config_.ToJson().dump());
+    for (int i = 0; i < devices; ++i) request.add_device_indices(i);
+    for (const std::string input : {"data.path", "tokenizer"}) {
+      const std::string path = config_.GetString(input);
+      const std::string bytes = ReadAll(path);
+      ASSERT_FALSE(bytes.empty()) << path;
+      pb::UploadBlobResponse uploaded;
+      grpc::ClientContext context;
+      Deadline(&context);
+      auto stub = Stub();
+      auto writer = stub->UploadBlob(&context, &uploaded);
+      pb::BlobChunk chunk;
+      chunk.set_sha256(digest::Sha256Hex(bytes));
+      chunk.set_size(static_cast<int64_t>(bytes.size()));
+      chunk.set_data(bytes);
+      ASSERT_TRUE(writer->Write(chunk));
+      writer->WritesDone();
+      ASSERT_TRUE(writer->Finish().ok());
+      const std::string name = fs::path(path).filename().string();
+      pb::InputTree& tree = (*request.mutable_inputs())[input];
+      tree.set_is_file(true);
+      pb::TreeFile* file = tree.add_files();
+      file->set_path(name);
+      file->set_sha256(digest::Sha256Hex(bytes));
+      file->set_size(static_cast<int64_t>(bytes.size()));
+      tree.set_digest(digest::TreeDigest(std::vector<digest::TreeFile>{
+          {name, digest::Sha256Hex(bytes), static_cast<int64_t>(bytes.size())}}));
+    }
     grpc::ClientContext context;
     Deadline(&context);
-    auto stub = Stub();
-    auto writer = stub->UploadBlob(&context, &uploaded);
-    pb::BlobChunk chunk;
-    chunk.set_sha256(digest::Sha256Hex(bytes));
-    chunk.set_size(static_cast<int64_t>(bytes.size()));
-    chunk.set_data(bytes);
-    ASSERT_TRUE(writer->Write(chunk));
-    writer->WritesDone();
-    ASSERT_TRUE(writer->Finish().ok());
-    const std::string name = fs::path(path).filename().string();
-    pb::InputTree& tree = (*request.mutable_inputs())[key];
-    tree.set_is_file(true);
-    pb::TreeFile* file = tree.add_files();
-    file->set_path(name);
-    file->set_sha256(digest::Sha256Hex(bytes));
-    file->set_size(static_cast<int64_t>(bytes.size()));
-    tree.set_digest(digest::TreeDigest(std::vector<digest::TreeFile>{
-        {name, digest::Sha256Hex(bytes), static_cast<int64_t>(bytes.size())}}));
+    pb::RunState state;
+    const grpc::Status started = Stub()->RunTrial(&context, request, &state);
+    ASSERT_TRUE(started.ok()) << started.error_message();
   }
-  grpc::ClientContext context;
-  Deadline(&context);
-  pb::RunState state;
-  const grpc::Status started = Stub()->RunTrial(&context, request, &state);
-  ASSERT_TRUE(started.ok()) << started.error_message();
-  const Streamed streamed = Stream(request.key(), 0);
+
+  std::string llm_train_;
+  TrialConfig config_;
+};
+
+// The real trainer on the demo experiment, two steps.
+TEST_F(RealTrainerTest, RealLlmTrainRunsTheDemoFromUploadedInputs) {
+  StartAgent(llm_train_);
+  ASSERT_TRUE(config_.Set("train.max_steps", int64_t{2}).ok());
+  const pb::RunKey key = Key(9, "demo", 1);
+  Start(key);
+  const Streamed streamed = Stream(key, 0);
   ASSERT_TRUE(streamed.ended.has_value());
   EXPECT_EQ(streamed.ended->outcome(), "ok") << streamed.ended->error() << "\n"
-                                             << ReadAll(RunDir(request.key()) / "stderr.log");
+                                             << ReadAll(RunDir(key) / "stderr.log");
   ASSERT_FALSE(streamed.events.empty());
   EXPECT_EQ(streamed.events.front().type(), "start");
   EXPECT_EQ(streamed.events.back().type(), "result");
   int steps = 0;
   for (const auto& event : streamed.events) steps += event.type() == "step";
   EXPECT_EQ(steps, 2);
-  ExpectSameAsFile(streamed.events, RunDir(request.key()) / "events.jsonl");
+  ExpectSameAsFile(streamed.events, RunDir(key) / "events.jsonl");
   // The token cache went to the agent's cache, not the user's home.
   EXPECT_TRUE(fs::exists(dir_ / "data/cache/tokens"));
+}
+
+// strategy: ddp over 2 ranks on the CPU (Gloo), through the agent: both ranks' events arrive, each
+// rank's in its file's order, and the run is ok.
+TEST_F(RealTrainerTest, ATwoRankDdpTrialEndsOkWithEveryRanksEvents) {
+  StartAgent(llm_train_);
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"strategy", "ddp"}, {"devices", "2"}, {"train.global_batch_size", "8"},
+           {"train.max_steps", "2"}, {"snapshot_every", "1"}}) {
+    ASSERT_TRUE(config_.SetFromText(name, value).ok()) << name;
+  }
+  const pb::RunKey key = Key(9, "ddp", 1);
+  Start(key, 2);
+  const Streamed streamed = Stream(key, 0);
+  ASSERT_TRUE(streamed.ended.has_value());
+  EXPECT_EQ(streamed.ended->outcome(), "ok") << streamed.ended->error() << "\n"
+                                             << ReadAll(RunDir(key) / "stderr.log");
+  for (int rank : {0, 1}) {
+    const std::vector<pb::TrialEvent> events = OfRank(streamed.events, rank);
+    ASSERT_FALSE(events.empty()) << "rank " << rank;
+    EXPECT_EQ(events.front().type(), "start") << "rank " << rank;
+    EXPECT_EQ(nlohmann::json::parse(events.front().json()).value("rank", -1), rank);
+    EXPECT_EQ(events.back().type(), "result") << "rank " << rank;
+    int steps = 0;
+    int snapshots = 0;
+    for (const auto& event : events) {
+      steps += event.type() == "step";
+      snapshots += event.type() == "snapshot";
+    }
+    EXPECT_EQ(steps, 2) << "rank " << rank;
+    EXPECT_GT(snapshots, 0) << "rank " << rank;
+    ExpectSameAsFile(events, RunDir(key) / RankEventsFile(rank));
+  }
+  EXPECT_EQ(OfRank(streamed.events, 2).size(), 0u);
+}
+
+// kill -9 of rank 1 mid-run: the launcher stops rank 0, nothing of the job is left, and the
+// attempt's outcome names rank 1 (SIGKILL without a result reads as the kernel's OOM killer).
+TEST_F(RealTrainerTest, KillingOneRankEndsTheAttemptNamingItWithNoProcessLeft) {
+  StartAgent(llm_train_);
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"strategy", "ddp"}, {"devices", "2"}, {"train.global_batch_size", "8"},
+           {"train.max_steps", "100000"}}) {
+    ASSERT_TRUE(config_.SetFromText(name, value).ok()) << name;
+  }
+  const pb::RunKey key = Key(9, "ddp-killed", 1);
+  Start(key, 2);
+  // Until rank 1 has taken a step: the job is under way.
+  const Streamed first = [&] {
+    Streamed streamed;
+    pb::StreamEventsRequest request;
+    *request.mutable_key() = key;
+    grpc::ClientContext context;
+    Deadline(&context);
+    auto stub = Stub();
+    auto reader = stub->StreamEvents(&context, request);
+    pb::StreamEventsResponse item;
+    while (reader->Read(&item)) {
+      if (item.has_ended()) streamed.ended = item.ended();
+      if (!item.has_event()) continue;
+      streamed.events.push_back(item.event());
+      if (item.event().rank() == 1 && item.event().type() == "step") break;
+    }
+    context.TryCancel();
+    reader->Finish();
+    return streamed;
+  }();
+  ASSERT_FALSE(first.ended.has_value()) << first.ended->error();
+  const nlohmann::json ranks = nlohmann::json::parse(ReadAll(RunDir(key) / "ranks.json"));
+  const std::vector<pid_t> pids = ranks.at("pids").get<std::vector<pid_t>>();
+  ASSERT_EQ(pids.size(), 2u);
+  const nlohmann::json worker = nlohmann::json::parse(ReadAll(RunDir(key) / "worker.json"));
+  ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
+
+  const Streamed streamed = Stream(key, 0);
+  ASSERT_TRUE(streamed.ended.has_value());
+  EXPECT_EQ(streamed.ended->outcome(), "oom");
+  EXPECT_EQ(streamed.ended->exit_code(), -SIGKILL);
+  EXPECT_EQ(streamed.ended->error(), "rank 1 of 2: killed by the kernel (host memory)");
+  const nlohmann::json after = nlohmann::json::parse(ReadAll(RunDir(key) / "ranks.json"));
+  EXPECT_EQ(after.at("first_failure"), (nlohmann::json{{"rank", 1}, {"signal", SIGKILL}}));
+  // The launcher and both ranks are gone, reaped: no process has their pids.
+  for (const pid_t pid : {pids[0], pids[1], worker.at("pid").get<pid_t>()}) {
+    EXPECT_EQ(::kill(pid, 0), -1) << "pid " << pid << " is still there";
+    EXPECT_EQ(errno, ESRCH);
+  }
 }
 
 }  // namespace
