@@ -264,6 +264,13 @@ StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment
     row->set_allocated_bytes(IntField(trial.last_step, "allocated_bytes"));
     row->set_peak_bytes(std::max(IntField(trial.last_step, "peak_bytes"),
                                  IntField(trial.peak_snapshot, "peak_bytes")));
+    for (const store::RankMemory& rank : trial.ranks) {
+      v1::RankMemory* proto = row->add_ranks();
+      proto->set_rank(rank.rank);
+      proto->set_peak_bytes(rank.peak_bytes.value_or(0));
+      proto->set_allocated_bytes(rank.allocated_bytes.value_or(0));
+      row->set_peak_bytes(std::max(row->peak_bytes(), proto->peak_bytes()));
+    }
     row->set_loss(NumberField(trial.last_step, "loss"));
     row->set_error(trial.error);
     if (trial.state == store::TrialState::kRunning) {
@@ -377,6 +384,17 @@ grpc::Status ControllerService::Report(grpc::ServerContext*,
         *row->add_per_phase() = ToSnapshot(snapshot);
       }
       row->set_load_peak_bytes(trial.load_peak_bytes.value_or(0));
+      for (const store::RankMemory& rank : trial.ranks) {
+        v1::RankMemory* proto = row->add_ranks();
+        proto->set_rank(rank.rank);
+        proto->set_peak_bytes(rank.peak_bytes.value_or(0));
+        proto->set_allocated_bytes(rank.allocated_bytes.value_or(0));
+        for (const auto& [phase, bytes] : rank.phase_allocated) {
+          v1::PhaseBytes* entry = proto->add_per_phase();
+          entry->set_phase(phase);
+          entry->set_allocated_bytes(bytes);
+        }
+      }
       for (int64_t attempt : trial.run_attempts) {
         row->add_run_attempts(static_cast<int32_t>(attempt));
       }

@@ -25,6 +25,63 @@ constexpr std::array<std::string_view, 10> kLabColumns = {
 constexpr size_t kOutcomeColumn = 2;
 constexpr size_t kFirstNumericColumn = 3;
 
+// A multi-rank trial's highest peak over its ranks.
+int64_t MaxRankPeak(const v1::TrialReport& trial) {
+  int64_t peak = 0;
+  for (const v1::RankMemory& rank : trial.ranks()) peak = std::max(peak, rank.peak_bytes());
+  return peak;
+}
+
+// One phase's allocated bytes over a multi-rank trial's ranks.
+struct PhaseRange {
+  std::string phase;
+  int64_t min = 0;
+  int64_t max = 0;
+};
+
+// Per phase, in the ranks' step-anatomy order, the least and the most over the ranks of the
+// phase's snapshot with the most allocated bytes.
+std::vector<PhaseRange> PhaseRanges(const v1::TrialReport& trial) {
+  std::vector<PhaseRange> ranges;
+  for (const v1::RankMemory& rank : trial.ranks()) {
+    for (const v1::PhaseBytes& phase : rank.per_phase()) {
+      auto range = std::find_if(ranges.begin(), ranges.end(),
+                                [&](const PhaseRange& r) { return r.phase == phase.phase(); });
+      if (range == ranges.end()) {
+        ranges.push_back({phase.phase(), phase.allocated_bytes(), phase.allocated_bytes()});
+      } else {
+        range->min = std::min(range->min, phase.allocated_bytes());
+        range->max = std::max(range->max, phase.allocated_bytes());
+      }
+    }
+  }
+  return ranges;
+}
+
+// "69.6–73.9" (MiB), or one figure when both ends are the same.
+std::string MibRange(int64_t min, int64_t max) {
+  return min == max ? Mib(min) : Mib(min) + "\u2013" + Mib(max);
+}
+
+// "train: 2 ranks; peak MiB 45.3 (rank 0), 45.4 (rank 1); allocated MiB per phase over the ranks:
+// phase0_before_fwd 40.1, phase1_after_fwd 44.0–44.2; tokens/s is the whole job's\n".
+std::string DescribeRanks(const v1::TrialReport& trial) {
+  std::string out = trial.name() + ": " + std::to_string(trial.ranks_size()) + " ranks; peak MiB ";
+  for (int i = 0; i < trial.ranks_size(); ++i) {
+    out += (i > 0 ? ", " : "") + Mib(trial.ranks(i).peak_bytes()) + " (rank " +
+           std::to_string(trial.ranks(i).rank()) + ")";
+  }
+  const std::vector<PhaseRange> ranges = PhaseRanges(trial);
+  if (!ranges.empty()) {
+    out += "; allocated MiB per phase, min\u2013max over the ranks:";
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      out += std::string(i > 0 ? "," : "") + " " + ranges[i].phase + " " +
+             MibRange(ranges[i].min, ranges[i].max);
+    }
+  }
+  return out + "; tokens/s is the whole job's\n";
+}
+
 LabRow MakeLabRow(const v1::TrialReport& trial) {
   LabRow row;
   row.unexpected = IsUnexpected(trial);
@@ -41,7 +98,15 @@ LabRow MakeLabRow(const v1::TrialReport& trial) {
   } else {
     row.cells.insert(row.cells.end(), 4, std::string(kNone));
   }
-  row.cells.push_back(ended ? Mib(trial.peak_bytes()) : std::string(kNone));
+  if (!ended) {
+    row.cells.push_back(std::string(kNone));
+  } else if (trial.ranks_size() > 1) {
+    // A multi-rank trial: the highest rank's, said so.
+    row.cells.push_back(Mib(std::max(trial.peak_bytes(), MaxRankPeak(trial))) + " (max of " +
+                        std::to_string(trial.ranks_size()) + " ranks)");
+  } else {
+    row.cells.push_back(Mib(trial.peak_bytes()));
+  }
   row.cells.push_back(ended ? Printf("%.1f", trial.train_seconds()) : std::string(kNone));
   row.cells.push_back(ended && trial.tokens_per_second() != 0
                           ? Grouped(trial.tokens_per_second(), 0)
@@ -83,6 +148,9 @@ std::string RenderTable(const v1::ReportResponse& report) {
                     "\n" + FormatColumns(rows, kFirstNumericColumn);
   for (const v1::TrialReport& trial : report.trials()) {
     if (trial.run_attempts_size() > 1) out += DescribeResumedRun(trial);
+  }
+  for (const v1::TrialReport& trial : report.trials()) {
+    if (trial.ranks_size() > 1) out += DescribeRanks(trial);
   }
   const int unexpected = CountUnexpectedOutcomes(report);
   if (unexpected > 0) {
@@ -170,6 +238,28 @@ std::string RenderJson(const v1::ReportResponse& report) {
       entry["tokens"] = step.tokens();
       entry["seconds"] = step.seconds();
     }
+    if (trial.ranks_size() > 0) {
+      // A multi-rank trial: every rank's figures, and each phase's range over the ranks.
+      json["ranks"] = nlohmann::ordered_json::array();
+      for (const v1::RankMemory& rank : trial.ranks()) {
+        nlohmann::ordered_json& entry = json["ranks"].emplace_back();
+        entry["rank"] = rank.rank();
+        entry["peak_bytes"] = rank.peak_bytes();
+        entry["allocated_bytes"] = rank.allocated_bytes();
+        entry["per_phase"] = nlohmann::ordered_json::array();
+        for (const v1::PhaseBytes& phase : rank.per_phase()) {
+          entry["per_phase"].push_back(
+              {{"phase", phase.phase()}, {"allocated_bytes", phase.allocated_bytes()}});
+        }
+      }
+      json["max_rank_peak_bytes"] = MaxRankPeak(trial);
+      json["per_phase_over_ranks"] = nlohmann::ordered_json::array();
+      for (const PhaseRange& range : PhaseRanges(trial)) {
+        json["per_phase_over_ranks"].push_back({{"phase", range.phase},
+                                                {"min_allocated_bytes", range.min},
+                                                {"max_allocated_bytes", range.max}});
+      }
+    }
     json["memory_timeline"] = nlohmann::ordered_json::array();
     for (const v1::AttemptMemory& attempt : trial.memory_timeline()) {
       nlohmann::ordered_json& entry = json["memory_timeline"].emplace_back();
@@ -214,7 +304,8 @@ std::string RenderCsv(const v1::ReportResponse& report) {
   std::string out =
       "trial,description,expected,outcome,attempt,node,params_bytes,grads_bytes,"
       "optim_device_bytes,optim_host_bytes,other_bytes,allocated_bytes,reserved_bytes,"
-      "peak_bytes,train_seconds,tokens_per_second,final_loss,error\n";
+      "peak_bytes,train_seconds,tokens_per_second,final_loss,error,ranks,rank_peak_bytes,"
+      "rank_phase_allocated_bytes\n";
   for (const v1::TrialReport& trial : report.trials()) {
     std::vector<std::string> fields = {trial.name(),
                                        trial.description(),
@@ -238,11 +329,72 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     fields.push_back(ended ? Number(trial.tokens_per_second()) : "");
     fields.push_back(trial.has_final_loss() ? Number(trial.final_loss()) : "");
     fields.push_back(trial.error());
+    // A multi-rank trial: the rank count, each rank's peak ("45331104;45400000", rank order) and
+    // each rank's per-phase most allocated bytes ("0:phase0_before_fwd=...|phase1...;1:...").
+    std::string rank_peaks;
+    std::string rank_phases;
+    for (const v1::RankMemory& rank : trial.ranks()) {
+      if (!rank_peaks.empty()) rank_peaks += ';';
+      rank_peaks += std::to_string(rank.peak_bytes());
+      if (!rank_phases.empty()) rank_phases += ';';
+      rank_phases += std::to_string(rank.rank()) + ":";
+      for (int i = 0; i < rank.per_phase_size(); ++i) {
+        if (i > 0) rank_phases += '|';
+        rank_phases += rank.per_phase(i).phase() + "=" +
+                       std::to_string(rank.per_phase(i).allocated_bytes());
+      }
+    }
+    fields.push_back(trial.ranks_size() > 0 ? std::to_string(trial.ranks_size()) : "");
+    fields.push_back(rank_peaks);
+    fields.push_back(rank_phases);
     for (size_t i = 0; i < fields.size(); ++i) {
       out += CsvField(fields[i]) + (i + 1 < fields.size() ? "," : "\n");
     }
   }
   return out;
+}
+
+// The multi-rank trials' memory per rank and each phase's range over the ranks; "" when no
+// trial has ranks.
+std::string RanksHtml(const v1::ReportResponse& report) {
+  std::string out;
+  for (const v1::TrialReport& trial : report.trials()) {
+    if (trial.ranks_size() == 0) continue;
+    const std::vector<PhaseRange> ranges = PhaseRanges(trial);
+    out += "<h3>" + EscapeHtml(trial.name()) + ": " + std::to_string(trial.ranks_size()) +
+           " ranks</h3>\n<table>\n<tr><th>rank</th><th>peak MiB</th>";
+    for (const PhaseRange& range : ranges) out += "<th>" + EscapeHtml(range.phase) + " MiB</th>";
+    out += "</tr>\n";
+    for (const v1::RankMemory& rank : trial.ranks()) {
+      out += "<tr><td>" + std::to_string(rank.rank()) + "</td><td class=\"n\">" +
+             Mib(rank.peak_bytes()) + "</td>";
+      for (const PhaseRange& range : ranges) {
+        std::string cell(kNone);
+        for (const v1::PhaseBytes& phase : rank.per_phase()) {
+          if (phase.phase() == range.phase) cell = Mib(phase.allocated_bytes());
+        }
+        out += "<td class=\"n\">" + EscapeHtml(cell) + "</td>";
+      }
+      out += "</tr>\n";
+    }
+    out += "<tr><td>min&#8211;max</td><td class=\"n\">" +
+           EscapeHtml(MibRange(
+               std::min_element(trial.ranks().begin(), trial.ranks().end(),
+                                [](const auto& a, const auto& b) {
+                                  return a.peak_bytes() < b.peak_bytes();
+                                })->peak_bytes(),
+               MaxRankPeak(trial))) +
+           "</td>";
+    for (const PhaseRange& range : ranges) {
+      out += "<td class=\"n\">" + EscapeHtml(MibRange(range.min, range.max)) + "</td>";
+    }
+    out += "</tr>\n</table>\n";
+  }
+  if (out.empty()) return out;
+  return "<h2>Memory per rank</h2>\n<p>Each rank of a data-parallel trial writes its own events: "
+         "its peak and, per phase, its snapshot with the most allocated bytes. The trials table "
+         "shows the highest rank's peak; tokens/s is the whole job's.</p>\n" +
+         out;
 }
 
 std::string RenderHtml(const v1::ReportResponse& report) {
@@ -281,6 +433,7 @@ std::string RenderHtml(const v1::ReportResponse& report) {
       "</table>\n<p>MiB = 2<sup>20</sup> bytes. Memory columns are the snapshot with the most "
       "allocated bytes (for an out-of-memory trial, the moment the allocation failed).</p>\n";
 
+  out += RanksHtml(report);
   out +=
       "<h2>Memory per phase</h2>\n<p>The snapshot with the most allocated bytes of each phase "
       "(0 before forward, 1 after forward, 2 after backward, 3 after the optimizer step), on one "

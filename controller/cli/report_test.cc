@@ -177,6 +177,79 @@ void ExpectGolden(const std::string& name, const std::string& actual) {
   EXPECT_EQ(actual, expected.str()) << "differs from " << path;
 }
 
+// A 2-rank ddp trial whose ranks peak at 69.6 and 73.9 MiB, phase 1 differing between them.
+v1::ReportResponse TwoRankReport() {
+  v1::ReportResponse report;
+  report.set_experiment_id(3);
+  report.set_name("ddp");
+  v1::TrialReport* trial = report.add_trials();
+  trial->set_name("ddp2");
+  trial->set_outcome("ok");
+  trial->set_attempt(1);
+  trial->set_train_seconds(2.0);
+  trial->set_tokens_per_second(5960);
+  trial->set_peak_bytes(72980889);  // rank 0's
+  const int64_t mib = 1 << 20;
+  const std::vector<std::tuple<int, int64_t, int64_t>> ranks = {
+      {0, 72980889, 66 * mib}, {1, 77489930, 70 * mib}};
+  for (const auto& [number, peak, after_forward] : ranks) {
+    v1::RankMemory* rank = trial->add_ranks();
+    rank->set_rank(number);
+    rank->set_peak_bytes(peak);
+    rank->set_allocated_bytes(after_forward);
+    v1::PhaseBytes* before = rank->add_per_phase();
+    before->set_phase("phase0_before_fwd");
+    before->set_allocated_bytes(40 * mib);
+    v1::PhaseBytes* forward = rank->add_per_phase();
+    forward->set_phase("phase1_after_fwd");
+    forward->set_allocated_bytes(after_forward);
+  }
+  return report;
+}
+
+TEST(ReportRanksTest, TheTableShowsTheHighestRanksPeakAndEachPhasesRange) {
+  const std::string table = RenderReport(TwoRankReport(), ReportFormat::kTable);
+  EXPECT_NE(table.find("73.9 (max of 2 ranks)"), std::string::npos) << table;
+  EXPECT_NE(table.find("ddp2: 2 ranks; peak MiB 69.6 (rank 0), 73.9 (rank 1); allocated MiB per "
+                       "phase, min\u2013max over the ranks: phase0_before_fwd 40.0, "
+                       "phase1_after_fwd 66.0\u201370.0; tokens/s is the whole job's\n"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("5,960"), std::string::npos) << table;  // the job's, as rank 0 reports it
+}
+
+TEST(ReportRanksTest, JsonCsvAndHtmlHaveEveryRank) {
+  const nlohmann::json json =
+      nlohmann::json::parse(RenderReport(TwoRankReport(), ReportFormat::kJson));
+  const nlohmann::json& trial = json.at("trials").at(0);
+  ASSERT_EQ(trial.at("ranks").size(), 2u);
+  EXPECT_EQ(trial.at("ranks").at(1).at("rank"), 1);
+  EXPECT_EQ(trial.at("ranks").at(1).at("peak_bytes"), 77489930);
+  EXPECT_EQ(trial.at("ranks").at(1).at("per_phase").at(1),
+            (nlohmann::json{{"phase", "phase1_after_fwd"}, {"allocated_bytes", 70 << 20}}));
+  EXPECT_EQ(trial.at("max_rank_peak_bytes"), 77489930);
+  EXPECT_EQ(trial.at("per_phase_over_ranks").at(1),
+            (nlohmann::json{{"phase", "phase1_after_fwd"},
+                            {"min_allocated_bytes", 66 << 20},
+                            {"max_allocated_bytes", 70 << 20}}));
+
+  const std::string csv = RenderReport(TwoRankReport(), ReportFormat::kCsv);
+  EXPECT_NE(csv.find(",2,72980889;77489930,0:phase0_before_fwd=41943040|phase1_after_fwd=69206016;"
+                     "1:phase0_before_fwd=41943040|phase1_after_fwd=73400320\n"),
+            std::string::npos)
+      << csv;
+
+  const std::string html = RenderReport(TwoRankReport(), ReportFormat::kHtml);
+  EXPECT_NE(html.find("<h2>Memory per rank</h2>"), std::string::npos);
+  EXPECT_NE(html.find("<h3>ddp2: 2 ranks</h3>"), std::string::npos);
+  EXPECT_NE(html.find("<td>min&#8211;max</td><td class=\"n\">69.6\u201373.9</td>"),
+            std::string::npos)
+      << html;
+  // A report without multi-rank trials has no such section.
+  EXPECT_EQ(RenderReport(FixedReport(), ReportFormat::kHtml).find("Memory per rank"),
+            std::string::npos);
+}
+
 TEST(ReportGoldenTest, Table) {
   ExpectGolden("report.txt", RenderReport(FixedReport(), ReportFormat::kTable));
 }

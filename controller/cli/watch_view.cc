@@ -54,7 +54,18 @@ std::vector<std::string> TrialLines(const v1::TrialStatus& trial, const Columns&
   char speed[32];
   std::snprintf(speed, sizeof speed, "%8.0f tok/s", trial.tokens_per_second());
   line += std::string(speed) + "  mem " + Mib(trial.allocated_bytes()) + " (peak " +
-          Mib(trial.peak_bytes()) + ")";
+          Mib(trial.peak_bytes());
+  if (trial.ranks_size() > 1) {
+    // A multi-rank trial: the highest rank's peak, then each rank's.
+    line += ", max of ";
+    line += std::to_string(trial.ranks_size());
+    line += " ranks:";
+    for (const v1::RankMemory& rank : trial.ranks()) {
+      line += ' ';
+      line += Mib(rank.peak_bytes());
+    }
+  }
+  line += ')';
   if (!trial.node().empty()) line += "  on " + trial.node();
   if (!trial.error().empty()) line += "  " + trial.error();
   std::vector<std::string> lines = {std::move(line)};

@@ -41,6 +41,25 @@ TEST(WatchLinesTest, OneAlignedLinePerTrial) {
   EXPECT_EQ(lines[1].find("reduced-batch  queued     [--------------------] 0/?"), 0u) << lines[1];
 }
 
+TEST(WatchLinesTest, AMultiRankTrialShowsItsHighestPeakAndEachRanks) {
+  v1::ExperimentStatus status;
+  v1::TrialStatus* trial = status.add_trials();
+  trial->set_name("ddp");
+  trial->set_state("running");
+  trial->set_allocated_bytes(int64_t{100} << 20);
+  trial->set_peak_bytes(int64_t{130} << 20);
+  for (const auto& [rank, peak] : {std::pair{0, 120}, std::pair{1, 130}}) {
+    v1::RankMemory* memory = trial->add_ranks();
+    memory->set_rank(rank);
+    memory->set_peak_bytes(int64_t{peak} << 20);
+  }
+  const std::vector<std::string> lines = WatchLines(status);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("mem 100.0 MiB (peak 130.0 MiB, max of 2 ranks: 120.0 MiB 130.0 MiB)"),
+            std::string::npos)
+      << lines[0];
+}
+
 v1::DeviceSample Gpu(const std::string& device, double percent, double used_gib) {
   v1::DeviceSample sample;
   sample.set_device(device);
