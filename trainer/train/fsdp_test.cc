@@ -63,7 +63,10 @@ DemoRun RunDemo(const std::string& name, int ranks, const std::vector<std::strin
                 int64_t steps = kSteps, const std::string& extra_flags = "") {
   DemoRun run;
   run.dir = testing::FreshTempDir("fsdp-" + name);
+  // One thread per rank: ranks of two threads each oversubscribe a small CI machine's cores, and
+  // FSDP's many small collectives then wait on each other.
   std::string command =
+      std::string(ranks > 1 ? "OMP_NUM_THREADS=1 " : "") +
       std::string(std::getenv("LLMCTL_BUILD_DIR") ? std::getenv("LLMCTL_BUILD_DIR") : "build") +
       "/trainer/llm-train --config " + testing::SourceDir() + "/experiments/demo.yaml --events " +
       run.dir + "/events.jsonl" + " --set train.max_steps=" + std::to_string(steps) +

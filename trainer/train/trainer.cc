@@ -25,12 +25,12 @@
 #include "trainer/peft/lora.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/checkpoints.h"
-#include "trainer/train/ddp.h"
 #include "trainer/train/events.h"
-#include "trainer/train/fsdp.h"
+#include "trainer/train/fsdp_checkpoint.h"
 #include "trainer/train/optimizer.h"
 #include "trainer/train/precision.h"
 #include "trainer/train/profiling.h"
+#include "trainer/train/ranks.h"
 
 namespace llmctl::trainer {
 
@@ -170,15 +170,8 @@ class TrialRun {
   }
   // Puts weights, optimizer state, data position and generators back from options_.resume_from.
   Status Resume();
-  // Under strategy fsdp: each rank's optimizer shard in the checkpoint directory (rank 0's is
-  // optimizer.safetensors).
-  static std::string RankOptimizerFile(int rank) {
-    return "optimizer.rank" + std::to_string(rank) + ".safetensors";
-  }
   TrainingState CheckpointState(int64_t completed_steps, const nlohmann::json& data_position) const;
-  Status WriteShardedCheckpoint(int64_t completed_steps, const std::string& dir,
-                                const nlohmann::json& data_position);
-  // Records the checkpoint written at `dir` (every rank); rank 0 announces it.
+  // Records the checkpoint written at `dir` (under fsdp on every rank, which all wrote part of it).
   Status CheckpointWritten(int64_t completed_steps, const std::string& dir);
   // A checkpoint of the state after `completed_steps` optimizer steps, whose next micro-batches
   // start at `data_position`.
@@ -193,34 +186,14 @@ class TrialRun {
   std::vector<torch::Tensor> OptimizerState() const {
     return optimizer_ ? optimizer_->StateTensors() : std::vector<torch::Tensor>{};
   }
-  std::vector<torch::Tensor> CommBuffers() const {
-    if (ddp_) return ddp_->CommTensors();
-    if (fsdp_) return fsdp_->CommTensors();
-    return {};
-  }
-  std::vector<torch::Tensor> GatheredParams() const {
-    return fsdp_ ? fsdp_->GatheredTensors() : std::vector<torch::Tensor>{};
-  }
+  std::vector<torch::Tensor> CommBuffers() const { return ranks_.CommTensors(); }
+  std::vector<torch::Tensor> GatheredParams() const { return ranks_.GatheredTensors(); }
   MemorySnapshot Categories(bool at_failure) const {
     return at_failure ? SnapshotAtFailure(*memory_, all_params_, OptimizerState(), CommBuffers(),
                                           GatheredParams())
                       : TakeSnapshot(*memory_, all_params_, OptimizerState(), CommBuffers(),
                                      GatheredParams());
   }
-  int64_t WorldSize() const {
-    if (ddp_) return ddp_->world_size();
-    if (fsdp_) return fsdp_->world_size();
-    return 1;
-  }
-  bool Distributed() const { return ddp_ || fsdp_; }
-  // The element-wise sum of `values` over the ranks (DDP or FSDP); throws on a failed collective.
-  std::vector<double> SumAcrossRanks(const std::vector<double>& values) {
-    auto sums = ddp_ ? ddp_->SumAcrossRanks(values) : fsdp_->SumAcrossRanks(values);
-    if (!sums.ok()) throw std::runtime_error(sums.status().message());
-    return *sums;
-  }
-  // Joins the process group when the trial has strategy ddp or fsdp over more than one device.
-  Status JoinRanks();
   // strategy fsdp: shards the model (before the optimizer is made); what accounting counts as
   // params and what the optimizer steps become the rank's flat shards.
   Status ShardModel();
@@ -244,10 +217,11 @@ class TrialRun {
   std::vector<torch::Tensor> trainable_params_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BatchSource> batches_;
-  std::unique_ptr<StepProfiler> profiler_;          // null when no step is profiled
-  std::unique_ptr<DataParallel> ddp_;               // null unless strategy ddp with devices > 1
-  std::unique_ptr<FullyShardedDataParallel> fsdp_;  // null unless strategy fsdp, devices > 1
-  int rank_ = 0;  // outputs (checkpoints, adapters, profile) on rank 0
+  std::unique_ptr<StepProfiler> profiler_;    // null when no step is profiled
+  Ranks ranks_;                               // one process unless ddp or fsdp
+  DataParallel* ddp_ = nullptr;               // ranks_'s, when strategy ddp
+  FullyShardedDataParallel* fsdp_ = nullptr;  // ranks_'s, when strategy fsdp
+  int rank_ = 0;                              // outputs (checkpoints, adapters, profile) on rank 0
   std::optional<LossScaler> loss_scaler_;
 
   bool chunked_loss_ = false;
@@ -283,9 +257,12 @@ Status TrialRun::Setup() {
   memory_.emplace(memory);
   RETURN_IF_ERROR(memory_->SetBudget(config_.GetByteSize("device_memory")));
 
-  RETURN_IF_ERROR(JoinRanks());
+  ASSIGN_OR_RETURN(ranks_, Ranks::Join(config_, options_.rank_env, device_));
+  ddp_ = ranks_.ddp();
+  fsdp_ = ranks_.fsdp();
+  rank_ = ranks_.rank();
   micro_batch_size_ = config_.GetInt("train.micro_batch_size");
-  const int64_t world_size = WorldSize();
+  const int64_t world_size = ranks_.world_size();
   accumulation_ = config_.GetInt("train.global_batch_size") / (micro_batch_size_ * world_size);
   snapshot_every_ = std::max<int64_t>(1, config_.GetInt("snapshot_every"));
   log_every_ = std::max<int64_t>(1, config_.GetInt("log_every"));
@@ -305,53 +282,25 @@ Status TrialRun::Setup() {
   return Status::Ok();
 }
 
-Status TrialRun::JoinRanks() {
-  const int64_t devices = config_.GetInt("devices");
-  const std::string strategy = config_.GetString("strategy");
-  if ((strategy != "ddp" && strategy != "fsdp") || devices == 1) return Status::Ok();
-  if (!options_.rank_env) {
-    return InvalidArgumentError(
-        "strategy: " + strategy + " with devices: " + std::to_string(devices) + " runs as " +
-        std::to_string(devices) + " ranks: start them with llm-train --nproc " +
-        std::to_string(devices) + " (or torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...)");
-  }
-  if (options_.rank_env->world_size != devices) {
-    return InvalidArgumentError("WORLD_SIZE=" + std::to_string(options_.rank_env->world_size) +
-                                " but the trial has devices: " + std::to_string(devices) +
-                                ": strategy " + strategy + " runs one rank per device");
-  }
-  if (strategy == "fsdp") {
-    ASSIGN_OR_RETURN(fsdp_, FullyShardedDataParallel::Join(*options_.rank_env, device_));
-    rank_ = fsdp_->rank();
-    return Status::Ok();
-  }
-  ASSIGN_OR_RETURN(ddp_, DataParallel::Join(*options_.rank_env, device_));
-  rank_ = ddp_->rank();
-  return Status::Ok();
-}
-
 Status TrialRun::ShardModel() {
   RETURN_IF_ERROR(fsdp_->Shard(model_));
   all_params_ = fsdp_->Shards();
   // Buffers stay whole on every rank (the model has none but a QLoRA base, which fsdp refuses).
   for (const auto& item : model_->named_buffers()) all_params_.push_back(item.value());
   trainable_params_ = fsdp_->Shards();
-  model_options_.layer_hooks = fsdp_.get();
+  model_options_.layer_hooks = fsdp_;
   return Status::Ok();
 }
 
 Status TrialRun::Resume() {
   const std::string& dir = options_.resume_from;
   ASSIGN_OR_RETURN(LoadedCheckpoint checkpoint, LoadCheckpoint(dir));
-  std::map<std::string, torch::Tensor> saved(checkpoint.model.begin(), checkpoint.model.end());
   torch::NoGradGuard no_grad;
   if (fsdp_) {
-    // The full model, each rank taking its pieces; each rank's optimizer shard from its own file.
-    RETURN_IF_ERROR(fsdp_->LoadFullState(saved).WithContext(dir + "/model.safetensors"));
-    if (rank_ != 0) {
-      ASSIGN_OR_RETURN(checkpoint.optimizer, ReadTensors(dir + "/" + RankOptimizerFile(rank_)));
-    }
+    // This rank's pieces of the full model, and its own optimizer shard.
+    RETURN_IF_ERROR(LoadShardedCheckpoint(*fsdp_, dir, checkpoint));
   } else {
+    std::map<std::string, torch::Tensor> saved(checkpoint.model.begin(), checkpoint.model.end());
     for (auto& [name, tensor] : ModelState(model_)) {
       auto it = saved.find(name);
       if (it == saved.end() || !it->second.sizes().equals(tensor.sizes())) {
@@ -375,7 +324,11 @@ Status TrialRun::Resume() {
 Status TrialRun::WriteCheckpoint(int64_t completed_steps, const nlohmann::json& data_position) {
   const std::string dir =
       config_.GetString("output_dir") + "/checkpoints/step-" + std::to_string(completed_steps);
-  if (fsdp_) return WriteShardedCheckpoint(completed_steps, dir, data_position);
+  if (fsdp_) {
+    RETURN_IF_ERROR(SaveShardedCheckpoint(*fsdp_, dir, optimizer_->NamedState(),
+                                          CheckpointState(completed_steps, data_position)));
+    return CheckpointWritten(completed_steps, dir);
+  }
   // Every rank holds the same weights and optimizer state, and the data position is the ranks'
   // shared one: rank 0's checkpoint is the job's, and every rank resumes from it.
   if (rank_ != 0) return Status::Ok();
@@ -393,43 +346,6 @@ TrainingState TrialRun::CheckpointState(int64_t completed_steps,
   state.loss_scale = loss_scaler_ ? loss_scaler_->scale() : 0.0;
   state.config = config_.EffectiveJson();
   return state;
-}
-
-Status TrialRun::WriteShardedCheckpoint(int64_t completed_steps, const std::string& dir,
-                                        const nlohmann::json& data_position) {
-  // Every rank gathers (a collective); rank 0 writes the whole model in Hugging Face names with its
-  // optimizer shard, and before it renames the staging directory into place each other rank adds
-  // its own shard there (optimizer.rank<r>.safetensors), so step-N is still always whole. The
-  // ranks' sum of failures is both the barrier and the verdict.
-  ASSIGN_OR_RETURN(const NamedTensors model, fsdp_->FullState());
-  const std::string staging = dir + ".tmp";
-  if (rank_ != 0) {
-    RETURN_IF_ERROR(fsdp_->Barrier());  // rank 0's staging directory holds its files
-    const Status written =
-        WriteTensors(staging + "/" + RankOptimizerFile(rank_), optimizer_->NamedState());
-    const double failed = SumAcrossRanks({written.ok() ? 0.0 : 1.0}).at(0);
-    RETURN_IF_ERROR(written);
-    if (failed > 0) return UnavailableError("checkpoint " + dir + " failed on another rank");
-    return CheckpointWritten(completed_steps, dir);
-  }
-  bool joined = false;
-  const Status saved = SaveCheckpoint(
-      dir, model, optimizer_->NamedState(), CheckpointState(completed_steps, data_position),
-      [&](const std::string&) -> Status {
-        joined = true;
-        RETURN_IF_ERROR(fsdp_->Barrier());
-        if (SumAcrossRanks({0.0}).at(0) > 0) {
-          return UnavailableError("another rank could not write its optimizer shard");
-        }
-        return Status::Ok();
-      });
-  if (!joined) {
-    // Rank 0 failed before the others could write: release them, with the failure counted.
-    RETURN_IF_ERROR(fsdp_->Barrier());
-    SumAcrossRanks({1.0});
-  }
-  RETURN_IF_ERROR(saved);
-  return CheckpointWritten(completed_steps, dir);
 }
 
 Status TrialRun::CheckpointWritten(int64_t completed_steps, const std::string& dir) {
@@ -521,10 +437,10 @@ bool TrialRun::TrainStep(int64_t step) {
   // Under DDP the global batch is every rank's micro-batches: the weights use all ranks' label
   // tokens, scaled by the world size that the gradients' average divides by again.
   double rank_weight = 1.0;
-  if (Distributed()) {
-    global_label_tokens =
-        static_cast<int64_t>(SumAcrossRanks({static_cast<double>(global_label_tokens)}).at(0));
-    rank_weight = static_cast<double>(WorldSize());
+  if (ranks_.distributed()) {
+    global_label_tokens = static_cast<int64_t>(
+        ranks_.SumAcrossRanks({static_cast<double>(global_label_tokens)}).at(0));
+    rank_weight = static_cast<double>(ranks_.world_size());
   }
 
   for (torch::Tensor& p : trainable_params_) p.mutable_grad() = torch::Tensor();
@@ -597,14 +513,20 @@ bool TrialRun::TrainStep(int64_t step) {
     loss_sum += loss_value * static_cast<double>(batch.label_tokens);
   }
   micro_batches.clear();
+  if (fsdp_ && global_label_tokens == 0) {
+    // No rank had a label token: one device would have no gradients, and its optimizer would skip
+    // every parameter; the zero backward's zero gradient shards must not make AdamW step either.
+    for (torch::Tensor& p : trainable_params_) p.mutable_grad() = torch::Tensor();
+  }
   if (ddp_) {
     if (Status status = ddp_->FinishGradients(); !status.ok()) {
       throw std::runtime_error(status.message());
     }
   }
-  if (Distributed()) {
+  if (ranks_.distributed()) {
     // The step's loss and tokens are the job's: every rank reports the same.
-    const std::vector<double> totals = SumAcrossRanks({loss_sum, static_cast<double>(step_tokens)});
+    const std::vector<double> totals =
+        ranks_.SumAcrossRanks({loss_sum, static_cast<double>(step_tokens)});
     loss_sum = totals.at(0);
     step_tokens = static_cast<int64_t>(totals.at(1));
   }
@@ -725,7 +647,7 @@ TrialResult TrialRun::Run() {
   uint64_t load_peak = 0;
   try {
     // Data first: a bad dataset or tokenizer should fail before minutes of model loading.
-    auto batches = OpenBatches(config_, model_config_, rank_, WorldSize());
+    auto batches = OpenBatches(config_, model_config_, rank_, ranks_.world_size());
     if (!batches.ok()) return InvalidInput(batches.status());
     batches_ = std::move(*batches);
 
@@ -791,7 +713,7 @@ TrialResult TrialRun::Run() {
       ddp_->Attach(trainable_params_, config_.GetByteSize("ddp.bucket_size").value_or(0));
     }
 
-    const int64_t global_batch = micro_batch_size_ * accumulation_ * WorldSize();
+    const int64_t global_batch = micro_batch_size_ * accumulation_ * ranks_.world_size();
     const int64_t steps_per_epoch = std::max<int64_t>(1, batches_->num_examples() / global_batch);
     total_steps_ = config_.GetInt("train.max_steps") > 0
                        ? config_.GetInt("train.max_steps")
@@ -818,7 +740,7 @@ TrialResult TrialRun::Run() {
                   {"resumed_from", options_.resume_from},
                   {"device", device_.str()},
                   {"rank", rank_},
-                  {"world_size", WorldSize()},
+                  {"world_size", ranks_.world_size()},
                   {"comm_bytes", UniqueStorageBytes(CommBuffers())},
                   {"device_limit_bytes", limit ? json(*limit) : json(nullptr)},
                   {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
