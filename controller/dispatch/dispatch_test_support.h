@@ -50,6 +50,7 @@ struct FakeAgentState {
   struct Run {
     v1::RunTrialRequest request;
     std::vector<std::string> lines;
+    std::vector<std::string> rank1_lines;  // a 2-rank run's rank 1 (events.rank1.jsonl)
     bool ended = false;
     std::string outcome;
   };
@@ -60,6 +61,7 @@ struct FakeAgentState {
   std::string driver_version, driver_cuda_version, libtorch_cuda_version;
   std::map<std::string, Run> runs;  // by RunName
   std::vector<int64_t> stream_from_seqs;
+  std::vector<int64_t> stream_from_rank1_seqs;  // from_rank_seq[1]; 0 when absent
   std::vector<int64_t> stream_from_sample_seqs;
   // The device samples every run has; each stream sends those from its from_sample_seq first.
   std::vector<v1::DeviceSample> samples;
@@ -74,6 +76,9 @@ struct FakeAgentState {
   // What the next RunTrial's worker will write.
   std::vector<std::string> script = {StepLine(0), StepLine(1), kResultLine};
   bool script_ends = true;
+  // Rank 1's lines of a 2-rank run: each stream sends rank 1's line i after rank 0's line i (or,
+  // once rank 0's are all sent, the rest), with rank 1.
+  std::vector<std::string> rank1_script;
   // The next stream breaks after sending this many events (0: never).
   int drop_after = 0;
   // PrepareHubModel: the requests seen, the answers to give in order (then OK), and whether a
@@ -181,6 +186,7 @@ class FakeAgent final : public v1::Agent::Service {
     if (created) {
       run->second.request = *request;
       run->second.lines = state_.script;
+      run->second.rank1_lines = state_.rank1_script;
       run->second.ended = state_.script_ends;
       run->second.outcome = "ok";
     }
@@ -202,6 +208,9 @@ class FakeAgent final : public v1::Agent::Service {
                             grpc::ServerWriter<v1::StreamEventsResponse>* writer) override {
     std::unique_lock lock(state_.mutex);
     state_.stream_from_seqs.push_back(request->from_seq());
+    const auto rank1_from = request->from_rank_seq().find(1);
+    state_.stream_from_rank1_seqs.push_back(
+        rank1_from == request->from_rank_seq().end() ? 0 : rank1_from->second);
     state_.stream_from_sample_seqs.push_back(request->from_sample_seq());
     auto run = state_.runs.find(RunName(request->key()));
     if (run == state_.runs.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such run");
@@ -214,12 +223,19 @@ class FakeAgent final : public v1::Agent::Service {
     if (samples.has_samples() && !writer->Write(samples)) return grpc::Status::CANCELLED;
     const int drop_after = std::exchange(state_.drop_after, 0);
     size_t next = static_cast<size_t>(std::max<int64_t>(request->from_seq(), 1) - 1);
+    size_t next1 = rank1_from == request->from_rank_seq().end()
+                       ? 0
+                       : static_cast<size_t>(std::max<int64_t>(rank1_from->second, 1) - 1);
     int sent = 0;
     while (!context->IsCancelled()) {
-      while (next < run->second.lines.size()) {
+      while (next < run->second.lines.size() || next1 < run->second.rank1_lines.size()) {
+        // Rank 0's next line, unless rank 1 is behind it (or rank 0 has none left).
+        const bool rank1 = next1 < run->second.rank1_lines.size() &&
+                           (next >= run->second.lines.size() || next1 < next);
         v1::StreamEventsResponse response;
-        response.mutable_event()->set_seq(static_cast<int64_t>(next + 1));
-        const std::string line = run->second.lines[next];
+        response.mutable_event()->set_seq(static_cast<int64_t>((rank1 ? next1 : next) + 1));
+        response.mutable_event()->set_rank(rank1 ? 1 : 0);
+        const std::string line = rank1 ? run->second.rank1_lines[next1] : run->second.lines[next];
         response.mutable_event()->set_json(line);
         response.mutable_event()->set_type(line.find("\"result\"") != std::string::npos ? "result"
                                                                                         : "step");
@@ -227,7 +243,7 @@ class FakeAgent final : public v1::Agent::Service {
         const bool written = writer->Write(response);
         lock.lock();
         if (!written) return grpc::Status::CANCELLED;
-        ++next;
+        ++(rank1 ? next1 : next);
         if (drop_after > 0 && ++sent == drop_after) {
           return grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection dropped");
         }

@@ -69,6 +69,8 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
   bool ended = false;
   bool received = false;
   auto last_seq = store.LastSeq(attempt.trial_id, attempt.attempt);
+  // A multi-rank attempt's other ranks, each resumed after its own last stored line.
+  auto last_rank_seqs = store.LastRankSeqs(attempt.trial_id, attempt.attempt);
   auto last_sample_seq = store.LastDeviceSampleSeq(attempt.trial_id, attempt.attempt);
   grpc::ClientContext context;
   bool stopped;
@@ -77,14 +79,19 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
     stopped = stream.stop;
     if (!stopped) stream.context = &context;
   }
-  if (!last_seq.ok() || !last_sample_seq.ok()) {
-    result = last_seq.ok() ? last_sample_seq.status() : last_seq.status();
+  if (!last_seq.ok() || !last_sample_seq.ok() || !last_rank_seqs.ok()) {
+    result = !last_seq.ok()          ? last_seq.status()
+             : !last_rank_seqs.ok() ? last_rank_seqs.status()
+                                     : last_sample_seq.status();
   } else if (!stopped) {
     v1::StreamEventsRequest request;
     request.mutable_key()->set_experiment_id(attempt.experiment_id);
     request.mutable_key()->set_trial(stream.trial_name);
     request.mutable_key()->set_attempt(static_cast<int32_t>(attempt.attempt));
     request.set_from_seq(*last_seq + 1);
+    for (const auto& [rank, seq] : *last_rank_seqs) {
+      (*request.mutable_from_rank_seq())[rank] = seq + 1;
+    }
     request.set_from_sample_seq(*last_sample_seq + 1);
     auto reader = stub.StreamEvents(&context, request);
     v1::StreamEventsResponse response;
@@ -93,8 +100,10 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
       if (response.has_event()) {
         const store::Event event{.seq = response.event().seq(),
                                  .type = response.event().type(),
-                                 .json = response.event().json()};
-        if (event.type == "result") stream.result_json = event.json;
+                                 .json = response.event().json(),
+                                 .rank = response.event().rank()};
+        // Rank 0's result is the job's (a checkpoint stop's message reads it).
+        if (event.type == "result" && event.rank == 0) stream.result_json = event.json;
         auto appended = store.AppendEvents(attempt.trial_id, attempt.attempt, {&event, 1});
         if (!appended.ok()) {
           result = appended.status();

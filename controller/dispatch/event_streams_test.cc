@@ -43,6 +43,28 @@ TEST_F(EventStreamsTest, ADroppedStreamResumesFromTheLastStoredSeqAfterTheBackof
   EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 5);
 }
 
+TEST_F(EventStreamsTest, EveryRanksEventsAreStoredOnceAndEachRankResumesAfterItsLastStored) {
+  // A 2-rank run: the stream drops after 3 events (rank 0's 1 and 2, rank 1's 1).
+  agent_state_.script = {StepLine(0), StepLine(1), StepLine(2), kResultLine};
+  agent_state_.rank1_script = {StepLine(0), StepLine(1), StepLine(2), kResultLine};
+  agent_state_.drop_after = 3;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 2);
+  EXPECT_EQ(daemon_->store().LastRankSeqs(trial.id, 1)->at(1), 1);
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  // The second stream asks each rank for what the store lacks of it.
+  EXPECT_EQ(agent_state_.stream_from_seqs, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(agent_state_.stream_from_rank1_seqs, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 4);
+  EXPECT_EQ(daemon_->store().LastRankSeqs(trial.id, 1)->at(1), 4);
+  EXPECT_EQ(StoredEvents(trial.id, 1), 4);  // rank 0's, as before
+}
+
 TEST_F(EventStreamsTest, DeviceSamplesAreStoredOnceAndAStreamResumesAfterTheLastStored) {
   agent_state_.samples = {GpuSample(1), GpuSample(2), GpuSample(3)};
   agent_state_.script = {StepLine(0), StepLine(1), StepLine(2), kResultLine};
