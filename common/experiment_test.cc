@@ -270,6 +270,27 @@ trials:
             "train.micro_batch_size (64): each optimizer step accumulates whole micro-batches");
 }
 
+TEST(ParseExperimentTest, NodesWithoutADataParallelStrategyPointAtTheNodesKey) {
+  const std::string yaml = R"(data: {path: t.jsonl}
+train: {micro_batch_size: 1, global_batch_size: 4}
+devices: 2
+trials:
+  - name: one-node
+  - name: two-nodes
+    set:
+      nodes: 2
+)";
+  EXPECT_EQ(ParseError(yaml),
+            "exp.yaml:8:7: trial 'two-nodes': nodes: 2 runs 2 x devices ranks, which only strategy "
+            "ddp or fsdp starts, but strategy is auto; use strategy: ddp or fsdp, or nodes: 1");
+  EXPECT_EQ(ParseError("data: {path: t.jsonl}\nnodes: 0\n"),
+            "exp.yaml:2:1: nodes must be at least 1, got 0");
+  EXPECT_TRUE(ParseExperiment("data: {path: t.jsonl}\ntrain: {global_batch_size: 4}\nstrategy: "
+                              "fsdp\ndevices: 2\nnodes: 2\n",
+                              "exp.yaml")
+                  .ok());
+}
+
 TEST(ParseExperimentTest, BaseProblemsPointAtTheBaseKey) {
   EXPECT_EQ(ParseError("data: {path: t.jsonl}\ntrain.lr: -1\n"),
             "exp.yaml:2:1: train.lr must not be negative, got -1");
@@ -570,7 +591,7 @@ TEST(ShippedExperimentsTest, ValidateFromTheRepositoryRootWithEveryInputPresent)
       }
     }
   }
-  EXPECT_GE(count, 5u);  // demo, cpu-lab, peft, single, single-a100
+  EXPECT_GE(count, 7u);  // demo, cpu-lab, peft, single, single-a100, multi, multi-a100
 }
 
 // The GPU tables: the labs' rows in order, on their GPU, with the labs' out-of-memory rows.
@@ -596,6 +617,39 @@ TEST(ShippedExperimentsTest, SingleGpuTables) {
                   "adam-8bit", "activation-checkpointing", "cpu-offload", "lora", "qlora"}))
         << file;
     EXPECT_EQ(oom, (std::vector<std::string>{"baseline", "even-larger", "smallest-batch"})) << file;
+  }
+}
+
+// The multi-GPU tables: one device against 4 ranks of ddp and fsdp at the same global batch, the
+// 13B row that only fsdp holds, on a 4-GPU node of each site.
+TEST(ShippedExperimentsTest, MultiGpuTables) {
+  for (const auto& [file, flavor_key, flavor] :
+       {std::tuple{"multi.yaml", "flavor", "g1.h100.pci.4"},
+        std::tuple{"multi-a100.yaml", "node_type", "gpu_a100_pcie"}}) {
+    StatusOr<Experiment> experiment =
+        LoadExperimentFile((SourceDir() / "experiments" / file).string());
+    ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+    EXPECT_EQ(experiment->target.at(flavor_key), flavor) << file;
+    std::vector<std::string> names, strategies, oom;
+    std::vector<int64_t> global_batches;
+    for (const Trial& trial : experiment->trials) {
+      names.push_back(trial.name);
+      strategies.push_back(trial.config.GetString("strategy"));
+      global_batches.push_back(trial.config.GetInt("train.global_batch_size"));
+      if (trial.expect == "oom") oom.push_back(trial.name);
+      EXPECT_EQ(trial.config.GetString("device"), "cuda") << file << " " << trial.name;
+      EXPECT_EQ(trial.config.GetString("precision"), "bf16-true") << file << " " << trial.name;
+      EXPECT_EQ(trial.config.GetInt("devices"), trial.name == "one-device" ? 1 : 4)
+          << file << " " << trial.name;
+    }
+    EXPECT_EQ(names, (std::vector<std::string>{"one-device", "ddp", "fsdp", "fsdp-batch-8",
+                                               "ddp-13b", "fsdp-13b"}))
+        << file;
+    EXPECT_EQ(strategies,
+              (std::vector<std::string>{"auto", "ddp", "fsdp", "fsdp", "ddp", "fsdp"}))
+        << file;
+    EXPECT_EQ(global_batches, (std::vector<int64_t>{16, 16, 16, 32, 4, 4})) << file;
+    EXPECT_EQ(oom, (std::vector<std::string>{"ddp-13b"})) << file;
   }
 }
 
