@@ -40,7 +40,10 @@ StatusOr<store::NewExperiment> PrepareSubmission(
     stored.config_json = trial.config.ToJson().dump();
     stored.expect = trial.expect;
     stored.device_type = trial.config.GetString("device");
-    stored.device_count = trial.config.GetInt("devices");
+    // A cpu trial's ranks (strategy ddp or fsdp, devices N) are N processes sharing the host's one
+    // `cpu` device, which is what a CPU node lists: it needs that device, not N of them. The agent
+    // starts the ranks from the trial's config.
+    stored.device_count = stored.device_type == "cpu" ? 1 : trial.config.GetInt("devices");
   }
   return experiment;
 }

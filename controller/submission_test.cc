@@ -67,7 +67,8 @@ TEST_F(SubmissionTest, ExpandsTrialsWithTheirDevicesAndInputs) {
   EXPECT_EQ(experiment->trials[0].device_type, "cpu");
   EXPECT_EQ(experiment->trials[0].device_count, 1);
   EXPECT_FALSE(experiment->trials[0].expect.has_value());
-  EXPECT_EQ(experiment->trials[1].device_count, 2);
+  // devices: 2 on cpu: two ranks sharing the node's one cpu device.
+  EXPECT_EQ(experiment->trials[1].device_count, 1);
   EXPECT_EQ(experiment->trials[1].expect, "oom");
   EXPECT_EQ(experiment->trials[1].description, "two devices");
 

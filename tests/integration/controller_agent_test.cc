@@ -25,11 +25,21 @@ using std::chrono::seconds;
 
 // Every run writes a start and two steps; seed 0 then finishes ok, 300 first waits for a file
 // named `go` in its run directory, 109 kills itself with SIGKILL (as the kernel's OOM killer does).
+// With --nproc 2 (a 2-rank ddp trial) every line also goes to rank 1's events.rank1.jsonl.
 constexpr char kFakeTrainer[] = R"(#!/bin/sh
 config="$2"
 events="$4"
 seed=$(sed -n 's/^seed: *//p' "$config")
-emit() { printf '%s\n' "$1" >> "$events"; }
+nproc=1; prev=
+for arg in "$@"; do
+  [ "$prev" = --nproc ] && nproc=$arg
+  prev=$arg
+done
+emit() {
+  printf '%s\n' "$1" >> "$events"
+  [ "$nproc" -gt 1 ] && printf '%s\n' "$1" >> "${events%.jsonl}.rank1.jsonl"
+  return 0
+}
 emit '{"type":"start","total_steps":4}'
 emit '{"type":"step","step":0,"loss":2.0}'
 emit '{"type":"step","step":1,"loss":1.5}'
@@ -58,7 +68,12 @@ std::string Experiment(const std::vector<std::pair<std::string, int>>& trials) {
       "data: {path: data/train.jsonl, max_seq_length: 64}\n"
       "train: {micro_batch_size: 2, max_steps: 2}\ntrials:\n";
   for (const auto& [name, seed] : trials) {
-    yaml += "  - name: " + name + "\n    set: {seed: " + std::to_string(seed) + "}\n";
+    // A trial named ddp-*: strategy ddp over 2 ranks.
+    yaml += "  - name: " + name + "\n    set: {seed: " + std::to_string(seed) +
+            (name.starts_with("ddp-")
+                 ? ", strategy: ddp, devices: 2, train.global_batch_size: 4"
+                 : "") +
+            "}\n";
   }
   return yaml;
 }
@@ -267,6 +282,35 @@ TEST_F(ControllerAgentTest, AKilledAgentIsRestartedAndItsTrialCompletesWithNoGap
   const int64_t lines = FileLines(RunDir("n1", experiment, "held", 1) / "events.jsonl");
   EXPECT_EQ(lines, 5);
   EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), lines);
+}
+
+// The same for a 2-rank ddp trial: both ranks' events reach the store, each rank's once and in
+// order, across a kill -9 of the agent.
+TEST_F(ControllerAgentTest, AKilledAgentLosesAndRepeatsNoEventOfATwoRankTrial) {
+  AddAgent("n1");
+  const int64_t experiment = Submit(Experiment({{"ddp-held", 300}}));
+  const store::TrialRecord trial = Trials(experiment).front();
+  ASSERT_TRUE(RoundsUntil([&] {
+    auto ranks = daemon_->store().LastRankSeqs(trial.id, 1);
+    return *daemon_->store().LastSeq(trial.id, 1) == 3 && ranks.ok() && ranks->contains(1) &&
+           ranks->at(1) == 3;
+  }));
+
+  Kill("n1");
+  daemon_->dispatcher().Tick();
+  StartAgent("n1");
+  WriteFile(RunDir("n1", experiment, "ddp-held", 1) / "go", "",
+            fs::perms::owner_read | fs::perms::owner_write);
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+
+  const store::TrialRecord done = Trials(experiment).front();
+  EXPECT_EQ(done.state, store::TrialState::kOk);
+  EXPECT_EQ(done.current_attempt, 1);
+  const fs::path run = RunDir("n1", experiment, "ddp-held", 1);
+  EXPECT_EQ(FileLines(run / "events.jsonl"), 5);
+  EXPECT_EQ(FileLines(run / "events.rank1.jsonl"), 5);
+  EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 5);
+  EXPECT_EQ(daemon_->store().LastRankSeqs(trial.id, 1)->at(1), 5);
 }
 
 // The device samples llm-agent takes of a running trial (here the fake trainer's processes, read
