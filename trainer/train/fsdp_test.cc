@@ -147,6 +147,18 @@ void ExpectSameTraining(const std::string& name, const std::vector<std::string>&
   }
 }
 
+// Global-norm clipping far below the gradients' norm, with SGD (whose update is the clipped
+// gradient): a norm taken over the rank's own shards alone would scale each rank's shards
+// differently from one device's single coefficient.
+TEST(FsdpTest, ClippingUsesTheWholeModelsNorm) {
+  const std::vector<std::string> sgd = {"optimizer=sgd", "train.lr=0.5", "train.warmup_steps=0",
+                                        "train.grad_clip=0.05"};
+  std::vector<std::string> one = sgd, two = sgd;
+  one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=4"});
+  two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=4"});
+  ExpectSameTraining("sgd-clip", one, two);
+}
+
 // With activation checkpointing on the FSDP side: the recomputed layers are gathered again.
 TEST(FsdpTest, TwoRanksTrainLikeOneProcessWithTwiceTheMicroBatch) {
   ExpectSameTraining(
@@ -208,31 +220,31 @@ ShardArithmetic ShardsOf(const std::string& model, int64_t world_size) {
 // buffers are one flat gradient buffer of the longest unit plus the two float64 sums; and what is
 // left ("other": activations) is one device's at the same micro-batch, byte for byte, so no
 // gathered layer or stray collective buffer hides there.
-TEST(FsdpTest, PerRankMemoryIsTheShardsAndWhatIsGathered) {
+void ExpectShardMemory(const std::string& name, int ranks, const std::string& precision,
+                       uint64_t element_size, int64_t expected_padding) {
   const std::vector<std::string> shape = {"data.max_seq_length=24", "data.mask_prompt=false",
-                                          "train.micro_batch_size=2"};
-  constexpr int kRanks = 3;
-  std::vector<std::string> one = shape, three = shape;
+                                          "train.micro_batch_size=2", "precision=" + precision};
+  std::vector<std::string> one = shape, many = shape;
   one.push_back("train.global_batch_size=2");
-  three.push_back("train.global_batch_size=6");
-  const DemoRun single = RunDemo("memory-1", 1, one);
-  const DemoRun fsdp = RunDemo("memory-3", kRanks, three);
+  many.push_back("train.global_batch_size=" + std::to_string(2 * ranks));
+  const DemoRun single = RunDemo(name + "-1", 1, one);
+  const DemoRun fsdp = RunDemo(name + "-" + std::to_string(ranks), ranks, many);
   ASSERT_EQ(single.exit_code, 0) << single.output;
   ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
 
-  const ShardArithmetic shards = ShardsOf("llmctl-demo", kRanks);
+  const ShardArithmetic shards = ShardsOf("llmctl-demo", ranks);
   // Counted honestly: the padding is params (and grads, and optimizer state) on some rank.
-  ASSERT_EQ(shards.padding, 4 * 2);
+  ASSERT_EQ(shards.padding, expected_padding);
   const uint64_t f32 = sizeof(float);
-  const uint64_t shard_bytes = shards.shard_numel * f32;
-  const uint64_t comm = shards.max_padded * f32 + 2 * sizeof(double);
+  const uint64_t shard_bytes = shards.shard_numel * element_size;
+  const uint64_t comm = shards.max_padded * element_size + 2 * sizeof(double);
   // One device holds every parameter: the shards over both ranks are that plus the padding.
   const std::vector<nlohmann::json> expected = OfType(single.events[0], "snapshot");
   ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps * 4));
-  EXPECT_EQ(expected.front()["params_bytes"].get<uint64_t>(), shards.total_numel * f32);
-  EXPECT_EQ(kRanks * shard_bytes, (shards.total_numel + shards.padding) * f32);
+  EXPECT_EQ(expected.front()["params_bytes"].get<uint64_t>(), shards.total_numel * element_size);
+  EXPECT_EQ(ranks * shard_bytes, (shards.total_numel + shards.padding) * element_size);
 
-  for (int rank = 0; rank < kRanks; ++rank) {
+  for (int rank = 0; rank < ranks; ++rank) {
     EXPECT_EQ(OfType(fsdp.events[rank], "start").at(0)["comm_bytes"], comm);
     const std::vector<nlohmann::json> snapshots = OfType(fsdp.events[rank], "snapshot");
     ASSERT_EQ(snapshots.size(), expected.size());
@@ -248,10 +260,12 @@ TEST(FsdpTest, PerRankMemoryIsTheShardsAndWhatIsGathered) {
       // Gradient shards exist from the first reduce-scatter until the next step begins.
       const bool has_grads = phase == "phase2_after_bwd" || phase == "phase3_after_opt_step";
       EXPECT_EQ(s["grads_bytes"], has_grads ? shard_bytes : 0) << where;
-      // AdamW's moments appear at the first step.
+      // AdamW's moments (in the shards' dtype) and its float32 step counter appear at the first
+      // step.
       const bool has_state = step > 0 || phase == "phase3_after_opt_step";
       EXPECT_EQ(s["optim_device_bytes"], has_state ? 2 * shard_bytes + f32 : 0) << where;
-      EXPECT_EQ(s["gathered_bytes"], phase == "phase1_after_fwd" ? shards.root_padded * f32 : 0)
+      EXPECT_EQ(s["gathered_bytes"],
+                phase == "phase1_after_fwd" ? shards.root_padded * element_size : 0)
           << where;
       EXPECT_EQ(s["comm_bytes"], comm) << where;
       EXPECT_EQ(s["other_bytes"], e["other_bytes"]) << where;
@@ -262,6 +276,16 @@ TEST(FsdpTest, PerRankMemoryIsTheShardsAndWhatIsGathered) {
           << where;
     }
   }
+}
+
+TEST(FsdpTest, PerRankMemoryIsTheShardsAndWhatIsGathered) {
+  ExpectShardMemory("memory", /*ranks=*/3, "32-true", sizeof(float), /*expected_padding=*/4 * 2);
+}
+
+// bf16-true: bf16 shards, gathered and reduced in bf16, AdamW's moments in bf16 (its step counter
+// stays float32); two ranks divide every unit evenly.
+TEST(FsdpTest, Bf16TrueShardsAreBf16) {
+  ExpectShardMemory("memory-bf16", /*ranks=*/2, "bf16-true", 2, /*expected_padding=*/0);
 }
 
 // A run stopped after a checkpoint and resumed from it continues exactly: the full model comes
