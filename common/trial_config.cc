@@ -729,6 +729,7 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
       {"train.global_batch_size", 1},
       {"train.epochs", 1},
       {"devices", 1},
+      {"nodes", 1},
       {"log_every", 1},
   };
   for (const auto& [key, minimum] : at_least_one) {
@@ -751,14 +752,31 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
   }
   if (std::optional<ConfigProblem> found = FindProfileProblem(config)) return found;
 
+  // Nodes x devices ranks (Lightning's num_nodes x devices) need more than one process each:
+  // only the data-parallel strategies start them.
+  const int64_t nodes = config.GetInt("nodes");
+  if (const std::string strategy = config.GetString("strategy");
+      nodes > 1 && strategy != "ddp" && strategy != "fsdp") {
+    return problem(
+        {"nodes", "strategy"},
+        "nodes: " + Str(nodes) + " runs " + Str(nodes) +
+            " x devices ranks, which only strategy ddp or fsdp starts, but strategy is " +
+            strategy + "; use strategy: ddp or fsdp, or nodes: 1");
+  }
+
   const int64_t micro = config.GetInt("train.micro_batch_size");
   const int64_t global = config.GetInt("train.global_batch_size");
   const int64_t devices = config.GetInt("devices");
-  if (global % (micro * devices) != 0) {
+  // Every rank on every node takes micro-batches.
+  const int64_t per_pass = micro * devices * nodes;
+  if (global % per_pass != 0) {
     std::vector<std::string> keys = {"train.global_batch_size", "train.micro_batch_size"};
     if (devices > 1) keys.push_back("devices");
+    if (nodes > 1) keys.push_back("nodes");
     std::string per_step = "train.micro_batch_size (" + Str(micro) + ")";
-    if (devices > 1) per_step += " x devices (" + Str(devices) + ") = " + Str(micro * devices);
+    if (devices > 1) per_step += " x devices (" + Str(devices) + ")";
+    if (nodes > 1) per_step += " x nodes (" + Str(nodes) + ")";
+    if (devices > 1 || nodes > 1) per_step += " = " + Str(per_pass);
     return problem(keys, "train.global_batch_size (" + Str(global) + ") must be a multiple of " +
                              per_step + ": each optimizer step accumulates whole micro-batches");
   }

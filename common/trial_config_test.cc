@@ -343,6 +343,42 @@ TEST(ValidateTrialConfigTest, GlobalBatchMustBeAMultipleOfMicroBatch) {
   EXPECT_EQ(ProblemKeys(config).back(), "devices");
 }
 
+// nodes x devices ranks (Lightning's num_nodes x devices): only the data-parallel strategies
+// start more than one process, and every rank on every node takes micro-batches.
+TEST(ValidateTrialConfigTest, NodesNeedDdpOrFsdpAndCountInTheGlobalBatch) {
+  TrialConfig config = Valid();
+  EXPECT_EQ(config.GetInt("nodes"), 1);
+  ASSERT_TRUE(config.SetFromText("train.micro_batch_size", "2").ok());
+  ASSERT_TRUE(config.SetFromText("train.global_batch_size", "8").ok());
+  ASSERT_TRUE(config.SetFromText("devices", "2").ok());
+  ASSERT_TRUE(config.SetFromText("nodes", "2").ok());
+  EXPECT_EQ(ProblemMessage(config),
+            "nodes: 2 runs 2 x devices ranks, which only strategy ddp or fsdp starts, but strategy "
+            "is auto; use strategy: ddp or fsdp, or nodes: 1");
+  EXPECT_EQ(ProblemKeys(config), (std::vector<std::string>{"nodes", "strategy"}));
+  for (const char* strategy : {"ddp", "fsdp"}) {
+    ASSERT_TRUE(config.SetFromText("strategy", strategy).ok());
+    EXPECT_TRUE(ValidateTrialConfig(config, nullptr).ok()) << strategy;
+  }
+  ASSERT_TRUE(config.SetFromText("train.global_batch_size", "4").ok());
+  EXPECT_NE(ProblemMessage(config).find(
+                "train.micro_batch_size (2) x devices (2) x nodes (2) = 8: each optimizer step"),
+            std::string::npos)
+      << ProblemMessage(config);
+  EXPECT_EQ(ProblemKeys(config).back(), "nodes");
+  // One device per node: the product still counts the nodes.
+  ASSERT_TRUE(config.SetFromText("devices", "1").ok());
+  EXPECT_TRUE(ValidateTrialConfig(config, nullptr).ok());
+  ASSERT_TRUE(config.SetFromText("train.global_batch_size", "6").ok());
+  EXPECT_NE(ProblemMessage(config).find("train.micro_batch_size (2) x nodes (2) = 4"),
+            std::string::npos)
+      << ProblemMessage(config);
+  // nodes 1 is any strategy's.
+  TrialConfig single = Valid();
+  ASSERT_TRUE(single.SetFromText("nodes", "1").ok());
+  EXPECT_TRUE(ValidateTrialConfig(single, nullptr).ok());
+}
+
 TEST(ValidateTrialConfigTest, SeqLengthWithinTheModelsContext) {
   TrialConfig config = Valid();
   ASSERT_TRUE(config.SetFromText("data.max_seq_length", "4096").ok());
@@ -360,6 +396,7 @@ TEST(ValidateTrialConfigTest, PositiveSizesAndCounts) {
       {"train.global_batch_size", "0"},
       {"train.epochs", "0"},
       {"devices", "0"},
+      {"nodes", "0"},
       {"log_every", "0"},
       {"data.samples", "-1"},
       {"train.warmup_steps", "-1"},

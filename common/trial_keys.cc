@@ -65,9 +65,8 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        K::kInt,
        "",
        {},
-       "Examples per optimizer step; a multiple of micro_batch_size x devices (the rest is "
-       "gradient "
-       "accumulation)",
+       "Examples per optimizer step; a multiple of micro_batch_size x devices x nodes (the rest "
+       "is gradient accumulation)",
        "train.micro_batch_size"},
       {"train.lr", K::kFloat, "2e-4", {}, "Peak learning rate"},
       {"train.warmup_steps",
@@ -178,6 +177,13 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "Recompute each decoder layer's activations in backward instead of keeping them"},
       {"device", K::kEnum, "cpu", {"cpu", "cuda"}, "Where training runs"},
       {"devices", K::kInt, "1", {}, "Number of devices (one worker process each)"},
+      {"nodes",
+       K::kInt,
+       "1",
+       {},
+       "Number of nodes the trial spans, each with `devices` devices (Lightning's num_nodes x "
+       "devices: nodes x devices ranks); more than 1 only with strategy ddp or fsdp. The "
+       "controller's placement rule for it is built; launching across nodes is not yet"},
       {"ddp.bucket_size",
        K::kByteSize,
        "25MiB",

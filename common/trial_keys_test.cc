@@ -108,6 +108,7 @@ TEST(TrialKeysTest, TheKeysTheTrainerNeeds) {
       {"activation_checkpointing", KeyType::kBool, "false"},
       {"device", KeyType::kEnum, "cpu"},
       {"devices", KeyType::kInt, "1"},
+      {"nodes", KeyType::kInt, "1"},
       {"ddp.bucket_size", KeyType::kByteSize, "25MiB"},
       {"device_memory", KeyType::kByteSize, ""},
       {"seed", KeyType::kInt, "42"},

@@ -3,11 +3,24 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "controller/scheduler/scheduler.h"
 
 namespace llmctl::controller::dispatch {
+namespace {
+
+// The trial key `nodes` of a stored config (1 when absent or unreadable: the launcher reports a
+// damaged config).
+int64_t NodesOf(const store::TrialRecord& trial) {
+  const nlohmann::json config = nlohmann::json::parse(trial.config_json, nullptr, false);
+  if (!config.is_object()) return 1;
+  const auto nodes = config.find("nodes");
+  return nodes != config.end() && nodes->is_number_integer() ? nodes->get<int64_t>() : 1;
+}
+
+}  // namespace
 
 std::string WaitingNotice(const store::TrialRecord& trial,
                           const std::map<std::string, std::string>& target,
@@ -109,7 +122,19 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
   std::vector<scheduler::QueuedTrial> queue;
   std::map<int64_t, const store::TrialRecord*> by_id;
   std::map<int64_t, std::map<std::string, std::string>> targets;  // by experiment
+  // Why trials wait, for their notices.
+  std::map<int64_t, std::string> waiting;
   for (const store::TrialRecord& trial : *queued) {
+    // The scheduler can place a multi-node trial (`nodes` > 1), but nothing launches one across
+    // nodes yet: it stays queued with a notice, and is not offered to the scheduler, so it
+    // neither runs on one node as if it were smaller nor holds devices back from other trials.
+    if (const int64_t nodes = NodesOf(trial); nodes > 1) {
+      waiting[trial.id] =
+          "multi-node trials are not launched yet (nodes: " + std::to_string(nodes) +
+          "); it stays queued (llmctl cancel " + std::to_string(trial.experiment_id) +
+          " --trial '" + trial.name + "')";
+      continue;
+    }
     if (!targets.contains(trial.experiment_id)) {
       // Only what a node's labels say (its lease's site and flavor) can be matched.
       std::map<std::string, std::string>& target = targets[trial.experiment_id];
@@ -134,7 +159,6 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
   const scheduler::Placement placement = scheduler::PlaceTrials(queue, agents);
   // A trial that no connected node could ever run would otherwise wait without a word (say, an
   // experiment for GPUs submitted to the embedded CPU agent).
-  std::map<int64_t, std::string> waiting;
   for (int64_t trial_id : placement.unsatisfiable) {
     const store::TrialRecord& trial = *by_id.at(trial_id);
     const std::string checkpoint_node = trial.resume ? trial.resume->node : "";

@@ -107,6 +107,32 @@ TEST_F(PlacementTest, ATrialNoConnectedNodeCanRunWaitsWithANoticeSayingWhy) {
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(targeted).state == store::TrialState::kOk; }));
 }
 
+// The scheduler's multi-node rule is not wired to a launch yet: a trial with nodes > 1 stays
+// queued with a notice saying so, and holds nothing back from a later single-node trial.
+TEST_F(PlacementTest, AMultiNodeTrialIsNotLaunchedYetAndHoldsNothingBack) {
+  std::string text(kExperiment);
+  text.replace(text.find("max_steps: 2"), std::string_view("max_steps: 2").size(),
+               "global_batch_size: 4, max_steps: 2");
+  v1::SubmitRequest request;
+  request.set_filename("two-nodes.yaml");
+  request.set_yaml_text(text + "strategy: ddp\nnodes: 2\n");
+  v1::SubmitResponse submitted;
+  grpc::ClientContext submit_context;
+  const grpc::Status accepted = controller_->Submit(&submit_context, request, &submitted);
+  ASSERT_TRUE(accepted.ok()) << accepted.error_message();
+  const int64_t multi = submitted.experiment_id();
+  Tick();
+  EXPECT_EQ(OnlyTrial(multi).state, store::TrialState::kQueued);
+  EXPECT_EQ(RunsStarted(), 0u);
+  const std::string notice = daemon_->dispatcher().QueuedNotice(OnlyTrial(multi).id);
+  EXPECT_EQ(notice.rfind("multi-node trials are not launched yet (nodes: 2)", 0), 0u) << notice;
+
+  const int64_t single = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(single).state == store::TrialState::kOk; }));
+  EXPECT_EQ(OnlyTrial(multi).state, store::TrialState::kQueued);
+}
+
 store::TrialRecord WaitingTrial() {
   store::TrialRecord trial;
   trial.experiment_id = 7;

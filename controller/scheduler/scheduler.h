@@ -16,14 +16,17 @@ namespace llmctl::scheduler {
 
 struct QueuedTrial {
   int64_t trial_id = 0;
-  std::string device_type;  // "cpu" or "cuda"
-  int64_t device_count = 1;
+  std::string device_type;   // "cpu" or "cuda"
+  int64_t device_count = 1;  // per node
   // The experiment's `target:` ({site, flavor}); each entry must equal the agent's label of that
   // name, so figures measured for one GPU model never come from another. Empty: any agent.
   std::map<std::string, std::string> target;
   // Only this agent may run it (a resumed trial: the agent whose disk holds its checkpoint).
-  // Empty: any agent.
+  // Empty: any agent. For a multi-node trial: that agent must be one of its nodes, node rank 0.
   std::string only_agent;
+  // The trial key `nodes`: how many distinct agents the trial spans, each with device_count
+  // devices of device_type (Lightning's num_nodes x devices). 1: the single-node rule.
+  int64_t nodes = 1;
 };
 
 // The devices of one type on an agent, numbered 0 .. count - 1. A CPU agent has one "cpu" device.
@@ -47,13 +50,34 @@ struct Assignment {
   std::vector<int64_t> device_indices;  // ascending, device_count of them
 };
 
+// One node of a multi-node trial.
+struct NodeAssignment {
+  int64_t node_rank = 0;  // 0 .. nodes - 1; node rank 0 hosts the rendezvous store
+  std::string agent;
+  std::vector<int64_t> device_indices;  // ascending, device_count of them
+};
+
+// A trial with nodes > 1, placed whole: one entry per node, in node-rank order.
+struct MultiNodeAssignment {
+  int64_t trial_id = 0;
+  std::string device_type;
+  std::vector<NodeAssignment> nodes;  // nodes[i].node_rank == i; distinct agents
+};
+
 struct Placement {
-  std::vector<Assignment> assignments;  // in the order of the queue
-  // Trials that a connected agent could run but none can now (their devices are busy or held for
-  // an earlier trial), in queue order.
+  // Single-node trials (nodes 1), in the order of the queue.
+  std::vector<Assignment> assignments;
+  // Multi-node trials (nodes > 1), in the order of the queue.
+  std::vector<MultiNodeAssignment> multi_node_assignments;
+  // Trials that connected agents could run but not now (their devices are busy or held for an
+  // earlier trial), in queue order.
   std::vector<int64_t> waiting;
-  // Trials that no connected agent could ever run (no pool of their type is large enough), in
-  // queue order. They hold nothing back.
+  // Why each waiting trial waits, by trial id: e.g. "needs 2 nodes with 4 free cuda devices each;
+  // 1 has them now (3 could run it)", or that the devices it could use are held for an earlier
+  // trial.
+  std::map<int64_t, std::string> waiting_reasons;
+  // Trials that no connected agent could ever run (no pool of their type is large enough, or
+  // fewer such agents than the trial's nodes), in queue order. They hold nothing back.
   std::vector<int64_t> unsatisfiable;
 };
 
@@ -68,6 +92,21 @@ struct Placement {
 //   pools the waiting trial cannot use at all.
 // - A trial that no connected agent could ever satisfy reserves nothing; nor does one whose
 //   only_agent is not connected (or could never hold it).
+// Multi-node trials (nodes M > 1), under the same queue order and the same holds:
+// - All or nothing: placed only when M distinct connected agents each have a pool that could
+//   hold the trial (its device type, at least device_count devices, its target's labels), that
+//   no earlier trial holds, with device_count free devices; each node takes its lowest free
+//   indices. Otherwise nothing is taken.
+// - Which M: the fitting pools in the single-node order (fewest free devices first, ties: agent
+//   name), the first M of them; node rank i is the i-th of those, so rank 0 (the rendezvous
+//   store's host) is the fullest fitting node, first by name among equals. With only_agent, that
+//   agent is node rank 0 and the other M - 1 follow in the same order.
+// - A multi-node trial that cannot be placed now holds every pool that could ever hold it, like
+//   a waiting single-node trial: no later trial (single- or multi-node) takes devices from those
+//   pools in this round. Since nothing is ever held partly placed, two waiting trials never hold
+//   halves of what each needs (no deadlock), and the oldest waiting trial gets the devices as
+//   they free up before any later one (no starvation, at the cost of idle devices meanwhile).
+// - Fewer than M connected agents that could ever hold it: unsatisfiable, holds nothing.
 Placement PlaceTrials(const std::vector<QueuedTrial>& queue, const std::vector<Agent>& agents);
 
 using Time = std::chrono::system_clock::time_point;
