@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -142,6 +143,50 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
   CommandResult status = Llmctl("daemon status");
   EXPECT_NE(status.out.find("llmctld: stopped"), std::string::npos) << status.out;
   EXPECT_NE(status.out.find("llm-agent: stopped"), std::string::npos) << status.out;
+}
+
+// The multi-GPU lab in miniature (experiments/cpu-multi.yaml, as the README runs it): two ranks per
+// data-parallel trial through the agent, each with its own 176 MiB budget. Every trial ends as the
+// file expects, the multi-rank ones report each rank, DDP's out-of-memory names the rank, and FSDP
+// holds half the weights per rank.
+TEST_F(EmbeddedLlmctlTest, CpuMultiLabEndsAsItsFileExpectsWithEveryRanksMemory) {
+  CommandResult submitted = Llmctl("submit experiments/cpu-multi.yaml --wait");
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
+  const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
+  CommandResult report = Llmctl("report " + id + " --format json");
+  ASSERT_EQ(report.exit_code, 0) << report.out;
+  const nlohmann::json json = nlohmann::json::parse(report.out);
+  ASSERT_EQ(json["trials"].size(), 4u);
+  std::map<std::string, nlohmann::json> trials;
+  for (const nlohmann::json& trial : json["trials"]) trials[trial["name"]] = trial;
+  constexpr int64_t kBudget = int64_t{176} << 20;
+
+  const nlohmann::json& one = trials.at("one-device-small-batch");
+  EXPECT_FALSE(one.contains("ranks")) << "one process";
+  for (const char* name : {"ddp", "fsdp"}) {
+    const nlohmann::json& trial = trials.at(name);
+    ASSERT_TRUE(trial.contains("ranks")) << name;
+    ASSERT_EQ(trial["ranks"].size(), 2u) << name;
+    int64_t max_peak = 0;
+    for (const nlohmann::json& rank : trial["ranks"]) {
+      EXPECT_GT(rank["peak_bytes"].get<int64_t>(), 0) << name;
+      EXPECT_LE(rank["peak_bytes"].get<int64_t>(), kBudget) << name;
+      max_peak = std::max(max_peak, rank["peak_bytes"].get<int64_t>());
+    }
+    EXPECT_EQ(trial["max_rank_peak_bytes"], max_peak) << name;
+  }
+  const nlohmann::json& ddp = trials.at("ddp");
+  EXPECT_EQ(ddp["outcome"], "oom");
+  EXPECT_NE(ddp["error"].get<std::string>().find(" of 2"), std::string::npos) << ddp["error"];
+  // DDP keeps the whole model on every rank; FSDP half of it (the demo's shapes split evenly).
+  EXPECT_EQ(ddp["at_peak"]["params_bytes"], one["at_peak"]["params_bytes"]);
+  const nlohmann::json& fsdp = trials.at("fsdp");
+  EXPECT_EQ(fsdp["outcome"], "ok");
+  EXPECT_LE(2 * fsdp["at_peak"]["params_bytes"].get<int64_t>(),
+            one["at_peak"]["params_bytes"].get<int64_t>() + 1024)
+      << "FSDP's shard is about half the weights, with at most a little padding";
+  EXPECT_LT(fsdp["max_rank_peak_bytes"].get<int64_t>(), one["peak_bytes"].get<int64_t>());
+  EXPECT_GT(fsdp["tokens_per_second"].get<double>(), 0);
 }
 
 // "Stop now, keep the progress": `cancel --checkpoint` stops a running trial after a checkpoint of
