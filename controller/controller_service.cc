@@ -61,6 +61,8 @@ v1::MemorySnapshot ToSnapshot(const json& snapshot) {
   proto.set_peak_bytes(IntField(snapshot, "peak_bytes"));
   proto.set_reserved_bytes(IntField(snapshot, "reserved_bytes"));
   proto.set_elapsed_ms(NumberField(snapshot, "elapsed_ms"));
+  proto.set_comm_bytes(IntField(snapshot, "comm_bytes"));
+  proto.set_gathered_bytes(IntField(snapshot, "gathered_bytes"));
   return proto;
 }
 

@@ -13,17 +13,31 @@
 namespace llmctl::cli {
 namespace {
 
-// The cells of one row of the lab table, in kLabColumns order; the outcome cell without emphasis.
+// The cells of one row of the lab table, in LabColumns order; the outcome cell without emphasis.
 struct LabRow {
   std::vector<std::string> cells;
   bool unexpected = false;
 };
 
-constexpr std::array<std::string_view, 10> kLabColumns = {
-    "trial",    "expected", "outcome", "Params MiB", "Grads MiB", "Optim MiB (device + host)",
-    "Acts MiB", "peak MiB", "train s", "tokens/s"};
 constexpr size_t kOutcomeColumn = 2;
 constexpr size_t kFirstNumericColumn = 3;
+
+// Whether any trial's snapshot at peak holds data parallelism's buffers or gathered parameters:
+// then the table has a column for them, so that its memory columns add up to the allocated bytes.
+bool HasCommColumn(const v1::ReportResponse& report) {
+  for (const v1::TrialReport& trial : report.trials()) {
+    if (trial.at_peak().comm_bytes() != 0 || trial.at_peak().gathered_bytes() != 0) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> LabColumns(bool comm_column) {
+  std::vector<std::string> columns = {"trial",     "expected",  "outcome",
+                                      "Params MiB", "Grads MiB", "Optim MiB (device + host)"};
+  if (comm_column) columns.push_back("Comm MiB (+ gathered)");
+  columns.insert(columns.end(), {"Acts MiB", "peak MiB", "train s", "tokens/s"});
+  return columns;
+}
 
 // A multi-rank trial's highest peak over its ranks.
 int64_t MaxRankPeak(const v1::TrialReport& trial) {
@@ -82,7 +96,7 @@ std::string DescribeRanks(const v1::TrialReport& trial) {
   return out + "; tokens/s is the whole job's\n";
 }
 
-LabRow MakeLabRow(const v1::TrialReport& trial) {
+LabRow MakeLabRow(const v1::TrialReport& trial, bool comm_column) {
   LabRow row;
   row.unexpected = IsUnexpected(trial);
   const bool ended = HasEnded(trial);
@@ -93,10 +107,15 @@ LabRow MakeLabRow(const v1::TrialReport& trial) {
     const v1::MemorySnapshot& snap = trial.at_peak();
     std::string optim = Mib(snap.optim_device_bytes());
     if (snap.optim_host_bytes() != 0) optim += " + " + Mib(snap.optim_host_bytes());
-    row.cells.insert(row.cells.end(), {Mib(snap.params_bytes()), Mib(snap.grads_bytes()), optim,
-                                       Mib(snap.other_bytes())});
+    row.cells.insert(row.cells.end(), {Mib(snap.params_bytes()), Mib(snap.grads_bytes()), optim});
+    if (comm_column) {
+      std::string comm = Mib(snap.comm_bytes());
+      if (snap.gathered_bytes() != 0) comm += " + " + Mib(snap.gathered_bytes());
+      row.cells.push_back(comm);
+    }
+    row.cells.push_back(Mib(snap.other_bytes()));
   } else {
-    row.cells.insert(row.cells.end(), 4, std::string(kNone));
+    row.cells.insert(row.cells.end(), comm_column ? 5 : 4, std::string(kNone));
   }
   if (!ended) {
     row.cells.push_back(std::string(kNone));
@@ -135,10 +154,11 @@ std::string DescribeResumedRun(const v1::TrialReport& trial) {
 
 // Display width of UTF-8 text: code points (every character here is one column wide).
 std::string RenderTable(const v1::ReportResponse& report) {
+  const bool comm_column = HasCommColumn(report);
   std::vector<std::vector<std::string>> rows;
-  rows.emplace_back(kLabColumns.begin(), kLabColumns.end());
+  rows.push_back(LabColumns(comm_column));
   for (const v1::TrialReport& trial : report.trials()) {
-    LabRow row = MakeLabRow(trial);
+    LabRow row = MakeLabRow(trial, comm_column);
     if (row.unexpected) {
       row.cells[kOutcomeColumn] += " (expected " + trial.expected() + ")";
     }
@@ -161,14 +181,18 @@ std::string RenderTable(const v1::ReportResponse& report) {
 }
 
 std::string RenderMarkdown(const v1::ReportResponse& report) {
+  const bool comm_column = HasCommColumn(report);
+  const std::vector<std::string> columns = LabColumns(comm_column);
   std::string out;
   out += "| ";
-  for (size_t i = 0; i < kLabColumns.size(); ++i) {
-    out += std::string(kLabColumns[i]) + (i + 1 < kLabColumns.size() ? " | " : " |\n");
+  for (size_t i = 0; i < columns.size(); ++i) {
+    out += columns[i] + (i + 1 < columns.size() ? " | " : " |\n");
   }
-  out += "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  out += "|";
+  for (size_t i = 0; i < columns.size(); ++i) out += i < kFirstNumericColumn ? "---|" : "---:|";
+  out += "\n";
   for (const v1::TrialReport& trial : report.trials()) {
-    LabRow row = MakeLabRow(trial);
+    LabRow row = MakeLabRow(trial, comm_column);
     if (row.unexpected) {
       row.cells[kOutcomeColumn] =
           "**" + row.cells[kOutcomeColumn] + "** (expected " + trial.expected() + ")";
@@ -193,6 +217,8 @@ nlohmann::ordered_json SnapshotJson(const v1::MemorySnapshot& snap) {
   json["grads_bytes"] = snap.grads_bytes();
   json["optim_device_bytes"] = snap.optim_device_bytes();
   json["optim_host_bytes"] = snap.optim_host_bytes();
+  json["comm_bytes"] = snap.comm_bytes();
+  json["gathered_bytes"] = snap.gathered_bytes();
   json["other_bytes"] = snap.other_bytes();
   json["allocated_bytes"] = snap.allocated_bytes();
   json["peak_bytes"] = snap.peak_bytes();
@@ -303,8 +329,8 @@ std::string Number(double value) { return nlohmann::json(value).dump(); }
 std::string RenderCsv(const v1::ReportResponse& report) {
   std::string out =
       "trial,description,expected,outcome,attempt,node,params_bytes,grads_bytes,"
-      "optim_device_bytes,optim_host_bytes,other_bytes,allocated_bytes,reserved_bytes,"
-      "peak_bytes,train_seconds,tokens_per_second,final_loss,error,ranks,rank_peak_bytes,"
+      "optim_device_bytes,optim_host_bytes,comm_bytes,gathered_bytes,other_bytes,allocated_bytes,"
+      "reserved_bytes,peak_bytes,train_seconds,tokens_per_second,final_loss,error,ranks,rank_peak_bytes,"
       "rank_phase_allocated_bytes\n";
   for (const v1::TrialReport& trial : report.trials()) {
     std::vector<std::string> fields = {trial.name(),
@@ -316,12 +342,12 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     if (trial.has_at_peak()) {
       const v1::MemorySnapshot& snap = trial.at_peak();
       for (int64_t bytes : {snap.params_bytes(), snap.grads_bytes(), snap.optim_device_bytes(),
-                            snap.optim_host_bytes(), snap.other_bytes(), snap.allocated_bytes(),
-                            snap.reserved_bytes()}) {
+                            snap.optim_host_bytes(), snap.comm_bytes(), snap.gathered_bytes(),
+                            snap.other_bytes(), snap.allocated_bytes(), snap.reserved_bytes()}) {
         fields.push_back(std::to_string(bytes));
       }
     } else {
-      fields.insert(fields.end(), 7, "");
+      fields.insert(fields.end(), 9, "");
     }
     const bool ended = HasEnded(trial);
     fields.push_back(ended ? std::to_string(trial.peak_bytes()) : "");
@@ -416,11 +442,14 @@ std::string RenderHtml(const v1::ReportResponse& report) {
       "</style>\n</head>\n<body>\n<h1>" +
       EscapeHtml(title) + "</h1>\n";
 
+  const bool comm_column = HasCommColumn(report);
   out += "<h2>Trials</h2>\n<table>\n<tr>";
-  for (std::string_view column : kLabColumns) out += "<th>" + EscapeHtml(column) + "</th>";
+  for (const std::string& column : LabColumns(comm_column)) {
+    out += "<th>" + EscapeHtml(column) + "</th>";
+  }
   out += "</tr>\n";
   for (const v1::TrialReport& trial : report.trials()) {
-    LabRow row = MakeLabRow(trial);
+    LabRow row = MakeLabRow(trial, comm_column);
     if (row.unexpected) row.cells[kOutcomeColumn] += " (expected " + trial.expected() + ")";
     out += row.unexpected ? "<tr class=\"unexpected\">" : "<tr>";
     for (size_t i = 0; i < row.cells.size(); ++i) {

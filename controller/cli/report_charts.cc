@@ -15,13 +15,31 @@ struct Category {
   std::string_view name;
   std::string_view color;
 };
-constexpr std::array<Category, 4> kCategories = {
+// The last two only for reports with data-parallel trials (ShownCategories).
+constexpr std::array<Category, 6> kCategories = {
     Category{"params", "#4e79a7"}, Category{"grads", "#f28e2b"},
-    Category{"optim (device)", "#59a14f"}, Category{"acts", "#b07aa1"}};
+    Category{"optim (device)", "#59a14f"}, Category{"acts", "#b07aa1"},
+    Category{"comm", "#9c755f"},   Category{"gathered params", "#edc948"}};
+constexpr size_t kOneDeviceCategories = 4;
 
-std::array<int64_t, 4> Stack(const v1::MemorySnapshot& snap) {
-  return {snap.params_bytes(), snap.grads_bytes(), snap.optim_device_bytes(),
-          std::max<int64_t>(snap.other_bytes(), 0)};
+std::array<int64_t, 6> Stack(const v1::MemorySnapshot& snap) {
+  return {snap.params_bytes(),
+          snap.grads_bytes(),
+          snap.optim_device_bytes(),
+          std::max<int64_t>(snap.other_bytes(), 0),
+          snap.comm_bytes(),
+          snap.gathered_bytes()};
+}
+
+// How many of kCategories the report's phase charts draw: the data-parallel ones only when a
+// trial has such buffers.
+size_t ShownCategories(const v1::ReportResponse& report) {
+  for (const v1::TrialReport& trial : report.trials()) {
+    for (const v1::MemorySnapshot& snap : trial.per_phase()) {
+      if (snap.comm_bytes() != 0 || snap.gathered_bytes() != 0) return kCategories.size();
+    }
+  }
+  return kOneDeviceCategories;
 }
 
 // "phase2_after_bwd" -> "2"; other phases (e.g. "oom") as they are.
@@ -284,17 +302,18 @@ std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& t
 }  // namespace
 
 std::string PhaseCharts(const v1::ReportResponse& report) {
+  const size_t shown = ShownCategories(report);
   int64_t top = 1;
   for (const v1::TrialReport& trial : report.trials()) {
     for (const v1::MemorySnapshot& snap : trial.per_phase()) {
-      const std::array<int64_t, 4> stack = Stack(snap);
+      const std::array<int64_t, 6> stack = Stack(snap);
       int64_t sum = 0;
       for (int64_t bytes : stack) sum += bytes;
       top = std::max(top, sum);
     }
   }
   constexpr double kHeight = 160, kBar = 28, kGap = 14, kLeft = 8, kBottom = 18, kTop = 14;
-  std::string out = Legend({kCategories.begin(), kCategories.end()}) +
+  std::string out = Legend({kCategories.begin(), kCategories.begin() + shown}) +
                     "<p>Full height: " + Mib(top) + " MiB.</p>\n<div class=\"grid\">\n";
   for (const v1::TrialReport& trial : report.trials()) {
     const double width = kLeft + std::max(2, trial.per_phase_size()) * (kBar + kGap) + kGap;
@@ -306,9 +325,9 @@ std::string PhaseCharts(const v1::ReportResponse& report) {
     }
     double x = kLeft + kGap;
     for (const v1::MemorySnapshot& snap : trial.per_phase()) {
-      const std::array<int64_t, 4> stack = Stack(snap);
+      const std::array<int64_t, 6> stack = Stack(snap);
       double y = kTop + kHeight;
-      for (size_t i = 0; i < stack.size(); ++i) {
+      for (size_t i = 0; i < shown; ++i) {
         const double h = kHeight * static_cast<double>(stack[i]) / static_cast<double>(top);
         y -= h;
         out += "<rect x=\"" + Printf("%.1f", x) + "\" y=\"" + Printf("%.1f", y) + "\" width=\"" +

@@ -250,6 +250,42 @@ TEST(ReportRanksTest, JsonCsvAndHtmlHaveEveryRank) {
             std::string::npos);
 }
 
+// Data parallelism's buffers and FSDP's gathered parameters get their own column when a trial has
+// them, so that the memory columns still add up to the allocated bytes; one-device reports keep
+// the lab's columns.
+TEST(ReportRanksTest, CommAndGatheredBytesHaveAColumnWhenATrialHasThem) {
+  v1::ReportResponse report = FixedReport();
+  v1::MemorySnapshot& ddp = *report.mutable_trials(0)->mutable_at_peak();
+  ddp.set_comm_bytes(33 * kMiB);
+  ddp.set_allocated_bytes(ddp.allocated_bytes() + ddp.comm_bytes());
+  v1::MemorySnapshot& fsdp = *report.mutable_trials(1)->mutable_at_peak();
+  fsdp.set_comm_bytes(7 * kMiB);
+  fsdp.set_gathered_bytes(6 * kMiB);
+  *report.mutable_trials(1)->add_per_phase() = fsdp;
+
+  const std::string table = RenderReport(report, ReportFormat::kTable);
+  EXPECT_NE(table.find("Optim MiB (device + host)  Comm MiB (+ gathered)  Acts MiB"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("  33.0  "), std::string::npos) << table;
+  EXPECT_NE(table.find("  7.0 + 6.0  "), std::string::npos) << table;
+  const std::string markdown = RenderReport(report, ReportFormat::kMarkdown);
+  EXPECT_NE(markdown.find("| Comm MiB (+ gathered) | Acts MiB |"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"),
+            std::string::npos)
+      << markdown;
+  const std::string html = RenderReport(report, ReportFormat::kHtml);
+  EXPECT_NE(html.find("<th>Comm MiB (+ gathered)</th>"), std::string::npos);
+  EXPECT_NE(html.find("gathered params</span>"), std::string::npos) << "the phase charts' legend";
+  const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+  EXPECT_EQ(json.at("trials").at(1).at("at_peak").at("gathered_bytes"), 6 * kMiB);
+
+  const std::string one_device = RenderReport(FixedReport(), ReportFormat::kTable);
+  EXPECT_EQ(one_device.find("Comm MiB"), std::string::npos) << one_device;
+  EXPECT_EQ(RenderReport(FixedReport(), ReportFormat::kHtml).find("gathered params"),
+            std::string::npos);
+}
+
 TEST(ReportGoldenTest, Table) {
   ExpectGolden("report.txt", RenderReport(FixedReport(), ReportFormat::kTable));
 }
