@@ -168,6 +168,13 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // The controller places a multi-node trial's nodes together (controller/scheduler), but nothing
+  // starts ranks across hosts yet: refused here rather than run as one node's ranks.
+  if (config.GetInt("nodes") > 1) {
+    return Fail("nodes: " + std::to_string(config.GetInt("nodes")) +
+                " spreads the trial's ranks over several hosts, which llm-train cannot start yet; "
+                "run it with nodes: 1 (devices: N ranks on this host)");
+  }
   const std::string strategy = config.GetString("strategy");
   const bool ranked = (strategy == "ddp" || strategy == "fsdp") && config.GetInt("devices") > 1;
   if (nproc > 0) {

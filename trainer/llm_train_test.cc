@@ -114,6 +114,18 @@ TEST(LlmTrainTest, ImpossibleCombinationIsRejected) {
   EXPECT_NE(run.output.find("global_batch_size"), std::string::npos) << run.output;
 }
 
+// A multi-node trial is placed by the controller but cannot be started by llm-train yet: refused
+// before anything runs, rather than run as one host's ranks.
+TEST(LlmTrainTest, MultiNodeTrialsAreRefusedUntilTheyCanBeStarted) {
+  CommandResult run =
+      RunLlmTrain("--config " + Demo() + " --set strategy=ddp --set devices=2 --set nodes=2" +
+                  " --set train.global_batch_size=16 --nproc 2");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("nodes: 2 spreads the trial's ranks over several hosts"),
+            std::string::npos)
+      << run.output;
+}
+
 TEST(LlmTrainTest, TruncatedSafetensorsHeaderNamesTheFile) {
   const std::string dir = ModelDirWith("truncated", std::string("\x10\x00\x00", 3));
   const std::string events = dir + "/events.jsonl";
