@@ -1,12 +1,15 @@
 #include "trainer/dist/launcher.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <optional>
@@ -38,6 +41,21 @@ std::vector<std::string> InheritedEnvironment(const std::vector<std::string>& ra
     if (!replaced) environment.emplace_back(text);
   }
   return environment;
+}
+
+// OMP_NUM_THREADS for each of `world_size` ranks when the environment does not set it: the CPUs
+// this process may run on, shared out. Without it every rank would start as many threads as there
+// are CPUs, and N ranks on one host would oversubscribe them N times over (torchrun sets 1 instead;
+// a share keeps a CPU job's ranks using the whole machine). Empty when the environment sets it.
+std::string RankThreadsVariable(int world_size) {
+  const char* set = std::getenv("OMP_NUM_THREADS");
+  if (set != nullptr && *set != '\0') return "";
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int available = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0
+                            ? CPU_COUNT(&cpus)
+                            : static_cast<int>(std::thread::hardware_concurrency());
+  return "OMP_NUM_THREADS=" + std::to_string(std::max(1, available / std::max(1, world_size)));
 }
 
 std::vector<char*> CStrings(std::vector<std::string>& strings) {
@@ -133,6 +151,7 @@ LaunchResult Launch(const LaunchSpec& spec) {
   std::vector<char*> argv_c = CStrings(argv);
   // Built before forking: the child may not allocate.
   std::vector<std::vector<std::string>> environments;
+  const std::string threads = RankThreadsVariable(spec.world_size);
   for (int rank = 0; rank < spec.world_size; ++rank) {
     RankEnv env;
     env.rank = rank;
@@ -149,6 +168,7 @@ LaunchResult Launch(const LaunchSpec& spec) {
     if (rank == 0 && listen_fd >= 0) environment.push_back(variables.back());
     variables.pop_back();
     environment.insert(environment.end(), variables.begin(), variables.end());
+    if (!threads.empty()) environment.push_back(threads);
     environments.push_back(std::move(environment));
   }
 

@@ -1,8 +1,10 @@
 #include "trainer/dist/launcher.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -62,6 +64,34 @@ TEST_F(LauncherTest, EveryRankGetsTorchrunsVariables) {
   EXPECT_EQ(Read("env0"), "0 0 3 3 127.0.0.1 29555\n");
   EXPECT_EQ(Read("env1"), "1 1 3 3 127.0.0.1 29555\n");
   EXPECT_EQ(Read("env2"), "2 2 3 3 127.0.0.1 29555\n");
+}
+
+// Without OMP_NUM_THREADS each rank gets a share of this process's CPUs (at least one), so N
+// ranks do not start N times as many threads as there are CPUs; a value the user set is kept.
+TEST_F(LauncherTest, RanksShareTheCpusUnlessOmpNumThreadsIsSet) {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(cpus), &cpus), 0);
+  const int share = std::max(1, CPU_COUNT(&cpus) / 2);
+  const char* saved = std::getenv("OMP_NUM_THREADS");
+  const std::string restore = saved != nullptr ? saved : "";
+  ::unsetenv("OMP_NUM_THREADS");
+  Status launched =
+      LaunchRanks(Shell("echo $OMP_NUM_THREADS > " + dir_.string() + "/threads$RANK", 2));
+  ASSERT_TRUE(launched.ok()) << launched.ToString();
+  EXPECT_EQ(Read("threads0"), std::to_string(share) + "\n");
+  EXPECT_EQ(Read("threads1"), std::to_string(share) + "\n");
+
+  ::setenv("OMP_NUM_THREADS", "5", 1);
+  launched = LaunchRanks(Shell("echo $OMP_NUM_THREADS > " + dir_.string() + "/threads$RANK", 2));
+  if (saved != nullptr) {
+    ::setenv("OMP_NUM_THREADS", restore.c_str(), 1);
+  } else {
+    ::unsetenv("OMP_NUM_THREADS");
+  }
+  ASSERT_TRUE(launched.ok()) << launched.ToString();
+  EXPECT_EQ(Read("threads0"), "5\n");
+  EXPECT_EQ(Read("threads1"), "5\n");
 }
 
 TEST_F(LauncherTest, ARankThatExitsEarlyStopsTheOthersAndIsNamed) {
