@@ -58,25 +58,69 @@ def children(pid):
         return []
 
 
-def run_job(argv, env, timeout):
+def reset_peak(pid):
+    """Restarts a process's VmHWM from its current resident set (Linux: clear_refs 5)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def run_job(argv, env, timeout, trained_a_step):
     """Runs ARGV (a launcher), polling its direct children (the ranks) for their peak RSS until it
-    exits. Returns (exit code, {rank pid: peak RSS}, wall seconds, stdout+stderr tail)."""
+    exits. Once TRAINED_A_STEP() says every rank has finished step 0, each rank's peak is read and
+    restarted, so that besides the whole run's peak the job also has the training steps' own (a
+    model built whole before it is sharded weighs on the first, not the second).
+    Returns (exit code, {pid: whole-run peak}, {pid: peak after step 0}, wall seconds, output tail)."""
     started = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peaks = {}
+    peaks, training = {}, {}
+    reset = False
     output = []
     reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
     reader.start()
     while proc.poll() is None:
-        for child in children(proc.pid):
+        ranks = children(proc.pid)
+        for child in ranks:
             hwm = vm_hwm(child)
             if hwm is not None:
                 peaks[child] = max(peaks.get(child, 0), hwm)
+                if reset:
+                    training[child] = max(training.get(child, 0), hwm)
+        if not reset and ranks and trained_a_step():
+            reset = all(reset_peak(child) for child in ranks)
         if time.perf_counter() - started > timeout:
             proc.kill()
         time.sleep(0.05)
     reader.join()
-    return proc.returncode, peaks, time.perf_counter() - started, "".join(output[-30:])
+    return proc.returncode, peaks, training, time.perf_counter() - started, "".join(output[-30:])
+
+
+def finished_step_zero(paths):
+    """Whether every one of PATHS (JSONL event files) has a step event for step 0."""
+    def check():
+        for path in paths:
+            if not any(e.get("type") == "step" and e.get("step") == 0 for e in read_jsonl_tolerant(path)):
+                return False
+        return True
+    return check
+
+
+def read_jsonl_tolerant(path):
+    """read_jsonl of a file still being written: a last line cut short is skipped."""
+    events = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return events
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return events
 
 
 def job_throughput(rank_steps, warmup):
@@ -96,9 +140,10 @@ def run_ours(args, workdir, data, strategy, env):
     write_experiment(experiment, args, data, args.precision, 10**9)
     with open(experiment, "a") as f:
         f.write(f"strategy: {strategy}\ndevices: {args.nproc}\n")
-    code, peaks, wall, tail = run_job([str(args.llm_train), "--config", str(experiment), "--events", str(events),
-                                       "--nproc", str(args.nproc), "--master-port", str(args.port)], env, args.timeout)
     paths = [events] + [events.with_name(f"{events.stem}.rank{r}{events.suffix}") for r in range(1, args.nproc)]
+    code, peaks, training, wall, tail = run_job(
+        [str(args.llm_train), "--config", str(experiment), "--events", str(events), "--nproc", str(args.nproc),
+         "--master-port", str(args.port)], env, args.timeout, finished_step_zero(paths))
     ranks = [read_jsonl(p) for p in paths]
     results = [next((e for e in r if e.get("type") == "result"), {}) for r in ranks]
     if code != 0 or any(r.get("outcome") != "ok" for r in results):
@@ -109,6 +154,7 @@ def run_ours(args, workdir, data, strategy, env):
     tps, measured = job_throughput(job_steps, args.warmup_steps)
     start = next(e for e in ranks[0] if e.get("type") == "start")
     return {"tokens_per_second": tps, "measured_steps": measured, "rank_rss_peaks": sorted(peaks.values()),
+            "rank_training_rss_peaks": sorted(training.values()),
             "allocator_peaks": [r.get("peak_bytes") for r in results], "wall": wall,
             "parameters": start.get("parameters_total"), "threads": start.get("threads"),
             "last_loss": steps[0][-1]["loss"] if steps[0] else None}
@@ -124,14 +170,16 @@ def run_peer(args, workdir, data, strategy, env):
             "--out", str(out), "--precision", args.precision, "--max-seq-length", str(args.seq_len),
             "--micro-batch-size", str(args.micro_batch_size), "--steps", str(args.steps),
             "--lr", str(args.lr), "--seed", str(args.seed)]
-    code, peaks, wall, tail = run_job(argv, env, args.timeout)
-    ranks = [read_jsonl(out / f"rank{r}.jsonl") for r in range(args.nproc)]
+    paths = [out / f"rank{r}.jsonl" for r in range(args.nproc)]
+    code, peaks, training, wall, tail = run_job(argv, env, args.timeout, finished_step_zero(paths))
+    ranks = [read_jsonl(p) for p in paths]
     if code != 0 or any(not any(e.get("type") == "result" for e in r) for r in ranks):
         raise RuntimeError(f"torchrun ({strategy}) exited {code}:\n{tail}")
     steps = [[e for e in r if e.get("type") == "step"] for r in ranks]
     tps, measured = job_throughput(steps, args.warmup_steps)
     start = next(e for e in ranks[0] if e.get("type") == "start")
     return {"tokens_per_second": tps, "measured_steps": measured, "rank_rss_peaks": sorted(peaks.values()),
+            "rank_training_rss_peaks": sorted(training.values()),
             "wall": wall, "parameters": start.get("parameters_total"), "threads": start.get("threads"),
             "torch_version": start.get("torch_version"),
             "last_loss": sum(r[-1]["loss"] for r in steps) / len(steps)}
@@ -149,14 +197,17 @@ def report(args, rows, machine):
     out = [f"## {args.nproc} ranks on Gloo: llm-train against PyTorch (torchrun), {args.model.name}, "
            f"{args.precision}, seq {args.seq_len}, micro-batch {args.micro_batch_size} per rank "
            f"(global batch {args.micro_batch_size * args.nproc}), AdamW, {args.threads} thread(s) per rank\n",
-           "| strategy | ours tok/s | peer tok/s | ratio (ours/peer) | ours peak RSS per rank | "
-           "peer peak RSS per rank | ratio (max) | ours allocator peak per rank |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "| strategy | ours tok/s | peer tok/s | ratio (ours/peer) | ours peak RSS per rank, whole run | "
+           "peer, whole run | ratio (max) | ours, after step 0 | peer, after step 0 | ratio (max) | "
+           "ours allocator peak per rank |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for strategy, ours, peer in rows:
         out.append(f"| {strategy} | {ours['tokens_per_second']:,.0f} | {peer['tokens_per_second']:,.0f} | "
                    f"{ratio(ours['tokens_per_second'], peer['tokens_per_second'])} | "
                    f"{span(ours['rank_rss_peaks'])} | {span(peer['rank_rss_peaks'])} | "
                    f"{ratio(max(ours['rank_rss_peaks'], default=None), max(peer['rank_rss_peaks'], default=None))}"
+                   f" | {span(ours['rank_training_rss_peaks'])} | {span(peer['rank_training_rss_peaks'])} | "
+                   f"{ratio(max(ours['rank_training_rss_peaks'], default=None), max(peer['rank_training_rss_peaks'], default=None))}"
                    f" | {span(ours['allocator_peaks'])} |")
     out.append("")
     for strategy, ours, peer in rows:

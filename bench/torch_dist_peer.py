@@ -80,8 +80,7 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=tuple(args.betas), eps=args.eps,
                                   weight_decay=0.0, **impl)
     emit({"type": "start", "rank": rank, "world_size": world, "strategy": args.strategy,
-          "parameters_total": sum(p.numel() for p in model.parameters()) * (world if args.strategy == "fsdp"
-                                                                           else 1),
+          "parameters_total": sum(p.numel() for p in model.parameters()),  # a DTensor's numel is global
           "threads": torch.get_num_threads(), "torch_version": torch.__version__,
           "rss_baseline_bytes": rss_baseline, "setup_seconds": time.perf_counter() - started})
 
