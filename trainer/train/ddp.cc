@@ -130,22 +130,12 @@ Status DataParallel::FinishGradients() {
 }
 
 StatusOr<std::vector<double>> DataParallel::SumAcrossRanks(const std::vector<double>& values) {
-  const int64_t count = static_cast<int64_t>(values.size());
-  if (count > kMaxSummedValues) {
-    return InternalError("SumAcrossRanks takes at most " + std::to_string(kMaxSummedValues) +
-                         " values, not " + std::to_string(count));
-  }
-  torch::NoGradGuard no_grad;
-  torch::Tensor slots = sums_.narrow(0, 0, count);
-  slots.copy_(torch::tensor(values, torch::TensorOptions().dtype(torch::kFloat64)));
-  RETURN_IF_ERROR(group_.AllReduce(slots, dist::ReduceOp::kSum));
-  const torch::Tensor sums = slots.cpu();
-  return std::vector<double>(sums.data_ptr<double>(), sums.data_ptr<double>() + count);
+  return sums_.Sum(group_, values);
 }
 
 std::vector<torch::Tensor> DataParallel::CommTensors() const {
   std::vector<torch::Tensor> tensors = bucket_tensors_;
-  tensors.push_back(sums_);
+  tensors.push_back(sums_.slots());
   return tensors;
 }
 

@@ -11,10 +11,8 @@
 // averaged gradients back before the optimizer steps.
 //
 // The buckets are allocated once and kept for the run (DDP's, without gradient_as_bucket_view):
-// memory accounting counts them as their own category, "comm buckets", together with the few
-// float64 slots that SumAcrossRanks reduces in. Those are kept too, because a collective's worker
-// thread drops its reference to the tensor it reduced some time after Wait returns: a temporary
-// would stay allocated for an unpredictable while and show up as activations.
+// memory accounting counts them as their own category, "comm buckets", together with the float64
+// slots the ranks' sums are reduced in (trainer/dist/rank_sums.h says why those are kept too).
 #ifndef LLMCTL_TRAINER_TRAIN_DDP_H_
 #define LLMCTL_TRAINER_TRAIN_DDP_H_
 
@@ -29,6 +27,7 @@
 #include "common/status.h"
 #include "trainer/dist/process_group.h"
 #include "trainer/dist/rank_env.h"
+#include "trainer/dist/rank_sums.h"
 
 namespace llmctl::trainer {
 
@@ -61,7 +60,7 @@ class DataParallel {
   Status FinishGradients();
 
   // How many numbers SumAcrossRanks takes at most.
-  static constexpr int64_t kMaxSummedValues = 2;
+  static constexpr int64_t kMaxSummedValues = dist::RankSums::kMaxValues;
 
   // The element-wise sum over the ranks of at most kMaxSummedValues numbers (token counts, loss
   // sums).
@@ -81,8 +80,7 @@ class DataParallel {
   DataParallel(dist::ProcessGroup group, torch::Device device)
       : group_(std::move(group)),
         device_(device),
-        sums_(torch::zeros({kMaxSummedValues},
-                           torch::TensorOptions().dtype(torch::kFloat64).device(device))) {}
+        sums_(device) {}
   void OnGradientReady(size_t param);
   // Starts every bucket from next_bucket_ on whose gradients are all ready, in bucket order: every
   // rank must issue the collectives in the same order.
@@ -93,7 +91,7 @@ class DataParallel {
   torch::Device device_;
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> bucket_tensors_;
-  torch::Tensor sums_;  // (kMaxSummedValues,) float64: SumAcrossRanks' slots
+  dist::RankSums sums_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // params_ index → bucket
   size_t next_bucket_ = 0;

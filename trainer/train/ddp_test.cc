@@ -3,102 +3,32 @@
 #include "trainer/train/ddp.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "trainer/testing/ranked_demo.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/checkpoints.h"
 
 namespace llmctl::trainer {
 namespace {
 
-struct DemoRun {
-  int exit_code = -1;
-  std::string output;
-  std::vector<std::vector<nlohmann::json>> events;   // per rank
-  std::map<std::string, torch::Tensor> final_model;  // rank 0's checkpoint after the last step
-};
-
-// A port nothing listened on a moment ago.
-uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
-std::vector<nlohmann::json> ReadEvents(const std::string& path) {
-  std::vector<nlohmann::json> events;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) events.push_back(nlohmann::json::parse(line));
-  return events;
-}
+using DemoRun = testing::RankedDemoRun;
+using testing::EventsOfType;
+using testing::StepLosses;
 
 constexpr int64_t kSteps = 3;
 
-// experiments/demo.yaml for kSteps steps with `sets`, as `ranks` processes (--nproc) or one.
-DemoRun RunDemo(const std::string& name, int ranks, const std::vector<std::string>& sets) {
-  const std::string dir = testing::FreshTempDir("ddp-" + name);
-  std::string command =
-      std::string(std::getenv("LLMCTL_BUILD_DIR") ? std::getenv("LLMCTL_BUILD_DIR") : "build") +
-      "/trainer/llm-train --config " + testing::SourceDir() + "/experiments/demo.yaml --events " +
-      dir + "/events.jsonl" + " --set train.max_steps=" + std::to_string(kSteps) +
-      " --set checkpoint_every=" + std::to_string(kSteps) + " --set output_dir=" + dir +
-      "/out --set snapshot_every=1";
-  for (const std::string& set : sets) command += " --set " + set;
-  if (ranks > 1) {
-    command += " --set strategy=ddp --set devices=" + std::to_string(ranks) + " --nproc " +
-               std::to_string(ranks) + " --master-port " + std::to_string(FreePort());
-  }
-  DemoRun run;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 4096> buffer;
-  for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) {
-    run.output.append(buffer.data(), n);
-  }
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  for (int rank = 0; rank < ranks; ++rank) {
-    run.events.push_back(ReadEvents(RankEventsPath(dir + "/events.jsonl", rank)));
-  }
-  auto checkpoint = LoadCheckpoint(dir + "/out/checkpoints/step-" + std::to_string(kSteps));
-  if (checkpoint.ok()) {
-    for (auto& [tensor_name, tensor] : checkpoint->model) run.final_model[tensor_name] = tensor;
-  }
-  return run;
-}
-
-std::vector<nlohmann::json> OfType(const std::vector<nlohmann::json>& events,
-                                   const std::string& type) {
-  std::vector<nlohmann::json> found;
-  for (const nlohmann::json& event : events) {
-    if (event["type"] == type) found.push_back(event);
-  }
-  return found;
-}
-
-std::vector<double> Losses(const std::vector<nlohmann::json>& events) {
-  std::vector<double> losses;
-  for (const nlohmann::json& step : OfType(events, "step")) losses.push_back(step["loss"]);
-  return losses;
+// experiments/demo.yaml for `steps` steps with `sets`, as `ranks` ddp ranks (--nproc) or one
+// process; a checkpoint after the last step.
+DemoRun RunDemo(const std::string& name, int ranks, const std::vector<std::string>& sets,
+                int64_t steps = kSteps, const std::string& extra_flags = "") {
+  return testing::RunRankedDemo("ddp", name, ranks, sets, steps, extra_flags);
 }
 
 // 2 ranks at micro-batch m against 1 process at 2m: the same examples in each step (the sampler
@@ -109,15 +39,15 @@ void ExpectSameTraining(const std::string& name, const std::vector<std::string>&
   const DemoRun ddp = RunDemo(name + "-2", 2, two);
   ASSERT_EQ(single.exit_code, 0) << single.output;
   ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
-  const std::vector<double> expected = Losses(single.events[0]);
+  const std::vector<double> expected = StepLosses(single.events[0]);
   ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
   for (int rank = 0; rank < 2; ++rank) {
-    const std::vector<double> losses = Losses(ddp.events[rank]);
+    const std::vector<double> losses = StepLosses(ddp.events[rank]);
     ASSERT_EQ(losses.size(), expected.size()) << "rank " << rank;
     for (size_t i = 0; i < expected.size(); ++i) {
       EXPECT_NEAR(losses[i], expected[i], 1e-5) << "rank " << rank << ", step " << i;
     }
-    const nlohmann::json start = OfType(ddp.events[rank], "start").at(0);
+    const nlohmann::json start = EventsOfType(ddp.events[rank], "start").at(0);
     EXPECT_EQ(start["rank"], rank);
     EXPECT_EQ(start["world_size"], 2);
   }
@@ -162,14 +92,14 @@ TEST(DdpTest, PerRankMemoryIsOneDevicesPlusTheBuckets) {
   const DemoRun ddp = RunDemo("memory-2", 2, two);
   ASSERT_EQ(single.exit_code, 0) << single.output;
   ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
-  const std::vector<nlohmann::json> expected = OfType(single.events[0], "snapshot");
+  const std::vector<nlohmann::json> expected = EventsOfType(single.events[0], "snapshot");
   ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps * 4));
   const uint64_t grads = expected.back()["grads_bytes"];
   ASSERT_GT(grads, 0u);
   const uint64_t comm = grads + DataParallel::kMaxSummedValues * sizeof(double);
   for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_EQ(OfType(ddp.events[rank], "start").at(0)["comm_bytes"], comm);
-    const std::vector<nlohmann::json> snapshots = OfType(ddp.events[rank], "snapshot");
+    EXPECT_EQ(EventsOfType(ddp.events[rank], "start").at(0)["comm_bytes"], comm);
+    const std::vector<nlohmann::json> snapshots = EventsOfType(ddp.events[rank], "snapshot");
     ASSERT_EQ(snapshots.size(), expected.size());
     for (size_t i = 0; i < expected.size(); ++i) {
       const nlohmann::json& s = snapshots[i];

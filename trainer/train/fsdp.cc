@@ -55,8 +55,7 @@ StatusOr<std::unique_ptr<FullyShardedDataParallel>> FullyShardedDataParallel::Jo
 FullyShardedDataParallel::FullyShardedDataParallel(dist::ProcessGroup group, torch::Device device)
     : group_(std::move(group)),
       device_(device),
-      sums_(torch::zeros({kMaxSummedValues},
-                         torch::TensorOptions().dtype(torch::kFloat64).device(device))) {}
+      sums_(device) {}
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   // The hooks point at this object; the model may outlive it.
@@ -137,7 +136,7 @@ std::vector<torch::Tensor> FullyShardedDataParallel::GatheredTensors() const {
 }
 
 std::vector<torch::Tensor> FullyShardedDataParallel::CommTensors() const {
-  std::vector<torch::Tensor> tensors = {grad_buffer_, sums_};
+  std::vector<torch::Tensor> tensors = {grad_buffer_, sums_.slots()};
   if (scatter_buffer_.defined()) tensors.push_back(scatter_buffer_);
   return tensors;
 }
@@ -271,17 +270,7 @@ StatusOr<double> FullyShardedDataParallel::ClipGradNorm(double max_norm) {
 
 StatusOr<std::vector<double>> FullyShardedDataParallel::SumAcrossRanks(
     const std::vector<double>& values) {
-  const int64_t count = static_cast<int64_t>(values.size());
-  if (count > kMaxSummedValues) {
-    return InternalError("SumAcrossRanks takes at most " + std::to_string(kMaxSummedValues) +
-                         " values, not " + std::to_string(count));
-  }
-  torch::NoGradGuard no_grad;
-  torch::Tensor slots = sums_.narrow(0, 0, count);
-  slots.copy_(torch::tensor(values, torch::TensorOptions().dtype(torch::kFloat64)));
-  RETURN_IF_ERROR(group_.AllReduce(slots, dist::ReduceOp::kSum));
-  const torch::Tensor sums = slots.cpu();
-  return std::vector<double>(sums.data_ptr<double>(), sums.data_ptr<double>() + count);
+  return sums_.Sum(group_, values);
 }
 
 StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> FullyShardedDataParallel::FullState() {

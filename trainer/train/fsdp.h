@@ -45,6 +45,7 @@
 #include "common/status.h"
 #include "trainer/dist/process_group.h"
 #include "trainer/dist/rank_env.h"
+#include "trainer/dist/rank_sums.h"
 #include "trainer/model/llama.h"
 
 namespace llmctl::trainer {
@@ -92,7 +93,7 @@ class FullyShardedDataParallel : public LayerHooks {
   StatusOr<double> ClipGradNorm(double max_norm);
 
   // How many numbers SumAcrossRanks takes at most.
-  static constexpr int64_t kMaxSummedValues = 2;
+  static constexpr int64_t kMaxSummedValues = dist::RankSums::kMaxValues;
   // The element-wise sum over the ranks of at most kMaxSummedValues numbers.
   StatusOr<std::vector<double>> SumAcrossRanks(const std::vector<double>& values);
 
@@ -132,7 +133,7 @@ class FullyShardedDataParallel : public LayerHooks {
   std::vector<torch::Tensor> shards_;
   torch::Tensor grad_buffer_;     // (max padded,): a unit's unsharded gradients, reduced in place
   torch::Tensor scatter_buffer_;  // (max padded / N,): NCCL's reduce-scatter output (cuda only)
-  torch::Tensor sums_;            // (kMaxSummedValues,) float64
+  dist::RankSums sums_;
   Status error_;                  // the first failure inside a hook or an autograd node
 };
 

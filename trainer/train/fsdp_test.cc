@@ -4,22 +4,16 @@
 #include "trainer/train/fsdp.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "common/model_config.h"
+#include "trainer/testing/ranked_demo.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/checkpoints.h"
 #include "trainer/train/ddp.h"
@@ -27,33 +21,9 @@
 namespace llmctl::trainer {
 namespace {
 
-struct DemoRun {
-  int exit_code = -1;
-  std::string output;
-  std::string dir;
-  std::vector<std::vector<nlohmann::json>> events;   // per rank
-  std::map<std::string, torch::Tensor> final_model;  // the checkpoint after the last step
-};
-
-// A port nothing listened on a moment ago.
-uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
-std::vector<nlohmann::json> ReadEvents(const std::string& path) {
-  std::vector<nlohmann::json> events;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) events.push_back(nlohmann::json::parse(line));
-  return events;
-}
+using DemoRun = testing::RankedDemoRun;
+using testing::EventsOfType;
+using testing::StepLosses;
 
 constexpr int64_t kSteps = 3;
 
@@ -61,57 +31,7 @@ constexpr int64_t kSteps = 3;
 // process; a checkpoint after the last step.
 DemoRun RunDemo(const std::string& name, int ranks, const std::vector<std::string>& sets,
                 int64_t steps = kSteps, const std::string& extra_flags = "") {
-  DemoRun run;
-  run.dir = testing::FreshTempDir("fsdp-" + name);
-  // One thread per rank: ranks of two threads each oversubscribe a small CI machine's cores, and
-  // FSDP's many small collectives then wait on each other.
-  std::string command =
-      std::string(ranks > 1 ? "OMP_NUM_THREADS=1 " : "") +
-      std::string(std::getenv("LLMCTL_BUILD_DIR") ? std::getenv("LLMCTL_BUILD_DIR") : "build") +
-      "/trainer/llm-train --config " + testing::SourceDir() + "/experiments/demo.yaml --events " +
-      run.dir + "/events.jsonl" + " --set train.max_steps=" + std::to_string(steps) +
-      " --set output_dir=" + run.dir + "/out --set snapshot_every=1" + extra_flags;
-  bool checkpoint_set = false;
-  for (const std::string& set : sets) {
-    command += " --set " + set;
-    checkpoint_set |= set.starts_with("checkpoint_every=");
-  }
-  if (!checkpoint_set) command += " --set checkpoint_every=" + std::to_string(steps);
-  if (ranks > 1) {
-    command += " --set strategy=fsdp --set devices=" + std::to_string(ranks) + " --nproc " +
-               std::to_string(ranks) + " --master-port " + std::to_string(FreePort());
-  }
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 4096> buffer;
-  for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) {
-    run.output.append(buffer.data(), n);
-  }
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  for (int rank = 0; rank < ranks; ++rank) {
-    run.events.push_back(ReadEvents(RankEventsPath(run.dir + "/events.jsonl", rank)));
-  }
-  auto checkpoint = LoadCheckpoint(run.dir + "/out/checkpoints/step-" + std::to_string(steps));
-  if (checkpoint.ok()) {
-    for (auto& [tensor_name, tensor] : checkpoint->model) run.final_model[tensor_name] = tensor;
-  }
-  return run;
-}
-
-std::vector<nlohmann::json> OfType(const std::vector<nlohmann::json>& events,
-                                   const std::string& type) {
-  std::vector<nlohmann::json> found;
-  for (const nlohmann::json& event : events) {
-    if (event["type"] == type) found.push_back(event);
-  }
-  return found;
-}
-
-std::vector<double> Losses(const std::vector<nlohmann::json>& events) {
-  std::vector<double> losses;
-  for (const nlohmann::json& step : OfType(events, "step")) losses.push_back(step["loss"]);
-  return losses;
+  return testing::RunRankedDemo("fsdp", name, ranks, sets, steps, extra_flags);
 }
 
 // 2 ranks at micro-batch m against 1 process at 2m: the same examples in each step, so the same
@@ -123,15 +43,15 @@ void ExpectSameTraining(const std::string& name, const std::vector<std::string>&
   const DemoRun fsdp = RunDemo(name + "-2", 2, two);
   ASSERT_EQ(single.exit_code, 0) << single.output;
   ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
-  const std::vector<double> expected = Losses(single.events[0]);
+  const std::vector<double> expected = StepLosses(single.events[0]);
   ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
   for (int rank = 0; rank < 2; ++rank) {
-    const std::vector<double> losses = Losses(fsdp.events[rank]);
+    const std::vector<double> losses = StepLosses(fsdp.events[rank]);
     ASSERT_EQ(losses.size(), expected.size()) << "rank " << rank;
     for (size_t i = 0; i < expected.size(); ++i) {
       EXPECT_NEAR(losses[i], expected[i], 1e-5) << "rank " << rank << ", step " << i;
     }
-    const nlohmann::json start = OfType(fsdp.events[rank], "start").at(0);
+    const nlohmann::json start = EventsOfType(fsdp.events[rank], "start").at(0);
     EXPECT_EQ(start["rank"], rank);
     EXPECT_EQ(start["world_size"], 2);
   }
@@ -239,14 +159,14 @@ void ExpectShardMemory(const std::string& name, int ranks, const std::string& pr
   const uint64_t shard_bytes = shards.shard_numel * element_size;
   const uint64_t comm = shards.max_padded * element_size + 2 * sizeof(double);
   // One device holds every parameter: the shards over both ranks are that plus the padding.
-  const std::vector<nlohmann::json> expected = OfType(single.events[0], "snapshot");
+  const std::vector<nlohmann::json> expected = EventsOfType(single.events[0], "snapshot");
   ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps * 4));
   EXPECT_EQ(expected.front()["params_bytes"].get<uint64_t>(), shards.total_numel * element_size);
   EXPECT_EQ(ranks * shard_bytes, (shards.total_numel + shards.padding) * element_size);
 
   for (int rank = 0; rank < ranks; ++rank) {
-    EXPECT_EQ(OfType(fsdp.events[rank], "start").at(0)["comm_bytes"], comm);
-    const std::vector<nlohmann::json> snapshots = OfType(fsdp.events[rank], "snapshot");
+    EXPECT_EQ(EventsOfType(fsdp.events[rank], "start").at(0)["comm_bytes"], comm);
+    const std::vector<nlohmann::json> snapshots = EventsOfType(fsdp.events[rank], "snapshot");
     ASSERT_EQ(snapshots.size(), expected.size());
     for (size_t i = 0; i < expected.size(); ++i) {
       const nlohmann::json& s = snapshots[i];
@@ -301,10 +221,10 @@ TEST(FsdpTest, ResumeContinuesExactly) {
   const DemoRun resumed =
       RunDemo("resume-continued", 2, sets, /*steps=*/4, " --resume " + checkpoint);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  const std::vector<double> expected = Losses(whole.events[0]);
+  const std::vector<double> expected = StepLosses(whole.events[0]);
   ASSERT_EQ(expected.size(), 4u);
   for (int rank = 0; rank < 2; ++rank) {
-    const std::vector<double> losses = Losses(resumed.events[rank]);
+    const std::vector<double> losses = StepLosses(resumed.events[rank]);
     ASSERT_EQ(losses.size(), 2u) << "rank " << rank;
     EXPECT_EQ(losses[0], expected[2]) << "rank " << rank;
     EXPECT_EQ(losses[1], expected[3]) << "rank " << rank;
