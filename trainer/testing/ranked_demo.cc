@@ -1,8 +1,10 @@
 #include "trainer/testing/ranked_demo.h"
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -76,6 +78,36 @@ std::vector<double> StepLosses(const std::vector<nlohmann::json>& events) {
   std::vector<double> losses;
   for (const nlohmann::json& step : EventsOfType(events, "step")) losses.push_back(step["loss"]);
   return losses;
+}
+
+void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::string& name,
+                                       const std::vector<std::string>& one,
+                                       const std::vector<std::string>& two, int64_t steps) {
+  const RankedDemoRun single = RunRankedDemo(strategy, name + "-1", 1, one, steps);
+  const RankedDemoRun ranked = RunRankedDemo(strategy, name + "-2", 2, two, steps);
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  ASSERT_EQ(ranked.exit_code, 0) << ranked.output;
+  const std::vector<double> expected = StepLosses(single.events[0]);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(steps));
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<double> losses = StepLosses(ranked.events[rank]);
+    ASSERT_EQ(losses.size(), expected.size()) << "rank " << rank;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_NEAR(losses[i], expected[i], 1e-5) << "rank " << rank << ", step " << i;
+    }
+    const nlohmann::json start = EventsOfType(ranked.events[rank], "start").at(0);
+    EXPECT_EQ(start["rank"], rank);
+    EXPECT_EQ(start["world_size"], 2);
+  }
+  EXPECT_GT(std::abs(expected.front() - expected.back()), 1e-3);
+  ASSERT_FALSE(single.final_model.empty());
+  ASSERT_EQ(ranked.final_model.size(), single.final_model.size());
+  for (const auto& [tensor_name, tensor] : single.final_model) {
+    ASSERT_TRUE(ranked.final_model.contains(tensor_name)) << tensor_name;
+    const torch::Tensor& other = ranked.final_model.at(tensor_name);
+    ASSERT_TRUE(other.sizes().equals(tensor.sizes())) << tensor_name;
+    EXPECT_LE((other - tensor).abs().max().item<double>(), 1e-5) << tensor_name;
+  }
 }
 
 }  // namespace llmctl::trainer::testing

@@ -30,6 +30,15 @@ RankedDemoRun RunRankedDemo(const std::string& strategy, const std::string& name
                             const std::vector<std::string>& sets, int64_t steps,
                             const std::string& extra_flags = "");
 
+// 2 ranks of `strategy` with the `two` sets against 1 process with the `one` sets (twice the
+// micro-batch): the same examples in each step, so the same losses on every rank and, with the
+// gradients averaged, the same final weights (the checkpoint's, in Hugging Face names), within
+// 1e-5 in fp32; and the loss moves, or equal losses would say nothing about the updates. Each run
+// takes `steps` steps.
+void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::string& name,
+                                       const std::vector<std::string>& one,
+                                       const std::vector<std::string>& two, int64_t steps);
+
 // The events of `type`, in order.
 std::vector<nlohmann::json> EventsOfType(const std::vector<nlohmann::json>& events,
                                          const std::string& type);

@@ -31,34 +31,10 @@ DemoRun RunDemo(const std::string& name, int ranks, const std::vector<std::strin
   return testing::RunRankedDemo("ddp", name, ranks, sets, steps, extra_flags);
 }
 
-// 2 ranks at micro-batch m against 1 process at 2m: the same examples in each step (the sampler
-// interleaves them), so the same losses and, with the gradients averaged, the same weights.
+// 2 ranks at micro-batch m against 1 process at 2m (testing/ranked_demo.h says what must agree).
 void ExpectSameTraining(const std::string& name, const std::vector<std::string>& one,
                         const std::vector<std::string>& two) {
-  const DemoRun single = RunDemo(name + "-1", 1, one);
-  const DemoRun ddp = RunDemo(name + "-2", 2, two);
-  ASSERT_EQ(single.exit_code, 0) << single.output;
-  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
-  const std::vector<double> expected = StepLosses(single.events[0]);
-  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
-  for (int rank = 0; rank < 2; ++rank) {
-    const std::vector<double> losses = StepLosses(ddp.events[rank]);
-    ASSERT_EQ(losses.size(), expected.size()) << "rank " << rank;
-    for (size_t i = 0; i < expected.size(); ++i) {
-      EXPECT_NEAR(losses[i], expected[i], 1e-5) << "rank " << rank << ", step " << i;
-    }
-    const nlohmann::json start = EventsOfType(ddp.events[rank], "start").at(0);
-    EXPECT_EQ(start["rank"], rank);
-    EXPECT_EQ(start["world_size"], 2);
-  }
-  // The loss must move, or equal losses would say nothing about the updates.
-  EXPECT_GT(std::abs(expected.front() - expected.back()), 1e-3);
-  ASSERT_FALSE(single.final_model.empty());
-  ASSERT_EQ(ddp.final_model.size(), single.final_model.size());
-  for (const auto& [tensor_name, tensor] : single.final_model) {
-    const torch::Tensor& other = ddp.final_model.at(tensor_name);
-    EXPECT_LE((other - tensor).abs().max().item<double>(), 1e-5) << tensor_name;
-  }
+  testing::ExpectTwoRanksTrainLikeOneProcess("ddp", name, one, two, kSteps);
 }
 
 TEST(DdpTest, TwoRanksTrainLikeOneProcessWithTwiceTheMicroBatch) {

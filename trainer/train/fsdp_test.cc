@@ -34,37 +34,10 @@ DemoRun RunDemo(const std::string& name, int ranks, const std::vector<std::strin
   return testing::RunRankedDemo("fsdp", name, ranks, sets, steps, extra_flags);
 }
 
-// 2 ranks at micro-batch m against 1 process at 2m: the same examples in each step, so the same
-// losses and, with the gradients averaged, the same weights (the checkpoint's, gathered from the
-// shards in Hugging Face names).
+// 2 ranks at micro-batch m against 1 process at 2m (testing/ranked_demo.h says what must agree).
 void ExpectSameTraining(const std::string& name, const std::vector<std::string>& one,
                         const std::vector<std::string>& two) {
-  const DemoRun single = RunDemo(name + "-1", 1, one);
-  const DemoRun fsdp = RunDemo(name + "-2", 2, two);
-  ASSERT_EQ(single.exit_code, 0) << single.output;
-  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
-  const std::vector<double> expected = StepLosses(single.events[0]);
-  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
-  for (int rank = 0; rank < 2; ++rank) {
-    const std::vector<double> losses = StepLosses(fsdp.events[rank]);
-    ASSERT_EQ(losses.size(), expected.size()) << "rank " << rank;
-    for (size_t i = 0; i < expected.size(); ++i) {
-      EXPECT_NEAR(losses[i], expected[i], 1e-5) << "rank " << rank << ", step " << i;
-    }
-    const nlohmann::json start = EventsOfType(fsdp.events[rank], "start").at(0);
-    EXPECT_EQ(start["rank"], rank);
-    EXPECT_EQ(start["world_size"], 2);
-  }
-  // The loss must move, or equal losses would say nothing about the updates.
-  EXPECT_GT(std::abs(expected.front() - expected.back()), 1e-3);
-  ASSERT_FALSE(single.final_model.empty());
-  ASSERT_EQ(fsdp.final_model.size(), single.final_model.size());
-  for (const auto& [tensor_name, tensor] : single.final_model) {
-    ASSERT_TRUE(fsdp.final_model.contains(tensor_name)) << tensor_name;
-    const torch::Tensor& other = fsdp.final_model.at(tensor_name);
-    ASSERT_TRUE(other.sizes().equals(tensor.sizes())) << tensor_name;
-    EXPECT_LE((other - tensor).abs().max().item<double>(), 1e-5) << tensor_name;
-  }
+  testing::ExpectTwoRanksTrainLikeOneProcess("fsdp", name, one, two, kSteps);
 }
 
 // Global-norm clipping far below the gradients' norm, with SGD (whose update is the clipped
