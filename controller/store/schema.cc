@@ -1,9 +1,26 @@
 #include "controller/store/schema.h"
 
 #include <array>
+#include <cstddef>
+#include <string_view>
 
 namespace llmctl::store {
 namespace {
+
+// The parts joined into one string at compile time: a migration made of definitions that another
+// migration shares.
+template <const std::string_view&... kParts>
+struct Joined {
+  static constexpr auto kChars = [] {
+    std::array<char, (kParts.size() + ...)> chars{};
+    size_t at = 0;
+    for (std::string_view part : {kParts...}) {
+      for (char c : part) chars[at++] = c;
+    }
+    return chars;
+  }();
+  static constexpr std::string_view kText{kChars.data(), kChars.size()};
+};
 
 // Times are Unix milliseconds (UTC). JSON columns hold compact JSON text.
 constexpr std::string_view kInitialSchema = R"sql(
@@ -141,7 +158,7 @@ ALTER TABLE attempts ADD COLUMN device_indices_json TEXT;
 // trial that never started, a run without a result). Each subquery is correlated to one trial, so
 // that a query for one experiment reads only its trials' events (through the events primary key and
 // events_by_type).
-constexpr std::string_view kReportViewsAndResume = R"sql(
+constexpr std::string_view kResumeAndRunViews = R"sql(
 ALTER TABLE trials ADD COLUMN resume_attempt INTEGER;  -- whose checkpoint; NULL: from step 0
 ALTER TABLE trials ADD COLUMN resume_step INTEGER;  -- the steps it holds: the first step to run
 ALTER TABLE trials ADD COLUMN resume_checkpoint TEXT;  -- its directory on resume_attempt's node
@@ -173,6 +190,14 @@ JOIN events e ON e.trial_id = m.trial_id AND e.attempt = m.attempt AND e.seq =
   (SELECT MAX(seq) FROM events
    WHERE trial_id = m.trial_id AND attempt = m.attempt AND type = 'result');
 
+)sql";
+
+// The report's views of a trial's run and its phases (their rules above). Migration 5 created them;
+// migration 9 recreates them with the data-parallel categories (comm_bytes, gathered_bytes): both
+// read this one definition, so a database migrated from any version ends with the same views.
+// Like the other byte columns, the categories are NULL for a snapshot without them (one from a
+// trainer before they were measured: its buffers were then part of other_bytes).
+constexpr std::string_view kReportViews = R"sql(
 CREATE VIEW trial_results AS
 SELECT
   x.id AS experiment_id,
@@ -208,6 +233,8 @@ SELECT
   json_extract(p.json, '$.grads_bytes') AS grads_bytes,
   json_extract(p.json, '$.optim_device_bytes') AS optim_device_bytes,
   json_extract(p.json, '$.optim_host_bytes') AS optim_host_bytes,
+  json_extract(p.json, '$.comm_bytes') AS comm_bytes,
+  json_extract(p.json, '$.gathered_bytes') AS gathered_bytes,
   json_extract(p.json, '$.other_bytes') AS other_bytes,
   json_extract(p.json, '$.allocated_bytes') AS allocated_bytes,
   json_extract(p.json, '$.reserved_bytes') AS reserved_bytes
@@ -242,6 +269,8 @@ SELECT
   json_extract(p.json, '$.grads_bytes') AS grads_bytes,
   json_extract(p.json, '$.optim_device_bytes') AS optim_device_bytes,
   json_extract(p.json, '$.optim_host_bytes') AS optim_host_bytes,
+  json_extract(p.json, '$.comm_bytes') AS comm_bytes,
+  json_extract(p.json, '$.gathered_bytes') AS gathered_bytes,
   json_extract(p.json, '$.other_bytes') AS other_bytes,
   json_extract(p.json, '$.allocated_bytes') AS allocated_bytes,
   json_extract(p.json, '$.peak_bytes') AS peak_bytes,
@@ -259,7 +288,9 @@ JOIN events p ON (p.trial_id, p.attempt, p.seq) =
      AND json_extract(json, '$.phase') = ph.phase
    ORDER BY json_extract(json, '$.allocated_bytes') DESC, attempt, seq LIMIT 1)
 ORDER BY t.experiment_id, t.ordinal, ph.phase_order;
+)sql";
 
+constexpr std::string_view kTrialStepsView = R"sql(
 -- The `step` events of each trial's run; step counts from 0, as in the events.
 CREATE VIEW trial_steps AS
 SELECT
@@ -421,9 +452,22 @@ WHERE m.until_step IS NULL OR json_extract(e.json, '$.step') < m.until_step
 ORDER BY t.experiment_id, t.ordinal, e.attempt, e.rank, e.seq;
 )sql";
 
-constexpr std::array<std::string_view, 8> kMigrations = {
-    kInitialSchema,        kNodeLeases,    kNodeRemoval,    kAttemptDevices,
-    kReportViewsAndResume, kDeviceSamples, kMemoryTimeline, kRankEvents};
+// Recreates the report's views with the data-parallel categories (kReportViews).
+constexpr std::string_view kDropReportViews = R"sql(
+DROP VIEW trial_results;
+DROP VIEW trial_phase_peaks;
+)sql";
+
+constexpr std::array<std::string_view, 9> kMigrations = {
+    kInitialSchema,
+    kNodeLeases,
+    kNodeRemoval,
+    kAttemptDevices,
+    Joined<kResumeAndRunViews, kReportViews, kTrialStepsView>::kText,
+    kDeviceSamples,
+    kMemoryTimeline,
+    kRankEvents,
+    Joined<kDropReportViews, kReportViews>::kText};
 
 }  // namespace
 

@@ -1328,6 +1328,101 @@ TEST_F(StoreTest, MemoryTimelineHoldsEachAttemptsSnapshotsAndItsStart) {
             40'000);
 }
 
+// Data parallelism's memory: DDP's gradient buckets and the ranks' sum slots (comm_bytes), FSDP's
+// gathered full parameters (gathered_bytes), next to the other categories; NULL, as any category
+// is, in a snapshot from before the trainer measured them.
+TEST_F(StoreTest, TheViewsHaveTheDataParallelCategories) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const std::vector<int64_t> trials = CreateTrials(*store, "dist", {"ddp", "fsdp", "older"});
+  ASSERT_EQ(trials.size(), 3u);
+  json ddp = FullSnapshot(0, 0, "phase2_after_bwd", 30'000, 30'000);
+  ddp["comm_bytes"] = 4'000;
+  ddp["gathered_bytes"] = 0;
+  ddp["other_bytes"] = 30'000 - 16'004 - 4'000;
+  json fsdp = FullSnapshot(0, 0, "phase1_after_fwd", 25'000, 25'000);
+  fsdp["comm_bytes"] = 1'500;
+  fsdp["gathered_bytes"] = 8'000;
+  fsdp["other_bytes"] = 25'000 - 16'004 - 9'500;
+  const json older = FullSnapshot(0, 0, "phase1_after_fwd", 20'000, 20'000);
+  for (const auto& [trial, snapshot] : {std::pair{trials[0], ddp}, std::pair{trials[1], fsdp},
+                                        std::pair{trials[2], older}}) {
+    ASSERT_EQ(*store->StartAttempt(trial, "n1", kNow), 1);
+    ASSERT_TRUE(store->AppendEvents(trial, 1, std::vector<Event>{MakeEvent(1, snapshot)}).ok());
+  }
+
+  const std::vector<json> expected = {
+      {{"trial", "ddp"}, {"comm_bytes", 4'000}, {"gathered_bytes", 0}, {"other_bytes", 9'996}},
+      {{"trial", "fsdp"}, {"comm_bytes", 1'500}, {"gathered_bytes", 8'000}, {"other_bytes", -504}},
+      {{"trial", "older"},
+       {"comm_bytes", nullptr},
+       {"gathered_bytes", nullptr},
+       {"other_bytes", 3'996}}};
+  EXPECT_EQ(QueryRows(path_, "SELECT trial, comm_bytes, gathered_bytes, other_bytes "
+                             "FROM trial_results ORDER BY ordinal"),
+            expected);
+  EXPECT_EQ(QueryRows(path_, "SELECT trial, comm_bytes, gathered_bytes, other_bytes "
+                             "FROM trial_phase_peaks ORDER BY trial_id, phase_order"),
+            expected);
+  // Placed with the other byte categories, before other_bytes.
+  for (const char* view : {"trial_results", "trial_phase_peaks"}) {
+    const std::vector<json> columns =
+        QueryRows(path_, std::string("SELECT group_concat(name, ',') AS names FROM "
+                                     "pragma_table_info('") +
+                             view + "')");
+    ASSERT_EQ(columns.size(), 1u);
+    EXPECT_THAT(columns[0]["names"].get<std::string>(),
+                HasSubstr("optim_host_bytes,comm_bytes,gathered_bytes,other_bytes,"))
+        << view;
+  }
+}
+
+TEST_F(StoreTest, MigratingFromVersion8KeepsTheRowsAndRecreatesTheViews) {
+  // A database at schema version 8, its two report views as they were then (stand-ins without the
+  // data-parallel categories), with a trial that has a snapshot.
+  std::filesystem::create_directories(dir_ / "data");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  std::string sql;
+  for (size_t i = 0; i < 8; ++i) sql += std::string(Migrations()[i]);
+  sql +=
+      "DROP VIEW trial_results; DROP VIEW trial_phase_peaks;"
+      "CREATE VIEW trial_results AS SELECT id AS trial_id, name AS trial FROM trials;"
+      "CREATE VIEW trial_phase_peaks AS SELECT id AS trial_id, name AS trial FROM trials;"
+      "INSERT INTO experiments VALUES (1, 'old', 'old.yaml', 'model: tiny', '', '{}', 0, "
+      "'active');"
+      "INSERT INTO trials (id, experiment_id, ordinal, name, description, config_json, "
+      "device_type, device_count, state, current_attempt) VALUES "
+      "(1, 1, 0, 'a', '', '{}', 'cpu', 2, 'running', 1);"
+      "INSERT INTO attempts (trial_id, attempt, node, state, started_at) VALUES "
+      "(1, 1, 'n1', 'running', 0);"
+      "INSERT INTO events VALUES (1, 1, 1, 'snapshot', '{\"type\":\"snapshot\",\"step\":0,"
+      "\"phase\":\"phase2_after_bwd\",\"comm_bytes\":4000,\"gathered_bytes\":0,"
+      "\"allocated_bytes\":9000}');"
+      "PRAGMA user_version = 8;";
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(*store->SchemaVersion(), 9);
+  EXPECT_EQ(*store->SchemaVersion(), static_cast<int64_t>(Migrations().size()));
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM events"), 1);
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM attempts WHERE node = 'n1'"), 1);
+  const json expected = {{"trial", "a"},
+                         {"allocated_bytes", 9'000},
+                         {"comm_bytes", 4'000},
+                         {"gathered_bytes", 0}};
+  EXPECT_EQ(QueryRows(path_,
+                      "SELECT trial, allocated_bytes, comm_bytes, gathered_bytes FROM trial_results"),
+            std::vector<json>{expected});
+  EXPECT_EQ(QueryRows(path_,
+                      "SELECT trial, allocated_bytes, comm_bytes, gathered_bytes FROM "
+                      "trial_phase_peaks"),
+            std::vector<json>{expected});
+}
+
 TEST_F(StoreTest, TheControllersCopyOfACheckpointLetsItsTrialResumeAfterItsNodeIsRemoved) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);
