@@ -166,6 +166,15 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
         WaitingNotice(trial, targets[trial.experiment_id], registered.contains(checkpoint_node),
                       connected.contains(checkpoint_node), unusable);
   }
+  // A trial that connected nodes could run, but not now, waits with the scheduler's own reason
+  // (the devices it needs and how many nodes have them free, or that they are held for an earlier
+  // trial).
+  for (int64_t trial_id : placement.waiting) {
+    if (auto reason = placement.waiting_reasons.find(trial_id);
+        reason != placement.waiting_reasons.end()) {
+      waiting[trial_id] = reason->second;
+    }
+  }
   {
     std::lock_guard lock(shared_.mutex);
     queued_notices_ = std::move(waiting);

@@ -2,8 +2,9 @@
 // the queued trials with their experiment's target and, for a resumed trial without the
 // controller's copy of its checkpoint, the one node that holds it; the connected, usable agents
 // whose lease is not ending (lease_watch.h) with the device indices their running attempts hold —
-// and what becomes of its answer: each assignment goes to the Launcher, and each trial no
-// connected node can run gets a notice saying why it waits (QueuedNotice).
+// and what becomes of its answer: each assignment goes to the Launcher, and each trial that waits
+// gets a notice saying why (QueuedNotice): the scheduler's reason for a trial that connected nodes
+// could run but not now, WaitingNotice for one that no connected node can run.
 #ifndef LLMCTL_CONTROLLER_DISPATCH_PLACEMENT_H_
 #define LLMCTL_CONTROLLER_DISPATCH_PLACEMENT_H_
 

@@ -1,5 +1,6 @@
 // Placement: a restarted controller places around the devices running attempts hold, and a trial
-// no connected node can run waits with a notice saying why (WaitingNotice).
+// that waits has a notice saying why (the scheduler's reason, or WaitingNotice when no connected
+// node can run it).
 #include "controller/dispatch/placement.h"
 
 #include <gtest/gtest.h>
@@ -105,6 +106,32 @@ TEST_F(PlacementTest, ATrialNoConnectedNodeCanRunWaitsWithANoticeSayingWhy) {
                   .ok());
   Tick();
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(targeted).state == store::TrialState::kOk; }));
+}
+
+// A trial that a connected node could run, but not now, says so with the scheduler's reason
+// (scheduler::Placement::waiting_reasons), in the trial's notice (llmctl status, watch).
+TEST_F(PlacementTest, ATrialWaitingForBusyDevicesShowsTheSchedulersReason) {
+  const int64_t first = SubmitOneThatKeepsRunning();  // the node's one CPU
+  const int64_t second = SubmitOne();
+  Tick();
+  EXPECT_EQ(OnlyTrial(second).state, store::TrialState::kQueued);
+  EXPECT_EQ(RunsStarted(), 1u);
+  const std::string reason = "needs a node with 1 free cpu device; none has them now";
+  EXPECT_EQ(daemon_->dispatcher().QueuedNotice(OnlyTrial(second).id), reason);
+  grpc::ClientContext context;
+  v1::GetExperimentRequest get;
+  get.set_experiment_id(second);
+  v1::ExperimentStatus status;
+  ASSERT_TRUE(controller_->GetExperiment(&context, get, &status).ok());
+  ASSERT_EQ(status.trials_size(), 1);
+  EXPECT_EQ(status.trials(0).notice(), reason);
+  EXPECT_EQ(daemon_->dispatcher().QueuedNotice(OnlyTrial(first).id), "");  // running
+
+  agent_state_.AddLinesAndEnd(std::to_string(first) + "/one#1", {kResultLine}, "ok");
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(first).state == store::TrialState::kOk; }));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return RunsStarted() == 2u; }));
+  EXPECT_EQ(daemon_->dispatcher().QueuedNotice(OnlyTrial(second).id), "");
 }
 
 // The scheduler's multi-node rule is not wired to a launch yet: a trial with nodes > 1 stays
