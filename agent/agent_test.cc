@@ -1065,9 +1065,14 @@ class RealTrainerTest : public AgentTest {
   }
 
   // Uploads the inputs and starts the run.
-  void Start(const pb::RunKey& key, int devices = 1) {
+  void Start(const pb::RunKey& key, int devices = 1, const pb::RunKey* resume_run = nullptr,
+             const std::string& resume_checkpoint = "") {
     pb::RunTrialRequest request;
     *request.mutable_key() = key;
+    if (resume_run != nullptr) {
+      *request.mutable_resume_from()->mutable_run() = *resume_run;
+      request.mutable_resume_from()->set_checkpoint(resume_checkpoint);
+    }
     request.set_config_json(config_.ToJson().dump());
     for (int i = 0; i < devices; ++i) request.add_device_indices(i);
     for (const std::string input : {"data.path", "tokenizer"}) {
@@ -1103,9 +1108,170 @@ class RealTrainerTest : public AgentTest {
     ASSERT_TRUE(started.ok()) << started.error_message();
   }
 
+  // Sets `strategy` over 2 ranks, global batch 8, and `max_steps`.
+  void TwoRanks(const std::string& strategy, int64_t max_steps) {
+    for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+             {"strategy", strategy},
+             {"devices", "2"},
+             {"train.global_batch_size", "8"},
+             {"train.max_steps", std::to_string(max_steps)}}) {
+      ASSERT_TRUE(config_.SetFromText(name, value).ok()) << name;
+    }
+  }
+
+  // Streams `key`'s events until every one of `ranks` has taken `steps` steps (the job is under
+  // way); the run must not have ended by then.
+  Streamed StreamUntilSteps(const pb::RunKey& key, int64_t steps, int ranks = 2) {
+    Streamed streamed;
+    pb::StreamEventsRequest request;
+    *request.mutable_key() = key;
+    grpc::ClientContext context;
+    Deadline(&context);
+    auto stub = Stub();
+    auto reader = stub->StreamEvents(&context, request);
+    std::map<int, int64_t> taken;
+    pb::StreamEventsResponse item;
+    while (reader->Read(&item)) {
+      if (item.has_ended()) streamed.ended = item.ended();
+      if (!item.has_event()) continue;
+      streamed.events.push_back(item.event());
+      if (item.event().type() == "step") ++taken[item.event().rank()];
+      bool all = true;
+      for (int rank = 0; rank < ranks; ++rank) all = all && taken[rank] >= steps;
+      if (all) break;
+    }
+    context.TryCancel();
+    reader->Finish();
+    return streamed;
+  }
+
+  // The ranks' pids from ranks.json and the launcher's (the worker's) from worker.json.
+  std::vector<pid_t> JobPids(const pb::RunKey& key) {
+    const nlohmann::json ranks = nlohmann::json::parse(ReadAll(RunDir(key) / "ranks.json"));
+    std::vector<pid_t> pids = ranks.at("pids").get<std::vector<pid_t>>();
+    const nlohmann::json worker = nlohmann::json::parse(ReadAll(RunDir(key) / "worker.json"));
+    pids.push_back(worker.at("pid").get<pid_t>());
+    return pids;
+  }
+
+  // Every pid is gone, reaped: the launcher's children (the ranks) are reaped by the launcher or,
+  // once it is gone, by init, which may take a moment after the run's end; the wait is bounded by
+  // the call deadline, not a measured time.
+  void ExpectGone(const std::vector<pid_t>& pids) {
+    const auto deadline = std::chrono::steady_clock::now() + kCallTimeout;
+    for (const pid_t pid : pids) {
+      while (::kill(pid, 0) == 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      EXPECT_EQ(::kill(pid, 0), -1) << "pid " << pid << " is still there";
+      EXPECT_EQ(errno, ESRCH);
+    }
+  }
+
+  // Rank `rank`'s step losses, by step.
+  static std::map<int64_t, double> Losses(const std::vector<pb::TrialEvent>& events, int rank) {
+    std::map<int64_t, double> losses;
+    for (const auto& event : OfRank(events, rank)) {
+      if (event.type() != "step") continue;
+      const nlohmann::json json = nlohmann::json::parse(event.json());
+      losses[json.at("step").get<int64_t>()] = json.at("loss").get<double>();
+    }
+    return losses;
+  }
+
+  // Cancels `key` (plainly) and returns all its events once it ended.
+  Streamed CancelAndStream(const pb::RunKey& key) {
+    pb::CancelRunRequest request;
+    *request.mutable_key() = key;
+    pb::RunState state;
+    EXPECT_TRUE(Cancel(request, &state).ok());
+    return Stream(key, 0);
+  }
+
+  // A 2-rank `strategy` trial stopped with `cancel --checkpoint` mid-run ends cancelled with a
+  // complete checkpoint of its last complete step; the agent's resume from it continues with the
+  // losses of an uninterrupted run.
+  void ExpectCheckpointStopResumesExactly(const std::string& strategy);
+
   std::string llm_train_;
   TrialConfig config_;
 };
+
+void RealTrainerTest::ExpectCheckpointStopResumesExactly(const std::string& strategy) {
+  StartAgent(llm_train_);
+  // The schedule decays to max_steps, so every run here has the same one; none gets that far.
+  TwoRanks(strategy, 100000);
+  const pb::RunKey key = Key(9, strategy + "-stopped", 1);
+  Start(key, 2);
+  ASSERT_FALSE(StreamUntilSteps(key, 2).ended.has_value());
+  const std::vector<pid_t> pids = JobPids(key);
+  pb::CancelRunRequest cancel;
+  *cancel.mutable_key() = key;
+  cancel.set_checkpoint(true);
+  cancel.set_checkpoint_grace_ms(60'000);
+  pb::RunState state;
+  ASSERT_TRUE(Cancel(cancel, &state).ok());
+
+  const Streamed stopped = Stream(key, 0);
+  ASSERT_TRUE(stopped.ended.has_value());
+  const std::string stderr_log = ReadAll(RunDir(key) / "stderr.log");
+  EXPECT_EQ(stopped.ended->outcome(), "cancelled") << stopped.ended->error() << "\n" << stderr_log;
+  EXPECT_EQ(stopped.ended->exit_code(), 5) << stopped.ended->error() << "\n" << stderr_log;
+  ExpectGone(pids);
+  // Rank 0's result names the checkpoint of the steps it completed.
+  const std::vector<pb::TrialEvent> rank0 = OfRank(stopped.events, 0);
+  ASSERT_FALSE(rank0.empty());
+  ASSERT_EQ(rank0.back().type(), "result") << stderr_log;
+  const nlohmann::json result = nlohmann::json::parse(rank0.back().json());
+  ASSERT_TRUE(result.contains("checkpoint")) << result.dump() << "\n" << stderr_log;
+  const int64_t completed = result["checkpoint"].at("step").get<int64_t>() + 1;
+  const fs::path checkpoint = result["checkpoint"].at("path").get<std::string>();
+  EXPECT_EQ(checkpoint, RunDir(key) / "output" / "checkpoints" / ("step-" + std::to_string(completed)));
+  EXPECT_GE(completed, 2);
+  EXPECT_EQ(Losses(stopped.events, 0).size(), static_cast<size_t>(completed));
+  for (int rank : {0, 1}) {
+    ExpectSameAsFile(OfRank(stopped.events, rank), RunDir(key) / RankEventsFile(rank));
+  }
+  // Complete: the renamed directory (no staging one left) with the state, the model and every
+  // optimizer shard.
+  for (const char* file : {"trainer_state.json", "model.safetensors", "optimizer.safetensors"}) {
+    EXPECT_TRUE(fs::exists(checkpoint / file)) << file;
+  }
+  EXPECT_EQ(fs::exists(checkpoint / "optimizer.rank1.safetensors"), strategy == "fsdp");
+  for (const auto& entry : fs::directory_iterator(checkpoint.parent_path())) {
+    EXPECT_EQ(entry.path(), checkpoint) << "only the one checkpoint";
+  }
+
+  // Resumed through the agent: two more steps each rank, then a plain cancel.
+  const pb::RunKey resumed_key = Key(9, strategy + "-stopped", 2);
+  Start(resumed_key, 2, &key, checkpoint.string());
+  ASSERT_FALSE(StreamUntilSteps(resumed_key, 2).ended.has_value());
+  const Streamed resumed = CancelAndStream(resumed_key);
+  ASSERT_TRUE(resumed.ended.has_value());
+  EXPECT_EQ(resumed.ended->outcome(), "cancelled") << resumed.ended->error();
+
+  // The uninterrupted run, to past the resumed steps.
+  const pb::RunKey whole_key = Key(9, strategy + "-whole", 1);
+  Start(whole_key, 2);
+  ASSERT_FALSE(StreamUntilSteps(whole_key, completed + 2).ended.has_value());
+  const Streamed whole = CancelAndStream(whole_key);
+  for (int rank : {0, 1}) {
+    const std::map<int64_t, double> all = Losses(whole.events, rank);
+    const std::map<int64_t, double> before = Losses(stopped.events, rank);
+    const std::map<int64_t, double> after = Losses(resumed.events, rank);
+    ASSERT_GE(after.size(), 2u) << "rank " << rank;
+    EXPECT_EQ(after.begin()->first, completed) << "rank " << rank;
+    for (const auto* part : {&before, &after}) {
+      for (const auto& [step, loss] : *part) {
+        if (!all.count(step)) continue;  // past the uninterrupted run's cancel
+        EXPECT_EQ(loss, all.at(step)) << "rank " << rank << " step " << step;
+      }
+    }
+    for (int64_t step = completed; step < completed + 2; ++step) {
+      EXPECT_TRUE(all.count(step) && after.count(step)) << "rank " << rank << " step " << step;
+    }
+  }
+}
 
 // The real trainer on the demo experiment, two steps.
 TEST_F(RealTrainerTest, RealLlmTrainRunsTheDemoFromUploadedInputs) {
@@ -1212,6 +1378,86 @@ TEST_F(RealTrainerTest, KillingOneRankEndsTheAttemptNamingItWithNoProcessLeft) {
     EXPECT_EQ(::kill(pid, 0), -1) << "pid " << pid << " is still there";
     EXPECT_EQ(errno, ESRCH);
   }
+}
+
+// A plain cancel of a running 2-rank ddp trial: SIGTERM to the worker's group reaches the launcher
+// and both ranks; the attempt ends cancelled, every event either rank wrote is streamed, and neither
+// rank nor the launcher is left.
+TEST_F(RealTrainerTest, CancellingATwoRankTrialEndsItCancelledWithNoProcessLeft) {
+  StartAgent(llm_train_);
+  TwoRanks("ddp", 100000);
+  const pb::RunKey key = Key(9, "ddp-cancelled", 1);
+  Start(key, 2);
+  ASSERT_FALSE(StreamUntilSteps(key, 1).ended.has_value());
+  const std::vector<pid_t> pids = JobPids(key);
+  ASSERT_EQ(pids.size(), 3u);
+
+  pb::CancelRunRequest request;
+  *request.mutable_key() = key;
+  pb::RunState state;
+  ASSERT_TRUE(Cancel(request, &state).ok());
+  ASSERT_EQ(state.status(), pb::RUN_STATUS_ENDED);
+  EXPECT_EQ(state.ended().outcome(), "cancelled") << state.ended().error();
+  const Streamed streamed = Stream(key, 0);
+  ASSERT_TRUE(streamed.ended.has_value());
+  EXPECT_EQ(streamed.ended->outcome(), "cancelled") << streamed.ended->error();
+  ExpectGone(pids);
+  for (int rank : {0, 1}) {
+    const std::vector<pb::TrialEvent> events = OfRank(streamed.events, rank);
+    ASSERT_FALSE(events.empty()) << "rank " << rank;
+    EXPECT_EQ(events.front().type(), "start") << "rank " << rank;
+    EXPECT_GE(Losses(streamed.events, rank).size(), 1u) << "rank " << rank;
+    ExpectSameAsFile(events, RunDir(key) / RankEventsFile(rank));
+  }
+}
+
+// The ranks stop at one step, whichever of them the signal reached: SIGUSR1 to rank 1 alone (not
+// the group) stops both ranks of an fsdp trial, whose checkpoint every rank writes its shard of, and
+// the job ends cancelled with that checkpoint.
+TEST_F(RealTrainerTest, ACheckpointSignalToOneRankStopsEveryRankAtTheSameStep) {
+  StartAgent(llm_train_);
+  TwoRanks("fsdp", 100000);
+  const pb::RunKey key = Key(9, "fsdp-one-rank", 1);
+  Start(key, 2);
+  ASSERT_FALSE(StreamUntilSteps(key, 1).ended.has_value());
+  const std::vector<pid_t> pids = JobPids(key);
+  ASSERT_EQ(::kill(pids[1], SIGUSR1), 0);
+
+  const Streamed streamed = Stream(key, 0);
+  ASSERT_TRUE(streamed.ended.has_value());
+  const std::string stderr_log = ReadAll(RunDir(key) / "stderr.log");
+  EXPECT_EQ(streamed.ended->outcome(), "cancelled") << streamed.ended->error() << "\n"
+                                                    << stderr_log;
+  EXPECT_EQ(streamed.ended->exit_code(), 5) << stderr_log;
+  ExpectGone(pids);
+  int64_t stopped_at = -1;
+  for (int rank : {0, 1}) {
+    const std::vector<pb::TrialEvent> events = OfRank(streamed.events, rank);
+    ASSERT_FALSE(events.empty()) << "rank " << rank;
+    ASSERT_EQ(events.back().type(), "result") << "rank " << rank << "\n" << stderr_log;
+    const nlohmann::json result = nlohmann::json::parse(events.back().json());
+    EXPECT_EQ(result.value("outcome", ""), "cancelled") << "rank " << rank << ": " << result.dump();
+    // Both ranks completed the same steps.
+    const int64_t steps = static_cast<int64_t>(Losses(streamed.events, rank).size());
+    if (rank == 0) stopped_at = steps;
+    EXPECT_EQ(steps, stopped_at) << "rank " << rank;
+    EXPECT_EQ(result.value("error", ""), "cancelled at step " + std::to_string(stopped_at))
+        << "rank " << rank;
+  }
+  const fs::path checkpoint =
+      RunDir(key) / "output" / "checkpoints" / ("step-" + std::to_string(stopped_at));
+  for (const char* file : {"trainer_state.json", "model.safetensors", "optimizer.safetensors",
+                           "optimizer.rank1.safetensors"}) {
+    EXPECT_TRUE(fs::exists(checkpoint / file)) << checkpoint / file;
+  }
+}
+
+TEST_F(RealTrainerTest, ACheckpointStopOfATwoRankDdpTrialResumesExactly) {
+  ExpectCheckpointStopResumesExactly("ddp");
+}
+
+TEST_F(RealTrainerTest, ACheckpointStopOfATwoRankFsdpTrialResumesExactly) {
+  ExpectCheckpointStopResumesExactly("fsdp");
 }
 
 }  // namespace

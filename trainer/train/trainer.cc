@@ -237,6 +237,7 @@ class TrialRun {
   std::optional<double> last_loss_;
   int64_t steps_done_ = 0;
   int64_t first_step_ = 0;
+  bool stop_checkpoint_ = false;  // ddp/fsdp: the ranks agreed to stop with a checkpoint
   int64_t last_checkpoint_steps_ = 0;  // completed steps in the newest checkpoint (or resumed from)
   std::string last_checkpoint_dir_;    // that checkpoint's directory; empty when there is none
   nlohmann::json step_start_position_;  // the data position before the running step's micro-batches
@@ -435,11 +436,29 @@ bool TrialRun::TrainStep(int64_t step) {
     global_label_tokens += micro_batches.back().label_tokens;
   }
   // Under DDP the global batch is every rank's micro-batches: the weights use all ranks' label
-  // tokens, scaled by the world size that the gradients' average divides by again.
+  // tokens, scaled by the world size that the gradients' average divides by again. The ranks stop
+  // at the same step, decided in the same sum: a signal reaches them at different points of a step
+  // (or only one of them), and a rank stopping alone would leave the others in the step's next
+  // collective while it runs the stop's (fsdp's checkpoint gathers the model and every rank writes
+  // its optimizer shard). A stop therefore waits for the next step's start under ddp and fsdp.
   double rank_weight = 1.0;
   if (ranks_.distributed()) {
-    global_label_tokens = static_cast<int64_t>(
-        ranks_.SumAcrossRanks({static_cast<double>(global_label_tokens)}).at(0));
+    // A rank asked to stop adds 1, or kCheckpointStop when asked for a checkpoint; one rank
+    // asking for a checkpoint makes every rank's stop write it.
+    constexpr double kCheckpointStop = 1 << 20;
+    double asked = 0.0;
+    if (options_.cancel != nullptr && options_.cancel->load()) {
+      asked = options_.checkpoint_on_cancel != nullptr && options_.checkpoint_on_cancel->load()
+                  ? kCheckpointStop
+                  : 1.0;
+    }
+    const std::vector<double> sums =
+        ranks_.SumAcrossRanks({static_cast<double>(global_label_tokens), asked});
+    if (sums.at(1) > 0) {
+      stop_checkpoint_ = sums.at(1) >= kCheckpointStop;
+      return false;
+    }
+    global_label_tokens = static_cast<int64_t>(sums.at(0));
     rank_weight = static_cast<double>(ranks_.world_size());
   }
 
@@ -449,7 +468,9 @@ bool TrialRun::TrainStep(int64_t step) {
   double loss_sum = 0.0;  // Σ micro-batch mean × its label tokens
   int64_t step_tokens = 0;
   for (int64_t i = 0; i < accumulation_; ++i) {
-    if (options_.cancel != nullptr && options_.cancel->load()) return false;
+    if (!ranks_.distributed() && options_.cancel != nullptr && options_.cancel->load()) {
+      return false;
+    }
     MicroBatch& batch = micro_batches[static_cast<size_t>(i)];
     Snapshot(step, i, kPhaseBeforeForward);
     torch::Tensor loss;
@@ -629,8 +650,11 @@ TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
 
 TrialResult TrialRun::Stop(int64_t step) {
   std::string error = "cancelled at step " + std::to_string(step);
+  // Under ddp or fsdp, whether any rank was asked for one (the ranks' stop is one decision).
   const bool requested =
-      options_.checkpoint_on_cancel != nullptr && options_.checkpoint_on_cancel->load();
+      ranks_.distributed()
+          ? stop_checkpoint_
+          : options_.checkpoint_on_cancel != nullptr && options_.checkpoint_on_cancel->load();
   // The weights and optimizer state are still those after the last complete step, and the data
   // resumes where the interrupted step's micro-batches began, so that step is what a checkpoint
   // keeps; one written (or resumed from) at that step already is enough.
