@@ -1298,11 +1298,8 @@ TEST_F(RealTrainerTest, RealLlmTrainRunsTheDemoFromUploadedInputs) {
 // rank's in its file's order, and the run is ok.
 TEST_F(RealTrainerTest, ATwoRankDdpTrialEndsOkWithEveryRanksEvents) {
   StartAgent(llm_train_);
-  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
-           {"strategy", "ddp"}, {"devices", "2"}, {"train.global_batch_size", "8"},
-           {"train.max_steps", "2"}, {"snapshot_every", "1"}}) {
-    ASSERT_TRUE(config_.SetFromText(name, value).ok()) << name;
-  }
+  TwoRanks("ddp", /*max_steps=*/2);
+  ASSERT_TRUE(config_.SetFromText("snapshot_every", "1").ok());
   const pb::RunKey key = Key(9, "ddp", 1);
   Start(key, 2);
   const Streamed streamed = Stream(key, 0);
@@ -1332,38 +1329,13 @@ TEST_F(RealTrainerTest, ATwoRankDdpTrialEndsOkWithEveryRanksEvents) {
 // attempt's outcome names rank 1 (SIGKILL without a result reads as the kernel's OOM killer).
 TEST_F(RealTrainerTest, KillingOneRankEndsTheAttemptNamingItWithNoProcessLeft) {
   StartAgent(llm_train_);
-  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
-           {"strategy", "ddp"}, {"devices", "2"}, {"train.global_batch_size", "8"},
-           {"train.max_steps", "100000"}}) {
-    ASSERT_TRUE(config_.SetFromText(name, value).ok()) << name;
-  }
+  TwoRanks("ddp", /*max_steps=*/100000);
   const pb::RunKey key = Key(9, "ddp-killed", 1);
   Start(key, 2);
-  // Until rank 1 has taken a step: the job is under way.
-  const Streamed first = [&] {
-    Streamed streamed;
-    pb::StreamEventsRequest request;
-    *request.mutable_key() = key;
-    grpc::ClientContext context;
-    Deadline(&context);
-    auto stub = Stub();
-    auto reader = stub->StreamEvents(&context, request);
-    pb::StreamEventsResponse item;
-    while (reader->Read(&item)) {
-      if (item.has_ended()) streamed.ended = item.ended();
-      if (!item.has_event()) continue;
-      streamed.events.push_back(item.event());
-      if (item.event().rank() == 1 && item.event().type() == "step") break;
-    }
-    context.TryCancel();
-    reader->Finish();
-    return streamed;
-  }();
+  const Streamed first = StreamUntilSteps(key, 1);
   ASSERT_FALSE(first.ended.has_value()) << first.ended->error();
-  const nlohmann::json ranks = nlohmann::json::parse(ReadAll(RunDir(key) / "ranks.json"));
-  const std::vector<pid_t> pids = ranks.at("pids").get<std::vector<pid_t>>();
-  ASSERT_EQ(pids.size(), 2u);
-  const nlohmann::json worker = nlohmann::json::parse(ReadAll(RunDir(key) / "worker.json"));
+  const std::vector<pid_t> pids = JobPids(key);  // rank 0, rank 1, the launcher
+  ASSERT_EQ(pids.size(), 3u);
   ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
 
   const Streamed streamed = Stream(key, 0);
@@ -1373,11 +1345,7 @@ TEST_F(RealTrainerTest, KillingOneRankEndsTheAttemptNamingItWithNoProcessLeft) {
   EXPECT_EQ(streamed.ended->error(), "rank 1 of 2: killed by the kernel (host memory)");
   const nlohmann::json after = nlohmann::json::parse(ReadAll(RunDir(key) / "ranks.json"));
   EXPECT_EQ(after.at("first_failure"), (nlohmann::json{{"rank", 1}, {"signal", SIGKILL}}));
-  // The launcher and both ranks are gone, reaped: no process has their pids.
-  for (const pid_t pid : {pids[0], pids[1], worker.at("pid").get<pid_t>()}) {
-    EXPECT_EQ(::kill(pid, 0), -1) << "pid " << pid << " is still there";
-    EXPECT_EQ(errno, ESRCH);
-  }
+  ExpectGone(pids);
 }
 
 // A plain cancel of a running 2-rank ddp trial: SIGTERM to the worker's group reaches the launcher
