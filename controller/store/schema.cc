@@ -458,7 +458,30 @@ DROP VIEW trial_results;
 DROP VIEW trial_phase_peaks;
 )sql";
 
-constexpr std::array<std::string_view, 9> kMigrations = {
+// A multi-node attempt (the trial key `nodes` > 1) runs on several nodes at once: every node of it,
+// node rank 0 included (the attempt's own `node`), with the devices it holds there and how its
+// run there ended. The attempt itself ends once every node's run has (Store::FinishAttemptNode).
+// Single-node attempts have no rows here.
+constexpr std::string_view kAttemptNodes = R"sql(
+CREATE TABLE attempt_nodes (
+  trial_id INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  node_rank INTEGER NOT NULL CHECK (node_rank >= 0),
+  node TEXT NOT NULL,
+  device_indices_json TEXT NOT NULL,
+  ended_at INTEGER,  -- NULL while its run runs
+  outcome TEXT CHECK (outcome IS NULL OR outcome IN
+      ('ok', 'oom', 'diverged', 'failed', 'cancelled')),
+  exit_code INTEGER,
+  error TEXT NOT NULL DEFAULT '',
+  PRIMARY KEY (trial_id, attempt, node_rank),
+  UNIQUE (trial_id, attempt, node),
+  FOREIGN KEY (trial_id, attempt) REFERENCES attempts(trial_id, attempt) ON DELETE CASCADE
+) WITHOUT ROWID;
+CREATE INDEX attempt_nodes_by_node ON attempt_nodes (node);
+)sql";
+
+constexpr std::array<std::string_view, 10> kMigrations = {
     kInitialSchema,
     kNodeLeases,
     kNodeRemoval,
@@ -467,7 +490,8 @@ constexpr std::array<std::string_view, 9> kMigrations = {
     kDeviceSamples,
     kMemoryTimeline,
     kRankEvents,
-    Joined<kDropReportViews, kReportViews>::kText};
+    Joined<kDropReportViews, kReportViews>::kText,
+    kAttemptNodes};
 
 }  // namespace
 

@@ -172,9 +172,11 @@ StatusOr<json> ParseStoredJson(const std::string& text, std::string_view what) {
   return value;
 }
 
-// An attempt's device_indices_json: a JSON array of distinct non-negative integers.
-StatusOr<std::vector<int64_t>> ParseStoredDeviceIndices(const std::string& text, int64_t trial_id,
-                                                        int64_t attempt) {
+}  // namespace
+
+StatusOr<std::vector<int64_t>> internal::ParseStoredDeviceIndices(const std::string& text,
+                                                                  int64_t trial_id,
+                                                                  int64_t attempt) {
   const std::string what =
       "device indices of attempt " + std::to_string(attempt) + " of " + TrialLabel(trial_id);
   ASSIGN_OR_RETURN(const json value, ParseStoredJson(text, what));
@@ -189,6 +191,8 @@ StatusOr<std::vector<int64_t>> ParseStoredDeviceIndices(const std::string& text,
   }
   return indices;
 }
+
+namespace {
 
 constexpr std::string_view kExperimentColumns =
     "id, name, filename, yaml_text, description, target_json, created_at, state";
@@ -403,11 +407,16 @@ StatusOr<std::vector<RunningAttempt>> QueryRunningAttempts(sqlite3* db,
         .node = stmt.Text(3),
         .started_at = FromMillis(stmt.Int(4)),
         .device_indices = {},
+        .nodes = {},
     });
     if (std::optional<std::string> indices = stmt.OptionalText(5)) {
-      ASSIGN_OR_RETURN(attempt.device_indices,
-                       ParseStoredDeviceIndices(*indices, attempt.trial_id, attempt.attempt));
+      ASSIGN_OR_RETURN(attempt.device_indices, internal::ParseStoredDeviceIndices(
+                                                   *indices, attempt.trial_id, attempt.attempt));
     }
+  }
+  for (RunningAttempt& attempt : attempts) {
+    ASSIGN_OR_RETURN(attempt.nodes,
+                     internal::LoadAttemptNodes(db, attempt.trial_id, attempt.attempt));
   }
   return attempts;
 }
@@ -872,8 +881,8 @@ StatusOr<std::vector<RunningAttempt>> Store::ListRunningAttempts() {
   return QueryRunningAttempts(db_, "", std::nullopt);
 }
 
-StatusOr<int64_t> Store::StartAttempt(int64_t trial_id, std::string_view node, Time now,
-                                      const std::vector<int64_t>& device_indices) {
+StatusOr<int64_t> internal::InsertAttempt(sqlite3* db, int64_t trial_id, std::string_view node,
+                                          Time now, const std::vector<int64_t>& device_indices) {
   if (node.empty()) return InvalidArgumentError("starting " + TrialLabel(trial_id) + ": no node");
   std::vector<int64_t> sorted = device_indices;
   std::sort(sorted.begin(), sorted.end());
@@ -883,24 +892,16 @@ StatusOr<int64_t> Store::StartAttempt(int64_t trial_id, std::string_view node, T
                                 std::string(node) + ": device indices " +
                                 json(device_indices).dump() + " must be distinct and >= 0");
   }
-  std::lock_guard lock(mutex_);
-  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
-  ASSIGN_OR_RETURN(const TrialRecord trial, LoadTrial(db_, trial_id));
+  ASSIGN_OR_RETURN(const TrialRecord trial, LoadTrial(db, trial_id));
   if (trial.state != TrialState::kQueued) {
     return FailedPreconditionError(TrialLabel(trial_id) + " is " +
                                    std::string(TrialStateName(trial.state)) +
                                    "; only a queued trial can start");
   }
-  if (StatusOr<std::optional<Time>> removed = LoadNodeRemovedAt(db_, node);
-      removed.ok() && removed->has_value()) {
-    return FailedPreconditionError("starting " + TrialLabel(trial_id) + ": node " + Quoted(node) +
-                                   " has been removed");
-  } else if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) {
-    return removed.status();
-  }
+  RETURN_IF_ERROR(internal::CheckNodeNotRemoved(db, trial_id, node));
   const int64_t attempt = trial.current_attempt + 1;
   ASSIGN_OR_RETURN(Statement insert,
-                   Statement::Prepare(db_,
+                   Statement::Prepare(db,
                                       "INSERT INTO attempts (trial_id, attempt, node, state, "
                                       "started_at, device_indices_json, first_step) VALUES "
                                       "(?, ?, ?, 'running', ?, ?, ?)"));
@@ -912,11 +913,30 @@ StatusOr<int64_t> Store::StartAttempt(int64_t trial_id, std::string_view node, T
       .Bind(6, trial.resume ? trial.resume->step : int64_t{0});
   RETURN_IF_ERROR(insert.Run());
   ASSIGN_OR_RETURN(Statement update,
-                   Statement::Prepare(db_,
+                   Statement::Prepare(db,
                                       "UPDATE trials SET state = 'running', current_attempt = ? "
                                       "WHERE id = ?"));
   update.Bind(1, attempt).Bind(2, trial_id);
   RETURN_IF_ERROR(update.Run());
+  return attempt;
+}
+
+Status internal::CheckNodeNotRemoved(sqlite3* db, int64_t trial_id, std::string_view node) {
+  StatusOr<std::optional<Time>> removed = LoadNodeRemovedAt(db, node);
+  if (removed.ok() && removed->has_value()) {
+    return FailedPreconditionError("starting " + TrialLabel(trial_id) + ": node " + Quoted(node) +
+                                   " has been removed");
+  }
+  if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) return removed.status();
+  return Status::Ok();
+}
+
+StatusOr<int64_t> Store::StartAttempt(int64_t trial_id, std::string_view node, Time now,
+                                      const std::vector<int64_t>& device_indices) {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
+  ASSIGN_OR_RETURN(const int64_t attempt,
+                   internal::InsertAttempt(db_, trial_id, node, now, device_indices));
   RETURN_IF_ERROR(txn.Commit());
   return attempt;
 }
@@ -995,7 +1015,7 @@ StatusOr<std::map<int32_t, int64_t>> Store::LastRankSeqs(int64_t trial_id, int64
   return seqs;
 }
 
-Status Store::FinishAttempt(int64_t trial_id, int64_t attempt, TrialState outcome,
+Status internal::EndAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, TrialState outcome,
                             std::optional<int64_t> exit_code, std::string_view error, Time now) {
   if (!IsOutcome(outcome)) {
     return InvalidArgumentError("finishing attempt " + std::to_string(attempt) + " of " +
@@ -1003,9 +1023,7 @@ Status Store::FinishAttempt(int64_t trial_id, int64_t attempt, TrialState outcom
                                 " is not an outcome");
   }
   const std::string outcome_name(TrialStateName(outcome));
-  std::lock_guard lock(mutex_);
-  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
-  ASSIGN_OR_RETURN(const CurrentAttempt current, LoadCurrentAttempt(db_, trial_id, attempt));
+  ASSIGN_OR_RETURN(const CurrentAttempt current, LoadCurrentAttempt(db, trial_id, attempt));
   if (current.attempt.state == AttemptState::kEnded) {
     if (current.attempt.outcome == outcome_name && current.attempt.exit_code == exit_code &&
         current.attempt.error == error) {
@@ -1017,7 +1035,7 @@ Status Store::FinishAttempt(int64_t trial_id, int64_t attempt, TrialState outcom
                                    "again as " + outcome_name);
   }
   ASSIGN_OR_RETURN(Statement end,
-                   Statement::Prepare(db_,
+                   Statement::Prepare(db,
                                       "UPDATE attempts SET state = 'ended', ended_at = ?, "
                                       "outcome = ?, exit_code = ?, error = ? "
                                       "WHERE trial_id = ? AND attempt = ?"));
@@ -1028,12 +1046,19 @@ Status Store::FinishAttempt(int64_t trial_id, int64_t attempt, TrialState outcom
       .Bind(5, trial_id)
       .Bind(6, attempt);
   RETURN_IF_ERROR(end.Run());
-  ASSIGN_OR_RETURN(Statement update, Statement::Prepare(db_,
+  ASSIGN_OR_RETURN(Statement update, Statement::Prepare(db,
                                                         "UPDATE trials SET state = ? "
                                                         "WHERE id = ?"));
   update.Bind(1, outcome_name).Bind(2, trial_id);
   RETURN_IF_ERROR(update.Run());
-  RETURN_IF_ERROR(RefreshExperimentState(db_, current.trial.experiment_id));
+  return RefreshExperimentState(db, current.trial.experiment_id);
+}
+
+Status Store::FinishAttempt(int64_t trial_id, int64_t attempt, TrialState outcome,
+                            std::optional<int64_t> exit_code, std::string_view error, Time now) {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
+  RETURN_IF_ERROR(internal::EndAttempt(db_, trial_id, attempt, outcome, exit_code, error, now));
   return txn.Commit();
 }
 
@@ -1257,7 +1282,7 @@ StatusOr<NodeRemoval> Store::RemoveNode(std::string_view node, Time now) {
   ASSIGN_OR_RETURN(std::vector<RunningAttempt> running,
                    QueryRunningAttempts(db_, "", std::nullopt));
   for (RunningAttempt& attempt : running) {
-    if (attempt.node != node) continue;
+    if (!attempt.RunsOn(node)) continue;
     RETURN_IF_ERROR(LoseAttempt(db_, attempt.trial_id, attempt.attempt, now));
     removal.lost.push_back(std::move(attempt));
   }

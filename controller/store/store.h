@@ -113,6 +113,14 @@ struct TrialRecord {
   std::optional<TrialResume> resume;
 };
 
+// One node of a multi-node attempt (the trial key `nodes` > 1).
+struct AttemptNode {
+  int64_t node_rank = 0;  // 0 .. nodes - 1; node rank 0 hosts the ranks' rendezvous
+  std::string node;
+  std::vector<int64_t> device_indices;  // ascending
+  bool ended = false;                   // its run has ended (FinishAttemptNode)
+};
+
 // An attempt that is running on a node (or was, before the controller restarted).
 struct RunningAttempt {
   int64_t trial_id = 0;
@@ -123,6 +131,18 @@ struct RunningAttempt {
   // The device indices it holds on `node`, ascending; empty when unknown (started by a controller
   // that did not record them).
   std::vector<int64_t> device_indices;
+  // A multi-node attempt's every node in node-rank order (nodes[0] is `node` with the same
+  // devices); empty for an attempt on one node.
+  std::vector<AttemptNode> nodes;
+
+  // Whether any of its runs is on `name`.
+  bool RunsOn(std::string_view name) const {
+    if (node == name) return true;
+    for (const AttemptNode& other : nodes) {
+      if (other.node == name) return true;
+    }
+    return false;
+  }
 };
 
 // One line of a worker's event file.
@@ -314,6 +334,27 @@ class Store {
   StatusOr<int64_t> StartAttempt(int64_t trial_id, std::string_view node, Time now,
                                  const std::vector<int64_t>& device_indices = {});
 
+  // Starts the next attempt of a queued multi-node trial on every node of `nodes` at once (node
+  // rank i at index i, at least 2, distinct nodes), each holding its devices; as StartAttempt
+  // otherwise, the attempt's own node being node rank 0's. InvalidArgument for nodes out of order,
+  // repeated or without a name.
+  StatusOr<int64_t> StartMultiNodeAttempt(int64_t trial_id, const std::vector<AttemptNode>& nodes,
+                                          Time now);
+
+  // Records how a multi-node attempt's run on node `node_rank` ended. Once every node's run has
+  // ended, the attempt ends (as FinishAttempt) with the outcome that explains it best, and that
+  // outcome is returned (nullopt before):
+  //   - an own failure (oom, diverged), the first recorded: the other nodes' ranks only lost their
+  //     peers, which they report as failed, or were stopped by the controller (cancelled);
+  //   - else cancelled when the user cancelled the trial;
+  //   - else the first failed node's end; else cancelled if a node's run was; else ok.
+  // Its error names the node and node rank. Repeating a node's end is OK; ending it differently is
+  // FailedPrecondition, as is a stale or lost attempt; NotFound for a node rank it does not have.
+  StatusOr<std::optional<TrialState>> FinishAttemptNode(int64_t trial_id, int64_t attempt,
+                                                        int64_t node_rank, TrialState outcome,
+                                                        std::optional<int64_t> exit_code,
+                                                        std::string_view error, Time now);
+
   // Declares the trial's current, running attempt lost (its node stopped answering): the trial is
   // queued again, or cancelled when a cancel was requested while it ran. Repeating it is OK.
   // FailedPrecondition for a stale attempt or one that has ended.
@@ -326,7 +367,8 @@ class Store {
   // seq < 1, rank < 0, an empty type or a line that is not a JSON object.
   StatusOr<int64_t> AppendEvents(int64_t trial_id, int64_t attempt, std::span<const Event> events);
 
-  // The highest stored seq of the attempt (rank 0's), 0 when none: a stream resumes from LastSeq + 1.
+  // The highest stored seq of the attempt (rank 0's), 0 when none: a stream resumes from LastSeq
+  // + 1.
   StatusOr<int64_t> LastSeq(int64_t trial_id, int64_t attempt);
   // A multi-rank attempt's highest stored seq per rank above 0 (ranks without events are absent):
   // a stream resumes rank r from LastRankSeqs[r] + 1 (StreamEventsRequest.from_rank_seq).
