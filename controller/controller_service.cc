@@ -463,7 +463,7 @@ StatusOr<v1::NodeStatus> ControllerService::BuildNodeStatus(
   }
   std::string runs;
   for (const store::RunningAttempt& attempt : running) {
-    if (attempt.node != node.name) continue;
+    if (!attempt.RunsOn(node.name)) continue;
     ASSIGN_OR_RETURN(store::TrialRecord trial, store_.GetTrial(attempt.trial_id));
     if (!runs.empty()) runs += ",";
     runs += std::to_string(attempt.experiment_id) + "/" + trial.name + "#" +

@@ -79,10 +79,10 @@ void Dispatcher::Tick() {
     return;
   }
   for (const dispatch::AttemptKey& attempt : links_.ForgottenRuns(*running)) {
-    DeclareLost(attempt, now);
+    DeclareLost(attempt, *running, now);
   }
   for (const dispatch::AttemptKey& attempt : links_.SilentRuns(*running, now)) {
-    DeclareLost(attempt, now);
+    DeclareLost(attempt, *running, now);
   }
   running = store.ListRunningAttempts();
   if (running.ok()) leases_.Watch(*nodes, *running, now);
@@ -93,22 +93,39 @@ void Dispatcher::Tick() {
   if (running.ok()) streams_.Follow(*running, now);
 }
 
-void Dispatcher::DeclareLost(const dispatch::AttemptKey& attempt, store::Time now) {
+void Dispatcher::DeclareLost(const dispatch::AttemptKey& attempt,
+                             const std::vector<store::RunningAttempt>& running, store::Time now) {
   const auto [trial_id, number] = attempt;
   streams_.Stop(attempt);
   if (Status lost = shared_.store.MarkAttemptLost(trial_id, number, now); !lost.ok()) {
     spdlog::warn("{}: {}", dispatch::AttemptName(trial_id, number), lost.ToString());
   }
+  auto lost = std::find_if(running.begin(), running.end(), [&](const store::RunningAttempt& a) {
+    return a.trial_id == trial_id && a.attempt == number;
+  });
+  if (lost != running.end() && !lost->nodes.empty()) StopRuns(*lost);
   shared_.changes.Notify();
+}
+
+void Dispatcher::StopRuns(const store::RunningAttempt& attempt) {
+  auto trial = shared_.store.GetTrial(attempt.trial_id);
+  if (!trial.ok()) return;
+  for (const store::AttemptNode& node : attempt.nodes) {
+    if (node.ended) continue;
+    if (const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(node.node)) {
+      dispatch::CancelRun(shared_, attempt, node.node, trial->name, *stub, std::nullopt);
+    }
+  }
 }
 
 StatusOr<store::NodeRemoval> Dispatcher::RemoveNode(const std::string& node) {
   ASSIGN_OR_RETURN(store::NodeRemoval removal, shared_.store.RemoveNode(node, shared_.clock.Now()));
+  links_.Disconnect(node);
   for (const store::RunningAttempt& attempt : removal.lost) {
     spdlog::warn("node {} removed: {} is lost and requeued", node, dispatch::AttemptName(attempt));
     streams_.Stop({attempt.trial_id, attempt.attempt});
+    if (!attempt.nodes.empty()) StopRuns(attempt);  // its runs on the other nodes
   }
-  links_.Disconnect(node);
   leases_.ForgetNode(node);
   hub_models_.ForgetNode(node);
   if (removal.result == store::NodeRemoval::Result::kRemoved) {

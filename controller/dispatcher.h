@@ -152,8 +152,12 @@ class Dispatcher {
  private:
   // How long the round thread may sleep before the next round. Requires the shared mutex.
   std::chrono::milliseconds UntilNextRound() const;
-  // Stops the attempt's stream reader and marks it lost (its trial is queued again).
-  void DeclareLost(const dispatch::AttemptKey& attempt, store::Time now);
+  // Stops the attempt's stream readers and marks it lost (its trial is queued again); a multi-node
+  // attempt's runs on its nodes that still answer are stopped, since their ranks cannot go on.
+  void DeclareLost(const dispatch::AttemptKey& attempt,
+                   const std::vector<store::RunningAttempt>& running, store::Time now);
+  // Stops a multi-node attempt's runs on those of its nodes that are connected.
+  void StopRuns(const store::RunningAttempt& attempt);
 
   dispatch::Shared shared_;
   // The parts, each using those declared before it.

@@ -182,7 +182,7 @@ void AgentLinks::Reconcile(Link& link, const std::vector<store::RunningAttempt>&
     known.emplace(run.key().experiment_id(), run.key().trial(), run.key().attempt());
   }
   for (const store::RunningAttempt& attempt : running) {
-    if (attempt.node != link.name) continue;
+    if (!attempt.RunsOn(link.name)) continue;
     auto trial = shared_.store.GetTrial(attempt.trial_id);
     if (!trial.ok()) continue;
     if (known.contains({attempt.experiment_id, trial->name, attempt.attempt})) continue;
@@ -200,20 +200,28 @@ std::vector<AttemptKey> AgentLinks::SilentRuns(const std::vector<store::RunningA
   {
     std::lock_guard lock(shared_.mutex);
     for (const store::RunningAttempt& attempt : running) {
-      auto link = links_.find(attempt.node);
-      const store::Time last_seen = link == links_.end()
-                                        ? attempt.started_at
-                                        : std::max(link->second->last_seen, attempt.started_at);
-      attempts.push_back({.trial_id = attempt.trial_id,
-                          .attempt = attempt.attempt,
-                          .agent = attempt.node,
-                          .agent_last_seen = last_seen});
+      // A multi-node attempt is lost when any of its nodes is silent: its ranks cannot go on
+      // without that node's.
+      for (const std::string& node : attempt.Nodes()) {
+        auto link = links_.find(node);
+        const store::Time last_seen = link == links_.end()
+                                          ? attempt.started_at
+                                          : std::max(link->second->last_seen, attempt.started_at);
+        attempts.push_back({.trial_id = attempt.trial_id,
+                            .attempt = attempt.attempt,
+                            .agent = node,
+                            .agent_last_seen = last_seen});
+      }
     }
   }
   const scheduler::LostAgentDecision decision =
       scheduler::DecideLostAttempts(attempts, now, shared_.options.requeue_after);
   std::vector<AttemptKey> silent;
   for (const scheduler::RunningAttempt& attempt : decision.requeue) {
+    if (std::find(silent.begin(), silent.end(), AttemptKey{attempt.trial_id, attempt.attempt}) !=
+        silent.end()) {
+      continue;  // another of its nodes is silent too
+    }
     spdlog::warn(
         "node {} silent for {} s: trial {} attempt {} is lost and requeued", attempt.agent,
         std::chrono::duration_cast<std::chrono::seconds>(now - attempt.agent_last_seen).count(),

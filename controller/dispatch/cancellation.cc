@@ -7,7 +7,7 @@
 
 namespace llmctl::controller::dispatch {
 
-void CancelRun(const Shared& shared, const store::RunningAttempt& attempt,
+void CancelRun(const Shared& shared, const store::RunningAttempt& attempt, const std::string& node,
                const std::string& trial_name, v1::Agent::Stub& stub,
                std::optional<std::chrono::milliseconds> checkpoint_grace) {
   v1::CancelRunRequest request;
@@ -22,7 +22,7 @@ void CancelRun(const Shared& shared, const store::RunningAttempt& attempt,
   auto context = shared.CallContext();
   const grpc::Status cancelled = stub.CancelRun(context.get(), request, &state);
   if (!cancelled.ok()) {
-    spdlog::warn("{} on node {}: CancelRun failed: {}", AttemptName(attempt), attempt.node,
+    spdlog::warn("{} on node {}: CancelRun failed: {}", AttemptName(attempt), node,
                  cancelled.error_message());
   }
 }
@@ -48,14 +48,18 @@ StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,
       std::vector<store::RunningAttempt> running,
       trial.empty() ? store.CancelExperiment(experiment_id) : store.CancelTrial(named->id));
   for (const store::RunningAttempt& attempt : running) {
-    const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(attempt.node);
     if (checkpoint) {
       checkpoints_.MarkStopped({attempt.trial_id, attempt.attempt},
                                "cancelled with a checkpoint (llmctl cancel --checkpoint)");
     }
-    if (stub == nullptr) continue;  // ends as cancelled when the attempt is declared lost
-    CancelRun(shared_, attempt, names[attempt.trial_id], *stub,
-              checkpoint ? std::optional(shared_.options.cancel_checkpoint_grace) : std::nullopt);
+    // Every node of a multi-node attempt: its ranks decide a stop together at a step's start, so
+    // each node's ranks stop at the same step.
+    for (const std::string& node : attempt.Nodes()) {
+      const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(node);
+      if (stub == nullptr) continue;  // ends as cancelled when the attempt is declared lost
+      CancelRun(shared_, attempt, node, names[attempt.trial_id], *stub,
+                checkpoint ? std::optional(shared_.options.cancel_checkpoint_grace) : std::nullopt);
+    }
   }
   shared_.changes.Notify();
   shared_.Wake();

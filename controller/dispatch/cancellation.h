@@ -21,9 +21,10 @@
 
 namespace llmctl::controller::dispatch {
 
-// Asks the agent to stop the attempt's run; a failure is logged. With `checkpoint_grace`, the
-// worker first checkpoints its last complete step and gets that long before it is killed.
-void CancelRun(const Shared& shared, const store::RunningAttempt& attempt,
+// Asks `node`'s agent (`stub`) to stop the attempt's run there; a failure is logged. With
+// `checkpoint_grace`, the worker first checkpoints its last complete step and gets that long before
+// it is killed.
+void CancelRun(const Shared& shared, const store::RunningAttempt& attempt, const std::string& node,
                const std::string& trial_name, v1::Agent::Stub& stub,
                std::optional<std::chrono::milliseconds> checkpoint_grace);
 

@@ -3,10 +3,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <set>
 
 #include "controller/device_samples.h"
+#include "controller/dispatch/cancellation.h"
 #include "rpc/status.h"
 
 namespace llmctl::controller::dispatch {
@@ -18,48 +20,91 @@ store::TrialState OutcomeState(const std::string& outcome) {
 }
 
 void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, store::Time now) {
-  std::set<AttemptKey> still_running;
+  std::set<StreamKey> still_running;
   for (const store::RunningAttempt& attempt : running) {
-    const AttemptKey key{attempt.trial_id, attempt.attempt};
-    still_running.insert(key);
-    std::shared_ptr<v1::Agent::Stub> stub;
-    Stream* stream = nullptr;
-    {
-      std::lock_guard lock(shared_.mutex);
-      const AgentLinks::Link* link = links_.FindLocked(attempt.node);
-      if (link == nullptr || !link->connected) continue;
-      std::unique_ptr<Stream>& entry = streams_[key];
-      if (entry == nullptr) entry = std::make_unique<Stream>();
-      if (!entry->done || entry->settled || now < entry->retry_at) continue;
-      if (link->stub == nullptr) continue;
-      stream = entry.get();
-      stub = link->stub;
-      stream->done = false;
-      stream->stop = false;
+    // (node rank, node) of each run still to follow.
+    std::vector<std::pair<int64_t, std::string>> runs;
+    if (attempt.nodes.empty()) runs.emplace_back(0, attempt.node);
+    for (const store::AttemptNode& node : attempt.nodes) {
+      if (!node.ended) runs.emplace_back(node.node_rank, node.node);
     }
-    if (stream->thread.joinable()) stream->thread.join();
-    if (stream->trial_name.empty()) {
-      auto trial = shared_.store.GetTrial(attempt.trial_id);
-      if (!trial.ok()) {
+    for (const auto& [node_rank, node] : runs) {
+      const StreamKey key{attempt.trial_id, attempt.attempt, node_rank};
+      still_running.insert(key);
+      std::shared_ptr<v1::Agent::Stub> stub;
+      Stream* stream = nullptr;
+      {
         std::lock_guard lock(shared_.mutex);
-        stream->done = true;
-        continue;
+        const AgentLinks::Link* link = links_.FindLocked(node);
+        if (link == nullptr || !link->connected) continue;
+        std::unique_ptr<Stream>& entry = streams_[key];
+        if (entry == nullptr) entry = std::make_unique<Stream>();
+        if (!entry->done || entry->settled || now < entry->retry_at) continue;
+        if (link->stub == nullptr) continue;
+        stream = entry.get();
+        stub = link->stub;
+        stream->done = false;
+        stream->stop = false;
       }
-      stream->trial_name = trial->name;
+      if (stream->thread.joinable()) stream->thread.join();
+      if (stream->trial_name.empty()) {
+        auto trial = shared_.store.GetTrial(attempt.trial_id);
+        if (!trial.ok()) {
+          std::lock_guard lock(shared_.mutex);
+          stream->done = true;
+          continue;
+        }
+        stream->trial_name = trial->name;
+      }
+      stream->attempt = attempt;
+      stream->node_rank = node_rank;
+      stream->node = node;
+      stream->stub = std::move(stub);
+      stream->thread = std::thread([this, stream] { Read(*stream, *stream->stub); });
     }
-    stream->attempt = attempt;
-    stream->stub = std::move(stub);
-    stream->thread = std::thread([this, stream] { Read(*stream, *stream->stub); });
   }
-  // Attempts that ended or were lost: their readers are no longer needed.
-  std::vector<AttemptKey> gone;
+  // Attempts (and nodes) that ended or were lost: their readers are no longer needed.
+  std::vector<StreamKey> gone;
   {
     std::lock_guard lock(shared_.mutex);
     for (const auto& [key, stream] : streams_) {
       if (!still_running.contains(key)) gone.push_back(key);
     }
   }
-  for (const AttemptKey& key : gone) Stop(key);
+  for (const StreamKey& key : gone) StopStream(key);
+}
+
+Status EventStreams::Finish(Stream& stream, const v1::RunEnded& end) {
+  store::Store& store = shared_.store;
+  const store::RunningAttempt& attempt = stream.attempt;
+  std::string error = end.error();
+  if (end.outcome() == "invalid" && error.empty()) error = "the trainer refused the config";
+  // Rank 0's checkpoint, on node rank 0.
+  if (stream.node_rank == 0) {
+    if (std::optional<std::string> stopped_error =
+            checkpoints_.OnEnded(attempt, stream.trial_name, end.outcome(), stream.result_json)) {
+      error = *std::move(stopped_error);
+    }
+  }
+  if (attempt.nodes.empty()) {
+    return store.FinishAttempt(attempt.trial_id, attempt.attempt, OutcomeState(end.outcome()),
+                               end.exit_code(), error, shared_.clock.Now());
+  }
+  ASSIGN_OR_RETURN(const std::optional<store::TrialState> ended,
+                   store.FinishAttemptNode(attempt.trial_id, attempt.attempt, stream.node_rank,
+                                           OutcomeState(end.outcome()), end.exit_code(), error,
+                                           shared_.clock.Now()));
+  if (!ended && end.outcome() != "ok") {
+    spdlog::warn("{} on node {} (node rank {}) ended {}: stopping its other nodes' runs",
+                 AttemptName(attempt), stream.node, stream.node_rank, end.outcome());
+    for (const store::AttemptNode& node : attempt.nodes) {
+      if (node.node_rank == stream.node_rank) continue;
+      if (const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(node.node)) {
+        CancelRun(shared_, attempt, node.node, stream.trial_name, *stub, std::nullopt);
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
@@ -80,9 +125,9 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
     if (!stopped) stream.context = &context;
   }
   if (!last_seq.ok() || !last_sample_seq.ok() || !last_rank_seqs.ok()) {
-    result = !last_seq.ok()          ? last_seq.status()
+    result = !last_seq.ok()         ? last_seq.status()
              : !last_rank_seqs.ok() ? last_rank_seqs.status()
-                                     : last_sample_seq.status();
+                                    : last_sample_seq.status();
   } else if (!stopped) {
     v1::StreamEventsRequest request;
     request.mutable_key()->set_experiment_id(attempt.experiment_id);
@@ -92,7 +137,9 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
     for (const auto& [rank, seq] : *last_rank_seqs) {
       (*request.mutable_from_rank_seq())[rank] = seq + 1;
     }
-    request.set_from_sample_seq(*last_sample_seq + 1);
+    // Samples are numbered per node: the store keeps node rank 0's.
+    request.set_from_sample_seq(stream.node_rank == 0 ? *last_sample_seq + 1
+                                                      : std::numeric_limits<int64_t>::max());
     auto reader = stub.StreamEvents(&context, request);
     v1::StreamEventsResponse response;
     while (reader->Read(&response)) {
@@ -122,20 +169,12 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
         // A batch the store refuses is lost, not the stream: samples only show how it runs.
         if (!stored.ok()) {
           spdlog::warn("{} on node {}: device samples dropped: {}", AttemptName(attempt),
-                       attempt.node, stored.status().ToString());
+                       stream.node, stored.status().ToString());
         } else if (*stored > 0) {
           shared_.changes.Notify();
         }
       } else if (response.has_ended()) {
-        const v1::RunEnded& end = response.ended();
-        std::string error = end.error();
-        if (end.outcome() == "invalid" && error.empty()) error = "the trainer refused the config";
-        if (std::optional<std::string> stopped_error = checkpoints_.OnEnded(
-                attempt, stream.trial_name, end.outcome(), stream.result_json)) {
-          error = *std::move(stopped_error);
-        }
-        result = store.FinishAttempt(attempt.trial_id, attempt.attempt, OutcomeState(end.outcome()),
-                                     end.exit_code(), error, shared_.clock.Now());
+        result = Finish(stream, response.ended());
         ended = true;
         shared_.changes.Notify();
         if (!result.ok()) break;
@@ -148,7 +187,7 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
     }
   }
   if (!result.ok() && result.code() != StatusCode::kCancelled) {
-    spdlog::warn("{} on node {}: event stream: {}", AttemptName(attempt), attempt.node,
+    spdlog::warn("{} on node {}: event stream: {}", AttemptName(attempt), stream.node,
                  result.ToString());
   }
   {
@@ -169,6 +208,20 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
 }
 
 void EventStreams::Stop(const AttemptKey& key) {
+  std::vector<StreamKey> keys;
+  {
+    std::lock_guard lock(shared_.mutex);
+    for (auto it = streams_.lower_bound({key.first, key.second, 0});
+         it != streams_.end() && std::get<0>(it->first) == key.first &&
+         std::get<1>(it->first) == key.second;
+         ++it) {
+      keys.push_back(it->first);
+    }
+  }
+  for (const StreamKey& stream : keys) StopStream(stream);
+}
+
+void EventStreams::StopStream(const StreamKey& key) {
   std::unique_ptr<Stream> stream;
   {
     std::lock_guard lock(shared_.mutex);
@@ -183,12 +236,12 @@ void EventStreams::Stop(const AttemptKey& key) {
 }
 
 void EventStreams::StopAll() {
-  std::vector<AttemptKey> keys;
+  std::vector<StreamKey> keys;
   {
     std::lock_guard lock(shared_.mutex);
     for (const auto& [key, stream] : streams_) keys.push_back(key);
   }
-  for (const AttemptKey& key : keys) Stop(key);
+  for (const StreamKey& key : keys) StopStream(key);
 }
 
 int EventStreams::Active() {

@@ -5,6 +5,12 @@
 // stream is reopened after a backoff that doubles up to backoff_max, from the last stored seq; a
 // fenced-off attempt (the store refuses it) is never reopened. Readers of attempts that are no
 // longer running stop.
+//
+// A multi-node attempt has a reader per node, each resuming every rank after its last stored line
+// (a node's agent sends its own ranks); a node's end is recorded with FinishAttemptNode, which ends
+// the attempt once every node's has. A node whose run ends otherwise than ok has its peers'
+// runs stopped at once: their ranks would otherwise wait in a collective until its timeout.
+// Device samples are node rank 0's (they are numbered per node).
 #ifndef LLMCTL_CONTROLLER_DISPATCH_EVENT_STREAMS_H_
 #define LLMCTL_CONTROLLER_DISPATCH_EVENT_STREAMS_H_
 
@@ -15,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "controller/dispatch/agent_links.h"
@@ -37,7 +44,7 @@ class EventStreams {
   // One round: starts (or restarts, once their backoff is over) the readers of the `running`
   // attempts, and stops those of attempts no longer running.
   void Follow(const std::vector<store::RunningAttempt>& running, store::Time now);
-  // Stops the attempt's reader and waits for it.
+  // Stops the attempt's readers (one per node) and waits for them.
   void Stop(const AttemptKey& key);
   // Every reader (Dispatcher::Stop).
   void StopAll();
@@ -47,8 +54,12 @@ class EventStreams {
   void CollectWakeTimesLocked(std::vector<store::Time>& times) const;
 
  private:
+  // (trial id, attempt, node rank)
+  using StreamKey = std::tuple<int64_t, int64_t, int64_t>;
   struct Stream {
     store::RunningAttempt attempt;
+    int64_t node_rank = 0;
+    std::string node;  // node rank `node_rank`'s
     std::string trial_name;
     std::thread thread;
     std::shared_ptr<v1::Agent::Stub> stub;  // the reader's own reference
@@ -64,11 +75,14 @@ class EventStreams {
   };
 
   void Read(Stream& stream, v1::Agent::Stub& stub);
+  // Records how a node's run ended; for a single-node attempt, the attempt's end.
+  Status Finish(Stream& stream, const v1::RunEnded& end);
+  void StopStream(const StreamKey& key);
 
   Shared& shared_;
   AgentLinks& links_;
   CheckpointCopies& checkpoints_;
-  std::map<AttemptKey, std::unique_ptr<Stream>> streams_;  // guarded by the shared mutex
+  std::map<StreamKey, std::unique_ptr<Stream>> streams_;  // guarded by the shared mutex
 };
 
 }  // namespace llmctl::controller::dispatch

@@ -10,6 +10,7 @@
 
 #include "common/model_config.h"
 #include "common/trial_config.h"
+#include "controller/dispatch/cancellation.h"
 #include "controller/submission.h"
 #include "rpc/status.h"
 #include "rpc/transfer.h"
@@ -29,48 +30,44 @@ v1::InputTree ToProto(const digest::InputTree& tree) {
   return proto;
 }
 
-Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
-                        const std::vector<int64_t>& devices, store::Time now) {
+std::string RendezvousHost(const std::string& agent_address) {
+  std::string address = agent_address;
+  for (const char* scheme : {"dns:///", "ipv4:", "ipv6:"}) {
+    if (address.starts_with(scheme)) address = address.substr(std::string_view(scheme).size());
+  }
+  // An agent on a Unix socket is on the controller's own host, as are its peers.
+  if (address.starts_with("unix:") || address.starts_with("unix-abstract:")) return "127.0.0.1";
+  if (address.starts_with("[")) {
+    const size_t close = address.find(']');
+    return close == std::string::npos ? address : address.substr(1, close - 1);
+  }
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+StatusOr<Launcher::Readiness> Launcher::Prepare(const store::TrialRecord& trial,
+                                                const TrialConfig& config, AgentLinks::Link& link,
+                                                v1::Agent::Stub& stub, v1::RunTrialRequest& request,
+                                                std::string& failure, store::Time now) {
   store::Store& store = shared_.store;
-  const int64_t attempt = trial.current_attempt + 1;
-  std::shared_ptr<v1::Agent::Stub> stub;
-  {
-    std::lock_guard lock(shared_.mutex);
-    stub = link.stub;
-  }
-  if (stub == nullptr) return UnavailableError("node " + link.name + " is not connected");
-  nlohmann::json config_json;
-  try {
-    config_json = nlohmann::json::parse(trial.config_json);
-  } catch (const nlohmann::json::exception& e) {
-    return DataLossError("stored config is damaged: " + std::string(e.what()));
-  }
-  ASSIGN_OR_RETURN(TrialConfig config, TrialConfig::FromJson(config_json));
   ASSIGN_OR_RETURN(auto inputs, store.GetInputs(trial.experiment_id));
   if (const std::string model = config.GetString("model"); IsHubModelRef(model)) {
     StatusOr<bool> ready = hub_models_.Ensure(link, model, trial.experiment_id, now);
     if (!ready.ok()) {
-      // Preparing cannot succeed: running the trial anywhere would fail the same way.
-      ASSIGN_OR_RETURN(int64_t started, store.StartAttempt(trial.id, link.name, now));
-      RETURN_IF_ERROR(store.FinishAttempt(trial.id, started, store::TrialState::kFailed,
-                                          std::nullopt, ready.status().message(), now));
-      shared_.changes.Notify();
-      return Status::Ok();
+      failure = ready.status().message();
+      return Readiness::kFailed;
     }
-    if (!*ready) return Status::Ok();  // still queued; placed again once the model is there
+    if (!*ready) return Readiness::kWaiting;  // placed again once the model is there
   }
-
-  v1::RunTrialRequest request;
   request.mutable_key()->set_experiment_id(trial.experiment_id);
   request.mutable_key()->set_trial(trial.name);
-  request.mutable_key()->set_attempt(static_cast<int32_t>(attempt));
+  request.mutable_key()->set_attempt(static_cast<int32_t>(trial.current_attempt + 1));
   request.set_config_json(trial.config_json);
   for (const auto& [key, tree_digest] : TrialInputDigests(config, inputs)) {
     ASSIGN_OR_RETURN(digest::InputTree tree, shared_.blobs.GetTree(tree_digest));
-    RETURN_IF_ERROR(EnsureBlobs(*stub, tree).WithContext("sending input '" + key + "'"));
+    RETURN_IF_ERROR(EnsureBlobs(stub, tree).WithContext("sending input '" + key + "'"));
     (*request.mutable_inputs())[key] = ToProto(tree);
   }
-  for (int64_t index : devices) request.add_device_indices(static_cast<int32_t>(index));
   if (trial.resume) {
     v1::RunKey* from = request.mutable_resume_from()->mutable_run();
     from->set_experiment_id(trial.experiment_id);
@@ -80,24 +77,71 @@ Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
     if (!trial.resume->tree.empty()) {
       // The controller's copy goes to the node like an input, whichever node it is.
       ASSIGN_OR_RETURN(digest::InputTree tree, shared_.blobs.GetTree(trial.resume->tree));
-      RETURN_IF_ERROR(EnsureBlobs(*stub, tree).WithContext("sending the checkpoint to resume"));
+      RETURN_IF_ERROR(EnsureBlobs(stub, tree).WithContext("sending the checkpoint to resume"));
       *request.mutable_resume_from()->mutable_tree() = ToProto(tree);
     }
   }
+  return Readiness::kReady;
+}
+
+std::shared_ptr<v1::Agent::Stub> Launcher::StubOf(AgentLinks::Link& link) {
+  std::lock_guard lock(shared_.mutex);
+  return link.stub;
+}
+
+bool Launcher::Refused(const store::TrialRecord& trial, const grpc::Status& ran) {
+  // The agent refuses the trial itself, or (for a resumed trial) no longer has its checkpoint:
+  // running it again cannot help.
+  return ran.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+         (trial.resume && ran.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+void Launcher::ForgetLostHubModel(const TrialConfig& config, AgentLinks::Link& link,
+                                  const grpc::Status& ran) {
+  if (const std::string model = config.GetString("model");
+      IsHubModelRef(model) && ran.error_code() == grpc::StatusCode::NOT_FOUND) {
+    // The agent lost its copy (a wiped cache): prepare it again.
+    hub_models_.Forget(link.name, model);
+  }
+}
+
+StatusOr<TrialConfig> Launcher::StoredConfig(const store::TrialRecord& trial) {
+  nlohmann::json config_json;
+  try {
+    config_json = nlohmann::json::parse(trial.config_json);
+  } catch (const nlohmann::json::exception& e) {
+    return DataLossError("stored config is damaged: " + std::string(e.what()));
+  }
+  return TrialConfig::FromJson(config_json);
+}
+
+Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
+                        const std::vector<int64_t>& devices, store::Time now) {
+  store::Store& store = shared_.store;
+  std::shared_ptr<v1::Agent::Stub> stub = StubOf(link);
+  if (stub == nullptr) return UnavailableError("node " + link.name + " is not connected");
+  ASSIGN_OR_RETURN(const TrialConfig config, StoredConfig(trial));
+  v1::RunTrialRequest request;
+  std::string failure;
+  ASSIGN_OR_RETURN(const Readiness readiness,
+                   Prepare(trial, config, link, *stub, request, failure, now));
+  if (readiness == Readiness::kWaiting) return Status::Ok();
+  if (readiness == Readiness::kFailed) {
+    // Preparing cannot succeed: running the trial anywhere would fail the same way.
+    ASSIGN_OR_RETURN(int64_t started, store.StartAttempt(trial.id, link.name, now));
+    RETURN_IF_ERROR(store.FinishAttempt(trial.id, started, store::TrialState::kFailed, std::nullopt,
+                                        failure, now));
+    shared_.changes.Notify();
+    return Status::Ok();
+  }
+  for (int64_t index : devices) request.add_device_indices(static_cast<int32_t>(index));
 
   v1::RunState state;
   auto context = shared_.CallContext();
   const grpc::Status ran = stub->RunTrial(context.get(), request, &state);
-  // The agent refuses the trial itself, or (for a resumed trial) no longer has its checkpoint:
-  // running it again cannot help.
-  const bool refused = ran.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
-                       (trial.resume && ran.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  const bool refused = Refused(trial, ran);
   if (!ran.ok() && !refused) {
-    if (const std::string model = config.GetString("model");
-        IsHubModelRef(model) && ran.error_code() == grpc::StatusCode::NOT_FOUND) {
-      // The agent lost its copy (a wiped cache): prepare it again.
-      hub_models_.Forget(link.name, model);
-    }
+    ForgetLostHubModel(config, link, ran);
     return rpc::FromGrpcStatus(ran).WithContext("RunTrial");
   }
   ASSIGN_OR_RETURN(int64_t started, store.StartAttempt(trial.id, link.name, now, devices));
@@ -109,6 +153,103 @@ Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
   }
   spdlog::info("trial {} of experiment {}: attempt {} started on node {}", trial.name,
                trial.experiment_id, started, link.name);
+  shared_.changes.Notify();
+  return Status::Ok();
+}
+
+Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
+                                 const std::vector<AgentLinks::Link*>& links,
+                                 const std::vector<std::vector<int64_t>>& devices,
+                                 store::Time now) {
+  store::Store& store = shared_.store;
+  const int nodes = static_cast<int>(links.size());
+  ASSIGN_OR_RETURN(const TrialConfig config, StoredConfig(trial));
+  std::vector<std::shared_ptr<v1::Agent::Stub>> stubs;
+  std::vector<v1::RunTrialRequest> requests(nodes);
+  std::vector<store::AttemptNode> attempt_nodes;
+  for (int rank = 0; rank < nodes; ++rank) {
+    AgentLinks::Link& link = *links[rank];
+    stubs.push_back(StubOf(link));
+    if (stubs.back() == nullptr) return UnavailableError("node " + link.name + " is not connected");
+    std::string failure;
+    ASSIGN_OR_RETURN(const Readiness readiness,
+                     Prepare(trial, config, link, *stubs.back(), requests[rank], failure, now));
+    if (readiness == Readiness::kWaiting) return Status::Ok();
+    if (readiness == Readiness::kFailed) {
+      ASSIGN_OR_RETURN(int64_t started, store.StartAttempt(trial.id, links[0]->name, now));
+      RETURN_IF_ERROR(store.FinishAttempt(trial.id, started, store::TrialState::kFailed,
+                                          std::nullopt, "node " + link.name + ": " + failure, now));
+      shared_.changes.Notify();
+      return Status::Ok();
+    }
+    for (int64_t index : devices[rank])
+      requests[rank].add_device_indices(static_cast<int32_t>(index));
+    attempt_nodes.push_back(
+        {.node_rank = rank, .node = link.name, .device_indices = devices[rank], .ended = false});
+  }
+  // Recorded before any node runs it, unlike a one-node attempt: node rank 0 must start first to
+  // tell the others its rendezvous port, so a crash half-way leaves runs that no retry of the same
+  // attempt could join. A run recorded here but never started is found missing by the agent's
+  // reconciliation and the attempt is lost (and its other runs stopped); a run started but not yet
+  // recorded cannot exist.
+  ASSIGN_OR_RETURN(const int64_t attempt,
+                   store.StartMultiNodeAttempt(trial.id, attempt_nodes, now));
+  std::vector<int> started;
+  // Stops what already runs, then ends the attempt: failed when a node refused the trial, lost
+  // (queued again as the next attempt) otherwise.
+  const auto abandon = [&](int rank, const grpc::Status& ran, const std::string& what) {
+    const store::RunningAttempt running{.trial_id = trial.id,
+                                        .experiment_id = trial.experiment_id,
+                                        .attempt = attempt,
+                                        .node = links[0]->name,
+                                        .started_at = now,
+                                        .device_indices = devices[0],
+                                        .nodes = attempt_nodes};
+    for (int other : started) {
+      CancelRun(shared_, running, links[other]->name, trial.name, *stubs[other], std::nullopt);
+    }
+    const std::string where = "node " + links[rank]->name + " (node rank " + std::to_string(rank) +
+                              " of " + std::to_string(nodes) + ")";
+    if (Refused(trial, ran)) {
+      RETURN_IF_ERROR(
+          store.FinishAttempt(trial.id, attempt, store::TrialState::kFailed, std::nullopt,
+                              where + ": the agent refused it: " + ran.error_message(), now));
+      shared_.changes.Notify();
+      return Status::Ok();
+    }
+    ForgetLostHubModel(config, *links[rank], ran);
+    RETURN_IF_ERROR(store.MarkAttemptLost(trial.id, attempt, now));
+    shared_.changes.Notify();
+    return UnavailableError(where + ": " + what +
+                            "; the attempt is lost and the trial queued again");
+  };
+  v1::RunState state;
+  requests[0].mutable_node_group()->set_node_rank(0);
+  requests[0].mutable_node_group()->set_nodes(nodes);
+  {
+    auto context = shared_.CallContext();
+    const grpc::Status ran = stubs[0]->RunTrial(context.get(), requests[0], &state);
+    if (!ran.ok()) return abandon(0, ran, "RunTrial: " + ran.error_message());
+    started.push_back(0);
+    if (state.master_port() <= 0) {
+      return abandon(0, grpc::Status::OK, "its ranks did not report their rendezvous port");
+    }
+  }
+  const std::string master_addr = RendezvousHost(links[0]->address);
+  for (int rank = 1; rank < nodes; ++rank) {
+    v1::NodeGroup* group = requests[rank].mutable_node_group();
+    group->set_node_rank(rank);
+    group->set_nodes(nodes);
+    group->set_master_addr(master_addr);
+    group->set_master_port(state.master_port());
+    v1::RunState joined;
+    auto context = shared_.CallContext();
+    const grpc::Status ran = stubs[rank]->RunTrial(context.get(), requests[rank], &joined);
+    if (!ran.ok()) return abandon(rank, ran, "RunTrial: " + ran.error_message());
+    started.push_back(rank);
+  }
+  spdlog::info("trial {} of experiment {}: attempt {} started on {} nodes, rendezvous at {}:{}",
+               trial.name, trial.experiment_id, attempt, nodes, master_addr, state.master_port());
   shared_.changes.Notify();
   return Status::Ok();
 }

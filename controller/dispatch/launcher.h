@@ -5,14 +5,23 @@
 // idempotent on its key (same trial, same attempt number). StartAttempt records the device indices
 // the attempt holds, so a restarted controller places around them. Where a trial goes is
 // placement.h's business (and the scheduler's), not this file's.
+//
+// A multi-node trial (the trial key `nodes` > 1) is prepared the same way on each of its nodes,
+// recorded (StartMultiNodeAttempt), then started node rank 0 first: its agent answers with the
+// port its ranks serve the rendezvous on, and every other node is started with that port and node
+// rank 0's host (RendezvousHost). If a node cannot start it, the runs already started are stopped
+// and the attempt ends: failed when the agent refused the trial, else lost (queued again).
 #ifndef LLMCTL_CONTROLLER_DISPATCH_LAUNCHER_H_
 #define LLMCTL_CONTROLLER_DISPATCH_LAUNCHER_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "common/digest/digest.h"
 #include "common/status.h"
+#include "common/trial_config.h"
 #include "controller/dispatch/agent_links.h"
 #include "controller/dispatch/hub_preparation.h"
 #include "controller/dispatch/shared.h"
@@ -22,6 +31,11 @@ namespace llmctl::controller::dispatch {
 
 // The tree as agent.proto carries it.
 v1::InputTree ToProto(const digest::InputTree& tree);
+
+// The host in an agent's gRPC address ("10.0.0.5:7443" → "10.0.0.5", "[fe80::1]:7443" →
+// "fe80::1"), where the other nodes of a multi-node trial reach node rank 0's rendezvous; an agent
+// on a Unix socket is on this host: 127.0.0.1.
+std::string RendezvousHost(const std::string& agent_address);
 
 class Launcher {
  public:
@@ -33,8 +47,31 @@ class Launcher {
   // model cannot be prepared); an error when it should be placed again.
   Status Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
                 const std::vector<int64_t>& devices, store::Time now);
+  // Starts a multi-node trial's next attempt on `links` (node rank i at index i) with `devices`
+  // (per node), as the file comment says. OK as Launch is; an error when it should be placed again.
+  Status LaunchMultiNode(const store::TrialRecord& trial,
+                         const std::vector<AgentLinks::Link*>& links,
+                         const std::vector<std::vector<int64_t>>& devices, store::Time now);
 
  private:
+  enum class Readiness {
+    kReady,    // `request` is complete but for the devices and the node group
+    kWaiting,  // its hub model is being prepared there: the trial stays queued
+    kFailed,   // it cannot run anywhere (`failure` says why)
+  };
+  // Readies `link`'s node for the trial: its hub model, the blobs of its inputs and of the
+  // checkpoint it resumes from; fills `request`.
+  StatusOr<Readiness> Prepare(const store::TrialRecord& trial, const TrialConfig& config,
+                              AgentLinks::Link& link, v1::Agent::Stub& stub,
+                              v1::RunTrialRequest& request, std::string& failure, store::Time now);
+  std::shared_ptr<v1::Agent::Stub> StubOf(AgentLinks::Link& link);
+  // Whether RunTrial's error means the trial cannot run (rather than should be placed again).
+  static bool Refused(const store::TrialRecord& trial, const grpc::Status& ran);
+  // After RunTrial's NOT_FOUND for a hub model: the agent lost its copy, to be prepared again.
+  void ForgetLostHubModel(const TrialConfig& config, AgentLinks::Link& link,
+                          const grpc::Status& ran);
+  static StatusOr<TrialConfig> StoredConfig(const store::TrialRecord& trial);
+
   // Sends the agent the tree's blobs it lacks (MissingBlobs, then UploadBlob each).
   Status EnsureBlobs(v1::Agent::Stub& stub, const digest::InputTree& tree);
 

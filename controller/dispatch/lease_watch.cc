@@ -36,12 +36,11 @@ void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
     }
     if (now < node.lease->ends - options.lease_stop_margin) continue;
     for (const store::RunningAttempt& attempt : running) {
-      if (attempt.node != node.name) continue;
+      if (!attempt.RunsOn(node.name)) continue;
       if (!checkpoints_.MarkStopped({attempt.trial_id, attempt.attempt},
                                     ends + ": stopped before it does")) {
         continue;  // stopped already
       }
-      const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(node.name);
       auto trial = shared_.store.GetTrial(attempt.trial_id);
       if (!trial.ok()) continue;
       spdlog::warn("{} on node {}: {}: checkpointing and stopping it", AttemptName(attempt),
@@ -51,8 +50,12 @@ void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
       const auto grace = std::max(std::chrono::milliseconds(0),
                                   std::chrono::duration_cast<std::chrono::milliseconds>(
                                       node.lease->ends - now - options.lease_stop_reserve));
-      // Unreachable: the attempt is declared lost and requeued like any other.
-      if (stub != nullptr) CancelRun(shared_, attempt, trial->name, *stub, grace);
+      // Every node of a multi-node attempt, whose other nodes' leases may last: its ranks stop
+      // together. Unreachable: the attempt is declared lost and requeued like any other.
+      for (const std::string& running_node : attempt.Nodes()) {
+        const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(running_node);
+        if (stub != nullptr) CancelRun(shared_, attempt, running_node, trial->name, *stub, grace);
+      }
     }
   }
   std::lock_guard lock(shared_.mutex);

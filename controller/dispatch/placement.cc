@@ -39,12 +39,20 @@ std::string WaitingNotice(const store::TrialRecord& trial,
                      ", which is not connected or takes no new trials (its lease ends soon); "
                      "it waits for it (llmctl nodes)";
   }
-  std::string where = "no connected node";
+  std::string with;
   for (const auto& [name, value] : target) {
-    where += (where == "no connected node" ? " with " : ", ") + name + " " + value;
+    with += (with.empty() ? " with " : ", ") + name + " " + value;
   }
-  return where + " has " + std::to_string(trial.device_count) + " " + trial.device_type +
-         " device(s); the trial waits until one does (llmctl nodes, llmctl node up)" + unusable;
+  const std::string devices =
+      std::to_string(trial.device_count) + " " + trial.device_type + " device(s)";
+  if (const int64_t nodes = NodesOf(trial); nodes > 1) {
+    const std::string count = std::to_string(nodes);
+    return "fewer than " + count + " connected nodes" + with + " have " + devices +
+           " each (it spans " + count + " nodes); the trial waits until " + count +
+           " do (llmctl nodes, llmctl node up)" + unusable;
+  }
+  return "no connected node" + with + " has " + devices +
+         "; the trial waits until one does (llmctl nodes, llmctl node up)" + unusable;
 }
 
 void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, store::Time now) {
@@ -61,10 +69,22 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
   }
 
   // Which devices the running attempts hold, as the store recorded them when they started, so a
-  // restarted controller sees the same occupancy. Attempts stored without indices (started before
-  // the store kept them) are then taken to hold the lowest indices still free.
-  std::map<std::string, std::vector<const store::RunningAttempt*>> running_on;
-  for (const store::RunningAttempt& attempt : running) running_on[attempt.node].push_back(&attempt);
+  // restarted controller sees the same occupancy: on each node of a multi-node attempt, that
+  // node's. Attempts stored without indices (started before the store kept them) are then taken to
+  // hold the lowest indices still free.
+  struct Holding {
+    const store::RunningAttempt* attempt;
+    const std::vector<int64_t>* device_indices;
+  };
+  std::map<std::string, std::vector<Holding>> running_on;
+  for (const store::RunningAttempt& attempt : running) {
+    if (attempt.nodes.empty()) {
+      running_on[attempt.node].push_back({&attempt, &attempt.device_indices});
+    }
+    for (const store::AttemptNode& node : attempt.nodes) {
+      running_on[node.node].push_back({&attempt, &node.device_indices});
+    }
+  }
   // A node's labels are its lease's site and flavor; an experiment's `target:` must match them.
   std::map<std::string, std::map<std::string, std::string>> labels;
   std::set<std::string> registered;  // not removed
@@ -98,17 +118,17 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
   }
   for (scheduler::Agent& agent : agents) {
     std::vector<std::pair<scheduler::DevicePool*, int64_t>> unrecorded;  // (pool, device count)
-    for (const store::RunningAttempt* attempt : running_on[agent.name]) {
+    for (const auto& [attempt, device_indices] : running_on[agent.name]) {
       auto trial = store.GetTrial(attempt->trial_id);
       if (!trial.ok()) continue;
       auto pool = std::find_if(
           agent.pools.begin(), agent.pools.end(),
           [&](const scheduler::DevicePool& p) { return p.type == trial->device_type; });
       if (pool == agent.pools.end()) continue;
-      if (attempt->device_indices.empty()) {
+      if (device_indices->empty()) {
         unrecorded.emplace_back(&*pool, trial->device_count);
       } else {
-        pool->busy.insert(attempt->device_indices.begin(), attempt->device_indices.end());
+        pool->busy.insert(device_indices->begin(), device_indices->end());
       }
     }
     // After every recorded index, so a guess never lands on a device known to be busy.
@@ -125,16 +145,6 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
   // Why trials wait, for their notices.
   std::map<int64_t, std::string> waiting;
   for (const store::TrialRecord& trial : *queued) {
-    // The scheduler can place a multi-node trial (`nodes` > 1), but nothing launches one across
-    // nodes yet: it stays queued with a notice, and is not offered to the scheduler, so it
-    // neither runs on one node as if it were smaller nor holds devices back from other trials.
-    if (const int64_t nodes = NodesOf(trial); nodes > 1) {
-      waiting[trial.id] =
-          "multi-node trials are not launched yet (nodes: " + std::to_string(nodes) +
-          "); it stays queued (llmctl cancel " + std::to_string(trial.experiment_id) +
-          " --trial '" + trial.name + "')";
-      continue;
-    }
     if (!targets.contains(trial.experiment_id)) {
       // Only what a node's labels say (its lease's site and flavor) can be matched.
       std::map<std::string, std::string>& target = targets[trial.experiment_id];
@@ -153,7 +163,8 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
          .target = targets[trial.experiment_id],
          // Without the controller's copy of its checkpoint, only the node that
          // holds it can continue the trial.
-         .only_agent = trial.resume && trial.resume->tree.empty() ? trial.resume->node : ""});
+         .only_agent = trial.resume && trial.resume->tree.empty() ? trial.resume->node : "",
+         .nodes = NodesOf(trial)});
     by_id[trial.id] = &trial;
   }
   const scheduler::Placement placement = scheduler::PlaceTrials(queue, agents);
@@ -186,6 +197,19 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
     if (!launched.ok()) {
       spdlog::warn("trial {} of experiment {} on node {}: {}", trial.name, trial.experiment_id,
                    assignment.agent, launched.ToString());
+    }
+  }
+  for (const scheduler::MultiNodeAssignment& assignment : placement.multi_node_assignments) {
+    const store::TrialRecord& trial = *by_id.at(assignment.trial_id);
+    std::vector<AgentLinks::Link*> links;
+    std::vector<std::vector<int64_t>> devices;
+    for (const scheduler::NodeAssignment& node : assignment.nodes) {
+      links.push_back(connected.at(node.agent));
+      devices.push_back(node.device_indices);
+    }
+    if (Status launched = launcher_.LaunchMultiNode(trial, links, devices, now); !launched.ok()) {
+      spdlog::warn("trial {} of experiment {} on {} nodes: {}", trial.name, trial.experiment_id,
+                   links.size(), launched.ToString());
     }
   }
 }

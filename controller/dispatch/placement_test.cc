@@ -134,9 +134,9 @@ TEST_F(PlacementTest, ATrialWaitingForBusyDevicesShowsTheSchedulersReason) {
   EXPECT_EQ(daemon_->dispatcher().QueuedNotice(OnlyTrial(second).id), "");
 }
 
-// The scheduler's multi-node rule is not wired to a launch yet: a trial with nodes > 1 stays
-// queued with a notice saying so, and holds nothing back from a later single-node trial.
-TEST_F(PlacementTest, AMultiNodeTrialIsNotLaunchedYetAndHoldsNothingBack) {
+// A trial with nodes: 2 and one connected node can never run now: it waits with a notice saying
+// it spans 2 nodes, and holds nothing back from a later single-node trial.
+TEST_F(PlacementTest, AMultiNodeTrialWithTooFewNodesWaitsAndHoldsNothingBack) {
   std::string text(kExperiment);
   text.replace(text.find("max_steps: 2"), std::string_view("max_steps: 2").size(),
                "global_batch_size: 4, max_steps: 2");
@@ -152,7 +152,9 @@ TEST_F(PlacementTest, AMultiNodeTrialIsNotLaunchedYetAndHoldsNothingBack) {
   EXPECT_EQ(OnlyTrial(multi).state, store::TrialState::kQueued);
   EXPECT_EQ(RunsStarted(), 0u);
   const std::string notice = daemon_->dispatcher().QueuedNotice(OnlyTrial(multi).id);
-  EXPECT_EQ(notice.rfind("multi-node trials are not launched yet (nodes: 2)", 0), 0u) << notice;
+  EXPECT_EQ(notice,
+            "fewer than 2 connected nodes have 1 cpu device(s) each (it spans 2 nodes); the trial "
+            "waits until 2 do (llmctl nodes, llmctl node up)");
 
   const int64_t single = SubmitOne();
   Tick();

@@ -135,6 +135,13 @@ struct RunningAttempt {
   // devices); empty for an attempt on one node.
   std::vector<AttemptNode> nodes;
 
+  // The nodes it runs on, node rank 0's first.
+  std::vector<std::string> Nodes() const {
+    if (nodes.empty()) return {node};
+    std::vector<std::string> names;
+    for (const AttemptNode& other : nodes) names.push_back(other.node);
+    return names;
+  }
   // Whether any of its runs is on `name`.
   bool RunsOn(std::string_view name) const {
     if (node == name) return true;

@@ -32,8 +32,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using testing::CommandResult;
 using testing::BuildDir;
+using testing::CommandResult;
 
 constexpr char kLease[] = "e2e";
 constexpr char kFlavor[] = "g1.h100.pci.1";

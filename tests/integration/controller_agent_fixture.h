@@ -1,0 +1,274 @@
+// The fixture of the controller-with-real-agents tests (controller_agent_test.cc,
+// multinode_test.cc): the controller in this process with its dispatcher's rounds run by hand on a
+// manual clock, real llm-agent processes over mutual TLS on unix sockets, a real SQLite file, and
+// a shell script standing in for llm-train (a test may point trainer_ at the real one before it
+// adds agents).
+#ifndef LLMCTL_TESTS_INTEGRATION_CONTROLLER_AGENT_FIXTURE_H_
+#define LLMCTL_TESTS_INTEGRATION_CONTROLLER_AGENT_FIXTURE_H_
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/files.h"
+#include "controller/daemon.h"
+
+namespace llmctl::controller::testing_support {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// Every run writes a start and two steps; seed 0 then finishes ok, 300 first waits for a file
+// named `go` in its run directory, 109 kills itself with SIGKILL (as the kernel's OOM killer does).
+// Launched as ranks (--nproc N, a ddp trial), every line goes to each of its ranks' event files:
+// global ranks node_rank x N .. + N - 1 (--nnodes, --node-rank: one node of a multi-node trial),
+// rank 0's being --events' and rank g's events.rank<g>.jsonl, and the ranks file records a fake
+// rendezvous port as llm-train's launcher does. Seed 110 makes node rank 1 run out of memory (its
+// first rank's result says so, the ranks file names it, exit 3) while every other node's ranks
+// wait to be stopped, as real ranks would wait in a collective. Its arguments go to argv.txt in the
+// run directory.
+constexpr char kFakeTrainer[] = R"sh(#!/bin/sh
+config="$2"
+events="$4"
+seed=$(sed -n 's/^seed: *//p' "$config")
+nproc=1; nnodes=1; node_rank=0; ranks_file=; prev=
+for arg in "$@"; do
+  case "$prev" in
+    --nproc) nproc=$arg ;;
+    --nnodes) nnodes=$arg ;;
+    --node-rank) node_rank=$arg ;;
+    --ranks-file) ranks_file=$arg ;;
+  esac
+  prev=$arg
+done
+printf '%s\n' "$*" > argv.txt
+first=$((node_rank * nproc))
+world=$((nnodes * nproc))
+[ -n "$ranks_file" ] && printf '{"world_size":%d,"master_port":29400,"pids":[%d],"nnodes":%d,"node_rank":%d,"nproc_per_node":%d}\n' \
+  $world $$ $nnodes $node_rank $nproc > "$ranks_file"
+rank_file() {
+  if [ "$1" -eq 0 ]; then echo "$events"; else echo "${events%events.jsonl}events.rank$1.jsonl"; fi
+}
+emit() {
+  r=$first
+  while [ $r -lt $((first + nproc)) ]; do
+    printf '%s\n' "$1" >> "$(rank_file $r)"
+    r=$((r + 1))
+  done
+  return 0
+}
+emit '{"type":"start","total_steps":4}'
+emit '{"type":"step","step":0,"loss":2.0}'
+emit '{"type":"step","step":1,"loss":1.5}'
+if [ "$seed" -eq 300 ]; then
+  while [ ! -e go ]; do sleep 0.02; done
+  emit '{"type":"step","step":2,"loss":1.25}'
+fi
+if [ "$seed" -eq 109 ]; then kill -9 $$; fi
+if [ "$seed" -eq 110 ]; then
+  if [ "$node_rank" -eq 1 ]; then
+    printf '%s\n' '{"type":"result","outcome":"oom","error":"device_memory budget exceeded"}' >> "$(rank_file $first)"
+    printf '{"world_size":%d,"master_port":29400,"pids":[%d],"first_failure":{"rank":%d,"exit_code":3}}\n' \
+      $world $$ $first > "$ranks_file"
+    exit 3
+  fi
+  while true; do sleep 0.02; done
+fi
+emit '{"type":"result","outcome":"ok","error":"","final_loss":1.0}'
+exit 0
+)sh";
+
+inline std::string BuildDir() {
+  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
+  return dir != nullptr ? dir : "build";
+}
+
+inline void WriteFile(const fs::path& path, const std::string& text, fs::perms perms) {
+  std::ofstream(path) << text;
+  fs::permissions(path, perms);
+}
+
+inline std::string Experiment(const std::vector<std::pair<std::string, int>>& trials) {
+  std::string yaml =
+      "name: integration\nmodel: llmctl-demo\ntokenizer: tok.json\n"
+      "data: {path: data/train.jsonl, max_seq_length: 64}\n"
+      "train: {micro_batch_size: 2, max_steps: 2}\ntrials:\n";
+  for (const auto& [name, seed] : trials) {
+    // A trial named ddp-*: strategy ddp over 2 ranks; mn-*: over 2 nodes of 1 rank each.
+    const std::string ranks =
+        name.starts_with("ddp-")  ? ", strategy: ddp, devices: 2, train.global_batch_size: 4"
+        : name.starts_with("mn-") ? ", strategy: ddp, nodes: 2, train.global_batch_size: 4"
+                                  : "";
+    yaml += "  - name: " + name + "\n    set: {seed: " + std::to_string(seed) + ranks + "}\n";
+  }
+  return yaml;
+}
+
+class ControllerAgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Short: unix socket paths live under it (at most 107 characters).
+    std::string pattern = (fs::temp_directory_path() / "llmctl_ca_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    agent_binary_ = BuildDir() + "/agent/llm-agent";
+    ASSERT_TRUE(fs::exists(agent_binary_)) << agent_binary_ << " is built with this test";
+    trainer_ = (dir_ / "fake-llm-train").string();
+    WriteFile(trainer_, kFakeTrainer, fs::perms::owner_all);
+
+    ControllerConfig config;
+    config.data_dir = (dir_ / "controller").string();
+    config.listen = "unix:" + (dir_ / "controller.sock").string();
+    config.requeue_after = seconds(600);
+    config.health_interval = seconds(5);
+    config.agent_call_deadline = seconds(30);
+    auto daemon = Daemon::Start(config, clock_, {.run_dispatcher = false});
+    ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+    daemon_ = std::move(*daemon);
+    controller_ = v1::Controller::NewStub(
+        grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    daemon_.reset();
+    for (auto& [node, pid] : agents_) Kill(node);
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Registers the node with the controller and starts its llm-agent with the credentials.
+  void AddAgent(const std::string& node) {
+    grpc::ClientContext context;
+    v1::RegisterNodeRequest request;
+    request.set_name(node);
+    request.set_address("unix:" + (dir_ / (node + ".sock")).string());
+    v1::NodeCredentials credentials;
+    ASSERT_TRUE(controller_->RegisterNode(&context, request, &credentials).ok());
+    const fs::path etc = dir_ / (node + "-etc");
+    fs::create_directories(etc);
+    WriteFile(etc / "ca.pem", credentials.ca_certificate_pem(),
+              fs::perms::owner_read | fs::perms::owner_write);
+    WriteFile(etc / "agent.pem", credentials.certificate_pem(),
+              fs::perms::owner_read | fs::perms::owner_write);
+    WriteFile(etc / "agent.key", credentials.private_key_pem(),
+              fs::perms::owner_read | fs::perms::owner_write);
+    WriteFile(etc / "agent.token", credentials.token(),
+              fs::perms::owner_read | fs::perms::owner_write);
+    StartAgent(node);
+  }
+
+  void StartAgent(const std::string& node) {
+    const fs::path etc = dir_ / (node + "-etc");
+    const std::string socket = (dir_ / (node + ".sock")).string();
+    fs::remove(socket);
+    const std::vector<std::string> args = {agent_binary_,
+                                           "--listen",
+                                           "unix:" + socket,
+                                           "--data-dir",
+                                           (dir_ / (node + "-data")).string(),
+                                           "--node",
+                                           node,
+                                           "--ca",
+                                           (etc / "ca.pem").string(),
+                                           "--cert",
+                                           (etc / "agent.pem").string(),
+                                           "--key",
+                                           (etc / "agent.key").string(),
+                                           "--token-file",
+                                           (etc / "agent.token").string(),
+                                           "--llm-train",
+                                           trainer_};
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      std::vector<char*> argv;
+      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+      argv.push_back(nullptr);
+      freopen((dir_ / (node + "-agent.log")).c_str(), "a", stderr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    agents_[node] = pid;
+    for (int i = 0; i < 1000 && !fs::exists(socket); ++i)
+      std::this_thread::sleep_for(milliseconds(10));
+    ASSERT_TRUE(fs::exists(socket)) << "llm-agent did not start; see " << node << "-agent.log";
+  }
+
+  void Kill(const std::string& node) {
+    const pid_t pid = agents_.at(node);
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    agents_[node] = 0;
+  }
+
+  int64_t Submit(const std::string& yaml) {
+    v1::SubmitRequest request;
+    request.set_filename("integration.yaml");
+    request.set_yaml_text(yaml);
+    v1::SubmitResponse response;
+    grpc::ClientContext context;
+    grpc::Status status = controller_->Submit(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.experiment_id();
+  }
+
+  std::vector<store::TrialRecord> Trials(int64_t experiment) {
+    auto trials = daemon_->store().ListTrials(experiment);
+    EXPECT_TRUE(trials.ok());
+    return trials.ok() ? *trials : std::vector<store::TrialRecord>{};
+  }
+
+  // Dispatcher rounds, each a health interval later, until `done`; bounded so that a bug fails the
+  // test instead of hanging it. Nothing here measures time.
+  template <typename Predicate>
+  bool RoundsUntil(Predicate done) {
+    for (int i = 0; i < 1500; ++i) {
+      if (done()) return true;
+      clock_.Advance(seconds(5));
+      daemon_->dispatcher().Tick();
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return done();
+  }
+
+  bool AllEnded(int64_t experiment) {
+    for (const store::TrialRecord& trial : Trials(experiment)) {
+      if (!store::IsOutcome(trial.state)) return false;
+    }
+    return true;
+  }
+
+  fs::path RunDir(const std::string& node, int64_t experiment, const std::string& trial,
+                  int attempt) {
+    return dir_ / (node + "-data") / "runs" / std::to_string(experiment) / trial /
+           std::to_string(attempt);
+  }
+
+  int64_t FileLines(const fs::path& path) {
+    auto text = ReadFileToString(path.string());
+    return text.ok() ? std::count(text->begin(), text->end(), '\n') : -1;
+  }
+
+  ManualClock clock_{store::Time(seconds(1'700'000'000))};
+  fs::path dir_;
+  std::string agent_binary_;
+  std::string trainer_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<v1::Controller::Stub> controller_;
+  std::map<std::string, pid_t> agents_;
+};
+
+}  // namespace llmctl::controller::testing_support
+
+#endif  // LLMCTL_TESTS_INTEGRATION_CONTROLLER_AGENT_FIXTURE_H_

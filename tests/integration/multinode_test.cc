@@ -1,0 +1,132 @@
+// Multi-node trials (the trial key `nodes`) through the controller and two real llm-agent
+// processes on loopback: placed on both at once, node rank 0 started first and the other told its
+// rendezvous, every rank's events stored once across an agent's kill -9, one node's failure
+// stopping the other and naming it, a cancel reaching both. The fake trainer (the fixture's) stands
+// in for llm-train's ranks; the last test runs the real llm-train, whose ranks meet over Gloo.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "common/files.h"
+#include "tests/integration/controller_agent_fixture.h"
+
+namespace llmctl::controller {
+namespace {
+
+using namespace testing_support;  // NOLINT: the fixture's helpers
+namespace fs = std::filesystem;
+
+class MultiNodeTest : public ControllerAgentTest {
+ protected:
+  std::string Argv(const std::string& node, int64_t experiment, const std::string& trial) {
+    auto text = ReadFileToString((RunDir(node, experiment, trial, 1) / "argv.txt").string());
+    return text.ok() ? *text : "";
+  }
+
+  // The run has ended on the node: its supervisor recorded how the worker exited.
+  bool RunEnded(const std::string& node, int64_t experiment, const std::string& trial) {
+    return fs::exists(RunDir(node, experiment, trial, 1) / "exit.json");
+  }
+};
+
+TEST_F(MultiNodeTest, RunsOnTwoAgentsWithNodeRankZerosRendezvousAndStoresEveryRank) {
+  AddAgent("n1");
+  AddAgent("n2");
+  const int64_t experiment = Submit(Experiment({{"mn-a", 0}}));
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  const store::TrialRecord trial = Trials(experiment).front();
+  EXPECT_EQ(trial.state, store::TrialState::kOk);
+  EXPECT_EQ(trial.current_attempt, 1);
+
+  // Both nodes ran attempt 1, each once; which agent became node rank 0 is the scheduler's choice.
+  const std::string zero =
+      Argv("n1", experiment, "mn-a").find("--node-rank 0") != std::string::npos ? "n1" : "n2";
+  const std::string one = zero == "n1" ? "n2" : "n1";
+  const std::string argv_zero = Argv(zero, experiment, "mn-a");
+  const std::string argv_one = Argv(one, experiment, "mn-a");
+  EXPECT_NE(argv_zero.find("--nproc 1 --nnodes 2 --node-rank 0"), std::string::npos) << argv_zero;
+  EXPECT_NE(argv_zero.find("--master-port 0"), std::string::npos) << argv_zero;
+  EXPECT_NE(argv_one.find("--node-rank 1"), std::string::npos) << argv_one;
+  // The port node rank 0's ranks file reported, and its host: the agents listen on unix sockets.
+  EXPECT_NE(argv_one.find("--master-addr 127.0.0.1"), std::string::npos) << argv_one;
+  EXPECT_NE(argv_one.find("--master-port 29400"), std::string::npos) << argv_one;
+
+  // Rank 0's events are node rank 0's events.jsonl; rank 1's are on the other node only.
+  const fs::path run_zero = RunDir(zero, experiment, "mn-a", 1);
+  const fs::path run_one = RunDir(one, experiment, "mn-a", 1);
+  EXPECT_EQ(FileLines(run_zero / "events.jsonl"), 4);
+  EXPECT_FALSE(fs::exists(run_zero / "events.rank1.jsonl"));
+  EXPECT_FALSE(fs::exists(run_one / "events.jsonl"));
+  EXPECT_EQ(FileLines(run_one / "events.rank1.jsonl"), 4);
+  EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 4);
+  EXPECT_EQ(daemon_->store().LastRankSeqs(trial.id, 1)->at(1), 4);
+}
+
+TEST_F(MultiNodeTest, ANodeOutOfMemoryStopsTheOtherAndTheTrialIsOomNamingIt) {
+  AddAgent("n1");
+  AddAgent("n2");
+  const int64_t experiment = Submit(Experiment({{"mn-oom", 110}}));
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  EXPECT_EQ(Trials(experiment).front().state, store::TrialState::kOom);
+  // The node that waited in its "collective" was stopped, not left running.
+  EXPECT_TRUE(RunEnded("n1", experiment, "mn-oom"));
+  EXPECT_TRUE(RunEnded("n2", experiment, "mn-oom"));
+
+  grpc::ClientContext context;
+  v1::GetExperimentRequest which;
+  which.set_experiment_id(experiment);
+  v1::ReportResponse report;
+  ASSERT_TRUE(controller_->Report(&context, which, &report).ok());
+  EXPECT_EQ(report.trials(0).outcome(), "oom");
+  EXPECT_NE(report.trials(0).error().find("(node rank 1 of 2): rank 1 of 2"), std::string::npos)
+      << report.trials(0).error();
+}
+
+TEST_F(MultiNodeTest, AKilledAgentLosesAndRepeatsNoEventOfEitherNode) {
+  AddAgent("n1");
+  AddAgent("n2");
+  const int64_t experiment = Submit(Experiment({{"mn-held", 300}}));
+  const store::TrialRecord trial = Trials(experiment).front();
+  ASSERT_TRUE(RoundsUntil([&] {
+    auto ranks = daemon_->store().LastRankSeqs(trial.id, 1);
+    return *daemon_->store().LastSeq(trial.id, 1) == 3 && ranks.ok() && ranks->contains(1) &&
+           ranks->at(1) == 3;
+  }));
+
+  Kill("n2");
+  daemon_->dispatcher().Tick();
+  StartAgent("n2");
+  for (const char* node : {"n1", "n2"}) {
+    WriteFile(RunDir(node, experiment, "mn-held", 1) / "go", "",
+              fs::perms::owner_read | fs::perms::owner_write);
+  }
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+
+  const store::TrialRecord done = Trials(experiment).front();
+  EXPECT_EQ(done.state, store::TrialState::kOk);
+  EXPECT_EQ(done.current_attempt, 1);
+  EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 5);
+  EXPECT_EQ(daemon_->store().LastRankSeqs(trial.id, 1)->at(1), 5);
+}
+
+TEST_F(MultiNodeTest, ACancelStopsItOnEveryNode) {
+  AddAgent("n1");
+  AddAgent("n2");
+  const int64_t experiment = Submit(Experiment({{"mn-held", 300}}));
+  const store::TrialRecord trial = Trials(experiment).front();
+  ASSERT_TRUE(RoundsUntil([&] {
+    auto ranks = daemon_->store().LastRankSeqs(trial.id, 1);
+    return *daemon_->store().LastSeq(trial.id, 1) == 3 && ranks.ok() && ranks->contains(1);
+  }));
+  ASSERT_TRUE(daemon_->dispatcher().Cancel(experiment, "mn-held", /*checkpoint=*/false).ok());
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  EXPECT_EQ(Trials(experiment).front().state, store::TrialState::kCancelled);
+  EXPECT_TRUE(RunEnded("n1", experiment, "mn-held"));
+  EXPECT_TRUE(RunEnded("n2", experiment, "mn-held"));
+}
+
+}  // namespace
+}  // namespace llmctl::controller
