@@ -1325,6 +1325,10 @@ StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
     ASSIGN_OR_RETURN(trial.start, LatestEventOfType(db_, trial.trial_id, trial.attempt, "start"));
     ASSIGN_OR_RETURN(trial.last_step,
                      LatestEventOfType(db_, trial.trial_id, trial.attempt, "step"));
+    // A multi-node attempt is on all its nodes, node rank 0's first: "n1+n2".
+    ASSIGN_OR_RETURN(const std::vector<AttemptNode> nodes,
+                     internal::LoadAttemptNodes(db_, trial.trial_id, trial.attempt));
+    for (size_t i = 1; i < nodes.size(); ++i) trial.node += "+" + nodes[i].node;
   }
   RETURN_IF_ERROR(FillPhasePeaks(db_, experiment_id, report.trials));
   RETURN_IF_ERROR(FillRankMemory(db_, experiment_id, report.trials));

@@ -230,7 +230,7 @@ struct TrialReport {
   // The attempts whose events make up the figures: the final one, preceded by those it resumed
   // from; empty before the first attempt.
   std::vector<int64_t> run_attempts;
-  std::string node;
+  std::string node;  // its current attempt's; a multi-node attempt's nodes as "n1+n2"
   std::optional<int64_t> exit_code;
   std::string error;  // recorded when the attempt ended, else its result's; "" when none
   // nullopt when the attempt has no `result` (or `start`) event with the figure.
