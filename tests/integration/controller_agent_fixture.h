@@ -52,7 +52,7 @@ for arg in "$@"; do
   esac
   prev=$arg
 done
-printf '%s\n' "$*" > argv.txt
+[ -n "$events" ] && printf '%s\n' "$*" > "$(dirname "$events")/argv.txt"
 first=$((node_rank * nproc))
 world=$((nnodes * nproc))
 [ -n "$ranks_file" ] && printf '{"world_size":%d,"master_port":29400,"pids":[%d],"nnodes":%d,"node_rank":%d,"nproc_per_node":%d}\n' \
