@@ -4,14 +4,17 @@
 // stopping the other and naming it, a cancel reaching both. The fake trainer (the fixture's) stands
 // in for llm-train's ranks; the last test runs the real llm-train, whose ranks meet over Gloo.
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
 #include "common/files.h"
 #include "tests/integration/controller_agent_fixture.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::controller {
 namespace {
@@ -126,6 +129,75 @@ TEST_F(MultiNodeTest, ACancelStopsItOnEveryNode) {
   EXPECT_EQ(Trials(experiment).front().state, store::TrialState::kCancelled);
   EXPECT_TRUE(RunEnded("n1", experiment, "mn-held"));
   EXPECT_TRUE(RunEnded("n2", experiment, "mn-held"));
+}
+
+// The real llm-train. A ddp trial over 2 nodes of 1 rank each, submitted with the built llmctl to
+// this controller: its ranks meet over Gloo at node rank 0's rendezvous, across the two agents, and
+// each rank's loss at every step is the one the same trial has on one node with 2 ranks (the same
+// world size and data shards; only the ranks' CPU thread counts differ, so within 1e-5).
+TEST_F(MultiNodeTest, TheRealTrainersRanksMeetAcrossTwoAgentsAndTrainAsOneNodesDo) {
+  trainer_ = BuildDir() + "/trainer/llm-train";
+  ASSERT_TRUE(fs::exists(trainer_)) << trainer_ << " is built with this test";
+  AddAgent("n1");
+  AddAgent("n2");
+  const fs::path user = dir_ / "user";
+  fs::create_directories(user);
+  fs::copy_file("experiments/data/alpaca-demo.jsonl", user / "train.jsonl");
+  fs::copy_file("experiments/tokenizers/demo/tokenizer.json", user / "tokenizer.json");
+  std::ofstream(user / "two-nodes.yaml")
+      << "name: two-nodes\nmodel: llmctl-demo\ninit: random\ntokenizer: tokenizer.json\n"
+         "data: {path: train.jsonl, max_seq_length: 64}\n"
+         "train: {micro_batch_size: 2, global_batch_size: 4, max_steps: 3}\n"
+         "strategy: ddp\ntrials:\n"
+         "  - {name: two-nodes, set: {nodes: 2, devices: 1}, expect: ok}\n"
+         "  - {name: one-node, set: {devices: 2}, expect: ok}\n";
+  const llmctl::testing::CommandResult submitted = llmctl::testing::RunShellCommand(
+      "LLMCTL_CONTROLLER=unix:" + (dir_ / "controller.sock").string() + " " + BuildDir() +
+      "/controller/cli/llmctl" + " submit " + (user / "two-nodes.yaml").string());
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
+  const int64_t experiment = std::stoll(submitted.out.substr(0, submitted.out.find('\n')));
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  const std::vector<store::TrialRecord> trials = Trials(experiment);
+  ASSERT_EQ(trials.size(), 2u);
+  EXPECT_EQ(trials[0].state, store::TrialState::kOk) << "see n1-data/ and n2-data/ in " << dir_;
+  EXPECT_EQ(trials[1].state, store::TrialState::kOk);
+
+  // (trial, rank) → the loss at each step, as the store's per-rank view has them.
+  std::map<std::pair<std::string, int64_t>, std::vector<double>> losses;
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open_v2((dir_ / "controller" / "llmctl.db").c_str(), &db, SQLITE_OPEN_READONLY,
+                            nullptr),
+            SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db,
+                               "SELECT trial, rank, loss FROM trial_rank_steps "
+                               "WHERE experiment_id = ? ORDER BY trial, rank, step",
+                               -1, &stmt, nullptr),
+            SQLITE_OK);
+  sqlite3_bind_int64(stmt, 1, experiment);
+  while (sqlite3_step(stmt) == SQLITE_ROW) {
+    losses[{reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0)),
+            sqlite3_column_int64(stmt, 1)}]
+        .push_back(sqlite3_column_double(stmt, 2));
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  for (int64_t rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const std::vector<double>& across = losses[{"two-nodes", rank}];
+    const std::vector<double>& together = losses[{"one-node", rank}];
+    ASSERT_EQ(across.size(), 3u);
+    ASSERT_EQ(together.size(), 3u);
+    for (size_t step = 0; step < across.size(); ++step) {
+      EXPECT_NEAR(across[step], together[step], 1e-5 * std::abs(together[step])) << "step " << step;
+    }
+  }
+  // Each rank's events came from its own node: rank 1's file is on node rank 1's agent only.
+  int rank_one_files = 0;
+  for (const char* node : {"n1", "n2"}) {
+    rank_one_files += fs::exists(RunDir(node, experiment, "two-nodes", 1) / "events.rank1.jsonl");
+  }
+  EXPECT_EQ(rank_one_files, 1);
 }
 
 }  // namespace
