@@ -11,12 +11,13 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <map>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
+#include "agent/agent_test_support.h"
 #include "agent/fake_device_sampler.h"
 #include "agent/input_cache.h"
 #include "agent/process.h"
@@ -36,9 +37,7 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace pb = llmctl::v1;
-
-constexpr char kToken[] = "node1-token-0123456789";
-constexpr auto kCallTimeout = std::chrono::seconds(120);
+using namespace test_support;  // NOLINT(build/namespaces): the tests' shared vocabulary
 
 // Stands in for llm-train; the trial's seed says what it does. Every run writes three events;
 // seed 0 finishes ok, 1..99 exit with that code, 100+N kill themselves with signal N, 200 ignores
@@ -115,42 +114,6 @@ if [ "$seed" -eq 0 ] || [ "$seed" -eq 300 ]; then
 fi
 exit "$seed"
 )sh";
-
-std::string BuildDir() {
-  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
-  return dir != nullptr ? dir : "build";
-}
-
-std::string ReadAll(const fs::path& path) {
-  auto text = ReadFileToString(path.string());
-  return text.ok() ? *text : "";
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-void WriteFile(const fs::path& path, const std::string& text, fs::perms perms) {
-  std::ofstream(path) << text;
-  fs::permissions(path, perms);
-}
-
-pb::RunKey Key(int64_t experiment, const std::string& trial, int attempt) {
-  pb::RunKey key;
-  key.set_experiment_id(experiment);
-  key.set_trial(trial);
-  key.set_attempt(attempt);
-  return key;
-}
-
-struct Streamed {
-  std::vector<pb::TrialEvent> events;
-  std::optional<pb::RunEnded> ended;
-  grpc::Status status;
-};
 
 class AgentTest : public ::testing::Test {
  protected:
@@ -262,10 +225,6 @@ class AgentTest : public ::testing::Test {
                                         rpc::ChannelCredentials(controller_identity_, kToken)));
   }
 
-  static void Deadline(grpc::ClientContext* context) {
-    context->set_deadline(std::chrono::system_clock::now() + kCallTimeout);
-  }
-
   grpc::Status Cancel(const pb::CancelRunRequest& request, pb::RunState* state) {
     grpc::ClientContext context;
     Deadline(&context);
@@ -299,23 +258,7 @@ class AgentTest : public ::testing::Test {
   // `max_events` events when given, else at the end.
   Streamed Stream(const pb::RunKey& key, int64_t from_seq, size_t max_events = SIZE_MAX,
                   const std::map<int, int64_t>& from_rank_seq = {}) {
-    pb::StreamEventsRequest request;
-    *request.mutable_key() = key;
-    request.set_from_seq(from_seq);
-    for (const auto& [rank, seq] : from_rank_seq) (*request.mutable_from_rank_seq())[rank] = seq;
-    grpc::ClientContext context;
-    Deadline(&context);
-    auto stub = Stub();
-    auto reader = stub->StreamEvents(&context, request);
-    Streamed streamed;
-    pb::StreamEventsResponse item;
-    while (streamed.events.size() < max_events && reader->Read(&item)) {
-      if (item.has_event()) streamed.events.push_back(item.event());
-      if (item.has_ended()) streamed.ended = item.ended();
-    }
-    if (streamed.events.size() >= max_events) context.TryCancel();
-    streamed.status = reader->Finish();
-    return streamed;
+    return StreamRun(*Stub(), key, from_seq, max_events, from_rank_seq);
   }
 
   fs::path RunDir(const pb::RunKey& key) {
@@ -343,26 +286,6 @@ class AgentTest : public ::testing::Test {
   std::unique_ptr<AgentServer> server_;
   pid_t agent_pid_ = 0;
 };
-
-// The events of one rank, in the order they came.
-std::vector<pb::TrialEvent> OfRank(const std::vector<pb::TrialEvent>& events, int rank) {
-  std::vector<pb::TrialEvent> of_rank;
-  for (const pb::TrialEvent& event : events) {
-    if (event.rank() == rank) of_rank.push_back(event);
-  }
-  return of_rank;
-}
-
-void ExpectSameAsFile(const std::vector<pb::TrialEvent>& events, const fs::path& file,
-                      int64_t first_seq = 1) {
-  const std::vector<std::string> lines = Lines(ReadAll(file));
-  ASSERT_EQ(static_cast<int64_t>(events.size()),
-            static_cast<int64_t>(lines.size()) - first_seq + 1);
-  for (size_t i = 0; i < events.size(); ++i) {
-    EXPECT_EQ(events[i].seq(), first_seq + static_cast<int64_t>(i));
-    EXPECT_EQ(events[i].json(), lines[first_seq - 1 + i]);
-  }
-}
 
 TEST_F(AgentTest, AResumedRunGetsItsCheckpointOnlyWhileThisNodeHasIt) {
   StartAgent();
@@ -847,7 +770,8 @@ TEST_F(AgentTest, TheFirstFailedRankDecidesTheOutcomeAndIsNamed) {
   ASSERT_TRUE(killed_streamed.ended.has_value());
   EXPECT_EQ(killed_streamed.ended->outcome(), "failed");
   EXPECT_EQ(killed_streamed.ended->exit_code(), -SIGSEGV);
-  EXPECT_THAT(killed_streamed.ended->error(), ::testing::StartsWith("rank 1 of 2: killed by SIGSEGV"));
+  EXPECT_THAT(killed_streamed.ended->error(),
+              ::testing::StartsWith("rank 1 of 2: killed by SIGSEGV"));
 
   // After a restart the outcome is decided again from the same files, with the same result.
   server_.reset();
@@ -1075,32 +999,7 @@ class RealTrainerTest : public AgentTest {
     }
     request.set_config_json(config_.ToJson().dump());
     for (int i = 0; i < devices; ++i) request.add_device_indices(i);
-    for (const std::string input : {"data.path", "tokenizer"}) {
-      const std::string path = config_.GetString(input);
-      const std::string bytes = ReadAll(path);
-      ASSERT_FALSE(bytes.empty()) << path;
-      pb::UploadBlobResponse uploaded;
-      grpc::ClientContext context;
-      Deadline(&context);
-      auto stub = Stub();
-      auto writer = stub->UploadBlob(&context, &uploaded);
-      pb::BlobChunk chunk;
-      chunk.set_sha256(digest::Sha256Hex(bytes));
-      chunk.set_size(static_cast<int64_t>(bytes.size()));
-      chunk.set_data(bytes);
-      ASSERT_TRUE(writer->Write(chunk));
-      writer->WritesDone();
-      ASSERT_TRUE(writer->Finish().ok());
-      const std::string name = fs::path(path).filename().string();
-      pb::InputTree& tree = (*request.mutable_inputs())[input];
-      tree.set_is_file(true);
-      pb::TreeFile* file = tree.add_files();
-      file->set_path(name);
-      file->set_sha256(digest::Sha256Hex(bytes));
-      file->set_size(static_cast<int64_t>(bytes.size()));
-      tree.set_digest(digest::TreeDigest(std::vector<digest::TreeFile>{
-          {name, digest::Sha256Hex(bytes), static_cast<int64_t>(bytes.size())}}));
-    }
+    ASSERT_NO_FATAL_FAILURE(UploadInputs(*Stub(), config_, &request));
     grpc::ClientContext context;
     Deadline(&context);
     pb::RunState state;
@@ -1145,39 +1044,7 @@ class RealTrainerTest : public AgentTest {
     return streamed;
   }
 
-  // The ranks' pids from ranks.json and the launcher's (the worker's) from worker.json.
-  std::vector<pid_t> JobPids(const pb::RunKey& key) {
-    const nlohmann::json ranks = nlohmann::json::parse(ReadAll(RunDir(key) / "ranks.json"));
-    std::vector<pid_t> pids = ranks.at("pids").get<std::vector<pid_t>>();
-    const nlohmann::json worker = nlohmann::json::parse(ReadAll(RunDir(key) / "worker.json"));
-    pids.push_back(worker.at("pid").get<pid_t>());
-    return pids;
-  }
-
-  // Every pid is gone, reaped: the launcher's children (the ranks) are reaped by the launcher or,
-  // once it is gone, by init, which may take a moment after the run's end; the wait is bounded by
-  // the call deadline, not a measured time.
-  void ExpectGone(const std::vector<pid_t>& pids) {
-    const auto deadline = std::chrono::steady_clock::now() + kCallTimeout;
-    for (const pid_t pid : pids) {
-      while (::kill(pid, 0) == 0 && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      EXPECT_EQ(::kill(pid, 0), -1) << "pid " << pid << " is still there";
-      EXPECT_EQ(errno, ESRCH);
-    }
-  }
-
-  // Rank `rank`'s step losses, by step.
-  static std::map<int64_t, double> Losses(const std::vector<pb::TrialEvent>& events, int rank) {
-    std::map<int64_t, double> losses;
-    for (const auto& event : OfRank(events, rank)) {
-      if (event.type() != "step") continue;
-      const nlohmann::json json = nlohmann::json::parse(event.json());
-      losses[json.at("step").get<int64_t>()] = json.at("loss").get<double>();
-    }
-    return losses;
-  }
+  std::vector<pid_t> JobPids(const pb::RunKey& key) { return test_support::JobPids(RunDir(key)); }
 
   // Cancels `key` (plainly) and returns all its events once it ended.
   Streamed CancelAndStream(const pb::RunKey& key) {
@@ -1226,7 +1093,8 @@ void RealTrainerTest::ExpectCheckpointStopResumesExactly(const std::string& stra
   ASSERT_TRUE(result.contains("checkpoint")) << result.dump() << "\n" << stderr_log;
   const int64_t completed = result["checkpoint"].at("step").get<int64_t>() + 1;
   const fs::path checkpoint = result["checkpoint"].at("path").get<std::string>();
-  EXPECT_EQ(checkpoint, RunDir(key) / "output" / "checkpoints" / ("step-" + std::to_string(completed)));
+  EXPECT_EQ(checkpoint,
+            RunDir(key) / "output" / "checkpoints" / ("step-" + std::to_string(completed)));
   EXPECT_GE(completed, 2);
   EXPECT_EQ(Losses(stopped.events, 0).size(), static_cast<size_t>(completed));
   for (int rank : {0, 1}) {
@@ -1349,8 +1217,8 @@ TEST_F(RealTrainerTest, KillingOneRankEndsTheAttemptNamingItWithNoProcessLeft) {
 }
 
 // A plain cancel of a running 2-rank ddp trial: SIGTERM to the worker's group reaches the launcher
-// and both ranks; the attempt ends cancelled, every event either rank wrote is streamed, and neither
-// rank nor the launcher is left.
+// and both ranks; the attempt ends cancelled, every event either rank wrote is streamed, and
+// neither rank nor the launcher is left.
 TEST_F(RealTrainerTest, CancellingATwoRankTrialEndsItCancelledWithNoProcessLeft) {
   StartAgent(llm_train_);
   TwoRanks("ddp", 100000);
@@ -1380,8 +1248,8 @@ TEST_F(RealTrainerTest, CancellingATwoRankTrialEndsItCancelledWithNoProcessLeft)
 }
 
 // The ranks stop at one step, whichever of them the signal reached: SIGUSR1 to rank 1 alone (not
-// the group) stops both ranks of an fsdp trial, whose checkpoint every rank writes its shard of, and
-// the job ends cancelled with that checkpoint.
+// the group) stops both ranks of an fsdp trial, whose checkpoint every rank writes its shard of,
+// and the job ends cancelled with that checkpoint.
 TEST_F(RealTrainerTest, ACheckpointSignalToOneRankStopsEveryRankAtTheSameStep) {
   StartAgent(llm_train_);
   TwoRanks("fsdp", 100000);

@@ -143,6 +143,45 @@ std::optional<RankExit> ReadFirstFailedRank(const std::string& path) {
   return exit;
 }
 
+// The rendezvous port llm-train's launcher recorded in ranks.json; 0 when it has not yet.
+int ReadMasterPort(const std::string& path) {
+  auto json = ReadJson(path);
+  if (!json) return 0;
+  const nlohmann::json port = json->value("master_port", nlohmann::json());
+  if (!port.is_number_integer() || port.get<int64_t>() < 1 || port.get<int64_t>() > 65535) return 0;
+  return port.get<int>();
+}
+
+// The checks of a multi-node run's group that need no trial config.
+Status CheckNodeGroup(const NodeGroup& group) {
+  if (group.node_rank < 0 || group.node_rank >= group.nodes) {
+    return InvalidArgumentError("node_group.node_rank: " + std::to_string(group.node_rank) +
+                                " is not a node rank of " + std::to_string(group.nodes) +
+                                " nodes (0.." + std::to_string(group.nodes - 1) + ")");
+  }
+  if (group.node_rank == 0) {
+    if (group.master_port != 0) {
+      return InvalidArgumentError(
+          "node_group.master_port: node rank 0 binds a free port for the rendezvous, so it must "
+          "be 0, got " +
+          std::to_string(group.master_port));
+    }
+    return Status::Ok();
+  }
+  if (group.master_addr.empty()) {
+    return InvalidArgumentError("node_group.master_addr: node rank " +
+                                std::to_string(group.node_rank) +
+                                " needs node rank 0's address, got none");
+  }
+  if (group.master_port < 1 || group.master_port > 65535) {
+    return InvalidArgumentError("node_group.master_port: node rank " +
+                                std::to_string(group.node_rank) +
+                                " needs node rank 0's rendezvous port (1..65535), got " +
+                                std::to_string(group.master_port));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string RankEventsFile(int rank) {
@@ -258,6 +297,15 @@ Status RunManager::Recover() {
               ranks.get<int64_t>() <= kMaxRanks) {
             run.ranks = ranks.get<int>();
           }
+          // A multi-node run's place: its ranks' global numbers and the world they are part of.
+          const nlohmann::json nodes = devices->value("nodes", nlohmann::json(1));
+          const nlohmann::json node_rank = devices->value("node_rank", nlohmann::json(0));
+          if (nodes.is_number_integer() && node_rank.is_number_integer() &&
+              nodes.get<int64_t>() >= 1 && nodes.get<int64_t>() <= kMaxRanks / run.ranks &&
+              node_rank.get<int64_t>() >= 0 && node_rank.get<int64_t>() < nodes.get<int64_t>()) {
+            run.nodes = nodes.get<int>();
+            run.node_rank = node_rank.get<int>();
+          }
         }
         if (auto ended = ReadJson(run.dir + "/" + kEndedFile)) run.end = EndFromJson(*ended);
         if (!run.end) {
@@ -314,19 +362,22 @@ void RunManager::CheckRun(Run& run) {
   const bool cancel_requested = Exists(run.dir + "/" + kCancelFile);
   if (exit.ok() && exit->has_value()) {
     const std::string stderr_tail = ReadTail(run.dir + "/" + kStderrFile, kStderrTailBytes);
-    // A multi-rank run ends as its first failed rank did, as the launcher recorded it (a cancel
-    // stops every rank: that is no rank's failure).
-    const std::optional<RankExit> failed =
-        run.ranks > 1 && !cancel_requested && ((*exit)->signal != 0 || (*exit)->exit_code != 0)
-            ? ReadFirstFailedRank(run.dir + "/" + kRanksFile)
-            : std::nullopt;
-    if (failed && failed->rank < run.ranks) {
+    // A multi-rank run ends as its first failed rank did, as the launcher recorded it by its
+    // global rank (a cancel stops every rank: that is no rank's failure).
+    const int first_rank = run.node_rank * run.ranks;
+    const std::optional<RankExit> failed = (run.ranks > 1 || run.nodes > 1) && !cancel_requested &&
+                                                   ((*exit)->signal != 0 || (*exit)->exit_code != 0)
+                                               ? ReadFirstFailedRank(run.dir + "/" + kRanksFile)
+                                               : std::nullopt;
+    if (failed && failed->rank >= first_rank && failed->rank < first_rank + run.ranks) {
       auto events = ReadFileToString(run.dir + "/" + RankEventsFile(failed->rank));
       const ResultEvent result = events.ok() ? FindResultEvent(*events) : ResultEvent{};
-      EndRun(run, DecideRankOutcome(*failed, run.ranks, result, cancel_requested, stderr_tail));
+      EndRun(run, DecideRankOutcome(*failed, run.nodes * run.ranks, result, cancel_requested,
+                                    stderr_tail));
       return;
     }
-    auto events = ReadFileToString(run.dir + "/" + kEventsFile);
+    // The node's first rank's result (rank 0's, events.jsonl, unless this is node rank K > 0).
+    auto events = ReadFileToString(run.dir + "/" + RankEventsFile(first_rank));
     const ResultEvent result = events.ok() ? FindResultEvent(*events) : ResultEvent{};
     EndRun(run, DecideOutcome(**exit, result, cancel_requested, stderr_tail));
     return;
@@ -367,10 +418,34 @@ RunState RunManager::StateOf(const RunKey& key, Run& run) const {
     state.last_seq = CountLines(run.dir + "/" + kEventsFile);
     if (run.end) run.final_seq = state.last_seq;
   }
+  if (run.nodes > 1 && run.node_rank == 0 && run.master_port == 0) {
+    run.master_port = ReadMasterPort(run.dir + "/" + kRanksFile);
+  }
+  state.master_port = run.master_port;
   return state;
 }
 
 StatusOr<RunState> RunManager::Start(const RunRequest& request) {
+  ASSIGN_OR_RETURN(RunState state, StartRun(request));
+  // The other nodes' ranks need node rank 0's port to meet at, which its launcher chooses.
+  const auto deadline = std::chrono::steady_clock::now() + kMasterPortWait;
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto it = runs_.find(request.key);
+  if (it == runs_.end() || it->second.nodes <= 1 || it->second.node_rank != 0) return state;
+  while (true) {
+    state = StateOf(it->first, it->second);
+    if (state.master_port > 0 || state.ended || stopping_ ||
+        std::chrono::steady_clock::now() >= deadline) {
+      return state;
+    }
+    // The launcher writes ranks.json without telling anyone: looked at each poll interval, and at
+    // once when the run ends.
+    ended_.wait_until(
+        lock, std::min(deadline, std::chrono::steady_clock::now() + options_.poll_interval));
+  }
+}
+
+StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
   RETURN_IF_ERROR(CheckKey(request.key));
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -381,6 +456,9 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
       return InvalidArgumentError("device_indices: " + std::to_string(index) + " is negative");
     }
   }
+  const NodeGroup& group = request.node_group;
+  const bool multi_node = group.nodes > 1;
+  if (multi_node) RETURN_IF_ERROR(CheckNodeGroup(group));
   std::map<std::string, std::string> input_paths = request.local_paths;
   for (const auto& [key, tree] : request.inputs) {
     if (input_paths.count(key) > 0) {
@@ -421,6 +499,18 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
   if (trial_file.device == "cuda" && request.device_indices.empty()) {
     return InvalidArgumentError("a cuda trial needs device_indices");
   }
+  if (multi_node && group.nodes != trial_file.nodes) {
+    return InvalidArgumentError("node_group.nodes: " + std::to_string(group.nodes) +
+                                " is not the trial's nodes (" + std::to_string(trial_file.nodes) +
+                                ")");
+  }
+  if (multi_node && group.nodes > kMaxRanks / trial_file.ranks) {
+    return InvalidArgumentError("node_group.nodes: " + std::to_string(group.nodes) + " x " +
+                                std::to_string(trial_file.ranks) + " ranks is more than " +
+                                std::to_string(kMaxRanks));
+  }
+  const int node_rank = multi_node ? group.node_rank : 0;
+  const int nodes = multi_node ? group.nodes : 1;
 
   std::lock_guard<std::mutex> lock(mutex_);
   // Checked again: another call with this key may have started it meanwhile.
@@ -436,8 +526,10 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
     return WriteAll(fd, trial_file.yaml.data(), trial_file.yaml.size());
   }));
   RETURN_IF_ERROR(WriteJson(staging + "/" + kDevicesFile, {{"type", trial_file.device},
-                                                            {"indices", request.device_indices},
-                                                            {"ranks", trial_file.ranks}}));
+                                                           {"indices", request.device_indices},
+                                                           {"ranks", trial_file.ranks},
+                                                           {"nodes", nodes},
+                                                           {"node_rank", node_rank}}));
   if (::rename(staging.c_str(), dir.c_str()) != 0) {
     return UnavailableError("cannot create run directory " + dir + ": " + std::strerror(errno));
   }
@@ -453,7 +545,18 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
   if (!resume_checkpoint.empty()) {
     command.worker_argv.insert(command.worker_argv.end(), {"--resume", resume_checkpoint});
   }
-  if (trial_file.ranks > 1) {
+  if (multi_node) {
+    // This node's ranks are global ranks node_rank x ranks on. Node rank 0's launcher binds a free
+    // port as below (RunState.master_port reports it) and its rank 0 listens on all of the host's
+    // addresses, its local peers coming over loopback; the others meet it at its address and port.
+    const bool first_node = node_rank == 0;
+    command.worker_argv.insert(command.worker_argv.end(),
+                               {"--nproc", std::to_string(trial_file.ranks), "--nnodes",
+                                std::to_string(nodes), "--node-rank", std::to_string(node_rank),
+                                "--master-addr", first_node ? "127.0.0.1" : group.master_addr,
+                                "--master-port", std::to_string(first_node ? 0 : group.master_port),
+                                "--ranks-file", dir + "/" + kRanksFile});
+  } else if (trial_file.ranks > 1) {
     // llm-train's launcher starts the ranks under this one worker (its process group, so the
     // supervisor's signals and its final SIGKILL reach them all); port 0: it takes a free port
     // from the kernel and hands rank 0 the listening socket, so trials on one node never collide.
@@ -516,6 +619,8 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
   run.device_type = trial_file.device;
   run.device_indices = request.device_indices;
   run.ranks = trial_file.ranks;
+  run.node_rank = node_rank;
+  run.nodes = nodes;
   if (spawned != 0) {
     RunEnd end;
     end.outcome = "failed";
@@ -570,11 +675,12 @@ std::vector<RunningRun> RunManager::Running() {
   return running;
 }
 
-StatusOr<int> RunManager::Ranks(const RunKey& key) const {
+StatusOr<RunRanks> RunManager::Ranks(const RunKey& key) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = runs_.find(key);
   if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
-  return it->second.ranks;
+  const Run& run = it->second;
+  return RunRanks{run.node_rank * run.ranks, run.ranks};
 }
 
 StatusOr<std::string> RunManager::RunDir(const RunKey& key) const {

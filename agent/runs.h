@@ -3,8 +3,11 @@
 //
 //   DATA/runs/<experiment_id>/<trial, percent-encoded>/<attempt>/
 //     trial.yaml        the one-trial experiment file llm-train runs
-//     devices.json      the trial's device type and the node's device indices it holds
-//     events.jsonl      llm-train --events (line number = sequence number)
+//     devices.json      the trial's device type, the node's device indices it holds, its ranks on
+//                       this node and, for a multi-node trial, the node's place (nodes, node_rank)
+//     events.jsonl      llm-train --events (line number = sequence number); events.rank<r>.jsonl
+//                       for global rank r of a multi-rank run (a node rank K > 0 has no rank 0)
+//     ranks.json        a multi-rank run's launcher record (llm-train --ranks-file)
 //     samples.jsonl     the agent's device samples while it runs (agent/sample_recorder.h)
 //     stdout.log, stderr.log
 //     supervisor.json   the supervisor's pid and start time (written by the agent)
@@ -58,6 +61,23 @@ struct RunState {
   bool ended = false;
   int64_t last_seq = 0;  // complete lines in events.jsonl (rank 0's) so far
   RunEnd end;            // when ended
+  // Node rank 0 of a multi-node run: the rendezvous port its launcher bound (ranks.json); else 0,
+  // or not known yet.
+  int master_port = 0;
+};
+
+// Where a run sits in a multi-node trial (agent.proto's NodeGroup). nodes 1: a trial on one node.
+struct NodeGroup {
+  int node_rank = 0;
+  int nodes = 1;
+  std::string master_addr;  // node rank 0's host, for node ranks > 0
+  int master_port = 0;      // 0 for node rank 0 (its launcher binds a free port), else node 0's
+};
+
+// A run's ranks on this node: global ranks first .. first + count - 1.
+struct RunRanks {
+  int first = 0;
+  int count = 1;
 };
 
 struct RunRequest {
@@ -74,6 +94,7 @@ struct RunRequest {
   // Continue from this uploaded tree instead (the controller's copy of a checkpoint another node
   // wrote): it is materialised from the cache, and resume_checkpoint and resume_run are not used.
   std::optional<digest::InputTree> resume_tree;
+  NodeGroup node_group;
 };
 
 // A run whose worker may be running, as the device sampler needs it.
@@ -83,6 +104,10 @@ struct RunningRun {
   std::string device_type;  // "cpu" or "cuda"
   std::vector<int> device_indices;
 };
+
+// How long RunManager::Start waits for node rank 0's launcher to report its rendezvous port: the
+// controller calls again when it was not known by then.
+inline constexpr std::chrono::seconds kMasterPortWait{30};
 
 // The longest grace a checkpointing cancel can give: it travels in milliseconds as a signal's int.
 inline constexpr std::chrono::milliseconds kMaxCheckpointGrace{INT32_MAX};
@@ -111,9 +136,10 @@ class RunManager {
   RunManager& operator=(const RunManager&) = delete;
 
   // Starts the run, or returns the state of the run with that key if there is one. InvalidArgument
-  // for a bad key, config or inputs; FailedPrecondition when an input tree's blobs (or those of
-  // the resume tree) are missing, or when the run to resume from is not on this node or its
-  // checkpoint is gone.
+  // for a bad key, config, inputs or node group; FailedPrecondition when an input tree's blobs (or
+  // those of the resume tree) are missing, or when the run to resume from is not on this node or
+  // its checkpoint is gone. For node rank 0 of a multi-node run it returns once the run's
+  // master_port is known, the run ended, or kMasterPortWait passed (master_port 0 then).
   StatusOr<RunState> Start(const RunRequest& request);
   // NotFound for an unknown key.
   StatusOr<RunState> Get(const RunKey& key);
@@ -139,16 +165,19 @@ class RunManager {
   StatusOr<RunState> WaitForEnd(const RunKey& key, std::chrono::milliseconds timeout);
   // The run's directory. NotFound for an unknown key.
   StatusOr<std::string> RunDir(const RunKey& key) const;
-  // The run's ranks (worker processes with their own event file): 1 unless it is a multi-rank
-  // ddp or fsdp trial. NotFound for an unknown key.
-  StatusOr<int> Ranks(const RunKey& key) const;
+  // The run's ranks on this node (worker processes with their own event file): one, rank 0 of 1,
+  // unless it is a multi-rank ddp or fsdp trial. NotFound for an unknown key.
+  StatusOr<RunRanks> Ranks(const RunKey& key) const;
 
  private:
   struct Run {
     std::string dir;
     std::string device_type;  // "" when unknown
     std::vector<int> device_indices;
-    int ranks = 1;
+    int ranks = 1;  // on this node
+    int node_rank = 0;
+    int nodes = 1;
+    int master_port = 0;       // node rank 0 of a multi-node run, once read from ranks.json
     pid_t supervisor_pid = 0;  // 0: unknown (the agent died before recording it)
     uint64_t supervisor_start_time = 0;
     bool is_child = false;  // started by this process: reaped here
@@ -161,6 +190,8 @@ class RunManager {
   };
 
   RunManager(RunManagerOptions options, InputCache* cache);
+  // Start without the wait for the master port.
+  StatusOr<RunState> StartRun(const RunRequest& request);
   Status Recover();
   void WatchLoop();
   void WakeWatcher();

@@ -62,6 +62,7 @@ void ToProto(const RunState& state, pb::RunState* out) {
   out->set_status(state.ended ? pb::RUN_STATUS_ENDED : pb::RUN_STATUS_RUNNING);
   out->set_last_seq(state.last_seq);
   if (state.ended) ToProto(state.end, out->mutable_ended());
+  out->set_master_port(state.master_port);
 }
 
 digest::InputTree FromProto(const pb::InputTree& tree) {
@@ -111,17 +112,16 @@ StatusOr<std::string> OutputSubdirectory(const std::string& run_dir, const std::
 
 // The run's artifacts: every regular file under output/, then the logs, as paths relative to the
 // run directory.
-std::vector<std::string> ArtifactPaths(const std::string& run_dir) {
+std::vector<std::string> ArtifactPaths(const std::string& run_dir, const RunRanks& ranks) {
   std::vector<std::string> paths = FilesBelow((fs::path(run_dir) / "output").string(), run_dir);
   std::error_code error;
   for (const char* log : {"trial.yaml", "events.jsonl", "stdout.log", "stderr.log"}) {
     if (fs::is_regular_file(fs::path(run_dir) / log, error)) paths.push_back(log);
   }
-  // A multi-rank run's other ranks' events and the launcher's record.
-  for (int rank = 1;; ++rank) {
+  // A multi-rank run's other ranks' events on this node (global ranks) and the launcher's record.
+  for (int rank = std::max(1, ranks.first); rank < ranks.first + ranks.count; ++rank) {
     const std::string events = RankEventsFile(rank);
-    if (!fs::is_regular_file(fs::path(run_dir) / events, error)) break;
-    paths.push_back(events);
+    if (fs::is_regular_file(fs::path(run_dir) / events, error)) paths.push_back(events);
   }
   if (fs::is_regular_file(fs::path(run_dir) / "ranks.json", error)) paths.push_back("ranks.json");
   return paths;
@@ -242,6 +242,11 @@ class AgentService final : public pb::Agent::Service {
       plain.local_paths["model"] = *dir;
     }
     plain.device_indices.assign(request->device_indices().begin(), request->device_indices().end());
+    // nodes <= 1 (or no group): a trial on this node alone.
+    if (const pb::NodeGroup& group = request->node_group(); group.nodes() > 1) {
+      plain.node_group =
+          NodeGroup{group.node_rank(), group.nodes(), group.master_addr(), group.master_port()};
+    }
     if (request->has_resume_from() && request->resume_from().has_tree()) {
       plain.resume_tree = FromProto(request->resume_from().tree());
     } else if (request->has_resume_from()) {
@@ -276,21 +281,26 @@ class AgentService final : public pb::Agent::Service {
     if (!dir.ok()) return rpc::ToGrpcStatus(dir.status());
     auto ranks = runs_->Ranks(key);
     if (!ranks.ok()) return rpc::ToGrpcStatus(ranks.status());
-    // One reader per rank's event file, each with its own line numbers.
+    // One reader per event file of this node's ranks (global ranks first..; a multi-node run's
+    // node rank K > 0 has no rank 0), each with its own line numbers; index i is rank first + i.
+    const int first_rank = ranks->first;
     std::vector<std::unique_ptr<EventReader>> readers;
     std::vector<int64_t> from_seqs;
-    for (int rank = 0; rank < *ranks; ++rank) {
+    for (int rank = first_rank; rank < first_rank + ranks->count; ++rank) {
       readers.push_back(std::make_unique<EventReader>(*dir + "/" + RankEventsFile(rank)));
       from_seqs.push_back(1);
     }
-    from_seqs[0] = std::max<int64_t>(1, request->from_seq());
+    if (first_rank == 0) from_seqs[0] = std::max<int64_t>(1, request->from_seq());
     for (const auto& [rank, seq] : request->from_rank_seq()) {
       if (rank < 1 || seq < 0) {
         return rpc::ToGrpcStatus(InvalidArgumentError(
             "StreamEvents: from_rank_seq names ranks from 1 with seqs >= 0, got rank " +
             std::to_string(rank) + " at " + std::to_string(seq)));
       }
-      if (rank < *ranks) from_seqs[rank] = std::max<int64_t>(1, seq);
+      // Another node's ranks are that node's agent's to send.
+      if (rank >= first_rank && rank < first_rank + ranks->count) {
+        from_seqs[rank - first_rank] = std::max<int64_t>(1, seq);
+      }
     }
     const int64_t from_sample_seq = std::max<int64_t>(1, request->from_sample_seq());
     EventReader samples_reader(*dir + "/" + kSamplesFile);
@@ -304,18 +314,18 @@ class AgentService final : public pb::Agent::Service {
       auto ended = runs_->Ended(key, wait);
       if (!ended.ok()) return rpc::ToGrpcStatus(ended.status());
       bool any_lines = false;
-      for (int rank = 0; rank < *ranks; ++rank) {
-        EventReader& reader = *readers[rank];
+      for (size_t i = 0; i < readers.size(); ++i) {
+        EventReader& reader = *readers[i];
         auto lines = reader.ReadNewLines();
         if (!lines.ok()) return rpc::ToGrpcStatus(lines.status());
         any_lines = any_lines || !lines->empty();
         int64_t seq = reader.lines_read() - static_cast<int64_t>(lines->size());
         for (std::string& line : *lines) {
-          if (++seq < from_seqs[rank]) continue;
+          if (++seq < from_seqs[i]) continue;
           pb::StreamEventsResponse item;
           pb::TrialEvent* event = item.mutable_event();
           event->set_seq(seq);
-          event->set_rank(rank);
+          event->set_rank(first_rank + static_cast<int>(i));
           event->set_type(EventType(line));
           event->set_json(std::move(line));
           if (!writer->Write(item)) return grpc::Status::CANCELLED;  // the client went away
@@ -360,10 +370,12 @@ class AgentService final : public pb::Agent::Service {
                               grpc::ServerWriter<pb::ArtifactChunk>* writer) override {
     auto run_dir = runs_->RunDir(FromProto(request->key()));
     if (!run_dir.ok()) return rpc::ToGrpcStatus(run_dir.status());
+    auto ranks = runs_->Ranks(FromProto(request->key()));
+    if (!ranks.ok()) return rpc::ToGrpcStatus(ranks.status());
     std::string root = *run_dir;
     std::vector<std::string> paths;
     if (request->path().empty()) {
-      paths = ArtifactPaths(root);
+      paths = ArtifactPaths(root, *ranks);
     } else {
       auto below = OutputSubdirectory(root, request->path());
       if (!below.ok()) return rpc::ToGrpcStatus(below.status().WithContext("FetchArtifacts"));

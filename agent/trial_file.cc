@@ -75,7 +75,7 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
   const int ranks =
       (strategy == "ddp" || strategy == "fsdp") && devices > 1 ? static_cast<int>(devices) : 1;
   return TrialFile{std::string(out.c_str()) + "\n", config->GetString("device"), ranks,
-                   std::move(input_names)};
+                   config->GetInt("nodes"), std::move(input_names)};
 }
 
 }  // namespace llmctl::agent

@@ -2,6 +2,7 @@
 #ifndef LLMCTL_AGENT_TRIAL_FILE_H_
 #define LLMCTL_AGENT_TRIAL_FILE_H_
 
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -15,6 +16,7 @@ struct TrialFile {
   // The worker processes (ranks) the trial runs as: its `devices` for a data-parallel strategy
   // (ddp, fsdp) with more than one device, started through llm-train --nproc; else 1.
   int ranks = 1;
+  int64_t nodes = 1;  // the trial's `nodes`: the nodes its ranks are spread over, `ranks` on each
   // Each input's path on this node → the value the experiment wrote for it, for llm-train's
   // --input-name: messages name the user's path, not the agent's cache.
   std::map<std::string, std::string> input_names;
