@@ -127,6 +127,12 @@ class ControllerAgentTest : public ::testing::Test {
     trainer_ = (dir_ / "fake-llm-train").string();
     WriteFile(trainer_, kFakeTrainer, fs::perms::owner_all);
 
+    StartController();
+  }
+
+  // The controller in this process on the test's data directory: at SetUp, and again after a test
+  // has dropped it (a restarted controller, with everything its store had committed).
+  void StartController() {
     ControllerConfig config;
     config.data_dir = (dir_ / "controller").string();
     config.listen = "unix:" + (dir_ / "controller.sock").string();

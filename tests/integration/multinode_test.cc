@@ -115,6 +115,35 @@ TEST_F(MultiNodeTest, AKilledAgentLosesAndRepeatsNoEventOfEitherNode) {
   EXPECT_EQ(daemon_->store().LastRankSeqs(trial.id, 1)->at(1), 5);
 }
 
+// The controller goes away mid-run and comes back: it follows both nodes' runs again from the last
+// stored line of each rank, and starts nothing twice.
+TEST_F(MultiNodeTest, ARestartedControllerResumesEveryNodesStreamAndRunsNothingTwice) {
+  AddAgent("n1");
+  AddAgent("n2");
+  const int64_t experiment = Submit(Experiment({{"mn-held", 300}}));
+  const int64_t trial_id = Trials(experiment).front().id;
+  ASSERT_TRUE(RoundsUntil([&] {
+    auto ranks = daemon_->store().LastRankSeqs(trial_id, 1);
+    return *daemon_->store().LastSeq(trial_id, 1) == 3 && ranks.ok() && ranks->contains(1) &&
+           ranks->at(1) == 3;
+  }));
+  daemon_.reset();
+  for (const char* node : {"n1", "n2"}) {
+    WriteFile(RunDir(node, experiment, "mn-held", 1) / "go", "",
+              fs::perms::owner_read | fs::perms::owner_write);
+  }
+  StartController();
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  const store::TrialRecord done = Trials(experiment).front();
+  EXPECT_EQ(done.state, store::TrialState::kOk);
+  EXPECT_EQ(done.current_attempt, 1);
+  EXPECT_EQ(*daemon_->store().LastSeq(trial_id, 1), 5);
+  EXPECT_EQ(daemon_->store().LastRankSeqs(trial_id, 1)->at(1), 5);
+  for (const char* node : {"n1", "n2"}) {
+    EXPECT_FALSE(fs::exists(RunDir(node, experiment, "mn-held", 2))) << node;
+  }
+}
+
 TEST_F(MultiNodeTest, ACancelStopsItOnEveryNode) {
   AddAgent("n1");
   AddAgent("n2");
