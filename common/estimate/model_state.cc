@@ -1,0 +1,200 @@
+#include "common/estimate/model_state.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace llmctl::estimate {
+namespace {
+
+// Constants of the trainer's layouts; the header says where each comes from.
+constexpr uint64_t kFp32Bytes = 4;
+constexpr uint64_t kStepCounterBytes = 4;     // the fp32 step count AdamW's kernels read
+constexpr uint64_t kRankSumsBytes = 16;       // dist::RankSums: two float64 slots
+constexpr int64_t kNf4Blocksize = 64;         // trainer/quant: absmax per 64 weights
+constexpr int64_t kNf4NestedBlocksize = 256;  // double quantisation's absmax blocks
+constexpr int64_t kAdamW8bitMinSize = 4096;   // smaller tensors keep fp32 moments
+constexpr int64_t kAdamW8bitBlocksize = 256;
+constexpr uint64_t kAdamW8bitCodeMapBytes = 2 * 256 * kFp32Bytes;  // signed and unsigned maps
+// Far beyond any real model, and small enough that no byte count below can overflow 64 bits.
+constexpr uint64_t kMaxParameters = uint64_t{1} << 50;
+
+// One tensor the trainer allocates for a model weight or adapter.
+struct WeightTensor {
+  int64_t numel = 0;
+  int64_t unit = -1;  // fsdp's unit: the decoder layer, or -1 for the root
+  bool trainable = false;
+  bool nf4 = false;  // a QLoRA base weight, held as NF4 buffers
+};
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// "model.layers.<i>.…" -> i; -1 for the root's tensors (fsdp.cc's rule).
+int64_t LayerOf(std::string_view name) {
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (!name.starts_with(kPrefix)) return -1;
+  name.remove_prefix(kPrefix.size());
+  return std::stoll(std::string(name.substr(0, name.find('.'))));
+}
+
+// The projection a weight belongs to ("q_proj" for "model.layers.0.self_attn.q_proj.weight"), or ""
+// for weights that are not projections (embeddings, norms, biases).
+std::string_view ProjectionOf(std::string_view name) {
+  if (!name.ends_with(".weight")) return {};
+  name.remove_suffix(std::string_view(".weight").size());
+  const std::string_view last = name.substr(name.rfind('.') + 1);
+  return std::find(kLoraTargets.begin(), kLoraTargets.end(), last) != kLoraTargets.end()
+             ? last
+             : std::string_view();
+}
+
+// Bytes of an NF4 weight of n values (trainer/quant's EmptyNf4).
+uint64_t Nf4Bytes(int64_t n, bool double_quant) {
+  const int64_t blocks = CeilDiv(n, kNf4Blocksize);
+  const uint64_t packed = static_cast<uint64_t>(CeilDiv(n, 2));
+  if (!double_quant) return packed + kFp32Bytes * static_cast<uint64_t>(blocks);
+  return packed + static_cast<uint64_t>(blocks) +
+         kFp32Bytes * static_cast<uint64_t>(CeilDiv(blocks, kNf4NestedBlocksize)) + kFp32Bytes;
+}
+
+// The model's weights and adapters as the trainer builds them (BuildModel, then ApplyLora).
+std::vector<WeightTensor> WeightTensors(const TrialConfig& config, const ModelConfig& model) {
+  const std::string method = config.GetString("peft.method");
+  const bool adapters = method != "none";
+  const std::vector<std::string> targets =
+      adapters ? config.GetStringList("peft.targets") : std::vector<std::string>{};
+  const int64_t r = config.GetInt("peft.r");
+  auto targeted = [&](std::string_view projection) {
+    return std::find(targets.begin(), targets.end(), projection) != targets.end();
+  };
+  std::vector<WeightTensor> tensors;
+  auto add_adapter = [&](const std::vector<int64_t>& shape, int64_t unit) {
+    // lora_A (r, in) and lora_B (out, r) of a weight (out, in).
+    tensors.push_back({r * shape[1], unit, true, false});
+    tensors.push_back({shape[0] * r, unit, true, false});
+  };
+  for (const CheckpointTensor& t : CheckpointTensors(model)) {
+    const int64_t unit = LayerOf(t.name);
+    const std::string_view projection = ProjectionOf(t.name);
+    // QLoRA quantises the decoder layers' projections, not the output head.
+    const bool nf4 = method == "qlora" && unit >= 0 && !projection.empty();
+    tensors.push_back({Numel(t.shape), unit, !adapters, nf4});
+    if (!projection.empty() && targeted(projection)) add_adapter(t.shape, unit);
+  }
+  // A tied output head is the embedding matrix, which CheckpointTensors lists once; an lm_head
+  // adapter still gets its own A and B.
+  if (model.tie_word_embeddings && targeted("lm_head")) {
+    add_adapter({model.vocab_size, model.hidden_size}, -1);
+  }
+  return tensors;
+}
+
+uint64_t ParamBytes(const std::string& precision) {
+  return precision == "bf16-true" ? 2 : kFp32Bytes;  // the mixed modes keep fp32 parameters
+}
+
+// The optimizer's state for trainable tensors of `numels` values each, in `element` bytes.
+void AddOptimizerState(const TrialConfig& config, const std::vector<int64_t>& numels,
+                       uint64_t element, ModelStateEstimate& estimate) {
+  uint64_t values = 0;
+  for (int64_t n : numels) values += static_cast<uint64_t>(n);
+  const std::string optimizer = config.GetString("optimizer");
+  if (config.GetString("offload") == "optimizer") {
+    // fp32 master weights, exp_avg, exp_avg_sq and gradient buffer, all on the host.
+    estimate.optim_host_bytes = 4 * kFp32Bytes * values + kStepCounterBytes;
+  } else if (optimizer == "adamw") {
+    estimate.optim_device_bytes = 2 * element * values + kStepCounterBytes;
+  } else if (optimizer == "sgd") {
+    if (config.GetFloat("train.momentum") != 0.0) estimate.optim_device_bytes = element * values;
+  } else if (optimizer == "adamw_8bit") {
+    uint64_t bytes = kStepCounterBytes + kAdamW8bitCodeMapBytes;
+    for (int64_t n : numels) {
+      const uint64_t count = static_cast<uint64_t>(n);
+      bytes +=
+          n >= kAdamW8bitMinSize
+              ? 2 * count + 2 * kFp32Bytes * static_cast<uint64_t>(CeilDiv(n, kAdamW8bitBlocksize))
+              : 2 * kFp32Bytes * count;
+    }
+    estimate.optim_device_bytes = bytes;
+  }
+}
+
+// Gradients held after the optimizer step: none when each is consumed as backward produces it.
+bool HoldsGradients(const TrialConfig& config) {
+  return !config.GetBool("optimizer_in_backward") && config.GetString("offload") != "optimizer";
+}
+
+void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>& tensors,
+                     uint64_t element, ModelStateEstimate& estimate) {
+  std::map<int64_t, int64_t> unit_numel;  // root (-1) first, then the layers, as fsdp.cc orders
+  for (const WeightTensor& t : tensors) unit_numel[t.unit] += t.numel;
+  const int64_t n = estimate.world_size;
+  std::vector<int64_t> shards;
+  int64_t max_padded = 0;
+  for (const auto& [unit, numel] : unit_numel) {
+    const int64_t padded = CeilDiv(numel, n) * n;
+    max_padded = std::max(max_padded, padded);
+    shards.push_back(padded / n);
+  }
+  for (int64_t shard : shards) estimate.params_bytes += element * static_cast<uint64_t>(shard);
+  estimate.grads_bytes = estimate.params_bytes;  // validation keeps fsdp's gradients held
+  AddOptimizerState(config, shards, element, estimate);
+  estimate.comm_bytes = element * static_cast<uint64_t>(max_padded) + kRankSumsBytes;
+  // NCCL's reduce-scatter writes into its own shard-size buffer; Gloo's path reduces in place.
+  if (config.GetString("device") == "cuda") {
+    estimate.comm_bytes += element * static_cast<uint64_t>(max_padded / n);
+  }
+}
+
+}  // namespace
+
+StatusOr<ModelStateEstimate> EstimateModelState(const TrialConfig& config,
+                                                const ModelConfig& model) {
+  RETURN_IF_ERROR(ValidateModelConfig(model));
+  if (ParameterCount(model) > kMaxParameters) {
+    return InvalidArgumentError("model: " + std::to_string(ParameterCount(model)) +
+                                " parameters is too many to estimate");
+  }
+  RETURN_IF_ERROR(ValidateTrialConfig(config, &model));
+
+  ModelStateEstimate estimate;
+  const std::string strategy = config.GetString("strategy");
+  const bool data_parallel = strategy == "ddp" || strategy == "fsdp";
+  if (data_parallel) estimate.world_size = config.GetInt("devices") * config.GetInt("nodes");
+  const uint64_t element = ParamBytes(config.GetString("precision"));
+  const std::vector<WeightTensor> tensors = WeightTensors(config, model);
+  for (const WeightTensor& t : tensors) {
+    estimate.parameters_total += t.numel;
+    if (t.trainable) estimate.parameters_trainable += t.numel;
+  }
+
+  // A single rank of fsdp is one process holding the whole model, as llm-train runs it.
+  if (strategy == "fsdp" && estimate.world_size > 1) {
+    EstimateSharded(config, tensors, element, estimate);
+    return estimate;
+  }
+  const bool double_quant = config.GetBool("peft.double_quant");
+  std::vector<int64_t> trainable;
+  for (const WeightTensor& t : tensors) {
+    estimate.params_bytes +=
+        t.nf4 ? Nf4Bytes(t.numel, double_quant) : element * static_cast<uint64_t>(t.numel);
+    if (t.trainable) trainable.push_back(t.numel);
+  }
+  const uint64_t trainable_bytes = element * static_cast<uint64_t>(estimate.parameters_trainable);
+  if (HoldsGradients(config)) estimate.grads_bytes = trainable_bytes;
+  AddOptimizerState(config, trainable, element, estimate);
+  if (strategy == "ddp" && estimate.world_size > 1) {
+    estimate.comm_bytes = trainable_bytes + kRankSumsBytes;
+  }
+  return estimate;
+}
+
+}  // namespace llmctl::estimate
