@@ -1,11 +1,16 @@
 // llm-train: runs one trial of an experiment file in this process.
 //
 //   llm-train --config FILE [--trial NAME] [--set key=value ...] [--events FILE] [--prepare]
-//             [--resume CHECKPOINT_DIR] [--nproc N [--master-port P] [--ranks-file FILE]]
+//             [--resume CHECKPOINT_DIR] [--nproc N [--master-port P] [--ranks-file FILE]
+//             [--nnodes M --node-rank K --master-addr A]]
 //   llm-train --config FILE --list        # the trials, with their expected outcomes
 //   llm-train --keys                      # every trial key as Markdown
 //   llm-train --version [--json]          # llmctl's, LibTorch's, CUDA's and the NVIDIA driver's
 //                                         # versions; --json: one JSON line (the agent reads it)
+//
+// --nproc starts this host's ranks of a ddp or fsdp trial, torchrun-style; with --nnodes M (the
+// trial's nodes) they are node rank K's share of M*N ranks, which meet at node rank 0's host A
+// (node rank 0 may take --master-port 0, a free port its ranks file then records for the others).
 //
 // Exit codes: 0 ok, 1 failed, 2 invalid input (nothing ran), 3 out of memory, 4 diverged, 5
 // cancelled. SIGINT/SIGTERM stop the run between micro-batches; SIGUSR1 does too, after writing a
@@ -46,6 +51,84 @@ int Fail(const std::string& message) {
   return llmctl::trainer::kExitInvalidInput;
 }
 
+// The flags that make this process the launcher of this host's ranks rather than a rank.
+struct LauncherFlags {
+  int nproc = 0;  // 0: not the launcher
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string ranks_file;
+};
+
+// Runs this command's ranks on this host (its argv without the launcher's flags, each rank told its
+// place by the launcher's variables) and ends as the job does; 2 when the flags do not fit
+// `config`.
+int LaunchRanks(const LauncherFlags& flags, const llmctl::TrialConfig& config, int argc,
+                char** argv) {
+  const int64_t nodes = config.GetInt("nodes");
+  const int64_t devices = config.GetInt("devices");
+  const std::string strategy = config.GetString("strategy");
+  if (flags.nnodes != nodes) {
+    return Fail("the trial has nodes: " + std::to_string(nodes) + " but --nnodes is " +
+                std::to_string(flags.nnodes) + "; pass --nnodes " + std::to_string(nodes) +
+                (nodes > 1 ? " --node-rank K --master-addr HOST --master-port P on each of its "
+                             "hosts (HOST and P: node rank 0's)"
+                           : ""));
+  }
+  if (flags.node_rank >= flags.nnodes) {
+    return Fail("--node-rank " + std::to_string(flags.node_rank) + " must be below --nnodes " +
+                std::to_string(flags.nnodes));
+  }
+  if (flags.master_port == 0 && flags.node_rank > 0) {
+    return Fail(
+        "--master-port 0 (a free port picked on this host) is for node rank 0 only: "
+        "--node-rank " +
+        std::to_string(flags.node_rank) +
+        " needs the port node rank 0's launcher chose (master_port in its --ranks-file)");
+  }
+  if ((strategy != "ddp" && strategy != "fsdp") || devices * nodes < 2 || devices != flags.nproc) {
+    return Fail("--nproc " + std::to_string(flags.nproc) +
+                " starts the ranks of a data-parallel trial: it needs strategy: ddp or fsdp and "
+                "devices: " +
+                std::to_string(flags.nproc) + " (the trial has strategy: " + strategy +
+                ", devices: " + std::to_string(devices) + ", nodes: " + std::to_string(nodes) +
+                ")");
+  }
+  llmctl::dist::LaunchSpec spec;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    bool launcher_flag = false;
+    for (const std::string flag :
+         {"--nproc", "--master-port", "--ranks-file", "--nnodes", "--node-rank", "--master-addr"}) {
+      if (arg == flag) {
+        launcher_flag = true;
+        ++i;  // its value
+      } else if (arg.starts_with(flag + "=")) {
+        launcher_flag = true;
+      }
+    }
+    if (!launcher_flag) spec.argv.push_back(arg);
+  }
+  spec.nproc_per_node = flags.nproc;
+  spec.nnodes = flags.nnodes;
+  spec.node_rank = flags.node_rank;
+  spec.master_addr = flags.master_addr;
+  spec.master_port = static_cast<uint16_t>(flags.master_port);
+  spec.status_file = flags.ranks_file;
+  const llmctl::dist::LaunchResult launched = llmctl::dist::Launch(spec);
+  if (launched.status.ok()) return llmctl::trainer::kExitOk;
+  std::cerr << "llm-train: " << launched.status.message() << std::endl;
+  // The job ends as its first failed rank did (invalid input, out of memory, diverged, cancelled),
+  // else as failed.
+  const auto& failure = launched.first_failure;
+  if (failure && failure->signal == 0 && failure->exit_code >= llmctl::trainer::kExitFailed &&
+      failure->exit_code <= llmctl::trainer::kExitCancelled) {
+    return failure->exit_code;
+  }
+  return llmctl::trainer::kExitFailed;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -78,21 +161,32 @@ int main(int argc, char** argv) {
   app.add_flag("--prepare", prepare_only, "only tokenize the dataset into the token cache");
   app.add_option("--resume", resume_from,
                  "continue from a checkpoint directory (<output_dir>/checkpoints/step-N)");
-  int nproc = 0;
-  app.add_option(
-         "--nproc", nproc,
-         "strategy ddp or fsdp: start this many ranks of this trial on this machine, "
-         "torchrun-style (the trial's devices); one rank failing stops the others")
+  LauncherFlags launcher;
+  app.add_option("--nproc", launcher.nproc,
+                 "strategy ddp or fsdp: start this many ranks of this trial on this machine, "
+                 "torchrun-style (the trial's devices); one rank failing stops the others")
       ->check(CLI::PositiveNumber);
-  int master_port = 29500;
-  app.add_option("--master-port", master_port,
-                 "with --nproc: the port rank 0 serves the rendezvous on; 0: a free port the "
-                 "launcher asks the kernel for (what the agent uses)")
+  app.add_option("--master-port", launcher.master_port,
+                 "with --nproc: the port rank 0 serves the rendezvous on; 0 (node rank 0 only): a "
+                 "free port the launcher asks the kernel for and records in --ranks-file (what "
+                 "the agent uses)")
       ->check(CLI::Range(0, 65535));
-  std::string ranks_file;
-  app.add_option("--ranks-file", ranks_file,
-                 "with --nproc: write the ranks' pids and, once one fails, which failed first and "
-                 "how, as JSON to this file (atomically; the agent reads it)");
+  app.add_option("--ranks-file", launcher.ranks_file,
+                 "with --nproc: write this node's ranks' pids, the port and, once one fails, which "
+                 "failed first and how, as JSON to this file (atomically; the agent reads it)");
+  CLI::Option* nnodes_flag =
+      app.add_option("--nnodes", launcher.nnodes,
+                     "with --nproc: the hosts the trial's ranks span (its nodes); each runs "
+                     "--nproc of the nnodes x nproc ranks")
+          ->check(CLI::PositiveNumber);
+  CLI::Option* node_rank_flag =
+      app.add_option("--node-rank", launcher.node_rank,
+                     "with --nproc and --nnodes: this host's place, 0 up to nnodes-1; its local "
+                     "rank l is rank node-rank x nproc + l")
+          ->check(CLI::NonNegativeNumber);
+  CLI::Option* master_addr_flag = app.add_option(
+      "--master-addr", launcher.master_addr,
+      "with --nproc: node rank 0's host, where rank 0 serves the rendezvous (default 127.0.0.1)");
   std::vector<std::string> input_names;
   app.add_option("--input-name", input_names,
                  "PATH=NAME: call PATH by NAME in messages (the agent names the inputs it copied "
@@ -168,63 +262,30 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  // The controller places a multi-node trial's nodes together (controller/scheduler), but nothing
-  // starts ranks across hosts yet: refused here rather than run as one node's ranks.
-  if (config.GetInt("nodes") > 1) {
-    return Fail("nodes: " + std::to_string(config.GetInt("nodes")) +
-                " spreads the trial's ranks over several hosts, which llm-train cannot start yet; "
-                "run it with nodes: 1 (devices: N ranks on this host)");
+  if (launcher.nproc > 0) return LaunchRanks(launcher, config, argc, argv);
+  if (nnodes_flag->count() > 0 || node_rank_flag->count() > 0 || master_addr_flag->count() > 0) {
+    return Fail(
+        "--nnodes, --node-rank and --master-addr place the ranks that --nproc N starts; pass "
+        "--nproc too");
   }
+  // A rank: what the launcher (or torchrun) told it in its environment.
   const std::string strategy = config.GetString("strategy");
-  const bool ranked = (strategy == "ddp" || strategy == "fsdp") && config.GetInt("devices") > 1;
-  if (nproc > 0) {
-    if (!ranked || config.GetInt("devices") != nproc) {
-      return Fail(
-          "--nproc " + std::to_string(nproc) +
-          " starts the ranks of a data-parallel trial: it needs strategy: ddp or fsdp and "
-          "devices: " +
-          std::to_string(nproc) + " (the trial has strategy: " + config.GetString("strategy") +
-          ", devices: " + std::to_string(config.GetInt("devices")) + ")");
-    }
-    // Each rank is this command without --nproc, told its place by the launcher's variables.
-    llmctl::dist::LaunchSpec spec;
-    for (int i = 0; i < argc; ++i) {
-      const std::string arg = argv[i];
-      if (arg == "--nproc" || arg == "--master-port" || arg == "--ranks-file") {
-        ++i;
-        continue;
-      }
-      if (arg.starts_with("--nproc=") || arg.starts_with("--master-port=") ||
-          arg.starts_with("--ranks-file=")) {
-        continue;
-      }
-      spec.argv.push_back(arg);
-    }
-    spec.world_size = nproc;
-    spec.master_port = static_cast<uint16_t>(master_port);
-    spec.status_file = ranks_file;
-    const llmctl::dist::LaunchResult launched = llmctl::dist::Launch(spec);
-    if (!launched.status.ok()) {
-      std::cerr << "llm-train: " << launched.status.message() << std::endl;
-      // The job ends as its first failed rank did (invalid input, out of memory, diverged,
-      // cancelled), else as failed.
-      const auto& failure = launched.first_failure;
-      if (failure && failure->signal == 0 && failure->exit_code >= llmctl::trainer::kExitFailed &&
-          failure->exit_code <= llmctl::trainer::kExitCancelled) {
-        return failure->exit_code;
-      }
-      return llmctl::trainer::kExitFailed;
-    }
-    return llmctl::trainer::kExitOk;
-  }
+  const int64_t devices = config.GetInt("devices");
+  const int64_t nodes = config.GetInt("nodes");
   std::optional<llmctl::dist::RankEnv> rank_env;
-  if (ranked) {
+  if ((strategy == "ddp" || strategy == "fsdp") && devices * nodes > 1) {
     auto env = llmctl::dist::RankEnvFromEnvironment();
     if (!env.ok()) {
-      return Fail("strategy: " + strategy +
-                  " with devices: " + std::to_string(config.GetInt("devices")) +
-                  " runs one rank per device: start them with --nproc " +
-                  std::to_string(config.GetInt("devices")) +
+      const std::string start =
+          nodes > 1 ? "nodes: " + std::to_string(nodes) +
+                          " spreads them over that many hosts: start each host's share with "
+                          "--nproc " +
+                          std::to_string(devices) + " --nnodes " + std::to_string(nodes) +
+                          " --node-rank K --master-addr HOST --master-port P (HOST and P: node "
+                          "rank 0's; node rank 0 may pass --master-port 0)"
+                    : "start them with --nproc " + std::to_string(devices);
+      return Fail("strategy: " + strategy + " with devices: " + std::to_string(devices) +
+                  " runs one rank per device; " + start +
                   " (or torchrun): " + env.status().message());
     }
     rank_env = *env;

@@ -114,14 +114,14 @@ TEST(LlmTrainTest, ImpossibleCombinationIsRejected) {
   EXPECT_NE(run.output.find("global_batch_size"), std::string::npos) << run.output;
 }
 
-// A multi-node trial is placed by the controller but cannot be started by llm-train yet: refused
-// before anything runs, rather than run as one host's ranks.
-TEST(LlmTrainTest, MultiNodeTrialsAreRefusedUntilTheyCanBeStarted) {
+// A multi-node trial runs only as its hosts' shares, each launcher told its place: --nproc alone is
+// refused before anything runs, rather than run as one host's ranks (ddp_test runs such trials).
+TEST(LlmTrainTest, MultiNodeTrialsNeedEachNodesPlace) {
   CommandResult run =
       RunLlmTrain("--config " + Demo() + " --set strategy=ddp --set devices=2 --set nodes=2" +
                   " --set train.global_batch_size=16 --nproc 2");
   EXPECT_EQ(run.exit_code, 2) << run.output;
-  EXPECT_NE(run.output.find("nodes: 2 spreads the trial's ranks over several hosts"),
+  EXPECT_NE(run.output.find("the trial has nodes: 2 but --nnodes is 1; pass --nnodes 2"),
             std::string::npos)
       << run.output;
 }

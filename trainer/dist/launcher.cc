@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string_view>
 #include <thread>
@@ -43,11 +44,12 @@ std::vector<std::string> InheritedEnvironment(const std::vector<std::string>& ra
   return environment;
 }
 
-// OMP_NUM_THREADS for each of `world_size` ranks when the environment does not set it: the CPUs
-// this process may run on, shared out. Without it every rank would start as many threads as there
-// are CPUs, and N ranks on one host would oversubscribe them N times over (torchrun sets 1 instead;
-// a share keeps a CPU job's ranks using the whole machine). Empty when the environment sets it.
-std::string RankThreadsVariable(int world_size) {
+// OMP_NUM_THREADS for each of this host's `local_ranks` ranks when the environment does not set
+// it: the CPUs this process may run on, shared out. Without it every rank would start as many
+// threads as there are CPUs, and N ranks on one host would oversubscribe them N times over
+// (torchrun sets 1 instead; a share keeps a CPU job's ranks using the whole machine). Ranks on
+// other hosts have their own CPUs, so they do not count. Empty when the environment sets it.
+std::string RankThreadsVariable(int local_ranks) {
   const char* set = std::getenv("OMP_NUM_THREADS");
   if (set != nullptr && *set != '\0') return "";
   cpu_set_t cpus;
@@ -55,7 +57,7 @@ std::string RankThreadsVariable(int world_size) {
   const int available = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0
                             ? CPU_COUNT(&cpus)
                             : static_cast<int>(std::thread::hardware_concurrency());
-  return "OMP_NUM_THREADS=" + std::to_string(std::max(1, available / std::max(1, world_size)));
+  return "OMP_NUM_THREADS=" + std::to_string(std::max(1, available / std::max(1, local_ranks)));
 }
 
 std::vector<char*> CStrings(std::vector<std::string>& strings) {
@@ -103,8 +105,11 @@ int IsOwnFailure(const RankFailure& failure) {
 
 void WriteStatusFile(const LaunchSpec& spec, uint16_t master_port, const std::vector<pid_t>& pids,
                      const std::optional<RankFailure>& failure) {
-  std::string text = "{\"world_size\":" + std::to_string(spec.world_size) +
-                     ",\"master_port\":" + std::to_string(master_port) + ",\"pids\":[";
+  std::string text = "{\"world_size\":" + std::to_string(spec.nnodes * spec.nproc_per_node) +
+                     ",\"master_port\":" + std::to_string(master_port) +
+                     ",\"nnodes\":" + std::to_string(spec.nnodes) +
+                     ",\"node_rank\":" + std::to_string(spec.node_rank) +
+                     ",\"nproc_per_node\":" + std::to_string(spec.nproc_per_node) + ",\"pids\":[";
   for (size_t i = 0; i < pids.size(); ++i) {
     if (i > 0) text += ',';
     text += std::to_string(pids[i]);
@@ -123,15 +128,37 @@ void WriteStatusFile(const LaunchSpec& spec, uint16_t master_port, const std::ve
   if (!written.ok()) std::cerr << "launcher: " << written.message() << std::endl;
 }
 
+Status CheckSpec(const LaunchSpec& spec) {
+  if (spec.argv.empty()) return InvalidArgumentError("no program to launch");
+  if (spec.nproc_per_node < 1) {
+    return InvalidArgumentError("nproc_per_node " + std::to_string(spec.nproc_per_node) +
+                                " must be at least 1");
+  }
+  if (spec.nnodes < 1 || spec.nnodes > std::numeric_limits<int>::max() / spec.nproc_per_node) {
+    return InvalidArgumentError("nnodes " + std::to_string(spec.nnodes) +
+                                " must be at least 1 (and nnodes x nproc_per_node an int)");
+  }
+  if (spec.node_rank < 0 || spec.node_rank >= spec.nnodes) {
+    return InvalidArgumentError("node rank " + std::to_string(spec.node_rank) +
+                                " must be 0 up to nnodes-1 (nnodes " + std::to_string(spec.nnodes) +
+                                ")");
+  }
+  // Only the node that holds rank 0 can pick the port; the others must be told it.
+  if (spec.master_port == 0 && spec.node_rank > 0) {
+    return InvalidArgumentError(
+        "master port 0 (a free port picked on this host) is for node rank 0 only: node rank " +
+        std::to_string(spec.node_rank) + " must be given the port node rank 0's launcher chose");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 LaunchResult Launch(const LaunchSpec& spec) {
-  if (spec.argv.empty()) return {InvalidArgumentError("no program to launch"), std::nullopt};
-  if (spec.world_size < 1) {
-    return {InvalidArgumentError("world size " + std::to_string(spec.world_size) +
-                                 " must be at least 1"),
-            std::nullopt};
-  }
+  if (Status checked = CheckSpec(spec); !checked.ok()) return {checked, std::nullopt};
+  const int local_ranks = spec.nproc_per_node;
+  const int world_size = spec.nnodes * local_ranks;
+  const int first_rank = spec.node_rank * local_ranks;
   // Port 0: a free port from the kernel, its listening socket handed to rank 0.
   int listen_fd = -1;
   uint16_t master_port = spec.master_port;
@@ -151,21 +178,23 @@ LaunchResult Launch(const LaunchSpec& spec) {
   std::vector<char*> argv_c = CStrings(argv);
   // Built before forking: the child may not allocate.
   std::vector<std::vector<std::string>> environments;
-  const std::string threads = RankThreadsVariable(spec.world_size);
-  for (int rank = 0; rank < spec.world_size; ++rank) {
+  const std::string threads = RankThreadsVariable(local_ranks);
+  for (int local_rank = 0; local_rank < local_ranks; ++local_rank) {
     RankEnv env;
-    env.rank = rank;
-    env.local_rank = rank;
-    env.world_size = spec.world_size;
-    env.local_world_size = spec.world_size;
+    env.rank = first_rank + local_rank;
+    env.local_rank = local_rank;
+    env.world_size = world_size;
+    env.local_world_size = local_ranks;
     env.master_addr = spec.master_addr;
     env.master_port = master_port;
+    // Global rank 0, the store's server: a listening socket exists only on node rank 0.
+    const bool serves = env.rank == 0 && listen_fd >= 0;
     std::vector<std::string> variables = RankEnvVariables(env);
     // Filtered from every rank's inherited environment; only rank 0 gets it back, set.
     variables.push_back(std::string(kMasterListenFdVariable) + "=" +
-                        (rank == 0 && listen_fd >= 0 ? std::to_string(listen_fd) : ""));
+                        (serves ? std::to_string(listen_fd) : ""));
     std::vector<std::string> environment = InheritedEnvironment(variables);
-    if (rank == 0 && listen_fd >= 0) environment.push_back(variables.back());
+    if (serves) environment.push_back(variables.back());
     variables.pop_back();
     environment.insert(environment.end(), variables.begin(), variables.end());
     if (!threads.empty()) environment.push_back(threads);
@@ -182,23 +211,24 @@ LaunchResult Launch(const LaunchSpec& spec) {
   for (int i = 0; i < 3; ++i) ::sigaction(forwarded[i], &forward, &previous[i]);
 
   const pid_t launcher = ::getpid();
-  std::vector<pid_t> pids(spec.world_size, -1);  // -1: not started, or reaped
-  std::vector<pid_t> started(spec.world_size, -1);
+  // Indexed by local rank.
+  std::vector<pid_t> pids(local_ranks, -1);  // -1: not started, or reaped
+  std::vector<pid_t> started(local_ranks, -1);
   LaunchResult result;
-  for (int rank = 0; rank < spec.world_size && !result.first_failure && result.status.ok();
-       ++rank) {
-    std::vector<char*> envp = CStrings(environments[rank]);
+  for (int local_rank = 0; local_rank < local_ranks && result.status.ok(); ++local_rank) {
+    std::vector<char*> envp = CStrings(environments[local_rank]);
     const pid_t pid = ::fork();
     if (pid == 0) {
       // The socket is close-on-exec: rank 0 keeps it open across its exec, the others lose it.
-      if (rank == 0 && listen_fd >= 0) ::fcntl(listen_fd, F_SETFD, 0);
+      if (first_rank + local_rank == 0 && listen_fd >= 0) ::fcntl(listen_fd, F_SETFD, 0);
       ExecRank(launcher, argv_c.data(), envp.data());
     }
     if (pid < 0) {
-      result.status = UnavailableError("cannot start rank " + std::to_string(rank) +
-                                       ": fork: " + std::strerror(errno));
+      result.status =
+          UnavailableError("cannot start rank " + std::to_string(first_rank + local_rank) +
+                           ": fork: " + std::strerror(errno));
     } else {
-      pids[rank] = started[rank] = pid;
+      pids[local_rank] = started[local_rank] = pid;
     }
   }
   if (listen_fd >= 0) ::close(listen_fd);  // rank 0 has its own
@@ -226,17 +256,17 @@ LaunchResult Launch(const LaunchSpec& spec) {
     std::optional<RankFailure> seen;
     int seen_status = 0;
     bool seen_unwaitable = false;
-    for (int rank = 0; rank < spec.world_size; ++rank) {
-      if (pids[rank] <= 0) continue;
+    for (int local_rank = 0; local_rank < local_ranks; ++local_rank) {
+      if (pids[local_rank] <= 0) continue;
       int status = 0;
-      const pid_t done = ::waitpid(pids[rank], &status, WNOHANG);
+      const pid_t done = ::waitpid(pids[local_rank], &status, WNOHANG);
       if (done == 0 || (done < 0 && errno == EINTR)) continue;
-      pids[rank] = -1;
+      pids[local_rank] = -1;
       --running;
       const bool ok = done > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (ok || result.first_failure) continue;
       RankFailure failure;
-      failure.rank = rank;
+      failure.rank = first_rank + local_rank;
       if (done > 0 && WIFSIGNALED(status)) {
         failure.signal = WTERMSIG(status);
       } else {
@@ -254,7 +284,7 @@ LaunchResult Launch(const LaunchSpec& spec) {
       if (result.status.ok()) {
         result.status = Status(
             StatusCode::kAborted,
-            "rank " + std::to_string(seen->rank) + " of " + std::to_string(spec.world_size) + " " +
+            "rank " + std::to_string(seen->rank) + " of " + std::to_string(world_size) + " " +
                 (seen_unwaitable ? "could not be waited for" : DescribeExit(seen_status)) +
                 "; the other ranks were stopped");
       }

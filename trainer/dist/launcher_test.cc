@@ -3,13 +3,17 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 namespace llmctl::dist {
 namespace {
@@ -22,22 +26,52 @@ class LauncherTest : public testing::Test {
     dir_ = fs::temp_directory_path() / ("llmctl_launcher_test_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    // A test that failed half-way leaves no launcher behind (its ranks die with it).
+    if (child_ > 0) {
+      ::kill(child_, SIGKILL);
+      WaitForChild();
+    }
+    fs::remove_all(dir_);
+  }
 
-  // Ranks that are /bin/sh running `script`; each first writes its pid to DIR/rankN.pid.
-  LaunchSpec Shell(const std::string& script, int world_size) const {
+  // `nproc` ranks that are /bin/sh running `script`; each first writes its pid to DIR/rankN.pid
+  // (N its global rank).
+  LaunchSpec Shell(const std::string& script, int nproc) const {
     LaunchSpec spec;
     spec.argv = {"/bin/sh", "-c", "echo $$ > " + dir_.string() + "/rank$RANK.pid; " + script};
-    spec.world_size = world_size;
+    spec.nproc_per_node = nproc;
     spec.master_port = 29555;
     return spec;
   }
 
-  // Shell code that waits until ranks 0..world_size-1 have all written their pid files, so a rank
-  // that then fails cannot get the others stopped before they have recorded who they are.
-  std::string AwaitPids(int world_size) const {
-    return "for r in $(seq 0 " + std::to_string(world_size - 1) + "); do while [ ! -s " +
-           dir_.string() + "/rank$r.pid ]; do sleep 0.01; done; done; ";
+  // Shell code that waits until ranks first..first+count-1 have all written their pid files, so a
+  // rank that then fails cannot get the others stopped before they have recorded who they are.
+  std::string AwaitPids(int count, int first = 0) const {
+    return "for r in $(seq " + std::to_string(first) + " " + std::to_string(first + count - 1) +
+           "); do while [ ! -s " + dir_.string() + "/rank$r.pid ]; do sleep 0.01; done; done; ";
+  }
+
+  // Shell code that waits until DIR/`name` exists.
+  std::string AwaitFile(const std::string& name) const {
+    return "while [ ! -e " + (dir_ / name).string() + " ]; do sleep 0.01; done; ";
+  }
+
+  // Launch(spec) in a child process, as another host's launcher would run it; its exit code is 0
+  // when the launch succeeded.
+  pid_t LaunchInChild(const LaunchSpec& spec) {
+    const pid_t pid = ::fork();
+    if (pid == 0) ::_exit(Launch(spec).status.ok() ? 0 : 1);
+    child_ = pid;
+    return pid;
+  }
+
+  // The child's exit code, once it has ended; -1 when it did not exit.
+  int WaitForChild() {
+    int status = 0;
+    const pid_t done = ::waitpid(child_, &status, 0);
+    child_ = -1;
+    return done > 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
 
   pid_t PidOf(int rank) const {
@@ -53,6 +87,7 @@ class LauncherTest : public testing::Test {
   }
 
   fs::path dir_;
+  pid_t child_ = -1;
 };
 
 TEST_F(LauncherTest, EveryRankGetsTorchrunsVariables) {
@@ -139,7 +174,7 @@ TEST_F(LauncherTest, ARankThatIgnoresSigtermIsKilled) {
 TEST_F(LauncherTest, AProgramThatCannotRunIsNamed) {
   LaunchSpec spec;
   spec.argv = {(dir_ / "no-such-program").string()};
-  spec.world_size = 2;
+  spec.nproc_per_node = 2;
   const Status launched = LaunchRanks(spec);
   ASSERT_FALSE(launched.ok());
   EXPECT_NE(launched.message().find("could not execute its program"), std::string::npos)
@@ -147,9 +182,8 @@ TEST_F(LauncherTest, AProgramThatCannotRunIsNamed) {
 }
 
 TEST_F(LauncherTest, PortZeroHandsRankZeroAListeningSocketOnAFreePort) {
-  LaunchSpec spec = Shell("echo $MASTER_PORT \"${LLMCTL_MASTER_LISTEN_FD:-none}\" > " +
-                              dir_.string() + "/env$RANK",
-                          2);
+  LaunchSpec spec = Shell(
+      "echo $MASTER_PORT \"${LLMCTL_MASTER_LISTEN_FD:-none}\" > " + dir_.string() + "/env$RANK", 2);
   spec.master_port = 0;
   spec.status_file = (dir_ / "ranks.json").string();
   const LaunchResult launched = Launch(spec);
@@ -174,8 +208,8 @@ TEST_F(LauncherTest, PortZeroHandsRankZeroAListeningSocketOnAFreePort) {
 }
 
 TEST_F(LauncherTest, TheFirstFailureIsRecordedInTheStatusFile) {
-  LaunchSpec spec = Shell(
-      "if [ \"$RANK\" = 1 ]; then " + AwaitPids(2) + "kill -9 $$; fi; exec sleep 600", 2);
+  LaunchSpec spec =
+      Shell("if [ \"$RANK\" = 1 ]; then " + AwaitPids(2) + "kill -9 $$; fi; exec sleep 600", 2);
   spec.status_file = (dir_ / "ranks.json").string();
   const LaunchResult launched = Launch(spec);
   ASSERT_FALSE(launched.status.ok());
@@ -183,12 +217,121 @@ TEST_F(LauncherTest, TheFirstFailureIsRecordedInTheStatusFile) {
   EXPECT_EQ(launched.first_failure->rank, 1);
   EXPECT_EQ(launched.first_failure->signal, SIGKILL);
   const std::string record = Read("ranks.json");
-  EXPECT_NE(record.find("\"pids\":[" + std::to_string(PidOf(0)) + "," +
-                        std::to_string(PidOf(1)) + "]"),
-            std::string::npos)
+  EXPECT_NE(
+      record.find("\"pids\":[" + std::to_string(PidOf(0)) + "," + std::to_string(PidOf(1)) + "]"),
+      std::string::npos)
       << record;
   EXPECT_NE(record.find("\"first_failure\":{\"rank\":1,\"signal\":9}"), std::string::npos)
       << record;
+}
+
+// Two launchers as the two nodes of a 2 x 2 job on loopback: node rank 0 picks the port and records
+// it, node rank 1 is started with it, and every rank is told its global place. Node rank 0's ranks
+// wait for node rank 1's, so the two nodes' ranks run at the same time, as a job's must.
+TEST_F(LauncherTest, TwoNodesRunOneJobsRanks) {
+  const std::string script =
+      "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR " +
+      std::string("$MASTER_PORT \"${LLMCTL_MASTER_LISTEN_FD:-none}\" > ") + dir_.string() +
+      "/env$RANK.tmp; mv " + dir_.string() + "/env$RANK.tmp " + dir_.string() + "/env$RANK; " +
+      "if [ $RANK -lt 2 ]; then " + AwaitFile("env2") + AwaitFile("env3") + "fi";
+  LaunchSpec node0 = Shell(script, 2);
+  node0.nnodes = 2;
+  node0.node_rank = 0;
+  node0.master_port = 0;
+  node0.status_file = (dir_ / "ranks0.json").string();
+  LaunchInChild(node0);
+  // The port, once node rank 0's launcher has recorded it (the file appears whole: atomically).
+  int port = 0;
+  while (port == 0) {
+    if (::waitpid(child_, nullptr, WNOHANG) != 0) {
+      child_ = -1;
+      FAIL() << "node rank 0's launcher ended before it recorded the port";
+    }
+    const std::string text = Read("ranks0.json");
+    if (!text.empty()) port = nlohmann::json::parse(text).at("master_port").get<int>();
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  LaunchSpec node1 = Shell(script, 2);
+  node1.nnodes = 2;
+  node1.node_rank = 1;
+  node1.master_port = static_cast<uint16_t>(port);
+  node1.status_file = (dir_ / "ranks1.json").string();
+  const LaunchResult launched = Launch(node1);
+  ASSERT_TRUE(launched.status.ok()) << launched.status.ToString();
+  ASSERT_EQ(WaitForChild(), 0);
+
+  const std::string at = " 127.0.0.1 " + std::to_string(port) + " ";
+  EXPECT_EQ(Read("env2"), "2 0 4 2" + at + "none\n");
+  EXPECT_EQ(Read("env3"), "3 1 4 2" + at + "none\n");
+  EXPECT_EQ(Read("env1"), "1 1 4 2" + at + "none\n");
+  // Only global rank 0 holds the listening socket.
+  const std::string env0 = Read("env0");
+  EXPECT_TRUE(env0.starts_with("0 0 4 2" + at)) << env0;
+  EXPECT_FALSE(env0.ends_with(" none\n")) << env0;
+  for (int node : {0, 1}) {
+    const nlohmann::json record =
+        nlohmann::json::parse(Read("ranks" + std::to_string(node) + ".json"));
+    EXPECT_EQ(record["world_size"], 4);
+    EXPECT_EQ(record["master_port"], port);
+    EXPECT_EQ(record["nnodes"], 2);
+    EXPECT_EQ(record["node_rank"], node);
+    EXPECT_EQ(record["nproc_per_node"], 2);
+    EXPECT_EQ(record["pids"], nlohmann::json({PidOf(2 * node), PidOf(2 * node + 1)}));
+    EXPECT_FALSE(record.contains("first_failure"));
+  }
+}
+
+// The CPU share counts this host's ranks only: one rank per node gets all of this one's CPUs.
+TEST_F(LauncherTest, TheCpuShareCountsThisNodesRanksOnly) {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(cpus), &cpus), 0);
+  const char* saved = std::getenv("OMP_NUM_THREADS");
+  const std::string restore = saved != nullptr ? saved : "";
+  ::unsetenv("OMP_NUM_THREADS");
+  LaunchSpec spec = Shell("echo $OMP_NUM_THREADS > " + dir_.string() + "/threads$RANK", 1);
+  spec.nnodes = 2;
+  spec.node_rank = 1;
+  const Status launched = LaunchRanks(spec);
+  if (saved != nullptr) ::setenv("OMP_NUM_THREADS", restore.c_str(), 1);
+  ASSERT_TRUE(launched.ok()) << launched.ToString();
+  EXPECT_EQ(Read("threads1"), std::to_string(CPU_COUNT(&cpus)) + "\n");
+}
+
+TEST_F(LauncherTest, ANodeAboveRankZeroNeedsThePort) {
+  LaunchSpec spec = Shell("touch " + dir_.string() + "/ran", 1);
+  spec.nnodes = 2;
+  spec.node_rank = 1;
+  spec.master_port = 0;
+  const Status launched = LaunchRanks(spec);
+  EXPECT_EQ(launched.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(launched.message().find("node rank 0 only"), std::string::npos) << launched.message();
+  EXPECT_FALSE(fs::exists(dir_ / "ran"));
+
+  spec.master_port = 29555;
+  spec.node_rank = 2;
+  EXPECT_EQ(LaunchRanks(spec).code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(dir_ / "ran"));
+}
+
+// Node rank 1 of a 2 x 2 job holds ranks 2 and 3: its failed local rank 1 is rank 3 of 4, in the
+// error and in the ranks file (the agent reports it as the job's).
+TEST_F(LauncherTest, AFailureOnANodeNamesItsGlobalRank) {
+  LaunchSpec spec = Shell(
+      "if [ \"$LOCAL_RANK\" = 1 ]; then " + AwaitPids(2, 2) + "exit 7; fi; exec sleep 600", 2);
+  spec.nnodes = 2;
+  spec.node_rank = 1;
+  spec.status_file = (dir_ / "ranks.json").string();
+  const LaunchResult launched = Launch(spec);
+  ASSERT_FALSE(launched.status.ok());
+  EXPECT_EQ(launched.status.message(),
+            "rank 3 of 4 exited with code 7; the other ranks were stopped");
+  ASSERT_TRUE(launched.first_failure.has_value());
+  EXPECT_EQ(launched.first_failure->rank, 3);
+  const nlohmann::json record = nlohmann::json::parse(Read("ranks.json"));
+  EXPECT_EQ(record["first_failure"], nlohmann::json({{"rank", 3}, {"exit_code", 7}}));
+  EXPECT_EQ(record["pids"], nlohmann::json({PidOf(2), PidOf(3)}));
+  EXPECT_EQ(::kill(PidOf(2), 0), -1);
 }
 
 TEST_F(LauncherTest, SigtermToTheLauncherReachesEveryRank) {

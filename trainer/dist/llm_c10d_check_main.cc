@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   std::string list;
   for (int64_t numel : numels) list += (list.empty() ? "" : ",") + std::to_string(numel);
   spec.argv.push_back(list);
-  spec.world_size = world_size;
+  spec.nproc_per_node = world_size;
   spec.master_port = static_cast<uint16_t>(port);
   const llmctl::Status launched = llmctl::dist::LaunchRanks(spec);
   if (!launched.ok()) return Fail(llmctl::dist::kCheckExitFailed, launched.message());

@@ -1,13 +1,19 @@
 #include "trainer/testing/ranked_demo.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/checkpoints.h"
@@ -23,6 +29,50 @@ std::vector<nlohmann::json> ReadEvents(const std::string& path) {
   return events;
 }
 
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// llm-train and its arguments for the demo in `dir` (RunRankedDemo's, before the strategy's).
+std::vector<std::string> DemoArgs(const std::string& dir, const std::vector<std::string>& sets,
+                                  int64_t steps) {
+  const char* build_dir = std::getenv("LLMCTL_BUILD_DIR");
+  std::vector<std::string> args = {
+      std::string(build_dir != nullptr ? build_dir : "build") + "/trainer/llm-train",
+      "--config",
+      SourceDir() + "/experiments/demo.yaml",
+      "--events",
+      dir + "/events.jsonl",
+      "--set",
+      "train.max_steps=" + std::to_string(steps),
+      "--set",
+      "output_dir=" + dir + "/out",
+      "--set",
+      "snapshot_every=1"};
+  bool checkpoint_set = false;
+  for (const std::string& set : sets) {
+    args.insert(args.end(), {"--set", set});
+    checkpoint_set |= set.starts_with("checkpoint_every=");
+  }
+  if (!checkpoint_set)
+    args.insert(args.end(), {"--set", "checkpoint_every=" + std::to_string(steps)});
+  return args;
+}
+
+// Every rank's events and the checkpoint after the last step, into `run`.
+void ReadBack(RankedDemoRun& run, int ranks, int64_t steps) {
+  for (int rank = 0; rank < ranks; ++rank) {
+    run.events.push_back(ReadEvents(RankEventsPath(run.dir + "/events.jsonl", rank)));
+  }
+  auto checkpoint = LoadCheckpoint(run.dir + "/out/checkpoints/step-" + std::to_string(steps));
+  if (checkpoint.ok()) {
+    for (auto& [tensor_name, tensor] : checkpoint->model) run.final_model[tensor_name] = tensor;
+  }
+}
+
+constexpr auto kPollInterval = std::chrono::milliseconds(20);
+
 }  // namespace
 
 RankedDemoRun RunRankedDemo(const std::string& strategy, const std::string& name, int ranks,
@@ -30,19 +80,11 @@ RankedDemoRun RunRankedDemo(const std::string& strategy, const std::string& name
                             const std::string& extra_flags) {
   RankedDemoRun run;
   run.dir = FreshTempDir(strategy + "-" + name);
-  const char* build_dir = std::getenv("LLMCTL_BUILD_DIR");
-  std::string command = std::string(build_dir != nullptr ? build_dir : "build") +
-                        "/trainer/llm-train --config " + SourceDir() +
-                        "/experiments/demo.yaml --events " + run.dir + "/events.jsonl" +
-                        " --set train.max_steps=" + std::to_string(steps) +
-                        " --set output_dir=" + run.dir + "/out --set snapshot_every=1" +
-                        extra_flags;
-  bool checkpoint_set = false;
-  for (const std::string& set : sets) {
-    command += " --set " + set;
-    checkpoint_set |= set.starts_with("checkpoint_every=");
+  std::string command;
+  for (const std::string& arg : DemoArgs(run.dir, sets, steps)) {
+    command += (command.empty() ? "" : " ") + arg;
   }
-  if (!checkpoint_set) command += " --set checkpoint_every=" + std::to_string(steps);
+  command += extra_flags;
   if (ranks > 1) {
     command += " --set strategy=" + strategy + " --set devices=" + std::to_string(ranks) +
                " --nproc " + std::to_string(ranks) + " --master-port 0";
@@ -55,13 +97,106 @@ RankedDemoRun RunRankedDemo(const std::string& strategy, const std::string& name
   }
   const int status = pclose(pipe);
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  for (int rank = 0; rank < ranks; ++rank) {
-    run.events.push_back(ReadEvents(RankEventsPath(run.dir + "/events.jsonl", rank)));
+  ReadBack(run, ranks, steps);
+  return run;
+}
+
+MultiNodeDemo::MultiNodeDemo(const std::string& strategy, const std::string& name, int nodes,
+                             int devices, const std::vector<std::string>& sets, int64_t steps)
+    : nodes_(nodes),
+      devices_(devices),
+      steps_(steps),
+      dir_(FreshTempDir(strategy + "-" + name)),
+      launchers_(nodes, -1),
+      exit_codes_(nodes, -1) {
+  args_ = DemoArgs(dir_, sets, steps);
+  args_.insert(args_.end(),
+               {"--set", "strategy=" + strategy, "--set", "devices=" + std::to_string(devices),
+                "--set", "nodes=" + std::to_string(nodes)});
+  Start(0, 0);
+  const nlohmann::json first = AwaitRanksFile(0);
+  if (first.is_null()) return;  // Finish reports node rank 0's end
+  for (int node = 1; node < nodes; ++node) Start(node, first["master_port"].get<int>());
+}
+
+MultiNodeDemo::~MultiNodeDemo() {
+  for (int node = 0; node < nodes_; ++node) {
+    if (launchers_[node] <= 0) continue;
+    ::kill(launchers_[node], SIGKILL);
+    ::waitpid(launchers_[node], nullptr, 0);
   }
-  auto checkpoint = LoadCheckpoint(run.dir + "/out/checkpoints/step-" + std::to_string(steps));
-  if (checkpoint.ok()) {
-    for (auto& [tensor_name, tensor] : checkpoint->model) run.final_model[tensor_name] = tensor;
+}
+
+void MultiNodeDemo::Start(int node, int master_port) {
+  const std::string prefix = dir_ + "/node" + std::to_string(node);
+  std::vector<std::string> args = args_;
+  args.insert(args.end(),
+              {"--nproc", std::to_string(devices_), "--nnodes", std::to_string(nodes_),
+               "--node-rank", std::to_string(node), "--master-addr", "127.0.0.1", "--master-port",
+               std::to_string(master_port), "--ranks-file", prefix + ".ranks.json"});
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  const std::string log = prefix + ".log";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || ::dup2(fd, 1) < 0 || ::dup2(fd, 2) < 0) ::_exit(127);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
   }
+  ASSERT_GT(pid, 0) << "fork";
+  launchers_[node] = pid;
+}
+
+bool MultiNodeDemo::Ended(int node) {
+  if (launchers_[node] <= 0) return true;
+  int status = 0;
+  if (::waitpid(launchers_[node], &status, WNOHANG) == 0) return false;
+  launchers_[node] = -1;
+  exit_codes_[node] = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return true;
+}
+
+nlohmann::json MultiNodeDemo::AwaitRanksFile(int node) {
+  const std::string path = dir_ + "/node" + std::to_string(node) + ".ranks.json";
+  for (;;) {
+    // Written atomically (renamed into place), so it is whole once it is there. Looked at once
+    // more after the launcher ended: it may have written the file just before.
+    const bool ended = Ended(node);
+    if (std::filesystem::exists(path)) return nlohmann::json::parse(ReadFile(path));
+    if (ended) return nullptr;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+}
+
+bool MultiNodeDemo::AwaitStep(int rank) {
+  const std::string path = RankEventsPath(dir_ + "/events.jsonl", rank);
+  for (;;) {
+    const bool ended = Ended(rank / devices_);
+    if (ReadFile(path).find("\"type\":\"step\"") != std::string::npos) return true;
+    if (ended) return false;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+}
+
+RankedDemoRun MultiNodeDemo::Finish() {
+  RankedDemoRun run;
+  run.dir = dir_;
+  run.exit_code = 0;
+  for (int node = 0; node < nodes_; ++node) {
+    if (launchers_[node] > 0) {
+      int status = 0;
+      ::waitpid(launchers_[node], &status, 0);
+      launchers_[node] = -1;
+      exit_codes_[node] = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    run.node_exit_codes.push_back(exit_codes_[node]);
+    if (run.exit_code == 0) run.exit_code = exit_codes_[node];
+    run.output += "node rank " + std::to_string(node) + ":\n" +
+                  ReadFile(dir_ + "/node" + std::to_string(node) + ".log");
+  }
+  ReadBack(run, nodes_ * devices_, steps_);
   return run;
 }
 

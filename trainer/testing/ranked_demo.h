@@ -1,10 +1,12 @@
 // experiments/demo.yaml run as a user runs a data-parallel trial: `llm-train --nproc N` (the
-// launcher gives each rank its share of the CPUs and the rendezvous a port the kernel picks), or
-// one process, with every rank's events and the final checkpoint read back. For the strategies'
-// tests (ddp_test, fsdp_test), which compare N ranks against one process.
+// launcher gives each rank its share of the CPUs and the rendezvous a port the kernel picks), one
+// launcher per node of a multi-node trial (on loopback), or one process, with every rank's events
+// and the final checkpoint read back. For the strategies' tests (ddp_test, fsdp_test), which
+// compare N ranks against one process, and N ranks on one node against the same on several.
 #ifndef LLMCTL_TRAINER_TESTING_RANKED_DEMO_H_
 #define LLMCTL_TRAINER_TESTING_RANKED_DEMO_H_
 
+#include <sys/types.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -16,8 +18,10 @@
 namespace llmctl::trainer::testing {
 
 struct RankedDemoRun {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr of llm-train (every rank's)
+  int exit_code = -1;  // a multi-node run's: the first node's that is not 0
+  // A multi-node run's, by node rank; -1: killed by a signal, or not started.
+  std::vector<int> node_exit_codes;
+  std::string output;  // stdout and stderr of llm-train (every node's, every rank's)
   std::string dir;     // events.jsonl (and events.rank<r>.jsonl), out/
   std::vector<std::vector<nlohmann::json>> events;   // per rank
   std::map<std::string, torch::Tensor> final_model;  // the checkpoint after the last step
@@ -38,6 +42,42 @@ RankedDemoRun RunRankedDemo(const std::string& strategy, const std::string& name
 void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::string& name,
                                        const std::vector<std::string>& one,
                                        const std::vector<std::string>& two, int64_t steps);
+
+// The demo as `nodes` llm-train launchers of `devices` ranks each on this host, the way the agents
+// of `nodes` hosts start their shares of a multi-node trial: node rank 0 with --master-port 0 and a
+// ranks file, then each other node, once the port is recorded there, with --master-addr 127.0.0.1
+// and that port. The trial's strategy, devices and nodes are set; `sets` and `steps` as above.
+class MultiNodeDemo {
+ public:
+  MultiNodeDemo(const std::string& strategy, const std::string& name, int nodes, int devices,
+                const std::vector<std::string>& sets, int64_t steps);
+  // A launcher still running is killed (its ranks die with it).
+  ~MultiNodeDemo();
+  MultiNodeDemo(const MultiNodeDemo&) = delete;
+  MultiNodeDemo& operator=(const MultiNodeDemo&) = delete;
+
+  // Node rank `node`'s ranks file once its launcher has written it (all its ranks started); null
+  // when the launcher ended without writing it.
+  nlohmann::json AwaitRanksFile(int node);
+  // Waits until global rank `rank` has logged a step event; false when its node's launcher ended
+  // first.
+  bool AwaitStep(int rank);
+  // Waits for every launcher and reads the run back.
+  RankedDemoRun Finish();
+
+ private:
+  void Start(int node, int master_port);
+  // Reaps node `node`'s launcher if it has ended; true when it has.
+  bool Ended(int node);
+
+  int nodes_;
+  int devices_;
+  int64_t steps_;
+  std::vector<std::string> args_;  // llm-train's, without the launcher flags
+  std::string dir_;
+  std::vector<pid_t> launchers_;  // by node rank; -1 when not started or reaped
+  std::vector<int> exit_codes_;
+};
 
 // The events of `type`, in order.
 std::vector<nlohmann::json> EventsOfType(const std::vector<nlohmann::json>& events,

@@ -1,13 +1,18 @@
 // strategy: ddp as a user runs it: `llm-train --nproc 2` on this CPU (Gloo), checked against one
-// process with twice the micro-batch, and its per-rank memory against one device's.
+// process with twice the micro-batch, and its per-rank memory against one device's; and a
+// multi-node trial as its hosts run it (`--nnodes 2 --node-rank K`, two launchers on loopback),
+// checked against one node with as many ranks.
 #include "trainer/train/ddp.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +96,121 @@ TEST(DdpTest, PerRankMemoryIsOneDevicesPlusTheBuckets) {
       EXPECT_EQ(s["allocated_bytes"].get<uint64_t>(), e["allocated_bytes"].get<uint64_t>() + comm)
           << where;
     }
+  }
+}
+
+// OMP_NUM_THREADS=1 while it lives: a rank's matmuls then sum in the same order whatever share of
+// the CPUs its launcher would give it (one node's N ranks get a smaller share than one rank per
+// node), so losses can be compared exactly.
+class OneThreadPerRank {
+ public:
+  OneThreadPerRank() {
+    const char* saved = std::getenv("OMP_NUM_THREADS");
+    if (saved != nullptr) saved_ = saved;
+    ::setenv("OMP_NUM_THREADS", "1", 1);
+  }
+  ~OneThreadPerRank() {
+    if (saved_) {
+      ::setenv("OMP_NUM_THREADS", saved_->c_str(), 1);
+    } else {
+      ::unsetenv("OMP_NUM_THREADS");
+    }
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+// `nodes` launchers of `devices` ranks each (testing::MultiNodeDemo) against one launcher of
+// nodes x devices ranks: the same world size, so the same examples on every global rank and the
+// same gradient average; exactly the same losses on every rank and the same final weights.
+void ExpectNodesTrainLikeOneNode(const std::string& name, int nodes, int devices) {
+  const OneThreadPerRank one_thread;
+  const int world_size = nodes * devices;
+  const std::vector<std::string> sets = {
+      "train.micro_batch_size=2", "train.global_batch_size=" + std::to_string(2 * world_size)};
+  const DemoRun one_node = RunDemo(name + "-one-node", world_size, sets);
+  testing::MultiNodeDemo demo("ddp", name + "-nodes", nodes, devices, sets, kSteps);
+  const DemoRun multi = demo.Finish();
+  ASSERT_EQ(one_node.exit_code, 0) << one_node.output;
+  ASSERT_EQ(multi.node_exit_codes, std::vector<int>(nodes, 0)) << multi.output;
+  const std::vector<double> expected = StepLosses(one_node.events[0]);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
+  EXPECT_GT(std::abs(expected.front() - expected.back()), 1e-3);
+  for (int rank = 0; rank < world_size; ++rank) {
+    EXPECT_EQ(StepLosses(multi.events[rank]), expected) << "rank " << rank;
+    const nlohmann::json start = EventsOfType(multi.events[rank], "start").at(0);
+    EXPECT_EQ(start["rank"], rank);
+    EXPECT_EQ(start["world_size"], world_size);
+  }
+  ASSERT_FALSE(one_node.final_model.empty());
+  ASSERT_EQ(multi.final_model.size(), one_node.final_model.size());
+  for (const auto& [tensor_name, tensor] : one_node.final_model) {
+    ASSERT_TRUE(multi.final_model.contains(tensor_name)) << tensor_name;
+    EXPECT_TRUE(torch::equal(multi.final_model.at(tensor_name), tensor)) << tensor_name;
+  }
+}
+
+TEST(DdpMultiNodeTest, TwoNodesOfOneRankTrainLikeOneNodeOfTwo) {
+  ExpectNodesTrainLikeOneNode("nodes-2x1", 2, 1);
+}
+
+TEST(DdpMultiNodeTest, TwoNodesOfTwoRanksTrainLikeOneNodeOfFour) {
+  ExpectNodesTrainLikeOneNode("nodes-2x2", 2, 2);
+}
+
+// Node rank 1's rank killed mid-run: its sockets close under node rank 0's rank, which fails, and
+// node rank 0's launcher ends with it; no rank is left on either node.
+TEST(DdpMultiNodeTest, ARankKilledOnOneNodeEndsTheOther) {
+  testing::MultiNodeDemo demo("ddp", "nodes-kill", 2, 1,
+                              {"train.micro_batch_size=2", "train.global_batch_size=4"}, 100000);
+  const nlohmann::json node0 = demo.AwaitRanksFile(0);
+  const nlohmann::json node1 = demo.AwaitRanksFile(1);
+  ASSERT_FALSE(node0.is_null());
+  ASSERT_FALSE(node1.is_null());
+  EXPECT_EQ(node1["world_size"], 2);
+  EXPECT_EQ(node1["master_port"], node0["master_port"]);
+  ASSERT_TRUE(demo.AwaitStep(1));
+  const pid_t rank0 = node0["pids"][0].get<pid_t>();
+  ASSERT_EQ(::kill(node1["pids"][0].get<pid_t>(), SIGKILL), 0);
+  const DemoRun run = demo.Finish();
+  EXPECT_EQ(run.node_exit_codes[1], 1) << run.output;
+  EXPECT_NE(run.node_exit_codes[0], 0) << run.output;
+  EXPECT_NE(run.output.find("rank 1 of 2 was killed by signal 9"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("rank 0 of 2 exited with code"), std::string::npos) << run.output;
+  EXPECT_EQ(::kill(rank0, 0), -1);
+  EXPECT_EQ(errno, ESRCH);
+}
+
+// A multi-node trial runs only as its nodes' shares, each launcher told its place; the flags that
+// do not fit are refused before anything starts, naming what to pass.
+TEST(DdpMultiNodeTest, FlagsThatDoNotFitTheTrialAreRefused) {
+  const std::vector<std::string> two_nodes = {"strategy=ddp", "devices=1", "nodes=2",
+                                              "train.global_batch_size=8"};
+  struct Case {
+    std::string name;
+    std::vector<std::string> sets;
+    std::string flags;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"no-nnodes", two_nodes, " --nproc 1",
+       "the trial has nodes: 2 but --nnodes is 1; pass --nnodes 2 --node-rank K"},
+      {"no-launcher", two_nodes, "", "--nproc 1 --nnodes 2 --node-rank K"},
+      {"nnodes-not-nodes",
+       {"strategy=ddp", "devices=2", "train.global_batch_size=8"},
+       " --nproc 2 --nnodes 2 --node-rank 0",
+       "the trial has nodes: 1 but --nnodes is 2; pass --nnodes 1"},
+      {"port-zero-off-node-0", two_nodes, " --nproc 1 --nnodes 2 --node-rank 1 --master-port 0",
+       "--master-port 0 (a free port picked on this host) is for node rank 0 only"},
+      {"node-rank-too-big", two_nodes, " --nproc 1 --nnodes 2 --node-rank 2 --master-port 29500",
+       "--node-rank 2 must be below --nnodes 2"},
+      {"nnodes-without-nproc", two_nodes, " --nnodes 2", "--nnodes, --node-rank and --master-addr"},
+  };
+  for (const Case& c : cases) {
+    const DemoRun run = RunDemo("refused-" + c.name, 1, c.sets, kSteps, c.flags);
+    EXPECT_EQ(run.exit_code, 2) << c.name << ": " << run.output;
+    EXPECT_NE(run.output.find(c.says), std::string::npos) << c.name << ": " << run.output;
   }
 }
 

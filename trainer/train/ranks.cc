@@ -10,18 +10,26 @@ StatusOr<Ranks> Ranks::Join(const TrialConfig& config, const std::optional<dist:
                             torch::Device device) {
   Ranks ranks;
   const int64_t devices = config.GetInt("devices");
+  const int64_t nodes = config.GetInt("nodes");
   const std::string strategy = config.GetString("strategy");
-  if ((strategy != "ddp" && strategy != "fsdp") || devices == 1) return ranks;
+  // Every node's devices are ranks of one job: the data shards, the gradient average and FSDP's
+  // shards are over all of them.
+  const int64_t world_size = devices * nodes;
+  if ((strategy != "ddp" && strategy != "fsdp") || world_size == 1) return ranks;
+  const std::string ranks_text = nodes > 1 ? "nodes x devices (" + std::to_string(nodes) + " x " +
+                                                 std::to_string(devices) + ")"
+                                           : "devices: " + std::to_string(devices);
   if (!env) {
     return InvalidArgumentError(
-        "strategy: " + strategy + " with devices: " + std::to_string(devices) + " runs as " +
-        std::to_string(devices) + " ranks: start them with llm-train --nproc " +
-        std::to_string(devices) + " (or torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...)");
+        "strategy: " + strategy + " with " + ranks_text + " runs as " + std::to_string(world_size) +
+        " ranks: start them with llm-train --nproc " + std::to_string(devices) +
+        (nodes > 1 ? " --nnodes " + std::to_string(nodes) : "") +
+        " (or torchrun, which sets RANK, WORLD_SIZE, MASTER_ADDR, ...)");
   }
-  if (env->world_size != devices) {
+  if (env->world_size != world_size) {
     return InvalidArgumentError("WORLD_SIZE=" + std::to_string(env->world_size) +
-                                " but the trial has devices: " + std::to_string(devices) +
-                                ": strategy " + strategy + " runs one rank per device");
+                                " but the trial has " + ranks_text + ": strategy " + strategy +
+                                " runs one rank per device");
   }
   if (strategy == "fsdp") {
     ASSIGN_OR_RETURN(ranks.fsdp_, FullyShardedDataParallel::Join(*env, device));

@@ -25,8 +25,8 @@ class Ranks {
   Ranks() = default;
 
   // Joins the process group `env` describes when the trial has strategy ddp or fsdp over more than
-  // one device (one rank per device); otherwise one process. Fails, saying how to start the ranks,
-  // when such a trial has no rank environment.
+  // one device (one rank per device, nodes x devices in all); otherwise one process. Fails, saying
+  // how to start the ranks, when such a trial has no rank environment.
   static StatusOr<Ranks> Join(const TrialConfig& config, const std::optional<dist::RankEnv>& env,
                               torch::Device device);
 
