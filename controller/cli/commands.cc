@@ -26,6 +26,7 @@
 #include "common/text.h"
 #include "controller/cli/client.h"
 #include "controller/cli/daemons.h"
+#include "controller/cli/estimate.h"
 #include "controller/cli/input_tree.h"
 #include "controller/cli/inputs.h"
 #include "controller/cli/report.h"
@@ -710,6 +711,15 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   submit->add_option("--agent-image", agent_image,
                      "With --provision: the agent image the new node pulls");
 
+  CLI::App* estimate = app.add_subcommand(
+      "estimate",
+      "Each trial's model-state memory per rank (params, grads, optimizer state, comm buffers) "
+      "before it runs, from the experiment file alone; activations are not predicted yet");
+  estimate->add_option("FILE", file, "The experiment file (YAML)")->required();
+  estimate->add_option("--trial", trial, "Only this trial");
+  estimate->add_option("--format", format, "table (MiB) or json (exact bytes)")
+      ->capture_default_str();
+
   CLI::App* status = app.add_subcommand("status", "List experiments, or one experiment's trials");
   status->add_option("ID", id, "An experiment id (default: list them all)")
       ->check(CLI::NonNegativeNumber);
@@ -788,6 +798,12 @@ int Llmctl::Run(const std::vector<std::string>& args) {
     std::vector<std::string> node_flags;
     if (!agent_image.empty()) node_flags = {"--agent-image", agent_image};
     return Submit(file, wait, provision, node_flags);
+  }
+  if (estimate->parsed()) {
+    StatusOr<std::string> text = EstimateExperiment(file, trial, format);
+    if (!text.ok()) return Fail(text.status());
+    context_.out << *text << std::flush;
+    return kExitOk;
   }
   if (status->parsed()) return ShowStatus(id);
   if (watch->parsed()) return Watch(id);

@@ -1,5 +1,5 @@
-// The `llmctl` command line: submit, status, watch, cancel, resume, report, fetch, nodes, daemon,
-// lease and node (controller/openstack/lease_cli.h and node_cli.h, same exit codes).
+// The `llmctl` command line: submit, estimate, status, watch, cancel, resume, report, fetch, nodes,
+// daemon, lease and node (controller/openstack/lease_cli.h and node_cli.h, same exit codes).
 //
 // Exit codes (stable; scripts rely on them):
 //   0  success
