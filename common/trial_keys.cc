@@ -183,7 +183,8 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        {},
        "Number of nodes the trial spans, each with `devices` devices (Lightning's num_nodes x "
        "devices: nodes x devices ranks); more than 1 only with strategy ddp or fsdp. The "
-       "controller's placement rule for it is built; launching across nodes is not yet"},
+       "controller places it on that many agents at once and starts node rank 0 first, whose "
+       "host serves the ranks' rendezvous"},
       {"ddp.bucket_size",
        K::kByteSize,
        "25MiB",
