@@ -10,8 +10,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <set>
-#include <sstream>
 #include <utility>
 
 #include "controller/store/schema.h"
@@ -31,15 +29,15 @@ constexpr std::array<std::string_view, 7> kTrialStateNames = {
     "queued", "running", "ok", "oom", "diverged", "failed", "cancelled"};
 
 using internal::FromMillis;
+using internal::LatestEventOfType;
+using internal::LoadExperiment;
+using internal::LoadNodeRemovedAt;
+using internal::LoseAttempt;
+using internal::ParseStoredJson;
+using internal::QueryRunningAttempts;
+using internal::Quoted;
+using internal::StoredTrialState;
 using internal::ToMillis;
-
-std::string Quoted(std::string_view text) {
-  // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) about "'" + std::string(text).
-  std::string quoted = "'";
-  quoted.append(text);
-  quoted.push_back('\'');
-  return quoted;
-}
 
 std::string TrialLabel(int64_t trial_id) { return "trial " + std::to_string(trial_id); }
 
@@ -160,19 +158,19 @@ StatusOr<AttemptState> ParseAttemptState(std::string_view name) {
   return DataLossError("stored attempt state " + Quoted(name) + " is unknown");
 }
 
-StatusOr<TrialState> StoredTrialState(std::string_view name) {
+}  // namespace
+
+StatusOr<TrialState> internal::StoredTrialState(std::string_view name) {
   StatusOr<TrialState> state = ParseTrialState(name);
   if (!state.ok()) return DataLossError("stored " + state.status().message());
   return state;
 }
 
-StatusOr<json> ParseStoredJson(const std::string& text, std::string_view what) {
+StatusOr<json> internal::ParseStoredJson(const std::string& text, std::string_view what) {
   json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) return DataLossError("stored " + std::string(what) + " is not JSON");
   return value;
 }
-
-}  // namespace
 
 StatusOr<std::vector<int64_t>> internal::ParseStoredDeviceIndices(const std::string& text,
                                                                   int64_t trial_id,
@@ -261,7 +259,9 @@ StatusOr<std::vector<TrialRecord>> QueryTrials(sqlite3* db, const std::string& w
   return trials;
 }
 
-StatusOr<ExperimentRecord> LoadExperiment(sqlite3* db, int64_t experiment_id) {
+}  // namespace
+
+StatusOr<ExperimentRecord> internal::LoadExperiment(sqlite3* db, int64_t experiment_id) {
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db, "SELECT " + std::string(kExperimentColumns) +
                                               " FROM experiments WHERE id = ?"));
@@ -270,6 +270,8 @@ StatusOr<ExperimentRecord> LoadExperiment(sqlite3* db, int64_t experiment_id) {
   if (!has_row) return NotFoundError("no experiment " + std::to_string(experiment_id));
   return ReadExperiment(stmt);
 }
+
+namespace {
 
 StatusOr<TrialRecord> LoadTrial(sqlite3* db, int64_t trial_id) {
   ASSIGN_OR_RETURN(std::vector<TrialRecord> trials, QueryTrials(db, "WHERE id = ?", trial_id));
@@ -344,10 +346,9 @@ Status RefreshExperimentState(sqlite3* db, int64_t experiment_id) {
   return stmt.Run();
 }
 
-// Declares the trial's current, running attempt lost, inside the caller's transaction: the one
-// rule behind MarkAttemptLost (a silent agent, an agent that lost its run) and RemoveNode. The
-// trial is queued again, or cancelled when a cancel was requested while it ran.
-Status LoseAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, Time now) {
+}  // namespace
+
+Status internal::LoseAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, Time now) {
   StatusOr<CurrentAttempt> current = LoadCurrentAttempt(db, trial_id, attempt);
   if (!current.ok()) {
     // Declaring the same attempt lost twice is not an error.
@@ -375,8 +376,7 @@ Status LoseAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, Time now) {
   return RefreshExperimentState(db, current->trial.experiment_id);
 }
 
-// The node's removal time: nullopt while it is registered, NotFound when no row has its name.
-StatusOr<std::optional<Time>> LoadNodeRemovedAt(sqlite3* db, std::string_view node) {
+StatusOr<std::optional<Time>> internal::LoadNodeRemovedAt(sqlite3* db, std::string_view node) {
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db, "SELECT removed_at FROM nodes WHERE name = ?"));
   stmt.Bind(1, node);
@@ -386,9 +386,8 @@ StatusOr<std::optional<Time>> LoadNodeRemovedAt(sqlite3* db, std::string_view no
   return std::optional<Time>(FromMillis(stmt.Int(0)));
 }
 
-StatusOr<std::vector<RunningAttempt>> QueryRunningAttempts(sqlite3* db,
-                                                           const std::string& trial_filter,
-                                                           std::optional<int64_t> bound) {
+StatusOr<std::vector<RunningAttempt>> internal::QueryRunningAttempts(
+    sqlite3* db, const std::string& trial_filter, std::optional<int64_t> bound) {
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db,
                                       "SELECT a.trial_id, t.experiment_id, a.attempt, a.node, "
@@ -420,6 +419,8 @@ StatusOr<std::vector<RunningAttempt>> QueryRunningAttempts(sqlite3* db,
   }
   return attempts;
 }
+
+namespace {
 
 // Cancels the trials matching `trial_filter` ("t.id = ?" or "t.experiment_id = ?").
 StatusOr<std::vector<RunningAttempt>> CancelTrials(sqlite3* db, const std::string& trial_filter,
@@ -503,26 +504,10 @@ Status ValidateEvent(const Event& event, int64_t trial_id, int64_t attempt) {
   return Status::Ok();
 }
 
-Status ValidateNode(const NodeRecord& node) {
-  if (node.name.empty()) return InvalidArgumentError("a node needs a name");
-  if (!json::parse(node.devices_json, nullptr, false).is_array()) {
-    return InvalidArgumentError("node " + Quoted(node.name) + ": devices are not a JSON array");
-  }
-  return Status::Ok();
-}
+}  // namespace
 
-// Binds name, address, devices_json, last_seen and state as parameters 1 to 5.
-void BindNode(Statement& stmt, const NodeRecord& node) {
-  stmt.Bind(1, node.name)
-      .Bind(2, node.address)
-      .Bind(3, node.devices_json)
-      .Bind(4, ToMillis(node.last_seen))
-      .Bind(5, node.state);
-}
-
-// The latest event of `type` in one attempt, parsed; null when it has none.
-StatusOr<json> LatestEventOfType(sqlite3* db, int64_t trial_id, int64_t attempt,
-                                 std::string_view type) {
+StatusOr<json> internal::LatestEventOfType(sqlite3* db, int64_t trial_id, int64_t attempt,
+                                           std::string_view type) {
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db,
                                       "SELECT json FROM events WHERE trial_id = ? AND attempt = ? "
@@ -532,177 +517,6 @@ StatusOr<json> LatestEventOfType(sqlite3* db, int64_t trial_id, int64_t attempt,
   if (!has_row) return json(nullptr);
   return ParseStoredJson(stmt.Text(0), "event");
 }
-
-// One stored event line, parsed; null when there is no event with that key.
-StatusOr<json> LoadEventJson(sqlite3* db, int64_t trial_id, int64_t attempt, int64_t seq) {
-  ASSIGN_OR_RETURN(Statement stmt,
-                   Statement::Prepare(db,
-                                      "SELECT json FROM events WHERE trial_id = ? AND attempt = ? "
-                                      "AND seq = ?"));
-  stmt.Bind(1, trial_id).Bind(2, attempt).Bind(3, seq);
-  ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
-  if (!has_row) return json(nullptr);
-  return ParseStoredJson(stmt.Text(0), "event");
-}
-
-// The experiment's rows of the trial_results view (schema.cc: the report's rules), in file order.
-StatusOr<std::vector<TrialReport>> QueryTrialResults(sqlite3* db, int64_t experiment_id) {
-  ASSIGN_OR_RETURN(
-      Statement stmt,
-      Statement::Prepare(db,
-                         "SELECT trial_id, trial, expected, outcome, attempt, node, exit_code, "
-                         "error, train_seconds, tokens_per_second, final_loss, peak_bytes, "
-                         "load_peak_bytes, at_peak_attempt, at_peak_seq, run_attempts "
-                         "FROM trial_results WHERE experiment_id = ? ORDER BY ordinal"));
-  stmt.Bind(1, experiment_id);
-  std::vector<TrialReport> trials;
-  while (true) {
-    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
-    if (!has_row) break;
-    TrialReport& report = trials.emplace_back();
-    report.trial_id = stmt.Int(0);
-    report.name = stmt.Text(1);
-    report.expect = stmt.OptionalText(2);
-    ASSIGN_OR_RETURN(report.state, StoredTrialState(stmt.Text(3)));
-    report.attempt = stmt.OptionalInt(4).value_or(0);
-    report.node = stmt.Text(5);
-    report.exit_code = stmt.OptionalInt(6);
-    report.error = stmt.Text(7);
-    report.train_seconds = stmt.OptionalNumber(8);
-    report.tokens_per_second = stmt.OptionalNumber(9);
-    report.final_loss = stmt.OptionalNumber(10);
-    report.peak_bytes = stmt.OptionalInt(11);
-    report.load_peak_bytes = stmt.OptionalInt(12);
-    if (!stmt.IsNull(13)) {
-      ASSIGN_OR_RETURN(report.peak_snapshot,
-                       LoadEventJson(db, report.trial_id, stmt.Int(13), stmt.Int(14)));
-    }
-    std::istringstream run_attempts(stmt.Text(15));  // "1,3"
-    for (std::string attempt; std::getline(run_attempts, attempt, ',');) {
-      report.run_attempts.push_back(std::stoll(attempt));
-    }
-  }
-  return trials;
-}
-
-// Adds the experiment's rows of the trial_phase_peaks view to its trials' reports.
-Status FillPhasePeaks(sqlite3* db, int64_t experiment_id, std::vector<TrialReport>& trials) {
-  std::map<int64_t, TrialReport*> by_id;
-  for (TrialReport& trial : trials) by_id[trial.trial_id] = &trial;
-  ASSIGN_OR_RETURN(Statement stmt,
-                   Statement::Prepare(db,
-                                      "SELECT v.trial_id, v.phase, e.json FROM trial_phase_peaks v "
-                                      "JOIN events e ON e.trial_id = v.trial_id AND "
-                                      "e.attempt = v.attempt AND e.seq = v.seq "
-                                      "WHERE v.experiment_id = ? ORDER BY v.phase_order"));
-  stmt.Bind(1, experiment_id);
-  while (true) {
-    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
-    if (!has_row) break;
-    auto trial = by_id.find(stmt.Int(0));
-    if (trial == by_id.end()) continue;
-    ASSIGN_OR_RETURN(json snapshot, ParseStoredJson(stmt.Text(2), "snapshot event"));
-    trial->second->phase_peaks.emplace_back(stmt.Text(1), std::move(snapshot));
-  }
-  return Status::Ok();
-}
-
-// Adds every rank's memory (trial_rank_peaks, trial_rank_phase_peaks) to the reports of the
-// experiment's trials that have events of a rank above 0.
-Status FillRankMemory(sqlite3* db, int64_t experiment_id, std::vector<TrialReport>& trials) {
-  std::map<int64_t, TrialReport*> by_id;
-  for (TrialReport& trial : trials) by_id[trial.trial_id] = &trial;
-  ASSIGN_OR_RETURN(Statement multi,
-                   Statement::Prepare(db,
-                                      "SELECT DISTINCT r.trial_id FROM rank_events r "
-                                      "JOIN trials t ON t.id = r.trial_id "
-                                      "WHERE t.experiment_id = ?"));
-  multi.Bind(1, experiment_id);
-  std::set<int64_t> multi_rank;
-  while (true) {
-    ASSIGN_OR_RETURN(const bool has_row, multi.Step());
-    if (!has_row) break;
-    multi_rank.insert(multi.Int(0));
-  }
-  if (multi_rank.empty()) return Status::Ok();
-  ASSIGN_OR_RETURN(Statement peaks,
-                   Statement::Prepare(db,
-                                      "SELECT trial_id, rank, peak_bytes, allocated_bytes "
-                                      "FROM trial_rank_peaks WHERE experiment_id = ?"));
-  peaks.Bind(1, experiment_id);
-  while (true) {
-    ASSIGN_OR_RETURN(const bool has_row, peaks.Step());
-    if (!has_row) break;
-    auto trial = by_id.find(peaks.Int(0));
-    if (trial == by_id.end() || !multi_rank.contains(peaks.Int(0))) continue;
-    trial->second->ranks.push_back(RankMemory{.rank = static_cast<int32_t>(peaks.Int(1)),
-                                              .peak_bytes = peaks.OptionalInt(2),
-                                              .allocated_bytes = peaks.OptionalInt(3),
-                                              .phase_allocated = {}});
-  }
-  ASSIGN_OR_RETURN(Statement phases,
-                   Statement::Prepare(db,
-                                      "SELECT trial_id, rank, phase, allocated_bytes "
-                                      "FROM trial_rank_phase_peaks WHERE experiment_id = ? "
-                                      "AND allocated_bytes IS NOT NULL"));
-  phases.Bind(1, experiment_id);
-  while (true) {
-    ASSIGN_OR_RETURN(const bool has_row, phases.Step());
-    if (!has_row) break;
-    auto trial = by_id.find(phases.Int(0));
-    if (trial == by_id.end()) continue;
-    for (RankMemory& rank : trial->second->ranks) {
-      if (rank.rank == phases.Int(1)) {
-        rank.phase_allocated.emplace_back(phases.Text(2), phases.Int(3));
-      }
-    }
-  }
-  return Status::Ok();
-}
-
-// Adds the experiment's rows of the trial_memory_timeline view to its trials' reports.
-Status FillMemoryTimeline(sqlite3* db, int64_t experiment_id, std::vector<TrialReport>& trials) {
-  std::map<int64_t, TrialReport*> by_id;
-  for (TrialReport& trial : trials) by_id[trial.trial_id] = &trial;
-  ASSIGN_OR_RETURN(
-      Statement stmt,
-      Statement::Prepare(db,
-                         "SELECT v.trial_id, v.attempt, v.attempt_started_unix_ms, "
-                         "v.device_limit_bytes, e.json FROM trial_memory_timeline v "
-                         "LEFT JOIN events e ON e.trial_id = v.trial_id AND "
-                         "e.attempt = v.attempt AND e.seq = v.seq "
-                         "WHERE v.experiment_id = ? ORDER BY v.trial_id, v.attempt, v.seq"));
-  stmt.Bind(1, experiment_id);
-  while (true) {
-    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
-    if (!has_row) break;
-    auto trial = by_id.find(stmt.Int(0));
-    if (trial == by_id.end()) continue;
-    std::vector<AttemptMemory>& timeline = trial->second->memory_timeline;
-    if (timeline.empty() || timeline.back().attempt != stmt.Int(1)) {
-      timeline.push_back(AttemptMemory{.attempt = stmt.Int(1),
-                                       .started_unix_ms = stmt.OptionalInt(2),
-                                       .device_limit_bytes = stmt.OptionalInt(3),
-                                       .snapshots = {},
-                                       .ended_elapsed_ms = std::nullopt});
-    }
-    if (stmt.IsNull(4)) continue;  // an attempt without snapshots
-    ASSIGN_OR_RETURN(json snapshot, ParseStoredJson(stmt.Text(4), "snapshot event"));
-    timeline.back().snapshots.push_back(std::move(snapshot));
-  }
-  for (TrialReport& trial : trials) {
-    for (AttemptMemory& attempt : trial.memory_timeline) {
-      ASSIGN_OR_RETURN(const json result,
-                       LatestEventOfType(db, trial.trial_id, attempt.attempt, "result"));
-      if (result.is_object() && result.contains("elapsed_ms") && result["elapsed_ms"].is_number()) {
-        attempt.ended_elapsed_ms = result["elapsed_ms"].get<double>();
-      }
-    }
-  }
-  return Status::Ok();
-}
-
-}  // namespace
 
 Status internal::CheckCurrentAttempt(sqlite3* db, int64_t trial_id, int64_t attempt) {
   return LoadCurrentAttempt(db, trial_id, attempt).status();
@@ -1168,197 +982,6 @@ StatusOr<std::vector<RunningAttempt>> Store::CancelExperiment(int64_t experiment
   std::lock_guard lock(mutex_);
   RETURN_IF_ERROR(LoadExperiment(db_, experiment_id).status());
   return CancelTrials(db_, "t.experiment_id = ?", experiment_id, experiment_id);
-}
-
-Status Store::UpsertNode(const NodeRecord& node) {
-  RETURN_IF_ERROR(ValidateNode(node));
-  std::lock_guard lock(mutex_);
-  ASSIGN_OR_RETURN(Statement stmt,
-                   Statement::Prepare(db_,
-                                      "INSERT INTO nodes (name, address, devices_json, last_seen, "
-                                      "state) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE "
-                                      "SET address = excluded.address, devices_json = "
-                                      "excluded.devices_json, last_seen = excluded.last_seen, "
-                                      "state = excluded.state WHERE removed_at IS NULL"));
-  BindNode(stmt, node);
-  return stmt.Run();
-}
-
-Status Store::RegisterNode(const NodeRecord& node) {
-  RETURN_IF_ERROR(ValidateNode(node));
-  std::lock_guard lock(mutex_);
-  // A removed node's lease belonged to the server that `node down` deleted.
-  ASSIGN_OR_RETURN(
-      Statement stmt,
-      Statement::Prepare(db_,
-                         "INSERT INTO nodes (name, address, devices_json, last_seen, "
-                         "state) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE "
-                         "SET address = excluded.address, devices_json = "
-                         "excluded.devices_json, last_seen = excluded.last_seen, "
-                         "state = excluded.state, "
-                         "lease = CASE WHEN removed_at IS NULL THEN lease ELSE '' END, "
-                         "lease_site = CASE WHEN removed_at IS NULL THEN lease_site "
-                         "ELSE '' END, "
-                         "lease_flavor = CASE WHEN removed_at IS NULL THEN "
-                         "lease_flavor ELSE '' END, "
-                         "lease_ends = CASE WHEN removed_at IS NULL THEN lease_ends "
-                         "ELSE NULL END, "
-                         "removed_at = NULL"));
-  BindNode(stmt, node);
-  return stmt.Run();
-}
-
-StatusOr<std::vector<NodeRecord>> Store::ListNodes() {
-  std::lock_guard lock(mutex_);
-  ASSIGN_OR_RETURN(Statement stmt,
-                   Statement::Prepare(db_,
-                                      "SELECT name, address, devices_json, last_seen, state, "
-                                      "lease, lease_site, lease_flavor, lease_ends "
-                                      "FROM nodes WHERE removed_at IS NULL ORDER BY name"));
-  std::vector<NodeRecord> nodes;
-  while (true) {
-    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
-    if (!has_row) break;
-    NodeRecord& node = nodes.emplace_back(NodeRecord{.name = stmt.Text(0),
-                                                     .address = stmt.Text(1),
-                                                     .devices_json = stmt.Text(2),
-                                                     .last_seen = FromMillis(stmt.Int(3)),
-                                                     .state = stmt.Text(4),
-                                                     .lease = std::nullopt});
-    if (!stmt.IsNull(8)) {
-      node.lease = NodeLease{.name = stmt.Text(5),
-                             .site = stmt.Text(6),
-                             .flavor = stmt.Text(7),
-                             .ends = FromMillis(stmt.Int(8))};
-    }
-  }
-  return nodes;
-}
-
-Status Store::SetNodeLease(std::string_view node, const NodeLease& lease) {
-  std::lock_guard lock(mutex_);
-  ASSIGN_OR_RETURN(Statement stmt,
-                   Statement::Prepare(db_,
-                                      "UPDATE nodes SET lease = ?, lease_site = ?, lease_flavor = "
-                                      "?, lease_ends = ? WHERE name = ? AND removed_at IS NULL"));
-  stmt.Bind(1, lease.name)
-      .Bind(2, lease.site)
-      .Bind(3, lease.flavor)
-      .Bind(4, ToMillis(lease.ends))
-      .Bind(5, node);
-  RETURN_IF_ERROR(stmt.Run());
-  if (sqlite3_changes(db_) == 0) return NotFoundError("no node " + Quoted(node));
-  return Status::Ok();
-}
-
-StatusOr<NodeRemoval> Store::RemoveNode(std::string_view node, Time now) {
-  std::lock_guard lock(mutex_);
-  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
-  NodeRemoval removal;
-  StatusOr<std::optional<Time>> removed_at = LoadNodeRemovedAt(db_, node);
-  if (removed_at.ok() && removed_at->has_value()) {
-    removal.result = NodeRemoval::Result::kAlreadyRemoved;
-    removal.removed_at = **removed_at;
-  } else if (removed_at.ok()) {
-    removal.result = NodeRemoval::Result::kRemoved;
-    removal.removed_at = now;
-    ASSIGN_OR_RETURN(Statement remove,
-                     Statement::Prepare(db_,
-                                        "UPDATE nodes SET removed_at = ?, state = 'removed', "
-                                        "address = '' WHERE name = ?"));
-    remove.Bind(1, ToMillis(now)).Bind(2, node);
-    RETURN_IF_ERROR(remove.Run());
-  } else if (removed_at.status().code() == StatusCode::kNotFound) {
-    removal.result = NodeRemoval::Result::kUnknown;
-  } else {
-    return removed_at.status();
-  }
-  ASSIGN_OR_RETURN(Statement forget_secret,
-                   Statement::Prepare(db_, "DELETE FROM secrets_ref WHERE name = ?"));
-  forget_secret.Bind(1, node);
-  RETURN_IF_ERROR(forget_secret.Run());
-  // Attempts on a node that never had a row (or started before its removal): lost all the same,
-  // so that nothing is left running on a node the controller no longer knows.
-  ASSIGN_OR_RETURN(std::vector<RunningAttempt> running,
-                   QueryRunningAttempts(db_, "", std::nullopt));
-  for (RunningAttempt& attempt : running) {
-    if (!attempt.RunsOn(node)) continue;
-    RETURN_IF_ERROR(LoseAttempt(db_, attempt.trial_id, attempt.attempt, now));
-    removal.lost.push_back(std::move(attempt));
-  }
-  RETURN_IF_ERROR(txn.Commit());
-  return removal;
-}
-
-Status Store::PutSecretRef(std::string_view name, std::string_view reference) {
-  if (name.empty() || reference.empty()) {
-    return InvalidArgumentError("a secret reference needs a name and a reference");
-  }
-  std::lock_guard lock(mutex_);
-  ASSIGN_OR_RETURN(Statement stmt,
-                   Statement::Prepare(db_,
-                                      "INSERT OR REPLACE INTO secrets_ref (name, reference) "
-                                      "VALUES (?, ?)"));
-  stmt.Bind(1, name).Bind(2, reference);
-  return stmt.Run();
-}
-
-StatusOr<std::string> Store::GetSecretRef(std::string_view name) {
-  std::lock_guard lock(mutex_);
-  ASSIGN_OR_RETURN(Statement stmt,
-                   Statement::Prepare(db_, "SELECT reference FROM secrets_ref WHERE name = ?"));
-  stmt.Bind(1, name);
-  ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
-  if (!has_row) return NotFoundError("no secret reference named " + Quoted(name));
-  return stmt.Text(0);
-}
-
-StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
-  std::lock_guard lock(mutex_);
-  // One snapshot for all trials, though ingestion goes on meanwhile.
-  ASSIGN_OR_RETURN(Transaction snapshot, Transaction::BeginRead(db_));
-  ExperimentReport report;
-  ASSIGN_OR_RETURN(report.experiment, LoadExperiment(db_, experiment_id));
-  ASSIGN_OR_RETURN(report.trials, QueryTrialResults(db_, experiment_id));
-  for (TrialReport& trial : report.trials) {
-    if (trial.attempt == 0) continue;
-    ASSIGN_OR_RETURN(trial.start, LatestEventOfType(db_, trial.trial_id, trial.attempt, "start"));
-    ASSIGN_OR_RETURN(trial.last_step,
-                     LatestEventOfType(db_, trial.trial_id, trial.attempt, "step"));
-    // A multi-node attempt is on all its nodes, node rank 0's first: "n1+n2".
-    ASSIGN_OR_RETURN(const std::vector<AttemptNode> nodes,
-                     internal::LoadAttemptNodes(db_, trial.trial_id, trial.attempt));
-    for (size_t i = 1; i < nodes.size(); ++i) trial.node += "+" + nodes[i].node;
-  }
-  RETURN_IF_ERROR(FillPhasePeaks(db_, experiment_id, report.trials));
-  RETURN_IF_ERROR(FillRankMemory(db_, experiment_id, report.trials));
-  RETURN_IF_ERROR(FillMemoryTimeline(db_, experiment_id, report.trials));
-  RETURN_IF_ERROR(snapshot.Commit());
-  return report;
-}
-
-StatusOr<std::vector<TrialStep>> Store::RunSteps(int64_t experiment_id) {
-  std::lock_guard lock(mutex_);
-  ASSIGN_OR_RETURN(Transaction snapshot, Transaction::BeginRead(db_));
-  RETURN_IF_ERROR(LoadExperiment(db_, experiment_id).status());
-  ASSIGN_OR_RETURN(Statement stmt,
-                   Statement::Prepare(db_,
-                                      "SELECT trial_id, attempt, step, loss, tokens, seconds "
-                                      "FROM trial_steps WHERE experiment_id = ?"));
-  stmt.Bind(1, experiment_id);
-  std::vector<TrialStep> steps;
-  while (true) {
-    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
-    if (!has_row) break;
-    steps.push_back(TrialStep{.trial_id = stmt.Int(0),
-                              .attempt = stmt.Int(1),
-                              .step = stmt.Int(2),
-                              .loss = stmt.OptionalNumber(3),
-                              .tokens = stmt.OptionalInt(4),
-                              .seconds = stmt.OptionalNumber(5)});
-  }
-  RETURN_IF_ERROR(snapshot.Commit());
-  return steps;
 }
 
 }  // namespace llmctl::store

@@ -1,5 +1,6 @@
-// What store.cc shares with the store's other source files (device_samples.cc). Internal to
-// controller/store/: not part of the store's API.
+// What the store's source files share: store.cc's life cycle with attempt_nodes.cc,
+// device_samples.cc, nodes.cc and report_queries.cc. Internal to controller/store/: not part of the
+// store's API.
 #ifndef LLMCTL_CONTROLLER_STORE_STORE_INTERNAL_H_
 #define LLMCTL_CONTROLLER_STORE_STORE_INTERNAL_H_
 
@@ -7,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,6 +25,28 @@ inline int64_t ToMillis(Time time) {
 }
 inline Time FromMillis(int64_t millis) { return Time(std::chrono::milliseconds(millis)); }
 
+// `text` in single quotes, as the store's messages name things.
+inline std::string Quoted(std::string_view text) {
+  // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) about "'" + std::string(text).
+  std::string quoted = "'";
+  quoted.append(text);
+  quoted.push_back('\'');
+  return quoted;
+}
+
+// A stored trial state; DataLoss when it is not one.
+StatusOr<TrialState> StoredTrialState(std::string_view name);
+
+// A stored JSON text, parsed; DataLoss naming `what` when it is not JSON.
+StatusOr<nlohmann::json> ParseStoredJson(const std::string& text, std::string_view what);
+
+// The experiment's row; NotFound for an unknown experiment.
+StatusOr<ExperimentRecord> LoadExperiment(sqlite3* db, int64_t experiment_id);
+
+// The latest event of `type` in one attempt, parsed; null when it has none.
+StatusOr<nlohmann::json> LatestEventOfType(sqlite3* db, int64_t trial_id, int64_t attempt,
+                                           std::string_view type);
+
 // OK when `attempt` is the trial's current attempt and was not declared lost: the fence that keeps
 // a stale attempt from writing. FailedPrecondition naming why otherwise; NotFound for an unknown
 // trial.
@@ -34,8 +58,22 @@ StatusOr<int64_t> InsertAttempt(sqlite3* db, int64_t trial_id, std::string_view 
 Status EndAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, TrialState outcome,
                   std::optional<int64_t> exit_code, std::string_view error, Time now);
 
+// Declares the trial's current, running attempt lost, inside the caller's transaction: the one
+// rule behind MarkAttemptLost (a silent agent, an agent that lost its run) and RemoveNode. The
+// trial is queued again, or cancelled when a cancel was requested while it ran.
+Status LoseAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, Time now);
+
+// The running attempts, in trial order, of the trials that `trial_filter` ("AND t.id = ?", its
+// parameter `bound`; empty for all) selects.
+StatusOr<std::vector<RunningAttempt>> QueryRunningAttempts(sqlite3* db,
+                                                           const std::string& trial_filter,
+                                                           std::optional<int64_t> bound);
+
 // FailedPrecondition when `node` has been removed (a placement that raced with RemoveNode).
 Status CheckNodeNotRemoved(sqlite3* db, int64_t trial_id, std::string_view node);
+
+// The node's removal time: nullopt while it is registered, NotFound when no row has its name.
+StatusOr<std::optional<Time>> LoadNodeRemovedAt(sqlite3* db, std::string_view node);
 
 // A stored device_indices_json: a JSON array of distinct non-negative integers; DataLoss otherwise.
 StatusOr<std::vector<int64_t>> ParseStoredDeviceIndices(const std::string& text, int64_t trial_id,

@@ -1,0 +1,247 @@
+// Store's reports: an experiment's trials as `llmctl report` shows them, read from the report views
+// (controller/store/schema.cc: trial_results, trial_phase_peaks, the per-rank views and
+// trial_memory_timeline), and the steps of its trials' runs (trial_steps).
+#include <sqlite3.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "controller/store/sqlite.h"
+#include "controller/store/store.h"
+#include "controller/store/store_internal.h"
+
+namespace llmctl::store {
+namespace {
+
+using internal::LatestEventOfType;
+using internal::LoadExperiment;
+using internal::ParseStoredJson;
+using internal::StoredTrialState;
+using json = nlohmann::json;
+using sqlite::Statement;
+using sqlite::Transaction;
+
+// One stored event line, parsed; null when there is no event with that key.
+StatusOr<json> LoadEventJson(sqlite3* db, int64_t trial_id, int64_t attempt, int64_t seq) {
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db,
+                                      "SELECT json FROM events WHERE trial_id = ? AND attempt = ? "
+                                      "AND seq = ?"));
+  stmt.Bind(1, trial_id).Bind(2, attempt).Bind(3, seq);
+  ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+  if (!has_row) return json(nullptr);
+  return ParseStoredJson(stmt.Text(0), "event");
+}
+
+// The experiment's rows of the trial_results view (schema.cc: the report's rules), in file order.
+StatusOr<std::vector<TrialReport>> QueryTrialResults(sqlite3* db, int64_t experiment_id) {
+  ASSIGN_OR_RETURN(
+      Statement stmt,
+      Statement::Prepare(db,
+                         "SELECT trial_id, trial, expected, outcome, attempt, node, exit_code, "
+                         "error, train_seconds, tokens_per_second, final_loss, peak_bytes, "
+                         "load_peak_bytes, at_peak_attempt, at_peak_seq, run_attempts "
+                         "FROM trial_results WHERE experiment_id = ? ORDER BY ordinal"));
+  stmt.Bind(1, experiment_id);
+  std::vector<TrialReport> trials;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    TrialReport& report = trials.emplace_back();
+    report.trial_id = stmt.Int(0);
+    report.name = stmt.Text(1);
+    report.expect = stmt.OptionalText(2);
+    ASSIGN_OR_RETURN(report.state, StoredTrialState(stmt.Text(3)));
+    report.attempt = stmt.OptionalInt(4).value_or(0);
+    report.node = stmt.Text(5);
+    report.exit_code = stmt.OptionalInt(6);
+    report.error = stmt.Text(7);
+    report.train_seconds = stmt.OptionalNumber(8);
+    report.tokens_per_second = stmt.OptionalNumber(9);
+    report.final_loss = stmt.OptionalNumber(10);
+    report.peak_bytes = stmt.OptionalInt(11);
+    report.load_peak_bytes = stmt.OptionalInt(12);
+    if (!stmt.IsNull(13)) {
+      ASSIGN_OR_RETURN(report.peak_snapshot,
+                       LoadEventJson(db, report.trial_id, stmt.Int(13), stmt.Int(14)));
+    }
+    std::istringstream run_attempts(stmt.Text(15));  // "1,3"
+    for (std::string attempt; std::getline(run_attempts, attempt, ',');) {
+      report.run_attempts.push_back(std::stoll(attempt));
+    }
+  }
+  return trials;
+}
+
+// Adds the experiment's rows of the trial_phase_peaks view to its trials' reports.
+Status FillPhasePeaks(sqlite3* db, int64_t experiment_id, std::vector<TrialReport>& trials) {
+  std::map<int64_t, TrialReport*> by_id;
+  for (TrialReport& trial : trials) by_id[trial.trial_id] = &trial;
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db,
+                                      "SELECT v.trial_id, v.phase, e.json FROM trial_phase_peaks v "
+                                      "JOIN events e ON e.trial_id = v.trial_id AND "
+                                      "e.attempt = v.attempt AND e.seq = v.seq "
+                                      "WHERE v.experiment_id = ? ORDER BY v.phase_order"));
+  stmt.Bind(1, experiment_id);
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    auto trial = by_id.find(stmt.Int(0));
+    if (trial == by_id.end()) continue;
+    ASSIGN_OR_RETURN(json snapshot, ParseStoredJson(stmt.Text(2), "snapshot event"));
+    trial->second->phase_peaks.emplace_back(stmt.Text(1), std::move(snapshot));
+  }
+  return Status::Ok();
+}
+
+// Adds every rank's memory (trial_rank_peaks, trial_rank_phase_peaks) to the reports of the
+// experiment's trials that have events of a rank above 0.
+Status FillRankMemory(sqlite3* db, int64_t experiment_id, std::vector<TrialReport>& trials) {
+  std::map<int64_t, TrialReport*> by_id;
+  for (TrialReport& trial : trials) by_id[trial.trial_id] = &trial;
+  ASSIGN_OR_RETURN(Statement multi,
+                   Statement::Prepare(db,
+                                      "SELECT DISTINCT r.trial_id FROM rank_events r "
+                                      "JOIN trials t ON t.id = r.trial_id "
+                                      "WHERE t.experiment_id = ?"));
+  multi.Bind(1, experiment_id);
+  std::set<int64_t> multi_rank;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, multi.Step());
+    if (!has_row) break;
+    multi_rank.insert(multi.Int(0));
+  }
+  if (multi_rank.empty()) return Status::Ok();
+  ASSIGN_OR_RETURN(Statement peaks,
+                   Statement::Prepare(db,
+                                      "SELECT trial_id, rank, peak_bytes, allocated_bytes "
+                                      "FROM trial_rank_peaks WHERE experiment_id = ?"));
+  peaks.Bind(1, experiment_id);
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, peaks.Step());
+    if (!has_row) break;
+    auto trial = by_id.find(peaks.Int(0));
+    if (trial == by_id.end() || !multi_rank.contains(peaks.Int(0))) continue;
+    trial->second->ranks.push_back(RankMemory{.rank = static_cast<int32_t>(peaks.Int(1)),
+                                              .peak_bytes = peaks.OptionalInt(2),
+                                              .allocated_bytes = peaks.OptionalInt(3),
+                                              .phase_allocated = {}});
+  }
+  ASSIGN_OR_RETURN(Statement phases,
+                   Statement::Prepare(db,
+                                      "SELECT trial_id, rank, phase, allocated_bytes "
+                                      "FROM trial_rank_phase_peaks WHERE experiment_id = ? "
+                                      "AND allocated_bytes IS NOT NULL"));
+  phases.Bind(1, experiment_id);
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, phases.Step());
+    if (!has_row) break;
+    auto trial = by_id.find(phases.Int(0));
+    if (trial == by_id.end()) continue;
+    for (RankMemory& rank : trial->second->ranks) {
+      if (rank.rank == phases.Int(1)) {
+        rank.phase_allocated.emplace_back(phases.Text(2), phases.Int(3));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// Adds the experiment's rows of the trial_memory_timeline view to its trials' reports.
+Status FillMemoryTimeline(sqlite3* db, int64_t experiment_id, std::vector<TrialReport>& trials) {
+  std::map<int64_t, TrialReport*> by_id;
+  for (TrialReport& trial : trials) by_id[trial.trial_id] = &trial;
+  ASSIGN_OR_RETURN(
+      Statement stmt,
+      Statement::Prepare(db,
+                         "SELECT v.trial_id, v.attempt, v.attempt_started_unix_ms, "
+                         "v.device_limit_bytes, e.json FROM trial_memory_timeline v "
+                         "LEFT JOIN events e ON e.trial_id = v.trial_id AND "
+                         "e.attempt = v.attempt AND e.seq = v.seq "
+                         "WHERE v.experiment_id = ? ORDER BY v.trial_id, v.attempt, v.seq"));
+  stmt.Bind(1, experiment_id);
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    auto trial = by_id.find(stmt.Int(0));
+    if (trial == by_id.end()) continue;
+    std::vector<AttemptMemory>& timeline = trial->second->memory_timeline;
+    if (timeline.empty() || timeline.back().attempt != stmt.Int(1)) {
+      timeline.push_back(AttemptMemory{.attempt = stmt.Int(1),
+                                       .started_unix_ms = stmt.OptionalInt(2),
+                                       .device_limit_bytes = stmt.OptionalInt(3),
+                                       .snapshots = {},
+                                       .ended_elapsed_ms = std::nullopt});
+    }
+    if (stmt.IsNull(4)) continue;  // an attempt without snapshots
+    ASSIGN_OR_RETURN(json snapshot, ParseStoredJson(stmt.Text(4), "snapshot event"));
+    timeline.back().snapshots.push_back(std::move(snapshot));
+  }
+  for (TrialReport& trial : trials) {
+    for (AttemptMemory& attempt : trial.memory_timeline) {
+      ASSIGN_OR_RETURN(const json result,
+                       LatestEventOfType(db, trial.trial_id, attempt.attempt, "result"));
+      if (result.is_object() && result.contains("elapsed_ms") && result["elapsed_ms"].is_number()) {
+        attempt.ended_elapsed_ms = result["elapsed_ms"].get<double>();
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
+  std::lock_guard lock(mutex_);
+  // One snapshot for all trials, though ingestion goes on meanwhile.
+  ASSIGN_OR_RETURN(Transaction snapshot, Transaction::BeginRead(db_));
+  ExperimentReport report;
+  ASSIGN_OR_RETURN(report.experiment, LoadExperiment(db_, experiment_id));
+  ASSIGN_OR_RETURN(report.trials, QueryTrialResults(db_, experiment_id));
+  for (TrialReport& trial : report.trials) {
+    if (trial.attempt == 0) continue;
+    ASSIGN_OR_RETURN(trial.start, LatestEventOfType(db_, trial.trial_id, trial.attempt, "start"));
+    ASSIGN_OR_RETURN(trial.last_step,
+                     LatestEventOfType(db_, trial.trial_id, trial.attempt, "step"));
+    // A multi-node attempt is on all its nodes, node rank 0's first: "n1+n2".
+    ASSIGN_OR_RETURN(const std::vector<AttemptNode> nodes,
+                     internal::LoadAttemptNodes(db_, trial.trial_id, trial.attempt));
+    for (size_t i = 1; i < nodes.size(); ++i) trial.node += "+" + nodes[i].node;
+  }
+  RETURN_IF_ERROR(FillPhasePeaks(db_, experiment_id, report.trials));
+  RETURN_IF_ERROR(FillRankMemory(db_, experiment_id, report.trials));
+  RETURN_IF_ERROR(FillMemoryTimeline(db_, experiment_id, report.trials));
+  RETURN_IF_ERROR(snapshot.Commit());
+  return report;
+}
+
+StatusOr<std::vector<TrialStep>> Store::RunSteps(int64_t experiment_id) {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Transaction snapshot, Transaction::BeginRead(db_));
+  RETURN_IF_ERROR(LoadExperiment(db_, experiment_id).status());
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db_,
+                                      "SELECT trial_id, attempt, step, loss, tokens, seconds "
+                                      "FROM trial_steps WHERE experiment_id = ?"));
+  stmt.Bind(1, experiment_id);
+  std::vector<TrialStep> steps;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    steps.push_back(TrialStep{.trial_id = stmt.Int(0),
+                              .attempt = stmt.Int(1),
+                              .step = stmt.Int(2),
+                              .loss = stmt.OptionalNumber(3),
+                              .tokens = stmt.OptionalInt(4),
+                              .seconds = stmt.OptionalNumber(5)});
+  }
+  RETURN_IF_ERROR(snapshot.Commit());
+  return steps;
+}
+
+}  // namespace llmctl::store
