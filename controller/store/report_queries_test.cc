@@ -45,23 +45,23 @@ TEST_F(StoreTest, ReportHasEveryRanksMemoryForAMultiRankTrial) {
     event.rank = rank;
     return event;
   };
-  ASSERT_EQ(*store->AppendEvents(
-                ddp, 1,
-                std::vector<Event>{
-                    MakeEvent(1, Snapshot(0, "phase1_after_fwd", 300)),
-                    MakeEvent(2, Snapshot(0, "phase2_after_bwd", 250)),
-                    MakeEvent(3, Snapshot(1, "phase1_after_fwd", 310)),
-                    ranked(MakeEvent(1, Snapshot(0, "phase1_after_fwd", 400)), 1),
-                    ranked(MakeEvent(2, Snapshot(0, "phase2_after_bwd", 200)), 1),
-                    MakeEvent(4, {{"type", "result"}, {"outcome", "ok"}, {"peak_bytes", 330}}),
-                    ranked(MakeEvent(3, {{"type", "result"}, {"outcome", "ok"}, {"peak_bytes", 420}}),
-                           1),
-                }),
-            7);
+  ASSERT_EQ(
+      *store->AppendEvents(
+          ddp, 1,
+          std::vector<Event>{
+              MakeEvent(1, Snapshot(0, "phase1_after_fwd", 300)),
+              MakeEvent(2, Snapshot(0, "phase2_after_bwd", 250)),
+              MakeEvent(3, Snapshot(1, "phase1_after_fwd", 310)),
+              ranked(MakeEvent(1, Snapshot(0, "phase1_after_fwd", 400)), 1),
+              ranked(MakeEvent(2, Snapshot(0, "phase2_after_bwd", 200)), 1),
+              MakeEvent(4, {{"type", "result"}, {"outcome", "ok"}, {"peak_bytes", 330}}),
+              ranked(MakeEvent(3, {{"type", "result"}, {"outcome", "ok"}, {"peak_bytes", 420}}), 1),
+          }),
+      7);
   ASSERT_TRUE(store->FinishAttempt(ddp, 1, TrialState::kOk, 0, "", kNow).ok());
   ASSERT_EQ(*store->StartAttempt(one, "n", kNow, {0}), 1);
-  ASSERT_EQ(*store->AppendEvents(one, 1,
-                                 std::vector<Event>{MakeEvent(1, Snapshot(0, "phase1_after_fwd", 5))}),
+  ASSERT_EQ(*store->AppendEvents(
+                one, 1, std::vector<Event>{MakeEvent(1, Snapshot(0, "phase1_after_fwd", 5))}),
             1);
 
   StatusOr<ExperimentReport> report = store->Report(experiment);
@@ -607,8 +607,8 @@ TEST_F(StoreTest, TheViewsHaveTheDataParallelCategories) {
   fsdp["gathered_bytes"] = 8'000;
   fsdp["other_bytes"] = 25'000 - 16'004 - 9'500;
   const json older = FullSnapshot(0, 0, "phase1_after_fwd", 20'000, 20'000);
-  for (const auto& [trial, snapshot] : {std::pair{trials[0], ddp}, std::pair{trials[1], fsdp},
-                                        std::pair{trials[2], older}}) {
+  for (const auto& [trial, snapshot] :
+       {std::pair{trials[0], ddp}, std::pair{trials[1], fsdp}, std::pair{trials[2], older}}) {
     ASSERT_EQ(*store->StartAttempt(trial, "n1", kNow), 1);
     ASSERT_TRUE(store->AppendEvents(trial, 1, std::vector<Event>{MakeEvent(1, snapshot)}).ok());
   }
@@ -620,11 +620,13 @@ TEST_F(StoreTest, TheViewsHaveTheDataParallelCategories) {
        {"comm_bytes", nullptr},
        {"gathered_bytes", nullptr},
        {"other_bytes", 3'996}}};
-  EXPECT_EQ(QueryRows(path_, "SELECT trial, comm_bytes, gathered_bytes, other_bytes "
-                             "FROM trial_results ORDER BY ordinal"),
+  EXPECT_EQ(QueryRows(path_,
+                      "SELECT trial, comm_bytes, gathered_bytes, other_bytes "
+                      "FROM trial_results ORDER BY ordinal"),
             expected);
-  EXPECT_EQ(QueryRows(path_, "SELECT trial, comm_bytes, gathered_bytes, other_bytes "
-                             "FROM trial_phase_peaks ORDER BY trial_id, phase_order"),
+  EXPECT_EQ(QueryRows(path_,
+                      "SELECT trial, comm_bytes, gathered_bytes, other_bytes "
+                      "FROM trial_phase_peaks ORDER BY trial_id, phase_order"),
             expected);
   // Placed with the other byte categories, before other_bytes.
   for (const char* view : {"trial_results", "trial_phase_peaks"}) {

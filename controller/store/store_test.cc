@@ -505,13 +505,12 @@ TEST_F(StoreTest, MigratingFromVersion8KeepsTheRowsAndRecreatesTheViews) {
   EXPECT_EQ(*store->SchemaVersion(), static_cast<int64_t>(Migrations().size()));
   EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM events"), 1);
   EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM attempts WHERE node = 'n1'"), 1);
-  const json expected = {{"trial", "a"},
-                         {"allocated_bytes", 9'000},
-                         {"comm_bytes", 4'000},
-                         {"gathered_bytes", 0}};
-  EXPECT_EQ(QueryRows(path_,
-                      "SELECT trial, allocated_bytes, comm_bytes, gathered_bytes FROM trial_results"),
-            std::vector<json>{expected});
+  const json expected = {
+      {"trial", "a"}, {"allocated_bytes", 9'000}, {"comm_bytes", 4'000}, {"gathered_bytes", 0}};
+  EXPECT_EQ(
+      QueryRows(path_,
+                "SELECT trial, allocated_bytes, comm_bytes, gathered_bytes FROM trial_results"),
+      std::vector<json>{expected});
   EXPECT_EQ(QueryRows(path_,
                       "SELECT trial, allocated_bytes, comm_bytes, gathered_bytes FROM "
                       "trial_phase_peaks"),
