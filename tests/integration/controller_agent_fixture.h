@@ -248,6 +248,14 @@ class ControllerAgentTest : public ::testing::Test {
     return done();
   }
 
+  // Whether the store holds attempt 1 of the trial up to line `seq` of rank 0's and rank 1's event
+  // files (a 2-rank trial, on one node or two).
+  bool BothRanksStoredUpTo(int64_t trial_id, int64_t seq) {
+    auto ranks = daemon_->store().LastRankSeqs(trial_id, 1);
+    return *daemon_->store().LastSeq(trial_id, 1) == seq && ranks.ok() && ranks->contains(1) &&
+           ranks->at(1) == seq;
+  }
+
   bool AllEnded(int64_t experiment) {
     for (const store::TrialRecord& trial : Trials(experiment)) {
       if (!store::IsOutcome(trial.state)) return false;

@@ -64,8 +64,7 @@ TEST_F(MultiNodeTest, RunsOnTwoAgentsWithNodeRankZerosRendezvousAndStoresEveryRa
   EXPECT_FALSE(fs::exists(run_zero / "events.rank1.jsonl"));
   EXPECT_FALSE(fs::exists(run_one / "events.jsonl"));
   EXPECT_EQ(FileLines(run_one / "events.rank1.jsonl"), 4);
-  EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 4);
-  EXPECT_EQ(daemon_->store().LastRankSeqs(trial.id, 1)->at(1), 4);
+  EXPECT_TRUE(BothRanksStoredUpTo(trial.id, 4));
 }
 
 TEST_F(MultiNodeTest, ANodeOutOfMemoryStopsTheOtherAndTheTrialIsOomNamingIt) {
@@ -93,11 +92,7 @@ TEST_F(MultiNodeTest, AKilledAgentLosesAndRepeatsNoEventOfEitherNode) {
   AddAgent("n2");
   const int64_t experiment = Submit(Experiment({{"mn-held", 300}}));
   const store::TrialRecord trial = Trials(experiment).front();
-  ASSERT_TRUE(RoundsUntil([&] {
-    auto ranks = daemon_->store().LastRankSeqs(trial.id, 1);
-    return *daemon_->store().LastSeq(trial.id, 1) == 3 && ranks.ok() && ranks->contains(1) &&
-           ranks->at(1) == 3;
-  }));
+  ASSERT_TRUE(RoundsUntil([&] { return BothRanksStoredUpTo(trial.id, 3); }));
 
   Kill("n2");
   daemon_->dispatcher().Tick();
@@ -111,8 +106,7 @@ TEST_F(MultiNodeTest, AKilledAgentLosesAndRepeatsNoEventOfEitherNode) {
   const store::TrialRecord done = Trials(experiment).front();
   EXPECT_EQ(done.state, store::TrialState::kOk);
   EXPECT_EQ(done.current_attempt, 1);
-  EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 5);
-  EXPECT_EQ(daemon_->store().LastRankSeqs(trial.id, 1)->at(1), 5);
+  EXPECT_TRUE(BothRanksStoredUpTo(trial.id, 5));
 }
 
 // The controller goes away mid-run and comes back: it follows both nodes' runs again from the last
@@ -122,11 +116,7 @@ TEST_F(MultiNodeTest, ARestartedControllerResumesEveryNodesStreamAndRunsNothingT
   AddAgent("n2");
   const int64_t experiment = Submit(Experiment({{"mn-held", 300}}));
   const int64_t trial_id = Trials(experiment).front().id;
-  ASSERT_TRUE(RoundsUntil([&] {
-    auto ranks = daemon_->store().LastRankSeqs(trial_id, 1);
-    return *daemon_->store().LastSeq(trial_id, 1) == 3 && ranks.ok() && ranks->contains(1) &&
-           ranks->at(1) == 3;
-  }));
+  ASSERT_TRUE(RoundsUntil([&] { return BothRanksStoredUpTo(trial_id, 3); }));
   daemon_.reset();
   for (const char* node : {"n1", "n2"}) {
     WriteFile(RunDir(node, experiment, "mn-held", 1) / "go", "",
@@ -137,8 +127,7 @@ TEST_F(MultiNodeTest, ARestartedControllerResumesEveryNodesStreamAndRunsNothingT
   const store::TrialRecord done = Trials(experiment).front();
   EXPECT_EQ(done.state, store::TrialState::kOk);
   EXPECT_EQ(done.current_attempt, 1);
-  EXPECT_EQ(*daemon_->store().LastSeq(trial_id, 1), 5);
-  EXPECT_EQ(daemon_->store().LastRankSeqs(trial_id, 1)->at(1), 5);
+  EXPECT_TRUE(BothRanksStoredUpTo(trial_id, 5));
   for (const char* node : {"n1", "n2"}) {
     EXPECT_FALSE(fs::exists(RunDir(node, experiment, "mn-held", 2))) << node;
   }
@@ -149,10 +138,7 @@ TEST_F(MultiNodeTest, ACancelStopsItOnEveryNode) {
   AddAgent("n2");
   const int64_t experiment = Submit(Experiment({{"mn-held", 300}}));
   const store::TrialRecord trial = Trials(experiment).front();
-  ASSERT_TRUE(RoundsUntil([&] {
-    auto ranks = daemon_->store().LastRankSeqs(trial.id, 1);
-    return *daemon_->store().LastSeq(trial.id, 1) == 3 && ranks.ok() && ranks->contains(1);
-  }));
+  ASSERT_TRUE(RoundsUntil([&] { return BothRanksStoredUpTo(trial.id, 3); }));
   ASSERT_TRUE(daemon_->dispatcher().Cancel(experiment, "mn-held", /*checkpoint=*/false).ok());
   ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
   EXPECT_EQ(Trials(experiment).front().state, store::TrialState::kCancelled);
