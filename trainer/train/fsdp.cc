@@ -29,6 +29,14 @@ struct PreBackward : public torch::autograd::Function<PreBackward> {
   }
 };
 
+// Frees `tensor`'s memory now, whoever still references its storage (FSDP1's resize_(0)): the old
+// DataPtr, returned and dropped here, releases it.
+void ReleaseStorage(const torch::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, tensor.device()));
+  storage->set_nbytes(0);
+}
+
 // "model.layers.<i>." → i; -1 for the root's parameters.
 int64_t LayerOf(const std::string& name) {
   static const std::string kPrefix = "model.layers.";
@@ -53,9 +61,7 @@ StatusOr<std::unique_ptr<FullyShardedDataParallel>> FullyShardedDataParallel::Jo
 }
 
 FullyShardedDataParallel::FullyShardedDataParallel(dist::ProcessGroup group, torch::Device device)
-    : group_(std::move(group)),
-      device_(device),
-      sums_(device) {}
+    : group_(std::move(group)), device_(device), sums_(device) {}
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   // The hooks point at this object; the model may outlive it.
@@ -64,7 +70,7 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   }
 }
 
-Status FullyShardedDataParallel::Shard(LlamaForCausalLM& model) {
+Status FullyShardedDataParallel::Shard(LlamaForCausalLM& model, torch::Dtype param_dtype) {
   torch::NoGradGuard no_grad;
   const int64_t n = world_size();
   units_.resize(1);
@@ -107,8 +113,9 @@ Status FullyShardedDataParallel::Shard(LlamaForCausalLM& model) {
     }
     unit.shard.requires_grad_(true);
     shards_.push_back(unit.shard);
-    unit.gathered = torch::empty({unit.padded}, options);
-    // The parameters become views into the gathered buffer; their own storage dies here.
+    unit.gathered = torch::empty({unit.padded}, options.dtype(param_dtype));
+    // The parameters become views into the gathered buffer, in its dtype (as FSDP1's flat
+    // parameter takes its low-precision data); their own storage dies here.
     for (size_t i = 0; i < unit.params.size(); ++i) {
       torch::Tensor& p = unit.params[i];
       p.set_data(unit.gathered.narrow(0, unit.offsets[i], p.numel()).view(p.sizes()));
@@ -150,20 +157,29 @@ Status FullyShardedDataParallel::Gather(Unit& unit) {
   // see the new memory at once, as their data pointers are the storage's plus their offsets.
   storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
   storage->set_nbytes(bytes);
-  if (device_.is_cuda()) return group_.AllGatherIntoTensor(unit.gathered, unit.shard);
-  const int64_t shard_numel = unit.shard.numel();
-  unit.gathered.zero_();
-  unit.gathered.narrow(0, rank() * shard_numel, shard_numel).copy_(unit.shard);
-  // Exact: each element is one rank's value plus zeros.
-  return group_.AllReduce(unit.gathered, dist::ReduceOp::kSum);
+  return AllGatherInto(unit, unit.gathered);
 }
 
-void FullyShardedDataParallel::Free(Unit& unit) {
-  c10::StorageImpl* storage = unit.gathered.storage().unsafeGetStorageImpl();
-  // The old DataPtr, returned and dropped here, frees the memory now (FSDP1's resize_(0)).
-  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, unit.gathered.device()));
-  storage->set_nbytes(0);
+Status FullyShardedDataParallel::AllGatherInto(Unit& unit, torch::Tensor& flat) {
+  torch::NoGradGuard no_grad;
+  const int64_t shard_numel = unit.shard.numel();
+  torch::Tensor piece = flat.narrow(0, rank() * shard_numel, shard_numel);
+  if (device_.is_cuda()) {
+    if (flat.scalar_type() == unit.shard.scalar_type()) {
+      return group_.AllGatherIntoTensor(flat, unit.shard);
+    }
+    // FSDP2's in-place all-gather: the cast shard is written into the rank's own piece of the
+    // output, so the low-precision copy needs no buffer of its own.
+    piece.copy_(unit.shard);
+    return group_.AllGatherIntoTensor(flat, piece);
+  }
+  flat.zero_();
+  piece.copy_(unit.shard);
+  // Exact, in any dtype: each element is one rank's value plus zeros.
+  return group_.AllReduce(flat, dist::ReduceOp::kSum);
 }
+
+void FullyShardedDataParallel::Free(Unit& unit) { ReleaseStorage(unit.gathered); }
 
 Status FullyShardedDataParallel::BeginForward() {
   RETURN_IF_ERROR(error_);
@@ -205,6 +221,7 @@ Status FullyShardedDataParallel::Reduce(Unit& unit) {
     const torch::Tensor& grad = unit.params[i].grad();
     torch::Tensor slot = flat.narrow(0, unit.offsets[i], unit.params[i].numel());
     if (grad.defined()) {
+      // Cast from param_dtype to the shards' dtype here: FSDP2's reduce_dtype.
       slot.copy_(grad.reshape({-1}));
     } else {
       slot.zero_();
@@ -277,15 +294,30 @@ StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> FullyShardedDataPar
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, torch::Tensor>> state;
   for (Unit& unit : units_) {
-    RETURN_IF_ERROR(Gather(unit));
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      // A host copy that the checkpoint owns (on cpu, outside the device pool's accounting only in
-      // that it lives as long as the write).
-      state.emplace_back(unit.names[i],
-                         unit.params[i].detach().to(torch::kCPU, /*non_blocking=*/false,
-                                                    /*copy=*/true));
+    if (unit.gathered.scalar_type() == unit.shard.scalar_type()) {
+      RETURN_IF_ERROR(Gather(unit));
+      for (size_t i = 0; i < unit.params.size(); ++i) {
+        // A host copy that the checkpoint owns (on cpu, outside the device pool's accounting only
+        // in that it lives as long as the write).
+        state.emplace_back(unit.names[i],
+                           unit.params[i].detach().to(torch::kCPU, /*non_blocking=*/false,
+                                                      /*copy=*/true));
+      }
+      Free(unit);
+      continue;
     }
-    Free(unit);
+    // The checkpoint holds the shards' (master) weights, not their param_dtype casts: the unit is
+    // gathered in the shards' dtype into a buffer that lives only for this unit's copies.
+    torch::Tensor flat = torch::empty({unit.padded}, unit.shard.options().requires_grad(false));
+    RETURN_IF_ERROR(AllGatherInto(unit, flat));
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      state.emplace_back(unit.names[i],
+                         flat.narrow(0, unit.offsets[i], unit.params[i].numel())
+                             .view(unit.params[i].sizes())
+                             .to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    }
+    // Not left to the last reference: Gloo's worker thread may hold one for a while.
+    ReleaseStorage(flat);
   }
   return state;
 }

@@ -30,6 +30,12 @@
 // rank's piece taken): Gloo's own all-gather and reduce-scatter allocate full-size temporaries
 // that its worker thread frees at an unpredictable time, and Gloo's reduce-scatter is an
 // all-reduce anyway. On NCCL (cuda) they are the real all-gather and reduce-scatter.
+//
+// Mixed precision, FSDP2's MixedPrecisionPolicy(param_dtype, reduce_dtype=the shards' dtype): the
+// gathered buffers, hence the parameters the model computes with and their gradients, are in
+// param_dtype. Each rank casts its shard into its own piece of the gathered buffer and all-gathers
+// that; a unit's gradients are cast into the flat gradient buffer, in the shards' dtype, and
+// reduced there. For bf16-mixed: bf16 gathers over fp32 shards, half the gathered bytes.
 #ifndef LLMCTL_TRAINER_TRAIN_FSDP_H_
 #define LLMCTL_TRAINER_TRAIN_FSDP_H_
 
@@ -67,14 +73,20 @@ class FullyShardedDataParallel : public LayerHooks {
   // Makes rank 0's weights every rank's, then shards `model` into its units: afterwards the model's
   // parameters own no memory until gathered, and Shards() hold the rank's pieces. Once, after the
   // model is built and before the optimizer is made. Every parameter must require grad.
-  Status Shard(LlamaForCausalLM& model);
+  // `param_dtype` is FSDP2's MixedPrecisionPolicy.param_dtype: the shards keep the model's dtype,
+  // but the units are gathered, computed with and their gradients produced in `param_dtype`; the
+  // gradients are reduced in the shards' dtype (reduce_dtype). bf16 over fp32 shards for
+  // bf16-mixed; the shards' own dtype otherwise.
+  Status Shard(LlamaForCausalLM& model, torch::Dtype param_dtype);
 
   // The rank's flat parameter shards, one per unit (root first, then the layers): what the
   // optimizer steps and what accounting counts as params (their .grad as grads).
   const std::vector<torch::Tensor>& Shards() const { return shards_; }
-  // The units' gathered flat buffers (zero bytes while freed), accounting's "gathered params".
+  // The units' gathered flat buffers in param_dtype (zero bytes while freed), accounting's
+  // "gathered params".
   std::vector<torch::Tensor> GatheredTensors() const;
-  // The flat gradient buffer and the sums' slots, accounting's "comm buckets".
+  // The flat gradient buffer (in the shards' dtype) and the sums' slots, accounting's "comm
+  // buckets".
   std::vector<torch::Tensor> CommTensors() const;
 
   // Before the model's forward: gathers the root unit.
@@ -114,12 +126,14 @@ class FullyShardedDataParallel : public LayerHooks {
     int64_t numel = 0;                  // before padding
     int64_t padded = 0;                 // PaddedNumel(numel, world size)
     torch::Tensor shard;                // (padded / N,)
-    torch::Tensor gathered;             // (padded,), storage freed between uses
+    torch::Tensor gathered;             // (padded,) in param_dtype, storage freed between uses
     size_t pending = 0;                 // gradients not yet accumulated in this backward
   };
 
   FullyShardedDataParallel(dist::ProcessGroup group, torch::Device device);
   Status Gather(Unit& unit);
+  // All-gathers `unit`'s shards into `flat` (padded elements, any dtype: the shard is cast).
+  Status AllGatherInto(Unit& unit, torch::Tensor& flat);
   void Free(Unit& unit);
   Status Reduce(Unit& unit);
   void OnGradientReady(size_t unit);
@@ -134,7 +148,7 @@ class FullyShardedDataParallel : public LayerHooks {
   torch::Tensor grad_buffer_;     // (max padded,): a unit's unsharded gradients, reduced in place
   torch::Tensor scatter_buffer_;  // (max padded / N,): NCCL's reduce-scatter output (cuda only)
   dist::RankSums sums_;
-  Status error_;                  // the first failure inside a hook or an autograd node
+  Status error_;  // the first failure inside a hook or an autograd node
 };
 
 }  // namespace llmctl::trainer

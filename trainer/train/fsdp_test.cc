@@ -79,11 +79,13 @@ struct ShardArithmetic {
   int64_t root_padded = 0;  // the root's gathered length
   int64_t max_padded = 0;   // the longest unit's gathered length
   int64_t total_numel = 0;
+  int64_t matrix_numel = 0;  // of the 2-D weights: what autocast casts for its matmuls
 };
 
 ShardArithmetic ShardsOf(const std::string& model, int64_t world_size) {
   const ModelConfig config = ResolveModel(model).value();
   std::map<int64_t, int64_t> unit_numel;  // -1 the root, else the layer
+  ShardArithmetic result;
   for (const CheckpointTensor& tensor : CheckpointTensors(config)) {
     int64_t numel = 1;
     for (int64_t d : tensor.shape) numel *= d;
@@ -92,8 +94,8 @@ ShardArithmetic ShardsOf(const std::string& model, int64_t world_size) {
       unit = std::stoll(tensor.name.substr(13, tensor.name.find('.', 13) - 13));
     }
     unit_numel[unit] += numel;
+    if (tensor.shape.size() == 2) result.matrix_numel += numel;
   }
-  ShardArithmetic result;
   for (const auto& [unit, numel] : unit_numel) {
     const int64_t padded = (numel + world_size - 1) / world_size * world_size;
     result.shard_numel += padded / world_size;
@@ -112,18 +114,31 @@ ShardArithmetic ShardsOf(const std::string& model, int64_t world_size) {
 // backward; every layer was freed after its forward) and nothing at the other phases; the comm
 // buffers are one flat gradient buffer of the longest unit plus the two float64 sums; and what is
 // left ("other": activations) is one device's at the same micro-batch, byte for byte, so no
-// gathered layer or stray collective buffer hides there.
+// gathered layer or stray collective buffer hides there. The shards are `element_size` bytes an
+// element, as is the flat gradient buffer; the gathered buffers `gathered_element_size` (smaller
+// under mixed precision).
 void ExpectShardMemory(const std::string& name, int ranks, const std::string& precision,
-                       uint64_t element_size, int64_t expected_padding) {
+                       uint64_t element_size, uint64_t gathered_element_size,
+                       int64_t expected_padding) {
   const std::vector<std::string> shape = {"data.max_seq_length=24", "data.mask_prompt=false",
-                                          "train.micro_batch_size=2", "precision=" + precision};
+                                          "train.micro_batch_size=2"};
   std::vector<std::string> one = shape, many = shape;
-  one.push_back("train.global_batch_size=2");
-  many.push_back("train.global_batch_size=" + std::to_string(2 * ranks));
+  one.insert(one.end(), {"train.global_batch_size=2", "precision=" + precision});
+  many.insert(many.end(),
+              {"train.global_batch_size=" + std::to_string(2 * ranks), "precision=" + precision});
   const DemoRun single = RunDemo(name + "-1", 1, one);
   const DemoRun fsdp = RunDemo(name + "-" + std::to_string(ranks), ranks, many);
   ASSERT_EQ(single.exit_code, 0) << single.output;
   ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
+  const bool mixed = gathered_element_size != element_size;
+  // Mixed precision computes with the gathered bf16 parameters, as bf16-true does on one device.
+  std::vector<nlohmann::json> bf16_compute;
+  if (mixed) {
+    one.back() = "precision=bf16-true";
+    const DemoRun bf16 = RunDemo(name + "-1-bf16-true", 1, one);
+    ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+    bf16_compute = EventsOfType(bf16.events[0], "snapshot");
+  }
 
   const ShardArithmetic shards = ShardsOf("llmctl-demo", ranks);
   // Counted honestly: the padding is params (and grads, and optimizer state) on some rank.
@@ -158,41 +173,97 @@ void ExpectShardMemory(const std::string& name, int ranks, const std::string& pr
       const bool has_state = step > 0 || phase == "phase3_after_opt_step";
       EXPECT_EQ(s["optim_device_bytes"], has_state ? 2 * shard_bytes + f32 : 0) << where;
       EXPECT_EQ(s["gathered_bytes"],
-                phase == "phase1_after_fwd" ? shards.root_padded * element_size : 0)
+                phase == "phase1_after_fwd" ? shards.root_padded * gathered_element_size : 0)
           << where;
       EXPECT_EQ(s["comm_bytes"], comm) << where;
-      EXPECT_EQ(s["other_bytes"], e["other_bytes"]) << where;
+      const uint64_t other = s["other_bytes"];
+      if (mixed && phase == "phase1_after_fwd") {
+        // Not one bf16-mixed device's after forward: there autocast saved, for backward, a bf16
+        // copy of every 2-D weight (the tied head's too), which FSDP's bf16 parameters need not
+        // (they are the gathered buffer), and the residual stream is fp32 there (the embedding is
+        // fp32) but bf16 here (the embedding is gathered in bf16), as FSDP2's param_dtype makes
+        // it. What forward saves here is exactly what one bf16-true device's forward saves.
+        EXPECT_EQ(other, bf16_compute.at(i)["other_bytes"]) << where;
+        EXPECT_LE(other + 2 * shards.matrix_numel, e["other_bytes"].get<uint64_t>()) << where;
+      } else {
+        EXPECT_EQ(other, e["other_bytes"]) << where;
+      }
       EXPECT_EQ(s["allocated_bytes"].get<uint64_t>(),
                 s["params_bytes"].get<uint64_t>() + s["grads_bytes"].get<uint64_t>() +
                     s["optim_device_bytes"].get<uint64_t>() + comm +
-                    s["gathered_bytes"].get<uint64_t>() + e["other_bytes"].get<uint64_t>())
+                    s["gathered_bytes"].get<uint64_t>() + other)
           << where;
     }
   }
 }
 
 TEST(FsdpTest, PerRankMemoryIsTheShardsAndWhatIsGathered) {
-  ExpectShardMemory("memory", /*ranks=*/3, "32-true", sizeof(float), /*expected_padding=*/4 * 2);
+  ExpectShardMemory("memory", /*ranks=*/3, "32-true", sizeof(float), sizeof(float),
+                    /*expected_padding=*/4 * 2);
 }
 
 // bf16-true: bf16 shards, gathered and reduced in bf16, AdamW's moments in bf16 (its step counter
 // stays float32); two ranks divide every unit evenly.
 TEST(FsdpTest, Bf16TrueShardsAreBf16) {
-  ExpectShardMemory("memory-bf16", /*ranks=*/2, "bf16-true", 2, /*expected_padding=*/0);
+  ExpectShardMemory("memory-bf16", /*ranks=*/2, "bf16-true", 2, 2, /*expected_padding=*/0);
+}
+
+// bf16-mixed: fp32 shards (params, grads, AdamW's moments), the root gathered in bf16 (half its
+// fp32 bytes), the flat gradient buffer fp32 (the gradients are reduced in fp32).
+TEST(FsdpTest, Bf16MixedGathersBf16OverFp32Shards) {
+  ExpectShardMemory("memory-bf16-mixed", /*ranks=*/2, "bf16-mixed", sizeof(float), 2,
+                    /*expected_padding=*/0);
+}
+
+// bf16-mixed as FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) against one
+// process's bf16-mixed under autocast at twice the micro-batch. With SGD at lr 0.5, whose update
+// scales with the gradient, so that ranks summing instead of averaging would take steps twice as
+// long.
+TEST(FsdpTest, Bf16MixedTrainsLikeOneProcessWithinBf16Rounding) {
+  const std::vector<std::string> sgd = {"optimizer=sgd", "train.lr=0.5", "train.warmup_steps=0",
+                                        "precision=bf16-mixed"};
+  std::vector<std::string> one = sgd, two = sgd;
+  one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=4"});
+  two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=4"});
+  constexpr int64_t kMixedSteps = 4;
+  const DemoRun single = RunDemo("bf16-mixed-1", 1, one, kMixedSteps);
+  const DemoRun fsdp = RunDemo("bf16-mixed-2", 2, two, kMixedSteps);
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
+  const std::vector<double> expected = StepLosses(single.events[0]);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kMixedSteps));
+  // 0.03 is about one bf16 ulp at the loss's magnitude (2^-5 between 4 and 8) and 0.4% of it.
+  // Measured: 2e-4 before the first update (bf16 parameters and a bf16 residual stream against
+  // autocast's per-op casts over an fp32 one), then up to 9e-3 in the next three, as SGD at lr
+  // 0.5 carries the difference forward. A build that sums the ranks' gradients instead of
+  // averaging them is off by 0.13 at the second step and by 3.4 at the fourth.
+  constexpr double kTolerance = 0.03;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<double> losses = StepLosses(fsdp.events[rank]);
+    ASSERT_EQ(losses.size(), expected.size()) << "rank " << rank;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_NEAR(losses[i], expected[i], kTolerance) << "rank " << rank << ", step " << i;
+    }
+  }
+  // The checkpoint holds the fp32 master weights, not their bf16 casts.
+  ASSERT_FALSE(fsdp.final_model.empty());
+  for (const auto& [tensor_name, tensor] : fsdp.final_model) {
+    EXPECT_EQ(tensor.scalar_type(), torch::kFloat32) << tensor_name;
+  }
 }
 
 // A run stopped after a checkpoint and resumed from it continues exactly: the full model comes
 // back into the shards and each rank's optimizer shard from its own file.
-TEST(FsdpTest, ResumeContinuesExactly) {
+void ExpectResumeContinuesExactly(const std::string& name, const std::string& precision) {
   const std::vector<std::string> sets = {"train.micro_batch_size=2", "train.global_batch_size=4",
-                                         "checkpoint_every=2"};
-  const DemoRun whole = RunDemo("resume-whole", 2, sets, /*steps=*/4);
+                                         "checkpoint_every=2", "precision=" + precision};
+  const DemoRun whole = RunDemo(name + "-whole", 2, sets, /*steps=*/4);
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
   const std::string checkpoint = whole.dir + "/out/checkpoints/step-2";
   ASSERT_TRUE(std::filesystem::exists(checkpoint + "/optimizer.safetensors"));
   ASSERT_TRUE(std::filesystem::exists(checkpoint + "/optimizer.rank1.safetensors"));
   const DemoRun resumed =
-      RunDemo("resume-continued", 2, sets, /*steps=*/4, " --resume " + checkpoint);
+      RunDemo(name + "-continued", 2, sets, /*steps=*/4, " --resume " + checkpoint);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const std::vector<double> expected = StepLosses(whole.events[0]);
   ASSERT_EQ(expected.size(), 4u);
@@ -206,6 +277,14 @@ TEST(FsdpTest, ResumeContinuesExactly) {
   for (const auto& [tensor_name, tensor] : whole.final_model) {
     EXPECT_TRUE(torch::equal(resumed.final_model.at(tensor_name), tensor)) << tensor_name;
   }
+}
+
+TEST(FsdpTest, ResumeContinuesExactly) { ExpectResumeContinuesExactly("resume", "32-true"); }
+
+// The fp32 master weights are what the checkpoint holds, so the bf16 gathers after resuming are the
+// uninterrupted run's.
+TEST(FsdpTest, Bf16MixedResumeContinuesExactly) {
+  ExpectResumeContinuesExactly("resume-bf16-mixed", "bf16-mixed");
 }
 
 TEST(FsdpTest, WhatFsdpDoesNotBuildIsRefusedByName) {

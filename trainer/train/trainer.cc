@@ -284,7 +284,9 @@ Status TrialRun::Setup() {
 }
 
 Status TrialRun::ShardModel() {
-  RETURN_IF_ERROR(fsdp_->Shard(model_));
+  // bf16-mixed gathers and computes in bf16 over fp32 shards (FSDP2's param_dtype) instead of
+  // casting fp32 parameters op by op under autocast.
+  RETURN_IF_ERROR(fsdp_->Shard(model_, precision_.autocast.value_or(precision_.param_dtype)));
   all_params_ = fsdp_->Shards();
   // Buffers stay whole on every rank (the model has none but a QLoRA base, which fsdp refuses).
   for (const auto& item : model_->named_buffers()) all_params_.push_back(item.value());
@@ -475,6 +477,8 @@ bool TrialRun::TrainStep(int64_t step) {
     Snapshot(step, i, kPhaseBeforeForward);
     torch::Tensor loss;
     {
+      // Under fsdp bf16-mixed the gathered parameters are bf16 already, so autocast casts none of
+      // them; the ops it keeps in fp32 still run in fp32, as on one device.
       AutocastScope autocast(precision_, device_);
       if (fsdp_) {
         if (Status status = fsdp_->BeginForward(); !status.ok()) {
