@@ -248,6 +248,17 @@ class ControllerAgentTest : public ::testing::Test {
     return done();
   }
 
+  // The experiment's report as llmctl report reads it.
+  v1::ReportResponse Report(int64_t experiment) {
+    grpc::ClientContext context;
+    v1::GetExperimentRequest which;
+    which.set_experiment_id(experiment);
+    v1::ReportResponse report;
+    const grpc::Status got = controller_->Report(&context, which, &report);
+    EXPECT_TRUE(got.ok()) << got.error_message();
+    return report;
+  }
+
   // Whether the store holds attempt 1 of the trial up to line `seq` of rank 0's and rank 1's event
   // files (a 2-rank trial, on one node or two).
   bool BothRanksStoredUpTo(int64_t trial_id, int64_t seq) {

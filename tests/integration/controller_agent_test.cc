@@ -144,11 +144,8 @@ TEST_F(ControllerAgentTest, ATrialKilledForMemoryIsOomAndTheNextTrialRuns) {
   EXPECT_EQ(trials[0].state, store::TrialState::kOom);
   EXPECT_EQ(trials[1].state, store::TrialState::kOk);
 
-  grpc::ClientContext context;
-  v1::GetExperimentRequest which;
-  which.set_experiment_id(experiment);
-  v1::ReportResponse report;
-  ASSERT_TRUE(controller_->Report(&context, which, &report).ok());
+  const v1::ReportResponse report = Report(experiment);
+  ASSERT_GT(report.trials_size(), 0);
   EXPECT_EQ(report.trials(0).outcome(), "oom");
   EXPECT_NE(report.trials(0).error().find("killed by the kernel"), std::string::npos)
       << report.trials(0).error();
