@@ -65,6 +65,17 @@ inline void WriteFile(const fs::path& path, const std::string& text, fs::perms p
   fs::permissions(path, perms);
 }
 
+// An empty directory of this test's own under the system's temporary one: PREFIX_<test>_<pid>.
+inline fs::path FreshTestDir(const std::string& prefix) {
+  const fs::path dir =
+      fs::temp_directory_path() /
+      (prefix + "_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+       "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
 inline pb::RunKey Key(int64_t experiment, const std::string& trial, int attempt) {
   pb::RunKey key;
   key.set_experiment_id(experiment);
@@ -274,12 +285,7 @@ exit "$seed"
 )sh";
 
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("llmctl_agent_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = FreshTestDir("llmctl_agent");
     auto ca = rpc::CertificateAuthority::LoadOrCreate((dir_ / "ca").string());
     ASSERT_TRUE(ca.ok()) << ca.status().ToString();
     auto agent = (*ca)->Issue(rpc::AgentCertificateName("node1"), 1);

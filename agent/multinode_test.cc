@@ -97,12 +97,7 @@ class MultiNodeTest : public ::testing::Test {
   static constexpr int kNodes = 2;
 
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("llmctl_multinode_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = FreshTestDir("llmctl_multinode");
     auto ca = rpc::CertificateAuthority::LoadOrCreate((dir_ / "ca").string());
     ASSERT_TRUE(ca.ok()) << ca.status().ToString();
     auto controller = (*ca)->Issue(rpc::kControllerCertificateName, 1);
