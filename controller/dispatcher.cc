@@ -110,12 +110,7 @@ void Dispatcher::DeclareLost(const dispatch::AttemptKey& attempt,
 void Dispatcher::StopRuns(const store::RunningAttempt& attempt) {
   auto trial = shared_.store.GetTrial(attempt.trial_id);
   if (!trial.ok()) return;
-  for (const store::AttemptNode& node : attempt.nodes) {
-    if (node.ended) continue;
-    if (const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(node.node)) {
-      dispatch::CancelRun(shared_, attempt, node.node, trial->name, *stub, std::nullopt);
-    }
-  }
+  dispatch::CancelRuns(shared_, links_, attempt, trial->name, std::nullopt);
 }
 
 StatusOr<store::NodeRemoval> Dispatcher::RemoveNode(const std::string& node) {

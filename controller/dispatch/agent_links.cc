@@ -202,14 +202,14 @@ std::vector<AttemptKey> AgentLinks::SilentRuns(const std::vector<store::RunningA
     for (const store::RunningAttempt& attempt : running) {
       // A multi-node attempt is lost when any of its nodes is silent: its ranks cannot go on
       // without that node's.
-      for (const std::string& node : attempt.Nodes()) {
-        auto link = links_.find(node);
+      for (const store::AttemptNode& run : attempt.Runs()) {
+        auto link = links_.find(run.node);
         const store::Time last_seen = link == links_.end()
                                           ? attempt.started_at
                                           : std::max(link->second->last_seen, attempt.started_at);
         attempts.push_back({.trial_id = attempt.trial_id,
                             .attempt = attempt.attempt,
-                            .agent = node,
+                            .agent = run.node,
                             .agent_last_seen = last_seen});
       }
     }

@@ -27,6 +27,18 @@ void CancelRun(const Shared& shared, const store::RunningAttempt& attempt, const
   }
 }
 
+void CancelRuns(const Shared& shared, AgentLinks& links, const store::RunningAttempt& attempt,
+                const std::string& trial_name,
+                std::optional<std::chrono::milliseconds> checkpoint_grace,
+                std::optional<int64_t> except_node_rank) {
+  for (const store::AttemptNode& run : attempt.Runs()) {
+    if (run.ended || run.node_rank == except_node_rank) continue;
+    if (const std::shared_ptr<v1::Agent::Stub> stub = links.Stub(run.node)) {
+      CancelRun(shared, attempt, run.node, trial_name, *stub, checkpoint_grace);
+    }
+  }
+}
+
 StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,
                                                         std::string_view trial, bool checkpoint) {
   store::Store& store = shared_.store;
@@ -53,13 +65,10 @@ StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,
                                "cancelled with a checkpoint (llmctl cancel --checkpoint)");
     }
     // Every node of a multi-node attempt: its ranks decide a stop together at a step's start, so
-    // each node's ranks stop at the same step.
-    for (const std::string& node : attempt.Nodes()) {
-      const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(node);
-      if (stub == nullptr) continue;  // ends as cancelled when the attempt is declared lost
-      CancelRun(shared_, attempt, node, names[attempt.trial_id], *stub,
-                checkpoint ? std::optional(shared_.options.cancel_checkpoint_grace) : std::nullopt);
-    }
+    // each node's ranks stop at the same step. An unreachable one ends as cancelled when the
+    // attempt is declared lost.
+    CancelRuns(shared_, links_, attempt, names[attempt.trial_id],
+               checkpoint ? std::optional(shared_.options.cancel_checkpoint_grace) : std::nullopt);
   }
   shared_.changes.Notify();
   shared_.Wake();

@@ -28,6 +28,14 @@ void CancelRun(const Shared& shared, const store::RunningAttempt& attempt, const
                const std::string& trial_name, v1::Agent::Stub& stub,
                std::optional<std::chrono::milliseconds> checkpoint_grace);
 
+// CancelRun on every node the attempt runs on whose agent is connected (one not connected is
+// skipped: the attempt is declared lost and ends with it), except node rank `except_node_rank` and
+// the nodes of a multi-node attempt whose run has already ended.
+void CancelRuns(const Shared& shared, AgentLinks& links, const store::RunningAttempt& attempt,
+                const std::string& trial_name,
+                std::optional<std::chrono::milliseconds> checkpoint_grace,
+                std::optional<int64_t> except_node_rank = std::nullopt);
+
 class Cancellation {
  public:
   Cancellation(Shared& shared, AgentLinks& links, CheckpointCopies& checkpoints)

@@ -22,13 +22,10 @@ store::TrialState OutcomeState(const std::string& outcome) {
 void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, store::Time now) {
   std::set<StreamKey> still_running;
   for (const store::RunningAttempt& attempt : running) {
-    // (node rank, node) of each run still to follow.
-    std::vector<std::pair<int64_t, std::string>> runs;
-    if (attempt.nodes.empty()) runs.emplace_back(0, attempt.node);
-    for (const store::AttemptNode& node : attempt.nodes) {
-      if (!node.ended) runs.emplace_back(node.node_rank, node.node);
-    }
-    for (const auto& [node_rank, node] : runs) {
+    for (const store::AttemptNode& run : attempt.Runs()) {
+      if (run.ended) continue;
+      const int64_t node_rank = run.node_rank;
+      const std::string& node = run.node;
       const StreamKey key{attempt.trial_id, attempt.attempt, node_rank};
       still_running.insert(key);
       std::shared_ptr<v1::Agent::Stub> stub;
@@ -97,12 +94,7 @@ Status EventStreams::Finish(Stream& stream, const v1::RunEnded& end) {
   if (!ended && end.outcome() != "ok") {
     spdlog::warn("{} on node {} (node rank {}) ended {}: stopping its other nodes' runs",
                  AttemptName(attempt), stream.node, stream.node_rank, end.outcome());
-    for (const store::AttemptNode& node : attempt.nodes) {
-      if (node.node_rank == stream.node_rank) continue;
-      if (const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(node.node)) {
-        CancelRun(shared_, attempt, node.node, stream.trial_name, *stub, std::nullopt);
-      }
-    }
+    CancelRuns(shared_, links_, attempt, stream.trial_name, std::nullopt, stream.node_rank);
   }
   return Status::Ok();
 }

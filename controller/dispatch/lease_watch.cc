@@ -52,10 +52,7 @@ void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
                                       node.lease->ends - now - options.lease_stop_reserve));
       // Every node of a multi-node attempt, whose other nodes' leases may last: its ranks stop
       // together. Unreachable: the attempt is declared lost and requeued like any other.
-      for (const std::string& running_node : attempt.Nodes()) {
-        const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(running_node);
-        if (stub != nullptr) CancelRun(shared_, attempt, running_node, trial->name, *stub, grace);
-      }
+      CancelRuns(shared_, links_, attempt, trial->name, grace);
     }
   }
   std::lock_guard lock(shared_.mutex);

@@ -74,15 +74,12 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
   // hold the lowest indices still free.
   struct Holding {
     const store::RunningAttempt* attempt;
-    const std::vector<int64_t>* device_indices;
+    std::vector<int64_t> device_indices;
   };
   std::map<std::string, std::vector<Holding>> running_on;
   for (const store::RunningAttempt& attempt : running) {
-    if (attempt.nodes.empty()) {
-      running_on[attempt.node].push_back({&attempt, &attempt.device_indices});
-    }
-    for (const store::AttemptNode& node : attempt.nodes) {
-      running_on[node.node].push_back({&attempt, &node.device_indices});
+    for (store::AttemptNode& run : attempt.Runs()) {
+      running_on[run.node].push_back({&attempt, std::move(run.device_indices)});
     }
   }
   // A node's labels are its lease's site and flavor; an experiment's `target:` must match them.
@@ -125,10 +122,10 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
           agent.pools.begin(), agent.pools.end(),
           [&](const scheduler::DevicePool& p) { return p.type == trial->device_type; });
       if (pool == agent.pools.end()) continue;
-      if (device_indices->empty()) {
+      if (device_indices.empty()) {
         unrecorded.emplace_back(&*pool, trial->device_count);
       } else {
-        pool->busy.insert(device_indices->begin(), device_indices->end());
+        pool->busy.insert(device_indices.begin(), device_indices.end());
       }
     }
     // After every recorded index, so a guess never lands on a device known to be busy.

@@ -135,12 +135,11 @@ struct RunningAttempt {
   // devices); empty for an attempt on one node.
   std::vector<AttemptNode> nodes;
 
-  // The nodes it runs on, node rank 0's first.
-  std::vector<std::string> Nodes() const {
-    if (nodes.empty()) return {node};
-    std::vector<std::string> names;
-    for (const AttemptNode& other : nodes) names.push_back(other.node);
-    return names;
+  // Its runs, node rank 0's first: every node of a multi-node attempt, else its one node (node
+  // rank 0 with `device_indices`).
+  std::vector<AttemptNode> Runs() const {
+    if (!nodes.empty()) return nodes;
+    return {{.node_rank = 0, .node = node, .device_indices = device_indices, .ended = false}};
   }
   // Whether any of its runs is on `name`.
   bool RunsOn(std::string_view name) const {
