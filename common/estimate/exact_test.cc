@@ -3,18 +3,15 @@
 // exactly. Every configuration runs on the CPU (the categories count the tensors' storages, whose
 // sizes do not depend on the device; fsdp's one cuda-only buffer is model_state_test's).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/estimate/model_state.h"
-#include "common/experiment.h"
-#include "tests/support/shell_command.h"
+#include "common/estimate/trainer_runs.h"
 
 namespace llmctl::estimate {
 namespace {
@@ -22,14 +19,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-using Sets = std::vector<std::pair<std::string, std::string>>;
-
-struct Case {
-  std::string file;   // under experiments/
-  std::string trial;  // "" for the file's only trial
-  Sets sets;
-  int nproc = 1;  // > 1: strategy ddp or fsdp's ranks, started by llm-train --nproc
-};
+using testing::Case;
+using testing::Sets;
+using testing::With;
 
 // One step, a snapshot of every phase, short sequences; the prompt not masked, so every
 // micro-batch has targets and a backward; no device budget, so the labs' out-of-memory rows run.
@@ -38,79 +30,24 @@ const Sets kQuick = {{"train.max_steps", "1"},      {"snapshot_every", "1"},
                      {"device_memory", ""},         {"output_dir", ""},
                      {"checkpoint_every", "0"},     {"profile.steps", "0"}};
 
-std::string SourceDir() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return dir != nullptr ? dir : ".";
-}
-
-std::string FilePath(const Case& c) { return SourceDir() + "/experiments/" + c.file; }
-
-std::string Describe(const Case& c) {
-  std::string text = c.file + (c.trial.empty() ? "" : " --trial " + c.trial);
-  for (const auto& [key, value] : c.sets) text += " " + key + "=" + value;
-  if (c.nproc > 1) text += " --nproc " + std::to_string(c.nproc);
-  return text;
-}
-
-// The trial as llm-train builds it from the same file and --set flags (llm_train_main.cc).
-StatusOr<ModelStateEstimate> EstimateCase(const Case& c) {
-  ASSIGN_OR_RETURN(Experiment experiment, LoadExperimentFile(FilePath(c)));
-  const Trial* trial = &experiment.trials.front();
-  for (const Trial& t : experiment.trials) {
-    if (t.name == c.trial) trial = &t;
-  }
-  TrialConfig config = trial->config;
-  for (const auto& [key, value] : kQuick) RETURN_IF_ERROR(config.SetFromText(key, value));
-  for (const auto& [key, value] : c.sets) RETURN_IF_ERROR(config.SetFromText(key, value));
-  LocalizeNodePaths(config);
-  ApplyLabSpellings(config);
-  ASSIGN_OR_RETURN(ModelConfig model, ResolveModel(config.GetString("model")));
-  return EstimateModelState(config, model);
-}
-
-Sets With(Sets a, const Sets& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-std::vector<json> ReadEvents(const fs::path& path) {
-  std::vector<json> events;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) events.push_back(json::parse(line));
-  return events;
-}
-
 // Runs every case through llm-train and compares rank 0's (and the other ranks') figures.
 void ExpectExact(const std::vector<Case>& cases) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("llmctl-estimate-" + std::to_string(::getpid()) + "-" +
-                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = testing::TestDir();
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
-    SCOPED_TRACE(Describe(c));
-    StatusOr<ModelStateEstimate> estimate = EstimateCase(c);
+    SCOPED_TRACE(testing::Describe(c));
+    StatusOr<testing::CaseConfig> loaded = testing::LoadCase(c, kQuick);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    StatusOr<ModelStateEstimate> estimate = EstimateModelState(loaded->config, loaded->model);
     ASSERT_TRUE(estimate.ok()) << estimate.status().message();
-
-    const fs::path events = dir / ("events-" + std::to_string(i) + ".jsonl");
-    std::string command = (llmctl::testing::BuildDir() / "trainer/llm-train").string() +
-                          " --config " + FilePath(c) + " --events " + events.string();
-    if (!c.trial.empty()) command += " --trial " + c.trial;
-    for (const auto& sets : {kQuick, c.sets}) {
-      for (const auto& [key, value] : sets) command += " --set '" + key + "=" + value + "'";
-    }
-    if (c.nproc > 1) command += " --nproc " + std::to_string(c.nproc) + " --master-port 0";
-    const llmctl::testing::CommandResult run = llmctl::testing::RunShellCommand(command);
-    ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.out;
+    auto ranks = testing::RunLlmTrainOk(c, kQuick, dir, static_cast<int>(i));
+    ASSERT_TRUE(ranks.ok()) << ranks.status().message();
 
     ASSERT_EQ(estimate->world_size, c.nproc);
     for (int rank = 0; rank < c.nproc; ++rank) {
       SCOPED_TRACE("rank " + std::to_string(rank));
-      fs::path path = events;
-      if (rank > 0) path.replace_extension(".rank" + std::to_string(rank) + ".jsonl");
       json start, after_step;
-      for (const json& event : ReadEvents(path)) {
+      for (const json& event : (*ranks)[static_cast<size_t>(rank)]) {
         if (event["type"] == "start") start = event;
         if (event["type"] == "snapshot" && event["step"] == 0 &&
             event["phase"] == "phase3_after_opt_step") {

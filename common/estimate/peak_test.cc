@@ -1,0 +1,160 @@
+// The predicted peak against the real trainer: llm-train runs each configuration for two steps (the
+// second is the steady state, with the optimizer's state held through forward and backward) on
+// examples longer than the sequence length, so every micro-batch is full as the estimate assumes,
+// and the highest allocated bytes it measures must be within 10% of the estimate's peak.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/estimate/step_memory.h"
+#include "common/estimate/trainer_runs.h"
+
+namespace llmctl::estimate {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::Case;
+using testing::Sets;
+using testing::With;
+
+constexpr double kTolerance = 0.10;
+
+// Alpaca-style examples of 400 words each: longer than any sequence length here once tokenized.
+fs::path WriteLongExamples(const fs::path& dir) {
+  const std::vector<std::string> words = {"the",   "river", "ran",  "past",  "a",    "quiet",
+                                          "house", "where", "nine", "birds", "sang", "all",
+                                          "day",   "and",   "some", "night"};
+  const fs::path path = dir / "long-examples.jsonl";
+  std::ofstream out(path);
+  for (int example = 0; example < 64; ++example) {
+    std::string text;
+    for (int w = 0; w < 400; ++w) {
+      text += (w > 0 ? " " : "") + words[static_cast<size_t>((w * 7 + example * 3) % 16)];
+    }
+    out << json{{"instruction", "Write a story."}, {"input", ""}, {"output", text}}.dump() << "\n";
+  }
+  return path;
+}
+
+// The highest allocated bytes of the run: its snapshots' and steps' high-water marks.
+uint64_t MeasuredPeak(const std::vector<json>& events) {
+  uint64_t peak = 0;
+  for (const json& e : events) {
+    if (e.contains("peak_bytes")) peak = std::max(peak, e["peak_bytes"].get<uint64_t>());
+  }
+  return peak;
+}
+
+void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& extra = {}) {
+  const fs::path dir = testing::TestDir();
+  const Sets common = With({{"train.max_steps", "2"},
+                            {"snapshot_every", "1"},
+                            {"data.path", WriteLongExamples(dir).string()},
+                            {"data.mask_prompt", "false"},
+                            {"device_memory", ""},
+                            {"output_dir", ""},
+                            {"checkpoint_every", "0"},
+                            {"profile.steps", "0"}},
+                           extra);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(testing::Describe(c));
+    StatusOr<testing::CaseConfig> loaded = testing::LoadCase(c, common);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    StatusOr<StepMemoryEstimate> estimate = EstimateStepMemory(loaded->config, loaded->model);
+    ASSERT_TRUE(estimate.ok()) << estimate.status().message();
+    auto ranks = testing::RunLlmTrainOk(c, common, dir, static_cast<int>(i));
+    ASSERT_TRUE(ranks.ok()) << ranks.status().message();
+    const uint64_t measured = MeasuredPeak(ranks->front());
+    ASSERT_GT(measured, 0u);
+    const double error =
+        (static_cast<double>(estimate->peak_bytes) - static_cast<double>(measured)) /
+        static_cast<double>(measured);
+    std::printf("%-90s predicted %12llu measured %12llu error %+6.2f%% (%s; model state %.0f%%)\n",
+                testing::Describe(c).c_str(), static_cast<unsigned long long>(estimate->peak_bytes),
+                static_cast<unsigned long long>(measured), 100.0 * error,
+                estimate->peak_phase.c_str(),
+                100.0 * static_cast<double>(estimate->state.device_bytes()) /
+                    static_cast<double>(measured));
+    EXPECT_LE(std::abs(error), kTolerance)
+        << "predicted " << estimate->peak_bytes << " B, measured " << measured << " B";
+  }
+  fs::remove_all(dir);
+}
+
+TEST(EstimatePeakTest, DemoSweep) {
+  const Sets base = {{"train.micro_batch_size", "4"},
+                     {"train.global_batch_size", "4"},
+                     {"data.max_seq_length", "128"}};
+  std::vector<Case> cases;
+  for (const Sets& sets : std::vector<Sets>{
+           {},
+           {{"precision", "bf16-true"}},
+           {{"precision", "bf16-mixed"}},
+           {{"precision", "16-mixed"}},
+           {{"optimizer", "sgd"}},
+           {{"optimizer", "sgd"}, {"train.momentum", "0.9"}},
+           {{"optimizer", "adamw_8bit"}},
+           {{"optimizer", "adamw_8bit"}, {"precision", "bf16-true"}},
+           {{"optimizer_in_backward", "true"}},
+           {{"offload", "optimizer"}},
+           {{"activation_checkpointing", "true"}},
+           {{"activation_checkpointing", "true"}, {"precision", "bf16-true"}},
+           {{"train.global_batch_size", "16"}},
+           {{"train.micro_batch_size", "1"}, {"train.global_batch_size", "2"}},
+           {{"train.micro_batch_size", "16"}, {"train.global_batch_size", "16"}},
+           {{"data.max_seq_length", "32"}},
+           {{"loss", "chunked_ce"}},
+           {{"loss", "chunked_ce"}, {"train.grad_clip", "1.0"}, {"precision", "bf16-true"}},
+           {{"peft.method", "lora"}},
+           {{"peft.method", "lora"}, {"peft.dropout", "0.1"}},
+           {{"peft.method", "lora"},
+            {"peft.r", "4"},
+            {"peft.targets",
+             "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head]"}},
+           {{"peft.method", "lora"},
+            {"precision", "bf16-true"},
+            {"peft.targets", "[o_proj, down_proj]"}},
+           {{"peft.method", "lora"}, {"precision", "bf16-mixed"}},
+           {{"peft.method", "lora"}, {"activation_checkpointing", "true"}},
+           {{"peft.method", "qlora"}},
+           {{"peft.method", "qlora"}, {"peft.compute_dtype", "fp32"}},
+           {{"peft.method", "qlora"},
+            {"peft.targets", "[k_proj, gate_proj, lm_head]"},
+            {"precision", "bf16-true"},
+            {"activation_checkpointing", "true"}},
+       }) {
+    cases.push_back({"demo.yaml", "", With(base, sets)});
+  }
+  ExpectPeaksWithin(cases);
+}
+
+// Every row of the labs' table in miniature at its own micro-batch and sequence length, one
+// test each so that ctest spreads the rows' minutes of bf16 matmuls over its jobs.
+class CpuLabRowTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CpuLabRowTest, PeakWithinTenPercent) {
+  ExpectPeaksWithin({{"cpu-lab.yaml", GetParam(), {}}});
+}
+
+INSTANTIATE_TEST_SUITE_P(EstimatePeakTest, CpuLabRowTest,
+                         ::testing::Values("baseline", "reduced-batch", "grad-accumulation",
+                                           "bf16-true", "bf16-mixed", "larger-model", "even-larger",
+                                           "smallest-batch", "sgd", "adam-8bit",
+                                           "activation-checkpointing", "cpu-offload", "lora",
+                                           "qlora"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace llmctl::estimate

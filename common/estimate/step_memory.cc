@@ -1,0 +1,412 @@
+#include "common/estimate/step_memory.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/byte_size.h"
+
+namespace llmctl::estimate {
+namespace {
+
+constexpr int64_t kLossChunkTokens = 128;  // trainer/model/loss.h
+constexpr uint64_t kTokenIdBytes = 8;      // int64 token ids
+
+// A tensor of the traced forward.
+struct Value {
+  int64_t id = -1;
+  uint64_t bytes = 0;
+  int element = 4;  // bytes per element
+  bool requires_grad = false;
+};
+
+// How the trial runs its forward: sizes, dtypes and which weights train.
+struct Forward {
+  int64_t tokens = 0;     // N = B x T
+  int64_t seq = 0;        // T
+  int64_t hidden = 0;     // C
+  int64_t inter = 0;      // I
+  int64_t heads = 0;      // H
+  int64_t kv_heads = 0;   // K
+  int64_t head_dim = 0;   // D
+  int64_t vocab = 0;      // V
+  int act = 4;            // the residual stream's element: the parameters' dtype
+  bool autocast = false;  // bf16-mixed / 16-mixed: linear layers and attention in 2 bytes
+  bool full = true;       // every weight trains (no PEFT)
+  bool qlora = false;     // the decoder projections' weights are NF4
+  int compute = 2;        // QLoRA's compute dtype element
+  std::vector<std::string> targets;
+  int64_t rank = 0;
+  bool dropout = false;
+  bool cuda = false;
+  bool checkpointing = false;
+  bool chunked_loss = false;
+
+  bool Targeted(std::string_view projection) const {
+    return std::find(targets.begin(), targets.end(), projection) != targets.end();
+  }
+};
+
+// The forward's saved tensors, each storage once, as a snapshot counts them.
+class Trace {
+ public:
+  explicit Trace(const Forward& f) : f_(f) {}
+
+  // A new tensor of `per_token` elements for each of the micro-batch's tokens.
+  Value PerToken(int64_t per_token, int element, bool requires_grad) {
+    return Fixed(per_token * f_.tokens, element, requires_grad);
+  }
+  Value Fixed(int64_t elements, int element, bool requires_grad) {
+    return {next_id_++, static_cast<uint64_t>(elements) * static_cast<uint64_t>(element), element,
+            requires_grad};
+  }
+  void Save(const Value& v) {
+    if (saved_ids_.insert(v.id).second) saved_ += v.bytes;
+  }
+  uint64_t saved() const { return saved_; }
+
+  // trainer/model/projection.cc: the base linear (dense or NF4) plus a LoRA adapter when
+  // targeted. `weight_trains` is false for frozen and NF4 weights.
+  Value Linear(const Value& x, int64_t in, int64_t out, std::string_view name, bool nf4) {
+    Value y;
+    const bool weight_trains = f_.full && !nf4;
+    if (nf4) {
+      // Nf4LinearFunction keeps only the packed weight: the input cast and the dequantized weight
+      // are freed when its forward returns; the output is cast back to the input's dtype.
+      y = PerToken(out, x.element, x.requires_grad);
+    } else {
+      Value input = x;
+      if (f_.autocast && x.element != 2) input = PerToken(in, 2, x.requires_grad);
+      // The gradient of the input needs the weight: under autocast its bf16 copy, kept in the
+      // graph until this layer's backward (autocast caches one copy per trained weight).
+      if (f_.autocast && (x.requires_grad || weight_trains)) Save(Fixed(in * out, 2, false));
+      if (weight_trains) Save(input);  // the weight's gradient needs the input
+      y = PerToken(out, f_.autocast ? 2 : x.element, x.requires_grad || weight_trains);
+    }
+    if (!f_.Targeted(name)) return y;
+    Value adapter_input = x;
+    if (f_.dropout) {
+      // CPU: input * (bernoulli mask / (1 - p)), the mask in the input's dtype; CUDA's fused
+      // kernel keeps a bool mask.
+      const Value mask = PerToken(in, f_.cuda ? 1 : x.element, false);
+      if (x.requires_grad) Save(mask);
+      adapter_input = PerToken(in, x.element, x.requires_grad);
+    }
+    if (f_.autocast && adapter_input.element != 2) {
+      adapter_input = PerToken(in, 2, adapter_input.requires_grad);
+    }
+    if (f_.autocast) {
+      Save(Fixed(in * f_.rank, 2, false));   // lora_A's bf16 weight
+      Save(Fixed(f_.rank * out, 2, false));  // lora_B's
+    }
+    Save(adapter_input);  // lora_A's weight trains
+    const int element = f_.autocast ? 2 : adapter_input.element;
+    const Value a = PerToken(f_.rank, element, true);
+    Save(a);  // lora_B's weight trains
+    return PerToken(out, std::max(y.element, element), true);
+  }
+
+  // RmsNormImpl::forward: float32 normalisation, cast back, times the weight.
+  Value Norm(const Value& x) {
+    Value x32 = x.element == 4 ? x : PerToken(f_.hidden, 4, x.requires_grad);
+    if (x.requires_grad) {
+      Save(x32);                   // pow and the multiplication by rsqrt
+      Save(PerToken(1, 4, true));  // rsqrt(variance): (B, T, 1)
+    }
+    const Value normed = PerToken(f_.hidden, x.element, x.requires_grad);
+    if (f_.full) Save(normed);  // the weight's gradient
+    return PerToken(f_.hidden, x.element, x.requires_grad || f_.full);
+  }
+
+  // AttentionImpl::forward: projections, rotary embedding, SDPA, output projection.
+  Value Attention(const Value& x) {
+    const int64_t q_width = f_.heads * f_.head_dim;
+    const int64_t kv_width = f_.kv_heads * f_.head_dim;
+    const Value q = Linear(x, f_.hidden, q_width, "q_proj", f_.qlora);
+    const Value k = Linear(x, f_.hidden, kv_width, "k_proj", f_.qlora);
+    const Value v = Linear(x, f_.hidden, kv_width, "v_proj", f_.qlora);
+    // x * cos + rotate_half(x) * sin saves only the tables, cast to the activations' dtype per
+    // call (no copy in float32, where the shared tables are counted once).
+    for (const Value* t : {&q, &k}) {
+      if (t->requires_grad && t->element != 4) {
+        Save(Fixed(f_.seq * f_.head_dim, t->element, false));  // cos
+        Save(Fixed(f_.seq * f_.head_dim, t->element, false));  // sin
+      }
+    }
+    const Value q_rot = PerToken(q_width, q.element, q.requires_grad);
+    const Value k_rot = PerToken(kv_width, k.element, k.requires_grad);
+    const bool grad = q_rot.requires_grad || k_rot.requires_grad || v.requires_grad;
+    const Value out = PerToken(q_width, q.element, grad);
+    if (grad) {
+      // Flash attention keeps its inputs, output and the float32 log-sum-exp (B, H, T).
+      for (const Value* t : {&q_rot, &k_rot, &v, &out}) Save(*t);
+      Save(PerToken(f_.heads, 4, false));
+    }
+    // (B, H, T, D) -> (B, T, H * D) is a view of SDPA's output.
+    return Linear(out, q_width, f_.hidden, "o_proj", f_.qlora);
+  }
+
+  // MlpImpl::forward: down(silu(gate(x)) * up(x)).
+  Value Mlp(const Value& x) {
+    const Value gate = Linear(x, f_.hidden, f_.inter, "gate_proj", f_.qlora);
+    const Value up = Linear(x, f_.hidden, f_.inter, "up_proj", f_.qlora);
+    if (gate.requires_grad) Save(gate);
+    const Value silu = PerToken(f_.inter, gate.element, gate.requires_grad);
+    if (up.requires_grad) Save(silu);
+    if (silu.requires_grad) Save(up);
+    const Value product = PerToken(f_.inter, std::max(silu.element, up.element),
+                                   silu.requires_grad || up.requires_grad);
+    return Linear(product, f_.inter, f_.hidden, "down_proj", f_.qlora);
+  }
+
+  Value Layer(const Value& x) {
+    const Value attention = Attention(Norm(x));
+    const Value h = PerToken(f_.hidden, x.element, x.requires_grad || attention.requires_grad);
+    const Value mlp = Mlp(Norm(h));
+    return PerToken(f_.hidden, h.element, h.requires_grad || mlp.requires_grad);
+  }
+
+ private:
+  const Forward& f_;
+  int64_t next_id_ = 0;
+  std::set<int64_t> saved_ids_;
+  uint64_t saved_ = 0;
+};
+
+}  // namespace
+
+StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
+                                                const ModelConfig& model) {
+  StepMemoryEstimate estimate;
+  ASSIGN_OR_RETURN(estimate.state, EstimateModelState(config, model));
+  const ModelStateEstimate& state = estimate.state;
+
+  Forward f;
+  const std::string precision = config.GetString("precision");
+  const std::string method = config.GetString("peft.method");
+  f.seq = config.GetInt("data.max_seq_length");
+  f.tokens = config.GetInt("train.micro_batch_size") * f.seq;
+  f.hidden = model.hidden_size;
+  f.inter = model.intermediate_size;
+  f.heads = model.num_attention_heads;
+  f.kv_heads = model.num_key_value_heads;
+  f.head_dim = model.head_dim;
+  f.vocab = model.vocab_size;
+  f.act = precision == "bf16-true" ? 2 : 4;
+  f.autocast = precision == "bf16-mixed" || precision == "16-mixed";
+  f.full = method == "none";
+  f.qlora = method == "qlora";
+  f.compute = config.GetString("peft.compute_dtype") == "fp32" ? 4 : 2;
+  if (!f.full) f.targets = config.GetStringList("peft.targets");
+  f.rank = config.GetInt("peft.r");
+  f.dropout = !f.full && config.GetFloat("peft.dropout") > 0.0;
+  f.cuda = config.GetString("device") == "cuda";
+  f.checkpointing = config.GetBool("activation_checkpointing");
+  f.chunked_loss = config.GetString("loss") == "chunked_ce";
+  estimate.tokens = f.tokens;
+  const uint64_t n = static_cast<uint64_t>(f.tokens);
+  const uint64_t param = f.act;  // parameters' element (fp32 master weights under mixed)
+
+  // --- The forward's saved tensors, layer by layer.
+  Trace trace(f);
+  uint64_t fixed = 0;
+  // Token ids, labels and the shifted labels (int64).
+  const uint64_t ids = 3 * kTokenIdBytes * n;
+  // RoPE's cos and sin tables (T, D) in float32, shared by every layer.
+  const uint64_t rope = 2 * 4 * static_cast<uint64_t>(f.seq * f.head_dim);
+  fixed += ids + rope;
+  Value h = trace.PerToken(f.hidden, f.act, f.full);  // the embedding's output (B, T, C)
+  if (f.checkpointing) h.requires_grad = true;        // enable_input_require_grads
+  std::vector<uint64_t> layer_saved;                  // what each layer adds
+  uint64_t layer_recompute = 0;                       // one checkpointed layer's saved tensors
+  for (int64_t i = 0; i < model.num_hidden_layers; ++i) {
+    const uint64_t before = trace.saved();
+    if (f.checkpointing) {
+      // CheckpointFunction keeps only the layer's input; backward reruns the layer with grad.
+      trace.Save(h);
+      Trace rerun(f);
+      const Value input = rerun.PerToken(f.hidden, h.element, true);
+      rerun.Layer(input);
+      layer_recompute = std::max(layer_recompute, rerun.saved());
+      h = trace.PerToken(f.hidden, h.element, true);
+    } else {
+      h = trace.Layer(h);
+    }
+    layer_saved.push_back(trace.saved() - before);
+  }
+  const uint64_t layers_saved = trace.saved();
+  const Value hidden = trace.Norm(h);
+  const bool head_trains = f.full || f.Targeted("lm_head");
+  // The loss: logits (B, T, V), their float32 copy, log-softmax (saved).
+  uint64_t forward_transient = 0;
+  uint64_t loss_backward = 0;
+  const uint64_t head_grad = head_trains ? param * static_cast<uint64_t>(f.vocab * f.hidden) : 0;
+  const int logits_element = f.autocast ? 2 : f.act;
+  if (f.chunked_loss) {
+    // ChunkedCrossEntropy keeps the hidden states and recomputes each chunk's logits in backward.
+    trace.Save(hidden);
+    const uint64_t chunk = static_cast<uint64_t>(std::min(kLossChunkTokens, f.tokens) * f.vocab);
+    const uint64_t chunk_logits = chunk * (logits_element + (logits_element != 4 ? 4 : 0) + 4);
+    forward_transient = chunk_logits;
+    // Backward, per chunk: its log-softmax and two float32 gradients (B x T, V), beside the hidden
+    // states' gradient and, from the second chunk on, the output weight's gradient summed so far.
+    loss_backward = n * static_cast<uint64_t>(f.hidden) * f.act + 3 * 4 * chunk +
+                    (f.tokens > kLossChunkTokens ? head_grad : 0);
+  } else {
+    const Value logits = trace.Linear(hidden, f.hidden, f.vocab, "lm_head", /*nf4=*/false);
+    const uint64_t nv = n * static_cast<uint64_t>(f.vocab);
+    const uint64_t log_softmax = 4 * nv;
+    trace.Save(trace.PerToken(f.vocab, 4, true));  // log_softmax's output
+    // The logits, their float32 copy and log-softmax at once; with a LoRA adapter on the head
+    // first the base output, the adapter's, its scaled copy and their sum (one C++ expression).
+    const uint64_t head_output = f.Targeted("lm_head") ? 4 * logits.bytes : logits.bytes;
+    forward_transient =
+        std::max(head_output, logits.bytes + (logits.element != 4 ? 4 * nv : 0) + log_softmax) -
+        log_softmax;
+    // nll_loss's gradient and log_softmax's, both float32 (B x T, V).
+    loss_backward = 2 * 4 * nv;
+  }
+  const uint64_t head_saved = trace.saved() - layers_saved;
+  estimate.activation_bytes = trace.saved() + fixed;
+
+  // --- The moments of the step. The steady state is a step after the first: the optimizer's
+  // state exists during forward and backward. With accumulation the gradients do from the second
+  // micro-batch on.
+  const bool first_step_only = config.GetInt("train.max_steps") == 1;
+  const bool holds_grads = state.grads_bytes > 0;
+  const int64_t world = state.world_size;
+  const int64_t accumulation =
+      config.GetInt("train.global_batch_size") / (config.GetInt("train.micro_batch_size") * world);
+  uint64_t base =
+      state.params_bytes + state.comm_bytes + (first_step_only ? 0 : state.optim_device_bytes);
+  const uint64_t all_grads = state.grads_bytes;
+  // Gradients alive when backward has produced a fraction of them.
+  const uint64_t layer_count = static_cast<uint64_t>(std::max<int64_t>(model.num_hidden_layers, 1));
+  const uint64_t grad_per_layer =
+      f.full ? (all_grads - std::min(all_grads, 2 * head_grad)) / layer_count
+             : all_grads / layer_count;
+  if (accumulation > 1 && holds_grads) base += all_grads;
+  auto grads_after = [&](uint64_t produced) {
+    return accumulation > 1 || !holds_grads ? 0 : std::min(produced, all_grads);
+  };
+  const uint64_t grad_stream = n * static_cast<uint64_t>(f.hidden) * f.act;  // (B, T, C)
+  const uint64_t layer_transient =
+      n * static_cast<uint64_t>(f.inter) * (f.autocast ? 2 : f.act) * 3;
+
+  uint64_t peak = 0;
+  std::string peak_moment;
+  auto consider = [&](uint64_t bytes, const char* phase, std::string moment) {
+    if (bytes > peak) {
+      peak = bytes;
+      estimate.peak_phase = phase;
+      peak_moment = std::move(moment);
+    }
+  };
+  const std::string state_text = "model state " + FormatBytes(base);
+  consider(base + estimate.activation_bytes + forward_transient, "forward",
+           "forward, at the loss: " + state_text + " + activations " +
+               FormatBytes(estimate.activation_bytes) + " + logits " +
+               FormatBytes(forward_transient));
+  consider(base + estimate.activation_bytes + loss_backward, "backward",
+           "backward, at the loss: " + state_text + " + activations " +
+               FormatBytes(estimate.activation_bytes) + " + the loss' gradients " +
+               FormatBytes(loss_backward));
+  uint64_t produced = head_grad;
+  uint64_t remaining = layers_saved + fixed;
+  for (int64_t i = model.num_hidden_layers - 1; i >= 0; --i) {
+    produced += grad_per_layer;
+    // Layer i's saved tensors are still there (with checkpointing, rerun) while its gradients form.
+    const uint64_t rerun = f.checkpointing ? layer_recompute : 0;
+    consider(base + grads_after(produced) + remaining + rerun + grad_stream + layer_transient,
+             "backward",
+             "backward, layer " + std::to_string(i) + ": " + state_text + " + gradients " +
+                 FormatBytes(grads_after(produced)) + " + activations left " +
+                 FormatBytes(remaining + rerun) + " + the layer's temporaries " +
+                 FormatBytes(grad_stream + layer_transient));
+    remaining -= layer_saved[i];
+  }
+  consider(base + grads_after(all_grads) + fixed + grad_stream, "backward",
+           "backward, at the embedding: " + state_text + " + gradients " +
+               FormatBytes(grads_after(all_grads)) + " + " + FormatBytes(fixed + grad_stream));
+  const uint64_t optimizer_state = first_step_only ? state.optim_device_bytes : 0;
+  consider(base + (accumulation > 1 ? 0 : all_grads) + optimizer_state, "optimizer step",
+           "optimizer step: params, gradients and optimizer state");
+  estimate.peak_bytes = peak;
+
+  // --explain's lines for the activations and the peak (the model state's are the CLI's).
+  const int64_t layers = model.num_hidden_layers;
+  std::string layer_text;
+  if (layers > 0) {
+    const bool uniform = std::all_of(layer_saved.begin() + 1, layer_saved.end(),
+                                     [&](uint64_t b) { return b == layer_saved.back(); });
+    layer_text = uniform && layer_saved.front() == layer_saved.back()
+                     ? std::to_string(layers) + " x " + FormatBytes(layer_saved.back())
+                     : "layer 0 " + FormatBytes(layer_saved.front()) + " + " +
+                           std::to_string(layers - 1) + " x " + FormatBytes(layer_saved.back());
+    layer_text += f.checkpointing ? " (each layer's input only; backward reruns a layer, " +
+                                        FormatBytes(layer_recompute) + ")"
+                                  : "";
+  }
+  estimate.terms = {
+      {"activations: layers",
+       layer_text + ", for " + std::to_string(f.tokens) + " tokens (" +
+           std::to_string(config.GetInt("train.micro_batch_size")) + " x " + std::to_string(f.seq) +
+           ")",
+       layers_saved},
+      {"activations: head",
+       f.chunked_loss ? "final norm, hidden states for the chunked loss"
+                      : "final norm, output head, log-softmax (" + std::to_string(f.tokens) +
+                            " x " + std::to_string(f.vocab) + " x 4 B)",
+       head_saved},
+      {"activations: ids", "token ids and labels (3 x 8 B per token), RoPE tables", fixed},
+      {"peak", peak_moment, peak},
+  };
+  return estimate;
+}
+
+StatusOr<MicroBatchFit> FitMicroBatch(const TrialConfig& config, const ModelConfig& model,
+                                      uint64_t device_bytes) {
+  ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateModelState(config, model));
+  const int64_t world = state.world_size;
+  const int64_t global = config.GetInt("train.global_batch_size");
+  auto peak_at = [&](int64_t micro) -> StatusOr<uint64_t> {
+    TrialConfig c = config;
+    RETURN_IF_ERROR(c.SetFromText("train.micro_batch_size", std::to_string(micro)));
+    // Any accumulation of two or more micro-batches peaks alike: the gradients are held.
+    const int64_t per_step = micro * world;
+    RETURN_IF_ERROR(c.SetFromText("train.global_batch_size",
+                                  std::to_string(per_step < global ? 2 * per_step : per_step)));
+    ASSIGN_OR_RETURN(StepMemoryEstimate e, EstimateStepMemory(c, model));
+    return e.peak_bytes;
+  };
+  MicroBatchFit fit;
+  ASSIGN_OR_RETURN(const uint64_t at_one, peak_at(1));
+  if (at_one > device_bytes) {
+    fit.peak_bytes = at_one;
+    return fit;
+  }
+  int64_t low = 1;                       // fits
+  int64_t high = kMaxFitMicroBatch + 1;  // does not (or is past the search)
+  while (high - low > 1) {
+    const int64_t mid = low + (high - low) / 2;
+    ASSIGN_OR_RETURN(const uint64_t peak, peak_at(mid));
+    (peak <= device_bytes ? low : high) = mid;
+  }
+  fit.micro_batch_size = low;
+  ASSIGN_OR_RETURN(fit.peak_bytes, peak_at(low));
+  if (low < kMaxFitMicroBatch) {
+    ASSIGN_OR_RETURN(fit.next_peak_bytes, peak_at(low + 1));
+  }
+  for (int64_t micro = std::min(low, global / world); micro >= 1; --micro) {
+    if (global % (micro * world) == 0) {
+      fit.global_micro_batch_size = micro;
+      fit.accumulation = global / (micro * world);
+      break;
+    }
+  }
+  return fit;
+}
+
+}  // namespace llmctl::estimate

@@ -1,0 +1,104 @@
+#include "common/estimate/trainer_runs.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+
+#include "common/experiment.h"
+#include "tests/support/shell_command.h"
+
+namespace llmctl::estimate::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string SourceDir() {
+  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
+  return dir != nullptr ? dir : ".";
+}
+
+std::string FilePath(const Case& c) { return SourceDir() + "/experiments/" + c.file; }
+
+std::vector<json> ReadEvents(const fs::path& path) {
+  std::vector<json> events;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) events.push_back(json::parse(line));
+  return events;
+}
+
+}  // namespace
+
+Sets With(Sets a, const Sets& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::string Describe(const Case& c) {
+  std::string text = c.file + (c.trial.empty() ? "" : " --trial " + c.trial);
+  for (const auto& [key, value] : c.sets) text += " " + key + "=" + value;
+  if (c.nproc > 1) text += " --nproc " + std::to_string(c.nproc);
+  return text;
+}
+
+StatusOr<CaseConfig> LoadCase(const Case& c, const Sets& common) {
+  ASSIGN_OR_RETURN(Experiment experiment, LoadExperimentFile(FilePath(c)));
+  const Trial* trial = &experiment.trials.front();
+  for (const Trial& t : experiment.trials) {
+    if (t.name == c.trial) trial = &t;
+  }
+  CaseConfig loaded{trial->config, {}};
+  for (const auto& [key, value] : common) RETURN_IF_ERROR(loaded.config.SetFromText(key, value));
+  for (const auto& [key, value] : c.sets) RETURN_IF_ERROR(loaded.config.SetFromText(key, value));
+  LocalizeNodePaths(loaded.config);
+  ApplyLabSpellings(loaded.config);
+  ASSIGN_OR_RETURN(loaded.model, ResolveModel(loaded.config.GetString("model")));
+  return loaded;
+}
+
+TrainerRun RunLlmTrain(const Case& c, const Sets& common, const fs::path& dir, int index) {
+  const fs::path events = dir / ("events-" + std::to_string(index) + ".jsonl");
+  TrainerRun run;
+  run.command = (llmctl::testing::BuildDir() / "trainer/llm-train").string() + " --config " +
+                FilePath(c) + " --events " + events.string();
+  if (!c.trial.empty()) run.command += " --trial " + c.trial;
+  for (const auto& sets : {common, c.sets}) {
+    for (const auto& [key, value] : sets) run.command += " --set '" + key + "=" + value + "'";
+  }
+  if (c.nproc > 1) run.command += " --nproc " + std::to_string(c.nproc) + " --master-port 0";
+  const llmctl::testing::CommandResult result = llmctl::testing::RunShellCommand(run.command);
+  run.exit_code = result.exit_code;
+  run.output = result.out;
+  for (int rank = 0; rank < c.nproc; ++rank) {
+    fs::path path = events;
+    if (rank > 0) path.replace_extension(".rank" + std::to_string(rank) + ".jsonl");
+    run.ranks.push_back(ReadEvents(path));
+  }
+  return run;
+}
+
+StatusOr<std::vector<std::vector<json>>> RunLlmTrainOk(const Case& c, const Sets& common,
+                                                       const fs::path& dir, int index) {
+  TrainerRun run = RunLlmTrain(c, common, dir, index);
+  if (run.exit_code != 0) {
+    return InternalError(run.command + " exited with " + std::to_string(run.exit_code) + "\n" +
+                         run.output);
+  }
+  return std::move(run.ranks);
+}
+
+fs::path TestDir() {
+  // A parameterized test's name holds a "/".
+  std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::replace(name.begin(), name.end(), '/', '-');
+  const fs::path dir =
+      fs::temp_directory_path() / ("llmctl-estimate-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+}  // namespace llmctl::estimate::testing

@@ -1,0 +1,59 @@
+// Test support: a trial of an experiment file, as llm-train builds it from the file and --set
+// flags, run through the real llm-train. The estimate tests compare their figures with its events.
+#ifndef LLMCTL_COMMON_ESTIMATE_TRAINER_RUNS_H_
+#define LLMCTL_COMMON_ESTIMATE_TRAINER_RUNS_H_
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/model_config.h"
+#include "common/status.h"
+#include "common/trial_config.h"
+
+namespace llmctl::estimate::testing {
+
+using Sets = std::vector<std::pair<std::string, std::string>>;
+
+struct Case {
+  std::string file;   // under experiments/
+  std::string trial;  // "" for the file's first trial
+  Sets sets;
+  int nproc = 1;  // > 1: strategy ddp or fsdp's ranks, started by llm-train --nproc
+};
+
+Sets With(Sets a, const Sets& b);
+std::string Describe(const Case& c);
+
+struct CaseConfig {
+  TrialConfig config;
+  ModelConfig model;
+};
+
+// The trial's config with `common`, then the case's sets applied, and its model's shapes.
+StatusOr<CaseConfig> LoadCase(const Case& c, const Sets& common);
+
+struct TrainerRun {
+  int exit_code = -1;
+  std::string command;
+  std::string output;
+  std::vector<std::vector<nlohmann::json>> ranks;  // every rank's events, rank 0 first
+};
+
+// Runs llm-train on the case (with `common` and the case's sets), writing events under `dir`.
+TrainerRun RunLlmTrain(const Case& c, const Sets& common, const std::filesystem::path& dir,
+                       int index);
+
+// As RunLlmTrain, failing with the command and its output when llm-train exits non-zero.
+StatusOr<std::vector<std::vector<nlohmann::json>>> RunLlmTrainOk(const Case& c, const Sets& common,
+                                                                 const std::filesystem::path& dir,
+                                                                 int index);
+
+// A fresh directory for the running test's files.
+std::filesystem::path TestDir();
+
+}  // namespace llmctl::estimate::testing
+
+#endif  // LLMCTL_COMMON_ESTIMATE_TRAINER_RUNS_H_
