@@ -142,6 +142,11 @@ void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>&
   for (const auto& [unit, numel] : unit_numel) {
     const int64_t padded = CeilDiv(numel, n) * n;
     max_padded = std::max(max_padded, padded);
+    if (unit < 0) {
+      estimate.fsdp_root_values = padded;
+    } else {
+      estimate.fsdp_layer_values = std::max(estimate.fsdp_layer_values, padded);
+    }
     shards.push_back(padded / n);
   }
   for (int64_t shard : shards) estimate.params_bytes += element * static_cast<uint64_t>(shard);

@@ -58,6 +58,12 @@ struct ModelStateEstimate {
   uint64_t optim_host_bytes = 0;
   uint64_t comm_bytes = 0;
 
+  // fsdp: the padded flat sizes (values) of the root unit (embeddings, final norm, output head),
+  // which stays gathered from the forward until backward has passed it, and of the largest decoder
+  // layer, gathered while it runs; 0 otherwise. What the step gathers is step_memory.h's.
+  int64_t fsdp_root_values = 0;
+  int64_t fsdp_layer_values = 0;
+
   // params + grads + device optimizer state + comm: the training device's model state.
   uint64_t device_bytes() const {
     return params_bytes + grads_bytes + optim_device_bytes + comm_bytes;

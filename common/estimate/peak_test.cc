@@ -52,17 +52,21 @@ uint64_t MeasuredPeak(const std::vector<json>& events) {
   return peak;
 }
 
-void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& extra = {}) {
+// Two steps on full-length examples, no device budget unless a case sets one.
+Sets CommonSets(const fs::path& dir) {
+  return {{"train.max_steps", "2"},
+          {"snapshot_every", "1"},
+          {"data.path", WriteLongExamples(dir).string()},
+          {"data.mask_prompt", "false"},
+          {"device_memory", ""},
+          {"output_dir", ""},
+          {"checkpoint_every", "0"},
+          {"profile.steps", "0"}};
+}
+
+void ExpectPeaksWithin(const std::vector<Case>& cases) {
   const fs::path dir = testing::TestDir();
-  const Sets common = With({{"train.max_steps", "2"},
-                            {"snapshot_every", "1"},
-                            {"data.path", WriteLongExamples(dir).string()},
-                            {"data.mask_prompt", "false"},
-                            {"device_memory", ""},
-                            {"output_dir", ""},
-                            {"checkpoint_every", "0"},
-                            {"profile.steps", "0"}},
-                           extra);
+  const Sets common = CommonSets(dir);
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     SCOPED_TRACE(testing::Describe(c));
@@ -133,7 +137,55 @@ TEST(EstimatePeakTest, DemoSweep) {
        }) {
     cases.push_back({"demo.yaml", "", With(base, sets)});
   }
+  // Two ranks (rank 0's peak; the ranks hold alike): ddp's buckets, fsdp's shards and gathered
+  // units, fsdp's bf16 gathers under bf16-mixed.
+  const Sets two = With(base, {{"devices", "2"}, {"train.global_batch_size", "8"}});
+  cases.push_back({"demo.yaml", "", With(two, {{"strategy", "ddp"}}), 2});
+  cases.push_back({"demo.yaml", "", With(two, {{"strategy", "fsdp"}}), 2});
+  cases.push_back(
+      {"demo.yaml", "", With(two, {{"strategy", "fsdp"}, {"precision", "bf16-mixed"}}), 2});
   ExpectPeaksWithin(cases);
+}
+
+std::string Outcome(const testing::TrainerRun& run) {
+  for (const json& e : run.ranks.front()) {
+    if (e["type"] == "result") return e["outcome"];
+  }
+  return "no result event (exit " + std::to_string(run.exit_code) + "): " + run.output;
+}
+
+// --fit's answer, checked the way a student would: under a 40 MiB device the largest micro-batch
+// the estimate says fits runs, and one more example runs out of memory.
+TEST(EstimatePeakTest, FitIsTheLargestMicroBatchThatRuns) {
+  const fs::path dir = testing::TestDir();
+  const Sets common = CommonSets(dir);
+  const Sets budget = {{"device_memory", "40MiB"}, {"data.max_seq_length", "128"}};
+  int runs = 0;
+  for (const Sets& technique :
+       std::vector<Sets>{{}, {{"precision", "bf16-true"}}, {{"peft.method", "lora"}}}) {
+    const Sets sets = With(budget, technique);
+    SCOPED_TRACE(testing::Describe({"demo.yaml", "", sets}));
+    StatusOr<testing::CaseConfig> loaded = testing::LoadCase({"demo.yaml", "", sets}, common);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    StatusOr<MicroBatchFit> fit = FitMicroBatch(loaded->config, loaded->model, 40 << 20);
+    ASSERT_TRUE(fit.ok()) << fit.status().message();
+    ASSERT_GT(fit->micro_batch_size, 0);
+    std::printf("fit under 40 MiB: micro-batch %lld (peak %llu B), %lld would peak at %llu B\n",
+                static_cast<long long>(fit->micro_batch_size),
+                static_cast<unsigned long long>(fit->peak_bytes),
+                static_cast<long long>(fit->micro_batch_size + 1),
+                static_cast<unsigned long long>(fit->next_peak_bytes));
+    for (const int64_t micro : {fit->micro_batch_size, fit->micro_batch_size + 1}) {
+      const std::string batch = std::to_string(micro);
+      const Case run_case{
+          "demo.yaml", "",
+          With(sets, {{"train.micro_batch_size", batch}, {"train.global_batch_size", batch}})};
+      const testing::TrainerRun run = testing::RunLlmTrain(run_case, common, dir, runs++);
+      EXPECT_EQ(Outcome(run), micro == fit->micro_batch_size ? "ok" : "oom")
+          << "micro-batch " << micro;
+    }
+  }
+  fs::remove_all(dir);
 }
 
 // Every row of the labs' table in miniature at its own micro-batch and sequence length, one

@@ -175,6 +175,17 @@ class Trace {
   uint64_t saved_ = 0;
 };
 
+// 4096 -> "4,096" (counts here are never negative).
+std::string Count(int64_t n) {
+  const std::string digits = std::to_string(n);
+  std::string grouped;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) grouped += ',';
+    grouped += digits[i];
+  }
+  return grouped;
+}
+
 }  // namespace
 
 StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
@@ -194,8 +205,14 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   f.kv_heads = model.num_key_value_heads;
   f.head_dim = model.head_dim;
   f.vocab = model.vocab_size;
+  const bool sharded = state.fsdp_root_values > 0;
   f.act = precision == "bf16-true" ? 2 : 4;
   f.autocast = precision == "bf16-mixed" || precision == "16-mixed";
+  if (sharded && f.autocast) {
+    // fsdp gathers bf16 parameters (FSDP2's param_dtype): the forward is a bf16-true one.
+    f.act = 2;
+    f.autocast = false;
+  }
   f.full = method == "none";
   f.qlora = method == "qlora";
   f.compute = config.GetString("peft.compute_dtype") == "fp32" ? 4 : 2;
@@ -207,7 +224,8 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   f.chunked_loss = config.GetString("loss") == "chunked_ce";
   estimate.tokens = f.tokens;
   const uint64_t n = static_cast<uint64_t>(f.tokens);
-  const uint64_t param = f.act;  // parameters' element (fp32 master weights under mixed)
+  // The parameters' element (fp32 master weights under mixed).
+  const uint64_t param = precision == "bf16-true" ? 2 : 4;
 
   // --- The forward's saved tensors, layer by layer.
   Trace trace(f);
@@ -281,12 +299,17 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
       config.GetInt("train.global_batch_size") / (config.GetInt("train.micro_batch_size") * world);
   uint64_t base =
       state.params_bytes + state.comm_bytes + (first_step_only ? 0 : state.optim_device_bytes);
+  // fsdp: through forward and backward the root unit stays gathered and one layer is gathered at
+  // a time, in the dtype the layers compute in.
+  const uint64_t gathered =
+      static_cast<uint64_t>(state.fsdp_root_values + state.fsdp_layer_values) *
+      static_cast<uint64_t>(f.act);
   const uint64_t all_grads = state.grads_bytes;
-  // Gradients alive when backward has produced a fraction of them.
   const uint64_t layer_count = static_cast<uint64_t>(std::max<int64_t>(model.num_hidden_layers, 1));
-  const uint64_t grad_per_layer =
-      f.full ? (all_grads - std::min(all_grads, 2 * head_grad)) / layer_count
-             : all_grads / layer_count;
+  // One rank's gradients as backward makes them: the head's first (under fsdp every unit's shard
+  // is reduce-scattered from the flat buffer counted in comm, so only shards accumulate).
+  const uint64_t head_produced = sharded ? 0 : std::min(2 * head_grad, all_grads);
+  const uint64_t grad_per_layer = (all_grads - head_produced) / layer_count;
   if (accumulation > 1 && holds_grads) base += all_grads;
   auto grads_after = [&](uint64_t produced) {
     return accumulation > 1 || !holds_grads ? 0 : std::min(produced, all_grads);
@@ -304,22 +327,29 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
       peak_moment = std::move(moment);
     }
   };
-  const std::string state_text = "model state " + FormatBytes(base);
-  consider(base + estimate.activation_bytes + forward_transient, "forward",
+  // What forward and backward run on: the model state and, under fsdp, the gathered units.
+  const uint64_t running = base + gathered;
+  std::string state_text = "params";
+  if (!first_step_only && state.optim_device_bytes > 0) state_text += " + optimizer state";
+  if (accumulation > 1 && holds_grads) state_text += " + gradients";
+  if (state.comm_bytes > 0) state_text += " + comm buffers";
+  if (gathered > 0) state_text += " + gathered units";
+  state_text += " " + FormatBytes(running);
+  consider(running + estimate.activation_bytes + forward_transient, "forward",
            "forward, at the loss: " + state_text + " + activations " +
                FormatBytes(estimate.activation_bytes) + " + logits " +
                FormatBytes(forward_transient));
-  consider(base + estimate.activation_bytes + loss_backward, "backward",
+  consider(running + estimate.activation_bytes + loss_backward, "backward",
            "backward, at the loss: " + state_text + " + activations " +
                FormatBytes(estimate.activation_bytes) + " + the loss' gradients " +
                FormatBytes(loss_backward));
-  uint64_t produced = head_grad;
+  uint64_t produced = head_produced;
   uint64_t remaining = layers_saved + fixed;
   for (int64_t i = model.num_hidden_layers - 1; i >= 0; --i) {
     produced += grad_per_layer;
     // Layer i's saved tensors are still there (with checkpointing, rerun) while its gradients form.
     const uint64_t rerun = f.checkpointing ? layer_recompute : 0;
-    consider(base + grads_after(produced) + remaining + rerun + grad_stream + layer_transient,
+    consider(running + grads_after(produced) + remaining + rerun + grad_stream + layer_transient,
              "backward",
              "backward, layer " + std::to_string(i) + ": " + state_text + " + gradients " +
                  FormatBytes(grads_after(produced)) + " + activations left " +
@@ -327,7 +357,7 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
                  FormatBytes(grad_stream + layer_transient));
     remaining -= layer_saved[i];
   }
-  consider(base + grads_after(all_grads) + fixed + grad_stream, "backward",
+  consider(running + grads_after(all_grads) + fixed + grad_stream, "backward",
            "backward, at the embedding: " + state_text + " + gradients " +
                FormatBytes(grads_after(all_grads)) + " + " + FormatBytes(fixed + grad_stream));
   const uint64_t optimizer_state = first_step_only ? state.optim_device_bytes : 0;
@@ -351,14 +381,14 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   }
   estimate.terms = {
       {"activations: layers",
-       layer_text + ", for " + std::to_string(f.tokens) + " tokens (" +
+       layer_text + ", for " + Count(f.tokens) + " tokens (" +
            std::to_string(config.GetInt("train.micro_batch_size")) + " x " + std::to_string(f.seq) +
            ")",
        layers_saved},
       {"activations: head",
        f.chunked_loss ? "final norm, hidden states for the chunked loss"
-                      : "final norm, output head, log-softmax (" + std::to_string(f.tokens) +
-                            " x " + std::to_string(f.vocab) + " x 4 B)",
+                      : "final norm, output head, log-softmax (" + Count(f.tokens) + " x " +
+                            Count(f.vocab) + " x 4 B)",
        head_saved},
       {"activations: ids", "token ids and labels (3 x 8 B per token), RoPE tables", fixed},
       {"peak", peak_moment, peak},

@@ -711,13 +711,22 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   submit->add_option("--agent-image", agent_image,
                      "With --provision: the agent image the new node pulls");
 
+  EstimateOptions estimate_options;
   CLI::App* estimate = app.add_subcommand(
       "estimate",
-      "Each trial's model-state memory per rank (params, grads, optimizer state, comm buffers) "
-      "before it runs, from the experiment file alone; activations are not predicted yet");
+      "Each trial's memory per rank before it runs, from the experiment file alone: model state, "
+      "activations, the step's peak, and whether it fits the trial's device");
   estimate->add_option("FILE", file, "The experiment file (YAML)")->required();
-  estimate->add_option("--trial", trial, "Only this trial");
-  estimate->add_option("--format", format, "table (MiB) or json (exact bytes)")
+  estimate->add_option("--trial", estimate_options.trial, "Only this trial");
+  estimate->add_option("--device-memory", estimate_options.device_memory,
+                       "Judge every trial against this device: a size (80GiB) or a GPU "
+                       "(h100-94gb, a100-80gb, a100-40gb, v100-32gb, ...); default: each trial's "
+                       "device_memory, else its target's GPU");
+  estimate->add_flag("--fit", estimate_options.fit,
+                     "Also the largest micro-batch that fits each trial's device");
+  estimate->add_flag("--explain", estimate_options.explain,
+                     "Also every term's formula with its numbers");
+  estimate->add_option("--format", estimate_options.format, "table (MiB) or json (exact bytes)")
       ->capture_default_str();
 
   CLI::App* status = app.add_subcommand("status", "List experiments, or one experiment's trials");
@@ -800,7 +809,7 @@ int Llmctl::Run(const std::vector<std::string>& args) {
     return Submit(file, wait, provision, node_flags);
   }
   if (estimate->parsed()) {
-    StatusOr<std::string> text = EstimateExperiment(file, trial, format);
+    StatusOr<std::string> text = EstimateExperiment(file, estimate_options);
     if (!text.ok()) return Fail(text.status());
     context_.out << *text << std::flush;
     return kExitOk;

@@ -4,7 +4,9 @@
 #include <optional>
 #include <vector>
 
-#include "common/estimate/model_state.h"
+#include "common/byte_size.h"
+#include "common/estimate/gpus.h"
+#include "common/estimate/step_memory.h"
 #include "common/experiment.h"
 #include "common/files.h"
 #include "common/model_config.h"
@@ -16,100 +18,282 @@ namespace {
 
 using nlohmann::ordered_json;
 
-constexpr char kActivationsNote[] =
-    "activations (and the loss' logits, temporaries, fsdp's gathered parameters) are not "
-    "predicted yet: the model state is a lower bound of each rank's peak, not a fits / "
-    "out-of-memory verdict";
+constexpr char kAssumptions[] =
+    "Peak: one rank's highest allocated bytes in a training step whose micro-batches are full "
+    "(micro_batch_size x data.max_seq_length tokens; shorter examples peak lower), checked "
+    "against llm-train's measured peaks on the CPU (docs/estimate.md), not yet on a GPU: there "
+    "the CUDA context and library workspaces (a few hundred MiB) come on top, and the caching "
+    "allocator reserves more than it allocates.";
+
+// The memory a trial's verdict is made against, and where that figure came from.
+struct Device {
+  uint64_t bytes = 0;
+  std::string source;
+};
 
 struct TrialEstimate {
   const Trial* trial;
   // Unset when the trial cannot be estimated here; `reason` says why.
-  std::optional<estimate::ModelStateEstimate> bytes;
+  std::optional<estimate::StepMemoryEstimate> memory;
   std::string reason;
+  std::optional<Device> device;
+  std::optional<estimate::MicroBatchFit> fit;  // with --fit and a device
+
+  // "fits", "oom", or "" without a device.
+  std::string Verdict() const {
+    if (!memory || !device) return "";
+    return memory->peak_bytes <= device->bytes ? "fits" : "oom";
+  }
 };
 
-StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const std::string& file) {
+StatusOr<std::optional<Device>> ParseDeviceOption(const std::string& text) {
+  if (text.empty()) return std::optional<Device>();
+  if (std::optional<estimate::Gpu> gpu = estimate::GpuNamed(text)) {
+    return std::optional<Device>(
+        Device{gpu->memory_bytes, "--device-memory " + gpu->name + " (" + gpu->model + ")"});
+  }
+  StatusOr<uint64_t> bytes = ParseByteSize(text);
+  if (!bytes.ok() || *bytes == 0) {
+    std::string gpus;
+    for (const estimate::Gpu& gpu : estimate::KnownGpus()) {
+      gpus += (gpus.empty() ? "" : ", ") + gpu.name;
+    }
+    return InvalidArgumentError("--device-memory: expected a size such as 80GiB or a GPU (" + gpus +
+                                "), got '" + text + "'");
+  }
+  return std::optional<Device>(Device{*bytes, "--device-memory " + text});
+}
+
+// The trial's own device: its device_memory (the simulated device on the CPU, a budget on a
+// GPU), else on cuda the GPU of the experiment's target.
+std::optional<Device> TrialDevice(const Trial& trial, const Experiment& experiment) {
+  if (std::optional<uint64_t> budget = trial.config.GetByteSize("device_memory")) {
+    return Device{*budget, "device_memory " + trial.config.GetString("device_memory")};
+  }
+  if (trial.config.GetString("device") != "cuda") return std::nullopt;
+  std::optional<estimate::Gpu> gpu = estimate::GpuOfTarget(experiment.target);
+  if (!gpu) return std::nullopt;
+  std::string target;
+  for (const auto& [key, value] : experiment.target) {
+    if (key == "flavor" || key == "node_type") target = key + " " + value;
+  }
+  return Device{gpu->memory_bytes, "target " + target + ": " + gpu->model};
+}
+
+StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& experiment,
+                                      const std::string& file, const EstimateOptions& options,
+                                      const std::optional<Device>& device_option) {
   const std::string model_name = trial.config.GetString("model");
   if (IsHubModelRef(model_name)) {
     return TrialEstimate{&trial, std::nullopt,
                          "its model " + model_name +
                              " is on the Hugging Face hub, and only an llmctl agent downloads its "
                              "config.json: it cannot be estimated offline (point model at a local "
-                             "directory holding the config.json to estimate it)"};
+                             "directory holding the config.json to estimate it)",
+                         std::nullopt, std::nullopt};
   }
   const std::string context = file + ": trial " + trial.name;
   // Parsing resolved the model's path beside the file; a directory without a readable config.json
   // is the caller's to fix, as for `llmctl submit`.
   StatusOr<ModelConfig> model = ResolveModel(model_name);
   if (!model.ok()) return InvalidArgumentError(context + ": model: " + model.status().message());
-  StatusOr<estimate::ModelStateEstimate> bytes = estimate::EstimateModelState(trial.config, *model);
-  if (!bytes.ok()) return InvalidArgumentError(context + ": " + bytes.status().message());
-  return TrialEstimate{&trial, *bytes, ""};
+  StatusOr<estimate::StepMemoryEstimate> memory =
+      estimate::EstimateStepMemory(trial.config, *model);
+  if (!memory.ok()) return InvalidArgumentError(context + ": " + memory.status().message());
+  TrialEstimate result{&trial, *memory, "",
+                       device_option ? device_option : TrialDevice(trial, experiment),
+                       std::nullopt};
+  if (options.fit && result.device) {
+    StatusOr<estimate::MicroBatchFit> fit =
+        estimate::FitMicroBatch(trial.config, *model, result.device->bytes);
+    if (!fit.ok()) return InvalidArgumentError(context + ": " + fit.status().message());
+    result.fit = *fit;
+  }
+  return result;
+}
+
+std::string MibText(uint64_t bytes) { return Mib(static_cast<int64_t>(bytes)); }
+
+std::string Count(int64_t n) { return Grouped(static_cast<double>(n), 0); }
+
+// --explain's lines of one trial: the model state's formulas, then the activations' and the
+// peak's (common/estimate's terms), then the verdict.
+std::string Explain(const TrialEstimate& e) {
+  const TrialConfig& c = e.trial->config;
+  const estimate::StepMemoryEstimate& m = *e.memory;
+  const estimate::ModelStateEstimate& s = m.state;
+  const std::string precision = c.GetString("precision");
+  const std::string element = precision == "bf16-true" ? "2 B" : "4 B";
+  const std::string optimizer = c.GetString("optimizer");
+  std::vector<std::vector<std::string>> rows;
+  auto add = [&](const std::string& name, const std::string& formula, uint64_t bytes) {
+    rows.push_back({"  " + name, formula, FormatBytes(bytes)});
+  };
+  const std::string per_rank =
+      s.world_size > 1 ? " / " + std::to_string(s.world_size) + " ranks" : "";
+  const bool sharded = c.GetString("strategy") == "fsdp" && s.world_size > 1;
+  add("params",
+      Count(s.parameters_total) + " values x " + element +
+          (c.GetString("peft.method") == "qlora" ? " (NF4 base weights: 0.5 B + block scales)"
+                                                 : "") +
+          (sharded ? per_rank : ""),
+      s.params_bytes);
+  add("grads",
+      s.grads_bytes == 0
+          ? "none held (each is applied or moved to the host as backward makes it)"
+          : Count(s.parameters_trainable) + " trainable x " + element + (sharded ? per_rank : ""),
+      s.grads_bytes);
+  std::string optim;
+  if (s.optim_host_bytes > 0) {
+    optim = "on the host: 16 B x " + Count(s.parameters_trainable) +
+            " (fp32 weights, moments, gradient) + 4 B, " + FormatBytes(s.optim_host_bytes);
+  } else if (optimizer == "adamw") {
+    optim = "AdamW: 2 moments x " + Count(s.parameters_trainable) + " x " + element + " + 4 B" +
+            (sharded ? per_rank : "");
+  } else if (optimizer == "adamw_8bit") {
+    optim = "8-bit AdamW: 2 B per value + 8 B per 256 (fp32 for tensors under 4096 values)";
+  } else if (optimizer == "sgd") {
+    optim = s.optim_device_bytes == 0
+                ? "SGD without momentum: none"
+                : "SGD momentum: " + Count(s.parameters_trainable) + " x " + element;
+  }
+  add("optimizer", optim, s.optim_device_bytes);
+  if (s.comm_bytes > 0) add("comm", c.GetString("strategy") + " gradient buffers", s.comm_bytes);
+  for (const estimate::EstimateTerm& term : m.terms) add(term.name, term.formula, term.bytes);
+  if (e.device) {
+    const double share = static_cast<double>(m.peak_bytes) / static_cast<double>(e.device->bytes);
+    add("device",
+        e.device->source + ": " + (e.Verdict() == "fits" ? "fits, " : "OUT OF MEMORY, ") +
+            Printf("%.1f", 100.0 * share) + "% of it",
+        e.device->bytes);
+  }
+  std::string text =
+      e.trial->name + " (" + c.GetString("model") + ", " + precision + ", " + optimizer + "):\n";
+  return text + FormatColumns(rows, /*first_right_aligned=*/2);
 }
 
 std::string RenderTable(const std::string& file, const Experiment& experiment,
-                        const std::vector<TrialEstimate>& estimates) {
-  bool comm = false;
-  bool host = false;
-  for (const TrialEstimate& e : estimates) {
-    comm |= e.bytes && e.bytes->world_size > 1;
-    host |= e.bytes && e.bytes->optim_host_bytes > 0;
-  }
+                        const std::vector<TrialEstimate>& estimates,
+                        const EstimateOptions& options) {
   std::vector<std::vector<std::string>> rows;
-  std::vector<std::string> header = {"trial", "model", "ranks", "params", "grads", "optim"};
-  if (host) header.push_back("optim host");
-  if (comm) header.push_back("comm");
-  header.push_back("model state");
+  std::vector<std::string> header = {"trial",       "model", "ranks",  "tokens", "model state",
+                                     "activations", "peak",  "device", "verdict"};
+  if (options.fit) header.insert(header.end(), {"max micro-batch", "global as"});
   rows.push_back(header);
   std::string notes;
+  std::vector<std::string> sources;
   for (const TrialEstimate& e : estimates) {
     std::vector<std::string> row = {e.trial->name, e.trial->config.GetString("model")};
-    if (!e.bytes) {
+    if (!e.memory) {
       row.resize(header.size(), std::string(kNone));
       rows.push_back(row);
       notes += e.trial->name + ": not estimated: " + e.reason + "\n";
       continue;
     }
-    const estimate::ModelStateEstimate& b = *e.bytes;
-    auto mib = [](uint64_t bytes) { return Mib(static_cast<int64_t>(bytes)); };
-    row.insert(row.end(), {std::to_string(b.world_size), mib(b.params_bytes), mib(b.grads_bytes),
-                           mib(b.optim_device_bytes)});
-    if (host) row.push_back(mib(b.optim_host_bytes));
-    if (comm) row.push_back(b.world_size > 1 ? mib(b.comm_bytes) : std::string(kNone));
-    row.push_back(mib(b.device_bytes()));
+    const estimate::StepMemoryEstimate& m = *e.memory;
+    const std::string verdict = e.Verdict();
+    row.insert(row.end(),
+               {std::to_string(m.state.world_size), Count(m.tokens),
+                MibText(m.state.device_bytes()), MibText(m.activation_bytes), MibText(m.peak_bytes),
+                e.device ? MibText(e.device->bytes) : std::string(kNone),
+                verdict.empty()    ? std::string(kNone)
+                : verdict == "oom" ? "OOM"
+                                   : "fits"});
+    if (options.fit) {
+      if (!e.fit) {
+        row.insert(row.end(), {std::string(kNone), std::string(kNone)});
+      } else if (e.fit->micro_batch_size == 0) {
+        row.insert(row.end(), {"none", std::string(kNone)});
+      } else {
+        row.push_back(std::to_string(e.fit->micro_batch_size));
+        row.push_back(e.fit->accumulation > 0 ? std::to_string(e.fit->global_micro_batch_size) +
+                                                    " x " + std::to_string(e.fit->accumulation)
+                                              : std::string(kNone));
+      }
+    }
     rows.push_back(row);
+    if (e.device && std::find(sources.begin(), sources.end(), e.device->source) == sources.end()) {
+      sources.push_back(e.device->source);
+    }
+    if (!e.device) {
+      notes += e.trial->name +
+               ": no verdict: no device_memory, and no GPU from the target (pass --device-memory "
+               "80GiB or a GPU such as a100-80gb)\n";
+    }
   }
-  return "estimate of " + file + " (" + experiment.name +
-         "): model state per rank on the training device, MiB" +
-         (host ? " (optim host: in host memory, not in the model state)" : "") + "\n" +
-         FormatColumns(rows, /*first_right_aligned=*/2) + notes +
-         "Not included: " + kActivationsNote + ".\n";
+  std::string text = "estimate of " + file + " (" + experiment.name +
+                     "): per rank on the training device, MiB\n" +
+                     FormatColumns(rows, /*first_right_aligned=*/2);
+  if (!sources.empty()) {
+    text += "device: ";
+    for (size_t i = 0; i < sources.size(); ++i) text += (i > 0 ? "; " : "") + sources[i];
+    text += "\n";
+  }
+  if (options.fit) {
+    text +=
+        "max micro-batch: the largest that fits; global as: the trial's global batch as "
+        "micro-batch x accumulation with the largest micro-batch that fits and divides it\n";
+  }
+  text += notes;
+  if (options.explain) {
+    for (const TrialEstimate& e : estimates) {
+      if (e.memory) text += "\n" + Explain(e);
+    }
+  }
+  return text + kAssumptions + "\n";
 }
 
 std::string RenderJson(const std::string& file, const Experiment& experiment,
-                       const std::vector<TrialEstimate>& estimates) {
+                       const std::vector<TrialEstimate>& estimates,
+                       const EstimateOptions& options) {
   ordered_json out = {{"file", file},
                       {"experiment", experiment.name},
-                      {"activations_predicted", false},
-                      {"note", kActivationsNote},
+                      {"note", kAssumptions},
                       {"trials", ordered_json::array()}};
   for (const TrialEstimate& e : estimates) {
     ordered_json trial = {{"name", e.trial->name},
                           {"model", e.trial->config.GetString("model")},
-                          {"estimated", e.bytes.has_value()}};
-    if (!e.bytes) {
+                          {"estimated", e.memory.has_value()}};
+    if (!e.memory) {
       trial["reason"] = e.reason;
+      out["trials"].push_back(trial);
+      continue;
+    }
+    const estimate::StepMemoryEstimate& m = *e.memory;
+    const estimate::ModelStateEstimate& b = m.state;
+    trial.update(ordered_json{{"world_size", b.world_size},
+                              {"parameters_total", b.parameters_total},
+                              {"parameters_trainable", b.parameters_trainable},
+                              {"params_bytes", b.params_bytes},
+                              {"grads_bytes", b.grads_bytes},
+                              {"optim_device_bytes", b.optim_device_bytes},
+                              {"optim_host_bytes", b.optim_host_bytes},
+                              {"comm_bytes", b.comm_bytes},
+                              {"model_state_bytes", b.device_bytes()},
+                              {"tokens", m.tokens},
+                              {"activation_bytes", m.activation_bytes},
+                              {"peak_bytes", m.peak_bytes},
+                              {"peak_phase", m.peak_phase}});
+    if (e.device) {
+      trial["device_memory_bytes"] = e.device->bytes;
+      trial["device_source"] = e.device->source;
+      trial["verdict"] = e.Verdict();
     } else {
-      const estimate::ModelStateEstimate& b = *e.bytes;
-      trial.update(ordered_json{{"world_size", b.world_size},
-                                {"parameters_total", b.parameters_total},
-                                {"parameters_trainable", b.parameters_trainable},
-                                {"params_bytes", b.params_bytes},
-                                {"grads_bytes", b.grads_bytes},
-                                {"optim_device_bytes", b.optim_device_bytes},
-                                {"optim_host_bytes", b.optim_host_bytes},
-                                {"comm_bytes", b.comm_bytes},
-                                {"model_state_bytes", b.device_bytes()}});
+      trial["verdict"] = nullptr;
+    }
+    if (options.fit && e.fit) {
+      trial["fit"] = {{"micro_batch_size", e.fit->micro_batch_size},
+                      {"peak_bytes", e.fit->peak_bytes},
+                      {"next_peak_bytes", e.fit->next_peak_bytes},
+                      {"global_micro_batch_size", e.fit->global_micro_batch_size},
+                      {"accumulation", e.fit->accumulation}};
+    }
+    if (options.explain) {
+      ordered_json terms = ordered_json::array();
+      for (const estimate::EstimateTerm& t : m.terms) {
+        terms.push_back({{"name", t.name}, {"formula", t.formula}, {"bytes", t.bytes}});
+      }
+      trial["terms"] = terms;
     }
     out["trials"].push_back(trial);
   }
@@ -118,11 +302,12 @@ std::string RenderJson(const std::string& file, const Experiment& experiment,
 
 }  // namespace
 
-StatusOr<std::string> EstimateExperiment(const std::string& file, const std::string& trial,
-                                         const std::string& format) {
-  if (format != "table" && format != "json") {
-    return InvalidArgumentError("--format: expected table or json, got '" + format + "'");
+StatusOr<std::string> EstimateExperiment(const std::string& file, const EstimateOptions& options) {
+  if (options.format != "table" && options.format != "json") {
+    return InvalidArgumentError("--format: expected table or json, got '" + options.format + "'");
   }
+  ASSIGN_OR_RETURN(const std::optional<Device> device_option,
+                   ParseDeviceOption(options.device_memory));
   StatusOr<std::string> text = ReadFileToString(file, kMaxExperimentFileBytes);
   if (!text.ok()) return InvalidArgumentError(text.status().message());  // names the file
   // As `llmctl submit` checks it on this machine: the same messages, FILE:LINE:COLUMN.
@@ -132,15 +317,17 @@ StatusOr<std::string> EstimateExperiment(const std::string& file, const std::str
   std::string names;
   for (const Trial& t : experiment.trials) {
     names += (names.empty() ? "" : ", ") + t.name;
-    if (!trial.empty() && t.name != trial) continue;
-    ASSIGN_OR_RETURN(TrialEstimate estimate, EstimateTrial(t, file));
+    if (!options.trial.empty() && t.name != options.trial) continue;
+    ASSIGN_OR_RETURN(TrialEstimate estimate,
+                     EstimateTrial(t, experiment, file, options, device_option));
     estimates.push_back(std::move(estimate));
   }
   if (estimates.empty()) {
-    return InvalidArgumentError(file + ": no trial named '" + trial + "' (trials: " + names + ")");
+    return InvalidArgumentError(file + ": no trial named '" + options.trial +
+                                "' (trials: " + names + ")");
   }
-  return format == "json" ? RenderJson(file, experiment, estimates)
-                          : RenderTable(file, experiment, estimates);
+  return options.format == "json" ? RenderJson(file, experiment, estimates, options)
+                                  : RenderTable(file, experiment, estimates, options);
 }
 
 }  // namespace llmctl::cli

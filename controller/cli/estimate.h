@@ -1,6 +1,7 @@
-// `llmctl estimate FILE [--trial NAME] [--format table|json]`: each trial's model-state memory per
-// rank (common/estimate), before anything runs and without a controller. Activations are not
-// predicted yet, so there is no fits / out-of-memory verdict: the output says so.
+// `llmctl estimate FILE [--trial NAME] [--device-memory SIZE|GPU] [--fit] [--explain]
+// [--format table|json]`: each trial's memory per rank before anything runs and without a
+// controller (common/estimate): the model state, the activations, the step's peak, and the verdict
+// fits / out-of-memory against the trial's device.
 #ifndef LLMCTL_CONTROLLER_CLI_ESTIMATE_H_
 #define LLMCTL_CONTROLLER_CLI_ESTIMATE_H_
 
@@ -10,14 +11,23 @@
 
 namespace llmctl::cli {
 
+struct EstimateOptions {
+  std::string trial;             // "" for every trial
+  std::string format = "table";  // "table" (MiB) or "json" (exact bytes)
+  // The device every trial's verdict is made against: a size ("80GiB") or a GPU of
+  // common/estimate/gpus.h ("a100-80gb"). "" for each trial's own: its device_memory, else (on
+  // cuda) the GPU of the experiment's target.
+  std::string device_memory;
+  bool fit = false;      // the largest micro-batch that fits each trial's device
+  bool explain = false;  // every term's formula with its numbers
+};
+
 // The estimate of experiment file `file` (read and validated as `llmctl submit` reads it, local
-// paths resolved beside it), of every trial or only `trial`, as `format` "table" (MiB) or "json"
-// (exact bytes). A trial whose model is a hub reference (hf:...) is listed as not estimated: only
-// an agent downloads its config.json. InvalidArgument (exit 2) for an unreadable or invalid file
-// ("FILE:LINE:COLUMN: problem"), an unknown trial or format, and a local model whose config.json
-// cannot be read.
-StatusOr<std::string> EstimateExperiment(const std::string& file, const std::string& trial,
-                                         const std::string& format);
+// paths resolved beside it). A trial whose model is a hub reference (hf:...) is listed as not
+// estimated: only an agent downloads its config.json. InvalidArgument (exit 2) for an unreadable
+// or invalid file ("FILE:LINE:COLUMN: problem"), an unknown trial, format or --device-memory, and a
+// local model whose config.json cannot be read.
+StatusOr<std::string> EstimateExperiment(const std::string& file, const EstimateOptions& options);
 
 }  // namespace llmctl::cli
 
