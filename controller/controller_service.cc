@@ -186,6 +186,16 @@ grpc::Status ControllerService::Submit(grpc::ServerContext*, const v1::SubmitReq
     }
     ASSIGN_OR_RETURN(store::NewExperiment experiment,
                      PrepareSubmission(request->yaml_text(), request->filename(), inputs, blobs_));
+    std::map<std::string, json> predictions;
+    for (const auto& [name, prediction] : request->predictions()) {
+      predictions[name] = {{"peak_bytes", prediction.peak_bytes()},
+                           {"activation_bytes", prediction.activation_bytes()},
+                           {"model_state_bytes", prediction.model_state_bytes()},
+                           {"peak_phase", prediction.peak_phase()},
+                           {"device_memory_bytes", prediction.device_memory_bytes()},
+                           {"verdict", prediction.verdict()}};
+    }
+    RETURN_IF_ERROR(AttachPredictions(predictions, experiment));
     for (const auto& [path, tree] : inputs) {
       RETURN_IF_ERROR(blobs_.PutTree(tree).WithContext("input '" + path + "'"));
     }
@@ -371,6 +381,17 @@ grpc::Status ControllerService::Report(grpc::ServerContext*,
       if (auto record = by_id.find(trial.trial_id); record != by_id.end()) {
         row->set_description(record->second->description);
         row->set_config_json(record->second->config_json);
+        const json p = json::parse(record->second->prediction_json.value_or(""), nullptr,
+                                   /*allow_exceptions=*/false);
+        if (p.is_object()) {
+          v1::TrialPrediction* prediction = row->mutable_prediction();
+          prediction->set_peak_bytes(p.value("peak_bytes", int64_t{0}));
+          prediction->set_activation_bytes(p.value("activation_bytes", int64_t{0}));
+          prediction->set_model_state_bytes(p.value("model_state_bytes", int64_t{0}));
+          prediction->set_peak_phase(p.value("peak_phase", ""));
+          prediction->set_device_memory_bytes(p.value("device_memory_bytes", int64_t{0}));
+          prediction->set_verdict(p.value("verdict", ""));
+        }
       }
       row->set_outcome(std::string(store::TrialStateName(trial.state)));
       row->set_expected(trial.expect.value_or(""));

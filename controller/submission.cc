@@ -1,5 +1,7 @@
 #include "controller/submission.h"
 
+#include <algorithm>
+
 #include "common/digest/digest.h"
 #include "common/experiment.h"
 #include "common/trial_keys.h"
@@ -46,6 +48,31 @@ StatusOr<store::NewExperiment> PrepareSubmission(
     stored.device_count = stored.device_type == "cpu" ? 1 : trial.config.GetInt("devices");
   }
   return experiment;
+}
+
+Status AttachPredictions(const std::map<std::string, nlohmann::json>& predictions,
+                         store::NewExperiment& experiment) {
+  for (const auto& [name, prediction] : predictions) {
+    auto trial = std::find_if(experiment.trials.begin(), experiment.trials.end(),
+                              [&](const store::NewTrial& t) { return t.name == name; });
+    const std::string where = experiment.filename + ": prediction of trial '" + name + "'";
+    if (trial == experiment.trials.end()) {
+      return InvalidArgumentError(where + ": the file has no such trial");
+    }
+    for (const char* key :
+         {"peak_bytes", "activation_bytes", "model_state_bytes", "device_memory_bytes"}) {
+      if (!prediction.contains(key) || !prediction[key].is_number_integer() ||
+          prediction[key].get<int64_t>() < 0) {
+        return InvalidArgumentError(where + ": " + key + " must be a byte count");
+      }
+    }
+    const std::string verdict = prediction.value("verdict", "");
+    if (verdict != "" && verdict != "fits" && verdict != "oom") {
+      return InvalidArgumentError(where + ": verdict must be fits or oom, not '" + verdict + "'");
+    }
+    trial->prediction_json = prediction.dump();
+  }
+  return Status::Ok();
 }
 
 std::map<std::string, std::string> TrialInputDigests(

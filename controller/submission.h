@@ -4,6 +4,7 @@
 #define LLMCTL_CONTROLLER_SUBMISSION_H_
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
@@ -23,6 +24,12 @@ namespace llmctl::controller {
 StatusOr<store::NewExperiment> PrepareSubmission(
     std::string_view yaml_text, std::string_view filename,
     const std::map<std::string, digest::InputTree>& inputs, const BlobStore& blobs);
+
+// Attaches the CLI's predictions (trial name → TrialPrediction's fields as a JSON object) to the
+// experiment's trials. InvalidArgument for a prediction of a trial the file does not have, a
+// negative byte count or an unknown verdict; a trial without a prediction keeps none.
+Status AttachPredictions(const std::map<std::string, nlohmann::json>& predictions,
+                         store::NewExperiment& experiment);
 
 // The trial's path keys (`model` and every kPath key of common/trial_keys.h) whose value, as
 // written, is one of the experiment's inputs (path as written → tree digest): key → digest.

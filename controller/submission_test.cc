@@ -79,6 +79,31 @@ TEST_F(SubmissionTest, ExpandsTrialsWithTheirDevicesAndInputs) {
   EXPECT_EQ(config->GetInt("devices"), 2);
 }
 
+TEST_F(SubmissionTest, PredictionsAreAttachedToTheirTrialsAndChecked) {
+  const digest::InputTree data = FileTree("train.jsonl", "{\"text\": \"hi\"}\n", true);
+  auto experiment =
+      PrepareSubmission(kExperiment, "tiny.yaml", {{"data/train.jsonl", data}}, *blobs_);
+  ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
+  const nlohmann::json prediction = {{"peak_bytes", 2048},        {"activation_bytes", 1024},
+                                     {"model_state_bytes", 1000}, {"peak_phase", "backward"},
+                                     {"device_memory_bytes", 0},  {"verdict", ""}};
+  ASSERT_TRUE(AttachPredictions({{"b", prediction}}, *experiment).ok());
+  EXPECT_FALSE(experiment->trials[0].prediction_json.has_value());
+  EXPECT_EQ(nlohmann::json::parse(*experiment->trials[1].prediction_json), prediction);
+
+  Status unknown = AttachPredictions({{"c", prediction}}, *experiment);
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.message(), "tiny.yaml: prediction of trial 'c': the file has no such trial");
+  nlohmann::json negative = prediction;
+  negative["peak_bytes"] = -1;
+  EXPECT_EQ(AttachPredictions({{"a", negative}}, *experiment).message(),
+            "tiny.yaml: prediction of trial 'a': peak_bytes must be a byte count");
+  nlohmann::json verdict = prediction;
+  verdict["verdict"] = "maybe";
+  EXPECT_EQ(AttachPredictions({{"a", verdict}}, *experiment).message(),
+            "tiny.yaml: prediction of trial 'a': verdict must be fits or oom, not 'maybe'");
+}
+
 TEST_F(SubmissionTest, AFileErrorPointsIntoTheFile) {
   auto experiment = PrepareSubmission("model: llmctl-demo\ntrain: {micro_bach_size: 2}\n",
                                       "typo.yaml", {}, *blobs_);

@@ -238,6 +238,11 @@ int Llmctl::Submit(const std::string& file, bool wait, bool provision,
     return Fail(
         InvalidArgumentError(file + ": --provision needs a `target: {site, flavor}` in it"));
   }
+  // Each trial's predicted memory, stored with it so the report can set it beside the measured
+  // peak; a trial predicted to run out of memory that is not meant to is worth a second look, but
+  // the prediction may be wrong, so it is a warning, not a refusal.
+  StatusOr<std::vector<TrialPrediction>> predictions = PredictTrials(*checked, file);
+  if (!predictions.ok()) return Fail(predictions.status());
   StatusOr<UploadSummary> uploaded = UploadMissingBlobs(**stub, inputs->blobs, *min_transfer_rate);
   if (!uploaded.ok()) return Fail(uploaded.status());
 
@@ -245,6 +250,27 @@ int Llmctl::Submit(const std::string& file, bool wait, bool provision,
   request.set_filename(file);
   request.set_yaml_text(*text);
   for (auto& [written, tree] : inputs->trees) (*request.mutable_inputs())[written] = tree;
+  for (const TrialPrediction& p : *predictions) {
+    v1::TrialPrediction& proto = (*request.mutable_predictions())[p.trial];
+    proto.set_peak_bytes(static_cast<int64_t>(p.peak_bytes));
+    proto.set_activation_bytes(static_cast<int64_t>(p.activation_bytes));
+    proto.set_model_state_bytes(static_cast<int64_t>(p.model_state_bytes));
+    proto.set_peak_phase(p.peak_phase);
+    proto.set_device_memory_bytes(static_cast<int64_t>(p.device_memory_bytes));
+    proto.set_verdict(p.verdict);
+    const Trial* trial = nullptr;
+    for (const Trial& t : checked->trials) {
+      if (t.name == p.trial) trial = &t;
+    }
+    if (p.verdict == "oom" && trial != nullptr && trial->expect != "oom") {
+      context_.err << "warning: " << file << ": trial " << p.trial << " is predicted to run out "
+                   << "of memory: its peak " << FormatBytes(p.peak_bytes) << " exceeds "
+                   << FormatBytes(p.device_memory_bytes) << " (" << p.device_source
+                   << "); `llmctl estimate " << file << " --trial " << p.trial
+                   << " --fit --explain` shows why and what fits (add `expect: oom` if that is "
+                      "the point)\n";
+    }
+  }
   v1::SubmitResponse response;
   const Status submitted =
       rpc::FromGrpcStatus((*stub)->Submit(UnaryContext().get(), request, &response));

@@ -302,6 +302,24 @@ std::string RenderJson(const std::string& file, const Experiment& experiment,
 
 }  // namespace
 
+StatusOr<std::vector<TrialPrediction>> PredictTrials(const Experiment& experiment,
+                                                     const std::string& file) {
+  std::vector<TrialPrediction> predictions;
+  for (const Trial& t : experiment.trials) {
+    ASSIGN_OR_RETURN(TrialEstimate e, EstimateTrial(t, experiment, file, {}, std::nullopt));
+    if (!e.memory) continue;
+    predictions.push_back({.trial = t.name,
+                           .peak_bytes = e.memory->peak_bytes,
+                           .activation_bytes = e.memory->activation_bytes,
+                           .model_state_bytes = e.memory->state.device_bytes(),
+                           .peak_phase = e.memory->peak_phase,
+                           .device_memory_bytes = e.device ? e.device->bytes : 0,
+                           .device_source = e.device ? e.device->source : "",
+                           .verdict = e.Verdict()});
+  }
+  return predictions;
+}
+
 StatusOr<std::string> EstimateExperiment(const std::string& file, const EstimateOptions& options) {
   if (options.format != "table" && options.format != "json") {
     return InvalidArgumentError("--format: expected table or json, got '" + options.format + "'");

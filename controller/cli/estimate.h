@@ -5,8 +5,11 @@
 #ifndef LLMCTL_CONTROLLER_CLI_ESTIMATE_H_
 #define LLMCTL_CONTROLLER_CLI_ESTIMATE_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
+#include "common/experiment.h"
 #include "common/status.h"
 
 namespace llmctl::cli {
@@ -28,6 +31,24 @@ struct EstimateOptions {
 // or invalid file ("FILE:LINE:COLUMN: problem"), an unknown trial, format or --device-memory, and a
 // local model whose config.json cannot be read.
 StatusOr<std::string> EstimateExperiment(const std::string& file, const EstimateOptions& options);
+
+// One trial's prediction, as `llmctl submit` stores it with the trial.
+struct TrialPrediction {
+  std::string trial;
+  uint64_t peak_bytes = 0;
+  uint64_t activation_bytes = 0;
+  uint64_t model_state_bytes = 0;
+  std::string peak_phase;
+  uint64_t device_memory_bytes = 0;  // 0 without a device to judge against
+  std::string device_source;         // "device_memory 216MiB", "target flavor ...: ..."
+  std::string verdict;               // "fits", "oom", or "" without a device
+};
+
+// The predictions of `experiment` (parsed from `file` with local paths resolved) for every trial
+// that can be estimated offline (not those whose model is on the hub). InvalidArgument as
+// EstimateExperiment for a trial whose model's config.json cannot be read.
+StatusOr<std::vector<TrialPrediction>> PredictTrials(const Experiment& experiment,
+                                                     const std::string& file);
 
 }  // namespace llmctl::cli
 

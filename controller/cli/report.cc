@@ -22,21 +22,49 @@ struct LabRow {
 constexpr size_t kOutcomeColumn = 2;
 constexpr size_t kFirstNumericColumn = 3;
 
-// Whether any trial's snapshot at peak holds data parallelism's buffers or gathered parameters:
-// then the table has a column for them, so that its memory columns add up to the allocated bytes.
-bool HasCommColumn(const v1::ReportResponse& report) {
+// The lab table's optional columns.
+struct LabLayout {
+  // Some trial's snapshot at peak holds data parallelism's buffers or gathered parameters: a
+  // column for them, so that the memory columns add up to the allocated bytes.
+  bool comm = false;
+  // Some trial was submitted with the estimate's prediction: predicted peak and its error.
+  bool predicted = false;
+};
+
+LabLayout LabLayoutOf(const v1::ReportResponse& report) {
+  LabLayout layout;
   for (const v1::TrialReport& trial : report.trials()) {
-    if (trial.at_peak().comm_bytes() != 0 || trial.at_peak().gathered_bytes() != 0) return true;
+    layout.comm |= trial.at_peak().comm_bytes() != 0 || trial.at_peak().gathered_bytes() != 0;
+    layout.predicted |= trial.has_prediction();
   }
-  return false;
+  return layout;
 }
 
-std::vector<std::string> LabColumns(bool comm_column) {
-  std::vector<std::string> columns = {"trial",     "expected",  "outcome",
+std::vector<std::string> LabColumns(const LabLayout& layout) {
+  std::vector<std::string> columns = {"trial",      "expected",  "outcome",
                                       "Params MiB", "Grads MiB", "Optim MiB (device + host)"};
-  if (comm_column) columns.push_back("Comm MiB (+ gathered)");
-  columns.insert(columns.end(), {"Acts MiB", "peak MiB", "train s", "tokens/s"});
+  if (layout.comm) columns.push_back("Comm MiB (+ gathered)");
+  columns.insert(columns.end(), {"Acts MiB", "peak MiB"});
+  if (layout.predicted) columns.insert(columns.end(), {"predicted MiB", "error"});
+  columns.insert(columns.end(), {"train s", "tokens/s"});
   return columns;
+}
+
+constexpr std::string_view kPredictionNote =
+    "predicted MiB: the peak `llmctl estimate` predicted at submit, for micro-batches of "
+    "max_seq_length tokens (shorter examples peak lower); error: (predicted - measured) / "
+    "measured, for trials that ended ok";
+
+// The predicted peak's error against the measured one, "+4.4%": for a trial that ran to the end
+// (an out-of-memory trial's peak is where the allocation failed, not its peak).
+std::string PredictionError(const v1::TrialReport& trial, int64_t measured) {
+  if (!trial.has_prediction() || trial.outcome() != "ok" || measured <= 0) {
+    return std::string(kNone);
+  }
+  const double error =
+      (static_cast<double>(trial.prediction().peak_bytes()) - static_cast<double>(measured)) /
+      static_cast<double>(measured);
+  return Printf("%+.1f%%", 100.0 * error);
 }
 
 // A multi-rank trial's highest peak over its ranks.
@@ -96,7 +124,7 @@ std::string DescribeRanks(const v1::TrialReport& trial) {
   return out + "; tokens/s is the whole job's\n";
 }
 
-LabRow MakeLabRow(const v1::TrialReport& trial, bool comm_column) {
+LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
   LabRow row;
   row.unexpected = IsUnexpected(trial);
   const bool ended = HasEnded(trial);
@@ -108,14 +136,14 @@ LabRow MakeLabRow(const v1::TrialReport& trial, bool comm_column) {
     std::string optim = Mib(snap.optim_device_bytes());
     if (snap.optim_host_bytes() != 0) optim += " + " + Mib(snap.optim_host_bytes());
     row.cells.insert(row.cells.end(), {Mib(snap.params_bytes()), Mib(snap.grads_bytes()), optim});
-    if (comm_column) {
+    if (layout.comm) {
       std::string comm = Mib(snap.comm_bytes());
       if (snap.gathered_bytes() != 0) comm += " + " + Mib(snap.gathered_bytes());
       row.cells.push_back(comm);
     }
     row.cells.push_back(Mib(snap.other_bytes()));
   } else {
-    row.cells.insert(row.cells.end(), comm_column ? 5 : 4, std::string(kNone));
+    row.cells.insert(row.cells.end(), layout.comm ? 5 : 4, std::string(kNone));
   }
   if (!ended) {
     row.cells.push_back(std::string(kNone));
@@ -125,6 +153,16 @@ LabRow MakeLabRow(const v1::TrialReport& trial, bool comm_column) {
                         std::to_string(trial.ranks_size()) + " ranks)");
   } else {
     row.cells.push_back(Mib(trial.peak_bytes()));
+  }
+  if (layout.predicted) {
+    if (!trial.has_prediction()) {
+      row.cells.insert(row.cells.end(), 2, std::string(kNone));
+    } else {
+      // One rank's prediction, against rank 0's measured peak (every rank holds alike).
+      row.cells.push_back(Mib(trial.prediction().peak_bytes()) +
+                          (trial.prediction().verdict() == "oom" ? " (OOM)" : ""));
+      row.cells.push_back(ended ? PredictionError(trial, trial.peak_bytes()) : std::string(kNone));
+    }
   }
   row.cells.push_back(ended ? Printf("%.1f", trial.train_seconds()) : std::string(kNone));
   row.cells.push_back(ended && trial.tokens_per_second() != 0
@@ -154,11 +192,11 @@ std::string DescribeResumedRun(const v1::TrialReport& trial) {
 
 // Display width of UTF-8 text: code points (every character here is one column wide).
 std::string RenderTable(const v1::ReportResponse& report) {
-  const bool comm_column = HasCommColumn(report);
+  const LabLayout layout = LabLayoutOf(report);
   std::vector<std::vector<std::string>> rows;
-  rows.push_back(LabColumns(comm_column));
+  rows.push_back(LabColumns(layout));
   for (const v1::TrialReport& trial : report.trials()) {
-    LabRow row = MakeLabRow(trial, comm_column);
+    LabRow row = MakeLabRow(trial, layout);
     if (row.unexpected) {
       row.cells[kOutcomeColumn] += " (expected " + trial.expected() + ")";
     }
@@ -166,6 +204,7 @@ std::string RenderTable(const v1::ReportResponse& report) {
   }
   std::string out = "experiment " + std::to_string(report.experiment_id()) + ": " + report.name() +
                     "\n" + FormatColumns(rows, kFirstNumericColumn);
+  if (layout.predicted) out += std::string(kPredictionNote) + "\n";
   for (const v1::TrialReport& trial : report.trials()) {
     if (trial.run_attempts_size() > 1) out += DescribeResumedRun(trial);
   }
@@ -181,8 +220,8 @@ std::string RenderTable(const v1::ReportResponse& report) {
 }
 
 std::string RenderMarkdown(const v1::ReportResponse& report) {
-  const bool comm_column = HasCommColumn(report);
-  const std::vector<std::string> columns = LabColumns(comm_column);
+  const LabLayout layout = LabLayoutOf(report);
+  const std::vector<std::string> columns = LabColumns(layout);
   std::string out;
   out += "| ";
   for (size_t i = 0; i < columns.size(); ++i) {
@@ -192,7 +231,7 @@ std::string RenderMarkdown(const v1::ReportResponse& report) {
   for (size_t i = 0; i < columns.size(); ++i) out += i < kFirstNumericColumn ? "---|" : "---:|";
   out += "\n";
   for (const v1::TrialReport& trial : report.trials()) {
-    LabRow row = MakeLabRow(trial, comm_column);
+    LabRow row = MakeLabRow(trial, layout);
     if (row.unexpected) {
       row.cells[kOutcomeColumn] =
           "**" + row.cells[kOutcomeColumn] + "** (expected " + trial.expected() + ")";
@@ -245,6 +284,23 @@ std::string RenderJson(const v1::ReportResponse& report) {
     json["tokens_per_second"] = trial.tokens_per_second();
     json["peak_bytes"] = trial.peak_bytes();
     json["load_peak_bytes"] = trial.load_peak_bytes();
+    if (trial.has_prediction()) {
+      const v1::TrialPrediction& p = trial.prediction();
+      json["prediction"] = {{"peak_bytes", p.peak_bytes()},
+                            {"activation_bytes", p.activation_bytes()},
+                            {"model_state_bytes", p.model_state_bytes()},
+                            {"peak_phase", p.peak_phase()},
+                            {"device_memory_bytes", p.device_memory_bytes()},
+                            {"verdict", p.verdict()}};
+      const std::string error = PredictionError(trial, trial.peak_bytes());
+      json["prediction_error"] =
+          error == kNone ? nlohmann::ordered_json()
+                         : nlohmann::ordered_json((static_cast<double>(p.peak_bytes()) -
+                                                   static_cast<double>(trial.peak_bytes())) /
+                                                  static_cast<double>(trial.peak_bytes()));
+    } else {
+      json["prediction"] = nullptr;
+    }
     json["final_loss"] =
         trial.has_final_loss() ? nlohmann::ordered_json(trial.final_loss()) : nullptr;
     json["error"] = trial.error();
@@ -330,7 +386,8 @@ std::string RenderCsv(const v1::ReportResponse& report) {
   std::string out =
       "trial,description,expected,outcome,attempt,node,params_bytes,grads_bytes,"
       "optim_device_bytes,optim_host_bytes,comm_bytes,gathered_bytes,other_bytes,allocated_bytes,"
-      "reserved_bytes,peak_bytes,train_seconds,tokens_per_second,final_loss,error,ranks,rank_peak_bytes,"
+      "reserved_bytes,peak_bytes,train_seconds,tokens_per_second,final_loss,error,ranks,rank_peak_"
+      "bytes,"
       "rank_phase_allocated_bytes\n";
   for (const v1::TrialReport& trial : report.trials()) {
     std::vector<std::string> fields = {trial.name(),
@@ -366,8 +423,8 @@ std::string RenderCsv(const v1::ReportResponse& report) {
       rank_phases += std::to_string(rank.rank()) + ":";
       for (int i = 0; i < rank.per_phase_size(); ++i) {
         if (i > 0) rank_phases += '|';
-        rank_phases += rank.per_phase(i).phase() + "=" +
-                       std::to_string(rank.per_phase(i).allocated_bytes());
+        rank_phases +=
+            rank.per_phase(i).phase() + "=" + std::to_string(rank.per_phase(i).allocated_bytes());
       }
     }
     fields.push_back(trial.ranks_size() > 0 ? std::to_string(trial.ranks_size()) : "");
@@ -404,12 +461,12 @@ std::string RanksHtml(const v1::ReportResponse& report) {
       out += "</tr>\n";
     }
     out += "<tr><td>min&#8211;max</td><td class=\"n\">" +
-           EscapeHtml(MibRange(
-               std::min_element(trial.ranks().begin(), trial.ranks().end(),
-                                [](const auto& a, const auto& b) {
-                                  return a.peak_bytes() < b.peak_bytes();
-                                })->peak_bytes(),
-               MaxRankPeak(trial))) +
+           EscapeHtml(MibRange(std::min_element(trial.ranks().begin(), trial.ranks().end(),
+                                                [](const auto& a, const auto& b) {
+                                                  return a.peak_bytes() < b.peak_bytes();
+                                                })
+                                   ->peak_bytes(),
+                               MaxRankPeak(trial))) +
            "</td>";
     for (const PhaseRange& range : ranges) {
       out += "<td class=\"n\">" + EscapeHtml(MibRange(range.min, range.max)) + "</td>";
@@ -442,14 +499,14 @@ std::string RenderHtml(const v1::ReportResponse& report) {
       "</style>\n</head>\n<body>\n<h1>" +
       EscapeHtml(title) + "</h1>\n";
 
-  const bool comm_column = HasCommColumn(report);
+  const LabLayout layout = LabLayoutOf(report);
   out += "<h2>Trials</h2>\n<table>\n<tr>";
-  for (const std::string& column : LabColumns(comm_column)) {
+  for (const std::string& column : LabColumns(layout)) {
     out += "<th>" + EscapeHtml(column) + "</th>";
   }
   out += "</tr>\n";
   for (const v1::TrialReport& trial : report.trials()) {
-    LabRow row = MakeLabRow(trial, comm_column);
+    LabRow row = MakeLabRow(trial, layout);
     if (row.unexpected) row.cells[kOutcomeColumn] += " (expected " + trial.expected() + ")";
     out += row.unexpected ? "<tr class=\"unexpected\">" : "<tr>";
     for (size_t i = 0; i < row.cells.size(); ++i) {
@@ -461,6 +518,7 @@ std::string RenderHtml(const v1::ReportResponse& report) {
   out +=
       "</table>\n<p>MiB = 2<sup>20</sup> bytes. Memory columns are the snapshot with the most "
       "allocated bytes (for an out-of-memory trial, the moment the allocation failed).</p>\n";
+  if (layout.predicted) out += "<p>" + EscapeHtml(std::string(kPredictionNote)) + ".</p>\n";
 
   out += RanksHtml(report);
   out +=

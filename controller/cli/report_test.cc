@@ -190,8 +190,8 @@ v1::ReportResponse TwoRankReport() {
   trial->set_tokens_per_second(5960);
   trial->set_peak_bytes(72980889);  // rank 0's
   const int64_t mib = 1 << 20;
-  const std::vector<std::tuple<int, int64_t, int64_t>> ranks = {
-      {0, 72980889, 66 * mib}, {1, 77489930, 70 * mib}};
+  const std::vector<std::tuple<int, int64_t, int64_t>> ranks = {{0, 72980889, 66 * mib},
+                                                                {1, 77489930, 70 * mib}};
   for (const auto& [number, peak, after_forward] : ranks) {
     v1::RankMemory* rank = trial->add_ranks();
     rank->set_rank(number);
@@ -348,6 +348,41 @@ TEST(ReportTest, HtmlEscapesEveryStringAndLoadsNothing) {
   EXPECT_EQ(html.find("src="), std::string::npos);
   EXPECT_EQ(EscapeHtml(R"(<a href="x">'&'</a>)"),
             "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;");
+}
+
+TEST(ReportTest, PredictedPeakSitsBesideTheMeasuredOneWithItsError) {
+  v1::ReportResponse report = FixedReport();
+  // Submitted with the estimate's predictions: 27,749.0 MiB against 31,139.0 measured, and an
+  // out-of-memory verdict; the third trial was not estimated.
+  v1::TrialPrediction* predicted = report.mutable_trials(0)->mutable_prediction();
+  predicted->set_peak_bytes(29096949760);
+  predicted->set_activation_bytes(14847606784);
+  predicted->set_model_state_bytes(17600774148);
+  predicted->set_peak_phase("backward");
+  predicted->set_device_memory_bytes(80 * 1024 * kMiB);
+  predicted->set_verdict("fits");
+  v1::TrialPrediction* oom = report.mutable_trials(1)->mutable_prediction();
+  oom->set_peak_bytes(140371206144);
+  oom->set_verdict("oom");
+  oom->set_device_memory_bytes(80 * 1024 * kMiB);
+  const std::string table = RenderReport(report, ReportFormat::kTable);
+  EXPECT_NE(table.find("peak MiB    predicted MiB   error"), std::string::npos) << table;
+  // (27,749.0 - 31,139.0) / 31,139.0 for the trial that ran; an out-of-memory trial's error is
+  // not a peak's, so none; a trial submitted without a prediction shows none.
+  EXPECT_NE(table.find("31,139.0         27,749.0  -10.9%"), std::string::npos) << table;
+  EXPECT_NE(table.find("133,868.4 (OOM)       –"), std::string::npos) << table;
+  EXPECT_NE(table.find("predicted MiB: the peak `llmctl estimate` predicted at submit"),
+            std::string::npos)
+      << table;
+  const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+  EXPECT_EQ(json["trials"][0]["prediction"]["peak_bytes"], 29096949760);
+  EXPECT_EQ(json["trials"][0]["prediction"]["verdict"], "fits");
+  EXPECT_NEAR(json["trials"][0]["prediction_error"].get<double>(), -0.1089, 0.0005);
+  EXPECT_TRUE(json["trials"][1]["prediction_error"].is_null());
+  EXPECT_TRUE(json["trials"][2]["prediction"].is_null());
+  const std::string html = RenderReport(report, ReportFormat::kHtml);
+  EXPECT_NE(html.find("<th>predicted MiB</th><th>error</th>"), std::string::npos);
+  EXPECT_NE(html.find("<td class=\"n\">-10.9%</td>"), std::string::npos);
 }
 
 TEST(ReportTest, CountsOutcomesOtherThanExpected) {

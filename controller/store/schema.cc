@@ -481,7 +481,14 @@ CREATE TABLE attempt_nodes (
 CREATE INDEX attempt_nodes_by_node ON attempt_nodes (node);
 )sql";
 
-constexpr std::array<std::string_view, 10> kMigrations = {
+// What `llmctl estimate` predicted for each trial when it was submitted (common/estimate): a
+// JSON object (peak_bytes, activation_bytes, model_state_bytes, peak_phase, device_memory_bytes,
+// verdict); NULL when the CLI could not estimate it (a model on the hub).
+constexpr std::string_view kTrialPredictions = R"sql(
+ALTER TABLE trials ADD COLUMN prediction_json TEXT;
+)sql";
+
+constexpr std::array<std::string_view, 11> kMigrations = {
     kInitialSchema,
     kNodeLeases,
     kNodeRemoval,
@@ -491,7 +498,8 @@ constexpr std::array<std::string_view, 10> kMigrations = {
     kMemoryTimeline,
     kRankEvents,
     Joined<kDropReportViews, kReportViews>::kText,
-    kAttemptNodes};
+    kAttemptNodes,
+    kTrialPredictions};
 
 }  // namespace
 

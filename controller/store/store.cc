@@ -218,7 +218,7 @@ constexpr std::string_view kTrialColumns =
     "device_count, state, current_attempt, cancel_requested, resume_attempt, resume_step, "
     "resume_checkpoint, (SELECT node FROM attempts WHERE trial_id = trials.id AND "
     "attempt = trials.resume_attempt), (SELECT checkpoint_tree FROM attempts WHERE "
-    "trial_id = trials.id AND attempt = trials.resume_attempt)";
+    "trial_id = trials.id AND attempt = trials.resume_attempt), prediction_json";
 
 StatusOr<TrialRecord> ReadTrial(const Statement& stmt) {
   TrialRecord record;
@@ -241,6 +241,7 @@ StatusOr<TrialRecord> ReadTrial(const Statement& stmt) {
                                 .step = stmt.Int(13),
                                 .tree = stmt.IsNull(16) ? "" : stmt.Text(16)};
   }
+  record.prediction_json = stmt.OptionalText(17);
   return record;
 }
 
@@ -468,6 +469,9 @@ Status ValidateTrial(const NewExperiment& experiment, const NewTrial& trial) {
   if (!json::parse(trial.config_json, nullptr, false).is_object()) {
     return InvalidArgumentError(where + "config is not a JSON object");
   }
+  if (trial.prediction_json && !json::parse(*trial.prediction_json, nullptr, false).is_object()) {
+    return InvalidArgumentError(where + "prediction is not a JSON object");
+  }
   return Status::Ok();
 }
 
@@ -596,8 +600,8 @@ StatusOr<int64_t> Store::CreateExperiment(const NewExperiment& experiment, Time 
                    Statement::Prepare(db_,
                                       "INSERT INTO trials (experiment_id, ordinal, name, "
                                       "description, config_json, expect, device_type, "
-                                      "device_count, state) "
-                                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued')"));
+                                      "device_count, prediction_json, state) "
+                                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued')"));
   for (size_t ordinal = 0; ordinal < experiment.trials.size(); ++ordinal) {
     const NewTrial& trial = experiment.trials[ordinal];
     insert_trial.Reset();
@@ -608,7 +612,8 @@ StatusOr<int64_t> Store::CreateExperiment(const NewExperiment& experiment, Time 
         .Bind(5, trial.config_json)
         .BindOptional(6, trial.expect)
         .Bind(7, trial.device_type)
-        .Bind(8, trial.device_count);
+        .Bind(8, trial.device_count)
+        .BindOptional(9, trial.prediction_json);
     Status status = insert_trial.Run();
     if (status.code() == StatusCode::kAlreadyExists) {
       return AlreadyExistsError("experiment " + Quoted(experiment.name) + " names trial " +

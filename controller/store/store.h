@@ -55,6 +55,8 @@ struct NewTrial {
   std::optional<std::string> expect;  // "ok" or "oom" when the file states what should happen
   std::string device_type;            // "cpu" or "cuda"
   int64_t device_count = 1;           // >= 1
+  // The estimate's prediction (a JSON object, schema.cc's kTrialPredictions); nullopt when none.
+  std::optional<std::string> prediction_json;
 };
 
 struct NewExperiment {
@@ -111,6 +113,7 @@ struct TrialRecord {
   bool cancel_requested = false;
   // Set once the trial was resumed: its next attempts continue from this checkpoint.
   std::optional<TrialResume> resume;
+  std::optional<std::string> prediction_json;  // as submitted (NewTrial)
 };
 
 // One node of a multi-node attempt (the trial key `nodes` > 1).

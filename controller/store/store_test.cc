@@ -103,6 +103,7 @@ TEST_F(StoreTest, CreateExperimentStoresEverythingInFileOrder) {
   input.trials[1].expect = "oom";
   input.trials[2].device_type = "cuda";
   input.trials[2].device_count = 2;
+  input.trials[0].prediction_json = R"({"peak_bytes":1024,"verdict":"fits"})";
   const int64_t id = *store->CreateExperiment(input, kNow);
   EXPECT_EQ(*store->LatestExperimentId(), id);
 
@@ -123,6 +124,8 @@ TEST_F(StoreTest, CreateExperimentStoresEverythingInFileOrder) {
   EXPECT_EQ((*trials)[1].expect, "oom");
   EXPECT_EQ((*trials)[2].device_type, "cuda");
   EXPECT_EQ((*trials)[2].device_count, 2);
+  EXPECT_EQ((*trials)[0].prediction_json, R"({"peak_bytes":1024,"verdict":"fits"})");
+  EXPECT_FALSE((*trials)[1].prediction_json.has_value());
   for (int64_t i = 0; i < 3; ++i) {
     EXPECT_EQ((*trials)[i].ordinal, i);
     EXPECT_EQ((*trials)[i].state, TrialState::kQueued);
@@ -169,6 +172,11 @@ TEST_F(StoreTest, CreateExperimentNamesTheBadField) {
   bad_count.trials[0].device_count = 0;
   EXPECT_THAT(store->CreateExperiment(bad_count, kNow).status().message(),
               HasSubstr("device count must be at least 1"));
+
+  NewExperiment bad_prediction = MakeExperiment("e", {"a"});
+  bad_prediction.trials[0].prediction_json = "[1]";
+  EXPECT_THAT(store->CreateExperiment(bad_prediction, kNow).status().message(),
+              HasSubstr("trial 'a': prediction is not a JSON object"));
 
   EXPECT_EQ(store->CreateExperiment(MakeExperiment("e", {}), kNow).status().code(),
             StatusCode::kInvalidArgument);

@@ -63,7 +63,8 @@ inline NewTrial MakeTrial(std::string name, std::string device_type = "cpu", int
                   .config_json = R"({"model":"tiny"})",
                   .expect = std::nullopt,
                   .device_type = std::move(device_type),
-                  .device_count = count};
+                  .device_count = count,
+                  .prediction_json = std::nullopt};
 }
 
 inline NewExperiment MakeExperiment(std::string name, std::vector<std::string> trial_names) {

@@ -93,7 +93,9 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
   ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
   const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
   EXPECT_NE(submitted.out.find("2 trees, 2 files, 2 uploaded"), std::string::npos) << submitted.out;
-  // --wait exits 0 only when every trial ended as its `expect:` says.
+  // --wait exits 0 only when every trial ended as its `expect:` says. The trial predicted to run
+  // out of memory is expected to: no warning.
+  EXPECT_EQ(submitted.out.find("warning:"), std::string::npos) << submitted.out;
 
   CommandResult report = Llmctl("report " + id + " --format json");
   ASSERT_EQ(report.exit_code, 0);
@@ -106,7 +108,17 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
   EXPECT_EQ(squeezed["outcome"], "oom");
   EXPECT_GT(squeezed["at_peak"]["params_bytes"].get<int64_t>(), 0);
   EXPECT_LE(squeezed["at_peak"]["allocated_bytes"].get<int64_t>(), 6 << 20);
+  // Each trial was submitted with its predicted memory: the squeezed one's verdict against its
+  // 6 MiB, the other's none (a CPU without device_memory).
+  EXPECT_EQ(squeezed["prediction"]["verdict"], "oom");
+  EXPECT_EQ(squeezed["prediction"]["device_memory_bytes"], 6 << 20);
+  EXPECT_TRUE(squeezed["prediction_error"].is_null());
   const nlohmann::json& trial = json["trials"][1];
+  EXPECT_EQ(trial["prediction"]["verdict"], "");
+  EXPECT_EQ(trial["prediction"]["model_state_bytes"], 16009220);  // llmctl-demo, fp32 AdamW
+  // Predicted for full 64-token rows; the demo's examples are shorter, so it peaked lower.
+  ASSERT_TRUE(trial["prediction_error"].is_number()) << trial.dump();
+  EXPECT_GE(trial["prediction_error"].get<double>(), 0.0);
   EXPECT_EQ(trial["outcome"], "ok");
   EXPECT_EQ(trial["expected"], "ok");
   EXPECT_GT(trial["peak_bytes"].get<int64_t>(), 0);
@@ -131,10 +143,25 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
   EXPECT_EQ(squeezed["memory_timeline"][0]["snapshots"].back(), squeezed["at_peak"]);
   EXPECT_EQ(squeezed["at_peak"]["phase"], "oom");
 
-  // The daemons stayed up; the inputs are already there.
-  CommandResult again = Llmctl("submit " + (user / "tiny.yaml").string());
+  // The daemons stayed up; the inputs are already there. A trial predicted to run out of memory
+  // that does not say it expects to draws a warning, and is submitted all the same.
+  std::ofstream(user / "unexpected.yaml") << "model: llmctl-demo\n"
+                                             "init: random\n"
+                                             "tokenizer: tokenizer.json\n"
+                                             "data: {path: train.jsonl, max_seq_length: 64}\n"
+                                             "train: {micro_batch_size: 2, max_steps: 2}\n"
+                                             "device_memory: 6MiB\n"
+                                             "trials:\n"
+                                             "  - name: squeezed\n";
+  CommandResult again = Llmctl("submit " + (user / "unexpected.yaml").string());
   ASSERT_EQ(again.exit_code, 0) << again.out;
   EXPECT_NE(again.out.find("2 files, 0 uploaded (0 bytes)"), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("warning: " + (user / "unexpected.yaml").string() +
+                           ": trial squeezed is predicted to run out of memory"),
+            std::string::npos)
+      << again.out;
+  EXPECT_NE(again.out.find("(device_memory 6MiB); `llmctl estimate"), std::string::npos)
+      << again.out;
 
   CommandResult stopped = Llmctl("daemon stop");
   EXPECT_EQ(stopped.exit_code, 0);
