@@ -388,7 +388,7 @@ std::string RenderCsv(const v1::ReportResponse& report) {
       "optim_device_bytes,optim_host_bytes,comm_bytes,gathered_bytes,other_bytes,allocated_bytes,"
       "reserved_bytes,peak_bytes,train_seconds,tokens_per_second,final_loss,error,ranks,rank_peak_"
       "bytes,"
-      "rank_phase_allocated_bytes\n";
+      "rank_phase_allocated_bytes,predicted_peak_bytes,predicted_verdict,prediction_error\n";
   for (const v1::TrialReport& trial : report.trials()) {
     std::vector<std::string> fields = {trial.name(),
                                        trial.description(),
@@ -430,6 +430,14 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     fields.push_back(trial.ranks_size() > 0 ? std::to_string(trial.ranks_size()) : "");
     fields.push_back(rank_peaks);
     fields.push_back(rank_phases);
+    // What the estimate predicted at submit (empty when it did not), and its error as a fraction.
+    fields.push_back(trial.has_prediction() ? std::to_string(trial.prediction().peak_bytes()) : "");
+    fields.push_back(trial.has_prediction() ? trial.prediction().verdict() : "");
+    fields.push_back(PredictionError(trial, trial.peak_bytes()) == kNone
+                         ? ""
+                         : Number((static_cast<double>(trial.prediction().peak_bytes()) -
+                                   static_cast<double>(trial.peak_bytes())) /
+                                  static_cast<double>(trial.peak_bytes())));
     for (size_t i = 0; i < fields.size(); ++i) {
       out += CsvField(fields[i]) + (i + 1 < fields.size() ? "," : "\n");
     }

@@ -235,7 +235,7 @@ TEST(ReportRanksTest, JsonCsvAndHtmlHaveEveryRank) {
 
   const std::string csv = RenderReport(TwoRankReport(), ReportFormat::kCsv);
   EXPECT_NE(csv.find(",2,72980889;77489930,0:phase0_before_fwd=41943040|phase1_after_fwd=69206016;"
-                     "1:phase0_before_fwd=41943040|phase1_after_fwd=73400320\n"),
+                     "1:phase0_before_fwd=41943040|phase1_after_fwd=73400320,,,\n"),
             std::string::npos)
       << csv;
 
@@ -380,6 +380,10 @@ TEST(ReportTest, PredictedPeakSitsBesideTheMeasuredOneWithItsError) {
   EXPECT_NEAR(json["trials"][0]["prediction_error"].get<double>(), -0.1089, 0.0005);
   EXPECT_TRUE(json["trials"][1]["prediction_error"].is_null());
   EXPECT_TRUE(json["trials"][2]["prediction"].is_null());
+  const std::string csv = RenderReport(report, ReportFormat::kCsv);
+  EXPECT_NE(csv.find(",predicted_peak_bytes,predicted_verdict,prediction_error\n"),
+            std::string::npos);
+  EXPECT_NE(csv.find(",29096949760,fits,-0.10"), std::string::npos) << csv;
   const std::string html = RenderReport(report, ReportFormat::kHtml);
   EXPECT_NE(html.find("<th>predicted MiB</th><th>error</th>"), std::string::npos);
   EXPECT_NE(html.find("<td class=\"n\">-10.9%</td>"), std::string::npos);
