@@ -256,11 +256,11 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   }
   const uint64_t layers_saved = trace.saved();
   const Value hidden = trace.Norm(h);
-  const bool head_trains = f.full || f.Targeted("lm_head");
   // The loss: logits (B, T, V), their float32 copy, log-softmax (saved).
   uint64_t forward_transient = 0;
   uint64_t loss_backward = 0;
-  const uint64_t head_grad = head_trains ? param * static_cast<uint64_t>(f.vocab * f.hidden) : 0;
+  // The output weight's gradient (V, C), when the weight trains (a LoRA head's adapters are small).
+  const uint64_t head_grad = f.full ? param * static_cast<uint64_t>(f.vocab * f.hidden) : 0;
   const int logits_element = f.autocast ? 2 : f.act;
   if (f.chunked_loss) {
     // ChunkedCrossEntropy keeps the hidden states and recomputes each chunk's logits in backward.
@@ -306,10 +306,13 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
       static_cast<uint64_t>(f.act);
   const uint64_t all_grads = state.grads_bytes;
   const uint64_t layer_count = static_cast<uint64_t>(std::max<int64_t>(model.num_hidden_layers, 1));
-  // One rank's gradients as backward makes them: the head's first (under fsdp every unit's shard
-  // is reduce-scattered from the flat buffer counted in comm, so only shards accumulate).
-  const uint64_t head_produced = sharded ? 0 : std::min(2 * head_grad, all_grads);
-  const uint64_t grad_per_layer = (all_grads - head_produced) / layer_count;
+  // One rank's gradients as backward makes them: the output head's first, then each layer's, the
+  // embedding's last (a tied embedding's adds to the head's). Under fsdp every unit's shard is
+  // reduce-scattered from the flat buffer counted in comm, so only shards accumulate.
+  const uint64_t head_produced = sharded ? 0 : std::min(head_grad, all_grads);
+  const uint64_t embedding_grad = sharded || model.tie_word_embeddings ? 0 : head_grad;
+  const uint64_t grad_per_layer =
+      (all_grads - std::min(all_grads, head_produced + embedding_grad)) / layer_count;
   if (accumulation > 1 && holds_grads) base += all_grads;
   auto grads_after = [&](uint64_t produced) {
     return accumulation > 1 || !holds_grads ? 0 : std::min(produced, all_grads);
