@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "common/text.h"
@@ -55,16 +56,14 @@ constexpr std::string_view kPredictionNote =
     "max_seq_length tokens (shorter examples peak lower); error: (predicted - measured) / "
     "measured, for trials that ended ok";
 
-// The predicted peak's error against the measured one, "+4.4%": for a trial that ran to the end
-// (an out-of-memory trial's peak is where the allocation failed, not its peak).
-std::string PredictionError(const v1::TrialReport& trial, int64_t measured) {
-  if (!trial.has_prediction() || trial.outcome() != "ok" || measured <= 0) {
-    return std::string(kNone);
-  }
-  const double error =
-      (static_cast<double>(trial.prediction().peak_bytes()) - static_cast<double>(measured)) /
-      static_cast<double>(measured);
-  return Printf("%+.1f%%", 100.0 * error);
+// The predicted peak's error against the measured one, (predicted - measured) / measured: for a
+// trial that ran to the end (an out-of-memory trial's peak is where the allocation failed, not its
+// peak); nullopt otherwise.
+std::optional<double> PredictionError(const v1::TrialReport& trial) {
+  const int64_t measured = trial.peak_bytes();
+  if (!trial.has_prediction() || trial.outcome() != "ok" || measured <= 0) return std::nullopt;
+  return (static_cast<double>(trial.prediction().peak_bytes()) - static_cast<double>(measured)) /
+         static_cast<double>(measured);
 }
 
 // A multi-rank trial's highest peak over its ranks.
@@ -161,7 +160,8 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
       // One rank's prediction, against rank 0's measured peak (every rank holds alike).
       row.cells.push_back(Mib(trial.prediction().peak_bytes()) +
                           (trial.prediction().verdict() == "oom" ? " (OOM)" : ""));
-      row.cells.push_back(ended ? PredictionError(trial, trial.peak_bytes()) : std::string(kNone));
+      const std::optional<double> error = PredictionError(trial);
+      row.cells.push_back(ended && error ? Printf("%+.1f%%", 100.0 * *error) : std::string(kNone));
     }
   }
   row.cells.push_back(ended ? Printf("%.1f", trial.train_seconds()) : std::string(kNone));
@@ -292,12 +292,8 @@ std::string RenderJson(const v1::ReportResponse& report) {
                             {"peak_phase", p.peak_phase()},
                             {"device_memory_bytes", p.device_memory_bytes()},
                             {"verdict", p.verdict()}};
-      const std::string error = PredictionError(trial, trial.peak_bytes());
-      json["prediction_error"] =
-          error == kNone ? nlohmann::ordered_json()
-                         : nlohmann::ordered_json((static_cast<double>(p.peak_bytes()) -
-                                                   static_cast<double>(trial.peak_bytes())) /
-                                                  static_cast<double>(trial.peak_bytes()));
+      const std::optional<double> error = PredictionError(trial);
+      json["prediction_error"] = error ? nlohmann::ordered_json(*error) : nlohmann::ordered_json();
     } else {
       json["prediction"] = nullptr;
     }
@@ -433,11 +429,8 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     // What the estimate predicted at submit (empty when it did not), and its error as a fraction.
     fields.push_back(trial.has_prediction() ? std::to_string(trial.prediction().peak_bytes()) : "");
     fields.push_back(trial.has_prediction() ? trial.prediction().verdict() : "");
-    fields.push_back(PredictionError(trial, trial.peak_bytes()) == kNone
-                         ? ""
-                         : Number((static_cast<double>(trial.prediction().peak_bytes()) -
-                                   static_cast<double>(trial.peak_bytes())) /
-                                  static_cast<double>(trial.peak_bytes())));
+    const std::optional<double> error = PredictionError(trial);
+    fields.push_back(error ? Number(*error) : "");
     for (size_t i = 0; i < fields.size(); ++i) {
       out += CsvField(fields[i]) + (i + 1 < fields.size() ? "," : "\n");
     }
