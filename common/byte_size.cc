@@ -33,17 +33,6 @@ constexpr std::array<Unit, 9> kUnits = {{
     {"TiB", kTiB},
 }};
 
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
-}
-
 Status InvalidByteSize(std::string_view text, std::string_view why) {
   return InvalidArgumentError(
       "invalid byte size '" + std::string(text) + "': " + std::string(why) +

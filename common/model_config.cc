@@ -9,6 +9,7 @@
 
 #include "common/files.h"
 #include "common/spelling.h"
+#include "common/text.h"
 
 namespace llmctl {
 namespace {
@@ -374,13 +375,6 @@ const std::vector<Preset>& Presets() {
   return *presets;
 }
 
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) ==
-                  std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
 const Preset* FindPresetEntry(std::string_view name) {
   for (const Preset& preset : Presets()) {
     if (EqualsIgnoreCase(preset.name, name)) return &preset;
@@ -626,7 +620,8 @@ std::vector<CheckpointTensor> CheckpointTensors(const ModelConfig& config) {
     tensors.push_back({layer + "post_attention_layernorm.weight", {hidden}});
   }
   tensors.push_back({"model.norm.weight", {hidden}});
-  if (!config.tie_word_embeddings) tensors.push_back({"lm_head.weight", {config.vocab_size, hidden}});
+  if (!config.tie_word_embeddings)
+    tensors.push_back({"lm_head.weight", {config.vocab_size, hidden}});
   return tensors;
 }
 

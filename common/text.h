@@ -14,6 +14,9 @@ namespace llmctl {
 // `text` without leading and trailing ASCII white space.
 std::string_view Trim(std::string_view text);
 
+// ASCII case-insensitive equality ("A100-80GB" == "a100-80gb"): names, units, HTTP header fields.
+bool EqualsIgnoreCase(std::string_view a, std::string_view b);
+
 // The offset of the first byte that breaks UTF-8 (overlong forms, surrogates and code points past
 // U+10FFFF included), or std::string_view::npos when `text` is valid.
 size_t FirstInvalidUtf8(std::string_view text);

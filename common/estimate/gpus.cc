@@ -1,19 +1,11 @@
 #include "common/estimate/gpus.h"
 
-#include <algorithm>
-#include <cctype>
+#include "common/text.h"
 
 namespace llmctl::estimate {
 namespace {
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
-
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) ==
-                  std::tolower(static_cast<unsigned char>(y));
-         });
-}
 
 }  // namespace
 

@@ -12,16 +12,10 @@
 #include <thread>
 
 #include "common/digest/digest.h"
+#include "common/text.h"
 
 namespace llmctl::http {
 namespace {
-
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) ==
-                  std::tolower(static_cast<unsigned char>(y));
-         });
-}
 
 std::string ToLower(std::string_view text) {
   std::string lower(text);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/spelling.h"
+#include "common/text.h"
 
 namespace llmctl::openstack {
 namespace {
@@ -24,13 +25,6 @@ constexpr Site kSites[] = {
     {"CHI@Edge", "https://chi.edge.chameleoncloud.org:5000/v3", "keystone-edge-prod",
      SiteKind::kEdge},
 };
-
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) ==
-                  std::tolower(static_cast<unsigned char>(y));
-         });
-}
 
 }  // namespace
 
