@@ -2,8 +2,15 @@
 
 # Project code compiles with warnings as errors; third-party headers come in as SYSTEM includes
 # (imported targets' include directories are SYSTEM by default), so their warnings never fail the build.
+# LLMCTL_WERROR=OFF keeps the warnings but not the failure: deploy/gpu-check builds with it, on a machine
+# whose compiler (GCC 13 there) finds warnings this project's does not, some of them false positives in
+# libstdc++'s own inlined code (-Warray-bounds in std::vector's memmove at -O3).
+option(LLMCTL_WERROR "Treat the project's compiler warnings as errors" ON)
 function(llmctl_warnings target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Werror -Wno-unused-parameter)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Wno-unused-parameter)
+  if(LLMCTL_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
 endfunction()
 
 # llmctl_library(NAME SOURCES ... DEPS ...)

@@ -85,6 +85,10 @@ StatusOr<DeviceMemory> DeviceMemory::For(torch::Device device) {
     if (!torch::cuda::is_available()) {
       return FailedPreconditionError("device: cuda was asked for, but no CUDA device is visible");
     }
+    // CUDA starts lazily, at the first kernel or allocation; until it has, the caching allocator
+    // has no devices and its statistics and memory fraction throw ("Invalid device argument",
+    // "Allocator not initialized") — torch.cuda's Python functions start it first for the same reason.
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     return DeviceMemory(device);
   }
 #endif
