@@ -13,6 +13,10 @@ namespace {
 
 constexpr int64_t kLossChunkTokens = 128;  // trainer/model/loss.h
 constexpr uint64_t kTokenIdBytes = 8;      // int64 token ids
+// trainer/train/adamw_8bit.h: the ATen path (CUDA's) updates 8-bit parameters in chunks of this many
+// elements, with temporaries of 25 bytes an element for an fp32 parameter and 33 for bf16 (measured
+// by adamw_8bit_test's counting allocator; 5.05 GiB over a 13B embedding on an H200, unchunked).
+constexpr int64_t kAdamW8bitAtenChunk = int64_t{1} << 22;
 
 // A tensor of the traced forward.
 struct Value {
@@ -43,6 +47,11 @@ struct Forward {
   bool cuda = false;
   bool checkpointing = false;
   bool chunked_loss = false;
+
+  // trainer/model/llama.cc: on CUDA, float32 attention with fewer key/value heads than heads
+  // repeats the keys and values to every head for SDPA's memory-efficient kernel (flash attention
+  // takes 2-byte inputs only). On the CPU flash attention takes float32 and grouped heads.
+  bool RepeatsKeyValues() const { return cuda && !autocast && act == 4 && kv_heads != heads; }
 
   bool Targeted(std::string_view projection) const {
     return std::find(targets.begin(), targets.end(), projection) != targets.end();
@@ -139,12 +148,29 @@ class Trace {
     const Value k_rot = PerToken(kv_width, k.element, k.requires_grad);
     const bool grad = q_rot.requires_grad || k_rot.requires_grad || v.requires_grad;
     const Value out = PerToken(q_width, q.element, grad);
-    if (grad) {
-      // Flash attention keeps its inputs, output and the float32 log-sum-exp (B, H, T).
+    if (grad && f_.RepeatsKeyValues()) {
+      // The memory-efficient kernel keeps q, the repeated k and v (B, H, T, D), its output and
+      // the float32 log-sum-exp (B, H, T rounded up to 32).
+      Save(q_rot);
+      Save(PerToken(q_width, 4, false));
+      Save(PerToken(q_width, 4, false));
+      Save(out);
+      Save(Fixed(f_.tokens / f_.seq * f_.heads * ((f_.seq + 31) / 32 * 32), 4, false));
+    } else if (grad && f_.cuda && q.element == 2 && f_.head_dim % 8 != 0) {
+      // CUDA's flash attention takes head dims in multiples of 8: SDPA pads q, k and v (copies,
+      // which flash keeps instead of the rotated ones) and slices its padded output, so o_proj's
+      // input is a copy (OpenLLaMA 3B's 100 -> 104; measured on an H200).
+      const int64_t padded = (f_.head_dim + 7) / 8 * 8;
+      for (const int64_t heads : {f_.heads, f_.kv_heads, f_.kv_heads, f_.heads}) {
+        Save(PerToken(heads * padded, q.element, false));
+      }
+      Save(PerToken(f_.heads, 4, false));
+    } else if (grad) {
+      // Flash attention keeps its inputs, output and the float32 log-sum-exp (B, H, T); (B, H, T,
+      // D) -> (B, T, H * D) is a view of its output.
       for (const Value* t : {&q_rot, &k_rot, &v, &out}) Save(*t);
       Save(PerToken(f_.heads, 4, false));
     }
-    // (B, H, T, D) -> (B, T, H * D) is a view of SDPA's output.
     return Linear(out, q_width, f_.hidden, "o_proj", f_.qlora);
   }
 
@@ -320,6 +346,16 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   const uint64_t grad_stream = n * static_cast<uint64_t>(f.hidden) * f.act;  // (B, T, C)
   const uint64_t layer_transient =
       n * static_cast<uint64_t>(f.inter) * (f.autocast ? 2 : f.act) * 3;
+  // 8-bit AdamW's ATen path (CUDA) allocates one chunk's temporaries during the step; the fused
+  // CPU kernel none.
+  uint64_t step_transient = 0;
+  if (f.cuda && config.GetString("optimizer") == "adamw_8bit") {
+    const int64_t largest =
+        std::max({model.vocab_size * model.hidden_size, model.intermediate_size * model.hidden_size,
+                  f.heads * f.head_dim * model.hidden_size});
+    step_transient = static_cast<uint64_t>(std::min(largest, kAdamW8bitAtenChunk)) *
+                     (precision == "bf16-true" ? 33 : 25);
+  }
 
   uint64_t peak = 0;
   std::string peak_moment;
@@ -364,8 +400,12 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
            "backward, at the embedding: " + state_text + " + gradients " +
                FormatBytes(grads_after(all_grads)) + " + " + FormatBytes(fixed + grad_stream));
   const uint64_t optimizer_state = first_step_only ? state.optim_device_bytes : 0;
-  consider(base + (accumulation > 1 ? 0 : all_grads) + optimizer_state, "optimizer step",
-           "optimizer step: params, gradients and optimizer state");
+  consider(base + (accumulation > 1 ? 0 : all_grads) + optimizer_state + step_transient,
+           "optimizer step",
+           step_transient > 0
+               ? "optimizer step: params, gradients and optimizer state + 8-bit AdamW's chunk " +
+                     FormatBytes(step_transient)
+               : "optimizer step: params, gradients and optimizer state");
   estimate.peak_bytes = peak;
 
   // --explain's lines for the activations and the peak (the model state's are the CLI's).

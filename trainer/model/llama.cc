@@ -88,11 +88,21 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   auto v = v_proj_(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);  // (B, K, T, D)
   q = ApplyRotary(q, rope);
   k = ApplyRotary(k, rope);
+  bool grouped = num_heads_ != num_kv_heads_;
+  if (grouped && q.is_cuda() && q.scalar_type() == torch::kFloat32) {
+    // On CUDA, float32 gets SDPA's memory-efficient kernel, which takes no grouped-query attention:
+    // with enable_gqa SDPA falls back to its math path, which keeps the attention probabilities
+    // (B, H, T, T) of every layer (TinyLlama at 8 x 512 on an H200: 6.2 GiB more). Repeating the
+    // keys and values to every head first, as LitGPT does, keeps two (B, H, T, D) copies instead.
+    k = k.repeat_interleave(num_heads_ / num_kv_heads_, /*dim=*/1);  // (B, H, T, D)
+    v = v.repeat_interleave(num_heads_ / num_kv_heads_, /*dim=*/1);  // (B, H, T, D)
+    grouped = false;
+  }
   // Right padding only: real tokens never attend to padding under the causal mask, and padded positions
   // carry no labels, so no padding mask is needed.
   auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                             /*is_causal=*/true, /*scale=*/std::nullopt,
-                                            /*enable_gqa=*/num_heads_ != num_kv_heads_);  // (B, H, T, D)
+                                            /*enable_gqa=*/grouped);  // (B, H, T, D)
   y = y.transpose(1, 2).reshape({batch, seq, num_heads_ * head_dim_});
   return o_proj_(y);
 }

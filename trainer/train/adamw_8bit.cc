@@ -100,8 +100,9 @@ void UpdateBlocksCpu(T* p, const T* g, int64_t n, const EightBitBuffers& m,
 
 class AdamW8bit final : public Optimizer {
  public:
-  AdamW8bit(const OptimizerOptions& options, std::vector<torch::Tensor> params, AdamW8bitImpl impl)
-      : options_(options), params_(std::move(params)), impl_(impl) {}
+  AdamW8bit(const OptimizerOptions& options, std::vector<torch::Tensor> params, AdamW8bitImpl impl,
+            int64_t aten_chunk)
+      : options_(options), params_(std::move(params)), impl_(impl), aten_chunk_(aten_chunk) {}
 
   void Step(double lr) override {
     BeginStep(lr);
@@ -208,8 +209,24 @@ class AdamW8bit final : public Optimizer {
     if (impl_ == AdamW8bitImpl::kDefault && s.eight_bit && p.is_cpu() && p.is_contiguous() &&
         grad.scalar_type() == p.scalar_type()) {
       UpdateCpu(p, grad.contiguous(), s, lr, c1, c2);
+    } else if (s.eight_bit) {
+      // Whole state blocks at a time: slices of the flat parameter, gradient, codes and absmax are
+      // views, so each chunk's update writes the live tensors.
+      const torch::Tensor flat = p.detach().view(-1);
+      const torch::Tensor grad_flat = grad.reshape(-1);
+      const int64_t n = flat.numel();
+      for (int64_t start = 0; start < n; start += aten_chunk_) {
+        const int64_t end = std::min(n, start + aten_chunk_);
+        const int64_t block_begin = start / kAdamW8bitBlocksize;
+        const int64_t block_end = (end + kAdamW8bitBlocksize - 1) / kAdamW8bitBlocksize;
+        Blockwise8bit m{s.m.codes.slice(0, start, end), s.m.absmax.slice(0, block_begin, block_end),
+                        kAdamW8bitBlocksize};
+        Blockwise8bit v{s.v.codes.slice(0, start, end), s.v.absmax.slice(0, block_begin, block_end),
+                        kAdamW8bitBlocksize};
+        UpdateAten(flat.slice(0, start, end), grad_flat.slice(0, start, end), m, v, lr, c1, c2);
+      }
     } else {
-      UpdateAten(p, s, lr, c1, c2);
+      UpdateAten(p.detach().view(-1), p.grad().reshape(-1), s.exp_avg, s.exp_avg_sq, lr, c1, c2);
     }
   }
 
@@ -233,14 +250,32 @@ class AdamW8bit final : public Optimizer {
         });
   }
 
-  // Device-generic: every tensor, whatever its device or dtype; also the small tensors' fp32 path.
-  void UpdateAten(torch::Tensor& p, Moments& s, double lr, double c1, double c2) {
-    const torch::Tensor g = p.grad().reshape(-1).to(torch::kFloat32);  // (n)
+  // Device-generic: every tensor, whatever its device or dtype. `p` and `grad` are flat (n); the
+  // moments are 8-bit state of the same n elements (an 8-bit parameter's chunk).
+  void UpdateAten(torch::Tensor p, const torch::Tensor& grad, Blockwise8bit& m_state,
+                  Blockwise8bit& v_state, double lr, double c1, double c2) {
+    auto [m, v] = UpdateAtenMoments(p, grad, DequantizeBlockwise8bit(m_state, signed_map_),
+                                    DequantizeBlockwise8bit(v_state, unsigned_map_), lr, c1, c2);
+    Store(m_state, QuantizeBlockwise8bit(m, signed_map_, kAdamW8bitBlocksize));
+    Store(v_state, QuantizeBlockwise8bit(v, unsigned_map_, kAdamW8bitBlocksize));
+  }
+  // The small tensors' fp32 moments.
+  void UpdateAten(torch::Tensor p, const torch::Tensor& grad, torch::Tensor& exp_avg,
+                  torch::Tensor& exp_avg_sq, double lr, double c1, double c2) {
+    auto [m, v] = UpdateAtenMoments(p, grad, exp_avg, exp_avg_sq, lr, c1, c2);
+    exp_avg.copy_(m);
+    exp_avg_sq.copy_(v);
+  }
+
+  // Updates `p` (flat) in place and returns the new moments (fp32, flat).
+  std::pair<torch::Tensor, torch::Tensor> UpdateAtenMoments(torch::Tensor p,
+                                                            const torch::Tensor& grad,
+                                                            const torch::Tensor& m_old,
+                                                            const torch::Tensor& v_old, double lr,
+                                                            double c1, double c2) {
+    const torch::Tensor g = grad.to(torch::kFloat32);  // (n)
     // Elementwise skip without a host sync: non-finite elements keep their old values below.
     const torch::Tensor finite = g.isfinite();
-    const torch::Tensor m_old = s.eight_bit ? DequantizeBlockwise8bit(s.m, signed_map_) : s.exp_avg;
-    const torch::Tensor v_old =
-        s.eight_bit ? DequantizeBlockwise8bit(s.v, unsigned_map_) : s.exp_avg_sq;
     // The same fp32 ATen ops as bitsandbytes' CPU update, so on a CPU that gets the same ATen
     // kernels the requantised codes match it bit for bit.
     torch::Tensor m =
@@ -248,18 +283,11 @@ class AdamW8bit final : public Optimizer {
     torch::Tensor v =
         torch::where(finite, v_old.mul(options_.beta2).addcmul_(g, g, 1.0 - options_.beta2), v_old);
 
-    const torch::Tensor p32 = p.detach().reshape(-1).to(torch::kFloat32);
+    const torch::Tensor p32 = p.to(torch::kFloat32);
     torch::Tensor updated = p32.addcdiv(m, v.sqrt().add_(c2 * options_.eps), -lr * c2 / c1);
     if (options_.weight_decay > 0.0) updated.mul_(1.0 - lr * options_.weight_decay);
-    p.detach().view(-1).copy_(torch::where(finite, updated, p32));
-
-    if (s.eight_bit) {
-      Store(s.m, QuantizeBlockwise8bit(m, signed_map_, kAdamW8bitBlocksize));
-      Store(s.v, QuantizeBlockwise8bit(v, unsigned_map_, kAdamW8bitBlocksize));
-    } else {
-      s.exp_avg.copy_(m);
-      s.exp_avg_sq.copy_(v);
-    }
+    p.copy_(torch::where(finite, updated, p32));
+    return {std::move(m), std::move(v)};
   }
 
   // Into the existing tensors, so state handed out by StateTensors() stays the live state.
@@ -271,6 +299,7 @@ class AdamW8bit final : public Optimizer {
   OptimizerOptions options_;
   std::vector<torch::Tensor> params_;
   AdamW8bitImpl impl_;
+  int64_t aten_chunk_;
   std::vector<Moments> moments_;
   torch::Tensor signed_map_;
   torch::Tensor unsigned_map_;
@@ -285,8 +314,9 @@ class AdamW8bit final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> MakeAdamW8bit(const OptimizerOptions& options,
-                                         std::vector<torch::Tensor> params, AdamW8bitImpl impl) {
-  return std::make_unique<AdamW8bit>(options, std::move(params), impl);
+                                         std::vector<torch::Tensor> params, AdamW8bitImpl impl,
+                                         int64_t aten_chunk) {
+  return std::make_unique<AdamW8bit>(options, std::move(params), impl, aten_chunk);
 }
 
 }  // namespace llmctl::trainer

@@ -27,6 +27,15 @@ inline constexpr int64_t kAdamW8bitMinSize = 4096;
 // steps reach; the bounds are derived in adamw_8bit_test.cc.
 enum class AdamW8bitImpl { kDefault, kAten };
 
+// The ATen path updates an 8-bit parameter this many elements at a time (a whole number of state
+// blocks), so its temporaries (the fp32 gradient, old and new moments, parameter and update, the
+// quantiser's indices: 25 bytes an element for an fp32 parameter, 33 for bf16) are those of a chunk,
+// 132 MiB at most, whatever the parameter's size. Over a whole 13B embedding they took 5.05 GiB on
+// an H200: under an A100's 79.2 GiB, the lab's 13B 8-bit AdamW rows ran out of memory in their first
+// optimizer step. Every operation is elementwise or per block, so chunking changes no bit.
+// common/estimate/step_memory.cc counts the same transient.
+inline constexpr int64_t kAdamW8bitAtenChunk = int64_t{1} << 22;
+
 // Per parameter of n elements, the state is:
 //   n >= kAdamW8bitMinSize: m as uint8 codes of the signed dynamic map and v of the unsigned one,
 //   with an
@@ -45,9 +54,11 @@ enum class AdamW8bitImpl { kDefault, kAten };
 //   p = (p + (step_size m) / (sqrt(v) + eps')) decay
 // with beta1, 1 - beta1, beta2, 1 - beta2, step_size = -lr c2 / c1, eps' = c2 eps and decay = 1 -
 // lr wd (1 without decay) each rounded from double to fp32, and p rounded to its dtype at the end.
+// `aten_chunk` (a multiple of kAdamW8bitBlocksize) is for tests that span several chunks.
 std::unique_ptr<Optimizer> MakeAdamW8bit(const OptimizerOptions& options,
                                          std::vector<torch::Tensor> params,
-                                         AdamW8bitImpl impl = AdamW8bitImpl::kDefault);
+                                         AdamW8bitImpl impl = AdamW8bitImpl::kDefault,
+                                         int64_t aten_chunk = kAdamW8bitAtenChunk);
 
 }  // namespace llmctl::trainer
 

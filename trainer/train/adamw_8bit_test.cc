@@ -690,5 +690,53 @@ TEST(AdamW8bitTest, CpuStepHasNoLargeTransientMemory) {
   }
 }
 
+// The ATen path (CUDA's) updates an 8-bit parameter in chunks of whole state blocks: every operation
+// is elementwise or per block, so chunks of 1,024 elements give the bits of one chunk (parameters,
+// codes, absmax, over steps with non-finite gradient elements), and the step's temporaries are
+// those of a chunk, not of the parameter.
+TEST(AdamW8bitTest, AtenPathInChunksIsTheWholeTensorUpdate) {
+  torch::manual_seed(11);
+  constexpr int64_t kChunk = 1024;
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    // 10 chunks and a short one whose last state block is short too (10,340 = 40 blocks + 100).
+    const torch::Tensor init = (torch::randn({10340}) * 0.1).to(dtype);
+    torch::Tensor whole = init.clone().requires_grad_(true);
+    torch::Tensor chunked = init.clone().requires_grad_(true);
+    OptimizerOptions options;
+    options.weight_decay = 0.05;
+    auto one = MakeAdamW8bit(options, {whole}, AdamW8bitImpl::kAten, /*aten_chunk=*/1 << 20);
+    auto many = MakeAdamW8bit(options, {chunked}, AdamW8bitImpl::kAten, kChunk);
+    for (int step = 0; step < 4; ++step) {
+      const torch::Tensor g = KernelTestGradient(init, step);
+      whole.mutable_grad() = g.clone();
+      chunked.mutable_grad() = g.clone();
+      one->Step(1e-2);
+      many->Step(1e-2);
+      EXPECT_EQ(BitsDiffer(whole, chunked), 0) << torch::toString(dtype) << ", step " << step;
+      const auto a = StateByName(*one);
+      const auto b = StateByName(*many);
+      for (const char* field : {"0.state1", "0.absmax1", "0.state2", "0.absmax2"}) {
+        EXPECT_EQ(BitsDiffer(a.at(field), b.at(field)), 0)
+            << torch::toString(dtype) << ", step " << step << ", " << field;
+      }
+    }
+  }
+
+  CountingCpuAllocator& allocator = CountingCpuAllocator::Install();
+  constexpr int64_t kNumel = 1 << 20;
+  torch::Tensor p = torch::randn({kNumel}).to(torch::kBFloat16).requires_grad_(true);
+  p.mutable_grad() = (torch::randn({kNumel}) * 1e-2).to(torch::kBFloat16);
+  auto optimizer = MakeAdamW8bit({}, {p}, AdamW8bitImpl::kAten, /*aten_chunk=*/1 << 12);
+  optimizer->Step(1e-3);
+  const uint64_t before = allocator.device().allocated_bytes;
+  allocator.ResetPeaks();
+  optimizer->Step(1e-3);
+  const uint64_t transient = allocator.device().peak_bytes - before;
+  std::printf("8-bit AdamW step, ATen path in chunks of 4,096: transient %llu bytes\n",
+              static_cast<unsigned long long>(transient));
+  // The whole-tensor update's was 33 MiB (CpuStepHasNoLargeTransientMemory): ~33 bytes an element.
+  EXPECT_LT(transient, uint64_t{64} * (1 << 12));
+}
+
 }  // namespace
 }  // namespace llmctl::trainer
