@@ -35,6 +35,16 @@ def run_text(argv):
         return ""
 
 
+def tree_commit():
+    """HEAD, marked when the tree differs from it (a device machine's copy of .git can be older than
+    the working tree sent with it, so HEAD alone may name a commit the tree has moved past)."""
+    head = run_text(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    if not head:
+        return "unknown (no .git)"
+    changed = run_text(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
+    return head + (" + uncommitted changes" if changed else "")
+
+
 def read_jsonl(path):
     path = Path(path)
     if not path.exists():
@@ -88,7 +98,7 @@ def cmd_env(out, device, llm_train, build_dir):
         "cmake": (run_text(["cmake", "--version"]).splitlines() or [""])[0],
         "nvcc": (run_text(["nvcc", "--version"]).splitlines() or [""])[-1],
         "llm_train": "; ".join(run_text([llm_train, "--version"]).splitlines()),
-        "commit": run_text(["git", "-C", str(REPO), "rev-parse", "HEAD"]) or "unknown (no .git)",
+        "commit": tree_commit(),
         "build_dir": build_dir,
     }
     try:
