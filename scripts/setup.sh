@@ -13,6 +13,8 @@ DEBIAN_PACKAGES=(
   libboost-dev libboost-system-dev libcurl4-openssl-dev libssl-dev
   nlohmann-json3-dev libsqlite3-dev sqlite3 libspdlog-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libpcre2-dev
+  # JPEG and PNG decoding for image-caption datasets (common/image).
+  libjpeg62-turbo-dev libpng-dev
   # A real Keystone (OpenStack Zed) for the cloud client's tests, and the openstack CLI that cross-checks them:
   # about 175 packages, 27 MB, 3.5 min here. The tests start their own on loopback (tests/keystone).
   keystone uwsgi-plugin-python3 python3-openstackclient
@@ -20,7 +22,7 @@ DEBIAN_PACKAGES=(
   cloud-init shellcheck
 )
 DEV_PYTHON_PACKAGES=(numpy "transformers==5.23.0" "tokenizers==0.23.3" "safetensors==0.8.0" "peft==0.21.2"
-  "bitsandbytes==0.50.2")
+  "bitsandbytes==0.50.2" "pillow==13.0.0")
 
 retry() {
   local attempt
@@ -62,7 +64,7 @@ if [ "$installed_torch" != "$TORCH_VERSION" ]; then
   retry .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
 fi
 if [ "${1:-}" = "--dev" ]; then
-  if ! .venv/bin/python -c 'import transformers, tokenizers, safetensors, numpy, peft, bitsandbytes' 2>/dev/null; then
+  if ! .venv/bin/python -c 'import transformers, tokenizers, safetensors, numpy, peft, bitsandbytes, PIL' 2>/dev/null; then
     echo "setup: installing the fixture and benchmark tools into .venv"
     retry .venv/bin/pip install -q --disable-pip-version-check "${DEV_PYTHON_PACKAGES[@]}"
   fi

@@ -1,0 +1,191 @@
+#include "common/image/image.h"
+
+// jpeglib.h uses size_t and FILE without including their headers.
+#include <cstddef>
+#include <cstdio>
+// clang-format off
+#include <jpeglib.h>
+// clang-format on
+#include <png.h>
+
+#include <algorithm>
+#include <csetjmp>
+#include <cstring>
+#include <string_view>
+
+#include "common/files.h"
+
+namespace llmctl::image {
+namespace {
+
+// libjpeg reports errors through a callback that must not return: it jumps back to DecodeJpeg.
+// Warnings (corrupt data, a premature end of file) are kept and refuse the image afterwards.
+struct JpegErrors {
+  jpeg_error_mgr manager;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX] = {};
+  char warning[JMSG_LENGTH_MAX] = {};
+};
+
+void OnJpegError(j_common_ptr cinfo) {
+  auto* errors = reinterpret_cast<JpegErrors*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, errors->message);
+  std::longjmp(errors->jump, 1);
+}
+
+void OnJpegMessage(j_common_ptr cinfo, int level) {
+  auto* errors = reinterpret_cast<JpegErrors*>(cinfo->err);
+  if (level < 0 && errors->warning[0] == '\0') {  // a warning; trace messages are >= 0
+    (*cinfo->err->format_message)(cinfo, errors->warning);
+  }
+}
+
+// No C++ object is created between setjmp and the calls that may jump back: `image` is sized
+// before the scanlines are read, and the jump only skips libjpeg's own C frames.
+Status DecodeJpeg(const std::string& data, const std::string& display_path, RgbImage& image) {
+  jpeg_decompress_struct cinfo;
+  JpegErrors errors;
+  cinfo.err = jpeg_std_error(&errors.manager);
+  errors.manager.error_exit = OnJpegError;
+  errors.manager.emit_message = OnJpegMessage;
+  if (setjmp(errors.jump) != 0) {
+    jpeg_destroy_decompress(&cinfo);
+    return InvalidArgumentError(display_path + ": not a readable JPEG image: " + errors.message);
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(data.data()), data.size());
+  jpeg_read_header(&cinfo, TRUE);
+  if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
+    jpeg_destroy_decompress(&cinfo);
+    return InvalidArgumentError(display_path +
+                                ": a CMYK JPEG image; convert it to RGB (e.g. `convert IN -colorspace "
+                                "sRGB OUT`)");
+  }
+  cinfo.out_color_space = JCS_RGB;
+  jpeg_start_decompress(&cinfo);
+  image.width = static_cast<int>(cinfo.output_width);
+  image.height = static_cast<int>(cinfo.output_height);
+  image.pixels.resize(static_cast<size_t>(image.width) * image.height * 3);
+  while (cinfo.output_scanline < cinfo.output_height) {
+    JSAMPROW row = image.pixels.data() + static_cast<size_t>(cinfo.output_scanline) * image.width * 3;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  if (errors.warning[0] != '\0') {
+    return InvalidArgumentError(display_path + ": a corrupt JPEG image: " + errors.warning);
+  }
+  return Status::Ok();
+}
+
+// transformers' convert_to_rgb: an image with alpha is composited onto opaque white with PIL's
+// Image.alpha_composite (libImaging/AlphaComposite.c: 7 extra bits of precision, divisions by 255
+// rounded by shifts), then its alpha dropped. With alpha 255 the colour comes back unchanged.
+void OverWhite(const uint8_t* rgba, uint8_t* rgb) {
+  constexpr uint32_t kPrecisionBits = 7;
+  const uint32_t alpha = rgba[3];
+  if (alpha == 0) {
+    rgb[0] = rgb[1] = rgb[2] = 255;
+    return;
+  }
+  const uint32_t blend = 255 * (255 - alpha);
+  const uint32_t out_alpha_255 = alpha * 255 + blend;
+  const uint32_t coef1 = alpha * 255 * 255 * (1u << kPrecisionBits) / out_alpha_255;
+  const uint32_t coef2 = 255 * (1u << kPrecisionBits) - coef1;
+  for (int c = 0; c < 3; ++c) {
+    const uint32_t sum = rgba[c] * coef1 + 255 * coef2 + (0x80u << kPrecisionBits);
+    rgb[c] = static_cast<uint8_t>((((sum >> 8) + sum) >> 8) >> kPrecisionBits);
+  }
+}
+
+struct PngReader {
+  const std::string* data;
+  size_t offset = 0;
+  char message[256] = {};
+};
+
+void OnPngRead(png_structp png, png_bytep out, png_size_t length) {
+  auto* reader = static_cast<PngReader*>(png_get_io_ptr(png));
+  if (reader->data->size() - reader->offset < length) png_error(png, "the file ends early");
+  std::memcpy(out, reader->data->data() + reader->offset, length);
+  reader->offset += length;
+}
+
+void OnPngError(png_structp png, png_const_charp message) {
+  auto* reader = static_cast<PngReader*>(png_get_error_ptr(png));
+  std::snprintf(reader->message, sizeof(reader->message), "%s", message);
+  png_longjmp(png, 1);
+}
+
+void OnPngWarning(png_structp, png_const_charp) {}  // e.g. an unknown sRGB profile: PIL reads on
+
+Status DecodePng(const std::string& data, const std::string& display_path, RgbImage& image) {
+  PngReader reader{&data};
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &reader, OnPngError, OnPngWarning);
+  png_infop info = png != nullptr ? png_create_info_struct(png) : nullptr;
+  if (info == nullptr) {
+    png_destroy_read_struct(&png, nullptr, nullptr);
+    return InternalError("libpng could not start");
+  }
+  std::vector<png_bytep> rows;
+  std::vector<uint8_t> rgba;  // (H, W, 4)
+  if (setjmp(png_jmpbuf(png)) != 0) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    return InvalidArgumentError(display_path + ": not a readable PNG image: " + reader.message);
+  }
+  png_set_read_fn(png, &reader, OnPngRead);
+  png_read_info(png, info);
+  const png_byte color = png_get_color_type(png, info);
+  // Everything to 8-bit RGBA: 16-bit samples cut to their high byte (PIL's "RGB;16B" unpacker),
+  // palettes and grayscale expanded, a tRNS chunk made alpha, opaque images given alpha 255.
+  png_set_strip_16(png);
+  png_set_packing(png);
+  if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+  if (color == PNG_COLOR_TYPE_GRAY && png_get_bit_depth(png, info) < 8) {
+    png_set_expand_gray_1_2_4_to_8(png);
+  }
+  if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png);
+  if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
+  png_set_filler(png, 0xFF, PNG_FILLER_AFTER);
+  png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  image.width = static_cast<int>(png_get_image_width(png, info));
+  image.height = static_cast<int>(png_get_image_height(png, info));
+  if (png_get_rowbytes(png, info) != static_cast<size_t>(image.width) * 4) {
+    png_error(png, "unexpected row layout after conversion to RGBA");
+  }
+  rgba.resize(static_cast<size_t>(image.width) * image.height * 4);
+  rows.resize(image.height);
+  for (int y = 0; y < image.height; ++y) {
+    rows[y] = rgba.data() + static_cast<size_t>(y) * image.width * 4;
+  }
+  png_read_image(png, rows.data());
+  png_read_end(png, nullptr);
+  png_destroy_read_struct(&png, &info, nullptr);
+  image.pixels.resize(static_cast<size_t>(image.width) * image.height * 3);
+  for (size_t i = 0; i < image.pixels.size() / 3; ++i) {
+    OverWhite(&rgba[i * 4], &image.pixels[i * 3]);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<RgbImage> DecodeImageFile(const std::string& path, const std::string& display_path) {
+  ASSIGN_OR_RETURN(const std::string data, ReadFileToString(path));
+  RgbImage image;
+  const std::string_view head(data.data(), std::min<size_t>(data.size(), 8));
+  if (head.starts_with("\xFF\xD8\xFF")) {
+    RETURN_IF_ERROR(DecodeJpeg(data, display_path, image));
+  } else if (head == std::string_view("\x89PNG\r\n\x1A\n", 8)) {
+    RETURN_IF_ERROR(DecodePng(data, display_path, image));
+  } else {
+    return InvalidArgumentError(display_path + ": not a JPEG or PNG image (by its first bytes)");
+  }
+  if (image.width <= 0 || image.height <= 0) {
+    return InvalidArgumentError(display_path + ": an image without pixels");
+  }
+  return image;
+}
+
+}  // namespace llmctl::image

@@ -1,0 +1,186 @@
+// common/image against PIL and transformers (tests/fixtures/images, written by
+// scripts/fixtures/make_image_fixtures.py): decoding, the bicubic resize and BLIP's pixel values bit
+// for bit; broken images and imagefolder metadata refused with the file and line named.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "common/digest/digest.h"
+#include "common/image/image.h"
+#include "common/image/imagefolder.h"
+#include "common/image/resample.h"
+
+namespace llmctl::image {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Fixtures() {
+  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
+  return std::string(dir != nullptr ? dir : ".") + "/tests/fixtures/images/";
+}
+
+nlohmann::json Expected() {
+  std::ifstream in(Fixtures() + "expected.json");
+  return nlohmann::json::parse(in);
+}
+
+template <typename T>
+std::string Sha256Of(const std::vector<T>& values) {
+  return digest::Sha256Hex(std::string_view(reinterpret_cast<const char*>(values.data()),
+                                            values.size() * sizeof(T)));
+}
+
+TEST(ImageTest, DecodesResizesAndNormalisesAsPilAndBlipImageProcessorDo) {
+  const nlohmann::json expected = Expected();
+  ASSERT_EQ(expected.size(), 4u);
+  for (const auto& [name, want] : expected.items()) {
+    SCOPED_TRACE(name);
+    auto decoded = DecodeImageFile(Fixtures() + name, name);
+    ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+    EXPECT_EQ(decoded->width, want["width"]);
+    EXPECT_EQ(decoded->height, want["height"]);
+    EXPECT_EQ(Sha256Of(decoded->pixels), want["rgb_sha256"]) << "decoded RGB differs from PIL's";
+    const RgbImage resized = ResizeBicubic(*decoded, 224, 224);
+    EXPECT_EQ(Sha256Of(resized.pixels), want["resized_sha256"]) << "resize differs from PIL's";
+    const std::vector<float> pixels = NormalizedPixels(resized, kClipMean, kClipStd);
+    ASSERT_EQ(pixels.size(), 3u * 224 * 224);
+    EXPECT_EQ(Sha256Of(pixels), want["pixel_values_sha256"]);
+    for (const auto& sample : want["pixel_value_samples"]) {
+      const size_t index = sample[0].get<size_t>();
+      EXPECT_EQ(pixels[index], sample[1].get<float>()) << "pixel_values[" << index << "]";
+    }
+  }
+}
+
+TEST(ImageTest, SameSizeIsACopyAndShrinkingAveragesNeighbours) {
+  RgbImage image{4, 2, std::vector<uint8_t>(4 * 2 * 3)};
+  for (size_t i = 0; i < image.pixels.size(); ++i) image.pixels[i] = static_cast<uint8_t>(i * 9);
+  EXPECT_EQ(ResizeBicubic(image, 4, 2).pixels, image.pixels);
+  RgbImage flat{8, 8, std::vector<uint8_t>(8 * 8 * 3, 77)};
+  const RgbImage small = ResizeBicubic(flat, 3, 5);
+  EXPECT_EQ(small.width, 3);
+  EXPECT_EQ(small.height, 5);
+  EXPECT_EQ(small.pixels, std::vector<uint8_t>(3 * 5 * 3, 77)) << "weights must sum to one";
+}
+
+TEST(ImageTest, BrokenImagesAreRefusedWithTheirName) {
+  auto truncated = DecodeImageFile(Fixtures() + "truncated.jpg", "captions/truncated.jpg");
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_EQ(truncated.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(truncated.status().message().find("captions/truncated.jpg"), std::string::npos)
+      << truncated.status().ToString();
+  auto text = DecodeImageFile(Fixtures() + "not-an-image.jpg", "captions/not-an-image.jpg");
+  ASSERT_FALSE(text.ok());
+  EXPECT_EQ(text.status().message(),
+            "captions/not-an-image.jpg: not a JPEG or PNG image (by its first bytes)");
+  const std::string png = Fixtures() + "rgba.png";
+  std::ifstream in(png, std::ios::binary);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const fs::path cut = fs::temp_directory_path() / ("llmctl-image-cut-" + std::to_string(getpid()) + ".png");
+  std::ofstream(cut, std::ios::binary) << data.substr(0, data.size() / 2);
+  auto half = DecodeImageFile(cut.string(), "captions/half.png");
+  fs::remove(cut);
+  ASSERT_FALSE(half.ok());
+  EXPECT_NE(half.status().message().find("captions/half.png: not a readable PNG image"),
+            std::string::npos)
+      << half.status().ToString();
+}
+
+class ImageFolderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("llmctl-imagefolder-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "img");
+    for (const char* name : {"photo.jpg", "gray.jpg", "truncated.jpg"}) {
+      fs::copy_file(Fixtures() + name, dir_ / "img" / name);
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void Write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name, std::ios::binary) << text;
+  }
+  StatusOr<std::vector<CaptionedImage>> Read() {
+    return ReadImageFolder(dir_.string(), "captions", "text");
+  }
+  fs::path dir_;
+};
+
+TEST_F(ImageFolderTest, ReadsJsonLinesAndCsvWithQuotedCaptions) {
+  Write("metadata.jsonl",
+        "{\"file_name\": \"img/photo.jpg\", \"text\": \"a red circle on a blue square\"}\n\n"
+        "{\"file_name\": \"img/gray.jpg\", \"text\": \"a grey photo\", \"extra\": 3}\n");
+  auto rows = Read();
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 2u);
+  EXPECT_EQ((*rows)[0].caption, "a red circle on a blue square");
+  EXPECT_EQ((*rows)[1].path, (dir_ / "img/gray.jpg").string());
+  EXPECT_TRUE(CheckImages(*rows, "captions").ok());
+
+  fs::remove(dir_ / "metadata.jsonl");
+  Write("metadata.csv",
+        "file_name,text\r\nimg/photo.jpg,\"a plate, with \"\"fries\"\"\nand a burger\"\r\n"
+        "img/gray.jpg,plain\r\n");
+  rows = Read();
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 2u);
+  EXPECT_EQ((*rows)[0].caption, "a plate, with \"fries\"\nand a burger");
+  EXPECT_EQ((*rows)[1].caption, "plain");
+}
+
+TEST_F(ImageFolderTest, BadMetadataIsOneMessageNamingTheFileAndLine) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"file_name\": \"img/photo.jpg\"}\n", "captions/metadata.jsonl:1: no caption column 'text'"},
+      {"{\"file_name\": \"img/photo.jpg\", \"text\": \"ok\"}\n{\"text\": \"x\"}\n",
+       "captions/metadata.jsonl:2: no file_name"},
+      {"{\"file_name\": \"img/photo.jpg\", \"text\": \"  \"}\n",
+       "captions/metadata.jsonl:1: the caption ('text') is empty or not text"},
+      {"{\"file_name\": \"img/missing.jpg\", \"text\": \"x\"}\n",
+       "captions/metadata.jsonl:1: file_name 'img/missing.jpg': no such file in captions"},
+      {"{\"file_name\": \"../outside.jpg\", \"text\": \"x\"}\n",
+       "captions/metadata.jsonl:1: file_name '../outside.jpg' is outside the folder"},
+      {"{\"file_name\": \"img/photo.jpg\", \"text\": \"x\"}\n[1]\n",
+       "captions/metadata.jsonl:2: not a JSON object"},
+      {"{\"file_name\": \"img/photo.jpg\", \"text\": \"x\"}\n{\"file_name\": \"img/photo.jpg\", "
+       "\"text\": \"y\"}\n",
+       "captions/metadata.jsonl:2: file_name 'img/photo.jpg' is listed twice"},
+  };
+  for (const auto& [metadata, message] : cases) {
+    Write("metadata.jsonl", metadata);
+    auto rows = Read();
+    ASSERT_FALSE(rows.ok()) << metadata;
+    EXPECT_EQ(rows.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(rows.status().message(), message);
+  }
+  Write("metadata.csv", "file_name,text\nimg/photo.jpg,a,b\n");
+  EXPECT_EQ(Read().status().message(), "captions: both metadata.jsonl and metadata.csv; keep one");
+  fs::remove(dir_ / "metadata.jsonl");
+  EXPECT_EQ(Read().status().message(),
+            "captions/metadata.csv:2: 3 fields where the header has 2");
+  fs::remove(dir_ / "metadata.csv");
+  EXPECT_EQ(Read().status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(ImageFolderTest, ABrokenImageIsRefusedByName) {
+  Write("metadata.jsonl",
+        "{\"file_name\": \"img/photo.jpg\", \"text\": \"fine\"}\n"
+        "{\"file_name\": \"img/truncated.jpg\", \"text\": \"cut short\"}\n");
+  auto rows = Read();
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  const Status checked = CheckImages(*rows, "captions");
+  ASSERT_FALSE(checked.ok());
+  EXPECT_NE(checked.message().find("captions/img/truncated.jpg: a corrupt JPEG image"),
+            std::string::npos)
+      << checked.ToString();
+}
+
+}  // namespace
+}  // namespace llmctl::image

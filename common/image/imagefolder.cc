@@ -1,0 +1,172 @@
+#include "common/image/imagefolder.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string_view>
+
+#include "common/files.h"
+#include "common/image/image.h"
+
+namespace llmctl::image {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One metadata row: its line (1-based, where the row starts) and its columns.
+struct Row {
+  int line = 0;
+  nlohmann::json fields;
+};
+
+StatusOr<std::vector<Row>> ReadJsonLines(const std::string& text, const std::string& where) {
+  std::vector<Row> rows;
+  int line = 0;
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    const std::string_view content(text.data() + start, end - start);
+    ++line;
+    start = end + 1;
+    if (content.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    nlohmann::json row = nlohmann::json::parse(content, nullptr, /*allow_exceptions=*/false);
+    if (row.is_discarded() || !row.is_object()) {
+      return InvalidArgumentError(where + ":" + std::to_string(line) + ": not a JSON object");
+    }
+    rows.push_back({line, std::move(row)});
+  }
+  return rows;
+}
+
+// RFC 4180: fields separated by commas, records by CRLF or LF; a quoted field may hold commas,
+// line breaks and doubled quotes. The first record names the columns.
+StatusOr<std::vector<Row>> ReadCsv(const std::string& text, const std::string& where) {
+  std::vector<std::vector<std::string>> records;
+  std::vector<int> lines;
+  std::vector<std::string> record;
+  std::string field;
+  bool quoted = false, field_started = false;
+  int line = 1, record_line = 1;
+  auto end_record = [&] {
+    record.push_back(std::move(field));
+    field.clear();
+    if (!(record.size() == 1 && record[0].empty() && !field_started)) {
+      records.push_back(std::move(record));
+      lines.push_back(record_line);
+    }
+    record.clear();
+    field_started = false;
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
+        field += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        if (c == '\n') ++line;
+        field += c;
+      }
+    } else if (c == '"' && field.empty()) {
+      quoted = field_started = true;
+    } else if (c == ',') {
+      record.push_back(std::move(field));
+      field.clear();
+      field_started = true;
+    } else if (c == '\n' || c == '\r') {
+      if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+      end_record();
+      record_line = ++line;
+    } else {
+      field += c;
+      field_started = true;
+    }
+  }
+  if (quoted) return InvalidArgumentError(where + ":" + std::to_string(record_line) + ": a quote is never closed");
+  if (field_started || !field.empty() || !record.empty()) end_record();
+  if (records.empty()) return InvalidArgumentError(where + ": no header row");
+  std::vector<Row> rows;
+  const std::vector<std::string>& header = records[0];
+  for (size_t r = 1; r < records.size(); ++r) {
+    if (records[r].size() != header.size()) {
+      return InvalidArgumentError(where + ":" + std::to_string(lines[r]) + ": " +
+                                  std::to_string(records[r].size()) + " fields where the header has " +
+                                  std::to_string(header.size()));
+    }
+    Row row{lines[r], nlohmann::json::object()};
+    for (size_t c = 0; c < header.size(); ++c) row.fields[header[c]] = records[r][c];
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace
+
+StatusOr<std::vector<CaptionedImage>> ReadImageFolder(const std::string& folder,
+                                                      const std::string& display_folder,
+                                                      const std::string& caption_column) {
+  const fs::path dir(folder);
+  const bool has_jsonl = fs::exists(dir / "metadata.jsonl");
+  const bool has_csv = fs::exists(dir / "metadata.csv");
+  if (has_jsonl && has_csv) {
+    return InvalidArgumentError(display_folder +
+                                ": both metadata.jsonl and metadata.csv; keep one");
+  }
+  if (!has_jsonl && !has_csv) {
+    return NotFoundError(display_folder +
+                         ": no metadata.jsonl or metadata.csv (an imagefolder names each image's "
+                         "file_name and caption there)");
+  }
+  const std::string name = has_jsonl ? "metadata.jsonl" : "metadata.csv";
+  const std::string where = (fs::path(display_folder) / name).string();
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString((dir / name).string()));
+  ASSIGN_OR_RETURN(const std::vector<Row> rows,
+                   has_jsonl ? ReadJsonLines(text, where) : ReadCsv(text, where));
+  if (rows.empty()) return InvalidArgumentError(where + ": no rows");
+  const fs::path root = fs::weakly_canonical(dir);
+  std::vector<CaptionedImage> images;
+  std::set<std::string> seen;
+  for (const Row& row : rows) {
+    const std::string at = where + ":" + std::to_string(row.line) + ": ";
+    const auto file = row.fields.find("file_name");
+    if (file == row.fields.end() || !file->is_string() || file->get<std::string>().empty()) {
+      return InvalidArgumentError(at + "no file_name");
+    }
+    const auto caption = row.fields.find(caption_column);
+    if (caption == row.fields.end()) {
+      return InvalidArgumentError(at + "no caption column '" + caption_column + "'");
+    }
+    if (!caption->is_string() ||
+        caption->get<std::string>().find_first_not_of(" \t\r\n") == std::string::npos) {
+      return InvalidArgumentError(at + "the caption ('" + caption_column +
+                                  "') is empty or not text");
+    }
+    const std::string file_name = file->get<std::string>();
+    const fs::path path = fs::weakly_canonical(dir / file_name);
+    const auto [outside, unused] = std::mismatch(root.begin(), root.end(), path.begin(), path.end());
+    if (fs::path(file_name).is_absolute() || outside != root.end()) {
+      return InvalidArgumentError(at + "file_name '" + file_name + "' is outside the folder");
+    }
+    if (!fs::is_regular_file(path)) {
+      return InvalidArgumentError(at + "file_name '" + file_name + "': no such file in " +
+                                  display_folder);
+    }
+    if (!seen.insert(path.string()).second) {
+      return InvalidArgumentError(at + "file_name '" + file_name + "' is listed twice");
+    }
+    images.push_back({file_name, (dir / file_name).string(), caption->get<std::string>()});
+  }
+  return images;
+}
+
+Status CheckImages(const std::vector<CaptionedImage>& images, const std::string& display_folder) {
+  for (const CaptionedImage& image : images) {
+    RETURN_IF_ERROR(
+        DecodeImageFile(image.path, (fs::path(display_folder) / image.file_name).string()).status());
+  }
+  return Status::Ok();
+}
+
+}  // namespace llmctl::image
