@@ -1,0 +1,160 @@
+#include "common/blip2_config.h"
+
+namespace llmctl {
+namespace {
+
+// Reads `section`.`key` into `out` when present: a positive integer (or any number for doubles).
+class Fields {
+ public:
+  Fields(const nlohmann::json& json, std::string where) : json_(json), where_(std::move(where)) {}
+
+  Status Int(const char* key, int64_t& out) {
+    if (!json_.contains(key)) return Status::Ok();
+    const nlohmann::json& v = json_[key];
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
+      return InvalidArgumentError(where_ + "." + key + ": expected a positive integer, got " +
+                                  v.dump());
+    }
+    out = v.get<int64_t>();
+    return Status::Ok();
+  }
+  Status Double(const char* key, double& out) {
+    if (!json_.contains(key)) return Status::Ok();
+    if (!json_[key].is_number() || json_[key].get<double>() <= 0) {
+      return InvalidArgumentError(where_ + "." + key + ": expected a positive number, got " +
+                                  json_[key].dump());
+    }
+    out = json_[key].get<double>();
+    return Status::Ok();
+  }
+  Status Bool(const char* key, bool& out) {
+    if (!json_.contains(key)) return Status::Ok();
+    if (!json_[key].is_boolean()) {
+      return InvalidArgumentError(where_ + "." + key + ": expected true or false, got " +
+                                  json_[key].dump());
+    }
+    out = json_[key].get<bool>();
+    return Status::Ok();
+  }
+  // A string field that must be `expected` when present (what llmctl implements).
+  Status Is(const char* key, const std::string& expected, StatusCode code) {
+    if (!json_.contains(key) || (json_[key].is_string() && json_[key] == expected)) {
+      return Status::Ok();
+    }
+    return Status(code, where_ + "." + key + ": " + json_[key].dump() + ", where llmctl implements \"" +
+                            expected + "\"");
+  }
+
+ private:
+  const nlohmann::json& json_;
+  std::string where_;
+};
+
+Status Divisible(int64_t size, int64_t by, const std::string& what) {
+  if (size % by == 0) return Status::Ok();
+  return InvalidArgumentError(what + ": " + std::to_string(size) + " is not a multiple of " +
+                              std::to_string(by));
+}
+
+}  // namespace
+
+StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::string& source) {
+  if (!config.is_object()) return InvalidArgumentError(source + ": not a JSON object");
+  if (config.value("model_type", "") != "blip-2") {
+    return InvalidArgumentError(source + ": model_type " + config.value("model_type", "(none)") +
+                                ", expected blip-2");
+  }
+  Blip2Config c;
+  Fields top(config, source);
+  RETURN_IF_ERROR(top.Int("num_query_tokens", c.num_query_tokens));
+  if (config.contains("image_token_index") && config["image_token_index"].is_number_integer()) {
+    c.image_token_index = config["image_token_index"].get<int64_t>();
+  }
+  const nlohmann::json empty = nlohmann::json::object();
+  auto section = [&](const char* name) -> const nlohmann::json& {
+    return config.contains(name) && config[name].is_object() ? config[name] : empty;
+  };
+
+  Blip2VisionConfig& v = c.vision;
+  Fields vision(section("vision_config"), source + ": vision_config");
+  RETURN_IF_ERROR(vision.Int("hidden_size", v.hidden_size));
+  RETURN_IF_ERROR(vision.Int("intermediate_size", v.intermediate_size));
+  RETURN_IF_ERROR(vision.Int("num_hidden_layers", v.num_hidden_layers));
+  RETURN_IF_ERROR(vision.Int("num_attention_heads", v.num_attention_heads));
+  RETURN_IF_ERROR(vision.Int("image_size", v.image_size));
+  RETURN_IF_ERROR(vision.Int("patch_size", v.patch_size));
+  RETURN_IF_ERROR(vision.Double("layer_norm_eps", v.layer_norm_eps));
+  RETURN_IF_ERROR(vision.Bool("qkv_bias", v.qkv_bias));
+  RETURN_IF_ERROR(vision.Is("hidden_act", "gelu", StatusCode::kUnimplemented));
+  RETURN_IF_ERROR(Divisible(v.hidden_size, v.num_attention_heads,
+                            source + ": vision_config.hidden_size / num_attention_heads"));
+  RETURN_IF_ERROR(
+      Divisible(v.image_size, v.patch_size, source + ": vision_config.image_size / patch_size"));
+
+  Blip2QFormerConfig& q = c.qformer;
+  q.encoder_hidden_size = v.hidden_size;
+  Fields qformer(section("qformer_config"), source + ": qformer_config");
+  RETURN_IF_ERROR(qformer.Int("hidden_size", q.hidden_size));
+  RETURN_IF_ERROR(qformer.Int("intermediate_size", q.intermediate_size));
+  RETURN_IF_ERROR(qformer.Int("num_hidden_layers", q.num_hidden_layers));
+  RETURN_IF_ERROR(qformer.Int("num_attention_heads", q.num_attention_heads));
+  RETURN_IF_ERROR(qformer.Int("cross_attention_frequency", q.cross_attention_frequency));
+  RETURN_IF_ERROR(qformer.Int("encoder_hidden_size", q.encoder_hidden_size));
+  RETURN_IF_ERROR(qformer.Double("layer_norm_eps", q.layer_norm_eps));
+  RETURN_IF_ERROR(qformer.Is("hidden_act", "gelu", StatusCode::kUnimplemented));
+  bool text_input = false;
+  RETURN_IF_ERROR(qformer.Bool("use_qformer_text_input", text_input));
+  if (text_input) {
+    return UnimplementedError(source +
+                              ": qformer_config.use_qformer_text_input (InstructBLIP's) is not built");
+  }
+  RETURN_IF_ERROR(Divisible(q.hidden_size, q.num_attention_heads,
+                            source + ": qformer_config.hidden_size / num_attention_heads"));
+  if (q.encoder_hidden_size != v.hidden_size) {
+    return InvalidArgumentError(source + ": qformer_config.encoder_hidden_size " +
+                                std::to_string(q.encoder_hidden_size) +
+                                " differs from vision_config.hidden_size " +
+                                std::to_string(v.hidden_size));
+  }
+
+  const nlohmann::json& text_json = section("text_config");
+  const std::string text_type = text_json.value("model_type", "opt");
+  if (text_type != "opt") {
+    return UnimplementedError(source + ": text_config.model_type " + text_type +
+                              ": llmctl builds BLIP-2 with OPT (Flan-T5 is not built yet)");
+  }
+  OptConfig& o = c.opt;
+  Fields text(text_json, source + ": text_config");
+  RETURN_IF_ERROR(text.Int("vocab_size", o.vocab_size));
+  RETURN_IF_ERROR(text.Int("hidden_size", o.hidden_size));
+  RETURN_IF_ERROR(text.Int("ffn_dim", o.ffn_dim));
+  RETURN_IF_ERROR(text.Int("num_hidden_layers", o.num_hidden_layers));
+  RETURN_IF_ERROR(text.Int("num_attention_heads", o.num_attention_heads));
+  RETURN_IF_ERROR(text.Int("max_position_embeddings", o.max_position_embeddings));
+  if (text_json.contains("pad_token_id") && text_json["pad_token_id"].is_number_integer()) {
+    o.pad_token_id = text_json["pad_token_id"].get<int64_t>();
+  }
+  RETURN_IF_ERROR(text.Is("activation_function", "relu", StatusCode::kUnimplemented));
+  bool pre_ln = true, bias = true, affine = true;
+  RETURN_IF_ERROR(text.Bool("do_layer_norm_before", pre_ln));
+  RETURN_IF_ERROR(text.Bool("enable_bias", bias));
+  RETURN_IF_ERROR(text.Bool("layer_norm_elementwise_affine", affine));
+  int64_t projected = o.hidden_size;
+  RETURN_IF_ERROR(text.Int("word_embed_proj_dim", projected));
+  if (!pre_ln || !bias || !affine || projected != o.hidden_size) {
+    return UnimplementedError(source +
+                              ": text_config: OPT with do_layer_norm_before false, no biases, "
+                              "LayerNorms without weights or word_embed_proj_dim != hidden_size "
+                              "(opt-350m's) is not built");
+  }
+  RETURN_IF_ERROR(Divisible(o.hidden_size, o.num_attention_heads,
+                            source + ": text_config.hidden_size / num_attention_heads"));
+  if (c.image_token_index >= o.vocab_size) {
+    return InvalidArgumentError(source + ": image_token_index " +
+                                std::to_string(c.image_token_index) + " is outside the vocabulary (" +
+                                std::to_string(o.vocab_size) + ")");
+  }
+  return c;
+}
+
+}  // namespace llmctl

@@ -1,0 +1,68 @@
+// BLIP-2's shapes (Blip2ForConditionalGeneration: a ViT image encoder, the Q-Former, a projection and a
+// language model) as a Hugging Face config.json states them in vision_config, qformer_config and
+// text_config, parsed and checked, with transformers' defaults for what a file leaves out (the hub's
+// blip2-opt-2.7b states only part of its OPT config). No LibTorch: the estimate reads these too.
+#ifndef LLMCTL_COMMON_BLIP2_CONFIG_H_
+#define LLMCTL_COMMON_BLIP2_CONFIG_H_
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/status.h"
+
+namespace llmctl {
+
+// EVA-CLIP's ViT: patch embedding, class token, learned positions, pre-LN blocks with a fused qkv
+// projection (bias on q and v), GELU MLP, a final LayerNorm.
+struct Blip2VisionConfig {
+  int64_t hidden_size = 1408;
+  int64_t intermediate_size = 6144;
+  int64_t num_hidden_layers = 39;
+  int64_t num_attention_heads = 16;
+  int64_t image_size = 224;
+  int64_t patch_size = 14;
+  double layer_norm_eps = 1e-6;
+  bool qkv_bias = true;
+};
+
+// The BERT-style Querying Transformer over learned queries: self-attention, cross-attention to the
+// image every cross_attention_frequency layers (starting with the first), post-LN, GELU.
+struct Blip2QFormerConfig {
+  int64_t hidden_size = 768;
+  int64_t intermediate_size = 3072;
+  int64_t num_hidden_layers = 12;
+  int64_t num_attention_heads = 12;
+  int64_t cross_attention_frequency = 2;
+  int64_t encoder_hidden_size = 1408;
+  double layer_norm_eps = 1e-12;
+};
+
+// OPT's decoder (OPTConfig's defaults): learned positions offset by 2, pre-LN, ReLU FFN, a head
+// tied to the embedding.
+struct OptConfig {
+  int64_t vocab_size = 50272;
+  int64_t hidden_size = 768;
+  int64_t ffn_dim = 3072;
+  int64_t num_hidden_layers = 12;
+  int64_t num_attention_heads = 12;
+  int64_t max_position_embeddings = 2048;
+  int64_t pad_token_id = 1;
+};
+
+struct Blip2Config {
+  Blip2VisionConfig vision;
+  Blip2QFormerConfig qformer;
+  OptConfig opt;
+  int64_t num_query_tokens = 32;
+  int64_t image_token_index = -1;  // the placeholder the processor repeats num_query_tokens times
+};
+
+// Parses a config.json of model_type "blip-2". InvalidArgument naming `source`, the section and the
+// field for a wrong value; Unimplemented for a language model other than OPT (Flan-T5 is not built
+// yet) and for OPT variants with a projected embedding or post-LN (opt-350m).
+StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::string& source);
+
+}  // namespace llmctl
+
+#endif  // LLMCTL_COMMON_BLIP2_CONFIG_H_

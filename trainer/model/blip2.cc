@@ -1,0 +1,186 @@
+#include "trainer/model/blip2.h"
+
+#include "trainer/model/weights.h"
+
+namespace llmctl::trainer {
+namespace {
+
+namespace F = torch::nn::functional;
+
+torch::nn::LayerNorm MakeLayerNorm(int64_t size, double eps) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({size}).eps(eps));
+}
+
+// Bidirectional multi-head attention, scaled by head_dim^-0.5. q (B, Tq, H*D), k and v (B, Tk, H*D)
+// -> (B, Tq, H*D).
+torch::Tensor Attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     int64_t heads) {
+  const int64_t batch = q.size(0);
+  const int64_t width = q.size(2);
+  const int64_t head_dim = width / heads;
+  auto split = [&](const torch::Tensor& t) {
+    return t.view({batch, t.size(1), heads, head_dim}).transpose(1, 2);  // (B, H, T, D)
+  };
+  const torch::Tensor y = at::scaled_dot_product_attention(split(q), split(k), split(v));
+  return y.transpose(1, 2).reshape({batch, q.size(1), width});
+}
+
+}  // namespace
+
+Blip2VisionLayerImpl::Blip2VisionLayerImpl(const Blip2VisionConfig& c) : heads_(c.num_attention_heads) {
+  const int64_t width = c.hidden_size;
+  layer_norm1_ = register_module("layer_norm1", MakeLayerNorm(width, c.layer_norm_eps));
+  // self_attn.qkv, self_attn.projection
+  auto attention = register_module("self_attn", std::make_shared<torch::nn::Module>());
+  qkv_ = attention->register_module(
+      "qkv", torch::nn::Linear(torch::nn::LinearOptions(width, 3 * width).bias(c.qkv_bias)));
+  projection_ = attention->register_module("projection", torch::nn::Linear(width, width));
+  layer_norm2_ = register_module("layer_norm2", MakeLayerNorm(width, c.layer_norm_eps));
+  auto mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
+  fc1_ = mlp->register_module("fc1", torch::nn::Linear(width, c.intermediate_size));
+  fc2_ = mlp->register_module("fc2", torch::nn::Linear(c.intermediate_size, width));
+}
+
+torch::Tensor Blip2VisionLayerImpl::forward(const torch::Tensor& x) {
+  const std::vector<torch::Tensor> qkv = qkv_(layer_norm1_(x)).chunk(3, -1);  // 3 x (B, P, C)
+  const torch::Tensor h = x + projection_(Attend(qkv[0], qkv[1], qkv[2], heads_));
+  return h + fc2_(F::gelu(fc1_(layer_norm2_(h))));
+}
+
+Blip2VisionModelImpl::Blip2VisionModelImpl(const Blip2VisionConfig& c) {
+  const int64_t width = c.hidden_size;
+  const int64_t positions = (c.image_size / c.patch_size) * (c.image_size / c.patch_size) + 1;
+  auto embeddings = register_module("embeddings", std::make_shared<torch::nn::Module>());
+  class_embedding_ = embeddings->register_parameter("class_embedding", torch::zeros({1, 1, width}));
+  patch_embedding_ = embeddings->register_module(
+      "patch_embedding",
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(3, width, c.patch_size).stride(c.patch_size)));
+  position_embedding_ =
+      embeddings->register_parameter("position_embedding", torch::zeros({1, positions, width}));
+  auto encoder = register_module("encoder", std::make_shared<torch::nn::Module>());
+  auto list = encoder->register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers_.push_back(Blip2VisionLayer(c));
+    list->push_back(layers_.back());
+  }
+  post_layernorm_ = register_module("post_layernorm", MakeLayerNorm(width, c.layer_norm_eps));
+}
+
+torch::Tensor Blip2VisionModelImpl::forward(const torch::Tensor& pixel_values) {
+  const int64_t batch = pixel_values.size(0);
+  // (B, C, S/p, S/p) -> (B, P - 1, C)
+  const torch::Tensor patches =
+      patch_embedding_(pixel_values.to(patch_embedding_->weight.scalar_type()))
+          .flatten(2)
+          .transpose(1, 2);
+  torch::Tensor x = torch::cat({class_embedding_.expand({batch, 1, -1}), patches}, 1) +
+                    position_embedding_;  // (B, P, C)
+  for (Blip2VisionLayer& layer : layers_) x = layer(x);
+  return post_layernorm_(x);
+}
+
+Blip2QFormerAttentionImpl::Blip2QFormerAttentionImpl(const Blip2QFormerConfig& c,
+                                                     int64_t context_size)
+    : heads_(c.num_attention_heads) {
+  const int64_t width = c.hidden_size;
+  auto attention = register_module("attention", std::make_shared<torch::nn::Module>());
+  query_ = attention->register_module("query", torch::nn::Linear(width, width));
+  key_ = attention->register_module("key", torch::nn::Linear(context_size, width));
+  value_ = attention->register_module("value", torch::nn::Linear(context_size, width));
+  auto output = register_module("output", std::make_shared<torch::nn::Module>());
+  dense_ = output->register_module("dense", torch::nn::Linear(width, width));
+  layer_norm_ = output->register_module("LayerNorm", MakeLayerNorm(width, c.layer_norm_eps));
+}
+
+torch::Tensor Blip2QFormerAttentionImpl::forward(const torch::Tensor& x,
+                                                 const torch::Tensor& context) {
+  return layer_norm_(dense_(Attend(query_(x), key_(context), value_(context), heads_)) + x);
+}
+
+Blip2QFormerLayerImpl::Blip2QFormerLayerImpl(const Blip2QFormerConfig& c, bool cross_attention) {
+  attention_ = register_module("attention", Blip2QFormerAttention(c, c.hidden_size));
+  if (cross_attention) {
+    crossattention_ =
+        register_module("crossattention", Blip2QFormerAttention(c, c.encoder_hidden_size));
+  }
+  auto intermediate = register_module("intermediate_query", std::make_shared<torch::nn::Module>());
+  intermediate_ =
+      intermediate->register_module("dense", torch::nn::Linear(c.hidden_size, c.intermediate_size));
+  auto output = register_module("output_query", std::make_shared<torch::nn::Module>());
+  output_ = output->register_module("dense", torch::nn::Linear(c.intermediate_size, c.hidden_size));
+  output_norm_ =
+      output->register_module("LayerNorm", MakeLayerNorm(c.hidden_size, c.layer_norm_eps));
+}
+
+torch::Tensor Blip2QFormerLayerImpl::forward(const torch::Tensor& queries,
+                                             const torch::Tensor& image) {
+  torch::Tensor h = attention_(queries, queries);
+  if (crossattention_) h = crossattention_(h, image);
+  return output_norm_(output_(F::gelu(intermediate_(h))) + h);
+}
+
+Blip2QFormerModelImpl::Blip2QFormerModelImpl(const Blip2QFormerConfig& c) {
+  layernorm_ = register_module("layernorm", MakeLayerNorm(c.hidden_size, c.layer_norm_eps));
+  auto encoder = register_module("encoder", std::make_shared<torch::nn::Module>());
+  auto list = encoder->register_module("layer", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers_.push_back(Blip2QFormerLayer(c, i % c.cross_attention_frequency == 0));
+    list->push_back(layers_.back());
+  }
+}
+
+torch::Tensor Blip2QFormerModelImpl::forward(const torch::Tensor& queries,
+                                             const torch::Tensor& image) {
+  torch::Tensor h = layernorm_(queries);
+  for (Blip2QFormerLayer& layer : layers_) h = layer(h, image);
+  return h;
+}
+
+Blip2ImageEncoderImpl::Blip2ImageEncoderImpl(const Blip2Config& c) {
+  vision_model = register_module("vision_model", Blip2VisionModel(c.vision));
+  query_tokens =
+      register_parameter("query_tokens", torch::zeros({1, c.num_query_tokens, c.qformer.hidden_size}));
+  qformer = register_module("qformer", Blip2QFormerModel(c.qformer));
+  language_projection =
+      register_module("language_projection", torch::nn::Linear(c.qformer.hidden_size, c.opt.hidden_size));
+}
+
+torch::Tensor Blip2ImageEncoderImpl::forward(const torch::Tensor& pixel_values) {
+  const torch::Tensor image = vision_model(pixel_values);  // (B, P, C)
+  const torch::Tensor queries = qformer(query_tokens.expand({image.size(0), -1, -1}), image);
+  return language_projection(queries);  // (B, Q, Ct)
+}
+
+Status LoadBlip2ImageEncoder(Blip2ImageEncoder& encoder,
+                             const safetensors::ShardedCheckpoint& checkpoint,
+                             const std::string& source) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : encoder->named_parameters()) {
+    const std::string& name = item.key();
+    torch::Tensor& param = item.value();
+    if (const safetensors::TensorView* view = checkpoint.Find(name)) {
+      RETURN_IF_ERROR(CopyTensorFromView(*view, param, source));
+      continue;
+    }
+    const std::string qkv_bias = "self_attn.qkv.bias";
+    if (name.ends_with(qkv_bias)) {
+      // transformers 4's names: q_bias and v_bias (C) each; k has no bias.
+      const std::string prefix = name.substr(0, name.size() - qkv_bias.size()) + "self_attn.";
+      const safetensors::TensorView* q = checkpoint.Find(prefix + "q_bias");
+      const safetensors::TensorView* v = checkpoint.Find(prefix + "v_bias");
+      if (q != nullptr && v != nullptr) {
+        const int64_t width = param.size(0) / 3;
+        torch::Tensor q_part = param.narrow(0, 0, width);
+        torch::Tensor v_part = param.narrow(0, 2 * width, width);
+        RETURN_IF_ERROR(CopyTensorFromView(*q, q_part, source));
+        RETURN_IF_ERROR(CopyTensorFromView(*v, v_part, source));
+        param.narrow(0, width, width).zero_();
+        continue;
+      }
+    }
+    return DataLossError(source + ": tensor '" + name + "' is missing");
+  }
+  return Status::Ok();
+}
+
+}  // namespace llmctl::trainer

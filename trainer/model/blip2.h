@@ -1,0 +1,113 @@
+// BLIP-2's image side as Hugging Face's Blip2ForConditionalGeneration defines it, with its parameter
+// names: the ViT image encoder (vision_model), the learned queries (query_tokens), the Q-Former
+// (qformer) and the projection into the language model's width (language_projection). What it gives
+// the language model are image features, one row per query.
+//
+// B = batch, P = patches + 1 (the class token), Q = queries, C = vision width, Cq = Q-Former width,
+// Ct = the language model's width.
+#ifndef LLMCTL_TRAINER_MODEL_BLIP2_H_
+#define LLMCTL_TRAINER_MODEL_BLIP2_H_
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "common/blip2_config.h"
+#include "common/status.h"
+#include "trainer/safetensors/safetensors.h"
+
+namespace llmctl::trainer {
+
+// Pre-LN ViT block: x + attn(ln1(x)), then + mlp(ln2(x)); one fused qkv projection whose bias is
+// q's, zeros for k and v's (transformers 5 keeps the three as one parameter, qkv.bias).
+class Blip2VisionLayerImpl : public torch::nn::Module {
+ public:
+  explicit Blip2VisionLayerImpl(const Blip2VisionConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, P, C) -> (B, P, C)
+
+ private:
+  int64_t heads_;
+  torch::nn::LayerNorm layer_norm1_{nullptr}, layer_norm2_{nullptr};
+  torch::nn::Linear qkv_{nullptr}, projection_{nullptr}, fc1_{nullptr}, fc2_{nullptr};
+};
+TORCH_MODULE(Blip2VisionLayer);
+
+class Blip2VisionModelImpl : public torch::nn::Module {
+ public:
+  explicit Blip2VisionModelImpl(const Blip2VisionConfig& config);
+  // (B, 3, S, S) normalised pixels -> (B, P, C), after the final LayerNorm.
+  torch::Tensor forward(const torch::Tensor& pixel_values);
+
+ private:
+  torch::Tensor class_embedding_;     // (1, 1, C)
+  torch::Tensor position_embedding_;  // (1, P, C)
+  torch::nn::Conv2d patch_embedding_{nullptr};
+  std::vector<Blip2VisionLayer> layers_;
+  torch::nn::LayerNorm post_layernorm_{nullptr};
+};
+TORCH_MODULE(Blip2VisionModel);
+
+// BERT-style attention block: LayerNorm(x + dense(attention(x, context))).
+class Blip2QFormerAttentionImpl : public torch::nn::Module {
+ public:
+  Blip2QFormerAttentionImpl(const Blip2QFormerConfig& config, int64_t context_size);
+  // x (B, Q, Cq), context (B, N, context_size) -> (B, Q, Cq)
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& context);
+
+ private:
+  int64_t heads_;
+  torch::nn::Linear query_{nullptr}, key_{nullptr}, value_{nullptr}, dense_{nullptr};
+  torch::nn::LayerNorm layer_norm_{nullptr};
+};
+TORCH_MODULE(Blip2QFormerAttention);
+
+class Blip2QFormerLayerImpl : public torch::nn::Module {
+ public:
+  Blip2QFormerLayerImpl(const Blip2QFormerConfig& config, bool cross_attention);
+  // queries (B, Q, Cq), image (B, P, C) -> (B, Q, Cq)
+  torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& image);
+
+ private:
+  Blip2QFormerAttention attention_{nullptr}, crossattention_{nullptr};
+  torch::nn::Linear intermediate_{nullptr}, output_{nullptr};
+  torch::nn::LayerNorm output_norm_{nullptr};
+};
+TORCH_MODULE(Blip2QFormerLayer);
+
+class Blip2QFormerModelImpl : public torch::nn::Module {
+ public:
+  explicit Blip2QFormerModelImpl(const Blip2QFormerConfig& config);
+  // queries (B, Q, Cq), image (B, P, C) -> (B, Q, Cq)
+  torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& image);
+
+ private:
+  torch::nn::LayerNorm layernorm_{nullptr};
+  std::vector<Blip2QFormerLayer> layers_;
+};
+TORCH_MODULE(Blip2QFormerModel);
+
+// The image side of Blip2ForConditionalGeneration.
+class Blip2ImageEncoderImpl : public torch::nn::Module {
+ public:
+  Blip2ImageEncoderImpl(const Blip2Config& config);
+  // (B, 3, S, S) -> image features (B, Q, Ct)
+  torch::Tensor forward(const torch::Tensor& pixel_values);
+
+  Blip2VisionModel vision_model{nullptr};
+  torch::Tensor query_tokens;  // (1, Q, Cq)
+  Blip2QFormerModel qformer{nullptr};
+  torch::nn::Linear language_projection{nullptr};
+};
+TORCH_MODULE(Blip2ImageEncoder);
+
+// Copies every parameter from `checkpoint` by Hugging Face name. A hub checkpoint (transformers 4)
+// stores a vision layer's bias as self_attn.q_bias and self_attn.v_bias; a transformers 5 one as
+// self_attn.qkv.bias: either loads. Errors name `source` and the tensor.
+Status LoadBlip2ImageEncoder(Blip2ImageEncoder& encoder,
+                             const safetensors::ShardedCheckpoint& checkpoint,
+                             const std::string& source);
+
+}  // namespace llmctl::trainer
+
+#endif  // LLMCTL_TRAINER_MODEL_BLIP2_H_
