@@ -136,26 +136,39 @@ torch::Tensor Blip2QFormerModelImpl::forward(const torch::Tensor& queries,
   return h;
 }
 
-Blip2ImageEncoderImpl::Blip2ImageEncoderImpl(const Blip2Config& c) {
+Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(const Blip2Config& c)
+    : image_token_index_(c.image_token_index) {
   vision_model = register_module("vision_model", Blip2VisionModel(c.vision));
   query_tokens =
       register_parameter("query_tokens", torch::zeros({1, c.num_query_tokens, c.qformer.hidden_size}));
   qformer = register_module("qformer", Blip2QFormerModel(c.qformer));
   language_projection =
       register_module("language_projection", torch::nn::Linear(c.qformer.hidden_size, c.opt.hidden_size));
+  language_model = register_module("language_model", OptForCausalLM(c.opt));
 }
 
-torch::Tensor Blip2ImageEncoderImpl::forward(const torch::Tensor& pixel_values) {
+torch::Tensor Blip2ForConditionalGenerationImpl::ImageFeatures(const torch::Tensor& pixel_values) {
   const torch::Tensor image = vision_model(pixel_values);  // (B, P, C)
   const torch::Tensor queries = qformer(query_tokens.expand({image.size(0), -1, -1}), image);
   return language_projection(queries);  // (B, Q, Ct)
 }
 
-Status LoadBlip2ImageEncoder(Blip2ImageEncoder& encoder,
-                             const safetensors::ShardedCheckpoint& checkpoint,
-                             const std::string& source) {
+torch::Tensor Blip2ForConditionalGenerationImpl::Logits(const torch::Tensor& pixel_values,
+                                                        const torch::Tensor& input_ids) {
+  const torch::Tensor features = ImageFeatures(pixel_values);  // (B, Q, Ct)
+  torch::Tensor embeds = language_model->Embed(input_ids);     // (B, T, Ct)
+  const torch::Tensor placeholders = (input_ids == image_token_index_).unsqueeze(-1);  // (B, T, 1)
+  TORCH_CHECK(placeholders.sum().item<int64_t>() == features.size(0) * features.size(1),
+              "each row needs ", features.size(1), " image placeholder tokens (id ",
+              image_token_index_, ")");
+  embeds = embeds.masked_scatter(placeholders, features.to(embeds.scalar_type()));
+  return language_model->Logits(language_model->Hidden(embeds));
+}
+
+Status LoadBlip2Weights(Blip2ForConditionalGeneration& model,
+                        const safetensors::ShardedCheckpoint& checkpoint, const std::string& source) {
   torch::NoGradGuard no_grad;
-  for (auto& item : encoder->named_parameters()) {
+  for (auto& item : model->named_parameters()) {
     const std::string& name = item.key();
     torch::Tensor& param = item.value();
     if (const safetensors::TensorView* view = checkpoint.Find(name)) {

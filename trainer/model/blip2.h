@@ -1,7 +1,8 @@
-// BLIP-2's image side as Hugging Face's Blip2ForConditionalGeneration defines it, with its parameter
-// names: the ViT image encoder (vision_model), the learned queries (query_tokens), the Q-Former
-// (qformer) and the projection into the language model's width (language_projection). What it gives
-// the language model are image features, one row per query.
+// BLIP-2 as Hugging Face's Blip2ForConditionalGeneration defines it, with its parameter names: the ViT
+// image encoder (vision_model), the learned queries (query_tokens), the Q-Former (qformer), the
+// projection into the language model's width (language_projection) and the language model
+// (language_model, OPT). The image features, one row per query, take the places of the image
+// placeholder tokens in the text's embeddings, as the processor lays them out.
 //
 // B = batch, P = patches + 1 (the class token), Q = queries, C = vision width, Cq = Q-Former width,
 // Ct = the language model's width.
@@ -15,6 +16,7 @@
 
 #include "common/blip2_config.h"
 #include "common/status.h"
+#include "trainer/model/opt.h"
 #include "trainer/safetensors/safetensors.h"
 
 namespace llmctl::trainer {
@@ -87,26 +89,32 @@ class Blip2QFormerModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Blip2QFormerModel);
 
-// The image side of Blip2ForConditionalGeneration.
-class Blip2ImageEncoderImpl : public torch::nn::Module {
+class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
  public:
-  Blip2ImageEncoderImpl(const Blip2Config& config);
+  explicit Blip2ForConditionalGenerationImpl(const Blip2Config& config);
   // (B, 3, S, S) -> image features (B, Q, Ct)
-  torch::Tensor forward(const torch::Tensor& pixel_values);
+  torch::Tensor ImageFeatures(const torch::Tensor& pixel_values);
+  // pixel_values (B, 3, S, S), input_ids (B, T) holding Q image placeholders per row -> logits
+  // (B, T, V). Loss: CausalLmLoss(logits, labels), as transformers takes it (labels shifted, -100
+  // ignored; the placeholders' labels are the caller's to mask).
+  torch::Tensor Logits(const torch::Tensor& pixel_values, const torch::Tensor& input_ids);
 
   Blip2VisionModel vision_model{nullptr};
   torch::Tensor query_tokens;  // (1, Q, Cq)
   Blip2QFormerModel qformer{nullptr};
   torch::nn::Linear language_projection{nullptr};
+  OptForCausalLM language_model{nullptr};
+
+ private:
+  int64_t image_token_index_;
 };
-TORCH_MODULE(Blip2ImageEncoder);
+TORCH_MODULE(Blip2ForConditionalGeneration);
 
 // Copies every parameter from `checkpoint` by Hugging Face name. A hub checkpoint (transformers 4)
 // stores a vision layer's bias as self_attn.q_bias and self_attn.v_bias; a transformers 5 one as
 // self_attn.qkv.bias: either loads. Errors name `source` and the tensor.
-Status LoadBlip2ImageEncoder(Blip2ImageEncoder& encoder,
-                             const safetensors::ShardedCheckpoint& checkpoint,
-                             const std::string& source);
+Status LoadBlip2Weights(Blip2ForConditionalGeneration& model,
+                        const safetensors::ShardedCheckpoint& checkpoint, const std::string& source);
 
 }  // namespace llmctl::trainer
 

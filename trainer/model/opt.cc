@@ -1,0 +1,79 @@
+#include "trainer/model/opt.h"
+
+#include <cmath>
+
+namespace llmctl::trainer {
+namespace {
+
+constexpr int64_t kPositionOffset = 2;  // OPTLearnedPositionalEmbedding's
+
+torch::nn::LayerNorm MakeLayerNorm(int64_t size) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({size}).eps(1e-5));
+}
+
+}  // namespace
+
+OptDecoderLayerImpl::OptDecoderLayerImpl(const OptConfig& c) : heads_(c.num_attention_heads) {
+  const int64_t width = c.hidden_size;
+  auto attention = register_module("self_attn", std::make_shared<torch::nn::Module>());
+  q_proj_ = attention->register_module("q_proj", torch::nn::Linear(width, width));
+  k_proj_ = attention->register_module("k_proj", torch::nn::Linear(width, width));
+  v_proj_ = attention->register_module("v_proj", torch::nn::Linear(width, width));
+  out_proj_ = attention->register_module("out_proj", torch::nn::Linear(width, width));
+  self_attn_layer_norm_ = register_module("self_attn_layer_norm", MakeLayerNorm(width));
+  fc1_ = register_module("fc1", torch::nn::Linear(width, c.ffn_dim));
+  fc2_ = register_module("fc2", torch::nn::Linear(c.ffn_dim, width));
+  final_layer_norm_ = register_module("final_layer_norm", MakeLayerNorm(width));
+}
+
+torch::Tensor OptDecoderLayerImpl::forward(const torch::Tensor& x) {
+  const int64_t batch = x.size(0);
+  const int64_t seq = x.size(1);
+  const int64_t width = x.size(2);
+  const int64_t head_dim = width / heads_;
+  auto split = [&](const torch::Tensor& t) {
+    return t.view({batch, seq, heads_, head_dim}).transpose(1, 2);  // (B, H, T, D)
+  };
+  const torch::Tensor normed = self_attn_layer_norm_(x);
+  // OPT scales q after its projection and attends unscaled, as transformers does.
+  const torch::Tensor q = q_proj_(normed) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
+  const torch::Tensor y =
+      at::scaled_dot_product_attention(split(q), split(k_proj_(normed)), split(v_proj_(normed)),
+                                       /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                       /*scale=*/1.0);  // (B, H, T, D)
+  const torch::Tensor h = x + out_proj_(y.transpose(1, 2).reshape({batch, seq, width}));
+  return h + fc2_(torch::relu(fc1_(final_layer_norm_(h))));
+}
+
+OptForCausalLMImpl::OptForCausalLMImpl(const OptConfig& c) {
+  auto model = register_module("model", std::make_shared<torch::nn::Module>());
+  auto decoder = model->register_module("decoder", std::make_shared<torch::nn::Module>());
+  embed_tokens_ = decoder->register_module("embed_tokens",
+                                           torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  auto positions = decoder->register_module("embed_positions", std::make_shared<torch::nn::Module>());
+  embed_positions_ = positions->register_parameter(
+      "weight", torch::zeros({c.max_position_embeddings + kPositionOffset, c.hidden_size}));
+  auto list = decoder->register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers_.push_back(OptDecoderLayer(c));
+    list->push_back(layers_.back());
+  }
+  final_layer_norm_ = decoder->register_module("final_layer_norm", MakeLayerNorm(c.hidden_size));
+}
+
+torch::Tensor OptForCausalLMImpl::Embed(const torch::Tensor& input_ids) {
+  return embed_tokens_(input_ids);
+}
+
+torch::Tensor OptForCausalLMImpl::Hidden(const torch::Tensor& inputs_embeds) {
+  const int64_t seq = inputs_embeds.size(1);
+  torch::Tensor h = inputs_embeds + embed_positions_.narrow(0, kPositionOffset, seq);  // (B, T, C)
+  for (OptDecoderLayer& layer : layers_) h = layer(h);
+  return final_layer_norm_(h);
+}
+
+torch::Tensor OptForCausalLMImpl::Logits(const torch::Tensor& hidden) {
+  return torch::matmul(hidden, embed_tokens_->weight.t());
+}
+
+}  // namespace llmctl::trainer

@@ -1,0 +1,50 @@
+// OPT's decoder (Hugging Face's OPTForCausalLM, the pre-LN variants: 125m, 1.3b, 2.7b, 6.7b and up) with
+// its parameter names under a prefix, as BLIP-2 holds it (language_model.model.decoder...): learned
+// positions offset by 2, pre-LN blocks with biased projections, q scaled before the product, a ReLU
+// FFN, a final LayerNorm and an output head tied to the token embedding.
+//
+// B = batch, T = sequence, C = width, V = vocabulary.
+#ifndef LLMCTL_TRAINER_MODEL_OPT_H_
+#define LLMCTL_TRAINER_MODEL_OPT_H_
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "common/blip2_config.h"
+
+namespace llmctl::trainer {
+
+class OptDecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit OptDecoderLayerImpl(const OptConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C), causal
+
+ private:
+  int64_t heads_;
+  torch::nn::LayerNorm self_attn_layer_norm_{nullptr}, final_layer_norm_{nullptr};
+  torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, out_proj_{nullptr};
+  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
+};
+TORCH_MODULE(OptDecoderLayer);
+
+class OptForCausalLMImpl : public torch::nn::Module {
+ public:
+  explicit OptForCausalLMImpl(const OptConfig& config);
+  torch::Tensor Embed(const torch::Tensor& input_ids);  // (B, T) -> (B, T, C)
+  // Token embeddings (B, T, C) -> final hidden states (B, T, C). Positions 0..T-1: right padding
+  // only (a padded row's real tokens come first, so their positions are OPT's too).
+  torch::Tensor Hidden(const torch::Tensor& inputs_embeds);
+  torch::Tensor Logits(const torch::Tensor& hidden);  // (B, T, C) -> (B, T, V), the tied head
+
+ private:
+  torch::nn::Embedding embed_tokens_{nullptr};
+  torch::Tensor embed_positions_;  // (max_position_embeddings + 2, C)
+  std::vector<OptDecoderLayer> layers_;
+  torch::nn::LayerNorm final_layer_norm_{nullptr};
+};
+TORCH_MODULE(OptForCausalLM);
+
+}  // namespace llmctl::trainer
+
+#endif  // LLMCTL_TRAINER_MODEL_OPT_H_
