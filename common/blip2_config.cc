@@ -58,6 +58,62 @@ Status Divisible(int64_t size, int64_t by, const std::string& what) {
 
 }  // namespace
 
+Blip2ParameterCounts CountBlip2Parameters(const Blip2Config& c) {
+  Blip2ParameterCounts n;
+  const Blip2VisionConfig& v = c.vision;
+  const int64_t cv = v.hidden_size;
+  const int64_t grid = v.image_size / v.patch_size;
+  n.vision = cv * 3 * v.patch_size * v.patch_size + cv  // patch embedding (conv with bias)
+             + cv + (grid * grid + 1) * cv               // class token, positions
+             + 2 * cv;                                   // post_layernorm
+  const int64_t vision_layer = 4 * cv                                       // two LayerNorms
+                               + 3 * cv * cv + (v.qkv_bias ? 3 * cv : 0)    // qkv
+                               + cv * cv + cv                               // projection
+                               + 2 * cv * v.intermediate_size + v.intermediate_size + cv;  // MLP
+  n.vision += v.num_hidden_layers * vision_layer;
+
+  const Blip2QFormerConfig& q = c.qformer;
+  const int64_t cq = q.hidden_size;
+  auto attention_block = [&](int64_t context) {  // query, key, value, output dense, LayerNorm
+    return cq * cq + cq + 2 * (context * cq + cq) + cq * cq + cq + 2 * cq;
+  };
+  n.qformer = c.num_query_tokens * cq + 2 * cq;  // query tokens, the input LayerNorm
+  for (int64_t i = 0; i < q.num_hidden_layers; ++i) {
+    n.qformer += attention_block(cq) + 2 * cq * q.intermediate_size + q.intermediate_size + cq +
+                 2 * cq;  // FFN (intermediate_query, output_query) and its LayerNorm
+    if (i % q.cross_attention_frequency == 0) n.qformer += attention_block(q.encoder_hidden_size);
+  }
+
+  const OptConfig& o = c.opt;
+  const int64_t ct = o.hidden_size;
+  n.projection = cq * ct + ct;
+  n.language_model = o.vocab_size * ct + (o.max_position_embeddings + 2) * ct  // tokens, positions
+                     + 2 * ct;                                                   // final LayerNorm
+  n.language_model += o.num_hidden_layers * (4 * (ct * ct + ct)                   // q, k, v, out
+                                             + 2 * ct * o.ffn_dim + o.ffn_dim + ct  // fc1, fc2
+                                             + 4 * ct);                             // two LayerNorms
+  return n;
+}
+
+std::optional<Blip2Config> Blip2Preset(const std::string& name) {
+  Blip2Config c;  // the vision and Q-Former defaults are the published models'
+  c.num_query_tokens = 32;
+  c.image_token_index = 50265;
+  c.opt.vocab_size = 50304;
+  c.opt.num_hidden_layers = 32;
+  c.opt.num_attention_heads = 32;
+  if (name == "blip2-opt-2.7b") {
+    c.opt.hidden_size = 2560;
+    c.opt.ffn_dim = 10240;
+  } else if (name == "blip2-opt-6.7b") {
+    c.opt.hidden_size = 4096;
+    c.opt.ffn_dim = 16384;
+  } else {
+    return std::nullopt;
+  }
+  return c;
+}
+
 StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::string& source) {
   if (!config.is_object()) return InvalidArgumentError(source + ": not a JSON object");
   if (config.value("model_type", "") != "blip-2") {

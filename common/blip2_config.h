@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
@@ -57,6 +58,23 @@ struct Blip2Config {
   int64_t num_query_tokens = 32;
   int64_t image_token_index = -1;  // the placeholder the processor repeats num_query_tokens times
 };
+
+// Parameters by part, as transformers 5 builds the model (its vision layers hold one qkv bias of 3C
+// values, k's part included; transformers 4 held q_bias and v_bias, C fewer per layer). The OPT head
+// is tied to the embedding and counted once.
+struct Blip2ParameterCounts {
+  int64_t vision = 0;
+  int64_t qformer = 0;  // with the query tokens
+  int64_t projection = 0;
+  int64_t language_model = 0;
+  int64_t total() const { return vision + qformer + projection + language_model; }
+};
+Blip2ParameterCounts CountBlip2Parameters(const Blip2Config& config);
+
+// The published models by their hub names' last part ("blip2-opt-2.7b", "blip2-opt-6.7b"): the hub's
+// config.json shapes (OPT's vocabulary padded to 50,304 with the image token at 50,265), so that
+// `init: random` runs take the real model's memory. nullopt for other names.
+std::optional<Blip2Config> Blip2Preset(const std::string& name);
 
 // Parses a config.json of model_type "blip-2". InvalidArgument naming `source`, the section and the
 // field for a wrong value; Unimplemented for a language model other than OPT (Flan-T5 is not built
