@@ -3,7 +3,11 @@
 // for bit; broken images and imagefolder metadata refused with the file and line named.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <sstream>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,10 +24,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string Fixtures() {
+std::string SourceDir() {
   const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/tests/fixtures/images/";
+  return dir != nullptr ? dir : ".";
 }
+
+std::string Fixtures() { return SourceDir() + "/tests/fixtures/images/"; }
 
 nlohmann::json Expected() {
   std::ifstream in(Fixtures() + "expected.json");
@@ -180,6 +186,47 @@ TEST_F(ImageFolderTest, ABrokenImageIsRefusedByName) {
   EXPECT_NE(checked.message().find("captions/img/truncated.jpg: a corrupt JPEG image"),
             std::string::npos)
       << checked.ToString();
+}
+
+// scripts/make_caption_set.py, the tests' and the demo's data: an imagefolder whose every image
+// decodes, in the two colours its caption names, its shape as large or small as the caption says.
+TEST_F(ImageFolderTest, TheSyntheticCaptionSetIsAnImageFolderWhoseCaptionsAreTrue) {
+  const fs::path out = dir_ / "shapes";
+  const std::string command = "python3 " + SourceDir() + "/scripts/make_caption_set.py " +
+                              out.string() + " --count 12 --size 48 --seed 3 > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  auto rows = ReadImageFolder(out.string(), "shapes", "text");
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 12u);
+  const std::map<std::string, std::array<uint8_t, 3>> colours = {
+      {"red", {220, 30, 30}},      {"green", {30, 170, 60}},   {"blue", {40, 70, 220}},
+      {"yellow", {240, 210, 30}},  {"purple", {140, 50, 170}}, {"orange", {245, 140, 20}},
+      {"white", {255, 255, 255}},  {"black", {0, 0, 0}},       {"grey", {128, 128, 128}}};
+  for (const CaptionedImage& row : *rows) {
+    SCOPED_TRACE(row.caption);
+    std::istringstream words(row.caption);  // "a large red circle on a white background"
+    std::string a, size, colour, shape, on, a2, background;
+    words >> a >> size >> colour >> shape >> on >> a2 >> background;
+    auto image = DecodeImageFile(row.path, row.file_name);
+    ASSERT_TRUE(image.ok()) << image.status().ToString();
+    ASSERT_EQ(image->width, 48);
+    // Every pixel is the shape's colour or the background's, and the shape covers at least a fifth
+    // of a large image (a large triangle's 2r^2 with r = 0.35 x 48: 24%) and at most 15% of a small
+    // one (a small square's: 13%).
+    int shape_pixels = 0, background_pixels = 0;
+    for (size_t i = 0; i < image->pixels.size(); i += 3) {
+      const std::array<uint8_t, 3> p = {image->pixels[i], image->pixels[i + 1], image->pixels[i + 2]};
+      shape_pixels += p == colours.at(colour);
+      background_pixels += p == colours.at(background);
+    }
+    EXPECT_EQ(shape_pixels + background_pixels, 48 * 48);
+    EXPECT_GT(shape_pixels, 0);
+    if (size == "large") {
+      EXPECT_GE(shape_pixels, 48 * 48 / 5);
+    } else {
+      EXPECT_LE(shape_pixels, 48 * 48 * 15 / 100);
+    }
+  }
 }
 
 }  // namespace
