@@ -136,7 +136,8 @@ torch::Tensor Blip2QFormerModelImpl::forward(const torch::Tensor& queries,
   return h;
 }
 
-Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(const Blip2Config& c)
+Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(
+    const Blip2Config& c, const std::optional<Nf4Options>& nf4)
     : image_token_index_(c.image_token_index) {
   vision_model = register_module("vision_model", Blip2VisionModel(c.vision));
   query_tokens =
@@ -144,7 +145,7 @@ Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(const Blip2
   qformer = register_module("qformer", Blip2QFormerModel(c.qformer));
   language_projection =
       register_module("language_projection", torch::nn::Linear(c.qformer.hidden_size, c.opt.hidden_size));
-  language_model = register_module("language_model", OptForCausalLM(c.opt));
+  language_model = register_module("language_model", OptForCausalLM(c.opt, nf4));
 }
 
 torch::Tensor Blip2ForConditionalGenerationImpl::ImageFeatures(const torch::Tensor& pixel_values) {
@@ -192,6 +193,15 @@ Status LoadBlip2Weights(Blip2ForConditionalGeneration& model,
       }
     }
     return DataLossError(source + ": tensor '" + name + "' is missing");
+  }
+  for (auto& [module_name, projection] : NamedProjections(*model)) {
+    if (!projection->is_quantized()) continue;
+    const std::string name = module_name + ".weight";
+    const safetensors::TensorView* view = checkpoint.Find(name);
+    if (view == nullptr) return DataLossError(source + ": tensor '" + name + "' is missing");
+    torch::Tensor dense = projection->EmptyDenseWeight();  // (O, I), freed after quantising
+    RETURN_IF_ERROR(CopyTensorFromView(*view, dense, source));
+    projection->SetBaseWeight(dense);
   }
   return Status::Ok();
 }

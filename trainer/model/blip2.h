@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,7 +92,9 @@ TORCH_MODULE(Blip2QFormerModel);
 
 class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
  public:
-  explicit Blip2ForConditionalGenerationImpl(const Blip2Config& config);
+  // `nf4`: QLoRA's NF4 base weights for the language model's linears (the image side stays dense).
+  explicit Blip2ForConditionalGenerationImpl(const Blip2Config& config,
+                                             const std::optional<Nf4Options>& nf4 = std::nullopt);
   // (B, 3, S, S) -> image features (B, Q, Ct)
   torch::Tensor ImageFeatures(const torch::Tensor& pixel_values);
   // pixel_values (B, 3, S, S), input_ids (B, T) holding Q image placeholders per row -> logits
@@ -112,7 +115,8 @@ TORCH_MODULE(Blip2ForConditionalGeneration);
 
 // Copies every parameter from `checkpoint` by Hugging Face name. A hub checkpoint (transformers 4)
 // stores a vision layer's bias as self_attn.q_bias and self_attn.v_bias; a transformers 5 one as
-// self_attn.qkv.bias: either loads. Errors name `source` and the tensor.
+// self_attn.qkv.bias: either loads. An NF4 base weight is read densely and quantised, one at a time.
+// Errors name `source` and the tensor.
 Status LoadBlip2Weights(Blip2ForConditionalGeneration& model,
                         const safetensors::ShardedCheckpoint& checkpoint, const std::string& source);
 

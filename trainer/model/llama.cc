@@ -187,13 +187,7 @@ std::vector<torch::Tensor> LlamaForCausalLMImpl::OutputParameters() const {
 }
 
 std::vector<std::pair<std::string, Projection>> LlamaForCausalLMImpl::NamedProjections() {
-  std::vector<std::pair<std::string, Projection>> projections;
-  for (const auto& item : named_modules()) {
-    if (auto projection = std::dynamic_pointer_cast<ProjectionImpl>(item.value())) {
-      projections.emplace_back(item.key(), Projection(projection));
-    }
-  }
-  return projections;
+  return trainer::NamedProjections(*this);
 }
 
 void LlamaForCausalLMImpl::InitializeRandom(double std) {

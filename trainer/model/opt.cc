@@ -13,16 +13,17 @@ torch::nn::LayerNorm MakeLayerNorm(int64_t size) {
 
 }  // namespace
 
-OptDecoderLayerImpl::OptDecoderLayerImpl(const OptConfig& c) : heads_(c.num_attention_heads) {
+OptDecoderLayerImpl::OptDecoderLayerImpl(const OptConfig& c, const std::optional<Nf4Options>& nf4)
+    : heads_(c.num_attention_heads) {
   const int64_t width = c.hidden_size;
   auto attention = register_module("self_attn", std::make_shared<torch::nn::Module>());
-  q_proj_ = attention->register_module("q_proj", torch::nn::Linear(width, width));
-  k_proj_ = attention->register_module("k_proj", torch::nn::Linear(width, width));
-  v_proj_ = attention->register_module("v_proj", torch::nn::Linear(width, width));
-  out_proj_ = attention->register_module("out_proj", torch::nn::Linear(width, width));
+  q_proj_ = attention->register_module("q_proj", Projection(width, width, /*bias=*/true, nf4));
+  k_proj_ = attention->register_module("k_proj", Projection(width, width, /*bias=*/true, nf4));
+  v_proj_ = attention->register_module("v_proj", Projection(width, width, /*bias=*/true, nf4));
+  out_proj_ = attention->register_module("out_proj", Projection(width, width, /*bias=*/true, nf4));
   self_attn_layer_norm_ = register_module("self_attn_layer_norm", MakeLayerNorm(width));
-  fc1_ = register_module("fc1", torch::nn::Linear(width, c.ffn_dim));
-  fc2_ = register_module("fc2", torch::nn::Linear(c.ffn_dim, width));
+  fc1_ = register_module("fc1", Projection(width, c.ffn_dim, /*bias=*/true, nf4));
+  fc2_ = register_module("fc2", Projection(c.ffn_dim, width, /*bias=*/true, nf4));
   final_layer_norm_ = register_module("final_layer_norm", MakeLayerNorm(width));
 }
 
@@ -45,7 +46,7 @@ torch::Tensor OptDecoderLayerImpl::forward(const torch::Tensor& x) {
   return h + fc2_(torch::relu(fc1_(final_layer_norm_(h))));
 }
 
-OptForCausalLMImpl::OptForCausalLMImpl(const OptConfig& c) {
+OptForCausalLMImpl::OptForCausalLMImpl(const OptConfig& c, const std::optional<Nf4Options>& nf4) {
   auto model = register_module("model", std::make_shared<torch::nn::Module>());
   auto decoder = model->register_module("decoder", std::make_shared<torch::nn::Module>());
   embed_tokens_ = decoder->register_module("embed_tokens",
@@ -55,7 +56,7 @@ OptForCausalLMImpl::OptForCausalLMImpl(const OptConfig& c) {
       "weight", torch::zeros({c.max_position_embeddings + kPositionOffset, c.hidden_size}));
   auto list = decoder->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    layers_.push_back(OptDecoderLayer(c));
+    layers_.push_back(OptDecoderLayer(c, nf4));
     list->push_back(layers_.back());
   }
   final_layer_norm_ = decoder->register_module("final_layer_norm", MakeLayerNorm(c.hidden_size));

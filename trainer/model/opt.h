@@ -1,7 +1,10 @@
 // OPT's decoder (Hugging Face's OPTForCausalLM, the pre-LN variants: 125m, 1.3b, 2.7b, 6.7b and up) with
 // its parameter names under a prefix, as BLIP-2 holds it (language_model.model.decoder...): learned
 // positions offset by 2, pre-LN blocks with biased projections, q scaled before the product, a ReLU
-// FFN, a final LayerNorm and an output head tied to the token embedding.
+// FFN, a final LayerNorm and an output head tied to the token embedding. The six linears of each layer
+// are Projections (LoRA adapters by PEFT's names q_proj, k_proj, v_proj, out_proj, fc1, fc2); with
+// `nf4` their base weights are NF4, as BitsAndBytesConfig(load_in_4bit) quantises every decoder
+// linear.
 //
 // B = batch, T = sequence, C = width, V = vocabulary.
 #ifndef LLMCTL_TRAINER_MODEL_OPT_H_
@@ -9,28 +12,30 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <vector>
 
 #include "common/blip2_config.h"
+#include "trainer/model/projection.h"
 
 namespace llmctl::trainer {
 
 class OptDecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit OptDecoderLayerImpl(const OptConfig& config);
+  OptDecoderLayerImpl(const OptConfig& config, const std::optional<Nf4Options>& nf4);
   torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C), causal
 
  private:
   int64_t heads_;
   torch::nn::LayerNorm self_attn_layer_norm_{nullptr}, final_layer_norm_{nullptr};
-  torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, out_proj_{nullptr};
-  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
+  Projection q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, out_proj_{nullptr};
+  Projection fc1_{nullptr}, fc2_{nullptr};
 };
 TORCH_MODULE(OptDecoderLayer);
 
 class OptForCausalLMImpl : public torch::nn::Module {
  public:
-  explicit OptForCausalLMImpl(const OptConfig& config);
+  OptForCausalLMImpl(const OptConfig& config, const std::optional<Nf4Options>& nf4);
   torch::Tensor Embed(const torch::Tensor& input_ids);  // (B, T) -> (B, T, C)
   // Token embeddings (B, T, C) -> final hidden states (B, T, C). Positions 0..T-1: right padding
   // only (a padded row's real tokens come first, so their positions are OPT's too).

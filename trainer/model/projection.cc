@@ -106,4 +106,14 @@ std::vector<torch::Tensor> ProjectionImpl::ForwardParameters() const {
   return tensors;
 }
 
+std::vector<std::pair<std::string, Projection>> NamedProjections(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, Projection>> projections;
+  for (const auto& item : module.named_modules()) {
+    if (auto projection = std::dynamic_pointer_cast<ProjectionImpl>(item.value())) {
+      projections.emplace_back(item.key(), Projection(projection));
+    }
+  }
+  return projections;
+}
+
 }  // namespace llmctl::trainer

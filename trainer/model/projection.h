@@ -9,6 +9,9 @@
 #include <torch/torch.h>
 
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "trainer/quant/quant.h"
 
@@ -90,6 +93,10 @@ class ProjectionImpl : public torch::nn::Module {
   std::optional<LoraOptions> lora_;
 };
 TORCH_MODULE(Projection);
+
+// Every Projection under `module`, by its name there ("model.layers.0.self_attn.q_proj"), in
+// named_modules() order: what LoRA targets and QLoRA quantises.
+std::vector<std::pair<std::string, Projection>> NamedProjections(torch::nn::Module& module);
 
 }  // namespace llmctl::trainer
 

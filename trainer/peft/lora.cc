@@ -159,9 +159,11 @@ bool IsAdapterParameter(std::string_view name) {
          name.find(".lora_B.") != std::string_view::npos;
 }
 
-void ApplyLora(LlamaForCausalLM& model, const LoraConfig& config) {
-  for (torch::Tensor& param : model->parameters()) param.requires_grad_(false);
-  for (auto& [name, projection] : model->NamedProjections()) {
+void ApplyLora(LlamaForCausalLM& model, const LoraConfig& config) { ApplyLora(*model, config); }
+
+void ApplyLora(torch::nn::Module& model, const LoraConfig& config) {
+  for (torch::Tensor& param : model.parameters()) param.requires_grad_(false);
+  for (auto& [name, projection] : NamedProjections(model)) {
     const std::string_view target = LastSegment(name);
     if (std::find(config.targets.begin(), config.targets.end(), target) != config.targets.end()) {
       projection->AddAdapter(config.options);
@@ -170,6 +172,10 @@ void ApplyLora(LlamaForCausalLM& model, const LoraConfig& config) {
 }
 
 Status LoadAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std::string& dir) {
+  return LoadAdapter(*model, config, dir);
+}
+
+Status LoadAdapter(torch::nn::Module& model, const LoraConfig& config, const std::string& dir) {
   const std::string config_path = dir + "/" + kAdapterConfigFile;
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path, kMaxAdapterConfigBytes));
   const json file = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -179,7 +185,7 @@ Status LoadAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std:
   const std::string weights_path = dir + "/" + kAdapterWeightsFile;
   ASSIGN_OR_RETURN(auto weights, safetensors::SafetensorsFile::Open(weights_path));
   std::set<std::string, std::less<>> used;
-  for (auto& item : model->named_parameters()) {
+  for (auto& item : model.named_parameters()) {
     if (!IsAdapterParameter(item.key())) continue;
     const std::string name = std::string(kPeftPrefix) + item.key();
     const safetensors::TensorView* view = weights->Find(name);

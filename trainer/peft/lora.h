@@ -34,6 +34,9 @@ StatusOr<std::optional<LoraConfig>> LoraConfigFromTrial(const TrialConfig& trial
 // Freezes every parameter of `model` and adds a trainable adapter to every projection named in
 // config.targets (lm_head included when embeddings are tied: its base is then the embedding
 // matrix). Draws lora_A from the default generator: seed first for reproducible runs.
+// Any model whose projections are Projections (LLaMA's, BLIP-2's language model); the LLaMA overload
+// is for the trainer's holder.
+void ApplyLora(torch::nn::Module& model, const LoraConfig& config);
 void ApplyLora(LlamaForCausalLM& model, const LoraConfig& config);
 
 // Whether a parameter name belongs to an adapter ("….lora_A.weight", "….lora_B.weight").
@@ -44,6 +47,7 @@ bool IsAdapterParameter(std::string_view name);
 // no rsLoRA, DoRA, biases, fan_in_fan_out or per-layer patterns); adapter_model.safetensors must
 // hold exactly the adapter tensors, in a floating-point dtype and the model's shapes. Errors name
 // the file and the field or tensor.
+Status LoadAdapter(torch::nn::Module& model, const LoraConfig& config, const std::string& dir);
 Status LoadAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std::string& dir);
 
 // Writes `dir`/adapter_config.json and `dir`/adapter_model.safetensors as PEFT's save_pretrained
