@@ -1,5 +1,6 @@
 #include "trainer/model/blip2.h"
 
+#include "trainer/model/checkpoint.h"
 #include "trainer/model/weights.h"
 
 namespace llmctl::trainer {
@@ -75,7 +76,12 @@ torch::Tensor Blip2VisionModelImpl::forward(const torch::Tensor& pixel_values) {
           .transpose(1, 2);
   torch::Tensor x = torch::cat({class_embedding_.expand({batch, 1, -1}), patches}, 1) +
                     position_embedding_;  // (B, P, C)
-  for (Blip2VisionLayer& layer : layers_) x = layer(x);
+  const bool checkpoint = checkpoint_layers && torch::GradMode::is_enabled();
+  for (Blip2VisionLayer& layer : layers_) {
+    x = checkpoint ? CheckpointedForward(
+                         [layer](const torch::Tensor& h) mutable { return layer(h); }, x)
+                   : layer(x);
+  }
   return post_layernorm_(x);
 }
 
@@ -132,7 +138,15 @@ Blip2QFormerModelImpl::Blip2QFormerModelImpl(const Blip2QFormerConfig& c) {
 torch::Tensor Blip2QFormerModelImpl::forward(const torch::Tensor& queries,
                                              const torch::Tensor& image) {
   torch::Tensor h = layernorm_(queries);
-  for (Blip2QFormerLayer& layer : layers_) h = layer(h, image);
+  const bool checkpoint = checkpoint_layers && torch::GradMode::is_enabled();
+  for (Blip2QFormerLayer& layer : layers_) {
+    h = checkpoint ? CheckpointedForward(
+                         [layer](const torch::Tensor& q, const torch::Tensor& context) mutable {
+                           return layer(q, context);
+                         },
+                         h, image)
+                   : layer(h, image);
+  }
   return h;
 }
 
@@ -152,6 +166,12 @@ torch::Tensor Blip2ForConditionalGenerationImpl::ImageFeatures(const torch::Tens
   const torch::Tensor image = vision_model(pixel_values);  // (B, P, C)
   const torch::Tensor queries = qformer(query_tokens.expand({image.size(0), -1, -1}), image);
   return language_projection(queries);  // (B, Q, Ct)
+}
+
+void Blip2ForConditionalGenerationImpl::SetActivationCheckpointing(bool on) {
+  vision_model->checkpoint_layers = on;
+  qformer->checkpoint_layers = on;
+  language_model->checkpoint_layers = on;
 }
 
 torch::Tensor Blip2ForConditionalGenerationImpl::Logits(const torch::Tensor& pixel_values,

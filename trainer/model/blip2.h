@@ -42,6 +42,8 @@ class Blip2VisionModelImpl : public torch::nn::Module {
   // (B, 3, S, S) normalised pixels -> (B, P, C), after the final LayerNorm.
   torch::Tensor forward(const torch::Tensor& pixel_values);
 
+  bool checkpoint_layers = false;  // each block through CheckpointedForward when grads are on
+
  private:
   torch::Tensor class_embedding_;     // (1, 1, C)
   torch::Tensor position_embedding_;  // (1, P, C)
@@ -84,6 +86,8 @@ class Blip2QFormerModelImpl : public torch::nn::Module {
   // queries (B, Q, Cq), image (B, P, C) -> (B, Q, Cq)
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& image);
 
+  bool checkpoint_layers = false;  // each block, with the image as its second kept input
+
  private:
   torch::nn::LayerNorm layernorm_{nullptr};
   std::vector<Blip2QFormerLayer> layers_;
@@ -101,6 +105,9 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   // (B, T, V). Loss: CausalLmLoss(logits, labels), as transformers takes it (labels shifted, -100
   // ignored; the placeholders' labels are the caller's to mask).
   torch::Tensor Logits(const torch::Tensor& pixel_values, const torch::Tensor& input_ids);
+  // Activation checkpointing per block of all three stacks (vision, Q-Former, OPT), as
+  // gradient_checkpointing_enable() wraps each of transformers' GradientCheckpointingLayers.
+  void SetActivationCheckpointing(bool on);
 
   Blip2VisionModel vision_model{nullptr};
   torch::Tensor query_tokens;  // (1, Q, Cq)

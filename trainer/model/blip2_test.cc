@@ -7,7 +7,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
+#include <utility>
 
 #include "common/blip2_config.h"
 #include "common/files.h"
@@ -123,6 +125,32 @@ TEST(Blip2Test, PeftLoraAdapterOnTheLanguageModelLoadsAndGivesTransformersLoss) 
           .item<double>();
   EXPECT_NEAR(loss, TensorFromView(*(*expected)->Find("loss")).item<double>(), 1e-5);
   EXPECT_GT(std::abs(loss - Expected("loss").item<double>()), 1e-3) << "the adapter changes nothing";
+}
+
+// Checkpointing every block of the three stacks recomputes them in backward: the same loss and the
+// same gradient for every parameter (the Q-Former's image input gets its gradient through the
+// checkpoint, so the vision encoder's are complete too).
+TEST(Blip2Test, ActivationCheckpointingGivesThePlainRunsGradients) {
+  auto gradients = [](bool checkpointing) {
+    Blip2ForConditionalGeneration model = LoadedModel("opt-tiny");
+    model->SetActivationCheckpointing(checkpointing);
+    const torch::Tensor loss = CausalLmLoss(
+        model->Logits(Expected("pixel_values"), Expected("input_ids")), Expected("labels"));
+    loss.backward();
+    std::map<std::string, torch::Tensor> grads;
+    for (const auto& item : model->named_parameters()) grads[item.key()] = item.value().grad();
+    return std::make_pair(loss.item<double>(), grads);
+  };
+  const auto [plain_loss, plain] = gradients(false);
+  const auto [checkpointed_loss, checkpointed] = gradients(true);
+  EXPECT_DOUBLE_EQ(checkpointed_loss, plain_loss);
+  ASSERT_EQ(checkpointed.size(), plain.size());
+  for (const auto& [name, grad] : plain) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(grad.defined());
+    ASSERT_TRUE(checkpointed.at(name).defined());
+    EXPECT_LE((checkpointed.at(name) - grad).abs().max().item<double>(), 1e-6);
+  }
 }
 
 // The module holds what common/blip2_config counts (the estimate's figure) and the checkpoint holds.

@@ -2,6 +2,8 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <optional>
+
 namespace llmctl::trainer {
 namespace {
 
@@ -10,14 +12,19 @@ using torch::autograd::tensor_list;
 
 // Keeps the block alive in the autograd graph until backward has run (or the graph is freed).
 struct RecomputeHolder : torch::CustomClassHolder {
-  explicit RecomputeHolder(std::function<torch::Tensor(const torch::Tensor&)> f) : block(std::move(f)) {}
-  std::function<torch::Tensor(const torch::Tensor&)> block;
+  explicit RecomputeHolder(
+      std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> f)
+      : block(std::move(f)) {}
+  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> block;
 };
 
+// Two inputs, the second optional: both reach the rerun as leaves, so their gradients
+// come back through this node and never through a captured tensor's own graph.
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input,
+                               std::optional<torch::Tensor> context,
                                c10::intrusive_ptr<RecomputeHolder> holder) {
-    ctx->save_for_backward({input});
+    ctx->save_for_backward({input, context.value_or(torch::Tensor())});
     const AutocastSettings autocast = AutocastSettings::Current();
     ctx->saved_data["cpu_autocast"] = autocast.cpu_enabled;
     ctx->saved_data["cpu_dtype"] = static_cast<int64_t>(autocast.cpu_dtype);
@@ -25,26 +32,28 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     ctx->saved_data["cuda_dtype"] = static_cast<int64_t>(autocast.cuda_dtype);
     ctx->saved_data["block"] = c10::IValue::make_capsule(holder);
     torch::NoGradGuard no_grad;
-    return holder->block(input);
+    return holder->block(input, context.value_or(torch::Tensor()));
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
-    torch::Tensor input = ctx->get_saved_variables()[0];
+    const tensor_list saved = ctx->get_saved_variables();
     auto holder = c10::static_intrusive_pointer_cast<RecomputeHolder>(ctx->saved_data["block"].toCapsule());
     const AutocastSettings autocast{
         ctx->saved_data["cpu_autocast"].toBool(),
         static_cast<at::ScalarType>(ctx->saved_data["cpu_dtype"].toInt()),
         ctx->saved_data["cuda_autocast"].toBool(),
         static_cast<at::ScalarType>(ctx->saved_data["cuda_dtype"].toInt())};
-    torch::Tensor detached = input.detach().requires_grad_(true);
+    torch::Tensor input = saved[0].detach().requires_grad_(true);
+    torch::Tensor context;
+    if (saved[1].defined()) context = saved[1].detach().requires_grad_(saved[1].requires_grad());
     torch::Tensor output;
     {
       torch::AutoGradMode grad_on(true);
       ScopedAutocast scoped(autocast);
-      output = holder->block(detached);
+      output = holder->block(input, context);
     }
     torch::autograd::backward({output}, {grad_outputs[0]});
-    return {detached.grad(), torch::Tensor()};
+    return {input.grad(), context.defined() ? context.grad() : torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -72,7 +81,19 @@ ScopedAutocast::~ScopedAutocast() { previous_.Apply(); }
 
 torch::Tensor CheckpointedForward(std::function<torch::Tensor(const torch::Tensor&)> block,
                                   const torch::Tensor& input) {
-  return CheckpointFunction::apply(input, c10::make_intrusive<RecomputeHolder>(std::move(block)));
+  return CheckpointFunction::apply(
+      input, std::optional<torch::Tensor>(),
+      c10::make_intrusive<RecomputeHolder>(
+          [block = std::move(block)](const torch::Tensor& x, const torch::Tensor&) {
+            return block(x);
+          }));
+}
+
+torch::Tensor CheckpointedForward(
+    std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> block,
+    const torch::Tensor& input, const torch::Tensor& context) {
+  return CheckpointFunction::apply(input, std::optional<torch::Tensor>(context),
+                                   c10::make_intrusive<RecomputeHolder>(std::move(block)));
 }
 
 }  // namespace llmctl::trainer

@@ -38,6 +38,11 @@ class ScopedAutocast {
 // `block` must not capture anything by reference that dies before backward: capture tensors by value.
 torch::Tensor CheckpointedForward(std::function<torch::Tensor(const torch::Tensor&)> block,
                                   const torch::Tensor& input);
+// The same with a second input the block reads (BLIP-2's Q-Former: the image for cross-attention),
+// kept and given its gradient like `input`, so it must not be captured by the block instead.
+torch::Tensor CheckpointedForward(
+    std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> block,
+    const torch::Tensor& input, const torch::Tensor& context);
 
 }  // namespace llmctl::trainer
 

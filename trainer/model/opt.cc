@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "trainer/model/checkpoint.h"
+
 namespace llmctl::trainer {
 namespace {
 
@@ -69,7 +71,17 @@ torch::Tensor OptForCausalLMImpl::Embed(const torch::Tensor& input_ids) {
 torch::Tensor OptForCausalLMImpl::Hidden(const torch::Tensor& inputs_embeds) {
   const int64_t seq = inputs_embeds.size(1);
   torch::Tensor h = inputs_embeds + embed_positions_.narrow(0, kPositionOffset, seq);  // (B, T, C)
-  for (OptDecoderLayer& layer : layers_) h = layer(h);
+  const bool checkpoint = checkpoint_layers && torch::GradMode::is_enabled();
+  if (checkpoint && !h.requires_grad()) {
+    // Frozen embeddings (LoRA): a checkpointed layer whose input needs no gradient never reruns in
+    // backward, so its adapters would get none; as transformers' enable_input_require_grads.
+    h.requires_grad_(true);
+  }
+  for (OptDecoderLayer& layer : layers_) {
+    h = checkpoint ? CheckpointedForward(
+                         [layer](const torch::Tensor& x) mutable { return layer(x); }, h)
+                   : layer(h);
+  }
   return final_layer_norm_(h);
 }
 

@@ -42,6 +42,8 @@ class OptForCausalLMImpl : public torch::nn::Module {
   torch::Tensor Hidden(const torch::Tensor& inputs_embeds);
   torch::Tensor Logits(const torch::Tensor& hidden);  // (B, T, C) -> (B, T, V), the tied head
 
+  bool checkpoint_layers = false;  // each decoder layer through CheckpointedForward
+
  private:
   torch::nn::Embedding embed_tokens_{nullptr};
   torch::Tensor embed_positions_;  // (max_position_embeddings + 2, C)
