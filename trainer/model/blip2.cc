@@ -214,16 +214,7 @@ Status LoadBlip2Weights(Blip2ForConditionalGeneration& model,
     }
     return DataLossError(source + ": tensor '" + name + "' is missing");
   }
-  for (auto& [module_name, projection] : NamedProjections(*model)) {
-    if (!projection->is_quantized()) continue;
-    const std::string name = module_name + ".weight";
-    const safetensors::TensorView* view = checkpoint.Find(name);
-    if (view == nullptr) return DataLossError(source + ": tensor '" + name + "' is missing");
-    torch::Tensor dense = projection->EmptyDenseWeight();  // (O, I), freed after quantising
-    RETURN_IF_ERROR(CopyTensorFromView(*view, dense, source));
-    projection->SetBaseWeight(dense);
-  }
-  return Status::Ok();
+  return LoadNf4BaseWeights(*model, checkpoint, source);
 }
 
 }  // namespace llmctl::trainer

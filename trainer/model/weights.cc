@@ -78,7 +78,13 @@ Status LoadWeights(LlamaForCausalLM& model, const safetensors::ShardedCheckpoint
     if (view == nullptr) return DataLossError(source + ": tensor '" + name + "' is missing");
     RETURN_IF_ERROR(CopyTensorFromView(*view, item.value(), source));
   }
-  for (auto& [module_name, projection] : model->NamedProjections()) {
+  return LoadNf4BaseWeights(*model, checkpoint, source);
+}
+
+Status LoadNf4BaseWeights(torch::nn::Module& model,
+                          const safetensors::ShardedCheckpoint& checkpoint,
+                          const std::string& source) {
+  for (auto& [module_name, projection] : NamedProjections(model)) {
     if (!projection->is_quantized()) continue;
     const std::string name = module_name + ".weight";
     const safetensors::TensorView* view = checkpoint.Find(name);

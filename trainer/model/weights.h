@@ -30,6 +30,13 @@ StatusOr<LlamaForCausalLM> BuildModel(const ModelConfig& config, const std::stri
 Status LoadWeights(LlamaForCausalLM& model, const safetensors::ShardedCheckpoint& checkpoint,
                    const std::string& source);
 
+// Every NF4 base weight under `model` (its Projections' "<name>.weight" in the checkpoint): read into
+// one dense tensor, quantised, the dense tensor dropped, one at a time. Errors name `source` and the
+// tensor.
+Status LoadNf4BaseWeights(torch::nn::Module& model,
+                          const safetensors::ShardedCheckpoint& checkpoint,
+                          const std::string& source);
+
 // Copies a floating-point tensor of a file into `param` (same shape, any float dtype), converting
 // the dtype; DataLoss naming `source` and the tensor on another shape or a non-float dtype.
 Status CopyTensorFromView(const safetensors::TensorView& view, torch::Tensor& param,
