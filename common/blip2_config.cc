@@ -1,5 +1,9 @@
 #include "common/blip2_config.h"
 
+#include <filesystem>
+
+#include "common/files.h"
+
 namespace llmctl {
 namespace {
 
@@ -211,6 +215,35 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
                                 std::to_string(o.vocab_size) + ")");
   }
   return c;
+}
+
+StatusOr<std::optional<Blip2Config>> ResolveBlip2Model(std::string_view model) {
+  std::string_view name = model;
+  if (name.starts_with("Salesforce/")) name.remove_prefix(11);
+  if (std::optional<Blip2Config> preset = Blip2Preset(std::string(name))) return preset;
+  std::error_code error;
+  std::filesystem::path config_path{std::string(model)};
+  if (std::filesystem::is_directory(config_path, error)) config_path /= "config.json";
+  if (config_path.filename() != "config.json" ||
+      !std::filesystem::is_regular_file(config_path, error)) {
+    return std::optional<Blip2Config>();
+  }
+  // A real config.json is a few KB; the limit makes a wrong file fail fast.
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(config_path.string(), 1 << 20));
+  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // A malformed file is ResolveModel's to report, with its own reader's message.
+  if (!json.is_object() || json.value("model_type", "") != "blip-2") {
+    return std::optional<Blip2Config>();
+  }
+  ASSIGN_OR_RETURN(Blip2Config config, ParseBlip2Config(json, config_path.string()));
+  if (config.image_token_index < 0 || config.image_token_index >= config.opt.vocab_size) {
+    return InvalidArgumentError(
+        config_path.string() + ": image_token_index " + std::to_string(config.image_token_index) +
+        " is not a token of the language model's vocabulary of " +
+        std::to_string(config.opt.vocab_size) +
+        " (configs older than transformers 4.47 lack it: set it to the tokenizer's <image> id)");
+  }
+  return std::optional<Blip2Config>(std::move(config));
 }
 
 }  // namespace llmctl

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 
@@ -80,6 +81,18 @@ std::optional<Blip2Config> Blip2Preset(const std::string& name);
 // field for a wrong value; Unimplemented for a language model other than OPT (Flan-T5 is not built
 // yet) and for OPT variants with a projected embedding or post-LN (opt-350m).
 StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::string& source);
+
+// `model` as a trial names it, when it names BLIP-2: a preset (its hub name, with or without
+// "Salesforce/") or a directory (or its config.json) whose config.json has model_type "blip-2".
+// nullopt when it names anything else, which ResolveModel (model_config.h) then resolves or refuses;
+// errors from reading or parsing a BLIP-2 config.json, naming it.
+StatusOr<std::optional<Blip2Config>> ResolveBlip2Model(std::string_view model);
+
+// Whether `model` is a BLIP-2 preset's name (with or without "Salesforce/").
+inline bool IsBlip2Preset(std::string_view model) {
+  if (model.starts_with("Salesforce/")) model.remove_prefix(11);
+  return Blip2Preset(std::string(model)).has_value();
+}
 
 }  // namespace llmctl
 

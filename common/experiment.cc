@@ -9,6 +9,7 @@
 #include <sstream>
 #include <utility>
 
+#include "common/blip2_config.h"
 #include "common/files.h"
 #include "common/model_config.h"
 #include "common/spelling.h"
@@ -829,7 +830,33 @@ class ExperimentParser {
     ApplyLabSpellings(trial.config);
     const ModelConfig* model = nullptr;
     const std::string model_name = trial.config.GetString("model");
-    if (const ModelConfig* preset = FindPreset(model_name)) {
+    // BLIP-2 reads images and LLaMA-family models read text: which one the model is decides
+    // data.format. Taken on trust where the model is not here (a hub or node model).
+    std::optional<bool> blip2;
+    if (IsBlip2Preset(model_name)) {
+      blip2 = true;
+    } else if (FindPreset(model_name) != nullptr) {
+      blip2 = false;
+    } else if (options_.resolve_local_paths && !IsHubModelRef(model_name) &&
+               !IsNodePath(model_name)) {
+      StatusOr<std::optional<Blip2Config>> resolved = ResolveBlip2Model(model_name);
+      if (!resolved.ok()) {
+        return ErrorAt(location({"model"}), prefix + "model: " + resolved.status().message());
+      }
+      blip2 = resolved->has_value();
+    }
+    const bool images = trial.config.GetString("data.format") == "imagefolder";
+    if (blip2 && *blip2 != images) {
+      return ErrorAt(location({"data.format"}),
+                     prefix + (*blip2 ? "model " + model_name +
+                                            " is BLIP-2, which trains on images and captions: set "
+                                            "data.format: imagefolder"
+                                      : "data.format imagefolder is for BLIP-2 models, and model " +
+                                            model_name + " is a LLaMA-family text model"));
+    }
+    if (blip2.value_or(false)) {
+      // BLIP-2's shape is not a ModelConfig: the checks that need one are llm-train's.
+    } else if (const ModelConfig* preset = FindPreset(model_name)) {
       model = preset;
     } else if (IsHubModelRef(model_name)) {
       // Checked for form everywhere; its shape is known only once an agent has downloaded it, so

@@ -591,14 +591,14 @@ TEST(ShippedExperimentsTest, ValidateFromTheRepositoryRootWithEveryInputPresent)
       }
     }
   }
-  EXPECT_GE(count, 7u);  // demo, cpu-lab, peft, single, single-a100, multi, multi-a100
+  EXPECT_GE(count, 9u);  // demo, cpu-lab, peft, single(-a100) for BLIP-2 and for LLaMA, multi(-a100)
 }
 
 // The GPU tables: the labs' rows in order, on their GPU, with the labs' out-of-memory rows.
 TEST(ShippedExperimentsTest, SingleGpuTables) {
   for (const auto& [file, flavor_key, flavor] :
-       {std::tuple{"single.yaml", "flavor", "g1.h100.pci.1"},
-        std::tuple{"single-a100.yaml", "node_type", "compute_gigaio"}}) {
+       {std::tuple{"single-llama.yaml", "flavor", "g1.h100.pci.1"},
+        std::tuple{"single-llama-a100.yaml", "node_type", "compute_gigaio"}}) {
     StatusOr<Experiment> experiment =
         LoadExperimentFile((SourceDir() / "experiments" / file).string());
     ASSERT_TRUE(experiment.ok()) << experiment.status().message();
@@ -617,6 +617,32 @@ TEST(ShippedExperimentsTest, SingleGpuTables) {
                   "adam-8bit", "activation-checkpointing", "cpu-offload", "lora", "qlora"}))
         << file;
     EXPECT_EQ(oom, (std::vector<std::string>{"baseline", "even-larger", "smallest-batch"})) << file;
+  }
+}
+
+// The current labs' BLIP-2 tables: rows 1-6 (OPT-2.7B and 6.7B), on their GPU, from the published
+// weights, captions cut at the lab's 50 tokens.
+TEST(ShippedExperimentsTest, SingleGpuBlip2Tables) {
+  for (const auto& [file, flavor_key, flavor, oom_batch] :
+       {std::tuple{"single.yaml", "flavor", "g1.h100.pci.1", 64},
+        std::tuple{"single-a100.yaml", "node_type", "compute_gigaio", 32}}) {
+    StatusOr<Experiment> experiment =
+        LoadExperimentFile((SourceDir() / "experiments" / file).string());
+    ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+    EXPECT_EQ(experiment->target.at(flavor_key), flavor) << file;
+    std::vector<std::string> names;
+    for (const Trial& trial : experiment->trials) {
+      names.push_back(trial.name);
+      EXPECT_EQ(trial.config.GetString("data.format"), "imagefolder") << file;
+      EXPECT_EQ(trial.config.GetInt("data.max_seq_length"), 50) << file;
+      EXPECT_EQ(trial.config.GetString("init"), "pretrained") << file;
+      EXPECT_TRUE(trial.config.GetString("model").starts_with("hf:Salesforce/blip2-opt-")) << file;
+    }
+    EXPECT_EQ(names, (std::vector<std::string>{"baseline", "reduced-batch", "grad-accumulation",
+                                               "bf16-true", "bf16-mixed", "larger-model"}))
+        << file;
+    EXPECT_EQ(experiment->trials.front().expect, "oom") << file;
+    EXPECT_EQ(experiment->trials.front().config.GetInt("train.micro_batch_size"), oom_batch);
   }
 }
 

@@ -705,6 +705,61 @@ std::optional<ConfigProblem> FindProfileProblem(const TrialConfig& config) {
   return std::nullopt;
 }
 
+// data.format imagefolder (BLIP-2's captions) and the keys that only it takes.
+std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
+  auto problem = [](std::vector<std::string> keys, std::string message) {
+    return std::optional<ConfigProblem>(ConfigProblem{std::move(keys), std::move(message)});
+  };
+  const bool images = config.GetString("data.format") == "imagefolder";
+  const std::vector<std::string> frozen = config.GetStringList("freeze");
+  if (!images) {
+    if (!frozen.empty()) {
+      return problem({"freeze", "data.format"},
+                     "freeze names BLIP-2's parts, which train on data.format imagefolder, but "
+                     "data.format is " +
+                         config.GetString("data.format") + "; remove freeze");
+    }
+    if (config.IsSet("data.caption_column")) {
+      return problem({"data.caption_column", "data.format"},
+                     "data.caption_column applies to data.format imagefolder, but data.format is " +
+                         config.GetString("data.format") + "; remove data.caption_column");
+    }
+    return std::nullopt;
+  }
+  for (std::string_view key : {"data.template", "data.mask_prompt"}) {
+    if (config.IsSet(key)) {
+      return problem({std::string(key), "data.format"},
+                     std::string(key) +
+                         " shapes instruction records, and data.format imagefolder holds "
+                         "captions: remove " +
+                         std::string(key));
+    }
+  }
+  if (config.GetString("data.caption_column").empty()) {
+    return problem({"data.caption_column"},
+                   "data.caption_column is empty: name the metadata column of the captions");
+  }
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    if (std::find(kBlip2Parts.begin(), kBlip2Parts.end(), frozen[i]) == kBlip2Parts.end()) {
+      std::string known;
+      for (std::string_view part : kBlip2Parts) known += (known.empty() ? "" : ", ") + std::string(part);
+      return problem({"freeze"},
+                     "freeze: unknown part '" + frozen[i] + "' (BLIP-2's parts: " + known + ")");
+    }
+  }
+  if (frozen.size() == kBlip2Parts.size() && config.GetString("peft.method") == "none") {
+    return problem({"freeze", "peft.method"},
+                   "freeze lists every part of BLIP-2 and peft.method is none: nothing would train");
+  }
+  // Not built for BLIP-2 yet: each unit of FSDP's wrapping is a LLaMA decoder layer.
+  if (config.GetString("strategy") == "fsdp") {
+    return problem({"strategy", "data.format"},
+                   "strategy fsdp is built for the LLaMA family's decoder layers, not yet for "
+                   "BLIP-2 (data.format imagefolder); use strategy ddp or auto");
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
@@ -826,6 +881,8 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
                    "device_memory must be more than 0 bytes (leave it unset for no "
                    "budget)");
   }
+
+  if (std::optional<ConfigProblem> found = FindImageFolderProblem(config)) return found;
 
   if (config.GetString("data.format") == "text") {
     if (config.IsSet("data.template") && config.GetString("data.template") != "none") {

@@ -104,9 +104,16 @@ class TrialConfig {
   std::vector<Entry> entries_;  // parallel to TrialKeys()
 };
 
-// The projections `peft.targets` may name: Hugging Face's module names in LLaMA-family models.
-inline constexpr std::array<std::string_view, 8> kLoraTargets = {
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"};
+// The projections `peft.targets` may name: Hugging Face's module names in LLaMA-family models
+// (q/k/v/o_proj, gate/up/down_proj, lm_head) and in OPT, BLIP-2's language model (q/k/v_proj,
+// out_proj, fc1, fc2). The trainer checks that each names a projection of the model it builds.
+inline constexpr std::array<std::string_view, 11> kLoraTargets = {
+    "q_proj",  "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj",
+    "up_proj", "down_proj", "fc1",  "fc2",   "lm_head"};
+
+// The parts of BLIP-2 the `freeze` key may name: Blip2ForConditionalGeneration's children.
+inline constexpr std::array<std::string_view, 4> kBlip2Parts = {
+    "vision_model", "qformer", "language_projection", "language_model"};
 
 // Rewrites the labs' spellings to llmctl's: optimizer adam_8bit -> adamw_8bit; strategy
 // deepspeed_stage_2_offload with optimizer deepspeed_cpu (DeepSpeedCPUAdam) or adamw -> optimizer

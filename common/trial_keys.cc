@@ -16,9 +16,10 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        K::kString,
        "llmctl-demo",
        {},
-       "Preset name (tinyllama-1.1b, open_llama_3b, open_llama_7b, open_llama_13b, llmctl-demo), "
-       "a Hugging Face model directory holding config.json, or hf:ORG/NAME[@REVISION] (downloaded "
-       "by the agent; llm-train alone refuses it)"},
+       "Preset name (tinyllama-1.1b, open_llama_3b, open_llama_7b, open_llama_13b, llmctl-demo; "
+       "BLIP-2: blip2-opt-2.7b, blip2-opt-6.7b), a Hugging Face model directory holding "
+       "config.json (LLaMA family or blip-2 with OPT), or hf:ORG/NAME[@REVISION] (downloaded by "
+       "the agent; llm-train alone refuses it)"},
       {"init",
        K::kEnum,
        "random",
@@ -30,12 +31,23 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        {},
        "tokenizer.json, or a directory holding one; unset: the model directory's (presets have no "
        "files, so they need one)"},
-      {"data.path", K::kPath, "", {}, "Training data: a JSON-lines file (required)"},
+      {"data.path",
+       K::kPath,
+       "",
+       {},
+       "Training data (required): a JSON-lines file, or for data.format imagefolder a directory"},
       {"data.format",
        K::kEnum,
        "alpaca",
-       {"alpaca", "text"},
-       "alpaca: {instruction, input, output} records; text: {text} records"},
+       {"alpaca", "text", "imagefolder"},
+       "alpaca: {instruction, input, output} records; text: {text} records; imagefolder (BLIP-2 "
+       "models): images beside metadata.jsonl or metadata.csv naming each file_name and its "
+       "caption (Hugging Face's imagefolder layout)"},
+      {"data.caption_column",
+       K::kString,
+       "text",
+       {},
+       "data.format imagefolder: the metadata column that holds each image's caption"},
       {"data.template",
        K::kEnum,
        "alpaca",
@@ -55,7 +67,9 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        K::kInt,
        "512",
        {},
-       "Truncate every example to this many tokens; at most the model's max_position_embeddings"},
+       "Truncate every example to this many tokens; at most the model's max_position_embeddings "
+       "(BLIP-2: the caption's tokens, BOS included, as the labs' tokenizer max_length 50 counts "
+       "them; the image's query positions come on top)"},
       {"train.micro_batch_size",
        K::kInt,
        "1",
@@ -148,7 +162,7 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "[q_proj, v_proj]",
        {},
        "Projections that get adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-       "down_proj, lm_head"},
+       "down_proj, lm_head (LLaMA); q_proj, k_proj, v_proj, out_proj, fc1, fc2 (BLIP-2's OPT)"},
       {"peft.double_quant",
        K::kBool,
        "true",
@@ -170,6 +184,12 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        {},
        "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) to start from; "
        "its r and targets must equal peft.r and peft.targets"},
+      {"freeze",
+       K::kStringList,
+       "[]",
+       {},
+       "BLIP-2: parts kept frozen (no gradients, no optimizer state): vision_model, qformer (with "
+       "the query tokens), language_projection, language_model; the labs train all of them"},
       {"activation_checkpointing",
        K::kBool,
        "false",

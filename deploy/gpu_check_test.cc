@@ -108,7 +108,7 @@ TEST(GpuCheckLabRowTest, TimesTheStepsAfterTheFirstAndSetsThePublishedFigureBesi
   fs::create_directories(out / "lab");
   WriteEvents(out / "lab/bf16-true.events.jsonl");
   const testing::CommandResult row =
-      Helper("lab-row '" + out.string() + "' experiments/single-a100.yaml bf16-true ok 0");
+      Helper("lab-row '" + out.string() + "' experiments/single-llama-a100.yaml bf16-true ok 0");
   ASSERT_EQ(row.exit_code, 0) << row.out;
 
   const nlohmann::json r = LastRow(out / "lab.jsonl");
@@ -123,7 +123,7 @@ TEST(GpuCheckLabRowTest, TimesTheStepsAfterTheFirstAndSetsThePublishedFigureBesi
   EXPECT_EQ(Helper("has-row '" + (out / "lab.jsonl").string() + "' bf16-mixed").exit_code, 1);
 
   const testing::CommandResult table =
-      Helper("lab-table '" + out.string() + "' experiments/single-a100.yaml bf16-mixed");
+      Helper("lab-table '" + out.string() + "' experiments/single-llama-a100.yaml bf16-mixed");
   ASSERT_EQ(table.exit_code, 0) << table.out;
   const std::string markdown = Read(out / "lab.md");
   EXPECT_NE(markdown.find("| bf16-true | ok | ok | 0.00 |"), std::string::npos) << markdown;

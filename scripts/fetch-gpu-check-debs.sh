@@ -7,13 +7,15 @@
 #
 # What llm-train links besides LibTorch (the trainer-only configuration's find_package and
 # pkg_check_modules calls): yaml-cpp (library), PCRE2's 8-bit library (found with pkg-config, so pkgconf
-# comes too), nlohmann-json and CLI11 (headers only). Debian 12's binaries need glibc 2.36, which any
-# newer distribution (Ubuntu 24.04: 2.39) has. About 1.7 MB.
+# comes too), libjpeg-turbo and libpng (BLIP-2's images; libpng's header includes zlib's),
+# nlohmann-json and CLI11 (headers only). Debian 12's binaries need glibc 2.36, which any
+# newer distribution (Ubuntu 24.04: 2.39) has. About 3.7 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(
   libyaml-cpp-dev libyaml-cpp0.7
   libpcre2-dev libpcre2-8-0
+  libjpeg62-turbo-dev libjpeg62-turbo libpng-dev libpng16-16 zlib1g-dev
   nlohmann-json3-dev
   libcli11-dev
   pkgconf-bin libpkgconf3

@@ -29,7 +29,9 @@
 #include "trainer/dist/rank_env.h"
 #include "trainer/inputs/trial_inputs.h"
 #include "trainer/train/batches.h"
+#include "trainer/train/caption_batches.h"
 #include "trainer/train/ddp.h"
+#include "trainer/train/trained_model.h"
 #include "trainer/train/trainer.h"
 #include "trainer/train/versions.h"
 
@@ -239,9 +241,11 @@ int main(int argc, char** argv) {
   }
   llmctl::LocalizeNodePaths(config);
   llmctl::ApplyLabSpellings(config);
-  auto model = llmctl::ResolveModel(config.GetString("model"));
+  auto model = llmctl::trainer::ResolveTrialModel(config.GetString("model"));
   if (!model.ok()) return Fail(model.status().message());
-  if (llmctl::Status status = llmctl::ValidateTrialConfig(config, &*model); !status.ok()) {
+  // The LLaMA family's shape; BLIP-2's checks are the trial's (llm-train's setup).
+  const llmctl::ModelConfig* llama = std::get_if<llmctl::ModelConfig>(&*model);
+  if (llmctl::Status status = llmctl::ValidateTrialConfig(config, llama); !status.ok()) {
     return Fail(status.message());
   }
   std::map<std::string, std::string> names;
@@ -254,8 +258,15 @@ int main(int argc, char** argv) {
   }
 
   if (prepare_only) {
-    auto checked = llmctl::TrialInputsChecker().Check(config, &*model);
+    auto checked = llmctl::TrialInputsChecker().Check(config, llama);
     if (!checked.ok()) return Fail(llmctl::NameInputs(checked.status().message(), names));
+    if (const auto* blip2 = std::get_if<llmctl::Blip2Config>(&*model)) {
+      // The captions' token file; the images are decoded batch by batch in training.
+      auto batches = llmctl::trainer::OpenCaptionBatches(config, *blip2, 0, 1);
+      if (!batches.ok()) return Fail(llmctl::NameInputs(batches.status().message(), names));
+      std::cout << (*batches)->num_examples() << " captioned images prepared" << std::endl;
+      return 0;
+    }
     auto tokens = llmctl::trainer::PrepareTokens(config);
     if (!tokens.ok()) return Fail(llmctl::NameInputs(tokens.status().message(), names));
     std::cout << *tokens << std::endl;

@@ -93,6 +93,13 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
                              "directory holding the config.json to estimate it)",
                          std::nullopt, std::nullopt};
   }
+  if (trial.config.GetString("data.format") == "imagefolder") {
+    // Parsing checked that the model is BLIP-2, the only family that reads images.
+    return TrialEstimate{&trial, std::nullopt,
+                         "its model " + model_name +
+                             " is BLIP-2, whose memory estimate is not built yet (run it to measure)",
+                         std::nullopt, std::nullopt};
+  }
   const std::string context = file + ": trial " + trial.name;
   // Parsing resolved the model's path beside the file; a directory without a readable config.json
   // is the caller's to fix, as for `llmctl submit`.

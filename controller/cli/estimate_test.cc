@@ -116,7 +116,7 @@ TEST_F(EstimateTest, CpuLabVerdictsAreEachRowsExpectation) {
 // estimate of each, for the A100 the target names, is within 10% of what the lab measured on the
 // GPU with LitGPT's own trainer.
 TEST_F(EstimateTest, TheLitGptLabsMeasuredA100PeaksAreWithinTenPercent) {
-  ASSERT_EQ(Llmctl({Experiments() + "single-a100.yaml", "--format", "json"}), kExitOk)
+  ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--format", "json"}), kExitOk)
       << err_.str();
   const nlohmann::json out = nlohmann::json::parse(out_.str());
   const std::map<std::string, double> lab_gb = {
@@ -137,13 +137,13 @@ TEST_F(EstimateTest, TheLitGptLabsMeasuredA100PeaksAreWithinTenPercent) {
   EXPECT_EQ(compared, 6);
 }
 
-// llm-train's own peaks on a GPU: deploy/gpu-check's lab stage ran single-a100.yaml on an H200 under
+// llm-train's own peaks on a GPU: deploy/gpu-check's lab stage ran single-llama-a100.yaml on an H200 under
 // device_memory 79.2GiB (docs/gpu-runs/2026-11-26-h200/lab.jsonl, the CUDA caching allocator's
 // max_memory_allocated). Each row that ended ok is predicted within 1% (below it: cuBLAS'
 // workspaces and the CUDA context's allocations are not modelled). The two float32 TinyLlama rows
 // ran before llama.cc repeated keys and values for the memory-efficient kernel and are not compared.
 TEST_F(EstimateTest, LlmTrainsPeaksMeasuredOnAnH200AreWithinOnePercent) {
-  ASSERT_EQ(Llmctl({Experiments() + "single-a100.yaml", "--format", "json"}), kExitOk)
+  ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--format", "json"}), kExitOk)
       << err_.str();
   const nlohmann::json out = nlohmann::json::parse(out_.str());
   std::map<std::string, double> predicted;
@@ -167,7 +167,7 @@ TEST_F(EstimateTest, LlmTrainsPeaksMeasuredOnAnH200AreWithinOnePercent) {
 }
 
 TEST_F(EstimateTest, DeviceMemoryOptionTakesASizeOrAGpu) {
-  ASSERT_EQ(Llmctl({Experiments() + "single-a100.yaml", "--trial", "larger-model",
+  ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--trial", "larger-model",
                     "--device-memory", "a100-40gb", "--format", "json"}),
             kExitOk)
       << err_.str();
@@ -191,7 +191,7 @@ TEST_F(EstimateTest, DeviceMemoryOptionTakesASizeOrAGpu) {
 }
 
 TEST_F(EstimateTest, FitFindsTheLargestMicroBatchAndTheGlobalBatchItImplies) {
-  ASSERT_EQ(Llmctl({Experiments() + "single-a100.yaml", "--trial", "reduced-batch", "--fit",
+  ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--trial", "reduced-batch", "--fit",
                     "--format", "json"}),
             kExitOk)
       << err_.str();
@@ -213,7 +213,7 @@ TEST_F(EstimateTest, FitFindsTheLargestMicroBatchAndTheGlobalBatchItImplies) {
 }
 
 TEST_F(EstimateTest, ExplainShowsEachTermsFormulaWithItsNumbers) {
-  ASSERT_EQ(Llmctl({Experiments() + "single-a100.yaml", "--trial", "reduced-batch", "--explain"}),
+  ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--trial", "reduced-batch", "--explain"}),
             kExitOk)
       << err_.str();
   const std::string out = out_.str();

@@ -97,7 +97,9 @@ Status CheckLocalInputs(const Experiment& checked, std::string_view filename) {
   for (const Trial& trial : checked.trials) {
     const std::string model_name = trial.config.GetString("model");
     const ModelConfig* model = nullptr;
-    if (!IsHubModelRef(model_name) && !IsNodePath(model_name)) {
+    // BLIP-2 (its data imagefolder, as parsing checked) has no LLaMA shape to check inputs against.
+    const bool blip2 = trial.config.GetString("data.format") == "imagefolder";
+    if (!blip2 && !IsHubModelRef(model_name) && !IsNodePath(model_name)) {
       auto it = models.find(model_name);
       if (it == models.end()) it = models.emplace(model_name, ResolveModel(model_name)).first;
       // Parsing resolved it already; a failure here is a file that changed meanwhile.

@@ -1,5 +1,7 @@
 #include "trainer/inputs/trial_inputs.h"
 
+#include "common/image/imagefolder.h"
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -137,30 +139,52 @@ StatusOr<TrialInputsSummary> TrialInputsChecker::Check(const TrialConfig& config
 StatusOr<int64_t> TrialInputsChecker::CheckData(const TrialConfig& config) {
   const std::string path = config.GetString("data.path");
   if (path.empty()) return InvalidArgumentError("no dataset given");
-  ASSIGN_OR_RETURN(const data::PrepareOptions options, data::PrepareOptionsFor(config));
-  const std::string key = "data\n" + path + "\n" +
-                          std::string(data::DatasetFormatName(options.format)) + "\n" +
-                          std::string(data::PromptTemplateName(options.prompt_template)) + "\n" +
-                          std::to_string(options.samples);
-  auto [it, inserted] = done_.try_emplace(key, int64_t{0});
-  if (inserted) {
-    it->second = [&]() -> StatusOr<int64_t> {
-      ASSIGN_OR_RETURN(std::vector<data::Record> records, data::LoadJsonl(path, options.format));
-      if (options.samples > 0 && static_cast<size_t>(options.samples) < records.size()) {
-        records.resize(options.samples);
-      }
-      // Rendered as training will: a template that does not fit the records fails here.
-      for (const data::Record& record : records) {
-        StatusOr<data::PromptAndResponse> rendered =
-            data::RenderExample(record, options.format, options.prompt_template);
-        if (!rendered.ok()) {
-          return rendered.status().WithContext(path + ":" + std::to_string(record.line));
+  const int64_t samples = config.GetInt("data.samples");
+  StatusOr<int64_t>* answer = nullptr;
+  if (config.GetString("data.format") == "imagefolder") {
+    const std::string column = config.GetString("data.caption_column");
+    auto [it, inserted] = done_.try_emplace(
+        "images\n" + path + "\n" + column + "\n" + std::to_string(samples), int64_t{0});
+    answer = &it->second;
+    if (inserted) {
+      it->second = [&]() -> StatusOr<int64_t> {
+        ASSIGN_OR_RETURN(std::vector<image::CaptionedImage> images,
+                         image::ReadImageFolder(path, path, column));
+        if (samples > 0 && static_cast<size_t>(samples) < images.size()) {
+          images.resize(static_cast<size_t>(samples));
         }
-      }
-      return static_cast<int64_t>(records.size());
-    }();
+        // Every image the trial reads decodes: a broken one is refused now, not mid-run.
+        RETURN_IF_ERROR(image::CheckImages(images, path));
+        return static_cast<int64_t>(images.size());
+      }();
+    }
+  } else {
+    ASSIGN_OR_RETURN(const data::PrepareOptions options, data::PrepareOptionsFor(config));
+    const std::string key = "data\n" + path + "\n" +
+                            std::string(data::DatasetFormatName(options.format)) + "\n" +
+                            std::string(data::PromptTemplateName(options.prompt_template)) + "\n" +
+                            std::to_string(options.samples);
+    auto [it, inserted] = done_.try_emplace(key, int64_t{0});
+    answer = &it->second;
+    if (inserted) {
+      it->second = [&]() -> StatusOr<int64_t> {
+        ASSIGN_OR_RETURN(std::vector<data::Record> records, data::LoadJsonl(path, options.format));
+        if (options.samples > 0 && static_cast<size_t>(options.samples) < records.size()) {
+          records.resize(options.samples);
+        }
+        // Rendered as training will: a template that does not fit the records fails here.
+        for (const data::Record& record : records) {
+          StatusOr<data::PromptAndResponse> rendered =
+              data::RenderExample(record, options.format, options.prompt_template);
+          if (!rendered.ok()) {
+            return rendered.status().WithContext(path + ":" + std::to_string(record.line));
+          }
+        }
+        return static_cast<int64_t>(records.size());
+      }();
+    }
   }
-  ASSIGN_OR_RETURN(const int64_t records, it->second);
+  ASSIGN_OR_RETURN(const int64_t records, *answer);
   const int64_t micro_batch = config.GetInt("train.micro_batch_size");
   if (records < micro_batch) {
     return InvalidArgumentError(path + " has " + std::to_string(records) +

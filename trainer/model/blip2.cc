@@ -174,16 +174,35 @@ void Blip2ForConditionalGenerationImpl::SetActivationCheckpointing(bool on) {
   language_model->checkpoint_layers = on;
 }
 
-torch::Tensor Blip2ForConditionalGenerationImpl::Logits(const torch::Tensor& pixel_values,
+torch::Tensor Blip2ForConditionalGenerationImpl::Hidden(const torch::Tensor& pixel_values,
                                                         const torch::Tensor& input_ids) {
   const torch::Tensor features = ImageFeatures(pixel_values);  // (B, Q, Ct)
   torch::Tensor embeds = language_model->Embed(input_ids);     // (B, T, Ct)
   const torch::Tensor placeholders = (input_ids == image_token_index_).unsqueeze(-1);  // (B, T, 1)
-  TORCH_CHECK(placeholders.sum().item<int64_t>() == features.size(0) * features.size(1),
-              "each row needs ", features.size(1), " image placeholder tokens (id ",
-              image_token_index_, ")");
   embeds = embeds.masked_scatter(placeholders, features.to(embeds.scalar_type()));
-  return language_model->Logits(language_model->Hidden(embeds));
+  return language_model->Hidden(embeds);
+}
+
+void Blip2ForConditionalGenerationImpl::InitializeRandom(double std) {
+  torch::NoGradGuard no_grad;
+  for (const auto& module : named_modules()) {
+    auto projection = std::dynamic_pointer_cast<ProjectionImpl>(module.value());
+    if (projection && projection->is_quantized()) {
+      projection->SetBaseWeight(projection->EmptyDenseWeight().normal_(0.0, std));
+    }
+    const bool layer_norm =
+        std::dynamic_pointer_cast<torch::nn::LayerNormImpl>(module.value()) != nullptr;
+    for (auto& item : module.value()->named_parameters(/*recurse=*/false)) {
+      torch::Tensor& p = item.value();
+      if (layer_norm) {
+        p.fill_(item.key() == "weight" ? 1.0 : 0.0);
+      } else if (item.key() == "bias") {
+        p.zero_();
+      } else {
+        p.normal_(0.0, std);
+      }
+    }
+  }
 }
 
 Status LoadBlip2Weights(Blip2ForConditionalGeneration& model,

@@ -101,10 +101,23 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
                                              const std::optional<Nf4Options>& nf4 = std::nullopt);
   // (B, 3, S, S) -> image features (B, Q, Ct)
   torch::Tensor ImageFeatures(const torch::Tensor& pixel_values);
-  // pixel_values (B, 3, S, S), input_ids (B, T) holding Q image placeholders per row -> logits
-  // (B, T, V). Loss: CausalLmLoss(logits, labels), as transformers takes it (labels shifted, -100
-  // ignored; the placeholders' labels are the caller's to mask).
-  torch::Tensor Logits(const torch::Tensor& pixel_values, const torch::Tensor& input_ids);
+  // pixel_values (B, 3, S, S), input_ids (B, T) holding exactly Q image placeholders per row (the
+  // caller's to ensure: a row with fewer would silently take fewer features, as masked_scatter
+  // does; checking here would cost a host sync every forward) -> the language model's final
+  // hidden states (B, T, Ct).
+  torch::Tensor Hidden(const torch::Tensor& pixel_values, const torch::Tensor& input_ids);
+  // Hidden's states (N..., Ct) -> logits (N..., V) through OPT's head, tied to its embedding.
+  torch::Tensor Logits(const torch::Tensor& hidden) { return language_model->Logits(hidden); }
+  // Logits(Hidden(...)): (B, T, V). Loss: CausalLmLoss(logits, labels), as transformers takes it
+  // (labels shifted, -100 ignored; the placeholders' labels are the caller's to mask).
+  torch::Tensor Logits(const torch::Tensor& pixel_values, const torch::Tensor& input_ids) {
+    return Logits(Hidden(pixel_values, input_ids));
+  }
+  // Hugging Face's initialisation as Blip2PreTrainedModel._init_weights draws it: normal(0, 0.02)
+  // for linear, convolution and embedding weights, the class and position embeddings and the
+  // query tokens; zero biases; LayerNorms one and zero. An NF4 base draws its dense weight (one at
+  // a time) where a dense one would be. Deterministic under torch::manual_seed.
+  void InitializeRandom(double std = 0.02);
   // Activation checkpointing per block of all three stacks (vision, Q-Former, OPT), as
   // gradient_checkpointing_enable() wraps each of transformers' GradientCheckpointingLayers.
   void SetActivationCheckpointing(bool on);

@@ -41,6 +41,8 @@ class OptForCausalLMImpl : public torch::nn::Module {
   // only (a padded row's real tokens come first, so their positions are OPT's too).
   torch::Tensor Hidden(const torch::Tensor& inputs_embeds);
   torch::Tensor Logits(const torch::Tensor& hidden);  // (B, T, C) -> (B, T, V), the tied head
+  // The one weight Logits reads: the embedding matrix (V, C).
+  torch::Tensor OutputWeight() const { return embed_tokens_->weight; }
 
   bool checkpoint_layers = false;  // each decoder layer through CheckpointedForward
 

@@ -96,15 +96,44 @@ Status LoadNf4BaseWeights(torch::nn::Module& model,
   return Status::Ok();
 }
 
+namespace {
+
+// The checkpoint to load for init "pretrained"; null for "random".
+StatusOr<std::unique_ptr<safetensors::ShardedCheckpoint>> CheckpointFor(
+    const std::string& init, const std::string& model_dir) {
+  if (init == "pretrained") return safetensors::ShardedCheckpoint::Open(model_dir);
+  if (init != "random") {
+    return InvalidArgumentError("init: expected pretrained or random, got '" + init + "'");
+  }
+  return std::unique_ptr<safetensors::ShardedCheckpoint>();
+}
+
+}  // namespace
+
+StatusOr<Blip2ForConditionalGeneration> BuildBlip2Model(const Blip2Config& config,
+                                                        const std::string& init,
+                                                        const std::string& model_dir,
+                                                        torch::Dtype dtype, torch::Device device,
+                                                        const std::optional<Nf4Options>& nf4) {
+  ASSIGN_OR_RETURN(auto checkpoint, CheckpointFor(init, model_dir));
+  Blip2ForConditionalGeneration model{nullptr};
+  {
+    ScopedDefaultDtype default_dtype(dtype);
+    model = Blip2ForConditionalGeneration(config, nf4);
+  }
+  if (!device.is_cpu()) model->to(device);
+  if (checkpoint) {
+    RETURN_IF_ERROR(LoadBlip2Weights(model, *checkpoint, model_dir));
+  } else {
+    model->InitializeRandom();
+  }
+  return model;
+}
+
 StatusOr<LlamaForCausalLM> BuildModel(const ModelConfig& config, const std::string& init,
                                       const std::string& model_dir, torch::Dtype dtype,
                                       torch::Device device, const std::optional<Nf4Options>& nf4) {
-  std::unique_ptr<safetensors::ShardedCheckpoint> checkpoint;
-  if (init == "pretrained") {
-    ASSIGN_OR_RETURN(checkpoint, safetensors::ShardedCheckpoint::Open(model_dir));
-  } else if (init != "random") {
-    return InvalidArgumentError("init: expected pretrained or random, got '" + init + "'");
-  }
+  ASSIGN_OR_RETURN(auto checkpoint, CheckpointFor(init, model_dir));
   LlamaForCausalLM model{nullptr};
   {
     ScopedDefaultDtype default_dtype(dtype);

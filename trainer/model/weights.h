@@ -9,6 +9,8 @@
 
 #include "common/model_config.h"
 #include "common/status.h"
+#include "common/blip2_config.h"
+#include "trainer/model/blip2.h"
 #include "trainer/model/llama.h"
 #include "trainer/safetensors/safetensors.h"
 
@@ -23,6 +25,13 @@ StatusOr<LlamaForCausalLM> BuildModel(const ModelConfig& config, const std::stri
                                       const std::string& model_dir, torch::Dtype dtype,
                                       torch::Device device,
                                       const std::optional<Nf4Options>& nf4 = std::nullopt);
+
+// The same for BLIP-2 (LoadBlip2Weights, Blip2ForConditionalGeneration::InitializeRandom): every
+// parameter in `dtype`, the Q-Former's too, as Lightning's bf16-true converts the whole module
+// (transformers' own from_pretrained(dtype=bf16) would keep the Q-Former in fp32).
+StatusOr<Blip2ForConditionalGeneration> BuildBlip2Model(
+    const Blip2Config& config, const std::string& init, const std::string& model_dir,
+    torch::Dtype dtype, torch::Device device, const std::optional<Nf4Options>& nf4 = std::nullopt);
 
 // Copies every parameter from `checkpoint` by Hugging Face name, converting dtype tensor by tensor
 // straight from the memory-mapped file into the parameter (no second full copy of the model). An

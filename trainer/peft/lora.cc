@@ -201,11 +201,32 @@ Status LoadAdapter(torch::nn::Module& model, const LoraConfig& config, const std
   return Status::Ok();
 }
 
+Status CheckLoraTargets(torch::nn::Module& model, const LoraConfig& config) {
+  std::vector<std::string> kinds;  // the model's projection names' last parts, in module order
+  for (const auto& [name, projection] : NamedProjections(model)) {
+    const std::string kind = name.substr(name.rfind('.') + 1);
+    if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
+  }
+  for (const std::string& target : config.targets) {
+    if (std::find(kinds.begin(), kinds.end(), target) != kinds.end()) continue;
+    std::string known;
+    for (const std::string& kind : kinds) known += (known.empty() ? "" : ", ") + kind;
+    return InvalidArgumentError("peft.targets: this model has no projection named " + target +
+                                " (its projections: " + known + ")");
+  }
+  return Status::Ok();
+}
+
 Status SaveAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std::string& base_model,
                    const std::string& dir) {
+  return SaveAdapter(*model, config, base_model, "CAUSAL_LM", dir);
+}
+
+Status SaveAdapter(torch::nn::Module& model, const LoraConfig& config, const std::string& base_model,
+                   const std::string& task_type, const std::string& dir) {
   RETURN_IF_ERROR(CreateDirectory(dir));
   NamedTensors tensors;
-  for (const auto& item : model->named_parameters()) {
+  for (const auto& item : model.named_parameters()) {
     if (IsAdapterParameter(item.key())) {
       tensors.emplace_back(std::string(kPeftPrefix) + item.key(), item.value());
     }
@@ -214,7 +235,7 @@ Status SaveAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std:
   // PEFT's LoraConfig fields for plain LoRA; the ones left out take PEFT's defaults when it loads.
   const json adapter_config{
       {"peft_type", "LORA"},
-      {"task_type", "CAUSAL_LM"},
+      {"task_type", task_type.empty() ? json(nullptr) : json(task_type)},
       {"base_model_name_or_path", base_model},
       {"revision", nullptr},
       {"inference_mode", true},

@@ -39,6 +39,11 @@ StatusOr<std::optional<LoraConfig>> LoraConfigFromTrial(const TrialConfig& trial
 void ApplyLora(torch::nn::Module& model, const LoraConfig& config);
 void ApplyLora(LlamaForCausalLM& model, const LoraConfig& config);
 
+// Every name in config.targets names projections of `model` (the last part of their module names):
+// InvalidArgument naming the target and the model's projection names otherwise, since peft.targets
+// accepts every family's names (o_proj is LLaMA's, out_proj OPT's).
+Status CheckLoraTargets(torch::nn::Module& model, const LoraConfig& config);
+
 // Whether a parameter name belongs to an adapter ("….lora_A.weight", "….lora_B.weight").
 bool IsAdapterParameter(std::string_view name);
 
@@ -52,7 +57,10 @@ Status LoadAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std:
 
 // Writes `dir`/adapter_config.json and `dir`/adapter_model.safetensors as PEFT's save_pretrained
 // does, so PeftModel.from_pretrained(base, dir) loads them. `base_model` goes into
-// base_model_name_or_path.
+// base_model_name_or_path; `task_type` into task_type ("" writes null, as get_peft_model without a
+// task does for BLIP-2). The LLaMA overload writes CAUSAL_LM.
+Status SaveAdapter(torch::nn::Module& model, const LoraConfig& config, const std::string& base_model,
+                   const std::string& task_type, const std::string& dir);
 Status SaveAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std::string& base_model,
                    const std::string& dir);
 

@@ -36,15 +36,6 @@ class TokenizerEncoder final : public data::TextEncoder {
   std::string fingerprint_;
 };
 
-StatusOr<std::unique_ptr<TokenizerEncoder>> LoadEncoder(const TrialConfig& config) {
-  ASSIGN_OR_RETURN(std::string path, TrialTokenizerPath(config));
-  ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(path));
-  ASSIGN_OR_RETURN(uint64_t hash, data::Fnv1a64File(path));
-  std::ostringstream fingerprint;
-  fingerprint << "fnv1a64:" << std::hex << std::setw(16) << std::setfill('0') << hash;
-  return std::make_unique<TokenizerEncoder>(std::move(tokenizer), fingerprint.str());
-}
-
 // $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else ~/.cache/llmctl; token files under tokens/.
 fs::path TokenCacheDir() {
   if (const char* dir = std::getenv("LLMCTL_CACHE_DIR"); dir != nullptr && *dir) {
@@ -78,6 +69,7 @@ class TokenFileBatches final : public BatchSource {
                        .to(device);
     micro.label_tokens = batch.num_target_tokens;
     for (int64_t length : batch.lengths) micro.real_tokens += length;
+    micro.example_indices = std::move(batch.example_indices);
     return micro;
   }
 
@@ -100,50 +92,66 @@ class TokenFileBatches final : public BatchSource {
 
 }  // namespace
 
+StatusOr<std::string> TokenCachePath(std::string_view fingerprint) {
+  const fs::path dir = TokenCacheDir();
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) {
+    return UnavailableError("cannot create the token cache " + dir.string() + ": " +
+                            error.message());
+  }
+  std::ostringstream name;
+  name << std::hex << std::setw(16) << std::setfill('0') << data::Fnv1a64(fingerprint) << ".tok";
+  return (dir / name.str()).string();
+}
+
+StatusOr<std::unique_ptr<data::TextEncoder>> LoadTrialTokenizer(const TrialConfig& config) {
+  ASSIGN_OR_RETURN(std::string path, TrialTokenizerPath(config));
+  ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(path));
+  ASSIGN_OR_RETURN(uint64_t hash, data::Fnv1a64File(path));
+  std::ostringstream fingerprint;
+  fingerprint << "fnv1a64:" << std::hex << std::setw(16) << std::setfill('0') << hash;
+  return std::unique_ptr<data::TextEncoder>(
+      new TokenizerEncoder(std::move(tokenizer), fingerprint.str()));
+}
+
 StatusOr<std::string> PrepareTokens(const TrialConfig& config) {
   const std::string data_path = config.GetString("data.path");
   if (data_path.empty()) return InvalidArgumentError("data.path: no dataset given");
   // TrialInputsChecker has compared the tokenizer's vocabulary with the model's.
-  ASSIGN_OR_RETURN(auto encoder, LoadEncoder(config));
+  ASSIGN_OR_RETURN(auto encoder, LoadTrialTokenizer(config));
   ASSIGN_OR_RETURN(data::PrepareOptions options, data::PrepareOptionsFor(config));
   ASSIGN_OR_RETURN(std::string fingerprint,
                    data::ExpectedFingerprint(data_path, *encoder, options));
-  const fs::path dir = TokenCacheDir();
-  std::ostringstream name;
-  name << std::hex << std::setw(16) << std::setfill('0') << data::Fnv1a64(fingerprint) << ".tok";
-  const fs::path path = dir / name.str();
+  ASSIGN_OR_RETURN(const std::string path, TokenCachePath(fingerprint));
   if (fs::exists(path)) {
     data::TokenFile::Options quick;
     quick.verify_contents = false;
-    auto existing = data::TokenFile::Open(path.string(), quick);
-    if (existing.ok() && (*existing)->fingerprint() == fingerprint) return path.string();
+    auto existing = data::TokenFile::Open(path, quick);
+    if (existing.ok() && (*existing)->fingerprint() == fingerprint) return path;
   }
-  std::error_code error;
-  fs::create_directories(dir, error);
-  if (error)
-    return UnavailableError("cannot create the token cache " + dir.string() + ": " +
-                            error.message());
   ASSIGN_OR_RETURN(data::PrepareStats stats,
-                   data::PrepareTokenFile(data_path, *encoder, options, path.string()));
+                   data::PrepareTokenFile(data_path, *encoder, options, path));
   (void)stats;
-  return path.string();
+  return path;
 }
 
-StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config,
-                                                   const ModelConfig& model, int rank,
-                                                   int world_size) {
-  ASSIGN_OR_RETURN(std::string path, PrepareTokens(config));
-  ASSIGN_OR_RETURN(std::unique_ptr<data::TokenFile> file, data::TokenFile::Open(path));
-  if (file->max_token_id() >= model.vocab_size) {
-    return InvalidArgumentError(path + ": token id " + std::to_string(file->max_token_id()) +
+StatusOr<std::unique_ptr<BatchSource>> OpenTokenFileBatches(const std::string& token_path,
+                                                            const TrialConfig& config,
+                                                            int64_t vocab_size, int32_t pad_id,
+                                                            int rank, int world_size) {
+  ASSIGN_OR_RETURN(std::unique_ptr<data::TokenFile> file, data::TokenFile::Open(token_path));
+  if (file->max_token_id() >= vocab_size) {
+    return InvalidArgumentError(token_path + ": token id " + std::to_string(file->max_token_id()) +
                                 " is outside the model's vocabulary of " +
-                                std::to_string(model.vocab_size));
+                                std::to_string(vocab_size));
   }
   data::BatchOptions options;
   options.micro_batch_size = config.GetInt("train.micro_batch_size");
   options.seed = static_cast<uint64_t>(config.GetInt("seed"));
   options.rank = rank;
   options.world_size = world_size;
+  options.pad_id = pad_id;
   // Every micro-batch has the same number of rows, so accumulation's weights and shapes stay
   // uniform.
   options.drop_last = true;
@@ -156,6 +164,12 @@ StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config,
   }
   ASSIGN_OR_RETURN(data::BatchIterator iterator, data::BatchIterator::Create(*file, options));
   return std::unique_ptr<BatchSource>(new TokenFileBatches(std::move(file), std::move(iterator)));
+}
+
+StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config, int64_t vocab_size,
+                                                   int rank, int world_size) {
+  ASSIGN_OR_RETURN(std::string path, PrepareTokens(config));
+  return OpenTokenFileBatches(path, config, vocab_size, /*pad_id=*/-1, rank, world_size);
 }
 
 }  // namespace llmctl::trainer

@@ -7,18 +7,24 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <vector>
 
-#include "common/model_config.h"
 #include "common/status.h"
 #include "common/trial_config.h"
+#include "trainer/data/text_encoder.h"
 
 namespace llmctl::trainer {
 
 struct MicroBatch {
   torch::Tensor input_ids;   // (B, T) int64, right-padded
   torch::Tensor labels;      // (B, T) int64, -100 where no loss is taken
+  // (B, 3, S, S) float32 normalised pixels, one image per row: image-caption data only (BLIP-2),
+  // whose input_ids then hold the image's placeholder tokens; undefined for text.
+  torch::Tensor pixel_values;
   int64_t label_tokens = 0;  // positions that count in the loss (after the shift)
   int64_t real_tokens = 0;   // non-padding input tokens: what tokens/s counts
+  std::vector<int64_t> example_indices;  // (B) the rows' examples in the dataset's order
 };
 
 class BatchSource {
@@ -37,10 +43,26 @@ class BatchSource {
 StatusOr<std::string> PrepareTokens(const TrialConfig& config);
 
 // Opens the prepared token file for training, shuffled with the trial's seed; as rank `rank` of
-// `world_size` data-parallel ranks, its shard of every epoch (DistributedSampler's).
-StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config,
-                                                   const ModelConfig& model, int rank,
-                                                   int world_size);
+// `world_size` data-parallel ranks, its shard of every epoch (DistributedSampler's). `vocab_size`
+// is the model's embedding rows, which every token id must be under.
+StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config, int64_t vocab_size,
+                                                   int rank, int world_size);
+
+// The token cache's file for tokens that `fingerprint` describes (what prepared them, from what):
+// under $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else ~/.cache/llmctl; its directory is
+// created.
+StatusOr<std::string> TokenCachePath(std::string_view fingerprint);
+
+// The trial's tokenizer (TrialTokenizerPath) for the data pipeline; its fingerprint is
+// "fnv1a64:<hash of tokenizer.json>".
+StatusOr<std::unique_ptr<data::TextEncoder>> LoadTrialTokenizer(const TrialConfig& config);
+
+// A token file's micro-batches as OpenBatches makes them (shuffled with the seed, the rank's shard,
+// whole micro-batches only), right-padded with `pad_id` (< 0: the file's EOS).
+StatusOr<std::unique_ptr<BatchSource>> OpenTokenFileBatches(const std::string& token_path,
+                                                            const TrialConfig& config,
+                                                            int64_t vocab_size, int32_t pad_id,
+                                                            int rank, int world_size);
 
 }  // namespace llmctl::trainer
 

@@ -19,11 +19,10 @@
 #include "common/text.h"
 #include "trainer/inputs/trial_inputs.h"
 #include "trainer/memory/accounting.h"
-#include "trainer/model/llama.h"
-#include "trainer/model/loss.h"
-#include "trainer/model/weights.h"
+#include "trainer/model/projection.h"
 #include "trainer/peft/lora.h"
 #include "trainer/train/batches.h"
+#include "trainer/train/caption_batches.h"
 #include "trainer/train/checkpoints.h"
 #include "trainer/train/events.h"
 #include "trainer/train/fsdp_checkpoint.h"
@@ -31,6 +30,7 @@
 #include "trainer/train/precision.h"
 #include "trainer/train/profiling.h"
 #include "trainer/train/ranks.h"
+#include "trainer/train/trained_model.h"
 
 namespace llmctl::trainer {
 
@@ -103,10 +103,10 @@ double LearningRate(double peak, int64_t step, int64_t warmup_steps, int64_t tot
 
 // What a checkpoint holds of the model: its parameters and buffers (a QLoRA model's NF4 base
 // weights), by name.
-NamedTensors ModelState(LlamaForCausalLM& model) {
+NamedTensors ModelState(torch::nn::Module& model) {
   NamedTensors state;
-  for (const auto& item : model->named_parameters()) state.emplace_back(item.key(), item.value());
-  for (const auto& item : model->named_buffers()) state.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_parameters()) state.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_buffers()) state.emplace_back(item.key(), item.value());
   return state;
 }
 
@@ -206,12 +206,11 @@ class TrialRun {
   const Clock::time_point started_ = Clock::now();
   const std::chrono::system_clock::time_point started_wall_ = std::chrono::system_clock::now();
 
-  ModelConfig model_config_;
+  TrialModelConfig model_config_;
   Precision precision_;
   torch::Device device_{torch::kCPU};
   std::optional<DeviceMemory> memory_;
-  LlamaForCausalLM model_{nullptr};
-  LlamaOptions model_options_;
+  std::unique_ptr<TrainedModel> model_;
   std::optional<LoraConfig> lora_;  // peft.method lora or qlora
   std::vector<torch::Tensor> all_params_;
   std::vector<torch::Tensor> trainable_params_;
@@ -245,10 +244,24 @@ class TrialRun {
 };
 
 Status TrialRun::Setup() {
-  ASSIGN_OR_RETURN(model_config_, ResolveModel(config_.GetString("model")));
+  ASSIGN_OR_RETURN(model_config_, ResolveTrialModel(config_.GetString("model")));
+  const bool blip2 = std::holds_alternative<Blip2Config>(model_config_);
+  const bool images = config_.GetString("data.format") == "imagefolder";
+  if (blip2 != images) {
+    return InvalidArgumentError(
+        blip2 ? "model " + config_.GetString("model") +
+                    " is BLIP-2, which trains on images and captions: set data.format: "
+                    "imagefolder"
+              : "data.format imagefolder is for BLIP-2 models, and model " +
+                    config_.GetString("model") + " is a LLaMA-family text model");
+  }
+  if (blip2 && config_.GetBool("peft.save_merged")) {
+    return UnimplementedError("peft.save_merged is built for the LLaMA family, not yet BLIP-2");
+  }
   // Every input file, before anything loads: what `llmctl submit` checked on the user's machine,
   // checked again where the trial runs.
-  RETURN_IF_ERROR(TrialInputsChecker().Check(config_, &model_config_).status());
+  const ModelConfig* llama = std::get_if<ModelConfig>(&model_config_);
+  RETURN_IF_ERROR(TrialInputsChecker().Check(config_, llama).status());
   ASSIGN_OR_RETURN(precision_, Precision::FromName(config_.GetString("precision")));
   // A DDP rank's GPU is its LOCAL_RANK, as torchrun's convention has it.
   const int local_rank = options_.rank_env ? options_.rank_env->local_rank : 0;
@@ -267,7 +280,6 @@ Status TrialRun::Setup() {
   accumulation_ = config_.GetInt("train.global_batch_size") / (micro_batch_size_ * world_size);
   snapshot_every_ = std::max<int64_t>(1, config_.GetInt("snapshot_every"));
   log_every_ = std::max<int64_t>(1, config_.GetInt("log_every"));
-  model_options_.activation_checkpointing = config_.GetBool("activation_checkpointing");
   chunked_loss_ = config_.GetString("loss") == "chunked_ce";
   optimizer_in_backward_ = config_.GetBool("optimizer_in_backward");
   if (precision_.loss_scaling) loss_scaler_.emplace(device_);
@@ -286,13 +298,16 @@ Status TrialRun::Setup() {
 Status TrialRun::ShardModel() {
   // bf16-mixed gathers and computes in bf16 over fp32 shards (FSDP2's param_dtype) instead of
   // casting fp32 parameters op by op under autocast.
-  RETURN_IF_ERROR(fsdp_->Shard(model_, precision_.autocast.value_or(precision_.param_dtype)));
+  if (model_->llama() == nullptr) {
+    return FailedPreconditionError("strategy fsdp is built for the LLaMA family only");
+  }
+  RETURN_IF_ERROR(
+      fsdp_->Shard(*model_->llama(), precision_.autocast.value_or(precision_.param_dtype)));
   all_params_ = fsdp_->Shards();
   // Buffers stay whole on every rank (the model has none but a QLoRA base, which fsdp refuses).
-  for (const auto& item : model_->named_buffers()) all_params_.push_back(item.value());
+  for (const auto& item : model_->module().named_buffers()) all_params_.push_back(item.value());
   trainable_params_ = fsdp_->Shards();
-  model_options_.layer_hooks = fsdp_;
-  return Status::Ok();
+  return model_->SetLayerHooks(fsdp_);
 }
 
 Status TrialRun::Resume() {
@@ -304,7 +319,7 @@ Status TrialRun::Resume() {
     RETURN_IF_ERROR(LoadShardedCheckpoint(*fsdp_, dir, checkpoint));
   } else {
     std::map<std::string, torch::Tensor> saved(checkpoint.model.begin(), checkpoint.model.end());
-    for (auto& [name, tensor] : ModelState(model_)) {
+    for (auto& [name, tensor] : ModelState(model_->module())) {
       auto it = saved.find(name);
       if (it == saved.end() || !it->second.sizes().equals(tensor.sizes())) {
         return DataLossError(
@@ -335,7 +350,7 @@ Status TrialRun::WriteCheckpoint(int64_t completed_steps, const nlohmann::json& 
   // Every rank holds the same weights and optimizer state, and the data position is the ranks'
   // shared one: rank 0's checkpoint is the job's, and every rank resumes from it.
   if (rank_ != 0) return Status::Ok();
-  const NamedTensors model = ModelState(model_);
+  const NamedTensors model = ModelState(model_->module());
   RETURN_IF_ERROR(SaveCheckpoint(dir, model, optimizer_->NamedState(),
                                  CheckpointState(completed_steps, data_position)));
   return CheckpointWritten(completed_steps, dir);
@@ -364,7 +379,7 @@ Status TrialRun::CheckpointBeforeStop(int64_t completed_steps) {
   if (output_dir.empty()) {
     return FailedPreconditionError("checkpoint skipped: the trial has no output_dir");
   }
-  const uint64_t needed = CheckpointBytes(ModelState(model_), optimizer_->NamedState());
+  const uint64_t needed = CheckpointBytes(ModelState(model_->module()), optimizer_->NamedState());
   auto free = options_.free_disk_bytes ? options_.free_disk_bytes(output_dir)
                                        : StatvfsFreeBytes(output_dir);
   if (!free.ok()) {
@@ -381,11 +396,12 @@ Status TrialRun::SaveAdapterOutputs() {
   const std::string output_dir = config_.GetString("output_dir");
   if (!lora_ || output_dir.empty() || rank_ != 0) return Status::Ok();
   const std::string adapter_dir = output_dir + "/adapter";
-  RETURN_IF_ERROR(SaveAdapter(model_, *lora_, config_.GetString("model"), adapter_dir));
+  RETURN_IF_ERROR(SaveAdapter(model_->module(), *lora_, config_.GetString("model"),
+                              model_->adapter_task_type(), adapter_dir));
   Log("info", "adapter written to " + adapter_dir);
   if (config_.GetBool("peft.save_merged")) {
     const std::string merged_dir = output_dir + "/merged";
-    RETURN_IF_ERROR(SaveMerged(model_, merged_dir));
+    RETURN_IF_ERROR(SaveMerged(*model_->llama(), merged_dir));
     Log("info", "merged model written to " + merged_dir);
   }
   return Status::Ok();
@@ -485,15 +501,7 @@ bool TrialRun::TrainStep(int64_t step) {
           throw std::runtime_error(status.message());
         }
       }
-      torch::Tensor hidden = model_->Hidden(batch.input_ids, model_options_);  // (B, T, C)
-      if (chunked_loss_) {
-        loss = ChunkedCausalLmLoss(
-            hidden, batch.labels,
-            [model = model_](const torch::Tensor& h) mutable { return model->Logits(h); },
-            model_->OutputParameters(), kLossChunkTokens);
-      } else {
-        loss = CausalLmLoss(model_->Logits(hidden), batch.labels);  // logits (B, T, V)
-      }
+      loss = model_->Loss(batch, chunked_loss_);
     }
     Snapshot(step, i, kPhaseAfterForward);
     step_tokens += batch.real_tokens;
@@ -675,26 +683,43 @@ TrialResult TrialRun::Run() {
   uint64_t load_peak = 0;
   try {
     // Data first: a bad dataset or tokenizer should fail before minutes of model loading.
-    auto batches = OpenBatches(config_, model_config_, rank_, ranks_.world_size());
+    auto batches =
+        std::holds_alternative<Blip2Config>(model_config_)
+            ? OpenCaptionBatches(config_, std::get<Blip2Config>(model_config_), rank_,
+                                 ranks_.world_size())
+            : OpenBatches(config_, std::get<ModelConfig>(model_config_).vocab_size, rank_,
+                          ranks_.world_size());
     if (!batches.ok()) return InvalidInput(batches.status());
     batches_ = std::move(*batches);
 
     memory_->ResetPeak();
     torch::manual_seed(static_cast<uint64_t>(config_.GetInt("seed")));
-    auto model = BuildModel(model_config_, config_.GetString("init"), config_.GetString("model"),
-                            precision_.param_dtype, device_, lora_ ? lora_->nf4 : std::nullopt);
+    ModelBuildOptions build;
+    build.init = config_.GetString("init");
+    build.model_dir = config_.GetString("model");
+    build.dtype = precision_.param_dtype;
+    build.device = device_;
+    if (lora_) build.nf4 = lora_->nf4;
+    build.activation_checkpointing = config_.GetBool("activation_checkpointing");
+    auto model = BuildTrainedModel(model_config_, build);
     if (!model.ok()) return InvalidInput(model.status());
     model_ = std::move(*model);
+    if (Status status = model_->Freeze(config_.GetStringList("freeze")); !status.ok()) {
+      return InvalidInput(status);
+    }
     if (lora_) {
-      ApplyLora(model_, *lora_);
+      if (Status status = CheckLoraTargets(model_->module(), *lora_); !status.ok()) {
+        return InvalidInput(status);
+      }
+      ApplyLora(model_->module(), *lora_);
       const std::string adapter = config_.GetString("peft.adapter");
       if (!adapter.empty()) {
-        if (Status status = LoadAdapter(model_, *lora_, adapter); !status.ok()) {
+        if (Status status = LoadAdapter(model_->module(), *lora_, adapter); !status.ok()) {
           return InvalidInput(status);
         }
       }
     }
-    model_->train();
+    model_->module().train();
     if (fsdp_) {
       if (Status status = ShardModel(); !status.ok()) {
         return Finish(Outcome::kFailed, status.message());
@@ -702,8 +727,8 @@ TrialResult TrialRun::Run() {
     } else {
       // What accounting counts as params is what a checkpoint holds: parameters and buffers (a
       // QLoRA model's NF4 base weights).
-      for (auto& [name, tensor] : ModelState(model_)) all_params_.push_back(tensor);
-      for (const torch::Tensor& p : model_->parameters()) {
+      for (auto& [name, tensor] : ModelState(model_->module())) all_params_.push_back(tensor);
+      for (const torch::Tensor& p : model_->module().parameters()) {
         if (p.requires_grad()) trainable_params_.push_back(p);
       }
     }
@@ -749,11 +774,11 @@ TrialResult TrialRun::Run() {
 
     int64_t trainable_count = 0;
     int64_t total_count = 0;
-    for (const torch::Tensor& p : model_->parameters()) {
+    for (const torch::Tensor& p : model_->module().parameters()) {
       total_count += p.numel();
       if (p.requires_grad()) trainable_count += p.numel();
     }
-    for (auto& [name, projection] : model_->NamedProjections()) {
+    for (auto& [name, projection] : NamedProjections(model_->module())) {
       if (projection->is_quantized()) total_count += projection->nf4_weight().numel();
     }
     const std::optional<uint64_t> limit = memory_->limit_bytes();

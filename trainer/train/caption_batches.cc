@@ -1,0 +1,148 @@
+#include "trainer/train/caption_batches.h"
+
+#include <filesystem>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "common/image/image.h"
+#include "common/image/imagefolder.h"
+#include "common/image/resample.h"
+#include "trainer/data/file_util.h"
+#include "trainer/data/token_file.h"
+
+namespace llmctl::trainer {
+namespace {
+
+// The text rows come from a token-file source; this adds each row's image.
+class CaptionBatches final : public BatchSource {
+ public:
+  CaptionBatches(std::unique_ptr<BatchSource> text, std::vector<image::CaptionedImage> images,
+                 std::string folder, int64_t image_size)
+      : text_(std::move(text)),
+        images_(std::move(images)),
+        folder_(std::move(folder)),
+        image_size_(image_size) {}
+
+  int64_t num_examples() const override { return text_->num_examples(); }
+
+  MicroBatch Next(int64_t size, torch::Device device) override {
+    MicroBatch batch = text_->Next(size, device);
+    const int64_t rows = static_cast<int64_t>(batch.example_indices.size());
+    const int64_t plane = 3 * image_size_ * image_size_;
+    std::vector<float> pixels(static_cast<size_t>(rows * plane));
+    for (int64_t row = 0; row < rows; ++row) {
+      const image::CaptionedImage& entry = images_.at(static_cast<size_t>(batch.example_indices[row]));
+      // Checked before the run (CheckImages); a file changed since fails the run here.
+      StatusOr<image::RgbImage> decoded =
+          image::DecodeImageFile(entry.path, folder_ + "/" + entry.file_name);
+      if (!decoded.ok()) throw std::runtime_error(decoded.status().message());
+      const int side = static_cast<int>(image_size_);
+      const std::vector<float> values = image::NormalizedPixels(
+          image::ResizeBicubic(*decoded, side, side), image::kClipMean, image::kClipStd);
+      std::copy(values.begin(), values.end(), pixels.begin() + row * plane);
+    }
+    batch.pixel_values =
+        torch::from_blob(pixels.data(), {rows, 3, image_size_, image_size_}, torch::kFloat32)
+            .clone()
+            .to(device);  // (B, 3, S, S)
+    return batch;
+  }
+
+  nlohmann::json Position() const override { return text_->Position(); }
+  Status Restore(const nlohmann::json& position) override { return text_->Restore(position); }
+
+ private:
+  std::unique_ptr<BatchSource> text_;
+  std::vector<image::CaptionedImage> images_;  // by example index
+  std::string folder_;
+  int64_t image_size_;
+};
+
+// One caption's row: the placeholders, then BOS and the caption's ids cut to `max_length`.
+StatusOr<data::TokenizedExample> CaptionExample(const data::TextEncoder& encoder,
+                                                const image::CaptionedImage& entry,
+                                                const Blip2Config& model, int64_t max_length,
+                                                const std::string& folder) {
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, encoder.Encode(entry.caption, false));
+  if (encoder.bos_id() >= 0) ids.insert(ids.begin(), encoder.bos_id());
+  data::TokenizedExample example;
+  if (static_cast<int64_t>(ids.size()) > max_length) {
+    ids.resize(static_cast<size_t>(max_length));
+    example.truncated = true;
+  }
+  for (int32_t id : ids) {
+    if (id == model.image_token_index) {
+      return InvalidArgumentError(folder + "/" + entry.file_name +
+                                  ": the caption holds the image placeholder token (id " +
+                                  std::to_string(id) +
+                                  "), which would take one of the image's positions");
+    }
+  }
+  example.input_ids.assign(static_cast<size_t>(model.num_query_tokens),
+                           static_cast<int32_t>(model.image_token_index));
+  example.labels.assign(static_cast<size_t>(model.num_query_tokens), data::kIgnoreIndex);
+  example.input_ids.insert(example.input_ids.end(), ids.begin(), ids.end());
+  example.labels.insert(example.labels.end(), ids.begin(), ids.end());
+  return example;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<BatchSource>> OpenCaptionBatches(const TrialConfig& config,
+                                                          const Blip2Config& model, int rank,
+                                                          int world_size) {
+  const std::string folder = config.GetString("data.path");
+  ASSIGN_OR_RETURN(std::vector<image::CaptionedImage> images,
+                   image::ReadImageFolder(folder, folder, config.GetString("data.caption_column")));
+  const int64_t samples = config.GetInt("data.samples");
+  if (samples > 0 && static_cast<size_t>(samples) < images.size()) {
+    images.resize(static_cast<size_t>(samples));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<data::TextEncoder> encoder, LoadTrialTokenizer(config));
+  const int64_t max_length = config.GetInt("data.max_seq_length");
+  if (model.num_query_tokens + max_length > model.opt.max_position_embeddings) {
+    return InvalidArgumentError(
+        "data.max_seq_length (" + std::to_string(max_length) + ") and the image's " +
+        std::to_string(model.num_query_tokens) + " query positions exceed the language model's " +
+        std::to_string(model.opt.max_position_embeddings) + " positions");
+  }
+
+  // What the token file holds follows from the captions in order, the tokenizer and the layout.
+  std::string captions;
+  for (const image::CaptionedImage& entry : images) {
+    captions += entry.file_name + '\0' + entry.caption + '\0';
+  }
+  std::ostringstream fingerprint;
+  fingerprint << "llmctl-captions v1; tokenizer=" << encoder->fingerprint() << "; captions=fnv1a64:"
+              << std::hex << data::Fnv1a64(captions) << std::dec
+              << "; max_seq_length=" << max_length << "; image_token=" << model.image_token_index
+              << " x " << model.num_query_tokens;
+  ASSIGN_OR_RETURN(const std::string path, TokenCachePath(fingerprint.str()));
+  bool prepared = false;
+  if (std::filesystem::exists(path)) {
+    data::TokenFile::Options quick;
+    quick.verify_contents = false;
+    auto existing = data::TokenFile::Open(path, quick);
+    prepared = existing.ok() && (*existing)->fingerprint() == fingerprint.str();
+  }
+  if (!prepared) {
+    std::vector<data::TokenizedExample> examples;
+    examples.reserve(images.size());
+    for (const image::CaptionedImage& entry : images) {
+      ASSIGN_OR_RETURN(data::TokenizedExample example,
+                       CaptionExample(*encoder, entry, model, max_length, folder));
+      examples.push_back(std::move(example));
+    }
+    RETURN_IF_ERROR(data::WriteTokenFile(path, fingerprint.str(), encoder->bos_id(),
+                                         encoder->eos_id(), examples));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> text,
+                   OpenTokenFileBatches(path, config, model.opt.vocab_size,
+                                        static_cast<int32_t>(model.opt.pad_token_id), rank,
+                                        world_size));
+  return std::unique_ptr<BatchSource>(
+      new CaptionBatches(std::move(text), std::move(images), folder, model.vision.image_size));
+}
+
+}  // namespace llmctl::trainer

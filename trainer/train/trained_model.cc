@@ -1,0 +1,113 @@
+#include "trainer/train/trained_model.h"
+
+#include "trainer/model/blip2.h"
+#include "trainer/model/loss.h"
+#include "trainer/model/weights.h"
+
+namespace llmctl::trainer {
+namespace {
+
+class LlamaModelHolder final : public TrainedModel {
+ public:
+  LlamaModelHolder(LlamaForCausalLM model, bool activation_checkpointing)
+      : model_(std::move(model)) {
+    options_.activation_checkpointing = activation_checkpointing;
+  }
+
+  torch::nn::Module& module() override { return *model_; }
+  LlamaForCausalLM* llama() override { return &model_; }
+  std::string adapter_task_type() const override { return "CAUSAL_LM"; }
+
+  torch::Tensor Loss(const MicroBatch& batch, bool chunked) override {
+    const torch::Tensor hidden = model_->Hidden(batch.input_ids, options_);  // (B, T, C)
+    if (!chunked) return CausalLmLoss(model_->Logits(hidden), batch.labels);  // logits (B, T, V)
+    return ChunkedCausalLmLoss(
+        hidden, batch.labels,
+        [model = model_](const torch::Tensor& h) mutable { return model->Logits(h); },
+        model_->OutputParameters(), kLossChunkTokens);
+  }
+
+  Status SetLayerHooks(LayerHooks* hooks) override {
+    options_.layer_hooks = hooks;
+    return Status::Ok();
+  }
+
+  Status Freeze(const std::vector<std::string>& parts) override {
+    if (parts.empty()) return Status::Ok();
+    return InvalidArgumentError("freeze: the LLaMA family's model has no parts to freeze (" +
+                                parts.front() + " is BLIP-2's)");
+  }
+
+ private:
+  LlamaForCausalLM model_;
+  LlamaOptions options_;
+};
+
+class Blip2ModelHolder final : public TrainedModel {
+ public:
+  explicit Blip2ModelHolder(Blip2ForConditionalGeneration model) : model_(std::move(model)) {}
+
+  torch::nn::Module& module() override { return *model_; }
+  std::string adapter_task_type() const override { return ""; }
+
+  torch::Tensor Loss(const MicroBatch& batch, bool chunked) override {
+    // (B, T, Ct): the image's features in its placeholders' places, then OPT.
+    const torch::Tensor hidden = model_->Hidden(batch.pixel_values, batch.input_ids);
+    if (!chunked) return CausalLmLoss(model_->Logits(hidden), batch.labels);  // (B, T, V)
+    std::vector<torch::Tensor> weights;
+    const torch::Tensor head = model_->language_model->OutputWeight();
+    if (head.requires_grad()) weights.push_back(head);
+    return ChunkedCausalLmLoss(
+        hidden, batch.labels,
+        [model = model_](const torch::Tensor& h) mutable { return model->Logits(h); }, weights,
+        kLossChunkTokens);
+  }
+
+  Status SetLayerHooks(LayerHooks*) override {
+    return FailedPreconditionError("strategy fsdp is not built for BLIP-2");
+  }
+
+  Status Freeze(const std::vector<std::string>& parts) override {
+    for (const std::string& part : parts) {
+      torch::nn::Module* module = nullptr;
+      for (const auto& child : model_->named_children()) {
+        if (child.key() == part) module = child.value().get();
+      }
+      if (module == nullptr) return InvalidArgumentError("freeze: BLIP-2 has no part " + part);
+      for (torch::Tensor& p : module->parameters()) p.requires_grad_(false);
+      // The learned queries are the Q-Former's input, a parameter of the model itself.
+      if (part == "qformer") model_->query_tokens.requires_grad_(false);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Blip2ForConditionalGeneration model_;
+};
+
+}  // namespace
+
+StatusOr<TrialModelConfig> ResolveTrialModel(const std::string& model) {
+  ASSIGN_OR_RETURN(std::optional<Blip2Config> blip2, ResolveBlip2Model(model));
+  if (blip2) return TrialModelConfig(std::move(*blip2));
+  ASSIGN_OR_RETURN(ModelConfig llama, ResolveModel(model));
+  return TrialModelConfig(std::move(llama));
+}
+
+StatusOr<std::unique_ptr<TrainedModel>> BuildTrainedModel(const TrialModelConfig& config,
+                                                          const ModelBuildOptions& options) {
+  if (const Blip2Config* blip2 = std::get_if<Blip2Config>(&config)) {
+    ASSIGN_OR_RETURN(Blip2ForConditionalGeneration model,
+                     BuildBlip2Model(*blip2, options.init, options.model_dir, options.dtype,
+                                     options.device, options.nf4));
+    model->SetActivationCheckpointing(options.activation_checkpointing);
+    return std::unique_ptr<TrainedModel>(new Blip2ModelHolder(std::move(model)));
+  }
+  ASSIGN_OR_RETURN(LlamaForCausalLM model,
+                   BuildModel(std::get<ModelConfig>(config), options.init, options.model_dir,
+                              options.dtype, options.device, options.nf4));
+  return std::unique_ptr<TrainedModel>(
+      new LlamaModelHolder(std::move(model), options.activation_checkpointing));
+}
+
+}  // namespace llmctl::trainer

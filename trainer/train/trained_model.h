@@ -1,0 +1,67 @@
+// The model a trial trains, whichever family it is (the LLaMA decoders, BLIP-2): what the trial
+// loop needs of it. The loop knows the step; this knows what one forward of a micro-batch is.
+#ifndef LLMCTL_TRAINER_TRAIN_TRAINED_MODEL_H_
+#define LLMCTL_TRAINER_TRAIN_TRAINED_MODEL_H_
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/blip2_config.h"
+#include "common/model_config.h"
+#include "common/status.h"
+#include "trainer/model/llama.h"
+#include "trainer/model/projection.h"
+#include "trainer/train/batches.h"
+
+namespace llmctl::trainer {
+
+// A trial's `model`, resolved: a LLaMA-family shape or BLIP-2's.
+using TrialModelConfig = std::variant<ModelConfig, Blip2Config>;
+
+// BLIP-2 when `model` names it (ResolveBlip2Model), else the LLaMA family's ResolveModel.
+StatusOr<TrialModelConfig> ResolveTrialModel(const std::string& model);
+
+class TrainedModel {
+ public:
+  virtual ~TrainedModel() = default;
+
+  virtual torch::nn::Module& module() = 0;
+  // The micro-batch's mean cross-entropy over its label tokens (a float32 scalar), with the graph
+  // for backward. `chunked`: over kLossChunkTokens tokens at a time, never holding all logits.
+  virtual torch::Tensor Loss(const MicroBatch& batch, bool chunked) = 0;
+  // The LLaMA model, for what only it has (FSDP's per-layer sharding, the merged save); null for
+  // other families.
+  virtual LlamaForCausalLM* llama() { return nullptr; }
+  // PEFT's task_type for this model's adapters ("" for none, as get_peft_model leaves BLIP-2's).
+  virtual std::string adapter_task_type() const = 0;
+  // FSDP's per-layer gathers around each decoder layer: the LLaMA family's; FailedPrecondition for
+  // other families.
+  virtual Status SetLayerHooks(LayerHooks* hooks) = 0;
+  // Freezes the named parts (BLIP-2: kBlip2Parts, "qformer" with the query tokens): they get no
+  // gradient and no optimizer state. InvalidArgument for a name the model has no part of.
+  virtual Status Freeze(const std::vector<std::string>& parts) = 0;
+};
+
+struct ModelBuildOptions {
+  std::string init;       // "pretrained" (the directory `model_dir`'s weights) or "random"
+  std::string model_dir;  // the trial's `model`
+  torch::Dtype dtype = torch::kFloat32;
+  torch::Device device{torch::kCPU};
+  std::optional<Nf4Options> nf4;  // QLoRA's NF4 base weights for the language model's projections
+  bool activation_checkpointing = false;
+};
+
+// Builds `config`'s model with parameters of `options.dtype` on `options.device`: random draws are
+// Hugging Face's initialisation (seeded by the caller), pretrained weights load by name. Errors name
+// the directory and the tensor.
+StatusOr<std::unique_ptr<TrainedModel>> BuildTrainedModel(const TrialModelConfig& config,
+                                                          const ModelBuildOptions& options);
+
+}  // namespace llmctl::trainer
+
+#endif  // LLMCTL_TRAINER_TRAIN_TRAINED_MODEL_H_
