@@ -172,6 +172,45 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
   EXPECT_NE(status.out.find("llm-agent: stopped"), std::string::npos) << status.out;
 }
 
+// BLIP-2 through the whole system: a model directory and an imagefolder of captioned images are
+// checked (every image decoded) and uploaded by `llmctl submit`, run by the agent's llm-train, and
+// reported with their memory by phase; a broken image is refused at submit, naming it.
+TEST_F(EmbeddedLlmctlTest, Blip2CaptionTrialsSubmitRunAndReport) {
+  const fs::path user = home_ / "user";
+  fs::create_directories(user);
+  fs::copy("tests/fixtures/blip2/opt-tiny-captioning", user / "blip2", fs::copy_options::recursive);
+  fs::copy("tests/fixtures/blip2/captions", user / "captions", fs::copy_options::recursive);
+  std::ofstream(user / "blip2.yaml") << "model: blip2\n"
+                                        "init: pretrained\n"
+                                        "data: {path: captions, format: imagefolder, max_seq_length: 12}\n"
+                                        "train: {micro_batch_size: 2, max_steps: 2}\n"
+                                        "trials:\n"
+                                        "  - name: squeezed\n"
+                                        "    set: {device_memory: 1MiB}\n"
+                                        "    expect: oom\n"
+                                        "  - {name: frozen-vision, set: {freeze: [vision_model]}, expect: ok}\n";
+  CommandResult submitted = Llmctl("submit " + (user / "blip2.yaml").string() + " --wait");
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
+  const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
+  CommandResult report = Llmctl("report " + id + " --format json");
+  ASSERT_EQ(report.exit_code, 0);
+  const nlohmann::json json = nlohmann::json::parse(report.out);
+  ASSERT_EQ(json["trials"].size(), 2u);
+  EXPECT_EQ(json["trials"][0]["outcome"], "oom");
+  const nlohmann::json& trial = json["trials"][1];
+  EXPECT_EQ(trial["outcome"], "ok") << trial.dump();
+  EXPECT_TRUE(trial["final_loss"].is_number());
+  EXPECT_GT(trial["at_peak"]["params_bytes"].get<int64_t>(), 0);
+  EXPECT_LT(trial["at_peak"]["grads_bytes"].get<int64_t>(),
+            trial["at_peak"]["params_bytes"].get<int64_t>())
+      << "the frozen vision encoder has no gradients";
+
+  std::ofstream(user / "captions" / "images" / "00002.png", std::ios::trunc) << "not a png";
+  CommandResult refused = Llmctl("submit " + (user / "blip2.yaml").string());
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.out.find("captions/images/00002.png"), std::string::npos) << refused.out;
+}
+
 // The multi-GPU lab in miniature (experiments/cpu-multi.yaml, as the README runs it): two ranks per
 // data-parallel trial through the agent, each with its own 176 MiB budget. Every trial ends as the
 // file expects, the multi-rank ones report each rank, DDP's out-of-memory names the rank, and FSDP
