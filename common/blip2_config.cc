@@ -31,6 +31,17 @@ class Fields {
     out = json_[key].get<double>();
     return Status::Ok();
   }
+  // A dropout probability: a number in [0, 1).
+  Status Probability(const char* key, double& out) {
+    if (!json_.contains(key)) return Status::Ok();
+    const nlohmann::json& v = json_[key];
+    if (!v.is_number() || v.get<double>() < 0 || v.get<double>() >= 1) {
+      return InvalidArgumentError(where_ + "." + key + ": expected a probability in [0, 1), got " +
+                                  v.dump());
+    }
+    out = v.get<double>();
+    return Status::Ok();
+  }
   Status Bool(const char* key, bool& out) {
     if (!json_.contains(key)) return Status::Ok();
     if (!json_[key].is_boolean()) {
@@ -144,6 +155,7 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
   RETURN_IF_ERROR(vision.Int("image_size", v.image_size));
   RETURN_IF_ERROR(vision.Int("patch_size", v.patch_size));
   RETURN_IF_ERROR(vision.Double("layer_norm_eps", v.layer_norm_eps));
+  RETURN_IF_ERROR(vision.Probability("attention_dropout", v.attention_dropout));
   RETURN_IF_ERROR(vision.Bool("qkv_bias", v.qkv_bias));
   RETURN_IF_ERROR(vision.Is("hidden_act", "gelu", StatusCode::kUnimplemented));
   RETURN_IF_ERROR(Divisible(v.hidden_size, v.num_attention_heads,
@@ -161,6 +173,9 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
   RETURN_IF_ERROR(qformer.Int("cross_attention_frequency", q.cross_attention_frequency));
   RETURN_IF_ERROR(qformer.Int("encoder_hidden_size", q.encoder_hidden_size));
   RETURN_IF_ERROR(qformer.Double("layer_norm_eps", q.layer_norm_eps));
+  RETURN_IF_ERROR(qformer.Probability("hidden_dropout_prob", q.hidden_dropout_prob));
+  RETURN_IF_ERROR(
+      qformer.Probability("attention_probs_dropout_prob", q.attention_probs_dropout_prob));
   RETURN_IF_ERROR(qformer.Is("hidden_act", "gelu", StatusCode::kUnimplemented));
   bool text_input = false;
   RETURN_IF_ERROR(qformer.Bool("use_qformer_text_input", text_input));
@@ -194,6 +209,8 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
   if (text_json.contains("pad_token_id") && text_json["pad_token_id"].is_number_integer()) {
     o.pad_token_id = text_json["pad_token_id"].get<int64_t>();
   }
+  RETURN_IF_ERROR(text.Probability("dropout", o.dropout));
+  RETURN_IF_ERROR(text.Probability("attention_dropout", o.attention_dropout));
   RETURN_IF_ERROR(text.Is("activation_function", "relu", StatusCode::kUnimplemented));
   bool pre_ln = true, bias = true, affine = true;
   RETURN_IF_ERROR(text.Bool("do_layer_norm_before", pre_ln));

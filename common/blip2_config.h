@@ -26,6 +26,7 @@ struct Blip2VisionConfig {
   int64_t patch_size = 14;
   double layer_norm_eps = 1e-6;
   bool qkv_bias = true;
+  double attention_dropout = 0.0;  // on the attention probabilities, in training
 };
 
 // The BERT-style Querying Transformer over learned queries: self-attention, cross-attention to the
@@ -38,6 +39,10 @@ struct Blip2QFormerConfig {
   int64_t cross_attention_frequency = 2;
   int64_t encoder_hidden_size = 1408;
   double layer_norm_eps = 1e-12;
+  // In training, BERT's: on the embeddings, on each attention and FFN output before its residual
+  // LayerNorm, and on the attention probabilities.
+  double hidden_dropout_prob = 0.1;
+  double attention_probs_dropout_prob = 0.1;
 };
 
 // OPT's decoder (OPTConfig's defaults): learned positions offset by 2, pre-LN, ReLU FFN, a head
@@ -50,6 +55,8 @@ struct OptConfig {
   int64_t num_attention_heads = 12;
   int64_t max_position_embeddings = 2048;
   int64_t pad_token_id = 1;
+  double dropout = 0.1;            // in training, on each attention and FFN output before its residual
+  double attention_dropout = 0.0;  // in training, on the attention probabilities
 };
 
 struct Blip2Config {

@@ -12,23 +12,25 @@ torch::nn::LayerNorm MakeLayerNorm(int64_t size, double eps) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({size}).eps(eps));
 }
 
-// Bidirectional multi-head attention, scaled by head_dim^-0.5. q (B, Tq, H*D), k and v (B, Tk, H*D)
-// -> (B, Tq, H*D).
+// Bidirectional multi-head attention, scaled by head_dim^-0.5, with `dropout` on the probabilities.
+// q (B, Tq, H*D), k and v (B, Tk, H*D) -> (B, Tq, H*D).
 torch::Tensor Attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                     int64_t heads) {
+                     int64_t heads, double dropout) {
   const int64_t batch = q.size(0);
   const int64_t width = q.size(2);
   const int64_t head_dim = width / heads;
   auto split = [&](const torch::Tensor& t) {
     return t.view({batch, t.size(1), heads, head_dim}).transpose(1, 2);  // (B, H, T, D)
   };
-  const torch::Tensor y = at::scaled_dot_product_attention(split(q), split(k), split(v));
+  const torch::Tensor y =
+      at::scaled_dot_product_attention(split(q), split(k), split(v), /*attn_mask=*/{}, dropout);
   return y.transpose(1, 2).reshape({batch, q.size(1), width});
 }
 
 }  // namespace
 
-Blip2VisionLayerImpl::Blip2VisionLayerImpl(const Blip2VisionConfig& c) : heads_(c.num_attention_heads) {
+Blip2VisionLayerImpl::Blip2VisionLayerImpl(const Blip2VisionConfig& c)
+    : heads_(c.num_attention_heads), attention_dropout_(c.attention_dropout) {
   const int64_t width = c.hidden_size;
   layer_norm1_ = register_module("layer_norm1", MakeLayerNorm(width, c.layer_norm_eps));
   // self_attn.qkv, self_attn.projection
@@ -44,7 +46,8 @@ Blip2VisionLayerImpl::Blip2VisionLayerImpl(const Blip2VisionConfig& c) : heads_(
 
 torch::Tensor Blip2VisionLayerImpl::forward(const torch::Tensor& x) {
   const std::vector<torch::Tensor> qkv = qkv_(layer_norm1_(x)).chunk(3, -1);  // 3 x (B, P, C)
-  const torch::Tensor h = x + projection_(Attend(qkv[0], qkv[1], qkv[2], heads_));
+  const torch::Tensor h = x + projection_(Attend(qkv[0], qkv[1], qkv[2], heads_,
+                                                 is_training() ? attention_dropout_ : 0.0));
   return h + fc2_(F::gelu(fc1_(layer_norm2_(h))));
 }
 
@@ -87,7 +90,9 @@ torch::Tensor Blip2VisionModelImpl::forward(const torch::Tensor& pixel_values) {
 
 Blip2QFormerAttentionImpl::Blip2QFormerAttentionImpl(const Blip2QFormerConfig& c,
                                                      int64_t context_size)
-    : heads_(c.num_attention_heads) {
+    : heads_(c.num_attention_heads),
+      hidden_dropout_(c.hidden_dropout_prob),
+      attention_dropout_(c.attention_probs_dropout_prob) {
   const int64_t width = c.hidden_size;
   auto attention = register_module("attention", std::make_shared<torch::nn::Module>());
   query_ = attention->register_module("query", torch::nn::Linear(width, width));
@@ -100,10 +105,16 @@ Blip2QFormerAttentionImpl::Blip2QFormerAttentionImpl(const Blip2QFormerConfig& c
 
 torch::Tensor Blip2QFormerAttentionImpl::forward(const torch::Tensor& x,
                                                  const torch::Tensor& context) {
-  return layer_norm_(dense_(Attend(query_(x), key_(context), value_(context), heads_)) + x);
+  const torch::Tensor y = Attend(query_(x), key_(context), value_(context), heads_,
+                                 is_training() ? attention_dropout_ : 0.0);
+  return layer_norm_(F::dropout(dense_(y), F::DropoutFuncOptions()
+                                              .p(hidden_dropout_)
+                                              .training(is_training())) +
+                     x);
 }
 
-Blip2QFormerLayerImpl::Blip2QFormerLayerImpl(const Blip2QFormerConfig& c, bool cross_attention) {
+Blip2QFormerLayerImpl::Blip2QFormerLayerImpl(const Blip2QFormerConfig& c, bool cross_attention)
+    : hidden_dropout_(c.hidden_dropout_prob) {
   attention_ = register_module("attention", Blip2QFormerAttention(c, c.hidden_size));
   if (cross_attention) {
     crossattention_ =
@@ -122,10 +133,13 @@ torch::Tensor Blip2QFormerLayerImpl::forward(const torch::Tensor& queries,
                                              const torch::Tensor& image) {
   torch::Tensor h = attention_(queries, queries);
   if (crossattention_) h = crossattention_(h, image);
-  return output_norm_(output_(F::gelu(intermediate_(h))) + h);
+  const torch::Tensor y = output_(F::gelu(intermediate_(h)));
+  return output_norm_(
+      F::dropout(y, F::DropoutFuncOptions().p(hidden_dropout_).training(is_training())) + h);
 }
 
-Blip2QFormerModelImpl::Blip2QFormerModelImpl(const Blip2QFormerConfig& c) {
+Blip2QFormerModelImpl::Blip2QFormerModelImpl(const Blip2QFormerConfig& c)
+    : hidden_dropout_(c.hidden_dropout_prob) {
   layernorm_ = register_module("layernorm", MakeLayerNorm(c.hidden_size, c.layer_norm_eps));
   auto encoder = register_module("encoder", std::make_shared<torch::nn::Module>());
   auto list = encoder->register_module("layer", torch::nn::ModuleList());
@@ -137,7 +151,8 @@ Blip2QFormerModelImpl::Blip2QFormerModelImpl(const Blip2QFormerConfig& c) {
 
 torch::Tensor Blip2QFormerModelImpl::forward(const torch::Tensor& queries,
                                              const torch::Tensor& image) {
-  torch::Tensor h = layernorm_(queries);
+  torch::Tensor h = F::dropout(layernorm_(queries),
+                               F::DropoutFuncOptions().p(hidden_dropout_).training(is_training()));
   const bool checkpoint = checkpoint_layers && torch::GradMode::is_enabled();
   for (Blip2QFormerLayer& layer : layers_) {
     h = checkpoint ? CheckpointedForward(

@@ -31,6 +31,7 @@ class Blip2VisionLayerImpl : public torch::nn::Module {
 
  private:
   int64_t heads_;
+  double attention_dropout_;
   torch::nn::LayerNorm layer_norm1_{nullptr}, layer_norm2_{nullptr};
   torch::nn::Linear qkv_{nullptr}, projection_{nullptr}, fc1_{nullptr}, fc2_{nullptr};
 };
@@ -53,7 +54,8 @@ class Blip2VisionModelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Blip2VisionModel);
 
-// BERT-style attention block: LayerNorm(x + dense(attention(x, context))).
+// BERT-style attention block: LayerNorm(x + dropout(dense(attention(x, context)))), with dropout on
+// the attention probabilities too (in training).
 class Blip2QFormerAttentionImpl : public torch::nn::Module {
  public:
   Blip2QFormerAttentionImpl(const Blip2QFormerConfig& config, int64_t context_size);
@@ -62,6 +64,7 @@ class Blip2QFormerAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t heads_;
+  double hidden_dropout_, attention_dropout_;
   torch::nn::Linear query_{nullptr}, key_{nullptr}, value_{nullptr}, dense_{nullptr};
   torch::nn::LayerNorm layer_norm_{nullptr};
 };
@@ -74,6 +77,7 @@ class Blip2QFormerLayerImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& image);
 
  private:
+  double hidden_dropout_;
   Blip2QFormerAttention attention_{nullptr}, crossattention_{nullptr};
   torch::nn::Linear intermediate_{nullptr}, output_{nullptr};
   torch::nn::LayerNorm output_norm_{nullptr};
@@ -89,6 +93,7 @@ class Blip2QFormerModelImpl : public torch::nn::Module {
   bool checkpoint_layers = false;  // each block, with the image as its second kept input
 
  private:
+  double hidden_dropout_;
   torch::nn::LayerNorm layernorm_{nullptr};
   std::vector<Blip2QFormerLayer> layers_;
 };

@@ -130,10 +130,14 @@ TEST(Blip2Test, PeftLoraAdapterOnTheLanguageModelLoadsAndGivesTransformersLoss) 
 // Checkpointing every block of the three stacks recomputes them in backward: the same loss and the
 // same gradient for every parameter (the Q-Former's image input gets its gradient through the
 // checkpoint, so the vision encoder's are complete too).
+// In training mode, so the Q-Former's and OPT's dropout draw masks: the rerun in backward draws the
+// forward's (the checkpoint restores the generator's state), or the gradients would differ.
 TEST(Blip2Test, ActivationCheckpointingGivesThePlainRunsGradients) {
   auto gradients = [](bool checkpointing) {
     Blip2ForConditionalGeneration model = LoadedModel("opt-tiny");
+    model->train();
     model->SetActivationCheckpointing(checkpointing);
+    torch::manual_seed(11);
     const torch::Tensor loss = CausalLmLoss(
         model->Logits(Expected("pixel_values"), Expected("input_ids")), Expected("labels"));
     loss.backward();
@@ -151,6 +155,43 @@ TEST(Blip2Test, ActivationCheckpointingGivesThePlainRunsGradients) {
     ASSERT_TRUE(checkpointed.at(name).defined());
     EXPECT_LE((checkpointed.at(name) - grad).abs().max().item<double>(), 1e-6);
   }
+}
+
+// Dropout as transformers places it, in training only: the Q-Former's (0.1 on its embeddings, its
+// attention probabilities and outputs) and OPT's (0.1 on each block's outputs) change the loss; in
+// eval mode, or with every probability 0, the output is the deterministic one.
+TEST(Blip2Test, DropoutActsInTrainingOnly) {
+  Blip2ForConditionalGeneration model = LoadedModel("opt-tiny");
+  auto loss = [&] {
+    torch::NoGradGuard no_grad;
+    return CausalLmLoss(model->Logits(Expected("pixel_values"), Expected("input_ids")),
+                        Expected("labels"))
+        .item<double>();
+  };
+  const double eval_loss = loss();
+  EXPECT_NEAR(eval_loss, Expected("loss").item<double>(), 1e-5);
+  model->train();
+  torch::manual_seed(1);
+  const double first = loss();
+  torch::manual_seed(2);
+  EXPECT_NE(loss(), first) << "other masks, another loss";
+  torch::manual_seed(1);
+  EXPECT_EQ(loss(), first) << "the same seed, the same masks";
+
+  Blip2Config without = FixtureConfig();
+  without.qformer.hidden_dropout_prob = 0.0;
+  without.qformer.attention_probs_dropout_prob = 0.0;
+  without.opt.dropout = 0.0;
+  Blip2ForConditionalGeneration deterministic(without);
+  auto checkpoint = safetensors::ShardedCheckpoint::Open(FixtureDir("opt-tiny"));
+  ASSERT_TRUE(checkpoint.ok());
+  ASSERT_TRUE(LoadBlip2Weights(deterministic, **checkpoint, "opt-tiny").ok());
+  deterministic->train();
+  torch::NoGradGuard no_grad;
+  EXPECT_NEAR(CausalLmLoss(deterministic->Logits(Expected("pixel_values"), Expected("input_ids")),
+                           Expected("labels"))
+                  .item<double>(),
+              eval_loss, 1e-6);
 }
 
 // The module holds what common/blip2_config counts (the estimate's figure) and the checkpoint holds.

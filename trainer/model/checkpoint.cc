@@ -2,7 +2,9 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <mutex>
 #include <optional>
+#include <vector>
 
 namespace llmctl::trainer {
 namespace {
@@ -18,6 +20,14 @@ struct RecomputeHolder : torch::CustomClassHolder {
   std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> block;
 };
 
+// The default generators a block's random ops draw from: the CPU's always, and the input's device's
+// (PyTorch's checkpoint preserves the same: its preserve_rng_state).
+std::vector<at::Generator> Generators(const torch::Device& device) {
+  std::vector<at::Generator> generators = {at::globalContext().defaultGenerator(torch::kCPU)};
+  if (!device.is_cpu()) generators.push_back(at::globalContext().defaultGenerator(device));
+  return generators;
+}
+
 // Two inputs, the second optional: both reach the rerun as leaves, so their gradients
 // come back through this node and never through a captured tensor's own graph.
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
@@ -31,6 +41,13 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     ctx->saved_data["cuda_autocast"] = autocast.cuda_enabled;
     ctx->saved_data["cuda_dtype"] = static_cast<int64_t>(autocast.cuda_dtype);
     ctx->saved_data["block"] = c10::IValue::make_capsule(holder);
+    // The rerun draws the same random numbers (dropout's masks) as this forward.
+    std::vector<torch::Tensor> rng_states;
+    for (at::Generator& generator : Generators(input.device())) {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      rng_states.push_back(generator.get_state());
+    }
+    ctx->saved_data["rng_states"] = rng_states;
     torch::NoGradGuard no_grad;
     return holder->block(input, context.value_or(torch::Tensor()));
   }
@@ -48,9 +65,24 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     if (saved[1].defined()) context = saved[1].detach().requires_grad_(saved[1].requires_grad());
     torch::Tensor output;
     {
-      torch::AutoGradMode grad_on(true);
-      ScopedAutocast scoped(autocast);
-      output = holder->block(input, context);
+      // Forks the generators: the forward's states for the rerun, the current ones back after.
+      std::vector<at::Generator> generators = Generators(input.device());
+      const std::vector<torch::Tensor> forward_states = ctx->saved_data["rng_states"].toTensorVector();
+      std::vector<torch::Tensor> current_states;
+      for (size_t i = 0; i < generators.size(); ++i) {
+        std::lock_guard<std::mutex> lock(generators[i].mutex());
+        current_states.push_back(generators[i].get_state());
+        generators[i].set_state(forward_states[i]);
+      }
+      {
+        torch::AutoGradMode grad_on(true);
+        ScopedAutocast scoped(autocast);
+        output = holder->block(input, context);
+      }
+      for (size_t i = 0; i < generators.size(); ++i) {
+        std::lock_guard<std::mutex> lock(generators[i].mutex());
+        generators[i].set_state(current_states[i]);
+      }
     }
     torch::autograd::backward({output}, {grad_outputs[0]});
     return {input.grad(), context.defined() ? context.grad() : torch::Tensor(), torch::Tensor()};

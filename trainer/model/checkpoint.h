@@ -34,7 +34,9 @@ class ScopedAutocast {
 };
 
 // Returns block(input) while keeping only `input` for backward. In backward the block runs again with
-// gradients on (and the forward's autocast settings), and its parameters' gradients accumulate as usual.
+// gradients on, the forward's autocast settings and the forward's random-number states (so dropout
+// draws the same masks; the CPU's generator and the input's device's), and its parameters' gradients
+// accumulate as usual.
 // `block` must not capture anything by reference that dies before backward: capture tensors by value.
 torch::Tensor CheckpointedForward(std::function<torch::Tensor(const torch::Tensor&)> block,
                                   const torch::Tensor& input);

@@ -16,7 +16,7 @@ torch::nn::LayerNorm MakeLayerNorm(int64_t size) {
 }  // namespace
 
 OptDecoderLayerImpl::OptDecoderLayerImpl(const OptConfig& c, const std::optional<Nf4Options>& nf4)
-    : heads_(c.num_attention_heads) {
+    : heads_(c.num_attention_heads), dropout_(c.dropout), attention_dropout_(c.attention_dropout) {
   const int64_t width = c.hidden_size;
   auto attention = register_module("self_attn", std::make_shared<torch::nn::Module>());
   q_proj_ = attention->register_module("q_proj", Projection(width, width, /*bias=*/true, nf4));
@@ -42,10 +42,15 @@ torch::Tensor OptDecoderLayerImpl::forward(const torch::Tensor& x) {
   const torch::Tensor q = q_proj_(normed) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
   const torch::Tensor y =
       at::scaled_dot_product_attention(split(q), split(k_proj_(normed)), split(v_proj_(normed)),
-                                       /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
-                                       /*scale=*/1.0);  // (B, H, T, D)
-  const torch::Tensor h = x + out_proj_(y.transpose(1, 2).reshape({batch, seq, width}));
-  return h + fc2_(torch::relu(fc1_(final_layer_norm_(h))));
+                                       /*attn_mask=*/{},
+                                       /*dropout_p=*/is_training() ? attention_dropout_ : 0.0,
+                                       /*is_causal=*/true, /*scale=*/1.0);  // (B, H, T, D)
+  const auto dropout =
+      torch::nn::functional::DropoutFuncOptions().p(dropout_).training(is_training());
+  const torch::Tensor h =
+      x + torch::nn::functional::dropout(
+              out_proj_(y.transpose(1, 2).reshape({batch, seq, width})), dropout);
+  return h + torch::nn::functional::dropout(fc2_(torch::relu(fc1_(final_layer_norm_(h)))), dropout);
 }
 
 OptForCausalLMImpl::OptForCausalLMImpl(const OptConfig& c, const std::optional<Nf4Options>& nf4) {

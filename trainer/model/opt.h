@@ -1,7 +1,7 @@
 // OPT's decoder (Hugging Face's OPTForCausalLM, the pre-LN variants: 125m, 1.3b, 2.7b, 6.7b and up) with
 // its parameter names under a prefix, as BLIP-2 holds it (language_model.model.decoder...): learned
 // positions offset by 2, pre-LN blocks with biased projections, q scaled before the product, a ReLU
-// FFN, a final LayerNorm and an output head tied to the token embedding. The six linears of each layer
+// FFN, dropout on each block's two outputs in training, a final LayerNorm and an output head tied to the token embedding. The six linears of each layer
 // are Projections (LoRA adapters by PEFT's names q_proj, k_proj, v_proj, out_proj, fc1, fc2); with
 // `nf4` their base weights are NF4, as BitsAndBytesConfig(load_in_4bit) quantises every decoder
 // linear.
@@ -27,6 +27,7 @@ class OptDecoderLayerImpl : public torch::nn::Module {
 
  private:
   int64_t heads_;
+  double dropout_, attention_dropout_;  // in training (OptConfig's)
   torch::nn::LayerNorm self_attn_layer_norm_{nullptr}, final_layer_norm_{nullptr};
   Projection q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, out_proj_{nullptr};
   Projection fc1_{nullptr}, fc2_{nullptr};

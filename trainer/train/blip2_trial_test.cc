@@ -232,10 +232,19 @@ TEST_F(Blip2TrialTest, WrongInputsAreRefusedBeforeTraining) {
 }
 
 // Data parallelism over BLIP-2: 2 ddp ranks of 2 images each against one process of 4, the same
-// losses and, gradients averaged, the same weights after each step.
+// losses and, gradients averaged, the same weights after each step. Without dropout: a rank's masks
+// over its 2 rows cannot be the one process's over 4 (as under PyTorch's DDP).
 TEST_F(Blip2TrialTest, TwoDdpRanksTrainLikeOneProcess) {
+  const std::string model = testing::FreshTempDir("blip2-no-dropout");
+  std::filesystem::copy(ModelDir(), model,
+                        std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(ModelDir() + "/config.json"));
+  config["qformer_config"]["hidden_dropout_prob"] = 0.0;
+  config["qformer_config"]["attention_probs_dropout_prob"] = 0.0;
+  config["text_config"]["dropout"] = 0.0;
+  std::ofstream(model + "/config.json", std::ios::trunc) << config.dump();
   const std::vector<std::string> blip2 = {
-      "model=" + ModelDir(),       "init=pretrained",         "tokenizer=" + ModelDir(),
+      "model=" + model,            "init=pretrained",         "tokenizer=" + model,
       "data.path=" + CaptionsDir(), "data.format=imagefolder", "data.max_seq_length=12"};
   std::vector<std::string> one = blip2, two = blip2;
   one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=4"});
