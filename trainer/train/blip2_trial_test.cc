@@ -3,6 +3,7 @@
 // the loss of a batch against transformers', and llm-train's trial loop with the labs' techniques.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "common/blip2_config.h"
+#include "common/experiment.h"
 #include "common/trial_config.h"
 #include "trainer/testing/ranked_demo.h"
 #include "trainer/testing/trial_runner.h"
@@ -251,6 +253,37 @@ TEST_F(Blip2TrialTest, TwoDdpRanksTrainLikeOneProcess) {
   two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=4"});
   testing::ExpectTwoRanksTrainLikeOneProcess("ddp", "blip2-ddp", one, two, 2);
 }
+
+// experiments/cpu-lab-blip2.yaml: each row of the labs' BLIP-2 table in miniature ends as the file
+// expects (the lab's: the baseline out of memory, the rest fitting) under its 280 MiB device. One test
+// per row, so that ctest spreads the bf16 rows' minutes over its jobs.
+class CpuLabBlip2RowTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    setenv("LLMCTL_CACHE_DIR", testing::FreshTempDir("cpu-lab-blip2-cache").c_str(), 1);
+  }
+};
+
+TEST_P(CpuLabBlip2RowTest, EndsAsTheFileExpects) {
+  auto experiment = LoadExperimentFile(SourceDir() + "/experiments/cpu-lab-blip2.yaml");
+  ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
+  for (const Trial& trial : experiment->trials) {
+    if (trial.name != GetParam()) continue;
+    const TrialRecord run = RunAndRecord(trial.config);
+    EXPECT_EQ(OutcomeName(run.result.outcome), trial.expect) << run.result.error;
+    return;
+  }
+  FAIL() << "no trial " << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Blip2TrialTest, CpuLabBlip2RowTest,
+                         ::testing::Values("baseline", "reduced-batch", "grad-accumulation",
+                                           "bf16-true", "bf16-mixed", "larger-model"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 TEST(Blip2TrialConfigTest, ImagefolderKeysAreChecked) {
   TrialConfig config;
