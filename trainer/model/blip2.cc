@@ -199,25 +199,7 @@ torch::Tensor Blip2ForConditionalGenerationImpl::Hidden(const torch::Tensor& pix
 }
 
 void Blip2ForConditionalGenerationImpl::InitializeRandom(double std) {
-  torch::NoGradGuard no_grad;
-  for (const auto& module : named_modules()) {
-    auto projection = std::dynamic_pointer_cast<ProjectionImpl>(module.value());
-    if (projection && projection->is_quantized()) {
-      projection->SetBaseWeight(projection->EmptyDenseWeight().normal_(0.0, std));
-    }
-    const bool layer_norm =
-        std::dynamic_pointer_cast<torch::nn::LayerNormImpl>(module.value()) != nullptr;
-    for (auto& item : module.value()->named_parameters(/*recurse=*/false)) {
-      torch::Tensor& p = item.value();
-      if (layer_norm) {
-        p.fill_(item.key() == "weight" ? 1.0 : 0.0);
-      } else if (item.key() == "bias") {
-        p.zero_();
-      } else {
-        p.normal_(0.0, std);
-      }
-    }
-  }
+  InitializeLikeHuggingFace(*this, std);
 }
 
 Status LoadBlip2Weights(Blip2ForConditionalGeneration& model,

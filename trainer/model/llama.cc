@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "trainer/model/checkpoint.h"
+#include "trainer/model/weights.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -190,29 +191,7 @@ std::vector<std::pair<std::string, Projection>> LlamaForCausalLMImpl::NamedProje
   return trainer::NamedProjections(*this);
 }
 
-void LlamaForCausalLMImpl::InitializeRandom(double std) {
-  torch::NoGradGuard no_grad;
-  // Module by module, each module's own parameters in registration order: the order
-  // named_parameters() visits them, with an NF4 base drawn where its dense "weight" would be
-  // (first).
-  for (const auto& module : named_modules()) {
-    auto projection = std::dynamic_pointer_cast<ProjectionImpl>(module.value());
-    if (projection && projection->is_quantized()) {
-      projection->SetBaseWeight(projection->EmptyDenseWeight().normal_(0.0, std));
-    }
-    for (auto& item : module.value()->named_parameters(/*recurse=*/false)) {
-      const std::string name = module.key() + "." + item.key();
-      torch::Tensor& p = item.value();
-      if (name.ends_with("layernorm.weight") || name.ends_with("norm.weight")) {
-        p.fill_(1.0);
-      } else if (name.ends_with(".bias")) {
-        p.zero_();
-      } else {
-        p.normal_(0.0, std);
-      }
-    }
-  }
-}
+void LlamaForCausalLMImpl::InitializeRandom(double std) { InitializeLikeHuggingFace(*this, std); }
 
 torch::Tensor CausalLmLoss(const torch::Tensor& logits, const torch::Tensor& labels) {
   const int64_t vocab = logits.size(-1);

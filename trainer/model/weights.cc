@@ -1,5 +1,6 @@
 #include "trainer/model/weights.h"
 
+#include <functional>
 #include <utility>
 
 #include "trainer/inputs/trial_inputs.h"
@@ -98,54 +99,82 @@ Status LoadNf4BaseWeights(torch::nn::Module& model,
 
 namespace {
 
-// The checkpoint to load for init "pretrained"; null for "random".
-StatusOr<std::unique_ptr<safetensors::ShardedCheckpoint>> CheckpointFor(
-    const std::string& init, const std::string& model_dir) {
-  if (init == "pretrained") return safetensors::ShardedCheckpoint::Open(model_dir);
-  if (init != "random") {
+// Either family's model with parameters of `dtype` on `device`: `make` constructs it, then
+// init "pretrained" loads `model_dir`'s checkpoint with `load`, init "random" draws Hugging Face's
+// initialisation.
+template <typename Model>
+StatusOr<Model> Build(const std::string& init, const std::string& model_dir, torch::Dtype dtype,
+                      torch::Device device, const std::function<Model()>& make,
+                      const std::function<Status(Model&, const safetensors::ShardedCheckpoint&)>& load) {
+  std::unique_ptr<safetensors::ShardedCheckpoint> checkpoint;
+  if (init == "pretrained") {
+    ASSIGN_OR_RETURN(checkpoint, safetensors::ShardedCheckpoint::Open(model_dir));
+  } else if (init != "random") {
     return InvalidArgumentError("init: expected pretrained or random, got '" + init + "'");
   }
-  return std::unique_ptr<safetensors::ShardedCheckpoint>();
+  Model model{nullptr};
+  {
+    ScopedDefaultDtype default_dtype(dtype);
+    model = make();
+  }
+  if (!device.is_cpu()) model->to(device);
+  if (checkpoint) {
+    RETURN_IF_ERROR(load(model, *checkpoint));
+  } else {
+    model->InitializeRandom();
+  }
+  return model;
 }
 
 }  // namespace
+
+void InitializeLikeHuggingFace(torch::nn::Module& model, double std) {
+  torch::NoGradGuard no_grad;
+  // Module by module, each module's own parameters in registration order: the order
+  // named_parameters() visits them, with an NF4 base drawn where its dense "weight" would be
+  // (first).
+  for (const auto& module : model.named_modules()) {
+    auto projection = std::dynamic_pointer_cast<ProjectionImpl>(module.value());
+    if (projection && projection->is_quantized()) {
+      projection->SetBaseWeight(projection->EmptyDenseWeight().normal_(0.0, std));
+    }
+    const bool norm =
+        std::dynamic_pointer_cast<torch::nn::LayerNormImpl>(module.value()) != nullptr ||
+        std::dynamic_pointer_cast<RmsNormImpl>(module.value()) != nullptr;
+    for (auto& item : module.value()->named_parameters(/*recurse=*/false)) {
+      torch::Tensor& p = item.value();
+      if (norm) {
+        p.fill_(item.key() == "weight" ? 1.0 : 0.0);
+      } else if (item.key() == "bias") {
+        p.zero_();
+      } else {
+        p.normal_(0.0, std);
+      }
+    }
+  }
+}
 
 StatusOr<Blip2ForConditionalGeneration> BuildBlip2Model(const Blip2Config& config,
                                                         const std::string& init,
                                                         const std::string& model_dir,
                                                         torch::Dtype dtype, torch::Device device,
                                                         const std::optional<Nf4Options>& nf4) {
-  ASSIGN_OR_RETURN(auto checkpoint, CheckpointFor(init, model_dir));
-  Blip2ForConditionalGeneration model{nullptr};
-  {
-    ScopedDefaultDtype default_dtype(dtype);
-    model = Blip2ForConditionalGeneration(config, nf4);
-  }
-  if (!device.is_cpu()) model->to(device);
-  if (checkpoint) {
-    RETURN_IF_ERROR(LoadBlip2Weights(model, *checkpoint, model_dir));
-  } else {
-    model->InitializeRandom();
-  }
-  return model;
+  return Build<Blip2ForConditionalGeneration>(
+      init, model_dir, dtype, device,
+      [&] { return Blip2ForConditionalGeneration(config, nf4); },
+      [&](Blip2ForConditionalGeneration& model, const safetensors::ShardedCheckpoint& checkpoint) {
+        return LoadBlip2Weights(model, checkpoint, model_dir);
+      });
 }
 
 StatusOr<LlamaForCausalLM> BuildModel(const ModelConfig& config, const std::string& init,
                                       const std::string& model_dir, torch::Dtype dtype,
                                       torch::Device device, const std::optional<Nf4Options>& nf4) {
-  ASSIGN_OR_RETURN(auto checkpoint, CheckpointFor(init, model_dir));
-  LlamaForCausalLM model{nullptr};
-  {
-    ScopedDefaultDtype default_dtype(dtype);
-    model = LlamaForCausalLM(config, nf4);
-  }
-  if (!device.is_cpu()) model->to(device);
-  if (checkpoint) {
-    RETURN_IF_ERROR(LoadWeights(model, *checkpoint, model_dir));
-  } else {
-    model->InitializeRandom();
-  }
-  return model;
+  return Build<LlamaForCausalLM>(
+      init, model_dir, dtype, device, [&] { return LlamaForCausalLM(config, nf4); },
+      [&](LlamaForCausalLM& model, const safetensors::ShardedCheckpoint& checkpoint) {
+        return LoadWeights(model, checkpoint, model_dir);
+      });
 }
 
 }  // namespace llmctl::trainer

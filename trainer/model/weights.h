@@ -33,6 +33,14 @@ StatusOr<Blip2ForConditionalGeneration> BuildBlip2Model(
     const Blip2Config& config, const std::string& init, const std::string& model_dir,
     torch::Dtype dtype, torch::Device device, const std::optional<Nf4Options>& nf4 = std::nullopt);
 
+// Hugging Face's initialisation (_init_weights) of either family: normal(0, std) for linear,
+// convolution and embedding weights and for free parameters (BLIP-2's class and position embeddings
+// and query tokens); zero biases; LayerNorms and RMSNorms one (and zero). Module by module, each
+// module's own parameters in registration order; an NF4 base draws its dense weight (one at a
+// time) where a dense one would be, so the same seed gives the same weights, quantised.
+// Deterministic under torch::manual_seed.
+void InitializeLikeHuggingFace(torch::nn::Module& model, double std);
+
 // Copies every parameter from `checkpoint` by Hugging Face name, converting dtype tensor by tensor
 // straight from the memory-mapped file into the parameter (no second full copy of the model). An
 // NF4 base weight is read into one dense tensor, quantised, and the dense tensor dropped.
