@@ -845,14 +845,10 @@ class ExperimentParser {
       }
       blip2 = resolved->has_value();
     }
-    const bool images = trial.config.GetString("data.format") == "imagefolder";
-    if (blip2 && *blip2 != images) {
-      return ErrorAt(location({"data.format"}),
-                     prefix + (*blip2 ? "model " + model_name +
-                                            " is BLIP-2, which trains on images and captions: set "
-                                            "data.format: imagefolder"
-                                      : "data.format imagefolder is for BLIP-2 models, and model " +
-                                            model_name + " is a LLaMA-family text model"));
+    if (blip2) {
+      if (std::optional<ConfigProblem> problem = FindModelFamilyProblem(trial.config, *blip2)) {
+        return ErrorAt(location(problem->keys), prefix + problem->message);
+      }
     }
     if (blip2.value_or(false)) {
       // BLIP-2's shape is not a ModelConfig: the checks that need one are llm-train's.

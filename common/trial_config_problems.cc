@@ -12,38 +12,40 @@ namespace {
 
 std::string Str(int64_t value) { return std::to_string(value); }
 
+// One problem, for the rules below to return.
+std::optional<ConfigProblem> Problem(std::vector<std::string> keys, std::string message) {
+  return ConfigProblem{std::move(keys), std::move(message)};
+}
+
 // The memory-saving techniques' settings that cannot run together.
 std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
-  auto problem = [](std::vector<std::string> keys, std::string message) {
-    return std::optional<ConfigProblem>(ConfigProblem{std::move(keys), std::move(message)});
-  };
   const std::string optimizer = config.GetString("optimizer");
   if (optimizer == "deepspeed_cpu") {
-    return problem({"optimizer", "strategy"},
+    return Problem({"optimizer", "strategy"},
                    "optimizer deepspeed_cpu (DeepSpeedCPUAdam) runs only with strategy: "
                    "deepspeed_stage_2_offload; in llmctl's words: optimizer: adamw and offload: "
                    "optimizer");
   }
   if (config.GetString("strategy") == "deepspeed_stage_2_offload") {
-    return problem({"strategy", "optimizer"},
+    return Problem({"strategy", "optimizer"},
                    "strategy deepspeed_stage_2_offload offloads AdamW's state, but optimizer is " +
                        optimizer + "; use optimizer: adamw (or deepspeed_cpu)");
   }
   const bool offload = config.GetString("offload") == "optimizer";
   if (offload && optimizer != "adamw") {
-    return problem({"offload", "optimizer"},
+    return Problem({"offload", "optimizer"},
                    "offload: optimizer keeps AdamW's fp32 state on the host, but optimizer is " +
                        optimizer + "; use optimizer: adamw or offload: none");
   }
   // Offload moves each gradient to the host as it is produced, where neither the global-norm clip
   // nor the loss scaler's unscale-and-check (both over the device .grad tensors) sees it.
   if (offload && config.GetFloat("train.grad_clip") > 0) {
-    return problem({"offload", "train.grad_clip"},
+    return Problem({"offload", "train.grad_clip"},
                    "offload: optimizer moves gradients to the host as backward produces them, "
                    "where train.grad_clip does not reach; set train.grad_clip: 0 or offload: none");
   }
   if (offload && config.GetString("precision") == "16-mixed") {
-    return problem({"offload", "precision"},
+    return Problem({"offload", "precision"},
                    "offload: optimizer moves gradients to the host as backward produces them, "
                    "where 16-mixed loss scaling cannot check them for overflow; use bf16-mixed or "
                    "bf16-true");
@@ -53,7 +55,7 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
   if (config.GetString("strategy") == "ddp" &&
       (offload || config.GetBool("optimizer_in_backward"))) {
     const std::string other = offload ? "offload" : "optimizer_in_backward";
-    return problem({"strategy", other},
+    return Problem({"strategy", other},
                    "strategy: ddp averages the gradients across ranks after backward, which " +
                        other + " does not wait for; use strategy: auto or turn " + other + " off");
   }
@@ -62,7 +64,7 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
   if (config.GetString("strategy") == "fsdp") {
     if (offload || config.GetBool("optimizer_in_backward")) {
       const std::string other = offload ? "offload" : "optimizer_in_backward";
-      return problem({"strategy", other},
+      return Problem({"strategy", other},
                      "strategy: fsdp reduce-scatters the gradients into shards after each unit's "
                      "backward; " +
                          other +
@@ -71,18 +73,18 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
                          other + " off");
     }
     if (config.GetString("peft.method") != "none") {
-      return problem({"strategy", "peft.method"},
+      return Problem({"strategy", "peft.method"},
                      "strategy: fsdp shards trainable full parameters only; LoRA's frozen base "
                      "weights and QLoRA's NF4 shards are not built yet; use strategy: ddp or auto");
     }
     const std::string optimizer = config.GetString("optimizer");
     if (optimizer != "adamw" && optimizer != "sgd") {
-      return problem({"strategy", "optimizer"},
+      return Problem({"strategy", "optimizer"},
                      "strategy: fsdp steps adamw or sgd on the shards; optimizer " + optimizer +
                          " is not built for flat shards yet");
     }
     if (config.GetString("precision") == "16-mixed") {
-      return problem({"strategy", "precision"},
+      return Problem({"strategy", "precision"},
                      "strategy: fsdp has no sharded loss scaler for 16-mixed yet; use bf16-mixed, "
                      "bf16-true or 32-true");
     }
@@ -92,7 +94,7 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
     const int64_t global = config.GetInt("train.global_batch_size");
     const int64_t devices = config.GetInt("devices");
     if (global != micro * devices) {
-      return problem(
+      return Problem(
           {"optimizer_in_backward", "train.global_batch_size"},
           "optimizer_in_backward updates each parameter while backward runs, so gradients "
           "cannot accumulate: train.global_batch_size (" +
@@ -100,18 +102,18 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
               Str(micro * devices) + ")");
     }
     if (config.GetFloat("train.grad_clip") > 0) {
-      return problem({"optimizer_in_backward", "train.grad_clip"},
+      return Problem({"optimizer_in_backward", "train.grad_clip"},
                      "optimizer_in_backward updates each parameter before the other gradients "
                      "exist, so the global norm train.grad_clip needs is never known; set "
                      "train.grad_clip: 0");
     }
     if (config.GetString("precision") == "16-mixed") {
-      return problem({"optimizer_in_backward", "precision"},
+      return Problem({"optimizer_in_backward", "precision"},
                      "optimizer_in_backward cannot skip a step whose gradients overflowed, which "
                      "16-mixed loss scaling needs; use bf16-mixed or bf16-true");
     }
     if (offload) {
-      return problem({"optimizer_in_backward", "offload"},
+      return Problem({"optimizer_in_backward", "offload"},
                      "optimizer_in_backward and offload: optimizer cannot be combined; choose one");
     }
   }
@@ -120,7 +122,7 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
   if (method == "none") {
     for (std::string_view key : TrialKeysInGroup("peft")) {
       if (key != "peft.method" && config.IsSet(key)) {
-        return problem({std::string(key), "peft.method"},
+        return Problem({std::string(key), "peft.method"},
                        std::string(key) +
                            " applies to adapters, but peft.method is none; set peft.method: lora "
                            "or qlora, or remove " +
@@ -130,20 +132,20 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
     return std::nullopt;
   }
   if (config.GetInt("peft.r") < 1) {
-    return problem({"peft.r"}, "peft.r must be at least 1, got " + Str(config.GetInt("peft.r")));
+    return Problem({"peft.r"}, "peft.r must be at least 1, got " + Str(config.GetInt("peft.r")));
   }
   if (!(config.GetFloat("peft.alpha") > 0)) {
-    return problem({"peft.alpha"}, "peft.alpha must be positive, got " +
+    return Problem({"peft.alpha"}, "peft.alpha must be positive, got " +
                                        FormatKeyValue(config.GetFloat("peft.alpha")));
   }
   const double dropout = config.GetFloat("peft.dropout");
   if (dropout < 0 || dropout >= 1) {
-    return problem({"peft.dropout"},
+    return Problem({"peft.dropout"},
                    "peft.dropout must be in [0, 1), got " + FormatKeyValue(dropout));
   }
   const std::vector<std::string> targets = config.GetStringList("peft.targets");
   if (targets.empty()) {
-    return problem({"peft.targets"},
+    return Problem({"peft.targets"},
                    "peft.targets is empty: name the projections that get adapters, e.g. [q_proj, "
                    "v_proj]");
   }
@@ -152,17 +154,17 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
       std::string known;
       for (std::string_view name : kLoraTargets)
         known += (known.empty() ? "" : ", ") + std::string(name);
-      return problem({"peft.targets"}, "peft.targets: unknown projection '" + targets[i] +
+      return Problem({"peft.targets"}, "peft.targets: unknown projection '" + targets[i] +
                                            "' (known: " + known + ")");
     }
     if (std::find(targets.begin(), targets.begin() + static_cast<std::ptrdiff_t>(i), targets[i]) !=
         targets.begin() + static_cast<std::ptrdiff_t>(i)) {
-      return problem({"peft.targets"}, "peft.targets: '" + targets[i] + "' is listed twice");
+      return Problem({"peft.targets"}, "peft.targets: '" + targets[i] + "' is listed twice");
     }
   }
   if (method == "qlora" && config.GetString("precision") == "16-mixed" &&
       config.GetString("peft.compute_dtype") == "bf16") {
-    return problem({"peft.compute_dtype", "precision"},
+    return Problem({"peft.compute_dtype", "precision"},
                    "peft.compute_dtype bf16 with precision 16-mixed: fp16 autocast runs every "
                    "matmul in fp16, so each NF4 weight would be rounded to bf16 and then again to "
                    "fp16 (and 16-mixed is for devices without bf16); set peft.compute_dtype: fp32 "
@@ -171,7 +173,7 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
   if (method == "lora") {
     for (std::string_view key : {"peft.double_quant", "peft.compute_dtype"}) {
       if (config.IsSet(key)) {
-        return problem({std::string(key), "peft.method"},
+        return Problem({std::string(key), "peft.method"},
                        std::string(key) +
                            " applies to NF4 base weights, but peft.method is lora; use "
                            "peft.method: qlora or remove " +
@@ -185,14 +187,11 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
 // The profile group: its other keys only mean something with profile.steps, and the profiled
 // steps must be steps the run takes.
 std::optional<ConfigProblem> FindProfileProblem(const TrialConfig& config) {
-  auto problem = [](std::vector<std::string> keys, std::string message) {
-    return std::optional<ConfigProblem>(ConfigProblem{std::move(keys), std::move(message)});
-  };
   const int64_t steps = config.GetInt("profile.steps");
   if (steps == 0) {
     for (std::string_view key : {"profile.first_step", "profile.memory_history"}) {
       if (config.IsSet(key)) {
-        return problem({std::string(key)}, std::string(key) +
+        return Problem({std::string(key)}, std::string(key) +
                                                " applies to profiled steps, but profile.steps is "
                                                "0; set profile.steps (e.g. 2) or remove " +
                                                std::string(key));
@@ -203,7 +202,7 @@ std::optional<ConfigProblem> FindProfileProblem(const TrialConfig& config) {
   const int64_t first = config.GetInt("profile.first_step");
   const int64_t max_steps = config.GetInt("train.max_steps");
   if (max_steps > 0 && first + steps > max_steps) {
-    return problem({"profile.first_step", "profile.steps", "train.max_steps"},
+    return Problem({"profile.first_step", "profile.steps", "train.max_steps"},
                    "profile: steps " + Str(first) + " to " + Str(first + steps - 1) +
                        " are profiled, but train.max_steps " + Str(max_steps) +
                        " ends the run after step " + Str(max_steps - 1));
@@ -213,20 +212,17 @@ std::optional<ConfigProblem> FindProfileProblem(const TrialConfig& config) {
 
 // data.format imagefolder (BLIP-2's captions) and the keys that only it takes.
 std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
-  auto problem = [](std::vector<std::string> keys, std::string message) {
-    return std::optional<ConfigProblem>(ConfigProblem{std::move(keys), std::move(message)});
-  };
   const bool images = config.GetString("data.format") == "imagefolder";
   const std::vector<std::string> frozen = config.GetStringList("freeze");
   if (!images) {
     if (!frozen.empty()) {
-      return problem({"freeze", "data.format"},
+      return Problem({"freeze", "data.format"},
                      "freeze names BLIP-2's parts, which train on data.format imagefolder, but "
                      "data.format is " +
                          config.GetString("data.format") + "; remove freeze");
     }
     if (config.IsSet("data.caption_column")) {
-      return problem({"data.caption_column", "data.format"},
+      return Problem({"data.caption_column", "data.format"},
                      "data.caption_column applies to data.format imagefolder, but data.format is " +
                          config.GetString("data.format") + "; remove data.caption_column");
     }
@@ -234,7 +230,7 @@ std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
   }
   for (std::string_view key : {"data.template", "data.mask_prompt"}) {
     if (config.IsSet(key)) {
-      return problem({std::string(key), "data.format"},
+      return Problem({std::string(key), "data.format"},
                      std::string(key) +
                          " shapes instruction records, and data.format imagefolder holds "
                          "captions: remove " +
@@ -242,24 +238,24 @@ std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
     }
   }
   if (config.GetString("data.caption_column").empty()) {
-    return problem({"data.caption_column"},
+    return Problem({"data.caption_column"},
                    "data.caption_column is empty: name the metadata column of the captions");
   }
   for (size_t i = 0; i < frozen.size(); ++i) {
     if (std::find(kBlip2Parts.begin(), kBlip2Parts.end(), frozen[i]) == kBlip2Parts.end()) {
       std::string known;
       for (std::string_view part : kBlip2Parts) known += (known.empty() ? "" : ", ") + std::string(part);
-      return problem({"freeze"},
+      return Problem({"freeze"},
                      "freeze: unknown part '" + frozen[i] + "' (BLIP-2's parts: " + known + ")");
     }
   }
   if (frozen.size() == kBlip2Parts.size() && config.GetString("peft.method") == "none") {
-    return problem({"freeze", "peft.method"},
+    return Problem({"freeze", "peft.method"},
                    "freeze lists every part of BLIP-2 and peft.method is none: nothing would train");
   }
   // Not built for BLIP-2 yet: each unit of FSDP's wrapping is a LLaMA decoder layer.
   if (config.GetString("strategy") == "fsdp") {
-    return problem({"strategy", "data.format"},
+    return Problem({"strategy", "data.format"},
                    "strategy fsdp is built for the LLaMA family's decoder layers, not yet for "
                    "BLIP-2 (data.format imagefolder); use strategy ddp or auto");
   }
@@ -270,15 +266,12 @@ std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
 
 std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
                                                const ModelConfig* model) {
-  auto problem = [](std::vector<std::string> keys, std::string message) {
-    return std::optional<ConfigProblem>(ConfigProblem{std::move(keys), std::move(message)});
-  };
 
   const std::string model_name = config.GetString("model");
   if (model_name.empty())
-    return problem({"model"}, "model is required: a preset name or a model directory");
+    return Problem({"model"}, "model is required: a preset name or a model directory");
   if (config.GetString("data.path").empty()) {
-    return problem({"data.path"},
+    return Problem({"data.path"},
                    "data.path is required: the training data, a JSON-lines file (e.g. data: {path: "
                    "train.jsonl})");
   }
@@ -298,7 +291,7 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
     if (value < minimum) {
       std::string why =
           key == "data.max_seq_length" ? " (an input token and its next-token target)" : "";
-      return problem({std::string(key)}, std::string(key) + " must be at least " + Str(minimum) +
+      return Problem({std::string(key)}, std::string(key) + " must be at least " + Str(minimum) +
                                              why + ", got " + Str(value));
     }
   }
@@ -307,7 +300,7 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
         "checkpoint_every", "profile.steps", "profile.first_step"}) {
     const int64_t value = config.GetInt(key);
     if (value < 0) {
-      return problem({std::string(key)},
+      return Problem({std::string(key)},
                      std::string(key) + " must not be negative, got " + Str(value));
     }
   }
@@ -318,7 +311,7 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
   const int64_t nodes = config.GetInt("nodes");
   if (const std::string strategy = config.GetString("strategy");
       nodes > 1 && strategy != "ddp" && strategy != "fsdp") {
-    return problem(
+    return Problem(
         {"nodes", "strategy"},
         "nodes: " + Str(nodes) + " runs " + Str(nodes) +
             " x devices ranks, which only strategy ddp or fsdp starts, but strategy is " +
@@ -338,42 +331,42 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
     if (devices > 1) per_step += " x devices (" + Str(devices) + ")";
     if (nodes > 1) per_step += " x nodes (" + Str(nodes) + ")";
     if (devices > 1 || nodes > 1) per_step += " = " + Str(per_pass);
-    return problem(keys, "train.global_batch_size (" + Str(global) + ") must be a multiple of " +
+    return Problem(keys, "train.global_batch_size (" + Str(global) + ") must be a multiple of " +
                              per_step + ": each optimizer step accumulates whole micro-batches");
   }
 
   const double lr = config.GetFloat("train.lr");
   if (lr < 0)
-    return problem({"train.lr"}, "train.lr must not be negative, got " + FormatKeyValue(lr));
+    return Problem({"train.lr"}, "train.lr must not be negative, got " + FormatKeyValue(lr));
   const std::vector<double> betas = config.GetFloatList("train.betas");
   if (betas.size() != 2) {
-    return problem({"train.betas"}, "train.betas must be exactly two numbers [beta1, beta2], got " +
+    return Problem({"train.betas"}, "train.betas must be exactly two numbers [beta1, beta2], got " +
                                         FormatKeyValue(betas));
   }
   for (double beta : betas) {
     if (beta < 0 || beta >= 1) {
-      return problem({"train.betas"},
+      return Problem({"train.betas"},
                      "train.betas must each be in [0, 1), got " + FormatKeyValue(betas));
     }
   }
   if (!(config.GetFloat("train.eps") > 0)) {
-    return problem({"train.eps"}, "train.eps must be positive, got " +
+    return Problem({"train.eps"}, "train.eps must be positive, got " +
                                       FormatKeyValue(config.GetFloat("train.eps")));
   }
   for (std::string_view key : {"train.weight_decay", "train.grad_clip"}) {
     const double value = config.GetFloat(key);
     if (value < 0) {
-      return problem({std::string(key)},
+      return Problem({std::string(key)},
                      std::string(key) + " must not be negative, got " + FormatKeyValue(value));
     }
   }
   const double momentum = config.GetFloat("train.momentum");
   if (momentum < 0 || momentum >= 1) {
-    return problem({"train.momentum"},
+    return Problem({"train.momentum"},
                    "train.momentum must be in [0, 1), got " + FormatKeyValue(momentum));
   }
   if (momentum != 0 && config.GetString("optimizer") != "sgd") {
-    return problem({"train.momentum", "optimizer"},
+    return Problem({"train.momentum", "optimizer"},
                    "train.momentum applies only to optimizer sgd, but optimizer is " +
                        config.GetString("optimizer") +
                        "; remove train.momentum or set optimizer: sgd");
@@ -383,7 +376,7 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
 
   if (const std::optional<uint64_t> budget = config.GetByteSize("device_memory");
       budget && *budget == 0) {
-    return problem({"device_memory"},
+    return Problem({"device_memory"},
                    "device_memory must be more than 0 bytes (leave it unset for no "
                    "budget)");
   }
@@ -392,13 +385,13 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
 
   if (config.GetString("data.format") == "text") {
     if (config.IsSet("data.template") && config.GetString("data.template") != "none") {
-      return problem({"data.template", "data.format"},
+      return Problem({"data.template", "data.format"},
                      "data.template " + config.GetString("data.template") +
                          " needs instruction records, but data.format is text; use data.template: "
                          "none or data.format: alpaca");
     }
     if (config.IsSet("data.mask_prompt") && config.GetBool("data.mask_prompt")) {
-      return problem(
+      return Problem(
           {"data.mask_prompt", "data.format"},
           "data.mask_prompt: true needs a prompt to mask, but data.format text has none; "
           "remove data.mask_prompt or use data.format: alpaca");
@@ -408,7 +401,7 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
   if (config.GetString("init") == "pretrained") {
     const ModelConfig* preset = FindPreset(model_name);
     if (preset != nullptr && preset->hf_repo_id.empty()) {
-      return problem({"init", "model"}, "init: pretrained needs published weights, and model " +
+      return Problem({"init", "model"}, "init: pretrained needs published weights, and model " +
                                             model_name + " has none; use init: random");
     }
   }
@@ -416,7 +409,7 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
   if (model != nullptr) {
     const int64_t length = config.GetInt("data.max_seq_length");
     if (length > model->max_position_embeddings) {
-      return problem({"data.max_seq_length", "model"},
+      return Problem({"data.max_seq_length", "model"},
                      "data.max_seq_length (" + Str(length) + ") exceeds the model's " +
                          "max_position_embeddings (" + Str(model->max_position_embeddings) + ")");
     }
@@ -428,6 +421,27 @@ Status ValidateTrialConfig(const TrialConfig& config, const ModelConfig* model) 
   std::optional<ConfigProblem> problem = FindConfigProblem(config, model);
   if (!problem) return Status::Ok();
   return InvalidArgumentError(problem->message);
+}
+
+std::optional<ConfigProblem> FindModelFamilyProblem(const TrialConfig& config, bool blip2) {
+  const std::string model = config.GetString("model");
+  const bool images = config.GetString("data.format") == "imagefolder";
+  if (blip2 && !images) {
+    return Problem({"data.format", "model"},
+                   "model " + model +
+                       " is BLIP-2, which trains on images and captions: set data.format: "
+                       "imagefolder");
+  }
+  if (!blip2 && images) {
+    return Problem({"data.format", "model"},
+                   "data.format imagefolder is for BLIP-2 models, and model " + model +
+                       " is a LLaMA-family text model");
+  }
+  if (blip2 && config.GetBool("peft.save_merged")) {
+    return Problem({"peft.save_merged", "model"},
+                   "peft.save_merged is built for the LLaMA family, not yet BLIP-2");
+  }
+  return std::nullopt;
 }
 
 }  // namespace llmctl

@@ -92,17 +92,26 @@ class TokenFileBatches final : public BatchSource {
 
 }  // namespace
 
-StatusOr<std::string> TokenCachePath(std::string_view fingerprint) {
+StatusOr<std::string> CachedTokenFile(
+    const std::string& fingerprint, const std::function<Status(const std::string& path)>& prepare) {
   const fs::path dir = TokenCacheDir();
+  std::ostringstream name;
+  name << std::hex << std::setw(16) << std::setfill('0') << data::Fnv1a64(fingerprint) << ".tok";
+  const std::string path = (dir / name.str()).string();
+  if (fs::exists(path)) {
+    data::TokenFile::Options quick;
+    quick.verify_contents = false;
+    auto existing = data::TokenFile::Open(path, quick);
+    if (existing.ok() && (*existing)->fingerprint() == fingerprint) return path;
+  }
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) {
     return UnavailableError("cannot create the token cache " + dir.string() + ": " +
                             error.message());
   }
-  std::ostringstream name;
-  name << std::hex << std::setw(16) << std::setfill('0') << data::Fnv1a64(fingerprint) << ".tok";
-  return (dir / name.str()).string();
+  RETURN_IF_ERROR(prepare(path));
+  return path;
 }
 
 StatusOr<std::unique_ptr<data::TextEncoder>> LoadTrialTokenizer(const TrialConfig& config) {
@@ -123,17 +132,9 @@ StatusOr<std::string> PrepareTokens(const TrialConfig& config) {
   ASSIGN_OR_RETURN(data::PrepareOptions options, data::PrepareOptionsFor(config));
   ASSIGN_OR_RETURN(std::string fingerprint,
                    data::ExpectedFingerprint(data_path, *encoder, options));
-  ASSIGN_OR_RETURN(const std::string path, TokenCachePath(fingerprint));
-  if (fs::exists(path)) {
-    data::TokenFile::Options quick;
-    quick.verify_contents = false;
-    auto existing = data::TokenFile::Open(path, quick);
-    if (existing.ok() && (*existing)->fingerprint() == fingerprint) return path;
-  }
-  ASSIGN_OR_RETURN(data::PrepareStats stats,
-                   data::PrepareTokenFile(data_path, *encoder, options, path));
-  (void)stats;
-  return path;
+  return CachedTokenFile(fingerprint, [&](const std::string& path) {
+    return data::PrepareTokenFile(data_path, *encoder, options, path).status();
+  });
 }
 
 StatusOr<std::unique_ptr<BatchSource>> OpenTokenFileBatches(const std::string& token_path,

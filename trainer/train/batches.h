@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -48,10 +49,11 @@ StatusOr<std::string> PrepareTokens(const TrialConfig& config);
 StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config, int64_t vocab_size,
                                                    int rank, int world_size);
 
-// The token cache's file for tokens that `fingerprint` describes (what prepared them, from what):
-// under $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else ~/.cache/llmctl; its directory is
-// created.
-StatusOr<std::string> TokenCachePath(std::string_view fingerprint);
+// The token cache's file for tokens that `fingerprint` describes (what prepared them, from what),
+// under $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else ~/.cache/llmctl: `prepare(path)` writes
+// it unless a file with that fingerprint is there already. Returns its path.
+StatusOr<std::string> CachedTokenFile(const std::string& fingerprint,
+                                      const std::function<Status(const std::string& path)>& prepare);
 
 // The trial's tokenizer (TrialTokenizerPath) for the data pipeline; its fingerprint is
 // "fnv1a64:<hash of tokenizer.json>".

@@ -300,6 +300,15 @@ TEST(Blip2TrialConfigTest, ImagefolderKeysAreChecked) {
   status = ValidateTrialConfig(config, nullptr);
   EXPECT_NE(status.message().find("not yet for BLIP-2"), std::string::npos) << status.ToString();
 
+  // What the model's family allows, for the callers that know it.
+  ASSERT_TRUE(config.SetFromText("peft.save_merged", "true").ok());
+  std::optional<ConfigProblem> family = FindModelFamilyProblem(config, /*blip2=*/true);
+  ASSERT_TRUE(family.has_value());
+  EXPECT_EQ(family->keys.front(), "peft.save_merged");
+  family = FindModelFamilyProblem(config, /*blip2=*/false);
+  ASSERT_TRUE(family.has_value());
+  EXPECT_NE(family->message.find("LLaMA-family text model"), std::string::npos) << family->message;
+
   TrialConfig text;
   ASSERT_TRUE(text.SetFromText("data.path", "train.jsonl").ok());
   ASSERT_TRUE(text.SetFromText("freeze", "[vision_model]").ok());

@@ -1,6 +1,5 @@
 #include "trainer/train/caption_batches.h"
 
-#include <filesystem>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -30,7 +29,9 @@ class CaptionBatches final : public BatchSource {
     MicroBatch batch = text_->Next(size, device);
     const int64_t rows = static_cast<int64_t>(batch.example_indices.size());
     const int64_t plane = 3 * image_size_ * image_size_;
-    std::vector<float> pixels(static_cast<size_t>(rows * plane));
+    // (B, 3, S, S), filled row by row on the host, then moved to the device.
+    torch::Tensor pixels = torch::empty({rows, 3, image_size_, image_size_}, torch::kFloat32);
+    float* out = pixels.data_ptr<float>();
     for (int64_t row = 0; row < rows; ++row) {
       const image::CaptionedImage& entry = images_.at(static_cast<size_t>(batch.example_indices[row]));
       // Checked before the run (CheckImages); a file changed since fails the run here.
@@ -40,12 +41,9 @@ class CaptionBatches final : public BatchSource {
       const int side = static_cast<int>(image_size_);
       const std::vector<float> values = image::NormalizedPixels(
           image::ResizeBicubic(*decoded, side, side), image::kClipMean, image::kClipStd);
-      std::copy(values.begin(), values.end(), pixels.begin() + row * plane);
+      std::copy(values.begin(), values.end(), out + row * plane);
     }
-    batch.pixel_values =
-        torch::from_blob(pixels.data(), {rows, 3, image_size_, image_size_}, torch::kFloat32)
-            .clone()
-            .to(device);  // (B, 3, S, S)
+    batch.pixel_values = pixels.to(device);
     return batch;
   }
 
@@ -118,25 +116,19 @@ StatusOr<std::unique_ptr<BatchSource>> OpenCaptionBatches(const TrialConfig& con
               << std::hex << data::Fnv1a64(captions) << std::dec
               << "; max_seq_length=" << max_length << "; image_token=" << model.image_token_index
               << " x " << model.num_query_tokens;
-  ASSIGN_OR_RETURN(const std::string path, TokenCachePath(fingerprint.str()));
-  bool prepared = false;
-  if (std::filesystem::exists(path)) {
-    data::TokenFile::Options quick;
-    quick.verify_contents = false;
-    auto existing = data::TokenFile::Open(path, quick);
-    prepared = existing.ok() && (*existing)->fingerprint() == fingerprint.str();
-  }
-  if (!prepared) {
-    std::vector<data::TokenizedExample> examples;
-    examples.reserve(images.size());
-    for (const image::CaptionedImage& entry : images) {
-      ASSIGN_OR_RETURN(data::TokenizedExample example,
-                       CaptionExample(*encoder, entry, model, max_length, folder));
-      examples.push_back(std::move(example));
-    }
-    RETURN_IF_ERROR(data::WriteTokenFile(path, fingerprint.str(), encoder->bos_id(),
-                                         encoder->eos_id(), examples));
-  }
+  ASSIGN_OR_RETURN(
+      const std::string path,
+      CachedTokenFile(fingerprint.str(), [&](const std::string& path) -> Status {
+        std::vector<data::TokenizedExample> examples;
+        examples.reserve(images.size());
+        for (const image::CaptionedImage& entry : images) {
+          ASSIGN_OR_RETURN(data::TokenizedExample example,
+                           CaptionExample(*encoder, entry, model, max_length, folder));
+          examples.push_back(std::move(example));
+        }
+        return data::WriteTokenFile(path, fingerprint.str(), encoder->bos_id(), encoder->eos_id(),
+                                    examples);
+      }));
   ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> text,
                    OpenTokenFileBatches(path, config, model.opt.vocab_size,
                                         static_cast<int32_t>(model.opt.pad_token_id), rank,

@@ -245,18 +245,11 @@ class TrialRun {
 
 Status TrialRun::Setup() {
   ASSIGN_OR_RETURN(model_config_, ResolveTrialModel(config_.GetString("model")));
-  const bool blip2 = std::holds_alternative<Blip2Config>(model_config_);
-  const bool images = config_.GetString("data.format") == "imagefolder";
-  if (blip2 != images) {
-    return InvalidArgumentError(
-        blip2 ? "model " + config_.GetString("model") +
-                    " is BLIP-2, which trains on images and captions: set data.format: "
-                    "imagefolder"
-              : "data.format imagefolder is for BLIP-2 models, and model " +
-                    config_.GetString("model") + " is a LLaMA-family text model");
-  }
-  if (blip2 && config_.GetBool("peft.save_merged")) {
-    return UnimplementedError("peft.save_merged is built for the LLaMA family, not yet BLIP-2");
+  // The family is known only now (a directory's config.json): --set may have changed data.format
+  // since the experiment was parsed.
+  if (std::optional<ConfigProblem> problem = FindModelFamilyProblem(
+          config_, std::holds_alternative<Blip2Config>(model_config_))) {
+    return InvalidArgumentError(problem->message);
   }
   // Every input file, before anything loads: what `llmctl submit` checked on the user's machine,
   // checked again where the trial runs.
