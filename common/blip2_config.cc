@@ -71,6 +71,88 @@ Status Divisible(int64_t size, int64_t by, const std::string& what) {
                               std::to_string(by));
 }
 
+StatusOr<OptConfig> ParseOptConfig(const nlohmann::json& text_json, const std::string& where) {
+  OptConfig o;
+  Fields text(text_json, where);
+  RETURN_IF_ERROR(text.Int("vocab_size", o.vocab_size));
+  RETURN_IF_ERROR(text.Int("hidden_size", o.hidden_size));
+  RETURN_IF_ERROR(text.Int("ffn_dim", o.ffn_dim));
+  RETURN_IF_ERROR(text.Int("num_hidden_layers", o.num_hidden_layers));
+  RETURN_IF_ERROR(text.Int("num_attention_heads", o.num_attention_heads));
+  RETURN_IF_ERROR(text.Int("max_position_embeddings", o.max_position_embeddings));
+  if (text_json.contains("pad_token_id") && text_json["pad_token_id"].is_number_integer()) {
+    o.pad_token_id = text_json["pad_token_id"].get<int64_t>();
+  }
+  RETURN_IF_ERROR(text.Probability("dropout", o.dropout));
+  RETURN_IF_ERROR(text.Probability("attention_dropout", o.attention_dropout));
+  RETURN_IF_ERROR(text.Is("activation_function", "relu", StatusCode::kUnimplemented));
+  bool pre_ln = true, bias = true, affine = true;
+  RETURN_IF_ERROR(text.Bool("do_layer_norm_before", pre_ln));
+  RETURN_IF_ERROR(text.Bool("enable_bias", bias));
+  RETURN_IF_ERROR(text.Bool("layer_norm_elementwise_affine", affine));
+  int64_t projected = o.hidden_size;
+  RETURN_IF_ERROR(text.Int("word_embed_proj_dim", projected));
+  if (!pre_ln || !bias || !affine || projected != o.hidden_size) {
+    return UnimplementedError(where +
+                              ": OPT with do_layer_norm_before false, no biases, "
+                              "LayerNorms without weights or word_embed_proj_dim != hidden_size "
+                              "(opt-350m's) is not built");
+  }
+  RETURN_IF_ERROR(
+      Divisible(o.hidden_size, o.num_attention_heads, where + ".hidden_size / num_attention_heads"));
+  return o;
+}
+
+// A non-negative integer id (pad_token_id, decoder_start_token_id), when present.
+Status TokenId(const nlohmann::json& json, const char* key, const std::string& where,
+               int64_t& out) {
+  if (!json.contains(key) || json[key].is_null()) return Status::Ok();
+  if (!json[key].is_number_integer() || json[key].get<int64_t>() < 0) {
+    return InvalidArgumentError(where + "." + key + ": expected a token id, got " +
+                                json[key].dump());
+  }
+  out = json[key].get<int64_t>();
+  return Status::Ok();
+}
+
+StatusOr<T5Config> ParseT5Config(const nlohmann::json& text_json, const std::string& where) {
+  T5Config t;
+  t.tie_word_embeddings = true;  // PretrainedConfig's default, which T5 v1.0's files rely on
+  Fields text(text_json, where);
+  RETURN_IF_ERROR(text.Int("vocab_size", t.vocab_size));
+  RETURN_IF_ERROR(text.Int("d_model", t.d_model));
+  RETURN_IF_ERROR(text.Int("d_kv", t.d_kv));
+  RETURN_IF_ERROR(text.Int("d_ff", t.d_ff));
+  RETURN_IF_ERROR(text.Int("num_layers", t.num_layers));
+  t.num_decoder_layers = t.num_layers;  // T5Config's default: as many as the encoder
+  RETURN_IF_ERROR(text.Int("num_decoder_layers", t.num_decoder_layers));
+  RETURN_IF_ERROR(text.Int("num_heads", t.num_heads));
+  RETURN_IF_ERROR(text.Int("relative_attention_num_buckets", t.relative_attention_num_buckets));
+  RETURN_IF_ERROR(text.Int("relative_attention_max_distance", t.relative_attention_max_distance));
+  RETURN_IF_ERROR(text.Double("layer_norm_epsilon", t.layer_norm_epsilon));
+  RETURN_IF_ERROR(text.Probability("dropout_rate", t.dropout_rate));
+  RETURN_IF_ERROR(text.Bool("tie_word_embeddings", t.tie_word_embeddings));
+  RETURN_IF_ERROR(TokenId(text_json, "pad_token_id", where, t.pad_token_id));
+  t.decoder_start_token_id = t.pad_token_id;
+  RETURN_IF_ERROR(TokenId(text_json, "decoder_start_token_id", where, t.decoder_start_token_id));
+  const std::string ffn = text_json.value("feed_forward_proj", "relu");
+  if (ffn != "relu" && ffn != "gated-gelu") {
+    return UnimplementedError(where + ".feed_forward_proj: \"" + ffn +
+                              "\", where llmctl implements \"gated-gelu\" (Flan-T5, T5 v1.1) and "
+                              "\"relu\" (T5 v1.0)");
+  }
+  t.gated_gelu = ffn == "gated-gelu";
+  if (t.relative_attention_num_buckets < 4 ||
+      t.relative_attention_max_distance <= t.relative_attention_num_buckets / 2) {
+    return InvalidArgumentError(where + ": relative_attention_num_buckets " +
+                                std::to_string(t.relative_attention_num_buckets) +
+                                " and relative_attention_max_distance " +
+                                std::to_string(t.relative_attention_max_distance) +
+                                " leave no logarithmic buckets (at least 4 buckets and a distance above half of them)");
+  }
+  return t;
+}
+
 }  // namespace
 
 Blip2ParameterCounts CountBlip2Parameters(const Blip2Config& c) {
@@ -99,9 +181,22 @@ Blip2ParameterCounts CountBlip2Parameters(const Blip2Config& c) {
     if (i % q.cross_attention_frequency == 0) n.qformer += attention_block(q.encoder_hidden_size);
   }
 
-  const OptConfig& o = c.opt;
+  n.projection = cq * c.text_hidden_size() + c.text_hidden_size();
+  if (const T5Config* t = c.t5()) {
+    const int64_t ct = t->d_model;
+    const int64_t attention = 4 * ct * t->inner_dim();  // q, k, v (C -> H*D) and o, no biases
+    const int64_t ffn = (t->gated_gelu ? 3 : 2) * ct * t->d_ff;
+    const int64_t position_bias = t->relative_attention_num_buckets * t->num_heads;  // block 0's
+    n.language_model = t->vocab_size * ct                             // the shared embedding
+                       + (t->tie_word_embeddings ? 0 : t->vocab_size * ct)  // lm_head
+                       + 2 * ct                                       // the final norms
+                       + 2 * position_bias;
+    n.language_model += t->num_layers * (attention + ffn + 2 * ct);
+    n.language_model += t->num_decoder_layers * (2 * attention + ffn + 3 * ct);  // with cross-attention
+    return n;
+  }
+  const OptConfig& o = *c.opt();
   const int64_t ct = o.hidden_size;
-  n.projection = cq * ct + ct;
   n.language_model = o.vocab_size * ct + (o.max_position_embeddings + 2) * ct  // tokens, positions
                      + 2 * ct;                                                   // final LayerNorm
   n.language_model += o.num_hidden_layers * (4 * (ct * ct + ct)                   // q, k, v, out
@@ -113,19 +208,42 @@ Blip2ParameterCounts CountBlip2Parameters(const Blip2Config& c) {
 std::optional<Blip2Config> Blip2Preset(const std::string& name) {
   Blip2Config c;  // the vision and Q-Former defaults are the published models'
   c.num_query_tokens = 32;
-  c.image_token_index = 50265;
-  c.opt.vocab_size = 50304;
-  c.opt.num_hidden_layers = 32;
-  c.opt.num_attention_heads = 32;
+  if (name.starts_with("blip2-flan-t5-")) {
+    T5Config t;  // google/flan-t5-xl and -xxl: T5 v1.1, 24 + 24 blocks, an untied head
+    t.vocab_size = 32128;
+    t.num_layers = 24;
+    t.num_decoder_layers = 24;
+    t.d_kv = 64;
+    if (name == "blip2-flan-t5-xl") {
+      t.d_model = 2048;
+      t.d_ff = 5120;
+      t.num_heads = 32;
+    } else if (name == "blip2-flan-t5-xxl") {
+      t.d_model = 4096;
+      t.d_ff = 10240;
+      t.num_heads = 64;
+    } else {
+      return std::nullopt;
+    }
+    c.text = t;
+    c.image_token_index = 32100;  // after T5's 32,000 pieces and 100 sentinels
+    return c;
+  }
+  OptConfig o;
+  o.vocab_size = 50304;
+  o.num_hidden_layers = 32;
+  o.num_attention_heads = 32;
   if (name == "blip2-opt-2.7b") {
-    c.opt.hidden_size = 2560;
-    c.opt.ffn_dim = 10240;
+    o.hidden_size = 2560;
+    o.ffn_dim = 10240;
   } else if (name == "blip2-opt-6.7b") {
-    c.opt.hidden_size = 4096;
-    c.opt.ffn_dim = 16384;
+    o.hidden_size = 4096;
+    o.ffn_dim = 16384;
   } else {
     return std::nullopt;
   }
+  c.text = o;
+  c.image_token_index = 50265;
   return c;
 }
 
@@ -194,42 +312,19 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
 
   const nlohmann::json& text_json = section("text_config");
   const std::string text_type = text_json.value("model_type", "opt");
-  if (text_type != "opt") {
-    return UnimplementedError(source + ": text_config.model_type " + text_type +
-                              ": llmctl builds BLIP-2 with OPT (Flan-T5 is not built yet)");
+  const std::string text_where = source + ": text_config";
+  if (text_type == "opt") {
+    ASSIGN_OR_RETURN(c.text, ParseOptConfig(text_json, text_where));
+  } else if (text_type == "t5") {
+    ASSIGN_OR_RETURN(c.text, ParseT5Config(text_json, text_where));
+  } else {
+    return UnimplementedError(text_where + ".model_type " + text_type +
+                              ": llmctl builds BLIP-2 with OPT or T5 (Flan-T5)");
   }
-  OptConfig& o = c.opt;
-  Fields text(text_json, source + ": text_config");
-  RETURN_IF_ERROR(text.Int("vocab_size", o.vocab_size));
-  RETURN_IF_ERROR(text.Int("hidden_size", o.hidden_size));
-  RETURN_IF_ERROR(text.Int("ffn_dim", o.ffn_dim));
-  RETURN_IF_ERROR(text.Int("num_hidden_layers", o.num_hidden_layers));
-  RETURN_IF_ERROR(text.Int("num_attention_heads", o.num_attention_heads));
-  RETURN_IF_ERROR(text.Int("max_position_embeddings", o.max_position_embeddings));
-  if (text_json.contains("pad_token_id") && text_json["pad_token_id"].is_number_integer()) {
-    o.pad_token_id = text_json["pad_token_id"].get<int64_t>();
-  }
-  RETURN_IF_ERROR(text.Probability("dropout", o.dropout));
-  RETURN_IF_ERROR(text.Probability("attention_dropout", o.attention_dropout));
-  RETURN_IF_ERROR(text.Is("activation_function", "relu", StatusCode::kUnimplemented));
-  bool pre_ln = true, bias = true, affine = true;
-  RETURN_IF_ERROR(text.Bool("do_layer_norm_before", pre_ln));
-  RETURN_IF_ERROR(text.Bool("enable_bias", bias));
-  RETURN_IF_ERROR(text.Bool("layer_norm_elementwise_affine", affine));
-  int64_t projected = o.hidden_size;
-  RETURN_IF_ERROR(text.Int("word_embed_proj_dim", projected));
-  if (!pre_ln || !bias || !affine || projected != o.hidden_size) {
-    return UnimplementedError(source +
-                              ": text_config: OPT with do_layer_norm_before false, no biases, "
-                              "LayerNorms without weights or word_embed_proj_dim != hidden_size "
-                              "(opt-350m's) is not built");
-  }
-  RETURN_IF_ERROR(Divisible(o.hidden_size, o.num_attention_heads,
-                            source + ": text_config.hidden_size / num_attention_heads"));
-  if (c.image_token_index >= o.vocab_size) {
+  if (c.image_token_index >= c.text_vocab_size()) {
     return InvalidArgumentError(source + ": image_token_index " +
                                 std::to_string(c.image_token_index) + " is outside the vocabulary (" +
-                                std::to_string(o.vocab_size) + ")");
+                                std::to_string(c.text_vocab_size()) + ")");
   }
   return c;
 }
@@ -253,11 +348,11 @@ StatusOr<std::optional<Blip2Config>> ResolveBlip2Model(std::string_view model) {
     return std::optional<Blip2Config>();
   }
   ASSIGN_OR_RETURN(Blip2Config config, ParseBlip2Config(json, config_path.string()));
-  if (config.image_token_index < 0 || config.image_token_index >= config.opt.vocab_size) {
+  if (config.image_token_index < 0 || config.image_token_index >= config.text_vocab_size()) {
     return InvalidArgumentError(
         config_path.string() + ": image_token_index " + std::to_string(config.image_token_index) +
         " is not a token of the language model's vocabulary of " +
-        std::to_string(config.opt.vocab_size) +
+        std::to_string(config.text_vocab_size()) +
         " (configs older than transformers 4.47 lack it: set it to the tokenizer's <image> id)");
   }
   return std::optional<Blip2Config>(std::move(config));

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include "common/status.h"
 
@@ -59,17 +60,52 @@ struct OptConfig {
   double attention_dropout = 0.0;  // in training, on the attention probabilities
 };
 
+// T5's encoder-decoder (T5Config's fields; Flan-T5 is T5 v1.1): a shared token embedding, relative
+// position buckets computed once per stack, T5's RMS LayerNorm (no mean, no bias), unscaled attention
+// logits, a gated-GELU (v1.1) or ReLU (v1.0) FFN without biases, dropout_rate everywhere in training.
+struct T5Config {
+  int64_t vocab_size = 32128;
+  int64_t d_model = 512;
+  int64_t d_kv = 64;
+  int64_t d_ff = 2048;
+  int64_t num_layers = 6;
+  int64_t num_decoder_layers = 6;
+  int64_t num_heads = 8;
+  int64_t relative_attention_num_buckets = 32;
+  int64_t relative_attention_max_distance = 128;
+  double layer_norm_epsilon = 1e-6;
+  double dropout_rate = 0.1;
+  // feed_forward_proj: "gated-gelu" (wi_0, wi_1, wo; GELU's tanh form, transformers' gelu_new) or
+  // "relu" (wi, wo).
+  bool gated_gelu = true;
+  // The head: false (v1.1, Flan) its own lm_head; true (v1.0) the shared embedding, with the
+  // decoder's output scaled by d_model^-0.5. transformers 5 ties the head whatever the config says;
+  // the published Flan-T5 checkpoints hold a distinct lm_head, which llmctl keeps, as transformers 4.
+  bool tie_word_embeddings = false;
+  int64_t pad_token_id = 0;
+  int64_t decoder_start_token_id = 0;
+  int64_t inner_dim() const { return num_heads * d_kv; }
+};
+
 struct Blip2Config {
   Blip2VisionConfig vision;
   Blip2QFormerConfig qformer;
-  OptConfig opt;
+  std::variant<OptConfig, T5Config> text = OptConfig{};  // the language model: OPT or Flan-T5
   int64_t num_query_tokens = 32;
   int64_t image_token_index = -1;  // the placeholder the processor repeats num_query_tokens times
+
+  const OptConfig* opt() const { return std::get_if<OptConfig>(&text); }
+  const T5Config* t5() const { return std::get_if<T5Config>(&text); }
+  // The language model's width (what language_projection maps to), vocabulary and padding id.
+  int64_t text_hidden_size() const { return t5() ? t5()->d_model : opt()->hidden_size; }
+  int64_t text_vocab_size() const { return t5() ? t5()->vocab_size : opt()->vocab_size; }
+  int64_t text_pad_token_id() const { return t5() ? t5()->pad_token_id : opt()->pad_token_id; }
 };
 
 // Parameters by part, as transformers 5 builds the model (its vision layers hold one qkv bias of 3C
-// values, k's part included; transformers 4 held q_bias and v_bias, C fewer per layer). The OPT head
-// is tied to the embedding and counted once.
+// values, k's part included; transformers 4 held q_bias and v_bias, C fewer per layer). OPT's head
+// is tied to the embedding and counted once; Flan-T5's is its own (V x C), its encoder's and
+// decoder's token embeddings are the one shared matrix.
 struct Blip2ParameterCounts {
   int64_t vision = 0;
   int64_t qformer = 0;  // with the query tokens
@@ -79,14 +115,15 @@ struct Blip2ParameterCounts {
 };
 Blip2ParameterCounts CountBlip2Parameters(const Blip2Config& config);
 
-// The published models by their hub names' last part ("blip2-opt-2.7b", "blip2-opt-6.7b"): the hub's
-// config.json shapes (OPT's vocabulary padded to 50,304 with the image token at 50,265), so that
-// `init: random` runs take the real model's memory. nullopt for other names.
+// The published models by their hub names' last part ("blip2-opt-2.7b", "blip2-opt-6.7b",
+// "blip2-flan-t5-xl", "blip2-flan-t5-xxl"): the hub's config.json shapes (OPT's vocabulary padded to
+// 50,304 with the image token at 50,265; T5's 32,128 with it at 32,100), so that `init: random` runs
+// take the real model's memory. nullopt for other names.
 std::optional<Blip2Config> Blip2Preset(const std::string& name);
 
 // Parses a config.json of model_type "blip-2". InvalidArgument naming `source`, the section and the
-// field for a wrong value; Unimplemented for a language model other than OPT (Flan-T5 is not built
-// yet) and for OPT variants with a projected embedding or post-LN (opt-350m).
+// field for a wrong value; Unimplemented for a language model other than OPT and T5, for OPT variants
+// with a projected embedding or post-LN (opt-350m), and for T5 FFNs other than relu and gated-gelu.
 StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::string& source);
 
 // `model` as a trial names it, when it names BLIP-2: a preset (its hub name, with or without

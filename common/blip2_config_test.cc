@@ -18,8 +18,9 @@ TEST(Blip2ConfigTest, DefaultsAreTransformersForWhatAFileLeavesOut) {
   EXPECT_EQ(config->vision.num_hidden_layers, 39);
   EXPECT_EQ(config->qformer.encoder_hidden_size, 1408);
   EXPECT_EQ(config->qformer.num_hidden_layers, 12);
-  EXPECT_EQ(config->opt.vocab_size, 50272);
-  EXPECT_EQ(config->opt.hidden_size, 2560);
+  ASSERT_NE(config->opt(), nullptr);
+  EXPECT_EQ(config->opt()->vocab_size, 50272);
+  EXPECT_EQ(config->opt()->hidden_size, 2560);
   EXPECT_EQ(config->image_token_index, 50265);
 }
 
@@ -29,9 +30,20 @@ TEST(Blip2ConfigTest, WrongValuesAreNamedBySectionAndField) {
   };
   EXPECT_EQ(parse(R"({"model_type": "llama"})").message(),
             "m/config.json: model_type llama, expected blip-2");
-  const Status t5 = parse(R"({"model_type": "blip-2", "text_config": {"model_type": "t5"}})");
-  EXPECT_EQ(t5.code(), StatusCode::kUnimplemented);
-  EXPECT_NE(t5.message().find("text_config.model_type t5"), std::string::npos);
+  const Status bart = parse(R"({"model_type": "blip-2", "text_config": {"model_type": "bart"}})");
+  EXPECT_EQ(bart.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(bart.message().find("text_config.model_type bart"), std::string::npos);
+  const Status silu = parse(
+      R"({"model_type": "blip-2", "text_config": {"model_type": "t5", "feed_forward_proj": "gated-silu"}})");
+  EXPECT_EQ(silu.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(silu.message().find("text_config.feed_forward_proj: \"gated-silu\""), std::string::npos);
+  EXPECT_EQ(parse(R"({"model_type": "blip-2", "text_config": {"model_type": "t5", "d_kv": -1}})")
+                .message(),
+            "m/config.json: text_config.d_kv: expected a positive integer, got -1");
+  EXPECT_EQ(
+      parse(R"({"model_type": "blip-2", "text_config": {"model_type": "t5", "pad_token_id": "x"}})")
+          .message(),
+      "m/config.json: text_config.pad_token_id: expected a token id, got \"x\"");
   EXPECT_EQ(parse(R"({"model_type": "blip-2", "vision_config": {"patch_size": 0}})").message(),
             "m/config.json: vision_config.patch_size: expected a positive integer, got 0");
   EXPECT_EQ(
@@ -57,7 +69,53 @@ TEST(Blip2ConfigTest, PresetsHaveThePublishedModelsParameterCounts) {
   const auto opt_6_7b = Blip2Preset("blip2-opt-6.7b");
   ASSERT_TRUE(opt_6_7b.has_value());
   EXPECT_EQ(CountBlip2Parameters(*opt_6_7b).total(), 7'752'869'376);
-  EXPECT_FALSE(Blip2Preset("blip2-flan-t5-xxl").has_value());  // T5 is not built yet
+}
+
+// The same count for Flan-T5's (transformers 5.23 ties T5's head whatever the config says, so its
+// count lacks lm_head's 32,128 x C; the published checkpoints hold it, and google/flan-t5-xxl's
+// 11,135,332,352 parameters include it).
+TEST(Blip2ConfigTest, FlanT5PresetsCountTheirOwnHead) {
+  const auto xxl = Blip2Preset("blip2-flan-t5-xxl");
+  ASSERT_TRUE(xxl.has_value());
+  ASSERT_NE(xxl->t5(), nullptr);
+  const Blip2ParameterCounts counts = CountBlip2Parameters(*xxl);
+  EXPECT_EQ(counts.vision, 985'952'256);
+  EXPECT_EQ(counts.qformer, 105'162'240);
+  EXPECT_EQ(counts.projection, 3'149'824);
+  EXPECT_EQ(counts.language_model, 11'003'736'064 + 32'128 * 4096);
+  EXPECT_EQ(counts.language_model, 11'135'332'352);
+  EXPECT_EQ(counts.total(), 12'229'596'672);
+  EXPECT_EQ(xxl->image_token_index, 32100);
+  const auto xl = Blip2Preset("blip2-flan-t5-xl");
+  ASSERT_TRUE(xl.has_value());
+  EXPECT_EQ(CountBlip2Parameters(*xl).total(), 3'942'446'592);
+  EXPECT_FALSE(Blip2Preset("blip2-flan-t5-base").has_value());
+}
+
+TEST(Blip2ConfigTest, T5FieldsFollowT5Config) {
+  // A v1.0-style file: relu, and no tie_word_embeddings (PretrainedConfig's default: tied).
+  const auto v10 = ParseBlip2Config(
+      nlohmann::json::parse(R"({"model_type": "blip-2", "image_token_index": 5,
+        "text_config": {"model_type": "t5", "d_model": 64, "num_layers": 3, "vocab_size": 100}})"),
+      "config.json");
+  ASSERT_TRUE(v10.ok()) << v10.status().ToString();
+  ASSERT_NE(v10->t5(), nullptr);
+  EXPECT_FALSE(v10->t5()->gated_gelu);
+  EXPECT_TRUE(v10->t5()->tie_word_embeddings);
+  EXPECT_EQ(v10->t5()->num_decoder_layers, 3);  // as many as the encoder when left out
+  EXPECT_EQ(v10->text_hidden_size(), 64);
+  EXPECT_EQ(v10->text_vocab_size(), 100);
+  const auto flan = ParseBlip2Config(
+      nlohmann::json::parse(R"({"model_type": "blip-2", "image_token_index": 32100,
+        "text_config": {"model_type": "t5", "feed_forward_proj": "gated-gelu",
+                        "tie_word_embeddings": false, "num_layers": 2, "num_decoder_layers": 4,
+                        "dropout_rate": 0.2}})"),
+      "config.json");
+  ASSERT_TRUE(flan.ok()) << flan.status().ToString();
+  EXPECT_TRUE(flan->t5()->gated_gelu);
+  EXPECT_FALSE(flan->t5()->tie_word_embeddings);
+  EXPECT_EQ(flan->t5()->num_decoder_layers, 4);
+  EXPECT_EQ(flan->t5()->dropout_rate, 0.2);
 }
 
 TEST(Blip2ConfigTest, TheTinyFixturesConfigCountsWhatItsCheckpointHolds) {

@@ -105,11 +105,12 @@ class TrialConfig {
 };
 
 // The projections `peft.targets` may name: Hugging Face's module names in LLaMA-family models
-// (q/k/v/o_proj, gate/up/down_proj, lm_head) and in OPT, BLIP-2's language model (q/k/v_proj,
-// out_proj, fc1, fc2). The trainer checks that each names a projection of the model it builds.
-inline constexpr std::array<std::string_view, 11> kLoraTargets = {
-    "q_proj",  "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj",
-    "up_proj", "down_proj", "fc1",  "fc2",   "lm_head"};
+// (q/k/v/o_proj, gate/up/down_proj, lm_head), in OPT (q/k/v_proj, out_proj, fc1, fc2) and in T5
+// (q, k, v, o, wi_0, wi_1, wi, wo), BLIP-2's language models. The trainer checks that each names a
+// projection of the model it builds.
+inline constexpr std::array<std::string_view, 19> kLoraTargets = {
+    "q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj",
+    "down_proj", "fc1", "fc2", "q", "k", "v", "o", "wi_0", "wi_1", "wi", "wo", "lm_head"};
 
 // The parts of BLIP-2 the `freeze` key may name: Blip2ForConditionalGeneration's children.
 inline constexpr std::array<std::string_view, 4> kBlip2Parts = {

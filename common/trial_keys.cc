@@ -17,8 +17,9 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "llmctl-demo",
        {},
        "Preset name (tinyllama-1.1b, open_llama_3b, open_llama_7b, open_llama_13b, llmctl-demo; "
-       "BLIP-2: blip2-opt-2.7b, blip2-opt-6.7b), a Hugging Face model directory holding "
-       "config.json (LLaMA family or blip-2 with OPT), or hf:ORG/NAME[@REVISION] (downloaded by "
+       "BLIP-2: blip2-opt-2.7b, blip2-opt-6.7b, blip2-flan-t5-xl, blip2-flan-t5-xxl), a Hugging "
+       "Face model directory holding config.json (LLaMA family, or blip-2 with OPT or T5), or "
+       "hf:ORG/NAME[@REVISION] (downloaded by "
        "the agent; llm-train alone refuses it)"},
       {"init",
        K::kEnum,
@@ -162,7 +163,8 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "[q_proj, v_proj]",
        {},
        "Projections that get adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-       "down_proj, lm_head (LLaMA); q_proj, k_proj, v_proj, out_proj, fc1, fc2 (BLIP-2's OPT)"},
+       "down_proj, lm_head (LLaMA); q_proj, k_proj, v_proj, out_proj, fc1, fc2 (BLIP-2's OPT); q, "
+       "k, v, o, wi_0, wi_1, wo (BLIP-2's Flan-T5)"},
       {"peft.double_quant",
        K::kBool,
        "true",

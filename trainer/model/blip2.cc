@@ -1,6 +1,7 @@
 #include "trainer/model/blip2.h"
 
 #include "trainer/model/checkpoint.h"
+#include "trainer/model/loss.h"
 #include "trainer/model/weights.h"
 
 namespace llmctl::trainer {
@@ -167,14 +168,18 @@ torch::Tensor Blip2QFormerModelImpl::forward(const torch::Tensor& queries,
 
 Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(
     const Blip2Config& c, const std::optional<Nf4Options>& nf4)
-    : image_token_index_(c.image_token_index) {
+    : image_token_index_(c.image_token_index), num_query_tokens_(c.num_query_tokens) {
   vision_model = register_module("vision_model", Blip2VisionModel(c.vision));
   query_tokens =
       register_parameter("query_tokens", torch::zeros({1, c.num_query_tokens, c.qformer.hidden_size}));
   qformer = register_module("qformer", Blip2QFormerModel(c.qformer));
-  language_projection =
-      register_module("language_projection", torch::nn::Linear(c.qformer.hidden_size, c.opt.hidden_size));
-  language_model = register_module("language_model", OptForCausalLM(c.opt, nf4));
+  language_projection = register_module(
+      "language_projection", torch::nn::Linear(c.qformer.hidden_size, c.text_hidden_size()));
+  if (const T5Config* t5_config = c.t5()) {
+    t5 = register_module("language_model", T5ForConditionalGeneration(*t5_config, nf4));
+  } else {
+    opt = register_module("language_model", OptForCausalLM(*c.opt(), nf4));
+  }
 }
 
 torch::Tensor Blip2ForConditionalGenerationImpl::ImageFeatures(const torch::Tensor& pixel_values) {
@@ -186,16 +191,54 @@ torch::Tensor Blip2ForConditionalGenerationImpl::ImageFeatures(const torch::Tens
 void Blip2ForConditionalGenerationImpl::SetActivationCheckpointing(bool on) {
   vision_model->checkpoint_layers = on;
   qformer->checkpoint_layers = on;
-  language_model->checkpoint_layers = on;
+  if (opt) opt->checkpoint_layers = on;
+  if (t5) t5->SetActivationCheckpointing(on);
+}
+
+torch::Tensor Blip2ForConditionalGenerationImpl::InputEmbeddings(const torch::Tensor& pixel_values,
+                                                                 const torch::Tensor& input_ids) {
+  const torch::Tensor features = ImageFeatures(pixel_values);                   // (B, Q, Ct)
+  const torch::Tensor embeds = opt ? opt->Embed(input_ids) : t5->Embed(input_ids);  // (B, T, Ct)
+  const torch::Tensor placeholders = (input_ids == image_token_index_).unsqueeze(-1);  // (B, T, 1)
+  return embeds.masked_scatter(placeholders, features.to(embeds.scalar_type()));
 }
 
 torch::Tensor Blip2ForConditionalGenerationImpl::Hidden(const torch::Tensor& pixel_values,
                                                         const torch::Tensor& input_ids) {
-  const torch::Tensor features = ImageFeatures(pixel_values);  // (B, Q, Ct)
-  torch::Tensor embeds = language_model->Embed(input_ids);     // (B, T, Ct)
-  const torch::Tensor placeholders = (input_ids == image_token_index_).unsqueeze(-1);  // (B, T, 1)
-  embeds = embeds.masked_scatter(placeholders, features.to(embeds.scalar_type()));
-  return language_model->Hidden(embeds);
+  TORCH_CHECK(opt, "Hidden: OPT's; this BLIP-2's language model is T5");
+  return opt->Hidden(InputEmbeddings(pixel_values, input_ids));
+}
+
+torch::Tensor Blip2ForConditionalGenerationImpl::Loss(const torch::Tensor& pixel_values,
+                                                      const torch::Tensor& input_ids,
+                                                      const torch::Tensor& attention_mask,
+                                                      const torch::Tensor& labels, bool chunked) {
+  const torch::Tensor embeds = InputEmbeddings(pixel_values, input_ids);  // (B, T, Ct)
+  if (opt) {
+    const torch::Tensor hidden = opt->Hidden(embeds);
+    if (!chunked) return CausalLmLoss(opt->Logits(hidden), labels);  // logits (B, T, V)
+    std::vector<torch::Tensor> weights;
+    if (opt->OutputWeight().requires_grad()) weights.push_back(opt->OutputWeight());
+    return ChunkedCausalLmLoss(
+        hidden, labels, [model = opt](const torch::Tensor& h) mutable { return model->Logits(h); },
+        weights, kLossChunkTokens);
+  }
+  // The caption's columns: every row's Q placeholders come first.
+  const torch::Tensor caption_labels =
+      labels.narrow(1, num_query_tokens_, labels.size(1) - num_query_tokens_);  // (B, T - Q)
+  const torch::Tensor encoder = t5->Encode(embeds, attention_mask);            // (B, T, Ct)
+  const torch::Tensor hidden = t5->DecoderHidden(caption_labels, encoder, attention_mask);
+  if (chunked) {
+    return ChunkedCrossEntropyLoss(
+        hidden, caption_labels,
+        [model = t5](const torch::Tensor& h) mutable { return model->Logits(h); },
+        t5->OutputParameters(), kLossChunkTokens);
+  }
+  const torch::Tensor logits = t5->Logits(hidden);  // (B, T - Q, V)
+  return torch::nn::functional::cross_entropy(
+             logits.reshape({-1, logits.size(-1)}), caption_labels.reshape({-1}),
+             torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100))
+      .to(torch::kFloat32);
 }
 
 void Blip2ForConditionalGenerationImpl::InitializeRandom(double std) {

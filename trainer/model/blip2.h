@@ -18,6 +18,7 @@
 #include "common/blip2_config.h"
 #include "common/status.h"
 #include "trainer/model/opt.h"
+#include "trainer/model/t5.h"
 #include "trainer/safetensors/safetensors.h"
 
 namespace llmctl::trainer {
@@ -108,22 +109,33 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   torch::Tensor ImageFeatures(const torch::Tensor& pixel_values);
   // pixel_values (B, 3, S, S), input_ids (B, T) holding exactly Q image placeholders per row (the
   // caller's to ensure: a row with fewer would silently take fewer features, as masked_scatter
-  // does; checking here would cost a host sync every forward) -> the language model's final
-  // hidden states (B, T, Ct).
+  // does; checking here would cost a host sync every forward) -> the embeddings the language model
+  // reads, the image's features in the placeholders' places (B, T, Ct).
+  torch::Tensor InputEmbeddings(const torch::Tensor& pixel_values, const torch::Tensor& input_ids);
+  // OPT only: InputEmbeddings through OPT -> its final hidden states (B, T, Ct), and those through
+  // its head, tied to its embedding -> (B, T, V).
   torch::Tensor Hidden(const torch::Tensor& pixel_values, const torch::Tensor& input_ids);
-  // Hidden's states (N..., Ct) -> logits (N..., V) through OPT's head, tied to its embedding.
-  torch::Tensor Logits(const torch::Tensor& hidden) { return language_model->Logits(hidden); }
-  // Logits(Hidden(...)): (B, T, V). Loss: CausalLmLoss(logits, labels), as transformers takes it
-  // (labels shifted, -100 ignored; the placeholders' labels are the caller's to mask).
   torch::Tensor Logits(const torch::Tensor& pixel_values, const torch::Tensor& input_ids) {
-    return Logits(Hidden(pixel_values, input_ids));
+    return opt->Logits(Hidden(pixel_values, input_ids));
   }
+  // The captioning loss as transformers computes it, a float32 scalar: the mean cross-entropy over
+  // the labels that are not -100.
+  //   OPT: labels (B, T) aligned with input_ids (-100 on the placeholders), shifted: position t
+  //        predicts label t+1; in float32 (ForCausalLMLoss upcasts the logits).
+  //   T5:  the encoder reads input_ids' embeddings under attention_mask (B, T) bool (false on
+  //        padding); the decoder predicts labels[:, Q:] (the caption after the placeholders'
+  //        columns) from their right shift, unshifted; in the logits' dtype, as
+  //        T5ForConditionalGeneration's CrossEntropyLoss (bf16 under bf16-true).
+  // `chunked`: kLossChunkTokens tokens' logits at a time (ChunkedCrossEntropyLoss), in float32.
+  torch::Tensor Loss(const torch::Tensor& pixel_values, const torch::Tensor& input_ids,
+                     const torch::Tensor& attention_mask, const torch::Tensor& labels,
+                     bool chunked);
   // Hugging Face's initialisation as Blip2PreTrainedModel._init_weights draws it: normal(0, 0.02)
   // for linear, convolution and embedding weights, the class and position embeddings and the
   // query tokens; zero biases; LayerNorms one and zero. An NF4 base draws its dense weight (one at
   // a time) where a dense one would be. Deterministic under torch::manual_seed.
   void InitializeRandom(double std = 0.02);
-  // Activation checkpointing per block of all three stacks (vision, Q-Former, OPT), as
+  // Activation checkpointing per block of every stack (vision, Q-Former, OPT or T5's two), as
   // gradient_checkpointing_enable() wraps each of transformers' GradientCheckpointingLayers.
   void SetActivationCheckpointing(bool on);
 
@@ -131,10 +143,13 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   torch::Tensor query_tokens;  // (1, Q, Cq)
   Blip2QFormerModel qformer{nullptr};
   torch::nn::Linear language_projection{nullptr};
-  OptForCausalLM language_model{nullptr};
+  // The language model, registered as language_model: exactly one of the two is set.
+  OptForCausalLM opt{nullptr};
+  T5ForConditionalGeneration t5{nullptr};
 
  private:
   int64_t image_token_index_;
+  int64_t num_query_tokens_;
 };
 TORCH_MODULE(Blip2ForConditionalGeneration);
 

@@ -181,7 +181,7 @@ TEST(Blip2Test, DropoutActsInTrainingOnly) {
   Blip2Config without = FixtureConfig();
   without.qformer.hidden_dropout_prob = 0.0;
   without.qformer.attention_probs_dropout_prob = 0.0;
-  without.opt.dropout = 0.0;
+  std::get<OptConfig>(without.text).dropout = 0.0;
   Blip2ForConditionalGeneration deterministic(without);
   auto checkpoint = safetensors::ShardedCheckpoint::Open(FixtureDir("opt-tiny"));
   ASSERT_TRUE(checkpoint.ok());

@@ -14,10 +14,8 @@ using torch::autograd::tensor_list;
 
 // Keeps the block alive in the autograd graph until backward has run (or the graph is freed).
 struct RecomputeHolder : torch::CustomClassHolder {
-  explicit RecomputeHolder(
-      std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> f)
-      : block(std::move(f)) {}
-  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> block;
+  explicit RecomputeHolder(BlockOfInputs f) : block(std::move(f)) {}
+  BlockOfInputs block;
 };
 
 // The default generators a block's random ops draw from: the CPU's always, and the input's device's
@@ -28,13 +26,12 @@ std::vector<at::Generator> Generators(const torch::Device& device) {
   return generators;
 }
 
-// Two inputs, the second optional: both reach the rerun as leaves, so their gradients
-// come back through this node and never through a captured tensor's own graph.
+// Every input reaches the rerun as a leaf, so their gradients come back through this node and never
+// through a captured tensor's own graph.
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor input,
-                               std::optional<torch::Tensor> context,
+  static torch::Tensor forward(AutogradContext* ctx, torch::TensorList inputs,
                                c10::intrusive_ptr<RecomputeHolder> holder) {
-    ctx->save_for_backward({input, context.value_or(torch::Tensor())});
+    ctx->save_for_backward(inputs.vec());
     const AutocastSettings autocast = AutocastSettings::Current();
     ctx->saved_data["cpu_autocast"] = autocast.cpu_enabled;
     ctx->saved_data["cpu_dtype"] = static_cast<int64_t>(autocast.cpu_dtype);
@@ -43,13 +40,13 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     ctx->saved_data["block"] = c10::IValue::make_capsule(holder);
     // The rerun draws the same random numbers (dropout's masks) as this forward.
     std::vector<torch::Tensor> rng_states;
-    for (at::Generator& generator : Generators(input.device())) {
+    for (at::Generator& generator : Generators(inputs[0].device())) {
       std::lock_guard<std::mutex> lock(generator.mutex());
       rng_states.push_back(generator.get_state());
     }
     ctx->saved_data["rng_states"] = rng_states;
     torch::NoGradGuard no_grad;
-    return holder->block(input, context.value_or(torch::Tensor()));
+    return holder->block(inputs.vec());
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
@@ -60,13 +57,16 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
         static_cast<at::ScalarType>(ctx->saved_data["cpu_dtype"].toInt()),
         ctx->saved_data["cuda_autocast"].toBool(),
         static_cast<at::ScalarType>(ctx->saved_data["cuda_dtype"].toInt())};
-    torch::Tensor input = saved[0].detach().requires_grad_(true);
-    torch::Tensor context;
-    if (saved[1].defined()) context = saved[1].detach().requires_grad_(saved[1].requires_grad());
+    // The first input (the residual stream) always reruns as needing a gradient, so the block's
+    // parameters get theirs even when nothing upstream does; the others as they were.
+    std::vector<torch::Tensor> inputs;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      inputs.push_back(saved[i].detach().requires_grad_(i == 0 || saved[i].requires_grad()));
+    }
     torch::Tensor output;
     {
       // Forks the generators: the forward's states for the rerun, the current ones back after.
-      std::vector<at::Generator> generators = Generators(input.device());
+      std::vector<at::Generator> generators = Generators(inputs[0].device());
       const std::vector<torch::Tensor> forward_states = ctx->saved_data["rng_states"].toTensorVector();
       std::vector<torch::Tensor> current_states;
       for (size_t i = 0; i < generators.size(); ++i) {
@@ -77,7 +77,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       {
         torch::AutoGradMode grad_on(true);
         ScopedAutocast scoped(autocast);
-        output = holder->block(input, context);
+        output = holder->block(inputs);
       }
       for (size_t i = 0; i < generators.size(); ++i) {
         std::lock_guard<std::mutex> lock(generators[i].mutex());
@@ -85,7 +85,10 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       }
     }
     torch::autograd::backward({output}, {grad_outputs[0]});
-    return {input.grad(), context.defined() ? context.grad() : torch::Tensor(), torch::Tensor()};
+    tensor_list grads;
+    for (const torch::Tensor& input : inputs) grads.push_back(input.grad());
+    grads.emplace_back();  // the holder
+    return grads;
   }
 };
 
@@ -113,18 +116,21 @@ ScopedAutocast::~ScopedAutocast() { previous_.Apply(); }
 
 torch::Tensor CheckpointedForward(std::function<torch::Tensor(const torch::Tensor&)> block,
                                   const torch::Tensor& input) {
-  return CheckpointFunction::apply(
-      input, std::optional<torch::Tensor>(),
-      c10::make_intrusive<RecomputeHolder>(
-          [block = std::move(block)](const torch::Tensor& x, const torch::Tensor&) {
-            return block(x);
-          }));
+  return CheckpointedForward(
+      [block = std::move(block)](const std::vector<torch::Tensor>& x) { return block(x[0]); },
+      {input});
 }
 
 torch::Tensor CheckpointedForward(
     std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> block,
     const torch::Tensor& input, const torch::Tensor& context) {
-  return CheckpointFunction::apply(input, std::optional<torch::Tensor>(context),
+  return CheckpointedForward(
+      [block = std::move(block)](const std::vector<torch::Tensor>& x) { return block(x[0], x[1]); },
+      {input, context});
+}
+
+torch::Tensor CheckpointedForward(BlockOfInputs block, const std::vector<torch::Tensor>& inputs) {
+  return CheckpointFunction::apply(torch::TensorList(inputs),
                                    c10::make_intrusive<RecomputeHolder>(std::move(block)));
 }
 

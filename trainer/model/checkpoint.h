@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <vector>
 
 namespace llmctl::trainer {
 
@@ -45,6 +46,10 @@ torch::Tensor CheckpointedForward(std::function<torch::Tensor(const torch::Tenso
 torch::Tensor CheckpointedForward(
     std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> block,
     const torch::Tensor& input, const torch::Tensor& context);
+// The same with any number of inputs (T5's decoder block: its stream, the position bias, the
+// encoder's states), the first the block's residual stream; each kept and given its gradient.
+using BlockOfInputs = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
+torch::Tensor CheckpointedForward(BlockOfInputs block, const std::vector<torch::Tensor>& inputs);
 
 }  // namespace llmctl::trainer
 

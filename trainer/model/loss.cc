@@ -94,17 +94,24 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
 torch::Tensor ChunkedCausalLmLoss(const torch::Tensor& hidden, const torch::Tensor& labels,
                                   std::function<torch::Tensor(const torch::Tensor&)> logits_of,
                                   const std::vector<torch::Tensor>& weights, int64_t chunk_tokens) {
-  TORCH_CHECK(chunk_tokens > 0, "chunk_tokens must be positive, got ", chunk_tokens);
   // CausalLmLoss's shift: position t is scored against label t+1, the last position against
   // nothing.
   const torch::Tensor next_labels =
-      torch::constant_pad_nd(labels.narrow(1, 1, labels.size(1) - 1), {0, 1}, -100).reshape({-1});
+      torch::constant_pad_nd(labels.narrow(1, 1, labels.size(1) - 1), {0, 1}, -100);
+  return ChunkedCrossEntropyLoss(hidden, next_labels, std::move(logits_of), weights, chunk_tokens);
+}
+
+torch::Tensor ChunkedCrossEntropyLoss(const torch::Tensor& hidden, const torch::Tensor& labels,
+                                      std::function<torch::Tensor(const torch::Tensor&)> logits_of,
+                                      const std::vector<torch::Tensor>& weights,
+                                      int64_t chunk_tokens) {
+  TORCH_CHECK(chunk_tokens > 0, "chunk_tokens must be positive, got ", chunk_tokens);
   std::vector<torch::Tensor> trainable;
   for (const torch::Tensor& w : weights) {
     if (w.requires_grad()) trainable.push_back(w);
   }
   return ChunkedCrossEntropy::apply(
-      hidden.reshape({-1, hidden.size(-1)}), next_labels,
+      hidden.reshape({-1, hidden.size(-1)}), labels.reshape({-1}),
       c10::make_intrusive<ChunkedLoss>(std::move(logits_of), chunk_tokens),
       torch::TensorList(trainable));
 }

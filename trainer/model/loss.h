@@ -42,6 +42,13 @@ torch::Tensor ChunkedCausalLmLoss(const torch::Tensor& hidden, const torch::Tens
                                   std::function<torch::Tensor(const torch::Tensor&)> logits_of,
                                   const std::vector<torch::Tensor>& weights, int64_t chunk_tokens);
 
+// The same without the shift: position t is scored against labels[t] (an encoder-decoder's decoder,
+// T5's), in float32.
+torch::Tensor ChunkedCrossEntropyLoss(const torch::Tensor& hidden, const torch::Tensor& labels,
+                                      std::function<torch::Tensor(const torch::Tensor&)> logits_of,
+                                      const std::vector<torch::Tensor>& weights,
+                                      int64_t chunk_tokens);
+
 }  // namespace llmctl::trainer
 
 #endif  // LLMCTL_TRAINER_MODEL_LOSS_H_

@@ -67,6 +67,9 @@ class TokenFileBatches final : public BatchSource {
     micro.labels = torch::from_blob(batch.labels.data(), {batch.rows, batch.seq_len}, options)
                        .clone()
                        .to(device);
+    const torch::Tensor lengths =
+        torch::from_blob(batch.lengths.data(), {batch.rows, 1}, options).clone();
+    micro.attention_mask = (torch::arange(batch.seq_len, options).unsqueeze(0) < lengths).to(device);
     micro.label_tokens = batch.num_target_tokens;
     for (int64_t length : batch.lengths) micro.real_tokens += length;
     micro.example_indices = std::move(batch.example_indices);

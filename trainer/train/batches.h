@@ -20,6 +20,7 @@ namespace llmctl::trainer {
 struct MicroBatch {
   torch::Tensor input_ids;   // (B, T) int64, right-padded
   torch::Tensor labels;      // (B, T) int64, -100 where no loss is taken
+  torch::Tensor attention_mask;  // (B, T) bool, false on the padding
   // (B, 3, S, S) float32 normalised pixels, one image per row: image-caption data only (BLIP-2),
   // whose input_ids then hold the image's placeholder tokens; undefined for text.
   torch::Tensor pixel_values;

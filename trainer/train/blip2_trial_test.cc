@@ -99,7 +99,7 @@ TEST_F(Blip2TrialTest, MicroBatchesAreTheLabsPlaceholdersCaptionsAndLabels) {
           EXPECT_EQ(id, ids[t]) << "example " << example << " position " << t;
           EXPECT_EQ(label, t < model.num_query_tokens ? -100 : ids[t]);
         } else {
-          EXPECT_EQ(id, model.opt.pad_token_id);  // OPT's <pad>
+          EXPECT_EQ(id, model.opt()->pad_token_id);  // OPT's <pad>
           EXPECT_EQ(label, -100);
         }
       }
@@ -199,7 +199,7 @@ TEST_F(Blip2TrialTest, LoraAdaptsTheLanguageModelsProjectionsOnly) {
   ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
   const Blip2Config config = FixtureConfig();
   // Per OPT layer, q_proj and v_proj: lora_A (r, C) and lora_B (C, r).
-  const int64_t adapters = config.opt.num_hidden_layers * 2 * 2 * 4 * config.opt.hidden_size;
+  const int64_t adapters = config.opt()->num_hidden_layers * 2 * 2 * 4 * config.opt()->hidden_size;
   EXPECT_EQ(run.OfType("start").at(0)["parameters_trainable"], adapters);
   std::ifstream adapter_config(out + "/adapter/adapter_config.json");
   ASSERT_TRUE(adapter_config) << "no PEFT adapter written";

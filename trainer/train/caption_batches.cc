@@ -57,18 +57,24 @@ class CaptionBatches final : public BatchSource {
   int64_t image_size_;
 };
 
-// One caption's row: the placeholders, then BOS and the caption's ids cut to `max_length`.
+// One caption's row: the placeholders, then the caption's ids as the model's tokenizer frames them
+// (OPT's: BOS first; T5's: EOS last), cut to `max_length` with the frame kept, as the tokenizer's
+// truncation does.
 StatusOr<data::TokenizedExample> CaptionExample(const data::TextEncoder& encoder,
                                                 const image::CaptionedImage& entry,
                                                 const Blip2Config& model, int64_t max_length,
                                                 const std::string& folder) {
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, encoder.Encode(entry.caption, false));
-  if (encoder.bos_id() >= 0) ids.insert(ids.begin(), encoder.bos_id());
+  const bool eos_last = model.t5() != nullptr && encoder.eos_id() >= 0;
+  const bool bos_first = model.t5() == nullptr && encoder.bos_id() >= 0;
+  const int64_t room = max_length - (eos_last ? 1 : 0) - (bos_first ? 1 : 0);
   data::TokenizedExample example;
-  if (static_cast<int64_t>(ids.size()) > max_length) {
-    ids.resize(static_cast<size_t>(max_length));
+  if (static_cast<int64_t>(ids.size()) > room) {
+    ids.resize(static_cast<size_t>(std::max<int64_t>(room, 0)));
     example.truncated = true;
   }
+  if (bos_first) ids.insert(ids.begin(), encoder.bos_id());
+  if (eos_last) ids.push_back(encoder.eos_id());
   for (int32_t id : ids) {
     if (id == model.image_token_index) {
       return InvalidArgumentError(folder + "/" + entry.file_name +
@@ -99,11 +105,13 @@ StatusOr<std::unique_ptr<BatchSource>> OpenCaptionBatches(const TrialConfig& con
   }
   ASSIGN_OR_RETURN(std::unique_ptr<data::TextEncoder> encoder, LoadTrialTokenizer(config));
   const int64_t max_length = config.GetInt("data.max_seq_length");
-  if (model.num_query_tokens + max_length > model.opt.max_position_embeddings) {
+  // OPT's positions are learned, so bounded; T5's relative buckets take any length.
+  if (const OptConfig* opt = model.opt();
+      opt != nullptr && model.num_query_tokens + max_length > opt->max_position_embeddings) {
     return InvalidArgumentError(
         "data.max_seq_length (" + std::to_string(max_length) + ") and the image's " +
         std::to_string(model.num_query_tokens) + " query positions exceed the language model's " +
-        std::to_string(model.opt.max_position_embeddings) + " positions");
+        std::to_string(opt->max_position_embeddings) + " positions");
   }
 
   // What the token file holds follows from the captions in order, the tokenizer and the layout.
@@ -114,7 +122,8 @@ StatusOr<std::unique_ptr<BatchSource>> OpenCaptionBatches(const TrialConfig& con
   std::ostringstream fingerprint;
   fingerprint << "llmctl-captions v1; tokenizer=" << encoder->fingerprint() << "; captions=fnv1a64:"
               << std::hex << data::Fnv1a64(captions) << std::dec
-              << "; max_seq_length=" << max_length << "; image_token=" << model.image_token_index
+              << "; max_seq_length=" << max_length << "; frame=" << (model.t5() ? "eos" : "bos")
+              << "; image_token=" << model.image_token_index
               << " x " << model.num_query_tokens;
   ASSIGN_OR_RETURN(
       const std::string path,
@@ -130,8 +139,8 @@ StatusOr<std::unique_ptr<BatchSource>> OpenCaptionBatches(const TrialConfig& con
                                     examples);
       }));
   ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> text,
-                   OpenTokenFileBatches(path, config, model.opt.vocab_size,
-                                        static_cast<int32_t>(model.opt.pad_token_id), rank,
+                   OpenTokenFileBatches(path, config, model.text_vocab_size(),
+                                        static_cast<int32_t>(model.text_pad_token_id()), rank,
                                         world_size));
   return std::unique_ptr<BatchSource>(
       new CaptionBatches(std::move(text), std::move(images), folder, model.vision.image_size));

@@ -51,16 +51,8 @@ class Blip2ModelHolder final : public TrainedModel {
   std::string adapter_task_type() const override { return ""; }
 
   torch::Tensor Loss(const MicroBatch& batch, bool chunked) override {
-    // (B, T, Ct): the image's features in its placeholders' places, then OPT.
-    const torch::Tensor hidden = model_->Hidden(batch.pixel_values, batch.input_ids);
-    if (!chunked) return CausalLmLoss(model_->Logits(hidden), batch.labels);  // (B, T, V)
-    std::vector<torch::Tensor> weights;
-    const torch::Tensor head = model_->language_model->OutputWeight();
-    if (head.requires_grad()) weights.push_back(head);
-    return ChunkedCausalLmLoss(
-        hidden, batch.labels,
-        [model = model_](const torch::Tensor& h) mutable { return model->Logits(h); }, weights,
-        kLossChunkTokens);
+    return model_->Loss(batch.pixel_values, batch.input_ids, batch.attention_mask, batch.labels,
+                        chunked);
   }
 
   Status SetLayerHooks(LayerHooks*) override {
