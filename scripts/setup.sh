@@ -22,7 +22,7 @@ DEBIAN_PACKAGES=(
   cloud-init shellcheck
 )
 DEV_PYTHON_PACKAGES=(numpy "transformers==5.23.0" "tokenizers==0.23.3" "safetensors==0.8.0" "peft==0.21.2"
-  "bitsandbytes==0.50.2" "pillow==13.0.0")
+  "bitsandbytes==0.50.2" "pillow==13.0.0" "sentencepiece==0.2.3" "protobuf==7.36.2")
 
 retry() {
   local attempt
@@ -64,7 +64,7 @@ if [ "$installed_torch" != "$TORCH_VERSION" ]; then
   retry .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
 fi
 if [ "${1:-}" = "--dev" ]; then
-  if ! .venv/bin/python -c 'import transformers, tokenizers, safetensors, numpy, peft, bitsandbytes, PIL' 2>/dev/null; then
+  if ! .venv/bin/python -c 'import transformers, tokenizers, safetensors, numpy, peft, bitsandbytes, PIL, sentencepiece, google.protobuf' 2>/dev/null; then
     echo "setup: installing the fixture and benchmark tools into .venv"
     retry .venv/bin/pip install -q --disable-pip-version-check "${DEV_PYTHON_PACKAGES[@]}"
   fi

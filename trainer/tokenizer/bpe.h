@@ -18,15 +18,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "trainer/tokenizer/model.h"
 
 namespace llmctl::tokenizer_internal {
-
-// Lets unordered maps keyed by std::string be probed with a std::string_view without a copy.
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-using StringIdMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
 struct BpeOptions {
   std::optional<std::string> unk_token;
@@ -35,7 +29,7 @@ struct BpeOptions {
   bool ignore_merges = false;
 };
 
-class BpeModel {
+class BpeModel : public Model {
  public:
   // `merges` are (left, right) token pairs, best first. Every token of a merge and the merged token
   // must be in `vocab`; the error names the merge's index.
@@ -46,14 +40,13 @@ class BpeModel {
   // Appends the ids of one pre-tokenized word (non-empty, valid UTF-8). Fails only when an unknown
   // character needs unk_token and that token is not in the vocabulary (the library fails there
   // too).
-  Status Tokenize(std::string_view word, std::vector<int32_t>* ids) const;
+  Status Tokenize(std::string_view word, std::vector<int32_t>* ids) const override;
 
-  std::optional<int32_t> TokenToId(std::string_view token) const;
-  // The token for `id`, or nullptr.
-  const std::string* IdToToken(int32_t id) const;
+  std::optional<int32_t> TokenToId(std::string_view token) const override;
+  const std::string* IdToToken(int32_t id) const override;
   // Number of distinct tokens, like the library's get_vocab_size().
-  size_t size() const { return vocab_.size(); }
-  int32_t max_id() const { return max_id_; }
+  size_t size() const override { return vocab_.size(); }
+  int32_t max_id() const override { return max_id_; }
 
  private:
   struct Merge {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "trainer/tokenizer/precompiled.h"
 #include "trainer/tokenizer/regex.h"
 #include "trainer/tokenizer/unicode.h"
 
@@ -371,6 +372,29 @@ class SplitPreTokenizer : public PreTokenizer {
   std::unique_ptr<Pattern> pattern_;
   SplitBehavior behavior_;
   bool invert_;
+};
+
+// Words between runs of White_Space (Rust's char::is_whitespace), which are dropped.
+class WhitespaceSplitPreTokenizer : public PreTokenizer {
+ public:
+  Status PreTokenize(std::vector<Piece>* pieces) const override {
+    return SplitPieces(pieces, [](const Piece& piece, std::vector<Piece>* out) {
+      std::vector<std::pair<size_t, size_t>> words;
+      size_t word_begin = std::string::npos;
+      for (size_t pos = 0; pos < piece.text.size();) {
+        const size_t char_begin = pos;
+        if (IsWhiteSpace(DecodeUtf8(piece.text, &pos))) {
+          if (word_begin != std::string::npos) words.emplace_back(word_begin, char_begin);
+          word_begin = std::string::npos;
+        } else if (word_begin == std::string::npos) {
+          word_begin = char_begin;
+        }
+      }
+      if (word_begin != std::string::npos) words.emplace_back(word_begin, piece.text.size());
+      AppendSubPieces(piece, words, out);
+      return Status::Ok();
+    });
+  }
 };
 
 class ByteLevelPreTokenizer : public PreTokenizer {
@@ -773,12 +797,13 @@ StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const JsonSource& src, con
     return MakeStage<Normalizer, StripNormalizer>(left, right);
   }
   if (type == "ByteLevel") return MakeStage<Normalizer, ByteLevelNormalizer>();
+  if (type == "Precompiled") return ParsePrecompiled(src, json, path);
   if (type == "NFKC" || type == "NFKD" || type == "Lowercase" || type == "BertNormalizer" ||
-      type == "StripAccents" || type == "Nmt" || type == "Precompiled") {
+      type == "StripAccents" || type == "Nmt") {
     return src.Unsupported(JoinPath(path, "type"),
                            "normalizer \"" + type +
                                "\" is not supported (supported: Sequence, Prepend, Replace, NFC, "
-                               "NFD, Strip, ByteLevel)");
+                               "NFD, Strip, ByteLevel, Precompiled)");
   }
   return src.Invalid(JoinPath(path, "type"), "unknown normalizer type \"" + type + "\"");
 }
@@ -835,13 +860,13 @@ StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const JsonSource& src,
         std::move(digit), individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
         false);
   }
-  if (type == "Whitespace" || type == "WhitespaceSplit" || type == "BertPreTokenizer" ||
-      type == "Punctuation" || type == "CharDelimiterSplit" || type == "UnicodeScripts" ||
-      type == "FixedLength") {
+  if (type == "WhitespaceSplit") return MakeStage<PreTokenizer, WhitespaceSplitPreTokenizer>();
+  if (type == "Whitespace" || type == "BertPreTokenizer" || type == "Punctuation" ||
+      type == "CharDelimiterSplit" || type == "UnicodeScripts" || type == "FixedLength") {
     return src.Unsupported(JoinPath(path, "type"),
                            "pre-tokenizer \"" + type +
                                "\" is not supported (supported: Sequence, Split, ByteLevel, "
-                               "Metaspace, Digits)");
+                               "Metaspace, Digits, WhitespaceSplit)");
   }
   return src.Invalid(JoinPath(path, "type"), "unknown pre-tokenizer type \"" + type + "\"");
 }
@@ -964,7 +989,7 @@ int32_t AddedVocabulary::Trie::LongestAt(std::string_view text, size_t pos, size
 }
 
 StatusOr<std::unique_ptr<AddedVocabulary>> AddedVocabulary::Create(
-    const std::vector<AddedToken>& tokens, const BpeModel& model, const Normalizer* normalizer) {
+    const std::vector<AddedToken>& tokens, const Model& model, const Normalizer* normalizer) {
   std::unique_ptr<AddedVocabulary> vocab(new AddedVocabulary());
   int64_t next_id = static_cast<int64_t>(model.size());
   for (const AddedToken& token : tokens) {

@@ -1,4 +1,4 @@
-// The stages of a Hugging Face tokenizer around the BPE model, each built from its tokenizer.json
+// The stages of a Hugging Face tokenizer around the model, each built from its tokenizer.json
 // object: added-token extraction, normalizers, pre-tokenizers, post-processors and decoders. Each
 // stage copies the `tokenizers` library's behaviour for the ids it produces (offsets are not
 // tracked: nothing here needs them).
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "trainer/tokenizer/bpe.h"
 #include "trainer/tokenizer/json_util.h"
+#include "trainer/tokenizer/model.h"
 
 namespace llmctl::tokenizer_internal {
 
@@ -85,7 +85,7 @@ class AddedVocabulary {
   // Assigns ids the way the library does when it loads a file: a token already in the model keeps
   // the model's id, a new one gets the next id after the model's vocabulary.
   static StatusOr<std::unique_ptr<AddedVocabulary>> Create(const std::vector<AddedToken>& tokens,
-                                                           const BpeModel& model,
+                                                           const Model& model,
                                                            const Normalizer* normalizer);
 
   // Splits `text` (valid UTF-8) into added tokens and normalized text pieces.

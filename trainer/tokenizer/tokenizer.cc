@@ -11,6 +11,7 @@
 #include "trainer/tokenizer/json_util.h"
 #include "trainer/tokenizer/pipeline.h"
 #include "trainer/tokenizer/unicode.h"
+#include "trainer/tokenizer/unigram.h"
 
 namespace llmctl {
 namespace tokenizer_internal {
@@ -20,7 +21,7 @@ struct TokenizerState {
   std::string source;
   std::unique_ptr<Normalizer> normalizer;         // may be null
   std::unique_ptr<PreTokenizer> pre_tokenizer;    // may be null
-  std::unique_ptr<BpeModel> model;                // never null
+  std::unique_ptr<Model> model;                   // never null: BPE or Unigram
   std::unique_ptr<AddedVocabulary> added;         // never null
   std::unique_ptr<PostProcessor> post_processor;  // may be null
   std::unique_ptr<Decoder> decoder;               // may be null: tokens are joined with spaces
@@ -120,7 +121,7 @@ StatusOr<std::unique_ptr<BpeModel>> ParseBpeModel(const JsonSource& src, const J
   return std::move(*model);
 }
 
-StatusOr<std::unique_ptr<BpeModel>> ParseModel(const JsonSource& src, const Json& root) {
+StatusOr<std::unique_ptr<Model>> ParseModel(const JsonSource& src, const Json& root) {
   ASSIGN_OR_RETURN(const Json* model, RequireMember(src, root, "", "model"));
   if (!model->is_object()) return src.Invalid("model", "expected an object");
   std::string type;
@@ -132,11 +133,20 @@ StatusOr<std::unique_ptr<BpeModel>> ParseModel(const JsonSource& src, const Json
   } else {
     return src.Invalid("model.type", "missing required field");
   }
-  if (type == "BPE") return ParseBpeModel(src, *model, "model");
-  if (type == "WordPiece" || type == "WordLevel" || type == "Unigram") {
-    return src.Unsupported("model.type", "model type \"" + type +
-                                             "\" is not supported (only BPE, as used by LLaMA, "
-                                             "Mistral, Qwen2)");
+  if (type == "BPE") {
+    ASSIGN_OR_RETURN(std::unique_ptr<BpeModel> bpe, ParseBpeModel(src, *model, "model"));
+    return std::unique_ptr<Model>(std::move(bpe));
+  }
+  if (type == "Unigram") {
+    ASSIGN_OR_RETURN(std::unique_ptr<UnigramModel> unigram,
+                     ParseUnigramModel(src, *model, "model"));
+    return std::unique_ptr<Model>(std::move(unigram));
+  }
+  if (type == "WordPiece" || type == "WordLevel") {
+    return src.Unsupported("model.type",
+                           "model type \"" + type +
+                               "\" is not supported (only BPE, as used by LLaMA, Mistral, Qwen2, "
+                               "and Unigram, as used by T5)");
   }
   return src.Invalid("model.type", "unknown model type \"" + type + "\"");
 }

@@ -1,19 +1,23 @@
-// Tokenizer: a Hugging Face tokenizer.json (BPE models) that encodes and decodes id for id like
-// the `tokenizers` library. No LibTorch.
+// Tokenizer: a Hugging Face tokenizer.json (BPE and Unigram models) that encodes and decodes id for
+// id like the `tokenizers` library. No LibTorch.
 //
-// Supported, i.e. the two families LLaMA-style models use:
+// Supported, i.e. the families LLaMA-style models and BLIP-2's Flan-T5 use:
 //   - SentencePiece-style BPE with byte fallback (Llama 2, TinyLlama, Mistral): normalizer
 //     Sequence[Prepend("▁"), Replace(" ", "▁")] and no pre-tokenizer, or the newer Metaspace
 //     pre-tokenizer; `<0xNN>` byte tokens, fuse_unk; decoders Replace/ByteFallback/Fuse/Strip or
 //     Metaspace.
 //   - Byte-level BPE (Llama 3, Qwen2, GPT-2, SmolLM): Split with the file's regex (run on PCRE2),
 //     ByteLevel, Digits, NFC, ignore_merges.
+//   - SentencePiece Unigram (T5, Flan-T5, BLIP-2's T5 variants): Viterbi over the pieces' scores,
+//     unknown characters fused into one unk, byte_fallback; the Precompiled normalizer (the
+//     SentencePiece charsmap, e.g. nmt_nfkc), Replace with a regex (" {2,}"), Strip, and the
+//     WhitespaceSplit + Metaspace pre-tokenizers.
 //   - Merges as "a b" strings or [a, b] pairs; added tokens (special, normalized, lstrip, rstrip,
 //     single_word); post-processors TemplateProcessing, Bert/RobertaProcessing, ByteLevel and
 //     Sequence.
-// Anything else (WordPiece, Unigram or WordLevel models, NFKC, Lowercase, BPE dropout, ...) fails
-// to load with an error naming the file and the feature. The file's "truncation" and "padding"
-// settings are ignored: the trainer truncates and pads itself.
+// Anything else (WordPiece or WordLevel models, NFKC, Lowercase, the Whitespace pre-tokenizer, BPE
+// dropout, ...) fails to load with an error naming the file and the feature. The file's
+// "truncation" and "padding" settings are ignored: the trainer truncates and pads itself.
 //
 // Example:
 //   ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::Load("models/tinyllama"));

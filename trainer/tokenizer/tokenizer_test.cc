@@ -64,16 +64,20 @@ struct Case {
   std::string decoded_skip_special;
 };
 
+// cases.jsonl (make_tokenizers.py's BPE tokenizers) and unigram_cases.jsonl
+// (make_unigram_tokenizers.py's).
 const std::vector<Case>& Cases() {
   static const auto* const cases = [] {
     auto* out = new std::vector<Case>();
-    std::ifstream in(FixtureDir() / "cases.jsonl");
-    std::string line;
-    while (std::getline(in, line)) {
-      const Json j = Json::parse(line);
-      out->push_back({j["tokenizer"], j["text"], j["ids"].get<std::vector<int32_t>>(),
-                      j["ids_no_special"].get<std::vector<int32_t>>(), j["decoded"],
-                      j["decoded_skip_special"]});
+    for (const char* file : {"cases.jsonl", "unigram_cases.jsonl"}) {
+      std::ifstream in(FixtureDir() / file);
+      std::string line;
+      while (std::getline(in, line)) {
+        const Json j = Json::parse(line);
+        out->push_back({j["tokenizer"], j["text"], j["ids"].get<std::vector<int32_t>>(),
+                        j["ids_no_special"].get<std::vector<int32_t>>(), j["decoded"],
+                        j["decoded_skip_special"]});
+      }
     }
     return out;
   }();
@@ -107,9 +111,13 @@ TEST_P(TokenizerReferenceTest, EncodeAndDecodeMatchTheLibrary) {
   EXPECT_GT(checked, 100) << "cases.jsonl has too few cases for " << GetParam();
 }
 
+// t5_unigram is Flan-T5's (BLIP-2's) layout: Precompiled nmt_nfkc, WhitespaceSplit + Metaspace,
+// Unigram; unigram_score_parsing holds a Viterbi tie that only the library's way of reading JSON
+// numbers breaks as the library does.
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerReferenceTest,
                          testing::Values("sp_bpe", "sp_bpe_metaspace", "byte_bpe", "byte_bpe_qwen2",
-                                         "demo"));
+                                         "demo", "t5_unigram", "unigram_byte_fallback",
+                                         "unigram_score_parsing"));
 
 // ------------------------------------------------------------------------------------------------------------
 // Round trips: text without added-token look-alikes decodes back to itself.
@@ -199,6 +207,45 @@ TEST(TokenizerTest, DemoTokenizerFitsTheDemoModel) {
   EXPECT_EQ(tokenizer.vocab_size(), 2048);
   EXPECT_EQ(tokenizer.bos_id(), 1);
   EXPECT_EQ(tokenizer.eos_id(), 2);
+}
+
+TEST(TokenizerTest, FlanT5StyleSpecialTokens) {
+  // Loaded from the directory, so tokenizer_config.json names EOS and PAD, as for BLIP-2's T5.
+  const StatusOr<Tokenizer> loaded = Tokenizer::Load((FixtureDir() / "t5_unigram").string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const Tokenizer& tokenizer = *loaded;
+  // 800 pieces, <extra_id_99> .. <extra_id_0> after them (as T5's 32000..32099), then <image>.
+  EXPECT_EQ(tokenizer.vocab_size(), 901);
+  EXPECT_EQ(tokenizer.pad_id(), 0);
+  EXPECT_EQ(tokenizer.eos_id(), 1);
+  EXPECT_EQ(tokenizer.bos_id(), std::nullopt);
+  EXPECT_EQ(tokenizer.TokenToId("<unk>"), 2);
+  EXPECT_EQ(tokenizer.TokenToId("<extra_id_99>"), 800);
+  EXPECT_EQ(tokenizer.TokenToId("<extra_id_0>"), 899);
+  EXPECT_EQ(tokenizer.TokenToId("<image>"), 900);
+  EXPECT_EQ(tokenizer.IdToToken(900), "<image>");
+  EXPECT_FALSE(tokenizer.adds_bos());
+  EXPECT_TRUE(tokenizer.adds_eos());
+  EXPECT_EQ(EncodeOrDie(tokenizer, "", /*add_special_tokens=*/true), std::vector<int32_t>{1});
+  // BLIP-2 puts its query tokens' placeholders before the prompt.
+  const std::vector<int32_t> ids =
+      EncodeOrDie(tokenizer, "<image><image>a photo", /*add_special_tokens=*/true);
+  ASSERT_GE(ids.size(), 4u);
+  EXPECT_EQ(ids[0], 900);
+  EXPECT_EQ(ids[1], 900);
+  EXPECT_EQ(ids.back(), 1);
+  EXPECT_EQ(tokenizer.Decode(ids, /*skip_special_tokens=*/true), "a photo");
+}
+
+TEST(TokenizerTest, UnigramUnknownCharactersFuseIntoOneUnk) {
+  const Tokenizer& tokenizer = Fixture("t5_unigram");
+  // Characters the model has never seen, in a run, become one <unk>; byte fallback spells them.
+  EXPECT_EQ(EncodeOrDie(tokenizer, "\xE9\xBE\x98\xE9\x9D\x90\xE9\xBD\x89", false),
+            (std::vector<int32_t>{*tokenizer.TokenToId("\xE2\x96\x81"), 2}));
+  const Tokenizer& with_bytes = Fixture("unigram_byte_fallback");
+  const std::vector<int32_t> spelled = EncodeOrDie(with_bytes, "\xE9\xBE\x98", false);
+  EXPECT_EQ(spelled.back(), *with_bytes.TokenToId("<0x98>"));
+  EXPECT_EQ(with_bytes.Decode(spelled, false), "\xE9\xBE\x98");
 }
 
 TEST(TokenizerTest, DecodeSkipsUnknownIds) {
@@ -355,8 +402,16 @@ INSTANTIATE_TEST_SUITE_P(
         BrokenCase{"not_an_object.json", StatusCode::kInvalidArgument, "JSON object"},
         BrokenCase{"missing_model.json", StatusCode::kInvalidArgument, "model: missing"},
         BrokenCase{"unknown_model_type.json", StatusCode::kInvalidArgument, "model.type"},
-        BrokenCase{"unigram_model.json", StatusCode::kUnimplemented,
-                   "\"Unigram\" is not supported"},
+        BrokenCase{"unigram_unk_id_out_of_range.json", StatusCode::kInvalidArgument,
+                   "model.unk_id: unk_id 5 is not in the vocabulary of 2 pieces"},
+        BrokenCase{"unigram_bad_vocab_entry.json", StatusCode::kInvalidArgument,
+                   "model.vocab[1]: expected [piece, score]"},
+        BrokenCase{"precompiled_bad_base64.json", StatusCode::kInvalidArgument,
+                   "normalizer.precompiled_charsmap: not valid base64"},
+        BrokenCase{"precompiled_truncated_trie.json", StatusCode::kInvalidArgument,
+                   "normalizer.normalizers[0].precompiled_charsmap: truncated"},
+        BrokenCase{"precompiled_pool_missing.json", StatusCode::kInvalidArgument,
+                   "normalizer.precompiled_charsmap: a trie entry points outside"},
         BrokenCase{"wordpiece_model.json", StatusCode::kUnimplemented, "\"WordPiece\""},
         BrokenCase{"bad_merges_unknown_token.json", StatusCode::kInvalidArgument,
                    "merges[1]: token \"c\""},
@@ -381,6 +436,19 @@ INSTANTIATE_TEST_SUITE_P(
       name = name.substr(0, name.find('.'));
       return name;
     });
+
+// As in the library: without unk_id a character no piece covers is an error, not a guess.
+TEST(TokenizerLoadTest, UnigramWithoutUnkIdRefusesUnknownCharacters) {
+  const std::string json = R"({"version":"1.0",
+    "model":{"type":"Unigram","vocab":[["a",-1.0],["b",-2.0],["ab",-2.5]]}})";
+  const StatusOr<Tokenizer> tokenizer = Tokenizer::FromJson(json, "no_unk.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  EXPECT_EQ(EncodeOrDie(*tokenizer, "abb", false), (std::vector<int32_t>{2, 1}));
+  const StatusOr<std::vector<int32_t>> ids = tokenizer->Encode("abc", false);
+  ASSERT_FALSE(ids.ok());
+  EXPECT_EQ(ids.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ids.status().message().find("no unk_id"), std::string::npos) << ids.status().message();
+}
 
 // A hostile pattern fails the encode instead of hanging the trainer.
 TEST(TokenizerLoadTest, CatastrophicRegexFailsFast) {
