@@ -1,0 +1,208 @@
+// BLIP-2 with Flan-T5's kind of language model, trials end to end: the captions' micro-batches against
+// the labs' pipeline (T5's Unigram tokenizer, its </s> kept last by the truncation, Blip2Processor's
+// placeholders; tests/fixtures/blip2/t5-tiny-captioning/expected.json), each micro-batch's loss
+// against transformers' (T5's decoder predicting the caption), and llm-train's trial loop with the
+// labs' techniques for rows 7-14 (bf16-true, SGD, 8-bit AdamW, checkpointing, offload, LoRA on q and
+// v, QLoRA).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/blip2_config.h"
+#include "common/trial_config.h"
+#include "trainer/testing/trial_runner.h"
+#include "trainer/train/caption_batches.h"
+#include "trainer/train/trained_model.h"
+
+namespace llmctl::trainer {
+namespace {
+
+using testing::RunAndRecord;
+using testing::SourceDir;
+using testing::TrialRecord;
+
+std::string ModelDir() { return SourceDir() + "/tests/fixtures/blip2/t5-tiny-captioning"; }
+
+nlohmann::json Expected() {
+  std::ifstream in(ModelDir() + "/expected.json");
+  return nlohmann::json::parse(in);
+}
+
+// A trial of the tiny BLIP-2 on the fixture's captions, each step 2 micro-batches of 2.
+TrialConfig CaptionTrial(const std::vector<std::pair<std::string, std::string>>& overrides = {}) {
+  TrialConfig config;
+  const std::vector<std::pair<std::string, std::string>> base = {
+      {"model", ModelDir()},
+      {"init", "pretrained"},
+      {"data.path", SourceDir() + "/tests/fixtures/blip2/captions"},
+      {"data.format", "imagefolder"},
+      {"data.max_seq_length", "12"},
+      {"train.micro_batch_size", "2"},
+      {"train.global_batch_size", "4"},
+      {"train.max_steps", "2"},
+      {"train.lr", "1e-3"},
+      {"seed", "3"},
+  };
+  for (const auto& list : {base, overrides}) {
+    for (const auto& [key, value] : list) {
+      const Status status = config.SetFromText(key, value);
+      EXPECT_TRUE(status.ok()) << key << "=" << value << ": " << status.ToString();
+    }
+  }
+  EXPECT_TRUE(ValidateTrialConfig(config, nullptr).ok())
+      << ValidateTrialConfig(config, nullptr).ToString();
+  return config;
+}
+
+Blip2Config FixtureConfig() {
+  auto config = ResolveBlip2Model(ModelDir());
+  EXPECT_TRUE(config.ok() && config->has_value()) << config.status().ToString();
+  return config.ok() && config->has_value() ? **config : Blip2Config();
+}
+
+class Blip2T5TrialTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("LLMCTL_CACHE_DIR", testing::FreshTempDir("blip2-t5-trial-cache").c_str(), 1);
+  }
+};
+
+TEST_F(Blip2T5TrialTest, MicroBatchesAreTheLabsPlaceholdersCaptionsAndEos) {
+  const Blip2Config model = FixtureConfig();
+  ASSERT_NE(model.t5(), nullptr);
+  const nlohmann::json expected = Expected();
+  auto batches = OpenCaptionBatches(CaptionTrial(), model, 0, 1);
+  ASSERT_TRUE(batches.ok()) << batches.status().ToString();
+  std::set<int64_t> seen;
+  for (int i = 0; i < 3; ++i) {
+    const MicroBatch batch = (*batches)->Next(2, torch::kCPU);
+    ASSERT_EQ(batch.example_indices.size(), 2u);
+    int64_t label_tokens = 0;
+    for (int64_t row = 0; row < 2; ++row) {
+      const int64_t example = batch.example_indices[row];
+      seen.insert(example);
+      const std::vector<int64_t> ids = expected["examples"][example]["input_ids"];
+      const int64_t length = static_cast<int64_t>(ids.size());
+      for (int64_t t = 0; t < batch.input_ids.size(1); ++t) {
+        SCOPED_TRACE("example " + std::to_string(example) + " position " + std::to_string(t));
+        const int64_t id = batch.input_ids[row][t].item<int64_t>();
+        const int64_t label = batch.labels[row][t].item<int64_t>();
+        const bool real = batch.attention_mask[row][t].item<bool>();
+        if (t < length) {
+          EXPECT_EQ(id, ids[t]);
+          EXPECT_EQ(label, t < model.num_query_tokens ? -100 : ids[t]);
+          EXPECT_TRUE(real);
+        } else {
+          EXPECT_EQ(id, 0);  // T5's <pad>
+          EXPECT_EQ(label, -100);
+          EXPECT_FALSE(real);
+        }
+      }
+      label_tokens += expected["examples"][example]["label_tokens"].get<int64_t>();
+    }
+    // The decoder's labels (the caption and </s>): what the step's weights divide by.
+    EXPECT_EQ(batch.label_tokens, label_tokens);
+  }
+  EXPECT_EQ(seen.size(), 6u) << "an epoch visits every image once";
+}
+
+TEST_F(Blip2T5TrialTest, LossOfEachMicroBatchIsTransformers) {
+  const Blip2Config model_config = FixtureConfig();
+  const nlohmann::json expected = Expected();
+  ModelBuildOptions options;
+  options.init = "pretrained";
+  options.model_dir = ModelDir();
+  auto model = BuildTrainedModel(TrialModelConfig(model_config), options);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  (*model)->module().eval();
+  auto batches = OpenCaptionBatches(CaptionTrial(), model_config, 0, 1);
+  ASSERT_TRUE(batches.ok()) << batches.status().ToString();
+  torch::NoGradGuard no_grad;
+  for (int i = 0; i < 3; ++i) {
+    const MicroBatch batch = (*batches)->Next(2, torch::kCPU);
+    double loss_sum = 0.0;
+    int64_t tokens = 0;
+    for (int64_t example : batch.example_indices) {
+      loss_sum += expected["examples"][example]["loss_sum"].get<double>();
+      tokens += expected["examples"][example]["label_tokens"].get<int64_t>();
+    }
+    const double want = loss_sum / static_cast<double>(tokens);
+    EXPECT_NEAR((*model)->Loss(batch, /*chunked=*/false).item<double>(), want, 1e-5 * want);
+    EXPECT_NEAR((*model)->Loss(batch, /*chunked=*/true).item<double>(), want, 1e-5 * want);
+  }
+}
+
+TEST_F(Blip2T5TrialTest, TrialTrainsAndAccountsEveryPart) {
+  const TrialRecord run = RunAndRecord(CaptionTrial());
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  const Blip2ParameterCounts counts = CountBlip2Parameters(FixtureConfig());
+  const nlohmann::json start = run.OfType("start").at(0);
+  EXPECT_EQ(start["parameters_total"], counts.total());
+  EXPECT_EQ(start["parameters_trainable"], counts.total());
+  const std::vector<double> losses = run.Losses();
+  ASSERT_EQ(losses.size(), 2u);
+  EXPECT_LT(losses[1], losses[0]) << "one AdamW step at lr 1e-3 lowers the captions' loss";
+  // fp32 AdamW over every parameter, T5's own head included.
+  const int64_t param_bytes = counts.total() * 4;
+  EXPECT_EQ(run.Snapshot(0, 0, "phase0_before_fwd")["params_bytes"], param_bytes);
+  EXPECT_EQ(run.Snapshot(0, 1, "phase2_after_bwd")["grads_bytes"], param_bytes);
+  EXPECT_EQ(run.Snapshot(0, 1, "phase3_after_opt_step")["optim_device_bytes"], 2 * param_bytes + 4);
+}
+
+// The lab's rows 7-14 on Flan-T5, in miniature: each technique runs to finite losses.
+TEST_F(Blip2T5TrialTest, TechniquesOfTheLabsFlanT5RowsRun) {
+  const std::vector<std::vector<std::pair<std::string, std::string>>> rows = {
+      {{"precision", "bf16-true"}},
+      {{"precision", "bf16-true"}, {"optimizer", "sgd"}},
+      {{"optimizer", "adamw_8bit"}},
+      {{"optimizer", "adamw_8bit"}, {"activation_checkpointing", "true"}},
+      {{"offload", "optimizer"}},
+      {{"precision", "bf16-mixed"}},
+      {{"loss", "chunked_ce"}},
+      {{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q, v]"}},
+      {{"peft.method", "qlora"}, {"peft.r", "4"}, {"peft.targets", "[q, v]"},
+       {"peft.compute_dtype", "fp32"}},
+  };
+  for (const auto& keys : rows) {
+    std::string name;
+    for (const auto& [key, value] : keys) name += key + "=" + value + " ";
+    SCOPED_TRACE(name);
+    const TrialRecord run = RunAndRecord(CaptionTrial(keys));
+    ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+    for (double loss : run.Losses()) EXPECT_TRUE(std::isfinite(loss));
+  }
+}
+
+TEST_F(Blip2T5TrialTest, LoraAdaptsT5sQAndVAndSavesPeftsAdapter) {
+  const std::string out = testing::FreshTempDir("blip2-t5-lora");
+  const TrialRecord run = RunAndRecord(CaptionTrial(
+      {{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q, v]"}, {"output_dir", out}}));
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  const T5Config t5 = *FixtureConfig().t5();
+  // q and v (C -> H*D) in every self-attention and the decoder's cross-attention: lora_A (r, C) and
+  // lora_B (H*D, r) each.
+  const int64_t attentions = t5.num_layers + 2 * t5.num_decoder_layers;
+  const int64_t adapters = attentions * 2 * (4 * t5.d_model + t5.inner_dim() * 4);
+  EXPECT_EQ(run.OfType("start").at(0)["parameters_trainable"], adapters);
+  std::ifstream adapter_config(out + "/adapter/adapter_config.json");
+  ASSERT_TRUE(adapter_config) << "no PEFT adapter written";
+  const nlohmann::json written = nlohmann::json::parse(adapter_config);
+  EXPECT_EQ(written["target_modules"], (std::vector<std::string>{"q", "v"}));
+}
+
+TEST_F(Blip2T5TrialTest, OptsProjectionNamesAreRefusedOnT5) {
+  const TrialRecord run = RunAndRecord(
+      CaptionTrial({{"peft.method", "lora"}, {"peft.targets", "[q_proj, v_proj]"}}));
+  EXPECT_TRUE(run.result.invalid_input);
+  EXPECT_NE(run.result.error.find("no projection named q_proj"), std::string::npos)
+      << run.result.error;
+  EXPECT_NE(run.result.error.find("wi_0"), std::string::npos) << run.result.error;
+}
+
+}  // namespace
+}  // namespace llmctl::trainer
