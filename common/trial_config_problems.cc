@@ -253,11 +253,11 @@ std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
     return Problem({"freeze", "peft.method"},
                    "freeze lists every part of BLIP-2 and peft.method is none: nothing would train");
   }
-  // Not built for BLIP-2 yet: each unit of FSDP's wrapping is a LLaMA decoder layer.
-  if (config.GetString("strategy") == "fsdp") {
-    return Problem({"strategy", "data.format"},
-                   "strategy fsdp is built for the LLaMA family's decoder layers, not yet for "
-                   "BLIP-2 (data.format imagefolder); use strategy ddp or auto");
+  // FSDP's flat shards are what the optimizer steps: a frozen parameter has no place in them.
+  if (!frozen.empty() && config.GetString("strategy") == "fsdp") {
+    return Problem({"freeze", "strategy"},
+                   "strategy fsdp shards trainable parameters only, and freeze keeps " +
+                       frozen.front() + " frozen; use strategy ddp, or remove freeze");
   }
   return std::nullopt;
 }

@@ -81,10 +81,13 @@ torch::Tensor Blip2VisionModelImpl::forward(const torch::Tensor& pixel_values) {
   torch::Tensor x = torch::cat({class_embedding_.expand({batch, 1, -1}), patches}, 1) +
                     position_embedding_;  // (B, P, C)
   const bool checkpoint = checkpoint_layers && torch::GradMode::is_enabled();
-  for (Blip2VisionLayer& layer : layers_) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Blip2VisionLayer& layer = layers_[i];
+    x = layer_hooks.Before(static_cast<int64_t>(i), x);
     x = checkpoint ? CheckpointedForward(
                          [layer](const torch::Tensor& h) mutable { return layer(h); }, x)
                    : layer(x);
+    x = layer_hooks.After(static_cast<int64_t>(i), x);
   }
   return post_layernorm_(x);
 }
@@ -155,13 +158,16 @@ torch::Tensor Blip2QFormerModelImpl::forward(const torch::Tensor& queries,
   torch::Tensor h = F::dropout(layernorm_(queries),
                                F::DropoutFuncOptions().p(hidden_dropout_).training(is_training()));
   const bool checkpoint = checkpoint_layers && torch::GradMode::is_enabled();
-  for (Blip2QFormerLayer& layer : layers_) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Blip2QFormerLayer& layer = layers_[i];
+    h = layer_hooks.Before(static_cast<int64_t>(i), h);
     h = checkpoint ? CheckpointedForward(
                          [layer](const torch::Tensor& q, const torch::Tensor& context) mutable {
                            return layer(q, context);
                          },
                          h, image)
                    : layer(h, image);
+    h = layer_hooks.After(static_cast<int64_t>(i), h);
   }
   return h;
 }
@@ -175,10 +181,15 @@ Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(
   qformer = register_module("qformer", Blip2QFormerModel(c.qformer));
   language_projection = register_module(
       "language_projection", torch::nn::Linear(c.qformer.hidden_size, c.text_hidden_size()));
+  stacks_ = {{"vision_model.encoder.layers.", c.vision.num_hidden_layers},
+             {"qformer.encoder.layer.", c.qformer.num_hidden_layers}};
   if (const T5Config* t5_config = c.t5()) {
     t5 = register_module("language_model", T5ForConditionalGeneration(*t5_config, nf4));
+    stacks_.emplace_back("language_model.encoder.block.", t5_config->num_layers);
+    stacks_.emplace_back("language_model.decoder.block.", t5_config->num_decoder_layers);
   } else {
     opt = register_module("language_model", OptForCausalLM(*c.opt(), nf4));
+    stacks_.emplace_back("language_model.model.decoder.layers.", c.opt()->num_hidden_layers);
   }
 }
 
@@ -193,6 +204,32 @@ void Blip2ForConditionalGenerationImpl::SetActivationCheckpointing(bool on) {
   qformer->checkpoint_layers = on;
   if (opt) opt->checkpoint_layers = on;
   if (t5) t5->SetActivationCheckpointing(on);
+}
+
+void Blip2ForConditionalGenerationImpl::SetLayerHooks(LayerHooks* hooks) {
+  std::vector<StackHooks*> stacks = {&vision_model->layer_hooks, &qformer->layer_hooks};
+  if (opt) stacks.push_back(&opt->layer_hooks);
+  if (t5) {
+    stacks.push_back(&t5->encoder_hooks());
+    stacks.push_back(&t5->decoder_hooks());
+  }
+  int64_t first = 0;
+  for (size_t i = 0; i < stacks.size(); ++i) {
+    *stacks[i] = StackHooks{hooks, first};
+    first += stacks_[i].second;
+  }
+}
+
+int64_t Blip2ForConditionalGenerationImpl::LayerOf(const std::string& name) const {
+  if (name.find("relative_attention_bias") != std::string::npos) return -1;
+  int64_t first = 0;
+  for (const auto& [prefix, count] : stacks_) {
+    if (name.starts_with(prefix)) {
+      return first + std::stoll(name.substr(prefix.size()));  // "<i>.…"
+    }
+    first += count;
+  }
+  return -1;
 }
 
 torch::Tensor Blip2ForConditionalGenerationImpl::InputEmbeddings(const torch::Tensor& pixel_values,

@@ -17,6 +17,7 @@
 
 #include "common/blip2_config.h"
 #include "common/status.h"
+#include "trainer/model/layer_hooks.h"
 #include "trainer/model/opt.h"
 #include "trainer/model/t5.h"
 #include "trainer/safetensors/safetensors.h"
@@ -45,6 +46,7 @@ class Blip2VisionModelImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& pixel_values);
 
   bool checkpoint_layers = false;  // each block through CheckpointedForward when grads are on
+  StackHooks layer_hooks;         // around each block (strategy fsdp)
 
  private:
   torch::Tensor class_embedding_;     // (1, 1, C)
@@ -92,6 +94,7 @@ class Blip2QFormerModelImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& image);
 
   bool checkpoint_layers = false;  // each block, with the image as its second kept input
+  StackHooks layer_hooks;         // around each block (strategy fsdp)
 
  private:
   double hidden_dropout_;
@@ -138,6 +141,14 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   // Activation checkpointing per block of every stack (vision, Q-Former, OPT or T5's two), as
   // gradient_checkpointing_enable() wraps each of transformers' GradientCheckpointingLayers.
   void SetActivationCheckpointing(bool on);
+  // strategy fsdp: `hooks` (not owned; null: none) around every block of every stack, numbered as
+  // LayerOf numbers them.
+  void SetLayerHooks(LayerHooks* hooks);
+  // The FSDP unit a parameter belongs to, by its name: its block's number across the stacks (the
+  // vision encoder's, the Q-Former's, then OPT's or T5's encoder's and decoder's), as the labs'
+  // FSDP wraps each block; -1 for the root (the embeddings, norms, learned queries, projection and
+  // head, and T5's relative-position biases, which every block of their stack reads).
+  int64_t LayerOf(const std::string& name) const;
 
   Blip2VisionModel vision_model{nullptr};
   torch::Tensor query_tokens;  // (1, Q, Cq)
@@ -150,6 +161,8 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
  private:
   int64_t image_token_index_;
   int64_t num_query_tokens_;
+  // Each stack's block-name prefix and block count, in the order LayerOf numbers them.
+  std::vector<std::pair<std::string, int64_t>> stacks_;
 };
 TORCH_MODULE(Blip2ForConditionalGeneration);
 

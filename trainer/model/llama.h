@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/model_config.h"
+#include "trainer/model/layer_hooks.h"
 #include "trainer/model/projection.h"
 
 namespace llmctl::trainer {
@@ -72,16 +73,6 @@ class DecoderLayerImpl : public torch::nn::Module {
   Mlp mlp_{nullptr};
 };
 TORCH_MODULE(DecoderLayer);
-
-// Called around each decoder layer's forward (outside its activation checkpoint): strategy fsdp
-// gathers a layer's parameters before it and frees them after. Each returns the hidden states the
-// model goes on with, so it may put an autograd node in their path (to act in backward).
-class LayerHooks {
- public:
-  virtual ~LayerHooks() = default;
-  virtual torch::Tensor BeforeLayer(int64_t layer, const torch::Tensor& hidden) = 0;  // (B, T, C)
-  virtual torch::Tensor AfterLayer(int64_t layer, const torch::Tensor& hidden) = 0;   // (B, T, C)
-};
 
 struct LlamaOptions {
   // Recompute each decoder layer in backward instead of keeping its activations.

@@ -82,10 +82,13 @@ torch::Tensor OptForCausalLMImpl::Hidden(const torch::Tensor& inputs_embeds) {
     // backward, so its adapters would get none; as transformers' enable_input_require_grads.
     h.requires_grad_(true);
   }
-  for (OptDecoderLayer& layer : layers_) {
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    OptDecoderLayer& layer = layers_[i];
+    h = layer_hooks.Before(static_cast<int64_t>(i), h);
     h = checkpoint ? CheckpointedForward(
                          [layer](const torch::Tensor& x) mutable { return layer(x); }, h)
                    : layer(h);
+    h = layer_hooks.After(static_cast<int64_t>(i), h);
   }
   return final_layer_norm_(h);
 }

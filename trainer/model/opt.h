@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/blip2_config.h"
+#include "trainer/model/layer_hooks.h"
 #include "trainer/model/projection.h"
 
 namespace llmctl::trainer {
@@ -46,6 +47,7 @@ class OptForCausalLMImpl : public torch::nn::Module {
   torch::Tensor OutputWeight() const { return embed_tokens_->weight; }
 
   bool checkpoint_layers = false;  // each decoder layer through CheckpointedForward
+  StackHooks layer_hooks;         // around each block (strategy fsdp)
 
  private:
   torch::nn::Embedding embed_tokens_{nullptr};

@@ -191,9 +191,11 @@ torch::Tensor T5StackImpl::forward(const torch::Tensor& embeds, const torch::Ten
     // in backward, so its adapters would get none; as transformers' enable_input_require_grads.
     h.requires_grad_(true);
   }
-  for (T5Block& block : blocks_) {
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    T5Block& block = blocks_[i];
+    h = layer_hooks.Before(static_cast<int64_t>(i), h);
     if (!checkpoint) {
-      h = block(h, self_bias, encoder, cross_mask);
+      h = layer_hooks.After(static_cast<int64_t>(i), block(h, self_bias, encoder, cross_mask));
       continue;
     }
     // The bias (block 0's trained embedding) and the encoder's states are kept inputs with their
@@ -211,6 +213,7 @@ torch::Tensor T5StackImpl::forward(const torch::Tensor& embeds, const torch::Ten
           },
           h, self_bias);
     }
+    h = layer_hooks.After(static_cast<int64_t>(i), h);
   }
   return Dropout(final_layer_norm_(h), dropout_, is_training());
 }

@@ -20,6 +20,7 @@
 
 #include "common/blip2_config.h"
 #include "trainer/model/llama.h"
+#include "trainer/model/layer_hooks.h"
 #include "trainer/model/projection.h"
 
 namespace llmctl::trainer {
@@ -91,6 +92,7 @@ class T5StackImpl : public torch::nn::Module {
                         const torch::Tensor& encoder = {});
 
   bool checkpoint_layers = false;  // each block through CheckpointedForward when grads are on
+  StackHooks layer_hooks;         // around each block (strategy fsdp)
 
  private:
   bool decoder_;
@@ -116,6 +118,8 @@ class T5ForConditionalGenerationImpl : public torch::nn::Module {
   // Every tensor Logits reads that may need a gradient (the chunked loss lists them).
   std::vector<torch::Tensor> OutputParameters() const;
   void SetActivationCheckpointing(bool on);
+  StackHooks& encoder_hooks() { return encoder_->layer_hooks; }
+  StackHooks& decoder_hooks() { return decoder_->layer_hooks; }
 
  private:
   int64_t pad_token_id_, decoder_start_token_id_;

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -15,8 +17,11 @@
 
 #include "common/blip2_config.h"
 #include "common/trial_config.h"
+#include "trainer/testing/ranked_demo.h"
 #include "trainer/testing/trial_runner.h"
+#include "trainer/model/blip2.h"
 #include "trainer/train/caption_batches.h"
+#include "trainer/train/fsdp.h"
 #include "trainer/train/trained_model.h"
 
 namespace llmctl::trainer {
@@ -193,6 +198,52 @@ TEST_F(Blip2T5TrialTest, LoraAdaptsT5sQAndVAndSavesPeftsAdapter) {
   ASSERT_TRUE(adapter_config) << "no PEFT adapter written";
   const nlohmann::json written = nlohmann::json::parse(adapter_config);
   EXPECT_EQ(written["target_modules"], (std::vector<std::string>{"q", "v"}));
+}
+
+// Data parallelism over BLIP-2 with T5, 2 ranks of 2 images each against one process of 4: ddp, and
+// fsdp with a unit per block (T5's encoder and decoder blocks each one; the relative-position
+// biases, read by every block of their stack, in the root). Without dropout: a rank's masks over its
+// 2 rows cannot be the one process's over 4.
+TEST_F(Blip2T5TrialTest, TwoDdpOrFsdpRanksTrainLikeOneProcess) {
+  const std::string model = testing::FreshTempDir("blip2-t5-no-dropout");
+  std::filesystem::copy(ModelDir(), model, std::filesystem::copy_options::recursive |
+                                               std::filesystem::copy_options::overwrite_existing);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(ModelDir() + "/config.json"));
+  config["qformer_config"]["hidden_dropout_prob"] = 0.0;
+  config["qformer_config"]["attention_probs_dropout_prob"] = 0.0;
+  config["text_config"]["dropout_rate"] = 0.0;
+  std::ofstream(model + "/config.json", std::ios::trunc) << config.dump();
+  const std::vector<std::string> blip2 = {"model=" + model,
+                                          "init=pretrained",
+                                          "tokenizer=" + model,
+                                          "data.path=" + SourceDir() + "/tests/fixtures/blip2/captions",
+                                          "data.format=imagefolder",
+                                          "data.max_seq_length=12"};
+  std::vector<std::string> one = blip2, two = blip2;
+  one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=4"});
+  two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=4"});
+  for (const std::string strategy : {"ddp", "fsdp"}) {
+    SCOPED_TRACE(strategy);
+    testing::ExpectTwoRanksTrainLikeOneProcess(strategy, "blip2-t5-" + strategy, one, two, 2);
+  }
+
+  // Each fsdp rank holds its half of every unit's flat parameter (padded to even), no more.
+  Blip2ForConditionalGeneration built(FixtureConfig());
+  std::map<int64_t, int64_t> unit_numel;  // by LayerOf
+  for (const auto& item : built->named_parameters()) {
+    unit_numel[built->LayerOf(item.key())] += item.value().numel();
+  }
+  EXPECT_EQ(unit_numel.size(), static_cast<size_t>(1 + 2 + 2 + 2 + 2)) << "root and 8 blocks";
+  int64_t shard_numel = 0;
+  for (const auto& [unit, numel] : unit_numel) shard_numel += PaddedNumel(numel, 2) / 2;
+  const testing::RankedDemoRun fsdp = testing::RunRankedDemo("fsdp", "blip2-t5-shards", 2, two, 1);
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    for (const nlohmann::json& event : fsdp.events[rank]) {
+      if (event["type"] != "snapshot") continue;
+      EXPECT_EQ(event["params_bytes"], shard_numel * 4) << "rank " << rank;
+    }
+  }
 }
 
 TEST_F(Blip2T5TrialTest, OptsProjectionNamesAreRefusedOnT5) {

@@ -254,6 +254,26 @@ TEST_F(Blip2TrialTest, TwoDdpRanksTrainLikeOneProcess) {
   testing::ExpectTwoRanksTrainLikeOneProcess("ddp", "blip2-ddp", one, two, 2);
 }
 
+// FSDP over BLIP-2, a unit per block of the three stacks: 2 ranks of 2 images each against one
+// process of 4, the same losses and weights after each step (without dropout, as for ddp).
+TEST_F(Blip2TrialTest, TwoFsdpRanksTrainLikeOneProcess) {
+  const std::string model = testing::FreshTempDir("blip2-fsdp-no-dropout");
+  std::filesystem::copy(ModelDir(), model,
+                        std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(ModelDir() + "/config.json"));
+  config["qformer_config"]["hidden_dropout_prob"] = 0.0;
+  config["qformer_config"]["attention_probs_dropout_prob"] = 0.0;
+  config["text_config"]["dropout"] = 0.0;
+  std::ofstream(model + "/config.json", std::ios::trunc) << config.dump();
+  const std::vector<std::string> blip2 = {
+      "model=" + model,            "init=pretrained",         "tokenizer=" + model,
+      "data.path=" + CaptionsDir(), "data.format=imagefolder", "data.max_seq_length=12"};
+  std::vector<std::string> one = blip2, two = blip2;
+  one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=4"});
+  two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=4"});
+  testing::ExpectTwoRanksTrainLikeOneProcess("fsdp", "blip2-fsdp", one, two, 2);
+}
+
 // experiments/cpu-lab-blip2.yaml: each row of the labs' BLIP-2 table in miniature ends as the file
 // expects (the lab's: the baseline out of memory, the rest fitting) under its 280 MiB device. One test
 // per row, so that ctest spreads the bf16 rows' minutes over its jobs.
@@ -298,7 +318,12 @@ TEST(Blip2TrialConfigTest, ImagefolderKeysAreChecked) {
   ASSERT_TRUE(config.SetFromText("devices", "2").ok());
   ASSERT_TRUE(config.SetFromText("train.global_batch_size", "2").ok());
   status = ValidateTrialConfig(config, nullptr);
-  EXPECT_NE(status.message().find("not yet for BLIP-2"), std::string::npos) << status.ToString();
+  EXPECT_NE(status.message().find("fsdp shards trainable parameters only, and freeze keeps "
+                                  "vision_model frozen"),
+            std::string::npos)
+      << status.ToString();
+  ASSERT_TRUE(config.SetFromText("freeze", "[]").ok());
+  EXPECT_TRUE(ValidateTrialConfig(config, nullptr).ok()) << "BLIP-2 shards block by block";
 
   // What the model's family allows, for the callers that know it.
   ASSERT_TRUE(config.SetFromText("peft.save_merged", "true").ok());

@@ -37,13 +37,6 @@ void ReleaseStorage(const torch::Tensor& tensor) {
   storage->set_nbytes(0);
 }
 
-// "model.layers.<i>." → i; -1 for the root's parameters.
-int64_t LayerOf(const std::string& name) {
-  static const std::string kPrefix = "model.layers.";
-  if (!name.starts_with(kPrefix)) return -1;
-  return std::stoll(name.substr(kPrefix.size(), name.find('.', kPrefix.size()) - kPrefix.size()));
-}
-
 }  // namespace
 
 int64_t PaddedNumel(int64_t numel, int64_t world_size) {
@@ -70,18 +63,20 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   }
 }
 
-Status FullyShardedDataParallel::Shard(LlamaForCausalLM& model, torch::Dtype param_dtype) {
+Status FullyShardedDataParallel::Shard(torch::nn::Module& model,
+                                       const std::function<int64_t(const std::string&)>& layer_of,
+                                       torch::Dtype param_dtype) {
   torch::NoGradGuard no_grad;
   const int64_t n = world_size();
   units_.resize(1);
   units_[0].name = "root";
-  for (const auto& item : model->named_parameters()) {
+  for (const auto& item : model.named_parameters()) {
     const torch::Tensor& p = item.value();
     if (!p.requires_grad()) {
       return UnimplementedError("strategy fsdp shards trainable parameters only, and '" +
                                 item.key() + "' is frozen");
     }
-    const int64_t layer = LayerOf(item.key());
+    const int64_t layer = layer_of(item.key());
     const size_t index = static_cast<size_t>(layer + 1);
     if (units_.size() <= index) units_.resize(index + 1);
     Unit& unit = units_[index];
@@ -93,7 +88,8 @@ Status FullyShardedDataParallel::Shard(LlamaForCausalLM& model, torch::Dtype par
   }
   int64_t max_padded = 0;
   for (Unit& unit : units_) {
-    if (unit.params.empty()) return InternalError("fsdp: " + unit.name + " has no parameters");
+    // Every block owns parameters; a gap would mean the numbering and the hooks disagree.
+    if (unit.params.empty()) return InternalError("fsdp: a unit has no parameters");
     // Every rank starts from rank 0's weights, as DDP's broadcast makes them.
     for (torch::Tensor& p : unit.params) RETURN_IF_ERROR(group_.Broadcast(p, 0));
     const torch::TensorOptions options = unit.params.front().options().requires_grad(false);

@@ -1,9 +1,9 @@
 // strategy: fsdp, PyTorch's fully sharded data parallelism (FSDP2's fully_shard) over
 // trainer/dist's c10d process group.
 //
-// Units: every decoder layer is one unit; everything else (the embeddings, the final norm and the
-// output head, which the tied embedding shares) is the root unit, as fully_shard(model) after
-// fully_shard(layer) for each layer leaves them. A unit's parameters are laid out, in
+// Units: every block is one unit (a LLaMA decoder layer; BLIP-2's vision, Q-Former and language
+// model blocks); everything else (the embeddings, the final norms, the output head) is the root
+// unit, as fully_shard(model) after fully_shard(block) for each block leaves them. A unit's parameters are laid out, in
 // named_parameters order, in one flat tensor padded with zeros to a multiple of the world size N;
 // each rank keeps only its 1/N piece of it, the shard, a leaf tensor that requires grad: the
 // optimizer's parameter, its gradient the gradient shard, its state the optimizer-state shard.
@@ -42,6 +42,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -52,7 +53,7 @@
 #include "trainer/dist/process_group.h"
 #include "trainer/dist/rank_env.h"
 #include "trainer/dist/rank_sums.h"
-#include "trainer/model/llama.h"
+#include "trainer/model/layer_hooks.h"
 
 namespace llmctl::trainer {
 
@@ -73,11 +74,14 @@ class FullyShardedDataParallel : public LayerHooks {
   // Makes rank 0's weights every rank's, then shards `model` into its units: afterwards the model's
   // parameters own no memory until gathered, and Shards() hold the rank's pieces. Once, after the
   // model is built and before the optimizer is made. Every parameter must require grad.
+  // `layer_of` names each parameter's unit by the parameter's name: its block's number (0, 1, ...:
+  // the number the model's LayerHooks calls carry), -1 for the root.
   // `param_dtype` is FSDP2's MixedPrecisionPolicy.param_dtype: the shards keep the model's dtype,
   // but the units are gathered, computed with and their gradients produced in `param_dtype`; the
   // gradients are reduced in the shards' dtype (reduce_dtype). bf16 over fp32 shards for
   // bf16-mixed; the shards' own dtype otherwise.
-  Status Shard(LlamaForCausalLM& model, torch::Dtype param_dtype);
+  Status Shard(torch::nn::Module& model, const std::function<int64_t(const std::string&)>& layer_of,
+               torch::Dtype param_dtype);
 
   // The rank's flat parameter shards, one per unit (root first, then the layers): what the
   // optimizer steps and what accounting counts as params (their .grad as grads).

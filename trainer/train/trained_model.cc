@@ -27,9 +27,12 @@ class LlamaModelHolder final : public TrainedModel {
         model_->OutputParameters(), kLossChunkTokens);
   }
 
-  Status SetLayerHooks(LayerHooks* hooks) override {
-    options_.layer_hooks = hooks;
-    return Status::Ok();
+  void SetLayerHooks(LayerHooks* hooks) override { options_.layer_hooks = hooks; }
+
+  // "model.layers.<i>.…" -> i.
+  int64_t LayerOf(const std::string& name) const override {
+    static const std::string kPrefix = "model.layers.";
+    return name.starts_with(kPrefix) ? std::stoll(name.substr(kPrefix.size())) : -1;
   }
 
   Status Freeze(const std::vector<std::string>& parts) override {
@@ -55,9 +58,8 @@ class Blip2ModelHolder final : public TrainedModel {
                         chunked);
   }
 
-  Status SetLayerHooks(LayerHooks*) override {
-    return FailedPreconditionError("strategy fsdp is not built for BLIP-2");
-  }
+  void SetLayerHooks(LayerHooks* hooks) override { model_->SetLayerHooks(hooks); }
+  int64_t LayerOf(const std::string& name) const override { return model_->LayerOf(name); }
 
   Status Freeze(const std::vector<std::string>& parts) override {
     for (const std::string& part : parts) {

@@ -39,9 +39,11 @@ class TrainedModel {
   virtual LlamaForCausalLM* llama() { return nullptr; }
   // PEFT's task_type for this model's adapters ("" for none, as get_peft_model leaves BLIP-2's).
   virtual std::string adapter_task_type() const = 0;
-  // FSDP's per-layer gathers around each decoder layer: the LLaMA family's; FailedPrecondition for
-  // other families.
-  virtual Status SetLayerHooks(LayerHooks* hooks) = 0;
+  // FSDP's per-block gathers around each block of the model's stacks.
+  virtual void SetLayerHooks(LayerHooks* hooks) = 0;
+  // The FSDP unit of a parameter, by its name: its block's number (as SetLayerHooks' calls number
+  // the blocks), -1 for the root.
+  virtual int64_t LayerOf(const std::string& parameter_name) const = 0;
   // Freezes the named parts (BLIP-2: kBlip2Parts, "qformer" with the query tokens): they get no
   // gradient and no optimizer state. InvalidArgument for a name the model has no part of.
   virtual Status Freeze(const std::vector<std::string>& parts) = 0;

@@ -291,16 +291,15 @@ Status TrialRun::Setup() {
 Status TrialRun::ShardModel() {
   // bf16-mixed gathers and computes in bf16 over fp32 shards (FSDP2's param_dtype) instead of
   // casting fp32 parameters op by op under autocast.
-  if (model_->llama() == nullptr) {
-    return FailedPreconditionError("strategy fsdp is built for the LLaMA family only");
-  }
-  RETURN_IF_ERROR(
-      fsdp_->Shard(*model_->llama(), precision_.autocast.value_or(precision_.param_dtype)));
+  RETURN_IF_ERROR(fsdp_->Shard(
+      model_->module(), [this](const std::string& name) { return model_->LayerOf(name); },
+      precision_.autocast.value_or(precision_.param_dtype)));
   all_params_ = fsdp_->Shards();
   // Buffers stay whole on every rank (the model has none but a QLoRA base, which fsdp refuses).
   for (const auto& item : model_->module().named_buffers()) all_params_.push_back(item.value());
   trainable_params_ = fsdp_->Shards();
-  return model_->SetLayerHooks(fsdp_);
+  model_->SetLayerHooks(fsdp_);
+  return Status::Ok();
 }
 
 Status TrialRun::Resume() {
