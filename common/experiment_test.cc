@@ -620,8 +620,8 @@ TEST(ShippedExperimentsTest, SingleGpuTables) {
   }
 }
 
-// The current labs' BLIP-2 tables: rows 1-6 (OPT-2.7B and 6.7B), on their GPU, from the published
-// weights, captions cut at the lab's 50 tokens.
+// The current labs' BLIP-2 tables: rows 1-6 (OPT-2.7B and 6.7B) and 7-14 (Flan-T5-XXL), on their
+// GPU, from the published weights, captions cut at the lab's 50 tokens.
 TEST(ShippedExperimentsTest, SingleGpuBlip2Tables) {
   for (const auto& [file, flavor_key, flavor, oom_batch] :
        {std::tuple{"single.yaml", "flavor", "g1.h100.pci.1", 64},
@@ -636,11 +636,27 @@ TEST(ShippedExperimentsTest, SingleGpuBlip2Tables) {
       EXPECT_EQ(trial.config.GetString("data.format"), "imagefolder") << file;
       EXPECT_EQ(trial.config.GetInt("data.max_seq_length"), 50) << file;
       EXPECT_EQ(trial.config.GetString("init"), "pretrained") << file;
-      EXPECT_TRUE(trial.config.GetString("model").starts_with("hf:Salesforce/blip2-opt-")) << file;
+      // Rows 1-6 on OPT, 7-14 on Flan-T5-XXL.
+      EXPECT_TRUE(trial.config.GetString("model").starts_with(
+          names.size() <= 6 ? "hf:Salesforce/blip2-opt-" : "hf:Salesforce/blip2-flan-t5-xxl"))
+          << file << " " << trial.name;
     }
     EXPECT_EQ(names, (std::vector<std::string>{"baseline", "reduced-batch", "grad-accumulation",
-                                               "bf16-true", "bf16-mixed", "larger-model"}))
+                                               "bf16-true", "bf16-mixed", "larger-model",
+                                               "even-larger", "xxl-smallest-batch", "sgd",
+                                               "adam-8bit", "activation-checkpointing",
+                                               "cpu-offload", "lora", "qlora"}))
         << file;
+    // The lab's spellings, as llmctl runs them; T5's projection names.
+    const Trial& offload = experiment->trials.at(11);
+    EXPECT_EQ(offload.config.GetString("offload"), "optimizer") << file;
+    EXPECT_EQ(offload.config.GetString("optimizer"), "adamw") << file;
+    EXPECT_EQ(experiment->trials.at(9).config.GetString("optimizer"), "adamw_8bit") << file;
+    EXPECT_EQ(experiment->trials.at(13).config.GetStringList("peft.targets"),
+              (std::vector<std::string>{"q", "v"}))
+        << file;
+    EXPECT_EQ(experiment->trials.at(6).expect, "oom") << file;  // 98 GB of bf16 state on any GPU
+    EXPECT_EQ(experiment->trials.at(7).expect, "oom") << file;
     EXPECT_EQ(experiment->trials.front().expect, "oom") << file;
     EXPECT_EQ(experiment->trials.front().config.GetInt("train.micro_batch_size"), oom_batch);
   }
