@@ -662,6 +662,28 @@ TEST(ShippedExperimentsTest, SingleGpuBlip2Tables) {
   }
 }
 
+// The current multi-GPU lab: BLIP-2 OPT-2.7B in bf16-true, one device against 4 ranks of ddp, fsdp
+// and fsdp with checkpointing, at one global batch of 64 captions.
+TEST(ShippedExperimentsTest, MultiGpuBlip2Table) {
+  StatusOr<Experiment> experiment =
+      LoadExperimentFile((SourceDir() / "experiments" / "multi-blip2.yaml").string());
+  ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+  EXPECT_EQ(experiment->target.at("flavor"), "g1.h100.pci.4");
+  std::vector<std::string> names, strategies;
+  for (const Trial& trial : experiment->trials) {
+    names.push_back(trial.name);
+    strategies.push_back(trial.config.GetString("strategy"));
+    EXPECT_EQ(trial.config.GetString("model"), "hf:Salesforce/blip2-opt-2.7b");
+    EXPECT_EQ(trial.config.GetString("data.format"), "imagefolder");
+    EXPECT_EQ(trial.config.GetString("precision"), "bf16-true");
+    EXPECT_EQ(trial.config.GetInt("train.global_batch_size"), 64);
+    EXPECT_EQ(trial.config.GetInt("devices"), trial.name == "one-device" ? 1 : 4);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"one-device", "ddp", "fsdp", "fsdp-checkpointing"}));
+  EXPECT_EQ(strategies, (std::vector<std::string>{"auto", "ddp", "fsdp", "fsdp"}));
+  EXPECT_TRUE(experiment->trials.back().config.GetBool("activation_checkpointing"));
+}
+
 // The multi-GPU tables: one device against 4 ranks of ddp and fsdp at the same global batch, the
 // 13B row that only fsdp holds, on a 4-GPU node of each site.
 TEST(ShippedExperimentsTest, MultiGpuTables) {
