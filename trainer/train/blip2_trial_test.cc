@@ -275,7 +275,8 @@ TEST_F(Blip2TrialTest, TwoFsdpRanksTrainLikeOneProcess) {
 }
 
 // experiments/cpu-lab-blip2.yaml: each row of the labs' BLIP-2 table in miniature ends as the file
-// expects (the lab's: the baseline out of memory, the rest fitting) under its 280 MiB device. One test
+// expects (the lab's: the OPT baseline and Flan-T5-XXL's AdamW rows out of memory, the rest fitting)
+// under its 280 MiB device. One test
 // per row, so that ctest spreads the bf16 rows' minutes over its jobs.
 class CpuLabBlip2RowTest : public ::testing::TestWithParam<const char*> {
  protected:
@@ -298,7 +299,10 @@ TEST_P(CpuLabBlip2RowTest, EndsAsTheFileExpects) {
 
 INSTANTIATE_TEST_SUITE_P(Blip2TrialTest, CpuLabBlip2RowTest,
                          ::testing::Values("baseline", "reduced-batch", "grad-accumulation",
-                                           "bf16-true", "bf16-mixed", "larger-model"),
+                                           "bf16-true", "bf16-mixed", "larger-model",
+                                           "even-larger", "xxl-smallest-batch", "sgd",
+                                           "adam-8bit", "activation-checkpointing",
+                                           "cpu-offload", "lora", "qlora"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');
