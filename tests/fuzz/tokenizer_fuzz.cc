@@ -6,8 +6,8 @@
 // root, in bash:
 //
 //   SRCS="tests/fuzz/tokenizer_fuzz.cc common/status.cc trainer/tokenizer/bpe.cc
-//         trainer/tokenizer/pipeline.cc trainer/tokenizer/regex.cc trainer/tokenizer/tokenizer.cc
-//         trainer/tokenizer/unicode.cc"
+//         trainer/tokenizer/pipeline.cc trainer/tokenizer/precompiled.cc trainer/tokenizer/regex.cc
+//         trainer/tokenizer/tokenizer.cc trainer/tokenizer/unicode.cc trainer/tokenizer/unigram.cc"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. $SRCS
 //       $(pkg-config --cflags --libs libpcre2-8) -o /tmp/tokenizer_fuzz     # (one line)
 //   mkdir -p /tmp/tokenizer_corpus
