@@ -42,6 +42,16 @@ class Fields {
     out = v.get<double>();
     return Status::Ok();
   }
+  // A token id (a non-negative integer); null counts as absent, as transformers reads it.
+  Status Id(const char* key, int64_t& out) {
+    if (!json_.contains(key) || json_[key].is_null()) return Status::Ok();
+    const nlohmann::json& v = json_[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+      return InvalidArgumentError(where_ + "." + key + ": expected a token id, got " + v.dump());
+    }
+    out = v.get<int64_t>();
+    return Status::Ok();
+  }
   Status Bool(const char* key, bool& out) {
     if (!json_.contains(key)) return Status::Ok();
     if (!json_[key].is_boolean()) {
@@ -103,18 +113,6 @@ StatusOr<OptConfig> ParseOptConfig(const nlohmann::json& text_json, const std::s
   return o;
 }
 
-// A non-negative integer id (pad_token_id, decoder_start_token_id), when present.
-Status TokenId(const nlohmann::json& json, const char* key, const std::string& where,
-               int64_t& out) {
-  if (!json.contains(key) || json[key].is_null()) return Status::Ok();
-  if (!json[key].is_number_integer() || json[key].get<int64_t>() < 0) {
-    return InvalidArgumentError(where + "." + key + ": expected a token id, got " +
-                                json[key].dump());
-  }
-  out = json[key].get<int64_t>();
-  return Status::Ok();
-}
-
 StatusOr<T5Config> ParseT5Config(const nlohmann::json& text_json, const std::string& where) {
   T5Config t;
   t.tie_word_embeddings = true;  // PretrainedConfig's default, which T5 v1.0's files rely on
@@ -132,9 +130,9 @@ StatusOr<T5Config> ParseT5Config(const nlohmann::json& text_json, const std::str
   RETURN_IF_ERROR(text.Double("layer_norm_epsilon", t.layer_norm_epsilon));
   RETURN_IF_ERROR(text.Probability("dropout_rate", t.dropout_rate));
   RETURN_IF_ERROR(text.Bool("tie_word_embeddings", t.tie_word_embeddings));
-  RETURN_IF_ERROR(TokenId(text_json, "pad_token_id", where, t.pad_token_id));
+  RETURN_IF_ERROR(text.Id("pad_token_id", t.pad_token_id));
   t.decoder_start_token_id = t.pad_token_id;
-  RETURN_IF_ERROR(TokenId(text_json, "decoder_start_token_id", where, t.decoder_start_token_id));
+  RETURN_IF_ERROR(text.Id("decoder_start_token_id", t.decoder_start_token_id));
   const std::string ffn = text_json.value("feed_forward_proj", "relu");
   if (ffn != "relu" && ffn != "gated-gelu") {
     return UnimplementedError(where + ".feed_forward_proj: \"" + ffn +

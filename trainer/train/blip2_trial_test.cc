@@ -15,7 +15,7 @@
 #include "common/blip2_config.h"
 #include "common/experiment.h"
 #include "common/trial_config.h"
-#include "trainer/testing/ranked_demo.h"
+#include "trainer/testing/caption_trials.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/caption_batches.h"
 #include "trainer/train/trained_model.h"
@@ -28,44 +28,12 @@ using testing::SourceDir;
 using testing::TrialRecord;
 
 std::string ModelDir() { return SourceDir() + "/tests/fixtures/blip2/opt-tiny-captioning"; }
-std::string CaptionsDir() { return SourceDir() + "/tests/fixtures/blip2/captions"; }
 
-nlohmann::json Expected() {
-  std::ifstream in(ModelDir() + "/expected.json");
-  return nlohmann::json::parse(in);
-}
-
-// A trial of the tiny BLIP-2 on the fixture's captions, each step 2 micro-batches of 2.
 TrialConfig CaptionTrial(const std::vector<std::pair<std::string, std::string>>& overrides = {}) {
-  TrialConfig config;
-  const std::vector<std::pair<std::string, std::string>> base = {
-      {"model", ModelDir()},
-      {"init", "pretrained"},
-      {"data.path", CaptionsDir()},
-      {"data.format", "imagefolder"},
-      {"data.max_seq_length", "12"},
-      {"train.micro_batch_size", "2"},
-      {"train.global_batch_size", "4"},
-      {"train.max_steps", "2"},
-      {"train.lr", "1e-3"},
-      {"seed", "3"},
-  };
-  for (const auto& list : {base, overrides}) {
-    for (const auto& [key, value] : list) {
-      const Status status = config.SetFromText(key, value);
-      EXPECT_TRUE(status.ok()) << key << "=" << value << ": " << status.ToString();
-    }
-  }
-  EXPECT_TRUE(ValidateTrialConfig(config, nullptr).ok())
-      << ValidateTrialConfig(config, nullptr).ToString();
-  return config;
+  return testing::CaptionTrial(ModelDir(), overrides);
 }
 
-Blip2Config FixtureConfig() {
-  auto config = ResolveBlip2Model(ModelDir());
-  EXPECT_TRUE(config.ok() && config->has_value()) << config.status().ToString();
-  return config.ok() && config->has_value() ? **config : Blip2Config();
-}
+Blip2Config FixtureConfig() { return testing::FixtureBlip2Config(ModelDir()); }
 
 class Blip2TrialTest : public ::testing::Test {
  protected:
@@ -76,64 +44,11 @@ class Blip2TrialTest : public ::testing::Test {
 };
 
 TEST_F(Blip2TrialTest, MicroBatchesAreTheLabsPlaceholdersCaptionsAndLabels) {
-  const Blip2Config model = FixtureConfig();
-  const nlohmann::json expected = Expected();
-  auto batches = OpenCaptionBatches(CaptionTrial(), model, 0, 1);
-  ASSERT_TRUE(batches.ok()) << batches.status().ToString();
-  EXPECT_EQ((*batches)->num_examples(), 6);
-  std::set<int64_t> seen;
-  for (int i = 0; i < 3; ++i) {
-    const MicroBatch batch = (*batches)->Next(2, torch::kCPU);
-    ASSERT_EQ(batch.example_indices.size(), 2u);
-    ASSERT_EQ(batch.pixel_values.sizes(), (std::vector<int64_t>{2, 3, 28, 28}));
-    int64_t label_tokens = 0;
-    for (int64_t row = 0; row < 2; ++row) {
-      const int64_t example = batch.example_indices[row];
-      seen.insert(example);
-      const std::vector<int64_t> ids = expected["examples"][example]["input_ids"];
-      const int64_t length = static_cast<int64_t>(ids.size());
-      for (int64_t t = 0; t < batch.input_ids.size(1); ++t) {
-        const int64_t id = batch.input_ids[row][t].item<int64_t>();
-        const int64_t label = batch.labels[row][t].item<int64_t>();
-        if (t < length) {
-          EXPECT_EQ(id, ids[t]) << "example " << example << " position " << t;
-          EXPECT_EQ(label, t < model.num_query_tokens ? -100 : ids[t]);
-        } else {
-          EXPECT_EQ(id, model.opt()->pad_token_id);  // OPT's <pad>
-          EXPECT_EQ(label, -100);
-        }
-      }
-      label_tokens += expected["examples"][example]["label_tokens"].get<int64_t>();
-    }
-    EXPECT_EQ(batch.label_tokens, label_tokens);
-  }
-  EXPECT_EQ(seen.size(), 6u) << "an epoch visits every image once";
+  testing::ExpectMicroBatchesAreTheLabs(ModelDir());
 }
 
 TEST_F(Blip2TrialTest, LossOfEachMicroBatchIsTransformers) {
-  const Blip2Config model_config = FixtureConfig();
-  const nlohmann::json expected = Expected();
-  ModelBuildOptions options;
-  options.init = "pretrained";
-  options.model_dir = ModelDir();
-  auto model = BuildTrainedModel(TrialModelConfig(model_config), options);
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  (*model)->module().eval();
-  auto batches = OpenCaptionBatches(CaptionTrial(), model_config, 0, 1);
-  ASSERT_TRUE(batches.ok()) << batches.status().ToString();
-  torch::NoGradGuard no_grad;
-  for (int i = 0; i < 3; ++i) {
-    const MicroBatch batch = (*batches)->Next(2, torch::kCPU);
-    double loss_sum = 0.0;
-    int64_t tokens = 0;
-    for (int64_t example : batch.example_indices) {
-      loss_sum += expected["examples"][example]["loss_sum"].get<double>();
-      tokens += expected["examples"][example]["label_tokens"].get<int64_t>();
-    }
-    const double want = loss_sum / static_cast<double>(tokens);
-    EXPECT_NEAR((*model)->Loss(batch, /*chunked=*/false).item<double>(), want, 1e-5 * want);
-    EXPECT_NEAR((*model)->Loss(batch, /*chunked=*/true).item<double>(), want, 1e-5 * want);
-  }
+  testing::ExpectMicroBatchLossesAreTransformers(ModelDir());
 }
 
 TEST_F(Blip2TrialTest, TrialTrainsAndAccountsEveryPart) {
@@ -225,7 +140,7 @@ TEST_F(Blip2TrialTest, WrongInputsAreRefusedBeforeTraining) {
 
   // An image that does not decode is named.
   const std::string folder = testing::FreshTempDir("blip2-broken-captions");
-  std::filesystem::copy(CaptionsDir(), folder, std::filesystem::copy_options::recursive |
+  std::filesystem::copy(testing::CaptionsDir(), folder, std::filesystem::copy_options::recursive |
                                                    std::filesystem::copy_options::overwrite_existing);
   std::ofstream(folder + "/images/00004.png", std::ios::trunc) << "not a png";
   run = RunAndRecord(CaptionTrial({{"data.path", folder}}));
@@ -233,45 +148,19 @@ TEST_F(Blip2TrialTest, WrongInputsAreRefusedBeforeTraining) {
   EXPECT_NE(run.result.error.find("images/00004.png"), std::string::npos) << run.result.error;
 }
 
-// Data parallelism over BLIP-2: 2 ddp ranks of 2 images each against one process of 4, the same
-// losses and, gradients averaged, the same weights after each step. Without dropout: a rank's masks
-// over its 2 rows cannot be the one process's over 4 (as under PyTorch's DDP).
-TEST_F(Blip2TrialTest, TwoDdpRanksTrainLikeOneProcess) {
-  const std::string model = testing::FreshTempDir("blip2-no-dropout");
-  std::filesystem::copy(ModelDir(), model,
-                        std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
-  nlohmann::json config = nlohmann::json::parse(std::ifstream(ModelDir() + "/config.json"));
-  config["qformer_config"]["hidden_dropout_prob"] = 0.0;
-  config["qformer_config"]["attention_probs_dropout_prob"] = 0.0;
-  config["text_config"]["dropout"] = 0.0;
-  std::ofstream(model + "/config.json", std::ios::trunc) << config.dump();
-  const std::vector<std::string> blip2 = {
-      "model=" + model,            "init=pretrained",         "tokenizer=" + model,
-      "data.path=" + CaptionsDir(), "data.format=imagefolder", "data.max_seq_length=12"};
-  std::vector<std::string> one = blip2, two = blip2;
-  one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=4"});
-  two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=4"});
-  testing::ExpectTwoRanksTrainLikeOneProcess("ddp", "blip2-ddp", one, two, 2);
-}
-
-// FSDP over BLIP-2, a unit per block of the three stacks: 2 ranks of 2 images each against one
-// process of 4, the same losses and weights after each step (without dropout, as for ddp).
-TEST_F(Blip2TrialTest, TwoFsdpRanksTrainLikeOneProcess) {
-  const std::string model = testing::FreshTempDir("blip2-fsdp-no-dropout");
-  std::filesystem::copy(ModelDir(), model,
-                        std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
-  nlohmann::json config = nlohmann::json::parse(std::ifstream(ModelDir() + "/config.json"));
-  config["qformer_config"]["hidden_dropout_prob"] = 0.0;
-  config["qformer_config"]["attention_probs_dropout_prob"] = 0.0;
-  config["text_config"]["dropout"] = 0.0;
-  std::ofstream(model + "/config.json", std::ios::trunc) << config.dump();
-  const std::vector<std::string> blip2 = {
-      "model=" + model,            "init=pretrained",         "tokenizer=" + model,
-      "data.path=" + CaptionsDir(), "data.format=imagefolder", "data.max_seq_length=12"};
-  std::vector<std::string> one = blip2, two = blip2;
-  one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=4"});
-  two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=4"});
-  testing::ExpectTwoRanksTrainLikeOneProcess("fsdp", "blip2-fsdp", one, two, 2);
+// Data parallelism over BLIP-2: 2 ranks of 2 images each against one process of 4, the same losses
+// and, gradients averaged, the same weights after each step: ddp, and fsdp with a unit per block of
+// the three stacks. Without dropout: a rank's masks over its 2 rows cannot be the one process's over
+// 4 (as under PyTorch's DDP).
+TEST_F(Blip2TrialTest, TwoDdpOrFsdpRanksTrainLikeOneProcess) {
+  for (const std::string strategy : {"ddp", "fsdp"}) {
+    SCOPED_TRACE(strategy);
+    testing::ExpectDataParallelTrainsLikeOneProcess(
+        ModelDir(),
+        {"qformer_config.hidden_dropout_prob", "qformer_config.attention_probs_dropout_prob",
+         "text_config.dropout"},
+        strategy);
+  }
 }
 
 // experiments/cpu-lab-blip2.yaml: each row of the labs' BLIP-2 table in miniature ends as the file
