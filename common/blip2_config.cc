@@ -327,6 +327,75 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
   return c;
 }
 
+nlohmann::json ToHfConfigJson(const Blip2Config& c) {
+  using Json = nlohmann::json;
+  const Blip2VisionConfig& v = c.vision;
+  const Blip2QFormerConfig& q = c.qformer;
+  Json text;
+  if (const T5Config* t = c.t5()) {
+    text = {{"model_type", "t5"},
+            {"architectures", Json::array({"T5ForConditionalGeneration"})},
+            {"vocab_size", t->vocab_size},
+            {"d_model", t->d_model},
+            {"d_kv", t->d_kv},
+            {"d_ff", t->d_ff},
+            {"num_layers", t->num_layers},
+            {"num_decoder_layers", t->num_decoder_layers},
+            {"num_heads", t->num_heads},
+            {"relative_attention_num_buckets", t->relative_attention_num_buckets},
+            {"relative_attention_max_distance", t->relative_attention_max_distance},
+            {"layer_norm_epsilon", t->layer_norm_epsilon},
+            {"dropout_rate", t->dropout_rate},
+            {"feed_forward_proj", t->gated_gelu ? "gated-gelu" : "relu"},
+            {"tie_word_embeddings", t->tie_word_embeddings},
+            {"pad_token_id", t->pad_token_id},
+            {"decoder_start_token_id", t->decoder_start_token_id}};
+  } else {
+    const OptConfig& o = *c.opt();
+    text = {{"model_type", "opt"},
+            {"architectures", Json::array({"OPTForCausalLM"})},
+            {"vocab_size", o.vocab_size},
+            {"hidden_size", o.hidden_size},
+            {"word_embed_proj_dim", o.hidden_size},
+            {"ffn_dim", o.ffn_dim},
+            {"num_hidden_layers", o.num_hidden_layers},
+            {"num_attention_heads", o.num_attention_heads},
+            {"max_position_embeddings", o.max_position_embeddings},
+            {"pad_token_id", o.pad_token_id},
+            {"dropout", o.dropout},
+            {"attention_dropout", o.attention_dropout},
+            {"activation_function", "relu"},
+            {"do_layer_norm_before", true}};
+  }
+  return {{"model_type", "blip-2"},
+          {"architectures", Json::array({"Blip2ForConditionalGeneration"})},
+          {"num_query_tokens", c.num_query_tokens},
+          {"image_token_index", c.image_token_index},
+          {"vision_config",
+           {{"hidden_size", v.hidden_size},
+            {"intermediate_size", v.intermediate_size},
+            {"num_hidden_layers", v.num_hidden_layers},
+            {"num_attention_heads", v.num_attention_heads},
+            {"image_size", v.image_size},
+            {"patch_size", v.patch_size},
+            {"layer_norm_eps", v.layer_norm_eps},
+            {"qkv_bias", v.qkv_bias},
+            {"attention_dropout", v.attention_dropout},
+            {"hidden_act", "gelu"}}},
+          {"qformer_config",
+           {{"hidden_size", q.hidden_size},
+            {"intermediate_size", q.intermediate_size},
+            {"num_hidden_layers", q.num_hidden_layers},
+            {"num_attention_heads", q.num_attention_heads},
+            {"cross_attention_frequency", q.cross_attention_frequency},
+            {"encoder_hidden_size", q.encoder_hidden_size},
+            {"layer_norm_eps", q.layer_norm_eps},
+            {"hidden_dropout_prob", q.hidden_dropout_prob},
+            {"attention_probs_dropout_prob", q.attention_probs_dropout_prob},
+            {"hidden_act", "gelu"}}},
+          {"text_config", text}};
+}
+
 StatusOr<std::optional<Blip2Config>> ResolveBlip2Model(std::string_view model) {
   std::string_view name = model;
   if (name.starts_with("Salesforce/")) name.remove_prefix(11);

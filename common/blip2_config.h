@@ -126,6 +126,11 @@ std::optional<Blip2Config> Blip2Preset(const std::string& name);
 // with a projected embedding or post-LN (opt-350m), and for T5 FFNs other than relu and gated-gelu.
 StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::string& source);
 
+// `config` as a Hugging Face config.json of model_type "blip-2" (what a merged model is saved with):
+// every field ParseBlip2Config reads, so parsing it gives `config` back, and transformers builds the
+// same model from it.
+nlohmann::json ToHfConfigJson(const Blip2Config& config);
+
 // `model` as a trial names it, when it names BLIP-2: a preset (its hub name, with or without
 // "Salesforce/") or a directory (or its config.json) whose config.json has model_type "blip-2".
 // nullopt when it names anything else, which ResolveModel (model_config.h) then resolves or refuses;

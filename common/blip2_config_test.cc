@@ -118,6 +118,26 @@ TEST(Blip2ConfigTest, T5FieldsFollowT5Config) {
   EXPECT_EQ(flan->t5()->dropout_rate, 0.2);
 }
 
+// What a merged model is saved with parses back to the same shapes, for both language models.
+TEST(Blip2ConfigTest, WrittenConfigParsesBackToTheSameModel) {
+  for (const char* preset : {"blip2-opt-2.7b", "blip2-flan-t5-xxl"}) {
+    SCOPED_TRACE(preset);
+    Blip2Config config = *Blip2Preset(preset);
+    config.qformer.hidden_dropout_prob = 0.25;  // away from the defaults, so each must be written
+    config.vision.attention_dropout = 0.125;
+    const auto back = ParseBlip2Config(ToHfConfigJson(config), "merged/config.json");
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(ToHfConfigJson(*back), ToHfConfigJson(config));
+    EXPECT_EQ(CountBlip2Parameters(*back).total(), CountBlip2Parameters(config).total());
+    EXPECT_EQ(back->qformer.hidden_dropout_prob, 0.25);
+    EXPECT_EQ(back->vision.attention_dropout, 0.125);
+    EXPECT_EQ(back->t5() != nullptr, config.t5() != nullptr);
+    if (config.t5()) {
+      EXPECT_FALSE(back->t5()->tie_word_embeddings);
+    }
+  }
+}
+
 TEST(Blip2ConfigTest, TheTinyFixturesConfigCountsWhatItsCheckpointHolds) {
   // tests/fixtures/blip2/opt-tiny's config: the sum of its model.safetensors' tensors, 81,736
   // values (make_blip2_fixtures.py's model, the tied head once).

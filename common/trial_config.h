@@ -141,7 +141,7 @@ struct ConfigProblem {
 std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config, const ModelConfig* model);
 
 // What the model's family allows: BLIP-2 (`blip2`) trains on data.format imagefolder and the LLaMA
-// family on text, and peft.save_merged is the LLaMA family's. For the callers that know the family
+// family on text. For the callers that know the family
 // (the experiment parser where the model is on this machine, llm-train).
 std::optional<ConfigProblem> FindModelFamilyProblem(const TrialConfig& config, bool blip2);
 

@@ -437,10 +437,6 @@ std::optional<ConfigProblem> FindModelFamilyProblem(const TrialConfig& config, b
                    "data.format imagefolder is for BLIP-2 models, and model " + model +
                        " is a LLaMA-family text model");
   }
-  if (blip2 && config.GetBool("peft.save_merged")) {
-    return Problem({"peft.save_merged", "model"},
-                   "peft.save_merged is built for the LLaMA family, not yet BLIP-2");
-  }
   return std::nullopt;
 }
 

@@ -262,31 +262,48 @@ Status SaveAdapter(torch::nn::Module& model, const LoraConfig& config, const std
   return WriteJson(dir + "/" + kAdapterConfigFile, adapter_config);
 }
 
-Status SaveMerged(LlamaForCausalLM& model, const std::string& dir) {
+Status SaveMerged(torch::nn::Module& model,
+                  const std::function<nlohmann::json(const std::vector<std::string>& untied)>& config_json,
+                  const std::string& dir) {
   RETURN_IF_ERROR(CreateDirectory(dir));
   torch::NoGradGuard no_grad;
   // "<projection>.weight" -> W + delta, and the dequantised W of NF4 bases without an adapter
   std::map<std::string, torch::Tensor> merged_weights;
-  for (auto& [name, projection] : model->NamedProjections()) {
+  std::set<std::string> nf4_bases;
+  for (auto& [name, projection] : NamedProjections(model)) {
     if (!projection->has_adapter() && !projection->is_quantized()) continue;
     torch::Tensor weight = projection->DenseWeight();
     if (projection->has_adapter()) weight = weight + projection->MergedDelta();
     merged_weights[name + ".weight"] = weight;
+    if (projection->is_quantized()) nf4_bases.insert(name + ".weight");
   }
   NamedTensors tensors;
-  for (const auto& item : model->named_parameters()) {
+  for (const auto& item : model.named_parameters()) {
     if (IsAdapterParameter(item.key())) continue;
     auto merged = merged_weights.extract(item.key());
     tensors.emplace_back(item.key(), merged.empty() ? item.value() : merged.mapped());
   }
-  ModelConfig config = model->config();
-  // What is left has no parameter of its own: NF4 bases, and the tied lm_head, now its own matrix.
+  // What is left has no parameter of its own: NF4 bases, and a tied head, now its own matrix.
+  std::vector<std::string> untied;
   for (auto& [name, weight] : merged_weights) {
     tensors.emplace_back(name, weight);
-    if (name == "lm_head.weight") config.tie_word_embeddings = false;
+    if (!nf4_bases.contains(name)) untied.push_back(name);
   }
   RETURN_IF_ERROR(WriteTensors(dir + "/model.safetensors", tensors, TorchFormat()));
-  return WriteJson(dir + "/config.json", ToHfConfigJson(config));
+  return WriteJson(dir + "/config.json", config_json(untied));
+}
+
+Status SaveMerged(LlamaForCausalLM& model, const std::string& dir) {
+  return SaveMerged(
+      *model,
+      [&](const std::vector<std::string>& untied) {
+        ModelConfig config = model->config();
+        if (std::find(untied.begin(), untied.end(), "lm_head.weight") != untied.end()) {
+          config.tie_word_embeddings = false;
+        }
+        return ToHfConfigJson(config);
+      },
+      dir);
 }
 
 }  // namespace llmctl::trainer

@@ -8,6 +8,8 @@
 #ifndef LLMCTL_TRAINER_PEFT_LORA_H_
 #define LLMCTL_TRAINER_PEFT_LORA_H_
 
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -67,9 +69,14 @@ Status SaveAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std:
 // Writes `dir`/config.json and `dir`/model.safetensors (Hugging Face names, the parameters' dtype)
 // with every adapter merged into its base weight: W + (lora_B @ lora_A) * alpha / r. NF4 base
 // weights are dequantised to the parameters' dtype first, so a QLoRA model is written dense, as
-// PEFT's merge_and_unload of a dequantised 4-bit model gives it. With tied
-// embeddings and an lm_head adapter the output projection no longer equals the embedding matrix, so
-// lm_head.weight is written and config.json says tie_word_embeddings: false.
+// PEFT's merge_and_unload of a dequantised 4-bit model gives it. A tied output projection with an
+// adapter no longer equals the embedding matrix, so it is written as its own weight: `config_json`
+// gets the names of such weights (none, or the head's) and returns the config.json to write (which
+// then says the head is not tied).
+Status SaveMerged(torch::nn::Module& model,
+                  const std::function<nlohmann::json(const std::vector<std::string>& untied)>& config_json,
+                  const std::string& dir);
+// The LLaMA family's: its config.json, tie_word_embeddings false once lm_head.weight is its own.
 Status SaveMerged(LlamaForCausalLM& model, const std::string& dir);
 
 }  // namespace llmctl::trainer

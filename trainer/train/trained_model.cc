@@ -3,6 +3,7 @@
 #include "trainer/model/blip2.h"
 #include "trainer/model/loss.h"
 #include "trainer/model/weights.h"
+#include "trainer/peft/lora.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -15,7 +16,7 @@ class LlamaModelHolder final : public TrainedModel {
   }
 
   torch::nn::Module& module() override { return *model_; }
-  LlamaForCausalLM* llama() override { return &model_; }
+  Status SaveMerged(const std::string& dir) override { return trainer::SaveMerged(model_, dir); }
   std::string adapter_task_type() const override { return "CAUSAL_LM"; }
 
   torch::Tensor Loss(const MicroBatch& batch, bool chunked) override {
@@ -48,7 +49,23 @@ class LlamaModelHolder final : public TrainedModel {
 
 class Blip2ModelHolder final : public TrainedModel {
  public:
-  explicit Blip2ModelHolder(Blip2ForConditionalGeneration model) : model_(std::move(model)) {}
+  Blip2ModelHolder(Blip2ForConditionalGeneration model, Blip2Config config)
+      : model_(std::move(model)), config_(std::move(config)) {}
+
+  // T5's head, when an adapter made it its own matrix, is no longer tied (T5 v1.0's); OPT's has
+  // no projection of its own, so no adapter unties it.
+  Status SaveMerged(const std::string& dir) override {
+    return trainer::SaveMerged(
+        *model_,
+        [this](const std::vector<std::string>& untied) {
+          Blip2Config config = config_;
+          if (auto* t5 = std::get_if<T5Config>(&config.text); t5 != nullptr && !untied.empty()) {
+            t5->tie_word_embeddings = false;
+          }
+          return ToHfConfigJson(config);
+        },
+        dir);
+  }
 
   torch::nn::Module& module() override { return *model_; }
   std::string adapter_task_type() const override { return ""; }
@@ -77,6 +94,7 @@ class Blip2ModelHolder final : public TrainedModel {
 
  private:
   Blip2ForConditionalGeneration model_;
+  Blip2Config config_;
 };
 
 }  // namespace
@@ -95,7 +113,7 @@ StatusOr<std::unique_ptr<TrainedModel>> BuildTrainedModel(const TrialModelConfig
                      BuildBlip2Model(*blip2, options.init, options.model_dir, options.dtype,
                                      options.device, options.nf4));
     model->SetActivationCheckpointing(options.activation_checkpointing);
-    return std::unique_ptr<TrainedModel>(new Blip2ModelHolder(std::move(model)));
+    return std::unique_ptr<TrainedModel>(new Blip2ModelHolder(std::move(model), *blip2));
   }
   ASSIGN_OR_RETURN(LlamaForCausalLM model,
                    BuildModel(std::get<ModelConfig>(config), options.init, options.model_dir,

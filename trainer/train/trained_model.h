@@ -34,9 +34,8 @@ class TrainedModel {
   // The micro-batch's mean cross-entropy over its label tokens (a float32 scalar), with the graph
   // for backward. `chunked`: over kLossChunkTokens tokens at a time, never holding all logits.
   virtual torch::Tensor Loss(const MicroBatch& batch, bool chunked) = 0;
-  // The LLaMA model, for what only it has (FSDP's per-layer sharding, the merged save); null for
-  // other families.
-  virtual LlamaForCausalLM* llama() { return nullptr; }
+  // peft.save_merged: `dir` as a Hugging Face model directory with every adapter merged (SaveMerged).
+  virtual Status SaveMerged(const std::string& dir) = 0;
   // PEFT's task_type for this model's adapters ("" for none, as get_peft_model leaves BLIP-2's).
   virtual std::string adapter_task_type() const = 0;
   // FSDP's per-block gathers around each block of the model's stacks.

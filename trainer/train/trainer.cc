@@ -393,7 +393,7 @@ Status TrialRun::SaveAdapterOutputs() {
   Log("info", "adapter written to " + adapter_dir);
   if (config_.GetBool("peft.save_merged")) {
     const std::string merged_dir = output_dir + "/merged";
-    RETURN_IF_ERROR(SaveMerged(*model_->llama(), merged_dir));
+    RETURN_IF_ERROR(model_->SaveMerged(merged_dir));
     Log("info", "merged model written to " + merged_dir);
   }
   return Status::Ok();
