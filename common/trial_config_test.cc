@@ -590,7 +590,8 @@ TEST(ValidateTrialConfigTest, AdapterSettings) {
             std::string::npos);
   EXPECT_EQ(problem_with({{"peft.method", "lora"}, {"peft.targets", "[q_proj, query]"}}),
             "peft.targets: unknown projection 'query' (known: q_proj, k_proj, v_proj, o_proj, "
-            "out_proj, gate_proj, up_proj, down_proj, fc1, fc2, lm_head)");
+            "out_proj, gate_proj, up_proj, down_proj, fc1, fc2, q, k, v, o, wi_0, wi_1, wi, wo, "
+            "lm_head)");
   EXPECT_EQ(problem_with({{"peft.method", "lora"}, {"peft.targets", "[q_proj, q_proj]"}}),
             "peft.targets: 'q_proj' is listed twice");
   EXPECT_NE(problem_with({{"peft.method", "lora"}, {"peft.double_quant", "false"}})
