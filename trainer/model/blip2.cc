@@ -181,15 +181,17 @@ Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(
   qformer = register_module("qformer", Blip2QFormerModel(c.qformer));
   language_projection = register_module(
       "language_projection", torch::nn::Linear(c.qformer.hidden_size, c.text_hidden_size()));
-  stacks_ = {{"vision_model.encoder.layers.", c.vision.num_hidden_layers},
-             {"qformer.encoder.layer.", c.qformer.num_hidden_layers}};
+  stacks_ = {{"vision_model.encoder.layers.", c.vision.num_hidden_layers, &vision_model->layer_hooks},
+             {"qformer.encoder.layer.", c.qformer.num_hidden_layers, &qformer->layer_hooks}};
   if (const T5Config* t5_config = c.t5()) {
     t5 = register_module("language_model", T5ForConditionalGeneration(*t5_config, nf4));
-    stacks_.emplace_back("language_model.encoder.block.", t5_config->num_layers);
-    stacks_.emplace_back("language_model.decoder.block.", t5_config->num_decoder_layers);
+    stacks_.push_back({"language_model.encoder.block.", t5_config->num_layers, &t5->encoder_hooks()});
+    stacks_.push_back(
+        {"language_model.decoder.block.", t5_config->num_decoder_layers, &t5->decoder_hooks()});
   } else {
     opt = register_module("language_model", OptForCausalLM(*c.opt(), nf4));
-    stacks_.emplace_back("language_model.model.decoder.layers.", c.opt()->num_hidden_layers);
+    stacks_.push_back(
+        {"language_model.model.decoder.layers.", c.opt()->num_hidden_layers, &opt->layer_hooks});
   }
 }
 
@@ -207,27 +209,21 @@ void Blip2ForConditionalGenerationImpl::SetActivationCheckpointing(bool on) {
 }
 
 void Blip2ForConditionalGenerationImpl::SetLayerHooks(LayerHooks* hooks) {
-  std::vector<StackHooks*> stacks = {&vision_model->layer_hooks, &qformer->layer_hooks};
-  if (opt) stacks.push_back(&opt->layer_hooks);
-  if (t5) {
-    stacks.push_back(&t5->encoder_hooks());
-    stacks.push_back(&t5->decoder_hooks());
-  }
   int64_t first = 0;
-  for (size_t i = 0; i < stacks.size(); ++i) {
-    *stacks[i] = StackHooks{hooks, first};
-    first += stacks_[i].second;
+  for (const Stack& stack : stacks_) {
+    *stack.hooks = StackHooks{hooks, first};
+    first += stack.blocks;
   }
 }
 
 int64_t Blip2ForConditionalGenerationImpl::LayerOf(const std::string& name) const {
   if (name.find("relative_attention_bias") != std::string::npos) return -1;
   int64_t first = 0;
-  for (const auto& [prefix, count] : stacks_) {
-    if (name.starts_with(prefix)) {
-      return first + std::stoll(name.substr(prefix.size()));  // "<i>.…"
+  for (const Stack& stack : stacks_) {
+    if (name.starts_with(stack.prefix)) {
+      return first + std::stoll(name.substr(stack.prefix.size()));  // "<i>.…"
     }
-    first += count;
+    first += stack.blocks;
   }
   return -1;
 }
@@ -254,11 +250,9 @@ torch::Tensor Blip2ForConditionalGenerationImpl::Loss(const torch::Tensor& pixel
   if (opt) {
     const torch::Tensor hidden = opt->Hidden(embeds);
     if (!chunked) return CausalLmLoss(opt->Logits(hidden), labels);  // logits (B, T, V)
-    std::vector<torch::Tensor> weights;
-    if (opt->OutputWeight().requires_grad()) weights.push_back(opt->OutputWeight());
     return ChunkedCausalLmLoss(
         hidden, labels, [model = opt](const torch::Tensor& h) mutable { return model->Logits(h); },
-        weights, kLossChunkTokens);
+        {opt->OutputWeight()}, kLossChunkTokens);
   }
   // The caption's columns: every row's Q placeholders come first.
   const torch::Tensor caption_labels =

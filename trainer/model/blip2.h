@@ -161,8 +161,14 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
  private:
   int64_t image_token_index_;
   int64_t num_query_tokens_;
-  // Each stack's block-name prefix and block count, in the order LayerOf numbers them.
-  std::vector<std::pair<std::string, int64_t>> stacks_;
+  // Each stack, in the order LayerOf numbers their blocks: its blocks' name prefix, its block
+  // count, and its hooks (in its own module).
+  struct Stack {
+    std::string prefix;
+    int64_t blocks;
+    StackHooks* hooks;
+  };
+  std::vector<Stack> stacks_;
 };
 TORCH_MODULE(Blip2ForConditionalGeneration);
 

@@ -194,24 +194,19 @@ torch::Tensor T5StackImpl::forward(const torch::Tensor& embeds, const torch::Ten
   for (size_t i = 0; i < blocks_.size(); ++i) {
     T5Block& block = blocks_[i];
     h = layer_hooks.Before(static_cast<int64_t>(i), h);
-    if (!checkpoint) {
-      h = layer_hooks.After(static_cast<int64_t>(i), block(h, self_bias, encoder, cross_mask));
-      continue;
-    }
-    // The bias (block 0's trained embedding) and the encoder's states are kept inputs with their
-    // own gradients, as transformers passes them into each checkpointed block; the mask is read.
-    if (decoder_) {
+    if (checkpoint) {
+      // The bias (block 0's trained embedding) and a decoder's encoder states are kept inputs with
+      // their own gradients, as transformers passes them into each checkpointed block; the mask
+      // is read.
+      std::vector<torch::Tensor> kept = {h, self_bias};
+      if (decoder_) kept.push_back(encoder);
       h = CheckpointedForward(
           [block, cross_mask](const std::vector<torch::Tensor>& x) mutable {
-            return block(x[0], x[1], x[2], cross_mask);
+            return block(x[0], x[1], x.size() > 2 ? x[2] : torch::Tensor(), cross_mask);
           },
-          {h, self_bias, encoder});
+          kept);
     } else {
-      h = CheckpointedForward(
-          [block](const torch::Tensor& x, const torch::Tensor& bias) mutable {
-            return block(x, bias, torch::Tensor(), torch::Tensor());
-          },
-          h, self_bias);
+      h = block(h, self_bias, encoder, cross_mask);
     }
     h = layer_hooks.After(static_cast<int64_t>(i), h);
   }
