@@ -66,8 +66,8 @@ class Fields {
     if (!json_.contains(key) || (json_[key].is_string() && json_[key] == expected)) {
       return Status::Ok();
     }
-    return Status(code, where_ + "." + key + ": " + json_[key].dump() + ", where llmctl implements \"" +
-                            expected + "\"");
+    return Status(code, where_ + "." + key + ": " + json_[key].dump() +
+                            ", where llmctl implements \"" + expected + "\"");
   }
 
  private:
@@ -108,8 +108,8 @@ StatusOr<OptConfig> ParseOptConfig(const nlohmann::json& text_json, const std::s
                               "LayerNorms without weights or word_embed_proj_dim != hidden_size "
                               "(opt-350m's) is not built");
   }
-  RETURN_IF_ERROR(
-      Divisible(o.hidden_size, o.num_attention_heads, where + ".hidden_size / num_attention_heads"));
+  RETURN_IF_ERROR(Divisible(o.hidden_size, o.num_attention_heads,
+                            where + ".hidden_size / num_attention_heads"));
   return o;
 }
 
@@ -142,11 +142,11 @@ StatusOr<T5Config> ParseT5Config(const nlohmann::json& text_json, const std::str
   t.gated_gelu = ffn == "gated-gelu";
   if (t.relative_attention_num_buckets < 4 ||
       t.relative_attention_max_distance <= t.relative_attention_num_buckets / 2) {
-    return InvalidArgumentError(where + ": relative_attention_num_buckets " +
-                                std::to_string(t.relative_attention_num_buckets) +
-                                " and relative_attention_max_distance " +
-                                std::to_string(t.relative_attention_max_distance) +
-                                " leave no logarithmic buckets (at least 4 buckets and a distance above half of them)");
+    return InvalidArgumentError(
+        where + ": relative_attention_num_buckets " +
+        std::to_string(t.relative_attention_num_buckets) + " and relative_attention_max_distance " +
+        std::to_string(t.relative_attention_max_distance) +
+        " leave no logarithmic buckets (at least 4 buckets and a distance above half of them)");
   }
   return t;
 }
@@ -159,11 +159,11 @@ Blip2ParameterCounts CountBlip2Parameters(const Blip2Config& c) {
   const int64_t cv = v.hidden_size;
   const int64_t grid = v.image_size / v.patch_size;
   n.vision = cv * 3 * v.patch_size * v.patch_size + cv  // patch embedding (conv with bias)
-             + cv + (grid * grid + 1) * cv               // class token, positions
-             + 2 * cv;                                   // post_layernorm
-  const int64_t vision_layer = 4 * cv                                       // two LayerNorms
-                               + 3 * cv * cv + (v.qkv_bias ? 3 * cv : 0)    // qkv
-                               + cv * cv + cv                               // projection
+             + cv + (grid * grid + 1) * cv              // class token, positions
+             + 2 * cv;                                  // post_layernorm
+  const int64_t vision_layer = 4 * cv                   // two LayerNorms
+                               + 3 * cv * cv + (v.qkv_bias ? 3 * cv : 0)  // qkv
+                               + cv * cv + cv                             // projection
                                + 2 * cv * v.intermediate_size + v.intermediate_size + cv;  // MLP
   n.vision += v.num_hidden_layers * vision_layer;
 
@@ -185,21 +185,22 @@ Blip2ParameterCounts CountBlip2Parameters(const Blip2Config& c) {
     const int64_t attention = 4 * ct * t->inner_dim();  // q, k, v (C -> H*D) and o, no biases
     const int64_t ffn = (t->gated_gelu ? 3 : 2) * ct * t->d_ff;
     const int64_t position_bias = t->relative_attention_num_buckets * t->num_heads;  // block 0's
-    n.language_model = t->vocab_size * ct                             // the shared embedding
+    n.language_model = t->vocab_size * ct                                   // the shared embedding
                        + (t->tie_word_embeddings ? 0 : t->vocab_size * ct)  // lm_head
-                       + 2 * ct                                       // the final norms
+                       + 2 * ct                                             // the final norms
                        + 2 * position_bias;
     n.language_model += t->num_layers * (attention + ffn + 2 * ct);
-    n.language_model += t->num_decoder_layers * (2 * attention + ffn + 3 * ct);  // with cross-attention
+    n.language_model +=
+        t->num_decoder_layers * (2 * attention + ffn + 3 * ct);  // with cross-attention
     return n;
   }
   const OptConfig& o = *c.opt();
   const int64_t ct = o.hidden_size;
   n.language_model = o.vocab_size * ct + (o.max_position_embeddings + 2) * ct  // tokens, positions
-                     + 2 * ct;                                                   // final LayerNorm
-  n.language_model += o.num_hidden_layers * (4 * (ct * ct + ct)                   // q, k, v, out
+                     + 2 * ct;                                                 // final LayerNorm
+  n.language_model += o.num_hidden_layers * (4 * (ct * ct + ct)                // q, k, v, out
                                              + 2 * ct * o.ffn_dim + o.ffn_dim + ct  // fc1, fc2
-                                             + 4 * ct);                             // two LayerNorms
+                                             + 4 * ct);  // two LayerNorms
   return n;
 }
 
@@ -296,16 +297,15 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
   bool text_input = false;
   RETURN_IF_ERROR(qformer.Bool("use_qformer_text_input", text_input));
   if (text_input) {
-    return UnimplementedError(source +
-                              ": qformer_config.use_qformer_text_input (InstructBLIP's) is not built");
+    return UnimplementedError(
+        source + ": qformer_config.use_qformer_text_input (InstructBLIP's) is not built");
   }
   RETURN_IF_ERROR(Divisible(q.hidden_size, q.num_attention_heads,
                             source + ": qformer_config.hidden_size / num_attention_heads"));
   if (q.encoder_hidden_size != v.hidden_size) {
-    return InvalidArgumentError(source + ": qformer_config.encoder_hidden_size " +
-                                std::to_string(q.encoder_hidden_size) +
-                                " differs from vision_config.hidden_size " +
-                                std::to_string(v.hidden_size));
+    return InvalidArgumentError(
+        source + ": qformer_config.encoder_hidden_size " + std::to_string(q.encoder_hidden_size) +
+        " differs from vision_config.hidden_size " + std::to_string(v.hidden_size));
   }
 
   const nlohmann::json& text_json = section("text_config");
@@ -320,9 +320,9 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
                               ": llmctl builds BLIP-2 with OPT or T5 (Flan-T5)");
   }
   if (c.image_token_index >= c.text_vocab_size()) {
-    return InvalidArgumentError(source + ": image_token_index " +
-                                std::to_string(c.image_token_index) + " is outside the vocabulary (" +
-                                std::to_string(c.text_vocab_size()) + ")");
+    return InvalidArgumentError(
+        source + ": image_token_index " + std::to_string(c.image_token_index) +
+        " is outside the vocabulary (" + std::to_string(c.text_vocab_size()) + ")");
   }
   return c;
 }

@@ -1,7 +1,8 @@
-// BLIP-2's shapes (Blip2ForConditionalGeneration: a ViT image encoder, the Q-Former, a projection and a
-// language model) as a Hugging Face config.json states them in vision_config, qformer_config and
-// text_config, parsed and checked, with transformers' defaults for what a file leaves out (the hub's
-// blip2-opt-2.7b states only part of its OPT config). No LibTorch: the estimate reads these too.
+// BLIP-2's shapes (Blip2ForConditionalGeneration: a ViT image encoder, the Q-Former, a projection
+// and a language model) as a Hugging Face config.json states them in vision_config, qformer_config
+// and text_config, parsed and checked, with transformers' defaults for what a file leaves out (the
+// hub's blip2-opt-2.7b states only part of its OPT config). No LibTorch: the estimate reads these
+// too.
 #ifndef LLMCTL_COMMON_BLIP2_CONFIG_H_
 #define LLMCTL_COMMON_BLIP2_CONFIG_H_
 
@@ -56,13 +57,14 @@ struct OptConfig {
   int64_t num_attention_heads = 12;
   int64_t max_position_embeddings = 2048;
   int64_t pad_token_id = 1;
-  double dropout = 0.1;            // in training, on each attention and FFN output before its residual
+  double dropout = 0.1;  // in training, on each attention and FFN output before its residual
   double attention_dropout = 0.0;  // in training, on the attention probabilities
 };
 
 // T5's encoder-decoder (T5Config's fields; Flan-T5 is T5 v1.1): a shared token embedding, relative
-// position buckets computed once per stack, T5's RMS LayerNorm (no mean, no bias), unscaled attention
-// logits, a gated-GELU (v1.1) or ReLU (v1.0) FFN without biases, dropout_rate everywhere in training.
+// position buckets computed once per stack, T5's RMS LayerNorm (no mean, no bias), unscaled
+// attention logits, a gated-GELU (v1.1) or ReLU (v1.0) FFN without biases, dropout_rate everywhere
+// in training.
 struct T5Config {
   int64_t vocab_size = 32128;
   int64_t d_model = 512;
@@ -80,7 +82,8 @@ struct T5Config {
   bool gated_gelu = true;
   // The head: false (v1.1, Flan) its own lm_head; true (v1.0) the shared embedding, with the
   // decoder's output scaled by d_model^-0.5. transformers 5 ties the head whatever the config says;
-  // the published Flan-T5 checkpoints hold a distinct lm_head, which llmctl keeps, as transformers 4.
+  // the published Flan-T5 checkpoints hold a distinct lm_head, which llmctl keeps, as
+  // transformers 4.
   bool tie_word_embeddings = false;
   int64_t pad_token_id = 0;
   int64_t decoder_start_token_id = 0;
@@ -116,25 +119,26 @@ struct Blip2ParameterCounts {
 Blip2ParameterCounts CountBlip2Parameters(const Blip2Config& config);
 
 // The published models by their hub names' last part ("blip2-opt-2.7b", "blip2-opt-6.7b",
-// "blip2-flan-t5-xl", "blip2-flan-t5-xxl"): the hub's config.json shapes (OPT's vocabulary padded to
-// 50,304 with the image token at 50,265; T5's 32,128 with it at 32,100), so that `init: random` runs
-// take the real model's memory. nullopt for other names.
+// "blip2-flan-t5-xl", "blip2-flan-t5-xxl"): the hub's config.json shapes (OPT's vocabulary padded
+// to 50,304 with the image token at 50,265; T5's 32,128 with it at 32,100), so that `init: random`
+// runs take the real model's memory. nullopt for other names.
 std::optional<Blip2Config> Blip2Preset(const std::string& name);
 
 // Parses a config.json of model_type "blip-2". InvalidArgument naming `source`, the section and the
-// field for a wrong value; Unimplemented for a language model other than OPT and T5, for OPT variants
-// with a projected embedding or post-LN (opt-350m), and for T5 FFNs other than relu and gated-gelu.
+// field for a wrong value; Unimplemented for a language model other than OPT and T5, for OPT
+// variants with a projected embedding or post-LN (opt-350m), and for T5 FFNs other than relu and
+// gated-gelu.
 StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::string& source);
 
-// `config` as a Hugging Face config.json of model_type "blip-2" (what a merged model is saved with):
-// every field ParseBlip2Config reads, so parsing it gives `config` back, and transformers builds the
-// same model from it.
+// `config` as a Hugging Face config.json of model_type "blip-2" (what a merged model is saved
+// with): every field ParseBlip2Config reads, so parsing it gives `config` back, and transformers
+// builds the same model from it.
 nlohmann::json ToHfConfigJson(const Blip2Config& config);
 
 // `model` as a trial names it, when it names BLIP-2: a preset (its hub name, with or without
 // "Salesforce/") or a directory (or its config.json) whose config.json has model_type "blip-2".
-// nullopt when it names anything else, which ResolveModel (model_config.h) then resolves or refuses;
-// errors from reading or parsing a BLIP-2 config.json, naming it.
+// nullopt when it names anything else, which ResolveModel (model_config.h) then resolves or
+// refuses; errors from reading or parsing a BLIP-2 config.json, naming it.
 StatusOr<std::optional<Blip2Config>> ResolveBlip2Model(std::string_view model);
 
 // Whether `model` is a BLIP-2 preset's name (with or without "Salesforce/").

@@ -7,12 +7,12 @@ namespace {
 
 TEST(Blip2ConfigTest, DefaultsAreTransformersForWhatAFileLeavesOut) {
   // The hub's blip2-opt-2.7b states OPT's shape in part; the rest are OPTConfig's defaults.
-  const auto config = ParseBlip2Config(
-      nlohmann::json::parse(R"({"model_type": "blip-2", "num_query_tokens": 32,
+  const auto config =
+      ParseBlip2Config(nlohmann::json::parse(R"({"model_type": "blip-2", "num_query_tokens": 32,
         "text_config": {"model_type": "opt", "hidden_size": 2560, "ffn_dim": 10240,
                         "num_hidden_layers": 32, "num_attention_heads": 32},
         "image_token_index": 50265})"),
-      "config.json");
+                       "config.json");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   EXPECT_EQ(config->vision.hidden_size, 1408);
   EXPECT_EQ(config->vision.num_hidden_layers, 39);
@@ -36,7 +36,8 @@ TEST(Blip2ConfigTest, WrongValuesAreNamedBySectionAndField) {
   const Status silu = parse(
       R"({"model_type": "blip-2", "text_config": {"model_type": "t5", "feed_forward_proj": "gated-silu"}})");
   EXPECT_EQ(silu.code(), StatusCode::kUnimplemented);
-  EXPECT_NE(silu.message().find("text_config.feed_forward_proj: \"gated-silu\""), std::string::npos);
+  EXPECT_NE(silu.message().find("text_config.feed_forward_proj: \"gated-silu\""),
+            std::string::npos);
   EXPECT_EQ(parse(R"({"model_type": "blip-2", "text_config": {"model_type": "t5", "d_kv": -1}})")
                 .message(),
             "m/config.json: text_config.d_kv: expected a positive integer, got -1");
@@ -46,17 +47,18 @@ TEST(Blip2ConfigTest, WrongValuesAreNamedBySectionAndField) {
       "m/config.json: text_config.pad_token_id: expected a token id, got \"x\"");
   EXPECT_EQ(parse(R"({"model_type": "blip-2", "vision_config": {"patch_size": 0}})").message(),
             "m/config.json: vision_config.patch_size: expected a positive integer, got 0");
+  EXPECT_EQ(parse(R"({"model_type": "blip-2", "qformer_config": {"encoder_hidden_size": 1024}})")
+                .message(),
+            "m/config.json: qformer_config.encoder_hidden_size 1024 differs from "
+            "vision_config.hidden_size 1408");
   EXPECT_EQ(
-      parse(R"({"model_type": "blip-2", "qformer_config": {"encoder_hidden_size": 1024}})").message(),
-      "m/config.json: qformer_config.encoder_hidden_size 1024 differs from "
-      "vision_config.hidden_size 1408");
-  EXPECT_EQ(parse(R"({"model_type": "blip-2", "text_config": {"word_embed_proj_dim": 512}})").code(),
-            StatusCode::kUnimplemented);
+      parse(R"({"model_type": "blip-2", "text_config": {"word_embed_proj_dim": 512}})").code(),
+      StatusCode::kUnimplemented);
 }
 
 // transformers 5.23's Blip2ForConditionalGeneration built on the meta device with each preset's
-// config counts these parameters (sum of numel over model.parameters(), the tied head once); the lab
-// says blip2-opt-2.7b's take close to 14 GB in fp32: 3,744,761,856 x 4 B = 13.95 GiB.
+// config counts these parameters (sum of numel over model.parameters(), the tied head once); the
+// lab says blip2-opt-2.7b's take close to 14 GB in fp32: 3,744,761,856 x 4 B = 13.95 GiB.
 TEST(Blip2ConfigTest, PresetsHaveThePublishedModelsParameterCounts) {
   const auto opt_2_7b = Blip2Preset("blip2-opt-2.7b");
   ASSERT_TRUE(opt_2_7b.has_value());
@@ -94,10 +96,10 @@ TEST(Blip2ConfigTest, FlanT5PresetsCountTheirOwnHead) {
 
 TEST(Blip2ConfigTest, T5FieldsFollowT5Config) {
   // A v1.0-style file: relu, and no tie_word_embeddings (PretrainedConfig's default: tied).
-  const auto v10 = ParseBlip2Config(
-      nlohmann::json::parse(R"({"model_type": "blip-2", "image_token_index": 5,
+  const auto v10 =
+      ParseBlip2Config(nlohmann::json::parse(R"({"model_type": "blip-2", "image_token_index": 5,
         "text_config": {"model_type": "t5", "d_model": 64, "num_layers": 3, "vocab_size": 100}})"),
-      "config.json");
+                       "config.json");
   ASSERT_TRUE(v10.ok()) << v10.status().ToString();
   ASSERT_NE(v10->t5(), nullptr);
   EXPECT_FALSE(v10->t5()->gated_gelu);
@@ -105,12 +107,12 @@ TEST(Blip2ConfigTest, T5FieldsFollowT5Config) {
   EXPECT_EQ(v10->t5()->num_decoder_layers, 3);  // as many as the encoder when left out
   EXPECT_EQ(v10->text_hidden_size(), 64);
   EXPECT_EQ(v10->text_vocab_size(), 100);
-  const auto flan = ParseBlip2Config(
-      nlohmann::json::parse(R"({"model_type": "blip-2", "image_token_index": 32100,
+  const auto flan =
+      ParseBlip2Config(nlohmann::json::parse(R"({"model_type": "blip-2", "image_token_index": 32100,
         "text_config": {"model_type": "t5", "feed_forward_proj": "gated-gelu",
                         "tie_word_embeddings": false, "num_layers": 2, "num_decoder_layers": 4,
                         "dropout_rate": 0.2}})"),
-      "config.json");
+                       "config.json");
   ASSERT_TRUE(flan.ok()) << flan.status().ToString();
   EXPECT_TRUE(flan->t5()->gated_gelu);
   EXPECT_FALSE(flan->t5()->tie_word_embeddings);
@@ -142,7 +144,8 @@ TEST(Blip2ConfigTest, TheTinyFixturesConfigCountsWhatItsCheckpointHolds) {
   // tests/fixtures/blip2/opt-tiny's config: the sum of its model.safetensors' tensors, 81,736
   // values (make_blip2_fixtures.py's model, the tied head once).
   const auto config = ParseBlip2Config(
-      nlohmann::json::parse(R"({"model_type": "blip-2", "num_query_tokens": 4, "image_token_index": 119,
+      nlohmann::json::parse(
+          R"({"model_type": "blip-2", "num_query_tokens": 4, "image_token_index": 119,
         "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                           "num_attention_heads": 4, "image_size": 28, "patch_size": 14},
         "qformer_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3,

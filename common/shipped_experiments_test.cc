@@ -97,7 +97,8 @@ TEST(ShippedExperimentsTest, ValidateFromTheRepositoryRootWithEveryInputPresent)
       }
     }
   }
-  EXPECT_GE(count, 9u);  // demo, cpu-lab, peft, single(-a100) for BLIP-2 and for LLaMA, multi(-a100)
+  EXPECT_GE(count,
+            9u);  // demo, cpu-lab, peft, single(-a100) for BLIP-2 and for LLaMA, multi(-a100)
 }
 
 // The GPU tables: the labs' rows in order, on their GPU, with the labs' out-of-memory rows.
@@ -147,11 +148,10 @@ TEST(ShippedExperimentsTest, SingleGpuBlip2Tables) {
           names.size() <= 6 ? "hf:Salesforce/blip2-opt-" : "hf:Salesforce/blip2-flan-t5-xxl"))
           << file << " " << trial.name;
     }
-    EXPECT_EQ(names, (std::vector<std::string>{"baseline", "reduced-batch", "grad-accumulation",
-                                               "bf16-true", "bf16-mixed", "larger-model",
-                                               "even-larger", "xxl-smallest-batch", "sgd",
-                                               "adam-8bit", "activation-checkpointing",
-                                               "cpu-offload", "lora", "qlora"}))
+    EXPECT_EQ(names, (std::vector<std::string>{
+                         "baseline", "reduced-batch", "grad-accumulation", "bf16-true",
+                         "bf16-mixed", "larger-model", "even-larger", "xxl-smallest-batch", "sgd",
+                         "adam-8bit", "activation-checkpointing", "cpu-offload", "lora", "qlora"}))
         << file;
     // The lab's spellings, as llmctl runs them; T5's projection names.
     const Trial& offload = experiment->trials.at(11);
@@ -215,8 +215,7 @@ TEST(ShippedExperimentsTest, MultiGpuTables) {
     EXPECT_EQ(names, (std::vector<std::string>{"one-device", "ddp", "fsdp", "fsdp-batch-8",
                                                "ddp-13b", "fsdp-13b"}))
         << file;
-    EXPECT_EQ(strategies,
-              (std::vector<std::string>{"auto", "ddp", "fsdp", "fsdp", "ddp", "fsdp"}))
+    EXPECT_EQ(strategies, (std::vector<std::string>{"auto", "ddp", "fsdp", "fsdp", "ddp", "fsdp"}))
         << file;
     EXPECT_EQ(global_batches, (std::vector<int64_t>{16, 16, 16, 32, 4, 4})) << file;
     EXPECT_EQ(oom, (std::vector<std::string>{"ddp-13b"})) << file;

@@ -84,9 +84,9 @@ torch::Tensor Blip2VisionModelImpl::forward(const torch::Tensor& pixel_values) {
   for (size_t i = 0; i < layers_.size(); ++i) {
     Blip2VisionLayer& layer = layers_[i];
     x = layer_hooks.Before(static_cast<int64_t>(i), x);
-    x = checkpoint ? CheckpointedForward(
-                         [layer](const torch::Tensor& h) mutable { return layer(h); }, x)
-                   : layer(x);
+    x = checkpoint
+            ? CheckpointedForward([layer](const torch::Tensor& h) mutable { return layer(h); }, x)
+            : layer(x);
     x = layer_hooks.After(static_cast<int64_t>(i), x);
   }
   return post_layernorm_(x);
@@ -111,10 +111,9 @@ torch::Tensor Blip2QFormerAttentionImpl::forward(const torch::Tensor& x,
                                                  const torch::Tensor& context) {
   const torch::Tensor y = Attend(query_(x), key_(context), value_(context), heads_,
                                  is_training() ? attention_dropout_ : 0.0);
-  return layer_norm_(F::dropout(dense_(y), F::DropoutFuncOptions()
-                                              .p(hidden_dropout_)
-                                              .training(is_training())) +
-                     x);
+  return layer_norm_(
+      F::dropout(dense_(y), F::DropoutFuncOptions().p(hidden_dropout_).training(is_training())) +
+      x);
 }
 
 Blip2QFormerLayerImpl::Blip2QFormerLayerImpl(const Blip2QFormerConfig& c, bool cross_attention)
@@ -176,16 +175,18 @@ Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(
     const Blip2Config& c, const std::optional<Nf4Options>& nf4)
     : image_token_index_(c.image_token_index), num_query_tokens_(c.num_query_tokens) {
   vision_model = register_module("vision_model", Blip2VisionModel(c.vision));
-  query_tokens =
-      register_parameter("query_tokens", torch::zeros({1, c.num_query_tokens, c.qformer.hidden_size}));
+  query_tokens = register_parameter("query_tokens",
+                                    torch::zeros({1, c.num_query_tokens, c.qformer.hidden_size}));
   qformer = register_module("qformer", Blip2QFormerModel(c.qformer));
   language_projection = register_module(
       "language_projection", torch::nn::Linear(c.qformer.hidden_size, c.text_hidden_size()));
-  stacks_ = {{"vision_model.encoder.layers.", c.vision.num_hidden_layers, &vision_model->layer_hooks},
-             {"qformer.encoder.layer.", c.qformer.num_hidden_layers, &qformer->layer_hooks}};
+  stacks_ = {
+      {"vision_model.encoder.layers.", c.vision.num_hidden_layers, &vision_model->layer_hooks},
+      {"qformer.encoder.layer.", c.qformer.num_hidden_layers, &qformer->layer_hooks}};
   if (const T5Config* t5_config = c.t5()) {
     t5 = register_module("language_model", T5ForConditionalGeneration(*t5_config, nf4));
-    stacks_.push_back({"language_model.encoder.block.", t5_config->num_layers, &t5->encoder_hooks()});
+    stacks_.push_back(
+        {"language_model.encoder.block.", t5_config->num_layers, &t5->encoder_hooks()});
     stacks_.push_back(
         {"language_model.decoder.block.", t5_config->num_decoder_layers, &t5->decoder_hooks()});
   } else {
@@ -230,8 +231,8 @@ int64_t Blip2ForConditionalGenerationImpl::LayerOf(const std::string& name) cons
 
 torch::Tensor Blip2ForConditionalGenerationImpl::InputEmbeddings(const torch::Tensor& pixel_values,
                                                                  const torch::Tensor& input_ids) {
-  const torch::Tensor features = ImageFeatures(pixel_values);                   // (B, Q, Ct)
-  const torch::Tensor embeds = opt ? opt->Embed(input_ids) : t5->Embed(input_ids);  // (B, T, Ct)
+  const torch::Tensor features = ImageFeatures(pixel_values);                          // (B, Q, Ct)
+  const torch::Tensor embeds = opt ? opt->Embed(input_ids) : t5->Embed(input_ids);     // (B, T, Ct)
   const torch::Tensor placeholders = (input_ids == image_token_index_).unsqueeze(-1);  // (B, T, 1)
   return embeds.masked_scatter(placeholders, features.to(embeds.scalar_type()));
 }
@@ -257,7 +258,7 @@ torch::Tensor Blip2ForConditionalGenerationImpl::Loss(const torch::Tensor& pixel
   // The caption's columns: every row's Q placeholders come first.
   const torch::Tensor caption_labels =
       labels.narrow(1, num_query_tokens_, labels.size(1) - num_query_tokens_);  // (B, T - Q)
-  const torch::Tensor encoder = t5->Encode(embeds, attention_mask);            // (B, T, Ct)
+  const torch::Tensor encoder = t5->Encode(embeds, attention_mask);             // (B, T, Ct)
   const torch::Tensor hidden = t5->DecoderHidden(caption_labels, encoder, attention_mask);
   if (chunked) {
     return ChunkedCrossEntropyLoss(
@@ -277,7 +278,8 @@ void Blip2ForConditionalGenerationImpl::InitializeRandom(double std) {
 }
 
 Status LoadBlip2Weights(Blip2ForConditionalGeneration& model,
-                        const safetensors::ShardedCheckpoint& checkpoint, const std::string& source) {
+                        const safetensors::ShardedCheckpoint& checkpoint,
+                        const std::string& source) {
   torch::NoGradGuard no_grad;
   for (auto& item : model->named_parameters()) {
     const std::string& name = item.key();

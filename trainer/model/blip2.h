@@ -1,5 +1,5 @@
-// BLIP-2 as Hugging Face's Blip2ForConditionalGeneration defines it, with its parameter names: the ViT
-// image encoder (vision_model), the learned queries (query_tokens), the Q-Former (qformer), the
+// BLIP-2 as Hugging Face's Blip2ForConditionalGeneration defines it, with its parameter names: the
+// ViT image encoder (vision_model), the learned queries (query_tokens), the Q-Former (qformer), the
 // projection into the language model's width (language_projection) and the language model
 // (language_model, OPT). The image features, one row per query, take the places of the image
 // placeholder tokens in the text's embeddings, as the processor lays them out.
@@ -46,7 +46,7 @@ class Blip2VisionModelImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& pixel_values);
 
   bool checkpoint_layers = false;  // each block through CheckpointedForward when grads are on
-  StackHooks layer_hooks;         // around each block (strategy fsdp)
+  StackHooks layer_hooks;          // around each block (strategy fsdp)
 
  private:
   torch::Tensor class_embedding_;     // (1, 1, C)
@@ -94,7 +94,7 @@ class Blip2QFormerModelImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& queries, const torch::Tensor& image);
 
   bool checkpoint_layers = false;  // each block, with the image as its second kept input
-  StackHooks layer_hooks;         // around each block (strategy fsdp)
+  StackHooks layer_hooks;          // around each block (strategy fsdp)
 
  private:
   double hidden_dropout_;
@@ -174,10 +174,11 @@ TORCH_MODULE(Blip2ForConditionalGeneration);
 
 // Copies every parameter from `checkpoint` by Hugging Face name. A hub checkpoint (transformers 4)
 // stores a vision layer's bias as self_attn.q_bias and self_attn.v_bias; a transformers 5 one as
-// self_attn.qkv.bias: either loads. An NF4 base weight is read densely and quantised, one at a time.
-// Errors name `source` and the tensor.
+// self_attn.qkv.bias: either loads. An NF4 base weight is read densely and quantised, one at a
+// time. Errors name `source` and the tensor.
 Status LoadBlip2Weights(Blip2ForConditionalGeneration& model,
-                        const safetensors::ShardedCheckpoint& checkpoint, const std::string& source);
+                        const safetensors::ShardedCheckpoint& checkpoint,
+                        const std::string& source);
 
 }  // namespace llmctl::trainer
 

@@ -1,8 +1,9 @@
-// BLIP-2 with a T5 language model (Flan-T5's kind) against transformers' Blip2ForConditionalGeneration
-// in float32, on the tiny random fixtures scripts/fixtures/make_blip2_t5_fixtures.py writes: the
-// captioning loss (T5's encoder over the image's features and the caption, its decoder predicting
-// the caption) before and after one AdamW step, T5 v1.0's tied and scaled head, PEFT's LoRA on q and
-// v, the relative-position buckets, and activation checkpointing of both stacks.
+// BLIP-2 with a T5 language model (Flan-T5's kind) against transformers'
+// Blip2ForConditionalGeneration in float32, on the tiny random fixtures
+// scripts/fixtures/make_blip2_t5_fixtures.py writes: the captioning loss (T5's encoder over the
+// image's features and the caption, its decoder predicting the caption) before and after one AdamW
+// step, T5 v1.0's tied and scaled head, PEFT's LoRA on q and v, the relative-position buckets, and
+// activation checkpointing of both stacks.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -120,7 +121,8 @@ TEST(Blip2T5Test, ParametersAreWhatTheConfigCounts) {
 TEST(Blip2T5Test, RelativePositionBucketsAreTransformers) {
   for (const bool bidirectional : {true, false}) {
     SCOPED_TRACE(bidirectional ? "encoder" : "decoder");
-    const torch::Tensor buckets = RelativePositionBuckets(300, 300, bidirectional, 32, 128, torch::kCPU);
+    const torch::Tensor buckets =
+        RelativePositionBuckets(300, 300, bidirectional, 32, 128, torch::kCPU);
     const torch::Tensor want =
         Expected(bidirectional ? "buckets_bidirectional" : "buckets_causal").to(torch::kLong);
     EXPECT_TRUE(torch::equal(buckets, want));
@@ -144,7 +146,8 @@ TEST(Blip2T5Test, PeftLoraAdapterOnQAndVLoadsAndGivesTransformersLoss) {
   torch::NoGradGuard no_grad;
   const double loss = Loss(model).item<double>();
   EXPECT_NEAR(loss, Expected("loss", "t5-tiny-lora").item<double>(), 1e-5);
-  EXPECT_GT(std::abs(loss - Expected("loss").item<double>()), 1e-3) << "the adapter changes nothing";
+  EXPECT_GT(std::abs(loss - Expected("loss").item<double>()), 1e-3)
+      << "the adapter changes nothing";
 }
 
 TEST(Blip2T5Test, LoraTargetsAreCheckedAgainstT5sNames) {
@@ -177,7 +180,8 @@ TEST(Blip2T5Test, ActivationCheckpointingGivesThePlainRunsGradients) {
   const auto [plain_loss, plain] = gradients(false);
   const auto [checkpointed_loss, checkpointed] = gradients(true);
   EXPECT_DOUBLE_EQ(checkpointed_loss, plain_loss);
-  EXPECT_GT(std::abs(plain_loss - Expected("loss").item<double>()), 1e-4) << "dropout drew no masks";
+  EXPECT_GT(std::abs(plain_loss - Expected("loss").item<double>()), 1e-4)
+      << "dropout drew no masks";
   ASSERT_EQ(checkpointed.size(), plain.size());
   for (const auto& [name, grad] : plain) {
     SCOPED_TRACE(name);

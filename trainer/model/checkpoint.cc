@@ -51,7 +51,8 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const tensor_list saved = ctx->get_saved_variables();
-    auto holder = c10::static_intrusive_pointer_cast<RecomputeHolder>(ctx->saved_data["block"].toCapsule());
+    auto holder =
+        c10::static_intrusive_pointer_cast<RecomputeHolder>(ctx->saved_data["block"].toCapsule());
     const AutocastSettings autocast{
         ctx->saved_data["cpu_autocast"].toBool(),
         static_cast<at::ScalarType>(ctx->saved_data["cpu_dtype"].toInt()),
@@ -67,7 +68,8 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     {
       // Forks the generators: the forward's states for the rerun, the current ones back after.
       std::vector<at::Generator> generators = Generators(inputs[0].device());
-      const std::vector<torch::Tensor> forward_states = ctx->saved_data["rng_states"].toTensorVector();
+      const std::vector<torch::Tensor> forward_states =
+          ctx->saved_data["rng_states"].toTensorVector();
       std::vector<torch::Tensor> current_states;
       for (size_t i = 0; i < generators.size(); ++i) {
         std::lock_guard<std::mutex> lock(generators[i].mutex());

@@ -1,4 +1,5 @@
-// Activation checkpointing: run a block without keeping its activations and recompute them in backward.
+// Activation checkpointing: run a block without keeping its activations and recompute them in
+// backward.
 #ifndef LLMCTL_TRAINER_MODEL_CHECKPOINT_H_
 #define LLMCTL_TRAINER_MODEL_CHECKPOINT_H_
 
@@ -34,11 +35,11 @@ class ScopedAutocast {
   AutocastSettings previous_;
 };
 
-// Returns block(input) while keeping only `input` for backward. In backward the block runs again with
-// gradients on, the forward's autocast settings and the forward's random-number states (so dropout
-// draws the same masks; the CPU's generator and the input's device's), and its parameters' gradients
-// accumulate as usual.
-// `block` must not capture anything by reference that dies before backward: capture tensors by value.
+// Returns block(input) while keeping only `input` for backward. In backward the block runs again
+// with gradients on, the forward's autocast settings and the forward's random-number states (so
+// dropout draws the same masks; the CPU's generator and the input's device's), and its parameters'
+// gradients accumulate as usual. `block` must not capture anything by reference that dies before
+// backward: capture tensors by value.
 torch::Tensor CheckpointedForward(std::function<torch::Tensor(const torch::Tensor&)> block,
                                   const torch::Tensor& input);
 // The same with a second input the block reads (BLIP-2's Q-Former: the image for cross-attention),

@@ -48,17 +48,18 @@ torch::Tensor OptDecoderLayerImpl::forward(const torch::Tensor& x) {
   const auto dropout =
       torch::nn::functional::DropoutFuncOptions().p(dropout_).training(is_training());
   const torch::Tensor h =
-      x + torch::nn::functional::dropout(
-              out_proj_(y.transpose(1, 2).reshape({batch, seq, width})), dropout);
+      x + torch::nn::functional::dropout(out_proj_(y.transpose(1, 2).reshape({batch, seq, width})),
+                                         dropout);
   return h + torch::nn::functional::dropout(fc2_(torch::relu(fc1_(final_layer_norm_(h)))), dropout);
 }
 
 OptForCausalLMImpl::OptForCausalLMImpl(const OptConfig& c, const std::optional<Nf4Options>& nf4) {
   auto model = register_module("model", std::make_shared<torch::nn::Module>());
   auto decoder = model->register_module("decoder", std::make_shared<torch::nn::Module>());
-  embed_tokens_ = decoder->register_module("embed_tokens",
-                                           torch::nn::Embedding(c.vocab_size, c.hidden_size));
-  auto positions = decoder->register_module("embed_positions", std::make_shared<torch::nn::Module>());
+  embed_tokens_ =
+      decoder->register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  auto positions =
+      decoder->register_module("embed_positions", std::make_shared<torch::nn::Module>());
   embed_positions_ = positions->register_parameter(
       "weight", torch::zeros({c.max_position_embeddings + kPositionOffset, c.hidden_size}));
   auto list = decoder->register_module("layers", torch::nn::ModuleList());
@@ -85,9 +86,9 @@ torch::Tensor OptForCausalLMImpl::Hidden(const torch::Tensor& inputs_embeds) {
   for (size_t i = 0; i < layers_.size(); ++i) {
     OptDecoderLayer& layer = layers_[i];
     h = layer_hooks.Before(static_cast<int64_t>(i), h);
-    h = checkpoint ? CheckpointedForward(
-                         [layer](const torch::Tensor& x) mutable { return layer(x); }, h)
-                   : layer(h);
+    h = checkpoint
+            ? CheckpointedForward([layer](const torch::Tensor& x) mutable { return layer(x); }, h)
+            : layer(h);
     h = layer_hooks.After(static_cast<int64_t>(i), h);
   }
   return final_layer_norm_(h);

@@ -1,10 +1,10 @@
-// OPT's decoder (Hugging Face's OPTForCausalLM, the pre-LN variants: 125m, 1.3b, 2.7b, 6.7b and up) with
-// its parameter names under a prefix, as BLIP-2 holds it (language_model.model.decoder...): learned
-// positions offset by 2, pre-LN blocks with biased projections, q scaled before the product, a ReLU
-// FFN, dropout on each block's two outputs in training, a final LayerNorm and an output head tied to the token embedding. The six linears of each layer
-// are Projections (LoRA adapters by PEFT's names q_proj, k_proj, v_proj, out_proj, fc1, fc2); with
-// `nf4` their base weights are NF4, as BitsAndBytesConfig(load_in_4bit) quantises every decoder
-// linear.
+// OPT's decoder (Hugging Face's OPTForCausalLM, the pre-LN variants: 125m, 1.3b, 2.7b, 6.7b and up)
+// with its parameter names under a prefix, as BLIP-2 holds it (language_model.model.decoder...):
+// learned positions offset by 2, pre-LN blocks with biased projections, q scaled before the
+// product, a ReLU FFN, dropout on each block's two outputs in training, a final LayerNorm and an
+// output head tied to the token embedding. The six linears of each layer are Projections (LoRA
+// adapters by PEFT's names q_proj, k_proj, v_proj, out_proj, fc1, fc2); with `nf4` their base
+// weights are NF4, as BitsAndBytesConfig(load_in_4bit) quantises every decoder linear.
 //
 // B = batch, T = sequence, C = width, V = vocabulary.
 #ifndef LLMCTL_TRAINER_MODEL_OPT_H_
@@ -47,7 +47,7 @@ class OptForCausalLMImpl : public torch::nn::Module {
   torch::Tensor OutputWeight() const { return embed_tokens_->weight; }
 
   bool checkpoint_layers = false;  // each decoder layer through CheckpointedForward
-  StackHooks layer_hooks;         // around each block (strategy fsdp)
+  StackHooks layer_hooks;          // around each block (strategy fsdp)
 
  private:
   torch::nn::Embedding embed_tokens_{nullptr};

@@ -48,8 +48,8 @@ torch::Tensor RelativePositionBuckets(int64_t query_length, int64_t key_length, 
                                       torch::Device device) {
   const auto longs = torch::TensorOptions().dtype(torch::kLong).device(device);
   // memory_position - context_position: (Tq, Tk)
-  torch::Tensor relative =
-      torch::arange(key_length, longs).unsqueeze(0) - torch::arange(query_length, longs).unsqueeze(1);
+  torch::Tensor relative = torch::arange(key_length, longs).unsqueeze(0) -
+                           torch::arange(query_length, longs).unsqueeze(1);
   torch::Tensor buckets = torch::zeros_like(relative);
   if (bidirectional) {
     num_buckets /= 2;
@@ -149,7 +149,8 @@ T5BlockImpl::T5BlockImpl(const T5Config& c, bool decoder, bool relative_bias,
 torch::Tensor T5BlockImpl::forward(const torch::Tensor& h, const torch::Tensor& self_bias,
                                    const torch::Tensor& encoder, const torch::Tensor& cross_mask) {
   const torch::Tensor normed = self_norm_(h);
-  torch::Tensor x = h + Dropout(self_attention_(normed, normed, self_bias), dropout_, is_training());
+  torch::Tensor x =
+      h + Dropout(self_attention_(normed, normed, self_bias), dropout_, is_training());
   if (cross_attention_) {
     x = x + Dropout(cross_attention_(cross_norm_(x), encoder, cross_mask), dropout_, is_training());
   }
@@ -164,14 +165,14 @@ T5StackImpl::T5StackImpl(const T5Config& c, bool decoder, const std::optional<Nf
     blocks_.push_back(T5Block(c, decoder, /*relative_bias=*/i == 0, nf4));
     list->push_back(blocks_.back());
   }
-  final_layer_norm_ =
-      register_module("final_layer_norm", RmsNorm(c.d_model, c.layer_norm_epsilon));
+  final_layer_norm_ = register_module("final_layer_norm", RmsNorm(c.d_model, c.layer_norm_epsilon));
 }
 
 torch::Tensor T5StackImpl::forward(const torch::Tensor& embeds, const torch::Tensor& key_mask,
                                    const torch::Tensor& encoder) {
   const int64_t length = embeds.size(1);
-  // Block 0's bias serves every block, with the masked logits at the lowest value: (1 or B, H, T, T).
+  // Block 0's bias serves every block, with the masked logits at the lowest value: (1 or B, H, T,
+  // T).
   torch::Tensor self_bias =
       blocks_.front()->self_attention()->PositionBias(length, length, /*bidirectional=*/!decoder_);
   torch::Tensor cross_mask;  // (B, 1, 1, S) bool: the encoder's real tokens
@@ -213,8 +214,8 @@ torch::Tensor T5StackImpl::forward(const torch::Tensor& embeds, const torch::Ten
   return Dropout(final_layer_norm_(h), dropout_, is_training());
 }
 
-T5ForConditionalGenerationImpl::T5ForConditionalGenerationImpl(
-    const T5Config& c, const std::optional<Nf4Options>& nf4)
+T5ForConditionalGenerationImpl::T5ForConditionalGenerationImpl(const T5Config& c,
+                                                               const std::optional<Nf4Options>& nf4)
     : pad_token_id_(c.pad_token_id),
       decoder_start_token_id_(c.decoder_start_token_id),
       output_scale_(c.tie_word_embeddings ? 1.0 / std::sqrt(static_cast<double>(c.d_model)) : 1.0) {

@@ -1,12 +1,12 @@
 // T5's encoder-decoder (Hugging Face's T5ForConditionalGeneration; Flan-T5 is T5 v1.1) with its
-// parameter names under a prefix, as BLIP-2 holds it (language_model.encoder.block.0.layer.0...): one
-// token embedding (`shared`) for both stacks, relative position buckets whose bias block 0 of each
-// stack owns and every block adds to its attention logits, T5's RMS LayerNorm, attention logits not
-// scaled by head_dim^-0.5, a gated-GELU (or ReLU) FFN without biases, dropout_rate on the embeddings,
-// every sublayer's output, the FFN's inner activation, the attention probabilities and the stacks'
-// final outputs (in training). The projections are Projections (LoRA adapters by PEFT's names q, k,
-// v, o, wi_0, wi_1, wi, wo); with `nf4` their base weights are NF4 except wo's, which
-// BitsAndBytesConfig(load_in_4bit) leaves dense because T5 keeps it out of quantisation
+// parameter names under a prefix, as BLIP-2 holds it (language_model.encoder.block.0.layer.0...):
+// one token embedding (`shared`) for both stacks, relative position buckets whose bias block 0 of
+// each stack owns and every block adds to its attention logits, T5's RMS LayerNorm, attention
+// logits not scaled by head_dim^-0.5, a gated-GELU (or ReLU) FFN without biases, dropout_rate on
+// the embeddings, every sublayer's output, the FFN's inner activation, the attention probabilities
+// and the stacks' final outputs (in training). The projections are Projections (LoRA adapters by
+// PEFT's names q, k, v, o, wi_0, wi_1, wi, wo); with `nf4` their base weights are NF4 except wo's,
+// which BitsAndBytesConfig(load_in_4bit) leaves dense because T5 keeps it out of quantisation
 // (_keep_in_fp32_modules).
 //
 // B = batch, S = encoder sequence, T = decoder sequence, C = d_model, H = heads, V = vocabulary.
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "common/blip2_config.h"
-#include "trainer/model/llama.h"
 #include "trainer/model/layer_hooks.h"
+#include "trainer/model/llama.h"
 #include "trainer/model/projection.h"
 
 namespace llmctl::trainer {
@@ -92,7 +92,7 @@ class T5StackImpl : public torch::nn::Module {
                         const torch::Tensor& encoder = {});
 
   bool checkpoint_layers = false;  // each block through CheckpointedForward when grads are on
-  StackHooks layer_hooks;         // around each block (strategy fsdp)
+  StackHooks layer_hooks;          // around each block (strategy fsdp)
 
  private:
   bool decoder_;

@@ -222,8 +222,9 @@ Status SaveAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std:
   return SaveAdapter(*model, config, base_model, "CAUSAL_LM", dir);
 }
 
-Status SaveAdapter(torch::nn::Module& model, const LoraConfig& config, const std::string& base_model,
-                   const std::string& task_type, const std::string& dir) {
+Status SaveAdapter(torch::nn::Module& model, const LoraConfig& config,
+                   const std::string& base_model, const std::string& task_type,
+                   const std::string& dir) {
   RETURN_IF_ERROR(CreateDirectory(dir));
   NamedTensors tensors;
   for (const auto& item : model.named_parameters()) {
@@ -262,9 +263,10 @@ Status SaveAdapter(torch::nn::Module& model, const LoraConfig& config, const std
   return WriteJson(dir + "/" + kAdapterConfigFile, adapter_config);
 }
 
-Status SaveMerged(torch::nn::Module& model,
-                  const std::function<nlohmann::json(const std::vector<std::string>& untied)>& config_json,
-                  const std::string& dir) {
+Status SaveMerged(
+    torch::nn::Module& model,
+    const std::function<nlohmann::json(const std::vector<std::string>& untied)>& config_json,
+    const std::string& dir) {
   RETURN_IF_ERROR(CreateDirectory(dir));
   torch::NoGradGuard no_grad;
   // "<projection>.weight" -> W + delta, and the dequantised W of NF4 bases without an adapter

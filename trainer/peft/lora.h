@@ -36,8 +36,8 @@ StatusOr<std::optional<LoraConfig>> LoraConfigFromTrial(const TrialConfig& trial
 // Freezes every parameter of `model` and adds a trainable adapter to every projection named in
 // config.targets (lm_head included when embeddings are tied: its base is then the embedding
 // matrix). Draws lora_A from the default generator: seed first for reproducible runs.
-// Any model whose projections are Projections (LLaMA's, BLIP-2's language model); the LLaMA overload
-// is for the trainer's holder.
+// Any model whose projections are Projections (LLaMA's, BLIP-2's language model); the LLaMA
+// overload is for the trainer's holder.
 void ApplyLora(torch::nn::Module& model, const LoraConfig& config);
 void ApplyLora(LlamaForCausalLM& model, const LoraConfig& config);
 
@@ -61,8 +61,9 @@ Status LoadAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std:
 // does, so PeftModel.from_pretrained(base, dir) loads them. `base_model` goes into
 // base_model_name_or_path; `task_type` into task_type ("" writes null, as get_peft_model without a
 // task does for BLIP-2). The LLaMA overload writes CAUSAL_LM.
-Status SaveAdapter(torch::nn::Module& model, const LoraConfig& config, const std::string& base_model,
-                   const std::string& task_type, const std::string& dir);
+Status SaveAdapter(torch::nn::Module& model, const LoraConfig& config,
+                   const std::string& base_model, const std::string& task_type,
+                   const std::string& dir);
 Status SaveAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std::string& base_model,
                    const std::string& dir);
 
@@ -73,9 +74,10 @@ Status SaveAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std:
 // adapter no longer equals the embedding matrix, so it is written as its own weight: `config_json`
 // gets the names of such weights (none, or the head's) and returns the config.json to write (which
 // then says the head is not tied).
-Status SaveMerged(torch::nn::Module& model,
-                  const std::function<nlohmann::json(const std::vector<std::string>& untied)>& config_json,
-                  const std::string& dir);
+Status SaveMerged(
+    torch::nn::Module& model,
+    const std::function<nlohmann::json(const std::vector<std::string>& untied)>& config_json,
+    const std::string& dir);
 // The LLaMA family's: its config.json, tie_word_embeddings false once lm_head.weight is its own.
 Status SaveMerged(LlamaForCausalLM& model, const std::string& dir);
 

@@ -127,20 +127,18 @@ void ExpectDataParallelTrainsLikeOneProcess(const std::string& model_dir,
                                             const std::string& strategy,
                                             std::vector<std::string>* two_rank_sets) {
   const std::string model = FreshTempDir("blip2-no-dropout");
-  std::filesystem::copy(model_dir, model, std::filesystem::copy_options::recursive |
-                                              std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy(
+      model_dir, model,
+      std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
   nlohmann::json config = nlohmann::json::parse(std::ifstream(model_dir + "/config.json"));
   for (const std::string& key : dropout_keys) {
     const size_t dot = key.find('.');
     config[key.substr(0, dot)][key.substr(dot + 1)] = 0.0;
   }
   std::ofstream(model + "/config.json", std::ios::trunc) << config.dump();
-  const std::vector<std::string> blip2 = {"model=" + model,
-                                          "init=pretrained",
-                                          "tokenizer=" + model,
-                                          "data.path=" + CaptionsDir(),
-                                          "data.format=imagefolder",
-                                          "data.max_seq_length=12"};
+  const std::vector<std::string> blip2 = {"model=" + model,          "init=pretrained",
+                                          "tokenizer=" + model,      "data.path=" + CaptionsDir(),
+                                          "data.format=imagefolder", "data.max_seq_length=12"};
   std::vector<std::string> one = blip2, two = blip2;
   one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=4"});
   two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=4"});

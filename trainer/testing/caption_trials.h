@@ -16,8 +16,8 @@ namespace llmctl::trainer::testing {
 // tests/fixtures/blip2/captions: 6 captioned images.
 std::string CaptionsDir();
 
-// A trial of the fixture model in `model_dir` (its weights and tokenizer) on CaptionsDir(), captions
-// cut at 12 tokens, each step 2 micro-batches of 2, 2 steps at lr 1e-3; then `overrides`.
+// A trial of the fixture model in `model_dir` (its weights and tokenizer) on CaptionsDir(),
+// captions cut at 12 tokens, each step 2 micro-batches of 2, 2 steps at lr 1e-3; then `overrides`.
 TrialConfig CaptionTrial(const std::string& model_dir,
                          const std::vector<std::pair<std::string, std::string>>& overrides = {});
 
@@ -30,13 +30,14 @@ Blip2Config FixtureBlip2Config(const std::string& model_dir);
 // micro-batch's label tokens the sum of its examples'; the epoch visits every image once.
 void ExpectMicroBatchesAreTheLabs(const std::string& model_dir);
 
-// Each of three micro-batches' loss (plain and chunked) is the mean transformers gives its examples.
+// Each of three micro-batches' loss (plain and chunked) is the mean transformers gives its
+// examples.
 void ExpectMicroBatchLossesAreTransformers(const std::string& model_dir);
 
-// 2 ranks of `strategy` with 2 images each against one process of 4 on a copy of `model_dir` without
-// dropout (`dropout_keys`: config.json's "section.key" probabilities set to 0): the same losses and
-// final weights (ExpectTwoRanksTrainLikeOneProcess). The sets the two-rank run used go to
-// `two_rank_sets` when given.
+// 2 ranks of `strategy` with 2 images each against one process of 4 on a copy of `model_dir`
+// without dropout (`dropout_keys`: config.json's "section.key" probabilities set to 0): the same
+// losses and final weights (ExpectTwoRanksTrainLikeOneProcess). The sets the two-rank run used go
+// to `two_rank_sets` when given.
 void ExpectDataParallelTrainsLikeOneProcess(const std::string& model_dir,
                                             const std::vector<std::string>& dropout_keys,
                                             const std::string& strategy,

@@ -69,7 +69,8 @@ class TokenFileBatches final : public BatchSource {
                        .to(device);
     const torch::Tensor lengths =
         torch::from_blob(batch.lengths.data(), {batch.rows, 1}, options).clone();
-    micro.attention_mask = (torch::arange(batch.seq_len, options).unsqueeze(0) < lengths).to(device);
+    micro.attention_mask =
+        (torch::arange(batch.seq_len, options).unsqueeze(0) < lengths).to(device);
     micro.label_tokens = batch.num_target_tokens;
     for (int64_t length : batch.lengths) micro.real_tokens += length;
     micro.example_indices = std::move(batch.example_indices);

@@ -18,14 +18,14 @@
 namespace llmctl::trainer {
 
 struct MicroBatch {
-  torch::Tensor input_ids;   // (B, T) int64, right-padded
-  torch::Tensor labels;      // (B, T) int64, -100 where no loss is taken
+  torch::Tensor input_ids;       // (B, T) int64, right-padded
+  torch::Tensor labels;          // (B, T) int64, -100 where no loss is taken
   torch::Tensor attention_mask;  // (B, T) bool, false on the padding
   // (B, 3, S, S) float32 normalised pixels, one image per row: image-caption data only (BLIP-2),
   // whose input_ids then hold the image's placeholder tokens; undefined for text.
   torch::Tensor pixel_values;
-  int64_t label_tokens = 0;  // positions that count in the loss (after the shift)
-  int64_t real_tokens = 0;   // non-padding input tokens: what tokens/s counts
+  int64_t label_tokens = 0;              // positions that count in the loss (after the shift)
+  int64_t real_tokens = 0;               // non-padding input tokens: what tokens/s counts
   std::vector<int64_t> example_indices;  // (B) the rows' examples in the dataset's order
 };
 
@@ -51,10 +51,10 @@ StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config, in
                                                    int rank, int world_size);
 
 // The token cache's file for tokens that `fingerprint` describes (what prepared them, from what),
-// under $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else ~/.cache/llmctl: `prepare(path)` writes
-// it unless a file with that fingerprint is there already. Returns its path.
-StatusOr<std::string> CachedTokenFile(const std::string& fingerprint,
-                                      const std::function<Status(const std::string& path)>& prepare);
+// under $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else ~/.cache/llmctl: `prepare(path)`
+// writes it unless a file with that fingerprint is there already. Returns its path.
+StatusOr<std::string> CachedTokenFile(
+    const std::string& fingerprint, const std::function<Status(const std::string& path)>& prepare);
 
 // The trial's tokenizer (TrialTokenizerPath) for the data pipeline; its fingerprint is
 // "fnv1a64:<hash of tokenizer.json>".

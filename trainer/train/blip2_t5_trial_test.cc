@@ -1,9 +1,9 @@
-// BLIP-2 with Flan-T5's kind of language model, trials end to end: the captions' micro-batches against
-// the labs' pipeline (T5's Unigram tokenizer, its </s> kept last by the truncation, Blip2Processor's
-// placeholders; tests/fixtures/blip2/t5-tiny-captioning/expected.json), each micro-batch's loss
-// against transformers' (T5's decoder predicting the caption), and llm-train's trial loop with the
-// labs' techniques for rows 7-14 (bf16-true, SGD, 8-bit AdamW, checkpointing, offload, LoRA on q and
-// v, QLoRA).
+// BLIP-2 with Flan-T5's kind of language model, trials end to end: the captions' micro-batches
+// against the labs' pipeline (T5's Unigram tokenizer, its </s> kept last by the truncation,
+// Blip2Processor's placeholders; tests/fixtures/blip2/t5-tiny-captioning/expected.json), each
+// micro-batch's loss against transformers' (T5's decoder predicting the caption), and llm-train's
+// trial loop with the labs' techniques for rows 7-14 (bf16-true, SGD, 8-bit AdamW, checkpointing,
+// offload, LoRA on q and v, QLoRA).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,11 +17,11 @@
 
 #include "common/blip2_config.h"
 #include "common/trial_config.h"
+#include "trainer/model/blip2.h"
+#include "trainer/peft/lora.h"
 #include "trainer/testing/caption_trials.h"
 #include "trainer/testing/ranked_demo.h"
 #include "trainer/testing/trial_runner.h"
-#include "trainer/model/blip2.h"
-#include "trainer/peft/lora.h"
 #include "trainer/train/caption_batches.h"
 #include "trainer/train/fsdp.h"
 #include "trainer/train/trained_model.h"
@@ -85,7 +85,9 @@ TEST_F(Blip2T5TrialTest, TechniquesOfTheLabsFlanT5RowsRun) {
       {{"precision", "bf16-mixed"}},
       {{"loss", "chunked_ce"}},
       {{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q, v]"}},
-      {{"peft.method", "qlora"}, {"peft.r", "4"}, {"peft.targets", "[q, v]"},
+      {{"peft.method", "qlora"},
+       {"peft.r", "4"},
+       {"peft.targets", "[q, v]"},
        {"peft.compute_dtype", "fp32"}},
   };
   for (const auto& keys : rows) {
@@ -117,8 +119,8 @@ TEST_F(Blip2T5TrialTest, LoraAdaptsT5sQAndVAndSavesPeftsAdapter) {
 
 // Data parallelism over BLIP-2 with T5, 2 ranks of 2 images each against one process of 4: ddp, and
 // fsdp with a unit per block (T5's encoder and decoder blocks each one; the relative-position
-// biases, read by every block of their stack, in the root). Without dropout: a rank's masks over its
-// 2 rows cannot be the one process's over 4.
+// biases, read by every block of their stack, in the root). Without dropout: a rank's masks over
+// its 2 rows cannot be the one process's over 4.
 TEST_F(Blip2T5TrialTest, TwoDdpOrFsdpRanksTrainLikeOneProcess) {
   std::vector<std::string> two;  // the two-rank run's sets
   for (const std::string strategy : {"ddp", "fsdp"}) {
@@ -150,16 +152,18 @@ TEST_F(Blip2T5TrialTest, TwoDdpOrFsdpRanksTrainLikeOneProcess) {
 }
 
 // peft.save_merged for BLIP-2, both language models: the merged directory (config.json written from
-// the model's shapes, every adapter merged into its weight, an NF4 base dequantised) loads as a model
-// of its own whose loss on a batch is the adapted model's.
+// the model's shapes, every adapter merged into its weight, an NF4 base dequantised) loads as a
+// model of its own whose loss on a batch is the adapted model's.
 TEST_F(Blip2T5TrialTest, MergedModelLoadsAndGivesTheAdaptedModelsLoss) {
   const std::string opt_dir = SourceDir() + "/tests/fixtures/blip2/opt-tiny-captioning";
   for (const auto& [model_dir, peft] :
-       {std::pair{ModelDir(), std::vector<std::pair<std::string, std::string>>{
-                                  {"peft.method", "lora"}, {"peft.targets", "[q, v, wo, lm_head]"}}},
-        std::pair{ModelDir(), std::vector<std::pair<std::string, std::string>>{
-                                  {"peft.method", "qlora"}, {"peft.targets", "[q, v]"},
-                                  {"peft.compute_dtype", "fp32"}}},
+       {std::pair{ModelDir(),
+                  std::vector<std::pair<std::string, std::string>>{
+                      {"peft.method", "lora"}, {"peft.targets", "[q, v, wo, lm_head]"}}},
+        std::pair{ModelDir(),
+                  std::vector<std::pair<std::string, std::string>>{{"peft.method", "qlora"},
+                                                                   {"peft.targets", "[q, v]"},
+                                                                   {"peft.compute_dtype", "fp32"}}},
         std::pair{opt_dir, std::vector<std::pair<std::string, std::string>>{
                                {"peft.method", "lora"}, {"peft.targets", "[q_proj, fc2]"}}}}) {
     SCOPED_TRACE(model_dir + " " + peft.front().second);
@@ -175,7 +179,8 @@ TEST_F(Blip2T5TrialTest, MergedModelLoadsAndGivesTheAdaptedModelsLoss) {
     ModelBuildOptions options;
     options.init = "pretrained";
     options.model_dir = model_dir;
-    if (trial.GetString("peft.method") == "qlora") options.nf4 = Nf4Options{.compute_dtype = torch::kFloat32};
+    if (trial.GetString("peft.method") == "qlora")
+      options.nf4 = Nf4Options{.compute_dtype = torch::kFloat32};
     auto adapted = BuildTrainedModel(TrialModelConfig(base_config), options);
     ASSERT_TRUE(adapted.ok()) << adapted.status().ToString();
     LoraConfig lora;
@@ -185,7 +190,8 @@ TEST_F(Blip2T5TrialTest, MergedModelLoadsAndGivesTheAdaptedModelsLoss) {
     ASSERT_TRUE(LoadAdapter((*adapted)->module(), lora, out + "/adapter").ok());
 
     auto merged_config = ResolveBlip2Model(out + "/merged");
-    ASSERT_TRUE(merged_config.ok() && merged_config->has_value()) << merged_config.status().ToString();
+    ASSERT_TRUE(merged_config.ok() && merged_config->has_value())
+        << merged_config.status().ToString();
     if (const T5Config* t5 = (*merged_config)->t5()) {
       EXPECT_FALSE(t5->tie_word_embeddings);
     }
@@ -212,8 +218,8 @@ TEST_F(Blip2T5TrialTest, MergedModelLoadsAndGivesTheAdaptedModelsLoss) {
 }
 
 TEST_F(Blip2T5TrialTest, OptsProjectionNamesAreRefusedOnT5) {
-  const TrialRecord run = RunAndRecord(
-      CaptionTrial({{"peft.method", "lora"}, {"peft.targets", "[q_proj, v_proj]"}}));
+  const TrialRecord run =
+      RunAndRecord(CaptionTrial({{"peft.method", "lora"}, {"peft.targets", "[q_proj, v_proj]"}}));
   EXPECT_TRUE(run.result.invalid_input);
   EXPECT_NE(run.result.error.find("no projection named q_proj"), std::string::npos)
       << run.result.error;

@@ -77,7 +77,8 @@ TEST_F(Blip2TrialTest, FrozenVisionEncoderHasNoGradientsOrOptimizerState) {
   const int64_t trainable = counts.total() - counts.vision;
   EXPECT_EQ(run.OfType("start").at(0)["parameters_trainable"], trainable);
   EXPECT_EQ(run.Snapshot(0, 1, "phase2_after_bwd")["grads_bytes"], trainable * 4);
-  EXPECT_EQ(run.Snapshot(0, 1, "phase3_after_opt_step")["optim_device_bytes"], 2 * trainable * 4 + 4);
+  EXPECT_EQ(run.Snapshot(0, 1, "phase3_after_opt_step")["optim_device_bytes"],
+            2 * trainable * 4 + 4);
 }
 
 TEST_F(Blip2TrialTest, TechniquesOfTheLabRun) {
@@ -125,23 +126,25 @@ TEST_F(Blip2TrialTest, LoraAdaptsTheLanguageModelsProjectionsOnly) {
 
 TEST_F(Blip2TrialTest, WrongInputsAreRefusedBeforeTraining) {
   // LLaMA's projection name on OPT.
-  TrialRecord run = RunAndRecord(CaptionTrial({{"peft.method", "lora"}, {"peft.targets", "[o_proj]"}}));
+  TrialRecord run =
+      RunAndRecord(CaptionTrial({{"peft.method", "lora"}, {"peft.targets", "[o_proj]"}}));
   EXPECT_TRUE(run.result.invalid_input);
   EXPECT_NE(run.result.error.find("no projection named o_proj"), std::string::npos)
       << run.result.error;
   EXPECT_NE(run.result.error.find("out_proj"), std::string::npos) << run.result.error;
 
   // A LLaMA model on images, and BLIP-2 on text records.
-  run = RunAndRecord(CaptionTrial({{"model", "llmctl-demo"}, {"init", "random"},
-                                   {"tokenizer", ModelDir()}}));
+  run = RunAndRecord(
+      CaptionTrial({{"model", "llmctl-demo"}, {"init", "random"}, {"tokenizer", ModelDir()}}));
   EXPECT_TRUE(run.result.invalid_input);
   EXPECT_NE(run.result.error.find("LLaMA-family text model"), std::string::npos)
       << run.result.error;
 
   // An image that does not decode is named.
   const std::string folder = testing::FreshTempDir("blip2-broken-captions");
-  std::filesystem::copy(testing::CaptionsDir(), folder, std::filesystem::copy_options::recursive |
-                                                   std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy(
+      testing::CaptionsDir(), folder,
+      std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
   std::ofstream(folder + "/images/00004.png", std::ios::trunc) << "not a png";
   run = RunAndRecord(CaptionTrial({{"data.path", folder}}));
   EXPECT_TRUE(run.result.invalid_input);
@@ -150,8 +153,8 @@ TEST_F(Blip2TrialTest, WrongInputsAreRefusedBeforeTraining) {
 
 // Data parallelism over BLIP-2: 2 ranks of 2 images each against one process of 4, the same losses
 // and, gradients averaged, the same weights after each step: ddp, and fsdp with a unit per block of
-// the three stacks. Without dropout: a rank's masks over its 2 rows cannot be the one process's over
-// 4 (as under PyTorch's DDP).
+// the three stacks. Without dropout: a rank's masks over its 2 rows cannot be the one process's
+// over 4 (as under PyTorch's DDP).
 TEST_F(Blip2TrialTest, TwoDdpOrFsdpRanksTrainLikeOneProcess) {
   for (const std::string strategy : {"ddp", "fsdp"}) {
     SCOPED_TRACE(strategy);
@@ -164,9 +167,9 @@ TEST_F(Blip2TrialTest, TwoDdpOrFsdpRanksTrainLikeOneProcess) {
 }
 
 // experiments/cpu-lab-blip2.yaml: each row of the labs' BLIP-2 table in miniature ends as the file
-// expects (the lab's: the OPT baseline and Flan-T5-XXL's AdamW rows out of memory, the rest fitting)
-// under its 280 MiB device. One test
-// per row, so that ctest spreads the bf16 rows' minutes over its jobs.
+// expects (the lab's: the OPT baseline and Flan-T5-XXL's AdamW rows out of memory, the rest
+// fitting) under its 280 MiB device. One test per row, so that ctest spreads the bf16 rows' minutes
+// over its jobs.
 class CpuLabBlip2RowTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -188,10 +191,10 @@ TEST_P(CpuLabBlip2RowTest, EndsAsTheFileExpects) {
 
 INSTANTIATE_TEST_SUITE_P(Blip2TrialTest, CpuLabBlip2RowTest,
                          ::testing::Values("baseline", "reduced-batch", "grad-accumulation",
-                                           "bf16-true", "bf16-mixed", "larger-model",
-                                           "even-larger", "xxl-smallest-batch", "sgd",
-                                           "adam-8bit", "activation-checkpointing",
-                                           "cpu-offload", "lora", "qlora"),
+                                           "bf16-true", "bf16-mixed", "larger-model", "even-larger",
+                                           "xxl-smallest-batch", "sgd", "adam-8bit",
+                                           "activation-checkpointing", "cpu-offload", "lora",
+                                           "qlora"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');

@@ -33,7 +33,8 @@ class CaptionBatches final : public BatchSource {
     torch::Tensor pixels = torch::empty({rows, 3, image_size_, image_size_}, torch::kFloat32);
     float* out = pixels.data_ptr<float>();
     for (int64_t row = 0; row < rows; ++row) {
-      const image::CaptionedImage& entry = images_.at(static_cast<size_t>(batch.example_indices[row]));
+      const image::CaptionedImage& entry =
+          images_.at(static_cast<size_t>(batch.example_indices[row]));
       // Checked before the run (CheckImages); a file changed since fails the run here.
       StatusOr<image::RgbImage> decoded =
           image::DecodeImageFile(entry.path, folder_ + "/" + entry.file_name);
@@ -77,10 +78,9 @@ StatusOr<data::TokenizedExample> CaptionExample(const data::TextEncoder& encoder
   if (eos_last) ids.push_back(encoder.eos_id());
   for (int32_t id : ids) {
     if (id == model.image_token_index) {
-      return InvalidArgumentError(folder + "/" + entry.file_name +
-                                  ": the caption holds the image placeholder token (id " +
-                                  std::to_string(id) +
-                                  "), which would take one of the image's positions");
+      return InvalidArgumentError(
+          folder + "/" + entry.file_name + ": the caption holds the image placeholder token (id " +
+          std::to_string(id) + "), which would take one of the image's positions");
     }
   }
   example.input_ids.assign(static_cast<size_t>(model.num_query_tokens),
@@ -108,10 +108,10 @@ StatusOr<std::unique_ptr<BatchSource>> OpenCaptionBatches(const TrialConfig& con
   // OPT's positions are learned, so bounded; T5's relative buckets take any length.
   if (const OptConfig* opt = model.opt();
       opt != nullptr && model.num_query_tokens + max_length > opt->max_position_embeddings) {
-    return InvalidArgumentError(
-        "data.max_seq_length (" + std::to_string(max_length) + ") and the image's " +
-        std::to_string(model.num_query_tokens) + " query positions exceed the language model's " +
-        std::to_string(opt->max_position_embeddings) + " positions");
+    return InvalidArgumentError("data.max_seq_length (" + std::to_string(max_length) +
+                                ") and the image's " + std::to_string(model.num_query_tokens) +
+                                " query positions exceed the language model's " +
+                                std::to_string(opt->max_position_embeddings) + " positions");
   }
 
   // What the token file holds follows from the captions in order, the tokenizer and the layout.
@@ -120,28 +120,26 @@ StatusOr<std::unique_ptr<BatchSource>> OpenCaptionBatches(const TrialConfig& con
     captions += entry.file_name + '\0' + entry.caption + '\0';
   }
   std::ostringstream fingerprint;
-  fingerprint << "llmctl-captions v1; tokenizer=" << encoder->fingerprint() << "; captions=fnv1a64:"
-              << std::hex << data::Fnv1a64(captions) << std::dec
+  fingerprint << "llmctl-captions v1; tokenizer=" << encoder->fingerprint()
+              << "; captions=fnv1a64:" << std::hex << data::Fnv1a64(captions) << std::dec
               << "; max_seq_length=" << max_length << "; frame=" << (model.t5() ? "eos" : "bos")
-              << "; image_token=" << model.image_token_index
-              << " x " << model.num_query_tokens;
+              << "; image_token=" << model.image_token_index << " x " << model.num_query_tokens;
+  ASSIGN_OR_RETURN(const std::string path,
+                   CachedTokenFile(fingerprint.str(), [&](const std::string& path) -> Status {
+                     std::vector<data::TokenizedExample> examples;
+                     examples.reserve(images.size());
+                     for (const image::CaptionedImage& entry : images) {
+                       ASSIGN_OR_RETURN(data::TokenizedExample example,
+                                        CaptionExample(*encoder, entry, model, max_length, folder));
+                       examples.push_back(std::move(example));
+                     }
+                     return data::WriteTokenFile(path, fingerprint.str(), encoder->bos_id(),
+                                                 encoder->eos_id(), examples);
+                   }));
   ASSIGN_OR_RETURN(
-      const std::string path,
-      CachedTokenFile(fingerprint.str(), [&](const std::string& path) -> Status {
-        std::vector<data::TokenizedExample> examples;
-        examples.reserve(images.size());
-        for (const image::CaptionedImage& entry : images) {
-          ASSIGN_OR_RETURN(data::TokenizedExample example,
-                           CaptionExample(*encoder, entry, model, max_length, folder));
-          examples.push_back(std::move(example));
-        }
-        return data::WriteTokenFile(path, fingerprint.str(), encoder->bos_id(), encoder->eos_id(),
-                                    examples);
-      }));
-  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> text,
-                   OpenTokenFileBatches(path, config, model.text_vocab_size(),
-                                        static_cast<int32_t>(model.text_pad_token_id()), rank,
-                                        world_size));
+      std::unique_ptr<BatchSource> text,
+      OpenTokenFileBatches(path, config, model.text_vocab_size(),
+                           static_cast<int32_t>(model.text_pad_token_id()), rank, world_size));
   return std::unique_ptr<BatchSource>(
       new CaptionBatches(std::move(text), std::move(images), folder, model.vision.image_size));
 }

@@ -3,10 +3,11 @@
 //
 // Units: every block is one unit (a LLaMA decoder layer; BLIP-2's vision, Q-Former and language
 // model blocks); everything else (the embeddings, the final norms, the output head) is the root
-// unit, as fully_shard(model) after fully_shard(block) for each block leaves them. A unit's parameters are laid out, in
-// named_parameters order, in one flat tensor padded with zeros to a multiple of the world size N;
-// each rank keeps only its 1/N piece of it, the shard, a leaf tensor that requires grad: the
-// optimizer's parameter, its gradient the gradient shard, its state the optimizer-state shard.
+// unit, as fully_shard(model) after fully_shard(block) for each block leaves them. A unit's
+// parameters are laid out, in named_parameters order, in one flat tensor padded with zeros to a
+// multiple of the world size N; each rank keeps only its 1/N piece of it, the shard, a leaf tensor
+// that requires grad: the optimizer's parameter, its gradient the gradient shard, its state the
+// optimizer-state shard.
 //
 // The module's parameters stay the model's own tensors, but their data are views into the unit's
 // gathered flat buffer (FSDP1's flat parameter): gathering allocates the buffer's storage and

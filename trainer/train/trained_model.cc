@@ -20,7 +20,7 @@ class LlamaModelHolder final : public TrainedModel {
   std::string adapter_task_type() const override { return "CAUSAL_LM"; }
 
   torch::Tensor Loss(const MicroBatch& batch, bool chunked) override {
-    const torch::Tensor hidden = model_->Hidden(batch.input_ids, options_);  // (B, T, C)
+    const torch::Tensor hidden = model_->Hidden(batch.input_ids, options_);   // (B, T, C)
     if (!chunked) return CausalLmLoss(model_->Logits(hidden), batch.labels);  // logits (B, T, V)
     return ChunkedCausalLmLoss(
         hidden, batch.labels,

@@ -34,7 +34,8 @@ class TrainedModel {
   // The micro-batch's mean cross-entropy over its label tokens (a float32 scalar), with the graph
   // for backward. `chunked`: over kLossChunkTokens tokens at a time, never holding all logits.
   virtual torch::Tensor Loss(const MicroBatch& batch, bool chunked) = 0;
-  // peft.save_merged: `dir` as a Hugging Face model directory with every adapter merged (SaveMerged).
+  // peft.save_merged: `dir` as a Hugging Face model directory with every adapter merged
+  // (SaveMerged).
   virtual Status SaveMerged(const std::string& dir) = 0;
   // PEFT's task_type for this model's adapters ("" for none, as get_peft_model leaves BLIP-2's).
   virtual std::string adapter_task_type() const = 0;
@@ -58,8 +59,8 @@ struct ModelBuildOptions {
 };
 
 // Builds `config`'s model with parameters of `options.dtype` on `options.device`: random draws are
-// Hugging Face's initialisation (seeded by the caller), pretrained weights load by name. Errors name
-// the directory and the tensor.
+// Hugging Face's initialisation (seeded by the caller), pretrained weights load by name. Errors
+// name the directory and the tensor.
 StatusOr<std::unique_ptr<TrainedModel>> BuildTrainedModel(const TrialModelConfig& config,
                                                           const ModelBuildOptions& options);
 

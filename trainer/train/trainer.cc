@@ -236,7 +236,7 @@ class TrialRun {
   std::optional<double> last_loss_;
   int64_t steps_done_ = 0;
   int64_t first_step_ = 0;
-  bool stop_checkpoint_ = false;  // ddp/fsdp: the ranks agreed to stop with a checkpoint
+  bool stop_checkpoint_ = false;       // ddp/fsdp: the ranks agreed to stop with a checkpoint
   int64_t last_checkpoint_steps_ = 0;  // completed steps in the newest checkpoint (or resumed from)
   std::string last_checkpoint_dir_;    // that checkpoint's directory; empty when there is none
   nlohmann::json step_start_position_;  // the data position before the running step's micro-batches
@@ -247,8 +247,8 @@ Status TrialRun::Setup() {
   ASSIGN_OR_RETURN(model_config_, ResolveTrialModel(config_.GetString("model")));
   // The family is known only now (a directory's config.json): --set may have changed data.format
   // since the experiment was parsed.
-  if (std::optional<ConfigProblem> problem = FindModelFamilyProblem(
-          config_, std::holds_alternative<Blip2Config>(model_config_))) {
+  if (std::optional<ConfigProblem> problem =
+          FindModelFamilyProblem(config_, std::holds_alternative<Blip2Config>(model_config_))) {
     return InvalidArgumentError(problem->message);
   }
   // Every input file, before anything loads: what `llmctl submit` checked on the user's machine,
@@ -655,10 +655,9 @@ TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
 TrialResult TrialRun::Stop(int64_t step) {
   std::string error = "cancelled at step " + std::to_string(step);
   // Under ddp or fsdp, whether any rank was asked for one (the ranks' stop is one decision).
-  const bool requested =
-      ranks_.distributed()
-          ? stop_checkpoint_
-          : options_.checkpoint_on_cancel != nullptr && options_.checkpoint_on_cancel->load();
+  const bool requested = ranks_.distributed() ? stop_checkpoint_
+                                              : options_.checkpoint_on_cancel != nullptr &&
+                                                    options_.checkpoint_on_cancel->load();
   // The weights and optimizer state are still those after the last complete step, and the data
   // resumes where the interrupted step's micro-batches began, so that step is what a checkpoint
   // keeps; one written (or resumed from) at that step already is enough.
@@ -675,12 +674,11 @@ TrialResult TrialRun::Run() {
   uint64_t load_peak = 0;
   try {
     // Data first: a bad dataset or tokenizer should fail before minutes of model loading.
-    auto batches =
-        std::holds_alternative<Blip2Config>(model_config_)
-            ? OpenCaptionBatches(config_, std::get<Blip2Config>(model_config_), rank_,
-                                 ranks_.world_size())
-            : OpenBatches(config_, std::get<ModelConfig>(model_config_).vocab_size, rank_,
-                          ranks_.world_size());
+    auto batches = std::holds_alternative<Blip2Config>(model_config_)
+                       ? OpenCaptionBatches(config_, std::get<Blip2Config>(model_config_), rank_,
+                                            ranks_.world_size())
+                       : OpenBatches(config_, std::get<ModelConfig>(model_config_).vocab_size,
+                                     rank_, ranks_.world_size());
     if (!batches.ok()) return InvalidInput(batches.status());
     batches_ = std::move(*batches);
 
