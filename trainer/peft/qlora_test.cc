@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -132,14 +133,21 @@ TEST(QloraPeftParityTest, LogitsMatchPeftOverLinear4bitInFp32) {
 }
 
 // bf16 matmuls: the same bf16 operands on both sides (0 difference measured with LibTorch's CPU
-// kernels), but another BLAS may accumulate in another order and round each projection's output to
-// bf16, so a few bf16 ulps of a logit are allowed.
+// kernels on the fixture's machine), but another CPU's kernels (AVX2, AVX-512, AMX, oneDNN) may
+// accumulate in another order and round each projection's output to bf16 on the other side of a
+// tie: one bf16 ulp (2^-7 of the value's power of two) per rounding that reaches the logit. Two
+// layers of attention and MLP outputs, then the head: four ulps of the largest logit bound it.
 TEST(QloraPeftParityTest, LogitsMatchPeftOverLinear4bitInBf16) {
   LlamaForCausalLM model = TinyQloraWithFixtureAdapter(torch::kBFloat16);
   const double difference = MaxLogitDifference(model, "logits.bf16");
+  auto file = OpenExpected();
+  const double largest = Expected(*file, "logits.bf16").abs().max().item<double>();
+  const double bf16_ulp = std::ldexp(1.0, std::ilogb(largest) - 7);
   RecordProperty("max_abs_logit_difference", Scientific(difference));
-  std::cout << "qlora vs PEFT+bitsandbytes, compute bf16: max |dlogit| " << difference << std::endl;
-  EXPECT_LE(difference, 1e-2);
+  std::cout << "qlora vs PEFT+bitsandbytes, compute bf16: max |dlogit| " << difference
+            << " (bound " << 4 * bf16_ulp << ": 4 bf16 ulps of the largest logit " << largest
+            << ")" << std::endl;
+  EXPECT_LE(difference, 4 * bf16_ulp);
 }
 
 TEST(QloraFilesTest, MergedModelIsDenseWithTheQloraModelsLogits) {

@@ -1,0 +1,37 @@
+#include "trainer/testing/adam_step_bound.h"
+
+#include <gtest/gtest.h>
+
+namespace llmctl::trainer::testing {
+
+AdamFirstStepBound BoundAdamFirstStep(const std::vector<torch::Tensor>& grads32,
+                                      const std::vector<torch::Tensor>& grads64,
+                                      const std::vector<torch::Tensor>& grads_after, double lr,
+                                      double loss_rounding) {
+  AdamFirstStepBound bound;
+  bound.loss_bound = loss_rounding;
+  EXPECT_EQ(grads32.size(), grads64.size());
+  EXPECT_EQ(grads32.size(), grads_after.size());
+  for (size_t i = 0; i < grads32.size() && i < grads64.size() && i < grads_after.size(); ++i) {
+    const torch::Tensor g64 = grads64[i].to(torch::kFloat64);
+    const double error = (grads32[i].to(torch::kFloat64) - g64).abs().max().item<double>();
+    const torch::Tensor in_doubt = g64.abs() <= kRoundingMargin * error;
+    bound.sign_in_doubt += in_doubt.sum().item<int64_t>();
+    bound.parameters += g64.numel();
+    // Reversing a parameter's step moves it by 2 * lr; the loss moves by that times its gradient.
+    bound.loss_bound +=
+        2 * lr * grads_after[i].to(torch::kFloat64).abs().masked_select(in_doubt).sum().item<double>();
+  }
+  return bound;
+}
+
+std::vector<torch::Tensor> GradientsOf(const std::vector<torch::Tensor>& parameters) {
+  std::vector<torch::Tensor> grads;
+  grads.reserve(parameters.size());
+  for (const torch::Tensor& p : parameters) {
+    grads.push_back(p.grad().defined() ? p.grad().detach().clone() : torch::zeros_like(p));
+  }
+  return grads;
+}
+
+}  // namespace llmctl::trainer::testing
