@@ -13,30 +13,52 @@ function(llmctl_warnings target)
   endif()
 endfunction()
 
-# llmctl_library(NAME SOURCES ... DEPS ...)
+# LibTorch's <torch/torch.h> is about 40 s of parsing per translation unit on this project's 2-core
+# machines. Every target that compiles against it reuses one precompiled copy (llmctl_torch_pch, in
+# trainer/): the header is compiled once per build instead of once per test binary. GCC takes the PCH
+# only when the reusing target's flags match it (same warnings, same -D that the header reads), which
+# every LibTorch target here does; where they would not, GCC silently parses the header instead.
+function(llmctl_torch_pch target)
+  target_precompile_headers(${target} REUSE_FROM llmctl_torch_pch)
+endfunction()
+
+# llmctl_library(NAME [TORCH] SOURCES ... DEPS ...)
+# TORCH: the sources include LibTorch (they reuse its precompiled header).
 function(llmctl_library name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "TORCH" "" "SOURCES;DEPS" ${ARGN})
   add_library(${name} STATIC ${ARG_SOURCES})
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PUBLIC ${ARG_DEPS})
   llmctl_warnings(${name})
+  if(ARG_TORCH)
+    llmctl_torch_pch(${name})
+  endif()
 endfunction()
 
-# llmctl_test(NAME SOURCES ... DEPS ... [ENV k=v ...] [ONE_PROCESS])
+# llmctl_test(NAME [TORCH] SOURCES ... DEPS ... [ENV k=v ...] [ONE_PROCESS])
 # Tests are discovered when ctest runs (not at build time), with a fixed thread count so results and
 # timings do not depend on the machine's core count. A GTEST_SKIP shows as "skipped" in ctest's summary.
 # ONE_PROCESS: one ctest test runs all of the binary's tests in one process, for suites that share an
 # expensive fixture (a real Keystone). A skip then marks the whole ctest test skipped, so such a suite's
-# tests must skip all together or not at all.
+# tests must skip all together or not at all. TORCH: as for llmctl_library.
 function(llmctl_test name)
   if(LLMCTL_TRAINER_ONLY)  # no GoogleTest there: the tests run in the full build
     return()
   endif()
-  cmake_parse_arguments(ARG "ONE_PROCESS" "" "SOURCES;DEPS;ENV" ${ARGN})
+  cmake_parse_arguments(ARG "ONE_PROCESS;TORCH" "" "SOURCES;DEPS;ENV" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
   llmctl_warnings(${name})
-  set(environment OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR}
+  if(ARG_TORCH)
+    llmctl_torch_pch(${name})
+  endif()
+  # ctest runs tests side by side (make test: -j 2), each with two OpenMP threads and some with two
+  # ranks, so there are more threads than cores. OpenMP's default lets an idle thread spin for its
+  # next task, burning the core another test's thread waits for: a training test ran 6x slower next to
+  # a twin than passive waiting lets it (docs/developing.md, "Time budgets"). Passive waiting changes
+  # no result: the threads and their work are the same.
+  set(environment OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE
+    LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR}
     LLMCTL_BUILD_DIR=${PROJECT_BINARY_DIR} ${ARG_ENV})
   if(ARG_ONE_PROCESS)
     add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
