@@ -1,7 +1,9 @@
 // The predicted peak against the real trainer: llm-train runs each configuration for two steps (the
 // second is the steady state, with the optimizer's state held through forward and backward) on
 // examples longer than the sequence length, so every micro-batch is full as the estimate assumes,
-// and the highest allocated bytes it measures must be within 10% of the estimate's peak.
+// and the highest allocated bytes it measures must be within 10% of the estimate's peak. The same
+// run's model state must equal the estimate's byte for byte (exact_test.cc's check), so no
+// configuration runs twice for the two.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -76,6 +78,7 @@ void ExpectPeaksWithin(const std::vector<Case>& cases) {
     ASSERT_TRUE(estimate.ok()) << estimate.status().message();
     auto ranks = testing::RunLlmTrainOk(c, common, dir, static_cast<int>(i));
     ASSERT_TRUE(ranks.ok()) << ranks.status().message();
+    testing::ExpectModelStateExact(c, *loaded, *ranks);
     const uint64_t measured = MeasuredPeak(ranks->front());
     ASSERT_GT(measured, 0u);
     const double error =

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "common/estimate/model_state.h"
 #include "common/experiment.h"
 #include "tests/support/shell_command.h"
 
@@ -88,6 +89,34 @@ StatusOr<std::vector<std::vector<json>>> RunLlmTrainOk(const Case& c, const Sets
                          run.output);
   }
   return std::move(run.ranks);
+}
+
+void ExpectModelStateExact(const Case& c, const CaseConfig& loaded,
+                           const std::vector<std::vector<json>>& ranks) {
+  StatusOr<ModelStateEstimate> estimate = EstimateModelState(loaded.config, loaded.model);
+  ASSERT_TRUE(estimate.ok()) << estimate.status().message();
+  ASSERT_EQ(estimate->world_size, c.nproc);
+  ASSERT_EQ(ranks.size(), static_cast<size_t>(c.nproc));
+  for (int rank = 0; rank < c.nproc; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    json start, after_step;
+    for (const json& event : ranks[static_cast<size_t>(rank)]) {
+      if (event["type"] == "start") start = event;
+      if (event["type"] == "snapshot" && event["step"] == 0 &&
+          event["phase"] == "phase3_after_opt_step") {
+        after_step = event;
+      }
+    }
+    ASSERT_FALSE(start.is_null());
+    ASSERT_FALSE(after_step.is_null());
+    EXPECT_EQ(start["parameters_total"].get<int64_t>(), estimate->parameters_total);
+    EXPECT_EQ(start["parameters_trainable"].get<int64_t>(), estimate->parameters_trainable);
+    EXPECT_EQ(after_step["params_bytes"].get<uint64_t>(), estimate->params_bytes);
+    EXPECT_EQ(after_step["grads_bytes"].get<uint64_t>(), estimate->grads_bytes);
+    EXPECT_EQ(after_step["optim_device_bytes"].get<uint64_t>(), estimate->optim_device_bytes);
+    EXPECT_EQ(after_step["optim_host_bytes"].get<uint64_t>(), estimate->optim_host_bytes);
+    EXPECT_EQ(after_step["comm_bytes"].get<uint64_t>(), estimate->comm_bytes);
+  }
 }
 
 fs::path TestDir() {

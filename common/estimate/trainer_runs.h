@@ -51,6 +51,13 @@ StatusOr<std::vector<std::vector<nlohmann::json>>> RunLlmTrainOk(const Case& c, 
                                                                  const std::filesystem::path& dir,
                                                                  int index);
 
+// Every rank's model state after the first optimizer step (the step-0 "phase3_after_opt_step"
+// snapshot, so the run needs snapshot_every 1) and its parameter counts equal the estimate of
+// `loaded`'s config byte for byte; `ranks` are RunLlmTrainOk's events. Model state does not depend
+// on the batch, so any run of the configuration shows it.
+void ExpectModelStateExact(const Case& c, const CaseConfig& loaded,
+                           const std::vector<std::vector<nlohmann::json>>& ranks);
+
 // A fresh directory for the running test's files.
 std::filesystem::path TestDir();
 
