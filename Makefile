@@ -5,10 +5,14 @@ VENV := .venv
 TORCH_CMAKE = $(shell $(VENV)/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 TEST_JOBS ?= 2
 
-.PHONY: setup configure build demo test bench readme-keys clean
+.PHONY: setup setup-tests configure build demo-build demo test bench readme-keys clean
 
 setup:
 	@scripts/setup.sh
+
+# What only the tests need besides: the real Keystone, cloud-init and shellcheck they check against.
+setup-tests:
+	@scripts/setup.sh --tests
 
 $(BUILD)/build.ninja: CMakeLists.txt | setup
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$(TORCH_CMAKE)"
@@ -23,19 +27,29 @@ build: setup configure
 # The daemons keep running afterwards (`$(LLMCTL) daemon stop` ends them); LLMCTL_HOME picks their data dir.
 LLMCTL = $(BUILD)/controller/cli/llmctl
 LAB ?= experiments/cpu-lab.yaml
-demo: build
+# The demo needs four binaries, not the tests: building only them halves a cold `make demo`.
+DEMO_TARGETS = llmctl_bin llmctld llm-agent llm-train
+demo-build: setup configure
+	cmake --build $(BUILD) --target $(DEMO_TARGETS)
+
+demo: demo-build
 	$(LLMCTL) submit $(LAB) --wait
 
-test: build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(TEST_JOBS)
+# ctest's exit status is the target's; the ten slowest tests are printed after it either way.
+test: setup-tests build
+	@rc=0; ctest --test-dir $(BUILD) --output-on-failure -j $(TEST_JOBS) \
+	  --output-junit $(abspath $(BUILD))/ctest-results.xml || rc=$$?; \
+	python3 scripts/slowest_tests.py $(BUILD)/ctest-results.xml 10; exit $$rc
 
 # Regenerates docs/experiment-files.md's trial-key table from the registry (a test checks they agree).
 readme-keys: build
 	$(BUILD)/trainer/llm-train --keys > $(BUILD)/trial-keys.md
 	python3 scripts/replace_between.py docs/experiment-files.md '<!-- trial-keys:begin -->' '<!-- trial-keys:end -->' $(BUILD)/trial-keys.md
 
-# Side-by-side benchmarks against the peers (not part of the tests; minutes on 2 cores).
+# Side-by-side benchmarks against the peers (not part of the tests; minutes on 2 cores). The peers need
+# transformers and tokenizers: setup's --dev installs them.
 bench: build
+	@scripts/setup.sh --dev
 	$(VENV)/bin/python bench/run_train_bench.py --llm-train $(BUILD)/trainer/llm-train
 
 clean:

@@ -1,10 +1,27 @@
 #!/usr/bin/env bash
-# Installs everything llmctl needs on a fresh Debian 12 machine: Debian packages (with retries) and the
+# Installs what llmctl needs on a fresh Debian 12 machine: Debian packages (with retries) and the
 # pinned LibTorch wheel in a project-local virtual environment (.venv). Re-running it checks and returns
-# in about a second when nothing is missing. `--dev` adds the Python packages that regenerate the test
-# fixtures and run the peer benchmarks (transformers, tokenizers, safetensors, numpy, peft, bitsandbytes).
+# in about a second when nothing is missing.
+#   (no flag)  what building and running llmctl needs (`make demo`)
+#   --tests    adds the real peers some tests run against: Keystone with uwsgi and the openstack CLI,
+#              cloud-init and shellcheck (`make test`; about 3.5 minutes of the first run)
+#   --dev      adds the Python packages that regenerate the test fixtures and run the peer benchmarks
+#              (transformers, tokenizers, safetensors, numpy, peft, bitsandbytes; `make bench`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+with_tests=0
+with_dev=0
+for flag in "$@"; do
+  case "$flag" in
+    --tests) with_tests=1 ;;
+    --dev) with_dev=1 ;;
+    *)
+      echo "setup: unknown option '$flag' (expected --tests or --dev)" >&2
+      exit 2
+      ;;
+  esac
+done
 
 TORCH_VERSION=2.15.0
 DEBIAN_PACKAGES=(
@@ -15,12 +32,17 @@ DEBIAN_PACKAGES=(
   libgtest-dev libgmock-dev libpcre2-dev
   # JPEG and PNG decoding for image-caption datasets (common/image).
   libjpeg62-turbo-dev libpng-dev
+)
+TEST_PACKAGES=(
   # A real Keystone (OpenStack Zed) for the cloud client's tests, and the openstack CLI that cross-checks them:
   # about 175 packages, 27 MB, 3.5 min here. The tests start their own on loopback (tests/keystone).
   keystone uwsgi-plugin-python3 python3-openstackclient
   # cloud-init and shellcheck check the node bootstrap's user-data (controller/openstack/user_data.cc).
   cloud-init shellcheck
 )
+if ((with_tests)); then
+  DEBIAN_PACKAGES+=("${TEST_PACKAGES[@]}")
+fi
 DEV_PYTHON_PACKAGES=(numpy "transformers==5.23.0" "tokenizers==0.23.3" "safetensors==0.8.0" "peft==0.21.2"
   "bitsandbytes==0.50.2" "pillow==13.0.0" "sentencepiece==0.2.3" "protobuf==7.36.2")
 
@@ -63,7 +85,7 @@ if [ "$installed_torch" != "$TORCH_VERSION" ]; then
   echo "setup: installing torch==$TORCH_VERSION into .venv (about 3 GB to download, about 75 s here)"
   retry .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
 fi
-if [ "${1:-}" = "--dev" ]; then
+if ((with_dev)); then
   if ! .venv/bin/python -c 'import transformers, tokenizers, safetensors, numpy, peft, bitsandbytes, PIL, sentencepiece, google.protobuf' 2>/dev/null; then
     echo "setup: installing the fixture and benchmark tools into .venv"
     retry .venv/bin/pip install -q --disable-pip-version-check "${DEV_PYTHON_PACKAGES[@]}"

@@ -1,0 +1,36 @@
+#!/usr/bin/env python3
+"""Prints the N slowest tests of a ctest run from its JUnit file (ctest --output-junit).
+
+Usage: slowest_tests.py RESULTS.xml [N]. Prints the total of all tests' times too, so a run's test
+stage can be read against the sum of its parts (ctest -j runs them side by side).
+"""
+import sys
+import xml.etree.ElementTree as ElementTree
+
+
+def main() -> int:
+    if len(sys.argv) not in (2, 3):
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    path = sys.argv[1]
+    count = int(sys.argv[2]) if len(sys.argv) == 3 else 10
+    try:
+        root = ElementTree.parse(path).getroot()
+    except (OSError, ElementTree.ParseError) as error:
+        print(f"slowest_tests: cannot read {path}: {error}", file=sys.stderr)
+        return 1
+    times = []
+    for case in root.iter("testcase"):
+        times.append((float(case.get("time", "0")), case.get("name", "?"), case.get("status", "")))
+    times.sort(reverse=True)
+    total = sum(t for t, _, _ in times)
+    print(f"\nThe {min(count, len(times))} slowest of {len(times)} tests "
+          f"(all tests' times add up to {total:.0f} s):")
+    for seconds, name, status in times[:count]:
+        suffix = "" if status in ("run", "") else f"  ({status})"
+        print(f"  {seconds:8.1f} s  {name}{suffix}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
