@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/spelling.h"
+#include "controller/openstack/json_fields.h"
 
 namespace llmctl::openstack {
 namespace {
@@ -14,12 +15,6 @@ namespace {
 using nlohmann::json;
 
 constexpr char kBlazarDate[] = "%Y-%m-%d %H:%M";
-
-std::string Text(const json& value, const char* key) {
-  return value.is_object() && value.contains(key) && value[key].is_string()
-             ? value[key].get<std::string>()
-             : std::string();
-}
 
 int Number(const json& value, const char* key) {
   return value.is_object() && value.contains(key) && value[key].is_number_integer()
@@ -74,15 +69,15 @@ json LeaseRequestBody(const LeaseSpec& spec) {
 }
 
 StatusOr<Lease> ParseLease(const json& value) {
-  if (!value.is_object() || Text(value, "id").empty()) {
+  if (!value.is_object() || StringField(value, "id").empty()) {
     return InternalError("Blazar lease without an id: " + value.dump().substr(0, 200));
   }
   Lease lease;
-  lease.id = Text(value, "id");
-  lease.name = Text(value, "name");
-  lease.status = Text(value, "status");
-  StatusOr<TimePoint> start = ParseUtcTimestamp(Text(value, "start_date"));
-  StatusOr<TimePoint> end = ParseUtcTimestamp(Text(value, "end_date"));
+  lease.id = StringField(value, "id");
+  lease.name = StringField(value, "name");
+  lease.status = StringField(value, "status");
+  StatusOr<TimePoint> start = ParseUtcTimestamp(StringField(value, "start_date"));
+  StatusOr<TimePoint> end = ParseUtcTimestamp(StringField(value, "end_date"));
   if (!start.ok() || !end.ok()) {
     return InternalError("Blazar lease " + lease.id +
                          " has unreadable dates: " + (start.ok() ? end : start).status().message());
@@ -98,12 +93,12 @@ StatusOr<Lease> ParseLease(const json& value) {
   }
   for (const json& item : reservations) {
     Reservation reservation;
-    reservation.id = Text(item, "id");
-    reservation.resource_type = Text(item, "resource_type");
-    reservation.status = Text(item, "status");
-    reservation.flavor_id = Text(item, "flavor_id");
+    reservation.id = StringField(item, "id");
+    reservation.resource_type = StringField(item, "resource_type");
+    reservation.status = StringField(item, "status");
+    reservation.flavor_id = StringField(item, "flavor_id");
     reservation.amount = Number(item, "amount");
-    reservation.resource_properties = Text(item, "resource_properties");
+    reservation.resource_properties = StringField(item, "resource_properties");
     reservation.min = Number(item, "min");
     reservation.max = Number(item, "max");
     lease.reservations.push_back(std::move(reservation));
@@ -252,8 +247,8 @@ StatusOr<std::optional<TimePoint>> BlazarClient::NextFreeHostSlot(const std::str
   for (const json& host : host_list["hosts"]) {
     // Extra capabilities such as node_type are top-level fields of a host; ids may be numbers.
     std::string id =
-        host.contains("id") && host["id"].is_number() ? host["id"].dump() : Text(host, "id");
-    if (Text(host, "node_type") == node_type) matching.insert(id);
+        host.contains("id") && host["id"].is_number() ? host["id"].dump() : StringField(host, "id");
+    if (StringField(host, "node_type") == node_type) matching.insert(id);
   }
   if (static_cast<int>(matching.size()) < hosts) return std::optional<TimePoint>();
   std::map<std::string, std::vector<std::pair<TimePoint, TimePoint>>> busy;
@@ -261,11 +256,11 @@ StatusOr<std::optional<TimePoint>> BlazarClient::NextFreeHostSlot(const std::str
   for (const json& allocation : allocations["allocations"]) {
     std::string id = allocation.contains("resource_id") && allocation["resource_id"].is_number()
                          ? allocation["resource_id"].dump()
-                         : Text(allocation, "resource_id");
+                         : StringField(allocation, "resource_id");
     if (!matching.contains(id) || !allocation.contains("reservations")) continue;
     for (const json& reservation : allocation["reservations"]) {
-      StatusOr<TimePoint> start = ParseUtcTimestamp(Text(reservation, "start_date"));
-      StatusOr<TimePoint> end = ParseUtcTimestamp(Text(reservation, "end_date"));
+      StatusOr<TimePoint> start = ParseUtcTimestamp(StringField(reservation, "start_date"));
+      StatusOr<TimePoint> end = ParseUtcTimestamp(StringField(reservation, "end_date"));
       if (!start.ok() || !end.ok()) continue;
       busy[id].emplace_back(*start, *end);
       if (*end > from) candidates.push_back(*end);

@@ -1,6 +1,7 @@
 #include "controller/openstack/neutron.h"
 
 #include "common/http/http_client.h"
+#include "controller/openstack/json_fields.h"
 
 namespace llmctl::openstack {
 
@@ -8,13 +9,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string Text(const json& object, const char* key) {
-  return object.is_object() && object.contains(key) && object[key].is_string()
-             ? object[key].get<std::string>()
-             : std::string();
-}
-
-bool HasId(const json& value) { return !Text(value, "id").empty(); }
+bool HasId(const json& value) { return !StringField(value, "id").empty(); }
 
 Status MissingMember(std::string_view key, std::string_view kind) {
   std::string message = "Neutron's answer has no '";
@@ -45,10 +40,12 @@ bool IgnoreNotFound(const Status& status) {
 
 StatusOr<SecurityGroup> ParseSecurityGroup(const json& value) {
   if (!HasId(value)) return InternalError("Neutron security group without an id");
-  SecurityGroup group{Text(value, "id"), Text(value, "name"), Text(value, "description"), {}};
+  SecurityGroup group{
+      StringField(value, "id"), StringField(value, "name"), StringField(value, "description"), {}};
   if (value.contains("security_group_rules") && value["security_group_rules"].is_array()) {
     for (const json& rule : value["security_group_rules"]) {
-      if (Text(rule, "direction") != "ingress" || Text(rule, "protocol") != "tcp") continue;
+      if (StringField(rule, "direction") != "ingress" || StringField(rule, "protocol") != "tcp")
+        continue;
       if (!rule.contains("port_range_min") || !rule["port_range_min"].is_number_integer() ||
           rule["port_range_min"] != rule.value("port_range_max", json())) {
         continue;
@@ -61,7 +58,7 @@ StatusOr<SecurityGroup> ParseSecurityGroup(const json& value) {
 
 StatusOr<Port> ParsePort(const json& value) {
   if (!HasId(value)) return InternalError("Neutron port without an id");
-  Port port{Text(value, "id"), Text(value, "device_id"), {}};
+  Port port{StringField(value, "id"), StringField(value, "device_id"), {}};
   if (value.contains("security_groups") && value["security_groups"].is_array()) {
     for (const json& id : value["security_groups"]) {
       if (id.is_string()) port.security_group_ids.push_back(id.get<std::string>());
@@ -71,11 +68,11 @@ StatusOr<Port> ParsePort(const json& value) {
 }
 
 StatusOr<FloatingIp> ParseFloatingIp(const json& value) {
-  if (!HasId(value) || Text(value, "floating_ip_address").empty()) {
+  if (!HasId(value) || StringField(value, "floating_ip_address").empty()) {
     return InternalError("Neutron floating IP without an id or address");
   }
-  return FloatingIp{Text(value, "id"), Text(value, "floating_ip_address"), Text(value, "port_id"),
-                    Text(value, "description")};
+  return FloatingIp{StringField(value, "id"), StringField(value, "floating_ip_address"),
+                    StringField(value, "port_id"), StringField(value, "description")};
 }
 
 NeutronClient::NeutronClient(Session& session, Clock& clock, CreateRetry create_retry)
@@ -89,8 +86,8 @@ StatusOr<Network> NeutronClient::FindNetwork(std::string_view name) {
   ASSIGN_OR_RETURN(json networks, ListOf(body, "networks"));
   std::vector<Network> found;
   for (const json& value : networks) {
-    if (HasId(value) && Text(value, "name") == name) {
-      found.push_back({Text(value, "id"), Text(value, "name")});
+    if (HasId(value) && StringField(value, "name") == name) {
+      found.push_back({StringField(value, "id"), StringField(value, "name")});
     }
   }
   if (found.empty()) return NotFoundError("no network named '" + std::string(name) + "'");
