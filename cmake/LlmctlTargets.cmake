@@ -22,16 +22,24 @@ function(llmctl_torch_pch target)
   target_precompile_headers(${target} REUSE_FROM llmctl_torch_pch)
 endfunction()
 
-# llmctl_library(NAME [TORCH] SOURCES ... DEPS ...)
+# llmctl_library(NAME [TORCH] [UNITY] SOURCES ... DEPS ...)
 # TORCH: the sources include LibTorch (they reuse its precompiled header).
+# UNITY: the sources compile in batches of up to 8, one translation unit each: for libraries whose
+# files spend most of their time in the same heavy headers (gRPC, Protobuf, nlohmann-json, yaml-cpp),
+# parsed once per batch instead of once per file. Names in anonymous namespaces must then differ
+# across the library's files. Not for LibTorch libraries: there the precompiled header already
+# removes the parsing, and a batch would make editing one file recompile its neighbours.
 function(llmctl_library name)
-  cmake_parse_arguments(ARG "TORCH" "" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "TORCH;UNITY" "" "SOURCES;DEPS" ${ARGN})
   add_library(${name} STATIC ${ARG_SOURCES})
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PUBLIC ${ARG_DEPS})
   llmctl_warnings(${name})
   if(ARG_TORCH)
     llmctl_torch_pch(${name})
+  endif()
+  if(ARG_UNITY)
+    set_target_properties(${name} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
   endif()
 endfunction()
 
