@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 namespace llmctl::trainer::testing {
 
 AdamFirstStepBound BoundAdamFirstStep(const std::vector<torch::Tensor>& grads32,
@@ -23,6 +25,32 @@ AdamFirstStepBound BoundAdamFirstStep(const std::vector<torch::Tensor>& grads32,
         2 * lr * grads_after[i].to(torch::kFloat64).abs().masked_select(in_doubt).sum().item<double>();
   }
   return bound;
+}
+
+AdamWFirstStep TakeAdamWFirstStep(const std::vector<torch::Tensor>& parameters,
+                                  const std::vector<torch::Tensor>& grads64, double lr,
+                                  double weight_decay, const std::function<torch::Tensor()>& loss) {
+  const std::vector<torch::Tensor> grads32 = GradientsOf(parameters);
+  torch::optim::AdamW optimizer(parameters,
+                                torch::optim::AdamWOptions(lr).weight_decay(weight_decay));
+  optimizer.step();
+  optimizer.zero_grad();
+  const torch::Tensor after = loss();
+  after.backward();
+  return {after.item<double>(), BoundAdamFirstStep(grads32, grads64, GradientsOf(parameters), lr,
+                                                   /*loss_rounding=*/1e-5)};
+}
+
+void ExpectLossAfterFirstStep(double before, double want_before, double after, double want_after,
+                              const AdamFirstStepBound& bound) {
+  EXPECT_NEAR(after, want_after, bound.loss_bound);
+  EXPECT_LT(bound.loss_bound, 0.1 * (before - want_after));
+  EXPECT_LT(after, before);
+  std::printf(
+      "loss %.7f (fixture %.7f), after one AdamW step %.7f (fixture %.7f, bound %.2e: %lld of %lld "
+      "gradients zero up to rounding)\n",
+      before, want_before, after, want_after, bound.loss_bound,
+      static_cast<long long>(bound.sign_in_doubt), static_cast<long long>(bound.parameters));
 }
 
 std::vector<torch::Tensor> GradientsOf(const std::vector<torch::Tensor>& parameters) {

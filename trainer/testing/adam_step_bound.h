@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace llmctl::trainer::testing {
@@ -42,6 +43,24 @@ AdamFirstStepBound BoundAdamFirstStep(const std::vector<torch::Tensor>& grads32,
                                       const std::vector<torch::Tensor>& grads64,
                                       const std::vector<torch::Tensor>& grads_after, double lr,
                                       double loss_rounding);
+
+struct AdamWFirstStep {
+  double loss_after = 0;
+  AdamFirstStepBound bound;
+};
+
+// Takes torch's AdamW step (`lr`, `weight_decay`) on `parameters`, whose float32 gradients the
+// caller's backward has just set, then evaluates `loss` at the stepped point and its gradients for
+// the bound. `grads64`: the same gradients in float64 (same inputs and order).
+AdamWFirstStep TakeAdamWFirstStep(const std::vector<torch::Tensor>& parameters,
+                                  const std::vector<torch::Tensor>& grads64, double lr,
+                                  double weight_decay, const std::function<torch::Tensor()>& loss);
+
+// Expects the loss after the step here (`after`) within `bound` of the fixture's (`want_after`), the
+// bound under a tenth of what the step moved the loss (a wider one would prove nothing), and the
+// step to lower the loss; prints both sides. `before` is the loss before the step here.
+void ExpectLossAfterFirstStep(double before, double want_before, double after, double want_after,
+                              const AdamFirstStepBound& bound);
 
 // Every parameter's gradient, copied (parameters without one get zeros).
 std::vector<torch::Tensor> GradientsOf(const std::vector<torch::Tensor>& parameters);
