@@ -45,9 +45,9 @@ void ExpectExact(const std::vector<Case>& cases) {
 // experiments/demo.yaml (llmctl-demo: tied embeddings, grouped-query attention) through the
 // techniques that change the model state and that peak_test.cc's DemoSweep does not already run (it
 // checks every one of its configurations exactly too: the plain model, each precision, SGD with and
-// without momentum, 8-bit AdamW in fp32 and bf16, the optimizer in backward, offload, checkpointing,
-// the chunked loss, LoRA with its default and all targets, QLoRA with its defaults and on k_proj,
-// gate_proj and the head): at one example a micro-batch and two accumulated.
+// without momentum, 8-bit AdamW in fp32 and bf16, the optimizer in backward, offload,
+// checkpointing, the chunked loss, LoRA with its default and all targets, QLoRA with its defaults
+// and on k_proj, gate_proj and the head): at one example a micro-batch and two accumulated.
 TEST(EstimateExactTest, DemoEveryTechnique) {
   const Sets small = {{"train.micro_batch_size", "1"}, {"train.global_batch_size", "2"}};
   const Sets in_backward = {{"optimizer_in_backward", "true"}, {"train.global_batch_size", "1"}};

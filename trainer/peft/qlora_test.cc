@@ -144,9 +144,8 @@ TEST(QloraPeftParityTest, LogitsMatchPeftOverLinear4bitInBf16) {
   const double largest = Expected(*file, "logits.bf16").abs().max().item<double>();
   const double bf16_ulp = std::ldexp(1.0, std::ilogb(largest) - 7);
   RecordProperty("max_abs_logit_difference", Scientific(difference));
-  std::cout << "qlora vs PEFT+bitsandbytes, compute bf16: max |dlogit| " << difference
-            << " (bound " << 4 * bf16_ulp << ": 4 bf16 ulps of the largest logit " << largest
-            << ")" << std::endl;
+  std::cout << "qlora vs PEFT+bitsandbytes, compute bf16: max |dlogit| " << difference << " (bound "
+            << 4 * bf16_ulp << ": 4 bf16 ulps of the largest logit " << largest << ")" << std::endl;
   EXPECT_LE(difference, 4 * bf16_ulp);
 }
 

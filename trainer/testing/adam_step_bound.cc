@@ -22,7 +22,8 @@ AdamFirstStepBound BoundAdamFirstStep(const std::vector<torch::Tensor>& grads32,
     bound.parameters += g64.numel();
     // Reversing a parameter's step moves it by 2 * lr; the loss moves by that times its gradient.
     bound.loss_bound +=
-        2 * lr * grads_after[i].to(torch::kFloat64).abs().masked_select(in_doubt).sum().item<double>();
+        2 * lr *
+        grads_after[i].to(torch::kFloat64).abs().masked_select(in_doubt).sum().item<double>();
   }
   return bound;
 }

@@ -36,9 +36,10 @@ struct AdamFirstStepBound {
   int64_t parameters = 0;
 };
 
-// `grads32`: the float32 gradients the step used; `grads64`: the same parameters' gradients computed
-// in float64 (same inputs, same order); `grads_after`: the float32 gradients at the stepped point;
-// `lr`: the step's learning rate. `loss_rounding` is added for the float32 rounding of the loss.
+// `grads32`: the float32 gradients the step used; `grads64`: the same parameters' gradients
+// computed in float64 (same inputs, same order); `grads_after`: the float32 gradients at the
+// stepped point; `lr`: the step's learning rate. `loss_rounding` is added for the float32 rounding
+// of the loss.
 AdamFirstStepBound BoundAdamFirstStep(const std::vector<torch::Tensor>& grads32,
                                       const std::vector<torch::Tensor>& grads64,
                                       const std::vector<torch::Tensor>& grads_after, double lr,
@@ -56,9 +57,9 @@ AdamWFirstStep TakeAdamWFirstStep(const std::vector<torch::Tensor>& parameters,
                                   const std::vector<torch::Tensor>& grads64, double lr,
                                   double weight_decay, const std::function<torch::Tensor()>& loss);
 
-// Expects the loss after the step here (`after`) within `bound` of the fixture's (`want_after`), the
-// bound under a tenth of what the step moved the loss (a wider one would prove nothing), and the
-// step to lower the loss; prints both sides. `before` is the loss before the step here.
+// Expects the loss after the step here (`after`) within `bound` of the fixture's (`want_after`),
+// the bound under a tenth of what the step moved the loss (a wider one would prove nothing), and
+// the step to lower the loss; prints both sides. `before` is the loss before the step here.
 void ExpectLossAfterFirstStep(double before, double want_before, double after, double want_after,
                               const AdamFirstStepBound& bound);
 
