@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/text.h"
+#include "common/trainer_exit.h"
 
 namespace llmctl::agent {
 namespace {
@@ -66,30 +67,11 @@ RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool can
     }
   } else {
     end.exit_code = exit.exit_code;
-    switch (exit.exit_code) {
-      case 0:
-        end.outcome = "ok";
-        break;
-      case 1:
-        end.outcome = "failed";
-        break;
-      case 2:
-        end.outcome = "invalid";
-        break;
-      case 3:
-        end.outcome = "oom";
-        break;
-      case 4:
-        end.outcome = "diverged";
-        break;
-      case 5:
-        end.outcome = "cancelled";
-        break;
-      default:
-        end.outcome = "failed";
-        end.error = "llm-train exited with code " + std::to_string(exit.exit_code);
-        if (!reported.empty()) end.error += ": " + reported;
-        break;
+    end.outcome = std::string(trainer_exit::OutcomeName(exit.exit_code));
+    if (end.outcome.empty()) {
+      end.outcome = "failed";
+      end.error = "llm-train exited with code " + std::to_string(exit.exit_code);
+      if (!reported.empty()) end.error += ": " + reported;
     }
     if (end.error.empty() && exit.exit_code != 0) end.error = reported;
   }
@@ -105,8 +87,7 @@ RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool can
 RunEnd DecideRankOutcome(const RankExit& failed, int ranks, const ResultEvent& result,
                          bool cancel_requested, std::string_view stderr_tail) {
   RunEnd end = DecideOutcome(failed.exit, result, cancel_requested, stderr_tail);
-  const std::string rank =
-      "rank " + std::to_string(failed.rank) + " of " + std::to_string(ranks);
+  const std::string rank = "rank " + std::to_string(failed.rank) + " of " + std::to_string(ranks);
   if (end.error.empty()) {
     end.error = rank + " " +
                 (failed.exit.signal != 0 ? "was killed"

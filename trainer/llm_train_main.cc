@@ -50,7 +50,7 @@ void OnCheckpointSignal(int) {
 
 int Fail(const std::string& message) {
   std::cerr << "llm-train: " << message << std::endl;
-  return llmctl::trainer::kExitInvalidInput;
+  return llmctl::trainer_exit::kInvalidInput;
 }
 
 // The flags that make this process the launcher of this host's ranks rather than a rank.
@@ -119,16 +119,16 @@ int LaunchRanks(const LauncherFlags& flags, const llmctl::TrialConfig& config, i
   spec.master_port = static_cast<uint16_t>(flags.master_port);
   spec.status_file = flags.ranks_file;
   const llmctl::dist::LaunchResult launched = llmctl::dist::Launch(spec);
-  if (launched.status.ok()) return llmctl::trainer::kExitOk;
+  if (launched.status.ok()) return llmctl::trainer_exit::kOk;
   std::cerr << "llm-train: " << launched.status.message() << std::endl;
   // The job ends as its first failed rank did (invalid input, out of memory, diverged, cancelled),
   // else as failed.
   const auto& failure = launched.first_failure;
-  if (failure && failure->signal == 0 && failure->exit_code >= llmctl::trainer::kExitFailed &&
-      failure->exit_code <= llmctl::trainer::kExitCancelled) {
+  if (failure && failure->signal == 0 && failure->exit_code >= llmctl::trainer_exit::kFailed &&
+      failure->exit_code <= llmctl::trainer_exit::kCancelled) {
     return failure->exit_code;
   }
-  return llmctl::trainer::kExitFailed;
+  return llmctl::trainer_exit::kFailed;
 }
 
 }  // namespace
@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
   const llmctl::trainer::TrialResult result = llmctl::trainer::RunTrial(config, options);
   if (result.invalid_input) {
     std::cerr << "llm-train: " << result.error << std::endl;
-    return llmctl::trainer::kExitInvalidInput;
+    return llmctl::trainer_exit::kInvalidInput;
   }
   return llmctl::trainer::ExitCodeFor(result.outcome);
 }

@@ -53,17 +53,17 @@ std::string_view OutcomeName(Outcome outcome) {
 int ExitCodeFor(Outcome outcome) {
   switch (outcome) {
     case Outcome::kOk:
-      return kExitOk;
+      return trainer_exit::kOk;
     case Outcome::kOom:
-      return kExitOom;
+      return trainer_exit::kOom;
     case Outcome::kDiverged:
-      return kExitDiverged;
+      return trainer_exit::kDiverged;
     case Outcome::kFailed:
-      return kExitFailed;
+      return trainer_exit::kFailed;
     case Outcome::kCancelled:
-      return kExitCancelled;
+      return trainer_exit::kCancelled;
   }
-  return kExitFailed;
+  return trainer_exit::kFailed;
 }
 
 namespace {

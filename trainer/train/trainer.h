@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "common/status.h"
+#include "common/trainer_exit.h"
 #include "common/trial_config.h"
 #include "trainer/dist/rank_env.h"
 
@@ -26,14 +27,7 @@ enum class Outcome { kOk, kOom, kDiverged, kFailed, kCancelled };
 
 std::string_view OutcomeName(Outcome outcome);
 
-// llm-train's documented exit codes.
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailed = 1;
-inline constexpr int kExitInvalidInput =
-    2;  // bad config, model files, tokenizer or data: nothing ran
-inline constexpr int kExitOom = 3;
-inline constexpr int kExitDiverged = 4;
-inline constexpr int kExitCancelled = 5;
+// llm-train's exit code for the outcome (common/trainer_exit.h).
 int ExitCodeFor(Outcome outcome);
 
 struct TrialResult {

@@ -445,11 +445,22 @@ TEST(LabRowsTest, BudgetReproducesTheFirstRowsOfTheSingleGpuLab) {
   EXPECT_GE(static_cast<double>(bf16_mixed.result.peak_bytes), 1.2 * bf16_true.result.peak_bytes);
 }
 
+// The agent reads llm-train's exit code back into the outcome (common/trainer_exit.h): every
+// outcome must come back as the name the trainer gives it.
+TEST(OutcomeTest, EveryExitCodeReadsBackAsItsOutcome) {
+  for (Outcome outcome :
+       {Outcome::kOk, Outcome::kOom, Outcome::kDiverged, Outcome::kFailed, Outcome::kCancelled}) {
+    EXPECT_EQ(trainer_exit::OutcomeName(ExitCodeFor(outcome)), OutcomeName(outcome));
+  }
+  EXPECT_EQ(trainer_exit::OutcomeName(trainer_exit::kInvalidInput), "invalid");
+  EXPECT_EQ(trainer_exit::OutcomeName(9), "");
+}
+
 TEST(OutcomeTest, BudgetExceededIsOomWithTheSnapshotAtTheFailingPoint) {
   TrialRecord run =
       RunAndRecord(DemoConfig({{"train.max_steps", "2"}, {"device_memory", "12MiB"}}));
   ASSERT_EQ(run.result.outcome, Outcome::kOom) << run.result.error;
-  EXPECT_EQ(ExitCodeFor(run.result.outcome), kExitOom);
+  EXPECT_EQ(ExitCodeFor(run.result.outcome), trainer_exit::kOom);
   EXPECT_NE(run.result.error.find("device_memory budget exceeded"), std::string::npos)
       << run.result.error;
   ASSERT_EQ(run.events.front()["type"], "start");
@@ -476,7 +487,7 @@ TEST(OutcomeTest, NonFiniteLossIsDiverged) {
                                              {"train.lr", "1e12"},
                                              {"train.warmup_steps", "0"}}));
   ASSERT_EQ(run.result.outcome, Outcome::kDiverged) << run.result.error;
-  EXPECT_EQ(ExitCodeFor(run.result.outcome), kExitDiverged);
+  EXPECT_EQ(ExitCodeFor(run.result.outcome), trainer_exit::kDiverged);
   EXPECT_NE(run.result.error.find("loss is"), std::string::npos) << run.result.error;
 }
 

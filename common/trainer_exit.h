@@ -1,0 +1,41 @@
+// llm-train's exit codes: a rule two processes share. llm-train exits with them
+// (trainer/train/trainer.cc's ExitCodeFor); the agent turns them back into the trial's outcome
+// (agent/outcome.cc). A rename or a new code changes both at compile time.
+#ifndef LLMCTL_COMMON_TRAINER_EXIT_H_
+#define LLMCTL_COMMON_TRAINER_EXIT_H_
+
+#include <string_view>
+
+namespace llmctl::trainer_exit {
+
+inline constexpr int kOk = 0;
+inline constexpr int kFailed = 1;
+inline constexpr int kInvalidInput = 2;  // bad config, model files, tokenizer or data: nothing ran
+inline constexpr int kOom = 3;
+inline constexpr int kDiverged = 4;
+inline constexpr int kCancelled = 5;
+
+// The outcome an exit code of llm-train stands for, as the store and the report name it; "" for a
+// code llm-train never exits with.
+constexpr std::string_view OutcomeName(int exit_code) {
+  switch (exit_code) {
+    case kOk:
+      return "ok";
+    case kFailed:
+      return "failed";
+    case kInvalidInput:
+      return "invalid";
+    case kOom:
+      return "oom";
+    case kDiverged:
+      return "diverged";
+    case kCancelled:
+      return "cancelled";
+    default:
+      return "";
+  }
+}
+
+}  // namespace llmctl::trainer_exit
+
+#endif  // LLMCTL_COMMON_TRAINER_EXIT_H_
