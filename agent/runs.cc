@@ -21,6 +21,7 @@
 #include "agent/trial_file.h"
 #include "common/atomic_file.h"
 #include "common/files.h"
+#include "common/rank_files.h"
 
 extern char** environ;
 
@@ -30,7 +31,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kTrialFile[] = "trial.yaml";
-constexpr char kEventsFile[] = "events.jsonl";
 constexpr char kDevicesFile[] = "devices.json";
 constexpr char kSupervisorFile[] = "supervisor.json";
 constexpr char kSupervisorLog[] = "supervisor.log";
@@ -184,9 +184,7 @@ Status CheckNodeGroup(const NodeGroup& group) {
 
 }  // namespace
 
-std::string RankEventsFile(int rank) {
-  return rank == 0 ? kEventsFile : "events.rank" + std::to_string(rank) + ".jsonl";
-}
+std::string RankEventsFile(int rank) { return RankEventsPath(kEventsFile, rank); }
 
 std::string DescribeRunKey(const RunKey& key) {
   return "experiment " + std::to_string(key.experiment_id) + ", trial '" + key.trial +

@@ -15,6 +15,7 @@
 #include "agent/node_info.h"
 #include "common/digest/digest.h"
 #include "common/model_config.h"
+#include "common/rank_files.h"
 #include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/status.h"
@@ -115,7 +116,7 @@ StatusOr<std::string> OutputSubdirectory(const std::string& run_dir, const std::
 std::vector<std::string> ArtifactPaths(const std::string& run_dir, const RunRanks& ranks) {
   std::vector<std::string> paths = FilesBelow((fs::path(run_dir) / "output").string(), run_dir);
   std::error_code error;
-  for (const char* log : {"trial.yaml", "events.jsonl", "stdout.log", "stderr.log"}) {
+  for (const char* log : {"trial.yaml", kEventsFile, "stdout.log", "stderr.log"}) {
     if (fs::is_regular_file(fs::path(run_dir) / log, error)) paths.push_back(log);
   }
   // A multi-rank run's other ranks' events on this node (global ranks) and the launcher's record.

@@ -22,6 +22,7 @@
 
 #include "common/experiment.h"
 #include "common/model_config.h"
+#include "common/rank_files.h"
 #include "common/text.h"
 #include "common/trial_config.h"
 #include "common/trial_keys.h"
@@ -306,7 +307,7 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGUSR1, OnCheckpointSignal);
   llmctl::trainer::RunOptions options;
-  options.events_path = llmctl::trainer::RankEventsPath(events_path, rank_env ? rank_env->rank : 0);
+  options.events_path = llmctl::RankEventsPath(events_path, rank_env ? rank_env->rank : 0);
   options.rank_env = rank_env;
   options.human = &std::cout;
   options.cancel = &g_cancel;

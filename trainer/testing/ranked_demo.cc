@@ -15,6 +15,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/rank_files.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/checkpoints.h"
 #include "trainer/train/ddp.h"
@@ -43,7 +44,7 @@ std::vector<std::string> DemoArgs(const std::string& dir, const std::vector<std:
       "--config",
       SourceDir() + "/experiments/demo.yaml",
       "--events",
-      dir + "/events.jsonl",
+      dir + "/" + kEventsFile,
       "--set",
       "train.max_steps=" + std::to_string(steps),
       "--set",
@@ -63,7 +64,7 @@ std::vector<std::string> DemoArgs(const std::string& dir, const std::vector<std:
 // Every rank's events and the checkpoint after the last step, into `run`.
 void ReadBack(RankedDemoRun& run, int ranks, int64_t steps) {
   for (int rank = 0; rank < ranks; ++rank) {
-    run.events.push_back(ReadEvents(RankEventsPath(run.dir + "/events.jsonl", rank)));
+    run.events.push_back(ReadEvents(RankEventsPath(run.dir + "/" + kEventsFile, rank)));
   }
   auto checkpoint = LoadCheckpoint(run.dir + "/out/checkpoints/step-" + std::to_string(steps));
   if (checkpoint.ok()) {
@@ -171,7 +172,7 @@ nlohmann::json MultiNodeDemo::AwaitRanksFile(int node) {
 }
 
 bool MultiNodeDemo::AwaitStep(int rank) {
-  const std::string path = RankEventsPath(dir_ + "/events.jsonl", rank);
+  const std::string path = RankEventsPath(dir_ + "/" + kEventsFile, rank);
   for (;;) {
     const bool ended = Ended(rank / devices_);
     if (ReadFile(path).find("\"type\":\"step\"") != std::string::npos) return true;

@@ -1,20 +1,10 @@
 #include "trainer/train/ddp.h"
 
-#include <filesystem>
 #include <utility>
 
 #include "trainer/train/optimizer.h"
 
 namespace llmctl::trainer {
-
-std::string RankEventsPath(const std::string& path, int rank) {
-  if (rank == 0 || path.empty()) return path;
-  const std::filesystem::path p(path);
-  std::filesystem::path named = p.parent_path() / p.stem();
-  named += ".rank" + std::to_string(rank);
-  named += p.extension();
-  return named.string();
-}
 
 StatusOr<std::unique_ptr<DataParallel>> DataParallel::Join(const dist::RankEnv& env,
                                                            torch::Device device) {

@@ -31,10 +31,6 @@
 
 namespace llmctl::trainer {
 
-// The events file of `rank`: rank 0 writes `path` itself, rank r > 0 writes it with ".rank<r>"
-// before the extension (events.jsonl → events.rank1.jsonl).
-std::string RankEventsPath(const std::string& path, int rank);
-
 class DataParallel {
  public:
   // Joins the process group `env` describes on `device`'s backend: Gloo for cpu, NCCL for cuda.
@@ -78,9 +74,7 @@ class DataParallel {
   };
 
   DataParallel(dist::ProcessGroup group, torch::Device device)
-      : group_(std::move(group)),
-        device_(device),
-        sums_(device) {}
+      : group_(std::move(group)), device_(device), sums_(device) {}
   void OnGradientReady(size_t param);
   // Starts every bucket from next_bucket_ on whose gradients are all ready, in bucket order: every
   // rank must issue the collectives in the same order.
