@@ -16,8 +16,8 @@ endfunction()
 # LibTorch's <torch/torch.h> is about 40 s of parsing per translation unit on this project's 2-core
 # machines. Every target that compiles against it reuses one precompiled copy (llmctl_torch_pch, in
 # trainer/): the header is compiled once per build instead of once per test binary. GCC takes the PCH
-# only when the reusing target's flags match it (same warnings, same -D that the header reads), which
-# every LibTorch target here does; where they would not, GCC silently parses the header instead.
+# only when the reusing target's flags match it (same warnings, no -D the PCH has and the target
+# lacks); CMake adds -Winvalid-pch, which -Werror turns into a build error where they would not.
 function(llmctl_torch_pch target)
   target_precompile_headers(${target} REUSE_FROM llmctl_torch_pch)
 endfunction()

@@ -1,7 +1,9 @@
 // The estimate against the real trainer: llm-train runs each configuration for one step, and the
 // bytes its snapshot after the optimizer step reports per category must equal the estimate's,
 // exactly. Every configuration runs on the CPU (the categories count the tensors' storages, whose
-// sizes do not depend on the device; fsdp's one cuda-only buffer is model_state_test's).
+// sizes do not depend on the device; fsdp's one cuda-only buffer is model_state_test's). The labs'
+// table in miniature and DemoSweep's configurations are checked the same way in peak_test.cc, in
+// the runs that measure their peaks.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -76,9 +78,6 @@ TEST(EstimateExactTest, DemoEveryTechnique) {
   }
   ExpectExact(cases);
 }
-
-// The labs' table in miniature, row by row: peak_test.cc's CpuLabRowTest checks each row's model
-// state exactly in the same run as its peak.
 
 // Two and three ranks: ddp's buckets, fsdp's shards (the demo's layers pad to a multiple of 3).
 TEST(EstimateExactTest, DataParallelRanks) {

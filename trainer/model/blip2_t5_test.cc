@@ -53,8 +53,10 @@ torch::Tensor Expected(const std::string& name, const std::string& fixture = "t5
   return TensorFromView(*(*file)->Find(name)).clone();
 }
 
-torch::Tensor Loss(Blip2ForConditionalGeneration& model, bool chunked = false) {
-  return model->Loss(Expected("pixel_values"), Expected("input_ids"),
+// The captioning loss, the image in `dtype` (the model's parameters' dtype).
+torch::Tensor Loss(Blip2ForConditionalGeneration& model, bool chunked = false,
+                   torch::Dtype dtype = torch::kFloat32) {
+  return model->Loss(Expected("pixel_values").to(dtype), Expected("input_ids"),
                      Expected("attention_mask").to(torch::kBool), Expected("row_labels"), chunked);
 }
 
@@ -64,13 +66,6 @@ TEST(Blip2T5Test, FixtureIsFlanT5sKind) {
   EXPECT_TRUE(config.t5()->gated_gelu);
   EXPECT_FALSE(config.t5()->tie_word_embeddings);
   EXPECT_EQ(config.t5()->num_decoder_layers, 3);
-}
-
-// The loss with the image in `dtype` (the model's parameters' dtype).
-torch::Tensor LossIn(Blip2ForConditionalGeneration& model, torch::Dtype dtype) {
-  return model->Loss(Expected("pixel_values").to(dtype), Expected("input_ids"),
-                     Expected("attention_mask").to(torch::kBool), Expected("row_labels"),
-                     /*chunked=*/false);
 }
 
 // Encoder over [the image's features; the caption and </s>] with the padding masked, decoder over
@@ -92,7 +87,7 @@ TEST(Blip2T5Test, CaptioningLossAndOneAdamWStepMatchTransformersInFp32) {
 
   Blip2ForConditionalGeneration reference = LoadedModel("t5-tiny");
   reference->to(torch::kFloat64);
-  LossIn(reference, torch::kFloat64).backward();
+  Loss(reference, /*chunked=*/false, torch::kFloat64).backward();
   const std::vector<torch::Tensor> grads64 = testing::GradientsOf(reference->parameters());
 
   const testing::AdamWFirstStep step = testing::TakeAdamWFirstStep(

@@ -94,8 +94,9 @@ TEST(Blip2Test, CaptioningLossAndOneAdamWStepMatchTransformersInFp32) {
   CausalLmLoss(reference->Logits(pixels.to(torch::kFloat64), input_ids), labels).backward();
   const std::vector<torch::Tensor> grads64 = testing::GradientsOf(reference->parameters());
 
+  const auto loss_here = [&] { return CausalLmLoss(model->Logits(pixels, input_ids), labels); };
   const testing::AdamWFirstStep step = testing::TakeAdamWFirstStep(
-      model->parameters(), grads64, kLr, /*weight_decay=*/0.01, [&] { return CausalLmLoss(model->Logits(pixels, input_ids), labels); });
+      model->parameters(), grads64, kLr, /*weight_decay=*/0.01, loss_here);
   testing::ExpectLossAfterFirstStep(loss.item<double>(), Expected("loss").item<double>(),
                                     step.loss_after,
                                     Expected("loss_after_adamw_step").item<double>(), step.bound);

@@ -5,7 +5,11 @@
 #include <cstdio>
 
 namespace llmctl::trainer::testing {
+namespace {
 
+// `grads32`: the float32 gradients the step used; `grads64`: the same parameters' gradients in
+// float64; `grads_after`: the float32 gradients at the stepped point; `lr`: the step's learning
+// rate. `loss_rounding` is added for the float32 rounding of the loss.
 AdamFirstStepBound BoundAdamFirstStep(const std::vector<torch::Tensor>& grads32,
                                       const std::vector<torch::Tensor>& grads64,
                                       const std::vector<torch::Tensor>& grads_after, double lr,
@@ -27,6 +31,8 @@ AdamFirstStepBound BoundAdamFirstStep(const std::vector<torch::Tensor>& grads32,
   }
   return bound;
 }
+
+}  // namespace
 
 AdamWFirstStep TakeAdamWFirstStep(const std::vector<torch::Tensor>& parameters,
                                   const std::vector<torch::Tensor>& grads64, double lr,

@@ -36,15 +36,6 @@ struct AdamFirstStepBound {
   int64_t parameters = 0;
 };
 
-// `grads32`: the float32 gradients the step used; `grads64`: the same parameters' gradients
-// computed in float64 (same inputs, same order); `grads_after`: the float32 gradients at the
-// stepped point; `lr`: the step's learning rate. `loss_rounding` is added for the float32 rounding
-// of the loss.
-AdamFirstStepBound BoundAdamFirstStep(const std::vector<torch::Tensor>& grads32,
-                                      const std::vector<torch::Tensor>& grads64,
-                                      const std::vector<torch::Tensor>& grads_after, double lr,
-                                      double loss_rounding);
-
 struct AdamWFirstStep {
   double loss_after = 0;
   AdamFirstStepBound bound;
