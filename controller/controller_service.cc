@@ -8,8 +8,10 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "common/digest/digest.h"
+#include "common/snapshot_event.h"
 #include "controller/device_samples.h"
 #include "controller/submission.h"
 #include "rpc/status.h"
@@ -29,40 +31,41 @@ grpc::Status Guard(std::string_view method, const std::function<Status()>& body)
   }
 }
 
-int64_t IntField(const json& object, const char* key) {
+int64_t IntField(const json& object, std::string_view key) {
   if (!object.is_object()) return 0;
-  auto it = object.find(key);
+  auto it = object.find(std::string(key));
   return it != object.end() && it->is_number() ? it->get<int64_t>() : 0;
 }
 
-double NumberField(const json& object, const char* key) {
+double NumberField(const json& object, std::string_view key) {
   if (!object.is_object()) return 0;
-  auto it = object.find(key);
+  auto it = object.find(std::string(key));
   return it != object.end() && it->is_number() ? it->get<double>() : 0;
 }
 
-std::string StringField(const json& object, const char* key) {
+std::string StringField(const json& object, std::string_view key) {
   if (!object.is_object()) return "";
-  auto it = object.find(key);
+  auto it = object.find(std::string(key));
   return it != object.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
 v1::MemorySnapshot ToSnapshot(const json& snapshot) {
+  namespace field = snapshot_event;
   v1::MemorySnapshot proto;
-  proto.set_step(IntField(snapshot, "step"));
-  proto.set_micro_batch(static_cast<int32_t>(IntField(snapshot, "micro_batch")));
-  proto.set_phase(StringField(snapshot, "phase"));
-  proto.set_params_bytes(IntField(snapshot, "params_bytes"));
-  proto.set_grads_bytes(IntField(snapshot, "grads_bytes"));
-  proto.set_optim_device_bytes(IntField(snapshot, "optim_device_bytes"));
-  proto.set_optim_host_bytes(IntField(snapshot, "optim_host_bytes"));
-  proto.set_other_bytes(IntField(snapshot, "other_bytes"));
-  proto.set_allocated_bytes(IntField(snapshot, "allocated_bytes"));
-  proto.set_peak_bytes(IntField(snapshot, "peak_bytes"));
-  proto.set_reserved_bytes(IntField(snapshot, "reserved_bytes"));
-  proto.set_elapsed_ms(NumberField(snapshot, "elapsed_ms"));
-  proto.set_comm_bytes(IntField(snapshot, "comm_bytes"));
-  proto.set_gathered_bytes(IntField(snapshot, "gathered_bytes"));
+  proto.set_step(IntField(snapshot, field::kStep));
+  proto.set_micro_batch(static_cast<int32_t>(IntField(snapshot, field::kMicroBatch)));
+  proto.set_phase(StringField(snapshot, field::kPhase));
+  proto.set_params_bytes(IntField(snapshot, field::kParamsBytes));
+  proto.set_grads_bytes(IntField(snapshot, field::kGradsBytes));
+  proto.set_optim_device_bytes(IntField(snapshot, field::kOptimDeviceBytes));
+  proto.set_optim_host_bytes(IntField(snapshot, field::kOptimHostBytes));
+  proto.set_other_bytes(IntField(snapshot, field::kOtherBytes));
+  proto.set_allocated_bytes(IntField(snapshot, field::kAllocatedBytes));
+  proto.set_peak_bytes(IntField(snapshot, field::kPeakBytes));
+  proto.set_reserved_bytes(IntField(snapshot, field::kReservedBytes));
+  proto.set_elapsed_ms(NumberField(snapshot, field::kElapsedMs));
+  proto.set_comm_bytes(IntField(snapshot, field::kCommBytes));
+  proto.set_gathered_bytes(IntField(snapshot, field::kGatheredBytes));
   return proto;
 }
 

@@ -31,7 +31,6 @@
 #include "trainer/inputs/trial_inputs.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/caption_batches.h"
-#include "trainer/train/ddp.h"
 #include "trainer/train/trained_model.h"
 #include "trainer/train/trainer.h"
 #include "trainer/train/versions.h"

@@ -9,6 +9,7 @@
 
 #include "common/estimate/model_state.h"
 #include "common/experiment.h"
+#include "common/snapshot_event.h"
 #include "tests/support/shell_command.h"
 
 namespace llmctl::estimate::testing {
@@ -102,8 +103,9 @@ void ExpectModelStateExact(const Case& c, const CaseConfig& loaded,
     json start, after_step;
     for (const json& event : ranks[static_cast<size_t>(rank)]) {
       if (event["type"] == "start") start = event;
-      if (event["type"] == "snapshot" && event["step"] == 0 &&
-          event["phase"] == "phase3_after_opt_step") {
+      if (event["type"] == std::string(snapshot_event::kType) &&
+          event[snapshot_event::kStep] == 0 &&
+          event[snapshot_event::kPhase] == std::string(snapshot_event::kAfterOptimizerStep)) {
         after_step = event;
       }
     }
@@ -111,11 +113,13 @@ void ExpectModelStateExact(const Case& c, const CaseConfig& loaded,
     ASSERT_FALSE(after_step.is_null());
     EXPECT_EQ(start["parameters_total"].get<int64_t>(), estimate->parameters_total);
     EXPECT_EQ(start["parameters_trainable"].get<int64_t>(), estimate->parameters_trainable);
-    EXPECT_EQ(after_step["params_bytes"].get<uint64_t>(), estimate->params_bytes);
-    EXPECT_EQ(after_step["grads_bytes"].get<uint64_t>(), estimate->grads_bytes);
-    EXPECT_EQ(after_step["optim_device_bytes"].get<uint64_t>(), estimate->optim_device_bytes);
-    EXPECT_EQ(after_step["optim_host_bytes"].get<uint64_t>(), estimate->optim_host_bytes);
-    EXPECT_EQ(after_step["comm_bytes"].get<uint64_t>(), estimate->comm_bytes);
+    EXPECT_EQ(after_step[snapshot_event::kParamsBytes].get<uint64_t>(), estimate->params_bytes);
+    EXPECT_EQ(after_step[snapshot_event::kGradsBytes].get<uint64_t>(), estimate->grads_bytes);
+    EXPECT_EQ(after_step[snapshot_event::kOptimDeviceBytes].get<uint64_t>(),
+              estimate->optim_device_bytes);
+    EXPECT_EQ(after_step[snapshot_event::kOptimHostBytes].get<uint64_t>(),
+              estimate->optim_host_bytes);
+    EXPECT_EQ(after_step[snapshot_event::kCommBytes].get<uint64_t>(), estimate->comm_bytes);
   }
 }
 

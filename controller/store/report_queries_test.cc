@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/snapshot_event.h"
 #include "controller/store/store.h"
 #include "controller/store/store_test_support.h"
 
@@ -32,6 +33,39 @@ json Snapshot(int64_t step, const std::string& phase, int64_t allocated) {
           {"params_bytes", 10},
           {"grads_bytes", 20},
           {"allocated_bytes", allocated}};
+}
+
+// The trainer's spelling of every phase and byte field (common/snapshot_event.h) is what the
+// report's views select: a snapshot of each phase, each field a distinct number, comes back whole.
+TEST_F(StoreTest, PhasePeaksSelectEveryPhaseAndByteFieldTheTrainerWrites) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t experiment = *store->CreateExperiment(MakeExperiment("fields", {"t"}), kNow);
+  const int64_t trial = store->ListTrials(experiment)->at(0).id;
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow), 1);
+  std::vector<Event> events;
+  for (size_t p = 0; p < snapshot_event::kPhases.size(); ++p) {
+    json snapshot = {{"type", snapshot_event::kType},
+                     {snapshot_event::kStep, 0},
+                     {snapshot_event::kMicroBatch, 0},
+                     {snapshot_event::kPhase, snapshot_event::kPhases[p]}};
+    for (size_t f = 0; f < snapshot_event::kByteFields.size(); ++f) {
+      snapshot[std::string(snapshot_event::kByteFields[f])] = 1000 * (p + 1) + f;
+    }
+    events.push_back(MakeEvent(static_cast<int64_t>(p + 1), snapshot));
+  }
+  ASSERT_EQ(*store->AppendEvents(trial, 1, events), static_cast<int64_t>(events.size()));
+  const std::vector<json> rows =
+      QueryRows(path_, "SELECT * FROM trial_phase_peaks WHERE trial_id = " + std::to_string(trial) +
+                           " ORDER BY phase_order");
+  ASSERT_EQ(rows.size(), snapshot_event::kPhases.size());
+  for (size_t p = 0; p < rows.size(); ++p) {
+    EXPECT_EQ(rows[p]["phase"], std::string(snapshot_event::kPhases[p]));
+    for (size_t f = 0; f < snapshot_event::kByteFields.size(); ++f) {
+      EXPECT_EQ(rows[p][std::string(snapshot_event::kByteFields[f])], 1000 * (p + 1) + f)
+          << snapshot_event::kPhases[p] << " " << snapshot_event::kByteFields[f];
+    }
+  }
 }
 
 TEST_F(StoreTest, ReportHasEveryRanksMemoryForAMultiRankTrial) {

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <string_view>
 
+#include "common/snapshot_event.h"
+
 namespace llmctl::store {
 namespace {
 
@@ -21,6 +23,22 @@ struct Joined {
   }();
   static constexpr std::string_view kText{kChars.data(), kChars.size()};
 };
+
+// The snapshot phases as rows (phase_order, phase), in step order, from the names the trainer
+// writes (common/snapshot_event.h): "SELECT 0 AS phase_order, 'phase0_before_fwd' AS phase UNION
+// ALL SELECT 1, 'phase1_after_fwd' ...".
+constexpr std::string_view kPhaseRow0 = "SELECT 0 AS phase_order, '";
+constexpr std::string_view kPhaseRow1 = "' AS phase UNION ALL SELECT 1, '";
+constexpr std::string_view kPhaseRow2 = "' UNION ALL SELECT 2, '";
+constexpr std::string_view kPhaseRow3 = "' UNION ALL SELECT 3, '";
+constexpr std::string_view kPhaseRow4 = "' UNION ALL SELECT 4, '";
+constexpr std::string_view kPhaseRowsEnd = "'";
+static_assert(snapshot_event::kPhases.size() == 5, "one row per phase below");
+constexpr std::string_view kPhaseRows =
+    Joined<kPhaseRow0, snapshot_event::kBeforeForward, kPhaseRow1, snapshot_event::kAfterForward,
+           kPhaseRow2, snapshot_event::kAfterBackward, kPhaseRow3,
+           snapshot_event::kAfterOptimizerStep, kPhaseRow4, snapshot_event::kAtOom,
+           kPhaseRowsEnd>::kText;
 
 // Times are Unix milliseconds (UTC). JSON columns hold compact JSON text.
 constexpr std::string_view kInitialSchema = R"sql(
@@ -197,7 +215,7 @@ JOIN events e ON e.trial_id = m.trial_id AND e.attempt = m.attempt AND e.seq =
 // read this one definition, so a database migrated from any version ends with the same views.
 // Like the other byte columns, the categories are NULL for a snapshot without them (one from a
 // trainer before they were measured: its buffers were then part of other_bytes).
-constexpr std::string_view kReportViews = R"sql(
+constexpr std::string_view kReportViewsBeforePhases = R"sql(
 CREATE VIEW trial_results AS
 SELECT
   x.id AS experiment_id,
@@ -276,11 +294,8 @@ SELECT
   json_extract(p.json, '$.peak_bytes') AS peak_bytes,
   json_extract(p.json, '$.reserved_bytes') AS reserved_bytes
 FROM trials t
-CROSS JOIN (SELECT 0 AS phase_order, 'phase0_before_fwd' AS phase
-            UNION ALL SELECT 1, 'phase1_after_fwd'
-            UNION ALL SELECT 2, 'phase2_after_bwd'
-            UNION ALL SELECT 3, 'phase3_after_opt_step'
-            UNION ALL SELECT 4, 'oom') AS ph
+CROSS JOIN ()sql";
+constexpr std::string_view kReportViewsAfterPhases = R"sql() AS ph
 JOIN events p ON (p.trial_id, p.attempt, p.seq) =
   (SELECT trial_id, attempt, seq FROM events
    WHERE trial_id = t.id AND type = 'snapshot'
@@ -289,6 +304,8 @@ JOIN events p ON (p.trial_id, p.attempt, p.seq) =
    ORDER BY json_extract(json, '$.allocated_bytes') DESC, attempt, seq LIMIT 1)
 ORDER BY t.experiment_id, t.ordinal, ph.phase_order;
 )sql";
+constexpr std::string_view kReportViews =
+    Joined<kReportViewsBeforePhases, kPhaseRows, kReportViewsAfterPhases>::kText;
 
 constexpr std::string_view kTrialStepsView = R"sql(
 -- The `step` events of each trial's run; step counts from 0, as in the events.
@@ -377,7 +394,7 @@ ORDER BY t.experiment_id, t.ordinal, m.attempt, e.seq;
 // - trial_rank_phase_peaks: per trial, rank and phase, the phase's most allocated bytes (and its
 //   highest peak_bytes), in the step anatomy's order with "oom" last;
 // - trial_rank_steps: the `step` events of every rank of each trial's run, as trial_steps.
-constexpr std::string_view kRankEvents = R"sql(
+constexpr std::string_view kRankEventsBeforePhases = R"sql(
 CREATE TABLE rank_events (
   trial_id INTEGER NOT NULL,
   attempt INTEGER NOT NULL,
@@ -424,11 +441,9 @@ SELECT
 FROM trials t
 JOIN trial_run_attempts m ON m.trial_id = t.id
 JOIN all_rank_events e ON e.trial_id = t.id AND e.attempt = m.attempt AND e.type = 'snapshot'
-JOIN (SELECT 0 AS phase_order, 'phase0_before_fwd' AS phase
-      UNION ALL SELECT 1, 'phase1_after_fwd'
-      UNION ALL SELECT 2, 'phase2_after_bwd'
-      UNION ALL SELECT 3, 'phase3_after_opt_step'
-      UNION ALL SELECT 4, 'oom') AS ph ON ph.phase = json_extract(e.json, '$.phase')
+JOIN ()sql";
+constexpr std::string_view kRankEventsAfterPhases =
+    R"sql() AS ph ON ph.phase = json_extract(e.json, '$.phase')
 GROUP BY t.id, e.rank, ph.phase_order
 ORDER BY t.experiment_id, t.ordinal, e.rank, ph.phase_order;
 
@@ -451,6 +466,8 @@ JOIN all_rank_events e ON e.trial_id = t.id AND e.attempt = m.attempt AND e.type
 WHERE m.until_step IS NULL OR json_extract(e.json, '$.step') < m.until_step
 ORDER BY t.experiment_id, t.ordinal, e.attempt, e.rank, e.seq;
 )sql";
+constexpr std::string_view kRankEvents =
+    Joined<kRankEventsBeforePhases, kPhaseRows, kRankEventsAfterPhases>::kText;
 
 // Recreates the report's views with the data-parallel categories (kReportViews).
 constexpr std::string_view kDropReportViews = R"sql(

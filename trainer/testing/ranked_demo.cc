@@ -18,7 +18,6 @@
 #include "common/rank_files.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/checkpoints.h"
-#include "trainer/train/ddp.h"
 
 namespace llmctl::trainer::testing {
 namespace {

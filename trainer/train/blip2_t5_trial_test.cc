@@ -18,12 +18,12 @@
 #include "common/blip2_config.h"
 #include "common/trial_config.h"
 #include "trainer/model/blip2.h"
+#include "trainer/parallel/fsdp.h"
 #include "trainer/peft/lora.h"
 #include "trainer/testing/caption_trials.h"
 #include "trainer/testing/ranked_demo.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/caption_batches.h"
-#include "trainer/train/fsdp.h"
 #include "trainer/train/trained_model.h"
 
 namespace llmctl::trainer {

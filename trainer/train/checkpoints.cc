@@ -60,6 +60,13 @@ Status RestoreGeneratorStates(const NamedTensors& states) {
   return Status::Ok();
 }
 
+NamedTensors ModelState(torch::nn::Module& model) {
+  NamedTensors state;
+  for (const auto& item : model.named_parameters()) state.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_buffers()) state.emplace_back(item.key(), item.value());
+  return state;
+}
+
 uint64_t CheckpointBytes(const NamedTensors& model, const NamedTensors& optimizer) {
   // A safetensors header entry (name, dtype, shape, offsets) stays well under this per tensor;
   // trainer_state.json holds the resolved config and the data position, a few KiB.

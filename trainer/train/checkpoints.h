@@ -33,6 +33,10 @@ struct TrainingState {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
+// What a checkpoint holds of `model`: its parameters and buffers (a QLoRA model's NF4 base
+// weights), by name.
+NamedTensors ModelState(torch::nn::Module& model);
+
 // Writes `tensors` (any device, any layout) to a safetensors file at `path`, atomically.
 Status WriteTensors(const std::string& path, const NamedTensors& tensors,
                     const std::map<std::string, std::string>& metadata = {});

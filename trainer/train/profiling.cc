@@ -8,6 +8,8 @@
 #include <system_error>
 #include <utility>
 
+#include "common/snapshot_event.h"
+
 namespace llmctl::trainer {
 namespace {
 
@@ -33,9 +35,10 @@ std::set<ActivityType> Activities(torch::Device device) {
 
 // What runs after each phase boundary of trainer.h's step anatomy.
 std::string_view NextPart(std::string_view phase, bool last_micro_batch) {
-  if (phase == "phase0_before_fwd") return "forward";
-  if (phase == "phase1_after_fwd") return "backward";
-  if (phase == "phase2_after_bwd") return last_micro_batch ? "optimizer step" : "next micro-batch";
+  if (phase == snapshot_event::kBeforeForward) return "forward";
+  if (phase == snapshot_event::kAfterForward) return "backward";
+  if (phase == snapshot_event::kAfterBackward)
+    return last_micro_batch ? "optimizer step" : "next micro-batch";
   return "after step";
 }
 

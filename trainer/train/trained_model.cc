@@ -1,9 +1,11 @@
 #include "trainer/train/trained_model.h"
 
+#include "trainer/inputs/trial_inputs.h"
 #include "trainer/model/blip2.h"
 #include "trainer/model/loss.h"
 #include "trainer/model/weights.h"
 #include "trainer/peft/lora.h"
+#include "trainer/train/caption_batches.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -104,6 +106,24 @@ StatusOr<TrialModelConfig> ResolveTrialModel(const std::string& model) {
   if (blip2) return TrialModelConfig(std::move(*blip2));
   ASSIGN_OR_RETURN(ModelConfig llama, ResolveModel(model));
   return TrialModelConfig(std::move(llama));
+}
+
+Status CheckTrialForModel(const TrialConfig& config, const TrialModelConfig& model) {
+  const ModelConfig* llama = std::get_if<ModelConfig>(&model);
+  if (std::optional<ConfigProblem> problem = FindModelFamilyProblem(config, llama == nullptr)) {
+    return InvalidArgumentError(problem->message);
+  }
+  return TrialInputsChecker().Check(config, llama).status();
+}
+
+StatusOr<std::unique_ptr<BatchSource>> OpenTrialBatches(const TrialConfig& config,
+                                                        const TrialModelConfig& model, int rank,
+                                                        int64_t world_size) {
+  if (const Blip2Config* blip2 = std::get_if<Blip2Config>(&model)) {
+    return OpenCaptionBatches(config, *blip2, rank, static_cast<int>(world_size));
+  }
+  return OpenBatches(config, std::get<ModelConfig>(model).vocab_size, rank,
+                     static_cast<int>(world_size));
 }
 
 StatusOr<std::unique_ptr<TrainedModel>> BuildTrainedModel(const TrialModelConfig& config,

@@ -14,6 +14,7 @@
 #include "common/blip2_config.h"
 #include "common/model_config.h"
 #include "common/status.h"
+#include "common/trial_config.h"
 #include "trainer/model/llama.h"
 #include "trainer/model/projection.h"
 #include "trainer/train/batches.h"
@@ -25,6 +26,18 @@ using TrialModelConfig = std::variant<ModelConfig, Blip2Config>;
 
 // BLIP-2 when `model` names it (ResolveBlip2Model), else the LLaMA family's ResolveModel.
 StatusOr<TrialModelConfig> ResolveTrialModel(const std::string& model);
+
+// What can be checked of the trial once its model's family is known (a directory's config.json):
+// the family's own rules (--set may have changed data.format since the experiment was parsed) and
+// every input file, before anything loads (what `llmctl submit` checked on the user's machine,
+// checked again where the trial runs).
+Status CheckTrialForModel(const TrialConfig& config, const TrialModelConfig& model);
+
+// The family's micro-batches: text for the LLaMA family, image-caption pairs for BLIP-2; the
+// shard of rank `rank` of `world_size`.
+StatusOr<std::unique_ptr<BatchSource>> OpenTrialBatches(const TrialConfig& config,
+                                                        const TrialModelConfig& model, int rank,
+                                                        int64_t world_size);
 
 class TrainedModel {
  public:

@@ -16,20 +16,18 @@
 
 #include "common/byte_size.h"
 #include "common/model_config.h"
+#include "common/snapshot_event.h"
 #include "common/text.h"
-#include "trainer/inputs/trial_inputs.h"
 #include "trainer/memory/accounting.h"
 #include "trainer/model/projection.h"
+#include "trainer/parallel/parallelism.h"
 #include "trainer/peft/lora.h"
 #include "trainer/train/batches.h"
-#include "trainer/train/caption_batches.h"
 #include "trainer/train/checkpoints.h"
 #include "trainer/train/events.h"
-#include "trainer/train/fsdp_checkpoint.h"
 #include "trainer/train/optimizer.h"
 #include "trainer/train/precision.h"
 #include "trainer/train/profiling.h"
-#include "trainer/train/ranks.h"
 #include "trainer/train/trained_model.h"
 
 namespace llmctl::trainer {
@@ -71,22 +69,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-constexpr const char* kPhaseBeforeForward = "phase0_before_fwd";
-constexpr const char* kPhaseAfterForward = "phase1_after_fwd";
-constexpr const char* kPhaseAfterBackward = "phase2_after_bwd";
-constexpr const char* kPhaseAfterOptimizerStep = "phase3_after_opt_step";
-
 json SnapshotJson(const MemorySnapshot& s) {
-  return json{{"params_bytes", s.params_bytes},
-              {"grads_bytes", s.grads_bytes},
-              {"optim_device_bytes", s.optim_device_bytes},
-              {"optim_host_bytes", s.optim_host_bytes},
-              {"comm_bytes", s.comm_bytes},
-              {"gathered_bytes", s.gathered_bytes},
-              {"other_bytes", s.other_bytes},
-              {"allocated_bytes", s.allocated_bytes},
-              {"peak_bytes", s.peak_bytes},
-              {"reserved_bytes", s.reserved_bytes}};
+  return json{{snapshot_event::kParamsBytes, s.params_bytes},
+              {snapshot_event::kGradsBytes, s.grads_bytes},
+              {snapshot_event::kOptimDeviceBytes, s.optim_device_bytes},
+              {snapshot_event::kOptimHostBytes, s.optim_host_bytes},
+              {snapshot_event::kCommBytes, s.comm_bytes},
+              {snapshot_event::kGatheredBytes, s.gathered_bytes},
+              {snapshot_event::kOtherBytes, s.other_bytes},
+              {snapshot_event::kAllocatedBytes, s.allocated_bytes},
+              {snapshot_event::kPeakBytes, s.peak_bytes},
+              {snapshot_event::kReservedBytes, s.reserved_bytes}};
 }
 
 // Linear warmup to the peak rate, then cosine decay to zero at the last step (LitGPT's schedule).
@@ -99,15 +92,6 @@ double LearningRate(double peak, int64_t step, int64_t warmup_steps, int64_t tot
   const double progress =
       static_cast<double>(step - warmup_steps) / static_cast<double>(decay_steps);
   return 0.5 * peak * (1.0 + std::cos(std::numbers::pi * progress));
-}
-
-// What a checkpoint holds of the model: its parameters and buffers (a QLoRA model's NF4 base
-// weights), by name.
-NamedTensors ModelState(torch::nn::Module& model) {
-  NamedTensors state;
-  for (const auto& item : model.named_parameters()) state.emplace_back(item.key(), item.value());
-  for (const auto& item : model.named_buffers()) state.emplace_back(item.key(), item.value());
-  return state;
 }
 
 // statvfs's free bytes (for unprivileged users) on the filesystem that holds `path`, or would hold
@@ -128,6 +112,43 @@ StatusOr<uint64_t> StatvfsFreeBytes(const std::string& path) {
   return static_cast<uint64_t>(info.f_bavail) * static_cast<uint64_t>(info.f_frsize);
 }
 
+// A Status from a strategy's collective, in the step: a failed collective leaves the ranks out of
+// step, so it fails the trial (Run catches it), as a failing op does.
+void ThrowIfError(const Status& status) {
+  if (!status.ok()) throw std::runtime_error(status.message());
+}
+
+template <typename T>
+T ValueOrThrow(StatusOr<T> value) {
+  ThrowIfError(value.status());
+  return *std::move(value);
+}
+
+// The model's parameter counts for the start event: every element, quantized base weights (stored
+// as NF4 buffers) included, and those that train.
+struct ParameterCounts {
+  int64_t total = 0;
+  int64_t trainable = 0;
+};
+
+ParameterCounts CountParameters(torch::nn::Module& model) {
+  ParameterCounts counts;
+  for (const torch::Tensor& p : model.parameters()) {
+    counts.total += p.numel();
+    if (p.requires_grad()) counts.trainable += p.numel();
+  }
+  for (auto& [name, projection] : NamedProjections(model)) {
+    if (projection->is_quantized()) counts.total += projection->nf4_weight().numel();
+  }
+  return counts;
+}
+
+// What one step's micro-batches add up to on this rank (after SumAcrossRanks: on all ranks).
+struct StepTotals {
+  double loss_sum = 0.0;  // Σ micro-batch mean loss × its label tokens
+  int64_t tokens = 0;     // real (not padding) tokens
+};
+
 // Everything one run holds; members are destroyed in reverse order, model last.
 class TrialRun {
  public:
@@ -138,12 +159,37 @@ class TrialRun {
 
  private:
   Status Setup();
+  // The trial's data, its model (built, frozen, given its adapters) and its optimizer; the model
+  // as the strategy prepares it between the last two.
+  Status OpenData();
+  Status LoadModel();
+  Status PrepareModel();
+  Status MakeTrialOptimizer();
+  // The start event and lines, once everything is loaded.
+  void EmitStart(uint64_t load_peak);
+  // The steps from first_step_ to the end (or the stop), and the result.
+  TrialResult Train();
+
   // Returns false when the trial ended (diverged or cancelled) inside the step.
   bool TrainStep(int64_t step);
-  void Snapshot(int64_t step, int64_t micro_batch, const char* phase);
+  // What a signal asks of this process now.
+  StopRequest AskedToStop() const;
+  // The step's micro-batches, from the data position it starts at (step_start_position_).
+  std::vector<MicroBatch> DrawMicroBatches();
+  // Forward and backward of micro-batch `i` of `step`, adding its loss and tokens to `totals`.
+  // False when its loss is not finite (divergence_ says where).
+  bool ForwardBackward(int64_t step, int64_t i, MicroBatch& batch, const StepAgreement& agreement,
+                       StepTotals& totals);
+  // Unscales, clips and steps, unless the optimizer stepped in backward.
+  void ApplyUpdate(double lr);
+  // The step event and the progress line.
+  void ReportStep(int64_t step, double lr, double seconds, const StepTotals& totals,
+                  int64_t label_tokens);
+
+  void Snapshot(int64_t step, int64_t micro_batch, std::string_view phase);
   // The `snapshot` event: `snapshot`'s bytes, where in the run it was taken, and when.
   void EmitSnapshot(const MemorySnapshot& snapshot, int64_t step, int64_t micro_batch,
-                    const char* phase);
+                    std::string_view phase);
   // Milliseconds since the run's start, to the microsecond: enough to order the phases of the
   // smallest model's step.
   double ElapsedMs() const {
@@ -171,7 +217,7 @@ class TrialRun {
   // Puts weights, optimizer state, data position and generators back from options_.resume_from.
   Status Resume();
   TrainingState CheckpointState(int64_t completed_steps, const nlohmann::json& data_position) const;
-  // Records the checkpoint written at `dir` (under fsdp on every rank, which all wrote part of it).
+  // Records the checkpoint written at `dir`.
   Status CheckpointWritten(int64_t completed_steps, const std::string& dir);
   // A checkpoint of the state after `completed_steps` optimizer steps, whose next micro-batches
   // start at `data_position`.
@@ -186,17 +232,14 @@ class TrialRun {
   std::vector<torch::Tensor> OptimizerState() const {
     return optimizer_ ? optimizer_->StateTensors() : std::vector<torch::Tensor>{};
   }
-  std::vector<torch::Tensor> CommBuffers() const { return ranks_.CommTensors(); }
-  std::vector<torch::Tensor> GatheredParams() const { return ranks_.GatheredTensors(); }
+  std::vector<torch::Tensor> CommBuffers() const { return parallel_->CommTensors(); }
+  std::vector<torch::Tensor> GatheredParams() const { return parallel_->GatheredTensors(); }
   MemorySnapshot Categories(bool at_failure) const {
-    return at_failure ? SnapshotAtFailure(*memory_, all_params_, OptimizerState(), CommBuffers(),
-                                          GatheredParams())
-                      : TakeSnapshot(*memory_, all_params_, OptimizerState(), CommBuffers(),
-                                     GatheredParams());
+    return at_failure ? SnapshotAtFailure(*memory_, model_tensors_.state, OptimizerState(),
+                                          CommBuffers(), GatheredParams())
+                      : TakeSnapshot(*memory_, model_tensors_.state, OptimizerState(),
+                                     CommBuffers(), GatheredParams());
   }
-  // strategy fsdp: shards the model (before the optimizer is made); what accounting counts as
-  // params and what the optimizer steps become the rank's flat shards.
-  Status ShardModel();
 
   const TrialConfig& config_;
   const RunOptions& options_;
@@ -212,15 +255,12 @@ class TrialRun {
   std::optional<DeviceMemory> memory_;
   std::unique_ptr<TrainedModel> model_;
   std::optional<LoraConfig> lora_;  // peft.method lora or qlora
-  std::vector<torch::Tensor> all_params_;
-  std::vector<torch::Tensor> trainable_params_;
+  ModelTensors model_tensors_;      // what this rank holds and trains, as the strategy prepared it
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BatchSource> batches_;
-  std::unique_ptr<StepProfiler> profiler_;    // null when no step is profiled
-  Ranks ranks_;                               // one process unless ddp or fsdp
-  DataParallel* ddp_ = nullptr;               // ranks_'s, when strategy ddp
-  FullyShardedDataParallel* fsdp_ = nullptr;  // ranks_'s, when strategy fsdp
-  int rank_ = 0;                              // outputs (checkpoints, adapters, profile) on rank 0
+  std::unique_ptr<StepProfiler> profiler_;  // null when no step is profiled
+  std::unique_ptr<Parallelism> parallel_;   // one process, ddp or fsdp
+  int rank_ = 0;                            // outputs (checkpoints, adapters, profile) on rank 0
   std::optional<LossScaler> loss_scaler_;
 
   bool chunked_loss_ = false;
@@ -236,7 +276,7 @@ class TrialRun {
   std::optional<double> last_loss_;
   int64_t steps_done_ = 0;
   int64_t first_step_ = 0;
-  bool stop_checkpoint_ = false;       // ddp/fsdp: the ranks agreed to stop with a checkpoint
+  StopRequest stop_request_ = StopRequest::kNone;  // what ended the run early, when a stop did
   int64_t last_checkpoint_steps_ = 0;  // completed steps in the newest checkpoint (or resumed from)
   std::string last_checkpoint_dir_;    // that checkpoint's directory; empty when there is none
   nlohmann::json step_start_position_;  // the data position before the running step's micro-batches
@@ -245,16 +285,7 @@ class TrialRun {
 
 Status TrialRun::Setup() {
   ASSIGN_OR_RETURN(model_config_, ResolveTrialModel(config_.GetString("model")));
-  // The family is known only now (a directory's config.json): --set may have changed data.format
-  // since the experiment was parsed.
-  if (std::optional<ConfigProblem> problem =
-          FindModelFamilyProblem(config_, std::holds_alternative<Blip2Config>(model_config_))) {
-    return InvalidArgumentError(problem->message);
-  }
-  // Every input file, before anything loads: what `llmctl submit` checked on the user's machine,
-  // checked again where the trial runs.
-  const ModelConfig* llama = std::get_if<ModelConfig>(&model_config_);
-  RETURN_IF_ERROR(TrialInputsChecker().Check(config_, llama).status());
+  RETURN_IF_ERROR(CheckTrialForModel(config_, model_config_));
   ASSIGN_OR_RETURN(precision_, Precision::FromName(config_.GetString("precision")));
   // A DDP rank's GPU is its LOCAL_RANK, as torchrun's convention has it.
   const int local_rank = options_.rank_env ? options_.rank_env->local_rank : 0;
@@ -264,13 +295,11 @@ Status TrialRun::Setup() {
   memory_.emplace(memory);
   RETURN_IF_ERROR(memory_->SetBudget(config_.GetByteSize("device_memory")));
 
-  ASSIGN_OR_RETURN(ranks_, Ranks::Join(config_, options_.rank_env, device_));
-  ddp_ = ranks_.ddp();
-  fsdp_ = ranks_.fsdp();
-  rank_ = ranks_.rank();
+  ASSIGN_OR_RETURN(parallel_, MakeParallelism(config_, options_.rank_env, device_));
+  rank_ = parallel_->rank();
   micro_batch_size_ = config_.GetInt("train.micro_batch_size");
-  const int64_t world_size = ranks_.world_size();
-  accumulation_ = config_.GetInt("train.global_batch_size") / (micro_batch_size_ * world_size);
+  accumulation_ =
+      config_.GetInt("train.global_batch_size") / (micro_batch_size_ * parallel_->world_size());
   snapshot_every_ = std::max<int64_t>(1, config_.GetInt("snapshot_every"));
   log_every_ = std::max<int64_t>(1, config_.GetInt("log_every"));
   chunked_loss_ = config_.GetString("loss") == "chunked_ce";
@@ -288,17 +317,64 @@ Status TrialRun::Setup() {
   return Status::Ok();
 }
 
-Status TrialRun::ShardModel() {
-  // bf16-mixed gathers and computes in bf16 over fp32 shards (FSDP2's param_dtype) instead of
-  // casting fp32 parameters op by op under autocast.
-  RETURN_IF_ERROR(fsdp_->Shard(
-      model_->module(), [this](const std::string& name) { return model_->LayerOf(name); },
-      precision_.autocast.value_or(precision_.param_dtype)));
-  all_params_ = fsdp_->Shards();
-  // Buffers stay whole on every rank (the model has none but a QLoRA base, which fsdp refuses).
-  for (const auto& item : model_->module().named_buffers()) all_params_.push_back(item.value());
-  trainable_params_ = fsdp_->Shards();
-  model_->SetLayerHooks(fsdp_);
+Status TrialRun::OpenData() {
+  ASSIGN_OR_RETURN(batches_,
+                   OpenTrialBatches(config_, model_config_, rank_, parallel_->world_size()));
+  return Status::Ok();
+}
+
+Status TrialRun::LoadModel() {
+  torch::manual_seed(static_cast<uint64_t>(config_.GetInt("seed")));
+  ModelBuildOptions build;
+  build.init = config_.GetString("init");
+  build.model_dir = config_.GetString("model");
+  build.dtype = precision_.param_dtype;
+  build.device = device_;
+  if (lora_) build.nf4 = lora_->nf4;
+  build.activation_checkpointing = config_.GetBool("activation_checkpointing");
+  ASSIGN_OR_RETURN(model_, BuildTrainedModel(model_config_, build));
+  RETURN_IF_ERROR(model_->Freeze(config_.GetStringList("freeze")));
+  if (lora_) {
+    RETURN_IF_ERROR(CheckLoraTargets(model_->module(), *lora_));
+    ApplyLora(model_->module(), *lora_);
+    const std::string adapter = config_.GetString("peft.adapter");
+    if (!adapter.empty()) RETURN_IF_ERROR(LoadAdapter(model_->module(), *lora_, adapter));
+  }
+  model_->module().train();
+  return Status::Ok();
+}
+
+Status TrialRun::PrepareModel() {
+  // Under fsdp bf16-mixed the units are gathered and computed in bf16 over fp32 shards (FSDP2's
+  // param_dtype) instead of casting fp32 parameters op by op under autocast.
+  ASSIGN_OR_RETURN(
+      model_tensors_,
+      parallel_->PrepareModel(*model_, precision_.autocast.value_or(precision_.param_dtype)));
+  return Status::Ok();
+}
+
+Status TrialRun::MakeTrialOptimizer() {
+  OptimizerOptions options;
+  options.name = config_.GetString("optimizer");
+  options.lr = config_.GetFloat("train.lr");
+  const std::vector<double> betas = config_.GetFloatList("train.betas");
+  options.beta1 = betas.at(0);
+  options.beta2 = betas.at(1);
+  options.eps = config_.GetFloat("train.eps");
+  options.weight_decay = config_.GetFloat("train.weight_decay");
+  options.momentum = config_.GetFloat("train.momentum");
+  options.offload = config_.GetString("offload") == "optimizer";
+  ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(options, model_tensors_.trainable));
+  if (optimizer_in_backward_) {
+    for (size_t i = 0; i < model_tensors_.trainable.size(); ++i) {
+      // Freeing the gradient right after its update keeps about one layer's gradients alive.
+      SetPostAccumulateGradHook(model_tensors_.trainable[i],
+                                [optimizer = optimizer_.get(), i](const torch::Tensor& p) {
+                                  optimizer->StepParameter(i);
+                                  p.mutable_grad() = torch::Tensor();
+                                });
+    }
+  }
   return Status::Ok();
 }
 
@@ -306,21 +382,7 @@ Status TrialRun::Resume() {
   const std::string& dir = options_.resume_from;
   ASSIGN_OR_RETURN(LoadedCheckpoint checkpoint, LoadCheckpoint(dir));
   torch::NoGradGuard no_grad;
-  if (fsdp_) {
-    // This rank's pieces of the full model, and its own optimizer shard.
-    RETURN_IF_ERROR(LoadShardedCheckpoint(*fsdp_, dir, checkpoint));
-  } else {
-    std::map<std::string, torch::Tensor> saved(checkpoint.model.begin(), checkpoint.model.end());
-    for (auto& [name, tensor] : ModelState(model_->module())) {
-      auto it = saved.find(name);
-      if (it == saved.end() || !it->second.sizes().equals(tensor.sizes())) {
-        return DataLossError(
-            dir + "/model.safetensors: tensor '" + name +
-            "' is missing or has another shape (a checkpoint of a different model?)");
-      }
-      tensor.copy_(it->second);
-    }
-  }
+  RETURN_IF_ERROR(parallel_->LoadCheckpoint(dir, *model_, checkpoint));
   RETURN_IF_ERROR(optimizer_->LoadNamedState(checkpoint.optimizer).WithContext(dir));
   RETURN_IF_ERROR(batches_->Restore(checkpoint.state.data_position).WithContext(dir));
   if (loss_scaler_) loss_scaler_->set_scale(checkpoint.state.loss_scale);
@@ -334,17 +396,10 @@ Status TrialRun::Resume() {
 Status TrialRun::WriteCheckpoint(int64_t completed_steps, const nlohmann::json& data_position) {
   const std::string dir =
       config_.GetString("output_dir") + "/checkpoints/step-" + std::to_string(completed_steps);
-  if (fsdp_) {
-    RETURN_IF_ERROR(SaveShardedCheckpoint(*fsdp_, dir, optimizer_->NamedState(),
-                                          CheckpointState(completed_steps, data_position)));
-    return CheckpointWritten(completed_steps, dir);
-  }
-  // Every rank holds the same weights and optimizer state, and the data position is the ranks'
-  // shared one: rank 0's checkpoint is the job's, and every rank resumes from it.
-  if (rank_ != 0) return Status::Ok();
-  const NamedTensors model = ModelState(model_->module());
-  RETURN_IF_ERROR(SaveCheckpoint(dir, model, optimizer_->NamedState(),
-                                 CheckpointState(completed_steps, data_position)));
+  ASSIGN_OR_RETURN(const bool written,
+                   parallel_->SaveCheckpoint(dir, *model_, optimizer_->NamedState(),
+                                             CheckpointState(completed_steps, data_position)));
+  if (!written) return Status::Ok();
   return CheckpointWritten(completed_steps, dir);
 }
 
@@ -405,17 +460,17 @@ void TrialRun::Log(const std::string& level, const std::string& message) {
 }
 
 void TrialRun::EmitSnapshot(const MemorySnapshot& snapshot, int64_t step, int64_t micro_batch,
-                            const char* phase) {
+                            std::string_view phase) {
   json event = SnapshotJson(snapshot);
-  event["type"] = "snapshot";
-  event["step"] = step;
-  event["micro_batch"] = micro_batch;
-  event["phase"] = phase;
-  event["elapsed_ms"] = ElapsedMs();
+  event["type"] = snapshot_event::kType;
+  event[snapshot_event::kStep] = step;
+  event[snapshot_event::kMicroBatch] = micro_batch;
+  event[snapshot_event::kPhase] = phase;
+  event[snapshot_event::kElapsedMs] = ElapsedMs();
   events_.Emit(event);
 }
 
-void TrialRun::Snapshot(int64_t step, int64_t micro_batch, const char* phase) {
+void TrialRun::Snapshot(int64_t step, int64_t micro_batch, std::string_view phase) {
   // Each phase boundary is also where the profiler names what follows and marks its memory history.
   if (profiler_) profiler_->Phase(step, micro_batch, phase);
   if (!snapshot_this_step_) return;
@@ -423,7 +478,23 @@ void TrialRun::Snapshot(int64_t step, int64_t micro_batch, const char* phase) {
   EmitSnapshot(snapshot, step, micro_batch, phase);
   std::string label = "step" + std::to_string(step);
   if (accumulation_ > 1) label += "_mb" + std::to_string(micro_batch);
-  Human("[" + label + "_" + phase + "] " + FormatSnapshot(snapshot));
+  Human("[" + label + "_" + std::string(phase) + "] " + FormatSnapshot(snapshot));
+}
+
+StopRequest TrialRun::AskedToStop() const {
+  if (options_.cancel == nullptr || !options_.cancel->load()) return StopRequest::kNone;
+  return options_.checkpoint_on_cancel != nullptr && options_.checkpoint_on_cancel->load()
+             ? StopRequest::kStopWithCheckpoint
+             : StopRequest::kStop;
+}
+
+std::vector<MicroBatch> TrialRun::DrawMicroBatches() {
+  step_start_position_ = batches_->Position();
+  std::vector<MicroBatch> micro_batches;
+  for (int64_t i = 0; i < accumulation_; ++i) {
+    micro_batches.push_back(batches_->Next(micro_batch_size_, device_));
+  }
+  return micro_batches;
 }
 
 bool TrialRun::TrainStep(int64_t step) {
@@ -435,161 +506,130 @@ bool TrialRun::TrainStep(int64_t step) {
   const double lr = LearningRate(config_.GetFloat("train.lr"), step,
                                  config_.GetInt("train.warmup_steps"), total_steps_);
 
-  // The global batch's loss is the mean over all of its label tokens, so each micro-batch's mean is
-  // weighted by its share of them: k micro-batches give exactly the gradient of one batch k times
-  // larger.
-  std::vector<MicroBatch> micro_batches;
-  int64_t global_label_tokens = 0;
-  step_start_position_ = batches_->Position();
-  for (int64_t i = 0; i < accumulation_; ++i) {
-    micro_batches.push_back(batches_->Next(micro_batch_size_, device_));
-    global_label_tokens += micro_batches.back().label_tokens;
-  }
-  // Under DDP the global batch is every rank's micro-batches: the weights use all ranks' label
-  // tokens, scaled by the world size that the gradients' average divides by again. The ranks stop
-  // at the same step, decided in the same sum: a signal reaches them at different points of a step
-  // (or only one of them), and a rank stopping alone would leave the others in the step's next
-  // collective while it runs the stop's (fsdp's checkpoint gathers the model and every rank writes
-  // its optimizer shard). A stop therefore waits for the next step's start under ddp and fsdp.
-  double rank_weight = 1.0;
-  if (ranks_.distributed()) {
-    // A rank asked to stop adds 1, or kCheckpointStop when asked for a checkpoint; one rank
-    // asking for a checkpoint makes every rank's stop write it.
-    constexpr double kCheckpointStop = 1 << 20;
-    double asked = 0.0;
-    if (options_.cancel != nullptr && options_.cancel->load()) {
-      asked = options_.checkpoint_on_cancel != nullptr && options_.checkpoint_on_cancel->load()
-                  ? kCheckpointStop
-                  : 1.0;
-    }
-    const std::vector<double> sums =
-        ranks_.SumAcrossRanks({static_cast<double>(global_label_tokens), asked});
-    if (sums.at(1) > 0) {
-      stop_checkpoint_ = sums.at(1) >= kCheckpointStop;
-      return false;
-    }
-    global_label_tokens = static_cast<int64_t>(sums.at(0));
-    rank_weight = static_cast<double>(ranks_.world_size());
+  std::vector<MicroBatch> micro_batches = DrawMicroBatches();
+  int64_t label_tokens = 0;
+  for (const MicroBatch& batch : micro_batches) label_tokens += batch.label_tokens;
+  const StepAgreement agreement = ValueOrThrow(parallel_->BeginStep(label_tokens, AskedToStop()));
+  if (agreement.stop != StopRequest::kNone) {
+    stop_request_ = agreement.stop;
+    return false;
   }
 
-  for (torch::Tensor& p : trainable_params_) p.mutable_grad() = torch::Tensor();
+  for (torch::Tensor& p : model_tensors_.trainable) p.mutable_grad() = torch::Tensor();
   // With the optimizer in backward, the parameters' hooks apply this step's update during backward.
   if (optimizer_in_backward_) optimizer_->BeginStep(lr);
-  double loss_sum = 0.0;  // Σ micro-batch mean × its label tokens
-  int64_t step_tokens = 0;
+  StepTotals totals;
   for (int64_t i = 0; i < accumulation_; ++i) {
-    if (!ranks_.distributed() && options_.cancel != nullptr && options_.cancel->load()) {
+    if (i > 0 && parallel_->StopsBetweenMicroBatches()) {
+      stop_request_ = AskedToStop();
+      if (stop_request_ != StopRequest::kNone) return false;
+    }
+    if (!ForwardBackward(step, i, micro_batches[static_cast<size_t>(i)], agreement, totals)) {
       return false;
     }
-    MicroBatch& batch = micro_batches[static_cast<size_t>(i)];
-    Snapshot(step, i, kPhaseBeforeForward);
-    torch::Tensor loss;
-    {
-      // Under fsdp bf16-mixed the gathered parameters are bf16 already, so autocast casts none of
-      // them; the ops it keeps in fp32 still run in fp32, as on one device.
-      AutocastScope autocast(precision_, device_);
-      if (fsdp_) {
-        if (Status status = fsdp_->BeginForward(); !status.ok()) {
-          throw std::runtime_error(status.message());
-        }
-      }
-      loss = model_->Loss(batch, chunked_loss_);
-    }
-    Snapshot(step, i, kPhaseAfterForward);
-    step_tokens += batch.real_tokens;
-    if (batch.label_tokens == 0) {
-      // Truncation left no target in this micro-batch: its mean loss is 0/0, and it adds nothing to
-      // the gradient, so it is not a divergence and there is nothing to backpropagate. Under FSDP
-      // every rank must still run backward, whose gathers and reductions are collectives: a zero
-      // objective (nan_to_num's gradient is zero where the loss is not finite) gives zero
-      // gradients.
-      if (fsdp_) {
-        (torch::nan_to_num(loss, 0.0, 0.0, 0.0) * 0.0).backward();
-        if (Status status = fsdp_->FinishBackward(); !status.ok()) {
-          throw std::runtime_error(status.message());
-        }
-      }
-      loss = torch::Tensor();
-      Snapshot(step, i, kPhaseAfterBackward);
-      continue;
-    }
-    const double loss_value = loss.item<double>();
-    if (!std::isfinite(loss_value)) {
-      divergence_ = "loss is " + std::to_string(loss_value) + " at step " + std::to_string(step) +
-                    ", micro-batch " + std::to_string(i);
-      return false;
-    }
-    // Non-zero: this micro-batch has label tokens, so the global batch does too.
-    const double weight = rank_weight * static_cast<double>(batch.label_tokens) /
-                          static_cast<double>(global_label_tokens);
-    torch::Tensor objective = loss * weight;
-    if (loss_scaler_) objective = objective * loss_scaler_->scale();
-    // DDP's no_sync: only the step's last backward all-reduces.
-    if (ddp_) ddp_->SetSync(i == accumulation_ - 1);
-    objective.backward();
-    objective = torch::Tensor();
-    loss = torch::Tensor();
-    if (fsdp_) {
-      if (Status status = fsdp_->FinishBackward(); !status.ok()) {
-        throw std::runtime_error(status.message());
-      }
-    }
-    Snapshot(step, i, kPhaseAfterBackward);
-    loss_sum += loss_value * static_cast<double>(batch.label_tokens);
   }
   micro_batches.clear();
-  if (fsdp_ && global_label_tokens == 0) {
+  ThrowIfError(parallel_->FinishGradients());
+  if (agreement.label_tokens == 0) {
     // No rank had a label token: one device would have no gradients, and its optimizer would skip
-    // every parameter; the zero backward's zero gradient shards must not make AdamW step either.
-    for (torch::Tensor& p : trainable_params_) p.mutable_grad() = torch::Tensor();
+    // every parameter; zero gradients (fsdp's zero backward, ddp's reduced buckets) must not make
+    // AdamW step either.
+    for (torch::Tensor& p : model_tensors_.trainable) p.mutable_grad() = torch::Tensor();
   }
-  if (ddp_) {
-    if (Status status = ddp_->FinishGradients(); !status.ok()) {
-      throw std::runtime_error(status.message());
-    }
-  }
-  if (ranks_.distributed()) {
-    // The step's loss and tokens are the job's: every rank reports the same.
-    const std::vector<double> totals =
-        ranks_.SumAcrossRanks({loss_sum, static_cast<double>(step_tokens)});
-    loss_sum = totals.at(0);
-    step_tokens = static_cast<int64_t>(totals.at(1));
-  }
+  // The step's loss and tokens are the job's: every rank reports the same.
+  const std::vector<double> sums = ValueOrThrow(
+      parallel_->SumAcrossRanks({totals.loss_sum, static_cast<double>(totals.tokens)}));
+  totals.loss_sum = sums.at(0);
+  totals.tokens = static_cast<int64_t>(sums.at(1));
 
+  ApplyUpdate(lr);
+  Snapshot(step, accumulation_ - 1, snapshot_event::kAfterOptimizerStep);
+  if (device_.is_cuda()) torch::cuda::synchronize();
+  ReportStep(step, lr, std::chrono::duration<double>(Clock::now() - started).count(), totals,
+             agreement.label_tokens);
+  if (profiler_ && profiler_->EndsWith(step)) WriteProfile();
+  return true;
+}
+
+bool TrialRun::ForwardBackward(int64_t step, int64_t i, MicroBatch& batch,
+                               const StepAgreement& agreement, StepTotals& totals) {
+  Snapshot(step, i, snapshot_event::kBeforeForward);
+  torch::Tensor loss;
+  {
+    // Under fsdp bf16-mixed the gathered parameters are bf16 already, so autocast casts none of
+    // them; the ops it keeps in fp32 still run in fp32, as on one device.
+    AutocastScope autocast(precision_, device_);
+    ThrowIfError(parallel_->BeforeForward());
+    loss = model_->Loss(batch, chunked_loss_);
+  }
+  Snapshot(step, i, snapshot_event::kAfterForward);
+  totals.tokens += batch.real_tokens;
+  const bool last = i == accumulation_ - 1;
+  if (batch.label_tokens == 0) {
+    // Truncation left no target in this micro-batch: its mean loss is 0/0, and it adds nothing to
+    // the gradient, so it is not a divergence and there is nothing to backpropagate, unless the
+    // strategy's backward runs collectives that every rank must join: then a zero objective
+    // (nan_to_num's gradient is zero where the loss is not finite) gives zero gradients.
+    if (parallel_->BackwardWithoutLabels()) {
+      parallel_->BeforeBackward(last);
+      (torch::nan_to_num(loss, 0.0, 0.0, 0.0) * 0.0).backward();
+      ThrowIfError(parallel_->AfterBackward());
+    }
+    loss = torch::Tensor();
+    Snapshot(step, i, snapshot_event::kAfterBackward);
+    return true;
+  }
+  const double loss_value = loss.item<double>();
+  if (!std::isfinite(loss_value)) {
+    divergence_ = "loss is " + std::to_string(loss_value) + " at step " + std::to_string(step) +
+                  ", micro-batch " + std::to_string(i);
+    return false;
+  }
+  // The global batch's loss is the mean over all of its label tokens (every rank's), so each
+  // micro-batch's mean is weighted by its share of them: k micro-batches give exactly the gradient
+  // of one batch k times larger. Non-zero: this micro-batch has label tokens, so the global batch
+  // does too.
+  const double weight = agreement.gradient_scale * static_cast<double>(batch.label_tokens) /
+                        static_cast<double>(agreement.label_tokens);
+  torch::Tensor objective = loss * weight;
+  if (loss_scaler_) objective = objective * loss_scaler_->scale();
+  parallel_->BeforeBackward(last);
+  objective.backward();
+  objective = torch::Tensor();
+  loss = torch::Tensor();
+  ThrowIfError(parallel_->AfterBackward());
+  Snapshot(step, i, snapshot_event::kAfterBackward);
+  totals.loss_sum += loss_value * static_cast<double>(batch.label_tokens);
+  return true;
+}
+
+void TrialRun::ApplyUpdate(double lr) {
   // With the optimizer in backward the hooks have applied the update already; validation rules out
   // the loss scaling and clipping that would come first.
-  if (!optimizer_in_backward_) {
-    bool grads_finite = true;
-    if (loss_scaler_) grads_finite = loss_scaler_->UnscaleAndCheck(trainable_params_);
-    const double grad_clip = config_.GetFloat("train.grad_clip");
-    if (grads_finite && grad_clip > 0.0) {
-      if (fsdp_) {
-        // The norm is the whole model's: the ranks' shards' squares summed.
-        if (auto norm = fsdp_->ClipGradNorm(grad_clip); !norm.ok()) {
-          throw std::runtime_error(norm.status().message());
-        }
-      } else {
-        ClipGradNorm(trainable_params_, grad_clip);
-      }
-    }
-    if (grads_finite) optimizer_->Step(lr);
-    if (loss_scaler_) loss_scaler_->Update(grads_finite);
+  if (optimizer_in_backward_) return;
+  bool grads_finite = true;
+  if (loss_scaler_) grads_finite = loss_scaler_->UnscaleAndCheck(model_tensors_.trainable);
+  const double grad_clip = config_.GetFloat("train.grad_clip");
+  if (grads_finite && grad_clip > 0.0) {
+    ValueOrThrow(parallel_->ClipGradNorm(model_tensors_.trainable, grad_clip));
   }
-  Snapshot(step, accumulation_ - 1, kPhaseAfterOptimizerStep);
-  if (device_.is_cuda()) torch::cuda::synchronize();
+  if (grads_finite) optimizer_->Step(lr);
+  if (loss_scaler_) loss_scaler_->Update(grads_finite);
+}
 
-  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+void TrialRun::ReportStep(int64_t step, double lr, double seconds, const StepTotals& totals,
+                          int64_t label_tokens) {
   train_seconds_ += seconds;
-  tokens_seen_ += step_tokens;
+  tokens_seen_ += totals.tokens;
   const double step_loss =
-      global_label_tokens > 0 ? loss_sum / static_cast<double>(global_label_tokens) : 0.0;
+      label_tokens > 0 ? totals.loss_sum / static_cast<double>(label_tokens) : 0.0;
   last_loss_ = step_loss;
   steps_done_ = step + 1;
   events_.Emit({{"type", "step"},
                 {"step", step},
                 {"loss", step_loss},
                 {"lr", lr},
-                {"tokens", step_tokens},
+                {"tokens", totals.tokens},
                 {"seconds", seconds},
                 {"allocated_bytes", memory_->allocated_bytes()},
                 {"peak_bytes", memory_->peak_bytes()}});
@@ -597,19 +637,18 @@ bool TrialRun::TrainStep(int64_t step) {
     std::ostringstream line;
     line.precision(4);
     line << "[step " << step + 1 << "/" << total_steps_ << "] loss " << std::fixed << step_loss
-         << " | lr " << std::scientific << lr << std::fixed << " | " << step_tokens << " tokens | "
-         << seconds << " s | " << static_cast<int64_t>(static_cast<double>(step_tokens) / seconds)
+         << " | lr " << std::scientific << lr << std::fixed << " | " << totals.tokens
+         << " tokens | " << seconds << " s | "
+         << static_cast<int64_t>(static_cast<double>(totals.tokens) / seconds)
          << " tokens/s | allocated " << FormatBytes(memory_->allocated_bytes()) << " (peak "
          << FormatBytes(memory_->peak_bytes()) << ")";
     Human(line.str());
   }
-  if (profiler_ && profiler_->EndsWith(step)) WriteProfile();
-  return true;
 }
 
 void TrialRun::WriteProfile() {
-  const ProfileFiles files = profiler_->Write(
-      StorageCategories(*memory_, all_params_, OptimizerState(), CommBuffers(), GatheredParams()));
+  const ProfileFiles files = profiler_->Write(StorageCategories(
+      *memory_, model_tensors_.state, OptimizerState(), CommBuffers(), GatheredParams()));
   for (const std::string& path : files.paths) Log("info", "profile written to " + path);
   for (const std::string& problem : files.problems) Log("warning", "profile: " + problem);
 }
@@ -654,14 +693,12 @@ TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
 
 TrialResult TrialRun::Stop(int64_t step) {
   std::string error = "cancelled at step " + std::to_string(step);
-  // Under ddp or fsdp, whether any rank was asked for one (the ranks' stop is one decision).
-  const bool requested = ranks_.distributed() ? stop_checkpoint_
-                                              : options_.checkpoint_on_cancel != nullptr &&
-                                                    options_.checkpoint_on_cancel->load();
   // The weights and optimizer state are still those after the last complete step, and the data
   // resumes where the interrupted step's micro-batches began, so that step is what a checkpoint
   // keeps; one written (or resumed from) at that step already is enough.
-  if ((requested || config_.GetInt("checkpoint_every") > 0) && step > last_checkpoint_steps_) {
+  if ((stop_request_ == StopRequest::kStopWithCheckpoint ||
+       config_.GetInt("checkpoint_every") > 0) &&
+      step > last_checkpoint_steps_) {
     if (Status status = CheckpointBeforeStop(step); !status.ok()) {
       error += "; " + status.message();
     }
@@ -669,161 +706,91 @@ TrialResult TrialRun::Stop(int64_t step) {
   return Finish(Outcome::kCancelled, error);
 }
 
-TrialResult TrialRun::Run() {
-  if (Status status = Setup(); !status.ok()) return InvalidInput(status);
-  uint64_t load_peak = 0;
-  try {
-    // Data first: a bad dataset or tokenizer should fail before minutes of model loading.
-    auto batches = std::holds_alternative<Blip2Config>(model_config_)
-                       ? OpenCaptionBatches(config_, std::get<Blip2Config>(model_config_), rank_,
-                                            ranks_.world_size())
-                       : OpenBatches(config_, std::get<ModelConfig>(model_config_).vocab_size,
-                                     rank_, ranks_.world_size());
-    if (!batches.ok()) return InvalidInput(batches.status());
-    batches_ = std::move(*batches);
+void TrialRun::EmitStart(uint64_t load_peak) {
+  const int64_t global_batch = micro_batch_size_ * accumulation_ * parallel_->world_size();
+  const int64_t steps_per_epoch = std::max<int64_t>(1, batches_->num_examples() / global_batch);
+  total_steps_ = config_.GetInt("train.max_steps") > 0
+                     ? config_.GetInt("train.max_steps")
+                     : steps_per_epoch * std::max<int64_t>(1, config_.GetInt("train.epochs"));
+  const ParameterCounts counts = CountParameters(model_->module());
+  const std::optional<uint64_t> limit = memory_->limit_bytes();
+  events_.Emit({{"type", "start"},
+                {"config", config_.EffectiveJson()},
+                {"total_steps", total_steps_},
+                {"examples", batches_->num_examples()},
+                {"parameters_total", counts.total},
+                {"parameters_trainable", counts.trainable},
+                {"load_peak_bytes", load_peak},
+                {"first_step", first_step_},
+                {"resumed_from", options_.resume_from},
+                {"device", device_.str()},
+                {"rank", rank_},
+                {"world_size", parallel_->world_size()},
+                {"comm_bytes", UniqueStorageBytes(CommBuffers())},
+                {"device_limit_bytes", limit ? json(*limit) : json(nullptr)},
+                {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        started_wall_.time_since_epoch())
+                                        .count()},
+                {"threads", torch::get_num_threads()},
+                {"torch_version", TORCH_VERSION}});
+  Human("[start] model " + config_.GetString("model") + " (" + std::to_string(counts.total) +
+        " parameters, " + std::to_string(counts.trainable) + " trainable) | " + precision_.name +
+        " | " + config_.GetString("optimizer") + " | micro-batch " +
+        std::to_string(micro_batch_size_) + " x " + std::to_string(accumulation_) + " | " +
+        std::to_string(total_steps_) + " steps | loading peak " + FormatBytes(load_peak));
+  if (profiler_) {
+    if (std::string missed = profiler_->StepsPast(total_steps_); !missed.empty()) {
+      Log("warning", missed);
+    }
+  }
+  Log("info", "dataset " + config_.GetString("data.path") + ": " +
+                  std::to_string(batches_->num_examples()) + " examples");
+}
 
-    memory_->ResetPeak();
-    torch::manual_seed(static_cast<uint64_t>(config_.GetInt("seed")));
-    ModelBuildOptions build;
-    build.init = config_.GetString("init");
-    build.model_dir = config_.GetString("model");
-    build.dtype = precision_.param_dtype;
-    build.device = device_;
-    if (lora_) build.nf4 = lora_->nf4;
-    build.activation_checkpointing = config_.GetBool("activation_checkpointing");
-    auto model = BuildTrainedModel(model_config_, build);
-    if (!model.ok()) return InvalidInput(model.status());
-    model_ = std::move(*model);
-    if (Status status = model_->Freeze(config_.GetStringList("freeze")); !status.ok()) {
-      return InvalidInput(status);
+TrialResult TrialRun::Train() {
+  memory_->ResetPeak();
+  const int64_t checkpoint_every = config_.GetInt("checkpoint_every");
+  for (int64_t step = first_step_; step < total_steps_; ++step) {
+    if (!TrainStep(step)) {
+      if (!divergence_.empty()) return Finish(Outcome::kDiverged, divergence_);
+      return Stop(step);
     }
-    if (lora_) {
-      if (Status status = CheckLoraTargets(model_->module(), *lora_); !status.ok()) {
-        return InvalidInput(status);
-      }
-      ApplyLora(model_->module(), *lora_);
-      const std::string adapter = config_.GetString("peft.adapter");
-      if (!adapter.empty()) {
-        if (Status status = LoadAdapter(model_->module(), *lora_, adapter); !status.ok()) {
-          return InvalidInput(status);
-        }
-      }
-    }
-    model_->module().train();
-    if (fsdp_) {
-      if (Status status = ShardModel(); !status.ok()) {
+    if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0) {
+      if (Status status = WriteCheckpoint(step + 1, batches_->Position()); !status.ok()) {
         return Finish(Outcome::kFailed, status.message());
       }
-    } else {
-      // What accounting counts as params is what a checkpoint holds: parameters and buffers (a
-      // QLoRA model's NF4 base weights).
-      for (auto& [name, tensor] : ModelState(model_->module())) all_params_.push_back(tensor);
-      for (const torch::Tensor& p : model_->module().parameters()) {
-        if (p.requires_grad()) trainable_params_.push_back(p);
-      }
     }
-    load_peak = memory_->peak_bytes();
-    OptimizerOptions optimizer_options;
-    optimizer_options.name = config_.GetString("optimizer");
-    optimizer_options.lr = config_.GetFloat("train.lr");
-    const std::vector<double> betas = config_.GetFloatList("train.betas");
-    optimizer_options.beta1 = betas.at(0);
-    optimizer_options.beta2 = betas.at(1);
-    optimizer_options.eps = config_.GetFloat("train.eps");
-    optimizer_options.weight_decay = config_.GetFloat("train.weight_decay");
-    optimizer_options.momentum = config_.GetFloat("train.momentum");
-    optimizer_options.offload = config_.GetString("offload") == "optimizer";
-    auto optimizer = MakeOptimizer(optimizer_options, trainable_params_);
-    if (!optimizer.ok()) return InvalidInput(optimizer.status());
-    optimizer_ = std::move(*optimizer);
-    if (optimizer_in_backward_) {
-      for (size_t i = 0; i < trainable_params_.size(); ++i) {
-        // Freeing the gradient right after its update keeps about one layer's gradients alive.
-        SetPostAccumulateGradHook(trainable_params_[i],
-                                  [optimizer = optimizer_.get(), i](const torch::Tensor& p) {
-                                    optimizer->StepParameter(i);
-                                    p.mutable_grad() = torch::Tensor();
-                                  });
-      }
+  }
+  if (Status status = SaveAdapterOutputs(); !status.ok()) {
+    return Finish(Outcome::kFailed, status.message());
+  }
+  return Finish(Outcome::kOk, "");
+}
+
+TrialResult TrialRun::Run() {
+  if (Status status = Setup(); !status.ok()) return InvalidInput(status);
+  try {
+    // Data first: a bad dataset or tokenizer should fail before minutes of model loading.
+    if (Status status = OpenData(); !status.ok()) return InvalidInput(status);
+    memory_->ResetPeak();
+    if (Status status = LoadModel(); !status.ok()) return InvalidInput(status);
+    // The strategy's collectives failing is not the input's fault.
+    if (Status status = PrepareModel(); !status.ok()) {
+      return Finish(Outcome::kFailed, status.message());
     }
+    const uint64_t load_peak = memory_->peak_bytes();
+    if (Status status = MakeTrialOptimizer(); !status.ok()) return InvalidInput(status);
     if (!options_.resume_from.empty()) {
       if (Status status = Resume(); !status.ok()) return InvalidInput(status);
     }
-    if (ddp_) {
-      if (Status status = ddp_->BroadcastFromRankZero(all_params_); !status.ok()) {
-        return Finish(Outcome::kFailed, status.message());
-      }
-      ddp_->Attach(trainable_params_, config_.GetByteSize("ddp.bucket_size").value_or(0));
-    }
-
-    const int64_t global_batch = micro_batch_size_ * accumulation_ * ranks_.world_size();
-    const int64_t steps_per_epoch = std::max<int64_t>(1, batches_->num_examples() / global_batch);
-    total_steps_ = config_.GetInt("train.max_steps") > 0
-                       ? config_.GetInt("train.max_steps")
-                       : steps_per_epoch * std::max<int64_t>(1, config_.GetInt("train.epochs"));
-
-    int64_t trainable_count = 0;
-    int64_t total_count = 0;
-    for (const torch::Tensor& p : model_->module().parameters()) {
-      total_count += p.numel();
-      if (p.requires_grad()) trainable_count += p.numel();
-    }
-    for (auto& [name, projection] : NamedProjections(model_->module())) {
-      if (projection->is_quantized()) total_count += projection->nf4_weight().numel();
-    }
-    const std::optional<uint64_t> limit = memory_->limit_bytes();
-    events_.Emit({{"type", "start"},
-                  {"config", config_.EffectiveJson()},
-                  {"total_steps", total_steps_},
-                  {"examples", batches_->num_examples()},
-                  {"parameters_total", total_count},
-                  {"parameters_trainable", trainable_count},
-                  {"load_peak_bytes", load_peak},
-                  {"first_step", first_step_},
-                  {"resumed_from", options_.resume_from},
-                  {"device", device_.str()},
-                  {"rank", rank_},
-                  {"world_size", ranks_.world_size()},
-                  {"comm_bytes", UniqueStorageBytes(CommBuffers())},
-                  {"device_limit_bytes", limit ? json(*limit) : json(nullptr)},
-                  {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          started_wall_.time_since_epoch())
-                                          .count()},
-                  {"threads", torch::get_num_threads()},
-                  {"torch_version", TORCH_VERSION}});
-    Human("[start] model " + config_.GetString("model") + " (" + std::to_string(total_count) +
-          " parameters, " + std::to_string(trainable_count) + " trainable) | " + precision_.name +
-          " | " + config_.GetString("optimizer") + " | micro-batch " +
-          std::to_string(micro_batch_size_) + " x " + std::to_string(accumulation_) + " | " +
-          std::to_string(total_steps_) + " steps | loading peak " + FormatBytes(load_peak));
-
-    if (profiler_) {
-      if (std::string missed = profiler_->StepsPast(total_steps_); !missed.empty()) {
-        Log("warning", missed);
-      }
-    }
-    Log("info", "dataset " + config_.GetString("data.path") + ": " +
-                    std::to_string(batches_->num_examples()) + " examples");
-    memory_->ResetPeak();
-    const int64_t checkpoint_every = config_.GetInt("checkpoint_every");
-    for (int64_t step = first_step_; step < total_steps_; ++step) {
-      if (!TrainStep(step)) {
-        if (!divergence_.empty()) return Finish(Outcome::kDiverged, divergence_);
-        return Stop(step);
-      }
-      if (checkpoint_every > 0 && (step + 1) % checkpoint_every == 0) {
-        if (Status status = WriteCheckpoint(step + 1, batches_->Position()); !status.ok()) {
-          return Finish(Outcome::kFailed, status.message());
-        }
-      }
-    }
-    if (Status status = SaveAdapterOutputs(); !status.ok()) {
+    if (Status status = parallel_->BeginTraining(model_tensors_); !status.ok()) {
       return Finish(Outcome::kFailed, status.message());
     }
-    return Finish(Outcome::kOk, "");
+    EmitStart(load_peak);
+    return Train();
   } catch (const c10::OutOfMemoryError& e) {
     const MemorySnapshot snapshot = Categories(/*at_failure=*/true);
-    EmitSnapshot(snapshot, steps_done_, -1, "oom");
+    EmitSnapshot(snapshot, steps_done_, -1, snapshot_event::kAtOom);
     Human("[oom] " + FormatSnapshot(snapshot));
     return Finish(Outcome::kOom, e.what_without_backtrace());
   } catch (const c10::Error& e) {

@@ -13,8 +13,8 @@
 // The buckets are allocated once and kept for the run (DDP's, without gradient_as_bucket_view):
 // memory accounting counts them as their own category, "comm buckets", together with the float64
 // slots the ranks' sums are reduced in (trainer/dist/rank_sums.h says why those are kept too).
-#ifndef LLMCTL_TRAINER_TRAIN_DDP_H_
-#define LLMCTL_TRAINER_TRAIN_DDP_H_
+#ifndef LLMCTL_TRAINER_PARALLEL_DDP_H_
+#define LLMCTL_TRAINER_PARALLEL_DDP_H_
 
 #include <torch/torch.h>
 
@@ -27,43 +27,41 @@
 #include "common/status.h"
 #include "trainer/dist/process_group.h"
 #include "trainer/dist/rank_env.h"
-#include "trainer/dist/rank_sums.h"
+#include "trainer/parallel/rank_group.h"
+#include "trainer/parallel/replicated.h"
 
 namespace llmctl::trainer {
 
-class DataParallel {
+class DataParallel final : public ReplicatedModel {
  public:
   // Joins the process group `env` describes on `device`'s backend: Gloo for cpu, NCCL for cuda.
+  // Gradients travel in buckets of about `bucket_bytes` (ddp.bucket_size).
   static StatusOr<std::unique_ptr<DataParallel>> Join(const dist::RankEnv& env,
-                                                      torch::Device device);
+                                                      torch::Device device, uint64_t bucket_bytes);
 
-  int rank() const { return group_.rank(); }
-  int world_size() const { return group_.world_size(); }
+  int rank() const override { return group_.rank(); }
+  int64_t world_size() const override { return group_.world_size(); }
 
-  // Makes every rank's `tensors` (parameters and buffers) rank 0's, in place.
-  Status BroadcastFromRankZero(const std::vector<torch::Tensor>& tensors);
+  // Makes every rank's state rank 0's, lays the trainable parameters (in model order) out in
+  // buckets and registers the gradient hooks.
+  Status BeginTraining(const ModelTensors& tensors) override;
 
-  // Lays `params` (the trainable parameters, in model order) out in buckets of about
-  // `bucket_bytes` and registers the gradient hooks. Once, before the first backward.
-  void Attach(const std::vector<torch::Tensor>& params, uint64_t bucket_bytes);
-
-  // Whether the coming backward is the step's last: only then do the hooks all-reduce.
-  void SetSync(bool sync) { sync_ = sync; }
-
+  StatusOr<StepAgreement> BeginStep(int64_t label_tokens, StopRequest asked) override {
+    return group_.AgreeOnStep(label_tokens, asked);
+  }
+  bool StopsBetweenMicroBatches() const override { return false; }
+  // DDP's no_sync: only the step's last backward all-reduces.
+  void BeforeBackward(bool last) override { sync_ = last; }
   // After the step's last backward: starts the buckets no hook started (a rank whose last
   // micro-batch had no label tokens ran no backward), waits for all of them, and writes the
   // averaged gradients back into the parameters' .grad.
-  Status FinishGradients();
+  Status FinishGradients() override;
 
-  // How many numbers SumAcrossRanks takes at most.
-  static constexpr int64_t kMaxSummedValues = dist::RankSums::kMaxValues;
-
-  // The element-wise sum over the ranks of at most kMaxSummedValues numbers (token counts, loss
-  // sums).
-  StatusOr<std::vector<double>> SumAcrossRanks(const std::vector<double>& values);
-
-  // The flat bucket tensors and the sums' slots, for memory accounting.
-  std::vector<torch::Tensor> CommTensors() const;
+  StatusOr<std::vector<double>> SumAcrossRanks(const std::vector<double>& values) override {
+    return group_.Sum(values);
+  }
+  // The flat bucket tensors and the sums' slots.
+  std::vector<torch::Tensor> CommTensors() const override;
 
  private:
   struct Bucket {
@@ -73,19 +71,19 @@ class DataParallel {
     std::optional<dist::PendingAllReduce> work;
   };
 
-  DataParallel(dist::ProcessGroup group, torch::Device device)
-      : group_(std::move(group)), device_(device), sums_(device) {}
+  DataParallel(RankGroup group, uint64_t bucket_bytes)
+      : group_(std::move(group)), bucket_bytes_(bucket_bytes) {}
+  void Attach(const std::vector<torch::Tensor>& params);
   void OnGradientReady(size_t param);
   // Starts every bucket from next_bucket_ on whose gradients are all ready, in bucket order: every
   // rank must issue the collectives in the same order.
   void StartReadyBuckets(bool all);
   torch::Tensor View(size_t bucket, size_t slot);
 
-  dist::ProcessGroup group_;
-  torch::Device device_;
+  RankGroup group_;
+  uint64_t bucket_bytes_;
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> bucket_tensors_;
-  dist::RankSums sums_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // params_ index → bucket
   size_t next_bucket_ = 0;
@@ -95,4 +93,4 @@ class DataParallel {
 
 }  // namespace llmctl::trainer
 
-#endif  // LLMCTL_TRAINER_TRAIN_DDP_H_
+#endif  // LLMCTL_TRAINER_PARALLEL_DDP_H_

@@ -1,21 +1,25 @@
-#include "trainer/train/ranks.h"
+#include "trainer/parallel/parallelism.h"
 
-#include <stdexcept>
 #include <string>
-#include <utility>
+
+#include "trainer/parallel/ddp.h"
+#include "trainer/parallel/fsdp.h"
+#include "trainer/parallel/replicated.h"
 
 namespace llmctl::trainer {
 
-StatusOr<Ranks> Ranks::Join(const TrialConfig& config, const std::optional<dist::RankEnv>& env,
-                            torch::Device device) {
-  Ranks ranks;
+StatusOr<std::unique_ptr<Parallelism>> MakeParallelism(const TrialConfig& config,
+                                                       const std::optional<dist::RankEnv>& env,
+                                                       torch::Device device) {
   const int64_t devices = config.GetInt("devices");
   const int64_t nodes = config.GetInt("nodes");
   const std::string strategy = config.GetString("strategy");
   // Every node's devices are ranks of one job: the data shards, the gradient average and FSDP's
   // shards are over all of them.
   const int64_t world_size = devices * nodes;
-  if ((strategy != "ddp" && strategy != "fsdp") || world_size == 1) return ranks;
+  if ((strategy != "ddp" && strategy != "fsdp") || world_size == 1) {
+    return std::unique_ptr<Parallelism>(new SingleProcess());
+  }
   const std::string ranks_text = nodes > 1 ? "nodes x devices (" + std::to_string(nodes) + " x " +
                                                  std::to_string(devices) + ")"
                                            : "devices: " + std::to_string(devices);
@@ -32,40 +36,14 @@ StatusOr<Ranks> Ranks::Join(const TrialConfig& config, const std::optional<dist:
                                 " runs one rank per device");
   }
   if (strategy == "fsdp") {
-    ASSIGN_OR_RETURN(ranks.fsdp_, FullyShardedDataParallel::Join(*env, device));
-  } else {
-    ASSIGN_OR_RETURN(ranks.ddp_, DataParallel::Join(*env, device));
+    ASSIGN_OR_RETURN(std::unique_ptr<FullyShardedDataParallel> fsdp,
+                     FullyShardedDataParallel::Join(*env, device));
+    return std::unique_ptr<Parallelism>(std::move(fsdp));
   }
-  return ranks;
-}
-
-int Ranks::rank() const {
-  if (ddp_) return ddp_->rank();
-  if (fsdp_) return fsdp_->rank();
-  return 0;
-}
-
-int64_t Ranks::world_size() const {
-  if (ddp_) return ddp_->world_size();
-  if (fsdp_) return fsdp_->world_size();
-  return 1;
-}
-
-std::vector<double> Ranks::SumAcrossRanks(const std::vector<double>& values) {
-  if (!distributed()) return values;
-  auto sums = ddp_ ? ddp_->SumAcrossRanks(values) : fsdp_->SumAcrossRanks(values);
-  if (!sums.ok()) throw std::runtime_error(sums.status().message());
-  return *std::move(sums);
-}
-
-std::vector<torch::Tensor> Ranks::CommTensors() const {
-  if (ddp_) return ddp_->CommTensors();
-  if (fsdp_) return fsdp_->CommTensors();
-  return {};
-}
-
-std::vector<torch::Tensor> Ranks::GatheredTensors() const {
-  return fsdp_ ? fsdp_->GatheredTensors() : std::vector<torch::Tensor>{};
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<DataParallel> ddp,
+      DataParallel::Join(*env, device, config.GetByteSize("ddp.bucket_size").value_or(0)));
+  return std::unique_ptr<Parallelism>(std::move(ddp));
 }
 
 }  // namespace llmctl::trainer

@@ -2,8 +2,6 @@
 // process with twice the micro-batch, and its per-rank memory against one device's; and a
 // multi-node trial as its hosts run it (`--nnodes 2 --node-rank K`, two launchers on loopback),
 // checked against one node with as many ranks.
-#include "trainer/train/ddp.h"
-
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -16,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/parallel/rank_group.h"
 #include "trainer/testing/ranked_demo.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/checkpoints.h"
@@ -77,7 +76,7 @@ TEST(DdpTest, PerRankMemoryIsOneDevicesPlusTheBuckets) {
   ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps * 4));
   const uint64_t grads = expected.back()["grads_bytes"];
   ASSERT_GT(grads, 0u);
-  const uint64_t comm = grads + DataParallel::kMaxSummedValues * sizeof(double);
+  const uint64_t comm = grads + RankGroup::kMaxSummedValues * sizeof(double);
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(EventsOfType(ddp.events[rank], "start").at(0)["comm_bytes"], comm);
     const std::vector<nlohmann::json> snapshots = EventsOfType(ddp.events[rank], "snapshot");

@@ -1,7 +1,7 @@
 // strategy: fsdp as a user runs it: `llm-train --nproc 2` on this CPU (Gloo), checked against one
 // process with twice the micro-batch, and its per-rank memory against the shard arithmetic, which
 // the test derives from the model's parameter shapes and the padding rule, not from the trainer.
-#include "trainer/train/fsdp.h"
+#include "trainer/parallel/fsdp.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,6 @@
 #include "trainer/testing/ranked_demo.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/checkpoints.h"
-#include "trainer/train/ddp.h"
 
 namespace llmctl::trainer {
 namespace {

@@ -16,7 +16,7 @@
 // So memory is freed when FSDP says, never when a last reference happens to die: c10d's Gloo
 // worker thread keeps references to a collective's tensors for a while after wait() returns.
 //
-// Forward: the root is gathered before the model runs (BeginForward) and stays gathered until its
+// Forward: the root is gathered before the model runs (BeforeForward) and stays gathered until its
 // gradients are reduced at the end of backward (FSDP2 does not reshard the root after forward, as
 // backward needs it first). Layer i is gathered before its forward and freed after it; an identity
 // autograd node on its output gathers it again when backward reaches it (activation checkpointing
@@ -37,8 +37,8 @@
 // param_dtype. Each rank casts its shard into its own piece of the gathered buffer and all-gathers
 // that; a unit's gradients are cast into the flat gradient buffer, in the shards' dtype, and
 // reduced there. For bf16-mixed: bf16 gathers over fp32 shards, half the gathered bytes.
-#ifndef LLMCTL_TRAINER_TRAIN_FSDP_H_
-#define LLMCTL_TRAINER_TRAIN_FSDP_H_
+#ifndef LLMCTL_TRAINER_PARALLEL_FSDP_H_
+#define LLMCTL_TRAINER_PARALLEL_FSDP_H_
 
 #include <torch/torch.h>
 
@@ -53,8 +53,9 @@
 #include "common/status.h"
 #include "trainer/dist/process_group.h"
 #include "trainer/dist/rank_env.h"
-#include "trainer/dist/rank_sums.h"
 #include "trainer/model/layer_hooks.h"
+#include "trainer/parallel/parallelism.h"
+#include "trainer/parallel/rank_group.h"
 
 namespace llmctl::trainer {
 
@@ -62,15 +63,54 @@ namespace llmctl::trainer {
 // next multiple of world_size; each rank's shard is a world_size-th of it.
 int64_t PaddedNumel(int64_t numel, int64_t world_size);
 
-class FullyShardedDataParallel : public LayerHooks {
+class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
  public:
   // Joins the process group `env` describes on `device`'s backend: Gloo for cpu, NCCL for cuda.
   static StatusOr<std::unique_ptr<FullyShardedDataParallel>> Join(const dist::RankEnv& env,
                                                                   torch::Device device);
   ~FullyShardedDataParallel() override;
 
-  int rank() const { return group_.rank(); }
-  int world_size() const { return group_.world_size(); }
+  int rank() const override { return group_.rank(); }
+  int64_t world_size() const override { return group_.world_size(); }
+
+  // Shards `model` (Shard, in `compute_dtype`) and installs this object as its layer hooks. The
+  // rank's state is its flat shards (and the model's buffers, whole on every rank); its trainable
+  // tensors are the shards.
+  StatusOr<ModelTensors> PrepareModel(TrainedModel& model, torch::Dtype compute_dtype) override;
+  // This rank's pieces of the full model, and its own optimizer shard (fsdp_checkpoint.h).
+  Status LoadCheckpoint(const std::string& dir, TrainedModel& model,
+                        LoadedCheckpoint& checkpoint) override;
+  // The collective write of fsdp_checkpoint.h: every rank takes part.
+  StatusOr<bool> SaveCheckpoint(const std::string& dir, TrainedModel& model,
+                                const NamedTensors& optimizer, const TrainingState& state) override;
+  Status BeginTraining(const ModelTensors&) override { return Status::Ok(); }
+
+  StatusOr<StepAgreement> BeginStep(int64_t label_tokens, StopRequest asked) override {
+    return group_.AgreeOnStep(label_tokens, asked);
+  }
+  bool StopsBetweenMicroBatches() const override { return false; }
+  // Gathers the root unit.
+  Status BeforeForward() override;
+  // Every unit's gathers and reductions are collectives.
+  bool BackwardWithoutLabels() const override { return true; }
+  void BeforeBackward(bool) override {}
+  // Every unit's gradients must have been reduced and every gathered buffer freed; reports the
+  // first failure inside a hook.
+  Status AfterBackward() override;
+  // Each micro-batch's backward has reduce-scattered into the gradient shards already.
+  Status FinishGradients() override { return Status::Ok(); }
+
+  StatusOr<std::vector<double>> SumAcrossRanks(const std::vector<double>& values) override {
+    return group_.Sum(values);
+  }
+  // The norm of the rank's gradient shards' squares summed over the ranks: the whole model's.
+  StatusOr<double> ClipGradNorm(const std::vector<torch::Tensor>& trainable,
+                                double max_norm) override;
+
+  // The flat gradient buffer (in the shards' dtype) and the sums' slots.
+  std::vector<torch::Tensor> CommTensors() const override;
+  // The units' gathered flat buffers in param_dtype (zero bytes while freed).
+  std::vector<torch::Tensor> GatheredTensors() const override;
 
   // Makes rank 0's weights every rank's, then shards `model` into its units: afterwards the model's
   // parameters own no memory until gathered, and Shards() hold the rank's pieces. Once, after the
@@ -84,35 +124,15 @@ class FullyShardedDataParallel : public LayerHooks {
   Status Shard(torch::nn::Module& model, const std::function<int64_t(const std::string&)>& layer_of,
                torch::Dtype param_dtype);
 
-  // The rank's flat parameter shards, one per unit (root first, then the layers): what the
-  // optimizer steps and what accounting counts as params (their .grad as grads).
+  // The rank's flat parameter shards, one per unit (root first, then the layers).
   const std::vector<torch::Tensor>& Shards() const { return shards_; }
-  // The units' gathered flat buffers in param_dtype (zero bytes while freed), accounting's
-  // "gathered params".
-  std::vector<torch::Tensor> GatheredTensors() const;
-  // The flat gradient buffer (in the shards' dtype) and the sums' slots, accounting's "comm
-  // buckets".
-  std::vector<torch::Tensor> CommTensors() const;
 
-  // Before the model's forward: gathers the root unit.
-  Status BeginForward();
   // LayerHooks: gather layer i before its forward, free it after (and gather it again in backward).
   torch::Tensor BeforeLayer(int64_t layer, const torch::Tensor& hidden) override;
   torch::Tensor AfterLayer(int64_t layer, const torch::Tensor& hidden) override;
   // From the autograd node on layer i's output: gathers layer i for its backward (a failure is
-  // kept for FinishBackward, as nothing may throw through the autograd engine).
+  // kept for AfterBackward, as nothing may throw through the autograd engine).
   void GatherForBackward(int64_t layer);
-  // After each micro-batch's backward: every unit's gradients must have been reduced and every
-  // gathered buffer freed; reports the first failure inside a hook.
-  Status FinishBackward();
-
-  // Clips the global L2 norm of the gradient shards (summed over the ranks) to `max_norm`.
-  StatusOr<double> ClipGradNorm(double max_norm);
-
-  // How many numbers SumAcrossRanks takes at most.
-  static constexpr int64_t kMaxSummedValues = dist::RankSums::kMaxValues;
-  // The element-wise sum over the ranks of at most kMaxSummedValues numbers.
-  StatusOr<std::vector<double>> SumAcrossRanks(const std::vector<double>& values);
 
   // The whole model in Hugging Face names, gathered unit by unit into host copies (collective:
   // every rank must call it; rank 0 writes it).
@@ -120,7 +140,7 @@ class FullyShardedDataParallel : public LayerHooks {
   // Puts a full state (FullState's names and shapes) back into the rank's shards.
   Status LoadFullState(const std::map<std::string, torch::Tensor>& state);
 
-  Status Barrier() { return group_.Barrier(); }
+  Status Barrier() { return group_.group().Barrier(); }
 
  private:
   struct Unit {
@@ -135,7 +155,7 @@ class FullyShardedDataParallel : public LayerHooks {
     size_t pending = 0;                 // gradients not yet accumulated in this backward
   };
 
-  FullyShardedDataParallel(dist::ProcessGroup group, torch::Device device);
+  FullyShardedDataParallel(RankGroup group, torch::Device device);
   Status Gather(Unit& unit);
   // All-gathers `unit`'s shards into `flat` (padded elements, any dtype: the shard is cast).
   Status AllGatherInto(Unit& unit, torch::Tensor& flat);
@@ -146,16 +166,15 @@ class FullyShardedDataParallel : public LayerHooks {
     if (error_.ok()) error_ = status;
   }
 
-  dist::ProcessGroup group_;
+  RankGroup group_;
   torch::Device device_;
   std::vector<Unit> units_;  // root first, then layer i at index i + 1
   std::vector<torch::Tensor> shards_;
   torch::Tensor grad_buffer_;     // (max padded,): a unit's unsharded gradients, reduced in place
   torch::Tensor scatter_buffer_;  // (max padded / N,): NCCL's reduce-scatter output (cuda only)
-  dist::RankSums sums_;
-  Status error_;  // the first failure inside a hook or an autograd node
+  Status error_;                  // the first failure inside a hook or an autograd node
 };
 
 }  // namespace llmctl::trainer
 
-#endif  // LLMCTL_TRAINER_TRAIN_FSDP_H_
+#endif  // LLMCTL_TRAINER_PARALLEL_FSDP_H_

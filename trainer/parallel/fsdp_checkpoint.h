@@ -6,15 +6,15 @@
 // directory into place every other rank r adds optimizer.rank<r>.safetensors there, so a directory
 // named step-N is still always whole. The shards' shapes depend on the world size: a checkpoint
 // resumes at the world size that wrote it.
-#ifndef LLMCTL_TRAINER_TRAIN_FSDP_CHECKPOINT_H_
-#define LLMCTL_TRAINER_TRAIN_FSDP_CHECKPOINT_H_
+#ifndef LLMCTL_TRAINER_PARALLEL_FSDP_CHECKPOINT_H_
+#define LLMCTL_TRAINER_PARALLEL_FSDP_CHECKPOINT_H_
 
 #include <map>
 #include <string>
 
 #include "common/status.h"
+#include "trainer/parallel/fsdp.h"
 #include "trainer/train/checkpoints.h"
-#include "trainer/train/fsdp.h"
 
 namespace llmctl::trainer {
 
@@ -34,4 +34,4 @@ Status LoadShardedCheckpoint(FullyShardedDataParallel& fsdp, const std::string& 
 
 }  // namespace llmctl::trainer
 
-#endif  // LLMCTL_TRAINER_TRAIN_FSDP_CHECKPOINT_H_
+#endif  // LLMCTL_TRAINER_PARALLEL_FSDP_CHECKPOINT_H_

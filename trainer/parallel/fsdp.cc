@@ -1,9 +1,10 @@
-#include "trainer/train/fsdp.h"
+#include "trainer/parallel/fsdp.h"
 
 #include <algorithm>
 #include <cmath>
 #include <utility>
 
+#include "trainer/parallel/fsdp_checkpoint.h"
 #include "trainer/train/optimizer.h"
 
 namespace llmctl::trainer {
@@ -45,16 +46,13 @@ int64_t PaddedNumel(int64_t numel, int64_t world_size) {
 
 StatusOr<std::unique_ptr<FullyShardedDataParallel>> FullyShardedDataParallel::Join(
     const dist::RankEnv& env, torch::Device device) {
-  dist::ProcessGroupOptions options;
-  options.backend = device.is_cuda() ? dist::BackendKind::kNccl : dist::BackendKind::kGloo;
-  options.cuda_device = device.is_cuda() ? device.index() : 0;
-  ASSIGN_OR_RETURN(dist::ProcessGroup group, dist::ProcessGroup::Create(env, options));
+  ASSIGN_OR_RETURN(RankGroup group, RankGroup::Join(env, device));
   return std::unique_ptr<FullyShardedDataParallel>(
       new FullyShardedDataParallel(std::move(group), device));
 }
 
-FullyShardedDataParallel::FullyShardedDataParallel(dist::ProcessGroup group, torch::Device device)
-    : group_(std::move(group)), device_(device), sums_(device) {}
+FullyShardedDataParallel::FullyShardedDataParallel(RankGroup group, torch::Device device)
+    : group_(std::move(group)), device_(device) {}
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   // The hooks point at this object; the model may outlive it.
@@ -91,7 +89,7 @@ Status FullyShardedDataParallel::Shard(torch::nn::Module& model,
     // Every block owns parameters; a gap would mean the numbering and the hooks disagree.
     if (unit.params.empty()) return InternalError("fsdp: a unit has no parameters");
     // Every rank starts from rank 0's weights, as DDP's broadcast makes them.
-    for (torch::Tensor& p : unit.params) RETURN_IF_ERROR(group_.Broadcast(p, 0));
+    for (torch::Tensor& p : unit.params) RETURN_IF_ERROR(group_.group().Broadcast(p, 0));
     const torch::TensorOptions options = unit.params.front().options().requires_grad(false);
     unit.padded = PaddedNumel(unit.numel, n);
     max_padded = std::max(max_padded, unit.padded);
@@ -139,7 +137,7 @@ std::vector<torch::Tensor> FullyShardedDataParallel::GatheredTensors() const {
 }
 
 std::vector<torch::Tensor> FullyShardedDataParallel::CommTensors() const {
-  std::vector<torch::Tensor> tensors = {grad_buffer_, sums_.slots()};
+  std::vector<torch::Tensor> tensors = {grad_buffer_, group_.sum_slots()};
   if (scatter_buffer_.defined()) tensors.push_back(scatter_buffer_);
   return tensors;
 }
@@ -162,22 +160,22 @@ Status FullyShardedDataParallel::AllGatherInto(Unit& unit, torch::Tensor& flat) 
   torch::Tensor piece = flat.narrow(0, rank() * shard_numel, shard_numel);
   if (device_.is_cuda()) {
     if (flat.scalar_type() == unit.shard.scalar_type()) {
-      return group_.AllGatherIntoTensor(flat, unit.shard);
+      return group_.group().AllGatherIntoTensor(flat, unit.shard);
     }
     // FSDP2's in-place all-gather: the cast shard is written into the rank's own piece of the
     // output, so the low-precision copy needs no buffer of its own.
     piece.copy_(unit.shard);
-    return group_.AllGatherIntoTensor(flat, piece);
+    return group_.group().AllGatherIntoTensor(flat, piece);
   }
   flat.zero_();
   piece.copy_(unit.shard);
   // Exact, in any dtype: each element is one rank's value plus zeros.
-  return group_.AllReduce(flat, dist::ReduceOp::kSum);
+  return group_.group().AllReduce(flat, dist::ReduceOp::kSum);
 }
 
 void FullyShardedDataParallel::Free(Unit& unit) { ReleaseStorage(unit.gathered); }
 
-Status FullyShardedDataParallel::BeginForward() {
+Status FullyShardedDataParallel::BeforeForward() {
   RETURN_IF_ERROR(error_);
   return Gather(units_.front());
 }
@@ -228,9 +226,9 @@ Status FullyShardedDataParallel::Reduce(Unit& unit) {
   torch::Tensor piece;
   if (device_.is_cuda()) {
     piece = scatter_buffer_.narrow(0, 0, shard_numel);
-    RETURN_IF_ERROR(group_.ReduceScatterTensor(piece, flat, dist::ReduceOp::kAvg));
+    RETURN_IF_ERROR(group_.group().ReduceScatterTensor(piece, flat, dist::ReduceOp::kAvg));
   } else {
-    RETURN_IF_ERROR(group_.AllReduce(flat, dist::ReduceOp::kAvg));
+    RETURN_IF_ERROR(group_.group().AllReduce(flat, dist::ReduceOp::kAvg));
     piece = flat.narrow(0, rank() * shard_numel, shard_numel);
   }
   // Accumulated micro-batches add their reduced pieces, as FSDP2 accumulates sharded gradients.
@@ -245,7 +243,7 @@ Status FullyShardedDataParallel::Reduce(Unit& unit) {
   return Status::Ok();
 }
 
-Status FullyShardedDataParallel::FinishBackward() {
+Status FullyShardedDataParallel::AfterBackward() {
   Status error = std::exchange(error_, Status::Ok());
   for (Unit& unit : units_) {
     if (unit.pending != unit.params.size() && error.ok()) {
@@ -260,11 +258,12 @@ Status FullyShardedDataParallel::FinishBackward() {
   return error;
 }
 
-StatusOr<double> FullyShardedDataParallel::ClipGradNorm(double max_norm) {
+StatusOr<double> FullyShardedDataParallel::ClipGradNorm(const std::vector<torch::Tensor>& trainable,
+                                                        double max_norm) {
   torch::NoGradGuard no_grad;
   // The padding's gradient is zero, so the shards' squares sum to the whole model's.
   double squares = 0.0;
-  for (const torch::Tensor& shard : shards_) {
+  for (const torch::Tensor& shard : trainable) {
     if (!shard.grad().defined()) continue;
     const double norm =
         shard.grad().norm(2, torch::IntArrayRef{}, false, torch::kFloat32).item<double>();
@@ -274,16 +273,37 @@ StatusOr<double> FullyShardedDataParallel::ClipGradNorm(double max_norm) {
   const double norm = std::sqrt(total.at(0));
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1.0) {
-    for (const torch::Tensor& shard : shards_) {
+    for (const torch::Tensor& shard : trainable) {
       if (shard.grad().defined()) shard.grad().mul_(coefficient);
     }
   }
   return norm;
 }
 
-StatusOr<std::vector<double>> FullyShardedDataParallel::SumAcrossRanks(
-    const std::vector<double>& values) {
-  return sums_.Sum(group_, values);
+StatusOr<ModelTensors> FullyShardedDataParallel::PrepareModel(TrainedModel& model,
+                                                              torch::Dtype compute_dtype) {
+  RETURN_IF_ERROR(Shard(
+      model.module(), [&model](const std::string& name) { return model.LayerOf(name); },
+      compute_dtype));
+  ModelTensors tensors;
+  tensors.state = shards_;
+  // Buffers stay whole on every rank (the model has none but a QLoRA base, which fsdp refuses).
+  for (const auto& item : model.module().named_buffers()) tensors.state.push_back(item.value());
+  tensors.trainable = shards_;
+  model.SetLayerHooks(this);
+  return tensors;
+}
+
+Status FullyShardedDataParallel::LoadCheckpoint(const std::string& dir, TrainedModel&,
+                                                LoadedCheckpoint& checkpoint) {
+  return LoadShardedCheckpoint(*this, dir, checkpoint);
+}
+
+StatusOr<bool> FullyShardedDataParallel::SaveCheckpoint(const std::string& dir, TrainedModel&,
+                                                        const NamedTensors& optimizer,
+                                                        const TrainingState& state) {
+  RETURN_IF_ERROR(SaveShardedCheckpoint(*this, dir, optimizer, state));
+  return true;
 }
 
 StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> FullyShardedDataParallel::FullState() {

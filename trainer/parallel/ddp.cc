@@ -1,4 +1,4 @@
-#include "trainer/train/ddp.h"
+#include "trainer/parallel/ddp.h"
 
 #include <utility>
 
@@ -7,23 +7,22 @@
 namespace llmctl::trainer {
 
 StatusOr<std::unique_ptr<DataParallel>> DataParallel::Join(const dist::RankEnv& env,
-                                                           torch::Device device) {
-  dist::ProcessGroupOptions options;
-  options.backend = device.is_cuda() ? dist::BackendKind::kNccl : dist::BackendKind::kGloo;
-  options.cuda_device = device.is_cuda() ? device.index() : 0;
-  ASSIGN_OR_RETURN(dist::ProcessGroup group, dist::ProcessGroup::Create(env, options));
-  return std::unique_ptr<DataParallel>(new DataParallel(std::move(group), device));
+                                                           torch::Device device,
+                                                           uint64_t bucket_bytes) {
+  ASSIGN_OR_RETURN(RankGroup group, RankGroup::Join(env, device));
+  return std::unique_ptr<DataParallel>(new DataParallel(std::move(group), bucket_bytes));
 }
 
-Status DataParallel::BroadcastFromRankZero(const std::vector<torch::Tensor>& tensors) {
-  torch::NoGradGuard no_grad;
-  for (torch::Tensor tensor : tensors) {
-    RETURN_IF_ERROR(group_.Broadcast(tensor, 0));
+Status DataParallel::BeginTraining(const ModelTensors& tensors) {
+  {
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor tensor : tensors.state) RETURN_IF_ERROR(group_.group().Broadcast(tensor, 0));
   }
+  Attach(tensors.trainable);
   return Status::Ok();
 }
 
-void DataParallel::Attach(const std::vector<torch::Tensor>& params, uint64_t bucket_bytes) {
+void DataParallel::Attach(const std::vector<torch::Tensor>& params) {
   params_ = params;
   bucket_of_.assign(params_.size(), 0);
   // Reverse order: backward produces the last layers' gradients first, so the first bucket fills
@@ -34,7 +33,7 @@ void DataParallel::Attach(const std::vector<torch::Tensor>& params, uint64_t buc
     const uint64_t bytes = static_cast<uint64_t>(p.numel()) * p.element_size();
     const bool dtype_changes =
         !buckets_.empty() && params_[buckets_.back().params.front()].dtype() != p.dtype();
-    if (buckets_.empty() || filled >= bucket_bytes || dtype_changes) {
+    if (buckets_.empty() || filled >= bucket_bytes_ || dtype_changes) {
       buckets_.emplace_back();
       filled = 0;
     }
@@ -84,7 +83,7 @@ void DataParallel::StartReadyBuckets(bool all) {
         view.zero_();
       }
     }
-    auto work = group_.StartAllReduce(bucket_tensors_[next_bucket_], dist::ReduceOp::kAvg);
+    auto work = group_.group().StartAllReduce(bucket_tensors_[next_bucket_], dist::ReduceOp::kAvg);
     if (!work.ok()) {
       if (error_.ok()) error_ = work.status();
       continue;
@@ -119,13 +118,9 @@ Status DataParallel::FinishGradients() {
   return error;
 }
 
-StatusOr<std::vector<double>> DataParallel::SumAcrossRanks(const std::vector<double>& values) {
-  return sums_.Sum(group_, values);
-}
-
 std::vector<torch::Tensor> DataParallel::CommTensors() const {
   std::vector<torch::Tensor> tensors = bucket_tensors_;
-  tensors.push_back(sums_.slots());
+  tensors.push_back(group_.sum_slots());
   return tensors;
 }
 

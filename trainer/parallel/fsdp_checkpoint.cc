@@ -1,4 +1,4 @@
-#include "trainer/train/fsdp_checkpoint.h"
+#include "trainer/parallel/fsdp_checkpoint.h"
 
 #include <vector>
 
