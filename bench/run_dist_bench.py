@@ -2,24 +2,28 @@
 """llm-train's data parallelism against PyTorch's own, in one run, on this machine's CPU.
 
 For each strategy (ddp, and fsdp where llm-train has it) it trains the same model on the same data, with
-the same per-rank micro-batch, twice:
+the same per-rank micro-batch, on both sides:
 
   ours   llm-train --nproc N         (trainer/dist's launcher; c10d Gloo; strategy: ddp | fsdp)
   peer   torchrun --nproc_per_node N bench/torch_dist_peer.py   (DistributedDataParallel | fully_shard)
 
-and prints, side by side, the job's tokens/s (every rank's tokens over rank 0's step time, after the
-warm-up steps) and each rank's peak resident set (VmHWM of each rank process, polled while it runs), with
-ours/peer ratios; ours also gives each rank's exact allocator peak from its result event.
+--repeats times, alternating ours and peer so that a slow spell of the machine falls on both, and
+prints, side by side, the job's tokens/s (every rank's tokens over the slowest rank's step time, after
+the warm-up steps): each side's median, the median of the repeats' ours/peer ratios and their spread
+(lowest–highest). Then each rank's peak resident set (VmHWM of each rank process, polled while it runs)
+of the first repeat, with ratios; ours also gives each rank's exact allocator peak from its result
+event.
 
 It is a benchmark, not a test: nothing asserts a time, and `make test` does not run it.
 
-  .venv/bin/python bench/run_dist_bench.py                       # ddp and fsdp, llama-100m, 2 ranks
+  .venv/bin/python bench/run_dist_bench.py                       # ddp and fsdp, llama-100m, 2 ranks, 3 repeats
   .venv/bin/python bench/run_dist_bench.py --strategies ddp --steps 4 --model experiments/models/cpu-lab-medium
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -193,30 +197,41 @@ def span(values):
     return mib(lo) if lo == hi else f"{lo / 2**20:,.0f}–{hi / 2**20:,.0f} MiB"
 
 
+def throughputs(runs):
+    return [run["tokens_per_second"] for run in runs]
+
+
 def report(args, rows, machine):
     out = [f"## {args.nproc} ranks on Gloo: llm-train against PyTorch (torchrun), {args.model.name}, "
            f"{args.precision}, seq {args.seq_len}, micro-batch {args.micro_batch_size} per rank "
-           f"(global batch {args.micro_batch_size * args.nproc}), AdamW, {args.threads} thread(s) per rank\n",
-           "| strategy | ours tok/s | peer tok/s | ratio (ours/peer) | ours peak RSS per rank, whole run | "
-           "peer, whole run | ratio (max) | ours, after step 0 | peer, after step 0 | ratio (max) | "
+           f"(global batch {args.micro_batch_size * args.nproc}), AdamW, {args.threads} thread(s) per rank, "
+           f"{args.repeats} repeats (ours and peer alternating)\n",
+           "| strategy | ours tok/s (median) | peer tok/s (median) | ratio (median of repeats) | "
+           "ratio per repeat (lowest–highest) | ours peak RSS per rank, whole run | peer, whole run | "
+           "ratio (max) | ours, after step 0 | peer, after step 0 | ratio (max) | "
            "ours allocator peak per rank |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for strategy, ours, peer in rows:
-        out.append(f"| {strategy} | {ours['tokens_per_second']:,.0f} | {peer['tokens_per_second']:,.0f} | "
-                   f"{ratio(ours['tokens_per_second'], peer['tokens_per_second'])} | "
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for strategy, ours_runs, peer_runs in rows:
+        ratios = [o / p for o, p in zip(throughputs(ours_runs), throughputs(peer_runs))]
+        ours, peer = ours_runs[0], peer_runs[0]
+        out.append(f"| {strategy} | {statistics.median(throughputs(ours_runs)):,.0f} | "
+                   f"{statistics.median(throughputs(peer_runs)):,.0f} | "
+                   f"{statistics.median(ratios):.2f}x | {min(ratios):.2f}–{max(ratios):.2f}x | "
                    f"{span(ours['rank_rss_peaks'])} | {span(peer['rank_rss_peaks'])} | "
                    f"{ratio(max(ours['rank_rss_peaks'], default=None), max(peer['rank_rss_peaks'], default=None))}"
                    f" | {span(ours['rank_training_rss_peaks'])} | {span(peer['rank_training_rss_peaks'])} | "
                    f"{ratio(max(ours['rank_training_rss_peaks'], default=None), max(peer['rank_training_rss_peaks'], default=None))}"
                    f" | {span(ours['allocator_peaks'])} |")
     out.append("")
-    for strategy, ours, peer in rows:
-        out.append(f"- {strategy}: {ours['measured_steps']} measured steps per side; parameters "
-                   f"{ours['parameters']:,} (ours) / {peer['parameters']:,} (peer); threads per rank "
-                   f"{ours['threads']} / {peer['threads']}; last loss {ours['last_loss']:.4f} / "
+    for strategy, ours_runs, peer_runs in rows:
+        ours, peer = ours_runs[0], peer_runs[0]
+        each = ", ".join(f"{o:,.0f}/{p:,.0f}" for o, p in zip(throughputs(ours_runs), throughputs(peer_runs)))
+        out.append(f"- {strategy}: tok/s per repeat (ours/peer) {each}; {ours['measured_steps']} measured steps "
+                   f"per run; parameters {ours['parameters']:,} (ours) / {peer['parameters']:,} (peer); threads "
+                   f"per rank {ours['threads']} / {peer['threads']}; last loss {ours['last_loss']:.4f} / "
                    f"{peer['last_loss']:.4f} (different random weights: only the scale is comparable); "
                    f"wall {ours['wall']:.0f} s / {peer['wall']:.0f} s.")
-    out.append(f"\nPeer: torch {rows[0][2].get('torch_version')}. Machine: {machine}.")
+    out.append(f"\nPeer: torch {rows[0][2][0].get('torch_version')}. Machine: {machine}.")
     return "\n".join(out)
 
 
@@ -228,6 +243,7 @@ def main():
                     help="intra-op threads per rank (default: the CPUs divided among the ranks)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup-steps", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="runs per side, alternating (default 3)")
     ap.add_argument("--precision", default="32-true", choices=["32-true", "bf16-true"])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
@@ -247,6 +263,8 @@ def main():
     for s in strategies:
         if s not in ("ddp", "fsdp"):
             sys.exit(f"run_dist_bench: unknown strategy '{s}' (choose from ddp, fsdp)")
+    if args.repeats < 1:
+        sys.exit(f"run_dist_bench: --repeats must be at least 1, not {args.repeats}")
     if args.warmup_steps >= args.steps:
         sys.exit(f"run_dist_bench: --warmup-steps ({args.warmup_steps}) must be below --steps ({args.steps})")
     if not (args.llm_train.is_file() and os.access(args.llm_train, os.X_OK)):
@@ -267,10 +285,14 @@ def main():
     write_dataset(data, args.tokenizer, max(64, 4 * args.global_batch_size * args.steps), args.seq_len)
     rows = []
     for strategy in strategies:
-        print(f"[{strategy}] ours: llm-train --nproc {args.nproc} ...", file=sys.stderr, flush=True)
-        ours = run_ours(args, workdir, data, strategy, env)
-        print(f"[{strategy}] peer: torchrun --nproc_per_node {args.nproc} ...", file=sys.stderr, flush=True)
-        peer = run_peer(args, workdir, data, strategy, env)
+        ours, peer = [], []
+        for repeat in range(1, args.repeats + 1):
+            print(f"[{strategy} {repeat}/{args.repeats}] ours: llm-train --nproc {args.nproc} ...",
+                  file=sys.stderr, flush=True)
+            ours.append(run_ours(args, workdir, data, strategy, env))
+            print(f"[{strategy} {repeat}/{args.repeats}] peer: torchrun --nproc_per_node {args.nproc} ...",
+                  file=sys.stderr, flush=True)
+            peer.append(run_peer(args, workdir, data, strategy, env))
         rows.append((strategy, ours, peer))
     text = report(args, rows, machine)
     print(text)

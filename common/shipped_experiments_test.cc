@@ -200,11 +200,12 @@ TEST(ShippedExperimentsTest, MultiGpuTables) {
         LoadExperimentFile((SourceDir() / "experiments" / file).string());
     ASSERT_TRUE(experiment.ok()) << experiment.status().message();
     EXPECT_EQ(experiment->target.at(flavor_key), flavor) << file;
-    std::vector<std::string> names, strategies, oom;
+    std::vector<std::string> names, strategies, offloads, oom;
     std::vector<int64_t> global_batches;
     for (const Trial& trial : experiment->trials) {
       names.push_back(trial.name);
       strategies.push_back(trial.config.GetString("strategy"));
+      offloads.push_back(trial.config.GetString("offload"));
       global_batches.push_back(trial.config.GetInt("train.global_batch_size"));
       if (trial.expect == "oom") oom.push_back(trial.name);
       EXPECT_EQ(trial.config.GetString("device"), "cuda") << file << " " << trial.name;
@@ -213,11 +214,16 @@ TEST(ShippedExperimentsTest, MultiGpuTables) {
           << file << " " << trial.name;
     }
     EXPECT_EQ(names, (std::vector<std::string>{"one-device", "ddp", "fsdp", "fsdp-batch-8",
-                                               "ddp-13b", "fsdp-13b"}))
+                                               "ddp-13b", "fsdp-13b", "deepspeed-13b"}))
         << file;
-    EXPECT_EQ(strategies, (std::vector<std::string>{"auto", "ddp", "fsdp", "fsdp", "ddp", "fsdp"}))
+    // The lab's deepspeed_stage_3_offload, in llmctl's words.
+    EXPECT_EQ(strategies,
+              (std::vector<std::string>{"auto", "ddp", "fsdp", "fsdp", "ddp", "fsdp", "fsdp"}))
         << file;
-    EXPECT_EQ(global_batches, (std::vector<int64_t>{16, 16, 16, 32, 4, 4})) << file;
+    EXPECT_EQ(offloads,
+              (std::vector<std::string>{"none", "none", "none", "none", "none", "none", "full"}))
+        << file;
+    EXPECT_EQ(global_batches, (std::vector<int64_t>{16, 16, 16, 32, 4, 4, 4})) << file;
     EXPECT_EQ(oom, (std::vector<std::string>{"ddp-13b"})) << file;
   }
 }

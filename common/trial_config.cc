@@ -503,6 +503,13 @@ void ApplyLabSpellings(TrialConfig& config) {
     set("offload", "optimizer");
     set("strategy", "auto");
   }
+  // ZeRO-3 with offload_optimizer and offload_param, as Lightning's strategy of that name sets it.
+  if (config.GetString("strategy") == "deepspeed_stage_3_offload" &&
+      (optimizer == "deepspeed_cpu" || optimizer == "adamw")) {
+    set("optimizer", "adamw");
+    set("offload", "full");
+    set("strategy", "fsdp");
+  }
 }
 
 }  // namespace llmctl

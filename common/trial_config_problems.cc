@@ -26,10 +26,22 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
                    "deepspeed_stage_2_offload; in llmctl's words: optimizer: adamw and offload: "
                    "optimizer");
   }
-  if (config.GetString("strategy") == "deepspeed_stage_2_offload") {
-    return Problem({"strategy", "optimizer"},
-                   "strategy deepspeed_stage_2_offload offloads AdamW's state, but optimizer is " +
-                       optimizer + "; use optimizer: adamw (or deepspeed_cpu)");
+  for (const char* deepspeed : {"deepspeed_stage_2_offload", "deepspeed_stage_3_offload"}) {
+    if (config.GetString("strategy") == deepspeed) {
+      return Problem({"strategy", "optimizer"}, std::string("strategy ") + deepspeed +
+                                                    " offloads AdamW's state, but optimizer is " +
+                                                    optimizer +
+                                                    "; use optimizer: adamw (or deepspeed_cpu)");
+    }
+  }
+  // offload: full is the shards' offload: there are shards only under fsdp over several ranks.
+  if (config.GetString("offload") == "full" &&
+      (config.GetString("strategy") != "fsdp" ||
+       config.GetInt("devices") * config.GetInt("nodes") < 2)) {
+    return Problem({"offload", "strategy"},
+                   "offload: full keeps fsdp's parameter shards, their gradients and AdamW's state "
+                   "in host memory, so it needs strategy: fsdp over 2 or more devices; on one "
+                   "device use offload: optimizer");
   }
   const bool offload = config.GetString("offload") == "optimizer";
   if (offload && optimizer != "adamw") {
@@ -62,15 +74,18 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
   // FSDP here shards every parameter as a trainable flat shard, reduces gradients in backward,
   // and clips over the ranks; what it does not build yet is refused by name.
   if (config.GetString("strategy") == "fsdp") {
-    if (offload || config.GetBool("optimizer_in_backward")) {
-      const std::string other = offload ? "offload" : "optimizer_in_backward";
-      return Problem({"strategy", other},
+    if (offload) {
+      return Problem(
+          {"strategy", "offload"},
+          "strategy: fsdp with offload: optimizer would keep a second, host copy of each "
+          "shard; use offload: full (the shards themselves, their gradients and AdamW's "
+          "state in host memory: ZeRO-3 offload) or offload: none");
+    }
+    if (config.GetBool("optimizer_in_backward")) {
+      return Problem({"strategy", "optimizer_in_backward"},
                      "strategy: fsdp reduce-scatters the gradients into shards after each unit's "
-                     "backward; " +
-                         other +
-                         " is not built for shards here (no ZeRO-3 offload yet); use strategy: "
-                         "auto or turn " +
-                         other + " off");
+                     "backward; optimizer_in_backward is not built for shards here; use strategy: "
+                     "auto or turn optimizer_in_backward off");
     }
     if (config.GetString("peft.method") != "none") {
       return Problem({"strategy", "peft.method"},
@@ -244,14 +259,16 @@ std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
   for (size_t i = 0; i < frozen.size(); ++i) {
     if (std::find(kBlip2Parts.begin(), kBlip2Parts.end(), frozen[i]) == kBlip2Parts.end()) {
       std::string known;
-      for (std::string_view part : kBlip2Parts) known += (known.empty() ? "" : ", ") + std::string(part);
+      for (std::string_view part : kBlip2Parts)
+        known += (known.empty() ? "" : ", ") + std::string(part);
       return Problem({"freeze"},
                      "freeze: unknown part '" + frozen[i] + "' (BLIP-2's parts: " + known + ")");
     }
   }
   if (frozen.size() == kBlip2Parts.size() && config.GetString("peft.method") == "none") {
-    return Problem({"freeze", "peft.method"},
-                   "freeze lists every part of BLIP-2 and peft.method is none: nothing would train");
+    return Problem(
+        {"freeze", "peft.method"},
+        "freeze lists every part of BLIP-2 and peft.method is none: nothing would train");
   }
   // FSDP's flat shards are what the optimizer steps: a frozen parameter has no place in them.
   if (!frozen.empty() && config.GetString("strategy") == "fsdp") {
@@ -266,7 +283,6 @@ std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
 
 std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
                                                const ModelConfig* model) {
-
   const std::string model_name = config.GetString("model");
   if (model_name.empty())
     return Problem({"model"}, "model is required: a preset name or a model directory");

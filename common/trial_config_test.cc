@@ -484,8 +484,9 @@ TEST(ValidateTrialConfigTest, DdpRefusesTechniquesThatTakeTheGradientsEarly) {
             std::string::npos);
 }
 
-// What strategy fsdp does not build yet (ZeRO-3 offload, the optimizer in backward, LoRA/QLoRA
-// shards, 8-bit state, fp16 loss scaling over shards) is refused naming both keys.
+// What strategy fsdp does not build yet (a host copy of the shards beside them, the optimizer in
+// backward, LoRA/QLoRA shards, 8-bit state, fp16 loss scaling over shards) is refused naming both
+// keys.
 TEST(ValidateTrialConfigTest, FsdpRefusesWhatItDoesNotBuild) {
   TrialConfig fsdp = Valid();
   ASSERT_TRUE(fsdp.SetFromText("strategy", "fsdp").ok());
@@ -504,6 +505,49 @@ TEST(ValidateTrialConfigTest, FsdpRefusesWhatItDoesNotBuild) {
     EXPECT_EQ(ProblemKeys(other), (std::vector<std::string>{"strategy", key})) << key;
     EXPECT_NE(ProblemMessage(other).find("strategy: fsdp"), std::string::npos) << key;
   }
+}
+
+// offload: full is fsdp's: the shards, their gradients and AdamW's state on the host. Without
+// shards (one device, ddp, fsdp on one device) it is refused, naming both keys.
+TEST(ValidateTrialConfigTest, FullOffloadNeedsFsdpShards) {
+  TrialConfig fsdp = Valid();
+  ASSERT_TRUE(fsdp.SetFromText("strategy", "fsdp").ok());
+  ASSERT_TRUE(fsdp.SetFromText("devices", "2").ok());
+  ASSERT_TRUE(fsdp.SetFromText("train.global_batch_size", "2").ok());
+  ASSERT_TRUE(fsdp.SetFromText("offload", "full").ok());
+  EXPECT_TRUE(ValidateTrialConfig(fsdp, nullptr).ok());
+  // The global norm is the shards' (on the host), so clipping stays available.
+  ASSERT_TRUE(fsdp.SetFromText("train.grad_clip", "1.0").ok());
+  EXPECT_TRUE(ValidateTrialConfig(fsdp, nullptr).ok());
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"strategy", "auto"}, {"strategy", "ddp"}, {"devices", "1"}}) {
+    TrialConfig other = fsdp;
+    ASSERT_TRUE(other.SetFromText(key, value).ok()) << key;
+    if (key == "devices") {
+      ASSERT_TRUE(other.SetFromText("train.global_batch_size", "1").ok());
+    }
+    EXPECT_EQ(ProblemKeys(other), (std::vector<std::string>{"offload", "strategy"})) << value;
+    EXPECT_NE(ProblemMessage(other).find("offload: full"), std::string::npos) << value;
+  }
+}
+
+TEST(ApplyLabSpellingsTest, DeepSpeedStage3OffloadIsFsdpWithFullOffload) {
+  TrialConfig zero3 = Valid();
+  ASSERT_TRUE(zero3.SetFromText("optimizer", "deepspeed_cpu").ok());
+  ASSERT_TRUE(zero3.SetFromText("strategy", "deepspeed_stage_3_offload").ok());
+  ASSERT_TRUE(zero3.SetFromText("devices", "2").ok());
+  ASSERT_TRUE(zero3.SetFromText("train.global_batch_size", "2").ok());
+  ApplyLabSpellings(zero3);
+  EXPECT_EQ(zero3.GetString("optimizer"), "adamw");
+  EXPECT_EQ(zero3.GetString("offload"), "full");
+  EXPECT_EQ(zero3.GetString("strategy"), "fsdp");
+  EXPECT_TRUE(ValidateTrialConfig(zero3, nullptr).ok());
+
+  TrialConfig sgd = Valid();
+  ASSERT_TRUE(sgd.SetFromText("optimizer", "sgd").ok());
+  ASSERT_TRUE(sgd.SetFromText("strategy", "deepspeed_stage_3_offload").ok());
+  ApplyLabSpellings(sgd);
+  EXPECT_EQ(ProblemKeys(sgd), (std::vector<std::string>{"strategy", "optimizer"}));
 }
 
 TEST(ApplyLabSpellingsTest, LabOptimizerNamesBecomeLlmctls) {

@@ -122,20 +122,24 @@ const std::vector<KeySpec>* BuildTrialKeys() {
       {"offload",
        K::kEnum,
        "none",
-       {"none", "optimizer"},
+       {"none", "optimizer", "full"},
        "optimizer: fp32 master weights and AdamW state live in host memory and the step runs there "
-       "(DeepSpeed stage-2 offload)"},
+       "(DeepSpeed stage-2 offload); full, with strategy fsdp: the parameter shards themselves, "
+       "their gradients and the optimizer state live in host memory, each unit is copied to the "
+       "device to be gathered, and the step runs on the host (FSDP2's CPUOffloadPolicy, DeepSpeed "
+       "stage-3 offload)"},
       {"strategy",
        K::kEnum,
        "auto",
-       {"auto", "ddp", "fsdp", "deepspeed_stage_2_offload"},
+       {"auto", "ddp", "fsdp", "deepspeed_stage_2_offload", "deepspeed_stage_3_offload"},
        "auto: one process; ddp: data-parallel over `devices` ranks (c10d: Gloo on cpu, NCCL on "
        "cuda), each rank a shard of the data, gradients averaged by bucketed all-reduce during "
        "backward (llm-train --nproc N); fsdp: fully sharded data parallel over `devices` ranks "
        "(FSDP2's fully_shard: each decoder layer a unit, parameters, gradients and optimizer state "
        "in 1/N flat shards, layers all-gathered around their forward and backward, gradients "
        "reduce-scattered); deepspeed_stage_2_offload (the labs' Lightning strategy) "
-       "becomes offload: optimizer"},
+       "becomes offload: optimizer, deepspeed_stage_3_offload becomes strategy: fsdp with "
+       "offload: full"},
       {"optimizer_in_backward",
        K::kBool,
        "false",
@@ -213,6 +217,14 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        {},
        "strategy ddp: gradients are all-reduced in flat buckets of about this size, in reverse "
        "parameter order (PyTorch DDP's bucket_cap_mb)"},
+      {"fsdp.reshard_after_forward",
+       K::kBool,
+       "true",
+       {},
+       "strategy fsdp: free each layer's gathered parameters after its forward and gather them "
+       "again for its backward (ZeRO-3, FSDP2's default); false keeps them gathered from forward "
+       "until their gradients are reduced (ZeRO-2: every layer gathered at the loss, one "
+       "all-gather per layer fewer)"},
       {"device_memory",
        K::kByteSize,
        "",

@@ -112,6 +112,7 @@ TEST(TrialKeysTest, TheKeysTheTrainerNeeds) {
       {"devices", KeyType::kInt, "1"},
       {"nodes", KeyType::kInt, "1"},
       {"ddp.bucket_size", KeyType::kByteSize, "25MiB"},
+      {"fsdp.reshard_after_forward", KeyType::kBool, "true"},
       {"device_memory", KeyType::kByteSize, ""},
       {"seed", KeyType::kInt, "42"},
       {"snapshot_every", KeyType::kInt, "50"},

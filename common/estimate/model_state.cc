@@ -152,6 +152,14 @@ void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>&
   for (int64_t shard : shards) estimate.params_bytes += element * static_cast<uint64_t>(shard);
   estimate.grads_bytes = estimate.params_bytes;  // validation keeps fsdp's gradients held
   AddOptimizerState(config, shards, element, estimate);
+  if (config.GetString("offload") == "full") {
+    // ZeRO-3 offload: the shards, their gradients and the optimizer's state live on the host.
+    estimate.optim_host_bytes =
+        estimate.params_bytes + estimate.grads_bytes + estimate.optim_device_bytes;
+    estimate.params_bytes = 0;
+    estimate.grads_bytes = 0;
+    estimate.optim_device_bytes = 0;
+  }
   estimate.comm_bytes = element * static_cast<uint64_t>(max_padded) + kRankSumsBytes;
   // NCCL's reduce-scatter writes into its own shard-size buffer; Gloo's path reduces in place.
   if (config.GetString("device") == "cuda") {

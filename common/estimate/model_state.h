@@ -60,7 +60,8 @@ struct ModelStateEstimate {
 
   // fsdp: the padded flat sizes (values) of the root unit (embeddings, final norm, output head),
   // which stays gathered from the forward until backward has passed it, and of the largest decoder
-  // layer, gathered while it runs; 0 otherwise. What the step gathers is step_memory.h's.
+  // layer; 0 otherwise. How many layers the step holds gathered at once (prefetch,
+  // fsdp.reshard_after_forward) is step_memory.cc's.
   int64_t fsdp_root_values = 0;
   int64_t fsdp_layer_values = 0;
 

@@ -141,10 +141,14 @@ TEST(EstimatePeakTest, DemoSweep) {
     cases.push_back({"demo.yaml", "", With(base, sets)});
   }
   // Two ranks (rank 0's peak; the ranks hold alike): ddp's buckets, fsdp's shards and gathered
-  // units, fsdp's bf16 gathers under bf16-mixed.
+  // units (two layers at once with the prefetch, every layer without reshard_after_forward),
+  // fsdp's full offload (the state on the host), fsdp's bf16 gathers under bf16-mixed.
   const Sets two = With(base, {{"devices", "2"}, {"train.global_batch_size", "8"}});
   cases.push_back({"demo.yaml", "", With(two, {{"strategy", "ddp"}}), 2});
   cases.push_back({"demo.yaml", "", With(two, {{"strategy", "fsdp"}}), 2});
+  cases.push_back({"demo.yaml", "",
+                   With(two, {{"strategy", "fsdp"}, {"fsdp.reshard_after_forward", "false"}}), 2});
+  cases.push_back({"demo.yaml", "", With(two, {{"strategy", "fsdp"}, {"offload", "full"}}), 2});
   cases.push_back(
       {"demo.yaml", "", With(two, {{"strategy", "fsdp"}, {"precision", "bf16-mixed"}}), 2});
   ExpectPeaksWithin(cases);

@@ -325,11 +325,24 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
       config.GetInt("train.global_batch_size") / (config.GetInt("train.micro_batch_size") * world);
   uint64_t base =
       state.params_bytes + state.comm_bytes + (first_step_only ? 0 : state.optim_device_bytes);
-  // fsdp: through forward and backward the root unit stays gathered and one layer is gathered at
-  // a time, in the dtype the layers compute in.
-  const uint64_t gathered =
-      static_cast<uint64_t>(state.fsdp_root_values + state.fsdp_layer_values) *
-      static_cast<uint64_t>(f.act);
+  // fsdp, in the dtype the layers compute in: the root unit stays gathered through forward and
+  // backward. With reshard_after_forward every layer is freed after its forward, so none is left at
+  // the loss, and in backward layer i computes while layer i - 1's all-gather is in flight (the
+  // prefetch): two layers at once, one at layer 0. Without it the layers stay gathered from their
+  // forward until their gradients are reduced: all of them at the loss, layers 0..i at layer i.
+  const uint64_t root_gathered =
+      static_cast<uint64_t>(state.fsdp_root_values) * static_cast<uint64_t>(f.act);
+  const uint64_t layer_gathered =
+      static_cast<uint64_t>(state.fsdp_layer_values) * static_cast<uint64_t>(f.act);
+  const bool reshard = config.GetBool("fsdp.reshard_after_forward");
+  const uint64_t layers_total =
+      static_cast<uint64_t>(std::max<int64_t>(model.num_hidden_layers, 0));
+  auto gathered_at_layer = [&](int64_t i) -> uint64_t {
+    const uint64_t held = reshard ? std::min<uint64_t>(2, static_cast<uint64_t>(i) + 1)
+                                  : static_cast<uint64_t>(i) + 1;
+    return root_gathered + held * layer_gathered;
+  };
+  const uint64_t gathered_at_loss = root_gathered + (reshard ? 0 : layers_total * layer_gathered);
   const uint64_t all_grads = state.grads_bytes;
   const uint64_t layer_count = static_cast<uint64_t>(std::max<int64_t>(model.num_hidden_layers, 1));
   // One rank's gradients as backward makes them: the output head's first, then each layer's, the
@@ -367,38 +380,42 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
     }
   };
   // What forward and backward run on: the model state and, under fsdp, the gathered units.
-  const uint64_t running = base + gathered;
   std::string state_text = "params";
   if (!first_step_only && state.optim_device_bytes > 0) state_text += " + optimizer state";
   if (accumulation > 1 && holds_grads) state_text += " + gradients";
   if (state.comm_bytes > 0) state_text += " + comm buffers";
-  if (gathered > 0) state_text += " + gathered units";
-  state_text += " " + FormatBytes(running);
-  consider(running + estimate.activation_bytes + forward_transient, "forward",
-           "forward, at the loss: " + state_text + " + activations " +
-               FormatBytes(estimate.activation_bytes) + " + logits " +
+  state_text += " " + FormatBytes(base);
+  auto gathered_text = [](uint64_t gathered) {
+    return gathered > 0 ? " + gathered units " + FormatBytes(gathered) : std::string();
+  };
+  consider(base + gathered_at_loss + estimate.activation_bytes + forward_transient, "forward",
+           "forward, at the loss: " + state_text + gathered_text(gathered_at_loss) +
+               " + activations " + FormatBytes(estimate.activation_bytes) + " + logits " +
                FormatBytes(forward_transient));
-  consider(running + estimate.activation_bytes + loss_backward, "backward",
-           "backward, at the loss: " + state_text + " + activations " +
-               FormatBytes(estimate.activation_bytes) + " + the loss' gradients " +
-               FormatBytes(loss_backward));
+  consider(base + gathered_at_loss + estimate.activation_bytes + loss_backward, "backward",
+           "backward, at the loss: " + state_text + gathered_text(gathered_at_loss) +
+               " + activations " + FormatBytes(estimate.activation_bytes) +
+               " + the loss' gradients " + FormatBytes(loss_backward));
   uint64_t produced = head_produced;
   uint64_t remaining = layers_saved + fixed;
   for (int64_t i = model.num_hidden_layers - 1; i >= 0; --i) {
     produced += grad_per_layer;
     // Layer i's saved tensors are still there (with checkpointing, rerun) while its gradients form.
     const uint64_t rerun = f.checkpointing ? layer_recompute : 0;
-    consider(running + grads_after(produced) + remaining + rerun + grad_stream + layer_transient,
-             "backward",
-             "backward, layer " + std::to_string(i) + ": " + state_text + " + gradients " +
-                 FormatBytes(grads_after(produced)) + " + activations left " +
-                 FormatBytes(remaining + rerun) + " + the layer's temporaries " +
-                 FormatBytes(grad_stream + layer_transient));
+    const uint64_t gathered = sharded ? gathered_at_layer(i) : 0;
+    consider(
+        base + gathered + grads_after(produced) + remaining + rerun + grad_stream + layer_transient,
+        "backward",
+        "backward, layer " + std::to_string(i) + ": " + state_text + gathered_text(gathered) +
+            " + gradients " + FormatBytes(grads_after(produced)) + " + activations left " +
+            FormatBytes(remaining + rerun) + " + the layer's temporaries " +
+            FormatBytes(grad_stream + layer_transient));
     remaining -= layer_saved[i];
   }
-  consider(running + grads_after(all_grads) + fixed + grad_stream, "backward",
-           "backward, at the embedding: " + state_text + " + gradients " +
-               FormatBytes(grads_after(all_grads)) + " + " + FormatBytes(fixed + grad_stream));
+  consider(base + root_gathered + grads_after(all_grads) + fixed + grad_stream, "backward",
+           "backward, at the embedding: " + state_text + gathered_text(root_gathered) +
+               " + gradients " + FormatBytes(grads_after(all_grads)) + " + " +
+               FormatBytes(fixed + grad_stream));
   const uint64_t optimizer_state = first_step_only ? state.optim_device_bytes : 0;
   consider(base + (accumulation > 1 ? 0 : all_grads) + optimizer_state + step_transient,
            "optimizer step",

@@ -95,10 +95,11 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
   }
   if (trial.config.GetString("data.format") == "imagefolder") {
     // Parsing checked that the model is BLIP-2, the only family that reads images.
-    return TrialEstimate{&trial, std::nullopt,
-                         "its model " + model_name +
-                             " is BLIP-2, whose memory estimate is not built yet (run it to measure)",
-                         std::nullopt, std::nullopt};
+    return TrialEstimate{
+        &trial, std::nullopt,
+        "its model " + model_name +
+            " is BLIP-2, whose memory estimate is not built yet (run it to measure)",
+        std::nullopt, std::nullopt};
   }
   const std::string context = file + ": trial " + trial.name;
   // Parsing resolved the model's path beside the file; a directory without a readable config.json
@@ -140,19 +141,26 @@ std::string Explain(const TrialEstimate& e) {
   const std::string per_rank =
       s.world_size > 1 ? " / " + std::to_string(s.world_size) + " ranks" : "";
   const bool sharded = c.GetString("strategy") == "fsdp" && s.world_size > 1;
+  const bool full_offload = sharded && c.GetString("offload") == "full";
   add("params",
-      Count(s.parameters_total) + " values x " + element +
-          (c.GetString("peft.method") == "qlora" ? " (NF4 base weights: 0.5 B + block scales)"
-                                                 : "") +
-          (sharded ? per_rank : ""),
+      full_offload
+          ? "the shards are on the host (optim); the device gathers units (peak)"
+          : Count(s.parameters_total) + " values x " + element +
+                (c.GetString("peft.method") == "qlora" ? " (NF4 base weights: 0.5 B + block scales)"
+                                                       : "") +
+                (sharded ? per_rank : ""),
       s.params_bytes);
   add("grads",
-      s.grads_bytes == 0
+      full_offload ? "on the host, with the shards (optim)"
+      : s.grads_bytes == 0
           ? "none held (each is applied or moved to the host as backward makes it)"
           : Count(s.parameters_trainable) + " trainable x " + element + (sharded ? per_rank : ""),
       s.grads_bytes);
   std::string optim;
-  if (s.optim_host_bytes > 0) {
+  if (full_offload) {
+    optim = "on the host: the shards, their gradients and the optimizer's state (" + element +
+            " per value each" + per_rank + "), " + FormatBytes(s.optim_host_bytes);
+  } else if (s.optim_host_bytes > 0) {
     optim = "on the host: 16 B x " + Count(s.parameters_trainable) +
             " (fp32 weights, moments, gradient) + 4 B, " + FormatBytes(s.optim_host_bytes);
   } else if (optimizer == "adamw") {

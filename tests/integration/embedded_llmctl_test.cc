@@ -214,7 +214,8 @@ TEST_F(EmbeddedLlmctlTest, Blip2CaptionTrialsSubmitRunAndReport) {
 // The multi-GPU lab in miniature (experiments/cpu-multi.yaml, as the README runs it): two ranks per
 // data-parallel trial through the agent, each with its own 176 MiB budget. Every trial ends as the
 // file expects, the multi-rank ones report each rank, DDP's out-of-memory names the rank, and FSDP
-// holds half the weights per rank.
+// holds half the weights per rank. On a 112 MiB device FSDP runs out of memory and FSDP with full
+// offload fits, its shards, gradients and AdamW state reported as host bytes.
 TEST_F(EmbeddedLlmctlTest, CpuMultiLabEndsAsItsFileExpectsWithEveryRanksMemory) {
   CommandResult submitted = Llmctl("submit experiments/cpu-multi.yaml --wait");
   ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
@@ -222,7 +223,7 @@ TEST_F(EmbeddedLlmctlTest, CpuMultiLabEndsAsItsFileExpectsWithEveryRanksMemory) 
   CommandResult report = Llmctl("report " + id + " --format json");
   ASSERT_EQ(report.exit_code, 0) << report.out;
   const nlohmann::json json = nlohmann::json::parse(report.out);
-  ASSERT_EQ(json["trials"].size(), 4u);
+  ASSERT_EQ(json["trials"].size(), 6u);
   std::map<std::string, nlohmann::json> trials;
   for (const nlohmann::json& trial : json["trials"]) trials[trial["name"]] = trial;
   constexpr int64_t kBudget = int64_t{176} << 20;
@@ -253,6 +254,18 @@ TEST_F(EmbeddedLlmctlTest, CpuMultiLabEndsAsItsFileExpectsWithEveryRanksMemory) 
       << "FSDP's shard is about half the weights, with at most a little padding";
   EXPECT_LT(fsdp["max_rank_peak_bytes"].get<int64_t>(), one["peak_bytes"].get<int64_t>());
   EXPECT_GT(fsdp["tokens_per_second"].get<double>(), 0);
+
+  EXPECT_EQ(trials.at("fsdp-small-device")["outcome"], "oom");
+  const nlohmann::json& offload = trials.at("fsdp-offload");
+  EXPECT_EQ(offload["outcome"], "ok");
+  EXPECT_LE(offload["max_rank_peak_bytes"].get<int64_t>(), int64_t{112} << 20);
+  // The shards, their gradients and AdamW's two moments, which the non-offloaded run holds on the
+  // device, are on the host: nothing of them on the device.
+  EXPECT_EQ(offload["at_peak"]["params_bytes"], 0);
+  EXPECT_EQ(offload["at_peak"]["grads_bytes"], 0);
+  EXPECT_EQ(offload["at_peak"]["optim_device_bytes"], 0);
+  EXPECT_GE(offload["at_peak"]["optim_host_bytes"].get<int64_t>(),
+            fsdp["at_peak"]["params_bytes"].get<int64_t>());
 }
 
 // "Stop now, keep the progress": `cancel --checkpoint` stops a running trial after a checkpoint of

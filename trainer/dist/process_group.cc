@@ -42,14 +42,16 @@ std::string DescribeException(const std::exception& error) {
 }
 
 // The listening socket rank 0 serves the store on: the launcher's (kMasterListenFdVariable) when it
-// chose the port, else MASTER_PORT bound here: binding here, rather than inside c10d, tells "the port
-// is in use" apart from every other failure and leaves no window for another process to take it.
+// chose the port, else MASTER_PORT bound here: binding here, rather than inside c10d, tells "the
+// port is in use" apart from every other failure and leaves no window for another process to take
+// it.
 StatusOr<int> MasterListenFd(const RankEnv& env) {
   const char* inherited = std::getenv(kMasterListenFdVariable);
   if (inherited != nullptr && *inherited != '\0') {
     char* end = nullptr;
     const long fd = std::strtol(inherited, &end, 10);
-    if (*end != '\0' || fd < 3 || fd > INT32_MAX || ListeningPort(static_cast<int>(fd)) != env.master_port) {
+    if (*end != '\0' || fd < 3 || fd > INT32_MAX ||
+        ListeningPort(static_cast<int>(fd)) != env.master_port) {
       return InvalidArgumentError(std::string(kMasterListenFdVariable) + "=" + inherited +
                                   " is no socket listening on MASTER_PORT " +
                                   std::to_string(env.master_port));
@@ -209,42 +211,40 @@ c10d::ReduceOp ProcessGroup::NativeOp(ReduceOp op) const {
   return c10d::ReduceOp::SUM;
 }
 
-void ProcessGroup::FinishMean(at::Tensor& tensor, ReduceOp op) const {
-  if (op == ReduceOp::kAvg && backend_kind_ != BackendKind::kNccl) tensor.div_(world_size_);
-}
-
 Status ProcessGroup::AllReduce(at::Tensor& tensor, ReduceOp op) {
-  c10d::AllreduceOptions options;
-  options.reduceOp = NativeOp(op);
-  std::vector<at::Tensor> tensors = {tensor};
-  RETURN_IF_ERROR(
-      RunCollective("all_reduce", rank_, [&] { return backend_->allreduce(tensors, options); }));
-  FinishMean(tensor, op);
-  return Status::Ok();
+  ASSIGN_OR_RETURN(PendingCollective pending, StartAllReduce(tensor, op));
+  return pending.Wait();
 }
 
-StatusOr<PendingAllReduce> ProcessGroup::StartAllReduce(at::Tensor& tensor, ReduceOp op) {
-  c10d::AllreduceOptions options;
-  options.reduceOp = NativeOp(op);
-  std::vector<at::Tensor> tensors = {tensor};
+StatusOr<PendingCollective> ProcessGroup::Start(std::string_view name, at::Tensor output,
+                                                ReduceOp op,
+                                                const std::function<WorkPtr()>& start) {
   try {
-    c10::intrusive_ptr<c10d::Work> work = backend_->allreduce(tensors, options);
+    c10::intrusive_ptr<c10d::Work> work = start();
     const bool divide = op == ReduceOp::kAvg && backend_kind_ != BackendKind::kNccl;
-    return PendingAllReduce(std::move(work), tensor, divide ? world_size_ : 1, rank_);
+    return PendingCollective(name, std::move(work), std::move(output), divide ? world_size_ : 1,
+                             rank_);
   } catch (const std::exception& error) {
-    return UnavailableError("all_reduce failed on rank " + std::to_string(rank_) + ": " +
+    return UnavailableError(std::string(name) + " failed on rank " + std::to_string(rank_) + ": " +
                             DescribeException(error));
   }
 }
 
-Status PendingAllReduce::Wait() {
+StatusOr<PendingCollective> ProcessGroup::StartAllReduce(at::Tensor& tensor, ReduceOp op) {
+  c10d::AllreduceOptions options;
+  options.reduceOp = NativeOp(op);
+  std::vector<at::Tensor> tensors = {tensor};
+  return Start("all_reduce", tensor, op, [&] { return backend_->allreduce(tensors, options); });
+}
+
+Status PendingCollective::Wait() {
   try {
     work_->wait();
   } catch (const std::exception& error) {
-    return UnavailableError("all_reduce failed on rank " + std::to_string(rank_) + ": " +
+    return UnavailableError(std::string(name_) + " failed on rank " + std::to_string(rank_) + ": " +
                             DescribeException(error));
   }
-  if (divisor_ > 1) tensor_.div_(divisor_);
+  if (divisor_ > 1) output_.div_(divisor_);
   return Status::Ok();
 }
 
@@ -263,6 +263,12 @@ Status ProcessGroup::Broadcast(at::Tensor& tensor, int root) {
 // (_allgather_base, _reduce_scatter_base; 2.15 forwards them to all_gather_single and
 // reduce_scatter_single): a GPU machine builds llm-train against its own PyTorch.
 Status ProcessGroup::AllGatherIntoTensor(at::Tensor& output, const at::Tensor& input) {
+  ASSIGN_OR_RETURN(PendingCollective pending, StartAllGatherIntoTensor(output, input));
+  return pending.Wait();
+}
+
+StatusOr<PendingCollective> ProcessGroup::StartAllGatherIntoTensor(at::Tensor& output,
+                                                                   const at::Tensor& input) {
   if (output.numel() != input.numel() * world_size_) {
     return InvalidArgumentError("all_gather_into_tensor: the output has " +
                                 std::to_string(output.numel()) + " elements, not world size " +
@@ -270,11 +276,18 @@ Status ProcessGroup::AllGatherIntoTensor(at::Tensor& output, const at::Tensor& i
                                 std::to_string(input.numel()));
   }
   at::Tensor in = input;
-  return RunCollective("all_gather_into_tensor", rank_,
-                       [&] { return backend_->_allgather_base(output, in); });
+  return Start("all_gather_into_tensor", output, ReduceOp::kSum,
+               [&] { return backend_->_allgather_base(output, in); });
 }
 
 Status ProcessGroup::ReduceScatterTensor(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  ASSIGN_OR_RETURN(PendingCollective pending, StartReduceScatterTensor(output, input, op));
+  return pending.Wait();
+}
+
+StatusOr<PendingCollective> ProcessGroup::StartReduceScatterTensor(at::Tensor& output,
+                                                                   const at::Tensor& input,
+                                                                   ReduceOp op) {
   if (input.numel() != output.numel() * world_size_) {
     return InvalidArgumentError("reduce_scatter_tensor: the input has " +
                                 std::to_string(input.numel()) + " elements, not world size " +
@@ -284,11 +297,8 @@ Status ProcessGroup::ReduceScatterTensor(at::Tensor& output, const at::Tensor& i
   c10d::ReduceScatterOptions options;
   options.reduceOp = NativeOp(op);
   at::Tensor in = input;
-  RETURN_IF_ERROR(RunCollective("reduce_scatter_tensor", rank_, [&] {
-    return backend_->_reduce_scatter_base(output, in, options);
-  }));
-  FinishMean(output, op);
-  return Status::Ok();
+  return Start("reduce_scatter_tensor", output, op,
+               [&] { return backend_->_reduce_scatter_base(output, in, options); });
 }
 
 Status ProcessGroup::Barrier() {

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string_view>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -47,24 +48,34 @@ struct ProcessGroupOptions {
 // elements so that reduce-scatter and all-gather see equal pieces.
 int64_t ShardNumel(int64_t numel, int world_size);
 
-// An all-reduce started by ProcessGroup::StartAllReduce and not yet waited for: DDP starts one per
-// gradient bucket while backward is still computing the others.
-class PendingAllReduce {
+// A collective started by one of ProcessGroup's Start calls and not yet waited for: DDP starts one
+// all-reduce per gradient bucket while backward is still computing the others; FSDP gathers the
+// next unit while the current one computes, and reduces a unit's gradients while backward goes on.
+// Its tensors must stay untouched until Wait returns. Dropping it without Wait leaves the
+// collective running.
+class PendingCollective {
  public:
-  PendingAllReduce(PendingAllReduce&&) = default;
-  PendingAllReduce& operator=(PendingAllReduce&&) = default;
+  PendingCollective(PendingCollective&&) = default;
+  PendingCollective& operator=(PendingCollective&&) = default;
 
-  // Waits until the tensor holds the result (for a mean on Gloo, divides it here); Unavailable
-  // naming the rank when the collective failed.
+  // Waits until the output holds the result (for a mean on Gloo, divides it here); Unavailable
+  // naming the collective and the rank when it failed. On NCCL, waiting makes the current CUDA
+  // stream wait for the collective's: the host goes on at once.
   Status Wait();
 
  private:
   friend class ProcessGroup;
-  PendingAllReduce(c10::intrusive_ptr<c10d::Work> work, at::Tensor tensor, int divisor, int rank)
-      : work_(std::move(work)), tensor_(std::move(tensor)), divisor_(divisor), rank_(rank) {}
+  PendingCollective(std::string_view name, c10::intrusive_ptr<c10d::Work> work, at::Tensor output,
+                    int divisor, int rank)
+      : name_(name),
+        work_(std::move(work)),
+        output_(std::move(output)),
+        divisor_(divisor),
+        rank_(rank) {}
 
+  std::string_view name_;  // "all_reduce", ...: a literal
   c10::intrusive_ptr<c10d::Work> work_;
-  at::Tensor tensor_;
+  at::Tensor output_;
   int divisor_ = 1;  // the world size for a mean the backend cannot take itself, else 1
   int rank_ = 0;
 };
@@ -87,16 +98,19 @@ class ProcessGroup {
 
   // In place: every rank's `tensor` becomes the element-wise sum (or mean) over the ranks.
   Status AllReduce(at::Tensor& tensor, ReduceOp op);
-  // AllReduce without waiting: the tensor must stay untouched until the result's Wait returns.
-  StatusOr<PendingAllReduce> StartAllReduce(at::Tensor& tensor, ReduceOp op);
+  // AllReduce without waiting.
+  StatusOr<PendingCollective> StartAllReduce(at::Tensor& tensor, ReduceOp op);
   // In place: every rank's `tensor` becomes rank `root`'s.
   Status Broadcast(at::Tensor& tensor, int root);
   // `output` (world_size * input.numel() elements, contiguous) becomes the ranks' `input`s one
   // after another in rank order.
   Status AllGatherIntoTensor(at::Tensor& output, const at::Tensor& input);
+  StatusOr<PendingCollective> StartAllGatherIntoTensor(at::Tensor& output, const at::Tensor& input);
   // `output` becomes this rank's piece of the reduction over the ranks of `input` (world_size *
   // output.numel() elements): rank r gets elements [r * n, (r + 1) * n) of the sum (or mean).
   Status ReduceScatterTensor(at::Tensor& output, const at::Tensor& input, ReduceOp op);
+  StatusOr<PendingCollective> StartReduceScatterTensor(at::Tensor& output, const at::Tensor& input,
+                                                       ReduceOp op);
   // Returns once every rank has called it.
   Status Barrier();
 
@@ -104,10 +118,14 @@ class ProcessGroup {
   ProcessGroup(int rank, int world_size, BackendKind backend_kind, int cuda_device,
                c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend);
 
-  // Gloo has no native mean: it sums and divides, which is exact whenever the mean is
-  // representable in the tensor's dtype.
+  using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+  // Starts the collective `start` issues, whose result lands in `output` (`op` says whether a
+  // mean is finished there on Wait); c10d reports failures by throwing, which stops here.
+  StatusOr<PendingCollective> Start(std::string_view name, at::Tensor output, ReduceOp op,
+                                    const std::function<WorkPtr()>& start);
+  // Gloo has no native mean: it sums, and the pending collective divides, which is exact whenever
+  // the mean is representable in the tensor's dtype.
   c10d::ReduceOp NativeOp(ReduceOp op) const;
-  void FinishMean(at::Tensor& tensor, ReduceOp op) const;
 
   int rank_ = 0;
   int world_size_ = 1;

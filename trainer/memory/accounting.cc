@@ -52,10 +52,14 @@ MemorySnapshot Categorize(const DeviceMemory& memory, const std::vector<torch::T
                           const std::vector<torch::Tensor>& gathered_params, uint64_t allocated) {
   MemorySnapshot snapshot;
   StorageCounter counter(memory);
-  uint64_t host_params = 0;
-  for (const torch::Tensor& p : params) counter.Add(p, snapshot.params_bytes, &host_params);
-  uint64_t host_grads = 0;
-  for (const torch::Tensor& p : params) counter.Add(p.grad(), snapshot.grads_bytes, &host_grads);
+  // Parameters and gradients kept in host memory (fsdp's offload: full keeps its shards there) are
+  // the optimizer's host state, as offload: optimizer's master weights and gradient buffers are.
+  for (const torch::Tensor& p : params) {
+    counter.Add(p, snapshot.params_bytes, &snapshot.optim_host_bytes);
+  }
+  for (const torch::Tensor& p : params) {
+    counter.Add(p.grad(), snapshot.grads_bytes, &snapshot.optim_host_bytes);
+  }
   for (const torch::Tensor& t : optimizer_state) {
     counter.Add(t, snapshot.optim_device_bytes, &snapshot.optim_host_bytes);
   }
@@ -87,7 +91,8 @@ StatusOr<DeviceMemory> DeviceMemory::For(torch::Device device) {
     }
     // CUDA starts lazily, at the first kernel or allocation; until it has, the caching allocator
     // has no devices and its statistics and memory fraction throw ("Invalid device argument",
-    // "Allocator not initialized") — torch.cuda's Python functions start it first for the same reason.
+    // "Allocator not initialized") — torch.cuda's Python functions start it first for the same
+    // reason.
     at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     return DeviceMemory(device);
   }

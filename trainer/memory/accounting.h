@@ -27,6 +27,8 @@ struct MemorySnapshot {
   uint64_t params_bytes = 0;
   uint64_t grads_bytes = 0;
   uint64_t optim_device_bytes = 0;
+  // In host memory, outside the device: offload: optimizer's master weights, moments and gradient
+  // buffers; offload: full's parameter shards, their gradients and the moments.
   uint64_t optim_host_bytes = 0;
   uint64_t comm_bytes = 0;      // ddp's buckets, fsdp's flat gradient buffer ("comm buckets")
   uint64_t gathered_bytes = 0;  // fsdp's gathered full parameters ("gathered params")

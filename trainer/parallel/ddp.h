@@ -68,7 +68,7 @@ class DataParallel final : public ReplicatedModel {
     std::vector<size_t> params;    // indices into params_, in the order they fill the bucket
     std::vector<int64_t> offsets;  // each one's first element in the flat tensor
     size_t pending = 0;            // gradients not yet ready in this step
-    std::optional<dist::PendingAllReduce> work;
+    std::optional<dist::PendingCollective> work;
   };
 
   DataParallel(RankGroup group, uint64_t bucket_bytes)

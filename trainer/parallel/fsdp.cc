@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "trainer/memory/counting_allocator.h"
 #include "trainer/parallel/fsdp_checkpoint.h"
 #include "trainer/train/optimizer.h"
 
@@ -38,6 +39,15 @@ void ReleaseStorage(const torch::Tensor& tensor) {
   storage->set_nbytes(0);
 }
 
+// A host tensor of `numel` zeros with `options`' dtype, for offloaded shards: in the counting
+// allocator's host pool on a cpu run, in pinned memory on cuda (so the copies to the device can be
+// asynchronous, as FSDP2's CPUOffloadPolicy(pin_memory=True) keeps them).
+torch::Tensor HostZeros(int64_t numel, const torch::TensorOptions& options) {
+  ScopedHostAllocations host;
+  torch::Tensor zeros = torch::zeros({numel}, options.device(torch::kCPU));
+  return options.device().is_cuda() ? zeros.pin_memory() : zeros;
+}
+
 }  // namespace
 
 int64_t PaddedNumel(int64_t numel, int64_t world_size) {
@@ -45,18 +55,23 @@ int64_t PaddedNumel(int64_t numel, int64_t world_size) {
 }
 
 StatusOr<std::unique_ptr<FullyShardedDataParallel>> FullyShardedDataParallel::Join(
-    const dist::RankEnv& env, torch::Device device) {
+    const dist::RankEnv& env, torch::Device device, const Options& options) {
   ASSIGN_OR_RETURN(RankGroup group, RankGroup::Join(env, device));
   return std::unique_ptr<FullyShardedDataParallel>(
-      new FullyShardedDataParallel(std::move(group), device));
+      new FullyShardedDataParallel(std::move(group), device, options));
 }
 
-FullyShardedDataParallel::FullyShardedDataParallel(RankGroup group, torch::Device device)
-    : group_(std::move(group)), device_(device) {}
+FullyShardedDataParallel::FullyShardedDataParallel(RankGroup group, torch::Device device,
+                                                   const Options& options)
+    : group_(std::move(group)), device_(device), options_(options) {}
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
-  // The hooks point at this object; the model may outlive it.
+  // A step that failed midway (out of memory in forward) may leave collectives in flight, which
+  // write into buffers released below: they finish (or fail, the peers gone) first.
+  if (reduction_) (void)reduction_->work.Wait();
   for (Unit& unit : units_) {
+    if (unit.gathering) (void)unit.gathering->Wait();
+    // The hooks point at this object; the model may outlive it.
     for (const torch::Tensor& p : unit.params) SetPostAccumulateGradHook(p, nullptr);
   }
 }
@@ -94,7 +109,8 @@ Status FullyShardedDataParallel::Shard(torch::nn::Module& model,
     unit.padded = PaddedNumel(unit.numel, n);
     max_padded = std::max(max_padded, unit.padded);
     const int64_t shard_numel = unit.padded / n;
-    unit.shard = torch::zeros({shard_numel}, options);
+    unit.shard =
+        options_.offload ? HostZeros(shard_numel, options) : torch::zeros({shard_numel}, options);
     // The rank's piece of the flat parameter: the elements [rank × shard, (rank + 1) × shard) of
     // the parameters laid end to end, the padding left zero.
     const int64_t begin = rank() * shard_numel;
@@ -143,45 +159,72 @@ std::vector<torch::Tensor> FullyShardedDataParallel::CommTensors() const {
 }
 
 Status FullyShardedDataParallel::Gather(Unit& unit) {
+  if (unit.gathering) {
+    const Status status = unit.gathering->Wait();
+    unit.gathering.reset();
+    return status;
+  }
+  if (unit.gathered.storage().nbytes() > 0) return Status::Ok();
+  ASSIGN_OR_RETURN(dist::PendingCollective gathering, StartGather(unit));
+  return gathering.Wait();
+}
+
+Status FullyShardedDataParallel::Prefetch(Unit& unit) {
+  if (unit.gathering || unit.gathered.storage().nbytes() > 0) return Status::Ok();
+  ASSIGN_OR_RETURN(unit.gathering, StartGather(unit));
+  return Status::Ok();
+}
+
+StatusOr<dist::PendingCollective> FullyShardedDataParallel::StartGather(Unit& unit) {
   c10::StorageImpl* storage = unit.gathered.storage().unsafeGetStorageImpl();
-  if (storage->nbytes() > 0) return Status::Ok();
-  torch::NoGradGuard no_grad;
   const size_t bytes = static_cast<size_t>(unit.padded) * unit.gathered.element_size();
   // The storage's own allocator (the counting one on cpu, CUDA's caching one on cuda): the views
   // see the new memory at once, as their data pointers are the storage's plus their offsets.
   storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
   storage->set_nbytes(bytes);
-  return AllGatherInto(unit, unit.gathered);
+  return StartAllGatherInto(unit, unit.gathered);
 }
 
-Status FullyShardedDataParallel::AllGatherInto(Unit& unit, torch::Tensor& flat) {
+StatusOr<dist::PendingCollective> FullyShardedDataParallel::StartAllGatherInto(
+    Unit& unit, torch::Tensor& flat) {
   torch::NoGradGuard no_grad;
   const int64_t shard_numel = unit.shard.numel();
   torch::Tensor piece = flat.narrow(0, rank() * shard_numel, shard_numel);
   if (device_.is_cuda()) {
-    if (flat.scalar_type() == unit.shard.scalar_type()) {
-      return group_.group().AllGatherIntoTensor(flat, unit.shard);
+    if (flat.scalar_type() == unit.shard.scalar_type() && !options_.offload) {
+      return group_.group().StartAllGatherIntoTensor(flat, unit.shard);
     }
-    // FSDP2's in-place all-gather: the cast shard is written into the rank's own piece of the
-    // output, so the low-precision copy needs no buffer of its own.
+    // FSDP2's in-place all-gather: the shard, cast or copied from the host, is written into the
+    // rank's own piece of the output, so the copy needs no buffer of its own.
     piece.copy_(unit.shard);
-    return group_.group().AllGatherIntoTensor(flat, piece);
+    return group_.group().StartAllGatherIntoTensor(flat, piece);
   }
   flat.zero_();
   piece.copy_(unit.shard);
   // Exact, in any dtype: each element is one rank's value plus zeros.
-  return group_.group().AllReduce(flat, dist::ReduceOp::kSum);
+  return group_.group().StartAllReduce(flat, dist::ReduceOp::kSum);
 }
 
-void FullyShardedDataParallel::Free(Unit& unit) { ReleaseStorage(unit.gathered); }
+void FullyShardedDataParallel::Free(Unit& unit) {
+  if (unit.gathering) {
+    Fail(unit.gathering->Wait());
+    unit.gathering.reset();
+  }
+  ReleaseStorage(unit.gathered);
+}
 
 Status FullyShardedDataParallel::BeforeForward() {
   RETURN_IF_ERROR(error_);
-  return Gather(units_.front());
+  RETURN_IF_ERROR(Gather(units_.front()));
+  // Layer 0's gather runs while the root's first ops (the embedding) do.
+  return units_.size() > 1 ? Prefetch(units_[1]) : Status::Ok();
 }
 
 torch::Tensor FullyShardedDataParallel::BeforeLayer(int64_t layer, const torch::Tensor& hidden) {
-  if (Status status = Gather(units_[static_cast<size_t>(layer + 1)]); !status.ok()) {
+  const size_t u = static_cast<size_t>(layer + 1);
+  Status status = Gather(units_[u]);
+  if (status.ok() && u + 1 < units_.size()) status = Prefetch(units_[u + 1]);
+  if (!status.ok()) {
     Fail(status);
     throw std::runtime_error(status.message());
   }
@@ -189,7 +232,7 @@ torch::Tensor FullyShardedDataParallel::BeforeLayer(int64_t layer, const torch::
 }
 
 torch::Tensor FullyShardedDataParallel::AfterLayer(int64_t layer, const torch::Tensor& hidden) {
-  Free(units_[static_cast<size_t>(layer + 1)]);
+  if (options_.reshard_after_forward) Free(units_[static_cast<size_t>(layer + 1)]);
   if (!hidden.requires_grad()) return hidden;
   return PreBackward::apply(hidden, this, layer);
 }
@@ -197,18 +240,24 @@ torch::Tensor FullyShardedDataParallel::AfterLayer(int64_t layer, const torch::T
 void FullyShardedDataParallel::GatherForBackward(int64_t layer) {
   // An exception here would cross the autograd engine; the failure is reported after backward.
   if (!error_.ok()) return;
-  Fail(Gather(units_[static_cast<size_t>(layer + 1)]));
+  const size_t u = static_cast<size_t>(layer + 1);
+  Fail(Gather(units_[u]));
+  // The layer before it is next in backward (the root, unit 0, is gathered throughout).
+  if (error_.ok() && u > 1) Fail(Prefetch(units_[u - 1]));
 }
 
 void FullyShardedDataParallel::OnGradientReady(size_t u) {
   Unit& unit = units_[u];
   if (unit.pending > 0) --unit.pending;
   if (unit.pending > 0 || !error_.ok()) return;
-  Fail(Reduce(unit));
+  Fail(StartReduction(u));
   unit.pending = unit.params.size();
 }
 
-Status FullyShardedDataParallel::Reduce(Unit& unit) {
+Status FullyShardedDataParallel::StartReduction(size_t u) {
+  // The flat buffer is the previous reduce-scatter's until it is waited for.
+  RETURN_IF_ERROR(FinishReduction());
+  Unit& unit = units_[u];
   torch::NoGradGuard no_grad;
   torch::Tensor flat = grad_buffer_.narrow(0, 0, unit.padded);
   for (size_t i = 0; i < unit.params.size(); ++i) {
@@ -222,28 +271,49 @@ Status FullyShardedDataParallel::Reduce(Unit& unit) {
     }
   }
   flat.narrow(0, unit.numel, unit.padded - unit.numel).zero_();
-  const int64_t shard_numel = unit.shard.numel();
-  torch::Tensor piece;
-  if (device_.is_cuda()) {
-    piece = scatter_buffer_.narrow(0, 0, shard_numel);
-    RETURN_IF_ERROR(group_.group().ReduceScatterTensor(piece, flat, dist::ReduceOp::kAvg));
-  } else {
-    RETURN_IF_ERROR(group_.group().AllReduce(flat, dist::ReduceOp::kAvg));
-    piece = flat.narrow(0, rank() * shard_numel, shard_numel);
-  }
-  // Accumulated micro-batches add their reduced pieces, as FSDP2 accumulates sharded gradients.
-  torch::Tensor& shard_grad = unit.shard.mutable_grad();
-  if (shard_grad.defined()) {
-    shard_grad.add_(piece);
-  } else {
-    shard_grad = piece.clone();
-  }
+  // The unit's gradients are in the flat buffer and its parameters are done with until the next
+  // forward.
   for (torch::Tensor& p : unit.params) p.mutable_grad() = torch::Tensor();
   Free(unit);
+  const int64_t shard_numel = unit.shard.numel();
+  if (device_.is_cuda()) {
+    torch::Tensor piece = scatter_buffer_.narrow(0, 0, shard_numel);
+    ASSIGN_OR_RETURN(dist::PendingCollective work,
+                     group_.group().StartReduceScatterTensor(piece, flat, dist::ReduceOp::kAvg));
+    reduction_.emplace(Reduction{u, piece, std::move(work)});
+  } else {
+    ASSIGN_OR_RETURN(dist::PendingCollective work,
+                     group_.group().StartAllReduce(flat, dist::ReduceOp::kAvg));
+    reduction_.emplace(
+        Reduction{u, flat.narrow(0, rank() * shard_numel, shard_numel), std::move(work)});
+  }
+  return Status::Ok();
+}
+
+Status FullyShardedDataParallel::FinishReduction() {
+  if (!reduction_) return Status::Ok();
+  Reduction reduction = std::move(*reduction_);
+  reduction_.reset();
+  RETURN_IF_ERROR(reduction.work.Wait());
+  torch::NoGradGuard no_grad;
+  // Accumulated micro-batches add their reduced pieces, as FSDP2 accumulates sharded gradients.
+  torch::Tensor& shard_grad = units_[reduction.unit].shard.mutable_grad();
+  if (shard_grad.defined()) {
+    // With offload a cuda run's piece is copied to the host first; a cpu run's is already there.
+    shard_grad.add_(reduction.piece.to(shard_grad.device()));
+  } else if (options_.offload) {
+    // The gradient shard lives with its shard, on the host.
+    ScopedHostAllocations host;
+    shard_grad = reduction.piece.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  } else {
+    shard_grad = reduction.piece.clone();
+  }
   return Status::Ok();
 }
 
 Status FullyShardedDataParallel::AfterBackward() {
+  // The last unit's reduce-scatter (the root's).
+  Fail(FinishReduction());
   Status error = std::exchange(error_, Status::Ok());
   for (Unit& unit : units_) {
     if (unit.pending != unit.params.size() && error.ok()) {
@@ -290,6 +360,7 @@ StatusOr<ModelTensors> FullyShardedDataParallel::PrepareModel(TrainedModel& mode
   // Buffers stay whole on every rank (the model has none but a QLoRA base, which fsdp refuses).
   for (const auto& item : model.module().named_buffers()) tensors.state.push_back(item.value());
   tensors.trainable = shards_;
+  tensors.on_host = options_.offload;
   model.SetLayerHooks(this);
   return tensors;
 }
@@ -325,7 +396,8 @@ StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> FullyShardedDataPar
     // The checkpoint holds the shards' (master) weights, not their param_dtype casts: the unit is
     // gathered in the shards' dtype into a buffer that lives only for this unit's copies.
     torch::Tensor flat = torch::empty({unit.padded}, unit.shard.options().requires_grad(false));
-    RETURN_IF_ERROR(AllGatherInto(unit, flat));
+    ASSIGN_OR_RETURN(dist::PendingCollective gathering, StartAllGatherInto(unit, flat));
+    RETURN_IF_ERROR(gathering.Wait());
     for (size_t i = 0; i < unit.params.size(); ++i) {
       state.emplace_back(unit.names[i],
                          flat.narrow(0, unit.offsets[i], unit.params[i].numel())

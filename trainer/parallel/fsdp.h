@@ -18,19 +18,37 @@
 //
 // Forward: the root is gathered before the model runs (BeforeForward) and stays gathered until its
 // gradients are reduced at the end of backward (FSDP2 does not reshard the root after forward, as
-// backward needs it first). Layer i is gathered before its forward and freed after it; an identity
-// autograd node on its output gathers it again when backward reaches it (activation checkpointing
-// recomputes inside that window). When a unit's last parameter has accumulated its gradient
+// backward needs it first). Layer i is gathered before its forward and, with
+// fsdp.reshard_after_forward (ZeRO-3, the default), freed after it; an identity autograd node on
+// its output gathers it again when backward reaches it (activation checkpointing recomputes inside
+// that window). Without reshard_after_forward (ZeRO-2) the layers stay gathered from their forward
+// until their gradients are reduced. When a unit's last parameter has accumulated its gradient
 // (post-accumulate-grad hooks, counted per unit), its gradients are copied into the flat gradient
-// buffer, reduce-scattered with mean into the rank's piece, added to the gradient shard, and the
-// unit's unsharded gradients and gathered parameters are freed. Every micro-batch reduce-scatters
-// (FSDP2's default; no no_sync). Collectives run synchronously, without FSDP2's prefetching.
+// buffer and reduce-scattered with mean into the rank's piece, and the unit's unsharded gradients
+// and gathered parameters are freed; the piece is added to the gradient shard when that
+// reduce-scatter is waited for. Every micro-batch reduce-scatters (FSDP2's default; no no_sync).
+//
+// Prefetch and overlap, as FSDP2 does them with async work handles: while layer i computes its
+// forward, layer i + 1's all-gather is in flight (started once layer i's has been waited for; the
+// root's gather starts layer 0's); while backward computes layer i, layer i - 1's all-gather is in
+// flight, and so is the reduce-scatter of the unit whose gradients were finished last (one at a
+// time: the next unit's reduce-scatter waits for it, and AfterBackward for the last). So at most
+// two layers are gathered at once besides the root, and every collective but the first gather of a
+// pass overlaps compute. Every rank issues the same collectives in the same order, because every
+// rank runs the same model's forward and backward.
 //
 // On Gloo (cpu) the all-gather and the reduce-scatter are both an in-place all-reduce of the flat
 // buffer (the rank's piece written in, zeros elsewhere, summed; or the gradients averaged and the
 // rank's piece taken): Gloo's own all-gather and reduce-scatter allocate full-size temporaries
 // that its worker thread frees at an unpredictable time, and Gloo's reduce-scatter is an
 // all-reduce anyway. On NCCL (cuda) they are the real all-gather and reduce-scatter.
+//
+// Full offload (`offload: full`), FSDP2's CPUOffloadPolicy and DeepSpeed's ZeRO-3 offload: the
+// shards, their gradients and the optimizer's state live in host memory (the host pool on a cpu
+// run, outside the device_memory budget; pinned memory on cuda) and the optimizer steps there
+// (ModelTensors::on_host). A unit's gather copies the rank's shard into its piece of the device's
+// flat buffer first; a reduced piece is copied back into the host gradient shard. The device holds
+// only the gathered units, the flat gradient buffer and the activations.
 //
 // Mixed precision, FSDP2's MixedPrecisionPolicy(param_dtype, reduce_dtype=the shards' dtype): the
 // gathered buffers, hence the parameters the model computes with and their gradients, are in
@@ -46,6 +64,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,8 +85,13 @@ int64_t PaddedNumel(int64_t numel, int64_t world_size);
 class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
  public:
   // Joins the process group `env` describes on `device`'s backend: Gloo for cpu, NCCL for cuda.
+  struct Options {
+    bool reshard_after_forward = true;  // fsdp.reshard_after_forward (above)
+    bool offload = false;               // offload: full (above)
+  };
   static StatusOr<std::unique_ptr<FullyShardedDataParallel>> Join(const dist::RankEnv& env,
-                                                                  torch::Device device);
+                                                                  torch::Device device,
+                                                                  const Options& options);
   ~FullyShardedDataParallel() override;
 
   int rank() const override { return group_.rank(); }
@@ -127,11 +151,13 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
   // The rank's flat parameter shards, one per unit (root first, then the layers).
   const std::vector<torch::Tensor>& Shards() const { return shards_; }
 
-  // LayerHooks: gather layer i before its forward, free it after (and gather it again in backward).
+  // LayerHooks: gather layer i before its forward (and start layer i + 1's), free it after unless
+  // the layers stay gathered until backward.
   torch::Tensor BeforeLayer(int64_t layer, const torch::Tensor& hidden) override;
   torch::Tensor AfterLayer(int64_t layer, const torch::Tensor& hidden) override;
-  // From the autograd node on layer i's output: gathers layer i for its backward (a failure is
-  // kept for AfterBackward, as nothing may throw through the autograd engine).
+  // From the autograd node on layer i's output: gathers layer i for its backward and starts layer
+  // i - 1's (a failure is kept for AfterBackward, as nothing may throw through the autograd
+  // engine).
   void GatherForBackward(int64_t layer);
 
   // The whole model in Hugging Face names, gathered unit by unit into host copies (collective:
@@ -150,17 +176,35 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
     std::vector<int64_t> offsets;       // each one's first element in the flat parameter
     int64_t numel = 0;                  // before padding
     int64_t padded = 0;                 // PaddedNumel(numel, world size)
-    torch::Tensor shard;                // (padded / N,)
+    torch::Tensor shard;                // (padded / N,), on the host with offload
     torch::Tensor gathered;             // (padded,) in param_dtype, storage freed between uses
-    size_t pending = 0;                 // gradients not yet accumulated in this backward
+    std::optional<dist::PendingCollective> gathering;  // its all-gather, while in flight
+    size_t pending = 0;  // gradients not yet accumulated in this backward
+  };
+  // The reduce-scatter in flight: whose, and where its piece of the mean lands.
+  struct Reduction {
+    size_t unit = 0;
+    torch::Tensor piece;  // (padded / N,)
+    dist::PendingCollective work;
   };
 
-  FullyShardedDataParallel(RankGroup group, torch::Device device);
+  FullyShardedDataParallel(RankGroup group, torch::Device device, const Options& options);
+  // Makes `unit` gathered: waits for its prefetch, or gathers it now.
   Status Gather(Unit& unit);
-  // All-gathers `unit`'s shards into `flat` (padded elements, any dtype: the shard is cast).
-  Status AllGatherInto(Unit& unit, torch::Tensor& flat);
+  // Starts gathering `unit` unless it is gathered or being gathered.
+  Status Prefetch(Unit& unit);
+  // Allocates `unit`'s gathered storage and starts its all-gather.
+  StatusOr<dist::PendingCollective> StartGather(Unit& unit);
+  // Starts all-gathering `unit`'s shards into `flat` (padded elements, any dtype: the shard is
+  // cast).
+  StatusOr<dist::PendingCollective> StartAllGatherInto(Unit& unit, torch::Tensor& flat);
+  // Releases `unit`'s gathered storage (after waiting for its gather, if one is in flight).
   void Free(Unit& unit);
-  Status Reduce(Unit& unit);
+  // Waits for the reduce-scatter in flight, if any, and adds its piece to its gradient shard.
+  Status FinishReduction();
+  // Copies `units_[u]`'s gradients into the flat buffer and starts their reduce-scatter (after the
+  // previous one's, whose buffer it reuses); frees the unit's gradients and gathered parameters.
+  Status StartReduction(size_t u);
   void OnGradientReady(size_t unit);
   void Fail(const Status& status) {
     if (error_.ok()) error_ = status;
@@ -168,11 +212,13 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
 
   RankGroup group_;
   torch::Device device_;
+  Options options_;
   std::vector<Unit> units_;  // root first, then layer i at index i + 1
   std::vector<torch::Tensor> shards_;
   torch::Tensor grad_buffer_;     // (max padded,): a unit's unsharded gradients, reduced in place
   torch::Tensor scatter_buffer_;  // (max padded / N,): NCCL's reduce-scatter output (cuda only)
-  Status error_;                  // the first failure inside a hook or an autograd node
+  std::optional<Reduction> reduction_;  // the reduce-scatter in flight
+  Status error_;                        // the first failure inside a hook or an autograd node
 };
 
 }  // namespace llmctl::trainer

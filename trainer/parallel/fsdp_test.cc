@@ -115,16 +115,27 @@ ShardArithmetic ShardsOf(const std::string& model, int64_t world_size) {
 // left ("other": activations) is one device's at the same micro-batch, byte for byte, so no
 // gathered layer or stray collective buffer hides there. The shards are `element_size` bytes an
 // element, as is the flat gradient buffer; the gathered buffers `gathered_element_size` (smaller
-// under mixed precision).
+// under mixed precision). Without `reshard_after_forward` (ZeRO-2) every layer is still gathered
+// after forward, besides the root. With `offload` (offload: full) the shards, their gradients and
+// AdamW's state are the host's (optim_host_bytes) and the device holds none of them.
+struct ShardVariant {
+  bool reshard_after_forward = true;
+  bool offload = false;
+};
+
 void ExpectShardMemory(const std::string& name, int ranks, const std::string& precision,
                        uint64_t element_size, uint64_t gathered_element_size,
-                       int64_t expected_padding) {
+                       int64_t expected_padding, ShardVariant variant = {}) {
+  const bool reshard_after_forward = variant.reshard_after_forward;
   const std::vector<std::string> shape = {"data.max_seq_length=24", "data.mask_prompt=false",
                                           "train.micro_batch_size=2"};
   std::vector<std::string> one = shape, many = shape;
   one.insert(one.end(), {"train.global_batch_size=2", "precision=" + precision});
-  many.insert(many.end(),
-              {"train.global_batch_size=" + std::to_string(2 * ranks), "precision=" + precision});
+  many.insert(
+      many.end(),
+      {"train.global_batch_size=" + std::to_string(2 * ranks), "precision=" + precision,
+       "fsdp.reshard_after_forward=" + std::string(reshard_after_forward ? "true" : "false"),
+       "offload=" + std::string(variant.offload ? "full" : "none")});
   const DemoRun single = RunDemo(name + "-1", 1, one);
   const DemoRun fsdp = RunDemo(name + "-" + std::to_string(ranks), ranks, many);
   ASSERT_EQ(single.exit_code, 0) << single.output;
@@ -163,16 +174,28 @@ void ExpectShardMemory(const std::string& name, int ranks, const std::string& pr
       const std::string where =
           "rank " + std::to_string(rank) + ", step " + std::to_string(step) + " " + phase;
       ASSERT_EQ(e["phase"], phase) << where;
-      EXPECT_EQ(s["params_bytes"], shard_bytes) << where;
       // Gradient shards exist from the first reduce-scatter until the next step begins.
       const bool has_grads = phase == "phase2_after_bwd" || phase == "phase3_after_opt_step";
-      EXPECT_EQ(s["grads_bytes"], has_grads ? shard_bytes : 0) << where;
       // AdamW's moments (in the shards' dtype) and its float32 step counter appear at the first
       // step.
       const bool has_state = step > 0 || phase == "phase3_after_opt_step";
-      EXPECT_EQ(s["optim_device_bytes"], has_state ? 2 * shard_bytes + f32 : 0) << where;
+      const uint64_t grads = has_grads ? shard_bytes : 0;
+      const uint64_t state = has_state ? 2 * shard_bytes + f32 : 0;
+      if (variant.offload) {
+        EXPECT_EQ(s["params_bytes"], 0) << where;
+        EXPECT_EQ(s["grads_bytes"], 0) << where;
+        EXPECT_EQ(s["optim_device_bytes"], 0) << where;
+        EXPECT_EQ(s["optim_host_bytes"], shard_bytes + grads + state) << where;
+      } else {
+        EXPECT_EQ(s["params_bytes"], shard_bytes) << where;
+        EXPECT_EQ(s["grads_bytes"], grads) << where;
+        EXPECT_EQ(s["optim_device_bytes"], state) << where;
+        EXPECT_EQ(s["optim_host_bytes"], 0) << where;
+      }
+      const int64_t gathered_after_forward =
+          reshard_after_forward ? shards.root_padded : shards.shard_numel * ranks;
       EXPECT_EQ(s["gathered_bytes"],
-                phase == "phase1_after_fwd" ? shards.root_padded * gathered_element_size : 0)
+                phase == "phase1_after_fwd" ? gathered_after_forward * gathered_element_size : 0)
           << where;
       EXPECT_EQ(s["comm_bytes"], comm) << where;
       const uint64_t other = s["other_bytes"];
@@ -199,6 +222,48 @@ void ExpectShardMemory(const std::string& name, int ranks, const std::string& pr
 TEST(FsdpTest, PerRankMemoryIsTheShardsAndWhatIsGathered) {
   ExpectShardMemory("memory", /*ranks=*/3, "32-true", sizeof(float), sizeof(float),
                     /*expected_padding=*/4 * 2);
+}
+
+// ZeRO-2: the layers stay gathered from their forward until their gradients are reduced, so after
+// forward the whole model is gathered on every rank; nothing else changes.
+TEST(FsdpTest, WithoutReshardAfterForwardEveryLayerStaysGatheredUntilBackward) {
+  ExpectShardMemory("memory-zero2", /*ranks=*/2, "32-true", sizeof(float), sizeof(float),
+                    /*expected_padding=*/0, {.reshard_after_forward = false});
+}
+
+// offload: full (ZeRO-3 offload): the same shards, gradients and AdamW state, on the host; the
+// device keeps the gathered units, the flat gradient buffer and the activations, byte for byte as
+// without offload. Three ranks, so the padding is host memory too.
+TEST(FsdpTest, FullOffloadKeepsTheShardsGradientsAndStateOnTheHost) {
+  ExpectShardMemory("memory-offload", /*ranks=*/3, "32-true", sizeof(float), sizeof(float),
+                    /*expected_padding=*/4 * 2, {.offload = true});
+}
+
+// bf16-mixed under full offload: fp32 shards on the host, bf16 gathers on the device.
+TEST(FsdpTest, FullOffloadGathersBf16OverHostShardsUnderBf16Mixed) {
+  ExpectShardMemory("memory-offload-bf16-mixed", /*ranks=*/2, "bf16-mixed", sizeof(float), 2,
+                    /*expected_padding=*/0, {.offload = true});
+}
+
+// The step runs on the host over the same shards with the same kernel: 2 ranks with full offload,
+// 2-step accumulation and global-norm clipping train as one process does.
+TEST(FsdpTest, FullOffloadTrainsLikeOneProcess) {
+  const std::vector<std::string> clip = {"train.grad_clip=0.05"};
+  std::vector<std::string> one = clip, two = clip;
+  one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=8"});
+  two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=8", "offload=full"});
+  ExpectSameTraining("offload", one, two);
+}
+
+// ZeRO-2 with 2-step accumulation (each micro-batch's forward gathers again what the previous
+// backward freed) trains as one process does.
+TEST(FsdpTest, WithoutReshardAfterForwardTrainsLikeOneProcess) {
+  const std::vector<std::string> sgd = {"optimizer=sgd", "train.lr=0.5", "train.warmup_steps=0"};
+  std::vector<std::string> one = sgd, two = sgd;
+  one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=8"});
+  two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=8",
+                         "fsdp.reshard_after_forward=false"});
+  ExpectSameTraining("zero2-accumulation", one, two);
 }
 
 // bf16-true: bf16 shards, gathered and reduced in bf16, AdamW's moments in bf16 (its step counter

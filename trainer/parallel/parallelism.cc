@@ -37,7 +37,10 @@ StatusOr<std::unique_ptr<Parallelism>> MakeParallelism(const TrialConfig& config
   }
   if (strategy == "fsdp") {
     ASSIGN_OR_RETURN(std::unique_ptr<FullyShardedDataParallel> fsdp,
-                     FullyShardedDataParallel::Join(*env, device));
+                     FullyShardedDataParallel::Join(
+                         *env, device,
+                         {.reshard_after_forward = config.GetBool("fsdp.reshard_after_forward"),
+                          .offload = config.GetString("offload") == "full"}));
     return std::unique_ptr<Parallelism>(std::move(fsdp));
   }
   ASSIGN_OR_RETURN(

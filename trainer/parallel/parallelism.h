@@ -61,6 +61,10 @@ struct ModelTensors {
   std::vector<torch::Tensor> state;
   // What the rank's optimizer steps.
   std::vector<torch::Tensor> trainable;
+  // The trainable tensors live in host memory (fsdp's offload: full): the optimizer keeps its
+  // state there and steps there, and memory accounting counts them, their gradients and that state
+  // as the host's.
+  bool on_host = false;
 };
 
 // What a rank was asked (by a signal) when a step began.

@@ -19,6 +19,7 @@
 #include "common/snapshot_event.h"
 #include "common/text.h"
 #include "trainer/memory/accounting.h"
+#include "trainer/memory/counting_allocator.h"
 #include "trainer/model/projection.h"
 #include "trainer/parallel/parallelism.h"
 #include "trainer/peft/lora.h"
@@ -232,6 +233,12 @@ class TrialRun {
   std::vector<torch::Tensor> OptimizerState() const {
     return optimizer_ ? optimizer_->StateTensors() : std::vector<torch::Tensor>{};
   }
+  // Host allocations for the optimizer's state and its step while alive, when the strategy keeps
+  // the trainable tensors in host memory (ModelTensors::on_host); nothing otherwise.
+  std::optional<ScopedHostAllocations> OptimizerAllocations() const {
+    if (!model_tensors_.on_host) return std::nullopt;
+    return std::optional<ScopedHostAllocations>(std::in_place);
+  }
   std::vector<torch::Tensor> CommBuffers() const { return parallel_->CommTensors(); }
   std::vector<torch::Tensor> GatheredParams() const { return parallel_->GatheredTensors(); }
   MemorySnapshot Categories(bool at_failure) const {
@@ -364,6 +371,7 @@ Status TrialRun::MakeTrialOptimizer() {
   options.weight_decay = config_.GetFloat("train.weight_decay");
   options.momentum = config_.GetFloat("train.momentum");
   options.offload = config_.GetString("offload") == "optimizer";
+  const auto host = OptimizerAllocations();
   ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(options, model_tensors_.trainable));
   if (optimizer_in_backward_) {
     for (size_t i = 0; i < model_tensors_.trainable.size(); ++i) {
@@ -383,7 +391,10 @@ Status TrialRun::Resume() {
   ASSIGN_OR_RETURN(LoadedCheckpoint checkpoint, LoadCheckpoint(dir));
   torch::NoGradGuard no_grad;
   RETURN_IF_ERROR(parallel_->LoadCheckpoint(dir, *model_, checkpoint));
-  RETURN_IF_ERROR(optimizer_->LoadNamedState(checkpoint.optimizer).WithContext(dir));
+  {
+    const auto host = OptimizerAllocations();
+    RETURN_IF_ERROR(optimizer_->LoadNamedState(checkpoint.optimizer).WithContext(dir));
+  }
   RETURN_IF_ERROR(batches_->Restore(checkpoint.state.data_position).WithContext(dir));
   if (loss_scaler_) loss_scaler_->set_scale(checkpoint.state.loss_scale);
   RETURN_IF_ERROR(RestoreGeneratorStates(checkpoint.generators).WithContext(dir));
@@ -613,7 +624,10 @@ void TrialRun::ApplyUpdate(double lr) {
   if (grads_finite && grad_clip > 0.0) {
     ValueOrThrow(parallel_->ClipGradNorm(model_tensors_.trainable, grad_clip));
   }
-  if (grads_finite) optimizer_->Step(lr);
+  if (grads_finite) {
+    const auto host = OptimizerAllocations();
+    optimizer_->Step(lr);
+  }
   if (loss_scaler_) loss_scaler_->Update(grads_finite);
 }
 
