@@ -87,10 +87,18 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
                      "backward; optimizer_in_backward is not built for shards here; use strategy: "
                      "auto or turn optimizer_in_backward off");
     }
-    if (config.GetString("peft.method") != "none") {
+    // LoRA's frozen base weights shard as their own flat parameters; QLoRA's are NF4 buffers.
+    if (config.GetString("peft.method") == "qlora") {
       return Problem({"strategy", "peft.method"},
-                     "strategy: fsdp shards trainable full parameters only; LoRA's frozen base "
-                     "weights and QLoRA's NF4 shards are not built yet; use strategy: ddp or auto");
+                     "strategy: fsdp shards LoRA's frozen base weights, but QLoRA's NF4 base "
+                     "weights (buffers with their quantisation state) are not sharded yet; use "
+                     "peft.method lora, or strategy ddp");
+    }
+    if (config.GetBool("peft.save_merged")) {
+      return Problem({"strategy", "peft.save_merged"},
+                     "strategy: fsdp writes the adapter from its shards, but merging it into the "
+                     "base weights is not built for shards yet; set peft.save_merged: false (the "
+                     "adapter in output_dir/adapter merges with PEFT's merge_and_unload)");
     }
     const std::string optimizer = config.GetString("optimizer");
     if (optimizer != "adamw" && optimizer != "sgd") {
@@ -269,12 +277,6 @@ std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
     return Problem(
         {"freeze", "peft.method"},
         "freeze lists every part of BLIP-2 and peft.method is none: nothing would train");
-  }
-  // FSDP's flat shards are what the optimizer steps: a frozen parameter has no place in them.
-  if (!frozen.empty() && config.GetString("strategy") == "fsdp") {
-    return Problem({"freeze", "strategy"},
-                   "strategy fsdp shards trainable parameters only, and freeze keeps " +
-                       frozen.front() + " frozen; use strategy ddp, or remove freeze");
   }
   return std::nullopt;
 }

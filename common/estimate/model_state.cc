@@ -134,23 +134,31 @@ bool HoldsGradients(const TrialConfig& config) {
 
 void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>& tensors,
                      uint64_t element, ModelStateEstimate& estimate) {
-  std::map<int64_t, int64_t> unit_numel;  // root (-1) first, then the layers, as fsdp.cc orders
-  for (const WeightTensor& t : tensors) unit_numel[t.unit] += t.numel;
+  // One flat parameter per unit and kind, as fsdp.cc lays them out: the unit's trainable
+  // parameters and its frozen ones (LoRA's base weights), the root (-1) first, then the layers.
+  std::map<std::pair<int64_t, bool>, int64_t> flat_numel;  // (unit, trainable) -> values
+  for (const WeightTensor& t : tensors) flat_numel[{t.unit, t.trainable}] += t.numel;
   const int64_t n = estimate.world_size;
-  std::vector<int64_t> shards;
-  int64_t max_padded = 0;
-  for (const auto& [unit, numel] : unit_numel) {
+  std::map<int64_t, int64_t> unit_padded;  // what gathering the unit gathers
+  std::vector<int64_t> shards;             // the trainable flats' shards: the optimizer's
+  int64_t max_padded = 0;                  // the longest trainable flat: the gradient buffer
+  for (const auto& [flat, numel] : flat_numel) {
+    const auto [unit, trainable] = flat;
     const int64_t padded = CeilDiv(numel, n) * n;
+    unit_padded[unit] += padded;
+    estimate.params_bytes += element * static_cast<uint64_t>(padded / n);
+    if (!trainable) continue;
     max_padded = std::max(max_padded, padded);
+    shards.push_back(padded / n);
+    estimate.grads_bytes += element * static_cast<uint64_t>(padded / n);
+  }
+  for (const auto& [unit, padded] : unit_padded) {
     if (unit < 0) {
       estimate.fsdp_root_values = padded;
     } else {
       estimate.fsdp_layer_values = std::max(estimate.fsdp_layer_values, padded);
     }
-    shards.push_back(padded / n);
   }
-  for (int64_t shard : shards) estimate.params_bytes += element * static_cast<uint64_t>(shard);
-  estimate.grads_bytes = estimate.params_bytes;  // validation keeps fsdp's gradients held
   AddOptimizerState(config, shards, element, estimate);
   if (config.GetString("offload") == "full") {
     // ZeRO-3 offload: the shards, their gradients and the optimizer's state live on the host.

@@ -31,6 +31,23 @@ struct PreBackward : public torch::autograd::Function<PreBackward> {
   }
 };
 
+// The identity on a layer's input whose backward runs once the gradient of that input is complete,
+// that is once every backward node of the layer has run: the layer's frozen parameters are done
+// with (FSDP2's post-backward hook on the module's inputs).
+struct PostBackward : public torch::autograd::Function<PostBackward> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor hidden,
+                               FullyShardedDataParallel* fsdp, int64_t layer) {
+    ctx->saved_data["fsdp"] = reinterpret_cast<int64_t>(fsdp);
+    ctx->saved_data["layer"] = layer;
+    return hidden.view_as(hidden);
+  }
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    auto* fsdp = reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["fsdp"].toInt());
+    fsdp->FreeAfterBackward(ctx->saved_data["layer"].toInt());
+    return {grad_outputs[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
 // Frees `tensor`'s memory now, whoever still references its storage (FSDP1's resize_(0)): the old
 // DataPtr, returned and dropped here, releases it.
 void ReleaseStorage(const torch::Tensor& tensor) {
@@ -69,10 +86,10 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   // A step that failed midway (out of memory in forward) may leave collectives in flight, which
   // write into buffers released below: they finish (or fail, the peers gone) first.
   if (reduction_) (void)reduction_->work.Wait();
-  for (Unit& unit : units_) {
-    if (unit.gathering) (void)unit.gathering->Wait();
+  for (Flat& flat : flats_) {
+    if (flat.gathering) (void)flat.gathering->Wait();
     // The hooks point at this object; the model may outlive it.
-    for (const torch::Tensor& p : unit.params) SetPostAccumulateGradHook(p, nullptr);
+    for (const torch::Tensor& p : flat.params) SetPostAccumulateGradHook(p, nullptr);
   }
 }
 
@@ -81,66 +98,86 @@ Status FullyShardedDataParallel::Shard(torch::nn::Module& model,
                                        torch::Dtype param_dtype) {
   torch::NoGradGuard no_grad;
   const int64_t n = world_size();
-  units_.resize(1);
-  units_[0].name = "root";
+  // Each unit's trainable parameters form one flat parameter and its frozen ones (LoRA's base
+  // weights, a frozen BLIP-2 part) another, so that only the first has gradients, a reduction and
+  // optimizer state.
   for (const auto& item : model.named_parameters()) {
     const torch::Tensor& p = item.value();
-    if (!p.requires_grad()) {
-      return UnimplementedError("strategy fsdp shards trainable parameters only, and '" +
-                                item.key() + "' is frozen");
-    }
     const int64_t layer = layer_of(item.key());
-    const size_t index = static_cast<size_t>(layer + 1);
-    if (units_.size() <= index) units_.resize(index + 1);
-    Unit& unit = units_[index];
-    if (unit.name.empty()) unit.name = "layer " + std::to_string(layer);
-    unit.names.push_back(item.key());
-    unit.params.push_back(p);
-    unit.offsets.push_back(unit.numel);
-    unit.numel += p.numel();
+    const size_t u = static_cast<size_t>(layer + 1);
+    if (units_.size() <= u) units_.resize(u + 1);
+    const bool trainable = p.requires_grad();
+    size_t f = flats_.size();
+    for (size_t candidate : units_[u]) {
+      if (flats_[candidate].trainable == trainable) f = candidate;
+    }
+    if (f == flats_.size()) {
+      flats_.emplace_back();
+      flats_.back().name = (layer < 0 ? std::string("root") : "layer " + std::to_string(layer)) +
+                           (trainable ? "" : " (frozen)");
+      flats_.back().trainable = trainable;
+      units_[u].push_back(f);
+    }
+    Flat& flat = flats_[f];
+    flat.names.push_back(item.key());
+    flat.params.push_back(p);
+    flat.offsets.push_back(flat.numel);
+    flat.numel += p.numel();
+  }
+  // Every block owns parameters; a gap would mean the numbering and the hooks disagree.
+  for (const std::vector<size_t>& unit : units_) {
+    if (unit.empty()) return InternalError("fsdp: a unit has no parameters");
   }
   int64_t max_padded = 0;
-  for (Unit& unit : units_) {
+  for (Flat& flat : flats_) {
     // Every block owns parameters; a gap would mean the numbering and the hooks disagree.
-    if (unit.params.empty()) return InternalError("fsdp: a unit has no parameters");
+    if (flat.params.empty()) return InternalError("fsdp: a flat has no parameters");
     // Every rank starts from rank 0's weights, as DDP's broadcast makes them.
-    for (torch::Tensor& p : unit.params) RETURN_IF_ERROR(group_.group().Broadcast(p, 0));
-    const torch::TensorOptions options = unit.params.front().options().requires_grad(false);
-    unit.padded = PaddedNumel(unit.numel, n);
-    max_padded = std::max(max_padded, unit.padded);
-    const int64_t shard_numel = unit.padded / n;
-    unit.shard =
+    for (torch::Tensor& p : flat.params) RETURN_IF_ERROR(group_.group().Broadcast(p, 0));
+    const torch::TensorOptions options = flat.params.front().options().requires_grad(false);
+    flat.padded = PaddedNumel(flat.numel, n);
+    if (flat.trainable) max_padded = std::max(max_padded, flat.padded);
+    const int64_t shard_numel = flat.padded / n;
+    flat.shard =
         options_.offload ? HostZeros(shard_numel, options) : torch::zeros({shard_numel}, options);
     // The rank's piece of the flat parameter: the elements [rank × shard, (rank + 1) × shard) of
     // the parameters laid end to end, the padding left zero.
     const int64_t begin = rank() * shard_numel;
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      const int64_t first = std::max(begin, unit.offsets[i]);
-      const int64_t last = std::min(begin + shard_numel, unit.offsets[i] + unit.params[i].numel());
+    for (size_t i = 0; i < flat.params.size(); ++i) {
+      const int64_t first = std::max(begin, flat.offsets[i]);
+      const int64_t last = std::min(begin + shard_numel, flat.offsets[i] + flat.params[i].numel());
       if (first >= last) continue;
-      unit.shard.narrow(0, first - begin, last - first)
-          .copy_(unit.params[i].reshape({-1}).narrow(0, first - unit.offsets[i], last - first));
+      flat.shard.narrow(0, first - begin, last - first)
+          .copy_(flat.params[i].reshape({-1}).narrow(0, first - flat.offsets[i], last - first));
     }
-    unit.shard.requires_grad_(true);
-    shards_.push_back(unit.shard);
-    unit.gathered = torch::empty({unit.padded}, options.dtype(param_dtype));
+    if (flat.trainable) {
+      flat.shard.requires_grad_(true);
+      shards_.push_back(flat.shard);
+    }
+    flat.gathered = torch::empty({flat.padded}, options.dtype(param_dtype));
     // The parameters become views into the gathered buffer, in its dtype (as FSDP1's flat
     // parameter takes its low-precision data); their own storage dies here.
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      torch::Tensor& p = unit.params[i];
-      p.set_data(unit.gathered.narrow(0, unit.offsets[i], p.numel()).view(p.sizes()));
+    for (size_t i = 0; i < flat.params.size(); ++i) {
+      torch::Tensor& p = flat.params[i];
+      p.set_data(flat.gathered.narrow(0, flat.offsets[i], p.numel()).view(p.sizes()));
     }
-    Free(unit);
-    unit.pending = unit.params.size();
+    Free(flat);
+    flat.pending = flat.trainable ? flat.params.size() : 0;
+  }
+  if (shards_.empty()) {
+    return InvalidArgumentError("strategy fsdp: the model has no trainable parameter to shard");
   }
   // Only the parameters' tensors, not the module's, were replaced: the module names them too.
-  grad_buffer_ = torch::zeros({max_padded}, units_.front().shard.options().requires_grad(false));
+  // On the device even when the shards are on the host (offload).
+  grad_buffer_ =
+      torch::zeros({max_padded}, shards_.front().options().device(device_).requires_grad(false));
   if (device_.is_cuda()) {
     scatter_buffer_ = torch::zeros({max_padded / n}, grad_buffer_.options());
   }
-  for (size_t u = 0; u < units_.size(); ++u) {
-    for (const torch::Tensor& p : units_[u].params) {
-      SetPostAccumulateGradHook(p, [this, u](const torch::Tensor&) { OnGradientReady(u); });
+  for (size_t f = 0; f < flats_.size(); ++f) {
+    if (!flats_[f].trainable) continue;
+    for (const torch::Tensor& p : flats_[f].params) {
+      SetPostAccumulateGradHook(p, [this, f](const torch::Tensor&) { OnGradientReady(f); });
     }
   }
   return Status::Ok();
@@ -148,7 +185,7 @@ Status FullyShardedDataParallel::Shard(torch::nn::Module& model,
 
 std::vector<torch::Tensor> FullyShardedDataParallel::GatheredTensors() const {
   std::vector<torch::Tensor> tensors;
-  for (const Unit& unit : units_) tensors.push_back(unit.gathered);
+  for (const Flat& flat : flats_) tensors.push_back(flat.gathered);
   return tensors;
 }
 
@@ -158,81 +195,102 @@ std::vector<torch::Tensor> FullyShardedDataParallel::CommTensors() const {
   return tensors;
 }
 
-Status FullyShardedDataParallel::Gather(Unit& unit) {
-  if (unit.gathering) {
-    const Status status = unit.gathering->Wait();
-    unit.gathering.reset();
+Status FullyShardedDataParallel::Gather(Flat& flat) {
+  if (flat.gathering) {
+    const Status status = flat.gathering->Wait();
+    flat.gathering.reset();
     return status;
   }
-  if (unit.gathered.storage().nbytes() > 0) return Status::Ok();
-  ASSIGN_OR_RETURN(dist::PendingCollective gathering, StartGather(unit));
+  if (flat.gathered.storage().nbytes() > 0) return Status::Ok();
+  ASSIGN_OR_RETURN(dist::PendingCollective gathering, StartGather(flat));
   return gathering.Wait();
 }
 
-Status FullyShardedDataParallel::Prefetch(Unit& unit) {
-  if (unit.gathering || unit.gathered.storage().nbytes() > 0) return Status::Ok();
-  ASSIGN_OR_RETURN(unit.gathering, StartGather(unit));
+Status FullyShardedDataParallel::Prefetch(Flat& flat) {
+  if (flat.gathering || flat.gathered.storage().nbytes() > 0) return Status::Ok();
+  ASSIGN_OR_RETURN(flat.gathering, StartGather(flat));
   return Status::Ok();
 }
 
-StatusOr<dist::PendingCollective> FullyShardedDataParallel::StartGather(Unit& unit) {
-  c10::StorageImpl* storage = unit.gathered.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(unit.padded) * unit.gathered.element_size();
+StatusOr<dist::PendingCollective> FullyShardedDataParallel::StartGather(Flat& flat) {
+  c10::StorageImpl* storage = flat.gathered.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(flat.padded) * flat.gathered.element_size();
   // The storage's own allocator (the counting one on cpu, CUDA's caching one on cuda): the views
   // see the new memory at once, as their data pointers are the storage's plus their offsets.
   storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
   storage->set_nbytes(bytes);
-  return StartAllGatherInto(unit, unit.gathered);
+  return StartAllGatherInto(flat, flat.gathered);
 }
 
 StatusOr<dist::PendingCollective> FullyShardedDataParallel::StartAllGatherInto(
-    Unit& unit, torch::Tensor& flat) {
+    Flat& flat, torch::Tensor& buffer) {
   torch::NoGradGuard no_grad;
-  const int64_t shard_numel = unit.shard.numel();
-  torch::Tensor piece = flat.narrow(0, rank() * shard_numel, shard_numel);
+  const int64_t shard_numel = flat.shard.numel();
+  torch::Tensor piece = buffer.narrow(0, rank() * shard_numel, shard_numel);
   if (device_.is_cuda()) {
-    if (flat.scalar_type() == unit.shard.scalar_type() && !options_.offload) {
-      return group_.group().StartAllGatherIntoTensor(flat, unit.shard);
+    if (buffer.scalar_type() == flat.shard.scalar_type() && !options_.offload) {
+      return group_.group().StartAllGatherIntoTensor(buffer, flat.shard);
     }
     // FSDP2's in-place all-gather: the shard, cast or copied from the host, is written into the
     // rank's own piece of the output, so the copy needs no buffer of its own.
-    piece.copy_(unit.shard);
-    return group_.group().StartAllGatherIntoTensor(flat, piece);
+    piece.copy_(flat.shard);
+    return group_.group().StartAllGatherIntoTensor(buffer, piece);
   }
-  flat.zero_();
-  piece.copy_(unit.shard);
+  buffer.zero_();
+  piece.copy_(flat.shard);
   // Exact, in any dtype: each element is one rank's value plus zeros.
-  return group_.group().StartAllReduce(flat, dist::ReduceOp::kSum);
+  return group_.group().StartAllReduce(buffer, dist::ReduceOp::kSum);
 }
 
-void FullyShardedDataParallel::Free(Unit& unit) {
-  if (unit.gathering) {
-    Fail(unit.gathering->Wait());
-    unit.gathering.reset();
+void FullyShardedDataParallel::Free(Flat& flat) {
+  if (flat.gathering) {
+    Fail(flat.gathering->Wait());
+    flat.gathering.reset();
   }
-  ReleaseStorage(unit.gathered);
+  ReleaseStorage(flat.gathered);
+}
+
+Status FullyShardedDataParallel::GatherUnit(size_t u) {
+  for (size_t f : units_[u]) RETURN_IF_ERROR(Gather(flats_[f]));
+  return Status::Ok();
+}
+
+Status FullyShardedDataParallel::PrefetchUnit(size_t u) {
+  for (size_t f : units_[u]) RETURN_IF_ERROR(Prefetch(flats_[f]));
+  return Status::Ok();
+}
+
+void FullyShardedDataParallel::FreeUnit(size_t u, bool frozen_only) {
+  for (size_t f : units_[u]) {
+    if (!frozen_only || !flats_[f].trainable) Free(flats_[f]);
+  }
 }
 
 Status FullyShardedDataParallel::BeforeForward() {
   RETURN_IF_ERROR(error_);
-  RETURN_IF_ERROR(Gather(units_.front()));
+  RETURN_IF_ERROR(GatherUnit(0));
   // Layer 0's gather runs while the root's first ops (the embedding) do.
-  return units_.size() > 1 ? Prefetch(units_[1]) : Status::Ok();
+  return units_.size() > 1 ? PrefetchUnit(1) : Status::Ok();
 }
 
 torch::Tensor FullyShardedDataParallel::BeforeLayer(int64_t layer, const torch::Tensor& hidden) {
   const size_t u = static_cast<size_t>(layer + 1);
-  Status status = Gather(units_[u]);
-  if (status.ok() && u + 1 < units_.size()) status = Prefetch(units_[u + 1]);
+  Status status = GatherUnit(u);
+  if (status.ok() && u + 1 < units_.size()) status = PrefetchUnit(u + 1);
   if (!status.ok()) {
     Fail(status);
     throw std::runtime_error(status.message());
   }
-  return hidden;
+  // A frozen flat parameter has no gradient to say when backward is done with it: the gradient
+  // of the layer's input does (every path through the layer has run by then).
+  const bool has_frozen = std::any_of(units_[u].begin(), units_[u].end(),
+                                      [this](size_t f) { return !flats_[f].trainable; });
+  if (!has_frozen || !hidden.requires_grad()) return hidden;
+  return PostBackward::apply(hidden, this, layer);
 }
 
 torch::Tensor FullyShardedDataParallel::AfterLayer(int64_t layer, const torch::Tensor& hidden) {
-  if (options_.reshard_after_forward) Free(units_[static_cast<size_t>(layer + 1)]);
+  if (options_.reshard_after_forward) FreeUnit(static_cast<size_t>(layer + 1), false);
   if (!hidden.requires_grad()) return hidden;
   return PreBackward::apply(hidden, this, layer);
 }
@@ -241,28 +299,32 @@ void FullyShardedDataParallel::GatherForBackward(int64_t layer) {
   // An exception here would cross the autograd engine; the failure is reported after backward.
   if (!error_.ok()) return;
   const size_t u = static_cast<size_t>(layer + 1);
-  Fail(Gather(units_[u]));
+  Fail(GatherUnit(u));
   // The layer before it is next in backward (the root, unit 0, is gathered throughout).
-  if (error_.ok() && u > 1) Fail(Prefetch(units_[u - 1]));
+  if (error_.ok() && u > 1) Fail(PrefetchUnit(u - 1));
+}
+
+void FullyShardedDataParallel::FreeAfterBackward(int64_t layer) {
+  FreeUnit(static_cast<size_t>(layer + 1), /*frozen_only=*/true);
 }
 
 void FullyShardedDataParallel::OnGradientReady(size_t u) {
-  Unit& unit = units_[u];
-  if (unit.pending > 0) --unit.pending;
-  if (unit.pending > 0 || !error_.ok()) return;
+  Flat& flat = flats_[u];
+  if (flat.pending > 0) --flat.pending;
+  if (flat.pending > 0 || !error_.ok()) return;
   Fail(StartReduction(u));
-  unit.pending = unit.params.size();
+  flat.pending = flat.params.size();
 }
 
 Status FullyShardedDataParallel::StartReduction(size_t u) {
   // The flat buffer is the previous reduce-scatter's until it is waited for.
   RETURN_IF_ERROR(FinishReduction());
-  Unit& unit = units_[u];
+  Flat& flat = flats_[u];
   torch::NoGradGuard no_grad;
-  torch::Tensor flat = grad_buffer_.narrow(0, 0, unit.padded);
-  for (size_t i = 0; i < unit.params.size(); ++i) {
-    const torch::Tensor& grad = unit.params[i].grad();
-    torch::Tensor slot = flat.narrow(0, unit.offsets[i], unit.params[i].numel());
+  torch::Tensor grads = grad_buffer_.narrow(0, 0, flat.padded);
+  for (size_t i = 0; i < flat.params.size(); ++i) {
+    const torch::Tensor& grad = flat.params[i].grad();
+    torch::Tensor slot = grads.narrow(0, flat.offsets[i], flat.params[i].numel());
     if (grad.defined()) {
       // Cast from param_dtype to the shards' dtype here: FSDP2's reduce_dtype.
       slot.copy_(grad.reshape({-1}));
@@ -270,22 +332,22 @@ Status FullyShardedDataParallel::StartReduction(size_t u) {
       slot.zero_();
     }
   }
-  flat.narrow(0, unit.numel, unit.padded - unit.numel).zero_();
+  grads.narrow(0, flat.numel, flat.padded - flat.numel).zero_();
   // The unit's gradients are in the flat buffer and its parameters are done with until the next
   // forward.
-  for (torch::Tensor& p : unit.params) p.mutable_grad() = torch::Tensor();
-  Free(unit);
-  const int64_t shard_numel = unit.shard.numel();
+  for (torch::Tensor& p : flat.params) p.mutable_grad() = torch::Tensor();
+  Free(flat);
+  const int64_t shard_numel = flat.shard.numel();
   if (device_.is_cuda()) {
     torch::Tensor piece = scatter_buffer_.narrow(0, 0, shard_numel);
     ASSIGN_OR_RETURN(dist::PendingCollective work,
-                     group_.group().StartReduceScatterTensor(piece, flat, dist::ReduceOp::kAvg));
+                     group_.group().StartReduceScatterTensor(piece, grads, dist::ReduceOp::kAvg));
     reduction_.emplace(Reduction{u, piece, std::move(work)});
   } else {
     ASSIGN_OR_RETURN(dist::PendingCollective work,
-                     group_.group().StartAllReduce(flat, dist::ReduceOp::kAvg));
+                     group_.group().StartAllReduce(grads, dist::ReduceOp::kAvg));
     reduction_.emplace(
-        Reduction{u, flat.narrow(0, rank() * shard_numel, shard_numel), std::move(work)});
+        Reduction{u, grads.narrow(0, rank() * shard_numel, shard_numel), std::move(work)});
   }
   return Status::Ok();
 }
@@ -297,7 +359,7 @@ Status FullyShardedDataParallel::FinishReduction() {
   RETURN_IF_ERROR(reduction.work.Wait());
   torch::NoGradGuard no_grad;
   // Accumulated micro-batches add their reduced pieces, as FSDP2 accumulates sharded gradients.
-  torch::Tensor& shard_grad = units_[reduction.unit].shard.mutable_grad();
+  torch::Tensor& shard_grad = flats_[reduction.flat].shard.mutable_grad();
   if (shard_grad.defined()) {
     // With offload a cuda run's piece is copied to the host first; a cpu run's is already there.
     shard_grad.add_(reduction.piece.to(shard_grad.device()));
@@ -315,15 +377,16 @@ Status FullyShardedDataParallel::AfterBackward() {
   // The last unit's reduce-scatter (the root's).
   Fail(FinishReduction());
   Status error = std::exchange(error_, Status::Ok());
-  for (Unit& unit : units_) {
-    if (unit.pending != unit.params.size() && error.ok()) {
-      error = InternalError("fsdp: backward left " + std::to_string(unit.pending) + " of " +
-                            unit.name + "'s " + std::to_string(unit.params.size()) +
+  for (Flat& flat : flats_) {
+    const size_t expected = flat.trainable ? flat.params.size() : 0;
+    if (flat.pending != expected && error.ok()) {
+      error = InternalError("fsdp: backward left " + std::to_string(flat.pending) + " of " +
+                            flat.name + "'s " + std::to_string(flat.params.size()) +
                             " parameters without a gradient");
     }
-    unit.pending = unit.params.size();
-    for (torch::Tensor& p : unit.params) p.mutable_grad() = torch::Tensor();
-    Free(unit);
+    flat.pending = expected;
+    for (torch::Tensor& p : flat.params) p.mutable_grad() = torch::Tensor();
+    Free(flat);
   }
   return error;
 }
@@ -356,13 +419,21 @@ StatusOr<ModelTensors> FullyShardedDataParallel::PrepareModel(TrainedModel& mode
       model.module(), [&model](const std::string& name) { return model.LayerOf(name); },
       compute_dtype));
   ModelTensors tensors;
-  tensors.state = shards_;
+  for (const Flat& flat : flats_) tensors.state.push_back(flat.shard);
   // Buffers stay whole on every rank (the model has none but a QLoRA base, which fsdp refuses).
   for (const auto& item : model.module().named_buffers()) tensors.state.push_back(item.value());
   tensors.trainable = shards_;
   tensors.on_host = options_.offload;
   model.SetLayerHooks(this);
   return tensors;
+}
+
+StatusOr<NamedTensors> FullyShardedDataParallel::FullModelState(TrainedModel& model) {
+  ASSIGN_OR_RETURN(NamedTensors state, FullState());
+  for (const auto& item : model.module().named_buffers()) {
+    state.emplace_back(item.key(), item.value());
+  }
+  return state;
 }
 
 Status FullyShardedDataParallel::LoadCheckpoint(const std::string& dir, TrainedModel&,
@@ -380,54 +451,55 @@ StatusOr<bool> FullyShardedDataParallel::SaveCheckpoint(const std::string& dir, 
 StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> FullyShardedDataParallel::FullState() {
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, torch::Tensor>> state;
-  for (Unit& unit : units_) {
-    if (unit.gathered.scalar_type() == unit.shard.scalar_type()) {
-      RETURN_IF_ERROR(Gather(unit));
-      for (size_t i = 0; i < unit.params.size(); ++i) {
+  for (Flat& flat : flats_) {
+    if (flat.gathered.scalar_type() == flat.shard.scalar_type()) {
+      RETURN_IF_ERROR(Gather(flat));
+      for (size_t i = 0; i < flat.params.size(); ++i) {
         // A host copy that the checkpoint owns (on cpu, outside the device pool's accounting only
         // in that it lives as long as the write).
-        state.emplace_back(unit.names[i],
-                           unit.params[i].detach().to(torch::kCPU, /*non_blocking=*/false,
+        state.emplace_back(flat.names[i],
+                           flat.params[i].detach().to(torch::kCPU, /*non_blocking=*/false,
                                                       /*copy=*/true));
       }
-      Free(unit);
+      Free(flat);
       continue;
     }
     // The checkpoint holds the shards' (master) weights, not their param_dtype casts: the unit is
     // gathered in the shards' dtype into a buffer that lives only for this unit's copies.
-    torch::Tensor flat = torch::empty({unit.padded}, unit.shard.options().requires_grad(false));
-    ASSIGN_OR_RETURN(dist::PendingCollective gathering, StartAllGatherInto(unit, flat));
+    torch::Tensor buffer =
+        torch::empty({flat.padded}, flat.shard.options().device(device_).requires_grad(false));
+    ASSIGN_OR_RETURN(dist::PendingCollective gathering, StartAllGatherInto(flat, buffer));
     RETURN_IF_ERROR(gathering.Wait());
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      state.emplace_back(unit.names[i],
-                         flat.narrow(0, unit.offsets[i], unit.params[i].numel())
-                             .view(unit.params[i].sizes())
+    for (size_t i = 0; i < flat.params.size(); ++i) {
+      state.emplace_back(flat.names[i],
+                         buffer.narrow(0, flat.offsets[i], flat.params[i].numel())
+                             .view(flat.params[i].sizes())
                              .to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
     }
     // Not left to the last reference: Gloo's worker thread may hold one for a while.
-    ReleaseStorage(flat);
+    ReleaseStorage(buffer);
   }
   return state;
 }
 
 Status FullyShardedDataParallel::LoadFullState(const std::map<std::string, torch::Tensor>& state) {
   torch::NoGradGuard no_grad;
-  for (Unit& unit : units_) {
-    const int64_t shard_numel = unit.shard.numel();
+  for (Flat& flat : flats_) {
+    const int64_t shard_numel = flat.shard.numel();
     const int64_t begin = rank() * shard_numel;
-    unit.shard.zero_();
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      auto it = state.find(unit.names[i]);
-      if (it == state.end() || !it->second.sizes().equals(unit.params[i].sizes())) {
-        return DataLossError("tensor '" + unit.names[i] +
+    flat.shard.zero_();
+    for (size_t i = 0; i < flat.params.size(); ++i) {
+      auto it = state.find(flat.names[i]);
+      if (it == state.end() || !it->second.sizes().equals(flat.params[i].sizes())) {
+        return DataLossError("tensor '" + flat.names[i] +
                              "' is missing or has another shape (a checkpoint of a different "
                              "model?)");
       }
-      const int64_t first = std::max(begin, unit.offsets[i]);
-      const int64_t last = std::min(begin + shard_numel, unit.offsets[i] + unit.params[i].numel());
+      const int64_t first = std::max(begin, flat.offsets[i]);
+      const int64_t last = std::min(begin + shard_numel, flat.offsets[i] + flat.params[i].numel());
       if (first >= last) continue;
-      unit.shard.narrow(0, first - begin, last - first)
-          .copy_(it->second.reshape({-1}).narrow(0, first - unit.offsets[i], last - first));
+      flat.shard.narrow(0, first - begin, last - first)
+          .copy_(it->second.reshape({-1}).narrow(0, first - flat.offsets[i], last - first));
     }
   }
   return Status::Ok();

@@ -107,6 +107,8 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
   // The collective write of fsdp_checkpoint.h: every rank takes part.
   StatusOr<bool> SaveCheckpoint(const std::string& dir, TrainedModel& model,
                                 const NamedTensors& optimizer, const TrainingState& state) override;
+  // FullState and the model's buffers (whole on every rank).
+  StatusOr<NamedTensors> FullModelState(TrainedModel& model) override;
   Status BeginTraining(const ModelTensors&) override { return Status::Ok(); }
 
   StatusOr<StepAgreement> BeginStep(int64_t label_tokens, StopRequest asked) override {
@@ -159,6 +161,9 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
   // i - 1's (a failure is kept for AfterBackward, as nothing may throw through the autograd
   // engine).
   void GatherForBackward(int64_t layer);
+  // From the autograd node on layer i's input: backward is done with layer i, whose frozen
+  // parameters are freed (its trainable ones are freed when their gradients are reduced).
+  void FreeAfterBackward(int64_t layer);
 
   // The whole model in Hugging Face names, gathered unit by unit into host copies (collective:
   // every rank must call it; rank 0 writes it).
@@ -169,8 +174,10 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
   Status Barrier() { return group_.group().Barrier(); }
 
  private:
-  struct Unit {
-    std::string name;                   // "root", "layer 3"
+  // One flat parameter of a unit (FSDP1's FlatParameter): its parameters laid end to end, padded,
+  // the rank's shard of them and the buffer they are gathered into.
+  struct Flat {
+    std::string name;                   // "root", "layer 3", "layer 3 (frozen)"
     std::vector<std::string> names;     // Hugging Face names of its parameters
     std::vector<torch::Tensor> params;  // the module's parameters (views into `gathered`)
     std::vector<int64_t> offsets;       // each one's first element in the flat parameter
@@ -179,33 +186,38 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
     torch::Tensor shard;                // (padded / N,), on the host with offload
     torch::Tensor gathered;             // (padded,) in param_dtype, storage freed between uses
     std::optional<dist::PendingCollective> gathering;  // its all-gather, while in flight
-    size_t pending = 0;  // gradients not yet accumulated in this backward
+    bool trainable = true;  // false: frozen parameters (no gradient, no reduction, no state)
+    size_t pending = 0;     // gradients not yet accumulated in this backward
   };
   // The reduce-scatter in flight: whose, and where its piece of the mean lands.
   struct Reduction {
-    size_t unit = 0;
+    size_t flat = 0;
     torch::Tensor piece;  // (padded / N,)
     dist::PendingCollective work;
   };
 
   FullyShardedDataParallel(RankGroup group, torch::Device device, const Options& options);
-  // Makes `unit` gathered: waits for its prefetch, or gathers it now.
-  Status Gather(Unit& unit);
-  // Starts gathering `unit` unless it is gathered or being gathered.
-  Status Prefetch(Unit& unit);
-  // Allocates `unit`'s gathered storage and starts its all-gather.
-  StatusOr<dist::PendingCollective> StartGather(Unit& unit);
-  // Starts all-gathering `unit`'s shards into `flat` (padded elements, any dtype: the shard is
+  // The same as below for every flat parameter of unit `u` (0: the root, i + 1: layer i).
+  Status GatherUnit(size_t u);
+  Status PrefetchUnit(size_t u);
+  void FreeUnit(size_t u, bool frozen_only);
+  // Makes `flat` gathered: waits for its prefetch, or gathers it now.
+  Status Gather(Flat& flat);
+  // Starts gathering `flat` unless it is gathered or being gathered.
+  Status Prefetch(Flat& flat);
+  // Allocates `flat`'s gathered storage and starts its all-gather.
+  StatusOr<dist::PendingCollective> StartGather(Flat& flat);
+  // Starts all-gathering `flat`'s shards into `buffer` (padded elements, any dtype: the shard is
   // cast).
-  StatusOr<dist::PendingCollective> StartAllGatherInto(Unit& unit, torch::Tensor& flat);
+  StatusOr<dist::PendingCollective> StartAllGatherInto(Flat& flat, torch::Tensor& buffer);
   // Releases `unit`'s gathered storage (after waiting for its gather, if one is in flight).
-  void Free(Unit& unit);
+  void Free(Flat& flat);
   // Waits for the reduce-scatter in flight, if any, and adds its piece to its gradient shard.
   Status FinishReduction();
   // Copies `units_[u]`'s gradients into the flat buffer and starts their reduce-scatter (after the
   // previous one's, whose buffer it reuses); frees the unit's gradients and gathered parameters.
   Status StartReduction(size_t u);
-  void OnGradientReady(size_t unit);
+  void OnGradientReady(size_t flat);
   void Fail(const Status& status) {
     if (error_.ok()) error_ = status;
   }
@@ -213,7 +225,10 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
   RankGroup group_;
   torch::Device device_;
   Options options_;
-  std::vector<Unit> units_;  // root first, then layer i at index i + 1
+  std::vector<Flat> flats_;
+  // The flat parameters of each unit, as indices into flats_: the root's first, then layer i's at
+  // index i + 1 (a unit's trainable flat parameter and, with frozen parameters, its frozen one).
+  std::vector<std::vector<size_t>> units_;
   std::vector<torch::Tensor> shards_;
   torch::Tensor grad_buffer_;     // (max padded,): a unit's unsharded gradients, reduced in place
   torch::Tensor scatter_buffer_;  // (max padded / N,): NCCL's reduce-scatter output (cuda only)

@@ -79,6 +79,7 @@ struct ShardArithmetic {
   int64_t max_padded = 0;   // the longest unit's gathered length
   int64_t total_numel = 0;
   int64_t matrix_numel = 0;  // of the 2-D weights: what autocast casts for its matmuls
+  int64_t units = 0;         // the root and the layers
 };
 
 ShardArithmetic ShardsOf(const std::string& model, int64_t world_size) {
@@ -102,6 +103,7 @@ ShardArithmetic ShardsOf(const std::string& model, int64_t world_size) {
     result.total_numel += numel;
     result.max_padded = std::max(result.max_padded, padded);
     if (unit == -1) result.root_padded = padded;
+    ++result.units;
   }
   return result;
 }
@@ -253,6 +255,64 @@ TEST(FsdpTest, FullOffloadTrainsLikeOneProcess) {
   one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=8"});
   two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=8", "offload=full"});
   ExpectSameTraining("offload", one, two);
+}
+
+// LoRA on shards: each unit's frozen base weights are a frozen flat parameter, its adapters a
+// trainable one, the only one reduced and stepped. With adapters on every projection and on the
+// tied head (in the root, beside the frozen embedding) and 2-step accumulation, 2 ranks give one
+// process's losses and final weights (frozen and trained), and the adapter rank 0 writes from the
+// gathered shards is one process's.
+TEST(FsdpTest, LoraOnShardsTrainsLikeOneProcess) {
+  const std::vector<std::string> lora = {
+      "peft.method=lora",
+      "peft.targets=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head]"};
+  std::vector<std::string> one = lora, two = lora;
+  one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=8"});
+  two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=8",
+                         "activation_checkpointing=true"});
+  ExpectSameTraining("lora", one, two);
+  const DemoRun single = RunDemo("lora-adapter-1", 1, one);
+  const DemoRun fsdp = RunDemo("lora-adapter-2", 2, two);
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
+  const std::string file = "/out/adapter/adapter_model.safetensors";
+  auto expected = ReadTensors(single.dir + file);
+  auto written = ReadTensors(fsdp.dir + file);
+  ASSERT_TRUE(expected.ok()) << expected.status().message();
+  ASSERT_TRUE(written.ok()) << written.status().message();
+  ASSERT_EQ(written->size(), expected->size());
+  ASSERT_GT(expected->size(), 0u);
+  for (size_t i = 0; i < expected->size(); ++i) {
+    EXPECT_EQ((*written)[i].first, (*expected)[i].first);
+    EXPECT_LE(((*written)[i].second - (*expected)[i].second).abs().max().item<double>(), 1e-5)
+        << (*expected)[i].first;
+  }
+}
+
+// Per rank, LoRA on shards holds the frozen and trainable shards as params, and gradients, AdamW
+// state and the reduction buffer for the adapters' shards only.
+TEST(FsdpTest, LoraOnShardsKeepsGradientsAndStateForTheAdaptersOnly) {
+  const DemoRun fsdp =
+      RunDemo("lora-memory", 2,
+              {"peft.method=lora", "train.micro_batch_size=2", "train.global_batch_size=4"});
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
+  const ShardArithmetic all = ShardsOf("llmctl-demo", 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    const nlohmann::json start = EventsOfType(fsdp.events[rank], "start").at(0);
+    const int64_t trainable = start["parameters_trainable"];
+    ASSERT_GT(trainable, 0);
+    for (const nlohmann::json& s : EventsOfType(fsdp.events[rank], "snapshot")) {
+      if (s["phase"] != "phase3_after_opt_step") continue;
+      // Every parameter, frozen or not, is sharded (the adapters' flats pad separately).
+      EXPECT_GE(s["params_bytes"].get<int64_t>(), (all.total_numel / 2) * 4);
+      // The adapters' shards: about half the trainable values, plus at most one padding element
+      // per unit.
+      const int64_t grads = s["grads_bytes"].get<int64_t>() / 4;
+      EXPECT_GE(grads, trainable / 2);
+      EXPECT_LE(grads, trainable / 2 + static_cast<int64_t>(all.units));
+      EXPECT_EQ(s["optim_device_bytes"].get<int64_t>(), 2 * grads * 4 + 4);
+    }
+  }
 }
 
 // ZeRO-2 with 2-step accumulation (each micro-batch's forward gathers again what the previous

@@ -20,8 +20,10 @@
 //                                      when BackwardWithoutLabels)
 //     FinishGradients, SumAcrossRanks (the step's loss and tokens), ClipGradNorm
 //   SaveCheckpoint                     at the checkpoint steps and when a stop asks for one
+//   FullModelState                     at the end, for the adapter outputs
 //
-// Collectives: every call that may communicate (PrepareModel, LoadCheckpoint, BeginTraining,
+// Collectives: every call that may communicate (PrepareModel, LoadCheckpoint, FullModelState,
+// BeginTraining,
 // BeginStep,
 // BeforeForward, AfterBackward, FinishGradients, SumAcrossRanks, ClipGradNorm, SaveCheckpoint)
 // is made by every rank, the same number of times and in the same order; the backward pass in
@@ -112,6 +114,11 @@ class Parallelism {
   virtual StatusOr<bool> SaveCheckpoint(const std::string& dir, TrainedModel& model,
                                         const NamedTensors& optimizer,
                                         const TrainingState& state) = 0;
+
+  // The whole model's parameters and buffers by name, as a checkpoint holds them, for what one rank
+  // writes of it (adapters): a collective under fsdp, whose units are gathered one by one into host
+  // copies in the shards' dtype.
+  virtual StatusOr<NamedTensors> FullModelState(TrainedModel& model) = 0;
 
   // After the optimizer is made and any checkpoint loaded, before the first step, with what
   // PrepareModel returned.

@@ -26,6 +26,9 @@ class ReplicatedModel : public Parallelism {
                                 const NamedTensors& optimizer, const TrainingState& state) override;
   StatusOr<double> ClipGradNorm(const std::vector<torch::Tensor>& trainable,
                                 double max_norm) override;
+  StatusOr<NamedTensors> FullModelState(TrainedModel& model) override {
+    return ModelState(model.module());
+  }
 
   Status BeforeForward() override { return Status::Ok(); }
   bool BackwardWithoutLabels() const override { return false; }

@@ -225,12 +225,16 @@ Status SaveAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std:
 Status SaveAdapter(torch::nn::Module& model, const LoraConfig& config,
                    const std::string& base_model, const std::string& task_type,
                    const std::string& dir) {
+  return SaveAdapter(ModelState(model), config, base_model, task_type, dir);
+}
+
+Status SaveAdapter(const NamedTensors& model_state, const LoraConfig& config,
+                   const std::string& base_model, const std::string& task_type,
+                   const std::string& dir) {
   RETURN_IF_ERROR(CreateDirectory(dir));
   NamedTensors tensors;
-  for (const auto& item : model.named_parameters()) {
-    if (IsAdapterParameter(item.key())) {
-      tensors.emplace_back(std::string(kPeftPrefix) + item.key(), item.value());
-    }
+  for (const auto& [name, tensor] : model_state) {
+    if (IsAdapterParameter(name)) tensors.emplace_back(std::string(kPeftPrefix) + name, tensor);
   }
   RETURN_IF_ERROR(WriteTensors(dir + "/" + kAdapterWeightsFile, tensors, TorchFormat()));
   // PEFT's LoraConfig fields for plain LoRA; the ones left out take PEFT's defaults when it loads.

@@ -19,6 +19,7 @@
 #include "common/trial_config.h"
 #include "trainer/model/llama.h"
 #include "trainer/model/projection.h"
+#include "trainer/train/checkpoints.h"
 
 namespace llmctl::trainer {
 
@@ -62,6 +63,11 @@ Status LoadAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std:
 // base_model_name_or_path; `task_type` into task_type ("" writes null, as get_peft_model without a
 // task does for BLIP-2). The LLaMA overload writes CAUSAL_LM.
 Status SaveAdapter(torch::nn::Module& model, const LoraConfig& config,
+                   const std::string& base_model, const std::string& task_type,
+                   const std::string& dir);
+// The same from the model's named tensors (a checkpoint's model state: under fsdp the shards
+// gathered by name), of which it writes the adapters'.
+Status SaveAdapter(const NamedTensors& model_state, const LoraConfig& config,
                    const std::string& base_model, const std::string& task_type,
                    const std::string& dir);
 Status SaveAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std::string& base_model,

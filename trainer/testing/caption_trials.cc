@@ -125,7 +125,9 @@ void ExpectMicroBatchLossesAreTransformers(const std::string& model_dir) {
 void ExpectDataParallelTrainsLikeOneProcess(const std::string& model_dir,
                                             const std::vector<std::string>& dropout_keys,
                                             const std::string& strategy,
-                                            std::vector<std::string>* two_rank_sets) {
+                                            std::vector<std::string>* two_rank_sets,
+                                            const std::vector<std::string>& sets,
+                                            const std::string& variant) {
   const std::string model = FreshTempDir("blip2-no-dropout");
   std::filesystem::copy(
       model_dir, model,
@@ -142,7 +144,9 @@ void ExpectDataParallelTrainsLikeOneProcess(const std::string& model_dir,
   std::vector<std::string> one = blip2, two = blip2;
   one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=4"});
   two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=4"});
-  ExpectTwoRanksTrainLikeOneProcess(strategy, "blip2-" + strategy, one, two, 2);
+  one.insert(one.end(), sets.begin(), sets.end());
+  two.insert(two.end(), sets.begin(), sets.end());
+  ExpectTwoRanksTrainLikeOneProcess(strategy, "blip2-" + strategy + variant, one, two, 2);
   if (two_rank_sets != nullptr) *two_rank_sets = two;
 }
 

@@ -452,9 +452,12 @@ Status TrialRun::CheckpointBeforeStop(int64_t completed_steps) {
 
 Status TrialRun::SaveAdapterOutputs() {
   const std::string output_dir = config_.GetString("output_dir");
-  if (!lora_ || output_dir.empty() || rank_ != 0) return Status::Ok();
+  if (!lora_ || output_dir.empty()) return Status::Ok();
+  // Every rank takes part (under fsdp the units are gathered); rank 0 writes.
+  ASSIGN_OR_RETURN(const NamedTensors state, parallel_->FullModelState(*model_));
+  if (rank_ != 0) return Status::Ok();
   const std::string adapter_dir = output_dir + "/adapter";
-  RETURN_IF_ERROR(SaveAdapter(model_->module(), *lora_, config_.GetString("model"),
+  RETURN_IF_ERROR(SaveAdapter(state, *lora_, config_.GetString("model"),
                               model_->adapter_task_type(), adapter_dir));
   Log("info", "adapter written to " + adapter_dir);
   if (config_.GetBool("peft.save_merged")) {
