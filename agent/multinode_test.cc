@@ -32,7 +32,8 @@ constexpr int kFakePort = 29555;
 
 // Stands in for llm-train's launcher and its ranks, as the agent starts it for a node group:
 // --nproc N --nnodes M --node-rank K --master-addr A --master-port P --ranks-file F. Its arguments
-// go to `argv` in the run directory, one a line. It writes F (with master_port kFakePort when P is
+// go to `argv` in the run directory, one a line, and GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME
+// ("unset" when unset) to `ifname`. It writes F (with master_port kFakePort when P is
 // 0), then start and two steps in each of its global ranks' event files (K x N + l, with "rank").
 // The trial's seed says what comes next: 0 finishes ok; 1 exits 1 before F is written; 300 waits
 // for a file named `go` in the run directory, then two more steps and ok; 301 waits for `port-go`
@@ -46,6 +47,7 @@ config="$2"
 events="$4"
 run="${events%/*}"
 printf '%s\n' "$@" > "$run/argv"
+printf '%s\n' "${GLOO_SOCKET_IFNAME-unset}" "${NCCL_SOCKET_IFNAME-unset}" > "$run/ifname"
 seed=$(sed -n 's/^seed: *//p' "$config")
 nproc=1; nnodes=1; node_rank=0; port=0; ranks_file=; prev=
 for arg in "$@"; do
@@ -301,6 +303,10 @@ TEST_F(MultiNodeTest, EachNodeRunsAndStreamsItsOwnGlobalRanks) {
   EXPECT_EQ(Flag(argv1, "--master-addr"), "127.0.0.1");
   EXPECT_EQ(Flag(argv1, "--master-port"), std::to_string(kFakePort));
   EXPECT_EQ(Flag(argv1, "--events"), (RunDir(1, key) / "events.jsonl").string());
+  // Node 1 reaches node rank 0 at 127.0.0.1: its ranks talk over loopback. Node 0 was given no
+  // address here (the controller gives it its own), so the backends choose.
+  EXPECT_EQ(ReadAll(RunDir(1, key) / "ifname"), "lo\nlo\n");
+  EXPECT_EQ(ReadAll(RunDir(0, key) / "ifname"), "unset\nunset\n");
 
   // Node 1 resumes its ranks by their global numbers: from_seq (rank 0's) and other nodes' ranks
   // do not apply to it.

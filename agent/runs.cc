@@ -12,11 +12,14 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "agent/process.h"
+#include "agent/socket_interface.h"
 #include "agent/supervisor.h"
 #include "agent/trial_file.h"
 #include "common/atomic_file.h"
@@ -572,6 +575,20 @@ StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
   }
   // llm-train's token cache lives in the agent's cache, next to the inputs it was made from.
   env.push_back("LLMCTL_CACHE_DIR=" + cache_->dir());
+  // A multi-node trial's ranks talk over the interface that reaches node rank 0
+  // (socket_interface.h), unless the agent's own environment names one.
+  if (multi_node && !group.master_addr.empty()) {
+    for (const char* variable : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}) {
+      if (std::getenv(variable) != nullptr) continue;
+      StatusOr<std::string> interface = InterfaceReaching(group.master_addr);
+      if (interface.ok()) {
+        env.push_back(std::string(variable) + "=" + *interface);
+      } else {
+        std::cerr << "llm-agent: " << DescribeRunKey(request.key) << ": " << variable
+                  << " left to the backend: " << interface.status().message() << std::endl;
+      }
+    }
+  }
   if (trial_file.device == "cuda") {
     std::string devices;
     for (int index : request.device_indices) {

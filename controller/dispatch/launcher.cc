@@ -224,8 +224,12 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
                             "; the attempt is lost and the trial queued again");
   };
   v1::RunState state;
+  const std::string master_addr = RendezvousHost(links[0]->address);
   requests[0].mutable_node_group()->set_node_rank(0);
   requests[0].mutable_node_group()->set_nodes(nodes);
+  // Node rank 0 listens on all of its addresses; its own tells its agent which interface the other
+  // nodes reach it through.
+  requests[0].mutable_node_group()->set_master_addr(master_addr);
   {
     auto context = shared_.CallContext();
     const grpc::Status ran = stubs[0]->RunTrial(context.get(), requests[0], &state);
@@ -235,7 +239,6 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
       return abandon(0, grpc::Status::OK, "its ranks did not report their rendezvous port");
     }
   }
-  const std::string master_addr = RendezvousHost(links[0]->address);
   for (int rank = 1; rank < nodes; ++rank) {
     v1::NodeGroup* group = requests[rank].mutable_node_group();
     group->set_node_rank(rank);
