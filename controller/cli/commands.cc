@@ -300,8 +300,9 @@ int Llmctl::FollowAndReport(v1::Controller::Stub& stub, int64_t id) {
 Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& experiment,
                                 bool provision, const std::vector<std::string>& node_flags) {
   for (const auto& [key, value] : experiment.target) {
-    if (key != "site" && key != "flavor") {
-      return InvalidArgumentError("unknown key '" + key + "' (target takes site and flavor)");
+    if (key != "site" && key != "flavor" && key != "node_type") {
+      return InvalidArgumentError("unknown key '" + key +
+                                  "' (target takes site, and flavor or node_type)");
     }
   }
   const auto target_value = [&](const char* key) {
@@ -309,8 +310,14 @@ Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& ex
     return found == experiment.target.end() ? std::string() : found->second;
   };
   const std::string site = target_value("site");
-  const std::string flavor = target_value("flavor");
-  if (flavor.empty()) return InvalidArgumentError("the target needs a flavor");
+  // A KVM site's flavor, or a bare-metal site's node type: a lease reserves either, and a node's
+  // lease names whichever it reserved.
+  const std::string node_type = target_value("node_type");
+  if (target_value("flavor").empty() == node_type.empty()) {
+    return InvalidArgumentError(
+        "the target needs a flavor (KVM sites) or a node_type (bare-metal sites), one of them");
+  }
+  const std::string flavor = node_type.empty() ? target_value("flavor") : node_type;
   v1::ListNodesResponse nodes;
   RETURN_IF_ERROR(
       rpc::FromGrpcStatus(stub.ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes)));
@@ -326,7 +333,8 @@ Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& ex
     return Status::Ok();
   }
   const std::string lease = ProvisionLeaseName(experiment.name, flavor);
-  std::vector<std::string> create = {"create", "--flavor", flavor, "--name", lease, "--wait"};
+  std::vector<std::string> create = {
+      "create", node_type.empty() ? "--flavor" : "--node-type", flavor, "--name", lease, "--wait"};
   if (!site.empty()) create.insert(create.end(), {"--site", site});
   std::vector<std::string> up = {"up", "--lease", lease};
   up.insert(up.end(), node_flags.begin(), node_flags.end());

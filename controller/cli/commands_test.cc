@@ -516,6 +516,46 @@ TEST_F(CommandsTest, ATargetWithNoMatchingNodeSaysWhatToRunAndSubmitsNothing) {
   EXPECT_TRUE(fake_.submitted_.has_value());
 }
 
+// A bare-metal target names a node type (experiments/single-a100.yaml): a node whose lease
+// reserved that type serves it, and without one the lease to make reserves hosts by node type.
+TEST_F(CommandsTest, ABareMetalTargetNamesANodeType) {
+  Write("a100.yaml",
+        "name: single-a100\n"
+        "target: {site: CHI@UC, node_type: compute_gigaio}\n"
+        "model: llmctl-demo\n"
+        "init: random\n"
+        "tokenizer: node:/data/tokenizer.json\n"
+        "data: {path: node:/data/synthetic.jsonl}\n");
+  EXPECT_EQ(Run({"submit", (dir_ / "a100.yaml").string()}), kExitFailed);
+  EXPECT_NE(err_.str().find("llmctl lease create --node-type compute_gigaio --name "
+                            "llmctl-single-a100-compute-gigaio --wait --site CHI@UC && llmctl "
+                            "node --site CHI@UC up --lease llmctl-single-a100-compute-gigaio"),
+            std::string::npos)
+      << err_.str();
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* node = fake_.nodes_.add_nodes();
+    node->set_name("a100-node");
+    node->mutable_lease()->set_flavor("compute_gigaio");
+    node->mutable_lease()->set_site("CHI@UC");
+    node->mutable_lease()->set_ends_unix(4'000'000'000);
+  }
+  ASSERT_EQ(Run({"submit", (dir_ / "a100.yaml").string()}), kExitOk) << err_.str();
+  EXPECT_NE(err_.str().find("target compute_gigaio: node a100-node"), std::string::npos);
+
+  Write("both.yaml",
+        "name: both\n"
+        "target: {site: CHI@UC, node_type: compute_gigaio, flavor: g1.h100.pci.1}\n"
+        "model: llmctl-demo\n"
+        "init: random\n"
+        "tokenizer: node:/data/tokenizer.json\n"
+        "data: {path: node:/data/synthetic.jsonl}\n");
+  EXPECT_NE(Run({"submit", (dir_ / "both.yaml").string()}), kExitOk);
+  EXPECT_NE(err_.str().find("a flavor (KVM sites) or a node_type (bare-metal sites)"),
+            std::string::npos)
+      << err_.str();
+}
+
 TEST_F(CommandsTest, NodesShowsWhyANodeIsUnusable) {
   const std::string reason =
       "node n1: NVIDIA driver 560.35.03 supports CUDA up to 12.6, but llm-train's LibTorch 2.15.0 "
