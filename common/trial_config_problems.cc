@@ -87,13 +87,6 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
                      "backward; optimizer_in_backward is not built for shards here; use strategy: "
                      "auto or turn optimizer_in_backward off");
     }
-    // LoRA's frozen base weights shard as their own flat parameters; QLoRA's are NF4 buffers.
-    if (config.GetString("peft.method") == "qlora") {
-      return Problem({"strategy", "peft.method"},
-                     "strategy: fsdp shards LoRA's frozen base weights, but QLoRA's NF4 base "
-                     "weights (buffers with their quantisation state) are not sharded yet; use "
-                     "peft.method lora, or strategy ddp");
-    }
     if (config.GetBool("peft.save_merged")) {
       return Problem({"strategy", "peft.save_merged"},
                      "strategy: fsdp writes the adapter from its shards, but merging it into the "

@@ -485,8 +485,8 @@ TEST(ValidateTrialConfigTest, DdpRefusesTechniquesThatTakeTheGradientsEarly) {
 }
 
 // What strategy fsdp does not build yet (a host copy of the shards beside them, the optimizer in
-// backward, QLoRA's NF4 shards, 8-bit state, fp16 loss scaling over shards) is refused naming both
-// keys; LoRA is sharded, but merging its adapter from shards is not built.
+// backward, 8-bit state, fp16 loss scaling over shards) is refused naming both keys; LoRA and QLoRA
+// are sharded, but merging the adapter from shards is not built.
 TEST(ValidateTrialConfigTest, FsdpRefusesWhatItDoesNotBuild) {
   TrialConfig fsdp = Valid();
   ASSERT_TRUE(fsdp.SetFromText("strategy", "fsdp").ok());
@@ -496,7 +496,6 @@ TEST(ValidateTrialConfigTest, FsdpRefusesWhatItDoesNotBuild) {
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"offload", "optimizer"},
       {"optimizer_in_backward", "true"},
-      {"peft.method", "qlora"},
       {"optimizer", "adamw_8bit"},
       {"precision", "16-mixed"}};
   for (const auto& [key, value] : refused) {
@@ -505,6 +504,9 @@ TEST(ValidateTrialConfigTest, FsdpRefusesWhatItDoesNotBuild) {
     EXPECT_EQ(ProblemKeys(other), (std::vector<std::string>{"strategy", key})) << key;
     EXPECT_NE(ProblemMessage(other).find("strategy: fsdp"), std::string::npos) << key;
   }
+  TrialConfig qlora = fsdp;
+  ASSERT_TRUE(qlora.SetFromText("peft.method", "qlora").ok());
+  EXPECT_TRUE(ValidateTrialConfig(qlora, nullptr).ok());
   TrialConfig lora = fsdp;
   ASSERT_TRUE(lora.SetFromText("peft.method", "lora").ok());
   EXPECT_TRUE(ValidateTrialConfig(lora, nullptr).ok());

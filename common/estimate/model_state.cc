@@ -134,29 +134,51 @@ bool HoldsGradients(const TrialConfig& config) {
 
 void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>& tensors,
                      uint64_t element, ModelStateEstimate& estimate) {
-  // One flat parameter per unit and kind, as fsdp.cc lays them out: the unit's trainable
-  // parameters and its frozen ones (LoRA's base weights), the root (-1) first, then the layers.
-  std::map<std::pair<int64_t, bool>, int64_t> flat_numel;  // (unit, trainable) -> values
-  for (const WeightTensor& t : tensors) flat_numel[{t.unit, t.trainable}] += t.numel;
+  // The flat parameters as fsdp.cc lays them out, per unit (the root, -1, first): its trainable
+  // parameters, its frozen ones (LoRA's base weights), and its buffers one per dtype (QLoRA's NF4
+  // codes with the quantised block scales in uint8; the nested scales and the offset, or the plain
+  // scales, in fp32).
+  enum Kind { kFrozen, kTrainable, kBytes, kFloats };
+  std::map<std::pair<int64_t, Kind>, int64_t> flat_numel;
+  const bool double_quant = config.GetBool("peft.double_quant");
+  for (const WeightTensor& t : tensors) {
+    if (!t.nf4) {
+      flat_numel[{t.unit, t.trainable ? kTrainable : kFrozen}] += t.numel;
+      continue;
+    }
+    const int64_t blocks = CeilDiv(t.numel, kNf4Blocksize);
+    flat_numel[{t.unit, kBytes}] += CeilDiv(t.numel, 2) + (double_quant ? blocks : 0);
+    flat_numel[{t.unit, kFloats}] +=
+        double_quant ? CeilDiv(blocks, kNf4NestedBlocksize) + 1 : blocks;
+  }
   const int64_t n = estimate.world_size;
-  std::map<int64_t, int64_t> unit_padded;  // what gathering the unit gathers
-  std::vector<int64_t> shards;             // the trainable flats' shards: the optimizer's
-  int64_t max_padded = 0;                  // the longest trainable flat: the gradient buffer
+  std::map<int64_t, int64_t> unit_values;  // the parameters a unit gathers (in the compute dtype)
+  std::map<int64_t, int64_t> unit_buffer_bytes;  // the buffers it gathers (in their own)
+  std::vector<int64_t> shards;                   // the trainable flats' shards: the optimizer's
+  int64_t max_padded = 0;                        // the longest trainable flat: the gradient buffer
   for (const auto& [flat, numel] : flat_numel) {
-    const auto [unit, trainable] = flat;
+    const auto [unit, kind] = flat;
     const int64_t padded = CeilDiv(numel, n) * n;
-    unit_padded[unit] += padded;
-    estimate.params_bytes += element * static_cast<uint64_t>(padded / n);
-    if (!trainable) continue;
+    const uint64_t size = kind == kBytes ? 1 : kind == kFloats ? kFp32Bytes : element;
+    estimate.params_bytes += size * static_cast<uint64_t>(padded / n);
+    if (kind == kBytes || kind == kFloats) {
+      unit_buffer_bytes[unit] += static_cast<int64_t>(size) * padded;
+      continue;
+    }
+    unit_values[unit] += padded;
+    if (kind != kTrainable) continue;
     max_padded = std::max(max_padded, padded);
     shards.push_back(padded / n);
     estimate.grads_bytes += element * static_cast<uint64_t>(padded / n);
   }
-  for (const auto& [unit, padded] : unit_padded) {
+  for (const auto& [unit, values] : unit_values) {
+    const int64_t buffers = unit_buffer_bytes[unit];
     if (unit < 0) {
-      estimate.fsdp_root_values = padded;
-    } else {
-      estimate.fsdp_layer_values = std::max(estimate.fsdp_layer_values, padded);
+      estimate.fsdp_root_values = values;
+      estimate.fsdp_root_buffer_bytes = buffers;
+    } else if (values > estimate.fsdp_layer_values) {
+      estimate.fsdp_layer_values = values;
+      estimate.fsdp_layer_buffer_bytes = buffers;
     }
   }
   AddOptimizerState(config, shards, element, estimate);

@@ -64,6 +64,9 @@ struct ModelStateEstimate {
   // fsdp.reshard_after_forward) is step_memory.cc's.
   int64_t fsdp_root_values = 0;
   int64_t fsdp_layer_values = 0;
+  // The buffers those units gather besides (QLoRA's NF4 codes and scales), in bytes.
+  int64_t fsdp_root_buffer_bytes = 0;
+  int64_t fsdp_layer_buffer_bytes = 0;
 
   // params + grads + device optimizer state + comm: the training device's model state.
   uint64_t device_bytes() const {

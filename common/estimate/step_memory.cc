@@ -13,9 +13,10 @@ namespace {
 
 constexpr int64_t kLossChunkTokens = 128;  // trainer/model/loss.h
 constexpr uint64_t kTokenIdBytes = 8;      // int64 token ids
-// trainer/train/adamw_8bit.h: the ATen path (CUDA's) updates 8-bit parameters in chunks of this many
-// elements, with temporaries of 25 bytes an element for an fp32 parameter and 33 for bf16 (measured
-// by adamw_8bit_test's counting allocator; 5.05 GiB over a 13B embedding on an H200, unchunked).
+// trainer/train/adamw_8bit.h: the ATen path (CUDA's) updates 8-bit parameters in chunks of this
+// many elements, with temporaries of 25 bytes an element for an fp32 parameter and 33 for bf16
+// (measured by adamw_8bit_test's counting allocator; 5.05 GiB over a 13B embedding on an H200,
+// unchunked).
 constexpr int64_t kAdamW8bitAtenChunk = int64_t{1} << 22;
 
 // A tensor of the traced forward.
@@ -331,9 +332,11 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   // prefetch): two layers at once, one at layer 0. Without it the layers stay gathered from their
   // forward until their gradients are reduced: all of them at the loss, layers 0..i at layer i.
   const uint64_t root_gathered =
-      static_cast<uint64_t>(state.fsdp_root_values) * static_cast<uint64_t>(f.act);
+      static_cast<uint64_t>(state.fsdp_root_values) * static_cast<uint64_t>(f.act) +
+      static_cast<uint64_t>(state.fsdp_root_buffer_bytes);
   const uint64_t layer_gathered =
-      static_cast<uint64_t>(state.fsdp_layer_values) * static_cast<uint64_t>(f.act);
+      static_cast<uint64_t>(state.fsdp_layer_values) * static_cast<uint64_t>(f.act) +
+      static_cast<uint64_t>(state.fsdp_layer_buffer_bytes);
   const bool reshard = config.GetBool("fsdp.reshard_after_forward");
   const uint64_t layers_total =
       static_cast<uint64_t>(std::max<int64_t>(model.num_hidden_layers, 0));

@@ -98,31 +98,47 @@ Status FullyShardedDataParallel::Shard(torch::nn::Module& model,
                                        torch::Dtype param_dtype) {
   torch::NoGradGuard no_grad;
   const int64_t n = world_size();
-  // Each unit's trainable parameters form one flat parameter and its frozen ones (LoRA's base
+  // Each unit's trainable parameters form one flat parameter, its frozen ones (LoRA's base
   // weights, a frozen BLIP-2 part) another, so that only the first has gradients, a reduction and
-  // optimizer state.
-  for (const auto& item : model.named_parameters()) {
-    const torch::Tensor& p = item.value();
-    const int64_t layer = layer_of(item.key());
+  // optimizer state, and its buffers (QLoRA's NF4 codes and quantisation state) one per dtype,
+  // gathered in that dtype.
+  const auto add = [&](const std::string& name, const torch::Tensor& tensor, bool trainable,
+                       bool buffer) {
+    const int64_t layer = layer_of(name);
     const size_t u = static_cast<size_t>(layer + 1);
     if (units_.size() <= u) units_.resize(u + 1);
-    const bool trainable = p.requires_grad();
     size_t f = flats_.size();
     for (size_t candidate : units_[u]) {
-      if (flats_[candidate].trainable == trainable) f = candidate;
+      const Flat& flat = flats_[candidate];
+      if (flat.trainable == trainable && flat.buffer == buffer &&
+          (!buffer || flat.params.front().scalar_type() == tensor.scalar_type())) {
+        f = candidate;
+      }
     }
     if (f == flats_.size()) {
       flats_.emplace_back();
-      flats_.back().name = (layer < 0 ? std::string("root") : "layer " + std::to_string(layer)) +
-                           (trainable ? "" : " (frozen)");
-      flats_.back().trainable = trainable;
+      Flat& flat = flats_.back();
+      flat.name = layer < 0 ? std::string("root") : "layer " + std::to_string(layer);
+      if (buffer) {
+        flat.name += std::string(" (buffers, ") + c10::toString(tensor.scalar_type()) + ")";
+      } else if (!trainable) {
+        flat.name += " (frozen)";
+      }
+      flat.trainable = trainable;
+      flat.buffer = buffer;
       units_[u].push_back(f);
     }
     Flat& flat = flats_[f];
-    flat.names.push_back(item.key());
-    flat.params.push_back(p);
+    flat.names.push_back(name);
+    flat.params.push_back(tensor);
     flat.offsets.push_back(flat.numel);
-    flat.numel += p.numel();
+    flat.numel += tensor.numel();
+  };
+  for (const auto& item : model.named_parameters()) {
+    add(item.key(), item.value(), item.value().requires_grad(), /*buffer=*/false);
+  }
+  for (const auto& item : model.named_buffers()) {
+    add(item.key(), item.value(), /*trainable=*/false, /*buffer=*/true);
   }
   // Every block owns parameters; a gap would mean the numbering and the hooks disagree.
   for (const std::vector<size_t>& unit : units_) {
@@ -154,7 +170,7 @@ Status FullyShardedDataParallel::Shard(torch::nn::Module& model,
       flat.shard.requires_grad_(true);
       shards_.push_back(flat.shard);
     }
-    flat.gathered = torch::empty({flat.padded}, options.dtype(param_dtype));
+    flat.gathered = torch::empty({flat.padded}, flat.buffer ? options : options.dtype(param_dtype));
     // The parameters become views into the gathered buffer, in its dtype (as FSDP1's flat
     // parameter takes its low-precision data); their own storage dies here.
     for (size_t i = 0; i < flat.params.size(); ++i) {
@@ -419,21 +435,16 @@ StatusOr<ModelTensors> FullyShardedDataParallel::PrepareModel(TrainedModel& mode
       model.module(), [&model](const std::string& name) { return model.LayerOf(name); },
       compute_dtype));
   ModelTensors tensors;
+  // Every parameter's and buffer's shard.
   for (const Flat& flat : flats_) tensors.state.push_back(flat.shard);
-  // Buffers stay whole on every rank (the model has none but a QLoRA base, which fsdp refuses).
-  for (const auto& item : model.module().named_buffers()) tensors.state.push_back(item.value());
   tensors.trainable = shards_;
   tensors.on_host = options_.offload;
   model.SetLayerHooks(this);
   return tensors;
 }
 
-StatusOr<NamedTensors> FullyShardedDataParallel::FullModelState(TrainedModel& model) {
-  ASSIGN_OR_RETURN(NamedTensors state, FullState());
-  for (const auto& item : model.module().named_buffers()) {
-    state.emplace_back(item.key(), item.value());
-  }
-  return state;
+StatusOr<NamedTensors> FullyShardedDataParallel::FullModelState(TrainedModel&) {
+  return FullState();
 }
 
 Status FullyShardedDataParallel::LoadCheckpoint(const std::string& dir, TrainedModel&,

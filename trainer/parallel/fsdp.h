@@ -43,6 +43,11 @@
 // that its worker thread frees at an unpredictable time, and Gloo's reduce-scatter is an
 // all-reduce anyway. On NCCL (cuda) they are the real all-gather and reduce-scatter.
 //
+// Frozen parameters and buffers: a unit's frozen parameters (LoRA's base weights, a frozen BLIP-2
+// part) form a flat parameter of their own, with no gradient, reduction or optimizer state, freed in
+// backward by an identity node on the layer's input once that input's gradient is complete; its
+// buffers (QLoRA's NF4 codes and scales) one flat per dtype, gathered in that dtype.
+//
 // Full offload (`offload: full`), FSDP2's CPUOffloadPolicy and DeepSpeed's ZeRO-3 offload: the
 // shards, their gradients and the optimizer's state live in host memory (the host pool on a cpu
 // run, outside the device_memory budget; pinned memory on cuda) and the optimizer steps there
@@ -107,7 +112,7 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
   // The collective write of fsdp_checkpoint.h: every rank takes part.
   StatusOr<bool> SaveCheckpoint(const std::string& dir, TrainedModel& model,
                                 const NamedTensors& optimizer, const TrainingState& state) override;
-  // FullState and the model's buffers (whole on every rank).
+  // FullState: every parameter and buffer is in a unit.
   StatusOr<NamedTensors> FullModelState(TrainedModel& model) override;
   Status BeginTraining(const ModelTensors&) override { return Status::Ok(); }
 
@@ -177,7 +182,7 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
   // One flat parameter of a unit (FSDP1's FlatParameter): its parameters laid end to end, padded,
   // the rank's shard of them and the buffer they are gathered into.
   struct Flat {
-    std::string name;                   // "root", "layer 3", "layer 3 (frozen)"
+    std::string name;  // "root", "layer 3", "layer 3 (frozen)", "layer 3 (buffers, Byte)"
     std::vector<std::string> names;     // Hugging Face names of its parameters
     std::vector<torch::Tensor> params;  // the module's parameters (views into `gathered`)
     std::vector<int64_t> offsets;       // each one's first element in the flat parameter
@@ -187,6 +192,7 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
     torch::Tensor gathered;             // (padded,) in param_dtype, storage freed between uses
     std::optional<dist::PendingCollective> gathering;  // its all-gather, while in flight
     bool trainable = true;  // false: frozen parameters (no gradient, no reduction, no state)
+    bool buffer = false;    // buffers (QLoRA's NF4 codes and scales), gathered in their own dtype
     size_t pending = 0;     // gradients not yet accumulated in this backward
   };
   // The reduce-scatter in flight: whose, and where its piece of the mean lands.

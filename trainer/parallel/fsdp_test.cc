@@ -289,6 +289,20 @@ TEST(FsdpTest, LoraOnShardsTrainsLikeOneProcess) {
   }
 }
 
+// QLoRA on shards: each unit's NF4 codes and scales (buffers) shard in their own dtypes beside the
+// frozen and trainable flat parameters, and are gathered around the layer as its weights are: with
+// adapters on every projection and 2-step accumulation, 2 ranks give one process's losses and
+// final weights (the NF4 buffers included, unchanged).
+TEST(FsdpTest, QloraOnShardsTrainsLikeOneProcess) {
+  const std::vector<std::string> qlora = {
+      "peft.method=qlora", "peft.compute_dtype=fp32",
+      "peft.targets=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"};
+  std::vector<std::string> one = qlora, two = qlora;
+  one.insert(one.end(), {"train.micro_batch_size=4", "train.global_batch_size=8"});
+  two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=8"});
+  ExpectSameTraining("qlora", one, two);
+}
+
 // Per rank, LoRA on shards holds the frozen and trainable shards as params, and gradients, AdamW
 // state and the reduction buffer for the adapters' shards only.
 TEST(FsdpTest, LoraOnShardsKeepsGradientsAndStateForTheAdaptersOnly) {
