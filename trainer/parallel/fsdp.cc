@@ -14,10 +14,9 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// The identity on a layer's output whose backward gathers the layer again before its own backward
-// nodes run: they all lie upstream of this output, so none can run before it (FSDP2's pre-backward
-// hook on the module's outputs).
-struct PreBackward : public torch::autograd::Function<PreBackward> {
+// The identity on a layer's hidden states whose backward calls `Hook` with the layer's number.
+template <void (FullyShardedDataParallel::*Hook)(int64_t)>
+struct LayerBackwardHook : public torch::autograd::Function<LayerBackwardHook<Hook>> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor hidden,
                                FullyShardedDataParallel* fsdp, int64_t layer) {
     ctx->saved_data["fsdp"] = reinterpret_cast<int64_t>(fsdp);
@@ -26,27 +25,20 @@ struct PreBackward : public torch::autograd::Function<PreBackward> {
   }
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     auto* fsdp = reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["fsdp"].toInt());
-    fsdp->GatherForBackward(ctx->saved_data["layer"].toInt());
+    (fsdp->*Hook)(ctx->saved_data["layer"].toInt());
     return {grad_outputs[0], torch::Tensor(), torch::Tensor()};
   }
 };
 
-// The identity on a layer's input whose backward runs once the gradient of that input is complete,
-// that is once every backward node of the layer has run: the layer's frozen parameters are done
-// with (FSDP2's post-backward hook on the module's inputs).
-struct PostBackward : public torch::autograd::Function<PostBackward> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor hidden,
-                               FullyShardedDataParallel* fsdp, int64_t layer) {
-    ctx->saved_data["fsdp"] = reinterpret_cast<int64_t>(fsdp);
-    ctx->saved_data["layer"] = layer;
-    return hidden.view_as(hidden);
-  }
-  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
-    auto* fsdp = reinterpret_cast<FullyShardedDataParallel*>(ctx->saved_data["fsdp"].toInt());
-    fsdp->FreeAfterBackward(ctx->saved_data["layer"].toInt());
-    return {grad_outputs[0], torch::Tensor(), torch::Tensor()};
-  }
-};
+// On a layer's output: gathers the layer again before its own backward nodes run, which all lie
+// upstream of this output, so none can run before it (FSDP2's pre-backward hook on the module's
+// outputs).
+using PreBackward = LayerBackwardHook<&FullyShardedDataParallel::GatherForBackward>;
+
+// On a layer's input: runs once the gradient of that input is complete, that is once every
+// backward node of the layer has run, so the layer's frozen parameters are done with (FSDP2's
+// post-backward hook on the module's inputs).
+using PostBackward = LayerBackwardHook<&FullyShardedDataParallel::FreeAfterBackward>;
 
 // Frees `tensor`'s memory now, whoever still references its storage (FSDP1's resize_(0)): the old
 // DataPtr, returned and dropped here, releases it.
