@@ -166,10 +166,11 @@ TEST_F(Blip2TrialTest, TwoDdpOrFsdpRanksTrainLikeOneProcess) {
   }
 }
 
-// fsdp over BLIP-2 with frozen parts: the vision encoder frozen, and LoRA on OPT's attention (PEFT
-// freezes everything else): each block's frozen weights shard as a frozen flat parameter beside its
-// trainable one, and 2 ranks still train as one process does.
-TEST_F(Blip2TrialTest, FsdpWithFrozenPartsAndLoraTrainsLikeOneProcess) {
+// fsdp over BLIP-2 with frozen parts: the vision encoder frozen, LoRA on OPT's attention (PEFT
+// freezes everything else), and QLoRA there: each block's frozen weights shard as a frozen flat
+// parameter beside its trainable one (and its NF4 buffers as their own), and 2 ranks still train as
+// one process does.
+TEST_F(Blip2TrialTest, FsdpWithFrozenPartsLoraAndQloraTrainsLikeOneProcess) {
   const std::vector<std::string> dropout = {"qformer_config.hidden_dropout_prob",
                                             "qformer_config.attention_probs_dropout_prob",
                                             "text_config.dropout"};
@@ -178,6 +179,11 @@ TEST_F(Blip2TrialTest, FsdpWithFrozenPartsAndLoraTrainsLikeOneProcess) {
   testing::ExpectDataParallelTrainsLikeOneProcess(
       ModelDir(), dropout, "fsdp", nullptr,
       {"peft.method=lora", "peft.targets=[q_proj,v_proj]", "train.lr=5e-3"}, "-lora");
+  // QLoRA: OPT's attention projections are NF4 buffers, sharded in their own dtypes.
+  testing::ExpectDataParallelTrainsLikeOneProcess(ModelDir(), dropout, "fsdp", nullptr,
+                                                  {"peft.method=qlora", "peft.compute_dtype=fp32",
+                                                   "peft.targets=[q_proj,v_proj]", "train.lr=5e-3"},
+                                                  "-qlora");
 }
 
 // experiments/cpu-lab-blip2.yaml: each row of the labs' BLIP-2 table in miniature ends as the file
