@@ -247,7 +247,9 @@ StatusOr<KeyValue> ParseKeyValue(const KeySpec& spec, std::string_view text) {
   if (spec.type == KeyType::kFloatList || spec.type == KeyType::kStringList) {
     std::optional<std::vector<std::string>> items = SplitListText(text);
     if (!items) {
-      return ValueError(spec, "expected a list like [0.9, 0.95], got '" + std::string(text) + "'");
+      const char* example = spec.type == KeyType::kFloatList ? "[0.9, 0.95]" : "[q_proj, v_proj]";
+      return ValueError(spec, std::string("expected a list like ") + example + ", got '" +
+                                  std::string(text) + "'");
     }
     return ParseKeyValueList(spec, *items);
   }

@@ -538,6 +538,17 @@ TEST(ValidateTrialConfigTest, FullOffloadNeedsFsdpShards) {
   }
 }
 
+// A list that is not one says what a list of its kind looks like.
+TEST(ParseKeyValueTest, ABrokenListShowsAListOfItsKind) {
+  TrialConfig config;
+  Status strings = config.SetFromText("peft.targets", "[q_proj,");
+  EXPECT_NE(strings.message().find("expected a list like [q_proj, v_proj]"), std::string::npos)
+      << strings.message();
+  Status numbers = config.SetFromText("train.betas", "0.9, 0.95]");
+  EXPECT_NE(numbers.message().find("expected a list like [0.9, 0.95]"), std::string::npos)
+      << numbers.message();
+}
+
 TEST(ApplyLabSpellingsTest, DeepSpeedStage3OffloadIsFsdpWithFullOffload) {
   TrialConfig zero3 = Valid();
   ASSERT_TRUE(zero3.SetFromText("optimizer", "deepspeed_cpu").ok());
