@@ -544,7 +544,7 @@ TEST(ParseKeyValueTest, ABrokenListShowsAListOfItsKind) {
   Status strings = config.SetFromText("peft.targets", "[q_proj,");
   EXPECT_NE(strings.message().find("expected a list like [q_proj, v_proj]"), std::string::npos)
       << strings.message();
-  Status numbers = config.SetFromText("train.betas", "0.9, 0.95]");
+  Status numbers = config.SetFromText("train.betas", "[0.9, 0.95");
   EXPECT_NE(numbers.message().find("expected a list like [0.9, 0.95]"), std::string::npos)
       << numbers.message();
 }
