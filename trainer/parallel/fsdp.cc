@@ -138,8 +138,6 @@ Status FullyShardedDataParallel::Shard(torch::nn::Module& model,
   }
   int64_t max_padded = 0;
   for (Flat& flat : flats_) {
-    // Every block owns parameters; a gap would mean the numbering and the hooks disagree.
-    if (flat.params.empty()) return InternalError("fsdp: a flat has no parameters");
     // Every rank starts from rank 0's weights, as DDP's broadcast makes them.
     for (torch::Tensor& p : flat.params) RETURN_IF_ERROR(group_.group().Broadcast(p, 0));
     const torch::TensorOptions options = flat.params.front().options().requires_grad(false);

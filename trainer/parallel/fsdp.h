@@ -44,8 +44,8 @@
 // all-reduce anyway. On NCCL (cuda) they are the real all-gather and reduce-scatter.
 //
 // Frozen parameters and buffers: a unit's frozen parameters (LoRA's base weights, a frozen BLIP-2
-// part) form a flat parameter of their own, with no gradient, reduction or optimizer state, freed in
-// backward by an identity node on the layer's input once that input's gradient is complete; its
+// part) form a flat parameter of their own, with no gradient, reduction or optimizer state, freed
+// in backward by an identity node on the layer's input once that input's gradient is complete; its
 // buffers (QLoRA's NF4 codes and scales) one flat per dtype, gathered in that dtype.
 //
 // Full offload (`offload: full`), FSDP2's CPUOffloadPolicy and DeepSpeed's ZeRO-3 offload: the
@@ -144,8 +144,8 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
   std::vector<torch::Tensor> GatheredTensors() const override;
 
   // Makes rank 0's weights every rank's, then shards `model` into its units: afterwards the model's
-  // parameters own no memory until gathered, and Shards() hold the rank's pieces. Once, after the
-  // model is built and before the optimizer is made. Every parameter must require grad.
+  // parameters and buffers own no memory until gathered, and the flats' shards hold the rank's
+  // pieces. Once, after the model is built and before the optimizer is made.
   // `layer_of` names each parameter's unit by the parameter's name: its block's number (0, 1, ...:
   // the number the model's LayerHooks calls carry), -1 for the root.
   // `param_dtype` is FSDP2's MixedPrecisionPolicy.param_dtype: the shards keep the model's dtype,
@@ -154,9 +154,6 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
   // bf16-mixed; the shards' own dtype otherwise.
   Status Shard(torch::nn::Module& model, const std::function<int64_t(const std::string&)>& layer_of,
                torch::Dtype param_dtype);
-
-  // The rank's flat parameter shards, one per unit (root first, then the layers).
-  const std::vector<torch::Tensor>& Shards() const { return shards_; }
 
   // LayerHooks: gather layer i before its forward (and start layer i + 1's), free it after unless
   // the layers stay gathered until backward.
@@ -235,7 +232,7 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
   // The flat parameters of each unit, as indices into flats_: the root's first, then layer i's at
   // index i + 1 (a unit's trainable flat parameter and, with frozen parameters, its frozen one).
   std::vector<std::vector<size_t>> units_;
-  std::vector<torch::Tensor> shards_;
+  std::vector<torch::Tensor> shards_;  // the trainable flats' shards: what the optimizer steps
   torch::Tensor grad_buffer_;     // (max padded,): a unit's unsharded gradients, reduced in place
   torch::Tensor scatter_buffer_;  // (max padded / N,): NCCL's reduce-scatter output (cuda only)
   std::optional<Reduction> reduction_;  // the reduce-scatter in flight
