@@ -93,12 +93,6 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
                      "base weights is not built for shards yet; set peft.save_merged: false (the "
                      "adapter in output_dir/adapter merges with PEFT's merge_and_unload)");
     }
-    const std::string optimizer = config.GetString("optimizer");
-    if (optimizer != "adamw" && optimizer != "sgd") {
-      return Problem({"strategy", "optimizer"},
-                     "strategy: fsdp steps adamw or sgd on the shards; optimizer " + optimizer +
-                         " is not built for flat shards yet");
-    }
     if (config.GetString("precision") == "16-mixed") {
       return Problem({"strategy", "precision"},
                      "strategy: fsdp has no sharded loss scaler for 16-mixed yet; use bf16-mixed, "

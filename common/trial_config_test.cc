@@ -485,8 +485,8 @@ TEST(ValidateTrialConfigTest, DdpRefusesTechniquesThatTakeTheGradientsEarly) {
 }
 
 // What strategy fsdp does not build yet (a host copy of the shards beside them, the optimizer in
-// backward, 8-bit state, fp16 loss scaling over shards) is refused naming both keys; LoRA and QLoRA
-// are sharded, but merging the adapter from shards is not built.
+// backward, fp16 loss scaling over shards) is refused naming both keys; LoRA, QLoRA and 8-bit AdamW
+// run on shards, but merging the adapter from shards is not built.
 TEST(ValidateTrialConfigTest, FsdpRefusesWhatItDoesNotBuild) {
   TrialConfig fsdp = Valid();
   ASSERT_TRUE(fsdp.SetFromText("strategy", "fsdp").ok());
@@ -494,10 +494,7 @@ TEST(ValidateTrialConfigTest, FsdpRefusesWhatItDoesNotBuild) {
   ASSERT_TRUE(fsdp.SetFromText("train.global_batch_size", "2").ok());
   EXPECT_TRUE(ValidateTrialConfig(fsdp, nullptr).ok());
   const std::vector<std::pair<std::string, std::string>> refused = {
-      {"offload", "optimizer"},
-      {"optimizer_in_backward", "true"},
-      {"optimizer", "adamw_8bit"},
-      {"precision", "16-mixed"}};
+      {"offload", "optimizer"}, {"optimizer_in_backward", "true"}, {"precision", "16-mixed"}};
   for (const auto& [key, value] : refused) {
     TrialConfig other = fsdp;
     ASSERT_TRUE(other.SetFromText(key, value).ok()) << key;
@@ -507,6 +504,9 @@ TEST(ValidateTrialConfigTest, FsdpRefusesWhatItDoesNotBuild) {
   TrialConfig qlora = fsdp;
   ASSERT_TRUE(qlora.SetFromText("peft.method", "qlora").ok());
   EXPECT_TRUE(ValidateTrialConfig(qlora, nullptr).ok());
+  TrialConfig eight_bit = fsdp;
+  ASSERT_TRUE(eight_bit.SetFromText("optimizer", "adamw_8bit").ok());
+  EXPECT_TRUE(ValidateTrialConfig(eight_bit, nullptr).ok());
   TrialConfig lora = fsdp;
   ASSERT_TRUE(lora.SetFromText("peft.method", "lora").ok());
   EXPECT_TRUE(ValidateTrialConfig(lora, nullptr).ok());

@@ -79,7 +79,8 @@ TEST(EstimateExactTest, DemoEveryTechnique) {
   ExpectExact(cases);
 }
 
-// Two and three ranks: ddp's buckets, fsdp's shards (the demo's layers pad to a multiple of 3).
+// Two and three ranks: ddp's buckets, fsdp's shards (the demo's layers pad to a multiple of 3, or
+// of 768 under 8-bit AdamW).
 TEST(EstimateExactTest, DataParallelRanks) {
   const Sets two = {
       {"devices", "2"}, {"train.micro_batch_size", "2"}, {"train.global_batch_size", "4"}};
@@ -93,9 +94,19 @@ TEST(EstimateExactTest, DataParallelRanks) {
                   {"optimizer", "sgd"},
                   {"train.momentum", "0.9"}}),
        2},
+      // 8-bit AdamW: the flats aligned to its state blocks, its state per piece of a parameter.
+      {"demo.yaml", "", With(two, {{"strategy", "fsdp"}, {"optimizer", "adamw_8bit"}}), 2},
       {"demo.yaml",
        "",
        {{"strategy", "fsdp"},
+        {"devices", "3"},
+        {"train.micro_batch_size", "1"},
+        {"train.global_batch_size", "3"}},
+       3},
+      {"demo.yaml",
+       "",
+       {{"strategy", "fsdp"},
+        {"optimizer", "adamw_8bit"},
         {"devices", "3"},
         {"train.micro_batch_size", "1"},
         {"train.global_batch_size", "3"}},

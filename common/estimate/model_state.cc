@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/flat_layout.h"
+
 namespace llmctl::estimate {
 namespace {
 
@@ -101,11 +103,13 @@ uint64_t ParamBytes(const std::string& precision) {
   return precision == "bf16-true" ? 2 : kFp32Bytes;  // the mixed modes keep fp32 parameters
 }
 
-// The optimizer's state for trainable tensors of `numels` values each, in `element` bytes.
-void AddOptimizerState(const TrialConfig& config, const std::vector<int64_t>& numels,
+// The optimizer's state for the trainable tensors made of `pieces` (a whole parameter each, or an
+// fsdp shard's pieces of parameters), in `element` bytes.
+void AddOptimizerState(const TrialConfig& config, const std::vector<ShardPiece>& pieces,
                        uint64_t element, ModelStateEstimate& estimate) {
+  // The elementwise optimizers keep state for every element of their tensors, padding included.
   uint64_t values = 0;
-  for (int64_t n : numels) values += static_cast<uint64_t>(n);
+  for (const ShardPiece& piece : pieces) values += static_cast<uint64_t>(piece.length);
   const std::string optimizer = config.GetString("optimizer");
   if (config.GetString("offload") == "optimizer") {
     // fp32 master weights, exp_avg, exp_avg_sq and gradient buffer, all on the host.
@@ -115,12 +119,15 @@ void AddOptimizerState(const TrialConfig& config, const std::vector<int64_t>& nu
   } else if (optimizer == "sgd") {
     if (config.GetFloat("train.momentum") != 0.0) estimate.optim_device_bytes = element * values;
   } else if (optimizer == "adamw_8bit") {
+    // Per piece, by its whole parameter's size (padding has no state).
     uint64_t bytes = kStepCounterBytes + kAdamW8bitCodeMapBytes;
-    for (int64_t n : numels) {
-      const uint64_t count = static_cast<uint64_t>(n);
+    for (const ShardPiece& piece : pieces) {
+      if (piece.tensor < 0) continue;
+      const uint64_t count = static_cast<uint64_t>(piece.length);
       bytes +=
-          n >= kAdamW8bitMinSize
-              ? 2 * count + 2 * kFp32Bytes * static_cast<uint64_t>(CeilDiv(n, kAdamW8bitBlocksize))
+          piece.tensor_numel >= kAdamW8bitMinSize
+              ? 2 * count + 2 * kFp32Bytes *
+                                static_cast<uint64_t>(CeilDiv(piece.length, kAdamW8bitBlocksize))
               : 2 * kFp32Bytes * count;
     }
     estimate.optim_device_bytes = bytes;
@@ -133,43 +140,50 @@ bool HoldsGradients(const TrialConfig& config) {
 }
 
 void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>& tensors,
-                     uint64_t element, ModelStateEstimate& estimate) {
+                     uint64_t element, int64_t rank, ModelStateEstimate& estimate) {
   // The flat parameters as fsdp.cc lays them out, per unit (the root, -1, first): its trainable
-  // parameters, its frozen ones (LoRA's base weights), and its buffers one per dtype (QLoRA's NF4
-  // codes with the quantised block scales in uint8; the nested scales and the offset, or the plain
-  // scales, in fp32).
+  // parameters (aligned to the optimizer's state blocks), its frozen ones (LoRA's base weights),
+  // and its buffers one per dtype (QLoRA's NF4 codes with the quantised block scales in uint8; the
+  // nested scales and the offset, or the plain scales, in fp32).
   enum Kind { kFrozen, kTrainable, kBytes, kFloats };
-  std::map<std::pair<int64_t, Kind>, int64_t> flat_numel;
+  std::map<std::pair<int64_t, Kind>, std::vector<int64_t>> flat_tensors;  // numels, in order
   const bool double_quant = config.GetBool("peft.double_quant");
   for (const WeightTensor& t : tensors) {
     if (!t.nf4) {
-      flat_numel[{t.unit, t.trainable ? kTrainable : kFrozen}] += t.numel;
+      flat_tensors[{t.unit, t.trainable ? kTrainable : kFrozen}].push_back(t.numel);
       continue;
     }
     const int64_t blocks = CeilDiv(t.numel, kNf4Blocksize);
-    flat_numel[{t.unit, kBytes}] += CeilDiv(t.numel, 2) + (double_quant ? blocks : 0);
-    flat_numel[{t.unit, kFloats}] +=
-        double_quant ? CeilDiv(blocks, kNf4NestedBlocksize) + 1 : blocks;
+    flat_tensors[{t.unit, kBytes}].push_back(CeilDiv(t.numel, 2) + (double_quant ? blocks : 0));
+    flat_tensors[{t.unit, kFloats}].push_back(
+        double_quant ? CeilDiv(blocks, kNf4NestedBlocksize) + 1 : blocks);
   }
   const int64_t n = estimate.world_size;
+  const int64_t alignment = ShardAlignment(config.GetString("optimizer"));
   std::map<int64_t, int64_t> unit_values;  // the parameters a unit gathers (in the compute dtype)
   std::map<int64_t, int64_t> unit_buffer_bytes;  // the buffers it gathers (in their own)
-  std::vector<int64_t> shards;                   // the trainable flats' shards: the optimizer's
   int64_t max_padded = 0;                        // the longest trainable flat: the gradient buffer
-  for (const auto& [flat, numel] : flat_numel) {
+  // The optimizer's tensors, the trainable flats' shards, as the pieces of parameters each rank's
+  // holds (the ranks' differ only in which pieces, where a piece's state depends on its parameter).
+  std::vector<std::vector<ShardPiece>> rank_pieces(static_cast<size_t>(n));
+  for (const auto& [flat, numels] : flat_tensors) {
     const auto [unit, kind] = flat;
-    const int64_t padded = CeilDiv(numel, n) * n;
+    const FlatLayout layout = LayOutFlat(numels, n, kind == kTrainable ? alignment : 1);
     const uint64_t size = kind == kBytes ? 1 : kind == kFloats ? kFp32Bytes : element;
-    estimate.params_bytes += size * static_cast<uint64_t>(padded / n);
+    estimate.params_bytes += size * static_cast<uint64_t>(layout.shard());
     if (kind == kBytes || kind == kFloats) {
-      unit_buffer_bytes[unit] += static_cast<int64_t>(size) * padded;
+      unit_buffer_bytes[unit] += static_cast<int64_t>(size) * layout.padded;
       continue;
     }
-    unit_values[unit] += padded;
+    unit_values[unit] += layout.padded;
     if (kind != kTrainable) continue;
-    max_padded = std::max(max_padded, padded);
-    shards.push_back(padded / n);
-    estimate.grads_bytes += element * static_cast<uint64_t>(padded / n);
+    max_padded = std::max(max_padded, layout.padded);
+    for (int64_t r = 0; r < n; ++r) {
+      const std::vector<ShardPiece> pieces = ShardPieces(layout, numels, r);
+      rank_pieces[static_cast<size_t>(r)].insert(rank_pieces[static_cast<size_t>(r)].end(),
+                                                 pieces.begin(), pieces.end());
+    }
+    estimate.grads_bytes += element * static_cast<uint64_t>(layout.shard());
   }
   for (const auto& [unit, values] : unit_values) {
     const int64_t buffers = unit_buffer_bytes[unit];
@@ -181,7 +195,13 @@ void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>&
       estimate.fsdp_layer_buffer_bytes = buffers;
     }
   }
-  AddOptimizerState(config, shards, element, estimate);
+  // `rank`'s state, or the largest any rank holds.
+  for (int64_t r = 0; r < n; ++r) {
+    if (rank >= 0 && r != rank) continue;
+    ModelStateEstimate state;
+    AddOptimizerState(config, rank_pieces[static_cast<size_t>(r)], element, state);
+    estimate.optim_device_bytes = std::max(estimate.optim_device_bytes, state.optim_device_bytes);
+  }
   if (config.GetString("offload") == "full") {
     // ZeRO-3 offload: the shards, their gradients and the optimizer's state live on the host.
     estimate.optim_host_bytes =
@@ -199,8 +219,8 @@ void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>&
 
 }  // namespace
 
-StatusOr<ModelStateEstimate> EstimateModelState(const TrialConfig& config,
-                                                const ModelConfig& model) {
+StatusOr<ModelStateEstimate> EstimateModelState(const TrialConfig& config, const ModelConfig& model,
+                                                int64_t rank) {
   RETURN_IF_ERROR(ValidateModelConfig(model));
   if (ParameterCount(model) > kMaxParameters) {
     return InvalidArgumentError("model: " + std::to_string(ParameterCount(model)) +
@@ -221,15 +241,20 @@ StatusOr<ModelStateEstimate> EstimateModelState(const TrialConfig& config,
 
   // A single rank of fsdp is one process holding the whole model, as llm-train runs it.
   if (strategy == "fsdp" && estimate.world_size > 1) {
-    EstimateSharded(config, tensors, element, estimate);
+    EstimateSharded(config, tensors, element, rank, estimate);
     return estimate;
   }
   const bool double_quant = config.GetBool("peft.double_quant");
-  std::vector<int64_t> trainable;
+  std::vector<ShardPiece> trainable;  // each a whole parameter
   for (const WeightTensor& t : tensors) {
     estimate.params_bytes +=
         t.nf4 ? Nf4Bytes(t.numel, double_quant) : element * static_cast<uint64_t>(t.numel);
-    if (t.trainable) trainable.push_back(t.numel);
+    if (t.trainable) {
+      trainable.push_back({.length = t.numel,
+                           .tensor = static_cast<int64_t>(trainable.size()),
+                           .tensor_numel = t.numel,
+                           .tensor_offset = 0});
+    }
   }
   const uint64_t trainable_bytes = element * static_cast<uint64_t>(estimate.parameters_trainable);
   if (HoldsGradients(config)) estimate.grads_bytes = trainable_bytes;

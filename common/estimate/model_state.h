@@ -31,7 +31,10 @@
 //     (16 B).
 //   fsdp: every decoder layer is a unit, the rest (embeddings, final norm, output head) the root
 //     unit; a unit's flat parameter is zero-padded to a multiple of the world size N and each rank
-//     keeps 1 / N of it, so params, grads and optimizer state are the padded shards' bytes.
+//     keeps 1 / N of it, so params, grads and optimizer state are the padded shards' bytes. Under
+//     adamw_8bit the trainable flats are aligned to its 256-value state blocks and its state is
+//     per piece of a parameter that a shard holds, by the parameter's size (common/flat_layout.h):
+//     the ranks' states differ by which pieces they hold.
 #ifndef LLMCTL_COMMON_ESTIMATE_MODEL_STATE_H_
 #define LLMCTL_COMMON_ESTIMATE_MODEL_STATE_H_
 
@@ -45,7 +48,7 @@ namespace llmctl::estimate {
 
 struct ModelStateEstimate {
   // Ranks of the trial (devices x nodes under ddp and fsdp, else 1); every byte figure is one
-  // rank's, and all ranks hold the same.
+  // rank's: all ranks hold the same, but for 8-bit AdamW's state on fsdp shards (above).
   int64_t world_size = 1;
   // What llm-train's `start` event reports as parameters_total and parameters_trainable (NF4
   // weights count their values, not their bytes).
@@ -77,9 +80,9 @@ struct ModelStateEstimate {
 // The model state of `config` on `model`. `config` must be complete (every key at its effective
 // value, as an experiment's trial or llm-train's --set leave it); a config llm-train would refuse
 // is refused with ValidateTrialConfig's InvalidArgument message. InvalidArgument also for a model
-// too large to count in 64 bits.
-StatusOr<ModelStateEstimate> EstimateModelState(const TrialConfig& config,
-                                                const ModelConfig& model);
+// too large to count in 64 bits. The figures are rank `rank`'s; -1: the largest any rank holds.
+StatusOr<ModelStateEstimate> EstimateModelState(const TrialConfig& config, const ModelConfig& model,
+                                                int64_t rank = -1);
 
 }  // namespace llmctl::estimate
 

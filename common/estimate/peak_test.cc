@@ -140,16 +140,19 @@ TEST(EstimatePeakTest, DemoSweep) {
        }) {
     cases.push_back({"demo.yaml", "", With(base, sets)});
   }
-  // Two ranks (rank 0's peak; the ranks hold alike): ddp's buckets, fsdp's shards and gathered
-  // units (two layers at once with the prefetch, every layer without reshard_after_forward),
-  // fsdp's full offload (the state on the host), LoRA and QLoRA on shards (frozen flats, NF4
-  // buffers in their own dtypes), fsdp's bf16 gathers under bf16-mixed.
+  // Two ranks (rank 0's peak; the ranks hold alike, but for 8-bit AdamW's state by a few hundred
+  // bytes): ddp's buckets, fsdp's shards and gathered units (two layers at once with the prefetch,
+  // every layer without reshard_after_forward), fsdp's full offload (the state on the host), 8-bit
+  // AdamW on shards, LoRA and QLoRA on shards (frozen flats, NF4 buffers in their own dtypes),
+  // fsdp's bf16 gathers under bf16-mixed.
   const Sets two = With(base, {{"devices", "2"}, {"train.global_batch_size", "8"}});
   cases.push_back({"demo.yaml", "", With(two, {{"strategy", "ddp"}}), 2});
   cases.push_back({"demo.yaml", "", With(two, {{"strategy", "fsdp"}}), 2});
   cases.push_back({"demo.yaml", "",
                    With(two, {{"strategy", "fsdp"}, {"fsdp.reshard_after_forward", "false"}}), 2});
   cases.push_back({"demo.yaml", "", With(two, {{"strategy", "fsdp"}, {"offload", "full"}}), 2});
+  cases.push_back(
+      {"demo.yaml", "", With(two, {{"strategy", "fsdp"}, {"optimizer", "adamw_8bit"}}), 2});
   cases.push_back({"demo.yaml", "", With(two, {{"strategy", "fsdp"}, {"peft.method", "lora"}}), 2});
   cases.push_back(
       {"demo.yaml", "", With(two, {{"strategy", "fsdp"}, {"peft.method", "qlora"}}), 2});

@@ -94,12 +94,12 @@ StatusOr<std::vector<std::vector<json>>> RunLlmTrainOk(const Case& c, const Sets
 
 void ExpectModelStateExact(const Case& c, const CaseConfig& loaded,
                            const std::vector<std::vector<json>>& ranks) {
-  StatusOr<ModelStateEstimate> estimate = EstimateModelState(loaded.config, loaded.model);
-  ASSERT_TRUE(estimate.ok()) << estimate.status().message();
-  ASSERT_EQ(estimate->world_size, c.nproc);
   ASSERT_EQ(ranks.size(), static_cast<size_t>(c.nproc));
   for (int rank = 0; rank < c.nproc; ++rank) {
     SCOPED_TRACE("rank " + std::to_string(rank));
+    StatusOr<ModelStateEstimate> estimate = EstimateModelState(loaded.config, loaded.model, rank);
+    ASSERT_TRUE(estimate.ok()) << estimate.status().message();
+    ASSERT_EQ(estimate->world_size, c.nproc);
     json start, after_step;
     for (const json& event : ranks[static_cast<size_t>(rank)]) {
       if (event["type"] == "start") start = event;

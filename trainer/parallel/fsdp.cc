@@ -59,20 +59,16 @@ torch::Tensor HostZeros(int64_t numel, const torch::TensorOptions& options) {
 
 }  // namespace
 
-int64_t PaddedNumel(int64_t numel, int64_t world_size) {
-  return (numel + world_size - 1) / world_size * world_size;
-}
-
 StatusOr<std::unique_ptr<FullyShardedDataParallel>> FullyShardedDataParallel::Join(
     const dist::RankEnv& env, torch::Device device, const Options& options) {
   ASSIGN_OR_RETURN(RankGroup group, RankGroup::Join(env, device));
   return std::unique_ptr<FullyShardedDataParallel>(
-      new FullyShardedDataParallel(std::move(group), device, options));
+      new FullyShardedDataParallel(std::move(group), env.local_rank, device, options));
 }
 
-FullyShardedDataParallel::FullyShardedDataParallel(RankGroup group, torch::Device device,
-                                                   const Options& options)
-    : group_(std::move(group)), device_(device), options_(options) {}
+FullyShardedDataParallel::FullyShardedDataParallel(RankGroup group, int local_rank,
+                                                   torch::Device device, const Options& options)
+    : group_(std::move(group)), local_rank_(local_rank), device_(device), options_(options) {}
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   // A step that failed midway (out of memory in forward) may leave collectives in flight, which
@@ -123,8 +119,6 @@ Status FullyShardedDataParallel::Shard(torch::nn::Module& model,
     Flat& flat = flats_[f];
     flat.names.push_back(name);
     flat.params.push_back(tensor);
-    flat.offsets.push_back(flat.numel);
-    flat.numel += tensor.numel();
   };
   for (const auto& item : model.named_parameters()) {
     add(item.key(), item.value(), item.value().requires_grad(), /*buffer=*/false);
@@ -141,9 +135,17 @@ Status FullyShardedDataParallel::Shard(torch::nn::Module& model,
     // Every rank starts from rank 0's weights, as DDP's broadcast makes them.
     for (torch::Tensor& p : flat.params) RETURN_IF_ERROR(group_.group().Broadcast(p, 0));
     const torch::TensorOptions options = flat.params.front().options().requires_grad(false);
-    flat.padded = PaddedNumel(flat.numel, n);
-    if (flat.trainable) max_padded = std::max(max_padded, flat.padded);
-    const int64_t shard_numel = flat.padded / n;
+    std::vector<int64_t> numels;
+    for (const torch::Tensor& p : flat.params) numels.push_back(p.numel());
+    const FlatLayout layout = LayOutFlat(numels, n, flat.trainable ? options_.alignment : 1);
+    flat.offsets = layout.offsets;
+    flat.numel = layout.numel;
+    flat.padded = layout.padded;
+    if (flat.trainable) {
+      max_padded = std::max(max_padded, flat.padded);
+      flat.pieces = ShardPieces(layout, numels, rank());
+    }
+    const int64_t shard_numel = layout.shard();
     flat.shard =
         options_.offload ? HostZeros(shard_numel, options) : torch::zeros({shard_numel}, options);
     // The rank's piece of the flat parameter: the elements [rank × shard, (rank + 1) × shard) of
@@ -328,7 +330,10 @@ Status FullyShardedDataParallel::StartReduction(size_t u) {
   Flat& flat = flats_[u];
   torch::NoGradGuard no_grad;
   torch::Tensor grads = grad_buffer_.narrow(0, 0, flat.padded);
+  // The buffer holds the previous unit's gradients: the padding's must be zeros again.
+  int64_t filled = 0;
   for (size_t i = 0; i < flat.params.size(); ++i) {
+    if (flat.offsets[i] > filled) grads.narrow(0, filled, flat.offsets[i] - filled).zero_();
     const torch::Tensor& grad = flat.params[i].grad();
     torch::Tensor slot = grads.narrow(0, flat.offsets[i], flat.params[i].numel());
     if (grad.defined()) {
@@ -337,8 +342,9 @@ Status FullyShardedDataParallel::StartReduction(size_t u) {
     } else {
       slot.zero_();
     }
+    filled = flat.offsets[i] + flat.params[i].numel();
   }
-  grads.narrow(0, flat.numel, flat.padded - flat.numel).zero_();
+  grads.narrow(0, filled, flat.padded - filled).zero_();
   // The unit's gradients are in the flat buffer and its parameters are done with until the next
   // forward.
   for (torch::Tensor& p : flat.params) p.mutable_grad() = torch::Tensor();
@@ -428,6 +434,9 @@ StatusOr<ModelTensors> FullyShardedDataParallel::PrepareModel(TrainedModel& mode
   // Every parameter's and buffer's shard.
   for (const Flat& flat : flats_) tensors.state.push_back(flat.shard);
   tensors.trainable = shards_;
+  for (const Flat& flat : flats_) {
+    if (flat.trainable) tensors.layouts.push_back(flat.pieces);
+  }
   tensors.on_host = options_.offload;
   model.SetLayerHooks(this);
   return tensors;

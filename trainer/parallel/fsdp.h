@@ -5,9 +5,12 @@
 // model blocks); everything else (the embeddings, the final norms, the output head) is the root
 // unit, as fully_shard(model) after fully_shard(block) for each block leaves them. A unit's
 // parameters are laid out, in named_parameters order, in one flat tensor padded with zeros to a
-// multiple of the world size N; each rank keeps only its 1/N piece of it, the shard, a leaf tensor
-// that requires grad: the optimizer's parameter, its gradient the gradient shard, its state the
-// optimizer-state shard.
+// multiple of the world size N (common/flat_layout.h); each rank keeps only its 1/N piece of it,
+// the shard, a leaf tensor that requires grad: the optimizer's parameter, its gradient the gradient
+// shard, its state the optimizer-state shard. Under 8-bit AdamW the trainable flats are aligned to
+// its state blocks (each parameter starts on a multiple of 256 elements, each shard is whole
+// blocks), and the optimizer is told which pieces of which parameters each shard holds, so its
+// blockwise state is one process's, cut between the ranks at block boundaries.
 //
 // The module's parameters stay the model's own tensors, but their data are views into the unit's
 // gathered flat buffer (FSDP1's flat parameter): gathering allocates the buffer's storage and
@@ -74,6 +77,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/flat_layout.h"
 #include "common/status.h"
 #include "trainer/dist/process_group.h"
 #include "trainer/dist/rank_env.h"
@@ -83,16 +87,15 @@
 
 namespace llmctl::trainer {
 
-// The padded length of a unit's flat parameter of `numel` elements over `world_size` ranks: the
-// next multiple of world_size; each rank's shard is a world_size-th of it.
-int64_t PaddedNumel(int64_t numel, int64_t world_size);
-
 class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
  public:
   // Joins the process group `env` describes on `device`'s backend: Gloo for cpu, NCCL for cuda.
   struct Options {
     bool reshard_after_forward = true;  // fsdp.reshard_after_forward (above)
     bool offload = false;               // offload: full (above)
+    // The trainable flats' alignment in elements: common/flat_layout.h's ShardAlignment for the
+    // trial's optimizer.
+    int64_t alignment = 1;
   };
   static StatusOr<std::unique_ptr<FullyShardedDataParallel>> Join(const dist::RankEnv& env,
                                                                   torch::Device device,
@@ -100,11 +103,13 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
   ~FullyShardedDataParallel() override;
 
   int rank() const override { return group_.rank(); }
+  // This rank's index on its node (0: the node's first rank).
+  int local_rank() const { return local_rank_; }
   int64_t world_size() const override { return group_.world_size(); }
 
   // Shards `model` (Shard, in `compute_dtype`) and installs this object as its layer hooks. The
   // rank's state is its flat shards (and the model's buffers, whole on every rank); its trainable
-  // tensors are the shards.
+  // tensors are the shards, and their layouts the pieces of parameters each holds.
   StatusOr<ModelTensors> PrepareModel(TrainedModel& model, torch::Dtype compute_dtype) override;
   // This rank's pieces of the full model, and its own optimizer shard (fsdp_checkpoint.h).
   Status LoadCheckpoint(const std::string& dir, TrainedModel& model,
@@ -183,8 +188,9 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
     std::vector<std::string> names;     // Hugging Face names of its parameters
     std::vector<torch::Tensor> params;  // the module's parameters (views into `gathered`)
     std::vector<int64_t> offsets;       // each one's first element in the flat parameter
-    int64_t numel = 0;                  // before padding
-    int64_t padded = 0;                 // PaddedNumel(numel, world size)
+    int64_t numel = 0;                  // the end of its last parameter
+    int64_t padded = 0;                 // the flat's length with padding (common/flat_layout.h)
+    std::vector<ShardPiece> pieces;     // what the rank's shard holds
     torch::Tensor shard;                // (padded / N,), on the host with offload
     torch::Tensor gathered;             // (padded,) in param_dtype, storage freed between uses
     std::optional<dist::PendingCollective> gathering;  // its all-gather, while in flight
@@ -199,7 +205,8 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
     dist::PendingCollective work;
   };
 
-  FullyShardedDataParallel(RankGroup group, torch::Device device, const Options& options);
+  FullyShardedDataParallel(RankGroup group, int local_rank, torch::Device device,
+                           const Options& options);
   // The same as below for every flat parameter of unit `u` (0: the root, i + 1: layer i).
   Status GatherUnit(size_t u);
   Status PrefetchUnit(size_t u);
@@ -226,6 +233,7 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
   }
 
   RankGroup group_;
+  int local_rank_;
   torch::Device device_;
   Options options_;
   std::vector<Flat> flats_;

@@ -305,6 +305,19 @@ TEST(FsdpTest, QloraOnShardsTrainsLikeOneProcess) {
 
 // Per rank, LoRA on shards holds the frozen and trainable shards as params, and gradients, AdamW
 // state and the reduction buffer for the adapters' shards only.
+// 8-bit AdamW on the shards: the trainable flats are aligned to its 256-element state blocks
+// (common/flat_layout.h), so each rank keeps for its pieces of a parameter the blocks of state one
+// process keeps for them, 8-bit or, for a parameter under 4,096 elements, fp32 (the rule is the
+// whole parameter's, however small its pieces). Blocks cut anywhere else would take their absmax
+// over other elements, and the weights would differ from one process's across whole blocks.
+TEST(FsdpTest, EightBitAdamWOnShardsTrainsLikeOneProcess) {
+  testing::ExpectTwoRanksTrainLikeOneProcess(
+      "fsdp", "adamw-8bit",
+      {"optimizer=adamw_8bit", "train.micro_batch_size=4", "train.global_batch_size=4"},
+      {"optimizer=adamw_8bit", "train.micro_batch_size=2", "train.global_batch_size=4"}, kSteps,
+      testing::kEightBitStrayFraction);
+}
+
 TEST(FsdpTest, LoraOnShardsKeepsGradientsAndStateForTheAdaptersOnly) {
   const DemoRun fsdp =
       RunDemo("lora-memory", 2,

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/flat_layout.h"
 #include "trainer/parallel/ddp.h"
 #include "trainer/parallel/fsdp.h"
 #include "trainer/parallel/replicated.h"
@@ -40,7 +41,8 @@ StatusOr<std::unique_ptr<Parallelism>> MakeParallelism(const TrialConfig& config
                      FullyShardedDataParallel::Join(
                          *env, device,
                          {.reshard_after_forward = config.GetBool("fsdp.reshard_after_forward"),
-                          .offload = config.GetString("offload") == "full"}));
+                          .offload = config.GetString("offload") == "full",
+                          .alignment = ShardAlignment(config.GetString("optimizer"))}));
     return std::unique_ptr<Parallelism>(std::move(fsdp));
   }
   ASSIGN_OR_RETURN(

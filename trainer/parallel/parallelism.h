@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "common/flat_layout.h"
 #include "common/status.h"
 #include "common/trial_config.h"
 #include "trainer/dist/rank_env.h"
@@ -63,6 +64,9 @@ struct ModelTensors {
   std::vector<torch::Tensor> state;
   // What the rank's optimizer steps.
   std::vector<torch::Tensor> trainable;
+  // What each trainable tensor is made of (MakeOptimizer's layouts): fsdp's shards hold pieces of
+  // several parameters. Empty: each is one whole parameter.
+  std::vector<std::vector<ShardPiece>> layouts;
   // The trainable tensors live in host memory (fsdp's offload: full): the optimizer keeps its
   // state there and steps there, and memory accounting counts them, their gradients and that state
   // as the host's.

@@ -127,7 +127,7 @@ void ExpectDataParallelTrainsLikeOneProcess(const std::string& model_dir,
                                             const std::string& strategy,
                                             std::vector<std::string>* two_rank_sets,
                                             const std::vector<std::string>& sets,
-                                            const std::string& variant) {
+                                            const std::string& variant, double stray_fraction) {
   const std::string model = FreshTempDir("blip2-no-dropout");
   std::filesystem::copy(
       model_dir, model,
@@ -146,7 +146,8 @@ void ExpectDataParallelTrainsLikeOneProcess(const std::string& model_dir,
   two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=4"});
   one.insert(one.end(), sets.begin(), sets.end());
   two.insert(two.end(), sets.begin(), sets.end());
-  ExpectTwoRanksTrainLikeOneProcess(strategy, "blip2-" + strategy + variant, one, two, 2);
+  ExpectTwoRanksTrainLikeOneProcess(strategy, "blip2-" + strategy + variant, one, two, 2,
+                                    stray_fraction);
   if (two_rank_sets != nullptr) *two_rank_sets = two;
 }
 

@@ -36,14 +36,16 @@ void ExpectMicroBatchLossesAreTransformers(const std::string& model_dir);
 
 // 2 ranks of `strategy` with 2 images each against one process of 4 on a copy of `model_dir`
 // without dropout (`dropout_keys`: config.json's "section.key" probabilities set to 0): the same
-// losses and final weights (ExpectTwoRanksTrainLikeOneProcess). `sets` (key=value) apply to both
-// runs, `variant` names them. The sets the two-rank run used go to `two_rank_sets` when given.
+// losses and final weights (ExpectTwoRanksTrainLikeOneProcess, with its `stray_fraction`).
+// `sets` (key=value) apply to both runs, `variant` names them. The sets the two-rank run used go to
+// `two_rank_sets` when given.
 void ExpectDataParallelTrainsLikeOneProcess(const std::string& model_dir,
                                             const std::vector<std::string>& dropout_keys,
                                             const std::string& strategy,
                                             std::vector<std::string>* two_rank_sets = nullptr,
                                             const std::vector<std::string>& sets = {},
-                                            const std::string& variant = "");
+                                            const std::string& variant = "",
+                                            double stray_fraction = 0.0);
 
 }  // namespace llmctl::trainer::testing
 

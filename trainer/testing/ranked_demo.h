@@ -34,14 +34,25 @@ RankedDemoRun RunRankedDemo(const std::string& strategy, const std::string& name
                             const std::vector<std::string>& sets, int64_t steps,
                             const std::string& extra_flags = "");
 
+// What share of a tensor's elements may end a run beyond 1e-5 of the other side's under 8-bit
+// AdamW. Its moments are requantised to the nearest of 256 codes each step; the two sides sum the
+// micro-batches and ranks in different orders, so their gradients differ in the last bits, and an
+// element whose new moment lies on a rounding boundary between two codes lands on one code here and
+// the other there: its update then differs by a code step, far beyond 1e-5. Such elements are rare
+// (at most 2 of 8,192 in a tensor of the demo's 3 steps); state blocks cut anywhere but at block
+// boundaries move every element of the blocks they cut (2% to 20% of the demo's tensors).
+inline constexpr double kEightBitStrayFraction = 1e-3;
+
 // 2 ranks of `strategy` with the `two` sets against 1 process with the `one` sets (twice the
 // micro-batch): the same examples in each step, so the same losses on every rank and, with the
 // gradients averaged, the same final weights (the checkpoint's, in Hugging Face names), within
-// 1e-5 in fp32; and the loss moves, or equal losses would say nothing about the updates. Each run
-// takes `steps` steps.
+// 1e-5 in fp32 for all but `stray_fraction` of each tensor's elements (kEightBitStrayFraction
+// under 8-bit AdamW, else none); and the loss moves, or equal losses would say nothing about the
+// updates. Each run takes `steps` steps.
 void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::string& name,
                                        const std::vector<std::string>& one,
-                                       const std::vector<std::string>& two, int64_t steps);
+                                       const std::vector<std::string>& two, int64_t steps,
+                                       double stray_fraction = 0.0);
 
 // The demo as `nodes` llm-train launchers of `devices` ranks each on this host, the way the agents
 // of `nodes` hosts start their shares of a multi-node trial: node rank 0 with --master-port 0 and a

@@ -10,11 +10,15 @@
 #include <string>
 #include <utility>
 
+#include "common/flat_layout.h"
 #include "trainer/quant/quant.h"
 #include "trainer/quant/quant_cpu.h"
 
 namespace llmctl::trainer {
 namespace {
+
+// fsdp aligns the shards' pieces to this optimizer's state blocks (common/flat_layout.h).
+static_assert(ShardAlignment("adamw_8bit") == kAdamW8bitBlocksize);
 
 // One parameter's moments: 8-bit codes with absmax, or fp32 for small tensors.
 struct Moments {
@@ -98,11 +102,24 @@ void UpdateBlocksCpu(T* p, const T* g, int64_t n, const EightBitBuffers& m,
   });
 }
 
+// The state of one piece of a parameter tensor: the whole parameter, or a piece of one that an fsdp
+// shard holds (common/flat_layout.h).
+struct Piece {
+  int64_t start = 0;  // its first element in the optimizer's (flat) tensor
+  int64_t length = 0;
+  bool eight_bit = false;  // whether the whole parameter has 8-bit state
+  Moments moments;
+};
+
 class AdamW8bit final : public Optimizer {
  public:
-  AdamW8bit(const OptimizerOptions& options, std::vector<torch::Tensor> params, AdamW8bitImpl impl,
-            int64_t aten_chunk)
-      : options_(options), params_(std::move(params)), impl_(impl), aten_chunk_(aten_chunk) {}
+  AdamW8bit(const OptimizerOptions& options, std::vector<torch::Tensor> params,
+            std::vector<std::vector<Piece>> pieces, AdamW8bitImpl impl, int64_t aten_chunk)
+      : options_(options),
+        params_(std::move(params)),
+        pieces_(std::move(pieces)),
+        impl_(impl),
+        aten_chunk_(aten_chunk) {}
 
   void Step(double lr) override {
     BeginStep(lr);
@@ -122,30 +139,39 @@ class AdamW8bit final : public Optimizer {
 
   void StepParameter(size_t index) override {
     torch::NoGradGuard no_grad;
-    if (params_[index].grad().defined()) Update(params_[index], moments_[index], lr_, c1_, c2_);
+    torch::Tensor& p = params_[index];
+    if (!p.grad().defined()) return;
+    const torch::Tensor flat = p.detach().view(-1);
+    const torch::Tensor grad_flat = p.grad().reshape(-1);
+    for (Piece& piece : pieces_[index]) {
+      torch::Tensor values = flat.narrow(0, piece.start, piece.length);
+      Update(values, grad_flat.narrow(0, piece.start, piece.length), piece, lr_, c1_, c2_);
+    }
   }
 
   std::vector<torch::Tensor> StateTensors() const override {
     std::vector<torch::Tensor> state;
-    if (moments_.empty()) return state;
-    for (const Moments& s : moments_) {
-      if (s.eight_bit) {
-        state.insert(state.end(), {s.m.codes, s.m.absmax, s.v.codes, s.v.absmax});
-      } else {
-        state.insert(state.end(), {s.exp_avg, s.exp_avg_sq});
+    if (!materialized_) return state;
+    for (const std::vector<Piece>& pieces : pieces_) {
+      for (const Piece& piece : pieces) {
+        for (auto& [field, tensor] : Fields(piece)) state.push_back(tensor);
       }
     }
     state.insert(state.end(), {step_, signed_map_, unsigned_map_});
     return state;
   }
 
-  // bitsandbytes' names: state1/absmax1 for m, state2/absmax2 for v.
+  // bitsandbytes' names: state1/absmax1 for m, state2/absmax2 for v; "<param>.<field>" for a whole
+  // parameter, "<param>.<piece>.<field>" for the pieces of an fsdp shard.
   std::vector<std::pair<std::string, torch::Tensor>> NamedState() const override {
     std::vector<std::pair<std::string, torch::Tensor>> named;
-    if (moments_.empty()) return named;
-    for (size_t i = 0; i < moments_.size(); ++i) {
-      for (auto& [field, tensor] : Fields(moments_[i]))
-        named.emplace_back(std::to_string(i) + field, tensor);
+    if (!materialized_) return named;
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      for (size_t k = 0; k < pieces_[i].size(); ++k) {
+        for (auto& [field, tensor] : Fields(pieces_[i][k])) {
+          named.emplace_back(PieceName(i, k) + field, tensor);
+        }
+      }
     }
     named.emplace_back("step", step_);
     return named;
@@ -156,9 +182,11 @@ class AdamW8bit final : public Optimizer {
     if (by_name.empty()) return Status::Ok();
     Materialize();
     torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < moments_.size(); ++i) {
-      for (auto& [field, target] : Fields(moments_[i])) {
-        RETURN_IF_ERROR(CopyNamedState(by_name, std::to_string(i) + field, target));
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      for (size_t k = 0; k < pieces_[i].size(); ++k) {
+        for (auto& [field, target] : Fields(pieces_[i][k])) {
+          RETURN_IF_ERROR(CopyNamedState(by_name, PieceName(i, k) + field, target));
+        }
       }
     }
     ASSIGN_OR_RETURN(steps_taken_, LoadStepCounter(by_name, step_));
@@ -168,9 +196,15 @@ class AdamW8bit final : public Optimizer {
   int64_t steps_taken() const override { return steps_taken_; }
 
  private:
+  std::string PieceName(size_t param, size_t piece) const {
+    return pieces_[param].size() == 1 ? std::to_string(param)
+                                      : std::to_string(param) + "." + std::to_string(piece);
+  }
+
   // Handles to the live tensors (copy_ into one writes the state).
-  static std::vector<std::pair<std::string, torch::Tensor>> Fields(const Moments& s) {
-    if (s.eight_bit) {
+  static std::vector<std::pair<std::string, torch::Tensor>> Fields(const Piece& piece) {
+    const Moments& s = piece.moments;
+    if (piece.eight_bit) {
       return {{".state1", s.m.codes},
               {".absmax1", s.m.absmax},
               {".state2", s.v.codes},
@@ -181,40 +215,41 @@ class AdamW8bit final : public Optimizer {
 
   // Zero moments, as bitsandbytes starts them: code 0 with absmax 0 dequantises to 0.
   void Materialize() {
-    if (!moments_.empty()) return;
+    if (materialized_) return;
+    materialized_ = true;
     const torch::Device device = params_.front().device();
     signed_map_ = DynamicMap(/*is_signed=*/true).to(device);
     unsigned_map_ = DynamicMap(/*is_signed=*/false).to(device);
-    for (const torch::Tensor& p : params_) {
-      const int64_t n = p.numel();
-      const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(p.device());
-      Moments s;
-      s.eight_bit = n >= kAdamW8bitMinSize;
-      if (s.eight_bit) {
-        const auto u8 = torch::TensorOptions().dtype(torch::kUInt8).device(p.device());
-        const int64_t blocks = (n + kAdamW8bitBlocksize - 1) / kAdamW8bitBlocksize;
-        s.m = {torch::zeros({n}, u8), torch::zeros({blocks}, f32), kAdamW8bitBlocksize};
-        s.v = {torch::zeros({n}, u8), torch::zeros({blocks}, f32), kAdamW8bitBlocksize};
-      } else {
-        s.exp_avg = torch::zeros({n}, f32);
-        s.exp_avg_sq = torch::zeros({n}, f32);
+    const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+    const auto u8 = torch::TensorOptions().dtype(torch::kUInt8).device(device);
+    for (std::vector<Piece>& pieces : pieces_) {
+      for (Piece& piece : pieces) {
+        const int64_t n = piece.length;
+        Moments& s = piece.moments;
+        if (piece.eight_bit) {
+          const int64_t blocks = (n + kAdamW8bitBlocksize - 1) / kAdamW8bitBlocksize;
+          s.m = {torch::zeros({n}, u8), torch::zeros({blocks}, f32), kAdamW8bitBlocksize};
+          s.v = {torch::zeros({n}, u8), torch::zeros({blocks}, f32), kAdamW8bitBlocksize};
+        } else {
+          s.exp_avg = torch::zeros({n}, f32);
+          s.exp_avg_sq = torch::zeros({n}, f32);
+        }
       }
-      moments_.push_back(std::move(s));
     }
-    step_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+    step_ = torch::zeros({}, f32);
   }
 
-  void Update(torch::Tensor& p, Moments& s, double lr, double c1, double c2) {
-    const torch::Tensor& grad = p.grad();
-    if (impl_ == AdamW8bitImpl::kDefault && s.eight_bit && p.is_cpu() && p.is_contiguous() &&
+  // `p` and `grad` are the piece's elements (flat views of the parameter and its gradient).
+  void Update(torch::Tensor& p, const torch::Tensor& grad, Piece& piece, double lr, double c1,
+              double c2) {
+    Moments& s = piece.moments;
+    if (impl_ == AdamW8bitImpl::kDefault && piece.eight_bit && p.is_cpu() &&
         grad.scalar_type() == p.scalar_type()) {
       UpdateCpu(p, grad.contiguous(), s, lr, c1, c2);
-    } else if (s.eight_bit) {
-      // Whole state blocks at a time: slices of the flat parameter, gradient, codes and absmax are
+    } else if (piece.eight_bit) {
+      // Whole state blocks at a time: slices of the parameter, gradient, codes and absmax are
       // views, so each chunk's update writes the live tensors.
-      const torch::Tensor flat = p.detach().view(-1);
-      const torch::Tensor grad_flat = grad.reshape(-1);
-      const int64_t n = flat.numel();
+      const int64_t n = p.numel();
       for (int64_t start = 0; start < n; start += aten_chunk_) {
         const int64_t end = std::min(n, start + aten_chunk_);
         const int64_t block_begin = start / kAdamW8bitBlocksize;
@@ -223,10 +258,10 @@ class AdamW8bit final : public Optimizer {
                         kAdamW8bitBlocksize};
         Blockwise8bit v{s.v.codes.slice(0, start, end), s.v.absmax.slice(0, block_begin, block_end),
                         kAdamW8bitBlocksize};
-        UpdateAten(flat.slice(0, start, end), grad_flat.slice(0, start, end), m, v, lr, c1, c2);
+        UpdateAten(p.slice(0, start, end), grad.slice(0, start, end), m, v, lr, c1, c2);
       }
     } else {
-      UpdateAten(p.detach().view(-1), p.grad().reshape(-1), s.exp_avg, s.exp_avg_sq, lr, c1, c2);
+      UpdateAten(p, grad, s.exp_avg, s.exp_avg_sq, lr, c1, c2);
     }
   }
 
@@ -298,9 +333,10 @@ class AdamW8bit final : public Optimizer {
 
   OptimizerOptions options_;
   std::vector<torch::Tensor> params_;
+  std::vector<std::vector<Piece>> pieces_;  // per parameter, its pieces (padding left out)
   AdamW8bitImpl impl_;
   int64_t aten_chunk_;
-  std::vector<Moments> moments_;
+  bool materialized_ = false;
   torch::Tensor signed_map_;
   torch::Tensor unsigned_map_;
   torch::Tensor step_;
@@ -313,10 +349,44 @@ class AdamW8bit final : public Optimizer {
 
 }  // namespace
 
-std::unique_ptr<Optimizer> MakeAdamW8bit(const OptimizerOptions& options,
-                                         std::vector<torch::Tensor> params, AdamW8bitImpl impl,
-                                         int64_t aten_chunk) {
-  return std::make_unique<AdamW8bit>(options, std::move(params), impl, aten_chunk);
+StatusOr<std::unique_ptr<Optimizer>> MakeAdamW8bit(
+    const OptimizerOptions& options, std::vector<torch::Tensor> params, AdamW8bitImpl impl,
+    int64_t aten_chunk, const std::vector<std::vector<ShardPiece>>& layouts) {
+  if (!layouts.empty() && layouts.size() != params.size()) {
+    return InternalError("adamw_8bit: " + std::to_string(layouts.size()) + " layouts for " +
+                         std::to_string(params.size()) + " tensors");
+  }
+  std::vector<std::vector<Piece>> pieces(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = params[i].numel();
+    if (layouts.empty()) {
+      pieces[i].push_back(
+          {.start = 0, .length = n, .eight_bit = n >= kAdamW8bitMinSize, .moments = {}});
+      continue;
+    }
+    int64_t start = 0;
+    for (const ShardPiece& shard_piece : layouts[i]) {
+      const bool eight_bit = shard_piece.tensor_numel >= kAdamW8bitMinSize;
+      // Blocks counted from the piece's start are the whole parameter's blocks only when the
+      // piece starts on one (fsdp aligns its flats to kAdamW8bitBlocksize for this optimizer).
+      if (eight_bit && shard_piece.tensor_offset % kAdamW8bitBlocksize != 0) {
+        return InternalError("adamw_8bit: a shard piece starts at element " +
+                             std::to_string(shard_piece.tensor_offset) +
+                             " of its parameter, not on a state block");
+      }
+      if (shard_piece.tensor >= 0) {
+        pieces[i].push_back(
+            {.start = start, .length = shard_piece.length, .eight_bit = eight_bit, .moments = {}});
+      }
+      start += shard_piece.length;
+    }
+    if (start != n) {
+      return InternalError("adamw_8bit: the layout covers " + std::to_string(start) + " of " +
+                           std::to_string(n) + " elements");
+    }
+  }
+  return std::unique_ptr<Optimizer>(
+      new AdamW8bit(options, std::move(params), std::move(pieces), impl, aten_chunk));
 }
 
 }  // namespace llmctl::trainer

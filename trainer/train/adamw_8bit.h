@@ -54,11 +54,16 @@ inline constexpr int64_t kAdamW8bitAtenChunk = int64_t{1} << 22;
 //   p = (p + (step_size m) / (sqrt(v) + eps')) decay
 // with beta1, 1 - beta1, beta2, 1 - beta2, step_size = -lr c2 / c1, eps' = c2 eps and decay = 1 -
 // lr wd (1 without decay) each rounded from double to fp32, and p rounded to its dtype at the end.
+//
+// `layouts` (MakeOptimizer's) keeps the state per piece of a parameter, as above with n the piece's
+// length and the 8-bit rule the whole parameter's, so over a parameter's pieces it is the
+// parameter's own state cut at block boundaries; every 8-bit piece must start on a state block of
+// its parameter (InternalError otherwise). Padding has no state and is never stepped.
 // `aten_chunk` (a multiple of kAdamW8bitBlocksize) is for tests that span several chunks.
-std::unique_ptr<Optimizer> MakeAdamW8bit(const OptimizerOptions& options,
-                                         std::vector<torch::Tensor> params,
-                                         AdamW8bitImpl impl = AdamW8bitImpl::kDefault,
-                                         int64_t aten_chunk = kAdamW8bitAtenChunk);
+StatusOr<std::unique_ptr<Optimizer>> MakeAdamW8bit(
+    const OptimizerOptions& options, std::vector<torch::Tensor> params,
+    AdamW8bitImpl impl = AdamW8bitImpl::kDefault, int64_t aten_chunk = kAdamW8bitAtenChunk,
+    const std::vector<std::vector<ShardPiece>>& layouts = {});
 
 }  // namespace llmctl::trainer
 

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/flat_layout.h"
 #include "trainer/memory/counting_allocator.h"
 #include "trainer/model/weights.h"
 #include "trainer/quant/quant.h"
@@ -59,6 +60,84 @@ int64_t BitsDiffer(const torch::Tensor& a, const torch::Tensor& b) {
     }
   };
   return bits(a).ne(bits(b)).sum().item<int64_t>();
+}
+
+// fsdp's shards (common/flat_layout.h, aligned to the state blocks): each rank's optimizer keeps
+// state for its pieces of the parameters, by each whole parameter's size, and the parameters come
+// out bit for bit as one optimizer over the whole parameters leaves them (the fused CPU update is
+// per element and per block). The parameters' sizes are not multiples of a block, and the 300-value
+// one keeps fp32 state though its pieces are all small.
+TEST(AdamW8bitTest, StateOverShardPiecesIsTheWholeParametersCutAtBlocks) {
+  const std::vector<int64_t> numels = {7000, 300, 5000};
+  constexpr int64_t kRanks = 2;
+  const FlatLayout layout = LayOutFlat(numels, kRanks, ShardAlignment("adamw_8bit"));
+  torch::manual_seed(11);
+  std::vector<torch::Tensor> whole;
+  torch::Tensor flat = torch::zeros({layout.padded});
+  for (size_t i = 0; i < numels.size(); ++i) {
+    whole.push_back(torch::randn({numels[i]}).requires_grad_(true));
+    flat.narrow(0, layout.offsets[i], numels[i]).copy_(whole.back().detach());
+  }
+  std::vector<torch::Tensor> shards;
+  std::vector<std::unique_ptr<Optimizer>> rank_optimizers;
+  OptimizerOptions options;
+  options.name = "adamw_8bit";
+  options.weight_decay = 0.01;
+  for (int64_t r = 0; r < kRanks; ++r) {
+    shards.push_back(
+        flat.narrow(0, r * layout.shard(), layout.shard()).clone().requires_grad_(true));
+    auto optimizer = MakeOptimizer(options, {shards.back()}, {ShardPieces(layout, numels, r)});
+    ASSERT_TRUE(optimizer.ok()) << optimizer.status().ToString();
+    rank_optimizers.push_back(std::move(*optimizer));
+  }
+  auto one = MakeOptimizer(options, whole);
+  ASSERT_TRUE(one.ok());
+  for (int step = 0; step < 3; ++step) {
+    torch::Tensor flat_grad = torch::zeros({layout.padded});
+    for (size_t i = 0; i < numels.size(); ++i) {
+      whole[i].mutable_grad() = torch::randn({numels[i]});
+      flat_grad.narrow(0, layout.offsets[i], numels[i]).copy_(whole[i].grad());
+    }
+    (*one)->Step(1e-2);
+    for (int64_t r = 0; r < kRanks; ++r) {
+      shards[r].mutable_grad() = flat_grad.narrow(0, r * layout.shard(), layout.shard()).clone();
+      rank_optimizers[r]->Step(1e-2);
+    }
+  }
+  const torch::Tensor stepped = torch::cat({shards[0].detach(), shards[1].detach()});
+  for (size_t i = 0; i < numels.size(); ++i) {
+    EXPECT_EQ(BitsDiffer(stepped.narrow(0, layout.offsets[i], numels[i]), whole[i].detach()), 0)
+        << "parameter " << i;
+  }
+  // The 8-bit state the ranks hold is the whole parameters': codes for 2 × 12,000 values, 2 fp32
+  // absmax per block of each piece (the pieces are whole blocks but for each parameter's last),
+  // and fp32 moments for the small one.
+  int64_t codes = 0;
+  int64_t fp32_moments = 0;
+  for (const auto& optimizer : rank_optimizers) {
+    for (const auto& [name, tensor] : optimizer->NamedState()) {
+      if (tensor.scalar_type() == torch::kUInt8) codes += tensor.numel();
+      if (name.ends_with(".state1") && tensor.scalar_type() == torch::kFloat32) {
+        fp32_moments += tensor.numel();
+      }
+    }
+  }
+  EXPECT_EQ(codes, 2 * (7000 + 5000));
+  EXPECT_EQ(fp32_moments, 300);
+}
+
+// A piece of an 8-bit parameter that does not start on one of its blocks would quantise blocks the
+// whole parameter does not have: refused.
+TEST(AdamW8bitTest, APieceOffTheParametersBlocksIsRefused) {
+  const std::vector<int64_t> numels = {7000, 300, 5000};
+  const FlatLayout layout = LayOutFlat(numels, /*world_size=*/2, /*alignment=*/1);
+  torch::Tensor shard = torch::zeros({layout.shard()}).requires_grad_(true);
+  OptimizerOptions options;
+  options.name = "adamw_8bit";
+  auto optimizer = MakeOptimizer(options, {shard}, {ShardPieces(layout, numels, 1)});
+  ASSERT_FALSE(optimizer.ok());
+  EXPECT_NE(optimizer.status().message().find("not on a state block"), std::string::npos)
+      << optimizer.status().ToString();
 }
 
 // bnb.optim.AdamW8bit ran on CPU (scripts/fixtures/make_bnb_fixtures.py) for three steps of a fixed
@@ -472,7 +551,7 @@ TEST(AdamW8bitTest, FusedCpuKernelIsTheDocumentedFormula) {
     for (const torch::Tensor& p : KernelTestParams()) params.push_back(p.requires_grad_(true));
     OptimizerOptions options;
     options.weight_decay = weight_decay;
-    auto fused = MakeAdamW8bit(options, params);
+    auto fused = MakeAdamW8bit(options, params).value();
     int64_t compared = 0;
     for (int step = 0; step < 5; ++step) {
       std::map<size_t, ReferenceStep> expected;
@@ -560,8 +639,8 @@ TEST(AdamW8bitTest, FusedCpuKernelMatchesTheAtenPath) {
     }
     OptimizerOptions options;
     options.weight_decay = weight_decay;
-    auto fused = MakeAdamW8bit(options, fused_params);
-    auto aten = MakeAdamW8bit(options, aten_params, AdamW8bitImpl::kAten);
+    auto fused = MakeAdamW8bit(options, fused_params).value();
+    auto aten = MakeAdamW8bit(options, aten_params, AdamW8bitImpl::kAten).value();
     int64_t params_compared = 0, params_differ = 0, codes_compared = 0, codes_differ = 0;
     int64_t absmax_compared = 0, absmax_differ = 0;
     int max_code_distance = 0;
@@ -674,7 +753,7 @@ TEST(AdamW8bitTest, CpuStepHasNoLargeTransientMemory) {
     for (const AdamW8bitImpl impl : {AdamW8bitImpl::kDefault, AdamW8bitImpl::kAten}) {
       torch::Tensor p = torch::randn({kNumel}).to(dtype).requires_grad_(true);
       p.mutable_grad() = (torch::randn({kNumel}) * 1e-2).to(dtype);
-      auto optimizer = MakeAdamW8bit({}, {p}, impl);
+      auto optimizer = MakeAdamW8bit({}, {p}, impl).value();
       optimizer->Step(1e-3);  // creates the state
       const uint64_t before = allocator.device().allocated_bytes;
       allocator.ResetPeaks();
@@ -704,8 +783,9 @@ TEST(AdamW8bitTest, AtenPathInChunksIsTheWholeTensorUpdate) {
     torch::Tensor chunked = init.clone().requires_grad_(true);
     OptimizerOptions options;
     options.weight_decay = 0.05;
-    auto one = MakeAdamW8bit(options, {whole}, AdamW8bitImpl::kAten, /*aten_chunk=*/1 << 20);
-    auto many = MakeAdamW8bit(options, {chunked}, AdamW8bitImpl::kAten, kChunk);
+    auto one =
+        MakeAdamW8bit(options, {whole}, AdamW8bitImpl::kAten, /*aten_chunk=*/1 << 20).value();
+    auto many = MakeAdamW8bit(options, {chunked}, AdamW8bitImpl::kAten, kChunk).value();
     for (int step = 0; step < 4; ++step) {
       const torch::Tensor g = KernelTestGradient(init, step);
       whole.mutable_grad() = g.clone();
@@ -726,7 +806,7 @@ TEST(AdamW8bitTest, AtenPathInChunksIsTheWholeTensorUpdate) {
   constexpr int64_t kNumel = 1 << 20;
   torch::Tensor p = torch::randn({kNumel}).to(torch::kBFloat16).requires_grad_(true);
   p.mutable_grad() = (torch::randn({kNumel}) * 1e-2).to(torch::kBFloat16);
-  auto optimizer = MakeAdamW8bit({}, {p}, AdamW8bitImpl::kAten, /*aten_chunk=*/1 << 12);
+  auto optimizer = MakeAdamW8bit({}, {p}, AdamW8bitImpl::kAten, /*aten_chunk=*/1 << 12).value();
   optimizer->Step(1e-3);
   const uint64_t before = allocator.device().allocated_bytes;
   allocator.ResetPeaks();

@@ -140,7 +140,7 @@ TEST_F(Blip2T5TrialTest, TwoDdpOrFsdpRanksTrainLikeOneProcess) {
   }
   EXPECT_EQ(unit_numel.size(), static_cast<size_t>(1 + 2 + 2 + 2 + 2)) << "root and 8 blocks";
   int64_t shard_numel = 0;
-  for (const auto& [unit, numel] : unit_numel) shard_numel += PaddedNumel(numel, 2) / 2;
+  for (const auto& [unit, numel] : unit_numel) shard_numel += LayOutFlat({numel}, 2, 1).shard();
   const testing::RankedDemoRun fsdp = testing::RunRankedDemo("fsdp", "blip2-t5-shards", 2, two, 1);
   ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
   for (int rank = 0; rank < 2; ++rank) {

@@ -16,6 +16,7 @@
 #include "common/experiment.h"
 #include "common/trial_config.h"
 #include "trainer/testing/caption_trials.h"
+#include "trainer/testing/ranked_demo.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/caption_batches.h"
 #include "trainer/train/trained_model.h"
@@ -169,7 +170,7 @@ TEST_F(Blip2TrialTest, TwoDdpOrFsdpRanksTrainLikeOneProcess) {
 // fsdp over BLIP-2 with frozen parts: the vision encoder frozen, LoRA on OPT's attention (PEFT
 // freezes everything else), and QLoRA there: each block's frozen weights shard as a frozen flat
 // parameter beside its trainable one (and its NF4 buffers as their own), and 2 ranks still train as
-// one process does.
+// one process does; and 8-bit AdamW on every block's shards.
 TEST_F(Blip2TrialTest, FsdpWithFrozenPartsLoraAndQloraTrainsLikeOneProcess) {
   const std::vector<std::string> dropout = {"qformer_config.hidden_dropout_prob",
                                             "qformer_config.attention_probs_dropout_prob",
@@ -184,6 +185,10 @@ TEST_F(Blip2TrialTest, FsdpWithFrozenPartsLoraAndQloraTrainsLikeOneProcess) {
                                                   {"peft.method=qlora", "peft.compute_dtype=fp32",
                                                    "peft.targets=[q_proj,v_proj]", "train.lr=5e-3"},
                                                   "-qlora");
+  // 8-bit AdamW stepping the blocks' shards.
+  testing::ExpectDataParallelTrainsLikeOneProcess(ModelDir(), dropout, "fsdp", nullptr,
+                                                  {"optimizer=adamw_8bit"}, "-adamw-8bit",
+                                                  testing::kEightBitStrayFraction);
 }
 
 // experiments/cpu-lab-blip2.yaml: each row of the labs' BLIP-2 table in miniature ends as the file

@@ -193,8 +193,9 @@ struct FunctionPostAccumulateGradHook final : torch::autograd::PostAccumulateGra
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerOptions& options,
-                                                   std::vector<torch::Tensor> params) {
+StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(
+    const OptimizerOptions& options, std::vector<torch::Tensor> params,
+    const std::vector<std::vector<ShardPiece>>& layouts) {
   if (params.empty()) return InvalidArgumentError("the model has no trainable parameters");
   if (options.offload) {
     if (options.name != "adamw") {
@@ -204,7 +205,10 @@ StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerOptions& optio
   }
   if (options.name == "adamw")
     return std::unique_ptr<Optimizer>(new AdamW(options, std::move(params)));
-  if (options.name == "adamw_8bit") return MakeAdamW8bit(options, std::move(params));
+  if (options.name == "adamw_8bit") {
+    return MakeAdamW8bit(options, std::move(params), AdamW8bitImpl::kDefault, kAdamW8bitAtenChunk,
+                         layouts);
+  }
   if (options.name == "sgd") return std::unique_ptr<Optimizer>(new Sgd(options, std::move(params)));
   return InvalidArgumentError("optimizer: unknown optimizer '" + options.name +
                               "' (adamw, adamw_8bit, sgd)");

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/flat_layout.h"
 #include "common/status.h"
 
 namespace llmctl::trainer {
@@ -48,9 +49,14 @@ class Optimizer {
   virtual int64_t steps_taken() const = 0;
 };
 
-// `params` are the trainable parameters (requires_grad), in a fixed order.
-StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerOptions& options,
-                                                   std::vector<torch::Tensor> params);
+// `params` are the trainable parameters (requires_grad), in a fixed order. `layouts`, when given,
+// says what each of them is made of: fsdp's flat shards hold pieces of several model parameters and
+// padding (common/flat_layout.h). 8-bit AdamW, whose state depends on the parameter (its blocks and
+// its small-tensor rule), keeps that state per piece, as one process keeps it per parameter; the
+// elementwise optimizers need no layout. Empty: each tensor is one whole parameter.
+StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(
+    const OptimizerOptions& options, std::vector<torch::Tensor> params,
+    const std::vector<std::vector<ShardPiece>>& layouts = {});
 
 // Calls `hook(param)` each time autograd has accumulated a gradient into param.grad(), as
 // torch.Tensor.register_post_accumulate_grad_hook does; the hook may free the gradient. A tensor

@@ -372,7 +372,8 @@ Status TrialRun::MakeTrialOptimizer() {
   options.momentum = config_.GetFloat("train.momentum");
   options.offload = config_.GetString("offload") == "optimizer";
   const auto host = OptimizerAllocations();
-  ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(options, model_tensors_.trainable));
+  ASSIGN_OR_RETURN(optimizer_,
+                   MakeOptimizer(options, model_tensors_.trainable, model_tensors_.layouts));
   if (optimizer_in_backward_) {
     for (size_t i = 0; i < model_tensors_.trainable.size(); ++i) {
       // Freeing the gradient right after its update keeps about one layer's gradients alive.
