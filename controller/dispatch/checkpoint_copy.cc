@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "common/digest/digest.h"
+#include "common/rank_files.h"
+#include "common/trial_config.h"
 
 namespace llmctl::controller::dispatch {
 namespace {
@@ -87,44 +89,67 @@ void CheckpointCopies::Start(const store::RunningAttempt& attempt, const std::st
   copy.first = std::thread([this, attempt, trial_name, checkpoint = *checkpoint, key] {
     const auto started = std::chrono::steady_clock::now();
     StatusOr<std::string> tree = Copy(attempt, trial_name, checkpoint);
+    std::string from = "node " + attempt.node;
+    if (attempt.nodes.size() > 1) {
+      from = "nodes";
+      for (const store::AttemptNode& node : attempt.nodes) from += " " + node.node;
+    }
     if (tree.ok()) {
       spdlog::info(
-          "{}: checkpoint after step {} copied from node {} in {:.1f} s (tree {}): any "
+          "{}: checkpoint after step {} copied from {} in {:.1f} s (tree {}): any "
           "node can continue it",
-          AttemptName(attempt), checkpoint.step + 1, attempt.node,
+          AttemptName(attempt), checkpoint.step + 1, from,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), *tree);
     } else {
-      spdlog::warn(
-          "{}: cannot copy its checkpoint {} from node {}: {}; only that node can "
-          "continue it",
-          AttemptName(attempt), checkpoint.path, attempt.node, tree.status().ToString());
+      spdlog::warn("{}: cannot copy its checkpoint {} from {}: {}; only {} can continue it",
+                   AttemptName(attempt), checkpoint.path, from, tree.status().ToString(),
+                   attempt.nodes.size() > 1 ? "the same nodes" : "that node");
     }
     std::lock_guard lock(shared_.mutex);
     if (auto entry = copies_.find(key); entry != copies_.end()) entry->second.second = true;
   });
 }
 
-StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attempt,
-                                             const std::string& trial_name,
-                                             const ResultCheckpoint& checkpoint) {
-  store::Store& store = shared_.store;
-  const BlobStore& blobs = shared_.blobs;
-  ASSIGN_OR_RETURN(const store::TrialRecord trial, store.GetTrial(attempt.trial_id));
-  if (trial.resume && !trial.resume->tree.empty() && trial.resume->step == checkpoint.step + 1) {
-    // The attempt continued the controller's copy and wrote no newer checkpoint: its result names
-    // the copy (as materialised on the node), which the controller already holds.
-    RETURN_IF_ERROR(store.SetCheckpointTree(attempt.trial_id, attempt.attempt, trial.resume->tree));
-    return trial.resume->tree;
+StatusOr<std::vector<digest::TreeFile>> MergeNodeCheckpoints(
+    const std::vector<std::vector<digest::TreeFile>>& by_node, int64_t ranks_per_node) {
+  std::vector<digest::TreeFile> merged = by_node.at(0);
+  for (size_t node = 1; node < by_node.size(); ++node) {
+    const int64_t first = static_cast<int64_t>(node) * ranks_per_node;
+    for (const digest::TreeFile& file : by_node[node]) {
+      const int rank = RankOfOptimizerFile(file.path);
+      if (rank < first || rank >= first + ranks_per_node) {
+        return DataLossError("node rank " + std::to_string(node) + " sent '" + file.path +
+                             "', which is not the optimizer shard of one of its ranks (" +
+                             std::to_string(first) + " to " +
+                             std::to_string(first + ranks_per_node - 1) + ")");
+      }
+      merged.push_back(file);
+    }
   }
-  v1::RunKey key;
-  key.set_experiment_id(attempt.experiment_id);
-  key.set_trial(trial_name);
-  key.set_attempt(static_cast<int32_t>(attempt.attempt));
+  const int64_t world_size = ranks_per_node * static_cast<int64_t>(by_node.size());
+  for (int64_t rank = 0; rank < world_size; ++rank) {
+    const std::string wanted = RankOptimizerFile(static_cast<int>(rank));
+    if (std::none_of(merged.begin(), merged.end(),
+                     [&](const digest::TreeFile& file) { return file.path == wanted; })) {
+      return DataLossError("no " + wanted + " from node rank " +
+                           std::to_string(rank / ranks_per_node) + ": rank " +
+                           std::to_string(rank) + "'s optimizer shard is missing");
+    }
+  }
+  std::sort(merged.begin(), merged.end(),
+            [](const digest::TreeFile& a, const digest::TreeFile& b) { return a.path < b.path; });
+  return merged;
+}
+
+StatusOr<std::vector<digest::TreeFile>> CheckpointCopies::FetchFiles(const std::string& node,
+                                                                     const v1::RunKey& key,
+                                                                     const std::string& path) {
+  const BlobStore& blobs = shared_.blobs;
   std::vector<digest::TreeFile> files;
   std::unique_ptr<ReceivedBlob> blob;
   Status received;
   const Status fetched = artifacts_.Fetch(
-      attempt.node, key,
+      node, key,
       [&](const v1::ArtifactChunk& chunk) {
         if (shared_.Stopping()) {
           received = CancelledError("the controller is stopping");
@@ -156,21 +181,66 @@ StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attemp
         }
         return received.ok();
       },
-      checkpoint.path);
+      path);
   RETURN_IF_ERROR(received);  // why the sink stopped the download, before the download's own error
   RETURN_IF_ERROR(fetched);
   if (blob != nullptr) return DataLossError(files.back().path + " was cut short");
   std::sort(files.begin(), files.end(),
             [](const digest::TreeFile& a, const digest::TreeFile& b) { return a.path < b.path; });
+  return files;
+}
+
+StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attempt,
+                                             const std::string& trial_name,
+                                             const ResultCheckpoint& checkpoint) {
+  store::Store& store = shared_.store;
+  ASSIGN_OR_RETURN(const store::TrialRecord trial, store.GetTrial(attempt.trial_id));
+  if (trial.resume && !trial.resume->tree.empty() && trial.resume->step == checkpoint.step + 1) {
+    // The attempt continued the controller's copy and wrote no newer checkpoint: its result names
+    // the copy (as materialised on the node), which the controller already holds.
+    RETURN_IF_ERROR(store.SetCheckpointTree(attempt.trial_id, attempt.attempt, trial.resume->tree));
+    return trial.resume->tree;
+  }
+  v1::RunKey key;
+  key.set_experiment_id(attempt.experiment_id);
+  key.set_trial(trial_name);
+  key.set_attempt(static_cast<int32_t>(attempt.attempt));
+  std::vector<std::vector<digest::TreeFile>> by_node;
+  ASSIGN_OR_RETURN(by_node.emplace_back(), FetchFiles(attempt.node, key, checkpoint.path));
   // What SaveCheckpoint writes last: without it the directory is no complete checkpoint.
-  if (std::none_of(files.begin(), files.end(), [](const digest::TreeFile& file) {
+  if (std::none_of(by_node[0].begin(), by_node[0].end(), [](const digest::TreeFile& file) {
         return file.path == "trainer_state.json";
       })) {
     return DataLossError("the agent sent no trainer_state.json: no complete checkpoint");
   }
+  std::vector<digest::TreeFile> files = by_node[0];
+  ASSIGN_OR_RETURN(const TrialConfig config,
+                   TrialConfig::FromJson(nlohmann::json::parse(trial.config_json, nullptr,
+                                                               /*allow_exceptions=*/false)));
+  if (attempt.nodes.size() > 1 && config.GetString("strategy") == "fsdp") {
+    // Every node's ranks wrote their shards under the same path in their own run directories,
+    // which the agents serve relative to the run directory.
+    const size_t output = checkpoint.path.rfind("/output/");
+    if (output == std::string::npos) {
+      return DataLossError("checkpoint " + checkpoint.path +
+                           " is not in the run's output directory: the other nodes' shards "
+                           "cannot be found");
+    }
+    const std::string relative = checkpoint.path.substr(output + 1);
+    for (const store::AttemptNode& node : attempt.nodes) {
+      if (node.node_rank == 0) continue;
+      StatusOr<std::vector<digest::TreeFile>> fetched = FetchFiles(node.node, key, relative);
+      if (!fetched.ok()) {
+        return fetched.status().WithContext("node " + node.node + " (node rank " +
+                                            std::to_string(node.node_rank) + ")");
+      }
+      by_node.push_back(std::move(*fetched));
+    }
+    ASSIGN_OR_RETURN(files, MergeNodeCheckpoints(by_node, config.GetInt("devices")));
+  }
   digest::InputTree tree{.digest = digest::TreeDigest(files), .files = files, .is_file = false};
   RETURN_IF_ERROR(digest::ValidateInputTree("checkpoint " + checkpoint.path, tree));
-  RETURN_IF_ERROR(blobs.PutTree(tree));
+  RETURN_IF_ERROR(shared_.blobs.PutTree(tree));
   RETURN_IF_ERROR(store.SetCheckpointTree(attempt.trial_id, attempt.attempt, tree.digest));
   return tree.digest;
 }

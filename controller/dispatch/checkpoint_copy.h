@@ -2,9 +2,11 @@
 // `checkpoint`, cancellation.h): why they were stopped, what their end says (the trial's error
 // names the checkpoint, or why there is none), and the copy of that checkpoint, on a thread of its
 // own, from the agent into the blob store as an input tree (FetchArtifacts of the checkpoint's
-// directory, every file checked against its sha256), recorded with Store::SetCheckpointTree. With
-// the copy a resumed trial may run on any node; a failed copy is logged, and the node holding the
-// checkpoint stays the only one that can continue it.
+// directory, every file checked against its sha256), recorded with Store::SetCheckpointTree. A
+// multi-node fsdp trial's checkpoint is copied from every node of the attempt (each holds its
+// ranks' optimizer shards) into one tree. With the copy a resumed trial may run on any nodes; a
+// failed copy is logged, and the node holding the checkpoint stays the only one that can continue
+// it (a multi-node one then cannot be continued: its other nodes' shards are not on node rank 0).
 #ifndef LLMCTL_CONTROLLER_DISPATCH_CHECKPOINT_COPY_H_
 #define LLMCTL_CONTROLLER_DISPATCH_CHECKPOINT_COPY_H_
 
@@ -15,6 +17,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/digest/digest.h"
 #include "common/status.h"
 #include "controller/dispatch/artifacts.h"
 #include "controller/dispatch/shared.h"
@@ -29,6 +32,14 @@ struct ResultCheckpoint {
 };
 // Nothing when `result_json` is no result naming a checkpoint.
 std::optional<ResultCheckpoint> ResultCheckpointOf(const std::string& result_json);
+
+// A multi-node fsdp checkpoint as one tree: node rank 0's files (`by_node[0]`: the whole model, its
+// ranks' optimizer shards and the trainer's state) and, from each other node k, the optimizer
+// shards of its ranks k * ranks_per_node .. (k + 1) * ranks_per_node - 1 (common/rank_files.h),
+// sorted by path. DataLoss naming the node and the file when a node sent anything else, or when
+// a rank's shard is missing.
+StatusOr<std::vector<digest::TreeFile>> MergeNodeCheckpoints(
+    const std::vector<std::vector<digest::TreeFile>>& by_node, int64_t ranks_per_node);
 
 // What a run stopped with a checkpoint kept, from the worker's `result` event (empty when none
 // came): the checkpoint of its last complete step (written, or the one it resumed from), or why
@@ -61,9 +72,14 @@ class CheckpointCopies {
   // blob store, when it names one.
   void Start(const store::RunningAttempt& attempt, const std::string& trial_name,
              const std::string& result_json);
-  // The copy itself: the tree's digest, recorded with the attempt.
+  // The copy itself: the tree's digest, recorded with the attempt. A multi-node fsdp attempt's
+  // checkpoint is on every node (trainer/parallel/fsdp_checkpoint.h): its files are fetched from
+  // each and merged (MergeNodeCheckpoints).
   StatusOr<std::string> Copy(const store::RunningAttempt& attempt, const std::string& trial_name,
                              const ResultCheckpoint& checkpoint);
+  // Fetches the files of directory `path` of `key`'s run on `node` into the blob store.
+  StatusOr<std::vector<digest::TreeFile>> FetchFiles(const std::string& node, const v1::RunKey& key,
+                                                     const std::string& path);
 
   Shared& shared_;
   const ArtifactFetcher& artifacts_;

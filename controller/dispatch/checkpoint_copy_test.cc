@@ -175,6 +175,45 @@ TEST_F(CheckpointCopyTest, ACheckpointThatCannotBeCopiedIsResumedOnlyOnItsNode) 
   EXPECT_EQ(request.resume_from().checkpoint(), "/ckpt/step-1");
 }
 
+// A 2-node fsdp checkpoint of 2 ranks a node: node rank 0's whole directory and node rank 1's
+// ranks' shards make one tree; a node's stray file, or a rank's missing shard, is named.
+TEST(MergeNodeCheckpointsTest, TakesEachNodesOwnRanksShards) {
+  const auto file = [](const std::string& path) {
+    return digest::TreeFile{path, digest::Sha256Hex(path), 1};
+  };
+  const std::vector<digest::TreeFile> zero = {
+      file("trainer_state.json"), file("model.safetensors"), file("optimizer.safetensors"),
+      file("optimizer.rank1.safetensors"), file("rng.safetensors")};
+  const std::vector<digest::TreeFile> one = {file("optimizer.rank3.safetensors"),
+                                             file("optimizer.rank2.safetensors")};
+  auto merged = dispatch::MergeNodeCheckpoints({zero, one}, 2);
+  ASSERT_TRUE(merged.ok()) << merged.status().ToString();
+  std::vector<std::string> paths;
+  for (const digest::TreeFile& f : *merged) paths.push_back(f.path);
+  EXPECT_EQ(paths, (std::vector<std::string>{"model.safetensors", "optimizer.rank1.safetensors",
+                                             "optimizer.rank2.safetensors",
+                                             "optimizer.rank3.safetensors", "optimizer.safetensors",
+                                             "rng.safetensors", "trainer_state.json"}));
+
+  auto stray = dispatch::MergeNodeCheckpoints(
+      {zero,
+       {file("optimizer.rank2.safetensors"), file("optimizer.rank3.safetensors"),
+        file("model.safetensors")}},
+      2);
+  ASSERT_FALSE(stray.ok());
+  EXPECT_NE(stray.status().message().find("node rank 1 sent 'model.safetensors'"),
+            std::string::npos)
+      << stray.status().ToString();
+  auto other_nodes_rank =
+      dispatch::MergeNodeCheckpoints({zero, {file("optimizer.rank1.safetensors")}}, 2);
+  ASSERT_FALSE(other_nodes_rank.ok());
+  auto missing = dispatch::MergeNodeCheckpoints({zero, {file("optimizer.rank2.safetensors")}}, 2);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("no optimizer.rank3.safetensors from node rank 1"),
+            std::string::npos)
+      << missing.status().ToString();
+}
+
 TEST(ResultCheckpointOfTest, ReadsThePathAndStepOfAResultsCheckpoint) {
   auto checkpoint = dispatch::ResultCheckpointOf(
       R"({"type":"result","outcome":"cancelled","checkpoint":{"step":2,"path":"/out/step-3"}})");

@@ -7,10 +7,13 @@
 #include <sqlite3.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/files.h"
 #include "tests/integration/controller_agent_fixture.h"
@@ -32,6 +35,43 @@ class MultiNodeTest : public ControllerAgentTest {
   // The run has ended on the node: its supervisor recorded how the worker exited.
   bool RunEnded(const std::string& node, int64_t experiment, const std::string& trial) {
     return fs::exists(RunDir(node, experiment, trial, 1) / "exit.json");
+  }
+
+  // The agents started from now on run the real llm-train.
+  void UseTheRealTrainer() {
+    trainer_ = BuildDir() + "/trainer/llm-train";
+    ASSERT_TRUE(fs::exists(trainer_)) << trainer_ << " is built with this test";
+  }
+
+  // `yaml` (the demo's data and tokenizer beside it) submitted with the built llmctl, as a user
+  // does, to this controller; the experiment's id.
+  int64_t SubmitAsAUser(const std::string& name, const std::string& yaml) {
+    const fs::path user = dir_ / "user";
+    fs::create_directories(user);
+    fs::copy_file("experiments/data/alpaca-demo.jsonl", user / "train.jsonl",
+                  fs::copy_options::overwrite_existing);
+    fs::copy_file("experiments/tokenizers/demo/tokenizer.json", user / "tokenizer.json",
+                  fs::copy_options::overwrite_existing);
+    std::ofstream(user / name) << yaml;
+    const llmctl::testing::CommandResult submitted = llmctl::testing::RunShellCommand(
+        "LLMCTL_CONTROLLER=unix:" + (dir_ / "controller.sock").string() + " " + BuildDir() +
+        "/controller/cli/llmctl" + " submit " + (user / name).string());
+    EXPECT_EQ(submitted.exit_code, 0) << submitted.out;
+    return submitted.exit_code == 0 ? std::stoll(submitted.out.substr(0, submitted.out.find('\n')))
+                                    : -1;
+  }
+
+  // (attempt, loss) of rank 0's steps, in order.
+  std::vector<std::pair<int64_t, double>> Losses(int64_t experiment) {
+    std::vector<std::pair<int64_t, double>> by_step;
+    auto steps = daemon_->store().RunSteps(experiment);
+    EXPECT_TRUE(steps.ok());
+    if (steps.ok()) {
+      for (const store::TrialStep& step : *steps) {
+        by_step.emplace_back(step.attempt, step.loss.value_or(-1));
+      }
+    }
+    return by_step;
   }
 };
 
@@ -148,26 +188,18 @@ TEST_F(MultiNodeTest, ACancelStopsItOnEveryNode) {
 // each rank's loss at every step is the one the same trial has on one node with 2 ranks (the same
 // world size and data shards; only the ranks' CPU thread counts differ, so within 1e-5).
 TEST_F(MultiNodeTest, TheRealTrainersRanksMeetAcrossTwoAgentsAndTrainAsOneNodesDo) {
-  trainer_ = BuildDir() + "/trainer/llm-train";
-  ASSERT_TRUE(fs::exists(trainer_)) << trainer_ << " is built with this test";
+  UseTheRealTrainer();
   AddAgent("n1");
   AddAgent("n2");
-  const fs::path user = dir_ / "user";
-  fs::create_directories(user);
-  fs::copy_file("experiments/data/alpaca-demo.jsonl", user / "train.jsonl");
-  fs::copy_file("experiments/tokenizers/demo/tokenizer.json", user / "tokenizer.json");
-  std::ofstream(user / "two-nodes.yaml")
-      << "name: two-nodes\nmodel: llmctl-demo\ninit: random\ntokenizer: tokenizer.json\n"
-         "data: {path: train.jsonl, max_seq_length: 64}\n"
-         "train: {micro_batch_size: 2, global_batch_size: 4, max_steps: 3}\n"
-         "strategy: ddp\ntrials:\n"
-         "  - {name: two-nodes, set: {nodes: 2, devices: 1}, expect: ok}\n"
-         "  - {name: one-node, set: {devices: 2}, expect: ok}\n";
-  const llmctl::testing::CommandResult submitted = llmctl::testing::RunShellCommand(
-      "LLMCTL_CONTROLLER=unix:" + (dir_ / "controller.sock").string() + " " + BuildDir() +
-      "/controller/cli/llmctl" + " submit " + (user / "two-nodes.yaml").string());
-  ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
-  const int64_t experiment = std::stoll(submitted.out.substr(0, submitted.out.find('\n')));
+  const int64_t experiment =
+      SubmitAsAUser("two-nodes.yaml",
+                    "name: two-nodes\nmodel: llmctl-demo\ninit: random\ntokenizer: tokenizer.json\n"
+                    "data: {path: train.jsonl, max_seq_length: 64}\n"
+                    "train: {micro_batch_size: 2, global_batch_size: 4, max_steps: 3}\n"
+                    "strategy: ddp\ntrials:\n"
+                    "  - {name: two-nodes, set: {nodes: 2, devices: 1}, expect: ok}\n"
+                    "  - {name: one-node, set: {devices: 2}, expect: ok}\n");
+  ASSERT_GT(experiment, 0);
   ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
   const std::vector<store::TrialRecord> trials = Trials(experiment);
   ASSERT_EQ(trials.size(), 2u);
@@ -210,6 +242,69 @@ TEST_F(MultiNodeTest, TheRealTrainersRanksMeetAcrossTwoAgentsAndTrainAsOneNodesD
     rank_one_files += fs::exists(RunDir(node, experiment, "two-nodes", 1) / "events.rank1.jsonl");
   }
   EXPECT_EQ(rank_one_files, 1);
+}
+
+// The real llm-train's fsdp over 2 nodes, stopped with a checkpoint: each node holds its rank's
+// optimizer shard, the controller copies the checkpoint from both into one tree, both nodes go
+// (`llmctl node down`), and the trial resumes on two other agents, its losses exactly those of the
+// same trial run uninterrupted.
+TEST_F(MultiNodeTest, AnFsdpCheckpointFromTwoNodesResumesOnTwoOtherAgentsExactly) {
+  UseTheRealTrainer();
+  AddAgent("n1");
+  AddAgent("n2");
+  constexpr int kSteps = 24;
+  const std::string yaml =
+      "model: llmctl-demo\ninit: random\ntokenizer: tokenizer.json\n"
+      "data: {path: train.jsonl, max_seq_length: 64}\n"
+      "train: {micro_batch_size: 2, global_batch_size: 4, max_steps: " +
+      std::to_string(kSteps) +
+      "}\nstrategy: fsdp\nnodes: 2\ndevices: 1\ntrials:\n  - {name: sharded, expect: ok}\n";
+  const int64_t experiment = SubmitAsAUser("sharded.yaml", yaml);
+  ASSERT_GT(experiment, 0);
+  ASSERT_TRUE(RoundsUntil([&] { return Losses(experiment).size() >= 3; }));
+  ASSERT_TRUE(daemon_->dispatcher().Cancel(experiment, "sharded", /*checkpoint=*/true).ok());
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  ASSERT_EQ(Trials(experiment).front().state, store::TrialState::kCancelled)
+      << "the run ended before the stop; the machine is faster than this test assumes";
+  ASSERT_TRUE(RoundsUntil([&] { return daemon_->dispatcher().CheckpointCopiesInFlight() == 0; }));
+  // Each node kept its own rank's shard: rank 1's is on one node only.
+  const size_t stopped_at = Losses(experiment).size();
+  int rank_one_shards = 0;
+  for (const char* node : {"n1", "n2"}) {
+    rank_one_shards +=
+        fs::exists(RunDir(node, experiment, "sharded", 1) / "output" / "checkpoints" /
+                   ("step-" + std::to_string(stopped_at)) / "optimizer.rank1.safetensors");
+  }
+  EXPECT_EQ(rank_one_shards, 1);
+
+  AddAgent("n3");
+  AddAgent("n4");
+  for (const char* node : {"n1", "n2"}) {
+    ASSERT_TRUE(daemon_->dispatcher().RemoveNode(node).ok());
+    Kill(node);
+  }
+  auto resume = daemon_->dispatcher().Resume(experiment, "sharded");
+  ASSERT_TRUE(resume.ok()) << resume.status().ToString();
+  ASSERT_FALSE(resume->tree.empty()) << "the controller has no copy of the checkpoint";
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  ASSERT_EQ(Trials(experiment).front().state, store::TrialState::kOk)
+      << "see n3-data/ and n4-data/ in " << dir_;
+  for (const char* node : {"n3", "n4"}) {
+    EXPECT_TRUE(fs::exists(RunDir(node, experiment, "sharded", 2) / "exit.json")) << node;
+  }
+
+  const int64_t reference = SubmitAsAUser("sharded.yaml", yaml);
+  ASSERT_GT(reference, 0);
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(reference); }));
+  const auto expected = Losses(reference);
+  const auto got = Losses(experiment);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(got.size(), expected.size());
+  EXPECT_EQ(got.front().first, 1);
+  EXPECT_EQ(got.back().first, 2);
+  for (size_t step = 0; step < got.size(); ++step) {
+    EXPECT_EQ(got[step].second, expected[step].second) << "step " << step;
+  }
 }
 
 }  // namespace

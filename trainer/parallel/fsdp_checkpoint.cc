@@ -1,27 +1,60 @@
 #include "trainer/parallel/fsdp_checkpoint.h"
 
+#include <filesystem>
 #include <vector>
+
+#include "common/rank_files.h"
 
 namespace llmctl::trainer {
 
-std::string RankOptimizerFile(int rank) {
-  return rank == 0 ? "optimizer.safetensors"
-                   : "optimizer.rank" + std::to_string(rank) + ".safetensors";
+namespace {
+
+namespace fs = std::filesystem;
+
+// Rank r > 0's part: its optimizer shard into <dir>.tmp, on its own node, once rank 0's staging
+// directory holds its files; then, once every rank has written, the node's first rank renames its
+// node's staging directory into place, and the ranks agree that every node did (before rank 0
+// renames its own).
+Status SaveRankShard(FullyShardedDataParallel& fsdp, const std::string& dir,
+                     const NamedTensors& optimizer) {
+  RETURN_IF_ERROR(fsdp.Barrier());  // rank 0's staging directory holds its files
+  const fs::path staging = dir + ".tmp";
+  // On rank 0's node (or a filesystem the nodes share) it exists; on another node the first of its
+  // ranks to get here makes it.
+  std::error_code error;
+  fs::create_directories(staging, error);
+  Status written =
+      error ? UnavailableError("cannot create " + staging.string() + ": " + error.message())
+            : WriteTensors((staging / RankOptimizerFile(fsdp.rank())).string(), optimizer);
+  ASSIGN_OR_RETURN(const std::vector<double> failed,
+                   fsdp.SumAcrossRanks({written.ok() ? 0.0 : 1.0}));
+  RETURN_IF_ERROR(written);
+  if (failed.at(0) > 0) return UnavailableError("checkpoint " + dir + " failed on another rank");
+  // Every rank has written. A staging directory that holds trainer_state.json is rank 0's, which
+  // rank 0 renames once this agreement is done.
+  Status renamed = Status::Ok();
+  if (fsdp.local_rank() == 0 && !fs::exists(staging / "trainer_state.json")) {
+    fs::remove_all(dir, error);
+    fs::rename(staging, dir, error);
+    if (error)
+      renamed = UnavailableError("cannot rename " + staging.string() + ": " + error.message());
+  }
+  ASSIGN_OR_RETURN(const std::vector<double> not_renamed,
+                   fsdp.SumAcrossRanks({renamed.ok() ? 0.0 : 1.0}));
+  RETURN_IF_ERROR(renamed);
+  if (not_renamed.at(0) > 0) {
+    return UnavailableError("checkpoint " + dir + " was not put in place on another node");
+  }
+  return Status::Ok();
 }
+
+}  // namespace
 
 Status SaveShardedCheckpoint(FullyShardedDataParallel& fsdp, const std::string& dir,
                              const NamedTensors& optimizer, const TrainingState& state) {
   ASSIGN_OR_RETURN(const NamedTensors model, fsdp.FullState());
-  // The ranks' sum of failures is both the barrier before rank 0's rename and the verdict.
-  if (fsdp.rank() != 0) {
-    RETURN_IF_ERROR(fsdp.Barrier());  // rank 0's staging directory holds its files
-    const Status written = WriteTensors(dir + ".tmp/" + RankOptimizerFile(fsdp.rank()), optimizer);
-    ASSIGN_OR_RETURN(const std::vector<double> failed,
-                     fsdp.SumAcrossRanks({written.ok() ? 0.0 : 1.0}));
-    RETURN_IF_ERROR(written);
-    if (failed.at(0) > 0) return UnavailableError("checkpoint " + dir + " failed on another rank");
-    return Status::Ok();
-  }
+  // The ranks' sums of failures are both the barriers before the renames and the verdicts.
+  if (fsdp.rank() != 0) return SaveRankShard(fsdp, dir, optimizer);
   bool joined = false;
   const Status saved =
       SaveCheckpoint(dir, model, optimizer, state, [&](const std::string&) -> Status {
@@ -30,6 +63,12 @@ Status SaveShardedCheckpoint(FullyShardedDataParallel& fsdp, const std::string& 
         ASSIGN_OR_RETURN(const std::vector<double> failed, fsdp.SumAcrossRanks({0.0}));
         if (failed.at(0) > 0) {
           return UnavailableError("another rank could not write its optimizer shard");
+        }
+        // The other nodes put theirs in place before rank 0 renames its own, so that on a
+        // filesystem they share they still see rank 0's staging directory as rank 0's.
+        ASSIGN_OR_RETURN(const std::vector<double> not_renamed, fsdp.SumAcrossRanks({0.0}));
+        if (not_renamed.at(0) > 0) {
+          return UnavailableError("checkpoint " + dir + " was not put in place on another node");
         }
         return Status::Ok();
       });

@@ -3,9 +3,16 @@
 //
 // <dir>/model.safetensors is gathered unit by unit; rank 0 writes it with its own optimizer shard
 // in optimizer.safetensors (SaveCheckpoint's layout), and before rank 0 renames the staging
-// directory into place every other rank r adds optimizer.rank<r>.safetensors there, so a directory
-// named step-N is still always whole. The shards' shapes depend on the world size: a checkpoint
-// resumes at the world size that wrote it.
+// directory into place every other rank r adds optimizer.rank<r>.safetensors
+// (common/rank_files.h) there, so a directory named step-N is still always whole. The shards'
+// shapes depend on the world size: a checkpoint resumes at the world size that wrote it.
+//
+// Several nodes: each node's ranks write theirs into <dir>.tmp on their own node, and once every
+// rank has written, each node's first rank renames its node's staging directory to <dir> (unless
+// it is rank 0's, on a filesystem the nodes share), and the ranks agree that every node did before
+// any returns. So each node holds its ranks' shards under the same path, and the controller's copy
+// of the checkpoint gathers them (controller/dispatch/checkpoint_copy.h) into one whole directory
+// that any nodes can resume from.
 #ifndef LLMCTL_TRAINER_PARALLEL_FSDP_CHECKPOINT_H_
 #define LLMCTL_TRAINER_PARALLEL_FSDP_CHECKPOINT_H_
 
@@ -17,9 +24,6 @@
 #include "trainer/train/checkpoints.h"
 
 namespace llmctl::trainer {
-
-// Rank r's optimizer shard in a checkpoint directory (rank 0's is optimizer.safetensors).
-std::string RankOptimizerFile(int rank);
 
 // Writes the checkpoint at `dir`; a collective: every rank calls it, with its own optimizer state.
 // A failure on any rank fails it on every rank, and no step-N directory appears.
