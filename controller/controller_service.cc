@@ -88,6 +88,7 @@ void AddMemoryTimeline(const store::TrialReport& trial,
     if (attempt == by_attempt.end()) continue;  // a lost attempt, not part of the run
     v1::DeviceMemorySample* proto = attempt->second->add_device_samples();
     proto->set_device(sample.device);
+    proto->set_node_rank(static_cast<int32_t>(sample.node_rank));
     proto->set_unix_ms(
         std::chrono::duration_cast<std::chrono::milliseconds>(sample.time.time_since_epoch())
             .count());

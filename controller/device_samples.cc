@@ -29,6 +29,7 @@ void ToProto(const store::DeviceSample& sample, v1::DeviceSample* out) {
       std::chrono::duration_cast<std::chrono::milliseconds>(sample.time.time_since_epoch())
           .count());
   out->set_device(sample.device);
+  out->set_node_rank(static_cast<int32_t>(sample.node_rank));
   if (sample.utilization_percent) out->set_utilization_percent(*sample.utilization_percent);
   out->set_memory_used_bytes(sample.memory_used_bytes);
   out->set_memory_total_bytes(sample.memory_total_bytes);

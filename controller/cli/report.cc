@@ -353,6 +353,7 @@ std::string RenderJson(const v1::ReportResponse& report) {
       for (const v1::DeviceMemorySample& sample : attempt.device_samples()) {
         nlohmann::ordered_json& row = entry["device_samples"].emplace_back();
         row["device"] = sample.device();
+        row["node_rank"] = sample.node_rank();
         row["unix_ms"] = sample.unix_ms();
         row["memory_used_bytes"] = sample.memory_used_bytes();
         row["memory_total_bytes"] = sample.memory_total_bytes();

@@ -7,6 +7,7 @@
 #include "common/byte_size.h"
 #include "controller/cli/report.h"
 #include "controller/cli/report_format.h"
+#include "controller/cli/watch_view.h"
 
 namespace llmctl::cli {
 namespace {
@@ -422,6 +423,9 @@ MemoryTimeline LayOutMemoryTimeline(const v1::TrialReport& trial) {
           std::max({timeline.top_bytes, snap.allocated_bytes(), snap.reserved_bytes()});
     }
     if (attempt.started_unix_ms() > 0) {
+      const bool several_nodes =
+          std::any_of(attempt.device_samples().begin(), attempt.device_samples().end(),
+                      [](const v1::DeviceMemorySample& sample) { return sample.node_rank() > 0; });
       for (const v1::DeviceMemorySample& sample : attempt.device_samples()) {
         // A CPU node's sample is the trial's resident memory: LibTorch's code, the host's share of
         // the run and everything the device budget leaves out, two to three times the budget in
@@ -431,8 +435,8 @@ MemoryTimeline LayOutMemoryTimeline(const v1::TrialReport& trial) {
             static_cast<double>(sample.unix_ms() - attempt.started_unix_ms()) / 1000.0;
         if (seconds < 0) continue;
         end = std::max(end, seconds);
-        timeline.device_used[sample.device()].push_back(
-            {.seconds = offset + seconds, .used_bytes = sample.memory_used_bytes()});
+        timeline.device_used[DeviceName(sample.device(), sample.node_rank(), several_nodes)]
+            .push_back({.seconds = offset + seconds, .used_bytes = sample.memory_used_bytes()});
         timeline.top_bytes = std::max(timeline.top_bytes, sample.memory_used_bytes());
       }
     }
@@ -455,7 +459,7 @@ std::string MemoryTimelineCharts(const v1::ReportResponse& report) {
       {"allocated", kAllocatedColor},
       {"reserved (dashed; on a CPU it equals allocated)", kReservedColor}};
   if (any_samples) {
-    legend.push_back({"GPU memory in use (the node's samples)", kDeviceUsedColor});
+    legend.push_back({"GPU memory in use (the nodes' samples)", kDeviceUsedColor});
   }
   legend.push_back({"device limit (dashed), out of memory (×)", kLimitColor});
   std::string out = Legend(legend) + "<div class=\"grid\">\n";

@@ -50,7 +50,8 @@ struct MemoryTimeline {
   };
   std::vector<Attempt> attempts;                           // the run's, in order
   std::vector<Snapshot> snapshots;                         // the run's, in order
-  std::map<std::string, std::vector<Sample>> device_used;  // by device ("cuda:0")
+  // By device: "cuda:0", or "node 1 cuda:0" over several nodes (DeviceName).
+  std::map<std::string, std::vector<Sample>> device_used;
   double end_seconds = 0;
   int64_t top_bytes = 0;  // the most that any series or limit reaches
 };

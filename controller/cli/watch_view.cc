@@ -85,9 +85,13 @@ std::string Meter(const std::string& label, double fraction, const std::string& 
   return label + "[" + cells + "]";
 }
 
-std::string DeviceLine(const v1::DeviceSample& sample, size_t name_width) {
+std::string DeviceName(const std::string& device, int32_t node_rank, bool several_nodes) {
+  return several_nodes ? "node " + std::to_string(node_rank) + " " + device : device;
+}
+
+std::string DeviceLine(const v1::DeviceSample& sample, const std::string& name, size_t name_width) {
   const bool cpu = sample.device() == "cpu";
-  std::string line = Pad(sample.device(), name_width) + " ";
+  std::string line = Pad(name, name_width) + " ";
   if (sample.has_utilization_percent()) {
     line += Meter(cpu ? "CPU" : "GPU", sample.utilization_percent() / 100,
                   Format("%.0f%%", sample.utilization_percent()), kMeterWidth);
@@ -125,12 +129,18 @@ std::vector<std::string> WatchLines(const v1::ExperimentStatus& status) {
     for (std::string& line : TrialLines(trial, columns)) {
       lines.push_back(std::move(line));
     }
+    const bool several_nodes =
+        std::any_of(trial.devices().begin(), trial.devices().end(),
+                    [](const v1::DeviceSample& device) { return device.node_rank() > 0; });
+    std::vector<std::string> names;
     size_t device_width = 0;
     for (const v1::DeviceSample& device : trial.devices()) {
-      device_width = std::max(device_width, device.device().size());
+      names.push_back(DeviceName(device.device(), device.node_rank(), several_nodes));
+      device_width = std::max(device_width, names.back().size());
     }
-    for (const v1::DeviceSample& device : trial.devices()) {
-      lines.push_back("    " + DeviceLine(device, device_width));
+    for (int i = 0; i < trial.devices_size(); ++i) {
+      lines.push_back("    " +
+                      DeviceLine(trial.devices(i), names[static_cast<size_t>(i)], device_width));
     }
   }
   return lines;

@@ -22,12 +22,16 @@ std::string ProgressBar(int64_t step, int64_t total, int width);
 // right-aligned over the end + `]`. "GPU[||||||||      45%]".
 std::string Meter(const std::string& label, double fraction, const std::string& text, int width);
 
-// One device's bars, its name padded to `name_width`:
+// A device's name as watch and report show it: "cuda:0", or with several nodes (a multi-node
+// attempt's samples, any of them from a node rank above 0) its node's rank first, "node 1 cuda:0".
+std::string DeviceName(const std::string& device, int32_t node_rank, bool several_nodes);
+
+// One device's bars, its name (DeviceName) padded to `name_width`:
 //   cuda:0 GPU[|||||||||        45%] MEM[|||||||||||||||||61.2/80.0 GiB] 312 W 64°C
 //   cpu    CPU[||||||||||||||||180%] RSS[||                1.6/24.0 GiB]
 // A CPU's percent is of one core (180% = 1.8 cores busy): its bar is full from 100% on. Figures a
 // sample lacks are left out, or "?" for a CPU's percent before its second reading.
-std::string DeviceLine(const v1::DeviceSample& sample, size_t name_width);
+std::string DeviceLine(const v1::DeviceSample& sample, const std::string& name, size_t name_width);
 
 // Per trial: its line (name, state, progress bar and step/total, tokens/s, current and peak memory
 // in MiB, and the error for a failed trial; columns aligned across the experiment's trials), then

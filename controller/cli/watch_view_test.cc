@@ -81,17 +81,17 @@ TEST(MeterTest, FillsInProportionUnderItsText) {
 }
 
 TEST(DeviceLineTest, GpuAndCpuAsNvtopDrawsThem) {
-  EXPECT_EQ(DeviceLine(Gpu("cuda:0", 45, 61.2), 6),
+  EXPECT_EQ(DeviceLine(Gpu("cuda:0", 45, 61.2), "cuda:0", 6),
             "cuda:0 GPU[|||||||||        45%] MEM[|||||||||||||||||61.2/80.0 GiB] 312 W 64\u00b0C");
   v1::DeviceSample cpu;
   cpu.set_device("cpu");
   cpu.set_utilization_percent(180);
   cpu.set_memory_used_bytes(int64_t{13} << 30 >> 3);  // 1.625 GiB
   cpu.set_memory_total_bytes(int64_t{24} << 30);
-  EXPECT_EQ(DeviceLine(cpu, 6),
+  EXPECT_EQ(DeviceLine(cpu, "cpu", 6),
             "cpu    CPU[||||||||||||||||180%] RSS[||                1.6/24.0 GiB]");
   cpu.clear_utilization_percent();  // a CPU's first reading
-  EXPECT_EQ(DeviceLine(cpu, 3).find("cpu CPU[                   ?] RSS["), 0u);
+  EXPECT_EQ(DeviceLine(cpu, "cpu", 3).find("cpu CPU[                   ?] RSS["), 0u);
 }
 
 TEST(WatchLinesTest, ARunningTrialsDevicesFollowItsLineAligned) {
@@ -109,6 +109,19 @@ TEST(WatchLinesTest, ARunningTrialsDevicesFollowItsLineAligned) {
       0u)
       << lines[3];
   EXPECT_EQ(lines[4].find("reduced-batch "), 0u);
+}
+
+// A multi-node trial's devices: each node's cuda:0, named by its node rank.
+TEST(WatchLinesTest, SeveralNodesDevicesAreNamedByTheirNodeRank) {
+  v1::ExperimentStatus status = TwoTrials(3);
+  *status.mutable_trials(0)->add_devices() = Gpu("cuda:0", 45, 61.2);
+  v1::DeviceSample other = Gpu("cuda:0", 100, 80);
+  other.set_node_rank(1);
+  *status.mutable_trials(0)->add_devices() = other;
+  const std::vector<std::string> lines = WatchLines(status);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[1].find("    node 0 cuda:0 GPU[|||||||||        45%]"), 0u) << lines[1];
+  EXPECT_EQ(lines[2].find("    node 1 cuda:0 GPU[||||||||||||||||100%]"), 0u) << lines[2];
 }
 
 TEST(WatchPrinterTest, PlainOutputLeavesOutTheDevicesThatChangeEverySecond) {

@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <limits>
 #include <optional>
 #include <set>
 
@@ -108,7 +107,9 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
   auto last_seq = store.LastSeq(attempt.trial_id, attempt.attempt);
   // A multi-rank attempt's other ranks, each resumed after its own last stored line.
   auto last_rank_seqs = store.LastRankSeqs(attempt.trial_id, attempt.attempt);
-  auto last_sample_seq = store.LastDeviceSampleSeq(attempt.trial_id, attempt.attempt);
+  // Each node numbers its own readings.
+  auto last_sample_seq =
+      store.LastDeviceSampleSeq(attempt.trial_id, attempt.attempt, stream.node_rank);
   grpc::ClientContext context;
   bool stopped;
   {
@@ -129,9 +130,7 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
     for (const auto& [rank, seq] : *last_rank_seqs) {
       (*request.mutable_from_rank_seq())[rank] = seq + 1;
     }
-    // Samples are numbered per node: the store keeps node rank 0's.
-    request.set_from_sample_seq(stream.node_rank == 0 ? *last_sample_seq + 1
-                                                      : std::numeric_limits<int64_t>::max());
+    request.set_from_sample_seq(*last_sample_seq + 1);
     auto reader = stub.StreamEvents(&context, request);
     v1::StreamEventsResponse response;
     while (reader->Read(&response)) {
@@ -152,7 +151,7 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
         if (*appended > 0) shared_.changes.Notify();
       } else if (response.has_samples()) {
         auto stored = store.AppendDeviceSamples(attempt.trial_id, attempt.attempt,
-                                                FromProto(response.samples()));
+                                                FromProto(response.samples()), stream.node_rank);
         if (!stored.ok() && stored.status().code() == StatusCode::kFailedPrecondition) {
           result = stored.status();  // fenced off, as its events are
           context.TryCancel();

@@ -10,7 +10,8 @@
 // (a node's agent sends its own ranks); a node's end is recorded with FinishAttemptNode, which ends
 // the attempt once every node's has. A node whose run ends otherwise than ok has its peers'
 // runs stopped at once: their ranks would otherwise wait in a collective until its timeout.
-// Device samples are node rank 0's (they are numbered per node).
+// Device samples come from every node, each from its own last stored reading (a node numbers its
+// own).
 #ifndef LLMCTL_CONTROLLER_DISPATCH_EVENT_STREAMS_H_
 #define LLMCTL_CONTROLLER_DISPATCH_EVENT_STREAMS_H_
 

@@ -18,21 +18,37 @@ using sqlite::Statement;
 using sqlite::Transaction;
 
 constexpr char kSampleColumns[] =
-    "attempt, device, sampled_at, count, utilization_percent, memory_used_bytes, "
+    "attempt, node_rank, device, sampled_at, count, utilization_percent, memory_used_bytes, "
     "memory_total_bytes, power_watts, temperature_celsius";
 
 DeviceSample ReadSample(const Statement& stmt) {
   DeviceSample sample;
   sample.attempt = stmt.Int(0);
-  sample.device = stmt.Text(1);
-  sample.time = FromMillis(stmt.Int(2));
-  sample.count = stmt.Int(3);
-  sample.utilization_percent = stmt.OptionalNumber(4);
-  sample.memory_used_bytes = stmt.Int(5);
-  sample.memory_total_bytes = stmt.Int(6);
-  sample.power_watts = stmt.OptionalNumber(7);
-  sample.temperature_celsius = stmt.OptionalNumber(8);
+  sample.node_rank = stmt.Int(1);
+  sample.device = stmt.Text(2);
+  sample.time = FromMillis(stmt.Int(3));
+  sample.count = stmt.Int(4);
+  sample.utilization_percent = stmt.OptionalNumber(5);
+  sample.memory_used_bytes = stmt.Int(6);
+  sample.memory_total_bytes = stmt.Int(7);
+  sample.power_watts = stmt.OptionalNumber(8);
+  sample.temperature_celsius = stmt.OptionalNumber(9);
   return sample;
+}
+
+// Where node rank `node_rank`'s highest ingested reading of the attempt is kept: node rank 0's
+// with the attempt, another's with its attempt_nodes row.
+std::string CursorQuery(int64_t node_rank, bool update) {
+  if (node_rank == 0) {
+    return update ? "UPDATE attempts SET device_sample_seq = ? WHERE trial_id = ? AND attempt = ?"
+                  : "SELECT device_sample_seq FROM attempts WHERE trial_id = ? AND attempt = ?";
+  }
+  return update ? "UPDATE attempt_nodes SET device_sample_seq = ? WHERE trial_id = ? AND "
+                  "attempt = ? AND node_rank = " +
+                      std::to_string(node_rank)
+                : "SELECT device_sample_seq FROM attempt_nodes WHERE trial_id = ? AND attempt = ? "
+                  "AND node_rank = " +
+                      std::to_string(node_rank);
 }
 
 StatusOr<std::vector<DeviceSample>> ReadSamples(Statement& stmt) {
@@ -69,8 +85,9 @@ Status ValidateSample(const NewDeviceSample& reading, int64_t trial_id, int64_t 
   return Status::Ok();
 }
 
-// Merges the attempt's rows older than the window before its newest one into one row per device
-// and bucket. Buckets that already hold one row are left alone, so merging again changes nothing.
+// Merges the attempt's rows older than the window before its newest one into one row per node,
+// device and bucket. Buckets that already hold one row are left alone, so merging again changes
+// nothing.
 Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt) {
   ASSIGN_OR_RETURN(Statement newest, Statement::Prepare(db,
                                                         "SELECT MAX(sampled_at) FROM "
@@ -90,7 +107,7 @@ Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt) {
       Statement groups,
       Statement::Prepare(
           db,
-          "SELECT ?, device, " + bucket +
+          "SELECT ?, node_rank, device, " + bucket +
               " AS bucket, SUM(count), "
               "SUM(utilization_percent * count) / "
               "SUM(CASE WHEN utilization_percent IS NOT NULL THEN count END), "
@@ -98,38 +115,41 @@ Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt) {
               "SUM(power_watts * count) / SUM(CASE WHEN power_watts IS NOT NULL THEN count END), "
               "MAX(temperature_celsius) FROM device_samples "
               "WHERE trial_id = ? AND attempt = ? AND sampled_at < ? "
-              "GROUP BY device, bucket HAVING COUNT(*) > 1"));
+              "GROUP BY node_rank, device, bucket HAVING COUNT(*) > 1"));
   groups.Bind(1, attempt).Bind(2, trial_id).Bind(3, attempt).Bind(4, cutoff);
   ASSIGN_OR_RETURN(const std::vector<DeviceSample> merged, ReadSamples(groups));
   if (merged.empty()) return Status::Ok();
   ASSIGN_OR_RETURN(Statement remove,
                    Statement::Prepare(db,
                                       "DELETE FROM device_samples WHERE trial_id = ? AND attempt = "
-                                      "? AND device = ? AND sampled_at >= ? AND sampled_at < ?"));
+                                      "? AND node_rank = ? AND device = ? AND sampled_at >= ? AND "
+                                      "sampled_at < ?"));
   ASSIGN_OR_RETURN(
       Statement insert,
       Statement::Prepare(db, std::string("INSERT INTO device_samples (trial_id, ") +
-                                 kSampleColumns + ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
+                                 kSampleColumns + ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
   for (const DeviceSample& row : merged) {
     const int64_t start = ToMillis(row.time);
     remove.Reset();
     remove.Bind(1, trial_id)
         .Bind(2, attempt)
-        .Bind(3, row.device)
-        .Bind(4, start)
-        .Bind(5, start + bucket_ms);
+        .Bind(3, row.node_rank)
+        .Bind(4, row.device)
+        .Bind(5, start)
+        .Bind(6, start + bucket_ms);
     RETURN_IF_ERROR(remove.Run());
     insert.Reset();
     insert.Bind(1, trial_id)
         .Bind(2, attempt)
-        .Bind(3, row.device)
-        .Bind(4, start)
-        .Bind(5, row.count)
-        .BindOptional(6, row.utilization_percent)
-        .Bind(7, row.memory_used_bytes)
-        .Bind(8, row.memory_total_bytes)
-        .BindOptional(9, row.power_watts)
-        .BindOptional(10, row.temperature_celsius);
+        .Bind(3, row.node_rank)
+        .Bind(4, row.device)
+        .Bind(5, start)
+        .Bind(6, row.count)
+        .BindOptional(7, row.utilization_percent)
+        .Bind(8, row.memory_used_bytes)
+        .Bind(9, row.memory_total_bytes)
+        .BindOptional(10, row.power_watts)
+        .BindOptional(11, row.temperature_celsius);
     RETURN_IF_ERROR(insert.Run());
   }
   return Status::Ok();
@@ -138,27 +158,30 @@ Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt) {
 }  // namespace
 
 StatusOr<int64_t> Store::AppendDeviceSamples(int64_t trial_id, int64_t attempt,
-                                             std::span<const NewDeviceSample> samples) {
+                                             std::span<const NewDeviceSample> samples,
+                                             int64_t node_rank) {
   for (const NewDeviceSample& sample : samples) {
     RETURN_IF_ERROR(ValidateSample(sample, trial_id, attempt));
   }
   std::lock_guard lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   RETURN_IF_ERROR(internal::CheckCurrentAttempt(db_, trial_id, attempt));
-  ASSIGN_OR_RETURN(Statement cursor,
-                   Statement::Prepare(db_,
-                                      "SELECT device_sample_seq FROM attempts WHERE trial_id = ? "
-                                      "AND attempt = ?"));
+  ASSIGN_OR_RETURN(Statement cursor, Statement::Prepare(db_, CursorQuery(node_rank, false)));
   cursor.Bind(1, trial_id).Bind(2, attempt);
   ASSIGN_OR_RETURN(const bool has_cursor, cursor.Step());
-  if (!has_cursor) return InternalError("the current attempt has no row");
+  if (!has_cursor) {
+    if (node_rank == 0) return InternalError("the current attempt has no row");
+    return InvalidArgumentError("attempt " + std::to_string(attempt) + " of trial " +
+                                std::to_string(trial_id) + " has no node rank " +
+                                std::to_string(node_rank));
+  }
   int64_t last_seq = cursor.Int(0);
   // A reading repeated within one bucket's millisecond (a clock step back) is one reading.
   ASSIGN_OR_RETURN(
       Statement insert,
       Statement::Prepare(db_, std::string("INSERT OR IGNORE INTO device_samples "
                                           "(trial_id, ") +
-                                  kSampleColumns + ") VALUES (?, ?, ?, ?, 1, ?, ?, ?, ?, ?)"));
+                                  kSampleColumns + ") VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?)"));
   int64_t added = 0;
   for (const NewDeviceSample& reading : samples) {
     if (reading.seq <= last_seq) continue;
@@ -167,21 +190,19 @@ StatusOr<int64_t> Store::AppendDeviceSamples(int64_t trial_id, int64_t attempt,
     insert.Reset();
     insert.Bind(1, trial_id)
         .Bind(2, attempt)
-        .Bind(3, sample.device)
-        .Bind(4, ToMillis(sample.time))
-        .BindOptional(5, sample.utilization_percent)
-        .Bind(6, sample.memory_used_bytes)
-        .Bind(7, sample.memory_total_bytes)
-        .BindOptional(8, sample.power_watts)
-        .BindOptional(9, sample.temperature_celsius);
+        .Bind(3, node_rank)
+        .Bind(4, sample.device)
+        .Bind(5, ToMillis(sample.time))
+        .BindOptional(6, sample.utilization_percent)
+        .Bind(7, sample.memory_used_bytes)
+        .Bind(8, sample.memory_total_bytes)
+        .BindOptional(9, sample.power_watts)
+        .BindOptional(10, sample.temperature_celsius);
     RETURN_IF_ERROR(insert.Run());
     ++added;
   }
   if (added == 0) return 0;
-  ASSIGN_OR_RETURN(Statement advance,
-                   Statement::Prepare(db_,
-                                      "UPDATE attempts SET device_sample_seq = ? WHERE trial_id = "
-                                      "? AND attempt = ?"));
+  ASSIGN_OR_RETURN(Statement advance, Statement::Prepare(db_, CursorQuery(node_rank, true)));
   advance.Bind(1, last_seq).Bind(2, trial_id).Bind(3, attempt);
   RETURN_IF_ERROR(advance.Run());
   RETURN_IF_ERROR(MergeOldSamples(db_, trial_id, attempt));
@@ -189,12 +210,9 @@ StatusOr<int64_t> Store::AppendDeviceSamples(int64_t trial_id, int64_t attempt,
   return added;
 }
 
-StatusOr<int64_t> Store::LastDeviceSampleSeq(int64_t trial_id, int64_t attempt) {
+StatusOr<int64_t> Store::LastDeviceSampleSeq(int64_t trial_id, int64_t attempt, int64_t node_rank) {
   std::lock_guard lock(mutex_);
-  ASSIGN_OR_RETURN(Statement stmt,
-                   Statement::Prepare(db_,
-                                      "SELECT device_sample_seq FROM attempts WHERE trial_id = ? "
-                                      "AND attempt = ?"));
+  ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_, CursorQuery(node_rank, false)));
   stmt.Bind(1, trial_id).Bind(2, attempt);
   ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
   return has_row ? stmt.Int(0) : 0;
@@ -216,7 +234,7 @@ StatusOr<std::vector<DeviceSample>> Store::DeviceSamples(int64_t experiment_id,
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_, std::string("SELECT ") + kSampleColumns +
                                                " FROM device_samples WHERE trial_id = ? "
-                                               "ORDER BY sampled_at, device, attempt"));
+                                               "ORDER BY sampled_at, node_rank, device, attempt"));
   stmt.Bind(1, find.Int(0));
   return ReadSamples(stmt);
 }
@@ -229,7 +247,8 @@ StatusOr<std::vector<DeviceSample>> Store::LatestDeviceSamples(int64_t trial_id,
                                   " FROM device_samples s WHERE trial_id = ? AND attempt = ? "
                                   "AND sampled_at = (SELECT MAX(sampled_at) FROM device_samples "
                                   "WHERE trial_id = s.trial_id AND attempt = s.attempt AND "
-                                  "device = s.device) ORDER BY device"));
+                                  "node_rank = s.node_rank AND device = s.device) "
+                                  "ORDER BY node_rank, device"));
   stmt.Bind(1, trial_id).Bind(2, attempt);
   return ReadSamples(stmt);
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <map>
 #include <numeric>
 
 #include "controller/store/store.h"
@@ -73,6 +74,44 @@ std::vector<NewDeviceSample> GpuReadings(int64_t first, int64_t last) {
   std::vector<NewDeviceSample> readings;
   for (int64_t seq = first; seq <= last; ++seq) readings.push_back(GpuReading(seq));
   return readings;
+}
+
+// A multi-node attempt's nodes each number their own readings of their own cuda:0: each node's
+// are kept apart, from its own cursor, and merged per node.
+TEST_F(DeviceSamplesTest, EachNodeOfAMultiNodeAttemptKeepsItsOwnReadings) {
+  std::unique_ptr<Store> store = OpenWithRunningTrial("db");
+  ASSERT_NE(store, nullptr);
+  const int64_t trial = (*store->ListTrials(experiment_id_))[1].id;
+  auto attempt = store->StartMultiNodeAttempt(
+      trial,
+      {{.node_rank = 0, .node = "n1", .device_indices = {0}, .ended = false},
+       {.node_rank = 1, .node = "n2", .device_indices = {0}, .ended = false}},
+      kNow);
+  ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
+  // Past the window on both nodes, so that older readings are merged.
+  constexpr int64_t kReadings = 700;
+  EXPECT_EQ(*store->AppendDeviceSamples(trial, *attempt, GpuReadings(1, kReadings - 2), 0),
+            kReadings - 2);
+  EXPECT_EQ(*store->AppendDeviceSamples(trial, *attempt, GpuReadings(1, kReadings), 1), kReadings);
+  EXPECT_EQ(*store->AppendDeviceSamples(trial, *attempt, GpuReadings(1, kReadings), 1), 0);
+  EXPECT_EQ(*store->LastDeviceSampleSeq(trial, *attempt, 0), kReadings - 2);
+  EXPECT_EQ(*store->LastDeviceSampleSeq(trial, *attempt, 1), kReadings);
+  EXPECT_EQ(store->AppendDeviceSamples(trial, *attempt, GpuReadings(1, 1), 2).status().code(),
+            StatusCode::kInvalidArgument);
+
+  const std::vector<DeviceSample> latest = *store->LatestDeviceSamples(trial, *attempt);
+  ASSERT_EQ(latest.size(), 2u);
+  EXPECT_EQ(latest[0].node_rank, 0);
+  EXPECT_EQ(latest[0].memory_used_bytes, (kReadings - 2) << 20);
+  EXPECT_EQ(latest[1].node_rank, 1);
+  EXPECT_EQ(latest[1].memory_used_bytes, kReadings << 20);
+  std::map<int64_t, int64_t> readings;  // node rank -> readings over its rows
+  const std::vector<DeviceSample> rows = *store->DeviceSamples(experiment_id_, "b");
+  for (const DeviceSample& row : rows) {
+    readings[row.node_rank] += row.count;
+  }
+  EXPECT_EQ(readings[0], kReadings - 2);
+  EXPECT_EQ(readings[1], kReadings);
 }
 
 TEST_F(DeviceSamplesTest, IngestionIsIdempotentOnTrialAttemptAndSeq) {

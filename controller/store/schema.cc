@@ -505,7 +505,35 @@ constexpr std::string_view kTrialPredictions = R"sql(
 ALTER TABLE trials ADD COLUMN prediction_json TEXT;
 )sql";
 
-constexpr std::array<std::string_view, 11> kMigrations = {
+// Every node of a multi-node attempt samples its own devices, numbering its readings itself: each
+// row says which node rank read it (0 for every single-node attempt), and each other node's
+// highest ingested reading is kept with its attempt_nodes row (node rank 0's stays in attempts).
+constexpr std::string_view kDeviceSamplesByNode = R"sql(
+CREATE TABLE device_samples_by_node (
+  trial_id INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  node_rank INTEGER NOT NULL CHECK (node_rank >= 0),
+  device TEXT NOT NULL,          -- "cuda:N" (the node's index) or "cpu"
+  sampled_at INTEGER NOT NULL,   -- a merged row: its bucket's start
+  count INTEGER NOT NULL CHECK (count >= 1),
+  utilization_percent REAL,      -- GPU 0-100; CPU percent of one core
+  memory_used_bytes INTEGER NOT NULL CHECK (memory_used_bytes >= 0),
+  memory_total_bytes INTEGER NOT NULL CHECK (memory_total_bytes >= 0),
+  power_watts REAL,
+  temperature_celsius REAL,
+  PRIMARY KEY (trial_id, attempt, node_rank, device, sampled_at),
+  FOREIGN KEY (trial_id, attempt) REFERENCES attempts(trial_id, attempt) ON DELETE CASCADE
+) WITHOUT ROWID;
+INSERT INTO device_samples_by_node
+SELECT trial_id, attempt, 0, device, sampled_at, count, utilization_percent, memory_used_bytes,
+       memory_total_bytes, power_watts, temperature_celsius
+FROM device_samples;
+DROP TABLE device_samples;
+ALTER TABLE device_samples_by_node RENAME TO device_samples;
+ALTER TABLE attempt_nodes ADD COLUMN device_sample_seq INTEGER NOT NULL DEFAULT 0;
+)sql";
+
+constexpr std::array<std::string_view, 12> kMigrations = {
     kInitialSchema,
     kNodeLeases,
     kNodeRemoval,
@@ -516,7 +544,8 @@ constexpr std::array<std::string_view, 11> kMigrations = {
     kRankEvents,
     Joined<kDropReportViews, kReportViews>::kText,
     kAttemptNodes,
-    kTrialPredictions};
+    kTrialPredictions,
+    kDeviceSamplesByNode};
 
 }  // namespace
 

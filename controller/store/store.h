@@ -274,6 +274,9 @@ struct TrialStep {
 // bucket): the mean utilisation and power, the highest memory and temperature.
 struct DeviceSample {
   int64_t attempt = 0;
+  // The node of the attempt that read it: 0 for a single-node attempt's, else the node rank of a
+  // multi-node attempt's node.
+  int64_t node_rank = 0;
   // "cuda:N" (N: the node's device index), or "cpu": the trial's processes on a CPU node.
   std::string device;
   Time time;          // when it was read; for a merged row the start of its bucket
@@ -445,15 +448,19 @@ class Store {
   // the attempt's highest stored one is skipped. Returns how many were new. FailedPrecondition for
   // a stale or lost attempt, as AppendEvents; InvalidArgument for a bad reading (seq < 1, no
   // device, negative memory or power, used memory above a known total, a non-finite figure),
-  // naming its seq; nothing is stored then.
+  // naming its seq; nothing is stored then. The readings are those of node rank `node_rank` of the
+  // attempt (each node numbers its own; InvalidArgument for a node rank the attempt does not have).
   StatusOr<int64_t> AppendDeviceSamples(int64_t trial_id, int64_t attempt,
-                                        std::span<const NewDeviceSample> samples);
-  // The highest stored reading's seq of the attempt, 0 when none: a stream resumes from it + 1.
-  StatusOr<int64_t> LastDeviceSampleSeq(int64_t trial_id, int64_t attempt);
-  // The trial's device samples, all attempts, by time then device. NotFound for an unknown
-  // experiment or trial.
+                                        std::span<const NewDeviceSample> samples,
+                                        int64_t node_rank = 0);
+  // The highest stored reading's seq of the attempt's node rank `node_rank`, 0 when none: its
+  // stream resumes from it + 1.
+  StatusOr<int64_t> LastDeviceSampleSeq(int64_t trial_id, int64_t attempt, int64_t node_rank = 0);
+  // The trial's device samples, all attempts and nodes, by time, node rank then device. NotFound
+  // for an unknown experiment or trial.
   StatusOr<std::vector<DeviceSample>> DeviceSamples(int64_t experiment_id, std::string_view trial);
-  // The newest row of each device of the attempt, by device: what `llmctl watch` draws.
+  // The newest row of each device of each node of the attempt, by node rank then device: what
+  // `llmctl watch` draws.
   StatusOr<std::vector<DeviceSample>> LatestDeviceSamples(int64_t trial_id, int64_t attempt);
 
  private:

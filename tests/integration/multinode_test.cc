@@ -107,6 +107,48 @@ TEST_F(MultiNodeTest, RunsOnTwoAgentsWithNodeRankZerosRendezvousAndStoresEveryRa
   EXPECT_TRUE(BothRanksStoredUpTo(trial.id, 4));
 }
 
+// Each node's agent samples its own share of the trial (the fake trainer's processes, from /proc
+// once a second) and numbers its readings itself: the store keeps every node's, apart, and the
+// status `llmctl watch` reads names both nodes' devices.
+TEST_F(MultiNodeTest, EveryNodesDeviceSamplesAreStored) {
+  AddAgent("n1");
+  AddAgent("n2");
+  const int64_t experiment = Submit(Experiment({{"mn-held", 300}}));
+  const store::TrialRecord trial = Trials(experiment).front();
+  const auto stored = [&](int64_t node_rank) {
+    return *daemon_->store().LastDeviceSampleSeq(trial.id, 1, node_rank);
+  };
+  ASSERT_TRUE(RoundsUntil([&] { return stored(0) >= 2 && stored(1) >= 2; }));
+  auto latest = daemon_->store().LatestDeviceSamples(trial.id, 1);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  ASSERT_EQ(latest->size(), 2u);
+  EXPECT_EQ((*latest)[0].node_rank, 0);
+  EXPECT_EQ((*latest)[1].node_rank, 1);
+  for (const char* node : {"n1", "n2"}) {
+    WriteFile(RunDir(node, experiment, "mn-held", 1) / "go", "",
+              fs::perms::owner_read | fs::perms::owner_write);
+  }
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  auto samples = daemon_->store().DeviceSamples(experiment, "mn-held");
+  ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+  std::map<int64_t, int64_t> rows;  // node rank -> rows (one per reading: the run is short)
+  for (const store::DeviceSample& sample : *samples) {
+    EXPECT_EQ(sample.device, "cpu");
+    EXPECT_GT(sample.memory_used_bytes, 0);
+    ++rows[sample.node_rank];
+  }
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& [node_rank, count] : rows) {
+    SCOPED_TRACE("node rank " + std::to_string(node_rank));
+    EXPECT_EQ(count, stored(node_rank));
+    // Which agent is node rank 0 is the scheduler's choice: its readings are its own file's.
+    const std::string zero =
+        Argv("n1", experiment, "mn-held").find("--node-rank 0") != std::string::npos ? "n1" : "n2";
+    const std::string node = node_rank == 0 ? zero : (zero == "n1" ? "n2" : "n1");
+    EXPECT_LE(count, FileLines(RunDir(node, experiment, "mn-held", 1) / "samples.jsonl"));
+  }
+}
+
 TEST_F(MultiNodeTest, ANodeOutOfMemoryStopsTheOtherAndTheTrialIsOomNamingIt) {
   AddAgent("n1");
   AddAgent("n2");
