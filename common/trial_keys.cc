@@ -152,6 +152,14 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        {"ce", "chunked_ce"},
        "ce: cross-entropy over the full (B, T, V) logits; chunked_ce: over chunks of tokens, never "
        "holding all logits or their gradient"},
+      {"kernels",
+       K::kEnum,
+       "aten",
+       {"aten", "fused"},
+       "The decoder block's RMSNorm, SwiGLU and rotary embedding. aten: the ATen composition "
+       "transformers runs, keeping exactly its tensors (the labs' tables); fused: each one op with "
+       "its own backward (trainer/kernels), keeping only RMSNorm's input and per-row rstd and "
+       "SwiGLU's two projections (LLaMA family)"},
       {"peft.method",
        K::kEnum,
        "none",

@@ -137,6 +137,12 @@ TEST(EstimatePeakTest, DemoSweep) {
             {"peft.targets", "[k_proj, gate_proj, lm_head]"},
             {"precision", "bf16-true"},
             {"activation_checkpointing", "true"}},
+           // The fused decoder block (trainer/kernels): fewer saved activations.
+           {{"kernels", "fused"}},
+           {{"kernels", "fused"}, {"precision", "bf16-true"}},
+           {{"kernels", "fused"}, {"precision", "bf16-mixed"}},
+           {{"kernels", "fused"}, {"peft.method", "lora"}},
+           {{"kernels", "fused"}, {"activation_checkpointing", "true"}},
        }) {
     cases.push_back({"demo.yaml", "", With(base, sets)});
   }

@@ -48,6 +48,7 @@ struct Forward {
   bool cuda = false;
   bool checkpointing = false;
   bool chunked_loss = false;
+  bool fused = false;  // kernels: fused (trainer/kernels/fused_ops.h)
 
   // trainer/model/llama.cc: on CUDA, float32 attention with fewer key/value heads than heads
   // repeats the keys and values to every head for SDPA's memory-efficient kernel (flash attention
@@ -120,6 +121,14 @@ class Trace {
 
   // RmsNormImpl::forward: float32 normalisation, cast back, times the weight.
   Value Norm(const Value& x) {
+    if (f_.fused) {
+      // FusedRmsNorm keeps its input and each row's fp32 rstd, for both gradients.
+      if (x.requires_grad || f_.full) {
+        Save(x);
+        Save(PerToken(1, 4, false));
+      }
+      return PerToken(f_.hidden, x.element, x.requires_grad || f_.full);
+    }
     Value x32 = x.element == 4 ? x : PerToken(f_.hidden, 4, x.requires_grad);
     if (x.requires_grad) {
       Save(x32);                   // pow and the multiplication by rsqrt
@@ -140,7 +149,8 @@ class Trace {
     // x * cos + rotate_half(x) * sin saves only the tables, cast to the activations' dtype per
     // call (no copy in float32, where the shared tables are counted once).
     for (const Value* t : {&q, &k}) {
-      if (t->requires_grad && t->element != 4) {
+      // FusedRope rotates with the float32 tables themselves.
+      if (t->requires_grad && t->element != 4 && !f_.fused) {
         Save(Fixed(f_.seq * f_.head_dim, t->element, false));  // cos
         Save(Fixed(f_.seq * f_.head_dim, t->element, false));  // sin
       }
@@ -179,6 +189,16 @@ class Trace {
   Value Mlp(const Value& x) {
     const Value gate = Linear(x, f_.hidden, f_.inter, "gate_proj", f_.qlora);
     const Value up = Linear(x, f_.hidden, f_.inter, "up_proj", f_.qlora);
+    if (f_.fused) {
+      // FusedSwiGlu keeps the two projections and recomputes the activation in backward.
+      if (gate.requires_grad || up.requires_grad) {
+        Save(gate);
+        Save(up);
+      }
+      const Value product =
+          PerToken(f_.inter, gate.element, gate.requires_grad || up.requires_grad);
+      return Linear(product, f_.inter, f_.hidden, "down_proj", f_.qlora);
+    }
     if (gate.requires_grad) Save(gate);
     const Value silu = PerToken(f_.inter, gate.element, gate.requires_grad);
     if (up.requires_grad) Save(silu);
@@ -249,6 +269,7 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   f.cuda = config.GetString("device") == "cuda";
   f.checkpointing = config.GetBool("activation_checkpointing");
   f.chunked_loss = config.GetString("loss") == "chunked_ce";
+  f.fused = config.GetString("kernels") == "fused";
   estimate.tokens = f.tokens;
   const uint64_t n = static_cast<uint64_t>(f.tokens);
   // The parameters' element (fp32 master weights under mixed).

@@ -50,7 +50,8 @@ RmsNormImpl::RmsNormImpl(int64_t size, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({size}));
 }
 
-torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x, Kernels kernels) {
+  if (kernels == Kernels::kFused) return FusedRmsNorm(x, weight, eps_);
   // As transformers: normalise in float32, cast back to the input dtype, then scale.
   auto x32 = x.to(torch::kFloat32);
   auto variance = x32.pow(2).mean(-1, /*keepdim=*/true);
@@ -81,14 +82,21 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, const std::optional<Nf4Option
       "o_proj", Projection(num_heads_ * head_dim_, c.hidden_size, c.attention_output_bias, nf4));
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
+                                     Kernels kernels) {
   const int64_t batch = x.size(0);
   const int64_t seq = x.size(1);
-  auto q = q_proj_(x).view({batch, seq, num_heads_, head_dim_}).transpose(1, 2);     // (B, H, T, D)
-  auto k = k_proj_(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);  // (B, K, T, D)
+  auto q = q_proj_(x).view({batch, seq, num_heads_, head_dim_});                     // (B, T, H, D)
+  auto k = k_proj_(x).view({batch, seq, num_kv_heads_, head_dim_});                  // (B, T, K, D)
   auto v = v_proj_(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);  // (B, K, T, D)
-  q = ApplyRotary(q, rope);
-  k = ApplyRotary(k, rope);
+  if (kernels == Kernels::kFused) {
+    // Rotated in the projections' own layout, before the heads move to dimension 1.
+    q = FusedRope(q, rope.cos, rope.sin).transpose(1, 2);  // (B, H, T, D)
+    k = FusedRope(k, rope.cos, rope.sin).transpose(1, 2);  // (B, K, T, D)
+  } else {
+    q = ApplyRotary(q.transpose(1, 2), rope);
+    k = ApplyRotary(k.transpose(1, 2), rope);
+  }
   bool grouped = num_heads_ != num_kv_heads_;
   if (grouped && q.is_cuda() && q.scalar_type() == torch::kFloat32) {
     // On CUDA, float32 gets SDPA's memory-efficient kernel, which takes no grouped-query attention:
@@ -117,7 +125,8 @@ MlpImpl::MlpImpl(const ModelConfig& c, const std::optional<Nf4Options>& nf4) {
       register_module("down_proj", Projection(c.intermediate_size, c.hidden_size, c.mlp_bias, nf4));
 }
 
-torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+torch::Tensor MlpImpl::forward(const torch::Tensor& x, Kernels kernels) {
+  if (kernels == Kernels::kFused) return down_proj_(FusedSwiGlu(gate_proj_(x), up_proj_(x)));
   return down_proj_(torch::silu(gate_proj_(x)) * up_proj_(x));
 }
 
@@ -129,9 +138,10 @@ DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, const std::optional<Nf4
       register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
 }
 
-torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RotaryTables& rope) {
-  auto h = x + self_attn_(input_layernorm_(x), rope);
-  return h + mlp_(post_attention_layernorm_(h));
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const RotaryTables& rope,
+                                        Kernels kernels) {
+  auto h = x + self_attn_->forward(input_layernorm_->forward(x, kernels), rope, kernels);
+  return h + mlp_->forward(post_attention_layernorm_->forward(h, kernels), kernels);
 }
 
 LlamaModelImpl::LlamaModelImpl(const ModelConfig& c, const std::optional<Nf4Options>& nf4)
@@ -159,13 +169,16 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids, const Llam
     if (options.layer_hooks != nullptr) h = options.layer_hooks->BeforeLayer(static_cast<int64_t>(i), h);
     if (options.activation_checkpointing && torch::GradMode::is_enabled()) {
       h = CheckpointedForward(
-          [layer, rope](const torch::Tensor& input) mutable { return layer->forward(input, rope); }, h);
+          [layer, rope, kernels = options.kernels](const torch::Tensor& input) mutable {
+            return layer->forward(input, rope, kernels);
+          },
+          h);
     } else {
-      h = layer->forward(h, rope);
+      h = layer->forward(h, rope, options.kernels);
     }
     if (options.layer_hooks != nullptr) h = options.layer_hooks->AfterLayer(static_cast<int64_t>(i), h);
   }
-  return norm_(h);
+  return norm_->forward(h, options.kernels);
 }
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& c,

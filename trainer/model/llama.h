@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/model_config.h"
+#include "trainer/kernels/fused_ops.h"
 #include "trainer/model/layer_hooks.h"
 #include "trainer/model/projection.h"
 
@@ -22,7 +23,9 @@ namespace llmctl::trainer {
 class RmsNormImpl : public torch::nn::Module {
  public:
   RmsNormImpl(int64_t size, double eps);
-  torch::Tensor forward(const torch::Tensor& x);  // (..., C) -> (..., C)
+  // (..., C) -> (..., C), as transformers' LlamaRMSNorm (kernels/fused_ops.h's fused op or the
+  // ATen composition).
+  torch::Tensor forward(const torch::Tensor& x, Kernels kernels = Kernels::kAten);
   torch::Tensor weight;
 
  private:
@@ -44,7 +47,8 @@ RotaryTables MakeRotaryTables(const ModelConfig& config, int64_t seq_len, torch:
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const ModelConfig& config, const std::optional<Nf4Options>& nf4);
-  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope);  // (B, T, C) -> (B, T, C)
+  // (B, T, C) -> (B, T, C)
+  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope, Kernels kernels);
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
@@ -55,7 +59,8 @@ TORCH_MODULE(Attention);
 class MlpImpl : public torch::nn::Module {
  public:
   MlpImpl(const ModelConfig& config, const std::optional<Nf4Options>& nf4);
-  torch::Tensor forward(const torch::Tensor& x);  // SwiGLU: down(silu(gate(x)) * up(x))
+  // SwiGLU: down(silu(gate(x)) * up(x))
+  torch::Tensor forward(const torch::Tensor& x, Kernels kernels);
 
  private:
   Projection gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
@@ -65,7 +70,8 @@ TORCH_MODULE(Mlp);
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const ModelConfig& config, const std::optional<Nf4Options>& nf4);
-  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope);  // (B, T, C)
+  torch::Tensor forward(const torch::Tensor& x, const RotaryTables& rope,
+                        Kernels kernels);  // (B, T, C)
 
  private:
   RmsNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
@@ -78,6 +84,8 @@ struct LlamaOptions {
   // Recompute each decoder layer in backward instead of keeping its activations.
   bool activation_checkpointing = false;
   LayerHooks* layer_hooks = nullptr;  // not owned; null: none
+  // The decoder block's RMSNorm, SwiGLU and RoPE (the trial key `kernels`).
+  Kernels kernels = Kernels::kAten;
 };
 
 // "model.*" of a Hugging Face LlamaForCausalLM: embeddings, decoder layers, final norm.

@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/model_config.h"
@@ -22,10 +24,13 @@ std::string ModelDir(const std::string& name) {
   return testing::SourceDir() + "/tests/fixtures/models/" + name;
 }
 
-class ParityTest : public ::testing::TestWithParam<std::string> {};
+// (fixture, kernels): the fused ops give transformers' logits and loss too.
+class ParityTest : public ::testing::TestWithParam<std::tuple<std::string, Kernels>> {};
 
 TEST_P(ParityTest, LogitsAndLossMatchTransformersInFp32) {
-  const std::string dir = ModelDir(GetParam());
+  const std::string dir = ModelDir(std::get<0>(GetParam()));
+  LlamaOptions options;
+  options.kernels = std::get<1>(GetParam());
   auto config = LoadHfConfig(dir);
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   auto model = BuildModel(*config, "pretrained", dir, torch::kFloat32, torch::kCPU);
@@ -40,7 +45,7 @@ TEST_P(ParityTest, LogitsAndLossMatchTransformersInFp32) {
   const double want_loss = TensorFromView(*(*expected)->Find("loss")).item<double>();
 
   torch::NoGradGuard no_grad;
-  const torch::Tensor logits = (*model)->Logits((*model)->Hidden(input_ids, LlamaOptions{}));
+  const torch::Tensor logits = (*model)->Logits((*model)->Hidden(input_ids, options));
   ASSERT_EQ(logits.sizes(), want_logits.sizes());
   // Padded positions differ by construction (transformers masks padding keys); compare real tokens.
   const torch::Tensor difference = (logits - want_logits).abs().index({mask});
@@ -49,7 +54,16 @@ TEST_P(ParityTest, LogitsAndLossMatchTransformersInFp32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ParityTest,
-                         ::testing::Values("tiny-llama", "tiny-llama3", "tiny-qwen2"));
+                         ::testing::Combine(::testing::Values("tiny-llama", "tiny-llama3",
+                                                              "tiny-qwen2"),
+                                            ::testing::Values(Kernels::kAten, Kernels::kFused)),
+                         [](const auto& info) {
+                           std::string name =
+                               std::get<0>(info.param) +
+                               (std::get<1>(info.param) == Kernels::kFused ? "_fused" : "_aten");
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 TEST(CheckpointTest, GradientsEqualThePlainRun) {
   const ModelConfig* preset = FindPreset("llmctl-demo");

@@ -12,9 +12,10 @@ namespace {
 
 class LlamaModelHolder final : public TrainedModel {
  public:
-  LlamaModelHolder(LlamaForCausalLM model, bool activation_checkpointing)
+  LlamaModelHolder(LlamaForCausalLM model, const ModelBuildOptions& options)
       : model_(std::move(model)) {
-    options_.activation_checkpointing = activation_checkpointing;
+    options_.activation_checkpointing = options.activation_checkpointing;
+    options_.kernels = options.kernels;
   }
 
   torch::nn::Module& module() override { return *model_; }
@@ -138,8 +139,7 @@ StatusOr<std::unique_ptr<TrainedModel>> BuildTrainedModel(const TrialModelConfig
   ASSIGN_OR_RETURN(LlamaForCausalLM model,
                    BuildModel(std::get<ModelConfig>(config), options.init, options.model_dir,
                               options.dtype, options.device, options.nf4));
-  return std::unique_ptr<TrainedModel>(
-      new LlamaModelHolder(std::move(model), options.activation_checkpointing));
+  return std::unique_ptr<TrainedModel>(new LlamaModelHolder(std::move(model), options));
 }
 
 }  // namespace llmctl::trainer

@@ -15,6 +15,7 @@
 #include "common/model_config.h"
 #include "common/status.h"
 #include "common/trial_config.h"
+#include "trainer/kernels/fused_ops.h"
 #include "trainer/model/llama.h"
 #include "trainer/model/projection.h"
 #include "trainer/train/batches.h"
@@ -69,6 +70,8 @@ struct ModelBuildOptions {
   torch::Device device{torch::kCPU};
   std::optional<Nf4Options> nf4;  // QLoRA's NF4 base weights for the language model's projections
   bool activation_checkpointing = false;
+  // The decoder block's RMSNorm, SwiGLU and RoPE (the trial key `kernels`; LLaMA family).
+  Kernels kernels = Kernels::kAten;
 };
 
 // Builds `config`'s model with parameters of `options.dtype` on `options.device`: random draws are

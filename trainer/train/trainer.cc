@@ -339,6 +339,7 @@ Status TrialRun::LoadModel() {
   build.device = device_;
   if (lora_) build.nf4 = lora_->nf4;
   build.activation_checkpointing = config_.GetBool("activation_checkpointing");
+  build.kernels = KernelsNamed(config_.GetString("kernels"));
   ASSIGN_OR_RETURN(model_, BuildTrainedModel(model_config_, build));
   RETURN_IF_ERROR(model_->Freeze(config_.GetStringList("freeze")));
   if (lora_) {

@@ -1,0 +1,25 @@
+// The fused kernels on the CPU: loops over rows (RMSNorm, RoPE) or elements (SwiGLU), parallel
+// over them with at::parallel_for, each element's arithmetic row_math.h's. Contiguous tensors of
+// one floating dtype (fp32, bf16 or fp16), checked by fused_ops.cc.
+#ifndef LLMCTL_TRAINER_KERNELS_CPU_KERNELS_H_
+#define LLMCTL_TRAINER_KERNELS_CPU_KERNELS_H_
+
+#include <torch/torch.h>
+
+namespace llmctl::kernels::cpu {
+
+// x, weight, y: (rows, cols); rstd: (rows,) fp32.
+void RmsNormForward(const torch::Tensor& x, const torch::Tensor& weight, torch::Tensor& y,
+                    torch::Tensor& rstd, float eps);
+void RmsNormBackward(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& rstd,
+                     const torch::Tensor& dy, torch::Tensor& dx);
+void SwiGluForward(const torch::Tensor& g, const torch::Tensor& u, torch::Tensor& h);
+void SwiGluBackward(const torch::Tensor& g, const torch::Tensor& u, const torch::Tensor& dh,
+                    torch::Tensor& dg, torch::Tensor& du);
+// x, y: (B, T, H, D); cos, sin: (T, D) fp32.
+void Rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+          torch::Tensor& y, bool inverse);
+
+}  // namespace llmctl::kernels::cpu
+
+#endif  // LLMCTL_TRAINER_KERNELS_CPU_KERNELS_H_

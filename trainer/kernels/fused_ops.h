@@ -1,0 +1,44 @@
+// The lean decoder block's fused ops (the trial key `kernels: fused`): each one autograd node with
+// a backward of its own that keeps fewer tensors than the ATen composition transformers runs
+// (`kernels: aten`), and computes in one pass over memory. Per element the arithmetic is
+// row_math.h's, in fp32, rounded once to the tensors' dtype: on the CPU cpu_kernels.h's loops, on
+// CUDA cuda_kernels.cu's kernels (when the build found nvcc).
+//
+// What each keeps for backward, against the ATen composition's:
+//   RMSNorm: its input and each row's fp32 rstd (B, T, 1); ATen keeps an fp32 copy of a
+//     low-precision input, rstd and the normalised input (for the weight's gradient).
+//   SwiGLU: the gate and up projections' outputs, recomputing the activation in backward; ATen
+//     keeps silu(gate) as well, a third (B, T, I) tensor.
+//   RoPE: nothing but the fp32 tables the model already holds; ATen under bf16 keeps bf16 casts of
+//     them per call, and builds rotate_half's copy of its input.
+#ifndef LLMCTL_TRAINER_KERNELS_FUSED_OPS_H_
+#define LLMCTL_TRAINER_KERNELS_FUSED_OPS_H_
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace llmctl::trainer {
+
+// Which implementation of the decoder block's RMSNorm, SwiGLU and RoPE a model runs.
+enum class Kernels { kAten, kFused };
+
+// The trial key's value ("fused" or "aten").
+Kernels KernelsNamed(const std::string& name);
+
+// weight * (x rstd).to(x.dtype) with rstd = 1 / sqrt(mean(x^2, -1) + eps) in fp32: transformers'
+// LlamaRMSNorm (and T5's layer norm). x (..., C), weight (C,) of x's dtype; the ATen composition
+// otherwise (a weight of another dtype).
+torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// silu(gate) * up, both (..., I) of one dtype (the ATen composition otherwise).
+torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+
+// The rotary embedding of x (B, T, H, D) (the projections' layout before heads move to dim 1) at
+// positions 0 .. T - 1: x cos + rotate_half(x) sin with cos, sin (T, D) fp32 tables whose halves
+// are equal (MakeRotaryTables').
+torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+}  // namespace llmctl::trainer
+
+#endif  // LLMCTL_TRAINER_KERNELS_FUSED_OPS_H_

@@ -1,0 +1,191 @@
+// The fused ops against the ATen composition transformers runs (kernels: aten), forward and both
+// gradients, on odd shapes (a width that is no multiple of a vector, one row, no rows) in fp32 and
+// bf16; and a LLaMA step with each, on the demo model.
+#include "trainer/kernels/fused_ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/model_config.h"
+#include "trainer/model/llama.h"
+
+namespace llmctl::trainer {
+namespace {
+
+// fp32's and bf16's unit roundoff.
+constexpr double kFp32Unit = 0x1p-24;
+constexpr double kBf16Unit = 0x1p-8;
+
+struct Outputs {
+  torch::Tensor y;
+  std::vector<torch::Tensor> grads;  // of the inputs, in order
+};
+
+// `op` on fresh leaf copies of `inputs`, backward with `grad_y`.
+Outputs RunOp(const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& op,
+              const std::vector<torch::Tensor>& inputs, const torch::Tensor& grad_y) {
+  std::vector<torch::Tensor> leaves;
+  for (const torch::Tensor& t : inputs) leaves.push_back(t.detach().clone().requires_grad_(true));
+  Outputs out;
+  out.y = op(leaves);
+  out.y.backward(grad_y);
+  for (const torch::Tensor& leaf : leaves) out.grads.push_back(leaf.grad());
+  return out;
+}
+
+// |a - b| <= rel * max|b| + abs elementwise, over tensors in fp32.
+void ExpectClose(const torch::Tensor& a, const torch::Tensor& b, double rel,
+                 const std::string& what) {
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  ASSERT_EQ(a.scalar_type(), b.scalar_type()) << what;
+  if (b.numel() == 0) return;
+  const double scale = b.to(torch::kFloat64).abs().max().item<double>();
+  const double diff = (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+  EXPECT_LE(diff, rel * scale + 1e-30)
+      << what << ": largest difference " << diff << " of " << scale;
+}
+
+// The shapes: (rows, width) as (B, T, C) with a width no vector divides, one row, no rows.
+const std::vector<std::vector<int64_t>> kShapes = {{2, 3, 37}, {1, 1, 64}, {0, 5, 16}};
+
+// transformers' LlamaRMSNorm.
+torch::Tensor AtenRmsNorm(const std::vector<torch::Tensor>& in) {
+  auto x32 = in[0].to(torch::kFloat32);
+  auto variance = x32.pow(2).mean(-1, true);
+  return in[1] * (x32 * torch::rsqrt(variance + 1e-6)).to(in[0].scalar_type());
+}
+
+// Bounds: in fp32 the two differ only in the order of a row's sum of squares (the fused op sums
+// in double, ATen in fp32 vector lanes: C u relative at most) and in rounding each element's few
+// operations; 64 C u covers both. In bf16 each side rounds the normalised value and the product
+// to bf16 (one ulp each: 2 u_bf16 relative), and the gradients' sums run over C fp32 terms of
+// bf16-rounded factors: 4 u_bf16 relative to the tensor's largest.
+TEST(FusedRmsNormTest, MatchesTheAtenCompositionAndItsGradients) {
+  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const std::vector<int64_t>& shape : kShapes) {
+      const std::string what = std::string(c10::toString(dtype)) + " (" + std::to_string(shape[0]) +
+                               ", " + std::to_string(shape[1]) + ", " + std::to_string(shape[2]) +
+                               ")";
+      torch::manual_seed(3);
+      const torch::Tensor x = torch::randn(shape).to(dtype);
+      const torch::Tensor w = (1.0 + 0.1 * torch::randn({shape[2]})).to(dtype);
+      const torch::Tensor dy = torch::randn(shape).to(dtype);
+      const Outputs aten = RunOp(AtenRmsNorm, {x, w}, dy);
+      const Outputs fused = RunOp(
+          [](const std::vector<torch::Tensor>& in) { return FusedRmsNorm(in[0], in[1], 1e-6); },
+          {x, w}, dy);
+      const double rel =
+          dtype == torch::kFloat32 ? 64 * static_cast<double>(shape[2]) * kFp32Unit : 4 * kBf16Unit;
+      ExpectClose(fused.y, aten.y, rel, what + " y");
+      ExpectClose(fused.grads[0], aten.grads[0], rel, what + " dx");
+      ExpectClose(fused.grads[1], aten.grads[1], rel, what + " dweight");
+    }
+  }
+}
+
+// silu(g) u: in fp32 the two differ in exp's last bits (ATen's vectorised exp is within a few ulps)
+// and the products' rounding; in bf16 ATen rounds silu(g) to bf16 before the product.
+TEST(FusedSwiGluTest, MatchesTheAtenCompositionAndItsGradients) {
+  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const std::vector<int64_t>& shape : kShapes) {
+      const std::string what =
+          std::string(c10::toString(dtype)) + " rows " + std::to_string(shape[0] * shape[1]);
+      torch::manual_seed(4);
+      const torch::Tensor g = (3 * torch::randn(shape)).to(dtype);
+      const torch::Tensor u = torch::randn(shape).to(dtype);
+      const torch::Tensor dh = torch::randn(shape).to(dtype);
+      const Outputs aten =
+          RunOp([](const std::vector<torch::Tensor>& in) { return torch::silu(in[0]) * in[1]; },
+                {g, u}, dh);
+      const Outputs fused =
+          RunOp([](const std::vector<torch::Tensor>& in) { return FusedSwiGlu(in[0], in[1]); },
+                {g, u}, dh);
+      const double rel = dtype == torch::kFloat32 ? 32 * kFp32Unit : 4 * kBf16Unit;
+      ExpectClose(fused.y, aten.y, rel, what + " h");
+      ExpectClose(fused.grads[0], aten.grads[0], rel, what + " dgate");
+      ExpectClose(fused.grads[1], aten.grads[1], rel, what + " dup");
+    }
+  }
+}
+
+// x cos + rotate_half(x) sin over (B, T, H, D): in fp32 each output is x1 c - x2 s (or x2 c + x1
+// s), two products and one sum each rounded once on both sides (cpu_kernels.cc contracts no
+// multiply-add), so the same bits; bf16's ATen composition rounds the tables, both products and
+// the sum to bf16 (4 rounding steps of u_bf16 relative to the largest term).
+TEST(FusedRopeTest, MatchesTheAtenCompositionAndItsGradients) {
+  ModelConfig config = *FindPreset("llmctl-demo");
+  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const int64_t batch : {2, 1, 0}) {
+      const int64_t seq = 7;
+      const int64_t heads = 3;
+      const RotaryTables rope = MakeRotaryTables(config, seq, torch::kCPU);
+      const int64_t dim = config.head_dim;
+      torch::manual_seed(5);
+      const torch::Tensor x = torch::randn({batch, seq, heads, dim}).to(dtype);
+      const torch::Tensor dy = torch::randn({batch, seq, heads, dim}).to(dtype);
+      const auto aten_rope = [&](const std::vector<torch::Tensor>& in) {
+        const torch::Tensor t = in[0].transpose(1, 2);  // (B, H, T, D), as the ATen path runs it
+        const int64_t half = dim / 2;
+        const torch::Tensor rotated =
+            torch::cat({-t.narrow(-1, half, half), t.narrow(-1, 0, half)}, -1);
+        return (t * rope.cos.to(dtype) + rotated * rope.sin.to(dtype)).transpose(1, 2);
+      };
+      const Outputs aten = RunOp(aten_rope, {x}, dy);
+      const Outputs fused = RunOp(
+          [&](const std::vector<torch::Tensor>& in) {
+            return FusedRope(in[0], rope.cos, rope.sin);
+          },
+          {x}, dy);
+      const std::string what =
+          std::string(c10::toString(dtype)) + " batch " + std::to_string(batch);
+      if (dtype == torch::kFloat32) {
+        EXPECT_TRUE(torch::equal(fused.y, aten.y.contiguous())) << what;
+        EXPECT_TRUE(torch::equal(fused.grads[0], aten.grads[0].contiguous())) << what;
+      } else {
+        ExpectClose(fused.y, aten.y.contiguous(), 4 * kBf16Unit, what + " y");
+        ExpectClose(fused.grads[0], aten.grads[0].contiguous(), 4 * kBf16Unit, what + " dx");
+      }
+    }
+  }
+}
+
+// The demo model's loss and every parameter's gradient with each, in fp32 and bf16: the fused
+// block is the same function. fp32: the ops' differences above, through 4 layers, stay below
+// 1e-5 relative; bf16: within a few bf16 ulps of the loss, and of each gradient's largest element.
+TEST(FusedOpsTest, ADemoModelStepGivesTheAtenLossAndGradients) {
+  const ModelConfig* preset = FindPreset("llmctl-demo");
+  ASSERT_NE(preset, nullptr);
+  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const auto step = [&](Kernels kernels) {
+      torch::manual_seed(7);
+      LlamaForCausalLM model(*preset);
+      model->InitializeRandom();
+      model->to(dtype);
+      torch::manual_seed(8);
+      const torch::Tensor ids = torch::randint(0, preset->vocab_size, {2, 32}, torch::kInt64);
+      LlamaOptions options;
+      options.kernels = kernels;
+      const torch::Tensor loss = CausalLmLoss(model->Logits(model->Hidden(ids, options)), ids);
+      loss.backward();
+      std::vector<torch::Tensor> grads = {loss.detach()};
+      for (const auto& p : model->parameters()) grads.push_back(p.grad().clone());
+      return grads;
+    };
+    const auto aten = step(Kernels::kAten);
+    const auto fused = step(Kernels::kFused);
+    ASSERT_EQ(aten.size(), fused.size());
+    const double rel = dtype == torch::kFloat32 ? 1e-5 : 16 * kBf16Unit;
+    for (size_t i = 0; i < aten.size(); ++i) {
+      ExpectClose(fused[i], aten[i], rel,
+                  std::string(c10::toString(dtype)) +
+                      (i == 0 ? " loss" : " gradient " + std::to_string(i - 1)));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace llmctl::trainer

@@ -1,0 +1,58 @@
+// The per-element and per-row arithmetic of the fused kernels (fused_ops.h), shared by the CPU
+// loops (cpu_kernels.cc) and the CUDA kernels (cuda_kernels.cu), so that the CPU tests exercise
+// the arithmetic the GPU runs. Everything is fp32, whatever the tensors' dtype: the kernels load
+// an element, widen it, compute here and round once when they store.
+#ifndef LLMCTL_TRAINER_KERNELS_ROW_MATH_H_
+#define LLMCTL_TRAINER_KERNELS_ROW_MATH_H_
+
+#include <math.h>
+
+#if defined(__CUDACC__)
+#define LLMCTL_HOST_DEVICE __host__ __device__
+#else
+#define LLMCTL_HOST_DEVICE
+#endif
+
+namespace llmctl::kernels {
+
+// SwiGLU's activation of one element: silu(g) * u, silu(g) = g / (1 + e^-g) as ATen computes it.
+LLMCTL_HOST_DEVICE inline float SwiGlu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// Its gradients from the output's gradient `dh`, recomputing the activation from g and u (the
+// only tensors the op keeps): d/du = silu(g); d/dg = u sigmoid(g) (1 + g (1 - sigmoid(g))).
+LLMCTL_HOST_DEVICE inline void SwiGluBackward(float g, float u, float dh, float* dg, float* du) {
+  const float sigmoid = 1.0f / (1.0f + expf(-g));
+  *du = dh * (g * sigmoid);
+  *dg = dh * u * (sigmoid * (1.0f + g * (1.0f - sigmoid)));
+}
+
+// Rotary embedding of one pair of a head: x1 at index i < D/2 and x2 at i + D/2, whose angle's
+// cosine and sine both halves share (transformers' x cos + rotate_half(x) sin).
+LLMCTL_HOST_DEVICE inline void Rotate(float x1, float x2, float c, float s, float* y1, float* y2) {
+  *y1 = x1 * c - x2 * s;
+  *y2 = x2 * c + x1 * s;
+}
+
+// Its backward: the inverse rotation of the output's gradient, which needs nothing but the angle.
+LLMCTL_HOST_DEVICE inline void RotateBack(float dy1, float dy2, float c, float s, float* dx1,
+                                          float* dx2) {
+  *dx1 = dy1 * c + dy2 * s;
+  *dx2 = dy2 * c - dy1 * s;
+}
+
+// RMSNorm's reciprocal root mean square of a row of n values whose squares sum to `sum_squares`:
+// 1 / sqrt(mean + eps), the mean and the sum rounded as transformers' fp32 ops round them.
+LLMCTL_HOST_DEVICE inline float RowRstd(float sum_squares, long long n, float eps) {
+  return 1.0f / sqrtf(sum_squares / static_cast<float>(n) + eps);
+}
+
+// The gradient of a row's input element x from dn = dy * weight (the normalised value's gradient)
+// and `dot_over_n`, the row's sum of dn * x over n: with n = x r, r = (mean(x^2) + eps)^-1/2,
+//   dx = r dn - r^3 x (sum dn x) / n.
+LLMCTL_HOST_DEVICE inline float RmsNormInputGrad(float x, float dn, float rstd, float dot_over_n) {
+  return rstd * dn - rstd * rstd * rstd * x * dot_over_n;
+}
+
+}  // namespace llmctl::kernels
+
+#endif  // LLMCTL_TRAINER_KERNELS_ROW_MATH_H_
