@@ -13,6 +13,10 @@ void RmsNormForward(const torch::Tensor& x, const torch::Tensor& weight, torch::
                     torch::Tensor& rstd, float eps);
 void RmsNormBackward(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& rstd,
                      const torch::Tensor& dy, torch::Tensor& dx);
+// dweight (cols,) fp32 = sum over rows of dy * (x rstd) rounded to x's dtype (the normalised value
+// the forward scaled), each column summed over the rows in order by one task.
+void RmsNormWeightGrad(const torch::Tensor& x, const torch::Tensor& rstd, const torch::Tensor& dy,
+                       torch::Tensor& dweight);
 void SwiGluForward(const torch::Tensor& g, const torch::Tensor& u, torch::Tensor& h);
 void SwiGluBackward(const torch::Tensor& g, const torch::Tensor& u, const torch::Tensor& dh,
                     torch::Tensor& dg, torch::Tensor& du);

@@ -101,10 +101,17 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     }
     torch::Tensor dweight;
     if (ctx->needs_input_grad(1)) {
-      // sum over rows of dy * (x rstd).to(dtype): one (N, C) temporary at a time, in backward.
-      const torch::Tensor normed = (x.to(torch::kFloat32) * rstd.unsqueeze(1)).to(x.scalar_type());
-      dweight =
-          (dy.to(torch::kFloat32) * normed.to(torch::kFloat32)).sum(0).to(weight.scalar_type());
+      // The sum over rows of dy * (x rstd).to(dtype).
+      if (x.is_cpu()) {
+        torch::Tensor sums = torch::empty({x.size(1)}, x.options().dtype(torch::kFloat32));
+        kernels::cpu::RmsNormWeightGrad(x, rstd, dy, sums);
+        dweight = sums.to(weight.scalar_type());
+      } else {
+        const torch::Tensor normed =
+            (x.to(torch::kFloat32) * rstd.unsqueeze(1)).to(x.scalar_type());
+        dweight =
+            (dy.to(torch::kFloat32) * normed.to(torch::kFloat32)).sum(0).to(weight.scalar_type());
+      }
     }
     return {dx, dweight, torch::Tensor()};
   }
