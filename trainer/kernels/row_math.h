@@ -20,7 +20,9 @@ namespace llmctl::kernels {
 // library call, so that the CPU loops over it vectorise (a call to expf keeps them scalar, four to
 // eight times slower), and the same arithmetic on the GPU.
 LLMCTL_HOST_DEVICE inline float Exp(float x) {
-  x = fminf(fmaxf(x, -87.0f), 88.0f);
+  // Comparisons, not fminf/fmaxf: those are library calls (NaN rules) that keep a loop scalar. A
+  // NaN stays NaN.
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
   // Round to nearest by adding and subtracting 1.5 * 2^23 (exact for |x / ln 2| < 2^22).
   const float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = (x - k * 0.693359375f) - k * -2.12194440e-4f;  // Cody-Waite: ln 2 in two parts
