@@ -179,7 +179,7 @@ def peft_yaml(args, method):
             f"  targets: [{targets}]\n")
 
 
-def write_experiment(path, args, data_path, precision, snapshot_every, method="none"):
+def write_experiment(path, args, data_path, precision, snapshot_every, method="none", kernels="fused"):
     yaml = f"""# Written by bench/run_train_bench.py.
 name: bench-{precision}
 description: llm-train vs transformers throughput benchmark
@@ -202,6 +202,7 @@ train:
   eps: 1e-8
   weight_decay: 0.0
 precision: {precision}
+kernels: {kernels}
 optimizer: adamw
 device: {args.device}
 seed: {args.seed}
@@ -274,12 +275,13 @@ def ours_phases(child, steps, warmup):
     return {k: statistics.mean(p[k] for p in per_step) for k in per_step[0]}
 
 
-def run_ours(args, workdir, data_path, precision, method, env):
-    experiment = workdir / f"ours-{precision}-{method}.yaml"
-    events = workdir / f"ours-{precision}-{method}.events.jsonl"
+def run_ours(args, workdir, data_path, precision, method, env, kernels):
+    experiment = workdir / f"ours-{precision}-{method}-{kernels}.yaml"
+    events = workdir / f"ours-{precision}-{method}-{kernels}.events.jsonl"
     if events.exists():
         events.unlink()
-    write_experiment(experiment, args, data_path, precision, 1 if args.phase_timing else 10**9, method)
+    write_experiment(experiment, args, data_path, precision, 1 if args.phase_timing else 10**9, method,
+                     kernels)
     child = ChildRun([str(args.llm_train), "--config", str(experiment), "--events", str(events)], env,
                      echo=args.verbose)
     parsed = [json.loads(l) for l in events.read_text().splitlines() if l.strip()] if events.exists() else []
@@ -562,6 +564,9 @@ def main():
     ap.add_argument("--lora-alpha", type=float, default=16)
     ap.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
                     help="comma-separated projections that get adapters (both sides)")
+    ap.add_argument("--kernels", default="fused,aten",
+                    help="comma-separated llm-train `kernels` settings, each a row against the same peer "
+                         "runs (default fused,aten)")
     ap.add_argument("--peer-optimizer", default="fused", choices=["fused", "foreach", "default"],
                     help="the peer's torch.optim.AdamW implementation (default fused, the kernel ours uses)")
     ap.add_argument("--omp-wait-policy", default="inherit", choices=["inherit", "passive", "active"],
@@ -578,6 +583,10 @@ def main():
     args.global_batch_size = args.global_batch_size or args.micro_batch_size
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     methods = [m.strip() for m in args.peft.split(",") if m.strip()]
+    kernel_settings = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    for k in kernel_settings:
+        if k not in ("fused", "aten"):
+            sys.exit(f"run_train_bench: unknown --kernels setting '{k}' (choose from fused, aten)")
     for m in methods:
         if m not in ("none", "lora", "qlora"):
             sys.exit(f"run_train_bench: unknown --peft method '{m}' (choose from none, lora, qlora)")
@@ -622,31 +631,34 @@ def main():
         rows = []
         for precision, method in [(p, m) for p in precisions for m in methods]:
             label = precision if method == "none" else f"{precision} {method} r{args.lora_r}"
-            ours_runs, peer_runs = [], []
+            ours_runs = {k: [] for k in kernel_settings}
+            peer_runs = []
             for repeat in range(args.repeats):  # alternating, so slow drifts in load hit both sides
                 tag = f"{label}" + (f" (run {repeat + 1}/{args.repeats})" if args.repeats > 1 else "")
-                log(f"{tag}: llm-train, {args.steps} steps ...")
-                ours_runs.append(run_ours(args, workdir, data_path, precision, method, env))
-                r = ours_runs[-1]
-                log(f"{tag}: llm-train {r['tokens_per_second']:,.1f} tok/s, peak RSS {mib(r['peak_rss'])}, "
-                    f"step seconds {', '.join(f'{s:.2f}' for s in r['step_seconds'])}")
+                for k in kernel_settings:
+                    log(f"{tag}: llm-train kernels {k}, {args.steps} steps ...")
+                    ours_runs[k].append(run_ours(args, workdir, data_path, precision, method, env, k))
+                    r = ours_runs[k][-1]
+                    log(f"{tag}: llm-train kernels {k} {r['tokens_per_second']:,.1f} tok/s, peak RSS "
+                        f"{mib(r['peak_rss'])}, step seconds {', '.join(f'{s:.2f}' for s in r['step_seconds'])}")
                 log(f"{tag}: transformers peer, {args.steps} steps ...")
                 peer_runs.append(run_peer(args, data_path, precision, method, env))
                 r = peer_runs[-1]
                 log(f"{tag}: peer {r['tokens_per_second']:,.1f} tok/s, peak RSS {mib(r['peak_rss'])}, "
                     f"step seconds {', '.join(f'{s:.2f}' for s in r['step_seconds'])}")
-            ours = max(ours_runs, key=lambda r: r["tokens_per_second"])
             peer = max(peer_runs, key=lambda r: r["tokens_per_second"])
-            for side, r in (("llm-train", ours), ("peer", peer)):
-                if r["threads"] != args.threads:
-                    log(f"warning: {side} ran with {r['threads']} threads, not {args.threads}")
-            if method != "qlora" and ours["parameters"] != peer["parameters"]:
-                log(f"warning: parameter counts differ: ours {ours['parameters']}, peer {peer['parameters']}")
-            if ours["trainable"] != peer["trainable"]:
-                log(f"warning: trainable counts differ: ours {ours['trainable']}, peer {peer['trainable']}")
-            for r in (ours, peer):
-                r["mfu"] = model_flops_utilization(args, precision, r)
-            rows.append((label, ours, peer))
+            peer["mfu"] = model_flops_utilization(args, precision, peer)
+            for k in kernel_settings:
+                ours = max(ours_runs[k], key=lambda r: r["tokens_per_second"])
+                for side, r in (("llm-train", ours), ("peer", peer)):
+                    if r["threads"] != args.threads:
+                        log(f"warning: {side} ran with {r['threads']} threads, not {args.threads}")
+                if method != "qlora" and ours["parameters"] != peer["parameters"]:
+                    log(f"warning: parameter counts differ: ours {ours['parameters']}, peer {peer['parameters']}")
+                if ours["trainable"] != peer["trainable"]:
+                    log(f"warning: trainable counts differ: ours {ours['trainable']}, peer {peer['trainable']}")
+                ours["mfu"] = model_flops_utilization(args, precision, ours)
+                rows.append((f"{label} {k}", ours, peer))
 
         text = report(args, rows, ours_baseline, data_info, machine)
         print(text)

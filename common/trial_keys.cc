@@ -154,8 +154,8 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "holding all logits or their gradient"},
       {"kernels",
        K::kEnum,
-       "aten",
-       {"aten", "fused"},
+       "fused",
+       {"fused", "aten"},
        "The decoder block's RMSNorm, SwiGLU and rotary embedding. aten: the ATen composition "
        "transformers runs, keeping exactly its tensors (the labs' tables); fused: each one op with "
        "its own backward (trainer/kernels), keeping only RMSNorm's input and per-row rstd and "

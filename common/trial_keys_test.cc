@@ -97,6 +97,7 @@ TEST(TrialKeysTest, TheKeysTheTrainerNeeds) {
       {"strategy", KeyType::kEnum, "auto"},
       {"optimizer_in_backward", KeyType::kBool, "false"},
       {"loss", KeyType::kEnum, "ce"},
+      {"kernels", KeyType::kEnum, "fused"},
       {"peft.method", KeyType::kEnum, "none"},
       {"peft.r", KeyType::kInt, "8"},
       {"peft.alpha", KeyType::kFloat, "8"},
