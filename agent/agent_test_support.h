@@ -304,7 +304,15 @@ exit "$seed"
   void TearDown() override {
     server_.reset();
     if (agent_pid_ > 0) KillAgentProcess();
-    fs::remove_all(dir_);
+    // Supervisors outlive their agent by design, and one that is still writing its run's files
+    // (a worker.json.tmp renamed away mid-removal) makes remove_all fail: try again until nothing
+    // moves under it.
+    std::error_code error;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      fs::remove_all(dir_, error);
+      if (!error) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
 
   AgentOptions Options(const std::string& llm_train, std::chrono::milliseconds poll_interval) {
