@@ -11,6 +11,10 @@
 //     keeps silu(gate) as well, a third (B, T, I) tensor.
 //   RoPE: nothing but the fp32 tables the model already holds; ATen under bf16 keeps bf16 casts of
 //     them per call, and builds rotate_half's copy of its input.
+//
+// Where no fused kernel applies (a dtype other than fp32, bf16 or fp16, mixed dtypes, a CUDA tensor
+// in a build without nvcc), each function runs the ATen composition instead: the same values,
+// transformers' tensors kept.
 #ifndef LLMCTL_TRAINER_KERNELS_FUSED_OPS_H_
 #define LLMCTL_TRAINER_KERNELS_FUSED_OPS_H_
 
