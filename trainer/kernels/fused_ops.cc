@@ -49,13 +49,6 @@ bool FusedOn(const torch::Tensor& t) {
   return t.is_cpu();
 }
 
-// transformers' LlamaRMSNorm.
-torch::Tensor AtenRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  auto x32 = x.to(torch::kFloat32);
-  auto variance = x32.pow(2).mean(-1, /*keepdim=*/true);
-  return weight * (x32 * torch::rsqrt(variance + eps)).to(x.scalar_type());
-}
-
 struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   // x (N, C) contiguous, weight (C,) of x's dtype.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
@@ -190,6 +183,18 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
 
 }  // namespace
 
+torch::Tensor AtenRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  auto x32 = x.to(torch::kFloat32);
+  auto variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (x32 * torch::rsqrt(variance + eps)).to(x.scalar_type());
+}
+
+torch::Tensor AtenRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos.to(x.scalar_type()) + rotated * sin.to(x.scalar_type());
+}
+
 Kernels KernelsNamed(const std::string& name) {
   return name == "aten" ? Kernels::kAten : Kernels::kFused;
 }
@@ -216,12 +221,8 @@ torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin) {
   if (!FusedOn(x) || !FusableDtype(x) || cos.scalar_type() != torch::kFloat32 ||
       x.size(-1) % 2 != 0) {
-    const int64_t half = x.size(-1) / 2;
-    const torch::Tensor rotated =
-        torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-    // (T, D) tables against (B, T, H, D): over the head dimension.
-    return x * cos.to(x.scalar_type()).unsqueeze(1) +
-           rotated * sin.to(x.scalar_type()).unsqueeze(1);
+    // (B, T, H, D) as (B, H, T, D), the layout the composition broadcasts the tables over.
+    return AtenRope(x.transpose(1, 2), cos, sin).transpose(1, 2);
   }
   return RopeFunction::apply(x.contiguous(), cos.contiguous(), sin.contiguous());
 }

@@ -30,6 +30,13 @@ enum class Kernels { kAten, kFused };
 // The trial key's value ("fused" or "aten").
 Kernels KernelsNamed(const std::string& name);
 
+// The ATen compositions transformers runs (kernels: aten), and the fallbacks below:
+// LlamaRMSNorm, weight * (x32 rsqrt(mean(x32^2, -1) + eps)).to(x.dtype) with x32 = x in fp32;
+torch::Tensor AtenRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+// and the rotary embedding of x (B, H, T, D), x cos + rotate_half(x) sin with the (T, D) fp32
+// tables cast to x's dtype first.
+torch::Tensor AtenRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
 // weight * (x rstd).to(x.dtype) with rstd = 1 / sqrt(mean(x^2, -1) + eps) in fp32: transformers'
 // LlamaRMSNorm (and T5's layer norm). x (..., C), weight (C,) of x's dtype; the ATen composition
 // otherwise (a weight of another dtype).

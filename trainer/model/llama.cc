@@ -29,21 +29,6 @@ torch::Tensor InverseFrequencies(const ModelConfig& config) {
   return inv_freq.to(torch::kFloat32);
 }
 
-// (B, H, T, D): (-x2, x1) for halves x1, x2 of the last dimension.
-torch::Tensor RotateHalf(const torch::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  auto x1 = x.narrow(-1, 0, half);
-  auto x2 = x.narrow(-1, half, half);
-  return torch::cat({-x2, x1}, -1);
-}
-
-torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope) {
-  // Tables are (T, D) float32; like transformers, cast them to the activations' dtype first.
-  auto cos = rope.cos.to(x.scalar_type());
-  auto sin = rope.sin.to(x.scalar_type());
-  return x * cos + RotateHalf(x) * sin;
-}
-
 }  // namespace
 
 RmsNormImpl::RmsNormImpl(int64_t size, double eps) : eps_(eps) {
@@ -51,12 +36,7 @@ RmsNormImpl::RmsNormImpl(int64_t size, double eps) : eps_(eps) {
 }
 
 torch::Tensor RmsNormImpl::forward(const torch::Tensor& x, Kernels kernels) {
-  if (kernels == Kernels::kFused) return FusedRmsNorm(x, weight, eps_);
-  // As transformers: normalise in float32, cast back to the input dtype, then scale.
-  auto x32 = x.to(torch::kFloat32);
-  auto variance = x32.pow(2).mean(-1, /*keepdim=*/true);
-  auto normed = (x32 * torch::rsqrt(variance + eps_)).to(x.scalar_type());
-  return weight * normed;
+  return kernels == Kernels::kFused ? FusedRmsNorm(x, weight, eps_) : AtenRmsNorm(x, weight, eps_);
 }
 
 RotaryTables MakeRotaryTables(const ModelConfig& config, int64_t seq_len, torch::Device device) {
@@ -94,8 +74,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
     q = FusedRope(q, rope.cos, rope.sin).transpose(1, 2);  // (B, H, T, D)
     k = FusedRope(k, rope.cos, rope.sin).transpose(1, 2);  // (B, K, T, D)
   } else {
-    q = ApplyRotary(q.transpose(1, 2), rope);
-    k = ApplyRotary(k.transpose(1, 2), rope);
+    q = AtenRope(q.transpose(1, 2), rope.cos, rope.sin);
+    k = AtenRope(k.transpose(1, 2), rope.cos, rope.sin);
   }
   bool grouped = num_heads_ != num_kv_heads_;
   if (grouped && q.is_cuda() && q.scalar_type() == torch::kFloat32) {
