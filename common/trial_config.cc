@@ -492,6 +492,11 @@ bool operator==(const TrialConfig& a, const TrialConfig& b) {
   return true;
 }
 
+bool UsesChunkedLoss(const TrialConfig& config) {
+  const std::string loss = config.GetString("loss");
+  return loss == "chunked_ce" || (loss == "auto" && config.GetString("kernels") == "fused");
+}
+
 void ApplyLabSpellings(TrialConfig& config) {
   auto set = [&config](std::string_view key, std::string value) {
     Status status = config.Set(key, KeyValue(std::move(value)));

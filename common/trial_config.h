@@ -145,6 +145,23 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config, const 
 // (the experiment parser where the model is on this machine, llm-train).
 std::optional<ConfigProblem> FindModelFamilyProblem(const TrialConfig& config, bool blip2);
 
+// Tokens per chunk of the chunked loss (trainer/model/loss.h), which forms each chunk's
+// gradients in forward. Measured on the 110M bench model (1,024 tokens, C = 768, V = 32,000,
+// fused kernels, 2 threads, Zen 4; tokens/s over 4 steps, allocator peak):
+//                      fp32             bf16-true
+//   full logits (ce)   236-238 2,319 MB  409 1,356 MB
+//   128 tokens         227-230 2,060 MB  419-424 1,047 MB
+//   256 tokens         239-249 2,092 MB  421 1,079 MB
+//   512 tokens         244 2,158 MB
+// Below 256, fp32 loses 4%: each chunk adds its weight gradient (V, C) into the sum with an inner
+// dimension of only the chunk's tokens. A chunk holds 2 x 4 B x tokens x V at most (the float32
+// logits and log-sum-exp's temporary), fixed while the full logits grow with B·T.
+inline constexpr int64_t kLossChunkTokens = 256;
+
+// Whether the loss is chunked (trainer/model/loss.h): `loss: chunked_ce`, or `loss: auto` under
+// `kernels: fused`, where it lowers the peak on every model measured (docs/benchmarks.md).
+bool UsesChunkedLoss(const TrialConfig& config);
+
 // FindConfigProblem as a Status: InvalidArgument with the problem's message, or OK.
 Status ValidateTrialConfig(const TrialConfig& config, const ModelConfig* model);
 

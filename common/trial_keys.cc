@@ -148,18 +148,21 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "accumulation or global-norm clipping)"},
       {"loss",
        K::kEnum,
-       "ce",
-       {"ce", "chunked_ce"},
-       "ce: cross-entropy over the full (B, T, V) logits; chunked_ce: over chunks of tokens, never "
-       "holding all logits or their gradient"},
+       "auto",
+       {"auto", "ce", "chunked_ce"},
+       "ce: cross-entropy over the full (B, T, V) logits, as transformers computes it; chunked_ce: "
+       "over chunks of tokens with the gradient formed in forward (fused linear cross-entropy), "
+       "never holding all logits or their gradient; auto: chunked_ce under kernels: fused, ce "
+       "under kernels: aten"},
       {"kernels",
        K::kEnum,
        "fused",
        {"fused", "aten"},
-       "The decoder block's RMSNorm, SwiGLU and rotary embedding. aten: the ATen composition "
-       "transformers runs, keeping exactly its tensors (the labs' tables); fused: each one op with "
-       "its own backward (trainer/kernels), keeping only RMSNorm's input and per-row rstd and "
-       "SwiGLU's two projections (LLaMA family)"},
+       "The decoder block's RMSNorm, SwiGLU and rotary embedding (LLaMA family), T5's norms and "
+       "gated-GELU (BLIP-2 with Flan-T5). aten: the ATen composition transformers runs, keeping "
+       "exactly its tensors (the labs' tables); fused: each one op with its own backward "
+       "(trainer/kernels), keeping only RMSNorm's input and per-row rstd and the gated MLP's two "
+       "projections"},
       {"peft.method",
        K::kEnum,
        "none",

@@ -96,7 +96,7 @@ TEST(TrialKeysTest, TheKeysTheTrainerNeeds) {
       {"offload", KeyType::kEnum, "none"},
       {"strategy", KeyType::kEnum, "auto"},
       {"optimizer_in_backward", KeyType::kBool, "false"},
-      {"loss", KeyType::kEnum, "ce"},
+      {"loss", KeyType::kEnum, "auto"},
       {"kernels", KeyType::kEnum, "fused"},
       {"peft.method", KeyType::kEnum, "none"},
       {"peft.r", KeyType::kInt, "8"},

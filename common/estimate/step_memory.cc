@@ -11,7 +11,6 @@
 namespace llmctl::estimate {
 namespace {
 
-constexpr int64_t kLossChunkTokens = 128;  // trainer/model/loss.h
 constexpr uint64_t kTokenIdBytes = 8;      // int64 token ids
 // trainer/train/adamw_8bit.h: the ATen path (CUDA's) updates 8-bit parameters in chunks of this
 // many elements, with temporaries of 25 bytes an element for an fp32 parameter and 33 for bf16
@@ -268,7 +267,7 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   f.dropout = !f.full && config.GetFloat("peft.dropout") > 0.0;
   f.cuda = config.GetString("device") == "cuda";
   f.checkpointing = config.GetBool("activation_checkpointing");
-  f.chunked_loss = config.GetString("loss") == "chunked_ce";
+  f.chunked_loss = UsesChunkedLoss(config);
   f.fused = config.GetString("kernels") == "fused";
   estimate.tokens = f.tokens;
   const uint64_t n = static_cast<uint64_t>(f.tokens);
@@ -309,17 +308,54 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   uint64_t loss_backward = 0;
   // The output weight's gradient (V, C), when the weight trains (a LoRA head's adapters are small).
   const uint64_t head_grad = f.full ? param * static_cast<uint64_t>(f.vocab * f.hidden) : 0;
-  const int logits_element = f.autocast ? 2 : f.act;
   if (f.chunked_loss) {
-    // ChunkedCrossEntropy keeps the hidden states and recomputes each chunk's logits in backward.
+    // trainer/model/loss.cc: forward forms the loss' gradients chunk by chunk and keeps the
+    // hidden states' gradient (the size of the hidden states) and the head's summed gradient for
+    // backward, which only scales them. While it runs, the hidden states themselves are alive.
     trace.Save(hidden);
-    const uint64_t chunk = static_cast<uint64_t>(std::min(kLossChunkTokens, f.tokens) * f.vocab);
-    const uint64_t chunk_logits = chunk * (logits_element + (logits_element != 4 ? 4 : 0) + 4);
-    forward_transient = chunk_logits;
-    // Backward, per chunk: its log-softmax and two float32 gradients (B x T, V), beside the hidden
-    // states' gradient and, from the second chunk on, the output weight's gradient summed so far.
-    loss_backward = n * static_cast<uint64_t>(f.hidden) * f.act + 3 * 4 * chunk +
-                    (f.tokens > kLossChunkTokens ? head_grad : 0);
+    const uint64_t n_chunk = static_cast<uint64_t>(std::min(kLossChunkTokens, f.tokens));
+    const uint64_t chunk = n_chunk * static_cast<uint64_t>(f.vocab);
+    const bool several_chunks = f.tokens > kLossChunkTokens;
+    // The head's summed gradient, in the weight's dtype (under fsdp the gathered one's).
+    const uint64_t summed_head_grad =
+        f.full ? (sharded ? f.act : param) * static_cast<uint64_t>(f.vocab * f.hidden) : 0;
+    // The trainer's autocast is on under the mixed precisions, under fsdp too (where the gathered
+    // weights are bf16 already).
+    const bool autocast = precision == "bf16-mixed" || precision == "16-mixed";
+    const bool lora_head = f.Targeted("lm_head");
+    const uint64_t held = several_chunks ? summed_head_grad : 0;
+    uint64_t chunk_moment = 0;
+    if (!lora_head) {
+      // A plain head, in autocast's dtype when it is on (the weight cast once, held through the
+      // chunks, unless fsdp gathered it in bf16 already). Each chunk: its logits and their float32
+      // copy (or the gradient, cast back, beside it); log-sum-exp's float32 temporary beside that
+      // copy; the first chunk's weight gradient created beside its logits' gradient (and widened
+      // to the weight's dtype), later ones added in place (or, when they differ in dtype, made
+      // first).
+      const uint64_t element = autocast ? 2 : f.act;
+      const uint64_t widen = element != 4 ? element : 0;
+      const uint64_t head_values = static_cast<uint64_t>(f.vocab * f.hidden);
+      const uint64_t weight_element = sharded ? f.act : param;
+      const uint64_t cast_weight = element != weight_element ? element * head_values : 0;
+      const uint64_t chunk_grad = f.full ? element * head_values : 0;
+      const uint64_t first_weight_grad =
+          chunk * element + chunk_grad + (element != weight_element ? summed_head_grad : 0);
+      const uint64_t later_weight_grad =
+          several_chunks && element != weight_element ? held + chunk * element + chunk_grad : 0;
+      chunk_moment = cast_weight + std::max({held + chunk * (4 + widen), held + 2 * 4 * chunk,
+                                             first_weight_grad, later_weight_grad});
+    } else {
+      // Through autograd (an adapter on the head), each chunk: its logits (the base output, the
+      // adapter's, its scaled copy and their sum), their float32 copy and log-softmax; then
+      // backward's log-softmax and two float32 gradients, beside the head's gradient summed so
+      // far.
+      const uint64_t element = autocast ? 2 : f.act;
+      const uint64_t widen = element != 4 ? 4 : 0;
+      chunk_moment = held + std::max(4 * chunk * element, chunk * (element + widen + 4));
+      chunk_moment = std::max(chunk_moment, held + 3 * 4 * chunk);
+    }
+    forward_transient = hidden.bytes + chunk_moment;
+    loss_backward = head_grad;
   } else {
     const Value logits = trace.Linear(hidden, f.hidden, f.vocab, "lm_head", /*nf4=*/false);
     const uint64_t nv = n * static_cast<uint64_t>(f.vocab);
@@ -470,7 +506,7 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
            ")",
        layers_saved},
       {"activations: head",
-       f.chunked_loss ? "final norm, hidden states for the chunked loss"
+       f.chunked_loss ? "final norm, the hidden states' gradient from the chunked loss"
                       : "final norm, output head, log-softmax (" + Count(f.tokens) + " x " +
                             Count(f.vocab) + " x 4 B)",
        head_saved},

@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include "trainer/kernels/row_math.h"
+
 namespace llmctl::kernels::cpu {
 
 // x, weight, y: (rows, cols); rstd: (rows,) fp32.
@@ -17,9 +19,11 @@ void RmsNormBackward(const torch::Tensor& x, const torch::Tensor& weight, const 
 // the forward scaled), each column summed over the rows in order by one task.
 void RmsNormWeightGrad(const torch::Tensor& x, const torch::Tensor& rstd, const torch::Tensor& dy,
                        torch::Tensor& dweight);
-void SwiGluForward(const torch::Tensor& g, const torch::Tensor& u, torch::Tensor& h);
-void SwiGluBackward(const torch::Tensor& g, const torch::Tensor& u, const torch::Tensor& dh,
-                    torch::Tensor& dg, torch::Tensor& du);
+// h = act(g) * u elementwise (SwiGLU, gated-GELU), and its gradients.
+void GluForward(GluActivation activation, const torch::Tensor& g, const torch::Tensor& u,
+                torch::Tensor& h);
+void GluBackward(GluActivation activation, const torch::Tensor& g, const torch::Tensor& u,
+                 const torch::Tensor& dh, torch::Tensor& dg, torch::Tensor& du);
 // x, y: (B, T, H, D); cos, sin: (T, D) fp32.
 void Rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
           torch::Tensor& y, bool inverse);

@@ -78,21 +78,21 @@ __global__ void RmsNormBackwardKernel(const T* x, const T* weight, const float* 
   }
 }
 
-template <typename T>
-__global__ void SwiGluForwardKernel(const T* g, const T* u, T* h, int64_t n) {
+template <math::GluActivation A, typename T>
+__global__ void GluForwardKernel(const T* g, const T* u, T* h, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    Store(h, i, math::SwiGlu(Load(g, i), Load(u, i)));
+    Store(h, i, math::Glu<A>::Forward(Load(g, i), Load(u, i)));
   }
 }
 
-template <typename T>
-__global__ void SwiGluBackwardKernel(const T* g, const T* u, const T* dh, T* dg, T* du, int64_t n) {
+template <math::GluActivation A, typename T>
+__global__ void GluBackwardKernel(const T* g, const T* u, const T* dh, T* dg, T* du, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float grad_g = 0.0f;
     float grad_u = 0.0f;
-    math::SwiGluBackward(Load(g, i), Load(u, i), Load(dh, i), &grad_g, &grad_u);
+    math::Glu<A>::Backward(Load(g, i), Load(u, i), Load(dh, i), &grad_g, &grad_u);
     Store(dg, i, grad_g);
     Store(du, i, grad_u);
   }
@@ -174,24 +174,38 @@ const char* RmsNormBackward(Element element, const void* x, const void* weight, 
   });
 }
 
-const char* SwiGluForward(Element element, const void* g, const void* u, void* h, int64_t n,
-                          void* stream) {
+const char* GluForward(GluActivation activation, Element element, const void* g, const void* u,
+                       void* h, int64_t n, void* stream) {
   if (n == 0) return nullptr;
   return ForElement(element, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    SwiGluForwardKernel<T><<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(g), static_cast<const T*>(u), static_cast<T*>(h), n);
+    const auto launch = [&](auto kernel) {
+      kernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(g), static_cast<const T*>(u), static_cast<T*>(h), n);
+    };
+    if (activation == GluActivation::kSilu) {
+      launch(GluForwardKernel<GluActivation::kSilu, T>);
+    } else {
+      launch(GluForwardKernel<GluActivation::kGeluTanh, T>);
+    }
   });
 }
 
-const char* SwiGluBackward(Element element, const void* g, const void* u, const void* dh, void* dg,
-                           void* du, int64_t n, void* stream) {
+const char* GluBackward(GluActivation activation, Element element, const void* g, const void* u,
+                        const void* dh, void* dg, void* du, int64_t n, void* stream) {
   if (n == 0) return nullptr;
   return ForElement(element, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    SwiGluBackwardKernel<T><<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(g), static_cast<const T*>(u), static_cast<const T*>(dh),
-        static_cast<T*>(dg), static_cast<T*>(du), n);
+    const auto launch = [&](auto kernel) {
+      kernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(g), static_cast<const T*>(u), static_cast<const T*>(dh),
+          static_cast<T*>(dg), static_cast<T*>(du), n);
+    };
+    if (activation == GluActivation::kSilu) {
+      launch(GluBackwardKernel<GluActivation::kSilu, T>);
+    } else {
+      launch(GluBackwardKernel<GluActivation::kGeluTanh, T>);
+    }
   });
 }
 

@@ -7,7 +7,11 @@
 
 #include <cstdint>
 
+#include "trainer/kernels/row_math.h"  // GluActivation
+
 namespace llmctl::kernels::cuda {
+
+using ::llmctl::kernels::GluActivation;
 
 // The tensors' element type: every tensor of a call has it, but RMSNorm's rstd (fp32) and the
 // rotary tables (fp32).
@@ -19,11 +23,11 @@ const char* RmsNormForward(Element element, const void* x, const void* weight, v
 // dx (rows, cols) from x, weight, rstd and dy; the weight's gradient is the caller's.
 const char* RmsNormBackward(Element element, const void* x, const void* weight, const float* rstd,
                             const void* dy, void* dx, int64_t rows, int64_t cols, void* stream);
-// h = silu(g) * u over n elements.
-const char* SwiGluForward(Element element, const void* g, const void* u, void* h, int64_t n,
-                          void* stream);
-const char* SwiGluBackward(Element element, const void* g, const void* u, const void* dh, void* dg,
-                           void* du, int64_t n, void* stream);
+// h = act(g) * u over n elements (SwiGLU, gated-GELU), and its gradients.
+const char* GluForward(GluActivation activation, Element element, const void* g, const void* u,
+                       void* h, int64_t n, void* stream);
+const char* GluBackward(GluActivation activation, Element element, const void* g, const void* u,
+                        const void* dh, void* dg, void* du, int64_t n, void* stream);
 // x, y: (batch, seq, heads, dim) contiguous; cos, sin: (seq, dim) fp32. `inverse` rotates back
 // (the backward: x is the output's gradient, y the input's).
 const char* Rope(Element element, const void* x, const float* cos, const float* sin, void* y,

@@ -1,5 +1,6 @@
 #include "trainer/kernels/fused_ops.h"
 
+#include <cmath>
 #include <stdexcept>
 
 #include "trainer/kernels/cpu_kernels.h"
@@ -110,41 +111,46 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
-struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
+struct GluFunction : public torch::autograd::Function<GluFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate,
-                               const torch::Tensor& up) {
+                               const torch::Tensor& up, int64_t activation_index) {
+    const auto activation = static_cast<kernels::GluActivation>(activation_index);
     torch::Tensor h = torch::empty_like(gate);
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
     if (gate.is_cuda()) {
-      CheckLaunch(kernels::cuda::SwiGluForward(ElementOf(gate), gate.data_ptr(), up.data_ptr(),
-                                               h.data_ptr(), gate.numel(), CurrentStream()),
-                  "SwiGLU");
+      CheckLaunch(
+          kernels::cuda::GluForward(activation, ElementOf(gate), gate.data_ptr(), up.data_ptr(),
+                                    h.data_ptr(), gate.numel(), CurrentStream()),
+          "gated activation");
     } else
 #endif
     {
-      kernels::cpu::SwiGluForward(gate, up, h);
+      kernels::cpu::GluForward(activation, gate, up, h);
     }
     ctx->save_for_backward({gate, up});
+    ctx->saved_data["activation"] = activation_index;
     return h;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
+    const auto activation =
+        static_cast<kernels::GluActivation>(ctx->saved_data["activation"].toInt());
     const torch::Tensor dh = grad_outputs[0].contiguous();
     torch::Tensor dgate = torch::empty_like(saved[0]);
     torch::Tensor dup = torch::empty_like(saved[1]);
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
     if (dh.is_cuda()) {
-      CheckLaunch(kernels::cuda::SwiGluBackward(
-                      ElementOf(dh), saved[0].data_ptr(), saved[1].data_ptr(), dh.data_ptr(),
-                      dgate.data_ptr(), dup.data_ptr(), dh.numel(), CurrentStream()),
-                  "SwiGLU backward");
+      CheckLaunch(kernels::cuda::GluBackward(activation, ElementOf(dh), saved[0].data_ptr(),
+                                             saved[1].data_ptr(), dh.data_ptr(), dgate.data_ptr(),
+                                             dup.data_ptr(), dh.numel(), CurrentStream()),
+                  "gated activation backward");
     } else
 #endif
     {
-      kernels::cpu::SwiGluBackward(saved[0], saved[1], dh, dgate, dup);
+      kernels::cpu::GluBackward(activation, saved[0], saved[1], dh, dgate, dup);
     }
-    return {dgate, dup};
+    return {dgate, dup, torch::Tensor()};
   }
 };
 
@@ -209,12 +215,27 @@ torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
   return RmsNormFunction::apply(rows, weight.contiguous(), eps).view(x.sizes());
 }
 
+// Whether the gated activation's kernels take gate and up as they are.
+bool GluFusable(const torch::Tensor& gate, const torch::Tensor& up) {
+  return FusedOn(gate) && FusableDtype(gate) && up.scalar_type() == gate.scalar_type() &&
+         up.sizes().equals(gate.sizes());
+}
+
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {
-  if (!FusedOn(gate) || !FusableDtype(gate) || up.scalar_type() != gate.scalar_type() ||
-      !up.sizes().equals(gate.sizes())) {
-    return torch::silu(gate) * up;
-  }
-  return SwiGluFunction::apply(gate.contiguous(), up.contiguous());
+  if (!GluFusable(gate, up)) return torch::silu(gate) * up;
+  return GluFunction::apply(gate.contiguous(), up.contiguous(),
+                            static_cast<int64_t>(kernels::GluActivation::kSilu));
+}
+
+torch::Tensor AtenGeluNew(const torch::Tensor& x) {
+  const double c = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + torch::tanh(c * (x + 0.044715 * torch::pow(x, 3.0))));
+}
+
+torch::Tensor FusedGeGlu(const torch::Tensor& gate, const torch::Tensor& up) {
+  if (!GluFusable(gate, up)) return AtenGeluNew(gate) * up;
+  return GluFunction::apply(gate.contiguous(), up.contiguous(),
+                            static_cast<int64_t>(kernels::GluActivation::kGeluTanh));
 }
 
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos,

@@ -9,6 +9,8 @@
 //     low-precision input, rstd and the normalised input (for the weight's gradient).
 //   SwiGLU: the gate and up projections' outputs, recomputing the activation in backward; ATen
 //     keeps silu(gate) as well, a third (B, T, I) tensor.
+//   Gated-GELU (T5): the same two; ATen's gelu_new keeps its input, x^3's input, the tanh and
+//     several (B, T, F) intermediates of its seven ops.
 //   RoPE: nothing but the fp32 tables the model already holds; ATen under bf16 keeps bf16 casts of
 //     them per call, and builds rotate_half's copy of its input.
 //
@@ -24,7 +26,8 @@
 
 namespace llmctl::trainer {
 
-// Which implementation of the decoder block's RMSNorm, SwiGLU and RoPE a model runs.
+// Which implementation of the decoder block's RMSNorm, SwiGLU and RoPE (and T5's norm and
+// gated-GELU) a model runs.
 enum class Kernels { kAten, kFused };
 
 // The trial key's value ("fused" or "aten").
@@ -44,6 +47,13 @@ torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
 
 // silu(gate) * up, both (..., I) of one dtype (the ATen composition otherwise).
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+// transformers' gelu_new (NewGELUActivation), 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))),
+// op for op, so autograd keeps the same tensors: T5's gated-GELU under kernels: aten, and the
+// fallback below.
+torch::Tensor AtenGeluNew(const torch::Tensor& x);
+// T5's gated-GELU, gelu_new(gate) * up, both (..., F) of one dtype, keeping the two projections
+// as FusedSwiGlu does (the ATen composition otherwise).
+torch::Tensor FusedGeGlu(const torch::Tensor& gate, const torch::Tensor& up);
 
 // The rotary embedding of x (B, T, H, D) (the projections' layout before heads move to dim 1) at
 // positions 0 .. T - 1: x cos + rotate_half(x) sin with cos, sin (T, D) fp32 tables whose halves

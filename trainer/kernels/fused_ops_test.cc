@@ -112,6 +112,34 @@ TEST(FusedSwiGluTest, MatchesTheAtenCompositionAndItsGradients) {
   }
 }
 
+// T5's gelu_new(g) u. The fused op computes gelu_new as g sigmoid(2 z) (the same function), ATen
+// as seven ops through tanh. In fp32 both are within a few ulps of the exact value, relative to
+// the tensor's largest (near saturation 1 + tanh(z) is tiny, but so is the product). In bf16 ATen
+// rounds every one of the seven intermediates (x^3, the sum, its scale, tanh, 1 + tanh, the halves)
+// to bf16, and its backward as many, where the fused op rounds once.
+TEST(FusedGeGluTest, MatchesTheAtenCompositionAndItsGradients) {
+  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const std::vector<int64_t>& shape : kShapes) {
+      const std::string what =
+          std::string(c10::toString(dtype)) + " rows " + std::to_string(shape[0] * shape[1]);
+      torch::manual_seed(5);
+      const torch::Tensor g = (2 * torch::randn(shape)).to(dtype);
+      const torch::Tensor u = torch::randn(shape).to(dtype);
+      const torch::Tensor dh = torch::randn(shape).to(dtype);
+      const Outputs aten =
+          RunOp([](const std::vector<torch::Tensor>& in) { return AtenGeluNew(in[0]) * in[1]; },
+                {g, u}, dh);
+      const Outputs fused =
+          RunOp([](const std::vector<torch::Tensor>& in) { return FusedGeGlu(in[0], in[1]); },
+                {g, u}, dh);
+      const double rel = dtype == torch::kFloat32 ? 64 * kFp32Unit : 8 * kBf16Unit;
+      ExpectClose(fused.y, aten.y, rel, what + " h");
+      ExpectClose(fused.grads[0], aten.grads[0], rel, what + " dgate");
+      ExpectClose(fused.grads[1], aten.grads[1], rel, what + " dup");
+    }
+  }
+}
+
 // x cos + rotate_half(x) sin over (B, T, H, D): in fp32 each output is x1 c - x2 s (or x2 c + x1
 // s), two products and one sum each rounded once on both sides (cpu_kernels.cc contracts no
 // multiply-add), so the same bits; bf16's ATen composition rounds the tables, both products and

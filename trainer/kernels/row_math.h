@@ -44,6 +44,10 @@ LLMCTL_HOST_DEVICE inline float Exp(float x) {
   return er * two_k;
 }
 
+// The gated activations of a gated MLP, act(g) * u: LLaMA's SwiGLU (silu) and T5's gated-GELU
+// (gelu_new, the tanh approximation).
+enum class GluActivation { kSilu, kGeluTanh };
+
 // SwiGLU's activation of one element: silu(g) * u, silu(g) = g / (1 + e^-g) as ATen computes it.
 LLMCTL_HOST_DEVICE inline float SwiGlu(float g, float u) { return g / (1.0f + Exp(-g)) * u; }
 
@@ -54,6 +58,47 @@ LLMCTL_HOST_DEVICE inline void SwiGluBackward(float g, float u, float dh, float*
   *du = dh * (g * sigmoid);
   *dg = dh * u * (sigmoid * (1.0f + g * (1.0f - sigmoid)));
 }
+
+// gelu_new's argument scale, sqrt(2 / pi), and twice it: 0.5 (1 + tanh(z)) = sigmoid(2 z), so
+// gelu_new(g) = g sigmoid(2 z) with z = sqrt(2 / pi) (g + 0.044715 g^3), the same form as silu and
+// without tanh's cancellation near 0.
+constexpr float kGeluTanhScale = 0.7978845608028654f;
+constexpr float kGeluTanhCubic = 0.044715f;
+
+// T5's gated-GELU of one element: gelu_new(g) * u.
+LLMCTL_HOST_DEVICE inline float GeGlu(float g, float u) {
+  const float z2 = 2.0f * kGeluTanhScale * (g + kGeluTanhCubic * g * g * g);
+  return g / (1.0f + Exp(-z2)) * u;
+}
+
+// Its gradients, recomputing the activation: with s = sigmoid(2 z), d/du = g s;
+// d/dg = u (s + g s (1 - s) 2 z'), z' = sqrt(2 / pi) (1 + 3 * 0.044715 g^2).
+LLMCTL_HOST_DEVICE inline void GeGluBackward(float g, float u, float dh, float* dg, float* du) {
+  const float z2 = 2.0f * kGeluTanhScale * (g + kGeluTanhCubic * g * g * g);
+  const float s = 1.0f / (1.0f + Exp(-z2));
+  const float dz2 = 2.0f * kGeluTanhScale * (1.0f + 3.0f * kGeluTanhCubic * g * g);
+  *du = dh * (g * s);
+  *dg = dh * u * (s + g * s * (1.0f - s) * dz2);
+}
+
+// The activation as a type, for the loops and kernels templated over it (a branch per element
+// would keep them from vectorising).
+template <GluActivation A>
+struct Glu;
+template <>
+struct Glu<GluActivation::kSilu> {
+  LLMCTL_HOST_DEVICE static float Forward(float g, float u) { return SwiGlu(g, u); }
+  LLMCTL_HOST_DEVICE static void Backward(float g, float u, float dh, float* dg, float* du) {
+    SwiGluBackward(g, u, dh, dg, du);
+  }
+};
+template <>
+struct Glu<GluActivation::kGeluTanh> {
+  LLMCTL_HOST_DEVICE static float Forward(float g, float u) { return GeGlu(g, u); }
+  LLMCTL_HOST_DEVICE static void Backward(float g, float u, float dh, float* dg, float* du) {
+    GeGluBackward(g, u, dh, dg, du);
+  }
+};
 
 // Rotary embedding of one pair of a head: x1 at index i < D/2 and x2 at i + D/2, whose angle's
 // cosine and sine both halves share (transformers' x cos + rotate_half(x) sin).

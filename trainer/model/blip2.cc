@@ -209,6 +209,10 @@ void Blip2ForConditionalGenerationImpl::SetActivationCheckpointing(bool on) {
   if (t5) t5->SetActivationCheckpointing(on);
 }
 
+void Blip2ForConditionalGenerationImpl::SetKernels(Kernels kernels) {
+  if (t5) t5->SetKernels(kernels);
+}
+
 void Blip2ForConditionalGenerationImpl::SetLayerHooks(LayerHooks* hooks) {
   int64_t first = 0;
   for (const Stack& stack : stacks_) {
@@ -253,7 +257,7 @@ torch::Tensor Blip2ForConditionalGenerationImpl::Loss(const torch::Tensor& pixel
     if (!chunked) return CausalLmLoss(opt->Logits(hidden), labels);  // logits (B, T, V)
     return ChunkedCausalLmLoss(
         hidden, labels, [model = opt](const torch::Tensor& h) mutable { return model->Logits(h); },
-        {opt->OutputWeight()}, kLossChunkTokens);
+        {opt->OutputWeight()}, kLossChunkTokens, opt->OutputWeight());
   }
   // The caption's columns: every row's Q placeholders come first.
   const torch::Tensor caption_labels =
@@ -264,7 +268,7 @@ torch::Tensor Blip2ForConditionalGenerationImpl::Loss(const torch::Tensor& pixel
     return ChunkedCrossEntropyLoss(
         hidden, caption_labels,
         [model = t5](const torch::Tensor& h) mutable { return model->Logits(h); },
-        t5->OutputParameters(), kLossChunkTokens);
+        t5->OutputParameters(), kLossChunkTokens, t5->PlainOutputWeight());
   }
   const torch::Tensor logits = t5->Logits(hidden);  // (B, T - Q, V)
   return torch::nn::functional::cross_entropy(

@@ -140,6 +140,9 @@ class Blip2ForConditionalGenerationImpl : public torch::nn::Module {
   void InitializeRandom(double std = 0.02);
   // Activation checkpointing per block of every stack (vision, Q-Former, OPT or T5's two), as
   // gradient_checkpointing_enable() wraps each of transformers' GradientCheckpointingLayers.
+  // T5's layer norms and gated-GELU (fused_ops.h; the trial key `kernels`). OPT, the Q-Former
+  // and the vision encoder use none of the fused ops: their LayerNorm is ATen's own fused one.
+  void SetKernels(Kernels kernels);
   void SetActivationCheckpointing(bool on);
   // strategy fsdp: `hooks` (not owned; null: none) around every block of every stack, numbered as
   // LayerOf numbers them.

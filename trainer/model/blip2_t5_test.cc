@@ -103,6 +103,30 @@ TEST(Blip2T5Test, ChunkedLossIsThePlainOne) {
   EXPECT_NEAR(Loss(model, /*chunked=*/true).item<double>(), Loss(model).item<double>(), 1e-5);
 }
 
+// kernels: fused (the norms and the gated-GELU as fused_ops.h's ops) with the chunked loss, as a
+// trial runs them by default: transformers' loss in fp32, and every gradient the ATen
+// composition's with the full logits, within fp32 sums in another order (relative to each
+// gradient's largest element; the attention key biases' gradients are zero but for rounding, as
+// softmax ignores a constant added to a query's logits: noise of about 1e-10 on both sides).
+TEST(Blip2T5Test, FusedKernelsAndChunkedLossMatchTransformersInFp32) {
+  Blip2ForConditionalGeneration aten = LoadedModel("t5-tiny");
+  Blip2ForConditionalGeneration fused = LoadedModel("t5-tiny");
+  fused->SetKernels(Kernels::kFused);
+  const torch::Tensor fused_loss = Loss(fused, /*chunked=*/true);
+  EXPECT_NEAR(fused_loss.item<double>(), Expected("loss").item<double>(), 1e-5);
+  fused_loss.backward();
+  Loss(aten).backward();
+  const auto fused_params = fused->named_parameters();
+  for (const auto& item : aten->named_parameters()) {
+    SCOPED_TRACE(item.key());
+    const torch::Tensor expected = item.value().grad();
+    const torch::Tensor actual = fused_params[item.key()].grad();
+    ASSERT_TRUE(actual.defined());
+    const double scale = expected.abs().max().item<double>();
+    EXPECT_LE((actual - expected).abs().max().item<double>(), 1e-5 * scale + 1e-9);
+  }
+}
+
 // T5 v1.0: ReLU FFN (wi, wo) and the head tied to the shared embedding, the decoder's output scaled
 // by d_model^-0.5 first.
 TEST(Blip2T5Test, V10ReluAndTiedScaledHeadMatchTransformers) {

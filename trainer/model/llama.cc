@@ -180,6 +180,8 @@ std::vector<torch::Tensor> LlamaForCausalLMImpl::OutputParameters() const {
   return lm_head_->ForwardParameters();
 }
 
+torch::Tensor LlamaForCausalLMImpl::PlainOutputWeight() const { return lm_head_->PlainWeight(); }
+
 std::vector<std::pair<std::string, Projection>> LlamaForCausalLMImpl::NamedProjections() {
   return trainer::NamedProjections(*this);
 }

@@ -117,6 +117,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // Every parameter Logits reads: the output weight (the embedding matrix when tied) and, with an
   // lm_head adapter, its lora_A and lora_B weights.
   std::vector<torch::Tensor> OutputParameters() const;
+  // The output weight (V, C) when Logits is exactly hidden @ weight^T (no adapter, no NF4 base);
+  // undefined otherwise.
+  torch::Tensor PlainOutputWeight() const;
 
   const ModelConfig& config() const { return config_; }
 

@@ -1,8 +1,9 @@
 #include "trainer/model/loss.h"
 
-#include <algorithm>
+#include <ATen/autocast_mode.h>
 
-#include "trainer/model/checkpoint.h"
+#include <algorithm>
+#include <utility>
 
 namespace llmctl::trainer {
 namespace {
@@ -10,13 +11,15 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// What backward needs besides tensors; lives in the autograd graph until backward has run.
+// What forward hands backward besides tensors; lives in the autograd graph until backward has run.
 struct ChunkedLoss : torch::CustomClassHolder {
-  ChunkedLoss(std::function<torch::Tensor(const torch::Tensor&)> f, int64_t chunk)
-      : logits_of(std::move(f)), chunk_tokens(chunk), autocast(AutocastSettings::Current()) {}
   std::function<torch::Tensor(const torch::Tensor&)> logits_of;
-  int64_t chunk_tokens;
-  AutocastSettings autocast;
+  torch::Tensor plain_weight;  // (V, C) when logits_of is exactly linear(h, plain_weight)
+  int64_t chunk_tokens = 0;
+  bool needs_grad = false;  // grad mode was on and something read needs a gradient
+  // The loss' gradients for d(loss) = 1, formed during forward; backward scales them.
+  torch::Tensor grad_hidden;                // (N, C), when hidden needs a gradient
+  std::vector<torch::Tensor> grad_weights;  // one per trainable weight; undefined when unused
 };
 
 // logits (n, V), labels (n) -> the summed cross-entropy of the labels that are not -100, in
@@ -27,64 +30,142 @@ torch::Tensor SummedCrossEntropy(const torch::Tensor& logits, const torch::Tenso
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
 }
 
+// The chunks through autograd (a head with an adapter or an NF4 base): each chunk's
+// logits, loss and gradients are formed and dropped before the next chunk's. Adds the chunks'
+// summed losses to `sum`.
+void ChunksThroughAutograd(ChunkedLoss& loss, const torch::Tensor& hidden,
+                           const torch::Tensor& next_labels, const tensor_list& weights,
+                           const torch::Tensor& inverse_count, torch::Tensor& sum) {
+  const int64_t tokens = hidden.size(0);
+  const bool hidden_grad = hidden.requires_grad();
+  for (int64_t start = 0; start < tokens; start += loss.chunk_tokens) {
+    const int64_t n = std::min(loss.chunk_tokens, tokens - start);
+    tensor_list inputs;
+    const torch::Tensor chunk = hidden.narrow(0, start, n).detach();
+    if (hidden_grad) inputs.push_back(chunk.requires_grad_(true));
+    inputs.insert(inputs.end(), weights.begin(), weights.end());
+    torch::Tensor chunk_sum;
+    {
+      torch::AutoGradMode grad_on(true);
+      chunk_sum = SummedCrossEntropy(loss.logits_of(chunk), next_labels.narrow(0, start, n));
+    }
+    sum.add_(chunk_sum.detach());
+    // torch::autograd::grad, not backward: the weights' gradients are returned, not accumulated
+    // into .grad once per chunk.
+    const tensor_list grads = torch::autograd::grad({chunk_sum}, inputs, {inverse_count},
+                                                    /*retain_graph=*/false,
+                                                    /*create_graph=*/false, /*allow_unused=*/true);
+    size_t next = 0;
+    if (hidden_grad) loss.grad_hidden.narrow(0, start, n).copy_(grads[next++]);
+    for (size_t i = 0; i < weights.size(); ++i, ++next) {
+      const torch::Tensor& g = grads[next];
+      if (!g.defined()) continue;
+      torch::Tensor& total = loss.grad_weights[i];
+      total = total.defined() ? total.add_(g) : g;
+    }
+  }
+}
+
+// The chunks of a plain head, logits = hidden @ W^T: the softmax's gradient is formed in place
+// over the chunk's logits, and the weight's gradient accumulates into one (V, C) buffer (through
+// autograd, each chunk's would be a second such buffer). Under autocast the matmuls run in its
+// dtype, as autocast's linear would run them: the weight is cast once, each chunk's hidden states
+// and logits' gradient per chunk, and the gradients come back in the weight's and hidden states'
+// dtypes. Adds the chunks' summed losses to `sum`.
+void PlainHeadChunks(ChunkedLoss& loss, const torch::Tensor& hidden,
+                     const torch::Tensor& next_labels, const torch::Tensor& inverse_count,
+                     torch::Tensor& sum) {
+  const torch::Tensor& weight = loss.plain_weight;  // (V, C)
+  const c10::DeviceType device = hidden.device().type();
+  const torch::ScalarType compute = at::autocast::is_autocast_enabled(device)
+                                        ? at::autocast::get_autocast_dtype(device)
+                                        : weight.scalar_type();
+  const torch::Tensor compute_weight = weight.to(compute);  // (V, C); `weight` itself if no cast
+  const bool weight_grad = weight.requires_grad();
+  const int64_t tokens = hidden.size(0);
+  for (int64_t start = 0; start < tokens; start += loss.chunk_tokens) {
+    const int64_t n = std::min(loss.chunk_tokens, tokens - start);
+    const torch::Tensor chunk = hidden.narrow(0, start, n).to(compute);  // (n, C)
+    const torch::Tensor labels = next_labels.narrow(0, start, n);
+    const torch::Tensor scored = labels.ne(-100);
+    const torch::Tensor targets = labels.masked_fill(scored.logical_not(), 0).unsqueeze(1);
+    // (n, V) float32: the logits, then in place the softmax, then the loss' gradient.
+    torch::Tensor probs = torch::mm(chunk, compute_weight.t()).to(torch::kFloat32);
+    const torch::Tensor log_normalizer = probs.logsumexp(1, /*keepdim=*/true);  // (n, 1)
+    sum.add_(log_normalizer.squeeze(1)
+                 .sub(probs.gather(1, targets).squeeze(1))
+                 .masked_fill_(scored.logical_not(), 0)
+                 .sum());
+    // d(mean)/d(logits) = (softmax - one_hot(label)) / count, zero on unscored rows (also when
+    // none is scored and 1 / count is infinite, as cross_entropy's backward gives).
+    probs.sub_(log_normalizer).exp_();
+    probs.scatter_add_(1, targets, torch::full_like(targets, -1, probs.options()));
+    probs.mul_(torch::where(scored, inverse_count, torch::zeros_like(inverse_count)).unsqueeze(1));
+    const torch::Tensor grad_logits = probs.to(compute);  // (n, V)
+    probs = torch::Tensor();
+    if (loss.grad_hidden.defined()) {
+      torch::Tensor out = loss.grad_hidden.narrow(0, start, n);
+      if (compute == out.scalar_type()) {
+        torch::mm_out(out, grad_logits, compute_weight);
+      } else {
+        out.copy_(torch::mm(grad_logits, compute_weight));
+      }
+    }
+    if (!weight_grad) continue;
+    torch::Tensor& total = loss.grad_weights[0];  // (V, C) in the weight's dtype
+    if (!total.defined()) {
+      total = torch::mm(grad_logits.t(), chunk).to(weight.scalar_type());
+    } else if (compute == total.scalar_type()) {
+      total.addmm_(grad_logits.t(), chunk);
+    } else {
+      total.add_(torch::mm(grad_logits.t(), chunk));
+    }
+  }
+}
+
 struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
   // hidden (N, C), next_labels (N): the label each position is scored against.
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor hidden,
                                torch::Tensor next_labels, c10::intrusive_ptr<ChunkedLoss> loss,
                                torch::TensorList weights) {
-    const int64_t tokens = hidden.size(0);
-    torch::Tensor sum = torch::zeros({}, hidden.options().dtype(torch::kFloat32));
-    for (int64_t start = 0; start < tokens; start += loss->chunk_tokens) {
-      const int64_t n = std::min(loss->chunk_tokens, tokens - start);
-      sum.add_(SummedCrossEntropy(loss->logits_of(hidden.narrow(0, start, n)),
-                                  next_labels.narrow(0, start, n)));
-    }
     const torch::Tensor count = next_labels.ne(-100).sum().to(torch::kFloat32);
-    tensor_list saved{hidden, next_labels, count};
-    saved.insert(saved.end(), weights.begin(), weights.end());
-    ctx->save_for_backward(saved);
+    torch::Tensor sum = torch::zeros({}, hidden.options().dtype(torch::kFloat32));
+    if (!loss->needs_grad) {
+      for (int64_t start = 0; start < hidden.size(0); start += loss->chunk_tokens) {
+        const int64_t n = std::min(loss->chunk_tokens, hidden.size(0) - start);
+        sum.add_(SummedCrossEntropy(loss->logits_of(hidden.narrow(0, start, n)),
+                                    next_labels.narrow(0, start, n)));
+      }
+      return sum.div_(count);
+    }
+    // The gradients are formed here, chunk by chunk, rather than by recomputing the logits in
+    // backward (Liger-Kernel's fused linear cross-entropy): three matmuls per chunk, not four.
+    const torch::Tensor inverse_count = count.reciprocal();
+    if (hidden.requires_grad()) loss->grad_hidden = torch::empty_like(hidden);
+    loss->grad_weights.assign(weights.size(), torch::Tensor());
+    if (loss->plain_weight.defined()) {
+      PlainHeadChunks(*loss, hidden, next_labels, inverse_count, sum);
+    } else {
+      ChunksThroughAutograd(*loss, hidden, next_labels, weights.vec(), inverse_count, sum);
+    }
     ctx->saved_data["loss"] = c10::IValue::make_capsule(loss);
     return sum.div_(count);
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
-    const tensor_list saved = ctx->get_saved_variables();
-    const torch::Tensor& hidden = saved[0];
-    const torch::Tensor& next_labels = saved[1];
-    const tensor_list weights(saved.begin() + 3, saved.end());
     auto loss =
         c10::static_intrusive_pointer_cast<ChunkedLoss>(ctx->saved_data["loss"].toCapsule());
-    // d(mean)/d(chunk's sum) is the same for every chunk.
-    const torch::Tensor grad_sum = grad_outputs[0] / saved[2];
-
-    torch::Tensor grad_hidden = torch::empty_like(hidden);  // (N, C)
-    tensor_list grad_weights(weights.size());
-    const int64_t tokens = hidden.size(0);
-    for (int64_t start = 0; start < tokens; start += loss->chunk_tokens) {
-      const int64_t n = std::min(loss->chunk_tokens, tokens - start);
-      tensor_list inputs{hidden.narrow(0, start, n).detach().requires_grad_(true)};
-      inputs.insert(inputs.end(), weights.begin(), weights.end());
-      torch::Tensor chunk_sum;
-      {
-        torch::AutoGradMode grad_on(true);
-        ScopedAutocast autocast(loss->autocast);
-        chunk_sum = SummedCrossEntropy(loss->logits_of(inputs[0]), next_labels.narrow(0, start, n));
-      }
-      // torch::autograd::grad, not backward: the weights' gradients are returned, not accumulated
-      // into .grad once per chunk.
-      const tensor_list grads =
-          torch::autograd::grad({chunk_sum}, inputs, {grad_sum},
-                                /*retain_graph=*/false,
-                                /*create_graph=*/false, /*allow_unused=*/true);
-      grad_hidden.narrow(0, start, n).copy_(grads[0]);
-      for (size_t i = 0; i < weights.size(); ++i) {
-        const torch::Tensor& g = grads[i + 1];
-        if (!g.defined()) continue;
-        grad_weights[i] = grad_weights[i].defined() ? grad_weights[i].add_(g) : g;
-      }
-    }
-    tensor_list result{grad_hidden, torch::Tensor(), torch::Tensor()};
-    result.insert(result.end(), grad_weights.begin(), grad_weights.end());
+    // Scaled in place: the loss is usually the mean itself (a gradient of 1, checked on the CPU
+    // where reading it is free) or divided by the accumulation steps.
+    const torch::Tensor& scale = grad_outputs[0];
+    const bool unit = scale.is_cpu() && scale.item<double>() == 1.0;
+    auto scaled = [&](torch::Tensor& g) {
+      torch::Tensor out = std::move(g);
+      if (out.defined() && !unit) out.mul_(scale);
+      return out;
+    };
+    tensor_list result{scaled(loss->grad_hidden), torch::Tensor(), torch::Tensor()};
+    for (torch::Tensor& g : loss->grad_weights) result.push_back(scaled(g));
     return result;
   }
 };
@@ -93,27 +174,36 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
 
 torch::Tensor ChunkedCausalLmLoss(const torch::Tensor& hidden, const torch::Tensor& labels,
                                   std::function<torch::Tensor(const torch::Tensor&)> logits_of,
-                                  const std::vector<torch::Tensor>& weights, int64_t chunk_tokens) {
+                                  const std::vector<torch::Tensor>& weights, int64_t chunk_tokens,
+                                  const torch::Tensor& plain_weight) {
   // CausalLmLoss's shift: position t is scored against label t+1, the last position against
   // nothing.
   const torch::Tensor next_labels =
       torch::constant_pad_nd(labels.narrow(1, 1, labels.size(1) - 1), {0, 1}, -100);
-  return ChunkedCrossEntropyLoss(hidden, next_labels, std::move(logits_of), weights, chunk_tokens);
+  return ChunkedCrossEntropyLoss(hidden, next_labels, std::move(logits_of), weights, chunk_tokens,
+                                 plain_weight);
 }
 
 torch::Tensor ChunkedCrossEntropyLoss(const torch::Tensor& hidden, const torch::Tensor& labels,
                                       std::function<torch::Tensor(const torch::Tensor&)> logits_of,
                                       const std::vector<torch::Tensor>& weights,
-                                      int64_t chunk_tokens) {
+                                      int64_t chunk_tokens, const torch::Tensor& plain_weight) {
   TORCH_CHECK(chunk_tokens > 0, "chunk_tokens must be positive, got ", chunk_tokens);
   std::vector<torch::Tensor> trainable;
   for (const torch::Tensor& w : weights) {
     if (w.requires_grad()) trainable.push_back(w);
   }
-  return ChunkedCrossEntropy::apply(
-      hidden.reshape({-1, hidden.size(-1)}), labels.reshape({-1}),
-      c10::make_intrusive<ChunkedLoss>(std::move(logits_of), chunk_tokens),
-      torch::TensorList(trainable));
+  TORCH_CHECK(!plain_weight.defined() || trainable.empty() ||
+                  (trainable.size() == 1 && trainable[0].is_same(plain_weight)),
+              "a plain head's only trainable weight is its matrix");
+  auto loss = c10::make_intrusive<ChunkedLoss>();
+  loss->logits_of = std::move(logits_of);
+  loss->plain_weight = plain_weight;
+  loss->chunk_tokens = chunk_tokens;
+  loss->needs_grad =
+      torch::GradMode::is_enabled() && (hidden.requires_grad() || !trainable.empty());
+  return ChunkedCrossEntropy::apply(hidden.reshape({-1, hidden.size(-1)}), labels.reshape({-1}),
+                                    std::move(loss), torch::TensorList(trainable));
 }
 
 }  // namespace llmctl::trainer

@@ -11,43 +11,41 @@
 #include <functional>
 #include <vector>
 
-namespace llmctl::trainer {
+#include "common/trial_config.h"  // kLossChunkTokens
 
-// Tokens per chunk for `loss: chunked_ce`: the knee of memory against time. Measured on a 2-core
-// CPU (B·T = 1024 tokens, C = 256, V = 32000, fp32; forward + backward of the loss alone, best of
-// 3, memory above the start including the weight's gradient):
-//   plain CausalLmLoss   1.71 s  375 MiB
-//   64 tokens            2.8 s    71 MiB
-//   128 tokens           2.17 s   79 MiB
-//   256 tokens           2.0 s   126 MiB
-//   512 tokens           1.8 s   220 MiB
-// Halving 128 saves 8 MiB for 30% more time; doubling it costs 47 MiB for 8% less. The time over
-// the plain path is mostly the recomputed projection (4 matmuls instead of 3); the chunk's memory
-// is fixed while the full logits grow with B·T. LitGPT chunks by 128 as well.
-inline constexpr int64_t kLossChunkTokens = 128;
+namespace llmctl::trainer {
 
 // The same loss as CausalLmLoss(logits_of(hidden), labels) — labels shifted left, mean over the
 // labels that are not -100, in float32 — without ever holding more than `chunk_tokens` tokens'
-// logits: forward computes the loss chunk by chunk and keeps only `hidden`; backward recomputes one
-// chunk's logits at a time (with the forward's autocast settings) and backpropagates them at once.
+// logits. When a gradient is needed, forward forms it chunk by chunk (Liger-Kernel's fused linear
+// cross-entropy): each chunk's logits, softmax and gradients are made and dropped before the next
+// chunk's, and what forward keeps for backward is the gradient of `hidden` (N, C) and of the
+// trainable `weights`, which backward only scales. So the logits are computed once, not
+// recomputed in backward.
 //
 // hidden (B, T, C); labels (B, T) int64; logits_of maps (n, C) to (n, V) and may read any tensor
 // (an adapter's included), but `weights` must list each tensor it reads that needs a gradient:
 // their gradients are summed over the chunks and handed to autograd once, so a parameter's gradient
 // is accumulated (and its post-accumulate-grad hooks run) once per backward, as on the plain path.
-// Weight gradients are summed in the weights' dtype; from the second chunk on, the running sum and
-// the chunk's own gradient are both alive, one weight-gradient-sized buffer more than the plain
-// path (the price of handing autograd a single gradient). Returns the scalar mean loss.
+//
+// `plain_weight` (V, C), when given, says logits_of(h) is exactly h @ plain_weight^T (a head
+// without adapter, bias or NF4 base); the chunks then skip autograd: the softmax's gradient is
+// formed in place over the chunk's logits and the weight's gradient accumulates in one buffer
+// (addmm), in autocast's dtype when it is on. Otherwise each chunk goes through autograd, whose
+// weight gradient is a second (V, C) buffer while it is added to the sum. Weight gradients are
+// summed in the weights' dtype.
+// Returns the scalar mean loss.
 torch::Tensor ChunkedCausalLmLoss(const torch::Tensor& hidden, const torch::Tensor& labels,
                                   std::function<torch::Tensor(const torch::Tensor&)> logits_of,
-                                  const std::vector<torch::Tensor>& weights, int64_t chunk_tokens);
+                                  const std::vector<torch::Tensor>& weights, int64_t chunk_tokens,
+                                  const torch::Tensor& plain_weight = {});
 
 // The same without the shift: position t is scored against labels[t] (an encoder-decoder's decoder,
 // T5's), in float32.
 torch::Tensor ChunkedCrossEntropyLoss(const torch::Tensor& hidden, const torch::Tensor& labels,
                                       std::function<torch::Tensor(const torch::Tensor&)> logits_of,
                                       const std::vector<torch::Tensor>& weights,
-                                      int64_t chunk_tokens);
+                                      int64_t chunk_tokens, const torch::Tensor& plain_weight = {});
 
 }  // namespace llmctl::trainer
 

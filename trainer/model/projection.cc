@@ -106,6 +106,11 @@ std::vector<torch::Tensor> ProjectionImpl::ForwardParameters() const {
   return tensors;
 }
 
+torch::Tensor ProjectionImpl::PlainWeight() const {
+  if (nf4_ || bias_.defined() || has_adapter()) return torch::Tensor();
+  return weight_;
+}
+
 std::vector<std::pair<std::string, Projection>> NamedProjections(torch::nn::Module& module) {
   std::vector<std::pair<std::string, Projection>> projections;
   for (const auto& item : module.named_modules()) {

@@ -62,6 +62,10 @@ class ProjectionImpl : public torch::nn::Module {
   // gradient): what a caller that recomputes forward itself, such as the chunked loss, must list.
   std::vector<torch::Tensor> ForwardParameters() const;
 
+  // The weight (O, I) when forward is exactly x @ weight^T (a dense base without bias or
+  // adapter), so a caller may do that matmul's arithmetic itself (the chunked loss); undefined
+  // otherwise.
+  torch::Tensor PlainWeight() const;
   bool is_quantized() const { return nf4_.has_value(); }
   const Nf4Weight& nf4_weight() const { return *nf4_; }  // requires is_quantized()
   // An unfilled dense (O, I) tensor in the parameters' dtype, on the base weight's device: what

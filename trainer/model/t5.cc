@@ -14,12 +14,6 @@ torch::Tensor Dropout(const torch::Tensor& x, double p, bool training) {
   return F::dropout(x, F::DropoutFuncOptions().p(p).training(training));
 }
 
-// transformers' gelu_new (NewGELUActivation) op for op, so autograd keeps the same tensors.
-torch::Tensor GeluNew(const torch::Tensor& x) {
-  const double c = std::sqrt(2.0 / M_PI);
-  return 0.5 * x * (1.0 + torch::tanh(c * (x + 0.044715 * torch::pow(x, 3.0))));
-}
-
 // The most negative finite value of `dtype`: what a masked logit becomes, as transformers' masks.
 c10::Scalar Lowest(torch::ScalarType dtype) {
   switch (dtype) {
@@ -122,10 +116,16 @@ T5FeedForwardImpl::T5FeedForwardImpl(const T5Config& c, const std::optional<Nf4O
   layer_norm_ = register_module("layer_norm", RmsNorm(c.d_model, c.layer_norm_epsilon));
 }
 
-torch::Tensor T5FeedForwardImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor normed = layer_norm_(x);
-  const torch::Tensor inner =
-      wi_ ? torch::relu(wi_(normed)) : GeluNew(wi_0_(normed)) * wi_1_(normed);  // (B, T, F)
+torch::Tensor T5FeedForwardImpl::forward(const torch::Tensor& x, Kernels kernels) {
+  const torch::Tensor normed = layer_norm_(x, kernels);
+  torch::Tensor inner;  // (B, T, F)
+  if (wi_) {
+    inner = torch::relu(wi_(normed));
+  } else if (kernels == Kernels::kFused) {
+    inner = FusedGeGlu(wi_0_(normed), wi_1_(normed));
+  } else {
+    inner = AtenGeluNew(wi_0_(normed)) * wi_1_(normed);
+  }
   return x + Dropout(wo_(Dropout(inner, dropout_, is_training())), dropout_, is_training());
 }
 
@@ -147,14 +147,16 @@ T5BlockImpl::T5BlockImpl(const T5Config& c, bool decoder, bool relative_bias,
 }
 
 torch::Tensor T5BlockImpl::forward(const torch::Tensor& h, const torch::Tensor& self_bias,
-                                   const torch::Tensor& encoder, const torch::Tensor& cross_mask) {
-  const torch::Tensor normed = self_norm_(h);
+                                   const torch::Tensor& encoder, const torch::Tensor& cross_mask,
+                                   Kernels kernels) {
+  const torch::Tensor normed = self_norm_(h, kernels);
   torch::Tensor x =
       h + Dropout(self_attention_(normed, normed, self_bias), dropout_, is_training());
   if (cross_attention_) {
-    x = x + Dropout(cross_attention_(cross_norm_(x), encoder, cross_mask), dropout_, is_training());
+    x = x + Dropout(cross_attention_(cross_norm_(x, kernels), encoder, cross_mask), dropout_,
+                    is_training());
   }
-  return feed_forward_(x);
+  return feed_forward_(x, kernels);
 }
 
 T5StackImpl::T5StackImpl(const T5Config& c, bool decoder, const std::optional<Nf4Options>& nf4)
@@ -202,16 +204,16 @@ torch::Tensor T5StackImpl::forward(const torch::Tensor& embeds, const torch::Ten
       std::vector<torch::Tensor> kept = {h, self_bias};
       if (decoder_) kept.push_back(encoder);
       h = CheckpointedForward(
-          [block, cross_mask](const std::vector<torch::Tensor>& x) mutable {
-            return block(x[0], x[1], x.size() > 2 ? x[2] : torch::Tensor(), cross_mask);
+          [block, cross_mask, kernels = kernels](const std::vector<torch::Tensor>& x) mutable {
+            return block(x[0], x[1], x.size() > 2 ? x[2] : torch::Tensor(), cross_mask, kernels);
           },
           kept);
     } else {
-      h = block(h, self_bias, encoder, cross_mask);
+      h = block(h, self_bias, encoder, cross_mask, kernels);
     }
     h = layer_hooks.After(static_cast<int64_t>(i), h);
   }
-  return Dropout(final_layer_norm_(h), dropout_, is_training());
+  return Dropout(final_layer_norm_(h, kernels), dropout_, is_training());
 }
 
 T5ForConditionalGenerationImpl::T5ForConditionalGenerationImpl(const T5Config& c,
@@ -253,6 +255,15 @@ torch::Tensor T5ForConditionalGenerationImpl::Logits(const torch::Tensor& hidden
 
 std::vector<torch::Tensor> T5ForConditionalGenerationImpl::OutputParameters() const {
   return lm_head_->ForwardParameters();
+}
+
+torch::Tensor T5ForConditionalGenerationImpl::PlainOutputWeight() const {
+  return output_scale_ == 1.0 ? lm_head_->PlainWeight() : torch::Tensor();
+}
+
+void T5ForConditionalGenerationImpl::SetKernels(Kernels kernels) {
+  encoder_->kernels = kernels;
+  decoder_->kernels = kernels;
 }
 
 void T5ForConditionalGenerationImpl::SetActivationCheckpointing(bool on) {

@@ -54,7 +54,7 @@ TORCH_MODULE(T5Attention);
 class T5FeedForwardImpl : public torch::nn::Module {
  public:
   T5FeedForwardImpl(const T5Config& config, const std::optional<Nf4Options>& nf4);
-  torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
+  torch::Tensor forward(const torch::Tensor& x, Kernels kernels);  // (B, T, C) -> (B, T, C)
 
  private:
   double dropout_;
@@ -72,7 +72,8 @@ class T5BlockImpl : public torch::nn::Module {
   // h (B, T, C); self_bias as T5Attention's; encoder (B, S, C) and cross_mask (B, 1, 1, S) bool for
   // decoder blocks (undefined for encoder ones) -> (B, T, C).
   torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& self_bias,
-                        const torch::Tensor& encoder, const torch::Tensor& cross_mask);
+                        const torch::Tensor& encoder, const torch::Tensor& cross_mask,
+                        Kernels kernels);
   T5Attention& self_attention() { return self_attention_; }
 
  private:
@@ -93,6 +94,8 @@ class T5StackImpl : public torch::nn::Module {
 
   bool checkpoint_layers = false;  // each block through CheckpointedForward when grads are on
   StackHooks layer_hooks;          // around each block (strategy fsdp)
+  // The layer norms' and the gated-GELU's implementation (the trial key `kernels`).
+  Kernels kernels = Kernels::kAten;
 
  private:
   bool decoder_;
@@ -117,7 +120,11 @@ class T5ForConditionalGenerationImpl : public torch::nn::Module {
   torch::Tensor Logits(const torch::Tensor& hidden);
   // Every tensor Logits reads that may need a gradient (the chunked loss lists them).
   std::vector<torch::Tensor> OutputParameters() const;
+  // The output weight (V, C) when Logits is exactly hidden @ weight^T (untied, no adapter, no NF4
+  // base); undefined otherwise.
+  torch::Tensor PlainOutputWeight() const;
   void SetActivationCheckpointing(bool on);
+  void SetKernels(Kernels kernels);  // the norms and the gated-GELU (fused_ops.h)
   StackHooks& encoder_hooks() { return encoder_->layer_hooks; }
   StackHooks& decoder_hooks() { return decoder_->layer_hooks; }
 

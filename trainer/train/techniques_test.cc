@@ -217,8 +217,11 @@ TEST(OptimizerInBackwardTest, NoGradientsAfterBackwardAndALowerPeak) {
   EXPECT_EQ(Field(in_backward.Snapshot(1, 0, "phase2_after_bwd"), "grads_bytes"), 0u);
   EXPECT_EQ(Field(in_backward.Snapshot(1, 0, "phase3_after_opt_step"), "optim_device_bytes"),
             2 * grads + 4);
+  // The tied embedding's gradient is exempt twice: its head part, which the chunked loss forms in
+  // forward, is held from the loss to the end of backward on both paths, and meets the
+  // embedding's own part there. Measured: 17.16 MB against 14.54 MB, 2.62 MB lower.
   const uint64_t embedding_grad = 4 * 2048 * 128;
-  EXPECT_GE(normal.result.peak_bytes, in_backward.result.peak_bytes + grads - embedding_grad);
+  EXPECT_GE(normal.result.peak_bytes, in_backward.result.peak_bytes + grads - 2 * embedding_grad);
 }
 
 }  // namespace

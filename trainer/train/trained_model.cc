@@ -28,7 +28,7 @@ class LlamaModelHolder final : public TrainedModel {
     return ChunkedCausalLmLoss(
         hidden, batch.labels,
         [model = model_](const torch::Tensor& h) mutable { return model->Logits(h); },
-        model_->OutputParameters(), kLossChunkTokens);
+        model_->OutputParameters(), kLossChunkTokens, model_->PlainOutputWeight());
   }
 
   void SetLayerHooks(LayerHooks* hooks) override { options_.layer_hooks = hooks; }
@@ -134,6 +134,7 @@ StatusOr<std::unique_ptr<TrainedModel>> BuildTrainedModel(const TrialModelConfig
                      BuildBlip2Model(*blip2, options.init, options.model_dir, options.dtype,
                                      options.device, options.nf4));
     model->SetActivationCheckpointing(options.activation_checkpointing);
+    model->SetKernels(options.kernels);
     return std::unique_ptr<TrainedModel>(new Blip2ModelHolder(std::move(model), *blip2));
   }
   ASSIGN_OR_RETURN(LlamaForCausalLM model,

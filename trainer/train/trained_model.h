@@ -70,7 +70,8 @@ struct ModelBuildOptions {
   torch::Device device{torch::kCPU};
   std::optional<Nf4Options> nf4;  // QLoRA's NF4 base weights for the language model's projections
   bool activation_checkpointing = false;
-  // The decoder block's RMSNorm, SwiGLU and RoPE (the trial key `kernels`; LLaMA family).
+  // The decoder block's RMSNorm, SwiGLU and RoPE, T5's norms and gated-GELU (the trial key
+  // `kernels`).
   Kernels kernels = Kernels::kAten;
 };
 

@@ -309,7 +309,7 @@ Status TrialRun::Setup() {
       config_.GetInt("train.global_batch_size") / (micro_batch_size_ * parallel_->world_size());
   snapshot_every_ = std::max<int64_t>(1, config_.GetInt("snapshot_every"));
   log_every_ = std::max<int64_t>(1, config_.GetInt("log_every"));
-  chunked_loss_ = config_.GetString("loss") == "chunked_ce";
+  chunked_loss_ = UsesChunkedLoss(config_);
   optimizer_in_backward_ = config_.GetBool("optimizer_in_backward");
   if (precision_.loss_scaling) loss_scaler_.emplace(device_);
   ASSIGN_OR_RETURN(lora_, LoraConfigFromTrial(config_));
