@@ -890,8 +890,8 @@ class ExperimentParser {
 }  // namespace
 
 bool IsPathValue(const KeySpec& spec, std::string_view value) {
-  return spec.type == KeyType::kPath ||
-         (spec.name == "model" && FindPreset(value) == nullptr && !IsHubModelRef(value));
+  return spec.type == KeyType::kPath || (spec.name == "model" && FindPreset(value) == nullptr &&
+                                         !IsBlip2Preset(value) && !IsHubModelRef(value));
 }
 
 bool IsInputPathValue(const KeySpec& spec, std::string_view value) {
@@ -922,6 +922,23 @@ StatusOr<Experiment> ParseExperiment(std::string_view yaml_text, std::string_vie
                                      const ExperimentParseOptions& options) {
   ExperimentParser parser(filename, options);
   return parser.Parse(yaml_text);
+}
+
+Status KeepOnlyTrials(const std::vector<std::string>& names, std::string_view filename,
+                      Experiment& experiment) {
+  std::string listed;
+  for (const Trial& trial : experiment.trials) listed += (listed.empty() ? "" : ", ") + trial.name;
+  for (const std::string& wanted : names) {
+    if (std::none_of(experiment.trials.begin(), experiment.trials.end(),
+                     [&](const Trial& trial) { return trial.name == wanted; })) {
+      return InvalidArgumentError(std::string(filename) + ": no trial named '" + wanted +
+                                  "' (its trials: " + listed + ")");
+    }
+  }
+  std::erase_if(experiment.trials, [&](const Trial& trial) {
+    return std::find(names.begin(), names.end(), trial.name) == names.end();
+  });
+  return Status::Ok();
 }
 
 StatusOr<Experiment> LoadExperimentFile(const std::string& path,

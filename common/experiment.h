@@ -79,6 +79,12 @@ struct ExperimentParseOptions {
 StatusOr<Experiment> ParseExperiment(std::string_view yaml_text, std::string_view filename,
                                      const ExperimentParseOptions& options = {});
 
+// Keeps only the trials named in `names`, in the file's order (`llmctl submit --trial`, after the
+// whole file was parsed and checked). A name the experiment does not have is an InvalidArgument
+// naming `filename` and its trials.
+Status KeepOnlyTrials(const std::vector<std::string>& names, std::string_view filename,
+                      Experiment& experiment);
+
 // Experiment files are a few KB; a bigger one is a wrong path, refused before it is read whole.
 inline constexpr size_t kMaxExperimentFileBytes = 4 << 20;
 
@@ -88,7 +94,7 @@ StatusOr<Experiment> LoadExperimentFile(const std::string& path,
                                         const ExperimentParseOptions& options = {});
 
 // True when `value` of key `spec` names a file or directory: every kPath key, and `model` when the
-// value is neither a preset nor a hub reference (hf:ORG/NAME).
+// value is neither a preset (LLaMA family or BLIP-2) nor a hub reference (hf:ORG/NAME).
 bool IsPathValue(const KeySpec& spec, std::string_view value);
 
 // True for the path values a trial reads (model, tokenizer, data, adapter) from the machine where

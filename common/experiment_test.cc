@@ -67,6 +67,22 @@ TEST(ParseExperimentTest, MinimalFileIsOneTrialNamedAfterTheFile) {
   EXPECT_EQ(trial.config.GetString("model"), "llmctl-demo");
 }
 
+// `llmctl submit --trial`: the named trials in the file's order, after the whole file is checked;
+// a name the file lacks is refused with the file's trial names.
+TEST(ParseExperimentTest, KeepOnlyTrialsKeepsTheNamedOnesInFileOrder) {
+  const std::string text =
+      "data: {path: t.jsonl}\ntrials:\n  - {name: a}\n  - {name: b}\n  - {name: c}\n";
+  Experiment kept = MustParse(text, "lab.yaml");
+  ASSERT_TRUE(KeepOnlyTrials({"c", "a"}, "lab.yaml", kept).ok());
+  ASSERT_EQ(kept.trials.size(), 2u);
+  EXPECT_EQ(kept.trials[0].name, "a");
+  EXPECT_EQ(kept.trials[1].name, "c");
+  Experiment unknown = MustParse(text, "lab.yaml");
+  const Status refused = KeepOnlyTrials({"d"}, "lab.yaml", unknown);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(), "lab.yaml: no trial named 'd' (its trials: a, b, c)");
+}
+
 TEST(ParseExperimentTest, FileStemIsMadeIntoAValidName) {
   EXPECT_EQ(MustParse("data: {path: t.jsonl}\n", "my lab (v2).yaml").name, "my-lab--v2-");
   EXPECT_EQ(MustParse("data: {path: t.jsonl}\n", "").name, "experiment");
@@ -525,6 +541,7 @@ TEST(BrokenExperimentCorpusTest, EachFileFailsWithItsExpectedMessage) {
 TEST(LocalPathsTest, InputPathsAndWhereTheyResolve) {
   const KeySpec& model = *FindTrialKey("model");
   EXPECT_FALSE(IsPathValue(model, "tinyllama-1.1b"));  // a preset
+  EXPECT_FALSE(IsPathValue(model, "blip2-flan-t5-xxl"));  // a BLIP-2 preset
   EXPECT_TRUE(IsPathValue(model, "models/cpu-lab-small"));
   EXPECT_TRUE(IsInputPathValue(*FindTrialKey("data.path"), "x.jsonl"));
   EXPECT_TRUE(IsPathValue(*FindTrialKey("output_dir"), "out"));

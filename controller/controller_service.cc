@@ -188,8 +188,10 @@ grpc::Status ControllerService::Submit(grpc::ServerContext*, const v1::SubmitReq
       if (path.empty()) return InvalidArgumentError("submit: an input has an empty path");
       inputs[path] = FromProto(tree);
     }
-    ASSIGN_OR_RETURN(store::NewExperiment experiment,
-                     PrepareSubmission(request->yaml_text(), request->filename(), inputs, blobs_));
+    ASSIGN_OR_RETURN(
+        store::NewExperiment experiment,
+        PrepareSubmission(request->yaml_text(), request->filename(), inputs, blobs_,
+                          {request->only_trials().begin(), request->only_trials().end()}));
     std::map<std::string, json> predictions;
     for (const auto& [name, prediction] : request->predictions()) {
       predictions[name] = {{"peak_bytes", prediction.peak_bytes()},

@@ -10,10 +10,12 @@ namespace llmctl::controller {
 
 StatusOr<store::NewExperiment> PrepareSubmission(
     std::string_view yaml_text, std::string_view filename,
-    const std::map<std::string, digest::InputTree>& inputs, const BlobStore& blobs) {
+    const std::map<std::string, digest::InputTree>& inputs, const BlobStore& blobs,
+    const std::vector<std::string>& only_trials) {
   if (filename.empty()) return InvalidArgumentError("submit: the request names no file");
   ASSIGN_OR_RETURN(Experiment parsed,
                    ParseExperiment(yaml_text, filename, {.resolve_local_paths = false}));
+  if (!only_trials.empty()) RETURN_IF_ERROR(KeepOnlyTrials(only_trials, filename, parsed));
 
   store::NewExperiment experiment;
   experiment.name = parsed.name;

@@ -21,9 +21,11 @@ namespace llmctl::controller {
 // uploaded to `blobs` (FailedPrecondition naming the input and how many blobs are missing, so the
 // CLI knows to upload first). InvalidArgument "FILE:LINE:COLUMN: problem" for the file. Nothing is
 // written anywhere.
+// `only_trials`, when not empty, keeps only those trials (KeepOnlyTrials).
 StatusOr<store::NewExperiment> PrepareSubmission(
     std::string_view yaml_text, std::string_view filename,
-    const std::map<std::string, digest::InputTree>& inputs, const BlobStore& blobs);
+    const std::map<std::string, digest::InputTree>& inputs, const BlobStore& blobs,
+    const std::vector<std::string>& only_trials = {});
 
 // Attaches the CLI's predictions (trial name → TrialPrediction's fields as a JSON object) to the
 // experiment's trials. InvalidArgument for a prediction of a trial the file does not have, a

@@ -11,6 +11,12 @@ the rows it finished. Not meant to be run by hand; deploy/gpu-check calls it:
   gpu_check.py lab-row OUT FILE TRIAL EXPECTED CODE   one lab trial's row -> OUT/lab.jsonl
   gpu_check.py lab-table OUT FILE [SKIPPED...]        OUT/lab.md and OUT/lab.json from lab.jsonl
   gpu_check.py ranks-row OUT BACKEND DEVICE CODE JSONL  one c10d check's row -> OUT/ranks.jsonl (+ .md)
+  gpu_check.py product-missing OUT FILE LLM_TRAIN     FILE's trials the product stage has no final row of
+  gpu_check.py product-record OUT REPORT_JSON         ended trials of `llmctl report --format json` ->
+                                                      OUT/product/trials.jsonl (latest row per trial wins)
+  gpu_check.py product-table OUT FILE                 OUT/product.md and OUT/product.json
+  gpu_check.py bundle-check BUNDLE LDD_TXT            exit 0 when every library `env -i ldd` listed in
+                                                      LDD_TXT (the bundle's binaries) resolves inside BUNDLE
   gpu_check.py summary OUT                            Markdown: versions and every stage's status
 """
 
@@ -153,7 +159,7 @@ def cmd_summary(out):
     lines += ["| stage | status | seconds | when (UTC) |", "|---|---|---:|---|"]
     for row in read_jsonl(out / "stages.jsonl"):
         lines.append(f"| {row['stage']} | {row['status']} | {row['seconds']} | {row['time_utc']} |")
-    for name in ("lab.md", "peer.md", "ranks.md"):
+    for name in ("product.md", "lab.md", "peer.md", "ranks.md"):
         if (out / name).exists():
             lines += ["", f"See {name}."]
     print("\n".join(lines))
@@ -304,6 +310,106 @@ def cmd_ranks_row(out, backend, device, exit_code, jsonl):
     sys.exit(0 if status == "ok" or status.startswith("refused, as expected") else 1)
 
 
+# ----------------------------------------------------------------------------------------------------
+# The product stage: llmctl submit -> llmctld -> llm-agent -> llm-train, read back through the report.
+
+# An outcome the stage measures again: the run was stopped (cancelled at the stage's budget) or its
+# worker was lost with the machine's processes (the stage killed midway), not a result of the trial.
+def product_row_is_final(row):
+    if row["outcome"] == "cancelled":
+        return False
+    return not (row["outcome"] == "failed" and "vanished" in (row.get("error") or ""))
+
+
+def product_rows(out):
+    rows = {}
+    for row in read_jsonl(Path(out) / "product" / "trials.jsonl"):
+        rows[row["trial"]] = row  # a later attempt's row replaces the earlier one
+    return rows
+
+
+def cmd_product_missing(out, experiment_file, llm_train):
+    listed = subprocess.run([llm_train, "--config", experiment_file, "--list"], capture_output=True, text=True)
+    if listed.returncode != 0:
+        sys.exit(f"gpu_check: {llm_train} --config {experiment_file} --list failed: {listed.stderr.strip()}")
+    listing = listed.stdout
+    done = {t for t, r in product_rows(out).items() if product_row_is_final(r)}
+    for line in listing.splitlines():
+        trial = line.split("\t")[0]
+        if trial and trial not in done:
+            print(trial)
+
+
+def cmd_product_record(out, report_json):
+    report = json.loads(Path(report_json).read_text())
+    env = env_tag(load_env(out))
+    for trial in report["trials"]:
+        if trial.get("outcome") in (None, "", "queued", "running"):
+            continue
+        samples = [s for a in trial.get("attempts", []) for s in a.get("device_samples", [])]
+        gpu_samples = [s for s in samples if s.get("device", "").find("cuda") >= 0]
+        append_jsonl(Path(out) / "product" / "trials.jsonl", {
+            "trial": trial["name"], "experiment_id": report["experiment_id"], "outcome": trial["outcome"],
+            "expected": trial.get("expected") or None, "error": trial.get("error", ""),
+            "peak_bytes": trial.get("peak_bytes"), "predicted_peak_bytes": (trial.get("prediction") or {}).get("peak_bytes"),
+            "prediction_error": trial.get("prediction_error"), "tokens_per_second": trial.get("tokens_per_second"),
+            "train_seconds": trial.get("train_seconds"), "at_peak": trial.get("at_peak"),
+            "device_samples": len(samples),
+            "gpu_memory_used_max_bytes": max((s["memory_used_bytes"] for s in gpu_samples), default=None),
+            "env": env})
+
+
+def cmd_product_table(out, experiment_file):
+    out = Path(out)
+    env = load_env(out)
+    rows = product_rows(out)
+    published = published_figures(experiment_file)
+    lines = [f"## Product stage: {experiment_file} through llmctl, llmctld, llm-agent on {env_tag(env)}", "",
+             "| trial | expected | outcome | lab's outcome | peak GiB | predicted GiB | error | NVML max used GiB "
+             "| samples | tokens/s | train s |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows.values():
+        pub = (published.get(r["trial"]) or {}).get("outcome") or "–"
+        mark = " ✗" if r["expected"] and r["outcome"] != r["expected"] else ""
+        err = "–" if r.get("prediction_error") is None else f"{100 * r['prediction_error']:+.1f}%"
+        tps = "–" if not r.get("tokens_per_second") else f"{r['tokens_per_second']:,.0f}"
+        secs = "–" if r.get("train_seconds") is None else f"{r['train_seconds']:.1f}"
+        lines.append(f"| {r['trial']} | {r['expected'] or '–'} | {r['outcome']}{mark} | {pub} | "
+                     f"{gib(r.get('peak_bytes'))} | {gib(r.get('predicted_peak_bytes'))} | {err} | "
+                     f"{gib(r.get('gpu_memory_used_max_bytes'))} | {r['device_samples']} | {tps} | {secs} |")
+    missing = [t for t, r in rows.items() if not product_row_is_final(r)]
+    lines += ["", f"{sum(1 for r in rows.values() if r['expected'] and r['outcome'] == r['expected'])} of "
+              f"{sum(1 for r in rows.values() if r['expected'])} rows with an expectation ended as expected (✗: not)"
+              + (f"; to measure again: {', '.join(missing)}" if missing else "") + ". Peak: llm-train's allocator "
+              "high-water mark; predicted: `llmctl estimate` at submit; NVML: the agent's samples of the GPU's "
+              "used memory (CUDA context and caching allocator included; – without NVML)."]
+    (out / "product.md").write_text("\n".join(lines) + "\n")
+    (out / "product.json").write_text(json.dumps({"env": env, "file": experiment_file, "rows": list(rows.values())},
+                                                 indent=2) + "\n")
+    print("\n".join(lines))
+
+
+# The C and C++ runtime every machine has (deploy/bundle leaves them out).
+_RUNTIME = re.compile(r"^(linux-vdso|ld-linux.*|libc|libm|libdl|libpthread|librt|libutil|libresolv|libstdc\+\+|"
+                      r"libgcc_s)\.so")
+
+
+def cmd_bundle_check(bundle, ldd_txt):
+    bundle = Path(bundle).resolve()
+    problems = []
+    for line in Path(ldd_txt).read_text().splitlines():
+        parts = line.split()
+        if len(parts) < 3 or parts[1] != "=>" or _RUNTIME.match(parts[0]):
+            continue
+        if parts[2] == "not":
+            problems.append(f"{parts[0]} not found")
+        elif not str(Path(parts[2]).resolve()).startswith(str(bundle / "lib") + "/"):
+            problems.append(f"{parts[0]} from {parts[2]}, outside the bundle")
+    for problem in problems:
+        print(problem)
+    sys.exit(1 if problems else 0)
+
+
 COMMANDS = {
     "has-row": cmd_has_row,
     "lab-row": cmd_lab_row,
@@ -313,6 +419,10 @@ COMMANDS = {
     "env-field": cmd_env_field,
     "stage-row": cmd_stage_row,
     "summary": cmd_summary,
+    "product-missing": cmd_product_missing,
+    "product-record": cmd_product_record,
+    "product-table": cmd_product_table,
+    "bundle-check": cmd_bundle_check,
 }
 
 

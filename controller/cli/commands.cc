@@ -135,8 +135,9 @@ class Llmctl {
   // Follow, then the report's table; the exit code `submit --wait` and `resume --wait` end with.
   int FollowAndReport(v1::Controller::Stub& stub, int64_t id);
 
-  int Submit(const std::string& file, bool wait, bool provision,
-             const std::vector<std::string>& node_flags);
+  // `only_trials`: --trial, each of which the file must have (none: every trial).
+  int Submit(const std::string& file, const std::vector<std::string>& only_trials, bool wait,
+             bool provision, const std::vector<std::string>& node_flags);
   // OK when a registered node's lease matches the experiment's target, or after --provision made
   // one; FailedPrecondition saying what to run otherwise.
   Status EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& experiment, bool provision,
@@ -207,8 +208,8 @@ StatusOr<v1::ExperimentStatus> Llmctl::Follow(v1::Controller::Stub& stub, int64_
   }
 }
 
-int Llmctl::Submit(const std::string& file, bool wait, bool provision,
-                   const std::vector<std::string>& node_flags) {
+int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only_trials, bool wait,
+                   bool provision, const std::vector<std::string>& node_flags) {
   StatusOr<std::string> text = ReadFileToString(file, kMaxExperimentFileBytes);
   if (!text.ok()) return Fail(InvalidArgumentError(text.status().message()));  // names the file
   // Locally first, with the files on this machine, exactly as llm-train would: nothing is sent
@@ -217,6 +218,14 @@ int Llmctl::Submit(const std::string& file, bool wait, bool provision,
   if (!checked.ok()) return Fail(checked.status());
   StatusOr<Experiment> as_written = ParseExperiment(*text, file, {.resolve_local_paths = false});
   if (!as_written.ok()) return Fail(as_written.status());
+  if (!only_trials.empty()) {
+    if (const Status kept = KeepOnlyTrials(only_trials, file, *checked); !kept.ok()) {
+      return Fail(kept);
+    }
+    if (const Status kept = KeepOnlyTrials(only_trials, file, *as_written); !kept.ok()) {
+      return Fail(kept);
+    }
+  }
   // Whatever went wrong with a local input (missing, unreadable, malformed) is the caller's to fix:
   // exit 2, like llm-train.
   StatusOr<SubmitInputs> inputs = CollectInputs(*as_written, file);
@@ -249,6 +258,7 @@ int Llmctl::Submit(const std::string& file, bool wait, bool provision,
   v1::SubmitRequest request;
   request.set_filename(file);
   request.set_yaml_text(*text);
+  for (const std::string& name : only_trials) request.add_only_trials(name);
   for (auto& [written, tree] : inputs->trees) (*request.mutable_inputs())[written] = tree;
   for (const TrialPrediction& p : *predictions) {
     v1::TrialPrediction& proto = (*request.mutable_predictions())[p.trial];
@@ -736,6 +746,10 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   CLI::App* submit = app.add_subcommand(
       "submit", "Validate an experiment file, upload its local inputs, start it; prints its id");
   submit->add_option("FILE", file, "The experiment file (YAML)")->required();
+  std::vector<std::string> submit_trials;
+  submit->add_option("--trial", submit_trials,
+                     "Only this trial of the file (repeat for more; the whole file is still "
+                     "checked)");
   submit->add_flag("--wait", wait,
                    "Follow it live, print the report, exit 1 when a trial's outcome differs "
                    "from its expect:");
@@ -840,7 +854,7 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   if (submit->parsed()) {
     std::vector<std::string> node_flags;
     if (!agent_image.empty()) node_flags = {"--agent-image", agent_image};
-    return Submit(file, wait, provision, node_flags);
+    return Submit(file, submit_trials, wait, provision, node_flags);
   }
   if (estimate->parsed()) {
     StatusOr<std::string> text = EstimateExperiment(file, estimate_options);

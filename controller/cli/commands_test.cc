@@ -279,6 +279,27 @@ TEST_F(CommandsTest, SubmitUploadsOnlyMissingBlobsInChunksAndSendsTheTrees) {
   EXPECT_EQ(tokenizer_tree.digest(), InputTreeDigest(tokenizer_tree));
 }
 
+// --trial: the request names the trials to start; one the file lacks is invalid input, and
+// nothing is sent.
+TEST_F(CommandsTest, SubmitTrialSendsOnlyTheNamedTrialsAndRefusesAnUnknownOne) {
+  WriteGoodInputs(Records(4096));
+  Write("lab/tok/special_tokens_map.json", "{}");
+  const std::string file = WriteExperiment();
+  EXPECT_EQ(Run({"submit", file, "--trial", "nope"}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("no trial named 'nope' (its trials: a, b)"), std::string::npos)
+      << err_.str();
+  {
+    std::lock_guard lock(fake_.mutex_);
+    EXPECT_FALSE(fake_.submitted_.has_value());
+  }
+  ASSERT_EQ(Run({"submit", file, "--trial", "a"}), kExitOk) << err_.str();
+  std::lock_guard lock(fake_.mutex_);
+  ASSERT_TRUE(fake_.submitted_.has_value());
+  EXPECT_EQ(std::vector<std::string>(fake_.submitted_->only_trials().begin(),
+                                     fake_.submitted_->only_trials().end()),
+            std::vector<std::string>{"a"});
+}
+
 TEST_F(CommandsTest, AnUploadGetsTimeForItsSizeAtTheMinimumRate) {
   // 2 MiB at 1 KiB/s: 2048 s on top of the 60 s call deadline.
   const std::string data = Records(2 * kBlobChunkBytes);
