@@ -417,8 +417,11 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
     return accumulation > 1 || !holds_grads ? 0 : std::min(produced, all_grads);
   };
   const uint64_t grad_stream = n * static_cast<uint64_t>(f.hidden) * f.act;  // (B, T, C)
-  const uint64_t layer_transient =
-      n * static_cast<uint64_t>(f.inter) * (f.autocast ? 2 : f.act) * 3;
+  // The MLP's backward: the activation's gradient and the two projections' (B, T, I). Under the
+  // fused SwiGLU, down_proj's saved input (the product) is freed before those two are made.
+  const uint64_t mlp_width = n * static_cast<uint64_t>(f.inter) * (f.autocast ? 2 : f.act);
+  const bool product_freed = f.fused && (f.full || f.Targeted("down_proj"));
+  const uint64_t layer_transient = mlp_width * (product_freed ? 2 : 3);
   // 8-bit AdamW's ATen path (CUDA) allocates one chunk's temporaries during the step; the fused
   // CPU kernel none.
   uint64_t step_transient = 0;
