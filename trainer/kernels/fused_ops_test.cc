@@ -87,29 +87,41 @@ TEST(FusedRmsNormTest, MatchesTheAtenCompositionAndItsGradients) {
   }
 }
 
-// silu(g) u: in fp32 the two differ in exp's last bits (ATen's vectorised exp is within a few ulps)
-// and the products' rounding; in bf16 ATen rounds silu(g) to bf16 before the product.
-TEST(FusedSwiGluTest, MatchesTheAtenCompositionAndItsGradients) {
+using GluOp = torch::Tensor (*)(const torch::Tensor& gate, const torch::Tensor& up);
+
+// A gated activation act(g) u, fused against its ATen composition, forward and both gradients, on
+// every shape in fp32 and bf16: gate values of `gate_scale` standard deviations, the bounds
+// relative to each tensor's largest element in units of fp32's and bf16's roundoff.
+void ExpectGluMatchesAten(GluOp aten_op, GluOp fused_op, double gate_scale, double fp32_units,
+                          double bf16_units) {
   for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const std::vector<int64_t>& shape : kShapes) {
       const std::string what =
           std::string(c10::toString(dtype)) + " rows " + std::to_string(shape[0] * shape[1]);
       torch::manual_seed(4);
-      const torch::Tensor g = (3 * torch::randn(shape)).to(dtype);
+      const torch::Tensor g = (gate_scale * torch::randn(shape)).to(dtype);
       const torch::Tensor u = torch::randn(shape).to(dtype);
       const torch::Tensor dh = torch::randn(shape).to(dtype);
       const Outputs aten =
-          RunOp([](const std::vector<torch::Tensor>& in) { return torch::silu(in[0]) * in[1]; },
+          RunOp([aten_op](const std::vector<torch::Tensor>& in) { return aten_op(in[0], in[1]); },
                 {g, u}, dh);
       const Outputs fused =
-          RunOp([](const std::vector<torch::Tensor>& in) { return FusedSwiGlu(in[0], in[1]); },
+          RunOp([fused_op](const std::vector<torch::Tensor>& in) { return fused_op(in[0], in[1]); },
                 {g, u}, dh);
-      const double rel = dtype == torch::kFloat32 ? 32 * kFp32Unit : 4 * kBf16Unit;
+      const double rel = dtype == torch::kFloat32 ? fp32_units * kFp32Unit : bf16_units * kBf16Unit;
       ExpectClose(fused.y, aten.y, rel, what + " h");
       ExpectClose(fused.grads[0], aten.grads[0], rel, what + " dgate");
       ExpectClose(fused.grads[1], aten.grads[1], rel, what + " dup");
     }
   }
+}
+
+// silu(g) u: in fp32 the two differ in exp's last bits (ATen's vectorised exp is within a few ulps)
+// and the products' rounding; in bf16 ATen rounds silu(g) to bf16 before the product.
+TEST(FusedSwiGluTest, MatchesTheAtenCompositionAndItsGradients) {
+  ExpectGluMatchesAten(
+      [](const torch::Tensor& g, const torch::Tensor& u) { return torch::silu(g) * u; },
+      FusedSwiGlu, /*gate_scale=*/3, /*fp32_units=*/32, /*bf16_units=*/4);
 }
 
 // T5's gelu_new(g) u. The fused op computes gelu_new as g sigmoid(2 z) (the same function), ATen
@@ -118,26 +130,9 @@ TEST(FusedSwiGluTest, MatchesTheAtenCompositionAndItsGradients) {
 // rounds every one of the seven intermediates (x^3, the sum, its scale, tanh, 1 + tanh, the halves)
 // to bf16, and its backward as many, where the fused op rounds once.
 TEST(FusedGeGluTest, MatchesTheAtenCompositionAndItsGradients) {
-  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
-    for (const std::vector<int64_t>& shape : kShapes) {
-      const std::string what =
-          std::string(c10::toString(dtype)) + " rows " + std::to_string(shape[0] * shape[1]);
-      torch::manual_seed(5);
-      const torch::Tensor g = (2 * torch::randn(shape)).to(dtype);
-      const torch::Tensor u = torch::randn(shape).to(dtype);
-      const torch::Tensor dh = torch::randn(shape).to(dtype);
-      const Outputs aten =
-          RunOp([](const std::vector<torch::Tensor>& in) { return AtenGeluNew(in[0]) * in[1]; },
-                {g, u}, dh);
-      const Outputs fused =
-          RunOp([](const std::vector<torch::Tensor>& in) { return FusedGeGlu(in[0], in[1]); },
-                {g, u}, dh);
-      const double rel = dtype == torch::kFloat32 ? 64 * kFp32Unit : 8 * kBf16Unit;
-      ExpectClose(fused.y, aten.y, rel, what + " h");
-      ExpectClose(fused.grads[0], aten.grads[0], rel, what + " dgate");
-      ExpectClose(fused.grads[1], aten.grads[1], rel, what + " dup");
-    }
-  }
+  ExpectGluMatchesAten(
+      [](const torch::Tensor& g, const torch::Tensor& u) { return AtenGeluNew(g) * u; }, FusedGeGlu,
+      /*gate_scale=*/2, /*fp32_units=*/64, /*bf16_units=*/8);
 }
 
 // x cos + rotate_half(x) sin over (B, T, H, D): in fp32 each output is x1 c - x2 s (or x2 c + x1
