@@ -66,7 +66,7 @@ Sets CommonSets(const fs::path& dir) {
           {"profile.steps", "0"}};
 }
 
-void ExpectPeaksWithin(const std::vector<Case>& cases) {
+void ExpectPeaksWithin(const std::vector<Case>& cases, double tolerance = kTolerance) {
   const fs::path dir = testing::TestDir();
   const Sets common = CommonSets(dir);
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -90,7 +90,7 @@ void ExpectPeaksWithin(const std::vector<Case>& cases) {
                 estimate->peak_phase.c_str(),
                 100.0 * static_cast<double>(estimate->state.device_bytes()) /
                     static_cast<double>(measured));
-    EXPECT_LE(std::abs(error), kTolerance)
+    EXPECT_LE(std::abs(error), tolerance)
         << "predicted " << estimate->peak_bytes << " B, measured " << measured << " B";
   }
   fs::remove_all(dir);
@@ -165,6 +165,20 @@ TEST(EstimatePeakTest, DemoSweep) {
   cases.push_back(
       {"demo.yaml", "", With(two, {{"strategy", "fsdp"}, {"precision", "bf16-mixed"}}), 2});
   ExpectPeaksWithin(cases);
+}
+
+// A tied embedding whose vocabulary dwarfs the layers (bench/models/llama-100m: 32,000 x 768, 98 MB
+// in fp32, at 1 x 32 tokens): the step peaks while the embedding's two gradient parts are summed,
+// which the estimate once missed by 9% (issue 28). Both losses, since they sum differently.
+// Measured on SmolLM-135M's shape as well: +0.00% to +0.05%, accumulation -0.5%.
+TEST(EstimatePeakTest, TiedLargeVocabularyWithinOnePercent) {
+  const Sets tied = {{"model", testing::SourceDir() + "/bench/models/llama-100m"},
+                     {"train.micro_batch_size", "1"},
+                     {"train.global_batch_size", "1"},
+                     {"data.max_seq_length", "32"}};
+  ExpectPeaksWithin({{"demo.yaml", "", With(tied, {{"kernels", "aten"}})},
+                     {"demo.yaml", "", With(tied, {{"kernels", "fused"}})}},
+                    /*tolerance=*/0.01);
 }
 
 std::string Outcome(const testing::TrainerRun& run) {

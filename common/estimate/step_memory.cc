@@ -475,10 +475,22 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
             FormatBytes(grad_stream + layer_transient));
     remaining -= layer_saved[i];
   }
-  consider(base + root_gathered + grads_after(all_grads) + fixed + grad_stream, "backward",
+  // A tied embedding: the output head's part of its gradient waits in autograd's buffer for the
+  // embedding's own part, and the buffer sums the two, the chunked loss's part in place, the plain
+  // loss's into a third tensor (measured on SmolLM-135M's shape, V x C = 113 MB in fp32: 2 x 113 MB
+  // above the gradients with the plain loss, 1 x with the chunked one); with accumulation the sum
+  // is then added to the held gradient.
+  const uint64_t tied_parts =
+      model.tie_word_embeddings && head_grad > 0 && !sharded
+          ? head_grad * ((f.chunked_loss ? 1 : 2) + (accumulation > 1 ? 1 : 0))
+          : 0;
+  consider(base + root_gathered + grads_after(all_grads) + tied_parts + fixed + grad_stream,
+           "backward",
            "backward, at the embedding: " + state_text + gathered_text(root_gathered) +
-               " + gradients " + FormatBytes(grads_after(all_grads)) + " + " +
-               FormatBytes(fixed + grad_stream));
+               " + gradients " + FormatBytes(grads_after(all_grads)) +
+               (tied_parts > 0 ? " + the tied embedding's two parts " + FormatBytes(tied_parts)
+                               : std::string()) +
+               " + " + FormatBytes(fixed + grad_stream));
   const uint64_t optimizer_state = first_step_only ? state.optim_device_bytes : 0;
   consider(base + (accumulation > 1 ? 0 : all_grads) + optimizer_state + step_transient,
            "optimizer step",

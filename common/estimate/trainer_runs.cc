@@ -13,15 +13,16 @@
 #include "tests/support/shell_command.h"
 
 namespace llmctl::estimate::testing {
-namespace {
-
-namespace fs = std::filesystem;
-using nlohmann::json;
 
 std::string SourceDir() {
   const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
   return dir != nullptr ? dir : ".";
 }
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
 
 std::string FilePath(const Case& c) { return SourceDir() + "/experiments/" + c.file; }
 

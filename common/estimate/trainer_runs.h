@@ -17,6 +17,9 @@ namespace llmctl::estimate::testing {
 
 using Sets = std::vector<std::pair<std::string, std::string>>;
 
+// The source tree (LLMCTL_SOURCE_DIR, which ctest sets; "." without it).
+std::string SourceDir();
+
 struct Case {
   std::string file;   // under experiments/
   std::string trial;  // "" for the file's first trial
