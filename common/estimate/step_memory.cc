@@ -342,8 +342,12 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
           chunk * element + chunk_grad + (element != weight_element ? summed_head_grad : 0);
       const uint64_t later_weight_grad =
           several_chunks && element != weight_element ? held + chunk * element + chunk_grad : 0;
-      chunk_moment = cast_weight + std::max({held + chunk * (4 + widen), held + 2 * 4 * chunk,
-                                             first_weight_grad, later_weight_grad});
+      // Beside them, each chunk row's int64 target, scored flag, float32 log-sum-exp and its
+      // maximum (17 B a token), and the loss' scalars (the count, its reciprocal, the sum).
+      const uint64_t rows = 17 * n_chunk + 256;
+      chunk_moment = cast_weight + rows +
+                     std::max({held + chunk * (4 + widen), held + 2 * 4 * chunk, first_weight_grad,
+                               later_weight_grad});
     } else {
       // Through autograd (an adapter on the head), each chunk: its logits (the base output, the
       // adapter's, its scaled copy and their sum), their float32 copy and log-softmax; then
