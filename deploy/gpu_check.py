@@ -15,6 +15,8 @@ the rows it finished. Not meant to be run by hand; deploy/gpu-check calls it:
   gpu_check.py product-record OUT REPORT_JSON         ended trials of `llmctl report --format json` ->
                                                       OUT/product/trials.jsonl (latest row per trial wins)
   gpu_check.py product-table OUT FILE                 OUT/product.md and OUT/product.json
+  gpu_check.py product-file FILE GPU_BYTES COPY       COPY: FILE without the device_memory caps larger
+                                                      than the GPU (prints the ones it dropped)
   gpu_check.py bundle-check BUNDLE LDD_TXT            exit 0 when every library `env -i ldd` listed in
                                                       LDD_TXT (the bundle's binaries) resolves inside BUNDLE
   gpu_check.py summary OUT                            Markdown: versions and every stage's status
@@ -389,6 +391,26 @@ def cmd_product_table(out, experiment_file):
     print("\n".join(lines))
 
 
+_SIZE = re.compile(r"device_memory: *([0-9.]+) *(GiB|MiB|GB|MB)")
+_UNITS = {"GiB": 2**30, "MiB": 2**20, "GB": 10**9, "MB": 10**6}
+
+
+def cmd_product_file(experiment_file, gpu_bytes, copy):
+    """The product file for a GPU smaller than a cap it names (the lab's H100 94GB on an 80 GB card):
+    llm-train refuses a device_memory above the GPU's, so such a cap is dropped and the row runs
+    under the card's own memory. The copy sits beside FILE, so its relative paths still resolve."""
+    dropped = []
+
+    def replace(match):
+        if float(match.group(1)) * _UNITS[match.group(2)] <= int(gpu_bytes):
+            return match.group(0)
+        dropped.append(match.group(1) + match.group(2))
+        return 'device_memory: ""'
+
+    Path(copy).write_text(_SIZE.sub(replace, Path(experiment_file).read_text()))
+    print(" ".join(dropped))
+
+
 # The C and C++ runtime every machine has (deploy/bundle leaves them out).
 _RUNTIME = re.compile(r"^(linux-vdso|ld-linux.*|libc|libm|libdl|libpthread|librt|libutil|libresolv|libstdc\+\+|"
                       r"libgcc_s)\.so")
@@ -422,6 +444,7 @@ COMMANDS = {
     "product-missing": cmd_product_missing,
     "product-record": cmd_product_record,
     "product-table": cmd_product_table,
+    "product-file": cmd_product_file,
     "bundle-check": cmd_bundle_check,
 }
 

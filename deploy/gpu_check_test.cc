@@ -160,6 +160,28 @@ TEST(GpuCheckLabRowTest, ATrialKilledBeforeTheBudgetIsAFailedRowNotAStoppedOne) 
   fs::remove_all(out);
 }
 
+// The product file on an 80 GB card: the lab's 93.6 GiB and the 13B row's 79.2 GiB caps are more
+// than the card, which llm-train refuses, so they are dropped; on an H200 nothing is.
+TEST(GpuCheckProductFileTest, CapsLargerThanTheGpuAreDropped) {
+  const fs::path out = FreshDir("product-file");
+  const std::string file = (SourceDir() / "experiments/gpu-product.yaml").string();
+  const std::string copy = (out / "copy.yaml").string();
+  const testing::CommandResult small =
+      Helper("product-file '" + file + "' " + std::to_string(78ull << 30) + " '" + copy + "'");
+  ASSERT_EQ(small.exit_code, 0) << small.out;
+  EXPECT_EQ(small.out, "93.6GiB 79.2GiB\n");
+  const std::string text = Read(copy);
+  EXPECT_EQ(text.find("device_memory: 93.6GiB"), std::string::npos);
+  EXPECT_EQ(text.find("device_memory: 79.2GiB"), std::string::npos);
+  EXPECT_NE(text.find("device_memory: \"\""), std::string::npos);
+  const testing::CommandResult large =
+      Helper("product-file '" + file + "' " + std::to_string(139ull << 30) + " '" + copy + "'");
+  ASSERT_EQ(large.exit_code, 0) << large.out;
+  EXPECT_EQ(large.out, "\n");
+  EXPECT_EQ(Read(copy), Read(file));
+  fs::remove_all(out);
+}
+
 TEST(GpuCheckCommandTest, AnUnknownStageIsAUsageError) {
   const fs::path out = FreshDir("usage");
   const testing::CommandResult run = testing::RunShellCommand(
