@@ -253,7 +253,9 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   f.vocab = model.vocab_size;
   const bool sharded = state.fsdp_root_values > 0;
   f.act = precision == "bf16-true" ? 2 : 4;
-  f.autocast = precision == "bf16-mixed" || precision == "16-mixed";
+  // The trainer's autocast is on under the mixed precisions, under fsdp too.
+  const bool autocast_scope = precision == "bf16-mixed" || precision == "16-mixed";
+  f.autocast = autocast_scope;
   if (sharded && f.autocast) {
     // fsdp gathers bf16 parameters (FSDP2's param_dtype): the forward is a bf16-true one.
     f.act = 2;
@@ -316,26 +318,23 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
     const uint64_t n_chunk = static_cast<uint64_t>(std::min(kLossChunkTokens, f.tokens));
     const uint64_t chunk = n_chunk * static_cast<uint64_t>(f.vocab);
     const bool several_chunks = f.tokens > kLossChunkTokens;
+    const uint64_t head_values = static_cast<uint64_t>(f.vocab * f.hidden);
     // The head's summed gradient, in the weight's dtype (under fsdp the gathered one's).
-    const uint64_t summed_head_grad =
-        f.full ? (sharded ? f.act : param) * static_cast<uint64_t>(f.vocab * f.hidden) : 0;
-    // The trainer's autocast is on under the mixed precisions, under fsdp too (where the gathered
-    // weights are bf16 already).
-    const bool autocast = precision == "bf16-mixed" || precision == "16-mixed";
-    const bool lora_head = f.Targeted("lm_head");
+    const uint64_t weight_element = sharded ? f.act : param;
+    const uint64_t summed_head_grad = f.full ? weight_element * head_values : 0;
     const uint64_t held = several_chunks ? summed_head_grad : 0;
+    // The chunk's logits are in autocast's dtype when it is on (under fsdp too, where the gathered
+    // weights are bf16 already).
+    const uint64_t element = autocast_scope ? 2 : f.act;
     uint64_t chunk_moment = 0;
-    if (!lora_head) {
+    if (!f.Targeted("lm_head")) {
       // A plain head, in autocast's dtype when it is on (the weight cast once, held through the
       // chunks, unless fsdp gathered it in bf16 already). Each chunk: its logits and their float32
       // copy (or the gradient, cast back, beside it); log-sum-exp's float32 temporary beside that
       // copy; the first chunk's weight gradient created beside its logits' gradient (and widened
       // to the weight's dtype), later ones added in place (or, when they differ in dtype, made
       // first).
-      const uint64_t element = autocast ? 2 : f.act;
       const uint64_t widen = element != 4 ? element : 0;
-      const uint64_t head_values = static_cast<uint64_t>(f.vocab * f.hidden);
-      const uint64_t weight_element = sharded ? f.act : param;
       const uint64_t cast_weight = element != weight_element ? element * head_values : 0;
       const uint64_t chunk_grad = f.full ? element * head_values : 0;
       const uint64_t first_weight_grad =
@@ -353,7 +352,6 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
       // adapter's, its scaled copy and their sum), their float32 copy and log-softmax; then
       // backward's log-softmax and two float32 gradients, beside the head's gradient summed so
       // far.
-      const uint64_t element = autocast ? 2 : f.act;
       const uint64_t widen = element != 4 ? 4 : 0;
       chunk_moment = held + std::max(4 * chunk * element, chunk * (element + widen + 4));
       chunk_moment = std::max(chunk_moment, held + 3 * 4 * chunk);
