@@ -81,7 +81,7 @@ void PlainHeadChunks(ChunkedLoss& loss, const torch::Tensor& hidden,
                                         ? at::autocast::get_autocast_dtype(device)
                                         : weight.scalar_type();
   const torch::Tensor compute_weight = weight.to(compute);  // (V, C); `weight` itself if no cast
-  const bool weight_grad = weight.requires_grad();
+  const bool weight_grad = !loss.grad_weights.empty();  // the weight is the one trainable
   const int64_t tokens = hidden.size(0);
   for (int64_t start = 0; start < tokens; start += loss.chunk_tokens) {
     const int64_t n = std::min(loss.chunk_tokens, tokens - start);
@@ -193,9 +193,11 @@ torch::Tensor ChunkedCrossEntropyLoss(const torch::Tensor& hidden, const torch::
   for (const torch::Tensor& w : weights) {
     if (w.requires_grad()) trainable.push_back(w);
   }
-  TORCH_CHECK(!plain_weight.defined() || trainable.empty() ||
-                  (trainable.size() == 1 && trainable[0].is_same(plain_weight)),
-              "a plain head's only trainable weight is its matrix");
+  TORCH_CHECK(!plain_weight.defined() ||
+                  (plain_weight.requires_grad()
+                       ? trainable.size() == 1 && trainable[0].is_same(plain_weight)
+                       : trainable.empty()),
+              "a plain head's weights are its matrix alone, trainable or not");
   auto loss = c10::make_intrusive<ChunkedLoss>();
   loss->logits_of = std::move(logits_of);
   loss->plain_weight = plain_weight;
