@@ -21,22 +21,13 @@ fail() {
 }
 
 for binary in llmctl llmctld llm-agent; do
-  path="$out/bin/$binary"
-  [ -x "$path" ] || fail "$path is missing"
-  listing=$(env -i PATH=/usr/bin:/bin ldd "$path")
-  while read -r name arrow found _; do
-    [ "$arrow" = "=>" ] || continue
-    case "$name" in
-      linux-vdso.so.* | ld-linux*.so.* | libc.so.* | libm.so.* | libdl.so.* | libpthread.so.* | \
-        librt.so.* | libutil.so.* | libresolv.so.* | libstdc++.so.* | libgcc_s.so.*) continue ;;
-    esac
-    [ "$found" != "not" ] || fail "$binary needs $name, which nothing provides"
-    case "$(realpath "$found")" in
-      "$out/lib/"*) ;;
-      *) fail "$binary loads $name from $found, not from the bundle" ;;
-    esac
-  done <<<"$listing"
+  [ -x "$out/bin/$binary" ] || fail "$out/bin/$binary is missing"
 done
+# deploy/gpu-check's own check of the same (gpu_check.py bundle-check): every library but the C and
+# C++ runtime found, and inside the bundle.
+env -i PATH=/usr/bin:/bin ldd "$out"/bin/* >"$work/ldd.txt" 2>&1
+python3 "$source_dir/deploy/gpu_check.py" bundle-check "$out" "$work/ldd.txt" >"$work/check.txt" ||
+  fail "the bundle does not stand alone: $(cat "$work/check.txt")"
 
 # Each starts from the bundle with no environment at all.
 env -i "$out/bin/llmctl" --help >"$work/llmctl.txt" 2>&1 || fail "llmctl --help: $(cat "$work/llmctl.txt")"
