@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/estimate/weight_tensors.h"
 #include "common/flat_layout.h"
 
 namespace llmctl::estimate {
@@ -22,14 +23,6 @@ constexpr int64_t kAdamW8bitBlocksize = 256;
 constexpr uint64_t kAdamW8bitCodeMapBytes = 2 * 256 * kFp32Bytes;  // signed and unsigned maps
 // Far beyond any real model, and small enough that no byte count below can overflow 64 bits.
 constexpr uint64_t kMaxParameters = uint64_t{1} << 50;
-
-// One tensor the trainer allocates for a model weight or adapter.
-struct WeightTensor {
-  int64_t numel = 0;
-  int64_t unit = -1;  // fsdp's unit: the decoder layer, or -1 for the root
-  bool trainable = false;
-  bool nf4 = false;  // a QLoRA base weight, held as NF4 buffers
-};
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -97,10 +90,6 @@ std::vector<WeightTensor> WeightTensors(const TrialConfig& config, const ModelCo
     add_adapter({model.vocab_size, model.hidden_size}, -1);
   }
   return tensors;
-}
-
-uint64_t ParamBytes(const std::string& precision) {
-  return precision == "bf16-true" ? 2 : kFp32Bytes;  // the mixed modes keep fp32 parameters
 }
 
 // The optimizer's state for the trainable tensors made of `pieces` (a whole parameter each, or an
@@ -219,21 +208,17 @@ void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>&
 
 }  // namespace
 
-StatusOr<ModelStateEstimate> EstimateModelState(const TrialConfig& config, const ModelConfig& model,
-                                                int64_t rank) {
-  RETURN_IF_ERROR(ValidateModelConfig(model));
-  if (ParameterCount(model) > kMaxParameters) {
-    return InvalidArgumentError("model: " + std::to_string(ParameterCount(model)) +
-                                " parameters is too many to estimate");
-  }
-  RETURN_IF_ERROR(ValidateTrialConfig(config, &model));
+uint64_t ParamBytes(const std::string& precision) {
+  return precision == "bf16-true" ? 2 : kFp32Bytes;  // the mixed modes keep fp32 parameters
+}
 
+ModelStateEstimate EstimateStateOfTensors(const TrialConfig& config,
+                                          const std::vector<WeightTensor>& tensors, int64_t rank) {
   ModelStateEstimate estimate;
   const std::string strategy = config.GetString("strategy");
   const bool data_parallel = strategy == "ddp" || strategy == "fsdp";
   if (data_parallel) estimate.world_size = config.GetInt("devices") * config.GetInt("nodes");
   const uint64_t element = ParamBytes(config.GetString("precision"));
-  const std::vector<WeightTensor> tensors = WeightTensors(config, model);
   for (const WeightTensor& t : tensors) {
     estimate.parameters_total += t.numel;
     if (t.trainable) estimate.parameters_trainable += t.numel;
@@ -263,6 +248,17 @@ StatusOr<ModelStateEstimate> EstimateModelState(const TrialConfig& config, const
     estimate.comm_bytes = trainable_bytes + kRankSumsBytes;
   }
   return estimate;
+}
+
+StatusOr<ModelStateEstimate> EstimateModelState(const TrialConfig& config, const ModelConfig& model,
+                                                int64_t rank) {
+  RETURN_IF_ERROR(ValidateModelConfig(model));
+  if (ParameterCount(model) > kMaxParameters) {
+    return InvalidArgumentError("model: " + std::to_string(ParameterCount(model)) +
+                                " parameters is too many to estimate");
+  }
+  RETURN_IF_ERROR(ValidateTrialConfig(config, &model));
+  return EstimateStateOfTensors(config, WeightTensors(config, model), rank);
 }
 
 }  // namespace llmctl::estimate
