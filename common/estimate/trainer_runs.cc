@@ -47,17 +47,23 @@ std::string Describe(const Case& c) {
   return text;
 }
 
-StatusOr<CaseConfig> LoadCase(const Case& c, const Sets& common) {
+StatusOr<TrialConfig> LoadCaseConfig(const Case& c, const Sets& common) {
   ASSIGN_OR_RETURN(Experiment experiment, LoadExperimentFile(FilePath(c)));
   const Trial* trial = &experiment.trials.front();
   for (const Trial& t : experiment.trials) {
     if (t.name == c.trial) trial = &t;
   }
-  CaseConfig loaded{trial->config, {}};
-  for (const auto& [key, value] : common) RETURN_IF_ERROR(loaded.config.SetFromText(key, value));
-  for (const auto& [key, value] : c.sets) RETURN_IF_ERROR(loaded.config.SetFromText(key, value));
-  LocalizeNodePaths(loaded.config);
-  ApplyLabSpellings(loaded.config);
+  TrialConfig config = trial->config;
+  for (const auto& [key, value] : common) RETURN_IF_ERROR(config.SetFromText(key, value));
+  for (const auto& [key, value] : c.sets) RETURN_IF_ERROR(config.SetFromText(key, value));
+  LocalizeNodePaths(config);
+  ApplyLabSpellings(config);
+  return config;
+}
+
+StatusOr<CaseConfig> LoadCase(const Case& c, const Sets& common) {
+  CaseConfig loaded;
+  ASSIGN_OR_RETURN(loaded.config, LoadCaseConfig(c, common));
   ASSIGN_OR_RETURN(loaded.model, ResolveModel(loaded.config.GetString("model")));
   return loaded;
 }
@@ -95,10 +101,18 @@ StatusOr<std::vector<std::vector<json>>> RunLlmTrainOk(const Case& c, const Sets
 
 void ExpectModelStateExact(const Case& c, const CaseConfig& loaded,
                            const std::vector<std::vector<json>>& ranks) {
+  ExpectModelStateExact(
+      c, [&](int64_t rank) { return EstimateModelState(loaded.config, loaded.model, rank); },
+      ranks);
+}
+
+void ExpectModelStateExact(const Case& c,
+                           const std::function<StatusOr<ModelStateEstimate>(int64_t)>& estimate_of,
+                           const std::vector<std::vector<json>>& ranks) {
   ASSERT_EQ(ranks.size(), static_cast<size_t>(c.nproc));
   for (int rank = 0; rank < c.nproc; ++rank) {
     SCOPED_TRACE("rank " + std::to_string(rank));
-    StatusOr<ModelStateEstimate> estimate = EstimateModelState(loaded.config, loaded.model, rank);
+    StatusOr<ModelStateEstimate> estimate = estimate_of(rank);
     ASSERT_TRUE(estimate.ok()) << estimate.status().message();
     ASSERT_EQ(estimate->world_size, c.nproc);
     json start, after_step;

@@ -4,11 +4,13 @@
 #define LLMCTL_COMMON_ESTIMATE_TRAINER_RUNS_H_
 
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/estimate/model_state.h"
 #include "common/model_config.h"
 #include "common/status.h"
 #include "common/trial_config.h"
@@ -35,7 +37,11 @@ struct CaseConfig {
   ModelConfig model;
 };
 
-// The trial's config with `common`, then the case's sets applied, and its model's shapes.
+// The trial's config with `common`, then the case's sets applied, its paths localized as
+// llm-train localizes them.
+StatusOr<TrialConfig> LoadCaseConfig(const Case& c, const Sets& common);
+
+// LoadCaseConfig's config and its (LLaMA-family) model's shapes.
 StatusOr<CaseConfig> LoadCase(const Case& c, const Sets& common);
 
 struct TrainerRun {
@@ -59,6 +65,10 @@ StatusOr<std::vector<std::vector<nlohmann::json>>> RunLlmTrainOk(const Case& c, 
 // `loaded`'s config byte for byte; `ranks` are RunLlmTrainOk's events. Model state does not depend
 // on the batch, so any run of the configuration shows it.
 void ExpectModelStateExact(const Case& c, const CaseConfig& loaded,
+                           const std::vector<std::vector<nlohmann::json>>& ranks);
+// The same against any model's estimate: `estimate` gives a rank's.
+void ExpectModelStateExact(const Case& c,
+                           const std::function<StatusOr<ModelStateEstimate>(int64_t)>& estimate,
                            const std::vector<std::vector<nlohmann::json>>& ranks);
 
 // A fresh directory for the running test's files.

@@ -1,0 +1,125 @@
+// BLIP-2's model state against the real trainer: llm-train runs each configuration for one step on
+// the stand-ins of experiments/cpu-lab-blip2.yaml (OPT-256 x 8, OPT-384 x 12, Flan-T5 768 x 2 + 2,
+// each behind the same ViT and Q-Former), and its snapshot after the optimizer step must equal
+// EstimateBlip2ModelState byte for byte in every category, its start event's parameter counts too.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/estimate/blip2_memory.h"
+#include "common/estimate/trainer_runs.h"
+
+namespace llmctl::estimate {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Case;
+using testing::Sets;
+using testing::With;
+
+// One step, a snapshot of every phase, no device budget (so the out-of-memory rows run).
+const Sets kOneStep = {{"train.max_steps", "1"}, {"snapshot_every", "1"},   {"device_memory", ""},
+                       {"output_dir", ""},       {"checkpoint_every", "0"}, {"profile.steps", "0"}};
+
+// The file's other stand-ins, as its rows set them (paths from the source tree: a --set path is
+// not resolved beside the file).
+std::string Experiments() { return testing::SourceDir() + "/experiments/"; }
+const Sets kT5 = {{"model", Experiments() + "models/cpu-lab-blip2-t5"},
+                  {"tokenizer", Experiments() + "tokenizers/captions-t5"},
+                  {"data.max_seq_length", "12"}};
+const Sets kMedium = {{"model", Experiments() + "models/cpu-lab-blip2-medium"}};
+
+void ExpectBlip2Exact(const std::vector<Case>& cases) {
+  const fs::path dir = testing::TestDir();
+  // The captions' token cache, the test's own.
+  setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(testing::Describe(c));
+    StatusOr<TrialConfig> config = testing::LoadCaseConfig(c, kOneStep);
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    StatusOr<std::optional<Blip2Config>> model = ResolveBlip2Model(config->GetString("model"));
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    ASSERT_TRUE(model->has_value());
+    auto ranks = testing::RunLlmTrainOk(c, kOneStep, dir, static_cast<int>(i));
+    ASSERT_TRUE(ranks.ok()) << ranks.status().message();
+    testing::ExpectModelStateExact(
+        c, [&](int64_t rank) { return EstimateBlip2ModelState(*config, **model, rank); }, *ranks);
+  }
+  fs::remove_all(dir);
+}
+
+// Every row of the labs' BLIP-2 table in miniature, as the file sets it.
+TEST(EstimateBlip2ExactTest, CpuLabBlip2Rows) {
+  std::vector<Case> cases;
+  for (const char* row :
+       {"baseline", "reduced-batch", "grad-accumulation", "bf16-true", "bf16-mixed", "larger-model",
+        "even-larger", "xxl-smallest-batch", "sgd", "adam-8bit", "activation-checkpointing",
+        "cpu-offload", "lora", "qlora"}) {
+    cases.push_back({"cpu-lab-blip2.yaml", row, {}});
+  }
+  ExpectBlip2Exact(cases);
+}
+
+// The techniques on one device, over the three stand-ins: precisions, optimizers, freezing parts,
+// LoRA and QLoRA on OPT's and T5's projections (T5's dense wo and own head included), at one image
+// a micro-batch (where the class embedding's gradient keeps a whole (1, P, C) storage) and two.
+TEST(EstimateBlip2ExactTest, TechniquesOnOneDevice) {
+  const Sets one = {{"train.micro_batch_size", "1"}, {"train.global_batch_size", "1"}};
+  const Sets two = {{"train.micro_batch_size", "2"}, {"train.global_batch_size", "4"}};
+  std::vector<Case> cases;
+  for (const Sets& sets : std::vector<Sets>{
+           one,
+           With(two, {{"precision", "bf16-true"}}),
+           With(one, {{"precision", "bf16-mixed"}}),
+           With(two, {{"optimizer", "sgd"}, {"train.momentum", "0.9"}}),
+           With(one, {{"optimizer", "adamw_8bit"}}),
+           With(two, {{"offload", "optimizer"}, {"precision", "bf16-true"}}),
+           With(one, {{"freeze", "[vision_model, qformer]"}}),
+           With(two, {{"freeze", "[language_model]"}, {"optimizer", "adamw_8bit"}}),
+           With(one, {{"peft.method", "lora"}, {"peft.targets", "[q_proj, v_proj, fc1]"}}),
+           With(two, {{"peft.method", "qlora"},
+                      {"peft.double_quant", "false"},
+                      {"peft.compute_dtype", "fp32"},
+                      {"peft.targets", "[out_proj, fc2]"}}),
+           With(With(one, kMedium), {{"peft.method", "qlora"}}),
+           With(With(two, kMedium), {{"precision", "bf16-true"}, {"optimizer", "adamw_8bit"}}),
+           With(With(one, kT5), {{"precision", "bf16-true"}, {"optimizer", "adamw_8bit"}}),
+           With(With(two, kT5), {{"peft.method", "lora"}, {"peft.targets", "[q, v, wo, lm_head]"}}),
+           With(With(one, kT5), {{"peft.method", "qlora"}, {"peft.targets", "[q, wi_0, wo]"}}),
+           With(With(one, kT5), {{"optimizer", "sgd"},
+                                 {"optimizer_in_backward", "true"},
+                                 {"precision", "bf16-true"}}),
+       }) {
+    cases.push_back({"cpu-lab-blip2.yaml", "reduced-batch", sets});
+  }
+  ExpectBlip2Exact(cases);
+}
+
+// Two ranks: ddp's buckets; fsdp's shards of every block of every stack (T5's relative-position
+// biases in the root unit), with 8-bit AdamW's aligned flats, LoRA's frozen flats and QLoRA's NF4
+// buffers.
+TEST(EstimateBlip2ExactTest, DataParallelRanks) {
+  const Sets two = {
+      {"devices", "2"}, {"train.micro_batch_size", "1"}, {"train.global_batch_size", "2"}};
+  std::vector<Case> cases;
+  for (const Sets& sets : std::vector<Sets>{
+           {{"strategy", "ddp"}},
+           With(kT5, {{"strategy", "ddp"}, {"peft.method", "qlora"}, {"peft.targets", "[q, v]"}}),
+           {{"strategy", "fsdp"}},
+           {{"strategy", "fsdp"}, {"optimizer", "adamw_8bit"}},
+           {{"strategy", "fsdp"}, {"peft.method", "lora"}},
+           With(kT5,
+                {{"strategy", "fsdp"}, {"precision", "bf16-true"}, {"optimizer", "adamw_8bit"}}),
+           With(kT5, {{"strategy", "fsdp"}, {"peft.method", "qlora"}, {"peft.targets", "[q, v]"}}),
+       }) {
+    cases.push_back({"cpu-lab-blip2.yaml", "reduced-batch", With(two, sets), 2});
+  }
+  ExpectBlip2Exact(cases);
+}
+
+}  // namespace
+}  // namespace llmctl::estimate
