@@ -18,10 +18,22 @@
 
 namespace llmctl::estimate {
 
+// A card's data-sheet figures (dense, no sparsity), which step_time.h divides a step's work by.
+struct GpuRates {
+  double bf16_tflops = 0;     // tensor cores, bf16 / fp16 inputs with fp32 accumulation
+  double fp32_tflops = 0;     // plain fp32 (no TF32)
+  double memory_tbps = 0;     // HBM / GDDR bandwidth, TB/s
+  double host_link_gbps = 0;  // PCIe to the host, GB/s one way
+  double peer_link_gbps = 0;  // to the node's other cards (NVLink, else PCIe), GB/s one way
+};
+
 struct Gpu {
   std::string name;   // "a100-80gb"
   std::string model;  // "NVIDIA A100 80GB PCIe"
   uint64_t memory_bytes;
+  GpuRates rates;
+  // What NVML calls the card ("NVIDIA H100 NVL"): every one of these words, in that order.
+  std::vector<std::string> device_name_words;
 };
 
 // Every GPU the table knows, for error messages and the docs.
@@ -34,6 +46,10 @@ std::optional<Gpu> GpuNamed(std::string_view name);
 // `node_type` (gpu_a100_pcie, compute_gigaio: CHI@UC's A100 80GB). nullopt when the target names
 // neither or one this table does not know.
 std::optional<Gpu> GpuOfTarget(const std::map<std::string, std::string>& target);
+
+// The GPU of a device as a node reports it (NVML's name, "NVIDIA A100-SXM4-80GB"); nullopt for one
+// the table does not know.
+std::optional<Gpu> GpuOfDeviceName(std::string_view device_name);
 
 }  // namespace llmctl::estimate
 

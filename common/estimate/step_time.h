@@ -1,0 +1,147 @@
+// A trial's time before it runs: the work of one optimizer step counted from the trial's config
+// and the model's shapes (StepWork), divided by what the device does per second (DeviceSpeed), and
+// corrected by how fast the same device measured earlier runs (Calibration). No LibTorch: the CLI
+// (`llmctl estimate`, `llmctl plan`, `submit --provision`) uses it.
+//
+// What one optimizer step costs, per rank:
+//   matmul FLOPs: every projection and the head, 2 x tokens x in x out forward; backward the
+//     input's gradient (2x) and, for a trained weight, the weight's (2x); attention's scores and
+//     weighted sum (4 x tokens x T x heads x head_dim forward, twice that in backward, causal
+//     masks not discounted); checkpointing reruns each layer's forward; LoRA adds its adapters'.
+//   memory traffic (bytes read and written by the element-wise kernels): the norms, rotary
+//     embedding, activation, residual adds and layout copies of each layer (the aten composition
+//     makes several passes where a fused kernel makes one), the loss over B x T x V logits,
+//     autocast's weight casts, QLoRA's dequantisation of every NF4 weight in forward and backward,
+//     gradient accumulation, and the optimizer step's reads and writes of weights, gradients and
+//     state.
+//   host: offloaded optimizer steps (values updated on the host) and the PCIe copies to and from
+//     it; ranks: ddp's all-reduce and fsdp's all-gathers and reduce-scatters (ring volumes).
+//   launches: a fixed cost per kernel (per ATen op on the CPU), which is what a small model's step
+//     is mostly made of; on a GPU only what issuing takes beyond the kernels' own time.
+// The terms add up (no overlap is assumed), at the device's nominal rates; a calibration factor
+// per matmul precision, the measured over the nominal time of earlier runs, turns them into a
+// prediction.
+#ifndef LLMCTL_COMMON_ESTIMATE_STEP_TIME_H_
+#define LLMCTL_COMMON_ESTIMATE_STEP_TIME_H_
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/estimate/gpus.h"
+#include "common/model_config.h"
+#include "common/status.h"
+#include "common/trial_config.h"
+
+namespace llmctl::estimate {
+
+// The class of a step's matmuls, which sets its rate: bf16/fp16 (tensor cores on a GPU) or fp32.
+enum class MatmulClass { kBf16, kFp32 };
+std::string_view MatmulClassName(MatmulClass c);  // "bf16", "fp32"
+
+// One optimizer step's work on one rank.
+struct StepWork {
+  MatmulClass matmul_class = MatmulClass::kFp32;
+  int64_t tokens = 0;         // per rank per optimizer step: micro-batches x micro-batch tokens
+  int64_t micro_batches = 0;  // the accumulation
+  int64_t world_size = 1;
+  int64_t nodes = 1;
+  double matmul_flops = 0;
+  double memory_bytes = 0;
+  double launches = 0;
+  double host_optimizer_values = 0;  // values an offloaded optimizer updates on the host
+  double host_link_bytes = 0;        // copies between host and device memory
+  double interconnect_bytes = 0;     // sent by this rank to ranks on its node
+  double network_bytes = 0;          // sent by this rank to other nodes
+  // What happens before the first step: the model's bytes built or loaded.
+  double model_bytes = 0;
+  bool pretrained = false;
+
+  nlohmann::json ToJson() const;
+  static StatusOr<StepWork> FromJson(const nlohmann::json& json);
+};
+
+// The work of one optimizer step of `config` on `model` (the preconditions of
+// EstimateModelState). Sequences are full (micro_batch_size x data.max_seq_length tokens), as for
+// the memory estimate.
+StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig& model);
+
+// What a device does per second at its nominal (data-sheet) rates.
+struct DeviceSpeed {
+  std::string name;   // a GPU of gpus.h, or "cpu"
+  std::string model;  // what a node reports: "NVIDIA H200", the CPU's model name
+  double bf16_flops = 0;
+  double fp32_flops = 0;
+  double memory_bytes_per_s = 0;
+  double launch_seconds = 0;
+  // A GPU runs kernels while the host issues the next ones: launches cost only what issuing takes
+  // beyond the kernels' time. A CPU runs each op's dispatch and its work one after the other.
+  bool launches_overlap = false;
+  double host_optimizer_values_per_s = 0;
+  double host_link_bytes_per_s = 0;
+  double interconnect_bytes_per_s = 0;
+  double network_bytes_per_s = 0;
+  double startup_seconds = 0;          // process, device and data set-up
+  double model_build_bytes_per_s = 0;  // random initialisation
+  double model_load_bytes_per_s = 0;   // pretrained weights from local disk
+};
+
+// The speed of a GPU of gpus.h, or of the CPU a node has ("cpu" here: the rates of the machine
+// the defaults were measured on, a 2-core AMD EPYC Zen 4).
+DeviceSpeed GpuSpeed(const Gpu& gpu);
+DeviceSpeed CpuSpeed();
+
+// How the nominal time compares with measured runs on one device model: a factor per matmul
+// class, the median of measured / nominal over those runs. With no run of a class, the other
+// class's factor serves; with none at all, the built-in default (from the 11-26 H200 run for the
+// GPUs, from the CPU lab on the machine CpuSpeed describes).
+struct Calibration {
+  double bf16_factor = 1;
+  double fp32_factor = 1;
+  int bf16_runs = 0;
+  int fp32_runs = 0;
+  std::string source;  // "built-in (...)", or "N runs on DEVICE in the local store"
+
+  double Factor(MatmulClass c) const { return c == MatmulClass::kBf16 ? bf16_factor : fp32_factor; }
+  int runs() const { return bf16_runs + fp32_runs; }
+};
+
+Calibration DefaultCalibration(const DeviceSpeed& device);
+
+// A run measured earlier: its step's work and the seconds a token took in its timed steps.
+struct MeasuredRun {
+  StepWork work;
+  double seconds_per_token = 0;
+};
+
+// The calibration of `device` from `runs` on it; runs of neither class fall back to the default.
+Calibration Calibrate(const DeviceSpeed& device, const std::vector<MeasuredRun>& runs);
+
+struct TimeTerm {
+  std::string name;
+  std::string formula;
+  double seconds = 0;  // calibrated
+};
+
+struct TimeEstimate {
+  double step_seconds = 0;
+  double tokens_per_second = 0;  // per rank x ranks: the trial's whole throughput
+  double startup_seconds = 0;
+  int64_t steps = 0;            // 0 when the step count is not known before the data is read
+  double trial_seconds = 0;     // startup + steps x step: 0 when steps is 0
+  double factor = 1;            // the calibration's, for this work's class
+  std::vector<TimeTerm> terms;  // the step's parts, for --explain
+};
+
+// The nominal seconds of one step of `work` on `device` (the sum of TimeEstimate's terms before
+// calibration): what Calibrate compares measured runs against.
+double NominalStepSeconds(const StepWork& work, const DeviceSpeed& device);
+
+// The time of `work` on `device`: `steps` optimizer steps (0: unknown) after the start-up.
+TimeEstimate EstimateTime(const StepWork& work, const DeviceSpeed& device,
+                          const Calibration& calibration, int64_t steps);
+
+}  // namespace llmctl::estimate
+
+#endif  // LLMCTL_COMMON_ESTIMATE_STEP_TIME_H_

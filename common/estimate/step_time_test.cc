@@ -1,0 +1,235 @@
+#include "common/estimate/step_time.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "common/estimate/trainer_runs.h"
+
+namespace llmctl::estimate {
+namespace {
+
+using nlohmann::json;
+using testing::Case;
+using testing::LoadCase;
+using testing::SourceDir;
+
+// A small LLaMA whose FLOPs are counted by hand below.
+ModelConfig SmallModel() {
+  ModelConfig m;
+  m.vocab_size = 1000;
+  m.hidden_size = 64;
+  m.intermediate_size = 256;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.head_dim = 16;
+  m.max_position_embeddings = 128;
+  return m;
+}
+
+TrialConfig SmallConfig(std::initializer_list<std::pair<const char*, const char*>> sets) {
+  TrialConfig config;
+  EXPECT_TRUE(config.SetFromText("data.path", "train.jsonl").ok());
+  EXPECT_TRUE(config.SetFromText("model", "small").ok());
+  EXPECT_TRUE(config.SetFromText("train.micro_batch_size", "2").ok());
+  EXPECT_TRUE(config.SetFromText("data.max_seq_length", "32").ok());
+  EXPECT_TRUE(config.SetFromText("train.global_batch_size", "2").ok());
+  for (const auto& [key, value] : sets) {
+    const Status set = config.SetFromText(key, value);
+    EXPECT_TRUE(set.ok()) << key << ": " << set.message();
+  }
+  return config;
+}
+
+// One micro-batch of `SmallModel` with t tokens: the projections' weights per layer, h x (q + 2 kv)
+// + q x h + 3 x h x i, and the head h x V.
+constexpr double kTokens = 64;
+constexpr double kLayerWeights = 64.0 * (64 + 2 * 32) + 64.0 * 64 + 3 * 64.0 * 256;
+constexpr double kHeadWeights = 64.0 * 1000;
+constexpr double kAttention = 4 * kTokens * 32 * 64;  // 4 t T (heads x head_dim), forward
+
+TEST(StepWorkTest, CountsFullFineTuningMatmulsByHand) {
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  // Forward 2 t W, backward the input's and the weight's gradients 4 t W; attention 3x forward.
+  const double expected = 6 * kTokens * (2 * kLayerWeights + kHeadWeights) + 2 * 3 * kAttention;
+  EXPECT_DOUBLE_EQ(work->matmul_flops, expected);
+  EXPECT_EQ(work->matmul_class, MatmulClass::kFp32);
+  EXPECT_EQ(work->tokens, 64);
+  EXPECT_EQ(work->micro_batches, 1);
+}
+
+TEST(StepWorkTest, CheckpointingAddsOneForwardOfEveryLayer) {
+  StatusOr<StepWork> plain = EstimateStepWork(SmallConfig({}), SmallModel());
+  StatusOr<StepWork> recomputed =
+      EstimateStepWork(SmallConfig({{"activation_checkpointing", "true"}}), SmallModel());
+  ASSERT_TRUE(plain.ok() && recomputed.ok());
+  EXPECT_DOUBLE_EQ(recomputed->matmul_flops - plain->matmul_flops,
+                   2 * (2 * kTokens * kLayerWeights + kAttention));
+  EXPECT_GT(recomputed->memory_bytes, plain->memory_bytes);
+  EXPECT_GT(recomputed->launches, plain->launches);
+}
+
+TEST(StepWorkTest, LoraSkipsTheFrozenWeightsGradientsAndAddsItsAdapters) {
+  StatusOr<StepWork> lora = EstimateStepWork(
+      SmallConfig({{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q_proj]"}}),
+      SmallModel());
+  ASSERT_TRUE(lora.ok()) << lora.status().message();
+  // Frozen weights: forward and the input's gradient (4 t W); q_proj's adapter 6 t r (in + out).
+  const double adapters = 2 * 6 * kTokens * 4 * (64 + 64);
+  EXPECT_DOUBLE_EQ(lora->matmul_flops, 4 * kTokens * (2 * kLayerWeights + kHeadWeights) +
+                                           2 * 3 * kAttention + adapters);
+}
+
+TEST(StepWorkTest, AccumulationMultipliesTheMicroBatchWork) {
+  StatusOr<StepWork> one = EstimateStepWork(SmallConfig({}), SmallModel());
+  StatusOr<StepWork> four =
+      EstimateStepWork(SmallConfig({{"train.global_batch_size", "8"}}), SmallModel());
+  ASSERT_TRUE(one.ok() && four.ok());
+  EXPECT_EQ(four->micro_batches, 4);
+  EXPECT_EQ(four->tokens, 4 * one->tokens);
+  EXPECT_DOUBLE_EQ(four->matmul_flops, 4 * one->matmul_flops);
+}
+
+TEST(StepWorkTest, PrecisionSetsTheMatmulClassAndQloraItsDequantisation) {
+  StatusOr<StepWork> bf16 =
+      EstimateStepWork(SmallConfig({{"precision", "bf16-true"}}), SmallModel());
+  ASSERT_TRUE(bf16.ok());
+  EXPECT_EQ(bf16->matmul_class, MatmulClass::kBf16);
+  StatusOr<StepWork> lora = EstimateStepWork(
+      SmallConfig({{"peft.method", "lora"}, {"device", "cuda"}, {"precision", "bf16-true"}}),
+      SmallModel());
+  StatusOr<StepWork> qlora = EstimateStepWork(
+      SmallConfig({{"peft.method", "qlora"}, {"device", "cuda"}, {"precision", "bf16-true"}}),
+      SmallModel());
+  ASSERT_TRUE(lora.ok() && qlora.ok()) << lora.status().message() << qlora.status().message();
+  // Every projection's weight dequantised for the forward and again for the input's gradient.
+  EXPECT_DOUBLE_EQ(qlora->memory_bytes - lora->memory_bytes, 2 * 2 * kLayerWeights * 22.5);
+}
+
+TEST(StepWorkTest, DdpSendsEachGradientTwiceOverTheRing) {
+  StatusOr<StepWork> ddp = EstimateStepWork(
+      SmallConfig({{"strategy", "ddp"}, {"devices", "4"}, {"train.global_batch_size", "8"}}),
+      SmallModel());
+  ASSERT_TRUE(ddp.ok()) << ddp.status().message();
+  const double parameters = 2 * (kLayerWeights + 2 * 64) + 64 + 2 * kHeadWeights;
+  EXPECT_DOUBLE_EQ(ddp->interconnect_bytes, 2 * 0.75 * parameters * 4);
+  EXPECT_EQ(ddp->network_bytes, 0);
+}
+
+TEST(StepWorkTest, JsonRoundTripsAndRejectsMissingFields) {
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(work.ok());
+  StatusOr<StepWork> back = StepWork::FromJson(work->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), work->ToJson());
+  json broken = work->ToJson();
+  broken.erase("memory_bytes");
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: memory_bytes must be a non-negative number");
+  broken = work->ToJson();
+  broken["matmul_class"] = "int8";
+  EXPECT_FALSE(StepWork::FromJson(broken).ok());
+}
+
+TEST(DeviceSpeedTest, NodesDeviceNamesMapToTheTable) {
+  EXPECT_EQ(GpuOfDeviceName("NVIDIA H100 NVL")->name, "h100-94gb");
+  EXPECT_EQ(GpuOfDeviceName("NVIDIA H100 80GB HBM3")->name, "h100-80gb");
+  EXPECT_EQ(GpuOfDeviceName("NVIDIA H200")->name, "h200-141gb");
+  EXPECT_EQ(GpuOfDeviceName("NVIDIA A100-SXM4-80GB")->name, "a100-80gb");
+  EXPECT_EQ(GpuOfDeviceName("NVIDIA A100 80GB PCIe")->name, "a100-80gb");
+  EXPECT_EQ(GpuOfDeviceName("NVIDIA A100-PCIE-40GB")->name, "a100-40gb");
+  EXPECT_EQ(GpuOfDeviceName("Tesla V100-SXM2-32GB")->name, "v100-32gb");
+  EXPECT_EQ(GpuOfDeviceName("Quadro RTX 6000")->name, "rtx6000-24gb");
+  EXPECT_FALSE(GpuOfDeviceName("AMD EPYC 9454P 48-Core Processor").has_value());
+}
+
+TEST(CalibrationTest, TakesTheMedianRatioPerClassAndFallsBackToTheOther) {
+  const DeviceSpeed device = GpuSpeed(*GpuNamed("a100-80gb"));
+  StatusOr<StepWork> work =
+      EstimateStepWork(SmallConfig({{"precision", "bf16-true"}}), SmallModel());
+  ASSERT_TRUE(work.ok());
+  const double nominal_per_token =
+      NominalStepSeconds(*work, device) / static_cast<double>(work->tokens);
+  std::vector<MeasuredRun> runs;
+  for (double ratio : {2.0, 3.0, 10.0}) runs.push_back({*work, ratio * nominal_per_token});
+  const Calibration c = Calibrate(device, runs);
+  EXPECT_DOUBLE_EQ(c.bf16_factor, 3.0);
+  EXPECT_DOUBLE_EQ(c.fp32_factor, 3.0);  // no fp32 run: the bf16 runs' factor
+  EXPECT_EQ(c.bf16_runs, 3);
+  EXPECT_EQ(c.fp32_runs, 0);
+  const TimeEstimate e = EstimateTime(*work, device, c, 10);
+  EXPECT_NEAR(e.step_seconds, 3 * NominalStepSeconds(*work, device), 1e-12);
+  EXPECT_NEAR(e.tokens_per_second * e.step_seconds, static_cast<double>(work->tokens), 1e-6);
+  EXPECT_DOUBLE_EQ(e.trial_seconds, e.startup_seconds + 10 * e.step_seconds);
+  // Without runs, the built-in calibration.
+  EXPECT_EQ(Calibrate(device, {}).source, DefaultCalibration(device).source);
+}
+
+// The 11-26 H200 run's finished rows (docs/gpu-runs/2026-11-26-h200/lab.jsonl), each the trial of
+// experiments/single-llama-a100.yaml it ran, with its measured tokens/s.
+struct H200Row {
+  std::string trial;
+  StepWork work;
+  double tokens_per_second = 0;
+};
+
+std::vector<H200Row> H200Rows() {
+  std::vector<H200Row> rows;
+  std::ifstream in(SourceDir() + "/docs/gpu-runs/2026-11-26-h200/lab.jsonl");
+  EXPECT_TRUE(in.good());
+  for (std::string line; std::getline(in, line);) {
+    const json row = json::parse(line);
+    if (row["observed"] != "ok" || !row["tokens_per_second"].is_number()) continue;
+    StatusOr<testing::CaseConfig> loaded =
+        LoadCase(Case{"single-llama-a100.yaml", row["trial"].get<std::string>(), {}}, {});
+    EXPECT_TRUE(loaded.ok()) << loaded.status().message();
+    if (!loaded.ok()) continue;
+    StatusOr<StepWork> work = EstimateStepWork(loaded->config, loaded->model);
+    EXPECT_TRUE(work.ok()) << work.status().message();
+    if (!work.ok()) continue;
+    rows.push_back({row["trial"], *work, row["tokens_per_second"].get<double>()});
+  }
+  return rows;
+}
+
+// Issue 28's bar: each finished row predicted from the others alone (leave-one-out
+// calibration from the data sheet's rates) within 20% of its measured tokens/s.
+TEST(H200TimeTest, LeaveOneOutPredictsEveryFinishedRowWithinTwentyPercent) {
+  const std::vector<H200Row> rows = H200Rows();
+  ASSERT_EQ(rows.size(), 9u);
+  const DeviceSpeed h200 = GpuSpeed(*GpuNamed("h200-141gb"));
+  for (size_t left_out = 0; left_out < rows.size(); ++left_out) {
+    std::vector<MeasuredRun> others;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (i != left_out) others.push_back({rows[i].work, 1.0 / rows[i].tokens_per_second});
+    }
+    const Calibration c = Calibrate(h200, others);
+    const TimeEstimate e = EstimateTime(rows[left_out].work, h200, c, 0);
+    const double ratio = e.tokens_per_second / rows[left_out].tokens_per_second;
+    std::printf("%-18s measured %8.0f tok/s, predicted %8.0f (%+.1f%%)\n",
+                rows[left_out].trial.c_str(), rows[left_out].tokens_per_second, e.tokens_per_second,
+                100 * (ratio - 1));
+    EXPECT_GT(ratio, 0.8) << rows[left_out].trial;
+    EXPECT_LT(ratio, 1.2) << rows[left_out].trial;
+  }
+}
+
+// The built-in H200 calibration is the one all nine rows give.
+TEST(H200TimeTest, BuiltInCalibrationIsTheRunsMedian) {
+  const std::vector<H200Row> rows = H200Rows();
+  const DeviceSpeed h200 = GpuSpeed(*GpuNamed("h200-141gb"));
+  std::vector<MeasuredRun> runs;
+  for (const H200Row& row : rows) runs.push_back({row.work, 1.0 / row.tokens_per_second});
+  const Calibration measured = Calibrate(h200, runs);
+  const Calibration built_in = DefaultCalibration(h200);
+  std::printf("bf16 factor %.4f over %d runs, fp32 %.4f over %d\n", measured.bf16_factor,
+              measured.bf16_runs, measured.fp32_factor, measured.fp32_runs);
+  EXPECT_NEAR(built_in.bf16_factor / measured.bf16_factor, 1, 0.001);
+  EXPECT_NEAR(built_in.fp32_factor / measured.fp32_factor, 1, 0.001);
+}
+
+}  // namespace
+}  // namespace llmctl::estimate
