@@ -1,12 +1,12 @@
 #include "common/estimate/step_memory.h"
 
 #include <algorithm>
-#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/byte_size.h"
+#include "common/estimate/trace.h"
 
 namespace llmctl::estimate {
 namespace {
@@ -18,13 +18,7 @@ constexpr uint64_t kTokenIdBytes = 8;      // int64 token ids
 // unchunked).
 constexpr int64_t kAdamW8bitAtenChunk = int64_t{1} << 22;
 
-// A tensor of the traced forward.
-struct Value {
-  int64_t id = -1;
-  uint64_t bytes = 0;
-  int element = 4;  // bytes per element
-  bool requires_grad = false;
-};
+using Value = TracedTensor;
 
 // How the trial runs its forward: sizes, dtypes and which weights train.
 struct Forward {
@@ -69,13 +63,10 @@ class Trace {
     return Fixed(per_token * f_.tokens, element, requires_grad);
   }
   Value Fixed(int64_t elements, int element, bool requires_grad) {
-    return {next_id_++, static_cast<uint64_t>(elements) * static_cast<uint64_t>(element), element,
-            requires_grad};
+    return saved_.New(elements, element, requires_grad);
   }
-  void Save(const Value& v) {
-    if (saved_ids_.insert(v.id).second) saved_ += v.bytes;
-  }
-  uint64_t saved() const { return saved_; }
+  void Save(const Value& v) { saved_.Save(v); }
+  uint64_t saved() const { return saved_.saved(); }
 
   // trainer/model/projection.cc: the base linear (dense or NF4) plus a LoRA adapter when
   // targeted. `weight_trains` is false for frozen and NF4 weights.
@@ -216,21 +207,8 @@ class Trace {
 
  private:
   const Forward& f_;
-  int64_t next_id_ = 0;
-  std::set<int64_t> saved_ids_;
-  uint64_t saved_ = 0;
+  SavedTensors saved_;
 };
-
-// 4096 -> "4,096" (counts here are never negative).
-std::string Count(int64_t n) {
-  const std::string digits = std::to_string(n);
-  std::string grouped;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) grouped += ',';
-    grouped += digits[i];
-  }
-  return grouped;
-}
 
 }  // namespace
 
@@ -518,14 +496,14 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   }
   estimate.terms = {
       {"activations: layers",
-       layer_text + ", for " + Count(f.tokens) + " tokens (" +
+       layer_text + ", for " + GroupedCount(f.tokens) + " tokens (" +
            std::to_string(config.GetInt("train.micro_batch_size")) + " x " + std::to_string(f.seq) +
            ")",
        layers_saved},
       {"activations: head",
        f.chunked_loss ? "final norm, the hidden states' gradient from the chunked loss"
-                      : "final norm, output head, log-softmax (" + Count(f.tokens) + " x " +
-                            Count(f.vocab) + " x 4 B)",
+                      : "final norm, output head, log-softmax (" + GroupedCount(f.tokens) + " x " +
+                            GroupedCount(f.vocab) + " x 4 B)",
        head_saved},
       {"activations: ids", "token ids and labels (3 x 8 B per token), RoPE tables", fixed},
       {"peak", peak_moment, peak},

@@ -1,0 +1,53 @@
+// The machinery of a traced forward (step_memory.cc's LLaMA, blip2_trace.cc's BLIP-2): symbolic
+// tensors, each its own storage, and the set autograd saves for backward, each storage counted
+// once as a snapshot counts it.
+#ifndef LLMCTL_COMMON_ESTIMATE_TRACE_H_
+#define LLMCTL_COMMON_ESTIMATE_TRACE_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+namespace llmctl::estimate {
+
+// A tensor of the traced forward: its own storage of `bytes`.
+struct TracedTensor {
+  int64_t id = -1;
+  uint64_t bytes = 0;
+  int element = 4;  // bytes per element
+  bool requires_grad = false;
+};
+
+class SavedTensors {
+ public:
+  // A new tensor (a new storage) of `elements` values of `element` bytes.
+  TracedTensor New(int64_t elements, int element, bool requires_grad) {
+    return {next_id_++, static_cast<uint64_t>(elements) * static_cast<uint64_t>(element), element,
+            requires_grad};
+  }
+  // Autograd keeps `t` for backward (once, however many ops keep it).
+  void Save(const TracedTensor& t) {
+    if (saved_ids_.insert(t.id).second) saved_ += t.bytes;
+  }
+  uint64_t saved() const { return saved_; }
+
+ private:
+  int64_t next_id_ = 0;
+  std::set<int64_t> saved_ids_;
+  uint64_t saved_ = 0;
+};
+
+// 4096 -> "4,096" (counts here are never negative).
+inline std::string GroupedCount(int64_t n) {
+  const std::string digits = std::to_string(n);
+  std::string grouped;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) grouped += ',';
+    grouped += digits[i];
+  }
+  return grouped;
+}
+
+}  // namespace llmctl::estimate
+
+#endif  // LLMCTL_COMMON_ESTIMATE_TRACE_H_
