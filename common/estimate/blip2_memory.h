@@ -19,9 +19,11 @@
 #define LLMCTL_COMMON_ESTIMATE_BLIP2_MEMORY_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "common/blip2_config.h"
 #include "common/estimate/model_state.h"
+#include "common/estimate/step_memory.h"
 #include "common/status.h"
 #include "common/trial_config.h"
 
@@ -32,6 +34,19 @@ namespace llmctl::estimate {
 // and peft.targets naming a projection the language model lacks.
 StatusOr<ModelStateEstimate> EstimateBlip2ModelState(const TrialConfig& config,
                                                      const Blip2Config& model, int64_t rank = -1);
+
+// The step's memory (step_memory.h's StepMemoryEstimate) of `config` on `model`: the model state
+// above, the activations traced from llm-train's own forward (the image batch through the ViT and
+// the Q-Former, the captions through OPT or T5; blip2_trace.h) and the peak, the highest of the
+// step's moments as for the LLaMA family: the forward's (at the loss, or inside a block while it
+// runs), backward's at the loss and block by block as gradients appear and activations are freed
+// (a checkpointed block rerun), and the optimizer step's. The language model's micro-batch is the
+// queries plus `caption_tokens`, the longest caption it holds with its BOS or EOS (the trainer pads
+// a micro-batch to its longest row), at most data.max_seq_length; nullopt: data.max_seq_length, a
+// full micro-batch, which any step may draw. Errors as EstimateBlip2ModelState's.
+StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(
+    const TrialConfig& config, const Blip2Config& model,
+    std::optional<int64_t> caption_tokens = std::nullopt);
 
 }  // namespace llmctl::estimate
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/estimate/blip2_memory.h"
+#include "common/estimate/blip2_trace.h"
 #include "common/estimate/weight_tensors.h"
 
 namespace llmctl::estimate {
@@ -209,6 +210,18 @@ class Blip2Tensors {
 };
 
 }  // namespace
+
+std::vector<int64_t> Blip2TrainableByUnit(const TrialConfig& config, const Blip2Config& model) {
+  Blip2Tensors tensors(config, model);
+  tensors.Build();
+  std::vector<int64_t> values;
+  for (const WeightTensor& t : tensors.tensors()) {
+    const size_t index = static_cast<size_t>(t.unit + 1);
+    if (values.size() <= index) values.resize(index + 1);
+    if (t.trainable) values[index] += t.numel;
+  }
+  return values;
+}
 
 StatusOr<ModelStateEstimate> EstimateBlip2ModelState(const TrialConfig& config,
                                                      const Blip2Config& model, int64_t rank) {

@@ -30,6 +30,7 @@ class SavedTensors {
     if (saved_ids_.insert(t.id).second) saved_ += t.bytes;
   }
   uint64_t saved() const { return saved_; }
+  bool IsSaved(const TracedTensor& t) const { return saved_ids_.contains(t.id); }
 
  private:
   int64_t next_id_ = 0;

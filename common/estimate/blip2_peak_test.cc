@@ -1,0 +1,135 @@
+// BLIP-2's predicted peak against the real trainer, as peak_test.cc checks the LLaMA family's:
+// llm-train runs each configuration for two steps (the second is the steady state) on captions
+// longer than data.max_seq_length, so every micro-batch is full as the estimate assumes, and the
+// highest allocated bytes it measures must be within 3% of EstimateBlip2StepMemory's peak, its
+// activations after the forward equal to the trace's within 3% too, and its model state exact.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/estimate/blip2_memory.h"
+#include "common/estimate/trainer_runs.h"
+#include "common/snapshot_event.h"
+
+namespace llmctl::estimate {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::Case;
+using testing::Sets;
+using testing::With;
+
+constexpr double kTolerance = 0.03;
+
+std::string Experiments() { return testing::SourceDir() + "/experiments/"; }
+
+// experiments/data/captions' images, each caption said eight times: longer than any
+// data.max_seq_length here once tokenized.
+fs::path WriteLongCaptions(const fs::path& dir) {
+  const fs::path source = Experiments() + "data/captions";
+  const fs::path folder = dir / "long-captions";
+  fs::create_directories(folder);
+  fs::copy(source / "images", folder / "images", fs::copy_options::recursive);
+  std::ifstream in(source / "metadata.jsonl");
+  std::ofstream out(folder / "metadata.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    json row = json::parse(line);
+    const std::string caption = row["text"];
+    std::string text = caption;
+    for (int i = 1; i < 8; ++i) text += " and " + caption;
+    row["text"] = text;
+    out << row.dump() << "\n";
+  }
+  return folder;
+}
+
+struct Measured {
+  uint64_t peak = 0;
+  uint64_t activations = 0;  // the last "other" after a forward: the saved tensors and the batch
+};
+
+Measured Measure(const std::vector<json>& events) {
+  Measured m;
+  for (const json& e : events) {
+    if (e.contains("peak_bytes")) m.peak = std::max(m.peak, e["peak_bytes"].get<uint64_t>());
+    if (e["type"] == std::string(snapshot_event::kType) &&
+        e[snapshot_event::kPhase] == std::string(snapshot_event::kAfterForward)) {
+      m.activations = e["other_bytes"].get<uint64_t>();
+    }
+  }
+  return m;
+}
+
+double Error(uint64_t predicted, uint64_t measured) {
+  return (static_cast<double>(predicted) - static_cast<double>(measured)) /
+         static_cast<double>(measured);
+}
+
+void ExpectPeaksWithin(const std::vector<Case>& cases) {
+  const fs::path dir = testing::TestDir();
+  setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
+  const Sets common = {{"train.max_steps", "2"},
+                       {"snapshot_every", "1"},
+                       {"data.path", WriteLongCaptions(dir).string()},
+                       {"device_memory", ""},
+                       {"output_dir", ""},
+                       {"checkpoint_every", "0"},
+                       {"profile.steps", "0"}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(testing::Describe(c));
+    StatusOr<TrialConfig> config = testing::LoadCaseConfig(c, common);
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    StatusOr<std::optional<Blip2Config>> model = ResolveBlip2Model(config->GetString("model"));
+    ASSERT_TRUE(model.ok() && model->has_value());
+    StatusOr<StepMemoryEstimate> estimate = EstimateBlip2StepMemory(*config, **model);
+    ASSERT_TRUE(estimate.ok()) << estimate.status().message();
+    auto ranks = testing::RunLlmTrainOk(c, common, dir, static_cast<int>(i));
+    ASSERT_TRUE(ranks.ok()) << ranks.status().message();
+    testing::ExpectModelStateExact(
+        c, [&](int64_t rank) { return EstimateBlip2ModelState(*config, **model, rank); }, *ranks);
+    const Measured measured = Measure(ranks->front());
+    ASSERT_GT(measured.peak, 0u);
+    const double error = Error(estimate->peak_bytes, measured.peak);
+    const double activations = Error(estimate->activation_bytes, measured.activations);
+    std::printf("%-100s peak %+6.2f%% (predicted %llu, measured %llu; %s) activations %+6.2f%%\n",
+                testing::Describe(c).c_str(), 100.0 * error,
+                static_cast<unsigned long long>(estimate->peak_bytes),
+                static_cast<unsigned long long>(measured.peak), estimate->peak_phase.c_str(),
+                100.0 * activations);
+    EXPECT_LE(std::abs(error), kTolerance);
+    EXPECT_LE(std::abs(activations), kTolerance);
+  }
+  fs::remove_all(dir);
+}
+
+// Every row of experiments/cpu-lab-blip2.yaml at its own micro-batch, precision and technique, one
+// test each so that ctest spreads them over its jobs.
+class CpuLabBlip2RowTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CpuLabBlip2RowTest, PeakWithinThreePercent) {
+  ExpectPeaksWithin({{"cpu-lab-blip2.yaml", GetParam(), {}}});
+}
+
+INSTANTIATE_TEST_SUITE_P(EstimateBlip2PeakTest, CpuLabBlip2RowTest,
+                         ::testing::Values("baseline", "reduced-batch", "grad-accumulation",
+                                           "bf16-true", "bf16-mixed", "larger-model", "even-larger",
+                                           "xxl-smallest-batch", "sgd", "adam-8bit",
+                                           "activation-checkpointing", "cpu-offload", "lora",
+                                           "qlora"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace llmctl::estimate

@@ -1,0 +1,156 @@
+// BLIP-2's step memory (blip2_memory.h): the moments of a step over blip2_trace.cc's forward.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/byte_size.h"
+#include "common/estimate/blip2_memory.h"
+#include "common/estimate/blip2_trace.h"
+#include "common/estimate/trace.h"
+
+namespace llmctl::estimate {
+namespace {
+
+// The blocks' saved bytes whose names start with `prefix`.
+uint64_t SavedOf(const Blip2ForwardTrace& trace, const std::string& prefix) {
+  uint64_t bytes = 0;
+  for (const Blip2BlockTrace& block : trace.blocks) {
+    if (block.name.starts_with(prefix)) bytes += block.saved;
+  }
+  return bytes;
+}
+
+}  // namespace
+
+StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
+                                                     const Blip2Config& model,
+                                                     std::optional<int64_t> caption_tokens) {
+  StepMemoryEstimate estimate;
+  ASSIGN_OR_RETURN(estimate.state, EstimateBlip2ModelState(config, model));
+  const ModelStateEstimate& state = estimate.state;
+  const int64_t max_length = config.GetInt("data.max_seq_length");
+  const int64_t caption = std::clamp<int64_t>(caption_tokens.value_or(max_length), 1, max_length);
+  const bool sharded = config.GetString("strategy") == "fsdp" && state.world_size > 1;
+  const Blip2ForwardTrace trace = TraceBlip2Forward(config, model, caption, sharded);
+  const int64_t batch = config.GetInt("train.micro_batch_size");
+  estimate.tokens = batch * trace.text_tokens;
+  const int64_t accumulation =
+      config.GetInt("train.global_batch_size") / (batch * state.world_size);
+  // A step draws all its micro-batches before the first forward and holds them to its end: with
+  // accumulation every micro-batch's pixels are there throughout.
+  const uint64_t fixed = trace.fixed * static_cast<uint64_t>(accumulation);
+  estimate.activation_bytes = trace.saved + fixed;
+
+  // --- The moments of the step, as step_memory.cc's: the steady state of a step after the first
+  // (the optimizer's state held through forward and backward; with accumulation the gradients).
+  const std::string precision = config.GetString("precision");
+  const bool first_step_only = config.GetInt("train.max_steps") == 1;
+  const bool holds_grads = state.grads_bytes > 0;
+  uint64_t base =
+      state.params_bytes + state.comm_bytes + (first_step_only ? 0 : state.optim_device_bytes);
+  if (accumulation > 1 && holds_grads) base += state.grads_bytes;
+  // fsdp: the root unit gathered throughout, in the compute dtype; with reshard_after_forward one
+  // block while it runs forward and two in backward (the prefetch), else every block from its
+  // forward until its backward. The largest block stands for each.
+  const uint64_t gathered_element =
+      sharded && precision != "32-true" ? 2 : (precision == "bf16-true" ? 2 : 4);
+  const uint64_t root_gathered = static_cast<uint64_t>(state.fsdp_root_values) * gathered_element +
+                                 static_cast<uint64_t>(state.fsdp_root_buffer_bytes);
+  const uint64_t layer_gathered =
+      static_cast<uint64_t>(state.fsdp_layer_values) * gathered_element +
+      static_cast<uint64_t>(state.fsdp_layer_buffer_bytes);
+  const bool reshard = config.GetBool("fsdp.reshard_after_forward");
+  const std::vector<int64_t> unit_values = Blip2TrainableByUnit(config, model);
+  const uint64_t units = unit_values.empty() ? 0 : unit_values.size() - 1;
+  const uint64_t all_layers = units * layer_gathered;
+  const uint64_t gathered_forward = root_gathered + (reshard ? layer_gathered : all_layers);
+  const uint64_t gathered_at_loss = root_gathered + (reshard ? 0 : all_layers);
+  const uint64_t gathered_backward = root_gathered + (reshard ? 2 * layer_gathered : all_layers);
+
+  // Each unit's gradients, in proportion to its trainable values (a shard's under fsdp). The head's
+  // (OPT's tied embedding, T5's lm_head) appear at the loss, the rest of the root's at the end.
+  int64_t trainable = 0;
+  for (int64_t values : unit_values) trainable += values;
+  auto grads_of = [&](int64_t values) -> uint64_t {
+    if (trainable == 0) return 0;
+    return static_cast<uint64_t>(static_cast<double>(state.grads_bytes) *
+                                 static_cast<double>(values) / static_cast<double>(trainable));
+  };
+  const bool language_trains = config.GetString("peft.method") == "none" && [&] {
+    const std::vector<std::string> frozen = config.GetStringList("freeze");
+    return std::find(frozen.begin(), frozen.end(), "language_model") == frozen.end();
+  }();
+  const uint64_t head_grads =
+      language_trains ? grads_of(model.text_vocab_size() * model.text_hidden_size()) : 0;
+  auto grads_after = [&](uint64_t produced) -> uint64_t {
+    return accumulation > 1 || !holds_grads ? 0 : std::min(produced, state.grads_bytes);
+  };
+
+  uint64_t peak = 0;
+  std::string peak_moment;
+  auto consider = [&](uint64_t bytes, const char* phase, std::string moment) {
+    if (bytes > peak) {
+      peak = bytes;
+      estimate.peak_phase = phase;
+      peak_moment = std::move(moment);
+    }
+  };
+  std::string state_text = "params";
+  if (!first_step_only && state.optim_device_bytes > 0) state_text += " + optimizer state";
+  if (accumulation > 1 && holds_grads) state_text += " + gradients";
+  if (state.comm_bytes > 0) state_text += " + comm buffers";
+  state_text += " " + FormatBytes(base);
+  auto gathered_text = [](uint64_t gathered) {
+    return gathered > 0 ? " + gathered units " + FormatBytes(gathered) : std::string();
+  };
+  consider(base + gathered_forward + fixed + trace.forward_peak, "forward",
+           "forward: " + state_text + gathered_text(gathered_forward) + " + the batch " +
+               FormatBytes(fixed) + " + activations and the tensors alive at its highest " +
+               FormatBytes(trace.forward_peak));
+  consider(base + gathered_at_loss + fixed + trace.saved + trace.loss_backward, "backward",
+           "backward, at the loss: " + state_text + gathered_text(gathered_at_loss) +
+               " + activations " + FormatBytes(estimate.activation_bytes) +
+               " + the loss' gradients " + FormatBytes(trace.loss_backward));
+  uint64_t produced = head_grads;
+  uint64_t remaining = trace.saved + fixed;
+  for (auto it = trace.blocks.rbegin(); it != trace.blocks.rend(); ++it) {
+    const Blip2BlockTrace& block = *it;
+    if (block.unit >= 0) produced += grads_of(unit_values[static_cast<size_t>(block.unit + 1)]);
+    if (it + 1 == trace.blocks.rend()) produced = state.grads_bytes;  // the root's last
+    const uint64_t gathered = sharded ? gathered_backward : 0;
+    consider(base + gathered + grads_after(produced) + remaining + block.recompute +
+                 block.backward_transient,
+             "backward",
+             "backward, " + block.name + ": " + state_text + gathered_text(gathered) +
+                 " + gradients " + FormatBytes(grads_after(produced)) + " + activations left " +
+                 FormatBytes(remaining + block.recompute) + " + the block's temporaries " +
+                 FormatBytes(block.backward_transient));
+    remaining -= block.saved;
+  }
+  consider(base + (accumulation > 1 ? 0 : state.grads_bytes) +
+               (first_step_only ? state.optim_device_bytes : 0),
+           "optimizer step", "optimizer step: params, gradients and optimizer state");
+  estimate.peak_bytes = peak;
+
+  const uint64_t vision = SavedOf(trace, "vision");
+  const uint64_t qformer = SavedOf(trace, "qformer");
+  const uint64_t head = SavedOf(trace, "head");
+  estimate.terms = {
+      {"activations: image",
+       "ViT and Q-Former, for " + GroupedCount(batch) + " images" +
+           (config.GetBool("activation_checkpointing") ? " (each block's inputs only)" : ""),
+       vision + qformer},
+      {"activations: text",
+       "projection, " + std::string(model.t5() ? "T5" : "OPT") + ", for " +
+           GroupedCount(estimate.tokens) + " tokens (" + std::to_string(batch) + " x (" +
+           std::to_string(model.num_query_tokens) + " queries + " + std::to_string(caption) +
+           " caption tokens))",
+       trace.saved - vision - qformer - head},
+      {"activations: head", "output head, log-softmax", head},
+      {"activations: batch", "pixels, token ids, labels and mask", fixed},
+      {"peak", peak_moment, peak},
+  };
+  return estimate;
+}
+
+}  // namespace llmctl::estimate

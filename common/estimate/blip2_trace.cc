@@ -1,0 +1,681 @@
+#include "common/estimate/blip2_trace.h"
+
+#include <algorithm>
+#include <functional>
+#include <string_view>
+#include <utility>
+
+#include "common/estimate/trace.h"
+
+namespace llmctl::estimate {
+namespace {
+
+using Tensor = TracedTensor;
+
+constexpr int kFp32 = 4;
+constexpr int kBf16 = 2;
+constexpr uint64_t kInt64 = 8;
+
+// How the trial runs its forward.
+struct Blip2Run {
+  int act = kFp32;  // the parameters' element, and the residual streams' (fp32 under autocast)
+  bool autocast = false;  // bf16-mixed, 16-mixed: linears, convolutions and SDPA in 2 bytes
+  // Which parts' weights train (full fine-tuning of a part that is not frozen).
+  bool vision = false;
+  bool qformer = false;
+  bool projection = false;
+  bool language = false;
+  bool qlora = false;
+  int compute = kBf16;  // QLoRA's compute dtype
+  std::vector<std::string> targets;
+  int64_t rank = 0;
+  double lora_dropout = 0.0;
+  bool cuda = false;
+  bool checkpointing = false;
+  bool fused = false;  // T5's norms and gated-GELU (kernels: fused)
+
+  bool Targeted(std::string_view name) const {
+    return !name.empty() && std::find(targets.begin(), targets.end(), name) != targets.end();
+  }
+};
+
+int Wider(const Tensor& a, const Tensor& b) { return std::max(a.element, b.element); }
+
+// The ops of the forward over symbolic tensors: each keeps what autograd keeps and records what is
+// alive beside the saved tensors while it runs.
+class Ops {
+ public:
+  explicit Ops(const Blip2Run& run) : r_(run) {}
+
+  Tensor New(int64_t elements, int element, bool requires_grad) {
+    return set_.New(elements, element, requires_grad);
+  }
+  // A view of a parameter: its storage is the model state's.
+  static Tensor Param(int element, bool trains) { return {-1, 0, element, trains}; }
+  void Save(const Tensor& t) {
+    if (t.bytes > 0) set_.Save(t);
+  }
+  uint64_t saved() const { return set_.saved(); }
+  uint64_t Unsaved(const Tensor& t) const { return set_.IsSaved(t) ? 0 : t.bytes; }
+  bool IsSaved(const Tensor& t) const { return set_.IsSaved(t); }
+  // The bytes alive now: the saved ones, the locals held across blocks, and `extra`.
+  void Alive(uint64_t extra) { peak_ = std::max(peak_, set_.saved() + locals + extra); }
+  uint64_t peak() const { return peak_; }
+
+  uint64_t locals = 0;  // tensors Loss holds across blocks that no op saved (its embeddings, ...)
+
+  // x (rows, in) -> (rows, out): nn::Linear or the language model's Projection named `name`
+  // (trainer/model/projection.cc): a dense base (NF4 under QLoRA when `nf4`) plus a LoRA adapter
+  // when targeted. As step_memory.cc's LLaMA Linear: the input kept when the weight trains, under
+  // autocast the input's and the weight's 2-byte copies.
+  Tensor Linear(const Tensor& x, int64_t rows, int64_t in, int64_t out, bool trains,
+                std::string_view name = {}, bool nf4 = false) {
+    Tensor y;
+    if (nf4 && r_.qlora) {
+      // Nf4LinearFunction keeps only the packed weight; while it runs: the input cast to the
+      // compute dtype, the dequantised weight (out, in) and the product, cast back to the input's
+      // dtype.
+      const uint64_t cast =
+          x.element != r_.compute ? static_cast<uint64_t>(rows * in) * r_.compute : 0;
+      const uint64_t product = static_cast<uint64_t>(rows * out) * r_.compute;
+      y = New(rows * out, x.element, x.requires_grad);
+      Alive(Unsaved(x) + cast + static_cast<uint64_t>(in * out) * r_.compute + product +
+            (x.element != r_.compute ? y.bytes : 0));
+    } else {
+      Tensor input = x;
+      if (r_.autocast && x.element != kBf16) input = New(rows * in, kBf16, x.requires_grad);
+      // The input's gradient needs the weight: under autocast its 2-byte copy.
+      if (r_.autocast && (x.requires_grad || trains)) Save(New(in * out, kBf16, false));
+      if (trains) Save(input);
+      y = New(rows * out, r_.autocast ? kBf16 : x.element, x.requires_grad || trains);
+      Alive(Unsaved(x) + Unsaved(input) + y.bytes);
+    }
+    if (!r_.Targeted(name)) return y;
+    Tensor adapter_input = x;
+    if (r_.lora_dropout > 0.0) {
+      // As Dropout: the mask in the input's dtype (CUDA: bool), kept when the input needs a
+      // gradient, then the product.
+      const Tensor mask = New(rows * in, r_.cuda ? 1 : x.element, false);
+      if (x.requires_grad) Save(mask);
+      adapter_input = New(rows * in, x.element, x.requires_grad);
+    }
+    if (r_.autocast && adapter_input.element != kBf16) {
+      adapter_input = New(rows * in, kBf16, adapter_input.requires_grad);
+    }
+    if (r_.autocast) {
+      Save(New(in * r_.rank, kBf16, false));   // lora_A's 2-byte weight
+      Save(New(r_.rank * out, kBf16, false));  // lora_B's
+    }
+    Save(adapter_input);  // lora_A's weight trains
+    const int element = r_.autocast ? kBf16 : adapter_input.element;
+    Save(New(rows * r_.rank, element, true));  // lora_B's input
+    // lora_B's output, its scaled copy and the sum, beside the base's output.
+    Alive(Unsaved(x) + y.bytes + 3 * static_cast<uint64_t>(rows * out) * element);
+    return New(rows * out, std::max(y.element, element), true);
+  }
+
+  // ATen's layer_norm (in fp32 under autocast): the input, mean and rstd (rows, in the input's
+  // dtype) kept for either gradient.
+  Tensor LayerNorm(const Tensor& x, int64_t rows, int64_t width, bool trains) {
+    Tensor input = x;
+    if (r_.autocast && x.element != kFp32) input = New(rows * width, kFp32, x.requires_grad);
+    const bool grad = input.requires_grad || trains;
+    if (grad) {
+      Save(input);
+      Save(New(rows, input.element, false));
+      Save(New(rows, input.element, false));
+    }
+    const Tensor y = New(rows * width, input.element, grad);
+    // native_layer_norm reads a contiguous copy of an expanded input (the Q-Former's queries).
+    Alive(Unsaved(x) + Unsaved(input) + 2 * y.bytes);
+    return y;
+  }
+
+  // T5's RMS norm (llama.cc's AtenRmsNorm: float32 statistics, cast back, times the weight), or
+  // the fused op, which keeps its input and each row's fp32 rstd.
+  Tensor RmsNorm(const Tensor& x, int64_t rows, int64_t width, bool trains) {
+    const bool grad = x.requires_grad || trains;
+    if (r_.fused) {
+      if (grad) {
+        Save(x);
+        Save(New(rows, kFp32, false));
+      }
+      const Tensor y = New(rows * width, x.element, grad);
+      Alive(Unsaved(x) + y.bytes);
+      return y;
+    }
+    const Tensor x32 = x.element == kFp32 ? x : New(rows * width, kFp32, x.requires_grad);
+    if (x.requires_grad) {
+      Save(x32);                     // pow and the product with rsqrt
+      Save(New(rows, kFp32, true));  // rsqrt(variance)
+    }
+    const Tensor normed = New(rows * width, x.element, x.requires_grad);
+    if (trains) Save(normed);  // the weight's gradient
+    const Tensor y = New(rows * width, x.element, grad);
+    // pow's and the product's float32 results, the cast and the output.
+    Alive(Unsaved(x) + Unsaved(x32) + 2 * static_cast<uint64_t>(rows * width) * kFp32 +
+          Unsaved(normed) + y.bytes);
+    return y;
+  }
+
+  // F::dropout in training (p > 0): CPU's x * (bernoulli mask / (1 - p)), the mask in x's dtype
+  // and kept for x's gradient; CUDA's fused kernel keeps a bool mask.
+  Tensor Dropout(const Tensor& x, int64_t elements, double p) {
+    if (p <= 0.0) return x;
+    const Tensor mask = New(elements, r_.cuda ? 1 : x.element, false);
+    if (x.requires_grad) Save(mask);
+    const Tensor y = New(elements, x.element, x.requires_grad);
+    Alive(Unsaved(x) + Unsaved(mask) + y.bytes);
+    return y;
+  }
+
+  // The residual stream's sum a + b (no tensor kept), in the wider dtype.
+  Tensor Add(const Tensor& a, const Tensor& b, int64_t elements) {
+    const Tensor y = New(elements, Wider(a, b), a.requires_grad || b.requires_grad);
+    Alive(Unsaved(a) + Unsaved(b) + y.bytes);
+    return y;
+  }
+
+  Tensor Gelu(const Tensor& x, int64_t elements) {  // erf GELU: keeps its input
+    if (x.requires_grad) Save(x);
+    const Tensor y = New(elements, x.element, x.requires_grad);
+    Alive(Unsaved(x) + y.bytes);
+    return y;
+  }
+
+  Tensor Relu(const Tensor& x, int64_t elements) {  // keeps its result
+    const Tensor y = New(elements, x.element, x.requires_grad);
+    if (x.requires_grad) Save(y);
+    Alive(Unsaved(x) + y.bytes);
+    return y;
+  }
+
+  // T5's gated-GELU, gelu_new(gate) * up: ATen's composition 0.5 x (1 + tanh(c (x + 0.044715
+  // x^3))) keeps x (pow's), tanh's result, both factors of the last product and, for the product
+  // with up, the GELU and up; the fused op keeps gate and up.
+  Tensor GatedGelu(const Tensor& gate, const Tensor& up, int64_t elements) {
+    const bool grad = gate.requires_grad || up.requires_grad;
+    if (r_.fused) {
+      if (grad) {
+        Save(gate);
+        Save(up);
+      }
+      const Tensor y = New(elements, Wider(gate, up), grad);
+      Alive(Unsaved(gate) + Unsaved(up) + y.bytes);
+      return y;
+    }
+    const int e = gate.element;
+    if (gate.requires_grad) {
+      Save(gate);
+      Save(New(elements, e, true));  // tanh's result
+      Save(New(elements, e, true));  // 1 + tanh
+      Save(New(elements, e, true));  // 0.5 x
+    }
+    const Tensor gelu = New(elements, e, gate.requires_grad);
+    // x^3, its scaled sum and tanh's argument: two of them at once.
+    Alive(Unsaved(gate) + Unsaved(up) + 2 * static_cast<uint64_t>(elements) * e + gelu.bytes);
+    if (up.requires_grad) Save(gelu);
+    if (gate.requires_grad) Save(up);
+    const Tensor y = New(elements, Wider(gelu, up), grad);
+    Alive(Unsaved(gelu) + Unsaved(up) + y.bytes);
+    return y;
+  }
+
+  // SDPA without dropout or mask: CPU's flash attention keeps q, k, v (their storages), its output
+  // (laid out (B, T, H, D), so the caller's reshape is a view) and the fp32 log-sum-exp (B, H, Tq).
+  // q (B·Tq, H·D).
+  Tensor Flash(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rows_q, int64_t heads,
+               int64_t width) {
+    const bool grad = q.requires_grad || k.requires_grad || v.requires_grad;
+    const Tensor out = New(rows_q * width, q.element, grad);
+    if (grad) {
+      for (const Tensor* t : {&q, &k, &v, &out}) Save(*t);
+      Save(New(rows_q * heads, kFp32, false));
+    }
+    Alive(Unsaved(q) + Unsaved(k) + Unsaved(v) + out.bytes);
+    return out;
+  }
+
+  // SDPA's math path (dropout or a mask): q and k scaled and copied for the batched product, the
+  // softmax, dropout's mask and output, v copied for the second product, each kept for the other
+  // operand's gradient; then the output transposed back, a copy (B·Tq, H·D). The CPU computes
+  // 2-byte inputs in fp32. `mask_grad`: the additive mask (T5's position bias) trains.
+  Tensor Math(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch, int64_t heads,
+              int64_t tq, int64_t tk, int64_t head_dim, double p, bool mask_grad) {
+    const int e = r_.cuda ? q.element : kFp32;
+    const bool attn_grad = q.requires_grad || k.requires_grad || mask_grad;
+    const int64_t qn = batch * heads * tq * head_dim;
+    const int64_t kn = batch * heads * tk * head_dim;
+    const int64_t an = batch * heads * tq * tk;
+    const Tensor qc = New(qn, e, q.requires_grad);
+    const Tensor kc = New(kn, e, k.requires_grad);
+    if (k.requires_grad) Save(qc);
+    if (q.requires_grad) Save(kc);
+    const Tensor probs = New(an, e, attn_grad);
+    if (attn_grad) Save(probs);
+    Tensor dropped = probs;
+    if (p > 0.0) {
+      const Tensor mask = New(an, r_.cuda ? 1 : e, false);
+      if (attn_grad) Save(mask);
+      dropped = New(an, e, attn_grad);
+    }
+    const Tensor vc = New(kn, e, v.requires_grad);
+    if (v.requires_grad) Save(dropped);
+    if (attn_grad) Save(vc);
+    // The scores beside the softmax, then the product's output and its copies.
+    Alive(Unsaved(q) + Unsaved(k) + Unsaved(v) + Unsaved(qc) + Unsaved(kc) + 2 * probs.bytes +
+          Unsaved(dropped) + Unsaved(vc));
+    const Tensor y = New(qn, q.element, attn_grad || v.requires_grad);
+    Alive(Unsaved(dropped) + Unsaved(vc) + static_cast<uint64_t>(qn) * e +
+          (q.element != e ? static_cast<uint64_t>(qn) * q.element : 0) + y.bytes);
+    return y;
+  }
+
+ private:
+  const Blip2Run& r_;
+  SavedTensors set_;
+  uint64_t peak_ = 0;
+};
+
+// Walks the model, block by block.
+class Blip2Walk {
+ public:
+  Blip2Walk(const Blip2Run& run, const Blip2Config& model, int64_t batch, int64_t tokens)
+      : r_(run), m_(model), ops_(run), batch_(batch), tokens_(tokens) {}
+
+  Blip2ForwardTrace Run();
+
+ private:
+  using Body = std::function<Tensor(Ops&, const Tensor&)>;
+
+  // A block whose saved tensors are what `body` saves; with checkpointing (`checkpointed`), only
+  // its `kept` inputs, and `body` again on a fresh trace for its rerun in backward.
+  Tensor Block(const std::string& name, int64_t unit, const Tensor& x, const Body& body,
+               bool checkpointed = false, const std::vector<Tensor>& kept = {},
+               uint64_t backward_transient = 0) {
+    Blip2BlockTrace block{name, unit, 0, 0, backward_transient};
+    const uint64_t before = ops_.saved();
+    Tensor y;
+    if (checkpointed && r_.checkpointing) {
+      ops_.Save(x);
+      for (const Tensor& t : kept) ops_.Save(t);
+      Ops rerun(r_);
+      Tensor input = x;
+      input.requires_grad = true;
+      const Tensor out = body(rerun, input);
+      // The kept inputs are the checkpoint's, counted above, not the rerun's.
+      block.recompute = rerun.saved();
+      for (const Tensor& t : kept) {
+        if (rerun.IsSaved(t)) block.recompute -= t.bytes;
+      }
+      // The rerun's forward peak happens in backward, beside what is left; block.recompute and
+      // backward_transient stand for it.
+      y = ops_.New(static_cast<int64_t>(out.bytes / static_cast<uint64_t>(out.element)),
+                   out.element, true);
+      ops_.Alive(y.bytes);
+    } else {
+      y = body(ops_, x);
+    }
+    block.saved = ops_.saved() - before;
+    trace_.blocks.push_back(block);
+    return y;
+  }
+
+  Tensor Vision();
+  Tensor QFormer(const Tensor& image);
+  Tensor Language(const Tensor& features);
+  Tensor Opt(const OptConfig& o, const Tensor& embeds);
+  void T5(const T5Config& t, const Tensor& embeds);
+  // T5's self- or cross-attention sublayer: x (rows, C) over `context` (context_rows, C).
+  Tensor T5Attention(Ops& ops, const T5Config& t, const Tensor& x, const Tensor& context,
+                     int64_t rows, int64_t tq, int64_t context_rows, int64_t tk, bool mask_grad);
+  Tensor T5FeedForward(Ops& ops, const T5Config& t, const Tensor& x, int64_t rows);
+
+  const Blip2Run& r_;
+  const Blip2Config& m_;
+  Ops ops_;
+  int64_t batch_;
+  int64_t tokens_;         // T
+  int64_t next_unit_ = 0;  // the fsdp unit of the next block of a stack
+  Blip2ForwardTrace trace_;
+};
+
+Tensor Blip2Walk::Vision() {
+  const Blip2VisionConfig& v = m_.vision;
+  const int64_t c = v.hidden_size;
+  const int64_t side = v.image_size / v.patch_size;
+  const int64_t rows = batch_ * (side * side + 1);  // B·P
+  const bool trains = r_.vision;
+  const int stream = r_.autocast ? kFp32 : r_.act;
+  const Tensor embedded = Block("vision embeddings", -1, Tensor{}, [&](Ops& ops, const Tensor&) {
+    const int64_t pixels = batch_ * 3 * v.image_size * v.image_size;
+    if (r_.act != kFp32 || r_.autocast) {
+      // The fp32 pixels cast to the weight's dtype, kept by the convolution for its weight.
+      const Tensor cast = ops.New(pixels, kBf16, false);
+      if (trains) ops.Save(cast);
+      // Autocast's copy of the weight, which the convolution keeps.
+      if (r_.autocast && trains)
+        ops.Save(ops.New(3 * v.patch_size * v.patch_size * c, kBf16, false));
+    }
+    // The patches (B, C, S/p, S/p), their transposed copy, the concatenation with the class token.
+    const uint64_t patches = static_cast<uint64_t>(batch_ * side * side * c);
+    ops.Alive(patches * (r_.autocast ? kBf16 : r_.act) * 2 +
+              static_cast<uint64_t>(rows * c) * stream * 2);
+    return ops.New(rows * c, stream, trains);
+  });
+  Tensor x = embedded;
+  const double attention_dropout = v.attention_dropout;
+  for (int64_t i = 0; i < v.num_hidden_layers; ++i) {
+    const uint64_t transient = static_cast<uint64_t>(rows) * r_.act *
+                               static_cast<uint64_t>(2 * c + 2 * v.intermediate_size);
+    x = Block(
+        "vision layer " + std::to_string(i), next_unit_++, x,
+        [&](Ops& ops, const Tensor& in) {
+          const Tensor ln1 = ops.LayerNorm(in, rows, c, trains);
+          const Tensor qkv = ops.Linear(ln1, rows, c, 3 * c, trains);
+          const Tensor attention =
+              attention_dropout > 0.0
+                  ? ops.Math(qkv, qkv, qkv, batch_, v.num_attention_heads, rows / batch_,
+                             rows / batch_, c / v.num_attention_heads, attention_dropout, false)
+                  : ops.Flash(qkv, qkv, qkv, rows, v.num_attention_heads, c);
+          const Tensor h = ops.Add(in, ops.Linear(attention, rows, c, c, trains), rows * c);
+          const Tensor fc1 =
+              ops.Linear(ops.LayerNorm(h, rows, c, trains), rows, c, v.intermediate_size, trains);
+          const Tensor fc2 = ops.Linear(ops.Gelu(fc1, rows * v.intermediate_size), rows,
+                                        v.intermediate_size, c, trains);
+          return ops.Add(h, fc2, rows * c);
+        },
+        /*checkpointed=*/true, {}, transient);
+  }
+  return Block("vision post-norm", -1, x,
+               [&](Ops& ops, const Tensor& in) { return ops.LayerNorm(in, rows, c, trains); });
+}
+
+Tensor Blip2Walk::QFormer(const Tensor& image) {
+  const Blip2QFormerConfig& q = m_.qformer;
+  const int64_t cq = q.hidden_size;
+  const int64_t queries = m_.num_query_tokens;
+  const int64_t rows = batch_ * queries;
+  const int64_t image_rows =
+      static_cast<int64_t>(image.bytes / static_cast<uint64_t>(image.element)) /
+      m_.vision.hidden_size;
+  const int64_t patches = image_rows / batch_;
+  const bool trains = r_.qformer;
+  const int64_t heads = q.num_attention_heads;
+  // BERT's attention block: LayerNorm(x + dropout(dense(attention(x, context)))).
+  auto attention = [&](Ops& ops, const Tensor& x, const Tensor& context, int64_t context_rows,
+                       int64_t context_width, int64_t keys) {
+    const Tensor query = ops.Linear(x, rows, cq, cq, trains);
+    const Tensor key = ops.Linear(context, context_rows, context_width, cq, trains);
+    const Tensor value = ops.Linear(context, context_rows, context_width, cq, trains);
+    const double p = q.attention_probs_dropout_prob;
+    const Tensor y =
+        p > 0.0 ? ops.Math(query, key, value, batch_, heads, queries, keys, cq / heads, p, false)
+                : ops.Flash(query, key, value, rows, heads, cq);
+    const Tensor dense = ops.Linear(y, rows, cq, cq, trains);
+    const Tensor sum = ops.Add(ops.Dropout(dense, rows * cq, q.hidden_dropout_prob), x, rows * cq);
+    return ops.LayerNorm(sum, rows, cq, trains);
+  };
+  Tensor h = Block("qformer embeddings", -1, Tensor{}, [&](Ops& ops, const Tensor&) {
+    const Tensor normed = ops.LayerNorm(Ops::Param(r_.act, trains), rows, cq, trains);
+    return ops.Dropout(normed, rows * cq, q.hidden_dropout_prob);
+  });
+  for (int64_t i = 0; i < q.num_hidden_layers; ++i) {
+    const bool cross = i % q.cross_attention_frequency == 0;
+    const uint64_t transient =
+        static_cast<uint64_t>(rows) * r_.act *
+            static_cast<uint64_t>(2 * cq + 2 * q.intermediate_size) +
+        (cross && image.requires_grad ? 2 * static_cast<uint64_t>(image_rows) * r_.act *
+                                            static_cast<uint64_t>(cq + m_.vision.hidden_size)
+                                      : 0);
+    h = Block(
+        "qformer layer " + std::to_string(i), next_unit_++, h,
+        [&](Ops& ops, const Tensor& in) {
+          Tensor a = attention(ops, in, in, rows, cq, queries);
+          if (cross) a = attention(ops, a, image, image_rows, m_.vision.hidden_size, patches);
+          const Tensor inner = ops.Linear(a, rows, cq, q.intermediate_size, trains);
+          const Tensor out = ops.Linear(ops.Gelu(inner, rows * q.intermediate_size), rows,
+                                        q.intermediate_size, cq, trains);
+          const Tensor sum =
+              ops.Add(ops.Dropout(out, rows * cq, q.hidden_dropout_prob), a, rows * cq);
+          return ops.LayerNorm(sum, rows, cq, trains);
+        },
+        /*checkpointed=*/true, {image}, transient);
+  }
+  return h;
+}
+
+Tensor Blip2Walk::Language(const Tensor& queries) {
+  const int64_t ct = m_.text_hidden_size();
+  const int64_t q_rows = batch_ * m_.num_query_tokens;
+  const int64_t n = batch_ * tokens_;
+  // The projection, the token embeddings and the features in the placeholders' places.
+  const Tensor embeds =
+      Block("projection, embeddings", -1, queries, [&](Ops& ops, const Tensor& in) {
+        const Tensor features = ops.Linear(in, q_rows, m_.qformer.hidden_size, ct, r_.projection);
+        const Tensor tokens = ops.New(n * ct, r_.autocast ? kFp32 : r_.act, r_.language);
+        const bool grad = tokens.requires_grad || features.requires_grad;
+        const Tensor placeholders = ops.New(n, 1, false);  // (B, T, 1) bool
+        if (grad) ops.Save(placeholders);
+        const Tensor scattered = ops.New(n * ct, tokens.element, grad);
+        ops.Alive(features.bytes +
+                  (features.element != tokens.element
+                       ? static_cast<uint64_t>(q_rows * ct) * tokens.element
+                       : 0) +
+                  tokens.bytes + placeholders.bytes + scattered.bytes);
+        return scattered;
+      });
+  // Loss holds the embeddings until it returns.
+  ops_.locals += embeds.bytes;
+  if (const T5Config* t5 = m_.t5()) {
+    T5(*t5, embeds);
+  } else {
+    Opt(*m_.opt(), embeds);
+  }
+  return embeds;
+}
+
+Tensor Blip2Walk::Opt(const OptConfig& o, const Tensor& embeds) {
+  const int64_t c = o.hidden_size;
+  const int64_t n = batch_ * tokens_;
+  const bool trains = r_.language;
+  const int64_t heads = o.num_attention_heads;
+  Tensor h = ops_.Add(embeds, Ops::Param(r_.act, trains), n * c);  // + the positions
+  // enable_input_require_grads: a checkpointed layer's input must need a gradient.
+  if (r_.checkpointing) h.requires_grad = true;
+  const uint64_t transient =
+      static_cast<uint64_t>(n) * r_.act * static_cast<uint64_t>(2 * c + 2 * o.ffn_dim);
+  for (int64_t i = 0; i < o.num_hidden_layers; ++i) {
+    h = Block(
+        "opt layer " + std::to_string(i), next_unit_++, h,
+        [&](Ops& ops, const Tensor& x) {
+          const Tensor normed = ops.LayerNorm(x, n, c, trains);
+          const Tensor q = ops.Linear(normed, n, c, c, trains, "q_proj", true);
+          const Tensor scaled = ops.New(n * c, q.element, q.requires_grad);  // q / sqrt(D)
+          ops.Alive(ops.Unsaved(q) + scaled.bytes);
+          const Tensor k = ops.Linear(normed, n, c, c, trains, "k_proj", true);
+          const Tensor v = ops.Linear(normed, n, c, c, trains, "v_proj", true);
+          const Tensor y = o.attention_dropout > 0.0
+                               ? ops.Math(scaled, k, v, batch_, heads, tokens_, tokens_, c / heads,
+                                          o.attention_dropout, false)
+                               : ops.Flash(scaled, k, v, n, heads, c);
+          const Tensor out = ops.Linear(y, n, c, c, trains, "out_proj", true);
+          const Tensor h2 = ops.Add(x, ops.Dropout(out, n * c, o.dropout), n * c);
+          const Tensor fc1 =
+              ops.Linear(ops.LayerNorm(h2, n, c, trains), n, c, o.ffn_dim, trains, "fc1", true);
+          const Tensor fc2 =
+              ops.Linear(ops.Relu(fc1, n * o.ffn_dim), n, o.ffn_dim, c, trains, "fc2", true);
+          return ops.Add(h2, ops.Dropout(fc2, n * c, o.dropout), n * c);
+        },
+        /*checkpointed=*/true, {}, transient);
+  }
+  // The final norm, the tied head and the loss (llama.cc's CausalLmLoss: float32 log-softmax over
+  // every position, the shifted labels kept by nll_loss).
+  Block("head and loss", -1, h, [&](Ops& ops, const Tensor& x) {
+    const Tensor hidden = ops.LayerNorm(x, n, c, trains);
+    const Tensor logits = ops.Linear(hidden, n, c, o.vocab_size, trains);
+    const uint64_t nv = static_cast<uint64_t>(n * o.vocab_size);
+    const Tensor log_probs = ops.New(n * o.vocab_size, kFp32, logits.requires_grad);
+    if (logits.requires_grad) {
+      ops.Save(log_probs);
+      ops.Save(ops.New(n, kInt64, false));
+      ops.Save(ops.New(2, kFp32, false));  // the loss and nll_loss's total weight
+    }
+    ops.Alive(ops.Unsaved(hidden) + logits.bytes + (logits.element != kFp32 ? kFp32 * nv : 0));
+    trace_.loss_backward = 2 * kFp32 * nv;
+    return log_probs;
+  });
+  return h;
+}
+
+Tensor Blip2Walk::T5Attention(Ops& ops, const T5Config& t, const Tensor& x, const Tensor& context,
+                              int64_t rows, int64_t tq, int64_t context_rows, int64_t tk,
+                              bool mask_grad) {
+  const bool trains = r_.language;
+  const int64_t c = t.d_model;
+  const int64_t inner = t.inner_dim();
+  const Tensor q = ops.Linear(x, rows, c, inner, trains, "q", true);
+  const Tensor k = ops.Linear(context, context_rows, c, inner, trains, "k", true);
+  const Tensor v = ops.Linear(context, context_rows, c, inner, trains, "v", true);
+  const Tensor y =
+      ops.Math(q, k, v, batch_, t.num_heads, tq, tk, t.d_kv, t.dropout_rate, mask_grad);
+  return ops.Linear(y, rows, inner, c, trains, "o", true);
+}
+
+Tensor Blip2Walk::T5FeedForward(Ops& ops, const T5Config& t, const Tensor& x, int64_t rows) {
+  const bool trains = r_.language;
+  const int64_t c = t.d_model;
+  const Tensor normed = ops.RmsNorm(x, rows, c, trains);
+  Tensor inner;
+  if (t.gated_gelu) {
+    const Tensor gate = ops.Linear(normed, rows, c, t.d_ff, trains, "wi_0", true);
+    const Tensor up = ops.Linear(normed, rows, c, t.d_ff, trains, "wi_1", true);
+    inner = ops.GatedGelu(gate, up, rows * t.d_ff);
+  } else {
+    inner = ops.Relu(ops.Linear(normed, rows, c, t.d_ff, trains, "wi", true), rows * t.d_ff);
+  }
+  // wo stays dense under QLoRA.
+  const Tensor out = ops.Linear(ops.Dropout(inner, rows * t.d_ff, t.dropout_rate), rows, t.d_ff, c,
+                                trains, "wo", false);
+  return ops.Add(x, ops.Dropout(out, rows * c, t.dropout_rate), rows * c);
+}
+
+void Blip2Walk::T5(const T5Config& t, const Tensor& embeds) {
+  const int64_t c = t.d_model;
+  const bool trains = r_.language;
+  const int64_t n = batch_ * tokens_;
+  const int64_t caption = tokens_ - m_.num_query_tokens;  // the decoder's positions, S
+  const int64_t dn = batch_ * caption;
+  const int bias_element = r_.autocast ? kFp32 : r_.act;  // the embedding's dtype
+  const uint64_t transient =
+      static_cast<uint64_t>(std::max(n, dn)) * r_.act * static_cast<uint64_t>(2 * c + 3 * t.d_ff);
+  // A stack's position bias (B, H, T, T), which every block adds and a checkpointed block keeps.
+  auto stack = [&](const std::string& name, const Tensor& input, int64_t rows, int64_t length,
+                   int64_t blocks, const Tensor* encoder) {
+    const Tensor bias = ops_.New(batch_ * t.num_heads * length * length, bias_element, trains);
+    ops_.locals += bias.bytes;
+    Tensor h = ops_.Dropout(input, rows * c, t.dropout_rate);
+    if (r_.checkpointing) h.requires_grad = true;
+    for (int64_t i = 0; i < blocks; ++i) {
+      std::vector<Tensor> kept = {bias};
+      if (encoder != nullptr) kept.push_back(*encoder);
+      h = Block(
+          name + " block " + std::to_string(i), next_unit_++, h,
+          [&](Ops& ops, const Tensor& x) {
+            const Tensor normed = ops.RmsNorm(x, rows, c, trains);
+            Tensor y = ops.Add(
+                x,
+                ops.Dropout(T5Attention(ops, t, normed, normed, rows, length, rows, length, trains),
+                            rows * c, t.dropout_rate),
+                rows * c);
+            if (encoder != nullptr) {
+              const Tensor cross = T5Attention(ops, t, ops.RmsNorm(y, rows, c, trains), *encoder,
+                                               rows, length, n, tokens_, false);
+              y = ops.Add(y, ops.Dropout(cross, rows * c, t.dropout_rate), rows * c);
+            }
+            return T5FeedForward(ops, t, y, rows);
+          },
+          /*checkpointed=*/true, kept, transient);
+    }
+    ops_.locals -= bias.bytes;
+    const Tensor out = ops_.Dropout(ops_.RmsNorm(h, rows, c, trains), rows * c, t.dropout_rate);
+    return out;
+  };
+  const Tensor encoder = stack("t5 encoder", embeds, n, tokens_, t.num_layers, nullptr);
+  // Loss holds the encoder's states through the decoder, where the cross-attention's k and v keep
+  // them when they train.
+  const bool encoder_kept =
+      trains || ((r_.Targeted("k") || r_.Targeted("v")) && r_.lora_dropout <= 0.0);
+  if (!encoder_kept) ops_.locals += encoder.bytes;
+  // The decoder reads the caption's labels shifted right, embedded by the shared matrix.
+  const Tensor decoder_embeds = ops_.New(dn * c, bias_element, trains);
+  ops_.Alive(decoder_embeds.bytes + static_cast<uint64_t>(dn) * kInt64 * 2);
+  const Tensor hidden =
+      stack("t5 decoder", decoder_embeds, dn, caption, t.num_decoder_layers, &encoder);
+  // The head and T5's loss: the cross-entropy in the logits' dtype, the caption's labels copied
+  // (B·S) for nll_loss.
+  Block("head and loss", -1, hidden, [&](Ops& ops, const Tensor& x) {
+    const Tensor logits = ops.Linear(x, dn, c, t.vocab_size, trains, "lm_head", false);
+    const Tensor log_probs = ops.New(dn * t.vocab_size, logits.element, logits.requires_grad);
+    if (logits.requires_grad) {
+      ops.Save(log_probs);
+      ops.Save(ops.New(dn, kInt64, false));
+      ops.Save(ops.New(2, kFp32, false));  // the loss and nll_loss's total weight
+    }
+    ops.Alive(ops.Unsaved(x) + logits.bytes);
+    trace_.loss_backward =
+        2 * static_cast<uint64_t>(logits.element) * static_cast<uint64_t>(dn * t.vocab_size);
+    return log_probs;
+  });
+}
+
+Blip2ForwardTrace Blip2Walk::Run() {
+  const Blip2VisionConfig& v = m_.vision;
+  trace_.batch = batch_;
+  trace_.text_tokens = tokens_;
+  // Pixels (B, 3, S, S) fp32; ids and labels int64 and the attention mask bool (B, T).
+  trace_.fixed = static_cast<uint64_t>(batch_ * 3 * v.image_size * v.image_size) * kFp32 +
+                 static_cast<uint64_t>(batch_ * tokens_) * (2 * kInt64 + 1);
+  const Tensor image = Vision();
+  Language(QFormer(image));
+  trace_.saved = ops_.saved();
+  trace_.forward_peak = ops_.peak();
+  return trace_;
+}
+
+}  // namespace
+
+Blip2ForwardTrace TraceBlip2Forward(const TrialConfig& config, const Blip2Config& model,
+                                    int64_t caption_tokens, bool sharded) {
+  Blip2Run run;
+  const std::string precision = config.GetString("precision");
+  run.act = precision == "bf16-true" ? kBf16 : kFp32;
+  run.autocast = precision == "bf16-mixed" || precision == "16-mixed";
+  if (sharded && run.autocast) {
+    // fsdp gathers bf16 parameters: the forward is a bf16-true one.
+    run.act = kBf16;
+    run.autocast = false;
+  }
+  const std::string method = config.GetString("peft.method");
+  const std::vector<std::string> frozen = config.GetStringList("freeze");
+  auto part_trains = [&](std::string_view part) {
+    return method == "none" && std::find(frozen.begin(), frozen.end(), part) == frozen.end();
+  };
+  run.vision = part_trains("vision_model");
+  run.qformer = part_trains("qformer");
+  run.projection = part_trains("language_projection");
+  run.language = part_trains("language_model");
+  run.qlora = method == "qlora";
+  run.compute = config.GetString("peft.compute_dtype") == "fp32" ? kFp32 : kBf16;
+  if (method != "none") run.targets = config.GetStringList("peft.targets");
+  run.rank = config.GetInt("peft.r");
+  run.lora_dropout = method != "none" ? config.GetFloat("peft.dropout") : 0.0;
+  run.cuda = config.GetString("device") == "cuda";
+  run.checkpointing = config.GetBool("activation_checkpointing");
+  run.fused = config.GetString("kernels") == "fused";
+  Blip2Walk walk(run, model, config.GetInt("train.micro_batch_size"),
+                 model.num_query_tokens + caption_tokens);
+  return walk.Run();
+}
+
+}  // namespace llmctl::estimate
