@@ -1,0 +1,177 @@
+#include "common/estimate/blip2_ops.h"
+
+namespace llmctl::estimate::blip2 {
+
+Tensor Ops::Linear(const Tensor& x, int64_t rows, int64_t in, int64_t out, bool trains,
+                   std::string_view name, bool nf4) {
+  Tensor y;
+  if (nf4 && r_.qlora) {
+    // Nf4LinearFunction keeps only the packed weight; while it runs: the input cast to the
+    // compute dtype, the dequantised weight (out, in) and the product, cast back to the input's
+    // dtype.
+    const uint64_t cast =
+        x.element != r_.compute ? static_cast<uint64_t>(rows * in) * r_.compute : 0;
+    const uint64_t product = static_cast<uint64_t>(rows * out) * r_.compute;
+    y = New(rows * out, x.element, x.requires_grad);
+    Alive(Unsaved(x) + cast + static_cast<uint64_t>(in * out) * r_.compute + product +
+          (x.element != r_.compute ? y.bytes : 0));
+  } else {
+    Tensor input = x;
+    if (r_.autocast && x.element != kBf16) input = New(rows * in, kBf16, x.requires_grad);
+    // The input's gradient needs the weight: under autocast its 2-byte copy.
+    if (r_.autocast && (x.requires_grad || trains)) Save(New(in * out, kBf16, false));
+    if (trains) Save(input);
+    y = New(rows * out, r_.autocast ? kBf16 : x.element, x.requires_grad || trains);
+    Alive(Unsaved(x) + Unsaved(input) + y.bytes);
+  }
+  if (!r_.Targeted(name)) return y;
+  Tensor adapter_input = x;
+  if (r_.lora_dropout > 0.0) {
+    // As Dropout: the mask in the input's dtype (CUDA: bool), kept when the input needs a
+    // gradient, then the product.
+    const Tensor mask = New(rows * in, r_.cuda ? 1 : x.element, false);
+    if (x.requires_grad) Save(mask);
+    adapter_input = New(rows * in, x.element, x.requires_grad);
+  }
+  if (r_.autocast && adapter_input.element != kBf16) {
+    adapter_input = New(rows * in, kBf16, adapter_input.requires_grad);
+  }
+  if (r_.autocast) {
+    Save(New(in * r_.rank, kBf16, false));   // lora_A's 2-byte weight
+    Save(New(r_.rank * out, kBf16, false));  // lora_B's
+  }
+  Save(adapter_input);  // lora_A's weight trains
+  const int element = r_.autocast ? kBf16 : adapter_input.element;
+  Save(New(rows * r_.rank, element, true));  // lora_B's input
+  // lora_B's output, its scaled copy and the sum, beside the base's output.
+  Alive(Unsaved(x) + y.bytes + 3 * static_cast<uint64_t>(rows * out) * element);
+  return New(rows * out, std::max(y.element, element), true);
+}
+
+Tensor Ops::LayerNorm(const Tensor& x, int64_t rows, int64_t width, bool trains) {
+  Tensor input = x;
+  if (r_.autocast && x.element != kFp32) input = New(rows * width, kFp32, x.requires_grad);
+  const bool grad = input.requires_grad || trains;
+  if (grad) {
+    Save(input);
+    Save(New(rows, input.element, false));
+    Save(New(rows, input.element, false));
+  }
+  const Tensor y = New(rows * width, input.element, grad);
+  // native_layer_norm reads a contiguous copy of an expanded input (the Q-Former's queries).
+  Alive(Unsaved(x) + Unsaved(input) + 2 * y.bytes);
+  return y;
+}
+
+Tensor Ops::RmsNorm(const Tensor& x, int64_t rows, int64_t width, bool trains) {
+  const bool grad = x.requires_grad || trains;
+  if (r_.fused) {
+    if (grad) {
+      Save(x);
+      Save(New(rows, kFp32, false));
+    }
+    const Tensor y = New(rows * width, x.element, grad);
+    Alive(Unsaved(x) + y.bytes);
+    return y;
+  }
+  const Tensor x32 = x.element == kFp32 ? x : New(rows * width, kFp32, x.requires_grad);
+  if (x.requires_grad) {
+    Save(x32);                     // pow and the product with rsqrt
+    Save(New(rows, kFp32, true));  // rsqrt(variance)
+  }
+  const Tensor normed = New(rows * width, x.element, x.requires_grad);
+  if (trains) Save(normed);  // the weight's gradient
+  const Tensor y = New(rows * width, x.element, grad);
+  // pow's and the product's float32 results, the cast and the output.
+  Alive(Unsaved(x) + Unsaved(x32) + 2 * static_cast<uint64_t>(rows * width) * kFp32 +
+        Unsaved(normed) + y.bytes);
+  return y;
+}
+
+Tensor Ops::Dropout(const Tensor& x, int64_t elements, double p) {
+  if (p <= 0.0) return x;
+  const Tensor mask = New(elements, r_.cuda ? 1 : x.element, false);
+  if (x.requires_grad) Save(mask);
+  const Tensor y = New(elements, x.element, x.requires_grad);
+  Alive(Unsaved(x) + Unsaved(mask) + y.bytes);
+  return y;
+}
+
+Tensor Ops::Add(const Tensor& a, const Tensor& b, int64_t elements) {
+  const Tensor y = New(elements, Wider(a, b), a.requires_grad || b.requires_grad);
+  Alive(Unsaved(a) + Unsaved(b) + y.bytes);
+  return y;
+}
+
+Tensor Ops::GatedGelu(const Tensor& gate, const Tensor& up, int64_t elements) {
+  const bool grad = gate.requires_grad || up.requires_grad;
+  if (r_.fused) {
+    if (grad) {
+      Save(gate);
+      Save(up);
+    }
+    const Tensor y = New(elements, Wider(gate, up), grad);
+    Alive(Unsaved(gate) + Unsaved(up) + y.bytes);
+    return y;
+  }
+  const int e = gate.element;
+  if (gate.requires_grad) {
+    Save(gate);
+    Save(New(elements, e, true));  // tanh's result
+    Save(New(elements, e, true));  // 1 + tanh
+    Save(New(elements, e, true));  // 0.5 x
+  }
+  const Tensor gelu = New(elements, e, gate.requires_grad);
+  // x^3, its scaled sum and tanh's argument: two of them at once.
+  Alive(Unsaved(gate) + Unsaved(up) + 2 * static_cast<uint64_t>(elements) * e + gelu.bytes);
+  if (up.requires_grad) Save(gelu);
+  if (gate.requires_grad) Save(up);
+  const Tensor y = New(elements, Wider(gelu, up), grad);
+  Alive(Unsaved(gelu) + Unsaved(up) + y.bytes);
+  return y;
+}
+
+Tensor Ops::Flash(const Tensor& q, const Tensor& k, const Tensor& v, int64_t rows_q, int64_t heads,
+                  int64_t width) {
+  const bool grad = q.requires_grad || k.requires_grad || v.requires_grad;
+  const Tensor out = New(rows_q * width, q.element, grad);
+  if (grad) {
+    for (const Tensor* t : {&q, &k, &v, &out}) Save(*t);
+    Save(New(rows_q * heads, kFp32, false));
+  }
+  Alive(Unsaved(q) + Unsaved(k) + Unsaved(v) + out.bytes);
+  return out;
+}
+
+Tensor Ops::Math(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch, int64_t heads,
+                 int64_t tq, int64_t tk, int64_t head_dim, double p, bool mask_grad) {
+  const int e = r_.cuda ? q.element : kFp32;
+  const bool attn_grad = q.requires_grad || k.requires_grad || mask_grad;
+  const int64_t qn = batch * heads * tq * head_dim;
+  const int64_t kn = batch * heads * tk * head_dim;
+  const int64_t an = batch * heads * tq * tk;
+  const Tensor qc = New(qn, e, q.requires_grad);
+  const Tensor kc = New(kn, e, k.requires_grad);
+  if (k.requires_grad) Save(qc);
+  if (q.requires_grad) Save(kc);
+  const Tensor probs = New(an, e, attn_grad);
+  if (attn_grad) Save(probs);
+  Tensor dropped = probs;
+  if (p > 0.0) {
+    const Tensor mask = New(an, r_.cuda ? 1 : e, false);
+    if (attn_grad) Save(mask);
+    dropped = New(an, e, attn_grad);
+  }
+  const Tensor vc = New(kn, e, v.requires_grad);
+  if (v.requires_grad) Save(dropped);
+  if (attn_grad) Save(vc);
+  // The scores beside the softmax, then the product's output and its copies.
+  Alive(Unsaved(q) + Unsaved(k) + Unsaved(v) + Unsaved(qc) + Unsaved(kc) + 2 * probs.bytes +
+        Unsaved(dropped) + Unsaved(vc));
+  const Tensor y = New(qn, q.element, attn_grad || v.requires_grad);
+  Alive(Unsaved(dropped) + Unsaved(vc) + static_cast<uint64_t>(qn) * e +
+        (q.element != e ? static_cast<uint64_t>(qn) * q.element : 0) + y.bytes);
+  return y;
+}
+
+}  // namespace llmctl::estimate::blip2
