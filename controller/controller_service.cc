@@ -200,6 +200,15 @@ grpc::Status ControllerService::Submit(grpc::ServerContext*, const v1::SubmitReq
                            {"peak_phase", prediction.peak_phase()},
                            {"device_memory_bytes", prediction.device_memory_bytes()},
                            {"verdict", prediction.verdict()}};
+      if (prediction.step_seconds() > 0) {
+        json& p = predictions[name];
+        p["step_seconds"] = prediction.step_seconds();
+        p["tokens_per_second"] = prediction.tokens_per_second();
+        p["trial_seconds"] = prediction.trial_seconds();
+        p["time_device"] = prediction.time_device();
+        p["calibration"] = prediction.calibration();
+        p["work"] = json::parse(prediction.work_json(), nullptr, /*allow_exceptions=*/false);
+      }
     }
     RETURN_IF_ERROR(AttachPredictions(predictions, experiment));
     for (const auto& [path, tree] : inputs) {
@@ -397,6 +406,11 @@ grpc::Status ControllerService::Report(grpc::ServerContext*,
           prediction->set_peak_phase(p.value("peak_phase", ""));
           prediction->set_device_memory_bytes(p.value("device_memory_bytes", int64_t{0}));
           prediction->set_verdict(p.value("verdict", ""));
+          prediction->set_step_seconds(p.value("step_seconds", 0.0));
+          prediction->set_tokens_per_second(p.value("tokens_per_second", 0.0));
+          prediction->set_trial_seconds(p.value("trial_seconds", 0.0));
+          prediction->set_time_device(p.value("time_device", ""));
+          prediction->set_calibration(p.value("calibration", ""));
         }
       }
       row->set_outcome(std::string(store::TrialStateName(trial.state)));

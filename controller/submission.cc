@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/digest/digest.h"
+#include "common/estimate/step_time.h"
 #include "common/experiment.h"
 #include "common/trial_keys.h"
 
@@ -71,6 +72,15 @@ Status AttachPredictions(const std::map<std::string, nlohmann::json>& prediction
     const std::string verdict = prediction.value("verdict", "");
     if (verdict != "" && verdict != "fits" && verdict != "oom") {
       return InvalidArgumentError(where + ": verdict must be fits or oom, not '" + verdict + "'");
+    }
+    if (prediction.contains("step_seconds")) {
+      for (const char* key : {"step_seconds", "tokens_per_second", "trial_seconds"}) {
+        if (!prediction[key].is_number() || !(prediction[key].get<double>() >= 0)) {
+          return InvalidArgumentError(where + ": " + key + " must be a non-negative number");
+        }
+      }
+      StatusOr<estimate::StepWork> work = estimate::StepWork::FromJson(prediction["work"]);
+      if (!work.ok()) return InvalidArgumentError(where + ": " + work.status().message());
     }
     trial->prediction_json = prediction.dump();
   }

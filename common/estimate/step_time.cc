@@ -46,6 +46,12 @@ constexpr double kChunkedBytesPerLogit = 20;
 constexpr double kNf4CudaBytesPerValue = 22.5;
 constexpr double kNf4CpuBytesPerValue = 2.5;
 
+// The CPU's 8-bit AdamW (trainer/train/adamw_8bit.cc, UpdateBlocksCpu) dequantises both moments,
+// updates them and searches the nearest of 256 codes for each: about 12 ns a value on the CPU lab's
+// 2 cores (its adam-8bit and activation-checkpointing rows, bench/time_rank.py), which is 240 B of
+// traffic at the CPU's nominal 20 GB/s.
+constexpr double kCpuAdamW8bitBytesPerValue = 240;
+
 // Kernel launches (CPU: ATen ops) of one layer's forward; backward about twice as many.
 constexpr double kAtenLayerLaunches = 45;
 constexpr double kFusedLayerLaunches = 30;
@@ -76,8 +82,8 @@ constexpr double kCpuMemoryBytesPerSecond = 20e9;
 // machine CpuSpeed describes (bench/time_rank.py).
 constexpr double kH200Bf16Factor = 1.774;
 constexpr double kH200Fp32Factor = 1.4251;
-constexpr double kCpuLabBf16Factor = 1;
-constexpr double kCpuLabFp32Factor = 1;
+constexpr double kCpuLabBf16Factor = 1.0274;
+constexpr double kCpuLabFp32Factor = 0.9446;
 
 bool Contains(const std::vector<std::string>& list, std::string_view item) {
   return std::find(list.begin(), list.end(), item) != list.end();
@@ -306,7 +312,9 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   } else if (optimizer == "adamw") {
     w.memory_bytes += trainable * 7 * param;  // read p, g, m, v; write p, m, v
   } else if (optimizer == "adamw_8bit") {
-    w.memory_bytes += trainable * (3 * param + 4);  // p, g; the two 1-byte moments read, written
+    // On CUDA: p, g, and the two 1-byte moments read and written. On the CPU the update is
+    // bound by its two nearest-code searches per value, not by memory.
+    w.memory_bytes += trainable * (cuda ? 3 * param + 4 : kCpuAdamW8bitBytesPerValue);
   } else if (optimizer == "sgd") {
     w.memory_bytes += trainable * (config.GetFloat("train.momentum") > 0 ? 5 : 3) * param;
   }
@@ -363,11 +371,13 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   terms.push_back({"memory",
                    Quantity(w.memory_bytes, "B") + " / " + Quantity(d.memory_bytes_per_s, "B/s"),
                    w.memory_bytes / d.memory_bytes_per_s});
+  // On a CPU the host is the device: every term is its work.
+  const bool host_is_device = !d.launches_overlap;
   if (w.host_optimizer_values > 0) {
     terms.push_back({"host optimizer",
                      Quantity(w.host_optimizer_values, "values") + " / " +
                          Quantity(d.host_optimizer_values_per_s, "values/s"),
-                     w.host_optimizer_values / d.host_optimizer_values_per_s});
+                     w.host_optimizer_values / d.host_optimizer_values_per_s, host_is_device});
   }
   if (w.host_link_bytes > 0 && d.host_link_bytes_per_s > 0) {
     terms.push_back(
@@ -392,7 +402,7 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
     // The host issues kernels ahead of the GPU: only what issuing takes beyond the kernels' own
     // time shows.
     double kernels = 0;
-    for (const TimeTerm& term : terms) kernels += term.seconds;
+    for (const TimeTerm& term : terms) kernels += term.calibrated ? term.seconds : 0;
     terms.push_back({"launches",
                      launches + (issuing > kernels ? ", beyond the kernels' time"
                                                    : ", hidden behind the kernels"),
@@ -405,10 +415,12 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
 
 }  // namespace
 
-double NominalStepSeconds(const StepWork& work, const DeviceSpeed& device) {
-  double seconds = 0;
-  for (const TimeTerm& term : NominalTerms(work, device)) seconds += term.seconds;
-  return seconds;
+NominalStep NominalStepSeconds(const StepWork& work, const DeviceSpeed& device) {
+  NominalStep step;
+  for (const TimeTerm& term : NominalTerms(work, device)) {
+    (term.calibrated ? step.calibrated : step.fixed) += term.seconds;
+  }
+  return step;
 }
 
 TimeEstimate EstimateTime(const StepWork& work, const DeviceSpeed& device,
@@ -417,7 +429,7 @@ TimeEstimate EstimateTime(const StepWork& work, const DeviceSpeed& device,
   e.factor = calibration.Factor(work.matmul_class);
   e.terms = NominalTerms(work, device);
   for (TimeTerm& term : e.terms) {
-    term.seconds *= e.factor;
+    if (term.calibrated) term.seconds *= e.factor;
     e.step_seconds += term.seconds;
   }
   e.tokens_per_second = static_cast<double>(work.tokens * work.world_size) / e.step_seconds;
@@ -479,11 +491,14 @@ Calibration DefaultCalibration(const DeviceSpeed& device) {
 Calibration Calibrate(const DeviceSpeed& device, const std::vector<MeasuredRun>& runs) {
   std::vector<double> ratios[2];
   for (const MeasuredRun& run : runs) {
-    const double nominal = NominalStepSeconds(run.work, device);
-    if (!(nominal > 0) || !(run.seconds_per_token > 0)) continue;
-    const double per_token = nominal / static_cast<double>(run.work.tokens);
-    ratios[run.work.matmul_class == MatmulClass::kBf16 ? 0 : 1].push_back(run.seconds_per_token /
-                                                                          per_token);
+    const NominalStep nominal = NominalStepSeconds(run.work, device);
+    if (!(nominal.calibrated > 0) || !(run.seconds_per_token > 0)) continue;
+    // The measured step: its tokens over all ranks at the measured rate.
+    const double measured =
+        run.seconds_per_token * static_cast<double>(run.work.tokens * run.work.world_size);
+    if (!(measured > nominal.fixed)) continue;
+    ratios[run.work.matmul_class == MatmulClass::kBf16 ? 0 : 1].push_back(
+        (measured - nominal.fixed) / nominal.calibrated);
   }
   Calibration c = DefaultCalibration(device);
   if (ratios[0].empty() && ratios[1].empty()) return c;

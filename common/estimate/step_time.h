@@ -93,9 +93,9 @@ DeviceSpeed GpuSpeed(const Gpu& gpu);
 DeviceSpeed CpuSpeed();
 
 // How the nominal time compares with measured runs on one device model: a factor per matmul
-// class, the median of measured / nominal over those runs. With no run of a class, the other
-// class's factor serves; with none at all, the built-in default (from the 11-26 H200 run for the
-// GPUs, from the CPU lab on the machine CpuSpeed describes).
+// class, the median over those runs of (measured - fixed) / calibrated (NominalStep). With no run
+// of a class, the other class's factor serves; with none at all, the built-in default (from the
+// 11-26 H200 run for the GPUs, from the CPU lab on the machine CpuSpeed describes).
 struct Calibration {
   double bf16_factor = 1;
   double fp32_factor = 1;
@@ -109,7 +109,7 @@ struct Calibration {
 
 Calibration DefaultCalibration(const DeviceSpeed& device);
 
-// A run measured earlier: its step's work and the seconds a token took in its timed steps.
+// A run measured earlier: its step's work and 1 / its tokens per second (over all its ranks).
 struct MeasuredRun {
   StepWork work;
   double seconds_per_token = 0;
@@ -122,6 +122,10 @@ struct TimeTerm {
   std::string name;
   std::string formula;
   double seconds = 0;  // calibrated
+  // Whether the calibration factor applies: the work the device itself does (on a GPU its
+  // kernels; on a CPU everything). The host's optimizer step and the links to the host, to other
+  // ranks and to other nodes are taken at their nominal rates.
+  bool calibrated = true;
 };
 
 struct TimeEstimate {
@@ -134,9 +138,13 @@ struct TimeEstimate {
   std::vector<TimeTerm> terms;  // the step's parts, for --explain
 };
 
-// The nominal seconds of one step of `work` on `device` (the sum of TimeEstimate's terms before
-// calibration): what Calibrate compares measured runs against.
-double NominalStepSeconds(const StepWork& work, const DeviceSpeed& device);
+// The seconds of one step of `work` on `device` at its nominal rates: `calibrated` the terms the
+// calibration factor applies to, `fixed` the others. Calibrate compares measured runs with these.
+struct NominalStep {
+  double calibrated = 0;
+  double fixed = 0;
+};
+NominalStep NominalStepSeconds(const StepWork& work, const DeviceSpeed& device);
 
 // The time of `work` on `device`: `steps` optimizer steps (0: unknown) after the start-up.
 TimeEstimate EstimateTime(const StepWork& work, const DeviceSpeed& device,

@@ -152,7 +152,7 @@ TEST(CalibrationTest, TakesTheMedianRatioPerClassAndFallsBackToTheOther) {
       EstimateStepWork(SmallConfig({{"precision", "bf16-true"}}), SmallModel());
   ASSERT_TRUE(work.ok());
   const double nominal_per_token =
-      NominalStepSeconds(*work, device) / static_cast<double>(work->tokens);
+      NominalStepSeconds(*work, device).calibrated / static_cast<double>(work->tokens);
   std::vector<MeasuredRun> runs;
   for (double ratio : {2.0, 3.0, 10.0}) runs.push_back({*work, ratio * nominal_per_token});
   const Calibration c = Calibrate(device, runs);
@@ -161,7 +161,8 @@ TEST(CalibrationTest, TakesTheMedianRatioPerClassAndFallsBackToTheOther) {
   EXPECT_EQ(c.bf16_runs, 3);
   EXPECT_EQ(c.fp32_runs, 0);
   const TimeEstimate e = EstimateTime(*work, device, c, 10);
-  EXPECT_NEAR(e.step_seconds, 3 * NominalStepSeconds(*work, device), 1e-12);
+  EXPECT_EQ(NominalStepSeconds(*work, device).fixed, 0);
+  EXPECT_NEAR(e.step_seconds, 3 * NominalStepSeconds(*work, device).calibrated, 1e-12);
   EXPECT_NEAR(e.tokens_per_second * e.step_seconds, static_cast<double>(work->tokens), 1e-6);
   EXPECT_DOUBLE_EQ(e.trial_seconds, e.startup_seconds + 10 * e.step_seconds);
   // Without runs, the built-in calibration.

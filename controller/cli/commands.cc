@@ -29,6 +29,7 @@
 #include "controller/cli/estimate.h"
 #include "controller/cli/input_tree.h"
 #include "controller/cli/inputs.h"
+#include "controller/cli/plan.h"
 #include "controller/cli/report.h"
 #include "controller/cli/watch_view.h"
 #include "controller/openstack/lease_cli.h"
@@ -268,6 +269,12 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
     proto.set_peak_phase(p.peak_phase);
     proto.set_device_memory_bytes(static_cast<int64_t>(p.device_memory_bytes));
     proto.set_verdict(p.verdict);
+    proto.set_step_seconds(p.step_seconds);
+    proto.set_tokens_per_second(p.tokens_per_second);
+    proto.set_trial_seconds(p.trial_seconds);
+    proto.set_time_device(p.time_device);
+    proto.set_calibration(p.calibration);
+    proto.set_work_json(p.work_json);
     const Trial* trial = nullptr;
     for (const Trial& t : checked->trials) {
       if (t.name == p.trial) trial = &t;
@@ -777,6 +784,52 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   estimate->add_option("--format", estimate_options.format, "table (MiB) or json (exact bytes)")
       ->capture_default_str();
 
+  PlanOptions plan_options;
+  CLI::App* plan = app.add_subcommand(
+      "plan",
+      "Which configuration fits a device and which is fastest: every precision x optimizer x "
+      "checkpointing x offload x PEFT x strategy at the largest micro-batch that fits, fastest "
+      "first, before anything is reserved");
+  plan->add_option("MODEL", plan_options.model, "A preset name or a local model directory")
+      ->required();
+  plan->add_option("--device", plan_options.device,
+                   "A GPU (h100-94gb, h100-80gb, h200-141gb, a100-80gb, a100-40gb, v100-32gb, "
+                   "...) or cpu")
+      ->required();
+  plan->add_option("--device-memory", plan_options.device_memory,
+                   "The memory budget per device (for cpu; on a GPU a cap below its memory)");
+  plan->add_option("--gpus", plan_options.gpus, "Devices per node (ranks: ddp or fsdp)")
+      ->capture_default_str();
+  plan->add_option("--nodes", plan_options.nodes, "Nodes")->capture_default_str();
+  plan->add_option("--seq", plan_options.seq, "Tokens per sequence (data.max_seq_length)")
+      ->required();
+  plan->add_option("--global-batch", plan_options.global_batch, "Sequences per optimizer step")
+      ->required();
+  plan->add_option("--steps", plan_options.steps, "The run's optimizer steps");
+  plan->add_option("--tokens", plan_options.tokens, "Or the run's tokens");
+  plan->add_option("--budget-hours", plan_options.budget_hours,
+                   "Drop configurations predicted to take longer");
+  plan->add_option("--su-per-node-hour", plan_options.su_per_node_hour,
+                   "Service units a node-hour costs on your allocation: adds an SU column");
+  plan->add_option("--precisions", plan_options.precisions, "Precisions to search")
+      ->capture_default_str();
+  plan->add_option("--optimizers", plan_options.optimizers, "Optimizers to search (sgd too)")
+      ->capture_default_str();
+  plan->add_option("--peft", plan_options.peft, "PEFT methods to search (none: full fine-tuning)")
+      ->capture_default_str();
+  plan->add_flag("--no-offload", plan_options.no_offload, "Do not search offload");
+  plan->add_option("--set", plan_options.sets,
+                   "KEY=VALUE fixed on every configuration (kernels=aten, peft.r=16, ...)");
+  plan->add_option("--top", plan_options.top, "Configurations shown and written")
+      ->capture_default_str();
+  plan->add_option("--write", plan_options.write,
+                   "Write the top configurations as an experiment file `llmctl submit` runs");
+  plan->add_option("--data", plan_options.data, "With --write: the training data (data.path)");
+  plan->add_option("--init", plan_options.init,
+                   "With --write: pretrained or random (default: pretrained for a published "
+                   "preset)");
+  plan->add_option("--format", plan_options.format, "table or json")->capture_default_str();
+
   CLI::App* status = app.add_subcommand("status", "List experiments, or one experiment's trials");
   status->add_option("ID", id, "An experiment id (default: list them all)")
       ->check(CLI::NonNegativeNumber);
@@ -858,6 +911,12 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   }
   if (estimate->parsed()) {
     StatusOr<std::string> text = EstimateExperiment(file, estimate_options);
+    if (!text.ok()) return Fail(text.status());
+    context_.out << *text << std::flush;
+    return kExitOk;
+  }
+  if (plan->parsed()) {
+    StatusOr<std::string> text = PlanRun(plan_options);
     if (!text.ok()) return Fail(text.status());
     context_.out << *text << std::flush;
     return kExitOk;

@@ -30,15 +30,22 @@ constexpr char kAssumptions[] =
 struct Device {
   uint64_t bytes = 0;
   std::string source;
+  std::optional<estimate::Gpu> gpu;  // when the figure is a GPU's
 };
 
 struct TrialEstimate {
-  const Trial* trial;
+  const Trial* trial = nullptr;
   // Unset when the trial cannot be estimated here; `reason` says why.
-  std::optional<estimate::StepMemoryEstimate> memory;
-  std::string reason;
-  std::optional<Device> device;
-  std::optional<estimate::MicroBatchFit> fit;  // with --fit and a device
+  std::optional<estimate::StepMemoryEstimate> memory = {};
+  std::string reason = {};
+  std::optional<Device> device = {};
+  std::optional<estimate::MicroBatchFit> fit = {};  // with --fit and a device
+  // The predicted time; unset for a cuda trial without a known GPU (`time_reason` says so).
+  std::optional<estimate::TimeEstimate> time = {};
+  std::optional<estimate::StepWork> work = {};
+  std::string time_device = {};
+  std::string calibration = {};
+  std::string time_reason = {};
 
   // "fits", "oom", or "" without a device.
   std::string Verdict() const {
@@ -51,7 +58,7 @@ StatusOr<std::optional<Device>> ParseDeviceOption(const std::string& text) {
   if (text.empty()) return std::optional<Device>();
   if (std::optional<estimate::Gpu> gpu = estimate::GpuNamed(text)) {
     return std::optional<Device>(
-        Device{gpu->memory_bytes, "--device-memory " + gpu->name + " (" + gpu->model + ")"});
+        Device{gpu->memory_bytes, "--device-memory " + gpu->name + " (" + gpu->model + ")", gpu});
   }
   StatusOr<uint64_t> bytes = ParseByteSize(text);
   if (!bytes.ok() || *bytes == 0) {
@@ -62,14 +69,15 @@ StatusOr<std::optional<Device>> ParseDeviceOption(const std::string& text) {
     return InvalidArgumentError("--device-memory: expected a size such as 80GiB or a GPU (" + gpus +
                                 "), got '" + text + "'");
   }
-  return std::optional<Device>(Device{*bytes, "--device-memory " + text});
+  return std::optional<Device>(Device{*bytes, "--device-memory " + text, std::nullopt});
 }
 
 // The trial's own device: its device_memory (the simulated device on the CPU, a budget on a
 // GPU), else on cuda the GPU of the experiment's target.
 std::optional<Device> TrialDevice(const Trial& trial, const Experiment& experiment) {
   if (std::optional<uint64_t> budget = trial.config.GetByteSize("device_memory")) {
-    return Device{*budget, "device_memory " + trial.config.GetString("device_memory")};
+    return Device{*budget, "device_memory " + trial.config.GetString("device_memory"),
+                  std::nullopt};
   }
   if (trial.config.GetString("device") != "cuda") return std::nullopt;
   std::optional<estimate::Gpu> gpu = estimate::GpuOfTarget(experiment.target);
@@ -78,7 +86,19 @@ std::optional<Device> TrialDevice(const Trial& trial, const Experiment& experime
   for (const auto& [key, value] : experiment.target) {
     if (key == "flavor" || key == "node_type") target = key + " " + value;
   }
-  return Device{gpu->memory_bytes, "target " + target + ": " + gpu->model};
+  return Device{gpu->memory_bytes, "target " + target + ": " + gpu->model, gpu};
+}
+
+// The speed a trial's time is predicted at: the host's CPU for a cpu trial; for a cuda one the GPU
+// of --device-memory when it names one, else of the experiment's target.
+std::optional<estimate::DeviceSpeed> TrialSpeed(const Trial& trial, const Experiment& experiment,
+                                                const std::optional<Device>& device_option) {
+  if (trial.config.GetString("device") != "cuda") return estimate::CpuSpeed();
+  if (device_option && device_option->gpu) return estimate::GpuSpeed(*device_option->gpu);
+  if (std::optional<estimate::Gpu> gpu = estimate::GpuOfTarget(experiment.target)) {
+    return estimate::GpuSpeed(*gpu);
+  }
+  return std::nullopt;
 }
 
 StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& experiment,
@@ -86,20 +106,19 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
                                       const std::optional<Device>& device_option) {
   const std::string model_name = trial.config.GetString("model");
   if (IsHubModelRef(model_name)) {
-    return TrialEstimate{&trial, std::nullopt,
-                         "its model " + model_name +
-                             " is on the Hugging Face hub, and only an llmctl agent downloads its "
-                             "config.json: it cannot be estimated offline (point model at a local "
-                             "directory holding the config.json to estimate it)",
-                         std::nullopt, std::nullopt};
+    return TrialEstimate{
+        .trial = &trial,
+        .reason = "its model " + model_name +
+                  " is on the Hugging Face hub, and only an llmctl agent downloads its "
+                  "config.json: it cannot be estimated offline (point model at a local "
+                  "directory holding the config.json to estimate it)"};
   }
   if (trial.config.GetString("data.format") == "imagefolder") {
     // Parsing checked that the model is BLIP-2, the only family that reads images.
-    return TrialEstimate{
-        &trial, std::nullopt,
-        "its model " + model_name +
-            " is BLIP-2, whose memory estimate is not built yet (run it to measure)",
-        std::nullopt, std::nullopt};
+    return TrialEstimate{.trial = &trial,
+                         .reason = "its model " + model_name +
+                                   " is BLIP-2, whose memory estimate is not built yet (run it to "
+                                   "measure)"};
   }
   const std::string context = file + ": trial " + trial.name;
   // Parsing resolved the model's path beside the file; a directory without a readable config.json
@@ -109,9 +128,24 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
   StatusOr<estimate::StepMemoryEstimate> memory =
       estimate::EstimateStepMemory(trial.config, *model);
   if (!memory.ok()) return InvalidArgumentError(context + ": " + memory.status().message());
-  TrialEstimate result{&trial, *memory, "",
-                       device_option ? device_option : TrialDevice(trial, experiment),
-                       std::nullopt};
+  TrialEstimate result{.trial = &trial,
+                       .memory = *memory,
+                       .device = device_option ? device_option : TrialDevice(trial, experiment)};
+  if (std::optional<estimate::DeviceSpeed> speed = TrialSpeed(trial, experiment, device_option)) {
+    StatusOr<estimate::StepWork> work = estimate::EstimateStepWork(trial.config, *model);
+    if (!work.ok()) return InvalidArgumentError(context + ": " + work.status().message());
+    const estimate::Calibration calibration =
+        options.calibrate ? options.calibrate(*speed) : estimate::DefaultCalibration(*speed);
+    result.time =
+        estimate::EstimateTime(*work, *speed, calibration, trial.config.GetInt("train.max_steps"));
+    result.work = *work;
+    result.time_device = speed->name;
+    result.calibration = calibration.source;
+  } else {
+    result.time_reason =
+        "no GPU to time it on: the target names none this table knows (pass --device-memory "
+        "with a GPU such as h100-94gb)";
+  }
   if (options.fit && result.device) {
     StatusOr<estimate::MicroBatchFit> fit =
         estimate::FitMicroBatch(trial.config, *model, result.device->bytes);
@@ -122,6 +156,20 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
 }
 
 std::string MibText(uint64_t bytes) { return Mib(static_cast<int64_t>(bytes)); }
+
+// Minutes with a tenth, or two significant digits under one: 0.052, 0.87, 12.4.
+std::string MinutesText(double seconds) {
+  const double minutes = seconds / 60;
+  return minutes >= 1 ? Printf("%.1f", minutes) : Printf("%.2g", minutes);
+}
+
+// Seconds with three significant digits: 0.00412, 0.317, 2.34, 118.
+std::string StepSecondsText(double seconds) {
+  if (seconds >= 100) return Printf("%.0f", seconds);
+  if (seconds >= 1) return Printf("%.2f", seconds);
+  if (seconds >= 0.1) return Printf("%.3f", seconds);
+  return Printf("%.2g", seconds);
+}
 
 std::string Count(int64_t n) { return Grouped(static_cast<double>(n), 0); }
 
@@ -185,7 +233,25 @@ std::string Explain(const TrialEstimate& e) {
   }
   std::string text =
       e.trial->name + " (" + c.GetString("model") + ", " + precision + ", " + optimizer + "):\n";
-  return text + FormatColumns(rows, /*first_right_aligned=*/2);
+  text += FormatColumns(rows, /*first_right_aligned=*/2);
+  if (e.time) {
+    std::vector<std::vector<std::string>> time_rows;
+    for (const estimate::TimeTerm& term : e.time->terms) {
+      time_rows.push_back({"  " + term.name, term.formula + " x " + Printf("%.3f", e.time->factor),
+                           StepSecondsText(term.seconds) + " s"});
+    }
+    time_rows.push_back({"  step",
+                         Grouped(static_cast<double>(e.work->tokens), 0) + " tokens a rank (" +
+                             std::to_string(e.work->micro_batches) + " micro-batches)",
+                         StepSecondsText(e.time->step_seconds) + " s"});
+    time_rows.push_back({"  start-up",
+                         "process and device, then the model's weights " +
+                             std::string(e.work->pretrained ? "loaded" : "built"),
+                         StepSecondsText(e.time->startup_seconds) + " s"});
+    text += "time on " + e.time_device + " (" + e.calibration + "; x the factor):\n" +
+            FormatColumns(time_rows, /*first_right_aligned=*/2);
+  }
+  return text;
 }
 
 std::string RenderTable(const std::string& file, const Experiment& experiment,
@@ -195,9 +261,11 @@ std::string RenderTable(const std::string& file, const Experiment& experiment,
   std::vector<std::string> header = {"trial",       "model", "ranks",  "tokens", "model state",
                                      "activations", "peak",  "device", "verdict"};
   if (options.fit) header.insert(header.end(), {"max micro-batch", "global as"});
+  header.insert(header.end(), {"step s", "tok/s", "minutes"});
   rows.push_back(header);
   std::string notes;
   std::vector<std::string> sources;
+  std::vector<std::string> calibrations;
   for (const TrialEstimate& e : estimates) {
     std::vector<std::string> row = {e.trial->name, e.trial->config.GetString("model")};
     if (!e.memory) {
@@ -227,6 +295,19 @@ std::string RenderTable(const std::string& file, const Experiment& experiment,
                                               : std::string(kNone));
       }
     }
+    if (e.time) {
+      row.insert(
+          row.end(),
+          {StepSecondsText(e.time->step_seconds), Grouped(e.time->tokens_per_second, 0),
+           e.time->trial_seconds > 0 ? MinutesText(e.time->trial_seconds) : std::string(kNone)});
+      if (std::find(calibrations.begin(), calibrations.end(), e.calibration) ==
+          calibrations.end()) {
+        calibrations.push_back(e.calibration);
+      }
+    } else {
+      row.insert(row.end(), 3, std::string(kNone));
+      notes += e.trial->name + ": no time: " + e.time_reason + "\n";
+    }
     rows.push_back(row);
     if (e.device && std::find(sources.begin(), sources.end(), e.device->source) == sources.end()) {
       sources.push_back(e.device->source);
@@ -243,6 +324,15 @@ std::string RenderTable(const std::string& file, const Experiment& experiment,
   if (!sources.empty()) {
     text += "device: ";
     for (size_t i = 0; i < sources.size(); ++i) text += (i > 0 ? "; " : "") + sources[i];
+    text += "\n";
+  }
+  if (!calibrations.empty()) {
+    text +=
+        "time: a step at full sequences (step s), the trial's tokens/s over its ranks, and "
+        "minutes for train.max_steps steps after start-up; calibration: ";
+    for (size_t i = 0; i < calibrations.size(); ++i) {
+      text += (i > 0 ? "; " : "") + calibrations[i];
+    }
     text += "\n";
   }
   if (options.fit) {
@@ -297,6 +387,20 @@ std::string RenderJson(const std::string& file, const Experiment& experiment,
     } else {
       trial["verdict"] = nullptr;
     }
+    if (e.time) {
+      trial["time"] = {{"device", e.time_device},
+                       {"calibration", e.calibration},
+                       {"factor", e.time->factor},
+                       {"step_seconds", e.time->step_seconds},
+                       {"tokens_per_second", e.time->tokens_per_second},
+                       {"startup_seconds", e.time->startup_seconds},
+                       {"steps", e.time->steps},
+                       {"trial_seconds", e.time->trial_seconds},
+                       {"work", e.work->ToJson()}};
+    } else {
+      trial["time"] = nullptr;
+      trial["time_reason"] = e.time_reason;
+    }
     if (options.fit && e.fit) {
       trial["fit"] = {{"micro_batch_size", e.fit->micro_batch_size},
                       {"peak_bytes", e.fit->peak_bytes},
@@ -319,10 +423,11 @@ std::string RenderJson(const std::string& file, const Experiment& experiment,
 }  // namespace
 
 StatusOr<std::vector<TrialPrediction>> PredictTrials(const Experiment& experiment,
-                                                     const std::string& file) {
+                                                     const std::string& file,
+                                                     const EstimateOptions& options) {
   std::vector<TrialPrediction> predictions;
   for (const Trial& t : experiment.trials) {
-    ASSIGN_OR_RETURN(TrialEstimate e, EstimateTrial(t, experiment, file, {}, std::nullopt));
+    ASSIGN_OR_RETURN(TrialEstimate e, EstimateTrial(t, experiment, file, options, std::nullopt));
     if (!e.memory) continue;
     predictions.push_back({.trial = t.name,
                            .peak_bytes = e.memory->peak_bytes,
@@ -332,6 +437,15 @@ StatusOr<std::vector<TrialPrediction>> PredictTrials(const Experiment& experimen
                            .device_memory_bytes = e.device ? e.device->bytes : 0,
                            .device_source = e.device ? e.device->source : "",
                            .verdict = e.Verdict()});
+    if (e.time) {
+      TrialPrediction& p = predictions.back();
+      p.step_seconds = e.time->step_seconds;
+      p.tokens_per_second = e.time->tokens_per_second;
+      p.trial_seconds = e.time->trial_seconds;
+      p.time_device = e.time_device;
+      p.calibration = e.calibration;
+      p.work_json = e.work->ToJson().dump();
+    }
   }
   return predictions;
 }

@@ -6,9 +6,11 @@
 #define LLMCTL_CONTROLLER_CLI_ESTIMATE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "common/estimate/step_time.h"
 #include "common/experiment.h"
 #include "common/status.h"
 
@@ -23,6 +25,8 @@ struct EstimateOptions {
   std::string device_memory;
   bool fit = false;      // the largest micro-batch that fits each trial's device
   bool explain = false;  // every term's formula with its numbers
+  // The calibration of a device's time predictions; unset: its built-in one.
+  std::function<estimate::Calibration(const estimate::DeviceSpeed&)> calibrate;
 };
 
 // The estimate of experiment file `file` (read and validated as `llmctl submit` reads it, local
@@ -42,13 +46,21 @@ struct TrialPrediction {
   uint64_t device_memory_bytes = 0;  // 0 without a device to judge against
   std::string device_source;         // "device_memory 216MiB", "target flavor ...: ..."
   std::string verdict;               // "fits", "oom", or "" without a device
+  // The predicted time, when the trial's device speed is known (step_seconds 0 otherwise).
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  double trial_seconds = 0;      // 0 when the step count depends on the data (train.max_steps 0)
+  std::string time_device = {};  // the DeviceSpeed's name: "h100-94gb", "cpu"
+  std::string calibration = {};  // where the calibration came from
+  std::string work_json = {};    // the step's StepWork, to calibrate from the measured run later
 };
 
 // The predictions of `experiment` (parsed from `file` with local paths resolved) for every trial
 // that can be estimated offline (not those whose model is on the hub). InvalidArgument as
 // EstimateExperiment for a trial whose model's config.json cannot be read.
 StatusOr<std::vector<TrialPrediction>> PredictTrials(const Experiment& experiment,
-                                                     const std::string& file);
+                                                     const std::string& file,
+                                                     const EstimateOptions& options = {});
 
 }  // namespace llmctl::cli
 

@@ -227,6 +227,43 @@ TEST_F(EstimateTest, ExplainShowsEachTermsFormulaWithItsNumbers) {
   }
 }
 
+TEST_F(EstimateTest, TimeIsPredictedOnTheTrialsDeviceAndExplained) {
+  // A cuda trial on its target's GPU (the A100 of compute_gigaio), at the built-in calibration.
+  ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--trial", "bf16-true", "--format",
+                    "json"}),
+            kExitOk)
+      << err_.str();
+  nlohmann::json trial = nlohmann::json::parse(out_.str())["trials"][0];
+  ASSERT_TRUE(trial["time"].is_object()) << trial.dump(2);
+  EXPECT_EQ(trial["time"]["device"], "a100-80gb");
+  EXPECT_EQ(trial["time"]["work"]["matmul_class"], "bf16");
+  EXPECT_EQ(trial["time"]["steps"], 20);
+  const double step = trial["time"]["step_seconds"].get<double>();
+  EXPECT_GT(step, 0);
+  EXPECT_NEAR(trial["time"]["tokens_per_second"].get<double>() * step, 4 * 8 * 512, 1e-6);
+  EXPECT_NEAR(trial["time"]["trial_seconds"].get<double>(),
+              trial["time"]["startup_seconds"].get<double>() + 20 * step, 1e-6);
+  // The same trial on an H200 (--device-memory names the GPU) is predicted faster.
+  ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--trial", "bf16-true",
+                    "--device-memory", "h200-141gb", "--format", "json"}),
+            kExitOk);
+  trial = nlohmann::json::parse(out_.str())["trials"][0];
+  EXPECT_EQ(trial["time"]["device"], "h200-141gb");
+  EXPECT_LT(trial["time"]["step_seconds"].get<double>(), step);
+  // A cuda trial without a GPU to time it on has no time, and says why.
+  ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--trial", "bf16-true",
+                    "--device-memory", "80GiB", "--format", "json"}),
+            kExitOk);
+  trial = nlohmann::json::parse(out_.str())["trials"][0];
+  EXPECT_EQ(trial["time"]["device"], "a100-80gb");  // the target's GPU still times it
+  // --explain lists the step's terms with the calibration.
+  ASSERT_EQ(Llmctl({Experiments() + "cpu-lab.yaml", "--trial", "reduced-batch", "--explain"}),
+            kExitOk);
+  EXPECT_NE(out_.str().find("time on cpu (built-in: the CPU lab"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find("  matmuls"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find("  start-up"), std::string::npos) << out_.str();
+}
+
 TEST_F(EstimateTest, OneTrialByName) {
   ASSERT_EQ(Llmctl({Experiments() + "cpu-lab.yaml", "--trial", "qlora", "--format", "json"}),
             kExitOk)

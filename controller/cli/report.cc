@@ -30,6 +30,8 @@ struct LabLayout {
   bool comm = false;
   // Some trial was submitted with the estimate's prediction: predicted peak and its error.
   bool predicted = false;
+  // Some trial's prediction has a time: predicted tokens/s and its error.
+  bool timed = false;
 };
 
 LabLayout LabLayoutOf(const v1::ReportResponse& report) {
@@ -37,6 +39,7 @@ LabLayout LabLayoutOf(const v1::ReportResponse& report) {
   for (const v1::TrialReport& trial : report.trials()) {
     layout.comm |= trial.at_peak().comm_bytes() != 0 || trial.at_peak().gathered_bytes() != 0;
     layout.predicted |= trial.has_prediction();
+    layout.timed |= trial.prediction().step_seconds() > 0;
   }
   return layout;
 }
@@ -48,6 +51,7 @@ std::vector<std::string> LabColumns(const LabLayout& layout) {
   columns.insert(columns.end(), {"Acts MiB", "peak MiB"});
   if (layout.predicted) columns.insert(columns.end(), {"predicted MiB", "error"});
   columns.insert(columns.end(), {"train s", "tokens/s"});
+  if (layout.timed) columns.insert(columns.end(), {"predicted tokens/s", "error"});
   return columns;
 }
 
@@ -55,6 +59,19 @@ constexpr std::string_view kPredictionNote =
     "predicted MiB: the peak `llmctl estimate` predicted at submit, for micro-batches of "
     "max_seq_length tokens (shorter examples peak lower); error: (predicted - measured) / "
     "measured, for trials that ended ok";
+
+constexpr std::string_view kTimeNote =
+    "predicted tokens/s: what `llmctl estimate` predicted at submit for full sequences (shorter "
+    "examples train faster per step, and tokens/s counts only real tokens); error: (predicted - "
+    "measured) / measured, for trials that ended ok";
+
+// The predicted tokens/s' error against the measured, as PredictionError; nullopt without both.
+std::optional<double> TimePredictionError(const v1::TrialReport& trial) {
+  const double measured = trial.tokens_per_second();
+  const double predicted = trial.prediction().tokens_per_second();
+  if (trial.outcome() != "ok" || measured <= 0 || predicted <= 0) return std::nullopt;
+  return (predicted - measured) / measured;
+}
 
 // The predicted peak's error against the measured one, (predicted - measured) / measured: for a
 // trial that ran to the end (an out-of-memory trial's peak is where the allocation failed, not its
@@ -168,6 +185,12 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
   row.cells.push_back(ended && trial.tokens_per_second() != 0
                           ? Grouped(trial.tokens_per_second(), 0)
                           : std::string(kNone));
+  if (layout.timed) {
+    const double predicted = trial.prediction().tokens_per_second();
+    row.cells.push_back(predicted > 0 ? Grouped(predicted, 0) : std::string(kNone));
+    const std::optional<double> error = TimePredictionError(trial);
+    row.cells.push_back(ended && error ? Printf("%+.1f%%", 100.0 * *error) : std::string(kNone));
+  }
   return row;
 }
 
@@ -205,6 +228,7 @@ std::string RenderTable(const v1::ReportResponse& report) {
   std::string out = "experiment " + std::to_string(report.experiment_id()) + ": " + report.name() +
                     "\n" + FormatColumns(rows, kFirstNumericColumn);
   if (layout.predicted) out += std::string(kPredictionNote) + "\n";
+  if (layout.timed) out += std::string(kTimeNote) + "\n";
   for (const v1::TrialReport& trial : report.trials()) {
     if (trial.run_attempts_size() > 1) out += DescribeResumedRun(trial);
   }
@@ -292,8 +316,18 @@ std::string RenderJson(const v1::ReportResponse& report) {
                             {"peak_phase", p.peak_phase()},
                             {"device_memory_bytes", p.device_memory_bytes()},
                             {"verdict", p.verdict()}};
+      if (p.step_seconds() > 0) {
+        json["prediction"].update({{"step_seconds", p.step_seconds()},
+                                   {"tokens_per_second", p.tokens_per_second()},
+                                   {"trial_seconds", p.trial_seconds()},
+                                   {"time_device", p.time_device()},
+                                   {"calibration", p.calibration()}});
+      }
       const std::optional<double> error = PredictionError(trial);
       json["prediction_error"] = error ? nlohmann::ordered_json(*error) : nlohmann::ordered_json();
+      const std::optional<double> time_error = TimePredictionError(trial);
+      json["tokens_per_second_prediction_error"] =
+          time_error ? nlohmann::ordered_json(*time_error) : nlohmann::ordered_json();
     } else {
       json["prediction"] = nullptr;
     }
@@ -521,6 +555,7 @@ std::string RenderHtml(const v1::ReportResponse& report) {
       "</table>\n<p>MiB = 2<sup>20</sup> bytes. Memory columns are the snapshot with the most "
       "allocated bytes (for an out-of-memory trial, the moment the allocation failed).</p>\n";
   if (layout.predicted) out += "<p>" + EscapeHtml(std::string(kPredictionNote)) + ".</p>\n";
+  if (layout.timed) out += "<p>" + EscapeHtml(std::string(kTimeNote)) + ".</p>\n";
 
   out += RanksHtml(report);
   out +=

@@ -1,0 +1,139 @@
+#include "common/estimate/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "common/byte_size.h"
+
+namespace llmctl::estimate {
+namespace {
+
+// One point of the space before its micro-batch is chosen.
+struct Combination {
+  std::string precision;
+  std::string optimizer;
+  std::string peft;
+  bool checkpointing = false;
+  std::string strategy;  // "auto", "ddp", "fsdp"
+  std::string offload;   // "none", "optimizer", "full"
+
+  std::string Name() const {
+    std::string name = precision + "-" + optimizer;
+    if (peft != "none") name += "-" + peft;
+    if (checkpointing) name += "-ckpt";
+    if (strategy != "auto") name += "-" + strategy;
+    if (offload != "none") name += "-offload-" + offload;
+    return name;
+  }
+};
+
+std::vector<Combination> Combinations(const PlanSpace& space, int64_t ranks) {
+  // One process: offload of the optimizer's step; several: ddp (each rank whole, the optimizer
+  // offloadable) or fsdp (sharded, everything offloadable to the host).
+  std::vector<std::pair<std::string, std::string>> layouts;
+  if (ranks == 1) {
+    layouts = {{"auto", "none"}};
+    if (space.offload) layouts.push_back({"auto", "optimizer"});
+  } else {
+    layouts = {{"ddp", "none"}, {"fsdp", "none"}};
+    if (space.offload) layouts.insert(layouts.end(), {{"ddp", "optimizer"}, {"fsdp", "full"}});
+  }
+  std::vector<Combination> all;
+  for (const std::string& precision : space.precisions) {
+    for (const std::string& optimizer : space.optimizers) {
+      for (const std::string& peft : space.peft_methods) {
+        for (bool checkpointing : space.checkpointing) {
+          for (const auto& [strategy, offload] : layouts) {
+            all.push_back({precision, optimizer, peft, checkpointing, strategy, offload});
+          }
+        }
+      }
+    }
+  }
+  return all;
+}
+
+Status Apply(const Combination& c, TrialConfig& config) {
+  RETURN_IF_ERROR(config.SetFromText("precision", c.precision));
+  RETURN_IF_ERROR(config.SetFromText("optimizer", c.optimizer));
+  RETURN_IF_ERROR(config.SetFromText("peft.method", c.peft));
+  RETURN_IF_ERROR(
+      config.SetFromText("activation_checkpointing", c.checkpointing ? "true" : "false"));
+  RETURN_IF_ERROR(config.SetFromText("strategy", c.strategy));
+  return config.SetFromText("offload", c.offload);
+}
+
+}  // namespace
+
+StatusOr<Plan> SearchPlans(const PlanRequest& request) {
+  if (request.steps <= 0) return InvalidArgumentError("plan: the run needs a number of steps");
+  const int64_t global = request.base.GetInt("train.global_batch_size");
+  if (global <= 0) return InvalidArgumentError("plan: the global batch must be positive");
+  const int64_t ranks = std::max<int64_t>(1, request.base.GetInt("devices")) *
+                        std::max<int64_t>(1, request.base.GetInt("nodes"));
+  if (global % ranks != 0) {
+    return InvalidArgumentError("plan: the global batch " + std::to_string(global) +
+                                " does not divide over " + std::to_string(ranks) + " ranks");
+  }
+  Plan plan;
+  for (const Combination& c : Combinations(request.space, ranks)) {
+    ++plan.searched;
+    TrialConfig config = request.base;
+    Status applied = Apply(c, config);
+    // The search starts from the whole global batch in one micro-batch per rank; FitMicroBatch
+    // then finds the largest that fits.
+    if (applied.ok()) {
+      applied = config.SetFromText("train.micro_batch_size", std::to_string(global / ranks));
+    }
+    if (!applied.ok()) {
+      plan.dropped.push_back({c.Name(), "not a valid configuration: " + applied.message(), ""});
+      continue;
+    }
+    StatusOr<MicroBatchFit> fit = FitMicroBatch(config, request.model, request.device_bytes);
+    if (!fit.ok()) {
+      plan.dropped.push_back(
+          {c.Name(), "not a valid configuration: " + fit.status().message(), ""});
+      continue;
+    }
+    if (fit->micro_batch_size == 0) {
+      plan.dropped.push_back({c.Name(),
+                              "out of memory at micro-batch 1 (its peak; the device has " +
+                                  FormatBytes(request.device_bytes) + ")",
+                              FormatBytes(fit->peak_bytes)});
+      continue;
+    }
+    if (fit->global_micro_batch_size == 0) {
+      plan.dropped.push_back({c.Name(), "no micro-batch that fits divides the global batch", ""});
+      continue;
+    }
+    // The micro-batch that fits and divides the global batch, with its accumulation.
+    PlanCandidate candidate;
+    candidate.name = c.Name() + "-mb" + std::to_string(fit->global_micro_batch_size);
+    candidate.config = config;
+    RETURN_IF_ERROR(candidate.config.SetFromText("train.micro_batch_size",
+                                                 std::to_string(fit->global_micro_batch_size)));
+    ASSIGN_OR_RETURN(candidate.memory, EstimateStepMemory(candidate.config, request.model));
+    ASSIGN_OR_RETURN(const StepWork work, EstimateStepWork(candidate.config, request.model));
+    candidate.time = EstimateTime(work, request.speed, request.calibration, request.steps);
+    if (request.budget_seconds > 0 && candidate.time.trial_seconds > request.budget_seconds) {
+      plan.dropped.push_back(
+          {candidate.name, "over the time budget (its predicted minutes)",
+           std::to_string(static_cast<int64_t>(std::ceil(candidate.time.trial_seconds / 60)))});
+      continue;
+    }
+    plan.fits.push_back(std::move(candidate));
+  }
+  std::stable_sort(plan.fits.begin(), plan.fits.end(),
+                   [](const PlanCandidate& a, const PlanCandidate& b) {
+                     // Within 0.5% of each other the time does not decide: the smaller peak does.
+                     if (std::abs(a.time.trial_seconds - b.time.trial_seconds) >
+                         0.005 * std::max(a.time.trial_seconds, b.time.trial_seconds)) {
+                       return a.time.trial_seconds < b.time.trial_seconds;
+                     }
+                     return a.memory.peak_bytes < b.memory.peak_bytes;
+                   });
+  return plan;
+}
+
+}  // namespace llmctl::estimate

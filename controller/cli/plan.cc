@@ -1,0 +1,392 @@
+#include "controller/cli/plan.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "common/atomic_file.h"
+#include "common/byte_size.h"
+#include "common/estimate/gpus.h"
+#include "common/estimate/plan.h"
+#include "common/experiment.h"
+#include "common/model_config.h"
+#include "common/text.h"
+#include "controller/cli/report_format.h"
+
+namespace llmctl::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::ordered_json;
+
+std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string item(
+        Trim(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+    if (!item.empty()) items.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return items;
+}
+
+// A comma list of a trial key's values, each checked against the key's allowed values.
+StatusOr<std::vector<std::string>> ValuesOf(const std::string& flag, const std::string& key,
+                                            const std::string& text) {
+  std::vector<std::string> values = SplitList(text);
+  if (values.empty()) return InvalidArgumentError(flag + ": expected a comma-separated list");
+  TrialConfig probe;
+  for (const std::string& value : values) {
+    const Status valid = probe.SetFromText(key, value);
+    if (!valid.ok()) return InvalidArgumentError(flag + ": " + valid.message());
+  }
+  return values;
+}
+
+// "45 s", "12.3 min", "3 h 05 min".
+std::string Duration(double seconds) {
+  if (seconds < 90) return Printf("%.0f s", seconds);
+  if (seconds < 3600) return Printf("%.1f min", seconds / 60);
+  const int64_t minutes = static_cast<int64_t>(std::lround(seconds / 60));
+  return std::to_string(minutes / 60) + " h " + (minutes % 60 < 10 ? "0" : "") +
+         std::to_string(minutes % 60) + " min";
+}
+
+struct Resolved {
+  estimate::PlanRequest request;
+  std::string device_text;  // "h100-94gb (NVIDIA H100 NVL (94 GB)), 93.6 GiB"
+  bool cuda = false;
+  int64_t ranks = 1;
+};
+
+StatusOr<Resolved> Resolve(const PlanOptions& o) {
+  Resolved r;
+  if (o.model.empty()) return InvalidArgumentError("MODEL: a preset name or a model directory");
+  if (IsHubModelRef(o.model)) {
+    return InvalidArgumentError("MODEL: " + o.model +
+                                " is on the Hugging Face hub; plan needs its config.json on this "
+                                "machine: point MODEL at a local directory holding it");
+  }
+  StatusOr<ModelConfig> model = ResolveModel(o.model);
+  if (!model.ok()) return InvalidArgumentError("MODEL: " + model.status().message());
+  r.request.model = *model;
+
+  std::optional<uint64_t> budget;
+  if (!o.device_memory.empty()) {
+    StatusOr<uint64_t> bytes = ParseByteSize(o.device_memory);
+    if (!bytes.ok() || *bytes == 0) {
+      return InvalidArgumentError("--device-memory: expected a size such as 80GiB, got '" +
+                                  o.device_memory + "'");
+    }
+    budget = *bytes;
+  }
+  if (o.device == "cpu") {
+    r.request.speed = estimate::CpuSpeed();
+    r.request.device_bytes = budget.value_or(std::numeric_limits<uint64_t>::max());
+    r.device_text =
+        "cpu" + (budget ? ", " + FormatBytes(*budget) + " budget" : ", no memory limit");
+  } else {
+    std::optional<estimate::Gpu> gpu = estimate::GpuNamed(o.device);
+    if (!gpu) {
+      std::string names;
+      for (const estimate::Gpu& g : estimate::KnownGpus()) names += g.name + ", ";
+      return InvalidArgumentError("--device: expected a GPU (" + names + ") or cpu, got '" +
+                                  o.device + "'");
+    }
+    r.cuda = true;
+    r.request.speed = estimate::GpuSpeed(*gpu);
+    r.request.device_bytes = std::min(gpu->memory_bytes, budget.value_or(gpu->memory_bytes));
+    r.device_text = gpu->name + " (" + gpu->model + "), " + FormatBytes(r.request.device_bytes);
+  }
+  if (o.gpus < 1) return InvalidArgumentError("--gpus: expected 1 or more");
+  if (o.nodes < 1) return InvalidArgumentError("--nodes: expected 1 or more");
+  if (o.seq < 1) return InvalidArgumentError("--seq: expected the sequence length, 1 or more");
+  if (o.global_batch < 1) return InvalidArgumentError("--global-batch: expected 1 or more");
+  if ((o.steps > 0) == (o.tokens > 0)) {
+    return InvalidArgumentError("give the run's length as one of --steps N or --tokens N");
+  }
+  r.ranks = o.gpus * o.nodes;
+  const int64_t step_tokens = o.global_batch * o.seq;
+  r.request.steps = o.steps > 0 ? o.steps : (o.tokens + step_tokens - 1) / step_tokens;
+  r.request.budget_seconds = o.budget_hours * 3600;
+
+  TrialConfig& base = r.request.base;
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"model", o.model},
+           {"data.path", o.data.empty() ? "data.jsonl" : o.data},
+           {"data.max_seq_length", std::to_string(o.seq)},
+           {"train.global_batch_size", std::to_string(o.global_batch)},
+           {"train.max_steps", std::to_string(r.request.steps)},
+           {"device", r.cuda ? "cuda" : "cpu"},
+           {"devices", std::to_string(o.gpus)},
+           {"nodes", std::to_string(o.nodes)}}) {
+    RETURN_IF_ERROR(base.SetFromText(key, value));
+  }
+  for (const std::string& set : o.sets) {
+    const size_t eq = set.find('=');
+    if (eq == std::string::npos) {
+      return InvalidArgumentError("--set: expected KEY=VALUE, got '" + set + "'");
+    }
+    const Status applied = base.SetFromText(set.substr(0, eq), set.substr(eq + 1));
+    if (!applied.ok()) return InvalidArgumentError("--set " + set + ": " + applied.message());
+  }
+  estimate::PlanSpace& space = r.request.space;
+  ASSIGN_OR_RETURN(space.precisions, ValuesOf("--precisions", "precision", o.precisions));
+  ASSIGN_OR_RETURN(space.optimizers, ValuesOf("--optimizers", "optimizer", o.optimizers));
+  ASSIGN_OR_RETURN(space.peft_methods, ValuesOf("--peft", "peft.method", o.peft));
+  space.offload = !o.no_offload;
+  r.request.calibration =
+      o.calibrate ? o.calibrate(r.request.speed) : estimate::DefaultCalibration(r.request.speed);
+  return r;
+}
+
+// The keys a candidate sets on top of the base, as an experiment file's trial `set:` nests them.
+YAML::Node CandidateSet(const estimate::PlanCandidate& c) {
+  YAML::Node set;
+  set["precision"] = c.config.GetString("precision");
+  set["optimizer"] = c.config.GetString("optimizer");
+  if (c.config.GetString("peft.method") != "none") {
+    set["peft"]["method"] = c.config.GetString("peft.method");
+  }
+  if (c.config.GetBool("activation_checkpointing")) set["activation_checkpointing"] = true;
+  if (c.config.GetString("strategy") != "auto") set["strategy"] = c.config.GetString("strategy");
+  if (c.config.GetString("offload") != "none") set["offload"] = c.config.GetString("offload");
+  set["train"]["micro_batch_size"] = c.config.GetInt("train.micro_batch_size");
+  return set;
+}
+
+// `path` as the written file names it: relative to the file's directory when it is a local path.
+std::string BesideFile(const std::string& path, const fs::path& file) {
+  if (path.empty() || FindPreset(path) != nullptr) return path;
+  // Beside or below the file: relative, so the two move together; elsewhere absolute.
+  std::error_code error;
+  const fs::path relative =
+      fs::relative(fs::absolute(path), fs::absolute(file).parent_path(), error);
+  if (error || relative.empty() || *relative.begin() == "..") return fs::absolute(path).string();
+  return relative.string();
+}
+
+std::string ExperimentYaml(const PlanOptions& o, const Resolved& r, const estimate::Plan& plan,
+                           const std::string& command) {
+  const fs::path file(o.write);
+  YAML::Node root;
+  root["name"] = "plan-" + fs::path(o.model).filename().string();
+  root["description"] =
+      "The configurations `llmctl plan` predicts fit " + r.device_text + ", fastest first";
+  root["model"] = BesideFile(o.model, file);
+  const ModelConfig* preset = FindPreset(o.model);
+  root["init"] = !o.init.empty()                                    ? o.init
+                 : preset != nullptr && !preset->hf_repo_id.empty() ? "pretrained"
+                                                                    : "random";
+  root["data"]["path"] = BesideFile(o.data, file);
+  root["data"]["max_seq_length"] = o.seq;
+  root["train"]["global_batch_size"] = o.global_batch;
+  root["train"]["max_steps"] = r.request.steps;
+  root["device"] = r.cuda ? "cuda" : "cpu";
+  if (o.gpus > 1) root["devices"] = o.gpus;
+  if (o.nodes > 1) root["nodes"] = o.nodes;
+  if (!o.device_memory.empty()) root["device_memory"] = o.device_memory;
+  for (const std::string& set : o.sets) {
+    const size_t eq = set.find('=');
+    YAML::Node at = root;
+    const std::vector<std::string> parts = [&] {
+      std::vector<std::string> p;
+      size_t start = 0;
+      const std::string key = set.substr(0, eq);
+      for (size_t dot; (dot = key.find('.', start)) != std::string::npos; start = dot + 1) {
+        p.push_back(key.substr(start, dot - start));
+      }
+      p.push_back(key.substr(start));
+      return p;
+    }();
+    // reset() rebinds `at`; assignment would overwrite the node it refers to.
+    for (size_t i = 0; i + 1 < parts.size(); ++i) at.reset(at[parts[i]]);
+    at[parts.back()] = YAML::Load(set.substr(eq + 1));
+  }
+  const size_t rows = std::min<size_t>(plan.fits.size(), static_cast<size_t>(o.top));
+  for (size_t i = 0; i < rows; ++i) {
+    const estimate::PlanCandidate& c = plan.fits[i];
+    YAML::Node trial;
+    trial["name"] = c.name;
+    trial["description"] = "plan #" + std::to_string(i + 1) + ": predicted peak " +
+                           FormatBytes(c.memory.peak_bytes) + ", " +
+                           Grouped(c.time.tokens_per_second, 0) + " tokens/s, " +
+                           Duration(c.time.trial_seconds);
+    trial["set"] = CandidateSet(c);
+    trial["expect"] = "ok";
+    root["trials"].push_back(trial);
+  }
+  YAML::Emitter out;
+  out << root;
+  return "# Written by " + command + "\n# Every row is predicted to fit; `llmctl report` sets " +
+         "each one's measured peak and tokens/s beside the prediction.\n" + out.c_str() + "\n";
+}
+
+std::string CommandLine(const PlanOptions& o) {
+  std::string text = "llmctl plan " + o.model + " --device " + o.device;
+  if (!o.device_memory.empty()) text += " --device-memory " + o.device_memory;
+  if (o.gpus > 1) text += " --gpus " + std::to_string(o.gpus);
+  if (o.nodes > 1) text += " --nodes " + std::to_string(o.nodes);
+  text += " --seq " + std::to_string(o.seq) + " --global-batch " + std::to_string(o.global_batch);
+  text +=
+      o.steps > 0 ? " --steps " + std::to_string(o.steps) : " --tokens " + std::to_string(o.tokens);
+  return text;
+}
+
+double GpuHours(const estimate::PlanCandidate& c, int64_t ranks) {
+  return c.time.trial_seconds * static_cast<double>(ranks) / 3600;
+}
+
+std::string RenderTable(const PlanOptions& o, const Resolved& r, const estimate::Plan& plan) {
+  std::vector<std::vector<std::string>> rows = {
+      {"#", "configuration", "micro x accum", "peak", "of device", "tokens/s", "time"}};
+  if (r.cuda) rows[0].push_back("GPU-hours");
+  if (o.su_per_node_hour > 0) rows[0].push_back("SU");
+  const size_t shown = std::min<size_t>(plan.fits.size(), static_cast<size_t>(o.top));
+  for (size_t i = 0; i < shown; ++i) {
+    const estimate::PlanCandidate& c = plan.fits[i];
+    const int64_t micro = c.config.GetInt("train.micro_batch_size");
+    std::vector<std::string> row = {
+        std::to_string(i + 1),
+        c.name,
+        std::to_string(micro) + " x " + std::to_string(o.global_batch / (micro * r.ranks)),
+        FormatBytes(c.memory.peak_bytes),
+        r.request.device_bytes == std::numeric_limits<uint64_t>::max()
+            ? std::string(kNone)
+            : Printf("%.0f%%", 100.0 * static_cast<double>(c.memory.peak_bytes) /
+                                   static_cast<double>(r.request.device_bytes)),
+        Grouped(c.time.tokens_per_second, 0),
+        Duration(c.time.trial_seconds)};
+    if (r.cuda) row.push_back(Printf("%.2f", GpuHours(c, r.ranks)));
+    if (o.su_per_node_hour > 0) {
+      row.push_back(Printf(
+          "%.1f", c.time.trial_seconds / 3600 * static_cast<double>(o.nodes) * o.su_per_node_hour));
+    }
+    rows.push_back(row);
+  }
+  std::string text = "plan for " + o.model + " on " + std::to_string(r.ranks) + " x " +
+                     r.device_text + ": " + std::to_string(o.global_batch) + " sequences of " +
+                     std::to_string(o.seq) + " tokens a step, " + std::to_string(r.request.steps) +
+                     " steps\n";
+  if (plan.fits.empty()) {
+    text += "nothing fits\n";
+  } else {
+    text += FormatColumns(rows, /*first_right_aligned=*/2);
+    if (plan.fits.size() > shown) {
+      text += std::to_string(plan.fits.size() - shown) + " more fit (--top N shows them)\n";
+    }
+  }
+  text += "searched " + std::to_string(plan.searched) + " configurations; " +
+          std::to_string(plan.fits.size()) + " fit, " + std::to_string(plan.dropped.size()) +
+          " dropped:\n";
+  // Grouped by reason: most configurations fall for the same few.
+  std::vector<std::pair<std::string, std::vector<std::string>>> reasons;
+  for (const estimate::PlanDrop& d : plan.dropped) {
+    auto group = std::find_if(reasons.begin(), reasons.end(),
+                              [&](const auto& r) { return r.first == d.reason; });
+    const std::string entry = d.name + (d.detail.empty() ? "" : " (" + d.detail + ")");
+    if (group == reasons.end()) {
+      reasons.push_back({d.reason, {entry}});
+    } else {
+      group->second.push_back(entry);
+    }
+  }
+  for (const auto& [reason, names] : reasons) {
+    text += "  " + reason + ": ";
+    for (size_t i = 0; i < names.size(); ++i) text += (i > 0 ? ", " : "") + names[i];
+    text += "\n";
+  }
+  text += "time: predicted (" + r.request.calibration.source +
+          "); each configuration at the largest micro-batch that fits and divides the global "
+          "batch; full sequences assumed\n";
+  return text;
+}
+
+std::string RenderJson(const PlanOptions& o, const Resolved& r, const estimate::Plan& plan) {
+  ordered_json out = {{"model", o.model},
+                      {"device", r.device_text},
+                      {"device_memory_bytes", r.request.device_bytes},
+                      {"ranks", r.ranks},
+                      {"seq", o.seq},
+                      {"global_batch", o.global_batch},
+                      {"steps", r.request.steps},
+                      {"calibration", r.request.calibration.source},
+                      {"searched", plan.searched},
+                      {"fits", ordered_json::array()},
+                      {"dropped", ordered_json::array()}};
+  for (size_t i = 0; i < plan.fits.size(); ++i) {
+    const estimate::PlanCandidate& c = plan.fits[i];
+    ordered_json row = {{"rank", i + 1},
+                        {"name", c.name},
+                        {"precision", c.config.GetString("precision")},
+                        {"optimizer", c.config.GetString("optimizer")},
+                        {"peft", c.config.GetString("peft.method")},
+                        {"activation_checkpointing", c.config.GetBool("activation_checkpointing")},
+                        {"strategy", c.config.GetString("strategy")},
+                        {"offload", c.config.GetString("offload")},
+                        {"micro_batch_size", c.config.GetInt("train.micro_batch_size")},
+                        {"peak_bytes", c.memory.peak_bytes},
+                        {"step_seconds", c.time.step_seconds},
+                        {"tokens_per_second", c.time.tokens_per_second},
+                        {"trial_seconds", c.time.trial_seconds},
+                        {"gpu_hours", GpuHours(c, r.ranks)}};
+    if (o.su_per_node_hour > 0) {
+      row["service_units"] =
+          c.time.trial_seconds / 3600 * static_cast<double>(o.nodes) * o.su_per_node_hour;
+    }
+    out["fits"].push_back(row);
+  }
+  for (const estimate::PlanDrop& d : plan.dropped) {
+    out["dropped"].push_back({{"name", d.name}, {"reason", d.reason}, {"detail", d.detail}});
+  }
+  return out.dump(2) + "\n";
+}
+
+}  // namespace
+
+StatusOr<std::string> PlanRun(const PlanOptions& options) {
+  if (options.format != "table" && options.format != "json") {
+    return InvalidArgumentError("--format: expected table or json, got '" + options.format + "'");
+  }
+  if (options.top < 1) return InvalidArgumentError("--top: expected 1 or more");
+  if (!options.write.empty() && options.data.empty()) {
+    return InvalidArgumentError("--write needs --data PATH: the experiment file's training data");
+  }
+  if (options.budget_hours < 0 || options.su_per_node_hour < 0) {
+    return InvalidArgumentError("--budget-hours and --su-per-node-hour take positive numbers");
+  }
+  ASSIGN_OR_RETURN(const Resolved resolved, Resolve(options));
+  StatusOr<estimate::Plan> plan = estimate::SearchPlans(resolved.request);
+  if (!plan.ok()) return InvalidArgumentError(plan.status().message());
+  if (!options.write.empty()) {
+    if (plan->fits.empty()) {
+      return FailedPreconditionError("--write " + options.write +
+                                     ": nothing fits, so there is nothing to write");
+    }
+    const std::string yaml = ExperimentYaml(options, resolved, *plan, CommandLine(options));
+    // What is written must be what `llmctl submit` runs: parsed as it will be, before it lands.
+    const std::string written_as =
+        (fs::absolute(options.write).parent_path() / "plan.yaml").string();
+    StatusOr<Experiment> parsed = ParseExperiment(yaml, written_as);
+    if (!parsed.ok()) {
+      return InternalError("the plan's experiment file does not parse: " +
+                           parsed.status().message());
+    }
+    const Status written = WriteFileAtomically(
+        options.write, [&](int fd) { return WriteAll(fd, yaml.data(), yaml.size()); });
+    if (!written.ok()) return InvalidArgumentError("--write: " + written.message());
+  }
+  return options.format == "json" ? RenderJson(options, resolved, *plan)
+                                  : RenderTable(options, resolved, *plan);
+}
+
+}  // namespace llmctl::cli

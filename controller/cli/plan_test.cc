@@ -1,0 +1,185 @@
+// `llmctl plan`: the search's answer, its errors, and the experiment file --write emits, run
+// through the real llm-train under the plan's device budget.
+#include "controller/cli/plan.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/byte_size.h"
+#include "common/experiment.h"
+#include "controller/cli/commands.h"
+#include "tests/support/shell_command.h"
+
+namespace llmctl::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string Source() {
+  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
+  return std::string(dir != nullptr ? dir : ".");
+}
+
+class PlanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("llmctl-plan-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Runs `llmctl plan ARGS...` in-process: no controller is asked.
+  int Llmctl(std::vector<std::string> args) {
+    args.insert(args.begin(), {"llmctl", "plan"});
+    out_.str("");
+    err_.str("");
+    CliContext context{
+        .env = [](std::string_view) { return std::optional<std::string>(); },
+        .out = out_,
+        .err = err_,
+        .out_is_tty = false,
+        .self = dir_ / "llmctl",
+        .daemon_ready_timeout = std::chrono::milliseconds(100),
+        .watch_retry_interval = std::chrono::milliseconds(1),
+    };
+    return RunLlmctl(args, context);
+  }
+
+  // The CPU lab's large stand-in under the lab's device budget: full fine-tuning fits only in
+  // bf16-true with 8-bit AdamW, the rest only with adapters.
+  std::vector<std::string> CpuLabLarge() {
+    return {Source() + "/experiments/models/cpu-lab-large",
+            "--device",
+            "cpu",
+            "--device-memory",
+            "216MiB",
+            "--seq",
+            "128",
+            "--global-batch",
+            "8",
+            "--steps",
+            "3"};
+  }
+
+  fs::path dir_;
+  std::ostringstream out_;
+  std::ostringstream err_;
+};
+
+TEST_F(PlanTest, RanksWhatFitsFastestFirstAndSaysWhyTheRestWereDropped) {
+  std::vector<std::string> args = CpuLabLarge();
+  args.insert(args.end(), {"--format", "json"});
+  ASSERT_EQ(Llmctl(args), kExitOk) << err_.str();
+  const json plan = json::parse(out_.str());
+  EXPECT_EQ(plan["searched"], 3 * 2 * 3 * 2 * 2);  // precision, optimizer, peft, ckpt, offload
+  ASSERT_FALSE(plan["fits"].empty());
+  EXPECT_EQ(plan["fits"].size() + plan["dropped"].size(), plan["searched"].get<size_t>());
+  double previous = 0;
+  for (const json& row : plan["fits"]) {
+    EXPECT_LE(row["peak_bytes"].get<uint64_t>(), uint64_t{216} << 20) << row.dump();
+    // Fastest first (ties within 0.5% are ordered by peak).
+    EXPECT_GE(row["trial_seconds"].get<double>(), previous * 0.995) << row.dump();
+    previous = row["trial_seconds"].get<double>();
+  }
+  // fp32 full fine-tuning with AdamW cannot fit: its weights, gradients and moments alone take
+  // 16 B x 31.4M parameters.
+  bool fp32_adamw_dropped = false;
+  for (const json& drop : plan["dropped"]) {
+    if (drop["name"] == "32-true-adamw") {
+      fp32_adamw_dropped = true;
+      EXPECT_NE(drop["reason"].get<std::string>().find("out of memory at micro-batch 1"),
+                std::string::npos);
+    }
+  }
+  EXPECT_TRUE(fp32_adamw_dropped) << out_.str();
+
+  // The table says the same, with the dropped configurations grouped by reason.
+  ASSERT_EQ(Llmctl(CpuLabLarge()), kExitOk) << err_.str();
+  EXPECT_NE(out_.str().find("searched 72 configurations"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find("32-true-adamw ("), std::string::npos) << out_.str();
+}
+
+TEST_F(PlanTest, BadFlagsAreNamed) {
+  auto expect_error = [&](std::vector<std::string> args, const std::string& message) {
+    EXPECT_EQ(Llmctl(args), kExitInvalidInput) << out_.str();
+    EXPECT_NE(err_.str().find(message), std::string::npos) << err_.str();
+    EXPECT_EQ(out_.str(), "");
+  };
+  std::vector<std::string> args = CpuLabLarge();
+  args[2] = "a100";
+  expect_error(args, "--device: expected a GPU (h100-94gb, ");
+  args = CpuLabLarge();
+  args.insert(args.end(), {"--tokens", "1000"});
+  expect_error(args, "give the run's length as one of --steps N or --tokens N");
+  args = CpuLabLarge();
+  args.insert(args.end(), {"--precisions", "fp8"});
+  expect_error(args, "--precisions: ");
+  args = CpuLabLarge();
+  args.insert(args.end(), {"--write", (dir_ / "plan.yaml").string()});
+  expect_error(args, "--write needs --data PATH");
+  args = CpuLabLarge();
+  args[0] = "hf:TinyLlama/TinyLlama-1.1B-Chat-v1.0";
+  expect_error(args, "is on the Hugging Face hub");
+  args = CpuLabLarge();
+  args.insert(args.end(), {"--set", "train.lr"});
+  expect_error(args, "--set: expected KEY=VALUE");
+}
+
+TEST_F(PlanTest, GpuPlanCountsGpuHoursAndServiceUnits) {
+  ASSERT_EQ(Llmctl({"tinyllama-1.1b", "--device", "h100-94gb", "--seq", "512", "--global-batch",
+                    "32", "--tokens", "10000000", "--su-per-node-hour", "2", "--peft", "none",
+                    "--format", "json"}),
+            kExitOk)
+      << err_.str();
+  const json plan = json::parse(out_.str());
+  EXPECT_EQ(plan["steps"], 611);  // ceil(10M / (32 x 512))
+  ASSERT_FALSE(plan["fits"].empty());
+  const json& top = plan["fits"][0];
+  EXPECT_EQ(top["peft"], "none");
+  EXPECT_NEAR(top["gpu_hours"].get<double>(), top["trial_seconds"].get<double>() / 3600, 1e-9);
+  EXPECT_NEAR(top["service_units"].get<double>(), 2 * top["gpu_hours"].get<double>(), 1e-9);
+}
+
+// Issue 28's check of a plan: every configuration it says fits does fit, run by the real
+// llm-train under the plan's device budget from the experiment file --write emits, unchanged.
+TEST_F(PlanTest, WrittenTopRowsRunAndFitUnderTheBudget) {
+  const fs::path file = dir_ / "plan.yaml";
+  std::vector<std::string> args = CpuLabLarge();
+  args.insert(args.end(),
+              {"--top", "4", "--write", file.string(), "--data",
+               Source() + "/experiments/data/alpaca-packed.jsonl", "--set", "data.format=text",
+               "--set", "tokenizer=" + Source() + "/experiments/tokenizers/demo/tokenizer.json"});
+  ASSERT_EQ(Llmctl(args), kExitOk) << err_.str();
+  StatusOr<Experiment> written = LoadExperimentFile(file.string());
+  ASSERT_TRUE(written.ok()) << written.status().message();
+  ASSERT_EQ(written->trials.size(), 4u);
+  for (const Trial& trial : written->trials) {
+    EXPECT_EQ(trial.expect, "ok");
+    const fs::path events = dir_ / (trial.name + ".jsonl");
+    const llmctl::testing::CommandResult run = llmctl::testing::RunShellCommand(
+        (llmctl::testing::BuildDir() / "trainer/llm-train").string() + " --config " +
+        file.string() + " --trial " + trial.name + " --events " + events.string());
+    EXPECT_EQ(run.exit_code, 0) << trial.name << ":\n" << run.out;
+    std::ifstream in(events);
+    bool ended = false;
+    for (std::string line; std::getline(in, line);) {
+      const json event = json::parse(line);
+      if (event["type"] != "result") continue;
+      ended = true;
+      EXPECT_LE(event["peak_bytes"].get<uint64_t>(), uint64_t{216} << 20) << trial.name;
+    }
+    EXPECT_TRUE(ended) << trial.name;
+  }
+}
+
+}  // namespace
+}  // namespace llmctl::cli
