@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/byte_size.h"
+#include "common/estimate/chunked_loss.h"
 #include "common/estimate/trace.h"
 
 namespace llmctl::estimate {
@@ -293,47 +294,16 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
     // hidden states' gradient (the size of the hidden states) and the head's summed gradient for
     // backward, which only scales them. While it runs, the hidden states themselves are alive.
     trace.Save(hidden);
-    const uint64_t n_chunk = static_cast<uint64_t>(std::min(kLossChunkTokens, f.tokens));
-    const uint64_t chunk = n_chunk * static_cast<uint64_t>(f.vocab);
-    const bool several_chunks = f.tokens > kLossChunkTokens;
-    const uint64_t head_values = static_cast<uint64_t>(f.vocab * f.hidden);
-    // The head's summed gradient, in the weight's dtype (under fsdp the gathered one's).
-    const uint64_t weight_element = sharded ? f.act : param;
-    const uint64_t summed_head_grad = f.full ? weight_element * head_values : 0;
-    const uint64_t held = several_chunks ? summed_head_grad : 0;
-    // The chunk's logits are in autocast's dtype when it is on (under fsdp too, where the gathered
-    // weights are bf16 already).
-    const uint64_t element = autocast_scope ? 2 : f.act;
-    uint64_t chunk_moment = 0;
-    if (!f.Targeted("lm_head")) {
-      // A plain head, in autocast's dtype when it is on (the weight cast once, held through the
-      // chunks, unless fsdp gathered it in bf16 already). Each chunk: its logits and their float32
-      // copy (or the gradient, cast back, beside it); log-sum-exp's float32 temporary beside that
-      // copy; the first chunk's weight gradient created beside its logits' gradient (and widened
-      // to the weight's dtype), later ones added in place (or, when they differ in dtype, made
-      // first).
-      const uint64_t widen = element != 4 ? element : 0;
-      const uint64_t cast_weight = element != weight_element ? element * head_values : 0;
-      const uint64_t chunk_grad = f.full ? element * head_values : 0;
-      const uint64_t first_weight_grad =
-          chunk * element + chunk_grad + (element != weight_element ? summed_head_grad : 0);
-      const uint64_t later_weight_grad =
-          several_chunks && element != weight_element ? held + chunk * element + chunk_grad : 0;
-      // Beside them, each chunk row's int64 target, scored flag, float32 log-sum-exp and its
-      // maximum (17 B a token), and the loss' scalars (the count, its reciprocal, the sum).
-      const uint64_t rows = 17 * n_chunk + 256;
-      chunk_moment = cast_weight + rows +
-                     std::max({held + chunk * (4 + widen), held + 2 * 4 * chunk, first_weight_grad,
-                               later_weight_grad});
-    } else {
-      // Through autograd (an adapter on the head), each chunk: its logits (the base output, the
-      // adapter's, its scaled copy and their sum), their float32 copy and log-softmax; then
-      // backward's log-softmax and two float32 gradients, beside the head's gradient summed so
-      // far.
-      const uint64_t widen = element != 4 ? 4 : 0;
-      chunk_moment = held + std::max(4 * chunk * element, chunk * (element + widen + 4));
-      chunk_moment = std::max(chunk_moment, held + 3 * 4 * chunk);
-    }
+    const uint64_t chunk_moment = ChunkedLossMoment(
+        {.tokens = f.tokens,
+         .hidden = f.hidden,
+         .vocab = f.vocab,
+         .act = f.act,
+         .autocast = autocast_scope,
+         // The head's summed gradient, in the weight's dtype (under fsdp the gathered one's).
+         .weight_element = sharded ? static_cast<uint64_t>(f.act) : param,
+         .head_trains = f.full,
+         .head_adapter = f.Targeted("lm_head")});
     forward_transient = hidden.bytes + chunk_moment;
     loss_backward = head_grad;
   } else {

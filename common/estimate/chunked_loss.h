@@ -1,0 +1,28 @@
+// The chunked cross-entropy's memory (trainer/model/loss.cc's ChunkedCrossEntropyLoss), shared by
+// step_memory.cc's LLaMA trace and blip2_trace.cc's BLIP-2 one: its forward forms the loss'
+// gradients kLossChunkTokens tokens at a time and keeps for backward only the hidden states'
+// gradient (the hidden states' size) and the head's summed gradient.
+#ifndef LLMCTL_COMMON_ESTIMATE_CHUNKED_LOSS_H_
+#define LLMCTL_COMMON_ESTIMATE_CHUNKED_LOSS_H_
+
+#include <cstdint>
+
+namespace llmctl::estimate {
+
+struct ChunkedLossShape {
+  int64_t tokens = 0;  // the rows scored, B·T
+  int64_t hidden = 0;  // C
+  int64_t vocab = 0;   // V
+  int act = 4;         // the hidden states' element
+  bool autocast = false;
+  uint64_t weight_element = 4;  // the head weight's (under fsdp the gathered one's)
+  bool head_trains = false;     // the head's weight trains (its summed gradient is formed)
+  bool head_adapter = false;    // a LoRA adapter on the head: each chunk through autograd
+};
+
+// The bytes the loss adds while its chunks run, beyond the hidden states and their saved gradient.
+uint64_t ChunkedLossMoment(const ChunkedLossShape& shape);
+
+}  // namespace llmctl::estimate
+
+#endif  // LLMCTL_COMMON_ESTIMATE_CHUNKED_LOSS_H_
