@@ -38,6 +38,7 @@ struct Blip2Run {
   bool cuda = false;
   bool checkpointing = false;
   bool fused = false;  // T5's norms and gated-GELU (kernels: fused)
+  bool chunked_loss = false;
 
   bool Targeted(std::string_view name) const {
     return !name.empty() && std::find(targets.begin(), targets.end(), name) != targets.end();

@@ -111,6 +111,64 @@ void ExpectPeaksWithin(const std::vector<Case>& cases) {
   fs::remove_all(dir);
 }
 
+const Sets kT5 = {{"model", Experiments() + "models/cpu-lab-blip2-t5"},
+                  {"tokenizer", Experiments() + "tokenizers/captions-t5"},
+                  {"data.max_seq_length", "12"}};
+const Sets kMedium = {{"model", Experiments() + "models/cpu-lab-blip2-medium"}};
+
+// The techniques on one device over the three stand-ins, from the reduced-batch row (OPT-256 x 8,
+// fp32 AdamW, 4 images a micro-batch): one image a micro-batch, the fused kernels and chunked
+// loss, precisions, optimizers, frozen parts, LoRA and QLoRA on OPT and T5, checkpointing.
+TEST(EstimateBlip2PeakTest, TechniquesOnOneDevice) {
+  std::vector<Case> cases;
+  for (const Sets& sets : std::vector<Sets>{
+           {{"train.micro_batch_size", "1"}, {"train.global_batch_size", "1"}},
+           {{"kernels", "fused"}},
+           {{"loss", "chunked_ce"}, {"precision", "bf16-true"}},
+           {{"kernels", "fused"}, {"precision", "bf16-mixed"}},
+           {{"optimizer", "sgd"}, {"train.momentum", "0.9"}},
+           {{"optimizer", "adamw_8bit"}},
+           {{"offload", "optimizer"}, {"precision", "bf16-true"}},
+           {{"optimizer", "sgd"}, {"optimizer_in_backward", "true"}},
+           {{"freeze", "[vision_model, qformer]"}},
+           {{"freeze", "[language_model]"}},
+           {{"peft.method", "lora"},
+            {"peft.targets", "[q_proj, v_proj, fc1]"},
+            {"peft.dropout", "0.1"}},
+           {{"peft.method", "qlora"}},
+           {{"activation_checkpointing", "true"}},
+           With(kMedium, {{"precision", "bf16-true"},
+                          {"activation_checkpointing", "true"},
+                          {"peft.method", "lora"}}),
+           With(kT5, {{"kernels", "fused"}, {"precision", "bf16-true"}}),
+           With(kT5, {{"precision", "bf16-mixed"}, {"optimizer", "adamw_8bit"}}),
+           With(kT5, {{"peft.method", "lora"}, {"peft.targets", "[q, v, wo, lm_head]"}}),
+           With(kT5, {{"peft.method", "qlora"},
+                      {"peft.targets", "[q, wi_0]"},
+                      {"peft.compute_dtype", "fp32"}}),
+       }) {
+    cases.push_back({"cpu-lab-blip2.yaml", "reduced-batch", sets});
+  }
+  ExpectPeaksWithin(cases);
+}
+
+// Two ranks (rank 0's peak): ddp's buckets, fsdp's shards and gathered blocks, with 8-bit AdamW and
+// LoRA.
+TEST(EstimateBlip2PeakTest, DataParallelRanks) {
+  const Sets two = {{"devices", "2"}, {"train.global_batch_size", "8"}};
+  std::vector<Case> cases;
+  for (const Sets& sets : std::vector<Sets>{
+           {{"strategy", "ddp"}},
+           {{"strategy", "fsdp"}},
+           {{"strategy", "fsdp"}, {"peft.method", "lora"}},
+           With(kT5,
+                {{"strategy", "fsdp"}, {"precision", "bf16-true"}, {"optimizer", "adamw_8bit"}}),
+       }) {
+    cases.push_back({"cpu-lab-blip2.yaml", "reduced-batch", With(two, sets), 2});
+  }
+  ExpectPeaksWithin(cases);
+}
+
 // Every row of experiments/cpu-lab-blip2.yaml at its own micro-batch, precision and technique, one
 // test each so that ctest spreads them over its jobs.
 class CpuLabBlip2RowTest : public ::testing::TestWithParam<const char*> {};

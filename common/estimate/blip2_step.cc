@@ -111,20 +111,27 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
            "backward, at the loss: " + state_text + gathered_text(gathered_at_loss) +
                " + activations " + FormatBytes(estimate.activation_bytes) +
                " + the loss' gradients " + FormatBytes(trace.loss_backward));
+  // Block by block: its backward starts with its saved tensors all there and ends with its
+  // gradients all made, each freed or made as it goes.
   uint64_t produced = head_grads;
   uint64_t remaining = trace.saved + fixed;
   for (auto it = trace.blocks.rbegin(); it != trace.blocks.rend(); ++it) {
     const Blip2BlockTrace& block = *it;
-    if (block.unit >= 0) produced += grads_of(unit_values[static_cast<size_t>(block.unit + 1)]);
-    if (it + 1 == trace.blocks.rend()) produced = state.grads_bytes;  // the root's last
+    uint64_t made =
+        block.unit >= 0 ? grads_of(unit_values[static_cast<size_t>(block.unit + 1)]) : 0;
+    if (it + 1 == trace.blocks.rend())
+      made = state.grads_bytes - std::min(produced, state.grads_bytes);
     const uint64_t gathered = sharded ? gathered_backward : 0;
-    consider(base + gathered + grads_after(produced) + remaining + block.recompute +
-                 block.backward_transient,
+    const uint64_t before = grads_after(produced);
+    const uint64_t after = grads_after(produced + made);
+    const uint64_t held = std::max(before + block.saved + block.recompute, after);
+    consider(base + gathered + remaining - block.saved + held + block.backward_transient,
              "backward",
              "backward, " + block.name + ": " + state_text + gathered_text(gathered) +
-                 " + gradients " + FormatBytes(grads_after(produced)) + " + activations left " +
-                 FormatBytes(remaining + block.recompute) + " + the block's temporaries " +
-                 FormatBytes(block.backward_transient));
+                 " + gradients and the block's activations " + FormatBytes(held) +
+                 " + activations left " + FormatBytes(remaining - block.saved) +
+                 " + the block's temporaries " + FormatBytes(block.backward_transient));
+    produced += made;
     remaining -= block.saved;
   }
   consider(base + (accumulation > 1 ? 0 : state.grads_bytes) +

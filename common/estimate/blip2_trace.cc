@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/estimate/blip2_ops.h"
+#include "common/estimate/chunked_loss.h"
 
 namespace llmctl::estimate {
 namespace {
@@ -36,7 +37,16 @@ class Blip2Walk {
     Blip2BlockTrace block{name, unit, 0, 0, backward_transient};
     const uint64_t before = ops_.saved();
     Tensor y;
-    if (checkpointed && r_.checkpointing) {
+    bool input_grad = x.requires_grad;
+    for (const Tensor& t : kept) input_grad = input_grad || t.requires_grad;
+    if (checkpointed && r_.checkpointing && !input_grad) {
+      // CheckpointedForward records nothing when no input needs a gradient: the block runs
+      // without keeping a tensor, and its output needs none.
+      Ops unrecorded(r_);
+      const Tensor out = body(unrecorded, x);
+      y = ops_.New(static_cast<int64_t>(out.bytes / static_cast<uint64_t>(out.element)),
+                   out.element, false);
+    } else if (checkpointed && r_.checkpointing) {
       ops_.Save(x);
       for (const Tensor& t : kept) ops_.Save(t);
       Ops rerun(r_);
@@ -70,6 +80,11 @@ class Blip2Walk {
   Tensor T5Attention(Ops& ops, const T5Config& t, const Tensor& x, const Tensor& context,
                      int64_t rows, int64_t tq, int64_t context_rows, int64_t tk, bool mask_grad);
   Tensor T5FeedForward(Ops& ops, const T5Config& t, const Tensor& x, int64_t rows);
+  // The chunked cross-entropy over `hidden` (rows, C) (chunked_loss.h): the hidden states'
+  // gradient kept, the chunks' moment beside the hidden states; backward only scales the gradients
+  // it formed (the head's, when it trains).
+  Tensor ChunkedLoss(Ops& ops, const Tensor& hidden, int64_t rows, int64_t width, int64_t vocab,
+                     bool head_adapter);
 
   const Blip2Run& r_;
   const Blip2Config& m_;
@@ -253,6 +268,7 @@ Tensor Blip2Walk::Opt(const OptConfig& o, const Tensor& embeds) {
   // every position, the shifted labels kept by nll_loss).
   Block("head and loss", -1, h, [&](Ops& ops, const Tensor& x) {
     const Tensor hidden = ops.LayerNorm(x, n, c, trains);
+    if (r_.chunked_loss) return ChunkedLoss(ops, hidden, n, c, o.vocab_size, false);
     const Tensor logits = ops.Linear(hidden, n, c, o.vocab_size, trains);
     const uint64_t nv = static_cast<uint64_t>(n * o.vocab_size);
     const Tensor log_probs = ops.New(n * o.vocab_size, kFp32, logits.requires_grad);
@@ -266,6 +282,30 @@ Tensor Blip2Walk::Opt(const OptConfig& o, const Tensor& embeds) {
     return log_probs;
   });
   return h;
+}
+
+Tensor Blip2Walk::ChunkedLoss(Ops& ops, const Tensor& hidden, int64_t rows, int64_t width,
+                              int64_t vocab, bool head_adapter) {
+  const Tensor gradient = ops.New(rows * width, hidden.element, false);
+  const bool grad = hidden.requires_grad || r_.language;
+  if (grad) ops.Save(gradient);
+  // The head's summed gradient (V, C), formed in forward and kept for backward, which scales it
+  // into a new tensor.
+  const uint64_t head_gradient =
+      r_.language ? static_cast<uint64_t>(vocab * width) * static_cast<uint64_t>(r_.act) : 0;
+  if (head_gradient > 0) ops.Save(ops.New(vocab * width, r_.act, false));
+  // The shifted labels (int64), beside the chunks.
+  ops.Alive(ops.Unsaved(hidden) + static_cast<uint64_t>(rows) * kInt64 +
+            ChunkedLossMoment({.tokens = rows,
+                               .hidden = width,
+                               .vocab = vocab,
+                               .act = hidden.element,
+                               .autocast = r_.autocast,
+                               .weight_element = static_cast<uint64_t>(r_.act),
+                               .head_trains = r_.language,
+                               .head_adapter = head_adapter}));
+  trace_.loss_backward = head_gradient;
+  return gradient;
 }
 
 Tensor Blip2Walk::T5Attention(Ops& ops, const T5Config& t, const Tensor& x, const Tensor& context,
@@ -314,6 +354,12 @@ void Blip2Walk::T5(const T5Config& t, const Tensor& embeds) {
                    int64_t blocks, const Tensor* encoder) {
     const Tensor bias = ops_.New(batch_ * t.num_heads * length * length, bias_element, trains);
     ops_.locals += bias.bytes;
+    if (trains) {
+      // The embedding of the buckets keeps them (T, T) int64; the decoder's causal mask, where's
+      // condition (T, T), is kept too.
+      ops_.Save(ops_.New(length * length, kInt64, false));
+      if (encoder != nullptr) ops_.Save(ops_.New(length * length, 1, false));
+    }
     Tensor h = ops_.Dropout(input, rows * c, t.dropout_rate);
     if (r_.checkpointing) h.requires_grad = true;
     for (int64_t i = 0; i < blocks; ++i) {
@@ -349,12 +395,14 @@ void Blip2Walk::T5(const T5Config& t, const Tensor& embeds) {
   if (!encoder_kept) ops_.locals += encoder.bytes;
   // The decoder reads the caption's labels shifted right, embedded by the shared matrix.
   const Tensor decoder_embeds = ops_.New(dn * c, bias_element, trains);
+  if (trains) ops_.Save(ops_.New(dn, kInt64, false));  // the shifted ids, for the embedding
   ops_.Alive(decoder_embeds.bytes + static_cast<uint64_t>(dn) * kInt64 * 2);
   const Tensor hidden =
       stack("t5 decoder", decoder_embeds, dn, caption, t.num_decoder_layers, &encoder);
   // The head and T5's loss: the cross-entropy in the logits' dtype, the caption's labels copied
   // (B·S) for nll_loss.
   Block("head and loss", -1, hidden, [&](Ops& ops, const Tensor& x) {
+    if (r_.chunked_loss) return ChunkedLoss(ops, x, dn, c, t.vocab_size, r_.Targeted("lm_head"));
     const Tensor logits = ops.Linear(x, dn, c, t.vocab_size, trains, "lm_head", false);
     const Tensor log_probs = ops.New(dn * t.vocab_size, logits.element, logits.requires_grad);
     if (logits.requires_grad) {
@@ -413,6 +461,7 @@ Blip2ForwardTrace TraceBlip2Forward(const TrialConfig& config, const Blip2Config
   run.cuda = config.GetString("device") == "cuda";
   run.checkpointing = config.GetBool("activation_checkpointing");
   run.fused = config.GetString("kernels") == "fused";
+  run.chunked_loss = UsesChunkedLoss(config);
   Blip2Walk walk(run, model, config.GetInt("train.micro_batch_size"),
                  model.num_query_tokens + caption_tokens);
   return walk.Run();
