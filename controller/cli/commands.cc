@@ -29,6 +29,7 @@
 #include "controller/cli/estimate.h"
 #include "controller/cli/input_tree.h"
 #include "controller/cli/inputs.h"
+#include "controller/cli/lease_sizing.h"
 #include "controller/cli/plan.h"
 #include "controller/cli/report.h"
 #include "controller/cli/watch_view.h"
@@ -140,9 +141,10 @@ class Llmctl {
   int Submit(const std::string& file, const std::vector<std::string>& only_trials, bool wait,
              bool provision, const std::vector<std::string>& node_flags);
   // OK when a registered node's lease matches the experiment's target, or after --provision made
-  // one; FailedPrecondition saying what to run otherwise.
+  // one for `lease_sizing`'s duration; FailedPrecondition saying what to run otherwise.
   Status EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& experiment, bool provision,
-                          const std::vector<std::string>& node_flags);
+                          const std::vector<std::string>& node_flags,
+                          const LeaseSizing& lease_sizing);
   int Lease(const std::vector<std::string>& args, std::ostream& out);
   int Node(const std::vector<std::string>& args, std::ostream& out);
   // Tells the controller where `node up`'s agent is and on which lease, then waits until the
@@ -239,20 +241,22 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
   StatusOr<int64_t> min_transfer_rate = MinTransferRate(context_.env);
   if (!min_transfer_rate.ok()) return Fail(min_transfer_rate.status());
 
+  // Each trial's predicted memory and time, stored with it so the report can set them beside the
+  // measured ones, and what sizes a provisioned lease; a trial predicted to run out of memory that
+  // is not meant to is worth a second look, but the prediction may be wrong, so it is a warning,
+  // not a refusal.
+  StatusOr<std::vector<TrialPrediction>> predictions = PredictTrials(*checked, file);
+  if (!predictions.ok()) return Fail(predictions.status());
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
   if (!checked->target.empty()) {
-    const Status placed = EnsureTargetNode(**stub, *checked, provision, node_flags);
+    const Status placed = EnsureTargetNode(**stub, *checked, provision, node_flags,
+                                           SizeLease(*checked, *predictions));
     if (!placed.ok()) return Fail(placed.WithContext(file + ": target"));
   } else if (provision) {
-    return Fail(
-        InvalidArgumentError(file + ": --provision needs a `target: {site, flavor}` in it"));
+    return Fail(InvalidArgumentError(
+        file + ": --provision needs a `target: {site, flavor}` or `{site, node_type}` in it"));
   }
-  // Each trial's predicted memory, stored with it so the report can set it beside the measured
-  // peak; a trial predicted to run out of memory that is not meant to is worth a second look, but
-  // the prediction may be wrong, so it is a warning, not a refusal.
-  StatusOr<std::vector<TrialPrediction>> predictions = PredictTrials(*checked, file);
-  if (!predictions.ok()) return Fail(predictions.status());
   StatusOr<UploadSummary> uploaded = UploadMissingBlobs(**stub, inputs->blobs, *min_transfer_rate);
   if (!uploaded.ok()) return Fail(uploaded.status());
 
@@ -315,7 +319,8 @@ int Llmctl::FollowAndReport(v1::Controller::Stub& stub, int64_t id) {
 }
 
 Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& experiment,
-                                bool provision, const std::vector<std::string>& node_flags) {
+                                bool provision, const std::vector<std::string>& node_flags,
+                                const LeaseSizing& lease_sizing) {
   for (const auto& [key, value] : experiment.target) {
     if (key != "site" && key != "flavor" && key != "node_type") {
       return InvalidArgumentError("unknown key '" + key +
@@ -350,8 +355,14 @@ Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& ex
     return Status::Ok();
   }
   const std::string lease = ProvisionLeaseName(experiment.name, flavor);
-  std::vector<std::string> create = {
-      "create", node_type.empty() ? "--flavor" : "--node-type", flavor, "--name", lease, "--wait"};
+  std::vector<std::string> create = {"create",
+                                     node_type.empty() ? "--flavor" : "--node-type",
+                                     flavor,
+                                     "--name",
+                                     lease,
+                                     "--duration",
+                                     lease_sizing.duration,
+                                     "--wait"};
   if (!site.empty()) create.insert(create.end(), {"--site", site});
   std::vector<std::string> up = {"up", "--lease", lease};
   up.insert(up.end(), node_flags.begin(), node_flags.end());
@@ -366,7 +377,8 @@ Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& ex
         ". `llmctl submit --provision` makes one (it spends your allocation), or run: " +
         create_line + " && " + up_line + (node_flags.empty() ? " --agent-image REF" : ""));
   }
-  context_.err << "provisioning lease " << lease << " and its node for target " << flavor << "\n";
+  context_.err << "provisioning lease " << lease << " and its node for target " << flavor << ", "
+               << lease_sizing.duration << " (" << lease_sizing.explanation << ")\n";
   // Rerunning finds the lease of the earlier run by its name instead of making another.
   std::vector<std::string> show = {"show", lease};
   if (!site.empty()) show.insert(show.end(), {"--site", site});

@@ -38,14 +38,14 @@ StatusOr<std::string> EstimateExperiment(const std::string& file, const Estimate
 
 // One trial's prediction, as `llmctl submit` stores it with the trial.
 struct TrialPrediction {
-  std::string trial;
+  std::string trial = {};
   uint64_t peak_bytes = 0;
   uint64_t activation_bytes = 0;
   uint64_t model_state_bytes = 0;
-  std::string peak_phase;
+  std::string peak_phase = {};
   uint64_t device_memory_bytes = 0;  // 0 without a device to judge against
-  std::string device_source;         // "device_memory 216MiB", "target flavor ...: ..."
-  std::string verdict;               // "fits", "oom", or "" without a device
+  std::string device_source = {};    // "device_memory 216MiB", "target flavor ...: ..."
+  std::string verdict = {};          // "fits", "oom", or "" without a device
   // The predicted time, when the trial's device speed is known (step_seconds 0 otherwise).
   double step_seconds = 0;
   double tokens_per_second = 0;

@@ -14,12 +14,15 @@
 
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,7 +72,7 @@ int FreePort() {
 class CloudEndToEndTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto simulator = testing::Simulator::Start({"--wall-clock"});
+    auto simulator = testing::Simulator::Start({"--wall-clock", "--region", region_});
     ASSERT_TRUE(simulator.ok()) << simulator.status().ToString();
     simulator_ = std::move(*simulator);
     // Nothing here boots: servers and volumes are ready at once, deletes finish at once.
@@ -95,7 +98,7 @@ class CloudEndToEndTest : public ::testing::Test {
 
   // `extra_env`: more NAME=VALUE words for the command's environment.
   CommandResult Llmctl(const std::string& args, const std::string& extra_env = "") {
-    const openstack::EnvLookup cloud = simulator_->Environment();
+    const openstack::EnvLookup cloud = simulator_->Environment({{"OS_REGION_NAME", region_}});
     std::string command = "env -u LLMCTL_CONTROLLER -u OS_CLOUD -u OS_USERNAME -u OS_PASSWORD";
     if (!extra_env.empty()) command += " " + extra_env;
     for (const char* name : {"OS_AUTH_URL", "OS_AUTH_TYPE", "OS_APPLICATION_CREDENTIAL_ID",
@@ -188,6 +191,8 @@ class CloudEndToEndTest : public ::testing::Test {
     }
   }
 
+  // The site the simulator plays (its Keystone's region).
+  std::string region_ = "KVM@TACC";
   std::unique_ptr<testing::Simulator> simulator_;
   fs::path home_;
   fs::path trainer_;
@@ -290,6 +295,94 @@ TEST_F(CloudEndToEndTest, LeaseNodeSubmitReportAndNothingLeftBehind) {
 
   CommandResult stopped = Llmctl("daemon stop");
   EXPECT_EQ(stopped.exit_code, 0) << stopped.out;
+}
+
+// `submit --provision` at a bare-metal site: the lease reserves hosts by node type, sized from
+// the trials' predicted time (multi-a100.yaml: OpenLLaMA 7B, predicted on the A100s of
+// gpu_a100_pcie), or the labs' fixed lease when a trial's time cannot be predicted
+// (single-a100.yaml: BLIP-2 from the hub). No agent image is given, so the node is not brought up:
+// the lease is what is checked.
+class ProvisionTest : public CloudEndToEndTest {
+ protected:
+  ProvisionTest() { region_ = "CHI@UC"; }
+
+  // The lease `submit --provision FILE` made, and what submit printed.
+  json Provision(const std::string& file, const std::string& lease_name, std::string& printed) {
+    const CommandResult submitted = Llmctl("submit " + file + " --provision");
+    printed = submitted.out;
+    EXPECT_NE(submitted.exit_code, 0) << submitted.out;  // no agent image: no node
+    EXPECT_NE(submitted.out.find("node up needs the agent's image"), std::string::npos)
+        << submitted.out;
+    auto books = simulator_->Books();
+    EXPECT_TRUE(books.ok());
+    if (!books.ok()) return nullptr;
+    for (const json& lease : (*books)["leases"]) {
+      if (lease["name"] == lease_name) return lease;
+    }
+    ADD_FAILURE() << "no lease " << lease_name << " in " << (*books)["leases"].dump();
+    return nullptr;
+  }
+};
+
+// Minutes between a lease's start and end ("2030-01-01 00:00" or ISO forms).
+int64_t LeaseMinutes(const json& lease) {
+  auto minutes_of = [](const std::string& text) {
+    std::tm tm{};
+    std::istringstream in(text.substr(0, 16));
+    in >> std::get_time(&tm,
+                        text.find('T') != std::string::npos ? "%Y-%m-%dT%H:%M" : "%Y-%m-%d %H:%M");
+    return static_cast<int64_t>(::timegm(&tm)) / 60;
+  };
+  return minutes_of(lease["end_date"].get<std::string>()) -
+         minutes_of(lease["start_date"].get<std::string>());
+}
+
+TEST_F(ProvisionTest, ReservesHostsByNodeTypeForThePredictedTime) {
+  std::string printed;
+  const json lease =
+      Provision("experiments/multi-a100.yaml", "llmctl-multi-a100-gpu-a100-pcie", printed);
+  ASSERT_FALSE(lease.is_null());
+  ASSERT_EQ(lease["reservations"].size(), 1u) << lease.dump();
+  const json& reservation = lease["reservations"][0];
+  EXPECT_EQ(reservation["resource_type"], "physical:host") << lease.dump();
+  EXPECT_EQ(reservation["resource_properties"], "[\"==\", \"$node_type\", \"gpu_a100_pcie\"]");
+  // The lease's length is what submit said it sized from the prediction.
+  const std::string said =
+      "provisioning lease llmctl-multi-a100-gpu-a100-pcie and its node for "
+      "target gpu_a100_pcie, ";
+  const size_t at = printed.find(said);
+  ASSERT_NE(at, std::string::npos) << printed;
+  const size_t start = at + said.size();
+  const size_t end = printed.find(" (sized from the prediction: ", start);
+  ASSERT_NE(end, std::string::npos) << printed;
+  const std::string duration = printed.substr(start, end - start);  // "1h10m", "50m"
+  int64_t minutes = 0;
+  int64_t number = 0;
+  for (char c : duration) {
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      number = number * 10 + (c - '0');
+    } else {
+      minutes += c == 'h' ? 60 * number : number;
+      number = 0;
+    }
+  }
+  // Blazar keeps minutes; the start is the simulator's "now", the end the client's.
+  EXPECT_NEAR(LeaseMinutes(lease), minutes, 1) << duration << " " << lease.dump();
+  EXPECT_LT(LeaseMinutes(lease), 170) << "shorter than the labs' fixed lease: " << printed;
+}
+
+TEST_F(ProvisionTest, HubModelsTakeTheLabsLeaseAndSaySo) {
+  ASSERT_TRUE(
+      simulator_->Admin("capacity", {{"hosts", {{{"id", "4"}, {"node_type", "compute_gigaio"}}}}})
+          .ok());
+  std::string printed;
+  const json lease =
+      Provision("experiments/single-a100.yaml", "llmctl-single-a100-compute-gigaio", printed);
+  ASSERT_FALSE(lease.is_null());
+  EXPECT_EQ(lease["reservations"][0]["resource_properties"],
+            "[\"==\", \"$node_type\", \"compute_gigaio\"]");
+  EXPECT_NEAR(LeaseMinutes(lease), 170, 1) << lease.dump();
+  EXPECT_NE(printed.find("2h50m (the labs' 2h50m: "), std::string::npos) << printed;
 }
 
 }  // namespace

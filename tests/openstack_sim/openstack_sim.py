@@ -424,8 +424,7 @@ class Handler(BaseHTTPRequestHandler):
                 return [{k: item.get(k) for k in ("id", "name") + keys} for item in table.values()]
             return 200, {
                 "now": fmt_iso(STATE.now),
-                "leases": [{"id": l["id"], "name": l["name"], "status": l["status"]}
-                           for l in STATE.leases.values()],
+                "leases": [self.lease_view(l) for l in STATE.leases.values()],
                 "private_flavors": sorted(STATE.private_flavors),
                 "servers": [dict(id=s["id"], name=s["name"], status=s["status"],
                                  user_data=s.get("_user_data")) for s in STATE.servers.values()],
