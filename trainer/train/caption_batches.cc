@@ -9,6 +9,7 @@
 #include "common/image/resample.h"
 #include "trainer/data/file_util.h"
 #include "trainer/data/token_file.h"
+#include "trainer/inputs/captions.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -57,39 +58,6 @@ class CaptionBatches final : public BatchSource {
   std::string folder_;
   int64_t image_size_;
 };
-
-// One caption's row: the placeholders, then the caption's ids as the model's tokenizer frames them
-// (OPT's: BOS first; T5's: EOS last), cut to `max_length` with the frame kept, as the tokenizer's
-// truncation does.
-StatusOr<data::TokenizedExample> CaptionExample(const data::TextEncoder& encoder,
-                                                const image::CaptionedImage& entry,
-                                                const Blip2Config& model, int64_t max_length,
-                                                const std::string& folder) {
-  ASSIGN_OR_RETURN(std::vector<int32_t> ids, encoder.Encode(entry.caption, false));
-  const bool eos_last = model.t5() != nullptr && encoder.eos_id() >= 0;
-  const bool bos_first = model.t5() == nullptr && encoder.bos_id() >= 0;
-  const int64_t room = max_length - (eos_last ? 1 : 0) - (bos_first ? 1 : 0);
-  data::TokenizedExample example;
-  if (static_cast<int64_t>(ids.size()) > room) {
-    ids.resize(static_cast<size_t>(std::max<int64_t>(room, 0)));
-    example.truncated = true;
-  }
-  if (bos_first) ids.insert(ids.begin(), encoder.bos_id());
-  if (eos_last) ids.push_back(encoder.eos_id());
-  for (int32_t id : ids) {
-    if (id == model.image_token_index) {
-      return InvalidArgumentError(
-          folder + "/" + entry.file_name + ": the caption holds the image placeholder token (id " +
-          std::to_string(id) + "), which would take one of the image's positions");
-    }
-  }
-  example.input_ids.assign(static_cast<size_t>(model.num_query_tokens),
-                           static_cast<int32_t>(model.image_token_index));
-  example.labels.assign(static_cast<size_t>(model.num_query_tokens), data::kIgnoreIndex);
-  example.input_ids.insert(example.input_ids.end(), ids.begin(), ids.end());
-  example.labels.insert(example.labels.end(), ids.begin(), ids.end());
-  return example;
-}
 
 }  // namespace
 
