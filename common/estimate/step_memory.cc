@@ -484,7 +484,16 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
 StatusOr<MicroBatchFit> FitMicroBatch(const TrialConfig& config, const ModelConfig& model,
                                       uint64_t device_bytes) {
   ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateModelState(config, model));
-  const int64_t world = state.world_size;
+  return FitMicroBatchWith(config, state.world_size, device_bytes,
+                           [&](const TrialConfig& c) -> StatusOr<uint64_t> {
+                             ASSIGN_OR_RETURN(StepMemoryEstimate e, EstimateStepMemory(c, model));
+                             return e.peak_bytes;
+                           });
+}
+
+StatusOr<MicroBatchFit> FitMicroBatchWith(const TrialConfig& config, int64_t world_size,
+                                          uint64_t device_bytes, const PeakOf& peak_of) {
+  const int64_t world = world_size;
   const int64_t global = config.GetInt("train.global_batch_size");
   auto peak_at = [&](int64_t micro) -> StatusOr<uint64_t> {
     TrialConfig c = config;
@@ -493,8 +502,7 @@ StatusOr<MicroBatchFit> FitMicroBatch(const TrialConfig& config, const ModelConf
     const int64_t per_step = micro * world;
     RETURN_IF_ERROR(c.SetFromText("train.global_batch_size",
                                   std::to_string(per_step < global ? 2 * per_step : per_step)));
-    ASSIGN_OR_RETURN(StepMemoryEstimate e, EstimateStepMemory(c, model));
-    return e.peak_bytes;
+    return peak_of(c);
   };
   MicroBatchFit fit;
   ASSIGN_OR_RETURN(const uint64_t at_one, peak_at(1));

@@ -22,6 +22,7 @@
 #define LLMCTL_COMMON_ESTIMATE_STEP_MEMORY_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,12 @@ inline constexpr int64_t kMaxFitMicroBatch = 1 << 16;
 // micro-batch below the global batch accumulates, so it is estimated with accumulation.
 StatusOr<MicroBatchFit> FitMicroBatch(const TrialConfig& config, const ModelConfig& model,
                                       uint64_t device_bytes);
+
+// The same search for any model: `peak_of` gives the peak of `config` with train.micro_batch_size
+// and train.global_batch_size set; `world_size` is the trial's ranks.
+using PeakOf = std::function<StatusOr<uint64_t>(const TrialConfig&)>;
+StatusOr<MicroBatchFit> FitMicroBatchWith(const TrialConfig& config, int64_t world_size,
+                                          uint64_t device_bytes, const PeakOf& peak_of);
 
 }  // namespace llmctl::estimate
 
