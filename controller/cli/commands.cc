@@ -24,6 +24,7 @@
 #include "common/experiment.h"
 #include "common/files.h"
 #include "common/text.h"
+#include "controller/cli/calibration.h"
 #include "controller/cli/client.h"
 #include "controller/cli/daemons.h"
 #include "controller/cli/estimate.h"
@@ -146,6 +147,9 @@ class Llmctl {
                           const std::vector<std::string>& node_flags,
                           const LeaseSizing& lease_sizing);
   int Lease(const std::vector<std::string>& args, std::ostream& out);
+  // The runs estimate, plan and submit calibrate their predicted time with (a note on standard
+  // error when the store cannot be read).
+  StoredCalibrations LoadCalibrations();
   int Node(const std::vector<std::string>& args, std::ostream& out);
   // Tells the controller where `node up`'s agent is and on which lease, then waits until the
   // controller reaches it.
@@ -245,7 +249,13 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
   // measured ones, and what sizes a provisioned lease; a trial predicted to run out of memory that
   // is not meant to is worth a second look, but the prediction may be wrong, so it is a warning,
   // not a refusal.
-  StatusOr<std::vector<TrialPrediction>> predictions = PredictTrials(*checked, file);
+  const StoredCalibrations calibrations = LoadCalibrations();
+  EstimateOptions estimate_options;
+  estimate_options.calibrate = [&](const estimate::DeviceSpeed& device) {
+    return calibrations.For(device);
+  };
+  StatusOr<std::vector<TrialPrediction>> predictions =
+      PredictTrials(*checked, file, estimate_options);
   if (!predictions.ok()) return Fail(predictions.status());
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
@@ -390,6 +400,12 @@ Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& ex
     return FailedPreconditionError("node " + lease + " could not be brought up (see above)");
   }
   return Status::Ok();
+}
+
+StoredCalibrations Llmctl::LoadCalibrations() {
+  StoredCalibrations calibrations = StoredCalibrations::Load(context_.env);
+  if (!calibrations.note().empty()) context_.err << "note: " << calibrations.note() << "\n";
+  return calibrations;
 }
 
 int Llmctl::Lease(const std::vector<std::string>& args, std::ostream& out) {
@@ -922,12 +938,20 @@ int Llmctl::Run(const std::vector<std::string>& args) {
     return Submit(file, submit_trials, wait, provision, node_flags);
   }
   if (estimate->parsed()) {
+    const StoredCalibrations calibrations = LoadCalibrations();
+    estimate_options.calibrate = [&](const estimate::DeviceSpeed& device) {
+      return calibrations.For(device);
+    };
     StatusOr<std::string> text = EstimateExperiment(file, estimate_options);
     if (!text.ok()) return Fail(text.status());
     context_.out << *text << std::flush;
     return kExitOk;
   }
   if (plan->parsed()) {
+    const StoredCalibrations calibrations = LoadCalibrations();
+    plan_options.calibrate = [&](const estimate::DeviceSpeed& device) {
+      return calibrations.For(device);
+    };
     StatusOr<std::string> text = PlanRun(plan_options);
     if (!text.ok()) return Fail(text.status());
     context_.out << *text << std::flush;

@@ -244,4 +244,30 @@ StatusOr<std::vector<TrialStep>> Store::RunSteps(int64_t experiment_id) {
   return steps;
 }
 
+StatusOr<std::vector<TimedRun>> Store::TimedRuns() {
+  std::lock_guard lock(mutex_);
+  ASSIGN_OR_RETURN(Transaction snapshot, Transaction::BeginRead(db_));
+  ASSIGN_OR_RETURN(
+      Statement stmt,
+      Statement::Prepare(db_,
+                         "SELECT t.id, t.prediction_json, s.tokens, s.seconds "
+                         "FROM trials t JOIN trial_steps s ON s.trial_id = t.id "
+                         "WHERE t.state = 'ok' AND t.prediction_json IS NOT NULL AND s.step >= 1 "
+                         "AND s.tokens > 0 AND s.seconds > 0 ORDER BY t.id, s.step"));
+  std::vector<TimedRun> runs;
+  int64_t current = -1;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    if (stmt.Int(0) != current) {
+      current = stmt.Int(0);
+      runs.push_back({.prediction_json = stmt.Text(1), .seconds_per_token = {}});
+    }
+    runs.back().seconds_per_token.push_back(stmt.OptionalNumber(3).value_or(0) /
+                                            static_cast<double>(stmt.OptionalInt(2).value_or(1)));
+  }
+  RETURN_IF_ERROR(snapshot.Commit());
+  return runs;
+}
+
 }  // namespace llmctl::store

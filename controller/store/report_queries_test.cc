@@ -675,5 +675,44 @@ TEST_F(StoreTest, TheViewsHaveTheDataParallelCategories) {
   }
 }
 
+// The runs a time calibration rests on: trials that ended ok with a prediction and timed steps;
+// the store read as `llmctl estimate` reads it, without writing.
+TEST_F(StoreTest, TimedRunsAreTheOkTrialsStepsWithAPrediction) {
+  {
+    std::unique_ptr<Store> store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    NewExperiment experiment = MakeExperiment("timed", {"measured", "unpredicted", "failed"});
+    experiment.trials[0].prediction_json = R"({"peak_bytes":1,"time_device":"cpu"})";
+    experiment.trials[2].prediction_json = R"({"peak_bytes":1,"time_device":"cpu"})";
+    const int64_t id = *store->CreateExperiment(experiment, kNow);
+    const std::vector<TrialRecord> trials = *store->ListTrials(id);
+    const TrialState ends[] = {TrialState::kOk, TrialState::kOk, TrialState::kFailed};
+    for (size_t i = 0; i < trials.size(); ++i) {
+      ASSERT_EQ(*store->StartAttempt(trials[i].id, "n", kNow), 1);
+      std::vector<Event> events;
+      for (int64_t step = 0; step < 3; ++step) {
+        events.push_back(MakeEvent(step + 1, {{"type", "step"},
+                                              {"step", step},
+                                              {"tokens", 100},
+                                              {"seconds", 1.0 + static_cast<double>(step)}}));
+      }
+      ASSERT_EQ(*store->AppendEvents(trials[i].id, 1, events), 3);
+      ASSERT_TRUE(store->FinishAttempt(trials[i].id, 1, ends[i], 0, "", kNow).ok());
+    }
+  }
+  StatusOr<std::unique_ptr<Store>> reader = Store::OpenReadOnly(path_);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  StatusOr<std::vector<TimedRun>> runs = (*reader)->TimedRuns();
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  ASSERT_EQ(runs->size(), 1u);
+  EXPECT_EQ((*runs)[0].prediction_json, R"({"peak_bytes":1,"time_device":"cpu"})");
+  // Steps 1 and 2: 2 s and 3 s for 100 tokens each; step 0 is left out.
+  EXPECT_THAT((*runs)[0].seconds_per_token, ElementsAre(0.02, 0.03));
+
+  EXPECT_EQ(Store::OpenReadOnly((dir_ / "none.db").string()).status().code(),
+            StatusCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "none.db"));
+}
+
 }  // namespace
 }  // namespace llmctl::store

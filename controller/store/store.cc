@@ -568,6 +568,28 @@ StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   return store;
 }
 
+StatusOr<std::unique_ptr<Store>> Store::OpenReadOnly(const std::string& path) {
+  const std::string context = "store " + path;
+  if (::access(path.c_str(), F_OK) != 0) return NotFoundError(context + ": no such file");
+  sqlite3* db = nullptr;
+  const int rc =
+      sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr);
+  std::unique_ptr<Store> store(new Store(db));
+  if (rc != SQLITE_OK) return sqlite::Error(db, rc, "opening the database").WithContext(context);
+  sqlite3_busy_timeout(db, kBusyTimeoutMs);
+  StatusOr<int64_t> version = ReadUserVersion(db);
+  if (!version.ok()) {
+    return DataLossError(context + ": not an SQLite database, or a damaged one (" +
+                         version.status().message() + ")");
+  }
+  const auto known = static_cast<int64_t>(Migrations().size());
+  if (*version != known) {
+    return FailedPreconditionError(context + ": its schema version is " + std::to_string(*version) +
+                                   ", this build's " + std::to_string(known));
+  }
+  return store;
+}
+
 Store::~Store() { sqlite3_close_v2(db_); }
 
 StatusOr<int64_t> Store::SchemaVersion() {

@@ -258,6 +258,15 @@ struct ExperimentReport {
   std::vector<TrialReport> trials;  // in file order
 };
 
+// A trial that ended ok, submitted with a prediction, and its timed steps: what a time
+// calibration rests on (the prediction holds the step's work and the device it was predicted on).
+struct TimedRun {
+  std::string prediction_json;
+  // Each step's seconds per token (all ranks' tokens), from the second step on: the first creates
+  // the optimizer's state.
+  std::vector<double> seconds_per_token;
+};
+
 // One optimizer step of a trial's run (the `trial_steps` view).
 struct TrialStep {
   int64_t trial_id = 0;
@@ -312,6 +321,11 @@ class Store {
   // migrations this build knows; FailedPrecondition when the file was written by a newer llmctld
   // (its schema version is higher), DataLoss when it is no SQLite database.
   static StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
+  // Opens the existing database at `path` for reading only, as a command that only looks does
+  // (llmctl estimate's calibration): nothing is created or migrated. NotFound when there is no
+  // file; FailedPrecondition when its schema version is not this build's (an older one is migrated
+  // when llmctld next opens it).
+  static StatusOr<std::unique_ptr<Store>> OpenReadOnly(const std::string& path);
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
@@ -440,6 +454,8 @@ class Store {
   // attempt that a later one resumed count up to the step the later one started at. NotFound for
   // an unknown id.
   StatusOr<std::vector<TrialStep>> RunSteps(int64_t experiment_id);
+  // Every trial of every experiment that ended ok with a stored prediction and timed steps.
+  StatusOr<std::vector<TimedRun>> TimedRuns();
 
   // Stores device readings of the trial's current attempt in one transaction, then merges its
   // readings older than kDeviceSampleWindow before its newest one into kDeviceSampleBucket rows

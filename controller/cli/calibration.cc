@@ -1,0 +1,60 @@
+#include "controller/cli/calibration.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+namespace llmctl::cli {
+
+StoredCalibrations StoredCalibrations::FromRuns(const std::vector<store::TimedRun>& runs,
+                                                const std::string& where) {
+  StoredCalibrations calibrations;
+  calibrations.where_ = where;
+  for (const store::TimedRun& run : runs) {
+    const nlohmann::json prediction =
+        nlohmann::json::parse(run.prediction_json, nullptr, /*allow_exceptions=*/false);
+    // Trials submitted before predictions had a time, or without one (a GPU the table lacks).
+    if (!prediction.is_object() || !prediction.contains("work")) continue;
+    StatusOr<estimate::StepWork> work = estimate::StepWork::FromJson(prediction["work"]);
+    const std::string device = prediction.value("time_device", "");
+    if (!work.ok() || device.empty() || run.seconds_per_token.empty()) continue;
+    // The median step: robust to a step slowed by something else on the machine.
+    std::vector<double> steps = run.seconds_per_token;
+    std::nth_element(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(steps.size() / 2),
+                     steps.end());
+    calibrations.runs_[device].push_back({*work, steps[steps.size() / 2]});
+  }
+  return calibrations;
+}
+
+StoredCalibrations StoredCalibrations::Load(const EnvLookup& env) {
+  StatusOr<std::filesystem::path> dir = EmbeddedDataDir(env);
+  if (!dir.ok()) {
+    StoredCalibrations none;
+    none.note_ = dir.status().message();
+    return none;
+  }
+  const std::string path = (*dir / "llmctl.db").string();
+  StatusOr<std::unique_ptr<store::Store>> opened = store::Store::OpenReadOnly(path);
+  StatusOr<std::vector<store::TimedRun>> runs =
+      opened.ok() ? (*opened)->TimedRuns()
+                  : StatusOr<std::vector<store::TimedRun>>(opened.status());
+  if (!runs.ok()) {
+    StoredCalibrations none;
+    // No store yet is the usual case before the first submit: nothing to say.
+    if (runs.status().code() != StatusCode::kNotFound) {
+      none.note_ = "measured runs not read: " + runs.status().message();
+    }
+    return none;
+  }
+  return FromRuns(*runs, "the local store (" + path + ")");
+}
+
+estimate::Calibration StoredCalibrations::For(const estimate::DeviceSpeed& device) const {
+  auto found = runs_.find(device.name);
+  if (found == runs_.end()) return estimate::DefaultCalibration(device);
+  estimate::Calibration calibration = estimate::Calibrate(device, found->second);
+  if (calibration.runs() > 0) calibration.source += " in " + where_;
+  return calibration;
+}
+
+}  // namespace llmctl::cli

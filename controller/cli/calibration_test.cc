@@ -1,0 +1,54 @@
+#include "controller/cli/calibration.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+namespace llmctl::cli {
+namespace {
+
+estimate::StepWork Work(estimate::MatmulClass matmul_class) {
+  estimate::StepWork work;
+  work.matmul_class = matmul_class;
+  work.tokens = 1024;
+  work.micro_batches = 1;
+  work.matmul_flops = 1e12;
+  work.memory_bytes = 1e9;
+  work.launches = 1000;
+  return work;
+}
+
+// A stored run of `work` on `device` that took `factor` times its nominal time.
+store::TimedRun StoredRun(const estimate::StepWork& work, const estimate::DeviceSpeed& device,
+                          double factor) {
+  const double seconds = factor * estimate::NominalStepSeconds(work, device).calibrated;
+  const nlohmann::json prediction = {
+      {"peak_bytes", 1}, {"time_device", device.name}, {"work", work.ToJson()}};
+  // A step slowed by something else on the machine does not move the median.
+  const double per_token = seconds / static_cast<double>(work.tokens);
+  return {.prediction_json = prediction.dump(),
+          .seconds_per_token = {per_token, 50 * per_token, per_token}};
+}
+
+TEST(StoredCalibrationsTest, EachDeviceIsCalibratedFromItsOwnRuns) {
+  const estimate::DeviceSpeed cpu = estimate::CpuSpeed();
+  const estimate::DeviceSpeed a100 = estimate::GpuSpeed(*estimate::GpuNamed("a100-80gb"));
+  const StoredCalibrations calibrations = StoredCalibrations::FromRuns(
+      {StoredRun(Work(estimate::MatmulClass::kFp32), cpu, 2.0),
+       StoredRun(Work(estimate::MatmulClass::kFp32), cpu, 4.0),
+       StoredRun(Work(estimate::MatmulClass::kBf16), cpu, 1.5),
+       // Not calibration material: no work stored with it, or a broken prediction.
+       {.prediction_json = R"({"peak_bytes":1,"time_device":"cpu"})", .seconds_per_token = {1}},
+       {.prediction_json = "not json", .seconds_per_token = {1}}},
+      "the local store (test)");
+  const estimate::Calibration c = calibrations.For(cpu);
+  EXPECT_DOUBLE_EQ(c.fp32_factor, 3.0);  // the median of 2 and 4
+  EXPECT_DOUBLE_EQ(c.bf16_factor, 1.5);
+  EXPECT_EQ(c.runs(), 3);
+  EXPECT_EQ(c.source, "3 measured runs on cpu (1 bf16, 2 fp32) in the local store (test)");
+  // No run on the A100: its built-in calibration.
+  EXPECT_EQ(calibrations.For(a100).source, estimate::DefaultCalibration(a100).source);
+}
+
+}  // namespace
+}  // namespace llmctl::cli
