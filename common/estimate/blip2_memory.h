@@ -48,6 +48,12 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(
     const TrialConfig& config, const Blip2Config& model,
     std::optional<int64_t> caption_tokens = std::nullopt);
 
+// --fit's search (step_memory.h's FitMicroBatchWith) over EstimateBlip2StepMemory's peaks, the
+// captions as above.
+StatusOr<MicroBatchFit> FitBlip2MicroBatch(const TrialConfig& config, const Blip2Config& model,
+                                           std::optional<int64_t> caption_tokens,
+                                           uint64_t device_bytes);
+
 }  // namespace llmctl::estimate
 
 #endif  // LLMCTL_COMMON_ESTIMATE_BLIP2_MEMORY_H_

@@ -4,14 +4,18 @@
 #include <optional>
 #include <vector>
 
+#include "common/blip2_config.h"
 #include "common/byte_size.h"
+#include "common/estimate/blip2_memory.h"
 #include "common/estimate/gpus.h"
 #include "common/estimate/step_memory.h"
 #include "common/experiment.h"
 #include "common/files.h"
 #include "common/model_config.h"
 #include "common/text.h"
+#include "common/trial_keys.h"
 #include "controller/cli/report_format.h"
+#include "trainer/inputs/captions.h"
 
 namespace llmctl::cli {
 namespace {
@@ -46,6 +50,8 @@ struct TrialEstimate {
   std::string time_device = {};
   std::string calibration = {};
   std::string time_reason = {};
+  // What the estimate assumed that the table does not show (BLIP-2's captions).
+  std::string note = {};
 
   // "fits", "oom", or "" without a device.
   std::string Verdict() const {
@@ -101,10 +107,73 @@ std::optional<estimate::DeviceSpeed> TrialSpeed(const Trial& trial, const Experi
   return std::nullopt;
 }
 
+// A BLIP-2 trial (data.format imagefolder): common/estimate/blip2_memory.h's memory, with the
+// captions at the longest of a caption set on this machine, read with the trial's tokenizer (the
+// trainer pads a micro-batch to its longest row), else at data.max_seq_length. A model on the hub
+// is estimated when its name is a preset's, whose shapes are the hub's config.json. Its time is
+// not predicted yet.
+StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment& experiment,
+                                           const std::string& file, const EstimateOptions& options,
+                                           const std::optional<Device>& device_option) {
+  const std::string model_name = trial.config.GetString("model");
+  const std::string context = file + ": trial " + trial.name;
+  std::string resolved = model_name;
+  if (IsHubModelRef(model_name)) {
+    StatusOr<HubModelRef> ref = ParseHubModelRef(model_name);
+    if (!ref.ok() || !IsBlip2Preset(ref->repo)) {
+      return TrialEstimate{
+          .trial = &trial,
+          .reason = "its model " + model_name +
+                    " is on the Hugging Face hub and not one of the BLIP-2 presets whose shapes "
+                    "llmctl knows (blip2-opt-2.7b, blip2-opt-6.7b, blip2-flan-t5-xl, "
+                    "blip2-flan-t5-xxl): point model at a local directory holding its "
+                    "config.json to estimate it"};
+    }
+    resolved = ref->repo;
+  }
+  StatusOr<std::optional<Blip2Config>> model = ResolveBlip2Model(resolved);
+  if (!model.ok()) return InvalidArgumentError(context + ": model: " + model.status().message());
+  if (!model->has_value()) {
+    return InvalidArgumentError(context + ": model: " + model_name + " is not a BLIP-2 model");
+  }
+  std::optional<int64_t> caption_tokens;
+  std::string note = "captions at data.max_seq_length (" +
+                     std::to_string(trial.config.GetInt("data.max_seq_length")) + " tokens)";
+  const std::string data_path = trial.config.GetString("data.path");
+  if (!IsNodePath(data_path) &&
+      (!trial.config.GetString("tokenizer").empty() || !IsHubModelRef(model_name))) {
+    StatusOr<int64_t> longest = LongestCaptionTokens(trial.config, **model);
+    if (!longest.ok()) return InvalidArgumentError(context + ": " + longest.status().message());
+    caption_tokens = *longest;
+    note = "captions at the longest of " + data_path + ", " + std::to_string(*longest) + " tokens";
+  } else {
+    note += ": the caption set or its tokenizer is not on this machine";
+  }
+  StatusOr<estimate::StepMemoryEstimate> memory =
+      estimate::EstimateBlip2StepMemory(trial.config, **model, caption_tokens);
+  if (!memory.ok()) return InvalidArgumentError(context + ": " + memory.status().message());
+  TrialEstimate result{.trial = &trial,
+                       .memory = *memory,
+                       .device = device_option ? device_option : TrialDevice(trial, experiment),
+                       .time_reason = "BLIP-2's step time is not predicted yet",
+                       .note = note};
+  if (options.fit && result.device) {
+    StatusOr<estimate::MicroBatchFit> fit =
+        estimate::FitBlip2MicroBatch(trial.config, **model, caption_tokens, result.device->bytes);
+    if (!fit.ok()) return InvalidArgumentError(context + ": " + fit.status().message());
+    result.fit = *fit;
+  }
+  return result;
+}
+
 StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& experiment,
                                       const std::string& file, const EstimateOptions& options,
                                       const std::optional<Device>& device_option) {
   const std::string model_name = trial.config.GetString("model");
+  if (trial.config.GetString("data.format") == "imagefolder") {
+    // Parsing checked that the model is BLIP-2, the only family that reads images.
+    return EstimateBlip2Trial(trial, experiment, file, options, device_option);
+  }
   if (IsHubModelRef(model_name)) {
     return TrialEstimate{
         .trial = &trial,
@@ -112,13 +181,6 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
                   " is on the Hugging Face hub, and only an llmctl agent downloads its "
                   "config.json: it cannot be estimated offline (point model at a local "
                   "directory holding the config.json to estimate it)"};
-  }
-  if (trial.config.GetString("data.format") == "imagefolder") {
-    // Parsing checked that the model is BLIP-2, the only family that reads images.
-    return TrialEstimate{.trial = &trial,
-                         .reason = "its model " + model_name +
-                                   " is BLIP-2, whose memory estimate is not built yet (run it to "
-                                   "measure)"};
   }
   const std::string context = file + ": trial " + trial.name;
   // Parsing resolved the model's path beside the file; a directory without a readable config.json
@@ -309,6 +371,7 @@ std::string RenderTable(const std::string& file, const Experiment& experiment,
       notes += e.trial->name + ": no time: " + e.time_reason + "\n";
     }
     rows.push_back(row);
+    if (!e.note.empty()) notes += e.trial->name + ": " + e.note + "\n";
     if (e.device && std::find(sources.begin(), sources.end(), e.device->source) == sources.end()) {
       sources.push_back(e.device->source);
     }
@@ -380,6 +443,7 @@ std::string RenderJson(const std::string& file, const Experiment& experiment,
                               {"activation_bytes", m.activation_bytes},
                               {"peak_bytes", m.peak_bytes},
                               {"peak_phase", m.peak_phase}});
+    if (!e.note.empty()) trial["note"] = e.note;
     if (e.device) {
       trial["device_memory_bytes"] = e.device->bytes;
       trial["device_source"] = e.device->source;

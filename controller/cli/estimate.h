@@ -31,9 +31,11 @@ struct EstimateOptions {
 
 // The estimate of experiment file `file` (read and validated as `llmctl submit` reads it, local
 // paths resolved beside it). A trial whose model is a hub reference (hf:...) is listed as not
-// estimated: only an agent downloads its config.json. InvalidArgument (exit 2) for an unreadable
-// or invalid file ("FILE:LINE:COLUMN: problem"), an unknown trial, format or --device-memory, and a
-// local model whose config.json cannot be read.
+// estimated: only an agent downloads its config.json; but a BLIP-2 preset's name, whose shapes
+// are the hub's config.json. A BLIP-2 trial's captions are at the longest of its caption set
+// when the set and its tokenizer are on this machine, else at data.max_seq_length. InvalidArgument
+// (exit 2) for an unreadable or invalid file ("FILE:LINE:COLUMN: problem"), an unknown trial,
+// format or --device-memory, and a local model whose config.json cannot be read.
 StatusOr<std::string> EstimateExperiment(const std::string& file, const EstimateOptions& options);
 
 // One trial's prediction, as `llmctl submit` stores it with the trial.
@@ -56,8 +58,8 @@ struct TrialPrediction {
 };
 
 // The predictions of `experiment` (parsed from `file` with local paths resolved) for every trial
-// that can be estimated offline (not those whose model is on the hub). InvalidArgument as
-// EstimateExperiment for a trial whose model's config.json cannot be read.
+// that can be estimated offline (not those whose model is on the hub, but BLIP-2's presets).
+// InvalidArgument as EstimateExperiment for a trial whose model's config.json cannot be read.
 StatusOr<std::vector<TrialPrediction>> PredictTrials(const Experiment& experiment,
                                                      const std::string& file,
                                                      const EstimateOptions& options = {});
