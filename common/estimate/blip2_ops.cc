@@ -145,8 +145,21 @@ Tensor Ops::Flash(const Tensor& q, const Tensor& k, const Tensor& v, int64_t row
 
 Tensor Ops::Math(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch, int64_t heads,
                  int64_t tq, int64_t tk, int64_t head_dim, double p, bool mask_grad) {
-  const int e = r_.cuda ? q.element : kFp32;
   const bool attn_grad = q.requires_grad || k.requires_grad || mask_grad;
+  if (r_.cuda) {
+    // CUDA's memory-efficient kernel takes dropout (its seed, not a mask) and an additive bias: it
+    // keeps q, k, v, its output and the fp32 log-sum-exp (B, H, Tq rounded up to 32), as for
+    // step_memory.cc's LLaMA. Not measured on a GPU for BLIP-2 yet.
+    const bool grad = attn_grad || v.requires_grad;
+    const Tensor out = New(batch * tq * heads * head_dim, q.element, grad);
+    if (grad) {
+      for (const Tensor* t : {&q, &k, &v, &out}) Save(*t);
+      Save(New(batch * heads * ((tq + 31) / 32 * 32), kFp32, false));
+    }
+    Alive(Unsaved(q) + Unsaved(k) + Unsaved(v) + out.bytes);
+    return out;
+  }
+  const int e = kFp32;
   const int64_t qn = batch * heads * tq * head_dim;
   const int64_t kn = batch * heads * tk * head_dim;
   const int64_t an = batch * heads * tq * tk;
@@ -158,7 +171,7 @@ Tensor Ops::Math(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batc
   if (attn_grad) Save(probs);
   Tensor dropped = probs;
   if (p > 0.0) {
-    const Tensor mask = New(an, r_.cuda ? 1 : e, false);
+    const Tensor mask = New(an, e, false);
     if (attn_grad) Save(mask);
     dropped = New(an, e, attn_grad);
   }

@@ -122,7 +122,8 @@ class Ops {
   // SDPA's math path (dropout or a mask): q and k scaled and copied for the batched product, the
   // softmax, dropout's mask and output, v copied for the second product, each kept for the other
   // operand's gradient; then the output transposed back, a copy (B·Tq, H·D). The CPU computes
-  // 2-byte inputs in fp32. `mask_grad`: the additive mask (T5's position bias) trains.
+  // 2-byte inputs in fp32; CUDA takes the memory-efficient kernel instead. `mask_grad`: the
+  // additive mask (T5's position bias) trains.
   Tensor Math(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batch, int64_t heads,
               int64_t tq, int64_t tk, int64_t head_dim, double p, bool mask_grad);
 
