@@ -1,0 +1,330 @@
+#include "common/estimate/step_work.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "common/estimate/model_state.h"
+
+namespace llmctl::estimate {
+namespace {
+
+using nlohmann::json;
+
+// Element-wise passes of one decoder layer's forward, in elements read plus written per token, by
+// tensor width. Counted from llm-train's forward (trainer/model/llama.cc, trainer/kernels): the
+// aten composition's RMSNorm is six ops (pow, mean, add, rsqrt, mul, mul by the weight), its
+// rotary embedding five (two muls, rotate_half's slice-neg-cat, an add) on q and k, its SwiGLU a
+// silu and a mul; the fused kernels read their input and write their output once. Both add the
+// two residuals and copy q, k, v and the attention's output between (B, T, H, D) and (B, H, T, D).
+struct LayerPasses {
+  double hidden;  // x hidden_size, in the residual stream's element
+  double qk;      // x (heads + kv_heads) x head_dim
+  double inter;   // x intermediate_size
+  double layout;  // x (2 heads + 2 kv_heads) x head_dim
+};
+constexpr LayerPasses kAtenPasses{
+    .hidden = 2 * 6 * 2 + 2 * 3, .qk = 5 * 2, .inter = 2 + 3, .layout = 2};
+constexpr LayerPasses kFusedPasses{.hidden = 2 * 2 + 2 * 3, .qk = 2, .inter = 3, .layout = 2};
+// A backward pass touches about twice what its forward did (the input, the output's gradient,
+// the input's gradient, and for the norms the weight's).
+constexpr double kBackwardPasses = 2;
+
+// Bytes per logit of the loss besides writing the logits: the aten path copies them to fp32,
+// takes log-softmax (max and sum passes, then the output), and in backward forms the softmax
+// gradient and casts it back; the chunked loss takes the softmax in place and forms the gradient
+// in forward (trainer/model/loss.cc).
+constexpr double kCeBytesPerLogit = 36;
+constexpr double kChunkedBytesPerLogit = 20;
+
+// QLoRA's dequantisation of one NF4 value for a matmul: on CUDA trainer/quant widens the packed
+// byte to int32 (0.5 B read, 2 B written per value), looks the pair up (2 B read, 4 B written),
+// scales it by its block (4 + 4) and casts it to the compute dtype (4 + 2): 22.5 B. On the CPU one
+// kernel reads the packed half byte and writes the compute dtype.
+constexpr double kNf4CudaBytesPerValue = 22.5;
+constexpr double kNf4CpuBytesPerValue = 2.5;
+
+// The CPU's 8-bit AdamW (trainer/train/adamw_8bit.cc, UpdateBlocksCpu) dequantises both moments,
+// updates them and searches the nearest of 256 codes for each: about 12 ns a value on the CPU lab's
+// 2 cores (its adam-8bit and activation-checkpointing rows, bench/time_rank.py), which is 240 B of
+// traffic at the CPU's nominal 20 GB/s.
+constexpr double kCpuAdamW8bitBytesPerValue = 240;
+
+// Kernel launches (CPU: ATen ops) of one layer's forward; backward about twice as many.
+constexpr double kAtenLayerLaunches = 45;
+constexpr double kFusedLayerLaunches = 30;
+constexpr double kLossLaunches = 20;
+constexpr double kChunkLaunches = 12;
+// Optimizer launches per trainable tensor: CUDA's foreach kernels take many tensors at once;
+// the CPU runs the update tensor by tensor.
+constexpr double kCudaOptimizerLaunches = 0.2;
+constexpr double kCpuOptimizerLaunches = 12;
+
+bool Contains(const std::vector<std::string>& list, std::string_view item) {
+  return std::find(list.begin(), list.end(), item) != list.end();
+}
+
+// Bytes a LoRA adapter on a projection (in -> out) reads and writes per token in forward: the
+// dropout on its input (read, write, and a byte of mask), reading its input, writing its output,
+// scaling it and adding it to the base projection's output (PEFT's lora.Linear).
+double AdapterTouch(double in, double out, double element, bool dropout) {
+  return (dropout ? (2 * element + 1) * in : 0) + in * element + (1 + 2 + 3) * out * element;
+}
+
+// A ring collective sends (N - 1) / N of its bytes from every rank.
+double RingShare(int64_t world) {
+  return world > 1 ? static_cast<double>(world - 1) / static_cast<double>(world) : 0.0;
+}
+
+}  // namespace
+
+std::string_view MatmulClassName(MatmulClass c) {
+  return c == MatmulClass::kBf16 ? "bf16" : "fp32";
+}
+
+json StepWork::ToJson() const {
+  return {{"matmul_class", MatmulClassName(matmul_class)},
+          {"tokens", tokens},
+          {"micro_batches", micro_batches},
+          {"world_size", world_size},
+          {"nodes", nodes},
+          {"matmul_flops", matmul_flops},
+          {"memory_bytes", memory_bytes},
+          {"launches", launches},
+          {"host_optimizer_values", host_optimizer_values},
+          {"host_link_bytes", host_link_bytes},
+          {"interconnect_bytes", interconnect_bytes},
+          {"network_bytes", network_bytes},
+          {"model_bytes", model_bytes},
+          {"pretrained", pretrained}};
+}
+
+StatusOr<StepWork> StepWork::FromJson(const json& j) {
+  if (!j.is_object()) return InvalidArgumentError("step work: expected an object");
+  StepWork w;
+  const std::string matmul_class = j.value("matmul_class", "");
+  if (matmul_class != "bf16" && matmul_class != "fp32") {
+    return InvalidArgumentError("step work: matmul_class must be bf16 or fp32");
+  }
+  w.matmul_class = matmul_class == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32;
+  for (const char* key : {"tokens", "micro_batches", "world_size", "nodes"}) {
+    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 1) {
+      return InvalidArgumentError(std::string("step work: ") + key + " must be a positive integer");
+    }
+  }
+  w.tokens = j["tokens"].get<int64_t>();
+  w.micro_batches = j["micro_batches"].get<int64_t>();
+  w.world_size = j["world_size"].get<int64_t>();
+  w.nodes = j["nodes"].get<int64_t>();
+  for (auto [key, field] :
+       {std::pair{"matmul_flops", &w.matmul_flops}, std::pair{"memory_bytes", &w.memory_bytes},
+        std::pair{"launches", &w.launches},
+        std::pair{"host_optimizer_values", &w.host_optimizer_values},
+        std::pair{"host_link_bytes", &w.host_link_bytes},
+        std::pair{"interconnect_bytes", &w.interconnect_bytes},
+        std::pair{"network_bytes", &w.network_bytes}, std::pair{"model_bytes", &w.model_bytes}}) {
+    if (!j.contains(key) || !j[key].is_number() || !(j[key].get<double>() >= 0)) {
+      return InvalidArgumentError(std::string("step work: ") + key +
+                                  " must be a non-negative number");
+    }
+    *field = j[key].get<double>();
+  }
+  w.pretrained = j.value("pretrained", false);
+  return w;
+}
+
+StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig& model) {
+  ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateModelState(config, model));
+  StepWork w;
+  const std::string precision = config.GetString("precision");
+  const std::string method = config.GetString("peft.method");
+  const std::string optimizer = config.GetString("optimizer");
+  const std::string offload = config.GetString("offload");
+  const std::string strategy = config.GetString("strategy");
+  const bool cuda = config.GetString("device") == "cuda";
+  const bool fused = config.GetString("kernels") == "fused";
+  const bool checkpointing = config.GetBool("activation_checkpointing");
+  const bool full = method == "none";
+  const bool qlora = method == "qlora";
+  const bool sharded = state.fsdp_root_values > 0;
+  const bool mixed = precision == "bf16-mixed" || precision == "16-mixed";
+  const std::vector<std::string> targets =
+      full ? std::vector<std::string>{} : config.GetStringList("peft.targets");
+
+  const int64_t micro = config.GetInt("train.micro_batch_size");
+  const int64_t seq = config.GetInt("data.max_seq_length");
+  w.world_size = state.world_size;
+  w.nodes = std::max<int64_t>(1, config.GetInt("nodes"));
+  const int64_t global = config.GetInt("train.global_batch_size");
+  w.micro_batches = std::max<int64_t>(1, global / (micro * w.world_size));
+  const double t = static_cast<double>(micro * seq);  // tokens per micro-batch
+  w.tokens = micro * seq * w.micro_batches;
+  w.matmul_class =
+      precision != "32-true" || (qlora && config.GetString("peft.compute_dtype") == "bf16")
+          ? MatmulClass::kBf16
+          : MatmulClass::kFp32;
+
+  // Element sizes: parameters (fp32 master weights under mixed), the residual stream (fp32 under
+  // autocast, whose norms and adds stay in fp32; fsdp's mixed forward is a bf16 one), and the
+  // projections' outputs (bf16 under autocast).
+  const double param = precision == "bf16-true" ? 2 : 4;
+  const double stream = precision == "bf16-true" || (mixed && sharded) ? 2 : 4;
+  const double projected = precision == "32-true" ? 4 : 2;
+
+  const double h = static_cast<double>(model.hidden_size);
+  const double inter = static_cast<double>(model.intermediate_size);
+  const double q = static_cast<double>(model.num_attention_heads * model.head_dim);
+  const double kv = static_cast<double>(model.num_key_value_heads * model.head_dim);
+  const double vocab = static_cast<double>(model.vocab_size);
+  const double layers = static_cast<double>(model.num_hidden_layers);
+
+  // --- Matmuls of one micro-batch.
+  struct Projection {
+    const char* name;
+    double in, out;
+  };
+  const Projection projections[] = {
+      {"q_proj", h, q},        {"k_proj", h, kv},     {"v_proj", h, kv},      {"o_proj", q, h},
+      {"gate_proj", h, inter}, {"up_proj", h, inter}, {"down_proj", inter, h}};
+  const double r = static_cast<double>(config.GetInt("peft.r"));
+  const bool adapter_dropout = !full && config.GetFloat("peft.dropout") > 0;
+  double layer_forward = 0, layer_backward = 0, nf4_values = 0, trained_weight_values = 0;
+  double adapter_touch = 0;  // bytes per token of one layer's adapters, forward
+  for (const Projection& p : projections) {
+    const double matmul = 2 * t * p.in * p.out;
+    layer_forward += matmul;
+    layer_backward += matmul * (full ? 2 : 1);  // the input's gradient; a trained weight's too
+    if (full) trained_weight_values += p.in * p.out;
+    if (qlora) nf4_values += p.in * p.out;
+    if (!full && Contains(targets, p.name)) {
+      // The adapter: x A^T then (.) B^T, forward; both gradients in backward.
+      const double adapter = 2 * t * r * (p.in + p.out);
+      layer_forward += adapter;
+      layer_backward += 2 * adapter;
+      adapter_touch += AdapterTouch(p.in, p.out, projected, adapter_dropout);
+    }
+  }
+  // Attention's own matmuls: scores (B, H, T, T) and their weighted sum of the values.
+  const double attention = 4 * t * static_cast<double>(seq) * q;
+  layer_forward += attention;
+  layer_backward += 2 * attention;
+  double micro_memory_head = 0;
+  const bool head_trained = full || (!model.tie_word_embeddings && Contains(targets, "lm_head"));
+  double head = 2 * t * h * vocab * (head_trained ? 3 : 2);
+  if (!full && Contains(targets, "lm_head")) {
+    head += 6 * t * r * (h + vocab);
+    micro_memory_head = t * AdapterTouch(h, vocab, projected, adapter_dropout) * 3;
+  }
+  if (full) trained_weight_values += h * vocab;
+  const double micro_matmul =
+      layers * (layer_forward * (checkpointing ? 2 : 1) + layer_backward) + head;
+  w.matmul_flops = micro_matmul * static_cast<double>(w.micro_batches);
+
+  // --- Element-wise traffic of one micro-batch.
+  const LayerPasses& passes = fused ? kFusedPasses : kAtenPasses;
+  double layer_touch = passes.hidden * h * stream + passes.qk * (q + kv) * projected +
+                       passes.inter * inter * projected +
+                       passes.layout * (2 * q + 2 * kv) * projected;
+  if (model.num_key_value_heads < model.num_attention_heads) {
+    layer_touch += 2 * 2 * q * projected;  // repeat_kv's copies of k and v to every head
+  }
+  const double forward_runs = checkpointing ? 2 : 1;
+  double micro_memory =
+      t * layers * (layer_touch + adapter_touch) * (forward_runs + kBackwardPasses);
+  micro_memory += micro_memory_head;
+  const bool chunked = UsesChunkedLoss(config);
+  micro_memory +=
+      t * vocab *
+      ((chunked ? 0 : projected) + (chunked ? kChunkedBytesPerLogit : kCeBytesPerLogit));
+  // The embedding's gather, and with a trained embedding its dense gradient, zeroed and scattered.
+  micro_memory += 2 * t * h * stream;
+  if (full) micro_memory += vocab * h * param + 2 * t * h * stream;
+  if (mixed) {
+    // Autocast casts every fp32 weight to bf16 for its forward (read 4 B, write 2 B), and each
+    // trained weight's bf16 gradient back to fp32 (read 2 B, write 4 B).
+    const double weights = layers * (2 * h * q + 2 * h * kv + 3 * h * inter) + h * vocab;
+    micro_memory += 6 * weights + 6 * trained_weight_values;
+  }
+  if (qlora) {
+    const double per_value = cuda ? kNf4CudaBytesPerValue : kNf4CpuBytesPerValue;
+    micro_memory += layers * nf4_values * per_value * (forward_runs + 1);
+  }
+  w.memory_bytes = micro_memory * static_cast<double>(w.micro_batches);
+
+  AddOptimizerAndRanks(config, state, w);
+
+  // --- Launches.
+  const double per_layer = fused ? kFusedLayerLaunches : kAtenLayerLaunches;
+  double micro_launches = layers * per_layer * (forward_runs + kBackwardPasses);
+  micro_launches += chunked ? kChunkLaunches * std::ceil(t / static_cast<double>(kLossChunkTokens))
+                            : kLossLaunches;
+  const double trainable_tensors = full ? layers * 9 + (model.tie_word_embeddings ? 2 : 3)
+                                        : 2 * layers * static_cast<double>(targets.size());
+  w.launches = micro_launches * static_cast<double>(w.micro_batches) +
+               OptimizerLaunches(config, trainable_tensors);
+
+  w.model_bytes = static_cast<double>(state.params_bytes);
+  w.pretrained = config.GetString("init") == "pretrained";
+  return w;
+}
+
+void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& state, StepWork& w) {
+  const std::string precision = config.GetString("precision");
+  const std::string optimizer = config.GetString("optimizer");
+  const std::string offload = config.GetString("offload");
+  const std::string strategy = config.GetString("strategy");
+  const bool cuda = config.GetString("device") == "cuda";
+  const bool sharded = state.fsdp_root_values > 0;
+  const bool mixed = precision == "bf16-mixed" || precision == "16-mixed";
+  const double param = precision == "bf16-true" ? 2 : 4;
+  // Gradients, accumulation and the optimizer step, over the trainable values this rank holds.
+  const double trainable = static_cast<double>(state.parameters_trainable) /
+                           static_cast<double>(sharded ? state.world_size : 1);
+  const double grad = param;
+  w.memory_bytes += trainable * 3 * grad * static_cast<double>(w.micro_batches - 1);
+  if (config.GetFloat("train.grad_clip") > 0) w.memory_bytes += trainable * 3 * grad;
+  const bool host_step = offload != "none";
+  if (host_step) {
+    w.host_optimizer_values = trainable;
+    // Gradients to the host, updated weights back (the whole shards with full offload, below).
+    if (offload == "optimizer") w.host_link_bytes += trainable * (grad + param);
+  } else if (optimizer == "adamw") {
+    w.memory_bytes += trainable * 7 * param;  // read p, g, m, v; write p, m, v
+  } else if (optimizer == "adamw_8bit") {
+    // On CUDA: p, g, and the two 1-byte moments read and written. On the CPU the update is
+    // bound by its two nearest-code searches per value, not by memory.
+    w.memory_bytes += trainable * (cuda ? 3 * param + 4 : kCpuAdamW8bitBytesPerValue);
+  } else if (optimizer == "sgd") {
+    w.memory_bytes += trainable * (config.GetFloat("train.momentum") > 0 ? 5 : 3) * param;
+  }
+
+  // --- Between ranks.
+  const double share = RingShare(w.world_size);
+  double sent = 0;
+  if (strategy == "ddp") {
+    sent = 2 * share * trainable * grad;     // the ring all-reduce of every gradient, once a step
+    w.memory_bytes += 2 * trainable * grad;  // copied into the buckets and back
+  } else if (sharded) {
+    // Each micro-batch gathers every unit for its forward and, resharded, again for its
+    // backward, in the forward's dtype; and reduce-scatters the gradients.
+    const double unit_values =
+        static_cast<double>(state.parameters_total);  // the whole model, every micro-batch
+    const double gathered = config.GetBool("fsdp.reshard_after_forward") ? 2 : 1;
+    const double wire = mixed ? 2 : param;
+    sent = static_cast<double>(w.micro_batches) * share *
+           (gathered * unit_values * wire + static_cast<double>(state.parameters_trainable) * grad);
+    if (offload == "full") {
+      w.host_link_bytes += static_cast<double>(w.micro_batches) *
+                           (gathered * unit_values * param + trainable * grad) /
+                           static_cast<double>(state.world_size);
+    }
+  }
+  (w.nodes > 1 ? w.network_bytes : w.interconnect_bytes) = sent;
+}
+
+double OptimizerLaunches(const TrialConfig& config, double trainable_tensors) {
+  return trainable_tensors *
+         (config.GetString("device") == "cuda" ? kCudaOptimizerLaunches : kCpuOptimizerLaunches);
+}
+
+}  // namespace llmctl::estimate

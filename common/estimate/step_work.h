@@ -1,0 +1,77 @@
+// The work of one optimizer step of a trial, counted from its config and the model's shapes alone
+// (no LibTorch): what step_time.h divides by a device's rates.
+//
+// What one optimizer step costs, per rank:
+//   matmul FLOPs: every projection and the head, 2 x tokens x in x out forward; backward the
+//     input's gradient (2x) and, for a trained weight, the weight's (2x); attention's scores and
+//     weighted sum (4 x tokens x T x heads x head_dim forward, twice that in backward, causal
+//     masks not discounted); checkpointing reruns each layer's forward; LoRA adds its adapters'.
+//   memory traffic (bytes read and written by the element-wise kernels): the norms, rotary
+//     embedding, activation, residual adds and layout copies of each layer (the aten composition
+//     makes several passes where a fused kernel makes one), the loss over B x T x V logits,
+//     autocast's weight casts, QLoRA's dequantisation of every NF4 weight in forward and backward,
+//     gradient accumulation, and the optimizer step's reads and writes of weights, gradients and
+//     state.
+//   host: offloaded optimizer steps (values updated on the host) and the PCIe copies to and from
+//     it; ranks: ddp's all-reduce and fsdp's all-gathers and reduce-scatters (ring volumes).
+//   launches: a fixed cost per kernel (per ATen op on the CPU), which is what a small model's step
+//     is mostly made of; on a GPU only what issuing takes beyond the kernels' own time.
+#ifndef LLMCTL_COMMON_ESTIMATE_STEP_WORK_H_
+#define LLMCTL_COMMON_ESTIMATE_STEP_WORK_H_
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string_view>
+
+#include "common/estimate/model_state.h"
+#include "common/model_config.h"
+#include "common/status.h"
+#include "common/trial_config.h"
+
+namespace llmctl::estimate {
+
+// The class of a step's matmuls, which sets its rate: bf16/fp16 (tensor cores on a GPU) or fp32.
+enum class MatmulClass { kBf16, kFp32 };
+std::string_view MatmulClassName(MatmulClass c);  // "bf16", "fp32"
+
+// One optimizer step's work on one rank.
+struct StepWork {
+  MatmulClass matmul_class = MatmulClass::kFp32;
+  int64_t tokens = 0;         // per rank per optimizer step: micro-batches x micro-batch tokens
+  int64_t micro_batches = 0;  // the accumulation
+  int64_t world_size = 1;
+  int64_t nodes = 1;
+  double matmul_flops = 0;
+  double memory_bytes = 0;
+  double launches = 0;
+  double host_optimizer_values = 0;  // values an offloaded optimizer updates on the host
+  double host_link_bytes = 0;        // copies between host and device memory
+  double interconnect_bytes = 0;     // sent by this rank to ranks on its node
+  double network_bytes = 0;          // sent by this rank to other nodes
+  // What happens before the first step: the model's bytes built or loaded.
+  double model_bytes = 0;
+  bool pretrained = false;
+
+  nlohmann::json ToJson() const;
+  static StatusOr<StepWork> FromJson(const nlohmann::json& json);
+};
+
+// The work of one optimizer step of `config` on `model` (the preconditions of
+// EstimateModelState). Sequences are full (micro_batch_size x data.max_seq_length tokens), as for
+// the memory estimate.
+StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig& model);
+
+// The parts every model family's step shares, added to `work` (its tokens, micro-batches, ranks
+// and element-wise traffic already counted): gradient accumulation and clipping, the optimizer
+// step (on the device, or offloaded with its host traffic) and the traffic between ranks (ddp's
+// all-reduce; fsdp's gathers and reduce-scatters), over the trainable values `state` says this rank
+// holds.
+void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& state,
+                          StepWork& work);
+
+// The optimizer step's launches for `trainable_tensors` tensors on the trial's device.
+double OptimizerLaunches(const TrialConfig& config, double trainable_tensors);
+
+}  // namespace llmctl::estimate
+
+#endif  // LLMCTL_COMMON_ESTIMATE_STEP_WORK_H_
