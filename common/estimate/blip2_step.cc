@@ -52,8 +52,7 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
   // fsdp: the root unit gathered throughout, in the compute dtype; with reshard_after_forward one
   // block while it runs forward and two in backward (the prefetch), else every block from its
   // forward until its backward. The largest block stands for each.
-  const uint64_t gathered_element =
-      sharded && precision != "32-true" ? 2 : (precision == "bf16-true" ? 2 : 4);
+  const uint64_t gathered_element = precision == "32-true" ? 4 : 2;
   const uint64_t root_gathered = static_cast<uint64_t>(state.fsdp_root_values) * gathered_element +
                                  static_cast<uint64_t>(state.fsdp_root_buffer_bytes);
   const uint64_t layer_gathered =

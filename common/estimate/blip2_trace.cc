@@ -121,6 +121,8 @@ Tensor Blip2Walk::Vision() {
   Tensor x = embedded;
   const double attention_dropout = v.attention_dropout;
   for (int64_t i = 0; i < v.num_hidden_layers; ++i) {
+    // Its backward at the MLP: the stream's and the branch's gradients (B·P, C), and GELU's and
+    // fc1's (B·P, I).
     const uint64_t transient = static_cast<uint64_t>(rows) * r_.act *
                                static_cast<uint64_t>(2 * c + 2 * v.intermediate_size);
     x = Block(
@@ -177,6 +179,8 @@ Tensor Blip2Walk::QFormer(const Tensor& image) {
   });
   for (int64_t i = 0; i < q.num_hidden_layers; ++i) {
     const bool cross = i % q.cross_attention_frequency == 0;
+    // Its backward: as a ViT block's, and with cross-attention the image's two gradients through
+    // key and value, (B·P, Cq) and (B·P, C) each.
     const uint64_t transient =
         static_cast<uint64_t>(rows) * r_.act *
             static_cast<uint64_t>(2 * cq + 2 * q.intermediate_size) +
@@ -238,6 +242,8 @@ Tensor Blip2Walk::Opt(const OptConfig& o, const Tensor& embeds) {
   Tensor h = ops_.Add(embeds, Ops::Param(r_.act, trains), n * c);  // + the positions
   // enable_input_require_grads: a checkpointed layer's input must need a gradient.
   if (r_.checkpointing) h.requires_grad = true;
+  // A layer's backward at its FFN: the stream's and the branch's gradients (N, C), and ReLU's and
+  // fc1's (N, F), as the cpu-lab rows' allocator history shows at their peak.
   const uint64_t transient =
       static_cast<uint64_t>(n) * r_.act * static_cast<uint64_t>(2 * c + 2 * o.ffn_dim);
   for (int64_t i = 0; i < o.num_hidden_layers; ++i) {
@@ -347,6 +353,8 @@ void Blip2Walk::T5(const T5Config& t, const Tensor& embeds) {
   const int64_t caption = tokens_ - m_.num_query_tokens;  // the decoder's positions, S
   const int64_t dn = batch_ * caption;
   const int bias_element = r_.autocast ? kFp32 : r_.act;  // the embedding's dtype
+  // A block's backward at its FFN: the stream's and the branch's gradients (rows, C), and the
+  // gated GELU's three (rows, F).
   const uint64_t transient =
       static_cast<uint64_t>(std::max(n, dn)) * r_.act * static_cast<uint64_t>(2 * c + 3 * t.d_ff);
   // A stack's position bias (B, H, T, T), which every block adds and a checkpointed block keeps.
@@ -419,7 +427,6 @@ void Blip2Walk::T5(const T5Config& t, const Tensor& embeds) {
 
 Blip2ForwardTrace Blip2Walk::Run() {
   const Blip2VisionConfig& v = m_.vision;
-  trace_.batch = batch_;
   trace_.text_tokens = tokens_;
   // Pixels (B, 3, S, S) fp32; ids and labels int64 and the attention mask bool (B, T).
   trace_.fixed = static_cast<uint64_t>(batch_ * 3 * v.image_size * v.image_size) * kFp32 +

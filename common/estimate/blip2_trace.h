@@ -36,12 +36,13 @@ struct Blip2BlockTrace {
 };
 
 struct Blip2ForwardTrace {
-  int64_t batch = 0;        // B, images a micro-batch
   int64_t text_tokens = 0;  // T, the language model's positions: the queries and the caption
   uint64_t fixed = 0;       // the batch's tensors: pixels, ids, labels, mask
   std::vector<Blip2BlockTrace> blocks;
-  uint64_t saved = 0;  // every block's saved bytes
-  // The forward's highest bytes beyond the model state: saved so far + the batch + the tensors
+  // Every tensor the forward keeps for backward: the blocks' and the few between them (T5's
+  // position buckets and decoder ids).
+  uint64_t saved = 0;
+  // The forward's highest bytes beyond the model state and the batch: saved so far + the tensors
   // alive then (Loss's locals, an op's inputs, outputs and temporaries); the loss included.
   uint64_t forward_peak = 0;
   // At the start of backward, beyond every saved tensor and the batch: the loss' gradients.

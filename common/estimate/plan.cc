@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "common/byte_size.h"
+#include "common/estimate/blip2_memory.h"
+#include "common/estimate/blip2_work.h"
 
 namespace llmctl::estimate {
 namespace {
@@ -54,6 +56,29 @@ std::vector<Combination> Combinations(const PlanSpace& space, int64_t ranks) {
   return all;
 }
 
+// The estimates of either family.
+StatusOr<MicroBatchFit> Fit(const TrialConfig& config, const PlanModel& model,
+                            uint64_t device_bytes) {
+  if (const Blip2Config* blip2 = std::get_if<Blip2Config>(&model.shapes)) {
+    return FitBlip2MicroBatch(config, *blip2, model.caption_tokens, device_bytes);
+  }
+  return FitMicroBatch(config, std::get<ModelConfig>(model.shapes), device_bytes);
+}
+
+StatusOr<StepMemoryEstimate> Memory(const TrialConfig& config, const PlanModel& model) {
+  if (const Blip2Config* blip2 = std::get_if<Blip2Config>(&model.shapes)) {
+    return EstimateBlip2StepMemory(config, *blip2, model.caption_tokens);
+  }
+  return EstimateStepMemory(config, std::get<ModelConfig>(model.shapes));
+}
+
+StatusOr<StepWork> Work(const TrialConfig& config, const PlanModel& model) {
+  if (const Blip2Config* blip2 = std::get_if<Blip2Config>(&model.shapes)) {
+    return EstimateBlip2StepWork(config, *blip2, model.caption_tokens);
+  }
+  return EstimateStepWork(config, std::get<ModelConfig>(model.shapes));
+}
+
 Status Apply(const Combination& c, TrialConfig& config) {
   RETURN_IF_ERROR(config.SetFromText("precision", c.precision));
   RETURN_IF_ERROR(config.SetFromText("optimizer", c.optimizer));
@@ -90,7 +115,7 @@ StatusOr<Plan> SearchPlans(const PlanRequest& request) {
       plan.dropped.push_back({c.Name(), "not a valid configuration: " + applied.message(), ""});
       continue;
     }
-    StatusOr<MicroBatchFit> fit = FitMicroBatch(config, request.model, request.device_bytes);
+    StatusOr<MicroBatchFit> fit = Fit(config, request.model, request.device_bytes);
     if (!fit.ok()) {
       plan.dropped.push_back(
           {c.Name(), "not a valid configuration: " + fit.status().message(), ""});
@@ -113,8 +138,8 @@ StatusOr<Plan> SearchPlans(const PlanRequest& request) {
     candidate.config = config;
     RETURN_IF_ERROR(candidate.config.SetFromText("train.micro_batch_size",
                                                  std::to_string(fit->global_micro_batch_size)));
-    ASSIGN_OR_RETURN(candidate.memory, EstimateStepMemory(candidate.config, request.model));
-    ASSIGN_OR_RETURN(const StepWork work, EstimateStepWork(candidate.config, request.model));
+    ASSIGN_OR_RETURN(candidate.memory, Memory(candidate.config, request.model));
+    ASSIGN_OR_RETURN(const StepWork work, Work(candidate.config, request.model));
     candidate.time = EstimateTime(work, request.speed, request.calibration, request.steps);
     if (request.budget_seconds > 0 && candidate.time.trial_seconds > request.budget_seconds) {
       plan.dropped.push_back(

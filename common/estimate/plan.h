@@ -8,9 +8,12 @@
 #define LLMCTL_COMMON_ESTIMATE_PLAN_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
+#include "common/blip2_config.h"
 #include "common/estimate/step_memory.h"
 #include "common/estimate/step_time.h"
 #include "common/model_config.h"
@@ -27,11 +30,18 @@ struct PlanSpace {
   bool offload = true;  // also try offload: optimizer (one process, ddp) and full (fsdp)
 };
 
+// The model a plan is for: the LLaMA family's shapes, or BLIP-2's with its captions' length
+// (nullopt: data.max_seq_length).
+struct PlanModel {
+  std::variant<ModelConfig, Blip2Config> shapes;
+  std::optional<int64_t> caption_tokens;
+};
+
 struct PlanRequest {
   // The settings every candidate shares: model, data.max_seq_length, train.global_batch_size,
   // device, devices, nodes, and anything else the caller fixes (kernels, peft.r, ...).
   TrialConfig base;
-  ModelConfig model;
+  PlanModel model;
   uint64_t device_bytes = 0;
   DeviceSpeed speed;
   Calibration calibration;

@@ -141,7 +141,6 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   const std::string optimizer = config.GetString("optimizer");
   const std::string offload = config.GetString("offload");
   const std::string strategy = config.GetString("strategy");
-  const bool cuda = config.GetString("device") == "cuda";
   const bool fused = config.GetString("kernels") == "fused";
   const bool checkpointing = config.GetBool("activation_checkpointing");
   const bool full = method == "none";
@@ -233,9 +232,7 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
       t * layers * (layer_touch + adapter_touch) * (forward_runs + kBackwardPasses);
   micro_memory += micro_memory_head;
   const bool chunked = UsesChunkedLoss(config);
-  micro_memory +=
-      t * vocab *
-      ((chunked ? 0 : projected) + (chunked ? kChunkedBytesPerLogit : kCeBytesPerLogit));
+  micro_memory += t * vocab * LossBytesPerLogit(config, projected);
   // The embedding's gather, and with a trained embedding its dense gradient, zeroed and scattered.
   micro_memory += 2 * t * h * stream;
   if (full) micro_memory += vocab * h * param + 2 * t * h * stream;
@@ -246,7 +243,7 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
     micro_memory += 6 * weights + 6 * trained_weight_values;
   }
   if (qlora) {
-    const double per_value = cuda ? kNf4CudaBytesPerValue : kNf4CpuBytesPerValue;
+    const double per_value = Nf4DequantBytes(config);
     micro_memory += layers * nf4_values * per_value * (forward_runs + 1);
   }
   w.memory_bytes = micro_memory * static_cast<double>(w.micro_batches);
@@ -320,6 +317,18 @@ void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& s
     }
   }
   (w.nodes > 1 ? w.network_bytes : w.interconnect_bytes) = sent;
+}
+
+double LossBytesPerLogit(const TrialConfig& config, double logit_element) {
+  return UsesChunkedLoss(config) ? kChunkedBytesPerLogit : logit_element + kCeBytesPerLogit;
+}
+
+double AdapterBytesPerToken(double in, double out, double element, bool dropout) {
+  return AdapterTouch(in, out, element, dropout);
+}
+
+double Nf4DequantBytes(const TrialConfig& config) {
+  return config.GetString("device") == "cuda" ? kNf4CudaBytesPerValue : kNf4CpuBytesPerValue;
 }
 
 double OptimizerLaunches(const TrialConfig& config, double trainable_tensors) {

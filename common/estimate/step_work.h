@@ -72,6 +72,15 @@ void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& s
 // The optimizer step's launches for `trainable_tensors` tensors on the trial's device.
 double OptimizerLaunches(const TrialConfig& config, double trainable_tensors);
 
+// Bytes the loss reads and writes per logit besides the head's matmul (the trial's `loss`).
+double LossBytesPerLogit(const TrialConfig& config, double logit_element);
+
+// Bytes a LoRA adapter on a projection (in -> out) reads and writes per token in forward.
+double AdapterBytesPerToken(double in, double out, double element, bool dropout);
+
+// Bytes QLoRA's dequantisation of one NF4 value for a matmul reads and writes on the device.
+double Nf4DequantBytes(const TrialConfig& config);
+
 }  // namespace llmctl::estimate
 
 #endif  // LLMCTL_COMMON_ESTIMATE_STEP_WORK_H_

@@ -7,6 +7,7 @@
 #include "common/blip2_config.h"
 #include "common/byte_size.h"
 #include "common/estimate/blip2_memory.h"
+#include "common/estimate/blip2_work.h"
 #include "common/estimate/gpus.h"
 #include "common/estimate/step_memory.h"
 #include "common/experiment.h"
@@ -107,11 +108,37 @@ std::optional<estimate::DeviceSpeed> TrialSpeed(const Trial& trial, const Experi
   return std::nullopt;
 }
 
+// The trial's time on its device (TrialSpeed) from its step's `work`, calibrated by `options`; a
+// cuda trial without a GPU this table knows is left without one, saying why. InvalidArgument as
+// the work's.
+Status AddTime(const Experiment& experiment, const EstimateOptions& options,
+               const std::optional<Device>& device_option,
+               const std::function<StatusOr<estimate::StepWork>()>& work, TrialEstimate& result) {
+  const Trial& trial = *result.trial;
+  std::optional<estimate::DeviceSpeed> speed = TrialSpeed(trial, experiment, device_option);
+  if (!speed) {
+    result.time_reason =
+        "no GPU to time it on: the target names none this table knows (pass --device-memory "
+        "with a GPU such as h100-94gb)";
+    return Status::Ok();
+  }
+  StatusOr<estimate::StepWork> counted = work();
+  if (!counted.ok()) return InvalidArgumentError(counted.status().message());
+  const estimate::Calibration calibration =
+      options.calibrate ? options.calibrate(*speed) : estimate::DefaultCalibration(*speed);
+  result.time =
+      estimate::EstimateTime(*counted, *speed, calibration, trial.config.GetInt("train.max_steps"));
+  result.work = *counted;
+  result.time_device = speed->name;
+  result.calibration = calibration.source;
+  return Status::Ok();
+}
+
 // A BLIP-2 trial (data.format imagefolder): common/estimate/blip2_memory.h's memory, with the
 // captions at the longest of a caption set on this machine, read with the trial's tokenizer (the
 // trainer pads a micro-batch to its longest row), else at data.max_seq_length. A model on the hub
 // is estimated when its name is a preset's, whose shapes are the hub's config.json. Its time is
-// not predicted yet.
+// counted at the same captions (common/estimate/blip2_work.h).
 StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment& experiment,
                                            const std::string& file, const EstimateOptions& options,
                                            const std::optional<Device>& device_option) {
@@ -140,8 +167,10 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
   std::string note = "captions at data.max_seq_length (" +
                      std::to_string(trial.config.GetInt("data.max_seq_length")) + " tokens)";
   const std::string data_path = trial.config.GetString("data.path");
-  if (!IsNodePath(data_path) &&
-      (!trial.config.GetString("tokenizer").empty() || !IsHubModelRef(model_name))) {
+  const std::string tokenizer = trial.config.GetString("tokenizer");
+  // Without `tokenizer` a hub model's own is read, on the node.
+  if (!IsNodePath(data_path) && !IsNodePath(tokenizer) &&
+      (!tokenizer.empty() || !IsHubModelRef(model_name))) {
     StatusOr<int64_t> longest = LongestCaptionTokens(trial.config, **model);
     if (!longest.ok()) return InvalidArgumentError(context + ": " + longest.status().message());
     caption_tokens = *longest;
@@ -155,8 +184,14 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
   TrialEstimate result{.trial = &trial,
                        .memory = *memory,
                        .device = device_option ? device_option : TrialDevice(trial, experiment),
-                       .time_reason = "BLIP-2's step time is not predicted yet",
                        .note = note};
+  // The step's time, with the captions the memory is estimated at.
+  RETURN_IF_ERROR(
+      AddTime(
+          experiment, options, device_option,
+          [&] { return estimate::EstimateBlip2StepWork(trial.config, **model, caption_tokens); },
+          result)
+          .WithContext(context));
   if (options.fit && result.device) {
     StatusOr<estimate::MicroBatchFit> fit =
         estimate::FitBlip2MicroBatch(trial.config, **model, caption_tokens, result.device->bytes);
@@ -193,21 +228,10 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
   TrialEstimate result{.trial = &trial,
                        .memory = *memory,
                        .device = device_option ? device_option : TrialDevice(trial, experiment)};
-  if (std::optional<estimate::DeviceSpeed> speed = TrialSpeed(trial, experiment, device_option)) {
-    StatusOr<estimate::StepWork> work = estimate::EstimateStepWork(trial.config, *model);
-    if (!work.ok()) return InvalidArgumentError(context + ": " + work.status().message());
-    const estimate::Calibration calibration =
-        options.calibrate ? options.calibrate(*speed) : estimate::DefaultCalibration(*speed);
-    result.time =
-        estimate::EstimateTime(*work, *speed, calibration, trial.config.GetInt("train.max_steps"));
-    result.work = *work;
-    result.time_device = speed->name;
-    result.calibration = calibration.source;
-  } else {
-    result.time_reason =
-        "no GPU to time it on: the target names none this table knows (pass --device-memory "
-        "with a GPU such as h100-94gb)";
-  }
+  RETURN_IF_ERROR(AddTime(
+                      experiment, options, device_option,
+                      [&] { return estimate::EstimateStepWork(trial.config, *model); }, result)
+                      .WithContext(context));
   if (options.fit && result.device) {
     StatusOr<estimate::MicroBatchFit> fit =
         estimate::FitMicroBatch(trial.config, *model, result.device->bytes);

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "common/atomic_file.h"
+#include "common/blip2_config.h"
 #include "common/byte_size.h"
 #include "common/estimate/gpus.h"
 #include "common/estimate/plan.h"
@@ -65,20 +66,34 @@ struct Resolved {
   estimate::PlanRequest request;
   std::string device_text;  // "h100-94gb (NVIDIA H100 NVL (94 GB)), 93.6 GiB"
   bool cuda = false;
+  bool blip2 = false;  // BLIP-2: images and captions (data.format imagefolder)
   int64_t ranks = 1;
 };
 
 StatusOr<Resolved> Resolve(const PlanOptions& o) {
   Resolved r;
   if (o.model.empty()) return InvalidArgumentError("MODEL: a preset name or a model directory");
-  if (IsHubModelRef(o.model)) {
-    return InvalidArgumentError("MODEL: " + o.model +
-                                " is on the Hugging Face hub; plan needs its config.json on this "
-                                "machine: point MODEL at a local directory holding it");
+  // BLIP-2 by its preset's name (with or without hf:Salesforce/) or a directory, else the LLaMA
+  // family.
+  std::string blip2_name = o.model;
+  if (blip2_name.starts_with(kHubModelPrefix)) blip2_name.erase(0, kHubModelPrefix.size());
+  StatusOr<std::optional<Blip2Config>> blip2 = ResolveBlip2Model(blip2_name);
+  if (!blip2.ok()) return InvalidArgumentError("MODEL: " + blip2.status().message());
+  if (blip2->has_value()) {
+    r.request.model.shapes = **blip2;
+    r.blip2 = true;
+  } else {
+    if (IsHubModelRef(o.model)) {
+      return InvalidArgumentError(
+          "MODEL: " + o.model +
+          " is on the Hugging Face hub; plan needs its config.json on this machine: point MODEL "
+          "at a local directory holding it (BLIP-2's published models are known by name: "
+          "blip2-opt-2.7b, blip2-opt-6.7b, blip2-flan-t5-xl, blip2-flan-t5-xxl)");
+    }
+    StatusOr<ModelConfig> model = ResolveModel(o.model);
+    if (!model.ok()) return InvalidArgumentError("MODEL: " + model.status().message());
+    r.request.model.shapes = *model;
   }
-  StatusOr<ModelConfig> model = ResolveModel(o.model);
-  if (!model.ok()) return InvalidArgumentError("MODEL: " + model.status().message());
-  r.request.model = *model;
 
   std::optional<uint64_t> budget;
   if (!o.device_memory.empty()) {
@@ -131,6 +146,14 @@ StatusOr<Resolved> Resolve(const PlanOptions& o) {
            {"nodes", std::to_string(o.nodes)}}) {
     RETURN_IF_ERROR(base.SetFromText(key, value));
   }
+  if (r.blip2) {
+    RETURN_IF_ERROR(base.SetFromText("data.format", "imagefolder"));
+    // LoRA's usual targets by the language model's own names: OPT's q_proj and v_proj (the
+    // default), T5's q and v.
+    if (std::get<Blip2Config>(r.request.model.shapes).t5() != nullptr) {
+      RETURN_IF_ERROR(base.SetFromText("peft.targets", "[q, v]"));
+    }
+  }
   for (const std::string& set : o.sets) {
     const size_t eq = set.find('=');
     if (eq == std::string::npos) {
@@ -156,6 +179,10 @@ YAML::Node CandidateSet(const estimate::PlanCandidate& c) {
   set["optimizer"] = c.config.GetString("optimizer");
   if (c.config.GetString("peft.method") != "none") {
     set["peft"]["method"] = c.config.GetString("peft.method");
+    for (const std::string& target : c.config.GetStringList("peft.targets")) {
+      set["peft"]["targets"].push_back(target);
+    }
+    set["peft"]["targets"].SetStyle(YAML::EmitterStyle::Flow);
   }
   if (c.config.GetBool("activation_checkpointing")) set["activation_checkpointing"] = true;
   if (c.config.GetString("strategy") != "auto") set["strategy"] = c.config.GetString("strategy");
@@ -188,6 +215,7 @@ std::string ExperimentYaml(const PlanOptions& o, const Resolved& r, const estima
                  : preset != nullptr && !preset->hf_repo_id.empty() ? "pretrained"
                                                                     : "random";
   root["data"]["path"] = BesideFile(o.data, file);
+  if (r.blip2) root["data"]["format"] = "imagefolder";
   root["data"]["max_seq_length"] = o.seq;
   root["train"]["global_batch_size"] = o.global_batch;
   root["train"]["max_steps"] = r.request.steps;

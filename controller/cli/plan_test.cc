@@ -149,6 +149,47 @@ TEST_F(PlanTest, GpuPlanCountsGpuHoursAndServiceUnits) {
   EXPECT_NEAR(top["service_units"].get<double>(), 2 * top["gpu_hours"].get<double>(), 1e-9);
 }
 
+// BLIP-2 is planned by its own estimates; adapters go on the language model's own projections
+// (Flan-T5's q and v), and the written file reads images and captions.
+TEST_F(PlanTest, Blip2IsPlannedWithItsLanguageModelsAdapterNames) {
+  const fs::path file = dir_ / "plan.yaml";
+  ASSERT_EQ(Llmctl({Source() + "/experiments/models/cpu-lab-blip2-t5",
+                    "--device",
+                    "cpu",
+                    "--device-memory",
+                    "280MiB",
+                    "--seq",
+                    "24",
+                    "--global-batch",
+                    "4",
+                    "--steps",
+                    "2",
+                    "--peft",
+                    "lora",
+                    "--top",
+                    "2",
+                    "--write",
+                    file.string(),
+                    "--data",
+                    Source() + "/experiments/data/captions",
+                    "--format",
+                    "json"}),
+            kExitOk)
+      << err_.str();
+  const json plan = json::parse(out_.str());
+  ASSERT_FALSE(plan["fits"].empty()) << plan.dump(2);
+  for (const json& row : plan["fits"]) {
+    EXPECT_EQ(row["peft"], "lora");
+    EXPECT_LE(row["peak_bytes"].get<uint64_t>(), uint64_t{280} << 20);
+  }
+  StatusOr<Experiment> written = LoadExperimentFile(file.string());
+  ASSERT_TRUE(written.ok()) << written.status().message();
+  for (const Trial& trial : written->trials) {
+    EXPECT_EQ(trial.config.GetString("data.format"), "imagefolder");
+    EXPECT_EQ(trial.config.GetStringList("peft.targets"), (std::vector<std::string>{"q", "v"}));
+  }
+}
+
 // Issue 28's check of a plan: every configuration it says fits does fit, run by the real
 // llm-train under the plan's device budget from the experiment file --write emits, unchanged.
 TEST_F(PlanTest, WrittenTopRowsRunAndFitUnderTheBudget) {

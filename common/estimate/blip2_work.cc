@@ -1,0 +1,292 @@
+#include "common/estimate/blip2_work.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/estimate/blip2_memory.h"
+
+namespace llmctl::estimate {
+namespace {
+
+// Element-wise traffic of one transformer layer per token, in elements read plus written, by
+// width: two LayerNorms (one kernel each: read, write), two residual adds (two reads, a write),
+// two dropouts in training (read, write, a byte of mask), q, k, v and the output moved between
+// (B, T, H, D) and (B, H, T, D); by intermediate width the activation (a gated one: and its
+// product).
+constexpr double kHiddenPasses = 2 * 2 + 2 * 3 + 2 * 2.25;
+constexpr double kLayoutPasses = 4 * 2;
+constexpr double kActivationPasses = 2;
+constexpr double kGatePasses = 3;
+// A backward pass touches about twice what its forward did; kernel launches of a layer's forward.
+constexpr double kBlip2BackwardPasses = 2;
+constexpr double kLayerLaunches = 40;
+
+bool PartListHas(const std::vector<std::string>& list, std::string_view item) {
+  return std::find(list.begin(), list.end(), item) != list.end();
+}
+
+// One part of the model (the ViT, the Q-Former, the projection, the language model): its
+// forward's work and what a backward through it adds.
+struct Part {
+  double forward_flops = 0;      // of its blocks: what checkpointing reruns
+  double unblocked_flops = 0;    // outside them (patch embedding, projection, head): run once
+  double weight_grad_flops = 0;  // 2x forward for each trained weight
+  double input_grad_flops = 0;   // 2x forward for every linear layer and attention
+  double forward_bytes = 0;
+  double launches = 0;
+  double nf4_values = 0;
+  double trainable_tensors = 0;
+};
+
+class PartCounter {
+ public:
+  PartCounter(double element, bool trained, const std::vector<std::string>* adapter_targets,
+              double rank, bool adapter_dropout, bool nf4)
+      : element_(element),
+        trained_(trained),
+        targets_(adapter_targets),
+        rank_(rank),
+        adapter_dropout_(adapter_dropout),
+        nf4_(nf4) {}
+
+  // A linear layer (in -> out) of a block applied to `tokens` tokens; `name` is its PEFT name.
+  void Linear(double tokens, double in, double out, std::string_view name, bool quantised = true) {
+    const double matmul = 2 * tokens * in * out;
+    part_.forward_flops += matmul;
+    Backward(matmul, in, out, tokens, name, quantised);
+  }
+
+  // A linear layer outside the blocks (not rerun by checkpointing).
+  void UnblockedLinear(double tokens, double in, double out, std::string_view name) {
+    const double matmul = 2 * tokens * in * out;
+    part_.unblocked_flops += matmul;
+    Backward(matmul, in, out, tokens, name, /*quantised=*/false);
+  }
+
+  // Attention's scores and weighted sum: `queries` tokens over `keys` keys each, `width` wide;
+  // backward forms the gradients of the scores, the values, the queries and the keys.
+  void Attention(double queries, double keys, double width) {
+    const double flops = 4 * queries * keys * width;
+    part_.forward_flops += flops;
+    part_.input_grad_flops += 2 * flops;
+  }
+
+  // A layer's element-wise traffic and launches over `tokens` tokens.
+  void Layer(double tokens, double width, double inter, bool gated) {
+    part_.forward_bytes += tokens * element_ *
+                           ((kHiddenPasses + kLayoutPasses) * width +
+                            (kActivationPasses + (gated ? kGatePasses : 0)) * inter);
+    part_.launches += kLayerLaunches;
+  }
+
+  const Part& part() const { return part_; }
+
+ private:
+  // What a linear layer's backward adds: its input's gradient, its weight's when trained, and its
+  // adapter's work.
+  void Backward(double matmul, double in, double out, double tokens, std::string_view name,
+                bool quantised) {
+    part_.input_grad_flops += matmul;
+    if (trained_) {
+      part_.weight_grad_flops += matmul;
+      part_.trainable_tensors += 2;  // the weight and its bias
+    }
+    if (nf4_ && quantised && targets_ != nullptr) part_.nf4_values += in * out;
+    if (targets_ != nullptr && PartListHas(*targets_, name)) {
+      const double adapter = 2 * tokens * rank_ * (in + out);
+      part_.forward_flops += adapter;
+      part_.input_grad_flops += adapter;
+      part_.weight_grad_flops += adapter;
+      part_.forward_bytes += tokens * AdapterBytesPerToken(in, out, element_, adapter_dropout_);
+      part_.trainable_tensors += 2;
+    }
+  }
+
+  double element_;
+  bool trained_;
+  const std::vector<std::string>* targets_;  // null: no adapters in this part
+  double rank_;
+  bool adapter_dropout_;
+  bool nf4_;
+  Part part_;
+};
+
+}  // namespace
+
+StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2Config& model,
+                                         std::optional<int64_t> caption_tokens) {
+  ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateBlip2ModelState(config, model));
+  StepWork w;
+  const std::string precision = config.GetString("precision");
+  const std::string method = config.GetString("peft.method");
+  const bool full = method == "none";
+  const bool qlora = method == "qlora";
+  const bool checkpointing = config.GetBool("activation_checkpointing");
+  const std::vector<std::string> frozen = config.GetStringList("freeze");
+  const std::vector<std::string> targets =
+      full ? std::vector<std::string>{} : config.GetStringList("peft.targets");
+  const double element = precision == "32-true" ? 4 : 2;
+
+  const int64_t micro = config.GetInt("train.micro_batch_size");
+  const double examples = static_cast<double>(micro);
+  const double queries = static_cast<double>(model.num_query_tokens);
+  const int64_t caption_length = caption_tokens.value_or(config.GetInt("data.max_seq_length"));
+  const double caption = static_cast<double>(caption_length);
+  const double patches = static_cast<double>((model.vision.image_size / model.vision.patch_size) *
+                                             (model.vision.image_size / model.vision.patch_size));
+  const double image_tokens = patches + 1;  // the class token
+
+  w.world_size = state.world_size;
+  w.nodes = std::max<int64_t>(1, config.GetInt("nodes"));
+  const int64_t global = config.GetInt("train.global_batch_size");
+  w.micro_batches = std::max<int64_t>(1, global / (micro * w.world_size));
+  // What llm-train counts as a micro-batch's tokens: the queries' places and the caption.
+  w.tokens = micro * (model.num_query_tokens + caption_length) * w.micro_batches;
+  w.matmul_class =
+      precision != "32-true" || (qlora && config.GetString("peft.compute_dtype") == "bf16")
+          ? MatmulClass::kBf16
+          : MatmulClass::kFp32;
+
+  auto trained = [&](std::string_view part) { return full && !PartListHas(frozen, part); };
+  const double rank = static_cast<double>(config.GetInt("peft.r"));
+  const bool dropout = !full && config.GetFloat("peft.dropout") > 0;
+
+  // The ViT over every image's class token and patches.
+  PartCounter vision(element, trained("vision_model"), nullptr, rank, dropout, false);
+  {
+    const Blip2VisionConfig& v = model.vision;
+    const double c = static_cast<double>(v.hidden_size);
+    const double n = examples * image_tokens;
+    vision.UnblockedLinear(examples * patches,
+                           3.0 * static_cast<double>(v.patch_size * v.patch_size), c,
+                           "patch_embedding");
+    for (int64_t i = 0; i < v.num_hidden_layers; ++i) {
+      vision.Linear(n, c, 3 * c, "qkv");
+      vision.Attention(n, image_tokens, c);
+      vision.Linear(n, c, c, "projection");
+      vision.Linear(n, c, static_cast<double>(v.intermediate_size), "fc1");
+      vision.Linear(n, static_cast<double>(v.intermediate_size), c, "fc2");
+      vision.Layer(n, c, static_cast<double>(v.intermediate_size), false);
+    }
+  }
+  // The Q-Former over the learned queries, cross-attending to the image.
+  PartCounter qformer(element, trained("qformer"), nullptr, rank, dropout, false);
+  {
+    const Blip2QFormerConfig& q = model.qformer;
+    const double c = static_cast<double>(q.hidden_size);
+    const double n = examples * queries;
+    for (int64_t i = 0; i < q.num_hidden_layers; ++i) {
+      for (const char* name : {"query", "key", "value", "output"}) qformer.Linear(n, c, c, name);
+      qformer.Attention(n, queries, c);
+      if (i % q.cross_attention_frequency == 0) {
+        const double encoder = static_cast<double>(q.encoder_hidden_size);
+        qformer.Linear(n, c, c, "query");
+        qformer.Linear(examples * image_tokens, encoder, c, "key");
+        qformer.Linear(examples * image_tokens, encoder, c, "value");
+        qformer.Linear(n, c, c, "output");
+        qformer.Attention(n, image_tokens, c);
+      }
+      qformer.Linear(n, c, static_cast<double>(q.intermediate_size), "intermediate");
+      qformer.Linear(n, static_cast<double>(q.intermediate_size), c, "output");
+      qformer.Layer(n, c, static_cast<double>(q.intermediate_size), false);
+    }
+  }
+  PartCounter projection(element, trained("language_projection"), nullptr, rank, dropout, false);
+  projection.UnblockedLinear(examples * queries, static_cast<double>(model.qformer.hidden_size),
+                             static_cast<double>(model.text_hidden_size()), "language_projection");
+  // The language model, adapted under LoRA/QLoRA.
+  PartCounter language(element, trained("language_model"), full ? nullptr : &targets, rank, dropout,
+                       qlora);
+  double logits = 0;
+  if (const OptConfig* opt = model.opt()) {
+    const double h = static_cast<double>(opt->hidden_size);
+    const double ffn = static_cast<double>(opt->ffn_dim);
+    const double sequence = queries + caption;
+    const double n = examples * sequence;
+    for (int64_t i = 0; i < opt->num_hidden_layers; ++i) {
+      for (const char* name : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
+        language.Linear(n, h, h, name);
+      }
+      language.Attention(n, sequence, h);
+      language.Linear(n, h, ffn, "fc1");
+      language.Linear(n, ffn, h, "fc2");
+      language.Layer(n, h, ffn, false);
+    }
+    language.UnblockedLinear(n, h, static_cast<double>(opt->vocab_size), "lm_head");
+    logits = n * static_cast<double>(opt->vocab_size);
+  } else {
+    const T5Config& t5 = *model.t5();
+    const double d = static_cast<double>(t5.d_model);
+    const double inner = static_cast<double>(t5.inner_dim());
+    const double ff = static_cast<double>(t5.d_ff);
+    const double encoder_sequence = queries + caption;
+    const double encoded = examples * encoder_sequence;
+    const double decoded = examples * caption;
+    auto ffn = [&](double n) {
+      if (t5.gated_gelu) {
+        language.Linear(n, d, ff, "wi_0");
+        language.Linear(n, d, ff, "wi_1");
+      } else {
+        language.Linear(n, d, ff, "wi");
+      }
+      language.Linear(n, ff, d, "wo", /*quantised=*/false);  // transformers keeps wo dense
+    };
+    auto attention = [&](double n, double kv_tokens, double keys) {
+      language.Linear(n, d, inner, "q");
+      language.Linear(kv_tokens, d, inner, "k");
+      language.Linear(kv_tokens, d, inner, "v");
+      language.Attention(n, keys, inner);
+      language.Linear(n, inner, d, "o");
+    };
+    for (int64_t i = 0; i < t5.num_layers; ++i) {
+      attention(encoded, encoded, encoder_sequence);
+      ffn(encoded);
+      language.Layer(encoded, d, ff, t5.gated_gelu);
+    }
+    for (int64_t i = 0; i < t5.num_decoder_layers; ++i) {
+      attention(decoded, decoded, caption);
+      attention(decoded, encoded, encoder_sequence);
+      ffn(decoded);
+      language.Layer(decoded, d, ff, t5.gated_gelu);
+    }
+    language.UnblockedLinear(decoded, d, static_cast<double>(t5.vocab_size), "lm_head");
+    logits = decoded * static_cast<double>(t5.vocab_size);
+  }
+
+  // Backward runs through a part that is trained or adapted, and through every part after one
+  // that is; checkpointing reruns the forward of those parts' blocks.
+  double matmul = 0, memory = 0, launches = 0, nf4_values = 0, trainable_tensors = 0;
+  bool backward = false;
+  const std::pair<const PartCounter*, bool> parts[] = {
+      {&vision, trained("vision_model")},
+      {&qformer, trained("qformer")},
+      {&projection, trained("language_projection")},
+      {&language, trained("language_model") || !full}};
+  for (const auto& [counter, learns] : parts) {
+    const Part& p = counter->part();
+    backward = backward || learns;
+    const double forward_runs = backward && checkpointing ? 2 : 1;
+    matmul += p.forward_flops * forward_runs + p.unblocked_flops;
+    memory += p.forward_bytes * forward_runs;
+    launches += p.launches * forward_runs;
+    nf4_values += p.nf4_values * (forward_runs + (backward ? 1 : 0));
+    trainable_tensors += p.trainable_tensors;
+    if (!backward) continue;
+    matmul += p.input_grad_flops + p.weight_grad_flops;
+    memory += kBlip2BackwardPasses * p.forward_bytes;
+    launches += kBlip2BackwardPasses * p.launches;
+  }
+  memory += logits * LossBytesPerLogit(config, element);
+  if (qlora) memory += nf4_values * Nf4DequantBytes(config);
+  const double micro_batches = static_cast<double>(w.micro_batches);
+  w.matmul_flops = matmul * micro_batches;
+  w.memory_bytes = memory * micro_batches;
+  w.launches = launches * micro_batches + OptimizerLaunches(config, trainable_tensors);
+  AddOptimizerAndRanks(config, state, w);
+  w.model_bytes = static_cast<double>(state.params_bytes);
+  w.pretrained = config.GetString("init") == "pretrained";
+  return w;
+}
+
+}  // namespace llmctl::estimate

@@ -1,0 +1,98 @@
+#include "common/estimate/blip2_work.h"
+
+#include <gtest/gtest.h>
+
+namespace llmctl::estimate {
+namespace {
+
+// A BLIP-2 small enough to count by hand: a 28 x 28 image in 14 x 14 patches (4 patches and the
+// class token), 2 queries, one layer of each stack, 8 wide with 16 in the FFNs, a 10-token OPT.
+Blip2Config TinyBlip2() {
+  Blip2Config m;
+  m.vision = {.hidden_size = 8,
+              .intermediate_size = 16,
+              .num_hidden_layers = 1,
+              .num_attention_heads = 2,
+              .image_size = 28,
+              .patch_size = 14};
+  m.qformer = {.hidden_size = 8,
+               .intermediate_size = 16,
+               .num_hidden_layers = 1,
+               .num_attention_heads = 2,
+               .cross_attention_frequency = 1,
+               .encoder_hidden_size = 8};
+  m.text = OptConfig{.vocab_size = 10,
+                     .hidden_size = 8,
+                     .ffn_dim = 16,
+                     .num_hidden_layers = 1,
+                     .num_attention_heads = 2};
+  m.num_query_tokens = 2;
+  return m;
+}
+
+TrialConfig Config(std::initializer_list<std::pair<const char*, const char*>> sets) {
+  TrialConfig config;
+  for (const auto& [key, value] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"model", "tiny-blip2"},
+           {"data.path", "captions"},
+           {"data.format", "imagefolder"},
+           {"data.max_seq_length", "3"},
+           {"train.micro_batch_size", "1"}}) {
+    EXPECT_TRUE(config.SetFromText(key, value).ok()) << key;
+  }
+  for (const auto& [key, value] : sets) {
+    const Status set = config.SetFromText(key, value);
+    EXPECT_TRUE(set.ok()) << key << ": " << set.message();
+  }
+  return config;
+}
+
+// Forward matmul FLOPs of one example, by hand (2 x tokens x in x out a linear layer; attention
+// 4 x queries x keys x width):
+//   vision: the patch embedding 2 x 4 x 588 x 8 = 37,632 (outside the block); its layer over 5
+//     tokens: qkv, projection, fc1, fc2 = 2 x 5 x (192 + 64 + 128 + 128) = 5,120, attention
+//     4 x 5 x 5 x 8 = 800.
+//   Q-Former over 2 queries: self-attention 4 x 2 x 2 x 64 = 1,024 and 4 x 2 x 2 x 8 = 128;
+//     cross-attention q and o 2 x 2 x 2 x 64 = 512, k and v over the 5 image tokens 2 x 2 x 5 x
+//     64 = 1,280, attention 4 x 2 x 5 x 8 = 320; FFN 2 x 2 x 2 x 128 = 1,024.
+constexpr double kVisionBlock = 5120 + 800;
+constexpr double kVisionPatches = 37632;
+constexpr double kQFormerBlock = 1024 + 128 + 512 + 1280 + 320 + 1024;
+
+TEST(Blip2WorkTest, AFrozenImageSideRunsOnlyItsForward) {
+  StatusOr<StepWork> full = EstimateBlip2StepWork(Config({}), TinyBlip2());
+  StatusOr<StepWork> frozen =
+      EstimateBlip2StepWork(Config({{"freeze", "[vision_model, qformer]"}}), TinyBlip2());
+  ASSERT_TRUE(full.ok()) << full.status().message();
+  ASSERT_TRUE(frozen.ok()) << frozen.status().message();
+  // Trained, their backward forms every input's and weight's gradient (2x each linear layer's
+  // forward) and attention's (2x its forward).
+  EXPECT_DOUBLE_EQ(full->matmul_flops - frozen->matmul_flops,
+                   2 * (kVisionBlock + kVisionPatches + kQFormerBlock));
+  EXPECT_LT(frozen->memory_bytes, full->memory_bytes);
+  // What llm-train counts as tokens: the queries' places and the caption.
+  EXPECT_EQ(full->tokens, 2 + 3);
+}
+
+TEST(Blip2WorkTest, CheckpointingRerunsTheBlocksOfThePartsBackwardRunsThrough) {
+  StatusOr<StepWork> frozen =
+      EstimateBlip2StepWork(Config({{"freeze", "[vision_model, qformer]"}}), TinyBlip2());
+  StatusOr<StepWork> recomputed = EstimateBlip2StepWork(
+      Config({{"freeze", "[vision_model, qformer]"}, {"activation_checkpointing", "true"}}),
+      TinyBlip2());
+  ASSERT_TRUE(frozen.ok() && recomputed.ok());
+  // OPT's one block over 5 tokens: q, k, v, o 2 x 5 x 4 x 64 = 2,560, attention 4 x 5 x 5 x 8 =
+  // 800, fc1 and fc2 2 x 5 x 2 x 128 = 2,560; the frozen image side is not rerun, nor the head.
+  EXPECT_DOUBLE_EQ(recomputed->matmul_flops - frozen->matmul_flops, 2560 + 800 + 2560);
+}
+
+TEST(Blip2WorkTest, CaptionsOfTheLongestExampleShortenTheStep) {
+  StatusOr<StepWork> full = EstimateBlip2StepWork(Config({}), TinyBlip2());
+  StatusOr<StepWork> shorter = EstimateBlip2StepWork(Config({}), TinyBlip2(), 1);
+  ASSERT_TRUE(full.ok() && shorter.ok());
+  EXPECT_EQ(shorter->tokens, 2 + 1);
+  EXPECT_LT(shorter->matmul_flops, full->matmul_flops);
+}
+
+}  // namespace
+}  // namespace llmctl::estimate
