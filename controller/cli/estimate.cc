@@ -323,8 +323,10 @@ std::string Explain(const TrialEstimate& e) {
   if (e.time) {
     std::vector<std::vector<std::string>> time_rows;
     for (const estimate::TimeTerm& term : e.time->terms) {
-      time_rows.push_back({"  " + term.name, term.formula + " x " + Printf("%.3f", e.time->factor),
-                           StepSecondsText(term.seconds) + " s"});
+      time_rows.push_back(
+          {"  " + term.name,
+           term.formula + (term.calibrated ? " x " + Printf("%.3f", e.time->factor) : ""),
+           StepSecondsText(term.seconds) + " s"});
     }
     time_rows.push_back({"  step",
                          Grouped(static_cast<double>(e.work->tokens), 0) + " tokens a rank (" +
