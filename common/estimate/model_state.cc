@@ -51,15 +51,6 @@ std::string_view ProjectionOf(std::string_view name) {
              : std::string_view();
 }
 
-// Bytes of an NF4 weight of n values (trainer/quant's EmptyNf4).
-uint64_t Nf4Bytes(int64_t n, bool double_quant) {
-  const int64_t blocks = CeilDiv(n, kNf4Blocksize);
-  const uint64_t packed = static_cast<uint64_t>(CeilDiv(n, 2));
-  if (!double_quant) return packed + kFp32Bytes * static_cast<uint64_t>(blocks);
-  return packed + static_cast<uint64_t>(blocks) +
-         kFp32Bytes * static_cast<uint64_t>(CeilDiv(blocks, kNf4NestedBlocksize)) + kFp32Bytes;
-}
-
 // The model's weights and adapters as the trainer builds them (BuildModel, then ApplyLora).
 std::vector<WeightTensor> WeightTensors(const TrialConfig& config, const ModelConfig& model) {
   const std::string method = config.GetString("peft.method");
@@ -207,6 +198,14 @@ void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>&
 }
 
 }  // namespace
+
+uint64_t Nf4Bytes(int64_t n, bool double_quant) {
+  const int64_t blocks = CeilDiv(n, kNf4Blocksize);
+  const uint64_t packed = static_cast<uint64_t>(CeilDiv(n, 2));
+  if (!double_quant) return packed + kFp32Bytes * static_cast<uint64_t>(blocks);
+  return packed + static_cast<uint64_t>(blocks) +
+         kFp32Bytes * static_cast<uint64_t>(CeilDiv(blocks, kNf4NestedBlocksize)) + kFp32Bytes;
+}
 
 uint64_t ParamBytes(const std::string& precision) {
   return precision == "bf16-true" ? 2 : kFp32Bytes;  // the mixed modes keep fp32 parameters

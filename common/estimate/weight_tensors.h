@@ -26,6 +26,10 @@ struct WeightTensor {
 // modes keep fp32 parameters).
 uint64_t ParamBytes(const std::string& precision);
 
+// Bytes of an NF4 weight of `n` values (trainer/quant's EmptyNf4): two codes a byte and its block
+// scales, fp32 or (with double quantisation) uint8 with their own fp32 scales and offset.
+uint64_t Nf4Bytes(int64_t n, bool double_quant);
+
 // The model state of `tensors` under `config` (already validated), as ModelStateEstimate says; the
 // figures are rank `rank`'s, -1: the largest any rank holds.
 ModelStateEstimate EstimateStateOfTensors(const TrialConfig& config,
