@@ -163,14 +163,17 @@ TEST(EstimateBlip2PeakTest, TechniquesOnOneDevice) {
   ExpectPeaksWithin(cases);
 }
 
-// Two ranks (rank 0's peak): ddp's buckets, fsdp's shards and gathered blocks, with 8-bit AdamW and
-// LoRA.
+// Two ranks (rank 0's peak): ddp's buckets, fsdp's shards and gathered blocks (every block kept
+// gathered without reshard_after_forward; the shards on the host with full offload), with 8-bit
+// AdamW and LoRA.
 TEST(EstimateBlip2PeakTest, DataParallelRanks) {
   const Sets two = {{"devices", "2"}, {"train.global_batch_size", "8"}};
   std::vector<Case> cases;
   for (const Sets& sets : std::vector<Sets>{
            {{"strategy", "ddp"}},
            {{"strategy", "fsdp"}},
+           {{"strategy", "fsdp"}, {"fsdp.reshard_after_forward", "false"}},
+           {{"strategy", "fsdp"}, {"offload", "full"}},
            {{"strategy", "fsdp"}, {"peft.method", "lora"}},
            With(kT5,
                 {{"strategy", "fsdp"}, {"precision", "bf16-true"}, {"optimizer", "adamw_8bit"}}),

@@ -211,16 +211,23 @@ class Blip2Tensors {
 
 }  // namespace
 
-std::vector<int64_t> Blip2TrainableByUnit(const TrialConfig& config, const Blip2Config& model) {
+std::vector<Blip2UnitSize> Blip2UnitSizes(const TrialConfig& config, const Blip2Config& model) {
   Blip2Tensors tensors(config, model);
   tensors.Build();
-  std::vector<int64_t> values;
+  const bool double_quant = config.GetBool("peft.double_quant");
+  std::vector<Blip2UnitSize> units;
   for (const WeightTensor& t : tensors.tensors()) {
     const size_t index = static_cast<size_t>(t.unit + 1);
-    if (values.size() <= index) values.resize(index + 1);
-    if (t.trainable) values[index] += t.numel;
+    if (units.size() <= index) units.resize(index + 1);
+    Blip2UnitSize& unit = units[index];
+    if (t.trainable) unit.trainable += t.numel;
+    if (t.nf4) {
+      unit.nf4_bytes += Nf4Bytes(t.numel, double_quant);
+    } else {
+      unit.dense += t.numel;
+    }
   }
-  return values;
+  return units;
 }
 
 StatusOr<ModelStateEstimate> EstimateBlip2ModelState(const TrialConfig& config,

@@ -49,27 +49,43 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
   uint64_t base =
       state.params_bytes + state.comm_bytes + (first_step_only ? 0 : state.optim_device_bytes);
   if (accumulation > 1 && holds_grads) base += state.grads_bytes;
-  // fsdp: the root unit gathered throughout, in the compute dtype; with reshard_after_forward one
-  // block while it runs forward and two in backward (the prefetch), else every block from its
-  // forward until its backward. The largest block stands for each.
+  // fsdp gathers each unit in the compute dtype (QLoRA's NF4 buffers in their own): the root
+  // throughout; with reshard_after_forward a block while it runs forward, and in backward the
+  // block computing and the one before it (the prefetch); without it every block from its forward
+  // until its backward has reduced its gradients.
+  const std::vector<Blip2UnitSize> units = Blip2UnitSizes(config, model);
   const uint64_t gathered_element = precision == "32-true" ? 4 : 2;
-  const uint64_t root_gathered = static_cast<uint64_t>(state.fsdp_root_values) * gathered_element +
-                                 static_cast<uint64_t>(state.fsdp_root_buffer_bytes);
-  const uint64_t layer_gathered =
-      static_cast<uint64_t>(state.fsdp_layer_values) * gathered_element +
-      static_cast<uint64_t>(state.fsdp_layer_buffer_bytes);
+  auto gathered_of = [&](int64_t unit) -> uint64_t {
+    const size_t index = static_cast<size_t>(unit + 1);
+    if (!sharded || unit < -1 || index >= units.size()) return 0;
+    return static_cast<uint64_t>(units[index].dense) * gathered_element + units[index].nf4_bytes;
+  };
   const bool reshard = config.GetBool("fsdp.reshard_after_forward");
-  const std::vector<int64_t> unit_values = Blip2TrainableByUnit(config, model);
-  const uint64_t units = unit_values.empty() ? 0 : unit_values.size() - 1;
-  const uint64_t all_layers = units * layer_gathered;
-  const uint64_t gathered_forward = root_gathered + (reshard ? layer_gathered : all_layers);
-  const uint64_t gathered_at_loss = root_gathered + (reshard ? 0 : all_layers);
-  const uint64_t gathered_backward = root_gathered + (reshard ? 2 * layer_gathered : all_layers);
+  // The blocks' units gathered at once without reshard_after_forward: up to unit u.
+  std::vector<uint64_t> units_up_to(units.size(), 0);
+  uint64_t largest_unit = 0;
+  for (size_t u = 1; u < units.size(); ++u) {
+    const uint64_t bytes = gathered_of(static_cast<int64_t>(u) - 1);
+    units_up_to[u] = (u > 1 ? units_up_to[u - 1] : 0) + bytes;
+    largest_unit = std::max(largest_unit, bytes);
+  }
+  const uint64_t all_units = units_up_to.empty() ? 0 : units_up_to.back();
+  const uint64_t root_gathered = gathered_of(-1);
+  const uint64_t gathered_forward = root_gathered + (reshard ? largest_unit : all_units);
+  const uint64_t gathered_at_loss = root_gathered + (reshard ? 0 : all_units);
+  // In backward at a block of unit `unit` (-1 for one of the root's, `last` the latest unit
+  // before it in forward order).
+  auto gathered_backward = [&](int64_t unit, int64_t last) -> uint64_t {
+    if (!reshard)
+      return root_gathered + (last >= 0 ? units_up_to[static_cast<size_t>(last + 1)] : 0);
+    if (unit < 0) return root_gathered + gathered_of(last);
+    return root_gathered + gathered_of(unit) + gathered_of(unit - 1);
+  };
 
   // Each unit's gradients, in proportion to its trainable values (a shard's under fsdp). The head's
   // (OPT's tied embedding, T5's lm_head) appear at the loss, the rest of the root's at the end.
   int64_t trainable = 0;
-  for (int64_t values : unit_values) trainable += values;
+  for (const Blip2UnitSize& unit : units) trainable += unit.trainable;
   auto grads_of = [&](int64_t values) -> uint64_t {
     if (trainable == 0) return 0;
     return static_cast<uint64_t>(static_cast<double>(state.grads_bytes) *
@@ -112,17 +128,30 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
                " + the loss' gradients " + FormatBytes(trace.loss_backward));
   // Block by block: its backward starts with its saved tensors all there and ends with its
   // gradients all made, each freed or made as it goes.
+  std::vector<int64_t> last_unit(trace.blocks.size(), -1);  // at or before each block
+  for (size_t i = 0; i < trace.blocks.size(); ++i) {
+    last_unit[i] =
+        trace.blocks[i].unit >= 0 ? trace.blocks[i].unit : (i > 0 ? last_unit[i - 1] : -1);
+  }
   uint64_t produced = head_grads;
   uint64_t remaining = trace.saved + fixed;
-  for (auto it = trace.blocks.rbegin(); it != trace.blocks.rend(); ++it) {
-    const Blip2BlockTrace& block = *it;
+  for (size_t i = trace.blocks.size(); i-- > 0;) {
+    const Blip2BlockTrace& block = trace.blocks[i];
     uint64_t made =
-        block.unit >= 0 ? grads_of(unit_values[static_cast<size_t>(block.unit + 1)]) : 0;
-    if (it + 1 == trace.blocks.rend())
-      made = state.grads_bytes - std::min(produced, state.grads_bytes);
-    const uint64_t gathered = sharded ? gathered_backward : 0;
+        block.unit >= 0 ? grads_of(units[static_cast<size_t>(block.unit + 1)].trainable) : 0;
+    if (i == 0) made = state.grads_bytes - std::min(produced, state.grads_bytes);
+    const uint64_t gathered = sharded ? gathered_backward(block.unit, last_unit[i]) : 0;
+    // fsdp: a unit's backward makes each parameter's whole gradient, in the compute dtype; they
+    // are copied to the flat buffer when the unit's reduce-scatter starts, which first finishes
+    // the previous unit's (its shard's gradient made then), so the unit's own shard gradient comes
+    // only with the next unit's.
+    const uint64_t unreduced =
+        sharded && block.unit >= 0
+            ? static_cast<uint64_t>(units[static_cast<size_t>(block.unit + 1)].trainable) *
+                  gathered_element
+            : 0;
     const uint64_t before = grads_after(produced);
-    const uint64_t after = grads_after(produced + made);
+    const uint64_t after = sharded ? before + unreduced : grads_after(produced + made);
     const uint64_t held = std::max(before + block.saved + block.recompute, after);
     consider(base + gathered + remaining - block.saved + held + block.backward_transient,
              "backward",

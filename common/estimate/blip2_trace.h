@@ -55,9 +55,14 @@ struct Blip2ForwardTrace {
 Blip2ForwardTrace TraceBlip2Forward(const TrialConfig& config, const Blip2Config& model,
                                     int64_t caption_tokens, bool sharded);
 
-// The trainable values of each fsdp unit of `model` under `config` (blip2_state.cc's tensors):
-// index unit + 1, the root's first.
-std::vector<int64_t> Blip2TrainableByUnit(const TrialConfig& config, const Blip2Config& model);
+// Each fsdp unit's tensors of `model` under `config` (blip2_state.cc's): index unit + 1, the
+// root's first.
+struct Blip2UnitSize {
+  int64_t trainable = 0;   // values that train
+  int64_t dense = 0;       // values in the parameters' dtype, which fsdp gathers in the compute one
+  uint64_t nf4_bytes = 0;  // QLoRA's NF4 buffers, gathered in their own dtypes
+};
+std::vector<Blip2UnitSize> Blip2UnitSizes(const TrialConfig& config, const Blip2Config& model);
 
 }  // namespace llmctl::estimate
 
