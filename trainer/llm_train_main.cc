@@ -267,7 +267,7 @@ int main(int argc, char** argv) {
       std::cout << (*batches)->num_examples() << " captioned images prepared" << std::endl;
       return 0;
     }
-    auto tokens = llmctl::trainer::PrepareTokens(config);
+    auto tokens = llmctl::PrepareTokens(config);
     if (!tokens.ok()) return Fail(llmctl::NameInputs(tokens.status().message(), names));
     std::cout << *tokens << std::endl;
     return 0;

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "common/trial_config.h"
 #include "trainer/data/text_encoder.h"
+#include "trainer/inputs/token_cache.h"
 
 namespace llmctl::trainer {
 
@@ -40,25 +41,11 @@ class BatchSource {
   virtual Status Restore(const nlohmann::json& position) = 0;
 };
 
-// Tokenizes the trial's dataset into the token cache if needed (what `llm-train --prepare` does)
-// and returns the token file's path. The trial's inputs are checked first (TrialInputsChecker).
-StatusOr<std::string> PrepareTokens(const TrialConfig& config);
-
 // Opens the prepared token file for training, shuffled with the trial's seed; as rank `rank` of
 // `world_size` data-parallel ranks, its shard of every epoch (DistributedSampler's). `vocab_size`
 // is the model's embedding rows, which every token id must be under.
 StatusOr<std::unique_ptr<BatchSource>> OpenBatches(const TrialConfig& config, int64_t vocab_size,
                                                    int rank, int world_size);
-
-// The token cache's file for tokens that `fingerprint` describes (what prepared them, from what),
-// under $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else ~/.cache/llmctl: `prepare(path)`
-// writes it unless a file with that fingerprint is there already. Returns its path.
-StatusOr<std::string> CachedTokenFile(
-    const std::string& fingerprint, const std::function<Status(const std::string& path)>& prepare);
-
-// The trial's tokenizer (TrialTokenizerPath) for the data pipeline; its fingerprint is
-// "fnv1a64:<hash of tokenizer.json>".
-StatusOr<std::unique_ptr<data::TextEncoder>> LoadTrialTokenizer(const TrialConfig& config);
 
 // A token file's micro-batches as OpenBatches makes them (shuffled with the seed, the rank's shard,
 // whole micro-batches only), right-padded with `pad_id` (< 0: the file's EOS).
