@@ -183,6 +183,58 @@ TEST(EstimateBlip2PeakTest, DataParallelRanks) {
   ExpectPeaksWithin(cases);
 }
 
+std::string Outcome(const testing::TrainerRun& run) {
+  for (const json& e : run.ranks.front()) {
+    if (e["type"] == "result") return e["outcome"];
+  }
+  return "no result event (exit " + std::to_string(run.exit_code) + "): " + run.output;
+}
+
+// --fit's answer checked by running, as peak_test.cc checks the LLaMA family's: under the file's
+// 280 MiB device and on its own captions, the most images a micro-batch that the estimate says fit
+// run, and one more runs out of memory (fp32 and bf16-true OPT-256 x 8).
+TEST(EstimateBlip2PeakTest, FitIsTheLargestMicroBatchThatRuns) {
+  const fs::path dir = testing::TestDir();
+  setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
+  const Sets common = {{"train.max_steps", "2"},
+                       {"output_dir", ""},
+                       {"checkpoint_every", "0"},
+                       {"profile.steps", "0"}};
+  int runs = 0;
+  for (const Sets& technique : std::vector<Sets>{{}, {{"precision", "bf16-true"}}}) {
+    const Case base{"cpu-lab-blip2.yaml", "reduced-batch", technique};
+    SCOPED_TRACE(testing::Describe(base));
+    StatusOr<TrialConfig> config = testing::LoadCaseConfig(base, common);
+    ASSERT_TRUE(config.ok()) << config.status().message();
+    StatusOr<std::optional<Blip2Config>> model = ResolveBlip2Model(config->GetString("model"));
+    ASSERT_TRUE(model.ok() && model->has_value());
+    StatusOr<int64_t> longest = LongestCaptionTokens(*config, **model);
+    ASSERT_TRUE(longest.ok()) << longest.status().message();
+    const std::optional<uint64_t> device = config->GetByteSize("device_memory");
+    ASSERT_TRUE(device.has_value());
+    StatusOr<MicroBatchFit> fit = FitBlip2MicroBatch(*config, **model, *longest, *device);
+    ASSERT_TRUE(fit.ok()) << fit.status().message();
+    ASSERT_GT(fit->micro_batch_size, 0);
+    std::printf("fit under 280 MiB: %lld images (peak %llu B), %lld would peak at %llu B\n",
+                static_cast<long long>(fit->micro_batch_size),
+                static_cast<unsigned long long>(fit->peak_bytes),
+                static_cast<long long>(fit->micro_batch_size + 1),
+                static_cast<unsigned long long>(fit->next_peak_bytes));
+    const int64_t file_global = config->GetInt("train.global_batch_size");
+    for (const int64_t micro : {fit->micro_batch_size, fit->micro_batch_size + 1}) {
+      const Case run_case{
+          "cpu-lab-blip2.yaml", "reduced-batch",
+          With(technique, {{"train.micro_batch_size", std::to_string(micro)},
+                           {"train.global_batch_size",
+                            std::to_string(micro < file_global ? 2 * micro : micro)}})};
+      const testing::TrainerRun run = testing::RunLlmTrain(run_case, common, dir, runs++);
+      EXPECT_EQ(Outcome(run), micro == fit->micro_batch_size ? "ok" : "oom")
+          << "micro-batch " << micro;
+    }
+  }
+  fs::remove_all(dir);
+}
+
 // Every row of experiments/cpu-lab-blip2.yaml at its own micro-batch, precision and technique, one
 // test each so that ctest spreads them over its jobs.
 class CpuLabBlip2RowTest : public ::testing::TestWithParam<const char*> {};
