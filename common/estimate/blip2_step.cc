@@ -192,12 +192,11 @@ StatusOr<MicroBatchFit> FitBlip2MicroBatch(const TrialConfig& config, const Blip
                                            std::optional<int64_t> caption_tokens,
                                            uint64_t device_bytes) {
   ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateBlip2ModelState(config, model));
-  return FitMicroBatchWith(config, state.world_size, device_bytes,
-                           [&](const TrialConfig& c) -> StatusOr<uint64_t> {
-                             ASSIGN_OR_RETURN(StepMemoryEstimate e,
-                                              EstimateBlip2StepMemory(c, model, caption_tokens));
-                             return e.peak_bytes;
-                           });
+  return FitMicroBatchWith(
+      config, state.world_size, device_bytes, [&](const TrialConfig& c) -> StatusOr<uint64_t> {
+        ASSIGN_OR_RETURN(StepMemoryEstimate e, EstimateBlip2StepMemory(c, model, caption_tokens));
+        return e.peak_bytes;
+      });
 }
 
 }  // namespace llmctl::estimate
