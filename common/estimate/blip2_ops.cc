@@ -4,48 +4,25 @@ namespace llmctl::estimate::blip2 {
 
 Tensor Ops::Linear(const Tensor& x, int64_t rows, int64_t in, int64_t out, bool trains,
                    std::string_view name, bool nf4) {
-  Tensor y;
-  if (nf4 && r_.qlora) {
-    // Nf4LinearFunction keeps only the packed weight; while it runs: the input cast to the
-    // compute dtype, the dequantised weight (out, in) and the product, cast back to the input's
-    // dtype.
-    const uint64_t cast =
-        x.element != r_.compute ? static_cast<uint64_t>(rows * in) * r_.compute : 0;
-    const uint64_t product = static_cast<uint64_t>(rows * out) * r_.compute;
-    y = New(rows * out, x.element, x.requires_grad);
-    Alive(Unsaved(x) + cast + static_cast<uint64_t>(in * out) * r_.compute + product +
-          (x.element != r_.compute ? y.bytes : 0));
+  const bool quantized = nf4 && r_.qlora;
+  const TracedLinear l =
+      TraceLinear(set_, {r_.autocast, r_.lora_dropout > 0.0, r_.cuda, r_.rank}, x, rows, in, out,
+                  trains && !quantized, quantized, r_.Targeted(name));
+  if (quantized) {
+    // While Nf4LinearFunction runs: the input cast to the compute dtype, the dequantised weight
+    // (out, in) and the product, then cast back to the input's dtype.
+    const bool cast = x.element != r_.compute;
+    Alive(Unsaved(x) + (cast ? static_cast<uint64_t>(rows * in) * r_.compute : 0) +
+          static_cast<uint64_t>(in * out + rows * out) * r_.compute + (cast ? l.base.bytes : 0));
   } else {
-    Tensor input = x;
-    if (r_.autocast && x.element != kBf16) input = New(rows * in, kBf16, x.requires_grad);
-    // The input's gradient needs the weight: under autocast its 2-byte copy.
-    if (r_.autocast && (x.requires_grad || trains)) Save(New(in * out, kBf16, false));
-    if (trains) Save(input);
-    y = New(rows * out, r_.autocast ? kBf16 : x.element, x.requires_grad || trains);
-    Alive(Unsaved(x) + Unsaved(input) + y.bytes);
+    Alive(Unsaved(x) + Unsaved(l.base_input) + l.base.bytes);
   }
-  if (!r_.Targeted(name)) return y;
-  Tensor adapter_input = x;
-  if (r_.lora_dropout > 0.0) {
-    // As Dropout: the mask in the input's dtype (CUDA: bool), kept when the input needs a
-    // gradient, then the product.
-    const Tensor mask = New(rows * in, r_.cuda ? 1 : x.element, false);
-    if (x.requires_grad) Save(mask);
-    adapter_input = New(rows * in, x.element, x.requires_grad);
+  if (l.adapter_element > 0) {
+    // lora_B's output, its scaled copy and the sum, beside the base's output.
+    Alive(Unsaved(x) + l.base.bytes +
+          3 * static_cast<uint64_t>(rows * out) * static_cast<uint64_t>(l.adapter_element));
   }
-  if (r_.autocast && adapter_input.element != kBf16) {
-    adapter_input = New(rows * in, kBf16, adapter_input.requires_grad);
-  }
-  if (r_.autocast) {
-    Save(New(in * r_.rank, kBf16, false));   // lora_A's 2-byte weight
-    Save(New(r_.rank * out, kBf16, false));  // lora_B's
-  }
-  Save(adapter_input);  // lora_A's weight trains
-  const int element = r_.autocast ? kBf16 : adapter_input.element;
-  Save(New(rows * r_.rank, element, true));  // lora_B's input
-  // lora_B's output, its scaled copy and the sum, beside the base's output.
-  Alive(Unsaved(x) + y.bytes + 3 * static_cast<uint64_t>(rows * out) * element);
-  return New(rows * out, std::max(y.element, element), true);
+  return l.output;
 }
 
 Tensor Ops::LayerNorm(const Tensor& x, int64_t rows, int64_t width, bool trains) {

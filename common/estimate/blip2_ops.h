@@ -72,8 +72,7 @@ class Ops {
 
   // x (rows, in) -> (rows, out): nn::Linear or the language model's Projection named `name`
   // (trainer/model/projection.cc): a dense base (NF4 under QLoRA when `nf4`) plus a LoRA adapter
-  // when targeted. As step_memory.cc's LLaMA Linear: the input kept when the weight trains, under
-  // autocast the input's and the weight's 2-byte copies.
+  // when targeted, as TraceLinear (trace.h) keeps them for the LLaMA family too.
   Tensor Linear(const Tensor& x, int64_t rows, int64_t in, int64_t out, bool trains,
                 std::string_view name = {}, bool nf4 = false);
 

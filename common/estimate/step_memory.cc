@@ -70,44 +70,11 @@ class Trace {
   uint64_t saved() const { return saved_.saved(); }
 
   // trainer/model/projection.cc: the base linear (dense or NF4) plus a LoRA adapter when
-  // targeted. `weight_trains` is false for frozen and NF4 weights.
+  // targeted (TraceLinear); the weight trains in a full fine-tune unless it is NF4.
   Value Linear(const Value& x, int64_t in, int64_t out, std::string_view name, bool nf4) {
-    Value y;
-    const bool weight_trains = f_.full && !nf4;
-    if (nf4) {
-      // Nf4LinearFunction keeps only the packed weight: the input cast and the dequantized weight
-      // are freed when its forward returns; the output is cast back to the input's dtype.
-      y = PerToken(out, x.element, x.requires_grad);
-    } else {
-      Value input = x;
-      if (f_.autocast && x.element != 2) input = PerToken(in, 2, x.requires_grad);
-      // The gradient of the input needs the weight: under autocast its bf16 copy, kept in the
-      // graph until this layer's backward (autocast caches one copy per trained weight).
-      if (f_.autocast && (x.requires_grad || weight_trains)) Save(Fixed(in * out, 2, false));
-      if (weight_trains) Save(input);  // the weight's gradient needs the input
-      y = PerToken(out, f_.autocast ? 2 : x.element, x.requires_grad || weight_trains);
-    }
-    if (!f_.Targeted(name)) return y;
-    Value adapter_input = x;
-    if (f_.dropout) {
-      // CPU: input * (bernoulli mask / (1 - p)), the mask in the input's dtype; CUDA's fused
-      // kernel keeps a bool mask.
-      const Value mask = PerToken(in, f_.cuda ? 1 : x.element, false);
-      if (x.requires_grad) Save(mask);
-      adapter_input = PerToken(in, x.element, x.requires_grad);
-    }
-    if (f_.autocast && adapter_input.element != 2) {
-      adapter_input = PerToken(in, 2, adapter_input.requires_grad);
-    }
-    if (f_.autocast) {
-      Save(Fixed(in * f_.rank, 2, false));   // lora_A's bf16 weight
-      Save(Fixed(f_.rank * out, 2, false));  // lora_B's
-    }
-    Save(adapter_input);  // lora_A's weight trains
-    const int element = f_.autocast ? 2 : adapter_input.element;
-    const Value a = PerToken(f_.rank, element, true);
-    Save(a);  // lora_B's weight trains
-    return PerToken(out, std::max(y.element, element), true);
+    return TraceLinear(saved_, {f_.autocast, f_.dropout, f_.cuda, f_.rank}, x, f_.tokens, in, out,
+                       f_.full && !nf4, nf4, f_.Targeted(name))
+        .output;
   }
 
   // RmsNormImpl::forward: float32 normalisation, cast back, times the weight.

@@ -38,6 +38,32 @@ class SavedTensors {
   uint64_t saved_ = 0;
 };
 
+// How llm-train's Projection (trainer/model/projection.cc) runs a linear layer, for TraceLinear.
+struct LinearRun {
+  bool autocast = false;      // bf16-mixed, 16-mixed: the matmul in 2 bytes
+  bool lora_dropout = false;  // LoRA's dropout on the adapter's input
+  bool cuda = false;          // CUDA's fused dropout keeps a bool mask
+  int64_t rank = 0;           // LoRA's r
+};
+
+struct TracedLinear {
+  TracedTensor output;      // (rows, out)
+  TracedTensor base;        // the base's output: the output itself without an adapter
+  TracedTensor base_input;  // what the base read: x, or under autocast its 2-byte copy
+  int adapter_element = 0;  // the adapter's element; 0 without one
+};
+
+// x (rows, in) -> (rows, out) through the base linear (dense, or NF4 when `nf4`) and, when
+// `adapter`, a LoRA adapter, keeping in `saved` what autograd keeps: the input when the weight
+// trains (`weight_trains`: false for frozen and NF4 weights), under autocast the input's and the
+// weight's 2-byte copies; an NF4 base only its packed weight (its custom function frees the input
+// cast and the dequantised weight when it returns, the output cast back to the input's dtype); the
+// adapter's input (after its dropout, whose mask is kept for the input's gradient) and lora_A's
+// output, both for the adapter's trained weights.
+TracedLinear TraceLinear(SavedTensors& saved, const LinearRun& run, const TracedTensor& x,
+                         int64_t rows, int64_t in, int64_t out, bool weight_trains, bool nf4,
+                         bool adapter);
+
 // 4096 -> "4,096" (counts here are never negative).
 inline std::string GroupedCount(int64_t n) {
   const std::string digits = std::to_string(n);
