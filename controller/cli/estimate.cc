@@ -1,5 +1,7 @@
 #include "controller/cli/estimate.h"
 
+#include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
@@ -17,6 +19,8 @@
 #include "common/trial_keys.h"
 #include "controller/cli/report_format.h"
 #include "trainer/inputs/captions.h"
+#include "trainer/inputs/drawn_batches.h"
+#include "trainer/inputs/trial_inputs.h"
 
 namespace llmctl::cli {
 namespace {
@@ -24,8 +28,10 @@ namespace {
 using nlohmann::ordered_json;
 
 constexpr char kAssumptions[] =
-    "Peak: one rank's highest allocated bytes in a training step whose micro-batches are full "
-    "(micro_batch_size x data.max_seq_length tokens; shorter examples peak lower), checked "
+    "Peak: one rank's highest allocated bytes in a training step at the longest micro-batch the "
+    "run draws when its data and tokenizer are on this machine, else at micro_batch_size x "
+    "data.max_seq_length tokens (each trial's note says which; the trainer pads a micro-batch to "
+    "its longest row), checked "
     "against llm-train's measured peaks on the CPU and on an H200 (docs/estimate.md: 0.2% to "
     "0.6% below CUDA's allocated peak, whose cuBLAS workspaces it leaves out). Outside it: the "
     "CUDA context (700 to 760 MiB on the H200) and what the caching allocator reserves beyond "
@@ -106,6 +112,42 @@ std::optional<estimate::DeviceSpeed> TrialSpeed(const Trial& trial, const Experi
     return estimate::GpuSpeed(*gpu);
   }
   return std::nullopt;
+}
+
+// The sequence lengths a LLaMA-family trial's estimate takes: the longest micro-batch the run draws
+// for its peak and the mean one for its time (trainer/inputs/drawn_batches.h), when the dataset and
+// tokenizer are on this machine; data.max_seq_length otherwise.
+struct DrawnLengths {
+  TrialConfig peak_config;
+  TrialConfig time_config;
+  double real_tokens = 0;  // a micro-batch's mean real tokens; 0 when not drawn
+  std::string note;
+};
+
+StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string& context) {
+  DrawnLengths lengths{config, config, 0, ""};
+  const int64_t max_length = config.GetInt("data.max_seq_length");
+  const std::string data_path = config.GetString("data.path");
+  const StatusOr<std::string> tokenizer = TrialTokenizerPath(config);
+  if (IsNodePath(data_path) || IsNodePath(config.GetString("tokenizer")) || !tokenizer.ok() ||
+      !std::filesystem::exists(*tokenizer)) {
+    lengths.note = "sequences at data.max_seq_length (" + std::to_string(max_length) +
+                   " tokens): the dataset or its tokenizer is not on this machine";
+    return lengths;
+  }
+  StatusOr<DrawnBatches> drawn = DrawMicroBatches(config);
+  if (!drawn.ok()) return InvalidArgumentError(context + ": " + drawn.status().message());
+  RETURN_IF_ERROR(
+      lengths.peak_config.SetFromText("data.max_seq_length", std::to_string(drawn->longest)));
+  RETURN_IF_ERROR(lengths.time_config.SetFromText(
+      "data.max_seq_length", std::to_string(static_cast<int64_t>(std::ceil(drawn->mean_padded)))));
+  lengths.real_tokens = drawn->mean_real_tokens;
+  lengths.note = "sequences as the run draws them with seed " +
+                 std::to_string(config.GetInt("seed")) + " over " + std::to_string(drawn->steps) +
+                 " steps: the peak at the longest micro-batch, " + std::to_string(drawn->longest) +
+                 " tokens, the time at the mean, " + Printf("%.1f", drawn->mean_padded) +
+                 " (data.max_seq_length " + std::to_string(max_length) + ")";
+  return lengths;
 }
 
 // The trial's time on its device (TrialSpeed) from its step's `work`, calibrated by `options`; a
@@ -222,15 +264,29 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
   // is the caller's to fix, as for `llmctl submit`.
   StatusOr<ModelConfig> model = ResolveModel(model_name);
   if (!model.ok()) return InvalidArgumentError(context + ": model: " + model.status().message());
+  // The lengths the run will draw, when its data and tokenizer are on this machine: the peak at
+  // its longest micro-batch, the time at its mean one.
+  ASSIGN_OR_RETURN(const DrawnLengths drawn, DrawLengths(trial.config, context));
   StatusOr<estimate::StepMemoryEstimate> memory =
-      estimate::EstimateStepMemory(trial.config, *model);
+      estimate::EstimateStepMemory(drawn.peak_config, *model);
   if (!memory.ok()) return InvalidArgumentError(context + ": " + memory.status().message());
   TrialEstimate result{.trial = &trial,
                        .memory = *memory,
-                       .device = device_option ? device_option : TrialDevice(trial, experiment)};
+                       .device = device_option ? device_option : TrialDevice(trial, experiment),
+                       .note = drawn.note};
   RETURN_IF_ERROR(AddTime(
                       experiment, options, device_option,
-                      [&] { return estimate::EstimateStepWork(trial.config, *model); }, result)
+                      [&]() -> StatusOr<estimate::StepWork> {
+                        ASSIGN_OR_RETURN(estimate::StepWork work,
+                                         estimate::EstimateStepWork(drawn.time_config, *model));
+                        // Tokens/s counts real tokens, as the trainer does.
+                        if (drawn.real_tokens > 0) {
+                          work.tokens =
+                              static_cast<int64_t>(drawn.real_tokens) * work.micro_batches;
+                        }
+                        return work;
+                      },
+                      result)
                       .WithContext(context));
   if (options.fit && result.device) {
     StatusOr<estimate::MicroBatchFit> fit =
@@ -417,8 +473,8 @@ std::string RenderTable(const std::string& file, const Experiment& experiment,
   }
   if (!calibrations.empty()) {
     text +=
-        "time: a step at full sequences (step s), the trial's tokens/s over its ranks, and "
-        "minutes for train.max_steps steps after start-up; calibration: ";
+        "time: a step (step s) at the mean micro-batch the run draws, else at full sequences, the "
+        "trial's tokens/s over its ranks, and minutes for its steps after start-up; calibration: ";
     for (size_t i = 0; i < calibrations.size(); ++i) {
       text += (i > 0 ? "; " : "") + calibrations[i];
     }

@@ -80,10 +80,14 @@ TEST_F(EstimateTest, JsonHasEachTrialsExactModelStateActivationsAndPeak) {
   EXPECT_EQ(demo["optim_host_bytes"], 0);
   EXPECT_EQ(demo["comm_bytes"], 0);
   EXPECT_EQ(demo["model_state_bytes"], 16009220);
-  // The demo's micro-batch 4 of 128 tokens; its peak is the model state (the optimizer's state
-  // held from the second step) plus the activations and the loss' gradients, which the chunked
-  // loss (loss: auto under kernels: fused) forms in forward.
-  EXPECT_EQ(demo["tokens"], 4 * 128);
+  // The demo's micro-batch 4 at the longest micro-batch its 20 steps draw with seed 42 (109 of
+  // data.max_seq_length 128 tokens: the trainer pads to the longest row); its peak is the model
+  // state (the optimizer's state held from the second step) plus the activations and the loss'
+  // gradients, which the chunked loss (loss: auto under kernels: fused) forms in forward.
+  EXPECT_EQ(demo["tokens"], 4 * 109);
+  EXPECT_NE(demo["note"].get<std::string>().find("the peak at the longest micro-batch, 109 tokens"),
+            std::string::npos)
+      << demo["note"];
   EXPECT_GT(demo["activation_bytes"].get<uint64_t>(), 0u);
   EXPECT_GT(demo["peak_bytes"].get<uint64_t>(),
             12006916 + demo["activation_bytes"].get<uint64_t>());
@@ -138,11 +142,12 @@ TEST_F(EstimateTest, TheLitGptLabsMeasuredA100PeaksAreWithinTenPercent) {
   EXPECT_EQ(compared, 6);
 }
 
-// llm-train's own peaks on a GPU: deploy/gpu-check's lab stage ran single-llama-a100.yaml on an H200 under
-// device_memory 79.2GiB (docs/gpu-runs/2026-11-26-h200/lab.jsonl, the CUDA caching allocator's
-// max_memory_allocated). Each row that ended ok is predicted within 1% (below it: cuBLAS'
-// workspaces and the CUDA context's allocations are not modelled). The two float32 TinyLlama rows
-// ran before llama.cc repeated keys and values for the memory-efficient kernel and are not compared.
+// llm-train's own peaks on a GPU: deploy/gpu-check's lab stage ran single-llama-a100.yaml on an
+// H200 under device_memory 79.2GiB (docs/gpu-runs/2026-11-26-h200/lab.jsonl, the CUDA caching
+// allocator's max_memory_allocated). Each row that ended ok is predicted within 1% (below it:
+// cuBLAS' workspaces and the CUDA context's allocations are not modelled). The two float32
+// TinyLlama rows ran before llama.cc repeated keys and values for the memory-efficient kernel and
+// are not compared.
 TEST_F(EstimateTest, LlmTrainsPeaksMeasuredOnAnH200AreWithinOnePercent) {
   ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--format", "json"}), kExitOk)
       << err_.str();
@@ -214,8 +219,9 @@ TEST_F(EstimateTest, FitFindsTheLargestMicroBatchAndTheGlobalBatchItImplies) {
 }
 
 TEST_F(EstimateTest, ExplainShowsEachTermsFormulaWithItsNumbers) {
-  ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--trial", "reduced-batch", "--explain"}),
-            kExitOk)
+  ASSERT_EQ(
+      Llmctl({Experiments() + "single-llama-a100.yaml", "--trial", "reduced-batch", "--explain"}),
+      kExitOk)
       << err_.str();
   const std::string out = out_.str();
   for (const char* line :

@@ -1,0 +1,31 @@
+// The micro-batches a text trial will draw, before it runs: its dataset tokenized as llm-train
+// tokenizes it (the token cache), walked in the order the trial's seed shuffles it, each rank its
+// DistributedSampler shard, for the run's steps and accumulation. llm-train pads a micro-batch to
+// its longest row, so the longest micro-batch sets the step's peak and the padded lengths its time.
+// No LibTorch: `llmctl estimate` reads it.
+#ifndef LLMCTL_TRAINER_INPUTS_DRAWN_BATCHES_H_
+#define LLMCTL_TRAINER_INPUTS_DRAWN_BATCHES_H_
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "common/trial_config.h"
+
+namespace llmctl {
+
+struct DrawnBatches {
+  int64_t steps = 0;            // optimizer steps walked
+  int64_t micro_batches = 0;    // drawn by each rank
+  int64_t longest = 0;          // tokens of the longest micro-batch any rank draws
+  double mean_padded = 0;       // a micro-batch's mean length (the longest of its rows)
+  double mean_real_tokens = 0;  // a micro-batch's mean real (non-padding) tokens
+};
+
+// Draws every micro-batch of `config`'s run (train.max_steps, else train.epochs over the data)
+// on every rank. Errors as the trainer's preparation of the data (naming the file and line), and
+// InvalidArgument for a dataset smaller than one micro-batch of every rank.
+StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config);
+
+}  // namespace llmctl
+
+#endif  // LLMCTL_TRAINER_INPUTS_DRAWN_BATCHES_H_
