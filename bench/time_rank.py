@@ -135,6 +135,14 @@ def main():
                        [measured[n][r] for n in ok])
         lines.append(f"run {r + 1}: Spearman rank correlation of predicted and measured step "
                      f"times over {len(ok)} trials: {rho:.3f}")
+    if ok:
+        # Issue 28's check of a plan: the trial predicted fastest against the fastest measured.
+        fastest_predicted = min(ok, key=lambda n: predicted[n]["time"]["step_seconds"])
+        fastest_measured = min(ok, key=lambda n: min(measured[n]))
+        gap = min(measured[fastest_predicted]) / min(measured[fastest_measured]) - 1
+        lines.append(f"predicted fastest: {fastest_predicted} ({min(measured[fastest_predicted]):.3f} s "
+                     f"measured); measured fastest: {fastest_measured} "
+                     f"({min(measured[fastest_measured]):.3f} s): {100 * gap:+.1f}%")
     if args.calibrate:
         # The runs' factors relative to the one the estimate used: measured / predicted x factor
         # (every CPU term is calibrated).
