@@ -9,9 +9,8 @@ that the measured steps imply: the median of (measured - fixed) / calibrated nom
 which is how `llmctl` calibrates from stored runs and how common/estimate/step_time.cc's built-in
 CPU factors were set.
 
-By default every sequence is full (`--data packed`: experiments/data/alpaca-packed.jsonl as text),
-as the prediction assumes; `--data lab` keeps each trial's own data (shorter examples run faster
-than predicted).
+Each trial trains on its own data; the estimate draws the same micro-batches with the trial's seed
+(the time at their mean length), so both sides see the same sequences.
 
 It is a benchmark, not a test: nothing here asserts a time.
 
@@ -93,7 +92,6 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiment", type=Path)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--data", choices=["packed", "lab"], default="packed")
     ap.add_argument("--calibrate", action="store_true", help="also print the factors the runs imply")
     ap.add_argument("--llm-train", type=Path, default=REPO_ROOT / "build" / "trainer" / "llm-train")
     ap.add_argument("--llmctl", type=Path, default=REPO_ROOT / "build" / "controller" / "cli" / "llmctl")
@@ -102,10 +100,6 @@ def main():
 
     experiment = args.experiment.resolve()
     sets = []
-    if args.data == "packed":
-        sets = [("data.path", str(REPO_ROOT / "experiments" / "data" / "alpaca-packed.jsonl")),
-                ("data.format", "text")]
-    # The estimate reads the same file; with packed data it would still assume full sequences.
     predicted = predictions(args.llmctl, experiment)
     trials = [name for name, expect in trials_of(args.llm_train, experiment)
               if expect != "oom" and name in predicted]
@@ -119,8 +113,7 @@ def main():
                 measured[name].append(seconds)
     ok = [n for n in trials if all(s is not None for s in measured[n])]
 
-    lines = [f"## Predicted and measured step time: {args.experiment} ({args.data} data, "
-             f"{args.repeats} runs)", "",
+    lines = [f"## Predicted and measured step time: {args.experiment} ({args.repeats} runs)", "",
              "| trial | matmuls | predicted step s | measured step s (runs) | measured / predicted |",
              "|---|---|---:|---:|---:|"]
     for n in ok:

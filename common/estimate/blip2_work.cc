@@ -118,6 +118,7 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
                                          std::optional<int64_t> caption_tokens) {
   ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateBlip2ModelState(config, model));
   StepWork w;
+  w.family = ModelFamily::kBlip2;
   const std::string precision = config.GetString("precision");
   const std::string method = config.GetString("peft.method");
   const bool full = method == "none";

@@ -60,7 +60,7 @@ struct Calibration {
   int runs() const { return bf16_runs + fp32_runs; }
 };
 
-Calibration DefaultCalibration(const DeviceSpeed& device);
+Calibration DefaultCalibration(const DeviceSpeed& device, ModelFamily family);
 
 // A run measured earlier: its step's work and 1 / its tokens per second (over all its ranks).
 struct MeasuredRun {
@@ -68,8 +68,10 @@ struct MeasuredRun {
   double seconds_per_token = 0;
 };
 
-// The calibration of `device` from `runs` on it; runs of neither class fall back to the default.
-Calibration Calibrate(const DeviceSpeed& device, const std::vector<MeasuredRun>& runs);
+// The calibration of `family` on `device` from `runs` on it: only the runs of the same family
+// count (another family's step spends its time differently); without any, the default.
+Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
+                      const std::vector<MeasuredRun>& runs);
 
 struct TimeTerm {
   std::string name;

@@ -155,7 +155,7 @@ TEST(CalibrationTest, TakesTheMedianRatioPerClassAndFallsBackToTheOther) {
       NominalStepSeconds(*work, device).calibrated / static_cast<double>(work->tokens);
   std::vector<MeasuredRun> runs;
   for (double ratio : {2.0, 3.0, 10.0}) runs.push_back({*work, ratio * nominal_per_token});
-  const Calibration c = Calibrate(device, runs);
+  const Calibration c = Calibrate(device, ModelFamily::kLlama, runs);
   EXPECT_DOUBLE_EQ(c.bf16_factor, 3.0);
   EXPECT_DOUBLE_EQ(c.fp32_factor, 3.0);  // no fp32 run: the bf16 runs' factor
   EXPECT_EQ(c.bf16_runs, 3);
@@ -166,7 +166,8 @@ TEST(CalibrationTest, TakesTheMedianRatioPerClassAndFallsBackToTheOther) {
   EXPECT_NEAR(e.tokens_per_second * e.step_seconds, static_cast<double>(work->tokens), 1e-6);
   EXPECT_DOUBLE_EQ(e.trial_seconds, e.startup_seconds + 10 * e.step_seconds);
   // Without runs, the built-in calibration.
-  EXPECT_EQ(Calibrate(device, {}).source, DefaultCalibration(device).source);
+  EXPECT_EQ(Calibrate(device, ModelFamily::kLlama, {}).source,
+            DefaultCalibration(device, ModelFamily::kLlama).source);
 }
 
 // The 11-26 H200 run's finished rows (docs/gpu-runs/2026-11-26-h200/lab.jsonl), each the trial of
@@ -207,7 +208,7 @@ TEST(H200TimeTest, LeaveOneOutPredictsEveryFinishedRowWithinTwentyPercent) {
     for (size_t i = 0; i < rows.size(); ++i) {
       if (i != left_out) others.push_back({rows[i].work, 1.0 / rows[i].tokens_per_second});
     }
-    const Calibration c = Calibrate(h200, others);
+    const Calibration c = Calibrate(h200, ModelFamily::kLlama, others);
     const TimeEstimate e = EstimateTime(rows[left_out].work, h200, c, 0);
     const double ratio = e.tokens_per_second / rows[left_out].tokens_per_second;
     std::printf("%-18s measured %8.0f tok/s, predicted %8.0f (%+.1f%%)\n",
@@ -224,8 +225,8 @@ TEST(H200TimeTest, BuiltInCalibrationIsTheRunsMedian) {
   const DeviceSpeed h200 = GpuSpeed(*GpuNamed("h200-141gb"));
   std::vector<MeasuredRun> runs;
   for (const H200Row& row : rows) runs.push_back({row.work, 1.0 / row.tokens_per_second});
-  const Calibration measured = Calibrate(h200, runs);
-  const Calibration built_in = DefaultCalibration(h200);
+  const Calibration measured = Calibrate(h200, ModelFamily::kLlama, runs);
+  const Calibration built_in = DefaultCalibration(h200, ModelFamily::kLlama);
   std::printf("bf16 factor %.4f over %d runs, fp32 %.4f over %d\n", measured.bf16_factor,
               measured.bf16_runs, measured.fp32_factor, measured.fp32_runs);
   EXPECT_NEAR(built_in.bf16_factor / measured.bf16_factor, 1, 0.001);

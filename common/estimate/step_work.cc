@@ -82,8 +82,13 @@ std::string_view MatmulClassName(MatmulClass c) {
   return c == MatmulClass::kBf16 ? "bf16" : "fp32";
 }
 
+std::string_view ModelFamilyName(ModelFamily f) {
+  return f == ModelFamily::kBlip2 ? "blip2" : "llama";
+}
+
 json StepWork::ToJson() const {
-  return {{"matmul_class", MatmulClassName(matmul_class)},
+  return {{"family", ModelFamilyName(family)},
+          {"matmul_class", MatmulClassName(matmul_class)},
           {"tokens", tokens},
           {"micro_batches", micro_batches},
           {"world_size", world_size},
@@ -107,6 +112,11 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
     return InvalidArgumentError("step work: matmul_class must be bf16 or fp32");
   }
   w.matmul_class = matmul_class == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32;
+  const std::string family = j.value("family", "llama");
+  if (family != "llama" && family != "blip2") {
+    return InvalidArgumentError("step work: family must be llama or blip2");
+  }
+  w.family = family == "blip2" ? ModelFamily::kBlip2 : ModelFamily::kLlama;
   for (const char* key : {"tokens", "micro_batches", "world_size", "nodes"}) {
     if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 1) {
       return InvalidArgumentError(std::string("step work: ") + key + " must be a positive integer");

@@ -34,8 +34,13 @@ namespace llmctl::estimate {
 enum class MatmulClass { kBf16, kFp32 };
 std::string_view MatmulClassName(MatmulClass c);  // "bf16", "fp32"
 
+// The model's family: its step's structure, which a calibration from measured runs is kept to.
+enum class ModelFamily { kLlama, kBlip2 };
+std::string_view ModelFamilyName(ModelFamily f);  // "llama", "blip2"
+
 // One optimizer step's work on one rank.
 struct StepWork {
+  ModelFamily family = ModelFamily::kLlama;
   MatmulClass matmul_class = MatmulClass::kFp32;
   int64_t tokens = 0;         // per rank per optimizer step: micro-batches x micro-batch tokens
   int64_t micro_batches = 0;  // the accumulation

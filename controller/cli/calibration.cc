@@ -49,10 +49,11 @@ StoredCalibrations StoredCalibrations::Load(const EnvLookup& env) {
   return FromRuns(*runs, "the local store (" + path + ")");
 }
 
-estimate::Calibration StoredCalibrations::For(const estimate::DeviceSpeed& device) const {
+estimate::Calibration StoredCalibrations::For(const estimate::DeviceSpeed& device,
+                                              estimate::ModelFamily family) const {
   auto found = runs_.find(device.name);
-  if (found == runs_.end()) return estimate::DefaultCalibration(device);
-  estimate::Calibration calibration = estimate::Calibrate(device, found->second);
+  if (found == runs_.end()) return estimate::DefaultCalibration(device, family);
+  estimate::Calibration calibration = estimate::Calibrate(device, family, found->second);
   if (calibration.runs() > 0) calibration.source += " in " + where_;
   return calibration;
 }

@@ -24,8 +24,10 @@ class StoredCalibrations {
   static StoredCalibrations FromRuns(const std::vector<store::TimedRun>& runs,
                                      const std::string& where);
 
-  // `device`'s calibration from the runs predicted on it; the built-in one without any.
-  estimate::Calibration For(const estimate::DeviceSpeed& device) const;
+  // `family`'s calibration on `device` from the runs predicted on it; the built-in one without
+  // any.
+  estimate::Calibration For(const estimate::DeviceSpeed& device,
+                            estimate::ModelFamily family) const;
 
   const std::string& note() const { return note_; }
 

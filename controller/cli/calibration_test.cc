@@ -41,13 +41,16 @@ TEST(StoredCalibrationsTest, EachDeviceIsCalibratedFromItsOwnRuns) {
        {.prediction_json = R"({"peak_bytes":1,"time_device":"cpu"})", .seconds_per_token = {1}},
        {.prediction_json = "not json", .seconds_per_token = {1}}},
       "the local store (test)");
-  const estimate::Calibration c = calibrations.For(cpu);
+  const estimate::Calibration c = calibrations.For(cpu, estimate::ModelFamily::kLlama);
   EXPECT_DOUBLE_EQ(c.fp32_factor, 3.0);  // the median of 2 and 4
   EXPECT_DOUBLE_EQ(c.bf16_factor, 1.5);
   EXPECT_EQ(c.runs(), 3);
-  EXPECT_EQ(c.source, "3 measured runs on cpu (1 bf16, 2 fp32) in the local store (test)");
-  // No run on the A100: its built-in calibration.
-  EXPECT_EQ(calibrations.For(a100).source, estimate::DefaultCalibration(a100).source);
+  EXPECT_EQ(c.source, "3 measured llama runs on cpu (1 bf16, 2 fp32) in the local store (test)");
+  // No run on the A100, and no BLIP-2 run at all: the built-in calibrations.
+  EXPECT_EQ(calibrations.For(a100, estimate::ModelFamily::kLlama).source,
+            estimate::DefaultCalibration(a100, estimate::ModelFamily::kLlama).source);
+  EXPECT_EQ(calibrations.For(cpu, estimate::ModelFamily::kBlip2).source,
+            estimate::DefaultCalibration(cpu, estimate::ModelFamily::kBlip2).source);
 }
 
 }  // namespace

@@ -251,8 +251,9 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
   // not a refusal.
   const StoredCalibrations calibrations = LoadCalibrations();
   EstimateOptions estimate_options;
-  estimate_options.calibrate = [&](const estimate::DeviceSpeed& device) {
-    return calibrations.For(device);
+  estimate_options.calibrate = [&](const estimate::DeviceSpeed& device,
+                                   estimate::ModelFamily family) {
+    return calibrations.For(device, family);
   };
   StatusOr<std::vector<TrialPrediction>> predictions =
       PredictTrials(*checked, file, estimate_options);
@@ -939,8 +940,9 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   }
   if (estimate->parsed()) {
     const StoredCalibrations calibrations = LoadCalibrations();
-    estimate_options.calibrate = [&](const estimate::DeviceSpeed& device) {
-      return calibrations.For(device);
+    estimate_options.calibrate = [&](const estimate::DeviceSpeed& device,
+                                     estimate::ModelFamily family) {
+      return calibrations.For(device, family);
     };
     StatusOr<std::string> text = EstimateExperiment(file, estimate_options);
     if (!text.ok()) return Fail(text.status());
@@ -949,8 +951,9 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   }
   if (plan->parsed()) {
     const StoredCalibrations calibrations = LoadCalibrations();
-    plan_options.calibrate = [&](const estimate::DeviceSpeed& device) {
-      return calibrations.For(device);
+    plan_options.calibrate = [&](const estimate::DeviceSpeed& device,
+                                 estimate::ModelFamily family) {
+      return calibrations.For(device, family);
     };
     StatusOr<std::string> text = PlanRun(plan_options);
     if (!text.ok()) return Fail(text.status());

@@ -167,7 +167,8 @@ Status AddTime(const Experiment& experiment, const EstimateOptions& options,
   StatusOr<estimate::StepWork> counted = work();
   if (!counted.ok()) return InvalidArgumentError(counted.status().message());
   const estimate::Calibration calibration =
-      options.calibrate ? options.calibrate(*speed) : estimate::DefaultCalibration(*speed);
+      options.calibrate ? options.calibrate(*speed, counted->family)
+                        : estimate::DefaultCalibration(*speed, counted->family);
   result.time =
       estimate::EstimateTime(*counted, *speed, calibration, trial.config.GetInt("train.max_steps"));
   result.work = *counted;

@@ -179,8 +179,10 @@ StatusOr<Resolved> Resolve(const PlanOptions& o) {
   ASSIGN_OR_RETURN(space.optimizers, ValuesOf("--optimizers", "optimizer", o.optimizers));
   ASSIGN_OR_RETURN(space.peft_methods, ValuesOf("--peft", "peft.method", o.peft));
   space.offload = !o.no_offload;
-  r.request.calibration =
-      o.calibrate ? o.calibrate(r.request.speed) : estimate::DefaultCalibration(r.request.speed);
+  const estimate::ModelFamily family =
+      r.blip2 ? estimate::ModelFamily::kBlip2 : estimate::ModelFamily::kLlama;
+  r.request.calibration = o.calibrate ? o.calibrate(r.request.speed, family)
+                                      : estimate::DefaultCalibration(r.request.speed, family);
   return r;
 }
 
