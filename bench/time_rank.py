@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Predicted against measured step time over an experiment's rows (issue 28's time check).
+"""Predicted against measured step time and peak over an experiment's rows (issue 28's checks).
 
 For every trial of the file that is not meant to run out of memory, runs the real llm-train
 (`--repeats` times, alternating the trials) and reads its `step` events; asks `llmctl estimate
@@ -57,15 +57,17 @@ def measure(llm_train, experiment, trial, sets, workdir, index):
         argv += ["--set", f"{key}={value}"]
     result = subprocess.run(argv, text=True, capture_output=True)
     if result.returncode != 0:
-        return None, f"exit {result.returncode}: {result.stderr.strip().splitlines()[-1:]}"
-    steps = [json.loads(line) for line in events.read_text().splitlines()]
-    steps = [e for e in steps if e.get("type") == "step"]
+        return None, None, f"exit {result.returncode}: {result.stderr.strip().splitlines()[-1:]}"
+    all_events = [json.loads(line) for line in events.read_text().splitlines()]
+    # The run's allocated peak, as the report takes it: every event's high-water mark.
+    peak = max((e.get("peak_bytes", 0) for e in all_events), default=0)
+    steps = [e for e in all_events if e.get("type") == "step"]
     # A trial of two steps (cpu-offload) is timed from its second.
     first = min(TIMED_FROM_STEP, max((e["step"] for e in steps), default=0))
     steps = [e for e in steps if e["step"] >= first]
     if not steps:
-        return None, "no timed steps"
-    return statistics.mean(e["seconds"] for e in steps), None
+        return None, None, "no timed steps"
+    return statistics.mean(e["seconds"] for e in steps), peak, None
 
 
 def spearman(xs, ys):
@@ -104,24 +106,33 @@ def main():
     trials = [name for name, expect in trials_of(args.llm_train, experiment)
               if expect != "oom" and name in predicted]
     measured = {name: [] for name in trials}
+    peaks = {}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for name in trials:
-                seconds, error = measure(args.llm_train, experiment, name, sets, Path(tmp), repeat)
+                seconds, peak, error = measure(args.llm_train, experiment, name, sets, Path(tmp),
+                                               repeat)
                 if error:
                     print(f"{name}: {error}", file=sys.stderr)
                 measured[name].append(seconds)
+                if peak:
+                    peaks[name] = peak  # the same every run: the allocator counts exactly
     ok = [n for n in trials if all(s is not None for s in measured[n])]
 
     lines = [f"## Predicted and measured step time: {args.experiment} ({args.repeats} runs)", "",
-             "| trial | matmuls | predicted step s | measured step s (runs) | measured / predicted |",
-             "|---|---|---:|---:|---:|"]
+             "| trial | matmuls | predicted step s | measured step s (runs) | measured / predicted "
+             "| predicted peak MiB | measured peak MiB | peak error |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for n in ok:
         p = predicted[n]["time"]
         best = min(measured[n])
         runs = ", ".join(f"{s:.3f}" for s in measured[n])
+        predicted_peak = predicted[n]["peak_bytes"]
+        peak = peaks.get(n, 0)
+        peak_error = f"{100 * (predicted_peak - peak) / peak:+.1f}%" if peak else "–"
         lines.append(f"| {n} | {p['work']['matmul_class']} | {p['step_seconds']:.3f} | {runs} | "
-                     f"{best / p['step_seconds']:.2f} |")
+                     f"{best / p['step_seconds']:.2f} | {predicted_peak / 2**20:.1f} | "
+                     f"{peak / 2**20:.1f} | {peak_error} |")
     lines.append("")
     for r in range(args.repeats):
         rho = spearman([predicted[n]["time"]["step_seconds"] for n in ok],

@@ -517,10 +517,12 @@ TEST_F(CommandsTest, ATargetWithNoMatchingNodeSaysWhatToRunAndSubmitsNothing) {
                             "KVM@TACC. `llmctl submit --provision`"),
             std::string::npos)
       << err_.str();
-  EXPECT_NE(err_.str().find("llmctl lease create --flavor g1.h100.pci.1 --name "
-                            "llmctl-single-g1-h100-pci-1 --wait --site KVM@TACC && llmctl node "
-                            "--site KVM@TACC up --lease llmctl-single-g1-h100-pci-1"),
-            std::string::npos)
+  EXPECT_NE(
+      err_.str().find(
+          "llmctl lease create --flavor g1.h100.pci.1 --name "
+          "llmctl-single-g1-h100-pci-1 --duration 2h50m --wait --site KVM@TACC && llmctl node "
+          "--site KVM@TACC up --lease llmctl-single-g1-h100-pci-1"),
+      std::string::npos)
       << err_.str();
   {
     std::lock_guard lock(fake_.mutex_);
@@ -548,9 +550,10 @@ TEST_F(CommandsTest, ABareMetalTargetNamesANodeType) {
         "tokenizer: node:/data/tokenizer.json\n"
         "data: {path: node:/data/synthetic.jsonl}\n");
   EXPECT_EQ(Run({"submit", (dir_ / "a100.yaml").string()}), kExitFailed);
-  EXPECT_NE(err_.str().find("llmctl lease create --node-type compute_gigaio --name "
-                            "llmctl-single-a100-compute-gigaio --wait --site CHI@UC && llmctl "
-                            "node --site CHI@UC up --lease llmctl-single-a100-compute-gigaio"),
+  EXPECT_NE(err_.str().find(
+                "llmctl lease create --node-type compute_gigaio --name "
+                "llmctl-single-a100-compute-gigaio --duration 2h50m --wait --site CHI@UC && llmctl "
+                "node --site CHI@UC up --lease llmctl-single-a100-compute-gigaio"),
             std::string::npos)
       << err_.str();
   {
