@@ -118,14 +118,17 @@ std::optional<estimate::DeviceSpeed> TrialSpeed(const Trial& trial, const Experi
 // for its peak and the mean one for its time (trainer/inputs/drawn_batches.h), when the dataset and
 // tokenizer are on this machine; data.max_seq_length otherwise.
 struct DrawnLengths {
-  TrialConfig peak_config;
+  TrialConfig peak_config;  // at the longest micro-batch of the steps after the first
+  // When the first step draws a longer micro-batch than any later one: at that one. The first
+  // step's forward and backward run before the optimizer's state exists.
+  std::optional<TrialConfig> first_step_config;
   TrialConfig time_config;
   double real_tokens = 0;  // a micro-batch's mean real tokens; 0 when not drawn
   std::string note;
 };
 
 StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string& context) {
-  DrawnLengths lengths{config, config, 0, ""};
+  DrawnLengths lengths{config, std::nullopt, config, 0, ""};
   const int64_t max_length = config.GetInt("data.max_seq_length");
   const std::string data_path = config.GetString("data.path");
   const StatusOr<std::string> tokenizer = TrialTokenizerPath(config);
@@ -137,15 +140,25 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
   }
   StatusOr<DrawnBatches> drawn = DrawMicroBatches(config);
   if (!drawn.ok()) return InvalidArgumentError(context + ": " + drawn.status().message());
-  RETURN_IF_ERROR(
-      lengths.peak_config.SetFromText("data.max_seq_length", std::to_string(drawn->longest)));
+  const int64_t later = drawn->longest_later > 0 ? drawn->longest_later : drawn->longest;
+  RETURN_IF_ERROR(lengths.peak_config.SetFromText("data.max_seq_length", std::to_string(later)));
+  if (drawn->longest_first_step > later) {
+    lengths.first_step_config = config;
+    RETURN_IF_ERROR(lengths.first_step_config->SetFromText(
+        "data.max_seq_length", std::to_string(drawn->longest_first_step)));
+  }
   RETURN_IF_ERROR(lengths.time_config.SetFromText(
       "data.max_seq_length", std::to_string(static_cast<int64_t>(std::ceil(drawn->mean_padded)))));
   lengths.real_tokens = drawn->mean_real_tokens;
   lengths.note = "sequences as the run draws them with seed " +
                  std::to_string(config.GetInt("seed")) + " over " + std::to_string(drawn->steps) +
-                 " steps: the peak at the longest micro-batch, " + std::to_string(drawn->longest) +
-                 " tokens, the time at the mean, " + Printf("%.1f", drawn->mean_padded) +
+                 " steps: the peak at the longest micro-batch after the first step, " +
+                 std::to_string(later) + " tokens" +
+                 (lengths.first_step_config
+                      ? " (the first step's " + std::to_string(drawn->longest_first_step) +
+                            ", before the optimizer's state exists)"
+                      : "") +
+                 ", the time at the mean, " + Printf("%.1f", drawn->mean_padded) +
                  " (data.max_seq_length " + std::to_string(max_length) + ")";
   return lengths;
 }
@@ -271,6 +284,21 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
   StatusOr<estimate::StepMemoryEstimate> memory =
       estimate::EstimateStepMemory(drawn.peak_config, *model);
   if (!memory.ok()) return InvalidArgumentError(context + ": " + memory.status().message());
+  if (drawn.first_step_config) {
+    // The first step's longer micro-batch, less the optimizer's state its forward and backward
+    // run without (its optimizer step holds the state, as every later one does).
+    StatusOr<estimate::StepMemoryEstimate> first =
+        estimate::EstimateStepMemory(*drawn.first_step_config, *model);
+    if (!first.ok()) return InvalidArgumentError(context + ": " + first.status().message());
+    const uint64_t first_peak = first->peak_phase == "optimizer step"
+                                    ? first->peak_bytes
+                                    : first->peak_bytes - first->state.optim_device_bytes;
+    if (first_peak > memory->peak_bytes) {
+      memory = std::move(first);
+      memory->peak_bytes = first_peak;
+      memory->peak_phase += " (first step)";
+    }
+  }
   TrialEstimate result{.trial = &trial,
                        .memory = *memory,
                        .device = device_option ? device_option : TrialDevice(trial, experiment),
