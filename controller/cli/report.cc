@@ -56,14 +56,15 @@ std::vector<std::string> LabColumns(const LabLayout& layout) {
 }
 
 constexpr std::string_view kPredictionNote =
-    "predicted MiB: the peak `llmctl estimate` predicted at submit, for micro-batches of "
-    "max_seq_length tokens (shorter examples peak lower); error: (predicted - measured) / "
-    "measured, for trials that ended ok";
+    "predicted MiB: the peak `llmctl estimate` predicted at submit, at the longest micro-batch the "
+    "run draws when its data was on the submitting machine, else at max_seq_length tokens; error: "
+    "(predicted - measured) / measured, for trials that ended ok";
 
 constexpr std::string_view kTimeNote =
-    "predicted tokens/s: what `llmctl estimate` predicted at submit for full sequences (shorter "
-    "examples train faster per step, and tokens/s counts only real tokens); error: (predicted - "
-    "measured) / measured, for trials that ended ok";
+    "predicted tokens/s: what `llmctl estimate` predicted at submit, in real tokens at the mean "
+    "micro-batch the run draws (else full sequences); measured tokens/s is the whole run's, its "
+    "first steps and anything else on the machine included; error: (predicted - measured) / "
+    "measured, for trials that ended ok";
 
 // The predicted tokens/s' error against the measured, as PredictionError; nullopt without both.
 std::optional<double> TimePredictionError(const v1::TrialReport& trial) {
