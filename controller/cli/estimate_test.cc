@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "controller/cli/commands.h"
+#include "controller/cli/offline_cli_test.h"
 
 namespace llmctl::cli {
 namespace {
@@ -24,17 +25,8 @@ std::string Experiments() {
   return std::string(dir != nullptr ? dir : ".") + "/experiments/";
 }
 
-class EstimateTest : public ::testing::Test {
+class EstimateTest : public testing::OfflineCliTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("llmctl-estimate-cli-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string Write(const std::string& name, const std::string& text) {
     const fs::path path = dir_ / name;
     fs::create_directories(path.parent_path());
@@ -42,28 +34,8 @@ class EstimateTest : public ::testing::Test {
     return path.string();
   }
 
-  // Runs `llmctl estimate ARGS...` in-process; the exit code, with out_ and err_ holding the
-  // output.
-  int Llmctl(std::vector<std::string> args) {
-    args.insert(args.begin(), {"llmctl", "estimate"});
-    out_.str("");
-    err_.str("");
-    // No controller is asked: estimate never connects, so none is configured.
-    CliContext context{
-        .env = [](std::string_view) { return std::optional<std::string>(); },
-        .out = out_,
-        .err = err_,
-        .out_is_tty = false,
-        .self = dir_ / "llmctl",
-        .daemon_ready_timeout = std::chrono::milliseconds(100),
-        .watch_retry_interval = std::chrono::milliseconds(1),
-    };
-    return RunLlmctl(args, context);
-  }
-
-  fs::path dir_;
-  std::ostringstream out_;
-  std::ostringstream err_;
+  // Runs `llmctl estimate ARGS...` in-process.
+  int Llmctl(std::vector<std::string> args) { return RunOffline("estimate", std::move(args)); }
 };
 
 TEST_F(EstimateTest, JsonHasEachTrialsExactModelStateActivationsAndPeak) {

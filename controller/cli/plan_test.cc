@@ -13,6 +13,7 @@
 #include "common/byte_size.h"
 #include "common/experiment.h"
 #include "controller/cli/commands.h"
+#include "controller/cli/offline_cli_test.h"
 #include "tests/support/shell_command.h"
 
 namespace llmctl::cli {
@@ -26,33 +27,10 @@ std::string Source() {
   return std::string(dir != nullptr ? dir : ".");
 }
 
-class PlanTest : public ::testing::Test {
+class PlanTest : public testing::OfflineCliTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("llmctl-plan-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  // Runs `llmctl plan ARGS...` in-process: no controller is asked.
-  int Llmctl(std::vector<std::string> args) {
-    args.insert(args.begin(), {"llmctl", "plan"});
-    out_.str("");
-    err_.str("");
-    CliContext context{
-        .env = [](std::string_view) { return std::optional<std::string>(); },
-        .out = out_,
-        .err = err_,
-        .out_is_tty = false,
-        .self = dir_ / "llmctl",
-        .daemon_ready_timeout = std::chrono::milliseconds(100),
-        .watch_retry_interval = std::chrono::milliseconds(1),
-    };
-    return RunLlmctl(args, context);
-  }
+  // Runs `llmctl plan ARGS...` in-process.
+  int Llmctl(std::vector<std::string> args) { return RunOffline("plan", std::move(args)); }
 
   // The CPU lab's large stand-in under the lab's device budget: full fine-tuning fits only in
   // bf16-true with 8-bit AdamW, the rest only with adapters.
@@ -69,10 +47,6 @@ class PlanTest : public ::testing::Test {
             "--steps",
             "3"};
   }
-
-  fs::path dir_;
-  std::ostringstream out_;
-  std::ostringstream err_;
 };
 
 TEST_F(PlanTest, RanksWhatFitsFastestFirstAndSaysWhyTheRestWereDropped) {

@@ -1,0 +1,56 @@
+// Test support: `llmctl` run in-process for the commands that need no controller (estimate,
+// plan), with an empty environment, in a fresh directory per test, its output captured.
+#ifndef LLMCTL_CONTROLLER_CLI_OFFLINE_CLI_TEST_H_
+#define LLMCTL_CONTROLLER_CLI_OFFLINE_CLI_TEST_H_
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "controller/cli/commands.h"
+
+namespace llmctl::cli::testing {
+
+class OfflineCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("llmctl-offline-cli-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Runs `llmctl COMMAND ARGS...`; the exit code, with out_ and err_ holding the output. No
+  // controller is configured: these commands never connect.
+  int RunOffline(const std::string& command, std::vector<std::string> args) {
+    args.insert(args.begin(), {"llmctl", command});
+    out_.str("");
+    err_.str("");
+    CliContext context{
+        .env = [](std::string_view) { return std::optional<std::string>(); },
+        .out = out_,
+        .err = err_,
+        .out_is_tty = false,
+        .self = dir_ / "llmctl",
+        .daemon_ready_timeout = std::chrono::milliseconds(100),
+        .watch_retry_interval = std::chrono::milliseconds(1),
+    };
+    return RunLlmctl(args, context);
+  }
+
+  std::filesystem::path dir_;
+  std::ostringstream out_;
+  std::ostringstream err_;
+};
+
+}  // namespace llmctl::cli::testing
+
+#endif  // LLMCTL_CONTROLLER_CLI_OFFLINE_CLI_TEST_H_
