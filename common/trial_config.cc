@@ -497,6 +497,12 @@ bool UsesChunkedLoss(const TrialConfig& config) {
   return loss == "chunked_ce" || (loss == "auto" && config.GetString("kernels") == "fused");
 }
 
+int64_t DataParallelRanks(const TrialConfig& config) {
+  const std::string strategy = config.GetString("strategy");
+  if (strategy != "ddp" && strategy != "fsdp") return 1;
+  return config.GetInt("devices") * config.GetInt("nodes");
+}
+
 void ApplyLabSpellings(TrialConfig& config) {
   auto set = [&config](std::string_view key, std::string value) {
     Status status = config.Set(key, KeyValue(std::move(value)));

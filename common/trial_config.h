@@ -109,8 +109,9 @@ class TrialConfig {
 // (q, k, v, o, wi_0, wi_1, wi, wo), BLIP-2's language models. The trainer checks that each names a
 // projection of the model it builds.
 inline constexpr std::array<std::string_view, 19> kLoraTargets = {
-    "q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj",
-    "down_proj", "fc1", "fc2", "q", "k", "v", "o", "wi_0", "wi_1", "wi", "wo", "lm_head"};
+    "q_proj",    "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj",
+    "down_proj", "fc1",    "fc2",    "q",      "k",        "v",         "o",
+    "wi_0",      "wi_1",   "wi",     "wo",     "lm_head"};
 
 // The parts of BLIP-2 the `freeze` key may name: Blip2ForConditionalGeneration's children.
 inline constexpr std::array<std::string_view, 4> kBlip2Parts = {
@@ -161,6 +162,9 @@ inline constexpr int64_t kLossChunkTokens = 256;
 // Whether the loss is chunked (trainer/model/loss.h): `loss: chunked_ce`, or `loss: auto` under
 // `kernels: fused`, where it lowers the peak on every model measured (docs/benchmarks.md).
 bool UsesChunkedLoss(const TrialConfig& config);
+
+// The trial's data-parallel ranks: devices x nodes under strategy ddp or fsdp, else 1.
+int64_t DataParallelRanks(const TrialConfig& config);
 
 // FindConfigProblem as a Status: InvalidArgument with the problem's message, or OK.
 Status ValidateTrialConfig(const TrialConfig& config, const ModelConfig* model);

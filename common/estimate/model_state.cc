@@ -215,8 +215,7 @@ ModelStateEstimate EstimateStateOfTensors(const TrialConfig& config,
                                           const std::vector<WeightTensor>& tensors, int64_t rank) {
   ModelStateEstimate estimate;
   const std::string strategy = config.GetString("strategy");
-  const bool data_parallel = strategy == "ddp" || strategy == "fsdp";
-  if (data_parallel) estimate.world_size = config.GetInt("devices") * config.GetInt("nodes");
+  estimate.world_size = DataParallelRanks(config);
   const uint64_t element = ParamBytes(config.GetString("precision"));
   for (const WeightTensor& t : tensors) {
     estimate.parameters_total += t.numel;

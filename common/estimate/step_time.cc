@@ -149,7 +149,6 @@ TimeEstimate EstimateTime(const StepWork& work, const DeviceSpeed& device,
 DeviceSpeed GpuSpeed(const Gpu& gpu) {
   const GpuRates& r = gpu.rates;
   return {.name = gpu.name,
-          .model = gpu.model,
           .bf16_flops = r.bf16_tflops * 1e12,
           .fp32_flops = r.fp32_tflops * 1e12,
           .memory_bytes_per_s = r.memory_tbps * 1e12,
@@ -166,7 +165,6 @@ DeviceSpeed GpuSpeed(const Gpu& gpu) {
 
 DeviceSpeed CpuSpeed() {
   return {.name = "cpu",
-          .model = "the host's CPU",
           .bf16_flops = kCpuFp32Flops * 2,
           .fp32_flops = kCpuFp32Flops,
           .memory_bytes_per_s = kCpuMemoryBytesPerSecond,

@@ -22,8 +22,7 @@ namespace llmctl::estimate {
 
 // What a device does per second at its nominal (data-sheet) rates.
 struct DeviceSpeed {
-  std::string name;   // a GPU of gpus.h, or "cpu"
-  std::string model;  // what a node reports: "NVIDIA H200", the CPU's model name
+  std::string name;  // a GPU of gpus.h, or "cpu"
   double bf16_flops = 0;
   double fp32_flops = 0;
   double memory_bytes_per_s = 0;

@@ -75,22 +75,9 @@ StatusOr<std::unique_ptr<BatchSource>> OpenTokenFileBatches(const std::string& t
                                 " is outside the model's vocabulary of " +
                                 std::to_string(vocab_size));
   }
-  data::BatchOptions options;
-  options.micro_batch_size = config.GetInt("train.micro_batch_size");
-  options.seed = static_cast<uint64_t>(config.GetInt("seed"));
-  options.rank = rank;
-  options.world_size = world_size;
+  data::BatchOptions options = data::BatchOptionsFor(config, rank, world_size);
   options.pad_id = pad_id;
-  // Every micro-batch has the same number of rows, so accumulation's weights and shapes stay
-  // uniform.
-  options.drop_last = true;
-  if (file->num_examples() < options.micro_batch_size * world_size) {
-    std::string batch = "one micro-batch of " + std::to_string(options.micro_batch_size);
-    if (world_size > 1) batch += " on each of " + std::to_string(world_size) + " ranks";
-    return InvalidArgumentError(config.GetString("data.path") + " has " +
-                                std::to_string(file->num_examples()) + " examples, fewer than " +
-                                batch);
-  }
+  RETURN_IF_ERROR(data::CheckOneMicroBatchPerRank(config, file->num_examples(), world_size));
   ASSIGN_OR_RETURN(data::BatchIterator iterator, data::BatchIterator::Create(*file, options));
   return std::unique_ptr<BatchSource>(new TokenFileBatches(std::move(file), std::move(iterator)));
 }

@@ -18,6 +18,7 @@
 #include "common/model_config.h"
 #include "common/snapshot_event.h"
 #include "common/text.h"
+#include "trainer/data/batch_iterator.h"
 #include "trainer/memory/accounting.h"
 #include "trainer/memory/counting_allocator.h"
 #include "trainer/model/projection.h"
@@ -727,10 +728,7 @@ TrialResult TrialRun::Stop(int64_t step) {
 
 void TrialRun::EmitStart(uint64_t load_peak) {
   const int64_t global_batch = micro_batch_size_ * accumulation_ * parallel_->world_size();
-  const int64_t steps_per_epoch = std::max<int64_t>(1, batches_->num_examples() / global_batch);
-  total_steps_ = config_.GetInt("train.max_steps") > 0
-                     ? config_.GetInt("train.max_steps")
-                     : steps_per_epoch * std::max<int64_t>(1, config_.GetInt("train.epochs"));
+  total_steps_ = data::TotalSteps(config_, batches_->num_examples(), global_batch);
   const ParameterCounts counts = CountParameters(model_->module());
   const std::optional<uint64_t> limit = memory_->limit_bytes();
   events_.Emit({{"type", "start"},
