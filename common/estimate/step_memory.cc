@@ -1,6 +1,8 @@
 #include "common/estimate/step_memory.h"
 
 #include <algorithm>
+#include <array>
+#include <numeric>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,7 +14,7 @@
 namespace llmctl::estimate {
 namespace {
 
-constexpr uint64_t kTokenIdBytes = 8;      // int64 token ids
+constexpr uint64_t kTokenIdBytes = 8;  // int64 token ids
 // trainer/train/adamw_8bit.h: the ATen path (CUDA's) updates 8-bit parameters in chunks of this
 // many elements, with temporaries of 25 bytes an element for an fp32 parameter and 33 for bf16
 // (measured by adamw_8bit_test's counting allocator; 5.05 GiB over a 13B embedding on an H200,
@@ -20,6 +22,27 @@ constexpr uint64_t kTokenIdBytes = 8;      // int64 token ids
 constexpr int64_t kAdamW8bitAtenChunk = int64_t{1} << 22;
 
 using Value = TracedTensor;
+
+// A decoder layer's ops, in forward order. Backward runs them in reverse: each forms its weights'
+// gradients while what it saved is still alive, and frees what it saved once it has run (a tensor
+// several ops save, such as a norm's output that q, k and v all read, once the earliest of them
+// has).
+enum LayerStage : size_t {
+  kNorm1,       // input_layernorm
+  kQkv,         // q_proj, k_proj, v_proj
+  kAttention,   // RoPE and SDPA
+  kOutput,      // o_proj
+  kNorm2,       // post_attention_layernorm
+  kGateUp,      // gate_proj, up_proj
+  kActivation,  // silu(gate) * up
+  kDown,        // down_proj
+  kLayerStages
+};
+using StageBytes = std::array<uint64_t, kLayerStages>;
+
+constexpr std::array<const char*, kLayerStages> kStageNames = {
+    "input norm",          "q/k/v projections",   "attention",  "o_proj",
+    "post-attention norm", "gate/up projections", "activation", "down_proj"};
 
 // How the trial runs its forward: sizes, dtypes and which weights train.
 struct Forward {
@@ -104,6 +127,7 @@ class Trace {
     const Value q = Linear(x, f_.hidden, q_width, "q_proj", f_.qlora);
     const Value k = Linear(x, f_.hidden, kv_width, "k_proj", f_.qlora);
     const Value v = Linear(x, f_.hidden, kv_width, "v_proj", f_.qlora);
+    Mark(kAttention);
     // x * cos + rotate_half(x) * sin saves only the tables, cast to the activations' dtype per
     // call (no copy in float32, where the shared tables are counted once).
     for (const Value* t : {&q, &k}) {
@@ -140,6 +164,7 @@ class Trace {
       for (const Value* t : {&q_rot, &k_rot, &v, &out}) Save(*t);
       Save(PerToken(f_.heads, 4, false));
     }
+    Mark(kOutput);
     return Linear(out, q_width, f_.hidden, "o_proj", f_.qlora);
   }
 
@@ -147,6 +172,7 @@ class Trace {
   Value Mlp(const Value& x) {
     const Value gate = Linear(x, f_.hidden, f_.inter, "gate_proj", f_.qlora);
     const Value up = Linear(x, f_.hidden, f_.inter, "up_proj", f_.qlora);
+    Mark(kActivation);
     if (f_.fused) {
       // FusedSwiGlu keeps the two projections and recomputes the activation in backward.
       if (gate.requires_grad || up.requires_grad) {
@@ -155,6 +181,7 @@ class Trace {
       }
       const Value product =
           PerToken(f_.inter, gate.element, gate.requires_grad || up.requires_grad);
+      Mark(kDown);
       return Linear(product, f_.inter, f_.hidden, "down_proj", f_.qlora);
     }
     if (gate.requires_grad) Save(gate);
@@ -163,20 +190,129 @@ class Trace {
     if (silu.requires_grad) Save(up);
     const Value product = PerToken(f_.inter, std::max(silu.element, up.element),
                                    silu.requires_grad || up.requires_grad);
+    Mark(kDown);
     return Linear(product, f_.inter, f_.hidden, "down_proj", f_.qlora);
   }
 
+  // One decoder layer; layer_stages() then holds what each of its stages saved.
   Value Layer(const Value& x) {
-    const Value attention = Attention(Norm(x));
+    stage_saved_.fill(0);
+    stage_ = kNorm1;
+    stage_start_ = saved();
+    const Value normed = Norm(x);
+    Mark(kQkv);
+    const Value attention = Attention(normed);
     const Value h = PerToken(f_.hidden, x.element, x.requires_grad || attention.requires_grad);
-    const Value mlp = Mlp(Norm(h));
+    Mark(kNorm2);
+    const Value mlp_input = Norm(h);
+    Mark(kGateUp);
+    const Value mlp = Mlp(mlp_input);
+    Mark(kLayerStages);
     return PerToken(f_.hidden, h.element, h.requires_grad || mlp.requires_grad);
   }
+  const StageBytes& layer_stages() const { return stage_saved_; }
 
  private:
+  // What the forward saved since the last mark belongs to the stage it was in; `next` begins.
+  void Mark(LayerStage next) {
+    stage_saved_[stage_] += saved() - stage_start_;
+    stage_ = next;
+    stage_start_ = saved();
+  }
+
   const Forward& f_;
   SavedTensors saved_;
+  StageBytes stage_saved_{};
+  size_t stage_ = kNorm1;
+  uint64_t stage_start_ = 0;
 };
+
+// A layer's gradients (`layer_bytes`, one rank's) split over the stages that form them, in
+// proportion to the trained values of each: the projections' weights and biases and the norms' in
+// a full fine-tune, the targeted projections' adapters under LoRA and QLoRA.
+StageBytes LayerGradientsByStage(uint64_t layer_bytes, const Forward& f, const ModelConfig& model) {
+  StageBytes values{};
+  auto projection = [&](LayerStage stage, std::string_view name, int64_t in, int64_t out,
+                        bool bias) {
+    if (f.full) {
+      values[stage] += static_cast<uint64_t>(in * out + (bias ? out : 0));
+    } else if (f.Targeted(name)) {
+      values[stage] += static_cast<uint64_t>(f.rank * (in + out));
+    }
+  };
+  const int64_t q_width = f.heads * f.head_dim;
+  const int64_t kv_width = f.kv_heads * f.head_dim;
+  projection(kQkv, "q_proj", f.hidden, q_width, model.attention_qkv_bias);
+  projection(kQkv, "k_proj", f.hidden, kv_width, model.attention_qkv_bias);
+  projection(kQkv, "v_proj", f.hidden, kv_width, model.attention_qkv_bias);
+  projection(kOutput, "o_proj", q_width, f.hidden, model.attention_output_bias);
+  projection(kGateUp, "gate_proj", f.hidden, f.inter, model.mlp_bias);
+  projection(kGateUp, "up_proj", f.hidden, f.inter, model.mlp_bias);
+  projection(kDown, "down_proj", f.inter, f.hidden, model.mlp_bias);
+  if (f.full) values[kNorm1] = values[kNorm2] = static_cast<uint64_t>(f.hidden);
+  const uint64_t total = std::accumulate(values.begin(), values.end(), uint64_t{0});
+  StageBytes bytes{};
+  if (total == 0) {
+    bytes[kQkv] = layer_bytes;
+    return bytes;
+  }
+  uint64_t assigned = 0;
+  for (size_t s = 0; s < kLayerStages; ++s) {
+    // layer_bytes x values / total without overflow: values and total are below 2^32.
+    bytes[s] = layer_bytes / total * values[s] + layer_bytes % total * values[s] / total;
+    assigned += bytes[s];
+  }
+  bytes[kQkv] += layer_bytes - assigned;  // the rounding's few bytes
+  return bytes;
+}
+
+// The largest weight gradient each stage forms, in `param` bytes an element: where gradients are
+// held from an earlier micro-batch, autograd forms each new one apart and then adds it to the
+// held one (measured: a (C, I) bf16 temporary in down_proj's backward).
+StageBytes LargestWeightGradients(const Forward& f, uint64_t param) {
+  StageBytes values{};
+  auto projection = [&](LayerStage stage, std::string_view name, int64_t in, int64_t out) {
+    const int64_t trained = f.full ? in * out : f.Targeted(name) ? f.rank * std::max(in, out) : 0;
+    values[stage] = std::max(values[stage], static_cast<uint64_t>(trained) * param);
+  };
+  const int64_t q_width = f.heads * f.head_dim;
+  const int64_t kv_width = f.kv_heads * f.head_dim;
+  projection(kQkv, "q_proj", f.hidden, q_width);
+  projection(kQkv, "k_proj", f.hidden, kv_width);
+  projection(kQkv, "v_proj", f.hidden, kv_width);
+  projection(kOutput, "o_proj", q_width, f.hidden);
+  projection(kGateUp, "gate_proj", f.hidden, f.inter);
+  projection(kGateUp, "up_proj", f.hidden, f.inter);
+  projection(kDown, "down_proj", f.inter, f.hidden);
+  if (f.full) values[kNorm1] = values[kNorm2] = static_cast<uint64_t>(f.hidden) * param;
+  return values;
+}
+
+// What each stage's backward allocates beyond the gradient flowing down the residual stream:
+// the gradients of its inputs and of what it recomputes.
+StageBytes StageTemporaries(const Forward& f) {
+  const uint64_t n = static_cast<uint64_t>(f.tokens);
+  // An activation's gradient: in 2 bytes where autocast computed it, else the stream's dtype.
+  const uint64_t grad = static_cast<uint64_t>(f.autocast ? 2 : f.act);
+  const uint64_t stream = n * static_cast<uint64_t>(f.hidden) * static_cast<uint64_t>(f.act);
+  const uint64_t q_width = static_cast<uint64_t>(f.heads * f.head_dim);
+  const uint64_t kv_width = static_cast<uint64_t>(f.kv_heads * f.head_dim);
+  const uint64_t mlp = n * static_cast<uint64_t>(f.inter) * grad;  // (B, T, I)
+  // RmsNorm's backward in float32: the normalised input's gradient and its reduction.
+  const uint64_t norm = 2 * n * static_cast<uint64_t>(f.hidden) * 4;
+  StageBytes t{};
+  t[kDown] = mlp;  // the product's gradient
+  // the product's gradient with gate's and up's formed from it (the ATen composition's silu
+  // backward then trades silu's for gate's; FusedSwiGlu forms both at once)
+  t[kActivation] = 3 * mlp;
+  t[kGateUp] = 2 * mlp + stream;  // gate's and up's, and the input's they sum into
+  t[kNorm2] = norm;
+  t[kOutput] = n * q_width * grad;                          // the attention output's gradient
+  t[kAttention] = n * (2 * q_width + 2 * kv_width) * grad;  // SDPA's: output's, q's, k's, v's
+  t[kQkv] = n * (q_width + 2 * kv_width) * grad + stream;   // q's, k's, v's, and the input's
+  t[kNorm1] = norm;
+  return t;
+}
 
 }  // namespace
 
@@ -233,7 +369,9 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   Value h = trace.PerToken(f.hidden, f.act, f.full);  // the embedding's output (B, T, C)
   if (f.checkpointing) h.requires_grad = true;        // enable_input_require_grads
   std::vector<uint64_t> layer_saved;                  // what each layer adds
-  uint64_t layer_recompute = 0;                       // one checkpointed layer's saved tensors
+  // What each layer's stages hold for backward: with checkpointing, those of its rerun.
+  std::vector<StageBytes> layer_stages;
+  uint64_t layer_recompute = 0;  // one checkpointed layer's saved tensors
   for (int64_t i = 0; i < model.num_hidden_layers; ++i) {
     const uint64_t before = trace.saved();
     if (f.checkpointing) {
@@ -243,9 +381,11 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
       const Value input = rerun.PerToken(f.hidden, h.element, true);
       rerun.Layer(input);
       layer_recompute = std::max(layer_recompute, rerun.saved());
+      layer_stages.push_back(rerun.layer_stages());
       h = trace.PerToken(f.hidden, h.element, true);
     } else {
       h = trace.Layer(h);
+      layer_stages.push_back(trace.layer_stages());
     }
     layer_saved.push_back(trace.saved() - before);
   }
@@ -334,11 +474,6 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
     return accumulation > 1 || !holds_grads ? 0 : std::min(produced, all_grads);
   };
   const uint64_t grad_stream = n * static_cast<uint64_t>(f.hidden) * f.act;  // (B, T, C)
-  // The MLP's backward: the activation's gradient and the two projections' (B, T, I). Under the
-  // fused SwiGLU, down_proj's saved input (the product) is freed before those two are made.
-  const uint64_t mlp_width = n * static_cast<uint64_t>(f.inter) * (f.autocast ? 2 : f.act);
-  const bool product_freed = f.fused && (f.full || f.Targeted("down_proj"));
-  const uint64_t layer_transient = mlp_width * (product_freed ? 2 : 3);
   // 8-bit AdamW's ATen path (CUDA) allocates one chunk's temporaries during the step; the fused
   // CPU kernel none.
   uint64_t step_transient = 0;
@@ -376,21 +511,36 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
            "backward, at the loss: " + state_text + gathered_text(gathered_at_loss) +
                " + activations " + FormatBytes(estimate.activation_bytes) +
                " + the loss' gradients " + FormatBytes(loss_backward));
+  const StageBytes stage_grads = LayerGradientsByStage(grad_per_layer, f, model);
+  StageBytes stage_temporaries = StageTemporaries(f);
+  if (accumulation > 1 && holds_grads && !sharded) {
+    const StageBytes formed_apart = LargestWeightGradients(f, param);
+    for (size_t s = 0; s < kLayerStages; ++s) stage_temporaries[s] += formed_apart[s];
+  }
   uint64_t produced = head_produced;
   uint64_t remaining = layers_saved + fixed;
   for (int64_t i = model.num_hidden_layers - 1; i >= 0; --i) {
-    produced += grad_per_layer;
-    // Layer i's saved tensors are still there (with checkpointing, rerun) while its gradients form.
-    const uint64_t rerun = f.checkpointing ? layer_recompute : 0;
+    const StageBytes& stages = layer_stages[static_cast<size_t>(i)];
+    // The layers before this one keep theirs; with checkpointing this layer's input too, until
+    // its rerun's backward is done.
+    const uint64_t before =
+        f.checkpointing ? remaining : remaining - layer_saved[static_cast<size_t>(i)];
     const uint64_t gathered = sharded ? gathered_at_layer(i) : 0;
-    consider(
-        base + gathered + grads_after(produced) + remaining + rerun + grad_stream + layer_transient,
-        "backward",
-        "backward, layer " + std::to_string(i) + ": " + state_text + gathered_text(gathered) +
-            " + gradients " + FormatBytes(grads_after(produced)) + " + activations left " +
-            FormatBytes(remaining + rerun) + " + the layer's temporaries " +
-            FormatBytes(grad_stream + layer_transient));
-    remaining -= layer_saved[i];
+    uint64_t alive = std::accumulate(stages.begin(), stages.end(), uint64_t{0});
+    for (size_t s = kLayerStages; s-- > 0;) {
+      produced += stage_grads[s];
+      const uint64_t temporaries = grad_stream + stage_temporaries[s];
+      const uint64_t bytes = base + gathered + grads_after(produced) + before + alive + temporaries;
+      if (bytes > peak) {
+        consider(bytes, "backward",
+                 "backward, layer " + std::to_string(i) + " " + kStageNames[s] + ": " + state_text +
+                     gathered_text(gathered) + " + gradients " +
+                     FormatBytes(grads_after(produced)) + " + activations left " +
+                     FormatBytes(before + alive) + " + temporaries " + FormatBytes(temporaries));
+      }
+      alive -= stages[s];
+    }
+    remaining -= layer_saved[static_cast<size_t>(i)];
   }
   // A tied embedding: the output head's part of its gradient waits in autograd's buffer for the
   // embedding's own part, and the buffer sums the two, the chunked loss's part in place, the plain
