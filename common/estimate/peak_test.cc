@@ -1,7 +1,9 @@
 // The predicted peak against the real trainer: llm-train runs each configuration for two steps (the
 // second is the steady state, with the optimizer's state held through forward and backward) on
 // examples longer than the sequence length, so every micro-batch is full as the estimate assumes,
-// and the highest allocated bytes it measures must be within 10% of the estimate's peak. The same
+// and the estimate's peak must be within 3% of the highest allocated bytes it measures and never
+// more than 2% below them (issue 28: an estimate under the peak says "fits" for a run that does
+// not). Measured (11-28): -0.73% to +0.10% over the 59 configurations. The same
 // run's model state must equal the estimate's byte for byte (exact_test.cc's check), so no
 // configuration runs twice for the two.
 #include <gtest/gtest.h>
@@ -26,7 +28,11 @@ using testing::Case;
 using testing::Sets;
 using testing::With;
 
-constexpr double kTolerance = 0.10;
+// The error allowed, (predicted - measured) / measured.
+struct Bound {
+  double under = 0.02;
+  double over = 0.03;
+};
 
 // Alpaca-style examples of 400 words each: longer than any sequence length here once tokenized.
 fs::path WriteLongExamples(const fs::path& dir) {
@@ -66,7 +72,7 @@ Sets CommonSets(const fs::path& dir) {
           {"profile.steps", "0"}};
 }
 
-void ExpectPeaksWithin(const std::vector<Case>& cases, double tolerance = kTolerance) {
+void ExpectPeaksWithin(const std::vector<Case>& cases, Bound bound = {}) {
   const fs::path dir = testing::TestDir();
   const Sets common = CommonSets(dir);
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -90,8 +96,10 @@ void ExpectPeaksWithin(const std::vector<Case>& cases, double tolerance = kToler
                 estimate->peak_phase.c_str(),
                 100.0 * static_cast<double>(estimate->state.device_bytes()) /
                     static_cast<double>(measured));
-    EXPECT_LE(std::abs(error), tolerance)
+    EXPECT_GE(error, -bound.under)
         << "predicted " << estimate->peak_bytes << " B, measured " << measured << " B";
+    EXPECT_LE(error, bound.over) << "predicted " << estimate->peak_bytes << " B, measured "
+                                 << measured << " B";
   }
   fs::remove_all(dir);
 }
@@ -178,7 +186,7 @@ TEST(EstimatePeakTest, TiedLargeVocabularyWithinOnePercent) {
                      {"data.max_seq_length", "32"}};
   ExpectPeaksWithin({{"demo.yaml", "", With(tied, {{"kernels", "aten"}})},
                      {"demo.yaml", "", With(tied, {{"kernels", "fused"}})}},
-                    /*tolerance=*/0.01);
+                    {.under = 0.01, .over = 0.01});
 }
 
 std::string Outcome(const testing::TrainerRun& run) {
@@ -229,10 +237,11 @@ TEST(EstimatePeakTest, FitIsTheLargestMicroBatchThatRuns) {
 // Every row of the labs' table in miniature at its own micro-batch and sequence length, as the
 // file runs it (kernels: aten) and with the fused block and loss (kernels: fused, loss: auto), one
 // test each so that ctest spreads the rows' minutes of bf16 matmuls over its jobs. Measured
-// (11-28): aten -1.3% to +4.4%, fused -1.4% to +3.8%.
+// (11-28): aten -0.46% to +0.06%, fused -0.15% to +0.10% (before the layers' backward was walked
+// stage by stage: -1.3% to +4.4%).
 class CpuLabRowTest : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(CpuLabRowTest, PeakWithinTenPercent) {
+TEST_P(CpuLabRowTest, PeakWithinThreePercent) {
   ExpectPeaksWithin(
       {{"cpu-lab.yaml", GetParam(), {}}, {"cpu-lab.yaml", GetParam(), {{"kernels", "fused"}}}});
 }
