@@ -1,0 +1,198 @@
+// The predicted peak on published model shapes (issue 28): SmolLM, Qwen2, TinyLlama and Llama 3,
+// with their GQA, tied and untied embeddings, vocabularies up to 151,936, Qwen2's q/k/v biases and
+// Llama 3.2's llama3 rope. tests/fixtures/model-shapes holds each one's config.json with two layers
+// in place of its 16 to 32, so a step fits this CPU; the vocabulary and every layer's shape are the
+// published ones, and at two layers the embeddings weigh most, as in issue 28's misses. llm-train
+// runs each shape and technique for two steps on full-length examples as peak_test.cc runs its
+// sweep; its model state must equal the estimate's byte for byte, and its measured peak must lie
+// within [-2%, +3%] of the estimate's: an estimate under the real peak is the costly error (a trial
+// admitted that then runs out of memory), so the bound below is the tighter one.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "common/estimate/step_memory.h"
+#include "common/estimate/trainer_runs.h"
+
+namespace llmctl::estimate {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::Case;
+using testing::Sets;
+using testing::With;
+
+constexpr double kMostOver = 0.03;
+constexpr double kMostUnder = 0.02;
+
+// Alpaca-style examples of 400 words each: longer than any sequence length here once tokenized,
+// so every micro-batch is full as the estimate assumes.
+fs::path WriteLongExamples(const fs::path& dir) {
+  const std::vector<std::string> words = {"the",   "river", "ran",  "past",  "a",    "quiet",
+                                          "house", "where", "nine", "birds", "sang", "all",
+                                          "day",   "and",   "some", "night"};
+  const fs::path path = dir / "long-examples.jsonl";
+  std::ofstream out(path);
+  for (int example = 0; example < 64; ++example) {
+    std::string text;
+    for (int w = 0; w < 400; ++w) {
+      text += (w > 0 ? " " : "") + words[static_cast<size_t>((w * 7 + example * 3) % 16)];
+    }
+    out << json{{"instruction", "Write a story."}, {"input", ""}, {"output", text}}.dump() << "\n";
+  }
+  return path;
+}
+
+// The highest allocated bytes of the run: its snapshots' and steps' high-water marks.
+uint64_t MeasuredPeak(const std::vector<json>& events) {
+  uint64_t peak = 0;
+  for (const json& e : events) {
+    if (e.contains("peak_bytes")) peak = std::max(peak, e["peak_bytes"].get<uint64_t>());
+  }
+  return peak;
+}
+
+// Two steps (the second is the steady state, the optimizer's state held through it), no device
+// budget, a micro-batch of 64 tokens unless a technique sets more: the short step keeps the sweep
+// to minutes on two cores.
+Sets CommonSets(const fs::path& dir) {
+  return {{"train.max_steps", "2"},
+          {"snapshot_every", "1"},
+          {"data.path", WriteLongExamples(dir).string()},
+          {"data.mask_prompt", "false"},
+          {"data.max_seq_length", "64"},
+          {"train.micro_batch_size", "1"},
+          {"train.global_batch_size", "1"},
+          {"device_memory", ""},
+          {"output_dir", ""},
+          {"checkpoint_every", "0"},
+          {"profile.steps", "0"}};
+}
+
+struct Technique {
+  std::string name;
+  Sets sets;  // over demo.yaml's: 32-true AdamW, kernels fused (with the chunked loss)
+};
+
+struct Shape {
+  std::string name;  // tests/fixtures/model-shapes/<name>
+  std::vector<Technique> techniques;
+};
+
+// gtest's name for the parameter in test listings (ctest's discovery reads them).
+void PrintTo(const Shape& shape, std::ostream* os) { *os << shape.name; }
+
+// Each shape with the techniques its memory allows here (two run at once under ctest -j2, each
+// under about 5 GB): fp32 AdamW up to TinyLlama's 220M parameters at two layers (3.5 GB), bf16 or
+// SGD on Qwen2-1.5B's 330M and Llama 3.2 1B's 380M (whose fp32 AdamW peaks at 7.2 GB), and only
+// LoRA and QLoRA on Llama 3 8B's 1.5B (two embeddings of 525M).
+std::vector<Shape> Shapes() {
+  const Sets aten = {{"kernels", "aten"}};
+  const Sets bf16 = {{"precision", "bf16-true"}};
+  const Sets accumulate = {{"train.micro_batch_size", "2"}, {"train.global_batch_size", "4"}};
+  // Four times the tokens, where the logits and the saved activations weigh against the weights.
+  const Sets longer = {{"data.max_seq_length", "256"},
+                       {"train.micro_batch_size", "2"},
+                       {"train.global_batch_size", "2"}};
+  return {
+      {"smollm-135m",
+       {{"32-true adamw, aten", aten},
+        {"32-true adamw, fused", {}},
+        {"bf16-mixed", {{"precision", "bf16-mixed"}}},
+        {"activation checkpointing", {{"activation_checkpointing", "true"}}},
+        {"accumulation 2 x 2", accumulate},
+        {"2 x 256 tokens, aten", With(longer, aten)}}},
+      {"smollm-360m",
+       {{"bf16-true adamw", bf16},
+        {"sgd, momentum 0.9", {{"optimizer", "sgd"}, {"train.momentum", "0.9"}}},
+        {"adamw_8bit", {{"optimizer", "adamw_8bit"}}},
+        {"chunked loss, aten", With(aten, {{"loss", "chunked_ce"}})},
+        {"lora", {{"peft.method", "lora"}}}}},
+      {"qwen2-0.5b",
+       {{"32-true adamw, aten", aten},
+        {"bf16-true adamw", bf16},
+        {"bf16-true lora", With(bf16, {{"peft.method", "lora"}})},
+        {"qlora", {{"peft.method", "qlora"}}},
+        {"activation checkpointing, aten", With(aten, {{"activation_checkpointing", "true"}})},
+        {"accumulation 2 x 2", accumulate},
+        {"bf16-true, aten, 2 x 256 tokens", With(With(bf16, aten), longer)},
+        {"bf16-true lora, 2 x 256 tokens", With(With(bf16, {{"peft.method", "lora"}}), longer)}}},
+      {"qwen2-1.5b",
+       {{"bf16-true adamw", bf16},
+        {"sgd", {{"optimizer", "sgd"}}},
+        {"qlora", {{"peft.method", "qlora"}}}}},
+      {"tinyllama-1.1b",
+       {{"32-true adamw, aten", aten},
+        {"bf16-true adamw_8bit", With(bf16, {{"optimizer", "adamw_8bit"}})},
+        {"lora", {{"peft.method", "lora"}}}}},
+      {"llama-3.2-1b",
+       {{"bf16-true adamw", bf16},
+        {"sgd", {{"optimizer", "sgd"}}},
+        {"lora, aten", With(aten, {{"peft.method", "lora"}})},
+        {"qlora", {{"peft.method", "qlora"}}}}},
+      {"llama-3-8b",
+       {{"bf16-true lora", With(bf16, {{"peft.method", "lora"}})},
+        {"qlora", {{"peft.method", "qlora"}}}}},
+  };
+}
+
+// One test per shape, so that ctest spreads the shapes over its jobs. Measured (11-28): -0.00% to
+// +0.17%, but for Llama 3 8B's QLoRA at -1.24% (in its forward).
+class ShapePeakTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(ShapePeakTest, WithinThreePercentNeverTwoUnder) {
+  const Shape& shape = GetParam();
+  const fs::path dir = testing::TestDir();
+  const Sets common = CommonSets(dir);
+  const std::string model = testing::SourceDir() + "/tests/fixtures/model-shapes/" + shape.name;
+  for (size_t i = 0; i < shape.techniques.size(); ++i) {
+    const Technique& technique = shape.techniques[i];
+    const Case c{"demo.yaml", "", With({{"model", model}}, technique.sets)};
+    SCOPED_TRACE(shape.name + ", " + technique.name + ": " + testing::Describe(c));
+    StatusOr<testing::CaseConfig> loaded = testing::LoadCase(c, common);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    StatusOr<StepMemoryEstimate> estimate = EstimateStepMemory(loaded->config, loaded->model);
+    ASSERT_TRUE(estimate.ok()) << estimate.status().message();
+    const auto start = std::chrono::steady_clock::now();
+    auto ranks = testing::RunLlmTrainOk(c, common, dir, static_cast<int>(i));
+    const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
+    ASSERT_TRUE(ranks.ok()) << ranks.status().message();
+    testing::ExpectModelStateExact(c, *loaded, *ranks);
+    const uint64_t measured = MeasuredPeak(ranks->front());
+    ASSERT_GT(measured, 0u);
+    const double error =
+        (static_cast<double>(estimate->peak_bytes) - static_cast<double>(measured)) /
+        static_cast<double>(measured);
+    std::printf("%-15s %-31s predicted %11llu measured %11llu error %+6.2f%% (%s) %5.1f s\n",
+                shape.name.c_str(), technique.name.c_str(),
+                static_cast<unsigned long long>(estimate->peak_bytes),
+                static_cast<unsigned long long>(measured), 100.0 * error,
+                estimate->peak_phase.c_str(), wall.count());
+    EXPECT_LE(error, kMostOver) << "predicted " << estimate->peak_bytes << " B, measured "
+                                << measured << " B";
+    EXPECT_GE(error, -kMostUnder) << "predicted " << estimate->peak_bytes << " B, measured "
+                                  << measured << " B";
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(EstimatePeakTest, ShapePeakTest, ::testing::ValuesIn(Shapes()),
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           std::string name = info.param.name;
+                           std::replace_if(
+                               name.begin(), name.end(),
+                               [](char c) { return c == '-' || c == '.'; }, '_');
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace llmctl::estimate
