@@ -1,23 +1,30 @@
 #include "common/estimate/chunked_loss.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "common/trial_config.h"
 
 namespace llmctl::estimate {
 
 uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
-  const uint64_t n_chunk = static_cast<uint64_t>(std::min(kLossChunkTokens, shape.tokens));
-  const uint64_t chunk = n_chunk * static_cast<uint64_t>(shape.vocab);
-  const bool several_chunks = shape.tokens > kLossChunkTokens;
+  // The first chunk runs before the head's summed gradient exists; the later ones beside it, and
+  // the largest of those is shorter when the tokens do not fill two chunks (measured: 436 tokens
+  // peak in the first chunk).
+  const int64_t first_tokens = std::min(kLossChunkTokens, shape.tokens);
+  const int64_t later_tokens = std::min(kLossChunkTokens, shape.tokens - first_tokens);
+  const uint64_t vocab = static_cast<uint64_t>(shape.vocab);
+  const uint64_t first_chunk = static_cast<uint64_t>(first_tokens) * vocab;
+  const uint64_t later_chunk = static_cast<uint64_t>(later_tokens) * vocab;
   const uint64_t head_values = static_cast<uint64_t>(shape.vocab * shape.hidden);
   const uint64_t weight_element = shape.weight_element;
   const uint64_t summed_head_grad = shape.head_trains ? weight_element * head_values : 0;
-  const uint64_t held = several_chunks ? summed_head_grad : 0;
   // The chunk's logits are in autocast's dtype when it is on (under fsdp too, where the gathered
   // weights are bf16 already).
   const uint64_t element = shape.autocast ? 2 : static_cast<uint64_t>(shape.act);
-  uint64_t chunk_moment = 0;
+  // The bytes one chunk of `chunk` logits holds at once, `held` the summed gradient beside it.
+  std::function<uint64_t(uint64_t, uint64_t)> chunk_moment;
+  uint64_t fixed = 0;
   if (!shape.head_adapter) {
     // A plain head, in autocast's dtype when it is on (the weight cast once, held through the
     // chunks, unless fsdp gathered it in bf16 already). Each chunk: its logits and their float32
@@ -26,28 +33,33 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
     // to the weight's dtype), later ones added in place (or, when they differ in dtype, made
     // first).
     const uint64_t widen = element != 4 ? element : 0;
-    const uint64_t cast_weight = element != weight_element ? element * head_values : 0;
     const uint64_t chunk_grad = shape.head_trains ? element * head_values : 0;
-    const uint64_t first_weight_grad =
-        chunk * element + chunk_grad + (element != weight_element ? summed_head_grad : 0);
-    const uint64_t later_weight_grad =
-        several_chunks && element != weight_element ? held + chunk * element + chunk_grad : 0;
     // Beside them, each chunk row's int64 target, scored flag, float32 log-sum-exp and its
-    // maximum (17 B a token), and the loss' scalars (the count, its reciprocal, the sum).
-    const uint64_t rows = 17 * n_chunk + 256;
-    chunk_moment = cast_weight + rows +
-                   std::max({held + chunk * (4 + widen), held + 2 * 4 * chunk, first_weight_grad,
-                             later_weight_grad});
+    // maximum (17 B a token), and the loss' scalars (the count, its reciprocal, the sum); and
+    // the weight cast once.
+    fixed = 17 * static_cast<uint64_t>(first_tokens) + 256 +
+            (element != weight_element ? element * head_values : 0);
+    chunk_moment = [=](uint64_t chunk, uint64_t held) {
+      const uint64_t weight_grad =
+          held == 0
+              ? chunk * element + chunk_grad + (element != weight_element ? summed_head_grad : 0)
+          : element != weight_element ? held + chunk * element + chunk_grad
+                                      : 0;
+      return std::max({held + chunk * (4 + widen), held + 2 * 4 * chunk, weight_grad});
+    };
   } else {
     // Through autograd (an adapter on the head), each chunk: its logits (the base output, the
     // adapter's, its scaled copy and their sum), their float32 copy and log-softmax; then
     // backward's log-softmax and two float32 gradients, beside the head's gradient summed so
     // far.
     const uint64_t widen = element != 4 ? 4 : 0;
-    chunk_moment = held + std::max(4 * chunk * element, chunk * (element + widen + 4));
-    chunk_moment = std::max(chunk_moment, held + 3 * 4 * chunk);
+    chunk_moment = [=](uint64_t chunk, uint64_t held) {
+      return held + std::max({4 * chunk * element, chunk * (element + widen + 4), 3 * 4 * chunk});
+    };
   }
-  return chunk_moment;
+  uint64_t moment = chunk_moment(first_chunk, 0);
+  if (later_tokens > 0) moment = std::max(moment, chunk_moment(later_chunk, summed_head_grad));
+  return fixed + moment;
 }
 
 }  // namespace llmctl::estimate
