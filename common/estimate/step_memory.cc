@@ -288,6 +288,22 @@ StageBytes LargestWeightGradients(const Forward& f, uint64_t param) {
   return values;
 }
 
+// QLoRA's matmuls dequantise their NF4 weight whole, in the compute dtype, forward and backward
+// (trainer/quant's DequantizeNf4), one projection at a time: the largest of each stage's.
+StageBytes DequantisedWeights(const Forward& f) {
+  StageBytes bytes{};
+  if (!f.qlora) return bytes;
+  const uint64_t element = static_cast<uint64_t>(f.compute);
+  const uint64_t c = static_cast<uint64_t>(f.hidden);
+  const uint64_t q_width = static_cast<uint64_t>(f.heads * f.head_dim);
+  const uint64_t kv_width = static_cast<uint64_t>(f.kv_heads * f.head_dim);
+  const uint64_t inter = static_cast<uint64_t>(f.inter);
+  bytes[kQkv] = c * std::max(q_width, kv_width) * element;
+  bytes[kOutput] = q_width * c * element;
+  bytes[kGateUp] = bytes[kDown] = c * inter * element;
+  return bytes;
+}
+
 // What each stage's backward allocates beyond the gradient flowing down the residual stream:
 // the gradients of its inputs and of what it recomputes.
 StageBytes StageTemporaries(const Forward& f) {
@@ -507,6 +523,16 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
            "forward, at the loss: " + state_text + gathered_text(gathered_at_loss) +
                " + activations " + FormatBytes(estimate.activation_bytes) + " + logits " +
                FormatBytes(forward_transient));
+  const StageBytes dequantised = DequantisedWeights(f);
+  const uint64_t largest_dequantised = *std::max_element(dequantised.begin(), dequantised.end());
+  if (largest_dequantised > 0) {
+    // The last layer's largest NF4 weight, dequantised beside (nearly) every saved activation.
+    const uint64_t gathered = sharded ? gathered_at_layer(model.num_hidden_layers - 1) : 0;
+    consider(base + gathered + layers_saved + fixed + largest_dequantised, "forward",
+             "forward, the last layer's largest NF4 weight dequantised: " + state_text +
+                 gathered_text(gathered) + " + activations " + FormatBytes(layers_saved + fixed) +
+                 " + the dequantised weight " + FormatBytes(largest_dequantised));
+  }
   consider(base + gathered_at_loss + estimate.activation_bytes + loss_backward, "backward",
            "backward, at the loss: " + state_text + gathered_text(gathered_at_loss) +
                " + activations " + FormatBytes(estimate.activation_bytes) +
@@ -517,6 +543,7 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
     const StageBytes formed_apart = LargestWeightGradients(f, param);
     for (size_t s = 0; s < kLayerStages; ++s) stage_temporaries[s] += formed_apart[s];
   }
+  for (size_t s = 0; s < kLayerStages; ++s) stage_temporaries[s] += dequantised[s];
   uint64_t produced = head_produced;
   uint64_t remaining = layers_saved + fixed;
   for (int64_t i = model.num_hidden_layers - 1; i >= 0; --i) {
