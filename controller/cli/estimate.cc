@@ -118,7 +118,12 @@ std::optional<estimate::DeviceSpeed> TrialSpeed(const Trial& trial, const Experi
 // for its peak and the mean one for its time (trainer/inputs/drawn_batches.h), when the dataset and
 // tokenizer are on this machine; data.max_seq_length otherwise.
 struct DrawnLengths {
-  TrialConfig peak_config;  // at the longest micro-batch of the steps after the first
+  // At the longest micro-batch of the steps after the first; with accumulation, of those that run
+  // beside the gradients of the step's earlier micro-batches.
+  TrialConfig peak_config;
+  // With accumulation, when a later step's first micro-batch is longer than those: at that one,
+  // without accumulation (no gradient is held yet; its optimizer step is the same).
+  std::optional<TrialConfig> opening_config;
   // When the first step draws a longer micro-batch than any later one: at that one. The first
   // step's forward and backward run before the optimizer's state exists.
   std::optional<TrialConfig> first_step_config;
@@ -128,7 +133,7 @@ struct DrawnLengths {
 };
 
 StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string& context) {
-  DrawnLengths lengths{config, std::nullopt, config, 0, ""};
+  DrawnLengths lengths{config, std::nullopt, std::nullopt, config, 0, ""};
   const int64_t max_length = config.GetInt("data.max_seq_length");
   const std::string data_path = config.GetString("data.path");
   const StatusOr<std::string> tokenizer = TrialTokenizerPath(config);
@@ -140,8 +145,27 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
   }
   StatusOr<DrawnBatches> drawn = DrawMicroBatches(config);
   if (!drawn.ok()) return InvalidArgumentError(context + ": " + drawn.status().message());
-  const int64_t later = drawn->longest_later > 0 ? drawn->longest_later : drawn->longest;
-  RETURN_IF_ERROR(lengths.peak_config.SetFromText("data.max_seq_length", std::to_string(later)));
+  const int64_t accumulating = drawn->longest_later_accumulating;
+  const int64_t opening =
+      drawn->longest_later_opening > 0 ? drawn->longest_later_opening : drawn->longest;
+  const int64_t later = std::max(accumulating, opening);
+  std::string later_text = std::to_string(later) + " tokens";
+  if (accumulating > 0 && opening > accumulating) {
+    // A longer micro-batch opens a step: estimated as a step of its own (no gradient held yet),
+    // beside the longest that accumulates.
+    lengths.opening_config = config;
+    RETURN_IF_ERROR(
+        lengths.opening_config->SetFromText("data.max_seq_length", std::to_string(opening)));
+    RETURN_IF_ERROR(lengths.opening_config->SetFromText(
+        "train.global_batch_size",
+        std::to_string(config.GetInt("train.micro_batch_size") * DataParallelRanks(config))));
+    RETURN_IF_ERROR(
+        lengths.peak_config.SetFromText("data.max_seq_length", std::to_string(accumulating)));
+    later_text = std::to_string(accumulating) + " tokens beside held gradients and " +
+                 std::to_string(opening) + " opening a step";
+  } else {
+    RETURN_IF_ERROR(lengths.peak_config.SetFromText("data.max_seq_length", std::to_string(later)));
+  }
   if (drawn->longest_first_step > later) {
     lengths.first_step_config = config;
     RETURN_IF_ERROR(lengths.first_step_config->SetFromText(
@@ -152,8 +176,7 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
   lengths.real_tokens = drawn->mean_real_tokens;
   lengths.note = "sequences as the run draws them with seed " +
                  std::to_string(config.GetInt("seed")) + " over " + std::to_string(drawn->steps) +
-                 " steps: the peak at the longest micro-batch after the first step, " +
-                 std::to_string(later) + " tokens" +
+                 " steps: the peak at the longest micro-batch after the first step, " + later_text +
                  (lengths.first_step_config
                       ? " (the first step's " + std::to_string(drawn->longest_first_step) +
                             ", before the optimizer's state exists)"
@@ -284,6 +307,12 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
   StatusOr<estimate::StepMemoryEstimate> memory =
       estimate::EstimateStepMemory(drawn.peak_config, *model);
   if (!memory.ok()) return InvalidArgumentError(context + ": " + memory.status().message());
+  if (drawn.opening_config) {
+    StatusOr<estimate::StepMemoryEstimate> opening =
+        estimate::EstimateStepMemory(*drawn.opening_config, *model);
+    if (!opening.ok()) return InvalidArgumentError(context + ": " + opening.status().message());
+    if (opening->peak_bytes > memory->peak_bytes) memory = std::move(opening);
+  }
   if (drawn.first_step_config) {
     // The first step's longer micro-batch, less the optimizer's state its forward and backward
     // run without (its optimizer step holds the state, as every later one does).

@@ -30,7 +30,9 @@ StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
     for (int64_t i = 0; i < drawn.micro_batches; ++i) {
       const data::Batch batch = iterator.Next();
       drawn.longest = std::max(drawn.longest, batch.seq_len);
-      int64_t& step_longest = i < accumulation ? drawn.longest_first_step : drawn.longest_later;
+      int64_t& step_longest = i < accumulation        ? drawn.longest_first_step
+                              : i % accumulation == 0 ? drawn.longest_later_opening
+                                                      : drawn.longest_later_accumulating;
       step_longest = std::max(step_longest, batch.seq_len);
       if (rank == 0) {
         padded += static_cast<double>(batch.seq_len);

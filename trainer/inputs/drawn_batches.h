@@ -18,9 +18,12 @@ struct DrawnBatches {
   int64_t micro_batches = 0;  // drawn by each rank
   int64_t longest = 0;        // tokens of the longest micro-batch any rank draws
   // The same over the first step's micro-batches and over the later steps': the optimizer's
-  // state exists from the first step's end on, so the two peak differently.
+  // state exists from the first step's end on, so the two peak differently. A later step's first
+  // micro-batch runs before any gradient is held and the others beside the gradients of those
+  // before them (accumulation), so those two peak differently too (0 without accumulation).
   int64_t longest_first_step = 0;
-  int64_t longest_later = 0;
+  int64_t longest_later_opening = 0;
+  int64_t longest_later_accumulating = 0;
   double mean_padded = 0;       // a micro-batch's mean length (the longest of its rows)
   double mean_real_tokens = 0;  // a micro-batch's mean real (non-padding) tokens
 };

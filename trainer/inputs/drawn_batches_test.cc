@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -32,6 +33,11 @@ TEST(DrawnBatchesTest, TheRunsRealTokensAreTheOnesDrawn) {
   EXPECT_EQ(drawn->steps, config.GetInt("train.max_steps"));
   EXPECT_EQ(drawn->micro_batches, drawn->steps * 2);  // global batch 8 of micro-batches of 4
   EXPECT_LE(drawn->longest, config.GetInt("data.max_seq_length"));
+  // Every micro-batch is a first step's, a later step's opening one or one accumulating after it.
+  EXPECT_EQ(std::max({drawn->longest_first_step, drawn->longest_later_opening,
+                      drawn->longest_later_accumulating}),
+            drawn->longest);
+  EXPECT_GT(drawn->longest_later_accumulating, 0);
   EXPECT_LE(drawn->mean_padded, static_cast<double>(drawn->longest));
   EXPECT_LE(drawn->mean_real_tokens, 4 * drawn->mean_padded);
 
