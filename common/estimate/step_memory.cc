@@ -227,28 +227,39 @@ class Trace {
   uint64_t stage_start_ = 0;
 };
 
+// A decoder layer's projections (trainer/model/llama.cc), each with the stage that runs it.
+struct StageProjection {
+  LayerStage stage;
+  std::string_view name;
+  int64_t in;
+  int64_t out;
+  bool bias;
+};
+
+std::array<StageProjection, 7> LayerProjections(const Forward& f, const ModelConfig& model) {
+  const int64_t q_width = f.heads * f.head_dim;
+  const int64_t kv_width = f.kv_heads * f.head_dim;
+  return {{{kQkv, "q_proj", f.hidden, q_width, model.attention_qkv_bias},
+           {kQkv, "k_proj", f.hidden, kv_width, model.attention_qkv_bias},
+           {kQkv, "v_proj", f.hidden, kv_width, model.attention_qkv_bias},
+           {kOutput, "o_proj", q_width, f.hidden, model.attention_output_bias},
+           {kGateUp, "gate_proj", f.hidden, f.inter, model.mlp_bias},
+           {kGateUp, "up_proj", f.hidden, f.inter, model.mlp_bias},
+           {kDown, "down_proj", f.inter, f.hidden, model.mlp_bias}}};
+}
+
 // A layer's gradients (`layer_bytes`, one rank's) split over the stages that form them, in
 // proportion to the trained values of each: the projections' weights and biases and the norms' in
 // a full fine-tune, the targeted projections' adapters under LoRA and QLoRA.
 StageBytes LayerGradientsByStage(uint64_t layer_bytes, const Forward& f, const ModelConfig& model) {
   StageBytes values{};
-  auto projection = [&](LayerStage stage, std::string_view name, int64_t in, int64_t out,
-                        bool bias) {
+  for (const StageProjection& p : LayerProjections(f, model)) {
     if (f.full) {
-      values[stage] += static_cast<uint64_t>(in * out + (bias ? out : 0));
-    } else if (f.Targeted(name)) {
-      values[stage] += static_cast<uint64_t>(f.rank * (in + out));
+      values[p.stage] += static_cast<uint64_t>(p.in * p.out + (p.bias ? p.out : 0));
+    } else if (f.Targeted(p.name)) {
+      values[p.stage] += static_cast<uint64_t>(f.rank * (p.in + p.out));
     }
-  };
-  const int64_t q_width = f.heads * f.head_dim;
-  const int64_t kv_width = f.kv_heads * f.head_dim;
-  projection(kQkv, "q_proj", f.hidden, q_width, model.attention_qkv_bias);
-  projection(kQkv, "k_proj", f.hidden, kv_width, model.attention_qkv_bias);
-  projection(kQkv, "v_proj", f.hidden, kv_width, model.attention_qkv_bias);
-  projection(kOutput, "o_proj", q_width, f.hidden, model.attention_output_bias);
-  projection(kGateUp, "gate_proj", f.hidden, f.inter, model.mlp_bias);
-  projection(kGateUp, "up_proj", f.hidden, f.inter, model.mlp_bias);
-  projection(kDown, "down_proj", f.inter, f.hidden, model.mlp_bias);
+  }
   if (f.full) values[kNorm1] = values[kNorm2] = static_cast<uint64_t>(f.hidden);
   const uint64_t total = std::accumulate(values.begin(), values.end(), uint64_t{0});
   StageBytes bytes{};
@@ -269,38 +280,27 @@ StageBytes LayerGradientsByStage(uint64_t layer_bytes, const Forward& f, const M
 // The largest weight gradient each stage forms, in `param` bytes an element: where gradients are
 // held from an earlier micro-batch, autograd forms each new one apart and then adds it to the
 // held one (measured: a (C, I) bf16 temporary in down_proj's backward).
-StageBytes LargestWeightGradients(const Forward& f, uint64_t param) {
-  StageBytes values{};
-  auto projection = [&](LayerStage stage, std::string_view name, int64_t in, int64_t out) {
-    const int64_t trained = f.full ? in * out : f.Targeted(name) ? f.rank * std::max(in, out) : 0;
-    values[stage] = std::max(values[stage], static_cast<uint64_t>(trained) * param);
-  };
-  const int64_t q_width = f.heads * f.head_dim;
-  const int64_t kv_width = f.kv_heads * f.head_dim;
-  projection(kQkv, "q_proj", f.hidden, q_width);
-  projection(kQkv, "k_proj", f.hidden, kv_width);
-  projection(kQkv, "v_proj", f.hidden, kv_width);
-  projection(kOutput, "o_proj", q_width, f.hidden);
-  projection(kGateUp, "gate_proj", f.hidden, f.inter);
-  projection(kGateUp, "up_proj", f.hidden, f.inter);
-  projection(kDown, "down_proj", f.inter, f.hidden);
-  if (f.full) values[kNorm1] = values[kNorm2] = static_cast<uint64_t>(f.hidden) * param;
-  return values;
+StageBytes LargestWeightGradients(const Forward& f, const ModelConfig& model, uint64_t param) {
+  StageBytes bytes{};
+  for (const StageProjection& p : LayerProjections(f, model)) {
+    const int64_t trained = f.full               ? p.in * p.out
+                            : f.Targeted(p.name) ? f.rank * std::max(p.in, p.out)
+                                                 : 0;
+    bytes[p.stage] = std::max(bytes[p.stage], static_cast<uint64_t>(trained) * param);
+  }
+  if (f.full) bytes[kNorm1] = bytes[kNorm2] = static_cast<uint64_t>(f.hidden) * param;
+  return bytes;
 }
 
 // QLoRA's matmuls dequantise their NF4 weight whole, in the compute dtype, forward and backward
 // (trainer/quant's DequantizeNf4), one projection at a time: the largest of each stage's.
-StageBytes DequantisedWeights(const Forward& f) {
+StageBytes DequantisedWeights(const Forward& f, const ModelConfig& model) {
   StageBytes bytes{};
   if (!f.qlora) return bytes;
-  const uint64_t element = static_cast<uint64_t>(f.compute);
-  const uint64_t c = static_cast<uint64_t>(f.hidden);
-  const uint64_t q_width = static_cast<uint64_t>(f.heads * f.head_dim);
-  const uint64_t kv_width = static_cast<uint64_t>(f.kv_heads * f.head_dim);
-  const uint64_t inter = static_cast<uint64_t>(f.inter);
-  bytes[kQkv] = c * std::max(q_width, kv_width) * element;
-  bytes[kOutput] = q_width * c * element;
-  bytes[kGateUp] = bytes[kDown] = c * inter * element;
+  for (const StageProjection& p : LayerProjections(f, model)) {
+    bytes[p.stage] = std::max(
+        bytes[p.stage], static_cast<uint64_t>(p.in * p.out) * static_cast<uint64_t>(f.compute));
+  }
   return bytes;
 }
 
@@ -523,7 +523,7 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
            "forward, at the loss: " + state_text + gathered_text(gathered_at_loss) +
                " + activations " + FormatBytes(estimate.activation_bytes) + " + logits " +
                FormatBytes(forward_transient));
-  const StageBytes dequantised = DequantisedWeights(f);
+  const StageBytes dequantised = DequantisedWeights(f, model);
   const uint64_t largest_dequantised = *std::max_element(dequantised.begin(), dequantised.end());
   if (largest_dequantised > 0) {
     // The last layer's largest NF4 weight, dequantised beside (nearly) every saved activation.
@@ -540,7 +540,7 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   const StageBytes stage_grads = LayerGradientsByStage(grad_per_layer, f, model);
   StageBytes stage_temporaries = StageTemporaries(f);
   if (accumulation > 1 && holds_grads && !sharded) {
-    const StageBytes formed_apart = LargestWeightGradients(f, param);
+    const StageBytes formed_apart = LargestWeightGradients(f, model, param);
     for (size_t s = 0; s < kLayerStages; ++s) stage_temporaries[s] += formed_apart[s];
   }
   for (size_t s = 0; s < kLayerStages; ++s) stage_temporaries[s] += dequantised[s];
