@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -34,37 +33,11 @@ struct Bound {
   double over = 0.03;
 };
 
-// Alpaca-style examples of 400 words each: longer than any sequence length here once tokenized.
-fs::path WriteLongExamples(const fs::path& dir) {
-  const std::vector<std::string> words = {"the",   "river", "ran",  "past",  "a",    "quiet",
-                                          "house", "where", "nine", "birds", "sang", "all",
-                                          "day",   "and",   "some", "night"};
-  const fs::path path = dir / "long-examples.jsonl";
-  std::ofstream out(path);
-  for (int example = 0; example < 64; ++example) {
-    std::string text;
-    for (int w = 0; w < 400; ++w) {
-      text += (w > 0 ? " " : "") + words[static_cast<size_t>((w * 7 + example * 3) % 16)];
-    }
-    out << json{{"instruction", "Write a story."}, {"input", ""}, {"output", text}}.dump() << "\n";
-  }
-  return path;
-}
-
-// The highest allocated bytes of the run: its snapshots' and steps' high-water marks.
-uint64_t MeasuredPeak(const std::vector<json>& events) {
-  uint64_t peak = 0;
-  for (const json& e : events) {
-    if (e.contains("peak_bytes")) peak = std::max(peak, e["peak_bytes"].get<uint64_t>());
-  }
-  return peak;
-}
-
 // Two steps on full-length examples, no device budget unless a case sets one.
 Sets CommonSets(const fs::path& dir) {
   return {{"train.max_steps", "2"},
           {"snapshot_every", "1"},
-          {"data.path", WriteLongExamples(dir).string()},
+          {"data.path", testing::WriteLongExamples(dir).string()},
           {"data.mask_prompt", "false"},
           {"device_memory", ""},
           {"output_dir", ""},
@@ -85,7 +58,7 @@ void ExpectPeaksWithin(const std::vector<Case>& cases, Bound bound = {}) {
     auto ranks = testing::RunLlmTrainOk(c, common, dir, static_cast<int>(i));
     ASSERT_TRUE(ranks.ok()) << ranks.status().message();
     testing::ExpectModelStateExact(c, *loaded, *ranks);
-    const uint64_t measured = MeasuredPeak(ranks->front());
+    const uint64_t measured = testing::MeasuredPeak(ranks->front());
     ASSERT_GT(measured, 0u);
     const double error =
         (static_cast<double>(estimate->peak_bytes) - static_cast<double>(measured)) /

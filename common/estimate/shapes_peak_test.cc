@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
@@ -34,40 +33,13 @@ using testing::With;
 constexpr double kMostOver = 0.03;
 constexpr double kMostUnder = 0.02;
 
-// Alpaca-style examples of 400 words each: longer than any sequence length here once tokenized,
-// so every micro-batch is full as the estimate assumes.
-fs::path WriteLongExamples(const fs::path& dir) {
-  const std::vector<std::string> words = {"the",   "river", "ran",  "past",  "a",    "quiet",
-                                          "house", "where", "nine", "birds", "sang", "all",
-                                          "day",   "and",   "some", "night"};
-  const fs::path path = dir / "long-examples.jsonl";
-  std::ofstream out(path);
-  for (int example = 0; example < 64; ++example) {
-    std::string text;
-    for (int w = 0; w < 400; ++w) {
-      text += (w > 0 ? " " : "") + words[static_cast<size_t>((w * 7 + example * 3) % 16)];
-    }
-    out << json{{"instruction", "Write a story."}, {"input", ""}, {"output", text}}.dump() << "\n";
-  }
-  return path;
-}
-
-// The highest allocated bytes of the run: its snapshots' and steps' high-water marks.
-uint64_t MeasuredPeak(const std::vector<json>& events) {
-  uint64_t peak = 0;
-  for (const json& e : events) {
-    if (e.contains("peak_bytes")) peak = std::max(peak, e["peak_bytes"].get<uint64_t>());
-  }
-  return peak;
-}
-
 // Two steps (the second is the steady state, the optimizer's state held through it), no device
 // budget, a micro-batch of 64 tokens unless a technique sets more: the short step keeps the sweep
 // to minutes on two cores.
 Sets CommonSets(const fs::path& dir) {
   return {{"train.max_steps", "2"},
           {"snapshot_every", "1"},
-          {"data.path", WriteLongExamples(dir).string()},
+          {"data.path", testing::WriteLongExamples(dir).string()},
           {"data.mask_prompt", "false"},
           {"data.max_seq_length", "64"},
           {"train.micro_batch_size", "1"},
@@ -167,7 +139,7 @@ TEST_P(ShapePeakTest, WithinThreePercentNeverTwoUnder) {
     const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
     ASSERT_TRUE(ranks.ok()) << ranks.status().message();
     testing::ExpectModelStateExact(c, *loaded, *ranks);
-    const uint64_t measured = MeasuredPeak(ranks->front());
+    const uint64_t measured = testing::MeasuredPeak(ranks->front());
     ASSERT_GT(measured, 0u);
     const double error =
         (static_cast<double>(estimate->peak_bytes) - static_cast<double>(measured)) /

@@ -138,6 +138,30 @@ void ExpectModelStateExact(const Case& c,
   }
 }
 
+fs::path WriteLongExamples(const fs::path& dir) {
+  const std::vector<std::string> words = {"the",   "river", "ran",  "past",  "a",    "quiet",
+                                          "house", "where", "nine", "birds", "sang", "all",
+                                          "day",   "and",   "some", "night"};
+  const fs::path path = dir / "long-examples.jsonl";
+  std::ofstream out(path);
+  for (int example = 0; example < 64; ++example) {
+    std::string text;
+    for (int w = 0; w < 400; ++w) {
+      text += (w > 0 ? " " : "") + words[static_cast<size_t>((w * 7 + example * 3) % 16)];
+    }
+    out << json{{"instruction", "Write a story."}, {"input", ""}, {"output", text}}.dump() << "\n";
+  }
+  return path;
+}
+
+uint64_t MeasuredPeak(const std::vector<json>& events) {
+  uint64_t peak = 0;
+  for (const json& e : events) {
+    if (e.contains("peak_bytes")) peak = std::max(peak, e["peak_bytes"].get<uint64_t>());
+  }
+  return peak;
+}
+
 fs::path TestDir() {
   // A parameterized test's name holds a "/".
   std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();

@@ -3,6 +3,7 @@
 #ifndef LLMCTL_COMMON_ESTIMATE_TRAINER_RUNS_H_
 #define LLMCTL_COMMON_ESTIMATE_TRAINER_RUNS_H_
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -70,6 +71,13 @@ void ExpectModelStateExact(const Case& c, const CaseConfig& loaded,
 void ExpectModelStateExact(const Case& c,
                            const std::function<StatusOr<ModelStateEstimate>(int64_t)>& estimate,
                            const std::vector<std::vector<nlohmann::json>>& ranks);
+
+// Alpaca-style examples of 400 words each, written under `dir`: longer than any sequence length
+// the estimate tests take once tokenized, so every micro-batch is full as the estimate assumes.
+std::filesystem::path WriteLongExamples(const std::filesystem::path& dir);
+
+// The highest allocated bytes of a run: its snapshots' and steps' high-water marks.
+uint64_t MeasuredPeak(const std::vector<nlohmann::json>& events);
 
 // A fresh directory for the running test's files.
 std::filesystem::path TestDir();
