@@ -111,46 +111,92 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
+// act(gate) * up, both (..., I) contiguous of one fusable dtype, with the kernel of their device.
+torch::Tensor GluForward(kernels::GluActivation activation, const torch::Tensor& gate,
+                         const torch::Tensor& up) {
+  torch::Tensor h = torch::empty_like(gate);
+#if defined(LLMCTL_HAVE_CUDA_KERNELS)
+  if (gate.is_cuda()) {
+    CheckLaunch(
+        kernels::cuda::GluForward(activation, ElementOf(gate), gate.data_ptr(), up.data_ptr(),
+                                  h.data_ptr(), gate.numel(), CurrentStream()),
+        "gated activation");
+    return h;
+  }
+#endif
+  kernels::cpu::GluForward(activation, gate, up, h);
+  return h;
+}
+
+// The gradients of act(gate) * up given dh's, into new (..., I) tensors {dgate, dup}.
+tensor_list GluBackward(kernels::GluActivation activation, const torch::Tensor& gate,
+                        const torch::Tensor& up, const torch::Tensor& dh) {
+  torch::Tensor dgate = torch::empty_like(gate);
+  torch::Tensor dup = torch::empty_like(up);
+#if defined(LLMCTL_HAVE_CUDA_KERNELS)
+  if (dh.is_cuda()) {
+    CheckLaunch(kernels::cuda::GluBackward(activation, ElementOf(dh), gate.data_ptr(),
+                                           up.data_ptr(), dh.data_ptr(), dgate.data_ptr(),
+                                           dup.data_ptr(), dh.numel(), CurrentStream()),
+                "gated activation backward");
+    return {dgate, dup};
+  }
+#endif
+  kernels::cpu::GluBackward(activation, gate, up, dh, dgate, dup);
+  return {dgate, dup};
+}
+
 struct GluFunction : public torch::autograd::Function<GluFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate,
                                const torch::Tensor& up, int64_t activation_index) {
-    const auto activation = static_cast<kernels::GluActivation>(activation_index);
-    torch::Tensor h = torch::empty_like(gate);
-#if defined(LLMCTL_HAVE_CUDA_KERNELS)
-    if (gate.is_cuda()) {
-      CheckLaunch(
-          kernels::cuda::GluForward(activation, ElementOf(gate), gate.data_ptr(), up.data_ptr(),
-                                    h.data_ptr(), gate.numel(), CurrentStream()),
-          "gated activation");
-    } else
-#endif
-    {
-      kernels::cpu::GluForward(activation, gate, up, h);
-    }
     ctx->save_for_backward({gate, up});
     ctx->saved_data["activation"] = activation_index;
-    return h;
+    return GluForward(static_cast<kernels::GluActivation>(activation_index), gate, up);
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
     const auto activation =
         static_cast<kernels::GluActivation>(ctx->saved_data["activation"].toInt());
-    const torch::Tensor dh = grad_outputs[0].contiguous();
-    torch::Tensor dgate = torch::empty_like(saved[0]);
-    torch::Tensor dup = torch::empty_like(saved[1]);
-#if defined(LLMCTL_HAVE_CUDA_KERNELS)
-    if (dh.is_cuda()) {
-      CheckLaunch(kernels::cuda::GluBackward(activation, ElementOf(dh), saved[0].data_ptr(),
-                                             saved[1].data_ptr(), dh.data_ptr(), dgate.data_ptr(),
-                                             dup.data_ptr(), dh.numel(), CurrentStream()),
-                  "gated activation backward");
-    } else
-#endif
-    {
-      kernels::cpu::GluBackward(activation, saved[0], saved[1], dh, dgate, dup);
+    tensor_list grads = GluBackward(activation, saved[0], saved[1], grad_outputs[0].contiguous());
+    grads.emplace_back();  // the activation's index
+    return grads;
+  }
+};
+
+// linear(act(gate) * up, weight) keeping gate, up and the weight: backward recomputes the product
+// for the weight's gradient, where the linear layer alone would keep it.
+struct GluLinearFunction : public torch::autograd::Function<GluLinearFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate,
+                               const torch::Tensor& up, const torch::Tensor& weight,
+                               int64_t activation_index) {
+    ctx->save_for_backward({gate, up, weight});
+    ctx->saved_data["activation"] = activation_index;
+    const torch::Tensor h =
+        GluForward(static_cast<kernels::GluActivation>(activation_index), gate, up);  // (N..., I)
+    return torch::nn::functional::linear(h, weight);  // (N..., O); h is freed on return
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& gate = saved[0];
+    const torch::Tensor& up = saved[1];
+    const torch::Tensor& weight = saved[2];  // (O, I)
+    const auto activation =
+        static_cast<kernels::GluActivation>(ctx->saved_data["activation"].toInt());
+    const torch::Tensor dy = grad_outputs[0].contiguous().view({-1, weight.size(0)});  // (N, O)
+    torch::Tensor dweight;
+    if (ctx->needs_input_grad(2)) {
+      // The product again, (N, I), only while the weight's gradient forms.
+      const torch::Tensor h = GluForward(activation, gate, up).view({-1, weight.size(1)});
+      dweight = torch::mm(dy.t(), h);  // (O, I)
     }
-    return {dgate, dup, torch::Tensor()};
+    tensor_list grads = {torch::Tensor(), torch::Tensor()};
+    if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1)) {
+      const torch::Tensor dh = torch::mm(dy, weight).view(gate.sizes());  // (N..., I)
+      grads = GluBackward(activation, gate, up, dh);
+    }
+    return {grads[0], grads[1], dweight, torch::Tensor()};
   }
 };
 
@@ -225,6 +271,16 @@ torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {
   if (!GluFusable(gate, up)) return torch::silu(gate) * up;
   return GluFunction::apply(gate.contiguous(), up.contiguous(),
                             static_cast<int64_t>(kernels::GluActivation::kSilu));
+}
+
+torch::Tensor FusedSwiGluLinear(const torch::Tensor& gate, const torch::Tensor& up,
+                                const torch::Tensor& weight) {
+  if (!GluFusable(gate, up) || weight.scalar_type() != gate.scalar_type() ||
+      weight.device() != gate.device()) {
+    return torch::nn::functional::linear(FusedSwiGlu(gate, up), weight);
+  }
+  return GluLinearFunction::apply(gate.contiguous(), up.contiguous(), weight,
+                                  static_cast<int64_t>(kernels::GluActivation::kSilu));
 }
 
 torch::Tensor AtenGeluNew(const torch::Tensor& x) {

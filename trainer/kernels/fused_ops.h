@@ -8,7 +8,8 @@
 //   RMSNorm: its input and each row's fp32 rstd (B, T, 1); ATen keeps an fp32 copy of a
 //     low-precision input, rstd and the normalised input (for the weight's gradient).
 //   SwiGLU: the gate and up projections' outputs, recomputing the activation in backward; ATen
-//     keeps silu(gate) as well, a third (B, T, I) tensor.
+//     keeps silu(gate) as well, a third (B, T, I) tensor. With the trained output projection
+//     (FusedSwiGluLinear) not even the product its weight's gradient needs: it is recomputed.
 //   Gated-GELU (T5): the same two; ATen's gelu_new keeps its input, x^3's input, the tanh and
 //     several (B, T, F) intermediates of its seven ops.
 //   RoPE: nothing but the fp32 tables the model already holds; ATen under bf16 keeps bf16 casts of
@@ -47,6 +48,12 @@ torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, 
 
 // silu(gate) * up, both (..., I) of one dtype (the ATen composition otherwise).
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up);
+// linear(silu(gate) * up, weight), weight (O, I) of gate's dtype and device: LLaMA's MLP from its
+// two projections on, as one node that keeps gate, up and the weight and recomputes the product in
+// backward for the weight's gradient (FusedSwiGlu then the linear layer keep the product too, a
+// third (B, T, I) tensor). FusedSwiGlu and the linear layer otherwise.
+torch::Tensor FusedSwiGluLinear(const torch::Tensor& gate, const torch::Tensor& up,
+                                const torch::Tensor& weight);
 // transformers' gelu_new (NewGELUActivation), 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))),
 // op for op, so autograd keeps the same tensors: T5's gated-GELU under kernels: aten, and the
 // fallback below.

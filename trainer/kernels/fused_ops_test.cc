@@ -124,6 +124,39 @@ TEST(FusedSwiGluTest, MatchesTheAtenCompositionAndItsGradients) {
       FusedSwiGlu, /*gate_scale=*/3, /*fp32_units=*/32, /*bf16_units=*/4);
 }
 
+// linear(silu(g) u, W) as one node against FusedSwiGlu then the linear layer: the same product
+// (the same kernel), recomputed in backward for W's gradient, and the same matmuls; the bounds
+// are the product's (FusedSwiGluTest's) carried through a sum of I terms, relative to the largest.
+TEST(FusedSwiGluLinearTest, MatchesSwiGluThenTheLinearLayerAndItsGradients) {
+  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const std::vector<int64_t>& shape : kShapes) {
+      const std::string what =
+          std::string(c10::toString(dtype)) + " rows " + std::to_string(shape[0] * shape[1]);
+      torch::manual_seed(5);
+      const int64_t out_features = 5;
+      const torch::Tensor g = (3 * torch::randn(shape)).to(dtype);
+      const torch::Tensor u = torch::randn(shape).to(dtype);
+      const torch::Tensor w = torch::randn({out_features, shape[2]}).to(dtype);
+      const torch::Tensor dy = torch::randn({shape[0], shape[1], out_features}).to(dtype);
+      const Outputs composed = RunOp(
+          [](const std::vector<torch::Tensor>& in) {
+            return torch::nn::functional::linear(FusedSwiGlu(in[0], in[1]), in[2]);
+          },
+          {g, u, w}, dy);
+      const Outputs fused = RunOp(
+          [](const std::vector<torch::Tensor>& in) {
+            return FusedSwiGluLinear(in[0], in[1], in[2]);
+          },
+          {g, u, w}, dy);
+      const double rel = dtype == torch::kFloat32 ? 64 * kFp32Unit : 4 * kBf16Unit;
+      ExpectClose(fused.y, composed.y, rel, what + " y");
+      ExpectClose(fused.grads[0], composed.grads[0], rel, what + " dgate");
+      ExpectClose(fused.grads[1], composed.grads[1], rel, what + " dup");
+      ExpectClose(fused.grads[2], composed.grads[2], rel, what + " dweight");
+    }
+  }
+}
+
 // T5's gelu_new(g) u. The fused op computes gelu_new as g sigmoid(2 z) (the same function), ATen
 // as seven ops through tanh. In fp32 both are within a few ulps of the exact value, relative to
 // the tensor's largest (near saturation 1 + tanh(z) is tiny, but so is the product). In bf16 ATen

@@ -1,5 +1,7 @@
 #include "trainer/model/llama.h"
 
+#include <ATen/autocast_mode.h>
+
 #include <cmath>
 #include <numbers>
 
@@ -21,7 +23,8 @@ torch::Tensor InverseFrequencies(const ModelConfig& config) {
     const double high_freq_wavelen = old_context / s.high_freq_factor;
     auto wavelen = 2.0 * std::numbers::pi / inv_freq;
     auto scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
-    auto smooth = (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    auto smooth =
+        (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
     auto smoothed = (1.0 - smooth) * scaled / s.factor + smooth * scaled;
     auto is_medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
     inv_freq = torch::where(is_medium, smoothed, scaled);
@@ -40,10 +43,11 @@ torch::Tensor RmsNormImpl::forward(const torch::Tensor& x, Kernels kernels) {
 }
 
 RotaryTables MakeRotaryTables(const ModelConfig& config, int64_t seq_len, torch::Device device) {
-  auto inv_freq = InverseFrequencies(config).to(device);                           // (D/2,)
-  auto positions = torch::arange(seq_len, torch::TensorOptions().dtype(torch::kFloat32).device(device));
-  auto freqs = torch::outer(positions, inv_freq);                                  // (T, D/2)
-  auto angles = torch::cat({freqs, freqs}, -1);                                    // (T, D)
+  auto inv_freq = InverseFrequencies(config).to(device);  // (D/2,)
+  auto positions =
+      torch::arange(seq_len, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  auto freqs = torch::outer(positions, inv_freq);  // (T, D/2)
+  auto angles = torch::cat({freqs, freqs}, -1);    // (T, D)
   return {angles.cos(), angles.sin()};
 }
 
@@ -87,8 +91,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
     v = v.repeat_interleave(num_heads_ / num_kv_heads_, /*dim=*/1);  // (B, H, T, D)
     grouped = false;
   }
-  // Right padding only: real tokens never attend to padding under the causal mask, and padded positions
-  // carry no labels, so no padding mask is needed.
+  // Right padding only: real tokens never attend to padding under the causal mask, and padded
+  // positions carry no labels, so no padding mask is needed.
   auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                             /*is_causal=*/true, /*scale=*/std::nullopt,
                                             /*enable_gqa=*/grouped);  // (B, H, T, D)
@@ -106,8 +110,17 @@ MlpImpl::MlpImpl(const ModelConfig& c, const std::optional<Nf4Options>& nf4) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x, Kernels kernels) {
-  if (kernels == Kernels::kFused) return down_proj_(FusedSwiGlu(gate_proj_(x), up_proj_(x)));
-  return down_proj_(torch::silu(gate_proj_(x)) * up_proj_(x));
+  if (kernels == Kernels::kAten) return down_proj_(torch::silu(gate_proj_(x)) * up_proj_(x));
+  const torch::Tensor gate = gate_proj_(x);
+  const torch::Tensor up = up_proj_(x);
+  // A plain down_proj whose weight trains would keep the product for its gradient: the fused node
+  // recomputes it instead. Under autocast the linear layer's casts are autocast's to make.
+  const torch::Tensor weight = down_proj_->PlainWeight();
+  if (weight.defined() && weight.requires_grad() &&
+      !at::autocast::is_autocast_enabled(x.device().type())) {
+    return FusedSwiGluLinear(gate, up, weight);
+  }
+  return down_proj_(FusedSwiGlu(gate, up));
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, const std::optional<Nf4Options>& nf4) {
@@ -146,7 +159,8 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids, const Llam
   const RotaryTables rope = MakeRotaryTables(config_, input_ids.size(1), input_ids.device());
   for (size_t i = 0; i < layer_list_.size(); ++i) {
     DecoderLayer& layer = layer_list_[i];
-    if (options.layer_hooks != nullptr) h = options.layer_hooks->BeforeLayer(static_cast<int64_t>(i), h);
+    if (options.layer_hooks != nullptr)
+      h = options.layer_hooks->BeforeLayer(static_cast<int64_t>(i), h);
     if (options.activation_checkpointing && torch::GradMode::is_enabled()) {
       h = CheckpointedForward(
           [layer, rope, kernels = options.kernels](const torch::Tensor& input) mutable {
@@ -156,7 +170,8 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids, const Llam
     } else {
       h = layer->forward(h, rope, options.kernels);
     }
-    if (options.layer_hooks != nullptr) h = options.layer_hooks->AfterLayer(static_cast<int64_t>(i), h);
+    if (options.layer_hooks != nullptr)
+      h = options.layer_hooks->AfterLayer(static_cast<int64_t>(i), h);
   }
   return norm_->forward(h, options.kernels);
 }
@@ -170,7 +185,8 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& c,
                                        : Projection(c.hidden_size, c.vocab_size, /*bias=*/false));
 }
 
-torch::Tensor LlamaForCausalLMImpl::Hidden(const torch::Tensor& input_ids, const LlamaOptions& options) {
+torch::Tensor LlamaForCausalLMImpl::Hidden(const torch::Tensor& input_ids,
+                                           const LlamaOptions& options) {
   return model_->forward(input_ids, options);
 }
 
@@ -190,8 +206,9 @@ void LlamaForCausalLMImpl::InitializeRandom(double std) { InitializeLikeHuggingF
 
 torch::Tensor CausalLmLoss(const torch::Tensor& logits, const torch::Tensor& labels) {
   const int64_t vocab = logits.size(-1);
-  // Shift the labels, not the logits (as transformers does): position t is scored against label t+1,
-  // and the last position gets -100. Narrowing the logits instead would copy all B*T*V of them.
+  // Shift the labels, not the logits (as transformers does): position t is scored against label
+  // t+1, and the last position gets -100. Narrowing the logits instead would copy all B*T*V of
+  // them.
   auto next_labels = torch::constant_pad_nd(labels.narrow(1, 1, labels.size(1) - 1), {0, 1}, -100);
   return torch::nn::functional::cross_entropy(
       logits.to(torch::kFloat32).reshape({-1, vocab}), next_labels.reshape({-1}),
