@@ -66,6 +66,9 @@ struct Forward {
   bool checkpointing = false;
   bool chunked_loss = false;
   bool fused = false;  // kernels: fused (trainer/kernels/fused_ops.h)
+  // FusedSwiGluLinear: a plain, trained down_proj outside autocast recomputes the product its
+  // weight's gradient needs instead of keeping it.
+  bool swiglu_linear = false;
 
   // trainer/model/llama.cc: on CUDA, float32 attention with fewer key/value heads than heads
   // repeats the keys and values to every head for SDPA's memory-efficient kernel (flash attention
@@ -182,6 +185,7 @@ class Trace {
       const Value product =
           PerToken(f_.inter, gate.element, gate.requires_grad || up.requires_grad);
       Mark(kDown);
+      if (f_.swiglu_linear) return PerToken(f_.hidden, gate.element, true);
       return Linear(product, f_.inter, f_.hidden, "down_proj", f_.qlora);
     }
     if (gate.requires_grad) Save(gate);
@@ -369,6 +373,7 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   f.checkpointing = config.GetBool("activation_checkpointing");
   f.chunked_loss = UsesChunkedLoss(config);
   f.fused = config.GetString("kernels") == "fused";
+  f.swiglu_linear = f.fused && f.full && !autocast_scope && !model.mlp_bias;
   estimate.tokens = f.tokens;
   const uint64_t n = static_cast<uint64_t>(f.tokens);
   // The parameters' element (fp32 master weights under mixed).
