@@ -114,10 +114,15 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x, Kernels kernels) {
   const torch::Tensor gate = gate_proj_(x);
   const torch::Tensor up = up_proj_(x);
   // A plain down_proj whose weight trains would keep the product for its gradient: the fused node
-  // recomputes it instead. Under autocast the linear layer's casts are autocast's to make.
+  // recomputes it instead. Under autocast only where the linear layer would cast nothing (fsdp's
+  // gathered weights are in autocast's dtype already); otherwise its casts are autocast's to make.
   const torch::Tensor weight = down_proj_->PlainWeight();
-  if (weight.defined() && weight.requires_grad() &&
-      !at::autocast::is_autocast_enabled(x.device().type())) {
+  const c10::DeviceType device = x.device().type();
+  const bool casts =
+      at::autocast::is_autocast_enabled(device) &&
+      (weight.defined() && (weight.scalar_type() != at::autocast::get_autocast_dtype(device) ||
+                            gate.scalar_type() != weight.scalar_type()));
+  if (weight.defined() && weight.requires_grad() && !casts) {
     return FusedSwiGluLinear(gate, up, weight);
   }
   return down_proj_(FusedSwiGlu(gate, up));
