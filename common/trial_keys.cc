@@ -162,7 +162,7 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "gated-GELU (BLIP-2 with Flan-T5). aten: the ATen composition transformers runs, keeping "
        "exactly its tensors (the labs' tables); fused: each one op with its own backward "
        "(trainer/kernels), keeping only RMSNorm's input and per-row rstd and the gated MLP's two "
-       "projections"},
+       "projections (and, where LLaMA's down_proj trains, not its input: it is recomputed)"},
       {"peft.method",
        K::kEnum,
        "none",
