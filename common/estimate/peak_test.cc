@@ -27,52 +27,11 @@ using testing::Case;
 using testing::Sets;
 using testing::With;
 
-// The error allowed, (predicted - measured) / measured.
-struct Bound {
-  double under = 0.02;
-  double over = 0.03;
-};
-
-// Two steps on full-length examples, no device budget unless a case sets one.
-Sets CommonSets(const fs::path& dir) {
-  return {{"train.max_steps", "2"},
-          {"snapshot_every", "1"},
-          {"data.path", testing::WriteLongExamples(dir).string()},
-          {"data.mask_prompt", "false"},
-          {"device_memory", ""},
-          {"output_dir", ""},
-          {"checkpoint_every", "0"},
-          {"profile.steps", "0"}};
-}
-
-void ExpectPeaksWithin(const std::vector<Case>& cases, Bound bound = {}) {
+void ExpectPeaksWithin(const std::vector<Case>& cases, testing::PeakBound bound = {}) {
   const fs::path dir = testing::TestDir();
-  const Sets common = CommonSets(dir);
+  const Sets common = testing::PeakRunSets(dir);
   for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& c = cases[i];
-    SCOPED_TRACE(testing::Describe(c));
-    StatusOr<testing::CaseConfig> loaded = testing::LoadCase(c, common);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    StatusOr<StepMemoryEstimate> estimate = EstimateStepMemory(loaded->config, loaded->model);
-    ASSERT_TRUE(estimate.ok()) << estimate.status().message();
-    auto ranks = testing::RunLlmTrainOk(c, common, dir, static_cast<int>(i));
-    ASSERT_TRUE(ranks.ok()) << ranks.status().message();
-    testing::ExpectModelStateExact(c, *loaded, *ranks);
-    const uint64_t measured = testing::MeasuredPeak(ranks->front());
-    ASSERT_GT(measured, 0u);
-    const double error =
-        (static_cast<double>(estimate->peak_bytes) - static_cast<double>(measured)) /
-        static_cast<double>(measured);
-    std::printf("%-90s predicted %12llu measured %12llu error %+6.2f%% (%s; model state %.0f%%)\n",
-                testing::Describe(c).c_str(), static_cast<unsigned long long>(estimate->peak_bytes),
-                static_cast<unsigned long long>(measured), 100.0 * error,
-                estimate->peak_phase.c_str(),
-                100.0 * static_cast<double>(estimate->state.device_bytes()) /
-                    static_cast<double>(measured));
-    EXPECT_GE(error, -bound.under)
-        << "predicted " << estimate->peak_bytes << " B, measured " << measured << " B";
-    EXPECT_LE(error, bound.over) << "predicted " << estimate->peak_bytes << " B, measured "
-                                 << measured << " B";
+    testing::ExpectPeakWithin(cases[i], common, dir, static_cast<int>(i), bound);
   }
   fs::remove_all(dir);
 }
@@ -175,7 +134,7 @@ std::string Outcome(const testing::TrainerRun& run) {
 // gradients are then held through the second forward).
 TEST(EstimatePeakTest, FitIsTheLargestMicroBatchThatRuns) {
   const fs::path dir = testing::TestDir();
-  const Sets common = CommonSets(dir);
+  const Sets common = testing::PeakRunSets(dir);
   const Sets budget = {{"device_memory", "40MiB"}, {"data.max_seq_length", "128"}};
   int runs = 0;
   for (const Sets& technique :

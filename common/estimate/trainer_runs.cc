@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
 #include "common/estimate/model_state.h"
+#include "common/estimate/step_memory.h"
 #include "common/experiment.h"
 #include "common/snapshot_event.h"
 #include "tests/support/shell_command.h"
@@ -154,12 +157,52 @@ fs::path WriteLongExamples(const fs::path& dir) {
   return path;
 }
 
+Sets PeakRunSets(const fs::path& dir) {
+  return {{"train.max_steps", "2"},
+          {"snapshot_every", "1"},
+          {"data.path", WriteLongExamples(dir).string()},
+          {"data.mask_prompt", "false"},
+          {"device_memory", ""},
+          {"output_dir", ""},
+          {"checkpoint_every", "0"},
+          {"profile.steps", "0"}};
+}
+
 uint64_t MeasuredPeak(const std::vector<json>& events) {
   uint64_t peak = 0;
   for (const json& e : events) {
     if (e.contains("peak_bytes")) peak = std::max(peak, e["peak_bytes"].get<uint64_t>());
   }
   return peak;
+}
+
+void ExpectPeakWithin(const Case& c, const Sets& common, const fs::path& dir, int index,
+                      PeakBound bound, const std::string& label) {
+  SCOPED_TRACE(Describe(c));
+  StatusOr<CaseConfig> loaded = LoadCase(c, common);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  StatusOr<StepMemoryEstimate> estimate = EstimateStepMemory(loaded->config, loaded->model);
+  ASSERT_TRUE(estimate.ok()) << estimate.status().message();
+  const auto start = std::chrono::steady_clock::now();
+  auto ranks = RunLlmTrainOk(c, common, dir, index);
+  const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(ranks.ok()) << ranks.status().message();
+  ExpectModelStateExact(c, *loaded, *ranks);
+  const uint64_t measured = MeasuredPeak(ranks->front());
+  ASSERT_GT(measured, 0u);
+  const double error = (static_cast<double>(estimate->peak_bytes) - static_cast<double>(measured)) /
+                       static_cast<double>(measured);
+  std::printf(
+      "%s predicted %llu measured %llu error %+.2f%% (%s; model state %.0f%%) %.1f s\n",
+      (label.empty() ? Describe(c) : label).c_str(),
+      static_cast<unsigned long long>(estimate->peak_bytes),
+      static_cast<unsigned long long>(measured), 100.0 * error, estimate->peak_phase.c_str(),
+      100.0 * static_cast<double>(estimate->state.device_bytes()) / static_cast<double>(measured),
+      wall.count());
+  EXPECT_GE(error, -bound.under) << "predicted " << estimate->peak_bytes << " B, measured "
+                                 << measured << " B";
+  EXPECT_LE(error, bound.over) << "predicted " << estimate->peak_bytes << " B, measured "
+                               << measured << " B";
 }
 
 fs::path TestDir() {
