@@ -416,6 +416,10 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   // The loss: logits (B, T, V), their float32 copy, log-softmax (saved).
   uint64_t forward_transient = 0;
   uint64_t loss_backward = 0;
+  // The plain loss' head in backward: log-softmax's saved output (freed by then) and the logits'
+  // gradient in their dtype, which the head's matmuls read.
+  uint64_t head_log_softmax = 0;
+  uint64_t logits_grad = 0;
   // The output weight's gradient (V, C), when the weight trains (a LoRA head's adapters are small).
   const uint64_t head_grad = f.full ? param * static_cast<uint64_t>(f.vocab * f.hidden) : 0;
   if (f.chunked_loss) {
@@ -448,6 +452,8 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
         log_softmax;
     // nll_loss's gradient and log_softmax's, both float32 (B x T, V).
     loss_backward = 2 * 4 * nv;
+    head_log_softmax = log_softmax;
+    logits_grad = nv * static_cast<uint64_t>(logits.element);
   }
   const uint64_t head_saved = trace.saved() - layers_saved;
   estimate.activation_bytes = trace.saved() + fixed;
@@ -543,6 +549,20 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
            "backward, at the loss: " + state_text + gathered_text(gathered_at_loss) +
                " + activations " + FormatBytes(estimate.activation_bytes) +
                " + the loss' gradients " + FormatBytes(loss_backward));
+  if (logits_grad > 0 && head_grad > 0) {
+    // The trained head's backward: where gradients are held from an earlier micro-batch its
+    // weight's gradient is formed apart, then added (measured: a (V, C) bf16 tensor beside the
+    // logits' gradient in the cpu-lab adam-8bit row).
+    const uint64_t formed_apart = accumulation > 1 && holds_grads && !sharded ? head_grad : 0;
+    const uint64_t alive = estimate.activation_bytes - head_log_softmax;
+    consider(base + gathered_at_loss + grads_after(head_produced) + alive + logits_grad +
+                 formed_apart + grad_stream,
+             "backward",
+             "backward, the output head: " + state_text + gathered_text(gathered_at_loss) +
+                 " + gradients " + FormatBytes(grads_after(head_produced) + formed_apart) +
+                 " + activations left " + FormatBytes(alive) + " + the logits' gradient " +
+                 FormatBytes(logits_grad) + " + the hidden states' " + FormatBytes(grad_stream));
+  }
   const StageBytes stage_grads = LayerGradientsByStage(grad_per_layer, f, model);
   StageBytes stage_temporaries = StageTemporaries(f);
   if (accumulation > 1 && holds_grads && !sharded) {
@@ -550,6 +570,13 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
     for (size_t s = 0; s < kLayerStages; ++s) stage_temporaries[s] += formed_apart[s];
   }
   for (size_t s = 0; s < kLayerStages; ++s) stage_temporaries[s] += dequantised[s];
+  if (f.swiglu_linear && (sharded || !holds_grads || accumulation > 1)) {
+    // FusedSwiGluLinear returns down_proj's weight gradient with gate's and up's, so it is alive
+    // through the activation's backward wherever it is not simply the held gradient: formed apart
+    // to be added, moved to the host or reduce-scattered after.
+    const uint64_t element = sharded ? static_cast<uint64_t>(f.act) : param;
+    stage_temporaries[kActivation] += static_cast<uint64_t>(f.inter * f.hidden) * element;
+  }
   uint64_t produced = head_produced;
   uint64_t remaining = layers_saved + fixed;
   for (int64_t i = model.num_hidden_layers - 1; i >= 0; --i) {
