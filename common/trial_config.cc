@@ -497,6 +497,14 @@ bool UsesChunkedLoss(const TrialConfig& config) {
   return loss == "chunked_ce" || (loss == "auto" && config.GetString("kernels") == "fused");
 }
 
+bool UsesSwiGluLinear(const TrialConfig& config, const ModelConfig& model) {
+  const std::string precision = config.GetString("precision");
+  const bool autocast_casts = (precision == "bf16-mixed" || precision == "16-mixed") &&
+                              config.GetString("strategy") != "fsdp";
+  return config.GetString("kernels") == "fused" && config.GetString("peft.method") == "none" &&
+         !model.mlp_bias && !autocast_casts;
+}
+
 int64_t DataParallelRanks(const TrialConfig& config) {
   const std::string strategy = config.GetString("strategy");
   if (strategy != "ddp" && strategy != "fsdp") return 1;

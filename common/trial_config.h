@@ -163,6 +163,13 @@ inline constexpr int64_t kLossChunkTokens = 256;
 // `kernels: fused`, where it lowers the peak on every model measured (docs/benchmarks.md).
 bool UsesChunkedLoss(const TrialConfig& config);
 
+// Whether llm-train's LLaMA MLP runs as FusedSwiGluLinear (trainer/model/llama.cc), which
+// recomputes the SwiGLU product for down_proj's weight gradient instead of keeping it: kernels
+// fused, a full fine-tune (down_proj plain and trained) without an MLP bias, and no cast for
+// autocast to make: not under bf16-mixed or 16-mixed, but under fsdp, whose gathered weights are in
+// the compute dtype already. The estimator's reading of the trainer's choice from the tensors.
+bool UsesSwiGluLinear(const TrialConfig& config, const ModelConfig& model);
+
 // The trial's data-parallel ranks: devices x nodes under strategy ddp or fsdp, else 1.
 int64_t DataParallelRanks(const TrialConfig& config);
 

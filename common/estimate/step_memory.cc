@@ -373,8 +373,7 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   f.checkpointing = config.GetBool("activation_checkpointing");
   f.chunked_loss = UsesChunkedLoss(config);
   f.fused = config.GetString("kernels") == "fused";
-  // Under fsdp's bf16 gathers autocast casts nothing (f.autocast is off above).
-  f.swiglu_linear = f.fused && f.full && !f.autocast && !model.mlp_bias;
+  f.swiglu_linear = UsesSwiGluLinear(config, model);
   estimate.tokens = f.tokens;
   const uint64_t n = static_cast<uint64_t>(f.tokens);
   // The parameters' element (fp32 master weights under mixed).

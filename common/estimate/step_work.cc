@@ -240,7 +240,7 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   const double forward_runs = checkpointing ? 2 : 1;
   double micro_memory =
       t * layers * (layer_touch + adapter_touch) * (forward_runs + kBackwardPasses);
-  if (fused && full && (!mixed || sharded) && !model.mlp_bias) {
+  if (UsesSwiGluLinear(config, model)) {
     // FusedSwiGluLinear recomputes the product in backward for down_proj's weight gradient: it
     // reads gate and up and writes the product once more.
     micro_memory += t * layers * 3 * inter * projected;
