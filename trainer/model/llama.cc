@@ -118,14 +118,11 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x, Kernels kernels) {
   // gathered weights are in autocast's dtype already); otherwise its casts are autocast's to make.
   const torch::Tensor weight = down_proj_->PlainWeight();
   const c10::DeviceType device = x.device().type();
-  const bool casts =
-      at::autocast::is_autocast_enabled(device) &&
-      (weight.defined() && (weight.scalar_type() != at::autocast::get_autocast_dtype(device) ||
-                            gate.scalar_type() != weight.scalar_type()));
-  if (weight.defined() && weight.requires_grad() && !casts) {
-    return FusedSwiGluLinear(gate, up, weight);
-  }
-  return down_proj_(FusedSwiGlu(gate, up));
+  const bool recomputes = weight.defined() && weight.requires_grad() &&
+                          (!at::autocast::is_autocast_enabled(device) ||
+                           weight.scalar_type() == at::autocast::get_autocast_dtype(device));
+  if (!recomputes) return down_proj_(FusedSwiGlu(gate, up));
+  return FusedSwiGluLinear(gate, up, weight);
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, const std::optional<Nf4Options>& nf4) {
