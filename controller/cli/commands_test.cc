@@ -16,6 +16,7 @@
 #include "controller/cli/client.h"
 #include "controller/cli/input_tree.h"
 #include "controller/cli/inputs.h"
+#include "controller/cli/offline_cli_test.h"
 #include "llmctl/v1/controller.grpc.pb.h"
 
 namespace llmctl::cli {
@@ -178,19 +179,13 @@ class CommandsTest : public ::testing::Test {
     err_.str("");
     args.insert(args.begin(), "llmctl");
     const std::string controller = target.empty() ? target_ : target;
-    CliContext context{
-        .env = [controller, env = env_](std::string_view name) -> std::optional<std::string> {
+    CliContext context = testing::TestCliContext(
+        [controller, env = env_](std::string_view name) -> std::optional<std::string> {
           if (name == "LLMCTL_CONTROLLER") return controller;
           if (auto value = env.find(std::string(name)); value != env.end()) return value->second;
           return std::nullopt;
         },
-        .out = out_,
-        .err = err_,
-        .out_is_tty = false,
-        .self = dir_ / "llmctl",
-        .daemon_ready_timeout = std::chrono::milliseconds(100),
-        .watch_retry_interval = std::chrono::milliseconds(1),
-    };
+        out_, err_, dir_);
     return RunLlmctl(args, context);
   }
 

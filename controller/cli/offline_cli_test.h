@@ -11,11 +11,27 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "controller/cli/commands.h"
 
 namespace llmctl::cli::testing {
+
+// A CliContext for in-process tests: `env` as the environment, no terminal, `dir` as the
+// executable's directory, and short waits, so a controller that does not answer fails fast.
+inline CliContext TestCliContext(EnvLookup env, std::ostream& out, std::ostream& err,
+                                 const std::filesystem::path& dir) {
+  return CliContext{
+      .env = std::move(env),
+      .out = out,
+      .err = err,
+      .out_is_tty = false,
+      .self = dir / "llmctl",
+      .daemon_ready_timeout = std::chrono::milliseconds(100),
+      .watch_retry_interval = std::chrono::milliseconds(1),
+  };
+}
 
 class OfflineCliTest : public ::testing::Test {
  protected:
@@ -34,15 +50,8 @@ class OfflineCliTest : public ::testing::Test {
     args.insert(args.begin(), {"llmctl", command});
     out_.str("");
     err_.str("");
-    CliContext context{
-        .env = [](std::string_view) { return std::optional<std::string>(); },
-        .out = out_,
-        .err = err_,
-        .out_is_tty = false,
-        .self = dir_ / "llmctl",
-        .daemon_ready_timeout = std::chrono::milliseconds(100),
-        .watch_retry_interval = std::chrono::milliseconds(1),
-    };
+    CliContext context = TestCliContext(
+        [](std::string_view) { return std::optional<std::string>(); }, out_, err_, dir_);
     return RunLlmctl(args, context);
   }
 
