@@ -10,6 +10,7 @@
 #define LLMCTL_COMMON_ESTIMATE_STEP_TIME_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,9 @@ struct Calibration {
 };
 
 Calibration DefaultCalibration(const DeviceSpeed& device, ModelFamily family);
+
+// Where a caller finds a device's calibration for a model family (estimate's and plan's options).
+using CalibrationLookup = std::function<Calibration(const DeviceSpeed&, ModelFamily)>;
 
 // A run measured earlier: its step's work and 1 / its tokens per second (over all its ranks).
 struct MeasuredRun {

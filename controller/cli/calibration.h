@@ -29,6 +29,13 @@ class StoredCalibrations {
   estimate::Calibration For(const estimate::DeviceSpeed& device,
                             estimate::ModelFamily family) const;
 
+  // For as a lookup, for estimate's and plan's options; valid while this object lives.
+  estimate::CalibrationLookup Lookup() const {
+    return [this](const estimate::DeviceSpeed& device, estimate::ModelFamily family) {
+      return For(device, family);
+    };
+  }
+
   const std::string& note() const { return note_; }
 
  private:

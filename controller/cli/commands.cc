@@ -251,10 +251,7 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
   // not a refusal.
   const StoredCalibrations calibrations = LoadCalibrations();
   EstimateOptions estimate_options;
-  estimate_options.calibrate = [&](const estimate::DeviceSpeed& device,
-                                   estimate::ModelFamily family) {
-    return calibrations.For(device, family);
-  };
+  estimate_options.calibrate = calibrations.Lookup();
   StatusOr<std::vector<TrialPrediction>> predictions =
       PredictTrials(*checked, file, estimate_options);
   if (!predictions.ok()) return Fail(predictions.status());
@@ -940,10 +937,7 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   }
   if (estimate->parsed()) {
     const StoredCalibrations calibrations = LoadCalibrations();
-    estimate_options.calibrate = [&](const estimate::DeviceSpeed& device,
-                                     estimate::ModelFamily family) {
-      return calibrations.For(device, family);
-    };
+    estimate_options.calibrate = calibrations.Lookup();
     StatusOr<std::string> text = EstimateExperiment(file, estimate_options);
     if (!text.ok()) return Fail(text.status());
     context_.out << *text << std::flush;
@@ -951,10 +945,7 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   }
   if (plan->parsed()) {
     const StoredCalibrations calibrations = LoadCalibrations();
-    plan_options.calibrate = [&](const estimate::DeviceSpeed& device,
-                                 estimate::ModelFamily family) {
-      return calibrations.For(device, family);
-    };
+    plan_options.calibrate = calibrations.Lookup();
     StatusOr<std::string> text = PlanRun(plan_options);
     if (!text.ok()) return Fail(text.status());
     context_.out << *text << std::flush;

@@ -26,8 +26,7 @@ struct EstimateOptions {
   bool fit = false;      // the largest micro-batch that fits each trial's device
   bool explain = false;  // every term's formula with its numbers
   // The calibration of a device's time predictions; unset: its built-in one.
-  std::function<estimate::Calibration(const estimate::DeviceSpeed&, estimate::ModelFamily)>
-      calibrate;
+  estimate::CalibrationLookup calibrate;
 };
 
 // The estimate of experiment file `file` (read and validated as `llmctl submit` reads it, local

@@ -38,8 +38,7 @@ struct PlanOptions {
   std::string init;   // its init: default pretrained for a published preset, else random
   std::string format = "table";
   // The calibration of a device's time; unset: the built-in one.
-  std::function<estimate::Calibration(const estimate::DeviceSpeed&, estimate::ModelFamily)>
-      calibrate;
+  estimate::CalibrationLookup calibrate;
 };
 
 // The plan, as text (table or json). InvalidArgument (exit 2) for a bad flag, naming it and what
