@@ -1,7 +1,8 @@
 // The fused decoder-block ops (trainer/kernels/fused_ops.h) against the ATen composition
 // transformers runs, op by op, forward and backward, at bench/run_train_bench.py's shapes (the 110M
 // LLaMA at micro-batch 4 x 256: 1,024 tokens, hidden 768, MLP 2,048, 12 heads of 64), in fp32 and
-// bf16, on the CPU with the threads LibTorch was given. Prints each op's median time of `repeats`
+// bf16, on the CPU with the threads LibTorch was given, and one chunk of the chunked loss' fused
+// cross-entropy gradient. Prints each op's median time of `repeats`
 // runs per side, interleaved, and the ratio aten / fused (> 1: fused is faster).
 //
 //   build/bench/fused_ops_bench [repeats]
@@ -21,6 +22,8 @@
 
 namespace {
 
+using llmctl::trainer::AtenCrossEntropyGrad;
+using llmctl::trainer::FusedCrossEntropyGrad;
 using llmctl::trainer::FusedRmsNorm;
 using llmctl::trainer::FusedRope;
 using llmctl::trainer::FusedSwiGlu;
@@ -30,6 +33,7 @@ constexpr int64_t kHidden = 768;
 constexpr int64_t kInter = 2048;
 constexpr int64_t kHeads = 12;
 constexpr int64_t kHeadDim = 64;
+constexpr int64_t kVocab = 32000;
 
 // Forward and backward of `op` on leaves made from `inputs`, in seconds.
 double TimeOnce(const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& op,
@@ -56,6 +60,30 @@ void Compare(const std::string& name, torch::Dtype dtype, int repeats,
   for (int i = 0; i < repeats; ++i) {
     aten_s.push_back(TimeOnce(aten, inputs, grad));
     fused_s.push_back(TimeOnce(fused, inputs, grad));
+  }
+  const double a = Median(aten_s);
+  const double f = Median(fused_s);
+  std::printf("| %s | %s | %.2f | %.2f | %.2fx |\n", name.c_str(), c10::toString(dtype), a * 1e3,
+              f * 1e3, a / f);
+}
+
+// `op` over a fresh copy of `logits` (the copy not timed), in seconds.
+double TimeInPlace(const std::function<void(torch::Tensor&)>& op, const torch::Tensor& logits) {
+  torch::Tensor copy = logits.clone();
+  const auto start = std::chrono::steady_clock::now();
+  op(copy);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void CompareInPlace(const std::string& name, torch::Dtype dtype, int repeats,
+                    const std::function<void(torch::Tensor&)>& aten,
+                    const std::function<void(torch::Tensor&)>& fused, const torch::Tensor& logits) {
+  std::vector<double> aten_s, fused_s;
+  TimeInPlace(aten, logits);
+  TimeInPlace(fused, logits);
+  for (int i = 0; i < repeats; ++i) {
+    aten_s.push_back(TimeInPlace(aten, logits));
+    fused_s.push_back(TimeInPlace(fused, logits));
   }
   const double a = Median(aten_s);
   const double f = Median(fused_s);
@@ -106,6 +134,15 @@ int main(int argc, char** argv) {
         },
         [&](const std::vector<torch::Tensor>& in) { return FusedRope(in[0], rope.cos, rope.sin); },
         {q}, torch::randn_like(q));
+    // One chunk of the chunked loss (256 tokens of a 32,000-token vocabulary): the loss and, in
+    // place, its gradient over the logits.
+    const torch::Tensor logits = (torch::randn({256, kVocab}) * 4).to(dtype);
+    const torch::Tensor labels = torch::randint(kVocab, {256}, torch::kInt64);
+    const torch::Tensor inverse_count = torch::full({}, 1.0f / 1024);
+    CompareInPlace(
+        "cross-entropy gradient (256 x 32,000)", dtype, repeats,
+        [&](torch::Tensor& l) { AtenCrossEntropyGrad(l, labels, inverse_count); },
+        [&](torch::Tensor& l) { FusedCrossEntropyGrad(l, labels, inverse_count); }, logits);
   }
   return 0;
 }

@@ -27,25 +27,25 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
   uint64_t fixed = 0;
   if (!shape.head_adapter) {
     // A plain head, in autocast's dtype when it is on (the weight cast once, held through the
-    // chunks, unless fsdp gathered it in bf16 already). Each chunk: its logits and their float32
-    // copy (or the gradient, cast back, beside it); log-sum-exp's float32 temporary beside that
-    // copy; the first chunk's weight gradient created beside its logits' gradient (and widened
-    // to the weight's dtype), later ones added in place (or, when they differ in dtype, made
-    // first).
-    const uint64_t widen = element != 4 ? element : 0;
+    // chunks, unless fsdp gathered it in bf16 already). Each chunk: its logits, which the fused
+    // cross-entropy turns into their gradient in place (trainer/kernels/fused_ops.h), nothing
+    // beside them; the first chunk's weight gradient created beside its logits' gradient (and
+    // widened to the weight's dtype), later ones added in place (or, when they differ in dtype,
+    // made first and added through a cast copy).
     const uint64_t chunk_grad = shape.head_trains ? element * head_values : 0;
-    // Beside them, each chunk row's int64 target, scored flag, float32 log-sum-exp and its
-    // maximum (17 B a token), and the loss' scalars (the count, its reciprocal, the sum); and
-    // the weight cast once.
-    fixed = 17 * static_cast<uint64_t>(first_tokens) + 256 +
+    // Beside them, each chunk row's float32 loss (4 B a token), and the loss' scalars (the count,
+    // its reciprocal, the sum); and the weight cast once.
+    fixed = 4 * static_cast<uint64_t>(first_tokens) + 256 +
             (element != weight_element ? element * head_values : 0);
     chunk_moment = [=](uint64_t chunk, uint64_t held) {
       const uint64_t weight_grad =
           held == 0
               ? chunk * element + chunk_grad + (element != weight_element ? summed_head_grad : 0)
-          : element != weight_element ? held + chunk * element + chunk_grad
+          // A later chunk's gradient in another dtype is added to the sum through a cast copy
+          // of it in the sum's dtype (measured: a (V, C) float32 tensor under bf16-mixed).
+          : element != weight_element ? held + chunk * element + chunk_grad + summed_head_grad
                                       : 0;
-      return std::max({held + chunk * (4 + widen), held + 2 * 4 * chunk, weight_grad});
+      return std::max(held + chunk * element, weight_grad);
     };
   } else {
     // Through autograd (an adapter on the head), each chunk: its logits (the base output, the

@@ -192,6 +192,14 @@ void ExpectPeakWithin(const Case& c, const Sets& common, const fs::path& dir, in
   ASSERT_GT(measured, 0u);
   const double error = (static_cast<double>(estimate->peak_bytes) - static_cast<double>(measured)) /
                        static_cast<double>(measured);
+  // oneDNN packs a 16-bit CPU matmul's operands into buffers it takes from LibTorch's allocator for
+  // the call, whose sizes follow the CPU's vector unit: the estimate leaves them out (docs/
+  // estimate.md), so a run below the 32-bit precision may lie that much further under it
+  // (measured on Zen 4: up to 450 KiB, at the demo model's loss).
+  const double workspace =
+      loaded->config.GetString("precision") == "32-true"
+          ? 0.0
+          : static_cast<double>(kCpuSixteenBitMatmulWorkspace) / static_cast<double>(measured);
   std::printf(
       "%s predicted %llu measured %llu error %+.2f%% (%s; model state %.0f%%) %.1f s\n",
       (label.empty() ? Describe(c) : label).c_str(),
@@ -199,8 +207,8 @@ void ExpectPeakWithin(const Case& c, const Sets& common, const fs::path& dir, in
       static_cast<unsigned long long>(measured), 100.0 * error, estimate->peak_phase.c_str(),
       100.0 * static_cast<double>(estimate->state.device_bytes()) / static_cast<double>(measured),
       wall.count());
-  EXPECT_GE(error, -bound.under) << "predicted " << estimate->peak_bytes << " B, measured "
-                                 << measured << " B";
+  EXPECT_GE(error, -bound.under - workspace)
+      << "predicted " << estimate->peak_bytes << " B, measured " << measured << " B";
   EXPECT_LE(error, bound.over) << "predicted " << estimate->peak_bytes << " B, measured "
                                << measured << " B";
 }

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -194,6 +195,59 @@ LLMCTL_VECTOR_CLONES void RopeRows(const T* __restrict x, const float* __restric
   }
 }
 
+// Rows [begin, end) of (rows, cols) logits: each row's cross-entropy against its label into
+// row_loss, and in place of the logits its gradient for `scale` times the summed loss (zeros and a
+// loss of 0 for a row labelled `ignore`). Three passes over a row: its maximum, its sum of
+// exponentials, the gradient; a row (cols elements) stays in the core's cache between them. 16-bit
+// rows go through fp32 blocks on the stack, as the gated activations do.
+template <typename T>
+LLMCTL_VECTOR_CLONES void CrossEntropyRows(T* __restrict logits, const int64_t* __restrict labels,
+                                           float* __restrict row_loss, int64_t begin, int64_t end,
+                                           int64_t cols, int64_t ignore, float scale) {
+  float block[kStageBlock];
+  for (int64_t row = begin; row < end; ++row) {
+    T* xr = logits + row * cols;
+    const int64_t target = labels[row];
+    if (target == ignore) {
+      row_loss[row] = 0.0f;
+      for (int64_t j = 0; j < cols; ++j) xr[j] = Store<T>(0.0f);
+      continue;
+    }
+    float maxima[kLanes];
+    for (int64_t l = 0; l < kLanes; ++l) maxima[l] = -INFINITY;
+    float sums[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= cols; j += kLanes) {
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const float v = Load(xr[j + l]);
+        maxima[l] = maxima[l] > v ? maxima[l] : v;
+      }
+    }
+    for (; j < cols; ++j) maxima[0] = maxima[0] > Load(xr[j]) ? maxima[0] : Load(xr[j]);
+    float row_max = maxima[0];
+    for (int64_t l = 1; l < kLanes; ++l) row_max = row_max > maxima[l] ? row_max : maxima[l];
+    for (int64_t start = 0; start < cols; start += kStageBlock) {
+      const int64_t m = std::min(kStageBlock, cols - start);
+      for (int64_t i = 0; i < m; ++i) block[i] = Load(xr[start + i]);
+      int64_t i = 0;
+      for (; i + kLanes <= m; i += kLanes) {
+        for (int64_t l = 0; l < kLanes; ++l) sums[l] += Exp(block[i + l] - row_max);
+      }
+      for (; i < m; ++i) sums[0] += Exp(block[i] - row_max);
+    }
+    const float lse = RowLogSumExp(row_max, SumLanes(sums));
+    const float x_target = Load(xr[target]);
+    row_loss[row] = lse - x_target;
+    for (int64_t start = 0; start < cols; start += kStageBlock) {
+      const int64_t m = std::min(kStageBlock, cols - start);
+      for (int64_t i = 0; i < m; ++i)
+        block[i] = CrossEntropyLogitGrad(Load(xr[start + i]), lse, scale);
+      for (int64_t i = 0; i < m; ++i) xr[start + i] = Store<T>(block[i]);
+    }
+    xr[target] = Store<T>(CrossEntropyTargetLogitGrad(x_target, lse, scale));
+  }
+}
+
 #define LLMCTL_DISPATCH(type, name, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(torch::kBFloat16, torch::kHalf, type, name, __VA_ARGS__)
 
@@ -276,6 +330,17 @@ void Rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor&
     at::parallel_for(0, x.numel() / dim, RowGrain(dim), [&](int64_t begin, int64_t end) {
       RopeRows(x.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
                y.data_ptr<scalar_t>(), begin, end, x.size(1), x.size(2), dim, inverse);
+    });
+  });
+}
+
+void CrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& labels, float scale,
+                      int64_t ignore, torch::Tensor& row_loss) {
+  const int64_t cols = logits.size(1);
+  LLMCTL_DISPATCH(logits.scalar_type(), "CrossEntropyGrad", [&] {
+    at::parallel_for(0, logits.size(0), 1, [&](int64_t begin, int64_t end) {
+      CrossEntropyRows(logits.data_ptr<scalar_t>(), labels.data_ptr<int64_t>(),
+                       row_loss.data_ptr<float>(), begin, end, cols, ignore, scale);
     });
   });
 }

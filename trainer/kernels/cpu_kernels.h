@@ -28,6 +28,13 @@ void GluBackward(GluActivation activation, const torch::Tensor& g, const torch::
 void Rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
           torch::Tensor& y, bool inverse);
 
+// In place over logits (rows, cols): each row's gradient of `scale` times the summed
+// cross-entropy, scale (softmax - one_hot(label)); row_loss (rows,) fp32 gets each row's loss. A
+// row labelled `ignore` gets zeros and a loss of 0. labels (rows,) int64, each `ignore` or in
+// [0, cols) (the caller's check).
+void CrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& labels, float scale,
+                      int64_t ignore, torch::Tensor& row_loss);
+
 }  // namespace llmctl::kernels::cpu
 
 #endif  // LLMCTL_TRAINER_KERNELS_CPU_KERNELS_H_

@@ -36,6 +36,21 @@ __device__ float BlockSum(float value) {
   return total;
 }
 
+// The maximum of `value` over the block's threads, for every thread.
+__device__ float BlockMax(float value) {
+  __shared__ float partial[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2)
+    value = fmaxf(value, __shfl_down_sync(0xffffffff, value, offset));
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  float result = partial[0];
+  for (int w = 1; w < kThreads / 32; ++w) result = fmaxf(result, partial[w]);
+  __syncthreads();
+  return result;
+}
+
 // One block a row.
 template <typename T>
 __global__ void RmsNormForwardKernel(const T* x, const T* weight, T* y, float* rstd, int64_t cols,
@@ -120,6 +135,38 @@ __global__ void RopeKernel(const T* x, const float* cos, const float* sin, T* y,
     }
     Store(y + row * dim, i, a);
     Store(y + row * dim, i + half, b);
+  }
+}
+
+// One block a row of logits: its loss, and in place its gradient (cpu_kernels.h's
+// CrossEntropyGrad). `scale` is a device scalar (the reciprocal of the count of scored labels).
+template <typename T>
+__global__ void CrossEntropyGradKernel(T* logits, const int64_t* labels, const float* scale,
+                                       float* row_loss, int64_t cols, int64_t ignore) {
+  const int64_t row = blockIdx.x;
+  T* x = logits + row * cols;
+  const int64_t target = labels[row];
+  if (target == ignore) {
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) Store(x, j, 0.0f);
+    if (threadIdx.x == 0) row_loss[row] = 0.0f;
+    return;
+  }
+  float row_max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) row_max = fmaxf(row_max, Load(x, j));
+  row_max = BlockMax(row_max);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) sum += math::Exp(Load(x, j) - row_max);
+  const bool in_range = target >= 0 && target < cols;
+  // Read before BlockSum's barrier: after it, the target's element is overwritten.
+  const float x_target = threadIdx.x == 0 && in_range ? Load(x, target) : 0.0f;
+  const float lse = math::RowLogSumExp(row_max, BlockSum(sum));
+  if (threadIdx.x == 0) row_loss[row] = in_range ? lse - x_target : NAN;
+  const float s = *scale;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const float v = Load(x, j);
+    Store(x, j,
+          j == target ? math::CrossEntropyTargetLogitGrad(v, lse, s)
+                      : math::CrossEntropyLogitGrad(v, lse, s));
   }
 }
 
@@ -218,6 +265,17 @@ const char* Rope(Element element, const void* x, const float* cos, const float* 
     using T = std::remove_pointer_t<decltype(tag)>;
     RopeKernel<T><<<Blocks(rows * (dim / 2)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const T*>(x), cos, sin, static_cast<T*>(y), rows, seq, heads, dim, inverse);
+  });
+}
+
+const char* CrossEntropyGrad(Element element, void* logits, const int64_t* labels,
+                             const float* scale, float* row_loss, int64_t rows, int64_t cols,
+                             int64_t ignore, void* stream) {
+  if (rows == 0) return nullptr;
+  return ForElement(element, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    CrossEntropyGradKernel<T><<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<T*>(logits), labels, scale, row_loss, cols, ignore);
   });
 }
 

@@ -34,6 +34,12 @@ const char* Rope(Element element, const void* x, const float* cos, const float* 
                  int64_t batch, int64_t seq, int64_t heads, int64_t dim, bool inverse,
                  void* stream);
 
+// In place over logits (rows, cols): cpu_kernels.h's CrossEntropyGrad, with `scale` a device
+// scalar; a label outside [0, cols) other than `ignore` gives its row a NaN loss.
+const char* CrossEntropyGrad(Element element, void* logits, const int64_t* labels,
+                             const float* scale, float* row_loss, int64_t rows, int64_t cols,
+                             int64_t ignore, void* stream);
+
 }  // namespace llmctl::kernels::cuda
 
 #endif  // LLMCTL_TRAINER_KERNELS_CUDA_KERNELS_H_

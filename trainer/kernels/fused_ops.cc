@@ -233,6 +233,9 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 };
 
+// Rows labelled this are not scored (cross_entropy's default ignore_index).
+constexpr int64_t kIgnoreLabel = -100;
+
 }  // namespace
 
 torch::Tensor AtenRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -302,6 +305,55 @@ torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos,
     return AtenRope(x.transpose(1, 2), cos, sin).transpose(1, 2);
   }
   return RopeFunction::apply(x.contiguous(), cos.contiguous(), sin.contiguous());
+}
+
+torch::Tensor AtenCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& labels,
+                                   const torch::Tensor& inverse_count) {
+  // (n, V) float32: the logits, then in place the softmax, then the loss' gradient.
+  torch::Tensor probs = logits.to(torch::kFloat32);
+  const torch::Tensor scored = labels.ne(kIgnoreLabel);
+  const torch::Tensor targets = labels.masked_fill(scored.logical_not(), 0).unsqueeze(1);
+  const torch::Tensor log_normalizer = probs.logsumexp(1, /*keepdim=*/true);  // (n, 1)
+  torch::Tensor row_loss = log_normalizer.squeeze(1)
+                               .sub(probs.gather(1, targets).squeeze(1))
+                               .masked_fill_(scored.logical_not(), 0);
+  // d/d(logits) = (softmax - one_hot(label)) * inverse_count, zero on unscored rows (also when
+  // none is scored and inverse_count is infinite, as cross_entropy's backward gives).
+  probs.sub_(log_normalizer).exp_();
+  probs.scatter_add_(1, targets, torch::full_like(targets, -1, probs.options()));
+  probs.mul_(torch::where(scored, inverse_count, torch::zeros_like(inverse_count)).unsqueeze(1));
+  if (!probs.is_same(logits)) logits.copy_(probs);
+  return row_loss;
+}
+
+torch::Tensor FusedCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& labels,
+                                    const torch::Tensor& inverse_count) {
+  if (!FusedOn(logits) || !FusableDtype(logits) || !logits.is_contiguous() ||
+      labels.scalar_type() != torch::kInt64 || inverse_count.scalar_type() != torch::kFloat32) {
+    return AtenCrossEntropyGrad(logits, labels, inverse_count);
+  }
+  const torch::Tensor row_labels = labels.contiguous();
+  const int64_t rows = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  torch::Tensor row_loss = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
+#if defined(LLMCTL_HAVE_CUDA_KERNELS)
+  if (logits.is_cuda()) {
+    CheckLaunch(kernels::cuda::CrossEntropyGrad(
+                    ElementOf(logits), logits.data_ptr(), row_labels.data_ptr<int64_t>(),
+                    inverse_count.data_ptr<float>(), row_loss.data_ptr<float>(), rows, vocab,
+                    kIgnoreLabel, CurrentStream()),
+                "cross-entropy");
+    return row_loss;
+  }
+#endif
+  const int64_t* label = row_labels.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(label[r] == kIgnoreLabel || (label[r] >= 0 && label[r] < vocab), "label ", label[r],
+                " is outside the vocabulary [0, ", vocab, ")");
+  }
+  kernels::cpu::CrossEntropyGrad(logits, row_labels, inverse_count.item<float>(), kIgnoreLabel,
+                                 row_loss);
+  return row_loss;
 }
 
 }  // namespace llmctl::trainer

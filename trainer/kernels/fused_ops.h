@@ -14,6 +14,9 @@
 //     several (B, T, F) intermediates of its seven ops.
 //   RoPE: nothing but the fp32 tables the model already holds; ATen under bf16 keeps bf16 casts of
 //     them per call, and builds rotate_half's copy of its input.
+//   The chunked loss' cross-entropy: nothing beside a chunk's logits, which become their gradient
+//     in place; ATen's composition holds a float32 copy of 16-bit logits and log-sum-exp's two
+//     float32 temporaries, and makes eight passes over them where the fused kernel makes three.
 //
 // Where no fused kernel applies (a dtype other than fp32, bf16 or fp16, mixed dtypes, a CUDA tensor
 // in a build without nvcc), each function runs the ATen composition instead: the same values,
@@ -66,6 +69,19 @@ torch::Tensor FusedGeGlu(const torch::Tensor& gate, const torch::Tensor& up);
 // positions 0 .. T - 1: x cos + rotate_half(x) sin with cos, sin (T, D) fp32 tables whose halves
 // are equal (MakeRotaryTables').
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+// The cross-entropy of each row of logits (n, V) against labels (n,) int64 (-100: not scored),
+// forming its gradient in place, as the chunked loss needs it (trainer/model/loss.h): the logits
+// become inverse_count (softmax - one_hot(label)) on scored rows and zeros on the rest, with
+// inverse_count a 0-dim float32 tensor on the logits' device (the reciprocal of the count of
+// scored labels). Returns each row's loss, log-sum-exp minus the label's logit, (n,) float32 (0 on
+// unscored rows). Fused: three passes over each row in its own dtype, in the cache, and nothing
+// else allocated; ATen's composition (AtenCrossEntropyGrad, the fallback) holds a float32 copy of
+// 16-bit logits, and log-sum-exp two float32 (n, V) temporaries.
+torch::Tensor FusedCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& labels,
+                                    const torch::Tensor& inverse_count);
+torch::Tensor AtenCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& labels,
+                                   const torch::Tensor& inverse_count);
 
 }  // namespace llmctl::trainer
 

@@ -1,6 +1,7 @@
 // The fused ops against the ATen composition transformers runs (kernels: aten), forward and both
 // gradients, on odd shapes (a width that is no multiple of a vector, one row, no rows) in fp32 and
-// bf16; and a LLaMA step with each, on the demo model.
+// bf16; a LLaMA step with each, on the demo model; and the chunked loss' cross-entropy gradient
+// against cross_entropy's in float64.
 #include "trainer/kernels/fused_ops.h"
 
 #include <gtest/gtest.h>
@@ -240,6 +241,86 @@ TEST(FusedOpsTest, ADemoModelStepGivesTheAtenLossAndGradients) {
                   std::string(c10::toString(dtype)) +
                       (i == 0 ? " loss" : " gradient " + std::to_string(i - 1)));
     }
+  }
+}
+
+// The cross-entropy gradient against the truth: cross_entropy's mean over the scored rows and its
+// autograd gradient, in float64 from the same logits. Rows: (5, 1037) with an unscored row and
+// labels at both ends of the vocabulary (no vector divides 1037), one row, no rows, and rows none
+// of which is scored (zero gradients, an infinite inverse count).
+//
+// Bounds, for any order of the sums (ATen's and the fused kernel's differ). A row's log-sum-exp
+// is max + log(s), s a sum of V exponentials each within 2 ulp: s is within (V + 2) u of its value
+// relatively, so log s within that absolutely; rounding max + log s and lse - x_t (values under 64
+// here) adds 128 u: (V + 128) u on each row's loss. Each gradient element is exp(x - lse) scale:
+// lse's error above, x - lse's rounding (|x - lse| < 64 here) and exp's 2 ulp, relative:
+// (V + 64) u of the largest element. bf16 gradients are those values rounded once to bf16: one
+// bf16 unit more.
+void ExpectCrossEntropyMatchesTruth(torch::Dtype dtype, int64_t rows, int64_t vocab,
+                                    const std::vector<int64_t>& label_values) {
+  SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + std::to_string(rows) + " x " +
+               std::to_string(vocab));
+  torch::manual_seed(5);
+  const torch::Tensor logits = (torch::randn({rows, vocab}) * 6).to(dtype);
+  const torch::Tensor labels = torch::tensor(label_values, torch::kInt64);
+  const torch::Tensor scored = labels.ne(-100);
+  const torch::Tensor count = scored.sum().to(torch::kFloat32);
+  const torch::Tensor inverse_count = count.reciprocal();
+
+  torch::Tensor truth_logits = logits.to(torch::kFloat64).requires_grad_(true);
+  const torch::Tensor truth_rows = torch::nn::functional::cross_entropy(
+      truth_logits, labels,
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kNone));
+  torch::Tensor truth_grad = torch::zeros_like(truth_logits);
+  if (count.item<float>() > 0) {
+    (truth_rows.sum() / count.to(torch::kFloat64)).backward();
+    truth_grad = truth_logits.grad();
+  }
+
+  const double u = kFp32Unit;
+  const double loss_bound = static_cast<double>(vocab + 128) * u;
+  const double grad_rel =
+      static_cast<double>(vocab + 64) * u + (dtype == torch::kBFloat16 ? kBf16Unit : 0.0);
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "aten");
+    torch::Tensor grad = logits.clone();
+    const torch::Tensor row_loss = fused ? FusedCrossEntropyGrad(grad, labels, inverse_count)
+                                         : AtenCrossEntropyGrad(grad, labels, inverse_count);
+    ASSERT_EQ(row_loss.scalar_type(), torch::kFloat32);
+    ASSERT_EQ(grad.scalar_type(), dtype);
+    if (rows == 0) continue;
+    const double loss_diff =
+        (row_loss.to(torch::kFloat64) - truth_rows.detach()).abs().max().item<double>();
+    EXPECT_LE(loss_diff, loss_bound);
+    EXPECT_EQ(row_loss.masked_select(scored.logical_not()).abs().sum().item<float>(), 0.0f)
+        << "unscored rows add no loss";
+    const torch::Tensor truth_in_dtype = truth_grad.to(torch::kFloat32).to(dtype);
+    ExpectClose(grad.to(torch::kFloat32), truth_in_dtype.to(torch::kFloat32), grad_rel,
+                "the logits' gradient");
+    EXPECT_EQ(grad.index({scored.logical_not()}).abs().sum().item<float>(), 0.0f)
+        << "unscored rows get zero gradients";
+  }
+}
+
+TEST(FusedCrossEntropyGradTest, MatchesCrossEntropyAndItsGradient) {
+  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+    ExpectCrossEntropyMatchesTruth(dtype, 5, 1037, {0, 1036, -100, 517, 3});
+    ExpectCrossEntropyMatchesTruth(dtype, 1, 37, {36});
+    ExpectCrossEntropyMatchesTruth(dtype, 0, 16, {});
+    ExpectCrossEntropyMatchesTruth(dtype, 2, 16, {-100, -100});
+  }
+}
+
+TEST(FusedCrossEntropyGradTest, ALabelOutsideTheVocabularyIsRefused) {
+  torch::Tensor logits = torch::randn({2, 16});
+  const torch::Tensor labels = torch::tensor({3, 16}, torch::kInt64);
+  try {
+    FusedCrossEntropyGrad(logits, labels, torch::full({}, 0.5f));
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("label 16 is outside the vocabulary"),
+              std::string::npos)
+        << e.what_without_backtrace();
   }
 }
 

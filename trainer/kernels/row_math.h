@@ -127,6 +127,19 @@ LLMCTL_HOST_DEVICE inline float RmsNormInputGrad(float x, float dn, float rstd, 
   return rstd * dn - rstd * rstd * rstd * x * dot_over_n;
 }
 
+// The cross-entropy of a row of logits x against its label t, with lse = log sum_j e^x_j formed
+// as max + log(sum_j e^(x_j - max)): the loss lse - x_t, and the gradient of `scale` times it,
+// scale (softmax(x)_j - [j = t]), per element. The row's maximum keeps every exponent <= 0.
+LLMCTL_HOST_DEVICE inline float RowLogSumExp(float row_max, float sum_exp) {
+  return row_max + logf(sum_exp);
+}
+LLMCTL_HOST_DEVICE inline float CrossEntropyLogitGrad(float x, float lse, float scale) {
+  return Exp(x - lse) * scale;  // j != t
+}
+LLMCTL_HOST_DEVICE inline float CrossEntropyTargetLogitGrad(float x, float lse, float scale) {
+  return (Exp(x - lse) - 1.0f) * scale;  // j = t
+}
+
 }  // namespace llmctl::kernels
 
 #endif  // LLMCTL_TRAINER_KERNELS_ROW_MATH_H_

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "trainer/kernels/fused_ops.h"
+
 namespace llmctl::trainer {
 namespace {
 
@@ -86,23 +88,10 @@ void PlainHeadChunks(ChunkedLoss& loss, const torch::Tensor& hidden,
   for (int64_t start = 0; start < tokens; start += loss.chunk_tokens) {
     const int64_t n = std::min(loss.chunk_tokens, tokens - start);
     const torch::Tensor chunk = hidden.narrow(0, start, n).to(compute);  // (n, C)
-    const torch::Tensor labels = next_labels.narrow(0, start, n);
-    const torch::Tensor scored = labels.ne(-100);
-    const torch::Tensor targets = labels.masked_fill(scored.logical_not(), 0).unsqueeze(1);
-    // (n, V) float32: the logits, then in place the softmax, then the loss' gradient.
-    torch::Tensor probs = torch::mm(chunk, compute_weight.t()).to(torch::kFloat32);
-    const torch::Tensor log_normalizer = probs.logsumexp(1, /*keepdim=*/true);  // (n, 1)
-    sum.add_(log_normalizer.squeeze(1)
-                 .sub(probs.gather(1, targets).squeeze(1))
-                 .masked_fill_(scored.logical_not(), 0)
-                 .sum());
-    // d(mean)/d(logits) = (softmax - one_hot(label)) / count, zero on unscored rows (also when
-    // none is scored and 1 / count is infinite, as cross_entropy's backward gives).
-    probs.sub_(log_normalizer).exp_();
-    probs.scatter_add_(1, targets, torch::full_like(targets, -1, probs.options()));
-    probs.mul_(torch::where(scored, inverse_count, torch::zeros_like(inverse_count)).unsqueeze(1));
-    const torch::Tensor grad_logits = probs.to(compute);  // (n, V)
-    probs = torch::Tensor();
+    // (n, V) in the compute dtype: the logits, then in place the loss' gradient.
+    torch::Tensor grad_logits = torch::mm(chunk, compute_weight.t());
+    sum.add_(
+        FusedCrossEntropyGrad(grad_logits, next_labels.narrow(0, start, n), inverse_count).sum());
     if (loss.grad_hidden.defined()) {
       torch::Tensor out = loss.grad_hidden.narrow(0, start, n);
       if (compute == out.scalar_type()) {
