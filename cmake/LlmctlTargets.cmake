@@ -43,17 +43,20 @@ function(llmctl_library name)
   endif()
 endfunction()
 
-# llmctl_test(NAME [TORCH] SOURCES ... DEPS ... [ENV k=v ...] [ONE_PROCESS])
+# llmctl_test(NAME [TORCH] [DEVICE] SOURCES ... DEPS ... [ENV k=v ...] [ONE_PROCESS])
 # Tests are discovered when ctest runs (not at build time), with a fixed thread count so results and
 # timings do not depend on the machine's core count. A GTEST_SKIP shows as "skipped" in ctest's summary.
 # ONE_PROCESS: one ctest test runs all of the binary's tests in one process, for suites that share an
 # expensive fixture (a real Keystone). A skip then marks the whole ctest test skipped, so such a suite's
-# tests must skip all together or not at all. TORCH: as for llmctl_library.
+# tests must skip all together or not at all. TORCH: as for llmctl_library. DEVICE: built in the
+# trainer-only configuration too, when it finds GoogleTest (deploy/gpu-check's kernels stage).
 function(llmctl_test name)
-  if(LLMCTL_TRAINER_ONLY)  # no GoogleTest there: the tests run in the full build
+  cmake_parse_arguments(ARG "ONE_PROCESS;TORCH;DEVICE" "" "SOURCES;DEPS;ENV" ${ARGN})
+  # The trainer-only build (a lent GPU machine's) has only the DEVICE tests, where GoogleTest is
+  # found; the others run in the full build.
+  if(LLMCTL_TRAINER_ONLY AND NOT (ARG_DEVICE AND GTest_FOUND))
     return()
   endif()
-  cmake_parse_arguments(ARG "ONE_PROCESS;TORCH" "" "SOURCES;DEPS;ENV" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
   llmctl_warnings(${name})

@@ -58,6 +58,8 @@ TEST(TrainerOnlyConfigurationTest, HasLlmTrainAndNoneOfTheOrchestratorsPackages)
       testing::RunShellCommand("cmake --build '" + build.string() + "' --target help");
   ASSERT_EQ(targets.exit_code, 0) << targets.out;
   EXPECT_NE(targets.out.find("\nllm-train: "), std::string::npos) << targets.out;
+  // GoogleTest is on this machine: the DEVICE tests (the kernels stage's) are built, no others.
+  EXPECT_NE(targets.out.find("\nfused_ops_test: "), std::string::npos) << targets.out;
   for (const char* absent :
        {"llmctld:", "llm-agent:", "llmctl_bin:", "trainer_test:", "quant_bench:"}) {
     EXPECT_EQ(targets.out.find(std::string("\n") + absent), std::string::npos) << absent;
@@ -65,7 +67,7 @@ TEST(TrainerOnlyConfigurationTest, HasLlmTrainAndNoneOfTheOrchestratorsPackages)
   // find_package leaves <Package>_DIR (or pkg-config's <PREFIX>_FOUND) in the cache when it is
   // called.
   const std::string cache = Read(build / "CMakeCache.txt");
-  for (const char* never_looked_for : {"GTest_DIR", "gRPC_DIR", "SQLITE3_FOUND", "CURL_FOUND"}) {
+  for (const char* never_looked_for : {"gRPC_DIR", "SQLITE3_FOUND", "CURL_FOUND"}) {
     EXPECT_EQ(CacheValue(cache, never_looked_for), "") << never_looked_for;
   }
   EXPECT_EQ(CacheValue(cache, "LLMCTL_TRAINER_ONLY"), "ON");
@@ -189,6 +191,36 @@ TEST(GpuCheckCommandTest, AnUnknownStageIsAUsageError) {
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_NE(run.out.find("gpu-check: unknown stage 'nosuch'"), std::string::npos) << run.out;
   fs::remove_all(out);
+}
+
+// The kernels stage runs the build's fused_ops_test on the stage's device, here the CPU instances
+// of the full build's binary, and records the stage; without the binary it says so and fails.
+TEST(GpuCheckCommandTest, TheKernelsStageRunsTheFusedOpsTestsOnItsDevice) {
+  const fs::path out = FreshDir("kernels");
+  const std::string command = "GPU_CHECK_BUILD_DIR='" + testing::BuildDir().string() + "' " +
+                              (SourceDir() / "deploy/gpu-check").string() + " --device cpu '" +
+                              out.string() + "' kernels";
+  const testing::CommandResult run = testing::RunShellCommand(command);
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const std::string report = Read(out / "kernels.txt");
+  EXPECT_NE(report.find("[       OK ] Devices/FusedOpsOn.CrossEntropyGradMatchesCrossEntropyAndIts"
+                        "Gradient/cpu"),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(report.find("/cuda"), std::string::npos) << "only the stage's device runs";
+  EXPECT_TRUE(fs::exists(out / "kernels.json"));
+  EXPECT_NE(Read(out / "stages.jsonl").find(R"("stage": "kernels", "status": "ok")"),
+            std::string::npos)
+      << Read(out / "stages.jsonl");
+
+  const fs::path missing = FreshDir("kernels-missing");
+  const testing::CommandResult absent = testing::RunShellCommand(
+      "GPU_CHECK_BUILD_DIR='" + missing.string() + "' " +
+      (SourceDir() / "deploy/gpu-check").string() + " --device cpu '" + out.string() + "' kernels");
+  EXPECT_EQ(absent.exit_code, 1) << absent.out;
+  EXPECT_NE(absent.out.find("fused_ops_test not built"), std::string::npos) << absent.out;
+  fs::remove_all(out);
+  fs::remove_all(missing);
 }
 
 }  // namespace

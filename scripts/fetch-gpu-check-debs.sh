@@ -8,8 +8,9 @@
 # What llm-train links besides LibTorch (the trainer-only configuration's find_package and
 # pkg_check_modules calls): yaml-cpp (library), PCRE2's 8-bit library (found with pkg-config, so pkgconf
 # comes too), libjpeg-turbo and libpng (BLIP-2's images; libpng's header includes zlib's),
-# nlohmann-json and CLI11 (headers only). Debian 12's binaries need glibc 2.36, which any
-# newer distribution (Ubuntu 24.04: 2.39) has. About 3.7 MB.
+# nlohmann-json and CLI11 (headers only); and GoogleTest (static libraries), for the fused kernels'
+# tests that the kernels stage runs on the GPU. Debian 12's binaries need glibc 2.36, which any
+# newer distribution (Ubuntu 24.04: 2.39) has. About 3.8 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(
@@ -19,6 +20,7 @@ packages=(
   nlohmann-json3-dev
   libcli11-dev
   pkgconf-bin libpkgconf3
+  libgtest-dev
 )
 # shellcheck source=/dev/null
 . /etc/os-release

@@ -1,7 +1,10 @@
 // The fused ops against the ATen composition transformers runs (kernels: aten), forward and both
 // gradients, on odd shapes (a width that is no multiple of a vector, one row, no rows) in fp32 and
 // bf16; a LLaMA step with each, on the demo model; and the chunked loss' cross-entropy gradient
-// against cross_entropy's in float64.
+// against cross_entropy's in float64. Every test runs on the CPU (the loops of cpu_kernels.cc) and
+// on CUDA (cuda_kernels.cu's kernels against ATen's CUDA ops), the same inputs drawn on the CPU;
+// the CUDA ones are skipped, and say so, where no CUDA device is visible (deploy/gpu-check's
+// kernels stage runs them on a GPU).
 #include "trainer/kernels/fused_ops.h"
 
 #include <gtest/gtest.h>
@@ -50,6 +53,17 @@ void ExpectClose(const torch::Tensor& a, const torch::Tensor& b, double rel,
       << what << ": largest difference " << diff << " of " << scale;
 }
 
+// The device a test runs its ops on: the CPU, or CUDA where one is visible.
+class FusedOpsOn : public ::testing::TestWithParam<torch::DeviceType> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == torch::kCUDA && !torch::cuda::is_available()) {
+      GTEST_SKIP() << "no CUDA device: the CUDA kernels are checked on a GPU machine";
+    }
+  }
+  torch::Device device() const { return torch::Device(GetParam()); }
+};
+
 // The shapes: (rows, width) as (B, T, C) with a width no vector divides, one row, no rows.
 const std::vector<std::vector<int64_t>> kShapes = {{2, 3, 37}, {1, 1, 64}, {0, 5, 16}};
 
@@ -65,16 +79,16 @@ torch::Tensor AtenRmsNorm(const std::vector<torch::Tensor>& in) {
 // operations; 64 C u covers both. In bf16 each side rounds the normalised value and the product
 // to bf16 (one ulp each: 2 u_bf16 relative), and the gradients' sums run over C fp32 terms of
 // bf16-rounded factors: 4 u_bf16 relative to the tensor's largest.
-TEST(FusedRmsNormTest, MatchesTheAtenCompositionAndItsGradients) {
+TEST_P(FusedOpsOn, RmsNormMatchesTheAtenCompositionAndItsGradients) {
   for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const std::vector<int64_t>& shape : kShapes) {
       const std::string what = std::string(c10::toString(dtype)) + " (" + std::to_string(shape[0]) +
                                ", " + std::to_string(shape[1]) + ", " + std::to_string(shape[2]) +
                                ")";
       torch::manual_seed(3);
-      const torch::Tensor x = torch::randn(shape).to(dtype);
-      const torch::Tensor w = (1.0 + 0.1 * torch::randn({shape[2]})).to(dtype);
-      const torch::Tensor dy = torch::randn(shape).to(dtype);
+      const torch::Tensor x = torch::randn(shape).to(device(), dtype);
+      const torch::Tensor w = (1.0 + 0.1 * torch::randn({shape[2]})).to(device(), dtype);
+      const torch::Tensor dy = torch::randn(shape).to(device(), dtype);
       const Outputs aten = RunOp(AtenRmsNorm, {x, w}, dy);
       const Outputs fused = RunOp(
           [](const std::vector<torch::Tensor>& in) { return FusedRmsNorm(in[0], in[1], 1e-6); },
@@ -93,16 +107,16 @@ using GluOp = torch::Tensor (*)(const torch::Tensor& gate, const torch::Tensor& 
 // A gated activation act(g) u, fused against its ATen composition, forward and both gradients, on
 // every shape in fp32 and bf16: gate values of `gate_scale` standard deviations, the bounds
 // relative to each tensor's largest element in units of fp32's and bf16's roundoff.
-void ExpectGluMatchesAten(GluOp aten_op, GluOp fused_op, double gate_scale, double fp32_units,
-                          double bf16_units) {
+void ExpectGluMatchesAten(torch::Device device, GluOp aten_op, GluOp fused_op, double gate_scale,
+                          double fp32_units, double bf16_units) {
   for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const std::vector<int64_t>& shape : kShapes) {
       const std::string what =
           std::string(c10::toString(dtype)) + " rows " + std::to_string(shape[0] * shape[1]);
       torch::manual_seed(4);
-      const torch::Tensor g = (gate_scale * torch::randn(shape)).to(dtype);
-      const torch::Tensor u = torch::randn(shape).to(dtype);
-      const torch::Tensor dh = torch::randn(shape).to(dtype);
+      const torch::Tensor g = (gate_scale * torch::randn(shape)).to(device, dtype);
+      const torch::Tensor u = torch::randn(shape).to(device, dtype);
+      const torch::Tensor dh = torch::randn(shape).to(device, dtype);
       const Outputs aten =
           RunOp([aten_op](const std::vector<torch::Tensor>& in) { return aten_op(in[0], in[1]); },
                 {g, u}, dh);
@@ -119,26 +133,27 @@ void ExpectGluMatchesAten(GluOp aten_op, GluOp fused_op, double gate_scale, doub
 
 // silu(g) u: in fp32 the two differ in exp's last bits (ATen's vectorised exp is within a few ulps)
 // and the products' rounding; in bf16 ATen rounds silu(g) to bf16 before the product.
-TEST(FusedSwiGluTest, MatchesTheAtenCompositionAndItsGradients) {
+TEST_P(FusedOpsOn, SwiGluMatchesTheAtenCompositionAndItsGradients) {
   ExpectGluMatchesAten(
-      [](const torch::Tensor& g, const torch::Tensor& u) { return torch::silu(g) * u; },
+      device(), [](const torch::Tensor& g, const torch::Tensor& u) { return torch::silu(g) * u; },
       FusedSwiGlu, /*gate_scale=*/3, /*fp32_units=*/32, /*bf16_units=*/4);
 }
 
 // linear(silu(g) u, W) as one node against FusedSwiGlu then the linear layer: the same product
 // (the same kernel), recomputed in backward for W's gradient, and the same matmuls; the bounds
-// are the product's (FusedSwiGluTest's) carried through a sum of I terms, relative to the largest.
-TEST(FusedSwiGluLinearTest, MatchesSwiGluThenTheLinearLayerAndItsGradients) {
+// are the product's (SwiGluMatchesTheAtenComposition's) carried through a sum of I terms, relative
+// to the largest.
+TEST_P(FusedOpsOn, SwiGluLinearMatchesSwiGluThenTheLinearLayerAndItsGradients) {
   for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const std::vector<int64_t>& shape : kShapes) {
       const std::string what =
           std::string(c10::toString(dtype)) + " rows " + std::to_string(shape[0] * shape[1]);
       torch::manual_seed(5);
       const int64_t out_features = 5;
-      const torch::Tensor g = (3 * torch::randn(shape)).to(dtype);
-      const torch::Tensor u = torch::randn(shape).to(dtype);
-      const torch::Tensor w = torch::randn({out_features, shape[2]}).to(dtype);
-      const torch::Tensor dy = torch::randn({shape[0], shape[1], out_features}).to(dtype);
+      const torch::Tensor g = (3 * torch::randn(shape)).to(device(), dtype);
+      const torch::Tensor u = torch::randn(shape).to(device(), dtype);
+      const torch::Tensor w = torch::randn({out_features, shape[2]}).to(device(), dtype);
+      const torch::Tensor dy = torch::randn({shape[0], shape[1], out_features}).to(device(), dtype);
       const Outputs composed = RunOp(
           [](const std::vector<torch::Tensor>& in) {
             return torch::nn::functional::linear(FusedSwiGlu(in[0], in[1]), in[2]);
@@ -163,27 +178,27 @@ TEST(FusedSwiGluLinearTest, MatchesSwiGluThenTheLinearLayerAndItsGradients) {
 // the tensor's largest (near saturation 1 + tanh(z) is tiny, but so is the product). In bf16 ATen
 // rounds every one of the seven intermediates (x^3, the sum, its scale, tanh, 1 + tanh, the halves)
 // to bf16, and its backward as many, where the fused op rounds once.
-TEST(FusedGeGluTest, MatchesTheAtenCompositionAndItsGradients) {
+TEST_P(FusedOpsOn, GeGluMatchesTheAtenCompositionAndItsGradients) {
   ExpectGluMatchesAten(
-      [](const torch::Tensor& g, const torch::Tensor& u) { return AtenGeluNew(g) * u; }, FusedGeGlu,
-      /*gate_scale=*/2, /*fp32_units=*/64, /*bf16_units=*/8);
+      device(), [](const torch::Tensor& g, const torch::Tensor& u) { return AtenGeluNew(g) * u; },
+      FusedGeGlu, /*gate_scale=*/2, /*fp32_units=*/64, /*bf16_units=*/8);
 }
 
 // x cos + rotate_half(x) sin over (B, T, H, D): in fp32 each output is x1 c - x2 s (or x2 c + x1
 // s), two products and one sum each rounded once on both sides (cpu_kernels.cc contracts no
 // multiply-add), so the same bits; bf16's ATen composition rounds the tables, both products and
 // the sum to bf16 (4 rounding steps of u_bf16 relative to the largest term).
-TEST(FusedRopeTest, MatchesTheAtenCompositionAndItsGradients) {
+TEST_P(FusedOpsOn, RopeMatchesTheAtenCompositionAndItsGradients) {
   ModelConfig config = *FindPreset("llmctl-demo");
   for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const int64_t batch : {2, 1, 0}) {
       const int64_t seq = 7;
       const int64_t heads = 3;
-      const RotaryTables rope = MakeRotaryTables(config, seq, torch::kCPU);
+      const RotaryTables rope = MakeRotaryTables(config, seq, device());
       const int64_t dim = config.head_dim;
       torch::manual_seed(5);
-      const torch::Tensor x = torch::randn({batch, seq, heads, dim}).to(dtype);
-      const torch::Tensor dy = torch::randn({batch, seq, heads, dim}).to(dtype);
+      const torch::Tensor x = torch::randn({batch, seq, heads, dim}).to(device(), dtype);
+      const torch::Tensor dy = torch::randn({batch, seq, heads, dim}).to(device(), dtype);
       const auto aten_rope = [&](const std::vector<torch::Tensor>& in) {
         const torch::Tensor t = in[0].transpose(1, 2);  // (B, H, T, D), as the ATen path runs it
         const int64_t half = dim / 2;
@@ -199,12 +214,15 @@ TEST(FusedRopeTest, MatchesTheAtenCompositionAndItsGradients) {
           {x}, dy);
       const std::string what =
           std::string(c10::toString(dtype)) + " batch " + std::to_string(batch);
-      if (dtype == torch::kFloat32) {
+      if (dtype == torch::kFloat32 && device().is_cpu()) {
         EXPECT_TRUE(torch::equal(fused.y, aten.y.contiguous())) << what;
         EXPECT_TRUE(torch::equal(fused.grads[0], aten.grads[0].contiguous())) << what;
       } else {
-        ExpectClose(fused.y, aten.y.contiguous(), 4 * kBf16Unit, what + " y");
-        ExpectClose(fused.grads[0], aten.grads[0].contiguous(), 4 * kBf16Unit, what + " dx");
+        // CUDA: nvcc and ATen's kernels may each contract a product and the sum into one
+        // multiply-add, one rounding fewer: within 2 u of the largest term.
+        const double rel = dtype == torch::kFloat32 ? 2 * kFp32Unit : 4 * kBf16Unit;
+        ExpectClose(fused.y, aten.y.contiguous(), rel, what + " y");
+        ExpectClose(fused.grads[0], aten.grads[0].contiguous(), rel, what + " dx");
       }
     }
   }
@@ -213,7 +231,7 @@ TEST(FusedRopeTest, MatchesTheAtenCompositionAndItsGradients) {
 // The demo model's loss and every parameter's gradient with each, in fp32 and bf16: the fused
 // block is the same function. fp32: the ops' differences above, through 4 layers, stay below
 // 1e-5 relative; bf16: within a few bf16 ulps of the loss, and of each gradient's largest element.
-TEST(FusedOpsTest, ADemoModelStepGivesTheAtenLossAndGradients) {
+TEST_P(FusedOpsOn, ADemoModelStepGivesTheAtenLossAndGradients) {
   const ModelConfig* preset = FindPreset("llmctl-demo");
   ASSERT_NE(preset, nullptr);
   for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
@@ -221,9 +239,10 @@ TEST(FusedOpsTest, ADemoModelStepGivesTheAtenLossAndGradients) {
       torch::manual_seed(7);
       LlamaForCausalLM model(*preset);
       model->InitializeRandom();
-      model->to(dtype);
+      model->to(device(), dtype);
       torch::manual_seed(8);
-      const torch::Tensor ids = torch::randint(0, preset->vocab_size, {2, 32}, torch::kInt64);
+      const torch::Tensor ids =
+          torch::randint(0, preset->vocab_size, {2, 32}, torch::kInt64).to(device());
       LlamaOptions options;
       options.kernels = kernels;
       const torch::Tensor loss = CausalLmLoss(model->Logits(model->Hidden(ids, options)), ids);
@@ -256,8 +275,8 @@ TEST(FusedOpsTest, ADemoModelStepGivesTheAtenLossAndGradients) {
 // lse's error above, x - lse's rounding (|x - lse| < 64 here) and exp's 2 ulp, relative:
 // (V + 64) u of the largest element. bf16 gradients are those values rounded once to bf16: one
 // bf16 unit more.
-void ExpectCrossEntropyMatchesTruth(torch::Dtype dtype, int64_t rows, int64_t vocab,
-                                    const std::vector<int64_t>& label_values) {
+void ExpectCrossEntropyMatchesTruth(torch::Device device, torch::Dtype dtype, int64_t rows,
+                                    int64_t vocab, const std::vector<int64_t>& label_values) {
   SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + std::to_string(rows) + " x " +
                std::to_string(vocab));
   torch::manual_seed(5);
@@ -283,9 +302,14 @@ void ExpectCrossEntropyMatchesTruth(torch::Dtype dtype, int64_t rows, int64_t vo
       static_cast<double>(vocab + 64) * u + (dtype == torch::kBFloat16 ? kBf16Unit : 0.0);
   for (const bool fused : {true, false}) {
     SCOPED_TRACE(fused ? "fused" : "aten");
-    torch::Tensor grad = logits.clone();
-    const torch::Tensor row_loss = fused ? FusedCrossEntropyGrad(grad, labels, inverse_count)
-                                         : AtenCrossEntropyGrad(grad, labels, inverse_count);
+    torch::Tensor grad = logits.clone().to(device);  // a copy: the gradient is formed in place
+    const torch::Tensor on_device_labels = labels.to(device);
+    const torch::Tensor on_device_inverse = inverse_count.to(device);
+    torch::Tensor row_loss = fused
+                                 ? FusedCrossEntropyGrad(grad, on_device_labels, on_device_inverse)
+                                 : AtenCrossEntropyGrad(grad, on_device_labels, on_device_inverse);
+    row_loss = row_loss.cpu();
+    grad = grad.cpu();
     ASSERT_EQ(row_loss.scalar_type(), torch::kFloat32);
     ASSERT_EQ(grad.scalar_type(), dtype);
     if (rows == 0) continue;
@@ -302,12 +326,12 @@ void ExpectCrossEntropyMatchesTruth(torch::Dtype dtype, int64_t rows, int64_t vo
   }
 }
 
-TEST(FusedCrossEntropyGradTest, MatchesCrossEntropyAndItsGradient) {
+TEST_P(FusedOpsOn, CrossEntropyGradMatchesCrossEntropyAndItsGradient) {
   for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
-    ExpectCrossEntropyMatchesTruth(dtype, 5, 1037, {0, 1036, -100, 517, 3});
-    ExpectCrossEntropyMatchesTruth(dtype, 1, 37, {36});
-    ExpectCrossEntropyMatchesTruth(dtype, 0, 16, {});
-    ExpectCrossEntropyMatchesTruth(dtype, 2, 16, {-100, -100});
+    ExpectCrossEntropyMatchesTruth(device(), dtype, 5, 1037, {0, 1036, -100, 517, 3});
+    ExpectCrossEntropyMatchesTruth(device(), dtype, 1, 37, {36});
+    ExpectCrossEntropyMatchesTruth(device(), dtype, 0, 16, {});
+    ExpectCrossEntropyMatchesTruth(device(), dtype, 2, 16, {-100, -100});
   }
 }
 
@@ -323,6 +347,11 @@ TEST(FusedCrossEntropyGradTest, ALabelOutsideTheVocabularyIsRefused) {
         << e.what_without_backtrace();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, FusedOpsOn, ::testing::Values(torch::kCPU, torch::kCUDA),
+                         [](const ::testing::TestParamInfo<torch::DeviceType>& info) {
+                           return std::string(info.param == torch::kCUDA ? "cuda" : "cpu");
+                         });
 
 }  // namespace
 }  // namespace llmctl::trainer
