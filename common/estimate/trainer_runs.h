@@ -84,13 +84,13 @@ Sets PeakRunSets(const std::filesystem::path& dir);
 // The highest allocated bytes of a run: its snapshots' and steps' high-water marks.
 uint64_t MeasuredPeak(const std::vector<nlohmann::json>& events);
 
-// How far an estimated peak may lie from the measured one, (predicted - measured) / measured: issue
-// 28's bound, never more than 2% under (an estimate under the peak says "fits" for a run that does
-// not) and at most 3% over.
 // The most a 16-bit matmul's oneDNN packing buffers take beside a CPU run's peak
 // (ExpectPeakWithin).
 inline constexpr uint64_t kCpuSixteenBitMatmulWorkspace = 512 * 1024;
 
+// How far an estimated peak may lie from the measured one, (predicted - measured) / measured: issue
+// 28's bound, never more than 2% under (an estimate under the peak says "fits" for a run that does
+// not) and at most 3% over.
 struct PeakBound {
   double under = 0.02;
   double over = 0.03;

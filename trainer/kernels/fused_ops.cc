@@ -3,6 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "trainer/data/dataset.h"  // kIgnoreIndex
 #include "trainer/kernels/cpu_kernels.h"
 
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
@@ -233,9 +234,6 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 };
 
-// Rows labelled this are not scored (cross_entropy's default ignore_index).
-constexpr int64_t kIgnoreLabel = -100;
-
 }  // namespace
 
 torch::Tensor AtenRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -311,7 +309,7 @@ torch::Tensor AtenCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& l
                                    const torch::Tensor& inverse_count) {
   // (n, V) float32: the logits, then in place the softmax, then the loss' gradient.
   torch::Tensor probs = logits.to(torch::kFloat32);
-  const torch::Tensor scored = labels.ne(kIgnoreLabel);
+  const torch::Tensor scored = labels.ne(data::kIgnoreIndex);
   const torch::Tensor targets = labels.masked_fill(scored.logical_not(), 0).unsqueeze(1);
   const torch::Tensor log_normalizer = probs.logsumexp(1, /*keepdim=*/true);  // (n, 1)
   torch::Tensor row_loss = log_normalizer.squeeze(1)
@@ -341,18 +339,18 @@ torch::Tensor FusedCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& 
     CheckLaunch(kernels::cuda::CrossEntropyGrad(
                     ElementOf(logits), logits.data_ptr(), row_labels.data_ptr<int64_t>(),
                     inverse_count.data_ptr<float>(), row_loss.data_ptr<float>(), rows, vocab,
-                    kIgnoreLabel, CurrentStream()),
+                    data::kIgnoreIndex, CurrentStream()),
                 "cross-entropy");
     return row_loss;
   }
 #endif
   const int64_t* label = row_labels.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(label[r] == kIgnoreLabel || (label[r] >= 0 && label[r] < vocab), "label ", label[r],
-                " is outside the vocabulary [0, ", vocab, ")");
+    TORCH_CHECK(label[r] == data::kIgnoreIndex || (label[r] >= 0 && label[r] < vocab), "label ",
+                label[r], " is outside the vocabulary [0, ", vocab, ")");
   }
-  kernels::cpu::CrossEntropyGrad(logits, row_labels, inverse_count.item<float>(), kIgnoreLabel,
-                                 row_loss);
+  kernels::cpu::CrossEntropyGrad(logits, row_labels, inverse_count.item<float>(),
+                                 data::kIgnoreIndex, row_loss);
   return row_loss;
 }
 
