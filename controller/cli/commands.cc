@@ -1,14 +1,9 @@
 #include "controller/cli/commands.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <limits>
@@ -20,10 +15,10 @@
 
 #include "common/atomic_file.h"
 #include "common/byte_size.h"
-#include "common/digest/verified_file.h"
 #include "common/experiment.h"
 #include "common/files.h"
 #include "common/text.h"
+#include "controller/cli/artifact_file.h"
 #include "controller/cli/calibration.h"
 #include "controller/cli/client.h"
 #include "controller/cli/daemons.h"
@@ -72,48 +67,6 @@ std::string FormatUnixTime(int64_t seconds) {
   std::strftime(buffer, sizeof buffer, "%Y-%m-%d %H:%M", &tm);
   return buffer;
 }
-
-// One artifact file as it arrives: written to "<path>.part", renamed to its name once its size and
-// sha256 check out, removed otherwise. Artifacts can be checkpoints of many GiB: nothing is held in
-// memory.
-class ArtifactFile {
- public:
-  static StatusOr<std::unique_ptr<ArtifactFile>> Begin(const fs::path& destination,
-                                                       const v1::ArtifactChunk& first) {
-    if (std::string problem = digest::RelativePathProblem(first.path()); !problem.empty()) {
-      return DataLossError(
-          "the controller sent an artifact path that is not a safe relative path: '" +
-          first.path() + "' (" + problem + ")");
-    }
-    const fs::path target = destination / first.path();
-    std::error_code error;
-    fs::create_directories(target.parent_path(), error);
-    if (error) {
-      return FailedPreconditionError(target.parent_path().string() + ": " + error.message());
-    }
-    const fs::path part = target.string() + ".part";
-    const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return FailedPreconditionError(part.string() + ": " + std::strerror(errno));
-    return std::unique_ptr<ArtifactFile>(
-        new ArtifactFile(first.path(), first.size(),
-                         std::make_unique<digest::VerifiedFileWriter>(first.path(), fd, part,
-                                                                      target, first.size())));
-  }
-
-  Status Append(std::string_view data) { return writer_->Append(data); }
-  Status Finish(const std::string& expected_sha256) { return writer_->Commit(expected_sha256); }
-
-  const std::string& path() const { return path_; }
-  int64_t size() const { return size_; }
-
- private:
-  ArtifactFile(std::string path, int64_t size, std::unique_ptr<digest::VerifiedFileWriter> writer)
-      : path_(std::move(path)), size_(size), writer_(std::move(writer)) {}
-
-  const std::string path_;  // as the controller named it
-  const int64_t size_;
-  const std::unique_ptr<digest::VerifiedFileWriter> writer_;
-};
 
 class Llmctl {
  public:
