@@ -21,8 +21,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A sweep that multiplies into more trials than this is almost certainly a mistake (and would flood
-// the scheduler); the message says how many it would make.
+// An experiment of more trials than this, listed or swept, is almost certainly a mistake (and would
+// flood the scheduler and the store): the file is refused, saying so.
 constexpr size_t kMaxTrials = 1000;
 
 constexpr std::string_view kTopLevelFields[] = {"name", "description", "target", "trials", "sweep"};
@@ -580,6 +580,12 @@ class ExperimentParser {
       ASSIGN_OR_RETURN(TrialSpec trial, ParseTrial(item, index));
       auto [previous, inserted] = names.emplace(trial.name, trial.item_mark);
       if (!inserted) {
+    // Before any trial is parsed: a 4 MiB file lists some 200,000 one-line trials.
+    if (node.size() > kMaxTrials) {
+      return ErrorAt(key_mark, "trials: the list has " + std::to_string(node.size()) +
+                                   " trials, more than " + std::to_string(kMaxTrials) +
+                                   "; split the experiment");
+    }
         return ErrorAt(trial.item_mark, "duplicate trial name '" + trial.name +
                                             "' (first at line " +
                                             std::to_string(previous->second.line + 1) +

@@ -247,6 +247,29 @@ TEST(ParseExperimentTest, LongSweepListsAreRefusedBeforeTheirValuesAreCompared) 
             "fewer values");
 }
 
+// Issue 37: sweeps were capped at 1,000 trials, a plain list was not (5,000 were accepted).
+TEST(ParseExperimentTest, ListsOfMoreTrialsThanASweepMayMakeAreRefused) {
+  auto listing = [](int count) {
+    std::string yaml = "data: {path: t.jsonl}\ntrials:\n";
+    for (int i = 0; i < count; ++i) yaml += "  - name: t" + std::to_string(i) + "\n";
+    return yaml;
+  };
+  EXPECT_EQ(MustParse(listing(1000)).trials.size(), 1000u);
+  EXPECT_EQ(ParseError(listing(5000)),
+            "exp.yaml:2:1: trials: the list has 5000 trials, more than 1000; split the experiment");
+  // With a sweep, listed x swept counts, as before.
+  EXPECT_NE(ParseError(listing(500) + "sweep:\n  seed: [1, 2, 3]\n")
+                .find("the sweep makes more than 1000 trials"),
+            std::string::npos);
+}
+
+// Issue 37: `llmctl estimate` died of SIGFPE on this file (micro x devices x nodes wrapped to 0).
+TEST(ParseExperimentTest, CountsPastTheirBoundAreRefusedAtTheirValue) {
+  EXPECT_EQ(ParseError("data: {path: t.jsonl}\ndevices: 4294967296\ntrain: {micro_batch_size: "
+                       "4294967296, global_batch_size: 4294967296}\n"),
+            "exp.yaml:2:10: devices: 4294967296 is more than 4096, the most llmctl takes");
+}
+
 TEST(ParseExperimentTest, NullClearsAKeyWithoutDefault) {
   const Experiment experiment = MustParse(R"(
 data: {path: t.jsonl}

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "common/byte_size.h"
+#include "common/checked_math.h"
 #include "common/spelling.h"
 #include "common/text.h"
 
@@ -330,6 +331,10 @@ Status TrialConfig::Set(std::string_view key, KeyValue value) {
       break;
     case KeyType::kInt:
       if (!std::holds_alternative<int64_t>(value)) return ValueError(*spec, "expected an integer");
+      if (std::get<int64_t>(value) > spec->max_int) {
+        return ValueError(*spec, std::to_string(std::get<int64_t>(value)) + " is more than " +
+                                     std::to_string(spec->max_int) + ", the most llmctl takes");
+      }
       break;
     case KeyType::kFloat:
       if (std::holds_alternative<int64_t>(value)) {
@@ -508,7 +513,8 @@ bool UsesSwiGluLinear(const TrialConfig& config, const ModelConfig& model) {
 int64_t DataParallelRanks(const TrialConfig& config) {
   const std::string strategy = config.GetString("strategy");
   if (strategy != "ddp" && strategy != "fsdp") return 1;
-  return config.GetInt("devices") * config.GetInt("nodes");
+  // Each key is bounded (trial_keys.cc), so the product fits; saturating keeps it so regardless.
+  return SaturatingMul(config.GetInt("devices"), config.GetInt("nodes"));
 }
 
 void ApplyLabSpellings(TrialConfig& config) {

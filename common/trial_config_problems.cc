@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checked_math.h"
 #include "common/model_config.h"
 #include "common/trial_config.h"
 
@@ -37,7 +38,7 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
   // offload: full is the shards' offload: there are shards only under fsdp over several ranks.
   if (config.GetString("offload") == "full" &&
       (config.GetString("strategy") != "fsdp" ||
-       config.GetInt("devices") * config.GetInt("nodes") < 2)) {
+       (config.GetInt("devices") < 2 && config.GetInt("nodes") < 2))) {
     return Problem({"offload", "strategy"},
                    "offload: full keeps fsdp's parameter shards, their gradients and AdamW's state "
                    "in host memory, so it needs strategy: fsdp over 2 or more devices; on one "
@@ -103,6 +104,7 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
     const int64_t micro = config.GetInt("train.micro_batch_size");
     const int64_t global = config.GetInt("train.global_batch_size");
     const int64_t devices = config.GetInt("devices");
+    // FindConfigProblem has checked micro x devices x nodes for overflow before this runs.
     if (global != micro * devices) {
       return Problem(
           {"optimizer_in_backward", "train.global_batch_size"},
@@ -211,9 +213,15 @@ std::optional<ConfigProblem> FindProfileProblem(const TrialConfig& config) {
   }
   const int64_t first = config.GetInt("profile.first_step");
   const int64_t max_steps = config.GetInt("train.max_steps");
-  if (max_steps > 0 && first + steps > max_steps) {
+  // Both are at least 0 here (FindConfigProblem checks them first); their sum may not fit.
+  const std::optional<int64_t> end = CheckedAdd(first, steps);
+  if (!end) {
+    return Problem({"profile.first_step", "profile.steps"},
+                   "profile.first_step + profile.steps overflows: profile fewer or earlier steps");
+  }
+  if (max_steps > 0 && *end > max_steps) {
     return Problem({"profile.first_step", "profile.steps", "train.max_steps"},
-                   "profile: steps " + Str(first) + " to " + Str(first + steps - 1) +
+                   "profile: steps " + Str(first) + " to " + Str(*end - 1) +
                        " are profiled, but train.max_steps " + Str(max_steps) +
                        " ends the run after step " + Str(max_steps - 1));
   }
@@ -326,8 +334,15 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
   const int64_t micro = config.GetInt("train.micro_batch_size");
   const int64_t global = config.GetInt("train.global_batch_size");
   const int64_t devices = config.GetInt("devices");
-  // Every rank on every node takes micro-batches.
-  const int64_t per_pass = micro * devices * nodes;
+  // Every rank on every node takes micro-batches. Each is at least 1 here; the product may not fit
+  // (it would wrap, possibly to 0, and the modulo below would then divide by it).
+  const std::optional<int64_t> checked_per_pass = CheckedProduct({micro, devices, nodes});
+  if (!checked_per_pass) {
+    return Problem({"train.micro_batch_size", "devices", "nodes"},
+                   "train.micro_batch_size x devices x nodes overflows: " + Str(micro) + " x " +
+                       Str(devices) + " x " + Str(nodes) + " examples per pass is not a size");
+  }
+  const int64_t per_pass = *checked_per_pass;
   if (global % per_pass != 0) {
     std::vector<std::string> keys = {"train.global_batch_size", "train.micro_batch_size"};
     if (devices > 1) keys.push_back("devices");

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <nlohmann/json.hpp>
+
 namespace llmctl {
 namespace {
 
@@ -414,6 +417,49 @@ TEST(ValidateTrialConfigTest, PositiveSizesAndCounts) {
     EXPECT_EQ(message.rfind(std::string(key), 0), 0u) << key << ": " << message;
     EXPECT_EQ(ProblemKeys(config).front(), key);
   }
+}
+
+// Reproduced from issue 37: 2^32 for each of micro-batch, devices and global batch made
+// micro x devices x nodes wrap to 0, and the multiple-of check's `global % 0` killed the process
+// (SIGFPE: `llmctl estimate` exited 136, and llmctld's Submit runs the same check). The counts are
+// bounded where a value enters a config, by every route: text (files, --set) and JSON (the store,
+// the agent's trial file).
+TEST(ValidateTrialConfigTest, CountsPastTheirBoundAreRefusedWhereTheyEnter) {
+  TrialConfig config = Valid();
+  EXPECT_EQ(config.SetFromText("devices", "4294967296").message(),
+            "devices: 4294967296 is more than 4096, the most llmctl takes");
+  EXPECT_EQ(config.SetFromText("train.micro_batch_size", "4294967296").message(),
+            "train.micro_batch_size: 4294967296 is more than 1048576, the most llmctl takes");
+  EXPECT_EQ(config.Set("train.global_batch_size", int64_t{4294967296}).message(),
+            "train.global_batch_size: 4294967296 is more than 1073741824, the most llmctl takes");
+  EXPECT_FALSE(TrialConfig::FromJson(nlohmann::json::parse(
+                                         R"({"data": {"path": "t.jsonl"}, "devices": 4294967296,
+                                             "train": {"micro_batch_size": 4294967296}})"))
+                   .ok());
+  // At the bounds, the products fit and the check answers.
+  ASSERT_TRUE(config.SetFromText("devices", "4096").ok());
+  ASSERT_TRUE(config.SetFromText("nodes", "65536").ok());
+  ASSERT_TRUE(config.SetFromText("strategy", "ddp").ok());
+  ASSERT_TRUE(config.SetFromText("train.micro_batch_size", "1048576").ok());
+  ASSERT_TRUE(config.SetFromText("train.global_batch_size", "1073741824").ok());
+  EXPECT_EQ(ProblemKeys(config),
+            (std::vector<std::string>{"train.global_batch_size", "train.micro_batch_size",
+                                      "devices", "nodes"}));
+}
+
+// Every integer key with a bound takes the bound and refuses one more, whose message names the key.
+TEST(ValidateTrialConfigTest, EveryBoundedIntegerKeyTakesItsBoundAndNoMore) {
+  int bounded = 0;
+  for (const KeySpec& spec : TrialKeys()) {
+    if (spec.type != KeyType::kInt || spec.max_int == std::numeric_limits<int64_t>::max()) continue;
+    ++bounded;
+    TrialConfig config;
+    EXPECT_TRUE(config.Set(spec.name, spec.max_int).ok()) << spec.name;
+    const Status refused = config.Set(spec.name, spec.max_int + 1);
+    EXPECT_EQ(refused.message().rfind(std::string(spec.name) + ": ", 0), 0u) << refused.message();
+    EXPECT_EQ(config.GetInt(spec.name), spec.max_int) << "a refused set leaves the value alone";
+  }
+  EXPECT_EQ(bounded, 15);
 }
 
 TEST(ValidateTrialConfigTest, ProfileKeys) {

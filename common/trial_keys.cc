@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <utility>
 
 #include "common/spelling.h"
@@ -63,38 +65,55 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        K::kInt,
        "0",
        {},
-       "Use the first N records of the data (0 = all); the labs' num_train_samples"},
+       "Use the first N records of the data (0 = all); the labs' num_train_samples",
+       {},
+       int64_t{1} << 40},
       {"data.max_seq_length",
        K::kInt,
        "512",
        {},
        "Truncate every example to this many tokens; at most the model's max_position_embeddings "
        "(BLIP-2: the caption's tokens, BOS included, as the labs' tokenizer max_length 50 counts "
-       "them; the image's query positions come on top)"},
+       "them; the image's query positions come on top)",
+       {},
+       int64_t{1} << 24},
       {"train.micro_batch_size",
        K::kInt,
        "1",
        {},
-       "Examples per forward/backward pass on each device"},
+       "Examples per forward/backward pass on each device",
+       {},
+       int64_t{1} << 20},
       {"train.global_batch_size",
        K::kInt,
        "",
        {},
        "Examples per optimizer step; a multiple of micro_batch_size x devices x nodes (the rest "
        "is gradient accumulation)",
-       "train.micro_batch_size"},
+       "train.micro_batch_size",
+       int64_t{1} << 30},
       {"train.lr", K::kFloat, "2e-4", {}, "Peak learning rate"},
       {"train.warmup_steps",
        K::kInt,
        "0",
        {},
-       "Optimizer steps of linear learning-rate warmup from 0"},
+       "Optimizer steps of linear learning-rate warmup from 0",
+       {},
+       int64_t{1} << 32},
       {"train.max_steps",
        K::kInt,
        "0",
        {},
-       "Stop after this many optimizer steps (0 = as many as train.epochs take)"},
-      {"train.epochs", K::kInt, "1", {}, "Passes over the data when train.max_steps is 0"},
+       "Stop after this many optimizer steps (0 = as many as train.epochs take)",
+       {},
+       int64_t{1} << 32},
+      {"train.epochs",
+       K::kInt,
+       "1",
+       {},
+       "Passes over the data when train.max_steps is 0",
+       {},
+       int64_t{1} << 20},
       {"train.betas", K::kFloatList, "[0.9, 0.95]", {}, "AdamW's beta1 and beta2"},
       {"train.eps", K::kFloat, "1e-8", {}, "AdamW's epsilon"},
       {"train.weight_decay", K::kFloat, "0.0", {}, "Decoupled weight decay"},
@@ -170,7 +189,7 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "none: train every weight; lora: frozen base + low-rank adapters (Hugging Face PEFT); "
        "qlora: "
        "the same over NF4-quantised base weights (bitsandbytes)"},
-      {"peft.r", K::kInt, "8", {}, "LoRA rank"},
+      {"peft.r", K::kInt, "8", {}, "LoRA rank", {}, int64_t{1} << 16},
       {"peft.alpha", K::kFloat, "8", {}, "LoRA alpha; adapters are scaled by alpha / r"},
       {"peft.dropout", K::kFloat, "0.0", {}, "Dropout on the adapters' input (not the base path)"},
       {"peft.targets",
@@ -213,7 +232,13 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        {},
        "Recompute each decoder layer's activations in backward instead of keeping them"},
       {"device", K::kEnum, "cpu", {"cpu", "cuda"}, "Where training runs"},
-      {"devices", K::kInt, "1", {}, "Number of devices (one worker process each)"},
+      {"devices",
+       K::kInt,
+       "1",
+       {},
+       "Number of devices (one worker process each)",
+       {},
+       int64_t{1} << 12},
       {"nodes",
        K::kInt,
        "1",
@@ -221,7 +246,9 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "Number of nodes the trial spans, each with `devices` devices (Lightning's num_nodes x "
        "devices: nodes x devices ranks); more than 1 only with strategy ddp or fsdp. The "
        "controller places it on that many agents at once and starts node rank 0 first, whose "
-       "host serves the ranks' rendezvous"},
+       "host serves the ranks' rendezvous",
+       {},
+       int64_t{1} << 16},
       {"ddp.bucket_size",
        K::kByteSize,
        "25MiB",
@@ -247,26 +274,38 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        K::kInt,
        "50",
        {},
-       "Memory snapshots at steps 0 and 1, then every N optimizer steps (0 = steps 0 and 1 only)"},
+       "Memory snapshots at steps 0 and 1, then every N optimizer steps (0 = steps 0 and 1 only)",
+       {},
+       int64_t{1} << 32},
       {"profile.steps",
        K::kInt,
        "0",
        {},
        "Profile this many optimizer steps from profile.first_step (0 = none): a Kineto trace "
        "(output_dir/profile/trace-steps-A-B.json, for ui.perfetto.dev) and the allocator's "
-       "history (memory-steps-A-B.pickle, for pytorch.org/memory_viz)"},
+       "history (memory-steps-A-B.pickle, for pytorch.org/memory_viz)",
+       {},
+       int64_t{1} << 32},
       {"profile.first_step",
        K::kInt,
        "2",
        {},
        "The first profiled step (counted from 0); the default skips the first steps' one-time "
-       "work (optimizer state creation, kernel warm-up)"},
+       "work (optimizer state creation, kernel warm-up)",
+       {},
+       int64_t{1} << 32},
       {"profile.memory_history",
        K::kBool,
        "true",
        {},
        "Record the allocator's history of the profiled steps (memory-steps-A-B.pickle)"},
-      {"log_every", K::kInt, "1", {}, "Log loss and throughput every N optimizer steps"},
+      {"log_every",
+       K::kInt,
+       "1",
+       {},
+       "Log loss and throughput every N optimizer steps",
+       {},
+       int64_t{1} << 32},
       {"output_dir",
        K::kPath,
        "",
@@ -276,7 +315,9 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        K::kInt,
        "0",
        {},
-       "Save a checkpoint every N optimizer steps (0 = never)"},
+       "Save a checkpoint every N optimizer steps (0 = never)",
+       {},
+       int64_t{1} << 32},
   };
 }
 
@@ -481,6 +522,9 @@ std::string TrialKeysMarkdownTable() {
       allowed_cell.append(code(value));
     }
     const std::string_view type_name =
+    if (spec.type == KeyType::kInt && spec.max_int != std::numeric_limits<int64_t>::max()) {
+      allowed_cell.append("at most ").append(std::to_string(spec.max_int));
+    }
         spec.type == KeyType::kEnum ? "enum" : KeyTypeName(spec.type);
     table.append("| ")
         .append(code(spec.name))

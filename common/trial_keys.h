@@ -8,6 +8,8 @@
 #ifndef LLMCTL_COMMON_TRIAL_KEYS_H_
 #define LLMCTL_COMMON_TRIAL_KEYS_H_
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,6 +40,10 @@ struct KeySpec {
   // For a key without default_value: another key whose value it takes while unset
   // (train.global_batch_size defaults to train.micro_batch_size, i.e. no gradient accumulation).
   std::string_view default_from = {};
+  // kInt only: the largest value taken (TrialConfig::Set refuses more). The bounds are far past any
+  // real run, and keep the products the checks and estimates form of these keys (micro-batch x
+  // devices x nodes, global batch x sequence length, ...) well inside int64_t.
+  int64_t max_int = std::numeric_limits<int64_t>::max();
 };
 
 // Every key, in documentation order (groups kept together).

@@ -169,6 +169,21 @@ TEST_F(EstimateTest, DeviceMemoryOptionTakesASizeOrAGpu) {
   EXPECT_NE(err_.str().find("got 'a100'"), std::string::npos) << err_.str();
 }
 
+// Issue 37: this file killed `llmctl estimate` with SIGFPE (exit 136): micro x devices x nodes
+// wrapped to 0 before the multiple-of check divided by it.
+TEST_F(EstimateTest, CountsThatOverflowTheirProductAreRefusedWithExitTwo) {
+  const std::string file =
+      Write("huge.yaml",
+            "data: {path: t.jsonl}\ndevices: 4294967296\n"
+            "train: {micro_batch_size: 4294967296, global_batch_size: 4294967296}\n");
+  EXPECT_EQ(Llmctl({file}), kExitInvalidInput);
+  EXPECT_EQ(out_.str(), "");
+  EXPECT_NE(err_.str().find("huge.yaml:2:10: devices: 4294967296 is more than 4096, the most "
+                            "llmctl takes"),
+            std::string::npos)
+      << err_.str();
+}
+
 TEST_F(EstimateTest, FitFindsTheLargestMicroBatchAndTheGlobalBatchItImplies) {
   ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--trial", "reduced-batch", "--fit",
                     "--format", "json"}),
