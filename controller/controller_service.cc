@@ -400,17 +400,19 @@ grpc::Status ControllerService::Report(grpc::ServerContext*,
                                    /*allow_exceptions=*/false);
         if (p.is_object()) {
           v1::TrialPrediction* prediction = row->mutable_prediction();
-          prediction->set_peak_bytes(p.value("peak_bytes", int64_t{0}));
-          prediction->set_activation_bytes(p.value("activation_bytes", int64_t{0}));
-          prediction->set_model_state_bytes(p.value("model_state_bytes", int64_t{0}));
-          prediction->set_peak_phase(p.value("peak_phase", ""));
-          prediction->set_device_memory_bytes(p.value("device_memory_bytes", int64_t{0}));
-          prediction->set_verdict(p.value("verdict", ""));
-          prediction->set_step_seconds(p.value("step_seconds", 0.0));
-          prediction->set_tokens_per_second(p.value("tokens_per_second", 0.0));
-          prediction->set_trial_seconds(p.value("trial_seconds", 0.0));
-          prediction->set_time_device(p.value("time_device", ""));
-          prediction->set_calibration(p.value("calibration", ""));
+          // Field by field, each of the wrong type (a null where an older controller stored a
+          // non-finite number) read as absent: one trial's odd value must not fail the report.
+          prediction->set_peak_bytes(IntField(p, "peak_bytes"));
+          prediction->set_activation_bytes(IntField(p, "activation_bytes"));
+          prediction->set_model_state_bytes(IntField(p, "model_state_bytes"));
+          prediction->set_peak_phase(StringField(p, "peak_phase"));
+          prediction->set_device_memory_bytes(IntField(p, "device_memory_bytes"));
+          prediction->set_verdict(StringField(p, "verdict"));
+          prediction->set_step_seconds(NumberField(p, "step_seconds"));
+          prediction->set_tokens_per_second(NumberField(p, "tokens_per_second"));
+          prediction->set_trial_seconds(NumberField(p, "trial_seconds"));
+          prediction->set_time_device(StringField(p, "time_device"));
+          prediction->set_calibration(StringField(p, "calibration"));
         }
       }
       row->set_outcome(std::string(store::TrialStateName(trial.state)));

@@ -3,15 +3,18 @@
 #include "controller/controller_service.h"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <tuple>
 
 #include "common/digest/digest.h"
+#include "common/estimate/step_work.h"
 #include "common/files.h"
 #include "controller/daemon.h"
 
@@ -401,6 +404,59 @@ TEST_F(ControllerServiceTest, CancellingQueuedTrialsEndsTheExperimentAndItsWatch
   EXPECT_EQ(report.trials(0).attempt(), 0);
   EXPECT_FALSE(report.trials(0).has_final_loss());
   EXPECT_FALSE(report.trials(0).config_json().empty());
+}
+
+// Issue 37: an infinite predicted time was stored (JSON writes it as null), and every Report of its
+// experiment then failed with INTERNAL. Submit now refuses a non-finite prediction, and Report
+// reads a stored null (from before) as no value.
+TEST_F(ControllerServiceTest, NonFinitePredictionsAreRefusedAndAStoredNullReportsAsAbsent) {
+  estimate::StepWork work;
+  work.tokens = work.micro_batches = work.world_size = work.nodes = 1;
+  v1::SubmitRequest request;
+  request.set_filename("tiny.yaml");
+  request.set_yaml_text(std::string(kExperiment));
+  v1::TrialPrediction& prediction = (*request.mutable_predictions())["a"];
+  prediction.set_peak_bytes(1024);
+  prediction.set_step_seconds(std::numeric_limits<double>::infinity());
+  prediction.set_tokens_per_second(1);
+  prediction.set_trial_seconds(1);
+  prediction.set_work_json(work.ToJson().dump());
+  v1::SubmitResponse submitted;
+  {
+    grpc::ClientContext context;
+    const grpc::Status refused = stub_->Submit(&context, request, &submitted);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(refused.error_message(),
+              "tiny.yaml: prediction of trial 'a': step_seconds must be a finite non-negative "
+              "number");
+  }
+  prediction.set_step_seconds(2);
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->Submit(&context, request, &submitted).ok());
+  }
+  // What an earlier controller stored for an infinite time and throughput.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((root_ + "/data/llmctl.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "UPDATE trials SET prediction_json = '{\"peak_bytes\":1024,"
+                         "\"step_seconds\":null,\"tokens_per_second\":null,\"verdict\":null}' "
+                         "WHERE name = 'a'",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  EXPECT_EQ(sqlite3_changes(db), 1);
+  sqlite3_close(db);
+
+  grpc::ClientContext context;
+  v1::GetExperimentRequest report_request;
+  report_request.set_experiment_id(submitted.experiment_id());
+  v1::ReportResponse report;
+  const grpc::Status reported = stub_->Report(&context, report_request, &report);
+  ASSERT_TRUE(reported.ok()) << reported.error_message();
+  ASSERT_EQ(report.trials_size(), 2);
+  EXPECT_EQ(report.trials(0).prediction().peak_bytes(), 1024);
+  EXPECT_EQ(report.trials(0).prediction().step_seconds(), 0);
+  EXPECT_EQ(report.trials(0).prediction().verdict(), "");
 }
 
 // The report's memory over time is what the store holds: each snapshot of the run's attempts with

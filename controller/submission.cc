@@ -1,6 +1,7 @@
 #include "controller/submission.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/digest/digest.h"
 #include "common/estimate/step_time.h"
@@ -75,8 +76,10 @@ Status AttachPredictions(const std::map<std::string, nlohmann::json>& prediction
     }
     if (prediction.contains("step_seconds")) {
       for (const char* key : {"step_seconds", "tokens_per_second", "trial_seconds"}) {
-        if (!prediction[key].is_number() || !(prediction[key].get<double>() >= 0)) {
-          return InvalidArgumentError(where + ": " + key + " must be a non-negative number");
+        // JSON has no infinity or NaN: stored, either would read back as null.
+        if (!prediction[key].is_number() || !std::isfinite(prediction[key].get<double>()) ||
+            !(prediction[key].get<double>() >= 0)) {
+          return InvalidArgumentError(where + ": " + key + " must be a finite non-negative number");
         }
       }
       StatusOr<estimate::StepWork> work = estimate::StepWork::FromJson(prediction["work"]);

@@ -133,9 +133,12 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
         std::pair{"host_link_bytes", &w.host_link_bytes},
         std::pair{"interconnect_bytes", &w.interconnect_bytes},
         std::pair{"network_bytes", &w.network_bytes}, std::pair{"model_bytes", &w.model_bytes}}) {
-    if (!j.contains(key) || !j[key].is_number() || !(j[key].get<double>() >= 0)) {
+    // A non-finite number has no JSON form (it is written as null), so a work that holds one
+    // could not be stored and read back.
+    if (!j.contains(key) || !j[key].is_number() || !std::isfinite(j[key].get<double>()) ||
+        !(j[key].get<double>() >= 0)) {
       return InvalidArgumentError(std::string("step work: ") + key +
-                                  " must be a non-negative number");
+                                  " must be a finite non-negative number");
     }
     *field = j[key].get<double>();
   }

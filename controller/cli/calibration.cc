@@ -15,7 +15,11 @@ StoredCalibrations StoredCalibrations::FromRuns(const std::vector<store::TimedRu
     // Trials submitted before predictions had a time, or without one (a GPU the table lacks).
     if (!prediction.is_object() || !prediction.contains("work")) continue;
     StatusOr<estimate::StepWork> work = estimate::StepWork::FromJson(prediction["work"]);
-    const std::string device = prediction.value("time_device", "");
+    // A stored null (or any non-string) is no device: value() would throw on it.
+    const auto time_device = prediction.find("time_device");
+    const std::string device = time_device != prediction.end() && time_device->is_string()
+                                   ? time_device->get<std::string>()
+                                   : "";
     if (!work.ok() || device.empty() || run.seconds_per_token.empty()) continue;
     // The median step: robust to a step slowed by something else on the machine.
     std::vector<double> steps = run.seconds_per_token;

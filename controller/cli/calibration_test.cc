@@ -39,7 +39,14 @@ TEST(StoredCalibrationsTest, EachDeviceIsCalibratedFromItsOwnRuns) {
        StoredRun(Work(estimate::MatmulClass::kBf16), cpu, 1.5),
        // Not calibration material: no work stored with it, or a broken prediction.
        {.prediction_json = R"({"peak_bytes":1,"time_device":"cpu"})", .seconds_per_token = {1}},
-       {.prediction_json = "not json", .seconds_per_token = {1}}},
+       {.prediction_json = "not json", .seconds_per_token = {1}},
+       // Issue 37: a non-finite number was stored as null; reading one threw.
+       {.prediction_json = R"({"peak_bytes":1,"time_device":null,"work":{}})",
+        .seconds_per_token = {1}},
+       {.prediction_json = nlohmann::json{{"time_device", "cpu"},
+                                          {"work", nlohmann::json{{"matmul_flops", nullptr}}}}
+                               .dump(),
+        .seconds_per_token = {1}}},
       "the local store (test)");
   const estimate::Calibration c = calibrations.For(cpu, estimate::ModelFamily::kLlama);
   EXPECT_DOUBLE_EQ(c.fp32_factor, 3.0);  // the median of 2 and 4

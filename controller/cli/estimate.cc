@@ -205,8 +205,21 @@ Status AddTime(const Experiment& experiment, const EstimateOptions& options,
   const estimate::Calibration calibration =
       options.calibrate ? options.calibrate(*speed, counted->family)
                         : estimate::DefaultCalibration(*speed, counted->family);
-  result.time =
+  estimate::TimeEstimate time =
       estimate::EstimateTime(*counted, *speed, calibration, trial.config.GetInt("train.max_steps"));
+  // A model directory's config.json may state any size: the step's work and time can then pass
+  // what a double holds. JSON has no infinity (it would be stored as null), so such a time is left
+  // out, saying why, as the controller would refuse it.
+  const bool finite = estimate::StepWork::FromJson(counted->ToJson()).ok() &&
+                      std::isfinite(time.step_seconds) && time.step_seconds > 0 &&
+                      std::isfinite(time.tokens_per_second) && std::isfinite(time.trial_seconds);
+  if (!finite) {
+    result.time_reason =
+        "its step's work is past what the time estimate counts (not a finite number of seconds): "
+        "check the model's sizes";
+    return Status::Ok();
+  }
+  result.time = std::move(time);
   result.work = *counted;
   result.time_device = speed->name;
   result.calibration = calibration.source;
