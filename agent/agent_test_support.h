@@ -217,7 +217,8 @@ class AgentTest : public ::testing::Test {
   // it plays llm-train's launcher and both ranks: every event also goes to rank 1's
   // events.rank1.jsonl (with "rank":1), and seeds 500+C end with rank 1 failing first with exit
   // code C, 600+N with rank 1 killed by signal N, as the launcher records them in --ranks-file (the
-  // job then exits C, or 1).
+  // job then exits C, or 1). Seed 700 then writes lines that break the event-line rule (a number
+  // for a type, an array, bad UTF-8, a line of 1,100,000 bytes) before its ok result.
   static constexpr char kFakeTrainer[] = R"sh(#!/bin/sh
 if [ "$1" = --version ]; then  # the agent's node probe: llm-train --version --json
   echo '{"llmctl": "0", "libtorch": "2.15.0", "libtorch_cuda": "13.2", "cuda_devices": 0}'; exit 0
@@ -273,11 +274,16 @@ case "$seed" in
        emit '{"type":"result","outcome":"cancelled","error":"cancelled at step 2"}'
        exit 5 ;;
 esac
+if [ "$seed" -eq 700 ]; then
+  printf '%s\n' '{"type":1,"x":"result"}' '[1,2]' >> "$events"
+  printf 'not json \377\n' >> "$events"
+  head -c 1100000 /dev/zero | tr '\0' a >> "$events" && echo >> "$events"
+fi
 if [ "$seed" -ge 100 ] && [ "$seed" -lt 200 ]; then kill -$((seed - 100)) $$; fi
 mkdir -p "$out/adapter"
 head -c 2500000 /dev/urandom > "$out/adapter/weights.bin"
 echo "stderr line for seed $seed" >&2
-if [ "$seed" -eq 0 ] || [ "$seed" -eq 300 ]; then
+if [ "$seed" -eq 0 ] || [ "$seed" -eq 300 ] || [ "$seed" -eq 700 ]; then
   emit '{"type":"result","outcome":"ok","error":""}'
   exit 0
 fi

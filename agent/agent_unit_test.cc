@@ -10,7 +10,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "agent/event_reader.h"
 #include "agent/input_cache.h"
 #include "agent/node_info.h"
 #include "agent/outcome.h"
@@ -250,23 +249,6 @@ TEST_F(InputCacheTest, TreesAreCheckedThenLinked) {
   EXPECT_TRUE(fs::is_regular_file(*file));
   EXPECT_EQ(fs::path(*file).filename(), "data.jsonl");
   EXPECT_TRUE(DirEmpty("tmp"));
-}
-
-TEST(EventReaderTest, OnlyCompleteLinesInOrder) {
-  const fs::path dir = FreshDir("events");
-  const std::string path = (dir / "events.jsonl").string();
-  EventReader reader(path);
-  EXPECT_TRUE(reader.ReadNewLines()->empty()) << "no file yet";
-  std::ofstream out(path);
-  out << "{\"type\":\"start\"}\n{\"type\":\"st" << std::flush;
-  EXPECT_EQ(*reader.ReadNewLines(), std::vector<std::string>{"{\"type\":\"start\"}"});
-  out << "ep\"}\n" << std::flush;
-  auto lines = reader.ReadNewLines();
-  ASSERT_EQ(lines->size(), 1u);
-  EXPECT_EQ(EventType(lines->front()), "step");
-  EXPECT_EQ(reader.lines_read(), 2);
-  EXPECT_EQ(EventType("not json"), "");
-  fs::remove_all(dir);
 }
 
 TEST(ProcessTest, ExitWatchIsReadableOnceTheProcessHasExited) {

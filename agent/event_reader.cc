@@ -5,49 +5,63 @@
 
 #include <cerrno>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 namespace llmctl::agent {
+
+void LineSplitter::Feed(std::string_view data, std::vector<EventLine>& lines) {
+  while (!data.empty()) {
+    const size_t newline = data.find('\n');
+    const std::string_view piece = data.substr(0, newline);
+    partial_bytes_ += static_cast<int64_t>(piece.size());
+    if (partial_bytes_ <= max_line_bytes_) {
+      partial_.append(piece);
+    } else {
+      partial_.clear();  // overlong: its bytes are dropped until its '\n'
+      partial_.shrink_to_fit();
+    }
+    if (newline == std::string_view::npos) return;
+    lines.push_back(EventLine{std::move(partial_), partial_bytes_});
+    partial_.clear();
+    partial_bytes_ = 0;
+    data.remove_prefix(newline + 1);
+  }
+}
 
 EventReader::~EventReader() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-StatusOr<std::vector<std::string>> EventReader::ReadNewLines() {
-  std::vector<std::string> lines;
+StatusOr<std::vector<EventLine>> EventReader::ReadNewLines() {
+  std::vector<EventLine> lines;
   if (fd_ < 0) {
     fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) {
-      if (errno == ENOENT) return lines;
+      if (errno == ENOENT) {
+        at_end_ = true;
+        return lines;
+      }
       return UnavailableError("cannot open " + path_ + ": " + std::strerror(errno));
     }
   }
   char buffer[1 << 16];
-  while (true) {
+  int64_t budget = kReadBudgetBytes;
+  at_end_ = false;
+  while (budget > 0) {
     const ssize_t n = ::pread(fd_, buffer, sizeof(buffer), offset_);
     if (n < 0) {
       if (errno == EINTR) continue;
       return UnavailableError("cannot read " + path_ + ": " + std::strerror(errno));
     }
-    if (n == 0) break;
-    offset_ += n;
-    partial_.append(buffer, static_cast<size_t>(n));
-    size_t start = 0;
-    for (size_t newline; (newline = partial_.find('\n', start)) != std::string::npos;
-         start = newline + 1) {
-      lines.push_back(partial_.substr(start, newline - start));
+    if (n == 0) {
+      at_end_ = true;
+      break;
     }
-    partial_.erase(0, start);
+    offset_ += n;
+    budget -= n;
+    splitter_.Feed(std::string_view(buffer, static_cast<size_t>(n)), lines);
   }
   lines_read_ += static_cast<int64_t>(lines.size());
   return lines;
-}
-
-std::string EventType(const std::string& line) {
-  const nlohmann::json event = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (!event.is_object()) return "";
-  const auto type = event.find("type");
-  return (type != event.end() && type->is_string()) ? type->get<std::string>() : "";
 }
 
 }  // namespace llmctl::agent

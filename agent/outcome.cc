@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/event_reader.h"
 #include "common/text.h"
 #include "common/trainer_exit.h"
 
@@ -18,6 +19,23 @@ std::string SignalName(int signal) {
                                              : "signal " + std::to_string(signal);
   if (description != nullptr) name += std::string(" (") + description + ")";
   return name;
+}
+
+// Records `line` in `result` when it is a `result` event.
+void ReadResultLine(std::string_view line, ResultEvent& result) {
+  if (line.find("\"result\"") == std::string_view::npos) return;
+  // Any line may be here (the trainer's file is not trusted): every type is checked before it is
+  // read, since nlohmann's value() and get() throw on a mismatch.
+  const nlohmann::json event = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!event.is_object()) return;
+  const auto type = event.find("type");
+  if (type == event.end() || !type->is_string() ||
+      type->get_ref<const std::string&>() != "result") {
+    return;
+  }
+  result.present = true;
+  const auto error = event.find("error");
+  result.error = (error != event.end() && error->is_string()) ? error->get<std::string>() : "";
 }
 
 }  // namespace
@@ -40,16 +58,21 @@ ResultEvent FindResultEvent(std::string_view events_text) {
   while (start < events_text.size()) {
     const size_t end = events_text.find('\n', start);
     if (end == std::string_view::npos) break;  // an unfinished line is no event
-    const std::string_view line = events_text.substr(start, end - start);
+    ReadResultLine(events_text.substr(start, end - start), result);
     start = end + 1;
-    if (line.find("\"result\"") == std::string_view::npos) continue;
-    const nlohmann::json event = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!event.is_object() || event.value("type", "") != "result") continue;
-    result.present = true;
-    const auto error = event.find("error");
-    result.error = (error != event.end() && error->is_string()) ? error->get<std::string>() : "";
   }
   return result;
+}
+
+ResultEvent ReadResultEvent(const std::string& events_path) {
+  ResultEvent result;
+  EventReader reader(events_path);
+  while (true) {
+    auto lines = reader.ReadNewLines();
+    if (!lines.ok()) return result;
+    for (const EventLine& line : *lines) ReadResultLine(line.text, result);
+    if (reader.at_end()) return result;
+  }
 }
 
 RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool cancel_requested,

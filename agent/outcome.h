@@ -42,8 +42,12 @@ struct RankExit {
 RunEnd DecideRankOutcome(const RankExit& failed, int ranks, const ResultEvent& result,
                          bool cancel_requested, std::string_view stderr_tail);
 
-// Scans a worker's event file text for its `result` line.
+// Scans a worker's event file text for its `result` line; a line that is not a JSON object with a
+// string `type` is no result.
 ResultEvent FindResultEvent(std::string_view events_text);
+// The same of the event file at `events_path`, read in bounded chunks (agent/event_reader.h); no
+// result when it cannot be read.
+ResultEvent ReadResultEvent(const std::string& events_path);
 
 // The last non-empty line of `text`.
 std::string LastLine(std::string_view text);

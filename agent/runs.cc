@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "agent/process.h"
 #include "agent/socket_interface.h"
@@ -57,23 +58,37 @@ std::optional<nlohmann::json> ReadJson(const std::string& path) {
   return json;
 }
 
+// `json[key]` when it is an integer (a string when `T` is one), else `fallback`: these files are
+// read back after a crash, and ranks.json is llm-train's, so a field of the wrong type must not
+// throw as nlohmann's value() does.
+template <typename T>
+T FieldOr(const nlohmann::json& json, const char* key, T fallback) {
+  const auto field = json.find(key);
+  if (field == json.end()) return fallback;
+  if constexpr (std::is_same_v<T, std::string>) {
+    return field->is_string() ? field->get<std::string>() : fallback;
+  } else {
+    return field->is_number_integer() ? field->get<T>() : fallback;
+  }
+}
+
 bool Exists(const std::string& path) {
   struct stat info;
   return ::stat(path.c_str(), &info) == 0;
 }
 
-// Complete lines (ending in '\n') in the file; 0 when it does not exist.
-int64_t CountLines(const std::string& path) {
+// Adds the complete lines (ending in '\n') in the file after `offset` to `lines` and moves
+// `offset` past the last byte read: called again, it reads only what was appended since.
+void CountNewLines(const std::string& path, int64_t& offset, int64_t& lines) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  int64_t lines = 0;
+  if (fd < 0) return;
   char buffer[1 << 16];
   ssize_t n;
-  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0) {
+  while ((n = ::pread(fd, buffer, sizeof(buffer), offset)) > 0) {
     lines += std::count(buffer, buffer + n, '\n');
+    offset += n;
   }
   ::close(fd);
-  return lines;
 }
 
 std::string ReadTail(const std::string& path, size_t bytes) {
@@ -99,8 +114,8 @@ std::optional<RunEnd> EndFromJson(const nlohmann::json& json) {
   if (!json.contains("outcome") || !json["outcome"].is_string()) return std::nullopt;
   RunEnd end;
   end.outcome = json["outcome"].get<std::string>();
-  end.exit_code = json.value("exit_code", 0);
-  end.error = json.value("error", "");
+  end.exit_code = FieldOr(json, "exit_code", 0);
+  end.error = FieldOr(json, "error", std::string());
   return end;
 }
 
@@ -141,8 +156,8 @@ std::optional<RankExit> ReadFirstFailedRank(const std::string& path) {
   RankExit exit;
   exit.rank = failure["rank"].get<int>();
   if (exit.rank < 0) return std::nullopt;
-  exit.exit.signal = failure.value("signal", 0);
-  exit.exit.exit_code = failure.value("exit_code", 0);
+  exit.exit.signal = FieldOr(failure, "signal", 0);
+  exit.exit.exit_code = FieldOr(failure, "exit_code", 0);
   return exit;
 }
 
@@ -311,8 +326,8 @@ Status RunManager::Recover() {
         if (auto ended = ReadJson(run.dir + "/" + kEndedFile)) run.end = EndFromJson(*ended);
         if (!run.end) {
           if (auto supervisor = ReadJson(run.dir + "/" + kSupervisorFile)) {
-            run.supervisor_pid = supervisor->value("pid", 0);
-            run.supervisor_start_time = supervisor->value("start_time", uint64_t{0});
+            run.supervisor_pid = FieldOr(*supervisor, "pid", 0);
+            run.supervisor_start_time = FieldOr(*supervisor, "start_time", uint64_t{0});
           }
           CheckRun(run);  // re-adopted if alive, else ended from exit.json or as vanished
           if (!run.end) {
@@ -371,15 +386,13 @@ void RunManager::CheckRun(Run& run) {
                                                ? ReadFirstFailedRank(run.dir + "/" + kRanksFile)
                                                : std::nullopt;
     if (failed && failed->rank >= first_rank && failed->rank < first_rank + run.ranks) {
-      auto events = ReadFileToString(run.dir + "/" + RankEventsFile(failed->rank));
-      const ResultEvent result = events.ok() ? FindResultEvent(*events) : ResultEvent{};
+      const ResultEvent result = ReadResultEvent(run.dir + "/" + RankEventsFile(failed->rank));
       EndRun(run, DecideRankOutcome(*failed, run.nodes * run.ranks, result, cancel_requested,
                                     stderr_tail));
       return;
     }
     // The node's first rank's result (rank 0's, events.jsonl, unless this is node rank K > 0).
-    auto events = ReadFileToString(run.dir + "/" + RankEventsFile(first_rank));
-    const ResultEvent result = events.ok() ? FindResultEvent(*events) : ResultEvent{};
+    const ResultEvent result = ReadResultEvent(run.dir + "/" + RankEventsFile(first_rank));
     EndRun(run, DecideOutcome(**exit, result, cancel_requested, stderr_tail));
     return;
   }
@@ -387,9 +400,11 @@ void RunManager::CheckRun(Run& run) {
   // The supervisor is gone without a word. Its worker may still run (the supervisor was killed):
   // stop it, nobody would ever collect its result.
   if (auto worker = ReadJson(run.dir + "/" + kWorkerFile)) {
-    const pid_t pid = worker->value("pid", 0);
-    if (pid > 0 && IsSameProcessAlive(pid, worker->value("start_time", uint64_t{0}))) {
-      ::kill(-worker->value("pgid", pid), SIGKILL);
+    const pid_t pid = FieldOr(*worker, "pid", 0);
+    if (pid > 0 && IsSameProcessAlive(pid, FieldOr(*worker, "start_time", uint64_t{0}))) {
+      // -0 and -1 would name the agent's own group and every process: only a real group.
+      const pid_t pgid = FieldOr(*worker, "pgid", pid);
+      ::kill(pgid > 1 ? -pgid : pid, SIGKILL);
     }
   }
   RunEnd end;
@@ -416,7 +431,9 @@ RunState RunManager::StateOf(const RunKey& key, Run& run) const {
   if (run.end && run.final_seq >= 0) {
     state.last_seq = run.final_seq;
   } else {
-    state.last_seq = CountLines(run.dir + "/" + kEventsFile);
+    // Under the lock, so only what was appended since the last look is read.
+    CountNewLines(run.dir + "/" + kEventsFile, run.counted_bytes, run.counted_lines);
+    state.last_seq = run.counted_lines;
     if (run.end) run.final_seq = state.last_seq;
   }
   if (run.nodes > 1 && run.node_rank == 0 && run.master_port == 0) {

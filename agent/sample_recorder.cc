@@ -39,9 +39,15 @@ pid_t WorkerProcessGroup(const std::string& run_dir) {
   if (!text.ok()) return 0;
   const json worker = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!worker.is_object()) return 0;
-  const pid_t pid = worker.value("pid", 0);
-  if (pid <= 0 || !IsSameProcessAlive(pid, worker.value("start_time", uint64_t{0}))) return 0;
-  return worker.value("pgid", pid);
+  // value() throws on a field of another type: each is checked first.
+  const auto number = [&](const char* key) -> int64_t {
+    const auto it = worker.find(key);
+    return it != worker.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+  };
+  const auto pid = static_cast<pid_t>(number("pid"));
+  if (pid <= 0 || !IsSameProcessAlive(pid, static_cast<uint64_t>(number("start_time")))) return 0;
+  const auto pgid = static_cast<pid_t>(number("pgid"));
+  return pgid > 1 ? pgid : pid;
 }
 
 Status AppendLines(const std::string& path, const std::string& lines) {

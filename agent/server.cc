@@ -7,6 +7,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "agent/event_reader.h"
 #include "agent/node_info.h"
 #include "common/digest/digest.h"
+#include "common/event_line.h"
 #include "common/model_config.h"
 #include "common/rank_files.h"
 #include "common/version.h"
@@ -315,29 +317,41 @@ class AgentService final : public pb::Agent::Service {
       auto ended = runs_->Ended(key, wait);
       if (!ended.ok()) return rpc::ToGrpcStatus(ended.status());
       bool any_lines = false;
+      bool all_read = true;  // every file read to its end: the run's end may go out
       for (size_t i = 0; i < readers.size(); ++i) {
         EventReader& reader = *readers[i];
         auto lines = reader.ReadNewLines();
         if (!lines.ok()) return rpc::ToGrpcStatus(lines.status());
         any_lines = any_lines || !lines->empty();
+        all_read = all_read && reader.at_end();
         int64_t seq = reader.lines_read() - static_cast<int64_t>(lines->size());
-        for (std::string& line : *lines) {
+        const int rank = first_rank + static_cast<int>(i);
+        for (EventLine& line : *lines) {
           if (++seq < from_seqs[i]) continue;
+          // A line that breaks the rule goes on as its refused_line replacement, under its own
+          // seq: the controller's numbers stay contiguous and the run's end still comes.
+          event_line::Accepted accepted = event_line::Accept(std::move(line.text), line.bytes);
+          if (!accepted.refusal.empty()) {
+            std::cerr << "llm-agent: warning: " << DescribeRunKey(key) << ", rank " << rank
+                      << ": event line " << seq << " refused (" << accepted.refusal
+                      << "); sent as a " << event_line::kRefusedType << " event" << std::endl;
+          }
           pb::StreamEventsResponse item;
           pb::TrialEvent* event = item.mutable_event();
           event->set_seq(seq);
-          event->set_rank(first_rank + static_cast<int>(i));
-          event->set_type(EventType(line));
-          event->set_json(std::move(line));
+          event->set_rank(rank);
+          event->set_type(std::move(accepted.type));
+          event->set_json(std::move(accepted.json));
           if (!writer->Write(item)) return grpc::Status::CANCELLED;  // the client went away
         }
       }
       auto sample_lines = samples_reader.ReadNewLines();
       if (!sample_lines.ok()) return rpc::ToGrpcStatus(sample_lines.status());
+      all_read = all_read && samples_reader.at_end();
       if (!SendSamples(*sample_lines, samples_reader.lines_read(), from_sample_seq, writer)) {
         return grpc::Status::CANCELLED;
       }
-      if (ended->has_value()) {
+      if (ended->has_value() && all_read) {
         pb::StreamEventsResponse item;
         ToProto(**ended, item.mutable_ended());
         writer->Write(item);
@@ -346,7 +360,9 @@ class AgentService final : public pb::Agent::Service {
       if (stopping_) {
         return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
       }
-      wait = !any_lines && sample_lines->empty() ? poll_interval_ : std::chrono::milliseconds(0);
+      // More to read at once (lines came, or a reader stopped at its budget): no wait.
+      wait = !any_lines && sample_lines->empty() && all_read ? poll_interval_
+                                                             : std::chrono::milliseconds(0);
     }
   }
 
@@ -423,13 +439,13 @@ class AgentService final : public pb::Agent::Service {
   // Sends the sample lines from `from_seq` on (`lines_read`: the number of the last line) in
   // messages of up to kSamplesPerMessage; a line that does not parse is skipped, its number
   // unused. False when the client went away.
-  static bool SendSamples(const std::vector<std::string>& lines, int64_t lines_read,
+  static bool SendSamples(const std::vector<EventLine>& lines, int64_t lines_read,
                           int64_t from_seq, grpc::ServerWriter<pb::StreamEventsResponse>* writer) {
     int64_t seq = lines_read - static_cast<int64_t>(lines.size());
     pb::StreamEventsResponse item;
-    for (const std::string& line : lines) {
+    for (const EventLine& line : lines) {
       if (++seq < from_seq) continue;
-      auto timed = ParseSampleLine(line);
+      auto timed = ParseSampleLine(line.text);
       if (!timed.ok()) continue;
       ToProto(seq, *timed, item.mutable_samples()->add_samples());
       if (item.samples().samples_size() == kSamplesPerMessage) {

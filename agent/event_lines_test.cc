@@ -1,0 +1,186 @@
+// Event lines as the agent reads them: complete lines only, memory bounded whatever the file holds
+// (a line over the cap comes out with its size only, a call reads at most its budget), and no line
+// of any shape crashes the outcome decision, at a run's end or in startup recovery.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "agent/agent_test_support.h"
+#include "agent/event_reader.h"
+#include "agent/input_cache.h"
+#include "agent/outcome.h"
+#include "agent/runs.h"
+#include "agent/supervisor.h"
+#include "common/event_line.h"
+#include "common/rank_files.h"
+
+namespace llmctl::agent {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = llmctl::v1;
+using test_support::AgentTest;
+using test_support::Key;
+
+fs::path FreshDir(const std::string& name) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("llmctl_event_lines_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::vector<std::string> Texts(const std::vector<EventLine>& lines) {
+  std::vector<std::string> texts;
+  for (const EventLine& line : lines) texts.push_back(line.text);
+  return texts;
+}
+
+TEST(EventReaderTest, OnlyCompleteLinesInOrder) {
+  const fs::path dir = FreshDir("complete");
+  const std::string path = (dir / "events.jsonl").string();
+  EventReader reader(path);
+  EXPECT_TRUE(reader.ReadNewLines()->empty()) << "no file yet";
+  EXPECT_TRUE(reader.at_end());
+  std::ofstream out(path);
+  out << "{\"type\":\"start\"}\n{\"type\":\"st" << std::flush;
+  EXPECT_EQ(Texts(*reader.ReadNewLines()), std::vector<std::string>{"{\"type\":\"start\"}"});
+  out << "ep\"}\n" << std::flush;
+  auto lines = reader.ReadNewLines();
+  ASSERT_EQ(lines->size(), 1u);
+  EXPECT_EQ(event_line::Accept(lines->front().text).type, "step");
+  EXPECT_EQ(lines->front().bytes, 15);
+  EXPECT_EQ(reader.lines_read(), 2);
+  fs::remove_all(dir);
+}
+
+TEST(LineSplitterTest, HoldsAtMostTheCapOfAnUnfinishedLineAndDropsTheRest) {
+  LineSplitter splitter(/*max_line_bytes=*/8);
+  std::vector<EventLine> lines;
+  splitter.Feed("12345678", lines);
+  EXPECT_EQ(splitter.held_bytes(), 8u);
+  splitter.Feed("9abc", lines);  // over the cap: what was held goes, nothing more is kept
+  EXPECT_EQ(splitter.held_bytes(), 0u);
+  splitter.Feed(std::string(1000, 'x'), lines);
+  EXPECT_EQ(splitter.held_bytes(), 0u);
+  EXPECT_TRUE(lines.empty());
+  splitter.Feed("yz\nshort\n1234", lines);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].text, "");
+  EXPECT_EQ(lines[0].bytes, 8 + 4 + 1000 + 2);
+  EXPECT_TRUE(lines[0].overlong());
+  EXPECT_EQ(lines[1].text, "short");
+  EXPECT_FALSE(lines[1].overlong());
+  EXPECT_EQ(splitter.held_bytes(), 4u);
+}
+
+TEST(EventReaderTest, ALineOverTheCapComesOutWithItsSizeAndACallReadsAtMostItsBudget) {
+  const fs::path dir = FreshDir("overlong");
+  const std::string path = (dir / "events.jsonl").string();
+  const int64_t long_bytes = event_line::kMaxBytes + kReadBudgetBytes;  // two calls' worth
+  {
+    std::ofstream out(path);
+    out << "{\"type\":\"start\"}\n" << std::string(long_bytes, 'a') << "\n{\"type\":\"step\"}\n";
+  }
+  EventReader reader(path);
+  std::vector<EventLine> lines;
+  int calls = 0;
+  do {
+    auto read = reader.ReadNewLines();
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    for (EventLine& line : *read) lines.push_back(std::move(line));
+    ++calls;
+  } while (!reader.at_end());
+  EXPECT_GE(calls, 3) << "the file is more than twice the budget";
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].text, "{\"type\":\"start\"}");
+  EXPECT_EQ(lines[1].text, "");
+  EXPECT_EQ(lines[1].bytes, long_bytes);
+  EXPECT_EQ(lines[2].text, "{\"type\":\"step\"}");
+  EXPECT_EQ(reader.lines_read(), 3);
+  const event_line::Accepted refused = event_line::Accept(lines[1].text, lines[1].bytes);
+  EXPECT_EQ(refused.type, event_line::kRefusedType);
+  EXPECT_EQ(nlohmann::json::parse(refused.json).at("bytes"), long_bytes);
+  fs::remove_all(dir);
+}
+
+// Issue 37: nlohmann's value("type", "") threw on a number, on the watcher thread, and the agent
+// died at the run's end and again on every start.
+TEST(OutcomeTest, ALineWhoseTypeIsNotAStringIsNoResult) {
+  EXPECT_FALSE(FindResultEvent("{\"type\":1,\"x\":\"result\"}\n").present);
+  EXPECT_FALSE(FindResultEvent("[\"result\"]\n\"result\"\n{\"type\":[\"result\"]}\n").present);
+  const ResultEvent found =
+      FindResultEvent("{\"type\":1,\"x\":\"result\"}\n{\"type\":\"result\",\"error\":2}\n");
+  EXPECT_TRUE(found.present);
+  EXPECT_EQ(found.error, "");
+}
+
+TEST(RunManagerRecoveryTest, ARunThatEndedWithBadEventLinesIsFinishedOnStart) {
+  const fs::path data = FreshDir("recovery");
+  const fs::path run = data / "runs" / "3" / "base" / "1";
+  fs::create_directories(run);
+  std::ofstream(run / kEventsFile) << "{\"type\":\"start\"}\n"
+                                   << "{\"type\":1,\"x\":\"result\"}\n"
+                                   << "not json \xff\n"
+                                   << "{\"type\":\"result\",\"error\":\"\"}\n";
+  std::ofstream(run / kExitFile) << "{\"exit_code\":0}\n";
+  auto cache = InputCache::Open((data / "cache").string());
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  RunManagerOptions options;
+  options.data_dir = data.string();
+  options.llm_train = "/bin/false";
+  options.supervisor_program = "/bin/false";
+  auto runs = RunManager::Open(options, cache->get());
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  auto state = (*runs)->Get(RunKey{3, "base", 1});
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  EXPECT_TRUE(state->ended);
+  EXPECT_EQ(state->end.outcome, "ok");
+  EXPECT_EQ(state->last_seq, 4);
+  runs->reset();
+  fs::remove_all(data);
+}
+
+// The stand-in trainer's seed 700 writes a start, two steps, four lines that break the rule and
+// its result: every line goes out under its own seq, the bad ones as refused_line events, and the
+// run still ends ok.
+TEST_F(AgentTest, BadEventLinesGoOutAsRefusedLinesUnderTheirSeqAndTheRunStillEnds) {
+  StartAgent();
+  const pb::RunKey key = Key(9, "bad-lines", 1);
+  RunTrial(key, 700);
+  const test_support::Streamed streamed = Stream(key, 0);
+  ASSERT_TRUE(streamed.status.ok()) << streamed.status.error_message();
+  ASSERT_TRUE(streamed.ended.has_value());
+  EXPECT_EQ(streamed.ended->outcome(), "ok");
+  ASSERT_EQ(streamed.events.size(), 8u);
+  const std::vector<std::pair<std::string, int64_t>> refused = {
+      {"its \"type\" is not a string", 23},
+      {"not a JSON object", 5},
+      {"not valid UTF-8", 10},
+      {"1100000 bytes, more than the 1048576-byte cap", 1100000}};
+  for (int i = 0; i < 8; ++i) {
+    const pb::TrialEvent& event = streamed.events[i];
+    EXPECT_EQ(event.seq(), i + 1);
+    if (i < 3 || i == 7) {
+      EXPECT_EQ(event.type(), i == 0 ? "start" : i == 7 ? "result" : "step");
+      continue;
+    }
+    EXPECT_EQ(event.type(), event_line::kRefusedType) << event.json();
+    const nlohmann::json json = nlohmann::json::parse(event.json());
+    EXPECT_NE(json.at("error").get<std::string>().find(refused[i - 3].first), std::string::npos)
+        << event.json();
+    EXPECT_EQ(json.at("bytes"), refused[i - 3].second);
+  }
+  // Resumed in the middle, from the line after the long one.
+  const test_support::Streamed resumed = Stream(key, 8);
+  ASSERT_EQ(resumed.events.size(), 1u);
+  EXPECT_EQ(resumed.events[0].type(), "result");
+}
+
+}  // namespace
+}  // namespace llmctl::agent
