@@ -157,10 +157,33 @@ TEST(TrialFileTest, BadConfigsAndInputsAreNamed) {
       << unknown.status().message();
   auto not_a_path = MakeTrialFile("{}", {{"train.lr", "/x"}}, "/o");
   EXPECT_NE(not_a_path.status().message().find("train.lr"), std::string::npos);
-  // An explicit output_dir stays.
-  auto kept = MakeTrialFile(R"({"output_dir": "/elsewhere"})", {}, "/o");
-  ASSERT_TRUE(kept.ok());
-  EXPECT_NE(kept->yaml.find("/elsewhere"), std::string::npos);
+}
+
+// The agent runs trials as root and does not trust the controller's check: output_dir is a path
+// inside the run's output/ or the run is refused.
+TEST(TrialFileTest, OutputDirStaysInsideTheRunsOutputDirectory) {
+  // The trial file's output_dir line (the file holds no other path).
+  auto within = [](const std::string& config_json) -> StatusOr<std::string> {
+    ASSIGN_OR_RETURN(TrialFile file, MakeTrialFile(config_json, {}, "/r/output"));
+    const size_t start = file.yaml.find("output_dir: ");
+    if (start == std::string::npos) return InternalError("no output_dir in " + file.yaml);
+    return file.yaml.substr(start, file.yaml.find('\n', start) - start);
+  };
+  EXPECT_EQ(*within(R"({"output_dir": "out"})"), "output_dir: /r/output/out");
+  EXPECT_EQ(*within(R"({"output_dir": "./a/../b/"})"), "output_dir: /r/output/b");
+  EXPECT_EQ(*within(R"({"output_dir": "."})"), "output_dir: /r/output");
+  EXPECT_EQ(*within("{}"), "output_dir: /r/output");
+  for (const auto& [output_dir, why] :
+       {std::pair<std::string, std::string>{"/elsewhere", "is an absolute path"},
+        {"..", "climbs out of output/"},
+        {"a/../../checkpoints", "climbs out of output/"},
+        {"node:/scratch/out", "is a node path"}}) {
+    StatusOr<std::string> refused = within(R"({"output_dir": ")" + output_dir + R"("})");
+    ASSERT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << output_dir;
+    EXPECT_NE(refused.status().message().find("output_dir: '" + output_dir + "' " + why),
+              std::string::npos)
+        << refused.status().message();
+  }
 }
 
 class InputCacheTest : public ::testing::Test {

@@ -15,7 +15,7 @@
 //     exit.json         how the worker ended (written by the supervisor)
 //     cancel_requested  present once a cancel was asked for
 //     ended.json        the run's outcome (written by the agent): the run is over
-//     output/           the trial's output_dir unless the config names another
+//     output/           the trial's output_dir, or holds it (a relative output_dir, TrialFile)
 #ifndef LLMCTL_AGENT_RUNS_H_
 #define LLMCTL_AGENT_RUNS_H_
 

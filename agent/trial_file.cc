@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/experiment.h"
 #include "common/trial_config.h"
 #include "common/trial_keys.h"
 
@@ -62,9 +63,12 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
     RETURN_IF_ERROR(config->Set(key, path).WithContext("inputs"));
     if (!written.empty() && written != path) input_names[path] = written;
   }
-  if (config->GetString("output_dir").empty()) {
-    RETURN_IF_ERROR(config->Set("output_dir", default_output_dir));
-  }
+  // The controller checked output_dir when the experiment was submitted, but the agent, which runs
+  // the trial as root, does not take its word for it: a path that leaves the run's output/ is
+  // refused here too.
+  ASSIGN_OR_RETURN(const std::string inside, OutputDirInRun(config->GetString("output_dir")));
+  RETURN_IF_ERROR(config->Set(
+      "output_dir", inside == "." ? default_output_dir : default_output_dir + "/" + inside));
   // ToJson holds exactly the keys the experiment set, so llm-train's checks that look at which keys
   // were given (peft.r without peft.method) see what the experiment file said, and llm-train fills
   // in the same registry's defaults.

@@ -24,10 +24,11 @@ struct TrialFile {
 
 // `config_json` is TrialConfig::ToJson as the controller stored it; it is checked with
 // TrialConfig::FromJson (InvalidArgument naming the bad key). `input_paths` maps trial keys to
-// paths on this node that replace their values: only path keys and `model` may be inputs. When
-// output_dir is unset it becomes `default_output_dir`. The file carries the keys that were set
-// (TrialConfig::ToJson) and no others, so llm-train sees which keys the experiment set, as its
-// checks need, and fills in the rest from the same registry's defaults.
+// paths on this node that replace their values: only path keys and `model` may be inputs.
+// output_dir becomes `default_output_dir` (the run's output/) when unset, and the path below it
+// when relative; one that would leave it (OutputDirInRun) is InvalidArgument. The file carries the
+// keys that were set (TrialConfig::ToJson) and no others, so llm-train sees which keys the
+// experiment set, as its checks need, and fills in the rest from the same registry's defaults.
 StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
                                   const std::map<std::string, std::string>& input_paths,
                                   const std::string& default_output_dir);

@@ -546,6 +546,14 @@ class ExperimentParser {
     }
     StatusOr<KeyValue> parsed = ParseKeyValue(spec, value.Scalar());
     if (!parsed.ok()) return ErrorAt(value.Mark(), parsed.status().message());
+    if (options_.output_dir_in_run && spec.name == "output_dir") {
+      // Inside the run's output/ on the node, not beside this file: kept as written.
+      const StatusOr<std::string> inside = OutputDirInRun(value.Scalar());
+      if (!inside.ok()) return ErrorAt(value.Mark(), inside.status().message());
+      assignment.value = std::move(*parsed);
+      assignment.text = value.Scalar();
+      return assignment;
+    }
     assignment.value = ResolvePath(spec, std::move(*parsed));
     assignment.text = value.Scalar();
     return assignment;
@@ -902,6 +910,23 @@ bool IsPathValue(const KeySpec& spec, std::string_view value) {
 
 bool IsInputPathValue(const KeySpec& spec, std::string_view value) {
   return IsPathValue(spec, value) && spec.name != "output_dir" && !IsNodePath(value);
+}
+
+StatusOr<std::string> OutputDirInRun(std::string_view written) {
+  const std::string quoted = "output_dir: '" + std::string(written) + "'";
+  const std::string rule =
+      ": a trial writes inside its run's output/ directory, so output_dir is a relative path "
+      "below it (e.g. out), or unset for output/ itself";
+  if (IsNodePath(written)) return InvalidArgumentError(quoted + " is a node path" + rule);
+  const fs::path path{std::string(written)};
+  if (path.is_absolute()) return InvalidArgumentError(quoted + " is an absolute path" + rule);
+  fs::path normal = path.lexically_normal();
+  if (!normal.empty() && normal.filename().empty()) normal = normal.parent_path();  // "out/"
+  if (normal.empty()) return std::string(".");
+  if (*normal.begin() == "..") {
+    return InvalidArgumentError(quoted + " climbs out of output/ with '..'" + rule);
+  }
+  return normal.string();
 }
 
 void LocalizeNodePaths(TrialConfig& config) {

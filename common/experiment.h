@@ -19,14 +19,14 @@
 // (keys joined with ',' in the order the sweep lists them; the first key varies slowest). Without
 // `trials:`, the sweep's trials are named "<experiment>/<key>=<value>".
 //
-// Relative paths: data.path, tokenizer, output_dir and a `model` that is not a preset are looked up
-// relative to the directory of the experiment file first; when the file exists there the value
-// becomes that joined path (e.g. "experiments/data/x.jsonl" for "data/x.jsonl" in
-// "experiments/demo.yaml"), otherwise it is kept exactly as written (and so is relative to the
-// current directory). Preset names always win over a directory of the same name. A value written
-// node:/abs/path is on the node (trial_keys.h, kNodePathPrefix) and never resolved here. Parsing
-// does not check that files exist: trainer/inputs/trial_inputs.h does, for llm-train and `llmctl
-// submit` alike.
+// Relative paths: data.path, tokenizer, output_dir (unless output_dir_in_run) and a `model` that
+// is not a preset are looked up relative to the directory of the experiment file first; when the
+// file exists there the value becomes that joined path (e.g. "experiments/data/x.jsonl" for
+// "data/x.jsonl" in "experiments/demo.yaml"), otherwise it is kept exactly as written (and so is
+// relative to the current directory). Preset names always win over a directory of the same name. A
+// value written node:/abs/path is on the node (trial_keys.h, kNodePathPrefix) and never resolved
+// here. Parsing does not check that files exist: trainer/inputs/trial_inputs.h does, for llm-train
+// and `llmctl submit` alike.
 //
 // Each trial is validated after its values are combined (ValidateTrialConfig), with the model's
 // shape when the model can be resolved (a preset, or a directory's config.json).
@@ -71,6 +71,11 @@ struct ExperimentParseOptions {
   // checks. False where only the text arrived (the controller): paths stay as written, and a model
   // that is not a preset is taken on trust, skipping the checks that need its shape.
   bool resolve_local_paths = true;
+  // True where the file is run through llmctl (`llmctl submit`, the controller): each trial runs
+  // in its own directory on a node, so output_dir must be a relative path inside that run's
+  // output/ (OutputDirInRun), refused at its line otherwise, and is not resolved against the
+  // file's directory. False for llm-train alone, where output_dir may be any directory.
+  bool output_dir_in_run = false;
 };
 
 // Parses and validates an experiment. `filename` is used in messages and, unless the options say
@@ -101,6 +106,13 @@ bool IsPathValue(const KeySpec& spec, std::string_view value);
 // the experiment file is: IsPathValue less output_dir, which the trial writes, and node paths
 // (kNodePathPrefix), which are on the node already. The CLI checks and uploads these.
 bool IsInputPathValue(const KeySpec& spec, std::string_view value);
+
+// Under llmctl a trial writes only inside its run's output/ directory, which is all that `llmctl
+// fetch` and the checkpoint copy see, and where the agent (root) may write: output_dir is a path
+// relative to it. `written` lexically normalised ("." for output/ itself, also when empty), or
+// InvalidArgument "output_dir: ..." when it would leave output/: an absolute or node: path, or one
+// whose ".." climbs out. The experiment parser (output_dir_in_run) and the agent both check it.
+StatusOr<std::string> OutputDirInRun(std::string_view written);
 
 // Where a path value written in the experiment file `filename` is on this machine, by the "Relative
 // paths" rule above: beside the file when it exists there, else exactly as written.

@@ -293,6 +293,33 @@ TEST(ParseExperimentTest, ErrorsUseFileLineColumn) {
             "lab.yaml:3:21: train.micro_batch_size: expected an integer, got 'abc'");
 }
 
+// Submitted through llmctl, a trial writes only inside its run's output/ on the node: output_dir
+// is a relative path below it, refused at its line otherwise, and never resolved beside the file.
+TEST(ParseExperimentTest, SubmittedOutputDirStaysInsideTheRunsOutput) {
+  const ExperimentParseOptions in_run{.resolve_local_paths = true, .output_dir_in_run = true};
+  const fs::path beside = FixtureDir() / "good" / "model_directory.yaml";  // its data/ exists
+  StatusOr<Experiment> kept = LoadExperimentFile(beside.string(), in_run);
+  ASSERT_TRUE(kept.ok()) << kept.status().message();
+  EXPECT_EQ(kept->trials[0].config.GetString("output_dir"), "data");
+  const std::string rule =
+      ": a trial writes inside its run's output/ directory, so output_dir is a relative path "
+      "below it (e.g. out), or unset for output/ itself";
+  auto refused = [&](std::string_view yaml) {
+    StatusOr<Experiment> experiment = ParseExperiment(yaml, "lab.yaml", in_run);
+    return experiment.ok() ? std::string("parsed") : experiment.status().message();
+  };
+  EXPECT_EQ(refused("data: {path: t.jsonl}\noutput_dir: /root/.ssh\n"),
+            "lab.yaml:2:13: output_dir: '/root/.ssh' is an absolute path" + rule);
+  EXPECT_EQ(refused("data: {path: t.jsonl}\ntrials:\n  - name: up\n    set: {output_dir: "
+                    "out/../..}\n"),
+            "lab.yaml:4:23: output_dir: 'out/../..' climbs out of output/ with '..'" + rule);
+  EXPECT_EQ(refused("data: {path: t.jsonl}\nsweep:\n  output_dir: [a, node:/scratch]\n"),
+            "lab.yaml:3:19: output_dir: 'node:/scratch' is a node path" + rule);
+  EXPECT_EQ(refused("data: {path: t.jsonl}\noutput_dir: ./out/\n"), "parsed");
+  // llm-train alone writes where it is told.
+  EXPECT_TRUE(ParseExperiment("data: {path: t.jsonl}\noutput_dir: /tmp/out\n", "lab.yaml").ok());
+}
+
 TEST(ParseExperimentTest, TrialProblemsNameTheTrialAndPointIntoItsSet) {
   const std::string yaml = R"(data: {path: t.jsonl}
 train: {micro_batch_size: 16, global_batch_size: 16}

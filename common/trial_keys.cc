@@ -310,7 +310,8 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        K::kPath,
        "",
        {},
-       "Where checkpoints and adapters go (unset = the trial's own directory)"},
+       "Where checkpoints and adapters go; under llmctl a relative path inside the run's output/ "
+       "(unset = output/ itself), for llm-train alone any directory"},
       {"checkpoint_every",
        K::kInt,
        "0",

@@ -16,7 +16,8 @@ StatusOr<store::NewExperiment> PrepareSubmission(
     const std::vector<std::string>& only_trials) {
   if (filename.empty()) return InvalidArgumentError("submit: the request names no file");
   ASSIGN_OR_RETURN(Experiment parsed,
-                   ParseExperiment(yaml_text, filename, {.resolve_local_paths = false}));
+                   ParseExperiment(yaml_text, filename,
+                                   {.resolve_local_paths = false, .output_dir_in_run = true}));
   if (!only_trials.empty()) RETURN_IF_ERROR(KeepOnlyTrials(only_trials, filename, parsed));
 
   store::NewExperiment experiment;

@@ -174,9 +174,11 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
   if (!text.ok()) return Fail(InvalidArgumentError(text.status().message()));  // names the file
   // Locally first, with the files on this machine, exactly as llm-train would: nothing is sent
   // when the file is wrong.
-  StatusOr<Experiment> checked = ParseExperiment(*text, file, {.resolve_local_paths = true});
+  StatusOr<Experiment> checked =
+      ParseExperiment(*text, file, {.resolve_local_paths = true, .output_dir_in_run = true});
   if (!checked.ok()) return Fail(checked.status());
-  StatusOr<Experiment> as_written = ParseExperiment(*text, file, {.resolve_local_paths = false});
+  StatusOr<Experiment> as_written =
+      ParseExperiment(*text, file, {.resolve_local_paths = false, .output_dir_in_run = true});
   if (!as_written.ok()) return Fail(as_written.status());
   if (!only_trials.empty()) {
     if (const Status kept = KeepOnlyTrials(only_trials, file, *checked); !kept.ok()) {
