@@ -66,6 +66,29 @@ TEST_F(AgentTest, AResumedRunGetsItsCheckpointOnlyWhileThisNodeHasIt) {
   fs::create_directories(checkpoint);
   WriteFile(checkpoint / "trainer_state.json", "{}",
             fs::perms::owner_read | fs::perms::owner_write);
+  // llm-train, as root, reads what --resume names: only a checkpoint inside the trial's runs is
+  // passed on, whatever ".." or links the path holds, and never another trial's.
+  const fs::path outside = RunDir(first).parent_path().parent_path() / "planted";
+  fs::create_directories(outside);
+  WriteFile(outside / "trainer_state.json", "{}", fs::perms::owner_read | fs::perms::owner_write);
+  fs::create_directory_symlink(outside, RunDir(first) / "output" / "link");
+  for (const fs::path& planted :
+       {outside, RunDir(first) / "output" / "link", RunDir(first) / "output/../../../planted"}) {
+    status = resume(Key(9, "long", 2), first, planted);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << planted;
+    EXPECT_NE(status.error_message().find("checkpoint " + planted.string() +
+                                          " lies outside the trial's runs on this node"),
+              std::string::npos)
+        << status.error_message();
+  }
+  RunTrial(Key(9, "other", 1), 0);
+  ASSERT_TRUE(Stream(Key(9, "other", 1), 0).ended.has_value());
+  status = resume(Key(9, "long", 2), Key(9, "other", 1), checkpoint);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("another trial's run"), std::string::npos)
+      << status.error_message();
+  EXPECT_FALSE(fs::exists(RunDir(Key(9, "long", 2)))) << "nothing started";
+
   status = resume(Key(9, "long", 2), first, checkpoint);
   ASSERT_TRUE(status.ok()) << status.error_message();
   ASSERT_TRUE(Stream(Key(9, "long", 2), 0).ended.has_value());

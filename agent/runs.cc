@@ -463,6 +463,25 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
   }
 }
 
+Status RunManager::CheckResumeCheckpoint(const RunKey& key, const RunKey& resume_run,
+                                         const std::string& checkpoint) const {
+  if (resume_run.experiment_id != key.experiment_id || resume_run.trial != key.trial) {
+    return InvalidArgumentError("another trial's run; a trial resumes only from its own");
+  }
+  // The run's trial directory holds every attempt of the trial on this node.
+  const fs::path trial_dir = fs::path(RunDirFor(resume_run)).parent_path();
+  const fs::path in_trial = PathInside(checkpoint, trial_dir.string());
+  auto part = in_trial.begin();
+  const bool in_an_output = !in_trial.empty() && ++part != in_trial.end() && *part == kOutputDir &&
+                            ++part != in_trial.end();
+  if (in_an_output || !PathInside(checkpoint, cache_->dir() + "/trees").empty()) {
+    return Status::Ok();
+  }
+  return InvalidArgumentError("checkpoint " + checkpoint +
+                              " lies outside the trial's runs on this node (a checkpoint is "
+                              "inside a run's output/, or a copy in the input cache)");
+}
+
 StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
   RETURN_IF_ERROR(CheckKey(request.key));
   {
@@ -505,6 +524,8 @@ StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
         return FailedPreconditionError(from + ": this node has no such run");
       }
     }
+    RETURN_IF_ERROR(CheckResumeCheckpoint(request.key, request.resume_run, resume_checkpoint)
+                        .WithContext(from));
     // What SaveCheckpoint writes last into a complete checkpoint (trainer/train/checkpoints.h).
     if (!Exists(request.resume_checkpoint + "/trainer_state.json")) {
       return FailedPreconditionError(from + ": its checkpoint " + request.resume_checkpoint +

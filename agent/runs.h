@@ -136,7 +136,8 @@ class RunManager {
   RunManager& operator=(const RunManager&) = delete;
 
   // Starts the run, or returns the state of the run with that key if there is one. InvalidArgument
-  // for a bad key, config, inputs or node group; FailedPrecondition when an input tree's blobs (or
+  // for a bad key, config, inputs or node group, and for a resume checkpoint outside the trial's
+  // runs (CheckResumeCheckpoint); FailedPrecondition when an input tree's blobs (or
   // those of the resume tree) are missing, or when the run to resume from is not on this node or
   // its checkpoint is gone. For node rank 0 of a multi-node run it returns once the run's
   // master_port is known, the run ended, or kMasterPortWait passed (master_port 0 then).
@@ -195,6 +196,13 @@ class RunManager {
   RunManager(RunManagerOptions options, InputCache* cache);
   // Start without the wait for the master port.
   StatusOr<RunState> StartRun(const RunRequest& request);
+  // llm-train runs as root and reads whatever --resume names, so `checkpoint` must be one the
+  // trial can have: inside the output/ of one of its runs on this node (`resume_run`, run `key`'s
+  // earlier attempt, wrote it, or resumed from an earlier attempt's) or a checkpoint copy in the
+  // input cache that such a run resumed from. InvalidArgument otherwise, and when `resume_run` is
+  // another trial's.
+  Status CheckResumeCheckpoint(const RunKey& key, const RunKey& resume_run,
+                               const std::string& checkpoint) const;
   Status Recover();
   void WatchLoop();
   void WakeWatcher();

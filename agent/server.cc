@@ -1,10 +1,12 @@
 #include "agent/server.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -14,8 +16,10 @@
 
 #include "agent/event_reader.h"
 #include "agent/node_info.h"
+#include "agent/process.h"
 #include "common/digest/digest.h"
 #include "common/event_line.h"
+#include "common/files.h"
 #include "common/model_config.h"
 #include "common/rank_files.h"
 #include "common/version.h"
@@ -98,19 +102,44 @@ std::vector<std::string> FilesBelow(const std::string& dir) { return FilesBelow(
 // `path` (absolute, or relative to the run's directory) as a directory inside the run's output
 // directory: only what the worker wrote may be fetched this way, never the agent's other files.
 StatusOr<std::string> OutputSubdirectory(const std::string& run_dir, const std::string& path) {
-  std::error_code error;
-  const fs::path output = fs::weakly_canonical(fs::path(run_dir) / "output", error);
-  if (error) return UnavailableError("cannot resolve " + run_dir + "/output: " + error.message());
-  const fs::path wanted = fs::weakly_canonical(fs::path(run_dir) / path, error);
-  if (error) return NotFoundError("cannot resolve " + path + ": " + error.message());
-  const fs::path inside = wanted.lexically_relative(output);
-  if (inside.empty() || *inside.begin() == "..") {
+  const std::string output = run_dir + "/output";
+  const std::string inside = PathInside((fs::path(run_dir) / path).string(), output);
+  if (inside.empty()) {
     return InvalidArgumentError(path + " is not inside the run's output directory");
   }
+  const std::string wanted = output + "/" + inside;
+  std::error_code error;
   if (!fs::is_directory(wanted, error)) {
     return NotFoundError(path + " is not a directory of the run (gone?)");
   }
-  return wanted.string();
+  return wanted;
+}
+
+// Up to `wanted` bytes of `fd` into `buffer`: fewer only at the end of the file or on an error.
+int64_t ReadFull(int fd, char* buffer, int64_t wanted) {
+  int64_t got = 0;
+  while (got < wanted) {
+    const ssize_t n = ::read(fd, buffer + got, static_cast<size_t>(wanted - got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += n;
+  }
+  return got;
+}
+
+// `root`/`path` opened for reading when it is a regular file that lies inside `root`: the file is
+// opened without following a final link, and the path the kernel gives the open descriptor is
+// checked, so no link, ".." or directory swapped in since the listing takes the read elsewhere.
+// Invalid when it is not such a file (or was removed meanwhile); `size` is its size then.
+UniqueFd OpenArtifact(const std::string& root, const std::string& path, int64_t& size) {
+  UniqueFd fd(::open((root + "/" + path).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat info;
+  if (!fd.valid() || ::fstat(fd.get(), &info) != 0 || !S_ISREG(info.st_mode)) return UniqueFd();
+  std::error_code error;
+  const fs::path opened = fs::read_symlink("/proc/self/fd/" + std::to_string(fd.get()), error);
+  if (error || PathInside(opened.string(), root).empty()) return UniqueFd();
+  size = static_cast<int64_t>(info.st_size);
+  return fd;
 }
 
 // The run's artifacts: every regular file under output/, then the logs, as paths relative to the
@@ -401,19 +430,17 @@ class AgentService final : public pb::Agent::Service {
     }
     std::string buffer(kArtifactChunkBytes, '\0');
     for (const std::string& path : paths) {
-      std::ifstream in(root + "/" + path, std::ios::binary);
-      std::error_code error;
-      const auto size = fs::file_size(root + "/" + path, error);
-      if (!in || error) continue;  // removed meanwhile
-      // The size when the listing was made: a log still growing is sent up to there.
-      int64_t left = static_cast<int64_t>(size);
+      int64_t size = 0;
+      const UniqueFd in = OpenArtifact(root, path, size);
+      if (!in.valid()) continue;  // removed meanwhile, or no longer the run's own file
+      // The size when the file was opened: a log still growing is sent up to there.
+      int64_t left = size;
       digest::Sha256 hasher;
       bool first = true;
       do {
         if (context->IsCancelled()) return grpc::Status::CANCELLED;
         const int64_t wanted = std::min<int64_t>(left, kArtifactChunkBytes);
-        in.read(buffer.data(), wanted);
-        const int64_t got = in.gcount();
+        const int64_t got = ReadFull(in.get(), buffer.data(), wanted);
         // A file cut short meanwhile ends here; the receiver sees the size and sha256 disagree.
         left = got < wanted ? 0 : left - got;
         const std::string_view data(buffer.data(), static_cast<size_t>(got));
@@ -421,7 +448,7 @@ class AgentService final : public pb::Agent::Service {
         pb::ArtifactChunk chunk;
         if (first) {
           chunk.set_path(path);
-          chunk.set_size(static_cast<int64_t>(size));
+          chunk.set_size(size);
         }
         chunk.set_data(std::string(data));
         if (left == 0) {

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <string_view>
 
 namespace llmctl {
@@ -93,6 +94,18 @@ StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) 
 
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+std::string PathInside(const std::string& path, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path resolved_dir = fs::weakly_canonical(dir, error);
+  if (error || resolved_dir.empty()) return "";
+  const fs::path resolved = fs::weakly_canonical(path, error);
+  if (error) return "";
+  const fs::path inside = resolved.lexically_relative(resolved_dir);
+  if (inside.empty() || inside == "." || *inside.begin() == "..") return "";
+  return inside.string();
 }
 
 }  // namespace llmctl

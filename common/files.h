@@ -20,6 +20,12 @@ namespace llmctl {
 StatusOr<std::string> ReadFileToString(const std::string& path,
                                        size_t max_bytes = std::numeric_limits<size_t>::max());
 
+// Where `path` lies inside the directory `dir`, both with their symbolic links resolved (those of
+// the part that exists) and "." and ".." applied: the relative path below `dir`, or "" when `path`
+// is `dir` itself, lies outside it, or either cannot be resolved. How the agent keeps what it
+// serves and what it resumes from inside a run, whatever links or ".." a path holds.
+std::string PathInside(const std::string& path, const std::string& dir);
+
 // A read-only MAP_PRIVATE mapping of a whole file, unmapped on destruction. Errors as
 // ReadFileToString. An empty file maps to an empty span.
 class MappedFile {
