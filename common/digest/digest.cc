@@ -83,6 +83,12 @@ std::string RelativePathProblem(std::string_view path) {
   }
 }
 
+std::string RunArtifactPathProblem(std::string_view path) {
+  if (std::string problem = RelativePathProblem(path); !problem.empty()) return problem;
+  if (path.find('/') == std::string_view::npos || path.starts_with("output/")) return "";
+  return "a path outside the run's output/ directory";
+}
+
 Status ValidateInputTree(std::string_view where, const InputTree& tree) {
   const std::string prefix(where);
   if (tree.files.empty()) return InvalidArgumentError(prefix + ": the tree has no files");

@@ -76,6 +76,13 @@ std::string TreeDigest(std::span<const TreeFile> files);
 // path".
 std::string RelativePathProblem(std::string_view path);
 
+// Empty when `path` may name one of a run's artifacts as FetchArtifacts lists a whole run: a path
+// without a RelativePathProblem that lies under "output/" or is a file of the run's directory
+// itself (its logs, "stdout.log"); else why not. The controller and `llmctl fetch` refuse any other
+// name an agent or a controller sends, so a download stays inside its destination's output/ and
+// its few top-level files.
+std::string RunArtifactPathProblem(std::string_view path);
+
 // Checks a tree as it arrived: at least one file; each path without a RelativePathProblem, strictly
 // increasing (path order, so no duplicates); each sha256 IsSha256Hex and size >= 0; a file tree has
 // exactly one entry; and `digest` equals TreeDigest. InvalidArgument messages start with `where`

@@ -87,6 +87,18 @@ TEST(InputTreeTest, RefusesBadTrees) {
   }
 }
 
+TEST(RunArtifactPathTest, OnlyTheRunsOutputAndItsOwnFiles) {
+  for (const char* good :
+       {"output/adapter/adapter_config.json", "stdout.log", "events.rank1.jsonl"}) {
+    EXPECT_EQ(RunArtifactPathProblem(good), "") << good;
+  }
+  EXPECT_EQ(RunArtifactPathProblem("input/secret"), "a path outside the run's output/ directory");
+  EXPECT_EQ(RunArtifactPathProblem("outputs/x"), "a path outside the run's output/ directory");
+  EXPECT_EQ(RunArtifactPathProblem("output/../../x"), "an empty, '.' or '..' segment");
+  EXPECT_EQ(RunArtifactPathProblem("/etc/passwd"), "an absolute path");
+  EXPECT_EQ(RunArtifactPathProblem("output/"), "an empty, '.' or '..' segment");
+}
+
 class VerifiedFileWriterTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -609,14 +609,14 @@ std::vector<v1::ArtifactChunk> ArtifactChunks(const std::string& path, const std
 
 TEST_F(CommandsTest, FetchWritesVerifiedFilesAndRefusesBadOnes) {
   const std::string adapter = "adapter bytes";
-  fake_.artifacts_ =
-      ArtifactChunks("adapter/adapter_model.safetensors", adapter, digest::Sha256Hex(adapter));
+  fake_.artifacts_ = ArtifactChunks("output/adapter/adapter_model.safetensors", adapter,
+                                    digest::Sha256Hex(adapter));
   const std::vector<v1::ArtifactChunk> log =
       ArtifactChunks("events.jsonl", "{}\n{}\n", digest::Sha256Hex("{}\n{}\n"));
   fake_.artifacts_.insert(fake_.artifacts_.end(), log.begin(), log.end());
   const fs::path to = dir_ / "out";
   ASSERT_EQ(Run({"fetch", "42", "a", "--to", to.string()}), kExitOk) << err_.str();
-  std::ifstream in(to / "adapter" / "adapter_model.safetensors");
+  std::ifstream in(to / "output" / "adapter" / "adapter_model.safetensors");
   std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(got, adapter);
   EXPECT_TRUE(fs::exists(to / "events.jsonl"));
@@ -634,3 +634,49 @@ TEST_F(CommandsTest, FetchWritesVerifiedFilesAndRefusesBadOnes) {
 
 }  // namespace
 }  // namespace llmctl::cli
+std::string Contents(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Every name the controller sends lies under output/ or is a top-level file of the run, and no
+// link planted in the destination redirects a write: neither a directory on the way nor the
+// ".part" file is followed.
+TEST_F(CommandsTest, FetchWritesOnlyBelowItsDestinationWhateverIsPlantedThere) {
+  const std::string adapter = "adapter bytes";
+  const fs::path to = dir_ / "out";
+  const fs::path victim = dir_ / "victim";
+  fs::create_directories(to);
+  fs::create_directories(victim);
+  Write("victim/file", "untouched");
+
+  fake_.artifacts_ = ArtifactChunks("input/data.jsonl", adapter, digest::Sha256Hex(adapter));
+  EXPECT_EQ(Run({"fetch", "42", "a", "--to", to.string()}), kExitFailed);
+  EXPECT_NE(err_.str().find("the controller sent artifact 'input/data.jsonl', which is not a "
+                            "trial's artifact: a path outside the run's output/ directory"),
+            std::string::npos)
+      << err_.str();
+  EXPECT_FALSE(fs::exists(to / "input"));
+
+  // A planted .part link is replaced, not written through.
+  fs::create_symlink(victim / "file", to / "events.jsonl.part");
+  fake_.artifacts_ = ArtifactChunks("events.jsonl", adapter, digest::Sha256Hex(adapter));
+  ASSERT_EQ(Run({"fetch", "42", "a", "--to", to.string()}), kExitOk) << err_.str();
+  EXPECT_EQ(Contents(victim / "file"), "untouched");
+  EXPECT_EQ(Contents(to / "events.jsonl"), adapter);
+  EXPECT_FALSE(fs::is_symlink(to / "events.jsonl"));
+
+  // A planted directory link on the way is refused.
+  fs::create_directory_symlink(victim, to / "output");
+  fake_.artifacts_ = ArtifactChunks("output/file", adapter, digest::Sha256Hex(adapter));
+  EXPECT_EQ(Run({"fetch", "42", "a", "--to", to.string()}), kExitFailed);
+  EXPECT_NE(err_.str().find((to / "output").string() +
+                            ": a symbolic link; llmctl fetch writes "
+                            "only into real directories below " +
+                            to.string()),
+            std::string::npos)
+      << err_.str();
+  EXPECT_EQ(Contents(victim / "file"), "untouched");
+  EXPECT_FALSE(fs::exists(victim / "file.part"));
+}
+

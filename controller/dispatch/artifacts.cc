@@ -1,5 +1,6 @@
 #include "controller/dispatch/artifacts.h"
 
+#include "common/digest/digest.h"
 #include "rpc/transfer.h"
 
 namespace llmctl::controller::dispatch {
@@ -18,6 +19,17 @@ Status ArtifactFetcher::Fetch(const std::string& node, const v1::RunKey& key,
   auto reader = stub->FetchArtifacts(&context, request);
   v1::ArtifactChunk chunk;
   while (reader->Read(&chunk)) {
+    // The agent is not trusted to keep to the run: every name it sends is a plain relative path,
+    // and for a whole run one under output/ or a file of the run's directory.
+    if (!chunk.path().empty()) {
+      const std::string problem = path.empty() ? digest::RunArtifactPathProblem(chunk.path())
+                                               : digest::RelativePathProblem(chunk.path());
+      if (!problem.empty()) {
+        context.TryCancel();
+        reader->Finish();
+        return DataLossError("node " + node + " sent artifact '" + chunk.path() + "': " + problem);
+      }
+    }
     if (!sink(chunk)) {
       context.TryCancel();
       reader->Finish();

@@ -20,7 +20,10 @@ class ArtifactFetcher {
   ArtifactFetcher(const Shared& shared, AgentLinks& links) : shared_(shared), links_(links) {}
 
   // Dispatcher::FetchArtifacts: Unavailable when the node has no link; DeadlineExceeded when no
-  // chunk arrives for call_deadline; Cancelled when `sink` says false.
+  // chunk arrives for call_deadline; Cancelled when `sink` says false; DataLoss, before `sink`
+  // sees it, for a file name that is not a plain relative path, or, fetching the whole run
+  // (`path` empty), one outside output/ and the run's own top-level files
+  // (digest::RunArtifactPathProblem).
   Status Fetch(const std::string& node, const v1::RunKey& key,
                const std::function<bool(const v1::ArtifactChunk&)>& sink,
                const std::string& path) const;

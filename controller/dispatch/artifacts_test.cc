@@ -1,5 +1,5 @@
 // Artifact downloads from a node's agent: streamed into the sink, only the directory asked for,
-// Unavailable without a link, Cancelled when the sink says no.
+// Unavailable without a link, Cancelled when the sink says no, DataLoss for a name outside the run.
 #include "controller/dispatch/artifacts.h"
 
 #include <gtest/gtest.h>
@@ -31,8 +31,31 @@ TEST_F(ArtifactsTest, StreamsARunsArtifactsFromItsNodeIntoTheSink) {
       });
   ASSERT_TRUE(fetched.ok()) << fetched.ToString();
   ASSERT_EQ(chunks.size(), 1u);
-  EXPECT_EQ(chunks[0].path(), "adapter/1/one#1");
+  EXPECT_EQ(chunks[0].path(), "output/adapter/1/one#1");
   EXPECT_EQ(chunks[0].data(), "weights");
+}
+
+// The controller does not pass on what an agent names outside the run's output/ and its own
+// top-level files, nor any path that climbs or is absolute.
+TEST_F(ArtifactsTest, NamesOutsideTheRunsOutputAreRefusedBeforeTheSinkSeesThem) {
+  Tick();
+  for (const auto& [name, problem] :
+       {std::pair<std::string, std::string>{"input/secret.txt", "outside the run's output/"},
+        {"output/../../../etc/passwd", "'..'"},
+        {"/root/.ssh/id_rsa", "an absolute path"}}) {
+    {
+      std::lock_guard lock(agent_state_.mutex);
+      agent_state_.artifact_name = name;
+    }
+    int seen = 0;
+    const Status fetched = daemon_->dispatcher().FetchArtifacts(
+        "n1", Key(), [&](const v1::ArtifactChunk&) { return ++seen > 0; });
+    EXPECT_EQ(fetched.code(), StatusCode::kDataLoss) << name;
+    EXPECT_NE(fetched.message().find("node n1 sent artifact '" + name + "': "), std::string::npos)
+        << fetched.message();
+    EXPECT_NE(fetched.message().find(problem), std::string::npos) << fetched.message();
+    EXPECT_EQ(seen, 0) << name;
+  }
 }
 
 TEST_F(ArtifactsTest, AskingForADirectoryTheRunLacksIsTheAgentsNotFound) {

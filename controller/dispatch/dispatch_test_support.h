@@ -90,6 +90,8 @@ struct FakeAgentState {
   // empty: NOT_FOUND, as for a checkpoint that is not there. The paths asked for.
   std::map<std::string, std::string> checkpoint_files;
   std::vector<std::string> fetched_paths;
+  // The name FetchArtifacts of a whole run gives its one file; "": output/adapter/<RunName>.
+  std::string artifact_name;
 
   void AddLinesAndEnd(const std::string& run, const std::vector<std::string>& lines,
                       const std::string& outcome) {
@@ -303,7 +305,11 @@ class FakeAgent final : public v1::Agent::Service {
       return grpc::Status::OK;
     }
     v1::ArtifactChunk chunk;
-    chunk.set_path("adapter/" + RunName(request->key()));
+    {
+      std::lock_guard lock(state_.mutex);
+      chunk.set_path(state_.artifact_name.empty() ? "output/adapter/" + RunName(request->key())
+                                                  : state_.artifact_name);
+    }
     chunk.set_data("weights");
     chunk.set_last(true);
     writer->Write(chunk);

@@ -97,7 +97,7 @@ TEST_F(LauncherTest, RunsATrialWithItsInputsAndStoresEveryEvent) {
   auto reader = controller_->FetchArtifacts(&fetch_context, fetch);
   v1::ArtifactChunk chunk;
   ASSERT_TRUE(reader->Read(&chunk));
-  EXPECT_EQ(chunk.path(), "adapter/" + std::to_string(submitted.experiment_id()) + "/one#1");
+  EXPECT_EQ(chunk.path(), "output/adapter/" + std::to_string(submitted.experiment_id()) + "/one#1");
   EXPECT_TRUE(reader->Finish().ok());
 }
 
