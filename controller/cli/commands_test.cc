@@ -632,8 +632,6 @@ TEST_F(CommandsTest, FetchWritesVerifiedFilesAndRefusesBadOnes) {
   EXPECT_FALSE(fs::exists(dir_ / "escape.bin"));
 }
 
-}  // namespace
-}  // namespace llmctl::cli
 std::string Contents(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -680,3 +678,5 @@ TEST_F(CommandsTest, FetchWritesOnlyBelowItsDestinationWhateverIsPlantedThere) {
   EXPECT_FALSE(fs::exists(victim / "file.part"));
 }
 
+}  // namespace
+}  // namespace llmctl::cli
