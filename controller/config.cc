@@ -80,11 +80,20 @@ Status ValidateListenAddress(std::string_view address, bool allow_remote) {
   if (!allow_remote && !IsLoopbackHost(host)) {
     return InvalidArgumentError(
         "listen address '" + std::string(address) +
-        "' is not loopback: the controller's API has no authentication of its own, so it listens "
-        "on a unix socket or 127.0.0.1 unless --allow-remote-listen (allow_remote_listen: true) "
-        "says otherwise");
+        "' is not loopback: the API token travels without TLS, so the controller listens on a "
+        "unix socket or 127.0.0.1 unless --allow-remote-listen (allow_remote_listen: true) says "
+        "otherwise");
   }
   return Status::Ok();
+}
+
+Status CheckListenCredential(const ControllerConfig& config) {
+  if (UnixSocketPath(config.listen) || !config.token_file.empty()) return Status::Ok();
+  return InvalidArgumentError(
+      "listen address '" + config.listen +
+      "' is TCP, which any local account can reach: set token_file (--token-file, "
+      "LLMCTL_CONTROLLER_TOKEN_FILE) to a 0600 file holding the API token (umask 077; openssl rand "
+      "-hex 32 > FILE), or listen on a unix socket");
 }
 
 Status ApplyConfigYaml(std::string_view yaml_text, std::string_view filename,
@@ -110,6 +119,8 @@ Status ApplyConfigYaml(std::string_view yaml_text, std::string_view filename,
       config.data_dir = text;
     } else if (key == "listen") {
       config.listen = text;
+    } else if (key == "token_file") {
+      config.token_file = text;
     } else if (key == "allow_remote_listen") {
       if (text != "true" && text != "false") {
         return InvalidArgumentError(where + ": expected true or false, got '" + text + "'");
@@ -132,8 +143,8 @@ Status ApplyConfigYaml(std::string_view yaml_text, std::string_view filename,
     } else {
       return InvalidArgumentError(
           Where(filename, entry.first.Mark()) + ": unknown setting '" + key +
-          "' (known: data_dir, listen, allow_remote_listen, requeue_after, agent_call_deadline, "
-          "min_transfer_rate, health_interval)");
+          "' (known: data_dir, listen, allow_remote_listen, token_file, requeue_after, "
+          "agent_call_deadline, min_transfer_rate, health_interval)");
     }
   }
   return Status::Ok();
@@ -148,8 +159,12 @@ StatusOr<ControllerConfig> ResolveControllerConfig(const ControllerOverrides& ov
   if (overrides.env_controller && !overrides.env_controller->empty()) {
     config.listen = *overrides.env_controller;
   }
+  if (overrides.env_token_file && !overrides.env_token_file->empty()) {
+    config.token_file = *overrides.env_token_file;
+  }
   if (overrides.data_dir) config.data_dir = *overrides.data_dir;
   if (overrides.listen) config.listen = *overrides.listen;
+  if (overrides.token_file) config.token_file = *overrides.token_file;
   if (overrides.allow_remote_listen) config.allow_remote_listen = true;
 
   if (config.data_dir.empty()) {
@@ -168,6 +183,10 @@ StatusOr<ControllerConfig> ResolveControllerConfig(const ControllerOverrides& ov
   }
   if (config.listen.empty()) config.listen = "unix:" + config.data_dir + "/controller.sock";
   RETURN_IF_ERROR(ValidateListenAddress(config.listen, config.allow_remote_listen));
+  if (!config.token_file.empty() && config.token_file.front() != '/') {
+    return InvalidArgumentError("token file '" + config.token_file + "' must be an absolute path");
+  }
+  RETURN_IF_ERROR(CheckListenCredential(config));
   return config;
 }
 

@@ -48,7 +48,7 @@ TEST(ConfigYamlTest, SetsEveryKey) {
   ASSERT_TRUE(ApplyConfigYaml("data_dir: /srv/llmctl\nlisten: 127.0.0.1:9000\n"
                               "allow_remote_listen: true\nrequeue_after: 2m\n"
                               "agent_call_deadline: 5s\nhealth_interval: 250ms\n"
-                              "min_transfer_rate: 2MiB\n",
+                              "min_transfer_rate: 2MiB\ntoken_file: /etc/llmctl/api.token\n",
                               "c.yaml", config)
                   .ok());
   EXPECT_EQ(config.data_dir, "/srv/llmctl");
@@ -58,6 +58,7 @@ TEST(ConfigYamlTest, SetsEveryKey) {
   EXPECT_EQ(config.agent_call_deadline, milliseconds(5'000));
   EXPECT_EQ(config.health_interval, milliseconds(250));
   EXPECT_EQ(config.min_transfer_bytes_per_second, 2 << 20);
+  EXPECT_EQ(config.token_file, "/etc/llmctl/api.token");
 }
 
 TEST(ConfigYamlTest, MinTransferRateMustBeAPositiveSize) {
@@ -101,7 +102,7 @@ TEST(ResolveConfigTest, DefaultsFollowTheDataDirectory) {
 TEST(ResolveConfigTest, FlagsOverrideTheEnvironmentWhichOverridesTheFile) {
   const std::string file = testing::TempDir() + "/controller_config_test.yaml";
   FILE* out = fopen(file.c_str(), "w");
-  fputs("data_dir: /from/file\nlisten: 127.0.0.1:1\n", out);
+  fputs("data_dir: /from/file\nlisten: 127.0.0.1:1\ntoken_file: /from/file.token\n", out);
   fclose(out);
 
   auto from_file = ResolveControllerConfig({.config_file = file});
@@ -115,6 +116,33 @@ TEST(ResolveConfigTest, FlagsOverrideTheEnvironmentWhichOverridesTheFile) {
                                              .env_controller = "127.0.0.1:2"});
   EXPECT_EQ(from_flags->listen, "127.0.0.1:3");
   EXPECT_EQ(from_flags->data_dir, "/from/flag");
+  EXPECT_EQ(from_flags->token_file, "/from/file.token");
+  auto token_from_env =
+      ResolveControllerConfig({.config_file = file, .env_token_file = "/from/env.token"});
+  EXPECT_EQ(token_from_env->token_file, "/from/env.token");
+  auto token_from_flag = ResolveControllerConfig(
+      {.config_file = file, .token_file = "/from/flag.token", .env_token_file = "/from/env.token"});
+  EXPECT_EQ(token_from_flag->token_file, "/from/flag.token");
+}
+
+TEST(ResolveConfigTest, ATcpListenAddressNeedsATokenFile) {
+  Status refused = ResolveControllerConfig({.data_dir = "/d", .listen = "127.0.0.1:7070"}).status();
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message().rfind("listen address '127.0.0.1:7070' is TCP, which any local "
+                                    "account can reach: set token_file (--token-file, "
+                                    "LLMCTL_CONTROLLER_TOKEN_FILE)",
+                                    0),
+            0u)
+      << refused.message();
+  EXPECT_TRUE(ResolveControllerConfig(
+                  {.data_dir = "/d", .listen = "127.0.0.1:7070", .token_file = "/d/api.token"})
+                  .ok());
+  EXPECT_TRUE(ResolveControllerConfig({.data_dir = "/d", .listen = "unix:/d/c.sock"}).ok());
+  EXPECT_EQ(ResolveControllerConfig(
+                {.data_dir = "/d", .listen = "127.0.0.1:7070", .token_file = "api.token"})
+                .status()
+                .message(),
+            "token file 'api.token' must be an absolute path");
 }
 
 TEST(ResolveConfigTest, RefusesRelativeDirectoriesAndRemoteListening) {
@@ -122,8 +150,10 @@ TEST(ResolveConfigTest, RefusesRelativeDirectoriesAndRemoteListening) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(ResolveControllerConfig({.data_dir = "/d", .listen = "10.0.0.5:7070"}).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_TRUE(ResolveControllerConfig(
-                  {.data_dir = "/d", .listen = "10.0.0.5:7070", .allow_remote_listen = true})
+  EXPECT_TRUE(ResolveControllerConfig({.data_dir = "/d",
+                                       .listen = "10.0.0.5:7070",
+                                       .token_file = "/d/api.token",
+                                       .allow_remote_listen = true})
                   .ok());
   EXPECT_EQ(ResolveControllerConfig({.config_file = "/no/such/file.yaml"}).status().code(),
             StatusCode::kNotFound);

@@ -17,12 +17,19 @@
 #include "rpc/status.h"
 
 namespace llmctl::controller {
-namespace {
 
 using nlohmann::json;
 
-// Runs a handler body, turning an escaping exception into INTERNAL.
-grpc::Status Guard(std::string_view method, const std::function<Status()>& body) {
+grpc::Status ControllerService::Guard(const grpc::ServerContext* context, std::string_view method,
+                                      const std::function<Status()>& body) const {
+  if (!api_token_.empty()) {
+    grpc::Status authenticated = rpc::CheckBearerToken(context->client_metadata(), api_token_);
+    if (!authenticated.ok()) {
+      spdlog::warn("{} from {}: refused: {}", method, context->peer(),
+                   authenticated.error_message());
+      return authenticated;
+    }
+  }
   try {
     return rpc::ToGrpcStatus(body());
   } catch (const std::exception& e) {
@@ -30,6 +37,8 @@ grpc::Status Guard(std::string_view method, const std::function<Status()>& body)
     return grpc::Status(grpc::StatusCode::INTERNAL, std::string(method) + ": " + e.what());
   }
 }
+
+namespace {
 
 int64_t IntField(const json& object, std::string_view key) {
   if (!object.is_object()) return 0;
@@ -134,19 +143,20 @@ Status ValidateNodeName(std::string_view name) {
 ControllerService::ControllerService(store::Store& store, const BlobStore& blobs,
                                      SecretsFile& secrets, const rpc::CertificateAuthority& ca,
                                      Dispatcher& dispatcher, const ChangeNotifier& changes,
-                                     const Clock& clock)
+                                     const Clock& clock, std::string api_token)
     : store_(store),
       blobs_(blobs),
       secrets_(secrets),
       ca_(ca),
       dispatcher_(dispatcher),
       changes_(changes),
-      clock_(clock) {}
+      clock_(clock),
+      api_token_(std::move(api_token)) {}
 
-grpc::Status ControllerService::MissingBlobs(grpc::ServerContext*,
+grpc::Status ControllerService::MissingBlobs(grpc::ServerContext* context,
                                              const v1::MissingBlobsRequest* request,
                                              v1::MissingBlobsResponse* response) {
-  return Guard("MissingBlobs", [&]() -> Status {
+  return Guard(context, "MissingBlobs", [&]() -> Status {
     const std::vector<std::string> wanted(request->sha256().begin(), request->sha256().end());
     ASSIGN_OR_RETURN(std::vector<std::string> missing, blobs_.Missing(wanted));
     for (std::string& sha256 : missing) response->add_sha256(std::move(sha256));
@@ -154,10 +164,10 @@ grpc::Status ControllerService::MissingBlobs(grpc::ServerContext*,
   });
 }
 
-grpc::Status ControllerService::UploadBlob(grpc::ServerContext*,
+grpc::Status ControllerService::UploadBlob(grpc::ServerContext* context,
                                            grpc::ServerReader<v1::BlobChunk>* reader,
                                            v1::UploadBlobResponse* response) {
-  return Guard("UploadBlob", [&]() -> Status {
+  return Guard(context, "UploadBlob", [&]() -> Status {
     v1::BlobChunk chunk;
     if (!reader->Read(&chunk)) return InvalidArgumentError("upload: no chunk arrived");
     const std::string sha256 = chunk.sha256();
@@ -180,9 +190,10 @@ grpc::Status ControllerService::UploadBlob(grpc::ServerContext*,
   });
 }
 
-grpc::Status ControllerService::Submit(grpc::ServerContext*, const v1::SubmitRequest* request,
+grpc::Status ControllerService::Submit(grpc::ServerContext* context,
+                                       const v1::SubmitRequest* request,
                                        v1::SubmitResponse* response) {
-  return Guard("Submit", [&]() -> Status {
+  return Guard(context, "Submit", [&]() -> Status {
     std::map<std::string, digest::InputTree> inputs;
     for (const auto& [path, tree] : request->inputs()) {
       if (path.empty()) return InvalidArgumentError("submit: an input has an empty path");
@@ -225,10 +236,10 @@ grpc::Status ControllerService::Submit(grpc::ServerContext*, const v1::SubmitReq
   });
 }
 
-grpc::Status ControllerService::ListExperiments(grpc::ServerContext*,
+grpc::Status ControllerService::ListExperiments(grpc::ServerContext* context,
                                                 const v1::ListExperimentsRequest*,
                                                 v1::ListExperimentsResponse* response) {
-  return Guard("ListExperiments", [&]() -> Status {
+  return Guard(context, "ListExperiments", [&]() -> Status {
     ASSIGN_OR_RETURN(std::vector<store::ExperimentRecord> experiments, store_.ListExperiments());
     for (const store::ExperimentRecord& experiment : experiments) {
       ASSIGN_OR_RETURN(std::vector<store::TrialRecord> trials, store_.ListTrials(experiment.id));
@@ -316,10 +327,10 @@ StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment
   return status;
 }
 
-grpc::Status ControllerService::GetExperiment(grpc::ServerContext*,
+grpc::Status ControllerService::GetExperiment(grpc::ServerContext* context,
                                               const v1::GetExperimentRequest* request,
                                               v1::ExperimentStatus* response) {
-  return Guard("GetExperiment", [&]() -> Status {
+  return Guard(context, "GetExperiment", [&]() -> Status {
     ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
     ASSIGN_OR_RETURN(*response, BuildStatus(id));
     return Status::Ok();
@@ -329,7 +340,7 @@ grpc::Status ControllerService::GetExperiment(grpc::ServerContext*,
 grpc::Status ControllerService::Watch(grpc::ServerContext* context,
                                       const v1::GetExperimentRequest* request,
                                       grpc::ServerWriter<v1::ExperimentStatus>* writer) {
-  return Guard("Watch", [&]() -> Status {
+  return Guard(context, "Watch", [&]() -> Status {
     ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
     uint64_t seen = changes_.version();
     std::string last_sent;
@@ -348,9 +359,10 @@ grpc::Status ControllerService::Watch(grpc::ServerContext* context,
   });
 }
 
-grpc::Status ControllerService::Cancel(grpc::ServerContext*, const v1::CancelRequest* request,
+grpc::Status ControllerService::Cancel(grpc::ServerContext* context,
+                                       const v1::CancelRequest* request,
                                        v1::CancelResponse* response) {
-  return Guard("Cancel", [&]() -> Status {
+  return Guard(context, "Cancel", [&]() -> Status {
     ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
     ASSIGN_OR_RETURN(std::vector<std::string> cancelled,
                      dispatcher_.Cancel(id, request->trial(), request->checkpoint()));
@@ -359,9 +371,10 @@ grpc::Status ControllerService::Cancel(grpc::ServerContext*, const v1::CancelReq
   });
 }
 
-grpc::Status ControllerService::Resume(grpc::ServerContext*, const v1::ResumeRequest* request,
+grpc::Status ControllerService::Resume(grpc::ServerContext* context,
+                                       const v1::ResumeRequest* request,
                                        v1::ResumeResponse* response) {
-  return Guard("Resume", [&]() -> Status {
+  return Guard(context, "Resume", [&]() -> Status {
     ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
     if (request->trial().empty()) return InvalidArgumentError("resume: which trial?");
     ASSIGN_OR_RETURN(store::TrialResume resume, dispatcher_.Resume(id, request->trial()));
@@ -376,10 +389,10 @@ grpc::Status ControllerService::Resume(grpc::ServerContext*, const v1::ResumeReq
   });
 }
 
-grpc::Status ControllerService::Report(grpc::ServerContext*,
+grpc::Status ControllerService::Report(grpc::ServerContext* context,
                                        const v1::GetExperimentRequest* request,
                                        v1::ReportResponse* response) {
-  return Guard("Report", [&]() -> Status {
+  return Guard(context, "Report", [&]() -> Status {
     ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
     ASSIGN_OR_RETURN(store::ExperimentReport report, store_.Report(id));
     ASSIGN_OR_RETURN(std::vector<store::TrialRecord> records, store_.ListTrials(id));
@@ -462,7 +475,7 @@ grpc::Status ControllerService::Report(grpc::ServerContext*,
 grpc::Status ControllerService::FetchArtifacts(grpc::ServerContext* context,
                                                const v1::FetchTrialArtifactsRequest* request,
                                                grpc::ServerWriter<v1::ArtifactChunk>* writer) {
-  return Guard("FetchArtifacts", [&]() -> Status {
+  return Guard(context, "FetchArtifacts", [&]() -> Status {
     ASSIGN_OR_RETURN(int64_t id, ResolveExperimentId(request->experiment_id()));
     ASSIGN_OR_RETURN(store::ExperimentReport report, store_.Report(id));
     auto trial =
@@ -525,9 +538,9 @@ StatusOr<v1::NodeStatus> ControllerService::BuildNodeStatus(
   return row;
 }
 
-grpc::Status ControllerService::ListNodes(grpc::ServerContext*, const v1::ListNodesRequest*,
+grpc::Status ControllerService::ListNodes(grpc::ServerContext* context, const v1::ListNodesRequest*,
                                           v1::ListNodesResponse* response) {
-  return Guard("ListNodes", [&]() -> Status {
+  return Guard(context, "ListNodes", [&]() -> Status {
     ASSIGN_OR_RETURN(std::vector<store::NodeRecord> nodes, store_.ListNodes());
     ASSIGN_OR_RETURN(std::vector<store::RunningAttempt> running, store_.ListRunningAttempts());
     for (const store::NodeRecord& node : nodes) {
@@ -537,16 +550,40 @@ grpc::Status ControllerService::ListNodes(grpc::ServerContext*, const v1::ListNo
   });
 }
 
-grpc::Status ControllerService::RegisterNode(grpc::ServerContext*,
+grpc::Status ControllerService::RegisterNode(grpc::ServerContext* context,
                                              const v1::RegisterNodeRequest* request,
                                              v1::NodeCredentials* response) {
-  return Guard("RegisterNode", [&]() -> Status {
+  return Guard(context, "RegisterNode", [&]() -> Status {
     RETURN_IF_ERROR(ValidateNodeName(request->name()));
     if (!request->address().empty()) RETURN_IF_ERROR(ValidateAgentAddress(request->address()));
-    ASSIGN_OR_RETURN(rpc::IssuedCertificate certificate,
-                     ca_.Issue(rpc::AgentCertificateName(request->name()), 365));
+    // Held from the check of the current token to the new one's storing, so that two calls
+    // cannot both find the name free.
+    std::lock_guard registering(registration_mutex_);
+    StatusOr<std::string> current_token = secrets_.NodeToken(request->name());
+    if (current_token.ok()) {
+      // A live node: only a holder of its token may replace its credentials, else any caller
+      // could take over its name (and the trials, inputs and artifacts sent to it).
+      if (request->current_token().empty()) {
+        return Status(StatusCode::kPermissionDenied,
+                      "register node: node '" + request->name() +
+                          "' is registered; registering it again needs its current token "
+                          "(current_token), or remove it first (llmctl node down " +
+                          request->name() + ")");
+      }
+      if (!rpc::SameSecret(request->current_token(), *current_token)) {
+        return Status(StatusCode::kPermissionDenied,
+                      "register node: current_token is not node '" + request->name() + "''s token");
+      }
+    } else if (current_token.status().code() != StatusCode::kNotFound) {
+      return current_token.status();
+    }
+    // A name of this registration's own: the controller dials the node under it, so no
+    // certificate of an earlier node of this name passes for this one.
+    ASSIGN_OR_RETURN(const std::string registration, RandomHex(8));
+    const std::string certificate_name = rpc::AgentCertificateName(request->name(), registration);
+    ASSIGN_OR_RETURN(rpc::IssuedCertificate certificate, ca_.Issue(certificate_name, 365));
     ASSIGN_OR_RETURN(std::string token, NewNodeToken());
-    RETURN_IF_ERROR(secrets_.PutNodeToken(request->name(), token));
+    RETURN_IF_ERROR(secrets_.PutNodeToken(request->name(), token, certificate_name));
     RETURN_IF_ERROR(
         store_.PutSecretRef(request->name(), SecretsFile::NodeTokenRef(request->name())));
     store::NodeRecord node{.name = request->name(),
@@ -572,10 +609,10 @@ grpc::Status ControllerService::RegisterNode(grpc::ServerContext*,
   });
 }
 
-grpc::Status ControllerService::UpdateNode(grpc::ServerContext*,
+grpc::Status ControllerService::UpdateNode(grpc::ServerContext* context,
                                            const v1::UpdateNodeRequest* request,
                                            v1::NodeStatus* response) {
-  return Guard("UpdateNode", [&]() -> Status {
+  return Guard(context, "UpdateNode", [&]() -> Status {
     RETURN_IF_ERROR(ValidateNodeName(request->name()));
     if (!request->address().empty()) RETURN_IF_ERROR(ValidateAgentAddress(request->address()));
     if (request->has_lease() && request->lease().ends_unix() <= 0) {
@@ -609,10 +646,10 @@ grpc::Status ControllerService::UpdateNode(grpc::ServerContext*,
   });
 }
 
-grpc::Status ControllerService::DeregisterNode(grpc::ServerContext*,
+grpc::Status ControllerService::DeregisterNode(grpc::ServerContext* context,
                                                const v1::DeregisterNodeRequest* request,
                                                v1::DeregisterNodeResponse* response) {
-  return Guard("DeregisterNode", [&]() -> Status {
+  return Guard(context, "DeregisterNode", [&]() -> Status {
     RETURN_IF_ERROR(ValidateNodeName(request->name()).WithContext("deregister node"));
     // The token goes first: from the moment the node is removed the controller cannot present it
     // again. Should the removal fail after this, the node is unreachable until a retry removes it.

@@ -4,6 +4,11 @@
 #ifndef LLMCTL_CONTROLLER_CONTROLLER_SERVICE_H_
 #define LLMCTL_CONTROLLER_CONTROLLER_SERVICE_H_
 
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+
 #include "controller/blob_store.h"
 #include "controller/change_notifier.h"
 #include "controller/clock.h"
@@ -17,10 +22,13 @@ namespace llmctl::controller {
 
 class ControllerService final : public v1::Controller::Service {
  public:
-  // The references must outlive the service.
+  // The references must outlive the service. A non-empty `api_token` must come with every call
+  // ("authorization: Bearer <token>", rpc::CheckBearerToken), else UNAUTHENTICATED: the check is
+  // the first thing each handler does (Guard), as gRPC has no hook that refuses a call on a
+  // channel without TLS. Empty: no check (the unix socket, whose mode is its credential).
   ControllerService(store::Store& store, const BlobStore& blobs, SecretsFile& secrets,
                     const rpc::CertificateAuthority& ca, Dispatcher& dispatcher,
-                    const ChangeNotifier& changes, const Clock& clock);
+                    const ChangeNotifier& changes, const Clock& clock, std::string api_token = "");
 
   grpc::Status MissingBlobs(grpc::ServerContext* context, const v1::MissingBlobsRequest* request,
                             v1::MissingBlobsResponse* response) override;
@@ -55,6 +63,10 @@ class ControllerService final : public v1::Controller::Service {
                               v1::DeregisterNodeResponse* response) override;
 
  private:
+  // Checks the caller's token (when the service has one), then runs a handler body, turning an
+  // escaping exception into INTERNAL.
+  grpc::Status Guard(const grpc::ServerContext* context, std::string_view method,
+                     const std::function<Status()>& body) const;
   StatusOr<int64_t> ResolveExperimentId(int64_t requested);
   StatusOr<v1::ExperimentStatus> BuildStatus(int64_t experiment_id);
   StatusOr<v1::NodeStatus> BuildNodeStatus(const store::NodeRecord& node,
@@ -67,6 +79,8 @@ class ControllerService final : public v1::Controller::Service {
   Dispatcher& dispatcher_;
   const ChangeNotifier& changes_;
   const Clock& clock_;
+  const std::string api_token_;
+  std::mutex registration_mutex_;  // serialises RegisterNode's check and change of a name's token
 };
 
 // "letters, digits and '-'", 1 to 63 of them: a DNS label, as the agent's certificate name needs.

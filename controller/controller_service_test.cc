@@ -2,6 +2,7 @@
 // directory per test.
 #include "controller/controller_service.h"
 
+#include <google/protobuf/descriptor.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -9,7 +10,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <tuple>
 
@@ -17,6 +20,7 @@
 #include "common/estimate/step_work.h"
 #include "common/files.h"
 #include "controller/daemon.h"
+#include "rpc/tls.h"
 
 namespace llmctl::controller {
 namespace {
@@ -561,6 +565,325 @@ TEST_F(ControllerServiceTest, UnknownExperimentsAreNotFound) {
   request.set_experiment_id(42);
   EXPECT_EQ(stub_->GetExperiment(&other, request, &status).error_code(),
             grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ControllerServiceTest, RegisteringALiveNodeAgainNeedsItsCurrentToken) {
+  auto register_node = [&](const std::string& current_token, v1::NodeCredentials* credentials) {
+    grpc::ClientContext context;
+    v1::RegisterNodeRequest request;
+    request.set_name("gpu-1");
+    request.set_address("127.0.0.1:7443");
+    request.set_current_token(current_token);
+    return stub_->RegisterNode(&context, request, credentials);
+  };
+  v1::NodeCredentials first;
+  ASSERT_TRUE(register_node("", &first).ok());
+  auto secrets = [&] { return *ReadFileToString(root_ + "/data/secrets.json", 1 << 20); };
+
+  // A caller without the node's token cannot take its name over (and its trials with it).
+  v1::NodeCredentials hijacked;
+  grpc::Status without = register_node("", &hijacked);
+  EXPECT_EQ(without.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(without.error_message(),
+            "register node: node 'gpu-1' is registered; registering it again needs its current "
+            "token (current_token), or remove it first (llmctl node down gpu-1)");
+  grpc::Status wrong = register_node(std::string(64, '0'), &hijacked);
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(wrong.error_message().find(std::string(64, '0')), std::string::npos);
+  EXPECT_NE(secrets().find(first.token()), std::string::npos) << "the refusals changed nothing";
+
+  // Its holder may: new credentials, under a certificate name of their own.
+  v1::NodeCredentials second;
+  ASSERT_TRUE(register_node(first.token(), &second).ok());
+  EXPECT_NE(second.token(), first.token());
+  EXPECT_EQ(secrets().find(first.token()), std::string::npos);
+  EXPECT_NE(secrets().find(second.token()), std::string::npos);
+
+  // After `node down` the name is free, for a node that shares nothing with the old one.
+  grpc::ClientContext down_context;
+  v1::DeregisterNodeRequest down;
+  down.set_name("gpu-1");
+  v1::DeregisterNodeResponse removed;
+  ASSERT_TRUE(stub_->DeregisterNode(&down_context, down, &removed).ok());
+  v1::NodeCredentials third;
+  ASSERT_TRUE(register_node("", &third).ok());
+  EXPECT_NE(third.token(), second.token());
+}
+
+TEST_F(ControllerServiceTest, EachRegistrationHasACertificateNameOfItsOwnInTheSecretsFile) {
+  auto names = [&]() -> std::vector<std::string> {
+    auto secrets = SecretsFile::Open(root_ + "/data/secrets.json");
+    EXPECT_TRUE(secrets.ok());
+    StatusOr<std::string> name = (*secrets)->NodeCertificateName("gpu-1");
+    return name.ok() ? std::vector<std::string>{*name} : std::vector<std::string>{};
+  };
+  v1::NodeCredentials first;
+  {
+    grpc::ClientContext context;
+    v1::RegisterNodeRequest request;
+    request.set_name("gpu-1");
+    ASSERT_TRUE(stub_->RegisterNode(&context, request, &first).ok());
+  }
+  const std::vector<std::string> first_name = names();
+  ASSERT_EQ(first_name.size(), 1u);
+  EXPECT_TRUE(first_name[0].starts_with("agent-gpu-1.") && first_name[0].ends_with(".llmctl"))
+      << first_name[0];
+  EXPECT_NE(first_name[0], rpc::AgentCertificateName("gpu-1"));
+  {
+    grpc::ClientContext context;
+    v1::DeregisterNodeRequest down;
+    down.set_name("gpu-1");
+    v1::DeregisterNodeResponse removed;
+    ASSERT_TRUE(stub_->DeregisterNode(&context, down, &removed).ok());
+  }
+  EXPECT_TRUE(names().empty()) << "node down forgets the name with the token";
+  v1::NodeCredentials second;
+  {
+    grpc::ClientContext context;
+    v1::RegisterNodeRequest request;
+    request.set_name("gpu-1");
+    ASSERT_TRUE(stub_->RegisterNode(&context, request, &second).ok());
+  }
+  ASSERT_EQ(names().size(), 1u);
+  EXPECT_NE(names()[0], first_name[0]);
+}
+
+TEST_F(ControllerServiceTest, ASocketDirectoryItDidNotCreateIsNeverChmodded) {
+  // Shared or foreign directories (/tmp as root): refused, and left as they were.
+  const std::string shared = root_ + "/shared";
+  ASSERT_EQ(mkdir(shared.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(shared.c_str(), 01777), 0);
+  ControllerConfig config;
+  config.data_dir = root_ + "/data3";
+  config.listen = "unix:" + shared + "/controller.sock";
+  auto refused = Daemon::Start(config, clock_, {.run_dispatcher = false});
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find(shared + " (owner uid "), std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("mode 1777) is not a private directory"),
+            std::string::npos)
+      << refused.status().message();
+  struct stat info;
+  ASSERT_EQ(stat(shared.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 07777, 01777u);
+  EXPECT_FALSE(fs::exists(shared + "/controller.sock"));
+
+  // One that is this user's but readable by others: refused too, not narrowed.
+  ASSERT_EQ(chmod(shared.c_str(), 0755), 0);
+  EXPECT_EQ(Daemon::Start(config, clock_, {.run_dispatcher = false}).status().code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_EQ(stat(shared.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 07777, 0755u);
+
+  // A private one of this user's, or one llmctld makes itself, serves.
+  ASSERT_EQ(chmod(shared.c_str(), 0700), 0);
+  auto served = Daemon::Start(config, clock_, {.run_dispatcher = false});
+  EXPECT_TRUE(served.ok()) << served.status().ToString();
+}
+
+// The API on TCP: a token in a 0600 file, checked on every method.
+class ControllerTcpTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = testing::TempDir() + "/controller_tcp_test_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+    token_file_ = root_ + "/api.token";
+    std::ofstream(token_file_) << kToken << "\n";
+    ASSERT_EQ(chmod(token_file_.c_str(), 0600), 0);
+    config_.data_dir = root_ + "/data";
+    config_.listen = "127.0.0.1:0";
+    config_.token_file = token_file_;
+  }
+  void TearDown() override {
+    daemon_.reset();
+    fs::remove_all(root_);
+  }
+
+  void Start() {
+    auto daemon = Daemon::Start(config_, clock_, {.run_dispatcher = false});
+    ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+    daemon_ = std::move(*daemon);
+  }
+
+  // A stub whose every call carries `token` the CLI's way (none when empty).
+  std::unique_ptr<v1::Controller::Stub> StubWithToken(const std::string& token) {
+    if (token.empty()) {
+      return v1::Controller::NewStub(
+          grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
+    }
+    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> adders;
+    adders.push_back(rpc::BearerTokenInterceptor(token));
+    return v1::Controller::NewStub(grpc::experimental::CreateCustomChannelWithInterceptors(
+        daemon_->address(), grpc::InsecureChannelCredentials(), grpc::ChannelArguments(),
+        std::move(adders)));
+  }
+
+  // Calls every method of the service once, with requests that name nothing that exists; the
+  // status per method. A method missing here fails the test, so a new one cannot go unchecked.
+  std::map<std::string, grpc::Status> CallEveryMethod(v1::Controller::Stub& stub) {
+    using Call = std::function<grpc::Status(grpc::ClientContext*)>;
+    const std::map<std::string, Call> calls = {
+        {"MissingBlobs",
+         [&](grpc::ClientContext* c) {
+           v1::MissingBlobsResponse r;
+           return stub.MissingBlobs(c, {}, &r);
+         }},
+        {"UploadBlob",
+         [&](grpc::ClientContext* c) {
+           v1::UploadBlobResponse r;
+           auto writer = stub.UploadBlob(c, &r);
+           writer->WritesDone();
+           return writer->Finish();
+         }},
+        {"Submit",
+         [&](grpc::ClientContext* c) {
+           v1::SubmitResponse r;
+           return stub.Submit(c, {}, &r);
+         }},
+        {"ListExperiments",
+         [&](grpc::ClientContext* c) {
+           v1::ListExperimentsResponse r;
+           return stub.ListExperiments(c, {}, &r);
+         }},
+        {"GetExperiment",
+         [&](grpc::ClientContext* c) {
+           v1::ExperimentStatus r;
+           return stub.GetExperiment(c, {}, &r);
+         }},
+        {"Watch",
+         [&](grpc::ClientContext* c) {
+           auto reader = stub.Watch(c, {});
+           v1::ExperimentStatus r;
+           while (reader->Read(&r)) {
+           }
+           return reader->Finish();
+         }},
+        {"Cancel",
+         [&](grpc::ClientContext* c) {
+           v1::CancelResponse r;
+           return stub.Cancel(c, {}, &r);
+         }},
+        {"Resume",
+         [&](grpc::ClientContext* c) {
+           v1::ResumeResponse r;
+           return stub.Resume(c, {}, &r);
+         }},
+        {"Report",
+         [&](grpc::ClientContext* c) {
+           v1::ReportResponse r;
+           return stub.Report(c, {}, &r);
+         }},
+        {"FetchArtifacts",
+         [&](grpc::ClientContext* c) {
+           auto reader = stub.FetchArtifacts(c, {});
+           v1::ArtifactChunk r;
+           while (reader->Read(&r)) {
+           }
+           return reader->Finish();
+         }},
+        {"ListNodes",
+         [&](grpc::ClientContext* c) {
+           v1::ListNodesResponse r;
+           return stub.ListNodes(c, {}, &r);
+         }},
+        {"RegisterNode",
+         [&](grpc::ClientContext* c) {
+           v1::RegisterNodeRequest request;
+           request.set_name("intruder");
+           v1::NodeCredentials r;
+           return stub.RegisterNode(c, request, &r);
+         }},
+        {"UpdateNode",
+         [&](grpc::ClientContext* c) {
+           v1::NodeStatus r;
+           return stub.UpdateNode(c, {}, &r);
+         }},
+        {"DeregisterNode",
+         [&](grpc::ClientContext* c) {
+           v1::DeregisterNodeResponse r;
+           return stub.DeregisterNode(c, {}, &r);
+         }},
+    };
+    std::map<std::string, grpc::Status> statuses;
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+            "llmctl.v1.Controller");
+    EXPECT_NE(service, nullptr);
+    if (service == nullptr) return statuses;
+    for (int i = 0; i < service->method_count(); ++i) {
+      const std::string name = service->method(i)->name();
+      auto call = calls.find(name);
+      if (call == calls.end()) {
+        ADD_FAILURE() << "no call for " << name << " in CallEveryMethod";
+        continue;
+      }
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      statuses[name] = call->second(&context);
+    }
+    return statuses;
+  }
+
+  static constexpr char kToken[] =
+      "4f1c0c5e9b2d7a8e6f3b1d0c9a8e7f6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f";
+  ManualClock clock_{store::Time(std::chrono::seconds(1'700'000'000))};
+  std::string root_;
+  std::string token_file_;
+  ControllerConfig config_;
+  std::unique_ptr<Daemon> daemon_;
+};
+
+TEST_F(ControllerTcpTest, EveryMethodRefusesACallWithoutTheRightToken) {
+  Start();
+  EXPECT_TRUE(daemon_->address().starts_with("127.0.0.1:")) << daemon_->address();
+  for (const std::string& token : {std::string(), std::string("wrong"),
+                                   std::string(kToken).substr(1), std::string(kToken) + "0"}) {
+    const std::map<std::string, grpc::Status> statuses = CallEveryMethod(*StubWithToken(token));
+    EXPECT_EQ(statuses.size(), 14u);
+    for (const auto& [method, status] : statuses) {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+          << method << " with token '" << token << "': " << status.error_message();
+      EXPECT_EQ(status.error_message(),
+                token.empty() ? "missing bearer token" : "invalid bearer token")
+          << method;
+    }
+  }
+  auto nodes = daemon_->store().ListNodes();
+  ASSERT_TRUE(nodes.ok());
+  EXPECT_TRUE(nodes->empty()) << "the refused RegisterNode registered nothing";
+
+  // The right token passes every method (each then fails or not on its own request).
+  const std::map<std::string, grpc::Status> statuses = CallEveryMethod(*StubWithToken(kToken));
+  EXPECT_EQ(statuses.size(), 14u);
+  for (const auto& [method, status] : statuses) {
+    EXPECT_NE(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << method << ": " << status.error_message();
+  }
+  EXPECT_TRUE(statuses.at("ListNodes").ok());
+  EXPECT_TRUE(statuses.at("RegisterNode").ok());
+}
+
+TEST_F(ControllerTcpTest, ATcpListenerWithoutAUsableTokenFileDoesNotStart) {
+  config_.token_file.clear();
+  auto none = Daemon::Start(config_, clock_, {.run_dispatcher = false});
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(none.status().message().rfind("listen address '127.0.0.1:0' is TCP, which any local "
+                                          "account can reach: set token_file",
+                                          0),
+            0u)
+      << none.status().message();
+
+  config_.token_file = token_file_;
+  ASSERT_EQ(chmod(token_file_.c_str(), 0644), 0);
+  auto readable = Daemon::Start(config_, clock_, {.run_dispatcher = false});
+  EXPECT_EQ(readable.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(readable.status().message(),
+            "token file " + token_file_ + " may be read by others; chmod 600 it");
+
+  config_.token_file = root_ + "/missing.token";
+  EXPECT_EQ(Daemon::Start(config_, clock_, {.run_dispatcher = false}).status().code(),
+            StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -16,12 +17,34 @@
 namespace llmctl::controller {
 namespace {
 
+// Creates `dir` (mode 0700) when it is missing; an existing one must already be a directory of
+// this user's that no one else may enter. Never changes the mode of a directory it did not
+// create: `--listen unix:/tmp/x.sock` run as root would otherwise make /tmp unusable.
 Status MakePrivateDirectory(const std::string& dir) {
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error) return FailedPreconditionError("cannot create " + dir + ": " + error.message());
-  if (chmod(dir.c_str(), 0700) != 0) {
-    return FailedPreconditionError("cannot make " + dir + " private: " + std::strerror(errno));
+  struct stat info;
+  if (lstat(dir.c_str(), &info) != 0) {
+    std::error_code error;
+    std::filesystem::create_directories(std::filesystem::path(dir).parent_path(), error);
+    if (error) return FailedPreconditionError("cannot create " + dir + ": " + error.message());
+    if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return FailedPreconditionError("cannot create " + dir + ": " + std::strerror(errno));
+    }
+    if (lstat(dir.c_str(), &info) != 0) {
+      return FailedPreconditionError("cannot create " + dir + ": " + std::strerror(errno));
+    }
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    return FailedPreconditionError(dir + " is not a directory");
+  }
+  if (info.st_uid != geteuid() || (info.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(info.st_mode & 07777));
+    return FailedPreconditionError(
+        dir + " (owner uid " + std::to_string(info.st_uid) + ", mode " + mode +
+        ") is not a private directory of this user (uid " + std::to_string(geteuid()) +
+        ", mode 0700); llmctld changes no directory it did not create: choose a path in a new "
+        "or private directory (e.g. unix:" +
+        dir + "/llmctl/controller.sock)");
   }
   return Status::Ok();
 }
@@ -85,11 +108,17 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
                         .health_interval = config.health_interval,
                         .backoff_initial = options.backoff_initial,
                         .backoff_max = options.backoff_max});
+  const std::optional<std::string> socket = UnixSocketPath(config.listen);
+  // Every listener but the unix socket (0600 in a 0700 directory) takes calls only with the token.
+  std::string api_token;
+  if (!socket) {
+    RETURN_IF_ERROR(CheckListenCredential(config));
+    ASSIGN_OR_RETURN(api_token, rpc::ReadTokenFile(config.token_file));
+  }
   daemon->service_ = std::make_unique<ControllerService>(
       *daemon->store_, *daemon->blobs_, *daemon->secrets_, *daemon->ca_, *daemon->dispatcher_,
-      daemon->changes_, clock);
+      daemon->changes_, clock, std::move(api_token));
 
-  const std::optional<std::string> socket = UnixSocketPath(config.listen);
   if (socket) {
     RETURN_IF_ERROR(MakePrivateDirectory(std::filesystem::path(*socket).parent_path().string()));
     struct stat info;
@@ -102,7 +131,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
   }
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  // The CLI's API: a unix socket in a private directory, or loopback (ValidateListenAddress).
+  // The CLI's API: a unix socket in a private directory, or TCP (loopback unless
+  // allow_remote_listen, ValidateListenAddress) whose calls must carry the API token.
   builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(),
                            socket ? nullptr : &bound_port);
   builder.RegisterService(daemon->service_.get());

@@ -27,10 +27,14 @@ int main(int argc, char** argv) {
   app.add_option("--listen", overrides.listen,
                  "unix:/path/controller.sock (default: in the data directory) or 127.0.0.1:PORT");
   app.add_option("--config", overrides.config_file, "YAML config file");
+  app.add_option("--token-file", overrides.token_file,
+                 "0600 file holding the API token that calls on a TCP listen address must carry "
+                 "(required there; LLMCTL_CONTROLLER_TOKEN_FILE)");
   app.add_flag("--allow-remote-listen", overrides.allow_remote_listen,
-               "Allow a listen address other than loopback (the API has no authentication)");
+               "Allow a listen address other than loopback (the token travels without TLS)");
   CLI11_PARSE(app, argc, argv);
   overrides.env_controller = Env("LLMCTL_CONTROLLER");
+  overrides.env_token_file = Env("LLMCTL_CONTROLLER_TOKEN_FILE");
   overrides.env_home = Env("HOME");
   overrides.env_xdg_data_home = Env("XDG_DATA_HOME");
 

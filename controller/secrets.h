@@ -1,5 +1,6 @@
 // The controller's secrets file, DATA/secrets.json (mode 0600, replaced atomically on every
-// change): each node's token. The database holds only references to entries here.
+// change): each node's token and the name in its current certificate (the one the controller
+// dials it under). The database holds only references to entries here.
 #ifndef LLMCTL_CONTROLLER_SECRETS_H_
 #define LLMCTL_CONTROLLER_SECRETS_H_
 
@@ -13,7 +14,9 @@
 
 namespace llmctl::controller {
 
-// 32 random bytes (OpenSSL's CSPRNG) as 64 hex digits.
+// `bytes` random bytes (OpenSSL's CSPRNG) as 2 * `bytes` hex digits.
+StatusOr<std::string> RandomHex(size_t bytes);
+// 32 random bytes as 64 hex digits.
 StatusOr<std::string> NewNodeToken();
 
 // Thread-safe.
@@ -23,13 +26,21 @@ class SecretsFile {
   // lets anyone but the owner read it), else starts empty and creates it on the first change.
   static StatusOr<std::unique_ptr<SecretsFile>> Open(std::string path);
 
-  // Stores the node's token (replacing an older one) and rewrites the file before returning.
-  Status PutNodeToken(std::string_view node, std::string_view token);
-  // Forgets the node's token (nothing to do when it has none) and rewrites the file before
-  // returning: the controller can no longer present it to the node's agent.
+  // Stores the node's token and its certificate's name (replacing older ones; an empty name is
+  // none) and rewrites the file before returning.
+  Status PutNodeToken(std::string_view node, std::string_view token,
+                      std::string_view certificate_name = "");
+  // Forgets the node's token and certificate name (nothing to do when it has none) and rewrites
+  // the file before returning: the controller can no longer present the token to the node's
+  // agent, nor accept the certificate's name for any later node of the same name.
   Status RemoveNodeToken(std::string_view node);
   // NotFound when the node has no token.
   StatusOr<std::string> NodeToken(std::string_view node) const;
+  // The name the node's certificate must carry when the controller dials it: its current
+  // registration's (rpc::AgentCertificateName(node, registration)), or for a node registered
+  // before these names were kept, rpc::AgentCertificateName(node). NotFound when the node has no
+  // token.
+  StatusOr<std::string> NodeCertificateName(std::string_view node) const;
 
   // How the database refers to a node's token: "secrets.json#node_tokens/<node>".
   static std::string NodeTokenRef(std::string_view node);
@@ -40,7 +51,8 @@ class SecretsFile {
 
   const std::string path_;
   mutable std::mutex mutex_;
-  std::map<std::string, std::string, std::less<>> node_tokens_;  // guarded by mutex_
+  std::map<std::string, std::string, std::less<>> node_tokens_;             // guarded by mutex_
+  std::map<std::string, std::string, std::less<>> node_certificate_names_;  // guarded by mutex_
 };
 
 }  // namespace llmctl::controller

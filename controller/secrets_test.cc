@@ -67,6 +67,30 @@ TEST_F(SecretsFileTest, ARemovedTokenIsGoneFromTheFileAndRemovingTwiceIsFine) {
   EXPECT_EQ(ReadFileToString(path_, 1 << 20)->find("token-one"), std::string::npos);
 }
 
+TEST_F(SecretsFileTest, CertificateNamesGoWithTheTokenAndOlderFilesHaveThePlainOne) {
+  {
+    auto secrets = *SecretsFile::Open(path_);
+    ASSERT_TRUE(secrets->PutNodeToken("n1", "token-one", "agent-n1.0123abcd.llmctl").ok());
+    ASSERT_TRUE(secrets->PutNodeToken("n2", "token-two").ok());
+    EXPECT_EQ(*secrets->NodeCertificateName("n1"), "agent-n1.0123abcd.llmctl");
+    EXPECT_EQ(*secrets->NodeCertificateName("n2"), "agent-n2.llmctl");
+    EXPECT_EQ(secrets->NodeCertificateName("n3").status().code(), StatusCode::kNotFound);
+  }
+  auto reopened = *SecretsFile::Open(path_);
+  EXPECT_EQ(*reopened->NodeCertificateName("n1"), "agent-n1.0123abcd.llmctl");
+  ASSERT_TRUE(reopened->RemoveNodeToken("n1").ok());
+  EXPECT_EQ(reopened->NodeCertificateName("n1").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(ReadFileToString(path_, 1 << 20)->find("0123abcd"), std::string::npos);
+
+  // A file from before certificate names were kept: its nodes are dialled under the plain name.
+  FILE* out = fopen(path_.c_str(), "w");
+  fputs(R"({"node_tokens": {"old": "token-old"}})", out);
+  fclose(out);
+  auto older = SecretsFile::Open(path_);
+  ASSERT_TRUE(older.ok()) << older.status().ToString();
+  EXPECT_EQ(*(*older)->NodeCertificateName("old"), "agent-old.llmctl");
+}
+
 TEST_F(SecretsFileTest, RefusesAFileOthersCanReadOrADamagedOne) {
   ASSERT_TRUE((*SecretsFile::Open(path_))->PutNodeToken("n", "t").ok());
   chmod(path_.c_str(), 0644);

@@ -245,6 +245,10 @@ StatusOr<IssuedCertificate> CertificateAuthority::Issue(const std::string& commo
 
 std::string AgentCertificateName(const std::string& node) { return "agent-" + node + ".llmctl"; }
 
+std::string AgentCertificateName(const std::string& node, const std::string& registration) {
+  return "agent-" + node + "." + registration + ".llmctl";
+}
+
 StatusOr<TlsIdentity> LoadTlsIdentity(const std::string& ca_file,
                                       const std::string& certificate_file,
                                       const std::string& private_key_file) {
@@ -272,16 +276,6 @@ namespace {
 constexpr char kAuthorizationHeader[] = "authorization";
 constexpr char kBearerPrefix[] = "Bearer ";
 
-// Compares sha256 digests with CRYPTO_memcmp: the time taken says nothing about the token, not
-// even its length.
-bool SameSecret(std::string_view presented, std::string_view expected) {
-  unsigned char a[SHA256_DIGEST_LENGTH];
-  unsigned char b[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(presented.data()), presented.size(), a);
-  SHA256(reinterpret_cast<const unsigned char*>(expected.data()), expected.size(), b);
-  return CRYPTO_memcmp(a, b, sizeof(a)) == 0;
-}
-
 class BearerTokenChecker : public grpc::AuthMetadataProcessor {
  public:
   explicit BearerTokenChecker(std::string token) : token_(std::move(token)) {}
@@ -294,20 +288,8 @@ class BearerTokenChecker : public grpc::AuthMetadataProcessor {
     if (token_.empty()) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "this server has no token configured");
     }
-    const auto range = auth_metadata.equal_range(kAuthorizationHeader);
-    if (range.first == range.second) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing bearer token");
-    }
-    bool accepted = false;
-    for (auto it = range.first; it != range.second; ++it) {
-      const std::string_view value(it->second.data(), it->second.size());
-      const std::string_view prefix(kBearerPrefix);
-      if (value.substr(0, prefix.size()) == prefix &&
-          SameSecret(value.substr(prefix.size()), token_)) {
-        accepted = true;
-      }
-    }
-    if (!accepted) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
+    grpc::Status checked = CheckBearerToken(auth_metadata, token_);
+    if (!checked.ok()) return checked;
     // Consumed: the handlers never see the token, so it cannot leak into their logs.
     consumed_auth_metadata->emplace(kAuthorizationHeader, "");
     return grpc::Status::OK;
@@ -315,6 +297,33 @@ class BearerTokenChecker : public grpc::AuthMetadataProcessor {
 
  private:
   const std::string token_;
+};
+
+class BearerTokenAdder : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerTokenAdder(std::string header) : header_(std::move(header)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace(kAuthorizationHeader, header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string header_;
+};
+
+class BearerTokenAdderFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenAdderFactory(std::string token) : header_(kBearerPrefix + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerTokenAdder(header_);
+  }
+
+ private:
+  const std::string header_;
 };
 
 class BearerTokenPlugin : public grpc::MetadataCredentialsPlugin {
@@ -334,6 +343,39 @@ class BearerTokenPlugin : public grpc::MetadataCredentialsPlugin {
 };
 
 }  // namespace
+
+bool SameSecret(std::string_view presented, std::string_view expected) {
+  unsigned char a[SHA256_DIGEST_LENGTH];
+  unsigned char b[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(presented.data()), presented.size(), a);
+  SHA256(reinterpret_cast<const unsigned char*>(expected.data()), expected.size(), b);
+  return CRYPTO_memcmp(a, b, sizeof(a)) == 0;
+}
+
+grpc::Status CheckBearerToken(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+                              std::string_view token) {
+  const auto range = metadata.equal_range(kAuthorizationHeader);
+  if (range.first == range.second) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing bearer token");
+  }
+  bool accepted = false;
+  for (auto it = range.first; it != range.second; ++it) {
+    const std::string_view value(it->second.data(), it->second.size());
+    const std::string_view prefix(kBearerPrefix);
+    // Every entry is compared, so the time taken does not say which one matched.
+    if (value.substr(0, prefix.size()) == prefix &&
+        SameSecret(value.substr(prefix.size()), token)) {
+      accepted = true;
+    }
+  }
+  if (!accepted) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
+  return grpc::Status::OK;
+}
+
+std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> BearerTokenInterceptor(
+    std::string token) {
+  return std::make_unique<BearerTokenAdderFactory>(std::move(token));
+}
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsIdentity& identity,
                                                            const std::string& token) {

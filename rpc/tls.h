@@ -11,8 +11,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 
@@ -64,6 +66,10 @@ class CertificateAuthority {
 
 // The name in an agent's certificate: "agent-<node>.llmctl".
 std::string AgentCertificateName(const std::string& node);
+// The name in the certificate of one registration of a node: "agent-<node>.<registration>.llmctl".
+// The controller dials a node under its latest registration's name, so the certificate of an
+// earlier registration of the same node name (revoked by `node down`) does not pass for it.
+std::string AgentCertificateName(const std::string& node, const std::string& registration);
 inline constexpr char kControllerCertificateName[] = "controller.llmctl";
 
 // Server side: presents `identity`'s certificate, requires a client certificate that chains to
@@ -81,6 +87,22 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsIdentity& 
 // `target_name` (e.g. AgentCertificateName("node1")) instead of the address.
 std::shared_ptr<grpc::Channel> Dial(const std::string& address, const std::string& target_name,
                                     const std::shared_ptr<grpc::ChannelCredentials>& credentials);
+
+// Compares two secrets in constant time (their sha256 digests with CRYPTO_memcmp): the time taken
+// says nothing about either, not even their lengths.
+bool SameSecret(std::string_view presented, std::string_view expected);
+
+// The one check of a bearer token, for the agents' AuthMetadataProcessor and the controller's API:
+// OK when one "authorization" entry of `metadata` is "Bearer <token>" (compared in constant time),
+// else UNAUTHENTICATED ("missing bearer token" / "invalid bearer token"; never the token).
+// `token` must not be empty.
+grpc::Status CheckBearerToken(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+                              std::string_view token);
+
+// Sends "authorization: Bearer <token>" on every call of a channel without TLS (gRPC attaches
+// call credentials only to secure channels): for the CLI's TCP channel to the controller.
+std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> BearerTokenInterceptor(
+    std::string token);
 
 // Reads a token file: its content without surrounding white space. InvalidArgument when it is
 // empty, and PermissionDenied when the group or others may read it (a secret belongs in a 0600

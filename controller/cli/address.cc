@@ -29,9 +29,14 @@ bool IsPort(std::string_view text) {
   return port >= 1 && port <= 65535;
 }
 
-StatusOr<std::optional<std::string>> ReadConfigFile(const fs::path& path) {
+struct ConfigFile {
+  std::optional<std::string> controller;
+  std::optional<fs::path> token_file;
+};
+
+StatusOr<ConfigFile> ReadConfigFile(const fs::path& path) {
   std::error_code error;
-  if (!fs::exists(path, error)) return std::optional<std::string>();
+  if (!fs::exists(path, error)) return ConfigFile{};
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(path.string(), kMaxConfigBytes));
   YAML::Node root;
   try {
@@ -39,27 +44,34 @@ StatusOr<std::optional<std::string>> ReadConfigFile(const fs::path& path) {
   } catch (const YAML::Exception& e) {
     return InvalidArgumentError(Position(path, e.mark) + ": " + e.msg);
   }
-  if (root.IsNull()) return std::optional<std::string>();
+  if (root.IsNull()) return ConfigFile{};
   if (!root.IsMap()) {
     return InvalidArgumentError(
         Position(path, root.Mark()) +
         ": expected a map such as 'controller: unix:/path/controller.sock'");
   }
-  std::optional<std::string> controller;
+  ConfigFile config;
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string key = it->first.IsScalar() ? it->first.Scalar() : "";
-    if (key != "controller") {
+    const std::string where = Position(path, it->second.Mark());
+    if (key == "controller") {
+      if (!it->second.IsScalar() || it->second.Scalar().empty()) {
+        return InvalidArgumentError(where + ": controller: expected unix:/path or host:port");
+      }
+      config.controller = it->second.Scalar();
+      RETURN_IF_ERROR(CheckControllerTarget(*config.controller, where));
+    } else if (key == "token_file") {
+      if (!it->second.IsScalar() || !fs::path(it->second.Scalar()).is_absolute()) {
+        return InvalidArgumentError(where +
+                                    ": token_file: expected the absolute path of a 0600 file");
+      }
+      config.token_file = it->second.Scalar();
+    } else {
       return InvalidArgumentError(Position(path, it->first.Mark()) + ": unknown key '" + key +
-                                  "' (the only key is 'controller')");
+                                  "' (the keys are 'controller' and 'token_file')");
     }
-    if (!it->second.IsScalar() || it->second.Scalar().empty()) {
-      return InvalidArgumentError(Position(path, it->second.Mark()) +
-                                  ": controller: expected unix:/path or host:port");
-    }
-    controller = it->second.Scalar();
-    RETURN_IF_ERROR(CheckControllerTarget(*controller, Position(path, it->second.Mark())));
   }
-  return controller;
+  return config;
 }
 
 }  // namespace
@@ -125,17 +137,29 @@ std::optional<fs::path> ConfigFilePath(const EnvLookup& env) {
 }
 
 StatusOr<ControllerAddress> ResolveControllerAddress(const EnvLookup& env) {
+  ConfigFile config;
+  std::optional<fs::path> config_path = ConfigFilePath(env);
+  if (config_path) {
+    ASSIGN_OR_RETURN(config, ReadConfigFile(*config_path));
+  }
+  fs::path token_file = config.token_file.value_or(fs::path());
+  if (std::optional<std::string> path = env("LLMCTL_CONTROLLER_TOKEN_FILE")) {
+    if (!fs::path(*path).is_absolute()) {
+      return InvalidArgumentError("LLMCTL_CONTROLLER_TOKEN_FILE='" + *path +
+                                  "' is not an absolute path");
+    }
+    token_file = *path;
+  }
   if (std::optional<std::string> target = env("LLMCTL_CONTROLLER")) {
     RETURN_IF_ERROR(CheckControllerTarget(*target, "LLMCTL_CONTROLLER"));
-    return ControllerAddress{*target, "LLMCTL_CONTROLLER", false, {}};
+    return ControllerAddress{*target, "LLMCTL_CONTROLLER", false, {}, token_file};
   }
-  if (std::optional<fs::path> config = ConfigFilePath(env)) {
-    ASSIGN_OR_RETURN(std::optional<std::string> target, ReadConfigFile(*config));
-    if (target) return ControllerAddress{*target, config->string(), false, {}};
+  if (config.controller) {
+    return ControllerAddress{*config.controller, config_path->string(), false, {}, token_file};
   }
   ASSIGN_OR_RETURN(fs::path data_dir, EmbeddedDataDir(env));
   return ControllerAddress{"unix:" + (data_dir / "controller.sock").string(), "embedded", true,
-                           data_dir};
+                           data_dir, token_file};
 }
 
 }  // namespace llmctl::cli

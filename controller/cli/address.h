@@ -1,6 +1,7 @@
 // Where the controller is: LLMCTL_CONTROLLER, else the config file's `controller:`, else the
 // embedded default (llmctl starts llmctld and a local agent in the user's data directory; see
-// daemons.h).
+// daemons.h). A controller on TCP also needs its API token: the 0600 file named by
+// LLMCTL_CONTROLLER_TOKEN_FILE, else by the config file's `token_file:`.
 #ifndef LLMCTL_CONTROLLER_CLI_ADDRESS_H_
 #define LLMCTL_CONTROLLER_CLI_ADDRESS_H_
 
@@ -26,6 +27,9 @@ struct ControllerAddress {
                        // path, or "embedded"
   bool embedded = false;
   std::filesystem::path data_dir;  // embedded only: the daemons' data directory
+  // The controller's API token file (LLMCTL_CONTROLLER_TOKEN_FILE, else the config file's
+  // `token_file`); empty when neither names one.
+  std::filesystem::path token_file;
 };
 
 // Checks a controller address: "unix:/absolute/path" or "host:port" (port 1-65535, host not
@@ -39,9 +43,10 @@ StatusOr<std::filesystem::path> EmbeddedDataDir(const EnvLookup& env);
 // ${XDG_CONFIG_HOME:-$HOME/.config}/llmctl/config.yaml; nullopt when neither variable is set.
 std::optional<std::filesystem::path> ConfigFilePath(const EnvLookup& env);
 
-// LLMCTL_CONTROLLER, else the config file (a YAML map whose only key is `controller`; a missing
-// file is no configuration), else the embedded default in EmbeddedDataDir. InvalidArgument for a
-// bad address or config file ("FILE:LINE:COLUMN: problem" for the file).
+// LLMCTL_CONTROLLER, else the config file (a YAML map with the keys `controller` and
+// `token_file`, an absolute path; a missing file is no configuration), else the embedded default
+// in EmbeddedDataDir. InvalidArgument for a bad address, token file path or config file
+// ("FILE:LINE:COLUMN: problem" for the file).
 StatusOr<ControllerAddress> ResolveControllerAddress(const EnvLookup& env);
 
 }  // namespace llmctl::cli

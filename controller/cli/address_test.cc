@@ -82,7 +82,7 @@ TEST_F(AddressTest, ConfigFileErrorsNameFileLineAndColumn) {
   Status unknown = ResolveControllerAddress(FakeEnv({{"HOME", home_}})).status();
   EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(unknown.message(),
-            file + ":1:1: unknown key 'controler' (the only key is 'controller')");
+            file + ":1:1: unknown key 'controler' (the keys are 'controller' and 'token_file')");
 
   WriteConfig("\ncontroller: localhost\n");
   Status bad = ResolveControllerAddress(FakeEnv({{"HOME", home_}})).status();
@@ -93,6 +93,29 @@ TEST_F(AddressTest, ConfigFileErrorsNameFileLineAndColumn) {
   Status syntax = ResolveControllerAddress(FakeEnv({{"HOME", home_}})).status();
   EXPECT_EQ(syntax.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(syntax.message().rfind(file + ":", 0), 0u) << syntax.message();
+}
+
+TEST_F(AddressTest, TokenFileFromTheEnvironmentElseTheConfigFile) {
+  WriteConfig("controller: localhost:7070\ntoken_file: /etc/llmctl/token\n");
+  StatusOr<ControllerAddress> address = ResolveControllerAddress(FakeEnv({{"HOME", home_}}));
+  ASSERT_TRUE(address.ok()) << address.status().message();
+  EXPECT_EQ(address->token_file, "/etc/llmctl/token");
+
+  address = ResolveControllerAddress(FakeEnv({{"HOME", home_},
+                                              {"LLMCTL_CONTROLLER", "127.0.0.1:7071"},
+                                              {"LLMCTL_CONTROLLER_TOKEN_FILE", "/run/token"}}));
+  ASSERT_TRUE(address.ok()) << address.status().message();
+  EXPECT_EQ(address->target, "127.0.0.1:7071");
+  EXPECT_EQ(address->token_file, "/run/token");
+
+  Status relative = ResolveControllerAddress(
+                        FakeEnv({{"HOME", home_}, {"LLMCTL_CONTROLLER_TOKEN_FILE", "token"}}))
+                        .status();
+  EXPECT_EQ(relative.message(), "LLMCTL_CONTROLLER_TOKEN_FILE='token' is not an absolute path");
+  WriteConfig("token_file: token\n");
+  EXPECT_EQ(ResolveControllerAddress(FakeEnv({{"HOME", home_}})).status().message(),
+            (home_ / ".config/llmctl/config.yaml").string() +
+                ":1:13: token_file: expected the absolute path of a 0600 file");
 }
 
 TEST_F(AddressTest, EmbeddedDefaultUsesTheDataDirectory) {

@@ -1,13 +1,22 @@
 #include "controller/cli/client.h"
 
+#include "rpc/tls.h"
+
 namespace llmctl::cli {
 
-std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target) {
+std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target,
+                                                     const std::string& token) {
   grpc::ChannelArguments arguments;
   // Uploads send 1 MiB chunks; reports and artifacts may come back larger than gRPC's 4 MiB
   // default.
   arguments.SetMaxReceiveMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
+  if (token.empty()) {
+    return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(rpc::BearerTokenInterceptor(token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      target, grpc::InsecureChannelCredentials(), arguments, std::move(interceptors));
 }
 
 std::shared_ptr<grpc::Channel> OpenStartingControllerChannel(const std::string& target,

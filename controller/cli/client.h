@@ -20,8 +20,11 @@ namespace llmctl::cli {
 inline constexpr std::chrono::seconds kCallDeadline{60};
 
 // A channel to the controller at `target` ("unix:/path" or "host:port"). The CLI API is served on a
-// unix socket or on localhost (see controller/), so the channel carries no TLS.
-std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target);
+// unix socket or on localhost (see controller/), so the channel carries no TLS; a non-empty
+// `token` (the controller's API token, which a TCP listener requires) goes with every call as
+// "authorization: Bearer <token>".
+std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target,
+                                                     const std::string& token = "");
 
 // The same, for waiting on a controller that is starting: a failed connection is tried again after
 // `retry`, not after gRPC's reconnect backoff (1 s growing 1.6 times per failure), so that the

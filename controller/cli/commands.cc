@@ -33,6 +33,7 @@
 #include "controller/openstack/node_cli.h"
 #include "llmctl/v1/controller.grpc.pb.h"
 #include "rpc/status.h"
+#include "rpc/tls.h"
 #include "rpc/transfer.h"
 
 namespace llmctl::cli {
@@ -139,7 +140,20 @@ StatusOr<std::unique_ptr<v1::Controller::Stub>> Llmctl::Connect() {
     EmbeddedDaemons daemons(address.data_dir, std::move(*binaries));
     RETURN_IF_ERROR(daemons.EnsureRunning(context_.daemon_ready_timeout));
   }
-  return v1::Controller::NewStub(OpenControllerChannel(address.target));
+  // A unix socket's 0600 mode is its credential; llmctld serves TCP only with a token.
+  std::string token;
+  if (!address.target.starts_with("unix:")) {
+    if (address.token_file.empty()) {
+      return FailedPreconditionError(
+          "the controller at " + address.target + " (from " + address.source +
+          ") is on TCP and takes calls only with its API token: set LLMCTL_CONTROLLER_TOKEN_FILE, "
+          "or token_file in " +
+          ConfigFilePath(context_.env).value_or("config.yaml").string() +
+          ", to a copy of the 0600 file that llmctld's token_file names");
+    }
+    ASSIGN_OR_RETURN(token, rpc::ReadTokenFile(address.token_file.string()));
+  }
+  return v1::Controller::NewStub(OpenControllerChannel(address.target, token));
 }
 
 StatusOr<v1::ExperimentStatus> Llmctl::Follow(v1::Controller::Stub& stub, int64_t id) {
@@ -715,7 +729,9 @@ constexpr char kDescription[] =
     "The controller is LLMCTL_CONTROLLER (unix:/path or host:port), else `controller:` in\n"
     "${XDG_CONFIG_HOME:-~/.config}/llmctl/config.yaml, else an embedded one that llmctl starts\n"
     "in the background (llmctld and a local llm-agent, data in $LLMCTL_HOME or\n"
-    "${XDG_DATA_HOME:-~/.local/share}/llmctl; `llmctl daemon stop` ends them).\n"
+    "${XDG_DATA_HOME:-~/.local/share}/llmctl; `llmctl daemon stop` ends them). A controller on\n"
+    "TCP needs its API token: the 0600 file named by LLMCTL_CONTROLLER_TOKEN_FILE, else by\n"
+    "`token_file:` in config.yaml.\n"
     "An upload may take the call deadline plus its size at LLMCTL_MIN_TRANSFER_RATE (per\n"
     "second, default 10MiB).\n\n"
     "Exit codes: 0 ok; 1 a trial ended other than its `expect:` (without one: failed, diverged or\n"

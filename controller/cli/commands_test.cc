@@ -67,10 +67,14 @@ class FakeController final : public v1::Controller::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ListNodes(grpc::ServerContext*, const v1::ListNodesRequest*,
+  grpc::Status ListNodes(grpc::ServerContext* context, const v1::ListNodesRequest*,
                          v1::ListNodesResponse* response) override {
     std::lock_guard lock(mutex_);
     *response = nodes_;
+    authorization_.clear();
+    for (const auto& [key, value] : context->client_metadata()) {
+      if (key == "authorization") authorization_.assign(value.data(), value.size());
+    }
     return grpc::Status::OK;
   }
   grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest* request,
@@ -150,6 +154,7 @@ class FakeController final : public v1::Controller::Service {
   std::map<std::string, std::chrono::system_clock::duration> upload_time_left_;
   std::optional<v1::SubmitRequest> submitted_;
   v1::ListNodesResponse nodes_;
+  std::string authorization_;  // of the last ListNodes call
   std::vector<v1::ExperimentStatus> watch_;
   v1::ReportResponse report_;
   std::vector<v1::ArtifactChunk> artifacts_;
@@ -429,6 +434,41 @@ TEST_F(CommandsTest, SubmitWaitFollowsThenExitsOneWhenAnOutcomeDiffers) {
 TEST_F(CommandsTest, UnreachableControllerExitsThree) {
   EXPECT_EQ(Run({"report", "1"}, "unix:" + (dir_ / "nobody.sock").string()), kExitUnreachable);
   EXPECT_NE(err_.str().find("is the controller at unix:"), std::string::npos) << err_.str();
+}
+
+TEST_F(CommandsTest, ATcpControllerIsCalledWithTheTokenFromTheTokenFileAndNeverWithout) {
+  FakeController tcp_fake;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&tcp_fake);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string target = "127.0.0.1:" + std::to_string(port);
+
+  EXPECT_EQ(Run({"nodes"}, target), kExitFailed);
+  EXPECT_NE(err_.str().find("the controller at " + target +
+                            " (from LLMCTL_CONTROLLER) is on TCP and takes calls only with its "
+                            "API token: set LLMCTL_CONTROLLER_TOKEN_FILE"),
+            std::string::npos)
+      << err_.str();
+
+  const fs::path token = dir_ / "api.token";
+  Write("api.token", "s3cret-token\n");
+  fs::permissions(token, fs::perms::owner_read | fs::perms::owner_write);
+  env_["LLMCTL_CONTROLLER_TOKEN_FILE"] = token.string();
+  EXPECT_EQ(Run({"nodes"}, target), kExitOk) << err_.str();
+  {
+    std::lock_guard lock(tcp_fake.mutex_);
+    EXPECT_EQ(tcp_fake.authorization_, "Bearer s3cret-token");
+  }
+
+  fs::permissions(token, fs::perms::group_read | fs::perms::others_read, fs::perm_options::add);
+  EXPECT_EQ(Run({"nodes"}, target), kExitFailed);
+  EXPECT_NE(err_.str().find("token file " + token.string() + " may be read by others"),
+            std::string::npos)
+      << err_.str();
+  server->Shutdown();
 }
 
 TEST_F(CommandsTest, BadControllerAddressIsInvalidInput) {

@@ -292,8 +292,20 @@ Status EmbeddedDaemons::RegisterLocalAgent() const {
   request.set_name(kLocalNode);
   request.set_address(agent_target());
   v1::NodeCredentials credentials;
-  const Status status =
+  Status status =
       rpc::FromGrpcStatus(stub->RegisterNode(UnaryContext().get(), request, &credentials));
+  if (status.code() == StatusCode::kPermissionDenied) {
+    // The controller knows "local" but its credentials are gone from D/agent/tls (removed by
+    // hand, or lost in a crash before they were written), so its token cannot be shown. This
+    // user owns the controller's socket: removing the node frees the name.
+    v1::DeregisterNodeRequest removal;
+    removal.set_name(kLocalNode);
+    v1::DeregisterNodeResponse removed;
+    RETURN_IF_ERROR(
+        rpc::FromGrpcStatus(stub->DeregisterNode(UnaryContext().get(), removal, &removed))
+            .WithContext("removing the local agent whose credentials are lost"));
+    status = rpc::FromGrpcStatus(stub->RegisterNode(UnaryContext().get(), request, &credentials));
+  }
   if (!status.ok()) return status.WithContext("registering the local agent");
   return WriteAgentCredentials(credentials, tls);
 }

@@ -17,8 +17,9 @@ AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& s
   return [identity = std::move(identity),
           &secrets](const store::NodeRecord& node) -> StatusOr<std::shared_ptr<grpc::Channel>> {
     ASSIGN_OR_RETURN(std::string token, secrets.NodeToken(node.name));
-    return rpc::Dial(node.address, rpc::AgentCertificateName(node.name),
-                     rpc::ChannelCredentials(identity, token));
+    // The current registration's name: no certificate of an earlier node of this name passes.
+    ASSIGN_OR_RETURN(std::string certificate_name, secrets.NodeCertificateName(node.name));
+    return rpc::Dial(node.address, certificate_name, rpc::ChannelCredentials(identity, token));
   };
 }
 

@@ -160,6 +160,45 @@ TEST_F(AgentLinksTest, AnAgentWithACertificateFromAnotherCaIsNotTrusted) {
   EXPECT_TRUE(agent_state_.runs.empty());
 }
 
+TEST_F(AgentLinksTest, ACertificateOfAnEarlierNodeOfTheSameNameIsNotTrusted) {
+  // `node down`, then `node up` under the same name: the new node's token, served with the old
+  // node's certificate (same CA, same node name), must not pass for the new node.
+  const v1::NodeCredentials old_node = credentials_;
+  StopAgent();
+  grpc::ClientContext down_context;
+  v1::DeregisterNodeRequest down;
+  down.set_name("n1");
+  v1::DeregisterNodeResponse removed;
+  ASSERT_TRUE(controller_->DeregisterNode(&down_context, down, &removed).ok());
+  Tick();
+  RegisterNode();
+  const v1::NodeCredentials new_node = credentials_;
+  credentials_.set_certificate_pem(old_node.certificate_pem());
+  credentials_.set_private_key_pem(old_node.private_key_pem());
+  StartAgent();
+
+  const int64_t experiment = SubmitOne();
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  EXPECT_EQ(NodeStatusOf(*controller_, "n1").state(), "unreachable");
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    EXPECT_TRUE(agent_state_.runs.empty());
+  }
+
+  // The new node's own certificate passes.
+  StopAgent();
+  credentials_ = new_node;
+  StartAgent();
+  // Past the link's backoff, and gRPC's reconnect backoff after the refused handshake.
+  for (int round = 0; round < 50 && RunsStarted() == 0; ++round) {
+    clock_.Advance(seconds(10));
+    Tick();
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  EXPECT_EQ(RunsStarted(), 1u);
+}
+
 TEST_F(AgentLinksTest, NoTokenAppearsInTheLogsOrTheDatabase) {
   std::ostringstream log;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
@@ -170,6 +209,7 @@ TEST_F(AgentLinksTest, NoTokenAppearsInTheLogsOrTheDatabase) {
   v1::RegisterNodeRequest request;
   request.set_name("n1");
   request.set_address(agent_address_);
+  request.set_current_token(credentials_.token());
   ASSERT_TRUE(controller_->RegisterNode(&context, request, &credentials_).ok());
   StartAgent();
   agent_state_.script = {StepLine(0), StepLine(1)};
