@@ -206,6 +206,7 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
   // exit 2, like llm-train.
   StatusOr<SubmitInputs> inputs = CollectInputs(*as_written, file);
   if (!inputs.ok()) return Fail(InvalidArgumentError(inputs.status().message()));
+  for (const std::string& notice : inputs->notices) context_.err << "note: " << notice << "\n";
   // What each input holds, before anything is stored or sent: a broken dataset or tokenizer fails
   // here in seconds, not on a leased node.
   if (const Status contents = CheckLocalInputs(*checked, file); !contents.ok()) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/digest/digest.h"
+#include "common/files.h"
 
 namespace llmctl::cli {
 namespace {
@@ -72,7 +73,8 @@ Status InputTreeBuilder::AddFile(const fs::path& file, std::string relative_path
   return Status::Ok();
 }
 
-Status InputTreeBuilder::Walk(const fs::path& root, const fs::path& dir, v1::InputTree& tree) {
+Status InputTreeBuilder::Walk(const fs::path& root, const fs::path& dir, const LinkRoots& roots,
+                              v1::InputTree& tree, std::vector<std::string>* hidden) {
   std::error_code error;
   fs::directory_iterator it(dir, error);
   if (error) return InvalidArgumentError(dir.string() + ": cannot list: " + error.message());
@@ -81,6 +83,10 @@ Status InputTreeBuilder::Walk(const fs::path& root, const fs::path& dir, v1::Inp
     const fs::file_status own = fs::symlink_status(path, error);
     if (error) return InvalidArgumentError(path.string() + ": " + error.message());
     const std::string relative = path.lexically_relative(root).generic_string();
+    if (path.filename().string().starts_with('.')) {
+      if (hidden != nullptr) hidden->push_back(relative + (fs::is_directory(own) ? "/" : ""));
+      continue;
+    }
     if (fs::is_symlink(own)) {
       const fs::file_status target = fs::status(path, error);
       if (error || !fs::exists(target)) {
@@ -95,9 +101,21 @@ Status InputTreeBuilder::Walk(const fs::path& root, const fs::path& dir, v1::Inp
         return InvalidArgumentError(path.string() +
                                     ": a symbolic link to something that is not a regular file");
       }
+      const fs::path resolved = fs::canonical(path, error);
+      if (error) return InvalidArgumentError(path.string() + ": " + error.message());
+      const bool inside = !PathInside(resolved.string(), roots.named.string()).empty() ||
+                          (!roots.hf_blobs.empty() &&
+                           !PathInside(resolved.string(), roots.hf_blobs.string()).empty());
+      if (!inside) {
+        return InvalidArgumentError(
+            path.string() + ": a symbolic link to " + resolved.string() + ", outside " +
+            roots.named.string() +
+            "; only what lies inside an input directory is sent: copy the file in, or name it "
+            "in the experiment file");
+      }
       RETURN_IF_ERROR(AddFile(path, relative, tree));
     } else if (fs::is_directory(own)) {
-      RETURN_IF_ERROR(Walk(root, path, tree));
+      RETURN_IF_ERROR(Walk(root, path, roots, tree, hidden));
     } else if (fs::is_regular_file(own)) {
       RETURN_IF_ERROR(AddFile(path, relative, tree));
     } else {
@@ -109,7 +127,8 @@ Status InputTreeBuilder::Walk(const fs::path& root, const fs::path& dir, v1::Inp
   return Status::Ok();
 }
 
-StatusOr<v1::InputTree> InputTreeBuilder::Build(const fs::path& path) {
+StatusOr<v1::InputTree> InputTreeBuilder::Build(const fs::path& path,
+                                                std::vector<std::string>* hidden) {
   std::error_code error;
   const fs::file_status status = fs::status(path, error);  // follows a link the user named
   if (error || !fs::exists(status)) return NotFoundError(path.string() + ": no such file");
@@ -118,7 +137,17 @@ StatusOr<v1::InputTree> InputTreeBuilder::Build(const fs::path& path) {
     tree.set_is_file(true);
     RETURN_IF_ERROR(AddFile(path, path.filename().string(), tree));
   } else if (fs::is_directory(status)) {
-    RETURN_IF_ERROR(Walk(path, path, tree));
+    LinkRoots roots;
+    roots.named = fs::canonical(path, error);
+    if (error) return NotFoundError(path.string() + ": " + error.message());
+    // A Hugging Face cache snapshot, models--ORG--NAME/snapshots/REV, links to the repo's blobs/.
+    const fs::path repo = roots.named.parent_path().parent_path();
+    if (roots.named.parent_path().filename() == "snapshots" &&
+        repo.filename().string().starts_with("models--") && fs::is_directory(repo / "blobs")) {
+      roots.hf_blobs = repo / "blobs";
+    }
+    RETURN_IF_ERROR(Walk(path, path, roots, tree, hidden));
+    if (hidden != nullptr) std::sort(hidden->begin(), hidden->end());
     if (tree.files().empty()) {
       return InvalidArgumentError(path.string() + ": an empty directory; nothing to upload");
     }

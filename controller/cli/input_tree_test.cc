@@ -8,6 +8,8 @@
 #include <fstream>
 
 #include "common/digest/digest.h"
+#include "common/experiment.h"
+#include "controller/cli/inputs.h"
 
 namespace llmctl::cli {
 namespace {
@@ -97,14 +99,83 @@ TEST_F(InputTreeTest, EachFileIsHashedOncePerBuilder) {
 }
 
 TEST_F(InputTreeTest, SymlinksToFilesAreFollowedLikeAHuggingFaceSnapshot) {
-  Write("blobs/1234", "abc");
-  fs::create_directories(root_ / "snapshot");
-  fs::create_symlink("../blobs/1234", root_ / "snapshot" / "config.json");
-  StatusOr<v1::InputTree> tree = InputTreeBuilder().Build(root_ / "snapshot");
+  const fs::path repo = root_ / "hub" / "models--org--name";
+  Write("hub/models--org--name/blobs/1234", "abc");
+  fs::create_directories(repo / "snapshots" / "rev");
+  fs::create_symlink("../../blobs/1234", repo / "snapshots" / "rev" / "config.json");
+  StatusOr<v1::InputTree> tree = InputTreeBuilder().Build(repo / "snapshots" / "rev");
   ASSERT_TRUE(tree.ok()) << tree.status().message();
   ASSERT_EQ(tree->files_size(), 1);
   EXPECT_EQ(tree->files(0).path(), "config.json");
   EXPECT_EQ(tree->files(0).sha256(), kAbc);
+}
+
+// A link inside an input directory is followed only while it stays inside: a planted
+// data/x -> ~/.ssh/id_rsa is refused, naming the link and its target, and so is a link out of a
+// directory that merely looks like a snapshot.
+TEST_F(InputTreeTest, LinksLeavingTheDirectoryAreRefusedNamingTheirTarget) {
+  Write("secret/id_rsa", "private key");
+  Write("data/train.jsonl", "abc");
+  fs::create_symlink("train.jsonl", root_ / "data" / "copy.jsonl");  // inside: fine
+  StatusOr<v1::InputTree> inside = InputTreeBuilder().Build(root_ / "data");
+  ASSERT_TRUE(inside.ok()) << inside.status().message();
+  EXPECT_EQ(inside->files_size(), 2);
+
+  fs::create_symlink(root_ / "secret" / "id_rsa", root_ / "data" / "x");
+  StatusOr<v1::InputTree> planted = InputTreeBuilder().Build(root_ / "data");
+  EXPECT_EQ(planted.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(planted.status().message(),
+            (root_ / "data" / "x").string() + ": a symbolic link to " +
+                fs::canonical(root_ / "secret" / "id_rsa").string() + ", outside " +
+                fs::canonical(root_ / "data").string() +
+                "; only what lies inside an input directory is sent: copy the file in, or name "
+                "it in the experiment file");
+
+  Write("fake/snapshots/rev/config.json", "abc");  // no models--ORG--NAME repo around it
+  Write("fake/blobs/1234", "abc");
+  fs::create_symlink("../../blobs/1234", root_ / "fake" / "snapshots" / "rev" / "weights");
+  EXPECT_EQ(InputTreeBuilder().Build(root_ / "fake" / "snapshots" / "rev").status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// `llmctl submit` prints these notices: the experiment file, the trial, the key and the value as
+// written, then what was left out.
+TEST_F(InputTreeTest, SubmitInputsNameTheHiddenEntriesLeftOut) {
+  Write("exp/model/config.json", "{}");
+  Write("exp/model/.git/HEAD", "ref: refs/heads/main");
+  Write("exp/model/.env", "TOKEN=secret");
+  Write("exp/train.jsonl", "abc");
+  const std::string file = (root_ / "exp" / "lab.yaml").string();
+  StatusOr<Experiment> as_written = ParseExperiment("model: model\ndata: {path: train.jsonl}\n",
+                                                    file, {.resolve_local_paths = false});
+  ASSERT_TRUE(as_written.ok()) << as_written.status().message();
+  StatusOr<SubmitInputs> inputs = CollectInputs(*as_written, file);
+  ASSERT_TRUE(inputs.ok()) << inputs.status().message();
+  EXPECT_EQ(inputs->trees.at("model").files_size(), 1);
+  EXPECT_EQ(inputs->notices, std::vector<std::string>{
+                                 file + ": trial 'lab', model 'model': left out 2 hidden entries: "
+                                        ".env, .git/ (a hidden file or directory is sent only when "
+                                        "the experiment file names it)"});
+}
+
+TEST_F(InputTreeTest, HiddenEntriesAreLeftOutAndNamedUnlessNamedThemselves) {
+  Write("data/train.jsonl", "abc");
+  Write("data/.env", "TOKEN=secret");
+  Write("data/.git/config", "[core]");
+  Write("data/sub/.DS_Store", "");
+  std::vector<std::string> hidden;
+  StatusOr<v1::InputTree> tree = InputTreeBuilder().Build(root_ / "data", &hidden);
+  ASSERT_TRUE(tree.ok()) << tree.status().message();
+  ASSERT_EQ(tree->files_size(), 1);
+  EXPECT_EQ(tree->files(0).path(), "train.jsonl");
+  EXPECT_EQ(hidden, (std::vector<std::string>{".env", ".git/", "sub/.DS_Store"}));
+  // Named itself, a hidden file or directory is sent.
+  StatusOr<v1::InputTree> named = InputTreeBuilder().Build(root_ / "data" / ".env");
+  ASSERT_TRUE(named.ok()) << named.status().message();
+  EXPECT_EQ(named->files(0).path(), ".env");
+  StatusOr<v1::InputTree> named_dir = InputTreeBuilder().Build(root_ / "data" / ".git");
+  ASSERT_TRUE(named_dir.ok()) << named_dir.status().message();
+  EXPECT_EQ(named_dir->files(0).path(), "config");
 }
 
 TEST_F(InputTreeTest, TheNamedPathMayItselfBeALink) {

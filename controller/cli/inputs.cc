@@ -7,14 +7,17 @@
 #include "common/trial_keys.h"
 #include "controller/cli/client.h"
 #include "controller/cli/input_tree.h"
-#include "trainer/inputs/trial_inputs.h"
 #include "rpc/status.h"
 #include "rpc/transfer.h"
+#include "trainer/inputs/trial_inputs.h"
 
 namespace llmctl::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A notice of hidden entries left out names at most this many.
+constexpr size_t kHiddenNamesShown = 10;
 
 Status UploadBlob(v1::Controller::StubInterface& stub, const std::string& sha256,
                   const fs::path& file, int64_t min_bytes_per_second, int64_t& bytes_sent) {
@@ -78,11 +81,23 @@ StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_v
                              "in the current directory); a path on the node is written " +
                              std::string(kNodePathPrefix) + "/absolute/path");
       }
-      StatusOr<v1::InputTree> tree = builder.Build(local);
-      if (!tree.ok()) {
-        return Status(tree.status().code(), std::string(filename) + ": trial '" + trial.name +
-                                                "', " + std::string(spec.name) + " '" + written +
-                                                "': " + tree.status().message());
+      std::vector<std::string> hidden;
+      StatusOr<v1::InputTree> tree = builder.Build(local, &hidden);
+      const std::string where = std::string(filename) + ": trial '" + trial.name + "', " +
+                                std::string(spec.name) + " '" + written + "': ";
+      if (!tree.ok()) return Status(tree.status().code(), where + tree.status().message());
+      if (!hidden.empty()) {
+        std::string names;
+        for (size_t i = 0; i < hidden.size() && i < kHiddenNamesShown; ++i) {
+          names += (i == 0 ? "" : ", ") + hidden[i];
+        }
+        if (hidden.size() > kHiddenNamesShown) {
+          names += " and " + std::to_string(hidden.size() - kHiddenNamesShown) + " more";
+        }
+        inputs.notices.push_back(where + "left out " + std::to_string(hidden.size()) +
+                                 " hidden entries: " + names +
+                                 " (a hidden file or directory is sent only when the experiment "
+                                 "file names it)");
       }
       inputs.trees.emplace(written, std::move(*tree));
     }

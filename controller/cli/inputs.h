@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/experiment.h"
 #include "common/status.h"
@@ -20,6 +21,8 @@ inline constexpr size_t kBlobChunkBytes = 1 << 20;
 struct SubmitInputs {
   std::map<std::string, v1::InputTree> trees;          // path as written in the file -> its tree
   std::map<std::string, std::filesystem::path> blobs;  // sha256 -> a local file with those bytes
+  // One line per input directory whose hidden entries (.git, .env) were left out, naming them.
+  std::vector<std::string> notices;
 };
 
 // For every trial of `as_written` (parsed with resolve_local_paths = false, so values are as the
@@ -27,7 +30,7 @@ struct SubmitInputs {
 // this machine (ResolveLocalPath against `filename`). Each file is hashed once. NotFound when such
 // a value names nothing here (a path on the node is written node:/abs/path and is not an input
 // path value); errors from InputTreeBuilder, prefixed with the trial, the key and the path as
-// written.
+// written, and so are the notices of hidden entries it left out.
 StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_view filename);
 
 // Checks the contents of every local input of every trial of `checked` (parsed with
