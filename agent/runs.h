@@ -188,10 +188,10 @@ class RunManager {
     UniqueFd supervisor_exit;
     std::optional<RunEnd> end;
     int64_t final_seq = -1;  // the event file's lines once ended (it no longer grows), -1 unknown
-  };
     // The event file counted so far (StateOf): its bytes and their complete lines.
     int64_t counted_bytes = 0;
     int64_t counted_lines = 0;
+  };
 
   RunManager(RunManagerOptions options, InputCache* cache);
   // Start without the wait for the master port.
