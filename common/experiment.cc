@@ -580,6 +580,12 @@ class ExperimentParser {
                      "trials: the list is empty; add at least one trial (- name: ...), or "
                      "remove 'trials:' to run the base config as a single trial");
     }
+    // Before any trial is parsed: a 4 MiB file lists some 200,000 one-line trials.
+    if (node.size() > kMaxTrials) {
+      return ErrorAt(key_mark, "trials: the list has " + std::to_string(node.size()) +
+                                   " trials, more than " + std::to_string(kMaxTrials) +
+                                   "; split the experiment");
+    }
     std::vector<TrialSpec> trials;
     std::map<std::string, YAML::Mark> names;
     size_t index = 0;
@@ -588,12 +594,6 @@ class ExperimentParser {
       ASSIGN_OR_RETURN(TrialSpec trial, ParseTrial(item, index));
       auto [previous, inserted] = names.emplace(trial.name, trial.item_mark);
       if (!inserted) {
-    // Before any trial is parsed: a 4 MiB file lists some 200,000 one-line trials.
-    if (node.size() > kMaxTrials) {
-      return ErrorAt(key_mark, "trials: the list has " + std::to_string(node.size()) +
-                                   " trials, more than " + std::to_string(kMaxTrials) +
-                                   "; split the experiment");
-    }
         return ErrorAt(trial.item_mark, "duplicate trial name '" + trial.name +
                                             "' (first at line " +
                                             std::to_string(previous->second.line + 1) +

@@ -522,10 +522,10 @@ std::string TrialKeysMarkdownTable() {
       if (!allowed_cell.empty()) allowed_cell.append(", ");
       allowed_cell.append(code(value));
     }
-    const std::string_view type_name =
     if (spec.type == KeyType::kInt && spec.max_int != std::numeric_limits<int64_t>::max()) {
       allowed_cell.append("at most ").append(std::to_string(spec.max_int));
     }
+    const std::string_view type_name =
         spec.type == KeyType::kEnum ? "enum" : KeyTypeName(spec.type);
     table.append("| ")
         .append(code(spec.name))
