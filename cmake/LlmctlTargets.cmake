@@ -92,19 +92,35 @@ function(llmctl_test name)
       SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endfunction()
 
-# llmctl_fuzz_replay(NAME DEPS ...): replays tests/fuzz/corpus/NAME through tests/fuzz/NAME_fuzz.cc's
-# LLVMFuzzerTestOneInput with a plain main(), so every test run covers the inputs that once crashed or
-# reached new code. The libFuzzer builds themselves are manual: each fuzz file says how.
+# llmctl_fuzz_replay(NAME DEPS ... [MUTATIONS N] [SEED S]): replays tests/fuzz/corpus/NAME through
+# tests/fuzz/NAME_fuzz.cc's LLVMFuzzerTestOneInput with a plain main() (tests/fuzz/replay_main.cc),
+# so every test run covers the inputs that once crashed or reached new code, then runs N seeded
+# mutations of them (default 20000; sized so a target takes a few seconds here), with the tokens of
+# tests/fuzz/NAME_fuzz.dict where it exists. The same seed each run: a failure reproduces with the
+# command it prints, and its input is written to the target's build folder. The libFuzzer builds
+# themselves are manual: each fuzz file says how.
 function(llmctl_fuzz_replay name)
   if(LLMCTL_TRAINER_ONLY)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "" "MUTATIONS;SEED" "DEPS" ${ARGN})
+  if(NOT DEFINED ARG_MUTATIONS)
+    set(ARG_MUTATIONS 20000)
+  endif()
+  if(NOT DEFINED ARG_SEED)
+    set(ARG_SEED 1)
+  endif()
   add_executable(${name}_fuzz_replay
     ${PROJECT_SOURCE_DIR}/tests/fuzz/${name}_fuzz.cc
     ${PROJECT_SOURCE_DIR}/tests/fuzz/replay_main.cc)
   target_link_libraries(${name}_fuzz_replay PRIVATE ${ARG_DEPS})
+  target_compile_definitions(${name}_fuzz_replay PRIVATE LLMCTL_FUZZ_NAME="${name}")
   llmctl_warnings(${name}_fuzz_replay)
+  set(dictionary_option)
+  if(EXISTS ${PROJECT_SOURCE_DIR}/tests/fuzz/${name}_fuzz.dict)
+    set(dictionary_option --dict ${PROJECT_SOURCE_DIR}/tests/fuzz/${name}_fuzz.dict)
+  endif()
   add_test(NAME ${name}_fuzz_replay
-    COMMAND ${name}_fuzz_replay ${PROJECT_SOURCE_DIR}/tests/fuzz/corpus/${name})
+    COMMAND ${name}_fuzz_replay --mutations ${ARG_MUTATIONS} --seed ${ARG_SEED} ${dictionary_option}
+      --crash-dir ${CMAKE_CURRENT_BINARY_DIR} ${PROJECT_SOURCE_DIR}/tests/fuzz/corpus/${name})
 endfunction()
