@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -117,11 +118,14 @@ TEST_F(EstimateTest, TheLitGptLabsMeasuredA100PeaksAreWithinTenPercent) {
 
 // llm-train's own peaks on a GPU: deploy/gpu-check's lab stage ran single-llama-a100.yaml on an
 // H200 under device_memory 79.2GiB (docs/gpu-runs/2026-11-26-h200/lab.jsonl, the CUDA caching
-// allocator's max_memory_allocated). Each row that ended ok is predicted within 1% (below it:
-// cuBLAS' workspaces and the CUDA context's allocations are not modelled). The two float32
-// TinyLlama rows ran before llama.cc repeated keys and values for the memory-efficient kernel and
-// are not compared.
-TEST_F(EstimateTest, LlmTrainsPeaksMeasuredOnAnH200AreWithinOnePercent) {
+// allocator's max_memory_allocated). Each row that ended ok is predicted within issue 28's bound,
+// as the CPU peak tests hold it (common/estimate/trainer_runs.h's PeakBound): at most 2% under
+// (an estimate under the peak says "fits" for a run that does not) and at most 3% over. Measured:
+// -0.61% to -0.22%, all under, by cuBLAS' workspaces and the CUDA context's allocations, which the
+// estimate leaves out; a test that required "under" would fail an estimate that modelled them. The
+// two float32 TinyLlama rows ran before llama.cc repeated keys and values for the
+// memory-efficient kernel and are not compared.
+TEST_F(EstimateTest, LlmTrainsPeaksMeasuredOnAnH200AreWithinTwoPercentUnderAndThreeOver) {
   ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--format", "json"}), kExitOk)
       << err_.str();
   const nlohmann::json out = nlohmann::json::parse(out_.str());
@@ -138,8 +142,13 @@ TEST_F(EstimateTest, LlmTrainsPeaksMeasuredOnAnH200AreWithinOnePercent) {
     if (row["observed"] != "ok" || before_the_change.contains(row["trial"])) continue;
     SCOPED_TRACE(row["trial"].get<std::string>());
     const double peak = row["peak_bytes"].get<double>();
-    EXPECT_NEAR(predicted.at(row["trial"]) / peak, 1.0, 0.01) << peak;
-    EXPECT_LE(predicted.at(row["trial"]), peak);
+    const double error = (predicted.at(row["trial"]) - peak) / peak;
+    EXPECT_GE(error, -0.02) << "predicted " << predicted.at(row["trial"]) << " B, measured "
+                            << peak;
+    EXPECT_LE(error, 0.03) << "predicted " << predicted.at(row["trial"]) << " B, measured " << peak;
+    std::printf("%s: predicted %.0f B, measured %.0f B, error %+.2f%%\n",
+                row["trial"].get<std::string>().c_str(), predicted.at(row["trial"]), peak,
+                100 * error);
     ++compared;
   }
   EXPECT_EQ(compared, 7);  // bf16-true, bf16-mixed, 3B, 7B, sgd, lora, qlora

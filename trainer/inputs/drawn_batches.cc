@@ -22,6 +22,7 @@ StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
   drawn.micro_batches = drawn.steps * accumulation;
   double padded = 0;
   double real = 0;
+  drawn.step_real_tokens.assign(static_cast<size_t>(drawn.steps), 0);
   for (int64_t rank = 0; rank < ranks; ++rank) {
     // As llm-train's OpenTokenFileBatches draws them.
     ASSIGN_OR_RETURN(
@@ -34,6 +35,9 @@ StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
                               : i % accumulation == 0 ? drawn.longest_later_opening
                                                       : drawn.longest_later_accumulating;
       step_longest = std::max(step_longest, batch.seq_len);
+      for (int64_t length : batch.lengths) {
+        drawn.step_real_tokens[static_cast<size_t>(i / accumulation)] += length;
+      }
       if (rank == 0) {
         padded += static_cast<double>(batch.seq_len);
         for (int64_t length : batch.lengths) real += static_cast<double>(length);

@@ -7,6 +7,7 @@
 #define LLMCTL_TRAINER_INPUTS_DRAWN_BATCHES_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "common/status.h"
 #include "common/trial_config.h"
@@ -26,6 +27,9 @@ struct DrawnBatches {
   int64_t longest_later_accumulating = 0;
   double mean_padded = 0;       // a micro-batch's mean length (the longest of its rows)
   double mean_real_tokens = 0;  // a micro-batch's mean real (non-padding) tokens
+  // Each optimizer step's real tokens over every rank and micro-batch: llm-train's step events'
+  // "tokens".
+  std::vector<int64_t> step_real_tokens;
 };
 
 // Draws every micro-batch of `config`'s run (train.max_steps, else train.epochs over the data)
