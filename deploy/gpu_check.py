@@ -7,6 +7,11 @@ the rows it finished. Not meant to be run by hand; deploy/gpu-check calls it:
   gpu_check.py env OUT DEVICE LLM_TRAIN BUILD_DIR     versions -> OUT/env.json (+ nvidia-smi.txt)
   gpu_check.py env-field ENV_JSON FIELD               prints one field ('' when absent)
   gpu_check.py stage-row OUT STAGE STATUS SECONDS     appends to OUT/stages.jsonl
+  gpu_check.py cuda-kernels BUILD_DIR                 prints whether the build compiled cuda_kernels.cu
+                                                      ("yes", or "no: WHY"; exit 1 unless yes)
+  gpu_check.py kernels-count KERNELS_JSON             the kernels stage's tests, from GoogleTest's JSON:
+                                                      "N ran, F failed, S skipped"; exit 1 when none ran
+                                                      or one skipped
   gpu_check.py has-row JSONL TRIAL                    exit 0 when JSONL has a row for TRIAL
   gpu_check.py lab-row OUT FILE TRIAL EXPECTED CODE   one lab trial's row -> OUT/lab.jsonl
   gpu_check.py lab-table OUT FILE [SKIPPED...]        OUT/lab.md and OUT/lab.json from lab.jsonl
@@ -108,6 +113,7 @@ def cmd_env(out, device, llm_train, build_dir):
         "llm_train": "; ".join(run_text([llm_train, "--version"]).splitlines()),
         "commit": tree_commit(),
         "build_dir": build_dir,
+        "cuda_kernels": cuda_kernels_built(build_dir),
     }
     try:
         import transformers
@@ -138,6 +144,46 @@ def cmd_env(out, device, llm_train, build_dir):
     (out / "env.json").write_text(json.dumps(env, indent=2) + "\n")
 
 
+def cuda_kernels_built(build_dir):
+    """LLMCTL_CUDA_KERNELS_BUILT from BUILD_DIR's CMakeCache.txt (trainer/CMakeLists.txt): "yes", or "no: WHY"."""
+    cache = Path(build_dir) / "CMakeCache.txt"
+    if not cache.exists():
+        return f"no: {cache} does not exist (the build stage has not configured)"
+    for line in cache.read_text(errors="replace").splitlines():
+        if line.startswith("LLMCTL_CUDA_KERNELS_BUILT:"):
+            return line.split("=", 1)[1]
+    return f"no: {cache} has no LLMCTL_CUDA_KERNELS_BUILT (configured by a tree before the CUDA kernels' guard)"
+
+
+def cmd_cuda_kernels(build_dir):
+    built = cuda_kernels_built(build_dir)
+    print(built)
+    sys.exit(0 if built == "yes" else 1)
+
+
+def cmd_kernels_count(kernels_json):
+    """The tests a kernels run ran: a filter that matches none, or a binary that writes no results, runs
+    nothing and exits 0, which must not pass the stage."""
+    path = Path(kernels_json)
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        print(f"no test results in {path}: {error}")
+        sys.exit(1)
+    ran = failed = skipped = 0
+    for suite in report.get("testsuites", []):
+        for test in suite.get("testsuite", []):
+            if test.get("status") != "RUN":
+                continue
+            if test.get("result") == "SKIPPED":
+                skipped += 1
+            else:
+                ran += 1
+                failed += 1 if test.get("failures") else 0
+    print(f"{ran} ran, {failed} failed, {skipped} skipped")
+    sys.exit(0 if ran > 0 and skipped == 0 else 1)
+
+
 def cmd_env_field(env_json, field):
     path = Path(env_json)
     value = json.loads(path.read_text()).get(field, "") if path.exists() else ""
@@ -156,7 +202,8 @@ def cmd_summary(out):
     lines = [f"# gpu-check: {env_tag(env)}", ""]
     if env:
         lines.append(f"commit {env.get('commit')}; {env.get('os')}; {env.get('cxx')}; {env.get('cmake')}; "
-                     f"nvcc: {env.get('nvcc') or 'none'}; transformers {env.get('transformers')}")
+                     f"nvcc: {env.get('nvcc') or 'none'}; CUDA kernels: {env.get('cuda_kernels', 'not recorded')}; "
+                     f"transformers {env.get('transformers')}")
         lines.append("")
     lines += ["| stage | status | seconds | when (UTC) |", "|---|---|---:|---|"]
     for row in read_jsonl(out / "stages.jsonl"):
@@ -440,6 +487,8 @@ COMMANDS = {
     "env": cmd_env,
     "env-field": cmd_env_field,
     "stage-row": cmd_stage_row,
+    "cuda-kernels": cmd_cuda_kernels,
+    "kernels-count": cmd_kernels_count,
     "summary": cmd_summary,
     "product-missing": cmd_product_missing,
     "product-record": cmd_product_record,

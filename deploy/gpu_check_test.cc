@@ -71,6 +71,15 @@ TEST(TrainerOnlyConfigurationTest, HasLlmTrainAndNoneOfTheOrchestratorsPackages)
     EXPECT_EQ(CacheValue(cache, never_looked_for), "") << never_looked_for;
   }
   EXPECT_EQ(CacheValue(cache, "LLMCTL_TRAINER_ONLY"), "ON");
+
+  // The one way to build without the CUDA kernels says so in the cache, which the kernels stage
+  // reads (GpuCheckCommandTest.TheKernelsStageRefusesABuildWithoutTheCudaKernelsOnAGpu).
+  const testing::CommandResult without_kernels =
+      testing::RunShellCommand("cmake -S '" + SourceDir().string() + "' -B '" + build.string() +
+                               "' -DLLMCTL_CUDA_KERNELS=OFF");
+  ASSERT_EQ(without_kernels.exit_code, 0) << without_kernels.out;
+  EXPECT_EQ(CacheValue(Read(build / "CMakeCache.txt"), "LLMCTL_CUDA_KERNELS_BUILT"),
+            "no: LLMCTL_CUDA_KERNELS=OFF");
   fs::remove_all(build);
 }
 
@@ -208,6 +217,8 @@ TEST(GpuCheckCommandTest, TheKernelsStageRunsTheFusedOpsTestsOnItsDevice) {
             std::string::npos)
       << report;
   EXPECT_EQ(report.find("/cuda"), std::string::npos) << "only the stage's device runs";
+  EXPECT_NE(run.out.find("kernels on cpu: 7 ran, 0 failed, 0 skipped"), std::string::npos)
+      << run.out;
   EXPECT_TRUE(fs::exists(out / "kernels.json"));
   EXPECT_NE(Read(out / "stages.jsonl").find(R"("stage": "kernels", "status": "ok")"),
             std::string::npos)
@@ -221,6 +232,99 @@ TEST(GpuCheckCommandTest, TheKernelsStageRunsTheFusedOpsTestsOnItsDevice) {
   EXPECT_NE(absent.out.find("fused_ops_test not built"), std::string::npos) << absent.out;
   fs::remove_all(out);
   fs::remove_all(missing);
+}
+
+// A build directory for the kernels stage with a stand-in fused_ops_test: a shell script that
+// prints `transcript` and writes `results` (GoogleTest's JSON, none when empty) where
+// --gtest_output asks, and a CMakeCache.txt that records `cuda_kernels` as trainer/CMakeLists.txt
+// does.
+fs::path FakeKernelsBuild(const std::string& name, const std::string& cuda_kernels,
+                          const std::string& transcript, const std::string& results) {
+  const fs::path build = FreshDir(name);
+  fs::create_directories(build / "trainer");
+  std::ofstream(build / "CMakeCache.txt")
+      << "LLMCTL_CUDA_KERNELS_BUILT:INTERNAL=" << cuda_kernels << "\n";
+  std::ofstream(build / "results.json") << results;
+  const fs::path test = build / "trainer/fused_ops_test";
+  std::ofstream(test) << "#!/bin/sh\n"
+                      << "printf '%s\\n' '" << transcript << "'\n"
+                      << "for arg; do case $arg in --gtest_output=json:*) "
+                      << (results.empty() ? ":"
+                                          : "cp '" + (build / "results.json").string() +
+                                                "' \"${arg#--gtest_output=json:}\"")
+                      << " ;; esac; done\n";
+  fs::permissions(test, fs::perms::owner_all);
+  return build;
+}
+
+testing::CommandResult RunKernelsStage(const fs::path& build, const std::string& device,
+                                       const fs::path& out) {
+  return testing::RunShellCommand("GPU_CHECK_BUILD_DIR='" + build.string() + "' " +
+                                  (SourceDir() / "deploy/gpu-check").string() + " --device " +
+                                  device + " '" + out.string() + "' kernels");
+}
+
+// GoogleTest's JSON for one test that ran and passed.
+constexpr const char* kOneTestPassed = R"({"tests": 1, "testsuites": [{"name": "Devices/FusedOpsOn",
+  "testsuite": [{"name": "RopeMatchesTheAtenCompositionAndItsGradients/cuda", "status": "RUN",
+  "result": "COMPLETED"}]}]})";
+
+// A filter that matches no test (a renamed instance, a device no instance is made for) runs
+// nothing and exits 0, as GoogleTest does; so does a binary that writes no results. Neither
+// passes the stage.
+TEST(GpuCheckCommandTest, TheKernelsStageFailsWhenNoTestRan) {
+  const fs::path out = FreshDir("kernels-none");
+  const fs::path empty = FakeKernelsBuild(
+      "kernels-empty-filter", "yes", "[==========] 0 tests from 0 test suites ran. (0 ms total)",
+      R"({"tests": 0, "failures": 0, "disabled": 0, "errors": 0, "testsuites": []})");
+  const testing::CommandResult none = RunKernelsStage(empty, "cpu", out);
+  EXPECT_EQ(none.exit_code, 1) << none.out;
+  EXPECT_NE(none.out.find("kernels on cpu: 0 ran, 0 failed, 0 skipped"), std::string::npos)
+      << none.out;
+  EXPECT_NE(Read(out / "stages.jsonl").find(R"("stage": "kernels", "status": "failed")"),
+            std::string::npos)
+      << Read(out / "stages.jsonl");
+
+  const fs::path silent = FakeKernelsBuild("kernels-no-results", "yes", "", "");
+  const testing::CommandResult no_results = RunKernelsStage(silent, "cpu", out);
+  EXPECT_EQ(no_results.exit_code, 1) << no_results.out;
+  EXPECT_NE(
+      no_results.out.find("kernels on cpu: no test results in " + (out / "kernels.json").string()),
+      std::string::npos)
+      << no_results.out;
+  fs::remove_all(out);
+  fs::remove_all(empty);
+  fs::remove_all(silent);
+}
+
+// On a GPU the stage needs the CUDA kernels in the build: without them every fused op runs ATen on
+// the GPU, and the CUDA instances would compare ATen with itself. The same passing tests pass the
+// stage only from a build that has them.
+TEST(GpuCheckCommandTest, TheKernelsStageRefusesABuildWithoutTheCudaKernelsOnAGpu) {
+  const fs::path out = FreshDir("kernels-cuda");
+  const fs::path without = FakeKernelsBuild("kernels-without", "no: LLMCTL_CUDA_KERNELS=OFF",
+                                            "[  PASSED  ] 1 test.", kOneTestPassed);
+  const testing::CommandResult refused = RunKernelsStage(without, "cuda", out);
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("has no CUDA kernels (no: LLMCTL_CUDA_KERNELS=OFF)"),
+            std::string::npos)
+      << refused.out;
+  EXPECT_NE(refused.out.find("GPU_CHECK_CMAKE_ARGS='-DCMAKE_CUDA_COMPILER="), std::string::npos)
+      << refused.out;
+  EXPECT_FALSE(fs::exists(out / "kernels.txt")) << "the tests are not run";
+  EXPECT_NE(Read(out / "stages.jsonl").find(R"("stage": "kernels", "status": "no CUDA kernels")"),
+            std::string::npos)
+      << Read(out / "stages.jsonl");
+
+  const fs::path with =
+      FakeKernelsBuild("kernels-with", "yes", "[  PASSED  ] 1 test.", kOneTestPassed);
+  const testing::CommandResult passed = RunKernelsStage(with, "cuda", out);
+  EXPECT_EQ(passed.exit_code, 0) << passed.out;
+  EXPECT_NE(passed.out.find("kernels on cuda: 1 ran, 0 failed, 0 skipped"), std::string::npos)
+      << passed.out;
+  fs::remove_all(out);
+  fs::remove_all(without);
+  fs::remove_all(with);
 }
 
 }  // namespace

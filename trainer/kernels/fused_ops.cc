@@ -2,9 +2,12 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "trainer/data/dataset.h"  // kIgnoreIndex
 #include "trainer/kernels/cpu_kernels.h"
+#include "trainer/kernels/kernel_choice.h"
 
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
 #include <c10/cuda/CUDAStream.h>
@@ -43,12 +46,34 @@ void CheckLaunch(const char* error, const char* what) {
 }
 #endif
 
-// The devices the fused kernels run on in this build.
-bool FusedOn(const torch::Tensor& t) {
-#if defined(LLMCTL_HAVE_CUDA_KERNELS)
-  if (t.is_cuda()) return true;
-#endif
-  return t.is_cpu();
+using kernels::FusedOp;
+using kernels::Implementation;
+
+// Why no fused kernel takes `t`, the tensor whose device and dtype pick the kernel: its device in
+// this build, or its dtype; "" when one does.
+std::string WhyNotFused(const torch::Tensor& t) {
+  if (t.is_cuda() && !kernels::CudaKernelsBuilt()) {
+    return "this llm-train was built without its CUDA kernels (configured with "
+           "-DLLMCTL_CUDA_KERNELS=OFF, or against a LibTorch without CUDA)";
+  }
+  if (!t.is_cuda() && !t.is_cpu()) return "no fused kernel on device " + t.device().str();
+  if (!FusableDtype(t)) {
+    return std::string("dtype ") + c10::toString(t.scalar_type()) +
+           " (the fused kernels take float32, bfloat16 and float16)";
+  }
+  return "";
+}
+
+// "what's dtype X is not Y's": an input the kernels take only in the leading input's dtype.
+std::string DtypeMismatch(const char* what, const torch::Tensor& t, const char* leading,
+                          const torch::Tensor& lead) {
+  return std::string(what) + "'s dtype " + c10::toString(t.scalar_type()) + " is not " + leading +
+         "'s " + c10::toString(lead.scalar_type());
+}
+
+// Records that `op` runs its kernel on `t`'s device.
+void RecordFusedOn(FusedOp op, const torch::Tensor& t) {
+  kernels::RecordKernel(op, t.is_cuda() ? Implementation::kCudaKernel : Implementation::kCpuLoop);
 }
 
 struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
@@ -253,33 +278,61 @@ Kernels KernelsNamed(const std::string& name) {
 }
 
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  if (!FusedOn(x) || !FusableDtype(x) || weight.scalar_type() != x.scalar_type() ||
-      weight.device() != x.device()) {
+  std::string why = WhyNotFused(x);
+  if (why.empty() && weight.scalar_type() != x.scalar_type()) {
+    why = DtypeMismatch("the weight", weight, "the input", x);
+  }
+  if (why.empty() && weight.device() != x.device()) {
+    why = "the weight is on " + weight.device().str() + ", the input on " + x.device().str();
+  }
+  if (!why.empty()) {
+    kernels::RecordFallback(FusedOp::kRmsNorm, std::move(why));
     return AtenRmsNorm(x, weight, eps);
   }
+  RecordFusedOn(FusedOp::kRmsNorm, x);
   const int64_t cols = x.size(-1);
   const torch::Tensor rows = x.contiguous().view({-1, cols});  // (N, C)
   return RmsNormFunction::apply(rows, weight.contiguous(), eps).view(x.sizes());
 }
 
-// Whether the gated activation's kernels take gate and up as they are.
-bool GluFusable(const torch::Tensor& gate, const torch::Tensor& up) {
-  return FusedOn(gate) && FusableDtype(gate) && up.scalar_type() == gate.scalar_type() &&
-         up.sizes().equals(gate.sizes());
+namespace {
+
+// Why the gated activation's kernels do not take gate and up as they are ("" when they do).
+std::string WhyGluNotFused(const torch::Tensor& gate, const torch::Tensor& up) {
+  std::string why = WhyNotFused(gate);
+  if (why.empty() && up.scalar_type() != gate.scalar_type()) {
+    why = DtypeMismatch("up", up, "gate", gate);
+  }
+  if (why.empty() && !up.sizes().equals(gate.sizes())) why = "up's shape is not gate's";
+  return why;
 }
 
+}  // namespace
+
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {
-  if (!GluFusable(gate, up)) return torch::silu(gate) * up;
+  if (std::string why = WhyGluNotFused(gate, up); !why.empty()) {
+    kernels::RecordFallback(FusedOp::kSwiGlu, std::move(why));
+    return torch::silu(gate) * up;
+  }
+  RecordFusedOn(FusedOp::kSwiGlu, gate);
   return GluFunction::apply(gate.contiguous(), up.contiguous(),
                             static_cast<int64_t>(kernels::GluActivation::kSilu));
 }
 
 torch::Tensor FusedSwiGluLinear(const torch::Tensor& gate, const torch::Tensor& up,
                                 const torch::Tensor& weight) {
-  if (!GluFusable(gate, up) || weight.scalar_type() != gate.scalar_type() ||
-      weight.device() != gate.device()) {
+  std::string why = WhyGluNotFused(gate, up);
+  if (why.empty() && weight.scalar_type() != gate.scalar_type()) {
+    why = DtypeMismatch("the weight", weight, "gate", gate);
+  }
+  if (why.empty() && weight.device() != gate.device()) {
+    why = "the weight is on " + weight.device().str() + ", gate on " + gate.device().str();
+  }
+  if (!why.empty()) {
+    kernels::RecordFallback(FusedOp::kSwiGluLinear, std::move(why));
     return torch::nn::functional::linear(FusedSwiGlu(gate, up), weight);
   }
+  RecordFusedOn(FusedOp::kSwiGluLinear, gate);
   return GluLinearFunction::apply(gate.contiguous(), up.contiguous(), weight,
                                   static_cast<int64_t>(kernels::GluActivation::kSilu));
 }
@@ -290,18 +343,28 @@ torch::Tensor AtenGeluNew(const torch::Tensor& x) {
 }
 
 torch::Tensor FusedGeGlu(const torch::Tensor& gate, const torch::Tensor& up) {
-  if (!GluFusable(gate, up)) return AtenGeluNew(gate) * up;
+  if (std::string why = WhyGluNotFused(gate, up); !why.empty()) {
+    kernels::RecordFallback(FusedOp::kGeGlu, std::move(why));
+    return AtenGeluNew(gate) * up;
+  }
+  RecordFusedOn(FusedOp::kGeGlu, gate);
   return GluFunction::apply(gate.contiguous(), up.contiguous(),
                             static_cast<int64_t>(kernels::GluActivation::kGeluTanh));
 }
 
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin) {
-  if (!FusedOn(x) || !FusableDtype(x) || cos.scalar_type() != torch::kFloat32 ||
-      x.size(-1) % 2 != 0) {
+  std::string why = WhyNotFused(x);
+  if (why.empty() && cos.scalar_type() != torch::kFloat32) {
+    why = std::string("the tables' dtype ") + c10::toString(cos.scalar_type()) + " is not float32";
+  }
+  if (why.empty() && x.size(-1) % 2 != 0) why = "an odd head dimension";
+  if (!why.empty()) {
+    kernels::RecordFallback(FusedOp::kRope, std::move(why));
     // (B, T, H, D) as (B, H, T, D), the layout the composition broadcasts the tables over.
     return AtenRope(x.transpose(1, 2), cos, sin).transpose(1, 2);
   }
+  RecordFusedOn(FusedOp::kRope, x);
   return RopeFunction::apply(x.contiguous(), cos.contiguous(), sin.contiguous());
 }
 
@@ -326,10 +389,20 @@ torch::Tensor AtenCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& l
 
 torch::Tensor FusedCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& labels,
                                     const torch::Tensor& inverse_count) {
-  if (!FusedOn(logits) || !FusableDtype(logits) || !logits.is_contiguous() ||
-      labels.scalar_type() != torch::kInt64 || inverse_count.scalar_type() != torch::kFloat32) {
+  std::string why = WhyNotFused(logits);
+  if (why.empty() && !logits.is_contiguous()) why = "the logits are not contiguous";
+  if (why.empty() && labels.scalar_type() != torch::kInt64) {
+    why = std::string("the labels' dtype ") + c10::toString(labels.scalar_type()) + " is not int64";
+  }
+  if (why.empty() && inverse_count.scalar_type() != torch::kFloat32) {
+    why = std::string("the inverse count's dtype ") + c10::toString(inverse_count.scalar_type()) +
+          " is not float32";
+  }
+  if (!why.empty()) {
+    kernels::RecordFallback(FusedOp::kCrossEntropy, std::move(why));
     return AtenCrossEntropyGrad(logits, labels, inverse_count);
   }
+  RecordFusedOn(FusedOp::kCrossEntropy, logits);
   const torch::Tensor row_labels = labels.contiguous();
   const int64_t rows = logits.size(0);
   const int64_t vocab = logits.size(1);
@@ -355,3 +428,15 @@ torch::Tensor FusedCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& 
 }
 
 }  // namespace llmctl::trainer
+
+namespace llmctl::kernels {
+
+bool CudaKernelsBuilt() {
+#if defined(LLMCTL_HAVE_CUDA_KERNELS)
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace llmctl::kernels

@@ -2,7 +2,7 @@
 // a backward of its own that keeps fewer tensors than the ATen composition transformers runs
 // (`kernels: aten`), and computes in one pass over memory. Per element the arithmetic is
 // row_math.h's, in fp32, rounded once to the tensors' dtype: on the CPU cpu_kernels.h's loops, on
-// CUDA cuda_kernels.cu's kernels (when the build found nvcc).
+// CUDA cuda_kernels.cu's kernels (a LibTorch with CUDA needs nvcc, unless LLMCTL_CUDA_KERNELS=OFF).
 //
 // What each keeps for backward, against the ATen composition's:
 //   RMSNorm: its input and each row's fp32 rstd (B, T, 1); ATen keeps an fp32 copy of a
@@ -19,8 +19,8 @@
 //     float32 temporaries, and makes eight passes over them where the fused kernel makes three.
 //
 // Where no fused kernel applies (a dtype other than fp32, bf16 or fp16, mixed dtypes, a CUDA tensor
-// in a build without nvcc), each function runs the ATen composition instead: the same values,
-// transformers' tensors kept.
+// in a build without the CUDA kernels), each function runs the ATen composition instead: the same
+// values, transformers' tensors kept. kernel_choice.h records which ran, and why.
 #ifndef LLMCTL_TRAINER_KERNELS_FUSED_OPS_H_
 #define LLMCTL_TRAINER_KERNELS_FUSED_OPS_H_
 

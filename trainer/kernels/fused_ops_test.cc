@@ -4,7 +4,9 @@
 // against cross_entropy's in float64. Every test runs on the CPU (the loops of cpu_kernels.cc) and
 // on CUDA (cuda_kernels.cu's kernels against ATen's CUDA ops), the same inputs drawn on the CPU;
 // the CUDA ones are skipped, and say so, where no CUDA device is visible (deploy/gpu-check's
-// kernels stage runs them on a GPU).
+// kernels stage runs them on a GPU). Each checks that its op ran the kernel of its device
+// (kernel_choice.h): a CUDA instance that compared the ATen fallback with ATen would pass without
+// cuda_kernels.cu.
 #include "trainer/kernels/fused_ops.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "common/model_config.h"
+#include "trainer/kernels/kernel_choice.h"
 #include "trainer/model/llama.h"
 
 namespace llmctl::trainer {
@@ -51,6 +54,22 @@ void ExpectClose(const torch::Tensor& a, const torch::Tensor& b, double rel,
   const double diff = (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
   EXPECT_LE(diff, rel * scale + 1e-30)
       << what << ": largest difference " << diff << " of " << scale;
+}
+
+using kernels::FusedOp;
+using kernels::Implementation;
+
+// That `op`'s latest call ran the fused kernel of `device`, not the ATen fallback.
+void ExpectRanTheKernelOf(torch::Device device, FusedOp op) {
+  const Implementation expected =
+      device.is_cuda() ? Implementation::kCudaKernel : Implementation::kCpuLoop;
+  const Implementation ran = kernels::LastImplementation(op);
+  EXPECT_EQ(ran, expected) << kernels::FusedOpName(op) << " ran the "
+                           << kernels::ImplementationName(ran) << ", not the "
+                           << kernels::ImplementationName(expected)
+                           << (ran == Implementation::kAtenFallback
+                                   ? ": " + kernels::LastFallbackReason(op)
+                                   : std::string());
 }
 
 // The device a test runs its ops on: the CPU, or CUDA where one is visible.
@@ -93,6 +112,7 @@ TEST_P(FusedOpsOn, RmsNormMatchesTheAtenCompositionAndItsGradients) {
       const Outputs fused = RunOp(
           [](const std::vector<torch::Tensor>& in) { return FusedRmsNorm(in[0], in[1], 1e-6); },
           {x, w}, dy);
+      ExpectRanTheKernelOf(device(), FusedOp::kRmsNorm);
       const double rel =
           dtype == torch::kFloat32 ? 64 * static_cast<double>(shape[2]) * kFp32Unit : 4 * kBf16Unit;
       ExpectClose(fused.y, aten.y, rel, what + " y");
@@ -107,8 +127,8 @@ using GluOp = torch::Tensor (*)(const torch::Tensor& gate, const torch::Tensor& 
 // A gated activation act(g) u, fused against its ATen composition, forward and both gradients, on
 // every shape in fp32 and bf16: gate values of `gate_scale` standard deviations, the bounds
 // relative to each tensor's largest element in units of fp32's and bf16's roundoff.
-void ExpectGluMatchesAten(torch::Device device, GluOp aten_op, GluOp fused_op, double gate_scale,
-                          double fp32_units, double bf16_units) {
+void ExpectGluMatchesAten(torch::Device device, GluOp aten_op, GluOp fused_op, FusedOp fused_name,
+                          double gate_scale, double fp32_units, double bf16_units) {
   for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const std::vector<int64_t>& shape : kShapes) {
       const std::string what =
@@ -123,6 +143,7 @@ void ExpectGluMatchesAten(torch::Device device, GluOp aten_op, GluOp fused_op, d
       const Outputs fused =
           RunOp([fused_op](const std::vector<torch::Tensor>& in) { return fused_op(in[0], in[1]); },
                 {g, u}, dh);
+      ExpectRanTheKernelOf(device, fused_name);
       const double rel = dtype == torch::kFloat32 ? fp32_units * kFp32Unit : bf16_units * kBf16Unit;
       ExpectClose(fused.y, aten.y, rel, what + " h");
       ExpectClose(fused.grads[0], aten.grads[0], rel, what + " dgate");
@@ -136,7 +157,7 @@ void ExpectGluMatchesAten(torch::Device device, GluOp aten_op, GluOp fused_op, d
 TEST_P(FusedOpsOn, SwiGluMatchesTheAtenCompositionAndItsGradients) {
   ExpectGluMatchesAten(
       device(), [](const torch::Tensor& g, const torch::Tensor& u) { return torch::silu(g) * u; },
-      FusedSwiGlu, /*gate_scale=*/3, /*fp32_units=*/32, /*bf16_units=*/4);
+      FusedSwiGlu, FusedOp::kSwiGlu, /*gate_scale=*/3, /*fp32_units=*/32, /*bf16_units=*/4);
 }
 
 // linear(silu(g) u, W) as one node against FusedSwiGlu then the linear layer: the same product
@@ -164,6 +185,7 @@ TEST_P(FusedOpsOn, SwiGluLinearMatchesSwiGluThenTheLinearLayerAndItsGradients) {
             return FusedSwiGluLinear(in[0], in[1], in[2]);
           },
           {g, u, w}, dy);
+      ExpectRanTheKernelOf(device(), FusedOp::kSwiGluLinear);
       const double rel = dtype == torch::kFloat32 ? 64 * kFp32Unit : 4 * kBf16Unit;
       ExpectClose(fused.y, composed.y, rel, what + " y");
       ExpectClose(fused.grads[0], composed.grads[0], rel, what + " dgate");
@@ -181,7 +203,7 @@ TEST_P(FusedOpsOn, SwiGluLinearMatchesSwiGluThenTheLinearLayerAndItsGradients) {
 TEST_P(FusedOpsOn, GeGluMatchesTheAtenCompositionAndItsGradients) {
   ExpectGluMatchesAten(
       device(), [](const torch::Tensor& g, const torch::Tensor& u) { return AtenGeluNew(g) * u; },
-      FusedGeGlu, /*gate_scale=*/2, /*fp32_units=*/64, /*bf16_units=*/8);
+      FusedGeGlu, FusedOp::kGeGlu, /*gate_scale=*/2, /*fp32_units=*/64, /*bf16_units=*/8);
 }
 
 // x cos + rotate_half(x) sin over (B, T, H, D): in fp32 each output is x1 c - x2 s (or x2 c + x1
@@ -212,6 +234,7 @@ TEST_P(FusedOpsOn, RopeMatchesTheAtenCompositionAndItsGradients) {
             return FusedRope(in[0], rope.cos, rope.sin);
           },
           {x}, dy);
+      ExpectRanTheKernelOf(device(), FusedOp::kRope);
       const std::string what =
           std::string(c10::toString(dtype)) + " batch " + std::to_string(batch);
       if (dtype == torch::kFloat32 && device().is_cpu()) {
@@ -252,7 +275,14 @@ TEST_P(FusedOpsOn, ADemoModelStepGivesTheAtenLossAndGradients) {
       return grads;
     };
     const auto aten = step(Kernels::kAten);
+    kernels::FallbackWatch watch;
     const auto fused = step(Kernels::kFused);
+    for (const kernels::Fallback& fallback : watch.TakeNew()) {
+      ADD_FAILURE() << kernels::FusedOpName(fallback.op)
+                    << " fell back to ATen in the fused step: " << fallback.reason;
+    }
+    ExpectRanTheKernelOf(device(), FusedOp::kRmsNorm);
+    ExpectRanTheKernelOf(device(), FusedOp::kRope);
     ASSERT_EQ(aten.size(), fused.size());
     const double rel = dtype == torch::kFloat32 ? 1e-5 : 16 * kBf16Unit;
     for (size_t i = 0; i < aten.size(); ++i) {
@@ -308,6 +338,7 @@ void ExpectCrossEntropyMatchesTruth(torch::Device device, torch::Dtype dtype, in
     torch::Tensor row_loss = fused
                                  ? FusedCrossEntropyGrad(grad, on_device_labels, on_device_inverse)
                                  : AtenCrossEntropyGrad(grad, on_device_labels, on_device_inverse);
+    if (fused) ExpectRanTheKernelOf(device, FusedOp::kCrossEntropy);
     row_loss = row_loss.cpu();
     grad = grad.cpu();
     ASSERT_EQ(row_loss.scalar_type(), torch::kFloat32);
@@ -346,6 +377,30 @@ TEST(FusedCrossEntropyGradTest, ALabelOutsideTheVocabularyIsRefused) {
               std::string::npos)
         << e.what_without_backtrace();
   }
+}
+
+// An input no kernel takes runs ATen's composition, and the record says so and why; a watch made
+// before reports the op once, with the reason, however often it falls back after.
+TEST(KernelChoiceTest, AFallbackIsRecordedWithItsReasonAndReportedOnce) {
+  kernels::FallbackWatch watch;
+  const torch::Tensor x = torch::randn({2, 8}, torch::kFloat64);
+  const torch::Tensor w = torch::ones({8}, torch::kFloat64);
+  EXPECT_TRUE(torch::allclose(FusedRmsNorm(x, w, 1e-6), trainer::AtenRmsNorm(x, w, 1e-6)));
+  EXPECT_EQ(kernels::LastImplementation(FusedOp::kRmsNorm), Implementation::kAtenFallback);
+  EXPECT_NE(kernels::LastFallbackReason(FusedOp::kRmsNorm).find("dtype Double"), std::string::npos)
+      << kernels::LastFallbackReason(FusedOp::kRmsNorm);
+  FusedRmsNorm(x.to(torch::kFloat32), w, 1e-6);  // a float64 weight: a second reason
+  const std::vector<kernels::Fallback> first = watch.TakeNew();
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].op, FusedOp::kRmsNorm);
+  EXPECT_EQ(first[0].reason, "the weight's dtype Double is not the input's Float");
+  FusedRmsNorm(x, w, 1e-6);
+  EXPECT_TRUE(watch.TakeNew().empty()) << "each op is reported once";
+
+  FusedRmsNorm(x.to(torch::kFloat32), w.to(torch::kFloat32), 1e-6);
+  EXPECT_EQ(kernels::LastImplementation(FusedOp::kRmsNorm), Implementation::kCpuLoop);
+  kernels::FallbackWatch later;
+  EXPECT_TRUE(later.TakeNew().empty()) << "a watch reports only what falls back after it is made";
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, FusedOpsOn, ::testing::Values(torch::kCPU, torch::kCUDA),

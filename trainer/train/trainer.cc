@@ -15,10 +15,12 @@
 #include <stdexcept>
 
 #include "common/byte_size.h"
+#include "common/kernel_fallback_event.h"
 #include "common/model_config.h"
 #include "common/snapshot_event.h"
 #include "common/text.h"
 #include "trainer/data/batch_iterator.h"
+#include "trainer/kernels/kernel_choice.h"
 #include "trainer/memory/accounting.h"
 #include "trainer/memory/counting_allocator.h"
 #include "trainer/model/projection.h"
@@ -270,6 +272,8 @@ class TrialRun {
   std::unique_ptr<Parallelism> parallel_;   // one process, ddp or fsdp
   int rank_ = 0;                            // outputs (checkpoints, adapters, profile) on rank 0
   std::optional<LossScaler> loss_scaler_;
+  // The fused ops that ran ATen's composition since the run began, each said once (ReportStep).
+  kernels::FallbackWatch kernel_fallbacks_;
 
   bool chunked_loss_ = false;
   bool optimizer_in_backward_ = false;
@@ -653,6 +657,17 @@ void TrialRun::ReportStep(int64_t step, double lr, double seconds, const StepTot
                 {"seconds", seconds},
                 {"allocated_bytes", memory_->allocated_bytes()},
                 {"peak_bytes", memory_->peak_bytes()}});
+  for (const kernels::Fallback& fallback : kernel_fallbacks_.TakeNew()) {
+    const std::string op(kernels::FusedOpName(fallback.op));
+    json event;
+    event["type"] = kernel_fallback_event::kType;
+    event[kernel_fallback_event::kOp] = op;
+    event[kernel_fallback_event::kReason] = fallback.reason;
+    event[kernel_fallback_event::kStep] = step;
+    events_.Emit(event);
+    Human("[warning] kernels: " + op +
+          " ran ATen's composition, not a fused kernel: " + fallback.reason);
+  }
   if (step % log_every_ == 0 || step + 1 == total_steps_) {
     std::ostringstream line;
     line.precision(4);
