@@ -35,11 +35,14 @@ demo-build: setup configure
 demo: demo-build
 	$(LLMCTL) submit $(LAB) --wait
 
-# ctest's exit status is the target's; the ten slowest tests are printed after it either way.
+# Fails when ctest does, or when a test skipped that tests/expected-skips.txt does not list; the ten
+# slowest tests and every skipped one, with its reason, are printed after ctest either way.
 test: setup-tests build
 	@rc=0; ctest --test-dir $(BUILD) --output-on-failure -j $(TEST_JOBS) \
 	  --output-junit $(abspath $(BUILD))/ctest-results.xml || rc=$$?; \
-	python3 scripts/slowest_tests.py $(BUILD)/ctest-results.xml 10; exit $$rc
+	python3 scripts/slowest_tests.py $(BUILD)/ctest-results.xml 10; \
+	python3 scripts/check_skips.py $(BUILD)/ctest-results.xml tests/expected-skips.txt || rc=1; \
+	exit $$rc
 
 # Regenerates docs/experiment-files.md's trial-key table from the registry (a test checks they agree).
 readme-keys: build

@@ -45,11 +45,15 @@ endfunction()
 
 # llmctl_test(NAME [TORCH] [DEVICE] SOURCES ... DEPS ... [ENV k=v ...] [ONE_PROCESS])
 # Tests are discovered when ctest runs (not at build time), with a fixed thread count so results and
-# timings do not depend on the machine's core count. A GTEST_SKIP shows as "skipped" in ctest's summary.
+# timings do not depend on the machine's core count. A test binary's main is tests/support/
+# gtest_main.cc: it exits kSkippedExitCode (77, SKIP_RETURN_CODE below) only when nothing failed and
+# a GTEST_SKIP ran, so a failure in a skipped suite's set-up or tear-down stays a failure, and it
+# prints each skip's reason, which `make test` lists and checks against tests/expected-skips.txt.
 # ONE_PROCESS: one ctest test runs all of the binary's tests in one process, for suites that share an
-# expensive fixture (a real Keystone). A skip then marks the whole ctest test skipped, so such a suite's
-# tests must skip all together or not at all. TORCH: as for llmctl_library. DEVICE: built in the
-# trainer-only configuration too, when it finds GoogleTest (deploy/gpu-check's kernels stage).
+# expensive fixture (a real Keystone). A skip then marks the whole ctest test skipped. TORCH: as for
+# llmctl_library. DEVICE: built in the trainer-only configuration too, when it finds GoogleTest
+# (deploy/gpu-check's kernels stage).
+set(LLMCTL_TEST_SKIP_RETURN_CODE 77)
 function(llmctl_test name)
   cmake_parse_arguments(ARG "ONE_PROCESS;TORCH;DEVICE" "" "SOURCES;DEPS;ENV" ${ARGN})
   # The trainer-only build (a lent GPU machine's) has only the DEVICE tests, where GoogleTest is
@@ -57,8 +61,13 @@ function(llmctl_test name)
   if(LLMCTL_TRAINER_ONLY AND NOT (ARG_DEVICE AND GTest_FOUND))
     return()
   endif()
+  if(NOT TARGET llmctl_gtest_main)
+    add_library(llmctl_gtest_main STATIC ${PROJECT_SOURCE_DIR}/tests/support/gtest_main.cc)
+    target_link_libraries(llmctl_gtest_main PUBLIC GTest::gtest)
+    llmctl_warnings(llmctl_gtest_main)
+  endif()
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest llmctl_gtest_main)
   llmctl_warnings(${name})
   if(ARG_TORCH)
     llmctl_torch_pch(${name})
@@ -75,7 +84,7 @@ function(llmctl_test name)
     add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
     set_tests_properties(${name} PROPERTIES
       ENVIRONMENT "${environment}"
-      SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+      SKIP_RETURN_CODE ${LLMCTL_TEST_SKIP_RETURN_CODE})
     return()
   endif()
   # PRE_TEST discovery passes PROPERTIES through three list expansions (gtest_discover_tests' own
@@ -89,7 +98,7 @@ function(llmctl_test name)
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
     PROPERTIES
       ENVIRONMENT "${discovered_environment}"
-      SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+      SKIP_RETURN_CODE ${LLMCTL_TEST_SKIP_RETURN_CODE})
 endfunction()
 
 # llmctl_fuzz_replay(NAME DEPS ... [MUTATIONS N] [SEED S]): replays tests/fuzz/corpus/NAME through

@@ -68,7 +68,7 @@ class BrokenInputsTest : public ::testing::Test {
     for (const fs::path& binary :
          {BuildDir() / "controller" / "llmctld", BuildDir() / "trainer" / "llm-train",
           BuildDir() / "agent" / "llm-agent"}) {
-      if (!fs::exists(binary)) GTEST_SKIP() << binary << " is not built";
+      ASSERT_TRUE(fs::exists(binary)) << binary << " is not built";
     }
     char pattern[] = "/tmp/llmctl-broken-XXXXXX";
     ASSERT_NE(::mkdtemp(pattern), nullptr);

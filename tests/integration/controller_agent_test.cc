@@ -156,7 +156,7 @@ TEST_F(ControllerAgentTest, ATrialKilledForMemoryIsOomAndTheNextTrialRuns) {
 // from the copy, its losses exactly those of the same run uninterrupted.
 TEST_F(ControllerAgentTest, ATrialStoppedWithACheckpointResumesOnAnotherNodeExactly) {
   const fs::path llm_train = fs::absolute(BuildDir() + "/trainer/llm-train");
-  if (!fs::exists(llm_train)) GTEST_SKIP() << llm_train << " is not built";
+  ASSERT_TRUE(fs::exists(llm_train)) << llm_train << " is not built (its target: llm-train)";
   trainer_ = llm_train.string();
   const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
   const fs::path source = source_dir != nullptr ? source_dir : ".";

@@ -29,7 +29,7 @@ class EmbeddedLlmctlTest : public ::testing::Test {
   void SetUp() override {
     for (const fs::path& binary :
          {BuildDir() / "controller" / "llmctld", BuildDir() / "trainer" / "llm-train"}) {
-      if (!fs::exists(binary)) GTEST_SKIP() << binary << " is not built";
+      ASSERT_TRUE(fs::exists(binary)) << binary << " is not built";
     }
     char pattern[] = "/tmp/llmctl-embedded-XXXXXX";
     ASSERT_NE(::mkdtemp(pattern), nullptr);
@@ -180,15 +180,16 @@ TEST_F(EmbeddedLlmctlTest, Blip2CaptionTrialsSubmitRunAndReport) {
   fs::create_directories(user);
   fs::copy("tests/fixtures/blip2/opt-tiny-captioning", user / "blip2", fs::copy_options::recursive);
   fs::copy("tests/fixtures/blip2/captions", user / "captions", fs::copy_options::recursive);
-  std::ofstream(user / "blip2.yaml") << "model: blip2\n"
-                                        "init: pretrained\n"
-                                        "data: {path: captions, format: imagefolder, max_seq_length: 12}\n"
-                                        "train: {micro_batch_size: 2, max_steps: 2}\n"
-                                        "trials:\n"
-                                        "  - name: squeezed\n"
-                                        "    set: {device_memory: 1MiB}\n"
-                                        "    expect: oom\n"
-                                        "  - {name: frozen-vision, set: {freeze: [vision_model]}, expect: ok}\n";
+  std::ofstream(user / "blip2.yaml")
+      << "model: blip2\n"
+         "init: pretrained\n"
+         "data: {path: captions, format: imagefolder, max_seq_length: 12}\n"
+         "train: {micro_batch_size: 2, max_steps: 2}\n"
+         "trials:\n"
+         "  - name: squeezed\n"
+         "    set: {device_memory: 1MiB}\n"
+         "    expect: oom\n"
+         "  - {name: frozen-vision, set: {freeze: [vision_model]}, expect: ok}\n";
   CommandResult submitted = Llmctl("submit " + (user / "blip2.yaml").string() + " --wait");
   ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
   const std::string id = submitted.out.substr(0, submitted.out.find('\n'));

@@ -145,7 +145,7 @@ TEST(ProfilingTest, MemoryHistoryOpensInMemoryVizWithOurTotals) {
   const std::string path = LoggedPath(record, "memory-steps-1-2.pickle");
   EXPECT_EQ(path, dir + "/profile/memory-steps-1-2.pickle");
   const json report = CheckWithPytorch(path);
-  if (report.is_null()) GTEST_SKIP() << "no .venv/bin/python with torch";
+  ASSERT_FALSE(report.is_null()) << "no .venv/bin/python with torch (make setup makes it)";
   ASSERT_TRUE(report.is_object() && report.contains("markers")) << report.dump();
 
   // trace_plot and segment_plot built their HTML viewers, and the text tools read the file.
@@ -190,7 +190,7 @@ TEST(ProfilingTest, ARunOutOfMemoryKeepsTheHistoryUpToTheRefusal) {
   const std::string path = LoggedPath(record, "memory-steps-0-0.pickle");
   EXPECT_TRUE(std::filesystem::exists(dir + "/profile/trace-steps-0-0.json"));
   const json report = CheckWithPytorch(path);
-  if (report.is_null()) GTEST_SKIP() << "no .venv/bin/python with torch";
+  ASSERT_FALSE(report.is_null()) << "no .venv/bin/python with torch (make setup makes it)";
   // The refused request is the history's "oom" entry, as CUDA's allocator records one.
   ASSERT_EQ(report["ooms"].size(), 1u) << report.dump();
   EXPECT_NE(record.result.error.find("tried to allocate " +
