@@ -137,23 +137,31 @@ std::optional<fs::path> ConfigFilePath(const EnvLookup& env) {
 }
 
 StatusOr<ControllerAddress> ResolveControllerAddress(const EnvLookup& env) {
-  ConfigFile config;
-  std::optional<fs::path> config_path = ConfigFilePath(env);
-  if (config_path) {
-    ASSIGN_OR_RETURN(config, ReadConfigFile(*config_path));
-  }
-  fs::path token_file = config.token_file.value_or(fs::path());
+  std::optional<fs::path> env_token_file;
   if (std::optional<std::string> path = env("LLMCTL_CONTROLLER_TOKEN_FILE")) {
     if (!fs::path(*path).is_absolute()) {
       return InvalidArgumentError("LLMCTL_CONTROLLER_TOKEN_FILE='" + *path +
                                   "' is not an absolute path");
     }
-    token_file = *path;
+    env_token_file = *path;
   }
-  if (std::optional<std::string> target = env("LLMCTL_CONTROLLER")) {
-    RETURN_IF_ERROR(CheckControllerTarget(*target, "LLMCTL_CONTROLLER"));
-    return ControllerAddress{*target, "LLMCTL_CONTROLLER", false, {}, token_file};
+  std::optional<std::string> env_target = env("LLMCTL_CONTROLLER");
+  if (env_target) {
+    RETURN_IF_ERROR(CheckControllerTarget(*env_target, "LLMCTL_CONTROLLER"));
   }
+  // The environment alone decides for a unix socket (which takes no token) or when it names the
+  // token file too: the config file is not read, so a mistake in it cannot get in the way.
+  if (env_target && (env_target->starts_with("unix:") || env_token_file)) {
+    return ControllerAddress{
+        *env_target, "LLMCTL_CONTROLLER", false, {}, env_token_file.value_or(fs::path())};
+  }
+  ConfigFile config;
+  std::optional<fs::path> config_path = ConfigFilePath(env);
+  if (config_path) {
+    ASSIGN_OR_RETURN(config, ReadConfigFile(*config_path));
+  }
+  const fs::path token_file = env_token_file.value_or(config.token_file.value_or(fs::path()));
+  if (env_target) return ControllerAddress{*env_target, "LLMCTL_CONTROLLER", false, {}, token_file};
   if (config.controller) {
     return ControllerAddress{*config.controller, config_path->string(), false, {}, token_file};
   }

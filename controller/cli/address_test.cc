@@ -118,6 +118,26 @@ TEST_F(AddressTest, TokenFileFromTheEnvironmentElseTheConfigFile) {
                 ":1:13: token_file: expected the absolute path of a 0600 file");
 }
 
+TEST_F(AddressTest, AConfigFileThatCannotMatterIsNotRead) {
+  WriteConfig("controler: [unclosed\n");
+  StatusOr<ControllerAddress> unix_socket = ResolveControllerAddress(
+      FakeEnv({{"HOME", home_.string()}, {"LLMCTL_CONTROLLER", "unix:/tmp/c.sock"}}));
+  ASSERT_TRUE(unix_socket.ok()) << unix_socket.status().message();
+  EXPECT_EQ(unix_socket->target, "unix:/tmp/c.sock");
+  StatusOr<ControllerAddress> with_token =
+      ResolveControllerAddress(FakeEnv({{"HOME", home_.string()},
+                                        {"LLMCTL_CONTROLLER", "127.0.0.1:7070"},
+                                        {"LLMCTL_CONTROLLER_TOKEN_FILE", "/run/token"}}));
+  ASSERT_TRUE(with_token.ok()) << with_token.status().message();
+  EXPECT_EQ(with_token->token_file, "/run/token");
+  // A TCP controller without LLMCTL_CONTROLLER_TOKEN_FILE may take its token file from it.
+  EXPECT_EQ(ResolveControllerAddress(
+                FakeEnv({{"HOME", home_.string()}, {"LLMCTL_CONTROLLER", "127.0.0.1:7070"}}))
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST_F(AddressTest, EmbeddedDefaultUsesTheDataDirectory) {
   StatusOr<ControllerAddress> address = ResolveControllerAddress(FakeEnv({{"HOME", home_}}));
   ASSERT_TRUE(address.ok()) << address.status().message();
