@@ -442,6 +442,7 @@ grpc::Status ControllerService::Report(grpc::ServerContext* context,
         *row->add_per_phase() = ToSnapshot(snapshot);
       }
       row->set_load_peak_bytes(trial.load_peak_bytes.value_or(0));
+      row->set_refused_event_lines(trial.refused_event_lines);
       for (const store::RankMemory& rank : trial.ranks) {
         v1::RankMemory* proto = row->add_ranks();
         proto->set_rank(rank.rank);

@@ -236,6 +236,14 @@ std::string RenderTable(const v1::ReportResponse& report) {
   for (const v1::TrialReport& trial : report.trials()) {
     if (trial.ranks_size() > 1) out += DescribeRanks(trial);
   }
+  for (const v1::TrialReport& trial : report.trials()) {
+    if (trial.refused_event_lines() > 0) {
+      out +=
+          trial.name() + ": " + std::to_string(trial.refused_event_lines()) +
+          " event line(s) refused (not a JSON object with a string \"type\", not UTF-8, or over " +
+          "the cap): stored as refused_line events\n";
+    }
+  }
   const int unexpected = CountUnexpectedOutcomes(report);
   if (unexpected > 0) {
     out += "\n" + std::to_string(unexpected) +
@@ -335,6 +343,7 @@ std::string RenderJson(const v1::ReportResponse& report) {
     json["final_loss"] =
         trial.has_final_loss() ? nlohmann::ordered_json(trial.final_loss()) : nullptr;
     json["error"] = trial.error();
+    json["refused_event_lines"] = trial.refused_event_lines();
     json["at_peak"] = trial.has_at_peak() ? SnapshotJson(trial.at_peak()) : nullptr;
     json["per_phase"] = nlohmann::ordered_json::array();
     for (const v1::MemorySnapshot& snap : trial.per_phase()) {

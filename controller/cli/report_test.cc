@@ -435,6 +435,20 @@ TEST(ReportTest, AResumedRunSaysWhichAttemptRanWhichSteps) {
   EXPECT_EQ(RenderReport(FixedReport(), ReportFormat::kTable).find("resumed;"), std::string::npos);
 }
 
+// Issue 37: event lines stored as refused_line events are counted, under the table and in the JSON.
+TEST(ReportTest, RefusedEventLinesAreCountedUnderTheTableAndInTheJson) {
+  v1::ReportResponse report = FixedReport();
+  report.mutable_trials(0)->set_refused_event_lines(3);
+  const std::string table = RenderReport(report, ReportFormat::kTable);
+  EXPECT_NE(table.find("\n" + report.trials(0).name() + ": 3 event line(s) refused ("),
+            std::string::npos)
+      << table;
+  const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+  EXPECT_EQ(json["trials"][0]["refused_event_lines"], 3);
+  EXPECT_EQ(json["trials"][1]["refused_event_lines"], 0);
+  EXPECT_EQ(RenderReport(FixedReport(), ReportFormat::kTable).find("refused"), std::string::npos);
+}
+
 // The attempts of a run follow each other on one axis, each from its trainer's start; device
 // samples are placed by their wall clock against that start, those from before it left out.
 TEST(MemoryTimelineTest, LaysOutAttemptsEndToEndAndSamplesByTheirClock) {

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "common/cuda_version.h"
+#include "common/event_line.h"
 #include "controller/scheduler/scheduler.h"
 #include "rpc/status.h"
 
@@ -19,7 +20,12 @@ AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& s
     ASSIGN_OR_RETURN(std::string token, secrets.NodeToken(node.name));
     // The current registration's name: no certificate of an earlier node of this name passes.
     ASSIGN_OR_RETURN(std::string certificate_name, secrets.NodeCertificateName(node.name));
-    return rpc::Dial(node.address, certificate_name, rpc::ChannelCredentials(identity, token));
+    // rpc::Dial's channel with a stated receive limit: an event line of the cap must always pass.
+    grpc::ChannelArguments arguments;
+    arguments.SetSslTargetNameOverride(certificate_name);
+    arguments.SetMaxReceiveMessageSize(static_cast<int>(kMaxAgentMessageBytes));
+    return grpc::CreateCustomChannel(node.address, rpc::ChannelCredentials(identity, token),
+                                     arguments);
   };
 }
 

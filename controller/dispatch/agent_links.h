@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/event_line.h"
 #include "common/status.h"
 #include "controller/dispatch/shared.h"
 #include "controller/secrets.h"
@@ -29,6 +30,12 @@ namespace llmctl::controller {
 // Opens the channel to a node's agent.
 using AgentConnector =
     std::function<StatusOr<std::shared_ptr<grpc::Channel>>(const store::NodeRecord& node)>;
+
+// The largest message the controller takes from an agent: above a StreamEvents message carrying an
+// event line of the cap (common/event_line.h; its type is part of the line, so at most twice the
+// cap) with its framing, and above gRPC's default of 4 MiB that the other messages were sized for.
+inline constexpr int64_t kMaxAgentMessageBytes = int64_t{8} << 20;
+static_assert(kMaxAgentMessageBytes >= 2 * event_line::kMaxBytes + (int64_t{64} << 10));
 
 // Mutual TLS with the controller's identity, checking the agent's certificate name
 // (agent-<node>.llmctl), with the node's token from `secrets` on every call.

@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 
+#include "common/event_line.h"
 #include "controller/device_samples.h"
 #include "controller/dispatch/cancellation.h"
 #include "rpc/status.h"
@@ -16,6 +17,15 @@ store::TrialState OutcomeState(const std::string& outcome) {
   auto state = store::ParseTrialState(outcome);
   if (state.ok() && store::IsOutcome(*state)) return *state;
   return store::TrialState::kFailed;
+}
+
+store::Event StoredEvent(const v1::TrialEvent& event, std::string& refusal) {
+  event_line::Accepted accepted = event_line::Accept(event.json());
+  refusal = std::move(accepted.refusal);
+  return store::Event{.seq = event.seq(),
+                      .type = std::move(accepted.type),
+                      .json = std::move(accepted.json),
+                      .rank = event.rank()};
 }
 
 void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, store::Time now) {
@@ -136,10 +146,15 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
     while (reader->Read(&response)) {
       received = true;
       if (response.has_event()) {
-        const store::Event event{.seq = response.event().seq(),
-                                 .type = response.event().type(),
-                                 .json = response.event().json(),
-                                 .rank = response.event().rank()};
+        // A line the store would refuse is stored as its replacement: a refusal that failed the
+        // stream would have it reopened at the same line, every backoff, forever.
+        std::string refusal;
+        const store::Event event = StoredEvent(response.event(), refusal);
+        if (!refusal.empty()) {
+          spdlog::warn("{} on node {}: rank {} event line {} refused ({}); stored as a {} event",
+                       AttemptName(attempt), stream.node, event.rank, event.seq, refusal,
+                       event_line::kRefusedType);
+        }
         // Rank 0's result is the job's (a checkpoint stop's message reads it).
         if (event.type == "result" && event.rank == 0) stream.result_json = event.json;
         auto appended = store.AppendEvents(attempt.trial_id, attempt.attempt, {&event, 1});

@@ -37,6 +37,12 @@ namespace llmctl::controller::dispatch {
 // and anything unknown end the trial as failed.
 store::TrialState OutcomeState(const std::string& outcome);
 
+// The event to store for what an agent sent: its line, or the line's refused_line replacement
+// (common/event_line.h) when the line breaks the rule, since the agent is not trusted either; the
+// type is the line's own, whatever the agent said. `refusal` says why it was replaced ("" when it
+// was not).
+store::Event StoredEvent(const v1::TrialEvent& event, std::string& refusal);
+
 class EventStreams {
  public:
   EventStreams(Shared& shared, AgentLinks& links, CheckpointCopies& checkpoints)

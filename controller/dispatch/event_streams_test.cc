@@ -151,6 +151,47 @@ TEST_F(EventStreamsTest, ARestartedControllerResumesStreamingWhereTheStoreEnds) 
   EXPECT_EQ(agent_state_.runs.size(), 1u) << "the finished work is not run again";
 }
 
+// Issue 37: the store refused such lines, the stream failed and was reopened at the same line every
+// backoff, and the trial stayed running with its node held. A line over gRPC's default 4 MiB never
+// even arrived. Now each is stored as a refused_line under its own seq and the trial ends. (Bad
+// UTF-8 cannot come this way: protobuf refuses a message whose string field carries it, which is
+// why the agent replaces such a line before it sends it.)
+TEST_F(EventStreamsTest, BadLinesAreStoredAsRefusedLinesAndTheTrialEnds) {
+  const std::string huge = R"({"type":"log","message":")" + std::string(5 << 20, 'a') + "\"}";
+  agent_state_.script = {StepLine(0),      "[1,2]", "not json",  R"({"type":1,"x":"result"})",
+                         R"({"type":""})", huge,    StepLine(1), kResultLine};
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 8);
+  EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 8);
+  EXPECT_EQ(agent_state_.stream_from_seqs, std::vector<int64_t>{1}) << "one stream, never reopened";
+  auto report = daemon_->store().Report(experiment);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->trials.at(0).refused_event_lines, 5);
+}
+
+TEST(StoredEventTest, ARefusedLineIsReplacedUnderItsSeqAndRankAndAGoodOneKeepsItsOwnType) {
+  v1::TrialEvent sent;
+  sent.set_seq(7);
+  sent.set_rank(1);
+  sent.set_type("step");  // the agent's word is not taken: the line's own type is
+  sent.set_json(R"({"type":"log","message":"hi"})");
+  std::string refusal;
+  const store::Event good = dispatch::StoredEvent(sent, refusal);
+  EXPECT_EQ(refusal, "");
+  EXPECT_EQ(good.type, "log");
+  EXPECT_EQ(good.json, sent.json());
+  sent.set_json("[1]");
+  const store::Event bad = dispatch::StoredEvent(sent, refusal);
+  EXPECT_EQ(refusal, "not a JSON object");
+  EXPECT_EQ(bad.seq, 7);
+  EXPECT_EQ(bad.rank, 1);
+  EXPECT_EQ(bad.type, "refused_line");
+  EXPECT_EQ(bad.json, R"({"type":"refused_line","bytes":3,"error":"not a JSON object"})");
+}
+
 TEST(OutcomeStateTest, OutcomesMapToTheirStateAndAnythingElseFails) {
   EXPECT_EQ(dispatch::OutcomeState("ok"), store::TrialState::kOk);
   EXPECT_EQ(dispatch::OutcomeState("cancelled"), store::TrialState::kCancelled);

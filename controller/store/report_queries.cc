@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/event_line.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
 #include "controller/store/store_internal.h"
@@ -35,6 +36,18 @@ StatusOr<json> LoadEventJson(sqlite3* db, int64_t trial_id, int64_t attempt, int
   ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
   if (!has_row) return json(nullptr);
   return ParseStoredJson(stmt.Text(0), "event");
+}
+
+// The trial's refused_line events, every attempt's and rank's.
+StatusOr<int64_t> CountRefusedEventLines(sqlite3* db, int64_t trial_id) {
+  ASSIGN_OR_RETURN(
+      Statement stmt,
+      Statement::Prepare(db,
+                         "SELECT (SELECT COUNT(*) FROM events WHERE trial_id = ?1 AND type = ?2) + "
+                         "(SELECT COUNT(*) FROM rank_events WHERE trial_id = ?1 AND type = ?2)"));
+  stmt.Bind(1, trial_id).Bind(2, event_line::kRefusedType);
+  ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+  return has_row ? stmt.Int(0) : 0;
 }
 
 // The experiment's rows of the trial_results view (schema.cc: the report's rules), in file order.
@@ -205,6 +218,7 @@ StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
   ASSIGN_OR_RETURN(report.trials, QueryTrialResults(db_, experiment_id));
   for (TrialReport& trial : report.trials) {
     if (trial.attempt == 0) continue;
+    ASSIGN_OR_RETURN(trial.refused_event_lines, CountRefusedEventLines(db_, trial.trial_id));
     ASSIGN_OR_RETURN(trial.start, LatestEventOfType(db_, trial.trial_id, trial.attempt, "start"));
     ASSIGN_OR_RETURN(trial.last_step,
                      LatestEventOfType(db_, trial.trial_id, trial.attempt, "step"));

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "common/event_line.h"
 #include "controller/store/schema.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store_internal.h"
@@ -498,10 +499,13 @@ Status ValidateEvent(const Event& event, int64_t trial_id, int64_t attempt) {
     return InvalidArgumentError(where + ": rank " + std::to_string(event.rank) + " is negative");
   }
   if (event.type.empty()) return InvalidArgumentError(where + ": the type is empty");
+  // The rule the agent and the dispatcher apply (they store a refused line's replacement instead).
+  const std::string refusal =
+      event_line::Refusal(event.json, static_cast<int64_t>(event.json.size()));
+  if (!refusal.empty()) return InvalidArgumentError(where + ": the line is refused: " + refusal);
   const json line = json::parse(event.json, nullptr, false);
-  if (!line.is_object()) return InvalidArgumentError(where + ": the line is not a JSON object");
   const auto type = line.find("type");
-  if (type != line.end() && (!type->is_string() || type->get<std::string>() != event.type)) {
+  if (type->get_ref<const std::string&>() != event.type) {
     return InvalidArgumentError(where + ": the line's \"type\" is " + type->dump() + ", not " +
                                 Quoted(event.type));
   }

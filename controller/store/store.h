@@ -251,6 +251,9 @@ struct TrialReport {
   std::vector<RankMemory> ranks;
   // The run's attempts in order (run_attempts), each with its snapshots.
   std::vector<AttemptMemory> memory_timeline;
+  // Event lines of the trial's attempts, every rank's, that broke the event-line rule and were
+  // stored as their refused_line replacement (common/event_line.h).
+  int64_t refused_event_lines = 0;
 };
 
 struct ExperimentReport {

@@ -36,8 +36,9 @@ using std::chrono::seconds;
 // rank 0's being --events' and rank g's events.rank<g>.jsonl, and the ranks file records a fake
 // rendezvous port as llm-train's launcher does. Seed 110 makes node rank 1 run out of memory (its
 // first rank's result says so, the ranks file names it, exit 3) while every other node's ranks
-// wait to be stopped, as real ranks would wait in a collective. Its arguments go to argv.txt in the
-// run directory.
+// wait to be stopped, as real ranks would wait in a collective. Seed 120 writes, before its ok
+// result, four lines that break the event-line rule (a number for a type, an array, bad UTF-8, a
+// line of 1,100,000 bytes). Its arguments go to argv.txt in the run directory.
 constexpr char kFakeTrainer[] = R"sh(#!/bin/sh
 config="$2"
 events="$4"
@@ -74,6 +75,11 @@ emit '{"type":"step","step":1,"loss":1.5}'
 if [ "$seed" -eq 300 ]; then
   while [ ! -e go ]; do sleep 0.02; done
   emit '{"type":"step","step":2,"loss":1.25}'
+fi
+if [ "$seed" -eq 120 ]; then
+  printf '%s\n' '{"type":1,"x":"result"}' '[1,2]' >> "$events"
+  printf 'not json \377\n' >> "$events"
+  head -c 1100000 /dev/zero | tr '\0' a >> "$events" && echo >> "$events"
 fi
 if [ "$seed" -eq 109 ]; then kill -9 $$; fi
 if [ "$seed" -eq 110 ]; then

@@ -151,6 +151,24 @@ TEST_F(ControllerAgentTest, ATrialKilledForMemoryIsOomAndTheNextTrialRuns) {
       << report.trials(0).error();
 }
 
+// Issue 37: one bad line crashed the agent (a number for a type) or froze the trial and its node
+// (the controller refused the line and asked for it again, every second). Now each goes through as
+// a refused_line under its own seq, the trial ends with its real outcome, the next one runs, and
+// the report counts the refused lines.
+TEST_F(ControllerAgentTest, BadEventLinesAreCountedAndTheTrialEndsWithItsRealOutcome) {
+  AddAgent("n1");
+  const int64_t experiment = Submit(Experiment({{"bad-lines", 120}, {"next", 0}}));
+  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  const std::vector<store::TrialRecord> trials = Trials(experiment);
+  EXPECT_EQ(trials[0].state, store::TrialState::kOk);
+  EXPECT_EQ(trials[1].state, store::TrialState::kOk);
+  const v1::ReportResponse report = Report(experiment);
+  ASSERT_EQ(report.trials_size(), 2);
+  EXPECT_EQ(report.trials(0).refused_event_lines(), 4);
+  EXPECT_EQ(report.trials(0).final_loss(), 1.0) << "its result, the line after the refused ones";
+  EXPECT_EQ(report.trials(1).refused_event_lines(), 0);
+}
+
 // A lease's end with the real llm-train: the trial is stopped with a checkpoint on n1, the
 // controller copies the checkpoint, n1 goes (`llmctl node down`), and the resumed trial runs on n2
 // from the copy, its losses exactly those of the same run uninterrupted.
