@@ -13,13 +13,14 @@
 // seeded mutations. To fuzz for real (clang with libFuzzer: apt-get install clang
 // libclang-rt-14-dev), from the repository root, in bash:
 //
-//   SRCS="tests/fuzz/experiment_set_fuzz.cc $(ls common/*.cc common/estimate/*.cc | grep -v
-//   _test.cc)" clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined
-//   -fno-sanitize-recover=all -I.
-//       $SRCS $(pkg-config --cflags --libs yaml-cpp) -o /tmp/experiment_set_fuzz    # (one line)
+//   SRCS="tests/fuzz/experiment_set_fuzz.cc
+//         $(ls common/*.cc common/estimate/*.cc | grep -v '_test.cc\|trainer_runs.cc')"
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+//       -I. $SRCS $(pkg-config --cflags --libs yaml-cpp) -o /tmp/experiment_set_fuzz  # one line
+//   mkdir -p /tmp/experiment_set_corpus
 //   /tmp/experiment_set_fuzz -runs=200000 -max_len=4096 -timeout=10 -rss_limit_mb=2048
-//       -dict=tests/fuzz/experiment_fuzz.dict /tmp/experiment_set_corpus
-//       tests/fuzz/corpus/experiment_set
+//       -dict=tests/fuzz/experiment_set_fuzz.dict /tmp/experiment_set_corpus
+//       tests/fuzz/corpus/experiment_set                                          # one line
 //
 // Inputs that crash go into tests/fuzz/corpus/experiment_set/ with the fix.
 #include <cmath>

@@ -5,7 +5,8 @@
 // (clang with libFuzzer; on Debian: apt-get install clang libclang-rt-14-dev), from the repository
 // root, in bash:
 //
-//   SRCS="tests/fuzz/tokenizer_fuzz.cc common/status.cc trainer/tokenizer/bpe.cc
+//   SRCS="tests/fuzz/tokenizer_fuzz.cc common/status.cc common/files.cc common/text.cc
+//         trainer/tokenizer/bpe.cc
 //         trainer/tokenizer/pipeline.cc trainer/tokenizer/precompiled.cc trainer/tokenizer/regex.cc
 //         trainer/tokenizer/tokenizer.cc trainer/tokenizer/unicode.cc trainer/tokenizer/unigram.cc"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. $SRCS

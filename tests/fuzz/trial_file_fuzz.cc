@@ -11,12 +11,14 @@
 // mutations. To fuzz for real (clang with libFuzzer: apt-get install clang libclang-rt-14-dev),
 // from the repository root, in bash:
 //
-//   SRCS="tests/fuzz/trial_file_fuzz.cc agent/trial_file.cc $(ls common/*.cc | grep -v _test.cc)"
-//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.
-//       $SRCS $(pkg-config --cflags --libs yaml-cpp) -o /tmp/trial_file_fuzz    # (one line)
+//   SRCS="tests/fuzz/trial_file_fuzz.cc agent/trial_file.cc
+//         $(ls common/*.cc | grep -v _test.cc)"
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+//       -I. $SRCS $(pkg-config --cflags --libs yaml-cpp) -o /tmp/trial_file_fuzz  # one line
+//   mkdir -p /tmp/trial_file_corpus
 //   /tmp/trial_file_fuzz -runs=200000 -max_len=4096 -timeout=10
-//   -dict=tests/fuzz/trial_file_fuzz.dict
-//       /tmp/trial_file_corpus tests/fuzz/corpus/trial_file
+//       -dict=tests/fuzz/trial_file_fuzz.dict /tmp/trial_file_corpus
+//       tests/fuzz/corpus/trial_file                                              # one line
 //
 // Inputs that crash go into tests/fuzz/corpus/trial_file/ with the fix.
 #include <yaml-cpp/yaml.h>
