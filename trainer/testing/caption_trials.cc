@@ -146,8 +146,10 @@ void ExpectDataParallelTrainsLikeOneProcess(const std::string& model_dir,
   two.insert(two.end(), {"train.micro_batch_size=2", "train.global_batch_size=4"});
   one.insert(one.end(), sets.begin(), sets.end());
   two.insert(two.end(), sets.begin(), sets.end());
+  // A fixed 1e-5: the summation orders' bound caps most of BLIP-2's elements at the whole step
+  // (ranked_demo.h), which would prove less.
   ExpectTwoRanksTrainLikeOneProcess(strategy, "blip2-" + strategy + variant, one, two, 2,
-                                    stray_fraction);
+                                    stray_fraction, nullptr, nullptr, /*bound_the_orders=*/false);
   if (two_rank_sets != nullptr) *two_rank_sets = two;
 }
 

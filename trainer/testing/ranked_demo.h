@@ -44,15 +44,26 @@ RankedDemoRun RunRankedDemo(const std::string& strategy, const std::string& name
 inline constexpr double kEightBitStrayFraction = 1e-3;
 
 // 2 ranks of `strategy` with the `two` sets against 1 process with the `one` sets (twice the
-// micro-batch): the same examples in each step, so the same losses on every rank and, with the
-// gradients averaged, the same final weights (the checkpoint's, in Hugging Face names), within
-// 1e-5 in fp32 for all but `stray_fraction` of each tensor's elements (kEightBitStrayFraction
-// under 8-bit AdamW, else none); and the loss moves, or equal losses would say nothing about the
-// updates. Each run takes `steps` steps.
+// micro-batch): the same examples in each step, so, with the gradients averaged, the same losses on
+// every rank and the same final weights (the checkpoint's, in Hugging Face names) up to the two
+// summation orders, which the arithmetic bounds (adam_step_bound.h): per element under AdamW, per
+// tensor under SGD without momentum, from the one process's checkpoint after every step and a
+// third run, the one process with the ranks' micro-batch accumulated, that samples this machine's
+// rounding; a loss within its gradient times those bounds plus 64 times its rounding. Tensors
+// neither run trains are equal. Other optimizers (8-bit AdamW) keep a fixed 1e-5 for all but
+// `stray_fraction` of each tensor's elements (kEightBitStrayFraction). The loss must move, or
+// equal losses would say nothing about the updates. Each run takes `steps` steps (at least 2: the
+// steps after the first tell which tensor AdamW's state by index belongs to). The two compared
+// runs go to `single_run` and `ranked_run` when given. Without `bound_the_orders` every optimizer
+// keeps the fixed 1e-5 (the BLIP-2 trials: their gradients span so many magnitudes within a
+// tensor that the per-tensor sample caps most elements' bound at the whole step).
 void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::string& name,
                                        const std::vector<std::string>& one,
                                        const std::vector<std::string>& two, int64_t steps,
-                                       double stray_fraction = 0.0);
+                                       double stray_fraction = 0.0,
+                                       RankedDemoRun* single_run = nullptr,
+                                       RankedDemoRun* ranked_run = nullptr,
+                                       bool bound_the_orders = true);
 
 // The demo as `nodes` llm-train launchers of `devices` ranks each on this host, the way the agents
 // of `nodes` hosts start their shares of a multi-node trial: node rank 0 with --master-port 0 and a
