@@ -96,10 +96,16 @@ struct PeakBound {
   double over = 0.03;
 };
 
-// Runs `c` (with `common`) through llm-train under `dir` and expects its model state to equal the
-// estimate's byte for byte and its measured peak to lie within `bound` of the estimated one; prints
-// one line, `label` (Describe(c) when empty), the two peaks, the error, the estimate's phase and
-// the run's wall time.
+// `c`, or where `config` (its configuration) accumulates more than two micro-batches a step, `c`
+// with the global batch of two: any accumulation of two or more peaks alike (the gradients are
+// held through the second micro-batch's forward and backward; FitMicroBatch relies on it too), so
+// the run shows the same peak for up to half the steps' work.
+Case AtMostTwoMicroBatches(const Case& c, const TrialConfig& config);
+
+// Runs `c` (with `common`; AtMostTwoMicroBatches' case, whose estimate must equal `c`'s) through
+// llm-train under `dir` and expects its model state to equal the estimate's byte for byte and its
+// measured peak to lie within `bound` of the estimated one; prints one line, `label` (Describe(c)
+// when empty), the two peaks, the error, the estimate's phase and the run's wall time.
 void ExpectPeakWithin(const Case& c, const Sets& common, const std::filesystem::path& dir,
                       int index, PeakBound bound = {}, const std::string& label = "");
 
