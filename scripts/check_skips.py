@@ -7,7 +7,8 @@ RESULTS.xml is ctest's JUnit file (ctest --output-junit). A test counts as skipp
 exited with SKIP_RETURN_CODE (a test binary's main exits so when nothing failed and a GTEST_SKIP
 ran, and prints "skip reason: SUITE.TEST: MESSAGE" for each; tests/support/gtest_main.cc).
 EXPECTED_SKIPS (tests/expected-skips.txt) holds one expected skip a line: a test name pattern
-(fnmatch: * and ?, matched against ctest's whole name) and, after whitespace, why it skips here.
+(fnmatch: * and ?, matched against ctest's name without gtest_discover_tests' "  # GetParam() = ..."
+comment) and, after whitespace, why it skips here.
 Blank lines and lines starting with # are ignored.
 
 Exit status: 0 when every skipped test matches a pattern, 1 when one does not (each is named, with
@@ -19,6 +20,8 @@ import sys
 import xml.etree.ElementTree as ElementTree
 
 SKIP_REASON = re.compile(r"^skip reason: (.*)$", re.MULTILINE)
+# gtest_discover_tests names a parameterized test "SUITE.TEST/PARAM  # GetParam() = VALUE".
+PARAM_COMMENT = re.compile(r"\s+# GetParam\(\) = .*$")
 
 
 class InputError(Exception):
@@ -58,7 +61,7 @@ def read_skips(path):
         reasons = SKIP_REASON.findall(output)
         # A discovered test's one reason is "SUITE.TEST: MESSAGE", its own name; a ONE_PROCESS
         # test's are each of its skipped tests'.
-        name = case.get("name", "?")
+        name = PARAM_COMMENT.sub("", case.get("name", "?"))
         prefix = name + ": "
         reasons = [r[len(prefix):] if r.startswith(prefix) else r for r in reasons]
         skips.append((name, "; ".join(reasons) or "(printed no skip reason)"))

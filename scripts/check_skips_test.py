@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests for check_skips.py, on the JUnit file of a real ctest run.
 
-Usage: check_skips_test.py CTEST GTEST_MAIN_FIXTURE (ctest passes both; tests/support/CMakeLists.txt).
+Usage: check_skips_test.py CTEST GTEST_MAIN_FIXTURE (ctest passes both: tests/support/
+CMakeLists.txt).
 GTEST_MAIN_FIXTURE is tests/support/gtest_main_fixture.cc's binary, whose LLMCTL_FIXTURE_MODE says
 whether its tests pass, skip or fail; each case runs it as llmctl_test registers a test.
 """
@@ -34,8 +35,8 @@ class CheckSkipsTest(unittest.TestCase):
         SKIP_RETURN_CODE; returns ctest's exit status and the JUnit file's path."""
         lines = []
         for name, mode in modes.items():
-            lines.append(f"add_test({name} {cmake_quote(FIXTURE)})")
-            lines.append(f"set_tests_properties({name} PROPERTIES "
+            lines.append(f"add_test({cmake_quote(name)} {cmake_quote(FIXTURE)})")
+            lines.append(f"set_tests_properties({cmake_quote(name)} PROPERTIES "
                          f"ENVIRONMENT \"LLMCTL_FIXTURE_MODE={mode}\" SKIP_RETURN_CODE 77)")
         with open(self.path("CTestTestfile.cmake"), "w", encoding="utf-8") as file:
             file.write("\n".join(lines) + "\n")
@@ -60,6 +61,14 @@ class CheckSkipsTest(unittest.TestCase):
         self.assertIn("Skipping: FixtureTest.SkipsWhenAsked: nothing to run it on here",
                       result.stdout)
         self.assertNotIn("Passing", result.stdout)
+
+    def test_a_parameterized_name_matches_without_its_getparam_comment(self):
+        code, junit = self.run_ctest({"Devices/Fixture.Skips/cuda  # GetParam() = cuda": "skip"})
+        self.assertEqual(code, 0)
+        result = self.check(junit, "Devices/Fixture.*/cuda  no CUDA device here\n")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("  Devices/Fixture.Skips/cuda: FixtureTest.SkipsWhenAsked: "
+                      "nothing to run it on here\n", result.stdout)
 
     def test_an_unexpected_skip_fails_naming_it_and_its_reason(self):
         code, junit = self.run_ctest({"Skipping": "skip", "AlsoSkipping": "skip"})
