@@ -466,8 +466,8 @@ class AgentService final : public pb::Agent::Service {
   // Sends the sample lines from `from_seq` on (`lines_read`: the number of the last line) in
   // messages of up to kSamplesPerMessage; a line that does not parse is skipped, its number
   // unused. False when the client went away.
-  static bool SendSamples(const std::vector<EventLine>& lines, int64_t lines_read,
-                          int64_t from_seq, grpc::ServerWriter<pb::StreamEventsResponse>* writer) {
+  static bool SendSamples(const std::vector<EventLine>& lines, int64_t lines_read, int64_t from_seq,
+                          grpc::ServerWriter<pb::StreamEventsResponse>* writer) {
     int64_t seq = lines_read - static_cast<int64_t>(lines.size());
     pb::StreamEventsResponse item;
     for (const EventLine& line : lines) {

@@ -590,7 +590,7 @@ TEST(BrokenExperimentCorpusTest, EachFileFailsWithItsExpectedMessage) {
 
 TEST(LocalPathsTest, InputPathsAndWhereTheyResolve) {
   const KeySpec& model = *FindTrialKey("model");
-  EXPECT_FALSE(IsPathValue(model, "tinyllama-1.1b"));  // a preset
+  EXPECT_FALSE(IsPathValue(model, "tinyllama-1.1b"));     // a preset
   EXPECT_FALSE(IsPathValue(model, "blip2-flan-t5-xxl"));  // a BLIP-2 preset
   EXPECT_TRUE(IsPathValue(model, "models/cpu-lab-small"));
   EXPECT_TRUE(IsInputPathValue(*FindTrialKey("data.path"), "x.jsonl"));
