@@ -443,6 +443,13 @@ grpc::Status ControllerService::Report(grpc::ServerContext* context,
       }
       row->set_load_peak_bytes(trial.load_peak_bytes.value_or(0));
       row->set_refused_event_lines(trial.refused_event_lines);
+      for (const store::KernelFallback& fallback : trial.kernel_fallbacks) {
+        v1::KernelFallback* proto = row->add_kernel_fallbacks();
+        proto->set_op(fallback.op);
+        proto->set_reason(fallback.reason);
+        proto->set_step(fallback.step);
+        proto->set_rank(fallback.rank);
+      }
       for (const store::RankMemory& rank : trial.ranks) {
         v1::RankMemory* proto = row->add_ranks();
         proto->set_rank(rank.rank);

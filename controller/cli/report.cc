@@ -244,6 +244,14 @@ std::string RenderTable(const v1::ReportResponse& report) {
           "the cap): stored as refused_line events\n";
     }
   }
+  for (const v1::TrialReport& trial : report.trials()) {
+    for (const v1::KernelFallback& fallback : trial.kernel_fallbacks()) {
+      out +=
+          trial.name() + ": kernels: fused ran ATen's " + fallback.op() + " instead of its kernel";
+      if (trial.ranks_size() > 1) out += " on rank " + std::to_string(fallback.rank());
+      out += " from step " + std::to_string(fallback.step()) + " (" + fallback.reason() + ")\n";
+    }
+  }
   const int unexpected = CountUnexpectedOutcomes(report);
   if (unexpected > 0) {
     out += "\n" + std::to_string(unexpected) +
@@ -344,6 +352,13 @@ std::string RenderJson(const v1::ReportResponse& report) {
         trial.has_final_loss() ? nlohmann::ordered_json(trial.final_loss()) : nullptr;
     json["error"] = trial.error();
     json["refused_event_lines"] = trial.refused_event_lines();
+    json["kernel_fallbacks"] = nlohmann::ordered_json::array();
+    for (const v1::KernelFallback& fallback : trial.kernel_fallbacks()) {
+      json["kernel_fallbacks"].push_back({{"op", fallback.op()},
+                                          {"reason", fallback.reason()},
+                                          {"step", fallback.step()},
+                                          {"rank", fallback.rank()}});
+    }
     json["at_peak"] = trial.has_at_peak() ? SnapshotJson(trial.at_peak()) : nullptr;
     json["per_phase"] = nlohmann::ordered_json::array();
     for (const v1::MemorySnapshot& snap : trial.per_phase()) {

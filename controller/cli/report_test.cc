@@ -449,6 +449,29 @@ TEST(ReportTest, RefusedEventLinesAreCountedUnderTheTableAndInTheJson) {
   EXPECT_EQ(RenderReport(FixedReport(), ReportFormat::kTable).find("refused"), std::string::npos);
 }
 
+// Issue 38: a fused op that ran ATen's composition is named under the table and in the JSON, never
+// silently.
+TEST(ReportTest, KernelFallbacksAreNamedUnderTheTableAndInTheJson) {
+  v1::ReportResponse report = FixedReport();
+  v1::KernelFallback* fallback = report.mutable_trials(0)->add_kernel_fallbacks();
+  fallback->set_op("rms_norm");
+  fallback->set_reason("dtype Double (the fused kernels take float32, bfloat16 and float16)");
+  fallback->set_step(2);
+  const std::string table = RenderReport(report, ReportFormat::kTable);
+  EXPECT_NE(table.find("\n" + report.trials(0).name() +
+                       ": kernels: fused ran ATen's rms_norm instead of its kernel from step 2 "
+                       "(dtype Double (the fused kernels take float32, bfloat16 and float16))\n"),
+            std::string::npos)
+      << table;
+  const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+  ASSERT_EQ(json["trials"][0]["kernel_fallbacks"].size(), 1u);
+  EXPECT_EQ(json["trials"][0]["kernel_fallbacks"][0]["op"], "rms_norm");
+  EXPECT_EQ(json["trials"][0]["kernel_fallbacks"][0]["step"], 2);
+  EXPECT_EQ(json["trials"][1]["kernel_fallbacks"], nlohmann::json::array());
+  EXPECT_EQ(RenderReport(FixedReport(), ReportFormat::kTable).find("instead of its kernel"),
+            std::string::npos);
+}
+
 // The attempts of a run follow each other on one axis, each from its trainer's start; device
 // samples are placed by their wall clock against that start, those from before it left out.
 TEST(MemoryTimelineTest, LaysOutAttemptsEndToEndAndSamplesByTheirClock) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/event_line.h"
+#include "common/kernel_fallback_event.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
 #include "controller/store/store_internal.h"
@@ -48,6 +49,35 @@ StatusOr<int64_t> CountRefusedEventLines(sqlite3* db, int64_t trial_id) {
   stmt.Bind(1, trial_id).Bind(2, event_line::kRefusedType);
   ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
   return has_row ? stmt.Int(0) : 0;
+}
+
+// The attempt's kernel_fallback events, every rank's, in the order the ranks wrote them. A field of
+// another type than the header names (the trainer's line is untrusted) reads as empty.
+StatusOr<std::vector<KernelFallback>> LoadKernelFallbacks(sqlite3* db, int64_t trial_id,
+                                                          int64_t attempt) {
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db,
+                                      "SELECT rank, json FROM all_rank_events WHERE trial_id = ? "
+                                      "AND attempt = ? AND type = ? ORDER BY rank, seq"));
+  stmt.Bind(1, trial_id).Bind(2, attempt).Bind(3, kernel_fallback_event::kType);
+  std::vector<KernelFallback> fallbacks;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    const json event = json::parse(stmt.Text(1), nullptr, /*allow_exceptions=*/false);
+    if (!event.is_object()) continue;
+    const auto text = [&event](std::string_view key) {
+      const auto it = event.find(key);
+      return it != event.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    const auto step = event.find(kernel_fallback_event::kStep);
+    fallbacks.push_back(
+        {.op = text(kernel_fallback_event::kOp),
+         .reason = text(kernel_fallback_event::kReason),
+         .step = step != event.end() && step->is_number_integer() ? step->get<int64_t>() : 0,
+         .rank = static_cast<int>(stmt.Int(0))});
+  }
+  return fallbacks;
 }
 
 // The experiment's rows of the trial_results view (schema.cc: the report's rules), in file order.
@@ -219,6 +249,8 @@ StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
   for (TrialReport& trial : report.trials) {
     if (trial.attempt == 0) continue;
     ASSIGN_OR_RETURN(trial.refused_event_lines, CountRefusedEventLines(db_, trial.trial_id));
+    ASSIGN_OR_RETURN(trial.kernel_fallbacks,
+                     LoadKernelFallbacks(db_, trial.trial_id, trial.attempt));
     ASSIGN_OR_RETURN(trial.start, LatestEventOfType(db_, trial.trial_id, trial.attempt, "start"));
     ASSIGN_OR_RETURN(trial.last_step,
                      LatestEventOfType(db_, trial.trial_id, trial.attempt, "step"));

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/kernel_fallback_event.h"
 #include "common/snapshot_event.h"
 #include "controller/store/store.h"
 #include "controller/store/store_test_support.h"
@@ -116,6 +117,46 @@ TEST_F(StoreTest, ReportHasEveryRanksMemoryForAMultiRankTrial) {
   EXPECT_EQ(row.peak_snapshot.at("allocated_bytes"), 310);
   // A one-process trial lists no ranks.
   EXPECT_THAT(report->trials[1].ranks, IsEmpty());
+}
+
+// Issue 38: each rank's kernel_fallback events of the current attempt are the report's, rank by
+// rank; an earlier attempt's are not, and a field of the wrong type reads as empty, not an error.
+TEST_F(StoreTest, ReportNamesTheCurrentAttemptsKernelFallbacks) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t experiment = *store->CreateExperiment(MakeExperiment("fallbacks", {"t"}), kNow);
+  const int64_t trial = store->ListTrials(experiment)->at(0).id;
+  const json earlier = {{"type", kernel_fallback_event::kType}, {"op", "rope"}, {"step", 0}};
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow, {0, 1}), 1);
+  ASSERT_EQ(*store->AppendEvents(trial, 1, std::vector<Event>{MakeEvent(1, earlier)}), 1);
+  ASSERT_TRUE(store->MarkAttemptLost(trial, 1, kNow).ok());
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow, {0, 1}), 2);
+  Event on_rank_one = MakeEvent(1, {{"type", kernel_fallback_event::kType},
+                                    {kernel_fallback_event::kOp, "cross_entropy"},
+                                    {kernel_fallback_event::kReason, "logits not contiguous"},
+                                    {kernel_fallback_event::kStep, 3}});
+  on_rank_one.rank = 1;
+  ASSERT_EQ(*store->AppendEvents(
+                trial, 2,
+                std::vector<Event>{MakeEvent(1, {{"type", kernel_fallback_event::kType},
+                                                 {kernel_fallback_event::kOp, "rms_norm"},
+                                                 {kernel_fallback_event::kReason, 7},
+                                                 {kernel_fallback_event::kStep, "two"}}),
+                                   on_rank_one}),
+            2);
+
+  StatusOr<ExperimentReport> report = store->Report(experiment);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const std::vector<KernelFallback>& fallbacks = report->trials[0].kernel_fallbacks;
+  ASSERT_EQ(fallbacks.size(), 2u);
+  EXPECT_EQ(fallbacks[0].op, "rms_norm");
+  EXPECT_EQ(fallbacks[0].reason, "");
+  EXPECT_EQ(fallbacks[0].step, 0);
+  EXPECT_EQ(fallbacks[0].rank, 0);
+  EXPECT_EQ(fallbacks[1].op, "cross_entropy");
+  EXPECT_EQ(fallbacks[1].reason, "logits not contiguous");
+  EXPECT_EQ(fallbacks[1].step, 3);
+  EXPECT_EQ(fallbacks[1].rank, 1);
 }
 
 TEST_F(StoreTest, ReportReadsTheFinalAttemptOnly) {

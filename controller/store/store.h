@@ -223,6 +223,14 @@ struct RankMemory {
 // run, "at peak" = the snapshot with the most allocated bytes, ...), and the final attempt's
 // latest `start` and `step` events for a trial's progress while it runs. Event objects are the
 // trainer's JSON lines as stored (README, "llm-train", --events); null when there is none.
+// A fused op that ran ATen's composition instead of its kernel (a kernel_fallback event).
+struct KernelFallback {
+  std::string op;
+  std::string reason;
+  int64_t step = 0;
+  int rank = 0;
+};
+
 struct TrialReport {
   int64_t trial_id = 0;
   std::string name;
@@ -254,6 +262,8 @@ struct TrialReport {
   // Event lines of the trial's attempts, every rank's, that broke the event-line rule and were
   // stored as their refused_line replacement (common/event_line.h).
   int64_t refused_event_lines = 0;
+  // The current attempt's kernel_fallback events, every rank's (common/kernel_fallback_event.h).
+  std::vector<KernelFallback> kernel_fallbacks;
 };
 
 struct ExperimentReport {
