@@ -8,6 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <set>
+#include <sstream>
 
 #include "common/estimate/model_state.h"
 #include "common/estimate/step_memory.h"
@@ -186,11 +189,44 @@ Case AtMostTwoMicroBatches(const Case& c, const TrialConfig& config) {
   return shorter;
 }
 
+bool CpuHasSixteenBitMatmul() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    std::set<std::string> flags{std::istream_iterator<std::string>(words),
+                                std::istream_iterator<std::string>()};
+    return flags.contains("amx_bf16") || flags.contains("avx512_bf16") ||
+           (flags.contains("avx512f") && flags.contains("avx512bw") && flags.contains("avx512vl") &&
+            flags.contains("avx512dq"));
+  }
+  return false;
+}
+
+std::string SlowSixteenBitRun(const StatusOr<StepWork>& work, int steps) {
+  if (!work.ok() || work->matmul_class != MatmulClass::kBf16) return "";
+  const double run_flops = steps * work->matmul_flops;
+  if (run_flops <= kSlowSixteenBitMatmulFlops || CpuHasSixteenBitMatmul()) return "";
+  char why[200];
+  std::snprintf(why, sizeof(why),
+                "%.1e FLOPs of 16-bit matmuls, on a CPU without 16-bit matmul instructions "
+                "(LibTorch's scalar bf16 GEMM: minutes)",
+                run_flops);
+  return why;
+}
+
 void ExpectPeakWithin(const Case& c, const Sets& common, const fs::path& dir, int index,
                       PeakBound bound, const std::string& label) {
   SCOPED_TRACE(Describe(c));
   StatusOr<CaseConfig> loaded = LoadCase(c, common);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  // Left out here, and said so: the rest of a sweep still runs, the test then reports a skip.
+  if (const std::string slow =
+          SlowSixteenBitRun(EstimateStepWork(loaded->config, loaded->model), /*steps=*/2);
+      !slow.empty()) {
+    GTEST_SKIP() << (label.empty() ? Describe(c) : label) << ": " << slow;
+  }
   StatusOr<StepMemoryEstimate> estimate = EstimateStepMemory(loaded->config, loaded->model);
   ASSERT_TRUE(estimate.ok()) << estimate.status().message();
   // The run's estimate is the case's to the byte, at the same moment: what runs is what is checked.

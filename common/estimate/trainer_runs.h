@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/estimate/model_state.h"
+#include "common/estimate/step_work.h"
 #include "common/model_config.h"
 #include "common/status.h"
 #include "common/trial_config.h"
@@ -95,6 +96,26 @@ struct PeakBound {
   double under = 0.02;
   double over = 0.03;
 };
+
+// The most matmul work (FLOPs over a run's steps) a 16-bit run may have
+// on a CPU without 16-bit matmul instructions. There LibTorch's bf16 GEMM is a scalar loop (0.9
+// GFLOP/s on a Zen 3 core against 58 for fp32, 11-28): cpu-lab's smallest-batch row (4.7e10) took
+// 25 s a run, bf16-true (1.0e11) 15 s, adam-8bit (9.4e10) 50 s, larger-model (1.7e11) 64 s and
+// even-larger (3.8e11) 193 s, where a Zen 4 runs each in seconds.
+inline constexpr double kSlowSixteenBitMatmulFlops = 5e10;
+
+// Whether this CPU multiplies 16-bit matrices with vector instructions, as oneDNN does with
+// AVX-512 (avx512f, bw, vl and dq: bf16 through AVX512_CORE, natively with avx512_bf16 or AMX).
+bool CpuHasSixteenBitMatmul();
+
+// Why a run of `steps` optimizer steps of `work` (EstimateStepWork's or EstimateBlip2StepWork's)
+// is left out on this CPU: "" when it runs (or the work could not be estimated: the test's own
+// checks then say why); otherwise its matmuls are 16-bit, this CPU has no instructions for them
+// (CpuHasSixteenBitMatmul) and their FLOPs are above kSlowSixteenBitMatmulFlops. The run's memory
+// does not depend on the CPU (the estimate's figures are the same), so such a run is checked where
+// it takes seconds; a test that leaves one out runs the rest, then skips naming it
+// (tests/expected-skips.txt lists which tests may).
+std::string SlowSixteenBitRun(const StatusOr<StepWork>& work, int steps);
 
 // `c`, or where `config` (its configuration) accumulates more than two micro-batches a step, `c`
 // with the global batch of two: any accumulation of two or more peaks alike (the gradients are
