@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "common/estimate/trainer_runs.h"
 
@@ -128,7 +129,12 @@ TEST(StepWorkTest, JsonRoundTripsAndRejectsMissingFields) {
   json broken = work->ToJson();
   broken.erase("memory_bytes");
   EXPECT_EQ(StepWork::FromJson(broken).status().message(),
-            "step work: memory_bytes must be a non-negative number");
+            "step work: memory_bytes must be a finite non-negative number");
+  // A non-finite figure (JSON has no infinity: a stored one reads back as null) is refused too.
+  broken = work->ToJson();
+  broken["matmul_flops"] = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: matmul_flops must be a finite non-negative number");
   broken = work->ToJson();
   broken["matmul_class"] = "int8";
   EXPECT_FALSE(StepWork::FromJson(broken).ok());
