@@ -77,8 +77,10 @@ from keystone.cmd import cli
 from keystone.common import driver_hints, provider_api
 setup = json.loads(os.environ["KEYSTONE_LOCAL_SETUP"])
 for command in (["db_sync"],
-                ["bootstrap", "--bootstrap-password", setup["admin_password"],
-                 "--bootstrap-region-id", setup["region"], "--bootstrap-public-url", setup["auth_url"]]):
+                # "--option=value": a random password may begin with "-", which argparse would take for
+                # an option (a CI run failed so, one run in 64).
+                ["bootstrap", "--bootstrap-password=" + setup["admin_password"],
+                 "--bootstrap-region-id=" + setup["region"], "--bootstrap-public-url=" + setup["auth_url"]]):
     cli.CONF.clear()
     cli.main(argv=["keystone-manage", "--config-file", setup["config_file"]] + command)
 apis = provider_api.ProviderAPIs
