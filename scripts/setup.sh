@@ -4,7 +4,8 @@
 # in about a second when nothing is missing.
 #   (no flag)  what building and running llmctl needs (`make demo`)
 #   --tests    adds the real peers some tests run against: Keystone with uwsgi and the openstack CLI,
-#              cloud-init and shellcheck (`make test`; about 3.5 minutes of the first run)
+#              cloud-init and shellcheck (`make test`; about 3.5 minutes of the first run), and Blazar
+#              from PyPI in .venv-blazar (73 s and 222 MB more)
 #   --dev      adds the Python packages that regenerate the test fixtures and run the peer benchmarks
 #              (transformers, tokenizers, safetensors, numpy, peft, bitsandbytes; `make bench`)
 set -euo pipefail
@@ -43,6 +44,9 @@ TEST_PACKAGES=(
 if ((with_tests)); then
   DEBIAN_PACKAGES+=("${TEST_PACKAGES[@]}")
 fi
+# The real Blazar for the lease tests (tests/blazar). It needs newer oslo libraries than Debian's Zed
+# Keystone, so it gets a virtual environment of its own, made with Debian's python3 (3.11).
+BLAZAR_VERSION=18.0.0
 DEV_PYTHON_PACKAGES=(numpy "transformers==5.23.0" "tokenizers==0.23.3" "safetensors==0.8.0" "peft==0.21.2"
   "bitsandbytes==0.50.2" "pillow==13.0.0" "sentencepiece==0.2.3" "protobuf==7.36.2")
 
@@ -89,6 +93,14 @@ if ((with_dev)); then
   if ! .venv/bin/python -c 'import transformers, tokenizers, safetensors, numpy, peft, bitsandbytes, PIL, sentencepiece, google.protobuf' 2>/dev/null; then
     echo "setup: installing the fixture and benchmark tools into .venv"
     retry .venv/bin/pip install -q --disable-pip-version-check "${DEV_PYTHON_PACKAGES[@]}"
+  fi
+fi
+if ((with_tests)); then
+  installed_blazar=$(.venv-blazar/bin/python -c 'import importlib.metadata as m; print(m.version("blazar"))' 2>/dev/null || true)
+  if [ "$installed_blazar" != "$BLAZAR_VERSION" ]; then
+    echo "setup: installing blazar==$BLAZAR_VERSION into .venv-blazar (about 75 s and 222 MB)"
+    [ -x .venv-blazar/bin/python ] || /usr/bin/python3 -m venv .venv-blazar
+    retry .venv-blazar/bin/pip install -q --disable-pip-version-check "blazar==$BLAZAR_VERSION"
   fi
 fi
 echo "setup: ok"
