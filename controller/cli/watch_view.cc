@@ -43,8 +43,8 @@ Columns ColumnsOf(const v1::ExperimentStatus& status) {
   return columns;
 }
 
-// A trial's own line and its notice, without its devices: what plain output compares.
-std::vector<std::string> TrialLines(const v1::TrialStatus& trial, const Columns& columns) {
+// A trial's own line, without its notice and devices.
+std::string TrialLine(const v1::TrialStatus& trial, const Columns& columns) {
   std::string line =
       Pad(trial.name(), columns.name) + "  " + Pad(trial.state(), columns.state) + "  " +
       ProgressBar(trial.step(), trial.total_steps(), kBarWidth) + " " +
@@ -68,9 +68,45 @@ std::vector<std::string> TrialLines(const v1::TrialStatus& trial, const Columns&
   line += ')';
   if (!trial.node().empty()) line += "  on " + trial.node();
   if (!trial.error().empty()) line += "  " + trial.error();
-  std::vector<std::string> lines = {std::move(line)};
-  if (!trial.notice().empty()) lines.push_back("    ! " + trial.notice());
-  return lines;
+  return line;
+}
+
+bool HasEnded(const v1::TrialStatus& trial) {
+  return trial.state() != "queued" && trial.state() != "running";
+}
+
+// Plain output's first line: "experiment 3 cpu-lab: 14 trials, 14 queued".
+std::string PlainHeader(const v1::ExperimentStatus& status) {
+  const auto queued =
+      std::count_if(status.trials().begin(), status.trials().end(),
+                    [](const v1::TrialStatus& trial) { return trial.state() == "queued"; });
+  return "experiment " + std::to_string(status.id()) + " " + status.name() + ": " +
+         std::to_string(status.trials_size()) + " trials, " + std::to_string(queued) + " queued";
+}
+
+// "    ! baseline: TEXT", or for several trials "    ! baseline and 13 other trials: TEXT".
+std::string NoticeLine(const std::string& text, const std::vector<std::string>& trials) {
+  std::string who = trials.front();
+  if (trials.size() == 2) who += " and " + trials[1];
+  if (trials.size() > 2) who += " and " + std::to_string(trials.size() - 1) + " other trials";
+  return "    ! " + who + ": " + text;
+}
+
+// "85 s: 3 of 14 trials ended; running: bf16-true 4/6 at 1435 tok/s".
+std::string ProgressLine(const v1::ExperimentStatus& status, std::chrono::seconds elapsed) {
+  const auto ended = std::count_if(status.trials().begin(), status.trials().end(),
+                                   [](const v1::TrialStatus& trial) { return HasEnded(trial); });
+  std::string line = std::to_string(elapsed.count()) + " s: " + std::to_string(ended) + " of " +
+                     std::to_string(status.trials_size()) + " trials ended";
+  std::string running;
+  for (const v1::TrialStatus& trial : status.trials()) {
+    if (trial.state() != "running") continue;
+    running += running.empty() ? "; running: " : ", ";
+    running += trial.name() + " " + std::to_string(trial.step()) + "/" +
+               (trial.total_steps() > 0 ? std::to_string(trial.total_steps()) : "?") +
+               Format(" at %.0f tok/s", trial.tokens_per_second());
+  }
+  return line + running;
 }
 
 }  // namespace
@@ -126,9 +162,8 @@ std::vector<std::string> WatchLines(const v1::ExperimentStatus& status) {
   const Columns columns = ColumnsOf(status);
   std::vector<std::string> lines;
   for (const v1::TrialStatus& trial : status.trials()) {
-    for (std::string& line : TrialLines(trial, columns)) {
-      lines.push_back(std::move(line));
-    }
+    lines.push_back(TrialLine(trial, columns));
+    if (!trial.notice().empty()) lines.push_back("    ! " + trial.notice());
     const bool several_nodes =
         std::any_of(trial.devices().begin(), trial.devices().end(),
                     [](const v1::DeviceSample& device) { return device.node_rank() > 0; });
@@ -146,31 +181,61 @@ std::vector<std::string> WatchLines(const v1::ExperimentStatus& status) {
   return lines;
 }
 
-std::string WatchPrinter::Update(const v1::ExperimentStatus& status) {
+std::string WatchPrinter::Update(const v1::ExperimentStatus& status, Clock::time_point now) {
+  return tty_ ? Redraw(status) : AppendChanges(status, now);
+}
+
+std::string WatchPrinter::Redraw(const v1::ExperimentStatus& status) {
   const std::vector<std::string> lines = WatchLines(status);
+  // Up over the old table, then each line cleared and rewritten: no flicker, no scrollback spam.
   std::string out;
-  if (tty_) {
-    // Up over the old table, then each line cleared and rewritten: no flicker, no scrollback spam.
-    if (drawn_lines_ > 0) out += "\x1b[" + std::to_string(drawn_lines_) + "F";
-    const std::string header =
-        "experiment " + std::to_string(status.id()) + " " + status.name() + ": " + status.state();
-    out += "\x1b[2K" + header + "\n";
-    for (const std::string& line : lines) out += "\x1b[2K" + line + "\n";
-    // A table that shrank leaves old lines below; clear them.
-    for (size_t i = lines.size() + 1; i < drawn_lines_; ++i) out += "\x1b[2K\n";
-    drawn_lines_ = std::max(drawn_lines_, lines.size() + 1);
-    return out;
+  if (drawn_lines_ > 0) out += "\x1b[" + std::to_string(drawn_lines_) + "F";
+  const std::string header =
+      "experiment " + std::to_string(status.id()) + " " + status.name() + ": " + status.state();
+  out += "\x1b[2K" + header + "\n";
+  for (const std::string& line : lines) out += "\x1b[2K" + line + "\n";
+  // A table that shrank leaves old lines below; clear them.
+  for (size_t i = lines.size() + 1; i < drawn_lines_; ++i) out += "\x1b[2K\n";
+  drawn_lines_ = std::max(drawn_lines_, lines.size() + 1);
+  return out;
+}
+
+std::string WatchPrinter::AppendChanges(const v1::ExperimentStatus& status, Clock::time_point now) {
+  std::string out;
+  if (!started_) {
+    out += PlainHeader(status) + "\n";
+    started_ = now;
   }
   const Columns columns = ColumnsOf(status);
+  // Each new notice's text with the trials that got it, in the order first seen.
+  std::vector<std::pair<std::string, std::vector<std::string>>> notices;
   for (const v1::TrialStatus& trial : status.trials()) {
-    std::string text;
-    for (const std::string& line : TrialLines(trial, columns)) {
-      text += line + "\n";
+    const auto [found, first_seen] = seen_.try_emplace(trial.name());
+    Seen& seen = found->second;
+    if (seen.state != trial.state() && !(first_seen && trial.state() == "queued")) {
+      out += TrialLine(trial, columns) + "\n";
+    } else if (seen.step != trial.step()) {
+      steps_moved_ = true;
     }
-    std::string& last = last_[trial.name()];
-    if (last == text) continue;
-    last = text;
-    out += text;
+    if (!trial.notice().empty() && trial.notice() != seen.notice) {
+      auto same = std::find_if(notices.begin(), notices.end(),
+                               [&](const auto& notice) { return notice.first == trial.notice(); });
+      if (same == notices.end()) same = notices.insert(notices.end(), {trial.notice(), {}});
+      same->second.push_back(trial.name());
+    }
+    seen = {.state = trial.state(), .notice = trial.notice(), .step = trial.step()};
+  }
+  for (const auto& [text, trials] : notices) out += NoticeLine(text, trials) + "\n";
+  if (!out.empty()) {
+    progress_interval_ = kProgressInterval;
+  } else if (steps_moved_ && now - last_written_ >= progress_interval_) {
+    out = ProgressLine(status, std::chrono::duration_cast<std::chrono::seconds>(now - *started_)) +
+          "\n";
+    progress_interval_ = std::min(2 * progress_interval_, kLongestProgressInterval);
+  }
+  if (!out.empty()) {
+    last_written_ = now;
+    steps_moved_ = false;
   }
   return out;
 }

@@ -1,12 +1,15 @@
 // `llmctl watch`: an experiment's live status as a terminal table, with a running trial's devices
 // under it as bars, as nvtop draws them, from their latest sample (a second old at most). On a TTY
-// the table is redrawn in place (ANSI cursor movement); elsewhere (a pipe, a log file) each trial's
-// line is appended when it changes, so the output reads as a log, without the device bars (they
-// change every second).
+// the table is redrawn in place (ANSI cursor movement); elsewhere (a pipe, a log file) the output
+// reads as a short log: a trial's line when its state changes, a notice when it appears, and a
+// progress line at most every 10 s, spreading out while no trial changes state, without the
+// device bars (they change every second).
 #ifndef LLMCTL_CONTROLLER_CLI_WATCH_VIEW_H_
 #define LLMCTL_CONTROLLER_CLI_WATCH_VIEW_H_
 
+#include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,16 +44,42 @@ std::vector<std::string> WatchLines(const v1::ExperimentStatus& status);
 // Writes successive statuses of one experiment. Not thread-safe.
 class WatchPrinter {
  public:
+  using Clock = std::chrono::steady_clock;
+  // Plain output's silence while steps move before a progress line says how far they got; each
+  // progress line doubles it, up to kLongestProgressInterval, and a trial's state line resets it:
+  // a slow trial gets lines 10, 30, 70, 150 s... into it, and a run of 14 a screenful.
+  static constexpr std::chrono::seconds kProgressInterval{10};
+  static constexpr std::chrono::seconds kLongestProgressInterval{300};
+
   explicit WatchPrinter(bool tty) : tty_(tty) {}
 
-  // The text to write for `status`: on a TTY, the cursor moved back over the previous table and
-  // the whole table redrawn; otherwise the lines of trials whose line changed since the last call.
-  std::string Update(const v1::ExperimentStatus& status);
+  // The text to write for `status`, received at `now`. On a TTY: the cursor moved back over the
+  // previous table and the whole table redrawn. Otherwise, appended lines: the first call's header
+  // (the experiment, its trial count and how many are queued); a trial's line (WatchLines' without
+  // devices) when its state changes, a queued trial's first state being in the header; a new
+  // notice once for all the trials that got it; and when no line was written for the progress
+  // interval while some step moved, one progress line (seconds since the first call, trials
+  // ended, each running trial's step/total and tokens/s).
+  std::string Update(const v1::ExperimentStatus& status, Clock::time_point now = Clock::now());
 
  private:
+  // What plain output last saw of a trial.
+  struct Seen {
+    std::string state;
+    std::string notice;
+    int64_t step = 0;
+  };
+
+  std::string Redraw(const v1::ExperimentStatus& status);
+  std::string AppendChanges(const v1::ExperimentStatus& status, Clock::time_point now);
+
   const bool tty_;
-  size_t drawn_lines_ = 0;                   // TTY: lines of the table on screen
-  std::map<std::string, std::string> last_;  // plain: each trial's last line written
+  size_t drawn_lines_ = 0;                    // TTY: lines of the table on screen
+  std::map<std::string, Seen> seen_;          // plain: by trial name
+  std::optional<Clock::time_point> started_;  // plain: the first call
+  Clock::time_point last_written_;            // plain: when a line was last written
+  bool steps_moved_ = false;                  // plain: since the last line written
+  std::chrono::seconds progress_interval_ = kProgressInterval;  // plain: the silence allowed now
 };
 
 }  // namespace llmctl::cli

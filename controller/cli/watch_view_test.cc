@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+
 namespace llmctl::cli {
 namespace {
 
@@ -124,38 +127,170 @@ TEST(WatchLinesTest, SeveralNodesDevicesAreNamedByTheirNodeRank) {
   EXPECT_EQ(lines[2].find("    node 1 cuda:0 GPU[||||||||||||||||100%]"), 0u) << lines[2];
 }
 
+constexpr auto kInterval = WatchPrinter::kProgressInterval;
+
+size_t CountLines(const std::string& text) { return std::count(text.begin(), text.end(), '\n'); }
+
+TEST(WatchPrinterTest, PlainOutputStartsWithAHeaderThatCountsTheQueuedTrials) {
+  WatchPrinter printer(/*tty=*/false);
+  const std::string first = printer.Update(TwoTrials(1), WatchPrinter::Clock::time_point());
+  ASSERT_EQ(CountLines(first), 2u) << first;
+  EXPECT_EQ(first.rfind("experiment 3 cpu-lab: 2 trials, 1 queued\nbaseline ", 0), 0u) << first;
+  EXPECT_EQ(first.find("reduced-batch"), std::string::npos);  // queued: counted in the header
+  EXPECT_EQ(first.find('\x1b'), std::string::npos);
+}
+
 TEST(WatchPrinterTest, PlainOutputLeavesOutTheDevicesThatChangeEverySecond) {
   WatchPrinter printer(/*tty=*/false);
+  WatchPrinter::Clock::time_point now;
   v1::ExperimentStatus status = TwoTrials(1);
   *status.mutable_trials(0)->add_devices() = Gpu("cuda:0", 45, 61.2);
-  const std::string first = printer.Update(status);
+  const std::string first = printer.Update(status, now);
   EXPECT_NE(first.find("baseline"), std::string::npos);
   EXPECT_EQ(first.find("cuda:0"), std::string::npos);
   *status.mutable_trials(0)->mutable_devices(0) = Gpu("cuda:0", 90, 70);
-  EXPECT_EQ(printer.Update(status), "");
-  // A notice is part of the trial's lines.
-  status.mutable_trials(1)->set_notice("no connected node has 1 cuda device(s)");
-  EXPECT_EQ(printer.Update(status), std::string(WatchLines(status)[2]) +
-                                        "\n    ! no connected node has 1 cuda device(s)\n");
+  EXPECT_EQ(printer.Update(status, now += kInterval), "");
 }
 
-TEST(WatchPrinterTest, PlainOutputAppendsOnlyChangedLines) {
+TEST(WatchPrinterTest, PlainOutputWritesATrialsLineWhenItsStateChanges) {
   WatchPrinter printer(/*tty=*/false);
-  const std::string first = printer.Update(TwoTrials(1));
-  EXPECT_NE(first.find("baseline"), std::string::npos);
-  EXPECT_NE(first.find("reduced-batch"), std::string::npos);
-  EXPECT_EQ(printer.Update(TwoTrials(1)), "");
-  const std::string second = printer.Update(TwoTrials(2));
-  EXPECT_NE(second.find("baseline"), std::string::npos);
-  EXPECT_EQ(second.find("reduced-batch"), std::string::npos);
-  EXPECT_EQ(second.find('\x1b'), std::string::npos);
+  WatchPrinter::Clock::time_point now;
+  printer.Update(TwoTrials(1), now);
+  v1::ExperimentStatus status = TwoTrials(6);
+  status.mutable_trials(0)->set_state("ok");
+  status.mutable_trials(1)->set_state("running");
+  const std::string changed = printer.Update(status, now += std::chrono::seconds(1));
+  const std::vector<std::string> lines = WatchLines(status);
+  EXPECT_EQ(changed, lines[0] + "\n" + lines[1] + "\n");
+  EXPECT_EQ(printer.Update(status, now += kInterval), "");  // nothing moved
+}
+
+TEST(WatchPrinterTest, PlainOutputWritesANewNoticeOnceForTheTrialsThatGotIt) {
+  WatchPrinter printer(/*tty=*/false);
+  WatchPrinter::Clock::time_point now;
+  v1::ExperimentStatus status = TwoTrials(1);
+  status.mutable_trials(0)->set_state("queued");
+  status.mutable_trials(0)->set_notice("no connected node has 1 cpu device(s)");
+  status.mutable_trials(1)->set_notice("no connected node has 1 cpu device(s)");
+  EXPECT_EQ(printer.Update(status, now),
+            "experiment 3 cpu-lab: 2 trials, 2 queued\n"
+            "    ! baseline and reduced-batch: no connected node has 1 cpu device(s)\n");
+  EXPECT_EQ(printer.Update(status, now += kInterval), "");
+  status.mutable_trials(1)->set_notice("node n's lease ends soon");
+  EXPECT_EQ(printer.Update(status, now += kInterval),
+            "    ! reduced-batch: node n's lease ends soon\n");
+}
+
+// The seconds after the first status at which plain output writes a progress line, for one trial
+// whose step moves every second from `start_step` for `seconds`.
+std::vector<int> ProgressLineTimes(WatchPrinter& printer, int start_step, int seconds) {
+  std::vector<int> times;
+  for (int second = 1; second <= seconds; ++second) {
+    const std::string out =
+        printer.Update(TwoTrials(start_step + second),
+                       WatchPrinter::Clock::time_point(std::chrono::seconds(second)));
+    if (out.find(" s: 0 of 2 trials ended; running: baseline ") != std::string::npos) {
+      times.push_back(second);
+    } else {
+      EXPECT_EQ(out, "") << "second " << second;
+    }
+  }
+  return times;
+}
+
+TEST(WatchPrinterTest, PlainOutputWritesProgressLinesFurtherApartWhileNoStateChanges) {
+  WatchPrinter printer(/*tty=*/false);
+  printer.Update(TwoTrials(0), WatchPrinter::Clock::time_point());
+  EXPECT_EQ(ProgressLineTimes(printer, 0, 700), std::vector<int>({10, 30, 70, 150, 310, 610}));
+}
+
+TEST(WatchPrinterTest, PlainOutputsProgressLineSaysHowFarTheRunningTrialsGot) {
+  WatchPrinter printer(/*tty=*/false);
+  printer.Update(TwoTrials(0), WatchPrinter::Clock::time_point());
+  EXPECT_EQ(printer.Update(TwoTrials(3), WatchPrinter::Clock::time_point(kInterval)),
+            std::to_string(kInterval.count()) +
+                " s: 0 of 2 trials ended; running: baseline 3/6 at 1460 tok/s\n");
+}
+
+TEST(WatchPrinterTest, PlainOutputWritesNoProgressLineWhileNoStepMoves) {
+  WatchPrinter printer(/*tty=*/false);
+  printer.Update(TwoTrials(1), WatchPrinter::Clock::time_point());
+  EXPECT_EQ(printer.Update(TwoTrials(1), WatchPrinter::Clock::time_point(10 * kInterval)), "");
+}
+
+TEST(WatchPrinterTest, AStateLineStartsTheProgressIntervalsAgain) {
+  WatchPrinter printer(/*tty=*/false);
+  printer.Update(TwoTrials(0), WatchPrinter::Clock::time_point());
+  ASSERT_EQ(ProgressLineTimes(printer, 0, 40), std::vector<int>({10, 30}));
+  v1::ExperimentStatus status = TwoTrials(40);
+  status.mutable_trials(1)->set_state("running");
+  EXPECT_NE(printer.Update(status, WatchPrinter::Clock::time_point(std::chrono::seconds(41))), "");
+  status.mutable_trials(0)->set_step(41);
+  EXPECT_EQ(printer.Update(status, WatchPrinter::Clock::time_point(std::chrono::seconds(50))), "");
+  status.mutable_trials(0)->set_step(42);
+  EXPECT_NE(printer.Update(status, WatchPrinter::Clock::time_point(std::chrono::seconds(51))), "");
+}
+
+// `make demo | cat`: experiments/cpu-lab.yaml's 14 trials run one at a time, as long as each took
+// on a loaded 2-core Zen 3 (bf16 rows minutes), a status a second (the devices' samples). The
+// header, the agent's missing-node notice, each trial's start and end, and a few progress lines
+// for the slow trials: with the report after it, `make demo`'s output stays under 80 lines.
+TEST(WatchPrinterTest, PlainOutputOfTheCpuLabFitsInAScreen) {
+  const std::vector<std::pair<std::string, int>> trials = {{"baseline", 5},
+                                                           {"reduced-batch", 8},
+                                                           {"grad-accumulation", 20},
+                                                           {"bf16-true", 60},
+                                                           {"bf16-mixed", 60},
+                                                           {"larger-model", 60},
+                                                           {"even-larger", 5},
+                                                           {"smallest-batch", 5},
+                                                           {"sgd", 30},
+                                                           {"adam-8bit", 240},
+                                                           {"activation-checkpointing", 240},
+                                                           {"cpu-offload", 30},
+                                                           {"lora", 60},
+                                                           {"qlora", 240}};
+  v1::ExperimentStatus status;
+  status.set_id(1);
+  status.set_name("cpu-lab");
+  for (const auto& [name, seconds] : trials) {
+    v1::TrialStatus* trial = status.add_trials();
+    trial->set_name(name);
+    trial->set_state("queued");
+    trial->set_notice("no connected node has 1 cpu device(s)");
+  }
+  WatchPrinter printer(/*tty=*/false);
+  WatchPrinter::Clock::time_point now;
+  std::string out = printer.Update(status, now);
+  for (v1::TrialStatus& trial : *status.mutable_trials()) trial.clear_notice();
+  constexpr int kSteps = 6;
+  for (size_t i = 0; i < trials.size(); ++i) {
+    v1::TrialStatus& trial = *status.mutable_trials(static_cast<int>(i));
+    trial.set_state("running");
+    trial.set_total_steps(kSteps);
+    const int seconds = trials[i].second;
+    for (int second = 0; second < seconds; ++second) {
+      trial.set_step(second * kSteps / seconds);
+      trial.clear_devices();
+      *trial.add_devices() = Gpu("cpu", 90 + second % 10, 1);
+      out += printer.Update(status, now += std::chrono::seconds(1));
+    }
+    trial.set_step(kSteps);
+    trial.clear_devices();
+    trial.set_state("ok");
+    out += printer.Update(status, now);
+  }
+  EXPECT_LE(CountLines(out), 80u - 25) << out;            // the report and submit's lines take 25
+  EXPECT_EQ(out.find("CPU["), std::string::npos) << out;  // no device bars
+  EXPECT_NE(out.find("qlora                     ok"), std::string::npos) << out;
 }
 
 TEST(WatchPrinterTest, TerminalOutputRedrawsInPlace) {
   WatchPrinter printer(/*tty=*/true);
-  const std::string first = printer.Update(TwoTrials(1));
-  EXPECT_EQ(first.find("\x1b[3F"), std::string::npos);  // nothing to go back over yet
-  const std::string second = printer.Update(TwoTrials(2));
+  WatchPrinter::Clock::time_point now;
+  const std::string first = printer.Update(TwoTrials(1), now);
+  EXPECT_EQ(first.find("\x1b[3F"), std::string::npos);           // nothing to go back over yet
+  const std::string second = printer.Update(TwoTrials(2), now);  // every status, however soon
   EXPECT_EQ(second.rfind("\x1b[3F", 0), 0u);  // back over the header and two trials
   EXPECT_NE(second.find("experiment 3 cpu-lab: running"), std::string::npos);
 }
