@@ -12,9 +12,10 @@ member role and an unrestricted application credential of that user, registers t
 internal endpoint under URL/internal and a public one in CHI@UC under URL/other-region), prints one JSON line
 
     {"auth_url", "port", "region", "username", "password", "project", "project_id", "user_domain",
-     "app_cred_id", "app_cred_secret", "pid"}
+     "app_cred_id", "app_cred_secret", "admin_password", "pid"}
 
-(pid is uwsgi's master) and then serves until SIGINT, SIGTERM or SIGHUP, when it stops uwsgi with SIGINT
+(admin_password is the bootstrap user "admin"'s, admin of project "admin", which a service such as
+tests/blazar's needs; pid is uwsgi's master) and then serves until SIGINT, SIGTERM or SIGHUP, when it stops uwsgi with SIGINT
 (uwsgi reloads on SIGTERM by default) and waits for it. uwsgi is bound to this script's life (parent-death
 signal, --no-orphans), so no process outlives it even when it is killed.
 
@@ -357,7 +358,8 @@ def main():
         uwsgi, port = bind_free_port(directory, config_path, children)
         auth_url = f"http://127.0.0.1:{port}/v3"
         demo_password = secrets.token_urlsafe(16)
-        setup = {"config_file": config_path, "admin_password": secrets.token_urlsafe(16), "region": args.region,
+        admin_password = secrets.token_urlsafe(16)
+        setup = {"config_file": config_path, "admin_password": admin_password, "region": args.region,
                  "auth_url": auth_url, "demo_password": demo_password,
                  "other_regions": [OTHER_REGION] if args.services_url else [],
                  "services": catalog_services(args.region, args.services_url) if args.services_url else []}
@@ -368,7 +370,7 @@ def main():
         print(json.dumps({"auth_url": auth_url, "port": port, "region": args.region, "username": "demo",
                           "password": demo_password, "project": "demo", "project_id": ids["project_id"],
                           "user_domain": "Default", "app_cred_id": app_cred_id, "app_cred_secret": app_cred_secret,
-                          "pid": uwsgi.pid}), flush=True)
+                          "admin_password": admin_password, "pid": uwsgi.pid}), flush=True)
         while uwsgi.poll() is None:
             time.sleep(0.2)
         print(f"keystone_local: uwsgi exited with status {uwsgi.returncode}; see {directory}/uwsgi.log",

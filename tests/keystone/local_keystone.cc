@@ -1,50 +1,12 @@
 #include "tests/keystone/local_keystone.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <optional>
-#include <sstream>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 namespace llmctl::testing {
 namespace {
-
-constexpr char kScript[] = "tests/keystone/keystone_local.py";
-// Debian's: Keystone's modules live in its dist-packages, and a version manager's python3 shim
-// would add processes (and a second of start) in front of it.
-constexpr char kPython[] = "/usr/bin/python3";
-constexpr int kMissingPackagesExitCode = 3;  // keystone_local.py's EXIT_MISSING
-constexpr auto kStopTimeout = std::chrono::seconds(30);
-
-std::string StderrPath(const std::string& dir) { return dir + "/keystone_local.stderr"; }
-
-// Waits for `pid` up to `timeout`; its wait status, or nullopt while it still runs.
-std::optional<int> WaitFor(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) return status;
-    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-}
-
-std::string DescribeStatus(int status) {
-  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
-  return "wait status " + std::to_string(status);
-}
 
 StatusOr<KeystoneInfo> ParseInfo(const std::string& line) {
   auto json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -60,7 +22,8 @@ StatusOr<KeystoneInfo> ParseInfo(const std::string& line) {
       {"project_id", &info.project_id},
       {"user_domain", &info.user_domain},
       {"app_cred_id", &info.app_cred_id},
-      {"app_cred_secret", &info.app_cred_secret}};
+      {"app_cred_secret", &info.app_cred_secret},
+      {"admin_password", &info.admin_password}};
   for (const auto& [key, field] : strings) {
     if (!json.contains(key) || !json[key].is_string() || json[key].get<std::string>().empty()) {
       return InternalError(std::string("keystone_local.py's JSON line has no string '") + key +
@@ -83,144 +46,14 @@ StatusOr<KeystoneInfo> ParseInfo(const std::string& line) {
 
 StatusOr<std::unique_ptr<LocalKeystone>> LocalKeystone::Spawn(
     const std::string& dir, const std::vector<std::string>& args) {
-  const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
-  std::vector<std::string> argv_strings = {
-      kPython, std::string(source_dir ? source_dir : ".") + "/" + kScript, "--dir",
-      dir + "/keystone"};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& arg : argv_strings) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  const std::string stderr_path = StderrPath(dir);
-
-  int pipe_fds[2];
-  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return InternalError("pipe2 failed for keystone_local.py");
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(pipe_fds[0]);
-    close(pipe_fds[1]);
-    return InternalError("fork failed for keystone_local.py");
-  }
-  if (pid == 0) {
-    // Only async-signal-safe calls between fork and exec. A session of its own groups everything it
-    // starts; SIGTERM when the test process dies, however it dies, stops Keystone with it.
-    setsid();
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(1);
-    int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int in = open("/dev/null", O_RDONLY);
-    if (err < 0 || in < 0) _exit(1);
-    dup2(in, STDIN_FILENO);
-    dup2(pipe_fds[1], STDOUT_FILENO);
-    dup2(err, STDERR_FILENO);
-    execv(kPython, argv.data());
-    _exit(127);
-  }
-  close(pipe_fds[1]);
-  return std::unique_ptr<LocalKeystone>(new LocalKeystone(pid, pipe_fds[0], dir));
-}
-
-LocalKeystone::~LocalKeystone() {
-  if (running_) (void)Stop();
-  if (stdout_fd_ >= 0) close(stdout_fd_);
-}
-
-std::string LocalKeystone::StderrTail() const {
-  std::ifstream file(StderrPath(dir_));
-  std::stringstream text;
-  text << file.rdbuf();
-  std::string all = text.str();
-  constexpr size_t kTail = 2000;
-  return all.size() > kTail ? all.substr(all.size() - kTail) : all;
+  ASSIGN_OR_RETURN(std::unique_ptr<LocalScript> script,
+                   LocalScript::Spawn("tests/keystone/keystone_local.py", dir, "keystone", args));
+  return std::unique_ptr<LocalKeystone>(new LocalKeystone(std::move(script)));
 }
 
 StatusOr<KeystoneInfo> LocalKeystone::Wait(std::chrono::seconds timeout) {
-  if (stdout_fd_ < 0)
-    return FailedPreconditionError("keystone_local.py: Wait() after its output was read");
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::string line;
-  while (line.find('\n') == std::string::npos) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    pollfd fd{stdout_fd_, POLLIN, 0};
-    if (left.count() <= 0 || poll(&fd, 1, static_cast<int>(left.count())) == 0) {
-      return UnavailableError("keystone_local.py did not serve within " +
-                              std::to_string(timeout.count()) + " s; its logs are in " + dir_ +
-                              "/keystone");
-    }
-    char buffer[4096];
-    ssize_t n = read(stdout_fd_, buffer, sizeof buffer);
-    if (n <= 0) {
-      // It exited before serving: why is on its stderr.
-      close(stdout_fd_);
-      stdout_fd_ = -1;
-      int status = WaitFor(pid_, kStopTimeout).value_or(-1);
-      running_ = false;
-      if (WIFEXITED(status) && WEXITSTATUS(status) == kMissingPackagesExitCode) {
-        return FailedPreconditionError(StderrTail());
-      }
-      return UnavailableError("keystone_local.py ended (" + DescribeStatus(status) +
-                              ") before serving: " + StderrTail());
-    }
-    line.append(buffer, static_cast<size_t>(n));
-  }
-  close(stdout_fd_);  // it prints nothing after this line
-  stdout_fd_ = -1;
-  return ParseInfo(line.substr(0, line.find('\n')));
-}
-
-Status LocalKeystone::Stop() {
-  if (!running_) return Status::Ok();
-  running_ = false;
-  kill(pid_, SIGINT);
-  std::optional<int> status = WaitFor(pid_, kStopTimeout);
-  std::string problem;
-  if (!status) {
-    kill(pid_, SIGKILL);
-    status = WaitFor(pid_, kStopTimeout);
-    problem = "keystone_local.py did not stop within " + std::to_string(kStopTimeout.count()) +
-              " s of SIGINT";
-  } else if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-    problem = "keystone_local.py stopped with " + DescribeStatus(*status) + ": " + StderrTail();
-  }
-  std::vector<pid_t> left = ProcessesInSession(pid_);
-  if (!left.empty()) {
-    std::string pids;
-    for (pid_t pid : left) {
-      pids += ' ';
-      pids += std::to_string(pid);
-      kill(pid, SIGKILL);
-    }
-    if (!problem.empty()) problem += "; ";
-    problem += "processes left behind (now killed):" + pids;
-  }
-  return problem.empty() ? Status::Ok() : InternalError(problem);
-}
-
-std::vector<pid_t> ProcessesInSession(pid_t session_id) {
-  std::vector<pid_t> found;
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return found;
-  while (dirent* entry = readdir(proc)) {
-    char* end = nullptr;
-    long pid = std::strtol(entry->d_name, &end, 10);
-    if (*end != '\0' || pid <= 0) continue;
-    std::ifstream stat_file(std::string("/proc/") + entry->d_name + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
-    // pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses, so parse after
-    // the last ')'.
-    size_t close_paren = stat.rfind(')');
-    if (close_paren == std::string::npos) continue;
-    std::istringstream fields(stat.substr(close_paren + 1));
-    std::string state;
-    long ppid = 0, pgrp = 0, session = 0;
-    if (fields >> state >> ppid >> pgrp >> session && session == session_id && state != "Z") {
-      found.push_back(static_cast<pid_t>(pid));
-    }
-  }
-  closedir(proc);
-  return found;
+  ASSIGN_OR_RETURN(std::string line, script_->WaitLine(timeout));
+  return ParseInfo(line);
 }
 
 }  // namespace llmctl::testing

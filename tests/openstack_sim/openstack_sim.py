@@ -24,6 +24,8 @@ Admin endpoints (no token needed):
   POST /admin/revoke_tokens         every issued token answers 401 from now on
   POST /admin/capacity              {"flavor": {"<flavor id>": n}, "hosts": [{"id","node_type"}]}
   POST /admin/fail_lease            {"name"}: the lease goes to ERROR when it should start
+  POST /admin/keystone              {"url", "admin_token"}: also accept tokens that real Keystone
+                                    validates (tests/blazar: the real Blazar calls Nova and Placement here)
   POST /admin/compute               {"build_seconds": n, "delete_seconds": n,
                                      "fail_servers": {"<name>": "<fault>"}}: how long BUILD and a
                                     delete last; named servers end in ERROR with that fault
@@ -46,6 +48,8 @@ import json
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, quote, urlparse
@@ -107,6 +111,15 @@ class State:
         self.security_groups = {}
         self.floating_ips = {}
         self.floating_ip_pool = 20
+        # What Blazar's host plugin asks Nova and Placement about (tests/blazar): aggregates by id, the
+        # resource providers it creates (the hosts' own are derived from self.hosts), and the real
+        # Keystone whose tokens are accepted besides this simulator's own (POST /admin/keystone).
+        self.aggregates = {}
+        self.next_aggregate_id = 1
+        self.created_providers = {}  # uuid -> provider
+        self.keystone_url = None
+        self.keystone_admin_token = None
+        self.keystone_tokens = {}  # token -> expiry (datetime) as that Keystone said
 
     # --- servers and volumes over time ---
     def tick_resources(self):
@@ -260,6 +273,25 @@ def cinder_error(status, message):
     return ApiError(status, {keys.get(status, "computeFault"): {"code": status, "message": message}})
 
 
+def keystone_accepts(token):
+    """Whether the real Keystone at STATE.keystone_url takes `token`, asked with that Keystone's admin token
+    (a trust-scoped token may not validate itself: 403), cached until the expiry it names. Called under
+    STATE.lock: Keystone never calls back here."""
+    now = dt.datetime.now(UTC)
+    if not token or STATE.keystone_tokens.get(token, now) > now:
+        return bool(token)
+    request = urllib.request.Request(STATE.keystone_url + "/auth/tokens?nocatalog",
+                                     headers={"X-Auth-Token": STATE.keystone_admin_token,
+                                              "X-Subject-Token": token})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            expires = json.loads(response.read())["token"]["expires_at"]
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError, KeyError):
+        return False
+    STATE.keystone_tokens[token] = dt.datetime.fromisoformat(expires.replace("Z", "+00:00"))
+    return True
+
+
 def new_id(prefix):
     return "%s-%s" % (prefix, uuid.uuid4().hex[:12])
 
@@ -347,6 +379,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def require_token(self):
         token = STATE.tokens.get(self.headers.get("X-Auth-Token", ""))
+        if token is None and STATE.keystone_url and keystone_accepts(self.headers.get("X-Auth-Token", "")):
+            return
         if token is None or token["revoked"] or STATE.now >= token["expires"]:
             raise keystone_error(401, "The request you have made requires authentication.")
         if not token["scoped"]:
@@ -374,6 +408,9 @@ class Handler(BaseHTTPRequestHandler):
         if path.startswith("/glance/v2/"):
             self.require_token()
             return self.glance(path[len("/glance/v2/"):], query)
+        if path.startswith("/placement/"):
+            self.require_token()
+            return self.placement(path[len("/placement/"):], query, raw)
         if path.rstrip("/") in ("/nova", "/cinder", "/neutron", "/glance", "/blazar"):
             return self.versions(path.strip("/"))
         raise ApiError(404, {"error": "no route for " + path})
@@ -403,6 +440,10 @@ class Handler(BaseHTTPRequestHandler):
             return 200, {}, None
         if what == "fail_lease":
             STATE.failing_leases.add(body["name"])
+            return 200, {}, None
+        if what == "keystone":
+            STATE.keystone_url = body["url"].rstrip("/")
+            STATE.keystone_admin_token = body["admin_token"]
             return 200, {}, None
         if what == "compute":
             STATE.build_seconds = body.get("build_seconds", STATE.build_seconds)
@@ -698,6 +739,8 @@ class Handler(BaseHTTPRequestHandler):
             flavors = [dict(f, extra_specs={}) for f in PUBLIC_FLAVORS]
             flavors += list(STATE.private_flavors.values())
             return 200, {"flavors": flavors}, None
+        if parts[0] in ("os-hypervisors", "os-availability-zone", "os-aggregates"):
+            return self.compute_admin(parts, query, raw)
         if parts[0] == "os-keypairs" and self.command == "GET":
             if len(parts) == 1:
                 return 200, {"keypairs": [{"keypair": {"name": n, "public_key": k, "type": "ssh"}}
@@ -987,6 +1030,145 @@ class Handler(BaseHTTPRequestHandler):
                                 "floating IP." % (fip["floating_ip_address"], port_id))
         fip.update(port_id=port_id, fixed_ip_address=port["fixed_ips"][0]["ip_address"],
                    status="ACTIVE")
+
+    # --- what Blazar's host plugin asks Nova and Placement (tests/blazar runs the real Blazar) ---
+    @staticmethod
+    def hypervisor(host):
+        """A host of STATE.hosts as Nova's hypervisor (microversion 2.1: integer ids)."""
+        name = "node-" + host["id"]
+        return {"id": int(host["id"]), "hypervisor_hostname": name, "state": "up", "status": "enabled",
+                "service": {"host": name, "id": int(host["id"]), "disabled_reason": None},
+                "vcpus": 48, "memory_mb": 196608, "local_gb": 240, "vcpus_used": 0,
+                "memory_mb_used": 0, "local_gb_used": 0, "hypervisor_type": "ironic",
+                "hypervisor_version": 1, "cpu_info": "{}", "host_ip": "127.0.0.1",
+                "running_vms": 0, "current_workload": 0, "disk_available_least": 240}
+
+    def compute_admin(self, parts, query, raw):
+        hosts = {"node-" + h["id"]: h for h in STATE.hosts}
+        if parts[0] == "os-hypervisors" and self.command == "GET":
+            if len(parts) == 2 and parts[1].isdigit():
+                host = next((h for h in STATE.hosts if h["id"] == parts[1]), None)
+                if host is None:
+                    raise nova_error(404, "Hypervisor with ID %s could not be found." % parts[1])
+                return 200, {"hypervisor": self.hypervisor(host)}, None
+            if len(parts) == 3 and parts[2] in ("search", "servers"):
+                found = [h for name, h in hosts.items() if parts[1] in name]
+                if not found:
+                    raise nova_error(404, "No hypervisor matching '%s' could be found." % parts[1])
+                views = [{"id": int(h["id"]), "hypervisor_hostname": "node-" + h["id"],
+                          "state": "up", "status": "enabled"} for h in found]
+                if parts[2] == "servers":
+                    for view in views:
+                        servers = [{"uuid": s["id"], "name": s["name"]} for s in STATE.servers.values()
+                                   if s.get("_host") == view["hypervisor_hostname"]]
+                        if servers:
+                            view["servers"] = servers
+                return 200, {"hypervisors": views}, None
+            if len(parts) == 2:
+                raise nova_error(404, "Hypervisor with ID %s could not be found." % parts[1])
+        if parts == ["os-availability-zone", "detail"] and self.command == "GET":
+            return 200, {"availabilityZoneInfo": [{
+                "zoneName": "nova", "zoneState": {"available": True},
+                "hosts": {name: {"nova-compute": {"available": True, "active": True}}
+                          for name in hosts}}]}, None
+        if parts[0] == "os-aggregates":
+            return self.aggregates(parts[1:], self.json_body(raw), hosts)
+        raise nova_error(404, "no Nova route " + "/".join(parts))
+
+    def aggregates(self, parts, body, hosts):
+        if not parts and self.command == "GET":
+            return 200, {"aggregates": list(STATE.aggregates.values())}, None
+        if not parts and self.command == "POST":
+            name = body["aggregate"]["name"]
+            if any(a["name"] == name for a in STATE.aggregates.values()):
+                raise nova_error(409, "Aggregate %s already exists." % name)
+            aggregate = {"id": STATE.next_aggregate_id, "name": name, "uuid": str(uuid.uuid4()),
+                         "availability_zone": body["aggregate"].get("availability_zone"),
+                         "hosts": [], "metadata": {}, "deleted": False}
+            STATE.next_aggregate_id += 1
+            STATE.aggregates[aggregate["id"]] = aggregate
+            return 200, {"aggregate": aggregate}, None
+        aggregate = STATE.aggregates.get(int(parts[0])) if parts[0].isdigit() else None
+        if aggregate is None:
+            raise nova_error(404, "Aggregate %s could not be found." % parts[0])
+        if len(parts) == 1 and self.command == "GET":
+            return 200, {"aggregate": aggregate}, None
+        if len(parts) == 1 and self.command == "DELETE":
+            if aggregate["hosts"]:
+                raise nova_error(400, "Cannot remove aggregate %s: it still has hosts" % parts[0])
+            del STATE.aggregates[aggregate["id"]]
+            return 200, None, None
+        if parts[1:] == ["action"] and self.command == "POST":
+            (action, value), = body.items()
+            if action == "set_metadata":
+                for key, item in value["metadata"].items():
+                    if item is None:
+                        aggregate["metadata"].pop(key, None)
+                    else:
+                        aggregate["metadata"][key] = item
+            elif action in ("add_host", "remove_host"):
+                host = value["host"]
+                if host not in hosts:
+                    raise nova_error(404, "Compute host %s could not be found." % host)
+                if action == "add_host":
+                    if host in aggregate["hosts"]:
+                        raise nova_error(409, "Cannot add host to aggregate %d. Reason: Host %s "
+                                         "already in aggregate." % (aggregate["id"], host))
+                    aggregate["hosts"].append(host)
+                elif host not in aggregate["hosts"]:
+                    raise nova_error(404, "Cannot remove host %s in aggregate %d" %
+                                     (host, aggregate["id"]))
+                else:
+                    aggregate["hosts"].remove(host)
+            else:
+                raise nova_error(400, "Invalid aggregate action %s" % action)
+            return 200, {"aggregate": aggregate}, None
+        raise nova_error(404, "no Nova route os-aggregates/" + "/".join(parts))
+
+    @staticmethod
+    def providers():
+        """The hosts' resource providers (named as their hypervisors) and those created through the API."""
+        own = [{"uuid": str(uuid.uuid5(uuid.NAMESPACE_DNS, "node-" + h["id"])), "name": "node-" + h["id"],
+                "generation": 1, "parent_provider_uuid": None} for h in STATE.hosts]
+        return own + list(STATE.created_providers.values())
+
+    def placement(self, what, query, raw):
+        parts = what.strip("/").split("/")
+        providers = self.providers()
+        if parts == ["resource_providers"] and self.command == "GET":
+            if "name" in query:
+                providers = [p for p in providers if p["name"] == query["name"][0]]
+            return 200, {"resource_providers": providers}, None
+        if parts == ["resource_providers"] and self.command == "POST":
+            body = self.json_body(raw)
+            if any(p["name"] == body["name"] for p in providers):
+                raise ApiError(409, {"errors": [{"status": 409, "title": "Conflict", "detail":
+                                                 "Conflicting resource provider name: %s already "
+                                                 "exists." % body["name"]}]})
+            provider = {"uuid": body.get("uuid") or str(uuid.uuid4()), "name": body["name"],
+                        "generation": 0, "parent_provider_uuid": body.get("parent_provider_uuid")}
+            STATE.created_providers[provider["uuid"]] = provider
+            return 200, provider, None
+        provider = next((p for p in providers if len(parts) > 1 and p["uuid"] == parts[1]), None)
+        if parts[0] == "resource_providers" and provider is None:
+            raise ApiError(404, {"errors": [{"status": 404, "title": "Not Found",
+                                             "detail": "No resource provider with uuid %s found" %
+                                             (parts[1:] or [""])[0]}]})
+        if len(parts) == 2 and self.command == "DELETE":
+            STATE.created_providers.pop(provider["uuid"], None)
+            return 204, None, None
+        if parts[2:] == ["inventories"] and self.command == "GET":
+            inventories = {} if provider["parent_provider_uuid"] else {
+                "VCPU": {"total": 48, "reserved": 0, "min_unit": 1, "max_unit": 48, "step_size": 1,
+                         "allocation_ratio": 1.0},
+                "MEMORY_MB": {"total": 196608, "reserved": 0, "min_unit": 1, "max_unit": 196608,
+                              "step_size": 1, "allocation_ratio": 1.0}}
+            return 200, {"inventories": inventories,
+                         "resource_provider_generation": provider["generation"]}, None
+        if parts[2:] == ["traits"] and self.command == "GET":
+            return 200, {"traits": [], "resource_provider_generation": provider["generation"]}, None
+        raise ApiError(404, {"errors": [{"status": 404, "title": "Not Found",
+                                         "detail": "no Placement route " + what}]})
 
     # --- Glance ---
     def glance(self, what, query):

@@ -1,0 +1,73 @@
+"""Blazar's API and manager in one process, for tests: run by .venv-blazar's python (blazar 18.0.0).
+
+    blazar_server.py --config-file blazar.conf --port-file PATH
+
+The API is upstream's WSGI application (blazar.api.app.VersionSelectorApplication, what blazar-api and
+blazar-api-wsgi serve) under wsgiref's threading server on 127.0.0.1, port 0; the manager is upstream's
+ManagerService, started as blazar-manager starts it but in this process. Both talk over oslo.messaging's in-process
+fake:// transport, which needs them in one process (blazar.rpc keeps one transport per process). The
+port goes to --port-file once the socket is bound. One change from blazar-manager: the manager looks for
+due lease events every second instead of every 10 s (EVENT_INTERVAL, a module constant upstream), so a
+lease that starts now is ACTIVE within about a second.
+"""
+import argparse
+import gettext
+import os
+import signal
+import socketserver
+import sys
+import threading
+from wsgiref import simple_server
+
+gettext.install("blazar")
+
+# blazar first: importing it selects oslo.service's threading backend, which must precede any other
+# import of oslo_service (that would select eventlet).
+import blazar  # noqa: E402,F401
+from blazar.api import app as wsgi_app  # noqa: E402
+from blazar.manager import service as manager_service  # noqa: E402
+from blazar.notification import notifier  # noqa: E402
+from blazar.utils import service as service_utils  # noqa: E402
+from oslo_config import cfg  # noqa: E402
+
+EVENT_INTERVAL_S = 1
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+class ThreadingWSGIServer(socketserver.ThreadingMixIn, simple_server.WSGIServer):
+    daemon_threads = True
+
+
+class QuietHandler(simple_server.WSGIRequestHandler):
+    def log_message(self, *args):
+        pass  # Blazar's own request log (oslo.log) records each request
+
+
+def main():
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # for sigwait; threads started later inherit it
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config-file", required=True)
+    parser.add_argument("--port-file", required=True)
+    args = parser.parse_args()
+    cfg.CONF(["--config-file", args.config_file], project="blazar", prog="blazar-server")
+    service_utils.prepare_service(sys.argv)
+    notifier.init()
+    manager_service.EVENT_INTERVAL = EVENT_INTERVAL_S
+    manager = manager_service.ManagerService()
+    httpd = simple_server.make_server("127.0.0.1", 0, wsgi_app.VersionSelectorApplication(),
+                                      server_class=ThreadingWSGIServer, handler_class=QuietHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    # Started here rather than by oslo.service's launcher: with the threading backend that runs each
+    # service in a forked worker (cotyledon), where the API's fake:// messages would never reach it.
+    manager.start()
+    temporary = args.port_file + ".tmp"
+    with open(temporary, "w") as f:
+        f.write(str(httpd.server_address[1]))
+    os.rename(temporary, args.port_file)
+    signal.sigwait(STOP_SIGNALS)
+    httpd.shutdown()
+    manager.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+#include "tests/support/local_script.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace llmctl::testing {
+namespace {
+
+// Debian's: Keystone's modules live in its dist-packages, and a version manager's python3 shim
+// would add processes (and a second of start) in front of it. Scripts that need other modules run
+// them in a virtual environment of their own (blazar_local.py).
+constexpr char kPython[] = "/usr/bin/python3";
+constexpr int kMissingPackagesExitCode = 3;  // the scripts' EXIT_MISSING
+constexpr auto kStopTimeout = std::chrono::seconds(30);
+
+// Waits for `pid` up to `timeout`; its wait status, or nullopt while it still runs.
+std::optional<int> WaitFor(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return status;
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+std::string DescribeStatus(int status) {
+  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
+  return "wait status " + std::to_string(status);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<LocalScript>> LocalScript::Spawn(const std::string& script,
+                                                          const std::string& dir,
+                                                          const std::string& subdir,
+                                                          const std::vector<std::string>& args) {
+  const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
+  const std::string name = script.substr(script.rfind('/') + 1);
+  std::vector<std::string> argv_strings = {
+      kPython, std::string(source_dir ? source_dir : ".") + "/" + script, "--dir",
+      dir + "/" + subdir};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& arg : argv_strings) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  const std::string stderr_path = dir + "/" + name + ".stderr";
+
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return InternalError("pipe2 failed for " + name);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    return InternalError("fork failed for " + name);
+  }
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec. A session of its own groups everything it
+    // starts; SIGTERM when the test process dies, however it dies, stops the service with it.
+    setsid();
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int in = open("/dev/null", O_RDONLY);
+    if (err < 0 || in < 0) _exit(1);
+    dup2(in, STDIN_FILENO);
+    dup2(pipe_fds[1], STDOUT_FILENO);
+    dup2(err, STDERR_FILENO);
+    execv(kPython, argv.data());
+    _exit(127);
+  }
+  close(pipe_fds[1]);
+  return std::unique_ptr<LocalScript>(
+      new LocalScript(pid, pipe_fds[0], dir, name, dir + "/" + subdir));
+}
+
+LocalScript::~LocalScript() {
+  if (running_) (void)Stop();
+  if (stdout_fd_ >= 0) close(stdout_fd_);
+}
+
+std::string LocalScript::StderrTail() const {
+  std::ifstream file(dir_ + "/" + name_ + ".stderr");
+  std::stringstream text;
+  text << file.rdbuf();
+  std::string all = text.str();
+  constexpr size_t kTail = 2000;
+  return all.size() > kTail ? all.substr(all.size() - kTail) : all;
+}
+
+StatusOr<std::string> LocalScript::WaitLine(std::chrono::seconds timeout) {
+  if (stdout_fd_ < 0)
+    return FailedPreconditionError(name_ + ": WaitLine() after its output was read");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string line;
+  while (line.find('\n') == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd fd{stdout_fd_, POLLIN, 0};
+    if (left.count() <= 0 || poll(&fd, 1, static_cast<int>(left.count())) == 0) {
+      return UnavailableError(name_ + " did not serve within " + std::to_string(timeout.count()) +
+                              " s; its logs are in " + logs_dir_);
+    }
+    char buffer[4096];
+    ssize_t n = read(stdout_fd_, buffer, sizeof buffer);
+    if (n <= 0) {
+      // It exited before serving: why is on its stderr.
+      close(stdout_fd_);
+      stdout_fd_ = -1;
+      int status = WaitFor(pid_, kStopTimeout).value_or(-1);
+      running_ = false;
+      if (WIFEXITED(status) && WEXITSTATUS(status) == kMissingPackagesExitCode) {
+        return FailedPreconditionError(StderrTail());
+      }
+      return UnavailableError(name_ + " ended (" + DescribeStatus(status) +
+                              ") before serving: " + StderrTail());
+    }
+    line.append(buffer, static_cast<size_t>(n));
+  }
+  close(stdout_fd_);  // it prints nothing after this line
+  stdout_fd_ = -1;
+  return line.substr(0, line.find('\n'));
+}
+
+Status LocalScript::Stop() {
+  if (!running_) return Status::Ok();
+  running_ = false;
+  kill(pid_, SIGINT);
+  std::optional<int> status = WaitFor(pid_, kStopTimeout);
+  std::string problem;
+  if (!status) {
+    kill(pid_, SIGKILL);
+    status = WaitFor(pid_, kStopTimeout);
+    problem =
+        name_ + " did not stop within " + std::to_string(kStopTimeout.count()) + " s of SIGINT";
+  } else if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+    problem = name_ + " stopped with " + DescribeStatus(*status) + ": " + StderrTail();
+  }
+  std::vector<pid_t> left = ProcessesInSession(pid_);
+  if (!left.empty()) {
+    std::string pids;
+    for (pid_t pid : left) {
+      pids += ' ';
+      pids += std::to_string(pid);
+      kill(pid, SIGKILL);
+    }
+    if (!problem.empty()) problem += "; ";
+    problem += "processes left behind (now killed):" + pids;
+  }
+  return problem.empty() ? Status::Ok() : InternalError(problem);
+}
+
+std::vector<pid_t> ProcessesInSession(pid_t session_id) {
+  std::vector<pid_t> found;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return found;
+  while (dirent* entry = readdir(proc)) {
+    char* end = nullptr;
+    long pid = std::strtol(entry->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0) continue;
+    std::ifstream stat_file(std::string("/proc/") + entry->d_name + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+    // pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses, so parse after
+    // the last ')'.
+    size_t close_paren = stat.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close_paren + 1));
+    std::string state;
+    long ppid = 0, pgrp = 0, session = 0;
+    if (fields >> state >> ppid >> pgrp >> session && session == session_id && state != "Z") {
+      found.push_back(static_cast<pid_t>(pid));
+    }
+  }
+  closedir(proc);
+  return found;
+}
+
+}  // namespace llmctl::testing
