@@ -358,7 +358,9 @@ class AgentService final : public pb::Agent::Service {
         for (EventLine& line : *lines) {
           if (++seq < from_seqs[i]) continue;
           // A line that breaks the rule goes on as its refused_line replacement, under its own
-          // seq: the controller's numbers stay contiguous and the run's end still comes.
+          // seq: the controller's numbers stay contiguous and the run's end still comes. (The
+          // controller checks the line again: TrialEvent.json is bytes, so even bad UTF-8 reaches
+          // it.)
           event_line::Accepted accepted = event_line::Accept(std::move(line.text), line.bytes);
           if (!accepted.refusal.empty()) {
             std::cerr << "llm-agent: warning: " << DescribeRunKey(key) << ", rank " << rank

@@ -153,9 +153,7 @@ TEST_F(EventStreamsTest, ARestartedControllerResumesStreamingWhereTheStoreEnds) 
 
 // Issue 37: the store refused such lines, the stream failed and was reopened at the same line every
 // backoff, and the trial stayed running with its node held. A line over gRPC's default 4 MiB never
-// even arrived. Now each is stored as a refused_line under its own seq and the trial ends. (Bad
-// UTF-8 cannot come this way: protobuf refuses a message whose string field carries it, which is
-// why the agent replaces such a line before it sends it.)
+// even arrived. Now each is stored as a refused_line under its own seq and the trial ends.
 TEST_F(EventStreamsTest, BadLinesAreStoredAsRefusedLinesAndTheTrialEnds) {
   const std::string huge = R"({"type":"log","message":")" + std::string(5 << 20, 'a') + "\"}";
   agent_state_.script = {StepLine(0),      "[1,2]", "not json",  R"({"type":1,"x":"result"})",
@@ -170,6 +168,25 @@ TEST_F(EventStreamsTest, BadLinesAreStoredAsRefusedLinesAndTheTrialEnds) {
   auto report = daemon_->store().Report(experiment);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(report->trials.at(0).refused_event_lines, 5);
+}
+
+// Issue 37: a faulty agent that does not replace a line of bad UTF-8 itself. While TrialEvent.json
+// was a proto3 string, protobuf refused to parse the message, the stream failed, and the
+// controller reopened it at that line every backoff with the trial left running. As bytes, the
+// line arrives and the controller's own check (common/event_line.h) refuses it.
+TEST_F(EventStreamsTest, BadUtf8FromAFaultyAgentIsStoredAsARefusedLineAndTheTrialEnds) {
+  const std::string truncated_e_acute = "\xC3";
+  agent_state_.script = {StepLine(0), R"({"type":"log","message":"caf)" + truncated_e_acute + "\"}",
+                         StepLine(1), kResultLine};
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 4);
+  EXPECT_EQ(agent_state_.stream_from_seqs, std::vector<int64_t>{1}) << "one stream, never reopened";
+  auto report = daemon_->store().Report(experiment);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->trials.at(0).refused_event_lines, 1);
 }
 
 TEST(StoredEventTest, ARefusedLineIsReplacedUnderItsSeqAndRankAndAGoodOneKeepsItsOwnType) {
