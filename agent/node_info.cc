@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "agent/process.h"
+#include "common/cpu_model.h"
 #include "common/files.h"
 #include "common/text.h"
 #include "common/trainer_versions.h"
@@ -22,18 +23,6 @@ bool ParseInt(std::string_view text, T* value) {
   text = Trim(text);
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), *value);
   return error == std::errc() && end == text.data() + text.size();
-}
-
-std::string CpuModelName() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return std::string(Trim(line.substr(colon + 1)));
-    }
-  }
-  return "cpu";
 }
 
 }  // namespace

@@ -7,6 +7,9 @@
 //   llm-train --keys                      # every trial key as Markdown
 //   llm-train --version [--json]          # llmctl's, LibTorch's, CUDA's and the NVIDIA driver's
 //                                         # versions; --json: one JSON line (the agent reads it)
+//   llm-train --probe [--probe-device cpu|cuda] [--probe-output FILE]
+//                                         # this machine's rates (trainer/train/rate_probe.h) as
+//                                         # JSON, on standard output or written whole to FILE
 //
 // --nproc starts this host's ranks of a ddp or fsdp trial, torchrun-style; with --nnodes M (the
 // trial's nodes) they are node rank K's share of M*N ranks, which meet at node rank 0's host A
@@ -20,6 +23,7 @@
 #include <iostream>
 #include <map>
 
+#include "common/atomic_file.h"
 #include "common/experiment.h"
 #include "common/model_config.h"
 #include "common/rank_files.h"
@@ -31,6 +35,7 @@
 #include "trainer/inputs/trial_inputs.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/caption_batches.h"
+#include "trainer/train/rate_probe.h"
 #include "trainer/train/trained_model.h"
 #include "trainer/train/trainer.h"
 #include "trainer/train/versions.h"
@@ -131,6 +136,24 @@ int LaunchRanks(const LauncherFlags& flags, const llmctl::TrialConfig& config, i
   return llmctl::trainer_exit::kFailed;
 }
 
+// `--probe`: the rates as JSON on standard output, or written whole to `output`.
+int RunProbe(const llmctl::trainer::RateProbeOptions& options, const std::string& output) {
+  const llmctl::StatusOr<llmctl::estimate::RateProbe> probe = llmctl::trainer::ProbeRates(options);
+  if (!probe.ok()) return Fail(probe.status().message());
+  const std::string json = probe->ToJson().dump(2) + "\n";
+  if (output.empty()) {
+    std::cout << json << std::flush;
+    return llmctl::trainer_exit::kOk;
+  }
+  const llmctl::Status written = llmctl::WriteFileAtomically(
+      output, [&](int fd) { return llmctl::WriteAll(fd, json.data(), json.size()); });
+  if (!written.ok()) {
+    std::cerr << "llm-train: --probe-output " << output << ": " << written.message() << std::endl;
+    return llmctl::trainer_exit::kFailed;
+  }
+  return llmctl::trainer_exit::kOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -150,6 +173,17 @@ int main(int argc, char** argv) {
                    "print llmctl's and LibTorch's versions, the CUDA LibTorch was built for and, "
                    "with a GPU, the CUDA runtime's and the NVIDIA driver's");
   app.add_flag("--json", json, "with --version: one line of JSON")->needs(version_flag);
+  bool probe = false;
+  llmctl::trainer::RateProbeOptions probe_options;
+  std::string probe_output;
+  CLI::Option* probe_flag = app.add_flag(
+      "--probe", probe,
+      "measure this machine's rates (matmuls per dtype, attention, memory, op dispatch, the "
+      "host's AdamW step, host<->device copies) in about 10 s and print them as JSON");
+  app.add_option("--probe-device", probe_options.device, "with --probe: cpu (default) or cuda")
+      ->needs(probe_flag);
+  app.add_option("--probe-output", probe_output, "with --probe: write the JSON to this file")
+      ->needs(probe_flag);
   app.add_flag("--keys", print_keys,
                "print every trial key (type, default, allowed values) as Markdown");
   app.add_option("--config", config_path, "experiment file (YAML)");
@@ -201,6 +235,7 @@ int main(int argc, char** argv) {
     std::cout << (json ? versions.ToJson() + "\n" : versions.ToText());
     return 0;
   }
+  if (probe) return RunProbe(probe_options, probe_output);
   if (print_keys) {
     std::cout << llmctl::TrialKeysMarkdownTable();
     return 0;

@@ -35,6 +35,9 @@ constexpr double kCpuLabFp32Factor = 0.9657;
 // bench/time_rank.py). No BLIP-2 row has run on a GPU: there the LLaMA rows' factors serve.
 constexpr double kCpuLabBlip2Bf16Factor = 2.2512;
 constexpr double kCpuLabBlip2Fp32Factor = 1.6867;
+// With a probe's rates (rate_probe.h) the terms are the node's own: no factor from another
+// machine.
+constexpr double kProbedFactor = 1;
 
 std::string Format(const char* format, double value) {
   char text[64];
@@ -160,7 +163,8 @@ DeviceSpeed GpuSpeed(const Gpu& gpu) {
           .network_bytes_per_s = kNodeNetworkBytesPerSecond,
           .startup_seconds = kGpuStartupSeconds,
           .model_build_bytes_per_s = kGpuBuildBytesPerSecond,
-          .model_load_bytes_per_s = kLoadBytesPerSecond};
+          .model_load_bytes_per_s = kLoadBytesPerSecond,
+          .rates = ""};
 }
 
 DeviceSpeed CpuSpeed() {
@@ -175,10 +179,16 @@ DeviceSpeed CpuSpeed() {
           .network_bytes_per_s = kNodeNetworkBytesPerSecond,
           .startup_seconds = kCpuStartupSeconds,
           .model_build_bytes_per_s = kCpuMemoryBytesPerSecond / 8,
-          .model_load_bytes_per_s = kLoadBytesPerSecond};
+          .model_load_bytes_per_s = kLoadBytesPerSecond,
+          .rates = ""};
 }
 
 Calibration DefaultCalibration(const DeviceSpeed& device, ModelFamily family) {
+  if (!device.rates.empty()) {
+    return {.bf16_factor = kProbedFactor,
+            .fp32_factor = kProbedFactor,
+            .source = "built-in for measured rates"};
+  }
   if (device.name == "cpu" && family == ModelFamily::kBlip2) {
     return {.bf16_factor = kCpuLabBlip2Bf16Factor,
             .fp32_factor = kCpuLabBlip2Fp32Factor,

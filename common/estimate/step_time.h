@@ -38,12 +38,19 @@ struct DeviceSpeed {
   double startup_seconds = 0;          // process, device and data set-up
   double model_build_bytes_per_s = 0;  // random initialisation
   double model_load_bytes_per_s = 0;   // pretrained weights from local disk
+  // Where the rates come from: "" for the data sheet's nominal ones, else the probe that measured
+  // them (rate_probe.h's ProbedSpeed).
+  std::string rates;
 };
 
 // The speed of a GPU of gpus.h, or of the CPU a node has ("cpu" here: the rates of the machine
 // the defaults were measured on, a 2-core AMD EPYC Zen 4).
 DeviceSpeed GpuSpeed(const Gpu& gpu);
 DeviceSpeed CpuSpeed();
+
+// The speed a trial's time is predicted at, given its device's data-sheet speed: the same, or the
+// rates a probe measured on the node (rate_probe.h's ProbedSpeed). Estimate's and plan's options.
+using SpeedLookup = std::function<DeviceSpeed(const DeviceSpeed& sheet)>;
 
 // How the nominal time compares with measured runs on one device model: a factor per matmul
 // class, the median over those runs of (measured - fixed) / calibrated (NominalStep). With no run

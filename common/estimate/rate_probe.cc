@@ -1,0 +1,209 @@
+#include "common/estimate/rate_probe.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+namespace llmctl::estimate {
+namespace {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+constexpr char kWhere[] = "rate probe";
+
+Status Refuse(const std::string& field, const std::string& problem) {
+  return InvalidArgumentError(std::string(kWhere) + ": '" + field + "' " + problem);
+}
+
+// A finite non-negative number at `key` of `object`, or InvalidArgument naming `path`.
+StatusOr<double> Rate(const json& object, const std::string& key, const std::string& path) {
+  const auto found = object.find(key);
+  if (found == object.end()) return Refuse(path, "is missing");
+  if (!found->is_number() || !std::isfinite(found->get<double>()) || found->get<double>() < 0) {
+    return Refuse(path, "must be a finite non-negative number");
+  }
+  return found->get<double>();
+}
+
+StatusOr<std::string> Text(const json& object, const std::string& key, const std::string& path) {
+  const auto found = object.find(key);
+  if (found == object.end() || !found->is_string()) {
+    return Refuse(path, found == object.end() ? "is missing" : "must be a string");
+  }
+  return found->get<std::string>();
+}
+
+bool IsDtype(const std::string& dtype) {
+  return dtype == "fp32" || dtype == "bf16" || dtype == "fp16";
+}
+
+StatusOr<std::vector<ProbedMatmul>> ParseMatmuls(const json& j) {
+  const auto found = j.find("matmul");
+  if (found == j.end() || !found->is_array()) return Refuse("matmul", "must be a list");
+  std::vector<ProbedMatmul> matmuls;
+  for (size_t i = 0; i < found->size(); ++i) {
+    const json& row = (*found)[i];
+    const std::string path = "matmul[" + std::to_string(i) + "]";
+    if (!row.is_object()) return Refuse(path, "must be an object");
+    ProbedMatmul m;
+    ASSIGN_OR_RETURN(m.dtype, Text(row, "dtype", path + ".dtype"));
+    if (!IsDtype(m.dtype)) return Refuse(path + ".dtype", "must be fp32, bf16 or fp16");
+    const auto size = row.find("size");
+    if (size == row.end() || !size->is_number_integer() || size->get<int64_t>() < 1) {
+      return Refuse(path + ".size", "must be a positive integer");
+    }
+    m.size = size->get<int64_t>();
+    ASSIGN_OR_RETURN(m.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s"));
+    matmuls.push_back(m);
+  }
+  return matmuls;
+}
+
+StatusOr<std::vector<ProbedAttention>> ParseAttention(const json& j) {
+  const auto found = j.find("sdpa");
+  if (found == j.end() || !found->is_array()) return Refuse("sdpa", "must be a list");
+  std::vector<ProbedAttention> rows;
+  for (size_t i = 0; i < found->size(); ++i) {
+    const json& row = (*found)[i];
+    const std::string path = "sdpa[" + std::to_string(i) + "]";
+    if (!row.is_object()) return Refuse(path, "must be an object");
+    ProbedAttention a;
+    ASSIGN_OR_RETURN(a.dtype, Text(row, "dtype", path + ".dtype"));
+    if (!IsDtype(a.dtype)) return Refuse(path + ".dtype", "must be fp32, bf16 or fp16");
+    ASSIGN_OR_RETURN(a.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s"));
+    rows.push_back(a);
+  }
+  return rows;
+}
+
+Status ParseIdentity(const json& j, RateProbe& probe) {
+  const auto identity = j.find("identity");
+  if (identity == j.end() || !identity->is_object()) return Refuse("identity", "must be an object");
+  ASSIGN_OR_RETURN(probe.device, Text(*identity, "device", "identity.device"));
+  if (probe.device != "cpu" && probe.device != "cuda") {
+    return Refuse("identity.device", "must be cpu or cuda");
+  }
+  ASSIGN_OR_RETURN(probe.device_name, Text(*identity, "device_name", "identity.device_name"));
+  const auto threads = identity->find("threads");
+  if (threads == identity->end() || !threads->is_number_integer() || threads->get<int64_t>() < 1 ||
+      threads->get<int64_t>() > 1 << 20) {
+    return Refuse("identity.threads", "must be a positive integer");
+  }
+  probe.threads = threads->get<int>();
+  const auto versions = identity->find("versions");
+  if (versions == identity->end() || !versions->is_object()) {
+    return Refuse("identity.versions", "must be an object");
+  }
+  StatusOr<TrainerVersions> parsed = ParseTrainerVersions(versions->dump());
+  if (!parsed.ok()) return Refuse("identity.versions", "is wrong: " + parsed.status().message());
+  probe.versions = *parsed;
+  return Status::Ok();
+}
+
+}  // namespace
+
+ordered_json RateProbe::ToJson() const {
+  ordered_json matmuls = ordered_json::array();
+  for (const ProbedMatmul& m : matmul) {
+    matmuls.push_back({{"dtype", m.dtype}, {"size", m.size}, {"flops_per_s", m.flops_per_s}});
+  }
+  ordered_json attention = ordered_json::array();
+  for (const ProbedAttention& a : sdpa) {
+    attention.push_back({{"dtype", a.dtype}, {"flops_per_s", a.flops_per_s}});
+  }
+  return {{"version", version},
+          {"measured_at", measured_at},
+          {"seconds", seconds},
+          {"identity",
+           {{"device", device},
+            {"device_name", device_name},
+            {"threads", threads},
+            {"versions", ordered_json::parse(versions.ToJson())}}},
+          {"matmul", matmuls},
+          {"sdpa", attention},
+          {"memory_bytes_per_s", memory_bytes_per_s},
+          {"launch_seconds", launch_seconds},
+          {"host_adamw_values_per_s", host_adamw_values_per_s},
+          {"host_to_device_bytes_per_s", host_to_device_bytes_per_s},
+          {"device_to_host_bytes_per_s", device_to_host_bytes_per_s}};
+}
+
+StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
+  if (!j.is_object()) return InvalidArgumentError(std::string(kWhere) + ": expected an object");
+  RateProbe probe;
+  const auto version = j.find("version");
+  if (version == j.end() || !version->is_number_integer() ||
+      version->get<int64_t>() != kRateProbeVersion) {
+    return Refuse("version", "must be " + std::to_string(kRateProbeVersion) +
+                                 " (a probe of another llmctl: run llm-train --probe again)");
+  }
+  ASSIGN_OR_RETURN(probe.measured_at, Text(j, "measured_at", "measured_at"));
+  ASSIGN_OR_RETURN(probe.seconds, Rate(j, "seconds", "seconds"));
+  RETURN_IF_ERROR(ParseIdentity(j, probe));
+  ASSIGN_OR_RETURN(probe.matmul, ParseMatmuls(j));
+  ASSIGN_OR_RETURN(probe.sdpa, ParseAttention(j));
+  for (auto [key, field] : {std::pair{"memory_bytes_per_s", &probe.memory_bytes_per_s},
+                            std::pair{"launch_seconds", &probe.launch_seconds},
+                            std::pair{"host_adamw_values_per_s", &probe.host_adamw_values_per_s},
+                            std::pair{"host_to_device_bytes_per_s",
+                                      &probe.host_to_device_bytes_per_s},
+                            std::pair{"device_to_host_bytes_per_s",
+                                      &probe.device_to_host_bytes_per_s}}) {
+    ASSIGN_OR_RETURN(*field, Rate(j, key, key));
+  }
+  if (!(probe.MatmulFlops("fp32", kProbeMatmulSizeUsed) > 0)) {
+    return Refuse("matmul", "has no fp32 rate");
+  }
+  if (!(probe.memory_bytes_per_s > 0)) return Refuse("memory_bytes_per_s", "must be above 0");
+  return probe;
+}
+
+double RateProbe::MatmulFlops(const std::string& dtype, int64_t size) const {
+  double rate = 0;
+  int64_t distance = -1;
+  for (const ProbedMatmul& m : matmul) {
+    if (m.dtype != dtype || !(m.flops_per_s > 0)) continue;
+    const int64_t d = std::llabs(m.size - size);
+    if (distance < 0 || d < distance) {
+      distance = d;
+      rate = m.flops_per_s;
+    }
+  }
+  return rate;
+}
+
+bool RateProbe::SameIdentity(const RateProbe& other) const {
+  return device == other.device && device_name == other.device_name && threads == other.threads &&
+         versions.ToJson() == other.versions.ToJson();
+}
+
+std::string RateProbe::Summary() const {
+  return device + " " + device_name + " (" + std::to_string(threads) + " thread" +
+         (threads == 1 ? "" : "s") + ", LibTorch " + versions.libtorch + "), " + measured_at;
+}
+
+DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
+                        const std::string& source) {
+  DeviceSpeed speed = sheet;
+  speed.rates = source;
+  speed.fp32_flops = probe.MatmulFlops("fp32", kProbeMatmulSizeUsed);
+  // The bf16 class's matmuls run as bf16 (fp16 only under 16-mixed, a GPU's case, where both
+  // are tensor-core rates). A CPU without bf16 instructions emulates them: the probe's rate says
+  // how slowly.
+  const double bf16 = probe.MatmulFlops("bf16", kProbeMatmulSizeUsed);
+  if (bf16 > 0) speed.bf16_flops = bf16;
+  speed.memory_bytes_per_s = probe.memory_bytes_per_s;
+  if (probe.launch_seconds > 0) speed.launch_seconds = probe.launch_seconds;
+  if (probe.host_adamw_values_per_s > 0) {
+    speed.host_optimizer_values_per_s = probe.host_adamw_values_per_s;
+  }
+  if (probe.host_to_device_bytes_per_s > 0 && probe.device_to_host_bytes_per_s > 0) {
+    // Offloading copies both ways about as much: the harmonic mean of the two.
+    speed.host_link_bytes_per_s =
+        2 / (1 / probe.host_to_device_bytes_per_s + 1 / probe.device_to_host_bytes_per_s);
+  }
+  return speed;
+}
+
+}  // namespace llmctl::estimate

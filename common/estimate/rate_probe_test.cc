@@ -1,0 +1,121 @@
+// The probe's JSON round-trips and is checked field by field; its rates replace the data sheet's in
+// the time estimate, term by term, as the arithmetic says (no machine's measured rates: a fixed
+// probe).
+#include "common/estimate/rate_probe.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+namespace llmctl::estimate {
+namespace {
+
+RateProbe FixedProbe() {
+  RateProbe p;
+  p.measured_at = "2026-11-29T01:00:00Z";
+  p.seconds = 9.5;
+  p.device = "cpu";
+  p.device_name = "AMD EPYC 7763 64-Core Processor";
+  p.threads = 2;
+  p.versions.llmctl = "0.4.0";
+  p.versions.libtorch = "2.9.1";
+  // fp32 at three sizes; bf16 emulated, 60x slower, at two (the third too slow to finish).
+  p.matmul = {{"fp32", 256, 4e10}, {"fp32", 512, 6e10}, {"fp32", 1024, 7e10},
+              {"bf16", 256, 0.8e9}, {"bf16", 512, 1e9}};
+  p.sdpa = {{"fp32", 2e10}, {"bf16", 1e9}, {"fp16", 1e9}};
+  p.memory_bytes_per_s = 1.25e10;
+  p.launch_seconds = 5e-6;
+  p.host_adamw_values_per_s = 4e8;
+  return p;
+}
+
+TEST(RateProbeTest, JsonRoundTrips) {
+  const RateProbe p = FixedProbe();
+  StatusOr<RateProbe> back = RateProbe::FromJson(nlohmann::json::parse(p.ToJson().dump()));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), p.ToJson());
+  EXPECT_TRUE(back->SameIdentity(p));
+  EXPECT_EQ(back->MatmulFlops("fp32", 512), 6e10);
+  EXPECT_EQ(back->MatmulFlops("bf16", 1024), 1e9);  // the nearest size measured
+  EXPECT_EQ(back->MatmulFlops("fp16", 512), 0);     // none measured
+}
+
+TEST(RateProbeTest, RefusesEachBadFieldByName) {
+  const nlohmann::json good = nlohmann::json::parse(FixedProbe().ToJson().dump());
+  auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& field) {
+    nlohmann::json bad = good;
+    edit(bad);
+    StatusOr<RateProbe> parsed = RateProbe::FromJson(bad);
+    ASSERT_FALSE(parsed.ok()) << field;
+    EXPECT_NE(parsed.status().message().find("'" + field + "'"), std::string::npos)
+        << parsed.status().message();
+  };
+  refused([](nlohmann::json& j) { j["version"] = 2; }, "version");
+  refused([](nlohmann::json& j) { j.erase("memory_bytes_per_s"); }, "memory_bytes_per_s");
+  refused([](nlohmann::json& j) { j["launch_seconds"] = -1; }, "launch_seconds");
+  refused([](nlohmann::json& j) { j["matmul"][1]["dtype"] = "int8"; }, "matmul[1].dtype");
+  refused([](nlohmann::json& j) { j["matmul"][0]["size"] = 0; }, "matmul[0].size");
+  refused([](nlohmann::json& j) { j["matmul"][2]["flops_per_s"] = "fast"; },
+          "matmul[2].flops_per_s");
+  refused([](nlohmann::json& j) { j["sdpa"] = 3; }, "sdpa");
+  refused([](nlohmann::json& j) { j["identity"]["device"] = "tpu"; }, "identity.device");
+  refused([](nlohmann::json& j) { j["identity"]["threads"] = 0; }, "identity.threads");
+  refused([](nlohmann::json& j) { j["identity"]["versions"].erase("libtorch"); },
+          "identity.versions");
+  refused([](nlohmann::json& j) { j["matmul"] = nlohmann::json::array(); }, "matmul");
+}
+
+TEST(RateProbeTest, ProbedSpeedTakesTheProbesRatesAndKeepsTheRest) {
+  const DeviceSpeed sheet = CpuSpeed();
+  const DeviceSpeed probed = ProbedSpeed(sheet, FixedProbe(), "a probe");
+  EXPECT_EQ(probed.rates, "a probe");
+  EXPECT_EQ(probed.name, "cpu");  // the stored runs of the device still calibrate it
+  EXPECT_EQ(probed.fp32_flops, 6e10);
+  EXPECT_EQ(probed.bf16_flops, 1e9);
+  EXPECT_EQ(probed.memory_bytes_per_s, 1.25e10);
+  EXPECT_EQ(probed.launch_seconds, 5e-6);
+  EXPECT_EQ(probed.host_optimizer_values_per_s, 4e8);
+  EXPECT_EQ(probed.startup_seconds, sheet.startup_seconds);
+  EXPECT_EQ(probed.network_bytes_per_s, sheet.network_bytes_per_s);
+  // Not probed on a CPU: the link to the host is the same memory.
+  EXPECT_EQ(probed.host_link_bytes_per_s, sheet.host_link_bytes_per_s);
+}
+
+// A step's terms at the probe's rates are its work over them, with no other machine's factor:
+// a bf16 step on a CPU that emulates bf16 costs its FLOPs at the probe's bf16 rate, the host's
+// optimizer step its values at the probe's AdamW rate.
+TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
+  StepWork work;
+  work.matmul_class = MatmulClass::kBf16;
+  work.tokens = 1024;
+  work.micro_batches = 1;
+  work.matmul_flops = 3e11;
+  work.memory_bytes = 2.5e9;
+  work.launches = 4000;
+  work.host_optimizer_values = 4e7;
+  const DeviceSpeed sheet = CpuSpeed();
+  const DeviceSpeed probed = ProbedSpeed(sheet, FixedProbe(), "a probe");
+  const Calibration calibration = DefaultCalibration(probed, ModelFamily::kLlama);
+  EXPECT_EQ(calibration.Factor(MatmulClass::kBf16), 1);
+  const TimeEstimate with = EstimateTime(work, probed, calibration, 0);
+  auto term = [](const TimeEstimate& e, const std::string& name) {
+    for (const TimeTerm& t : e.terms) {
+      if (t.name == name) return t.seconds;
+    }
+    return -1.0;
+  };
+  EXPECT_DOUBLE_EQ(term(with, "matmuls"), 3e11 / 1e9);
+  EXPECT_DOUBLE_EQ(term(with, "memory"), 2.5e9 / 1.25e10);
+  EXPECT_DOUBLE_EQ(term(with, "launches"), 4000 * 5e-6);
+  EXPECT_DOUBLE_EQ(term(with, "host optimizer"), 4e7 / 4e8);
+  EXPECT_DOUBLE_EQ(with.step_seconds, 300 + 0.2 + 0.02 + 0.1);
+  // The data sheet's bf16 rate is twice its fp32: the probe's emulated bf16 makes the same step
+  // (its matmuls dominate it) far slower than the sheet says.
+  const TimeEstimate without =
+      EstimateTime(work, sheet, DefaultCalibration(sheet, ModelFamily::kLlama), 0);
+  EXPECT_GT(with.step_seconds, 100 * without.step_seconds);
+}
+
+}  // namespace
+}  // namespace llmctl::estimate
