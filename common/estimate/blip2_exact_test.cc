@@ -1,9 +1,13 @@
-// BLIP-2's model state against the real trainer: llm-train runs each configuration for one step on
-// the stand-ins of experiments/cpu-lab-blip2.yaml (OPT-256 x 8, OPT-384 x 12, Flan-T5 768 x 2 + 2,
-// each behind the same ViT and Q-Former), and its snapshot after the optimizer step must equal
-// EstimateBlip2ModelState byte for byte in every category, its start event's parameter counts too.
+// BLIP-2's model state against the real trainer: llm-train runs each configuration for one step of
+// one micro-batch on the stand-ins of experiments/cpu-lab-blip2.yaml (OPT-256 x 8, OPT-384 x 12,
+// Flan-T5 768 x 2 + 2, each behind the same ViT and Q-Former), and its snapshot after the optimizer
+// step must equal EstimateBlip2ModelState byte for byte in every category, its start event's
+// parameter counts too.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -33,6 +37,28 @@ const Sets kT5 = {{"model", Experiments() + "models/cpu-lab-blip2-t5"},
                   {"data.max_seq_length", "12"}};
 const Sets kMedium = {{"model", Experiments() + "models/cpu-lab-blip2-medium"}};
 
+// The CPU time of this process's finished children: a run's own cost, however busy the machine.
+double ChildrenCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_CHILDREN, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+// Every figure of the two estimates.
+bool SameModelState(const ModelStateEstimate& a, const ModelStateEstimate& b) {
+  return a.world_size == b.world_size && a.parameters_total == b.parameters_total &&
+         a.parameters_trainable == b.parameters_trainable && a.params_bytes == b.params_bytes &&
+         a.grads_bytes == b.grads_bytes && a.optim_device_bytes == b.optim_device_bytes &&
+         a.optim_host_bytes == b.optim_host_bytes && a.comm_bytes == b.comm_bytes &&
+         a.fsdp_root_values == b.fsdp_root_values && a.fsdp_layer_values == b.fsdp_layer_values &&
+         a.fsdp_root_buffer_bytes == b.fsdp_root_buffer_bytes &&
+         a.fsdp_layer_buffer_bytes == b.fsdp_layer_buffer_bytes;
+}
+
+// Each case runs one micro-batch a step (testing::AtMostMicroBatches): the model state after the
+// step is the same tensors however many micro-batches it accumulates, and the estimate of the run
+// must equal the case's to the byte on every rank, so the run checks the case's.
 void ExpectBlip2Exact(const std::vector<Case>& cases) {
   const fs::path dir = testing::TestDir();
   // The captions' token cache, the test's own.
@@ -46,16 +72,36 @@ void ExpectBlip2Exact(const std::vector<Case>& cases) {
     StatusOr<std::optional<Blip2Config>> model = ResolveBlip2Model(config->GetString("model"));
     ASSERT_TRUE(model.ok()) << model.status().message();
     ASSERT_TRUE(model->has_value());
+    const Case run_case = testing::AtMostMicroBatches(c, *config, /*micro_batches=*/1);
+    StatusOr<TrialConfig> run_config = testing::LoadCaseConfig(run_case, kOneStep);
+    ASSERT_TRUE(run_config.ok()) << run_config.status().message();
     if (const std::string slow =
-            testing::SlowSixteenBitRun(EstimateBlip2StepWork(*config, **model), /*steps=*/1);
+            testing::SlowSixteenBitRun(EstimateBlip2StepWork(*run_config, **model), /*steps=*/1);
         !slow.empty()) {
-      left_out.append("\n").append(testing::Describe(c)).append(": ").append(slow);
+      left_out.append("\n").append(testing::Describe(run_case)).append(": ").append(slow);
       continue;
     }
-    auto ranks = testing::RunLlmTrainOk(c, kOneStep, dir, static_cast<int>(i));
+    const auto start = std::chrono::steady_clock::now();
+    const double cpu_before = ChildrenCpuSeconds();
+    auto ranks = testing::RunLlmTrainOk(run_case, kOneStep, dir, static_cast<int>(i));
+    const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
+    std::printf("%s: %.1f s, %.1f CPU s\n", testing::Describe(run_case).c_str(), wall.count(),
+                ChildrenCpuSeconds() - cpu_before);
     ASSERT_TRUE(ranks.ok()) << ranks.status().message();
     testing::ExpectModelStateExact(
-        c, [&](int64_t rank) { return EstimateBlip2ModelState(*config, **model, rank); }, *ranks);
+        c,
+        [&](int64_t rank) -> StatusOr<ModelStateEstimate> {
+          ASSIGN_OR_RETURN(ModelStateEstimate estimate,
+                           EstimateBlip2ModelState(*config, **model, rank));
+          ASSIGN_OR_RETURN(ModelStateEstimate run,
+                           EstimateBlip2ModelState(*run_config, **model, rank));
+          if (!SameModelState(run, estimate)) {
+            return InternalError("the estimate of " + testing::Describe(run_case) +
+                                 " is not the case's");
+          }
+          return estimate;
+        },
+        *ranks);
   }
   fs::remove_all(dir);
   if (!left_out.empty()) GTEST_SKIP() << "left out on this CPU:" << left_out;

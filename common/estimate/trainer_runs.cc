@@ -179,13 +179,13 @@ uint64_t MeasuredPeak(const std::vector<json>& events) {
   return peak;
 }
 
-Case AtMostTwoMicroBatches(const Case& c, const TrialConfig& config) {
+Case AtMostMicroBatches(const Case& c, const TrialConfig& config, int micro_batches) {
   const int64_t micro = config.GetInt("train.micro_batch_size");
   const int64_t global = config.GetInt("train.global_batch_size");
-  const int64_t two = 2 * micro * c.nproc;
-  if (global <= two) return c;
+  const int64_t most = micro_batches * micro * c.nproc;
+  if (global <= most) return c;
   Case shorter = c;
-  shorter.sets.emplace_back("train.global_batch_size", std::to_string(two));
+  shorter.sets.emplace_back("train.global_batch_size", std::to_string(most));
   return shorter;
 }
 
@@ -230,7 +230,7 @@ void ExpectPeakWithin(const Case& c, const Sets& common, const fs::path& dir, in
   StatusOr<StepMemoryEstimate> estimate = EstimateStepMemory(loaded->config, loaded->model);
   ASSERT_TRUE(estimate.ok()) << estimate.status().message();
   // The run's estimate is the case's to the byte, at the same moment: what runs is what is checked.
-  const Case run_case = AtMostTwoMicroBatches(c, loaded->config);
+  const Case run_case = AtMostMicroBatches(c, loaded->config, /*micro_batches=*/2);
   if (run_case.sets.size() != c.sets.size()) {
     StatusOr<CaseConfig> run_loaded = LoadCase(run_case, common);
     ASSERT_TRUE(run_loaded.ok()) << run_loaded.status().message();

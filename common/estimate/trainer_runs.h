@@ -117,16 +117,18 @@ bool CpuHasSixteenBitMatmul();
 // (tests/expected-skips.txt lists which tests may).
 std::string SlowSixteenBitRun(const StatusOr<StepWork>& work, int steps);
 
-// `c`, or where `config` (its configuration) accumulates more than two micro-batches a step, `c`
-// with the global batch of two: any accumulation of two or more peaks alike (the gradients are
-// held through the second micro-batch's forward and backward; FitMicroBatch relies on it too), so
-// the run shows the same peak for up to half the steps' work.
-Case AtMostTwoMicroBatches(const Case& c, const TrialConfig& config);
+// `c`, or where `config` (its configuration) accumulates more than `micro_batches` micro-batches a
+// step on each rank, `c` with the global batch of that many: the same check for less work, where
+// the caller has checked that the estimate it compares with is the same for both. A peak needs two:
+// any accumulation of two or more peaks alike (the gradients are held through the second
+// micro-batch's forward and backward; FitMicroBatch relies on it too). The model state needs one:
+// it holds the same tensors however many micro-batches a step accumulates into them.
+Case AtMostMicroBatches(const Case& c, const TrialConfig& config, int micro_batches);
 
-// Runs `c` (with `common`; AtMostTwoMicroBatches' case, whose estimate must equal `c`'s) through
-// llm-train under `dir` and expects its model state to equal the estimate's byte for byte and its
-// measured peak to lie within `bound` of the estimated one; prints one line, `label` (Describe(c)
-// when empty), the two peaks, the error, the estimate's phase and the run's wall time.
+// Runs `c` (with `common`; AtMostMicroBatches' case of two, whose estimate must equal `c`'s)
+// through llm-train under `dir` and expects its model state to equal the estimate's byte for byte
+// and its measured peak to lie within `bound` of the estimated one; prints one line, `label`
+// (Describe(c) when empty), the two peaks, the error, the estimate's phase and the run's wall time.
 void ExpectPeakWithin(const Case& c, const Sets& common, const std::filesystem::path& dir,
                       int index, PeakBound bound = {}, const std::string& label = "");
 
