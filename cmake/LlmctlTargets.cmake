@@ -43,7 +43,7 @@ function(llmctl_library name)
   endif()
 endfunction()
 
-# llmctl_test(NAME [TORCH] [DEVICE] SOURCES ... DEPS ... [ENV k=v ...] [ONE_PROCESS])
+# llmctl_test(NAME [TORCH] [DEVICE] SOURCES ... DEPS ... [ENV k=v ...] [ONE_PROCESS] [COST S])
 # Tests are discovered when ctest runs (not at build time), with a fixed thread count so results and
 # timings do not depend on the machine's core count. A test binary's main is tests/support/
 # gtest_main.cc: it exits kSkippedExitCode (77, SKIP_RETURN_CODE below) only when nothing failed and
@@ -52,10 +52,16 @@ endfunction()
 # ONE_PROCESS: one ctest test runs all of the binary's tests in one process, for suites that share an
 # expensive fixture (a real Keystone). A skip then marks the whole ctest test skipped. TORCH: as for
 # llmctl_library. DEVICE: built in the trainer-only configuration too, when it finds GoogleTest
-# (deploy/gpu-check's kernels stage).
+# (deploy/gpu-check's kernels stage). COST: about the seconds the binary's slowest test takes on two
+# cores without AVX-512, given to each of its tests, so that ctest -j starts them first in a fresh
+# clone too: ctest's own cost data (build/Testing/Temporary/CTestCostData.txt) holds 0 for a test that
+# skipped and for a parameterized one (its name holds spaces), which it would then start last.
 set(LLMCTL_TEST_SKIP_RETURN_CODE 77)
 function(llmctl_test name)
-  cmake_parse_arguments(ARG "ONE_PROCESS;TORCH;DEVICE" "" "SOURCES;DEPS;ENV" ${ARGN})
+  cmake_parse_arguments(ARG "ONE_PROCESS;TORCH;DEVICE" "COST" "SOURCES;DEPS;ENV" ${ARGN})
+  if(NOT DEFINED ARG_COST)
+    set(ARG_COST 0)
+  endif()
   # The trainer-only build (a lent GPU machine's) has only the DEVICE tests, where GoogleTest is
   # found; the others run in the full build.
   if(LLMCTL_TRAINER_ONLY AND NOT (ARG_DEVICE AND GTest_FOUND))
@@ -84,7 +90,8 @@ function(llmctl_test name)
     add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
     set_tests_properties(${name} PROPERTIES
       ENVIRONMENT "${environment}"
-      SKIP_RETURN_CODE ${LLMCTL_TEST_SKIP_RETURN_CODE})
+      SKIP_RETURN_CODE ${LLMCTL_TEST_SKIP_RETURN_CODE}
+      COST ${ARG_COST})
     return()
   endif()
   # PRE_TEST discovery passes PROPERTIES through three list expansions (gtest_discover_tests' own
@@ -98,7 +105,8 @@ function(llmctl_test name)
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
     PROPERTIES
       ENVIRONMENT "${discovered_environment}"
-      SKIP_RETURN_CODE ${LLMCTL_TEST_SKIP_RETURN_CODE})
+      SKIP_RETURN_CODE ${LLMCTL_TEST_SKIP_RETURN_CODE}
+      COST ${ARG_COST})
 endfunction()
 
 # llmctl_fuzz_replay(NAME DEPS ... [MUTATIONS N] [SEED S]): replays tests/fuzz/corpus/NAME through
