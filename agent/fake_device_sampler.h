@@ -3,12 +3,12 @@
 #ifndef LLMCTL_AGENT_FAKE_DEVICE_SAMPLER_H_
 #define LLMCTL_AGENT_FAKE_DEVICE_SAMPLER_H_
 
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "agent/device_sampler.h"
+#include "common/mutex.h"
 
 namespace llmctl::agent {
 
@@ -18,34 +18,34 @@ class FakeDeviceSampler final : public DeviceSampler {
       : readings_(std::move(readings)) {}
 
   void SetReadings(std::vector<DeviceReading> readings) {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     readings_ = std::move(readings);
   }
   // The targets sampled so far, and the runs forgotten.
   std::vector<SampleTarget> targets() const {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     return targets_;
   }
   std::set<std::string> forgotten() const {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     return forgotten_;
   }
 
   StatusOr<std::vector<DeviceReading>> Sample(const SampleTarget& target) override {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     targets_.push_back(target);
     return readings_;
   }
   void Forget(const std::string& run_dir) override {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     forgotten_.insert(run_dir);
   }
 
  private:
-  mutable std::mutex mutex_;
-  std::vector<DeviceReading> readings_;
-  std::vector<SampleTarget> targets_;
-  std::set<std::string> forgotten_;
+  mutable Mutex mutex_;
+  std::vector<DeviceReading> readings_ LLMCTL_GUARDED_BY(mutex_);
+  std::vector<SampleTarget> targets_ LLMCTL_GUARDED_BY(mutex_);
+  std::set<std::string> forgotten_ LLMCTL_GUARDED_BY(mutex_);
 };
 
 }  // namespace llmctl::agent

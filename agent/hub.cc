@@ -247,10 +247,10 @@ std::string HubCache::RepoDir(const std::string& repo) const {
   return cache_->dir() + "/hub/" + repo;
 }
 
-std::mutex& HubCache::CommitMutex(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::unique_ptr<std::mutex>& slot = commit_mutexes_[key];
-  if (!slot) slot = std::make_unique<std::mutex>();
+Mutex& HubCache::CommitMutex(const std::string& key) {
+  MutexLock lock(mutex_);
+  std::unique_ptr<Mutex>& slot = commit_mutexes_[key];
+  if (!slot) slot = std::make_unique<Mutex>();
   return *slot;
 }
 
@@ -260,10 +260,10 @@ StatusOr<PreparedModel> HubCache::Prepare(const HubModelRef& ref,
   for (const std::string& file : files) key += "\n" + file;
   std::promise<StatusOr<PreparedModel>> promise;
   {
-    std::unique_lock<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (auto it = in_flight_.find(key); it != in_flight_.end()) {
       std::shared_future<StatusOr<PreparedModel>> running = it->second;
-      lock.unlock();
+      lock.Unlock();
       return running.get();
     }
     in_flight_.emplace(key, promise.get_future().share());
@@ -275,7 +275,7 @@ StatusOr<PreparedModel> HubCache::Prepare(const HubModelRef& ref,
     result = InternalError("preparing " + Describe(ref) + ": " + error.what());
   }
   promise.set_value(result);
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   in_flight_.erase(key);
   return result;
 }
@@ -305,7 +305,7 @@ StatusOr<PreparedModel> HubCache::Download(const HubModelRef& ref,
                    ParseListing(listing_response.body, "Hugging Face model " + Describe(ref)));
   const std::string what = "Hugging Face model " + ref.repo + "@" + listing.commit;
 
-  std::lock_guard<std::mutex> commit_lock(CommitMutex(ref.repo + "@" + listing.commit));
+  MutexLock commit_lock(CommitMutex(ref.repo + "@" + listing.commit));
   const fs::path model_dir = fs::path(RepoDir(ref.repo)) / listing.commit;
   std::error_code error;
 

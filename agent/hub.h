@@ -18,13 +18,13 @@
 #include <future>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "agent/input_cache.h"
 #include "common/http/http_client.h"
 #include "common/model_config.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace llmctl::agent {
@@ -73,17 +73,18 @@ class HubCache {
   StatusOr<PreparedModel> Download(const HubModelRef& ref, const std::vector<std::string>& files);
   std::string RepoDir(const std::string& repo) const;
   // The mutex that serialises work on one repo@commit directory.
-  std::mutex& CommitMutex(const std::string& key);
+  Mutex& CommitMutex(const std::string& key) LLMCTL_EXCLUDES(mutex_);
 
   const HubOptions options_;  // constant after construction
   const http::HttpClient client_;
   InputCache* const cache_;
 
-  std::mutex mutex_;
+  Mutex mutex_;
   // Downloads in progress, keyed by repo, revision and file list: later callers wait for the
   // first one's result (shared_future: every waiter reads the same result).
-  std::map<std::string, std::shared_future<StatusOr<PreparedModel>>> in_flight_;  // guarded
-  std::map<std::string, std::unique_ptr<std::mutex>> commit_mutexes_;             // guarded
+  std::map<std::string, std::shared_future<StatusOr<PreparedModel>>> in_flight_
+      LLMCTL_GUARDED_BY(mutex_);
+  std::map<std::string, std::unique_ptr<Mutex>> commit_mutexes_ LLMCTL_GUARDED_BY(mutex_);
 };
 
 }  // namespace llmctl::agent

@@ -265,10 +265,10 @@ StatusOr<std::unique_ptr<RunManager>> RunManager::Open(RunManagerOptions options
 
 RunManager::~RunManager() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
   }
-  ended_.notify_all();
+  ended_.NotifyAll();
   WakeWatcher();
   if (watcher_.joinable()) watcher_.join();
 }
@@ -287,7 +287,7 @@ std::string RunManager::RunDirFor(const RunKey& key) const {
 Status RunManager::Recover() {
   std::error_code error;
   const fs::path runs_dir = options_.data_dir + "/runs";
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   for (const auto& experiment : fs::directory_iterator(runs_dir, error)) {
     const auto experiment_id = ParsePositive(experiment.path().filename().string());
     if (!experiment_id || !experiment.is_directory()) continue;
@@ -347,7 +347,7 @@ void RunManager::WatchLoop() {
   while (true) {
     watched.assign(1, pollfd{wake_watcher_.get(), POLLIN, 0});
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (stopping_) return;
       for (auto& [key, run] : runs_) {
         if (!run.end) CheckRun(run);
@@ -420,7 +420,7 @@ void RunManager::EndRun(Run& run, const RunEnd& end) {
   (void)written;
   run.end = end;
   run.supervisor_exit.reset();
-  ended_.notify_all();
+  ended_.NotifyAll();
 }
 
 RunState RunManager::StateOf(const RunKey& key, Run& run) const {
@@ -447,7 +447,7 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
   ASSIGN_OR_RETURN(RunState state, StartRun(request));
   // The other nodes' ranks need node rank 0's port to meet at, which its launcher chooses.
   const auto deadline = std::chrono::steady_clock::now() + kMasterPortWait;
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = runs_.find(request.key);
   if (it == runs_.end() || it->second.nodes <= 1 || it->second.node_rank != 0) return state;
   while (true) {
@@ -458,8 +458,8 @@ StatusOr<RunState> RunManager::Start(const RunRequest& request) {
     }
     // The launcher writes ranks.json without telling anyone: looked at each poll interval, and at
     // once when the run ends.
-    ended_.wait_until(
-        lock, std::min(deadline, std::chrono::steady_clock::now() + options_.poll_interval));
+    ended_.WaitUntil(mutex_,
+                     std::min(deadline, std::chrono::steady_clock::now() + options_.poll_interval));
   }
 }
 
@@ -485,7 +485,7 @@ Status RunManager::CheckResumeCheckpoint(const RunKey& key, const RunKey& resume
 StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
   RETURN_IF_ERROR(CheckKey(request.key));
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (auto it = runs_.find(request.key); it != runs_.end()) return StateOf(it->first, it->second);
   }
   for (int index : request.device_indices) {
@@ -519,7 +519,7 @@ StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
   } else if (!resume_checkpoint.empty()) {
     const std::string from = "resume from " + DescribeRunKey(request.resume_run);
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (runs_.count(request.resume_run) == 0) {
         return FailedPreconditionError(from + ": this node has no such run");
       }
@@ -551,7 +551,7 @@ StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
   const int node_rank = multi_node ? group.node_rank : 0;
   const int nodes = multi_node ? group.nodes : 1;
 
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   // Checked again: another call with this key may have started it meanwhile.
   if (auto it = runs_.find(request.key); it != runs_.end()) return StateOf(it->first, it->second);
   // The directory is assembled under a temporary name and renamed, so a half-made run is never
@@ -696,7 +696,7 @@ StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
 }
 
 StatusOr<RunState> RunManager::Get(const RunKey& key) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = runs_.find(key);
   if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
   return StateOf(it->first, it->second);
@@ -704,22 +704,24 @@ StatusOr<RunState> RunManager::Get(const RunKey& key) {
 
 StatusOr<std::optional<RunEnd>> RunManager::Ended(const RunKey& key,
                                                   std::chrono::milliseconds wait) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = runs_.find(key);
   if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
-  ended_.wait_for(lock, wait, [&] { return it->second.end.has_value() || stopping_; });
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (!it->second.end.has_value() && !stopping_ && ended_.WaitUntil(mutex_, deadline)) {
+  }
   return it->second.end;
 }
 
 std::vector<RunState> RunManager::List() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   std::vector<RunState> states;
   for (auto& [key, run] : runs_) states.push_back(StateOf(key, run));
   return states;
 }
 
 std::vector<RunningRun> RunManager::Running() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   std::vector<RunningRun> running;
   for (const auto& [key, run] : runs_) {
     if (run.end || run.device_type.empty()) continue;
@@ -729,7 +731,7 @@ std::vector<RunningRun> RunManager::Running() {
 }
 
 StatusOr<RunRanks> RunManager::Ranks(const RunKey& key) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = runs_.find(key);
   if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
   const Run& run = it->second;
@@ -737,17 +739,19 @@ StatusOr<RunRanks> RunManager::Ranks(const RunKey& key) const {
 }
 
 StatusOr<std::string> RunManager::RunDir(const RunKey& key) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = runs_.find(key);
   if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
   return it->second.dir;
 }
 
 StatusOr<RunState> RunManager::WaitForEnd(const RunKey& key, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = runs_.find(key);
   if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
-  ended_.wait_for(lock, timeout, [&] { return it->second.end.has_value() || stopping_; });
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!it->second.end.has_value() && !stopping_ && ended_.WaitUntil(mutex_, deadline)) {
+  }
   return StateOf(it->first, it->second);
 }
 
@@ -775,7 +779,7 @@ Status RunManager::RequestCancel(Run& run,
 
 StatusOr<RunState> RunManager::Cancel(const RunKey& key) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = runs_.find(key);
     if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
     Run& run = it->second;
@@ -792,7 +796,7 @@ StatusOr<RunState> RunManager::CancelWithCheckpoint(const RunKey& key,
                                 std::to_string(kMaxCheckpointGrace.count()) + " ms, got " +
                                 std::to_string(grace.count()));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = runs_.find(key);
   if (it == runs_.end()) return NotFoundError("no run for " + DescribeRunKey(key));
   Run& run = it->second;

@@ -23,11 +23,9 @@
 
 #include <chrono>
 #include <compare>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -36,6 +34,7 @@
 #include "agent/input_cache.h"
 #include "agent/outcome.h"
 #include "agent/process.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace llmctl::agent {
@@ -206,23 +205,23 @@ class RunManager {
   Status Recover();
   void WatchLoop();
   void WakeWatcher();
-  // Checks one running run and ends it when its worker is gone. Requires mutex_.
-  void CheckRun(Run& run);
-  void EndRun(Run& run, const RunEnd& end);
+  // Checks one running run and ends it when its worker is gone.
+  void CheckRun(Run& run) LLMCTL_REQUIRES(mutex_);
+  void EndRun(Run& run, const RunEnd& end) LLMCTL_REQUIRES(mutex_);
   // Marks the run cancel-requested and signals its supervisor: SIGTERM, or SIGUSR1 carrying
-  // `checkpoint_grace` when given. Requires mutex_.
-  Status RequestCancel(Run& run, std::optional<std::chrono::milliseconds> checkpoint_grace);
-  // Requires mutex_.
-  RunState StateOf(const RunKey& key, Run& run) const;
+  // `checkpoint_grace` when given.
+  Status RequestCancel(Run& run, std::optional<std::chrono::milliseconds> checkpoint_grace)
+      LLMCTL_REQUIRES(mutex_);
+  RunState StateOf(const RunKey& key, Run& run) const LLMCTL_REQUIRES(mutex_);
   std::string RunDirFor(const RunKey& key) const;
 
   const RunManagerOptions options_;
   InputCache* const cache_;  // not owned
 
-  mutable std::mutex mutex_;
-  std::condition_variable ended_;  // notified when a run ends or the manager stops
-  std::map<RunKey, Run> runs_;     // guarded by mutex_
-  bool stopping_ = false;          // guarded by mutex_
+  mutable Mutex mutex_;
+  CondVar ended_;  // notified when a run ends or the manager stops
+  std::map<RunKey, Run> runs_ LLMCTL_GUARDED_BY(mutex_);
+  bool stopping_ LLMCTL_GUARDED_BY(mutex_) = false;
   // An eventfd that wakes the watcher from poll(): a run started (a new descriptor to watch) or
   // the manager stops.
   UniqueFd wake_watcher_;

@@ -112,10 +112,10 @@ SampleRecorder::SampleRecorder(RunManager* runs, DeviceSampler* sampler,
 
 SampleRecorder::~SampleRecorder() {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
   }
-  stop_.notify_all();
+  stop_.NotifyAll();
   thread_.join();
 }
 
@@ -123,8 +123,10 @@ void SampleRecorder::Loop() {
   auto next = std::chrono::steady_clock::now();
   while (true) {
     {
-      std::unique_lock lock(mutex_);
-      if (stop_.wait_until(lock, next, [&] { return stopping_; })) return;
+      MutexLock lock(mutex_);
+      while (!stopping_ && stop_.WaitUntil(mutex_, next)) {
+      }
+      if (stopping_) return;
     }
     SampleOnce();
     // On a fixed beat, not one interval after a slow round: readings stay a second apart.

@@ -14,9 +14,7 @@
 #define LLMCTL_AGENT_SAMPLE_RECORDER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
@@ -24,6 +22,7 @@
 
 #include "agent/device_sampler.h"
 #include "agent/runs.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace llmctl::agent {
@@ -62,9 +61,9 @@ class SampleRecorder {
   std::set<std::string> sampled_;  // run directories sampled last round; only the thread's
   std::set<std::string> warned_;   // runs whose sampling failure was logged; only the thread's
 
-  std::mutex mutex_;
-  std::condition_variable stop_;
-  bool stopping_ = false;  // guarded by mutex_
+  Mutex mutex_;
+  CondVar stop_;
+  bool stopping_ LLMCTL_GUARDED_BY(mutex_) = false;
   std::thread thread_;
 };
 

@@ -5,38 +5,41 @@
 #define LLMCTL_CONTROLLER_CHANGE_NOTIFIER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
+
+#include "common/mutex.h"
 
 namespace llmctl::controller {
 
 // Thread-safe.
 class ChangeNotifier {
  public:
-  uint64_t version() const {
-    std::lock_guard lock(mutex_);
+  uint64_t version() const LLMCTL_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     return version_;
   }
-  void Notify() {
+  void Notify() LLMCTL_EXCLUDES(mutex_) {
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       ++version_;
     }
-    changed_.notify_all();
+    changed_.NotifyAll();
   }
   // Returns the version once it differs from `seen`, or after `at_most` (real time: it bounds how
   // long a waiter goes without checking whether its caller is still there).
-  uint64_t WaitForChange(uint64_t seen, std::chrono::milliseconds at_most) const {
-    std::unique_lock lock(mutex_);
-    changed_.wait_for(lock, at_most, [&] { return version_ != seen; });
+  uint64_t WaitForChange(uint64_t seen, std::chrono::milliseconds at_most) const
+      LLMCTL_EXCLUDES(mutex_) {
+    const auto deadline = std::chrono::steady_clock::now() + at_most;
+    MutexLock lock(mutex_);
+    while (version_ == seen && changed_.WaitUntil(mutex_, deadline)) {
+    }
     return version_;
   }
 
  private:
-  mutable std::mutex mutex_;
-  mutable std::condition_variable changed_;
-  uint64_t version_ = 0;  // guarded by mutex_
+  mutable Mutex mutex_;
+  mutable CondVar changed_;
+  uint64_t version_ LLMCTL_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace llmctl::controller

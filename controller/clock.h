@@ -3,8 +3,7 @@
 #ifndef LLMCTL_CONTROLLER_CLOCK_H_
 #define LLMCTL_CONTROLLER_CLOCK_H_
 
-#include <mutex>
-
+#include "common/mutex.h"
 #include "controller/store/store.h"
 
 namespace llmctl::controller {
@@ -24,18 +23,18 @@ class SystemClock : public Clock {
 class ManualClock : public Clock {
  public:
   explicit ManualClock(store::Time start) : now_(start) {}
-  store::Time Now() const override {
-    std::lock_guard lock(mutex_);
+  store::Time Now() const override LLMCTL_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     return now_;
   }
-  void Advance(std::chrono::milliseconds by) {
-    std::lock_guard lock(mutex_);
+  void Advance(std::chrono::milliseconds by) LLMCTL_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     now_ += by;
   }
 
  private:
-  mutable std::mutex mutex_;
-  store::Time now_;  // guarded by mutex_
+  mutable Mutex mutex_;
+  store::Time now_ LLMCTL_GUARDED_BY(mutex_);
 };
 
 }  // namespace llmctl::controller

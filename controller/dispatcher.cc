@@ -25,9 +25,11 @@ void Dispatcher::Start() {
   thread_ = std::thread([this] {
     while (true) {
       Tick();
-      std::unique_lock lock(shared_.mutex);
-      shared_.wake.wait_for(lock, UntilNextRound(),
-                            [&] { return shared_.stopping || shared_.wake_requested; });
+      MutexLock lock(shared_.mutex);
+      const auto deadline = std::chrono::steady_clock::now() + UntilNextRound();
+      while (!shared_.stopping && !shared_.wake_requested &&
+             shared_.wake.WaitUntil(shared_.mutex, deadline)) {
+      }
       if (shared_.stopping) return;
       shared_.wake_requested = false;
     }
@@ -49,10 +51,10 @@ std::chrono::milliseconds Dispatcher::UntilNextRound() const {
 
 void Dispatcher::Stop() {
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     shared_.stopping = true;
   }
-  shared_.wake.notify_all();
+  shared_.wake.NotifyAll();
   if (thread_.joinable()) thread_.join();
   hub_models_.Stop();
   // The stream readers start copies: once they have stopped no copy starts.
@@ -63,7 +65,7 @@ void Dispatcher::Stop() {
 void Dispatcher::Wake() { shared_.Wake(); }
 
 void Dispatcher::Tick() {
-  std::lock_guard tick(tick_mutex_);
+  MutexLock tick(tick_mutex_);
   store::Store& store = shared_.store;
   const store::Time now = shared_.clock.Now();
   auto nodes = store.ListNodes();
@@ -95,7 +97,10 @@ void Dispatcher::Tick() {
 
 void Dispatcher::DeclareLost(const dispatch::AttemptKey& attempt,
                              const std::vector<store::RunningAttempt>& running, store::Time now) {
-  const auto [trial_id, number] = attempt;
+  // Named, not structured bindings: the lambda below captures them, which Debian's clang 14 (the
+  // thread-safety check) cannot do with bindings.
+  const int64_t trial_id = attempt.first;
+  const int64_t number = attempt.second;
   streams_.Stop(attempt);
   if (Status lost = shared_.store.MarkAttemptLost(trial_id, number, now); !lost.ok()) {
     spdlog::warn("{}: {}", dispatch::AttemptName(trial_id, number), lost.ToString());

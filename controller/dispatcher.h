@@ -61,12 +61,12 @@
 
 #include <chrono>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "controller/blob_store.h"
 #include "controller/change_notifier.h"
@@ -150,8 +150,8 @@ class Dispatcher {
   std::string QueuedNotice(int64_t trial_id);
 
  private:
-  // How long the round thread may sleep before the next round. Requires the shared mutex.
-  std::chrono::milliseconds UntilNextRound() const;
+  // How long the round thread may sleep before the next round.
+  std::chrono::milliseconds UntilNextRound() const LLMCTL_REQUIRES(shared_.mutex);
   // Stops the attempt's stream readers and marks it lost (its trial is queued again); a multi-node
   // attempt's runs on its nodes that still answer are stopped, since their ranks cannot go on.
   void DeclareLost(const dispatch::AttemptKey& attempt,
@@ -171,7 +171,7 @@ class Dispatcher {
   dispatch::Placement placement_;
   dispatch::Cancellation cancellation_;
 
-  std::mutex tick_mutex_;  // one round at a time
+  Mutex tick_mutex_;  // one round at a time
   std::thread thread_;
 };
 

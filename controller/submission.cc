@@ -57,7 +57,11 @@ StatusOr<store::NewExperiment> PrepareSubmission(
 
 Status AttachPredictions(const std::map<std::string, nlohmann::json>& predictions,
                          store::NewExperiment& experiment) {
-  for (const auto& [name, prediction] : predictions) {
+  // Not structured bindings: the lambda below captures the name, which Debian's clang 14 (the
+  // thread-safety check) cannot do with bindings.
+  for (const auto& entry : predictions) {
+    const std::string& name = entry.first;
+    const nlohmann::json& prediction = entry.second;
     auto trial = std::find_if(experiment.trials.begin(), experiment.trials.end(),
                               [&](const store::NewTrial& t) { return t.name == name; });
     const std::string where = experiment.filename + ": prediction of trial '" + name + "'";

@@ -33,20 +33,20 @@ IdleCanceller::IdleCanceller(grpc::ClientContext& context, std::chrono::millisec
 
 IdleCanceller::~IdleCanceller() {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
   }
-  changed_.notify_all();
+  changed_.NotifyAll();
   watcher_.join();
 }
 
 void IdleCanceller::Progress() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   last_progress_ = std::chrono::steady_clock::now();
 }
 
 void IdleCanceller::Watch() {
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   while (!stopping_) {
     const auto due = last_progress_ + idle_;
     if (std::chrono::steady_clock::now() >= due) {
@@ -54,12 +54,12 @@ void IdleCanceller::Watch() {
       context_.TryCancel();
       return;
     }
-    changed_.wait_until(lock, due);
+    changed_.WaitUntil(mutex_, due);
   }
 }
 
 Status IdleCanceller::Explain(const grpc::Status& finished, std::string_view what) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (fired_ && finished.error_code() == grpc::StatusCode::CANCELLED) {
     return Status(StatusCode::kDeadlineExceeded, std::string(what) + ": nothing arrived for " +
                                                      std::to_string(idle_.count()) +

@@ -13,12 +13,11 @@
 #include <grpcpp/support/status.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string_view>
 #include <thread>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace llmctl::rpc {
@@ -56,12 +55,12 @@ class IdleCanceller {
 
   grpc::ClientContext& context_;
   const std::chrono::milliseconds idle_;
-  mutable std::mutex mutex_;
-  std::condition_variable changed_;
-  std::chrono::steady_clock::time_point last_progress_;  // guarded by mutex_
-  bool stopping_ = false;                                // guarded by mutex_
-  bool fired_ = false;                                   // guarded by mutex_
-  std::thread watcher_;                                  // last: starts after the state above
+  mutable Mutex mutex_;
+  CondVar changed_;
+  std::chrono::steady_clock::time_point last_progress_ LLMCTL_GUARDED_BY(mutex_);
+  bool stopping_ LLMCTL_GUARDED_BY(mutex_) = false;
+  bool fired_ LLMCTL_GUARDED_BY(mutex_) = false;
+  std::thread watcher_;  // last: starts after the state above
 };
 
 }  // namespace llmctl::rpc

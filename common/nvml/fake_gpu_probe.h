@@ -3,12 +3,12 @@
 #ifndef LLMCTL_COMMON_NVML_FAKE_GPU_PROBE_H_
 #define LLMCTL_COMMON_NVML_FAKE_GPU_PROBE_H_
 
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/nvml/gpu_probe.h"
 
 namespace llmctl::nvml {
@@ -30,13 +30,13 @@ class FakeGpuProbe final : public GpuProbe {
         driver_version_(std::move(driver_version)),
         driver_cuda_(driver_cuda) {}
 
-  void SetGpu(int device, FakeGpu gpu) {
-    std::lock_guard lock(mutex_);
+  void SetGpu(int device, FakeGpu gpu) LLMCTL_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     gpus_.at(device) = std::move(gpu);
   }
 
-  StatusOr<int> DeviceCount() override {
-    std::lock_guard lock(mutex_);
+  StatusOr<int> DeviceCount() override LLMCTL_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     return static_cast<int>(gpus_.size());
   }
   StatusOr<std::string> Name(int device) override {
@@ -72,8 +72,8 @@ class FakeGpuProbe final : public GpuProbe {
   static Status NotSupported(const std::string& call, int device) {
     return Error(call, device, "Not Supported");
   }
-  StatusOr<FakeGpu> Gpu(int device, const std::string& call) {
-    std::lock_guard lock(mutex_);
+  StatusOr<FakeGpu> Gpu(int device, const std::string& call) LLMCTL_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     if (device < 0 || device >= static_cast<int>(gpus_.size())) {
       return Error("nvmlDeviceGetHandleByIndex_v2", device, "Invalid Argument");
     }
@@ -81,8 +81,8 @@ class FakeGpuProbe final : public GpuProbe {
     return gpus_[device];
   }
 
-  std::mutex mutex_;
-  std::vector<FakeGpu> gpus_;
+  Mutex mutex_;
+  std::vector<FakeGpu> gpus_ LLMCTL_GUARDED_BY(mutex_);
   const std::string driver_version_;
   const CudaVersion driver_cuda_;
 };

@@ -55,7 +55,7 @@ class AgentLinks {
     // the round thread only, under the shared mutex; null until dialled and after a failed health
     // check.
     std::shared_ptr<v1::Agent::Stub> stub;
-    // Guarded by the shared mutex:
+    // Guarded by the shared mutex (reached only through links_, which clang checks):
     bool connected = false;
     bool needs_reconcile = true;  // ListRuns after each (re)connect
     bool removed = false;         // Disconnect: never dialled again; the next round erases it
@@ -92,11 +92,13 @@ class AgentLinks {
   // RemoveNode: the node's link is never dialled again and the next round erases it.
   void Disconnect(const std::string& node);
 
-  // Require the shared mutex:
-  Link* FindLocked(const std::string& node);
-  const std::map<std::string, std::unique_ptr<Link>>& AllLocked() const { return links_; }
+  Link* FindLocked(const std::string& node) LLMCTL_REQUIRES(shared_.mutex);
+  const std::map<std::string, std::unique_ptr<Link>>& AllLocked() const
+      LLMCTL_REQUIRES(shared_.mutex) {
+    return links_;
+  }
   // When the links want the next round (their next health checks).
-  void CollectWakeTimesLocked(std::vector<store::Time>& times) const;
+  void CollectWakeTimesLocked(std::vector<store::Time>& times) const LLMCTL_REQUIRES(shared_.mutex);
 
  private:
   Link* EnsureLink(const store::NodeRecord& node, store::Time now);
@@ -106,9 +108,9 @@ class AgentLinks {
 
   Shared& shared_;
   const AgentConnector connect_;
-  // By node; guarded by the shared mutex. Erased only by CheckNodes (on the round thread, which
-  // every user of a Link* is on) once the node is no longer listed.
-  std::map<std::string, std::unique_ptr<Link>> links_;
+  // By node. Erased only by CheckNodes (on the round thread, which every user of a Link* is on)
+  // once the node is no longer listed.
+  std::map<std::string, std::unique_ptr<Link>> links_ LLMCTL_GUARDED_BY(shared_.mutex);
 };
 
 }  // namespace dispatch

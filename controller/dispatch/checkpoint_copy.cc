@@ -56,7 +56,7 @@ std::string DescribeStopCheckpoint(const std::string& result_json, int64_t exper
 }
 
 bool CheckpointCopies::MarkStopped(const AttemptKey& key, const std::string& why) {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   return stops_.try_emplace(key, why).second;
 }
 
@@ -66,7 +66,7 @@ std::optional<std::string> CheckpointCopies::OnEnded(const store::RunningAttempt
                                                      const std::string& result_json) {
   std::optional<std::string> error;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     auto stopped = stops_.find({attempt.trial_id, attempt.attempt});
     if (stopped == stops_.end() || outcome != "cancelled") return std::nullopt;
     error = stopped->second + "; " +
@@ -82,7 +82,7 @@ void CheckpointCopies::Start(const store::RunningAttempt& attempt, const std::st
   const std::optional<ResultCheckpoint> checkpoint = ResultCheckpointOf(result_json);
   if (!checkpoint) return;  // nothing to copy; the trial's error says why
   const AttemptKey key{attempt.trial_id, attempt.attempt};
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   if (shared_.stopping || copies_.contains(key)) return;
   auto& copy = copies_[key];
   copy.second = false;
@@ -105,7 +105,7 @@ void CheckpointCopies::Start(const store::RunningAttempt& attempt, const std::st
                    AttemptName(attempt), checkpoint.path, from, tree.status().ToString(),
                    attempt.nodes.size() > 1 ? "the same nodes" : "that node");
     }
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     if (auto entry = copies_.find(key); entry != copies_.end()) entry->second.second = true;
   });
 }
@@ -246,7 +246,7 @@ StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attemp
 }
 
 int CheckpointCopies::InFlight() {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   return static_cast<int>(std::count_if(copies_.begin(), copies_.end(),
                                         [](const auto& entry) { return !entry.second.second; }));
 }
@@ -254,7 +254,7 @@ int CheckpointCopies::InFlight() {
 void CheckpointCopies::Stop() {
   std::map<AttemptKey, std::pair<std::thread, bool>> copies;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     copies.swap(copies_);
   }
   for (auto& [key, copy] : copies) {

@@ -83,10 +83,10 @@ class CheckpointCopies {
 
   Shared& shared_;
   const ArtifactFetcher& artifacts_;
-  // Attempts stopped with a checkpoint → why; guarded by the shared mutex.
-  std::map<AttemptKey, std::string> stops_;
-  // Copies → their thread and whether it is done; guarded by the shared mutex, joined by Stop.
-  std::map<AttemptKey, std::pair<std::thread, bool>> copies_;
+  // Attempts stopped with a checkpoint → why.
+  std::map<AttemptKey, std::string> stops_ LLMCTL_GUARDED_BY(shared_.mutex);
+  // Copies → their thread and whether it is done; joined by Stop.
+  std::map<AttemptKey, std::pair<std::thread, bool>> copies_ LLMCTL_GUARDED_BY(shared_.mutex);
 };
 
 }  // namespace llmctl::controller::dispatch

@@ -40,7 +40,7 @@ void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, sto
       std::shared_ptr<v1::Agent::Stub> stub;
       Stream* stream = nullptr;
       {
-        std::lock_guard lock(shared_.mutex);
+        MutexLock lock(shared_.mutex);
         const AgentLinks::Link* link = links_.FindLocked(node);
         if (link == nullptr || !link->connected) continue;
         std::unique_ptr<Stream>& entry = streams_[key];
@@ -56,7 +56,7 @@ void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, sto
       if (stream->trial_name.empty()) {
         auto trial = shared_.store.GetTrial(attempt.trial_id);
         if (!trial.ok()) {
-          std::lock_guard lock(shared_.mutex);
+          MutexLock lock(shared_.mutex);
           stream->done = true;
           continue;
         }
@@ -72,7 +72,7 @@ void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, sto
   // Attempts (and nodes) that ended or were lost: their readers are no longer needed.
   std::vector<StreamKey> gone;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     for (const auto& [key, stream] : streams_) {
       if (!still_running.contains(key)) gone.push_back(key);
     }
@@ -123,7 +123,7 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
   grpc::ClientContext context;
   bool stopped;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     stopped = stream.stop;
     if (!stopped) stream.context = &context;
   }
@@ -197,7 +197,7 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
                  result.ToString());
   }
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     stream.context = nullptr;
     // Fenced off (a stale or lost attempt) or finished: nothing more to read.
     stream.settled = (ended && result.ok()) || result.code() == StatusCode::kFailedPrecondition;
@@ -216,7 +216,7 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
 void EventStreams::Stop(const AttemptKey& key) {
   std::vector<StreamKey> keys;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     for (auto it = streams_.lower_bound({key.first, key.second, 0});
          it != streams_.end() && std::get<0>(it->first) == key.first &&
          std::get<1>(it->first) == key.second;
@@ -230,7 +230,7 @@ void EventStreams::Stop(const AttemptKey& key) {
 void EventStreams::StopStream(const StreamKey& key) {
   std::unique_ptr<Stream> stream;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     auto it = streams_.find(key);
     if (it == streams_.end()) return;
     it->second->stop = true;
@@ -244,14 +244,14 @@ void EventStreams::StopStream(const StreamKey& key) {
 void EventStreams::StopAll() {
   std::vector<StreamKey> keys;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     for (const auto& [key, stream] : streams_) keys.push_back(key);
   }
   for (const StreamKey& key : keys) StopStream(key);
 }
 
 int EventStreams::Active() {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   return static_cast<int>(std::count_if(streams_.begin(), streams_.end(),
                                         [](const auto& entry) { return !entry.second->done; }));
 }

@@ -57,8 +57,8 @@ class EventStreams {
   void StopAll();
   // How many readers are running now.
   int Active();
-  // When broken streams are due to be reopened. Requires the shared mutex.
-  void CollectWakeTimesLocked(std::vector<store::Time>& times) const;
+  // When broken streams are due to be reopened.
+  void CollectWakeTimesLocked(std::vector<store::Time>& times) const LLMCTL_REQUIRES(shared_.mutex);
 
  private:
   // (trial id, attempt, node rank)
@@ -70,7 +70,7 @@ class EventStreams {
     std::string trial_name;
     std::thread thread;
     std::shared_ptr<v1::Agent::Stub> stub;  // the reader's own reference
-    // Guarded by the shared mutex:
+    // Guarded by the shared mutex (reached only through streams_, which clang checks):
     grpc::ClientContext* context = nullptr;  // while the reader is in a call
     bool stop = false;
     bool done = true;      // no reader running
@@ -89,7 +89,7 @@ class EventStreams {
   Shared& shared_;
   AgentLinks& links_;
   CheckpointCopies& checkpoints_;
-  std::map<StreamKey, std::unique_ptr<Stream>> streams_;  // guarded by the shared mutex
+  std::map<StreamKey, std::unique_ptr<Stream>> streams_ LLMCTL_GUARDED_BY(shared_.mutex);
 };
 
 }  // namespace llmctl::controller::dispatch

@@ -29,7 +29,7 @@ StatusOr<bool> HubPreparations::Ensure(AgentLinks::Link& link, const std::string
   Preparation* preparation = nullptr;
   std::shared_ptr<v1::Agent::Stub> stub;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     std::unique_ptr<Preparation>& entry = preparations_[{link.name, HubModelRefText(ref)}];
     if (entry == nullptr) {
       entry = std::make_unique<Preparation>();
@@ -74,7 +74,7 @@ void HubPreparations::Prepare(Preparation& preparation, std::shared_ptr<v1::Agen
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + options.prepare_deadline);
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     preparation.context = &context;
   }
   v1::PrepareHubModelRequest request;
@@ -87,7 +87,7 @@ void HubPreparations::Prepare(Preparation& preparation, std::shared_ptr<v1::Agen
       shared_.Stopping() ? grpc::Status(grpc::StatusCode::CANCELLED, "the controller is stopping")
                          : stub->PrepareHubModel(&context, request, &response);
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     preparation.context = nullptr;
     if (prepared.ok()) {
       preparation.state = Preparation::State::kReady;
@@ -114,7 +114,7 @@ void HubPreparations::Prepare(Preparation& preparation, std::shared_ptr<v1::Agen
 void HubPreparations::Forget(const std::string& node, const std::string& model) {
   auto ref = ParseHubModelRef(model);
   if (!ref.ok()) return;
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   auto preparation = preparations_.find({node, HubModelRefText(*ref)});
   if (preparation != preparations_.end()) {
     preparation->second->state = Preparation::State::kIdle;
@@ -122,7 +122,7 @@ void HubPreparations::Forget(const std::string& node, const std::string& model) 
 }
 
 void HubPreparations::ForgetNode(const std::string& node) {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   for (auto& [key, preparation] : preparations_) {
     if (preparation->node != node) continue;
     if (preparation->context != nullptr) preparation->context->TryCancel();
@@ -133,7 +133,7 @@ void HubPreparations::ForgetNode(const std::string& node) {
 }
 
 int HubPreparations::InFlight() {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   return static_cast<int>(std::count_if(
       preparations_.begin(), preparations_.end(),
       [](const auto& entry) { return entry.second->state == Preparation::State::kRunning; }));
@@ -142,7 +142,7 @@ int HubPreparations::InFlight() {
 void HubPreparations::Stop() {
   std::vector<Preparation*> preparations;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     for (const auto& [key, preparation] : preparations_) {
       if (preparation->context != nullptr) preparation->context->TryCancel();
       preparations.push_back(preparation.get());

@@ -51,7 +51,7 @@ class HubPreparations {
     std::string node;
     std::string model;  // "hf:ORG/NAME@REV"
     std::thread thread;
-    // Guarded by the shared mutex:
+    // Guarded by the shared mutex (reached only through preparations_, which clang checks):
     enum class State { kIdle, kRunning, kReady, kFailed } state = State::kIdle;
     Status failure;                 // kFailed: why preparing cannot succeed
     std::set<int64_t> experiments;  // whose trials waited for this preparation
@@ -64,7 +64,8 @@ class HubPreparations {
   void Prepare(Preparation& preparation, std::shared_ptr<v1::Agent::Stub> stub, HubModelRef ref);
 
   Shared& shared_;
-  std::map<Key, std::unique_ptr<Preparation>> preparations_;  // guarded by the mutex, never erased
+  // Never erased.
+  std::map<Key, std::unique_ptr<Preparation>> preparations_ LLMCTL_GUARDED_BY(shared_.mutex);
 };
 
 }  // namespace llmctl::controller::dispatch

@@ -85,7 +85,7 @@ StatusOr<Launcher::Readiness> Launcher::Prepare(const store::TrialRecord& trial,
 }
 
 std::shared_ptr<v1::Agent::Stub> Launcher::StubOf(AgentLinks::Link& link) {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   return link.stub;
 }
 

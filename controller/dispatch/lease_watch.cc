@@ -31,7 +31,7 @@ void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
                                " (llmctl lease extend " + node.lease->name + " gives it more time)";
     notices[node.name] = notice;
     {
-      std::lock_guard lock(shared_.mutex);
+      MutexLock lock(shared_.mutex);
       if (!notices_.contains(node.name)) spdlog::warn("{}", notice);
     }
     if (now < node.lease->ends - options.lease_stop_margin) continue;
@@ -55,18 +55,18 @@ void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
       CancelRuns(shared_, links_, attempt, trial->name, grace);
     }
   }
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   notices_ = std::move(notices);
 }
 
 std::string LeaseWatch::Notice(const std::string& node) {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   auto notice = notices_.find(node);
   return notice == notices_.end() ? "" : notice->second;
 }
 
 void LeaseWatch::ForgetNode(const std::string& node) {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   notices_.erase(node);
 }
 

@@ -35,15 +35,17 @@ class LeaseWatch {
   std::string Notice(const std::string& node);
   // RemoveNode: the node's warning goes with it.
   void ForgetNode(const std::string& node);
-  // Whether the node's lease ends soon, so that it takes no new trial. Requires the shared mutex.
-  bool EndsSoonLocked(const std::string& node) const { return notices_.contains(node); }
+  // Whether the node's lease ends soon, so that it takes no new trial.
+  bool EndsSoonLocked(const std::string& node) const LLMCTL_REQUIRES(shared_.mutex) {
+    return notices_.contains(node);
+  }
 
  private:
   Shared& shared_;
   AgentLinks& links_;
   CheckpointCopies& checkpoints_;
-  // Nodes whose lease ends soon → the warning; guarded by the shared mutex.
-  std::map<std::string, std::string> notices_;
+  // Nodes whose lease ends soon → the warning.
+  std::map<std::string, std::string> notices_ LLMCTL_GUARDED_BY(shared_.mutex);
 };
 
 }  // namespace llmctl::controller::dispatch

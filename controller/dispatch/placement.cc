@@ -63,7 +63,7 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
     return;
   }
   if (queued->empty()) {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     queued_notices_.clear();
     return;
   }
@@ -96,7 +96,7 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
   std::map<std::string, AgentLinks::Link*> connected;
   std::string unusable;  // why connected nodes take no trial, for the waiting trials' notices
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     for (const auto& [name, link] : links_.AllLocked()) {
       if (link->connected && !link->unusable.empty()) unusable += "; " + link->unusable;
       // A node whose lease ends soon, or that cannot run llm-train, takes no new trial.
@@ -184,7 +184,7 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
     }
   }
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     queued_notices_ = std::move(waiting);
   }
   for (const scheduler::Assignment& assignment : placement.assignments) {
@@ -212,7 +212,7 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
 }
 
 std::string Placement::QueuedNotice(int64_t trial_id) {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   auto notice = queued_notices_.find(trial_id);
   return notice == queued_notices_.end() ? "" : notice->second;
 }

@@ -45,9 +45,8 @@ class Placement {
   AgentLinks& links_;
   LeaseWatch& leases_;
   Launcher& launcher_;
-  // Queued trials no connected node could run, as of the last placement round → why; guarded by
-  // the shared mutex.
-  std::map<int64_t, std::string> queued_notices_;
+  // Queued trials no connected node could run, as of the last placement round → why.
+  std::map<int64_t, std::string> queued_notices_ LLMCTL_GUARDED_BY(shared_.mutex);
 };
 
 }  // namespace llmctl::controller::dispatch

@@ -20,14 +20,14 @@ std::chrono::milliseconds NextBackoff(std::chrono::milliseconds backoff,
 
 void Shared::Wake() {
   {
-    std::lock_guard lock(mutex);
+    MutexLock lock(mutex);
     wake_requested = true;
   }
-  wake.notify_all();
+  wake.NotifyAll();
 }
 
 bool Shared::Stopping() {
-  std::lock_guard lock(mutex);
+  MutexLock lock(mutex);
   return stopping;
 }
 

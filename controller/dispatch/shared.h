@@ -10,13 +10,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 
+#include "common/mutex.h"
 #include "controller/blob_store.h"
 #include "controller/change_notifier.h"
 #include "controller/clock.h"
@@ -67,9 +66,9 @@ struct Shared {
       : store(store), blobs(blobs), clock(clock), changes(changes), options(options) {}
 
   // Asks the round thread for a round now.
-  void Wake();
-  // Whether Dispatcher::Stop has begun; locks `mutex`.
-  bool Stopping();
+  void Wake() LLMCTL_EXCLUDES(mutex);
+  // Whether Dispatcher::Stop has begun.
+  bool Stopping() LLMCTL_EXCLUDES(mutex);
   // A unary call's context with the call deadline.
   std::unique_ptr<grpc::ClientContext> CallContext() const;
 
@@ -80,10 +79,10 @@ struct Shared {
   const DispatcherOptions options;
 
   // Guards every part's state (each says which of its fields), and the two flags below.
-  std::mutex mutex;
-  std::condition_variable wake;
-  bool wake_requested = false;
-  bool stopping = false;
+  Mutex mutex;
+  CondVar wake;
+  bool wake_requested LLMCTL_GUARDED_BY(mutex) = false;
+  bool stopping LLMCTL_GUARDED_BY(mutex) = false;
 };
 
 }  // namespace dispatch

@@ -161,12 +161,12 @@ std::string Session::Describe() const {
 
 StatusOr<Token> Session::CurrentToken() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (token_ && token_->expires_at - clock_.Now() > options_.refresh_margin) return *token_;
   }
   // Two threads may both authenticate here; the later token simply replaces the earlier one.
   ASSIGN_OR_RETURN(Token token, Authenticate());
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   token_ = token;
   return token;
 }
@@ -315,7 +315,7 @@ StatusOr<Exchange> Session::Call(std::string_view service_type, http::Request re
     ASSIGN_OR_RETURN(exchange.response, http_.Send(exchange.request));
     if (exchange.response.status == 401 && attempt == 1) {
       // Revoked or expired early: forget this token (unless another thread already did) and retry.
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (token_ && token_->id == token.id) token_.reset();
       continue;
     }

@@ -4,7 +4,6 @@
 #define LLMCTL_CONTROLLER_OPENSTACK_SESSION_H_
 
 #include <chrono>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "common/http/http_client.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "controller/openstack/clock.h"
 #include "controller/openstack/credentials.h"
@@ -95,8 +95,8 @@ class Session {
   Clock& clock_;
   const SessionOptions options_;
 
-  std::mutex mutex_;
-  std::optional<Token> token_;  // guarded by mutex_
+  Mutex mutex_;
+  std::optional<Token> token_ LLMCTL_GUARDED_BY(mutex_);
 };
 
 // The service's own message from an error body (Keystone, Nova, Neutron, Blazar and OAuth

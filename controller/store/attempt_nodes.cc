@@ -121,7 +121,7 @@ StatusOr<int64_t> Store::StartMultiNodeAttempt(int64_t trial_id,
                                   nodes[i].node + "' is empty or repeated");
     }
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   ASSIGN_OR_RETURN(const int64_t attempt, internal::InsertAttempt(db_, trial_id, nodes[0].node, now,
                                                                   nodes[0].device_indices));
@@ -161,7 +161,7 @@ StatusOr<std::optional<TrialState>> Store::FinishAttemptNode(int64_t trial_id, i
                                 std::string(TrialStateName(outcome)) + " is not an outcome");
   }
   const std::string outcome_name(TrialStateName(outcome));
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   RETURN_IF_ERROR(internal::CheckCurrentAttempt(db_, trial_id, attempt));
   ASSIGN_OR_RETURN(std::vector<NodeEnd> ends, LoadNodeEnds(db_, trial_id, attempt));

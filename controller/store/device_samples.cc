@@ -163,7 +163,7 @@ StatusOr<int64_t> Store::AppendDeviceSamples(int64_t trial_id, int64_t attempt,
   for (const NewDeviceSample& sample : samples) {
     RETURN_IF_ERROR(ValidateSample(sample, trial_id, attempt));
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   RETURN_IF_ERROR(internal::CheckCurrentAttempt(db_, trial_id, attempt));
   ASSIGN_OR_RETURN(Statement cursor, Statement::Prepare(db_, CursorQuery(node_rank, false)));
@@ -211,7 +211,7 @@ StatusOr<int64_t> Store::AppendDeviceSamples(int64_t trial_id, int64_t attempt,
 }
 
 StatusOr<int64_t> Store::LastDeviceSampleSeq(int64_t trial_id, int64_t attempt, int64_t node_rank) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_, CursorQuery(node_rank, false)));
   stmt.Bind(1, trial_id).Bind(2, attempt);
   ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
@@ -220,7 +220,7 @@ StatusOr<int64_t> Store::LastDeviceSampleSeq(int64_t trial_id, int64_t attempt, 
 
 StatusOr<std::vector<DeviceSample>> Store::DeviceSamples(int64_t experiment_id,
                                                          std::string_view trial) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::BeginRead(db_));
   ASSIGN_OR_RETURN(
       Statement find,
@@ -240,7 +240,7 @@ StatusOr<std::vector<DeviceSample>> Store::DeviceSamples(int64_t experiment_id,
 }
 
 StatusOr<std::vector<DeviceSample>> Store::LatestDeviceSamples(int64_t trial_id, int64_t attempt) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(
       Statement stmt,
       Statement::Prepare(db_, std::string("SELECT ") + kSampleColumns +

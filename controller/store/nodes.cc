@@ -45,7 +45,7 @@ void BindNode(Statement& stmt, const NodeRecord& node) {
 
 Status Store::UpsertNode(const NodeRecord& node) {
   RETURN_IF_ERROR(ValidateNode(node));
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_,
                                       "INSERT INTO nodes (name, address, devices_json, last_seen, "
@@ -59,7 +59,7 @@ Status Store::UpsertNode(const NodeRecord& node) {
 
 Status Store::RegisterNode(const NodeRecord& node) {
   RETURN_IF_ERROR(ValidateNode(node));
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   // A removed node's lease belonged to the server that `node down` deleted.
   ASSIGN_OR_RETURN(
       Statement stmt,
@@ -82,7 +82,7 @@ Status Store::RegisterNode(const NodeRecord& node) {
 }
 
 StatusOr<std::vector<NodeRecord>> Store::ListNodes() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_,
                                       "SELECT name, address, devices_json, last_seen, state, "
@@ -109,7 +109,7 @@ StatusOr<std::vector<NodeRecord>> Store::ListNodes() {
 }
 
 Status Store::SetNodeLease(std::string_view node, const NodeLease& lease) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_,
                                       "UPDATE nodes SET lease = ?, lease_site = ?, lease_flavor = "
@@ -125,7 +125,7 @@ Status Store::SetNodeLease(std::string_view node, const NodeLease& lease) {
 }
 
 StatusOr<NodeRemoval> Store::RemoveNode(std::string_view node, Time now) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   NodeRemoval removal;
   StatusOr<std::optional<Time>> removed_at = LoadNodeRemovedAt(db_, node);
@@ -167,7 +167,7 @@ Status Store::PutSecretRef(std::string_view name, std::string_view reference) {
   if (name.empty() || reference.empty()) {
     return InvalidArgumentError("a secret reference needs a name and a reference");
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_,
                                       "INSERT OR REPLACE INTO secrets_ref (name, reference) "
@@ -177,7 +177,7 @@ Status Store::PutSecretRef(std::string_view name, std::string_view reference) {
 }
 
 StatusOr<std::string> Store::GetSecretRef(std::string_view name) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_, "SELECT reference FROM secrets_ref WHERE name = ?"));
   stmt.Bind(1, name);

@@ -240,7 +240,7 @@ Status FillMemoryTimeline(sqlite3* db, int64_t experiment_id, std::vector<TrialR
 }  // namespace
 
 StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   // One snapshot for all trials, though ingestion goes on meanwhile.
   ASSIGN_OR_RETURN(Transaction snapshot, Transaction::BeginRead(db_));
   ExperimentReport report;
@@ -267,7 +267,7 @@ StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
 }
 
 StatusOr<std::vector<TrialStep>> Store::RunSteps(int64_t experiment_id) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction snapshot, Transaction::BeginRead(db_));
   RETURN_IF_ERROR(LoadExperiment(db_, experiment_id).status());
   ASSIGN_OR_RETURN(Statement stmt,
@@ -291,7 +291,7 @@ StatusOr<std::vector<TrialStep>> Store::RunSteps(int64_t experiment_id) {
 }
 
 StatusOr<std::vector<TimedRun>> Store::TimedRuns() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction snapshot, Transaction::BeginRead(db_));
   ASSIGN_OR_RETURN(
       Statement stmt,

@@ -597,7 +597,7 @@ StatusOr<std::unique_ptr<Store>> Store::OpenReadOnly(const std::string& path) {
 Store::~Store() { sqlite3_close_v2(db_); }
 
 StatusOr<int64_t> Store::SchemaVersion() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return ReadUserVersion(db_);
 }
 
@@ -606,7 +606,7 @@ StatusOr<int64_t> Store::CreateExperiment(const NewExperiment& experiment, Time 
   json target = json::object();
   for (const auto& [key, value] : experiment.target) target[key] = value;
 
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   ASSIGN_OR_RETURN(Statement insert_experiment,
                    Statement::Prepare(db_,
@@ -662,7 +662,7 @@ StatusOr<int64_t> Store::CreateExperiment(const NewExperiment& experiment, Time 
 }
 
 StatusOr<std::vector<ExperimentRecord>> Store::ListExperiments() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_, "SELECT " + std::string(kExperimentColumns) +
                                                " FROM experiments ORDER BY id"));
@@ -677,12 +677,12 @@ StatusOr<std::vector<ExperimentRecord>> Store::ListExperiments() {
 }
 
 StatusOr<ExperimentRecord> Store::GetExperiment(int64_t experiment_id) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return LoadExperiment(db_, experiment_id);
 }
 
 StatusOr<int64_t> Store::LatestExperimentId() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_, "SELECT MAX(id) FROM experiments"));
   ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
   if (!has_row || stmt.IsNull(0)) return NotFoundError("no experiment has been submitted yet");
@@ -690,7 +690,7 @@ StatusOr<int64_t> Store::LatestExperimentId() {
 }
 
 StatusOr<std::map<std::string, std::string>> Store::GetInputs(int64_t experiment_id) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   RETURN_IF_ERROR(LoadExperiment(db_, experiment_id).status());
   ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_,
                                                       "SELECT path_as_written, digest FROM inputs "
@@ -706,23 +706,23 @@ StatusOr<std::map<std::string, std::string>> Store::GetInputs(int64_t experiment
 }
 
 StatusOr<std::vector<TrialRecord>> Store::ListTrials(int64_t experiment_id) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   RETURN_IF_ERROR(LoadExperiment(db_, experiment_id).status());
   return QueryTrials(db_, "WHERE experiment_id = ? ORDER BY ordinal", experiment_id);
 }
 
 StatusOr<TrialRecord> Store::GetTrial(int64_t trial_id) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return LoadTrial(db_, trial_id);
 }
 
 StatusOr<std::vector<TrialRecord>> Store::NextQueuedTrials() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return QueryTrials(db_, "WHERE state = 'queued' ORDER BY experiment_id, ordinal", std::nullopt);
 }
 
 StatusOr<std::vector<RunningAttempt>> Store::ListRunningAttempts() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return QueryRunningAttempts(db_, "", std::nullopt);
 }
 
@@ -778,7 +778,7 @@ Status internal::CheckNodeNotRemoved(sqlite3* db, int64_t trial_id, std::string_
 
 StatusOr<int64_t> Store::StartAttempt(int64_t trial_id, std::string_view node, Time now,
                                       const std::vector<int64_t>& device_indices) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   ASSIGN_OR_RETURN(const int64_t attempt,
                    internal::InsertAttempt(db_, trial_id, node, now, device_indices));
@@ -787,7 +787,7 @@ StatusOr<int64_t> Store::StartAttempt(int64_t trial_id, std::string_view node, T
 }
 
 Status Store::MarkAttemptLost(int64_t trial_id, int64_t attempt, Time now) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   RETURN_IF_ERROR(LoseAttempt(db_, trial_id, attempt, now));
   return txn.Commit();
@@ -796,7 +796,7 @@ Status Store::MarkAttemptLost(int64_t trial_id, int64_t attempt, Time now) {
 StatusOr<int64_t> Store::AppendEvents(int64_t trial_id, int64_t attempt,
                                       std::span<const Event> events) {
   for (const Event& event : events) RETURN_IF_ERROR(ValidateEvent(event, trial_id, attempt));
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   RETURN_IF_ERROR(LoadCurrentAttempt(db_, trial_id, attempt).status());
   ASSIGN_OR_RETURN(Statement insert,
@@ -834,7 +834,7 @@ StatusOr<int64_t> Store::AppendEvents(int64_t trial_id, int64_t attempt,
 }
 
 StatusOr<int64_t> Store::LastSeq(int64_t trial_id, int64_t attempt) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db_,
                                                       "SELECT COALESCE(MAX(seq), 0) FROM events "
                                                       "WHERE trial_id = ? AND attempt = ?"));
@@ -845,7 +845,7 @@ StatusOr<int64_t> Store::LastSeq(int64_t trial_id, int64_t attempt) {
 }
 
 StatusOr<std::map<int32_t, int64_t>> Store::LastRankSeqs(int64_t trial_id, int64_t attempt) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_,
                                       "SELECT rank, MAX(seq) FROM rank_events "
@@ -901,14 +901,14 @@ Status internal::EndAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, Tria
 
 Status Store::FinishAttempt(int64_t trial_id, int64_t attempt, TrialState outcome,
                             std::optional<int64_t> exit_code, std::string_view error, Time now) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   RETURN_IF_ERROR(internal::EndAttempt(db_, trial_id, attempt, outcome, exit_code, error, now));
   return txn.Commit();
 }
 
 StatusOr<TrialResume> Store::ResumeTrial(int64_t trial_id) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   ASSIGN_OR_RETURN(const TrialRecord trial, LoadTrial(db_, trial_id));
   const std::string label = "trial '" + trial.name + "'";
@@ -989,7 +989,7 @@ StatusOr<TrialResume> Store::ResumeTrial(int64_t trial_id) {
 }
 
 Status Store::SetCheckpointTree(int64_t trial_id, int64_t attempt, std::string_view tree_digest) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Statement update,
                    Statement::Prepare(db_,
                                       "UPDATE attempts SET checkpoint_tree = ? WHERE trial_id = ? "
@@ -1004,13 +1004,13 @@ Status Store::SetCheckpointTree(int64_t trial_id, int64_t attempt, std::string_v
 }
 
 StatusOr<std::vector<RunningAttempt>> Store::CancelTrial(int64_t trial_id) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(const TrialRecord trial, LoadTrial(db_, trial_id));
   return CancelTrials(db_, "t.id = ?", trial_id, trial.experiment_id);
 }
 
 StatusOr<std::vector<RunningAttempt>> Store::CancelExperiment(int64_t experiment_id) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   RETURN_IF_ERROR(LoadExperiment(db_, experiment_id).status());
   return CancelTrials(db_, "t.experiment_id = ?", experiment_id, experiment_id);
 }

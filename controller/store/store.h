@@ -23,7 +23,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
@@ -31,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 struct sqlite3;
@@ -495,9 +495,9 @@ class Store {
  private:
   explicit Store(sqlite3* db) : db_(db) {}
 
-  std::mutex mutex_;
+  Mutex mutex_;
   // One connection, used only with mutex_ held. Constant after construction.
-  sqlite3* const db_;
+  sqlite3* const db_ LLMCTL_GUARDED_BY(mutex_);
 };
 
 }  // namespace llmctl::store
