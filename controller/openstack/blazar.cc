@@ -28,6 +28,21 @@ bool IsNoCapacity(const http::Response& response) {
   return response.status == 500 && std::regex_search(ServiceMessage(response), kPattern);
 }
 
+// Blazar answers its own refusals with HTTP 500 and the exception's text ("Invalid lease status.",
+// "Not enough hosts available", a trust Keystone would not give it), where the generic mapping says
+// the cloud did not answer: these are refusals (exit 1), with Blazar's words.
+Status BlazarError(const Exchange& exchange) {
+  Status error = ApiError(exchange.request, exchange.response);
+  if (exchange.response.status != 500) return error;
+  return FailedPreconditionError(error.message());
+}
+
+// Blazar's InvalidStatus: the lease is in a transitional state (CREATING, STARTING, UPDATING,
+// TERMINATING, DELETING) while its manager works on it.
+bool IsInvalidStatus(const http::Response& response) {
+  return response.status == 500 && ServiceMessage(response) == "Invalid lease status.";
+}
+
 // After these the server may have acted on a POST we never heard back from.
 bool MayHaveCreated(int status) { return status == 502 || status == 503 || status == 504; }
 
@@ -202,14 +217,18 @@ StatusOr<Lease> BlazarClient::Create(const LeaseSpec& spec) {
       if (IsNoCapacity(response)) {
         return CapacityError(spec, start, ApiError(exchange->request, response).message());
       }
-      Status error = ApiError(exchange->request, response);
+      Status error = BlazarError(*exchange);
       if (!MayHaveCreated(response.status)) {
         if (response.status == 500 &&
             session_.credentials().auth_type == AuthType::kApplicationCredential) {
+          // Blazar's 500 says only "Internal Server Error" when Keystone refused it a trust.
           return Status(error.code(),
                         error.message() +
-                            " (on Chameleon a restricted application credential causes this: "
-                            "create one with --unrestricted)");
+                            " (Blazar makes a Keystone trust from your token, and Keystone refuses "
+                            "one to a restricted application credential, and since its fix for "
+                            "application-credential trust escalation to any application credential "
+                            "unless the site allows it: create one with --unrestricted, or use a "
+                            "password or OIDC login)");
         }
         return error;
       }
@@ -324,9 +343,16 @@ StatusOr<Lease> BlazarClient::Extend(std::string_view name_or_id, TimePoint new_
                                   FormatUtc(new_end, kBlazarDate) + " UTC [" +
                                   ApiError(exchange.request, exchange.response).message() + "]");
   }
+  if (IsInvalidStatus(exchange.response)) {
+    StatusOr<Lease> now = Get(lease.id);
+    return FailedPreconditionError(
+        "lease '" + lease.name + "' is " + (now.ok() ? now->status : std::string("changing")) +
+        ": Blazar changes a lease only while it is PENDING, ACTIVE, TERMINATED or ERROR; try again "
+        "in a few seconds [" +
+        ApiError(exchange.request, exchange.response).message() + "]");
+  }
   if (exchange.response.status != 200) {
-    return ApiError(exchange.request, exchange.response)
-        .WithContext("extending lease '" + lease.name + "'");
+    return BlazarError(exchange).WithContext("extending lease '" + lease.name + "'");
   }
   json answer = json::parse(exchange.response.body, nullptr, false);
   if (!answer.is_object() || !answer.contains("lease")) {

@@ -68,7 +68,9 @@ class BlazarClient {
   // By id or name. NotFound (with the nearest name) or FailedPrecondition when a name is shared.
   StatusOr<Lease> Get(std::string_view name_or_id);
 
-  // Moves the end date. Blazar refuses this for flavor:instance leases (the error says so).
+  // Moves the end date, for node-type and flavor leases alike (upstream Blazar and Chameleon's fork
+  // both extend flavor:instance reservations when their hosts stay free). ResourceExhausted when
+  // Blazar has no room; FailedPrecondition while the lease is changing (UPDATING, STARTING, ...).
   StatusOr<Lease> Extend(std::string_view name_or_id, TimePoint new_end);
 
   Status Delete(std::string_view name_or_id);

@@ -261,16 +261,72 @@ TEST_F(BlazarTest, ExtendMovesTheEndOfAHostLease) {
   EXPECT_EQ(FormatUtc(longer->end, "%Y-%m-%d %H:%M"), "2030-01-01 03:50");
 }
 
-TEST_F(BlazarTest, ExtendingAFlavorLeaseReportsBlazarsRefusal) {
-  ASSERT_TRUE(blazar_->Create(FlavorLease("kvm")).ok());
+// Blazar 18 and Chameleon's fork extend flavor:instance reservations while their hosts stay free
+// (the simulator refused every such extend with a 409 of its own making until issue 41).
+TEST_F(BlazarTest, ExtendingAFlavorLeaseMovesItsEndOrSaysThereIsNoRoom) {
+  ASSERT_TRUE(blazar_->Create(FlavorLease("kvm", "f-h100-4")).ok());
   auto lease = blazar_->Get("kvm");
   ASSERT_TRUE(lease.ok());
   auto longer = blazar_->Extend("kvm", lease->end + hours(1));
+  ASSERT_TRUE(longer.ok()) << longer.status().ToString();
+  EXPECT_EQ(longer->end, lease->end + hours(1));
+  // f-h100-4 has room for one: a lease right after it leaves no room to grow.
+  LeaseSpec next = FlavorLease("next", "f-h100-4");
+  next.start = longer->end + minutes(10);
+  next.end = *next.start + hours(1);
+  ASSERT_TRUE(blazar_->Create(next).ok());
+  auto refused = blazar_->Extend("kvm", longer->end + hours(1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("Not enough hosts available"), std::string::npos)
+      << refused.status().message();
+}
+
+// While Blazar's manager works on a lease it refuses changes with a 500 "Invalid lease status.":
+// a refusal to retry later, not a cloud that did not answer.
+TEST_F(BlazarTest, AnExtendWhileBlazarChangesTheLeaseSaysSo) {
+  ASSERT_TRUE(blazar_->Create(HostLease("busy", 1)).ok());
+  ASSERT_TRUE(sim_->Admin("lease_status", {{"name", "busy"}, {"status", "UPDATING"}}).ok());
+  auto lease = blazar_->Get("busy");
+  ASSERT_TRUE(lease.ok());
+  auto longer = blazar_->Extend("busy", lease->end + hours(1));
   ASSERT_FALSE(longer.ok());
-  EXPECT_EQ(longer.status().code(), StatusCode::kAborted);
-  EXPECT_NE(longer.status().message().find("extending lease 'kvm': PUT "), std::string::npos)
+  EXPECT_EQ(longer.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(longer.status().message().find("lease 'busy' is UPDATING"), std::string::npos)
       << longer.status().message();
-  EXPECT_NE(longer.status().message().find("not supported"), std::string::npos);
+  EXPECT_NE(longer.status().message().find("[PUT "), std::string::npos);
+  EXPECT_NE(longer.status().message().find("Invalid lease status."), std::string::npos);
+}
+
+// What the real Blazar 18 answered in tests/blazar (docs/cloud.md), so that the simulator cannot
+// accept a request Blazar refuses: its one date format, its requirement syntax and texts.
+TEST_F(BlazarTest, TheSimulatorRefusesWhatBlazarRefusesWithItsWords) {
+  auto post = [&](const json& body) {
+    http::Request request;
+    request.method = "POST";
+    request.url = "/v1/leases";
+    request.body = body.dump();
+    StatusOr<Exchange> exchange = session_->Call("reservation", request);
+    EXPECT_TRUE(exchange.ok()) << exchange.status().ToString();
+    return exchange.ok() ? exchange->response : http::Response{};
+  };
+  json seconds_date = LeaseRequestBody(HostLease("dated", 1));
+  seconds_date["end_date"] = seconds_date["end_date"].get<std::string>() + ":00";
+  http::Response dated = post(seconds_date);
+  EXPECT_EQ(dated.status, 400);
+  EXPECT_EQ(ServiceMessage(dated), seconds_date["end_date"].get<std::string>() +
+                                       " is an invalid date. Required format: %Y-%m-%d %H:%M");
+
+  json malformed = LeaseRequestBody(HostLease("malformed", 1));
+  malformed["reservations"][0]["resource_properties"] = "[\"==\", \"$node_type\"";
+  http::Response refused = post(malformed);
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_EQ(ServiceMessage(refused), "Malformed requirements [\"==\", \"$node_type\"");
+
+  // Blazar reads "=" as "==".
+  json single = LeaseRequestBody(HostLease("single", 1));
+  single["reservations"][0]["resource_properties"] = "[\"=\", \"$node_type\", \"gpu_a100_pcie\"]";
+  EXPECT_EQ(post(single).status, 201);
 }
 
 TEST_F(BlazarTest, UnknownLeaseSuggestsTheNearestName) {
@@ -286,6 +342,8 @@ TEST_F(BlazarTest, RestrictedApplicationCredentialGetsAHint) {
   Connect("ac-restricted");
   auto lease = blazar_->Create(FlavorLease("restricted"));
   ASSERT_FALSE(lease.ok());
+  // Blazar's 500 is its refusal, not a cloud that did not answer.
+  EXPECT_EQ(lease.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(lease.status().message().find("--unrestricted"), std::string::npos)
       << lease.status().message();
   EXPECT_TRUE(LeasesInBooks().empty());

@@ -24,6 +24,8 @@ Admin endpoints (no token needed):
   POST /admin/revoke_tokens         every issued token answers 401 from now on
   POST /admin/capacity              {"flavor": {"<flavor id>": n}, "hosts": [{"id","node_type"}]}
   POST /admin/fail_lease            {"name"}: the lease goes to ERROR when it should start
+  POST /admin/lease_status          {"name", "status"}: puts a lease in a status, e.g. UPDATING, in which
+                                    Blazar's manager is at work on it
   POST /admin/keystone              {"url", "admin_token"}: also accept tokens that real Keystone
                                     validates (tests/blazar: the real Blazar calls Nova and Placement here)
   POST /admin/compute               {"build_seconds": n, "delete_seconds": n,
@@ -68,6 +70,11 @@ KEYPAIRS = {"demo-key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDemoKeyForTheSimul
 NETWORKS = [{"id": "net-sharednet1", "name": "sharednet1", "router:external": False},
             {"id": "net-public", "name": "public", "router:external": True}]
 SERVER_DELETE_SECONDS = 3
+
+
+# Blazar's stable lease states; in the others (CREATING, STARTING, UPDATING, TERMINATING, DELETING) its
+# manager is at work and an update is refused.
+LEASE_STABLE = ("PENDING", "ACTIVE", "TERMINATED", "ERROR")
 
 
 def fmt_blazar(t):
@@ -296,13 +303,12 @@ def new_id(prefix):
     return "%s-%s" % (prefix, uuid.uuid4().hex[:12])
 
 
-def parse_blazar_date(text, field):
-    for pattern in ("%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"):
-        try:
-            return dt.datetime.strptime(text, pattern).replace(tzinfo=UTC)
-        except ValueError:
-            pass
-    raise blazar_error(400, "Invalid %s: %r" % (field, text))
+def parse_blazar_date(text):
+    """Blazar's LEASE_DATE_FORMAT and nothing else: seconds are refused as the real manager refuses them."""
+    try:
+        return dt.datetime.strptime(text, "%Y-%m-%d %H:%M").replace(tzinfo=UTC)
+    except (TypeError, ValueError):
+        raise blazar_error(400, "%s is an invalid date. Required format: %%Y-%%m-%%d %%H:%%M" % text)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -395,6 +401,9 @@ class Handler(BaseHTTPRequestHandler):
             return self.keystone(path[len("/v3/"):], raw)
         if path.startswith("/blazar/v1/"):
             self.require_token()
+            if "application/json" not in self.headers.get("Accept", ""):
+                # Blazar's own answer to a request without it (the real one acts on it first).
+                raise blazar_error(400, "Content type '%s' isn't supported" % self.headers.get("Accept", ""))
             return self.blazar(path[len("/blazar/v1/"):], query, raw)
         if path.startswith("/nova/v2.1/"):
             self.require_token()
@@ -440,6 +449,10 @@ class Handler(BaseHTTPRequestHandler):
             return 200, {}, None
         if what == "fail_lease":
             STATE.failing_leases.add(body["name"])
+            return 200, {}, None
+        if what == "lease_status":
+            lease = next(l for l in STATE.leases.values() if l["name"] == body["name"])
+            lease["status"] = body["status"]
             return 200, {}, None
         if what == "keystone":
             STATE.keystone_url = body["url"].rstrip("/")
@@ -639,10 +652,10 @@ class Handler(BaseHTTPRequestHandler):
         if body.get("start_date") == "now":
             start = STATE.now
         else:
-            start = parse_blazar_date(body.get("start_date", ""), "start_date")
+            start = parse_blazar_date(body.get("start_date", ""))
             if start < now_minute:
                 raise blazar_error(400, "Start date must be later than current date")
-        end = parse_blazar_date(body.get("end_date", ""), "end_date")
+        end = parse_blazar_date(body.get("end_date", ""))
         if end <= start:
             raise blazar_error(400, "End date must be later than start date.")
         reservations = body.get("reservations")
@@ -672,10 +685,13 @@ class Handler(BaseHTTPRequestHandler):
                 try:
                     parsed = json.loads(props)
                 except ValueError:
-                    raise blazar_error(400, "resource_properties is not JSON: %s" % props)
+                    raise blazar_error(400, "Malformed requirements %s" % props)
+                # Blazar reads "=" as "==" (blazar.utils.plugins.convert_requirements); the simulator
+                # matches hosts on node_type alone and refuses what else Blazar would take.
                 if not (isinstance(parsed, list) and len(parsed) == 3
-                        and parsed[:2] == ["==", "$node_type"]):
-                    raise blazar_error(400, "Unsupported resource_properties %s" % props)
+                        and parsed[0] in ("=", "==") and parsed[1] == "$node_type"):
+                    raise blazar_error(400, "the simulator matches only [\"==\", \"$node_type\", T]: %s"
+                                       % props)
                 res.update(resource_properties=props, hypervisor_properties="",
                            min=spec.get("min", 1), max=spec.get("max", 1),
                            _node_type=parsed[2])
@@ -699,13 +715,16 @@ class Handler(BaseHTTPRequestHandler):
         return 201, {"lease": self.lease_view(lease)}, None
 
     def update_lease(self, lease, body):
-        if any(r["resource_type"] == "flavor:instance" for r in lease["reservations"]):
-            raise blazar_error(409, "Updating flavor:instance reservations is not supported")
-        if lease["status"] in ("TERMINATED", "ERROR"):
-            raise blazar_error(409, "Lease %s is %s" % (lease["id"], lease["status"]))
-        end = parse_blazar_date(body.get("end_date", ""), "end_date")
-        if end <= lease["_start"]:
-            raise blazar_error(400, "End date must be later than start date.")
+        """As Blazar 18's manager (and Chameleon's fork) extends: flavor:instance and physical:host alike,
+        refused with its own texts and status codes."""
+        if lease["status"] not in LEASE_STABLE:
+            raise blazar_error(500, "Invalid lease status.")
+        end = parse_blazar_date(body.get("end_date", ""))
+        now_minute = STATE.now.replace(second=0, microsecond=0)
+        if lease["_end"] < now_minute:
+            raise blazar_error(400, "Terminated leases can only be renamed")
+        if end < now_minute or end < lease["_start"]:
+            raise blazar_error(400, "End date must be later than current and start date")
         if STATE.capacity_problem(lease["reservations"], lease["_start"], end, lease["id"]):
             raise blazar_error(500, "Not enough hosts available")
         lease["_end"] = end
@@ -713,7 +732,8 @@ class Handler(BaseHTTPRequestHandler):
         for event in lease["events"]:
             if event["event_type"] == "end_lease":
                 event["time"] = fmt_blazar(end)
-        return 200, {"lease": self.lease_view(lease)}, None
+        # Blazar answers while its manager still holds the lease in UPDATING.
+        return 200, {"lease": dict(self.lease_view(lease), status="UPDATING")}, None
 
     # --- version documents (what openstacksdk's discovery reads) ---
     def versions(self, service):
