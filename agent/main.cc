@@ -3,6 +3,8 @@
 //
 //   llm-agent --listen unix:/path|host:port --data-dir DIR --node NAME --ca FILE --cert FILE
 //             --key FILE --token-file FILE --llm-train PATH [--cancel-grace-ms N]
+//             [--enrollment-token-file FILE]   (a cloud node: --cert, --key and --token-file are
+//                                               written by the enrollment, agent/enrollment.h)
 //   llm-agent --supervise RUN_DIR --grace-ms N -- PROGRAM ARGS...   (started by the agent itself)
 #include <signal.h>
 #include <unistd.h>
@@ -11,8 +13,10 @@
 #include <climits>
 #include <iostream>
 
+#include "agent/enrollment.h"
 #include "agent/server.h"
 #include "agent/supervisor.h"
+#include "common/files.h"
 #include "rpc/tls.h"
 
 namespace {
@@ -20,6 +24,32 @@ namespace {
 int Fail(const std::string& message) {
   std::cerr << "llm-agent: " << message << std::endl;
   return 2;
+}
+
+// Serves the enrollment until the controller has handed over the node's credentials (then
+// `listen` becomes the address it served on, for the Agent service) or a stop signal came (then
+// `stopped`). `options` lacks the token and CA, read here from their files.
+llmctl::Status Enroll(llmctl::agent::EnrollmentOptions options,
+                      const std::string& enrollment_token_file, const std::string& ca_file,
+                      const sigset_t& stop_signals, std::string& listen, bool& stopped) {
+  ASSIGN_OR_RETURN(options.enrollment_token, llmctl::rpc::ReadTokenFile(enrollment_token_file));
+  llmctl::StatusOr<std::string> ca_pem = llmctl::ReadFileToString(ca_file, 1 << 20);
+  if (!ca_pem.ok()) return ca_pem.status().WithContext("--ca " + ca_file);
+  options.ca_pem = std::move(*ca_pem);
+  auto server = llmctl::agent::EnrollmentServer::Start(std::move(options));
+  if (!server.ok()) return server.status();
+  std::cerr << "llm-agent: waiting on " << (*server)->address()
+            << " for the controller to enroll this node" << std::endl;
+  const timespec poll{0, 200'000'000};
+  while (!(*server)->done()) {
+    if (sigtimedwait(&stop_signals, nullptr, &poll) > 0) {
+      stopped = true;
+      return llmctl::Status::Ok();
+    }
+  }
+  listen = (*server)->address();
+  (*server)->Shutdown();
+  return llmctl::Status::Ok();
 }
 
 }  // namespace
@@ -33,7 +63,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"llm-agent: runs llmctl trials on this node for the controller"};
   llmctl::agent::AgentOptions options;
-  std::string ca_file, cert_file, key_file, token_file;
+  std::string ca_file, cert_file, key_file, token_file, enrollment_token_file;
   int64_t cancel_grace_ms = 10000;
   app.add_option("--listen", options.listen, "unix:/path or host:port")->required();
   app.add_option("--data-dir", options.data_dir, "runs and the input cache live here")->required();
@@ -43,6 +73,9 @@ int main(int argc, char** argv) {
   app.add_option("--cert", cert_file, "this agent's certificate (PEM)")->required();
   app.add_option("--key", key_file, "this agent's private key (PEM)")->required();
   app.add_option("--token-file", token_file, "the node's token (a 0600 file)")->required();
+  app.add_option("--enrollment-token-file", enrollment_token_file,
+                 "a one-time enrollment token (0600): until --token-file exists, wait for the "
+                 "controller to enroll this node and write --cert, --key and --token-file");
   app.add_option("--llm-train", options.llm_train, "the llm-train binary")->required();
   app.add_option("--cancel-grace-ms", cancel_grace_ms,
                  "after SIGTERM, how long a cancelled worker gets before SIGKILL")
@@ -51,6 +84,28 @@ int main(int argc, char** argv) {
   options.cancel_grace = std::chrono::milliseconds(cancel_grace_ms);
   options.hub = llmctl::agent::HubOptionsFromEnvironment();
 
+  // SIGINT/SIGTERM are taken by sigwait below; blocked before any thread starts, so that every
+  // thread inherits the mask and none of them is interrupted.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  if (!enrollment_token_file.empty() && !llmctl::agent::Enrolled(token_file)) {
+    bool stopped = false;
+    const llmctl::Status enrolled =
+        Enroll({.listen = options.listen,
+                .node = options.node,
+                .ca_pem = {},
+                .enrollment_token = {},
+                .certificate_file = cert_file,
+                .private_key_file = key_file,
+                .token_file = token_file},
+               enrollment_token_file, ca_file, stop_signals, options.listen, stopped);
+    if (!enrolled.ok()) return Fail(enrolled.message());
+    if (stopped) return 0;
+  }
   auto identity = llmctl::rpc::LoadTlsIdentity(ca_file, cert_file, key_file);
   if (!identity.ok()) return Fail(identity.status().message());
   options.identity = std::move(*identity);
@@ -64,14 +119,6 @@ int main(int argc, char** argv) {
   const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (length <= 0) return Fail("cannot find this program's own path in /proc/self/exe");
   options.supervisor_program.assign(self, static_cast<size_t>(length));
-
-  // SIGINT/SIGTERM are taken by sigwait below; blocked before any thread starts, so that every
-  // thread inherits the mask and none of them is interrupted.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   auto server = llmctl::agent::AgentServer::Start(options);
   if (!server.ok()) return Fail(server.status().message());

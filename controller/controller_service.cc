@@ -143,7 +143,8 @@ Status ValidateNodeName(std::string_view name) {
 ControllerService::ControllerService(store::Store& store, const BlobStore& blobs,
                                      SecretsFile& secrets, const rpc::CertificateAuthority& ca,
                                      Dispatcher& dispatcher, const ChangeNotifier& changes,
-                                     const Clock& clock, std::string api_token)
+                                     const Clock& clock, std::string api_token,
+                                     rpc::TlsIdentity controller_identity)
     : store_(store),
       blobs_(blobs),
       secrets_(secrets),
@@ -151,7 +152,8 @@ ControllerService::ControllerService(store::Store& store, const BlobStore& blobs
       dispatcher_(dispatcher),
       changes_(changes),
       clock_(clock),
-      api_token_(std::move(api_token)) {}
+      api_token_(std::move(api_token)),
+      controller_identity_(std::move(controller_identity)) {}
 
 grpc::Status ControllerService::MissingBlobs(grpc::ServerContext* context,
                                              const v1::MissingBlobsRequest* request,
@@ -585,15 +587,11 @@ grpc::Status ControllerService::RegisterNode(grpc::ServerContext* context,
     } else if (current_token.status().code() != StatusCode::kNotFound) {
       return current_token.status();
     }
-    // A name of this registration's own: the controller dials the node under it, so no
-    // certificate of an earlier node of this name passes for this one.
-    ASSIGN_OR_RETURN(const std::string registration, RandomHex(8));
-    const std::string certificate_name = rpc::AgentCertificateName(request->name(), registration);
-    ASSIGN_OR_RETURN(rpc::IssuedCertificate certificate, ca_.Issue(certificate_name, 365));
-    ASSIGN_OR_RETURN(std::string token, NewNodeToken());
-    RETURN_IF_ERROR(secrets_.PutNodeToken(request->name(), token, certificate_name));
-    RETURN_IF_ERROR(
-        store_.PutSecretRef(request->name(), SecretsFile::NodeTokenRef(request->name())));
+    if (request->enroll()) {
+      RETURN_IF_ERROR(IssueEnrollment(request->name(), *response));
+    } else {
+      RETURN_IF_ERROR(IssueCredentials(request->name(), *response));
+    }
     store::NodeRecord node{.name = request->name(),
                            .address = request->address(),
                            .devices_json = "[]",
@@ -608,10 +606,110 @@ grpc::Status ControllerService::RegisterNode(grpc::ServerContext* context,
     spdlog::info("node {} registered at {}", node.name,
                  node.address.empty() ? "an address not yet known" : node.address);
     response->set_name(node.name);
-    response->set_certificate_pem(std::move(certificate.certificate_pem));
-    response->set_private_key_pem(std::move(certificate.private_key_pem));
     response->set_ca_certificate_pem(ca_.ca_certificate_pem());
-    response->set_token(std::move(token));
+    dispatcher_.Wake();
+    return Status::Ok();
+  });
+}
+
+namespace {
+
+// How long a cloud node's enrollment token lasts: the node boots and installs Docker and the
+// agent first (minutes; a bare-metal host takes about 10 to come up, a driver upgrade reboots it).
+constexpr std::chrono::hours kEnrollmentLifetime{1};
+// Node certificates: a year, as before enrollment (short ones need renewal over the link, which
+// the agent cannot do yet; docs/architecture.md, "Credentials").
+constexpr int kNodeCertificateDays = 365;
+
+int64_t UnixSeconds(store::Time time) {
+  return std::chrono::duration_cast<std::chrono::seconds>(time.time_since_epoch()).count();
+}
+
+}  // namespace
+
+Status ControllerService::IssueCredentials(const std::string& node, v1::NodeCredentials& response) {
+  // A name of this registration's own: the controller dials the node under it, so no
+  // certificate of an earlier node of this name passes for this one.
+  ASSIGN_OR_RETURN(const std::string registration, RandomHex(8));
+  const std::string certificate_name = rpc::AgentCertificateName(node, registration);
+  ASSIGN_OR_RETURN(rpc::IssuedCertificate certificate,
+                   ca_.Issue(certificate_name, kNodeCertificateDays));
+  ASSIGN_OR_RETURN(std::string token, NewNodeToken());
+  RETURN_IF_ERROR(secrets_.PutNodeToken(node, token, certificate_name));
+  RETURN_IF_ERROR(store_.PutSecretRef(node, SecretsFile::NodeTokenRef(node)));
+  response.set_certificate_pem(std::move(certificate.certificate_pem));
+  response.set_private_key_pem(std::move(certificate.private_key_pem));
+  response.set_token(std::move(token));
+  return Status::Ok();
+}
+
+Status ControllerService::IssueEnrollment(const std::string& node, v1::NodeCredentials& response) {
+  // A live node registered again this way loses its credentials at once, as with new ones.
+  RETURN_IF_ERROR(secrets_.RemoveNodeToken(node));
+  ASSIGN_OR_RETURN(const std::string registration, RandomHex(8));
+  ASSIGN_OR_RETURN(std::string enrollment_token, RandomHex(32));
+  const int64_t expires = UnixSeconds(clock_.Now() + kEnrollmentLifetime);
+  RETURN_IF_ERROR(secrets_.PutEnrollment(node, enrollment_token, expires,
+                                         rpc::AgentCertificateName(node, registration)));
+  spdlog::info("node {}: enrollment token issued, valid until unix time {}", node, expires);
+  response.set_enrollment_token(std::move(enrollment_token));
+  response.set_enrollment_expires_unix(expires);
+  return Status::Ok();
+}
+
+StatusOr<v1::EnrollmentGrant> ControllerService::DecideEnrollment(const std::string& node,
+                                                                  const std::string& token,
+                                                                  std::string& token_out) {
+  ASSIGN_OR_RETURN(const std::string certificate_name,
+                   secrets_.CheckEnrollment(node, token, UnixSeconds(clock_.Now())));
+  ASSIGN_OR_RETURN(rpc::IssuedCertificate certificate,
+                   ca_.Issue(certificate_name, kNodeCertificateDays));
+  ASSIGN_OR_RETURN(token_out, NewNodeToken());
+  v1::EnrollmentGrant grant;
+  grant.set_certificate_pem(std::move(certificate.certificate_pem));
+  grant.set_private_key_pem(std::move(certificate.private_key_pem));
+  grant.set_token(token_out);
+  return grant;
+}
+
+grpc::Status ControllerService::EnrollNode(grpc::ServerContext* context,
+                                           const v1::EnrollNodeRequest* request,
+                                           v1::EnrollNodeResponse* response) {
+  return Guard(context, "EnrollNode", [&]() -> Status {
+    const std::string& name = request->name();
+    RETURN_IF_ERROR(ValidateNodeName(name).WithContext("enroll node"));
+    if (controller_identity_.certificate_pem.empty()) {
+      return FailedPreconditionError("enroll node: this controller has no client certificate");
+    }
+    ASSIGN_OR_RETURN(std::vector<store::NodeRecord> known, store_.ListNodes());
+    auto node = std::find_if(known.begin(), known.end(),
+                             [&](const store::NodeRecord& record) { return record.name == name; });
+    if (node == known.end() || node->address.empty()) {
+      return FailedPreconditionError("enroll node: node '" + name +
+                                     "' is not registered with an address to dial");
+    }
+    // One enrollment of a name at a time, and none while RegisterNode changes its secrets: the
+    // token is checked and spent under the same lock.
+    std::lock_guard registering(registration_mutex_);
+    response->set_name(name);
+    if (!secrets_.HasEnrollment(name) && secrets_.NodeToken(name).ok()) {
+      response->set_already_enrolled(true);
+      return Status::Ok();
+    }
+    std::string token;
+    Status enrolled = EnrollAgent(
+        node->address, name, controller_identity_, std::chrono::seconds(20),
+        [&](const std::string& presented) { return DecideEnrollment(name, presented, token); });
+    if (enrolled.ok()) enrolled = secrets_.CompleteEnrollment(name, token);
+    if (!enrolled.ok()) {
+      if (enrolled.code() != StatusCode::kUnavailable &&
+          enrolled.code() != StatusCode::kDeadlineExceeded) {
+        spdlog::warn("enroll node {} at {}: refused: {}", name, node->address, enrolled.message());
+      }
+      return enrolled.WithContext("enroll node " + name);
+    }
+    RETURN_IF_ERROR(store_.PutSecretRef(name, SecretsFile::NodeTokenRef(name)));
+    spdlog::info("node {} at {} enrolled", name, node->address);
     dispatcher_.Wake();
     return Status::Ok();
   });

@@ -13,6 +13,7 @@
 #include "controller/change_notifier.h"
 #include "controller/clock.h"
 #include "controller/dispatcher.h"
+#include "controller/enrollment.h"
 #include "controller/secrets.h"
 #include "controller/store/store.h"
 #include "llmctl/v1/controller.grpc.pb.h"
@@ -28,7 +29,8 @@ class ControllerService final : public v1::Controller::Service {
   // channel without TLS. Empty: no check (the unix socket, whose mode is its credential).
   ControllerService(store::Store& store, const BlobStore& blobs, SecretsFile& secrets,
                     const rpc::CertificateAuthority& ca, Dispatcher& dispatcher,
-                    const ChangeNotifier& changes, const Clock& clock, std::string api_token = "");
+                    const ChangeNotifier& changes, const Clock& clock, std::string api_token = "",
+                    rpc::TlsIdentity controller_identity = {});
 
   grpc::Status MissingBlobs(grpc::ServerContext* context, const v1::MissingBlobsRequest* request,
                             v1::MissingBlobsResponse* response) override;
@@ -56,6 +58,8 @@ class ControllerService final : public v1::Controller::Service {
                          v1::ListNodesResponse* response) override;
   grpc::Status RegisterNode(grpc::ServerContext* context, const v1::RegisterNodeRequest* request,
                             v1::NodeCredentials* response) override;
+  grpc::Status EnrollNode(grpc::ServerContext* context, const v1::EnrollNodeRequest* request,
+                          v1::EnrollNodeResponse* response) override;
   grpc::Status UpdateNode(grpc::ServerContext* context, const v1::UpdateNodeRequest* request,
                           v1::NodeStatus* response) override;
   grpc::Status DeregisterNode(grpc::ServerContext* context,
@@ -69,6 +73,13 @@ class ControllerService final : public v1::Controller::Service {
                      const std::function<Status()>& body) const;
   StatusOr<int64_t> ResolveExperimentId(int64_t requested);
   StatusOr<v1::ExperimentStatus> BuildStatus(int64_t experiment_id);
+  // RegisterNode's two kinds of issue, under registration_mutex_.
+  Status IssueCredentials(const std::string& node, v1::NodeCredentials& response);
+  Status IssueEnrollment(const std::string& node, v1::NodeCredentials& response);
+  // The grant for an agent that presented `token` as node `node`'s enrollment token: `token_out`
+  // becomes its node token, for CompleteEnrollment once the agent has it.
+  StatusOr<v1::EnrollmentGrant> DecideEnrollment(const std::string& node, const std::string& token,
+                                                 std::string& token_out);
   StatusOr<v1::NodeStatus> BuildNodeStatus(const store::NodeRecord& node,
                                            const std::vector<store::RunningAttempt>& running);
 
@@ -80,6 +91,8 @@ class ControllerService final : public v1::Controller::Service {
   const ChangeNotifier& changes_;
   const Clock& clock_;
   const std::string api_token_;
+  // The controller's client certificate, for EnrollNode's call to the node (empty: it refuses).
+  const rpc::TlsIdentity controller_identity_;
   std::mutex registration_mutex_;  // serialises RegisterNode's check and change of a name's token
 };
 

@@ -100,8 +100,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
   ASSIGN_OR_RETURN(rpc::TlsIdentity identity, LoadOrCreateControllerIdentity(data, *daemon->ca_));
 
   daemon->dispatcher_ = std::make_unique<Dispatcher>(
-      *daemon->store_, *daemon->blobs_, TlsAgentConnector(std::move(identity), *daemon->secrets_),
-      clock, daemon->changes_,
+      *daemon->store_, *daemon->blobs_, TlsAgentConnector(identity, *daemon->secrets_), clock,
+      daemon->changes_,
       DispatcherOptions{.requeue_after = config.requeue_after,
                         .call_deadline = config.agent_call_deadline,
                         .min_transfer_bytes_per_second = config.min_transfer_bytes_per_second,
@@ -117,7 +117,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
   }
   daemon->service_ = std::make_unique<ControllerService>(
       *daemon->store_, *daemon->blobs_, *daemon->secrets_, *daemon->ca_, *daemon->dispatcher_,
-      daemon->changes_, clock, std::move(api_token));
+      daemon->changes_, clock, std::move(api_token), std::move(identity));
 
   if (socket) {
     RETURN_IF_ERROR(MakePrivateDirectory(std::filesystem::path(*socket).parent_path().string()));

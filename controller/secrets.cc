@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/atomic_file.h"
+#include "common/digest/digest.h"
 #include "common/files.h"
 #include "rpc/tls.h"
 
@@ -50,6 +51,13 @@ StatusOr<std::unique_ptr<SecretsFile>> SecretsFile::Open(std::string path) {
     for (const auto& [node, name] : names.items()) {
       secrets->node_certificate_names_[node] = name.get<std::string>();
     }
+    // Absent in files written before enrollment.
+    const nlohmann::json enrollments = json.value("enrollments", nlohmann::json::object());
+    for (const auto& [node, entry] : enrollments.items()) {
+      secrets->enrollments_[node] = {entry.at("token_sha256").get<std::string>(),
+                                     entry.at("expires_unix").get<int64_t>(),
+                                     entry.at("certificate_name").get<std::string>()};
+    }
   } catch (const nlohmann::json::exception& e) {
     return DataLossError(path + " is damaged: " + e.what());
   }
@@ -72,7 +80,8 @@ Status SecretsFile::RemoveNodeToken(std::string_view node) {
   std::lock_guard lock(mutex_);
   const bool had_token = node_tokens_.erase(std::string(node)) > 0;
   const bool had_name = node_certificate_names_.erase(std::string(node)) > 0;
-  if (!had_token && !had_name) return Status::Ok();
+  const bool had_enrollment = enrollments_.erase(std::string(node)) > 0;
+  if (!had_token && !had_name && !had_enrollment) return Status::Ok();
   return WriteLocked();
 }
 
@@ -94,13 +103,79 @@ StatusOr<std::string> SecretsFile::NodeCertificateName(std::string_view node) co
   return it->second;
 }
 
+Status SecretsFile::PutEnrollment(std::string_view node, std::string_view token,
+                                  int64_t expires_unix, std::string_view certificate_name) {
+  std::lock_guard lock(mutex_);
+  enrollments_[std::string(node)] = {digest::Sha256Hex(token), expires_unix,
+                                     std::string(certificate_name)};
+  return WriteLocked();
+}
+
+StatusOr<std::string> SecretsFile::CheckEnrollment(std::string_view node, std::string_view token,
+                                                   int64_t now_unix) const {
+  std::lock_guard lock(mutex_);
+  const std::string name(node);
+  auto it = enrollments_.find(node);
+  if (it == enrollments_.end()) {
+    if (node_tokens_.contains(node)) {
+      return Status(
+          StatusCode::kPermissionDenied,
+          "node '" + name +
+              "' is already enrolled: its enrollment token works once (llmctl node down " + name +
+              ", then node up, enrolls a new server)");
+    }
+    return FailedPreconditionError("node '" + name +
+                                   "' has no enrollment pending (it was not registered for one, "
+                                   "or it was removed)");
+  }
+  // Compared as digests of digests, in constant time (rpc::SameSecret).
+  if (!rpc::SameSecret(digest::Sha256Hex(token), it->second.token_sha256)) {
+    return Status(StatusCode::kPermissionDenied,
+                  "the enrollment token presented for node '" + name + "' is not its own");
+  }
+  if (now_unix >= it->second.expires_unix) {
+    return Status(StatusCode::kUnauthenticated,
+                  "node '" + name + "''s enrollment token expired " +
+                      std::to_string(now_unix - it->second.expires_unix) +
+                      " s ago (it lasts an hour): llmctl node down " + name +
+                      ", then node up, issues a new one");
+  }
+  return it->second.certificate_name;
+}
+
+bool SecretsFile::HasEnrollment(std::string_view node) const {
+  std::lock_guard lock(mutex_);
+  return enrollments_.contains(node);
+}
+
+Status SecretsFile::CompleteEnrollment(std::string_view node, std::string_view token) {
+  std::lock_guard lock(mutex_);
+  auto it = enrollments_.find(node);
+  if (it == enrollments_.end()) {
+    return FailedPreconditionError("node '" + std::string(node) + "' has no enrollment pending");
+  }
+  node_tokens_[std::string(node)] = std::string(token);
+  node_certificate_names_[std::string(node)] = it->second.certificate_name;
+  enrollments_.erase(it);
+  return WriteLocked();
+}
+
 Status SecretsFile::WriteLocked() {
   nlohmann::json tokens = nlohmann::json::object();
   for (const auto& [node, token] : node_tokens_) tokens[node] = token;
   nlohmann::json names = nlohmann::json::object();
   for (const auto& [node, name] : node_certificate_names_) names[node] = name;
+  nlohmann::json enrollments = nlohmann::json::object();
+  for (const auto& [node, enrollment] : enrollments_) {
+    enrollments[node] = {{"token_sha256", enrollment.token_sha256},
+                         {"expires_unix", enrollment.expires_unix},
+                         {"certificate_name", enrollment.certificate_name}};
+  }
   const std::string text =
-      nlohmann::json{{"node_tokens", tokens}, {"node_certificate_names", names}}.dump(2) + "\n";
+      nlohmann::json{
+          {"node_tokens", tokens}, {"node_certificate_names", names}, {"enrollments", enrollments}}
+          .dump(2) +
+      "\n";
   return WriteFileAtomically(path_, [&](int fd) -> Status {
     // Narrowed before the first byte is written, so the secret is never readable by others.
     if (fchmod(fd, 0600) != 0) return InternalError("cannot make " + path_ + " private");

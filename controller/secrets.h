@@ -1,9 +1,11 @@
 // The controller's secrets file, DATA/secrets.json (mode 0600, replaced atomically on every
 // change): each node's token and the name in its current certificate (the one the controller
-// dials it under). The database holds only references to entries here.
+// dials it under), and each pending enrollment (a cloud node's one-time token, as its sha256 only,
+// with its expiry). The database holds only references to entries here.
 #ifndef LLMCTL_CONTROLLER_SECRETS_H_
 #define LLMCTL_CONTROLLER_SECRETS_H_
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,9 +32,9 @@ class SecretsFile {
   // none) and rewrites the file before returning.
   Status PutNodeToken(std::string_view node, std::string_view token,
                       std::string_view certificate_name = "");
-  // Forgets the node's token and certificate name (nothing to do when it has none) and rewrites
-  // the file before returning: the controller can no longer present the token to the node's
-  // agent, nor accept the certificate's name for any later node of the same name.
+  // Forgets the node's token, certificate name and pending enrollment (nothing to do when it has
+  // none) and rewrites the file before returning: the controller can no longer present the token to
+  // the node's agent, nor accept the certificate's name for any later node of the same name.
   Status RemoveNodeToken(std::string_view node);
   // NotFound when the node has no token.
   StatusOr<std::string> NodeToken(std::string_view node) const;
@@ -42,6 +44,22 @@ class SecretsFile {
   // token.
   StatusOr<std::string> NodeCertificateName(std::string_view node) const;
 
+  // Stores a one-time enrollment token for the node (its sha256, not the token), valid until
+  // `expires_unix`, for the certificate name the node is then issued under; replaces an earlier
+  // one. Rewrites the file before returning.
+  Status PutEnrollment(std::string_view node, std::string_view token, int64_t expires_unix,
+                       std::string_view certificate_name);
+  // The certificate name of the node's pending enrollment when `token` is its token and it has not
+  // expired at `now_unix`. PermissionDenied for a wrong token or a node already enrolled (a token
+  // works once); Unauthenticated for an expired one; FailedPrecondition when the node has none.
+  StatusOr<std::string> CheckEnrollment(std::string_view node, std::string_view token,
+                                        int64_t now_unix) const;
+  // Whether the node has an enrollment pending.
+  bool HasEnrollment(std::string_view node) const;
+  // Ends the node's enrollment: its token becomes `token` under the pending certificate name, and
+  // the enrollment token is dropped, all in one rewrite. FailedPrecondition when none is pending.
+  Status CompleteEnrollment(std::string_view node, std::string_view token);
+
   // How the database refers to a node's token: "secrets.json#node_tokens/<node>".
   static std::string NodeTokenRef(std::string_view node);
 
@@ -49,10 +67,17 @@ class SecretsFile {
   explicit SecretsFile(std::string path) : path_(std::move(path)) {}
   Status WriteLocked();
 
+  struct Enrollment {
+    std::string token_sha256;
+    int64_t expires_unix = 0;
+    std::string certificate_name;
+  };
+
   const std::string path_;
   mutable std::mutex mutex_;
   std::map<std::string, std::string, std::less<>> node_tokens_;             // guarded by mutex_
   std::map<std::string, std::string, std::less<>> node_certificate_names_;  // guarded by mutex_
+  std::map<std::string, Enrollment, std::less<>> enrollments_;              // guarded by mutex_
 };
 
 }  // namespace llmctl::controller

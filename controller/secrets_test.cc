@@ -91,6 +91,60 @@ TEST_F(SecretsFileTest, CertificateNamesGoWithTheTokenAndOlderFilesHaveThePlainO
   EXPECT_EQ(*(*older)->NodeCertificateName("old"), "agent-old.llmctl");
 }
 
+// A cloud node's enrollment token (docs/architecture.md, "Credentials"): kept as its sha256 only,
+// good until its expiry, and spent by the enrollment it allows, across a restart of the controller.
+TEST_F(SecretsFileTest, AnEnrollmentTokenIsStoredHashedWorksOnceAndExpires) {
+  const std::string token = "enroll-S3CRET";
+  const std::string name = "agent-n1.0123abcd.llmctl";
+  {
+    auto secrets = *SecretsFile::Open(path_);
+    ASSERT_TRUE(secrets->PutEnrollment("n1", token, /*expires_unix=*/1000, name).ok());
+    EXPECT_TRUE(secrets->HasEnrollment("n1"));
+    EXPECT_EQ(secrets->NodeToken("n1").status().code(), StatusCode::kNotFound);
+  }
+  EXPECT_EQ(ReadFileToString(path_, 1 << 20)->find(token), std::string::npos);
+  auto secrets = *SecretsFile::Open(path_);
+  StatusOr<std::string> wrong = secrets->CheckEnrollment("n1", "enroll-GUESS", 999);
+  EXPECT_EQ(wrong.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(wrong.status().message(),
+            "the enrollment token presented for node 'n1' is not its own");
+  StatusOr<std::string> expired = secrets->CheckEnrollment("n1", token, 1000);
+  EXPECT_EQ(expired.status().code(), StatusCode::kUnauthenticated);
+  EXPECT_NE(expired.status().message().find("'n1''s enrollment token expired 0 s ago"),
+            std::string::npos)
+      << expired.status().message();
+  EXPECT_EQ(secrets->CheckEnrollment("n2", token, 999).status().code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_EQ(*secrets->CheckEnrollment("n1", token, 999), name);
+
+  ASSERT_TRUE(secrets->CompleteEnrollment("n1", "node-token").ok());
+  EXPECT_EQ(*secrets->NodeToken("n1"), "node-token");
+  EXPECT_EQ(*secrets->NodeCertificateName("n1"), name);
+  EXPECT_FALSE(secrets->HasEnrollment("n1"));
+  for (const auto& reopened : {std::move(secrets), *SecretsFile::Open(path_)}) {
+    StatusOr<std::string> again = reopened->CheckEnrollment("n1", token, 999);
+    EXPECT_EQ(again.status().code(), StatusCode::kPermissionDenied);
+    EXPECT_NE(again.status().message().find("already enrolled: its enrollment token works once"),
+              std::string::npos)
+        << again.status().message();
+    EXPECT_EQ(reopened->CompleteEnrollment("n1", "other").code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(*reopened->NodeToken("n1"), "node-token");
+  }
+}
+
+TEST_F(SecretsFileTest, NodeDownDropsAPendingEnrollment) {
+  {
+    auto secrets = *SecretsFile::Open(path_);
+    ASSERT_TRUE(secrets->PutEnrollment("n1", "enroll-S3CRET", 1000, "agent-n1.ab.llmctl").ok());
+    ASSERT_TRUE(secrets->RemoveNodeToken("n1").ok());
+    EXPECT_FALSE(secrets->HasEnrollment("n1"));
+  }
+  auto reopened = *SecretsFile::Open(path_);
+  EXPECT_EQ(reopened->CheckEnrollment("n1", "enroll-S3CRET", 999).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReadFileToString(path_, 1 << 20)->find("agent-n1.ab.llmctl"), std::string::npos);
+}
+
 TEST_F(SecretsFileTest, RefusesAFileOthersCanReadOrADamagedOne) {
   ASSERT_TRUE((*SecretsFile::Open(path_))->PutNodeToken("n", "t").ok());
   chmod(path_.c_str(), 0644);

@@ -1,6 +1,9 @@
 #include "rpc/tls.h"
 
 #include <fcntl.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <openssl/bn.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
@@ -145,6 +148,8 @@ Status Sign(X509* certificate, EVP_PKEY* signing_key) {
   return Status::Ok();
 }
 
+}  // namespace
+
 Status WriteSecretFile(const std::string& path, const std::string& text, mode_t mode) {
   return WriteFileAtomically(path, [&](int fd) -> Status {
     if (::fchmod(fd, mode) != 0)
@@ -152,8 +157,6 @@ Status WriteSecretFile(const std::string& path, const std::string& text, mode_t 
     return WriteAll(fd, text.data(), text.size());
   });
 }
-
-}  // namespace
 
 struct CertificateAuthority::Keys {
   PkeyPtr key;
@@ -241,6 +244,45 @@ StatusOr<IssuedCertificate> CertificateAuthority::Issue(const std::string& commo
   ASSIGN_OR_RETURN(issued.certificate_pem, CertificatePem(leaf));
   ASSIGN_OR_RETURN(issued.private_key_pem, PrivateKeyPem(key.get()));
   return issued;
+}
+
+Status CheckIssuedCertificate(const std::string& ca_pem, const std::string& certificate_pem,
+                              const std::string& private_key_pem) {
+  X509Ptr ca = ParseCertificate(ca_pem);
+  if (ca == nullptr) return InvalidArgumentError("the CA certificate is not a PEM certificate");
+  X509Ptr certificate = ParseCertificate(certificate_pem);
+  if (certificate == nullptr) return InvalidArgumentError("the certificate is not PEM");
+  PkeyPtr key = ParsePrivateKey(private_key_pem);
+  if (key == nullptr) return InvalidArgumentError("the private key is not PEM");
+  if (X509_check_private_key(certificate.get(), key.get()) != 1) {
+    ERR_clear_error();
+    return InvalidArgumentError("the private key is not the certificate's");
+  }
+  if (X509_verify(certificate.get(), X509_get0_pubkey(ca.get())) != 1) {
+    ERR_clear_error();
+    return InvalidArgumentError("the certificate is not signed by the controller's CA");
+  }
+  return Status::Ok();
+}
+
+StatusOr<TlsIdentity> SelfSignedIdentity(const std::string& common_name, std::string ca_pem,
+                                         int validity_days) {
+  ASSIGN_OR_RETURN(PkeyPtr key, NewP256Key());
+  ASSIGN_OR_RETURN(X509Ptr certificate,
+                   NewCertificate(common_name, key.get(), nullptr, validity_days));
+  X509* self = certificate.get();
+  RETURN_IF_ERROR(AddExtension(self, self, NID_ext_key_usage, "serverAuth"));
+  RETURN_IF_ERROR(AddExtension(self, self, NID_subject_alt_name, ("DNS:" + common_name).c_str()));
+  RETURN_IF_ERROR(Sign(self, key.get()));
+  TlsIdentity identity;
+  identity.ca_pem = std::move(ca_pem);
+  ASSIGN_OR_RETURN(identity.certificate_pem, CertificatePem(self));
+  ASSIGN_OR_RETURN(identity.private_key_pem, PrivateKeyPem(key.get()));
+  return identity;
+}
+
+std::string EnrollmentCertificateName(const std::string& node) {
+  return "enroll-" + node + ".llmctl";
 }
 
 std::string AgentCertificateName(const std::string& node) { return "agent-" + node + ".llmctl"; }
@@ -397,6 +439,37 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsIdentity& 
   return grpc::CompositeChannelCredentials(
       grpc::SslCredentials(options),
       grpc::MetadataCredentialsFromPlugin(std::make_unique<BearerTokenPlugin>(token)));
+}
+
+std::shared_ptr<grpc::ServerCredentials> EnrollmentServerCredentials(const TlsIdentity& identity) {
+  grpc::SslServerCredentialsOptions options(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = identity.ca_pem;
+  options.pem_key_cert_pairs.push_back({identity.private_key_pem, identity.certificate_pem});
+  return grpc::SslServerCredentials(options);
+}
+
+bool CallerIsController(const grpc::ServerContext& context) {
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return false;
+  for (const grpc::string_ref& name : auth->GetPeerIdentity()) {
+    if (std::string_view(name.data(), name.size()) == kControllerCertificateName) return true;
+  }
+  return false;
+}
+
+std::shared_ptr<grpc::ChannelCredentials> EnrollmentChannelCredentials(
+    const TlsIdentity& identity) {
+  auto provider = std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
+      std::vector<grpc::experimental::IdentityKeyCertPair>{
+          {identity.private_key_pem, identity.certificate_pem}});
+  grpc::experimental::TlsChannelCredentialsOptions options;
+  options.set_certificate_provider(std::move(provider));
+  options.watch_identity_key_cert_pairs();
+  options.set_verify_server_certs(false);
+  options.set_certificate_verifier(std::make_shared<grpc::experimental::NoOpCertificateVerifier>());
+  options.set_check_call_host(false);
+  return grpc::experimental::TlsCredentials(options);
 }
 
 std::shared_ptr<grpc::Channel> Dial(const std::string& address, const std::string& target_name,

@@ -10,6 +10,7 @@
 #define LLMCTL_RPC_TLS_H_
 
 #include <grpcpp/grpcpp.h>
+#include <sys/types.h>
 
 #include <map>
 #include <memory>
@@ -33,6 +34,11 @@ struct TlsIdentity {
 StatusOr<TlsIdentity> LoadTlsIdentity(const std::string& ca_file,
                                       const std::string& certificate_file,
                                       const std::string& private_key_file);
+
+// InvalidArgument when a PEM text does not parse, the key is not the certificate's, or the
+// certificate is not signed by `ca_pem`'s key: what an agent checks of credentials it is handed.
+Status CheckIssuedCertificate(const std::string& ca_pem, const std::string& certificate_pem,
+                              const std::string& private_key_pem);
 
 struct IssuedCertificate {
   std::string certificate_pem;
@@ -71,6 +77,9 @@ std::string AgentCertificateName(const std::string& node);
 // earlier registration of the same node name (revoked by `node down`) does not pass for it.
 std::string AgentCertificateName(const std::string& node, const std::string& registration);
 inline constexpr char kControllerCertificateName[] = "controller.llmctl";
+// The name in the certificate an agent waiting for enrollment makes for itself:
+// "enroll-<node>.llmctl".
+std::string EnrollmentCertificateName(const std::string& node);
 
 // Server side: presents `identity`'s certificate, requires a client certificate that chains to
 // `identity.ca_pem`, and refuses calls whose bearer token is not `token` with UNAUTHENTICATED.
@@ -88,6 +97,28 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsIdentity& 
 std::shared_ptr<grpc::Channel> Dial(const std::string& address, const std::string& target_name,
                                     const std::shared_ptr<grpc::ChannelCredentials>& credentials);
 
+// Enrollment (a cloud node's first contact, before it has credentials; docs/architecture.md,
+// "Credentials"). The agent serves AgentEnrollment under a certificate it made for itself; the
+// controller, which cannot check that certificate, believes the enrollment token the agent
+// presents, and the agent, which can check the controller's, shows its token to nobody else.
+
+// A new key and a self-signed certificate for `common_name`, valid for `validity_days`; clients
+// must chain to `ca_pem`.
+StatusOr<TlsIdentity> SelfSignedIdentity(const std::string& common_name, std::string ca_pem,
+                                         int validity_days);
+
+// Server side of enrollment: presents `identity`'s certificate and takes only calls whose client
+// certificate chains to `identity.ca_pem`; no token.
+std::shared_ptr<grpc::ServerCredentials> EnrollmentServerCredentials(const TlsIdentity& identity);
+
+// True when the call's client certificate names kControllerCertificateName (every agent's
+// certificate chains to the same CA, so the chain alone does not say it is the controller).
+bool CallerIsController(const grpc::ServerContext& context);
+
+// Client side of enrollment: presents `identity`'s certificate and encrypts, but does not check
+// the server's certificate (the agent made it itself).
+std::shared_ptr<grpc::ChannelCredentials> EnrollmentChannelCredentials(const TlsIdentity& identity);
+
 // Compares two secrets in constant time (their sha256 digests with CRYPTO_memcmp): the time taken
 // says nothing about either, not even their lengths.
 bool SameSecret(std::string_view presented, std::string_view expected);
@@ -103,6 +134,10 @@ grpc::Status CheckBearerToken(const std::multimap<grpc::string_ref, grpc::string
 // call credentials only to secure channels): for the CLI's TCP channel to the controller.
 std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> BearerTokenInterceptor(
     std::string token);
+
+// Writes `text` to `path` atomically (WriteFileAtomically), its mode narrowed to `mode` before the
+// first byte is written.
+Status WriteSecretFile(const std::string& path, const std::string& text, mode_t mode);
 
 // Reads a token file: its content without surrounding white space. InvalidArgument when it is
 // empty, and PermissionDenied when the group or others may read it (a secret belongs in a 0600

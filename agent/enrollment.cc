@@ -1,0 +1,146 @@
+#include "agent/enrollment.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+
+#include "llmctl/v1/agent.grpc.pb.h"
+#include "rpc/tls.h"
+
+namespace llmctl::agent {
+
+namespace v1 = llmctl::v1;
+
+namespace {
+
+// The certificate the enrollment server presents: the controller does not check it (it checks
+// the token instead), so a day is more than the wait for the controller needs.
+constexpr int kEnrollmentCertificateDays = 1;
+
+Status MakeParentDirectory(const std::string& file) {
+  const std::filesystem::path parent = std::filesystem::path(file).parent_path();
+  if (parent.empty() || std::filesystem::exists(parent)) return Status::Ok();
+  std::error_code error;
+  std::filesystem::create_directories(parent, error);
+  if (error) return UnavailableError("cannot create " + parent.string() + ": " + error.message());
+  if (::chmod(parent.c_str(), 0700) != 0) {
+    return UnavailableError("cannot restrict " + parent.string() + " to its owner");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool Enrolled(const std::string& token_file) { return std::filesystem::exists(token_file); }
+
+class EnrollmentService final : public v1::AgentEnrollment::Service {
+ public:
+  explicit EnrollmentService(EnrollmentOptions options) : options_(std::move(options)) {}
+
+  grpc::Status Enroll(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::EnrollmentOffer, v1::EnrollmentGrant>* stream) override {
+    if (!rpc::CallerIsController(*context)) {
+      Log("refused a caller that is not the controller (" + context->peer() + ")");
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          "enrollment: only the controller may call");
+    }
+    std::lock_guard lock(mutex_);  // one enrollment at a time
+    if (done_) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "enrollment: already enrolled");
+    }
+    v1::EnrollmentOffer offer;
+    offer.set_node(options_.node);
+    offer.set_enrollment_token(options_.enrollment_token);
+    v1::EnrollmentGrant grant;
+    if (!stream->Write(offer) || !stream->Read(&grant)) {
+      Log("the controller refused the enrollment token or went away; waiting for another call");
+      return grpc::Status(grpc::StatusCode::CANCELLED, "enrollment: no grant arrived");
+    }
+    const Status installed = Install(grant);
+    if (!installed.ok()) {
+      Log("cannot keep the credentials the controller sent: " + std::string(installed.message()));
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "enrollment: " + std::string(installed.message()));
+    }
+    done_ = true;
+    v1::EnrollmentOffer answer;
+    answer.set_node(options_.node);
+    answer.set_installed(true);
+    stream->Write(answer);
+    Log("enrolled: credentials in " + options_.certificate_file + ", " + options_.private_key_file +
+        " and " + options_.token_file);
+    return grpc::Status::OK;
+  }
+
+  bool done() const {
+    std::lock_guard lock(mutex_);
+    return done_;
+  }
+
+ private:
+  void Log(const std::string& line) const {
+    std::cerr << "llm-agent: node " << options_.node << ": " << line << std::endl;
+  }
+
+  // Checks the grant and writes it, the token last.
+  Status Install(const v1::EnrollmentGrant& grant) {
+    if (grant.token().empty() || grant.token().find_first_of(" \t\r\n") != std::string::npos) {
+      return InvalidArgumentError("the node token is empty or holds white space");
+    }
+    RETURN_IF_ERROR(rpc::CheckIssuedCertificate(options_.ca_pem, grant.certificate_pem(),
+                                                grant.private_key_pem()));
+    for (const std::string* file :
+         {&options_.certificate_file, &options_.private_key_file, &options_.token_file}) {
+      RETURN_IF_ERROR(MakeParentDirectory(*file));
+    }
+    RETURN_IF_ERROR(rpc::WriteSecretFile(options_.certificate_file, grant.certificate_pem(), 0600));
+    RETURN_IF_ERROR(rpc::WriteSecretFile(options_.private_key_file, grant.private_key_pem(), 0600));
+    return rpc::WriteSecretFile(options_.token_file, grant.token() + "\n", 0600);
+  }
+
+  const EnrollmentOptions options_;
+  mutable std::mutex mutex_;
+  bool done_ = false;  // guarded by mutex_
+};
+
+StatusOr<std::unique_ptr<EnrollmentServer>> EnrollmentServer::Start(EnrollmentOptions options) {
+  if (options.listen.rfind("unix:", 0) == 0) {
+    return InvalidArgumentError("--listen " + options.listen +
+                                ": enrollment is for a node the controller dials over TCP");
+  }
+  if (options.enrollment_token.empty()) {
+    return InvalidArgumentError("the enrollment token is empty");
+  }
+  ASSIGN_OR_RETURN(rpc::TlsIdentity identity,
+                   rpc::SelfSignedIdentity(rpc::EnrollmentCertificateName(options.node),
+                                           options.ca_pem, kEnrollmentCertificateDays));
+  std::unique_ptr<EnrollmentServer> server(new EnrollmentServer());
+  const std::string listen = options.listen;
+  server->service_ = std::make_unique<EnrollmentService>(std::move(options));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, rpc::EnrollmentServerCredentials(identity), &port);
+  builder.RegisterService(server->service_.get());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || port == 0) {
+    return UnavailableError("cannot listen on " + listen);
+  }
+  server->address_ = listen.substr(0, listen.rfind(':')) + ":" + std::to_string(port);
+  return server;
+}
+
+bool EnrollmentServer::done() const { return service_->done(); }
+
+void EnrollmentServer::Shutdown() {
+  if (server_ == nullptr) return;
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server_->Wait();
+  server_.reset();
+}
+
+EnrollmentServer::~EnrollmentServer() { Shutdown(); }
+
+}  // namespace llmctl::agent

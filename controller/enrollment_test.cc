@@ -1,0 +1,263 @@
+// A cloud node's enrollment through the controller's API (RegisterNode with `enroll`, EnrollNode)
+// against a stand-in for the agent's AgentEnrollment service (agent/enrollment.h is the real one,
+// which tests/integration/cloud_e2e_test.cc runs): what the node is given, once, and what is
+// refused.
+#include "controller/enrollment.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <mutex>
+#include <optional>
+
+#include "common/files.h"
+#include "controller/daemon.h"
+#include "llmctl/v1/agent.grpc.pb.h"
+#include "llmctl/v1/controller.grpc.pb.h"
+#include "rpc/tls.h"
+
+namespace llmctl::controller {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Presents `token` as node `node` to whoever holds the controller's certificate and keeps the
+// grant it is handed, as llm-agent does (without writing files).
+class StandInAgent final : public v1::AgentEnrollment::Service {
+ public:
+  StandInAgent(std::string node, std::string token, const std::string& ca_pem)
+      : node_(std::move(node)), token_(std::move(token)) {
+    auto identity = rpc::SelfSignedIdentity(rpc::EnrollmentCertificateName(node_), ca_pem, 1);
+    EXPECT_TRUE(identity.ok()) << identity.status().ToString();
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", rpc::EnrollmentServerCredentials(*identity), &port);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    address_ = "127.0.0.1:" + std::to_string(port);
+  }
+  ~StandInAgent() override { server_->Shutdown(); }
+
+  grpc::Status Enroll(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::EnrollmentOffer, v1::EnrollmentGrant>* stream) override {
+    std::lock_guard lock(mutex_);
+    ++calls_;
+    if (!rpc::CallerIsController(*context)) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "not the controller");
+    }
+    v1::EnrollmentOffer offer;
+    offer.set_node(node_);
+    offer.set_enrollment_token(token_);
+    v1::EnrollmentGrant grant;
+    if (!stream->Write(offer) || !stream->Read(&grant)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "no grant");
+    }
+    grant_ = grant;
+    v1::EnrollmentOffer installed;
+    installed.set_installed(true);
+    stream->Write(installed);
+    return grpc::Status::OK;
+  }
+
+  const std::string& address() const { return address_; }
+  int calls() {
+    std::lock_guard lock(mutex_);
+    return calls_;
+  }
+  std::optional<v1::EnrollmentGrant> grant() {
+    std::lock_guard lock(mutex_);
+    return grant_;
+  }
+
+ private:
+  const std::string node_;
+  const std::string token_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::mutex mutex_;
+  int calls_ = 0;                             // guarded by mutex_
+  std::optional<v1::EnrollmentGrant> grant_;  // guarded by mutex_
+};
+
+class EnrollmentTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = testing::TempDir() + "/enrollment_test_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    root_ = pattern;
+    ControllerConfig config;
+    config.data_dir = root_ + "/data";
+    config.listen = "unix:" + root_ + "/run/controller.sock";
+    auto daemon = Daemon::Start(config, clock_, {.run_dispatcher = false});
+    ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+    daemon_ = std::move(*daemon);
+    stub_ = v1::Controller::NewStub(
+        grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    daemon_.reset();
+    fs::remove_all(root_);
+  }
+
+  v1::NodeCredentials RegisterForEnrollment(const std::string& node) {
+    grpc::ClientContext context;
+    v1::RegisterNodeRequest request;
+    request.set_name(node);
+    request.set_enroll(true);
+    v1::NodeCredentials issued;
+    const grpc::Status status = stub_->RegisterNode(&context, request, &issued);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return issued;
+  }
+
+  void SetAddress(const std::string& node, const std::string& address) {
+    grpc::ClientContext context;
+    v1::UpdateNodeRequest request;
+    request.set_name(node);
+    request.set_address(address);
+    v1::NodeStatus updated;
+    const grpc::Status status = stub_->UpdateNode(&context, request, &updated);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+
+  grpc::Status Enroll(const std::string& node, v1::EnrollNodeResponse* response = nullptr) {
+    grpc::ClientContext context;
+    v1::EnrollNodeRequest request;
+    request.set_name(node);
+    v1::EnrollNodeResponse ignored;
+    return stub_->EnrollNode(&context, request, response != nullptr ? response : &ignored);
+  }
+
+  std::string Secrets() { return *ReadFileToString(root_ + "/data/secrets.json", 1 << 20); }
+  std::string CaPem() { return *ReadFileToString(root_ + "/data/ca/ca.crt", 1 << 20); }
+
+  ManualClock clock_{store::Time(std::chrono::seconds(1'700'000'000))};
+  std::string root_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<v1::Controller::Stub> stub_;
+};
+
+TEST_F(EnrollmentTest, RegisteringForEnrollmentIssuesOnlyAnHourLongTokenStoredHashed) {
+  const v1::NodeCredentials issued = RegisterForEnrollment("cloud-1");
+  EXPECT_EQ(issued.name(), "cloud-1");
+  EXPECT_EQ(issued.enrollment_token().size(), 64u);
+  EXPECT_EQ(issued.enrollment_expires_unix(), 1'700'000'000 + 3600);
+  EXPECT_EQ(issued.ca_certificate_pem(), CaPem());
+  EXPECT_EQ(issued.certificate_pem(), "");
+  EXPECT_EQ(issued.private_key_pem(), "");
+  EXPECT_EQ(issued.token(), "");
+  EXPECT_EQ(Secrets().find(issued.enrollment_token()), std::string::npos);
+  // No agent waits yet at an address the node does not have.
+  EXPECT_EQ(Enroll("cloud-1").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_F(EnrollmentTest, TheAgentHoldingTheTokenGetsItsCredentialsOnce) {
+  const v1::NodeCredentials issued = RegisterForEnrollment("cloud-1");
+  StandInAgent agent("cloud-1", issued.enrollment_token(), issued.ca_certificate_pem());
+  SetAddress("cloud-1", agent.address());
+  v1::EnrollNodeResponse response;
+  const grpc::Status enrolled = Enroll("cloud-1", &response);
+  ASSERT_TRUE(enrolled.ok()) << enrolled.error_message();
+  EXPECT_FALSE(response.already_enrolled());
+  const std::optional<v1::EnrollmentGrant> grant = agent.grant();
+  ASSERT_TRUE(grant.has_value());
+  EXPECT_TRUE(
+      rpc::CheckIssuedCertificate(CaPem(), grant->certificate_pem(), grant->private_key_pem())
+          .ok());
+  EXPECT_NE(grant->certificate_pem(), "");
+  EXPECT_EQ(grant->token().size(), 64u);
+  EXPECT_NE(Secrets().find(grant->token()), std::string::npos);
+
+  // The token is spent: a second agent presenting it (one that read the user data back from the
+  // metadata service) is not even called, and the node keeps its credentials.
+  StandInAgent replay("cloud-1", issued.enrollment_token(), issued.ca_certificate_pem());
+  SetAddress("cloud-1", replay.address());
+  const grpc::Status again = Enroll("cloud-1", &response);
+  ASSERT_TRUE(again.ok()) << again.error_message();
+  EXPECT_TRUE(response.already_enrolled());
+  EXPECT_EQ(replay.calls(), 0);
+  EXPECT_NE(Secrets().find(grant->token()), std::string::npos);
+}
+
+TEST_F(EnrollmentTest, AWrongExpiredOrStaleTokenAndAnotherNodeAreRefusedAndGetNothing) {
+  const v1::NodeCredentials issued = RegisterForEnrollment("cloud-1");
+  {
+    StandInAgent wrong("cloud-1", std::string(64, 'a'), issued.ca_certificate_pem());
+    SetAddress("cloud-1", wrong.address());
+    const grpc::Status refused = Enroll("cloud-1");
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(refused.error_message(),
+              "enroll node cloud-1: the enrollment token presented for node 'cloud-1' is not its "
+              "own");
+    EXPECT_EQ(wrong.calls(), 1);
+    EXPECT_FALSE(wrong.grant().has_value());
+  }
+  {
+    StandInAgent other("cloud-2", issued.enrollment_token(), issued.ca_certificate_pem());
+    SetAddress("cloud-1", other.address());
+    const grpc::Status refused = Enroll("cloud-1");
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_NE(refused.error_message().find("is node 'cloud-2', not 'cloud-1'"), std::string::npos)
+        << refused.error_message();
+    EXPECT_FALSE(other.grant().has_value());
+  }
+  {
+    // Registered again: the first token is stale.
+    const v1::NodeCredentials second = RegisterForEnrollment("cloud-1");
+    StandInAgent stale("cloud-1", issued.enrollment_token(), issued.ca_certificate_pem());
+    SetAddress("cloud-1", stale.address());
+    EXPECT_EQ(Enroll("cloud-1").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_FALSE(stale.grant().has_value());
+
+    clock_.Advance(std::chrono::hours(1));
+    StandInAgent late("cloud-1", second.enrollment_token(), second.ca_certificate_pem());
+    SetAddress("cloud-1", late.address());
+    const grpc::Status expired = Enroll("cloud-1");
+    EXPECT_EQ(expired.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_NE(expired.error_message().find("enrollment token expired 0 s ago (it lasts an hour)"),
+              std::string::npos)
+        << expired.error_message();
+    EXPECT_FALSE(late.grant().has_value());
+  }
+  EXPECT_EQ(Secrets().find("\"cloud-1\": \""), std::string::npos) << "no node token was stored";
+}
+
+TEST_F(EnrollmentTest, NodeDownDropsTheEnrollmentAndNoAgentMeansUnavailable) {
+  const v1::NodeCredentials issued = RegisterForEnrollment("cloud-1");
+  SetAddress("cloud-1", "127.0.0.1:1");  // nobody listens on port 1
+  EXPECT_EQ(Enroll("cloud-1").error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  StandInAgent agent("cloud-1", issued.enrollment_token(), issued.ca_certificate_pem());
+  SetAddress("cloud-1", agent.address());
+  grpc::ClientContext context;
+  v1::DeregisterNodeRequest request;
+  request.set_name("cloud-1");
+  v1::DeregisterNodeResponse removed;
+  ASSERT_TRUE(stub_->DeregisterNode(&context, request, &removed).ok());
+  EXPECT_EQ(Secrets().find("cloud-1"), std::string::npos);
+  EXPECT_EQ(Enroll("cloud-1").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(agent.calls(), 0);
+}
+
+// Only the controller hears a token: an agent's own certificate (same CA) is not enough.
+TEST_F(EnrollmentTest, TheAgentTellsItsTokenOnlyToTheControllersCertificate) {
+  const v1::NodeCredentials issued = RegisterForEnrollment("cloud-1");
+  StandInAgent agent("cloud-1", issued.enrollment_token(), issued.ca_certificate_pem());
+  auto ca = rpc::CertificateAuthority::LoadOrCreate(root_ + "/data/ca");
+  ASSERT_TRUE(ca.ok());
+  auto other_node = (*ca)->Issue(rpc::AgentCertificateName("cloud-2"), 1);
+  ASSERT_TRUE(other_node.ok());
+  const rpc::TlsIdentity impostor{CaPem(), other_node->certificate_pem,
+                                  other_node->private_key_pem};
+  const Status heard = EnrollAgent(agent.address(), "cloud-1", impostor, std::chrono::seconds(5),
+                                   [](const std::string&) -> StatusOr<v1::EnrollmentGrant> {
+                                     ADD_FAILURE() << "the impostor heard the token";
+                                     return v1::EnrollmentGrant();
+                                   });
+  EXPECT_EQ(heard.code(), StatusCode::kPermissionDenied) << heard.ToString();
+  EXPECT_EQ(agent.calls(), 1);
+}
+
+}  // namespace
+}  // namespace llmctl::controller
