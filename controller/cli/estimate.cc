@@ -37,6 +37,11 @@ constexpr char kAssumptions[] =
     "CUDA context (700 to 760 MiB on the H200) and what the caching allocator reserves beyond "
     "what it allocates (1% to 13% in the H200 run).";
 
+// Which rates a time is at: a probe's (its description), else the data sheet's.
+std::string RatesText(const std::string& rates) {
+  return rates.empty() ? "the data sheet's nominal rates" : "measured rates: " + rates;
+}
+
 // The memory a trial's verdict is made against, and where that figure came from.
 struct Device {
   uint64_t bytes = 0;
@@ -56,6 +61,7 @@ struct TrialEstimate {
   std::optional<estimate::StepWork> work = {};
   std::string time_device = {};
   std::string calibration = {};
+  std::string rates = {};  // the probe whose rates the time is at; "" for the data sheet's
   std::string time_reason = {};
   // What the estimate assumed that the table does not show (BLIP-2's captions).
   std::string note = {};
@@ -194,6 +200,7 @@ Status AddTime(const Experiment& experiment, const EstimateOptions& options,
                const std::function<StatusOr<estimate::StepWork>()>& work, TrialEstimate& result) {
   const Trial& trial = *result.trial;
   std::optional<estimate::DeviceSpeed> speed = TrialSpeed(trial, experiment, device_option);
+  if (speed && options.rates) speed = options.rates(*speed);
   if (!speed) {
     result.time_reason =
         "no GPU to time it on: the target names none this table knows (pass --device-memory "
@@ -223,6 +230,7 @@ Status AddTime(const Experiment& experiment, const EstimateOptions& options,
   result.work = *counted;
   result.time_device = speed->name;
   result.calibration = calibration.source;
+  result.rates = speed->rates;
   return Status::Ok();
 }
 
@@ -463,7 +471,8 @@ std::string Explain(const TrialEstimate& e) {
                          "process and device, then the model's weights " +
                              std::string(e.work->pretrained ? "loaded" : "built"),
                          StepSecondsText(e.time->startup_seconds) + " s"});
-    text += "time on " + e.time_device + " (" + e.calibration + "; x the factor):\n" +
+    text += "time on " + e.time_device + " (" + e.calibration + "; at " + RatesText(e.rates) +
+            "; x the factor):\n" +
             FormatColumns(time_rows, /*first_right_aligned=*/2);
   }
   return text;
@@ -481,6 +490,7 @@ std::string RenderTable(const std::string& file, const Experiment& experiment,
   std::string notes;
   std::vector<std::string> sources;
   std::vector<std::string> calibrations;
+  std::vector<std::string> rates;
   for (const TrialEstimate& e : estimates) {
     std::vector<std::string> row = {e.trial->name, e.trial->config.GetString("model")};
     if (!e.memory) {
@@ -519,6 +529,9 @@ std::string RenderTable(const std::string& file, const Experiment& experiment,
           calibrations.end()) {
         calibrations.push_back(e.calibration);
       }
+      if (std::find(rates.begin(), rates.end(), RatesText(e.rates)) == rates.end()) {
+        rates.push_back(RatesText(e.rates));
+      }
     } else {
       row.insert(row.end(), 3, std::string(kNone));
       notes += e.trial->name + ": no time: " + e.time_reason + "\n";
@@ -549,6 +562,8 @@ std::string RenderTable(const std::string& file, const Experiment& experiment,
     for (size_t i = 0; i < calibrations.size(); ++i) {
       text += (i > 0 ? "; " : "") + calibrations[i];
     }
+    text += "\nrates: ";
+    for (size_t i = 0; i < rates.size(); ++i) text += (i > 0 ? "; " : "") + rates[i];
     text += "\n";
   }
   if (options.fit) {
@@ -614,6 +629,8 @@ std::string RenderJson(const std::string& file, const Experiment& experiment,
                        {"steps", e.time->steps},
                        {"trial_seconds", e.time->trial_seconds},
                        {"work", e.work->ToJson()}};
+      // Only with a probe: without one the JSON is as it was (the data sheets' rates).
+      if (!e.rates.empty()) trial["time"]["rates"] = e.rates;
     } else {
       trial["time"] = nullptr;
       trial["time_reason"] = e.time_reason;
@@ -660,7 +677,7 @@ StatusOr<std::vector<TrialPrediction>> PredictTrials(const Experiment& experimen
       p.tokens_per_second = e.time->tokens_per_second;
       p.trial_seconds = e.time->trial_seconds;
       p.time_device = e.time_device;
-      p.calibration = e.calibration;
+      p.calibration = e.rates.empty() ? e.calibration : e.calibration + "; " + RatesText(e.rates);
       p.work_json = e.work->ToJson().dump();
     }
   }

@@ -27,6 +27,8 @@ struct EstimateOptions {
   bool explain = false;  // every term's formula with its numbers
   // The calibration of a device's time predictions; unset: its built-in one.
   estimate::CalibrationLookup calibrate;
+  // The rates of a device's time (a probe's); unset: its data sheet's.
+  estimate::SpeedLookup rates;
 };
 
 // The estimate of experiment file `file` (read and validated as `llmctl submit` reads it, local

@@ -181,6 +181,7 @@ StatusOr<Resolved> Resolve(const PlanOptions& o) {
   space.offload = !o.no_offload;
   const estimate::ModelFamily family =
       r.blip2 ? estimate::ModelFamily::kBlip2 : estimate::ModelFamily::kLlama;
+  if (o.rates) r.request.speed = o.rates(r.request.speed);
   r.request.calibration = o.calibrate ? o.calibrate(r.request.speed, family)
                                       : estimate::DefaultCalibration(r.request.speed, family);
   return r;
@@ -347,7 +348,9 @@ std::string RenderTable(const PlanOptions& o, const Resolved& r, const estimate:
     for (size_t i = 0; i < names.size(); ++i) text += (i > 0 ? ", " : "") + names[i];
     text += "\n";
   }
-  text += "time: predicted (" + r.request.calibration.source +
+  text += "time: predicted (" + r.request.calibration.source + "; at " +
+          (r.request.speed.rates.empty() ? "the data sheet's nominal rates"
+                                         : "measured rates: " + r.request.speed.rates) +
           "); each configuration at the largest micro-batch that fits and divides the global "
           "batch; full sequences assumed\n";
   return text;
@@ -390,6 +393,8 @@ std::string RenderJson(const PlanOptions& o, const Resolved& r, const estimate::
   for (const estimate::PlanDrop& d : plan.dropped) {
     out["dropped"].push_back({{"name", d.name}, {"reason", d.reason}, {"detail", d.detail}});
   }
+  // Only with a probe: without one the JSON is as it was (the data sheets' rates).
+  if (!r.request.speed.rates.empty()) out["rates"] = r.request.speed.rates;
   return out.dump(2) + "\n";
 }
 

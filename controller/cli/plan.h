@@ -39,6 +39,8 @@ struct PlanOptions {
   std::string format = "table";
   // The calibration of a device's time; unset: the built-in one.
   estimate::CalibrationLookup calibrate;
+  // The rates of a device's time (a probe's); unset: its data sheet's.
+  estimate::SpeedLookup rates;
 };
 
 // The plan, as text (table or json). InvalidArgument (exit 2) for a bad flag, naming it and what

@@ -1,0 +1,142 @@
+// The local probe as estimate and plan use it: read from LLMCTL_HOME's probe.json, refused by name
+// when broken, and turning a CPU trial's time into its work over the probe's rates (a fixed probe:
+// no test depends on this machine's rates).
+#include "controller/cli/local_rates.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/cpu_model.h"
+#include "controller/cli/estimate.h"
+#include "controller/cli/plan.h"
+
+namespace llmctl::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Experiments() {
+  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
+  return std::string(dir != nullptr ? dir : ".") + "/experiments/";
+}
+
+estimate::RateProbe FixedProbe() {
+  estimate::RateProbe p;
+  p.measured_at = "2026-11-29T01:00:00Z";
+  p.seconds = 9.5;
+  p.device = "cpu";
+  p.device_name = CpuModelName();
+  p.threads = 2;
+  p.versions.llmctl = "0.4.0";
+  p.versions.libtorch = "2.15.0";
+  p.matmul = {{"fp32", 512, 5e10}, {"bf16", 512, 1e9}};
+  p.memory_bytes_per_s = 1e10;
+  p.launch_seconds = 4e-6;
+  p.host_adamw_values_per_s = 3e8;
+  return p;
+}
+
+class LocalRatesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    home_ = fs::temp_directory_path() / ("llmctl-local-rates-" + std::to_string(::getpid()));
+    fs::remove_all(home_);
+    fs::create_directories(home_);
+  }
+  void TearDown() override { fs::remove_all(home_); }
+
+  EnvLookup Env() const {
+    return [home = home_.string()](std::string_view name) -> std::optional<std::string> {
+      if (name == "LLMCTL_HOME") return home;
+      return std::nullopt;
+    };
+  }
+
+  fs::path home_;
+};
+
+TEST_F(LocalRatesTest, ReadsTheCachedProbeWithoutMeasuring) {
+  std::ofstream(home_ / "probe.json") << FixedProbe().ToJson().dump(2);
+  std::ostringstream err;
+  // `self` names no llm-train: a probe run would fail, so the rates are the file's.
+  const LocalRates rates = LocalRates::Load(Env(), home_ / "no-such" / "llmctl", err);
+  ASSERT_TRUE(rates.probe().has_value()) << err.str();
+  EXPECT_EQ(rates.probe()->ToJson(), FixedProbe().ToJson());
+  EXPECT_EQ(err.str(), "");
+  const estimate::DeviceSpeed cpu = rates.For(estimate::CpuSpeed());
+  EXPECT_EQ(cpu.bf16_flops, 1e9);
+  EXPECT_NE(cpu.rates.find((home_ / "probe.json").string()), std::string::npos) << cpu.rates;
+  // A GPU's time keeps its data sheet: this probe is the CPU's.
+  const estimate::DeviceSpeed h100 = rates.For(estimate::GpuSpeed(*estimate::GpuNamed("h100-94gb")));
+  EXPECT_EQ(h100.rates, "");
+}
+
+TEST_F(LocalRatesTest, ABrokenProbeFileIsNamedAndTheSheetsServe) {
+  std::ofstream(home_ / "probe.json") << R"({"version": 1})";
+  EXPECT_NE(ReadRateProbe(home_ / "probe.json").status().message().find("probe.json"),
+            std::string::npos);
+  std::ostringstream err;
+  const LocalRates rates = LocalRates::Load(Env(), home_ / "no-such" / "llmctl", err);
+  EXPECT_FALSE(rates.probe().has_value());
+  EXPECT_NE(err.str().find("probe.json"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("data sheets' rates"), std::string::npos) << err.str();
+}
+
+// The bf16-true row of cpu-lab at the probe's rates: its step is its work over them, with no
+// factor from another machine, and the JSON says which rates; without the probe it says nothing
+// of rates, as before.
+TEST_F(LocalRatesTest, AnEstimateWithTheProbeIsItsWorkOverTheProbesRates) {
+  const LocalRates rates = LocalRates::FromProbe(FixedProbe(), "a test");
+  EstimateOptions options;
+  options.trial = "bf16-true";
+  options.format = "json";
+  StatusOr<std::string> sheet = EstimateExperiment(Experiments() + "cpu-lab.yaml", options);
+  ASSERT_TRUE(sheet.ok()) << sheet.status().message();
+  options.rates = rates.Lookup();
+  StatusOr<std::string> probed = EstimateExperiment(Experiments() + "cpu-lab.yaml", options);
+  ASSERT_TRUE(probed.ok()) << probed.status().message();
+  const nlohmann::json without = nlohmann::json::parse(*sheet)["trials"][0]["time"];
+  const nlohmann::json with = nlohmann::json::parse(*probed)["trials"][0]["time"];
+  EXPECT_FALSE(without.contains("rates"));
+  EXPECT_NE(with["rates"].get<std::string>().find("this machine's probe (a test)"),
+            std::string::npos);
+  EXPECT_EQ(with["work"], without["work"]);
+  const nlohmann::json& work = with["work"];
+  ASSERT_EQ(work["matmul_class"], "bf16");
+  const double expected = work["matmul_flops"].get<double>() / 1e9 +
+                          work["memory_bytes"].get<double>() / 1e10 +
+                          work["launches"].get<double>() * 4e-6;
+  EXPECT_EQ(with["factor"], 1);
+  EXPECT_NEAR(with["step_seconds"].get<double>(), expected, 1e-9 * expected);
+  // The data sheets' bf16 is twice their fp32; this CPU's is a fiftieth of its fp32.
+  EXPECT_GT(with["step_seconds"].get<double>(), 10 * without["step_seconds"].get<double>());
+}
+
+TEST_F(LocalRatesTest, PlanSaysWhichRatesItUsed) {
+  const LocalRates rates = LocalRates::FromProbe(FixedProbe(), "a test");
+  PlanOptions options;
+  options.model = Experiments() + "models/cpu-lab-small";
+  options.device = "cpu";
+  options.device_memory = "216MiB";
+  options.seq = 128;
+  options.global_batch = 8;
+  options.steps = 6;
+  options.format = "json";
+  StatusOr<std::string> sheet = PlanRun(options);
+  ASSERT_TRUE(sheet.ok()) << sheet.status().message();
+  EXPECT_FALSE(nlohmann::json::parse(*sheet).contains("rates"));
+  options.rates = rates.Lookup();
+  StatusOr<std::string> probed = PlanRun(options);
+  ASSERT_TRUE(probed.ok()) << probed.status().message();
+  EXPECT_NE(nlohmann::json::parse(*probed)["rates"].get<std::string>().find("a test"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace llmctl::cli
