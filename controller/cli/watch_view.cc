@@ -226,9 +226,7 @@ std::string WatchPrinter::AppendChanges(const v1::ExperimentStatus& status, Cloc
     seen = {.state = trial.state(), .notice = trial.notice(), .step = trial.step()};
   }
   for (const auto& [text, trials] : notices) out += NoticeLine(text, trials) + "\n";
-  if (!out.empty()) {
-    progress_interval_ = kProgressInterval;
-  } else if (steps_moved_ && now - last_written_ >= progress_interval_) {
+  if (out.empty() && steps_moved_ && now - last_written_ >= progress_interval_) {
     out = ProgressLine(status, std::chrono::duration_cast<std::chrono::seconds>(now - *started_)) +
           "\n";
     progress_interval_ = std::min(2 * progress_interval_, kLongestProgressInterval);

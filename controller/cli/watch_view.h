@@ -2,8 +2,8 @@
 // under it as bars, as nvtop draws them, from their latest sample (a second old at most). On a TTY
 // the table is redrawn in place (ANSI cursor movement); elsewhere (a pipe, a log file) the output
 // reads as a short log: a trial's line when its state changes, a notice when it appears, and a
-// progress line at most every 10 s, spreading out while no trial changes state, without the
-// device bars (they change every second).
+// progress line at most every 10 s, then further apart, without the device bars (they change every
+// second).
 #ifndef LLMCTL_CONTROLLER_CLI_WATCH_VIEW_H_
 #define LLMCTL_CONTROLLER_CLI_WATCH_VIEW_H_
 
@@ -45,9 +45,10 @@ std::vector<std::string> WatchLines(const v1::ExperimentStatus& status);
 class WatchPrinter {
  public:
   using Clock = std::chrono::steady_clock;
-  // Plain output's silence while steps move before a progress line says how far they got; each
-  // progress line doubles it, up to kLongestProgressInterval, and a trial's state line resets it:
-  // a slow trial gets lines 10, 30, 70, 150 s... into it, and a run of 14 a screenful.
+  // Plain output's silence while steps move before a progress line says how far they got. Each
+  // progress line doubles it, up to kLongestProgressInterval, and state lines leave it as it is:
+  // the progress lines of a whole run are about log2(its length / 10 s) plus one per 5 minutes
+  // past the first ten, so a run of 14 trials fits a screen however slow its machine.
   static constexpr std::chrono::seconds kProgressInterval{10};
   static constexpr std::chrono::seconds kLongestProgressInterval{300};
 
