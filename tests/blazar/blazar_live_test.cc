@@ -266,5 +266,20 @@ TEST_F(BlazarLiveTest, NoHostLeftAndARefusedExtendSayWhatBlazarSaid) {
   }
 }
 
+// Blazar makes a Keystone trust from the creator's token. Debian's Keystone carries the fix for
+// application-credential trust escalation, which refuses trusts to every application credential's
+// token, restricted or not ("Delegated tokens cannot manage trusts" in Blazar's log), and Blazar
+// answers that with a bare 500.
+TEST_F(BlazarLiveTest, AnApplicationCredentialThatKeystoneDeniesATrustGetsAHint) {
+  CommandResult refused =
+      Lease({"create", "--node-type", "gpu_a100_pcie", "--duration", "1h", "--name", "by-app"},
+            ApplicationCredentialEnvironment());
+  EXPECT_EXIT_CODE(refused, 1);
+  EXPECT_NE(refused.err.find("HTTP 500"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("Internal Server Error"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("use a password or OIDC login"), std::string::npos) << refused.err;
+  EXPECT_EQ(Lease({"list"}).out.find("by-app"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace llmctl::testing
