@@ -5,7 +5,7 @@ VENV := .venv
 TORCH_CMAKE = $(shell $(VENV)/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 TEST_JOBS ?= 2
 
-.PHONY: setup setup-tests configure build demo-build demo test bench readme-keys clean
+.PHONY: setup setup-tests configure build demo-build demo test thread-safety bench readme-keys clean
 
 setup:
 	@scripts/setup.sh
@@ -43,6 +43,13 @@ test: setup-tests build
 	python3 scripts/slowest_tests.py $(BUILD)/ctest-results.xml 10; \
 	python3 scripts/check_skips.py $(BUILD)/ctest-results.xml tests/expected-skips.txt || rc=1; \
 	exit $$rc
+
+# Clang's -Wthread-safety over the libraries without LibTorch (common, controller, agent, rpc): every
+# LLMCTL_GUARDED_BY field touched only under its mutex, every LLMCTL_REQUIRES function called with it
+# held. It reads the build's compile_commands.json and needs only the generated protobuf headers.
+thread-safety: setup-tests configure
+	cmake --build $(BUILD) --target llmctl_proto
+	python3 scripts/thread_safety.py $(BUILD)
 
 # Regenerates docs/experiment-files.md's trial-key table from the registry (a test checks they agree).
 readme-keys: build

@@ -40,6 +40,8 @@ TEST_PACKAGES=(
   keystone uwsgi-plugin-python3 python3-openstackclient
   # cloud-init and shellcheck check the node bootstrap's user-data (controller/openstack/user_data.cc).
   cloud-init shellcheck
+  # clang (14) checks the lock annotations: make thread-safety (scripts/thread_safety.py).
+  clang
 )
 if ((with_tests)); then
   DEBIAN_PACKAGES+=("${TEST_PACKAGES[@]}")

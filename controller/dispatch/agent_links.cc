@@ -48,7 +48,7 @@ void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::
     // under the mutex, so erasing is safe.
     std::set<std::string> listed;
     for (const store::NodeRecord& node : nodes) listed.insert(node.name);
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     std::erase_if(links_, [&](const auto& entry) { return !listed.contains(entry.first); });
   }
   for (const store::NodeRecord& node : nodes) {
@@ -56,7 +56,7 @@ void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::
     Link* link = EnsureLink(node, now);
     bool due;
     {
-      std::lock_guard lock(shared_.mutex);
+      MutexLock lock(shared_.mutex);
       due = now >= link->next_health_at;
     }
     if (due) CheckHealth(*link, now);
@@ -64,7 +64,7 @@ void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::
 }
 
 AgentLinks::Link* AgentLinks::EnsureLink(const store::NodeRecord& node, store::Time now) {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   std::unique_ptr<Link>& link = links_[node.name];
   // A removed node registered again before a round erased its old link starts afresh.
   if (link == nullptr || link->removed) {
@@ -90,7 +90,7 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
   record.address = link.address;
   std::shared_ptr<v1::Agent::Stub> stub;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     stub = link.stub;
   }
   if (stub == nullptr) {
@@ -107,7 +107,7 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
     auto context = shared_.CallContext();
     health = rpc::FromGrpcStatus(stub->GetNodeInfo(context.get(), {}, &info));
   }
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   if (link.removed) return;  // Disconnect ran meanwhile: keep its link disconnected
   link.health_backoff =
       health.ok() ? std::chrono::milliseconds(0)
@@ -161,7 +161,7 @@ std::vector<AttemptKey> AgentLinks::ForgottenRuns(
     const std::vector<store::RunningAttempt>& running) {
   std::vector<Link*> links;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     for (auto& [name, link] : links_) links.push_back(link.get());
   }
   std::vector<AttemptKey> forgotten;
@@ -173,7 +173,7 @@ void AgentLinks::Reconcile(Link& link, const std::vector<store::RunningAttempt>&
                            std::vector<AttemptKey>& forgotten) {
   std::shared_ptr<v1::Agent::Stub> stub;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     if (!link.connected || !link.needs_reconcile) return;
     stub = link.stub;
   }
@@ -197,7 +197,7 @@ void AgentLinks::Reconcile(Link& link, const std::vector<store::RunningAttempt>&
                  AttemptName(attempt), attempt.experiment_id);
     forgotten.emplace_back(attempt.trial_id, attempt.attempt);
   }
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   link.needs_reconcile = false;
 }
 
@@ -205,7 +205,7 @@ std::vector<AttemptKey> AgentLinks::SilentRuns(const std::vector<store::RunningA
                                                store::Time now) {
   std::vector<scheduler::RunningAttempt> attempts;
   {
-    std::lock_guard lock(shared_.mutex);
+    MutexLock lock(shared_.mutex);
     for (const store::RunningAttempt& attempt : running) {
       // A multi-node attempt is lost when any of its nodes is silent: its ranks cannot go on
       // without that node's.
@@ -239,19 +239,19 @@ std::vector<AttemptKey> AgentLinks::SilentRuns(const std::vector<store::RunningA
 }
 
 std::shared_ptr<v1::Agent::Stub> AgentLinks::Stub(const std::string& node) {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   const Link* link = FindLocked(node);
   return link == nullptr ? nullptr : link->stub;
 }
 
 std::string AgentLinks::Unusable(const std::string& node) {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   const Link* link = FindLocked(node);
   return link == nullptr || !link->connected ? "" : link->unusable;
 }
 
 void AgentLinks::Disconnect(const std::string& node) {
-  std::lock_guard lock(shared_.mutex);
+  MutexLock lock(shared_.mutex);
   if (Link* link = FindLocked(node); link != nullptr) {
     link->removed = true;
     link->connected = false;
