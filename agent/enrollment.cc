@@ -4,8 +4,8 @@
 
 #include <filesystem>
 #include <iostream>
-#include <mutex>
 
+#include "common/mutex.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/tls.h"
 
@@ -47,7 +47,7 @@ class EnrollmentService final : public v1::AgentEnrollment::Service {
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                           "enrollment: only the controller may call");
     }
-    std::lock_guard lock(mutex_);  // one enrollment at a time
+    MutexLock lock(mutex_);  // one enrollment at a time
     if (done_) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "enrollment: already enrolled");
     }
@@ -76,7 +76,7 @@ class EnrollmentService final : public v1::AgentEnrollment::Service {
   }
 
   bool done() const {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     return done_;
   }
 
@@ -102,8 +102,8 @@ class EnrollmentService final : public v1::AgentEnrollment::Service {
   }
 
   const EnrollmentOptions options_;
-  mutable std::mutex mutex_;
-  bool done_ = false;  // guarded by mutex_
+  mutable Mutex mutex_;
+  bool done_ LLMCTL_GUARDED_BY(mutex_) = false;
 };
 
 StatusOr<std::unique_ptr<EnrollmentServer>> EnrollmentServer::Start(EnrollmentOptions options) {

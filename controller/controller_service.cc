@@ -568,7 +568,7 @@ grpc::Status ControllerService::RegisterNode(grpc::ServerContext* context,
     if (!request->address().empty()) RETURN_IF_ERROR(ValidateAgentAddress(request->address()));
     // Held from the check of the current token to the new one's storing, so that two calls
     // cannot both find the name free.
-    std::lock_guard registering(registration_mutex_);
+    MutexLock registering(registration_mutex_);
     StatusOr<std::string> current_token = secrets_.NodeToken(request->name());
     if (current_token.ok()) {
       // A live node: only a holder of its token may replace its credentials, else any caller
@@ -690,7 +690,7 @@ grpc::Status ControllerService::EnrollNode(grpc::ServerContext* context,
     }
     // One enrollment of a name at a time, and none while RegisterNode changes its secrets: the
     // token is checked and spent under the same lock.
-    std::lock_guard registering(registration_mutex_);
+    MutexLock registering(registration_mutex_);
     response->set_name(name);
     if (!secrets_.HasEnrollment(name) && secrets_.NodeToken(name).ok()) {
       response->set_already_enrolled(true);

@@ -5,10 +5,10 @@
 #define LLMCTL_CONTROLLER_CONTROLLER_SERVICE_H_
 
 #include <functional>
-#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "common/mutex.h"
 #include "controller/blob_store.h"
 #include "controller/change_notifier.h"
 #include "controller/clock.h"
@@ -73,9 +73,11 @@ class ControllerService final : public v1::Controller::Service {
                      const std::function<Status()>& body) const;
   StatusOr<int64_t> ResolveExperimentId(int64_t requested);
   StatusOr<v1::ExperimentStatus> BuildStatus(int64_t experiment_id);
-  // RegisterNode's two kinds of issue, under registration_mutex_.
-  Status IssueCredentials(const std::string& node, v1::NodeCredentials& response);
-  Status IssueEnrollment(const std::string& node, v1::NodeCredentials& response);
+  // RegisterNode's two kinds of issue.
+  Status IssueCredentials(const std::string& node, v1::NodeCredentials& response)
+      LLMCTL_REQUIRES(registration_mutex_);
+  Status IssueEnrollment(const std::string& node, v1::NodeCredentials& response)
+      LLMCTL_REQUIRES(registration_mutex_);
   // The grant for an agent that presented `token` as node `node`'s enrollment token: `token_out`
   // becomes its node token, for CompleteEnrollment once the agent has it.
   StatusOr<v1::EnrollmentGrant> DecideEnrollment(const std::string& node, const std::string& token,
@@ -93,7 +95,7 @@ class ControllerService final : public v1::Controller::Service {
   const std::string api_token_;
   // The controller's client certificate, for EnrollNode's call to the node (empty: it refuses).
   const rpc::TlsIdentity controller_identity_;
-  std::mutex registration_mutex_;  // serialises RegisterNode's check and change of a name's token
+  Mutex registration_mutex_;  // serialises RegisterNode's check and change of a name's token
 };
 
 // "letters, digits and '-'", 1 to 63 of them: a DNS label, as the agent's certificate name needs.

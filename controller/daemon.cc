@@ -158,7 +158,7 @@ Daemon::~Daemon() { Shutdown(); }
 
 void Daemon::Shutdown() {
   {
-    std::lock_guard lock(shutdown_mutex_);
+    MutexLock lock(shutdown_mutex_);
     if (shut_down_) return;
     shut_down_ = true;
   }

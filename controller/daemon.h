@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "controller/blob_store.h"
 #include "controller/change_notifier.h"
@@ -73,8 +74,8 @@ class Daemon {
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<ControllerService> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::mutex shutdown_mutex_;
-  bool shut_down_ = false;  // guarded by shutdown_mutex_
+  Mutex shutdown_mutex_;
+  bool shut_down_ LLMCTL_GUARDED_BY(shutdown_mutex_) = false;
 };
 
 // Loads DATA/controller/{client.crt,client.key} with the CA's certificate, issuing them on first

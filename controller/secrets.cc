@@ -41,6 +41,7 @@ StatusOr<std::unique_ptr<SecretsFile>> SecretsFile::Open(std::string path) {
     return FailedPreconditionError(path + " can be read by others; run chmod 600 on it");
   }
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, 64 << 20));
+  MutexLock lock(secrets->mutex_);  // not shared yet; held so the analysis sees the fields' rule
   try {
     const nlohmann::json json = nlohmann::json::parse(text);
     for (const auto& [node, token] : json.at("node_tokens").items()) {
@@ -66,7 +67,7 @@ StatusOr<std::unique_ptr<SecretsFile>> SecretsFile::Open(std::string path) {
 
 Status SecretsFile::PutNodeToken(std::string_view node, std::string_view token,
                                  std::string_view certificate_name) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   node_tokens_[std::string(node)] = std::string(token);
   if (certificate_name.empty()) {
     node_certificate_names_.erase(std::string(node));
@@ -77,7 +78,7 @@ Status SecretsFile::PutNodeToken(std::string_view node, std::string_view token,
 }
 
 Status SecretsFile::RemoveNodeToken(std::string_view node) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const bool had_token = node_tokens_.erase(std::string(node)) > 0;
   const bool had_name = node_certificate_names_.erase(std::string(node)) > 0;
   const bool had_enrollment = enrollments_.erase(std::string(node)) > 0;
@@ -86,7 +87,7 @@ Status SecretsFile::RemoveNodeToken(std::string_view node) {
 }
 
 StatusOr<std::string> SecretsFile::NodeToken(std::string_view node) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = node_tokens_.find(node);
   if (it == node_tokens_.end())
     return NotFoundError("no token for node '" + std::string(node) + "'");
@@ -94,7 +95,7 @@ StatusOr<std::string> SecretsFile::NodeToken(std::string_view node) const {
 }
 
 StatusOr<std::string> SecretsFile::NodeCertificateName(std::string_view node) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (!node_tokens_.contains(node)) {
     return NotFoundError("no token for node '" + std::string(node) + "'");
   }
@@ -105,7 +106,7 @@ StatusOr<std::string> SecretsFile::NodeCertificateName(std::string_view node) co
 
 Status SecretsFile::PutEnrollment(std::string_view node, std::string_view token,
                                   int64_t expires_unix, std::string_view certificate_name) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   enrollments_[std::string(node)] = {digest::Sha256Hex(token), expires_unix,
                                      std::string(certificate_name)};
   return WriteLocked();
@@ -113,7 +114,7 @@ Status SecretsFile::PutEnrollment(std::string_view node, std::string_view token,
 
 StatusOr<std::string> SecretsFile::CheckEnrollment(std::string_view node, std::string_view token,
                                                    int64_t now_unix) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const std::string name(node);
   auto it = enrollments_.find(node);
   if (it == enrollments_.end()) {
@@ -144,12 +145,12 @@ StatusOr<std::string> SecretsFile::CheckEnrollment(std::string_view node, std::s
 }
 
 bool SecretsFile::HasEnrollment(std::string_view node) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return enrollments_.contains(node);
 }
 
 Status SecretsFile::CompleteEnrollment(std::string_view node, std::string_view token) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = enrollments_.find(node);
   if (it == enrollments_.end()) {
     return FailedPreconditionError("node '" + std::string(node) + "' has no enrollment pending");

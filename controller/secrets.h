@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace llmctl::controller {
@@ -65,7 +65,7 @@ class SecretsFile {
 
  private:
   explicit SecretsFile(std::string path) : path_(std::move(path)) {}
-  Status WriteLocked();
+  Status WriteLocked() LLMCTL_REQUIRES(mutex_);
 
   struct Enrollment {
     std::string token_sha256;
@@ -74,10 +74,10 @@ class SecretsFile {
   };
 
   const std::string path_;
-  mutable std::mutex mutex_;
-  std::map<std::string, std::string, std::less<>> node_tokens_;             // guarded by mutex_
-  std::map<std::string, std::string, std::less<>> node_certificate_names_;  // guarded by mutex_
-  std::map<std::string, Enrollment, std::less<>> enrollments_;              // guarded by mutex_
+  mutable Mutex mutex_;
+  std::map<std::string, std::string, std::less<>> node_tokens_ LLMCTL_GUARDED_BY(mutex_);
+  std::map<std::string, std::string, std::less<>> node_certificate_names_ LLMCTL_GUARDED_BY(mutex_);
+  std::map<std::string, Enrollment, std::less<>> enrollments_ LLMCTL_GUARDED_BY(mutex_);
 };
 
 }  // namespace llmctl::controller
