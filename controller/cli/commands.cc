@@ -20,6 +20,7 @@
 #include "common/text.h"
 #include "controller/cli/artifact_file.h"
 #include "controller/cli/calibration.h"
+#include "controller/cli/local_rates.h"
 #include "controller/cli/client.h"
 #include "controller/cli/daemons.h"
 #include "controller/cli/estimate.h"
@@ -104,6 +105,9 @@ class Llmctl {
   // The runs estimate, plan and submit calibrate their predicted time with (a note on standard
   // error when the store cannot be read).
   StoredCalibrations LoadCalibrations();
+  // The rates a CPU trial's time is predicted at (this machine's probe, measured the first time);
+  // with `only_embedded`, only when the trials run on this machine's embedded agent.
+  LocalRates LoadLocalRates(bool only_embedded);
   int Node(const std::vector<std::string>& args, std::ostream& out);
   // Tells the controller where `node up`'s agent is and on which lease, then waits until the
   // controller reaches it.
@@ -220,8 +224,10 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
   // is not meant to is worth a second look, but the prediction may be wrong, so it is a warning,
   // not a refusal.
   const StoredCalibrations calibrations = LoadCalibrations();
+  const LocalRates rates = LoadLocalRates(/*only_embedded=*/true);
   EstimateOptions estimate_options;
   estimate_options.calibrate = calibrations.Lookup();
+  estimate_options.rates = rates.Lookup();
   StatusOr<std::vector<TrialPrediction>> predictions =
       PredictTrials(*checked, file, estimate_options);
   if (!predictions.ok()) return Fail(predictions.status());
@@ -376,6 +382,14 @@ StoredCalibrations Llmctl::LoadCalibrations() {
   return calibrations;
 }
 
+LocalRates Llmctl::LoadLocalRates(bool only_embedded) {
+  if (only_embedded) {
+    StatusOr<ControllerAddress> address = ResolveControllerAddress(context_.env);
+    if (!address.ok() || !address->embedded) return LocalRates();
+  }
+  return LocalRates::Load(context_.env, context_.self, context_.err);
+}
+
 int Llmctl::Lease(const std::vector<std::string>& args, std::ostream& out) {
   openstack::LeaseCommandContext lease_context;
   lease_context.env = [this](const std::string& name) { return context_.env(name); };
@@ -387,19 +401,19 @@ int Llmctl::Node(const std::vector<std::string>& args, std::ostream& out) {
   openstack::NodeCommandContext node_context;
   node_context.env = [this](const std::string& name) { return context_.env(name); };
   if (context_.cloud_clock != nullptr) node_context.clock = context_.cloud_clock;
-  node_context.issue_agent_secrets =
-      [this](const std::string& node) -> StatusOr<openstack::AgentSecrets> {
+  node_context.issue_enrollment =
+      [this](const std::string& node) -> StatusOr<openstack::NodeEnrollment> {
     ASSIGN_OR_RETURN(std::unique_ptr<v1::Controller::Stub> stub, Connect());
-    // The floating IP comes after the server, so the address follows with UpdateNode.
+    // The floating IP comes after the server, so the address follows with UpdateNode, and the
+    // node's credentials with EnrollNode once its agent waits there.
     v1::RegisterNodeRequest request;
     request.set_name(node);
+    request.set_enroll(true);
     v1::NodeCredentials issued;
     RETURN_IF_ERROR(
         rpc::FromGrpcStatus(stub->RegisterNode(UnaryContext().get(), request, &issued)));
-    return openstack::AgentSecrets{.ca_pem = issued.ca_certificate_pem(),
-                                   .certificate_pem = issued.certificate_pem(),
-                                   .private_key_pem = issued.private_key_pem(),
-                                   .token = issued.token()};
+    return openstack::NodeEnrollment{.ca_pem = issued.ca_certificate_pem(),
+                                     .enrollment_token = issued.enrollment_token()};
   };
   node_context.node_up = [this, &out](const openstack::NodeUp& up) { return AwaitAgent(up, out); };
   node_context.node_down = [this, &out](const std::string& node) {
@@ -475,7 +489,27 @@ Status Llmctl::AwaitAgent(const openstack::NodeUp& up, std::ostream& out) {
   // The first polls come quickly (an agent that is already running answers within a dispatcher
   // round), then double up to agent_poll_interval for a node that is still booting.
   std::chrono::milliseconds poll = std::min(kFirstAgentPoll, context_.agent_poll_interval);
+  bool enrolled = false;
   while (true) {
+    if (!enrolled) {
+      v1::EnrollNodeRequest enroll;
+      enroll.set_name(up.node.name);
+      v1::EnrollNodeResponse response;
+      const Status told =
+          rpc::FromGrpcStatus(stub->EnrollNode(UnaryContext().get(), enroll, &response));
+      enrolled = told.ok();
+      if (told.ok() && !response.already_enrolled()) {
+        out << "node " << up.node.name
+            << ": enrolled (its certificate and token went over the link)\n"
+            << std::flush;
+      }
+      // Unavailable: no agent waits there yet (the node is still booting); anything else is a
+      // refusal that waiting does not change.
+      if (!told.ok() && told.code() != StatusCode::kUnavailable &&
+          told.code() != StatusCode::kDeadlineExceeded) {
+        return told;
+      }
+    }
     v1::ListNodesResponse nodes;
     RETURN_IF_ERROR(
         rpc::FromGrpcStatus(stub->ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes)));
@@ -909,7 +943,9 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   }
   if (estimate->parsed()) {
     const StoredCalibrations calibrations = LoadCalibrations();
+    const LocalRates rates = LoadLocalRates(/*only_embedded=*/false);
     estimate_options.calibrate = calibrations.Lookup();
+    estimate_options.rates = rates.Lookup();
     StatusOr<std::string> text = EstimateExperiment(file, estimate_options);
     if (!text.ok()) return Fail(text.status());
     context_.out << *text << std::flush;
@@ -917,7 +953,9 @@ int Llmctl::Run(const std::vector<std::string>& args) {
   }
   if (plan->parsed()) {
     const StoredCalibrations calibrations = LoadCalibrations();
+    const LocalRates rates = LoadLocalRates(/*only_embedded=*/false);
     plan_options.calibrate = calibrations.Lookup();
+    plan_options.rates = rates.Lookup();
     StatusOr<std::string> text = PlanRun(plan_options);
     if (!text.ok()) return Fail(text.status());
     context_.out << *text << std::flush;

@@ -66,9 +66,8 @@ Status Run(const std::string& command, const NodeFlags& flags, std::ostream& out
     if (!image.git_url.empty() && image.git_commit.empty()) {
       return InvalidArgumentError("--agent-git needs --agent-commit (the build is pinned)");
     }
-    if (!context.issue_agent_secrets) {
-      return FailedPreconditionError(
-          "node up needs the controller to issue the agent's certificate and token");
+    if (!context.issue_enrollment) {
+      return FailedPreconditionError("node up needs the controller to issue the node's enrollment");
     }
   }
   ASSIGN_OR_RETURN(Credentials creds, LoadCredentials(flags.os_cloud, context.env));
@@ -87,7 +86,7 @@ Status Run(const std::string& command, const NodeFlags& flags, std::ostream& out
       config.node = node;
       config.agent_port = agent_port;
       config.source = image;
-      ASSIGN_OR_RETURN(config.secrets, context.issue_agent_secrets(node));
+      ASSIGN_OR_RETURN(config.enrollment, context.issue_enrollment(node));
       return AgentUserData(config);
     };
     // The bootstrap's inputs are checked before anything is made in the cloud.

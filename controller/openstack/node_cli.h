@@ -34,10 +34,12 @@ struct NodeCommandContext {
   http::ClientOptions http_options;
   SessionOptions session_options;
   NodeOptions node_options;
-  // The controller's: a certificate for agent-<node>.llmctl, its key, the CA and a token. Called
-  // only when a server is about to be created. Unset: `node up` refuses to boot a server.
-  std::function<StatusOr<AgentSecrets>(const std::string& node)> issue_agent_secrets;
-  // Called once `node up` has the node's floating IP; its error fails the command (the node stays
+  // The controller's: the CA certificate and a one-time enrollment token for the node (RegisterNode
+  // with `enroll`). Called only when a server is about to be created. Unset: `node up` refuses to
+  // boot a server.
+  std::function<StatusOr<NodeEnrollment>(const std::string& node)> issue_enrollment;
+  // Called once `node up` has the node's floating IP (the caller enrolls the node's agent and waits
+  // for it to answer); its error fails the command (the node stays
   // up; rerunning `node up` finishes). Unset: nothing is told.
   std::function<Status(const NodeUp& up)> node_up;
   // Called by `node down` before anything is deleted, so that the controller forgets the node and

@@ -18,13 +18,10 @@ namespace {
 using llmctl::testing::Simulator;
 using nlohmann::json;
 
-constexpr char kToken[] = "node-token-S3CRET";
+constexpr char kToken[] = "enrollment-token-S3CRET";
 
-AgentSecrets FakeSecrets() {
-  auto pem = [](const std::string& kind) {
-    return "-----BEGIN " + kind + "-----\nQUJDRA==\n-----END " + kind + "-----\n";
-  };
-  return {pem("CERTIFICATE"), pem("CERTIFICATE"), pem("PRIVATE KEY"), kToken};
+NodeEnrollment FakeEnrollment() {
+  return {"-----BEGIN CERTIFICATE-----\nQUJDRA==\n-----END CERTIFICATE-----\n", kToken};
 }
 
 // Runs `command` through the shell; its exit code and stdout.
@@ -64,9 +61,9 @@ class NodeCliTest : public ::testing::Test {
     context.env = sim_->Environment();
     context.clock = &sim_->clock();
     context.http_options.sleep = [](std::chrono::milliseconds) {};
-    context.issue_agent_secrets = [this](const std::string& node) -> StatusOr<AgentSecrets> {
+    context.issue_enrollment = [this](const std::string& node) -> StatusOr<NodeEnrollment> {
       issued_for_.push_back(node);
-      return FakeSecrets();
+      return FakeEnrollment();
     };
     std::ostringstream out, err;
     int code = RunNodeCommand(args, out, err, context);

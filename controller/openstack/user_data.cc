@@ -181,13 +181,16 @@ constexpr char kScriptTail[] = R"SH(
 mkdir -p /var/lib/llmctl
 chmod 700 /var/lib/llmctl
 docker rm -f llm-agent >/dev/null 2>&1 || true
+# The agent waits for the controller to enroll it with the one-time token, then keeps the node's
+# certificate, key and token in $CREDENTIALS_DIR (a restart finds them there and skips that).
 docker run -d --name llm-agent --restart unless-stopped --gpus all --ipc host \
   -p "$AGENT_PORT:$AGENT_PORT" \
   -v "$CONFIG_DIR:$CONFIG_DIR:ro" -v /var/lib/llmctl:/var/lib/llmctl \
   "$IMAGE" \
   --listen "0.0.0.0:$AGENT_PORT" --data-dir /var/lib/llmctl --node "$NODE" \
-  --ca "$CONFIG_DIR/ca.pem" --cert "$CONFIG_DIR/agent.pem" --key "$CONFIG_DIR/agent.key" \
-  --token-file "$CONFIG_DIR/agent.token" --llm-train /usr/local/bin/llm-train
+  --ca "$CONFIG_DIR/ca.pem" --enrollment-token-file "$CONFIG_DIR/enrollment.token" \
+  --cert "$CREDENTIALS_DIR/agent.pem" --key "$CREDENTIALS_DIR/agent.key" \
+  --token-file "$CREDENTIALS_DIR/agent.token" --llm-train /usr/local/bin/llm-train
 echo "llmctl-bootstrap: llm-agent started on port $AGENT_PORT"
 )SH";
 
@@ -197,7 +200,7 @@ StatusOr<std::string> BootstrapScript(const BootstrapConfig& config) {
   RETURN_IF_ERROR(CheckConfig(config));
   std::string script = kScriptHead;
   script += "\nNODE=\"" + config.node + "\"\nAGENT_PORT=" + std::to_string(config.agent_port) +
-            "\nCONFIG_DIR=" + kNodeConfigDir + "\n";
+            "\nCONFIG_DIR=" + kNodeConfigDir + "\nCREDENTIALS_DIR=" + kNodeCredentialsDir + "\n";
   if (!config.source.image.empty()) {
     script += "IMAGE=\"" + config.source.image + "\"\nretry docker pull \"$IMAGE\"\n";
   } else {
@@ -217,24 +220,19 @@ StatusOr<std::string> BootstrapScript(const BootstrapConfig& config) {
 
 StatusOr<std::string> AgentUserData(const BootstrapConfig& config) {
   ASSIGN_OR_RETURN(std::string script, BootstrapScript(config));
-  const AgentSecrets& secrets = config.secrets;
-  RETURN_IF_ERROR(CheckPem(secrets.ca_pem, "CA certificate"));
-  RETURN_IF_ERROR(CheckPem(secrets.certificate_pem, "agent certificate"));
-  RETURN_IF_ERROR(CheckPem(secrets.private_key_pem, "agent private key"));
-  if (!AllOf(secrets.token, TokenChar)) {
+  const NodeEnrollment& enrollment = config.enrollment;
+  RETURN_IF_ERROR(CheckPem(enrollment.ca_pem, "CA certificate"));
+  if (!AllOf(enrollment.enrollment_token, TokenChar)) {
     return InvalidArgumentError(
-        "bootstrap token is empty or holds whitespace or control "
-        "characters");
+        "enrollment token is empty or holds whitespace or control characters");
   }
   const std::string dir = kNodeConfigDir;
   std::string user_data =
       "#cloud-config\n"
-      "# llmctl: the node's agent credentials (0600) and its bootstrap script.\n"
+      "# llmctl: the controller's CA, the node's one-time enrollment token and its bootstrap.\n"
       "write_files:\n" +
-      WriteFile(dir + "/ca.pem", "0600", secrets.ca_pem) +
-      WriteFile(dir + "/agent.pem", "0600", secrets.certificate_pem) +
-      WriteFile(dir + "/agent.key", "0600", secrets.private_key_pem) +
-      WriteFile(dir + "/agent.token", "0600", secrets.token) +
+      WriteFile(dir + "/ca.pem", "0600", enrollment.ca_pem) +
+      WriteFile(dir + "/enrollment.token", "0600", enrollment.enrollment_token) +
       WriteFile("/usr/local/sbin/llmctl-bootstrap", "0700", script) +
       "runcmd:\n"
       "  - [/usr/local/sbin/llmctl-bootstrap]\n";

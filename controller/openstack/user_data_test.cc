@@ -9,13 +9,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 namespace llmctl::openstack {
 namespace {
 
-constexpr char kToken[] = "tok-S3CRET-never-logged";
-constexpr char kKeyBody[] = "MHcCAQEEIKeySecretBodyThatMustNotLeakAAAAAAAAAAoAoGCCqGSM49";
+constexpr char kToken[] = "enroll-S3CRET-never-logged";
 
 std::string Pem(const std::string& kind, const std::string& body) {
   return "-----BEGIN " + kind + "-----\n" + body + "\n-----END " + kind + "-----\n";
@@ -26,9 +26,7 @@ BootstrapConfig PulledImage() {
   config.node = "lease1";
   config.agent_port = 7443;
   config.source.image = "registry.example.org/llmctl/agent:1.0";
-  config.secrets = {Pem("CERTIFICATE", "Q0FjZXJ0aWZpY2F0ZQ=="),
-                    Pem("CERTIFICATE", "YWdlbnRjZXJ0aWZpY2F0ZQ=="), Pem("EC PRIVATE KEY", kKeyBody),
-                    kToken};
+  config.enrollment = {Pem("CERTIFICATE", "Q0FjZXJ0aWZpY2F0ZQ=="), kToken};
   return config;
 }
 
@@ -70,7 +68,10 @@ class TempDir {
   std::string path_;
 };
 
-TEST(UserDataTest, WritesTheSecretsAs0600FilesAndRunsTheScript) {
+// The metadata service serves user data to any process on the node for the server's life: it
+// holds the CA certificate (public) and the one-time enrollment token (spent once the agent is
+// enrolled, dead after an hour), never a private key nor the node's token.
+TEST(UserDataTest, CarriesOnlyTheCaAndTheEnrollmentTokenAs0600FilesAndRunsTheScript) {
   BootstrapConfig config = PulledImage();
   auto user_data = AgentUserData(config);
   ASSERT_TRUE(user_data.ok()) << user_data.status().ToString();
@@ -81,22 +82,18 @@ TEST(UserDataTest, WritesTheSecretsAs0600FilesAndRunsTheScript) {
     files[file["path"].as<std::string>()] = {file["permissions"].as<std::string>(),
                                              file["content"].as<std::string>()};
   }
-  EXPECT_EQ(files["/etc/llmctl/ca.pem"],
-            std::make_pair(std::string("0600"), config.secrets.ca_pem));
-  EXPECT_EQ(files["/etc/llmctl/agent.pem"],
-            std::make_pair(std::string("0600"), config.secrets.certificate_pem));
-  EXPECT_EQ(files["/etc/llmctl/agent.key"],
-            std::make_pair(std::string("0600"), config.secrets.private_key_pem));
-  EXPECT_EQ(files["/etc/llmctl/agent.token"],
-            std::make_pair(std::string("0600"), std::string(kToken) + "\n"));
   auto script = BootstrapScript(config);
   ASSERT_TRUE(script.ok());
-  EXPECT_EQ(files["/usr/local/sbin/llmctl-bootstrap"],
-            std::make_pair(std::string("0700"), *script));
+  const std::map<std::string, std::pair<std::string, std::string>> expected = {
+      {"/etc/llmctl/ca.pem", {"0600", config.enrollment.ca_pem}},
+      {"/etc/llmctl/enrollment.token", {"0600", std::string(kToken) + "\n"}},
+      {"/usr/local/sbin/llmctl-bootstrap", {"0700", *script}}};
+  EXPECT_EQ(files, expected);
+  EXPECT_EQ(user_data->find("PRIVATE KEY"), std::string::npos);
+  EXPECT_EQ(user_data->find("agent.token\n"), std::string::npos);
   EXPECT_EQ(root["runcmd"][0][0].as<std::string>(), "/usr/local/sbin/llmctl-bootstrap");
   // The script itself holds no secret: it reads the files.
   EXPECT_EQ(script->find(kToken), std::string::npos);
-  EXPECT_EQ(script->find(kKeyBody), std::string::npos);
 }
 
 TEST(UserDataTest, ScriptSetsUpTheGpuRuntimeAndStartsTheAgentWithItsFlags) {
@@ -110,8 +107,9 @@ TEST(UserDataTest, ScriptSetsUpTheGpuRuntimeAndStartsTheAgentWithItsFlags) {
         "-p \"$AGENT_PORT:$AGENT_PORT\"", "AGENT_PORT=7443", "NODE=\"lease1\"",
         // llm-agent's required flags (agent/main.cc).
         "--listen \"0.0.0.0:$AGENT_PORT\"", "--data-dir /var/lib/llmctl", "--node \"$NODE\"",
-        "--ca \"$CONFIG_DIR/ca.pem\"", "--cert \"$CONFIG_DIR/agent.pem\"",
-        "--key \"$CONFIG_DIR/agent.key\"", "--token-file \"$CONFIG_DIR/agent.token\"",
+        "--ca \"$CONFIG_DIR/ca.pem\"", "--enrollment-token-file \"$CONFIG_DIR/enrollment.token\"",
+        "CREDENTIALS_DIR=/var/lib/llmctl/credentials", "--cert \"$CREDENTIALS_DIR/agent.pem\"",
+        "--key \"$CREDENTIALS_DIR/agent.key\"", "--token-file \"$CREDENTIALS_DIR/agent.token\"",
         "--llm-train /usr/local/bin/llm-train"}) {
     EXPECT_NE(script->find(expected), std::string::npos) << expected;
   }
@@ -250,18 +248,18 @@ TEST(UserDataTest, BadInputNamesTheFieldAndNeverTheSecret) {
   config.source.git_url = "https://example.org/$(reboot)";
   EXPECT_NE(message(config).find("is not an https:// or git@ URL"), std::string::npos);
   config = PulledImage();
-  config.secrets.private_key_pem = std::string(kKeyBody) + "\n";
-  EXPECT_EQ(message(config), "bootstrap agent private key is not a PEM block");
+  config.enrollment.ca_pem = "not a PEM\n";
+  EXPECT_EQ(message(config), "bootstrap CA certificate is not a PEM block");
   config = PulledImage();
-  config.secrets.token = std::string(kToken) + " x";
+  config.enrollment.enrollment_token = std::string(kToken) + " x";
   std::string token_message = message(config);
-  EXPECT_NE(token_message.find("bootstrap token"), std::string::npos);
+  EXPECT_NE(token_message.find("enrollment token is empty or holds whitespace"), std::string::npos);
   EXPECT_EQ(token_message.find(kToken), std::string::npos);
 }
 
 TEST(UserDataTest, RefusesMoreThan64KiB) {
   BootstrapConfig config = PulledImage();
-  config.secrets.certificate_pem = Pem("CERTIFICATE", std::string(70 * 1024, 'A'));
+  config.enrollment.ca_pem = Pem("CERTIFICATE", std::string(70 * 1024, 'A'));
   auto result = AgentUserData(config);
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.status().message().find("cloud-init takes at most 65536"), std::string::npos)

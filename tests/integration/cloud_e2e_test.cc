@@ -1,9 +1,10 @@
 // The cloud path end to end with the built `llmctl` as a user runs it: lease create --wait, node
 // up, submit --wait, report, node down, lease delete, daemon stop, against the OpenStack simulator
 // following the system's clock. No node boots: once `node up` has made the server, the test reads
-// the user-data Nova was given (the credentials the controller issued for the node) and starts an
-// llm-agent with them on the floating IP (127.0.0.x, loopback), as cloud-init would on the node. A
-// shell script stands in for llm-train (the trainer's own tests cover it).
+// the user-data Nova was given (the CA certificate and the node's one-time enrollment token) and
+// starts an llm-agent with them on the floating IP (127.0.0.x, loopback), as cloud-init would on
+// the node; `node up` then enrolls it over the link. A shell script stands in for llm-train (the
+// trainer's own tests cover it).
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -128,11 +129,10 @@ class CloudEndToEndTest : public ::testing::Test {
     return nullptr;
   }
 
-  // What cloud-init would do on the node: write the credentials from the user-data's write_files
-  // and start the agent on the floating IP.
+  // What cloud-init would do on the node: write the files of the user-data's write_files and start
+  // the agent on the floating IP, waiting to be enrolled.
   void StandInForNode(const json& server, int agent_port) {
     const std::string encoded = server["user_data"];
-    std::string decoded;
     {  // base64, as Nova takes it
       static const std::string kAlphabet =
           "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -145,23 +145,24 @@ class CloudEndToEndTest : public ::testing::Test {
         count += 6;
         if (count >= 8) {
           count -= 8;
-          decoded.push_back(static_cast<char>((bits >> count) & 0xff));
+          user_data_.push_back(static_cast<char>((bits >> count) & 0xff));
         }
       }
     }
-    ASSERT_EQ(decoded.rfind("#cloud-config\n", 0), 0u) << decoded.substr(0, 200);
+    ASSERT_EQ(user_data_.rfind("#cloud-config\n", 0), 0u) << user_data_.substr(0, 200);
     const fs::path etc = home_ / "node-etc";
     fs::create_directories(etc);
     std::map<std::string, fs::path> written;
-    for (const YAML::Node& file : YAML::Load(decoded)["write_files"]) {
+    for (const YAML::Node& file : YAML::Load(user_data_)["write_files"]) {
       const fs::path path = file["path"].as<std::string>();
       written[path.filename().string()] = etc / path.filename();
       std::ofstream(etc / path.filename()) << file["content"].as<std::string>();
       fs::permissions(etc / path.filename(), fs::perms::owner_read | fs::perms::owner_write);
     }
-    for (const char* name : {"ca.pem", "agent.pem", "agent.key", "agent.token"}) {
+    for (const char* name : {"ca.pem", "enrollment.token"}) {
       ASSERT_EQ(written.count(name), 1u) << name << " is not in the user-data";
     }
+    const fs::path credentials = home_ / "node-data" / "credentials";
     const std::vector<std::string> args = {
         (BuildDir() / "agent" / "llm-agent").string(),
         "--listen",
@@ -172,12 +173,14 @@ class CloudEndToEndTest : public ::testing::Test {
         kLease,
         "--ca",
         written["ca.pem"].string(),
+        "--enrollment-token-file",
+        written["enrollment.token"].string(),
         "--cert",
-        written["agent.pem"].string(),
+        (credentials / "agent.pem").string(),
         "--key",
-        written["agent.key"].string(),
+        (credentials / "agent.key").string(),
         "--token-file",
-        written["agent.token"].string(),
+        (credentials / "agent.token").string(),
         "--llm-train",
         trainer_.string()};
     agent_pid_ = ::fork();
@@ -193,6 +196,7 @@ class CloudEndToEndTest : public ::testing::Test {
 
   // The site the simulator plays (its Keystone's region).
   std::string region_ = "KVM@TACC";
+  std::string user_data_;  // what StandInForNode read, decoded
   std::unique_ptr<testing::Simulator> simulator_;
   fs::path home_;
   fs::path trainer_;
@@ -221,7 +225,24 @@ TEST_F(CloudEndToEndTest, LeaseNodeSubmitReportAndNothingLeftBehind) {
   StandInForNode(server, agent_port);
   const CommandResult up = node_up.get();
   ASSERT_EQ(up.exit_code, 0) << up.out;
+  EXPECT_NE(up.out.find("node e2e: enrolled (its certificate and token went over the link)"),
+            std::string::npos)
+      << up.out;
   EXPECT_NE(up.out.find("node e2e: the agent answers"), std::string::npos) << up.out;
+  // What any process on the node can read back from the metadata service holds no credential:
+  // the agent's key and token came over the link into 0600 files of its own.
+  const fs::path credentials = home_ / "node-data" / "credentials";
+  for (const char* name : {"agent.pem", "agent.key", "agent.token"}) {
+    ASSERT_TRUE(fs::exists(credentials / name)) << name;
+    EXPECT_EQ(fs::status(credentials / name).permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write)
+        << name;
+  }
+  std::string node_token;
+  std::ifstream(credentials / "agent.token") >> node_token;
+  EXPECT_EQ(node_token.size(), 64u);
+  EXPECT_EQ(user_data_.find(node_token), std::string::npos);
+  EXPECT_EQ(user_data_.find("PRIVATE KEY"), std::string::npos);
 
   const fs::path experiment = home_ / "tiny.yaml";
   fs::copy_file("experiments/data/alpaca-demo.jsonl", home_ / "train.jsonl");
