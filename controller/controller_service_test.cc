@@ -804,6 +804,11 @@ class ControllerTcpTest : public testing::Test {
            v1::DeregisterNodeResponse r;
            return stub.DeregisterNode(c, {}, &r);
          }},
+        {"EnrollNode",
+         [&](grpc::ClientContext* c) {
+           v1::EnrollNodeResponse r;
+           return stub.EnrollNode(c, {}, &r);
+         }},
     };
     std::map<std::string, grpc::Status> statuses;
     const google::protobuf::ServiceDescriptor* service =
@@ -840,7 +845,7 @@ TEST_F(ControllerTcpTest, EveryMethodRefusesACallWithoutTheRightToken) {
   for (const std::string& token : {std::string(), std::string("wrong"),
                                    std::string(kToken).substr(1), std::string(kToken) + "0"}) {
     const std::map<std::string, grpc::Status> statuses = CallEveryMethod(*StubWithToken(token));
-    EXPECT_EQ(statuses.size(), 14u);
+    EXPECT_EQ(statuses.size(), 15u);
     for (const auto& [method, status] : statuses) {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
           << method << " with token '" << token << "': " << status.error_message();
@@ -855,7 +860,7 @@ TEST_F(ControllerTcpTest, EveryMethodRefusesACallWithoutTheRightToken) {
 
   // The right token passes every method (each then fails or not on its own request).
   const std::map<std::string, grpc::Status> statuses = CallEveryMethod(*StubWithToken(kToken));
-  EXPECT_EQ(statuses.size(), 14u);
+  EXPECT_EQ(statuses.size(), 15u);
   for (const auto& [method, status] : statuses) {
     EXPECT_NE(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
         << method << ": " << status.error_message();
