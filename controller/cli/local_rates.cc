@@ -66,6 +66,11 @@ LocalRates LocalRates::FromProbe(const estimate::RateProbe& probe, const std::st
 }
 
 LocalRates LocalRates::Load(const EnvLookup& env, const fs::path& self, std::ostream& err) {
+  if (const std::optional<std::string> setting = env(kRateProbeVariable); setting.has_value()) {
+    if (*setting == "off") return LocalRates();
+    err << "note: " << kRateProbeVariable << "='" << *setting
+        << "' is not 'off' (the only value it takes); this machine's probe is used\n";
+  }
   StatusOr<fs::path> dir = EmbeddedDataDir(env);
   if (!dir.ok()) return LocalRates();  // the calibration's note says why
   const fs::path path = *dir / kProbeFile;

@@ -3,6 +3,8 @@
 // kept as probe.json in the embedded controller's data directory (LLMCTL_HOME). Measured once, by
 // `llm-train --probe` (about 10 s), the first time it is needed, and again when the file is
 // unreadable or names another CPU; without a data directory or llm-train, the data sheets' rates.
+// LLMCTL_RATE_PROBE=off keeps the data sheets without measuring (the tests set it, so that no
+// test's prediction depends on this machine's speed or pays for a probe per data directory).
 #ifndef LLMCTL_CONTROLLER_CLI_LOCAL_RATES_H_
 #define LLMCTL_CONTROLLER_CLI_LOCAL_RATES_H_
 
@@ -17,11 +19,14 @@
 
 namespace llmctl::cli {
 
+inline constexpr char kRateProbeVariable[] = "LLMCTL_RATE_PROBE";
+
 class LocalRates {
  public:
   // The probe at the data directory `env` names, measured first with llm-train (found as the
   // daemons are, beside `self`) when absent, saying so on `err`; none (the data sheets) when there
-  // is no data directory, or llm-train cannot measure (said on `err`).
+  // is no data directory, or llm-train cannot measure (said on `err`), or LLMCTL_RATE_PROBE is
+  // "off" (said nowhere: the estimate's time then names no rates, as the data sheets' never do).
   static LocalRates Load(const EnvLookup& env, const std::filesystem::path& self, std::ostream& err);
   // `probe` as if read from `where` (tests).
   static LocalRates FromProbe(const estimate::RateProbe& probe, const std::string& where);

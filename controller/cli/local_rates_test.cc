@@ -77,6 +77,20 @@ TEST_F(LocalRatesTest, ReadsTheCachedProbeWithoutMeasuring) {
   EXPECT_EQ(h100.rates, "");
 }
 
+TEST_F(LocalRatesTest, OffKeepsTheDataSheetsWithoutMeasuringOrReading) {
+  std::ofstream(home_ / "probe.json") << FixedProbe().ToJson().dump(2);
+  const EnvLookup env = [home = home_.string()](std::string_view name) -> std::optional<std::string> {
+    if (name == "LLMCTL_HOME") return home;
+    if (name == kRateProbeVariable) return "off";
+    return std::nullopt;
+  };
+  std::ostringstream err;
+  const LocalRates rates = LocalRates::Load(env, home_ / "no-such" / "llmctl", err);
+  EXPECT_FALSE(rates.probe().has_value());
+  EXPECT_EQ(err.str(), "");
+  EXPECT_EQ(rates.For(estimate::CpuSpeed()).rates, "");
+}
+
 TEST_F(LocalRatesTest, ABrokenProbeFileIsNamedAndTheSheetsServe) {
   std::ofstream(home_ / "probe.json") << R"({"version": 1})";
   EXPECT_NE(ReadRateProbe(home_ / "probe.json").status().message().find("probe.json"),
