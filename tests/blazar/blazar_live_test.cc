@@ -1,10 +1,10 @@
 // `llmctl lease` (controller/openstack/lease_cli) against the real Blazar (blazar 18.0.0 from PyPI,
 // tests/blazar/blazar_local.py) behind the real Keystone (tests/keystone), with the simulator
-// (tests/openstack_sim) as the Nova and Placement that Blazar's host plugin asks. Three hosts:
-// node-1 and node-2 of node type gpu_a100_pcie, node-3 of compute_cascadelake. One Blazar serves
-// the whole binary and the tests run in order on it; where it cannot start, every test fails with
-// the reason (scripts/setup.sh --tests installs it): a Blazar that does not start is a fault to
-// see, not a skip. Every refusal asserted here is the text the real Blazar sent.
+// (tests/openstack_sim) as the Nova and Placement that Blazar's host and flavor plugins ask. Three
+// hosts: node-1 and node-2 of node type gpu_a100_pcie, node-3 of compute_cascadelake. One Blazar
+// serves the whole binary and the tests run in order on it; where it cannot start, every test fails
+// with the reason (scripts/setup.sh --tests installs it): a Blazar that does not start is a fault
+// to see, not a skip. Every refusal asserted here is the text the real Blazar sent.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -264,6 +264,60 @@ TEST_F(BlazarLiveTest, NoHostLeftAndARefusedExtendSayWhatBlazarSaid) {
   for (const char* name : {"full-1", "full-2", "later"}) {
     EXPECT_EXIT_CODE(Lease({"delete", name}), 0);
   }
+}
+
+// A KVM lease (flavor:instance, Blazar's flavor plugin): Blazar reads the flavor and its extra
+// specs from Nova, counts the instances that fit each host's Placement inventory (48 VCPU, 192 GiB:
+// one g1.h100.pci.1 of 16 VCPU and 128 GiB per host, three in all), then makes a private flavor, an
+// aggregate and a resource class for the reservation, and at the start gives the project the
+// flavor.
+TEST_F(BlazarLiveTest, FlavorLeaseGoesFromPendingToActiveIsExtendedRefusedAndDeleted) {
+  CommandResult created = Lease({"create", "--flavor", "g1.h100.pci.1", "--name", "kvm-a"});
+  EXPECT_EXIT_CODE(created, 0);
+  EXPECT_NE(created.out.find("status:       PENDING"), std::string::npos) << created.out;
+  EXPECT_NE(created.out.find("flavor:instance pending (1 x flavor "), std::string::npos)
+      << created.out;
+  CommandResult waited =
+      Lease({"create", "--flavor", "g1.h100.pci.1", "--name", "kvm-b", "--wait"});
+  EXPECT_EXIT_CODE(waited, 0);
+  EXPECT_NE(waited.out.find("flavor:instance active"), std::string::npos) << waited.out;
+  EXPECT_EXIT_CODE(Lease({"create", "--flavor", "g1.h100.pci.1", "--name", "kvm-c"}), 0);
+
+  CommandResult refused = Lease({"create", "--flavor", "g1.h100.pci.1", "--name", "kvm-d"});
+  EXPECT_EXIT_CODE(refused, 1);
+  EXPECT_NE(refused.err.find("no capacity for that period: 1 x flavor f-h100-1"), std::string::npos)
+      << refused.err;
+  EXPECT_NE(refused.err.find("Not enough hosts available"), std::string::npos) << refused.err;
+
+  CommandResult shown = Lease({"show", "kvm-a"});
+  EXPECT_EXIT_CODE(shown, 0);
+  EXPECT_NE(shown.out.find("status:       ACTIVE"), std::string::npos) << shown.out;
+  // kvm-a's host stays free after it: Blazar moves its end.
+  CommandResult extended = Lease({"extend", "kvm-a", "--duration", "1h"});
+  EXPECT_EXIT_CODE(extended, 0);
+  EXPECT_GT(EndOf(extended.out), EndOf(shown.out)) << shown.out << extended.out;
+
+  // From 10 minutes after kvm-b ends, two leases take the two hosts kvm-a does not hold: kvm-b
+  // cannot grow into them.
+  auto end_b = openstack::ParseUtcTimestamp(EndOf(Lease({"show", "kvm-b"}).out));
+  ASSERT_TRUE(end_b.ok());
+  for (const char* name : {"kvm-later-1", "kvm-later-2"}) {
+    EXPECT_EXIT_CODE(
+        Lease({"create", "--flavor", "g1.h100.pci.1", "--start",
+               FormatUtc(*end_b + 10min, "%Y-%m-%d %H:%M"), "--duration", "2h", "--name", name}),
+        0);
+  }
+  CommandResult extend = Lease({"extend", "kvm-b", "--duration", "1h"});
+  EXPECT_EXIT_CODE(extend, 1);
+  EXPECT_NE(extend.err.find("no capacity to extend lease 'kvm-b'"), std::string::npos)
+      << extend.err;
+  EXPECT_NE(extend.err.find("Not enough hosts available"), std::string::npos) << extend.err;
+
+  for (const char* name : {"kvm-a", "kvm-b", "kvm-c", "kvm-later-1", "kvm-later-2"}) {
+    EXPECT_EXIT_CODE(Lease({"delete", name}), 0);
+  }
+  CommandResult after = Lease({"list"});
+  EXPECT_EQ(after.out.find("kvm-"), std::string::npos) << after.out;
 }
 
 // Blazar makes a Keystone trust from the creator's token. Debian's Keystone carries the fix for

@@ -118,12 +118,15 @@ class State:
         self.security_groups = {}
         self.floating_ips = {}
         self.floating_ip_pool = 20
-        # What Blazar's host plugin asks Nova and Placement about (tests/blazar): aggregates by id, the
-        # resource providers it creates (the hosts' own are derived from self.hosts), and the real
+        # What Blazar's host and flavor plugins ask Nova and Placement about (tests/blazar): aggregates by
+        # id, the resource providers it creates (the hosts' own are derived from self.hosts), their
+        # inventories, the resource classes it creates, and the real
         # Keystone whose tokens are accepted besides this simulator's own (POST /admin/keystone).
         self.aggregates = {}
         self.next_aggregate_id = 1
         self.created_providers = {}  # uuid -> provider
+        self.provider_inventories = {}  # uuid of a created provider -> {resource class: inventory}
+        self.resource_classes = set()  # the CUSTOM_ classes created through the API
         self.keystone_url = None
         self.keystone_admin_token = None
         self.keystone_tokens = {}  # token -> expiry (datetime) as that Keystone said
@@ -219,7 +222,8 @@ class State:
         custom = "resources:CUSTOM_RESERVATION_" + res["id"].upper().replace("-", "_")
         return dict(base, id=res["id"], name="reservation:" + res["id"],
                     extra_specs={"aggregate_instance_extra_specs:reservation": res["id"],
-                                 custom: "1"})
+                                 custom: "1"},
+                    _projects={PROJECT["id"]})
 
     def overlapping(self, start, end, exclude=None):
         for lease in self.leases.values():
@@ -258,6 +262,11 @@ class ApiError(Exception):
 
 def blazar_error(status, message):
     return ApiError(status, {"error_code": status, "error_message": message, "error_name": status})
+
+
+def placement_error(status, title, detail, code="placement.undefined_code"):
+    return ApiError(status, {"errors": [{"status": status, "title": title, "detail": detail,
+                                         "code": code}]})
 
 
 def keystone_error(status, message):
@@ -757,8 +766,11 @@ class Handler(BaseHTTPRequestHandler):
                                      "min_version": "2.1", "links": []}}, None
         if parts == ["flavors", "detail"] and self.command == "GET":
             flavors = [dict(f, extra_specs={}) for f in PUBLIC_FLAVORS]
-            flavors += list(STATE.private_flavors.values())
+            flavors += [{k: v for k, v in f.items() if not k.startswith("_")}
+                        for f in STATE.private_flavors.values()]
             return 200, {"flavors": flavors}, None
+        if parts[0] == "flavors":
+            return self.flavors(parts[1:], self.json_body(raw))
         if parts[0] in ("os-hypervisors", "os-availability-zone", "os-aggregates"):
             return self.compute_admin(parts, query, raw)
         if parts[0] == "os-keypairs" and self.command == "GET":
@@ -771,6 +783,8 @@ class Handler(BaseHTTPRequestHandler):
                                      "type": "ssh", "user_id": USER["id"]}}, None
         if parts in (["servers"], ["servers", "detail"]) and self.command == "GET":
             servers = [self.server_view(s) for s in STATE.servers.values()]
+            if "flavor" in query:
+                servers = [s for s in servers if s["flavor"]["id"] == query["flavor"][0]]
             if "name" in query:  # Nova's name filter is a regular expression
                 pattern = re.compile(query["name"][0])
                 servers = [s for s in servers if pattern.search(s["name"])]
@@ -788,6 +802,71 @@ class Handler(BaseHTTPRequestHandler):
                     server["_deleting"] = STATE.now + dt.timedelta(seconds=STATE.delete_seconds)
                 return 204, None, None
         raise nova_error(404, "no Nova route " + what)
+
+    @staticmethod
+    def flavor_view(flavor):
+        """A flavor as Nova 2.1 shows it, without extra specs (those come at 2.61)."""
+        return {"id": flavor["id"], "name": flavor["name"], "ram": flavor["ram"],
+                "vcpus": flavor["vcpus"], "disk": flavor["disk"],
+                "OS-FLV-EXT-DATA:ephemeral": flavor.get("ephemeral", 0),
+                "OS-FLV-DISABLED:disabled": False, "swap": "", "rxtx_factor": 1.0,
+                "os-flavor-access:is_public": flavor["id"] not in STATE.private_flavors,
+                "links": []}
+
+    def flavors(self, parts, body):
+        """What Blazar's flavor plugin asks of Nova: a flavor by id and its extra specs, and (as admin)
+        a private flavor per reservation with its extra specs and the project's access to it."""
+        if not parts and self.command == "POST":
+            spec = body["flavor"]
+            if spec["id"] in STATE.private_flavors or any(f["id"] == spec["id"] for f in PUBLIC_FLAVORS):
+                raise nova_error(409, "Flavor with ID %s already exists." % spec["id"])
+            flavor = {"id": spec["id"], "name": spec["name"], "vcpus": int(spec["vcpus"]),
+                      "ram": int(spec["ram"]), "disk": int(spec["disk"]),
+                      "ephemeral": int(spec.get("OS-FLV-EXT-DATA:ephemeral", 0)), "extra_specs": {},
+                      "_projects": set()}
+            STATE.private_flavors[flavor["id"]] = flavor
+            return 200, {"flavor": self.flavor_view(flavor)}, None
+        flavor = next((f for f in PUBLIC_FLAVORS if parts and f["id"] == parts[0]), None) \
+            or STATE.private_flavors.get(parts[0] if parts else "")
+        if flavor is None:
+            raise nova_error(404, "Flavor %s could not be found." % (parts or [""])[0])
+        if len(parts) == 1 and self.command == "GET":
+            return 200, {"flavor": self.flavor_view(flavor)}, None
+        if len(parts) == 1 and self.command == "DELETE":
+            if STATE.private_flavors.pop(flavor["id"], None) is None:
+                raise nova_error(403, "Policy doesn't allow os_compute_api:os-flavor-manage:delete "
+                                      "to be performed.")
+            return 202, None, None
+        if parts[1:] == ["os-extra_specs"] and self.command == "GET":
+            return 200, {"extra_specs": dict(flavor.get("extra_specs", {}))}, None
+        if parts[1:] == ["os-extra_specs"] and self.command == "POST":
+            flavor.setdefault("extra_specs", {}).update(body["extra_specs"])
+            return 200, {"extra_specs": body["extra_specs"]}, None
+        if parts[1:] == ["action"] and self.command == "POST":
+            return self.flavor_access(flavor, body)
+        raise nova_error(404, "no Nova route flavors/" + "/".join(parts))
+
+    @staticmethod
+    def flavor_access(flavor, body):
+        (action, value), = body.items()
+        projects = flavor.get("_projects")
+        if projects is None:
+            raise nova_error(409, "Can not add access to a public flavor.")
+        project = value["tenant"]
+        if action == "addTenantAccess":
+            if project in projects:
+                raise nova_error(409, "Flavor access already exists for flavor %s and project %s "
+                                      "combination." % (flavor["id"], project))
+            projects.add(project)
+        elif action == "removeTenantAccess":
+            if project not in projects:
+                raise nova_error(404, "Flavor access not found for %s / %s combination."
+                                 % (flavor["id"], project))
+            projects.remove(project)
+        else:
+            raise nova_error(400, "Invalid flavor action %s" % action)
+        return 200, {"flavor_access": [{"flavor_id": flavor["id"], "tenant_id": p}
+                                       for p in sorted(projects)]}, None
 
     def server_view(self, server):
         view = {k: v for k, v in server.items() if not k.startswith("_")}
@@ -1051,7 +1130,7 @@ class Handler(BaseHTTPRequestHandler):
         fip.update(port_id=port_id, fixed_ip_address=port["fixed_ips"][0]["ip_address"],
                    status="ACTIVE")
 
-    # --- what Blazar's host plugin asks Nova and Placement (tests/blazar runs the real Blazar) ---
+    # --- what Blazar's host and flavor plugins ask Nova and Placement (tests/blazar runs the real Blazar) ---
     @staticmethod
     def hypervisor(host):
         """A host of STATE.hosts as Nova's hypervisor (microversion 2.1: integer ids)."""
@@ -1154,6 +1233,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def placement(self, what, query, raw):
         parts = what.strip("/").split("/")
+        if parts[0] == "resource_classes":
+            return self.resource_classes(parts[1:], raw)
         providers = self.providers()
         if parts == ["resource_providers"] and self.command == "GET":
             if "name" in query:
@@ -1176,19 +1257,68 @@ class Handler(BaseHTTPRequestHandler):
                                              (parts[1:] or [""])[0]}]})
         if len(parts) == 2 and self.command == "DELETE":
             STATE.created_providers.pop(provider["uuid"], None)
+            STATE.provider_inventories.pop(provider["uuid"], None)
             return 204, None, None
         if parts[2:] == ["inventories"] and self.command == "GET":
-            inventories = {} if provider["parent_provider_uuid"] else {
-                "VCPU": {"total": 48, "reserved": 0, "min_unit": 1, "max_unit": 48, "step_size": 1,
-                         "allocation_ratio": 1.0},
-                "MEMORY_MB": {"total": 196608, "reserved": 0, "min_unit": 1, "max_unit": 196608,
-                              "step_size": 1, "allocation_ratio": 1.0}}
-            return 200, {"inventories": inventories,
+            return 200, {"inventories": self.inventories(provider),
                          "resource_provider_generation": provider["generation"]}, None
+        if parts[2:] == ["inventories"] and self.command == "PUT":
+            return self.put_inventories(provider, self.json_body(raw))
+        if parts[2:3] == ["inventories"] and len(parts) == 4 and self.command == "DELETE":
+            if STATE.provider_inventories.get(provider["uuid"], {}).pop(parts[3], None) is None:
+                raise placement_error(404, "Not Found", "No inventory of class %s found for delete"
+                                      % parts[3])
+            provider["generation"] += 1
+            return 204, None, None
         if parts[2:] == ["traits"] and self.command == "GET":
             return 200, {"traits": [], "resource_provider_generation": provider["generation"]}, None
         raise ApiError(404, {"errors": [{"status": 404, "title": "Not Found",
                                          "detail": "no Placement route " + what}]})
+
+    @staticmethod
+    def inventories(provider):
+        """A host's compute inventory (as its hypervisor's vcpus, memory_mb and local_gb), else what was
+        put on a provider created through the API."""
+        if provider["uuid"] in STATE.created_providers:
+            return STATE.provider_inventories.get(provider["uuid"], {})
+        def inventory(total):
+            return {"total": total, "reserved": 0, "min_unit": 1, "max_unit": total, "step_size": 1,
+                    "allocation_ratio": 1.0}
+        return {"VCPU": inventory(48), "MEMORY_MB": inventory(196608), "DISK_GB": inventory(240)}
+
+    def put_inventories(self, provider, body):
+        if provider["uuid"] not in STATE.created_providers:
+            raise placement_error(409, "Conflict", "a host's inventory is its hypervisor's")
+        if body.get("resource_provider_generation") != provider["generation"]:
+            raise placement_error(409, "Conflict", "resource provider generation conflict",
+                                  code="placement.concurrent_update")
+        for rc in body["inventories"]:
+            if rc not in ("VCPU", "MEMORY_MB", "DISK_GB") and rc not in STATE.resource_classes:
+                raise placement_error(400, "Bad Request", "Unknown resource class in inventory "
+                                      "for resource provider %s: %s" % (provider["uuid"], rc))
+        STATE.provider_inventories[provider["uuid"]] = body["inventories"]
+        provider["generation"] += 1
+        return 200, {"inventories": body["inventories"],
+                     "resource_provider_generation": provider["generation"]}, None
+
+    def resource_classes(self, parts, raw):
+        if not parts and self.command == "POST":
+            name = self.json_body(raw)["name"]
+            if not re.fullmatch(r"CUSTOM_[A-Z0-9_]+", name):
+                raise placement_error(400, "Bad Request", "JSON does not validate: %r does not "
+                                      "match '^CUSTOM\\_[A-Z0-9_]+$'" % name)
+            if name in STATE.resource_classes:
+                raise placement_error(409, "Conflict", "Conflicting resource class already exists: "
+                                      "%s" % name)
+            STATE.resource_classes.add(name)
+            return 201, None, {"Location": "/placement/resource_classes/" + name}
+        if len(parts) == 1 and self.command == "DELETE":
+            if parts[0] not in STATE.resource_classes:
+                raise placement_error(404, "Not Found", "No such resource class %s." % parts[0])
+            STATE.resource_classes.remove(parts[0])
+            return 204, None, None
+        raise placement_error(404, "Not Found", "no Placement route resource_classes/" +
+                              "/".join(parts))
 
     # --- Glance ---
     def glance(self, what, query):
