@@ -114,6 +114,14 @@ StatusOr<Lease> ParseLease(const json& value) {
     reservation.flavor_id = StringField(item, "flavor_id");
     reservation.amount = Number(item, "amount");
     reservation.resource_properties = StringField(item, "resource_properties");
+    if (reservation.resource_type == "flavor:instance") {
+      // Blazar 18's flavor plugin answers flavor_id with the private flavor it made for the
+      // reservation, and keeps the flavor asked for, as Nova showed it, in resource_properties.
+      json asked = json::parse(reservation.resource_properties, nullptr, false);
+      if (asked.is_object() && asked.contains("id") && asked["id"].is_string()) {
+        reservation.flavor_id = asked["id"].get<std::string>();
+      }
+    }
     reservation.min = Number(item, "min");
     reservation.max = Number(item, "max");
     lease.reservations.push_back(std::move(reservation));

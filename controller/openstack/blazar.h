@@ -20,9 +20,9 @@ struct Reservation {
   std::string id;
   std::string resource_type;        // "flavor:instance" or "physical:host"
   std::string status;               // pending, active, deleted, error
-  std::string flavor_id;            // flavor:instance
+  std::string flavor_id;            // flavor:instance: the flavor asked for, not Blazar's copy
   int amount = 0;                   // flavor:instance
-  std::string resource_properties;  // physical:host, a JSON-encoded string
+  std::string resource_properties;  // a JSON-encoded string (flavor:instance: the flavor asked for)
   int min = 0, max = 0;             // physical:host
 };
 

@@ -218,7 +218,7 @@ class State:
 
     @staticmethod
     def reservation_flavor(res):
-        base = next(f for f in PUBLIC_FLAVORS if f["id"] == res["flavor_id"])
+        base = next(f for f in PUBLIC_FLAVORS if f["id"] == res["_flavor"])
         custom = "resources:CUSTOM_RESERVATION_" + res["id"].upper().replace("-", "_")
         return dict(base, id=res["id"], name="reservation:" + res["id"],
                     extra_specs={"aggregate_instance_extra_specs:reservation": res["id"],
@@ -235,9 +235,10 @@ class State:
     def capacity_problem(self, reservations, start, end, exclude=None):
         for res in reservations:
             if res["resource_type"] == "flavor:instance":
+                asked = res["_flavor"]
                 used = sum(r.get("amount", 0) for l in self.overlapping(start, end, exclude)
-                           for r in l["reservations"] if r.get("flavor_id") == res["flavor_id"])
-                if used + res["amount"] > self.flavor_capacity.get(res["flavor_id"], 0):
+                           for r in l["reservations"] if r.get("_flavor") == asked)
+                if used + res["amount"] > self.flavor_capacity.get(asked, 0):
                     return True
             else:
                 busy = {h for l in self.overlapping(start, end, exclude)
@@ -684,9 +685,15 @@ class Handler(BaseHTTPRequestHandler):
                 flavor = next((f for f in PUBLIC_FLAVORS if f["id"] == spec["flavor_id"]), None)
                 if flavor is None:
                     raise blazar_error(404, "Flavor %s could not be found" % spec["flavor_id"])
-                res.update(flavor_id=flavor["id"], amount=spec["amount"], affinity=None,
+                # As Blazar 18's flavor plugin answers: flavor_id is the private flavor it makes for the
+                # reservation (its id is the reservation's), and resource_properties keeps the flavor
+                # asked for as Nova showed it.
+                asked = dict(self.flavor_view(flavor), extra_specs={})
+                del asked["links"]
+                res.update(flavor_id=res["id"], amount=spec["amount"], affinity=None,
                            vcpus=flavor["vcpus"], memory_mb=flavor["ram"],
-                           disk_gb=flavor["disk"], aggregate_id=7, server_group_id=None)
+                           disk_gb=flavor["disk"], aggregate_id=7, server_group_id=None,
+                           resource_properties=json.dumps(asked), _flavor=flavor["id"])
             elif spec.get("resource_type") == "physical:host":
                 props = spec.get("resource_properties")
                 if not isinstance(props, str):
