@@ -22,7 +22,6 @@ it), 1 when Blazar could not be started (the message names the log to read).
 """
 
 import argparse
-import ctypes
 import json
 import os
 import signal
@@ -32,55 +31,19 @@ import time
 import urllib.error
 import urllib.request
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+from local_process import STOP_SIGNALS, Children, StartError, StopRequested, on_stop_signal, tail  # noqa: E402
+
 for _signum in STOP_SIGNALS:
     signal.signal(_signum, lambda signum, frame: os._exit(0))
 
 EXIT_MISSING = 3
 # Blazar served 28 s after Keystone on two idle cores and 63 s on two loaded ones (blazar_live_test).
 START_TIMEOUT_S = 180
-STOP_TIMEOUT_S = 15
 SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV_PYTHON = os.path.join(SOURCE_DIR, ".venv-blazar", "bin", "python")
 SERVER_SCRIPT = os.path.join(SOURCE_DIR, "tests", "blazar", "blazar_server.py")
 FREEPOOL = "freepool"
-
-
-class StartError(Exception):
-    pass
-
-
-class StopRequested(Exception):
-    pass
-
-
-def on_stop_signal(signum, frame):
-    raise StopRequested()
-
-
-def die_with_parent():
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-
-def spawn(children, command, **options):
-    """Popen with a stop signal held back until the child is in `children`, so that stop() reaches it."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent, **options)
-        children.append(child)
-        return child
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-
-def tail(path, lines=15):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def call(method, url, body=None, token=None):
@@ -187,7 +150,7 @@ def start_blazar(directory, config_path, children):
     port_file = os.path.join(directory, "port")
     log_path = os.path.join(directory, "blazar.log")
     with open(os.path.join(directory, "blazar-server.out"), "w") as out:
-        server = spawn(children, [VENV_PYTHON, SERVER_SCRIPT, "--config-file", config_path,
+        server = children.spawn([VENV_PYTHON, SERVER_SCRIPT, "--config-file", config_path,
                                   "--port-file", port_file], stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -248,17 +211,6 @@ def parse_hosts(parser, values):
     return hosts
 
 
-def stop(children):
-    for child in reversed(children):
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", required=True, help="an empty or new directory for all of Blazar's files")
@@ -284,7 +236,7 @@ def main():
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, on_stop_signal)
-    children = []
+    children = Children(signal.SIGTERM)  # oslo.service's clean stop
     try:
         auth_url = args.auth_url.rstrip("/")
         token = admin_token(auth_url, args.admin_password)
@@ -309,7 +261,7 @@ def main():
     finally:
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
-        stop(children)
+        children.stop()
 
 
 if __name__ == "__main__":

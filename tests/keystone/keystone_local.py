@@ -25,7 +25,6 @@ them), 1 when Keystone could not be started (the message names the log to read).
 
 import argparse
 import base64
-import ctypes
 import json
 import os
 import secrets
@@ -39,7 +38,9 @@ import time
 import urllib.error
 import urllib.request
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+from local_process import STOP_SIGNALS, Children, StartError, StopRequested, on_stop_signal, tail  # noqa: E402
+
 # Stopped before it has started anything: nothing to clean up. main() installs the real handlers before it
 # starts a process.
 for _signum in STOP_SIGNALS:
@@ -47,7 +48,6 @@ for _signum in STOP_SIGNALS:
 
 EXIT_MISSING = 3
 START_TIMEOUT_S = 60
-STOP_TIMEOUT_S = 15
 # Debian's own python3: keystone's modules live in its dist-packages, whatever python3 runs this script.
 SYSTEM_PYTHON = "/usr/bin/python3"
 WSGI_FILE = "/usr/bin/keystone-wsgi-public"
@@ -109,37 +109,6 @@ print("keystone_local: setup done", json.dumps({"project_id": project_id, "user_
 """
 
 
-class StartError(Exception):
-    pass
-
-
-class StopRequested(Exception):
-    pass
-
-
-def on_stop_signal(signum, frame):
-    raise StopRequested()
-
-
-def die_with_parent():
-    """preexec_fn: the child gets SIGINT when this script dies, however it dies, and takes the stop signals
-    that spawn() blocks here."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGINT)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-
-def spawn(children, command, **options):
-    """Popen with a stop signal held back until the child is in `children`, so that stop() reaches it."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent, **options)
-        children.append(child)
-        return child
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-
 def missing_prerequisites():
     missing = [path for path in (SYSTEM_PYTHON, WSGI_FILE, UWSGI_PYTHON_PLUGIN) if not os.path.exists(path)]
     missing += [tool for tool in ("uwsgi",) if shutil.which(tool) is None]
@@ -150,14 +119,6 @@ def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def tail(path, lines=15):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def write_config(directory, token_expiration):
@@ -212,7 +173,7 @@ def catalog_services(region, services_url):
 
 def start_keystone_manage(directory, setup, children):
     with open(os.path.join(directory, "keystone-manage.log"), "w") as log:
-        return spawn(children, [SYSTEM_PYTHON, "-c", MANAGE_SCRIPT],
+        return children.spawn([SYSTEM_PYTHON, "-c", MANAGE_SCRIPT],
                      env=dict(os.environ, KEYSTONE_LOCAL_SETUP=json.dumps(setup)), stdout=log,
                      stderr=subprocess.STDOUT)
 
@@ -238,7 +199,7 @@ def start_uwsgi(directory, config_path, port, children):
                # client that reuses it (the openstack CLI does) gets "connection reset by peer".
                "--add-header", "Connection: close",
                "--logto", os.path.join(directory, "uwsgi.log")]
-    return spawn(children, command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return children.spawn(command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def wait_until_bound(uwsgi, port, directory):
@@ -315,18 +276,6 @@ def create_application_credential(auth_url, user_id, password):
     return body["application_credential"]["id"], body["application_credential"]["secret"]
 
 
-def stop(children):
-    """SIGINT to each child still running (uwsgi's clean shutdown), SIGKILL after STOP_TIMEOUT_S."""
-    for child in reversed(children):
-        if child.poll() is None:
-            child.send_signal(signal.SIGINT)
-            try:
-                child.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", required=True, help="an empty or new directory for all of Keystone's files")
@@ -351,7 +300,7 @@ def main():
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, on_stop_signal)
-    children = []
+    children = Children(signal.SIGINT)  # uwsgi reloads on SIGTERM
     try:
         config_path = write_config(directory, args.token_expiration)
         write_keys(directory)
@@ -384,7 +333,7 @@ def main():
     finally:
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
-        stop(children)
+        children.stop()
 
 
 if __name__ == "__main__":
