@@ -387,7 +387,7 @@ LocalRates Llmctl::LoadLocalRates(bool only_embedded) {
     StatusOr<ControllerAddress> address = ResolveControllerAddress(context_.env);
     if (!address.ok() || !address->embedded) return LocalRates();
   }
-  return LocalRates::Load(context_.env, context_.self, context_.err);
+  return LocalRates::LoadOnFirstUse(context_.env, context_.self, context_.err);
 }
 
 int Llmctl::Lease(const std::vector<std::string>& args, std::ostream& out) {

@@ -106,8 +106,21 @@ LocalRates LocalRates::Load(const EnvLookup& env, const fs::path& self, std::ost
   return FromProbe(*probe, path.string());
 }
 
+LocalRates LocalRates::LoadOnFirstUse(EnvLookup env, fs::path self, std::ostream& err) {
+  LocalRates rates;
+  rates.deferred_ = Deferred{std::move(env), std::move(self), &err};
+  return rates;
+}
+
 estimate::DeviceSpeed LocalRates::For(const estimate::DeviceSpeed& sheet) const {
-  if (!probe_ || probe_->device != "cpu" || sheet.name != "cpu") return sheet;
+  if (sheet.name != "cpu") return sheet;
+  if (deferred_.has_value()) {
+    LocalRates loaded = Load(deferred_->env, deferred_->self, *deferred_->err);
+    deferred_.reset();
+    probe_ = std::move(loaded.probe_);
+    source_ = std::move(loaded.source_);
+  }
+  if (!probe_ || probe_->device != "cpu") return sheet;
   return estimate::ProbedSpeed(sheet, *probe_, source_);
 }
 

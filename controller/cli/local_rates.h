@@ -28,6 +28,9 @@ class LocalRates {
   // is no data directory, or llm-train cannot measure (said on `err`), or LLMCTL_RATE_PROBE is
   // "off" (said nowhere: the estimate's time then names no rates, as the data sheets' never do).
   static LocalRates Load(const EnvLookup& env, const std::filesystem::path& self, std::ostream& err);
+  // Load, put off until For is first asked about a CPU trial: a file of GPU trials never
+  // measures this machine. `err` must outlive the returned object.
+  static LocalRates LoadOnFirstUse(EnvLookup env, std::filesystem::path self, std::ostream& err);
   // `probe` as if read from `where` (tests).
   static LocalRates FromProbe(const estimate::RateProbe& probe, const std::string& where);
 
@@ -42,8 +45,17 @@ class LocalRates {
   const std::optional<estimate::RateProbe>& probe() const { return probe_; }
 
  private:
-  std::optional<estimate::RateProbe> probe_;
-  std::string source_;  // "this machine's probe (PATH): ..."
+  // What Load needs, while LoadOnFirstUse's load is still to come.
+  struct Deferred {
+    EnvLookup env;
+    std::filesystem::path self;
+    std::ostream* err;
+  };
+
+  // Not thread-safe: estimate and plan ask from one thread.
+  mutable std::optional<Deferred> deferred_;
+  mutable std::optional<estimate::RateProbe> probe_;
+  mutable std::string source_;  // "this machine's probe (PATH): ..."
 };
 
 // The probe in `path`: InvalidArgument naming the file when it cannot be read or parsed.

@@ -91,6 +91,28 @@ TEST_F(LocalRatesTest, OffKeepsTheDataSheetsWithoutMeasuringOrReading) {
   EXPECT_EQ(rates.For(estimate::CpuSpeed()).rates, "");
 }
 
+// estimate, plan and submit load on first use: a GPU trial's time neither measures nor says
+// anything; the first CPU trial loads (here: no llm-train beside `self`, so the data sheets, said).
+TEST_F(LocalRatesTest, OnFirstUseOnlyACpuTrialLoadsTheProbe) {
+  std::ostringstream err;
+  const LocalRates rates = LocalRates::LoadOnFirstUse(Env(), home_ / "no-such" / "llmctl", err);
+  const estimate::DeviceSpeed h100 = rates.For(estimate::GpuSpeed(*estimate::GpuNamed("h100-94gb")));
+  EXPECT_EQ(h100.rates, "");
+  EXPECT_EQ(err.str(), "");
+  EXPECT_FALSE(rates.probe().has_value());
+  EXPECT_EQ(rates.For(estimate::CpuSpeed()).rates, "");
+  EXPECT_NE(err.str().find("data sheets' rates"), std::string::npos) << err.str();
+  const std::string said = err.str();
+  rates.For(estimate::CpuSpeed());
+  EXPECT_EQ(err.str(), said) << "loaded once";
+
+  std::ofstream(home_ / "probe.json") << FixedProbe().ToJson().dump(2);
+  std::ostringstream quiet;
+  const LocalRates cached = LocalRates::LoadOnFirstUse(Env(), home_ / "no-such" / "llmctl", quiet);
+  EXPECT_EQ(cached.For(estimate::CpuSpeed()).bf16_flops, 1e9);
+  EXPECT_EQ(quiet.str(), "");
+}
+
 TEST_F(LocalRatesTest, ABrokenProbeFileIsNamedAndTheSheetsServe) {
   std::ofstream(home_ / "probe.json") << R"({"version": 1})";
   EXPECT_NE(ReadRateProbe(home_ / "probe.json").status().message().find("probe.json"),
