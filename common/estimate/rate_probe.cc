@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace llmctl::estimate {
 namespace {
@@ -34,47 +35,48 @@ StatusOr<std::string> Text(const json& object, const std::string& key, const std
   return found->get<std::string>();
 }
 
-bool IsDtype(const std::string& dtype) {
-  return dtype == "fp32" || dtype == "bf16" || dtype == "fp16";
-}
-
-StatusOr<std::vector<ProbedMatmul>> ParseMatmuls(const json& j) {
-  const auto found = j.find("matmul");
-  if (found == j.end() || !found->is_array()) return Refuse("matmul", "must be a list");
-  std::vector<ProbedMatmul> matmuls;
-  for (size_t i = 0; i < found->size(); ++i) {
-    const json& row = (*found)[i];
-    const std::string path = "matmul[" + std::to_string(i) + "]";
-    if (!row.is_object()) return Refuse(path, "must be an object");
-    ProbedMatmul m;
-    ASSIGN_OR_RETURN(m.dtype, Text(row, "dtype", path + ".dtype"));
-    if (!IsDtype(m.dtype)) return Refuse(path + ".dtype", "must be fp32, bf16 or fp16");
-    const auto size = row.find("size");
-    if (size == row.end() || !size->is_number_integer() || size->get<int64_t>() < 1) {
-      return Refuse(path + ".size", "must be a positive integer");
-    }
-    m.size = size->get<int64_t>();
-    ASSIGN_OR_RETURN(m.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s"));
-    matmuls.push_back(m);
+// "fp32", "bf16" or "fp16" at `path`.dtype of `row`.
+StatusOr<std::string> Dtype(const json& row, const std::string& path) {
+  ASSIGN_OR_RETURN(std::string dtype, Text(row, "dtype", path + ".dtype"));
+  if (dtype != "fp32" && dtype != "bf16" && dtype != "fp16") {
+    return Refuse(path + ".dtype", "must be fp32, bf16 or fp16");
   }
-  return matmuls;
+  return dtype;
 }
 
-StatusOr<std::vector<ProbedAttention>> ParseAttention(const json& j) {
-  const auto found = j.find("sdpa");
-  if (found == j.end() || !found->is_array()) return Refuse("sdpa", "must be a list");
-  std::vector<ProbedAttention> rows;
+// The list at `key` of `j`, each element an object that `parse_row(row, "key[i]")` turns into a Row.
+template <typename Row, typename ParseRow>
+StatusOr<std::vector<Row>> ParseRows(const json& j, const std::string& key, ParseRow parse_row) {
+  const auto found = j.find(key);
+  if (found == j.end() || !found->is_array()) return Refuse(key, "must be a list");
+  std::vector<Row> rows;
   for (size_t i = 0; i < found->size(); ++i) {
     const json& row = (*found)[i];
-    const std::string path = "sdpa[" + std::to_string(i) + "]";
+    const std::string path = key + "[" + std::to_string(i) + "]";
     if (!row.is_object()) return Refuse(path, "must be an object");
-    ProbedAttention a;
-    ASSIGN_OR_RETURN(a.dtype, Text(row, "dtype", path + ".dtype"));
-    if (!IsDtype(a.dtype)) return Refuse(path + ".dtype", "must be fp32, bf16 or fp16");
-    ASSIGN_OR_RETURN(a.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s"));
-    rows.push_back(a);
+    ASSIGN_OR_RETURN(Row parsed, parse_row(row, path));
+    rows.push_back(std::move(parsed));
   }
   return rows;
+}
+
+StatusOr<ProbedMatmul> ParseMatmul(const json& row, const std::string& path) {
+  ProbedMatmul m;
+  ASSIGN_OR_RETURN(m.dtype, Dtype(row, path));
+  const auto size = row.find("size");
+  if (size == row.end() || !size->is_number_integer() || size->get<int64_t>() < 1) {
+    return Refuse(path + ".size", "must be a positive integer");
+  }
+  m.size = size->get<int64_t>();
+  ASSIGN_OR_RETURN(m.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s"));
+  return m;
+}
+
+StatusOr<ProbedAttention> ParseAttention(const json& row, const std::string& path) {
+  ProbedAttention a;
+  ASSIGN_OR_RETURN(a.dtype, Dtype(row, path));
+  ASSIGN_OR_RETURN(a.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s"));
+  return a;
 }
 
 Status ParseIdentity(const json& j, RateProbe& probe) {
@@ -141,8 +143,8 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   ASSIGN_OR_RETURN(probe.measured_at, Text(j, "measured_at", "measured_at"));
   ASSIGN_OR_RETURN(probe.seconds, Rate(j, "seconds", "seconds"));
   RETURN_IF_ERROR(ParseIdentity(j, probe));
-  ASSIGN_OR_RETURN(probe.matmul, ParseMatmuls(j));
-  ASSIGN_OR_RETURN(probe.sdpa, ParseAttention(j));
+  ASSIGN_OR_RETURN(probe.matmul, ParseRows<ProbedMatmul>(j, "matmul", ParseMatmul));
+  ASSIGN_OR_RETURN(probe.sdpa, ParseRows<ProbedAttention>(j, "sdpa", ParseAttention));
   for (auto [key, field] : {std::pair{"memory_bytes_per_s", &probe.memory_bytes_per_s},
                             std::pair{"launch_seconds", &probe.launch_seconds},
                             std::pair{"host_adamw_values_per_s", &probe.host_adamw_values_per_s},
