@@ -53,6 +53,7 @@ StatusOr<estimate::RateProbe> ReadRateProbe(const fs::path& path) {
   StatusOr<std::string> text = ReadFileToString(path.string(), kMaxProbeBytes);
   if (!text.ok()) return InvalidArgumentError(text.status().message());
   const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return InvalidArgumentError(path.string() + ": not JSON");
   StatusOr<estimate::RateProbe> probe = estimate::RateProbe::FromJson(json);
   if (!probe.ok()) return InvalidArgumentError(path.string() + ": " + probe.status().message());
   return probe;

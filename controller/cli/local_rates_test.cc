@@ -114,6 +114,9 @@ TEST_F(LocalRatesTest, OnFirstUseOnlyACpuTrialLoadsTheProbe) {
 }
 
 TEST_F(LocalRatesTest, ABrokenProbeFileIsNamedAndTheSheetsServe) {
+  std::ofstream(home_ / "probe.json") << R"({"version": 1e400})";
+  EXPECT_EQ(ReadRateProbe(home_ / "probe.json").status().message(),
+            (home_ / "probe.json").string() + ": not JSON");
   std::ofstream(home_ / "probe.json") << R"({"version": 1})";
   EXPECT_NE(ReadRateProbe(home_ / "probe.json").status().message().find("probe.json"),
             std::string::npos);
