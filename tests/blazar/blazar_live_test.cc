@@ -121,32 +121,11 @@ class BlazarLiveTest : public ::testing::Test {
     ASSERT_TRUE(start_error_->empty()) << "Blazar did not start: " << *start_error_;
   }
 
-  static std::map<std::string, std::string> PasswordEnvironment() {
-    return {{"OS_AUTH_URL", info_->auth_url},
-            {"OS_AUTH_TYPE", "password"},
-            {"OS_USERNAME", info_->username},
-            {"OS_PASSWORD", info_->password},
-            {"OS_USER_DOMAIN_NAME", info_->user_domain},
-            {"OS_PROJECT_NAME", info_->project},
-            {"OS_PROJECT_DOMAIN_NAME", "Default"},
-            {"OS_REGION_NAME", info_->region},
-            {"OS_INTERFACE", "public"},
-            {"OS_IDENTITY_API_VERSION", "3"}};
-  }
-  static std::map<std::string, std::string> ApplicationCredentialEnvironment() {
-    return {{"OS_AUTH_URL", info_->auth_url},
-            {"OS_AUTH_TYPE", "v3applicationcredential"},
-            {"OS_APPLICATION_CREDENTIAL_ID", info_->app_cred_id},
-            {"OS_APPLICATION_CREDENTIAL_SECRET", info_->app_cred_secret},
-            {"OS_REGION_NAME", info_->region},
-            {"OS_INTERFACE", "public"},
-            {"OS_IDENTITY_API_VERSION", "3"}};
-  }
 
   // `llmctl lease ARGS` with only `environment`'s OS_* variables, on the system's clock.
   static CommandResult Lease(
       const std::vector<std::string>& args,
-      const std::map<std::string, std::string>& environment = PasswordEnvironment()) {
+      const std::map<std::string, std::string>& environment = info_->PasswordEnvironment()) {
     LeaseCommandContext context;
     context.env = [environment](const std::string& name) -> std::optional<std::string> {
       auto found = environment.find(name);
@@ -328,7 +307,7 @@ TEST_F(BlazarLiveTest, FlavorLeaseGoesFromPendingToActiveIsExtendedRefusedAndDel
 TEST_F(BlazarLiveTest, AnApplicationCredentialThatKeystoneDeniesATrustGetsAHint) {
   CommandResult refused =
       Lease({"create", "--node-type", "gpu_a100_pcie", "--duration", "1h", "--name", "by-app"},
-            ApplicationCredentialEnvironment());
+            info_->ApplicationCredentialEnvironment());
   EXPECT_EXIT_CODE(refused, 1);
   EXPECT_NE(refused.err.find("HTTP 500"), std::string::npos) << refused.err;
   EXPECT_NE(refused.err.find("Internal Server Error"), std::string::npos) << refused.err;

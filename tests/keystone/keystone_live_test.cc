@@ -143,29 +143,6 @@ class KeystoneLiveTest : public ::testing::Test {
     ASSERT_NE(info_, nullptr) << "Keystone did not start: " << *start_error_;
   }
 
-  // OS_* variables as an openrc file sets them, for the demo user's password or its application
-  // credential.
-  static std::map<std::string, std::string> PasswordEnvironment() {
-    return {{"OS_AUTH_URL", info_->auth_url},
-            {"OS_AUTH_TYPE", "password"},
-            {"OS_USERNAME", info_->username},
-            {"OS_PASSWORD", info_->password},
-            {"OS_USER_DOMAIN_NAME", info_->user_domain},
-            {"OS_PROJECT_NAME", info_->project},
-            {"OS_PROJECT_DOMAIN_NAME", "Default"},
-            {"OS_REGION_NAME", info_->region},
-            {"OS_INTERFACE", "public"},
-            {"OS_IDENTITY_API_VERSION", "3"}};
-  }
-  static std::map<std::string, std::string> ApplicationCredentialEnvironment() {
-    return {{"OS_AUTH_URL", info_->auth_url},
-            {"OS_AUTH_TYPE", "v3applicationcredential"},
-            {"OS_APPLICATION_CREDENTIAL_ID", info_->app_cred_id},
-            {"OS_APPLICATION_CREDENTIAL_SECRET", info_->app_cred_secret},
-            {"OS_REGION_NAME", info_->region},
-            {"OS_INTERFACE", "public"},
-            {"OS_IDENTITY_API_VERSION", "3"}};
-  }
 
   // A session of the cloud client on `environment`'s credentials, read the way `llmctl` reads them.
   std::unique_ptr<Session> MakeSession(const std::map<std::string, std::string>& environment,
@@ -207,7 +184,7 @@ KeystoneInfo* KeystoneLiveTest::info_ = nullptr;
 
 TEST_F(KeystoneLiveTest, AuthenticatesWithThePassword) {
   const TimePoint before = std::chrono::system_clock::now();
-  auto session = MakeSession(PasswordEnvironment(), SessionOptions{.refresh_margin = 1s});
+  auto session = MakeSession(info_->PasswordEnvironment(), SessionOptions{.refresh_margin = 1s});
   ASSERT_NE(session, nullptr);
   auto token = session->CurrentToken();
   ASSERT_TRUE(token.ok()) << token.status().ToString();
@@ -220,7 +197,7 @@ TEST_F(KeystoneLiveTest, AuthenticatesWithThePassword) {
 
 TEST_F(KeystoneLiveTest, AuthenticatesWithTheApplicationCredential) {
   auto session =
-      MakeSession(ApplicationCredentialEnvironment(), SessionOptions{.refresh_margin = 1s});
+      MakeSession(info_->ApplicationCredentialEnvironment(), SessionOptions{.refresh_margin = 1s});
   ASSERT_NE(session, nullptr);
   auto token = session->CurrentToken();
   ASSERT_TRUE(token.ok()) << token.status().ToString();
@@ -229,7 +206,7 @@ TEST_F(KeystoneLiveTest, AuthenticatesWithTheApplicationCredential) {
 }
 
 TEST_F(KeystoneLiveTest, AWrongSecretIsRefusedWithoutBeingQuoted) {
-  auto environment = ApplicationCredentialEnvironment();
+  auto environment = info_->ApplicationCredentialEnvironment();
   const std::string wrong_secret = "not-the-secret-" + info_->app_cred_id;
   environment["OS_APPLICATION_CREDENTIAL_SECRET"] = wrong_secret;
   auto session = MakeSession(environment);
@@ -254,7 +231,7 @@ TEST_F(KeystoneLiveTest, FindsTheRegisteredEndpointsByTypeRegionAndInterface) {
   for (const Case& where :
        {Case{info_->region, "public", ""}, Case{info_->region, "internal", "/internal"},
         Case{"CHI@UC", "public", "/other-region"}}) {
-    auto environment = ApplicationCredentialEnvironment();
+    auto environment = info_->ApplicationCredentialEnvironment();
     environment["OS_REGION_NAME"] = where.region;
     environment["OS_INTERFACE"] = where.interface;
     auto session = MakeSession(environment, SessionOptions{.refresh_margin = 1s});
@@ -278,7 +255,7 @@ TEST_F(KeystoneLiveTest, FindsTheRegisteredEndpointsByTypeRegionAndInterface) {
                                   << where.interface << ")";
     }
   }
-  auto session = MakeSession(ApplicationCredentialEnvironment());
+  auto session = MakeSession(info_->ApplicationCredentialEnvironment());
   ASSERT_NE(session, nullptr);
   auto missing = session->EndpointUrl("orchestration");
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status().ToString();
@@ -288,7 +265,7 @@ TEST_F(KeystoneLiveTest, FindsTheRegisteredEndpointsByTypeRegionAndInterface) {
 
 TEST_F(KeystoneLiveTest, ReissuesTheTokenWhenLessThanTheMarginIsLeft) {
   auto session =
-      MakeSession(ApplicationCredentialEnvironment(), SessionOptions{.refresh_margin = 2s});
+      MakeSession(info_->ApplicationCredentialEnvironment(), SessionOptions{.refresh_margin = 2s});
   ASSERT_NE(session, nullptr);
   auto first = session->CurrentToken();
   ASSERT_TRUE(first.ok()) << first.status().ToString();
@@ -306,7 +283,7 @@ TEST_F(KeystoneLiveTest, ReissuesTheTokenWhenLessThanTheMarginIsLeft) {
 TEST_F(KeystoneLiveTest, AuthenticatesAgainWhenKeystoneRefusesAnExpiredToken) {
   // The session's clock stands still, so only Keystone's 401 can tell it the token is gone.
   auto session =
-      MakeSession(ApplicationCredentialEnvironment(), SessionOptions{.refresh_margin = 1s});
+      MakeSession(info_->ApplicationCredentialEnvironment(), SessionOptions{.refresh_margin = 1s});
   ASSERT_NE(session, nullptr);
   auto first = session->CurrentToken();
   ASSERT_TRUE(first.ok()) << first.status().ToString();
@@ -323,14 +300,14 @@ TEST_F(KeystoneLiveTest, AuthenticatesAgainWhenKeystoneRefusesAnExpiredToken) {
 }
 
 TEST_F(KeystoneLiveTest, OpenstackCliIssuesATokenWithTheApplicationCredential) {
-  nlohmann::json token = Openstack(ApplicationCredentialEnvironment(), "token issue");
+  nlohmann::json token = Openstack(info_->ApplicationCredentialEnvironment(), "token issue");
   ASSERT_TRUE(token.is_object()) << token;
   EXPECT_EQ(token["project_id"], info_->project_id);
   EXPECT_FALSE(token["id"].get<std::string>().empty());
 }
 
 TEST_F(KeystoneLiveTest, OpenstackCliListsTheRegisteredCatalog) {
-  nlohmann::json catalog = Openstack(PasswordEnvironment(), "catalog list");
+  nlohmann::json catalog = Openstack(info_->PasswordEnvironment(), "catalog list");
   ASSERT_TRUE(catalog.is_array()) << catalog;
   // What real clients read: each registered service with its public endpoint at the site, the
   // project id substituted into Cinder's URL.

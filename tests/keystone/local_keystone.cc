@@ -56,4 +56,27 @@ StatusOr<KeystoneInfo> LocalKeystone::Wait(std::chrono::seconds timeout) {
   return ParseInfo(line);
 }
 
+std::map<std::string, std::string> KeystoneInfo::PasswordEnvironment() const {
+  return {{"OS_AUTH_URL", auth_url},
+          {"OS_AUTH_TYPE", "password"},
+          {"OS_USERNAME", username},
+          {"OS_PASSWORD", password},
+          {"OS_USER_DOMAIN_NAME", user_domain},
+          {"OS_PROJECT_NAME", project},
+          {"OS_PROJECT_DOMAIN_NAME", "Default"},
+          {"OS_REGION_NAME", region},
+          {"OS_INTERFACE", "public"},
+          {"OS_IDENTITY_API_VERSION", "3"}};
+}
+
+std::map<std::string, std::string> KeystoneInfo::ApplicationCredentialEnvironment() const {
+  return {{"OS_AUTH_URL", auth_url},
+          {"OS_AUTH_TYPE", "v3applicationcredential"},
+          {"OS_APPLICATION_CREDENTIAL_ID", app_cred_id},
+          {"OS_APPLICATION_CREDENTIAL_SECRET", app_cred_secret},
+          {"OS_REGION_NAME", region},
+          {"OS_INTERFACE", "public"},
+          {"OS_IDENTITY_API_VERSION", "3"}};
+}
+
 }  // namespace llmctl::testing

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,11 @@ struct KeystoneInfo {
   std::string app_cred_id, app_cred_secret;
   std::string admin_password;  // user "admin", admin of project "admin"
   pid_t uwsgi_pid = 0;
+
+  // OS_* variables as an openrc file sets them, for the demo user's password or its application
+  // credential.
+  std::map<std::string, std::string> PasswordEnvironment() const;
+  std::map<std::string, std::string> ApplicationCredentialEnvironment() const;
 };
 
 class LocalKeystone {
