@@ -54,6 +54,97 @@ std::span<const std::byte> Bytes(std::span<const T> values) {
   return std::as_bytes(values);
 }
 
+// The header of `bytes`, checked against their size: the sections it describes fit exactly.
+StatusOr<Header> ReadHeader(std::span<const std::byte> bytes, const std::string& path) {
+  const std::string rerun(kRerun);
+  if (bytes.size() < sizeof(kTokenFileMagic) ||
+      std::memcmp(bytes.data(), kTokenFileMagic, sizeof(kTokenFileMagic)) != 0) {
+    return FailedPreconditionError(path + " is not an llmctl token file (bad magic)" + rerun);
+  }
+  if (bytes.size() < sizeof(Header)) {
+    return DataLossError(path + " is truncated: " + std::to_string(bytes.size()) +
+                         " bytes, shorter than the 64-byte header" + rerun);
+  }
+  Header header;
+  std::memcpy(&header, bytes.data(), sizeof(header));
+  if (header.version != kTokenFileVersion) {
+    return FailedPreconditionError(
+        path + " is token file version " + std::to_string(header.version) +
+        " but this build reads version " + std::to_string(kTokenFileVersion) + rerun);
+  }
+  if (header.fingerprint_bytes > kMaxFingerprintBytes) {
+    return DataLossError(path + ": fingerprint length " + std::to_string(header.fingerprint_bytes) +
+                         " is implausible (corrupt header)" + rerun);
+  }
+  if (header.num_examples == 0) return DataLossError(path + " holds no examples" + rerun);
+  const std::optional<uint64_t> expected_size =
+      FileSize(header.fingerprint_bytes, header.num_examples, header.total_tokens);
+  if (!expected_size.has_value()) {
+    return DataLossError(path + ": header counts overflow (corrupt header)" + rerun);
+  }
+  if (bytes.size() < *expected_size) {
+    return DataLossError(path + " is truncated: " + std::to_string(bytes.size()) +
+                         " bytes, the header describes " + std::to_string(*expected_size) + rerun);
+  }
+  if (bytes.size() > *expected_size) {
+    return DataLossError(path + " has " + std::to_string(bytes.size() - *expected_size) +
+                         " bytes past the end the header describes" + rerun);
+  }
+  return header;
+}
+
+// Offsets are always checked (n + 1 loads): they are what keeps input_ids() inside the mapping.
+Status CheckOffsets(std::span<const uint64_t> offsets, uint64_t total_tokens,
+                    const std::string& path) {
+  const std::string rerun(kRerun);
+  if (offsets.front() != 0) {
+    return DataLossError(path + ": offsets start at " + std::to_string(offsets.front()) +
+                         ", not 0 (corrupt file)" + rerun);
+  }
+  for (size_t i = 1; i < offsets.size(); ++i) {
+    if (offsets[i] <= offsets[i - 1] || offsets[i] > total_tokens) {
+      return DataLossError(path + ": offset of example " + std::to_string(i) + " (" +
+                           std::to_string(offsets[i]) + ") is not increasing within [0, " +
+                           std::to_string(total_tokens) + "] (corrupt file)" + rerun);
+    }
+  }
+  if (offsets.back() != total_tokens) {
+    return DataLossError(path + ": offsets end at " + std::to_string(offsets.back()) + " but the " +
+                         "header counts " + std::to_string(total_tokens) + " tokens" + rerun);
+  }
+  return Status::Ok();
+}
+
+// The content hash, every id and mask value, and the header's statistics against the tokens.
+Status VerifyContents(const Header& header, std::span<const uint64_t> offsets,
+                      std::span<const int32_t> ids, std::span<const uint8_t> mask,
+                      const std::string& path) {
+  const std::string rerun(kRerun);
+  uint64_t hash = Fnv1a64(Bytes(offsets));
+  hash = Fnv1a64(Bytes(ids), hash);
+  hash = Fnv1a64(Bytes(mask), hash);
+  if (hash != header.content_hash) {
+    return DataLossError(path + ": content hash mismatch (corrupt file)" + rerun);
+  }
+  int32_t max_id = -1;
+  uint64_t targets = 0;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    if (ids[t] < 0 || mask[t] > 1) {
+      return DataLossError(path + ": token " + std::to_string(t) + " has id " +
+                           std::to_string(ids[t]) + " and mask " + std::to_string(mask[t]) +
+                           " (corrupt file)" + rerun);
+    }
+    max_id = std::max(max_id, ids[t]);
+    targets += mask[t];
+  }
+  for (size_t i = 0; i + 1 < offsets.size(); ++i) targets -= mask[offsets[i]];
+  if (max_id != header.max_token_id || targets != header.target_tokens) {
+    return DataLossError(path + ": header statistics disagree with the tokens (corrupt file)" +
+                         rerun);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status WriteTokenFile(const std::string& path, std::string_view fingerprint, int32_t bos_id,
@@ -155,42 +246,7 @@ StatusOr<std::unique_ptr<TokenFile>> TokenFile::FromBuffer(std::span<const std::
 }
 
 Status TokenFile::Parse(std::span<const std::byte> bytes, const Options& options) {
-  const std::string rerun(kRerun);
-  if (bytes.size() < sizeof(kTokenFileMagic) ||
-      std::memcmp(bytes.data(), kTokenFileMagic, sizeof(kTokenFileMagic)) != 0) {
-    return FailedPreconditionError(path_ + " is not an llmctl token file (bad magic)" + rerun);
-  }
-  if (bytes.size() < sizeof(Header)) {
-    return DataLossError(path_ + " is truncated: " + std::to_string(bytes.size()) +
-                         " bytes, shorter than the 64-byte header" + rerun);
-  }
-  Header header;
-  std::memcpy(&header, bytes.data(), sizeof(header));
-  if (header.version != kTokenFileVersion) {
-    return FailedPreconditionError(
-        path_ + " is token file version " + std::to_string(header.version) +
-        " but this build reads version " + std::to_string(kTokenFileVersion) + rerun);
-  }
-  if (header.fingerprint_bytes > kMaxFingerprintBytes) {
-    return DataLossError(path_ + ": fingerprint length " +
-                         std::to_string(header.fingerprint_bytes) +
-                         " is implausible (corrupt header)" + rerun);
-  }
-  if (header.num_examples == 0) return DataLossError(path_ + " holds no examples" + rerun);
-  const std::optional<uint64_t> expected_size =
-      FileSize(header.fingerprint_bytes, header.num_examples, header.total_tokens);
-  if (!expected_size.has_value()) {
-    return DataLossError(path_ + ": header counts overflow (corrupt header)" + rerun);
-  }
-  if (bytes.size() < *expected_size) {
-    return DataLossError(path_ + " is truncated: " + std::to_string(bytes.size()) +
-                         " bytes, the header describes " + std::to_string(*expected_size) + rerun);
-  }
-  if (bytes.size() > *expected_size) {
-    return DataLossError(path_ + " has " + std::to_string(bytes.size() - *expected_size) +
-                         " bytes past the end the header describes" + rerun);
-  }
-
+  ASSIGN_OR_RETURN(const Header header, ReadHeader(bytes, path_));
   const std::byte* p = bytes.data() + sizeof(Header);
   fingerprint_.assign(reinterpret_cast<const char*>(p), header.fingerprint_bytes);
   p += Align8(header.fingerprint_bytes);
@@ -202,51 +258,13 @@ Status TokenFile::Parse(std::span<const std::byte> bytes, const Options& options
   p += ids_.size_bytes();
   mask_ = {reinterpret_cast<const uint8_t*>(p), header.total_tokens};
 
-  // Offsets are always checked (n + 1 loads): they are what keeps input_ids() inside the mapping.
-  if (offsets_.front() != 0) {
-    return DataLossError(path_ + ": offsets start at " + std::to_string(offsets_.front()) +
-                         ", not 0 (corrupt file)" + rerun);
-  }
-  for (size_t i = 1; i < offsets_.size(); ++i) {
-    if (offsets_[i] <= offsets_[i - 1] || offsets_[i] > header.total_tokens) {
-      return DataLossError(path_ + ": offset of example " + std::to_string(i) + " (" +
-                           std::to_string(offsets_[i]) + ") is not increasing within [0, " +
-                           std::to_string(header.total_tokens) + "] (corrupt file)" + rerun);
-    }
-  }
-  if (offsets_.back() != header.total_tokens) {
-    return DataLossError(path_ + ": offsets end at " + std::to_string(offsets_.back()) +
-                         " but the " + "header counts " + std::to_string(header.total_tokens) +
-                         " tokens" + rerun);
-  }
-
-  if (options.verify_contents) {
-    uint64_t hash = Fnv1a64(Bytes(offsets_));
-    hash = Fnv1a64(Bytes(ids_), hash);
-    hash = Fnv1a64(Bytes(mask_), hash);
-    if (hash != header.content_hash) {
-      return DataLossError(path_ + ": content hash mismatch (corrupt file)" + rerun);
-    }
-    int32_t max_id = -1;
-    uint64_t targets = 0;
-    for (size_t t = 0; t < ids_.size(); ++t) {
-      if (ids_[t] < 0 || mask_[t] > 1) {
-        return DataLossError(path_ + ": token " + std::to_string(t) + " has id " +
-                             std::to_string(ids_[t]) + " and mask " + std::to_string(mask_[t]) +
-                             " (corrupt file)" + rerun);
-      }
-      max_id = std::max(max_id, ids_[t]);
-      targets += mask_[t];
-    }
-    for (size_t i = 0; i + 1 < offsets_.size(); ++i) targets -= mask_[offsets_[i]];
-    if (max_id != header.max_token_id || targets != header.target_tokens) {
-      return DataLossError(path_ + ": header statistics disagree with the tokens (corrupt file)" +
-                           rerun);
-    }
-  }
+  RETURN_IF_ERROR(CheckOffsets(offsets_, header.total_tokens, path_));
+  if (options.verify_contents)
+    RETURN_IF_ERROR(VerifyContents(header, offsets_, ids_, mask_, path_));
   if (header.total_tokens > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
       header.target_tokens > header.total_tokens) {
-    return DataLossError(path_ + ": implausible token counts (corrupt header)" + rerun);
+    return DataLossError(path_ + ": implausible token counts (corrupt header)" +
+                         std::string(kRerun));
   }
   num_examples_ = static_cast<int64_t>(header.num_examples);
   total_tokens_ = static_cast<int64_t>(header.total_tokens);
