@@ -85,110 +85,129 @@ Status FullyShardedDataParallel::Shard(torch::nn::Module& model,
                                        const std::function<int64_t(const std::string&)>& layer_of,
                                        torch::Dtype param_dtype) {
   torch::NoGradGuard no_grad;
-  const int64_t n = world_size();
-  // Each unit's trainable parameters form one flat parameter, its frozen ones (LoRA's base
-  // weights, a frozen BLIP-2 part) another, so that only the first has gradients, a reduction and
-  // optimizer state, and its buffers (QLoRA's NF4 codes and quantisation state) one per dtype,
-  // gathered in that dtype.
-  const auto add = [&](const std::string& name, const torch::Tensor& tensor, bool trainable,
-                       bool buffer) {
-    const int64_t layer = layer_of(name);
-    const size_t u = static_cast<size_t>(layer + 1);
-    if (units_.size() <= u) units_.resize(u + 1);
-    size_t f = flats_.size();
-    for (size_t candidate : units_[u]) {
-      const Flat& flat = flats_[candidate];
-      if (flat.trainable == trainable && flat.buffer == buffer &&
-          (!buffer || flat.params.front().scalar_type() == tensor.scalar_type())) {
-        f = candidate;
-      }
-    }
-    if (f == flats_.size()) {
-      flats_.emplace_back();
-      Flat& flat = flats_.back();
-      flat.name = layer < 0 ? std::string("root") : "layer " + std::to_string(layer);
-      if (buffer) {
-        flat.name += std::string(" (buffers, ") + c10::toString(tensor.scalar_type()) + ")";
-      } else if (!trainable) {
-        flat.name += " (frozen)";
-      }
-      flat.trainable = trainable;
-      flat.buffer = buffer;
-      units_[u].push_back(f);
-    }
-    Flat& flat = flats_[f];
-    flat.names.push_back(name);
-    flat.params.push_back(tensor);
-  };
+  RETURN_IF_ERROR(GroupIntoFlats(model, layer_of));
+  for (Flat& flat : flats_) RETURN_IF_ERROR(ShardFlat(flat, param_dtype));
+  if (shards_.empty()) {
+    return InvalidArgumentError("strategy fsdp: the model has no trainable parameter to shard");
+  }
+  AllocateReductionBuffers();
+  InstallGradientHooks();
+  return Status::Ok();
+}
+
+Status FullyShardedDataParallel::GroupIntoFlats(
+    torch::nn::Module& model, const std::function<int64_t(const std::string&)>& layer_of) {
   for (const auto& item : model.named_parameters()) {
-    add(item.key(), item.value(), item.value().requires_grad(), /*buffer=*/false);
+    AddToUnit(layer_of(item.key()), item.key(), item.value(), item.value().requires_grad(),
+              /*buffer=*/false);
   }
   for (const auto& item : model.named_buffers()) {
-    add(item.key(), item.value(), /*trainable=*/false, /*buffer=*/true);
+    AddToUnit(layer_of(item.key()), item.key(), item.value(), /*trainable=*/false,
+              /*buffer=*/true);
   }
   // Every block owns parameters; a gap would mean the numbering and the hooks disagree.
   for (const std::vector<size_t>& unit : units_) {
     if (unit.empty()) return InternalError("fsdp: a unit has no parameters");
   }
+  return Status::Ok();
+}
+
+// Each unit's trainable parameters form one flat parameter, its frozen ones (LoRA's base weights, a
+// frozen BLIP-2 part) another, so that only the first has gradients, a reduction and optimizer
+// state, and its buffers (QLoRA's NF4 codes and quantisation state) one per dtype, gathered in that
+// dtype.
+void FullyShardedDataParallel::AddToUnit(int64_t layer, const std::string& name,
+                                         const torch::Tensor& tensor, bool trainable, bool buffer) {
+  const size_t u = static_cast<size_t>(layer + 1);
+  if (units_.size() <= u) units_.resize(u + 1);
+  size_t f = flats_.size();
+  for (size_t candidate : units_[u]) {
+    const Flat& flat = flats_[candidate];
+    if (flat.trainable == trainable && flat.buffer == buffer &&
+        (!buffer || flat.params.front().scalar_type() == tensor.scalar_type())) {
+      f = candidate;
+    }
+  }
+  if (f == flats_.size()) {
+    flats_.emplace_back();
+    Flat& flat = flats_.back();
+    flat.name = layer < 0 ? std::string("root") : "layer " + std::to_string(layer);
+    if (buffer) {
+      flat.name += std::string(" (buffers, ") + c10::toString(tensor.scalar_type()) + ")";
+    } else if (!trainable) {
+      flat.name += " (frozen)";
+    }
+    flat.trainable = trainable;
+    flat.buffer = buffer;
+    units_[u].push_back(f);
+  }
+  Flat& flat = flats_[f];
+  flat.names.push_back(name);
+  flat.params.push_back(tensor);
+}
+
+Status FullyShardedDataParallel::ShardFlat(Flat& flat, torch::Dtype param_dtype) {
+  // Every rank starts from rank 0's weights, as DDP's broadcast makes them.
+  for (torch::Tensor& p : flat.params) RETURN_IF_ERROR(group_.group().Broadcast(p, 0));
+  const torch::TensorOptions options = flat.params.front().options().requires_grad(false);
+  std::vector<int64_t> numels;
+  for (const torch::Tensor& p : flat.params) numels.push_back(p.numel());
+  const FlatLayout layout =
+      LayOutFlat(numels, world_size(), flat.trainable ? options_.alignment : 1);
+  flat.offsets = layout.offsets;
+  flat.numel = layout.numel;
+  flat.padded = layout.padded;
+  if (flat.trainable) flat.pieces = ShardPieces(layout, numels, rank());
+  const int64_t shard_numel = layout.shard();
+  flat.shard =
+      options_.offload ? HostZeros(shard_numel, options) : torch::zeros({shard_numel}, options);
+  // The rank's piece of the flat parameter: the elements [rank × shard, (rank + 1) × shard) of the
+  // parameters laid end to end, the padding left zero.
+  const int64_t begin = rank() * shard_numel;
+  for (size_t i = 0; i < flat.params.size(); ++i) {
+    const int64_t first = std::max(begin, flat.offsets[i]);
+    const int64_t last = std::min(begin + shard_numel, flat.offsets[i] + flat.params[i].numel());
+    if (first >= last) continue;
+    flat.shard.narrow(0, first - begin, last - first)
+        .copy_(flat.params[i].reshape({-1}).narrow(0, first - flat.offsets[i], last - first));
+  }
+  if (flat.trainable) {
+    flat.shard.requires_grad_(true);
+    shards_.push_back(flat.shard);
+  }
+  flat.gathered = torch::empty({flat.padded}, flat.buffer ? options : options.dtype(param_dtype));
+  // The parameters become views into the gathered buffer, in its dtype (as FSDP1's flat parameter
+  // takes its low-precision data); their own storage dies here.
+  for (size_t i = 0; i < flat.params.size(); ++i) {
+    torch::Tensor& p = flat.params[i];
+    p.set_data(flat.gathered.narrow(0, flat.offsets[i], p.numel()).view(p.sizes()));
+  }
+  Free(flat);
+  flat.pending = flat.trainable ? flat.params.size() : 0;
+  return Status::Ok();
+}
+
+void FullyShardedDataParallel::AllocateReductionBuffers() {
   int64_t max_padded = 0;
-  for (Flat& flat : flats_) {
-    // Every rank starts from rank 0's weights, as DDP's broadcast makes them.
-    for (torch::Tensor& p : flat.params) RETURN_IF_ERROR(group_.group().Broadcast(p, 0));
-    const torch::TensorOptions options = flat.params.front().options().requires_grad(false);
-    std::vector<int64_t> numels;
-    for (const torch::Tensor& p : flat.params) numels.push_back(p.numel());
-    const FlatLayout layout = LayOutFlat(numels, n, flat.trainable ? options_.alignment : 1);
-    flat.offsets = layout.offsets;
-    flat.numel = layout.numel;
-    flat.padded = layout.padded;
-    if (flat.trainable) {
-      max_padded = std::max(max_padded, flat.padded);
-      flat.pieces = ShardPieces(layout, numels, rank());
-    }
-    const int64_t shard_numel = layout.shard();
-    flat.shard =
-        options_.offload ? HostZeros(shard_numel, options) : torch::zeros({shard_numel}, options);
-    // The rank's piece of the flat parameter: the elements [rank × shard, (rank + 1) × shard) of
-    // the parameters laid end to end, the padding left zero.
-    const int64_t begin = rank() * shard_numel;
-    for (size_t i = 0; i < flat.params.size(); ++i) {
-      const int64_t first = std::max(begin, flat.offsets[i]);
-      const int64_t last = std::min(begin + shard_numel, flat.offsets[i] + flat.params[i].numel());
-      if (first >= last) continue;
-      flat.shard.narrow(0, first - begin, last - first)
-          .copy_(flat.params[i].reshape({-1}).narrow(0, first - flat.offsets[i], last - first));
-    }
-    if (flat.trainable) {
-      flat.shard.requires_grad_(true);
-      shards_.push_back(flat.shard);
-    }
-    flat.gathered = torch::empty({flat.padded}, flat.buffer ? options : options.dtype(param_dtype));
-    // The parameters become views into the gathered buffer, in its dtype (as FSDP1's flat
-    // parameter takes its low-precision data); their own storage dies here.
-    for (size_t i = 0; i < flat.params.size(); ++i) {
-      torch::Tensor& p = flat.params[i];
-      p.set_data(flat.gathered.narrow(0, flat.offsets[i], p.numel()).view(p.sizes()));
-    }
-    Free(flat);
-    flat.pending = flat.trainable ? flat.params.size() : 0;
+  for (const Flat& flat : flats_) {
+    if (flat.trainable) max_padded = std::max(max_padded, flat.padded);
   }
-  if (shards_.empty()) {
-    return InvalidArgumentError("strategy fsdp: the model has no trainable parameter to shard");
-  }
-  // Only the parameters' tensors, not the module's, were replaced: the module names them too.
   // On the device even when the shards are on the host (offload).
   grad_buffer_ =
       torch::zeros({max_padded}, shards_.front().options().device(device_).requires_grad(false));
   if (device_.is_cuda()) {
-    scatter_buffer_ = torch::zeros({max_padded / n}, grad_buffer_.options());
+    scatter_buffer_ = torch::zeros({max_padded / world_size()}, grad_buffer_.options());
   }
+}
+
+// Only the parameters' tensors, not the module's, were replaced: the module names them too.
+void FullyShardedDataParallel::InstallGradientHooks() {
   for (size_t f = 0; f < flats_.size(); ++f) {
     if (!flats_[f].trainable) continue;
     for (const torch::Tensor& p : flats_[f].params) {
       SetPostAccumulateGradHook(p, [this, f](const torch::Tensor&) { OnGradientReady(f); });
     }
   }
-  return Status::Ok();
 }
 
 std::vector<torch::Tensor> FullyShardedDataParallel::GatheredTensors() const {

@@ -207,6 +207,20 @@ class FullyShardedDataParallel final : public Parallelism, public LayerHooks {
 
   FullyShardedDataParallel(RankGroup group, int local_rank, torch::Device device,
                            const Options& options);
+  // Shard's steps. Groups the model's parameters and buffers into their units' flat parameters.
+  Status GroupIntoFlats(torch::nn::Module& model,
+                        const std::function<int64_t(const std::string&)>& layer_of);
+  // Adds one tensor to the flat of unit `layer + 1` that holds its kind (trainable, frozen, or
+  // buffers of its dtype), making that flat if the unit has none yet.
+  void AddToUnit(int64_t layer, const std::string& name, const torch::Tensor& tensor,
+                 bool trainable, bool buffer);
+  // Lays `flat` out, copies the rank's shard of rank 0's weights into it and makes its parameters
+  // views into its (freed) gathered buffer.
+  Status ShardFlat(Flat& flat, torch::Dtype param_dtype);
+  // The gradient buffer a unit's reduce-scatter works in, sized for the largest trainable flat.
+  void AllocateReductionBuffers();
+  // Starts a unit's reduction once its last trainable parameter's gradient is accumulated.
+  void InstallGradientHooks();
   // The same as below for every flat parameter of unit `u` (0: the root, i + 1: layer i).
   Status GatherUnit(size_t u);
   Status PrefetchUnit(size_t u);
