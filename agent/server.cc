@@ -24,7 +24,7 @@
 #include "common/rank_files.h"
 #include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
-#include "rpc/status.h"
+#include "rpc/grpc_status.h"
 
 namespace llmctl::agent {
 namespace {

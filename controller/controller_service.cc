@@ -12,9 +12,9 @@
 
 #include "common/digest/digest.h"
 #include "common/snapshot_event.h"
-#include "controller/device_samples.h"
+#include "controller/device_samples_proto.h"
 #include "controller/submission.h"
-#include "rpc/status.h"
+#include "rpc/grpc_status.h"
 
 namespace llmctl::controller {
 

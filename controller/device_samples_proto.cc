@@ -1,4 +1,4 @@
-#include "controller/device_samples.h"
+#include "controller/device_samples_proto.h"
 
 namespace llmctl::controller {
 

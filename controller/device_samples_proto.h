@@ -1,8 +1,8 @@
 // Device samples between the wire and the store: what the agents stream (StreamEvents'
 // DeviceSamples items) becomes the store's rows, and the store's newest rows become Watch's
 // TrialStatus.devices.
-#ifndef LLMCTL_CONTROLLER_DEVICE_SAMPLES_H_
-#define LLMCTL_CONTROLLER_DEVICE_SAMPLES_H_
+#ifndef LLMCTL_CONTROLLER_DEVICE_SAMPLES_PROTO_H_
+#define LLMCTL_CONTROLLER_DEVICE_SAMPLES_PROTO_H_
 
 #include <vector>
 
@@ -19,4 +19,4 @@ void ToProto(const store::DeviceSample& sample, v1::DeviceSample* out);
 
 }  // namespace llmctl::controller
 
-#endif  // LLMCTL_CONTROLLER_DEVICE_SAMPLES_H_
+#endif  // LLMCTL_CONTROLLER_DEVICE_SAMPLES_PROTO_H_

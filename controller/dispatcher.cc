@@ -8,16 +8,16 @@ namespace llmctl::controller {
 
 Dispatcher::Dispatcher(store::Store& store, const BlobStore& blobs, AgentConnector connect,
                        const Clock& clock, ChangeNotifier& changes, DispatcherOptions options)
-    : shared_(store, blobs, clock, changes, options),
-      links_(shared_, std::move(connect)),
-      artifacts_(shared_, links_),
-      checkpoints_(shared_, artifacts_),
-      streams_(shared_, links_, checkpoints_),
-      hub_models_(shared_),
-      launcher_(shared_, hub_models_),
-      leases_(shared_, links_, checkpoints_),
-      placement_(shared_, links_, leases_, launcher_),
-      cancellation_(shared_, links_, checkpoints_) {}
+    : core_(store, blobs, clock, changes, options),
+      links_(core_, std::move(connect)),
+      artifacts_(core_, links_),
+      checkpoints_(core_, artifacts_),
+      streams_(core_, links_, checkpoints_),
+      hub_models_(core_),
+      launcher_(core_, hub_models_),
+      leases_(core_, links_, checkpoints_),
+      placement_(core_, links_, leases_, launcher_),
+      cancellation_(core_, links_, checkpoints_) {}
 
 Dispatcher::~Dispatcher() { Stop(); }
 
@@ -25,20 +25,20 @@ void Dispatcher::Start() {
   thread_ = std::thread([this] {
     while (true) {
       Tick();
-      MutexLock lock(shared_.mutex);
+      MutexLock lock(core_.mutex);
       const auto deadline = std::chrono::steady_clock::now() + UntilNextRound();
-      while (!shared_.stopping && !shared_.wake_requested &&
-             shared_.wake.WaitUntil(shared_.mutex, deadline)) {
+      while (!core_.stopping && !core_.wake_requested &&
+             core_.wake.WaitUntil(core_.mutex, deadline)) {
       }
-      if (shared_.stopping) return;
-      shared_.wake_requested = false;
+      if (core_.stopping) return;
+      core_.wake_requested = false;
     }
   });
 }
 
 std::chrono::milliseconds Dispatcher::UntilNextRound() const {
-  const store::Time now = shared_.clock.Now();
-  store::Time next = now + shared_.options.health_interval;
+  const store::Time now = core_.clock.Now();
+  store::Time next = now + core_.options.health_interval;
   std::vector<store::Time> due;
   links_.CollectWakeTimesLocked(due);
   streams_.CollectWakeTimesLocked(due);
@@ -51,10 +51,10 @@ std::chrono::milliseconds Dispatcher::UntilNextRound() const {
 
 void Dispatcher::Stop() {
   {
-    MutexLock lock(shared_.mutex);
-    shared_.stopping = true;
+    MutexLock lock(core_.mutex);
+    core_.stopping = true;
   }
-  shared_.wake.NotifyAll();
+  core_.wake.NotifyAll();
   if (thread_.joinable()) thread_.join();
   hub_models_.Stop();
   // The stream readers start copies: once they have stopped no copy starts.
@@ -62,12 +62,12 @@ void Dispatcher::Stop() {
   checkpoints_.Stop();
 }
 
-void Dispatcher::Wake() { shared_.Wake(); }
+void Dispatcher::Wake() { core_.Wake(); }
 
 void Dispatcher::Tick() {
   MutexLock tick(tick_mutex_);
-  store::Store& store = shared_.store;
-  const store::Time now = shared_.clock.Now();
+  store::Store& store = core_.store;
+  const store::Time now = core_.clock.Now();
   auto nodes = store.ListNodes();
   if (!nodes.ok()) {
     spdlog::error("dispatcher: cannot list nodes: {}", nodes.status().ToString());
@@ -102,24 +102,24 @@ void Dispatcher::DeclareLost(const dispatch::AttemptKey& attempt,
   const int64_t trial_id = attempt.first;
   const int64_t number = attempt.second;
   streams_.Stop(attempt);
-  if (Status lost = shared_.store.MarkAttemptLost(trial_id, number, now); !lost.ok()) {
+  if (Status lost = core_.store.MarkAttemptLost(trial_id, number, now); !lost.ok()) {
     spdlog::warn("{}: {}", dispatch::AttemptName(trial_id, number), lost.ToString());
   }
   auto lost = std::find_if(running.begin(), running.end(), [&](const store::RunningAttempt& a) {
     return a.trial_id == trial_id && a.attempt == number;
   });
   if (lost != running.end() && !lost->nodes.empty()) StopRuns(*lost);
-  shared_.changes.Notify();
+  core_.changes.Notify();
 }
 
 void Dispatcher::StopRuns(const store::RunningAttempt& attempt) {
-  auto trial = shared_.store.GetTrial(attempt.trial_id);
+  auto trial = core_.store.GetTrial(attempt.trial_id);
   if (!trial.ok()) return;
-  dispatch::CancelRuns(shared_, links_, attempt, trial->name, std::nullopt);
+  dispatch::CancelRuns(core_, links_, attempt, trial->name, std::nullopt);
 }
 
 StatusOr<store::NodeRemoval> Dispatcher::RemoveNode(const std::string& node) {
-  ASSIGN_OR_RETURN(store::NodeRemoval removal, shared_.store.RemoveNode(node, shared_.clock.Now()));
+  ASSIGN_OR_RETURN(store::NodeRemoval removal, core_.store.RemoveNode(node, core_.clock.Now()));
   links_.Disconnect(node);
   for (const store::RunningAttempt& attempt : removal.lost) {
     spdlog::warn("node {} removed: {} is lost and requeued", node, dispatch::AttemptName(attempt));
@@ -131,7 +131,7 @@ StatusOr<store::NodeRemoval> Dispatcher::RemoveNode(const std::string& node) {
   if (removal.result == store::NodeRemoval::Result::kRemoved) {
     spdlog::info("node {} removed ({} running attempts requeued)", node, removal.lost.size());
   }
-  shared_.changes.Notify();
+  core_.changes.Notify();
   Wake();
   return removal;
 }

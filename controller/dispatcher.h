@@ -55,7 +55,7 @@
 // Time comes from the injected Clock, so tests drive rounds and timeouts by hand.
 //
 // Thread-safe. Start() runs rounds on a thread of its own; the stream readers, hub model downloads
-// and checkpoint copies have a thread each. The parts share one mutex (dispatch/shared.h).
+// and checkpoint copies have a thread each. The parts share one mutex (dispatch/dispatcher_core.h).
 #ifndef LLMCTL_CONTROLLER_DISPATCHER_H_
 #define LLMCTL_CONTROLLER_DISPATCHER_H_
 
@@ -80,7 +80,7 @@
 #include "controller/dispatch/launcher.h"
 #include "controller/dispatch/lease_watch.h"
 #include "controller/dispatch/placement.h"
-#include "controller/dispatch/shared.h"
+#include "controller/dispatch/dispatcher_core.h"
 #include "controller/store/store.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 
@@ -151,7 +151,7 @@ class Dispatcher {
 
  private:
   // How long the round thread may sleep before the next round.
-  std::chrono::milliseconds UntilNextRound() const LLMCTL_REQUIRES(shared_.mutex);
+  std::chrono::milliseconds UntilNextRound() const LLMCTL_REQUIRES(core_.mutex);
   // Stops the attempt's stream readers and marks it lost (its trial is queued again); a multi-node
   // attempt's runs on its nodes that still answer are stopped, since their ranks cannot go on.
   void DeclareLost(const dispatch::AttemptKey& attempt,
@@ -159,7 +159,7 @@ class Dispatcher {
   // Stops a multi-node attempt's runs on those of its nodes that are connected.
   void StopRuns(const store::RunningAttempt& attempt);
 
-  dispatch::Shared shared_;
+  dispatch::DispatcherCore core_;
   // The parts, each using those declared before it.
   dispatch::AgentLinks links_;
   dispatch::ArtifactFetcher artifacts_;

@@ -3,7 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "llmctl/v1/agent.grpc.pb.h"
-#include "rpc/status.h"
+#include "rpc/grpc_status.h"
 
 namespace llmctl::controller {
 namespace {

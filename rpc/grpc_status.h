@@ -1,7 +1,7 @@
 // llmctl::Status <-> grpc::Status. The codes are the same numbers (both are gRPC's codes), so a
 // code travels unchanged from SQLite or a parser through gRPC to the CLI.
-#ifndef LLMCTL_RPC_STATUS_H_
-#define LLMCTL_RPC_STATUS_H_
+#ifndef LLMCTL_RPC_GRPC_STATUS_H_
+#define LLMCTL_RPC_GRPC_STATUS_H_
 
 #include <grpcpp/support/status.h>
 
@@ -21,4 +21,4 @@ inline Status FromGrpcStatus(const grpc::Status& status) {
 
 }  // namespace llmctl::rpc
 
-#endif  // LLMCTL_RPC_STATUS_H_
+#endif  // LLMCTL_RPC_GRPC_STATUS_H_

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "llmctl/v1/agent.grpc.pb.h"
-#include "rpc/status.h"
+#include "rpc/grpc_status.h"
 
 namespace llmctl::rpc {
 namespace {

@@ -5,7 +5,7 @@
 #include <limits>
 #include <string>
 
-#include "rpc/status.h"
+#include "rpc/grpc_status.h"
 
 namespace llmctl::rpc {
 

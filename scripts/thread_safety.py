@@ -21,7 +21,7 @@ LIBRARIES = ("common/", "controller/", "agent/", "rpc/")
 # The tests hold no annotated state; leaving them out takes the check from 128 units to 29.
 TEST_SUFFIXES = ("_test.cc", "_fuzz.cc", "_fuzz_test.cc")
 # -Wthread-safety-precise is off: the dispatcher's parts each hold a reference to the one
-# dispatch::Shared, so clang sees `links_.shared_.mutex` and `shared_.mutex` as two mutexes where
+# dispatch::DispatcherCore, so clang sees `links_.core_.mutex` and `core_.mutex` as two mutexes where
 # there is one. A call with no such mutex held is still an error.
 CLANG_FLAGS = ["-fsyntax-only", "-Wno-everything", "-Wthread-safety", "-Wno-thread-safety-precise",
                "-Werror"]

@@ -30,7 +30,7 @@
 #include "common/text.h"
 #include "common/trial_config.h"
 #include "common/trial_keys.h"
-#include "trainer/dist/launcher.h"
+#include "trainer/dist/rank_launcher.h"
 #include "trainer/dist/rank_env.h"
 #include "trainer/inputs/trial_inputs.h"
 #include "trainer/train/batches.h"

@@ -1,4 +1,4 @@
-#include "common/estimate/plan.h"
+#include "common/estimate/plan_search.h"
 
 #include <algorithm>
 #include <cmath>

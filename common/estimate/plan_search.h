@@ -4,8 +4,8 @@
 // step_memory.h; time, step_time.h) at the largest micro-batch that fits the device and divides the
 // global batch; those that fit are ranked fastest first, the others kept with the reason they were
 // dropped. No LibTorch: `llmctl plan` uses it.
-#ifndef LLMCTL_COMMON_ESTIMATE_PLAN_H_
-#define LLMCTL_COMMON_ESTIMATE_PLAN_H_
+#ifndef LLMCTL_COMMON_ESTIMATE_PLAN_SEARCH_H_
+#define LLMCTL_COMMON_ESTIMATE_PLAN_SEARCH_H_
 
 #include <cstdint>
 #include <optional>
@@ -76,4 +76,4 @@ StatusOr<Plan> SearchPlans(const PlanRequest& request);
 
 }  // namespace llmctl::estimate
 
-#endif  // LLMCTL_COMMON_ESTIMATE_PLAN_H_
+#endif  // LLMCTL_COMMON_ESTIMATE_PLAN_SEARCH_H_

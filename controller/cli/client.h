@@ -1,5 +1,5 @@
 // The CLI's side of the Controller service: channels and the calls' deadlines (statuses convert
-// with rpc/status.h).
+// with rpc/grpc_status.h).
 #ifndef LLMCTL_CONTROLLER_CLI_CLIENT_H_
 #define LLMCTL_CONTROLLER_CLI_CLIENT_H_
 

@@ -33,7 +33,7 @@
 #include "controller/openstack/lease_cli.h"
 #include "controller/openstack/node_cli.h"
 #include "llmctl/v1/controller.grpc.pb.h"
-#include "rpc/status.h"
+#include "rpc/grpc_status.h"
 #include "rpc/tls.h"
 #include "rpc/transfer.h"
 

@@ -22,7 +22,7 @@
 
 #include "common/status.h"
 #include "controller/cli/address.h"
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 
 namespace llmctl::cli {
 
@@ -47,7 +47,7 @@ struct CliContext {
   // Between reconnects of a watch whose controller went away.
   std::chrono::milliseconds watch_retry_interval{1000};
   // The cloud commands' clock (lease --wait, node up's polling); null: the system's.
-  openstack::Clock* cloud_clock = nullptr;
+  openstack::CloudClock* cloud_clock = nullptr;
   // How long `node up` waits for the controller to reach the node's agent (cloud-init installs
   // Docker and the agent image first), and how often it asks.
   std::chrono::milliseconds agent_ready_timeout = std::chrono::minutes(30);

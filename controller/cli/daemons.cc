@@ -15,7 +15,7 @@
 
 #include "common/atomic_file.h"
 #include "controller/cli/client.h"
-#include "rpc/status.h"
+#include "rpc/grpc_status.h"
 
 namespace llmctl::cli {
 namespace {

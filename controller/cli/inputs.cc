@@ -7,7 +7,7 @@
 #include "common/trial_keys.h"
 #include "controller/cli/client.h"
 #include "controller/cli/input_tree.h"
-#include "rpc/status.h"
+#include "rpc/grpc_status.h"
 #include "rpc/transfer.h"
 #include "trainer/inputs/trial_inputs.h"
 

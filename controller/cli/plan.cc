@@ -14,7 +14,7 @@
 #include "common/blip2_config.h"
 #include "common/byte_size.h"
 #include "common/estimate/gpus.h"
-#include "common/estimate/plan.h"
+#include "common/estimate/plan_search.h"
 #include "common/experiment.h"
 #include "common/model_config.h"
 #include "common/text.h"

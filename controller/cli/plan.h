@@ -1,6 +1,6 @@
 // `llmctl plan MODEL --device GPU|cpu --seq N --global-batch N (--steps N | --tokens N) ...`:
 // which configuration of a fine-tuning run fits a device and which is fastest, before anything is
-// reserved (common/estimate/plan.h searches; this renders, and with --write emits the top rows as
+// reserved (common/estimate/plan_search.h searches; this renders, and with --write emits the top rows as
 // an experiment file that `llmctl submit` runs as it stands).
 #ifndef LLMCTL_CONTROLLER_CLI_PLAN_H_
 #define LLMCTL_CONTROLLER_CLI_PLAN_H_

@@ -10,7 +10,7 @@
 #include "common/cuda_version.h"
 #include "common/event_line.h"
 #include "controller/scheduler/scheduler.h"
-#include "rpc/status.h"
+#include "rpc/grpc_status.h"
 
 namespace llmctl::controller {
 
@@ -48,7 +48,7 @@ void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::
     // under the mutex, so erasing is safe.
     std::set<std::string> listed;
     for (const store::NodeRecord& node : nodes) listed.insert(node.name);
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     std::erase_if(links_, [&](const auto& entry) { return !listed.contains(entry.first); });
   }
   for (const store::NodeRecord& node : nodes) {
@@ -56,7 +56,7 @@ void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::
     Link* link = EnsureLink(node, now);
     bool due;
     {
-      MutexLock lock(shared_.mutex);
+      MutexLock lock(core_.mutex);
       due = now >= link->next_health_at;
     }
     if (due) CheckHealth(*link, now);
@@ -64,7 +64,7 @@ void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::
 }
 
 AgentLinks::Link* AgentLinks::EnsureLink(const store::NodeRecord& node, store::Time now) {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   std::unique_ptr<Link>& link = links_[node.name];
   // A removed node registered again before a round erased its old link starts afresh.
   if (link == nullptr || link->removed) {
@@ -84,13 +84,13 @@ AgentLinks::Link* AgentLinks::EnsureLink(const store::NodeRecord& node, store::T
 }
 
 void AgentLinks::CheckHealth(Link& link, store::Time now) {
-  const DispatcherOptions& options = shared_.options;
+  const DispatcherOptions& options = core_.options;
   store::NodeRecord record;
   record.name = link.name;
   record.address = link.address;
   std::shared_ptr<v1::Agent::Stub> stub;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     stub = link.stub;
   }
   if (stub == nullptr) {
@@ -104,10 +104,10 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
   Status health = UnavailableError("no channel");
   v1::NodeInfo info;
   if (stub != nullptr) {
-    auto context = shared_.CallContext();
+    auto context = core_.CallContext();
     health = rpc::FromGrpcStatus(stub->GetNodeInfo(context.get(), {}, &info));
   }
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   if (link.removed) return;  // Disconnect ran meanwhile: keep its link disconnected
   link.health_backoff =
       health.ok() ? std::chrono::milliseconds(0)
@@ -152,7 +152,7 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
   record.devices_json = DevicesJson(link.devices);
   record.last_seen = link.last_seen;
   record.state = !link.connected ? "unreachable" : link.unusable.empty() ? "connected" : "unusable";
-  if (Status stored = shared_.store.UpsertNode(record); !stored.ok()) {
+  if (Status stored = core_.store.UpsertNode(record); !stored.ok()) {
     spdlog::error("node {}: cannot store its state: {}", link.name, stored.ToString());
   }
 }
@@ -161,7 +161,7 @@ std::vector<AttemptKey> AgentLinks::ForgottenRuns(
     const std::vector<store::RunningAttempt>& running) {
   std::vector<Link*> links;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     for (auto& [name, link] : links_) links.push_back(link.get());
   }
   std::vector<AttemptKey> forgotten;
@@ -173,11 +173,11 @@ void AgentLinks::Reconcile(Link& link, const std::vector<store::RunningAttempt>&
                            std::vector<AttemptKey>& forgotten) {
   std::shared_ptr<v1::Agent::Stub> stub;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     if (!link.connected || !link.needs_reconcile) return;
     stub = link.stub;
   }
-  auto context = shared_.CallContext();
+  auto context = core_.CallContext();
   v1::ListRunsResponse runs;
   grpc::Status listed = stub->ListRuns(context.get(), {}, &runs);
   if (!listed.ok()) {
@@ -190,14 +190,14 @@ void AgentLinks::Reconcile(Link& link, const std::vector<store::RunningAttempt>&
   }
   for (const store::RunningAttempt& attempt : running) {
     if (!attempt.RunsOn(link.name)) continue;
-    auto trial = shared_.store.GetTrial(attempt.trial_id);
+    auto trial = core_.store.GetTrial(attempt.trial_id);
     if (!trial.ok()) continue;
     if (known.contains({attempt.experiment_id, trial->name, attempt.attempt})) continue;
     spdlog::warn("node {}: has no run for {} of experiment {}; requeueing it", link.name,
                  AttemptName(attempt), attempt.experiment_id);
     forgotten.emplace_back(attempt.trial_id, attempt.attempt);
   }
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   link.needs_reconcile = false;
 }
 
@@ -205,7 +205,7 @@ std::vector<AttemptKey> AgentLinks::SilentRuns(const std::vector<store::RunningA
                                                store::Time now) {
   std::vector<scheduler::RunningAttempt> attempts;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     for (const store::RunningAttempt& attempt : running) {
       // A multi-node attempt is lost when any of its nodes is silent: its ranks cannot go on
       // without that node's.
@@ -222,7 +222,7 @@ std::vector<AttemptKey> AgentLinks::SilentRuns(const std::vector<store::RunningA
     }
   }
   const scheduler::LostAgentDecision decision =
-      scheduler::DecideLostAttempts(attempts, now, shared_.options.requeue_after);
+      scheduler::DecideLostAttempts(attempts, now, core_.options.requeue_after);
   std::vector<AttemptKey> silent;
   for (const scheduler::RunningAttempt& attempt : decision.requeue) {
     if (std::find(silent.begin(), silent.end(), AttemptKey{attempt.trial_id, attempt.attempt}) !=
@@ -239,19 +239,19 @@ std::vector<AttemptKey> AgentLinks::SilentRuns(const std::vector<store::RunningA
 }
 
 std::shared_ptr<v1::Agent::Stub> AgentLinks::Stub(const std::string& node) {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   const Link* link = FindLocked(node);
   return link == nullptr ? nullptr : link->stub;
 }
 
 std::string AgentLinks::Unusable(const std::string& node) {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   const Link* link = FindLocked(node);
   return link == nullptr || !link->connected ? "" : link->unusable;
 }
 
 void AgentLinks::Disconnect(const std::string& node) {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   if (Link* link = FindLocked(node); link != nullptr) {
     link->removed = true;
     link->connected = false;

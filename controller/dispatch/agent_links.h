@@ -19,7 +19,7 @@
 
 #include "common/event_line.h"
 #include "common/status.h"
-#include "controller/dispatch/shared.h"
+#include "controller/dispatch/dispatcher_core.h"
 #include "controller/secrets.h"
 #include "controller/store/store.h"
 #include "llmctl/v1/agent.grpc.pb.h"
@@ -52,10 +52,10 @@ class AgentLinks {
     std::string name;
     std::string address;
     // Shared with the stream readers and calls in flight, which may outlive a redial. Replaced by
-    // the round thread only, under the shared mutex; null until dialled and after a failed health
+    // the round thread only, under the core's mutex; null until dialled and after a failed health
     // check.
     std::shared_ptr<v1::Agent::Stub> stub;
-    // Guarded by the shared mutex (reached only through links_, which clang checks):
+    // Guarded by the core's mutex (reached only through links_, which clang checks):
     bool connected = false;
     bool needs_reconcile = true;  // ListRuns after each (re)connect
     bool removed = false;         // Disconnect: never dialled again; the next round erases it
@@ -70,8 +70,8 @@ class AgentLinks {
     std::string unusable;
   };
 
-  AgentLinks(Shared& shared, AgentConnector connect)
-      : shared_(shared), connect_(std::move(connect)) {}
+  AgentLinks(DispatcherCore& core, AgentConnector connect)
+      : core_(core), connect_(std::move(connect)) {}
 
   // The round's first step: drops the links of nodes no longer listed, makes one for each listed
   // node with an address, and checks the health of those that are due. Only the round thread (one
@@ -92,13 +92,13 @@ class AgentLinks {
   // RemoveNode: the node's link is never dialled again and the next round erases it.
   void Disconnect(const std::string& node);
 
-  Link* FindLocked(const std::string& node) LLMCTL_REQUIRES(shared_.mutex);
+  Link* FindLocked(const std::string& node) LLMCTL_REQUIRES(core_.mutex);
   const std::map<std::string, std::unique_ptr<Link>>& AllLocked() const
-      LLMCTL_REQUIRES(shared_.mutex) {
+      LLMCTL_REQUIRES(core_.mutex) {
     return links_;
   }
   // When the links want the next round (their next health checks).
-  void CollectWakeTimesLocked(std::vector<store::Time>& times) const LLMCTL_REQUIRES(shared_.mutex);
+  void CollectWakeTimesLocked(std::vector<store::Time>& times) const LLMCTL_REQUIRES(core_.mutex);
 
  private:
   Link* EnsureLink(const store::NodeRecord& node, store::Time now);
@@ -106,11 +106,11 @@ class AgentLinks {
   void Reconcile(Link& link, const std::vector<store::RunningAttempt>& running,
                  std::vector<AttemptKey>& forgotten);
 
-  Shared& shared_;
+  DispatcherCore& core_;
   const AgentConnector connect_;
   // By node. Erased only by CheckNodes (on the round thread, which every user of a Link* is on)
   // once the node is no longer listed.
-  std::map<std::string, std::unique_ptr<Link>> links_ LLMCTL_GUARDED_BY(shared_.mutex);
+  std::map<std::string, std::unique_ptr<Link>> links_ LLMCTL_GUARDED_BY(core_.mutex);
 };
 
 }  // namespace dispatch

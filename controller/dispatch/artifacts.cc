@@ -12,7 +12,7 @@ Status ArtifactFetcher::Fetch(const std::string& node, const v1::RunKey& key,
   if (stub == nullptr) return UnavailableError("node " + node + " is not connected");
   // The artifacts' total size is not known up front: no call deadline, an idle limit instead.
   grpc::ClientContext context;
-  rpc::IdleCanceller idle(context, shared_.options.call_deadline);
+  rpc::IdleCanceller idle(context, core_.options.call_deadline);
   v1::FetchArtifactsRequest request;
   *request.mutable_key() = key;
   request.set_path(path);

@@ -10,14 +10,14 @@
 
 #include "common/status.h"
 #include "controller/dispatch/agent_links.h"
-#include "controller/dispatch/shared.h"
+#include "controller/dispatch/dispatcher_core.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 
 namespace llmctl::controller::dispatch {
 
 class ArtifactFetcher {
  public:
-  ArtifactFetcher(const Shared& shared, AgentLinks& links) : shared_(shared), links_(links) {}
+  ArtifactFetcher(const DispatcherCore& core, AgentLinks& links) : core_(core), links_(links) {}
 
   // Dispatcher::FetchArtifacts: Unavailable when the node has no link; DeadlineExceeded when no
   // chunk arrives for call_deadline; Cancelled when `sink` says false; DataLoss, before `sink`
@@ -29,7 +29,7 @@ class ArtifactFetcher {
                const std::string& path) const;
 
  private:
-  const Shared& shared_;
+  const DispatcherCore& core_;
   AgentLinks& links_;
 };
 

@@ -7,7 +7,7 @@
 
 namespace llmctl::controller::dispatch {
 
-void CancelRun(const Shared& shared, const store::RunningAttempt& attempt, const std::string& node,
+void CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt, const std::string& node,
                const std::string& trial_name, v1::Agent::Stub& stub,
                std::optional<std::chrono::milliseconds> checkpoint_grace) {
   v1::CancelRunRequest request;
@@ -19,7 +19,7 @@ void CancelRun(const Shared& shared, const store::RunningAttempt& attempt, const
     request.set_checkpoint_grace_ms(checkpoint_grace->count());
   }
   v1::RunState state;
-  auto context = shared.CallContext();
+  auto context = core.CallContext();
   const grpc::Status cancelled = stub.CancelRun(context.get(), request, &state);
   if (!cancelled.ok()) {
     spdlog::warn("{} on node {}: CancelRun failed: {}", AttemptName(attempt), node,
@@ -27,21 +27,21 @@ void CancelRun(const Shared& shared, const store::RunningAttempt& attempt, const
   }
 }
 
-void CancelRuns(const Shared& shared, AgentLinks& links, const store::RunningAttempt& attempt,
+void CancelRuns(const DispatcherCore& core, AgentLinks& links, const store::RunningAttempt& attempt,
                 const std::string& trial_name,
                 std::optional<std::chrono::milliseconds> checkpoint_grace,
                 std::optional<int64_t> except_node_rank) {
   for (const store::AttemptNode& run : attempt.Runs()) {
     if (run.ended || run.node_rank == except_node_rank) continue;
     if (const std::shared_ptr<v1::Agent::Stub> stub = links.Stub(run.node)) {
-      CancelRun(shared, attempt, run.node, trial_name, *stub, checkpoint_grace);
+      CancelRun(core, attempt, run.node, trial_name, *stub, checkpoint_grace);
     }
   }
 }
 
 StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,
                                                         std::string_view trial, bool checkpoint) {
-  store::Store& store = shared_.store;
+  store::Store& store = core_.store;
   ASSIGN_OR_RETURN(std::vector<store::TrialRecord> trials, store.ListTrials(experiment_id));
   std::vector<std::string> affected;
   std::map<int64_t, std::string> names;
@@ -67,27 +67,27 @@ StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,
     // Every node of a multi-node attempt: its ranks decide a stop together at a step's start, so
     // each node's ranks stop at the same step. An unreachable one ends as cancelled when the
     // attempt is declared lost.
-    CancelRuns(shared_, links_, attempt, names[attempt.trial_id],
-               checkpoint ? std::optional(shared_.options.cancel_checkpoint_grace) : std::nullopt);
+    CancelRuns(core_, links_, attempt, names[attempt.trial_id],
+               checkpoint ? std::optional(core_.options.cancel_checkpoint_grace) : std::nullopt);
   }
-  shared_.changes.Notify();
-  shared_.Wake();
+  core_.changes.Notify();
+  core_.Wake();
   return affected;
 }
 
 StatusOr<store::TrialResume> Cancellation::Resume(int64_t experiment_id, std::string_view trial) {
-  ASSIGN_OR_RETURN(std::vector<store::TrialRecord> trials, shared_.store.ListTrials(experiment_id));
+  ASSIGN_OR_RETURN(std::vector<store::TrialRecord> trials, core_.store.ListTrials(experiment_id));
   auto named = std::find_if(trials.begin(), trials.end(),
                             [&](const store::TrialRecord& record) { return record.name == trial; });
   if (named == trials.end()) {
     return NotFoundError("experiment " + std::to_string(experiment_id) + " has no trial '" +
                          std::string(trial) + "'");
   }
-  ASSIGN_OR_RETURN(store::TrialResume resume, shared_.store.ResumeTrial(named->id));
+  ASSIGN_OR_RETURN(store::TrialResume resume, core_.store.ResumeTrial(named->id));
   spdlog::info("trial {} of experiment {}: resuming attempt {}'s checkpoint on node {} ({})",
                named->name, experiment_id, resume.attempt, resume.node, resume.checkpoint);
-  shared_.changes.Notify();
-  shared_.Wake();
+  core_.changes.Notify();
+  core_.Wake();
   return resume;
 }
 

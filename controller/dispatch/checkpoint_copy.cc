@@ -56,7 +56,7 @@ std::string DescribeStopCheckpoint(const std::string& result_json, int64_t exper
 }
 
 bool CheckpointCopies::MarkStopped(const AttemptKey& key, const std::string& why) {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   return stops_.try_emplace(key, why).second;
 }
 
@@ -66,7 +66,7 @@ std::optional<std::string> CheckpointCopies::OnEnded(const store::RunningAttempt
                                                      const std::string& result_json) {
   std::optional<std::string> error;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     auto stopped = stops_.find({attempt.trial_id, attempt.attempt});
     if (stopped == stops_.end() || outcome != "cancelled") return std::nullopt;
     error = stopped->second + "; " +
@@ -82,8 +82,8 @@ void CheckpointCopies::Start(const store::RunningAttempt& attempt, const std::st
   const std::optional<ResultCheckpoint> checkpoint = ResultCheckpointOf(result_json);
   if (!checkpoint) return;  // nothing to copy; the trial's error says why
   const AttemptKey key{attempt.trial_id, attempt.attempt};
-  MutexLock lock(shared_.mutex);
-  if (shared_.stopping || copies_.contains(key)) return;
+  MutexLock lock(core_.mutex);
+  if (core_.stopping || copies_.contains(key)) return;
   auto& copy = copies_[key];
   copy.second = false;
   copy.first = std::thread([this, attempt, trial_name, checkpoint = *checkpoint, key] {
@@ -105,7 +105,7 @@ void CheckpointCopies::Start(const store::RunningAttempt& attempt, const std::st
                    AttemptName(attempt), checkpoint.path, from, tree.status().ToString(),
                    attempt.nodes.size() > 1 ? "the same nodes" : "that node");
     }
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     if (auto entry = copies_.find(key); entry != copies_.end()) entry->second.second = true;
   });
 }
@@ -144,14 +144,14 @@ StatusOr<std::vector<digest::TreeFile>> MergeNodeCheckpoints(
 StatusOr<std::vector<digest::TreeFile>> CheckpointCopies::FetchFiles(const std::string& node,
                                                                      const v1::RunKey& key,
                                                                      const std::string& path) {
-  const BlobStore& blobs = shared_.blobs;
+  const BlobStore& blobs = core_.blobs;
   std::vector<digest::TreeFile> files;
   std::unique_ptr<ReceivedBlob> blob;
   Status received;
   const Status fetched = artifacts_.Fetch(
       node, key,
       [&](const v1::ArtifactChunk& chunk) {
-        if (shared_.Stopping()) {
+        if (core_.Stopping()) {
           received = CancelledError("the controller is stopping");
           return false;
         }
@@ -193,7 +193,7 @@ StatusOr<std::vector<digest::TreeFile>> CheckpointCopies::FetchFiles(const std::
 StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attempt,
                                              const std::string& trial_name,
                                              const ResultCheckpoint& checkpoint) {
-  store::Store& store = shared_.store;
+  store::Store& store = core_.store;
   ASSIGN_OR_RETURN(const store::TrialRecord trial, store.GetTrial(attempt.trial_id));
   if (trial.resume && !trial.resume->tree.empty() && trial.resume->step == checkpoint.step + 1) {
     // The attempt continued the controller's copy and wrote no newer checkpoint: its result names
@@ -240,13 +240,13 @@ StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attemp
   }
   digest::InputTree tree{.digest = digest::TreeDigest(files), .files = files, .is_file = false};
   RETURN_IF_ERROR(digest::ValidateInputTree("checkpoint " + checkpoint.path, tree));
-  RETURN_IF_ERROR(shared_.blobs.PutTree(tree));
+  RETURN_IF_ERROR(core_.blobs.PutTree(tree));
   RETURN_IF_ERROR(store.SetCheckpointTree(attempt.trial_id, attempt.attempt, tree.digest));
   return tree.digest;
 }
 
 int CheckpointCopies::InFlight() {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   return static_cast<int>(std::count_if(copies_.begin(), copies_.end(),
                                         [](const auto& entry) { return !entry.second.second; }));
 }
@@ -254,7 +254,7 @@ int CheckpointCopies::InFlight() {
 void CheckpointCopies::Stop() {
   std::map<AttemptKey, std::pair<std::thread, bool>> copies;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     copies.swap(copies_);
   }
   for (auto& [key, copy] : copies) {

@@ -20,7 +20,7 @@
 #include "common/digest/digest.h"
 #include "common/status.h"
 #include "controller/dispatch/artifacts.h"
-#include "controller/dispatch/shared.h"
+#include "controller/dispatch/dispatcher_core.h"
 #include "controller/store/store.h"
 
 namespace llmctl::controller::dispatch {
@@ -49,8 +49,8 @@ std::string DescribeStopCheckpoint(const std::string& result_json, int64_t exper
 
 class CheckpointCopies {
  public:
-  CheckpointCopies(Shared& shared, const ArtifactFetcher& artifacts)
-      : shared_(shared), artifacts_(artifacts) {}
+  CheckpointCopies(DispatcherCore& core, const ArtifactFetcher& artifacts)
+      : core_(core), artifacts_(artifacts) {}
 
   // Records that the attempt is being stopped with a checkpoint, and why; false when it already
   // was.
@@ -81,12 +81,12 @@ class CheckpointCopies {
   StatusOr<std::vector<digest::TreeFile>> FetchFiles(const std::string& node, const v1::RunKey& key,
                                                      const std::string& path);
 
-  Shared& shared_;
+  DispatcherCore& core_;
   const ArtifactFetcher& artifacts_;
   // Attempts stopped with a checkpoint → why.
-  std::map<AttemptKey, std::string> stops_ LLMCTL_GUARDED_BY(shared_.mutex);
+  std::map<AttemptKey, std::string> stops_ LLMCTL_GUARDED_BY(core_.mutex);
   // Copies → their thread and whether it is done; joined by Stop.
-  std::map<AttemptKey, std::pair<std::thread, bool>> copies_ LLMCTL_GUARDED_BY(shared_.mutex);
+  std::map<AttemptKey, std::pair<std::thread, bool>> copies_ LLMCTL_GUARDED_BY(core_.mutex);
 };
 
 }  // namespace llmctl::controller::dispatch

@@ -1,4 +1,4 @@
-#include "controller/dispatch/shared.h"
+#include "controller/dispatch/dispatcher_core.h"
 
 #include <algorithm>
 
@@ -18,7 +18,7 @@ std::chrono::milliseconds NextBackoff(std::chrono::milliseconds backoff,
   return backoff.count() == 0 ? initial : std::min(backoff * 2, max);
 }
 
-void Shared::Wake() {
+void DispatcherCore::Wake() {
   {
     MutexLock lock(mutex);
     wake_requested = true;
@@ -26,12 +26,12 @@ void Shared::Wake() {
   wake.NotifyAll();
 }
 
-bool Shared::Stopping() {
+bool DispatcherCore::Stopping() {
   MutexLock lock(mutex);
   return stopping;
 }
 
-std::unique_ptr<grpc::ClientContext> Shared::CallContext() const {
+std::unique_ptr<grpc::ClientContext> DispatcherCore::CallContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(std::chrono::system_clock::now() + options.call_deadline);
   return context;

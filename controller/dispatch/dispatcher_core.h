@@ -4,8 +4,8 @@
 // artifacts.h) each own their own state but guard it with this one mutex, as the dispatcher did
 // before it was split: a round looks at several parts at once (placement reads the links and the
 // lease notices together), and Dispatcher::Stop's `stopping` flag ends the parts' threads.
-#ifndef LLMCTL_CONTROLLER_DISPATCH_SHARED_H_
-#define LLMCTL_CONTROLLER_DISPATCH_SHARED_H_
+#ifndef LLMCTL_CONTROLLER_DISPATCH_DISPATCHER_CORE_H_
+#define LLMCTL_CONTROLLER_DISPATCH_DISPATCHER_CORE_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -60,8 +60,8 @@ std::chrono::milliseconds NextBackoff(std::chrono::milliseconds backoff,
                                       std::chrono::milliseconds initial,
                                       std::chrono::milliseconds max);
 
-struct Shared {
-  Shared(store::Store& store, const BlobStore& blobs, const Clock& clock, ChangeNotifier& changes,
+struct DispatcherCore {
+  DispatcherCore(store::Store& store, const BlobStore& blobs, const Clock& clock, ChangeNotifier& changes,
          DispatcherOptions options)
       : store(store), blobs(blobs), clock(clock), changes(changes), options(options) {}
 
@@ -88,4 +88,4 @@ struct Shared {
 }  // namespace dispatch
 }  // namespace llmctl::controller
 
-#endif  // LLMCTL_CONTROLLER_DISPATCH_SHARED_H_
+#endif  // LLMCTL_CONTROLLER_DISPATCH_DISPATCHER_CORE_H_

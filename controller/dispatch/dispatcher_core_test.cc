@@ -1,5 +1,5 @@
 // The helpers every part of the dispatcher uses: the doubling backoff and how an attempt is named.
-#include "controller/dispatch/shared.h"
+#include "controller/dispatch/dispatcher_core.h"
 
 #include <gtest/gtest.h>
 

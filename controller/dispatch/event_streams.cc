@@ -7,9 +7,9 @@
 #include <set>
 
 #include "common/event_line.h"
-#include "controller/device_samples.h"
+#include "controller/device_samples_proto.h"
 #include "controller/dispatch/cancellation.h"
-#include "rpc/status.h"
+#include "rpc/grpc_status.h"
 
 namespace llmctl::controller::dispatch {
 
@@ -40,7 +40,7 @@ void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, sto
       std::shared_ptr<v1::Agent::Stub> stub;
       Stream* stream = nullptr;
       {
-        MutexLock lock(shared_.mutex);
+        MutexLock lock(core_.mutex);
         const AgentLinks::Link* link = links_.FindLocked(node);
         if (link == nullptr || !link->connected) continue;
         std::unique_ptr<Stream>& entry = streams_[key];
@@ -54,9 +54,9 @@ void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, sto
       }
       if (stream->thread.joinable()) stream->thread.join();
       if (stream->trial_name.empty()) {
-        auto trial = shared_.store.GetTrial(attempt.trial_id);
+        auto trial = core_.store.GetTrial(attempt.trial_id);
         if (!trial.ok()) {
-          MutexLock lock(shared_.mutex);
+          MutexLock lock(core_.mutex);
           stream->done = true;
           continue;
         }
@@ -72,7 +72,7 @@ void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, sto
   // Attempts (and nodes) that ended or were lost: their readers are no longer needed.
   std::vector<StreamKey> gone;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     for (const auto& [key, stream] : streams_) {
       if (!still_running.contains(key)) gone.push_back(key);
     }
@@ -81,7 +81,7 @@ void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, sto
 }
 
 Status EventStreams::Finish(Stream& stream, const v1::RunEnded& end) {
-  store::Store& store = shared_.store;
+  store::Store& store = core_.store;
   const store::RunningAttempt& attempt = stream.attempt;
   std::string error = end.error();
   if (end.outcome() == "invalid" && error.empty()) error = "the trainer refused the config";
@@ -94,22 +94,22 @@ Status EventStreams::Finish(Stream& stream, const v1::RunEnded& end) {
   }
   if (attempt.nodes.empty()) {
     return store.FinishAttempt(attempt.trial_id, attempt.attempt, OutcomeState(end.outcome()),
-                               end.exit_code(), error, shared_.clock.Now());
+                               end.exit_code(), error, core_.clock.Now());
   }
   ASSIGN_OR_RETURN(const std::optional<store::TrialState> ended,
                    store.FinishAttemptNode(attempt.trial_id, attempt.attempt, stream.node_rank,
                                            OutcomeState(end.outcome()), end.exit_code(), error,
-                                           shared_.clock.Now()));
+                                           core_.clock.Now()));
   if (!ended && end.outcome() != "ok") {
     spdlog::warn("{} on node {} (node rank {}) ended {}: stopping its other nodes' runs",
                  AttemptName(attempt), stream.node, stream.node_rank, end.outcome());
-    CancelRuns(shared_, links_, attempt, stream.trial_name, std::nullopt, stream.node_rank);
+    CancelRuns(core_, links_, attempt, stream.trial_name, std::nullopt, stream.node_rank);
   }
   return Status::Ok();
 }
 
 void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
-  store::Store& store = shared_.store;
+  store::Store& store = core_.store;
   const store::RunningAttempt& attempt = stream.attempt;
   Status result;
   bool ended = false;
@@ -123,7 +123,7 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
   grpc::ClientContext context;
   bool stopped;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     stopped = stream.stop;
     if (!stopped) stream.context = &context;
   }
@@ -163,7 +163,7 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
           context.TryCancel();
           break;
         }
-        if (*appended > 0) shared_.changes.Notify();
+        if (*appended > 0) core_.changes.Notify();
       } else if (response.has_samples()) {
         auto stored = store.AppendDeviceSamples(attempt.trial_id, attempt.attempt,
                                                 FromProto(response.samples()), stream.node_rank);
@@ -177,12 +177,12 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
           spdlog::warn("{} on node {}: device samples dropped: {}", AttemptName(attempt),
                        stream.node, stored.status().ToString());
         } else if (*stored > 0) {
-          shared_.changes.Notify();
+          core_.changes.Notify();
         }
       } else if (response.has_ended()) {
         result = Finish(stream, response.ended());
         ended = true;
-        shared_.changes.Notify();
+        core_.changes.Notify();
         if (!result.ok()) break;
       }
     }
@@ -197,26 +197,26 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
                  result.ToString());
   }
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     stream.context = nullptr;
     // Fenced off (a stale or lost attempt) or finished: nothing more to read.
     stream.settled = (ended && result.ok()) || result.code() == StatusCode::kFailedPrecondition;
     if (received) stream.backoff = std::chrono::milliseconds(0);
     if (!stream.settled) {
       stream.backoff =
-          NextBackoff(stream.backoff, shared_.options.backoff_initial, shared_.options.backoff_max);
-      stream.retry_at = shared_.clock.Now() + stream.backoff;
+          NextBackoff(stream.backoff, core_.options.backoff_initial, core_.options.backoff_max);
+      stream.retry_at = core_.clock.Now() + stream.backoff;
     }
     stream.done = true;
   }
-  shared_.changes.Notify();
-  shared_.Wake();
+  core_.changes.Notify();
+  core_.Wake();
 }
 
 void EventStreams::Stop(const AttemptKey& key) {
   std::vector<StreamKey> keys;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     for (auto it = streams_.lower_bound({key.first, key.second, 0});
          it != streams_.end() && std::get<0>(it->first) == key.first &&
          std::get<1>(it->first) == key.second;
@@ -230,7 +230,7 @@ void EventStreams::Stop(const AttemptKey& key) {
 void EventStreams::StopStream(const StreamKey& key) {
   std::unique_ptr<Stream> stream;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     auto it = streams_.find(key);
     if (it == streams_.end()) return;
     it->second->stop = true;
@@ -244,14 +244,14 @@ void EventStreams::StopStream(const StreamKey& key) {
 void EventStreams::StopAll() {
   std::vector<StreamKey> keys;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     for (const auto& [key, stream] : streams_) keys.push_back(key);
   }
   for (const StreamKey& key : keys) StopStream(key);
 }
 
 int EventStreams::Active() {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   return static_cast<int>(std::count_if(streams_.begin(), streams_.end(),
                                         [](const auto& entry) { return !entry.second->done; }));
 }

@@ -27,7 +27,7 @@
 
 #include "controller/dispatch/agent_links.h"
 #include "controller/dispatch/checkpoint_copy.h"
-#include "controller/dispatch/shared.h"
+#include "controller/dispatch/dispatcher_core.h"
 #include "controller/store/store.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 
@@ -45,8 +45,8 @@ store::Event StoredEvent(const v1::TrialEvent& event, std::string& refusal);
 
 class EventStreams {
  public:
-  EventStreams(Shared& shared, AgentLinks& links, CheckpointCopies& checkpoints)
-      : shared_(shared), links_(links), checkpoints_(checkpoints) {}
+  EventStreams(DispatcherCore& core, AgentLinks& links, CheckpointCopies& checkpoints)
+      : core_(core), links_(links), checkpoints_(checkpoints) {}
 
   // One round: starts (or restarts, once their backoff is over) the readers of the `running`
   // attempts, and stops those of attempts no longer running.
@@ -58,7 +58,7 @@ class EventStreams {
   // How many readers are running now.
   int Active();
   // When broken streams are due to be reopened.
-  void CollectWakeTimesLocked(std::vector<store::Time>& times) const LLMCTL_REQUIRES(shared_.mutex);
+  void CollectWakeTimesLocked(std::vector<store::Time>& times) const LLMCTL_REQUIRES(core_.mutex);
 
  private:
   // (trial id, attempt, node rank)
@@ -70,7 +70,7 @@ class EventStreams {
     std::string trial_name;
     std::thread thread;
     std::shared_ptr<v1::Agent::Stub> stub;  // the reader's own reference
-    // Guarded by the shared mutex (reached only through streams_, which clang checks):
+    // Guarded by the core's mutex (reached only through streams_, which clang checks):
     grpc::ClientContext* context = nullptr;  // while the reader is in a call
     bool stop = false;
     bool done = true;      // no reader running
@@ -86,10 +86,10 @@ class EventStreams {
   Status Finish(Stream& stream, const v1::RunEnded& end);
   void StopStream(const StreamKey& key);
 
-  Shared& shared_;
+  DispatcherCore& core_;
   AgentLinks& links_;
   CheckpointCopies& checkpoints_;
-  std::map<StreamKey, std::unique_ptr<Stream>> streams_ LLMCTL_GUARDED_BY(shared_.mutex);
+  std::map<StreamKey, std::unique_ptr<Stream>> streams_ LLMCTL_GUARDED_BY(core_.mutex);
 };
 
 }  // namespace llmctl::controller::dispatch

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "rpc/status.h"
+#include "rpc/grpc_status.h"
 
 namespace llmctl::controller::dispatch {
 
@@ -29,7 +29,7 @@ StatusOr<bool> HubPreparations::Ensure(AgentLinks::Link& link, const std::string
   Preparation* preparation = nullptr;
   std::shared_ptr<v1::Agent::Stub> stub;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     std::unique_ptr<Preparation>& entry = preparations_[{link.name, HubModelRefText(ref)}];
     if (entry == nullptr) {
       entry = std::make_unique<Preparation>();
@@ -70,11 +70,11 @@ StatusOr<bool> HubPreparations::Ensure(AgentLinks::Link& link, const std::string
 
 void HubPreparations::Prepare(Preparation& preparation, std::shared_ptr<v1::Agent::Stub> stub,
                               HubModelRef ref) {
-  const DispatcherOptions& options = shared_.options;
+  const DispatcherOptions& options = core_.options;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + options.prepare_deadline);
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     preparation.context = &context;
   }
   v1::PrepareHubModelRequest request;
@@ -84,10 +84,10 @@ void HubPreparations::Prepare(Preparation& preparation, std::shared_ptr<v1::Agen
   // Stop() may have cancelled the context before it was published: then this call is cut short by
   // the stopping flag instead.
   const grpc::Status prepared =
-      shared_.Stopping() ? grpc::Status(grpc::StatusCode::CANCELLED, "the controller is stopping")
+      core_.Stopping() ? grpc::Status(grpc::StatusCode::CANCELLED, "the controller is stopping")
                          : stub->PrepareHubModel(&context, request, &response);
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     preparation.context = nullptr;
     if (prepared.ok()) {
       preparation.state = Preparation::State::kReady;
@@ -103,18 +103,18 @@ void HubPreparations::Prepare(Preparation& preparation, std::shared_ptr<v1::Agen
       preparation.state = Preparation::State::kIdle;
       preparation.backoff =
           NextBackoff(preparation.backoff, options.backoff_initial, options.backoff_max);
-      preparation.retry_at = shared_.clock.Now() + preparation.backoff;
+      preparation.retry_at = core_.clock.Now() + preparation.backoff;
       spdlog::warn("node {}: preparing {} failed, trying again in {} ms: {}", preparation.node,
                    preparation.model, preparation.backoff.count(), prepared.error_message());
     }
   }
-  shared_.Wake();
+  core_.Wake();
 }
 
 void HubPreparations::Forget(const std::string& node, const std::string& model) {
   auto ref = ParseHubModelRef(model);
   if (!ref.ok()) return;
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   auto preparation = preparations_.find({node, HubModelRefText(*ref)});
   if (preparation != preparations_.end()) {
     preparation->second->state = Preparation::State::kIdle;
@@ -122,7 +122,7 @@ void HubPreparations::Forget(const std::string& node, const std::string& model) 
 }
 
 void HubPreparations::ForgetNode(const std::string& node) {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   for (auto& [key, preparation] : preparations_) {
     if (preparation->node != node) continue;
     if (preparation->context != nullptr) preparation->context->TryCancel();
@@ -133,7 +133,7 @@ void HubPreparations::ForgetNode(const std::string& node) {
 }
 
 int HubPreparations::InFlight() {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   return static_cast<int>(std::count_if(
       preparations_.begin(), preparations_.end(),
       [](const auto& entry) { return entry.second->state == Preparation::State::kRunning; }));
@@ -142,7 +142,7 @@ int HubPreparations::InFlight() {
 void HubPreparations::Stop() {
   std::vector<Preparation*> preparations;
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     for (const auto& [key, preparation] : preparations_) {
       if (preparation->context != nullptr) preparation->context->TryCancel();
       preparations.push_back(preparation.get());

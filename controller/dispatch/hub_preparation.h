@@ -20,7 +20,7 @@
 #include "common/model_config.h"
 #include "common/status.h"
 #include "controller/dispatch/agent_links.h"
-#include "controller/dispatch/shared.h"
+#include "controller/dispatch/dispatcher_core.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 
 namespace llmctl::controller::dispatch {
@@ -30,7 +30,7 @@ bool IsPermanentPrepareFailure(grpc::StatusCode code);
 
 class HubPreparations {
  public:
-  explicit HubPreparations(Shared& shared) : shared_(shared) {}
+  explicit HubPreparations(DispatcherCore& core) : core_(core) {}
 
   // True when the link's node has `model` ("hf:ORG/NAME@REV"); false while it is being prepared
   // (started here if need be); the agent's error when preparing it cannot succeed.
@@ -51,7 +51,7 @@ class HubPreparations {
     std::string node;
     std::string model;  // "hf:ORG/NAME@REV"
     std::thread thread;
-    // Guarded by the shared mutex (reached only through preparations_, which clang checks):
+    // Guarded by the core's mutex (reached only through preparations_, which clang checks):
     enum class State { kIdle, kRunning, kReady, kFailed } state = State::kIdle;
     Status failure;                 // kFailed: why preparing cannot succeed
     std::set<int64_t> experiments;  // whose trials waited for this preparation
@@ -63,9 +63,9 @@ class HubPreparations {
 
   void Prepare(Preparation& preparation, std::shared_ptr<v1::Agent::Stub> stub, HubModelRef ref);
 
-  Shared& shared_;
+  DispatcherCore& core_;
   // Never erased.
-  std::map<Key, std::unique_ptr<Preparation>> preparations_ LLMCTL_GUARDED_BY(shared_.mutex);
+  std::map<Key, std::unique_ptr<Preparation>> preparations_ LLMCTL_GUARDED_BY(core_.mutex);
 };
 
 }  // namespace llmctl::controller::dispatch

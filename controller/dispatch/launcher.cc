@@ -12,7 +12,7 @@
 #include "common/trial_config.h"
 #include "controller/dispatch/cancellation.h"
 #include "controller/submission.h"
-#include "rpc/status.h"
+#include "rpc/grpc_status.h"
 #include "rpc/transfer.h"
 
 namespace llmctl::controller::dispatch {
@@ -49,7 +49,7 @@ StatusOr<Launcher::Readiness> Launcher::Prepare(const store::TrialRecord& trial,
                                                 const TrialConfig& config, AgentLinks::Link& link,
                                                 v1::Agent::Stub& stub, v1::RunTrialRequest& request,
                                                 std::string& failure, store::Time now) {
-  store::Store& store = shared_.store;
+  store::Store& store = core_.store;
   ASSIGN_OR_RETURN(auto inputs, store.GetInputs(trial.experiment_id));
   if (const std::string model = config.GetString("model"); IsHubModelRef(model)) {
     StatusOr<bool> ready = hub_models_.Ensure(link, model, trial.experiment_id, now);
@@ -64,7 +64,7 @@ StatusOr<Launcher::Readiness> Launcher::Prepare(const store::TrialRecord& trial,
   request.mutable_key()->set_attempt(static_cast<int32_t>(trial.current_attempt + 1));
   request.set_config_json(trial.config_json);
   for (const auto& [key, tree_digest] : TrialInputDigests(config, inputs)) {
-    ASSIGN_OR_RETURN(digest::InputTree tree, shared_.blobs.GetTree(tree_digest));
+    ASSIGN_OR_RETURN(digest::InputTree tree, core_.blobs.GetTree(tree_digest));
     RETURN_IF_ERROR(EnsureBlobs(stub, tree).WithContext("sending input '" + key + "'"));
     (*request.mutable_inputs())[key] = ToProto(tree);
   }
@@ -76,7 +76,7 @@ StatusOr<Launcher::Readiness> Launcher::Prepare(const store::TrialRecord& trial,
     request.mutable_resume_from()->set_checkpoint(trial.resume->checkpoint);
     if (!trial.resume->tree.empty()) {
       // The controller's copy goes to the node like an input, whichever node it is.
-      ASSIGN_OR_RETURN(digest::InputTree tree, shared_.blobs.GetTree(trial.resume->tree));
+      ASSIGN_OR_RETURN(digest::InputTree tree, core_.blobs.GetTree(trial.resume->tree));
       RETURN_IF_ERROR(EnsureBlobs(stub, tree).WithContext("sending the checkpoint to resume"));
       *request.mutable_resume_from()->mutable_tree() = ToProto(tree);
     }
@@ -85,7 +85,7 @@ StatusOr<Launcher::Readiness> Launcher::Prepare(const store::TrialRecord& trial,
 }
 
 std::shared_ptr<v1::Agent::Stub> Launcher::StubOf(AgentLinks::Link& link) {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   return link.stub;
 }
 
@@ -117,7 +117,7 @@ StatusOr<TrialConfig> Launcher::StoredConfig(const store::TrialRecord& trial) {
 
 Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
                         const std::vector<int64_t>& devices, store::Time now) {
-  store::Store& store = shared_.store;
+  store::Store& store = core_.store;
   std::shared_ptr<v1::Agent::Stub> stub = StubOf(link);
   if (stub == nullptr) return UnavailableError("node " + link.name + " is not connected");
   ASSIGN_OR_RETURN(const TrialConfig config, StoredConfig(trial));
@@ -131,13 +131,13 @@ Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
     ASSIGN_OR_RETURN(int64_t started, store.StartAttempt(trial.id, link.name, now));
     RETURN_IF_ERROR(store.FinishAttempt(trial.id, started, store::TrialState::kFailed, std::nullopt,
                                         failure, now));
-    shared_.changes.Notify();
+    core_.changes.Notify();
     return Status::Ok();
   }
   for (int64_t index : devices) request.add_device_indices(static_cast<int32_t>(index));
 
   v1::RunState state;
-  auto context = shared_.CallContext();
+  auto context = core_.CallContext();
   const grpc::Status ran = stub->RunTrial(context.get(), request, &state);
   const bool refused = Refused(trial, ran);
   if (!ran.ok() && !refused) {
@@ -148,12 +148,12 @@ Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
   if (!ran.ok()) {
     RETURN_IF_ERROR(store.FinishAttempt(trial.id, started, store::TrialState::kFailed, std::nullopt,
                                         "the agent refused it: " + ran.error_message(), now));
-    shared_.changes.Notify();
+    core_.changes.Notify();
     return Status::Ok();
   }
   spdlog::info("trial {} of experiment {}: attempt {} started on node {}", trial.name,
                trial.experiment_id, started, link.name);
-  shared_.changes.Notify();
+  core_.changes.Notify();
   return Status::Ok();
 }
 
@@ -161,7 +161,7 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
                                  const std::vector<AgentLinks::Link*>& links,
                                  const std::vector<std::vector<int64_t>>& devices,
                                  store::Time now) {
-  store::Store& store = shared_.store;
+  store::Store& store = core_.store;
   const int nodes = static_cast<int>(links.size());
   ASSIGN_OR_RETURN(const TrialConfig config, StoredConfig(trial));
   std::vector<std::shared_ptr<v1::Agent::Stub>> stubs;
@@ -179,7 +179,7 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
       ASSIGN_OR_RETURN(int64_t started, store.StartAttempt(trial.id, links[0]->name, now));
       RETURN_IF_ERROR(store.FinishAttempt(trial.id, started, store::TrialState::kFailed,
                                           std::nullopt, "node " + link.name + ": " + failure, now));
-      shared_.changes.Notify();
+      core_.changes.Notify();
       return Status::Ok();
     }
     for (int64_t index : devices[rank])
@@ -206,7 +206,7 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
                                         .device_indices = devices[0],
                                         .nodes = attempt_nodes};
     for (int other : started) {
-      CancelRun(shared_, running, links[other]->name, trial.name, *stubs[other], std::nullopt);
+      CancelRun(core_, running, links[other]->name, trial.name, *stubs[other], std::nullopt);
     }
     const std::string where = "node " + links[rank]->name + " (node rank " + std::to_string(rank) +
                               " of " + std::to_string(nodes) + ")";
@@ -214,12 +214,12 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
       RETURN_IF_ERROR(
           store.FinishAttempt(trial.id, attempt, store::TrialState::kFailed, std::nullopt,
                               where + ": the agent refused it: " + ran.error_message(), now));
-      shared_.changes.Notify();
+      core_.changes.Notify();
       return Status::Ok();
     }
     ForgetLostHubModel(config, *links[rank], ran);
     RETURN_IF_ERROR(store.MarkAttemptLost(trial.id, attempt, now));
-    shared_.changes.Notify();
+    core_.changes.Notify();
     return UnavailableError(where + ": " + what +
                             "; the attempt is lost and the trial queued again");
   };
@@ -231,7 +231,7 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
   // nodes reach it through.
   requests[0].mutable_node_group()->set_master_addr(master_addr);
   {
-    auto context = shared_.CallContext();
+    auto context = core_.CallContext();
     const grpc::Status ran = stubs[0]->RunTrial(context.get(), requests[0], &state);
     if (!ran.ok()) return abandon(0, ran, "RunTrial: " + ran.error_message());
     started.push_back(0);
@@ -246,31 +246,31 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
     group->set_master_addr(master_addr);
     group->set_master_port(state.master_port());
     v1::RunState joined;
-    auto context = shared_.CallContext();
+    auto context = core_.CallContext();
     const grpc::Status ran = stubs[rank]->RunTrial(context.get(), requests[rank], &joined);
     if (!ran.ok()) return abandon(rank, ran, "RunTrial: " + ran.error_message());
     started.push_back(rank);
   }
   spdlog::info("trial {} of experiment {}: attempt {} started on {} nodes, rendezvous at {}:{}",
                trial.name, trial.experiment_id, attempt, nodes, master_addr, state.master_port());
-  shared_.changes.Notify();
+  core_.changes.Notify();
   return Status::Ok();
 }
 
 Status Launcher::EnsureBlobs(v1::Agent::Stub& stub, const digest::InputTree& tree) {
-  const DispatcherOptions& options = shared_.options;
+  const DispatcherOptions& options = core_.options;
   v1::MissingBlobsRequest request;
   std::set<std::string> wanted;
   for (const digest::TreeFile& file : tree.files) {
     if (wanted.insert(file.sha256).second) request.add_sha256(file.sha256);
   }
   v1::MissingBlobsResponse missing;
-  auto context = shared_.CallContext();
+  auto context = core_.CallContext();
   RETURN_IF_ERROR(rpc::FromGrpcStatus(stub.MissingBlobs(context.get(), request, &missing)));
   for (const std::string& sha256 : missing.sha256()) {
     if (!wanted.contains(sha256))
       return InternalError("the agent asked for a blob it was not offered");
-    const std::string path = shared_.blobs.PathOf(sha256);
+    const std::string path = core_.blobs.PathOf(sha256);
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return DataLossError("blob " + sha256 + " is gone from " + path);
     const auto size =

@@ -24,7 +24,7 @@
 #include "common/trial_config.h"
 #include "controller/dispatch/agent_links.h"
 #include "controller/dispatch/hub_preparation.h"
-#include "controller/dispatch/shared.h"
+#include "controller/dispatch/dispatcher_core.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 
 namespace llmctl::controller::dispatch {
@@ -39,8 +39,8 @@ std::string RendezvousHost(const std::string& agent_address);
 
 class Launcher {
  public:
-  Launcher(Shared& shared, HubPreparations& hub_models)
-      : shared_(shared), hub_models_(hub_models) {}
+  Launcher(DispatcherCore& core, HubPreparations& hub_models)
+      : core_(core), hub_models_(hub_models) {}
 
   // Starts `trial`'s next attempt on `link`'s node with `devices`. OK also when the trial stays
   // queued (its hub model is being prepared) or was failed for good (the agent refused it, or its
@@ -75,7 +75,7 @@ class Launcher {
   // Sends the agent the tree's blobs it lacks (MissingBlobs, then UploadBlob each).
   Status EnsureBlobs(v1::Agent::Stub& stub, const digest::InputTree& tree);
 
-  Shared& shared_;
+  DispatcherCore& core_;
   HubPreparations& hub_models_;
 };
 

@@ -20,7 +20,7 @@ std::string FormatUtc(store::Time time) {
 
 void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
                        const std::vector<store::RunningAttempt>& running, store::Time now) {
-  const DispatcherOptions& options = shared_.options;
+  const DispatcherOptions& options = core_.options;
   std::map<std::string, std::string> notices;
   for (const store::NodeRecord& node : nodes) {
     if (!node.lease.has_value() || now < node.lease->ends - options.lease_warning) continue;
@@ -31,7 +31,7 @@ void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
                                " (llmctl lease extend " + node.lease->name + " gives it more time)";
     notices[node.name] = notice;
     {
-      MutexLock lock(shared_.mutex);
+      MutexLock lock(core_.mutex);
       if (!notices_.contains(node.name)) spdlog::warn("{}", notice);
     }
     if (now < node.lease->ends - options.lease_stop_margin) continue;
@@ -41,7 +41,7 @@ void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
                                     ends + ": stopped before it does")) {
         continue;  // stopped already
       }
-      auto trial = shared_.store.GetTrial(attempt.trial_id);
+      auto trial = core_.store.GetTrial(attempt.trial_id);
       if (!trial.ok()) continue;
       spdlog::warn("{} on node {}: {}: checkpointing and stopping it", AttemptName(attempt),
                    node.name, ends);
@@ -52,21 +52,21 @@ void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
                                       node.lease->ends - now - options.lease_stop_reserve));
       // Every node of a multi-node attempt, whose other nodes' leases may last: its ranks stop
       // together. Unreachable: the attempt is declared lost and requeued like any other.
-      CancelRuns(shared_, links_, attempt, trial->name, grace);
+      CancelRuns(core_, links_, attempt, trial->name, grace);
     }
   }
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   notices_ = std::move(notices);
 }
 
 std::string LeaseWatch::Notice(const std::string& node) {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   auto notice = notices_.find(node);
   return notice == notices_.end() ? "" : notice->second;
 }
 
 void LeaseWatch::ForgetNode(const std::string& node) {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   notices_.erase(node);
 }
 

@@ -14,7 +14,7 @@
 
 #include "controller/dispatch/agent_links.h"
 #include "controller/dispatch/checkpoint_copy.h"
-#include "controller/dispatch/shared.h"
+#include "controller/dispatch/dispatcher_core.h"
 #include "controller/store/store.h"
 
 namespace llmctl::controller::dispatch {
@@ -24,8 +24,8 @@ std::string FormatUtc(store::Time time);
 
 class LeaseWatch {
  public:
-  LeaseWatch(Shared& shared, AgentLinks& links, CheckpointCopies& checkpoints)
-      : shared_(shared), links_(links), checkpoints_(checkpoints) {}
+  LeaseWatch(DispatcherCore& core, AgentLinks& links, CheckpointCopies& checkpoints)
+      : core_(core), links_(links), checkpoints_(checkpoints) {}
 
   // One round: warns about the `nodes` whose lease ends soon and stops their `running` trials once
   // it ends sooner still.
@@ -36,16 +36,16 @@ class LeaseWatch {
   // RemoveNode: the node's warning goes with it.
   void ForgetNode(const std::string& node);
   // Whether the node's lease ends soon, so that it takes no new trial.
-  bool EndsSoonLocked(const std::string& node) const LLMCTL_REQUIRES(shared_.mutex) {
+  bool EndsSoonLocked(const std::string& node) const LLMCTL_REQUIRES(core_.mutex) {
     return notices_.contains(node);
   }
 
  private:
-  Shared& shared_;
+  DispatcherCore& core_;
   AgentLinks& links_;
   CheckpointCopies& checkpoints_;
   // Nodes whose lease ends soon → the warning.
-  std::map<std::string, std::string> notices_ LLMCTL_GUARDED_BY(shared_.mutex);
+  std::map<std::string, std::string> notices_ LLMCTL_GUARDED_BY(core_.mutex);
 };
 
 }  // namespace llmctl::controller::dispatch

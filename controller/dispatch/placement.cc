@@ -56,14 +56,14 @@ std::string WaitingNotice(const store::TrialRecord& trial,
 }
 
 void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, store::Time now) {
-  store::Store& store = shared_.store;
+  store::Store& store = core_.store;
   auto queued = store.NextQueuedTrials();
   if (!queued.ok()) {
     spdlog::error("dispatcher: cannot list queued trials: {}", queued.status().ToString());
     return;
   }
   if (queued->empty()) {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     queued_notices_.clear();
     return;
   }
@@ -96,7 +96,7 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
   std::map<std::string, AgentLinks::Link*> connected;
   std::string unusable;  // why connected nodes take no trial, for the waiting trials' notices
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     for (const auto& [name, link] : links_.AllLocked()) {
       if (link->connected && !link->unusable.empty()) unusable += "; " + link->unusable;
       // A node whose lease ends soon, or that cannot run llm-train, takes no new trial.
@@ -184,7 +184,7 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
     }
   }
   {
-    MutexLock lock(shared_.mutex);
+    MutexLock lock(core_.mutex);
     queued_notices_ = std::move(waiting);
   }
   for (const scheduler::Assignment& assignment : placement.assignments) {
@@ -212,7 +212,7 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
 }
 
 std::string Placement::QueuedNotice(int64_t trial_id) {
-  MutexLock lock(shared_.mutex);
+  MutexLock lock(core_.mutex);
   auto notice = queued_notices_.find(trial_id);
   return notice == queued_notices_.end() ? "" : notice->second;
 }

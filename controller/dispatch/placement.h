@@ -16,7 +16,7 @@
 #include "controller/dispatch/agent_links.h"
 #include "controller/dispatch/launcher.h"
 #include "controller/dispatch/lease_watch.h"
-#include "controller/dispatch/shared.h"
+#include "controller/dispatch/dispatcher_core.h"
 #include "controller/store/store.h"
 
 namespace llmctl::controller::dispatch {
@@ -32,8 +32,8 @@ std::string WaitingNotice(const store::TrialRecord& trial,
 
 class Placement {
  public:
-  Placement(Shared& shared, AgentLinks& links, LeaseWatch& leases, Launcher& launcher)
-      : shared_(shared), links_(links), leases_(leases), launcher_(launcher) {}
+  Placement(DispatcherCore& core, AgentLinks& links, LeaseWatch& leases, Launcher& launcher)
+      : core_(core), links_(links), leases_(leases), launcher_(launcher) {}
 
   // Places the queued trials around the `running` attempts and launches them.
   void PlaceQueued(const std::vector<store::RunningAttempt>& running, store::Time now);
@@ -41,12 +41,12 @@ class Placement {
   std::string QueuedNotice(int64_t trial_id);
 
  private:
-  Shared& shared_;
+  DispatcherCore& core_;
   AgentLinks& links_;
   LeaseWatch& leases_;
   Launcher& launcher_;
   // Queued trials no connected node could run, as of the last placement round → why.
-  std::map<int64_t, std::string> queued_notices_ LLMCTL_GUARDED_BY(shared_.mutex);
+  std::map<int64_t, std::string> queued_notices_ LLMCTL_GUARDED_BY(core_.mutex);
 };
 
 }  // namespace llmctl::controller::dispatch

@@ -129,7 +129,7 @@ StatusOr<Lease> ParseLease(const json& value) {
   return lease;
 }
 
-BlazarClient::BlazarClient(Session& session, Clock& clock, BlazarOptions options)
+BlazarClient::BlazarClient(Session& session, CloudClock& clock, BlazarOptions options)
     : session_(session), clock_(clock), options_(options) {}
 
 StatusOr<std::string> BlazarClient::LeasesPath() {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 #include "controller/openstack/session.h"
 
 namespace llmctl::openstack {
@@ -55,7 +55,7 @@ struct BlazarOptions {
 // Not thread-safe beyond what Session is: one caller at a time per client.
 class BlazarClient {
  public:
-  BlazarClient(Session& session, Clock& clock, BlazarOptions options = {});
+  BlazarClient(Session& session, CloudClock& clock, BlazarOptions options = {});
 
   // Creates the lease. AlreadyExists when a lease of that name exists. After a timeout or a
   // gateway error the lease may exist anyway: it is looked up by name before any re-send, so at
@@ -88,7 +88,7 @@ class BlazarClient {
                                                       std::chrono::seconds duration);
 
   Session& session_;
-  Clock& clock_;
+  CloudClock& clock_;
   const BlazarOptions options_;
 };
 

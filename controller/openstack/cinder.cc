@@ -27,7 +27,7 @@ StatusOr<Volume> ParseVolume(const json& value) {
   return volume;
 }
 
-CinderClient::CinderClient(Session& session, Clock& clock, CinderOptions options)
+CinderClient::CinderClient(Session& session, CloudClock& clock, CinderOptions options)
     : session_(session), clock_(clock), options_(options) {}
 
 StatusOr<std::optional<Volume>> CinderClient::FindByName(std::string_view name) {

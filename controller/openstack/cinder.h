@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 #include "controller/openstack/polling.h"
 #include "controller/openstack/session.h"
 
@@ -32,7 +32,7 @@ struct CinderOptions {
 // Not thread-safe beyond what Session is: one caller at a time per client.
 class CinderClient {
  public:
-  CinderClient(Session& session, Clock& clock, CinderOptions options = {});
+  CinderClient(Session& session, CloudClock& clock, CinderOptions options = {});
 
   // The volume named `name`; nullopt when none. FailedPrecondition when several share it.
   StatusOr<std::optional<Volume>> FindByName(std::string_view name);
@@ -54,7 +54,7 @@ class CinderClient {
 
  private:
   Session& session_;
-  Clock& clock_;
+  CloudClock& clock_;
   const CinderOptions options_;
 };
 

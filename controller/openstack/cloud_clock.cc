@@ -1,4 +1,4 @@
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 
 #include <ctime>
 #include <thread>
@@ -6,7 +6,7 @@
 namespace llmctl::openstack {
 namespace {
 
-class WallClock : public Clock {
+class WallClock : public CloudClock {
  public:
   TimePoint Now() const override { return std::chrono::system_clock::now(); }
   void SleepFor(std::chrono::milliseconds duration) override {
@@ -16,7 +16,7 @@ class WallClock : public Clock {
 
 }  // namespace
 
-Clock& SystemClock() {
+CloudClock& SystemCloudClock() {
   static WallClock clock;
   return clock;
 }

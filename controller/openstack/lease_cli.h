@@ -11,7 +11,7 @@
 #include "common/http/http_client.h"
 #include "common/status.h"
 #include "controller/openstack/blazar.h"
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 #include "controller/openstack/credentials.h"
 #include "controller/openstack/session.h"
 
@@ -20,7 +20,7 @@ namespace llmctl::openstack {
 // Everything the commands take from outside their arguments; the defaults are the real world.
 struct LeaseCommandContext {
   EnvLookup env = ProcessEnvironment();
-  Clock* clock = &SystemClock();
+  CloudClock* clock = &SystemCloudClock();
   http::ClientOptions http_options;
   SessionOptions session_options;
   BlazarOptions blazar_options;

@@ -75,7 +75,7 @@ StatusOr<FloatingIp> ParseFloatingIp(const json& value) {
                     StringField(value, "port_id"), StringField(value, "description")};
 }
 
-NeutronClient::NeutronClient(Session& session, Clock& clock, CreateRetry create_retry)
+NeutronClient::NeutronClient(Session& session, CloudClock& clock, CreateRetry create_retry)
     : session_(session), clock_(clock), create_retry_(create_retry) {}
 
 StatusOr<Network> NeutronClient::FindNetwork(std::string_view name) {

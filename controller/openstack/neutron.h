@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 #include "controller/openstack/polling.h"
 #include "controller/openstack/session.h"
 
@@ -44,7 +44,7 @@ struct FloatingIp {
 // Not thread-safe beyond what Session is: one caller at a time per client.
 class NeutronClient {
  public:
-  NeutronClient(Session& session, Clock& clock, CreateRetry create_retry = {});
+  NeutronClient(Session& session, CloudClock& clock, CreateRetry create_retry = {});
 
   // The one network named `name`. NotFound when none, FailedPrecondition when several.
   StatusOr<Network> FindNetwork(std::string_view name);
@@ -82,7 +82,7 @@ class NeutronClient {
   StatusOr<FloatingIp> UpdateFloatingIp(const std::string& id, const nlohmann::json& fields);
 
   Session& session_;
-  Clock& clock_;
+  CloudClock& clock_;
   const CreateRetry create_retry_;
 };
 

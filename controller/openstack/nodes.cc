@@ -31,7 +31,7 @@ std::string Node::AgentAddress() const {
   return floating_ip->address + ":" + std::to_string(agent_port);
 }
 
-NodeManager::NodeManager(Session& session, Clock& clock, NodeOptions options,
+NodeManager::NodeManager(Session& session, CloudClock& clock, NodeOptions options,
                          std::function<void(const std::string&)> progress)
     : session_(session),
       clock_(clock),

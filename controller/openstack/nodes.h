@@ -14,7 +14,7 @@
 #include "common/status.h"
 #include "controller/openstack/blazar.h"
 #include "controller/openstack/cinder.h"
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 #include "controller/openstack/neutron.h"
 #include "controller/openstack/nova.h"
 #include "controller/openstack/session.h"
@@ -71,7 +71,7 @@ struct NodeOptions {
 class NodeManager {
  public:
   // `progress` receives one line per step taken ("created boot volume ..."); may be empty.
-  NodeManager(Session& session, Clock& clock, NodeOptions options = {},
+  NodeManager(Session& session, CloudClock& clock, NodeOptions options = {},
               std::function<void(const std::string&)> progress = {});
 
   // Brings up the lease's node, or finishes one an earlier call began. FailedPrecondition when
@@ -95,7 +95,7 @@ class NodeManager {
                                 const std::vector<std::string>& security_groups);
 
   Session& session_;
-  Clock& clock_;
+  CloudClock& clock_;
   const NodeOptions options_;
   std::function<void(const std::string&)> progress_;
   NovaClient nova_;

@@ -51,7 +51,7 @@ http::Headers MicroversionHeader() {
 
 }  // namespace
 
-NovaClient::NovaClient(Session& session, Clock& clock, NovaOptions options)
+NovaClient::NovaClient(Session& session, CloudClock& clock, NovaOptions options)
     : session_(session), clock_(clock), options_(options) {}
 
 StatusOr<std::vector<Flavor>> NovaClient::ListFlavors() {

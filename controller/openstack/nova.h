@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 #include "controller/openstack/polling.h"
 #include "controller/openstack/session.h"
 
@@ -62,7 +62,7 @@ struct NovaOptions {
 // Not thread-safe beyond what Session is: one caller at a time per client.
 class NovaClient {
  public:
-  NovaClient(Session& session, Clock& clock, NovaOptions options = {});
+  NovaClient(Session& session, CloudClock& clock, NovaOptions options = {});
 
   // GET /flavors/detail at microversion 2.61 (so extra_specs come along), every page.
   StatusOr<std::vector<Flavor>> ListFlavors();
@@ -101,7 +101,7 @@ class NovaClient {
 
  private:
   Session& session_;
-  Clock& clock_;
+  CloudClock& clock_;
   const NovaOptions options_;
 };
 

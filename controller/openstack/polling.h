@@ -1,5 +1,5 @@
 // The two patterns every cloud resource here shares: polling a state until it settles (on the
-// injectable Clock), and creating a named resource at most once although a create may time out.
+// injectable CloudClock), and creating a named resource at most once although a create may time out.
 #ifndef LLMCTL_CONTROLLER_OPENSTACK_POLLING_H_
 #define LLMCTL_CONTROLLER_OPENSTACK_POLLING_H_
 
@@ -9,14 +9,14 @@
 #include <string>
 
 #include "common/status.h"
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 
 namespace llmctl::openstack {
 
 // Calls `probe` every `interval` until it returns a value or an error. DeadlineExceeded saying
 // "<what> after <timeout>" once `timeout` has passed on `clock`.
 template <typename T>
-StatusOr<T> PollUntil(Clock& clock, std::chrono::seconds interval, std::chrono::seconds timeout,
+StatusOr<T> PollUntil(CloudClock& clock, std::chrono::seconds interval, std::chrono::seconds timeout,
                       const std::string& what,
                       const std::function<StatusOr<std::optional<T>>()>& probe) {
   const TimePoint deadline = clock.Now() + timeout;
@@ -46,7 +46,7 @@ struct CreateRetry {
 // The resource `find` finds by its deterministic name, else the one `create` makes. A create
 // that may have happened is never re-sent blindly: `find` runs again first.
 template <typename T>
-StatusOr<T> FindOrCreate(Clock& clock, const CreateRetry& retry,
+StatusOr<T> FindOrCreate(CloudClock& clock, const CreateRetry& retry,
                          const std::function<StatusOr<std::optional<T>>()>& find,
                          const std::function<StatusOr<T>()>& create) {
   Status last;

@@ -135,7 +135,7 @@ StatusOr<std::string> Catalog::Url(std::string_view service_type, std::string_vi
                        "; it offers: " + (list.empty() ? "nothing" : list));
 }
 
-Session::Session(Credentials credentials, const http::HttpClient& http, Clock& clock,
+Session::Session(Credentials credentials, const http::HttpClient& http, CloudClock& clock,
                  SessionOptions options)
     : credentials_(std::move(credentials)), http_(http), clock_(clock), options_(options) {}
 

@@ -13,7 +13,7 @@
 #include "common/http/http_client.h"
 #include "common/mutex.h"
 #include "common/status.h"
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 #include "controller/openstack/credentials.h"
 
 namespace llmctl::openstack {
@@ -60,7 +60,7 @@ struct SessionOptions {
 // Thread-safe: the token is guarded; requests run outside the lock.
 class Session {
  public:
-  Session(Credentials credentials, const http::HttpClient& http, Clock& clock,
+  Session(Credentials credentials, const http::HttpClient& http, CloudClock& clock,
           SessionOptions options = {});
 
   // A token valid for at least the refresh margin, authenticating when needed. Errors say which
@@ -92,7 +92,7 @@ class Session {
 
   const Credentials credentials_;
   const http::HttpClient& http_;
-  Clock& clock_;
+  CloudClock& clock_;
   const SessionOptions options_;
 
   Mutex mutex_;

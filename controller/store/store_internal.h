@@ -1,5 +1,5 @@
 // What the store's source files share: store.cc's life cycle with attempt_nodes.cc,
-// device_samples.cc, nodes.cc and report_queries.cc. Internal to controller/store/: not part of the
+// device_samples.cc, node_registry.cc and report_queries.cc. Internal to controller/store/: not part of the
 // store's API.
 #ifndef LLMCTL_CONTROLLER_STORE_STORE_INTERNAL_H_
 #define LLMCTL_CONTROLLER_STORE_STORE_INTERNAL_H_

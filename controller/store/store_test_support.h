@@ -1,4 +1,4 @@
-// What the store's tests (store_test.cc, nodes_test.cc, report_queries_test.cc) share: a fresh
+// What the store's tests (store_test.cc, node_registry_test.cc, report_queries_test.cc) share: a fresh
 // database per test, experiments and events to fill it with, and reads through a connection of the
 // test's own.
 #ifndef LLMCTL_CONTROLLER_STORE_STORE_TEST_SUPPORT_H_

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 #include "controller/openstack/lease_cli.h"
 #include "tests/keystone/local_keystone.h"
 #include "tests/openstack_sim/simulator.h"

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "common/http/http_client.h"
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 #include "controller/openstack/credentials.h"
 #include "controller/openstack/session.h"
 #include "tests/keystone/local_keystone.h"
@@ -67,9 +67,9 @@ std::string Quote(const std::string& text) {
 }
 
 // Time as the test sets it: the session's view of token lifetimes, apart from Keystone's own clock.
-class ManualClock : public openstack::Clock {
+class ManualCloudClock : public openstack::CloudClock {
  public:
-  explicit ManualClock(TimePoint now) : now_(now) {}
+  explicit ManualCloudClock(TimePoint now) : now_(now) {}
   TimePoint Now() const override { return now_; }
   void SleepFor(std::chrono::milliseconds duration) override { now_ += duration; }
   void Set(TimePoint now) { now_ = now; }
@@ -169,7 +169,7 @@ class KeystoneLiveTest : public ::testing::Test {
   }
 
   http::HttpClient http_;
-  ManualClock clock_{std::chrono::system_clock::now()};
+  ManualCloudClock clock_{std::chrono::system_clock::now()};
 
   static std::string* dir_;
   static std::string* start_error_;

@@ -1,5 +1,5 @@
 // The OpenStack simulator (openstack_sim.py) as a test sees it: started on port 0, driven through
-// its admin endpoints, with a Clock that moves the simulator's time when the client sleeps.
+// its admin endpoints, with a CloudClock that moves the simulator's time when the client sleeps.
 #ifndef LLMCTL_TESTS_OPENSTACK_SIM_SIMULATOR_H_
 #define LLMCTL_TESTS_OPENSTACK_SIM_SIMULATOR_H_
 
@@ -12,14 +12,14 @@
 
 #include "common/http/http_client.h"
 #include "common/status.h"
-#include "controller/openstack/clock.h"
+#include "controller/openstack/cloud_clock.h"
 #include "controller/openstack/credentials.h"
 #include "tests/support/server_process.h"
 
 namespace llmctl::testing {
 
 // The simulator's time: starts where the simulator's does and moves both when either is moved.
-class SimulatorClock : public openstack::Clock {
+class SimulatorClock : public openstack::CloudClock {
  public:
   SimulatorClock(std::string admin_url, openstack::TimePoint start);
   openstack::TimePoint Now() const override { return now_; }

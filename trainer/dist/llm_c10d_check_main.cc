@@ -15,7 +15,7 @@
 #include <iostream>
 
 #include "trainer/dist/c10d_check.h"
-#include "trainer/dist/launcher.h"
+#include "trainer/dist/rank_launcher.h"
 #include "trainer/dist/rank_env.h"
 
 namespace {

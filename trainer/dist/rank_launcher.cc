@@ -1,4 +1,4 @@
-#include "trainer/dist/launcher.h"
+#include "trainer/dist/rank_launcher.h"
 
 #include <fcntl.h>
 #include <sched.h>

@@ -6,8 +6,8 @@
 //
 // Not agent/'s process code: that starts one supervised llm-train with its output in log files and
 // links gRPC; this starts N peers that share the terminal, and builds where only LibTorch does.
-#ifndef LLMCTL_TRAINER_DIST_LAUNCHER_H_
-#define LLMCTL_TRAINER_DIST_LAUNCHER_H_
+#ifndef LLMCTL_TRAINER_DIST_RANK_LAUNCHER_H_
+#define LLMCTL_TRAINER_DIST_RANK_LAUNCHER_H_
 
 #include <chrono>
 #include <cstdint>
@@ -74,4 +74,4 @@ Status LaunchRanks(const LaunchSpec& spec);
 
 }  // namespace llmctl::dist
 
-#endif  // LLMCTL_TRAINER_DIST_LAUNCHER_H_
+#endif  // LLMCTL_TRAINER_DIST_RANK_LAUNCHER_H_

@@ -1,4 +1,4 @@
-#include "trainer/model/checkpoint.h"
+#include "trainer/model/activation_checkpointing.h"
 
 #include <ATen/autocast_mode.h>
 

@@ -1,7 +1,7 @@
 // Activation checkpointing: run a block without keeping its activations and recompute them in
 // backward.
-#ifndef LLMCTL_TRAINER_MODEL_CHECKPOINT_H_
-#define LLMCTL_TRAINER_MODEL_CHECKPOINT_H_
+#ifndef LLMCTL_TRAINER_MODEL_ACTIVATION_CHECKPOINTING_H_
+#define LLMCTL_TRAINER_MODEL_ACTIVATION_CHECKPOINTING_H_
 
 #include <torch/torch.h>
 
@@ -54,4 +54,4 @@ torch::Tensor CheckpointedForward(BlockOfInputs block, const std::vector<torch::
 
 }  // namespace llmctl::trainer
 
-#endif  // LLMCTL_TRAINER_MODEL_CHECKPOINT_H_
+#endif  // LLMCTL_TRAINER_MODEL_ACTIVATION_CHECKPOINTING_H_

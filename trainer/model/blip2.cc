@@ -1,6 +1,6 @@
 #include "trainer/model/blip2.h"
 
-#include "trainer/model/checkpoint.h"
+#include "trainer/model/activation_checkpointing.h"
 #include "trainer/model/loss.h"
 #include "trainer/model/weights.h"
 

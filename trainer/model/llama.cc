@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "trainer/model/checkpoint.h"
+#include "trainer/model/activation_checkpointing.h"
 #include "trainer/model/weights.h"
 
 namespace llmctl::trainer {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/model_config.h"
-#include "trainer/model/checkpoint.h"
+#include "trainer/model/activation_checkpointing.h"
 #include "trainer/model/weights.h"
 #include "trainer/safetensors/safetensors.h"
 #include "trainer/testing/trial_runner.h"

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "trainer/model/checkpoint.h"
+#include "trainer/model/activation_checkpointing.h"
 
 namespace llmctl::trainer {
 namespace {

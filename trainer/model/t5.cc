@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-#include "trainer/model/checkpoint.h"
+#include "trainer/model/activation_checkpointing.h"
 
 namespace llmctl::trainer {
 namespace {

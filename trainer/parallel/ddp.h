@@ -32,7 +32,7 @@
 
 namespace llmctl::trainer {
 
-class DataParallel final : public ReplicatedModel {
+class DataParallel final : public ReplicatedParallelism {
  public:
   // Joins the process group `env` describes on `device`'s backend: Gloo for cpu, NCCL for cuda.
   // Gradients travel in buckets of about `bucket_bytes` (ddp.bucket_size).

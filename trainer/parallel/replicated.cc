@@ -6,7 +6,7 @@
 
 namespace llmctl::trainer {
 
-StatusOr<ModelTensors> ReplicatedModel::PrepareModel(TrainedModel& model, torch::Dtype) {
+StatusOr<ModelTensors> ReplicatedParallelism::PrepareModel(TrainedModel& model, torch::Dtype) {
   ModelTensors tensors;
   for (auto& [name, tensor] : ModelState(model.module())) tensors.state.push_back(tensor);
   for (const torch::Tensor& p : model.module().parameters()) {
@@ -15,7 +15,7 @@ StatusOr<ModelTensors> ReplicatedModel::PrepareModel(TrainedModel& model, torch:
   return tensors;
 }
 
-Status ReplicatedModel::LoadCheckpoint(const std::string& dir, TrainedModel& model,
+Status ReplicatedParallelism::LoadCheckpoint(const std::string& dir, TrainedModel& model,
                                        LoadedCheckpoint& checkpoint) {
   torch::NoGradGuard no_grad;
   const std::map<std::string, torch::Tensor> saved(checkpoint.model.begin(),
@@ -32,7 +32,7 @@ Status ReplicatedModel::LoadCheckpoint(const std::string& dir, TrainedModel& mod
   return Status::Ok();
 }
 
-StatusOr<bool> ReplicatedModel::SaveCheckpoint(const std::string& dir, TrainedModel& model,
+StatusOr<bool> ReplicatedParallelism::SaveCheckpoint(const std::string& dir, TrainedModel& model,
                                                const NamedTensors& optimizer,
                                                const TrainingState& state) {
   if (rank() != 0) return false;
@@ -40,7 +40,7 @@ StatusOr<bool> ReplicatedModel::SaveCheckpoint(const std::string& dir, TrainedMo
   return true;
 }
 
-StatusOr<double> ReplicatedModel::ClipGradNorm(const std::vector<torch::Tensor>& trainable,
+StatusOr<double> ReplicatedParallelism::ClipGradNorm(const std::vector<torch::Tensor>& trainable,
                                                double max_norm) {
   return trainer::ClipGradNorm(trainable, max_norm);
 }

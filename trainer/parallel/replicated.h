@@ -14,7 +14,7 @@
 
 namespace llmctl::trainer {
 
-class ReplicatedModel : public Parallelism {
+class ReplicatedParallelism : public Parallelism {
  public:
   // The model's parameters and buffers (a QLoRA model's NF4 base weights) as state, as a
   // checkpoint holds them; its parameters that require grad as trainable.
@@ -37,7 +37,7 @@ class ReplicatedModel : public Parallelism {
 };
 
 // One process: rank 0 of 1, with nothing to agree on and nothing to communicate.
-class SingleProcess final : public ReplicatedModel {
+class SingleProcess final : public ReplicatedParallelism {
  public:
   int rank() const override { return 0; }
   int64_t world_size() const override { return 1; }

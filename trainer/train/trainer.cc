@@ -244,7 +244,7 @@ class TrialRun {
   }
   std::vector<torch::Tensor> CommBuffers() const { return parallel_->CommTensors(); }
   std::vector<torch::Tensor> GatheredParams() const { return parallel_->GatheredTensors(); }
-  MemorySnapshot Categories(bool at_failure) const {
+  MemorySnapshot TakeMemorySnapshot(bool at_failure) const {
     return at_failure ? SnapshotAtFailure(*memory_, model_tensors_.state, OptimizerState(),
                                           CommBuffers(), GatheredParams())
                       : TakeSnapshot(*memory_, model_tensors_.state, OptimizerState(),
@@ -495,7 +495,7 @@ void TrialRun::Snapshot(int64_t step, int64_t micro_batch, std::string_view phas
   // Each phase boundary is also where the profiler names what follows and marks its memory history.
   if (profiler_) profiler_->Phase(step, micro_batch, phase);
   if (!snapshot_this_step_) return;
-  const MemorySnapshot snapshot = Categories(/*at_failure=*/false);
+  const MemorySnapshot snapshot = TakeMemorySnapshot(/*at_failure=*/false);
   EmitSnapshot(snapshot, step, micro_batch, phase);
   std::string label = "step" + std::to_string(step);
   if (accumulation_ > 1) label += "_mb" + std::to_string(micro_batch);
@@ -821,7 +821,7 @@ TrialResult TrialRun::Run() {
     EmitStart(load_peak);
     return Train();
   } catch (const c10::OutOfMemoryError& e) {
-    const MemorySnapshot snapshot = Categories(/*at_failure=*/true);
+    const MemorySnapshot snapshot = TakeMemorySnapshot(/*at_failure=*/true);
     EmitSnapshot(snapshot, steps_done_, -1, snapshot_event::kAtOom);
     Human("[oom] " + FormatSnapshot(snapshot));
     return Finish(Outcome::kOom, e.what_without_backtrace());
