@@ -533,7 +533,18 @@ ALTER TABLE device_samples_by_node RENAME TO device_samples;
 ALTER TABLE attempt_nodes ADD COLUMN device_sample_seq INTEGER NOT NULL DEFAULT 0;
 )sql";
 
-constexpr std::array<std::string_view, 12> kMigrations = {
+// Each node's own rates as its agent last reported them (llm-train --probe's JSON,
+// common/estimate/rate_probe.h; the controller parses it before storing): one row per node, a new
+// probe replacing the old. Kept apart from nodes, whose rows every health check rewrites.
+constexpr std::string_view kNodeRates = R"sql(
+CREATE TABLE node_rates (
+  node TEXT PRIMARY KEY,
+  probe_json TEXT NOT NULL,
+  stored_at INTEGER NOT NULL
+) WITHOUT ROWID;
+)sql";
+
+constexpr std::array<std::string_view, 13> kMigrations = {
     kInitialSchema,
     kNodeLeases,
     kNodeRemoval,
@@ -545,7 +556,8 @@ constexpr std::array<std::string_view, 12> kMigrations = {
     Joined<kDropReportViews, kReportViews>::kText,
     kAttemptNodes,
     kTrialPredictions,
-    kDeviceSamplesByNode};
+    kDeviceSamplesByNode,
+    kNodeRates};
 
 }  // namespace
 

@@ -449,6 +449,12 @@ class Store {
   // NotFound for an unknown or removed node.
   Status SetNodeLease(std::string_view node, const NodeLease& lease);
   StatusOr<std::vector<NodeRecord>> ListNodes();  // registered (not removed) nodes, by name
+  // Stores the node's own rates (llm-train --probe's JSON, which the caller has parsed), replacing
+  // those it had: true when they changed, false when the same text was stored already.
+  // InvalidArgument for an empty node or a text that is no JSON object.
+  StatusOr<bool> PutNodeRates(std::string_view node, std::string_view probe_json, Time now);
+  // The rates of each registered (not removed) node that reported some, by node name.
+  StatusOr<std::map<std::string, std::string>> NodeRates();
 
   // Removes the node in one transaction: it is marked removed (its row stays, so attempts keep
   // naming a node the store knew; it is no longer listed), its secret reference is deleted, and
