@@ -309,6 +309,7 @@ TrialConfig::TrialConfig() {
     if (!value.ok()) GetterMisuse(keys[i].name, "invalid default: " + value.status().message());
     entries_[i].value = std::move(*value);
   }
+  settings_ = ParseTrialSettings(*this);
 }
 
 const TrialConfig::Entry* TrialConfig::FindEntry(std::string_view key) const {
@@ -320,6 +321,18 @@ const TrialConfig::Entry* TrialConfig::FindEntry(std::string_view key) const {
 }
 
 Status TrialConfig::Set(std::string_view key, KeyValue value) {
+  RETURN_IF_ERROR(SetEntry(key, std::move(value)));
+  settings_ = ParseTrialSettings(*this);
+  return Status::Ok();
+}
+
+Status TrialConfig::SetFromText(std::string_view key, std::string_view text) {
+  RETURN_IF_ERROR(SetEntryFromText(key, text));
+  settings_ = ParseTrialSettings(*this);
+  return Status::Ok();
+}
+
+Status TrialConfig::SetEntry(std::string_view key, KeyValue value) {
   const KeySpec* spec = FindTrialKey(key);
   if (spec == nullptr) return UnknownKeyError(key);
   Entry& entry = entries_[static_cast<size_t>(spec - TrialKeys().data())];
@@ -382,7 +395,7 @@ Status TrialConfig::Set(std::string_view key, KeyValue value) {
   return Status::Ok();
 }
 
-Status TrialConfig::SetFromText(std::string_view key, std::string_view text) {
+Status TrialConfig::SetEntryFromText(std::string_view key, std::string_view text) {
   const KeySpec* spec = FindTrialKey(key);
   if (spec == nullptr) return UnknownKeyError(key);
   if (Trim(text).empty() && spec->default_value.empty()) {
@@ -392,7 +405,7 @@ Status TrialConfig::SetFromText(std::string_view key, std::string_view text) {
     return Status::Ok();
   }
   ASSIGN_OR_RETURN(KeyValue value, ParseKeyValue(*spec, text));
-  return Set(key, std::move(value));
+  return SetEntry(key, std::move(value));
 }
 
 bool TrialConfig::IsSet(std::string_view key) const {

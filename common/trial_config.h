@@ -16,6 +16,7 @@
 #include "common/model_config.h"
 #include "common/status.h"
 #include "common/trial_keys.h"
+#include "common/trial_settings.h"
 
 namespace llmctl {
 
@@ -74,6 +75,11 @@ class TrialConfig {
   std::vector<std::string> GetStringList(std::string_view key) const;
   std::optional<uint64_t> GetByteSize(std::string_view key) const;  // nullopt when unset
 
+  // Every key's effective value as a typed field (common/trial_settings.h), kept in step with
+  // each Set: `config.settings().train.micro_batch_size`. How code outside the parsing edge and
+  // the registry reads a trial's settings.
+  const TrialSettings& settings() const { return settings_; }
+
   // The keys that were set and their values, nested like the YAML ({"train": {"lr": 0.001}, ...});
   // null for a key set to "no value". What the controller stores and sends to agents: a key is in
   // the JSON exactly when it is set, so FromJson(ToJson()) keeps which keys were set (checks such
@@ -100,8 +106,11 @@ class TrialConfig {
   };
   const Entry* FindEntry(std::string_view key) const;
   const Entry& EntryForGetter(std::string_view key, std::initializer_list<KeyType> types) const;
+  Status SetEntry(std::string_view key, KeyValue value);
+  Status SetEntryFromText(std::string_view key, std::string_view text);
 
   std::vector<Entry> entries_;  // parallel to TrialKeys()
+  TrialSettings settings_;      // ParseTrialSettings(*this), formed again by every Set
 };
 
 // The projections `peft.targets` may name: Hugging Face's module names in LLaMA-family models
