@@ -13,6 +13,7 @@
 #include <climits>
 #include <iostream>
 
+#include "agent/certificate_renewal.h"
 #include "agent/enrollment.h"
 #include "agent/server.h"
 #include "agent/supervisor.h"
@@ -106,6 +107,14 @@ int main(int argc, char** argv) {
     if (!enrolled.ok()) return Fail(enrolled.message());
     if (stopped) return 0;
   }
+  options.identity_files = {.ca_file = ca_file, .certificate_file = cert_file,
+                            .private_key_file = key_file};
+  if (const llmctl::Status finished =
+          llmctl::agent::FinishInterruptedRenewal(options.identity_files);
+      !finished.ok()) {
+    return Fail(finished.message());
+  }
+  // Checked here: gRPC's file watcher only logs files it cannot use.
   auto identity = llmctl::rpc::LoadTlsIdentity(ca_file, cert_file, key_file);
   if (!identity.ok()) return Fail(identity.status().message());
   options.identity = std::move(*identity);

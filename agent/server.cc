@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "agent/certificate_renewal.h"
 #include "agent/event_reader.h"
 #include "agent/node_info.h"
 #include "agent/process.h"
@@ -169,7 +170,10 @@ class AgentService final : public pb::Agent::Service {
         poll_interval_(options.poll_interval),
         cache_(cache),
         hub_(hub),
-        runs_(runs) {}
+        runs_(runs),
+        renewer_(options.identity_files.certificate_file.empty()
+                     ? nullptr
+                     : std::make_unique<CertificateRenewer>(options.identity_files)) {}
 
   ~AgentService() {
     if (probe_thread_.joinable()) probe_thread_.join();
@@ -184,6 +188,16 @@ class AgentService final : public pb::Agent::Service {
 
   // Ends the streams that follow running runs (within one poll interval).
   void Stop() { stopping_ = true; }
+
+  grpc::Status RenewCertificate(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<pb::CertificateRenewal, pb::CertificateGrant>* stream) override {
+    if (renewer_ == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "certificate renewal: this agent serves no certificate files");
+    }
+    return renewer_->Renew(*context, *stream);
+  }
 
   grpc::Status GetNodeInfo(grpc::ServerContext*, const pb::GetNodeInfoRequest*,
                            pb::NodeInfo* response) override {
@@ -501,6 +515,7 @@ class AgentService final : public pb::Agent::Service {
   InputCache* const cache_;
   HubCache* const hub_;
   RunManager* const runs_;
+  const std::unique_ptr<CertificateRenewer> renewer_;  // null: fixed credentials
   std::atomic<bool> stopping_ = false;
 };
 
@@ -549,8 +564,13 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
       ::unlink(path.c_str());
     }
   }
-  builder.AddListeningPort(options.listen, rpc::ServerCredentials(options.identity, options.token),
-                           is_unix ? nullptr : &port);
+  builder.AddListeningPort(
+      options.listen,
+      options.identity_files.certificate_file.empty()
+          ? rpc::ServerCredentials(options.identity, options.token)
+          : rpc::WatchedServerCredentials(options.identity_files, options.token,
+                                          options.identity_refresh),
+      is_unix ? nullptr : &port);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(8 << 20);
   server->server_ = builder.BuildAndStart();

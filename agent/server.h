@@ -24,6 +24,10 @@ struct AgentOptions {
   std::string data_dir;  // runs/ and cache/ live here
   std::string node;      // the certificate names agent-<node>.llmctl
   rpc::TlsIdentity identity;
+  // Set: the agent serves the identity in these files instead, reads them again every
+  // identity_refresh, and takes RenewCertificate, which replaces them (agent/certificate_renewal.h).
+  rpc::IdentityFiles identity_files;
+  std::chrono::seconds identity_refresh{60};
   std::string token;
   std::string llm_train;           // the trainer binary
   std::string supervisor_program;  // this binary (re-executed as the supervisor)

@@ -13,6 +13,7 @@
 #include "common/digest/digest.h"
 #include "common/snapshot_event.h"
 #include "controller/device_samples_proto.h"
+#include "controller/node_certificates.h"
 #include "controller/submission.h"
 #include "rpc/grpc_status.h"
 
@@ -515,6 +516,9 @@ StatusOr<v1::NodeStatus> ControllerService::BuildNodeStatus(
   row.set_address(node.address);
   row.set_state(node.state);
   row.set_unusable(dispatcher_.NodeUnusable(node.name));
+  if (StatusOr<int64_t> expiry = secrets_.NodeCertificateExpiry(node.name); expiry.ok()) {
+    row.set_certificate_expires_unix(*expiry);
+  }
   row.set_last_seen_unix(
       std::chrono::duration_cast<std::chrono::seconds>(node.last_seen.time_since_epoch()).count());
   const json devices = json::parse(node.devices_json, nullptr, /*allow_exceptions=*/false);
@@ -617,9 +621,8 @@ namespace {
 // How long a cloud node's enrollment token lasts: the node boots and installs Docker and the
 // agent first (minutes; a bare-metal host takes about 10 to come up, a driver upgrade reboots it).
 constexpr std::chrono::hours kEnrollmentLifetime{1};
-// Node certificates: a year, as before enrollment (short ones need renewal over the link, which
-// the agent cannot do yet; docs/architecture.md, "Credentials").
-constexpr int kNodeCertificateDays = 365;
+// Node certificates: renewed over the link at the health checks (controller/node_certificates.h).
+constexpr int kNodeCertificateDays = kNodeCertificateLifetime / std::chrono::hours(24);
 
 int64_t UnixSeconds(store::Time time) {
   return std::chrono::duration_cast<std::chrono::seconds>(time.time_since_epoch()).count();
@@ -636,6 +639,7 @@ Status ControllerService::IssueCredentials(const std::string& node, v1::NodeCred
                    ca_.Issue(certificate_name, kNodeCertificateDays));
   ASSIGN_OR_RETURN(std::string token, NewNodeToken());
   RETURN_IF_ERROR(secrets_.PutNodeToken(node, token, certificate_name));
+  RETURN_IF_ERROR(RecordCertificateExpiry(secrets_, node, certificate.certificate_pem));
   RETURN_IF_ERROR(store_.PutSecretRef(node, SecretsFile::NodeTokenRef(node)));
   response.set_certificate_pem(std::move(certificate.certificate_pem));
   response.set_private_key_pem(std::move(certificate.private_key_pem));
@@ -697,10 +701,16 @@ grpc::Status ControllerService::EnrollNode(grpc::ServerContext* context,
       return Status::Ok();
     }
     std::string token;
+    std::string certificate_pem;
     Status enrolled = EnrollAgent(
         node->address, name, controller_identity_, std::chrono::seconds(20),
-        [&](const std::string& presented) { return DecideEnrollment(name, presented, token); });
+        [&](const std::string& presented) -> StatusOr<v1::EnrollmentGrant> {
+          StatusOr<v1::EnrollmentGrant> grant = DecideEnrollment(name, presented, token);
+          if (grant.ok()) certificate_pem = grant->certificate_pem();
+          return grant;
+        });
     if (enrolled.ok()) enrolled = secrets_.CompleteEnrollment(name, token);
+    if (enrolled.ok()) enrolled = RecordCertificateExpiry(secrets_, name, certificate_pem);
     if (!enrolled.ok()) {
       if (enrolled.code() != StatusCode::kUnavailable &&
           enrolled.code() != StatusCode::kDeadlineExceeded) {

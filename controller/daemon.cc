@@ -98,6 +98,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
   ASSIGN_OR_RETURN(daemon->secrets_, SecretsFile::Open(data + "/secrets.json"));
   ASSIGN_OR_RETURN(daemon->ca_, rpc::CertificateAuthority::LoadOrCreate(data + "/ca"));
   ASSIGN_OR_RETURN(rpc::TlsIdentity identity, LoadOrCreateControllerIdentity(data, *daemon->ca_));
+  daemon->certificates_ = std::make_unique<NodeCertificates>(*daemon->ca_, *daemon->secrets_);
 
   daemon->dispatcher_ = std::make_unique<Dispatcher>(
       *daemon->store_, *daemon->blobs_, TlsAgentConnector(identity, *daemon->secrets_), clock,
@@ -107,7 +108,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
                         .min_transfer_bytes_per_second = config.min_transfer_bytes_per_second,
                         .health_interval = config.health_interval,
                         .backoff_initial = options.backoff_initial,
-                        .backoff_max = options.backoff_max});
+                        .backoff_max = options.backoff_max,
+                        .certificates = daemon->certificates_.get()});
   const std::optional<std::string> socket = UnixSocketPath(config.listen);
   // Every listener but the unix socket (0600 in a 0700 directory) takes calls only with the token.
   std::string api_token;

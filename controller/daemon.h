@@ -22,6 +22,7 @@
 #include "controller/config.h"
 #include "controller/controller_service.h"
 #include "controller/dispatcher.h"
+#include "controller/node_certificates.h"
 #include "controller/secrets.h"
 #include "controller/store/store.h"
 #include "rpc/tls.h"
@@ -70,6 +71,7 @@ class Daemon {
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<SecretsFile> secrets_;
   std::unique_ptr<rpc::CertificateAuthority> ca_;
+  std::unique_ptr<NodeCertificates> certificates_;
   ChangeNotifier changes_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<ControllerService> service_;

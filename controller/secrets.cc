@@ -52,6 +52,11 @@ StatusOr<std::unique_ptr<SecretsFile>> SecretsFile::Open(std::string path) {
     for (const auto& [node, name] : names.items()) {
       secrets->node_certificate_names_[node] = name.get<std::string>();
     }
+    // Absent in files written before expiries were kept.
+    const nlohmann::json expiry = json.value("node_certificate_expiry", nlohmann::json::object());
+    for (const auto& [node, unix_time] : expiry.items()) {
+      secrets->node_certificate_expiry_[node] = unix_time.get<int64_t>();
+    }
     // Absent in files written before enrollment.
     const nlohmann::json enrollments = json.value("enrollments", nlohmann::json::object());
     for (const auto& [node, entry] : enrollments.items()) {
@@ -69,6 +74,7 @@ Status SecretsFile::PutNodeToken(std::string_view node, std::string_view token,
                                  std::string_view certificate_name) {
   MutexLock lock(mutex_);
   node_tokens_[std::string(node)] = std::string(token);
+  node_certificate_expiry_.erase(std::string(node));  // a new certificate's: set after this
   if (certificate_name.empty()) {
     node_certificate_names_.erase(std::string(node));
   } else {
@@ -81,6 +87,7 @@ Status SecretsFile::RemoveNodeToken(std::string_view node) {
   MutexLock lock(mutex_);
   const bool had_token = node_tokens_.erase(std::string(node)) > 0;
   const bool had_name = node_certificate_names_.erase(std::string(node)) > 0;
+  node_certificate_expiry_.erase(std::string(node));
   const bool had_enrollment = enrollments_.erase(std::string(node)) > 0;
   if (!had_token && !had_name && !had_enrollment) return Status::Ok();
   return WriteLocked();
@@ -91,6 +98,24 @@ StatusOr<std::string> SecretsFile::NodeToken(std::string_view node) const {
   auto it = node_tokens_.find(node);
   if (it == node_tokens_.end())
     return NotFoundError("no token for node '" + std::string(node) + "'");
+  return it->second;
+}
+
+Status SecretsFile::SetNodeCertificateExpiry(std::string_view node, int64_t expires_unix) {
+  MutexLock lock(mutex_);
+  if (!node_tokens_.contains(node)) {
+    return NotFoundError("no token for node '" + std::string(node) + "'");
+  }
+  node_certificate_expiry_[std::string(node)] = expires_unix;
+  return WriteLocked();
+}
+
+StatusOr<int64_t> SecretsFile::NodeCertificateExpiry(std::string_view node) const {
+  MutexLock lock(mutex_);
+  auto it = node_certificate_expiry_.find(node);
+  if (!node_tokens_.contains(node) || it == node_certificate_expiry_.end()) {
+    return NotFoundError("no certificate expiry known for node '" + std::string(node) + "'");
+  }
   return it->second;
 }
 
@@ -157,6 +182,7 @@ Status SecretsFile::CompleteEnrollment(std::string_view node, std::string_view t
   }
   node_tokens_[std::string(node)] = std::string(token);
   node_certificate_names_[std::string(node)] = it->second.certificate_name;
+  node_certificate_expiry_.erase(std::string(node));  // a new certificate's: set after this
   enrollments_.erase(it);
   return WriteLocked();
 }
@@ -166,17 +192,20 @@ Status SecretsFile::WriteLocked() {
   for (const auto& [node, token] : node_tokens_) tokens[node] = token;
   nlohmann::json names = nlohmann::json::object();
   for (const auto& [node, name] : node_certificate_names_) names[node] = name;
+  nlohmann::json expiry = nlohmann::json::object();
+  for (const auto& [node, unix_time] : node_certificate_expiry_) expiry[node] = unix_time;
   nlohmann::json enrollments = nlohmann::json::object();
   for (const auto& [node, enrollment] : enrollments_) {
     enrollments[node] = {{"token_sha256", enrollment.token_sha256},
                          {"expires_unix", enrollment.expires_unix},
                          {"certificate_name", enrollment.certificate_name}};
   }
-  const std::string text =
-      nlohmann::json{
-          {"node_tokens", tokens}, {"node_certificate_names", names}, {"enrollments", enrollments}}
-          .dump(2) +
-      "\n";
+  const std::string text = nlohmann::json{{"node_tokens", tokens},
+                                          {"node_certificate_names", names},
+                                          {"node_certificate_expiry", expiry},
+                                          {"enrollments", enrollments}}
+                               .dump(2) +
+                           "\n";
   return WriteFileAtomically(path_, [&](int fd) -> Status {
     // Narrowed before the first byte is written, so the secret is never readable by others.
     if (fchmod(fd, 0600) != 0) return InternalError("cannot make " + path_ + " private");

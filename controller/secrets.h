@@ -1,7 +1,8 @@
 // The controller's secrets file, DATA/secrets.json (mode 0600, replaced atomically on every
-// change): each node's token and the name in its current certificate (the one the controller
-// dials it under), and each pending enrollment (a cloud node's one-time token, as its sha256 only,
-// with its expiry). The database holds only references to entries here.
+// change): each node's token, the name in its current certificate (the one the controller
+// dials it under) and that certificate's expiry, and each pending enrollment (a cloud node's
+// one-time token, as its sha256 only, with its expiry). The database holds only references to
+// entries here.
 #ifndef LLMCTL_CONTROLLER_SECRETS_H_
 #define LLMCTL_CONTROLLER_SECRETS_H_
 
@@ -32,9 +33,10 @@ class SecretsFile {
   // none) and rewrites the file before returning.
   Status PutNodeToken(std::string_view node, std::string_view token,
                       std::string_view certificate_name = "");
-  // Forgets the node's token, certificate name and pending enrollment (nothing to do when it has
-  // none) and rewrites the file before returning: the controller can no longer present the token to
-  // the node's agent, nor accept the certificate's name for any later node of the same name.
+  // Forgets the node's token, certificate name and expiry, and pending enrollment (nothing to do
+  // when it has none) and rewrites the file before returning: the controller can no longer present
+  // the token to the node's agent, nor accept the certificate's name for any later node of the same
+  // name.
   Status RemoveNodeToken(std::string_view node);
   // NotFound when the node has no token.
   StatusOr<std::string> NodeToken(std::string_view node) const;
@@ -43,6 +45,14 @@ class SecretsFile {
   // before these names were kept, rpc::AgentCertificateName(node). NotFound when the node has no
   // token.
   StatusOr<std::string> NodeCertificateName(std::string_view node) const;
+
+  // When the node's current certificate expires (unix seconds; kept so that a node whose
+  // certificate expired while the controller was down is reported, not dialled in vain).
+  // SetNodeCertificateExpiry: NotFound when the node has no token (it is down: nothing to renew).
+  // NodeCertificateExpiry: NotFound when no expiry is known (a node registered before they were
+  // kept) or the node has no token.
+  Status SetNodeCertificateExpiry(std::string_view node, int64_t expires_unix);
+  StatusOr<int64_t> NodeCertificateExpiry(std::string_view node) const;
 
   // Stores a one-time enrollment token for the node (its sha256, not the token), valid until
   // `expires_unix`, for the certificate name the node is then issued under; replaces an earlier
@@ -78,6 +88,7 @@ class SecretsFile {
   std::map<std::string, std::string, std::less<>> node_tokens_ LLMCTL_GUARDED_BY(mutex_);
   std::map<std::string, std::string, std::less<>> node_certificate_names_ LLMCTL_GUARDED_BY(mutex_);
   std::map<std::string, Enrollment, std::less<>> enrollments_ LLMCTL_GUARDED_BY(mutex_);
+  std::map<std::string, int64_t, std::less<>> node_certificate_expiry_ LLMCTL_GUARDED_BY(mutex_);
 };
 
 }  // namespace llmctl::controller

@@ -15,8 +15,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <map>
 
@@ -36,6 +38,9 @@ struct X509Free {
 struct PkeyFree {
   void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
 };
+struct ReqFree {
+  void operator()(X509_REQ* r) const { X509_REQ_free(r); }
+};
 struct BnFree {
   void operator()(BIGNUM* b) const { BN_free(b); }
 };
@@ -43,6 +48,7 @@ using BioPtr = std::unique_ptr<BIO, BioFree>;
 using X509Ptr = std::unique_ptr<X509, X509Free>;
 using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyFree>;
 using BnPtr = std::unique_ptr<BIGNUM, BnFree>;
+using ReqPtr = std::unique_ptr<X509_REQ, ReqFree>;
 
 constexpr char kCaKeyFile[] = "ca.key";
 constexpr char kCaCertificateFile[] = "ca.crt";
@@ -112,10 +118,16 @@ Status AddExtension(X509* certificate, X509* issuer, int nid, const char* value)
   return Status::Ok();
 }
 
+using TimePoint = std::chrono::system_clock::time_point;
+
+TimePoint DaysFromNow(int days) {
+  return std::chrono::system_clock::now() + std::chrono::hours(24) * days;
+}
+
 // A certificate for `common_name` and `key`, not yet signed: random 159-bit serial, valid from an
-// hour ago for `validity_days`. `issuer` null means self-issued.
+// hour ago (clock skew) until `not_after`. `issuer` null means self-issued.
 StatusOr<X509Ptr> NewCertificate(const std::string& common_name, EVP_PKEY* key, X509* issuer,
-                                 int validity_days) {
+                                 TimePoint not_after) {
   X509Ptr certificate(X509_new());
   if (certificate == nullptr) return InternalError("X509_new: " + OpenSslError());
   X509_set_version(certificate.get(), X509_VERSION_3);
@@ -126,7 +138,10 @@ StatusOr<X509Ptr> NewCertificate(const std::string& common_name, EVP_PKEY* key, 
     return InternalError("cannot draw a serial number: " + OpenSslError());
   }
   X509_gmtime_adj(X509_getm_notBefore(certificate.get()), -3600);
-  X509_gmtime_adj(X509_getm_notAfter(certificate.get()), static_cast<long>(validity_days) * 86400);
+  if (ASN1_TIME_set(X509_getm_notAfter(certificate.get()),
+                    std::chrono::system_clock::to_time_t(not_after)) == nullptr) {
+    return InternalError("cannot set a certificate's expiry: " + OpenSslError());
+  }
   X509_NAME* name = X509_get_subject_name(certificate.get());
   if (X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_UTF8,
                                  reinterpret_cast<const unsigned char*>(common_name.c_str()), -1,
@@ -205,8 +220,8 @@ StatusOr<std::unique_ptr<CertificateAuthority>> CertificateAuthority::LoadOrCrea
     }
   } else {
     ASSIGN_OR_RETURN(keys->key, NewP256Key());
-    ASSIGN_OR_RETURN(keys->certificate,
-                     NewCertificate(kCaCommonName, keys->key.get(), nullptr, kCaValidityDays));
+    ASSIGN_OR_RETURN(keys->certificate, NewCertificate(kCaCommonName, keys->key.get(), nullptr,
+                                                       DaysFromNow(kCaValidityDays)));
     X509* ca = keys->certificate.get();
     RETURN_IF_ERROR(AddExtension(ca, ca, NID_basic_constraints, "critical,CA:TRUE"));
     RETURN_IF_ERROR(AddExtension(ca, ca, NID_key_usage, "critical,keyCertSign,cRLSign"));
@@ -222,15 +237,10 @@ StatusOr<std::unique_ptr<CertificateAuthority>> CertificateAuthority::LoadOrCrea
       new CertificateAuthority(std::move(keys), std::move(certificate_pem)));
 }
 
-StatusOr<IssuedCertificate> CertificateAuthority::Issue(const std::string& common_name,
-                                                        int validity_days) const {
-  if (common_name.empty() || validity_days <= 0) {
-    return InvalidArgumentError("a certificate needs a common name and a positive validity, got '" +
-                                common_name + "' for " + std::to_string(validity_days) + " days");
-  }
-  ASSIGN_OR_RETURN(PkeyPtr key, NewP256Key());
+StatusOr<std::string> CertificateAuthority::SignLeaf(const std::string& common_name, EVP_PKEY* key,
+                                                     TimePoint not_after) const {
   ASSIGN_OR_RETURN(X509Ptr certificate,
-                   NewCertificate(common_name, key.get(), keys_->certificate.get(), validity_days));
+                   NewCertificate(common_name, key, keys_->certificate.get(), not_after));
   X509* leaf = certificate.get();
   X509* ca = keys_->certificate.get();
   RETURN_IF_ERROR(AddExtension(leaf, ca, NID_basic_constraints, "critical,CA:FALSE"));
@@ -240,10 +250,90 @@ StatusOr<IssuedCertificate> CertificateAuthority::Issue(const std::string& commo
   RETURN_IF_ERROR(AddExtension(leaf, ca, NID_subject_alt_name, ("DNS:" + common_name).c_str()));
   RETURN_IF_ERROR(AddExtension(leaf, ca, NID_authority_key_identifier, "keyid:always"));
   RETURN_IF_ERROR(Sign(leaf, keys_->key.get()));
+  return CertificatePem(leaf);
+}
+
+StatusOr<IssuedCertificate> CertificateAuthority::Issue(const std::string& common_name,
+                                                        int validity_days) const {
+  if (common_name.empty() || validity_days <= 0) {
+    return InvalidArgumentError("a certificate needs a common name and a positive validity, got '" +
+                                common_name + "' for " + std::to_string(validity_days) + " days");
+  }
+  ASSIGN_OR_RETURN(PkeyPtr key, NewP256Key());
   IssuedCertificate issued;
-  ASSIGN_OR_RETURN(issued.certificate_pem, CertificatePem(leaf));
+  ASSIGN_OR_RETURN(issued.certificate_pem,
+                   SignLeaf(common_name, key.get(), DaysFromNow(validity_days)));
   ASSIGN_OR_RETURN(issued.private_key_pem, PrivateKeyPem(key.get()));
   return issued;
+}
+
+StatusOr<std::string> CertificateAuthority::SignRequest(const std::string& request_pem,
+                                                        const std::string& common_name,
+                                                        TimePoint not_after) const {
+  if (common_name.empty() ||
+      not_after <= std::chrono::system_clock::now() - std::chrono::hours(1)) {
+    return InvalidArgumentError(
+        "a certificate needs a common name and an expiry after its start ('" + common_name + "')");
+  }
+  BioPtr bio(BIO_new_mem_buf(request_pem.data(), static_cast<int>(request_pem.size())));
+  ReqPtr request(PEM_read_bio_X509_REQ(bio.get(), nullptr, nullptr, nullptr));
+  if (request == nullptr) {
+    ERR_clear_error();
+    return InvalidArgumentError("the certificate request is not a PEM CSR");
+  }
+  EVP_PKEY* key = X509_REQ_get0_pubkey(request.get());
+  if (key == nullptr || X509_REQ_verify(request.get(), key) != 1) {
+    ERR_clear_error();
+    return InvalidArgumentError("the certificate request is not signed by its own key");
+  }
+  return SignLeaf(common_name, key, not_after);
+}
+
+StatusOr<CertificateRequest> NewCertificateRequest(const std::string& common_name) {
+  ASSIGN_OR_RETURN(PkeyPtr key, NewP256Key());
+  ReqPtr request(X509_REQ_new());
+  if (request == nullptr) return InternalError("X509_REQ_new: " + OpenSslError());
+  X509_NAME* name = X509_REQ_get_subject_name(request.get());
+  if (X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_UTF8,
+                                 reinterpret_cast<const unsigned char*>(common_name.c_str()), -1,
+                                 -1, 0) != 1 ||
+      X509_REQ_set_pubkey(request.get(), key.get()) != 1 ||
+      X509_REQ_sign(request.get(), key.get(), EVP_sha256()) == 0) {
+    return InternalError("cannot make a certificate request for '" + common_name +
+                         "': " + OpenSslError());
+  }
+  BioPtr bio(BIO_new(BIO_s_mem()));
+  if (PEM_write_bio_X509_REQ(bio.get(), request.get()) != 1) {
+    return InternalError("cannot encode a certificate request: " + OpenSslError());
+  }
+  CertificateRequest made;
+  made.request_pem = BioToString(bio.get());
+  ASSIGN_OR_RETURN(made.private_key_pem, PrivateKeyPem(key.get()));
+  return made;
+}
+
+StatusOr<TimePoint> CertificateExpiry(const std::string& certificate_pem) {
+  X509Ptr certificate = ParseCertificate(certificate_pem);
+  std::tm expiry{};
+  if (certificate == nullptr ||
+      ASN1_TIME_to_tm(X509_get0_notAfter(certificate.get()), &expiry) != 1) {
+    ERR_clear_error();
+    return InvalidArgumentError("not a PEM certificate with an expiry");
+  }
+  return std::chrono::system_clock::from_time_t(::timegm(&expiry));
+}
+
+StatusOr<std::string> CertificateCommonName(const std::string& certificate_pem) {
+  X509Ptr certificate = ParseCertificate(certificate_pem);
+  if (certificate == nullptr) {
+    ERR_clear_error();
+    return InvalidArgumentError("not a PEM certificate");
+  }
+  char name[256];
+  const int length = X509_NAME_get_text_by_NID(X509_get_subject_name(certificate.get()),
+                                               NID_commonName, name, sizeof(name));
+  if (length <= 0) return InvalidArgumentError("the certificate names no common name");
+  return std::string(name, static_cast<size_t>(length));
 }
 
 Status CheckIssuedCertificate(const std::string& ca_pem, const std::string& certificate_pem,
@@ -269,7 +359,7 @@ StatusOr<TlsIdentity> SelfSignedIdentity(const std::string& common_name, std::st
                                          int validity_days) {
   ASSIGN_OR_RETURN(PkeyPtr key, NewP256Key());
   ASSIGN_OR_RETURN(X509Ptr certificate,
-                   NewCertificate(common_name, key.get(), nullptr, validity_days));
+                   NewCertificate(common_name, key.get(), nullptr, DaysFromNow(validity_days)));
   X509* self = certificate.get();
   RETURN_IF_ERROR(AddExtension(self, self, NID_ext_key_usage, "serverAuth"));
   RETURN_IF_ERROR(AddExtension(self, self, NID_subject_alt_name, ("DNS:" + common_name).c_str()));
@@ -426,6 +516,22 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsIdentity& id
   options.pem_root_certs = identity.ca_pem;
   options.pem_key_cert_pairs.push_back({identity.private_key_pem, identity.certificate_pem});
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(options);
+  credentials->SetAuthMetadataProcessor(std::make_shared<BearerTokenChecker>(token));
+  return credentials;
+}
+
+std::shared_ptr<grpc::ServerCredentials> WatchedServerCredentials(const IdentityFiles& files,
+                                                                  const std::string& token,
+                                                                  std::chrono::seconds refresh) {
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      files.private_key_file, files.certificate_file, files.ca_file,
+      static_cast<unsigned int>(std::max<int64_t>(1, refresh.count())));
+  grpc::experimental::TlsServerCredentialsOptions options(std::move(provider));
+  options.watch_root_certs();
+  options.watch_identity_key_cert_pairs();
+  options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  std::shared_ptr<grpc::ServerCredentials> credentials =
+      grpc::experimental::TlsServerCredentials(options);
   credentials->SetAuthMetadataProcessor(std::make_shared<BearerTokenChecker>(token));
   return credentials;
 }

@@ -10,8 +10,10 @@
 #define LLMCTL_RPC_TLS_H_
 
 #include <grpcpp/grpcpp.h>
+#include <openssl/types.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -45,6 +47,23 @@ struct IssuedCertificate {
   std::string private_key_pem;
 };
 
+// A certificate signing request and the new key it was made with: the agent's side of a renewal,
+// so that the key never leaves the node.
+struct CertificateRequest {
+  std::string request_pem;
+  std::string private_key_pem;
+};
+
+// A new EC P-256 key and a CSR for `common_name`, signed with that key.
+StatusOr<CertificateRequest> NewCertificateRequest(const std::string& common_name);
+
+// When the PEM certificate stops being valid (its notAfter). InvalidArgument when it does not
+// parse.
+StatusOr<std::chrono::system_clock::time_point> CertificateExpiry(
+    const std::string& certificate_pem);
+// The certificate's subject common name. InvalidArgument when it does not parse or has none.
+StatusOr<std::string> CertificateCommonName(const std::string& certificate_pem);
+
 // An EC P-256 certificate authority kept in a directory (ca.key 0600, ca.crt; the directory 0700).
 class CertificateAuthority {
  public:
@@ -61,10 +80,20 @@ class CertificateAuthority {
   // authentication, valid from an hour ago (clock skew) for `validity_days`, with a random serial.
   StatusOr<IssuedCertificate> Issue(const std::string& common_name, int validity_days) const;
 
+  // A certificate like Issue's for the key of `request_pem` (a CSR, whose signature must verify
+  // with that key), valid from an hour ago until `not_after`. The name is `common_name`, whatever
+  // the request asks for: the controller decides what a node is called. InvalidArgument for a
+  // request that does not parse or verify, or a `not_after` not later than an hour ago.
+  StatusOr<std::string> SignRequest(const std::string& request_pem, const std::string& common_name,
+                                    std::chrono::system_clock::time_point not_after) const;
+
   const std::string& ca_certificate_pem() const { return ca_certificate_pem_; }
 
  private:
   struct Keys;
+  // Issue's and SignRequest's certificate for `key` (an EVP_PKEY), in PEM.
+  StatusOr<std::string> SignLeaf(const std::string& common_name, EVP_PKEY* key,
+                                 std::chrono::system_clock::time_point not_after) const;
   explicit CertificateAuthority(std::unique_ptr<Keys> keys, std::string ca_certificate_pem);
   std::unique_ptr<Keys> keys_;  // constant after construction
   std::string ca_certificate_pem_;
@@ -86,6 +115,21 @@ std::string EnrollmentCertificateName(const std::string& node);
 // `token` must not be empty.
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsIdentity& identity,
                                                            const std::string& token);
+
+// Where an agent keeps its identity: the files it serves from and a renewal replaces.
+struct IdentityFiles {
+  std::string ca_file;
+  std::string certificate_file;
+  std::string private_key_file;
+};
+
+// ServerCredentials read from `files`, and read again every `refresh` (gRPC's
+// FileWatcherCertificateProvider): a renewal that replaces the files changes the certificate new
+// connections see, while the connections open keep theirs. Check the files first (LoadTlsIdentity):
+// gRPC only logs a file it cannot read.
+std::shared_ptr<grpc::ServerCredentials> WatchedServerCredentials(const IdentityFiles& files,
+                                                                  const std::string& token,
+                                                                  std::chrono::seconds refresh);
 
 // Client side: presents `identity`'s certificate, trusts only servers whose certificate chains to
 // `identity.ca_pem`, and sends `token` as "authorization: Bearer <token>" on every call.

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/grpc_status.h"
@@ -135,6 +136,57 @@ TEST_P(TlsTest, ServerCertificateForAnotherNameIsRefused) {
   EXPECT_TRUE(Call(client, kToken, AgentCertificateName("node2")).ok());
 }
 
+// A certificate past its notAfter stops passing: the client refuses the handshake, so a node
+// whose certificate was not renewed in time is cut off by TLS itself, not only by the controller.
+TEST_P(TlsTest, ExpiredServerCertificateIsRefused) {
+  auto request = NewCertificateRequest("ignored");
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  const auto now = std::chrono::system_clock::now();
+  // Valid from an hour ago until a minute ago: expired, without sleeping.
+  auto expired = ca_->SignRequest(request->request_pem, AgentCertificateName("node1"),
+                                  now - std::chrono::minutes(1));
+  ASSERT_TRUE(expired.ok()) << expired.status().ToString();
+  StartServer({ca_->ca_certificate_pem(), *expired, request->private_key_pem});
+  const TlsIdentity client = IdentityFor(*ca_, kControllerCertificateName);
+  EXPECT_EQ(Call(client, kToken).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_P(TlsTest, WatchedCredentialsServeReplacedFilesToNewConnections) {
+  const IdentityFiles files{(dir_ / "ca.pem").string(), (dir_ / "cert.pem").string(),
+                            (dir_ / "key.pem").string()};
+  const auto write = [&](const TlsIdentity& identity) {
+    ASSERT_TRUE(WriteSecretFile(files.ca_file, identity.ca_pem, 0600).ok());
+    ASSERT_TRUE(WriteSecretFile(files.private_key_file, identity.private_key_pem, 0600).ok());
+    ASSERT_TRUE(WriteSecretFile(files.certificate_file, identity.certificate_pem, 0600).ok());
+  };
+  write(IdentityFor(*ca_, AgentCertificateName("node1", "first")));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  address_ = GetParam() ? "unix:" + (dir_ / "agent.sock").string() : "127.0.0.1:0";
+  builder.AddListeningPort(address_,
+                           WatchedServerCredentials(files, kToken, std::chrono::seconds(1)),
+                           GetParam() ? nullptr : &port);
+  builder.RegisterService(&service_);
+  server_ = builder.BuildAndStart();
+  ASSERT_NE(server_, nullptr);
+  if (!GetParam()) address_ = "127.0.0.1:" + std::to_string(port);
+  const TlsIdentity client = IdentityFor(*ca_, kControllerCertificateName);
+  ASSERT_TRUE(Call(client, kToken, AgentCertificateName("node1", "first")).ok());
+  EXPECT_EQ(Call(client, "wrong", AgentCertificateName("node1", "first")).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+
+  write(IdentityFor(*ca_, AgentCertificateName("node1", "second")));
+  // The watcher reads the files again every second: wait for it (bounded) rather than sleep.
+  bool swapped = false;
+  for (int i = 0; i < 100 && !swapped; ++i) {
+    swapped = Call(client, kToken, AgentCertificateName("node1", "second")).ok();
+    if (!swapped) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(swapped);
+  EXPECT_EQ(Call(client, kToken, AgentCertificateName("node1", "first")).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, TlsTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "UnixSocket" : "Loopback"; });
 
@@ -158,6 +210,36 @@ TEST(CertificateAuthorityTest, KeyIsPrivateAndReloadGivesTheSameCa) {
   auto incomplete = CertificateAuthority::LoadOrCreate((dir / "ca").string());
   EXPECT_EQ(incomplete.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(incomplete.status().message().find("ca.crt"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(CertificateAuthorityTest, SignsARequestForItsKeyUnderTheNameItChooses) {
+  const fs::path dir = FreshDir("csr");
+  auto ca = CertificateAuthority::LoadOrCreate((dir / "ca").string());
+  ASSERT_TRUE(ca.ok()) << ca.status().ToString();
+  auto request = NewCertificateRequest("agent-x.old.llmctl");
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  const auto not_after = std::chrono::system_clock::now() + std::chrono::hours(24 * 7);
+  auto certificate = (*ca)->SignRequest(request->request_pem, "agent-x.new.llmctl", not_after);
+  ASSERT_TRUE(certificate.ok()) << certificate.status().ToString();
+  // The requester's key, the CA's signature, the CA's name for it, and the expiry asked for
+  // (a certificate's times are whole seconds).
+  EXPECT_TRUE(
+      CheckIssuedCertificate((*ca)->ca_certificate_pem(), *certificate, request->private_key_pem)
+          .ok());
+  EXPECT_EQ(*CertificateCommonName(*certificate), "agent-x.new.llmctl");
+  const auto expiry = CertificateExpiry(*certificate);
+  ASSERT_TRUE(expiry.ok());
+  EXPECT_LE(*expiry, not_after);
+  EXPECT_GT(*expiry, not_after - std::chrono::seconds(1));
+
+  // A request changed on the way (a byte of its body) is refused.
+  std::string tampered = request->request_pem;
+  tampered[tampered.size() / 2] = tampered[tampered.size() / 2] == 'A' ? 'B' : 'A';
+  EXPECT_EQ((*ca)->SignRequest(tampered, "agent-x.new.llmctl", not_after).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*ca)->SignRequest("not a csr", "agent-x.new.llmctl", not_after).status().code(),
+            StatusCode::kInvalidArgument);
   fs::remove_all(dir);
 }
 

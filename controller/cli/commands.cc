@@ -711,7 +711,8 @@ int Llmctl::Nodes() {
       rpc::FromGrpcStatus((*stub)->ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes));
   if (!listed.ok()) return Fail(listed);
   std::vector<std::vector<std::string>> rows = {
-      {"node", "state", "address", "devices", "last seen", "lease ends", "running"}};
+      {"node", "state", "address", "devices", "last seen", "lease ends", "certificate until",
+       "running"}};
   for (const v1::NodeStatus& node : nodes.nodes()) {
     std::map<std::string, int> device_counts;  // "cuda NVIDIA H100 PCIe 79.6 GiB" -> count
     for (const v1::Device& device : node.devices()) {
@@ -728,6 +729,9 @@ int Llmctl::Nodes() {
     rows.push_back({node.name(), node.state(), node.address(), devices.empty() ? "–" : devices,
                     node.last_seen_unix() > 0 ? FormatUnixTime(node.last_seen_unix()) : "never",
                     node.has_lease() ? FormatUnixTime(node.lease().ends_unix()) : "–",
+                    node.certificate_expires_unix() > 0
+                        ? FormatUnixTime(node.certificate_expires_unix())
+                        : "–",
                     node.running().empty() ? "–" : node.running()});
   }
   context_.out << FormatColumns(rows);

@@ -9,6 +9,7 @@
 
 #include "common/cuda_version.h"
 #include "common/event_line.h"
+#include "controller/node_certificates.h"
 #include "controller/scheduler/scheduler.h"
 #include "rpc/grpc_status.h"
 
@@ -103,9 +104,24 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
   }
   Status health = UnavailableError("no channel");
   v1::NodeInfo info;
-  if (stub != nullptr) {
+  NodeCertificates* certificates = core_.options.certificates;
+  // An expired certificate is reported, not dialled: the handshake would fail on every check.
+  const Status unexpired =
+      certificates == nullptr ? Status::Ok() : certificates->CheckUnexpired(link.name, now);
+  if (!unexpired.ok()) {
+    health = unexpired;
+  } else if (stub != nullptr) {
     auto context = core_.CallContext();
     health = rpc::FromGrpcStatus(stub->GetNodeInfo(context.get(), {}, &info));
+  }
+  if (health.ok() && certificates != nullptr) {
+    // On the link just checked: a failure is logged and tried again at the next check, while
+    // half the certificate's lifetime is left for it.
+    if (Status renewed =
+            certificates->RenewIfDue(link.name, *stub, now, core_.options.call_deadline);
+        !renewed.ok()) {
+      spdlog::warn("{}", renewed.ToString());
+    }
   }
   MutexLock lock(core_.mutex);
   if (link.removed) return;  // Disconnect ran meanwhile: keep its link disconnected
@@ -147,11 +163,19 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
     link.unusable = runs.ok() ? "" : runs.message();
   } else {
     if (link.connected) spdlog::warn("node {}: unreachable: {}", link.name, health.ToString());
+    // Logged once, as the reason stays until the node is registered again.
+    if (!unexpired.ok() && link.unusable != unexpired.message()) {
+      spdlog::error("{}", unexpired.message());
+      link.unusable = unexpired.message();
+    }
     link.connected = false;
   }
   record.devices_json = DevicesJson(link.devices);
   record.last_seen = link.last_seen;
-  record.state = !link.connected ? "unreachable" : link.unusable.empty() ? "connected" : "unusable";
+  record.state = !unexpired.ok()          ? "expired"
+                 : !link.connected       ? "unreachable"
+                 : link.unusable.empty() ? "connected"
+                                         : "unusable";
   if (Status stored = core_.store.UpsertNode(record); !stored.ok()) {
     spdlog::error("node {}: cannot store its state: {}", link.name, stored.ToString());
   }

@@ -24,6 +24,8 @@
 
 namespace llmctl::controller {
 
+class NodeCertificates;
+
 struct DispatcherOptions {
   std::chrono::milliseconds requeue_after = std::chrono::minutes(10);
   // Deadline of each unary call; a blob upload gets it plus its size at
@@ -45,6 +47,10 @@ struct DispatcherOptions {
   // How long a worker cancelled with a checkpoint (Cancel with `checkpoint`) may take to write it
   // before it is killed: a large model's checkpoint takes minutes.
   std::chrono::milliseconds cancel_checkpoint_grace = std::chrono::minutes(10);
+  // Renews the nodes' certificates at their health checks and keeps nodes whose certificate
+  // expired from being dialled (controller/node_certificates.h). Not owned; null: neither (tests
+  // whose agents serve fixed credentials).
+  NodeCertificates* certificates = nullptr;
 };
 
 namespace dispatch {
@@ -61,8 +67,8 @@ std::chrono::milliseconds NextBackoff(std::chrono::milliseconds backoff,
                                       std::chrono::milliseconds max);
 
 struct DispatcherCore {
-  DispatcherCore(store::Store& store, const BlobStore& blobs, const Clock& clock, ChangeNotifier& changes,
-         DispatcherOptions options)
+  DispatcherCore(store::Store& store, const BlobStore& blobs, const Clock& clock,
+                 ChangeNotifier& changes, DispatcherOptions options)
       : store(store), blobs(blobs), clock(clock), changes(changes), options(options) {}
 
   // Asks the round thread for a round now.

@@ -1,0 +1,88 @@
+#include "controller/node_certificates.h"
+
+#include <spdlog/spdlog.h>
+
+#include "rpc/grpc_status.h"
+
+namespace llmctl::controller {
+
+namespace {
+
+int64_t UnixSeconds(store::Time time) {
+  return std::chrono::duration_cast<std::chrono::seconds>(time.time_since_epoch()).count();
+}
+
+// The error a renewal ended with, the agent's code kept (PERMISSION_DENIED, ...).
+Status Finished(const std::string& node, const grpc::Status& finished) {
+  if (finished.ok()) {
+    return UnavailableError("renew the certificate of node " + node + ": no request arrived");
+  }
+  return rpc::FromGrpcStatus(finished).WithContext("renew the certificate of node " + node);
+}
+
+}  // namespace
+
+Status RecordCertificateExpiry(SecretsFile& secrets, const std::string& node,
+                               const std::string& certificate_pem) {
+  ASSIGN_OR_RETURN(const store::Time expiry, rpc::CertificateExpiry(certificate_pem));
+  return secrets.SetNodeCertificateExpiry(node, UnixSeconds(expiry));
+}
+
+Status NodeCertificates::CheckUnexpired(const std::string& node, store::Time now) const {
+  StatusOr<int64_t> expiry = secrets_.NodeCertificateExpiry(node);
+  if (!expiry.ok() || UnixSeconds(now) < *expiry) return Status::Ok();
+  return FailedPreconditionError("node " + node + ": its certificate expired at unix time " +
+                                 std::to_string(*expiry) +
+                                 " without renewal (the controller did not reach it in time); it "
+                                 "is not dialled: `llmctl node down " +
+                                 node + "` and register it again");
+}
+
+Status NodeCertificates::RenewIfDue(const std::string& node, v1::Agent::Stub& stub, store::Time now,
+                                    std::chrono::milliseconds deadline) {
+  StatusOr<std::string> name = secrets_.NodeCertificateName(node);
+  if (!name.ok()) {
+    return FailedPreconditionError("renew the certificate of node " + node +
+                                   ": it has no credentials (down)");
+  }
+  StatusOr<int64_t> expiry = secrets_.NodeCertificateExpiry(node);
+  const auto half = std::chrono::duration_cast<std::chrono::seconds>(kNodeCertificateLifetime / 2);
+  if (expiry.ok() && *expiry - UnixSeconds(now) > half.count()) return Status::Ok();
+  return Renew(node, *name, stub, now, deadline);
+}
+
+Status NodeCertificates::Renew(const std::string& node, const std::string& certificate_name,
+                               v1::Agent::Stub& stub, store::Time now,
+                               std::chrono::milliseconds deadline) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + deadline);
+  auto stream = stub.RenewCertificate(&context);
+  v1::CertificateRenewal request;
+  if (!stream->Read(&request)) {
+    stream->WritesDone();
+    return Finished(node, stream->Finish());
+  }
+  StatusOr<std::string> certificate =
+      ca_.SignRequest(request.request_pem(), certificate_name, now + kNodeCertificateLifetime);
+  if (!certificate.ok()) {
+    context.TryCancel();
+    return certificate.status().WithContext("renew the certificate of node " + node);
+  }
+  v1::CertificateGrant grant;
+  grant.set_certificate_pem(*certificate);
+  v1::CertificateRenewal answer;
+  const bool installed = stream->Write(grant) && stream->Read(&answer) && answer.installed();
+  stream->WritesDone();
+  const grpc::Status finished = stream->Finish();
+  if (!finished.ok()) return Finished(node, finished);
+  if (!installed) {
+    return UnavailableError("renew the certificate of node " + node +
+                            ": the agent did not say it installed it");
+  }
+  RETURN_IF_ERROR(RecordCertificateExpiry(secrets_, node, *certificate));
+  spdlog::info("node {}: certificate {} renewed until unix time {}", node, certificate_name,
+               UnixSeconds(now + kNodeCertificateLifetime));
+  return Status::Ok();
+}
+
+}  // namespace llmctl::controller

@@ -1,0 +1,57 @@
+// Node certificates' lifetime and their renewal over the controller's link to each agent
+// (docs/architecture.md, "Credentials"). A certificate lasts kNodeCertificateLifetime and is
+// renewed (Agent.RenewCertificate: the agent's CSR, signed by the controller's CA) at the
+// dispatcher's health check once less than half of it is left; one that expired is not dialled, and
+// its node is reported until it is registered again.
+#ifndef LLMCTL_CONTROLLER_NODE_CERTIFICATES_H_
+#define LLMCTL_CONTROLLER_NODE_CERTIFICATES_H_
+
+#include <chrono>
+#include <string>
+
+#include "common/status.h"
+#include "controller/secrets.h"
+#include "controller/store/store.h"
+#include "llmctl/v1/agent.grpc.pb.h"
+#include "rpc/tls.h"
+
+namespace llmctl::controller {
+
+// A week: a stolen node key works for at most that long (and not at all after `node down`), while
+// renewal, due after half of it, leaves 3.5 days for a controller that is off (the user's laptop
+// over a long weekend) before a node needs registering again.
+inline constexpr std::chrono::hours kNodeCertificateLifetime{24 * 7};
+
+// Records the expiry of the certificate just issued to `node` (RegisterNode, EnrollNode, a
+// renewal) in `secrets`.
+Status RecordCertificateExpiry(SecretsFile& secrets, const std::string& node,
+                               const std::string& certificate_pem);
+
+// Thread-safe (SecretsFile and the CA are).
+class NodeCertificates {
+ public:
+  NodeCertificates(const rpc::CertificateAuthority& ca, SecretsFile& secrets)
+      : ca_(ca), secrets_(secrets) {}
+
+  // FailedPrecondition naming the expiry and the way out when the node's certificate has expired
+  // at `now`: the agent's TLS would refuse it anyway, and a renewal cannot ride a link that no
+  // longer authenticates. OK when its expiry is unknown (registered before expiries were kept).
+  Status CheckUnexpired(const std::string& node, store::Time now) const;
+
+  // Renews the node's certificate through `stub` (its link) when less than half the lifetime is
+  // left at `now`, or its expiry is unknown; OK without a call otherwise. FailedPrecondition for
+  // a node without credentials (`node down`); the agent's error when it refuses.
+  Status RenewIfDue(const std::string& node, v1::Agent::Stub& stub, store::Time now,
+                    std::chrono::milliseconds deadline);
+
+ private:
+  Status Renew(const std::string& node, const std::string& certificate_name, v1::Agent::Stub& stub,
+               store::Time now, std::chrono::milliseconds deadline);
+
+  const rpc::CertificateAuthority& ca_;
+  SecretsFile& secrets_;
+};
+
+}  // namespace llmctl::controller
+
+#endif  // LLMCTL_CONTROLLER_NODE_CERTIFICATES_H_
