@@ -93,6 +93,29 @@ TEST_F(SecretsFileTest, CertificateNamesGoWithTheTokenAndOlderFilesHaveThePlainO
 
 // A cloud node's enrollment token (docs/architecture.md, "Credentials"): kept as its sha256 only,
 // good until its expiry, and spent by the enrollment it allows, across a restart of the controller.
+TEST_F(SecretsFileTest, CertificateExpiryIsKeptWithTheTokenAndGoesWithIt) {
+  {
+    auto secrets = *SecretsFile::Open(path_);
+    // No token, nothing to renew: a node down gets no expiry.
+    EXPECT_EQ(secrets->SetNodeCertificateExpiry("n1", 1000).code(), StatusCode::kNotFound);
+    ASSERT_TRUE(secrets->PutNodeToken("n1", "token-one", "agent-n1.r1.llmctl").ok());
+    EXPECT_EQ(secrets->NodeCertificateExpiry("n1").status().code(), StatusCode::kNotFound);
+    ASSERT_TRUE(secrets->SetNodeCertificateExpiry("n1", 1000).ok());
+    ASSERT_TRUE(secrets->PutNodeToken("n2", "token-two", "agent-n2.r1.llmctl").ok());
+    ASSERT_TRUE(secrets->SetNodeCertificateExpiry("n2", 2000).ok());
+  }
+  auto secrets = *SecretsFile::Open(path_);
+  EXPECT_EQ(*secrets->NodeCertificateExpiry("n1"), 1000);
+  // New credentials (registered again): the old certificate's expiry is not theirs.
+  ASSERT_TRUE(secrets->PutNodeToken("n1", "token-new", "agent-n1.r2.llmctl").ok());
+  EXPECT_EQ(secrets->NodeCertificateExpiry("n1").status().code(), StatusCode::kNotFound);
+  // `node down`.
+  ASSERT_TRUE(secrets->RemoveNodeToken("n2").ok());
+  EXPECT_EQ(secrets->NodeCertificateExpiry("n2").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ((*SecretsFile::Open(path_))->NodeCertificateExpiry("n2").status().code(),
+            StatusCode::kNotFound);
+}
+
 TEST_F(SecretsFileTest, AnEnrollmentTokenIsStoredHashedWorksOnceAndExpires) {
   const std::string token = "enroll-S3CRET";
   const std::string name = "agent-n1.0123abcd.llmctl";
