@@ -48,7 +48,19 @@ Status NodeCertificates::RenewIfDue(const std::string& node, v1::Agent::Stub& st
   StatusOr<int64_t> expiry = secrets_.NodeCertificateExpiry(node);
   const auto half = std::chrono::duration_cast<std::chrono::seconds>(kNodeCertificateLifetime / 2);
   if (expiry.ok() && *expiry - UnixSeconds(now) > half.count()) return Status::Ok();
-  return Renew(node, *name, stub, now, deadline);
+  {
+    MutexLock lock(mutex_);
+    auto retry = retry_at_.find(node);
+    if (retry != retry_at_.end() && now < retry->second) return Status::Ok();
+  }
+  Status renewed = Renew(node, *name, stub, now, deadline);
+  MutexLock lock(mutex_);
+  if (renewed.ok()) {
+    retry_at_.erase(node);
+  } else {
+    retry_at_[node] = now + kRenewalRetry;
+  }
+  return renewed;
 }
 
 Status NodeCertificates::Renew(const std::string& node, const std::string& certificate_name,

@@ -7,8 +7,10 @@
 #define LLMCTL_CONTROLLER_NODE_CERTIFICATES_H_
 
 #include <chrono>
+#include <map>
 #include <string>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "controller/secrets.h"
 #include "controller/store/store.h"
@@ -21,6 +23,8 @@ namespace llmctl::controller {
 // renewal, due after half of it, leaves 3.5 days for a controller that is off (the user's laptop
 // over a long weekend) before a node needs registering again.
 inline constexpr std::chrono::hours kNodeCertificateLifetime{24 * 7};
+// After a failed renewal: many tries fit in the half week left.
+inline constexpr std::chrono::hours kRenewalRetry{1};
 
 // Records the expiry of the certificate just issued to `node` (RegisterNode, EnrollNode, a
 // renewal) in `secrets`.
@@ -39,10 +43,12 @@ class NodeCertificates {
   Status CheckUnexpired(const std::string& node, store::Time now) const;
 
   // Renews the node's certificate through `stub` (its link) when less than half the lifetime is
-  // left at `now`, or its expiry is unknown; OK without a call otherwise. FailedPrecondition for
-  // a node without credentials (`node down`); the agent's error when it refuses.
+  // left at `now`, or its expiry is unknown; OK without a call otherwise, and for kRenewalRetry
+  // after a failed renewal of the node (the health checks come every few seconds; an agent too
+  // old to renew would be asked, and logged, at each). FailedPrecondition for a node without
+  // credentials (`node down`); the agent's error when it refuses.
   Status RenewIfDue(const std::string& node, v1::Agent::Stub& stub, store::Time now,
-                    std::chrono::milliseconds deadline);
+                    std::chrono::milliseconds deadline) LLMCTL_EXCLUDES(mutex_);
 
  private:
   Status Renew(const std::string& node, const std::string& certificate_name, v1::Agent::Stub& stub,
@@ -50,6 +56,9 @@ class NodeCertificates {
 
   const rpc::CertificateAuthority& ca_;
   SecretsFile& secrets_;
+  Mutex mutex_;
+  // When a node whose renewal failed is tried again.
+  std::map<std::string, store::Time> retry_at_ LLMCTL_GUARDED_BY(mutex_);
 };
 
 }  // namespace llmctl::controller

@@ -168,6 +168,11 @@ TEST_F(NodeCertificatesTest, RenewalWithAWrongTokenOrForANodeDownIsRefused) {
   EXPECT_EQ(
       certificates_->RenewIfDue(kNode, *wrong_token, clock.Now(), std::chrono::seconds(10)).code(),
       StatusCode::kUnauthenticated);
+  // Not asked again at the next health check, seconds later, but after kRenewalRetry.
+  auto link = Stub(controller_, kToken);
+  EXPECT_TRUE(certificates_->RenewIfDue(kNode, *link, clock.Now(), std::chrono::seconds(10)).ok());
+  EXPECT_EQ(Read(files_.certificate_file), first);
+  clock.Advance(kRenewalRetry);
   // Another node's certificate (every agent's chains to the same CA) with the right token.
   auto other = ca_->Issue(rpc::AgentCertificateName("node2", "r1"), 1);
   ASSERT_TRUE(other.ok());
@@ -177,8 +182,8 @@ TEST_F(NodeCertificatesTest, RenewalWithAWrongTokenOrForANodeDownIsRefused) {
       certificates_->RenewIfDue(kNode, *other_node, clock.Now(), std::chrono::seconds(10)).code(),
       StatusCode::kPermissionDenied);
 
+  clock.Advance(kRenewalRetry);
   ASSERT_TRUE(secrets_->RemoveNodeToken(kNode).ok());  // `llmctl node down node1`
-  auto link = Stub(controller_, kToken);
   EXPECT_EQ(certificates_->RenewIfDue(kNode, *link, clock.Now(), std::chrono::seconds(10)).code(),
             StatusCode::kFailedPrecondition);
   EXPECT_EQ(Read(files_.certificate_file), first);
