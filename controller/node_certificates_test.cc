@@ -202,5 +202,28 @@ TEST_F(NodeCertificatesTest, ACertificateNotRenewedInTimeIsReportedExpired) {
   EXPECT_NE(expired.message().find("llmctl node down node1"), std::string::npos);
 }
 
+// A renewal that stopped between its renames is finished at the agent's next start (the
+// certificate was replaced: its key is `<key>.next`) or dropped (it was not: the old pair stands).
+TEST_F(NodeCertificatesTest, AnInterruptedRenewalIsFinishedOrDroppedAtTheAgentsStart) {
+  const std::string old_key = Read(files_.private_key_file);
+  auto stray = ca_->Issue(name_, 1);
+  ASSERT_TRUE(stray.ok());
+  ASSERT_TRUE(rpc::WriteSecretFile(agent::NextKeyFile(files_), stray->private_key_pem, 0600).ok());
+  ASSERT_TRUE(agent::FinishInterruptedRenewal(files_).ok());
+  EXPECT_FALSE(fs::exists(agent::NextKeyFile(files_)));
+  EXPECT_EQ(Read(files_.private_key_file), old_key);
+
+  auto renewed = ca_->Issue(name_, 1);
+  ASSERT_TRUE(renewed.ok());
+  ASSERT_TRUE(
+      rpc::WriteSecretFile(agent::NextKeyFile(files_), renewed->private_key_pem, 0600).ok());
+  ASSERT_TRUE(rpc::WriteSecretFile(files_.certificate_file, renewed->certificate_pem, 0600).ok());
+  ASSERT_TRUE(agent::FinishInterruptedRenewal(files_).ok());
+  EXPECT_FALSE(fs::exists(agent::NextKeyFile(files_)));
+  EXPECT_EQ(Read(files_.private_key_file), renewed->private_key_pem);
+  EXPECT_TRUE(
+      rpc::LoadTlsIdentity(files_.ca_file, files_.certificate_file, files_.private_key_file).ok());
+}
+
 }  // namespace
 }  // namespace llmctl::controller
