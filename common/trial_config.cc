@@ -511,23 +511,29 @@ bool operator==(const TrialConfig& a, const TrialConfig& b) {
 }
 
 bool UsesChunkedLoss(const TrialConfig& config) {
-  const std::string loss = config.GetString("loss");
-  return loss == "chunked_ce" || (loss == "auto" && config.GetString("kernels") == "fused");
+  const MemorySettings& memory = config.settings().memory;
+  return memory.loss == trial::Loss::kChunkedCe ||
+         (memory.loss == trial::Loss::kAuto && memory.kernels == trial::Kernels::kFused);
 }
 
 bool UsesSwiGluLinear(const TrialConfig& config, const ModelConfig& model) {
-  const std::string precision = config.GetString("precision");
-  const bool autocast_casts = (precision == "bf16-mixed" || precision == "16-mixed") &&
-                              config.GetString("strategy") != "fsdp";
-  return config.GetString("kernels") == "fused" && config.GetString("peft.method") == "none" &&
+  const TrialSettings& s = config.settings();
+  const trial::Precision precision = s.memory.precision;
+  const bool autocast_casts =
+      (precision == trial::Precision::kBf16Mixed || precision == trial::Precision::k16Mixed) &&
+      s.parallel.strategy != trial::Strategy::kFsdp;
+  return s.memory.kernels == trial::Kernels::kFused && s.peft.method == trial::PeftMethod::kNone &&
          !model.mlp_bias && !autocast_casts;
 }
 
 int64_t DataParallelRanks(const TrialConfig& config) {
-  const std::string strategy = config.GetString("strategy");
-  if (strategy != "ddp" && strategy != "fsdp") return 1;
+  const TrialSettings& s = config.settings();
+  if (s.parallel.strategy != trial::Strategy::kDdp &&
+      s.parallel.strategy != trial::Strategy::kFsdp) {
+    return 1;
+  }
   // Each key is bounded (trial_keys.cc), so the product fits; saturating keeps it so regardless.
-  return SaturatingMul(config.GetInt("devices"), config.GetInt("nodes"));
+  return SaturatingMul(s.device.count, s.parallel.nodes);
 }
 
 void ApplyLabSpellings(TrialConfig& config) {
@@ -535,17 +541,20 @@ void ApplyLabSpellings(TrialConfig& config) {
     Status status = config.Set(key, KeyValue(std::move(value)));
     if (!status.ok()) GetterMisuse(key, status.message());  // the values are registry constants
   };
-  const std::string optimizer = config.GetString("optimizer");
-  if (optimizer == "adam_8bit") set("optimizer", "adamw_8bit");
-  if (config.GetString("strategy") == "deepspeed_stage_2_offload" &&
-      (optimizer == "deepspeed_cpu" || optimizer == "adamw")) {
+  // settings() follows each set below; `optimizer` is the value as written.
+  const trial::Optimizer optimizer = config.settings().train.optimizer;
+  const bool adamw_for_deepspeed =
+      optimizer == trial::Optimizer::kDeepspeedCpu || optimizer == trial::Optimizer::kAdamw;
+  if (optimizer == trial::Optimizer::kAdam8bit) set("optimizer", "adamw_8bit");
+  if (config.settings().parallel.strategy == trial::Strategy::kDeepspeedStage2Offload &&
+      adamw_for_deepspeed) {
     set("optimizer", "adamw");
     set("offload", "optimizer");
     set("strategy", "auto");
   }
   // ZeRO-3 with offload_optimizer and offload_param, as Lightning's strategy of that name sets it.
-  if (config.GetString("strategy") == "deepspeed_stage_3_offload" &&
-      (optimizer == "deepspeed_cpu" || optimizer == "adamw")) {
+  if (config.settings().parallel.strategy == trial::Strategy::kDeepspeedStage3Offload &&
+      adamw_for_deepspeed) {
     set("optimizer", "adamw");
     set("offload", "full");
     set("strategy", "fsdp");

@@ -7,6 +7,7 @@
 #include "common/checked_math.h"
 #include "common/model_config.h"
 #include "common/trial_config.h"
+#include "common/trial_settings.h"
 
 namespace llmctl {
 namespace {
@@ -20,44 +21,45 @@ std::optional<ConfigProblem> Problem(std::vector<std::string> keys, std::string 
 
 // The memory-saving techniques' settings that cannot run together.
 std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
-  const std::string optimizer = config.GetString("optimizer");
-  if (optimizer == "deepspeed_cpu") {
+  const TrialSettings& s = config.settings();
+  const std::string optimizer(Name(s.train.optimizer));
+  if (s.train.optimizer == trial::Optimizer::kDeepspeedCpu) {
     return Problem({"optimizer", "strategy"},
                    "optimizer deepspeed_cpu (DeepSpeedCPUAdam) runs only with strategy: "
                    "deepspeed_stage_2_offload; in llmctl's words: optimizer: adamw and offload: "
                    "optimizer");
   }
-  for (const char* deepspeed : {"deepspeed_stage_2_offload", "deepspeed_stage_3_offload"}) {
-    if (config.GetString("strategy") == deepspeed) {
-      return Problem({"strategy", "optimizer"}, std::string("strategy ") + deepspeed +
+  for (const trial::Strategy deepspeed :
+       {trial::Strategy::kDeepspeedStage2Offload, trial::Strategy::kDeepspeedStage3Offload}) {
+    if (s.parallel.strategy == deepspeed) {
+      return Problem({"strategy", "optimizer"}, "strategy " + std::string(Name(deepspeed)) +
                                                     " offloads AdamW's state, but optimizer is " +
                                                     optimizer +
                                                     "; use optimizer: adamw (or deepspeed_cpu)");
     }
   }
   // offload: full is the shards' offload: there are shards only under fsdp over several ranks.
-  if (config.GetString("offload") == "full" &&
-      (config.GetString("strategy") != "fsdp" ||
-       (config.GetInt("devices") < 2 && config.GetInt("nodes") < 2))) {
+  if (s.memory.offload == trial::Offload::kFull && (s.parallel.strategy != trial::Strategy::kFsdp ||
+                                                    (s.device.count < 2 && s.parallel.nodes < 2))) {
     return Problem({"offload", "strategy"},
                    "offload: full keeps fsdp's parameter shards, their gradients and AdamW's state "
                    "in host memory, so it needs strategy: fsdp over 2 or more devices; on one "
                    "device use offload: optimizer");
   }
-  const bool offload = config.GetString("offload") == "optimizer";
-  if (offload && optimizer != "adamw") {
+  const bool offload = s.memory.offload == trial::Offload::kOptimizer;
+  if (offload && s.train.optimizer != trial::Optimizer::kAdamw) {
     return Problem({"offload", "optimizer"},
                    "offload: optimizer keeps AdamW's fp32 state on the host, but optimizer is " +
                        optimizer + "; use optimizer: adamw or offload: none");
   }
   // Offload moves each gradient to the host as it is produced, where neither the global-norm clip
   // nor the loss scaler's unscale-and-check (both over the device .grad tensors) sees it.
-  if (offload && config.GetFloat("train.grad_clip") > 0) {
+  if (offload && s.train.grad_clip > 0) {
     return Problem({"offload", "train.grad_clip"},
                    "offload: optimizer moves gradients to the host as backward produces them, "
                    "where train.grad_clip does not reach; set train.grad_clip: 0 or offload: none");
   }
-  if (offload && config.GetString("precision") == "16-mixed") {
+  if (offload && s.memory.precision == trial::Precision::k16Mixed) {
     return Problem({"offload", "precision"},
                    "offload: optimizer moves gradients to the host as backward produces them, "
                    "where 16-mixed loss scaling cannot check them for overflow; use bf16-mixed or "
@@ -65,8 +67,7 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
   }
   // DDP all-reduces the gradients that backward accumulates in .grad; offload moves them to the
   // host and optimizer_in_backward consumes them before the other ranks' gradients are known.
-  if (config.GetString("strategy") == "ddp" &&
-      (offload || config.GetBool("optimizer_in_backward"))) {
+  if (s.parallel.strategy == trial::Strategy::kDdp && (offload || s.memory.optimizer_in_backward)) {
     const std::string other = offload ? "offload" : "optimizer_in_backward";
     return Problem({"strategy", other},
                    "strategy: ddp averages the gradients across ranks after backward, which " +
@@ -74,7 +75,7 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
   }
   // FSDP here shards every parameter as a trainable flat shard, reduces gradients in backward,
   // and clips over the ranks; what it does not build yet is refused by name.
-  if (config.GetString("strategy") == "fsdp") {
+  if (s.parallel.strategy == trial::Strategy::kFsdp) {
     if (offload) {
       return Problem(
           {"strategy", "offload"},
@@ -82,28 +83,28 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
           "shard; use offload: full (the shards themselves, their gradients and AdamW's "
           "state in host memory: ZeRO-3 offload) or offload: none");
     }
-    if (config.GetBool("optimizer_in_backward")) {
+    if (s.memory.optimizer_in_backward) {
       return Problem({"strategy", "optimizer_in_backward"},
                      "strategy: fsdp reduce-scatters the gradients into shards after each unit's "
                      "backward; optimizer_in_backward is not built for shards here; use strategy: "
                      "auto or turn optimizer_in_backward off");
     }
-    if (config.GetBool("peft.save_merged")) {
+    if (s.peft.save_merged) {
       return Problem({"strategy", "peft.save_merged"},
                      "strategy: fsdp writes the adapter from its shards, but merging it into the "
                      "base weights is not built for shards yet; set peft.save_merged: false (the "
                      "adapter in output_dir/adapter merges with PEFT's merge_and_unload)");
     }
-    if (config.GetString("precision") == "16-mixed") {
+    if (s.memory.precision == trial::Precision::k16Mixed) {
       return Problem({"strategy", "precision"},
                      "strategy: fsdp has no sharded loss scaler for 16-mixed yet; use bf16-mixed, "
                      "bf16-true or 32-true");
     }
   }
-  if (config.GetBool("optimizer_in_backward")) {
-    const int64_t micro = config.GetInt("train.micro_batch_size");
-    const int64_t global = config.GetInt("train.global_batch_size");
-    const int64_t devices = config.GetInt("devices");
+  if (s.memory.optimizer_in_backward) {
+    const int64_t micro = s.train.micro_batch_size;
+    const int64_t global = s.train.global_batch_size;
+    const int64_t devices = s.device.count;
     // FindConfigProblem has checked micro x devices x nodes for overflow before this runs.
     if (global != micro * devices) {
       return Problem(
@@ -113,13 +114,13 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
               Str(global) + ") must equal train.micro_batch_size x devices (" +
               Str(micro * devices) + ")");
     }
-    if (config.GetFloat("train.grad_clip") > 0) {
+    if (s.train.grad_clip > 0) {
       return Problem({"optimizer_in_backward", "train.grad_clip"},
                      "optimizer_in_backward updates each parameter before the other gradients "
                      "exist, so the global norm train.grad_clip needs is never known; set "
                      "train.grad_clip: 0");
     }
-    if (config.GetString("precision") == "16-mixed") {
+    if (s.memory.precision == trial::Precision::k16Mixed) {
       return Problem({"optimizer_in_backward", "precision"},
                      "optimizer_in_backward cannot skip a step whose gradients overflowed, which "
                      "16-mixed loss scaling needs; use bf16-mixed or bf16-true");
@@ -130,8 +131,8 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
     }
   }
 
-  const std::string method = config.GetString("peft.method");
-  if (method == "none") {
+  const trial::PeftMethod method = s.peft.method;
+  if (method == trial::PeftMethod::kNone) {
     for (std::string_view key : TrialKeysInGroup("peft")) {
       if (key != "peft.method" && config.IsSet(key)) {
         return Problem({std::string(key), "peft.method"},
@@ -143,19 +144,19 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
     }
     return std::nullopt;
   }
-  if (config.GetInt("peft.r") < 1) {
-    return Problem({"peft.r"}, "peft.r must be at least 1, got " + Str(config.GetInt("peft.r")));
+  if (s.peft.r < 1) {
+    return Problem({"peft.r"}, "peft.r must be at least 1, got " + Str(s.peft.r));
   }
-  if (!(config.GetFloat("peft.alpha") > 0)) {
-    return Problem({"peft.alpha"}, "peft.alpha must be positive, got " +
-                                       FormatKeyValue(config.GetFloat("peft.alpha")));
+  if (!(s.peft.alpha > 0)) {
+    return Problem({"peft.alpha"},
+                   "peft.alpha must be positive, got " + FormatKeyValue(s.peft.alpha));
   }
-  const double dropout = config.GetFloat("peft.dropout");
+  const double dropout = s.peft.dropout;
   if (dropout < 0 || dropout >= 1) {
     return Problem({"peft.dropout"},
                    "peft.dropout must be in [0, 1), got " + FormatKeyValue(dropout));
   }
-  const std::vector<std::string> targets = config.GetStringList("peft.targets");
+  const std::vector<std::string>& targets = s.peft.targets;
   if (targets.empty()) {
     return Problem({"peft.targets"},
                    "peft.targets is empty: name the projections that get adapters, e.g. [q_proj, "
@@ -174,15 +175,15 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
       return Problem({"peft.targets"}, "peft.targets: '" + targets[i] + "' is listed twice");
     }
   }
-  if (method == "qlora" && config.GetString("precision") == "16-mixed" &&
-      config.GetString("peft.compute_dtype") == "bf16") {
+  if (method == trial::PeftMethod::kQlora && s.memory.precision == trial::Precision::k16Mixed &&
+      s.peft.compute_dtype == trial::ComputeDtype::kBf16) {
     return Problem({"peft.compute_dtype", "precision"},
                    "peft.compute_dtype bf16 with precision 16-mixed: fp16 autocast runs every "
                    "matmul in fp16, so each NF4 weight would be rounded to bf16 and then again to "
                    "fp16 (and 16-mixed is for devices without bf16); set peft.compute_dtype: fp32 "
                    "or use precision bf16-mixed");
   }
-  if (method == "lora") {
+  if (method == trial::PeftMethod::kLora) {
     for (std::string_view key : {"peft.double_quant", "peft.compute_dtype"}) {
       if (config.IsSet(key)) {
         return Problem({std::string(key), "peft.method"},
@@ -199,7 +200,8 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
 // The profile group: its other keys only mean something with profile.steps, and the profiled
 // steps must be steps the run takes.
 std::optional<ConfigProblem> FindProfileProblem(const TrialConfig& config) {
-  const int64_t steps = config.GetInt("profile.steps");
+  const TrialSettings& s = config.settings();
+  const int64_t steps = s.profile.steps;
   if (steps == 0) {
     for (std::string_view key : {"profile.first_step", "profile.memory_history"}) {
       if (config.IsSet(key)) {
@@ -211,8 +213,8 @@ std::optional<ConfigProblem> FindProfileProblem(const TrialConfig& config) {
     }
     return std::nullopt;
   }
-  const int64_t first = config.GetInt("profile.first_step");
-  const int64_t max_steps = config.GetInt("train.max_steps");
+  const int64_t first = s.profile.first_step;
+  const int64_t max_steps = s.train.max_steps;
   // Both are at least 0 here (FindConfigProblem checks them first); their sum may not fit.
   const std::optional<int64_t> end = CheckedAdd(first, steps);
   if (!end) {
@@ -230,19 +232,20 @@ std::optional<ConfigProblem> FindProfileProblem(const TrialConfig& config) {
 
 // data.format imagefolder (BLIP-2's captions) and the keys that only it takes.
 std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
-  const bool images = config.GetString("data.format") == "imagefolder";
-  const std::vector<std::string> frozen = config.GetStringList("freeze");
+  const TrialSettings& s = config.settings();
+  const bool images = s.data.format == trial::DataFormat::kImagefolder;
+  const std::vector<std::string>& frozen = s.peft.freeze;
   if (!images) {
     if (!frozen.empty()) {
       return Problem({"freeze", "data.format"},
                      "freeze names BLIP-2's parts, which train on data.format imagefolder, but "
                      "data.format is " +
-                         config.GetString("data.format") + "; remove freeze");
+                         std::string(Name(s.data.format)) + "; remove freeze");
     }
     if (config.IsSet("data.caption_column")) {
       return Problem({"data.caption_column", "data.format"},
                      "data.caption_column applies to data.format imagefolder, but data.format is " +
-                         config.GetString("data.format") + "; remove data.caption_column");
+                         std::string(Name(s.data.format)) + "; remove data.caption_column");
     }
     return std::nullopt;
   }
@@ -255,7 +258,7 @@ std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
                          std::string(key));
     }
   }
-  if (config.GetString("data.caption_column").empty()) {
+  if (s.data.caption_column.empty()) {
     return Problem({"data.caption_column"},
                    "data.caption_column is empty: name the metadata column of the captions");
   }
@@ -268,7 +271,7 @@ std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
                      "freeze: unknown part '" + frozen[i] + "' (BLIP-2's parts: " + known + ")");
     }
   }
-  if (frozen.size() == kBlip2Parts.size() && config.GetString("peft.method") == "none") {
+  if (frozen.size() == kBlip2Parts.size() && s.peft.method == trial::PeftMethod::kNone) {
     return Problem(
         {"freeze", "peft.method"},
         "freeze lists every part of BLIP-2 and peft.method is none: nothing would train");
@@ -280,27 +283,32 @@ std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
 
 std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
                                                const ModelConfig* model) {
-  const std::string model_name = config.GetString("model");
+  const TrialSettings& s = config.settings();
+  const std::string& model_name = s.model.name;
   if (model_name.empty())
     return Problem({"model"}, "model is required: a preset name or a model directory");
-  if (config.GetString("data.path").empty()) {
+  if (s.data.path.empty()) {
     return Problem({"data.path"},
                    "data.path is required: the training data, a JSON-lines file (e.g. data: {path: "
                    "train.jsonl})");
   }
 
   // Counts that must be at least 1, and those that may also be 0 (meaning "off" or "all").
-  const std::pair<std::string_view, int64_t> at_least_one[] = {
-      {"data.max_seq_length", 2},
-      {"train.micro_batch_size", 1},
-      {"train.global_batch_size", 1},
-      {"train.epochs", 1},
-      {"devices", 1},
-      {"nodes", 1},
-      {"log_every", 1},
+  struct Minimum {
+    std::string_view key;
+    int64_t value;
+    int64_t minimum;
   };
-  for (const auto& [key, minimum] : at_least_one) {
-    const int64_t value = config.GetInt(key);
+  const Minimum at_least_one[] = {
+      {"data.max_seq_length", s.data.max_seq_length, 2},
+      {"train.micro_batch_size", s.train.micro_batch_size, 1},
+      {"train.global_batch_size", s.train.global_batch_size, 1},
+      {"train.epochs", s.train.epochs, 1},
+      {"devices", s.device.count, 1},
+      {"nodes", s.parallel.nodes, 1},
+      {"log_every", s.output.log_every, 1},
+  };
+  for (const auto& [key, value, minimum] : at_least_one) {
     if (value < minimum) {
       std::string why =
           key == "data.max_seq_length" ? " (an input token and its next-token target)" : "";
@@ -308,10 +316,17 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
                                              why + ", got " + Str(value));
     }
   }
-  for (std::string_view key :
-       {"data.samples", "train.warmup_steps", "train.max_steps", "seed", "snapshot_every",
-        "checkpoint_every", "profile.steps", "profile.first_step"}) {
-    const int64_t value = config.GetInt(key);
+  const std::pair<std::string_view, int64_t> not_negative[] = {
+      {"data.samples", s.data.samples},
+      {"train.warmup_steps", s.train.warmup_steps},
+      {"train.max_steps", s.train.max_steps},
+      {"seed", s.train.seed},
+      {"snapshot_every", s.output.snapshot_every},
+      {"checkpoint_every", s.output.checkpoint_every},
+      {"profile.steps", s.profile.steps},
+      {"profile.first_step", s.profile.first_step},
+  };
+  for (const auto& [key, value] : not_negative) {
     if (value < 0) {
       return Problem({std::string(key)},
                      std::string(key) + " must not be negative, got " + Str(value));
@@ -321,19 +336,19 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
 
   // Nodes x devices ranks (Lightning's num_nodes x devices) need more than one process each:
   // only the data-parallel strategies start them.
-  const int64_t nodes = config.GetInt("nodes");
-  if (const std::string strategy = config.GetString("strategy");
-      nodes > 1 && strategy != "ddp" && strategy != "fsdp") {
+  const int64_t nodes = s.parallel.nodes;
+  if (const trial::Strategy strategy = s.parallel.strategy;
+      nodes > 1 && strategy != trial::Strategy::kDdp && strategy != trial::Strategy::kFsdp) {
     return Problem(
         {"nodes", "strategy"},
         "nodes: " + Str(nodes) + " runs " + Str(nodes) +
             " x devices ranks, which only strategy ddp or fsdp starts, but strategy is " +
-            strategy + "; use strategy: ddp or fsdp, or nodes: 1");
+            std::string(Name(strategy)) + "; use strategy: ddp or fsdp, or nodes: 1");
   }
 
-  const int64_t micro = config.GetInt("train.micro_batch_size");
-  const int64_t global = config.GetInt("train.global_batch_size");
-  const int64_t devices = config.GetInt("devices");
+  const int64_t micro = s.train.micro_batch_size;
+  const int64_t global = s.train.global_batch_size;
+  const int64_t devices = s.device.count;
   // Every rank on every node takes micro-batches. Each is at least 1 here; the product may not fit
   // (it would wrap, possibly to 0, and the modulo below would then divide by it).
   const std::optional<int64_t> checked_per_pass = CheckedProduct({micro, devices, nodes});
@@ -355,10 +370,10 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
                              per_step + ": each optimizer step accumulates whole micro-batches");
   }
 
-  const double lr = config.GetFloat("train.lr");
+  const double lr = s.train.lr;
   if (lr < 0)
     return Problem({"train.lr"}, "train.lr must not be negative, got " + FormatKeyValue(lr));
-  const std::vector<double> betas = config.GetFloatList("train.betas");
+  const std::vector<double>& betas = s.train.betas;
   if (betas.size() != 2) {
     return Problem({"train.betas"}, "train.betas must be exactly two numbers [beta1, beta2], got " +
                                         FormatKeyValue(betas));
@@ -369,33 +384,32 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
                      "train.betas must each be in [0, 1), got " + FormatKeyValue(betas));
     }
   }
-  if (!(config.GetFloat("train.eps") > 0)) {
-    return Problem({"train.eps"}, "train.eps must be positive, got " +
-                                      FormatKeyValue(config.GetFloat("train.eps")));
+  if (!(s.train.eps > 0)) {
+    return Problem({"train.eps"}, "train.eps must be positive, got " + FormatKeyValue(s.train.eps));
   }
-  for (std::string_view key : {"train.weight_decay", "train.grad_clip"}) {
-    const double value = config.GetFloat(key);
+  const std::pair<std::string_view, double> not_negative_numbers[] = {
+      {"train.weight_decay", s.train.weight_decay}, {"train.grad_clip", s.train.grad_clip}};
+  for (const auto& [key, value] : not_negative_numbers) {
     if (value < 0) {
       return Problem({std::string(key)},
                      std::string(key) + " must not be negative, got " + FormatKeyValue(value));
     }
   }
-  const double momentum = config.GetFloat("train.momentum");
+  const double momentum = s.train.momentum;
   if (momentum < 0 || momentum >= 1) {
     return Problem({"train.momentum"},
                    "train.momentum must be in [0, 1), got " + FormatKeyValue(momentum));
   }
-  if (momentum != 0 && config.GetString("optimizer") != "sgd") {
+  if (momentum != 0 && s.train.optimizer != trial::Optimizer::kSgd) {
     return Problem({"train.momentum", "optimizer"},
                    "train.momentum applies only to optimizer sgd, but optimizer is " +
-                       config.GetString("optimizer") +
+                       std::string(Name(s.train.optimizer)) +
                        "; remove train.momentum or set optimizer: sgd");
   }
 
   if (std::optional<ConfigProblem> found = FindTechniqueProblem(config)) return found;
 
-  if (const std::optional<uint64_t> budget = config.GetByteSize("device_memory");
-      budget && *budget == 0) {
+  if (s.device.memory && s.device.memory->bytes == 0) {
     return Problem({"device_memory"},
                    "device_memory must be more than 0 bytes (leave it unset for no "
                    "budget)");
@@ -403,14 +417,14 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
 
   if (std::optional<ConfigProblem> found = FindImageFolderProblem(config)) return found;
 
-  if (config.GetString("data.format") == "text") {
-    if (config.IsSet("data.template") && config.GetString("data.template") != "none") {
+  if (s.data.format == trial::DataFormat::kText) {
+    if (config.IsSet("data.template") && s.data.prompt_template != trial::PromptTemplate::kNone) {
       return Problem({"data.template", "data.format"},
-                     "data.template " + config.GetString("data.template") +
+                     "data.template " + std::string(Name(s.data.prompt_template)) +
                          " needs instruction records, but data.format is text; use data.template: "
                          "none or data.format: alpaca");
     }
-    if (config.IsSet("data.mask_prompt") && config.GetBool("data.mask_prompt")) {
+    if (config.IsSet("data.mask_prompt") && s.data.mask_prompt) {
       return Problem(
           {"data.mask_prompt", "data.format"},
           "data.mask_prompt: true needs a prompt to mask, but data.format text has none; "
@@ -418,7 +432,7 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
     }
   }
 
-  if (config.GetString("init") == "pretrained") {
+  if (s.model.init == trial::Init::kPretrained) {
     const ModelConfig* preset = FindPreset(model_name);
     if (preset != nullptr && preset->hf_repo_id.empty()) {
       return Problem({"init", "model"}, "init: pretrained needs published weights, and model " +
@@ -427,7 +441,7 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
   }
 
   if (model != nullptr) {
-    const int64_t length = config.GetInt("data.max_seq_length");
+    const int64_t length = s.data.max_seq_length;
     if (length > model->max_position_embeddings) {
       return Problem({"data.max_seq_length", "model"},
                      "data.max_seq_length (" + Str(length) + ") exceeds the model's " +
@@ -444,8 +458,8 @@ Status ValidateTrialConfig(const TrialConfig& config, const ModelConfig* model) 
 }
 
 std::optional<ConfigProblem> FindModelFamilyProblem(const TrialConfig& config, bool blip2) {
-  const std::string model = config.GetString("model");
-  const bool images = config.GetString("data.format") == "imagefolder";
+  const std::string& model = config.settings().model.name;
+  const bool images = config.settings().data.format == trial::DataFormat::kImagefolder;
   if (blip2 && !images) {
     return Problem({"data.format", "model"},
                    "model " + model +

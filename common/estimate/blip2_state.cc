@@ -20,12 +20,12 @@ constexpr int64_t kMaxBlip2Parameters = int64_t{1} << 50;
 class Blip2Tensors {
  public:
   Blip2Tensors(const TrialConfig& config, const Blip2Config& model) : model_(model) {
-    const std::string method = config.GetString("peft.method");
-    adapters_ = method != "none";
-    qlora_ = method == "qlora";
-    if (adapters_) targets_ = config.GetStringList("peft.targets");
-    rank_ = config.GetInt("peft.r");
-    frozen_parts_ = config.GetStringList("freeze");
+    const PeftSettings& peft = config.settings().peft;
+    adapters_ = peft.method != trial::PeftMethod::kNone;
+    qlora_ = peft.method == trial::PeftMethod::kQlora;
+    if (adapters_) targets_ = peft.targets;
+    rank_ = peft.r;
+    frozen_parts_ = peft.freeze;
   }
 
   // The tensors, and the projection names the language model has (for peft.targets' check).
@@ -214,7 +214,7 @@ class Blip2Tensors {
 std::vector<Blip2UnitSize> Blip2UnitSizes(const TrialConfig& config, const Blip2Config& model) {
   Blip2Tensors tensors(config, model);
   tensors.Build();
-  const bool double_quant = config.GetBool("peft.double_quant");
+  const bool double_quant = config.settings().peft.double_quant;
   std::vector<Blip2UnitSize> units;
   for (const WeightTensor& t : tensors.tensors()) {
     const size_t index = static_cast<size_t>(t.unit + 1);
@@ -236,12 +236,13 @@ StatusOr<ModelStateEstimate> EstimateBlip2ModelState(const TrialConfig& config,
     return InvalidArgumentError(problem->message);
   }
   RETURN_IF_ERROR(ValidateTrialConfig(config, nullptr));
+  const TrialSettings& s = config.settings();
   Blip2Tensors tensors(config, model);
   tensors.Build();
-  if (config.GetString("peft.method") != "none") {
+  if (s.peft.method != trial::PeftMethod::kNone) {
     // llm-train's CheckLoraTargets: a name the language model lacks is refused.
     const std::vector<std::string>& names = tensors.projection_names();
-    for (const std::string& target : config.GetStringList("peft.targets")) {
+    for (const std::string& target : s.peft.targets) {
       if (std::find(names.begin(), names.end(), target) != names.end()) continue;
       std::string known;
       for (const std::string& name : names) known += (known.empty() ? "" : ", ") + name;
@@ -262,16 +263,16 @@ StatusOr<ModelStateEstimate> EstimateBlip2ModelState(const TrialConfig& config,
   // concatenation gradient's slice, a view that keeps the whole (1, P, C) storage, and
   // AccumulateGrad keeps that view (the position embedding, added to the same gradient, gets a
   // copy). An fsdp shard's gradient is the flat buffer's slice instead.
-  const std::vector<std::string> frozen = config.GetStringList("freeze");
+  const std::vector<std::string>& frozen = s.peft.freeze;
   const bool vision_trains =
-      estimate.parameters_trainable > 0 && config.GetString("peft.method") == "none" &&
+      estimate.parameters_trainable > 0 && s.peft.method == trial::PeftMethod::kNone &&
       std::find(frozen.begin(), frozen.end(), "vision_model") == frozen.end();
-  if (vision_trains && estimate.grads_bytes > 0 && config.GetInt("train.micro_batch_size") == 1 &&
-      !(config.GetString("strategy") == "fsdp" && estimate.world_size > 1)) {
+  if (vision_trains && estimate.grads_bytes > 0 && s.train.micro_batch_size == 1 &&
+      !(s.parallel.strategy == trial::Strategy::kFsdp && estimate.world_size > 1)) {
     const Blip2VisionConfig& v = model.vision;
     const int64_t patches = (v.image_size / v.patch_size) * (v.image_size / v.patch_size);
     estimate.grads_bytes +=
-        ParamBytes(config.GetString("precision")) * static_cast<uint64_t>(patches * v.hidden_size);
+        ParamBytes(s.memory.precision) * static_cast<uint64_t>(patches * v.hidden_size);
   }
   return estimate;
 }

@@ -28,14 +28,14 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
   StepMemoryEstimate estimate;
   ASSIGN_OR_RETURN(estimate.state, EstimateBlip2ModelState(config, model));
   const ModelStateEstimate& state = estimate.state;
-  const int64_t max_length = config.GetInt("data.max_seq_length");
+  const TrialSettings& s = config.settings();
+  const int64_t max_length = s.data.max_seq_length;
   const int64_t caption = std::clamp<int64_t>(caption_tokens.value_or(max_length), 1, max_length);
-  const bool sharded = config.GetString("strategy") == "fsdp" && state.world_size > 1;
+  const bool sharded = s.parallel.strategy == trial::Strategy::kFsdp && state.world_size > 1;
   const Blip2ForwardTrace trace = TraceBlip2Forward(config, model, caption, sharded);
-  const int64_t batch = config.GetInt("train.micro_batch_size");
+  const int64_t batch = s.train.micro_batch_size;
   estimate.tokens = batch * trace.text_tokens;
-  const int64_t accumulation =
-      config.GetInt("train.global_batch_size") / (batch * state.world_size);
+  const int64_t accumulation = s.train.global_batch_size / (batch * state.world_size);
   // A step draws all its micro-batches before the first forward and holds them to its end: with
   // accumulation every micro-batch's pixels are there throughout.
   const uint64_t fixed = trace.fixed * static_cast<uint64_t>(accumulation);
@@ -43,8 +43,7 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
 
   // --- The moments of the step, as step_memory.cc's: the steady state of a step after the first
   // (the optimizer's state held through forward and backward; with accumulation the gradients).
-  const std::string precision = config.GetString("precision");
-  const bool first_step_only = config.GetInt("train.max_steps") == 1;
+  const bool first_step_only = s.train.max_steps == 1;
   const bool holds_grads = state.grads_bytes > 0;
   uint64_t base =
       state.params_bytes + state.comm_bytes + (first_step_only ? 0 : state.optim_device_bytes);
@@ -54,13 +53,13 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
   // block computing and the one before it (the prefetch); without it every block from its forward
   // until its backward has reduced its gradients.
   const std::vector<Blip2UnitSize> units = Blip2UnitSizes(config, model);
-  const uint64_t gathered_element = precision == "32-true" ? 4 : 2;
+  const uint64_t gathered_element = s.memory.precision == trial::Precision::k32True ? 4 : 2;
   auto gathered_of = [&](int64_t unit) -> uint64_t {
     const size_t index = static_cast<size_t>(unit + 1);
     if (!sharded || unit < -1 || index >= units.size()) return 0;
     return static_cast<uint64_t>(units[index].dense) * gathered_element + units[index].nf4_bytes;
   };
-  const bool reshard = config.GetBool("fsdp.reshard_after_forward");
+  const bool reshard = s.parallel.fsdp_reshard_after_forward;
   // The blocks' units gathered at once without reshard_after_forward: up to unit u.
   std::vector<uint64_t> units_up_to(units.size(), 0);
   uint64_t largest_unit = 0;
@@ -91,8 +90,8 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
     return static_cast<uint64_t>(static_cast<double>(state.grads_bytes) *
                                  static_cast<double>(values) / static_cast<double>(trainable));
   };
-  const bool language_trains = config.GetString("peft.method") == "none" && [&] {
-    const std::vector<std::string> frozen = config.GetStringList("freeze");
+  const bool language_trains = s.peft.method == trial::PeftMethod::kNone && [&] {
+    const std::vector<std::string>& frozen = s.peft.freeze;
     return std::find(frozen.begin(), frozen.end(), "language_model") == frozen.end();
   }();
   const uint64_t head_grads =
@@ -173,7 +172,7 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
   estimate.terms = {
       {"activations: image",
        "ViT and Q-Former, for " + GroupedCount(batch) + " images" +
-           (config.GetBool("activation_checkpointing") ? " (each block's inputs only)" : ""),
+           (s.memory.activation_checkpointing ? " (each block's inputs only)" : ""),
        vision + qformer},
       {"activations: text",
        "projection, " + std::string(model.t5() ? "T5" : "OPT") + ", for " +

@@ -443,34 +443,35 @@ Blip2ForwardTrace Blip2Walk::Run() {
 Blip2ForwardTrace TraceBlip2Forward(const TrialConfig& config, const Blip2Config& model,
                                     int64_t caption_tokens, bool sharded) {
   Blip2Run run;
-  const std::string precision = config.GetString("precision");
-  run.act = precision == "bf16-true" ? kBf16 : kFp32;
-  run.autocast = precision == "bf16-mixed" || precision == "16-mixed";
+  const TrialSettings& s = config.settings();
+  const trial::Precision precision = s.memory.precision;
+  run.act = precision == trial::Precision::kBf16True ? kBf16 : kFp32;
+  run.autocast =
+      precision == trial::Precision::kBf16Mixed || precision == trial::Precision::k16Mixed;
   if (sharded && run.autocast) {
     // fsdp gathers bf16 parameters: the forward is a bf16-true one.
     run.act = kBf16;
     run.autocast = false;
   }
-  const std::string method = config.GetString("peft.method");
-  const std::vector<std::string> frozen = config.GetStringList("freeze");
+  const bool adapters = s.peft.method != trial::PeftMethod::kNone;
+  const std::vector<std::string>& frozen = s.peft.freeze;
   auto part_trains = [&](std::string_view part) {
-    return method == "none" && std::find(frozen.begin(), frozen.end(), part) == frozen.end();
+    return !adapters && std::find(frozen.begin(), frozen.end(), part) == frozen.end();
   };
   run.vision = part_trains("vision_model");
   run.qformer = part_trains("qformer");
   run.projection = part_trains("language_projection");
   run.language = part_trains("language_model");
-  run.qlora = method == "qlora";
-  run.compute = config.GetString("peft.compute_dtype") == "fp32" ? kFp32 : kBf16;
-  if (method != "none") run.targets = config.GetStringList("peft.targets");
-  run.rank = config.GetInt("peft.r");
-  run.lora_dropout = method != "none" ? config.GetFloat("peft.dropout") : 0.0;
-  run.cuda = config.GetString("device") == "cuda";
-  run.checkpointing = config.GetBool("activation_checkpointing");
-  run.fused = config.GetString("kernels") == "fused";
+  run.qlora = s.peft.method == trial::PeftMethod::kQlora;
+  run.compute = s.peft.compute_dtype == trial::ComputeDtype::kFp32 ? kFp32 : kBf16;
+  if (adapters) run.targets = s.peft.targets;
+  run.rank = s.peft.r;
+  run.lora_dropout = adapters ? s.peft.dropout : 0.0;
+  run.cuda = s.device.kind == trial::Device::kCuda;
+  run.checkpointing = s.memory.activation_checkpointing;
+  run.fused = s.memory.kernels == trial::Kernels::kFused;
   run.chunked_loss = UsesChunkedLoss(config);
-  Blip2Walk walk(run, model, config.GetInt("train.micro_batch_size"),
-                 model.num_query_tokens + caption_tokens);
+  Blip2Walk walk(run, model, s.train.micro_batch_size, model.num_query_tokens + caption_tokens);
   return walk.Run();
 }
 

@@ -119,39 +119,37 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
   ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateBlip2ModelState(config, model));
   StepWork w;
   w.family = ModelFamily::kBlip2;
-  const std::string precision = config.GetString("precision");
-  const std::string method = config.GetString("peft.method");
-  const bool full = method == "none";
-  const bool qlora = method == "qlora";
-  const bool checkpointing = config.GetBool("activation_checkpointing");
-  const std::vector<std::string> frozen = config.GetStringList("freeze");
-  const std::vector<std::string> targets =
-      full ? std::vector<std::string>{} : config.GetStringList("peft.targets");
-  const double element = precision == "32-true" ? 4 : 2;
+  const TrialSettings& s = config.settings();
+  const bool fp32 = s.memory.precision == trial::Precision::k32True;
+  const bool full = s.peft.method == trial::PeftMethod::kNone;
+  const bool qlora = s.peft.method == trial::PeftMethod::kQlora;
+  const bool checkpointing = s.memory.activation_checkpointing;
+  const std::vector<std::string>& frozen = s.peft.freeze;
+  const std::vector<std::string> targets = full ? std::vector<std::string>{} : s.peft.targets;
+  const double element = fp32 ? 4 : 2;
 
-  const int64_t micro = config.GetInt("train.micro_batch_size");
+  const int64_t micro = s.train.micro_batch_size;
   const double examples = static_cast<double>(micro);
   const double queries = static_cast<double>(model.num_query_tokens);
-  const int64_t caption_length = caption_tokens.value_or(config.GetInt("data.max_seq_length"));
+  const int64_t caption_length = caption_tokens.value_or(s.data.max_seq_length);
   const double caption = static_cast<double>(caption_length);
   const double patches = static_cast<double>((model.vision.image_size / model.vision.patch_size) *
                                              (model.vision.image_size / model.vision.patch_size));
   const double image_tokens = patches + 1;  // the class token
 
   w.world_size = state.world_size;
-  w.nodes = std::max<int64_t>(1, config.GetInt("nodes"));
-  const int64_t global = config.GetInt("train.global_batch_size");
+  w.nodes = std::max<int64_t>(1, s.parallel.nodes);
+  const int64_t global = s.train.global_batch_size;
   w.micro_batches = std::max<int64_t>(1, global / (micro * w.world_size));
   // What llm-train counts as a micro-batch's tokens: the queries' places and the caption.
   w.tokens = micro * (model.num_query_tokens + caption_length) * w.micro_batches;
-  w.matmul_class =
-      precision != "32-true" || (qlora && config.GetString("peft.compute_dtype") == "bf16")
-          ? MatmulClass::kBf16
-          : MatmulClass::kFp32;
+  w.matmul_class = !fp32 || (qlora && s.peft.compute_dtype == trial::ComputeDtype::kBf16)
+                       ? MatmulClass::kBf16
+                       : MatmulClass::kFp32;
 
   auto trained = [&](std::string_view part) { return full && !PartListHas(frozen, part); };
-  const double rank = static_cast<double>(config.GetInt("peft.r"));
-  const bool dropout = !full && config.GetFloat("peft.dropout") > 0;
+  const double rank = static_cast<double>(s.peft.r);
+  const bool dropout = !full && s.peft.dropout > 0;
 
   // The ViT over every image's class token and patches.
   PartCounter vision(element, trained("vision_model"), nullptr, rank, dropout, false);
@@ -286,7 +284,7 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
   w.launches = launches * micro_batches + OptimizerLaunches(config, trainable_tensors);
   AddOptimizerAndRanks(config, state, w);
   w.model_bytes = static_cast<double>(state.params_bytes);
-  w.pretrained = config.GetString("init") == "pretrained";
+  w.pretrained = s.model.init == trial::Init::kPretrained;
   return w;
 }
 

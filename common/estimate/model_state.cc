@@ -53,11 +53,10 @@ std::string_view ProjectionOf(std::string_view name) {
 
 // The model's weights and adapters as the trainer builds them (BuildModel, then ApplyLora).
 std::vector<WeightTensor> WeightTensors(const TrialConfig& config, const ModelConfig& model) {
-  const std::string method = config.GetString("peft.method");
-  const bool adapters = method != "none";
-  const std::vector<std::string> targets =
-      adapters ? config.GetStringList("peft.targets") : std::vector<std::string>{};
-  const int64_t r = config.GetInt("peft.r");
+  const PeftSettings& peft = config.settings().peft;
+  const bool adapters = peft.method != trial::PeftMethod::kNone;
+  const std::vector<std::string> targets = adapters ? peft.targets : std::vector<std::string>{};
+  const int64_t r = peft.r;
   auto targeted = [&](std::string_view projection) {
     return std::find(targets.begin(), targets.end(), projection) != targets.end();
   };
@@ -71,7 +70,7 @@ std::vector<WeightTensor> WeightTensors(const TrialConfig& config, const ModelCo
     const int64_t unit = LayerOf(t.name);
     const std::string_view projection = ProjectionOf(t.name);
     // QLoRA quantises the decoder layers' projections, not the output head.
-    const bool nf4 = method == "qlora" && unit >= 0 && !projection.empty();
+    const bool nf4 = peft.method == trial::PeftMethod::kQlora && unit >= 0 && !projection.empty();
     tensors.push_back({Numel(t.shape), unit, !adapters, nf4});
     if (!projection.empty() && targeted(projection)) add_adapter(t.shape, unit);
   }
@@ -90,15 +89,16 @@ void AddOptimizerState(const TrialConfig& config, const std::vector<ShardPiece>&
   // The elementwise optimizers keep state for every element of their tensors, padding included.
   uint64_t values = 0;
   for (const ShardPiece& piece : pieces) values += static_cast<uint64_t>(piece.length);
-  const std::string optimizer = config.GetString("optimizer");
-  if (config.GetString("offload") == "optimizer") {
+  const TrialSettings& s = config.settings();
+  const trial::Optimizer optimizer = s.train.optimizer;
+  if (s.memory.offload == trial::Offload::kOptimizer) {
     // fp32 master weights, exp_avg, exp_avg_sq and gradient buffer, all on the host.
     estimate.optim_host_bytes = 4 * kFp32Bytes * values + kStepCounterBytes;
-  } else if (optimizer == "adamw") {
+  } else if (optimizer == trial::Optimizer::kAdamw) {
     estimate.optim_device_bytes = 2 * element * values + kStepCounterBytes;
-  } else if (optimizer == "sgd") {
-    if (config.GetFloat("train.momentum") != 0.0) estimate.optim_device_bytes = element * values;
-  } else if (optimizer == "adamw_8bit") {
+  } else if (optimizer == trial::Optimizer::kSgd) {
+    if (s.train.momentum != 0.0) estimate.optim_device_bytes = element * values;
+  } else if (optimizer == trial::Optimizer::kAdamw8bit) {
     // Per piece, by its whole parameter's size (padding has no state).
     uint64_t bytes = kStepCounterBytes + kAdamW8bitCodeMapBytes;
     for (const ShardPiece& piece : pieces) {
@@ -116,7 +116,8 @@ void AddOptimizerState(const TrialConfig& config, const std::vector<ShardPiece>&
 
 // Gradients held after the optimizer step: none when each is consumed as backward produces it.
 bool HoldsGradients(const TrialConfig& config) {
-  return !config.GetBool("optimizer_in_backward") && config.GetString("offload") != "optimizer";
+  const MemorySettings& memory = config.settings().memory;
+  return !memory.optimizer_in_backward && memory.offload != trial::Offload::kOptimizer;
 }
 
 void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>& tensors,
@@ -127,7 +128,8 @@ void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>&
   // nested scales and the offset, or the plain scales, in fp32).
   enum Kind { kFrozen, kTrainable, kBytes, kFloats };
   std::map<std::pair<int64_t, Kind>, std::vector<int64_t>> flat_tensors;  // numels, in order
-  const bool double_quant = config.GetBool("peft.double_quant");
+  const TrialSettings& s = config.settings();
+  const bool double_quant = s.peft.double_quant;
   for (const WeightTensor& t : tensors) {
     if (!t.nf4) {
       flat_tensors[{t.unit, t.trainable ? kTrainable : kFrozen}].push_back(t.numel);
@@ -139,7 +141,7 @@ void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>&
         double_quant ? CeilDiv(blocks, kNf4NestedBlocksize) + 1 : blocks);
   }
   const int64_t n = estimate.world_size;
-  const int64_t alignment = ShardAlignment(config.GetString("optimizer"));
+  const int64_t alignment = ShardAlignment(Name(s.train.optimizer));
   std::map<int64_t, int64_t> unit_values;  // the parameters a unit gathers (in the compute dtype)
   std::map<int64_t, int64_t> unit_buffer_bytes;  // the buffers it gathers (in their own)
   int64_t max_padded = 0;                        // the longest trainable flat: the gradient buffer
@@ -182,7 +184,7 @@ void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>&
     AddOptimizerState(config, rank_pieces[static_cast<size_t>(r)], element, state);
     estimate.optim_device_bytes = std::max(estimate.optim_device_bytes, state.optim_device_bytes);
   }
-  if (config.GetString("offload") == "full") {
+  if (s.memory.offload == trial::Offload::kFull) {
     // ZeRO-3 offload: the shards, their gradients and the optimizer's state live on the host.
     estimate.optim_host_bytes =
         estimate.params_bytes + estimate.grads_bytes + estimate.optim_device_bytes;
@@ -192,7 +194,7 @@ void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>&
   }
   estimate.comm_bytes = element * static_cast<uint64_t>(max_padded) + kRankSumsBytes;
   // NCCL's reduce-scatter writes into its own shard-size buffer; Gloo's path reduces in place.
-  if (config.GetString("device") == "cuda") {
+  if (s.device.kind == trial::Device::kCuda) {
     estimate.comm_bytes += element * static_cast<uint64_t>(max_padded / n);
   }
 }
@@ -207,27 +209,30 @@ uint64_t Nf4Bytes(int64_t n, bool double_quant) {
          kFp32Bytes * static_cast<uint64_t>(CeilDiv(blocks, kNf4NestedBlocksize)) + kFp32Bytes;
 }
 
-uint64_t ParamBytes(const std::string& precision) {
-  return precision == "bf16-true" ? 2 : kFp32Bytes;  // the mixed modes keep fp32 parameters
+uint64_t ParamBytes(trial::Precision precision) {
+  return precision == trial::Precision::kBf16True
+             ? 2
+             : kFp32Bytes;  // the mixed modes keep fp32 parameters
 }
 
 ModelStateEstimate EstimateStateOfTensors(const TrialConfig& config,
                                           const std::vector<WeightTensor>& tensors, int64_t rank) {
   ModelStateEstimate estimate;
-  const std::string strategy = config.GetString("strategy");
+  const TrialSettings& s = config.settings();
+  const trial::Strategy strategy = s.parallel.strategy;
   estimate.world_size = DataParallelRanks(config);
-  const uint64_t element = ParamBytes(config.GetString("precision"));
+  const uint64_t element = ParamBytes(s.memory.precision);
   for (const WeightTensor& t : tensors) {
     estimate.parameters_total += t.numel;
     if (t.trainable) estimate.parameters_trainable += t.numel;
   }
 
   // A single rank of fsdp is one process holding the whole model, as llm-train runs it.
-  if (strategy == "fsdp" && estimate.world_size > 1) {
+  if (strategy == trial::Strategy::kFsdp && estimate.world_size > 1) {
     EstimateSharded(config, tensors, element, rank, estimate);
     return estimate;
   }
-  const bool double_quant = config.GetBool("peft.double_quant");
+  const bool double_quant = s.peft.double_quant;
   std::vector<ShardPiece> trainable;  // each a whole parameter
   for (const WeightTensor& t : tensors) {
     estimate.params_bytes +=
@@ -242,7 +247,7 @@ ModelStateEstimate EstimateStateOfTensors(const TrialConfig& config,
   const uint64_t trainable_bytes = element * static_cast<uint64_t>(estimate.parameters_trainable);
   if (HoldsGradients(config)) estimate.grads_bytes = trainable_bytes;
   AddOptimizerState(config, trainable, element, estimate);
-  if (strategy == "ddp" && estimate.world_size > 1) {
+  if (strategy == trial::Strategy::kDdp && estimate.world_size > 1) {
     estimate.comm_bytes = trainable_bytes + kRankSumsBytes;
   }
   return estimate;

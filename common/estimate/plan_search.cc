@@ -93,10 +93,11 @@ Status Apply(const Combination& c, TrialConfig& config) {
 
 StatusOr<Plan> SearchPlans(const PlanRequest& request) {
   if (request.steps <= 0) return InvalidArgumentError("plan: the run needs a number of steps");
-  const int64_t global = request.base.GetInt("train.global_batch_size");
+  const TrialSettings& base = request.base.settings();
+  const int64_t global = base.train.global_batch_size;
   if (global <= 0) return InvalidArgumentError("plan: the global batch must be positive");
-  const int64_t ranks = std::max<int64_t>(1, request.base.GetInt("devices")) *
-                        std::max<int64_t>(1, request.base.GetInt("nodes"));
+  const int64_t ranks =
+      std::max<int64_t>(1, base.device.count) * std::max<int64_t>(1, base.parallel.nodes);
   if (global % ranks != 0) {
     return InvalidArgumentError("plan: the global batch " + std::to_string(global) +
                                 " does not divide over " + std::to_string(ranks) + " ranks");

@@ -343,10 +343,10 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   const ModelStateEstimate& state = estimate.state;
 
   Forward f;
-  const std::string precision = config.GetString("precision");
-  const std::string method = config.GetString("peft.method");
-  f.seq = config.GetInt("data.max_seq_length");
-  f.tokens = config.GetInt("train.micro_batch_size") * f.seq;
+  const TrialSettings& s = config.settings();
+  const trial::Precision precision = s.memory.precision;
+  f.seq = s.data.max_seq_length;
+  f.tokens = s.train.micro_batch_size * f.seq;
   f.hidden = model.hidden_size;
   f.inter = model.intermediate_size;
   f.heads = model.num_attention_heads;
@@ -354,30 +354,31 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   f.head_dim = model.head_dim;
   f.vocab = model.vocab_size;
   const bool sharded = state.fsdp_root_values > 0;
-  f.act = precision == "bf16-true" ? 2 : 4;
+  f.act = precision == trial::Precision::kBf16True ? 2 : 4;
   // The trainer's autocast is on under the mixed precisions, under fsdp too.
-  const bool autocast_scope = precision == "bf16-mixed" || precision == "16-mixed";
+  const bool autocast_scope =
+      precision == trial::Precision::kBf16Mixed || precision == trial::Precision::k16Mixed;
   f.autocast = autocast_scope;
   if (sharded && f.autocast) {
     // fsdp gathers bf16 parameters (FSDP2's param_dtype): the forward is a bf16-true one.
     f.act = 2;
     f.autocast = false;
   }
-  f.full = method == "none";
-  f.qlora = method == "qlora";
-  f.compute = config.GetString("peft.compute_dtype") == "fp32" ? 4 : 2;
-  if (!f.full) f.targets = config.GetStringList("peft.targets");
-  f.rank = config.GetInt("peft.r");
-  f.dropout = !f.full && config.GetFloat("peft.dropout") > 0.0;
-  f.cuda = config.GetString("device") == "cuda";
-  f.checkpointing = config.GetBool("activation_checkpointing");
+  f.full = s.peft.method == trial::PeftMethod::kNone;
+  f.qlora = s.peft.method == trial::PeftMethod::kQlora;
+  f.compute = s.peft.compute_dtype == trial::ComputeDtype::kFp32 ? 4 : 2;
+  if (!f.full) f.targets = s.peft.targets;
+  f.rank = s.peft.r;
+  f.dropout = !f.full && s.peft.dropout > 0.0;
+  f.cuda = s.device.kind == trial::Device::kCuda;
+  f.checkpointing = s.memory.activation_checkpointing;
   f.chunked_loss = UsesChunkedLoss(config);
-  f.fused = config.GetString("kernels") == "fused";
+  f.fused = s.memory.kernels == trial::Kernels::kFused;
   f.swiglu_linear = UsesSwiGluLinear(config, model);
   estimate.tokens = f.tokens;
   const uint64_t n = static_cast<uint64_t>(f.tokens);
   // The parameters' element (fp32 master weights under mixed).
-  const uint64_t param = precision == "bf16-true" ? 2 : 4;
+  const uint64_t param = precision == trial::Precision::kBf16True ? 2 : 4;
 
   // --- The forward's saved tensors, layer by layer.
   Trace trace(f);
@@ -460,11 +461,10 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   // --- The moments of the step. The steady state is a step after the first: the optimizer's
   // state exists during forward and backward. With accumulation the gradients do from the second
   // micro-batch on.
-  const bool first_step_only = config.GetInt("train.max_steps") == 1;
+  const bool first_step_only = s.train.max_steps == 1;
   const bool holds_grads = state.grads_bytes > 0;
   const int64_t world = state.world_size;
-  const int64_t accumulation =
-      config.GetInt("train.global_batch_size") / (config.GetInt("train.micro_batch_size") * world);
+  const int64_t accumulation = s.train.global_batch_size / (s.train.micro_batch_size * world);
   uint64_t base =
       state.params_bytes + state.comm_bytes + (first_step_only ? 0 : state.optim_device_bytes);
   // fsdp, in the dtype the layers compute in: the root unit stays gathered through forward and
@@ -478,7 +478,7 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   const uint64_t layer_gathered =
       static_cast<uint64_t>(state.fsdp_layer_values) * static_cast<uint64_t>(f.act) +
       static_cast<uint64_t>(state.fsdp_layer_buffer_bytes);
-  const bool reshard = config.GetBool("fsdp.reshard_after_forward");
+  const bool reshard = s.parallel.fsdp_reshard_after_forward;
   const uint64_t layers_total =
       static_cast<uint64_t>(std::max<int64_t>(model.num_hidden_layers, 0));
   auto gathered_at_layer = [&](int64_t i) -> uint64_t {
@@ -504,12 +504,12 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   // 8-bit AdamW's ATen path (CUDA) allocates one chunk's temporaries during the step; the fused
   // CPU kernel none.
   uint64_t step_transient = 0;
-  if (f.cuda && config.GetString("optimizer") == "adamw_8bit") {
+  if (f.cuda && s.train.optimizer == trial::Optimizer::kAdamw8bit) {
     const int64_t largest =
         std::max({model.vocab_size * model.hidden_size, model.intermediate_size * model.hidden_size,
                   f.heads * f.head_dim * model.hidden_size});
     step_transient = static_cast<uint64_t>(std::min(largest, kAdamW8bitAtenChunk)) *
-                     (precision == "bf16-true" ? 33 : 25);
+                     (precision == trial::Precision::kBf16True ? 33 : 25);
   }
 
   uint64_t peak = 0;
@@ -651,8 +651,7 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   estimate.terms = {
       {"activations: layers",
        layer_text + ", for " + GroupedCount(f.tokens) + " tokens (" +
-           std::to_string(config.GetInt("train.micro_batch_size")) + " x " + std::to_string(f.seq) +
-           ")",
+           std::to_string(s.train.micro_batch_size) + " x " + std::to_string(f.seq) + ")",
        layers_saved},
       {"activations: head",
        f.chunked_loss ? "final norm, the hidden states' gradient from the chunked loss"
@@ -678,7 +677,7 @@ StatusOr<MicroBatchFit> FitMicroBatch(const TrialConfig& config, const ModelConf
 StatusOr<MicroBatchFit> FitMicroBatchWith(const TrialConfig& config, int64_t world_size,
                                           uint64_t device_bytes, const PeakOf& peak_of) {
   const int64_t world = world_size;
-  const int64_t global = config.GetInt("train.global_batch_size");
+  const int64_t global = config.settings().train.global_batch_size;
   auto peak_at = [&](int64_t micro) -> StatusOr<uint64_t> {
     TrialConfig c = config;
     RETURN_IF_ERROR(c.SetFromText("train.micro_batch_size", std::to_string(micro)));

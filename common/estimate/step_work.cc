@@ -149,39 +149,36 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
 StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig& model) {
   ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateModelState(config, model));
   StepWork w;
-  const std::string precision = config.GetString("precision");
-  const std::string method = config.GetString("peft.method");
-  const std::string optimizer = config.GetString("optimizer");
-  const std::string offload = config.GetString("offload");
-  const std::string strategy = config.GetString("strategy");
-  const bool fused = config.GetString("kernels") == "fused";
-  const bool checkpointing = config.GetBool("activation_checkpointing");
-  const bool full = method == "none";
-  const bool qlora = method == "qlora";
+  const TrialSettings& s = config.settings();
+  const trial::Precision precision = s.memory.precision;
+  const bool fused = s.memory.kernels == trial::Kernels::kFused;
+  const bool checkpointing = s.memory.activation_checkpointing;
+  const bool full = s.peft.method == trial::PeftMethod::kNone;
+  const bool qlora = s.peft.method == trial::PeftMethod::kQlora;
   const bool sharded = state.fsdp_root_values > 0;
-  const bool mixed = precision == "bf16-mixed" || precision == "16-mixed";
-  const std::vector<std::string> targets =
-      full ? std::vector<std::string>{} : config.GetStringList("peft.targets");
+  const bool mixed =
+      precision == trial::Precision::kBf16Mixed || precision == trial::Precision::k16Mixed;
+  const std::vector<std::string> targets = full ? std::vector<std::string>{} : s.peft.targets;
 
-  const int64_t micro = config.GetInt("train.micro_batch_size");
-  const int64_t seq = config.GetInt("data.max_seq_length");
+  const int64_t micro = s.train.micro_batch_size;
+  const int64_t seq = s.data.max_seq_length;
   w.world_size = state.world_size;
-  w.nodes = std::max<int64_t>(1, config.GetInt("nodes"));
-  const int64_t global = config.GetInt("train.global_batch_size");
+  w.nodes = std::max<int64_t>(1, s.parallel.nodes);
+  const int64_t global = s.train.global_batch_size;
   w.micro_batches = std::max<int64_t>(1, global / (micro * w.world_size));
   const double t = static_cast<double>(micro * seq);  // tokens per micro-batch
   w.tokens = micro * seq * w.micro_batches;
-  w.matmul_class =
-      precision != "32-true" || (qlora && config.GetString("peft.compute_dtype") == "bf16")
-          ? MatmulClass::kBf16
-          : MatmulClass::kFp32;
+  w.matmul_class = precision != trial::Precision::k32True ||
+                           (qlora && s.peft.compute_dtype == trial::ComputeDtype::kBf16)
+                       ? MatmulClass::kBf16
+                       : MatmulClass::kFp32;
 
   // Element sizes: parameters (fp32 master weights under mixed), the residual stream (fp32 under
   // autocast, whose norms and adds stay in fp32; fsdp's mixed forward is a bf16 one), and the
   // projections' outputs (bf16 under autocast).
-  const double param = precision == "bf16-true" ? 2 : 4;
-  const double stream = precision == "bf16-true" || (mixed && sharded) ? 2 : 4;
-  const double projected = precision == "32-true" ? 4 : 2;
+  const double param = precision == trial::Precision::kBf16True ? 2 : 4;
+  const double stream = precision == trial::Precision::kBf16True || (mixed && sharded) ? 2 : 4;
+  const double projected = precision == trial::Precision::k32True ? 4 : 2;
 
   const double h = static_cast<double>(model.hidden_size);
   const double inter = static_cast<double>(model.intermediate_size);
@@ -198,8 +195,8 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   const Projection projections[] = {
       {"q_proj", h, q},        {"k_proj", h, kv},     {"v_proj", h, kv},      {"o_proj", q, h},
       {"gate_proj", h, inter}, {"up_proj", h, inter}, {"down_proj", inter, h}};
-  const double r = static_cast<double>(config.GetInt("peft.r"));
-  const bool adapter_dropout = !full && config.GetFloat("peft.dropout") > 0;
+  const double r = static_cast<double>(s.peft.r);
+  const bool adapter_dropout = !full && s.peft.dropout > 0;
   double layer_forward = 0, layer_backward = 0, nf4_values = 0, trained_weight_values = 0;
   double adapter_touch = 0;  // bytes per token of one layer's adapters, forward
   for (const Projection& p : projections) {
@@ -279,44 +276,45 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
                OptimizerLaunches(config, trainable_tensors);
 
   w.model_bytes = static_cast<double>(state.params_bytes);
-  w.pretrained = config.GetString("init") == "pretrained";
+  w.pretrained = s.model.init == trial::Init::kPretrained;
   return w;
 }
 
 void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& state, StepWork& w) {
-  const std::string precision = config.GetString("precision");
-  const std::string optimizer = config.GetString("optimizer");
-  const std::string offload = config.GetString("offload");
-  const std::string strategy = config.GetString("strategy");
-  const bool cuda = config.GetString("device") == "cuda";
+  const TrialSettings& s = config.settings();
+  const trial::Precision precision = s.memory.precision;
+  const trial::Optimizer optimizer = s.train.optimizer;
+  const trial::Offload offload = s.memory.offload;
+  const bool cuda = s.device.kind == trial::Device::kCuda;
   const bool sharded = state.fsdp_root_values > 0;
-  const bool mixed = precision == "bf16-mixed" || precision == "16-mixed";
-  const double param = precision == "bf16-true" ? 2 : 4;
+  const bool mixed =
+      precision == trial::Precision::kBf16Mixed || precision == trial::Precision::k16Mixed;
+  const double param = precision == trial::Precision::kBf16True ? 2 : 4;
   // Gradients, accumulation and the optimizer step, over the trainable values this rank holds.
   const double trainable = static_cast<double>(state.parameters_trainable) /
                            static_cast<double>(sharded ? state.world_size : 1);
   const double grad = param;
   w.memory_bytes += trainable * 3 * grad * static_cast<double>(w.micro_batches - 1);
-  if (config.GetFloat("train.grad_clip") > 0) w.memory_bytes += trainable * 3 * grad;
-  const bool host_step = offload != "none";
+  if (s.train.grad_clip > 0) w.memory_bytes += trainable * 3 * grad;
+  const bool host_step = offload != trial::Offload::kNone;
   if (host_step) {
     w.host_optimizer_values = trainable;
     // Gradients to the host, updated weights back (the whole shards with full offload, below).
-    if (offload == "optimizer") w.host_link_bytes += trainable * (grad + param);
-  } else if (optimizer == "adamw") {
+    if (offload == trial::Offload::kOptimizer) w.host_link_bytes += trainable * (grad + param);
+  } else if (optimizer == trial::Optimizer::kAdamw) {
     w.memory_bytes += trainable * 7 * param;  // read p, g, m, v; write p, m, v
-  } else if (optimizer == "adamw_8bit") {
+  } else if (optimizer == trial::Optimizer::kAdamw8bit) {
     // On CUDA: p, g, and the two 1-byte moments read and written. On the CPU the update is
     // bound by its two nearest-code searches per value, not by memory.
     w.memory_bytes += trainable * (cuda ? 3 * param + 4 : kCpuAdamW8bitBytesPerValue);
-  } else if (optimizer == "sgd") {
-    w.memory_bytes += trainable * (config.GetFloat("train.momentum") > 0 ? 5 : 3) * param;
+  } else if (optimizer == trial::Optimizer::kSgd) {
+    w.memory_bytes += trainable * (s.train.momentum > 0 ? 5 : 3) * param;
   }
 
   // --- Between ranks.
   const double share = RingShare(w.world_size);
   double sent = 0;
-  if (strategy == "ddp") {
+  if (s.parallel.strategy == trial::Strategy::kDdp) {
     sent = 2 * share * trainable * grad;     // the ring all-reduce of every gradient, once a step
     w.memory_bytes += 2 * trainable * grad;  // copied into the buckets and back
   } else if (sharded) {
@@ -324,11 +322,11 @@ void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& s
     // backward, in the forward's dtype; and reduce-scatters the gradients.
     const double unit_values =
         static_cast<double>(state.parameters_total);  // the whole model, every micro-batch
-    const double gathered = config.GetBool("fsdp.reshard_after_forward") ? 2 : 1;
+    const double gathered = s.parallel.fsdp_reshard_after_forward ? 2 : 1;
     const double wire = mixed ? 2 : param;
     sent = static_cast<double>(w.micro_batches) * share *
            (gathered * unit_values * wire + static_cast<double>(state.parameters_trainable) * grad);
-    if (offload == "full") {
+    if (offload == trial::Offload::kFull) {
       w.host_link_bytes += static_cast<double>(w.micro_batches) *
                            (gathered * unit_values * param + trainable * grad) /
                            static_cast<double>(state.world_size);
@@ -346,12 +344,14 @@ double AdapterBytesPerToken(double in, double out, double element, bool dropout)
 }
 
 double Nf4DequantBytes(const TrialConfig& config) {
-  return config.GetString("device") == "cuda" ? kNf4CudaBytesPerValue : kNf4CpuBytesPerValue;
+  return config.settings().device.kind == trial::Device::kCuda ? kNf4CudaBytesPerValue
+                                                               : kNf4CpuBytesPerValue;
 }
 
 double OptimizerLaunches(const TrialConfig& config, double trainable_tensors) {
-  return trainable_tensors *
-         (config.GetString("device") == "cuda" ? kCudaOptimizerLaunches : kCpuOptimizerLaunches);
+  return trainable_tensors * (config.settings().device.kind == trial::Device::kCuda
+                                  ? kCudaOptimizerLaunches
+                                  : kCpuOptimizerLaunches);
 }
 
 }  // namespace llmctl::estimate

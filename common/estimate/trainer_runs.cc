@@ -70,7 +70,7 @@ StatusOr<TrialConfig> LoadCaseConfig(const Case& c, const Sets& common) {
 StatusOr<CaseConfig> LoadCase(const Case& c, const Sets& common) {
   CaseConfig loaded;
   ASSIGN_OR_RETURN(loaded.config, LoadCaseConfig(c, common));
-  ASSIGN_OR_RETURN(loaded.model, ResolveModel(loaded.config.GetString("model")));
+  ASSIGN_OR_RETURN(loaded.model, ResolveModel(loaded.config.settings().model.name));
   return loaded;
 }
 
@@ -180,8 +180,8 @@ uint64_t MeasuredPeak(const std::vector<json>& events) {
 }
 
 Case AtMostMicroBatches(const Case& c, const TrialConfig& config, int micro_batches) {
-  const int64_t micro = config.GetInt("train.micro_batch_size");
-  const int64_t global = config.GetInt("train.global_batch_size");
+  const int64_t micro = config.settings().train.micro_batch_size;
+  const int64_t global = config.settings().train.global_batch_size;
   const int64_t most = micro_batches * micro * c.nproc;
   if (global <= most) return c;
   Case shorter = c;
@@ -254,7 +254,7 @@ void ExpectPeakWithin(const Case& c, const Sets& common, const fs::path& dir, in
   // estimate.md), so a run below the 32-bit precision may lie that much further under it
   // (measured on Zen 4: up to 450 KiB, at the demo model's loss).
   const double workspace =
-      loaded->config.GetString("precision") == "32-true"
+      loaded->config.settings().memory.precision == trial::Precision::k32True
           ? 0.0
           : static_cast<double>(kCpuSixteenBitMatmulWorkspace) / static_cast<double>(measured);
   const std::string shortened =

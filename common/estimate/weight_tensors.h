@@ -24,7 +24,7 @@ struct WeightTensor {
 
 // Bytes per parameter element of `precision` (the trial key): 2 for bf16-true, else 4 (the mixed
 // modes keep fp32 parameters).
-uint64_t ParamBytes(const std::string& precision);
+uint64_t ParamBytes(trial::Precision precision);
 
 // Bytes of an NF4 weight of `n` values (trainer/quant's EmptyNf4): two codes a byte and its block
 // scales, fp32 or (with double quantisation) uint8 with their own fp32 scales and offset.
