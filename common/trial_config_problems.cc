@@ -19,10 +19,8 @@ std::optional<ConfigProblem> Problem(std::vector<std::string> keys, std::string 
   return ConfigProblem{std::move(keys), std::move(message)};
 }
 
-// The memory-saving techniques' settings that cannot run together.
-std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
-  const TrialSettings& s = config.settings();
-  const std::string optimizer(Name(s.train.optimizer));
+// The labs' DeepSpeed spellings ApplyLabSpellings left as written: combinations it cannot rewrite.
+std::optional<ConfigProblem> FindLabSpellingProblem(const TrialSettings& s) {
   if (s.train.optimizer == trial::Optimizer::kDeepspeedCpu) {
     return Problem({"optimizer", "strategy"},
                    "optimizer deepspeed_cpu (DeepSpeedCPUAdam) runs only with strategy: "
@@ -34,10 +32,15 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
     if (s.parallel.strategy == deepspeed) {
       return Problem({"strategy", "optimizer"}, "strategy " + std::string(Name(deepspeed)) +
                                                     " offloads AdamW's state, but optimizer is " +
-                                                    optimizer +
+                                                    std::string(Name(s.train.optimizer)) +
                                                     "; use optimizer: adamw (or deepspeed_cpu)");
     }
   }
+  return std::nullopt;
+}
+
+// offload's settings against the optimizer, the strategy and the gradient checks.
+std::optional<ConfigProblem> FindOffloadProblem(const TrialSettings& s) {
   // offload: full is the shards' offload: there are shards only under fsdp over several ranks.
   if (s.memory.offload == trial::Offload::kFull && (s.parallel.strategy != trial::Strategy::kFsdp ||
                                                     (s.device.count < 2 && s.parallel.nodes < 2))) {
@@ -50,7 +53,8 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
   if (offload && s.train.optimizer != trial::Optimizer::kAdamw) {
     return Problem({"offload", "optimizer"},
                    "offload: optimizer keeps AdamW's fp32 state on the host, but optimizer is " +
-                       optimizer + "; use optimizer: adamw or offload: none");
+                       std::string(Name(s.train.optimizer)) +
+                       "; use optimizer: adamw or offload: none");
   }
   // Offload moves each gradient to the host as it is produced, where neither the global-norm clip
   // nor the loss scaler's unscale-and-check (both over the device .grad tensors) sees it.
@@ -65,6 +69,12 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
                    "where 16-mixed loss scaling cannot check them for overflow; use bf16-mixed or "
                    "bf16-true");
   }
+  return std::nullopt;
+}
+
+// What the data-parallel strategies do not combine with.
+std::optional<ConfigProblem> FindStrategyProblem(const TrialSettings& s) {
+  const bool offload = s.memory.offload == trial::Offload::kOptimizer;
   // DDP all-reduces the gradients that backward accumulates in .grad; offload moves them to the
   // host and optimizer_in_backward consumes them before the other ranks' gradients are known.
   if (s.parallel.strategy == trial::Strategy::kDdp && (offload || s.memory.optimizer_in_backward)) {
@@ -101,6 +111,11 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
                      "bf16-true or 32-true");
     }
   }
+  return std::nullopt;
+}
+
+// optimizer_in_backward consumes each gradient as backward produces it: nothing may wait for them.
+std::optional<ConfigProblem> FindOptimizerInBackwardProblem(const TrialSettings& s) {
   if (s.memory.optimizer_in_backward) {
     const int64_t micro = s.train.micro_batch_size;
     const int64_t global = s.train.global_batch_size;
@@ -125,12 +140,17 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
                      "optimizer_in_backward cannot skip a step whose gradients overflowed, which "
                      "16-mixed loss scaling needs; use bf16-mixed or bf16-true");
     }
-    if (offload) {
+    if (s.memory.offload == trial::Offload::kOptimizer) {
       return Problem({"optimizer_in_backward", "offload"},
                      "optimizer_in_backward and offload: optimizer cannot be combined; choose one");
     }
   }
+  return std::nullopt;
+}
 
+// The peft keys against peft.method, and the adapters' own values.
+std::optional<ConfigProblem> FindAdapterProblem(const TrialConfig& config) {
+  const TrialSettings& s = config.settings();
   const trial::PeftMethod method = s.peft.method;
   if (method == trial::PeftMethod::kNone) {
     for (std::string_view key : TrialKeysInGroup("peft")) {
@@ -195,6 +215,16 @@ std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
     }
   }
   return std::nullopt;
+}
+
+// The memory-saving techniques' settings that cannot run together.
+std::optional<ConfigProblem> FindTechniqueProblem(const TrialConfig& config) {
+  const TrialSettings& s = config.settings();
+  for (auto* find : {FindLabSpellingProblem, FindOffloadProblem, FindStrategyProblem,
+                     FindOptimizerInBackwardProblem}) {
+    if (std::optional<ConfigProblem> found = find(s)) return found;
+  }
+  return FindAdapterProblem(config);
 }
 
 // The profile group: its other keys only mean something with profile.steps, and the profiled
