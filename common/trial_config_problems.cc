@@ -309,20 +309,19 @@ std::optional<ConfigProblem> FindImageFolderProblem(const TrialConfig& config) {
   return std::nullopt;
 }
 
-}  // namespace
-
-std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
-                                               const ModelConfig* model) {
-  const TrialSettings& s = config.settings();
-  const std::string& model_name = s.model.name;
-  if (model_name.empty())
+// The keys every trial needs a value of.
+std::optional<ConfigProblem> FindRequiredProblem(const TrialSettings& s) {
+  if (s.model.name.empty())
     return Problem({"model"}, "model is required: a preset name or a model directory");
   if (s.data.path.empty()) {
     return Problem({"data.path"},
                    "data.path is required: the training data, a JSON-lines file (e.g. data: {path: "
                    "train.jsonl})");
   }
+  return std::nullopt;
+}
 
+std::optional<ConfigProblem> FindCountProblem(const TrialSettings& s) {
   // Counts that must be at least 1, and those that may also be 0 (meaning "off" or "all").
   struct Minimum {
     std::string_view key;
@@ -362,8 +361,11 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
                      std::string(key) + " must not be negative, got " + Str(value));
     }
   }
-  if (std::optional<ConfigProblem> found = FindProfileProblem(config)) return found;
+  return std::nullopt;
+}
 
+// The ranks (nodes x devices) and the batch they divide.
+std::optional<ConfigProblem> FindBatchProblem(const TrialSettings& s) {
   // Nodes x devices ranks (Lightning's num_nodes x devices) need more than one process each:
   // only the data-parallel strategies start them.
   const int64_t nodes = s.parallel.nodes;
@@ -399,7 +401,11 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
     return Problem(keys, "train.global_batch_size (" + Str(global) + ") must be a multiple of " +
                              per_step + ": each optimizer step accumulates whole micro-batches");
   }
+  return std::nullopt;
+}
 
+// The optimizer's hyperparameters.
+std::optional<ConfigProblem> FindOptimizerSettingProblem(const TrialSettings& s) {
   const double lr = s.train.lr;
   if (lr < 0)
     return Problem({"train.lr"}, "train.lr must not be negative, got " + FormatKeyValue(lr));
@@ -436,17 +442,12 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
                        std::string(Name(s.train.optimizer)) +
                        "; remove train.momentum or set optimizer: sgd");
   }
+  return std::nullopt;
+}
 
-  if (std::optional<ConfigProblem> found = FindTechniqueProblem(config)) return found;
-
-  if (s.device.memory && s.device.memory->bytes == 0) {
-    return Problem({"device_memory"},
-                   "device_memory must be more than 0 bytes (leave it unset for no "
-                   "budget)");
-  }
-
-  if (std::optional<ConfigProblem> found = FindImageFolderProblem(config)) return found;
-
+// data.format text: the keys that shape instruction records.
+std::optional<ConfigProblem> FindTextDataProblem(const TrialConfig& config) {
+  const TrialSettings& s = config.settings();
   if (s.data.format == trial::DataFormat::kText) {
     if (config.IsSet("data.template") && s.data.prompt_template != trial::PromptTemplate::kNone) {
       return Problem({"data.template", "data.format"},
@@ -461,12 +462,17 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
           "remove data.mask_prompt or use data.format: alpaca");
     }
   }
+  return std::nullopt;
+}
 
+// What the model allows: published weights for init: pretrained, and (where `model` is known) the
+// sequence length.
+std::optional<ConfigProblem> FindModelProblem(const TrialSettings& s, const ModelConfig* model) {
   if (s.model.init == trial::Init::kPretrained) {
-    const ModelConfig* preset = FindPreset(model_name);
+    const ModelConfig* preset = FindPreset(s.model.name);
     if (preset != nullptr && preset->hf_repo_id.empty()) {
       return Problem({"init", "model"}, "init: pretrained needs published weights, and model " +
-                                            model_name + " has none; use init: random");
+                                            s.model.name + " has none; use init: random");
     }
   }
 
@@ -479,6 +485,29 @@ std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
     }
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ConfigProblem> FindConfigProblem(const TrialConfig& config,
+                                               const ModelConfig* model) {
+  const TrialSettings& s = config.settings();
+  for (auto* find : {FindRequiredProblem, FindCountProblem}) {
+    if (std::optional<ConfigProblem> found = find(s)) return found;
+  }
+  if (std::optional<ConfigProblem> found = FindProfileProblem(config)) return found;
+  for (auto* find : {FindBatchProblem, FindOptimizerSettingProblem}) {
+    if (std::optional<ConfigProblem> found = find(s)) return found;
+  }
+  if (std::optional<ConfigProblem> found = FindTechniqueProblem(config)) return found;
+  if (s.device.memory && s.device.memory->bytes == 0) {
+    return Problem({"device_memory"},
+                   "device_memory must be more than 0 bytes (leave it unset for no "
+                   "budget)");
+  }
+  if (std::optional<ConfigProblem> found = FindImageFolderProblem(config)) return found;
+  if (std::optional<ConfigProblem> found = FindTextDataProblem(config)) return found;
+  return FindModelProblem(s, model);
 }
 
 Status ValidateTrialConfig(const TrialConfig& config, const ModelConfig* model) {
