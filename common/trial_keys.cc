@@ -11,9 +11,12 @@
 namespace llmctl {
 namespace {
 
-const std::vector<KeySpec>* BuildTrialKeys() {
+// The registry's keys, group by group in documentation order (BuildTrialKeys joins them).
+
+// model, init, tokenizer: what is trained, from what, and how its text is split.
+std::vector<KeySpec> ModelKeys() {
   using K = KeyType;
-  return new std::vector<KeySpec>{
+  return {
       {"model",
        K::kString,
        "llmctl-demo",
@@ -34,6 +37,13 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        {},
        "tokenizer.json, or a directory holding one; unset: the model directory's (presets have no "
        "files, so they need one)"},
+  };
+}
+
+// data.*: the training data and how its records become tokens.
+std::vector<KeySpec> DataKeys() {
+  using K = KeyType;
+  return {
       {"data.path",
        K::kPath,
        "",
@@ -77,6 +87,13 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "them; the image's query positions come on top)",
        {},
        int64_t{1} << 24},
+  };
+}
+
+// train.*: batches, steps and the optimizer's hyperparameters.
+std::vector<KeySpec> TrainKeys() {
+  using K = KeyType;
+  return {
       {"train.micro_batch_size",
        K::kInt,
        "1",
@@ -123,6 +140,14 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        {},
        "Clip the global gradient norm to this value (0 = no clipping)"},
       {"train.momentum", K::kFloat, "0.0", {}, "SGD momentum (optimizer: sgd only)"},
+  };
+}
+
+// precision, optimizer, offload, strategy, optimizer_in_backward, loss, kernels: how a step
+// computes and where its state lives.
+std::vector<KeySpec> TechniqueKeys() {
+  using K = KeyType;
+  return {
       {"precision",
        K::kEnum,
        "32-true",
@@ -182,6 +207,13 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        "exactly its tensors (the labs' tables); fused: each one op with its own backward "
        "(trainer/kernels), keeping only RMSNorm's input and per-row rstd and the gated MLP's two "
        "projections (and, where LLaMA's down_proj trains, not its input: it is recomputed)"},
+  };
+}
+
+// peft.* and freeze: which weights train.
+std::vector<KeySpec> PeftKeys() {
+  using K = KeyType;
+  return {
       {"peft.method",
        K::kEnum,
        "none",
@@ -226,6 +258,14 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        {},
        "BLIP-2: parts kept frozen (no gradients, no optimizer state): vision_model, qformer (with "
        "the query tokens), language_projection, language_model; the labs train all of them"},
+  };
+}
+
+// activation_checkpointing, then the devices a trial runs on and how it spreads over them
+// (device, devices, nodes, ddp.*, fsdp.*, device_memory).
+std::vector<KeySpec> DeviceKeys() {
+  using K = KeyType;
+  return {
       {"activation_checkpointing",
        K::kBool,
        "false",
@@ -269,6 +309,13 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        {},
        "Memory budget per device, e.g. 24GiB; exceeding it is an out-of-memory outcome (unset = no "
        "budget)"},
+  };
+}
+
+// seed, snapshots, profiling, logging, output and checkpoints: what a run records.
+std::vector<KeySpec> RunKeys() {
+  using K = KeyType;
+  return {
       {"seed", K::kInt, "42", {}, "Seed for initialisation, data order and dropout"},
       {"snapshot_every",
        K::kInt,
@@ -320,6 +367,16 @@ const std::vector<KeySpec>* BuildTrialKeys() {
        {},
        int64_t{1} << 32},
   };
+}
+
+const std::vector<KeySpec>* BuildTrialKeys() {
+  auto* keys = new std::vector<KeySpec>;
+  for (auto* group :
+       {ModelKeys, DataKeys, TrainKeys, TechniqueKeys, PeftKeys, DeviceKeys, RunKeys}) {
+    const std::vector<KeySpec> part = group();
+    keys->insert(keys->end(), part.begin(), part.end());
+  }
+  return keys;
 }
 
 // Names other tools use for the same settings, so a user arriving from LitGPT or the labs is told
