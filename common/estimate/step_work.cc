@@ -146,19 +146,35 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
   return w;
 }
 
-StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig& model) {
-  ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateModelState(config, model));
-  StepWork w;
+namespace {
+
+// What a LLaMA-family micro-batch's work depends on, read once from the trial and the model.
+struct LlamaStepShape {
+  bool fused = false, checkpointing = false, full = false, qlora = false, mixed = false;
+  bool adapter_dropout = false;
+  std::vector<std::string> targets;  // adapted projections; none for a full fine-tune
+  double t = 0;                      // tokens per micro-batch
+  double seq = 0, r = 0;
+  // Element sizes: parameters (fp32 master weights under mixed), the residual stream (fp32 under
+  // autocast, whose norms and adds stay in fp32; fsdp's mixed forward is a bf16 one), and the
+  // projections' outputs (bf16 under autocast).
+  double param = 0, stream = 0, projected = 0;
+  double h = 0, inter = 0, q = 0, kv = 0, vocab = 0, layers = 0;
+};
+
+// The shape of `config`'s step on `model`; fills w's batch counts and matmul class on the way.
+LlamaStepShape DescribeLlamaStep(const TrialConfig& config, const ModelConfig& model,
+                                 const ModelStateEstimate& state, StepWork& w) {
   const TrialSettings& s = config.settings();
   const trial::Precision precision = s.memory.precision;
-  const bool fused = s.memory.kernels == trial::Kernels::kFused;
-  const bool checkpointing = s.memory.activation_checkpointing;
-  const bool full = s.peft.method == trial::PeftMethod::kNone;
-  const bool qlora = s.peft.method == trial::PeftMethod::kQlora;
+  LlamaStepShape x;
+  x.fused = s.memory.kernels == trial::Kernels::kFused;
+  x.checkpointing = s.memory.activation_checkpointing;
+  x.full = s.peft.method == trial::PeftMethod::kNone;
+  x.qlora = s.peft.method == trial::PeftMethod::kQlora;
   const bool sharded = state.fsdp_root_values > 0;
-  const bool mixed =
-      precision == trial::Precision::kBf16Mixed || precision == trial::Precision::k16Mixed;
-  const std::vector<std::string> targets = full ? std::vector<std::string>{} : s.peft.targets;
+  x.mixed = precision == trial::Precision::kBf16Mixed || precision == trial::Precision::k16Mixed;
+  if (!x.full) x.targets = s.peft.targets;
 
   const int64_t micro = s.train.micro_batch_size;
   const int64_t seq = s.data.max_seq_length;
@@ -166,117 +182,144 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   w.nodes = std::max<int64_t>(1, s.parallel.nodes);
   const int64_t global = s.train.global_batch_size;
   w.micro_batches = std::max<int64_t>(1, global / (micro * w.world_size));
-  const double t = static_cast<double>(micro * seq);  // tokens per micro-batch
+  x.t = static_cast<double>(micro * seq);
+  x.seq = static_cast<double>(seq);
   w.tokens = micro * seq * w.micro_batches;
   w.matmul_class = precision != trial::Precision::k32True ||
-                           (qlora && s.peft.compute_dtype == trial::ComputeDtype::kBf16)
+                           (x.qlora && s.peft.compute_dtype == trial::ComputeDtype::kBf16)
                        ? MatmulClass::kBf16
                        : MatmulClass::kFp32;
 
-  // Element sizes: parameters (fp32 master weights under mixed), the residual stream (fp32 under
-  // autocast, whose norms and adds stay in fp32; fsdp's mixed forward is a bf16 one), and the
-  // projections' outputs (bf16 under autocast).
-  const double param = precision == trial::Precision::kBf16True ? 2 : 4;
-  const double stream = precision == trial::Precision::kBf16True || (mixed && sharded) ? 2 : 4;
-  const double projected = precision == trial::Precision::k32True ? 4 : 2;
+  x.param = precision == trial::Precision::kBf16True ? 2 : 4;
+  x.stream = precision == trial::Precision::kBf16True || (x.mixed && sharded) ? 2 : 4;
+  x.projected = precision == trial::Precision::k32True ? 4 : 2;
+  x.h = static_cast<double>(model.hidden_size);
+  x.inter = static_cast<double>(model.intermediate_size);
+  x.q = static_cast<double>(model.num_attention_heads * model.head_dim);
+  x.kv = static_cast<double>(model.num_key_value_heads * model.head_dim);
+  x.vocab = static_cast<double>(model.vocab_size);
+  x.layers = static_cast<double>(model.num_hidden_layers);
+  x.r = static_cast<double>(s.peft.r);
+  x.adapter_dropout = !x.full && s.peft.dropout > 0;
+  return x;
+}
 
-  const double h = static_cast<double>(model.hidden_size);
-  const double inter = static_cast<double>(model.intermediate_size);
-  const double q = static_cast<double>(model.num_attention_heads * model.head_dim);
-  const double kv = static_cast<double>(model.num_key_value_heads * model.head_dim);
-  const double vocab = static_cast<double>(model.vocab_size);
-  const double layers = static_cast<double>(model.num_hidden_layers);
+// One micro-batch's matmuls, and what the element-wise count needs from the same walk.
+struct LlamaMatmuls {
+  double flops = 0;
+  double nf4_values = 0;             // per layer
+  double trained_weight_values = 0;  // the dense weights a full fine-tune trains
+  double adapter_touch = 0;          // bytes per token of one layer's adapters, forward
+  double head_memory = 0;            // the output head adapter's element-wise bytes
+};
 
-  // --- Matmuls of one micro-batch.
+LlamaMatmuls CountLlamaMatmuls(const LlamaStepShape& x, const ModelConfig& model) {
   struct Projection {
     const char* name;
     double in, out;
   };
-  const Projection projections[] = {
-      {"q_proj", h, q},        {"k_proj", h, kv},     {"v_proj", h, kv},      {"o_proj", q, h},
-      {"gate_proj", h, inter}, {"up_proj", h, inter}, {"down_proj", inter, h}};
-  const double r = static_cast<double>(s.peft.r);
-  const bool adapter_dropout = !full && s.peft.dropout > 0;
-  double layer_forward = 0, layer_backward = 0, nf4_values = 0, trained_weight_values = 0;
-  double adapter_touch = 0;  // bytes per token of one layer's adapters, forward
+  const Projection projections[] = {{"q_proj", x.h, x.q},        {"k_proj", x.h, x.kv},
+                                    {"v_proj", x.h, x.kv},       {"o_proj", x.q, x.h},
+                                    {"gate_proj", x.h, x.inter}, {"up_proj", x.h, x.inter},
+                                    {"down_proj", x.inter, x.h}};
+  LlamaMatmuls m;
+  double layer_forward = 0, layer_backward = 0;
   for (const Projection& p : projections) {
-    const double matmul = 2 * t * p.in * p.out;
+    const double matmul = 2 * x.t * p.in * p.out;
     layer_forward += matmul;
-    layer_backward += matmul * (full ? 2 : 1);  // the input's gradient; a trained weight's too
-    if (full) trained_weight_values += p.in * p.out;
-    if (qlora) nf4_values += p.in * p.out;
-    if (!full && Contains(targets, p.name)) {
+    layer_backward += matmul * (x.full ? 2 : 1);  // the input's gradient; a trained weight's too
+    if (x.full) m.trained_weight_values += p.in * p.out;
+    if (x.qlora) m.nf4_values += p.in * p.out;
+    if (!x.full && Contains(x.targets, p.name)) {
       // The adapter: x A^T then (.) B^T, forward; both gradients in backward.
-      const double adapter = 2 * t * r * (p.in + p.out);
+      const double adapter = 2 * x.t * x.r * (p.in + p.out);
       layer_forward += adapter;
       layer_backward += 2 * adapter;
-      adapter_touch += AdapterTouch(p.in, p.out, projected, adapter_dropout);
+      m.adapter_touch += AdapterTouch(p.in, p.out, x.projected, x.adapter_dropout);
     }
   }
   // Attention's own matmuls: scores (B, H, T, T) and their weighted sum of the values.
-  const double attention = 4 * t * static_cast<double>(seq) * q;
+  const double attention = 4 * x.t * x.seq * x.q;
   layer_forward += attention;
   layer_backward += 2 * attention;
-  double micro_memory_head = 0;
-  const bool head_trained = full || (!model.tie_word_embeddings && Contains(targets, "lm_head"));
-  double head = 2 * t * h * vocab * (head_trained ? 3 : 2);
-  if (!full && Contains(targets, "lm_head")) {
-    head += 6 * t * r * (h + vocab);
-    micro_memory_head = t * AdapterTouch(h, vocab, projected, adapter_dropout) * 3;
+  const bool head_trained =
+      x.full || (!model.tie_word_embeddings && Contains(x.targets, "lm_head"));
+  double head = 2 * x.t * x.h * x.vocab * (head_trained ? 3 : 2);
+  if (!x.full && Contains(x.targets, "lm_head")) {
+    head += 6 * x.t * x.r * (x.h + x.vocab);
+    m.head_memory = x.t * AdapterTouch(x.h, x.vocab, x.projected, x.adapter_dropout) * 3;
   }
-  if (full) trained_weight_values += h * vocab;
-  const double micro_matmul =
-      layers * (layer_forward * (checkpointing ? 2 : 1) + layer_backward) + head;
-  w.matmul_flops = micro_matmul * static_cast<double>(w.micro_batches);
+  if (x.full) m.trained_weight_values += x.h * x.vocab;
+  m.flops = x.layers * (layer_forward * (x.checkpointing ? 2 : 1) + layer_backward) + head;
+  return m;
+}
 
-  // --- Element-wise traffic of one micro-batch.
-  const LayerPasses& passes = fused ? kFusedPasses : kAtenPasses;
-  double layer_touch = passes.hidden * h * stream + passes.qk * (q + kv) * projected +
-                       passes.inter * inter * projected +
-                       passes.layout * (2 * q + 2 * kv) * projected;
+// One micro-batch's element-wise memory traffic.
+double CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& model,
+                             const LlamaStepShape& x, const LlamaMatmuls& m) {
+  const LayerPasses& passes = x.fused ? kFusedPasses : kAtenPasses;
+  double layer_touch = passes.hidden * x.h * x.stream + passes.qk * (x.q + x.kv) * x.projected +
+                       passes.inter * x.inter * x.projected +
+                       passes.layout * (2 * x.q + 2 * x.kv) * x.projected;
   if (model.num_key_value_heads < model.num_attention_heads) {
-    layer_touch += 2 * 2 * q * projected;  // repeat_kv's copies of k and v to every head
+    layer_touch += 2 * 2 * x.q * x.projected;  // repeat_kv's copies of k and v to every head
   }
-  const double forward_runs = checkpointing ? 2 : 1;
+  const double forward_runs = x.checkpointing ? 2 : 1;
   double micro_memory =
-      t * layers * (layer_touch + adapter_touch) * (forward_runs + kBackwardPasses);
+      x.t * x.layers * (layer_touch + m.adapter_touch) * (forward_runs + kBackwardPasses);
   if (UsesSwiGluLinear(config, model)) {
     // FusedSwiGluLinear recomputes the product in backward for down_proj's weight gradient: it
     // reads gate and up and writes the product once more.
-    micro_memory += t * layers * 3 * inter * projected;
+    micro_memory += x.t * x.layers * 3 * x.inter * x.projected;
   }
-  micro_memory += micro_memory_head;
-  const bool chunked = UsesChunkedLoss(config);
-  micro_memory += t * vocab * LossBytesPerLogit(config, projected);
+  micro_memory += m.head_memory;
+  micro_memory += x.t * x.vocab * LossBytesPerLogit(config, x.projected);
   // The embedding's gather, and with a trained embedding its dense gradient, zeroed and scattered.
-  micro_memory += 2 * t * h * stream;
-  if (full) micro_memory += vocab * h * param + 2 * t * h * stream;
-  if (mixed) {
+  micro_memory += 2 * x.t * x.h * x.stream;
+  if (x.full) micro_memory += x.vocab * x.h * x.param + 2 * x.t * x.h * x.stream;
+  if (x.mixed) {
     // Autocast casts every fp32 weight to bf16 for its forward (read 4 B, write 2 B), and each
     // trained weight's bf16 gradient back to fp32 (read 2 B, write 4 B).
-    const double weights = layers * (2 * h * q + 2 * h * kv + 3 * h * inter) + h * vocab;
-    micro_memory += 6 * weights + 6 * trained_weight_values;
+    const double weights =
+        x.layers * (2 * x.h * x.q + 2 * x.h * x.kv + 3 * x.h * x.inter) + x.h * x.vocab;
+    micro_memory += 6 * weights + 6 * m.trained_weight_values;
   }
-  if (qlora) {
+  if (x.qlora) {
     const double per_value = Nf4DequantBytes(config);
-    micro_memory += layers * nf4_values * per_value * (forward_runs + 1);
+    micro_memory += x.layers * m.nf4_values * per_value * (forward_runs + 1);
   }
-  w.memory_bytes = micro_memory * static_cast<double>(w.micro_batches);
+  return micro_memory;
+}
 
+// The step's kernel launches: every micro-batch's, and the optimizer's.
+double CountLlamaLaunches(const TrialConfig& config, const ModelConfig& model,
+                          const LlamaStepShape& x, int64_t micro_batches) {
+  const double forward_runs = x.checkpointing ? 2 : 1;
+  const double per_layer = x.fused ? kFusedLayerLaunches : kAtenLayerLaunches;
+  double micro_launches = x.layers * per_layer * (forward_runs + kBackwardPasses);
+  micro_launches += UsesChunkedLoss(config)
+                        ? kChunkLaunches * std::ceil(x.t / static_cast<double>(kLossChunkTokens))
+                        : kLossLaunches;
+  const double trainable_tensors = x.full ? x.layers * 9 + (model.tie_word_embeddings ? 2 : 3)
+                                          : 2 * x.layers * static_cast<double>(x.targets.size());
+  return micro_launches * static_cast<double>(micro_batches) +
+         OptimizerLaunches(config, trainable_tensors);
+}
+
+}  // namespace
+
+StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig& model) {
+  ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateModelState(config, model));
+  StepWork w;
+  const LlamaStepShape shape = DescribeLlamaStep(config, model, state, w);
+  const LlamaMatmuls matmuls = CountLlamaMatmuls(shape, model);
+  const double micro_batches = static_cast<double>(w.micro_batches);
+  w.matmul_flops = matmuls.flops * micro_batches;
+  w.memory_bytes = CountLlamaMicroMemory(config, model, shape, matmuls) * micro_batches;
   AddOptimizerAndRanks(config, state, w);
-
-  // --- Launches.
-  const double per_layer = fused ? kFusedLayerLaunches : kAtenLayerLaunches;
-  double micro_launches = layers * per_layer * (forward_runs + kBackwardPasses);
-  micro_launches += chunked ? kChunkLaunches * std::ceil(t / static_cast<double>(kLossChunkTokens))
-                            : kLossLaunches;
-  const double trainable_tensors = full ? layers * 9 + (model.tie_word_embeddings ? 2 : 3)
-                                        : 2 * layers * static_cast<double>(targets.size());
-  w.launches = micro_launches * static_cast<double>(w.micro_batches) +
-               OptimizerLaunches(config, trainable_tensors);
-
+  w.launches = CountLlamaLaunches(config, model, shape, w.micro_batches);
   w.model_bytes = static_cast<double>(state.params_bytes);
-  w.pretrained = s.model.init == trial::Init::kPretrained;
+  w.pretrained = config.settings().model.init == trial::Init::kPretrained;
   return w;
 }
 
