@@ -112,6 +112,134 @@ class PartCounter {
   Part part_;
 };
 
+// The ViT over every image's class token and patches.
+void CountVisionWork(const Blip2VisionConfig& v, double examples, double image_tokens,
+                     double patches, PartCounter& vision) {
+  const double c = static_cast<double>(v.hidden_size);
+  const double n = examples * image_tokens;
+  vision.UnblockedLinear(examples * patches, 3.0 * static_cast<double>(v.patch_size * v.patch_size),
+                         c, "patch_embedding");
+  for (int64_t i = 0; i < v.num_hidden_layers; ++i) {
+    vision.Linear(n, c, 3 * c, "qkv");
+    vision.Attention(n, image_tokens, c);
+    vision.Linear(n, c, c, "projection");
+    vision.Linear(n, c, static_cast<double>(v.intermediate_size), "fc1");
+    vision.Linear(n, static_cast<double>(v.intermediate_size), c, "fc2");
+    vision.Layer(n, c, static_cast<double>(v.intermediate_size), false);
+  }
+}
+
+// The Q-Former over the learned queries, cross-attending to the image.
+void CountQFormerWork(const Blip2QFormerConfig& q, double examples, double queries,
+                      double image_tokens, PartCounter& qformer) {
+  const double c = static_cast<double>(q.hidden_size);
+  const double n = examples * queries;
+  for (int64_t i = 0; i < q.num_hidden_layers; ++i) {
+    for (const char* name : {"query", "key", "value", "output"}) qformer.Linear(n, c, c, name);
+    qformer.Attention(n, queries, c);
+    if (i % q.cross_attention_frequency == 0) {
+      const double encoder = static_cast<double>(q.encoder_hidden_size);
+      qformer.Linear(n, c, c, "query");
+      qformer.Linear(examples * image_tokens, encoder, c, "key");
+      qformer.Linear(examples * image_tokens, encoder, c, "value");
+      qformer.Linear(n, c, c, "output");
+      qformer.Attention(n, image_tokens, c);
+    }
+    qformer.Linear(n, c, static_cast<double>(q.intermediate_size), "intermediate");
+    qformer.Linear(n, static_cast<double>(q.intermediate_size), c, "output");
+    qformer.Layer(n, c, static_cast<double>(q.intermediate_size), false);
+  }
+}
+
+// OPT over the queries and the caption (`sequence` tokens); returns the logits' count.
+double CountOptWork(const OptConfig& opt, double examples, double sequence, PartCounter& language) {
+  const double h = static_cast<double>(opt.hidden_size);
+  const double ffn = static_cast<double>(opt.ffn_dim);
+  const double n = examples * sequence;
+  for (int64_t i = 0; i < opt.num_hidden_layers; ++i) {
+    for (const char* name : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
+      language.Linear(n, h, h, name);
+    }
+    language.Attention(n, sequence, h);
+    language.Linear(n, h, ffn, "fc1");
+    language.Linear(n, ffn, h, "fc2");
+    language.Layer(n, h, ffn, false);
+  }
+  language.UnblockedLinear(n, h, static_cast<double>(opt.vocab_size), "lm_head");
+  return n * static_cast<double>(opt.vocab_size);
+}
+
+// T5's encoder over the queries and the caption, its decoder over the caption; returns the
+// logits' count.
+double CountT5Work(const T5Config& t5, double examples, double queries, double caption,
+                   PartCounter& language) {
+  const double d = static_cast<double>(t5.d_model);
+  const double inner = static_cast<double>(t5.inner_dim());
+  const double ff = static_cast<double>(t5.d_ff);
+  const double encoder_sequence = queries + caption;
+  const double encoded = examples * encoder_sequence;
+  const double decoded = examples * caption;
+  auto ffn = [&](double n) {
+    if (t5.gated_gelu) {
+      language.Linear(n, d, ff, "wi_0");
+      language.Linear(n, d, ff, "wi_1");
+    } else {
+      language.Linear(n, d, ff, "wi");
+    }
+    language.Linear(n, ff, d, "wo", /*quantised=*/false);  // transformers keeps wo dense
+  };
+  auto attention = [&](double n, double kv_tokens, double keys) {
+    language.Linear(n, d, inner, "q");
+    language.Linear(kv_tokens, d, inner, "k");
+    language.Linear(kv_tokens, d, inner, "v");
+    language.Attention(n, keys, inner);
+    language.Linear(n, inner, d, "o");
+  };
+  for (int64_t i = 0; i < t5.num_layers; ++i) {
+    attention(encoded, encoded, encoder_sequence);
+    ffn(encoded);
+    language.Layer(encoded, d, ff, t5.gated_gelu);
+  }
+  for (int64_t i = 0; i < t5.num_decoder_layers; ++i) {
+    attention(decoded, decoded, caption);
+    attention(decoded, encoded, encoder_sequence);
+    ffn(decoded);
+    language.Layer(decoded, d, ff, t5.gated_gelu);
+  }
+  language.UnblockedLinear(decoded, d, static_cast<double>(t5.vocab_size), "lm_head");
+  return decoded * static_cast<double>(t5.vocab_size);
+}
+
+// One micro-batch's work: matmul FLOPs, element-wise bytes (the loss's aside), launches, NF4
+// values dequantised, and the trainable tensors the optimizer steps over.
+struct MicroBatchWork {
+  double matmul = 0, memory = 0, launches = 0, nf4_values = 0, trainable_tensors = 0;
+};
+
+// The micro-batch's work over the parts in order, each with whether it learns: backward runs
+// through a part that is trained or adapted, and through every part after one that is;
+// checkpointing reruns the forward of those parts' blocks.
+MicroBatchWork SumMicroBatchParts(std::initializer_list<std::pair<const PartCounter*, bool>> parts,
+                                  bool checkpointing) {
+  MicroBatchWork sum;
+  bool backward = false;
+  for (const auto& [counter, learns] : parts) {
+    const Part& p = counter->part();
+    backward = backward || learns;
+    const double forward_runs = backward && checkpointing ? 2 : 1;
+    sum.matmul += p.forward_flops * forward_runs + p.unblocked_flops;
+    sum.memory += p.forward_bytes * forward_runs;
+    sum.launches += p.launches * forward_runs;
+    sum.nf4_values += p.nf4_values * (forward_runs + (backward ? 1 : 0));
+    sum.trainable_tensors += p.trainable_tensors;
+    if (!backward) continue;
+    sum.matmul += p.input_grad_flops + p.weight_grad_flops;
+    sum.memory += kBlip2BackwardPasses * p.forward_bytes;
+    sum.launches += kBlip2BackwardPasses * p.launches;
+  }
+  return sum;
+}
+
 }  // namespace
 
 StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2Config& model,
@@ -153,135 +281,31 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
 
   // The ViT over every image's class token and patches.
   PartCounter vision(element, trained("vision_model"), nullptr, rank, dropout, false);
-  {
-    const Blip2VisionConfig& v = model.vision;
-    const double c = static_cast<double>(v.hidden_size);
-    const double n = examples * image_tokens;
-    vision.UnblockedLinear(examples * patches,
-                           3.0 * static_cast<double>(v.patch_size * v.patch_size), c,
-                           "patch_embedding");
-    for (int64_t i = 0; i < v.num_hidden_layers; ++i) {
-      vision.Linear(n, c, 3 * c, "qkv");
-      vision.Attention(n, image_tokens, c);
-      vision.Linear(n, c, c, "projection");
-      vision.Linear(n, c, static_cast<double>(v.intermediate_size), "fc1");
-      vision.Linear(n, static_cast<double>(v.intermediate_size), c, "fc2");
-      vision.Layer(n, c, static_cast<double>(v.intermediate_size), false);
-    }
-  }
+  CountVisionWork(model.vision, examples, image_tokens, patches, vision);
   // The Q-Former over the learned queries, cross-attending to the image.
   PartCounter qformer(element, trained("qformer"), nullptr, rank, dropout, false);
-  {
-    const Blip2QFormerConfig& q = model.qformer;
-    const double c = static_cast<double>(q.hidden_size);
-    const double n = examples * queries;
-    for (int64_t i = 0; i < q.num_hidden_layers; ++i) {
-      for (const char* name : {"query", "key", "value", "output"}) qformer.Linear(n, c, c, name);
-      qformer.Attention(n, queries, c);
-      if (i % q.cross_attention_frequency == 0) {
-        const double encoder = static_cast<double>(q.encoder_hidden_size);
-        qformer.Linear(n, c, c, "query");
-        qformer.Linear(examples * image_tokens, encoder, c, "key");
-        qformer.Linear(examples * image_tokens, encoder, c, "value");
-        qformer.Linear(n, c, c, "output");
-        qformer.Attention(n, image_tokens, c);
-      }
-      qformer.Linear(n, c, static_cast<double>(q.intermediate_size), "intermediate");
-      qformer.Linear(n, static_cast<double>(q.intermediate_size), c, "output");
-      qformer.Layer(n, c, static_cast<double>(q.intermediate_size), false);
-    }
-  }
+  CountQFormerWork(model.qformer, examples, queries, image_tokens, qformer);
   PartCounter projection(element, trained("language_projection"), nullptr, rank, dropout, false);
   projection.UnblockedLinear(examples * queries, static_cast<double>(model.qformer.hidden_size),
                              static_cast<double>(model.text_hidden_size()), "language_projection");
   // The language model, adapted under LoRA/QLoRA.
   PartCounter language(element, trained("language_model"), full ? nullptr : &targets, rank, dropout,
                        qlora);
-  double logits = 0;
-  if (const OptConfig* opt = model.opt()) {
-    const double h = static_cast<double>(opt->hidden_size);
-    const double ffn = static_cast<double>(opt->ffn_dim);
-    const double sequence = queries + caption;
-    const double n = examples * sequence;
-    for (int64_t i = 0; i < opt->num_hidden_layers; ++i) {
-      for (const char* name : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
-        language.Linear(n, h, h, name);
-      }
-      language.Attention(n, sequence, h);
-      language.Linear(n, h, ffn, "fc1");
-      language.Linear(n, ffn, h, "fc2");
-      language.Layer(n, h, ffn, false);
-    }
-    language.UnblockedLinear(n, h, static_cast<double>(opt->vocab_size), "lm_head");
-    logits = n * static_cast<double>(opt->vocab_size);
-  } else {
-    const T5Config& t5 = *model.t5();
-    const double d = static_cast<double>(t5.d_model);
-    const double inner = static_cast<double>(t5.inner_dim());
-    const double ff = static_cast<double>(t5.d_ff);
-    const double encoder_sequence = queries + caption;
-    const double encoded = examples * encoder_sequence;
-    const double decoded = examples * caption;
-    auto ffn = [&](double n) {
-      if (t5.gated_gelu) {
-        language.Linear(n, d, ff, "wi_0");
-        language.Linear(n, d, ff, "wi_1");
-      } else {
-        language.Linear(n, d, ff, "wi");
-      }
-      language.Linear(n, ff, d, "wo", /*quantised=*/false);  // transformers keeps wo dense
-    };
-    auto attention = [&](double n, double kv_tokens, double keys) {
-      language.Linear(n, d, inner, "q");
-      language.Linear(kv_tokens, d, inner, "k");
-      language.Linear(kv_tokens, d, inner, "v");
-      language.Attention(n, keys, inner);
-      language.Linear(n, inner, d, "o");
-    };
-    for (int64_t i = 0; i < t5.num_layers; ++i) {
-      attention(encoded, encoded, encoder_sequence);
-      ffn(encoded);
-      language.Layer(encoded, d, ff, t5.gated_gelu);
-    }
-    for (int64_t i = 0; i < t5.num_decoder_layers; ++i) {
-      attention(decoded, decoded, caption);
-      attention(decoded, encoded, encoder_sequence);
-      ffn(decoded);
-      language.Layer(decoded, d, ff, t5.gated_gelu);
-    }
-    language.UnblockedLinear(decoded, d, static_cast<double>(t5.vocab_size), "lm_head");
-    logits = decoded * static_cast<double>(t5.vocab_size);
-  }
+  const double logits = model.opt() != nullptr
+                            ? CountOptWork(*model.opt(), examples, queries + caption, language)
+                            : CountT5Work(*model.t5(), examples, queries, caption, language);
 
-  // Backward runs through a part that is trained or adapted, and through every part after one
-  // that is; checkpointing reruns the forward of those parts' blocks.
-  double matmul = 0, memory = 0, launches = 0, nf4_values = 0, trainable_tensors = 0;
-  bool backward = false;
-  const std::pair<const PartCounter*, bool> parts[] = {
-      {&vision, trained("vision_model")},
-      {&qformer, trained("qformer")},
-      {&projection, trained("language_projection")},
-      {&language, trained("language_model") || !full}};
-  for (const auto& [counter, learns] : parts) {
-    const Part& p = counter->part();
-    backward = backward || learns;
-    const double forward_runs = backward && checkpointing ? 2 : 1;
-    matmul += p.forward_flops * forward_runs + p.unblocked_flops;
-    memory += p.forward_bytes * forward_runs;
-    launches += p.launches * forward_runs;
-    nf4_values += p.nf4_values * (forward_runs + (backward ? 1 : 0));
-    trainable_tensors += p.trainable_tensors;
-    if (!backward) continue;
-    matmul += p.input_grad_flops + p.weight_grad_flops;
-    memory += kBlip2BackwardPasses * p.forward_bytes;
-    launches += kBlip2BackwardPasses * p.launches;
-  }
-  memory += logits * LossBytesPerLogit(config, element);
-  if (qlora) memory += nf4_values * Nf4DequantBytes(config);
+  const MicroBatchWork step = SumMicroBatchParts({{&vision, trained("vision_model")},
+                                                  {&qformer, trained("qformer")},
+                                                  {&projection, trained("language_projection")},
+                                                  {&language, trained("language_model") || !full}},
+                                                 checkpointing);
+  double memory = step.memory + logits * LossBytesPerLogit(config, element);
+  if (qlora) memory += step.nf4_values * Nf4DequantBytes(config);
   const double micro_batches = static_cast<double>(w.micro_batches);
-  w.matmul_flops = matmul * micro_batches;
+  w.matmul_flops = step.matmul * micro_batches;
   w.memory_bytes = memory * micro_batches;
-  w.launches = launches * micro_batches + OptimizerLaunches(config, trainable_tensors);
+  w.launches = step.launches * micro_batches + OptimizerLaunches(config, step.trainable_tensors);
   AddOptimizerAndRanks(config, state, w);
   w.model_bytes = static_cast<double>(state.params_bytes);
   w.pretrained = s.model.init == trial::Init::kPretrained;
