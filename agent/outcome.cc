@@ -8,6 +8,7 @@
 #include "agent/event_reader.h"
 #include "common/text.h"
 #include "common/trainer_exit.h"
+#include "common/trial_outcome.h"
 
 namespace llmctl::agent {
 namespace {
@@ -82,24 +83,24 @@ RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool can
   if (exit.signal != 0) {
     end.exit_code = -exit.signal;
     if (exit.signal == SIGKILL && !result.present) {
-      end.outcome = "oom";
+      end.outcome = trial_outcome::kOom;
       end.error = "killed by the kernel (host memory)";
     } else {
-      end.outcome = "failed";
+      end.outcome = trial_outcome::kFailed;
       end.error = "killed by " + SignalName(exit.signal);
     }
   } else {
     end.exit_code = exit.exit_code;
     end.outcome = std::string(trainer_exit::OutcomeName(exit.exit_code));
     if (end.outcome.empty()) {
-      end.outcome = "failed";
+      end.outcome = trial_outcome::kFailed;
       end.error = "llm-train exited with code " + std::to_string(exit.exit_code);
       if (!reported.empty()) end.error += ": " + reported;
     }
     if (end.error.empty() && exit.exit_code != 0) end.error = reported;
   }
-  if (cancel_requested && end.outcome != "ok") {
-    end.outcome = "cancelled";
+  if (cancel_requested && end.outcome != trial_outcome::kOk) {
+    end.outcome = trial_outcome::kCancelled;
     end.error = "cancelled on request; the worker " +
                 (exit.signal != 0 ? "was killed by " + SignalName(exit.signal)
                                   : "exited with code " + std::to_string(exit.exit_code));

@@ -26,6 +26,7 @@
 #include "common/atomic_file.h"
 #include "common/files.h"
 #include "common/rank_files.h"
+#include "common/trial_outcome.h"
 
 extern char** environ;
 
@@ -408,7 +409,7 @@ void RunManager::CheckRun(Run& run) {
     }
   }
   RunEnd end;
-  end.outcome = cancel_requested ? "cancelled" : "failed";
+  end.outcome = cancel_requested ? trial_outcome::kCancelled : trial_outcome::kFailed;
   end.error = "worker vanished: its supervisor ended without recording an exit status";
   if (!exit.ok()) end.error += " (" + exit.status().message() + ")";
   EndRun(run, end);
@@ -512,9 +513,9 @@ StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
     auto path = cache_->Materialize(*request.resume_tree);
     if (!path.ok()) return path.status().WithContext("resume_from.tree");
     resume_checkpoint = *path;
-    if (!Exists(resume_checkpoint + "/trainer_state.json")) {
+    if (!Exists(resume_checkpoint + "/" + kCheckpointStateFile)) {
       return InvalidArgumentError("resume_from.tree " + request.resume_tree->digest +
-                                  " is no checkpoint: it has no trainer_state.json");
+                                  " is no checkpoint: it has no " + kCheckpointStateFile);
     }
   } else if (!resume_checkpoint.empty()) {
     const std::string from = "resume from " + DescribeRunKey(request.resume_run);
@@ -527,7 +528,7 @@ StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
     RETURN_IF_ERROR(CheckResumeCheckpoint(request.key, request.resume_run, resume_checkpoint)
                         .WithContext(from));
     // What SaveCheckpoint writes last into a complete checkpoint (trainer/train/checkpoints.h).
-    if (!Exists(request.resume_checkpoint + "/trainer_state.json")) {
+    if (!Exists(request.resume_checkpoint + "/" + kCheckpointStateFile)) {
       return FailedPreconditionError(from + ": its checkpoint " + request.resume_checkpoint +
                                      " is gone from this node");
     }
@@ -676,7 +677,7 @@ StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
   run.nodes = nodes;
   if (spawned != 0) {
     RunEnd end;
-    end.outcome = "failed";
+    end.outcome = trial_outcome::kFailed;
     end.error = "cannot start the supervisor " + options_.supervisor_program + ": " +
                 std::strerror(spawned);
     EndRun(run, end);

@@ -14,6 +14,11 @@ inline constexpr char kEventsFile[] = "events.jsonl";
 // before the extension (events.jsonl -> events.rank1.jsonl). "" stays "".
 std::string RankEventsPath(const std::string& path, int rank);
 
+// A checkpoint directory's state (next step, data position, resolved config). llm-train writes it
+// last (trainer/train/checkpoints.cc), so a directory holding it is a complete checkpoint: the
+// agent checks for it before resuming from a directory, the controller before keeping its copy.
+inline constexpr char kCheckpointStateFile[] = "trainer_state.json";
+
 // Strategy fsdp's checkpoints hold each rank's optimizer shard: rank 0's in optimizer.safetensors,
 // rank r's in optimizer.rank<r>.safetensors. Each node's ranks write theirs on that node; the
 // controller's copy of a multi-node checkpoint gathers them from every node.

@@ -6,6 +6,8 @@
 
 #include <string_view>
 
+#include "common/trial_outcome.h"
+
 namespace llmctl::trainer_exit {
 
 inline constexpr int kOk = 0;
@@ -20,17 +22,17 @@ inline constexpr int kCancelled = 5;
 constexpr std::string_view OutcomeName(int exit_code) {
   switch (exit_code) {
     case kOk:
-      return "ok";
+      return trial_outcome::kOk;
     case kFailed:
-      return "failed";
+      return trial_outcome::kFailed;
     case kInvalidInput:
-      return "invalid";
+      return trial_outcome::kInvalid;
     case kOom:
-      return "oom";
+      return trial_outcome::kOom;
     case kDiverged:
-      return "diverged";
+      return trial_outcome::kDiverged;
     case kCancelled:
-      return "cancelled";
+      return trial_outcome::kCancelled;
     default:
       return "";
   }

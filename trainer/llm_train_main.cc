@@ -30,8 +30,8 @@
 #include "common/text.h"
 #include "common/trial_config.h"
 #include "common/trial_keys.h"
-#include "trainer/dist/rank_launcher.h"
 #include "trainer/dist/rank_env.h"
+#include "trainer/dist/rank_launcher.h"
 #include "trainer/inputs/trial_inputs.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/caption_batches.h"
@@ -94,7 +94,7 @@ int LaunchRanks(const LauncherFlags& flags, const llmctl::TrialConfig& config, i
         std::to_string(flags.node_rank) +
         " needs the port node rank 0's launcher chose (master_port in its --ranks-file)");
   }
-  if ((strategy != "ddp" && strategy != "fsdp") || devices * nodes < 2 || devices != flags.nproc) {
+  if (llmctl::DataParallelRanks(config) < 2 || devices != flags.nproc) {
     return Fail("--nproc " + std::to_string(flags.nproc) +
                 " starts the ranks of a data-parallel trial: it needs strategy: ddp or fsdp and "
                 "devices: " +
@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
   const int64_t devices = config.GetInt("devices");
   const int64_t nodes = config.GetInt("nodes");
   std::optional<llmctl::dist::RankEnv> rank_env;
-  if ((strategy == "ddp" || strategy == "fsdp") && devices * nodes > 1) {
+  if (llmctl::DataParallelRanks(config) > 1) {
     auto env = llmctl::dist::RankEnvFromEnvironment();
     if (!env.ok()) {
       const std::string start =

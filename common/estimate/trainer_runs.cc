@@ -15,6 +15,7 @@
 #include "common/estimate/model_state.h"
 #include "common/estimate/step_memory.h"
 #include "common/experiment.h"
+#include "common/rank_files.h"
 #include "common/snapshot_event.h"
 #include "tests/support/shell_command.h"
 
@@ -88,9 +89,7 @@ TrainerRun RunLlmTrain(const Case& c, const Sets& common, const fs::path& dir, i
   run.exit_code = result.exit_code;
   run.output = result.out;
   for (int rank = 0; rank < c.nproc; ++rank) {
-    fs::path path = events;
-    if (rank > 0) path.replace_extension(".rank" + std::to_string(rank) + ".jsonl");
-    run.ranks.push_back(ReadEvents(path));
+    run.ranks.push_back(ReadEvents(RankEventsPath(events.string(), rank)));
   }
   return run;
 }

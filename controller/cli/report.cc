@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/text.h"
+#include "common/trial_outcome.h"
 #include "controller/cli/report_charts.h"
 #include "controller/cli/report_format.h"
 
@@ -621,13 +622,15 @@ StatusOr<ReportFormat> ParseReportFormat(std::string_view name) {
 bool IsUnexpected(const v1::TrialReport& trial) {
   if (!trial.expected().empty()) return trial.outcome() != trial.expected();
   const std::string& outcome = trial.outcome();
-  return outcome == "failed" || outcome == "diverged" || outcome == "cancelled";
+  return outcome == trial_outcome::kFailed || outcome == trial_outcome::kDiverged ||
+         outcome == trial_outcome::kCancelled;
 }
 
 bool HasEnded(const v1::TrialReport& trial) {
   const std::string& outcome = trial.outcome();
-  return outcome == "ok" || outcome == "oom" || outcome == "diverged" || outcome == "failed" ||
-         outcome == "cancelled";
+  return outcome == trial_outcome::kOk || outcome == trial_outcome::kOom ||
+         outcome == trial_outcome::kDiverged || outcome == trial_outcome::kFailed ||
+         outcome == trial_outcome::kCancelled;
 }
 
 int CountUnexpectedOutcomes(const v1::ReportResponse& report) {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "common/byte_size.h"
+#include "common/snapshot_event.h"
 #include "controller/cli/report.h"
 #include "controller/cli/report_format.h"
 #include "controller/cli/watch_view.h"
@@ -197,7 +198,7 @@ std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& t
   // room for it.
   double last_label_x = -kLabelSpacing;
   for (const MemoryTimeline::Snapshot& snap : timeline.snapshots) {
-    if (snap.phase == "oom") continue;
+    if (snap.phase == snapshot_event::kAtOom) continue;
     const double x = x_of(snap.seconds);
     out += "<line x1=\"" + Printf("%.1f", x) + "\" x2=\"" + Printf("%.1f", x) + "\" y1=\"" +
            Printf("%.0f", kTop) + "\" y2=\"" + Printf("%.0f", kTop + kPlotHeight) + "\" stroke=\"" +
@@ -275,7 +276,7 @@ std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& t
         ", micro-batch " + std::to_string(snap.micro_batch) + ", " + Printf("%.3f", snap.seconds) +
         " s: allocated " + Mib(snap.allocated_bytes) + " MiB, reserved " +
         Mib(snap.reserved_bytes) + " MiB</title>";
-    if (snap.phase == "oom") {
+    if (snap.phase == snapshot_event::kAtOom) {
       std::string cross = "M";  // two strokes
       cross += Coordinates(x - 5, y - 5) + " L" + Coordinates(x + 5, y + 5);
       cross += " M" + Coordinates(x - 5, y + 5) + " L" + Coordinates(x + 5, y - 5);

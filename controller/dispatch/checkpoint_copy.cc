@@ -14,26 +14,14 @@
 namespace llmctl::controller::dispatch {
 namespace {
 
-std::optional<ResultCheckpoint> CheckpointOf(const nlohmann::json& result) {
-  if (!result.is_object()) return std::nullopt;
-  const auto checkpoint = result.find("checkpoint");
-  if (checkpoint == result.end() || !checkpoint->is_object() ||
-      !checkpoint->value("step", nlohmann::json()).is_number_integer() ||
-      !checkpoint->value("path", nlohmann::json()).is_string()) {
-    return std::nullopt;
-  }
-  return ResultCheckpoint{.path = (*checkpoint)["path"].get<std::string>(),
-                          .step = (*checkpoint)["step"].get<int64_t>()};
-}
-
 nlohmann::json ParseResult(const std::string& result_json) {
   return nlohmann::json::parse(result_json, nullptr, /*allow_exceptions=*/false);
 }
 
 }  // namespace
 
-std::optional<ResultCheckpoint> ResultCheckpointOf(const std::string& result_json) {
-  return CheckpointOf(ParseResult(result_json));
+std::optional<result_event::Checkpoint> ResultCheckpointOf(const std::string& result_json) {
+  return result_event::CheckpointOf(ParseResult(result_json));
 }
 
 std::string DescribeStopCheckpoint(const std::string& result_json, int64_t experiment_id,
@@ -42,7 +30,8 @@ std::string DescribeStopCheckpoint(const std::string& result_json, int64_t exper
   if (!result.is_object()) {
     return "no checkpoint: the worker ended without a result (killed when its grace ran out?)";
   }
-  if (const std::optional<ResultCheckpoint> checkpoint = CheckpointOf(result)) {
+  if (const std::optional<result_event::Checkpoint> checkpoint =
+          result_event::CheckpointOf(result)) {
     // The event counts steps from 0; "after step N" and the directory step-N count completed ones.
     const std::string trial = std::to_string(experiment_id) + " '" + trial_name + "'";
     return "checkpoint after step " + std::to_string(checkpoint->step + 1) + " in " +
@@ -79,7 +68,7 @@ std::optional<std::string> CheckpointCopies::OnEnded(const store::RunningAttempt
 
 void CheckpointCopies::Start(const store::RunningAttempt& attempt, const std::string& trial_name,
                              const std::string& result_json) {
-  const std::optional<ResultCheckpoint> checkpoint = ResultCheckpointOf(result_json);
+  const std::optional<result_event::Checkpoint> checkpoint = ResultCheckpointOf(result_json);
   if (!checkpoint) return;  // nothing to copy; the trial's error says why
   const AttemptKey key{attempt.trial_id, attempt.attempt};
   MutexLock lock(core_.mutex);
@@ -192,7 +181,7 @@ StatusOr<std::vector<digest::TreeFile>> CheckpointCopies::FetchFiles(const std::
 
 StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attempt,
                                              const std::string& trial_name,
-                                             const ResultCheckpoint& checkpoint) {
+                                             const result_event::Checkpoint& checkpoint) {
   store::Store& store = core_.store;
   ASSIGN_OR_RETURN(const store::TrialRecord trial, store.GetTrial(attempt.trial_id));
   if (trial.resume && !trial.resume->tree.empty() && trial.resume->step == checkpoint.step + 1) {
@@ -209,9 +198,10 @@ StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attemp
   ASSIGN_OR_RETURN(by_node.emplace_back(), FetchFiles(attempt.node, key, checkpoint.path));
   // What SaveCheckpoint writes last: without it the directory is no complete checkpoint.
   if (std::none_of(by_node[0].begin(), by_node[0].end(), [](const digest::TreeFile& file) {
-        return file.path == "trainer_state.json";
+        return file.path == kCheckpointStateFile;
       })) {
-    return DataLossError("the agent sent no trainer_state.json: no complete checkpoint");
+    return DataLossError(std::string("the agent sent no ") + kCheckpointStateFile +
+                         ": no complete checkpoint");
   }
   std::vector<digest::TreeFile> files = by_node[0];
   ASSIGN_OR_RETURN(const TrialConfig config,

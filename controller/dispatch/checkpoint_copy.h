@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "common/digest/digest.h"
+#include "common/result_event.h"
 #include "common/status.h"
 #include "controller/dispatch/artifacts.h"
 #include "controller/dispatch/dispatcher_core.h"
@@ -25,13 +26,9 @@
 
 namespace llmctl::controller::dispatch {
 
-// The checkpoint a worker's `result` event names.
-struct ResultCheckpoint {
-  std::string path;
-  int64_t step = 0;  // counted from 0: the checkpoint is after step + 1 complete steps
-};
-// Nothing when `result_json` is no result naming a checkpoint.
-std::optional<ResultCheckpoint> ResultCheckpointOf(const std::string& result_json);
+// The checkpoint a worker's `result` event names (common/result_event.h); nothing when
+// `result_json` is no result naming one.
+std::optional<result_event::Checkpoint> ResultCheckpointOf(const std::string& result_json);
 
 // A multi-node fsdp checkpoint as one tree: node rank 0's files (`by_node[0]`: the whole model, its
 // ranks' optimizer shards and the trainer's state) and, from each other node k, the optimizer
@@ -76,7 +73,7 @@ class CheckpointCopies {
   // checkpoint is on every node (trainer/parallel/fsdp_checkpoint.h): its files are fetched from
   // each and merged (MergeNodeCheckpoints).
   StatusOr<std::string> Copy(const store::RunningAttempt& attempt, const std::string& trial_name,
-                             const ResultCheckpoint& checkpoint);
+                             const result_event::Checkpoint& checkpoint);
   // Fetches the files of directory `path` of `key`'s run on `node` into the blob store.
   StatusOr<std::vector<digest::TreeFile>> FetchFiles(const std::string& node, const v1::RunKey& key,
                                                      const std::string& path);

@@ -226,6 +226,10 @@ TEST(ResultCheckpointOfTest, ReadsThePathAndStepOfAResultsCheckpoint) {
   EXPECT_FALSE(
       dispatch::ResultCheckpointOf(R"({"checkpoint":{"step":"2","path":"/out"}})").has_value());
   EXPECT_FALSE(dispatch::ResultCheckpointOf(R"({"checkpoint":{"step":2}})").has_value());
+  // What `llmctl resume` would refuse is no checkpoint to copy either (common/result_event.h).
+  EXPECT_FALSE(
+      dispatch::ResultCheckpointOf(R"({"checkpoint":{"step":-1,"path":"/out"}})").has_value());
+  EXPECT_FALSE(dispatch::ResultCheckpointOf(R"({"checkpoint":{"step":2,"path":""}})").has_value());
 }
 
 TEST(DescribeStopCheckpointTest, NamesTheCheckpointOrWhyThereIsNone) {

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/event_line.h"
+#include "common/trial_outcome.h"
 #include "controller/device_samples_proto.h"
 #include "controller/dispatch/cancellation.h"
 #include "rpc/grpc_status.h"
@@ -84,7 +85,9 @@ Status EventStreams::Finish(Stream& stream, const v1::RunEnded& end) {
   store::Store& store = core_.store;
   const store::RunningAttempt& attempt = stream.attempt;
   std::string error = end.error();
-  if (end.outcome() == "invalid" && error.empty()) error = "the trainer refused the config";
+  if (end.outcome() == trial_outcome::kInvalid && error.empty()) {
+    error = "the trainer refused the config";
+  }
   // Rank 0's checkpoint, on node rank 0.
   if (stream.node_rank == 0) {
     if (std::optional<std::string> stopped_error =

@@ -307,6 +307,28 @@ ORDER BY t.experiment_id, t.ordinal, ph.phase_order;
 constexpr std::string_view kReportViews =
     Joined<kReportViewsBeforePhases, kPhaseRows, kReportViewsAfterPhases>::kText;
 
+// Whether `sql` selects the snapshot's `field` under its own name: "'$.FIELD') AS FIELD".
+constexpr bool SelectsField(std::string_view sql, std::string_view field) {
+  for (size_t at = sql.find("'$."); at != std::string_view::npos; at = sql.find("'$.", at + 1)) {
+    std::string_view rest = sql.substr(at + 3);
+    if (!rest.starts_with(field)) continue;
+    rest.remove_prefix(field.size());
+    if (!rest.starts_with("') AS ")) continue;
+    rest.remove_prefix(6);
+    if (rest.starts_with(field) && rest.substr(field.size()).find_first_of(",\n") == 0) return true;
+  }
+  return false;
+}
+// The views spell the snapshot's fields out in SQL: each must be common/snapshot_event.h's name, so
+// a field renamed there fails here, at compile time, and not as NULL columns in the report.
+constexpr bool SelectsEverySnapshotField(std::string_view sql) {
+  for (std::string_view field : snapshot_event::kByteFields) {
+    if (!SelectsField(sql, field)) return false;
+  }
+  return SelectsField(sql, snapshot_event::kStep) && SelectsField(sql, snapshot_event::kMicroBatch);
+}
+static_assert(SelectsEverySnapshotField(kReportViews), "trial_phase_peaks: a snapshot field");
+
 constexpr std::string_view kTrialStepsView = R"sql(
 -- The `step` events of each trial's run; step counts from 0, as in the events.
 CREATE VIEW trial_steps AS

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "common/event_line.h"
+#include "common/result_event.h"
 #include "controller/store/schema.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store_internal.h"
@@ -931,12 +932,11 @@ StatusOr<TrialResume> Store::ResumeTrial(int64_t trial_id) {
                                    " was lost with its node: its end and any checkpoint "
                                    "are unknown");
   }
-  ASSIGN_OR_RETURN(const json result, LatestEventOfType(db_, trial_id, final_attempt, "result"));
+  ASSIGN_OR_RETURN(const json result, LatestEventOfType(db_, trial_id, final_attempt,
+                                                        std::string(result_event::kType)));
   TrialResume resume;
-  const json checkpoint = result.is_object() ? result.value("checkpoint", json()) : json();
-  if (checkpoint.is_object() && checkpoint.value("step", json()).is_number_integer() &&
-      checkpoint["step"].get<int64_t>() >= 0 && checkpoint.value("path", json()).is_string() &&
-      !checkpoint["path"].get<std::string>().empty()) {
+  if (const std::optional<result_event::Checkpoint> checkpoint =
+          result_event::CheckpointOf(result)) {
     // The event counts steps from 0; the checkpoint holds the steps up to and including it.
     ASSIGN_OR_RETURN(Statement tree,
                      Statement::Prepare(db_,
@@ -946,8 +946,8 @@ StatusOr<TrialResume> Store::ResumeTrial(int64_t trial_id) {
     ASSIGN_OR_RETURN(const bool has_row, tree.Step());
     resume = TrialResume{.attempt = final_attempt,
                          .node = row->node,
-                         .checkpoint = checkpoint["path"].get<std::string>(),
-                         .step = checkpoint["step"].get<int64_t>() + 1,
+                         .checkpoint = checkpoint->path,
+                         .step = checkpoint->step + 1,
                          .tree = has_row && !tree.IsNull(0) ? tree.Text(0) : ""};
   } else if (trial.resume) {
     // The final attempt continued this checkpoint and ended before it wrote or named one (say, the

@@ -33,7 +33,7 @@ Status SaveRankShard(FullyShardedDataParallel& fsdp, const std::string& dir,
   // Every rank has written. A staging directory that holds trainer_state.json is rank 0's, which
   // rank 0 renames once this agreement is done.
   Status renamed = Status::Ok();
-  if (fsdp.local_rank() == 0 && !fs::exists(staging / "trainer_state.json")) {
+  if (fsdp.local_rank() == 0 && !fs::exists(staging / kCheckpointStateFile)) {
     fs::remove_all(dir, error);
     fs::rename(staging, dir, error);
     if (error)

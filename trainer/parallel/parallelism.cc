@@ -18,7 +18,7 @@ StatusOr<std::unique_ptr<Parallelism>> MakeParallelism(const TrialConfig& config
   // Every node's devices are ranks of one job: the data shards, the gradient average and FSDP's
   // shards are over all of them.
   const int64_t world_size = devices * nodes;
-  if ((strategy != "ddp" && strategy != "fsdp") || world_size == 1) {
+  if (DataParallelRanks(config) == 1) {
     return std::unique_ptr<Parallelism>(new SingleProcess());
   }
   const std::string ranks_text = nodes > 1 ? "nodes x devices (" + std::to_string(nodes) + " x " +

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "common/atomic_file.h"
+#include "common/rank_files.h"
 #include "trainer/data/file_util.h"
 #include "trainer/model/weights.h"
 #include "trainer/safetensors/safetensors.h"
@@ -94,7 +95,7 @@ Status SaveCheckpoint(const std::string& dir, const NamedTensors& model,
   fs::create_directories(staging, error);
   if (error) return UnavailableError("cannot create " + staging.string() + ": " + error.message());
   RETURN_IF_ERROR(WriteTensors((staging / "model.safetensors").string(), model));
-  RETURN_IF_ERROR(WriteTensors((staging / "optimizer.safetensors").string(), optimizer));
+  RETURN_IF_ERROR(WriteTensors((staging / RankOptimizerFile(0)).string(), optimizer));
   RETURN_IF_ERROR(WriteTensors((staging / "rng.safetensors").string(), GeneratorStates()));
   const nlohmann::json json{{"format_version", kFormatVersion},
                             {"next_step", state.next_step},
@@ -102,7 +103,7 @@ Status SaveCheckpoint(const std::string& dir, const NamedTensors& model,
                             {"loss_scale", state.loss_scale},
                             {"config", state.config}};
   const std::string text = json.dump(2) + "\n";
-  RETURN_IF_ERROR(WriteFileAtomically((staging / "trainer_state.json").string(), [&](int fd) {
+  RETURN_IF_ERROR(WriteFileAtomically((staging / kCheckpointStateFile).string(), [&](int fd) {
     return WriteAll(fd, text.data(), text.size());
   }));
   if (before_rename) RETURN_IF_ERROR(before_rename(staging.string()));
@@ -114,7 +115,7 @@ Status SaveCheckpoint(const std::string& dir, const NamedTensors& model,
 
 StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir) {
   const fs::path root(dir);
-  const std::string state_path = (root / "trainer_state.json").string();
+  const std::string state_path = (root / kCheckpointStateFile).string();
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(state_path));
   LoadedCheckpoint loaded;
   try {
@@ -131,7 +132,7 @@ StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir) {
     return DataLossError(state_path + ": " + e.what());
   }
   ASSIGN_OR_RETURN(loaded.model, ReadTensors((root / "model.safetensors").string()));
-  ASSIGN_OR_RETURN(loaded.optimizer, ReadTensors((root / "optimizer.safetensors").string()));
+  ASSIGN_OR_RETURN(loaded.optimizer, ReadTensors((root / RankOptimizerFile(0)).string()));
   ASSIGN_OR_RETURN(loaded.generators, ReadTensors((root / "rng.safetensors").string()));
   return loaded;
 }

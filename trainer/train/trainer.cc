@@ -37,19 +37,7 @@
 namespace llmctl::trainer {
 
 std::string_view OutcomeName(Outcome outcome) {
-  switch (outcome) {
-    case Outcome::kOk:
-      return "ok";
-    case Outcome::kOom:
-      return "oom";
-    case Outcome::kDiverged:
-      return "diverged";
-    case Outcome::kFailed:
-      return "failed";
-    case Outcome::kCancelled:
-      return "cancelled";
-  }
-  return "failed";
+  return trainer_exit::OutcomeName(ExitCodeFor(outcome));
 }
 
 int ExitCodeFor(Outcome outcome) {
