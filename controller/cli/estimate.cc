@@ -94,11 +94,11 @@ StatusOr<std::optional<Device>> ParseDeviceOption(const std::string& text) {
 // The trial's own device: its device_memory (the simulated device on the CPU, a budget on a
 // GPU), else on cuda the GPU of the experiment's target.
 std::optional<Device> TrialDevice(const Trial& trial, const Experiment& experiment) {
-  if (std::optional<uint64_t> budget = trial.config.GetByteSize("device_memory")) {
-    return Device{*budget, "device_memory " + trial.config.GetString("device_memory"),
-                  std::nullopt};
+  const DeviceSettings& device = trial.config.settings().device;
+  if (device.memory) {
+    return Device{device.memory->bytes, "device_memory " + device.memory->text, std::nullopt};
   }
-  if (trial.config.GetString("device") != "cuda") return std::nullopt;
+  if (device.kind != trial::Device::kCuda) return std::nullopt;
   std::optional<estimate::Gpu> gpu = estimate::GpuOfTarget(experiment.target);
   if (!gpu) return std::nullopt;
   std::string target;
@@ -112,7 +112,7 @@ std::optional<Device> TrialDevice(const Trial& trial, const Experiment& experime
 // of --device-memory when it names one, else of the experiment's target.
 std::optional<estimate::DeviceSpeed> TrialSpeed(const Trial& trial, const Experiment& experiment,
                                                 const std::optional<Device>& device_option) {
-  if (trial.config.GetString("device") != "cuda") return estimate::CpuSpeed();
+  if (trial.config.settings().device.kind != trial::Device::kCuda) return estimate::CpuSpeed();
   if (device_option && device_option->gpu) return estimate::GpuSpeed(*device_option->gpu);
   if (std::optional<estimate::Gpu> gpu = estimate::GpuOfTarget(experiment.target)) {
     return estimate::GpuSpeed(*gpu);
@@ -140,10 +140,11 @@ struct DrawnLengths {
 
 StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string& context) {
   DrawnLengths lengths{config, std::nullopt, std::nullopt, config, 0, ""};
-  const int64_t max_length = config.GetInt("data.max_seq_length");
-  const std::string data_path = config.GetString("data.path");
+  const TrialSettings& settings = config.settings();
+  const int64_t max_length = settings.data.max_seq_length;
+  const std::string& data_path = settings.data.path;
   const StatusOr<std::string> tokenizer = TrialTokenizerPath(config);
-  if (IsNodePath(data_path) || IsNodePath(config.GetString("tokenizer")) || !tokenizer.ok() ||
+  if (IsNodePath(data_path) || IsNodePath(settings.model.tokenizer) || !tokenizer.ok() ||
       !std::filesystem::exists(*tokenizer)) {
     lengths.note = "sequences at data.max_seq_length (" + std::to_string(max_length) +
                    " tokens): the dataset or its tokenizer is not on this machine";
@@ -164,7 +165,7 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
         lengths.opening_config->SetFromText("data.max_seq_length", std::to_string(opening)));
     RETURN_IF_ERROR(lengths.opening_config->SetFromText(
         "train.global_batch_size",
-        std::to_string(config.GetInt("train.micro_batch_size") * DataParallelRanks(config))));
+        std::to_string(settings.train.micro_batch_size * DataParallelRanks(config))));
     RETURN_IF_ERROR(
         lengths.peak_config.SetFromText("data.max_seq_length", std::to_string(accumulating)));
     later_text = std::to_string(accumulating) + " tokens beside held gradients and " +
@@ -181,7 +182,7 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
       "data.max_seq_length", std::to_string(static_cast<int64_t>(std::ceil(drawn->mean_padded)))));
   lengths.real_tokens = drawn->mean_real_tokens;
   lengths.note = "sequences as the run draws them with seed " +
-                 std::to_string(config.GetInt("seed")) + " over " + std::to_string(drawn->steps) +
+                 std::to_string(settings.train.seed) + " over " + std::to_string(drawn->steps) +
                  " steps: the peak at the longest micro-batch after the first step, " + later_text +
                  (lengths.first_step_config
                       ? " (the first step's " + std::to_string(drawn->longest_first_step) +
@@ -212,8 +213,8 @@ Status AddTime(const Experiment& experiment, const EstimateOptions& options,
   const estimate::Calibration calibration =
       options.calibrate ? options.calibrate(*speed, counted->family)
                         : estimate::DefaultCalibration(*speed, counted->family);
-  estimate::TimeEstimate time =
-      estimate::EstimateTime(*counted, *speed, calibration, trial.config.GetInt("train.max_steps"));
+  estimate::TimeEstimate time = estimate::EstimateTime(*counted, *speed, calibration,
+                                                       trial.config.settings().train.max_steps);
   // A model directory's config.json may state any size: the step's work and time can then pass
   // what a double holds. JSON has no infinity (it would be stored as null), so such a time is left
   // out, saying why, as the controller would refuse it.
@@ -242,7 +243,7 @@ Status AddTime(const Experiment& experiment, const EstimateOptions& options,
 StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment& experiment,
                                            const std::string& file, const EstimateOptions& options,
                                            const std::optional<Device>& device_option) {
-  const std::string model_name = trial.config.GetString("model");
+  const std::string& model_name = trial.config.settings().model.name;
   const std::string context = file + ": trial " + trial.name;
   std::string resolved = model_name;
   if (IsHubModelRef(model_name)) {
@@ -265,9 +266,9 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
   }
   std::optional<int64_t> caption_tokens;
   std::string note = "captions at data.max_seq_length (" +
-                     std::to_string(trial.config.GetInt("data.max_seq_length")) + " tokens)";
-  const std::string data_path = trial.config.GetString("data.path");
-  const std::string tokenizer = trial.config.GetString("tokenizer");
+                     std::to_string(trial.config.settings().data.max_seq_length) + " tokens)";
+  const std::string& data_path = trial.config.settings().data.path;
+  const std::string& tokenizer = trial.config.settings().model.tokenizer;
   // Without `tokenizer` a hub model's own is read, on the node.
   if (!IsNodePath(data_path) && !IsNodePath(tokenizer) &&
       (!tokenizer.empty() || !IsHubModelRef(model_name))) {
@@ -304,8 +305,8 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
 StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& experiment,
                                       const std::string& file, const EstimateOptions& options,
                                       const std::optional<Device>& device_option) {
-  const std::string model_name = trial.config.GetString("model");
-  if (trial.config.GetString("data.format") == "imagefolder") {
+  const std::string& model_name = trial.config.settings().model.name;
+  if (trial.config.settings().data.format == trial::DataFormat::kImagefolder) {
     // Parsing checked that the model is BLIP-2, the only family that reads images.
     return EstimateBlip2Trial(trial, experiment, file, options, device_option);
   }
@@ -397,27 +398,27 @@ std::string Count(int64_t n) { return Grouped(static_cast<double>(n), 0); }
 // --explain's lines of one trial: the model state's formulas, then the activations' and the
 // peak's (common/estimate's terms), then the verdict.
 std::string Explain(const TrialEstimate& e) {
-  const TrialConfig& c = e.trial->config;
+  const TrialSettings& c = e.trial->config.settings();
   const estimate::StepMemoryEstimate& m = *e.memory;
   const estimate::ModelStateEstimate& s = m.state;
-  const std::string precision = c.GetString("precision");
-  const std::string element = precision == "bf16-true" ? "2 B" : "4 B";
-  const std::string optimizer = c.GetString("optimizer");
+  const std::string precision(Name(c.memory.precision));
+  const std::string element = c.memory.precision == trial::Precision::kBf16True ? "2 B" : "4 B";
+  const std::string optimizer(Name(c.train.optimizer));
   std::vector<std::vector<std::string>> rows;
   auto add = [&](const std::string& name, const std::string& formula, uint64_t bytes) {
     rows.push_back({"  " + name, formula, FormatBytes(bytes)});
   };
   const std::string per_rank =
       s.world_size > 1 ? " / " + std::to_string(s.world_size) + " ranks" : "";
-  const bool sharded = c.GetString("strategy") == "fsdp" && s.world_size > 1;
-  const bool full_offload = sharded && c.GetString("offload") == "full";
+  const bool sharded = c.parallel.strategy == trial::Strategy::kFsdp && s.world_size > 1;
+  const bool full_offload = sharded && c.memory.offload == trial::Offload::kFull;
   add("params",
-      full_offload
-          ? "the shards are on the host (optim); the device gathers units (peak)"
-          : Count(s.parameters_total) + " values x " + element +
-                (c.GetString("peft.method") == "qlora" ? " (NF4 base weights: 0.5 B + block scales)"
-                                                       : "") +
-                (sharded ? per_rank : ""),
+      full_offload ? "the shards are on the host (optim); the device gathers units (peak)"
+                   : Count(s.parameters_total) + " values x " + element +
+                         (c.peft.method == trial::PeftMethod::kQlora
+                              ? " (NF4 base weights: 0.5 B + block scales)"
+                              : "") +
+                         (sharded ? per_rank : ""),
       s.params_bytes);
   add("grads",
       full_offload ? "on the host, with the shards (optim)"
@@ -443,7 +444,8 @@ std::string Explain(const TrialEstimate& e) {
                 : "SGD momentum: " + Count(s.parameters_trainable) + " x " + element;
   }
   add("optimizer", optim, s.optim_device_bytes);
-  if (s.comm_bytes > 0) add("comm", c.GetString("strategy") + " gradient buffers", s.comm_bytes);
+  if (s.comm_bytes > 0)
+    add("comm", std::string(Name(c.parallel.strategy)) + " gradient buffers", s.comm_bytes);
   for (const estimate::EstimateTerm& term : m.terms) add(term.name, term.formula, term.bytes);
   if (e.device) {
     const double share = static_cast<double>(m.peak_bytes) / static_cast<double>(e.device->bytes);
@@ -453,7 +455,7 @@ std::string Explain(const TrialEstimate& e) {
         e.device->bytes);
   }
   std::string text =
-      e.trial->name + " (" + c.GetString("model") + ", " + precision + ", " + optimizer + "):\n";
+      e.trial->name + " (" + c.model.name + ", " + precision + ", " + optimizer + "):\n";
   text += FormatColumns(rows, /*first_right_aligned=*/2);
   if (e.time) {
     std::vector<std::vector<std::string>> time_rows;
@@ -472,106 +474,130 @@ std::string Explain(const TrialEstimate& e) {
                              std::string(e.work->pretrained ? "loaded" : "built"),
                          StepSecondsText(e.time->startup_seconds) + " s"});
     text += "time on " + e.time_device + " (" + e.calibration + "; at " + RatesText(e.rates) +
-            "; x the factor):\n" +
-            FormatColumns(time_rows, /*first_right_aligned=*/2);
+            "; x the factor):\n" + FormatColumns(time_rows, /*first_right_aligned=*/2);
   }
   return text;
 }
 
-std::string RenderTable(const std::string& file, const Experiment& experiment,
-                        const std::vector<TrialEstimate>& estimates,
-                        const EstimateOptions& options) {
-  std::vector<std::vector<std::string>> rows;
+std::vector<std::string> TableHeader(const EstimateOptions& options) {
   std::vector<std::string> header = {"trial",       "model", "ranks",  "tokens", "model state",
                                      "activations", "peak",  "device", "verdict"};
   if (options.fit) header.insert(header.end(), {"max micro-batch", "global as"});
   header.insert(header.end(), {"step s", "tok/s", "minutes"});
-  rows.push_back(header);
-  std::string notes;
+  return header;
+}
+
+// ranks .. verdict of an estimated trial.
+std::vector<std::string> MemoryCells(const TrialEstimate& e) {
+  const estimate::StepMemoryEstimate& m = *e.memory;
+  const std::string verdict = e.Verdict();
+  return {std::to_string(m.state.world_size),
+          Count(m.tokens),
+          MibText(m.state.device_bytes()),
+          MibText(m.activation_bytes),
+          MibText(m.peak_bytes),
+          e.device ? MibText(e.device->bytes) : std::string(kNone),
+          verdict.empty()    ? std::string(kNone)
+          : verdict == "oom" ? "OOM"
+                             : "fits"};
+}
+
+// max micro-batch and global as (--fit).
+std::vector<std::string> FitCells(const TrialEstimate& e) {
+  if (!e.fit) return {std::string(kNone), std::string(kNone)};
+  if (e.fit->micro_batch_size == 0) return {"none", std::string(kNone)};
+  return {std::to_string(e.fit->micro_batch_size),
+          e.fit->accumulation > 0 ? std::to_string(e.fit->global_micro_batch_size) + " x " +
+                                        std::to_string(e.fit->accumulation)
+                                  : std::string(kNone)};
+}
+
+// step s, tok/s and minutes.
+std::vector<std::string> TimeCells(const TrialEstimate& e) {
+  if (!e.time) return std::vector<std::string>(3, std::string(kNone));
+  return {StepSecondsText(e.time->step_seconds), Grouped(e.time->tokens_per_second, 0),
+          e.time->trial_seconds > 0 ? MinutesText(e.time->trial_seconds) : std::string(kNone)};
+}
+
+// What the lines under the table say: the devices, calibrations and rates the rows used (each
+// once, in the order met) and a note per trial that needs one.
+struct TableNotes {
   std::vector<std::string> sources;
   std::vector<std::string> calibrations;
   std::vector<std::string> rates;
-  for (const TrialEstimate& e : estimates) {
-    std::vector<std::string> row = {e.trial->name, e.trial->config.GetString("model")};
+  std::string notes;
+
+  static void AddOnce(std::vector<std::string>& list, const std::string& item) {
+    if (std::find(list.begin(), list.end(), item) == list.end()) list.push_back(item);
+  }
+
+  void Add(const TrialEstimate& e) {
     if (!e.memory) {
-      row.resize(header.size(), std::string(kNone));
-      rows.push_back(row);
       notes += e.trial->name + ": not estimated: " + e.reason + "\n";
-      continue;
-    }
-    const estimate::StepMemoryEstimate& m = *e.memory;
-    const std::string verdict = e.Verdict();
-    row.insert(row.end(),
-               {std::to_string(m.state.world_size), Count(m.tokens),
-                MibText(m.state.device_bytes()), MibText(m.activation_bytes), MibText(m.peak_bytes),
-                e.device ? MibText(e.device->bytes) : std::string(kNone),
-                verdict.empty()    ? std::string(kNone)
-                : verdict == "oom" ? "OOM"
-                                   : "fits"});
-    if (options.fit) {
-      if (!e.fit) {
-        row.insert(row.end(), {std::string(kNone), std::string(kNone)});
-      } else if (e.fit->micro_batch_size == 0) {
-        row.insert(row.end(), {"none", std::string(kNone)});
-      } else {
-        row.push_back(std::to_string(e.fit->micro_batch_size));
-        row.push_back(e.fit->accumulation > 0 ? std::to_string(e.fit->global_micro_batch_size) +
-                                                    " x " + std::to_string(e.fit->accumulation)
-                                              : std::string(kNone));
-      }
+      return;
     }
     if (e.time) {
-      row.insert(
-          row.end(),
-          {StepSecondsText(e.time->step_seconds), Grouped(e.time->tokens_per_second, 0),
-           e.time->trial_seconds > 0 ? MinutesText(e.time->trial_seconds) : std::string(kNone)});
-      if (std::find(calibrations.begin(), calibrations.end(), e.calibration) ==
-          calibrations.end()) {
-        calibrations.push_back(e.calibration);
-      }
-      if (std::find(rates.begin(), rates.end(), RatesText(e.rates)) == rates.end()) {
-        rates.push_back(RatesText(e.rates));
-      }
+      AddOnce(calibrations, e.calibration);
+      AddOnce(rates, RatesText(e.rates));
     } else {
-      row.insert(row.end(), 3, std::string(kNone));
       notes += e.trial->name + ": no time: " + e.time_reason + "\n";
     }
-    rows.push_back(row);
     if (!e.note.empty()) notes += e.trial->name + ": " + e.note + "\n";
-    if (e.device && std::find(sources.begin(), sources.end(), e.device->source) == sources.end()) {
-      sources.push_back(e.device->source);
-    }
+    if (e.device) AddOnce(sources, e.device->source);
     if (!e.device) {
       notes += e.trial->name +
                ": no verdict: no device_memory, and no GPU from the target (pass --device-memory "
                "80GiB or a GPU such as a100-80gb)\n";
     }
   }
+
+  std::string Render(const EstimateOptions& options) const {
+    std::string text;
+    if (!sources.empty()) text += "device: " + Joined(sources) + "\n";
+    if (!calibrations.empty()) {
+      text +=
+          "time: a step (step s) at the mean micro-batch the run draws, else at full sequences, "
+          "the trial's tokens/s over its ranks, and minutes for its steps after start-up; "
+          "calibration: " +
+          Joined(calibrations) + "\nrates: " + Joined(rates) + "\n";
+    }
+    if (options.fit) {
+      text +=
+          "max micro-batch: the largest that fits; global as: the trial's global batch as "
+          "micro-batch x accumulation with the largest micro-batch that fits and divides it\n";
+    }
+    return text + notes;
+  }
+
+  static std::string Joined(const std::vector<std::string>& items) {
+    std::string text;
+    for (size_t i = 0; i < items.size(); ++i) text += (i > 0 ? "; " : "") + items[i];
+    return text;
+  }
+};
+
+std::string RenderTable(const std::string& file, const Experiment& experiment,
+                        const std::vector<TrialEstimate>& estimates,
+                        const EstimateOptions& options) {
+  const std::vector<std::string> header = TableHeader(options);
+  std::vector<std::vector<std::string>> rows = {header};
+  TableNotes notes;
+  for (const TrialEstimate& e : estimates) {
+    notes.Add(e);
+    std::vector<std::string> row = {e.trial->name, e.trial->config.settings().model.name};
+    if (!e.memory) {
+      row.resize(header.size(), std::string(kNone));
+    } else {
+      for (const std::vector<std::string>& cells :
+           {MemoryCells(e), options.fit ? FitCells(e) : std::vector<std::string>(), TimeCells(e)}) {
+        row.insert(row.end(), cells.begin(), cells.end());
+      }
+    }
+    rows.push_back(std::move(row));
+  }
   std::string text = "estimate of " + file + " (" + experiment.name +
                      "): per rank on the training device, MiB\n" +
-                     FormatColumns(rows, /*first_right_aligned=*/2);
-  if (!sources.empty()) {
-    text += "device: ";
-    for (size_t i = 0; i < sources.size(); ++i) text += (i > 0 ? "; " : "") + sources[i];
-    text += "\n";
-  }
-  if (!calibrations.empty()) {
-    text +=
-        "time: a step (step s) at the mean micro-batch the run draws, else at full sequences, the "
-        "trial's tokens/s over its ranks, and minutes for its steps after start-up; calibration: ";
-    for (size_t i = 0; i < calibrations.size(); ++i) {
-      text += (i > 0 ? "; " : "") + calibrations[i];
-    }
-    text += "\nrates: ";
-    for (size_t i = 0; i < rates.size(); ++i) text += (i > 0 ? "; " : "") + rates[i];
-    text += "\n";
-  }
-  if (options.fit) {
-    text +=
-        "max micro-batch: the largest that fits; global as: the trial's global batch as "
-        "micro-batch x accumulation with the largest micro-batch that fits and divides it\n";
-  }
-  text += notes;
+                     FormatColumns(rows, /*first_right_aligned=*/2) + notes.Render(options);
   if (options.explain) {
     for (const TrialEstimate& e : estimates) {
       if (e.memory) text += "\n" + Explain(e);
@@ -589,7 +615,7 @@ std::string RenderJson(const std::string& file, const Experiment& experiment,
                       {"trials", ordered_json::array()}};
   for (const TrialEstimate& e : estimates) {
     ordered_json trial = {{"name", e.trial->name},
-                          {"model", e.trial->config.GetString("model")},
+                          {"model", e.trial->config.settings().model.name},
                           {"estimated", e.memory.has_value()}};
     if (!e.memory) {
       trial["reason"] = e.reason;

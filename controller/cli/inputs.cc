@@ -110,10 +110,10 @@ Status CheckLocalInputs(const Experiment& checked, std::string_view filename) {
   TrialInputsChecker checker;
   std::map<std::string, StatusOr<ModelConfig>> models;
   for (const Trial& trial : checked.trials) {
-    const std::string model_name = trial.config.GetString("model");
+    const std::string& model_name = trial.config.settings().model.name;
     const ModelConfig* model = nullptr;
     // BLIP-2 (its data imagefolder, as parsing checked) has no LLaMA shape to check inputs against.
-    const bool blip2 = trial.config.GetString("data.format") == "imagefolder";
+    const bool blip2 = trial.config.settings().data.format == trial::DataFormat::kImagefolder;
     if (!blip2 && !IsHubModelRef(model_name) && !IsNodePath(model_name)) {
       auto it = models.find(model_name);
       if (it == models.end()) it = models.emplace(model_name, ResolveModel(model_name)).first;
