@@ -65,19 +65,6 @@ class Blip2Gathering {
   uint64_t all_units_ = 0;
 };
 
-// The highest moment so far: its bytes, phase and description.
-struct Blip2Peak {
-  uint64_t bytes = 0;
-  std::string phase;
-  std::string moment;
-  void Consider(uint64_t at, const char* at_phase, std::string description) {
-    if (at <= bytes) return;
-    bytes = at;
-    phase = at_phase;
-    moment = std::move(description);
-  }
-};
-
 // What the backward walk needs of the step.
 struct Blip2Backward {
   const Blip2ForwardTrace& trace;
@@ -103,13 +90,9 @@ uint64_t Blip2GradsOf(const Blip2Backward& b, int64_t values) {
                                static_cast<double>(values) / static_cast<double>(trainable));
 }
 
-std::string GatheredText(uint64_t gathered) {
-  return gathered > 0 ? " + gathered units " + FormatBytes(gathered) : std::string();
-}
-
 // Block by block from the last: its backward starts with its saved tensors all there and ends
 // with its gradients all made, each freed or made as it goes.
-void WalkBlip2Backward(const Blip2Backward& b, Blip2Peak& peak) {
+void WalkBlip2Backward(const Blip2Backward& b, PeakMoment& peak) {
   const std::vector<Blip2BlockTrace>& blocks = b.trace.blocks;
   const uint64_t all_grads = b.state.grads_bytes;
   auto grads_after = [&](uint64_t produced) -> uint64_t {
@@ -140,7 +123,7 @@ void WalkBlip2Backward(const Blip2Backward& b, Blip2Peak& peak) {
     const uint64_t held = std::max(before + block.saved + block.recompute, after);
     peak.Consider(b.base + gathered + remaining - block.saved + held + block.backward_transient,
                   "backward",
-                  "backward, " + block.name + ": " + b.state_text + GatheredText(gathered) +
+                  "backward, " + block.name + ": " + b.state_text + GatheredUnitsText(gathered) +
                       " + gradients and the block's activations " + FormatBytes(held) +
                       " + activations left " + FormatBytes(remaining - block.saved) +
                       " + the block's temporaries " + FormatBytes(block.backward_transient));
@@ -153,7 +136,7 @@ void WalkBlip2Backward(const Blip2Backward& b, Blip2Peak& peak) {
 std::vector<EstimateTerm> Blip2Terms(const TrialSettings& s, const Blip2Config& model,
                                      const Blip2ForwardTrace& trace,
                                      const StepMemoryEstimate& estimate, int64_t caption,
-                                     uint64_t fixed, const Blip2Peak& peak) {
+                                     uint64_t fixed, const PeakMoment& peak) {
   const int64_t batch = s.train.micro_batch_size;
   const uint64_t vision = SavedOf(trace, "vision");
   const uint64_t qformer = SavedOf(trace, "qformer");
@@ -233,13 +216,14 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
       language_trains ? Blip2GradsOf(backward, model.text_vocab_size() * model.text_hidden_size())
                       : 0;
 
-  Blip2Peak peak;
+  PeakMoment peak;
   peak.Consider(base + gathering.Forward() + fixed + trace.forward_peak, "forward",
-                "forward: " + state_text + GatheredText(gathering.Forward()) + " + the batch " +
-                    FormatBytes(fixed) + " + activations and the tensors alive at its highest " +
+                "forward: " + state_text + GatheredUnitsText(gathering.Forward()) +
+                    " + the batch " + FormatBytes(fixed) +
+                    " + activations and the tensors alive at its highest " +
                     FormatBytes(trace.forward_peak));
   peak.Consider(base + gathering.AtLoss() + fixed + trace.saved + trace.loss_backward, "backward",
-                "backward, at the loss: " + state_text + GatheredText(gathering.AtLoss()) +
+                "backward, at the loss: " + state_text + GatheredUnitsText(gathering.AtLoss()) +
                     " + activations " + FormatBytes(estimate.activation_bytes) +
                     " + the loss' gradients " + FormatBytes(trace.loss_backward));
   WalkBlip2Backward(backward, peak);

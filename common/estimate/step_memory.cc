@@ -334,17 +334,18 @@ StageBytes StageTemporaries(const Forward& f) {
   return t;
 }
 
-}  // namespace
+// Whether the trainer's autocast is on: under the mixed precisions, under fsdp too.
+bool AutocastScope(const TrialSettings& s) {
+  return s.memory.precision == trial::Precision::kBf16Mixed ||
+         s.memory.precision == trial::Precision::k16Mixed;
+}
 
-StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
-                                                const ModelConfig& model) {
-  StepMemoryEstimate estimate;
-  ASSIGN_OR_RETURN(estimate.state, EstimateModelState(config, model));
-  const ModelStateEstimate& state = estimate.state;
-
-  Forward f;
+// How `config` runs its forward on `model` (`state` says whether fsdp shards it).
+Forward DescribeForward(const TrialConfig& config, const ModelConfig& model,
+                        const ModelStateEstimate& state) {
   const TrialSettings& s = config.settings();
   const trial::Precision precision = s.memory.precision;
+  Forward f;
   f.seq = s.data.max_seq_length;
   f.tokens = s.train.micro_batch_size * f.seq;
   f.hidden = model.hidden_size;
@@ -353,13 +354,10 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   f.kv_heads = model.num_key_value_heads;
   f.head_dim = model.head_dim;
   f.vocab = model.vocab_size;
-  const bool sharded = state.fsdp_root_values > 0;
   f.act = precision == trial::Precision::kBf16True ? 2 : 4;
   // The trainer's autocast is on under the mixed precisions, under fsdp too.
-  const bool autocast_scope =
-      precision == trial::Precision::kBf16Mixed || precision == trial::Precision::k16Mixed;
-  f.autocast = autocast_scope;
-  if (sharded && f.autocast) {
+  f.autocast = AutocastScope(s);
+  if (state.fsdp_root_values > 0 && f.autocast) {
     // fsdp gathers bf16 parameters (FSDP2's param_dtype): the forward is a bf16-true one.
     f.act = 2;
     f.autocast = false;
@@ -375,53 +373,32 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
   f.chunked_loss = UsesChunkedLoss(config);
   f.fused = s.memory.kernels == trial::Kernels::kFused;
   f.swiglu_linear = UsesSwiGluLinear(config, model);
-  estimate.tokens = f.tokens;
-  const uint64_t n = static_cast<uint64_t>(f.tokens);
-  // The parameters' element (fp32 master weights under mixed).
-  const uint64_t param = precision == trial::Precision::kBf16True ? 2 : 4;
+  return f;
+}
 
-  // --- The forward's saved tensors, layer by layer.
-  Trace trace(f);
-  uint64_t fixed = 0;
-  // Token ids, labels and the shifted labels (int64).
-  const uint64_t ids = 3 * kTokenIdBytes * n;
-  // RoPE's cos and sin tables (T, D) in float32, shared by every layer.
-  const uint64_t rope = 2 * 4 * static_cast<uint64_t>(f.seq * f.head_dim);
-  fixed += ids + rope;
-  Value h = trace.PerToken(f.hidden, f.act, f.full);  // the embedding's output (B, T, C)
-  if (f.checkpointing) h.requires_grad = true;        // enable_input_require_grads
-  std::vector<uint64_t> layer_saved;                  // what each layer adds
-  // What each layer's stages hold for backward: with checkpointing, those of its rerun.
-  std::vector<StageBytes> layer_stages;
-  uint64_t layer_recompute = 0;  // one checkpointed layer's saved tensors
-  for (int64_t i = 0; i < model.num_hidden_layers; ++i) {
-    const uint64_t before = trace.saved();
-    if (f.checkpointing) {
-      // CheckpointFunction keeps only the layer's input; backward reruns the layer with grad.
-      trace.Save(h);
-      Trace rerun(f);
-      const Value input = rerun.PerToken(f.hidden, h.element, true);
-      rerun.Layer(input);
-      layer_recompute = std::max(layer_recompute, rerun.saved());
-      layer_stages.push_back(rerun.layer_stages());
-      h = trace.PerToken(f.hidden, h.element, true);
-    } else {
-      h = trace.Layer(h);
-      layer_stages.push_back(trace.layer_stages());
-    }
-    layer_saved.push_back(trace.saved() - before);
-  }
-  const uint64_t layers_saved = trace.saved();
-  const Value hidden = trace.Norm(h);
-  // The loss: logits (B, T, V), their float32 copy, log-softmax (saved).
-  uint64_t forward_transient = 0;
-  uint64_t loss_backward = 0;
+// The forward's saved tensors and the loss' moments, as TraceLlamaForward finds them.
+struct LlamaForwardTrace {
+  uint64_t fixed = 0;                    // token ids, labels, RoPE tables
+  std::vector<uint64_t> layer_saved;     // what each layer adds
+  std::vector<StageBytes> layer_stages;  // what its stages hold for backward (the rerun's)
+  uint64_t layer_recompute = 0;          // one checkpointed layer's saved tensors
+  uint64_t layers_saved = 0;             // every layer's, the embedding's output included
+  uint64_t head_saved = 0;               // the final norm's and the loss'
+  uint64_t forward_transient = 0;        // the loss' forward beyond the saved tensors
+  uint64_t loss_backward = 0;            // the loss' gradients
   // The plain loss' head in backward: log-softmax's saved output (freed by then) and the logits'
   // gradient in their dtype, which the head's matmuls read.
   uint64_t head_log_softmax = 0;
   uint64_t logits_grad = 0;
   // The output weight's gradient (V, C), when the weight trains (a LoRA head's adapters are small).
-  const uint64_t head_grad = f.full ? param * static_cast<uint64_t>(f.vocab * f.hidden) : 0;
+  uint64_t head_grad = 0;
+};
+
+// The loss over `hidden`: the chunked loss, or logits (B, T, V), their float32 copy and log-softmax
+// (saved).
+void TraceLoss(const Forward& f, const Value& hidden, bool autocast_scope, bool sharded,
+               uint64_t param, Trace& trace, LlamaForwardTrace& out) {
+  const uint64_t n = static_cast<uint64_t>(f.tokens);
   if (f.chunked_loss) {
     // trainer/model/loss.cc: forward forms the loss' gradients chunk by chunk and keeps the
     // hidden states' gradient (the size of the hidden states) and the head's summed gradient for
@@ -437,205 +414,259 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
          .weight_element = sharded ? static_cast<uint64_t>(f.act) : param,
          .head_trains = f.full,
          .head_adapter = f.Targeted("lm_head")});
-    forward_transient = hidden.bytes + chunk_moment;
-    loss_backward = head_grad;
-  } else {
-    const Value logits = trace.Linear(hidden, f.hidden, f.vocab, "lm_head", /*nf4=*/false);
-    const uint64_t nv = n * static_cast<uint64_t>(f.vocab);
-    const uint64_t log_softmax = 4 * nv;
-    trace.Save(trace.PerToken(f.vocab, 4, true));  // log_softmax's output
-    // The logits, their float32 copy and log-softmax at once; with a LoRA adapter on the head
-    // first the base output, the adapter's, its scaled copy and their sum (one C++ expression).
-    const uint64_t head_output = f.Targeted("lm_head") ? 4 * logits.bytes : logits.bytes;
-    forward_transient =
-        std::max(head_output, logits.bytes + (logits.element != 4 ? 4 * nv : 0) + log_softmax) -
-        log_softmax;
-    // nll_loss's gradient and log_softmax's, both float32 (B x T, V).
-    loss_backward = 2 * 4 * nv;
-    head_log_softmax = log_softmax;
-    logits_grad = nv * static_cast<uint64_t>(logits.element);
+    out.forward_transient = hidden.bytes + chunk_moment;
+    out.loss_backward = out.head_grad;
+    return;
   }
-  const uint64_t head_saved = trace.saved() - layers_saved;
-  estimate.activation_bytes = trace.saved() + fixed;
+  const Value logits = trace.Linear(hidden, f.hidden, f.vocab, "lm_head", /*nf4=*/false);
+  const uint64_t nv = n * static_cast<uint64_t>(f.vocab);
+  const uint64_t log_softmax = 4 * nv;
+  trace.Save(trace.PerToken(f.vocab, 4, true));  // log_softmax's output
+  // The logits, their float32 copy and log-softmax at once; with a LoRA adapter on the head
+  // first the base output, the adapter's, its scaled copy and their sum (one C++ expression).
+  const uint64_t head_output = f.Targeted("lm_head") ? 4 * logits.bytes : logits.bytes;
+  out.forward_transient =
+      std::max(head_output, logits.bytes + (logits.element != 4 ? 4 * nv : 0) + log_softmax) -
+      log_softmax;
+  // nll_loss's gradient and log_softmax's, both float32 (B x T, V).
+  out.loss_backward = 2 * 4 * nv;
+  out.head_log_softmax = log_softmax;
+  out.logits_grad = nv * static_cast<uint64_t>(logits.element);
+}
 
-  // --- The moments of the step. The steady state is a step after the first: the optimizer's
-  // state exists during forward and backward. With accumulation the gradients do from the second
-  // micro-batch on.
-  const bool first_step_only = s.train.max_steps == 1;
-  const bool holds_grads = state.grads_bytes > 0;
-  const int64_t world = state.world_size;
-  const int64_t accumulation = s.train.global_batch_size / (s.train.micro_batch_size * world);
-  uint64_t base =
-      state.params_bytes + state.comm_bytes + (first_step_only ? 0 : state.optim_device_bytes);
+// The forward's saved tensors, layer by layer, then the loss'.
+LlamaForwardTrace TraceLlamaForward(const Forward& f, const ModelConfig& model, bool autocast_scope,
+                                    bool sharded, uint64_t param) {
+  LlamaForwardTrace out;
+  const uint64_t n = static_cast<uint64_t>(f.tokens);
+  Trace trace(f);
+  // Token ids, labels and the shifted labels (int64).
+  const uint64_t ids = 3 * kTokenIdBytes * n;
+  // RoPE's cos and sin tables (T, D) in float32, shared by every layer.
+  const uint64_t rope = 2 * 4 * static_cast<uint64_t>(f.seq * f.head_dim);
+  out.fixed += ids + rope;
+  Value h = trace.PerToken(f.hidden, f.act, f.full);  // the embedding's output (B, T, C)
+  if (f.checkpointing) h.requires_grad = true;        // enable_input_require_grads
+  for (int64_t i = 0; i < model.num_hidden_layers; ++i) {
+    const uint64_t before = trace.saved();
+    if (f.checkpointing) {
+      // CheckpointFunction keeps only the layer's input; backward reruns the layer with grad.
+      trace.Save(h);
+      Trace rerun(f);
+      const Value input = rerun.PerToken(f.hidden, h.element, true);
+      rerun.Layer(input);
+      out.layer_recompute = std::max(out.layer_recompute, rerun.saved());
+      out.layer_stages.push_back(rerun.layer_stages());
+      h = trace.PerToken(f.hidden, h.element, true);
+    } else {
+      h = trace.Layer(h);
+      out.layer_stages.push_back(trace.layer_stages());
+    }
+    out.layer_saved.push_back(trace.saved() - before);
+  }
+  out.layers_saved = trace.saved();
+  const Value hidden = trace.Norm(h);
+  out.head_grad = f.full ? param * static_cast<uint64_t>(f.vocab * f.hidden) : 0;
+  TraceLoss(f, hidden, autocast_scope, sharded, param, trace, out);
+  out.head_saved = trace.saved() - out.layers_saved;
+  return out;
+}
+
+// What the step's moments are made of, besides the forward's trace.
+struct LlamaMoments {
+  const Forward& f;
+  const ModelConfig& model;
+  const ModelStateEstimate& state;
+  const LlamaForwardTrace& forward;
+  bool sharded = false;
+  bool holds_grads = false;
+  bool reshard = false;
+  int64_t accumulation = 1;
+  uint64_t param = 4;
+  uint64_t base = 0;            // the state held throughout
+  std::string state_text = {};  // how `base` is described
   // fsdp, in the dtype the layers compute in: the root unit stays gathered through forward and
-  // backward. With reshard_after_forward every layer is freed after its forward, so none is left at
-  // the loss, and in backward layer i computes while layer i - 1's all-gather is in flight (the
-  // prefetch): two layers at once, one at layer 0. Without it the layers stay gathered from their
-  // forward until their gradients are reduced: all of them at the loss, layers 0..i at layer i.
-  const uint64_t root_gathered =
-      static_cast<uint64_t>(state.fsdp_root_values) * static_cast<uint64_t>(f.act) +
-      static_cast<uint64_t>(state.fsdp_root_buffer_bytes);
-  const uint64_t layer_gathered =
-      static_cast<uint64_t>(state.fsdp_layer_values) * static_cast<uint64_t>(f.act) +
-      static_cast<uint64_t>(state.fsdp_layer_buffer_bytes);
-  const bool reshard = s.parallel.fsdp_reshard_after_forward;
-  const uint64_t layers_total =
-      static_cast<uint64_t>(std::max<int64_t>(model.num_hidden_layers, 0));
-  auto gathered_at_layer = [&](int64_t i) -> uint64_t {
+  // backward. With reshard_after_forward every layer is freed after its forward, so none is left
+  // at the loss, and in backward layer i computes while layer i - 1's all-gather is in flight
+  // (the prefetch): two layers at once, one at layer 0. Without it the layers stay gathered from
+  // their forward until their gradients are reduced: all of them at the loss, layers 0..i at
+  // layer i.
+  uint64_t root_gathered = 0;
+  uint64_t layer_gathered = 0;
+  uint64_t grad_stream = 0;    // the hidden states' gradient (B, T, C)
+  uint64_t head_produced = 0;  // the gradients the output head makes
+  uint64_t grad_per_layer = 0;
+  StageBytes dequantised{};  // QLoRA's weights dequantised, per stage
+
+  uint64_t GatheredAtLayer(int64_t i) const {
     const uint64_t held = reshard ? std::min<uint64_t>(2, static_cast<uint64_t>(i) + 1)
                                   : static_cast<uint64_t>(i) + 1;
     return root_gathered + held * layer_gathered;
-  };
-  const uint64_t gathered_at_loss = root_gathered + (reshard ? 0 : layers_total * layer_gathered);
-  const uint64_t all_grads = state.grads_bytes;
-  const uint64_t layer_count = static_cast<uint64_t>(std::max<int64_t>(model.num_hidden_layers, 1));
-  // One rank's gradients as backward makes them: the output head's first, then each layer's, the
-  // embedding's last (a tied embedding's adds to the head's). Under fsdp every unit's shard is
-  // reduce-scattered from the flat buffer counted in comm, so only shards accumulate.
-  const uint64_t head_produced = sharded ? 0 : std::min(head_grad, all_grads);
-  const uint64_t embedding_grad = sharded || model.tie_word_embeddings ? 0 : head_grad;
-  const uint64_t grad_per_layer =
-      (all_grads - std::min(all_grads, head_produced + embedding_grad)) / layer_count;
-  if (accumulation > 1 && holds_grads) base += all_grads;
-  auto grads_after = [&](uint64_t produced) {
-    return accumulation > 1 || !holds_grads ? 0 : std::min(produced, all_grads);
-  };
-  const uint64_t grad_stream = n * static_cast<uint64_t>(f.hidden) * f.act;  // (B, T, C)
-  // 8-bit AdamW's ATen path (CUDA) allocates one chunk's temporaries during the step; the fused
-  // CPU kernel none.
-  uint64_t step_transient = 0;
-  if (f.cuda && s.train.optimizer == trial::Optimizer::kAdamw8bit) {
-    const int64_t largest =
-        std::max({model.vocab_size * model.hidden_size, model.intermediate_size * model.hidden_size,
-                  f.heads * f.head_dim * model.hidden_size});
-    step_transient = static_cast<uint64_t>(std::min(largest, kAdamW8bitAtenChunk)) *
-                     (precision == trial::Precision::kBf16True ? 33 : 25);
   }
+  uint64_t GatheredAtLoss() const {
+    const uint64_t layers_total =
+        static_cast<uint64_t>(std::max<int64_t>(model.num_hidden_layers, 0));
+    return root_gathered + (reshard ? 0 : layers_total * layer_gathered);
+  }
+  uint64_t GradsAfter(uint64_t produced) const {
+    return accumulation > 1 || !holds_grads ? 0 : std::min(produced, state.grads_bytes);
+  }
+};
 
-  uint64_t peak = 0;
-  std::string peak_moment;
-  auto consider = [&](uint64_t bytes, const char* phase, std::string moment) {
-    if (bytes > peak) {
-      peak = bytes;
-      estimate.peak_phase = phase;
-      peak_moment = std::move(moment);
-    }
-  };
-  // What forward and backward run on: the model state and, under fsdp, the gathered units.
-  std::string state_text = "params";
-  if (!first_step_only && state.optim_device_bytes > 0) state_text += " + optimizer state";
-  if (accumulation > 1 && holds_grads) state_text += " + gradients";
-  if (state.comm_bytes > 0) state_text += " + comm buffers";
-  state_text += " " + FormatBytes(base);
-  auto gathered_text = [](uint64_t gathered) {
-    return gathered > 0 ? " + gathered units " + FormatBytes(gathered) : std::string();
-  };
-  consider(base + gathered_at_loss + estimate.activation_bytes + forward_transient, "forward",
-           "forward, at the loss: " + state_text + gathered_text(gathered_at_loss) +
-               " + activations " + FormatBytes(estimate.activation_bytes) + " + logits " +
-               FormatBytes(forward_transient));
-  const StageBytes dequantised = DequantisedWeights(f, model);
-  const uint64_t largest_dequantised = *std::max_element(dequantised.begin(), dequantised.end());
+// The forward at the loss, the largest NF4 weight dequantised, the loss' backward and the trained
+// output head's.
+void ConsiderLossMoments(const LlamaMoments& m, uint64_t activation_bytes, PeakMoment& peak) {
+  const LlamaForwardTrace& t = m.forward;
+  const uint64_t at_loss = m.GatheredAtLoss();
+  peak.Consider(m.base + at_loss + activation_bytes + t.forward_transient, "forward",
+                "forward, at the loss: " + m.state_text + GatheredUnitsText(at_loss) +
+                    " + activations " + FormatBytes(activation_bytes) + " + logits " +
+                    FormatBytes(t.forward_transient));
+  const uint64_t largest_dequantised =
+      *std::max_element(m.dequantised.begin(), m.dequantised.end());
   if (largest_dequantised > 0) {
     // The last layer's largest NF4 weight, dequantised beside (nearly) every saved activation.
-    const uint64_t gathered = sharded ? gathered_at_layer(model.num_hidden_layers - 1) : 0;
-    consider(base + gathered + layers_saved + fixed + largest_dequantised, "forward",
-             "forward, the last layer's largest NF4 weight dequantised: " + state_text +
-                 gathered_text(gathered) + " + activations " + FormatBytes(layers_saved + fixed) +
-                 " + the dequantised weight " + FormatBytes(largest_dequantised));
+    const uint64_t gathered = m.sharded ? m.GatheredAtLayer(m.model.num_hidden_layers - 1) : 0;
+    peak.Consider(m.base + gathered + t.layers_saved + t.fixed + largest_dequantised, "forward",
+                  "forward, the last layer's largest NF4 weight dequantised: " + m.state_text +
+                      GatheredUnitsText(gathered) + " + activations " +
+                      FormatBytes(t.layers_saved + t.fixed) + " + the dequantised weight " +
+                      FormatBytes(largest_dequantised));
   }
-  consider(base + gathered_at_loss + estimate.activation_bytes + loss_backward, "backward",
-           "backward, at the loss: " + state_text + gathered_text(gathered_at_loss) +
-               " + activations " + FormatBytes(estimate.activation_bytes) +
-               " + the loss' gradients " + FormatBytes(loss_backward));
-  if (logits_grad > 0 && head_grad > 0) {
+  peak.Consider(m.base + at_loss + activation_bytes + t.loss_backward, "backward",
+                "backward, at the loss: " + m.state_text + GatheredUnitsText(at_loss) +
+                    " + activations " + FormatBytes(activation_bytes) + " + the loss' gradients " +
+                    FormatBytes(t.loss_backward));
+  if (t.logits_grad > 0 && t.head_grad > 0) {
     // The trained head's backward: where gradients are held from an earlier micro-batch its
     // weight's gradient is formed apart, then added (measured: a (V, C) bf16 tensor beside the
     // logits' gradient in the cpu-lab adam-8bit row).
-    const uint64_t formed_apart = accumulation > 1 && holds_grads && !sharded ? head_grad : 0;
-    const uint64_t alive = estimate.activation_bytes - head_log_softmax;
-    consider(base + gathered_at_loss + grads_after(head_produced) + alive + logits_grad +
-                 formed_apart + grad_stream,
-             "backward",
-             "backward, the output head: " + state_text + gathered_text(gathered_at_loss) +
-                 " + gradients " + FormatBytes(grads_after(head_produced) + formed_apart) +
-                 " + activations left " + FormatBytes(alive) + " + the logits' gradient " +
-                 FormatBytes(logits_grad) + " + the hidden states' " + FormatBytes(grad_stream));
+    const uint64_t formed_apart =
+        m.accumulation > 1 && m.holds_grads && !m.sharded ? t.head_grad : 0;
+    const uint64_t alive = activation_bytes - t.head_log_softmax;
+    peak.Consider(m.base + at_loss + m.GradsAfter(m.head_produced) + alive + t.logits_grad +
+                      formed_apart + m.grad_stream,
+                  "backward",
+                  "backward, the output head: " + m.state_text + GatheredUnitsText(at_loss) +
+                      " + gradients " + FormatBytes(m.GradsAfter(m.head_produced) + formed_apart) +
+                      " + activations left " + FormatBytes(alive) + " + the logits' gradient " +
+                      FormatBytes(t.logits_grad) + " + the hidden states' " +
+                      FormatBytes(m.grad_stream));
   }
-  const StageBytes stage_grads = LayerGradientsByStage(grad_per_layer, f, model);
+}
+
+// Each layer stage's temporaries in backward, besides the hidden states' gradient.
+StageBytes LayerBackwardTemporaries(const LlamaMoments& m) {
+  const Forward& f = m.f;
   StageBytes stage_temporaries = StageTemporaries(f);
-  if (accumulation > 1 && holds_grads && !sharded) {
-    const StageBytes formed_apart = LargestWeightGradients(f, model, param);
+  if (m.accumulation > 1 && m.holds_grads && !m.sharded) {
+    const StageBytes formed_apart = LargestWeightGradients(f, m.model, m.param);
     for (size_t s = 0; s < kLayerStages; ++s) stage_temporaries[s] += formed_apart[s];
   }
-  for (size_t s = 0; s < kLayerStages; ++s) stage_temporaries[s] += dequantised[s];
-  if (f.swiglu_linear && (sharded || !holds_grads || accumulation > 1)) {
+  for (size_t s = 0; s < kLayerStages; ++s) stage_temporaries[s] += m.dequantised[s];
+  if (f.swiglu_linear && (m.sharded || !m.holds_grads || m.accumulation > 1)) {
     // FusedSwiGluLinear returns down_proj's weight gradient with gate's and up's, so it is alive
     // through the activation's backward wherever it is not simply the held gradient: formed apart
     // to be added, moved to the host or reduce-scattered after.
-    const uint64_t element = sharded ? static_cast<uint64_t>(f.act) : param;
+    const uint64_t element = m.sharded ? static_cast<uint64_t>(f.act) : m.param;
     stage_temporaries[kActivation] += static_cast<uint64_t>(f.inter * f.hidden) * element;
   }
+  return stage_temporaries;
+}
+
+// Layer by layer from the last, stage by stage: each stage's gradients made and its saved tensors
+// freed. `root_head_grad` waits in the root unit throughout.
+void WalkLayersBackward(const LlamaMoments& m, uint64_t root_head_grad, PeakMoment& peak) {
+  const LlamaForwardTrace& t = m.forward;
+  const StageBytes stage_grads = LayerGradientsByStage(m.grad_per_layer, m.f, m.model);
+  const StageBytes stage_temporaries = LayerBackwardTemporaries(m);
+  uint64_t produced = m.head_produced;
+  uint64_t remaining = t.layers_saved + t.fixed;
+  for (int64_t i = m.model.num_hidden_layers - 1; i >= 0; --i) {
+    const StageBytes& stages = t.layer_stages[static_cast<size_t>(i)];
+    // The layers before this one keep theirs; with checkpointing this layer's input too, until
+    // its rerun's backward is done.
+    const uint64_t before =
+        m.f.checkpointing ? remaining : remaining - t.layer_saved[static_cast<size_t>(i)];
+    const uint64_t gathered = m.sharded ? m.GatheredAtLayer(i) : 0;
+    uint64_t alive = std::accumulate(stages.begin(), stages.end(), uint64_t{0});
+    for (size_t s = kLayerStages; s-- > 0;) {
+      produced += stage_grads[s];
+      const uint64_t temporaries = m.grad_stream + stage_temporaries[s];
+      const uint64_t bytes = m.base + gathered + root_head_grad + m.GradsAfter(produced) + before +
+                             alive + temporaries;
+      if (bytes > peak.bytes) {
+        peak.Consider(bytes, "backward",
+                      "backward, layer " + std::to_string(i) + " " + kStageNames[s] + ": " +
+                          m.state_text + GatheredUnitsText(gathered) + " + gradients " +
+                          FormatBytes(root_head_grad + m.GradsAfter(produced)) +
+                          " + activations left " + FormatBytes(before + alive) + " + temporaries " +
+                          FormatBytes(temporaries));
+      }
+      alive -= stages[s];
+    }
+    remaining -= t.layer_saved[static_cast<size_t>(i)];
+  }
+}
+
+// 8-bit AdamW's ATen path (CUDA) allocates one chunk's temporaries during the step; the fused CPU
+// kernel none.
+uint64_t OptimizerStepTransient(const TrialSettings& s, const Forward& f,
+                                const ModelConfig& model) {
+  if (!f.cuda || s.train.optimizer != trial::Optimizer::kAdamw8bit) return 0;
+  const int64_t largest =
+      std::max({model.vocab_size * model.hidden_size, model.intermediate_size * model.hidden_size,
+                f.heads * f.head_dim * model.hidden_size});
+  return static_cast<uint64_t>(std::min(largest, kAdamW8bitAtenChunk)) *
+         (s.memory.precision == trial::Precision::kBf16True ? 33 : 25);
+}
+
+// The layers' backward, then the embedding's and the optimizer step.
+void ConsiderBackwardAndStep(const LlamaMoments& m, const TrialSettings& s, bool first_step_only,
+                             PeakMoment& peak) {
+  const LlamaForwardTrace& t = m.forward;
+  const uint64_t all_grads = m.state.grads_bytes;
   // Under fsdp the trained head's full gradient, in the gathered dtype, waits in the root unit
   // until the root's reduce-scatter, after the embedding's backward (measured on the demo's tied
   // head: 1 MiB through every layer's backward).
   const uint64_t root_head_grad =
-      sharded && f.full ? static_cast<uint64_t>(f.act) * static_cast<uint64_t>(f.vocab * f.hidden)
-                        : 0;
-  uint64_t produced = head_produced;
-  uint64_t remaining = layers_saved + fixed;
-  for (int64_t i = model.num_hidden_layers - 1; i >= 0; --i) {
-    const StageBytes& stages = layer_stages[static_cast<size_t>(i)];
-    // The layers before this one keep theirs; with checkpointing this layer's input too, until
-    // its rerun's backward is done.
-    const uint64_t before =
-        f.checkpointing ? remaining : remaining - layer_saved[static_cast<size_t>(i)];
-    const uint64_t gathered = sharded ? gathered_at_layer(i) : 0;
-    uint64_t alive = std::accumulate(stages.begin(), stages.end(), uint64_t{0});
-    for (size_t s = kLayerStages; s-- > 0;) {
-      produced += stage_grads[s];
-      const uint64_t temporaries = grad_stream + stage_temporaries[s];
-      const uint64_t bytes =
-          base + gathered + root_head_grad + grads_after(produced) + before + alive + temporaries;
-      if (bytes > peak) {
-        consider(bytes, "backward",
-                 "backward, layer " + std::to_string(i) + " " + kStageNames[s] + ": " + state_text +
-                     gathered_text(gathered) + " + gradients " +
-                     FormatBytes(root_head_grad + grads_after(produced)) + " + activations left " +
-                     FormatBytes(before + alive) + " + temporaries " + FormatBytes(temporaries));
-      }
-      alive -= stages[s];
-    }
-    remaining -= layer_saved[static_cast<size_t>(i)];
-  }
+      m.sharded && m.f.full
+          ? static_cast<uint64_t>(m.f.act) * static_cast<uint64_t>(m.f.vocab * m.f.hidden)
+          : 0;
+  WalkLayersBackward(m, root_head_grad, peak);
   // A tied embedding: the output head's part of its gradient waits in autograd's buffer for the
   // embedding's own part, and the buffer sums the two, the chunked loss's part in place, the plain
   // loss's into a third tensor (measured on SmolLM-135M's shape, V x C = 113 MB in fp32: 2 x 113 MB
   // above the gradients with the plain loss, 1 x with the chunked one); with accumulation the sum
   // is then added to the held gradient.
   const uint64_t tied_parts =
-      model.tie_word_embeddings && head_grad > 0 && !sharded
-          ? head_grad * ((f.chunked_loss ? 1 : 2) + (accumulation > 1 ? 1 : 0))
+      m.model.tie_word_embeddings && t.head_grad > 0 && !m.sharded
+          ? t.head_grad * ((m.f.chunked_loss ? 1 : 2) + (m.accumulation > 1 ? 1 : 0))
           : 0;
-  consider(base + root_gathered + root_head_grad + grads_after(all_grads) + tied_parts + fixed +
-               grad_stream,
-           "backward",
-           "backward, at the embedding: " + state_text + gathered_text(root_gathered) +
-               " + gradients " + FormatBytes(root_head_grad + grads_after(all_grads)) +
-               (tied_parts > 0 ? " + the tied embedding's two parts " + FormatBytes(tied_parts)
-                               : std::string()) +
-               " + " + FormatBytes(fixed + grad_stream));
-  const uint64_t optimizer_state = first_step_only ? state.optim_device_bytes : 0;
-  consider(base + (accumulation > 1 ? 0 : all_grads) + optimizer_state + step_transient,
-           "optimizer step",
-           step_transient > 0
-               ? "optimizer step: params, gradients and optimizer state + 8-bit AdamW's chunk " +
-                     FormatBytes(step_transient)
-               : "optimizer step: params, gradients and optimizer state");
-  estimate.peak_bytes = peak;
+  peak.Consider(m.base + m.root_gathered + root_head_grad + m.GradsAfter(all_grads) + tied_parts +
+                    t.fixed + m.grad_stream,
+                "backward",
+                "backward, at the embedding: " + m.state_text + GatheredUnitsText(m.root_gathered) +
+                    " + gradients " + FormatBytes(root_head_grad + m.GradsAfter(all_grads)) +
+                    (tied_parts > 0 ? " + the tied embedding's two parts " + FormatBytes(tied_parts)
+                                    : std::string()) +
+                    " + " + FormatBytes(t.fixed + m.grad_stream));
+  const uint64_t step_transient = OptimizerStepTransient(s, m.f, m.model);
+  const uint64_t optimizer_state = first_step_only ? m.state.optim_device_bytes : 0;
+  peak.Consider(
+      m.base + (m.accumulation > 1 ? 0 : all_grads) + optimizer_state + step_transient,
+      "optimizer step",
+      step_transient > 0
+          ? "optimizer step: params, gradients and optimizer state + 8-bit AdamW's chunk " +
+                FormatBytes(step_transient)
+          : "optimizer step: params, gradients and optimizer state");
+}
 
-  // --explain's lines for the activations and the peak (the model state's are the CLI's).
-  const int64_t layers = model.num_hidden_layers;
+// --explain's lines for the activations and the peak (the model state's are the CLI's).
+std::vector<EstimateTerm> LlamaTerms(const TrialSettings& s, const Forward& f,
+                                     const LlamaForwardTrace& t, const PeakMoment& peak) {
+  const std::vector<uint64_t>& layer_saved = t.layer_saved;
+  const int64_t layers = static_cast<int64_t>(layer_saved.size());
   std::string layer_text;
   if (layers > 0) {
     const bool uniform = std::all_of(layer_saved.begin() + 1, layer_saved.end(),
@@ -645,22 +676,80 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
                      : "layer 0 " + FormatBytes(layer_saved.front()) + " + " +
                            std::to_string(layers - 1) + " x " + FormatBytes(layer_saved.back());
     layer_text += f.checkpointing ? " (each layer's input only; backward reruns a layer, " +
-                                        FormatBytes(layer_recompute) + ")"
+                                        FormatBytes(t.layer_recompute) + ")"
                                   : "";
   }
-  estimate.terms = {
+  return {
       {"activations: layers",
        layer_text + ", for " + GroupedCount(f.tokens) + " tokens (" +
            std::to_string(s.train.micro_batch_size) + " x " + std::to_string(f.seq) + ")",
-       layers_saved},
+       t.layers_saved},
       {"activations: head",
        f.chunked_loss ? "final norm, the hidden states' gradient from the chunked loss"
                       : "final norm, output head, log-softmax (" + GroupedCount(f.tokens) + " x " +
                             GroupedCount(f.vocab) + " x 4 B)",
-       head_saved},
-      {"activations: ids", "token ids and labels (3 x 8 B per token), RoPE tables", fixed},
-      {"peak", peak_moment, peak},
+       t.head_saved},
+      {"activations: ids", "token ids and labels (3 x 8 B per token), RoPE tables", t.fixed},
+      {"peak", peak.moment, peak.bytes},
   };
+}
+
+}  // namespace
+
+StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
+                                                const ModelConfig& model) {
+  StepMemoryEstimate estimate;
+  ASSIGN_OR_RETURN(estimate.state, EstimateModelState(config, model));
+  const ModelStateEstimate& state = estimate.state;
+  const TrialSettings& s = config.settings();
+  const Forward f = DescribeForward(config, model, state);
+  estimate.tokens = f.tokens;
+  const bool sharded = state.fsdp_root_values > 0;
+  // The parameters' element (fp32 master weights under mixed).
+  const uint64_t param = s.memory.precision == trial::Precision::kBf16True ? 2 : 4;
+  const LlamaForwardTrace forward = TraceLlamaForward(f, model, AutocastScope(s), sharded, param);
+  estimate.activation_bytes = forward.layers_saved + forward.head_saved + forward.fixed;
+
+  // --- The moments of the step. The steady state is a step after the first: the optimizer's
+  // state exists during forward and backward. With accumulation the gradients do from the second
+  // micro-batch on.
+  const bool first_step_only = s.train.max_steps == 1;
+  LlamaMoments m{.f = f, .model = model, .state = state, .forward = forward};
+  m.sharded = sharded;
+  m.holds_grads = state.grads_bytes > 0;
+  m.reshard = s.parallel.fsdp_reshard_after_forward;
+  m.accumulation = s.train.global_batch_size / (s.train.micro_batch_size * state.world_size);
+  m.param = param;
+  m.base = state.params_bytes + state.comm_bytes + (first_step_only ? 0 : state.optim_device_bytes);
+  m.root_gathered = static_cast<uint64_t>(state.fsdp_root_values) * static_cast<uint64_t>(f.act) +
+                    static_cast<uint64_t>(state.fsdp_root_buffer_bytes);
+  m.layer_gathered = static_cast<uint64_t>(state.fsdp_layer_values) * static_cast<uint64_t>(f.act) +
+                     static_cast<uint64_t>(state.fsdp_layer_buffer_bytes);
+  const uint64_t all_grads = state.grads_bytes;
+  const uint64_t layer_count = static_cast<uint64_t>(std::max<int64_t>(model.num_hidden_layers, 1));
+  // One rank's gradients as backward makes them: the output head's first, then each layer's, the
+  // embedding's last (a tied embedding's adds to the head's). Under fsdp every unit's shard is
+  // reduce-scattered from the flat buffer counted in comm, so only shards accumulate.
+  m.head_produced = sharded ? 0 : std::min(forward.head_grad, all_grads);
+  const uint64_t embedding_grad = sharded || model.tie_word_embeddings ? 0 : forward.head_grad;
+  m.grad_per_layer =
+      (all_grads - std::min(all_grads, m.head_produced + embedding_grad)) / layer_count;
+  if (m.accumulation > 1 && m.holds_grads) m.base += all_grads;
+  m.grad_stream = static_cast<uint64_t>(f.tokens) * static_cast<uint64_t>(f.hidden) * f.act;
+  m.dequantised = DequantisedWeights(f, model);
+  // What forward and backward run on: the model state and, under fsdp, the gathered units.
+  m.state_text = "params";
+  if (!first_step_only && state.optim_device_bytes > 0) m.state_text += " + optimizer state";
+  if (m.accumulation > 1 && m.holds_grads) m.state_text += " + gradients";
+  if (state.comm_bytes > 0) m.state_text += " + comm buffers";
+  m.state_text += " " + FormatBytes(m.base);
+
+  PeakMoment peak;
+  ConsiderLossMoments(m, estimate.activation_bytes, peak);
+  ConsiderBackwardAndStep(m, s, first_step_only, peak);
+  estimate.peak_bytes = peak.bytes;
+  estimate.peak_phase = peak.phase;
+  estimate.terms = LlamaTerms(s, f, forward, peak);
   return estimate;
 }
 

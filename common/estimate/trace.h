@@ -1,12 +1,15 @@
 // The machinery of a traced forward (step_memory.cc's LLaMA, blip2_trace.cc's BLIP-2): symbolic
 // tensors, each its own storage, and the set autograd saves for backward, each storage counted
-// once as a snapshot counts it.
+// once as a snapshot counts it; and the peak moment both walk a step's moments for.
 #ifndef LLMCTL_COMMON_ESTIMATE_TRACE_H_
 #define LLMCTL_COMMON_ESTIMATE_TRACE_H_
 
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
+
+#include "common/byte_size.h"
 
 namespace llmctl::estimate {
 
@@ -63,6 +66,27 @@ struct TracedLinear {
 TracedLinear TraceLinear(SavedTensors& saved, const LinearRun& run, const TracedTensor& x,
                          int64_t rows, int64_t in, int64_t out, bool weight_trains, bool nf4,
                          bool adapter);
+
+// The highest moment of a step so far: its bytes, its phase ("forward", "backward", "optimizer
+// step") and, for --explain, what is alive then.
+struct PeakMoment {
+  uint64_t bytes = 0;
+  std::string phase;
+  std::string moment;
+
+  // Takes the moment when it is higher than every one before.
+  void Consider(uint64_t at, const char* at_phase, std::string description) {
+    if (at <= bytes) return;
+    bytes = at;
+    phase = at_phase;
+    moment = std::move(description);
+  }
+};
+
+// " + gathered units 12.0 MiB" for a moment's text, "" where fsdp holds nothing gathered.
+inline std::string GatheredUnitsText(uint64_t gathered) {
+  return gathered > 0 ? " + gathered units " + FormatBytes(gathered) : std::string();
+}
 
 // 4096 -> "4,096" (counts here are never negative).
 inline std::string GroupedCount(int64_t n) {
