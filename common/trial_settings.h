@@ -1,6 +1,6 @@
 // A trial's settings as plain typed fields, grouped the way the trial file is, parsed once from its
-// TrialConfig: `config.settings().train.micro_batch_size` where code once read
-// `config.GetInt("train.micro_batch_size")`. torchtitan's JobConfig, for llmctl.
+// TrialConfig: `config.settings().train.micro_batch_size`, where code once looked the key up by
+// its name at every use. torchtitan's JobConfig, for llmctl.
 //
 // The key registry (common/trial_keys.h) stays the one source for YAML, JSON, `--set`, validation
 // and docs; this file binds each of its keys to exactly one field (TrialSettingBindings), and
