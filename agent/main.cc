@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 #include <climits>
+#include <cstdlib>
 #include <iostream>
 
 #include "agent/certificate_renewal.h"
@@ -84,6 +85,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   options.cancel_grace = std::chrono::milliseconds(cancel_grace_ms);
   options.hub = llmctl::agent::HubOptionsFromEnvironment();
+  // LLMCTL_RATE_PROBE=off (which every test sets) leaves the node's rates unmeasured.
+  const char* rate_probe = std::getenv("LLMCTL_RATE_PROBE");
+  options.measure_rates = rate_probe == nullptr || std::string_view(rate_probe) != "off";
 
   // SIGINT/SIGTERM are taken by sigwait below; blocked before any thread starts, so that every
   // thread inherits the mask and none of them is interrupted.

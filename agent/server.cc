@@ -17,6 +17,7 @@
 #include "agent/certificate_renewal.h"
 #include "agent/event_reader.h"
 #include "agent/node_info.h"
+#include "agent/node_rates.h"
 #include "agent/process.h"
 #include "common/digest/digest.h"
 #include "common/event_line.h"
@@ -171,6 +172,10 @@ class AgentService final : public pb::Agent::Service {
         cache_(cache),
         hub_(hub),
         runs_(runs),
+        rates_({.data_dir = options.data_dir,
+                .llm_train = options.llm_train,
+                .measure = options.measure_rates},
+               [runs] { return !runs->Running().empty(); }),
         renewer_(options.identity_files.certificate_file.empty()
                      ? nullptr
                      : std::make_unique<CertificateRenewer>(options.identity_files)) {}
@@ -181,9 +186,9 @@ class AgentService final : public pb::Agent::Service {
 
   // Probes the node on a thread of its own, so that the controller's first health check, which
   // comes right after the agent starts, finds the facts ready instead of waiting for llm-train to
-  // load LibTorch.
+  // load LibTorch; then its rates, kept or measured once no trial runs.
   void StartProbe() {
-    probe_thread_ = std::thread([this] { Probe(); });
+    probe_thread_ = std::thread([this] { rates_.Start(Probe()); });
   }
 
   // Ends the streams that follow running runs (within one poll interval).
@@ -220,6 +225,9 @@ class AgentService final : public pb::Agent::Service {
     response->set_driver_cuda_version(facts.driver_cuda_version);
     response->set_libtorch_version(facts.libtorch_version);
     response->set_libtorch_cuda_version(facts.libtorch_cuda_version);
+    NodeRates::Report rates = rates_.Current();
+    response->set_rate_probe_json(std::move(rates.probe_json));
+    response->set_rate_probe_pending(std::move(rates.pending));
     return grpc::Status::OK;
   }
 
@@ -302,6 +310,8 @@ class AgentService final : public pb::Agent::Service {
       plain.resume_run = FromProto(request->resume_from().run());
       plain.resume_checkpoint = request->resume_from().checkpoint();
     }
+    // Not while the node's rates are measured: each would distort the other's time.
+    const NodeRates::StartingTrial starting(rates_);
     auto state = runs_->Start(plain);
     if (!state.ok()) return rpc::ToGrpcStatus(state.status());
     ToProto(*state, response);
@@ -515,6 +525,7 @@ class AgentService final : public pb::Agent::Service {
   InputCache* const cache_;
   HubCache* const hub_;
   RunManager* const runs_;
+  NodeRates rates_;
   const std::unique_ptr<CertificateRenewer> renewer_;  // null: fixed credentials
   std::atomic<bool> stopping_ = false;
 };

@@ -38,6 +38,9 @@ struct AgentOptions {
   // not owned; null: the node's own (/proc for CPU trials, NVML for GPU trials).
   std::chrono::milliseconds sample_interval{1000};
   DeviceSampler* sampler = nullptr;
+  // Whether the node's own rates are measured (agent/node_rates.h): llm-agent measures unless
+  // LLMCTL_RATE_PROBE=off; off for the agents tests start in-process.
+  bool measure_rates = false;
 };
 
 class AgentService;

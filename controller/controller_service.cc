@@ -557,8 +557,13 @@ grpc::Status ControllerService::ListNodes(grpc::ServerContext* context, const v1
   return Guard(context, "ListNodes", [&]() -> Status {
     ASSIGN_OR_RETURN(std::vector<store::NodeRecord> nodes, store_.ListNodes());
     ASSIGN_OR_RETURN(std::vector<store::RunningAttempt> running, store_.ListRunningAttempts());
+    ASSIGN_OR_RETURN(const auto rates, store_.NodeRates());
     for (const store::NodeRecord& node : nodes) {
-      ASSIGN_OR_RETURN(*response->add_nodes(), BuildNodeStatus(node, running));
+      v1::NodeStatus* status = response->add_nodes();
+      ASSIGN_OR_RETURN(*status, BuildNodeStatus(node, running));
+      if (auto measured = rates.find(node.name); measured != rates.end()) {
+        status->set_rate_probe_json(measured->second);
+      }
     }
     return Status::Ok();
   });

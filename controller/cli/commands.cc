@@ -735,6 +735,11 @@ int Llmctl::Nodes() {
                     node.running().empty() ? "–" : node.running()});
   }
   context_.out << FormatColumns(rows);
+  // Each node's own rates as measured (llm-train --probe), beside its device's data sheet.
+  for (const v1::NodeStatus& node : nodes.nodes()) {
+    if (node.rate_probe_json().empty()) continue;
+    context_.out << node.name() << " rates: " << DescribeNodeRates(node.rate_probe_json()) << "\n";
+  }
   for (const v1::NodeStatus& node : nodes.nodes()) {
     if (!node.unusable().empty()) context_.out << "! " << node.unusable() << "\n";
   }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +14,7 @@
 #include <sstream>
 
 #include "common/digest/digest.h"
+#include "common/estimate/rate_probe.h"
 #include "controller/cli/client.h"
 #include "controller/cli/input_tree.h"
 #include "controller/cli/inputs.h"
@@ -633,6 +635,37 @@ TEST_F(CommandsTest, NodesShowsWhyANodeIsUnusable) {
   ASSERT_EQ(Run({"nodes"}), kExitOk) << err_.str();
   EXPECT_NE(out_.str().find("n1    unusable"), std::string::npos) << out_.str();
   EXPECT_TRUE(out_.str().ends_with("\n! " + reason + "\n")) << out_.str();
+}
+
+TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
+  estimate::RateProbe probe;
+  probe.measured_at = "2026-11-29T01:00:00Z";
+  probe.device = "cpu";
+  probe.device_name = "Test CPU";
+  probe.threads = 2;
+  probe.versions.libtorch = "2.15.0";
+  probe.matmul = {{"fp32", 512, 5e10}};
+  probe.memory_bytes_per_s = 1.25e10;
+  probe.launch_seconds = 4e-6;
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* measured = fake_.nodes_.add_nodes();
+    measured->set_name("n1");
+    measured->set_state("connected");
+    measured->set_rate_probe_json(probe.ToJson().dump());
+    fake_.nodes_.add_nodes()->set_name("n2");  // none measured yet: no line
+  }
+  ASSERT_EQ(Run({"nodes"}), kExitOk) << err_.str();
+  const estimate::DeviceSpeed sheet = estimate::CpuSpeed();
+  char expected[256];
+  std::snprintf(expected, sizeof expected,
+                "\nn1 rates: cpu Test CPU (2 threads, LibTorch 2.15.0), 2026-11-29T01:00:00Z: fp32 "
+                "50 GFLOP/s (sheet %.3g), bf16 not measured (sheet %.3g), memory 12.5 GB/s (sheet "
+                "%.3g), launch 4 us (sheet %.3g)\n",
+                sheet.fp32_flops / 1e9, sheet.bf16_flops / 1e9, sheet.memory_bytes_per_s / 1e9,
+                sheet.launch_seconds / 1e-6);
+  EXPECT_TRUE(out_.str().ends_with(expected)) << out_.str();
+  EXPECT_EQ(out_.str().find("n2 rates"), std::string::npos) << out_.str();
 }
 
 std::vector<v1::ArtifactChunk> ArtifactChunks(const std::string& path, const std::string& bytes,

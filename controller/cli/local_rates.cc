@@ -3,14 +3,18 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "common/cpu_model.h"
+#include "common/estimate/gpus.h"
 #include "common/files.h"
 #include "controller/cli/daemons.h"
+#include "controller/store/store.h"
 
 extern char** environ;
 
@@ -59,6 +63,81 @@ StatusOr<estimate::RateProbe> ReadRateProbe(const fs::path& path) {
   return probe;
 }
 
+std::vector<NodeProbe> ReadNodeProbes(const EnvLookup& env, std::ostream& err) {
+  StatusOr<fs::path> dir = EmbeddedDataDir(env);
+  if (!dir.ok()) return {};
+  StatusOr<std::unique_ptr<store::Store>> opened =
+      store::Store::OpenReadOnly((*dir / "llmctl.db").string());
+  // No store yet (before the first submit), or one this build cannot read: the calibration's
+  // note says so.
+  if (!opened.ok()) return {};
+  StatusOr<std::map<std::string, std::string>> stored = (*opened)->NodeRates();
+  if (!stored.ok()) return {};
+  std::vector<NodeProbe> nodes;
+  for (const auto& [node, text] : *stored) {
+    const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    StatusOr<estimate::RateProbe> probe =
+        json.is_discarded() ? StatusOr<estimate::RateProbe>(InvalidArgumentError("not JSON"))
+                            : estimate::RateProbe::FromJson(json);
+    if (!probe.ok()) {
+      err << "note: node " << node << "'s stored rates are not used: " << probe.status().message()
+          << "\n";
+      continue;
+    }
+    nodes.push_back({node, *std::move(probe)});
+  }
+  // A CPU trial run through the embedded controller runs on this machine's agent.
+  std::stable_partition(nodes.begin(), nodes.end(),
+                        [cpu = CpuModelName()](const NodeProbe& node) {
+                          return node.probe.device == "cpu" && node.probe.device_name == cpu;
+                        });
+  return nodes;
+}
+
+std::string DescribeNodeRates(const std::string& probe_json) {
+  const nlohmann::json json = nlohmann::json::parse(probe_json, nullptr, /*allow_exceptions=*/false);
+  StatusOr<estimate::RateProbe> probe =
+      json.is_discarded() ? StatusOr<estimate::RateProbe>(InvalidArgumentError("not JSON"))
+                          : estimate::RateProbe::FromJson(json);
+  if (!probe.ok()) return "not readable: " + probe.status().message();
+  std::optional<estimate::DeviceSpeed> sheet;
+  if (probe->device == "cpu") {
+    sheet = estimate::CpuSpeed();
+  } else if (std::optional<estimate::Gpu> gpu = estimate::GpuOfDeviceName(probe->device_name)) {
+    sheet = estimate::GpuSpeed(*gpu);
+  }
+  // "51 GFLOP/s (sheet 192)": each rate in its unit, the sheet's in the same; 0 was not measured.
+  const estimate::DeviceSpeed nominal = sheet.value_or(estimate::DeviceSpeed{});
+  const auto rate = [&sheet](const char* name, double value, double sheet_value, double unit,
+                             const char* unit_name) {
+    char text[96];
+    if (value > 0) {
+      std::snprintf(text, sizeof text, "%s %.3g %s", name, value / unit, unit_name);
+    } else {
+      std::snprintf(text, sizeof text, "%s not measured", name);
+    }
+    std::string described = text;
+    if (sheet.has_value()) {
+      std::snprintf(text, sizeof text, " (sheet %.3g)", sheet_value / unit);
+      described += text;
+    }
+    return described;
+  };
+  const int64_t size = estimate::kProbeMatmulSizeUsed;
+  return probe->Summary() + ": " +
+         rate("fp32", probe->MatmulFlops("fp32", size), nominal.fp32_flops, 1e9, "GFLOP/s") + ", " +
+         rate("bf16", probe->MatmulFlops("bf16", size), nominal.bf16_flops, 1e9, "GFLOP/s") + ", " +
+         rate("memory", probe->memory_bytes_per_s, nominal.memory_bytes_per_s, 1e9, "GB/s") +
+         ", " + rate("launch", probe->launch_seconds, nominal.launch_seconds, 1e-6, "us");
+}
+
+LocalRates LocalRates::FromNodeProbes(std::vector<NodeProbe> nodes) {
+  LocalRates rates;
+  rates.nodes_ = std::move(nodes);
+  rates.nodes_read_ = true;
+  return rates;
+}
+
 LocalRates LocalRates::FromProbe(const estimate::RateProbe& probe, const std::string& where) {
   LocalRates rates;
   rates.probe_ = probe;
@@ -72,6 +151,17 @@ LocalRates LocalRates::Load(const EnvLookup& env, const fs::path& self, std::ost
     err << "note: " << kRateProbeVariable << "='" << *setting
         << "' is not 'off' (the only value it takes); this machine's probe is used\n";
   }
+  // A node's stored CPU probe is what a CPU trial takes (For): nothing to measure here then.
+  LocalRates stored = FromNodeProbes(ReadNodeProbes(env, err));
+  if (stored.NodeFor(estimate::CpuSpeed()) != nullptr) return stored;
+  LocalRates local = LoadLocalProbe(env, self, err);
+  local.nodes_ = std::move(stored.nodes_);
+  local.nodes_read_ = true;
+  return local;
+}
+
+LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self,
+                                      std::ostream& err) {
   StatusOr<fs::path> dir = EmbeddedDataDir(env);
   if (!dir.ok()) return LocalRates();  // the calibration's note says why
   const fs::path path = *dir / kProbeFile;
@@ -113,15 +203,40 @@ LocalRates LocalRates::LoadOnFirstUse(EnvLookup env, fs::path self, std::ostream
   return rates;
 }
 
+const NodeProbe* LocalRates::NodeFor(const estimate::DeviceSpeed& sheet) const {
+  for (const NodeProbe& node : nodes_) {
+    if (sheet.name == "cpu" ? node.probe.device == "cpu"
+                            : node.probe.device == "cuda" &&
+                                  estimate::GpuOfDeviceName(node.probe.device_name).has_value() &&
+                                  estimate::GpuOfDeviceName(node.probe.device_name)->name ==
+                                      sheet.name) {
+      return &node;
+    }
+  }
+  return nullptr;
+}
+
 estimate::DeviceSpeed LocalRates::For(const estimate::DeviceSpeed& sheet) const {
-  if (sheet.name != "cpu") return sheet;
-  if (deferred_.has_value()) {
+  if (deferred_.has_value() && sheet.name != "cpu" && !nodes_read_) {
+    // A GPU trial reads the store only: nothing is measured here for it.
+    const std::optional<std::string> setting = deferred_->env(kRateProbeVariable);
+    if (setting != "off") nodes_ = ReadNodeProbes(deferred_->env, *deferred_->err);
+    nodes_read_ = true;
+  }
+  if (deferred_.has_value() && sheet.name == "cpu") {
     LocalRates loaded = Load(deferred_->env, deferred_->self, *deferred_->err);
     deferred_.reset();
+    nodes_ = std::move(loaded.nodes_);
+    nodes_read_ = true;
     probe_ = std::move(loaded.probe_);
     source_ = std::move(loaded.source_);
   }
-  if (!probe_ || probe_->device != "cpu") return sheet;
+  if (const NodeProbe* node = NodeFor(sheet); node != nullptr) {
+    return estimate::ProbedSpeed(
+        sheet, node->probe,
+        "node " + node->node + "'s probe (stored by the controller): " + node->probe.Summary());
+  }
+  if (sheet.name != "cpu" || !probe_ || probe_->device != "cpu") return sheet;
   return estimate::ProbedSpeed(sheet, *probe_, source_);
 }
 

@@ -1,8 +1,10 @@
-// The rates `llmctl estimate`, `plan` and `submit` predict a CPU trial's time at when it runs on
-// this machine (the embedded agent's node): this machine's probe (common/estimate/rate_probe.h),
-// kept as probe.json in the embedded controller's data directory (LLMCTL_HOME). Measured once, by
-// `llm-train --probe` (about 10 s), the first time it is needed, and again when the file is
-// unreadable or names another CPU; without a data directory or llm-train, the data sheets' rates.
+// The rates `llmctl estimate`, `plan` and `submit` predict a trial's time at: those of the node it
+// will run on, as its agent measured them and the embedded controller stored them (a GPU trial:
+// a node whose probe is of that GPU; a CPU trial: a node with a CPU probe, this machine's CPU
+// first); else, for a CPU trial, this machine's probe (common/estimate/rate_probe.h), kept as
+// probe.json in the embedded controller's data directory (LLMCTL_HOME), measured once by
+// `llm-train --probe` (about 10 s) the first time it is needed and again when the file is
+// unreadable or names another CPU; else the data sheets' rates. The time's `rates` says which.
 // LLMCTL_RATE_PROBE=off keeps the data sheets without measuring (the tests set it, so that no
 // test's prediction depends on this machine's speed or pays for a probe per data directory).
 #ifndef LLMCTL_CONTROLLER_CLI_LOCAL_RATES_H_
@@ -12,6 +14,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "common/estimate/rate_probe.h"
 #include "common/estimate/step_time.h"
@@ -20,6 +23,12 @@
 namespace llmctl::cli {
 
 inline constexpr char kRateProbeVariable[] = "LLMCTL_RATE_PROBE";
+
+// A node's own rates as the controller stored them (Store::NodeRates).
+struct NodeProbe {
+  std::string node;
+  estimate::RateProbe probe;
+};
 
 class LocalRates {
  public:
@@ -33,9 +42,11 @@ class LocalRates {
   static LocalRates LoadOnFirstUse(EnvLookup env, std::filesystem::path self, std::ostream& err);
   // `probe` as if read from `where` (tests).
   static LocalRates FromProbe(const estimate::RateProbe& probe, const std::string& where);
+  // The nodes' stored probes, and no local one (tests).
+  static LocalRates FromNodeProbes(std::vector<NodeProbe> nodes);
 
-  // The speed of a trial on `sheet`'s device: the probe's rates for a CPU trial when there is a
-  // CPU probe; else `sheet`.
+  // The speed of a trial on `sheet`'s device: the rates of a node's stored probe of that device;
+  // else this machine's probe for a CPU trial; else `sheet`.
   estimate::DeviceSpeed For(const estimate::DeviceSpeed& sheet) const;
   // For as a lookup, for estimate's and plan's options; valid while this object lives.
   estimate::SpeedLookup Lookup() const {
@@ -45,6 +56,12 @@ class LocalRates {
   const std::optional<estimate::RateProbe>& probe() const { return probe_; }
 
  private:
+  // Load's part for this machine's own probe (probe.json, measured when missing).
+  static LocalRates LoadLocalProbe(const EnvLookup& env, const std::filesystem::path& self,
+                                   std::ostream& err);
+  // The stored probe of a node with `sheet`'s device; null when none.
+  const NodeProbe* NodeFor(const estimate::DeviceSpeed& sheet) const;
+
   // What Load needs, while LoadOnFirstUse's load is still to come.
   struct Deferred {
     EnvLookup env;
@@ -54,9 +71,22 @@ class LocalRates {
 
   // Not thread-safe: estimate and plan ask from one thread.
   mutable std::optional<Deferred> deferred_;
+  mutable std::vector<NodeProbe> nodes_;
+  mutable bool nodes_read_ = false;  // LoadOnFirstUse: the store is read before any probe is run
   mutable std::optional<estimate::RateProbe> probe_;
   mutable std::string source_;  // "this machine's probe (PATH): ..."
 };
+
+// The probes the embedded controller's store holds (LLMCTL_HOME's llmctl.db), this machine's CPU
+// first, then by node; none without a store. A stored probe that does not parse is skipped, said
+// on `err`.
+std::vector<NodeProbe> ReadNodeProbes(const EnvLookup& env, std::ostream& err);
+
+// A node's stored probe (NodeStatus's rate_probe_json) beside its device's data sheet, for
+// `llmctl nodes`: "cpu AMD EPYC 7763 (2 threads, ...), 2026-11-29T01:20:00Z: fp32 51 GFLOP/s
+// (sheet 192), bf16 1.0 (384), memory 12 GB/s (20), launch 4.0 us (10)"; the parser's message
+// when it does not parse.
+std::string DescribeNodeRates(const std::string& probe_json);
 
 // The probe in `path`: InvalidArgument naming the file when it cannot be read or parsed.
 StatusOr<estimate::RateProbe> ReadRateProbe(const std::filesystem::path& path);

@@ -9,12 +9,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/cpu_model.h"
+#include "common/estimate/gpus.h"
 #include "controller/cli/estimate.h"
 #include "controller/cli/plan.h"
+#include "controller/store/store.h"
 
 namespace llmctl::cli {
 namespace {
@@ -155,6 +158,95 @@ TEST_F(LocalRatesTest, AnEstimateWithTheProbeIsItsWorkOverTheProbesRates) {
   EXPECT_NEAR(with["step_seconds"].get<double>(), expected, 1e-9 * expected);
   // The data sheets' bf16 is twice their fp32; this CPU's is a fiftieth of its fp32.
   EXPECT_GT(with["step_seconds"].get<double>(), 10 * without["step_seconds"].get<double>());
+}
+
+// The embedded controller's store with `probes` stored as its nodes' rates (what the dispatcher
+// stores from each agent's NodeInfo).
+void StoreNodeRates(const fs::path& home, const std::map<std::string, estimate::RateProbe>& probes) {
+  StatusOr<std::unique_ptr<store::Store>> store = store::Store::Open((home / "llmctl.db").string());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  for (const auto& [node, probe] : probes) {
+    ASSERT_TRUE((*store)
+                    ->UpsertNode({.name = node,
+                                  .address = "unix:/tmp/agent.sock",
+                                  .devices_json = "[]",
+                                  .last_seen = store::Time(),
+                                  .state = "connected",
+                                  .lease = std::nullopt})
+                    .ok());
+    ASSERT_TRUE((*store)->PutNodeRates(node, probe.ToJson().dump(), store::Time()).ok());
+  }
+}
+
+// A GPU of the table whose NVML name reads back as that GPU.
+estimate::Gpu KnownGpu() {
+  for (const estimate::Gpu& gpu : estimate::KnownGpus()) {
+    const std::optional<estimate::Gpu> named = estimate::GpuOfDeviceName(gpu.model);
+    if (named.has_value() && named->name == gpu.name) return gpu;
+  }
+  ADD_FAILURE() << "no GPU reads back by its model name";
+  return estimate::KnownGpus().front();
+}
+
+// A node's stored probe serves before this machine's (probe.json) and measures nothing here; the
+// estimate's step is its work over the node's rates, and its time names the node. A GPU trial
+// takes the probe of a node with that GPU; a GPU the store has no probe of keeps its data sheet.
+TEST_F(LocalRatesTest, AStoredNodeProbeServesBeforeThisMachinesAndTheEstimateSaysWhich) {
+  estimate::RateProbe node = FixedProbe();
+  node.matmul = {{"fp32", 512, 2e10}, {"bf16", 512, 4e9}};
+  node.memory_bytes_per_s = 5e9;
+  node.launch_seconds = 8e-6;
+  estimate::RateProbe gpu = FixedProbe();
+  gpu.device = "cuda";
+  gpu.device_name = KnownGpu().model;
+  gpu.matmul = {{"fp32", 512, 3e13}, {"bf16", 512, 2e14}};
+  gpu.memory_bytes_per_s = 2e12;
+  StoreNodeRates(home_, {{"local", node}, {"gpu-1", gpu}});
+  std::ofstream(home_ / "probe.json") << FixedProbe().ToJson().dump(2);
+
+  std::ostringstream err;
+  const LocalRates rates = LocalRates::LoadOnFirstUse(Env(), home_ / "no-such" / "llmctl", err);
+  const estimate::DeviceSpeed on_gpu = rates.For(estimate::GpuSpeed(KnownGpu()));
+  EXPECT_EQ(on_gpu.bf16_flops, 2e14);
+  EXPECT_TRUE(on_gpu.rates.starts_with("node gpu-1's probe (stored by the controller): cuda "))
+      << on_gpu.rates;
+  for (const estimate::Gpu& other : estimate::KnownGpus()) {
+    if (other.name != KnownGpu().name) {
+      EXPECT_EQ(rates.For(estimate::GpuSpeed(other)).rates, "") << other.name;
+    }
+  }
+
+  EstimateOptions options;
+  options.trial = "bf16-true";
+  options.format = "json";
+  StatusOr<std::string> sheet = EstimateExperiment(Experiments() + "cpu-lab.yaml", options);
+  ASSERT_TRUE(sheet.ok()) << sheet.status().message();
+  options.rates = rates.Lookup();
+  StatusOr<std::string> probed = EstimateExperiment(Experiments() + "cpu-lab.yaml", options);
+  ASSERT_TRUE(probed.ok()) << probed.status().message();
+  EXPECT_EQ(err.str(), "") << "nothing measured, nothing to say";
+  const nlohmann::json without = nlohmann::json::parse(*sheet)["trials"][0]["time"];
+  const nlohmann::json with = nlohmann::json::parse(*probed)["trials"][0]["time"];
+  EXPECT_TRUE(with["rates"].get<std::string>().starts_with(
+      "node local's probe (stored by the controller): cpu "))
+      << with["rates"];
+  const nlohmann::json& work = with["work"];
+  EXPECT_EQ(work, without["work"]);
+  ASSERT_EQ(work["matmul_class"], "bf16");
+  const double expected = work["matmul_flops"].get<double>() / 4e9 +
+                          work["memory_bytes"].get<double>() / 5e9 +
+                          work["launches"].get<double>() * 8e-6;
+  EXPECT_NEAR(with["step_seconds"].get<double>(), expected, 1e-9 * expected);
+
+  // Off keeps the data sheets, stored probes too.
+  const EnvLookup off = [home = home_.string()](std::string_view name) -> std::optional<std::string> {
+    if (name == "LLMCTL_HOME") return home;
+    if (name == kRateProbeVariable) return "off";
+    return std::nullopt;
+  };
+  const LocalRates sheets = LocalRates::LoadOnFirstUse(off, home_ / "no-such" / "llmctl", err);
+  EXPECT_EQ(sheets.For(estimate::GpuSpeed(KnownGpu())).rates, "");
+  EXPECT_EQ(sheets.For(estimate::CpuSpeed()).rates, "");
 }
 
 TEST_F(LocalRatesTest, PlanSaysWhichRatesItUsed) {

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "common/cuda_version.h"
+#include "common/estimate/rate_probe.h"
 #include "common/event_line.h"
 #include "controller/node_certificates.h"
 #include "controller/scheduler/scheduler.h"
@@ -31,6 +32,33 @@ AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& s
 }
 
 namespace dispatch {
+namespace {
+
+// The node's rates from its NodeInfo, stored when they differ from `last` (the link's): parsed with
+// the one parser first, since an agent's report is untrusted input, and stored as it reads back, so
+// the store holds only probes the estimate can use. A refused probe is logged once.
+void StoreNodeRates(store::Store& store, const std::string& node, const std::string& probe_json,
+                    std::string& last, store::Time now) {
+  if (probe_json.empty() || probe_json == last) return;
+  last = probe_json;
+  const nlohmann::json json = nlohmann::json::parse(probe_json, nullptr, /*allow_exceptions=*/false);
+  const StatusOr<estimate::RateProbe> probe =
+      json.is_discarded() ? StatusOr<estimate::RateProbe>(InvalidArgumentError("not JSON"))
+                          : estimate::RateProbe::FromJson(json);
+  if (!probe.ok()) {
+    spdlog::error("node {}: its measured rates are refused: {}", node, probe.status().message());
+    return;
+  }
+  const StatusOr<bool> stored = store.PutNodeRates(node, probe->ToJson().dump(), now);
+  if (!stored.ok()) {
+    spdlog::error("node {}: cannot store its rates: {}", node, stored.status().ToString());
+    last.clear();  // tried again at the next health check
+  } else if (*stored) {
+    spdlog::info("node {}: rates measured on {}", node, probe->Summary());
+  }
+}
+
+}  // namespace
 
 std::string DevicesJson(const std::vector<v1::Device>& devices) {
   nlohmann::json json = nlohmann::json::array();
@@ -161,6 +189,7 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
       }
     }
     link.unusable = runs.ok() ? "" : runs.message();
+    StoreNodeRates(core_.store, link.name, info.rate_probe_json(), link.rate_probe_json, now);
   } else {
     if (link.connected) spdlog::warn("node {}: unreachable: {}", link.name, health.ToString());
     // Logged once, as the reason stays until the node is registered again.

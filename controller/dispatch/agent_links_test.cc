@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/estimate/rate_probe.h"
 #include "controller/dispatch/dispatch_test_support.h"
 
 namespace llmctl::controller::dispatch_test {
@@ -137,6 +138,62 @@ TEST_F(AgentLinksTest, ANodeWhoseDriverIsTooOldForLibTorchsCudaIsUnusableAndSays
     return OnlyTrial(cpu).state == store::TrialState::kOk &&
            OnlyTrial(gpu).state == store::TrialState::kOk;
   }));
+}
+
+// A fixed probe as llm-train --probe writes it, with `memory` as its memory rate.
+std::string ProbeJson(double memory) {
+  estimate::RateProbe probe;
+  probe.measured_at = "2026-11-29T01:00:00Z";
+  probe.device = "cpu";
+  probe.device_name = "fake cpu";
+  probe.threads = 2;
+  probe.versions.libtorch = "2.15.0";
+  probe.matmul = {{"fp32", 512, 5e10}, {"bf16", 512, 1e9}};
+  probe.memory_bytes_per_s = memory;
+  return probe.ToJson().dump(2);
+}
+
+TEST_F(AgentLinksTest, ANodesMeasuredRatesAreStoredListedAndReplacedWhenTheyChange) {
+  Tick();
+  EXPECT_EQ(NodeStatusOf(*controller_, "n1").rate_probe_json(), "") << "none measured yet";
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.rate_probe_json = ProbeJson(1e10);
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  const auto stored = [&] {
+    const std::string json = NodeStatusOf(*controller_, "n1").rate_probe_json();
+    return estimate::RateProbe::FromJson(nlohmann::json::parse(json, nullptr, false));
+  };
+  ASSERT_TRUE(stored().ok()) << stored().status().ToString();
+  EXPECT_EQ(stored()->ToJson(), nlohmann::ordered_json::parse(ProbeJson(1e10)));
+  EXPECT_EQ(daemon_->store().NodeRates()->size(), 1u);
+
+  // Measured again (a new llm-train): the new probe replaces the old.
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.rate_probe_json = ProbeJson(2e10);
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  EXPECT_EQ(stored()->memory_bytes_per_s, 2e10);
+  EXPECT_EQ(daemon_->store().NodeRates()->size(), 1u);
+
+  // A probe that does not parse is refused, with a logged line, and the stored one stays.
+  auto log = std::make_shared<std::ostringstream>();
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(*log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.rate_probe_json = R"({"version": 1, "matmul": "fast"})";
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(stored()->memory_bytes_per_s, 2e10);
+  EXPECT_NE(log->str().find("node n1: its measured rates are refused: "), std::string::npos)
+      << log->str();
 }
 
 TEST_F(AgentLinksTest, AnAgentWithACertificateFromAnotherCaIsNotTrusted) {

@@ -59,6 +59,7 @@ struct FakeAgentState {
   int cuda_devices = 0;  // GetNodeInfo lists these besides one CPU
   // What GetNodeInfo says of the NVIDIA driver and llm-train's LibTorch ("": nothing).
   std::string driver_version, driver_cuda_version, libtorch_cuda_version;
+  std::string rate_probe_json;  // NodeInfo's: the node's measured rates ("": none yet)
   std::map<std::string, Run> runs;  // by RunName
   std::vector<int64_t> stream_from_seqs;
   std::vector<int64_t> stream_from_rank1_seqs;  // from_rank_seq[1]; 0 when absent
@@ -131,6 +132,7 @@ class FakeAgent final : public v1::Agent::Service {
     info->set_driver_cuda_version(state_.driver_cuda_version);
     info->set_libtorch_version("2.15.0");
     info->set_libtorch_cuda_version(state_.libtorch_cuda_version);
+    info->set_rate_probe_json(state_.rate_probe_json);
     return grpc::Status::OK;
   }
   grpc::Status MissingBlobs(grpc::ServerContext*, const v1::MissingBlobsRequest* request,

@@ -20,12 +20,13 @@ StatusOr<bool> Store::PutNodeRates(std::string_view node, std::string_view probe
   }
   MutexLock lock(mutex_);
   // The same text again changes nothing: the agent reports its probe with every health check.
-  ASSIGN_OR_RETURN(Statement stmt,
-                   Statement::Prepare(db_,
-                                      "INSERT INTO node_rates (node, probe_json, stored_at) "
-                                      "VALUES (?, ?, ?) ON CONFLICT (node) DO UPDATE SET "
-                                      "probe_json = excluded.probe_json, stored_at = "
-                                      "excluded.stored_at WHERE probe_json != excluded.probe_json"));
+  ASSIGN_OR_RETURN(
+      Statement stmt,
+      Statement::Prepare(db_,
+                         "INSERT INTO node_rates (node, probe_json, stored_at) "
+                         "VALUES (?, ?, ?) ON CONFLICT (node) DO UPDATE SET "
+                         "probe_json = excluded.probe_json, stored_at = "
+                         "excluded.stored_at WHERE probe_json != excluded.probe_json"));
   stmt.Bind(1, node).Bind(2, probe_json).Bind(3, internal::ToMillis(now));
   RETURN_IF_ERROR(stmt.Run());
   return sqlite3_changes(db_) > 0;

@@ -1,0 +1,155 @@
+#include "agent/node_rates.h"
+
+#include <algorithm>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "agent/process.h"
+#include "common/atomic_file.h"
+#include "common/cpu_model.h"
+#include "common/estimate/rate_probe.h"
+#include "common/files.h"
+
+namespace llmctl::agent {
+namespace {
+
+constexpr char kRatesFile[] = "rates.json";
+// The kept file is a probe of a few kilobytes and its fingerprint.
+constexpr size_t kMaxRatesBytes = 1 << 20;
+
+// The probe kept in `path` when it was measured on a node of `fingerprint`; "" otherwise (none
+// kept, another node, or a file this build cannot read: each measures again).
+std::string KeptProbe(const std::string& path, const std::string& fingerprint) {
+  StatusOr<std::string> text = ReadFileToString(path, kMaxRatesBytes);
+  if (!text.ok()) return "";
+  const nlohmann::json kept = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!kept.is_object() || kept.value("fingerprint", nlohmann::json()) != fingerprint ||
+      !kept.contains("probe") || !estimate::RateProbe::FromJson(kept["probe"]).ok()) {
+    return "";
+  }
+  return kept["probe"].dump();
+}
+
+}  // namespace
+
+std::string NodeRatesFingerprint(const NodeFacts& facts) {
+  std::string fingerprint = "cpu " + CpuModelName();
+  for (const DeviceInfo& device : facts.devices) {
+    fingerprint += "; " + device.type + " " + std::to_string(device.index) + " " + device.name;
+  }
+  fingerprint += "; driver " + facts.nvidia_driver_version + "; " + facts.trainer_version;
+  return fingerprint;
+}
+
+NodeRates::NodeRates(NodeRatesOptions options, std::function<bool()> trial_running)
+    : options_(std::move(options)), trial_running_(std::move(trial_running)) {
+  report_.pending = options_.measure ? "waiting for the node's description"
+                                     : "not measured: LLMCTL_RATE_PROBE=off";
+}
+
+NodeRates::~NodeRates() {
+  {
+    MutexLock lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.NotifyAll();
+  if (thread_.joinable()) thread_.join();
+}
+
+void NodeRates::Start(const NodeFacts& facts) {
+  if (!options_.measure) return;
+  const std::string fingerprint = NodeRatesFingerprint(facts);
+  if (std::string kept = KeptProbe(options_.data_dir + "/" + kRatesFile, fingerprint);
+      !kept.empty()) {
+    MutexLock lock(mutex_);
+    report_ = Report{std::move(kept), ""};
+    return;
+  }
+  const bool has_gpu = std::any_of(facts.devices.begin(), facts.devices.end(),
+                                   [](const DeviceInfo& device) { return device.type == "cuda"; });
+  thread_ = std::thread([this, fingerprint, device = has_gpu ? "cuda" : "cpu"] {
+    if (!AwaitIdle()) return;
+    std::cerr << "llm-agent: measuring the node's rates (llm-train --probe --probe-device "
+              << device << ")" << std::endl;
+    Finish(RunProbe(device), fingerprint);
+  });
+}
+
+bool NodeRates::AwaitIdle() {
+  MutexLock lock(mutex_);
+  while (!stopping_) {
+    // A trial that is starting is not listed as running yet: wait for its guard too.
+    const bool busy = starting_ > 0 || trial_running_();
+    if (!busy) {
+      probing_ = true;
+      report_.pending = "measuring";
+      return true;
+    }
+    report_.pending = "waiting for the running trial to end";
+    changed_.WaitUntil(mutex_, std::chrono::steady_clock::now() + options_.idle_check);
+  }
+  return false;
+}
+
+StatusOr<std::string> NodeRates::RunProbe(const std::string& device) const {
+  ASSIGN_OR_RETURN(
+      const CommandOutput output,
+      RunCommand({options_.llm_train, "--probe", "--probe-device", device}, options_.timeout));
+  if (output.exit_code != 0) {
+    return InternalError(options_.llm_train + " --probe " +
+                         (output.exit_code < 0
+                              ? "was killed or timed out"
+                              : "exited with " + std::to_string(output.exit_code)));
+  }
+  const nlohmann::json json =
+      nlohmann::json::parse(output.stdout_text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return InvalidArgumentError("llm-train --probe wrote no JSON");
+  RETURN_IF_ERROR(estimate::RateProbe::FromJson(json).status().WithContext("llm-train --probe"));
+  return json.dump();
+}
+
+void NodeRates::Finish(StatusOr<std::string> probe_json, const std::string& fingerprint) {
+  if (probe_json.ok()) {
+    const std::string kept =
+        nlohmann::json{{"fingerprint", fingerprint}, {"probe", nlohmann::json::parse(*probe_json)}}
+            .dump() +
+        "\n";
+    const Status written =
+        WriteFileAtomically(options_.data_dir + "/" + kRatesFile,
+                            [&kept](int fd) { return WriteAll(fd, kept.data(), kept.size()); });
+    // Reported all the same; the next start measures again.
+    if (!written.ok()) std::cerr << "llm-agent: " << written.message() << std::endl;
+    std::cerr << "llm-agent: the node's rates are measured" << std::endl;
+  } else {
+    std::cerr << "llm-agent: the node's rates are not measured: " << probe_json.status().message()
+              << std::endl;
+  }
+  {
+    MutexLock lock(mutex_);
+    probing_ = false;
+    report_ = probe_json.ok() ? Report{*std::move(probe_json), ""}
+                              : Report{"", "not measured: " + probe_json.status().message()};
+  }
+  changed_.NotifyAll();
+}
+
+NodeRates::Report NodeRates::Current() const {
+  MutexLock lock(mutex_);
+  return report_;
+}
+
+NodeRates::StartingTrial::StartingTrial(NodeRates& rates) : rates_(rates) {
+  MutexLock lock(rates_.mutex_);
+  while (rates_.probing_) rates_.changed_.Wait(rates_.mutex_);
+  ++rates_.starting_;
+}
+
+NodeRates::StartingTrial::~StartingTrial() {
+  {
+    MutexLock lock(rates_.mutex_);
+    --rates_.starting_;
+  }
+  rates_.changed_.NotifyAll();
+}
+
+}  // namespace llmctl::agent

@@ -1,0 +1,92 @@
+// The node's own rates (issue 39): `llm-train --probe` (the trainer the agent launches trials
+// with; the agent links no LibTorch), run on a thread of its own once no trial runs, kept in
+// DATA/rates.json with the fingerprint of what it measured (NodeRatesFingerprint), and reported in
+// NodeInfo. A kept probe whose fingerprint still matches is reported at once; a changed node (its
+// devices, NVIDIA driver, CPU, llm-train or LibTorch) measures again. While a probe runs no trial
+// starts (StartingTrial waits for it), and a probe never starts while a trial runs: either would
+// distort the other's time.
+#ifndef LLMCTL_AGENT_NODE_RATES_H_
+#define LLMCTL_AGENT_NODE_RATES_H_
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "agent/node_info.h"
+#include "common/mutex.h"
+#include "common/status.h"
+
+namespace llmctl::agent {
+
+// What a probe's rates depend on, as one line: each device's type and name, the host's CPU model,
+// the NVIDIA driver and llm-train's version line (which names its LibTorch and CUDA).
+std::string NodeRatesFingerprint(const NodeFacts& facts);
+
+struct NodeRatesOptions {
+  std::string data_dir;   // rates.json is kept here
+  std::string llm_train;  // the trainer, run with --probe
+  // False: never measured (LLMCTL_RATE_PROBE=off, and tests that do not test the probe).
+  bool measure = true;
+  // How often a node with a running trial is looked at again.
+  std::chrono::milliseconds idle_check{1000};
+  // A probe takes about 10 s on a 2-core CPU and under 30 s on a GPU; one that runs this long is
+  // killed and reported as not measured.
+  std::chrono::milliseconds timeout{std::chrono::seconds(180)};
+};
+
+// Thread-safe.
+class NodeRates {
+ public:
+  // `trial_running`: whether a trial runs on the node now (RunManager::Running).
+  NodeRates(NodeRatesOptions options, std::function<bool()> trial_running);
+  // Waits for a probe in progress to end (its timeout bounds that).
+  ~NodeRates();
+  NodeRates(const NodeRates&) = delete;
+  NodeRates& operator=(const NodeRates&) = delete;
+
+  // Once the node's facts are known: the kept probe when its fingerprint is `facts`', else a
+  // measurement on a thread of its own once the node is idle. Called once.
+  void Start(const NodeFacts& facts);
+
+  struct Report {
+    std::string probe_json;  // llm-train --probe's JSON; "" while none is measured
+    std::string pending;  // why there is none: "measuring", "waiting for ...", "not measured: ..."
+  };
+  Report Current() const;
+
+  // Held by RunTrial while it starts a run: waits until a probe in progress ends, and keeps one
+  // from starting until the guard goes (by then the run is listed as running).
+  class StartingTrial {
+   public:
+    explicit StartingTrial(NodeRates& rates);
+    ~StartingTrial();
+    StartingTrial(const StartingTrial&) = delete;
+    StartingTrial& operator=(const StartingTrial&) = delete;
+
+   private:
+    NodeRates& rates_;
+  };
+
+ private:
+  void MeasureWhenIdle(const std::string& fingerprint);
+  // Waits until no trial runs or starts and marks the probe as running; false when stopping.
+  bool AwaitIdle();
+  // llm-train --probe, its JSON checked with the one parser (common/estimate/rate_probe.h).
+  StatusOr<std::string> RunProbe(const std::string& device) const;
+  void Finish(StatusOr<std::string> probe_json, const std::string& fingerprint);
+
+  const NodeRatesOptions options_;
+  const std::function<bool()> trial_running_;
+  mutable Mutex mutex_;
+  CondVar changed_;
+  Report report_ LLMCTL_GUARDED_BY(mutex_);
+  bool probing_ LLMCTL_GUARDED_BY(mutex_) = false;
+  int starting_ LLMCTL_GUARDED_BY(mutex_) = 0;
+  bool stopping_ LLMCTL_GUARDED_BY(mutex_) = false;
+  std::thread thread_;
+};
+
+}  // namespace llmctl::agent
+
+#endif  // LLMCTL_AGENT_NODE_RATES_H_

@@ -1,0 +1,193 @@
+// The node's rates (agent/node_rates.h) with a stand-in llm-train whose --probe prints a fixed
+// probe and counts its runs: measured once the node is idle, kept across agents of the same node,
+// measured again when the node changes, and a broken probe reported as not measured.
+#include "agent/node_rates.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "common/estimate/rate_probe.h"
+#include "common/files.h"
+
+namespace llmctl::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+estimate::RateProbe FixedProbe() {
+  estimate::RateProbe probe;
+  probe.measured_at = "2026-11-29T01:00:00Z";
+  probe.device = "cpu";
+  probe.device_name = "Test CPU";
+  probe.threads = 2;
+  probe.versions.llmctl = "0.4.0";
+  probe.versions.libtorch = "2.15.0";
+  probe.matmul = {{"fp32", 512, 5e10}};
+  probe.memory_bytes_per_s = 1e10;
+  return probe;
+}
+
+class NodeRatesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("llmctl-node-rates-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "data");
+    WriteTrainer(FixedProbe().ToJson().dump());
+    facts_.devices = {DeviceInfo{"cpu", 0, "Test CPU", 1 << 30}};
+    facts_.trainer_version = "llm-train 0.4.0 (LibTorch 2.15.0)";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A stand-in llm-train: --probe appends a line to runs.txt and prints `output` after `delay`.
+  void WriteTrainer(const std::string& output, const std::string& delay = "0") {
+    std::ofstream(dir_ / "probe.out") << output;
+    const fs::path trainer = dir_ / "llm-train";
+    std::ofstream(trainer) << "#!/bin/sh\n[ \"$1\" = --probe ] || exit 3\necho \"$@\" >> '"
+                           << (dir_ / "runs.txt").string() << "'\nsleep " << delay << "\ncat '"
+                           << (dir_ / "probe.out").string() << "'\n";
+    fs::permissions(trainer, fs::perms::owner_all);
+  }
+
+  NodeRatesOptions Options(bool measure = true) const {
+    return {.data_dir = (dir_ / "data").string(),
+            .llm_train = (dir_ / "llm-train").string(),
+            .measure = measure,
+            .idle_check = milliseconds(10),
+            .timeout = std::chrono::seconds(20)};
+  }
+
+  int Runs() const {
+    StatusOr<std::string> runs = ReadFileToString((dir_ / "runs.txt").string(), 1 << 16);
+    return runs.ok() ? static_cast<int>(std::count(runs->begin(), runs->end(), '\n')) : 0;
+  }
+
+  // The report once it is no longer "waiting ..." or "measuring" (at most 20 s).
+  static NodeRates::Report Settled(const NodeRates& rates) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    NodeRates::Report report = rates.Current();
+    while ((report.pending == "measuring" || report.pending.starts_with("waiting")) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(5));
+      report = rates.Current();
+    }
+    return report;
+  }
+
+  // Whether the report comes to say `pending` within 20 s.
+  static bool Says(const NodeRates& rates, const std::string& pending) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (rates.Current().pending != pending && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    return rates.Current().pending == pending;
+  }
+
+  fs::path dir_;
+  NodeFacts facts_;
+};
+
+TEST_F(NodeRatesTest, MeasuredOnceIdleThenKeptUntilTheNodeChanges) {
+  std::atomic<bool> trial_running = true;
+  {
+    NodeRates rates(Options(), [&] { return trial_running.load(); });
+    EXPECT_EQ(rates.Current().probe_json, "");
+    rates.Start(facts_);
+    // Not while a trial runs.
+    EXPECT_TRUE(Says(rates, "waiting for the running trial to end"));
+    std::this_thread::sleep_for(milliseconds(50));
+    EXPECT_EQ(Runs(), 0);
+    trial_running = false;
+    const NodeRates::Report report = Settled(rates);
+    EXPECT_EQ(report.pending, "");
+    ASSERT_EQ(Runs(), 1);
+    const StatusOr<estimate::RateProbe> probe =
+        estimate::RateProbe::FromJson(nlohmann::json::parse(report.probe_json));
+    ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+    EXPECT_EQ(probe->ToJson(), FixedProbe().ToJson());
+  }
+  StatusOr<std::string> runs = ReadFileToString((dir_ / "runs.txt").string(), 1 << 16);
+  EXPECT_EQ(*runs, "--probe --probe-device cpu\n");
+
+  // The next agent on the same node reports the kept probe at once, measuring nothing.
+  {
+    NodeRates rates(Options(), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(rates.Current().pending, "");
+    EXPECT_EQ(
+        estimate::RateProbe::FromJson(nlohmann::json::parse(rates.Current().probe_json))->ToJson(),
+        FixedProbe().ToJson());
+    EXPECT_EQ(Runs(), 1);
+  }
+  // A new llm-train (another LibTorch), then a GPU: each measures again, the GPU on cuda.
+  facts_.trainer_version = "llm-train 0.4.0 (LibTorch 2.16.0)";
+  {
+    NodeRates rates(Options(), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(Settled(rates).pending, "");
+    EXPECT_EQ(Runs(), 2);
+  }
+  facts_.devices = {DeviceInfo{"cuda", 0, "NVIDIA H200", int64_t{141} << 30}};
+  {
+    NodeRates rates(Options(), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(Settled(rates).pending, "");
+  }
+  runs = ReadFileToString((dir_ / "runs.txt").string(), 1 << 16);
+  EXPECT_TRUE(runs->ends_with("--probe --probe-device cuda\n")) << *runs;
+}
+
+TEST_F(NodeRatesTest, ATrialStartingWaitsForTheProbeAndAProbeForTheStartingTrial) {
+  WriteTrainer(FixedProbe().ToJson().dump(), "0.3");
+  NodeRates rates(Options(), [] { return false; });
+  {
+    // A trial starting before the probe: the probe waits for its guard.
+    const NodeRates::StartingTrial starting(rates);
+    rates.Start(facts_);
+    EXPECT_TRUE(Says(rates, "waiting for the running trial to end"));
+    std::this_thread::sleep_for(milliseconds(50));
+    EXPECT_EQ(Runs(), 0);
+  }
+  // The probe runs; a trial starting now waits for it to end.
+  ASSERT_TRUE(Says(rates, "measuring"));
+  const NodeRates::StartingTrial starting(rates);
+  EXPECT_EQ(rates.Current().pending, "");
+  EXPECT_EQ(Runs(), 1);
+}
+
+TEST_F(NodeRatesTest, ABrokenProbeIsNotMeasuredAndNotKept) {
+  WriteTrainer(R"({"version": 1, "matmul": []})");
+  {
+    NodeRates rates(Options(), [] { return false; });
+    rates.Start(facts_);
+    const NodeRates::Report report = Settled(rates);
+    EXPECT_EQ(report.probe_json, "");
+    EXPECT_TRUE(report.pending.starts_with("not measured: llm-train --probe: ")) << report.pending;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "data" / "rates.json"));
+
+  WriteTrainer("not json");
+  NodeRates rates(Options(), [] { return false; });
+  rates.Start(facts_);
+  EXPECT_EQ(Settled(rates).pending, "not measured: llm-train --probe wrote no JSON");
+}
+
+TEST_F(NodeRatesTest, OffMeasuresNothingAndSaysSo) {
+  NodeRates rates(Options(/*measure=*/false), [] { return false; });
+  rates.Start(facts_);
+  EXPECT_EQ(rates.Current().pending, "not measured: LLMCTL_RATE_PROBE=off");
+  EXPECT_EQ(rates.Current().probe_json, "");
+  EXPECT_EQ(Runs(), 0);
+}
+
+}  // namespace
+}  // namespace llmctl::agent
