@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -12,15 +11,14 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <nlohmann/json.hpp>
 #include <type_traits>
 
 #include "agent/process.h"
-#include "agent/socket_interface.h"
+#include "agent/run_files.h"
+#include "agent/run_launch.h"
 #include "agent/supervisor.h"
 #include "agent/trial_file.h"
 #include "common/atomic_file.h"
@@ -28,97 +26,13 @@
 #include "common/rank_files.h"
 #include "common/trial_outcome.h"
 
-extern char** environ;
-
 namespace llmctl::agent {
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kTrialFile[] = "trial.yaml";
-constexpr char kDevicesFile[] = "devices.json";
-constexpr char kSupervisorFile[] = "supervisor.json";
-constexpr char kSupervisorLog[] = "supervisor.log";
-constexpr char kCancelFile[] = "cancel_requested";
-constexpr char kEndedFile[] = "ended.json";
-constexpr char kOutputDir[] = "output";
-constexpr char kRanksFile[] = "ranks.json";
 constexpr size_t kStderrTailBytes = 64 * 1024;
 constexpr size_t kMaxTrialNameBytes = 200;
-
-Status WriteJson(const std::string& path, const nlohmann::json& json) {
-  const std::string text = json.dump() + "\n";
-  return WriteFileAtomically(path, [&](int fd) { return WriteAll(fd, text.data(), text.size()); });
-}
-
-std::optional<nlohmann::json> ReadJson(const std::string& path) {
-  auto text = ReadFileToString(path, 1 << 20);
-  if (!text.ok()) return std::nullopt;
-  nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) return std::nullopt;
-  return json;
-}
-
-// `json[key]` when it is an integer (a string when `T` is one), else `fallback`: these files are
-// read back after a crash, and ranks.json is llm-train's, so a field of the wrong type must not
-// throw as nlohmann's value() does.
-template <typename T>
-T FieldOr(const nlohmann::json& json, const char* key, T fallback) {
-  const auto field = json.find(key);
-  if (field == json.end()) return fallback;
-  if constexpr (std::is_same_v<T, std::string>) {
-    return field->is_string() ? field->get<std::string>() : fallback;
-  } else {
-    return field->is_number_integer() ? field->get<T>() : fallback;
-  }
-}
-
-bool Exists(const std::string& path) {
-  struct stat info;
-  return ::stat(path.c_str(), &info) == 0;
-}
-
-// Adds the complete lines (ending in '\n') in the file after `offset` to `lines` and moves
-// `offset` past the last byte read: called again, it reads only what was appended since.
-void CountNewLines(const std::string& path, int64_t& offset, int64_t& lines) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  char buffer[1 << 16];
-  ssize_t n;
-  while ((n = ::pread(fd, buffer, sizeof(buffer), offset)) > 0) {
-    lines += std::count(buffer, buffer + n, '\n');
-    offset += n;
-  }
-  ::close(fd);
-}
-
-std::string ReadTail(const std::string& path, size_t bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
-  struct stat info;
-  std::string text;
-  if (::fstat(fd, &info) == 0) {
-    const off_t start = info.st_size > static_cast<off_t>(bytes) ? info.st_size - bytes : 0;
-    text.resize(static_cast<size_t>(info.st_size - start));
-    const ssize_t n = ::pread(fd, text.data(), text.size(), start);
-    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
-  }
-  ::close(fd);
-  return text;
-}
-
-nlohmann::json EndToJson(const RunEnd& end) {
-  return {{"outcome", end.outcome}, {"exit_code", end.exit_code}, {"error", end.error}};
-}
-
-std::optional<RunEnd> EndFromJson(const nlohmann::json& json) {
-  if (!json.contains("outcome") || !json["outcome"].is_string()) return std::nullopt;
-  RunEnd end;
-  end.outcome = json["outcome"].get<std::string>();
-  end.exit_code = FieldOr(json, "exit_code", 0);
-  end.error = FieldOr(json, "error", std::string());
-  return end;
-}
 
 Status CheckKey(const RunKey& key) {
   if (key.experiment_id <= 0) {
@@ -144,31 +58,6 @@ std::optional<int64_t> ParsePositive(const std::string& text) {
     return std::nullopt;
   }
   return std::stoll(text);
-}
-
-// The first failed rank as llm-train's launcher recorded it in ranks.json; nullopt when none did.
-std::optional<RankExit> ReadFirstFailedRank(const std::string& path) {
-  auto json = ReadJson(path);
-  if (!json) return std::nullopt;
-  const nlohmann::json failure = json->value("first_failure", nlohmann::json());
-  if (!failure.is_object() || !failure.value("rank", nlohmann::json()).is_number_integer()) {
-    return std::nullopt;
-  }
-  RankExit exit;
-  exit.rank = failure["rank"].get<int>();
-  if (exit.rank < 0) return std::nullopt;
-  exit.exit.signal = FieldOr(failure, "signal", 0);
-  exit.exit.exit_code = FieldOr(failure, "exit_code", 0);
-  return exit;
-}
-
-// The rendezvous port llm-train's launcher recorded in ranks.json; 0 when it has not yet.
-int ReadMasterPort(const std::string& path) {
-  auto json = ReadJson(path);
-  if (!json) return 0;
-  const nlohmann::json port = json->value("master_port", nlohmann::json());
-  if (!port.is_number_integer() || port.get<int64_t>() < 1 || port.get<int64_t>() > 65535) return 0;
-  return port.get<int>();
 }
 
 // The checks of a multi-node run's group that need no trial config.
@@ -197,6 +86,61 @@ Status CheckNodeGroup(const NodeGroup& group) {
                                 std::to_string(group.node_rank) +
                                 " needs node rank 0's rendezvous port (1..65535), got " +
                                 std::to_string(group.master_port));
+  }
+  return Status::Ok();
+}
+
+// The request's devices and node group, before its trial is read.
+Status CheckPlacement(const RunRequest& request) {
+  for (int index : request.device_indices) {
+    if (index < 0) {
+      return InvalidArgumentError("device_indices: " + std::to_string(index) + " is negative");
+    }
+  }
+  if (request.node_group.nodes > 1) RETURN_IF_ERROR(CheckNodeGroup(request.node_group));
+  return Status::Ok();
+}
+
+// The request's devices and node group against its trial's device, ranks and nodes.
+Status CheckTrialPlacement(const RunRequest& request, const TrialFile& trial_file) {
+  if (trial_file.device == "cuda" && request.device_indices.empty()) {
+    return InvalidArgumentError("a cuda trial needs device_indices");
+  }
+  const NodeGroup& group = request.node_group;
+  if (group.nodes <= 1) return Status::Ok();
+  if (group.nodes != trial_file.nodes) {
+    return InvalidArgumentError("node_group.nodes: " + std::to_string(group.nodes) +
+                                " is not the trial's nodes (" + std::to_string(trial_file.nodes) +
+                                ")");
+  }
+  if (group.nodes > kMaxRanks / trial_file.ranks) {
+    return InvalidArgumentError("node_group.nodes: " + std::to_string(group.nodes) + " x " +
+                                std::to_string(trial_file.ranks) + " ranks is more than " +
+                                std::to_string(kMaxRanks));
+  }
+  return Status::Ok();
+}
+
+// The run's directory with its trial.yaml, devices.json and output/: assembled under a temporary
+// name and renamed, so a half-made run is never found by a restarted agent.
+Status CreateRunDir(const WorkerLaunch& launch) {
+  const std::string& dir = launch.run_dir;
+  const std::string staging = dir + ".new";
+  std::error_code error;
+  fs::remove_all(staging, error);
+  fs::create_directories(staging + "/" + kOutputDir, error);
+  if (error) return UnavailableError("cannot create " + staging + ": " + error.message());
+  const std::string& yaml = launch.trial_file.yaml;
+  RETURN_IF_ERROR(WriteFileAtomically(
+      staging + "/" + kTrialFile, [&](int fd) { return WriteAll(fd, yaml.data(), yaml.size()); }));
+  RETURN_IF_ERROR(
+      WriteJsonFile(staging + "/" + kDevicesFile, {{"type", launch.trial_file.device},
+                                                   {"indices", launch.device_indices},
+                                                   {"ranks", launch.trial_file.ranks},
+                                                   {"nodes", launch.group.nodes},
+                                                   {"node_rank", launch.group.node_rank}}));
+  if (::rename(staging.c_str(), dir.c_str()) != 0) {
+    return UnavailableError("cannot create run directory " + dir + ": " + std::strerror(errno));
   }
   return Status::Ok();
 }
@@ -301,7 +245,7 @@ Status RunManager::Recover() {
         const RunKey key{*experiment_id, *trial_name, static_cast<int32_t>(*attempt_number)};
         Run run;
         run.dir = attempt.path().string();
-        if (auto devices = ReadJson(run.dir + "/" + kDevicesFile)) {
+        if (auto devices = ReadJsonObject(run.dir + "/" + kDevicesFile)) {
           const nlohmann::json indices = devices->value("indices", nlohmann::json::array());
           if (devices->value("type", nlohmann::json()).is_string() && indices.is_array() &&
               std::all_of(indices.begin(), indices.end(),
@@ -324,11 +268,12 @@ Status RunManager::Recover() {
             run.node_rank = node_rank.get<int>();
           }
         }
-        if (auto ended = ReadJson(run.dir + "/" + kEndedFile)) run.end = EndFromJson(*ended);
+        if (auto ended = ReadJsonObject(run.dir + "/" + kEndedFile))
+          run.end = RunEndFromJson(*ended);
         if (!run.end) {
-          if (auto supervisor = ReadJson(run.dir + "/" + kSupervisorFile)) {
-            run.supervisor_pid = FieldOr(*supervisor, "pid", 0);
-            run.supervisor_start_time = FieldOr(*supervisor, "start_time", uint64_t{0});
+          if (auto supervisor = ReadJsonObject(run.dir + "/" + kSupervisorFile)) {
+            run.supervisor_pid = JsonFieldOr(*supervisor, "pid", 0);
+            run.supervisor_start_time = JsonFieldOr(*supervisor, "start_time", uint64_t{0});
           }
           CheckRun(run);  // re-adopted if alive, else ended from exit.json or as vanished
           if (!run.end) {
@@ -376,7 +321,7 @@ void RunManager::CheckRun(Run& run) {
   const bool alive =
       run.supervisor_pid > 0 && IsSameProcessAlive(run.supervisor_pid, run.supervisor_start_time);
   auto exit = ReadWorkerExit(run.dir);
-  const bool cancel_requested = Exists(run.dir + "/" + kCancelFile);
+  const bool cancel_requested = FileExists(run.dir + "/" + kCancelFile);
   if (exit.ok() && exit->has_value()) {
     const std::string stderr_tail = ReadTail(run.dir + "/" + kStderrFile, kStderrTailBytes);
     // A multi-rank run ends as its first failed rank did, as the launcher recorded it by its
@@ -400,11 +345,11 @@ void RunManager::CheckRun(Run& run) {
   if (alive) return;
   // The supervisor is gone without a word. Its worker may still run (the supervisor was killed):
   // stop it, nobody would ever collect its result.
-  if (auto worker = ReadJson(run.dir + "/" + kWorkerFile)) {
-    const pid_t pid = FieldOr(*worker, "pid", 0);
-    if (pid > 0 && IsSameProcessAlive(pid, FieldOr(*worker, "start_time", uint64_t{0}))) {
+  if (auto worker = ReadJsonObject(run.dir + "/" + kWorkerFile)) {
+    const pid_t pid = JsonFieldOr(*worker, "pid", 0);
+    if (pid > 0 && IsSameProcessAlive(pid, JsonFieldOr(*worker, "start_time", uint64_t{0}))) {
       // -0 and -1 would name the agent's own group and every process: only a real group.
-      const pid_t pgid = FieldOr(*worker, "pgid", pid);
+      const pid_t pgid = JsonFieldOr(*worker, "pgid", pid);
       ::kill(pgid > 1 ? -pgid : pid, SIGKILL);
     }
   }
@@ -416,7 +361,7 @@ void RunManager::CheckRun(Run& run) {
 }
 
 void RunManager::EndRun(Run& run, const RunEnd& end) {
-  const Status written = WriteJson(run.dir + "/" + kEndedFile, EndToJson(end));
+  const Status written = WriteJsonFile(run.dir + "/" + kEndedFile, RunEndToJson(end));
   // Without ended.json the next start decides again from the same files, with the same result.
   (void)written;
   run.end = end;
@@ -483,20 +428,8 @@ Status RunManager::CheckResumeCheckpoint(const RunKey& key, const RunKey& resume
                               "inside a run's output/, or a copy in the input cache)");
 }
 
-StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
-  RETURN_IF_ERROR(CheckKey(request.key));
-  {
-    MutexLock lock(mutex_);
-    if (auto it = runs_.find(request.key); it != runs_.end()) return StateOf(it->first, it->second);
-  }
-  for (int index : request.device_indices) {
-    if (index < 0) {
-      return InvalidArgumentError("device_indices: " + std::to_string(index) + " is negative");
-    }
-  }
-  const NodeGroup& group = request.node_group;
-  const bool multi_node = group.nodes > 1;
-  if (multi_node) RETURN_IF_ERROR(CheckNodeGroup(group));
+StatusOr<std::map<std::string, std::string>> RunManager::InputPaths(
+    const RunRequest& request) const {
   std::map<std::string, std::string> input_paths = request.local_paths;
   for (const auto& [key, tree] : request.inputs) {
     if (input_paths.count(key) > 0) {
@@ -506,194 +439,96 @@ StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
     if (!path.ok()) return path.status().WithContext("inputs[" + key + "]");
     input_paths[key] = *path;
   }
-  std::string resume_checkpoint = request.resume_checkpoint;
+  return input_paths;
+}
+
+StatusOr<std::string> RunManager::ResumeCheckpoint(const RunRequest& request) const {
   if (request.resume_tree) {
     // Trees are content-addressed and never written to (llm-train only reads a checkpoint it
     // resumes from), so the cache's copy is resumed from in place.
     auto path = cache_->Materialize(*request.resume_tree);
     if (!path.ok()) return path.status().WithContext("resume_from.tree");
-    resume_checkpoint = *path;
-    if (!Exists(resume_checkpoint + "/" + kCheckpointStateFile)) {
+    if (!FileExists(*path + "/" + kCheckpointStateFile)) {
       return InvalidArgumentError("resume_from.tree " + request.resume_tree->digest +
                                   " is no checkpoint: it has no " + kCheckpointStateFile);
     }
-  } else if (!resume_checkpoint.empty()) {
-    const std::string from = "resume from " + DescribeRunKey(request.resume_run);
-    {
-      MutexLock lock(mutex_);
-      if (runs_.count(request.resume_run) == 0) {
-        return FailedPreconditionError(from + ": this node has no such run");
-      }
-    }
-    RETURN_IF_ERROR(CheckResumeCheckpoint(request.key, request.resume_run, resume_checkpoint)
-                        .WithContext(from));
-    // What SaveCheckpoint writes last into a complete checkpoint (trainer/train/checkpoints.h).
-    if (!Exists(request.resume_checkpoint + "/" + kCheckpointStateFile)) {
-      return FailedPreconditionError(from + ": its checkpoint " + request.resume_checkpoint +
-                                     " is gone from this node");
+    return *path;
+  }
+  if (request.resume_checkpoint.empty()) return std::string();
+  const std::string from = "resume from " + DescribeRunKey(request.resume_run);
+  {
+    MutexLock lock(mutex_);
+    if (runs_.count(request.resume_run) == 0) {
+      return FailedPreconditionError(from + ": this node has no such run");
     }
   }
-  const std::string dir = RunDirFor(request.key);
-  ASSIGN_OR_RETURN(const TrialFile trial_file,
-                   MakeTrialFile(request.config_json, input_paths, dir + "/" + kOutputDir));
-  if (trial_file.device == "cuda" && request.device_indices.empty()) {
-    return InvalidArgumentError("a cuda trial needs device_indices");
+  RETURN_IF_ERROR(CheckResumeCheckpoint(request.key, request.resume_run, request.resume_checkpoint)
+                      .WithContext(from));
+  // What SaveCheckpoint writes last into a complete checkpoint (trainer/train/checkpoints.h).
+  if (!FileExists(request.resume_checkpoint + "/" + kCheckpointStateFile)) {
+    return FailedPreconditionError(from + ": its checkpoint " + request.resume_checkpoint +
+                                   " is gone from this node");
   }
-  if (multi_node && group.nodes != trial_file.nodes) {
-    return InvalidArgumentError("node_group.nodes: " + std::to_string(group.nodes) +
-                                " is not the trial's nodes (" + std::to_string(trial_file.nodes) +
-                                ")");
-  }
-  if (multi_node && group.nodes > kMaxRanks / trial_file.ranks) {
-    return InvalidArgumentError("node_group.nodes: " + std::to_string(group.nodes) + " x " +
-                                std::to_string(trial_file.ranks) + " ranks is more than " +
-                                std::to_string(kMaxRanks));
-  }
-  const int node_rank = multi_node ? group.node_rank : 0;
-  const int nodes = multi_node ? group.nodes : 1;
+  return request.resume_checkpoint;
+}
+
+StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
+  RETURN_IF_ERROR(CheckKey(request.key));
+  if (StatusOr<RunState> existing = Get(request.key); existing.ok()) return existing;
+  RETURN_IF_ERROR(CheckPlacement(request));
+  ASSIGN_OR_RETURN(const auto input_paths, InputPaths(request));
+  WorkerLaunch launch;
+  ASSIGN_OR_RETURN(launch.resume_checkpoint, ResumeCheckpoint(request));
+  launch.run_dir = RunDirFor(request.key);
+  ASSIGN_OR_RETURN(launch.trial_file, MakeTrialFile(request.config_json, input_paths,
+                                                    launch.run_dir + "/" + kOutputDir));
+  RETURN_IF_ERROR(CheckTrialPlacement(request, launch.trial_file));
+  launch.llm_train = options_.llm_train;
+  launch.group = request.node_group;
+  if (launch.group.nodes <= 1) launch.group = NodeGroup{};
+  launch.device_indices = request.device_indices;
+  launch.cache_dir = cache_->dir();
 
   MutexLock lock(mutex_);
   // Checked again: another call with this key may have started it meanwhile.
   if (auto it = runs_.find(request.key); it != runs_.end()) return StateOf(it->first, it->second);
-  // The directory is assembled under a temporary name and renamed, so a half-made run is never
-  // found by a restarted agent.
-  const std::string staging = dir + ".new";
-  std::error_code error;
-  fs::remove_all(staging, error);
-  fs::create_directories(staging + "/" + kOutputDir, error);
-  if (error) return UnavailableError("cannot create " + staging + ": " + error.message());
-  RETURN_IF_ERROR(WriteFileAtomically(staging + "/" + kTrialFile, [&](int fd) {
-    return WriteAll(fd, trial_file.yaml.data(), trial_file.yaml.size());
-  }));
-  RETURN_IF_ERROR(WriteJson(staging + "/" + kDevicesFile, {{"type", trial_file.device},
-                                                           {"indices", request.device_indices},
-                                                           {"ranks", trial_file.ranks},
-                                                           {"nodes", nodes},
-                                                           {"node_rank", node_rank}}));
-  if (::rename(staging.c_str(), dir.c_str()) != 0) {
-    return UnavailableError("cannot create run directory " + dir + ": " + std::strerror(errno));
-  }
-
-  SupervisorCommand command;
-  command.run_dir = dir;
-  command.grace = options_.cancel_grace;
-  command.worker_argv = {options_.llm_train, "--config", dir + "/" + kTrialFile, "--events",
-                         dir + "/" + kEventsFile};
-  for (const auto& [path, written] : trial_file.input_names) {
-    command.worker_argv.insert(command.worker_argv.end(), {"--input-name", path + "=" + written});
-  }
-  if (!resume_checkpoint.empty()) {
-    command.worker_argv.insert(command.worker_argv.end(), {"--resume", resume_checkpoint});
-  }
-  if (multi_node) {
-    // This node's ranks are global ranks node_rank x ranks on. Node rank 0's launcher binds a free
-    // port as below (RunState.master_port reports it) and its rank 0 listens on all of the host's
-    // addresses, its local peers coming over loopback; the others meet it at its address and port.
-    const bool first_node = node_rank == 0;
-    command.worker_argv.insert(command.worker_argv.end(),
-                               {"--nproc", std::to_string(trial_file.ranks), "--nnodes",
-                                std::to_string(nodes), "--node-rank", std::to_string(node_rank),
-                                "--master-addr", first_node ? "127.0.0.1" : group.master_addr,
-                                "--master-port", std::to_string(first_node ? 0 : group.master_port),
-                                "--ranks-file", dir + "/" + kRanksFile});
-  } else if (trial_file.ranks > 1) {
-    // llm-train's launcher starts the ranks under this one worker (its process group, so the
-    // supervisor's signals and its final SIGKILL reach them all); port 0: it takes a free port
-    // from the kernel and hands rank 0 the listening socket, so trials on one node never collide.
-    command.worker_argv.insert(command.worker_argv.end(),
-                               {"--nproc", std::to_string(trial_file.ranks), "--master-port", "0",
-                                "--ranks-file", dir + "/" + kRanksFile});
-  }
-  const std::vector<std::string> argv = SupervisorArgv(options_.supervisor_program, command);
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string_view entry(*e);
-    if (entry.starts_with("CUDA_VISIBLE_DEVICES=") || entry.starts_with("LLMCTL_CACHE_DIR="))
-      continue;
-    env.emplace_back(entry);
-  }
-  // llm-train's token cache lives in the agent's cache, next to the inputs it was made from.
-  env.push_back("LLMCTL_CACHE_DIR=" + cache_->dir());
-  // A multi-node trial's ranks talk over the interface that reaches node rank 0
-  // (socket_interface.h), unless the agent's own environment names one.
-  if (multi_node && !group.master_addr.empty()) {
-    for (const char* variable : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}) {
-      if (std::getenv(variable) != nullptr) continue;
-      StatusOr<std::string> interface = InterfaceReaching(group.master_addr);
-      if (interface.ok()) {
-        env.push_back(std::string(variable) + "=" + *interface);
-      } else {
-        std::cerr << "llm-agent: " << DescribeRunKey(request.key) << ": " << variable
-                  << " left to the backend: " << interface.status().message() << std::endl;
-      }
-    }
-  }
-  if (trial_file.device == "cuda") {
-    std::string devices;
-    for (int index : request.device_indices) {
-      devices += (devices.empty() ? "" : ",") + std::to_string(index);
-    }
-    env.push_back("CUDA_VISIBLE_DEVICES=" + devices);
-  }
-  std::vector<char*> argv_c;
-  for (const std::string& a : argv) argv_c.push_back(const_cast<char*>(a.c_str()));
-  argv_c.push_back(nullptr);
-  std::vector<char*> env_c;
-  for (const std::string& e : env) env_c.push_back(const_cast<char*>(e.c_str()));
-  env_c.push_back(nullptr);
-
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  // A new session: the supervisor leaves the agent's process group and terminal, so neither a
-  // signal to the agent's group nor the agent's exit reaches it.
-  posix_spawnattr_setflags(&attributes,
-                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attributes, &none);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  for (int signal : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD})
-    sigaddset(&defaults, signal);
-  posix_spawnattr_setsigdefault(&attributes, &defaults);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  const std::string log = dir + "/" + kSupervisorLog;
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = 0;
-  const int spawned =
-      ::posix_spawn(&pid, argv_c[0], &actions, &attributes, argv_c.data(), env_c.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
-
-  Run run;
-  run.dir = dir;
-  run.device_type = trial_file.device;
-  run.device_indices = request.device_indices;
-  run.ranks = trial_file.ranks;
-  run.node_rank = node_rank;
-  run.nodes = nodes;
-  if (spawned != 0) {
-    RunEnd end;
-    end.outcome = trial_outcome::kFailed;
-    end.error = "cannot start the supervisor " + options_.supervisor_program + ": " +
-                std::strerror(spawned);
-    EndRun(run, end);
-  } else {
-    run.supervisor_pid = pid;
-    run.is_child = true;
-    // Read at once: the process exists from the moment posix_spawn returns, exec'd or not.
-    run.supervisor_start_time = ProcessStartTime(pid).value_or(0);
-    run.supervisor_exit = OpenExitWatch(pid, run.supervisor_start_time);
-    const Status recorded = WriteJson(dir + "/" + kSupervisorFile,
-                                      {{"pid", pid}, {"start_time", run.supervisor_start_time}});
-    (void)recorded;  // without it a restarted agent reports the run as vanished
-  }
-  auto [it, inserted] = runs_.emplace(request.key, std::move(run));
+  RETURN_IF_ERROR(CreateRunDir(launch));
+  auto [it, inserted] = runs_.emplace(request.key, LaunchSupervisor(request.key, launch));
   WakeWatcher();  // to watch the new supervisor's exit
   return StateOf(it->first, it->second);
+}
+
+RunManager::Run RunManager::LaunchSupervisor(const RunKey& key, const WorkerLaunch& launch) {
+  SupervisorCommand command;
+  command.run_dir = launch.run_dir;
+  command.grace = options_.cancel_grace;
+  command.worker_argv = WorkerArgv(launch);
+  const StatusOr<pid_t> pid = SpawnSupervisor(SupervisorArgv(options_.supervisor_program, command),
+                                              WorkerEnvironment(launch, DescribeRunKey(key)),
+                                              launch.run_dir + "/" + kSupervisorLog);
+  Run run;
+  run.dir = launch.run_dir;
+  run.device_type = launch.trial_file.device;
+  run.device_indices = launch.device_indices;
+  run.ranks = launch.trial_file.ranks;
+  run.node_rank = launch.group.node_rank;
+  run.nodes = launch.group.nodes;
+  if (!pid.ok()) {
+    RunEnd end;
+    end.outcome = trial_outcome::kFailed;
+    end.error = pid.status().message();
+    EndRun(run, end);
+    return run;
+  }
+  run.supervisor_pid = *pid;
+  run.is_child = true;
+  // Read at once: the process exists from the moment posix_spawn returns, exec'd or not.
+  run.supervisor_start_time = ProcessStartTime(*pid).value_or(0);
+  run.supervisor_exit = OpenExitWatch(*pid, run.supervisor_start_time);
+  const Status recorded = WriteJsonFile(run.dir + "/" + kSupervisorFile,
+                                        {{"pid", *pid}, {"start_time", run.supervisor_start_time}});
+  (void)recorded;  // without it a restarted agent reports the run as vanished
+  return run;
 }
 
 StatusOr<RunState> RunManager::Get(const RunKey& key) {

@@ -39,6 +39,8 @@
 
 namespace llmctl::agent {
 
+struct WorkerLaunch;  // agent/run_launch.h
+
 struct RunKey {
   int64_t experiment_id = 0;
   std::string trial;
@@ -195,6 +197,15 @@ class RunManager {
   RunManager(RunManagerOptions options, InputCache* cache);
   // Start without the wait for the master port.
   StatusOr<RunState> StartRun(const RunRequest& request);
+  // Trial key -> path on this node: the request's local paths and its input trees, materialised
+  // from the cache.
+  StatusOr<std::map<std::string, std::string>> InputPaths(const RunRequest& request) const;
+  // The checkpoint the run resumes from, checked: the resume tree materialised, or the resume
+  // checkpoint of a run on this node; empty when it starts at step 0.
+  StatusOr<std::string> ResumeCheckpoint(const RunRequest& request) const;
+  // Spawns the run's supervisor in its created directory; a run already ended "failed" when it
+  // cannot start.
+  Run LaunchSupervisor(const RunKey& key, const WorkerLaunch& launch) LLMCTL_REQUIRES(mutex_);
   // llm-train runs as root and reads whatever --resume names, so `checkpoint` must be one the
   // trial can have: inside the output/ of one of its runs on this node (`resume_run`, run `key`'s
   // earlier attempt, wrote it, or resumed from an earlier attempt's) or a checkpoint copy in the

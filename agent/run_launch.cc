@@ -1,0 +1,129 @@
+#include "agent/run_launch.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string_view>
+
+#include "agent/run_files.h"
+#include "agent/socket_interface.h"
+#include "agent/supervisor.h"
+#include "common/rank_files.h"
+
+extern char** environ;
+
+namespace llmctl::agent {
+
+std::vector<std::string> WorkerArgv(const WorkerLaunch& launch) {
+  const std::string& dir = launch.run_dir;
+  const TrialFile& trial_file = launch.trial_file;
+  std::vector<std::string> argv = {launch.llm_train, "--config", dir + "/" + kTrialFile, "--events",
+                                   dir + "/" + kEventsFile};
+  for (const auto& [path, written] : trial_file.input_names) {
+    argv.insert(argv.end(), {"--input-name", path + "=" + written});
+  }
+  if (!launch.resume_checkpoint.empty()) {
+    argv.insert(argv.end(), {"--resume", launch.resume_checkpoint});
+  }
+  const NodeGroup& group = launch.group;
+  if (group.nodes > 1) {
+    // This node's ranks are global ranks node_rank x ranks on. Node rank 0's launcher binds a free
+    // port as below (RunState.master_port reports it) and its rank 0 listens on all of the host's
+    // addresses, its local peers coming over loopback; the others meet it at its address and port.
+    const bool first_node = group.node_rank == 0;
+    argv.insert(argv.end(),
+                {"--nproc", std::to_string(trial_file.ranks), "--nnodes",
+                 std::to_string(group.nodes), "--node-rank", std::to_string(group.node_rank),
+                 "--master-addr", first_node ? "127.0.0.1" : group.master_addr, "--master-port",
+                 std::to_string(first_node ? 0 : group.master_port), "--ranks-file",
+                 dir + "/" + kRanksFile});
+  } else if (trial_file.ranks > 1) {
+    // llm-train's launcher starts the ranks under this one worker (its process group, so the
+    // supervisor's signals and its final SIGKILL reach them all); port 0: it takes a free port
+    // from the kernel and hands rank 0 the listening socket, so trials on one node never collide.
+    argv.insert(argv.end(), {"--nproc", std::to_string(trial_file.ranks), "--master-port", "0",
+                             "--ranks-file", dir + "/" + kRanksFile});
+  }
+  return argv;
+}
+
+std::vector<std::string> WorkerEnvironment(const WorkerLaunch& launch, const std::string& run) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    if (entry.starts_with("CUDA_VISIBLE_DEVICES=") || entry.starts_with("LLMCTL_CACHE_DIR="))
+      continue;
+    env.emplace_back(entry);
+  }
+  // llm-train's token cache lives in the agent's cache, next to the inputs it was made from.
+  env.push_back("LLMCTL_CACHE_DIR=" + launch.cache_dir);
+  // A multi-node trial's ranks talk over the interface that reaches node rank 0
+  // (socket_interface.h), unless the agent's own environment names one.
+  const NodeGroup& group = launch.group;
+  if (group.nodes > 1 && !group.master_addr.empty()) {
+    for (const char* variable : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}) {
+      if (std::getenv(variable) != nullptr) continue;
+      StatusOr<std::string> interface = InterfaceReaching(group.master_addr);
+      if (interface.ok()) {
+        env.push_back(std::string(variable) + "=" + *interface);
+      } else {
+        std::cerr << "llm-agent: " << run << ": " << variable
+                  << " left to the backend: " << interface.status().message() << std::endl;
+      }
+    }
+  }
+  if (launch.trial_file.device == "cuda") {
+    std::string devices;
+    for (int index : launch.device_indices) {
+      devices += (devices.empty() ? "" : ",") + std::to_string(index);
+    }
+    env.push_back("CUDA_VISIBLE_DEVICES=" + devices);
+  }
+  return env;
+}
+
+StatusOr<pid_t> SpawnSupervisor(const std::vector<std::string>& argv,
+                                const std::vector<std::string>& env, const std::string& log) {
+  std::vector<char*> argv_c;
+  for (const std::string& a : argv) argv_c.push_back(const_cast<char*>(a.c_str()));
+  argv_c.push_back(nullptr);
+  std::vector<char*> env_c;
+  for (const std::string& e : env) env_c.push_back(const_cast<char*>(e.c_str()));
+  env_c.push_back(nullptr);
+
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  // A new session: the supervisor leaves the agent's process group and terminal, so neither a
+  // signal to the agent's group nor the agent's exit reaches it.
+  posix_spawnattr_setflags(&attributes,
+                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  for (int signal : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD})
+    sigaddset(&defaults, signal);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = 0;
+  const int spawned =
+      ::posix_spawn(&pid, argv_c[0], &actions, &attributes, argv_c.data(), env_c.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  if (spawned != 0) {
+    return UnavailableError("cannot start the supervisor " + argv[0] + ": " +
+                            std::strerror(spawned));
+  }
+  return pid;
+}
+
+}  // namespace llmctl::agent
