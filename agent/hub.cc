@@ -228,6 +228,213 @@ Status LinkInto(const std::string& source, const fs::path& target) {
   return Status::Ok();
 }
 
+Status CheckRequestedFiles(const std::vector<std::string>& requested) {
+  for (const std::string& file : requested) {
+    if (!IsSafeRelativePath(file)) {
+      return InvalidArgumentError("files: '" + file +
+                                  "' is not a relative path inside the repository");
+    }
+  }
+  return Status::Ok();
+}
+
+// The hub's listing of the revision `ref` names: its commit and files.
+StatusOr<Listing> ListRevision(const HubOptions& options, const http::HttpClient& client,
+                               const HubModelRef& ref, const http::Headers& auth) {
+  http::Request request;
+  request.url = options.endpoint + "/api/models/" + ref.repo + "/revision/" +
+                PercentEncode(ref.revision, /*keep_slash=*/false) + "?blobs=true";
+  request.headers = auth;
+  request.total_timeout = kListingTimeout;
+  ASSIGN_OR_RETURN(const http::Response response, client.Send(request));
+  if (response.status != 200) {
+    return HubError(ref, options.endpoint, !options.token.empty(), "", request, response);
+  }
+  return ParseListing(response.body, "Hugging Face model " + Describe(ref));
+}
+
+// One Download's transfers: files of one listed revision into the cache's blobs, each checked
+// against the listing's size and digest.
+class RevisionDownload {
+ public:
+  RevisionDownload(const HubOptions& options, const http::HttpClient& client, InputCache& cache,
+                   const HubModelRef& ref, const Listing& listing, http::Headers auth)
+      : options_(options),
+        client_(client),
+        cache_(cache),
+        ref_(ref),
+        listing_(listing),
+        auth_(std::move(auth)),
+        what_("Hugging Face model " + ref.repo + "@" + listing.commit) {}
+
+  // Path in the model directory -> where its bytes are now: the files `model_dir` holds already,
+  // and the `requested` ones (none: config.json, the tokenizer's and the safetensors weights)
+  // fetched into blobs.
+  StatusOr<std::map<std::string, std::string>> Sources(const fs::path& model_dir,
+                                                       const std::vector<std::string>& requested) {
+    for (const std::string& path : FilesUnder(model_dir)) {
+      sources_[path] = (model_dir / path).string();
+    }
+    if (!requested.empty()) {
+      for (const std::string& path : requested) RETURN_IF_ERROR(Want(path));
+    } else {
+      RETURN_IF_ERROR(WantDefaultFiles());
+    }
+    return sources_;
+  }
+
+ private:
+  bool Listed(const std::string& path) const { return listing_.files.count(path) > 0; }
+
+  Status Want(const std::string& path) {
+    if (sources_.count(path) > 0) return Status::Ok();
+    ASSIGN_OR_RETURN(sources_[path], Fetch(path));
+    return Status::Ok();
+  }
+
+  Status WantDefaultFiles() {
+    if (!Listed("config.json")) {
+      return FailedPreconditionError(what_ + " has no config.json: it is not a transformers model");
+    }
+    RETURN_IF_ERROR(Want("config.json"));
+    for (const char* optional : kOptionalDefaultFiles) {
+      if (Listed(optional)) RETURN_IF_ERROR(Want(optional));
+    }
+    if (Listed(kIndexFile)) {
+      RETURN_IF_ERROR(Want(kIndexFile));
+      ASSIGN_OR_RETURN(const std::vector<std::string> shards,
+                       IndexShards(sources_[kIndexFile], what_));
+      for (const std::string& shard : shards) RETURN_IF_ERROR(Want(shard));
+      return Status::Ok();
+    }
+    if (Listed(kSingleWeightsFile)) return Want(kSingleWeightsFile);
+    return FailedPreconditionError(what_ + " has no safetensors weights (" + kSingleWeightsFile +
+                                   " or " + kIndexFile + "); llmctl loads safetensors only");
+  }
+
+  // One file into the cache's blobs (unless it is there already); returns its blob path.
+  StatusOr<std::string> Fetch(const std::string& path) {
+    const auto listed = listing_.files.find(path);
+    if (listed == listing_.files.end()) return NotFoundError(what_ + " has no file " + path);
+    const HubFile& file = listed->second;
+    if (!file.lfs_sha256.empty() && cache_.HasBlob(file.lfs_sha256)) {
+      return cache_.BlobPath(file.lfs_sha256);
+    }
+    // The same name on every attempt, so that the next call resumes what this one left.
+    const std::string partial = cache_.dir() + "/tmp/hub-" +
+                                digest::Sha256Hex(ref_.repo + "@" + listing_.commit + "/" + path) +
+                                ".part";
+    std::error_code error;
+    const auto have = fs::file_size(partial, error);
+    const bool complete = !error && file.size >= 0 && static_cast<int64_t>(have) == file.size;
+    if (!error && file.size >= 0 && static_cast<int64_t>(have) > file.size)
+      fs::remove(partial, error);
+    std::string sha256;
+    if (!complete) {
+      ASSIGN_OR_RETURN(sha256, Transfer(path, file, partial));
+    }
+    // Small files (no LFS digest) are checked against their git blob id, which needs another
+    // pass; so does a partial file found complete.
+    if (complete || file.lfs_sha256.empty()) {
+      ASSIGN_OR_RETURN(sha256, Rehash(path, file, partial));
+    }
+    if (!file.lfs_sha256.empty() && sha256 != file.lfs_sha256) {
+      fs::remove(partial, error);
+      return DataLossError(what_ + ": " + path + " has sha256 " + sha256 + ", the hub lists " +
+                           file.lfs_sha256 + "; the download was discarded");
+    }
+    RETURN_IF_ERROR(cache_.AdoptBlob(partial, sha256));
+    return cache_.BlobPath(sha256);
+  }
+
+  // Downloads the rest of `path` into `partial`; the whole file's sha256.
+  StatusOr<std::string> Transfer(const std::string& path, const HubFile& file,
+                                 const std::string& partial) {
+    http::Request request;
+    request.url = options_.endpoint + "/" + ref_.repo + "/resolve/" + listing_.commit + "/" +
+                  PercentEncode(path, /*keep_slash=*/true);
+    request.headers = auth_;
+    request.total_timeout = kFileTimeout;
+    request.download_path = partial;
+    ASSIGN_OR_RETURN(const http::Response response, client_.Send(request));
+    std::error_code error;
+    if (response.status != 200 && response.status != 206) {
+      if (response.status == 416) fs::remove(partial, error);  // a stale partial file
+      return HubError(ref_, options_.endpoint, !options_.token.empty(), path, request, response);
+    }
+    if (file.size >= 0 && static_cast<int64_t>(response.file_size) != file.size) {
+      fs::remove(partial, error);
+      return DataLossError(what_ + ": " + path + " arrived with " +
+                           std::to_string(response.file_size) + " bytes, the hub lists " +
+                           std::to_string(file.size) + "; the download was discarded");
+    }
+    return response.file_sha256;
+  }
+
+  // `partial`'s sha256, read again, after its git blob id is checked when the hub lists one for
+  // a file without an LFS digest.
+  StatusOr<std::string> Rehash(const std::string& path, const HubFile& file,
+                               const std::string& partial) {
+    ASSIGN_OR_RETURN(const FileDigests digests, HashFile(partial));
+    if (file.lfs_sha256.empty() && !file.git_blob_id.empty() &&
+        digests.git_blob_id != file.git_blob_id) {
+      std::error_code error;
+      fs::remove(partial, error);
+      return DataLossError(what_ + ": " + path + " has git blob id " + digests.git_blob_id +
+                           ", the hub lists " + file.git_blob_id + "; the download was discarded");
+    }
+    return digests.sha256;
+  }
+
+  const HubOptions& options_;
+  const http::HttpClient& client_;
+  InputCache& cache_;
+  const HubModelRef& ref_;
+  const Listing& listing_;
+  const http::Headers auth_;
+  const std::string what_;
+  std::map<std::string, std::string> sources_;
+};
+
+// Makes `model_dir` hold exactly `sources` (path -> where its bytes are) unless it does already:
+// assembled beside the cache and swapped in whole, so a reader sees the old set or the new one.
+Status InstallModelDir(InputCache& cache, const std::map<std::string, std::string>& sources,
+                       const fs::path& model_dir, const std::string& commit) {
+  if (FilesUnder(model_dir).size() == sources.size()) return Status::Ok();
+  std::error_code error;
+  const std::string staging = cache.TempPath("hub-" + commit);
+  for (const auto& [path, source] : sources) {
+    if (Status linked = LinkInto(source, fs::path(staging) / path); !linked.ok()) {
+      fs::remove_all(staging, error);
+      return linked;
+    }
+  }
+  fs::create_directories(model_dir.parent_path(), error);
+  if (::rename(staging.c_str(), model_dir.c_str()) == 0) return Status::Ok();
+  // An older, smaller set is there: exchange the two atomically, then drop the old one.
+  if ((errno != EEXIST && errno != ENOTEMPTY) ||
+      ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, model_dir.c_str(), RENAME_EXCHANGE) != 0) {
+    const std::string message =
+        "cannot move " + staging + " to " + model_dir.string() + ": " + std::strerror(errno);
+    fs::remove_all(staging, error);
+    return UnavailableError(message);
+  }
+  fs::remove_all(staging, error);
+  return Status::Ok();
+}
+
+// refs/<revision> in the repository's directory: the commit a branch or tag named when it was
+// prepared, for Find.
+Status RecordRevision(const std::string& repo_dir, const std::string& revision,
+                      const std::string& commit) {
+  const fs::path ref_file =
+      fs::path(repo_dir) / "refs" / PercentEncode(revision, /*keep_slash=*/false);
+  std::error_code error;
+  fs::create_directories(ref_file.parent_path(), error);
+  return WriteFileAtomically(ref_file.string(),
+                             [&](int fd) { return WriteAll(fd, commit.data(), commit.size()); });
+}
+
 }  // namespace
 
 HubOptions HubOptionsFromEnvironment() {
@@ -282,157 +489,21 @@ StatusOr<PreparedModel> HubCache::Prepare(const HubModelRef& ref,
 
 StatusOr<PreparedModel> HubCache::Download(const HubModelRef& ref,
                                            const std::vector<std::string>& requested) {
-  for (const std::string& file : requested) {
-    if (!IsSafeRelativePath(file)) {
-      return InvalidArgumentError("files: '" + file +
-                                  "' is not a relative path inside the repository");
-    }
-  }
+  RETURN_IF_ERROR(CheckRequestedFiles(requested));
   http::Headers auth;
   if (!options_.token.empty()) auth.Add("Authorization", "Bearer " + options_.token);
-  const bool has_token = !options_.token.empty();
-
-  http::Request listing_request;
-  listing_request.url = options_.endpoint + "/api/models/" + ref.repo + "/revision/" +
-                        PercentEncode(ref.revision, /*keep_slash=*/false) + "?blobs=true";
-  listing_request.headers = auth;
-  listing_request.total_timeout = kListingTimeout;
-  ASSIGN_OR_RETURN(const http::Response listing_response, client_.Send(listing_request));
-  if (listing_response.status != 200) {
-    return HubError(ref, options_.endpoint, has_token, "", listing_request, listing_response);
-  }
-  ASSIGN_OR_RETURN(const Listing listing,
-                   ParseListing(listing_response.body, "Hugging Face model " + Describe(ref)));
-  const std::string what = "Hugging Face model " + ref.repo + "@" + listing.commit;
+  ASSIGN_OR_RETURN(const Listing listing, ListRevision(options_, client_, ref, auth));
 
   MutexLock commit_lock(CommitMutex(ref.repo + "@" + listing.commit));
   const fs::path model_dir = fs::path(RepoDir(ref.repo)) / listing.commit;
-  std::error_code error;
-
-  // One file into the cache's blobs (unless it is there already); returns its blob path.
-  auto fetch = [&](const std::string& path) -> StatusOr<std::string> {
-    const auto listed = listing.files.find(path);
-    if (listed == listing.files.end()) return NotFoundError(what + " has no file " + path);
-    const HubFile& file = listed->second;
-    if (!file.lfs_sha256.empty() && cache_->HasBlob(file.lfs_sha256)) {
-      return cache_->BlobPath(file.lfs_sha256);
-    }
-    // The same name on every attempt, so that the next call resumes what this one left.
-    const std::string partial = cache_->dir() + "/tmp/hub-" +
-                                digest::Sha256Hex(ref.repo + "@" + listing.commit + "/" + path) +
-                                ".part";
-    const auto have = fs::file_size(partial, error);
-    const bool complete = !error && file.size >= 0 && static_cast<int64_t>(have) == file.size;
-    if (!error && file.size >= 0 && static_cast<int64_t>(have) > file.size)
-      fs::remove(partial, error);
-    std::string sha256;
-    if (!complete) {
-      http::Request request;
-      request.url = options_.endpoint + "/" + ref.repo + "/resolve/" + listing.commit + "/" +
-                    PercentEncode(path, /*keep_slash=*/true);
-      request.headers = auth;
-      request.total_timeout = kFileTimeout;
-      request.download_path = partial;
-      ASSIGN_OR_RETURN(const http::Response response, client_.Send(request));
-      if (response.status != 200 && response.status != 206) {
-        if (response.status == 416) fs::remove(partial, error);  // a stale partial file
-        return HubError(ref, options_.endpoint, has_token, path, request, response);
-      }
-      if (file.size >= 0 && static_cast<int64_t>(response.file_size) != file.size) {
-        fs::remove(partial, error);
-        return DataLossError(what + ": " + path + " arrived with " +
-                             std::to_string(response.file_size) + " bytes, the hub lists " +
-                             std::to_string(file.size) + "; the download was discarded");
-      }
-      sha256 = response.file_sha256;
-    }
-    // Small files (no LFS digest) are checked against their git blob id, which needs another
-    // pass; so does a partial file found complete.
-    if (complete || file.lfs_sha256.empty()) {
-      ASSIGN_OR_RETURN(const FileDigests digests, HashFile(partial));
-      sha256 = digests.sha256;
-      if (file.lfs_sha256.empty() && !file.git_blob_id.empty() &&
-          digests.git_blob_id != file.git_blob_id) {
-        fs::remove(partial, error);
-        return DataLossError(what + ": " + path + " has git blob id " + digests.git_blob_id +
-                             ", the hub lists " + file.git_blob_id +
-                             "; the download was discarded");
-      }
-    }
-    if (!file.lfs_sha256.empty() && sha256 != file.lfs_sha256) {
-      fs::remove(partial, error);
-      return DataLossError(what + ": " + path + " has sha256 " + sha256 + ", the hub lists " +
-                           file.lfs_sha256 + "; the download was discarded");
-    }
-    RETURN_IF_ERROR(cache_->AdoptBlob(partial, sha256));
-    return cache_->BlobPath(sha256);
-  };
-
-  // path in the model directory -> where its bytes are now (the directory or a blob).
-  std::map<std::string, std::string> sources;
-  for (const std::string& path : FilesUnder(model_dir)) sources[path] = (model_dir / path).string();
-  auto want = [&](const std::string& path) -> Status {
-    if (sources.count(path) > 0) return Status::Ok();
-    ASSIGN_OR_RETURN(sources[path], fetch(path));
-    return Status::Ok();
-  };
-
-  if (requested.empty()) {
-    if (listing.files.count("config.json") == 0) {
-      return FailedPreconditionError(what + " has no config.json: it is not a transformers model");
-    }
-    RETURN_IF_ERROR(want("config.json"));
-    for (const char* optional : kOptionalDefaultFiles) {
-      if (listing.files.count(optional) > 0) RETURN_IF_ERROR(want(optional));
-    }
-    if (listing.files.count(kIndexFile) > 0) {
-      RETURN_IF_ERROR(want(kIndexFile));
-      ASSIGN_OR_RETURN(const std::vector<std::string> shards,
-                       IndexShards(sources[kIndexFile], what));
-      for (const std::string& shard : shards) RETURN_IF_ERROR(want(shard));
-    } else if (listing.files.count(kSingleWeightsFile) > 0) {
-      RETURN_IF_ERROR(want(kSingleWeightsFile));
-    } else {
-      return FailedPreconditionError(what + " has no safetensors weights (" + kSingleWeightsFile +
-                                     " or " + kIndexFile + "); llmctl loads safetensors only");
-    }
-  } else {
-    for (const std::string& path : requested) RETURN_IF_ERROR(want(path));
-  }
-
-  const std::vector<std::string> present = FilesUnder(model_dir);
-  if (present.size() != sources.size()) {
-    // Assembled beside the cache and swapped in whole: a reader sees the old set or the new one.
-    const std::string staging = cache_->TempPath("hub-" + listing.commit);
-    for (const auto& [path, source] : sources) {
-      if (Status linked = LinkInto(source, fs::path(staging) / path); !linked.ok()) {
-        fs::remove_all(staging, error);
-        return linked;
-      }
-    }
-    fs::create_directories(model_dir.parent_path(), error);
-    if (::rename(staging.c_str(), model_dir.c_str()) != 0) {
-      // An older, smaller set is there: exchange the two atomically, then drop the old one.
-      if ((errno != EEXIST && errno != ENOTEMPTY) ||
-          ::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, model_dir.c_str(), RENAME_EXCHANGE) !=
-              0) {
-        const std::string message =
-            "cannot move " + staging + " to " + model_dir.string() + ": " + std::strerror(errno);
-        fs::remove_all(staging, error);
-        return UnavailableError(message);
-      }
-      fs::remove_all(staging, error);
-    }
-  }
+  RevisionDownload download(options_, client_, *cache_, ref, listing, std::move(auth));
+  ASSIGN_OR_RETURN(const auto sources, download.Sources(model_dir, requested));
+  RETURN_IF_ERROR(InstallModelDir(*cache_, sources, model_dir, listing.commit));
   if (ref.revision != listing.commit) {
-    const fs::path ref_file =
-        fs::path(RepoDir(ref.repo)) / "refs" / PercentEncode(ref.revision, /*keep_slash=*/false);
-    fs::create_directories(ref_file.parent_path(), error);
-    RETURN_IF_ERROR(WriteFileAtomically(ref_file.string(), [&](int fd) {
-      return WriteAll(fd, listing.commit.data(), listing.commit.size());
-    }));
+    RETURN_IF_ERROR(RecordRevision(RepoDir(ref.repo), ref.revision, listing.commit));
   }
   PreparedModel prepared{model_dir.string(), listing.commit, 0};
+  std::error_code error;
   for (const std::string& path : FilesUnder(model_dir)) {
     prepared.bytes += static_cast<int64_t>(fs::file_size(model_dir / path, error));
   }
