@@ -6,8 +6,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "controller/scheduler/scheduler.h"
-
 namespace llmctl::controller::dispatch {
 namespace {
 
@@ -67,11 +65,56 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
     queued_notices_.clear();
     return;
   }
+  const NodeLabels labels = ReadNodeLabels(store);
+  UsableAgents usable = FindUsableAgents(labels.labels);
+  MarkBusyDevices(store, running, usable.agents);
+  const QueuedTrials trials = ReadQueuedTrials(store, *queued);
+  const scheduler::Placement placement = scheduler::PlaceTrials(trials.queue, usable.agents);
+  std::map<int64_t, std::string> waiting = WaitingNotices(placement, trials, labels, usable);
+  {
+    MutexLock lock(core_.mutex);
+    queued_notices_ = std::move(waiting);
+  }
+  Launch(placement, trials, usable, now);
+}
 
-  // Which devices the running attempts hold, as the store recorded them when they started, so a
-  // restarted controller sees the same occupancy: on each node of a multi-node attempt, that
-  // node's. Attempts stored without indices (started before the store kept them) are then taken to
-  // hold the lowest indices still free.
+Placement::NodeLabels Placement::ReadNodeLabels(store::Store& store) {
+  NodeLabels labels;
+  if (auto nodes = store.ListNodes(); nodes.ok()) {
+    for (const store::NodeRecord& node : *nodes) {
+      labels.registered.insert(node.name);
+      if (node.lease)
+        labels.labels[node.name] = {{"site", node.lease->site}, {"flavor", node.lease->flavor}};
+    }
+  }
+  return labels;
+}
+
+Placement::UsableAgents Placement::FindUsableAgents(
+    const std::map<std::string, std::map<std::string, std::string>>& labels) {
+  UsableAgents usable;
+  MutexLock lock(core_.mutex);
+  for (const auto& [name, link] : links_.AllLocked()) {
+    if (link->connected && !link->unusable.empty()) usable.unusable += "; " + link->unusable;
+    // A node whose lease ends soon, or that cannot run llm-train, takes no new trial.
+    if (!link->connected || !link->unusable.empty() || leases_.EndsSoonLocked(name)) continue;
+    usable.links[name] = link.get();
+    scheduler::Agent& agent = usable.agents.emplace_back();
+    agent.name = name;
+    agent.connected = true;
+    if (auto found = labels.find(name); found != labels.end()) agent.labels = found->second;
+    std::map<std::string, int64_t> counts;
+    for (const v1::Device& device : link->devices) ++counts[device.type()];
+    if (counts.empty()) counts["cpu"] = 1;
+    for (const auto& [type, count] : counts)
+      agent.pools.push_back({.type = type, .count = count, .busy = {}});
+  }
+  return usable;
+}
+
+void Placement::MarkBusyDevices(store::Store& store,
+                                const std::vector<store::RunningAttempt>& running,
+                                std::vector<scheduler::Agent>& agents) {
   struct Holding {
     const store::RunningAttempt* attempt;
     std::vector<int64_t> device_indices;
@@ -80,37 +123,6 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
   for (const store::RunningAttempt& attempt : running) {
     for (store::AttemptNode& run : attempt.Runs()) {
       running_on[run.node].push_back({&attempt, std::move(run.device_indices)});
-    }
-  }
-  // A node's labels are its lease's site and flavor; an experiment's `target:` must match them.
-  std::map<std::string, std::map<std::string, std::string>> labels;
-  std::set<std::string> registered;  // not removed
-  if (auto nodes = store.ListNodes(); nodes.ok()) {
-    for (const store::NodeRecord& node : *nodes) {
-      registered.insert(node.name);
-      if (node.lease)
-        labels[node.name] = {{"site", node.lease->site}, {"flavor", node.lease->flavor}};
-    }
-  }
-  std::vector<scheduler::Agent> agents;
-  std::map<std::string, AgentLinks::Link*> connected;
-  std::string unusable;  // why connected nodes take no trial, for the waiting trials' notices
-  {
-    MutexLock lock(core_.mutex);
-    for (const auto& [name, link] : links_.AllLocked()) {
-      if (link->connected && !link->unusable.empty()) unusable += "; " + link->unusable;
-      // A node whose lease ends soon, or that cannot run llm-train, takes no new trial.
-      if (!link->connected || !link->unusable.empty() || leases_.EndsSoonLocked(name)) continue;
-      connected[name] = link.get();
-      scheduler::Agent& agent = agents.emplace_back();
-      agent.name = name;
-      agent.connected = true;
-      agent.labels = labels[name];
-      std::map<std::string, int64_t> counts;
-      for (const v1::Device& device : link->devices) ++counts[device.type()];
-      if (counts.empty()) counts["cpu"] = 1;
-      for (const auto& [type, count] : counts)
-        agent.pools.push_back({.type = type, .count = count, .busy = {}});
     }
   }
   for (scheduler::Agent& agent : agents) {
@@ -135,16 +147,15 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
       }
     }
   }
+}
 
-  std::vector<scheduler::QueuedTrial> queue;
-  std::map<int64_t, const store::TrialRecord*> by_id;
-  std::map<int64_t, std::map<std::string, std::string>> targets;  // by experiment
-  // Why trials wait, for their notices.
-  std::map<int64_t, std::string> waiting;
-  for (const store::TrialRecord& trial : *queued) {
-    if (!targets.contains(trial.experiment_id)) {
+Placement::QueuedTrials Placement::ReadQueuedTrials(store::Store& store,
+                                                    const std::vector<store::TrialRecord>& queued) {
+  QueuedTrials trials;
+  for (const store::TrialRecord& trial : queued) {
+    if (!trials.targets.contains(trial.experiment_id)) {
       // Only what a node's labels say (its lease's site and flavor) can be matched.
-      std::map<std::string, std::string>& target = targets[trial.experiment_id];
+      std::map<std::string, std::string>& target = trials.targets[trial.experiment_id];
       if (auto experiment = store.GetExperiment(trial.experiment_id); experiment.ok()) {
         for (const char* key : {"site", "flavor"}) {
           if (auto value = experiment->target.find(key); value != experiment->target.end()) {
@@ -153,26 +164,33 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
         }
       }
     }
-    queue.push_back(
+    trials.queue.push_back(
         {.trial_id = trial.id,
          .device_type = trial.device_type,
          .device_count = trial.device_count,
-         .target = targets[trial.experiment_id],
+         .target = trials.targets[trial.experiment_id],
          // Without the controller's copy of its checkpoint, only the node that
          // holds it can continue the trial.
          .only_agent = trial.resume && trial.resume->tree.empty() ? trial.resume->node : "",
          .nodes = NodesOf(trial)});
-    by_id[trial.id] = &trial;
+    trials.by_id[trial.id] = &trial;
   }
-  const scheduler::Placement placement = scheduler::PlaceTrials(queue, agents);
+  return trials;
+}
+
+std::map<int64_t, std::string> Placement::WaitingNotices(const scheduler::Placement& placement,
+                                                         const QueuedTrials& trials,
+                                                         const NodeLabels& labels,
+                                                         const UsableAgents& usable) {
+  std::map<int64_t, std::string> waiting;
   // A trial that no connected node could ever run would otherwise wait without a word (say, an
   // experiment for GPUs submitted to the embedded CPU agent).
   for (int64_t trial_id : placement.unsatisfiable) {
-    const store::TrialRecord& trial = *by_id.at(trial_id);
+    const store::TrialRecord& trial = *trials.by_id.at(trial_id);
     const std::string checkpoint_node = trial.resume ? trial.resume->node : "";
-    waiting[trial_id] =
-        WaitingNotice(trial, targets[trial.experiment_id], registered.contains(checkpoint_node),
-                      connected.contains(checkpoint_node), unusable);
+    waiting[trial_id] = WaitingNotice(trial, trials.targets.at(trial.experiment_id),
+                                      labels.registered.contains(checkpoint_node),
+                                      usable.links.contains(checkpoint_node), usable.unusable);
   }
   // A trial that connected nodes could run, but not now, waits with the scheduler's own reason
   // (the devices it needs and how many nodes have them free, or that they are held for an earlier
@@ -183,25 +201,26 @@ void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, s
       waiting[trial_id] = reason->second;
     }
   }
-  {
-    MutexLock lock(core_.mutex);
-    queued_notices_ = std::move(waiting);
-  }
+  return waiting;
+}
+
+void Placement::Launch(const scheduler::Placement& placement, const QueuedTrials& trials,
+                       const UsableAgents& usable, store::Time now) {
   for (const scheduler::Assignment& assignment : placement.assignments) {
-    const store::TrialRecord& trial = *by_id.at(assignment.trial_id);
+    const store::TrialRecord& trial = *trials.by_id.at(assignment.trial_id);
     Status launched =
-        launcher_.Launch(trial, *connected.at(assignment.agent), assignment.device_indices, now);
+        launcher_.Launch(trial, *usable.links.at(assignment.agent), assignment.device_indices, now);
     if (!launched.ok()) {
       spdlog::warn("trial {} of experiment {} on node {}: {}", trial.name, trial.experiment_id,
                    assignment.agent, launched.ToString());
     }
   }
   for (const scheduler::MultiNodeAssignment& assignment : placement.multi_node_assignments) {
-    const store::TrialRecord& trial = *by_id.at(assignment.trial_id);
+    const store::TrialRecord& trial = *trials.by_id.at(assignment.trial_id);
     std::vector<AgentLinks::Link*> links;
     std::vector<std::vector<int64_t>> devices;
     for (const scheduler::NodeAssignment& node : assignment.nodes) {
-      links.push_back(connected.at(node.agent));
+      links.push_back(usable.links.at(node.agent));
       devices.push_back(node.device_indices);
     }
     if (Status launched = launcher_.LaunchMultiNode(trial, links, devices, now); !launched.ok()) {

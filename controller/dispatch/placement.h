@@ -10,13 +10,15 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "controller/dispatch/agent_links.h"
+#include "controller/dispatch/dispatcher_core.h"
 #include "controller/dispatch/launcher.h"
 #include "controller/dispatch/lease_watch.h"
-#include "controller/dispatch/dispatcher_core.h"
+#include "controller/scheduler/scheduler.h"
 #include "controller/store/store.h"
 
 namespace llmctl::controller::dispatch {
@@ -41,6 +43,46 @@ class Placement {
   std::string QueuedNotice(int64_t trial_id);
 
  private:
+  // A node's labels are its lease's site and flavor; an experiment's `target:` must match them.
+  struct NodeLabels {
+    std::map<std::string, std::map<std::string, std::string>> labels;  // by node
+    std::set<std::string> registered;                                  // not removed
+  };
+  // The connected agents that take new trials, with their device pools.
+  struct UsableAgents {
+    std::vector<scheduler::Agent> agents;
+    std::map<std::string, AgentLinks::Link*> links;  // by node
+    std::string unusable;  // why connected nodes take no trial, for the waiting trials' notices
+  };
+  // The queue as the scheduler takes it, with each trial's record and experiment's target.
+  struct QueuedTrials {
+    std::vector<scheduler::QueuedTrial> queue;
+    std::map<int64_t, const store::TrialRecord*> by_id;
+    std::map<int64_t, std::map<std::string, std::string>> targets;  // by experiment
+  };
+
+  static NodeLabels ReadNodeLabels(store::Store& store);
+  UsableAgents FindUsableAgents(
+      const std::map<std::string, std::map<std::string, std::string>>& labels)
+      LLMCTL_EXCLUDES(core_.mutex);
+  // Which devices the running attempts hold, as the store recorded them when they started, so a
+  // restarted controller sees the same occupancy: on each node of a multi-node attempt, that
+  // node's. Attempts stored without indices (started before the store kept them) are then taken
+  // to hold the lowest indices still free.
+  static void MarkBusyDevices(store::Store& store,
+                              const std::vector<store::RunningAttempt>& running,
+                              std::vector<scheduler::Agent>& agents);
+  static QueuedTrials ReadQueuedTrials(store::Store& store,
+                                       const std::vector<store::TrialRecord>& queued);
+  // Why each trial the placement left waiting waits.
+  static std::map<int64_t, std::string> WaitingNotices(const scheduler::Placement& placement,
+                                                       const QueuedTrials& trials,
+                                                       const NodeLabels& labels,
+                                                       const UsableAgents& usable);
+  // Hands each assignment to the launcher.
+  void Launch(const scheduler::Placement& placement, const QueuedTrials& trials,
+              const UsableAgents& usable, store::Time now);
+
   DispatcherCore& core_;
   AgentLinks& links_;
   LeaseWatch& leases_;
