@@ -111,18 +111,99 @@ Status EventStreams::Finish(Stream& stream, const v1::RunEnded& end) {
   return Status::Ok();
 }
 
-void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
+StatusOr<v1::StreamEventsRequest> EventStreams::ResumeRequest(const Stream& stream) {
   store::Store& store = core_.store;
   const store::RunningAttempt& attempt = stream.attempt;
-  Status result;
-  bool ended = false;
-  bool received = false;
   auto last_seq = store.LastSeq(attempt.trial_id, attempt.attempt);
   // A multi-rank attempt's other ranks, each resumed after its own last stored line.
   auto last_rank_seqs = store.LastRankSeqs(attempt.trial_id, attempt.attempt);
   // Each node numbers its own readings.
   auto last_sample_seq =
       store.LastDeviceSampleSeq(attempt.trial_id, attempt.attempt, stream.node_rank);
+  if (!last_seq.ok()) return last_seq.status();
+  if (!last_rank_seqs.ok()) return last_rank_seqs.status();
+  if (!last_sample_seq.ok()) return last_sample_seq.status();
+  v1::StreamEventsRequest request;
+  request.mutable_key()->set_experiment_id(attempt.experiment_id);
+  request.mutable_key()->set_trial(stream.trial_name);
+  request.mutable_key()->set_attempt(static_cast<int32_t>(attempt.attempt));
+  request.set_from_seq(*last_seq + 1);
+  for (const auto& [rank, seq] : *last_rank_seqs) {
+    (*request.mutable_from_rank_seq())[rank] = seq + 1;
+  }
+  request.set_from_sample_seq(*last_sample_seq + 1);
+  return request;
+}
+
+Status EventStreams::StoreEvent(Stream& stream, const v1::TrialEvent& line) {
+  const store::RunningAttempt& attempt = stream.attempt;
+  // A line the store would refuse is stored as its replacement: a refusal that failed the
+  // stream would have it reopened at the same line, every backoff, forever.
+  std::string refusal;
+  const store::Event event = StoredEvent(line, refusal);
+  if (!refusal.empty()) {
+    spdlog::warn("{} on node {}: rank {} event line {} refused ({}); stored as a {} event",
+                 AttemptName(attempt), stream.node, event.rank, event.seq, refusal,
+                 event_line::kRefusedType);
+  }
+  // Rank 0's result is the job's (a checkpoint stop's message reads it).
+  if (event.type == "result" && event.rank == 0) stream.result_json = event.json;
+  ASSIGN_OR_RETURN(const int64_t appended,
+                   core_.store.AppendEvents(attempt.trial_id, attempt.attempt, {&event, 1}));
+  if (appended > 0) core_.changes.Notify();
+  return Status::Ok();
+}
+
+Status EventStreams::StoreSamples(Stream& stream, const v1::DeviceSamples& samples) {
+  const store::RunningAttempt& attempt = stream.attempt;
+  auto stored = core_.store.AppendDeviceSamples(attempt.trial_id, attempt.attempt,
+                                                FromProto(samples), stream.node_rank);
+  if (!stored.ok() && stored.status().code() == StatusCode::kFailedPrecondition) {
+    return stored.status();  // fenced off, as its events are
+  }
+  // A batch the store refuses is lost, not the stream: samples only show how it runs.
+  if (!stored.ok()) {
+    spdlog::warn("{} on node {}: device samples dropped: {}", AttemptName(attempt), stream.node,
+                 stored.status().ToString());
+  } else if (*stored > 0) {
+    core_.changes.Notify();
+  }
+  return Status::Ok();
+}
+
+Status EventStreams::Receive(Stream& stream, v1::Agent::Stub& stub, grpc::ClientContext& context,
+                             const v1::StreamEventsRequest& request, bool& ended, bool& received) {
+  Status result;
+  auto reader = stub.StreamEvents(&context, request);
+  v1::StreamEventsResponse response;
+  while (reader->Read(&response)) {
+    received = true;
+    if (response.has_event() || response.has_samples()) {
+      result = response.has_event() ? StoreEvent(stream, response.event())
+                                    : StoreSamples(stream, response.samples());
+      if (!result.ok()) {
+        context.TryCancel();
+        break;
+      }
+    } else if (response.has_ended()) {
+      result = Finish(stream, response.ended());
+      ended = true;
+      core_.changes.Notify();
+      if (!result.ok()) break;
+    }
+  }
+  const grpc::Status finished = reader->Finish();
+  if (result.ok() && !ended) {
+    result = finished.ok() ? UnavailableError("the event stream closed before the run ended")
+                           : rpc::FromGrpcStatus(finished);
+  }
+  return result;
+}
+
+void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
+  bool ended = false;
+  bool received = false;
+  const StatusOr<v1::StreamEventsRequest> request = ResumeRequest(stream);
   grpc::ClientContext context;
   bool stopped;
   {
@@ -130,73 +211,14 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
     stopped = stream.stop;
     if (!stopped) stream.context = &context;
   }
-  if (!last_seq.ok() || !last_sample_seq.ok() || !last_rank_seqs.ok()) {
-    result = !last_seq.ok()         ? last_seq.status()
-             : !last_rank_seqs.ok() ? last_rank_seqs.status()
-                                    : last_sample_seq.status();
+  Status result;
+  if (!request.ok()) {
+    result = request.status();
   } else if (!stopped) {
-    v1::StreamEventsRequest request;
-    request.mutable_key()->set_experiment_id(attempt.experiment_id);
-    request.mutable_key()->set_trial(stream.trial_name);
-    request.mutable_key()->set_attempt(static_cast<int32_t>(attempt.attempt));
-    request.set_from_seq(*last_seq + 1);
-    for (const auto& [rank, seq] : *last_rank_seqs) {
-      (*request.mutable_from_rank_seq())[rank] = seq + 1;
-    }
-    request.set_from_sample_seq(*last_sample_seq + 1);
-    auto reader = stub.StreamEvents(&context, request);
-    v1::StreamEventsResponse response;
-    while (reader->Read(&response)) {
-      received = true;
-      if (response.has_event()) {
-        // A line the store would refuse is stored as its replacement: a refusal that failed the
-        // stream would have it reopened at the same line, every backoff, forever.
-        std::string refusal;
-        const store::Event event = StoredEvent(response.event(), refusal);
-        if (!refusal.empty()) {
-          spdlog::warn("{} on node {}: rank {} event line {} refused ({}); stored as a {} event",
-                       AttemptName(attempt), stream.node, event.rank, event.seq, refusal,
-                       event_line::kRefusedType);
-        }
-        // Rank 0's result is the job's (a checkpoint stop's message reads it).
-        if (event.type == "result" && event.rank == 0) stream.result_json = event.json;
-        auto appended = store.AppendEvents(attempt.trial_id, attempt.attempt, {&event, 1});
-        if (!appended.ok()) {
-          result = appended.status();
-          context.TryCancel();
-          break;
-        }
-        if (*appended > 0) core_.changes.Notify();
-      } else if (response.has_samples()) {
-        auto stored = store.AppendDeviceSamples(attempt.trial_id, attempt.attempt,
-                                                FromProto(response.samples()), stream.node_rank);
-        if (!stored.ok() && stored.status().code() == StatusCode::kFailedPrecondition) {
-          result = stored.status();  // fenced off, as its events are
-          context.TryCancel();
-          break;
-        }
-        // A batch the store refuses is lost, not the stream: samples only show how it runs.
-        if (!stored.ok()) {
-          spdlog::warn("{} on node {}: device samples dropped: {}", AttemptName(attempt),
-                       stream.node, stored.status().ToString());
-        } else if (*stored > 0) {
-          core_.changes.Notify();
-        }
-      } else if (response.has_ended()) {
-        result = Finish(stream, response.ended());
-        ended = true;
-        core_.changes.Notify();
-        if (!result.ok()) break;
-      }
-    }
-    const grpc::Status finished = reader->Finish();
-    if (result.ok() && !ended) {
-      result = finished.ok() ? UnavailableError("the event stream closed before the run ended")
-                             : rpc::FromGrpcStatus(finished);
-    }
+    result = Receive(stream, stub, context, *request, ended, received);
   }
   if (!result.ok() && result.code() != StatusCode::kCancelled) {
-    spdlog::warn("{} on node {}: event stream: {}", AttemptName(attempt), stream.node,
+    spdlog::warn("{} on node {}: event stream: {}", AttemptName(stream.attempt), stream.node,
                  result.ToString());
   }
   {

@@ -81,7 +81,20 @@ class EventStreams {
     std::string result_json;
   };
 
+  // Reads the run's events, samples and end into the store until the stream ends; then settles
+  // the stream or sets when it is reopened.
   void Read(Stream& stream, v1::Agent::Stub& stub);
+  // StreamEvents from after the lines and samples the store holds.
+  StatusOr<v1::StreamEventsRequest> ResumeRequest(const Stream& stream);
+  // The stream's items into the store until it ends: an error stops it (cancelling `context`),
+  // and a stream that closes before the run's end is Unavailable. `ended`: the end came;
+  // `received`: something did.
+  Status Receive(Stream& stream, v1::Agent::Stub& stub, grpc::ClientContext& context,
+                 const v1::StreamEventsRequest& request, bool& ended, bool& received);
+  // One event line (as its refusal when the store would refuse it); an error stops the stream.
+  Status StoreEvent(Stream& stream, const v1::TrialEvent& line);
+  // A batch of device samples; only FailedPrecondition (fenced off) stops the stream.
+  Status StoreSamples(Stream& stream, const v1::DeviceSamples& samples);
   // Records how a node's run ended; for a single-node attempt, the attempt's end.
   Status Finish(Stream& stream, const v1::RunEnded& end);
   void StopStream(const StreamKey& key);
