@@ -205,15 +205,8 @@ StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const FieldReader& top,
   return std::optional<RopeScaling>(scaling);
 }
 
-StatusOr<ModelConfig> ParseHfConfigObject(const Json& root, std::string_view filename) {
-  if (!root.is_object()) {
-    return InvalidArgumentError(std::string(filename) +
-                                ": expected a JSON object at the top level, got " +
-                                std::string(JsonTypeName(root)));
-  }
-  const FieldReader reader(root, filename);
-  ModelConfig config;
-
+// model_type, which must be one llmctl trains.
+Status ReadModelType(const FieldReader& reader, ModelConfig& config) {
   ASSIGN_OR_RETURN(std::optional<std::string> model_type, reader.OptionalString("model_type"));
   if (model_type) config.model_type = *model_type;
   if (std::find(std::begin(kSupportedModelTypes), std::end(kSupportedModelTypes),
@@ -223,7 +216,11 @@ StatusOr<ModelConfig> ParseHfConfigObject(const Json& root, std::string_view fil
                             "', which llmctl cannot train; supported: llama, mistral, "
                             "qwen2 (LLaMA-family decoders)");
   }
+  return Status::Ok();
+}
 
+// The sizes: vocabulary, widths, layers, heads and positions.
+Status ReadShape(const FieldReader& reader, std::string_view filename, ModelConfig& config) {
   ASSIGN_OR_RETURN(config.vocab_size, reader.RequiredPositiveInt("vocab_size"));
   ASSIGN_OR_RETURN(config.hidden_size, reader.RequiredPositiveInt("hidden_size"));
   ASSIGN_OR_RETURN(config.intermediate_size, reader.RequiredPositiveInt("intermediate_size"));
@@ -252,13 +249,12 @@ StatusOr<ModelConfig> ParseHfConfigObject(const Json& root, std::string_view fil
   ASSIGN_OR_RETURN(std::optional<int64_t> max_positions,
                    reader.OptionalPositiveInt("max_position_embeddings"));
   config.max_position_embeddings = max_positions.value_or(2048);
+  return Status::Ok();
+}
 
-  ASSIGN_OR_RETURN(std::optional<double> eps, reader.OptionalNumber("rms_norm_eps"));
-  if (eps) config.rms_norm_eps = *eps;
-  ASSIGN_OR_RETURN(std::optional<double> theta, reader.OptionalNumber("rope_theta"));
-  if (theta) config.rope_theta = *theta;
-  ASSIGN_OR_RETURN(config.rope_scaling, ParseRopeScaling(reader, filename, &config.rope_theta));
-
+// Tied embeddings, the attention and MLP biases, and the sliding window, as each model type reads
+// them.
+Status ReadArchitectureFlags(const FieldReader& reader, ModelConfig& config) {
   ASSIGN_OR_RETURN(std::optional<bool> tied, reader.OptionalBool("tie_word_embeddings"));
   config.tie_word_embeddings = tied.value_or(false);
 
@@ -282,20 +278,46 @@ StatusOr<ModelConfig> ParseHfConfigObject(const Json& root, std::string_view fil
     ASSIGN_OR_RETURN(std::optional<bool> use_window, reader.OptionalBool("use_sliding_window"));
     if (use_window.value_or(false)) config.sliding_window = window;
   }
+  return Status::Ok();
+}
 
+// bos_token_id, and eos_token_id: one id or a list of them.
+Status ReadSpecialTokens(const FieldReader& reader, ModelConfig& config) {
   ASSIGN_OR_RETURN(config.bos_token_id, reader.OptionalInt("bos_token_id"));
-  if (const Json* eos = reader.Find("eos_token_id")) {
-    if (eos->is_array()) {
-      for (const Json& id : *eos) {
-        ASSIGN_OR_RETURN(int64_t value, reader.AsInt("eos_token_id", id));
-        config.eos_token_ids.push_back(value);
-      }
-    } else {
-      ASSIGN_OR_RETURN(int64_t value, reader.AsInt("eos_token_id", *eos));
+  const Json* eos = reader.Find("eos_token_id");
+  if (eos == nullptr) return Status::Ok();
+  if (eos->is_array()) {
+    for (const Json& id : *eos) {
+      ASSIGN_OR_RETURN(int64_t value, reader.AsInt("eos_token_id", id));
       config.eos_token_ids.push_back(value);
     }
-    if (!config.eos_token_ids.empty()) config.eos_token_id = config.eos_token_ids.front();
+  } else {
+    ASSIGN_OR_RETURN(int64_t value, reader.AsInt("eos_token_id", *eos));
+    config.eos_token_ids.push_back(value);
   }
+  if (!config.eos_token_ids.empty()) config.eos_token_id = config.eos_token_ids.front();
+  return Status::Ok();
+}
+
+StatusOr<ModelConfig> ParseHfConfigObject(const Json& root, std::string_view filename) {
+  if (!root.is_object()) {
+    return InvalidArgumentError(std::string(filename) +
+                                ": expected a JSON object at the top level, got " +
+                                std::string(JsonTypeName(root)));
+  }
+  const FieldReader reader(root, filename);
+  ModelConfig config;
+  RETURN_IF_ERROR(ReadModelType(reader, config));
+  RETURN_IF_ERROR(ReadShape(reader, filename, config));
+
+  ASSIGN_OR_RETURN(std::optional<double> eps, reader.OptionalNumber("rms_norm_eps"));
+  if (eps) config.rms_norm_eps = *eps;
+  ASSIGN_OR_RETURN(std::optional<double> theta, reader.OptionalNumber("rope_theta"));
+  if (theta) config.rope_theta = *theta;
+  ASSIGN_OR_RETURN(config.rope_scaling, ParseRopeScaling(reader, filename, &config.rope_theta));
+
+  RETURN_IF_ERROR(ReadArchitectureFlags(reader, config));
+  RETURN_IF_ERROR(ReadSpecialTokens(reader, config));
 
   // transformers 4.56 renamed torch_dtype to dtype.
   ASSIGN_OR_RETURN(std::optional<std::string> dtype, reader.OptionalString("torch_dtype"));
