@@ -19,18 +19,15 @@ struct Category {
 };
 // The last two only for reports with data-parallel trials (ShownCategories).
 constexpr std::array<Category, 6> kCategories = {
-    Category{"params", "#4e79a7"}, Category{"grads", "#f28e2b"},
+    Category{"params", "#4e79a7"},         Category{"grads", "#f28e2b"},
     Category{"optim (device)", "#59a14f"}, Category{"acts", "#b07aa1"},
-    Category{"comm", "#9c755f"},   Category{"gathered params", "#edc948"}};
+    Category{"comm", "#9c755f"},           Category{"gathered params", "#edc948"}};
 constexpr size_t kOneDeviceCategories = 4;
 
 std::array<int64_t, 6> Stack(const v1::MemorySnapshot& snap) {
-  return {snap.params_bytes(),
-          snap.grads_bytes(),
-          snap.optim_device_bytes(),
-          std::max<int64_t>(snap.other_bytes(), 0),
-          snap.comm_bytes(),
-          snap.gathered_bytes()};
+  return {snap.params_bytes(),       snap.grads_bytes(),
+          snap.optim_device_bytes(), std::max<int64_t>(snap.other_bytes(), 0),
+          snap.comm_bytes(),         snap.gathered_bytes()};
 }
 
 // How many of kCategories the report's phase charts draw: the data-parallel ones only when a
@@ -157,74 +154,88 @@ void AppendPoint(std::string& points, double x, double y) {
   points += Coordinates(x, y);
 }
 
-std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& timeline) {
-  constexpr double kWidth = 420, kHeight = 196;
-  constexpr double kLeft = 64, kRight = 22, kTop = 20, kBottom = 32;
-  constexpr double kPlotWidth = kWidth - kLeft - kRight, kPlotHeight = kHeight - kTop - kBottom;
-  constexpr double kLabelSpacing = 9;  // px between phase labels, so that they never overlap
+// The timeline's plot area: its size in px and where a time and a byte count fall in it.
+struct TimelinePlot {
+  static constexpr double kWidth = 420, kHeight = 196;
+  static constexpr double kLeft = 64, kRight = 22, kTop = 20, kBottom = 32;
+  static constexpr double kPlotWidth = kWidth - kLeft - kRight,
+                          kPlotHeight = kHeight - kTop - kBottom;
 
-  std::string out = "<figure><figcaption>" + EscapeHtml(name) + "</figcaption>\n";
-  out += "<svg width=\"" + Printf("%.0f", kWidth) + "\" height=\"" + Printf("%.0f", kHeight) +
-         "\" role=\"img\" class=\"timeline\">\n";
-  if (timeline.snapshots.empty() && timeline.device_used.empty()) {
-    return out + "<text x=\"8\" y=\"40\">no snapshots</text>\n</svg></figure>\n";
-  }
-  const Axis y_axis = BytesAxis(timeline.top_bytes);
-  const Axis x_axis = TimeAxis(timeline.end_seconds);
-  const auto x_of = [&](double seconds) {
+  Axis x_axis;  // seconds
+  Axis y_axis;  // bytes
+
+  double X(double seconds) const {
     return kLeft + kPlotWidth * seconds / (x_axis.max * x_axis.unit);
-  };
-  const auto y_of = [&](int64_t bytes) {
+  }
+  double Y(int64_t bytes) const {
     return kTop + kPlotHeight -
            kPlotHeight * static_cast<double>(bytes) / (y_axis.max * y_axis.unit);
-  };
+  }
+};
 
-  // Grid and tick labels.
+// Grid and tick labels.
+std::string TimelineGrid(const TimelinePlot& plot) {
+  using P = TimelinePlot;
+  const Axis& y_axis = plot.y_axis;
+  const Axis& x_axis = plot.x_axis;
+  std::string out;
   for (double tick = 0; tick <= y_axis.max + y_axis.step / 2; tick += y_axis.step) {
-    const double y = y_of(static_cast<int64_t>(std::llround(tick * y_axis.unit)));
-    out += "<line x1=\"" + Printf("%.0f", kLeft) + "\" x2=\"" + Printf("%.0f", kLeft + kPlotWidth) +
-           "\" y1=\"" + Printf("%.1f", y) + "\" y2=\"" + Printf("%.1f", y) + "\" stroke=\"" +
-           std::string(kRuleColor) + "\"/>\n";
-    out += "<text x=\"" + Printf("%.0f", kLeft - 5) + "\" y=\"" + Printf("%.1f", y + 4) +
+    const double y = plot.Y(static_cast<int64_t>(std::llround(tick * y_axis.unit)));
+    out += "<line x1=\"" + Printf("%.0f", P::kLeft) + "\" x2=\"" +
+           Printf("%.0f", P::kLeft + P::kPlotWidth) + "\" y1=\"" + Printf("%.1f", y) + "\" y2=\"" +
+           Printf("%.1f", y) + "\" stroke=\"" + std::string(kRuleColor) + "\"/>\n";
+    out += "<text x=\"" + Printf("%.0f", P::kLeft - 5) + "\" y=\"" + Printf("%.1f", y + 4) +
            "\" text-anchor=\"end\">" + y_axis.Label(tick) + "</text>\n";
   }
   for (double tick = 0; tick <= x_axis.max + x_axis.step / 2; tick += x_axis.step) {
-    const double x = x_of(tick * x_axis.unit);
-    out += "<text x=\"" + Printf("%.1f", x) + "\" y=\"" + Printf("%.0f", kHeight - kBottom + 15) +
-           "\" text-anchor=\"middle\">" + x_axis.Label(tick) + "</text>\n";
+    const double x = plot.X(tick * x_axis.unit);
+    out += "<text x=\"" + Printf("%.1f", x) + "\" y=\"" +
+           Printf("%.0f", P::kHeight - P::kBottom + 15) + "\" text-anchor=\"middle\">" +
+           x_axis.Label(tick) + "</text>\n";
   }
+  return out;
+}
 
-  // Phase boundaries: a rule at each snapshot, its phase's number above the plot where there is
-  // room for it.
+// Phase boundaries: a rule at each snapshot, its phase's number above the plot where there is
+// room for it.
+std::string TimelinePhaseRules(const TimelinePlot& plot, const MemoryTimeline& timeline) {
+  using P = TimelinePlot;
+  constexpr double kLabelSpacing = 9;  // px between phase labels, so that they never overlap
+  std::string out;
   double last_label_x = -kLabelSpacing;
   for (const MemoryTimeline::Snapshot& snap : timeline.snapshots) {
     if (snap.phase == snapshot_event::kAtOom) continue;
-    const double x = x_of(snap.seconds);
+    const double x = plot.X(snap.seconds);
     out += "<line x1=\"" + Printf("%.1f", x) + "\" x2=\"" + Printf("%.1f", x) + "\" y1=\"" +
-           Printf("%.0f", kTop) + "\" y2=\"" + Printf("%.0f", kTop + kPlotHeight) + "\" stroke=\"" +
-           std::string(kRuleColor) + "\"/>\n";
+           Printf("%.0f", P::kTop) + "\" y2=\"" + Printf("%.0f", P::kTop + P::kPlotHeight) +
+           "\" stroke=\"" + std::string(kRuleColor) + "\"/>\n";
     if (x - last_label_x >= kLabelSpacing) {
-      out += "<text x=\"" + Printf("%.1f", x) + "\" y=\"" + Printf("%.0f", kTop - 5) +
+      out += "<text x=\"" + Printf("%.1f", x) + "\" y=\"" + Printf("%.0f", P::kTop - 5) +
              "\" text-anchor=\"middle\" class=\"phase\">" + EscapeHtml(PhaseLabel(snap.phase)) +
              "</text>\n";
       last_label_x = x;
     }
   }
+  return out;
+}
 
-  // Attempts: the device limit over each, and where each after the first began.
+// Attempts: the device limit over each, and where each after the first began.
+std::string TimelineAttempts(const TimelinePlot& plot, const MemoryTimeline& timeline) {
+  using P = TimelinePlot;
+  std::string out;
   for (size_t i = 0; i < timeline.attempts.size(); ++i) {
     const MemoryTimeline::Attempt& attempt = timeline.attempts[i];
-    const double x1 = x_of(attempt.start_seconds);
-    const double x2 = x_of(std::max(attempt.end_seconds, attempt.start_seconds));
+    const double x1 = plot.X(attempt.start_seconds);
+    const double x2 = plot.X(std::max(attempt.end_seconds, attempt.start_seconds));
     if (i > 0) {
       out += "<line x1=\"" + Printf("%.1f", x1) + "\" x2=\"" + Printf("%.1f", x1) + "\" y1=\"" +
-             Printf("%.0f", kTop) + "\" y2=\"" + Printf("%.0f", kTop + kPlotHeight) +
+             Printf("%.0f", P::kTop) + "\" y2=\"" + Printf("%.0f", P::kTop + P::kPlotHeight) +
              "\" stroke=\"#888\" stroke-dasharray=\"2 3\"/>\n";
-      out += "<text x=\"" + Printf("%.1f", x1 + 3) + "\" y=\"" + Printf("%.0f", kTop + 11) +
+      out += "<text x=\"" + Printf("%.1f", x1 + 3) + "\" y=\"" + Printf("%.0f", P::kTop + 11) +
              "\" class=\"attempt\">attempt " + std::to_string(attempt.attempt) + "</text>\n";
     }
     if (attempt.limit_bytes > 0) {
-      const double y = y_of(attempt.limit_bytes);
+      const double y = plot.Y(attempt.limit_bytes);
       out += "<line x1=\"" + Printf("%.1f", x1) + "\" x2=\"" + Printf("%.1f", x2) + "\" y1=\"" +
              Printf("%.1f", y) + "\" y2=\"" + Printf("%.1f", y) + "\" stroke=\"" +
              std::string(kLimitColor) + "\" stroke-dasharray=\"6 3\" class=\"limit\"><title>" +
@@ -238,12 +249,16 @@ std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& t
       }
     }
   }
+  return out;
+}
 
-  // Device samples, then reserved under allocated (on a CPU they are the same line).
+// Device samples, then reserved under allocated (on a CPU they are the same line).
+std::string TimelineLines(const TimelinePlot& plot, const MemoryTimeline& timeline) {
+  std::string out;
   for (const auto& [device, samples] : timeline.device_used) {
     std::string points;
     for (const MemoryTimeline::Sample& sample : samples) {
-      AppendPoint(points, x_of(sample.seconds), y_of(sample.used_bytes));
+      AppendPoint(points, plot.X(sample.seconds), plot.Y(sample.used_bytes));
     }
     out += "<polyline class=\"device\" fill=\"none\" stroke=\"" + std::string(kDeviceUsedColor) +
            "\" stroke-width=\"1.5\" points=\"" + points + "\"><title>" + EscapeHtml(device) +
@@ -259,7 +274,7 @@ std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& t
       for (const MemoryTimeline::Snapshot& snap : timeline.snapshots) {
         if (snap.attempt != attempt.attempt) continue;
         const int64_t bytes = series == "reserved" ? snap.reserved_bytes : snap.allocated_bytes;
-        AppendPoint(points, x_of(snap.seconds), y_of(bytes));
+        AppendPoint(points, plot.X(snap.seconds), plot.Y(bytes));
       }
       if (points.empty()) continue;
       out += "<polyline class=\"" + std::string(series) + "\" fill=\"none\" stroke=\"" +
@@ -268,36 +283,72 @@ std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& t
              " points=\"" + points + "\"/>\n";
     }
   }
-  // Each snapshot as a point to hover, the out-of-memory one as a cross.
+  return out;
+}
+
+// The out-of-memory snapshot at (x, y): a cross with its `title`, and a label below it, towards
+// the middle of the plot.
+std::string OomMark(double x, double y, const std::string& title) {
+  std::string cross = "M";  // two strokes
+  cross += Coordinates(x - 5, y - 5) + " L" + Coordinates(x + 5, y + 5);
+  cross += " M" + Coordinates(x - 5, y + 5) + " L" + Coordinates(x + 5, y - 5);
+  std::string out = "<path class=\"oom\" d=\"" + cross + "\" stroke=\"" + std::string(kLimitColor) +
+                    "\" stroke-width=\"2.5\">" + title + "</path>\n";
+  const bool right_half = x > TimelinePlot::kLeft + TimelinePlot::kPlotWidth / 2;
+  out += "<text x=\"" + Printf("%.1f", right_half ? x - 4 : x + 4) + "\" y=\"" +
+         Printf("%.1f", y + 19) + "\" text-anchor=\"" + (right_half ? "end" : "start") +
+         "\" fill=\"" + std::string(kLimitColor) + "\" class=\"head\">out of memory</text>\n";
+  return out;
+}
+
+// Each snapshot as a point to hover, the out-of-memory one as a cross.
+std::string TimelinePoints(const TimelinePlot& plot, const MemoryTimeline& timeline) {
+  std::string out;
   for (const MemoryTimeline::Snapshot& snap : timeline.snapshots) {
-    const double x = x_of(snap.seconds), y = y_of(snap.allocated_bytes);
+    const double x = plot.X(snap.seconds), y = plot.Y(snap.allocated_bytes);
     const std::string title =
         "<title>" + EscapeHtml(snap.phase) + ", step " + std::to_string(snap.step) +
         ", micro-batch " + std::to_string(snap.micro_batch) + ", " + Printf("%.3f", snap.seconds) +
         " s: allocated " + Mib(snap.allocated_bytes) + " MiB, reserved " +
         Mib(snap.reserved_bytes) + " MiB</title>";
     if (snap.phase == snapshot_event::kAtOom) {
-      std::string cross = "M";  // two strokes
-      cross += Coordinates(x - 5, y - 5) + " L" + Coordinates(x + 5, y + 5);
-      cross += " M" + Coordinates(x - 5, y + 5) + " L" + Coordinates(x + 5, y - 5);
-      out += "<path class=\"oom\" d=\"" + cross + "\" stroke=\"" + std::string(kLimitColor) +
-             "\" stroke-width=\"2.5\">" + title + "</path>\n";
-      // Below the cross, towards the middle of the plot.
-      const bool right_half = x > kLeft + kPlotWidth / 2;
-      out += "<text x=\"" + Printf("%.1f", right_half ? x - 4 : x + 4) + "\" y=\"" +
-             Printf("%.1f", y + 19) + "\" text-anchor=\"" + (right_half ? "end" : "start") +
-             "\" fill=\"" + std::string(kLimitColor) + "\" class=\"head\">out of memory</text>\n";
+      out += OomMark(x, y, title);
       continue;
     }
     out += "<circle cx=\"" + Printf("%.1f", x) + "\" cy=\"" + Printf("%.1f", y) +
            "\" r=\"2\" fill=\"" + std::string(kAllocatedColor) + "\">" + title + "</circle>\n";
   }
-  out += "<line x1=\"" + Printf("%.0f", kLeft) + "\" x2=\"" + Printf("%.0f", kLeft) + "\" y1=\"" +
-         Printf("%.0f", kTop) + "\" y2=\"" + Printf("%.0f", kTop + kPlotHeight) +
-         "\" stroke=\"#888\"/>\n";
-  out += "<line x1=\"" + Printf("%.0f", kLeft) + "\" x2=\"" + Printf("%.0f", kLeft + kPlotWidth) +
-         "\" y1=\"" + Printf("%.0f", kTop + kPlotHeight) + "\" y2=\"" +
-         Printf("%.0f", kTop + kPlotHeight) + "\" stroke=\"#888\"/>\n";
+  return out;
+}
+
+// The plot's left and bottom edges.
+std::string TimelineFrame() {
+  using P = TimelinePlot;
+  std::string out = "<line x1=\"" + Printf("%.0f", P::kLeft) + "\" x2=\"" +
+                    Printf("%.0f", P::kLeft) + "\" y1=\"" + Printf("%.0f", P::kTop) + "\" y2=\"" +
+                    Printf("%.0f", P::kTop + P::kPlotHeight) + "\" stroke=\"#888\"/>\n";
+  out += "<line x1=\"" + Printf("%.0f", P::kLeft) + "\" x2=\"" +
+         Printf("%.0f", P::kLeft + P::kPlotWidth) + "\" y1=\"" +
+         Printf("%.0f", P::kTop + P::kPlotHeight) + "\" y2=\"" +
+         Printf("%.0f", P::kTop + P::kPlotHeight) + "\" stroke=\"#888\"/>\n";
+  return out;
+}
+
+std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& timeline) {
+  std::string out = "<figure><figcaption>" + EscapeHtml(name) + "</figcaption>\n";
+  out += "<svg width=\"" + Printf("%.0f", TimelinePlot::kWidth) + "\" height=\"" +
+         Printf("%.0f", TimelinePlot::kHeight) + "\" role=\"img\" class=\"timeline\">\n";
+  if (timeline.snapshots.empty() && timeline.device_used.empty()) {
+    return out + "<text x=\"8\" y=\"40\">no snapshots</text>\n</svg></figure>\n";
+  }
+  const TimelinePlot plot{.x_axis = TimeAxis(timeline.end_seconds),
+                          .y_axis = BytesAxis(timeline.top_bytes)};
+  out += TimelineGrid(plot);
+  out += TimelinePhaseRules(plot, timeline);
+  out += TimelineAttempts(plot, timeline);
+  out += TimelineLines(plot, timeline);
+  out += TimelinePoints(plot, timeline);
+  out += TimelineFrame();
   return out + "</svg></figure>\n";
 }
 
