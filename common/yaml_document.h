@@ -1,0 +1,29 @@
+// One YAML document read as untrusted text, as experiment files are: a syntax error (a tab in
+// indentation named as such), a second document, text that is not UTF-8, and the YAML features an
+// experiment file may not use (anchors, aliases, tags) are refused at their place in the file.
+#ifndef LLMCTL_COMMON_YAML_DOCUMENT_H_
+#define LLMCTL_COMMON_YAML_DOCUMENT_H_
+
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace llmctl {
+
+// InvalidArgument "FILE:LINE:COLUMN: message" with 1-based positions (yaml-cpp's marks are
+// 0-based; a null mark is 1:1), each byte of `message` that breaks UTF-8 written as \xNN
+// (yaml-cpp quotes input bytes in some messages).
+Status YamlErrorAt(std::string_view filename, const YAML::Mark& mark, const std::string& message);
+
+// `text`'s one document; InvalidArgument (YamlErrorAt) for what the file comment lists.
+StatusOr<YAML::Node> LoadYamlDocument(std::string_view text, std::string_view filename);
+
+// True for text with nothing but blank lines, comments and document markers.
+bool HasNoYamlContent(std::string_view text);
+
+}  // namespace llmctl
+
+#endif  // LLMCTL_COMMON_YAML_DOCUMENT_H_
