@@ -1,65 +1,32 @@
+// The Llmctl methods for the connection to the controller, the cloud's leases and nodes, the
+// controller's nodes and the embedded daemons; the exit codes.
 #include "controller/cli/commands.h"
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <ctime>
-#include <fstream>
-#include <limits>
 #include <map>
 #include <memory>
-#include <optional>
 #include <sstream>
 #include <thread>
 
-#include "common/atomic_file.h"
-#include "common/byte_size.h"
-#include "common/experiment.h"
-#include "common/files.h"
 #include "common/text.h"
-#include "controller/cli/artifact_file.h"
-#include "controller/cli/calibration.h"
-#include "controller/cli/local_rates.h"
 #include "controller/cli/client.h"
 #include "controller/cli/daemons.h"
-#include "controller/cli/estimate.h"
-#include "controller/cli/input_tree.h"
-#include "controller/cli/inputs.h"
-#include "controller/cli/lease_sizing.h"
-#include "controller/cli/plan.h"
-#include "controller/cli/report.h"
-#include "controller/cli/watch_view.h"
+#include "controller/cli/llmctl.h"
 #include "controller/openstack/lease_cli.h"
 #include "controller/openstack/node_cli.h"
-#include "llmctl/v1/controller.grpc.pb.h"
 #include "rpc/grpc_status.h"
 #include "rpc/tls.h"
-#include "rpc/transfer.h"
 
 namespace llmctl::cli {
 namespace {
 
-namespace fs = std::filesystem;
-
-constexpr int kWatchReconnects = 30;
 constexpr std::chrono::seconds kDaemonStopGrace{10};
 constexpr std::chrono::milliseconds kFirstAgentPoll{100};
 
-// LLMCTL_MIN_TRANSFER_RATE ("2MiB", per second): the slowest link an upload must survive
-// (rpc::TransferDeadline); rpc::kDefaultMinTransferBytesPerSecond when unset.
-StatusOr<int64_t> MinTransferRate(const EnvLookup& env) {
-  const std::optional<std::string> text = env("LLMCTL_MIN_TRANSFER_RATE");
-  if (!text || text->empty()) return rpc::kDefaultMinTransferBytesPerSecond;
-  StatusOr<uint64_t> rate = ParseByteSize(*text);
-  if (!rate.ok() || *rate == 0 ||
-      *rate > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return InvalidArgumentError(
-        "LLMCTL_MIN_TRANSFER_RATE: expected a rate per second above 0 such as 10MiB, got '" +
-        *text + "'");
-  }
-  return static_cast<int64_t>(*rate);
-}
+}  // namespace
 
 std::string FormatUnixTime(int64_t seconds) {
   const std::time_t time = static_cast<std::time_t>(seconds);
@@ -69,65 +36,6 @@ std::string FormatUnixTime(int64_t seconds) {
   std::strftime(buffer, sizeof buffer, "%Y-%m-%d %H:%M", &tm);
   return buffer;
 }
-
-class Llmctl {
- public:
-  explicit Llmctl(CliContext& context) : context_(context) {}
-
-  int Run(const std::vector<std::string>& args);
-
- private:
-  // The controller's stub, starting the embedded daemons when no controller is configured.
-  StatusOr<std::unique_ptr<v1::Controller::Stub>> Connect();
-  int Fail(const Status& status) {
-    context_.err << "llmctl: " << status.message() << "\n";
-    if (status.code() == StatusCode::kUnavailable && !target_.empty()) {
-      context_.err << "llmctl: is the controller at " << target_ << " (from " << target_source_
-                   << ") running?\n";
-    }
-    return ExitCodeFor(status);
-  }
-  // Prints each status of experiment `id` until every trial has ended, reconnecting when the
-  // controller goes away for a while. The last status.
-  StatusOr<v1::ExperimentStatus> Follow(v1::Controller::Stub& stub, int64_t id);
-  // Follow, then the report's table; the exit code `submit --wait` and `resume --wait` end with.
-  int FollowAndReport(v1::Controller::Stub& stub, int64_t id);
-
-  // `only_trials`: --trial, each of which the file must have (none: every trial).
-  int Submit(const std::string& file, const std::vector<std::string>& only_trials, bool wait,
-             bool provision, const std::vector<std::string>& node_flags);
-  // OK when a registered node's lease matches the experiment's target, or after --provision made
-  // one for `lease_sizing`'s duration; FailedPrecondition saying what to run otherwise.
-  Status EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& experiment, bool provision,
-                          const std::vector<std::string>& node_flags,
-                          const LeaseSizing& lease_sizing);
-  int Lease(const std::vector<std::string>& args, std::ostream& out);
-  // The runs estimate, plan and submit calibrate their predicted time with (a note on standard
-  // error when the store cannot be read).
-  StoredCalibrations LoadCalibrations();
-  // The rates a CPU trial's time is predicted at (this machine's probe, measured the first time);
-  // with `only_embedded`, only when the trials run on this machine's embedded agent.
-  LocalRates LoadLocalRates(bool only_embedded);
-  int Node(const std::vector<std::string>& args, std::ostream& out);
-  // Tells the controller where `node up`'s agent is and on which lease, then waits until the
-  // controller reaches it.
-  Status AwaitAgent(const openstack::NodeUp& up, std::ostream& out);
-  // `node down`'s part on the controller: DeregisterNode, its result printed to `out`. The error
-  // names the controller.
-  Status DeregisterNode(const std::string& node, std::ostream& out);
-  int ShowStatus(int64_t id);
-  int Watch(int64_t id);
-  int Cancel(int64_t id, const std::string& trial, bool checkpoint);
-  int Resume(int64_t id, const std::string& trial, bool wait);
-  int Report(int64_t id, const std::string& format_name, const std::string& output);
-  int Fetch(int64_t id, const std::string& trial, const std::string& to);
-  int Nodes();
-  int Daemon(const std::string& action);
-
-  CliContext& context_;
-  std::string target_;  // set by Connect, for messages
-  std::string target_source_;
-};
 
 StatusOr<std::unique_ptr<v1::Controller::Stub>> Llmctl::Connect() {
   ASSIGN_OR_RETURN(ControllerAddress address, ResolveControllerAddress(context_.env));
@@ -158,148 +66,6 @@ StatusOr<std::unique_ptr<v1::Controller::Stub>> Llmctl::Connect() {
     ASSIGN_OR_RETURN(token, rpc::ReadTokenFile(address.token_file.string()));
   }
   return v1::Controller::NewStub(OpenControllerChannel(address.target, token));
-}
-
-StatusOr<v1::ExperimentStatus> Llmctl::Follow(v1::Controller::Stub& stub, int64_t id) {
-  WatchPrinter printer(context_.out_is_tty);
-  std::optional<v1::ExperimentStatus> last;
-  for (int reconnects = 0;; ++reconnects) {
-    grpc::ClientContext call;
-    v1::GetExperimentRequest request;
-    request.set_experiment_id(id);
-    std::unique_ptr<grpc::ClientReader<v1::ExperimentStatus>> reader = stub.Watch(&call, request);
-    v1::ExperimentStatus status;
-    while (reader->Read(&status)) {
-      context_.out << printer.Update(status) << std::flush;
-      last = status;
-    }
-    const Status finished = rpc::FromGrpcStatus(reader->Finish());
-    if (finished.ok()) {
-      if (last) return *last;
-      return InternalError("the controller ended the watch of experiment " + std::to_string(id) +
-                           " without a status");
-    }
-    if (finished.code() != StatusCode::kUnavailable || reconnects == kWatchReconnects) {
-      return finished.WithContext("watching experiment " + std::to_string(id));
-    }
-    std::this_thread::sleep_for(context_.watch_retry_interval);
-  }
-}
-
-int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only_trials, bool wait,
-                   bool provision, const std::vector<std::string>& node_flags) {
-  StatusOr<std::string> text = ReadFileToString(file, kMaxExperimentFileBytes);
-  if (!text.ok()) return Fail(InvalidArgumentError(text.status().message()));  // names the file
-  // Locally first, with the files on this machine, exactly as llm-train would: nothing is sent
-  // when the file is wrong.
-  StatusOr<Experiment> checked =
-      ParseExperiment(*text, file, {.resolve_local_paths = true, .output_dir_in_run = true});
-  if (!checked.ok()) return Fail(checked.status());
-  StatusOr<Experiment> as_written =
-      ParseExperiment(*text, file, {.resolve_local_paths = false, .output_dir_in_run = true});
-  if (!as_written.ok()) return Fail(as_written.status());
-  if (!only_trials.empty()) {
-    if (const Status kept = KeepOnlyTrials(only_trials, file, *checked); !kept.ok()) {
-      return Fail(kept);
-    }
-    if (const Status kept = KeepOnlyTrials(only_trials, file, *as_written); !kept.ok()) {
-      return Fail(kept);
-    }
-  }
-  // Whatever went wrong with a local input (missing, unreadable, malformed) is the caller's to fix:
-  // exit 2, like llm-train.
-  StatusOr<SubmitInputs> inputs = CollectInputs(*as_written, file);
-  if (!inputs.ok()) return Fail(InvalidArgumentError(inputs.status().message()));
-  for (const std::string& notice : inputs->notices) context_.err << "note: " << notice << "\n";
-  // What each input holds, before anything is stored or sent: a broken dataset or tokenizer fails
-  // here in seconds, not on a leased node.
-  if (const Status contents = CheckLocalInputs(*checked, file); !contents.ok()) {
-    return Fail(InvalidArgumentError(contents.message()));
-  }
-  StatusOr<int64_t> min_transfer_rate = MinTransferRate(context_.env);
-  if (!min_transfer_rate.ok()) return Fail(min_transfer_rate.status());
-
-  // Each trial's predicted memory and time, stored with it so the report can set them beside the
-  // measured ones, and what sizes a provisioned lease; a trial predicted to run out of memory that
-  // is not meant to is worth a second look, but the prediction may be wrong, so it is a warning,
-  // not a refusal.
-  const StoredCalibrations calibrations = LoadCalibrations();
-  const LocalRates rates = LoadLocalRates(/*only_embedded=*/true);
-  EstimateOptions estimate_options;
-  estimate_options.calibrate = calibrations.Lookup();
-  estimate_options.rates = rates.Lookup();
-  StatusOr<std::vector<TrialPrediction>> predictions =
-      PredictTrials(*checked, file, estimate_options);
-  if (!predictions.ok()) return Fail(predictions.status());
-  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
-  if (!stub.ok()) return Fail(stub.status());
-  if (!checked->target.empty()) {
-    const Status placed = EnsureTargetNode(**stub, *checked, provision, node_flags,
-                                           SizeLease(*checked, *predictions));
-    if (!placed.ok()) return Fail(placed.WithContext(file + ": target"));
-  } else if (provision) {
-    return Fail(InvalidArgumentError(
-        file + ": --provision needs a `target: {site, flavor}` or `{site, node_type}` in it"));
-  }
-  StatusOr<UploadSummary> uploaded = UploadMissingBlobs(**stub, inputs->blobs, *min_transfer_rate);
-  if (!uploaded.ok()) return Fail(uploaded.status());
-
-  v1::SubmitRequest request;
-  request.set_filename(file);
-  request.set_yaml_text(*text);
-  for (const std::string& name : only_trials) request.add_only_trials(name);
-  for (auto& [written, tree] : inputs->trees) (*request.mutable_inputs())[written] = tree;
-  for (const TrialPrediction& p : *predictions) {
-    v1::TrialPrediction& proto = (*request.mutable_predictions())[p.trial];
-    proto.set_peak_bytes(static_cast<int64_t>(p.peak_bytes));
-    proto.set_activation_bytes(static_cast<int64_t>(p.activation_bytes));
-    proto.set_model_state_bytes(static_cast<int64_t>(p.model_state_bytes));
-    proto.set_peak_phase(p.peak_phase);
-    proto.set_device_memory_bytes(static_cast<int64_t>(p.device_memory_bytes));
-    proto.set_verdict(p.verdict);
-    proto.set_step_seconds(p.step_seconds);
-    proto.set_tokens_per_second(p.tokens_per_second);
-    proto.set_trial_seconds(p.trial_seconds);
-    proto.set_time_device(p.time_device);
-    proto.set_calibration(p.calibration);
-    proto.set_work_json(p.work_json);
-    const Trial* trial = nullptr;
-    for (const Trial& t : checked->trials) {
-      if (t.name == p.trial) trial = &t;
-    }
-    if (p.verdict == "oom" && trial != nullptr && trial->expect != "oom") {
-      context_.err << "warning: " << file << ": trial " << p.trial << " is predicted to run out "
-                   << "of memory: its peak " << FormatBytes(p.peak_bytes) << " exceeds "
-                   << FormatBytes(p.device_memory_bytes) << " (" << p.device_source
-                   << "); `llmctl estimate " << file << " --trial " << p.trial
-                   << " --fit --explain` shows why and what fits (add `expect: oom` if that is "
-                      "the point)\n";
-    }
-  }
-  v1::SubmitResponse response;
-  const Status submitted =
-      rpc::FromGrpcStatus((*stub)->Submit(UnaryContext().get(), request, &response));
-  if (!submitted.ok()) return Fail(submitted);
-  context_.out << response.experiment_id() << "\n" << std::flush;
-  context_.err << "submitted " << response.name() << " (" << response.trials_size()
-               << " trials); inputs: " << inputs->trees.size() << " trees, " << uploaded->blobs
-               << " files, " << uploaded->uploaded << " uploaded (" << uploaded->bytes
-               << " bytes)\n";
-  if (!wait) return kExitOk;
-  return FollowAndReport(**stub, response.experiment_id());
-}
-
-int Llmctl::FollowAndReport(v1::Controller::Stub& stub, int64_t id) {
-  StatusOr<v1::ExperimentStatus> followed = Follow(stub, id);
-  if (!followed.ok()) return Fail(followed.status());
-  v1::GetExperimentRequest report_request;
-  report_request.set_experiment_id(id);
-  v1::ReportResponse report;
-  const Status reported =
-      rpc::FromGrpcStatus(stub.Report(UnaryContext().get(), report_request, &report));
-  if (!reported.ok()) return Fail(reported);
-  context_.out << "\n" << RenderReport(report, ReportFormat::kTable);
-  return CountUnexpectedOutcomes(report) > 0 ? kExitFailed : kExitOk;
 }
 
 Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& experiment,
@@ -538,171 +304,6 @@ Status Llmctl::AwaitAgent(const openstack::NodeUp& up, std::ostream& out) {
   }
 }
 
-int Llmctl::ShowStatus(int64_t id) {
-  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
-  if (!stub.ok()) return Fail(stub.status());
-  if (id == 0) {
-    v1::ListExperimentsResponse list;
-    const Status listed = rpc::FromGrpcStatus(
-        (*stub)->ListExperiments(UnaryContext().get(), v1::ListExperimentsRequest(), &list));
-    if (!listed.ok()) return Fail(listed);
-    if (list.experiments().empty()) {
-      context_.out << "no experiments yet; llmctl submit FILE.yaml starts one\n";
-      return kExitOk;
-    }
-    std::vector<std::vector<std::string>> rows = {
-        {"id", "name", "state", "ended", "created", "file"}};
-    for (const v1::ExperimentSummary& e : list.experiments()) {
-      rows.push_back({std::to_string(e.id()), e.name(), e.state(),
-                      std::to_string(e.ended()) + "/" + std::to_string(e.trials()),
-                      FormatUnixTime(e.created_unix()), e.filename()});
-    }
-    context_.out << FormatColumns(rows);
-    return kExitOk;
-  }
-  v1::GetExperimentRequest request;
-  request.set_experiment_id(id);
-  v1::ExperimentStatus status;
-  const Status got =
-      rpc::FromGrpcStatus((*stub)->GetExperiment(UnaryContext().get(), request, &status));
-  if (!got.ok()) return Fail(got);
-  context_.out << "experiment " << status.id() << " " << status.name() << ": " << status.state()
-               << "\n";
-  for (const std::string& line : WatchLines(status)) context_.out << line << "\n";
-  return kExitOk;
-}
-
-int Llmctl::Watch(int64_t id) {
-  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
-  if (!stub.ok()) return Fail(stub.status());
-  StatusOr<v1::ExperimentStatus> followed = Follow(**stub, id);
-  if (!followed.ok()) return Fail(followed.status());
-  return kExitOk;
-}
-
-int Llmctl::Cancel(int64_t id, const std::string& trial, bool checkpoint) {
-  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
-  if (!stub.ok()) return Fail(stub.status());
-  v1::CancelRequest request;
-  request.set_experiment_id(id);
-  request.set_trial(trial);
-  request.set_checkpoint(checkpoint);
-  v1::CancelResponse response;
-  const Status cancelled =
-      rpc::FromGrpcStatus((*stub)->Cancel(UnaryContext().get(), request, &response));
-  if (!cancelled.ok()) return Fail(cancelled);
-  if (response.cancelled().empty()) {
-    context_.out << "nothing to cancel: " << (trial.empty() ? "every trial" : trial)
-                 << " had already ended\n";
-  }
-  for (const std::string& name : response.cancelled()) context_.out << "cancelled " << name << "\n";
-  if (checkpoint && !response.cancelled().empty()) {
-    const std::string ids = std::to_string(id);
-    context_.out << "running trials first checkpoint their last complete step: `llmctl status " +
-                        ids + "` says where, `llmctl resume " + ids + " TRIAL` continues from it\n";
-  }
-  return kExitOk;
-}
-
-int Llmctl::Resume(int64_t id, const std::string& trial, bool wait) {
-  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
-  if (!stub.ok()) return Fail(stub.status());
-  v1::ResumeRequest request;
-  request.set_experiment_id(id);
-  request.set_trial(trial);
-  v1::ResumeResponse response;
-  const Status resumed =
-      rpc::FromGrpcStatus((*stub)->Resume(UnaryContext().get(), request, &response));
-  // A trial that cannot be resumed is the caller's mistake, like an unknown one: nothing changed.
-  if (resumed.code() == StatusCode::kFailedPrecondition) {
-    context_.err << "llmctl: cannot resume: " << resumed.message() << "\n";
-    return kExitInvalidInput;
-  }
-  if (!resumed.ok()) return Fail(resumed);
-  context_.out << "resuming " << response.trial() << " of experiment " << response.experiment_id()
-               << " at step " << response.first_step() + 1 << " from attempt "
-               << response.resumes_attempt() << "'s checkpoint " << response.checkpoint()
-               << " on node " << response.node()
-               << (response.checkpoint_copied()
-                       ? " (the controller has a copy: any node that can run it may continue it)"
-                       : "")
-               << "\n"
-               << std::flush;
-  if (!wait) return kExitOk;
-  return FollowAndReport(**stub, response.experiment_id());
-}
-
-int Llmctl::Report(int64_t id, const std::string& format_name, const std::string& output) {
-  StatusOr<ReportFormat> format = ParseReportFormat(format_name);
-  if (!format.ok()) return Fail(format.status());
-  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
-  if (!stub.ok()) return Fail(stub.status());
-  v1::GetExperimentRequest request;
-  request.set_experiment_id(id);
-  v1::ReportResponse report;
-  const Status got = rpc::FromGrpcStatus((*stub)->Report(UnaryContext().get(), request, &report));
-  if (!got.ok()) return Fail(got);
-  const std::string text = RenderReport(report, *format);
-  if (output.empty()) {
-    context_.out << text;
-    return kExitOk;
-  }
-  const Status written =
-      WriteFileAtomically(output, [&](int fd) { return WriteAll(fd, text.data(), text.size()); });
-  if (!written.ok()) return Fail(written.WithContext("--output " + output));
-  context_.err << "wrote " << output << "\n";
-  return kExitOk;
-}
-
-int Llmctl::Fetch(int64_t id, const std::string& trial, const std::string& to) {
-  std::string safe_trial = trial;  // sweep trials are named "base/key=value"
-  std::replace(safe_trial.begin(), safe_trial.end(), '/', '_');
-  const fs::path destination =
-      to.empty() ? fs::path("llmctl-" + std::to_string(id) + "-" + safe_trial) : fs::path(to);
-  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
-  if (!stub.ok()) return Fail(stub.status());
-
-  // The artifacts' total size is not known up front: no call deadline, an idle limit instead.
-  grpc::ClientContext call;
-  rpc::IdleCanceller idle(call, kCallDeadline);
-  v1::FetchTrialArtifactsRequest request;
-  request.set_experiment_id(id);
-  request.set_trial(trial);
-  std::unique_ptr<grpc::ClientReader<v1::ArtifactChunk>> reader =
-      (*stub)->FetchArtifacts(&call, request);
-  auto abort = [&](const Status& status) {
-    call.TryCancel();
-    reader->Finish().ok();
-    return Fail(status);
-  };
-  std::unique_ptr<ArtifactFile> current;
-  int files = 0;
-  int64_t total = 0;
-  v1::ArtifactChunk chunk;
-  while (reader->Read(&chunk)) {
-    idle.Progress();
-    if (current == nullptr) {
-      StatusOr<std::unique_ptr<ArtifactFile>> begun = ArtifactFile::Begin(destination, chunk);
-      if (!begun.ok()) return abort(begun.status());
-      current = std::move(*begun);
-    }
-    if (Status appended = current->Append(chunk.data()); !appended.ok()) return abort(appended);
-    if (!chunk.last()) continue;
-    if (Status finished = current->Finish(chunk.sha256()); !finished.ok()) return abort(finished);
-    ++files;
-    total += current->size();
-    current.reset();
-  }
-  const Status finished = idle.Explain(reader->Finish(), "fetching the artifacts");
-  if (!finished.ok()) return Fail(finished);
-  if (current != nullptr) {
-    return Fail(DataLossError(current->path() + ": the stream ended in the middle of the file"));
-  }
-  context_.out << "fetched " << files << " files (" << total << " bytes, sha256 checked) into "
-               << destination.string() << "\n";
-  return kExitOk;
-}
-
 int Llmctl::Nodes() {
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
@@ -710,9 +311,8 @@ int Llmctl::Nodes() {
   const Status listed =
       rpc::FromGrpcStatus((*stub)->ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes));
   if (!listed.ok()) return Fail(listed);
-  std::vector<std::vector<std::string>> rows = {
-      {"node", "state", "address", "devices", "last seen", "lease ends", "certificate until",
-       "running"}};
+  std::vector<std::vector<std::string>> rows = {{"node", "state", "address", "devices", "last seen",
+                                                 "lease ends", "certificate until", "running"}};
   for (const v1::NodeStatus& node : nodes.nodes()) {
     std::map<std::string, int> device_counts;  // "cuda NVIDIA H100 PCIe 79.6 GiB" -> count
     for (const v1::Device& device : node.devices()) {
@@ -767,223 +367,6 @@ int Llmctl::Daemon(const std::string& action) {
   for (const std::string& line : daemons.Describe()) context_.out << line << "\n";
   return kExitOk;
 }
-
-constexpr char kDescription[] =
-    "llmctl: run fine-tuning memory/speed experiments and report what each technique costs.\n\n"
-    "The controller is LLMCTL_CONTROLLER (unix:/path or host:port), else `controller:` in\n"
-    "${XDG_CONFIG_HOME:-~/.config}/llmctl/config.yaml, else an embedded one that llmctl starts\n"
-    "in the background (llmctld and a local llm-agent, data in $LLMCTL_HOME or\n"
-    "${XDG_DATA_HOME:-~/.local/share}/llmctl; `llmctl daemon stop` ends them). A controller on\n"
-    "TCP needs its API token: the 0600 file named by LLMCTL_CONTROLLER_TOKEN_FILE, else by\n"
-    "`token_file:` in config.yaml.\n"
-    "An upload may take the call deadline plus its size at LLMCTL_MIN_TRANSFER_RATE (per\n"
-    "second, default 10MiB).\n\n"
-    "Exit codes: 0 ok; 1 a trial ended other than its `expect:` (without one: failed, diverged or\n"
-    "cancelled) under submit or resume --wait, or an operation failed; 2 invalid input (flags,\n"
-    "experiment file, its input files, id, trial, a trial resume cannot continue); 3 controller\n"
-    "unreachable.";
-
-int Llmctl::Run(const std::vector<std::string>& args) {
-  CLI::App app(kDescription, "llmctl");
-  app.require_subcommand(1);
-
-  std::string file, trial, format = "table", output, to, action, agent_image;
-  int64_t id = 0;
-  bool wait = false, provision = false, checkpoint = false;
-
-  CLI::App* submit = app.add_subcommand(
-      "submit", "Validate an experiment file, upload its local inputs, start it; prints its id");
-  submit->add_option("FILE", file, "The experiment file (YAML)")->required();
-  std::vector<std::string> submit_trials;
-  submit->add_option("--trial", submit_trials,
-                     "Only this trial of the file (repeat for more; the whole file is still "
-                     "checked)");
-  submit->add_flag("--wait", wait,
-                   "Follow it live, print the report, exit 1 when a trial's outcome differs "
-                   "from its expect:");
-  submit->add_flag("--provision", provision,
-                   "When no node is on a lease matching the file's target: {site, flavor}, "
-                   "create the lease and bring up its node first (spends your allocation)");
-  submit->add_option("--agent-image", agent_image,
-                     "With --provision: the agent image the new node pulls");
-
-  EstimateOptions estimate_options;
-  CLI::App* estimate = app.add_subcommand(
-      "estimate",
-      "Each trial's memory per rank before it runs, from the experiment file alone: model state, "
-      "activations, the step's peak, and whether it fits the trial's device");
-  estimate->add_option("FILE", file, "The experiment file (YAML)")->required();
-  estimate->add_option("--trial", estimate_options.trial, "Only this trial");
-  estimate->add_option("--device-memory", estimate_options.device_memory,
-                       "Judge every trial against this device: a size (80GiB) or a GPU "
-                       "(h100-94gb, a100-80gb, a100-40gb, v100-32gb, ...); default: each trial's "
-                       "device_memory, else its target's GPU");
-  estimate->add_flag("--fit", estimate_options.fit,
-                     "Also the largest micro-batch that fits each trial's device");
-  estimate->add_flag("--explain", estimate_options.explain,
-                     "Also every term's formula with its numbers");
-  estimate->add_option("--format", estimate_options.format, "table (MiB) or json (exact bytes)")
-      ->capture_default_str();
-
-  PlanOptions plan_options;
-  CLI::App* plan = app.add_subcommand(
-      "plan",
-      "Which configuration fits a device and which is fastest: every precision x optimizer x "
-      "checkpointing x offload x PEFT x strategy at the largest micro-batch that fits, fastest "
-      "first, before anything is reserved");
-  plan->add_option("MODEL", plan_options.model, "A preset name or a local model directory")
-      ->required();
-  plan->add_option("--device", plan_options.device,
-                   "A GPU (h100-94gb, h100-80gb, h200-141gb, a100-80gb, a100-40gb, v100-32gb, "
-                   "...) or cpu")
-      ->required();
-  plan->add_option("--device-memory", plan_options.device_memory,
-                   "The memory budget per device (for cpu; on a GPU a cap below its memory)");
-  plan->add_option("--gpus", plan_options.gpus, "Devices per node (ranks: ddp or fsdp)")
-      ->capture_default_str();
-  plan->add_option("--nodes", plan_options.nodes, "Nodes")->capture_default_str();
-  plan->add_option("--seq", plan_options.seq, "Tokens per sequence (data.max_seq_length)")
-      ->required();
-  plan->add_option("--global-batch", plan_options.global_batch, "Sequences per optimizer step")
-      ->required();
-  plan->add_option("--steps", plan_options.steps, "The run's optimizer steps");
-  plan->add_option("--tokens", plan_options.tokens, "Or the run's tokens");
-  plan->add_option("--budget-hours", plan_options.budget_hours,
-                   "Drop configurations predicted to take longer");
-  plan->add_option("--su-per-node-hour", plan_options.su_per_node_hour,
-                   "Service units a node-hour costs on your allocation: adds an SU column");
-  plan->add_option("--precisions", plan_options.precisions, "Precisions to search")
-      ->capture_default_str();
-  plan->add_option("--optimizers", plan_options.optimizers, "Optimizers to search (sgd too)")
-      ->capture_default_str();
-  plan->add_option("--peft", plan_options.peft, "PEFT methods to search (none: full fine-tuning)")
-      ->capture_default_str();
-  plan->add_flag("--no-offload", plan_options.no_offload, "Do not search offload");
-  plan->add_option("--set", plan_options.sets,
-                   "KEY=VALUE fixed on every configuration (kernels=aten, peft.r=16, ...)");
-  plan->add_option("--top", plan_options.top, "Configurations shown and written")
-      ->capture_default_str();
-  plan->add_option("--write", plan_options.write,
-                   "Write the top configurations as an experiment file `llmctl submit` runs");
-  plan->add_option("--data", plan_options.data, "With --write: the training data (data.path)");
-  plan->add_option("--init", plan_options.init,
-                   "With --write: pretrained or random (default: pretrained for a published "
-                   "preset)");
-  plan->add_option("--format", plan_options.format, "table or json")->capture_default_str();
-
-  CLI::App* status = app.add_subcommand("status", "List experiments, or one experiment's trials");
-  status->add_option("ID", id, "An experiment id (default: list them all)")
-      ->check(CLI::NonNegativeNumber);
-
-  CLI::App* watch = app.add_subcommand(
-      "watch",
-      "Follow an experiment live until every trial has ended (a table redrawn in place "
-      "on a terminal, appended lines otherwise)");
-  watch->add_option("ID", id, "The experiment id (default: the latest)")
-      ->check(CLI::NonNegativeNumber);
-
-  CLI::App* cancel =
-      app.add_subcommand("cancel", "Cancel an experiment's trials that have not ended");
-  cancel->add_option("ID", id, "The experiment id")->required()->check(CLI::PositiveNumber);
-  cancel->add_option("--trial", trial, "Only this trial");
-  cancel->add_flag("--checkpoint", checkpoint,
-                   "Stop now, keep the progress: running trials first checkpoint their last "
-                   "complete step (llmctl resume continues from it)");
-
-  CLI::App* resume = app.add_subcommand(
-      "resume",
-      "Continue a trial that stopped with a checkpoint (cancel --checkpoint, a lease's end) from "
-      "it, on the node that holds it; the report then shows the steps of both runs");
-  resume->add_option("ID", id, "The experiment id")->required()->check(CLI::PositiveNumber);
-  resume->add_option("TRIAL", trial, "The trial's name")->required();
-  resume->add_flag("--wait", wait,
-                   "Follow the experiment live, print the report, exit 1 when a trial's outcome "
-                   "differs from its expect:");
-
-  CLI::App* report = app.add_subcommand("report",
-                                        "An experiment's results: outcome, memory per "
-                                        "category at the peak snapshot, time, tokens/s");
-  report->add_option("ID", id, "The experiment id (default: the latest)")
-      ->check(CLI::NonNegativeNumber);
-  report
-      ->add_option("--format", format, "table, csv, json, markdown or html (one file with charts)")
-      ->capture_default_str();
-  report->add_option("--output", output, "Write to FILE instead of standard output");
-
-  CLI::App* fetch = app.add_subcommand(
-      "fetch", "Copy a trial's artifacts (adapters, checkpoints, logs), checking each sha256");
-  fetch->add_option("ID", id, "The experiment id")->required()->check(CLI::PositiveNumber);
-  fetch->add_option("TRIAL", trial, "The trial's name")->required();
-  fetch->add_option("--to", to, "Destination directory (default: ./llmctl-ID-TRIAL)");
-
-  CLI::App* nodes =
-      app.add_subcommand("nodes", "The agents the controller knows and their devices");
-
-  // The lease commands parse their own flags (controller/openstack/lease_cli.h).
-  CLI::App* lease = app.add_subcommand(
-      "lease", "Chameleon leases: create|list|show|extend|delete (llmctl lease list, ...)");
-  lease->prefix_command();
-  lease->set_help_flag();
-
-  CLI::App* node = app.add_subcommand(
-      "node", "Chameleon GPU nodes on a lease: up|list|show|down (llmctl node up --lease L ...)");
-  node->prefix_command();
-  node->set_help_flag();
-
-  CLI::App* daemon =
-      app.add_subcommand("daemon", "Start, stop or show the embedded llmctld and llm-agent");
-  daemon->add_option("ACTION", action, "start, stop or status")
-      ->required()
-      ->check(CLI::IsMember({"start", "stop", "status"}));
-
-  std::vector<const char*> argv;
-  for (const std::string& arg : args) argv.push_back(arg.c_str());
-  try {
-    app.parse(static_cast<int>(argv.size()), argv.data());
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e, context_.out, context_.err);
-    return code == static_cast<int>(CLI::ExitCodes::Success) ? kExitOk : kExitInvalidInput;
-  }
-
-  if (submit->parsed()) {
-    std::vector<std::string> node_flags;
-    if (!agent_image.empty()) node_flags = {"--agent-image", agent_image};
-    return Submit(file, submit_trials, wait, provision, node_flags);
-  }
-  if (estimate->parsed()) {
-    const StoredCalibrations calibrations = LoadCalibrations();
-    const LocalRates rates = LoadLocalRates(/*only_embedded=*/false);
-    estimate_options.calibrate = calibrations.Lookup();
-    estimate_options.rates = rates.Lookup();
-    StatusOr<std::string> text = EstimateExperiment(file, estimate_options);
-    if (!text.ok()) return Fail(text.status());
-    context_.out << *text << std::flush;
-    return kExitOk;
-  }
-  if (plan->parsed()) {
-    const StoredCalibrations calibrations = LoadCalibrations();
-    const LocalRates rates = LoadLocalRates(/*only_embedded=*/false);
-    plan_options.calibrate = calibrations.Lookup();
-    plan_options.rates = rates.Lookup();
-    StatusOr<std::string> text = PlanRun(plan_options);
-    if (!text.ok()) return Fail(text.status());
-    context_.out << *text << std::flush;
-    return kExitOk;
-  }
-  if (status->parsed()) return ShowStatus(id);
-  if (watch->parsed()) return Watch(id);
-  if (cancel->parsed()) return Cancel(id, trial, checkpoint);
-  if (resume->parsed()) return Resume(id, trial, wait);
-  if (report->parsed()) return Report(id, format, output);
-  if (fetch->parsed()) return Fetch(id, trial, to);
-  if (nodes->parsed()) return Nodes();
-  if (daemon->parsed()) return Daemon(action);
-  if (lease->parsed()) return Lease(lease->remaining(), context_.out);
-  if (node->parsed()) return Node(node->remaining(), context_.out);
-  return kExitInvalidInput;  // require_subcommand(1) makes this unreachable
-}
-
-}  // namespace
 
 std::string ProvisionLeaseName(std::string_view experiment, std::string_view flavor) {
   std::string name = "llmctl-" + std::string(experiment) + "-" + std::string(flavor);

@@ -1,0 +1,116 @@
+// The `llmctl` command line's commands (commands.h runs them): one Llmctl per command line, its
+// methods in command_line.cc (the flags and the dispatch), submit_command.cc,
+// experiment_commands.cc (status, watch, cancel, resume, report, fetch) and commands.cc (the
+// connection, nodes, leases and the embedded daemons).
+#ifndef LLMCTL_CONTROLLER_CLI_LLMCTL_H_
+#define LLMCTL_CONTROLLER_CLI_LLMCTL_H_
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "common/experiment.h"
+#include "common/status.h"
+#include "controller/cli/calibration.h"
+#include "controller/cli/commands.h"
+#include "controller/cli/estimate.h"
+#include "controller/cli/inputs.h"
+#include "controller/cli/lease_sizing.h"
+#include "controller/cli/local_rates.h"
+#include "controller/cli/plan.h"
+#include "controller/openstack/node_cli.h"
+#include "llmctl/v1/controller.grpc.pb.h"
+
+namespace llmctl::cli {
+
+// What the command line says (command_line.cc).
+struct ParsedCommandLine;
+
+// An experiment file as `llmctl submit` reads it: its text, checked with the paths on this
+// machine resolved, and as written (what is sent).
+struct SubmitFile {
+  std::string name;
+  std::string text;
+  Experiment checked;
+  Experiment as_written;
+};
+
+// "2026-11-29 04:14" in local time.
+std::string FormatUnixTime(int64_t seconds);
+
+class Llmctl {
+ public:
+  explicit Llmctl(CliContext& context) : context_(context) {}
+
+  int Run(const std::vector<std::string>& args);
+
+ private:
+  // The command the parsed command line names, run.
+  int Dispatch(const ParsedCommandLine& line);
+  int Estimate(const std::string& file, EstimateOptions options);
+  int Plan(PlanOptions options);
+  // The controller's stub, starting the embedded daemons when no controller is configured.
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> Connect();
+  int Fail(const Status& status) {
+    context_.err << "llmctl: " << status.message() << "\n";
+    if (status.code() == StatusCode::kUnavailable && !target_.empty()) {
+      context_.err << "llmctl: is the controller at " << target_ << " (from " << target_source_
+                   << ") running?\n";
+    }
+    return ExitCodeFor(status);
+  }
+  // Prints each status of experiment `id` until every trial has ended, reconnecting when the
+  // controller goes away for a while. The last status.
+  StatusOr<v1::ExperimentStatus> Follow(v1::Controller::Stub& stub, int64_t id);
+  // Follow, then the report's table; the exit code `submit --wait` and `resume --wait` end with.
+  int FollowAndReport(v1::Controller::Stub& stub, int64_t id);
+
+  // `only_trials`: --trial, each of which the file must have (none: every trial).
+  int Submit(const std::string& file, const std::vector<std::string>& only_trials, bool wait,
+             bool provision, const std::vector<std::string>& node_flags);
+  // The file's inputs collected (its notices printed) and their contents checked; InvalidArgument
+  // for whatever is wrong with one.
+  StatusOr<SubmitInputs> PrepareInputs(const SubmitFile& submitted);
+  // Each trial's predicted memory and time, calibrated with the stored runs.
+  StatusOr<std::vector<TrialPrediction>> Predict(const SubmitFile& submitted);
+  // A warning for each trial predicted to run out of memory that does not `expect: oom`.
+  void WarnPredictedOom(const SubmitFile& submitted,
+                        const std::vector<TrialPrediction>& predictions);
+  // OK when a registered node's lease matches the experiment's target, or after --provision made
+  // one for `lease_sizing`'s duration; FailedPrecondition saying what to run otherwise.
+  Status EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& experiment, bool provision,
+                          const std::vector<std::string>& node_flags,
+                          const LeaseSizing& lease_sizing);
+  int Lease(const std::vector<std::string>& args, std::ostream& out);
+  // The runs estimate, plan and submit calibrate their predicted time with (a note on standard
+  // error when the store cannot be read).
+  StoredCalibrations LoadCalibrations();
+  // The rates a CPU trial's time is predicted at (this machine's probe, measured the first time);
+  // with `only_embedded`, only when the trials run on this machine's embedded agent.
+  LocalRates LoadLocalRates(bool only_embedded);
+  int Node(const std::vector<std::string>& args, std::ostream& out);
+  // Tells the controller where `node up`'s agent is and on which lease, then waits until the
+  // controller reaches it.
+  Status AwaitAgent(const openstack::NodeUp& up, std::ostream& out);
+  // `node down`'s part on the controller: DeregisterNode, its result printed to `out`. The error
+  // names the controller.
+  Status DeregisterNode(const std::string& node, std::ostream& out);
+  int ShowStatus(int64_t id);
+  int Watch(int64_t id);
+  int Cancel(int64_t id, const std::string& trial, bool checkpoint);
+  int Resume(int64_t id, const std::string& trial, bool wait);
+  int Report(int64_t id, const std::string& format_name, const std::string& output);
+  int Fetch(int64_t id, const std::string& trial, const std::string& to);
+  int Nodes();
+  int Daemon(const std::string& action);
+
+  CliContext& context_;
+  std::string target_;  // set by Connect, for messages
+  std::string target_source_;
+};
+
+}  // namespace llmctl::cli
+
+#endif  // LLMCTL_CONTROLLER_CLI_LLMCTL_H_
