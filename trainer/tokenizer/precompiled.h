@@ -27,7 +27,7 @@
 
 #include "common/status.h"
 #include "trainer/tokenizer/json_util.h"
-#include "trainer/tokenizer/pipeline.h"
+#include "trainer/tokenizer/normalizer.h"
 #include "trainer/tokenizer/regex.h"
 
 namespace llmctl::tokenizer_internal {

@@ -7,9 +7,13 @@
 #include <utility>
 
 #include "common/files.h"
+#include "trainer/tokenizer/added_vocabulary.h"
 #include "trainer/tokenizer/bpe.h"
+#include "trainer/tokenizer/decoder.h"
 #include "trainer/tokenizer/json_util.h"
-#include "trainer/tokenizer/pipeline.h"
+#include "trainer/tokenizer/normalizer.h"
+#include "trainer/tokenizer/post_processor.h"
+#include "trainer/tokenizer/pre_tokenizer.h"
 #include "trainer/tokenizer/unicode.h"
 #include "trainer/tokenizer/unigram.h"
 

@@ -1,11 +1,9 @@
-// The stages of a Hugging Face tokenizer around the model, each built from its tokenizer.json
-// object: added-token extraction, normalizers, pre-tokenizers, post-processors and decoders. Each
-// stage copies the `tokenizers` library's behaviour for the ids it produces (offsets are not
-// tracked: nothing here needs them).
+// tokenizer.json's "added_tokens": the added and special tokens, and how the `tokenizers` library's
+// AddedVocabulary finds them in the text.
 //
 // Internal to trainer/tokenizer.
-#ifndef LLMCTL_TRAINER_TOKENIZER_PIPELINE_H_
-#define LLMCTL_TRAINER_TOKENIZER_PIPELINE_H_
+#ifndef LLMCTL_TRAINER_TOKENIZER_ADDED_VOCABULARY_H_
+#define LLMCTL_TRAINER_TOKENIZER_ADDED_VOCABULARY_H_
 
 #include <cstdint>
 #include <memory>
@@ -14,58 +12,16 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
 #include "trainer/tokenizer/json_util.h"
 #include "trainer/tokenizer/model.h"
+#include "trainer/tokenizer/normalizer.h"
+#include "trainer/tokenizer/pre_tokenizer.h"
 
 namespace llmctl::tokenizer_internal {
-
-// A piece of the input on its way to the model.
-struct Piece {
-  std::string text;
-  int32_t added_id = -1;  // >= 0: an added token already resolved; later stages leave it alone
-  bool at_origin =
-      false;  // starts at byte 0 of the caller's text (Metaspace's prepend_scheme "first")
-};
-
-class Normalizer {
- public:
-  virtual ~Normalizer() = default;
-  virtual Status Normalize(std::string* text) const = 0;
-};
-
-class PreTokenizer {
- public:
-  virtual ~PreTokenizer() = default;
-  // Splits and rewrites the pieces that are not added tokens; empty pieces are dropped.
-  virtual Status PreTokenize(std::vector<Piece>* pieces) const = 0;
-};
-
-class PostProcessor {
- public:
-  virtual ~PostProcessor() = default;
-  // Adds the special tokens of a single sequence (called only when the caller asked for them).
-  virtual void AddSpecialTokens(std::vector<int32_t>* ids) const = 0;
-};
-
-class Decoder {
- public:
-  virtual ~Decoder() = default;
-  virtual void DecodeChain(std::vector<std::string>* tokens) const = 0;
-};
-
-// Each Parse* reads one component object; `path` is its location in the file, for errors. Unknown
-// or unsupported types are errors that name the type.
-StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const JsonSource& src, const Json& json,
-                                                      const std::string& path, int depth = 0);
-StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const JsonSource& src, const Json& json,
-                                                          const std::string& path, int depth = 0);
-StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(const JsonSource& src, const Json& json,
-                                                            const std::string& path, int depth = 0);
-StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const JsonSource& src, const Json& json,
-                                                const std::string& path, int depth = 0);
 
 // One entry of tokenizer.json's "added_tokens".
 struct AddedToken {
@@ -136,4 +92,4 @@ class AddedVocabulary {
 
 }  // namespace llmctl::tokenizer_internal
 
-#endif  // LLMCTL_TRAINER_TOKENIZER_PIPELINE_H_
+#endif  // LLMCTL_TRAINER_TOKENIZER_ADDED_VOCABULARY_H_
