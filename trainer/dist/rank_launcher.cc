@@ -152,38 +152,31 @@ Status CheckSpec(const LaunchSpec& spec) {
   return Status::Ok();
 }
 
-}  // namespace
+// Port 0: a free port from the kernel, its listening socket (in `listen_fd`) handed to rank 0.
+// Otherwise `requested` itself, and no socket (-1).
+Status PickMasterPort(uint16_t requested, int* listen_fd, uint16_t* port) {
+  *listen_fd = -1;
+  *port = requested;
+  if (requested != 0) return Status::Ok();
+  ASSIGN_OR_RETURN(*listen_fd, ListenOnMasterPort(0));
+  *port = ListeningPort(*listen_fd);
+  if (*port != 0) return Status::Ok();
+  ::close(*listen_fd);
+  return UnavailableError(std::string("cannot read the rendezvous port the kernel chose: ") +
+                          std::strerror(errno));
+}
 
-LaunchResult Launch(const LaunchSpec& spec) {
-  if (Status checked = CheckSpec(spec); !checked.ok()) return {checked, std::nullopt};
+// Each local rank's whole environment, built before forking: the child may not allocate.
+std::vector<std::vector<std::string>> RankEnvironments(const LaunchSpec& spec, uint16_t master_port,
+                                                       int listen_fd) {
   const int local_ranks = spec.nproc_per_node;
-  const int world_size = spec.nnodes * local_ranks;
-  const int first_rank = spec.node_rank * local_ranks;
-  // Port 0: a free port from the kernel, its listening socket handed to rank 0.
-  int listen_fd = -1;
-  uint16_t master_port = spec.master_port;
-  if (master_port == 0) {
-    auto fd = ListenOnMasterPort(0);
-    if (!fd.ok()) return {fd.status(), std::nullopt};
-    listen_fd = *fd;
-    master_port = ListeningPort(listen_fd);
-    if (master_port == 0) {
-      ::close(listen_fd);
-      return {UnavailableError(std::string("cannot read the rendezvous port the kernel chose: ") +
-                               std::strerror(errno)),
-              std::nullopt};
-    }
-  }
-  std::vector<std::string> argv = spec.argv;
-  std::vector<char*> argv_c = CStrings(argv);
-  // Built before forking: the child may not allocate.
   std::vector<std::vector<std::string>> environments;
   const std::string threads = RankThreadsVariable(local_ranks);
   for (int local_rank = 0; local_rank < local_ranks; ++local_rank) {
     RankEnv env;
-    env.rank = first_rank + local_rank;
+    env.rank = spec.node_rank * local_ranks + local_rank;
     env.local_rank = local_rank;
-    env.world_size = world_size;
+    env.world_size = spec.nnodes * local_ranks;
     env.local_world_size = local_ranks;
     env.master_addr = spec.master_addr;
     env.master_port = master_port;
@@ -200,106 +193,172 @@ LaunchResult Launch(const LaunchSpec& spec) {
     if (!threads.empty()) environment.push_back(threads);
     environments.push_back(std::move(environment));
   }
+  return environments;
+}
 
-  // Signals for the ranks, passed on from the wait loop.
-  g_forward_signal = 0;
-  struct sigaction forward {};
-  forward.sa_handler = RecordSignal;
-  sigemptyset(&forward.sa_mask);
-  struct sigaction previous[3];
-  const int forwarded[3] = {SIGTERM, SIGINT, SIGUSR1};
-  for (int i = 0; i < 3; ++i) ::sigaction(forwarded[i], &forward, &previous[i]);
+// While alive, SIGTERM, SIGINT and SIGUSR1 are recorded for the wait loop to pass on to the ranks.
+class ForwardedSignals {
+ public:
+  ForwardedSignals() {
+    g_forward_signal = 0;
+    struct sigaction forward {};
+    forward.sa_handler = RecordSignal;
+    sigemptyset(&forward.sa_mask);
+    for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &forward, &previous_[i]);
+  }
+  ~ForwardedSignals() {
+    for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  ForwardedSignals(const ForwardedSignals&) = delete;
+  ForwardedSignals& operator=(const ForwardedSignals&) = delete;
 
-  const pid_t launcher = ::getpid();
-  // Indexed by local rank.
-  std::vector<pid_t> pids(local_ranks, -1);  // -1: not started, or reaped
-  std::vector<pid_t> started(local_ranks, -1);
-  LaunchResult result;
-  for (int local_rank = 0; local_rank < local_ranks && result.status.ok(); ++local_rank) {
-    std::vector<char*> envp = CStrings(environments[local_rank]);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      // The socket is close-on-exec: rank 0 keeps it open across its exec, the others lose it.
-      if (first_rank + local_rank == 0 && listen_fd >= 0) ::fcntl(listen_fd, F_SETFD, 0);
-      ExecRank(launcher, argv_c.data(), envp.data());
+ private:
+  static constexpr int kSignals[3] = {SIGTERM, SIGINT, SIGUSR1};
+  struct sigaction previous_[3];
+};
+
+// This host's rank processes, indexed by local rank, from their start to the job's end.
+class RankProcesses {
+ public:
+  RankProcesses(const LaunchSpec& spec, uint16_t master_port)
+      : spec_(spec),
+        master_port_(master_port),
+        first_rank_(spec.node_rank * spec.nproc_per_node),
+        world_size_(spec.nnodes * spec.nproc_per_node),
+        pids_(spec.nproc_per_node, -1),
+        started_(spec.nproc_per_node, -1) {}
+
+  // Forks and executes each rank with its environment; stops at the first fork that fails.
+  Status Start(std::vector<std::vector<std::string>>& environments, int listen_fd) {
+    std::vector<std::string> argv = spec_.argv;
+    std::vector<char*> argv_c = CStrings(argv);
+    const pid_t launcher = ::getpid();
+    for (size_t local_rank = 0; local_rank < pids_.size(); ++local_rank) {
+      std::vector<char*> envp = CStrings(environments[local_rank]);
+      const int rank = first_rank_ + static_cast<int>(local_rank);
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        // The socket is close-on-exec: rank 0 keeps it open across its exec, the others lose it.
+        if (rank == 0 && listen_fd >= 0) ::fcntl(listen_fd, F_SETFD, 0);
+        ExecRank(launcher, argv_c.data(), envp.data());
+      }
+      if (pid < 0) {
+        return UnavailableError("cannot start rank " + std::to_string(rank) +
+                                ": fork: " + std::strerror(errno));
+      }
+      pids_[local_rank] = started_[local_rank] = pid;
     }
-    if (pid < 0) {
-      result.status =
-          UnavailableError("cannot start rank " + std::to_string(first_rank + local_rank) +
-                           ": fork: " + std::strerror(errno));
-    } else {
-      pids[local_rank] = started[local_rank] = pid;
+    return Status::Ok();
+  }
+
+  // Polls every rank until all have ended: the first to end otherwise than with 0 fails the job,
+  // and the others are stopped (SIGTERM, then SIGKILL after the spec's grace). `result` arrives
+  // with the start's status; a failed start stops the ranks that did start.
+  void Wait(LaunchResult& result) {
+    WriteStatus(std::nullopt);
+    if (!result.status.ok()) StopOthers();
+    while (Running() > 0) {
+      if (const int signal = g_forward_signal; signal != 0) {
+        g_forward_signal = 0;
+        SignalAll(signal);
+      }
+      if (std::optional<EndedRank> ended = ReapEnded(result.first_failure.has_value())) {
+        result.first_failure = ended->failure;
+        WriteStatus(ended->failure);
+        if (result.status.ok()) {
+          result.status =
+              Status(StatusCode::kAborted, "rank " + std::to_string(ended->failure.rank) + " of " +
+                                               std::to_string(world_size_) + " " + ended->how +
+                                               "; the other ranks were stopped");
+        }
+        StopOthers();
+      }
+      if (Running() == 0) break;
+      if (std::chrono::steady_clock::now() >= kill_at_) {
+        SignalAll(SIGKILL);
+        kill_at_ = std::chrono::steady_clock::time_point::max();
+      }
+      std::this_thread::sleep_for(kPollInterval);
     }
   }
-  if (listen_fd >= 0) ::close(listen_fd);  // rank 0 has its own
-  if (!spec.status_file.empty()) WriteStatusFile(spec, master_port, started, std::nullopt);
 
-  // Poll every rank: the first to end otherwise than with 0 fails the job.
-  auto kill_at = std::chrono::steady_clock::time_point::max();
-  const auto stop_others = [&] {
-    for (pid_t pid : pids) {
-      if (pid > 0) ::kill(pid, SIGTERM);
-    }
-    kill_at = std::chrono::steady_clock::now() + spec.stop_grace;
+ private:
+  // A rank that failed, and how it ended in words.
+  struct EndedRank {
+    RankFailure failure;
+    std::string how;
   };
-  if (!result.status.ok()) stop_others();
-  int running = 0;
-  for (pid_t pid : pids) running += pid > 0 ? 1 : 0;
-  while (running > 0) {
-    if (const int signal = g_forward_signal; signal != 0) {
-      g_forward_signal = 0;
-      for (pid_t pid : pids) {
-        if (pid > 0) ::kill(pid, signal);
-      }
+
+  int Running() const {
+    int running = 0;
+    for (pid_t pid : pids_) running += pid > 0 ? 1 : 0;
+    return running;
+  }
+  void SignalAll(int signal) {
+    for (pid_t pid : pids_) {
+      if (pid > 0) ::kill(pid, signal);
     }
-    // Every rank that ended since the last look; the first cause among them, by the rule above.
-    std::optional<RankFailure> seen;
-    int seen_status = 0;
-    bool seen_unwaitable = false;
-    for (int local_rank = 0; local_rank < local_ranks; ++local_rank) {
-      if (pids[local_rank] <= 0) continue;
+  }
+  void StopOthers() {
+    SignalAll(SIGTERM);
+    kill_at_ = std::chrono::steady_clock::now() + spec_.stop_grace;
+  }
+  void WriteStatus(const std::optional<RankFailure>& failure) {
+    if (!spec_.status_file.empty()) WriteStatusFile(spec_, master_port_, started_, failure);
+  }
+
+  // Reaps every rank that ended since the last look. The first cause among the failures, by
+  // IsOwnFailure, unless the job has failed already (`failed`) or none failed.
+  std::optional<EndedRank> ReapEnded(bool failed) {
+    std::optional<EndedRank> seen;
+    for (size_t local_rank = 0; local_rank < pids_.size(); ++local_rank) {
+      if (pids_[local_rank] <= 0) continue;
       int status = 0;
-      const pid_t done = ::waitpid(pids[local_rank], &status, WNOHANG);
+      const pid_t done = ::waitpid(pids_[local_rank], &status, WNOHANG);
       if (done == 0 || (done < 0 && errno == EINTR)) continue;
-      pids[local_rank] = -1;
-      --running;
+      pids_[local_rank] = -1;
       const bool ok = done > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (ok || result.first_failure) continue;
+      if (ok || failed) continue;
       RankFailure failure;
-      failure.rank = first_rank + local_rank;
+      failure.rank = first_rank_ + static_cast<int>(local_rank);
       if (done > 0 && WIFSIGNALED(status)) {
         failure.signal = WTERMSIG(status);
       } else {
         failure.exit_code = done > 0 ? WEXITSTATUS(status) : 1;
       }
-      if (!seen || IsOwnFailure(failure) > IsOwnFailure(*seen)) {
-        seen = failure;
-        seen_status = status;
-        seen_unwaitable = done < 0;
+      if (!seen || IsOwnFailure(failure) > IsOwnFailure(seen->failure)) {
+        seen = EndedRank{failure, done < 0 ? "could not be waited for" : DescribeExit(status)};
       }
     }
-    if (seen) {
-      result.first_failure = seen;
-      if (!spec.status_file.empty()) WriteStatusFile(spec, master_port, started, seen);
-      if (result.status.ok()) {
-        result.status = Status(
-            StatusCode::kAborted,
-            "rank " + std::to_string(seen->rank) + " of " + std::to_string(world_size) + " " +
-                (seen_unwaitable ? "could not be waited for" : DescribeExit(seen_status)) +
-                "; the other ranks were stopped");
-      }
-      stop_others();
-    }
-    if (running == 0) break;
-    if (std::chrono::steady_clock::now() >= kill_at) {
-      for (pid_t pid : pids) {
-        if (pid > 0) ::kill(pid, SIGKILL);
-      }
-      kill_at = std::chrono::steady_clock::time_point::max();
-    }
-    std::this_thread::sleep_for(kPollInterval);
+    return seen;
   }
-  for (int i = 0; i < 3; ++i) ::sigaction(forwarded[i], &previous[i], nullptr);
+
+  const LaunchSpec& spec_;
+  const uint16_t master_port_;
+  const int first_rank_;
+  const int world_size_;
+  std::vector<pid_t> pids_;     // -1: not started, or reaped
+  std::vector<pid_t> started_;  // every rank's pid as started, for the status file
+  std::chrono::steady_clock::time_point kill_at_ = std::chrono::steady_clock::time_point::max();
+};
+
+}  // namespace
+
+LaunchResult Launch(const LaunchSpec& spec) {
+  if (Status checked = CheckSpec(spec); !checked.ok()) return {checked, std::nullopt};
+  int listen_fd = -1;
+  uint16_t master_port = 0;
+  if (Status picked = PickMasterPort(spec.master_port, &listen_fd, &master_port); !picked.ok()) {
+    return {picked, std::nullopt};
+  }
+  std::vector<std::vector<std::string>> environments =
+      RankEnvironments(spec, master_port, listen_fd);
+  const ForwardedSignals signals;
+  RankProcesses ranks(spec, master_port);
+  LaunchResult result;
+  result.status = ranks.Start(environments, listen_fd);
+  if (listen_fd >= 0) ::close(listen_fd);  // rank 0 has its own
+  ranks.Wait(result);
   return result;
 }
 
