@@ -34,10 +34,11 @@ void ExpectMicroBatchesAreTheLabs(const std::string& model_dir);
 // examples.
 void ExpectMicroBatchLossesAreTransformers(const std::string& model_dir);
 
-// 2 ranks of `strategy` with 2 images each against one process of 4 on a copy of `model_dir`
-// without dropout (`dropout_keys`: config.json's "section.key" probabilities set to 0): the same
-// losses and final weights within 1e-5 (ExpectTwoRanksTrainLikeOneProcess without the summation
-// orders' bound, with its `stray_fraction`).
+// 2 ranks of `strategy` with 2 images each against one process of 4, on 4 of the images (one
+// global batch, so that the third run of ExpectTwoRanksTrainLikeOneProcess draws the same
+// examples) and a copy of `model_dir` without dropout (`dropout_keys`: config.json's "section.key"
+// probabilities set to 0): the same losses and final weights within the summation orders' bound
+// (ExpectTwoRanksTrainLikeOneProcess, with its `stray_fraction`).
 // `sets` (key=value) apply to both runs, `variant` names them. The sets the two-rank run used go to
 // `two_rank_sets` when given.
 void ExpectDataParallelTrainsLikeOneProcess(const std::string& model_dir,

@@ -53,17 +53,17 @@ inline constexpr double kEightBitStrayFraction = 1e-3;
 // neither run trains are equal. Other optimizers (8-bit AdamW) keep a fixed 1e-5 for all but
 // `stray_fraction` of each tensor's elements (kEightBitStrayFraction). The loss must move, or
 // equal losses would say nothing about the updates. Each run takes `steps` steps (at least 2: the
-// steps after the first tell which tensor AdamW's state by index belongs to). The two compared
-// runs go to `single_run` and `ranked_run` when given. Without `bound_the_orders` every optimizer
-// keeps the fixed 1e-5 (the BLIP-2 trials: their gradients span so many magnitudes within a
-// tensor that the per-tensor sample caps most elements' bound at the whole step).
+// steps after the first tell which tensor AdamW's state by index belongs to). The third run must
+// draw the same examples at each step as the one process (the test fails when a step's label tokens
+// differ): with drop_last, a step of accumulated micro-batches straddles an epoch end that a step
+// of one micro-batch drops unless the data hold a whole number of global batches. The two compared
+// runs go to `single_run` and `ranked_run` when given.
 void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::string& name,
                                        const std::vector<std::string>& one,
                                        const std::vector<std::string>& two, int64_t steps,
                                        double stray_fraction = 0.0,
                                        RankedDemoRun* single_run = nullptr,
-                                       RankedDemoRun* ranked_run = nullptr,
-                                       bool bound_the_orders = true);
+                                       RankedDemoRun* ranked_run = nullptr);
 
 // The demo as `nodes` llm-train launchers of `devices` ranks each on this host, the way the agents
 // of `nodes` hosts start their shares of a multi-node trial: node rank 0 with --master-port 0 and a
