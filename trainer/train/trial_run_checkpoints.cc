@@ -1,0 +1,116 @@
+// TrialRun's checkpoints (periodic, before a stop), resuming from one, and the adapter outputs.
+#include <sys/statvfs.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "common/byte_size.h"
+#include "trainer/train/trial_run.h"
+
+namespace llmctl::trainer {
+namespace {
+
+// statvfs's free bytes (for unprivileged users) on the filesystem that holds `path`, or would hold
+// it: the nearest existing ancestor is asked, as output_dir may not exist yet.
+StatusOr<uint64_t> StatvfsFreeBytes(const std::string& path) {
+  std::error_code error;
+  std::filesystem::path probe = std::filesystem::absolute(path, error);
+  if (error) probe = path;
+  while (!std::filesystem::exists(probe, error) && probe.has_parent_path() &&
+         probe != probe.parent_path()) {
+    probe = probe.parent_path();
+  }
+  struct statvfs info;
+  if (::statvfs(probe.c_str(), &info) != 0) {
+    return UnavailableError("cannot tell the free space in " + probe.string() + ": " +
+                            std::strerror(errno));
+  }
+  return static_cast<uint64_t>(info.f_bavail) * static_cast<uint64_t>(info.f_frsize);
+}
+
+}  // namespace
+
+Status TrialRun::Resume() {
+  const std::string& dir = options_.resume_from;
+  ASSIGN_OR_RETURN(LoadedCheckpoint checkpoint, LoadCheckpoint(dir));
+  torch::NoGradGuard no_grad;
+  RETURN_IF_ERROR(parallel_->LoadCheckpoint(dir, *model_, checkpoint));
+  {
+    const auto host = OptimizerAllocations();
+    RETURN_IF_ERROR(optimizer_->LoadNamedState(checkpoint.optimizer).WithContext(dir));
+  }
+  RETURN_IF_ERROR(batches_->Restore(checkpoint.state.data_position).WithContext(dir));
+  if (loss_scaler_) loss_scaler_->set_scale(checkpoint.state.loss_scale);
+  RETURN_IF_ERROR(RestoreGeneratorStates(checkpoint.generators).WithContext(dir));
+  first_step_ = checkpoint.state.next_step;
+  last_checkpoint_steps_ = first_step_;
+  last_checkpoint_dir_ = dir;
+  return Status::Ok();
+}
+
+Status TrialRun::WriteCheckpoint(int64_t completed_steps, const nlohmann::json& data_position) {
+  const std::string dir =
+      settings().output.dir + "/checkpoints/step-" + std::to_string(completed_steps);
+  ASSIGN_OR_RETURN(const bool written,
+                   parallel_->SaveCheckpoint(dir, *model_, optimizer_->NamedState(),
+                                             CheckpointState(completed_steps, data_position)));
+  if (!written) return Status::Ok();
+  return CheckpointWritten(completed_steps, dir);
+}
+
+TrainingState TrialRun::CheckpointState(int64_t completed_steps,
+                                        const nlohmann::json& data_position) const {
+  TrainingState state;
+  state.next_step = completed_steps;
+  state.data_position = data_position;
+  state.loss_scale = loss_scaler_ ? loss_scaler_->scale() : 0.0;
+  state.config = config_.EffectiveJson();
+  return state;
+}
+
+Status TrialRun::CheckpointWritten(int64_t completed_steps, const std::string& dir) {
+  last_checkpoint_steps_ = completed_steps;
+  last_checkpoint_dir_ = dir;
+  events_.Emit({{"type", "checkpoint"}, {"step", completed_steps - 1}, {"path", dir}});
+  Human("[checkpoint] " + dir);
+  return Status::Ok();
+}
+
+Status TrialRun::CheckpointBeforeStop(int64_t completed_steps) {
+  const std::string& output_dir = settings().output.dir;
+  if (output_dir.empty()) {
+    return FailedPreconditionError("checkpoint skipped: the trial has no output_dir");
+  }
+  const uint64_t needed = CheckpointBytes(ModelState(model_->module()), optimizer_->NamedState());
+  auto free = options_.free_disk_bytes ? options_.free_disk_bytes(output_dir)
+                                       : StatvfsFreeBytes(output_dir);
+  if (!free.ok()) {
+    // Not knowing is no reason to lose the run's progress: the write reports its own failure.
+    Log("warning", free.status().message());
+  } else if (*free < needed) {
+    return ResourceExhaustedError("checkpoint skipped: needs " + FormatBytes(needed) + ", " +
+                                  FormatBytes(*free) + " free in " + output_dir);
+  }
+  return WriteCheckpoint(completed_steps, step_start_position_).WithContext("checkpoint failed");
+}
+
+Status TrialRun::SaveAdapterOutputs() {
+  const std::string& output_dir = settings().output.dir;
+  if (!lora_ || output_dir.empty()) return Status::Ok();
+  // Every rank takes part (under fsdp the units are gathered); rank 0 writes.
+  ASSIGN_OR_RETURN(const NamedTensors state, parallel_->FullModelState(*model_));
+  if (rank_ != 0) return Status::Ok();
+  const std::string adapter_dir = output_dir + "/adapter";
+  RETURN_IF_ERROR(
+      SaveAdapter(state, *lora_, settings().model.name, model_->adapter_task_type(), adapter_dir));
+  Log("info", "adapter written to " + adapter_dir);
+  if (settings().peft.save_merged) {
+    const std::string merged_dir = output_dir + "/merged";
+    RETURN_IF_ERROR(model_->SaveMerged(merged_dir));
+    Log("info", "merged model written to " + merged_dir);
+  }
+  return Status::Ok();
+}
+
+}  // namespace llmctl::trainer
