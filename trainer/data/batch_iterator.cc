@@ -131,29 +131,30 @@ Batch BatchIterator::Next() {
   return batch;
 }
 
-BatchOptions BatchOptionsFor(const TrialConfig& config, int64_t rank, int64_t world_size) {
+BatchOptions BatchOptionsFor(const TrainSettings& train, int64_t rank, int64_t world_size) {
   BatchOptions options;
-  options.micro_batch_size = config.GetInt("train.micro_batch_size");
-  options.seed = static_cast<uint64_t>(config.GetInt("seed"));
+  options.micro_batch_size = train.micro_batch_size;
+  options.seed = static_cast<uint64_t>(train.seed);
   options.rank = rank;
   options.world_size = world_size;
   options.drop_last = true;
   return options;
 }
 
-Status CheckOneMicroBatchPerRank(const TrialConfig& config, int64_t examples, int64_t world_size) {
-  const int64_t micro = config.GetInt("train.micro_batch_size");
+Status CheckOneMicroBatchPerRank(const TrialSettings& settings, int64_t examples,
+                                 int64_t world_size) {
+  const int64_t micro = settings.train.micro_batch_size;
   if (examples >= micro * world_size) return Status::Ok();
   std::string batch = "one micro-batch of " + std::to_string(micro);
   if (world_size > 1) batch += " on each of " + std::to_string(world_size) + " ranks";
-  return InvalidArgumentError(config.GetString("data.path") + " has " + std::to_string(examples) +
+  return InvalidArgumentError(settings.data.path + " has " + std::to_string(examples) +
                               " examples, fewer than " + batch);
 }
 
-int64_t TotalSteps(const TrialConfig& config, int64_t examples, int64_t global_batch) {
-  if (config.GetInt("train.max_steps") > 0) return config.GetInt("train.max_steps");
+int64_t TotalSteps(const TrainSettings& train, int64_t examples, int64_t global_batch) {
+  if (train.max_steps > 0) return train.max_steps;
   const int64_t steps_per_epoch = std::max<int64_t>(1, examples / global_batch);
-  return steps_per_epoch * std::max<int64_t>(1, config.GetInt("train.epochs"));
+  return steps_per_epoch * std::max<int64_t>(1, train.epochs);
 }
 
 }  // namespace llmctl::data

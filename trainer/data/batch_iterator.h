@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "common/trial_config.h"
+#include "common/trial_settings.h"
 #include "trainer/data/token_file.h"
 
 namespace llmctl::data {
@@ -35,15 +35,16 @@ struct BatchOptions {
 // A trial's micro-batches as llm-train draws them (train.micro_batch_size, shuffled with its seed),
 // as rank `rank` of `world_size` data-parallel ranks; whole micro-batches only, so accumulation's
 // weights and shapes stay uniform. The pad id stays the file's.
-BatchOptions BatchOptionsFor(const TrialConfig& config, int64_t rank, int64_t world_size);
+BatchOptions BatchOptionsFor(const TrainSettings& train, int64_t rank, int64_t world_size);
 
 // InvalidArgument, naming the trial's data.path, when `examples` are fewer than one micro-batch on
 // each of `world_size` ranks.
-Status CheckOneMicroBatchPerRank(const TrialConfig& config, int64_t examples, int64_t world_size);
+Status CheckOneMicroBatchPerRank(const TrialSettings& settings, int64_t examples,
+                                 int64_t world_size);
 
 // The optimizer steps of a trial's run over `examples` examples of `global_batch` a step:
 // train.max_steps, else train.epochs whole passes (at least one step each).
-int64_t TotalSteps(const TrialConfig& config, int64_t examples, int64_t global_batch);
+int64_t TotalSteps(const TrainSettings& train, int64_t examples, int64_t global_batch);
 
 // A micro-batch as plain row-major vectors; the trainer wraps them in tensors.
 struct Batch {

@@ -289,16 +289,16 @@ std::string MakeFingerprint(std::string_view tokenizer_fingerprint, uint64_t dat
 
 StatusOr<PrepareOptions> PrepareOptionsFor(const TrialConfig& config) {
   PrepareOptions options;
-  ASSIGN_OR_RETURN(options.format, ParseDatasetFormat(config.GetString("data.format")));
+  const DataSettings& data = config.settings().data;
+  ASSIGN_OR_RETURN(options.format, ParseDatasetFormat(Name(data.format)));
   if (options.format == DatasetFormat::kText && !config.IsSet("data.template")) {
     options.prompt_template = PromptTemplate::kNone;
   } else {
-    ASSIGN_OR_RETURN(options.prompt_template,
-                     ParsePromptTemplate(config.GetString("data.template")));
+    ASSIGN_OR_RETURN(options.prompt_template, ParsePromptTemplate(Name(data.prompt_template)));
   }
-  options.max_seq_length = config.GetInt("data.max_seq_length");
-  options.mask_prompt = config.GetBool("data.mask_prompt");
-  options.samples = config.GetInt("data.samples");
+  options.max_seq_length = data.max_seq_length;
+  options.mask_prompt = data.mask_prompt;
+  options.samples = data.samples;
   return options;
 }
 

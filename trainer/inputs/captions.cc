@@ -40,10 +40,11 @@ StatusOr<data::TokenizedExample> CaptionExample(const data::TextEncoder& encoder
 }
 
 StatusOr<int64_t> LongestCaptionTokens(const TrialConfig& config, const Blip2Config& model) {
-  const std::string folder = config.GetString("data.path");
+  const DataSettings& data = config.settings().data;
+  const std::string& folder = data.path;
   ASSIGN_OR_RETURN(std::vector<image::CaptionedImage> images,
-                   image::ReadImageFolder(folder, folder, config.GetString("data.caption_column")));
-  const int64_t samples = config.GetInt("data.samples");
+                   image::ReadImageFolder(folder, folder, data.caption_column));
+  const int64_t samples = data.samples;
   if (samples > 0 && static_cast<size_t>(samples) < images.size()) {
     images.resize(static_cast<size_t>(samples));
   }
@@ -51,7 +52,7 @@ StatusOr<int64_t> LongestCaptionTokens(const TrialConfig& config, const Blip2Con
   ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(path));
   // The fingerprint names a token file, which nothing here writes.
   const data::TokenizerTextEncoder<Tokenizer> encoder(tokenizer, "");
-  const int64_t max_length = config.GetInt("data.max_seq_length");
+  const int64_t max_length = data.max_seq_length;
   int64_t longest = 0;
   for (const image::CaptionedImage& entry : images) {
     ASSIGN_OR_RETURN(const data::TokenizedExample example,

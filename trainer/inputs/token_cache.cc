@@ -81,7 +81,7 @@ StatusOr<std::unique_ptr<data::TextEncoder>> LoadTrialTokenizer(const TrialConfi
 }
 
 StatusOr<std::string> PrepareTokens(const TrialConfig& config) {
-  const std::string data_path = config.GetString("data.path");
+  const std::string& data_path = config.settings().data.path;
   if (data_path.empty()) return InvalidArgumentError("data.path: no dataset given");
   // TrialInputsChecker has compared the tokenizer's vocabulary with the model's.
   ASSIGN_OR_RETURN(auto encoder, LoadTrialTokenizer(config));

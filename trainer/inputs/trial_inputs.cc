@@ -1,13 +1,12 @@
 #include "trainer/inputs/trial_inputs.h"
 
-#include "common/image/imagefolder.h"
-
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/experiment.h"
 #include "common/files.h"
+#include "common/image/imagefolder.h"
 #include "trainer/data/dataset.h"
 #include "trainer/data/token_file.h"
 #include "trainer/tokenizer/tokenizer.h"
@@ -29,9 +28,9 @@ Status CheckDirectory(const std::string& dir) {
 }  // namespace
 
 StatusOr<std::string> TrialTokenizerPath(const TrialConfig& config) {
-  std::string path = config.GetString("tokenizer");
+  std::string path = config.settings().model.tokenizer;
   if (path.empty()) {
-    const std::string model = config.GetString("model");
+    const std::string& model = config.settings().model.name;
     std::error_code error;
     if (!fs::is_directory(model, error)) {
       return InvalidArgumentError("tokenizer: model '" + model +
@@ -92,15 +91,16 @@ Status CheckCheckpointTensors(const safetensors::ShardedCheckpoint& checkpoint,
 StatusOr<TrialInputsSummary> TrialInputsChecker::Check(const TrialConfig& config,
                                                        const ModelConfig* model) {
   TrialInputsSummary summary;
-  const std::string data_path = config.GetString("data.path");
+  const TrialSettings& settings = config.settings();
+  const std::string& data_path = settings.data.path;
   if (!IsNodePath(data_path)) {
     StatusOr<int64_t> records = CheckData(config);
     if (!records.ok()) return records.status().WithContext("data.path");
     summary.records = *records;
   }
 
-  const std::string model_name = config.GetString("model");
-  const std::string tokenizer = config.GetString("tokenizer");
+  const std::string& model_name = settings.model.name;
+  const std::string& tokenizer = settings.model.tokenizer;
   // A tokenizer that comes from a model only the node has is the node's to read.
   const bool tokenizer_here =
       !IsNodePath(tokenizer) &&
@@ -121,13 +121,13 @@ StatusOr<TrialInputsSummary> TrialInputsChecker::Check(const TrialConfig& config
 
   const bool model_dir_here =
       FindPreset(model_name) == nullptr && !IsHubModelRef(model_name) && !IsNodePath(model_name);
-  if (model_dir_here && model != nullptr && config.GetString("init") == "pretrained") {
+  if (model_dir_here && model != nullptr && settings.model.init == trial::Init::kPretrained) {
     StatusOr<int64_t> tensors = CheckCheckpoint(model_name, *model);
     if (!tensors.ok()) return tensors.status().WithContext("model");
     summary.checkpoint_tensors = *tensors;
   }
 
-  const std::string adapter = config.GetString("peft.adapter");
+  const std::string& adapter = settings.peft.adapter;
   if (!adapter.empty() && !IsNodePath(adapter)) {
     if (Status status = CheckAdapter(adapter); !status.ok()) {
       return status.WithContext("peft.adapter");
@@ -137,12 +137,13 @@ StatusOr<TrialInputsSummary> TrialInputsChecker::Check(const TrialConfig& config
 }
 
 StatusOr<int64_t> TrialInputsChecker::CheckData(const TrialConfig& config) {
-  const std::string path = config.GetString("data.path");
+  const TrialSettings& settings = config.settings();
+  const std::string& path = settings.data.path;
   if (path.empty()) return InvalidArgumentError("no dataset given");
-  const int64_t samples = config.GetInt("data.samples");
+  const int64_t samples = settings.data.samples;
   StatusOr<int64_t>* answer = nullptr;
-  if (config.GetString("data.format") == "imagefolder") {
-    const std::string column = config.GetString("data.caption_column");
+  if (settings.data.format == trial::DataFormat::kImagefolder) {
+    const std::string& column = settings.data.caption_column;
     auto [it, inserted] = done_.try_emplace(
         "images\n" + path + "\n" + column + "\n" + std::to_string(samples), int64_t{0});
     answer = &it->second;
@@ -185,7 +186,7 @@ StatusOr<int64_t> TrialInputsChecker::CheckData(const TrialConfig& config) {
     }
   }
   ASSIGN_OR_RETURN(const int64_t records, *answer);
-  const int64_t micro_batch = config.GetInt("train.micro_batch_size");
+  const int64_t micro_batch = settings.train.micro_batch_size;
   if (records < micro_batch) {
     return InvalidArgumentError(path + " has " + std::to_string(records) +
                                 " records, fewer than one micro-batch of " +

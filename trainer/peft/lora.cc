@@ -137,21 +137,20 @@ bool IsEmbeddingLayerCopy(std::string_view name) {
 
 }  // namespace
 
-StatusOr<std::optional<LoraConfig>> LoraConfigFromTrial(const TrialConfig& trial) {
-  const std::string method = trial.GetString("peft.method");
-  if (method == "none") return std::optional<LoraConfig>();
+std::optional<LoraConfig> LoraConfigFor(const PeftSettings& peft) {
+  if (peft.method == trial::PeftMethod::kNone) return std::nullopt;
   LoraConfig config;
-  config.options.r = trial.GetInt("peft.r");
-  config.options.alpha = trial.GetFloat("peft.alpha");
-  config.options.dropout = trial.GetFloat("peft.dropout");
-  config.targets = trial.GetStringList("peft.targets");
-  if (method == "qlora") {
-    config.nf4 = Nf4Options{.double_quant = trial.GetBool("peft.double_quant"),
-                            .compute_dtype = trial.GetString("peft.compute_dtype") == "fp32"
+  config.options.r = peft.r;
+  config.options.alpha = peft.alpha;
+  config.options.dropout = peft.dropout;
+  config.targets = peft.targets;
+  if (peft.method == trial::PeftMethod::kQlora) {
+    config.nf4 = Nf4Options{.double_quant = peft.double_quant,
+                            .compute_dtype = peft.compute_dtype == trial::ComputeDtype::kFp32
                                                  ? torch::kFloat32
                                                  : torch::kBFloat16};
   }
-  return std::optional<LoraConfig>(std::move(config));
+  return config;
 }
 
 bool IsAdapterParameter(std::string_view name) {

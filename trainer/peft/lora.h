@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "common/trial_config.h"
+#include "common/trial_settings.h"
 #include "trainer/model/llama.h"
 #include "trainer/model/projection.h"
 #include "trainer/train/checkpoints.h"
@@ -32,7 +32,7 @@ struct LoraConfig {
 
 // The adapter settings of a trial (peft.r, peft.alpha, peft.dropout, peft.targets, and for qlora
 // peft.double_quant and peft.compute_dtype); nullopt for peft.method none.
-StatusOr<std::optional<LoraConfig>> LoraConfigFromTrial(const TrialConfig& trial);
+std::optional<LoraConfig> LoraConfigFor(const PeftSettings& peft);
 
 // Freezes every parameter of `model` and adds a trainable adapter to every projection named in
 // config.targets (lm_head included when embeddings are tied: its base is then the embedding

@@ -75,9 +75,10 @@ StatusOr<std::unique_ptr<BatchSource>> OpenTokenFileBatches(const std::string& t
                                 " is outside the model's vocabulary of " +
                                 std::to_string(vocab_size));
   }
-  data::BatchOptions options = data::BatchOptionsFor(config, rank, world_size);
+  data::BatchOptions options = data::BatchOptionsFor(config.settings().train, rank, world_size);
   options.pad_id = pad_id;
-  RETURN_IF_ERROR(data::CheckOneMicroBatchPerRank(config, file->num_examples(), world_size));
+  RETURN_IF_ERROR(
+      data::CheckOneMicroBatchPerRank(config.settings(), file->num_examples(), world_size));
   ASSIGN_OR_RETURN(data::BatchIterator iterator, data::BatchIterator::Create(*file, options));
   return std::unique_ptr<BatchSource>(new TokenFileBatches(std::move(file), std::move(iterator)));
 }

@@ -64,15 +64,16 @@ class CaptionBatches final : public BatchSource {
 StatusOr<std::unique_ptr<BatchSource>> OpenCaptionBatches(const TrialConfig& config,
                                                           const Blip2Config& model, int rank,
                                                           int world_size) {
-  const std::string folder = config.GetString("data.path");
+  const DataSettings& data = config.settings().data;
+  const std::string& folder = data.path;
   ASSIGN_OR_RETURN(std::vector<image::CaptionedImage> images,
-                   image::ReadImageFolder(folder, folder, config.GetString("data.caption_column")));
-  const int64_t samples = config.GetInt("data.samples");
+                   image::ReadImageFolder(folder, folder, data.caption_column));
+  const int64_t samples = data.samples;
   if (samples > 0 && static_cast<size_t>(samples) < images.size()) {
     images.resize(static_cast<size_t>(samples));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<data::TextEncoder> encoder, LoadTrialTokenizer(config));
-  const int64_t max_length = config.GetInt("data.max_seq_length");
+  const int64_t max_length = data.max_seq_length;
   // OPT's positions are learned, so bounded; T5's relative buckets take any length.
   if (const OptConfig* opt = model.opt();
       opt != nullptr && model.num_query_tokens + max_length > opt->max_position_embeddings) {

@@ -44,22 +44,21 @@ std::string_view NextPart(std::string_view phase, bool last_micro_batch) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<StepProfiler>> StepProfiler::ForTrial(const TrialConfig& config,
+StatusOr<std::unique_ptr<StepProfiler>> StepProfiler::ForTrial(const TrialSettings& settings,
                                                                torch::Device device) {
-  const int64_t steps = config.GetInt("profile.steps");
+  const int64_t steps = settings.profile.steps;
   if (steps <= 0) return std::unique_ptr<StepProfiler>();
-  const std::string output_dir = config.GetString("output_dir");
+  const std::string& output_dir = settings.output.dir;
   if (output_dir.empty()) {
     return InvalidArgumentError("profile.steps: profiles need output_dir to say where they go");
   }
   std::optional<MemoryHistory> memory;
-  if (config.GetBool("profile.memory_history")) {
+  if (settings.profile.memory_history) {
     ASSIGN_OR_RETURN(MemoryHistory history, MemoryHistory::For(device));
     memory.emplace(std::move(history));
   }
-  const int64_t first = config.GetInt("profile.first_step");
-  const int64_t accumulation =
-      config.GetInt("train.global_batch_size") / config.GetInt("train.micro_batch_size");
+  const int64_t first = settings.profile.first_step;
+  const int64_t accumulation = settings.train.global_batch_size / settings.train.micro_batch_size;
   return std::unique_ptr<StepProfiler>(new StepProfiler(
       device, first, first + steps - 1, accumulation, output_dir + "/profile", std::move(memory)));
 }

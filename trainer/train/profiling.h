@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "common/trial_config.h"
+#include "common/trial_settings.h"
 #include "trainer/memory/memory_history.h"
 
 namespace at {
@@ -41,7 +41,7 @@ class StepProfiler {
  public:
   // Null when the trial profiles no step. Call before the model is built: the memory history
   // knows the allocations live when it starts only if it tracks them from before they are made.
-  static StatusOr<std::unique_ptr<StepProfiler>> ForTrial(const TrialConfig& config,
+  static StatusOr<std::unique_ptr<StepProfiler>> ForTrial(const TrialSettings& settings,
                                                           torch::Device device);
   ~StepProfiler();
   StepProfiler(const StepProfiler&) = delete;

@@ -559,9 +559,9 @@ TEST(LoraTrainingTest, TrainingChangesTheAdaptersAndNotTheBase) {
   torch::manual_seed(static_cast<uint64_t>(config.GetInt("seed")));
   auto start = BuildModel(*FindPreset("llmctl-demo"), "random", "", torch::kFloat32, torch::kCPU);
   ASSERT_TRUE(start.ok()) << start.status().ToString();
-  auto lora = LoraConfigFromTrial(config);
-  ASSERT_TRUE(lora.ok() && lora->has_value());
-  ApplyLora(*start, **lora);
+  const std::optional<LoraConfig> lora = LoraConfigFor(config.settings().peft);
+  ASSERT_TRUE(lora.has_value());
+  ApplyLora(*start, *lora);
 
   auto trained = safetensors::SafetensorsFile::Open(out + "/checkpoints/step-3/model.safetensors");
   auto adapter = safetensors::SafetensorsFile::Open(out + "/adapter/adapter_model.safetensors");
