@@ -129,12 +129,20 @@ Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& ex
   }
   context_.err << "provisioning lease " << lease << " and its node for target " << flavor << ", "
                << lease_sizing.duration << " (" << lease_sizing.explanation << ")\n";
-  // Rerunning finds the lease of the earlier run by its name instead of making another.
+  // Rerunning finds the lease of the earlier run (or one the user reserved ahead under that name)
+  // and waits for it as create --wait does: a node needs it ACTIVE.
   std::vector<std::string> show = {"show", lease};
   if (!site.empty()) show.insert(show.end(), {"--site", site});
   std::ostringstream ignored;
-  if (Lease(show, ignored) != kExitOk && Lease(create, context_.err) != kExitOk) {
-    return FailedPreconditionError("lease " + lease + " could not be made (see above)");
+  if (Lease(show, ignored) != kExitOk) {
+    if (Lease(create, context_.err) != kExitOk) {
+      return FailedPreconditionError("lease " + lease + " could not be made (see above)");
+    }
+  } else {
+    show.push_back("--wait");
+    if (Lease(show, ignored) != kExitOk) {
+      return FailedPreconditionError("lease " + lease + " did not become ACTIVE (see above)");
+    }
   }
   if (Node(up, context_.err) != kExitOk) {
     return FailedPreconditionError("node " + lease + " could not be brought up (see above)");

@@ -124,9 +124,29 @@ StatusOr<Lease> ParseLease(const json& value) {
     }
     reservation.min = Number(item, "min");
     reservation.max = Number(item, "max");
+    reservation.network_id = StringField(item, "network_id");
     lease.reservations.push_back(std::move(reservation));
   }
   return lease;
+}
+
+std::string DescribeReservation(const Reservation& reservation) {
+  if (reservation.resource_type == "flavor:instance") {
+    return std::to_string(reservation.amount) + " x flavor " + reservation.flavor_id;
+  }
+  if (reservation.resource_type == "virtual:floatingip") {
+    return std::to_string(reservation.amount) + " x floating IP on network " +
+           reservation.network_id;
+  }
+  std::string what = reservation.resource_type;
+  if (reservation.min > 0) what = std::to_string(reservation.min) + " x " + what;
+  if (!reservation.resource_properties.empty()) what += " " + reservation.resource_properties;
+  return what;
+}
+
+bool ReservesServers(const Reservation& reservation) {
+  return reservation.resource_type == "physical:host" ||
+         reservation.resource_type == "flavor:instance";
 }
 
 BlazarClient::BlazarClient(Session& session, CloudClock& clock, BlazarOptions options)
@@ -380,12 +400,27 @@ Status BlazarClient::Delete(std::string_view name_or_id) {
   return Status::Ok();
 }
 
-StatusOr<Lease> BlazarClient::WaitUntilActive(std::string_view name_or_id,
-                                              std::chrono::seconds timeout) {
+StatusOr<Lease> BlazarClient::WaitUntilActive(
+    std::string_view name_or_id, std::chrono::seconds timeout,
+    const std::function<void(const std::string&)>& progress) {
   ASSIGN_OR_RETURN(Lease lease, Get(name_or_id));
+  return WaitUntilActive(std::move(lease), timeout, progress);
+}
+
+StatusOr<Lease> BlazarClient::WaitUntilActive(
+    Lease lease, std::chrono::seconds timeout,
+    const std::function<void(const std::string&)>& progress) {
   ASSIGN_OR_RETURN(std::string path, LeasesPath());
   const TimePoint deadline = std::max(clock_.Now(), lease.start) + timeout;
+  std::string reported;
   while (true) {
+    if (progress && lease.status != reported) {
+      reported = lease.status;
+      progress("lease " + lease.name + " is " + lease.status +
+               (lease.status == "PENDING"
+                    ? "; Blazar starts it at " + FormatUtc(lease.start, kBlazarDate) + " UTC"
+                    : ""));
+    }
     if (lease.status == "ACTIVE") return lease;
     if (lease.status == "ERROR") {
       return FailedPreconditionError("lease '" + lease.name + "' (" + lease.id +

@@ -4,6 +4,7 @@
 #define LLMCTL_CONTROLLER_OPENSTACK_BLAZAR_H_
 
 #include <chrono>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -16,15 +17,26 @@
 
 namespace llmctl::openstack {
 
+// llmctl makes "physical:host" and "flavor:instance" reservations; a lease made elsewhere may also
+// hold upstream's "virtual:floatingip" or Chameleon's "network" and "device" ones.
 struct Reservation {
   std::string id;
-  std::string resource_type;        // "flavor:instance" or "physical:host"
+  std::string resource_type;
   std::string status;               // pending, active, deleted, error
   std::string flavor_id;            // flavor:instance: the flavor asked for, not Blazar's copy
-  int amount = 0;                   // flavor:instance
+  int amount = 0;                   // flavor:instance, virtual:floatingip
   std::string resource_properties;  // a JSON-encoded string (flavor:instance: the flavor asked for)
-  int min = 0, max = 0;             // physical:host
+  int min = 0, max = 0;             // physical:host, device
+  std::string network_id;           // virtual:floatingip
 };
+
+// What one reservation holds, as Blazar shows it: "1 x flavor F", "2 x physical:host PROPS",
+// "1 x floating IP on network N", or for Chameleon's network reservations (whose details the
+// fork does not show) just "network".
+std::string DescribeReservation(const Reservation& reservation);
+
+// A server can be booted on it: a physical:host or flavor:instance reservation.
+bool ReservesServers(const Reservation& reservation);
 
 struct Lease {
   std::string id;
@@ -76,8 +88,14 @@ class BlazarClient {
   Status Delete(std::string_view name_or_id);
 
   // Polls until ACTIVE. FailedPrecondition when the lease ends in ERROR or TERMINATED;
-  // DeadlineExceeded when still not active `timeout` after its start date.
-  StatusOr<Lease> WaitUntilActive(std::string_view name_or_id, std::chrono::seconds timeout);
+  // DeadlineExceeded when still not active `timeout` after its start date. `progress` (may be
+  // empty) gets one line each time Blazar answers a new status: "lease L is PENDING; Blazar starts
+  // it at 2030-01-01 00:00 UTC", "lease L is STARTING", "lease L is ACTIVE".
+  StatusOr<Lease> WaitUntilActive(std::string_view name_or_id, std::chrono::seconds timeout,
+                                  const std::function<void(const std::string&)>& progress = {});
+  // The same from `lease` as Blazar last answered it (e.g. its create's answer, which is PENDING).
+  StatusOr<Lease> WaitUntilActive(Lease lease, std::chrono::seconds timeout,
+                                  const std::function<void(const std::string&)>& progress = {});
 
  private:
   StatusOr<std::string> LeasesPath();

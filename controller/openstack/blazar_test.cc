@@ -142,10 +142,16 @@ TEST_F(BlazarTest, WaitCoversALeaseThatStartsLater) {
   spec.start = sim_->clock().Now() + hours(1);
   spec.end = *spec.start + hours(2);
   ASSERT_TRUE(blazar_->Create(spec).ok());
-  auto active = blazar_->WaitUntilActive("later", seconds(60));
+  std::vector<std::string> said;
+  auto active = blazar_->WaitUntilActive(
+      "later", seconds(60), [&said](const std::string& line) { said.push_back(line); });
   ASSERT_TRUE(active.ok()) << active.status().ToString();
   EXPECT_GE(sim_->clock().Now(), *spec.start);
   EXPECT_LE(sim_->clock().sleeps(), 2);  // to the start, then at most one poll
+  // Each status once, as Blazar answered it, however many polls saw it.
+  EXPECT_EQ(said, (std::vector<std::string>{
+                      "lease later is PENDING; Blazar starts it at 2030-01-01 01:00 UTC",
+                      "lease later is ACTIVE"}));
 }
 
 TEST_F(BlazarTest, WaitFailsClearlyOnError) {
@@ -327,6 +333,51 @@ TEST_F(BlazarTest, TheSimulatorRefusesWhatBlazarRefusesWithItsWords) {
   json single = LeaseRequestBody(HostLease("single", 1));
   single["reservations"][0]["resource_properties"] = "[\"=\", \"$node_type\", \"gpu_a100_pcie\"]";
   EXPECT_EQ(post(single).status, 201);
+}
+
+// A lease made elsewhere (Horizon, python-chi) with a floating IP (upstream's virtual:floatingip)
+// and Chameleon's network and device reservations beside its hosts: each is described from what
+// Blazar shows of it, not as "0 x" of its type.
+TEST_F(BlazarTest, ReservationsLlmctlDoesNotMakeAreDescribedAsBlazarShowsThem) {
+  const json body = {
+      {"name", "chi"},
+      {"start_date", "now"},
+      {"end_date", "2030-01-01 02:00"},
+      {"events", json::array()},
+      {"reservations",
+       {{{"resource_type", "physical:host"},
+         {"resource_properties", R"(["==", "$node_type", "gpu_a100_pcie"])"},
+         {"hypervisor_properties", ""},
+         {"min", 1},
+         {"max", 1}},
+        {{"resource_type", "virtual:floatingip"}, {"network_id", "net-public"}, {"amount", 2}},
+        {{"resource_type", "network"},
+         {"network_name", "my-vlan"},
+         {"network_properties", ""},
+         {"resource_properties", R"(["==", "$physical_network", "physnet1"])"}},
+        {{"resource_type", "device"},
+         {"min", 1},
+         {"max", 1},
+         {"resource_properties", R"(["==", "$machine_name", "raspberrypi4-64"])"}}}}};
+  ASSERT_TRUE(session_->CallJson("reservation", "POST", "/v1/leases", &body).ok());
+  auto lease = blazar_->Get("chi");
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  std::vector<std::string> described;
+  for (const Reservation& reservation : lease->reservations) {
+    described.push_back(DescribeReservation(reservation));
+  }
+  EXPECT_EQ(described,
+            (std::vector<std::string>{R"(1 x physical:host ["==", "$node_type", "gpu_a100_pcie"])",
+                                      "2 x floating IP on network net-public", "network",
+                                      R"(1 x device ["==", "$machine_name", "raspberrypi4-64"])"}));
+  // Blazar requires each type's fields.
+  json missing = body;
+  missing["name"] = "chi-2";
+  missing["reservations"] = {{{"resource_type", "virtual:floatingip"}, {"amount", 1}}};
+  auto refused = session_->CallJson("reservation", "POST", "/v1/leases", &missing);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("Missing parameter network_id"), std::string::npos)
+      << refused.status().ToString();
 }
 
 TEST_F(BlazarTest, UnknownLeaseSuggestsTheNearestName) {

@@ -47,12 +47,7 @@ std::string Reserves(const Lease& lease) {
   std::string what;
   for (const Reservation& reservation : lease.reservations) {
     if (!what.empty()) what += ", ";
-    if (reservation.resource_type == "flavor:instance") {
-      what += std::to_string(reservation.amount) + " x flavor " + reservation.flavor_id;
-    } else {
-      what += std::to_string(reservation.min) + " x " + reservation.resource_type + " " +
-              reservation.resource_properties;
-    }
+    what += DescribeReservation(reservation);
   }
   return what;
 }
@@ -75,10 +70,12 @@ void PrintLease(const Lease& lease, std::ostream& out) {
       << "end (UTC):    " << FormatUtc(lease.end, kTableDate) << "\n";
   for (const Reservation& reservation : lease.reservations) {
     out << "reservation:  " << reservation.id << " " << reservation.resource_type << " "
-        << reservation.status << " ("
-        << (reservation.resource_type == "flavor:instance"
-                ? std::to_string(reservation.amount) + " x flavor " + reservation.flavor_id
-                : std::to_string(reservation.min) + " x " + reservation.resource_properties)
+        << reservation.status
+        << " ("
+        // The line names the type: of a count of hosts or devices, the count and properties.
+        << (reservation.min > 0
+                ? std::to_string(reservation.min) + " x " + reservation.resource_properties
+                : DescribeReservation(reservation))
         << ")\n";
   }
 }
@@ -89,7 +86,17 @@ bool ValidNodeType(const std::string& text) {
   });
 }
 
-Status RunCreate(const LeaseFlags& flags, std::ostream& out, const LeaseCommandContext& context) {
+// --wait: until the lease is ACTIVE, each status Blazar answers on its own line of `err`.
+StatusOr<Lease> WaitUntilActive(BlazarClient& blazar, Lease lease, std::ostream& err,
+                                const LeaseCommandContext& context) {
+  return blazar.WaitUntilActive(std::move(lease), context.wait_timeout,
+                                [&err](const std::string& line) {
+                                  err << line << "\n" << std::flush;
+                                });
+}
+
+Status RunCreate(const LeaseFlags& flags, std::ostream& out, std::ostream& err,
+                 const LeaseCommandContext& context) {
   if (flags.flavor.empty() == flags.node_type.empty()) {
     return InvalidArgumentError(
         "lease create needs exactly one of --flavor (KVM sites) and "
@@ -140,14 +147,14 @@ Status RunCreate(const LeaseFlags& flags, std::ostream& out, const LeaseCommandC
                         FormatUtc(begin, "%Y%m%d-%H%M");
   ASSIGN_OR_RETURN(Lease lease, cloud.blazar->Create(spec));
   if (flags.wait) {
-    ASSIGN_OR_RETURN(lease, cloud.blazar->WaitUntilActive(lease.id, context.wait_timeout));
+    ASSIGN_OR_RETURN(lease, WaitUntilActive(*cloud.blazar, std::move(lease), err, context));
   }
   PrintLease(lease, out);
   return Status::Ok();
 }
 
 Status RunOther(const std::string& command, const LeaseFlags& flags, std::ostream& out,
-                const LeaseCommandContext& context) {
+                std::ostream& err, const LeaseCommandContext& context) {
   ASSIGN_OR_RETURN(Credentials creds, LoadCredentials(flags.os_cloud, context.env));
   if (!flags.site.empty())
     RETURN_IF_ERROR(MoveCredentialsToSite(creds, flags.site, "--site " + flags.site));
@@ -157,6 +164,9 @@ Status RunOther(const std::string& command, const LeaseFlags& flags, std::ostrea
     PrintTable(leases, out);
   } else if (command == "show") {
     ASSIGN_OR_RETURN(Lease lease, cloud.blazar->Get(flags.lease));
+    if (flags.wait) {
+      ASSIGN_OR_RETURN(lease, WaitUntilActive(*cloud.blazar, std::move(lease), err, context));
+    }
     PrintLease(lease, out);
   } else if (command == "extend") {
     ASSIGN_OR_RETURN(std::chrono::seconds duration, ParseDuration(flags.duration));
@@ -261,6 +271,7 @@ int RunLeaseCommand(const std::vector<std::string>& args, std::ostream& out, std
   list->add_option("--site", flags.site, "site (default: the credentials' region)");
   CLI::App* show = app.add_subcommand("show", "one lease");
   show->add_option("lease", flags.lease, "lease name or id")->required();
+  show->add_flag("--wait", flags.wait, "wait until the lease is ACTIVE (one reserved ahead)");
   CLI::App* extend = app.add_subcommand("extend", "move a lease's end later");
   extend->add_option("lease", flags.lease, "lease name or id")->required();
   extend->add_option("--duration", flags.duration, "how much longer, e.g. 1h")->required();
@@ -272,8 +283,8 @@ int RunLeaseCommand(const std::vector<std::string>& args, std::ostream& out, std
 
   if (std::optional<int> stop = ParseCommandWords(app, args, "lease", out, err)) return *stop;
   std::string command = app.get_subcommands().front()->get_name();
-  Status status =
-      command == "create" ? RunCreate(flags, out, context) : RunOther(command, flags, out, context);
+  Status status = command == "create" ? RunCreate(flags, out, err, context)
+                                      : RunOther(command, flags, out, err, context);
   return CommandExitCode(status, "lease", command, err);
 }
 

@@ -34,7 +34,8 @@ struct LeaseCommandContext {
 //
 //   lease create (--flavor F | --node-type T [--hosts N]) [--site S] [--start T]
 //                [--duration 2h50m] [--name N] [--wait] [--os-cloud C]
-//   lease list | show NAME | extend NAME --duration D | delete NAME      [--os-cloud C]
+//   lease list | show NAME [--wait] | extend NAME --duration D | delete NAME      [--os-cloud C]
+// --wait reports each status Blazar answers on its own line of `err` until the lease is ACTIVE.
 int RunLeaseCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
                     const LeaseCommandContext& context = {});
 

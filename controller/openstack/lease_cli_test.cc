@@ -42,7 +42,11 @@ class LeaseCliTest : public ::testing::Test {
 TEST_F(LeaseCliTest, CreateAFlavorLeaseAndWait) {
   Result result = Run({"create", "--flavor", "g1.h100.pci.1", "--wait"});
   ASSERT_EQ(result.code, 0) << result.err;
-  EXPECT_EQ(result.err, "");
+  // What Blazar answered while the command waited, on stderr.
+  EXPECT_EQ(result.err,
+            "lease llmctl-g1.h100.pci.1-20300101-0000 is PENDING; Blazar starts it at "
+            "2030-01-01 00:00 UTC\n"
+            "lease llmctl-g1.h100.pci.1-20300101-0000 is ACTIVE\n");
   EXPECT_NE(result.out.find("name:         llmctl-g1.h100.pci.1-20300101-0000\n"),
             std::string::npos)
       << result.out;
@@ -84,6 +88,23 @@ TEST_F(LeaseCliTest, ListShowExtendDelete) {
   Result again = Run({"delete", "bm"});
   EXPECT_EQ(again.code, 1);
   EXPECT_EQ(again.err, "llmctl lease delete: no lease named 'bm'\n");
+}
+
+// A lease reserved ahead: show --wait sleeps to its start and prints it once ACTIVE.
+TEST_F(LeaseCliTest, ShowWaitsForALeaseReservedAhead) {
+  ASSERT_EQ(Run({"create", "--node-type", "gpu_a100_pcie", "--site", "KVM@TACC", "--name", "ahead",
+                 "--start", "2030-01-01 06:00"})
+                .code,
+            0);
+  Result shown = Run({"show", "ahead", "--wait"});
+  ASSERT_EQ(shown.code, 0) << shown.err;
+  EXPECT_EQ(shown.err,
+            "lease ahead is PENDING; Blazar starts it at 2030-01-01 06:00 UTC\n"
+            "lease ahead is ACTIVE\n");
+  EXPECT_NE(shown.out.find("status:       ACTIVE\n"), std::string::npos) << shown.out;
+  EXPECT_GE(sim_->clock().Now(), *ParseUtcTimestamp("2030-01-01 06:00"));
+  // Without --wait, show only shows.
+  EXPECT_EQ(Run({"show", "ahead"}).err, "");
 }
 
 TEST_F(LeaseCliTest, RerunningTheSameCreateMakesNoSecondLease) {

@@ -45,10 +45,9 @@ void NodeManager::Progress(const std::string& line) const {
   if (progress_) progress_(line);
 }
 
-StatusOr<Server> NodeManager::CreateServer(const NodeSpec& spec, const Lease& lease,
+StatusOr<Server> NodeManager::CreateServer(const NodeSpec& spec, const Reservation& reservation,
                                            const NodeNames& names, const Network& network,
                                            const std::vector<std::string>& security_groups) {
-  const Reservation& reservation = lease.reservations.front();
   GlanceClient glance(session_);
   ASSIGN_OR_RETURN(Image image, glance.FindImage(spec.image));
   ServerSpec server;
@@ -94,8 +93,18 @@ StatusOr<Node> NodeManager::Up(const NodeSpec& spec) {
                                    "; a node needs an ACTIVE lease (llmctl lease show " +
                                    lease.name + ")");
   }
-  if (lease.reservations.empty()) {
-    return FailedPreconditionError("lease " + lease.name + " reserves nothing");
+  // A lease may also hold floating IPs or (on Chameleon) a network: the server boots on its hosts
+  // or flavor.
+  auto reservation =
+      std::find_if(lease.reservations.begin(), lease.reservations.end(), ReservesServers);
+  if (reservation == lease.reservations.end()) {
+    std::string holds;
+    for (const Reservation& other : lease.reservations) {
+      holds += (holds.empty() ? "" : ", ") + DescribeReservation(other);
+    }
+    return FailedPreconditionError("lease " + lease.name +
+                                   " reserves no hosts or flavor to boot a node on" +
+                                   (holds.empty() ? "" : " (it holds " + holds + ")"));
   }
   const NodeNames names = NamesForNode(lease.name);
   if (!spec.key_name.empty()) RETURN_IF_ERROR(nova_.CheckKeypair(spec.key_name));
@@ -118,7 +127,8 @@ StatusOr<Node> NodeManager::Up(const NodeSpec& spec) {
     server = *std::move(existing);
     Progress("server " + names.server + " (" + server.id + ") exists: " + server.status);
   } else {
-    ASSIGN_OR_RETURN(server, CreateServer(spec, lease, names, network, {ssh.name, agent.name}));
+    ASSIGN_OR_RETURN(server,
+                     CreateServer(spec, *reservation, names, network, {ssh.name, agent.name}));
   }
   ASSIGN_OR_RETURN(server, nova_.WaitUntilActive(server.id, options_.server_timeout));
 

@@ -90,8 +90,8 @@ class NodeManager {
 
  private:
   void Progress(const std::string& line) const;
-  StatusOr<Server> CreateServer(const NodeSpec& spec, const Lease& lease, const NodeNames& names,
-                                const Network& network,
+  StatusOr<Server> CreateServer(const NodeSpec& spec, const Reservation& reservation,
+                                const NodeNames& names, const Network& network,
                                 const std::vector<std::string>& security_groups);
 
   Session& session_;

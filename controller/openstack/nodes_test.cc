@@ -152,6 +152,46 @@ TEST_F(NodesTest, BareMetalNodeBootsTheImageWithTheReservationHint) {
   EXPECT_EQ(Holding("bm")["servers"], json::array());
 }
 
+// Chameleon's users reserve a floating IP in the same lease as their hosts: the node boots on the
+// host reservation whatever the order (Nova's scheduler admits a server only on a reservation of
+// hosts or a flavor), and a lease of floating IPs alone has nothing to boot on.
+TEST_F(NodesTest, ALeaseThatAlsoReservesAFloatingIpBootsOnItsHosts) {
+  const auto end = sim_->clock().Now() + hours(2);
+  const json floating_ip = {
+      {"resource_type", "virtual:floatingip"}, {"network_id", "net-public"}, {"amount", 1}};
+  const json host = {{"resource_type", "physical:host"},
+                     {"resource_properties", R"(["==", "$node_type", "gpu_a100_pcie"])"},
+                     {"hypervisor_properties", ""},
+                     {"min", 1},
+                     {"max", 1}};
+  BlazarClient blazar(*session_, sim_->clock());
+  for (const auto& [name, reservations] :
+       {std::pair<std::string, json>{"with-ip", {floating_ip, host}},
+        std::pair<std::string, json>{"only-ip", {floating_ip}}}) {
+    const json body = {{"name", name},
+                       {"start_date", "now"},
+                       {"end_date", FormatUtc(end, "%Y-%m-%d %H:%M")},
+                       {"events", json::array()},
+                       {"reservations", reservations}};
+    ASSERT_TRUE(session_->CallJson("reservation", "POST", "/v1/leases", &body).ok());
+    ASSERT_TRUE(blazar.WaitUntilActive(name, std::chrono::seconds(300)).ok());
+  }
+  NodeSpec spec;
+  spec.lease = "with-ip";
+  auto node = nodes_->Up(spec);
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  EXPECT_EQ(node->server->status, "ACTIVE");
+  ASSERT_TRUE(nodes_->Down("with-ip").ok());
+
+  spec.lease = "only-ip";
+  auto nothing = nodes_->Up(spec);
+  EXPECT_EQ(nothing.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(nothing.status().message(),
+            "lease only-ip reserves no hosts or flavor to boot a node on (it holds 1 x floating IP "
+            "on network net-public)");
+  EXPECT_EQ(Holding("only-ip")["servers"], json::array());
+}
+
 TEST_F(NodesTest, ServerInErrorQuotesNovasFaultAndDownClearsIt) {
   ActiveLease("broken");
   ASSERT_TRUE(sim_->Admin("compute", {{"fail_servers",

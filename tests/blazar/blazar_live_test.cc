@@ -23,6 +23,7 @@
 #include "tests/keystone/local_keystone.h"
 #include "tests/openstack_sim/simulator.h"
 #include "tests/support/local_script.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::testing {
 namespace {
@@ -32,10 +33,11 @@ using openstack::LeaseCommandContext;
 using openstack::RunLeaseCommand;
 using openstack::TimePoint;
 using namespace std::chrono_literals;
+namespace fs = std::filesystem;
 
 constexpr auto kStartTimeout = 240s;
 
-struct CommandResult {
+struct LeaseResult {
   int exit_code = -1;
   std::string out, err;
 };
@@ -121,9 +123,8 @@ class BlazarLiveTest : public ::testing::Test {
     ASSERT_TRUE(start_error_->empty()) << "Blazar did not start: " << *start_error_;
   }
 
-
   // `llmctl lease ARGS` with only `environment`'s OS_* variables, on the system's clock.
-  static CommandResult Lease(
+  static LeaseResult Lease(
       const std::vector<std::string>& args,
       const std::map<std::string, std::string>& environment = info_->PasswordEnvironment()) {
     LeaseCommandContext context;
@@ -135,11 +136,32 @@ class BlazarLiveTest : public ::testing::Test {
     context.blazar_options.poll_interval = 1s;  // the manager starts due leases every second
     context.wait_timeout = 60s;
     std::ostringstream out, err;
-    CommandResult result;
+    LeaseResult result;
     result.exit_code = RunLeaseCommand(args, out, err, context);
     result.out = out.str();
     result.err = err.str();
     return result;
+  }
+
+  // The built `llmctl ARGS` as a user runs it, with the password user's OS_* variables, its own
+  // LLMCTL_HOME (an embedded controller) and no other cloud or controller settings.
+  static CommandResult Llmctl(const std::string& args) {
+    std::string command = "env -u LLMCTL_CONTROLLER -u OS_CLOUD";
+    for (const auto& [name, value] : info_->PasswordEnvironment()) {
+      command += " " + name + "='" + value + "'";
+    }
+    const fs::path home = fs::path(*dir_) / "llmctl-home";
+    command += " LLMCTL_HOME=" + home.string() + " XDG_CONFIG_HOME=" + (home / "config").string() +
+               " " + (BuildDir() / "controller" / "cli" / "llmctl").string() + " " + args;
+    return RunShellCommand(command);
+  }
+
+  // The first whole minute at least 15 s from now: Blazar takes start dates to the minute, so a
+  // lease starting then is PENDING for 15 to 75 s.
+  static TimePoint NextMinute() {
+    const auto at =
+        std::chrono::floor<std::chrono::minutes>(std::chrono::system_clock::now() + 15s + 1min);
+    return std::chrono::time_point_cast<TimePoint::duration>(at);
   }
 
   // "end (UTC):  YYYY-MM-DD HH:MM" of a printed lease.
@@ -167,7 +189,7 @@ KeystoneInfo* BlazarLiveTest::info_ = nullptr;
   EXPECT_EQ((result).exit_code, code) << "out: " << (result).out << "\nerr: " << (result).err
 
 TEST_F(BlazarLiveTest, NodeTypeLeaseGoesFromPendingToActiveIsShownListedExtendedAndDeleted) {
-  CommandResult created =
+  LeaseResult created =
       Lease({"create", "--node-type", "gpu_a100_pcie", "--duration", "1h", "--name", "live-a"});
   EXPECT_EXIT_CODE(created, 0);
   // Blazar answers the POST before its manager starts the lease.
@@ -177,34 +199,34 @@ TEST_F(BlazarLiveTest, NodeTypeLeaseGoesFromPendingToActiveIsShownListedExtended
             std::string::npos)
       << created.out;
 
-  CommandResult waited = Lease(
+  LeaseResult waited = Lease(
       {"create", "--node-type", "gpu_a100_pcie", "--duration", "1h", "--name", "live-b", "--wait"});
   EXPECT_EXIT_CODE(waited, 0);
   EXPECT_NE(waited.out.find("status:       ACTIVE"), std::string::npos) << waited.out;
   EXPECT_NE(waited.out.find("physical:host active"), std::string::npos) << waited.out;
 
-  CommandResult shown = Lease({"show", "live-a"});
+  LeaseResult shown = Lease({"show", "live-a"});
   EXPECT_EXIT_CODE(shown, 0);
   EXPECT_NE(shown.out.find("status:       ACTIVE"), std::string::npos) << shown.out;
 
-  CommandResult listed = Lease({"list"});
+  LeaseResult listed = Lease({"list"});
   EXPECT_EXIT_CODE(listed, 0);
   for (const char* name : {"live-a", "live-b"}) {
     EXPECT_NE(listed.out.find(name), std::string::npos) << listed.out;
   }
 
   // Blazar moves the end of an active lease when its host stays free.
-  CommandResult extended = Lease({"extend", "live-a", "--duration", "1h"});
+  LeaseResult extended = Lease({"extend", "live-a", "--duration", "1h"});
   EXPECT_EXIT_CODE(extended, 0);
   EXPECT_GT(EndOf(extended.out), EndOf(shown.out)) << shown.out << extended.out;
 
   for (const char* name : {"live-a", "live-b"}) {
-    CommandResult deleted = Lease({"delete", name});
+    LeaseResult deleted = Lease({"delete", name});
     EXPECT_EXIT_CODE(deleted, 0);
   }
-  CommandResult after = Lease({"list"});
+  LeaseResult after = Lease({"list"});
   EXPECT_EQ(after.out.find("live-a"), std::string::npos) << after.out;
-  CommandResult gone = Lease({"show", "live-a"});
+  LeaseResult gone = Lease({"show", "live-a"});
   EXPECT_EXIT_CODE(gone, 1);
   EXPECT_NE(gone.err.find("no lease named 'live-a'"), std::string::npos) << gone.err;
 }
@@ -216,7 +238,7 @@ TEST_F(BlazarLiveTest, NoHostLeftAndARefusedExtendSayWhatBlazarSaid) {
                             name, "--wait"}),
                      0);
   }
-  CommandResult refused =
+  LeaseResult refused =
       Lease({"create", "--node-type", "gpu_a100_pcie", "--duration", "1h", "--name", "full-3"});
   EXPECT_EXIT_CODE(refused, 1);
   EXPECT_NE(refused.err.find("no capacity for that period: 1 x node type gpu_a100_pcie"),
@@ -225,7 +247,7 @@ TEST_F(BlazarLiveTest, NoHostLeftAndARefusedExtendSayWhatBlazarSaid) {
   EXPECT_NE(refused.err.find("Not enough hosts available"), std::string::npos) << refused.err;
 
   // A lease of both hosts from 10 minutes after full-2 ends: full-1 cannot grow into it.
-  CommandResult shown = Lease({"show", "full-2"});
+  LeaseResult shown = Lease({"show", "full-2"});
   EXPECT_EXIT_CODE(shown, 0);
   const std::string end = EndOf(shown.out);
   auto end_time = openstack::ParseUtcTimestamp(end);
@@ -234,7 +256,7 @@ TEST_F(BlazarLiveTest, NoHostLeftAndARefusedExtendSayWhatBlazarSaid) {
                           FormatUtc(*end_time + 10min, "%Y-%m-%d %H:%M"), "--duration", "2h",
                           "--hosts", "2", "--name", "later"}),
                    0);
-  CommandResult extend = Lease({"extend", "full-1", "--duration", "3h"});
+  LeaseResult extend = Lease({"extend", "full-1", "--duration", "3h"});
   EXPECT_EXIT_CODE(extend, 1);
   EXPECT_NE(extend.err.find("no capacity to extend lease 'full-1'"), std::string::npos)
       << extend.err;
@@ -251,29 +273,28 @@ TEST_F(BlazarLiveTest, NoHostLeftAndARefusedExtendSayWhatBlazarSaid) {
 // aggregate and a resource class for the reservation, and at the start gives the project the
 // flavor.
 TEST_F(BlazarLiveTest, FlavorLeaseGoesFromPendingToActiveIsExtendedRefusedAndDeleted) {
-  CommandResult created = Lease({"create", "--flavor", "g1.h100.pci.1", "--name", "kvm-a"});
+  LeaseResult created = Lease({"create", "--flavor", "g1.h100.pci.1", "--name", "kvm-a"});
   EXPECT_EXIT_CODE(created, 0);
   EXPECT_NE(created.out.find("status:       PENDING"), std::string::npos) << created.out;
   // Blazar answers with its private flavor's id and the flavor asked for in resource_properties.
   EXPECT_NE(created.out.find("flavor:instance pending (1 x flavor f-h100-1)"), std::string::npos)
       << created.out;
-  CommandResult waited =
-      Lease({"create", "--flavor", "g1.h100.pci.1", "--name", "kvm-b", "--wait"});
+  LeaseResult waited = Lease({"create", "--flavor", "g1.h100.pci.1", "--name", "kvm-b", "--wait"});
   EXPECT_EXIT_CODE(waited, 0);
   EXPECT_NE(waited.out.find("flavor:instance active"), std::string::npos) << waited.out;
   EXPECT_EXIT_CODE(Lease({"create", "--flavor", "g1.h100.pci.1", "--name", "kvm-c"}), 0);
 
-  CommandResult refused = Lease({"create", "--flavor", "g1.h100.pci.1", "--name", "kvm-d"});
+  LeaseResult refused = Lease({"create", "--flavor", "g1.h100.pci.1", "--name", "kvm-d"});
   EXPECT_EXIT_CODE(refused, 1);
   EXPECT_NE(refused.err.find("no capacity for that period: 1 x flavor f-h100-1"), std::string::npos)
       << refused.err;
   EXPECT_NE(refused.err.find("Not enough hosts available"), std::string::npos) << refused.err;
 
-  CommandResult shown = Lease({"show", "kvm-a"});
+  LeaseResult shown = Lease({"show", "kvm-a"});
   EXPECT_EXIT_CODE(shown, 0);
   EXPECT_NE(shown.out.find("status:       ACTIVE"), std::string::npos) << shown.out;
   // kvm-a's host stays free after it: Blazar moves its end.
-  CommandResult extended = Lease({"extend", "kvm-a", "--duration", "1h"});
+  LeaseResult extended = Lease({"extend", "kvm-a", "--duration", "1h"});
   EXPECT_EXIT_CODE(extended, 0);
   EXPECT_GT(EndOf(extended.out), EndOf(shown.out)) << shown.out << extended.out;
 
@@ -287,7 +308,7 @@ TEST_F(BlazarLiveTest, FlavorLeaseGoesFromPendingToActiveIsExtendedRefusedAndDel
                FormatUtc(*end_b + 10min, "%Y-%m-%d %H:%M"), "--duration", "2h", "--name", name}),
         0);
   }
-  CommandResult extend = Lease({"extend", "kvm-b", "--duration", "1h"});
+  LeaseResult extend = Lease({"extend", "kvm-b", "--duration", "1h"});
   EXPECT_EXIT_CODE(extend, 1);
   EXPECT_NE(extend.err.find("no capacity to extend lease 'kvm-b'"), std::string::npos)
       << extend.err;
@@ -296,8 +317,74 @@ TEST_F(BlazarLiveTest, FlavorLeaseGoesFromPendingToActiveIsExtendedRefusedAndDel
   for (const char* name : {"kvm-a", "kvm-b", "kvm-c", "kvm-later-1", "kvm-later-2"}) {
     EXPECT_EXIT_CODE(Lease({"delete", name}), 0);
   }
-  CommandResult after = Lease({"list"});
+  LeaseResult after = Lease({"list"});
   EXPECT_EQ(after.out.find("kvm-"), std::string::npos) << after.out;
+}
+
+// Blazar takes a PENDING lease's new end (its answer says UPDATING while the manager moves the
+// end event) and deletes a PENDING lease outright.
+TEST_F(BlazarLiveTest, APendingLeaseIsExtendedAndDeletedBeforeItStarts) {
+  const std::string start = FormatUtc(std::chrono::system_clock::now() + 2h, "%Y-%m-%d %H:%M");
+  LeaseResult created = Lease({"create", "--node-type", "gpu_a100_pcie", "--start", start,
+                               "--duration", "1h", "--name", "ahead"});
+  EXPECT_EXIT_CODE(created, 0);
+  EXPECT_NE(created.out.find("status:       PENDING"), std::string::npos) << created.out;
+  LeaseResult extended = Lease({"extend", "ahead", "--duration", "30m"});
+  EXPECT_EXIT_CODE(extended, 0);
+  auto start_time = openstack::ParseUtcTimestamp(start);
+  ASSERT_TRUE(start_time.ok());
+  EXPECT_EQ(EndOf(extended.out), FormatUtc(*start_time + 90min, "%Y-%m-%d %H:%M")) << extended.out;
+  LeaseResult shown = Lease({"show", "ahead"});
+  EXPECT_NE(shown.out.find("status:       PENDING"), std::string::npos) << shown.out;
+  EXPECT_EQ(EndOf(shown.out), EndOf(extended.out)) << shown.out;
+
+  EXPECT_EXIT_CODE(Lease({"delete", "ahead"}), 0);
+  LeaseResult gone = Lease({"show", "ahead"});
+  EXPECT_EXIT_CODE(gone, 1);
+  EXPECT_NE(gone.err.find("no lease named 'ahead'"), std::string::npos) << gone.err;
+}
+
+// `llmctl submit --provision` of the current lab (experiments/single.yaml: target KVM@TACC,
+// g1.h100.pci.1) reserves through Blazar and waits for the lease, saying each status Blazar
+// answers; then a lease the user reserved ahead under the name submit uses, starting at the next
+// minute, is found and waited for from PENDING. No agent image is given, so no node is brought
+// up: `node up` says so, after the lease is ACTIVE.
+TEST_F(BlazarLiveTest, SubmitProvisionReservesAndWaitsForTheLeaseToStart) {
+  const std::string lease = "llmctl-single-h100-g1-h100-pci-1";
+  CommandResult reserved = Llmctl("submit experiments/single.yaml --provision");
+  EXPECT_NE(reserved.exit_code, 0) << reserved.out;  // no agent image: no node
+  const size_t provisioning =
+      reserved.out.find("provisioning lease " + lease + " and its node for target g1.h100.pci.1");
+  const size_t pending = reserved.out.find("lease " + lease + " is PENDING; Blazar starts it at ");
+  const size_t active = reserved.out.find("lease " + lease + " is ACTIVE\n");
+  const size_t no_image = reserved.out.find("node up needs the agent's image");
+  EXPECT_NE(provisioning, std::string::npos) << reserved.out;
+  EXPECT_NE(pending, std::string::npos) << reserved.out;  // Blazar's answer to the create
+  EXPECT_NE(active, std::string::npos) << reserved.out;
+  EXPECT_NE(no_image, std::string::npos) << reserved.out;
+  EXPECT_TRUE(provisioning < pending && pending < active && active < no_image) << reserved.out;
+  LeaseResult shown = Lease({"show", lease});
+  EXPECT_NE(shown.out.find("flavor:instance active (1 x flavor f-h100-1)"), std::string::npos)
+      << shown.out;
+  EXPECT_EXIT_CODE(Lease({"delete", lease}), 0);
+
+  const std::string start = FormatUtc(NextMinute(), "%Y-%m-%d %H:%M");
+  EXPECT_EXIT_CODE(Lease({"create", "--flavor", "g1.h100.pci.1", "--start", start, "--duration",
+                          "1h", "--name", lease}),
+                   0);
+  CommandResult ahead = Llmctl("submit experiments/single.yaml --provision");
+  EXPECT_NE(ahead.exit_code, 0) << ahead.out;
+  const size_t waiting =
+      ahead.out.find("lease " + lease + " is PENDING; Blazar starts it at " + start + " UTC\n");
+  const size_t started = ahead.out.find("lease " + lease + " is ACTIVE\n");
+  EXPECT_NE(waiting, std::string::npos) << ahead.out;
+  EXPECT_NE(started, std::string::npos) << ahead.out;
+  EXPECT_LT(waiting, started) << ahead.out;
+  EXPECT_NE(ahead.out.find("node up needs the agent's image"), std::string::npos) << ahead.out;
+  std::cout << "what submit --provision printed for a lease reserved ahead:\n" << ahead.out;
+
+  EXPECT_EQ(Llmctl("daemon stop").exit_code, 0);
+  EXPECT_EXIT_CODE(Lease({"delete", lease}), 0);
 }
 
 // Blazar makes a Keystone trust from the creator's token. Debian's Keystone carries the fix for
@@ -305,7 +392,7 @@ TEST_F(BlazarLiveTest, FlavorLeaseGoesFromPendingToActiveIsExtendedRefusedAndDel
 // token, restricted or not ("Delegated tokens cannot manage trusts" in Blazar's log), and Blazar
 // answers that with a bare 500.
 TEST_F(BlazarLiveTest, AnApplicationCredentialThatKeystoneDeniesATrustGetsAHint) {
-  CommandResult refused =
+  LeaseResult refused =
       Lease({"create", "--node-type", "gpu_a100_pcie", "--duration", "1h", "--name", "by-app"},
             info_->ApplicationCredentialEnvironment());
   EXPECT_EXIT_CODE(refused, 1);

@@ -67,6 +67,11 @@ PUBLIC_FLAVORS = [
     {"id": "f-baremetal", "name": "baremetal", "vcpus": 1, "ram": 1024, "disk": 0},
 ]
 KEYPAIRS = {"demo-key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDemoKeyForTheSimulatorOnly demo"}
+# The reservation types llmctl does not make, and the fields Blazar (upstream for floating IPs,
+# Chameleon's fork for the others) requires of each.
+OTHER_RESERVATIONS = {"virtual:floatingip": ("network_id", "amount"),
+                      "device": ("min", "max", "resource_properties"),
+                      "network": ("network_name", "network_properties", "resource_properties")}
 NETWORKS = [{"id": "net-sharednet1", "name": "sharednet1", "router:external": False},
             {"id": "net-public", "name": "public", "router:external": True}]
 SERVER_DELETE_SECONDS = 3
@@ -155,7 +160,9 @@ class State:
         reservation, allowed = server["_reservation"], None
         for lease in self.leases.values():
             for res in lease["reservations"]:
-                if res["id"] == reservation:
+                # Blazar's Nova filter admits servers on hosts of a host or flavor reservation only.
+                if res["id"] == reservation and res["resource_type"] in ("physical:host",
+                                                                         "flavor:instance"):
                     if lease["status"] != "ACTIVE":
                         return "No valid host was found. Reservation %s is not active." % reservation
                     allowed = res.get("amount") or len(res.get("_hosts", []))
@@ -240,7 +247,7 @@ class State:
                            for r in l["reservations"] if r.get("_flavor") == asked)
                 if used + res["amount"] > self.flavor_capacity.get(asked, 0):
                     return True
-            else:
+            elif res["resource_type"] == "physical:host":
                 busy = {h for l in self.overlapping(start, end, exclude)
                         for r in l["reservations"] for h in r.get("_hosts", [])}
                 free = [h for h in self.hosts if h["node_type"] == res["_node_type"]
@@ -711,6 +718,8 @@ class Handler(BaseHTTPRequestHandler):
                 res.update(resource_properties=props, hypervisor_properties="",
                            min=spec.get("min", 1), max=spec.get("max", 1),
                            _node_type=parsed[2])
+            elif spec.get("resource_type") in OTHER_RESERVATIONS:
+                res.update(self.other_reservation(spec))
             else:
                 raise blazar_error(400, "Invalid resource type %r" % spec.get("resource_type"))
             stored.append(res)
@@ -729,6 +738,25 @@ class Handler(BaseHTTPRequestHandler):
         STATE.leases[lease_id] = lease
         STATE.tick()
         return 201, {"lease": self.lease_view(lease)}, None
+
+    @staticmethod
+    def other_reservation(spec):
+        """A reservation llmctl never makes but a lease made elsewhere (Horizon, python-chi) may hold,
+        with the fields Blazar requires and as Chameleon's fork shows it: upstream's floating IPs
+        (network_id, amount), the fork's devices (min, max, resource_properties) and networks, whose
+        view the fork leaves without details. No capacity is modelled for them."""
+        kind = spec["resource_type"]
+        for key in OTHER_RESERVATIONS[kind]:
+            if key not in spec:
+                raise blazar_error(400, "Missing parameter %s" % key)
+        if kind == "virtual:floatingip":
+            if not any(n["id"] == spec["network_id"] and n["router:external"] for n in NETWORKS):
+                raise blazar_error(400, "the simulator has no external network %s" % spec["network_id"])
+            return {"network_id": spec["network_id"], "amount": spec["amount"]}
+        if kind == "device":
+            return {"min": spec["min"], "max": spec["max"],
+                    "resource_properties": spec["resource_properties"], "before_end": "default"}
+        return {"_network_name": spec["network_name"]}
 
     def update_lease(self, lease, body):
         """As Blazar 18's manager (and Chameleon's fork) extends: flavor:instance and physical:host alike,
