@@ -12,9 +12,10 @@ namespace llmctl::trainer {
 StatusOr<std::unique_ptr<Parallelism>> MakeParallelism(const TrialConfig& config,
                                                        const std::optional<dist::RankEnv>& env,
                                                        torch::Device device) {
-  const int64_t devices = config.GetInt("devices");
-  const int64_t nodes = config.GetInt("nodes");
-  const std::string strategy = config.GetString("strategy");
+  const TrialSettings& settings = config.settings();
+  const int64_t devices = settings.device.count;
+  const int64_t nodes = settings.parallel.nodes;
+  const std::string strategy(Name(settings.parallel.strategy));
   // Every node's devices are ranks of one job: the data shards, the gradient average and FSDP's
   // shards are over all of them.
   const int64_t world_size = devices * nodes;
@@ -36,18 +37,17 @@ StatusOr<std::unique_ptr<Parallelism>> MakeParallelism(const TrialConfig& config
                                 " but the trial has " + ranks_text + ": strategy " + strategy +
                                 " runs one rank per device");
   }
-  if (strategy == "fsdp") {
+  if (settings.parallel.strategy == trial::Strategy::kFsdp) {
     ASSIGN_OR_RETURN(std::unique_ptr<FullyShardedDataParallel> fsdp,
                      FullyShardedDataParallel::Join(
                          *env, device,
-                         {.reshard_after_forward = config.GetBool("fsdp.reshard_after_forward"),
-                          .offload = config.GetString("offload") == "full",
-                          .alignment = ShardAlignment(config.GetString("optimizer"))}));
+                         {.reshard_after_forward = settings.parallel.fsdp_reshard_after_forward,
+                          .offload = settings.memory.offload == trial::Offload::kFull,
+                          .alignment = ShardAlignment(Name(settings.train.optimizer))}));
     return std::unique_ptr<Parallelism>(std::move(fsdp));
   }
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<DataParallel> ddp,
-      DataParallel::Join(*env, device, config.GetByteSize("ddp.bucket_size").value_or(0)));
+  ASSIGN_OR_RETURN(std::unique_ptr<DataParallel> ddp,
+                   DataParallel::Join(*env, device, settings.parallel.ddp_bucket_size.bytes));
   return std::unique_ptr<Parallelism>(std::move(ddp));
 }
 
