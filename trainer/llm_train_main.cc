@@ -73,9 +73,9 @@ struct LauncherFlags {
 // `config`.
 int LaunchRanks(const LauncherFlags& flags, const llmctl::TrialConfig& config, int argc,
                 char** argv) {
-  const int64_t nodes = config.GetInt("nodes");
-  const int64_t devices = config.GetInt("devices");
-  const std::string strategy = config.GetString("strategy");
+  const int64_t nodes = config.settings().parallel.nodes;
+  const int64_t devices = config.settings().device.count;
+  const std::string strategy(llmctl::Name(config.settings().parallel.strategy));
   if (flags.nnodes != nodes) {
     return Fail("the trial has nodes: " + std::to_string(nodes) + " but --nnodes is " +
                 std::to_string(flags.nnodes) + "; pass --nnodes " + std::to_string(nodes) +
@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
   }
   llmctl::LocalizeNodePaths(config);
   llmctl::ApplyLabSpellings(config);
-  auto model = llmctl::trainer::ResolveTrialModel(config.GetString("model"));
+  auto model = llmctl::trainer::ResolveTrialModel(config.settings().model.name);
   if (!model.ok()) return Fail(model.status().message());
   // The LLaMA family's shape; BLIP-2's checks are the trial's (llm-train's setup).
   const llmctl::ModelConfig* llama = std::get_if<llmctl::ModelConfig>(&*model);
@@ -315,9 +315,9 @@ int main(int argc, char** argv) {
         "--nproc too");
   }
   // A rank: what the launcher (or torchrun) told it in its environment.
-  const std::string strategy = config.GetString("strategy");
-  const int64_t devices = config.GetInt("devices");
-  const int64_t nodes = config.GetInt("nodes");
+  const std::string strategy(llmctl::Name(config.settings().parallel.strategy));
+  const int64_t devices = config.settings().device.count;
+  const int64_t nodes = config.settings().parallel.nodes;
   std::optional<llmctl::dist::RankEnv> rank_env;
   if (llmctl::DataParallelRanks(config) > 1) {
     auto env = llmctl::dist::RankEnvFromEnvironment();
