@@ -166,14 +166,15 @@ TEST_F(NodesTest, ALeaseThatAlsoReservesAFloatingIpBootsOnItsHosts) {
                      {"max", 1}};
   BlazarClient blazar(*session_, sim_->clock());
   for (const auto& [name, reservations] :
-       {std::pair<std::string, json>{"with-ip", {floating_ip, host}},
-        std::pair<std::string, json>{"only-ip", {floating_ip}}}) {
+       {std::pair<std::string, json>{"with-ip", json::array({floating_ip, host})},
+        std::pair<std::string, json>{"only-ip", json::array({floating_ip})}}) {
     const json body = {{"name", name},
                        {"start_date", "now"},
                        {"end_date", FormatUtc(end, "%Y-%m-%d %H:%M")},
                        {"events", json::array()},
                        {"reservations", reservations}};
-    ASSERT_TRUE(session_->CallJson("reservation", "POST", "/v1/leases", &body).ok());
+    auto created = session_->CallJson("reservation", "POST", "/v1/leases", &body);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
     ASSERT_TRUE(blazar.WaitUntilActive(name, std::chrono::seconds(300)).ok());
   }
   NodeSpec spec;
