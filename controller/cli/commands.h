@@ -3,8 +3,8 @@
 //
 // Exit codes (stable; scripts rely on them):
 //   0  success
-//   1  a trial ended other than its `expect:` says, or without one failed, diverged or was
-//      cancelled (submit --wait, resume --wait); or an operation failed
+//   1  a trial ended other than its `expect:` says, or without one failed, was refused as
+//      invalid, diverged or was cancelled (submit --wait, resume --wait); or an operation failed
 //   2  invalid input: a bad flag, experiment file, input file (data, tokenizer, model, adapter),
 //      format, id or trial name (nothing was stored or sent); for resume also a trial that cannot
 //      be resumed (still running, ended ok, no checkpoint, its node removed), saying why

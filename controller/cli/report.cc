@@ -642,8 +642,8 @@ StatusOr<ReportFormat> ParseReportFormat(std::string_view name) {
 bool IsUnexpected(const v1::TrialReport& trial) {
   if (!trial.expected().empty()) return trial.outcome() != trial.expected();
   const std::string& outcome = trial.outcome();
-  return outcome == trial_outcome::kFailed || outcome == trial_outcome::kDiverged ||
-         outcome == trial_outcome::kCancelled;
+  return outcome == trial_outcome::kFailed || outcome == trial_outcome::kInvalid ||
+         outcome == trial_outcome::kDiverged || outcome == trial_outcome::kCancelled;
 }
 
 bool HasEnded(const v1::TrialReport& trial) {

@@ -29,8 +29,8 @@ std::string RenderReport(const v1::ReportResponse& report, ReportFormat format);
 bool HasEnded(const v1::TrialReport& trial);
 
 // A trial that did not do what was expected: with `expect:`, an outcome other than it (a trial
-// that has not ended counts too); without, failed, diverged or cancelled (ok and oom are
-// measurements).
+// that has not ended counts too); without, failed, invalid (an input refused), diverged or
+// cancelled (ok and oom are measurements).
 bool IsUnexpected(const v1::TrialReport& trial);
 
 // The trials that IsUnexpected; `submit --wait` exits 1 when there is one.

@@ -394,10 +394,12 @@ TEST(ReportTest, CountsOutcomesOtherThanExpected) {
   EXPECT_EQ(CountUnexpectedOutcomes(report), 1);  // cpu-offload; the running one expects nothing
   report.mutable_trials(3)->set_expected("ok");
   EXPECT_EQ(CountUnexpectedOutcomes(report), 2);
-  // Without `expect:`, ok and oom are measurements; failed, diverged and cancelled are not.
+  // Without `expect:`, ok and oom are measurements; failed, invalid (an input refused, nothing
+  // ran), diverged and cancelled are not.
   report.mutable_trials(3)->clear_expected();
   const std::map<std::string, int> unexpected_without_expect = {
-      {"ok", 0}, {"oom", 0}, {"failed", 1}, {"diverged", 1}, {"cancelled", 1}, {"running", 0}};
+      {"ok", 0},        {"oom", 0},       {"failed", 1}, {"invalid", 1},
+      {"diverged", 1},  {"cancelled", 1}, {"running", 0}};
   for (const auto& [outcome, extra] : unexpected_without_expect) {
     report.mutable_trials(3)->set_outcome(outcome);
     EXPECT_EQ(CountUnexpectedOutcomes(report), 1 + extra) << outcome;
