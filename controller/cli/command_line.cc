@@ -137,6 +137,9 @@ void AddPlanCommand(CLI::App& app, ParsedCommandLine& line) {
                         "Write the top configurations as an experiment file `llmctl submit` runs");
   line.plan->add_option("--data", line.plan_options.data,
                         "With --write: the training data (data.path)");
+  line.plan->add_option("--tokenizer", line.plan_options.tokenizer,
+                        "With --write: a tokenizer.json or its directory (tokenizer), where "
+                        "MODEL's directory has none");
   line.plan->add_option("--init", line.plan_options.init,
                         "With --write: pretrained or random (default: pretrained for a published "
                         "preset)");

@@ -18,6 +18,8 @@
 #include "common/experiment.h"
 #include "common/model_config.h"
 #include "common/text.h"
+#include "common/trial_settings.h"
+#include "controller/cli/inputs.h"
 #include "controller/cli/report_format.h"
 
 namespace llmctl::cli {
@@ -158,6 +160,7 @@ StatusOr<Resolved> Resolve(const PlanOptions& o) {
            {"nodes", std::to_string(o.nodes)}}) {
     RETURN_IF_ERROR(base.SetFromText(key, value));
   }
+  if (!o.tokenizer.empty()) RETURN_IF_ERROR(base.SetFromText("tokenizer", o.tokenizer));
   if (r.blip2) {
     RETURN_IF_ERROR(base.SetFromText("data.format", "imagefolder"));
     // LoRA's usual targets by the language model's own names: OPT's q_proj and v_proj (the
@@ -189,20 +192,23 @@ StatusOr<Resolved> Resolve(const PlanOptions& o) {
 
 // The keys a candidate sets on top of the base, as an experiment file's trial `set:` nests them.
 YAML::Node CandidateSet(const estimate::PlanCandidate& c) {
+  const TrialSettings& s = c.config.settings();
   YAML::Node set;
-  set["precision"] = c.config.GetString("precision");
-  set["optimizer"] = c.config.GetString("optimizer");
-  if (c.config.GetString("peft.method") != "none") {
-    set["peft"]["method"] = c.config.GetString("peft.method");
-    for (const std::string& target : c.config.GetStringList("peft.targets")) {
-      set["peft"]["targets"].push_back(target);
-    }
+  set["precision"] = std::string(Name(s.memory.precision));
+  set["optimizer"] = std::string(Name(s.train.optimizer));
+  if (s.peft.method != trial::PeftMethod::kNone) {
+    set["peft"]["method"] = std::string(Name(s.peft.method));
+    for (const std::string& target : s.peft.targets) set["peft"]["targets"].push_back(target);
     set["peft"]["targets"].SetStyle(YAML::EmitterStyle::Flow);
   }
-  if (c.config.GetBool("activation_checkpointing")) set["activation_checkpointing"] = true;
-  if (c.config.GetString("strategy") != "auto") set["strategy"] = c.config.GetString("strategy");
-  if (c.config.GetString("offload") != "none") set["offload"] = c.config.GetString("offload");
-  set["train"]["micro_batch_size"] = c.config.GetInt("train.micro_batch_size");
+  if (s.memory.activation_checkpointing) set["activation_checkpointing"] = true;
+  if (s.parallel.strategy != trial::Strategy::kAuto) {
+    set["strategy"] = std::string(Name(s.parallel.strategy));
+  }
+  if (s.memory.offload != trial::Offload::kNone) {
+    set["offload"] = std::string(Name(s.memory.offload));
+  }
+  set["train"]["micro_batch_size"] = s.train.micro_batch_size;
   return set;
 }
 
@@ -225,6 +231,7 @@ std::string ExperimentYaml(const PlanOptions& o, const Resolved& r, const estima
   root["description"] =
       "The configurations `llmctl plan` predicts fit " + r.device_text + ", fastest first";
   root["model"] = BesideFile(o.model, file);
+  if (!o.tokenizer.empty()) root["tokenizer"] = BesideFile(o.tokenizer, file);
   const ModelConfig* preset = FindPreset(o.model);
   root["init"] = !o.init.empty()                                    ? o.init
                  : preset != nullptr && !preset->hf_repo_id.empty() ? "pretrained"
@@ -274,6 +281,34 @@ std::string ExperimentYaml(const PlanOptions& o, const Resolved& r, const estima
          "each one's measured peak and tokens/s beside the prediction.\n" + out.c_str() + "\n";
 }
 
+// Which plan flag supplies what a refused input names, for the message.
+std::string FlagHint(const std::string& message, const PlanOptions& o) {
+  if (message.find("tokenizer") != std::string::npos) {
+    return o.tokenizer.empty() ? "; --tokenizer PATH names one"
+                               : "; check --tokenizer " + o.tokenizer;
+  }
+  if (message.find("data.path") != std::string::npos) return "; check --data " + o.data;
+  return "";
+}
+
+// The written file's inputs checked as `llmctl submit` checks them (CollectInputs, then
+// CheckLocalInputs), so that plan never writes a file submit refuses.
+Status CheckSubmittable(const std::string& yaml, const PlanOptions& o) {
+  const std::string file = fs::absolute(o.write).string();
+  StatusOr<Experiment> checked =
+      ParseExperiment(yaml, file, {.resolve_local_paths = true, .output_dir_in_run = true});
+  StatusOr<Experiment> as_written =
+      ParseExperiment(yaml, file, {.resolve_local_paths = false, .output_dir_in_run = true});
+  Status refused = !checked.ok()      ? checked.status()
+                   : !as_written.ok() ? as_written.status()
+                                      : CollectInputs(*as_written, file).status();
+  if (refused.ok()) refused = CheckLocalInputs(*checked, file);
+  if (refused.ok()) return Status::Ok();
+  return InvalidArgumentError("--write " + o.write +
+                              ": not written, `llmctl submit` would refuse it: " +
+                              refused.message() + FlagHint(refused.message(), o));
+}
+
 std::string CommandLine(const PlanOptions& o) {
   std::string text = "llmctl plan " + o.model + " --device " + o.device;
   if (!o.device_memory.empty()) text += " --device-memory " + o.device_memory;
@@ -297,7 +332,7 @@ std::string RenderTable(const PlanOptions& o, const Resolved& r, const estimate:
   const size_t shown = std::min<size_t>(plan.fits.size(), static_cast<size_t>(o.top));
   for (size_t i = 0; i < shown; ++i) {
     const estimate::PlanCandidate& c = plan.fits[i];
-    const int64_t micro = c.config.GetInt("train.micro_batch_size");
+    const int64_t micro = c.config.settings().train.micro_batch_size;
     std::vector<std::string> row = {
         std::to_string(i + 1),
         c.name,
@@ -370,15 +405,16 @@ std::string RenderJson(const PlanOptions& o, const Resolved& r, const estimate::
                       {"dropped", ordered_json::array()}};
   for (size_t i = 0; i < plan.fits.size(); ++i) {
     const estimate::PlanCandidate& c = plan.fits[i];
+    const TrialSettings& s = c.config.settings();
     ordered_json row = {{"rank", i + 1},
                         {"name", c.name},
-                        {"precision", c.config.GetString("precision")},
-                        {"optimizer", c.config.GetString("optimizer")},
-                        {"peft", c.config.GetString("peft.method")},
-                        {"activation_checkpointing", c.config.GetBool("activation_checkpointing")},
-                        {"strategy", c.config.GetString("strategy")},
-                        {"offload", c.config.GetString("offload")},
-                        {"micro_batch_size", c.config.GetInt("train.micro_batch_size")},
+                        {"precision", Name(s.memory.precision)},
+                        {"optimizer", Name(s.train.optimizer)},
+                        {"peft", Name(s.peft.method)},
+                        {"activation_checkpointing", s.memory.activation_checkpointing},
+                        {"strategy", Name(s.parallel.strategy)},
+                        {"offload", Name(s.memory.offload)},
+                        {"micro_batch_size", s.train.micro_batch_size},
                         {"peak_bytes", c.memory.peak_bytes},
                         {"step_seconds", c.time.step_seconds},
                         {"tokens_per_second", c.time.tokens_per_second},
@@ -420,14 +456,8 @@ StatusOr<std::string> PlanRun(const PlanOptions& options) {
                                      ": nothing fits, so there is nothing to write");
     }
     const std::string yaml = ExperimentYaml(options, resolved, *plan, CommandLine(options));
-    // What is written must be what `llmctl submit` runs: parsed as it will be, before it lands.
-    const std::string written_as =
-        (fs::absolute(options.write).parent_path() / "plan.yaml").string();
-    StatusOr<Experiment> parsed = ParseExperiment(yaml, written_as);
-    if (!parsed.ok()) {
-      return InternalError("the plan's experiment file does not parse: " +
-                           parsed.status().message());
-    }
+    // What is written must be what `llmctl submit` runs: checked as it will be, before it lands.
+    RETURN_IF_ERROR(CheckSubmittable(yaml, options));
     const Status written = WriteFileAtomically(
         options.write, [&](int fd) { return WriteAll(fd, yaml.data(), yaml.size()); });
     if (!written.ok()) return InvalidArgumentError("--write: " + written.message());

@@ -1,7 +1,7 @@
 // `llmctl plan MODEL --device GPU|cpu --seq N --global-batch N (--steps N | --tokens N) ...`:
 // which configuration of a fine-tuning run fits a device and which is fastest, before anything is
-// reserved (common/estimate/plan_search.h searches; this renders, and with --write emits the top rows as
-// an experiment file that `llmctl submit` runs as it stands).
+// reserved (common/estimate/plan_search.h searches; this renders, and with --write emits the top
+// rows as an experiment file that `llmctl submit` runs as it stands).
 #ifndef LLMCTL_CONTROLLER_CLI_PLAN_H_
 #define LLMCTL_CONTROLLER_CLI_PLAN_H_
 
@@ -35,7 +35,9 @@ struct PlanOptions {
   int64_t top = 10;
   std::string write;  // an experiment file of the top rows
   std::string data;   // its data.path (required with --write)
-  std::string init;   // its init: default pretrained for a published preset, else random
+  // Its tokenizer (a tokenizer.json or its directory), where the model's directory has none.
+  std::string tokenizer;
+  std::string init;  // its init: default pretrained for a published preset, else random
   std::string format = "table";
   // The calibration of a device's time; unset: the built-in one.
   estimate::CalibrationLookup calibrate;
@@ -44,7 +46,9 @@ struct PlanOptions {
 };
 
 // The plan, as text (table or json). InvalidArgument (exit 2) for a bad flag, naming it and what
-// it takes; an unreadable model; --write without --data or to an unwritable path.
+// it takes; an unreadable model; --write without --data or to an unwritable path, or of a file
+// whose inputs `llmctl submit` would refuse (CollectInputs, CheckLocalInputs): nothing is written
+// then, and the message names the flag that supplies what is missing.
 StatusOr<std::string> PlanRun(const PlanOptions& options);
 
 }  // namespace llmctl::cli

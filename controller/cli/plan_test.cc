@@ -13,7 +13,9 @@
 #include "common/byte_size.h"
 #include "common/estimate/trainer_runs.h"
 #include "common/experiment.h"
+#include "common/files.h"
 #include "controller/cli/commands.h"
+#include "controller/cli/inputs.h"
 #include "controller/cli/offline_cli_test.h"
 #include "tests/support/shell_command.h"
 
@@ -147,6 +149,8 @@ TEST_F(PlanTest, Blip2IsPlannedWithItsLanguageModelsAdapterNames) {
                     file.string(),
                     "--data",
                     Source() + "/experiments/data/captions",
+                    "--tokenizer",
+                    Source() + "/experiments/tokenizers/captions-t5",
                     "--format",
                     "json"}),
             kExitOk)
@@ -163,6 +167,40 @@ TEST_F(PlanTest, Blip2IsPlannedWithItsLanguageModelsAdapterNames) {
     EXPECT_EQ(trial.config.GetString("data.format"), "imagefolder");
     EXPECT_EQ(trial.config.GetStringList("peft.targets"), (std::vector<std::string>{"q", "v"}));
   }
+}
+
+// Issue 39: cpu-lab-small's directory holds no tokenizer.json, so a file naming none is one
+// `llmctl submit` refuses. plan refuses to write it and names --tokenizer; with --tokenizer the
+// file names it and passes submit's own checks of its inputs.
+TEST_F(PlanTest, WritesOnlyWhatSubmitAccepts) {
+  const fs::path file = dir_ / "plan.yaml";
+  std::vector<std::string> args = CpuLabLarge();
+  args[0] = Source() + "/experiments/models/cpu-lab-small";
+  args.insert(args.end(), {"--top", "2", "--write", file.string(), "--data",
+                           Source() + "/experiments/data/alpaca-demo.jsonl"});
+  ASSERT_FALSE(fs::exists(fs::path(args[0]) / "tokenizer.json"));
+  EXPECT_EQ(Llmctl(args), kExitInvalidInput) << out_.str();
+  EXPECT_NE(err_.str().find("`llmctl submit` would refuse it"), std::string::npos) << err_.str();
+  EXPECT_NE(err_.str().find("--tokenizer PATH"), std::string::npos) << err_.str();
+  EXPECT_EQ(out_.str(), "");
+  EXPECT_FALSE(fs::exists(file));
+
+  const std::string tokenizer = Source() + "/experiments/tokenizers/demo/tokenizer.json";
+  args.insert(args.end(), {"--tokenizer", tokenizer});
+  ASSERT_EQ(Llmctl(args), kExitOk) << err_.str();
+  StatusOr<Experiment> checked = LoadExperimentFile(file.string());
+  ASSERT_TRUE(checked.ok()) << checked.status().message();
+  StatusOr<Experiment> as_written =
+      ParseExperiment(*ReadFileToString(file.string(), kMaxExperimentFileBytes), file.string(),
+                      {.resolve_local_paths = false, .output_dir_in_run = true});
+  ASSERT_TRUE(as_written.ok()) << as_written.status().message();
+  ASSERT_EQ(checked->trials.size(), 2u);
+  for (const Trial& trial : checked->trials) {
+    EXPECT_EQ(fs::canonical(trial.config.settings().model.tokenizer), fs::canonical(tokenizer));
+  }
+  EXPECT_TRUE(CollectInputs(*as_written, file.string()).ok());
+  const Status accepted = CheckLocalInputs(*checked, file.string());
+  EXPECT_TRUE(accepted.ok()) << accepted.message();
 }
 
 // Issue 28's check of a plan: every configuration it says fits does fit, run by the real
