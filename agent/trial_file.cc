@@ -66,7 +66,7 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
   // The controller checked output_dir when the experiment was submitted, but the agent, which runs
   // the trial as root, does not take its word for it: a path that leaves the run's output/ is
   // refused here too.
-  ASSIGN_OR_RETURN(const std::string inside, OutputDirInRun(config->GetString("output_dir")));
+  ASSIGN_OR_RETURN(const std::string inside, OutputDirInRun(config->settings().output.dir));
   RETURN_IF_ERROR(config->Set(
       "output_dir", inside == "." ? default_output_dir : default_output_dir + "/" + inside));
   // ToJson holds exactly the keys the experiment set, so llm-train's checks that look at which keys
@@ -74,12 +74,16 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
   // in the same registry's defaults.
   YAML::Emitter out;
   EmitMap(out, config->ToJson());
-  const std::string strategy = config->GetString("strategy");
-  const int64_t devices = config->GetInt("devices");
-  const int ranks =
-      (strategy == "ddp" || strategy == "fsdp") && devices > 1 ? static_cast<int>(devices) : 1;
-  return TrialFile{std::string(out.c_str()) + "\n", config->GetString("device"), ranks,
-                   config->GetInt("nodes"), std::move(input_names)};
+  const TrialSettings& settings = config->settings();
+  const bool data_parallel = settings.parallel.strategy == trial::Strategy::kDdp ||
+                             settings.parallel.strategy == trial::Strategy::kFsdp;
+  // The ranks this node starts: one per device under ddp or fsdp (DataParallelRanks counts all
+  // nodes' ranks).
+  const int ranks = data_parallel && settings.device.count > 1
+                        ? static_cast<int>(settings.device.count)
+                        : 1;
+  return TrialFile{std::string(out.c_str()) + "\n", std::string(Name(settings.device.kind)), ranks,
+                   settings.parallel.nodes, std::move(input_names)};
 }
 
 }  // namespace llmctl::agent

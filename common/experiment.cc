@@ -668,7 +668,7 @@ class ExperimentParser {
 
     ApplyLabSpellings(trial.config);
     const ModelConfig* model = nullptr;
-    const std::string model_name = trial.config.GetString("model");
+    const std::string model_name = trial.config.settings().model.name;
     // BLIP-2 reads images and LLaMA-family models read text: which one the model is decides
     // data.format. Taken on trust where the model is not here (a hub or node model).
     std::optional<bool> blip2;

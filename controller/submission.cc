@@ -46,11 +46,11 @@ StatusOr<store::NewExperiment> PrepareSubmission(
     stored.description = trial.description;
     stored.config_json = trial.config.ToJson().dump();
     stored.expect = trial.expect;
-    stored.device_type = trial.config.GetString("device");
+    stored.device_type = Name(trial.config.settings().device.kind);
     // A cpu trial's ranks (strategy ddp or fsdp, devices N) are N processes sharing the host's one
     // `cpu` device, which is what a CPU node lists: it needs that device, not N of them. The agent
     // starts the ranks from the trial's config.
-    stored.device_count = stored.device_type == "cpu" ? 1 : trial.config.GetInt("devices");
+    stored.device_count = stored.device_type == "cpu" ? 1 : trial.config.settings().device.count;
   }
   return experiment;
 }

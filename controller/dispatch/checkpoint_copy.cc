@@ -207,7 +207,7 @@ StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attemp
   ASSIGN_OR_RETURN(const TrialConfig config,
                    TrialConfig::FromJson(nlohmann::json::parse(trial.config_json, nullptr,
                                                                /*allow_exceptions=*/false)));
-  if (attempt.nodes.size() > 1 && config.GetString("strategy") == "fsdp") {
+  if (attempt.nodes.size() > 1 && config.settings().parallel.strategy == trial::Strategy::kFsdp) {
     // Every node's ranks wrote their shards under the same path in their own run directories,
     // which the agents serve relative to the run directory.
     const size_t output = checkpoint.path.rfind("/output/");
@@ -226,7 +226,7 @@ StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attemp
       }
       by_node.push_back(std::move(*fetched));
     }
-    ASSIGN_OR_RETURN(files, MergeNodeCheckpoints(by_node, config.GetInt("devices")));
+    ASSIGN_OR_RETURN(files, MergeNodeCheckpoints(by_node, config.settings().device.count));
   }
   digest::InputTree tree{.digest = digest::TreeDigest(files), .files = files, .is_file = false};
   RETURN_IF_ERROR(digest::ValidateInputTree("checkpoint " + checkpoint.path, tree));

@@ -51,7 +51,7 @@ StatusOr<Launcher::Readiness> Launcher::Prepare(const store::TrialRecord& trial,
                                                 std::string& failure, store::Time now) {
   store::Store& store = core_.store;
   ASSIGN_OR_RETURN(auto inputs, store.GetInputs(trial.experiment_id));
-  if (const std::string model = config.GetString("model"); IsHubModelRef(model)) {
+  if (const std::string& model = config.settings().model.name; IsHubModelRef(model)) {
     StatusOr<bool> ready = hub_models_.Ensure(link, model, trial.experiment_id, now);
     if (!ready.ok()) {
       failure = ready.status().message();
@@ -98,7 +98,7 @@ bool Launcher::Refused(const store::TrialRecord& trial, const grpc::Status& ran)
 
 void Launcher::ForgetLostHubModel(const TrialConfig& config, AgentLinks::Link& link,
                                   const grpc::Status& ran) {
-  if (const std::string model = config.GetString("model");
+  if (const std::string& model = config.settings().model.name;
       IsHubModelRef(model) && ran.error_code() == grpc::StatusCode::NOT_FOUND) {
     // The agent lost its copy (a wiped cache): prepare it again.
     hub_models_.Forget(link.name, model);

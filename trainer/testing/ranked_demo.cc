@@ -247,13 +247,14 @@ SteppedRun ReadSteppedRun(const RankedDemoRun& run, int64_t steps) {
       auto config = TrialConfig::FromJson(checkpoint->state.config);
       EXPECT_TRUE(config.ok()) << config.status().message();
       if (!config.ok()) return {};
-      stepped.optimizer_name = config->GetString("optimizer");
-      stepped.momentum = config->GetFloat("train.momentum");
-      const std::vector<double> betas = config->GetFloatList("train.betas");
+      const TrainSettings& train = config->settings().train;
+      stepped.optimizer_name = Name(train.optimizer);
+      stepped.momentum = train.momentum;
+      const std::vector<double>& betas = train.betas;
       stepped.steps.beta1 = betas.at(0);
       stepped.steps.beta2 = betas.at(1);
-      stepped.steps.eps = config->GetFloat("train.eps");
-      stepped.steps.weight_decay = config->GetFloat("train.weight_decay");
+      stepped.steps.eps = train.eps;
+      stepped.steps.weight_decay = train.weight_decay;
     }
   }
   for (const nlohmann::json& step : EventsOfType(run.events.at(0), "step")) {
