@@ -22,6 +22,10 @@
 #include <csignal>
 #include <iostream>
 #include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
 
 #include "common/atomic_file.h"
 #include "common/experiment.h"
@@ -154,10 +158,8 @@ int RunProbe(const llmctl::trainer::RateProbeOptions& options, const std::string
   return llmctl::trainer_exit::kOk;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"llm-train: fine-tunes a LLaMA-family model and reports where the memory went"};
+// Every flag of the command line (the usage at the top of this file).
+struct Flags {
   std::string config_path;
   std::string trial_name;
   std::vector<std::string> overrides;
@@ -168,36 +170,57 @@ int main(int argc, char** argv) {
   bool list_trials = false;
   bool print_version = false;
   bool json = false;
-  CLI::Option* version_flag =
-      app.add_flag("--version", print_version,
-                   "print llmctl's and LibTorch's versions, the CUDA LibTorch was built for and, "
-                   "with a GPU, the CUDA runtime's and the NVIDIA driver's");
-  app.add_flag("--json", json, "with --version: one line of JSON")->needs(version_flag);
   bool probe = false;
   llmctl::trainer::RateProbeOptions probe_options;
   std::string probe_output;
+  LauncherFlags launcher;
+  std::vector<std::string> input_names;
+  // Given only to place --nproc's ranks: a rank that gets them is refused.
+  CLI::Option* nnodes_flag = nullptr;
+  CLI::Option* node_rank_flag = nullptr;
+  CLI::Option* master_addr_flag = nullptr;
+};
+
+// --version, --json, --probe and its options, --keys: what prints facts and runs no trial.
+void AddInfoFlags(CLI::App& app, Flags& flags) {
+  CLI::Option* version_flag =
+      app.add_flag("--version", flags.print_version,
+                   "print llmctl's and LibTorch's versions, the CUDA LibTorch was built for and, "
+                   "with a GPU, the CUDA runtime's and the NVIDIA driver's");
+  app.add_flag("--json", flags.json, "with --version: one line of JSON")->needs(version_flag);
   CLI::Option* probe_flag = app.add_flag(
-      "--probe", probe,
+      "--probe", flags.probe,
       "measure this machine's rates (matmuls per dtype, attention, memory, op dispatch, the "
       "host's AdamW step, host<->device copies) in about 10 s and print them as JSON");
-  app.add_option("--probe-device", probe_options.device, "with --probe: cpu (default) or cuda")
+  app.add_option("--probe-device", flags.probe_options.device,
+                 "with --probe: cpu (default) or cuda")
       ->needs(probe_flag);
-  app.add_option("--probe-output", probe_output, "with --probe: write the JSON to this file")
+  app.add_option("--probe-output", flags.probe_output, "with --probe: write the JSON to this file")
       ->needs(probe_flag);
-  app.add_flag("--keys", print_keys,
+  app.add_flag("--keys", flags.print_keys,
                "print every trial key (type, default, allowed values) as Markdown");
-  app.add_option("--config", config_path, "experiment file (YAML)");
-  app.add_option("--trial", trial_name, "which trial of the file to run (default: the only one)");
+}
+
+// --config and what picks, changes and runs its trial.
+void AddTrialFlags(CLI::App& app, Flags& flags) {
+  app.add_option("--config", flags.config_path, "experiment file (YAML)");
+  app.add_option("--trial", flags.trial_name,
+                 "which trial of the file to run (default: the only one)");
   app.add_flag(
-      "--list", list_trials,
+      "--list", flags.list_trials,
       "print the file's trials, one per line: the name, and a tab and the expected outcome "
       "when the file states one");
-  app.add_option("--set", overrides, "override a trial key, e.g. --set train.micro_batch_size=8");
-  app.add_option("--events", events_path, "append JSON-lines events to this file");
-  app.add_flag("--prepare", prepare_only, "only tokenize the dataset into the token cache");
-  app.add_option("--resume", resume_from,
+  app.add_option("--set", flags.overrides,
+                 "override a trial key, e.g. --set train.micro_batch_size=8");
+  app.add_option("--events", flags.events_path, "append JSON-lines events to this file");
+  app.add_flag("--prepare", flags.prepare_only, "only tokenize the dataset into the token cache");
+  app.add_option("--resume", flags.resume_from,
                  "continue from a checkpoint directory (<output_dir>/checkpoints/step-N)");
-  LauncherFlags launcher;
+}
+
+// --nproc and the flags that place this host's ranks, and --input-name.
+void AddLauncherFlags(CLI::App& app, Flags& flags) {
+  LauncherFlags& launcher = flags.launcher;
   app.add_option("--nproc", launcher.nproc,
                  "strategy ddp or fsdp: start this many ranks of this trial on this machine, "
                  "torchrun-style (the trial's devices); one rank failing stops the others")
@@ -210,143 +233,157 @@ int main(int argc, char** argv) {
   app.add_option("--ranks-file", launcher.ranks_file,
                  "with --nproc: write this node's ranks' pids, the port and, once one fails, which "
                  "failed first and how, as JSON to this file (atomically; the agent reads it)");
-  CLI::Option* nnodes_flag =
+  flags.nnodes_flag =
       app.add_option("--nnodes", launcher.nnodes,
                      "with --nproc: the hosts the trial's ranks span (its nodes); each runs "
                      "--nproc of the nnodes x nproc ranks")
           ->check(CLI::PositiveNumber);
-  CLI::Option* node_rank_flag =
+  flags.node_rank_flag =
       app.add_option("--node-rank", launcher.node_rank,
                      "with --nproc and --nnodes: this host's place, 0 up to nnodes-1; its local "
                      "rank l is rank node-rank x nproc + l")
           ->check(CLI::NonNegativeNumber);
-  CLI::Option* master_addr_flag = app.add_option(
+  flags.master_addr_flag = app.add_option(
       "--master-addr", launcher.master_addr,
       "with --nproc: node rank 0's host, where rank 0 serves the rendezvous (default 127.0.0.1)");
-  std::vector<std::string> input_names;
-  app.add_option("--input-name", input_names,
+  app.add_option("--input-name", flags.input_names,
                  "PATH=NAME: call PATH by NAME in messages (the agent names the inputs it copied "
                  "by the paths written in the experiment file)");
-  CLI11_PARSE(app, argc, argv);
-  if (print_version) {
+}
+
+// --version, --probe or --keys, when one was given: its exit code.
+std::optional<int> PrintInfo(const Flags& flags) {
+  if (flags.print_version) {
     // The agent reads the JSON for its node info: the first line of the text names the trainer in
     // reports, and the CUDA versions let the controller refuse a node whose driver is too old.
     const llmctl::TrainerVersions versions = llmctl::trainer::ProbeTrainerVersions();
-    std::cout << (json ? versions.ToJson() + "\n" : versions.ToText());
+    std::cout << (flags.json ? versions.ToJson() + "\n" : versions.ToText());
     return 0;
   }
-  if (probe) return RunProbe(probe_options, probe_output);
-  if (print_keys) {
+  if (flags.probe) return RunProbe(flags.probe_options, flags.probe_output);
+  if (flags.print_keys) {
     std::cout << llmctl::TrialKeysMarkdownTable();
     return 0;
   }
-  if (config_path.empty()) return Fail("--config is required (see --help)");
+  return std::nullopt;
+}
 
-  auto experiment = llmctl::LoadExperimentFile(config_path);
-  if (!experiment.ok()) return Fail(experiment.status().message());
-  if (list_trials) {
-    for (const llmctl::Trial& t : experiment->trials) {
-      std::cout << t.name;
-      if (t.expect) std::cout << '\t' << *t.expect;
-      std::cout << '\n';
-    }
-    return 0;
+int ListTrials(const llmctl::Experiment& experiment) {
+  for (const llmctl::Trial& t : experiment.trials) {
+    std::cout << t.name;
+    if (t.expect) std::cout << '\t' << *t.expect;
+    std::cout << '\n';
   }
-  const llmctl::Trial* trial = nullptr;
+  return 0;
+}
+
+// The trial --trial names, or the file's only one.
+llmctl::StatusOr<const llmctl::Trial*> PickTrial(const llmctl::Experiment& experiment,
+                                                 const std::string& config_path,
+                                                 const std::string& trial_name) {
   if (trial_name.empty()) {
-    if (experiment->trials.size() != 1) {
+    if (experiment.trials.size() != 1) {
       std::string names;
-      for (const auto& t : experiment->trials) names += (names.empty() ? "" : ", ") + t.name;
-      return Fail(config_path + " has " + std::to_string(experiment->trials.size()) +
-                  " trials; choose one with --trial (" + names + ")");
+      for (const auto& t : experiment.trials) names += (names.empty() ? "" : ", ") + t.name;
+      return llmctl::InvalidArgumentError(config_path + " has " +
+                                          std::to_string(experiment.trials.size()) +
+                                          " trials; choose one with --trial (" + names + ")");
     }
-    trial = &experiment->trials.front();
-  } else {
-    for (const auto& t : experiment->trials) {
-      if (t.name == trial_name) trial = &t;
-    }
-    if (trial == nullptr) return Fail(config_path + ": no trial named '" + trial_name + "'");
+    return &experiment.trials.front();
   }
-  llmctl::TrialConfig config = trial->config;
+  for (const auto& t : experiment.trials) {
+    if (t.name == trial_name) return &t;
+  }
+  return llmctl::InvalidArgumentError(config_path + ": no trial named '" + trial_name + "'");
+}
+
+// The trial's settings after --set, with node: paths and the labs' spellings resolved.
+llmctl::Status ApplyOverrides(const std::vector<std::string>& overrides,
+                              llmctl::TrialConfig& config) {
   for (const std::string& assignment : overrides) {
     const size_t eq = assignment.find('=');
-    if (eq == std::string::npos) return Fail("--set expects key=value, got '" + assignment + "'");
+    if (eq == std::string::npos) {
+      return llmctl::InvalidArgumentError("--set expects key=value, got '" + assignment + "'");
+    }
     llmctl::Status status = config.SetFromText(assignment.substr(0, eq), assignment.substr(eq + 1));
-    if (!status.ok()) return Fail("--set " + assignment + ": " + status.message());
+    if (!status.ok())
+      return llmctl::InvalidArgumentError("--set " + assignment + ": " + status.message());
   }
   llmctl::LocalizeNodePaths(config);
   llmctl::ApplyLabSpellings(config);
-  auto model = llmctl::trainer::ResolveTrialModel(config.settings().model.name);
-  if (!model.ok()) return Fail(model.status().message());
-  // The LLaMA family's shape; BLIP-2's checks are the trial's (llm-train's setup).
-  const llmctl::ModelConfig* llama = std::get_if<llmctl::ModelConfig>(&*model);
-  if (llmctl::Status status = llmctl::ValidateTrialConfig(config, llama); !status.ok()) {
-    return Fail(status.message());
-  }
+  return llmctl::Status::Ok();
+}
+
+llmctl::StatusOr<std::map<std::string, std::string>> ParseInputNames(
+    const std::vector<std::string>& input_names) {
   std::map<std::string, std::string> names;
   for (const std::string& entry : input_names) {
     const size_t eq = entry.find('=');
     if (eq == std::string::npos || eq == 0) {
-      return Fail("--input-name expects PATH=NAME, got '" + entry + "'");
+      return llmctl::InvalidArgumentError("--input-name expects PATH=NAME, got '" + entry + "'");
     }
     names[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
+  return names;
+}
 
-  if (prepare_only) {
-    auto checked = llmctl::TrialInputsChecker().Check(config, llama);
-    if (!checked.ok()) return Fail(llmctl::NameInputs(checked.status().message(), names));
-    if (const auto* blip2 = std::get_if<llmctl::Blip2Config>(&*model)) {
-      // The captions' token file; the images are decoded batch by batch in training.
-      auto batches = llmctl::trainer::OpenCaptionBatches(config, *blip2, 0, 1);
-      if (!batches.ok()) return Fail(llmctl::NameInputs(batches.status().message(), names));
-      std::cout << (*batches)->num_examples() << " captioned images prepared" << std::endl;
-      return 0;
-    }
-    auto tokens = llmctl::PrepareTokens(config);
-    if (!tokens.ok()) return Fail(llmctl::NameInputs(tokens.status().message(), names));
-    std::cout << *tokens << std::endl;
+// --prepare: the token cache (or, for BLIP-2, the captions' token file) and nothing else.
+int Prepare(const llmctl::TrialConfig& config, const llmctl::trainer::TrialModelConfig& model,
+            const std::map<std::string, std::string>& names) {
+  const llmctl::ModelConfig* llama = std::get_if<llmctl::ModelConfig>(&model);
+  auto checked = llmctl::TrialInputsChecker().Check(config, llama);
+  if (!checked.ok()) return Fail(llmctl::NameInputs(checked.status().message(), names));
+  if (const auto* blip2 = std::get_if<llmctl::Blip2Config>(&model)) {
+    // The captions' token file; the images are decoded batch by batch in training.
+    auto batches = llmctl::trainer::OpenCaptionBatches(config, *blip2, 0, 1);
+    if (!batches.ok()) return Fail(llmctl::NameInputs(batches.status().message(), names));
+    std::cout << (*batches)->num_examples() << " captioned images prepared" << std::endl;
     return 0;
   }
+  auto tokens = llmctl::PrepareTokens(config);
+  if (!tokens.ok()) return Fail(llmctl::NameInputs(tokens.status().message(), names));
+  std::cout << *tokens << std::endl;
+  return 0;
+}
 
-  if (launcher.nproc > 0) return LaunchRanks(launcher, config, argc, argv);
-  if (nnodes_flag->count() > 0 || node_rank_flag->count() > 0 || master_addr_flag->count() > 0) {
-    return Fail(
-        "--nnodes, --node-rank and --master-addr place the ranks that --nproc N starts; pass "
-        "--nproc too");
-  }
-  // A rank: what the launcher (or torchrun) told it in its environment.
+// A rank of a data-parallel trial: its place, from what the launcher (or torchrun) put in its
+// environment; nullopt for a trial of one rank.
+llmctl::StatusOr<std::optional<llmctl::dist::RankEnv>> RankEnvFor(
+    const llmctl::TrialConfig& config) {
+  if (llmctl::DataParallelRanks(config) <= 1) return std::optional<llmctl::dist::RankEnv>();
+  auto env = llmctl::dist::RankEnvFromEnvironment();
+  if (env.ok()) return std::optional<llmctl::dist::RankEnv>(*env);
   const std::string strategy(llmctl::Name(config.settings().parallel.strategy));
   const int64_t devices = config.settings().device.count;
   const int64_t nodes = config.settings().parallel.nodes;
-  std::optional<llmctl::dist::RankEnv> rank_env;
-  if (llmctl::DataParallelRanks(config) > 1) {
-    auto env = llmctl::dist::RankEnvFromEnvironment();
-    if (!env.ok()) {
-      const std::string start =
-          nodes > 1 ? "nodes: " + std::to_string(nodes) +
-                          " spreads them over that many hosts: start each host's share with "
-                          "--nproc " +
-                          std::to_string(devices) + " --nnodes " + std::to_string(nodes) +
-                          " --node-rank K --master-addr HOST --master-port P (HOST and P: node "
-                          "rank 0's; node rank 0 may pass --master-port 0)"
-                    : "start them with --nproc " + std::to_string(devices);
-      return Fail("strategy: " + strategy + " with devices: " + std::to_string(devices) +
-                  " runs one rank per device; " + start +
-                  " (or torchrun): " + env.status().message());
-    }
-    rank_env = *env;
-  }
+  const std::string start =
+      nodes > 1 ? "nodes: " + std::to_string(nodes) +
+                      " spreads them over that many hosts: start each host's share with "
+                      "--nproc " +
+                      std::to_string(devices) + " --nnodes " + std::to_string(nodes) +
+                      " --node-rank K --master-addr HOST --master-port P (HOST and P: node "
+                      "rank 0's; node rank 0 may pass --master-port 0)"
+                : "start them with --nproc " + std::to_string(devices);
+  return llmctl::InvalidArgumentError(
+      "strategy: " + strategy + " with devices: " + std::to_string(devices) +
+      " runs one rank per device; " + start + " (or torchrun): " + env.status().message());
+}
 
+// Trains the trial in this process (one rank of it, or all of a one-rank trial) and ends as it
+// does.
+int RunRank(const llmctl::TrialConfig& config, const Flags& flags,
+            std::optional<llmctl::dist::RankEnv> rank_env,
+            std::map<std::string, std::string> names) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGUSR1, OnCheckpointSignal);
   llmctl::trainer::RunOptions options;
-  options.events_path = llmctl::RankEventsPath(events_path, rank_env ? rank_env->rank : 0);
+  options.events_path = llmctl::RankEventsPath(flags.events_path, rank_env ? rank_env->rank : 0);
   options.rank_env = rank_env;
   options.human = &std::cout;
   options.cancel = &g_cancel;
   options.checkpoint_on_cancel = &g_checkpoint_on_cancel;
-  options.resume_from = resume_from;
+  options.resume_from = flags.resume_from;
   options.input_names = std::move(names);
   const llmctl::trainer::TrialResult result = llmctl::trainer::RunTrial(config, options);
   if (result.invalid_input) {
@@ -354,4 +391,48 @@ int main(int argc, char** argv) {
     return llmctl::trainer_exit::kInvalidInput;
   }
   return llmctl::trainer::ExitCodeFor(result.outcome);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"llm-train: fine-tunes a LLaMA-family model and reports where the memory went"};
+  Flags flags;
+  AddInfoFlags(app, flags);
+  AddTrialFlags(app, flags);
+  AddLauncherFlags(app, flags);
+  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> printed = PrintInfo(flags)) return *printed;
+  if (flags.config_path.empty()) return Fail("--config is required (see --help)");
+
+  auto experiment = llmctl::LoadExperimentFile(flags.config_path);
+  if (!experiment.ok()) return Fail(experiment.status().message());
+  if (flags.list_trials) return ListTrials(*experiment);
+  auto trial = PickTrial(*experiment, flags.config_path, flags.trial_name);
+  if (!trial.ok()) return Fail(trial.status().message());
+  llmctl::TrialConfig config = (*trial)->config;
+  if (llmctl::Status status = ApplyOverrides(flags.overrides, config); !status.ok()) {
+    return Fail(status.message());
+  }
+  auto model = llmctl::trainer::ResolveTrialModel(config.settings().model.name);
+  if (!model.ok()) return Fail(model.status().message());
+  // The LLaMA family's shape; BLIP-2's checks are the trial's (llm-train's setup).
+  const llmctl::ModelConfig* llama = std::get_if<llmctl::ModelConfig>(&*model);
+  if (llmctl::Status status = llmctl::ValidateTrialConfig(config, llama); !status.ok()) {
+    return Fail(status.message());
+  }
+  auto names = ParseInputNames(flags.input_names);
+  if (!names.ok()) return Fail(names.status().message());
+  if (flags.prepare_only) return Prepare(config, *model, *names);
+
+  if (flags.launcher.nproc > 0) return LaunchRanks(flags.launcher, config, argc, argv);
+  if (flags.nnodes_flag->count() > 0 || flags.node_rank_flag->count() > 0 ||
+      flags.master_addr_flag->count() > 0) {
+    return Fail(
+        "--nnodes, --node-rank and --master-addr place the ranks that --nproc N starts; pass "
+        "--nproc too");
+  }
+  auto rank_env = RankEnvFor(config);
+  if (!rank_env.ok()) return Fail(rank_env.status().message());
+  return RunRank(config, flags, *rank_env, std::move(*names));
 }
