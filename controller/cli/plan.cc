@@ -76,11 +76,10 @@ struct Resolved {
   int64_t ranks = 1;
 };
 
-StatusOr<Resolved> Resolve(const PlanOptions& o) {
-  Resolved r;
+// MODEL: BLIP-2 by its preset's name (with or without hf:Salesforce/) or a directory, else the
+// LLaMA family from a preset or a local directory.
+Status ResolvePlanModel(const PlanOptions& o, Resolved& r) {
   if (o.model.empty()) return InvalidArgumentError("MODEL: a preset name or a model directory");
-  // BLIP-2 by its preset's name (with or without hf:Salesforce/) or a directory, else the LLaMA
-  // family.
   std::string blip2_name = o.model;
   if (blip2_name.starts_with(kHubModelPrefix)) blip2_name.erase(0, kHubModelPrefix.size());
   StatusOr<std::optional<Blip2Config>> blip2 = ResolveBlip2Model(blip2_name);
@@ -88,19 +87,23 @@ StatusOr<Resolved> Resolve(const PlanOptions& o) {
   if (blip2->has_value()) {
     r.request.model.shapes = **blip2;
     r.blip2 = true;
-  } else {
-    if (IsHubModelRef(o.model)) {
-      return InvalidArgumentError(
-          "MODEL: " + o.model +
-          " is on the Hugging Face hub; plan needs its config.json on this machine: point MODEL "
-          "at a local directory holding it (BLIP-2's published models are known by name: "
-          "blip2-opt-2.7b, blip2-opt-6.7b, blip2-flan-t5-xl, blip2-flan-t5-xxl)");
-    }
-    StatusOr<ModelConfig> model = ResolveModel(o.model);
-    if (!model.ok()) return InvalidArgumentError("MODEL: " + model.status().message());
-    r.request.model.shapes = *model;
+    return Status::Ok();
   }
+  if (IsHubModelRef(o.model)) {
+    return InvalidArgumentError(
+        "MODEL: " + o.model +
+        " is on the Hugging Face hub; plan needs its config.json on this machine: point MODEL "
+        "at a local directory holding it (BLIP-2's published models are known by name: "
+        "blip2-opt-2.7b, blip2-opt-6.7b, blip2-flan-t5-xl, blip2-flan-t5-xxl)");
+  }
+  StatusOr<ModelConfig> model = ResolveModel(o.model);
+  if (!model.ok()) return InvalidArgumentError("MODEL: " + model.status().message());
+  r.request.model.shapes = *model;
+  return Status::Ok();
+}
 
+// --device and --device-memory: the device's rates and the bytes a run may allocate on it.
+Status ResolvePlanDevice(const PlanOptions& o, Resolved& r) {
   std::optional<uint64_t> budget;
   if (!o.device_memory.empty()) {
     StatusOr<uint64_t> bytes = ParseByteSize(o.device_memory);
@@ -115,27 +118,32 @@ StatusOr<Resolved> Resolve(const PlanOptions& o) {
     r.request.device_bytes = budget.value_or(std::numeric_limits<uint64_t>::max());
     r.device_text =
         "cpu" + (budget ? ", " + FormatBytes(*budget) + " budget" : ", no memory limit");
-  } else {
-    std::optional<estimate::Gpu> gpu = estimate::GpuNamed(o.device);
-    if (!gpu) {
-      std::string names;
-      for (const estimate::Gpu& g : estimate::KnownGpus()) names += g.name + ", ";
-      return InvalidArgumentError("--device: expected a GPU (" + names + ") or cpu, got '" +
-                                  o.device + "'");
-    }
-    r.cuda = true;
-    r.request.speed = estimate::GpuSpeed(*gpu);
-    // What a run can allocate: the card less the CUDA context and libraries' workspaces, which no
-    // allocator counts, and the caching allocator's slack (the H200 run: 700 to 760 MiB, and 1% to
-    // 13% reserved beyond the allocated peak).
-    const uint64_t usable =
-        gpu->memory_bytes - kGpuContextReserve -
-        static_cast<uint64_t>(kGpuAllocatorSlack * static_cast<double>(gpu->memory_bytes));
-    r.request.device_bytes = std::min(usable, budget.value_or(usable));
-    r.device_text = gpu->name + " (" + gpu->model + "), " + FormatBytes(r.request.device_bytes) +
-                    " of its " + FormatBytes(gpu->memory_bytes) +
-                    " usable (less the CUDA context and 5% for the allocator)";
+    return Status::Ok();
   }
+  std::optional<estimate::Gpu> gpu = estimate::GpuNamed(o.device);
+  if (!gpu) {
+    std::string names;
+    for (const estimate::Gpu& g : estimate::KnownGpus()) names += g.name + ", ";
+    return InvalidArgumentError("--device: expected a GPU (" + names + ") or cpu, got '" +
+                                o.device + "'");
+  }
+  r.cuda = true;
+  r.request.speed = estimate::GpuSpeed(*gpu);
+  // What a run can allocate: the card less the CUDA context and libraries' workspaces, which no
+  // allocator counts, and the caching allocator's slack (the H200 run: 700 to 760 MiB, and 1% to
+  // 13% reserved beyond the allocated peak).
+  const uint64_t usable =
+      gpu->memory_bytes - kGpuContextReserve -
+      static_cast<uint64_t>(kGpuAllocatorSlack * static_cast<double>(gpu->memory_bytes));
+  r.request.device_bytes = std::min(usable, budget.value_or(usable));
+  r.device_text = gpu->name + " (" + gpu->model + "), " + FormatBytes(r.request.device_bytes) +
+                  " of its " + FormatBytes(gpu->memory_bytes) +
+                  " usable (less the CUDA context and 5% for the allocator)";
+  return Status::Ok();
+}
+
+// --gpus, --nodes, --seq, --global-batch and the run's length in --steps or --tokens.
+Status ResolveRunShape(const PlanOptions& o, Resolved& r) {
   if (o.gpus < 1) return InvalidArgumentError("--gpus: expected 1 or more");
   if (o.nodes < 1) return InvalidArgumentError("--nodes: expected 1 or more");
   if (o.seq < 1) return InvalidArgumentError("--seq: expected the sequence length, 1 or more");
@@ -147,7 +155,12 @@ StatusOr<Resolved> Resolve(const PlanOptions& o) {
   const int64_t step_tokens = o.global_batch * o.seq;
   r.request.steps = o.steps > 0 ? o.steps : (o.tokens + step_tokens - 1) / step_tokens;
   r.request.budget_seconds = o.budget_hours * 3600;
+  return Status::Ok();
+}
 
+// The settings every candidate starts from: the run's shape, the model's data format and LoRA
+// targets, then the user's --set.
+Status SetPlanBase(const PlanOptions& o, Resolved& r) {
   TrialConfig& base = r.request.base;
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
            {"model", o.model},
@@ -177,6 +190,12 @@ StatusOr<Resolved> Resolve(const PlanOptions& o) {
     const Status applied = base.SetFromText(set.substr(0, eq), set.substr(eq + 1));
     if (!applied.ok()) return InvalidArgumentError("--set " + set + ": " + applied.message());
   }
+  return Status::Ok();
+}
+
+// What the search varies (--precisions, --optimizers, --peft, offload), and the rates and
+// calibration it predicts time with.
+Status SetPlanSearch(const PlanOptions& o, Resolved& r) {
   estimate::PlanSpace& space = r.request.space;
   ASSIGN_OR_RETURN(space.precisions, ValuesOf("--precisions", "precision", o.precisions));
   ASSIGN_OR_RETURN(space.optimizers, ValuesOf("--optimizers", "optimizer", o.optimizers));
@@ -187,6 +206,18 @@ StatusOr<Resolved> Resolve(const PlanOptions& o) {
   if (o.rates) r.request.speed = o.rates(r.request.speed);
   r.request.calibration = o.calibrate ? o.calibrate(r.request.speed, family)
                                       : estimate::DefaultCalibration(r.request.speed, family);
+  return Status::Ok();
+}
+
+// The plan's request from the command line, each part checked in the order the flags are
+// documented.
+StatusOr<Resolved> Resolve(const PlanOptions& o) {
+  Resolved r;
+  RETURN_IF_ERROR(ResolvePlanModel(o, r));
+  RETURN_IF_ERROR(ResolvePlanDevice(o, r));
+  RETURN_IF_ERROR(ResolveRunShape(o, r));
+  RETURN_IF_ERROR(SetPlanBase(o, r));
+  RETURN_IF_ERROR(SetPlanSearch(o, r));
   return r;
 }
 
