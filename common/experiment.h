@@ -25,7 +25,7 @@
 // "data/x.jsonl" in "experiments/demo.yaml"), otherwise it is kept exactly as written (and so is
 // relative to the current directory). Preset names always win over a directory of the same name. A
 // value written node:/abs/path is on the node (trial_keys.h, kNodePathPrefix) and never resolved
-// here. Parsing does not check that files exist: trainer/inputs/trial_inputs.h does, for llm-train
+// here. Parsing does not check that files exist: common/inputs/trial_inputs.h does, for llm-train
 // and `llmctl submit` alike.
 //
 // Each trial is validated after its values are combined (ValidateTrialConfig), with the model's

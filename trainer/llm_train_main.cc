@@ -36,7 +36,7 @@
 #include "common/trial_keys.h"
 #include "trainer/dist/rank_env.h"
 #include "trainer/dist/rank_launcher.h"
-#include "trainer/inputs/trial_inputs.h"
+#include "common/inputs/trial_inputs.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/caption_batches.h"
 #include "trainer/train/rate_probe.h"

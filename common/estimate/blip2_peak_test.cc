@@ -21,7 +21,7 @@
 #include "common/estimate/trainer_runs.h"
 #include "common/experiment.h"
 #include "common/snapshot_event.h"
-#include "trainer/inputs/captions.h"
+#include "common/inputs/captions.h"
 
 namespace llmctl::estimate {
 namespace {

@@ -18,9 +18,9 @@
 #include "common/text.h"
 #include "common/trial_keys.h"
 #include "controller/cli/report_format.h"
-#include "trainer/inputs/captions.h"
-#include "trainer/inputs/drawn_batches.h"
-#include "trainer/inputs/trial_inputs.h"
+#include "common/inputs/captions.h"
+#include "common/inputs/drawn_batches.h"
+#include "common/inputs/trial_inputs.h"
 
 namespace llmctl::cli {
 namespace {
@@ -121,7 +121,7 @@ std::optional<estimate::DeviceSpeed> TrialSpeed(const Trial& trial, const Experi
 }
 
 // The sequence lengths a LLaMA-family trial's estimate takes: the longest micro-batch the run draws
-// for its peak and the mean one for its time (trainer/inputs/drawn_batches.h), when the dataset and
+// for its peak and the mean one for its time (common/inputs/drawn_batches.h), when the dataset and
 // tokenizer are on this machine; data.max_seq_length otherwise.
 struct DrawnLengths {
   // At the longest micro-batch of the steps after the first; with accumulation, of those that run

@@ -9,7 +9,7 @@
 #include "controller/cli/input_tree.h"
 #include "rpc/grpc_status.h"
 #include "rpc/transfer.h"
-#include "trainer/inputs/trial_inputs.h"
+#include "common/inputs/trial_inputs.h"
 
 namespace llmctl::cli {
 namespace {

@@ -1,9 +1,9 @@
-// Fuzz target for the safetensors reader (trainer/safetensors/), through its in-memory entry point
+// Fuzz target for the safetensors reader (common/safetensors/), through its in-memory entry point
 // so no input ever touches the disk.
 //
 // Run it from the repository root (libFuzzer ships with clang 14: libclang-rt-14-dev):
 //   clang++-14 -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I.
-//   tests/fuzz/safetensors_fuzz.cc trainer/safetensors/safetensors.cc
+//   tests/fuzz/safetensors_fuzz.cc common/safetensors/safetensors.cc
 //       common/status.cc common/files.cc common/text.cc common/atomic_file.cc -o
 //       /tmp/safetensors_fuzz
 //   mkdir -p /tmp/st_corpus
@@ -22,7 +22,7 @@
 #include <cstdlib>
 #include <span>
 
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 
 namespace {
 

@@ -6,9 +6,9 @@
 // root, in bash:
 //
 //   SRCS="tests/fuzz/tokenizer_fuzz.cc common/status.cc common/files.cc common/text.cc
-//         trainer/tokenizer/bpe.cc
-//         trainer/tokenizer/pipeline.cc trainer/tokenizer/precompiled.cc trainer/tokenizer/regex.cc
-//         trainer/tokenizer/tokenizer.cc trainer/tokenizer/unicode.cc trainer/tokenizer/unigram.cc"
+//         common/tokenizer/bpe.cc
+//         common/tokenizer/pipeline.cc common/tokenizer/precompiled.cc common/tokenizer/regex.cc
+//         common/tokenizer/tokenizer.cc common/tokenizer/unicode.cc common/tokenizer/unigram.cc"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. $SRCS
 //       $(pkg-config --cflags --libs libpcre2-8) -o /tmp/tokenizer_fuzz     # (one line)
 //   mkdir -p /tmp/tokenizer_corpus
@@ -23,7 +23,7 @@
 #include <string_view>
 #include <vector>
 
-#include "trainer/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view json(reinterpret_cast<const char*>(data), size);

@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "trainer/data/dataset.h"  // kIgnoreIndex
+#include "common/data/dataset.h"  // kIgnoreIndex
 #include "trainer/kernels/cpu_kernels.h"
 #include "trainer/kernels/kernel_choice.h"
 

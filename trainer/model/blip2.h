@@ -20,7 +20,7 @@
 #include "trainer/model/layer_hooks.h"
 #include "trainer/model/opt.h"
 #include "trainer/model/t5.h"
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 
 namespace llmctl::trainer {
 

@@ -16,7 +16,7 @@
 #include "trainer/model/llama.h"
 #include "trainer/model/weights.h"
 #include "trainer/peft/lora.h"
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 #include "trainer/testing/adam_step_bound.h"
 #include "trainer/testing/trial_runner.h"
 

@@ -14,7 +14,7 @@
 #include "common/model_config.h"
 #include "trainer/model/activation_checkpointing.h"
 #include "trainer/model/weights.h"
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 #include "trainer/testing/trial_runner.h"
 
 namespace llmctl::trainer {

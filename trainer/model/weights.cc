@@ -3,7 +3,7 @@
 #include <functional>
 #include <utility>
 
-#include "trainer/inputs/trial_inputs.h"
+#include "common/inputs/trial_inputs.h"
 
 namespace llmctl::trainer {
 namespace {

@@ -12,7 +12,7 @@
 #include "common/blip2_config.h"
 #include "trainer/model/blip2.h"
 #include "trainer/model/llama.h"
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 
 namespace llmctl::trainer {
 

@@ -12,9 +12,9 @@
 #include "common/atomic_file.h"
 #include "common/files.h"
 #include "common/model_config.h"
-#include "trainer/inputs/trial_inputs.h"
+#include "common/inputs/trial_inputs.h"
 #include "trainer/model/weights.h"
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 #include "trainer/train/checkpoints.h"
 
 namespace llmctl::trainer {

@@ -16,7 +16,7 @@
 #include "common/model_config.h"
 #include "trainer/model/loss.h"
 #include "trainer/model/weights.h"
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 #include "trainer/testing/trial_runner.h"
 
 namespace llmctl::trainer {

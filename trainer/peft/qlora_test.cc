@@ -13,7 +13,7 @@
 #include "trainer/memory/accounting.h"
 #include "trainer/model/weights.h"
 #include "trainer/peft/lora.h"
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 #include "trainer/testing/trial_runner.h"
 
 namespace llmctl::trainer {

@@ -12,7 +12,7 @@
 
 #include "trainer/memory/counting_allocator.h"
 #include "trainer/model/weights.h"
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 #include "trainer/testing/trial_runner.h"
 
 namespace llmctl::trainer {

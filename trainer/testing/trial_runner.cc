@@ -10,7 +10,7 @@
 
 #include "common/experiment.h"
 #include "trainer/model/weights.h"
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 
 namespace llmctl::trainer::testing {
 

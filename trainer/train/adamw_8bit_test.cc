@@ -18,7 +18,7 @@
 #include "trainer/model/weights.h"
 #include "trainer/quant/quant.h"
 #include "trainer/quant/quant_cpu.h"
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/optimizer.h"
 

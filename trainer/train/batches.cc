@@ -5,12 +5,12 @@
 #include <iomanip>
 #include <sstream>
 
-#include "trainer/data/batch_iterator.h"
-#include "trainer/data/file_util.h"
-#include "trainer/data/text_encoder.h"
-#include "trainer/data/token_file.h"
-#include "trainer/inputs/trial_inputs.h"
-#include "trainer/tokenizer/tokenizer.h"
+#include "common/data/batch_iterator.h"
+#include "common/data/file_util.h"
+#include "common/data/text_encoder.h"
+#include "common/data/token_file.h"
+#include "common/inputs/trial_inputs.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace llmctl::trainer {
 namespace {

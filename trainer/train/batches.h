@@ -1,4 +1,4 @@
-// Micro-batches as tensors, from the tokenized dataset (trainer/data), for the training loop.
+// Micro-batches as tensors, from the tokenized dataset (common/data), for the training loop.
 #ifndef LLMCTL_TRAINER_TRAIN_BATCHES_H_
 #define LLMCTL_TRAINER_TRAIN_BATCHES_H_
 
@@ -13,8 +13,8 @@
 
 #include "common/status.h"
 #include "common/trial_config.h"
-#include "trainer/data/text_encoder.h"
-#include "trainer/inputs/token_cache.h"
+#include "common/data/text_encoder.h"
+#include "common/inputs/token_cache.h"
 
 namespace llmctl::trainer {
 

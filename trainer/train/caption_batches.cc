@@ -7,9 +7,9 @@
 #include "common/image/image.h"
 #include "common/image/imagefolder.h"
 #include "common/image/resample.h"
-#include "trainer/data/file_util.h"
-#include "trainer/data/token_file.h"
-#include "trainer/inputs/captions.h"
+#include "common/data/file_util.h"
+#include "common/data/token_file.h"
+#include "common/inputs/captions.h"
 
 namespace llmctl::trainer {
 namespace {

@@ -8,9 +8,9 @@
 
 #include "common/atomic_file.h"
 #include "common/rank_files.h"
-#include "trainer/data/file_util.h"
+#include "common/data/file_util.h"
 #include "trainer/model/weights.h"
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 
 namespace llmctl::trainer {
 namespace {

@@ -1,6 +1,6 @@
 #include "trainer/train/trained_model.h"
 
-#include "trainer/inputs/trial_inputs.h"
+#include "common/inputs/trial_inputs.h"
 #include "trainer/model/blip2.h"
 #include "trainer/model/loss.h"
 #include "trainer/model/weights.h"

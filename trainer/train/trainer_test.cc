@@ -18,7 +18,7 @@
 #include "common/model_config.h"
 #include "trainer/model/weights.h"
 #include "trainer/peft/lora.h"
-#include "trainer/safetensors/safetensors.h"
+#include "common/safetensors/safetensors.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/checkpoints.h"
 

@@ -7,7 +7,7 @@
 #include "common/kernel_fallback_event.h"
 #include "common/snapshot_event.h"
 #include "common/text.h"
-#include "trainer/data/batch_iterator.h"
+#include "common/data/batch_iterator.h"
 #include "trainer/model/projection.h"
 #include "trainer/train/trial_run.h"
 

@@ -1,0 +1,222 @@
+#include "common/data/dataset.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "common/data/file_util.h"
+
+namespace llmctl::data {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr std::string_view kAlpacaWithInput =
+    "Below is an instruction that describes a task, paired with an input that provides further "
+    "context. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n";
+constexpr std::string_view kAlpacaNoInput =
+    "Below is an instruction that describes a task. Write a response that appropriately completes "
+    "the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n";
+
+// Replaces each "{name}" once; values are inserted verbatim (a "{input}" inside an instruction
+// stays).
+std::string Fill(std::string_view pattern, std::string_view instruction, std::string_view input) {
+  std::string out;
+  out.reserve(pattern.size() + instruction.size() + input.size());
+  while (!pattern.empty()) {
+    const size_t open = pattern.find('{');
+    if (open == std::string_view::npos) {
+      out += pattern;
+      break;
+    }
+    out += pattern.substr(0, open);
+    pattern.remove_prefix(open);
+    if (pattern.starts_with("{instruction}")) {
+      out += instruction;
+      pattern.remove_prefix(std::string_view("{instruction}").size());
+    } else if (pattern.starts_with("{input}")) {
+      out += input;
+      pattern.remove_prefix(std::string_view("{input}").size());
+    } else {
+      out += '{';
+      pattern.remove_prefix(1);
+    }
+  }
+  return out;
+}
+
+// "parse error at line 1, column 7: syntax error while parsing ..." → "column 7: syntax error ...":
+// each line is parsed alone, so nlohmann's "line 1" would contradict the file line we report.
+std::string JsonErrorText(const Json::exception& e) {
+  std::string_view what = e.what();
+  const size_t column = what.find("column ");
+  if (column != std::string_view::npos) {
+    what.remove_prefix(column);
+  } else if (const size_t close = what.find("] "); close != std::string_view::npos) {
+    what.remove_prefix(close + 2);
+  }
+  std::string out;
+  for (char c : what.substr(0, 200)) {
+    out += (static_cast<unsigned char>(c) < 0x20) ? '?' : c;
+  }
+  return out;
+}
+
+// A required (or, with `optional`, absent/null → "") string field.
+Status GetString(const Json& object, const char* field, bool optional, const std::string& where,
+                 std::string* out) {
+  const auto it = object.find(field);
+  if (it == object.end() || it->is_null()) {
+    if (optional) {
+      out->clear();
+      return Status::Ok();
+    }
+    return InvalidArgumentError(where + ": missing field '" + field + "'");
+  }
+  if (!it->is_string()) {
+    return InvalidArgumentError(where + ": field '" + field + "' must be a string, got " +
+                                it->type_name());
+  }
+  *out = it->get<std::string>();
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<DatasetFormat> ParseDatasetFormat(std::string_view name) {
+  if (name == "alpaca") return DatasetFormat::kAlpaca;
+  if (name == "text") return DatasetFormat::kText;
+  return InvalidArgumentError("unknown dataset format '" + std::string(name) +
+                              "' (expected 'alpaca' or 'text')");
+}
+
+std::string_view DatasetFormatName(DatasetFormat format) {
+  return format == DatasetFormat::kAlpaca ? "alpaca" : "text";
+}
+
+StatusOr<PromptTemplate> ParsePromptTemplate(std::string_view name) {
+  if (name == "alpaca") return PromptTemplate::kAlpaca;
+  if (name == "none") return PromptTemplate::kNone;
+  return InvalidArgumentError("unknown prompt template '" + std::string(name) +
+                              "' (expected 'alpaca' or 'none')");
+}
+
+std::string_view PromptTemplateName(PromptTemplate prompt_template) {
+  return prompt_template == PromptTemplate::kAlpaca ? "alpaca" : "none";
+}
+
+StatusOr<std::vector<Record>> ParseJsonl(std::string_view content, std::string_view file_name,
+                                         DatasetFormat format) {
+  const std::string name(file_name);
+  if (content.starts_with("\xEF\xBB\xBF"))
+    content.remove_prefix(3);  // editors on Windows add a BOM
+  std::vector<Record> records;
+  int64_t line_number = 0;
+  while (!content.empty()) {
+    ++line_number;
+    const size_t newline = content.find('\n');
+    std::string_view line = content.substr(0, newline);
+    content.remove_prefix(newline == std::string_view::npos ? content.size() : newline + 1);
+    if (line.ends_with('\r')) line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+
+    const std::string where = name + ":" + std::to_string(line_number);
+    if (const size_t bad = FirstInvalidUtf8(line); bad != std::string_view::npos) {
+      return InvalidArgumentError(where + ": invalid UTF-8 at column " + std::to_string(bad + 1));
+    }
+    Json value;
+    try {
+      value = Json::parse(line);
+    } catch (const Json::exception& e) {
+      return InvalidArgumentError(where + ": invalid JSON at " + JsonErrorText(e));
+    }
+    if (!value.is_object()) {
+      return InvalidArgumentError(where + ": expected a JSON object, got " + value.type_name());
+    }
+    Record record;
+    record.line = line_number;
+    if (format == DatasetFormat::kAlpaca) {
+      RETURN_IF_ERROR(GetString(value, "instruction", false, where, &record.instruction));
+      RETURN_IF_ERROR(GetString(value, "input", true, where, &record.input));
+      RETURN_IF_ERROR(GetString(value, "output", false, where, &record.output));
+    } else {
+      RETURN_IF_ERROR(GetString(value, "text", false, where, &record.text));
+    }
+    records.push_back(std::move(record));
+  }
+  if (records.empty()) {
+    return InvalidArgumentError(name +
+                                ": no examples (the file is empty or holds only blank lines)");
+  }
+  return records;
+}
+
+StatusOr<std::vector<Record>> LoadJsonl(const std::string& path, DatasetFormat format) {
+  ASSIGN_OR_RETURN(const std::string content, ReadFileToString(path));
+  return ParseJsonl(content, path, format);
+}
+
+StatusOr<PromptAndResponse> RenderExample(const Record& record, DatasetFormat format,
+                                          PromptTemplate prompt_template) {
+  if (format == DatasetFormat::kText) {
+    if (prompt_template != PromptTemplate::kNone) {
+      return InvalidArgumentError("prompt template '" +
+                                  std::string(PromptTemplateName(prompt_template)) +
+                                  "' needs dataset format 'alpaca'; format 'text' takes template "
+                                  "'none'");
+    }
+    return PromptAndResponse{"", record.text};
+  }
+  if (prompt_template == PromptTemplate::kAlpaca) {
+    return PromptAndResponse{Fill(record.input.empty() ? kAlpacaNoInput : kAlpacaWithInput,
+                                  record.instruction, record.input),
+                             record.output};
+  }
+  std::string prompt = record.instruction;
+  if (!record.input.empty()) prompt += "\n\n" + record.input;
+  prompt += "\n";
+  return PromptAndResponse{std::move(prompt), record.output};
+}
+
+StatusOr<TokenizedExample> TokenizeExample(const TextEncoder& encoder,
+                                           const PromptAndResponse& example,
+                                           const ExampleOptions& options) {
+  if (options.max_seq_length < 2) {
+    return InvalidArgumentError("max_seq_length must be at least 2, got " +
+                                std::to_string(options.max_seq_length));
+  }
+  ASSIGN_OR_RETURN(const std::vector<int32_t> full,
+                   encoder.Encode(example.prompt + example.response, false));
+  size_t prompt_tokens = 0;
+  if (options.mask_prompt && !example.prompt.empty()) {
+    ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, encoder.Encode(example.prompt, false));
+    prompt_tokens = std::min(prompt.size(), full.size());
+  }
+
+  TokenizedExample out;
+  out.input_ids.reserve(full.size() + 2);
+  size_t masked = 0;
+  if (encoder.bos_id() >= 0) {
+    out.input_ids.push_back(encoder.bos_id());
+    if (options.mask_prompt) masked = 1;
+  }
+  masked += prompt_tokens;
+  out.input_ids.insert(out.input_ids.end(), full.begin(), full.end());
+  if (encoder.eos_id() >= 0) out.input_ids.push_back(encoder.eos_id());
+  for (int32_t id : out.input_ids) {
+    if (id < 0) {
+      return InternalError("the tokenizer returned a negative token id " + std::to_string(id));
+    }
+  }
+
+  out.labels = out.input_ids;
+  std::fill_n(out.labels.begin(), masked, kIgnoreIndex);
+  if (out.input_ids.size() > static_cast<size_t>(options.max_seq_length)) {
+    out.input_ids.resize(options.max_seq_length);
+    out.labels.resize(options.max_seq_length);
+    out.truncated = true;
+  }
+  return out;
+}
+
+}  // namespace llmctl::data

@@ -1,0 +1,82 @@
+// Fine-tuning datasets: JSON Lines records, prompt templates, and tokenized examples.
+//
+// Pipeline: LoadJsonl (records, validated line by line) → RenderExample (prompt and response text
+// through a template) → TokenizeExample (ids and HF-style labels). token_file.h stores the result
+// for training.
+#ifndef LLMCTL_COMMON_DATA_DATASET_H_
+#define LLMCTL_COMMON_DATA_DATASET_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "common/data/text_encoder.h"
+
+namespace llmctl::data {
+
+// Label value that the loss ignores (PyTorch's and Hugging Face's ignore_index).
+inline constexpr int32_t kIgnoreIndex = -100;
+
+// "alpaca": objects with "instruction", "output" and an optional "input" (Stanford Alpaca, the
+// labs' Alpaca2k). "text": objects with a "text" field, trained on whole.
+enum class DatasetFormat { kAlpaca, kText };
+StatusOr<DatasetFormat> ParseDatasetFormat(std::string_view name);
+std::string_view DatasetFormatName(DatasetFormat format);
+
+struct Record {
+  std::string instruction;  // alpaca
+  std::string input;        // alpaca; "" when absent or null
+  std::string output;       // alpaca
+  std::string text;         // text
+  int64_t line = 0;         // 1-based line in the source file
+};
+
+// Parses JSON Lines. Blank lines are skipped; CRLF line ends and a UTF-8 byte-order mark are
+// accepted. Errors name `file_name`:line ("data.jsonl:17: missing field 'output'"); an input
+// without records is an error. Fields other than the format's are ignored.
+StatusOr<std::vector<Record>> ParseJsonl(std::string_view content, std::string_view file_name,
+                                         DatasetFormat format);
+StatusOr<std::vector<Record>> LoadJsonl(const std::string& path, DatasetFormat format);
+
+// "alpaca": the Stanford Alpaca prompt (with or without "### Input:"). "none": the instruction,
+// then
+// "\n\n" and the input when there is one, then "\n" — a separator, so that the response does not
+// run into the prompt. The text format has no prompt and takes only "none".
+enum class PromptTemplate { kAlpaca, kNone };
+StatusOr<PromptTemplate> ParsePromptTemplate(std::string_view name);
+std::string_view PromptTemplateName(PromptTemplate prompt_template);
+
+struct PromptAndResponse {
+  std::string prompt;    // masked out of the loss when mask_prompt
+  std::string response;  // trained on
+};
+StatusOr<PromptAndResponse> RenderExample(const Record& record, DatasetFormat format,
+                                          PromptTemplate prompt_template);
+
+struct ExampleOptions {
+  int64_t max_seq_length = 512;  // examples are cut to this many tokens (≥ 2)
+  bool mask_prompt = true;       // labels = kIgnoreIndex on BOS and the prompt
+};
+
+// One training sequence. input_ids = [BOS] + tokens(prompt + response) + [EOS], cut to
+// max_seq_length; labels is aligned with input_ids (Hugging Face's convention: the model shifts
+// internally), equal to input_ids except kIgnoreIndex on BOS and the prompt when mask_prompt.
+struct TokenizedExample {
+  std::vector<int32_t> input_ids;  // [T]
+  std::vector<int32_t> labels;     // [T]
+  bool truncated = false;          // tokens past max_seq_length were dropped (EOS included)
+};
+
+// Prompt and response are encoded as one string, then the prompt's own token count sets the mask
+// boundary, as Stanford Alpaca's and LitGPT's preparation do: encoding the response alone would
+// give different tokens at the seam (SentencePiece's leading "▁", merges across "\n"), which the
+// model would then never see at inference. BOS/EOS are left out when the encoder has none (id < 0).
+StatusOr<TokenizedExample> TokenizeExample(const TextEncoder& encoder,
+                                           const PromptAndResponse& example,
+                                           const ExampleOptions& options);
+
+}  // namespace llmctl::data
+
+#endif  // LLMCTL_COMMON_DATA_DATASET_H_

@@ -1,0 +1,297 @@
+#include "common/data/dataset.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <optional>
+
+namespace llmctl::data {
+namespace {
+
+std::string SourceDir() {
+  const char* root = std::getenv("LLMCTL_SOURCE_DIR");
+  return root ? root : ".";
+}
+std::string FixtureDir() { return SourceDir() + "/tests/fixtures/data"; }
+
+// Decodes ByteTextEncoder ids back to text (specials as <s> and </s>), to state expectations as
+// strings.
+std::string Decode(const std::vector<int32_t>& ids) {
+  std::string out;
+  for (int32_t id : ids) {
+    if (id == ByteTextEncoder::kBos) {
+      out += "<s>";
+    } else if (id == ByteTextEncoder::kEos) {
+      out += "</s>";
+    } else {
+      out += static_cast<char>(id - ByteTextEncoder::kOffset);
+    }
+  }
+  return out;
+}
+
+Record Alpaca(std::string instruction, std::string input, std::string output) {
+  Record r;
+  r.instruction = std::move(instruction);
+  r.input = std::move(input);
+  r.output = std::move(output);
+  return r;
+}
+
+Record Text(std::string text) {
+  Record r;
+  r.text = std::move(text);
+  return r;
+}
+
+ExampleOptions Options(int64_t max_seq_length, bool mask_prompt) {
+  ExampleOptions options;
+  options.max_seq_length = max_seq_length;
+  options.mask_prompt = mask_prompt;
+  return options;
+}
+
+TEST(DatasetTest, LoadsAlpacaWithAndWithoutInput) {
+  auto records = LoadJsonl(FixtureDir() + "/alpaca_small.jsonl", DatasetFormat::kAlpaca);
+  ASSERT_TRUE(records.ok()) << records.status().ToString();
+  ASSERT_EQ(records->size(), 5u);
+  EXPECT_EQ((*records)[0].instruction, "Add the numbers.");
+  EXPECT_EQ((*records)[0].input, "2, 3");
+  EXPECT_EQ((*records)[0].output, "5");
+  EXPECT_EQ((*records)[0].line, 1);
+  EXPECT_EQ((*records)[1].input, "");
+  EXPECT_EQ((*records)[2].line, 4);    // the blank line 3 is skipped but counted
+  EXPECT_EQ((*records)[2].input, "");  // absent
+  EXPECT_EQ((*records)[3].output, "merci");
+  EXPECT_EQ((*records)[4].input, "");  // null
+  EXPECT_EQ((*records)[4].output, "Reykjav\xC3\xADk");
+}
+
+TEST(DatasetTest, LoadsTextFormat) {
+  auto records = LoadJsonl(FixtureDir() + "/text_small.jsonl", DatasetFormat::kText);
+  ASSERT_TRUE(records.ok()) << records.status().ToString();
+  ASSERT_EQ(records->size(), 3u);
+  EXPECT_EQ((*records)[1].text, "Jumps over the lazy dog.");
+  EXPECT_EQ((*records)[2].text, "");
+}
+
+TEST(DatasetTest, LoadsTheDemoDataset) {
+  auto records =
+      LoadJsonl(SourceDir() + "/experiments/data/alpaca-demo.jsonl", DatasetFormat::kAlpaca);
+  ASSERT_TRUE(records.ok()) << records.status().ToString();
+  EXPECT_EQ(records->size(), 600u);
+  int64_t with_input = 0;
+  for (const Record& r : *records) with_input += r.input.empty() ? 0 : 1;
+  EXPECT_GT(with_input, 100);
+  EXPECT_LT(with_input, 550);
+}
+
+TEST(DatasetTest, AcceptsCrlfBomAndNoFinalNewline) {
+  auto records = ParseJsonl("\xEF\xBB\xBF{\"text\": \"a\"}\r\n\r\n{\"text\": \"b\"}", "mem.jsonl",
+                            DatasetFormat::kText);
+  ASSERT_TRUE(records.ok()) << records.status().ToString();
+  ASSERT_EQ(records->size(), 2u);
+  EXPECT_EQ((*records)[1].text, "b");
+  EXPECT_EQ((*records)[1].line, 3);
+}
+
+struct BrokenCase {
+  const char* file;
+  DatasetFormat format;
+  const char* expected;
+};
+
+void PrintTo(const BrokenCase& c, std::ostream* os) { *os << c.file; }
+
+class BrokenJsonlTest : public ::testing::TestWithParam<BrokenCase> {};
+
+TEST_P(BrokenJsonlTest, ErrorNamesFileAndLine) {
+  const std::string path = FixtureDir() + "/broken/" + GetParam().file;
+  auto records = LoadJsonl(path, GetParam().format);
+  ASSERT_FALSE(records.ok());
+  EXPECT_EQ(records.status().code(), StatusCode::kInvalidArgument);
+  const std::string expected = path + GetParam().expected;
+  EXPECT_EQ(records.status().message().substr(0, expected.size()), expected)
+      << records.status().message();
+  EXPECT_EQ(records.status().message().find('\n'), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Broken, BrokenJsonlTest,
+    ::testing::Values(
+        BrokenCase{"missing_output.jsonl", DatasetFormat::kAlpaca, ":2: missing field 'output'"},
+        BrokenCase{"bad_json.jsonl", DatasetFormat::kAlpaca, ":2: invalid JSON at column"},
+        BrokenCase{"bad_utf8.jsonl", DatasetFormat::kAlpaca, ":3: invalid UTF-8 at column 21"},
+        BrokenCase{"not_object.jsonl", DatasetFormat::kAlpaca,
+                   ":1: expected a JSON object, got array"},
+        BrokenCase{"wrong_type.jsonl", DatasetFormat::kAlpaca,
+                   ":1: field 'output' must be a string, got number"},
+        BrokenCase{"input_not_string.jsonl", DatasetFormat::kAlpaca,
+                   ":1: field 'input' must be a string, got array"},
+        BrokenCase{"empty.jsonl", DatasetFormat::kAlpaca, ": no examples"},
+        BrokenCase{"blank_only.jsonl", DatasetFormat::kText, ": no examples"},
+        BrokenCase{"missing_text.jsonl", DatasetFormat::kText, ":2: missing field 'text'"},
+        // An Alpaca file read as text lacks "text" on its first line.
+        BrokenCase{"../alpaca_small.jsonl", DatasetFormat::kText, ":1: missing field 'text'"}),
+    [](const ::testing::TestParamInfo<BrokenCase>& info) {
+      std::string name = info.param.file;
+      name = name.substr(name.rfind('/') + 1);
+      return name.substr(0, name.find('.'));
+    });
+
+TEST(DatasetTest, MissingFileIsNotFound) {
+  auto records = LoadJsonl(FixtureDir() + "/nope.jsonl", DatasetFormat::kAlpaca);
+  ASSERT_FALSE(records.ok());
+  EXPECT_EQ(records.status().code(), StatusCode::kNotFound);
+}
+
+TEST(DatasetTest, ParsesNames) {
+  EXPECT_EQ(*ParseDatasetFormat("alpaca"), DatasetFormat::kAlpaca);
+  EXPECT_EQ(*ParseDatasetFormat("text"), DatasetFormat::kText);
+  EXPECT_FALSE(ParseDatasetFormat("sharegpt").ok());
+  EXPECT_EQ(*ParsePromptTemplate("alpaca"), PromptTemplate::kAlpaca);
+  EXPECT_EQ(*ParsePromptTemplate("none"), PromptTemplate::kNone);
+  EXPECT_NE(ParsePromptTemplate("chatml").status().message().find("unknown prompt template"),
+            std::string::npos);
+}
+
+TEST(PromptTest, AlpacaTemplatesMatchStanfordAlpaca) {
+  const Record with_input = Alpaca("Sum.", "1, 2", "3");
+  auto a = RenderExample(with_input, DatasetFormat::kAlpaca, PromptTemplate::kAlpaca);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->prompt,
+            "Below is an instruction that describes a task, paired with an input that provides "
+            "further context. Write a response that appropriately completes the request.\n\n"
+            "### Instruction:\nSum.\n\n### Input:\n1, 2\n\n### Response:\n");
+  EXPECT_EQ(a->response, "3");
+
+  const Record no_input = Alpaca("Use {input} literally.", "", "ok");
+  auto b = RenderExample(no_input, DatasetFormat::kAlpaca, PromptTemplate::kAlpaca);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(
+      b->prompt,
+      "Below is an instruction that describes a task. Write a response that appropriately "
+      "completes the request.\n\n### Instruction:\nUse {input} literally.\n\n### Response:\n");
+}
+
+TEST(PromptTest, NoneTemplateAndTextFormat) {
+  Record r = Alpaca("Sum.", "1, 2", "3");
+  EXPECT_EQ(RenderExample(r, DatasetFormat::kAlpaca, PromptTemplate::kNone)->prompt,
+            "Sum.\n\n1, 2\n");
+  r.input = "";
+  EXPECT_EQ(RenderExample(r, DatasetFormat::kAlpaca, PromptTemplate::kNone)->prompt, "Sum.\n");
+
+  const Record text = Text("hello");
+  auto t = RenderExample(text, DatasetFormat::kText, PromptTemplate::kNone);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->prompt, "");
+  EXPECT_EQ(t->response, "hello");
+  auto bad = RenderExample(text, DatasetFormat::kText, PromptTemplate::kAlpaca);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("needs dataset format 'alpaca'"), std::string::npos);
+}
+
+TEST(TokenizeTest, BosPromptResponseEosWithPromptMasked) {
+  ByteTextEncoder encoder;
+  auto ex = TokenizeExample(encoder, {"Q:", "ab"}, Options(64, true));
+  ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+  EXPECT_EQ(Decode(ex->input_ids), "<s>Q:ab</s>");
+  const int32_t a = 'a' + ByteTextEncoder::kOffset, b = 'b' + ByteTextEncoder::kOffset;
+  EXPECT_EQ(ex->labels, (std::vector<int32_t>{-100, -100, -100, a, b, ByteTextEncoder::kEos}));
+  EXPECT_FALSE(ex->truncated);
+}
+
+TEST(TokenizeTest, UnmaskedLabelsEqualInputIds) {
+  ByteTextEncoder encoder;
+  auto ex = TokenizeExample(encoder, {"Q:", "ab"}, Options(64, false));
+  ASSERT_TRUE(ex.ok());
+  EXPECT_EQ(ex->labels, ex->input_ids);
+}
+
+TEST(TokenizeTest, TruncatesToMaxSeqLength) {
+  ByteTextEncoder encoder;
+  auto ex = TokenizeExample(encoder, {"Q:", "abcdef"}, Options(5, true));
+  ASSERT_TRUE(ex.ok());
+  EXPECT_EQ(Decode(ex->input_ids), "<s>Q:ab");
+  EXPECT_EQ(ex->labels.size(), 5u);
+  EXPECT_EQ(ex->labels[2], -100);
+  EXPECT_NE(ex->labels[3], -100);
+  EXPECT_TRUE(ex->truncated);
+
+  // A prompt longer than max_seq_length leaves nothing to learn; that is reported, not an error.
+  auto all_prompt = TokenizeExample(encoder, {"long prompt", "x"}, Options(4, true));
+  ASSERT_TRUE(all_prompt.ok());
+  EXPECT_EQ(all_prompt->labels, (std::vector<int32_t>(4, -100)));
+
+  EXPECT_FALSE(TokenizeExample(encoder, {"", "x"}, Options(1, true)).ok());
+}
+
+// An encoder like Qwen2's: no BOS. Also merges "\nA" into one token, as a BPE tokenizer would at
+// the prompt/response seam.
+class NoBosMergingEncoder : public TextEncoder {
+ public:
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool) const override {
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (text.substr(i, 2) == "\nA") {
+        ids.push_back(1000);
+        ++i;
+      } else {
+        ids.push_back(static_cast<unsigned char>(text[i]));
+      }
+    }
+    return ids;
+  }
+  int32_t bos_id() const override { return -1; }
+  int32_t eos_id() const override { return 999; }
+  std::string fingerprint() const override { return "merging"; }
+};
+
+TEST(TokenizeTest, EncodesPromptAndResponseTogether) {
+  NoBosMergingEncoder encoder;
+  auto ex = TokenizeExample(encoder, {"P\n", "AB"}, Options(64, true));
+  ASSERT_TRUE(ex.ok());
+  // "P\nAB" encodes as P, "\nA", B: the seam token is what the model sees at inference, and the
+  // mask covers the prompt's own token count (2), so "\nA" counts as prompt; B and EOS are targets.
+  EXPECT_EQ(ex->input_ids, (std::vector<int32_t>{'P', 1000, 'B', 999}));
+  EXPECT_EQ(ex->labels, (std::vector<int32_t>{-100, -100, 'B', 999}));
+}
+
+// Shaped like llmctl::Tokenizer: ids as std::optional.
+struct OptionalIdTokenizer {
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool) const {
+    return std::vector<int32_t>(text.size(), 7);
+  }
+  std::optional<int32_t> bos_id() const { return std::nullopt; }
+  std::optional<int32_t> eos_id() const { return 5; }
+};
+
+// Shaped like the brief's tokenizer: plain ids.
+struct PlainIdTokenizer {
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool) const {
+    return std::vector<int32_t>(text.size(), 8);
+  }
+  int32_t bos_id() const { return 1; }
+  int32_t eos_id() const { return 2; }
+};
+
+TEST(TokenizerTextEncoderTest, AdaptsOptionalAndPlainIds) {
+  const OptionalIdTokenizer optional_ids;
+  const TokenizerTextEncoder<OptionalIdTokenizer> a(optional_ids, "fp-a");
+  EXPECT_EQ(a.bos_id(), -1);
+  EXPECT_EQ(a.eos_id(), 5);
+  EXPECT_EQ(a.fingerprint(), "fp-a");
+  auto ex = TokenizeExample(a, {"p", "rr"}, Options(16, true));
+  ASSERT_TRUE(ex.ok());
+  EXPECT_EQ(ex->input_ids, (std::vector<int32_t>{7, 7, 7, 5}));
+  EXPECT_EQ(ex->labels, (std::vector<int32_t>{-100, 7, 7, 5}));
+
+  const PlainIdTokenizer plain_ids;
+  const TokenizerTextEncoder<PlainIdTokenizer> b(plain_ids, "fp-b");
+  EXPECT_EQ(b.bos_id(), 1);
+  EXPECT_EQ(b.eos_id(), 2);
+  EXPECT_EQ(b.Encode("xy", false)->size(), 2u);
+}
+
+}  // namespace
+}  // namespace llmctl::data

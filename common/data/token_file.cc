@@ -1,0 +1,361 @@
+#include "common/data/token_file.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace llmctl::data {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "token files are little-endian");
+
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t fingerprint_bytes;
+  uint64_t num_examples;
+  uint64_t total_tokens;
+  uint64_t target_tokens;
+  uint64_t content_hash;
+  int32_t bos_id;
+  int32_t eos_id;
+  int32_t max_token_id;
+  uint32_t reserved;
+};
+static_assert(sizeof(Header) == 64 && std::is_trivially_copyable_v<Header>);
+
+// A fingerprint is a line of key=value pairs; anything near this size is not one.
+constexpr uint32_t kMaxFingerprintBytes = 1 << 16;
+constexpr std::string_view kRerun = "; re-run llm-train --prepare";
+
+uint64_t Align8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
+
+// Size of the whole file for these counts, or nullopt on overflow (a lying header).
+std::optional<uint64_t> FileSize(uint64_t fingerprint_bytes, uint64_t num_examples,
+                                 uint64_t total_tokens) {
+  uint64_t offsets, ids, size;
+  if (__builtin_add_overflow(num_examples, 1, &offsets) ||
+      __builtin_mul_overflow(offsets, 8, &offsets) ||
+      __builtin_mul_overflow(total_tokens, 4, &ids)) {
+    return std::nullopt;
+  }
+  size = sizeof(Header) + Align8(fingerprint_bytes);
+  if (__builtin_add_overflow(size, offsets, &size) || __builtin_add_overflow(size, ids, &size) ||
+      __builtin_add_overflow(size, total_tokens, &size) || size > (uint64_t{1} << 62)) {
+    return std::nullopt;
+  }
+  return Align8(size);
+}
+
+template <typename T>
+std::span<const std::byte> Bytes(std::span<const T> values) {
+  return std::as_bytes(values);
+}
+
+// The header of `bytes`, checked against their size: the sections it describes fit exactly.
+StatusOr<Header> ReadHeader(std::span<const std::byte> bytes, const std::string& path) {
+  const std::string rerun(kRerun);
+  if (bytes.size() < sizeof(kTokenFileMagic) ||
+      std::memcmp(bytes.data(), kTokenFileMagic, sizeof(kTokenFileMagic)) != 0) {
+    return FailedPreconditionError(path + " is not an llmctl token file (bad magic)" + rerun);
+  }
+  if (bytes.size() < sizeof(Header)) {
+    return DataLossError(path + " is truncated: " + std::to_string(bytes.size()) +
+                         " bytes, shorter than the 64-byte header" + rerun);
+  }
+  Header header;
+  std::memcpy(&header, bytes.data(), sizeof(header));
+  if (header.version != kTokenFileVersion) {
+    return FailedPreconditionError(
+        path + " is token file version " + std::to_string(header.version) +
+        " but this build reads version " + std::to_string(kTokenFileVersion) + rerun);
+  }
+  if (header.fingerprint_bytes > kMaxFingerprintBytes) {
+    return DataLossError(path + ": fingerprint length " + std::to_string(header.fingerprint_bytes) +
+                         " is implausible (corrupt header)" + rerun);
+  }
+  if (header.num_examples == 0) return DataLossError(path + " holds no examples" + rerun);
+  const std::optional<uint64_t> expected_size =
+      FileSize(header.fingerprint_bytes, header.num_examples, header.total_tokens);
+  if (!expected_size.has_value()) {
+    return DataLossError(path + ": header counts overflow (corrupt header)" + rerun);
+  }
+  if (bytes.size() < *expected_size) {
+    return DataLossError(path + " is truncated: " + std::to_string(bytes.size()) +
+                         " bytes, the header describes " + std::to_string(*expected_size) + rerun);
+  }
+  if (bytes.size() > *expected_size) {
+    return DataLossError(path + " has " + std::to_string(bytes.size() - *expected_size) +
+                         " bytes past the end the header describes" + rerun);
+  }
+  return header;
+}
+
+// Offsets are always checked (n + 1 loads): they are what keeps input_ids() inside the mapping.
+Status CheckOffsets(std::span<const uint64_t> offsets, uint64_t total_tokens,
+                    const std::string& path) {
+  const std::string rerun(kRerun);
+  if (offsets.front() != 0) {
+    return DataLossError(path + ": offsets start at " + std::to_string(offsets.front()) +
+                         ", not 0 (corrupt file)" + rerun);
+  }
+  for (size_t i = 1; i < offsets.size(); ++i) {
+    if (offsets[i] <= offsets[i - 1] || offsets[i] > total_tokens) {
+      return DataLossError(path + ": offset of example " + std::to_string(i) + " (" +
+                           std::to_string(offsets[i]) + ") is not increasing within [0, " +
+                           std::to_string(total_tokens) + "] (corrupt file)" + rerun);
+    }
+  }
+  if (offsets.back() != total_tokens) {
+    return DataLossError(path + ": offsets end at " + std::to_string(offsets.back()) + " but the " +
+                         "header counts " + std::to_string(total_tokens) + " tokens" + rerun);
+  }
+  return Status::Ok();
+}
+
+// The content hash, every id and mask value, and the header's statistics against the tokens.
+Status VerifyContents(const Header& header, std::span<const uint64_t> offsets,
+                      std::span<const int32_t> ids, std::span<const uint8_t> mask,
+                      const std::string& path) {
+  const std::string rerun(kRerun);
+  uint64_t hash = Fnv1a64(Bytes(offsets));
+  hash = Fnv1a64(Bytes(ids), hash);
+  hash = Fnv1a64(Bytes(mask), hash);
+  if (hash != header.content_hash) {
+    return DataLossError(path + ": content hash mismatch (corrupt file)" + rerun);
+  }
+  int32_t max_id = -1;
+  uint64_t targets = 0;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    if (ids[t] < 0 || mask[t] > 1) {
+      return DataLossError(path + ": token " + std::to_string(t) + " has id " +
+                           std::to_string(ids[t]) + " and mask " + std::to_string(mask[t]) +
+                           " (corrupt file)" + rerun);
+    }
+    max_id = std::max(max_id, ids[t]);
+    targets += mask[t];
+  }
+  for (size_t i = 0; i + 1 < offsets.size(); ++i) targets -= mask[offsets[i]];
+  if (max_id != header.max_token_id || targets != header.target_tokens) {
+    return DataLossError(path + ": header statistics disagree with the tokens (corrupt file)" +
+                         rerun);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status WriteTokenFile(const std::string& path, std::string_view fingerprint, int32_t bos_id,
+                      int32_t eos_id, const std::vector<TokenizedExample>& examples) {
+  if (examples.empty()) return InvalidArgumentError(path + ": no examples to write");
+  if (fingerprint.size() > kMaxFingerprintBytes) {
+    return InvalidArgumentError(path + ": fingerprint longer than " +
+                                std::to_string(kMaxFingerprintBytes) + " bytes");
+  }
+  Header header{};
+  std::memcpy(header.magic, kTokenFileMagic, sizeof(header.magic));
+  header.version = kTokenFileVersion;
+  header.fingerprint_bytes = static_cast<uint32_t>(fingerprint.size());
+  header.num_examples = examples.size();
+  header.bos_id = bos_id;
+  header.eos_id = eos_id;
+  header.max_token_id = -1;
+
+  std::vector<uint64_t> offsets;
+  offsets.reserve(examples.size() + 1);
+  offsets.push_back(0);
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const TokenizedExample& e = examples[i];
+    if (e.input_ids.empty() || e.input_ids.size() != e.labels.size()) {
+      return InvalidArgumentError(
+          path + ": example " + std::to_string(i) + " has " + std::to_string(e.input_ids.size()) +
+          " ids and " + std::to_string(e.labels.size()) + " labels (must be equal and non-zero)");
+    }
+    for (size_t t = 0; t < e.input_ids.size(); ++t) {
+      if (e.input_ids[t] < 0) {
+        return InvalidArgumentError(path + ": example " + std::to_string(i) +
+                                    " has a negative token id");
+      }
+      if (e.labels[t] != e.input_ids[t] && e.labels[t] != kIgnoreIndex) {
+        return InvalidArgumentError(path + ": example " + std::to_string(i) + " token " +
+                                    std::to_string(t) + " has label " +
+                                    std::to_string(e.labels[t]) + ", neither its id nor -100");
+      }
+      header.max_token_id = std::max(header.max_token_id, e.input_ids[t]);
+      // Position 0 is never a target: the model predicts token t from tokens before it.
+      if (t > 0 && e.labels[t] != kIgnoreIndex) ++header.target_tokens;
+    }
+    offsets.push_back(offsets.back() + e.input_ids.size());
+  }
+  header.total_tokens = offsets.back();
+
+  // The mask is built per example as it is hashed and written; the hash covers the sections in file
+  // order so the reader can check it in one pass.
+  auto mask_of = [](const TokenizedExample& e) {
+    std::vector<uint8_t> mask(e.labels.size());
+    for (size_t t = 0; t < mask.size(); ++t) mask[t] = e.labels[t] == kIgnoreIndex ? 0 : 1;
+    return mask;
+  };
+  uint64_t hash = Fnv1a64(Bytes(std::span<const uint64_t>(offsets)));
+  for (const TokenizedExample& e : examples) {
+    hash = Fnv1a64(Bytes(std::span<const int32_t>(e.input_ids)), hash);
+  }
+  for (const TokenizedExample& e : examples) {
+    const std::vector<uint8_t> mask = mask_of(e);
+    hash = Fnv1a64(Bytes(std::span<const uint8_t>(mask)), hash);
+  }
+  header.content_hash = hash;
+
+  return WriteFileAtomically(path, [&](int fd) -> Status {
+    static constexpr char kZeros[8] = {};
+    RETURN_IF_ERROR(WriteAll(fd, &header, sizeof(header)));
+    RETURN_IF_ERROR(WriteAll(fd, fingerprint.data(), fingerprint.size()));
+    RETURN_IF_ERROR(WriteAll(fd, kZeros, Align8(fingerprint.size()) - fingerprint.size()));
+    RETURN_IF_ERROR(WriteAll(fd, offsets.data(), offsets.size() * sizeof(uint64_t)));
+    for (const TokenizedExample& e : examples) {
+      RETURN_IF_ERROR(WriteAll(fd, e.input_ids.data(), e.input_ids.size() * sizeof(int32_t)));
+    }
+    for (const TokenizedExample& e : examples) {
+      const std::vector<uint8_t> mask = mask_of(e);
+      RETURN_IF_ERROR(WriteAll(fd, mask.data(), mask.size()));
+    }
+    const uint64_t body = sizeof(header) + Align8(fingerprint.size()) +
+                          offsets.size() * sizeof(uint64_t) + header.total_tokens * 5;
+    return WriteAll(fd, kZeros, Align8(body) - body);
+  });
+}
+
+StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path, Options options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapping, MappedFile::Open(path));
+  std::unique_ptr<TokenFile> file(new TokenFile());
+  file->path_ = path;
+  file->mapping_ = std::move(mapping);
+  RETURN_IF_ERROR(file->Parse(file->mapping_->bytes(), options));
+  return file;
+}
+
+StatusOr<std::unique_ptr<TokenFile>> TokenFile::FromBuffer(std::span<const std::byte> bytes,
+                                                           std::string display_name,
+                                                           Options options) {
+  std::unique_ptr<TokenFile> file(new TokenFile());
+  file->path_ = std::move(display_name);
+  RETURN_IF_ERROR(file->Parse(bytes, options));
+  return file;
+}
+
+Status TokenFile::Parse(std::span<const std::byte> bytes, const Options& options) {
+  ASSIGN_OR_RETURN(const Header header, ReadHeader(bytes, path_));
+  const std::byte* p = bytes.data() + sizeof(Header);
+  fingerprint_.assign(reinterpret_cast<const char*>(p), header.fingerprint_bytes);
+  p += Align8(header.fingerprint_bytes);
+  // The mapping is page-aligned and every section starts at a multiple of 8, so these casts are
+  // aligned; FromBuffer callers hand in 8-aligned buffers (std::string and vector data are).
+  offsets_ = {reinterpret_cast<const uint64_t*>(p), header.num_examples + 1};
+  p += offsets_.size_bytes();
+  ids_ = {reinterpret_cast<const int32_t*>(p), header.total_tokens};
+  p += ids_.size_bytes();
+  mask_ = {reinterpret_cast<const uint8_t*>(p), header.total_tokens};
+
+  RETURN_IF_ERROR(CheckOffsets(offsets_, header.total_tokens, path_));
+  if (options.verify_contents)
+    RETURN_IF_ERROR(VerifyContents(header, offsets_, ids_, mask_, path_));
+  if (header.total_tokens > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+      header.target_tokens > header.total_tokens) {
+    return DataLossError(path_ + ": implausible token counts (corrupt header)" +
+                         std::string(kRerun));
+  }
+  num_examples_ = static_cast<int64_t>(header.num_examples);
+  total_tokens_ = static_cast<int64_t>(header.total_tokens);
+  target_tokens_ = static_cast<int64_t>(header.target_tokens);
+  bos_id_ = header.bos_id;
+  eos_id_ = header.eos_id;
+  max_token_id_ = header.max_token_id;
+  return Status::Ok();
+}
+
+std::string MakeFingerprint(std::string_view tokenizer_fingerprint, uint64_t data_hash,
+                            const PrepareOptions& options) {
+  return "llmctl-tokens v" + std::to_string(kTokenFileVersion) +
+         "; tokenizer=" + std::string(tokenizer_fingerprint) +
+         "; data=fnv1a64:" + HexU64(data_hash) +
+         "; format=" + std::string(DatasetFormatName(options.format)) +
+         "; template=" + std::string(PromptTemplateName(options.prompt_template)) +
+         "; max_seq_length=" + std::to_string(options.max_seq_length) +
+         "; mask_prompt=" + (options.mask_prompt ? "true" : "false") +
+         "; samples=" + (options.samples > 0 ? std::to_string(options.samples) : "all");
+}
+
+StatusOr<PrepareOptions> PrepareOptionsFor(const TrialConfig& config) {
+  PrepareOptions options;
+  const DataSettings& data = config.settings().data;
+  ASSIGN_OR_RETURN(options.format, ParseDatasetFormat(Name(data.format)));
+  if (options.format == DatasetFormat::kText && !config.IsSet("data.template")) {
+    options.prompt_template = PromptTemplate::kNone;
+  } else {
+    ASSIGN_OR_RETURN(options.prompt_template, ParsePromptTemplate(Name(data.prompt_template)));
+  }
+  options.max_seq_length = data.max_seq_length;
+  options.mask_prompt = data.mask_prompt;
+  options.samples = data.samples;
+  return options;
+}
+
+StatusOr<std::string> ExpectedFingerprint(const std::string& data_path, const TextEncoder& encoder,
+                                          const PrepareOptions& options) {
+  ASSIGN_OR_RETURN(const uint64_t hash, Fnv1a64File(data_path));
+  return MakeFingerprint(encoder.fingerprint(), hash, options);
+}
+
+StatusOr<PrepareStats> PrepareTokenFile(const std::string& data_path, const TextEncoder& encoder,
+                                        const PrepareOptions& options,
+                                        const std::string& out_path) {
+  if (options.samples < 0) {
+    return InvalidArgumentError("samples must be >= 0 (0 = all), got " +
+                                std::to_string(options.samples));
+  }
+  // One read serves both the hash and the parse, so the fingerprint describes exactly the bytes
+  // that were tokenized even if the file changes meanwhile.
+  ASSIGN_OR_RETURN(const std::string content, ReadFileToString(data_path));
+  ASSIGN_OR_RETURN(std::vector<Record> records, ParseJsonl(content, data_path, options.format));
+
+  PrepareStats stats;
+  stats.records_in_file = static_cast<int64_t>(records.size());
+  if (options.samples > 0 && static_cast<size_t>(options.samples) < records.size()) {
+    records.resize(options.samples);
+  }
+  stats.fingerprint = MakeFingerprint(encoder.fingerprint(), Fnv1a64(content), options);
+
+  const ExampleOptions example_options{options.max_seq_length, options.mask_prompt};
+  std::vector<TokenizedExample> examples;
+  examples.reserve(records.size());
+  for (const Record& record : records) {
+    const std::string where = data_path + ":" + std::to_string(record.line);
+    StatusOr<PromptAndResponse> rendered =
+        RenderExample(record, options.format, options.prompt_template);
+    if (!rendered.ok()) return rendered.status();
+    StatusOr<TokenizedExample> example = TokenizeExample(encoder, *rendered, example_options);
+    if (!example.ok()) return example.status().WithContext(where);
+    if (example->input_ids.empty()) {
+      return InvalidArgumentError(where +
+                                  ": the example encodes to no tokens (empty text and a "
+                                  "tokenizer without BOS/EOS)");
+    }
+    // Position 0's label is never a target (nothing precedes it), so count from 1.
+    const int64_t targets = std::count_if(example->labels.begin() + 1, example->labels.end(),
+                                          [](int32_t l) { return l != kIgnoreIndex; });
+    stats.total_tokens += static_cast<int64_t>(example->input_ids.size());
+    stats.target_tokens += targets;
+    stats.truncated += example->truncated ? 1 : 0;
+    stats.without_targets += targets == 0 ? 1 : 0;
+    stats.max_length = std::max(stats.max_length, static_cast<int64_t>(example->input_ids.size()));
+    examples.push_back(std::move(*example));
+  }
+  stats.examples = static_cast<int64_t>(examples.size());
+  RETURN_IF_ERROR(
+      WriteTokenFile(out_path, stats.fingerprint, encoder.bos_id(), encoder.eos_id(), examples));
+  return stats;
+}
+
+}  // namespace llmctl::data

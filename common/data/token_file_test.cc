@@ -1,0 +1,284 @@
+#include "common/data/token_file.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+namespace llmctl::data {
+namespace {
+
+std::string SourceDir() {
+  const char* root = std::getenv("LLMCTL_SOURCE_DIR");
+  return root ? root : ".";
+}
+std::string FixtureDir() { return SourceDir() + "/tests/fixtures/data"; }
+
+std::string MakeTempDir() {
+  std::string templ = ::testing::TempDir() + "token_file_test_XXXXXX";
+  EXPECT_NE(::mkdtemp(templ.data()), nullptr);
+  return templ;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+TokenizedExample Example(std::vector<int32_t> ids, size_t masked) {
+  TokenizedExample e;
+  e.labels = ids;
+  for (size_t i = 0; i < masked && i < e.labels.size(); ++i) e.labels[i] = kIgnoreIndex;
+  e.input_ids = std::move(ids);
+  return e;
+}
+
+TEST(TokenFileTest, RoundTrips) {
+  const std::string path = MakeTempDir() + "/t.tok";
+  const std::vector<TokenizedExample> examples = {Example({1, 10, 11, 12, 2}, 2),
+                                                  Example({1, 20, 2}, 0), Example({7}, 0)};
+  ASSERT_TRUE(WriteTokenFile(path, "fp v1", 1, 2, examples).ok());
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_EQ(std::filesystem::file_size(path) % 8, 0u);
+
+  auto file = TokenFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const TokenFile& f = **file;
+  EXPECT_EQ(f.fingerprint(), "fp v1");
+  EXPECT_EQ(f.num_examples(), 3);
+  EXPECT_EQ(f.total_tokens(), 9);
+  // Targets exclude position 0: 3 in the first example, 2 in the second, 0 in the third.
+  EXPECT_EQ(f.target_tokens(), 5);
+  EXPECT_EQ(f.bos_id(), 1);
+  EXPECT_EQ(f.eos_id(), 2);
+  EXPECT_EQ(f.max_token_id(), 20);
+  EXPECT_EQ(f.length(0), 5);
+  EXPECT_EQ(std::vector<int32_t>(f.input_ids(0).begin(), f.input_ids(0).end()),
+            (std::vector<int32_t>{1, 10, 11, 12, 2}));
+  EXPECT_EQ(std::vector<uint8_t>(f.label_mask(0).begin(), f.label_mask(0).end()),
+            (std::vector<uint8_t>{0, 0, 1, 1, 1}));
+  EXPECT_EQ(std::vector<int32_t>(f.input_ids(2).begin(), f.input_ids(2).end()),
+            (std::vector<int32_t>{7}));
+}
+
+TEST(TokenFileTest, WriterRefusesBadExamples) {
+  const std::string dir = MakeTempDir();
+  EXPECT_FALSE(WriteTokenFile(dir + "/a.tok", "fp", 1, 2, {}).ok());
+  EXPECT_FALSE(WriteTokenFile(dir + "/a.tok", "fp", 1, 2, {Example({}, 0)}).ok());
+  TokenizedExample bad_label = Example({1, 2, 3}, 0);
+  bad_label.labels[1] = 5;
+  const Status status = WriteTokenFile(dir + "/a.tok", "fp", 1, 2, {bad_label});
+  EXPECT_NE(status.message().find("neither its id nor -100"), std::string::npos)
+      << status.message();
+  EXPECT_FALSE(WriteTokenFile(dir + "/a.tok", "fp", 1, 2, {Example({1, -4}, 0)}).ok());
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
+// Corruptions of a valid file, each with the message it must produce. Built here rather than stored
+// as fixtures so they follow the format if its version changes.
+class CorruptTokenFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    good_ = dir_ + "/good.tok";
+    ASSERT_TRUE(WriteTokenFile(good_, "fingerprint", 1, 2,
+                               {Example({1, 10, 11, 2}, 1), Example({1, 12, 2}, 1)})
+                    .ok());
+    bytes_ = ReadBytes(good_);
+  }
+
+  Status OpenVariant(const std::string& bytes, bool verify = true) {
+    const std::string path = dir_ + "/variant.tok";
+    WriteBytes(path, bytes);
+    TokenFile::Options options;
+    options.verify_contents = verify;
+    auto file = TokenFile::Open(path, options);
+    return file.ok() ? Status::Ok() : file.status();
+  }
+
+  void ExpectError(const std::string& bytes, const std::string& expected, bool verify = true) {
+    const Status status = OpenVariant(bytes, verify);
+    ASSERT_FALSE(status.ok()) << expected;
+    EXPECT_NE(status.message().find(expected), std::string::npos) << status.message();
+    EXPECT_NE(status.message().find(dir_ + "/variant.tok"), std::string::npos) << status.message();
+    EXPECT_NE(status.message().find("re-run llm-train --prepare"), std::string::npos)
+        << status.message();
+  }
+
+  std::string With(size_t offset, const void* value, size_t size) {
+    std::string bytes = bytes_;
+    std::memcpy(bytes.data() + offset, value, size);
+    return bytes;
+  }
+
+  // Offsets start after the 64-byte header and the fingerprint ("fingerprint", 11 bytes → 16).
+  static constexpr size_t kOffsets = 64 + 16;
+  std::string dir_, good_, bytes_;
+};
+
+TEST_F(CorruptTokenFileTest, ValidFileOpens) { EXPECT_TRUE(OpenVariant(bytes_).ok()); }
+
+TEST_F(CorruptTokenFileTest, BadMagic) {
+  ExpectError("not a token file at all", "variant.tok is not an llmctl token file (bad magic)");
+  ExpectError("", "is not an llmctl token file (bad magic)");
+  ExpectError(ReadBytes(FixtureDir() + "/alpaca_small.jsonl"), "bad magic");
+}
+
+TEST_F(CorruptTokenFileTest, VersionMismatch) {
+  const uint32_t version = 99;
+  ExpectError(With(8, &version, 4), "is token file version 99 but this build reads version 1");
+}
+
+TEST_F(CorruptTokenFileTest, Truncated) {
+  ExpectError(bytes_.substr(0, 40), "is truncated: 40 bytes, shorter than the 64-byte header");
+  ExpectError(bytes_.substr(0, bytes_.size() - 8), "is truncated");
+  ExpectError(bytes_ + std::string(8, '\0'), "8 bytes past the end the header describes");
+}
+
+TEST_F(CorruptTokenFileTest, OffsetsOutOfOrderOrRange) {
+  const uint64_t backwards = 0;
+  ExpectError(With(kOffsets + 8, &backwards, 8), "offset of example 1 (0) is not increasing",
+              /*verify=*/false);
+  const uint64_t past_end = 1000;
+  ExpectError(With(kOffsets + 8, &past_end, 8), "offset of example 1 (1000) is not increasing",
+              /*verify=*/false);
+  const uint64_t nonzero = 1;
+  ExpectError(With(kOffsets, &nonzero, 8), "offsets start at 1", /*verify=*/false);
+}
+
+TEST_F(CorruptTokenFileTest, HugeCountsDoNotOverflow) {
+  const uint64_t huge = ~uint64_t{0} / 2;
+  ExpectError(With(16, &huge, 8), "header counts overflow");  // num_examples
+  ExpectError(With(24, &huge, 8), "header counts overflow");  // total_tokens
+}
+
+TEST_F(CorruptTokenFileTest, ContentHashCatchesFlippedToken) {
+  std::string bytes = bytes_;
+  bytes[kOffsets + 3 * 8 + 4] ^= 1;  // second token id
+  ExpectError(bytes, "content hash mismatch");
+  EXPECT_TRUE(OpenVariant(bytes, /*verify=*/false).ok());  // only offsets are checked then
+}
+
+TEST(PrepareTest, PreparesTheFixtureAndRecordsTheFingerprint) {
+  const std::string out = MakeTempDir() + "/alpaca.tok";
+  ByteTextEncoder encoder;
+  PrepareOptions options;
+  options.max_seq_length = 160;
+  auto stats = PrepareTokenFile(FixtureDir() + "/alpaca_small.jsonl", encoder, options, out);
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->records_in_file, 5);
+  EXPECT_EQ(stats->examples, 5);
+  EXPECT_EQ(stats->max_length, 160);  // the with-input prompt alone is longer than 160 bytes
+  EXPECT_GT(stats->truncated, 0);
+
+  auto file = TokenFile::Open(out);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  EXPECT_EQ((*file)->num_examples(), 5);
+  EXPECT_EQ((*file)->total_tokens(), stats->total_tokens);
+  EXPECT_EQ((*file)->target_tokens(), stats->target_tokens);
+  EXPECT_EQ((*file)->fingerprint(), stats->fingerprint);
+  EXPECT_EQ((*file)->eos_id(), ByteTextEncoder::kEos);
+
+  auto expected = ExpectedFingerprint(FixtureDir() + "/alpaca_small.jsonl", encoder, options);
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(*expected, (*file)->fingerprint());
+  EXPECT_EQ(expected->find("llmctl-tokens v1; tokenizer=bytes-v1; data=fnv1a64:"), 0u) << *expected;
+  EXPECT_NE(expected->find("; format=alpaca; template=alpaca; max_seq_length=160; "
+                           "mask_prompt=true; samples=all"),
+            std::string::npos)
+      << *expected;
+
+  // Every option that changes the tokens changes the fingerprint.
+  const uint64_t hash = 42;
+  const std::string base = MakeFingerprint("tok", hash, options);
+  PrepareOptions changed = options;
+  changed.samples = 3;
+  EXPECT_NE(MakeFingerprint("tok", hash, changed), base);
+  changed = options;
+  changed.mask_prompt = false;
+  EXPECT_NE(MakeFingerprint("tok", hash, changed), base);
+  changed = options;
+  changed.max_seq_length = 161;
+  EXPECT_NE(MakeFingerprint("tok", hash, changed), base);
+  changed = options;
+  changed.prompt_template = PromptTemplate::kNone;
+  EXPECT_NE(MakeFingerprint("tok", hash, changed), base);
+  EXPECT_NE(MakeFingerprint("tok2", hash, options), base);
+  EXPECT_NE(MakeFingerprint("tok", hash + 1, options), base);
+}
+
+TEST(PrepareTest, SamplesTakesTheFirstN) {
+  const std::string out = MakeTempDir() + "/demo.tok";
+  ByteTextEncoder encoder;
+  PrepareOptions options;
+  options.samples = 100;
+  auto stats =
+      PrepareTokenFile(SourceDir() + "/experiments/data/alpaca-demo.jsonl", encoder, options, out);
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->records_in_file, 600);
+  EXPECT_EQ(stats->examples, 100);
+  EXPECT_EQ(stats->truncated, 0);
+  EXPECT_EQ(stats->without_targets, 0);
+  EXPECT_NE(stats->fingerprint.find("samples=100"), std::string::npos);
+
+  // The first example is the first line, rendered with the no-input or with-input Alpaca prompt.
+  auto records =
+      LoadJsonl(SourceDir() + "/experiments/data/alpaca-demo.jsonl", DatasetFormat::kAlpaca);
+  ASSERT_TRUE(records.ok());
+  auto rendered = RenderExample((*records)[0], DatasetFormat::kAlpaca, PromptTemplate::kAlpaca);
+  ASSERT_TRUE(rendered.ok());
+  auto file = TokenFile::Open(out);
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ((*file)->length(0),
+            static_cast<int64_t>(1 + rendered->prompt.size() + rendered->response.size() + 1));
+  const auto mask = (*file)->label_mask(0);
+  EXPECT_EQ(std::count(mask.begin(), mask.end(), 1),
+            static_cast<int64_t>(rendered->response.size() + 1));
+}
+
+TEST(PrepareTest, ErrorsNameTheDataFileAndLine) {
+  const std::string out = MakeTempDir() + "/x.tok";
+  ByteTextEncoder encoder;
+  PrepareOptions options;
+  auto stats =
+      PrepareTokenFile(FixtureDir() + "/broken/missing_output.jsonl", encoder, options, out);
+  ASSERT_FALSE(stats.ok());
+  EXPECT_NE(stats.status().message().find("missing_output.jsonl:2: missing field 'output'"),
+            std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(out));
+
+  options.format = DatasetFormat::kText;  // with the default alpaca template: refused
+  stats = PrepareTokenFile(FixtureDir() + "/text_small.jsonl", encoder, options, out);
+  ASSERT_FALSE(stats.ok());
+  EXPECT_NE(stats.status().message().find("format 'text' takes template 'none'"),
+            std::string::npos);
+
+  options.prompt_template = PromptTemplate::kNone;
+  stats = PrepareTokenFile(FixtureDir() + "/text_small.jsonl", encoder, options, out);
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->examples, 3);
+  EXPECT_EQ(stats->without_targets, 0);  // even "" trains EOS
+
+  options.samples = -1;
+  EXPECT_FALSE(PrepareTokenFile(FixtureDir() + "/text_small.jsonl", encoder, options, out).ok());
+}
+
+TEST(HashTest, Fnv1a64KnownValues) {
+  // Reference values of 64-bit FNV-1a.
+  EXPECT_EQ(Fnv1a64(std::string_view("")), 0xcbf29ce484222325ULL);
+  EXPECT_EQ(Fnv1a64(std::string_view("a")), 0xaf63dc4c8601ec8cULL);
+  EXPECT_EQ(Fnv1a64(std::string_view("foobar")), 0x85944171f73967e8ULL);
+  EXPECT_EQ(Fnv1a64(std::string_view("bar"), Fnv1a64(std::string_view("foo"))),
+            Fnv1a64(std::string_view("foobar")));
+  EXPECT_EQ(HexU64(0xaf63dc4c8601ec8cULL), "af63dc4c8601ec8c");
+}
+
+}  // namespace
+}  // namespace llmctl::data

@@ -1,0 +1,36 @@
+// A BLIP-2 trial's language-model rows, as llm-train lays them out from an imagefolder caption set
+// (trainer/train/caption_batches.cc builds its token file with CaptionExample), without LibTorch:
+// `llmctl estimate` reads the longest row of a local caption set, since llm-train pads every
+// micro-batch to its longest row.
+#ifndef LLMCTL_COMMON_INPUTS_CAPTIONS_H_
+#define LLMCTL_COMMON_INPUTS_CAPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "common/blip2_config.h"
+#include "common/image/imagefolder.h"
+#include "common/status.h"
+#include "common/trial_config.h"
+#include "common/data/dataset.h"
+#include "common/data/text_encoder.h"
+
+namespace llmctl {
+
+// One caption's row: the image placeholder num_query_tokens times, then the caption's ids as the
+// model's tokenizer frames them (OPT's: BOS first; T5's: EOS last), cut to `max_length` with the
+// frame kept, as the tokenizer's truncation does; labels -100 on the placeholders. InvalidArgument
+// naming the image when the caption holds the placeholder token.
+StatusOr<data::TokenizedExample> CaptionExample(const data::TextEncoder& encoder,
+                                                const image::CaptionedImage& entry,
+                                                const Blip2Config& model, int64_t max_length,
+                                                const std::string& folder);
+
+// The most caption tokens (the frame included, at most data.max_seq_length) of any row of
+// `config`'s caption set (data.path, a local imagefolder; data.samples applied), read with the
+// trial's tokenizer. Errors name the file, as the trainer's reading of it does.
+StatusOr<int64_t> LongestCaptionTokens(const TrialConfig& config, const Blip2Config& model);
+
+}  // namespace llmctl
+
+#endif  // LLMCTL_COMMON_INPUTS_CAPTIONS_H_

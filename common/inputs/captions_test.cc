@@ -1,0 +1,92 @@
+// The rows of a caption set as llm-train frames them, and their longest, which `llmctl estimate`
+// reads for a BLIP-2 trial: over experiments/cpu-lab-blip2.yaml's captions and tokenizers.
+#include "common/inputs/captions.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "common/experiment.h"
+#include "common/tokenizer/tokenizer.h"
+
+namespace llmctl {
+namespace {
+
+// ctest runs in the source directory.
+const std::string kExperiments = "experiments/";
+
+// A row of experiments/cpu-lab-blip2.yaml, its paths resolved, and its model.
+struct Row {
+  TrialConfig config;
+  Blip2Config model;
+};
+
+Row LoadRow(const std::string& name) {
+  StatusOr<Experiment> experiment = LoadExperimentFile(kExperiments + "cpu-lab-blip2.yaml");
+  EXPECT_TRUE(experiment.ok()) << experiment.status().message();
+  for (Trial& trial : experiment->trials) {
+    if (trial.name != name) continue;
+    LocalizeNodePaths(trial.config);
+    StatusOr<std::optional<Blip2Config>> model = ResolveBlip2Model(trial.config.GetString("model"));
+    EXPECT_TRUE(model.ok() && model->has_value());
+    return {trial.config, **model};
+  }
+  ADD_FAILURE() << "no row " << name;
+  return {};
+}
+
+// OPT's rows: BOS, then the caption's ids, after the queries' placeholders (labels -100 there).
+TEST(CaptionsTest, OptRowsAreTheQueriesThenBosAndTheCaption) {
+  const Row row = LoadRow("reduced-batch");
+  StatusOr<Tokenizer> tokenizer =
+      Tokenizer::Load(kExperiments + "tokenizers/captions/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().message();
+  const data::TokenizerTextEncoder<Tokenizer> encoder(*tokenizer, "");
+  image::CaptionedImage entry;
+  entry.file_name = "images/00000.png";
+  entry.caption = "a large purple circle on a white background";
+  StatusOr<data::TokenizedExample> example =
+      CaptionExample(encoder, entry, row.model, /*max_length=*/50, "data/captions");
+  ASSERT_TRUE(example.ok()) << example.status().message();
+  StatusOr<std::vector<int32_t>> ids = tokenizer->Encode(entry.caption, false);
+  ASSERT_TRUE(ids.ok());
+  const size_t queries = static_cast<size_t>(row.model.num_query_tokens);
+  ASSERT_EQ(example->input_ids.size(), queries + 1 + ids->size());
+  EXPECT_EQ(example->input_ids[queries], encoder.bos_id());
+  EXPECT_EQ(example->labels[0], data::kIgnoreIndex);
+  EXPECT_FALSE(example->truncated);
+  // Cut to 4 with BOS kept: BOS and 3 of the caption's ids.
+  example = CaptionExample(encoder, entry, row.model, /*max_length=*/4, "data/captions");
+  ASSERT_TRUE(example.ok());
+  EXPECT_EQ(example->input_ids.size(), queries + 4);
+  EXPECT_TRUE(example->truncated);
+}
+
+// The longest row of the set: under data.max_seq_length 50 the OPT rows' captions are whole (BOS
+// and at most 23 ids); the T5 rows' are cut at 12 with </s> kept; data.samples keeps the first
+// rows.
+TEST(CaptionsTest, LongestCaptionIsTheSetsLongestFramedRow) {
+  Row opt = LoadRow("reduced-batch");
+  StatusOr<int64_t> longest = LongestCaptionTokens(opt.config, opt.model);
+  ASSERT_TRUE(longest.ok()) << longest.status().message();
+  EXPECT_EQ(*longest, 24);
+
+  Row t5 = LoadRow("even-larger");
+  longest = LongestCaptionTokens(t5.config, t5.model);
+  ASSERT_TRUE(longest.ok()) << longest.status().message();
+  EXPECT_EQ(*longest, 12);
+
+  ASSERT_TRUE(opt.config.SetFromText("data.samples", "1").ok());
+  longest = LongestCaptionTokens(opt.config, opt.model);
+  ASSERT_TRUE(longest.ok());
+  StatusOr<Tokenizer> tokenizer =
+      Tokenizer::Load(kExperiments + "tokenizers/captions/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok());
+  StatusOr<std::vector<int32_t>> first =
+      tokenizer->Encode("a large purple circle on a white background", false);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(*longest, 1 + static_cast<int64_t>(first->size()));
+}
+
+}  // namespace
+}  // namespace llmctl

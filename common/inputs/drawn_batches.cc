@@ -1,0 +1,51 @@
+#include "common/inputs/drawn_batches.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "common/data/batch_iterator.h"
+#include "common/data/token_file.h"
+#include "common/inputs/token_cache.h"
+
+namespace llmctl {
+
+StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
+  ASSIGN_OR_RETURN(const std::string path, PrepareTokens(config));
+  ASSIGN_OR_RETURN(std::unique_ptr<data::TokenFile> file, data::TokenFile::Open(path));
+  const TrainSettings& train = config.settings().train;
+  const int64_t micro = train.micro_batch_size;
+  const int64_t ranks = DataParallelRanks(config);
+  const int64_t accumulation = std::max<int64_t>(1, train.global_batch_size / (micro * ranks));
+  RETURN_IF_ERROR(data::CheckOneMicroBatchPerRank(config.settings(), file->num_examples(), ranks));
+  DrawnBatches drawn;
+  drawn.steps = data::TotalSteps(train, file->num_examples(), micro * accumulation * ranks);
+  drawn.micro_batches = drawn.steps * accumulation;
+  double padded = 0;
+  double real = 0;
+  drawn.step_real_tokens.assign(static_cast<size_t>(drawn.steps), 0);
+  for (int64_t rank = 0; rank < ranks; ++rank) {
+    // As llm-train's OpenTokenFileBatches draws them.
+    ASSIGN_OR_RETURN(data::BatchIterator iterator,
+                     data::BatchIterator::Create(*file, data::BatchOptionsFor(train, rank, ranks)));
+    for (int64_t i = 0; i < drawn.micro_batches; ++i) {
+      const data::Batch batch = iterator.Next();
+      drawn.longest = std::max(drawn.longest, batch.seq_len);
+      int64_t& step_longest = i < accumulation        ? drawn.longest_first_step
+                              : i % accumulation == 0 ? drawn.longest_later_opening
+                                                      : drawn.longest_later_accumulating;
+      step_longest = std::max(step_longest, batch.seq_len);
+      for (int64_t length : batch.lengths) {
+        drawn.step_real_tokens[static_cast<size_t>(i / accumulation)] += length;
+      }
+      if (rank == 0) {
+        padded += static_cast<double>(batch.seq_len);
+        for (int64_t length : batch.lengths) real += static_cast<double>(length);
+      }
+    }
+  }
+  drawn.mean_padded = padded / static_cast<double>(drawn.micro_batches);
+  drawn.mean_real_tokens = real / static_cast<double>(drawn.micro_batches);
+  return drawn;
+}
+
+}  // namespace llmctl

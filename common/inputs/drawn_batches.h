@@ -1,0 +1,42 @@
+// The micro-batches a text trial will draw, before it runs: its dataset tokenized as llm-train
+// tokenizes it (the token cache), walked in the order the trial's seed shuffles it, each rank its
+// DistributedSampler shard, for the run's steps and accumulation. llm-train pads a micro-batch to
+// its longest row, so the longest micro-batch sets the step's peak and the padded lengths its time.
+// No LibTorch: `llmctl estimate` reads it.
+#ifndef LLMCTL_COMMON_INPUTS_DRAWN_BATCHES_H_
+#define LLMCTL_COMMON_INPUTS_DRAWN_BATCHES_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "common/trial_config.h"
+
+namespace llmctl {
+
+struct DrawnBatches {
+  int64_t steps = 0;          // optimizer steps walked
+  int64_t micro_batches = 0;  // drawn by each rank
+  int64_t longest = 0;        // tokens of the longest micro-batch any rank draws
+  // The same over the first step's micro-batches and over the later steps': the optimizer's
+  // state exists from the first step's end on, so the two peak differently. A later step's first
+  // micro-batch runs before any gradient is held and the others beside the gradients of those
+  // before them (accumulation), so those two peak differently too (0 without accumulation).
+  int64_t longest_first_step = 0;
+  int64_t longest_later_opening = 0;
+  int64_t longest_later_accumulating = 0;
+  double mean_padded = 0;       // a micro-batch's mean length (the longest of its rows)
+  double mean_real_tokens = 0;  // a micro-batch's mean real (non-padding) tokens
+  // Each optimizer step's real tokens over every rank and micro-batch: llm-train's step events'
+  // "tokens".
+  std::vector<int64_t> step_real_tokens;
+};
+
+// Draws every micro-batch of `config`'s run (train.max_steps, else train.epochs over the data)
+// on every rank. Errors as the trainer's preparation of the data (naming the file and line), and
+// InvalidArgument for a dataset smaller than one micro-batch of every rank.
+StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config);
+
+}  // namespace llmctl
+
+#endif  // LLMCTL_COMMON_INPUTS_DRAWN_BATCHES_H_

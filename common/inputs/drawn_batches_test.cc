@@ -1,0 +1,67 @@
+// The micro-batches estimate draws are the ones llm-train trains on, step by step, for a demo run:
+// each step's count of real (non-padding) tokens is the one llm-train's step event reports (the
+// events count a step's tokens; which tokens they were is not in them).
+#include "common/inputs/drawn_batches.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "common/experiment.h"
+#include "tests/support/shell_command.h"
+
+namespace llmctl {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Source() {
+  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
+  return std::string(dir != nullptr ? dir : ".");
+}
+
+TEST(DrawnBatchesTest, TheRunsRealTokensAreTheOnesDrawn) {
+  const std::string file = Source() + "/experiments/demo.yaml";
+  StatusOr<Experiment> experiment = LoadExperimentFile(file);
+  ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+  const TrialConfig& config = experiment->trials.front().config;
+  StatusOr<DrawnBatches> drawn = DrawMicroBatches(config);
+  ASSERT_TRUE(drawn.ok()) << drawn.status().message();
+  EXPECT_EQ(drawn->steps, config.GetInt("train.max_steps"));
+  EXPECT_EQ(drawn->micro_batches, drawn->steps * 2);  // global batch 8 of micro-batches of 4
+  EXPECT_LE(drawn->longest, config.GetInt("data.max_seq_length"));
+  // Every micro-batch is a first step's, a later step's opening one or one accumulating after it.
+  EXPECT_EQ(std::max({drawn->longest_first_step, drawn->longest_later_opening,
+                      drawn->longest_later_accumulating}),
+            drawn->longest);
+  EXPECT_GT(drawn->longest_later_accumulating, 0);
+  EXPECT_LE(drawn->mean_padded, static_cast<double>(drawn->longest));
+  EXPECT_LE(drawn->mean_real_tokens, 4 * drawn->mean_padded);
+
+  const fs::path events =
+      fs::temp_directory_path() / ("llmctl-drawn-" + std::to_string(::getpid()) + ".jsonl");
+  const testing::CommandResult run =
+      testing::RunShellCommand((testing::BuildDir() / "trainer/llm-train").string() + " --config " +
+                               file + " --events " + events.string());
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  std::ifstream in(events);
+  std::vector<int64_t> tokens;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json event = nlohmann::json::parse(line);
+    if (event["type"] == "step") tokens.push_back(event["tokens"].get<int64_t>());
+  }
+  fs::remove(events);
+  EXPECT_EQ(tokens, drawn->step_real_tokens);
+  int64_t total = 0;
+  for (int64_t step : drawn->step_real_tokens) total += step;
+  EXPECT_DOUBLE_EQ(static_cast<double>(total),
+                   drawn->mean_real_tokens * static_cast<double>(drawn->micro_batches));
+}
+
+}  // namespace
+}  // namespace llmctl

@@ -1,0 +1,125 @@
+#include "common/inputs/trial_inputs.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/experiment.h"
+
+namespace llmctl {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ctest runs in the source directory; the fixtures are scripts/fixtures/make_broken_inputs.py's.
+const fs::path kInputs = "tests/fixtures/broken_inputs/inputs";
+
+TrialConfig Demo(const std::string& data, const std::string& model = "llmctl-demo",
+                 const std::string& init = "random") {
+  TrialConfig config;
+  EXPECT_TRUE(config.Set("model", model).ok());
+  EXPECT_TRUE(config.Set("init", init).ok());
+  EXPECT_TRUE(config.Set("tokenizer", (kInputs / "tokenizer.json").string()).ok());
+  EXPECT_TRUE(config.Set("data.path", data).ok());
+  EXPECT_TRUE(config.Set("train.micro_batch_size", int64_t{2}).ok());
+  return config;
+}
+
+TEST(TrialInputsTest, GoodInputsAreCountedWithoutReadingWeights) {
+  const ModelConfig* demo = FindPreset("llmctl-demo");
+  TrialInputsChecker checker;
+  StatusOr<TrialInputsSummary> summary =
+      checker.Check(Demo((kInputs / "good.jsonl").string()), demo);
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ(summary->records, 8);
+  EXPECT_EQ(summary->tokenizer_vocab, 2048);
+  EXPECT_EQ(summary->checkpoint_tensors, 0);  // init: random reads no checkpoint
+}
+
+TEST(TrialInputsTest, ErrorsNameTheKeyTheFileAndTheLine) {
+  TrialInputsChecker checker;
+  StatusOr<TrialInputsSummary> summary =
+      checker.Check(Demo((kInputs / "broken_line.jsonl").string()), FindPreset("llmctl-demo"));
+  ASSERT_FALSE(summary.ok());
+  EXPECT_EQ(summary.status().message().rfind(
+                "data.path: " + (kInputs / "broken_line.jsonl").string() + ":2: ", 0),
+            0u)
+      << summary.status().message();
+}
+
+TEST(TrialInputsTest, NodePathsAreLeftToTheNode) {
+  TrialConfig config = Demo("node:/data/train.jsonl");
+  ASSERT_TRUE(config.Set("tokenizer", std::string("node:/models/tokenizer.json")).ok());
+  StatusOr<TrialInputsSummary> summary =
+      TrialInputsChecker().Check(config, FindPreset("llmctl-demo"));
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ(summary->records, 0);
+  EXPECT_EQ(summary->tokenizer_path, "");
+  // On the node, the prefix goes and the path is an ordinary one.
+  LocalizeNodePaths(config);
+  EXPECT_EQ(config.GetString("data.path"), "/data/train.jsonl");
+  EXPECT_EQ(config.GetString("tokenizer"), "/models/tokenizer.json");
+}
+
+// A config.json may claim any number of layers: the count is compared before any list is made.
+TEST(TrialInputsTest, AClaimOfBillionsOfLayersIsCountedNotListed) {
+  ModelConfig model = *FindPreset("llmctl-demo");
+  model.num_hidden_layers = int64_t{1} << 40;
+  EXPECT_GT(CheckpointTensorCount(model), int64_t{1} << 42);
+  auto checkpoint =
+      safetensors::ShardedCheckpoint::Open((kInputs / "models" / "missing_tensor").string());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  const Status status = CheckCheckpointTensors(**checkpoint, model, "dir");
+  EXPECT_NE(status.message().find("config.json describes"), std::string::npos) << status.message();
+}
+
+// The same dataset in several trials is read once; a changed micro-batch is still compared.
+TEST(TrialInputsTest, SharedFilesAreCheckedOnce) {
+  const fs::path dir = fs::temp_directory_path() / "llmctl-trial-inputs-test";
+  fs::create_directories(dir);
+  const fs::path data = dir / "four.jsonl";
+  {
+    std::ofstream out(data);
+    for (int i = 0; i < 4; ++i)
+      out << R"({"instruction": "a", "output": "b"})"
+          << "\n";
+  }
+  TrialInputsChecker checker;
+  ASSERT_TRUE(checker.Check(Demo(data.string()), FindPreset("llmctl-demo")).ok());
+  fs::remove(data);  // a second read would fail now
+  TrialConfig bigger = Demo(data.string());
+  ASSERT_TRUE(bigger.Set("train.micro_batch_size", int64_t{8}).ok());
+  ASSERT_TRUE(bigger.Set("train.global_batch_size", int64_t{8}).ok());
+  StatusOr<TrialInputsSummary> summary = checker.Check(bigger, FindPreset("llmctl-demo"));
+  ASSERT_FALSE(summary.ok());
+  EXPECT_NE(summary.status().message().find("has 4 records, fewer than one micro-batch of 8"),
+            std::string::npos)
+      << summary.status().message();
+  fs::remove_all(dir);
+}
+
+// Every shipped experiment's inputs pass the check `llmctl submit` runs, so a user submitting one
+// of them is never refused.
+TEST(TrialInputsTest, ShippedExperimentsPass) {
+  TrialInputsChecker checker;
+  int trials = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator("experiments")) {
+    if (entry.path().extension() != ".yaml") continue;
+    StatusOr<Experiment> experiment = LoadExperimentFile(entry.path().string());
+    ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
+    for (const Trial& trial : experiment->trials) {
+      const std::string model_name = trial.config.GetString("model");
+      StatusOr<ModelConfig> model = ResolveModel(model_name);
+      StatusOr<TrialInputsSummary> summary =
+          checker.Check(trial.config, model.ok() ? &*model : nullptr);
+      EXPECT_TRUE(summary.ok()) << entry.path() << " trial " << trial.name << ": "
+                                << summary.status().ToString();
+      ++trials;
+    }
+  }
+  EXPECT_GT(trials, 30);
+}
+
+}  // namespace
+}  // namespace llmctl

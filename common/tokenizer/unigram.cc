@@ -1,0 +1,279 @@
+#include "common/tokenizer/unigram.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <utility>
+
+#include "common/tokenizer/unicode.h"
+
+namespace llmctl::tokenizer_internal {
+namespace {
+
+// The library's K_UNK_PENALTY: an unknown character scores this far below the lowest piece, so any
+// segmentation into known pieces beats it.
+constexpr double kUnknownPenalty = 10.0;
+
+// The best segmentation of word[0, end) found so far, as the library's BestPathNode.
+struct BestPath {
+  int32_t piece_id = -1;
+  double score = 0.0;
+  int64_t start = -1;  // where its last piece starts; -1 while no segmentation reaches `end`
+};
+
+// 1e0 ... 1e308, as double literals (correctly rounded), like serde_json's POW10 table.
+const std::array<double, 309>& PowersOfTen() {
+  static const std::array<double, 309> table = [] {
+    std::array<double, 309> out{};
+    for (int i = 0; i < 309; ++i) {
+      const std::string literal = "1e" + std::to_string(i);
+      out[i] = std::strtod(literal.c_str(), nullptr);
+    }
+    return out;
+  }();
+  return table;
+}
+
+}  // namespace
+
+StatusOr<double> LibraryJsonDouble(double value) {
+  if (!std::isfinite(value)) return InvalidArgumentError("number out of range");
+  // The shortest digits that read back as `value`: the text the file holds.
+  char text[64];
+  const std::to_chars_result printed = std::to_chars(text, text + sizeof(text), value);
+  if (printed.ec != std::errc()) return InternalError("cannot print a double");
+  const std::string_view digits(text, printed.ptr - text);
+  bool negative = false;
+  uint64_t significand = 0;
+  int64_t exponent = 0;
+  bool after_point = false;
+  bool significand_full = false;  // serde_json ignores digits once the next one would overflow
+  size_t i = 0;
+  if (i < digits.size() && digits[i] == '-') {
+    negative = true;
+    ++i;
+  }
+  for (; i < digits.size() && digits[i] != 'e'; ++i) {
+    if (digits[i] == '.') {
+      after_point = true;
+      continue;
+    }
+    const auto digit = static_cast<uint64_t>(digits[i] - '0');
+    if (!significand_full && significand <= (std::numeric_limits<uint64_t>::max() - digit) / 10) {
+      significand = significand * 10 + digit;
+      if (after_point) --exponent;
+    } else {
+      significand_full = true;
+      if (!after_point) ++exponent;
+    }
+  }
+  if (i < digits.size()) {
+    int64_t written_exponent = 0;
+    const char* begin = digits.data() + i + 1;
+    if (*begin == '+') ++begin;
+    std::from_chars(begin, digits.data() + digits.size(), written_exponent);
+    exponent += written_exponent;
+  }
+  // serde_json's f64_from_parts without float_roundtrip.
+  double result = static_cast<double>(significand);
+  const std::array<double, 309>& pow10 = PowersOfTen();
+  while (true) {
+    const uint64_t magnitude = exponent < 0 ? -static_cast<uint64_t>(exponent) : exponent;
+    if (magnitude < pow10.size()) {
+      if (exponent >= 0) {
+        result *= pow10[magnitude];
+        if (std::isinf(result)) return InvalidArgumentError("number out of range");
+      } else {
+        result /= pow10[magnitude];
+      }
+      break;
+    }
+    if (result == 0.0) break;
+    if (exponent >= 0) return InvalidArgumentError("number out of range");
+    result /= 1e308;
+    exponent += 308;
+  }
+  return negative ? -result : result;
+}
+
+StatusOr<std::unique_ptr<UnigramModel>> UnigramModel::Create(std::vector<UnigramPiece> vocab,
+                                                             std::optional<int32_t> unk_id,
+                                                             bool byte_fallback) {
+  if (vocab.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    return InvalidArgumentError("too many pieces");
+  }
+  if (unk_id.has_value() && static_cast<size_t>(*unk_id) >= vocab.size()) {
+    return InvalidArgumentError("unk_id " + std::to_string(*unk_id) +
+                                " is not in the vocabulary of " + std::to_string(vocab.size()) +
+                                " pieces");
+  }
+  std::unique_ptr<UnigramModel> model(new UnigramModel());
+  model->unk_id_ = unk_id;
+  model->byte_fallback_ = byte_fallback;
+  model->trie_.emplace_back();  // the root
+  double min_score = std::numeric_limits<double>::infinity();
+  for (size_t id = 0; id < vocab.size(); ++id) {
+    const UnigramPiece& piece = vocab[id];
+    min_score = std::min(min_score, piece.score);
+    model->piece_ids_[piece.text] = static_cast<int32_t>(id);
+    int32_t node = 0;
+    for (const char c : piece.text) {
+      const uint64_t edge = (static_cast<uint64_t>(node) << 8) | static_cast<unsigned char>(c);
+      const auto [it, inserted] =
+          model->trie_edges_.emplace(edge, static_cast<int32_t>(model->trie_.size()));
+      if (inserted) model->trie_.emplace_back();
+      node = it->second;
+    }
+    // A piece listed twice is found as its last entry, whose score then counts, as in the
+    // library. The empty piece sits on the root, where no search looks: the library never matches
+    // it either.
+    model->trie_[node].piece_id = static_cast<int32_t>(id);
+  }
+  model->unknown_score_ = min_score - kUnknownPenalty;
+  model->byte_ids_.fill(-1);
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  for (int b = 0; b < 256; ++b) {
+    const std::string name = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
+    if (auto id = model->TokenToId(name)) model->byte_ids_[b] = *id;
+  }
+  model->vocab_ = std::move(vocab);
+  return model;
+}
+
+int32_t UnigramModel::Child(int32_t node, unsigned char byte) const {
+  const auto it = trie_edges_.find((static_cast<uint64_t>(node) << 8) | byte);
+  return it == trie_edges_.end() ? -1 : it->second;
+}
+
+Status UnigramModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const {
+  // Forward pass: best[end] is the best segmentation of word[0, end). Positions are visited in
+  // order and a candidate replaces the best only when strictly better, so ties keep the earliest
+  // found, as in the library's encode_optimized.
+  std::vector<BestPath> best(word.size() + 1);
+  for (size_t start = 0; start < word.size();) {
+    const size_t char_length = Utf8SequenceLength(static_cast<unsigned char>(word[start]));
+    const double score_so_far = best[start].score;
+    bool covers_one_character = false;
+    const auto offer = [&](size_t end, int32_t piece_id, double score) {
+      BestPath& target = best[end];
+      const double candidate = score + score_so_far;
+      if (target.start < 0 || candidate > target.score) {
+        target = {piece_id, candidate, static_cast<int64_t>(start)};
+        return true;
+      }
+      return false;
+    };
+    int32_t node = 0;
+    for (size_t end = start; end < word.size(); ++end) {
+      node = Child(node, static_cast<unsigned char>(word[end]));
+      if (node < 0) break;
+      const int32_t piece_id = trie_[node].piece_id;
+      if (piece_id < 0) continue;
+      offer(end + 1, piece_id, vocab_[piece_id].score);
+      if (end + 1 - start == char_length) covers_one_character = true;
+    }
+    if (!covers_one_character && offer(start + char_length, unk_id_.value_or(-1), unknown_score_) &&
+        !unk_id_) {
+      return InvalidArgumentError("unknown character \"" +
+                                  std::string(word.substr(start, char_length)) +
+                                  "\" and the Unigram model has no unk_id");
+    }
+    start += char_length;
+  }
+
+  // Backward pass, fusing runs of unknown pieces.
+  std::vector<std::pair<size_t, size_t>> pieces;  // [begin, end) in reverse order
+  std::vector<int32_t> piece_ids;
+  size_t end = word.size();
+  while (end > 0) {
+    const BestPath& path = best[end];
+    const auto begin = static_cast<size_t>(path.start);
+    if (unk_id_ && path.piece_id == *unk_id_ && !pieces.empty() && piece_ids.back() == -1) {
+      pieces.back().first = begin;  // extends the run found just after this piece
+    } else {
+      pieces.emplace_back(begin, end);
+      piece_ids.push_back(unk_id_ && path.piece_id == *unk_id_ ? -1 : path.piece_id);
+    }
+    end = begin;
+  }
+  for (size_t i = pieces.size(); i-- > 0;) {
+    if (piece_ids[i] >= 0) {
+      ids->push_back(piece_ids[i]);
+    } else {
+      const auto [begin, run_end] = pieces[i];
+      AppendFusedUnknown(word.substr(begin, run_end - begin), ids);
+    }
+  }
+  return Status::Ok();
+}
+
+void UnigramModel::AppendFusedUnknown(std::string_view run, std::vector<int32_t>* ids) const {
+  if (std::optional<int32_t> id = TokenToId(run)) {
+    ids->push_back(*id);
+    return;
+  }
+  if (byte_fallback_ && std::all_of(run.begin(), run.end(), [this](char c) {
+        return byte_ids_[static_cast<unsigned char>(c)] >= 0;
+      })) {
+    for (const char c : run) ids->push_back(byte_ids_[static_cast<unsigned char>(c)]);
+    return;
+  }
+  ids->push_back(*unk_id_);  // a run exists only when unk_id does
+}
+
+std::optional<int32_t> UnigramModel::TokenToId(std::string_view token) const {
+  const auto it = piece_ids_.find(token);
+  if (it == piece_ids_.end()) return std::nullopt;
+  return it->second;
+}
+
+const std::string* UnigramModel::IdToToken(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= vocab_.size()) return nullptr;
+  return &vocab_[id].text;
+}
+
+StatusOr<std::unique_ptr<UnigramModel>> ParseUnigramModel(const JsonSource& src, const Json& json,
+                                                          const std::string& path) {
+  std::optional<int32_t> unk_id;
+  if (const Json* unk = FindMember(json, "unk_id")) {
+    ASSIGN_OR_RETURN(unk_id, AsTokenId(src, *unk, JoinPath(path, "unk_id")));
+  }
+  ASSIGN_OR_RETURN(const bool byte_fallback, OptionalBool(src, json, path, "byte_fallback", false));
+  ASSIGN_OR_RETURN(const Json* vocab_json, RequireMember(src, json, path, "vocab"));
+  const std::string vocab_path = JoinPath(path, "vocab");
+  if (!vocab_json->is_array())
+    return src.Invalid(vocab_path, "expected an array of [piece, score]");
+  std::vector<UnigramPiece> vocab;
+  vocab.reserve(vocab_json->size());
+  for (size_t i = 0; i < vocab_json->size(); ++i) {
+    const Json& entry = (*vocab_json)[i];
+    if (!entry.is_array() || entry.size() != 2 || !entry[0].is_string() || !entry[1].is_number()) {
+      return src.Invalid(IndexPath(vocab_path, i), "expected [piece, score]");
+    }
+    UnigramPiece piece;
+    piece.text = entry[0].get<std::string>();
+    if (entry[1].is_number_float()) {
+      StatusOr<double> score = LibraryJsonDouble(entry[1].get<double>());
+      if (!score.ok()) return src.Invalid(IndexPath(vocab_path, i), score.status().message());
+      piece.score = *score;
+    } else if (entry[1].is_number_unsigned()) {
+      piece.score = static_cast<double>(entry[1].get<uint64_t>());
+    } else {
+      piece.score = static_cast<double>(entry[1].get<int64_t>());
+    }
+    vocab.push_back(std::move(piece));
+  }
+  if (unk_id.has_value() && static_cast<size_t>(*unk_id) >= vocab.size()) {
+    return src.Invalid(JoinPath(path, "unk_id"), "unk_id " + std::to_string(*unk_id) +
+                                                     " is not in the vocabulary of " +
+                                                     std::to_string(vocab.size()) + " pieces");
+  }
+  StatusOr<std::unique_ptr<UnigramModel>> model =
+      UnigramModel::Create(std::move(vocab), unk_id, byte_fallback);
+  if (!model.ok()) return src.Invalid(path, model.status().message());
+  return std::move(*model);
+}
+
+}  // namespace llmctl::tokenizer_internal

@@ -1,0 +1,83 @@
+// The Unigram model of Hugging Face `tokenizers` (SentencePiece's unigram language model, as T5 and
+// Flan-T5 use it): every piece has a score (a log probability), and a word becomes the
+// segmentation whose pieces' scores sum highest (Viterbi). A character no piece covers becomes the
+// unknown piece, scored 10 below the lowest piece, and runs of unknown pieces are fused into one
+// (the library always fuses); with byte_fallback such a run becomes its `<0xNN>` byte pieces.
+//
+// Internal to common/tokenizer.
+#ifndef LLMCTL_COMMON_TOKENIZER_UNIGRAM_H_
+#define LLMCTL_COMMON_TOKENIZER_UNIGRAM_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tokenizer/json_util.h"
+#include "common/tokenizer/model.h"
+
+namespace llmctl::tokenizer_internal {
+
+struct UnigramPiece {
+  std::string text;
+  double score = 0.0;
+};
+
+class UnigramModel : public Model {
+ public:
+  // A piece's id is its index in `vocab`. Fails when `unk_id` is set but outside `vocab`, as the
+  // library does.
+  static StatusOr<std::unique_ptr<UnigramModel>> Create(std::vector<UnigramPiece> vocab,
+                                                        std::optional<int32_t> unk_id,
+                                                        bool byte_fallback);
+
+  Status Tokenize(std::string_view word, std::vector<int32_t>* ids) const override;
+  std::optional<int32_t> TokenToId(std::string_view token) const override;
+  const std::string* IdToToken(int32_t id) const override;
+  size_t size() const override { return vocab_.size(); }
+  int32_t max_id() const override { return static_cast<int32_t>(vocab_.size()) - 1; }
+
+ private:
+  // A byte trie over the pieces, for the pieces that start at each position of a word.
+  struct TrieNode {
+    int32_t piece_id = -1;  // the piece that ends here, or -1
+  };
+
+  UnigramModel() = default;
+  // The child of `node` along `byte`, or -1.
+  int32_t Child(int32_t node, unsigned char byte) const;
+  // Appends the ids of a run of unknown pieces (or of pieces that are the unknown token itself,
+  // which the library fuses too): the vocabulary's id for the whole run if it has one, else its
+  // byte pieces under byte_fallback, else the unknown id.
+  void AppendFusedUnknown(std::string_view run, std::vector<int32_t>* ids) const;
+
+  std::vector<UnigramPiece> vocab_;
+  StringIdMap piece_ids_;  // a piece listed twice maps to its last id, as in the library
+  std::vector<TrieNode> trie_;
+  std::unordered_map<uint64_t, int32_t> trie_edges_;  // (node << 8 | byte) -> child node
+  std::optional<int32_t> unk_id_;
+  double unknown_score_ = 0.0;
+  bool byte_fallback_ = false;
+  std::array<int32_t, 256> byte_ids_;  // id of "<0xNN>", -1 when absent
+};
+
+// Reads a {"type": "Unigram", "unk_id": ..., "vocab": [[piece, score], ...], "byte_fallback": ...}
+// object at `path`; errors name `src` and the field.
+StatusOr<std::unique_ptr<UnigramModel>> ParseUnigramModel(const JsonSource& src, const Json& json,
+                                                          const std::string& path);
+
+// The double the library reads for a JSON number that nlohmann read as `value`. The library's JSON
+// parser (serde_json without its float_roundtrip feature) computes significand / 10^k in two
+// roundings, so for about one score in sixteen of a SentencePiece model it lands one ulp away from
+// the correctly rounded value; Viterbi ties are decided by those last bits. Exact for numbers
+// written in their shortest round-trip form, as tokenizers and Python's json write them.
+StatusOr<double> LibraryJsonDouble(double value);
+
+}  // namespace llmctl::tokenizer_internal
+
+#endif  // LLMCTL_COMMON_TOKENIZER_UNIGRAM_H_
