@@ -32,8 +32,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_train_bench import (DEFAULT_MODEL, DEFAULT_TOKENIZER, REPO_ROOT, child_env, machine_info,  # noqa: E402
-                             mib, ratio, write_dataset, write_experiment)
+from bench_data import write_dataset  # noqa: E402
+from child_run import child_env  # noqa: E402
+from run_train_bench import DEFAULT_MODEL, DEFAULT_TOKENIZER, REPO_ROOT, write_experiment  # noqa: E402
+from train_bench_report import machine_info, mib, ratio  # noqa: E402
 
 
 def read_jsonl(path):
