@@ -6,9 +6,7 @@
 // root, in bash:
 //
 //   SRCS="tests/fuzz/tokenizer_fuzz.cc common/status.cc common/files.cc common/text.cc
-//         common/tokenizer/bpe.cc
-//         common/tokenizer/pipeline.cc common/tokenizer/precompiled.cc common/tokenizer/regex.cc
-//         common/tokenizer/tokenizer.cc common/tokenizer/unicode.cc common/tokenizer/unigram.cc"
+//         $(ls common/tokenizer/*.cc | grep -v -e _test -e _bench)"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. $SRCS
 //       $(pkg-config --cflags --libs libpcre2-8) -o /tmp/tokenizer_fuzz     # (one line)
 //   mkdir -p /tmp/tokenizer_corpus
