@@ -1,6 +1,6 @@
 // The trainer's `result` event (the last line of a run: its outcome), as far as another process
 // reads it: llm-train writes it (trainer/train/), the controller copies the checkpoint it names
-// (controller/dispatch/checkpoint_copy.cc) and resumes a trial from it (controller/store/store.cc).
+// (controller/dispatch/checkpoint_copy.cc) and resumes a trial from it (controller/store/attempts.cc).
 // One reading, so that what the copy takes for a checkpoint is what `llmctl resume` continues.
 #ifndef LLMCTL_COMMON_RESULT_EVENT_H_
 #define LLMCTL_COMMON_RESULT_EVENT_H_

@@ -43,6 +43,16 @@ void BindNode(Statement& stmt, const NodeRecord& node) {
 
 }  // namespace
 
+StatusOr<std::optional<Time>> internal::LoadNodeRemovedAt(sqlite3* db, std::string_view node) {
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db, "SELECT removed_at FROM nodes WHERE name = ?"));
+  stmt.Bind(1, node);
+  ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+  if (!has_row) return NotFoundError("no node " + Quoted(node));
+  if (stmt.IsNull(0)) return std::optional<Time>();
+  return std::optional<Time>(FromMillis(stmt.Int(0)));
+}
+
 Status Store::UpsertNode(const NodeRecord& node) {
   RETURN_IF_ERROR(ValidateNode(node));
   MutexLock lock(mutex_);

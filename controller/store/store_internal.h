@@ -1,6 +1,6 @@
-// What the store's source files share: store.cc's life cycle with attempt_nodes.cc,
-// device_samples.cc, node_registry.cc and report_queries.cc. Internal to controller/store/: not part of the
-// store's API.
+// What the store's source files share (store.cc, experiments.cc, attempts.cc, events.cc,
+// attempt_nodes.cc, device_samples.cc, node_registry.cc, report_queries.cc). Internal to
+// controller/store/: not part of the store's API.
 #ifndef LLMCTL_CONTROLLER_STORE_STORE_INTERNAL_H_
 #define LLMCTL_CONTROLLER_STORE_STORE_INTERNAL_H_
 
@@ -34,14 +34,27 @@ inline std::string Quoted(std::string_view text) {
   return quoted;
 }
 
+// "trial 7", as the store's messages name a trial.
+inline std::string TrialLabel(int64_t trial_id) { return "trial " + std::to_string(trial_id); }
+
+// A stored JSON text, parsed; DataLoss naming `what` when it is not JSON.
+inline StatusOr<nlohmann::json> ParseStoredJson(const std::string& text, std::string_view what) {
+  nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) return DataLossError("stored " + std::string(what) + " is not JSON");
+  return value;
+}
+
 // A stored trial state; DataLoss when it is not one.
 StatusOr<TrialState> StoredTrialState(std::string_view name);
 
-// A stored JSON text, parsed; DataLoss naming `what` when it is not JSON.
-StatusOr<nlohmann::json> ParseStoredJson(const std::string& text, std::string_view what);
-
 // The experiment's row; NotFound for an unknown experiment.
 StatusOr<ExperimentRecord> LoadExperiment(sqlite3* db, int64_t experiment_id);
+
+// The trial's row; NotFound for an unknown trial.
+StatusOr<TrialRecord> LoadTrial(sqlite3* db, int64_t trial_id);
+
+// Sets the experiment done when none of its trials is queued or running, else active.
+Status RefreshExperimentState(sqlite3* db, int64_t experiment_id);
 
 // The latest event of `type` in one attempt, parsed; null when it has none.
 StatusOr<nlohmann::json> LatestEventOfType(sqlite3* db, int64_t trial_id, int64_t attempt,
