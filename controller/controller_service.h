@@ -1,6 +1,9 @@
 // The controller's gRPC API for the CLI (proto/llmctl/v1/controller.proto): protobuf in, plain
 // values to the store, blob store and dispatcher. No exception leaves a handler: each ends with a
-// status (INTERNAL for an unexpected exception).
+// status (INTERNAL for an unexpected exception). The handlers, by what they serve:
+// controller_service.cc (the guard, blobs, Submit), controller_service_experiments.cc (list,
+// status, watch, cancel, resume, fetch), controller_service_report.cc (Report) and
+// controller_service_nodes.cc (the nodes).
 #ifndef LLMCTL_CONTROLLER_CONTROLLER_SERVICE_H_
 #define LLMCTL_CONTROLLER_CONTROLLER_SERVICE_H_
 

@@ -1,0 +1,340 @@
+// ControllerService's handlers of nodes: list, register (credentials or an enrollment token),
+// enroll, update and deregister.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "controller/controller_service.h"
+#include "controller/json_fields.h"
+#include "controller/node_certificates.h"
+
+namespace llmctl::controller {
+
+using nlohmann::json;
+
+namespace {
+
+Status ValidateAgentAddress(std::string_view address) {
+  if (address.starts_with("unix:")) {
+    if (address.size() > 5 && address[5] == '/') return Status::Ok();
+  } else if (const size_t colon = address.rfind(':');
+             colon != std::string_view::npos && colon > 0 && colon + 1 < address.size() &&
+             address.find_first_of(" \t\n") == std::string_view::npos) {
+    return Status::Ok();
+  }
+  return InvalidArgumentError("register node: address '" + std::string(address) +
+                              "' is neither host:port nor unix:/absolute/path");
+}
+
+}  // namespace
+
+Status ValidateNodeName(std::string_view name) {
+  const bool good_length = !name.empty() && name.size() <= 63;
+  const bool good_chars = std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+  });
+  if (!good_length || !good_chars || name.front() == '-' || name.back() == '-') {
+    return InvalidArgumentError("node name '" + std::string(name) +
+                                "': use 1 to 63 letters, digits and '-' (not at either end)");
+  }
+  return Status::Ok();
+}
+
+StatusOr<v1::NodeStatus> ControllerService::BuildNodeStatus(
+    const store::NodeRecord& node, const std::vector<store::RunningAttempt>& running) {
+  v1::NodeStatus row;
+  row.set_name(node.name);
+  row.set_address(node.address);
+  row.set_state(node.state);
+  row.set_unusable(dispatcher_.NodeUnusable(node.name));
+  if (StatusOr<int64_t> expiry = secrets_.NodeCertificateExpiry(node.name); expiry.ok()) {
+    row.set_certificate_expires_unix(*expiry);
+  }
+  row.set_last_seen_unix(
+      std::chrono::duration_cast<std::chrono::seconds>(node.last_seen.time_since_epoch()).count());
+  const json devices = json::parse(node.devices_json, nullptr, /*allow_exceptions=*/false);
+  if (devices.is_array()) {
+    for (const json& device : devices) {
+      v1::Device* proto = row.add_devices();
+      proto->set_type(StringField(device, "type"));
+      proto->set_index(static_cast<int32_t>(IntField(device, "index")));
+      proto->set_name(StringField(device, "name"));
+      proto->set_memory_bytes(IntField(device, "memory_bytes"));
+    }
+  }
+  std::string runs;
+  for (const store::RunningAttempt& attempt : running) {
+    if (!attempt.RunsOn(node.name)) continue;
+    ASSIGN_OR_RETURN(store::TrialRecord trial, store_.GetTrial(attempt.trial_id));
+    if (!runs.empty()) runs += ",";
+    runs += std::to_string(attempt.experiment_id) + "/" + trial.name + "#" +
+            std::to_string(attempt.attempt);
+  }
+  row.set_running(runs);
+  if (node.lease.has_value()) {
+    v1::NodeLease* lease = row.mutable_lease();
+    lease->set_name(node.lease->name);
+    lease->set_site(node.lease->site);
+    lease->set_flavor(node.lease->flavor);
+    lease->set_ends_unix(
+        std::chrono::duration_cast<std::chrono::seconds>(node.lease->ends.time_since_epoch())
+            .count());
+  }
+  return row;
+}
+
+grpc::Status ControllerService::ListNodes(grpc::ServerContext* context, const v1::ListNodesRequest*,
+                                          v1::ListNodesResponse* response) {
+  return Guard(context, "ListNodes", [&]() -> Status {
+    ASSIGN_OR_RETURN(std::vector<store::NodeRecord> nodes, store_.ListNodes());
+    ASSIGN_OR_RETURN(std::vector<store::RunningAttempt> running, store_.ListRunningAttempts());
+    ASSIGN_OR_RETURN(const auto rates, store_.NodeRates());
+    for (const store::NodeRecord& node : nodes) {
+      v1::NodeStatus* status = response->add_nodes();
+      ASSIGN_OR_RETURN(*status, BuildNodeStatus(node, running));
+      if (auto measured = rates.find(node.name); measured != rates.end()) {
+        status->set_rate_probe_json(measured->second);
+      }
+    }
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::RegisterNode(grpc::ServerContext* context,
+                                             const v1::RegisterNodeRequest* request,
+                                             v1::NodeCredentials* response) {
+  return Guard(context, "RegisterNode", [&]() -> Status {
+    RETURN_IF_ERROR(ValidateNodeName(request->name()));
+    if (!request->address().empty()) RETURN_IF_ERROR(ValidateAgentAddress(request->address()));
+    // Held from the check of the current token to the new one's storing, so that two calls
+    // cannot both find the name free.
+    MutexLock registering(registration_mutex_);
+    StatusOr<std::string> current_token = secrets_.NodeToken(request->name());
+    if (current_token.ok()) {
+      // A live node: only a holder of its token may replace its credentials, else any caller
+      // could take over its name (and the trials, inputs and artifacts sent to it).
+      if (request->current_token().empty()) {
+        return Status(StatusCode::kPermissionDenied,
+                      "register node: node '" + request->name() +
+                          "' is registered; registering it again needs its current token "
+                          "(current_token), or remove it first (llmctl node down " +
+                          request->name() + ")");
+      }
+      if (!rpc::SameSecret(request->current_token(), *current_token)) {
+        return Status(StatusCode::kPermissionDenied,
+                      "register node: current_token is not node '" + request->name() + "''s token");
+      }
+    } else if (current_token.status().code() != StatusCode::kNotFound) {
+      return current_token.status();
+    }
+    if (request->enroll()) {
+      RETURN_IF_ERROR(IssueEnrollment(request->name(), *response));
+    } else {
+      RETURN_IF_ERROR(IssueCredentials(request->name(), *response));
+    }
+    store::NodeRecord node{.name = request->name(),
+                           .address = request->address(),
+                           .devices_json = "[]",
+                           .last_seen = {},
+                           .state = "registered",
+                           .lease = std::nullopt};
+    ASSIGN_OR_RETURN(std::vector<store::NodeRecord> known, store_.ListNodes());
+    for (const store::NodeRecord& existing : known) {
+      if (existing.name == node.name) node.last_seen = existing.last_seen;
+    }
+    RETURN_IF_ERROR(store_.RegisterNode(node));
+    spdlog::info("node {} registered at {}", node.name,
+                 node.address.empty() ? "an address not yet known" : node.address);
+    response->set_name(node.name);
+    response->set_ca_certificate_pem(ca_.ca_certificate_pem());
+    dispatcher_.Wake();
+    return Status::Ok();
+  });
+}
+
+namespace {
+
+// How long a cloud node's enrollment token lasts: the node boots and installs Docker and the
+// agent first (minutes; a bare-metal host takes about 10 to come up, a driver upgrade reboots it).
+constexpr std::chrono::hours kEnrollmentLifetime{1};
+// Node certificates: renewed over the link at the health checks (controller/node_certificates.h).
+constexpr int kNodeCertificateDays = kNodeCertificateLifetime / std::chrono::hours(24);
+
+int64_t UnixSeconds(store::Time time) {
+  return std::chrono::duration_cast<std::chrono::seconds>(time.time_since_epoch()).count();
+}
+
+}  // namespace
+
+Status ControllerService::IssueCredentials(const std::string& node, v1::NodeCredentials& response) {
+  // A name of this registration's own: the controller dials the node under it, so no
+  // certificate of an earlier node of this name passes for this one.
+  ASSIGN_OR_RETURN(const std::string registration, RandomHex(8));
+  const std::string certificate_name = rpc::AgentCertificateName(node, registration);
+  ASSIGN_OR_RETURN(rpc::IssuedCertificate certificate,
+                   ca_.Issue(certificate_name, kNodeCertificateDays));
+  ASSIGN_OR_RETURN(std::string token, NewNodeToken());
+  RETURN_IF_ERROR(secrets_.PutNodeToken(node, token, certificate_name));
+  RETURN_IF_ERROR(RecordCertificateExpiry(secrets_, node, certificate.certificate_pem));
+  RETURN_IF_ERROR(store_.PutSecretRef(node, SecretsFile::NodeTokenRef(node)));
+  response.set_certificate_pem(std::move(certificate.certificate_pem));
+  response.set_private_key_pem(std::move(certificate.private_key_pem));
+  response.set_token(std::move(token));
+  return Status::Ok();
+}
+
+Status ControllerService::IssueEnrollment(const std::string& node, v1::NodeCredentials& response) {
+  // A live node registered again this way loses its credentials at once, as with new ones.
+  RETURN_IF_ERROR(secrets_.RemoveNodeToken(node));
+  ASSIGN_OR_RETURN(const std::string registration, RandomHex(8));
+  ASSIGN_OR_RETURN(std::string enrollment_token, RandomHex(32));
+  const int64_t expires = UnixSeconds(clock_.Now() + kEnrollmentLifetime);
+  RETURN_IF_ERROR(secrets_.PutEnrollment(node, enrollment_token, expires,
+                                         rpc::AgentCertificateName(node, registration)));
+  spdlog::info("node {}: enrollment token issued, valid until unix time {}", node, expires);
+  response.set_enrollment_token(std::move(enrollment_token));
+  response.set_enrollment_expires_unix(expires);
+  return Status::Ok();
+}
+
+StatusOr<v1::EnrollmentGrant> ControllerService::DecideEnrollment(const std::string& node,
+                                                                  const std::string& token,
+                                                                  std::string& token_out) {
+  ASSIGN_OR_RETURN(const std::string certificate_name,
+                   secrets_.CheckEnrollment(node, token, UnixSeconds(clock_.Now())));
+  ASSIGN_OR_RETURN(rpc::IssuedCertificate certificate,
+                   ca_.Issue(certificate_name, kNodeCertificateDays));
+  ASSIGN_OR_RETURN(token_out, NewNodeToken());
+  v1::EnrollmentGrant grant;
+  grant.set_certificate_pem(std::move(certificate.certificate_pem));
+  grant.set_private_key_pem(std::move(certificate.private_key_pem));
+  grant.set_token(token_out);
+  return grant;
+}
+
+grpc::Status ControllerService::EnrollNode(grpc::ServerContext* context,
+                                           const v1::EnrollNodeRequest* request,
+                                           v1::EnrollNodeResponse* response) {
+  return Guard(context, "EnrollNode", [&]() -> Status {
+    const std::string& name = request->name();
+    RETURN_IF_ERROR(ValidateNodeName(name).WithContext("enroll node"));
+    if (controller_identity_.certificate_pem.empty()) {
+      return FailedPreconditionError("enroll node: this controller has no client certificate");
+    }
+    ASSIGN_OR_RETURN(std::vector<store::NodeRecord> known, store_.ListNodes());
+    auto node = std::find_if(known.begin(), known.end(),
+                             [&](const store::NodeRecord& record) { return record.name == name; });
+    if (node == known.end() || node->address.empty()) {
+      return FailedPreconditionError("enroll node: node '" + name +
+                                     "' is not registered with an address to dial");
+    }
+    // One enrollment of a name at a time, and none while RegisterNode changes its secrets: the
+    // token is checked and spent under the same lock.
+    MutexLock registering(registration_mutex_);
+    response->set_name(name);
+    if (!secrets_.HasEnrollment(name) && secrets_.NodeToken(name).ok()) {
+      response->set_already_enrolled(true);
+      return Status::Ok();
+    }
+    std::string token;
+    std::string certificate_pem;
+    Status enrolled = EnrollAgent(
+        node->address, name, controller_identity_, std::chrono::seconds(20),
+        [&](const std::string& presented) -> StatusOr<v1::EnrollmentGrant> {
+          StatusOr<v1::EnrollmentGrant> grant = DecideEnrollment(name, presented, token);
+          if (grant.ok()) certificate_pem = grant->certificate_pem();
+          return grant;
+        });
+    if (enrolled.ok()) enrolled = secrets_.CompleteEnrollment(name, token);
+    if (enrolled.ok()) enrolled = RecordCertificateExpiry(secrets_, name, certificate_pem);
+    if (!enrolled.ok()) {
+      if (enrolled.code() != StatusCode::kUnavailable &&
+          enrolled.code() != StatusCode::kDeadlineExceeded) {
+        spdlog::warn("enroll node {} at {}: refused: {}", name, node->address, enrolled.message());
+      }
+      return enrolled.WithContext("enroll node " + name);
+    }
+    RETURN_IF_ERROR(store_.PutSecretRef(name, SecretsFile::NodeTokenRef(name)));
+    spdlog::info("node {} at {} enrolled", name, node->address);
+    dispatcher_.Wake();
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::UpdateNode(grpc::ServerContext* context,
+                                           const v1::UpdateNodeRequest* request,
+                                           v1::NodeStatus* response) {
+  return Guard(context, "UpdateNode", [&]() -> Status {
+    RETURN_IF_ERROR(ValidateNodeName(request->name()));
+    if (!request->address().empty()) RETURN_IF_ERROR(ValidateAgentAddress(request->address()));
+    if (request->has_lease() && request->lease().ends_unix() <= 0) {
+      return InvalidArgumentError("update node " + request->name() +
+                                  ": the lease's end (ends_unix) is missing");
+    }
+    ASSIGN_OR_RETURN(std::vector<store::NodeRecord> known, store_.ListNodes());
+    auto node = std::find_if(known.begin(), known.end(), [&](const store::NodeRecord& record) {
+      return record.name == request->name();
+    });
+    if (node == known.end()) {
+      return NotFoundError("no node '" + request->name() + "' is registered");
+    }
+    if (!request->address().empty() && request->address() != node->address) {
+      node->address = request->address();
+      RETURN_IF_ERROR(store_.UpsertNode(*node));
+      spdlog::info("node {} is at {}", node->name, node->address);
+    }
+    if (request->has_lease()) {
+      node->lease =
+          store::NodeLease{.name = request->lease().name(),
+                           .site = request->lease().site(),
+                           .flavor = request->lease().flavor(),
+                           .ends = store::Time(std::chrono::seconds(request->lease().ends_unix()))};
+      RETURN_IF_ERROR(store_.SetNodeLease(node->name, *node->lease));
+    }
+    ASSIGN_OR_RETURN(std::vector<store::RunningAttempt> running, store_.ListRunningAttempts());
+    ASSIGN_OR_RETURN(*response, BuildNodeStatus(*node, running));
+    dispatcher_.Wake();
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::DeregisterNode(grpc::ServerContext* context,
+                                               const v1::DeregisterNodeRequest* request,
+                                               v1::DeregisterNodeResponse* response) {
+  return Guard(context, "DeregisterNode", [&]() -> Status {
+    RETURN_IF_ERROR(ValidateNodeName(request->name()).WithContext("deregister node"));
+    // The token goes first: from the moment the node is removed the controller cannot present it
+    // again. Should the removal fail after this, the node is unreachable until a retry removes it.
+    RETURN_IF_ERROR(secrets_.RemoveNodeToken(request->name()));
+    ASSIGN_OR_RETURN(store::NodeRemoval removal, dispatcher_.RemoveNode(request->name()));
+    response->set_name(request->name());
+    switch (removal.result) {
+      case store::NodeRemoval::Result::kRemoved:
+        response->set_result("removed");
+        break;
+      case store::NodeRemoval::Result::kAlreadyRemoved:
+        response->set_result("already_removed");
+        break;
+      case store::NodeRemoval::Result::kUnknown:
+        response->set_result("unknown");
+        break;
+    }
+    if (removal.removed_at.has_value()) {
+      response->set_removed_unix(
+          std::chrono::duration_cast<std::chrono::seconds>(removal.removed_at->time_since_epoch())
+              .count());
+    }
+    for (const store::RunningAttempt& attempt : removal.lost) {
+      ASSIGN_OR_RETURN(store::TrialRecord trial, store_.GetTrial(attempt.trial_id));
+      response->add_requeued(std::to_string(attempt.experiment_id) + "/" + trial.name + "#" +
+                             std::to_string(attempt.attempt));
+    }
+    return Status::Ok();
+  });
+}
+
+}  // namespace llmctl::controller
