@@ -126,7 +126,7 @@ Tensor Ops::Math(const Tensor& q, const Tensor& k, const Tensor& v, int64_t batc
   if (r_.cuda) {
     // CUDA's memory-efficient kernel takes dropout (its seed, not a mask) and an additive bias: it
     // keeps q, k, v, its output and the fp32 log-sum-exp (B, H, Tq rounded up to 32), as for
-    // step_memory.cc's LLaMA. Not measured on a GPU for BLIP-2 yet.
+    // llama_trace.cc's LLaMA. Not measured on a GPU for BLIP-2 yet.
     const bool grad = attn_grad || v.requires_grad;
     const Tensor out = New(batch * tq * heads * head_dim, q.element, grad);
     if (grad) {

@@ -2,7 +2,7 @@
 // face): what llm-train's Blip2ForConditionalGeneration (trainer/model/blip2.cc, opt.cc, t5.cc,
 // projection.cc, llama.cc's loss) keeps for backward block by block, what is alive beside it while
 // the forward runs, and what each block's backward adds, from the trial's config and the model's
-// shapes. The tensors saved follow PyTorch's autograd rules as step_memory.cc's LLaMA trace does,
+// shapes. The tensors saved follow PyTorch's autograd rules as llama_trace.cc's LLaMA trace does,
 // with the CPU's kernel choices measured on llm-train's allocator history: flash attention where
 // there is no dropout and no mask (the ViT, OPT), the math path otherwise (the Q-Former's and T5's
 // attention, which keeps its float32 work in float32 for 2-byte inputs), dropout as a mask in the

@@ -1,5 +1,5 @@
 // The chunked cross-entropy's memory (trainer/model/loss.cc's ChunkedCrossEntropyLoss), shared by
-// step_memory.cc's LLaMA trace and blip2_trace.cc's BLIP-2 one: its forward forms the loss'
+// llama_trace.cc's LLaMA trace and blip2_trace.cc's BLIP-2 one: its forward forms the loss'
 // gradients kLossChunkTokens tokens at a time and keeps for backward only the hidden states'
 // gradient (the hidden states' size) and the head's summed gradient.
 #ifndef LLMCTL_COMMON_ESTIMATE_CHUNKED_LOSS_H_

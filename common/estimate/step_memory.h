@@ -3,7 +3,7 @@
 // backward's and optimizer step's temporaries, from the trial's config and the model's shapes
 // alone. No LibTorch: the CLI (`llmctl estimate`) and the controller use it.
 //
-// The activations are traced, not guessed: TraceForward walks llm-train's own forward
+// The activations are traced, not guessed: llama_trace.h walks llm-train's own forward
 // (trainer/model/llama.cc, projection.cc, loss.cc) op by op and keeps every tensor that autograd
 // saves for backward under PyTorch's rule (an op saves an input only when the gradient it computes
 // needs it, e.g. a linear layer keeps its input only when its weight is trained), deduplicated by

@@ -1,4 +1,4 @@
-// The machinery of a traced forward (step_memory.cc's LLaMA, blip2_trace.cc's BLIP-2): symbolic
+// The machinery of a traced forward (llama_trace.cc's LLaMA, blip2_trace.cc's BLIP-2): symbolic
 // tensors, each its own storage, and the set autograd saves for backward, each storage counted
 // once as a snapshot counts it; and the peak moment both walk a step's moments for.
 #ifndef LLMCTL_COMMON_ESTIMATE_TRACE_H_
