@@ -1,0 +1,333 @@
+#include "controller/cli/estimate_trial.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "common/blip2_config.h"
+#include "common/byte_size.h"
+#include "common/estimate/blip2_memory.h"
+#include "common/estimate/blip2_work.h"
+#include "common/inputs/captions.h"
+#include "common/inputs/drawn_batches.h"
+#include "common/inputs/trial_inputs.h"
+#include "common/model_config.h"
+#include "common/trial_keys.h"
+#include "controller/cli/report_format.h"
+
+namespace llmctl::cli {
+namespace {
+
+// The trial's own device: its device_memory (the simulated device on the CPU, a budget on a
+// GPU), else on cuda the GPU of the experiment's target.
+std::optional<VerdictDevice> TrialDevice(const Trial& trial, const Experiment& experiment) {
+  const DeviceSettings& device = trial.config.settings().device;
+  if (device.memory) {
+    return VerdictDevice{device.memory->bytes, "device_memory " + device.memory->text,
+                         std::nullopt};
+  }
+  if (device.kind != trial::Device::kCuda) return std::nullopt;
+  std::optional<estimate::Gpu> gpu = estimate::GpuOfTarget(experiment.target);
+  if (!gpu) return std::nullopt;
+  std::string target;
+  for (const auto& [key, value] : experiment.target) {
+    if (key == "flavor" || key == "node_type") target = key + " " + value;
+  }
+  return VerdictDevice{gpu->memory_bytes, "target " + target + ": " + gpu->model, gpu};
+}
+
+// The speed a trial's time is predicted at: the host's CPU for a cpu trial; for a cuda one the GPU
+// of --device-memory when it names one, else of the experiment's target.
+std::optional<estimate::DeviceSpeed> TrialSpeed(const Trial& trial, const Experiment& experiment,
+                                                const std::optional<VerdictDevice>& device_option) {
+  if (trial.config.settings().device.kind != trial::Device::kCuda) return estimate::CpuSpeed();
+  if (device_option && device_option->gpu) return estimate::GpuSpeed(*device_option->gpu);
+  if (std::optional<estimate::Gpu> gpu = estimate::GpuOfTarget(experiment.target)) {
+    return estimate::GpuSpeed(*gpu);
+  }
+  return std::nullopt;
+}
+
+// The sequence lengths a LLaMA-family trial's estimate takes: the longest micro-batch the run draws
+// for its peak and the mean one for its time (common/inputs/drawn_batches.h), when the dataset and
+// tokenizer are on this machine; data.max_seq_length otherwise.
+struct DrawnLengths {
+  // At the longest micro-batch of the steps after the first; with accumulation, of those that run
+  // beside the gradients of the step's earlier micro-batches.
+  TrialConfig peak_config;
+  // With accumulation, when a later step's first micro-batch is longer than those: at that one,
+  // without accumulation (no gradient is held yet; its optimizer step is the same).
+  std::optional<TrialConfig> opening_config;
+  // When the first step draws a longer micro-batch than any later one: at that one. The first
+  // step's forward and backward run before the optimizer's state exists.
+  std::optional<TrialConfig> first_step_config;
+  TrialConfig time_config;
+  double real_tokens = 0;  // a micro-batch's mean real tokens; 0 when not drawn
+  std::string note;
+};
+
+StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string& context) {
+  DrawnLengths lengths{config, std::nullopt, std::nullopt, config, 0, ""};
+  const TrialSettings& settings = config.settings();
+  const int64_t max_length = settings.data.max_seq_length;
+  const std::string& data_path = settings.data.path;
+  const StatusOr<std::string> tokenizer = TrialTokenizerPath(config);
+  if (IsNodePath(data_path) || IsNodePath(settings.model.tokenizer) || !tokenizer.ok() ||
+      !std::filesystem::exists(*tokenizer)) {
+    lengths.note = "sequences at data.max_seq_length (" + std::to_string(max_length) +
+                   " tokens): the dataset or its tokenizer is not on this machine";
+    return lengths;
+  }
+  StatusOr<DrawnBatches> drawn = DrawMicroBatches(config);
+  if (!drawn.ok()) return InvalidArgumentError(context + ": " + drawn.status().message());
+  const int64_t accumulating = drawn->longest_later_accumulating;
+  const int64_t opening =
+      drawn->longest_later_opening > 0 ? drawn->longest_later_opening : drawn->longest;
+  const int64_t later = std::max(accumulating, opening);
+  std::string later_text = std::to_string(later) + " tokens";
+  if (accumulating > 0 && opening > accumulating) {
+    // A longer micro-batch opens a step: estimated as a step of its own (no gradient held yet),
+    // beside the longest that accumulates.
+    lengths.opening_config = config;
+    RETURN_IF_ERROR(
+        lengths.opening_config->SetFromText("data.max_seq_length", std::to_string(opening)));
+    RETURN_IF_ERROR(lengths.opening_config->SetFromText(
+        "train.global_batch_size",
+        std::to_string(settings.train.micro_batch_size * DataParallelRanks(config))));
+    RETURN_IF_ERROR(
+        lengths.peak_config.SetFromText("data.max_seq_length", std::to_string(accumulating)));
+    later_text = std::to_string(accumulating) + " tokens beside held gradients and " +
+                 std::to_string(opening) + " opening a step";
+  } else {
+    RETURN_IF_ERROR(lengths.peak_config.SetFromText("data.max_seq_length", std::to_string(later)));
+  }
+  if (drawn->longest_first_step > later) {
+    lengths.first_step_config = config;
+    RETURN_IF_ERROR(lengths.first_step_config->SetFromText(
+        "data.max_seq_length", std::to_string(drawn->longest_first_step)));
+  }
+  RETURN_IF_ERROR(lengths.time_config.SetFromText(
+      "data.max_seq_length", std::to_string(static_cast<int64_t>(std::ceil(drawn->mean_padded)))));
+  lengths.real_tokens = drawn->mean_real_tokens;
+  lengths.note = "sequences as the run draws them with seed " +
+                 std::to_string(settings.train.seed) + " over " + std::to_string(drawn->steps) +
+                 " steps: the peak at the longest micro-batch after the first step, " + later_text +
+                 (lengths.first_step_config
+                      ? " (the first step's " + std::to_string(drawn->longest_first_step) +
+                            ", before the optimizer's state exists)"
+                      : "") +
+                 ", the time at the mean, " + Printf("%.1f", drawn->mean_padded) +
+                 " (data.max_seq_length " + std::to_string(max_length) + ")";
+  return lengths;
+}
+
+// The trial's time on its device (TrialSpeed) from its step's `work`, calibrated by `options`; a
+// cuda trial without a GPU this table knows is left without one, saying why. InvalidArgument as
+// the work's.
+Status AddTime(const Experiment& experiment, const EstimateOptions& options,
+               const std::optional<VerdictDevice>& device_option,
+               const std::function<StatusOr<estimate::StepWork>()>& work, TrialEstimate& result) {
+  const Trial& trial = *result.trial;
+  std::optional<estimate::DeviceSpeed> speed = TrialSpeed(trial, experiment, device_option);
+  if (speed && options.rates) speed = options.rates(*speed);
+  if (!speed) {
+    result.time_reason =
+        "no GPU to time it on: the target names none this table knows (pass --device-memory "
+        "with a GPU such as h100-94gb)";
+    return Status::Ok();
+  }
+  StatusOr<estimate::StepWork> counted = work();
+  if (!counted.ok()) return InvalidArgumentError(counted.status().message());
+  const estimate::Calibration calibration =
+      options.calibrate ? options.calibrate(*speed, counted->family)
+                        : estimate::DefaultCalibration(*speed, counted->family);
+  estimate::TimeEstimate time = estimate::EstimateTime(*counted, *speed, calibration,
+                                                       trial.config.settings().train.max_steps);
+  // A model directory's config.json may state any size: the step's work and time can then pass
+  // what a double holds. JSON has no infinity (it would be stored as null), so such a time is left
+  // out, saying why, as the controller would refuse it.
+  const bool finite = estimate::StepWork::FromJson(counted->ToJson()).ok() &&
+                      std::isfinite(time.step_seconds) && time.step_seconds > 0 &&
+                      std::isfinite(time.tokens_per_second) && std::isfinite(time.trial_seconds);
+  if (!finite) {
+    result.time_reason =
+        "its step's work is past what the time estimate counts (not a finite number of seconds): "
+        "check the model's sizes";
+    return Status::Ok();
+  }
+  result.time = std::move(time);
+  result.work = *counted;
+  result.time_device = speed->name;
+  result.calibration = calibration.source;
+  result.rates = speed->rates;
+  return Status::Ok();
+}
+
+// A BLIP-2 trial (data.format imagefolder): common/estimate/blip2_memory.h's memory, with the
+// captions at the longest of a caption set on this machine, read with the trial's tokenizer (the
+// trainer pads a micro-batch to its longest row), else at data.max_seq_length. A model on the hub
+// is estimated when its name is a preset's, whose shapes are the hub's config.json. Its time is
+// counted at the same captions (common/estimate/blip2_work.h).
+StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment& experiment,
+                                           const std::string& file, const EstimateOptions& options,
+                                           const std::optional<VerdictDevice>& device_option) {
+  const std::string& model_name = trial.config.settings().model.name;
+  const std::string context = file + ": trial " + trial.name;
+  std::string resolved = model_name;
+  if (IsHubModelRef(model_name)) {
+    StatusOr<HubModelRef> ref = ParseHubModelRef(model_name);
+    if (!ref.ok() || !IsBlip2Preset(ref->repo)) {
+      return TrialEstimate{
+          .trial = &trial,
+          .reason = "its model " + model_name +
+                    " is on the Hugging Face hub and not one of the BLIP-2 presets whose shapes "
+                    "llmctl knows (blip2-opt-2.7b, blip2-opt-6.7b, blip2-flan-t5-xl, "
+                    "blip2-flan-t5-xxl): point model at a local directory holding its "
+                    "config.json to estimate it"};
+    }
+    resolved = ref->repo;
+  }
+  StatusOr<std::optional<Blip2Config>> model = ResolveBlip2Model(resolved);
+  if (!model.ok()) return InvalidArgumentError(context + ": model: " + model.status().message());
+  if (!model->has_value()) {
+    return InvalidArgumentError(context + ": model: " + model_name + " is not a BLIP-2 model");
+  }
+  std::optional<int64_t> caption_tokens;
+  std::string note = "captions at data.max_seq_length (" +
+                     std::to_string(trial.config.settings().data.max_seq_length) + " tokens)";
+  const std::string& data_path = trial.config.settings().data.path;
+  const std::string& tokenizer = trial.config.settings().model.tokenizer;
+  // Without `tokenizer` a hub model's own is read, on the node.
+  if (!IsNodePath(data_path) && !IsNodePath(tokenizer) &&
+      (!tokenizer.empty() || !IsHubModelRef(model_name))) {
+    StatusOr<int64_t> longest = LongestCaptionTokens(trial.config, **model);
+    if (!longest.ok()) return InvalidArgumentError(context + ": " + longest.status().message());
+    caption_tokens = *longest;
+    note = "captions at the longest of " + data_path + ", " + std::to_string(*longest) + " tokens";
+  } else {
+    note += ": the caption set or its tokenizer is not on this machine";
+  }
+  StatusOr<estimate::StepMemoryEstimate> memory =
+      estimate::EstimateBlip2StepMemory(trial.config, **model, caption_tokens);
+  if (!memory.ok()) return InvalidArgumentError(context + ": " + memory.status().message());
+  TrialEstimate result{.trial = &trial,
+                       .memory = *memory,
+                       .device = device_option ? device_option : TrialDevice(trial, experiment),
+                       .note = note};
+  // The step's time, with the captions the memory is estimated at.
+  RETURN_IF_ERROR(
+      AddTime(
+          experiment, options, device_option,
+          [&] { return estimate::EstimateBlip2StepWork(trial.config, **model, caption_tokens); },
+          result)
+          .WithContext(context));
+  if (options.fit && result.device) {
+    StatusOr<estimate::MicroBatchFit> fit =
+        estimate::FitBlip2MicroBatch(trial.config, **model, caption_tokens, result.device->bytes);
+    if (!fit.ok()) return InvalidArgumentError(context + ": " + fit.status().message());
+    result.fit = *fit;
+  }
+  return result;
+}
+
+}  // namespace
+
+StatusOr<std::optional<VerdictDevice>> ParseDeviceOption(const std::string& text) {
+  if (text.empty()) return std::optional<VerdictDevice>();
+  if (std::optional<estimate::Gpu> gpu = estimate::GpuNamed(text)) {
+    return std::optional<VerdictDevice>(VerdictDevice{
+        gpu->memory_bytes, "--device-memory " + gpu->name + " (" + gpu->model + ")", gpu});
+  }
+  StatusOr<uint64_t> bytes = ParseByteSize(text);
+  if (!bytes.ok() || *bytes == 0) {
+    std::string gpus;
+    for (const estimate::Gpu& gpu : estimate::KnownGpus()) {
+      gpus += (gpus.empty() ? "" : ", ") + gpu.name;
+    }
+    return InvalidArgumentError("--device-memory: expected a size such as 80GiB or a GPU (" + gpus +
+                                "), got '" + text + "'");
+  }
+  return std::optional<VerdictDevice>(
+      VerdictDevice{*bytes, "--device-memory " + text, std::nullopt});
+}
+
+StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& experiment,
+                                      const std::string& file, const EstimateOptions& options,
+                                      const std::optional<VerdictDevice>& device_option) {
+  const std::string& model_name = trial.config.settings().model.name;
+  if (trial.config.settings().data.format == trial::DataFormat::kImagefolder) {
+    // Parsing checked that the model is BLIP-2, the only family that reads images.
+    return EstimateBlip2Trial(trial, experiment, file, options, device_option);
+  }
+  if (IsHubModelRef(model_name)) {
+    return TrialEstimate{
+        .trial = &trial,
+        .reason = "its model " + model_name +
+                  " is on the Hugging Face hub, and only an llmctl agent downloads its "
+                  "config.json: it cannot be estimated offline (point model at a local "
+                  "directory holding the config.json to estimate it)"};
+  }
+  const std::string context = file + ": trial " + trial.name;
+  // Parsing resolved the model's path beside the file; a directory without a readable config.json
+  // is the caller's to fix, as for `llmctl submit`.
+  StatusOr<ModelConfig> model = ResolveModel(model_name);
+  if (!model.ok()) return InvalidArgumentError(context + ": model: " + model.status().message());
+  // The lengths the run will draw, when its data and tokenizer are on this machine: the peak at
+  // its longest micro-batch, the time at its mean one.
+  ASSIGN_OR_RETURN(const DrawnLengths drawn, DrawLengths(trial.config, context));
+  StatusOr<estimate::StepMemoryEstimate> memory =
+      estimate::EstimateStepMemory(drawn.peak_config, *model);
+  if (!memory.ok()) return InvalidArgumentError(context + ": " + memory.status().message());
+  if (drawn.opening_config) {
+    StatusOr<estimate::StepMemoryEstimate> opening =
+        estimate::EstimateStepMemory(*drawn.opening_config, *model);
+    if (!opening.ok()) return InvalidArgumentError(context + ": " + opening.status().message());
+    if (opening->peak_bytes > memory->peak_bytes) memory = std::move(opening);
+  }
+  if (drawn.first_step_config) {
+    // The first step's longer micro-batch, less the optimizer's state its forward and backward
+    // run without (its optimizer step holds the state, as every later one does).
+    StatusOr<estimate::StepMemoryEstimate> first =
+        estimate::EstimateStepMemory(*drawn.first_step_config, *model);
+    if (!first.ok()) return InvalidArgumentError(context + ": " + first.status().message());
+    const uint64_t first_peak = first->peak_phase == "optimizer step"
+                                    ? first->peak_bytes
+                                    : first->peak_bytes - first->state.optim_device_bytes;
+    if (first_peak > memory->peak_bytes) {
+      memory = std::move(first);
+      memory->peak_bytes = first_peak;
+      memory->peak_phase += " (first step)";
+    }
+  }
+  TrialEstimate result{.trial = &trial,
+                       .memory = *memory,
+                       .device = device_option ? device_option : TrialDevice(trial, experiment),
+                       .note = drawn.note};
+  RETURN_IF_ERROR(AddTime(
+                      experiment, options, device_option,
+                      [&]() -> StatusOr<estimate::StepWork> {
+                        ASSIGN_OR_RETURN(estimate::StepWork work,
+                                         estimate::EstimateStepWork(drawn.time_config, *model));
+                        // Tokens/s counts real tokens, as the trainer does.
+                        if (drawn.real_tokens > 0) {
+                          work.tokens =
+                              static_cast<int64_t>(drawn.real_tokens) * work.micro_batches;
+                        }
+                        return work;
+                      },
+                      result)
+                      .WithContext(context));
+  if (options.fit && result.device) {
+    StatusOr<estimate::MicroBatchFit> fit =
+        estimate::FitMicroBatch(trial.config, *model, result.device->bytes);
+    if (!fit.ok()) return InvalidArgumentError(context + ": " + fit.status().message());
+    result.fit = *fit;
+  }
+  return result;
+}
+
+}  // namespace llmctl::cli
