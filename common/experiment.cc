@@ -1,3 +1,6 @@
+// ParseExperiment, KeepOnlyTrials and LoadExperimentFile (experiment.h): an experiment file's
+// structure read (name, description, target, trials and sweep, each checked at its place), its
+// trial keys read by ExperimentValueReader and its trials made by TrialExpander.
 #include "common/experiment.h"
 
 #include <yaml-cpp/yaml.h>
@@ -7,11 +10,10 @@
 #include <filesystem>
 #include <utility>
 
-#include "common/blip2_config.h"
+#include "common/experiment_trials.h"
+#include "common/experiment_values.h"
 #include "common/files.h"
-#include "common/model_config.h"
 #include "common/spelling.h"
-#include "common/text.h"
 #include "common/trial_keys.h"
 #include "common/yaml_document.h"
 
@@ -20,46 +22,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// An experiment of more trials than this, listed or swept, is almost certainly a mistake (and would
-// flood the scheduler and the store): the file is refused, saying so.
-constexpr size_t kMaxTrials = 1000;
+using experiment_internal::Assignment;
+using experiment_internal::ExperimentValueReader;
+using experiment_internal::KeysDirectlyUnder;
+using experiment_internal::kMaxTrials;
+using experiment_internal::NodeKindName;
+using experiment_internal::Scope;
+using experiment_internal::SweepAxis;
+using experiment_internal::TrialExpander;
+using experiment_internal::TrialSpec;
 
-constexpr std::string_view kTopLevelFields[] = {"name", "description", "target", "trials", "sweep"};
 constexpr std::string_view kTrialFields[] = {"name", "description", "set", "expect"};
 constexpr std::string_view kExpectValues[] = {"oom", "ok"};
-
-// Where a key got its value; a later level overrides an earlier one.
-enum class Level { kBase = 0, kTrial = 1, kSweep = 2 };
-
-// One `key: value` from the file, already parsed and checked against the registry.
-struct Assignment {
-  const KeySpec* spec = nullptr;
-  std::optional<KeyValue> value;  // nullopt: cleared (null or "" for a key without a default)
-  YAML::Mark key_mark;
-  YAML::Mark value_mark;
-  std::string text;  // the value as written, for sweep trial names
-};
-
-struct TrialSpec {
-  std::string name;
-  std::string description;
-  std::optional<std::string> expect;
-  std::vector<Assignment> set;
-  YAML::Mark item_mark;                // the list item, for problems with no better place
-  std::optional<YAML::Mark> set_mark;  // the `set:` key
-  bool implicit = false;               // made up because the file has no `trials:`
-};
-
-struct SweepAxis {
-  const KeySpec* spec = nullptr;
-  YAML::Mark key_mark;
-  std::vector<Assignment> values;
-};
-
-struct Origin {
-  Level level;
-  YAML::Mark mark;
-};
 
 bool IsNameCharacter(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
@@ -70,52 +44,10 @@ bool IsValidName(std::string_view name) {
          std::all_of(name.begin(), name.end(), IsNameCharacter);
 }
 
-std::string Join(const std::vector<std::string_view>& items) {
-  std::string joined;
-  for (std::string_view item : items) {
-    if (!joined.empty()) joined += ", ";
-    joined += item;
-  }
-  return joined;
-}
-
-std::string_view NodeKindName(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map:
-      return "a map";
-    case YAML::NodeType::Sequence:
-      return "a list";
-    case YAML::NodeType::Null:
-      return "nothing";
-    case YAML::NodeType::Scalar:
-      return "a single value";
-    default:
-      return "an undefined value";
-  }
-}
-
-// Keys that may appear directly inside `prefix` ("" for the top level), in registry order.
-std::vector<std::string_view> KeysDirectlyUnder(std::string_view prefix) {
-  std::vector<std::string_view> names;
-  for (const KeySpec& spec : TrialKeys()) {
-    std::string_view rest = spec.name;
-    if (!prefix.empty()) {
-      if (rest.size() <= prefix.size() + 1 || rest.substr(0, prefix.size()) != prefix ||
-          rest[prefix.size()] != '.') {
-        continue;
-      }
-      rest.remove_prefix(prefix.size() + 1);
-    }
-    const std::string_view segment = rest.substr(0, rest.find('.'));
-    if (std::find(names.begin(), names.end(), segment) == names.end()) names.push_back(segment);
-  }
-  return names;
-}
-
 class ExperimentParser {
  public:
   ExperimentParser(std::string_view filename, const ExperimentParseOptions& options)
-      : filename_(filename), options_(options) {}
+      : filename_(filename), options_(options), values_(filename, options) {}
 
   StatusOr<Experiment> Parse(std::string_view text) {
     ASSIGN_OR_RETURN(const YAML::Node root, LoadYamlDocument(text, filename_));
@@ -150,10 +82,11 @@ class ExperimentParser {
     std::optional<YAML::Node> trials_node;
     std::optional<YAML::Node> sweep_node;
     YAML::Mark trials_key_mark;
-    std::map<std::string, YAML::Mark>
-        seen_keys;  // dotted key -> first place, across nested/dotted forms
+    // Dotted key -> first place, across nested/dotted forms.
+    std::map<std::string, YAML::Mark> seen_keys;
+    std::vector<Assignment> base;  // the base config, which every trial starts from
     bool has_name = false;
-    RETURN_IF_ERROR(CheckDuplicateKeys(root, ""));
+    RETURN_IF_ERROR(values_.CheckDuplicateKeys(root, ""));
 
     for (auto it = root.begin(); it != root.end(); ++it) {
       // Copies: `it->` yields a temporary proxy in yaml-cpp, so a reference to its member would
@@ -181,7 +114,7 @@ class ExperimentParser {
         sweep_node = value;
       } else {
         RETURN_IF_ERROR(
-            CollectAssignments(key_node, value, "", Scope::kTopLevel, seen_keys, base_));
+            values_.CollectAssignments(key_node, value, "", Scope::kTopLevel, seen_keys, base));
       }
     }
     if (!has_name) experiment.name = DefaultName();
@@ -200,9 +133,10 @@ class ExperimentParser {
     if (sweep_node) {
       ASSIGN_OR_RETURN(sweep, ParseSweep(*sweep_node));
     }
-    named_trials_ = trials_node.has_value() || !sweep.empty();
     RETURN_IF_ERROR(CheckSweepConflicts(trial_specs, sweep));
-    ASSIGN_OR_RETURN(experiment.trials, Expand(trial_specs, sweep));
+    TrialExpander expander(filename_, options_, std::move(base),
+                           trials_node.has_value() || !sweep.empty());
+    ASSIGN_OR_RETURN(experiment.trials, expander.Expand(trial_specs, sweep));
     return experiment;
   }
 
@@ -213,28 +147,6 @@ class ExperimentParser {
     }
     if (stem.size() > 100) stem.resize(100);
     return stem.empty() ? "experiment" : stem;
-  }
-
-  Status DuplicateKey(const YAML::Mark& mark, const std::string& key,
-                      const YAML::Mark& first) const {
-    return ErrorAt(mark, "'" + key + "' is set twice (first at line " +
-                             std::to_string(first.line + 1) + ", column " +
-                             std::to_string(first.column + 1) + ")");
-  }
-
-  // YAML forbids a key twice in one map, but yaml-cpp keeps both; the second would silently win.
-  Status CheckDuplicateKeys(const YAML::Node& map, const std::string& prefix) const {
-    std::map<std::string, YAML::Mark> seen;
-    for (auto it = map.begin(); it != map.end(); ++it) {
-      if (!it->first.IsScalar()) continue;  // reported as "expected a key name" by the caller
-      auto [previous, inserted] = seen.emplace(it->first.Scalar(), it->first.Mark());
-      if (!inserted) {
-        const std::string key =
-            prefix.empty() ? it->first.Scalar() : prefix + "." + it->first.Scalar();
-        return DuplicateKey(it->first.Mark(), key, previous->second);
-      }
-    }
-    return Status::Ok();
   }
 
   StatusOr<std::string> ScalarText(const YAML::Node& key_node, const YAML::Node& value,
@@ -256,141 +168,13 @@ class ExperimentParser {
           "target: expected a map such as {site: KVM@TACC, flavor: g1.h100.pci.1}, got " +
               std::string(NodeKindName(value)));
     }
-    RETURN_IF_ERROR(CheckDuplicateKeys(value, "target"));
+    RETURN_IF_ERROR(values_.CheckDuplicateKeys(value, "target"));
     for (auto it = value.begin(); it != value.end(); ++it) {
       if (!it->first.IsScalar()) return ErrorAt(it->first.Mark(), "expected a key name here");
       const std::string name = it->first.Scalar();
       ASSIGN_OR_RETURN(target[name], ScalarText(it->first, it->second, "target." + name));
     }
     return Status::Ok();
-  }
-
-  enum class Scope { kTopLevel, kTrialSet, kSweep };
-
-  // The "unknown key" message: nearest key (or top-level field) if one is close, else what is valid
-  // here.
-  Status UnknownKey(const YAML::Mark& mark, const std::string& dotted, std::string_view prefix,
-                    Scope scope) const {
-    std::string suggestion;
-    if (scope == Scope::kTopLevel && prefix.empty()) {
-      std::vector<std::string_view> fields(std::begin(kTopLevelFields), std::end(kTopLevelFields));
-      const std::string_view field = ClosestMatch(dotted, fields);
-      if (!field.empty() && EditDistance(dotted, field) <= 1) suggestion = std::string(field);
-      if (suggestion.empty()) suggestion = NearestTrialKey(dotted);
-      if (suggestion.empty()) suggestion = std::string(field);
-    } else {
-      suggestion = NearestTrialKey(dotted);
-    }
-    std::string message = "unknown key '" + dotted + "'";
-    if (!suggestion.empty())
-      return ErrorAt(mark, message + " (did you mean '" + suggestion + "'?)");
-    std::vector<std::string_view> valid;
-    if (scope == Scope::kTopLevel && prefix.empty()) {
-      valid.assign(std::begin(kTopLevelFields), std::end(kTopLevelFields));
-    }
-    for (std::string_view name : KeysDirectlyUnder(prefix)) valid.push_back(name);
-    message +=
-        prefix.empty() ? "; valid keys here: " : "; keys under " + std::string(prefix) + ": ";
-    return ErrorAt(mark, message + Join(valid));
-  }
-
-  // Flattens `key: value` (value possibly a nested map of a key group) into assignments.
-  Status CollectAssignments(const YAML::Node& key_node, const YAML::Node& value,
-                            const std::string& prefix, Scope scope,
-                            std::map<std::string, YAML::Mark>& seen,
-                            std::vector<Assignment>& out) const {
-    if (!key_node.IsScalar()) return ErrorAt(key_node.Mark(), "expected a key name here");
-    const std::string dotted =
-        prefix.empty() ? key_node.Scalar() : prefix + "." + key_node.Scalar();
-    const KeySpec* spec = FindTrialKey(dotted);
-    if (spec == nullptr) {
-      if (!IsTrialKeyGroup(dotted)) return UnknownKey(key_node.Mark(), dotted, prefix, scope);
-      if (!value.IsMap()) {
-        std::vector<std::string_view> members = KeysDirectlyUnder(dotted);
-        return ErrorAt(value.IsNull() ? key_node.Mark() : value.Mark(),
-                       "'" + dotted + "' groups keys (" + Join(members) +
-                           "); write them nested, e.g. " + dotted + ": {" +
-                           std::string(members[0]) + ": ...}, or dotted, e.g. " + dotted + "." +
-                           std::string(members[0]) + ": ...");
-      }
-      RETURN_IF_ERROR(CheckDuplicateKeys(value, dotted));
-      for (auto it = value.begin(); it != value.end(); ++it) {
-        RETURN_IF_ERROR(CollectAssignments(it->first, it->second, dotted, scope, seen, out));
-      }
-      return Status::Ok();
-    }
-    auto [previous, inserted] = seen.emplace(dotted, key_node.Mark());
-    if (!inserted) return DuplicateKey(key_node.Mark(), dotted, previous->second);
-    ASSIGN_OR_RETURN(Assignment assignment, ConvertValue(*spec, key_node.Mark(), value));
-    out.push_back(std::move(assignment));
-    return Status::Ok();
-  }
-
-  // Parses one value of `spec` from its YAML node.
-  StatusOr<Assignment> ConvertValue(const KeySpec& spec, const YAML::Mark& key_mark,
-                                    const YAML::Node& value) const {
-    Assignment assignment;
-    assignment.spec = &spec;
-    assignment.key_mark = key_mark;
-    // yaml-cpp places a missing value at the next token; the key is where the user should look.
-    assignment.value_mark = value.IsNull() ? key_mark : value.Mark();
-    const std::string name(spec.name);
-
-    if (value.IsNull() || (value.IsScalar() && value.Scalar().empty())) {
-      if (!spec.default_value.empty()) {
-        return ErrorAt(assignment.value_mark, name + ": a value is required (expected " +
-                                                  DescribeExpectedValue(spec) + ")");
-      }
-      return assignment;  // cleared: the key has no value, like its default
-    }
-    if (value.IsMap()) {
-      return ErrorAt(value.Mark(),
-                     name + ": expected " + DescribeExpectedValue(spec) + ", got a map");
-    }
-    if (value.IsSequence()) {
-      if (spec.type != KeyType::kFloatList && spec.type != KeyType::kStringList) {
-        return ErrorAt(value.Mark(),
-                       name + ": expected " + DescribeExpectedValue(spec) + ", got a list");
-      }
-      std::vector<std::string> items;
-      for (const YAML::Node& item : value) {
-        if (!item.IsScalar()) {
-          return ErrorAt(item.Mark(), name + ": expected " + DescribeExpectedValue(spec) +
-                                          ", got " + std::string(NodeKindName(item)) +
-                                          " inside the list");
-        }
-        // Check items one by one so an error points at the bad one.
-        StatusOr<KeyValue> single = ParseKeyValueList(spec, {item.Scalar()});
-        if (!single.ok()) return ErrorAt(item.Mark(), single.status().message());
-        items.push_back(item.Scalar());
-      }
-      ASSIGN_OR_RETURN(KeyValue parsed, ParseKeyValueList(spec, items));
-      assignment.value = std::move(parsed);
-      assignment.text = FormatKeyValue(*assignment.value);
-      return assignment;
-    }
-    StatusOr<KeyValue> parsed = ParseKeyValue(spec, value.Scalar());
-    if (!parsed.ok()) return ErrorAt(value.Mark(), parsed.status().message());
-    if (options_.output_dir_in_run && spec.name == "output_dir") {
-      // Inside the run's output/ on the node, not beside this file: kept as written.
-      const StatusOr<std::string> inside = OutputDirInRun(value.Scalar());
-      if (!inside.ok()) return ErrorAt(value.Mark(), inside.status().message());
-      assignment.value = std::move(*parsed);
-      assignment.text = value.Scalar();
-      return assignment;
-    }
-    assignment.value = ResolvePath(spec, std::move(*parsed));
-    assignment.text = value.Scalar();
-    return assignment;
-  }
-
-  // See "Relative paths" in the header.
-  KeyValue ResolvePath(const KeySpec& spec, KeyValue value) const {
-    if (spec.type != KeyType::kPath && spec.name != "model") return value;
-    const std::string& written = std::get<std::string>(value);
-    if (IsNodePath(written) || !options_.resolve_local_paths) return value;
-    if (!IsPathValue(spec, written)) return value;
-    return KeyValue(ResolveLocalPath(filename_, written));
   }
 
   StatusOr<std::vector<TrialSpec>> ParseTrials(const YAML::Node& node,
@@ -439,7 +223,7 @@ class ExperimentParser {
     trial.item_mark = item.Mark();
     std::optional<YAML::Mark> name_mark;
     std::optional<std::pair<YAML::Node, YAML::Node>> set_entry;
-    RETURN_IF_ERROR(CheckDuplicateKeys(item, ""));
+    RETURN_IF_ERROR(values_.CheckDuplicateKeys(item, ""));
     for (auto it = item.begin(); it != item.end(); ++it) {
       if (!it->first.IsScalar()) return ErrorAt(it->first.Mark(), "expected a key name here");
       const std::string field = it->first.Scalar();
@@ -494,11 +278,11 @@ class ExperimentParser {
                            "set: {train.micro_batch_size: 8}, got " +
                            std::string(NodeKindName(set)));
       }
-      RETURN_IF_ERROR(CheckDuplicateKeys(set, ""));
+      RETURN_IF_ERROR(values_.CheckDuplicateKeys(set, ""));
       std::map<std::string, YAML::Mark> seen;
       for (auto it = set.begin(); it != set.end(); ++it) {
-        RETURN_IF_ERROR(
-            CollectAssignments(it->first, it->second, "", Scope::kTrialSet, seen, trial.set));
+        RETURN_IF_ERROR(values_.CollectAssignments(it->first, it->second, "", Scope::kTrialSet,
+                                                   seen, trial.set));
       }
     }
     return trial;
@@ -511,7 +295,7 @@ class ExperimentParser {
                      "sweep: {precision: [32-true, bf16-true]}, got " +
                          std::string(NodeKindName(node)));
     }
-    RETURN_IF_ERROR(CheckDuplicateKeys(node, ""));
+    RETURN_IF_ERROR(values_.CheckDuplicateKeys(node, ""));
     std::vector<SweepAxis> axes;
     std::map<std::string, YAML::Mark> seen;
     for (auto it = node.begin(); it != node.end(); ++it) {
@@ -529,20 +313,20 @@ class ExperimentParser {
     const KeySpec* spec = FindTrialKey(dotted);
     if (spec == nullptr) {
       if (!IsTrialKeyGroup(dotted))
-        return UnknownKey(key_node.Mark(), dotted, prefix, Scope::kSweep);
+        return values_.UnknownKey(key_node.Mark(), dotted, prefix, Scope::kSweep);
       if (!value.IsMap()) {
         return ErrorAt(value.IsNull() ? key_node.Mark() : value.Mark(),
                        "sweep: '" + dotted + "' groups keys; write e.g. " + dotted + ": {" +
                            std::string(KeysDirectlyUnder(dotted)[0]) + ": [...]}");
       }
-      RETURN_IF_ERROR(CheckDuplicateKeys(value, dotted));
+      RETURN_IF_ERROR(values_.CheckDuplicateKeys(value, dotted));
       for (auto it = value.begin(); it != value.end(); ++it) {
         RETURN_IF_ERROR(CollectSweepAxes(it->first, it->second, dotted, seen, axes));
       }
       return Status::Ok();
     }
     auto [previous, inserted] = seen.emplace(dotted, key_node.Mark());
-    if (!inserted) return DuplicateKey(key_node.Mark(), dotted, previous->second);
+    if (!inserted) return values_.DuplicateKey(key_node.Mark(), dotted, previous->second);
     if (!value.IsSequence() || value.size() == 0) {
       return ErrorAt(value.IsNull() ? key_node.Mark() : value.Mark(),
                      "sweep: " + dotted + ": expected a non-empty list of values to try, e.g. " +
@@ -562,7 +346,7 @@ class ExperimentParser {
         return ErrorAt(item.IsNull() ? value.Mark() : item.Mark(),
                        "sweep: " + dotted + ": a value to try cannot be empty");
       }
-      ASSIGN_OR_RETURN(Assignment choice, ConvertValue(*spec, key_node.Mark(), item));
+      ASSIGN_OR_RETURN(Assignment choice, values_.ConvertValue(*spec, key_node.Mark(), item));
       for (const Assignment& earlier : axis.values) {
         if (earlier.value == choice.value) {
           return ErrorAt(choice.value_mark,
@@ -593,186 +377,12 @@ class ExperimentParser {
     return Status::Ok();
   }
 
-  StatusOr<std::vector<Trial>> Expand(const std::vector<TrialSpec>& specs,
-                                      const std::vector<SweepAxis>& sweep) {
-    size_t combinations = 1;
-    for (const SweepAxis& axis : sweep) {
-      combinations *= axis.values.size();
-      if (combinations * specs.size() > kMaxTrials) {
-        return ErrorAt(axis.key_mark, "the sweep makes more than " + std::to_string(kMaxTrials) +
-                                          " trials; split the experiment or sweep fewer values");
-      }
-    }
-    std::vector<Trial> trials;
-    for (const TrialSpec& spec : specs) {
-      for (size_t combination = 0; combination < combinations; ++combination) {
-        // Mixed-radix digits of `combination`, the first axis the most significant (varies
-        // slowest).
-        std::vector<const Assignment*> choices(sweep.size());
-        size_t rest = combination;
-        for (size_t axis = sweep.size(); axis-- > 0;) {
-          choices[axis] = &sweep[axis].values[rest % sweep[axis].values.size()];
-          rest /= sweep[axis].values.size();
-        }
-        ASSIGN_OR_RETURN(Trial trial, BuildTrial(spec, choices));
-        trials.push_back(std::move(trial));
-      }
-    }
-    return trials;
-  }
-
-  StatusOr<Trial> BuildTrial(const TrialSpec& spec,
-                             const std::vector<const Assignment*>& sweep_choices) {
-    Trial trial;
-    trial.name = spec.name;
-    trial.description = spec.description;
-    trial.expect = spec.expect;
-    std::map<std::string, Origin> origins;
-
-    auto apply = [&](const Assignment& assignment, Level level) -> Status {
-      const std::string key(assignment.spec->name);
-      Status status = assignment.value ? trial.config.Set(key, *assignment.value)
-                                       : trial.config.SetFromText(key, "");
-      if (!status.ok()) return ErrorAt(assignment.value_mark, status.message());
-      // A sweep's key is shared by all its values; the value itself says which combination failed.
-      origins[key] =
-          Origin{level, level == Level::kSweep ? assignment.value_mark : assignment.key_mark};
-      return Status::Ok();
-    };
-    for (const Assignment& assignment : base_) RETURN_IF_ERROR(apply(assignment, Level::kBase));
-    for (const Assignment& assignment : spec.set) RETURN_IF_ERROR(apply(assignment, Level::kTrial));
-    if (!sweep_choices.empty()) {
-      std::string suffix;
-      for (const Assignment* choice : sweep_choices) {
-        RETURN_IF_ERROR(apply(*choice, Level::kSweep));
-        if (!suffix.empty()) suffix += ",";
-        suffix += std::string(choice->spec->name) + "=" + choice->text;
-      }
-      trial.name += "/" + suffix;
-    }
-
-    // Where to point for a problem with these keys: the most specific place one of them was
-    // written.
-    auto location = [&](const std::vector<std::string>& keys) {
-      const Origin* best = nullptr;
-      for (const std::string& key : keys) {
-        auto it = origins.find(key);
-        if (it != origins.end() && (best == nullptr || it->second.level > best->level))
-          best = &it->second;
-      }
-      if (best != nullptr) return best->mark;
-      if (spec.set_mark) return *spec.set_mark;
-      return spec.implicit ? YAML::Mark() : spec.item_mark;
-    };
-    const std::string prefix = named_trials_ ? "trial '" + trial.name + "': " : "";
-
-    ApplyLabSpellings(trial.config);
-    const ModelConfig* model = nullptr;
-    const std::string model_name = trial.config.settings().model.name;
-    // BLIP-2 reads images and LLaMA-family models read text: which one the model is decides
-    // data.format. Taken on trust where the model is not here (a hub or node model).
-    std::optional<bool> blip2;
-    if (IsBlip2Preset(model_name)) {
-      blip2 = true;
-    } else if (FindPreset(model_name) != nullptr) {
-      blip2 = false;
-    } else if (options_.resolve_local_paths && !IsHubModelRef(model_name) &&
-               !IsNodePath(model_name)) {
-      StatusOr<std::optional<Blip2Config>> resolved = ResolveBlip2Model(model_name);
-      if (!resolved.ok()) {
-        return ErrorAt(location({"model"}), prefix + "model: " + resolved.status().message());
-      }
-      blip2 = resolved->has_value();
-    }
-    if (blip2) {
-      if (std::optional<ConfigProblem> problem = FindModelFamilyProblem(trial.config, *blip2)) {
-        return ErrorAt(location(problem->keys), prefix + problem->message);
-      }
-    }
-    if (blip2.value_or(false)) {
-      // BLIP-2's shape is not a ModelConfig: the checks that need one are llm-train's.
-    } else if (const ModelConfig* preset = FindPreset(model_name)) {
-      model = preset;
-    } else if (IsHubModelRef(model_name)) {
-      // Checked for form everywhere; its shape is known only once an agent has downloaded it, so
-      // the checks that need it are skipped, as for any model taken on trust.
-      if (StatusOr<HubModelRef> ref = ParseHubModelRef(model_name); !ref.ok()) {
-        return ErrorAt(location({"model"}), prefix + ref.status().message());
-      }
-    } else if (IsNodePath(model_name)) {
-      // A directory only the node has: taken on trust, as above (llm-train checks it there).
-    } else if (options_.resolve_local_paths) {
-      auto cached = models_.find(model_name);
-      if (cached == models_.end()) {
-        StatusOr<ModelConfig> resolved = ResolveModel(model_name);
-        if (!resolved.ok()) {
-          return ErrorAt(location({"model"}), prefix + "model: " + resolved.status().message());
-        }
-        cached = models_.emplace(model_name, std::move(*resolved)).first;
-      }
-      model = &cached->second;
-    }
-
-    if (std::optional<ConfigProblem> problem = FindConfigProblem(trial.config, model)) {
-      return ErrorAt(location(problem->keys), prefix + problem->message);
-    }
-    return trial;
-  }
-
   const std::string filename_;
   const ExperimentParseOptions options_;
-  std::vector<Assignment> base_;
-  bool named_trials_ = false;  // messages name the trial when the file has trials or a sweep
-  std::map<std::string, ModelConfig> models_;  // model directories read so far
+  const ExperimentValueReader values_;
 };
 
 }  // namespace
-
-bool IsPathValue(const KeySpec& spec, std::string_view value) {
-  return spec.type == KeyType::kPath || (spec.name == "model" && FindPreset(value) == nullptr &&
-                                         !IsBlip2Preset(value) && !IsHubModelRef(value));
-}
-
-bool IsInputPathValue(const KeySpec& spec, std::string_view value) {
-  return IsPathValue(spec, value) && spec.name != "output_dir" && !IsNodePath(value);
-}
-
-StatusOr<std::string> OutputDirInRun(std::string_view written) {
-  const std::string quoted = "output_dir: '" + std::string(written) + "'";
-  const std::string rule =
-      ": a trial writes inside its run's output/ directory, so output_dir is a relative path "
-      "below it (e.g. out), or unset for output/ itself";
-  if (IsNodePath(written)) return InvalidArgumentError(quoted + " is a node path" + rule);
-  const fs::path path{std::string(written)};
-  if (path.is_absolute()) return InvalidArgumentError(quoted + " is an absolute path" + rule);
-  fs::path normal = path.lexically_normal();
-  if (!normal.empty() && normal.filename().empty()) normal = normal.parent_path();  // "out/"
-  if (normal.empty()) return std::string(".");
-  if (*normal.begin() == "..") {
-    return InvalidArgumentError(quoted + " climbs out of output/ with '..'" + rule);
-  }
-  return normal.string();
-}
-
-void LocalizeNodePaths(TrialConfig& config) {
-  for (const KeySpec& spec : TrialKeys()) {
-    if (spec.type != KeyType::kPath && spec.name != "model") continue;
-    const std::string value = config.GetString(spec.name);
-    if (!IsNodePath(value)) continue;
-    const Status set = config.Set(spec.name, KeyValue(value.substr(kNodePathPrefix.size())));
-    (void)set;  // a shorter absolute path of the same key: always valid
-  }
-}
-
-std::string ResolveLocalPath(std::string_view filename, std::string_view written) {
-  const fs::path base_dir = fs::path(std::string(filename)).parent_path();
-  const fs::path path{std::string(written)};
-  if (base_dir.empty() || path.empty() || path.is_absolute()) return std::string(written);
-  const fs::path beside_file = base_dir / path;
-  std::error_code error;
-  if (!fs::exists(beside_file, error)) return std::string(written);
-  return beside_file.lexically_normal().string();
-}
 
 StatusOr<Experiment> ParseExperiment(std::string_view yaml_text, std::string_view filename,
                                      const ExperimentParseOptions& options) {

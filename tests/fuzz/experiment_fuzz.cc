@@ -1,7 +1,7 @@
 // Fuzz target for ParseExperiment (common/experiment.h), with resolve_local_paths off so no input
 // ever touches the file system: any bytes must parse or fail with a one-line
 // "fuzz.yaml:LINE:COLUMN: problem" Status, never crash, hang, leak or trip a sanitizer. yaml-cpp is
-// part of what runs, so this also watches for its known loops on bad input (see experiment.cc).
+// part of what runs, so this also watches for its known loops on bad input (see yaml_document.cc).
 //
 // Replayed over tests/fuzz/corpus/experiment/ by the `experiment_fuzz_replay` test. To fuzz for
 // real (clang with libFuzzer; on Debian: apt-get install clang libclang-rt-14-dev), from the
