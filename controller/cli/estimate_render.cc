@@ -43,8 +43,30 @@ std::string StepSecondsText(double seconds) {
 
 std::string Count(int64_t n) { return Grouped(static_cast<double>(n), 0); }
 
+// --explain's time lines: each term of the step, the step and the start-up.
+std::string ExplainTime(const TrialEstimate& e) {
+  if (!e.time) return "";
+  std::vector<std::vector<std::string>> time_rows;
+  for (const estimate::TimeTerm& term : e.time->terms) {
+    time_rows.push_back(
+        {"  " + term.name,
+         term.formula + (term.calibrated ? " x " + Printf("%.3f", e.time->factor) : ""),
+         StepSecondsText(term.seconds) + " s"});
+  }
+  time_rows.push_back({"  step",
+                       Grouped(static_cast<double>(e.work->tokens), 0) + " tokens a rank (" +
+                           std::to_string(e.work->micro_batches) + " micro-batches)",
+                       StepSecondsText(e.time->step_seconds) + " s"});
+  time_rows.push_back({"  start-up",
+                       "process and device, then the model's weights " +
+                           std::string(e.work->pretrained ? "loaded" : "built"),
+                       StepSecondsText(e.time->startup_seconds) + " s"});
+  return "time on " + e.time_device + " (" + e.calibration + "; at " + RatesText(e.rates) +
+         "; x the factor):\n" + FormatColumns(time_rows, /*first_right_aligned=*/2);
+}
+
 // --explain's lines of one trial: the model state's formulas, then the activations' and the
-// peak's (common/estimate's terms), then the verdict.
+// peak's (common/estimate's terms), then the verdict, then its time's (ExplainTime).
 std::string Explain(const TrialEstimate& e) {
   const TrialSettings& c = e.trial->config.settings();
   const estimate::StepMemoryEstimate& m = *e.memory;
@@ -105,26 +127,7 @@ std::string Explain(const TrialEstimate& e) {
   std::string text =
       e.trial->name + " (" + c.model.name + ", " + precision + ", " + optimizer + "):\n";
   text += FormatColumns(rows, /*first_right_aligned=*/2);
-  if (e.time) {
-    std::vector<std::vector<std::string>> time_rows;
-    for (const estimate::TimeTerm& term : e.time->terms) {
-      time_rows.push_back(
-          {"  " + term.name,
-           term.formula + (term.calibrated ? " x " + Printf("%.3f", e.time->factor) : ""),
-           StepSecondsText(term.seconds) + " s"});
-    }
-    time_rows.push_back({"  step",
-                         Grouped(static_cast<double>(e.work->tokens), 0) + " tokens a rank (" +
-                             std::to_string(e.work->micro_batches) + " micro-batches)",
-                         StepSecondsText(e.time->step_seconds) + " s"});
-    time_rows.push_back({"  start-up",
-                         "process and device, then the model's weights " +
-                             std::string(e.work->pretrained ? "loaded" : "built"),
-                         StepSecondsText(e.time->startup_seconds) + " s"});
-    text += "time on " + e.time_device + " (" + e.calibration + "; at " + RatesText(e.rates) +
-            "; x the factor):\n" + FormatColumns(time_rows, /*first_right_aligned=*/2);
-  }
-  return text;
+  return text + ExplainTime(e);
 }
 
 std::vector<std::string> TableHeader(const EstimateOptions& options) {
