@@ -1,5 +1,5 @@
-// How `llmctl report` writes numbers, shared by its formats (report.cc) and its HTML charts
-// (report_charts.cc): what scripts/lab_table.py prints, the same way.
+// How `llmctl report` writes numbers, shared by its formats (report_renderers.h) and its HTML
+// charts (report_charts.cc): what scripts/lab_table.py prints, the same way.
 #ifndef LLMCTL_CONTROLLER_CLI_REPORT_FORMAT_H_
 #define LLMCTL_CONTROLLER_CLI_REPORT_FORMAT_H_
 

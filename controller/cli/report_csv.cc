@@ -1,0 +1,85 @@
+// `llmctl report --format csv`: a row per trial, its figures at full precision.
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "controller/cli/report.h"
+#include "controller/cli/report_renderers.h"
+#include "controller/cli/report_rows.h"
+
+namespace llmctl::cli {
+namespace {
+
+std::string CsvField(const std::string& text) {
+  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
+}
+
+std::string Number(double value) { return nlohmann::json(value).dump(); }
+
+}  // namespace
+
+std::string RenderCsv(const v1::ReportResponse& report) {
+  std::string out =
+      "trial,description,expected,outcome,attempt,node,params_bytes,grads_bytes,"
+      "optim_device_bytes,optim_host_bytes,comm_bytes,gathered_bytes,other_bytes,allocated_bytes,"
+      "reserved_bytes,peak_bytes,train_seconds,tokens_per_second,final_loss,error,ranks,rank_peak_"
+      "bytes,"
+      "rank_phase_allocated_bytes,predicted_peak_bytes,predicted_verdict,prediction_error\n";
+  for (const v1::TrialReport& trial : report.trials()) {
+    std::vector<std::string> fields = {trial.name(),
+                                       trial.description(),
+                                       trial.expected(),
+                                       trial.outcome(),
+                                       std::to_string(trial.attempt()),
+                                       trial.node()};
+    if (trial.has_at_peak()) {
+      const v1::MemorySnapshot& snap = trial.at_peak();
+      for (int64_t bytes : {snap.params_bytes(), snap.grads_bytes(), snap.optim_device_bytes(),
+                            snap.optim_host_bytes(), snap.comm_bytes(), snap.gathered_bytes(),
+                            snap.other_bytes(), snap.allocated_bytes(), snap.reserved_bytes()}) {
+        fields.push_back(std::to_string(bytes));
+      }
+    } else {
+      fields.insert(fields.end(), 9, "");
+    }
+    const bool ended = HasEnded(trial);
+    fields.push_back(ended ? std::to_string(trial.peak_bytes()) : "");
+    fields.push_back(ended ? Number(trial.train_seconds()) : "");
+    fields.push_back(ended ? Number(trial.tokens_per_second()) : "");
+    fields.push_back(trial.has_final_loss() ? Number(trial.final_loss()) : "");
+    fields.push_back(trial.error());
+    // A multi-rank trial: the rank count, each rank's peak ("45331104;45400000", rank order) and
+    // each rank's per-phase most allocated bytes ("0:phase0_before_fwd=...|phase1...;1:...").
+    std::string rank_peaks;
+    std::string rank_phases;
+    for (const v1::RankMemory& rank : trial.ranks()) {
+      if (!rank_peaks.empty()) rank_peaks += ';';
+      rank_peaks += std::to_string(rank.peak_bytes());
+      if (!rank_phases.empty()) rank_phases += ';';
+      rank_phases += std::to_string(rank.rank()) + ":";
+      for (int i = 0; i < rank.per_phase_size(); ++i) {
+        if (i > 0) rank_phases += '|';
+        rank_phases +=
+            rank.per_phase(i).phase() + "=" + std::to_string(rank.per_phase(i).allocated_bytes());
+      }
+    }
+    fields.push_back(trial.ranks_size() > 0 ? std::to_string(trial.ranks_size()) : "");
+    fields.push_back(rank_peaks);
+    fields.push_back(rank_phases);
+    // What the estimate predicted at submit (empty when it did not), and its error as a fraction.
+    fields.push_back(trial.has_prediction() ? std::to_string(trial.prediction().peak_bytes()) : "");
+    fields.push_back(trial.has_prediction() ? trial.prediction().verdict() : "");
+    const std::optional<double> error = PredictionError(trial);
+    fields.push_back(error ? Number(*error) : "");
+    for (size_t i = 0; i < fields.size(); ++i) {
+      out += CsvField(fields[i]) + (i + 1 < fields.size() ? "," : "\n");
+    }
+  }
+  return out;
+}
+
+}  // namespace llmctl::cli

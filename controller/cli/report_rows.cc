@@ -1,0 +1,126 @@
+#include "controller/cli/report_rows.h"
+
+#include <algorithm>
+
+#include "controller/cli/report.h"
+#include "controller/cli/report_format.h"
+
+namespace llmctl::cli {
+
+LabLayout LabLayoutOf(const v1::ReportResponse& report) {
+  LabLayout layout;
+  for (const v1::TrialReport& trial : report.trials()) {
+    layout.comm |= trial.at_peak().comm_bytes() != 0 || trial.at_peak().gathered_bytes() != 0;
+    layout.predicted |= trial.has_prediction();
+    layout.timed |= trial.prediction().step_seconds() > 0;
+  }
+  return layout;
+}
+
+std::vector<std::string> LabColumns(const LabLayout& layout) {
+  std::vector<std::string> columns = {"trial",      "expected",  "outcome",
+                                      "Params MiB", "Grads MiB", "Optim MiB (device + host)"};
+  if (layout.comm) columns.push_back("Comm MiB (+ gathered)");
+  columns.insert(columns.end(), {"Acts MiB", "peak MiB"});
+  if (layout.predicted) columns.insert(columns.end(), {"predicted MiB", "error"});
+  columns.insert(columns.end(), {"train s", "tokens/s"});
+  if (layout.timed) columns.insert(columns.end(), {"predicted tokens/s", "error"});
+  return columns;
+}
+
+std::optional<double> TimePredictionError(const v1::TrialReport& trial) {
+  const double measured = trial.tokens_per_second();
+  const double predicted = trial.prediction().tokens_per_second();
+  if (trial.outcome() != "ok" || measured <= 0 || predicted <= 0) return std::nullopt;
+  return (predicted - measured) / measured;
+}
+
+std::optional<double> PredictionError(const v1::TrialReport& trial) {
+  const int64_t measured = trial.peak_bytes();
+  if (!trial.has_prediction() || trial.outcome() != "ok" || measured <= 0) return std::nullopt;
+  return (static_cast<double>(trial.prediction().peak_bytes()) - static_cast<double>(measured)) /
+         static_cast<double>(measured);
+}
+
+int64_t MaxRankPeak(const v1::TrialReport& trial) {
+  int64_t peak = 0;
+  for (const v1::RankMemory& rank : trial.ranks()) peak = std::max(peak, rank.peak_bytes());
+  return peak;
+}
+
+std::vector<PhaseRange> PhaseRanges(const v1::TrialReport& trial) {
+  std::vector<PhaseRange> ranges;
+  for (const v1::RankMemory& rank : trial.ranks()) {
+    for (const v1::PhaseBytes& phase : rank.per_phase()) {
+      auto range = std::find_if(ranges.begin(), ranges.end(),
+                                [&](const PhaseRange& r) { return r.phase == phase.phase(); });
+      if (range == ranges.end()) {
+        ranges.push_back({phase.phase(), phase.allocated_bytes(), phase.allocated_bytes()});
+      } else {
+        range->min = std::min(range->min, phase.allocated_bytes());
+        range->max = std::max(range->max, phase.allocated_bytes());
+      }
+    }
+  }
+  return ranges;
+}
+
+std::string MibRange(int64_t min, int64_t max) {
+  return min == max ? Mib(min) : Mib(min) + "\u2013" + Mib(max);
+}
+
+LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
+  LabRow row;
+  row.unexpected = IsUnexpected(trial);
+  const bool ended = HasEnded(trial);
+  row.cells.push_back(trial.name());
+  row.cells.push_back(trial.expected().empty() ? std::string(kNone) : trial.expected());
+  row.cells.push_back(trial.outcome());
+  if (trial.has_at_peak()) {
+    const v1::MemorySnapshot& snap = trial.at_peak();
+    std::string optim = Mib(snap.optim_device_bytes());
+    if (snap.optim_host_bytes() != 0) optim += " + " + Mib(snap.optim_host_bytes());
+    row.cells.insert(row.cells.end(), {Mib(snap.params_bytes()), Mib(snap.grads_bytes()), optim});
+    if (layout.comm) {
+      std::string comm = Mib(snap.comm_bytes());
+      if (snap.gathered_bytes() != 0) comm += " + " + Mib(snap.gathered_bytes());
+      row.cells.push_back(comm);
+    }
+    row.cells.push_back(Mib(snap.other_bytes()));
+  } else {
+    row.cells.insert(row.cells.end(), layout.comm ? 5 : 4, std::string(kNone));
+  }
+  if (!ended) {
+    row.cells.push_back(std::string(kNone));
+  } else if (trial.ranks_size() > 1) {
+    // A multi-rank trial: the highest rank's, said so.
+    row.cells.push_back(Mib(std::max(trial.peak_bytes(), MaxRankPeak(trial))) + " (max of " +
+                        std::to_string(trial.ranks_size()) + " ranks)");
+  } else {
+    row.cells.push_back(Mib(trial.peak_bytes()));
+  }
+  if (layout.predicted) {
+    if (!trial.has_prediction()) {
+      row.cells.insert(row.cells.end(), 2, std::string(kNone));
+    } else {
+      // One rank's prediction, against rank 0's measured peak (every rank holds alike).
+      row.cells.push_back(Mib(trial.prediction().peak_bytes()) +
+                          (trial.prediction().verdict() == "oom" ? " (OOM)" : ""));
+      const std::optional<double> error = PredictionError(trial);
+      row.cells.push_back(ended && error ? Printf("%+.1f%%", 100.0 * *error) : std::string(kNone));
+    }
+  }
+  row.cells.push_back(ended ? Printf("%.1f", trial.train_seconds()) : std::string(kNone));
+  row.cells.push_back(ended && trial.tokens_per_second() != 0
+                          ? Grouped(trial.tokens_per_second(), 0)
+                          : std::string(kNone));
+  if (layout.timed) {
+    const double predicted = trial.prediction().tokens_per_second();
+    row.cells.push_back(predicted > 0 ? Grouped(predicted, 0) : std::string(kNone));
+    const std::optional<double> error = TimePredictionError(trial);
+    row.cells.push_back(ended && error ? Printf("%+.1f%%", 100.0 * *error) : std::string(kNone));
+  }
+  return row;
+}
+
+}  // namespace llmctl::cli

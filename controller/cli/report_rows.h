@@ -1,0 +1,83 @@
+// What the formats of `llmctl report` derive from a trial (internal to controller/cli's report):
+// the lab table's columns and cells (the table, Markdown and HTML), the predictions' errors, and a
+// multi-rank trial's highest peak and per-phase ranges over its ranks.
+#ifndef LLMCTL_CONTROLLER_CLI_REPORT_ROWS_H_
+#define LLMCTL_CONTROLLER_CLI_REPORT_ROWS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "llmctl/v1/controller.pb.h"
+
+namespace llmctl::cli {
+
+// The cells of one row of the lab table, in LabColumns order; the outcome cell without emphasis.
+struct LabRow {
+  std::vector<std::string> cells;
+  bool unexpected = false;
+};
+
+inline constexpr size_t kOutcomeColumn = 2;
+inline constexpr size_t kFirstNumericColumn = 3;
+
+// The lab table's optional columns.
+struct LabLayout {
+  // Some trial's snapshot at peak holds data parallelism's buffers or gathered parameters: a
+  // column for them, so that the memory columns add up to the allocated bytes.
+  bool comm = false;
+  // Some trial was submitted with the estimate's prediction: predicted peak and its error.
+  bool predicted = false;
+  // Some trial's prediction has a time: predicted tokens/s and its error.
+  bool timed = false;
+};
+
+LabLayout LabLayoutOf(const v1::ReportResponse& report);
+
+std::vector<std::string> LabColumns(const LabLayout& layout);
+
+// One trial's row of the lab table, "–" in the cells it does not have.
+LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout);
+
+inline constexpr std::string_view kPredictionNote =
+    "predicted MiB: the peak `llmctl estimate` predicted at submit, at the longest micro-batch the "
+    "run draws when its data was on the submitting machine, else at max_seq_length tokens; error: "
+    "(predicted - measured) / measured, for trials that ended ok";
+
+inline constexpr std::string_view kTimeNote =
+    "predicted tokens/s: what `llmctl estimate` predicted at submit, in real tokens at the mean "
+    "micro-batch the run draws (else full sequences); measured tokens/s is the whole run's, its "
+    "first steps and anything else on the machine included; error: (predicted - measured) / "
+    "measured, for trials that ended ok";
+
+// The predicted tokens/s' error against the measured, as PredictionError; nullopt without both.
+std::optional<double> TimePredictionError(const v1::TrialReport& trial);
+
+// The predicted peak's error against the measured one, (predicted - measured) / measured: for a
+// trial that ran to the end (an out-of-memory trial's peak is where the allocation failed, not its
+// peak); nullopt otherwise.
+std::optional<double> PredictionError(const v1::TrialReport& trial);
+
+// A multi-rank trial's highest peak over its ranks.
+int64_t MaxRankPeak(const v1::TrialReport& trial);
+
+// One phase's allocated bytes over a multi-rank trial's ranks.
+struct PhaseRange {
+  std::string phase;
+  int64_t min = 0;
+  int64_t max = 0;
+};
+
+// Per phase, in the ranks' step-anatomy order, the least and the most over the ranks of the
+// phase's snapshot with the most allocated bytes.
+std::vector<PhaseRange> PhaseRanges(const v1::TrialReport& trial);
+
+// "69.6–73.9" (MiB), or one figure when both ends are the same.
+std::string MibRange(int64_t min, int64_t max);
+
+}  // namespace llmctl::cli
+
+#endif  // LLMCTL_CONTROLLER_CLI_REPORT_ROWS_H_

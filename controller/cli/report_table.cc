@@ -1,0 +1,127 @@
+// `llmctl report`'s lab table for the terminal and as Markdown.
+#include <string>
+#include <vector>
+
+#include "common/text.h"
+#include "controller/cli/report.h"
+#include "controller/cli/report_format.h"
+#include "controller/cli/report_renderers.h"
+#include "controller/cli/report_rows.h"
+
+namespace llmctl::cli {
+namespace {
+
+// "train: 2 ranks; peak MiB 45.3 (rank 0), 45.4 (rank 1); allocated MiB per phase over the ranks:
+// phase0_before_fwd 40.1, phase1_after_fwd 44.0–44.2; tokens/s is the whole job's\n".
+std::string DescribeRanks(const v1::TrialReport& trial) {
+  std::string out = trial.name() + ": " + std::to_string(trial.ranks_size()) + " ranks; peak MiB ";
+  for (int i = 0; i < trial.ranks_size(); ++i) {
+    out += (i > 0 ? ", " : "") + Mib(trial.ranks(i).peak_bytes()) + " (rank " +
+           std::to_string(trial.ranks(i).rank()) + ")";
+  }
+  const std::vector<PhaseRange> ranges = PhaseRanges(trial);
+  if (!ranges.empty()) {
+    out += "; allocated MiB per phase, min\u2013max over the ranks:";
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      out += std::string(i > 0 ? "," : "") + " " + ranges[i].phase + " " +
+             MibRange(ranges[i].min, ranges[i].max);
+    }
+  }
+  return out + "; tokens/s is the whole job's\n";
+}
+
+// "long: resumed; steps 1-3 in attempt 1, 4-6 in attempt 3\n" (steps counted from 1, as the
+// live view and the checkpoint messages count them): which attempt ran which part of the run.
+std::string DescribeResumedRun(const v1::TrialReport& trial) {
+  std::string parts;
+  for (int i = 0; i < trial.steps_size();) {
+    int end = i;
+    while (end + 1 < trial.steps_size() &&
+           trial.steps(end + 1).attempt() == trial.steps(i).attempt()) {
+      ++end;
+    }
+    if (!parts.empty()) parts += ", ";
+    parts += std::to_string(trial.steps(i).step() + 1) + "-" +
+             std::to_string(trial.steps(end).step() + 1) + " in attempt " +
+             std::to_string(trial.steps(i).attempt());
+    i = end + 1;
+  }
+  return trial.name() + ": resumed; " + (parts.empty() ? "no steps" : "steps " + parts) + "\n";
+}
+
+}  // namespace
+
+std::string RenderTable(const v1::ReportResponse& report) {
+  const LabLayout layout = LabLayoutOf(report);
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back(LabColumns(layout));
+  for (const v1::TrialReport& trial : report.trials()) {
+    LabRow row = MakeLabRow(trial, layout);
+    if (row.unexpected) {
+      row.cells[kOutcomeColumn] += " (expected " + trial.expected() + ")";
+    }
+    rows.push_back(std::move(row.cells));
+  }
+  std::string out = "experiment " + std::to_string(report.experiment_id()) + ": " + report.name() +
+                    "\n" + FormatColumns(rows, kFirstNumericColumn);
+  if (layout.predicted) out += std::string(kPredictionNote) + "\n";
+  if (layout.timed) out += std::string(kTimeNote) + "\n";
+  for (const v1::TrialReport& trial : report.trials()) {
+    if (trial.run_attempts_size() > 1) out += DescribeResumedRun(trial);
+  }
+  for (const v1::TrialReport& trial : report.trials()) {
+    if (trial.ranks_size() > 1) out += DescribeRanks(trial);
+  }
+  for (const v1::TrialReport& trial : report.trials()) {
+    if (trial.refused_event_lines() > 0) {
+      out +=
+          trial.name() + ": " + std::to_string(trial.refused_event_lines()) +
+          " event line(s) refused (not a JSON object with a string \"type\", not UTF-8, or over " +
+          "the cap): stored as refused_line events\n";
+    }
+  }
+  for (const v1::TrialReport& trial : report.trials()) {
+    for (const v1::KernelFallback& fallback : trial.kernel_fallbacks()) {
+      out +=
+          trial.name() + ": kernels: fused ran ATen's " + fallback.op() + " instead of its kernel";
+      if (trial.ranks_size() > 1) out += " on rank " + std::to_string(fallback.rank());
+      out += " from step " + std::to_string(fallback.step()) + " (" + fallback.reason() + ")\n";
+    }
+  }
+  const int unexpected = CountUnexpectedOutcomes(report);
+  if (unexpected > 0) {
+    out += "\n" + std::to_string(unexpected) +
+           " trial(s) ended other than the experiment file expects.\n";
+  }
+  return out;
+}
+
+std::string RenderMarkdown(const v1::ReportResponse& report) {
+  const LabLayout layout = LabLayoutOf(report);
+  const std::vector<std::string> columns = LabColumns(layout);
+  std::string out;
+  out += "| ";
+  for (size_t i = 0; i < columns.size(); ++i) {
+    out += columns[i] + (i + 1 < columns.size() ? " | " : " |\n");
+  }
+  out += "|";
+  for (size_t i = 0; i < columns.size(); ++i) out += i < kFirstNumericColumn ? "---|" : "---:|";
+  out += "\n";
+  for (const v1::TrialReport& trial : report.trials()) {
+    LabRow row = MakeLabRow(trial, layout);
+    if (row.unexpected) {
+      row.cells[kOutcomeColumn] =
+          "**" + row.cells[kOutcomeColumn] + "** (expected " + trial.expected() + ")";
+    }
+    out += "|";
+    for (const std::string& cell : row.cells) {
+      std::string escaped;  // a '|' inside a cell would end it
+      for (char c : cell) escaped += c == '|' ? std::string("\\|") : std::string(1, c);
+      out += " " + escaped + " |";
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace llmctl::cli
