@@ -1,15 +1,15 @@
+// ParseHfConfigJson, LoadHfConfig, ToHfConfigJson and ValidateModelConfig (model_config.h): a
+// ModelConfig read from and written as a Hugging Face config.json, and its consistency checks.
 #include "common/model_config.h"
 
 #include <algorithm>
-#include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <limits>
-#include <sstream>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include "common/files.h"
-#include "common/spelling.h"
-#include "common/text.h"
 
 namespace llmctl {
 namespace {
@@ -145,15 +145,6 @@ class FieldReader {
   std::string_view filename_;
   std::string prefix_;
 };
-
-std::string JoinNames(const std::vector<std::string>& names) {
-  std::string joined;
-  for (const std::string& name : names) {
-    if (!joined.empty()) joined += ", ";
-    joined += name;
-  }
-  return joined;
-}
 
 // transformers 5 writes "rope_parameters" (rope_theta inside it, rope_type "default" when
 // unscaled); earlier versions wrote "rope_scaling" beside a top-level rope_theta. Reads either;
@@ -334,79 +325,6 @@ StatusOr<ModelConfig> ParseHfConfigObject(const Json& root, std::string_view fil
   return config;
 }
 
-struct Preset {
-  std::string name;
-  std::vector<std::string> aliases;
-  ModelConfig config;
-};
-
-ModelConfig LlamaShape(int64_t vocab, int64_t hidden, int64_t intermediate, int64_t layers,
-                       int64_t heads, int64_t kv_heads, int64_t max_positions, double eps) {
-  ModelConfig config;
-  config.model_type = "llama";
-  config.vocab_size = vocab;
-  config.hidden_size = hidden;
-  config.intermediate_size = intermediate;
-  config.num_hidden_layers = layers;
-  config.num_attention_heads = heads;
-  config.num_key_value_heads = kv_heads;
-  config.head_dim = hidden / heads;
-  config.max_position_embeddings = max_positions;
-  config.rms_norm_eps = eps;
-  config.rope_theta = 10000.0;
-  return config;
-}
-
-// Published shapes, from each repository's config.json (cross-checked with LitGPT's config table).
-const std::vector<Preset>& Presets() {
-  static const std::vector<Preset>* const presets = [] {
-    auto* list = new std::vector<Preset>();
-    auto with_tokens = [](ModelConfig config, std::string dtype, std::string repo) {
-      config.bos_token_id = 1;
-      config.eos_token_id = 2;
-      config.eos_token_ids = {2};
-      config.torch_dtype = std::move(dtype);
-      config.hf_repo_id = std::move(repo);
-      return config;
-    };
-    list->push_back({"tinyllama-1.1b",
-                     {"TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"},
-                     with_tokens(LlamaShape(32000, 2048, 5632, 22, 32, 4, 2048, 1e-5), "float32",
-                                 "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T")});
-    list->push_back({"open_llama_3b",
-                     {"openlm-research/open_llama_3b"},
-                     with_tokens(LlamaShape(32000, 3200, 8640, 26, 32, 32, 2048, 1e-6), "float16",
-                                 "openlm-research/open_llama_3b")});
-    list->push_back({"open_llama_7b",
-                     {"openlm-research/open_llama_7b"},
-                     with_tokens(LlamaShape(32000, 4096, 11008, 32, 32, 32, 2048, 1e-6), "float16",
-                                 "openlm-research/open_llama_7b")});
-    list->push_back({"open_llama_13b",
-                     {"openlm-research/open_llama_13b"},
-                     with_tokens(LlamaShape(32000, 5120, 13824, 40, 40, 40, 2048, 1e-6), "float16",
-                                 "openlm-research/open_llama_13b")});
-    // Small enough to train for a few steps on a laptop CPU in seconds, yet with every feature the
-    // big ones have that changes memory: GQA (2 KV heads for 4 query heads) and tied embeddings.
-    // Its token ids come from the demo tokenizer, so none are fixed here.
-    ModelConfig demo = LlamaShape(2048, 128, 352, 4, 4, 2, 512, 1e-5);
-    demo.tie_word_embeddings = true;
-    demo.torch_dtype = "float32";
-    list->push_back({"llmctl-demo", {}, demo});
-    return list;
-  }();
-  return *presets;
-}
-
-const Preset* FindPresetEntry(std::string_view name) {
-  for (const Preset& preset : Presets()) {
-    if (EqualsIgnoreCase(preset.name, name)) return &preset;
-    for (const std::string& alias : preset.aliases) {
-      if (EqualsIgnoreCase(alias, name)) return &preset;
-    }
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 Status ValidateModelConfig(const ModelConfig& config) {
@@ -547,204 +465,6 @@ nlohmann::json ToHfConfigJson(const ModelConfig& config) {
   if (!config.torch_dtype.empty()) json["torch_dtype"] = config.torch_dtype;
   json["hidden_act"] = config.hidden_act;
   return json;
-}
-
-const ModelConfig* FindPreset(std::string_view name) {
-  const Preset* preset = FindPresetEntry(name);
-  return preset == nullptr ? nullptr : &preset->config;
-}
-
-std::vector<std::string> PresetNames() {
-  std::vector<std::string> names;
-  for (const Preset& preset : Presets()) names.push_back(preset.name);
-  return names;
-}
-
-std::string CanonicalPresetName(std::string_view name) {
-  const Preset* preset = FindPresetEntry(name);
-  return preset == nullptr ? "" : preset->name;
-}
-
-uint64_t ParameterCount(const ModelConfig& config) {
-  // Every size is positive and at most INT64_MAX once validated, but their products need not fit:
-  // a config.json may state any size. Saturating at UINT64_MAX keeps absurd shapes absurd instead
-  // of overflowing (undefined for the signed head products) or wrapping to a small count.
-  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
-  auto mul = [](uint64_t a, uint64_t b) {
-    uint64_t product = 0;
-    return __builtin_mul_overflow(a, b, &product) ? kMax : product;
-  };
-  auto add = [](uint64_t a, uint64_t b) {
-    uint64_t sum = 0;
-    return __builtin_add_overflow(a, b, &sum) ? kMax : sum;
-  };
-  auto size = [](int64_t value) { return static_cast<uint64_t>(std::max<int64_t>(value, 0)); };
-  const uint64_t hidden = size(config.hidden_size);
-  const uint64_t intermediate = size(config.intermediate_size);
-  const uint64_t query_width = mul(size(config.num_attention_heads), size(config.head_dim));
-  const uint64_t kv_width = mul(size(config.num_key_value_heads), size(config.head_dim));
-
-  // q and o are hidden x query_width, k and v hidden x kv_width.
-  uint64_t attention = add(mul(2, mul(hidden, query_width)), mul(2, mul(hidden, kv_width)));
-  if (config.attention_qkv_bias) attention = add(attention, add(query_width, mul(2, kv_width)));
-  if (config.attention_output_bias) attention = add(attention, hidden);
-  uint64_t mlp = mul(3, mul(hidden, intermediate));  // gate, up, down
-  if (config.mlp_bias) mlp = add(mlp, add(mul(2, intermediate), hidden));
-  const uint64_t norms = mul(2, hidden);  // before attention, before the MLP
-  const uint64_t per_layer = add(add(attention, mlp), norms);
-
-  const uint64_t embedding = mul(size(config.vocab_size), hidden);
-  const uint64_t lm_head = config.tie_word_embeddings ? 0 : embedding;
-  const uint64_t final_norm = hidden;
-  return add(add(add(embedding, mul(size(config.num_hidden_layers), per_layer)), final_norm),
-             lm_head);
-}
-
-namespace {
-
-int64_t TensorsPerLayer(const ModelConfig& config) {
-  return 4 + (config.attention_qkv_bias ? 3 : 0) + (config.attention_output_bias ? 1 : 0) + 3 +
-         (config.mlp_bias ? 3 : 0) + 2;
-}
-
-}  // namespace
-
-int64_t CheckpointTensorCount(const ModelConfig& config) {
-  const int64_t layers = std::max<int64_t>(config.num_hidden_layers, 0);
-  const int64_t outside_layers = 2 + (config.tie_word_embeddings ? 0 : 1);  // embedding, norm, head
-  if (layers > (std::numeric_limits<int64_t>::max() - outside_layers) / TensorsPerLayer(config)) {
-    return std::numeric_limits<int64_t>::max();
-  }
-  return layers * TensorsPerLayer(config) + outside_layers;
-}
-
-std::vector<CheckpointTensor> CheckpointTensors(const ModelConfig& config) {
-  const int64_t hidden = config.hidden_size;
-  const int64_t query_width = config.num_attention_heads * config.head_dim;
-  const int64_t kv_width = config.num_key_value_heads * config.head_dim;
-  std::vector<CheckpointTensor> tensors;
-  tensors.reserve(static_cast<size_t>(CheckpointTensorCount(config)));
-  tensors.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}});
-  const auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
-    tensors.push_back({name + ".weight", {out, in}});
-    if (bias) tensors.push_back({name + ".bias", {out}});
-  };
-  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
-    const std::string layer = "model.layers." + std::to_string(i) + ".";
-    linear(layer + "self_attn.q_proj", hidden, query_width, config.attention_qkv_bias);
-    linear(layer + "self_attn.k_proj", hidden, kv_width, config.attention_qkv_bias);
-    linear(layer + "self_attn.v_proj", hidden, kv_width, config.attention_qkv_bias);
-    linear(layer + "self_attn.o_proj", query_width, hidden, config.attention_output_bias);
-    linear(layer + "mlp.gate_proj", hidden, config.intermediate_size, config.mlp_bias);
-    linear(layer + "mlp.up_proj", hidden, config.intermediate_size, config.mlp_bias);
-    linear(layer + "mlp.down_proj", config.intermediate_size, hidden, config.mlp_bias);
-    tensors.push_back({layer + "input_layernorm.weight", {hidden}});
-    tensors.push_back({layer + "post_attention_layernorm.weight", {hidden}});
-  }
-  tensors.push_back({"model.norm.weight", {hidden}});
-  if (!config.tie_word_embeddings)
-    tensors.push_back({"lm_head.weight", {config.vocab_size, hidden}});
-  return tensors;
-}
-
-namespace {
-
-bool IsRepoIdChar(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
-}
-
-// The hub's rule for one half of a repository id.
-bool IsRepoIdPart(std::string_view part) {
-  return !part.empty() && part.size() <= 96 &&
-         std::all_of(part.begin(), part.end(), IsRepoIdChar) &&
-         part.find("--") == std::string_view::npos && part.find("..") == std::string_view::npos &&
-         part.front() != '.' && part.front() != '-' && part.back() != '.' && part.back() != '-';
-}
-
-}  // namespace
-
-bool IsHubModelRef(std::string_view model) { return model.starts_with(kHubModelPrefix); }
-
-StatusOr<HubModelRef> MakeHubModelRef(std::string_view repo, std::string_view revision) {
-  const size_t slash = repo.find('/');
-  if (slash == std::string_view::npos || !IsRepoIdPart(repo.substr(0, slash)) ||
-      !IsRepoIdPart(repo.substr(slash + 1))) {
-    return InvalidArgumentError(
-        "'" + std::string(repo) +
-        "' is not a Hugging Face repository id: expected ORG/NAME, each part 1-96 letters, digits, "
-        "'.', '_' or '-' (e.g. TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T)");
-  }
-  if (revision.empty()) revision = "main";
-  const bool revision_ok = revision.size() <= 255 &&
-                           std::all_of(revision.begin(), revision.end(),
-                                       [](char c) { return IsRepoIdChar(c) || c == '/'; }) &&
-                           revision.find("..") == std::string_view::npos &&
-                           revision.front() != '/' && revision.back() != '/' &&
-                           revision.find("//") == std::string_view::npos;
-  if (!revision_ok) {
-    return InvalidArgumentError("'" + std::string(revision) +
-                                "' is not a revision: expected a branch, tag or commit of letters, "
-                                "digits, '.', '_', '-' and '/'");
-  }
-  return HubModelRef{std::string(repo), std::string(revision)};
-}
-
-StatusOr<HubModelRef> ParseHubModelRef(std::string_view model) {
-  if (!IsHubModelRef(model)) {
-    return InvalidArgumentError("'" + std::string(model) + "' does not start with hf:");
-  }
-  std::string_view rest = model.substr(kHubModelPrefix.size());
-  std::string_view revision;
-  if (const size_t at = rest.find('@'); at != std::string_view::npos) {
-    revision = rest.substr(at + 1);
-    rest = rest.substr(0, at);
-    if (revision.empty()) {
-      return InvalidArgumentError("model " + std::string(model) +
-                                  ": nothing after '@'; write hf:ORG/NAME or hf:ORG/NAME@REVISION");
-    }
-  }
-  auto ref = MakeHubModelRef(rest, revision);
-  if (!ref.ok()) return ref.status().WithContext("model " + std::string(model));
-  return ref;
-}
-
-std::string HubModelRefText(const HubModelRef& ref) {
-  return std::string(kHubModelPrefix) + ref.repo + "@" + ref.revision;
-}
-
-StatusOr<ModelConfig> ResolveModel(std::string_view model) {
-  if (const ModelConfig* preset = FindPreset(model)) return *preset;
-  if (IsHubModelRef(model)) {
-    ASSIGN_OR_RETURN(const HubModelRef ref, ParseHubModelRef(model));
-    return FailedPreconditionError(
-        "model " + std::string(model) +
-        " is on the Hugging Face hub, and llm-train only reads models on disk: submit the "
-        "experiment with llmctl (its agent downloads the model), or download it yourself "
-        "(huggingface-cli download " +
-        ref.repo + " --revision " + ref.revision + " --local-dir DIR) and set model: DIR");
-  }
-  const std::vector<std::string> names = PresetNames();
-  std::error_code error;
-  const std::filesystem::path path{std::string(model)};
-  if (!model.empty() && std::filesystem::is_directory(path, error)) {
-    if (!std::filesystem::exists(path / "config.json", error)) {
-      return NotFoundError(
-          "model directory '" + std::string(model) +
-          "' has no config.json (a Hugging Face model directory holds config.json and "
-          "the weights)");
-    }
-    return LoadHfConfig(path.string());
-  }
-  if (!model.empty() && path.filename() == "config.json" &&
-      std::filesystem::is_regular_file(path, error)) {
-    return LoadHfConfig(path.parent_path().string());
-  }
-  std::vector<std::string_view> candidates(names.begin(), names.end());
-  const std::string_view suggestion = ClosestMatch(model, candidates);
-  std::string message = "unknown model '" + std::string(model) + "'";
-  if (!suggestion.empty()) message += " (did you mean '" + std::string(suggestion) + "'?)";
-  message += ": not a preset (" + JoinNames(names) + ") and not a directory containing config.json";
-  return NotFoundError(message);
 }
 
 }  // namespace llmctl
