@@ -1,5 +1,6 @@
 #include "common/estimate/rate_probe.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -68,6 +69,13 @@ StatusOr<ProbedMatmul> ParseMatmul(const json& row, const std::string& path) {
     return Refuse(path + ".size", "must be a positive integer");
   }
   m.size = size->get<int64_t>();
+  // Version 1 has no tokens: 512, what it measured (FromJson refuses the field's absence in 2).
+  if (const auto tokens = row.find("tokens"); tokens != row.end()) {
+    if (!tokens->is_number_integer() || tokens->get<int64_t>() < 1) {
+      return Refuse(path + ".tokens", "must be a positive integer");
+    }
+    m.tokens = tokens->get<int64_t>();
+  }
   ASSIGN_OR_RETURN(m.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s"));
   return m;
 }
@@ -108,7 +116,10 @@ Status ParseIdentity(const json& j, RateProbe& probe) {
 ordered_json RateProbe::ToJson() const {
   ordered_json matmuls = ordered_json::array();
   for (const ProbedMatmul& m : matmul) {
-    matmuls.push_back({{"dtype", m.dtype}, {"size", m.size}, {"flops_per_s", m.flops_per_s}});
+    matmuls.push_back({{"dtype", m.dtype},
+                       {"size", m.size},
+                       {"tokens", m.tokens},
+                       {"flops_per_s", m.flops_per_s}});
   }
   ordered_json attention = ordered_json::array();
   for (const ProbedAttention& a : sdpa) {
@@ -135,15 +146,23 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   if (!j.is_object()) return InvalidArgumentError(std::string(kWhere) + ": expected an object");
   RateProbe probe;
   const auto version = j.find("version");
-  if (version == j.end() || !version->is_number_integer() ||
-      version->get<int64_t>() != kRateProbeVersion) {
-    return Refuse("version", "must be " + std::to_string(kRateProbeVersion) +
-                                 " (a probe of another llmctl: run llm-train --probe again)");
+  if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() < 1 ||
+      version->get<int64_t>() > kRateProbeVersion) {
+    return Refuse("version", "must be 1 to " + std::to_string(kRateProbeVersion) +
+                                 " (a probe of a newer llmctl: run this llm-train --probe again)");
   }
+  probe.version = version->get<int>();
   ASSIGN_OR_RETURN(probe.measured_at, Text(j, "measured_at", "measured_at"));
   ASSIGN_OR_RETURN(probe.seconds, Rate(j, "seconds", "seconds"));
   RETURN_IF_ERROR(ParseIdentity(j, probe));
   ASSIGN_OR_RETURN(probe.matmul, ParseRows<ProbedMatmul>(j, "matmul", ParseMatmul));
+  if (probe.version >= 2) {
+    for (size_t i = 0; i < probe.matmul.size(); ++i) {
+      if (!j.at("matmul").at(i).contains("tokens")) {
+        return Refuse("matmul[" + std::to_string(i) + "].tokens", "is missing");
+      }
+    }
+  }
   ASSIGN_OR_RETURN(probe.sdpa, ParseRows<ProbedAttention>(j, "sdpa", ParseAttention));
   for (auto [key, field] : {std::pair{"memory_bytes_per_s", &probe.memory_bytes_per_s},
                             std::pair{"launch_seconds", &probe.launch_seconds},
@@ -161,18 +180,27 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   return probe;
 }
 
-double RateProbe::MatmulFlops(const std::string& dtype, int64_t size) const {
-  double rate = 0;
-  int64_t distance = -1;
+std::vector<TokenRate> RateProbe::MatmulRatesByTokens(const std::string& dtype,
+                                                      int64_t size) const {
+  int64_t nearest = -1;
   for (const ProbedMatmul& m : matmul) {
     if (m.dtype != dtype || !(m.flops_per_s > 0)) continue;
-    const int64_t d = std::llabs(m.size - size);
-    if (distance < 0 || d < distance) {
-      distance = d;
-      rate = m.flops_per_s;
+    if (nearest < 0 || std::llabs(m.size - size) < std::llabs(nearest - size)) nearest = m.size;
+  }
+  std::vector<TokenRate> rates;
+  for (const ProbedMatmul& m : matmul) {
+    if (m.dtype == dtype && m.size == nearest && m.flops_per_s > 0) {
+      rates.push_back({m.tokens, m.flops_per_s});
     }
   }
-  return rate;
+  std::sort(rates.begin(), rates.end(),
+            [](const TokenRate& a, const TokenRate& b) { return a.tokens < b.tokens; });
+  return rates;
+}
+
+double RateProbe::MatmulFlops(const std::string& dtype, int64_t size, int64_t tokens) const {
+  const std::vector<TokenRate> rates = MatmulRatesByTokens(dtype, size);
+  return rates.empty() ? 0 : RateAtTokens(rates, static_cast<double>(tokens));
 }
 
 bool RateProbe::SameIdentity(const RateProbe& other) const {
@@ -190,11 +218,15 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   DeviceSpeed speed = sheet;
   speed.rates = source;
   speed.fp32_flops = probe.MatmulFlops("fp32", kProbeMatmulSizeUsed);
+  speed.fp32_flops_by_tokens = probe.MatmulRatesByTokens("fp32", kProbeMatmulSizeUsed);
   // The bf16 class's matmuls run as bf16 (fp16 only under 16-mixed, a GPU's case, where both
   // are tensor-core rates). A CPU without bf16 instructions emulates them: the probe's rate says
   // how slowly.
   const double bf16 = probe.MatmulFlops("bf16", kProbeMatmulSizeUsed);
-  if (bf16 > 0) speed.bf16_flops = bf16;
+  if (bf16 > 0) {
+    speed.bf16_flops = bf16;
+    speed.bf16_flops_by_tokens = probe.MatmulRatesByTokens("bf16", kProbeMatmulSizeUsed);
+  }
   speed.memory_bytes_per_s = probe.memory_bytes_per_s;
   if (probe.launch_seconds > 0) speed.launch_seconds = probe.launch_seconds;
   if (probe.host_adamw_values_per_s > 0) {

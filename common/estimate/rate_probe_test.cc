@@ -51,7 +51,10 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
     EXPECT_NE(parsed.status().message().find("'" + field + "'"), std::string::npos)
         << parsed.status().message();
   };
-  refused([](nlohmann::json& j) { j["version"] = 2; }, "version");
+  refused([](nlohmann::json& j) { j["version"] = kRateProbeVersion + 1; }, "version");
+  refused([](nlohmann::json& j) { j["version"] = 0; }, "version");
+  refused([](nlohmann::json& j) { j["matmul"][1].erase("tokens"); }, "matmul[1].tokens");
+  refused([](nlohmann::json& j) { j["matmul"][0]["tokens"] = -128; }, "matmul[0].tokens");
   refused([](nlohmann::json& j) { j.erase("memory_bytes_per_s"); }, "memory_bytes_per_s");
   refused([](nlohmann::json& j) { j["launch_seconds"] = -1; }, "launch_seconds");
   refused([](nlohmann::json& j) { j["matmul"][1]["dtype"] = "int8"; }, "matmul[1].dtype");
@@ -64,6 +67,61 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   refused([](nlohmann::json& j) { j["identity"]["versions"].erase("libtorch"); },
           "identity.versions");
   refused([](nlohmann::json& j) { j["matmul"] = nlohmann::json::array(); }, "matmul");
+}
+
+// A probe of version 1 (no tokens: its matmuls were 512 rows) still reads, as 512-row rates.
+TEST(RateProbeTest, AVersionOneProbeReadsAsFiveHundredTwelveTokens) {
+  nlohmann::json old = nlohmann::json::parse(FixedProbe().ToJson().dump());
+  old["version"] = 1;
+  for (nlohmann::json& row : old["matmul"]) row.erase("tokens");
+  StatusOr<RateProbe> parsed = RateProbe::FromJson(old);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->version, 1);
+  for (const ProbedMatmul& m : parsed->matmul) EXPECT_EQ(m.tokens, kProbeMatmulTokens);
+  EXPECT_EQ(parsed->MatmulFlops("fp32", 512, 128), 6e10);  // one token count: the same at any
+}
+
+// Measured at 128, 256 and 512 rows, a rate in between is linear in log(tokens), and outside them
+// the nearest measured one's.
+TEST(RateProbeTest, AMatmulRateFollowsTheMicroBatchsTokens) {
+  RateProbe p = FixedProbe();
+  p.matmul = {{"fp32", 512, 2e10, 128}, {"fp32", 512, 4e10, 256}, {"fp32", 512, 6e10, 512},
+              {"fp32", 1024, 7e10, 512}};
+  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 512, 128), 2e10);
+  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 512, 512), 6e10);
+  EXPECT_NEAR(p.MatmulFlops("fp32", 512, 181), 2e10 + 0.5 * 2e10, 1e8);  // 181 ~ 128 x sqrt(2)
+  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 512, 64), 2e10);
+  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 512, 4096), 6e10);
+  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 1000, 128), 7e10);  // the nearest size's only row
+  const std::vector<TokenRate> rates = p.MatmulRatesByTokens("fp32", 600);
+  ASSERT_EQ(rates.size(), 3u);
+  EXPECT_EQ(rates[0].tokens, 128);
+  EXPECT_EQ(rates[2].tokens, 512);
+}
+
+// A step's matmuls take the probe's rate at the tokens of one of its micro-batches: the same FLOPs
+// in micro-batches of 128 rows cost three times those in micro-batches of 512.
+TEST(RateProbeTest, AStepsMatmulsTakeTheRateAtItsMicroBatchsTokens) {
+  RateProbe p = FixedProbe();
+  p.matmul = {{"fp32", 512, 2e10, 128}, {"fp32", 512, 4e10, 256}, {"fp32", 512, 6e10, 512}};
+  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), p, "a probe");
+  ASSERT_EQ(probed.fp32_flops_by_tokens.size(), 3u);
+  StepWork work;
+  work.matmul_class = MatmulClass::kFp32;
+  work.matmul_flops = 6e10;
+  auto matmul_seconds = [&](int64_t tokens, int64_t micro_batches) {
+    work.tokens = tokens * micro_batches;
+    work.micro_batches = micro_batches;
+    const TimeEstimate e =
+        EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0);
+    for (const TimeTerm& t : e.terms) {
+      if (t.name == "matmuls") return t.seconds;
+    }
+    return -1.0;
+  };
+  EXPECT_DOUBLE_EQ(matmul_seconds(512, 1), 1);
+  EXPECT_DOUBLE_EQ(matmul_seconds(128, 4), 3);  // 512 tokens a step, in four micro-batches of 128
+  EXPECT_DOUBLE_EQ(matmul_seconds(256, 2), 1.5);
 }
 
 TEST(RateProbeTest, ProbedSpeedTakesTheProbesRatesAndKeepsTheRest) {

@@ -69,10 +69,22 @@ namespace {
 std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   std::vector<TimeTerm> terms;
   const bool bf16 = w.matmul_class == MatmulClass::kBf16;
-  const double flops = bf16 ? d.bf16_flops : d.fp32_flops;
+  // A probe measured its matmuls at a few micro-batch sizes: the step's matmuls take the rate at
+  // the tokens of one of its micro-batches (their rows), which a GEMM's efficiency follows on a
+  // CPU (a short weight-gradient reduction, a poor split over threads).
+  const std::vector<TokenRate>& by_tokens = bf16 ? d.bf16_flops_by_tokens : d.fp32_flops_by_tokens;
+  const double micro_batch_tokens =
+      static_cast<double>(w.tokens) / static_cast<double>(std::max<int64_t>(1, w.micro_batches));
+  const double flops = by_tokens.empty() || !(micro_batch_tokens > 0)
+                           ? (bf16 ? d.bf16_flops : d.fp32_flops)
+                           : RateAtTokens(by_tokens, micro_batch_tokens);
+  const std::string at_tokens =
+      by_tokens.size() > 1 && micro_batch_tokens > 0
+          ? Format(" at %.0f tokens a micro-batch", micro_batch_tokens)
+          : "";
   terms.push_back({"matmuls",
                    Quantity(w.matmul_flops, "FLOP") + " / " + Quantity(flops, "FLOP/s") + " (" +
-                       std::string(MatmulClassName(w.matmul_class)) + ")",
+                       std::string(MatmulClassName(w.matmul_class)) + at_tokens + ")",
                    w.matmul_flops / flops});
   terms.push_back({"memory",
                    Quantity(w.memory_bytes, "B") + " / " + Quantity(d.memory_bytes_per_s, "B/s"),
@@ -121,6 +133,20 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
 
 }  // namespace
 
+double RateAtTokens(const std::vector<TokenRate>& rates, double tokens) {
+  if (tokens <= static_cast<double>(rates.front().tokens)) return rates.front().flops_per_s;
+  for (size_t i = 1; i < rates.size(); ++i) {
+    const TokenRate& low = rates[i - 1];
+    const TokenRate& high = rates[i];
+    if (tokens <= static_cast<double>(high.tokens)) {
+      const double span = std::log(static_cast<double>(high.tokens) / low.tokens);
+      const double at = span > 0 ? std::log(tokens / low.tokens) / span : 1;
+      return low.flops_per_s + at * (high.flops_per_s - low.flops_per_s);
+    }
+  }
+  return rates.back().flops_per_s;
+}
+
 NominalStep NominalStepSeconds(const StepWork& work, const DeviceSpeed& device) {
   NominalStep step;
   for (const TimeTerm& term : NominalTerms(work, device)) {
@@ -154,6 +180,8 @@ DeviceSpeed GpuSpeed(const Gpu& gpu) {
   return {.name = gpu.name,
           .bf16_flops = r.bf16_tflops * 1e12,
           .fp32_flops = r.fp32_tflops * 1e12,
+          .bf16_flops_by_tokens = {},
+          .fp32_flops_by_tokens = {},
           .memory_bytes_per_s = r.memory_tbps * 1e12,
           .launch_seconds = kGpuLaunchSeconds,
           .launches_overlap = true,
@@ -171,6 +199,8 @@ DeviceSpeed CpuSpeed() {
   return {.name = "cpu",
           .bf16_flops = kCpuFp32Flops * 2,
           .fp32_flops = kCpuFp32Flops,
+          .bf16_flops_by_tokens = {},
+          .fp32_flops_by_tokens = {},
           .memory_bytes_per_s = kCpuMemoryBytesPerSecond,
           .launch_seconds = kCpuLaunchSeconds,
           .host_optimizer_values_per_s = kCpuMemoryBytesPerSecond / 16,

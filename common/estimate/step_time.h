@@ -22,10 +22,23 @@
 namespace llmctl::estimate {
 
 // What a device does per second at its nominal (data-sheet) rates.
+// A matmul rate measured at `tokens` rows (rate_probe.h).
+struct TokenRate {
+  int64_t tokens = 0;
+  double flops_per_s = 0;
+};
+
+// The rate at `tokens` rows: linear in log(tokens) between the two measured counts around it, the
+// nearest one's outside them; `rates` sorted by tokens, non-empty.
+double RateAtTokens(const std::vector<TokenRate>& rates, double tokens);
+
 struct DeviceSpeed {
   std::string name;  // a GPU of gpus.h, or "cpu"
   double bf16_flops = 0;
   double fp32_flops = 0;
+  // A probe's matmul rates by a micro-batch's tokens (empty: the flat rates above serve at any).
+  std::vector<TokenRate> bf16_flops_by_tokens;
+  std::vector<TokenRate> fp32_flops_by_tokens;
   double memory_bytes_per_s = 0;
   double launch_seconds = 0;
   // A GPU runs kernels while the host issues the next ones: launches cost only what issuing takes

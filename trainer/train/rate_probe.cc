@@ -23,6 +23,12 @@ using Clock = std::chrono::steady_clock;
 
 // The weight sizes of the probed matmuls: a small model's hidden sizes up to a 1B model's.
 constexpr int64_t kMatmulSizes[] = {256, 512, 1024};
+// The rows of a micro-batch the matmuls are timed at, ending at estimate::kProbeMatmulTokens: a
+// CPU trial's micro-batch holds a few hundred tokens, and a GEMM over fewer rows runs well below
+// the rate of 512 (measured 11-29 on a Zen 3: a LLaMA step's 190-row matmuls at 46 GFLOP/s, one
+// thread, where 512 rows ran at 67); a GPU's holds thousands.
+constexpr int64_t kCpuMatmulTokens[] = {128, 256, estimate::kProbeMatmulTokens};
+constexpr int64_t kCudaMatmulTokens[] = {estimate::kProbeMatmulTokens, 2048, 8192};
 // Causal attention as a small model's micro-batch has it: batch 2, 8 heads, 128 tokens, 64 wide.
 constexpr int64_t kSdpaBatch = 2, kSdpaHeads = 8, kSdpaTokens = 128, kSdpaWidth = 64;
 constexpr int64_t kCopyBytes = 64 << 20;
@@ -80,26 +86,40 @@ torch::ScalarType DtypeOf(const std::string& name) {
 }
 
 // A projection's forward and both of its backward matmuls, (tokens x size) x (size x size): the
-// three layouts a training step runs. Sizes go up until a call would take longer than a
-// measurement (a CPU that emulates 16-bit matmuls).
+// three layouts a training step runs, at each of the device's micro-batch token counts (the rows
+// other than kProbeMatmulTokens' in half the time, to keep the probe short). Sizes go up until a
+// call would take longer than a measurement (a CPU that emulates 16-bit matmuls).
 void ProbeMatmuls(const Timer& timer, estimate::RateProbe& probe) {
   torch::NoGradGuard no_grad;
-  const int64_t tokens = estimate::kProbeMatmulTokens;
+  const Timer shorter(timer.device(), timer.seconds() / 2);
+  const bool cuda = timer.device().is_cuda();
+  const std::vector<int64_t> token_counts =
+      cuda ? std::vector<int64_t>(std::begin(kCudaMatmulTokens), std::end(kCudaMatmulTokens))
+           : std::vector<int64_t>(std::begin(kCpuMatmulTokens), std::end(kCpuMatmulTokens));
   for (const std::string dtype : {"fp32", "bf16", "fp16"}) {
     const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(timer.device());
+    // The estimate times a step's matmuls at fp32's or bf16's rates (rate_probe.h's ProbedSpeed):
+    // fp16's are kept at one token count, for `llmctl nodes`, and cost the probe less.
+    const std::vector<int64_t> dtype_token_counts =
+        dtype == "fp16" ? std::vector<int64_t>{estimate::kProbeMatmulTokens} : token_counts;
     for (const int64_t size : kMatmulSizes) {
-      const torch::Tensor x = torch::randn({tokens, size}, options);
       const torch::Tensor w = torch::randn({size, size}, options);
-      const torch::Tensor dy = torch::randn({tokens, size}, options);
-      const double seconds = timer.SecondsPerCall([&] {
-        (void)torch::matmul(x, w);
-        (void)torch::matmul(dy, w.t());
-        (void)torch::matmul(dy.t(), x);
-      });
-      const double flops = 3 * 2 * static_cast<double>(tokens * size * size);
-      probe.matmul.push_back({dtype, size, flops / seconds});
+      double longest = 0;
+      for (const int64_t tokens : dtype_token_counts) {
+        const torch::Tensor x = torch::randn({tokens, size}, options);
+        const torch::Tensor dy = torch::randn({tokens, size}, options);
+        const Timer& used = tokens == estimate::kProbeMatmulTokens ? timer : shorter;
+        const double seconds = used.SecondsPerCall([&] {
+          (void)torch::matmul(x, w);
+          (void)torch::matmul(dy, w.t());
+          (void)torch::matmul(dy.t(), x);
+        });
+        const double flops = 3 * 2 * static_cast<double>(tokens * size * size);
+        probe.matmul.push_back({dtype, size, flops / seconds, tokens});
+        longest = std::max(longest, seconds);
+      }
       // The next size does four times the work.
-      if (4 * seconds > timer.seconds()) break;
+      if (4 * longest > timer.seconds()) break;
     }
   }
 }

@@ -38,6 +38,14 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   ASSERT_TRUE(probe.ok()) << probe.status().message();
   EXPECT_EQ(probe->device, "cpu");
   ExpectEveryRateMeasured(*probe);
+  // fp32 and bf16 at each of a CPU micro-batch's token counts, the estimate's rates by tokens.
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    std::set<int64_t> tokens;
+    for (const estimate::ProbedMatmul& m : probe->matmul) {
+      if (m.dtype == dtype && m.size == 256) tokens.insert(m.tokens);
+    }
+    EXPECT_EQ(tokens, (std::set<int64_t>{128, 256, 512})) << dtype;
+  }
   // The host is the device: nothing to copy.
   EXPECT_EQ(probe->host_to_device_bytes_per_s, 0);
 }
