@@ -104,7 +104,18 @@ StatusOr<Trial> TrialExpander::BuildTrial(const TrialSpec& spec,
 
   ApplyLabSpellings(trial.config);
   const ModelConfig* model = nullptr;
-  const std::string model_name = trial.config.settings().model.name;
+  if (std::optional<ConfigProblem> problem = FindModelProblem(trial.config, &model)) {
+    return ErrorAt(location(problem->keys), prefix + problem->message);
+  }
+  if (std::optional<ConfigProblem> problem = FindConfigProblem(trial.config, model)) {
+    return ErrorAt(location(problem->keys), prefix + problem->message);
+  }
+  return trial;
+}
+
+std::optional<ConfigProblem> TrialExpander::FindModelProblem(const TrialConfig& config,
+                                                             const ModelConfig** model) {
+  const std::string model_name = config.settings().model.name;
   // BLIP-2 reads images and LLaMA-family models read text: which one the model is decides
   // data.format. Taken on trust where the model is not here (a hub or node model).
   std::optional<bool> blip2;
@@ -116,24 +127,24 @@ StatusOr<Trial> TrialExpander::BuildTrial(const TrialSpec& spec,
              !IsNodePath(model_name)) {
     StatusOr<std::optional<Blip2Config>> resolved = ResolveBlip2Model(model_name);
     if (!resolved.ok()) {
-      return ErrorAt(location({"model"}), prefix + "model: " + resolved.status().message());
+      return ConfigProblem{{"model"}, "model: " + resolved.status().message()};
     }
     blip2 = resolved->has_value();
   }
   if (blip2) {
-    if (std::optional<ConfigProblem> problem = FindModelFamilyProblem(trial.config, *blip2)) {
-      return ErrorAt(location(problem->keys), prefix + problem->message);
+    if (std::optional<ConfigProblem> problem = FindModelFamilyProblem(config, *blip2)) {
+      return problem;
     }
   }
   if (blip2.value_or(false)) {
     // BLIP-2's shape is not a ModelConfig: the checks that need one are llm-train's.
   } else if (const ModelConfig* preset = FindPreset(model_name)) {
-    model = preset;
+    *model = preset;
   } else if (IsHubModelRef(model_name)) {
     // Checked for form everywhere; its shape is known only once an agent has downloaded it, so
     // the checks that need it are skipped, as for any model taken on trust.
     if (StatusOr<HubModelRef> ref = ParseHubModelRef(model_name); !ref.ok()) {
-      return ErrorAt(location({"model"}), prefix + ref.status().message());
+      return ConfigProblem{{"model"}, ref.status().message()};
     }
   } else if (IsNodePath(model_name)) {
     // A directory only the node has: taken on trust, as above (llm-train checks it there).
@@ -142,17 +153,14 @@ StatusOr<Trial> TrialExpander::BuildTrial(const TrialSpec& spec,
     if (cached == models_.end()) {
       StatusOr<ModelConfig> resolved = ResolveModel(model_name);
       if (!resolved.ok()) {
-        return ErrorAt(location({"model"}), prefix + "model: " + resolved.status().message());
+        return ConfigProblem{{"model"}, "model: " + resolved.status().message()};
       }
       cached = models_.emplace(model_name, std::move(*resolved)).first;
     }
-    model = &cached->second;
+    *model = &cached->second;
   }
 
-  if (std::optional<ConfigProblem> problem = FindConfigProblem(trial.config, model)) {
-    return ErrorAt(location(problem->keys), prefix + problem->message);
-  }
-  return trial;
+  return std::nullopt;
 }
 
 }  // namespace llmctl::experiment_internal

@@ -20,6 +20,7 @@
 #include "common/experiment_values.h"
 #include "common/model_config.h"
 #include "common/status.h"
+#include "common/trial_config.h"
 #include "common/trial_keys.h"
 
 namespace llmctl::experiment_internal {
@@ -60,6 +61,13 @@ class TrialExpander {
 
   StatusOr<Trial> BuildTrial(const TrialSpec& spec,
                              const std::vector<const Assignment*>& sweep_choices);
+
+  // The model's shape for the checks that need one, into *model: null where the model is taken on
+  // trust (BLIP-2, whose shape is not a ModelConfig; a hub or node model; a directory when paths
+  // are not resolved here). A problem with the model (unreadable, wrong for data.format, a
+  // malformed hub reference) names the keys to point at.
+  std::optional<ConfigProblem> FindModelProblem(const TrialConfig& config,
+                                                const ModelConfig** model);
 
   const std::string filename_;
   const ExperimentParseOptions options_;
