@@ -18,15 +18,19 @@ constexpr char kRatesFile[] = "rates.json";
 constexpr size_t kMaxRatesBytes = 1 << 20;
 
 // The probe kept in `path` when it was measured on a node of `fingerprint`; "" otherwise (none
-// kept, another node, or a file this build cannot read: each measures again).
+// kept, another node, a file this build cannot read or an older probe version: each measures
+// again).
 std::string KeptProbe(const std::string& path, const std::string& fingerprint) {
   StatusOr<std::string> text = ReadFileToString(path, kMaxRatesBytes);
   if (!text.ok()) return "";
   const nlohmann::json kept = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!kept.is_object() || kept.value("fingerprint", nlohmann::json()) != fingerprint ||
-      !kept.contains("probe") || !estimate::RateProbe::FromJson(kept["probe"]).ok()) {
+      !kept.contains("probe")) {
     return "";
   }
+  // A probe of an older version reads, but misses what this llm-train measures: measure again.
+  const StatusOr<estimate::RateProbe> probe = estimate::RateProbe::FromJson(kept["probe"]);
+  if (!probe.ok() || probe->version != estimate::kRateProbeVersion) return "";
   return kept["probe"].dump();
 }
 

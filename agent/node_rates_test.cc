@@ -146,6 +146,29 @@ TEST_F(NodeRatesTest, MeasuredOnceIdleThenKeptUntilTheNodeChanges) {
   EXPECT_TRUE(runs->ends_with("--probe --probe-device cuda\n")) << *runs;
 }
 
+// A kept probe of an older version (1: matmuls at 512 tokens only) reads, but this llm-train
+// measures more: the node measures again, on the same fingerprint.
+TEST_F(NodeRatesTest, AKeptProbeOfAnOlderVersionIsMeasuredAgain) {
+  {
+    NodeRates rates(Options(), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(Settled(rates).pending, "");
+    ASSERT_EQ(Runs(), 1);
+  }
+  const std::string kept_path = (dir_ / "data" / "rates.json").string();
+  nlohmann::json kept = nlohmann::json::parse(*ReadFileToString(kept_path, 1 << 20));
+  kept["probe"]["version"] = 1;
+  for (nlohmann::json& row : kept["probe"]["matmul"]) row.erase("tokens");
+  ASSERT_TRUE(estimate::RateProbe::FromJson(kept["probe"]).ok());
+  std::ofstream(kept_path) << kept.dump();
+  {
+    NodeRates rates(Options(), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(Settled(rates).pending, "");
+    EXPECT_EQ(Runs(), 2);
+  }
+}
+
 TEST_F(NodeRatesTest, ATrialStartingWaitsForTheProbeAndAProbeForTheStartingTrial) {
   WriteTrainer(FixedProbe().ToJson().dump(), "0.3");
   NodeRates rates(Options(), [] { return false; });

@@ -167,10 +167,13 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   const fs::path path = *dir / kProbeFile;
   if (fs::exists(path)) {
     StatusOr<estimate::RateProbe> probe = ReadRateProbe(path);
-    if (probe.ok() && probe->device_name == CpuModelName()) return FromProbe(*probe, path.string());
+    const bool current = probe.ok() && probe->version == estimate::kRateProbeVersion;
+    if (current && probe->device_name == CpuModelName()) return FromProbe(*probe, path.string());
     err << "note: measuring this machine's rates again: "
-        << (probe.ok() ? path.string() + " was measured on " + probe->device_name
-                       : probe.status().message())
+        << (!probe.ok() ? probe.status().message()
+            : !current  ? path.string() + " is a probe of version " +
+                             std::to_string(probe->version) + ", which times matmuls at 512 tokens only"
+                        : path.string() + " was measured on " + probe->device_name)
         << "\n";
   }
   StatusOr<DaemonBinaries> binaries = LocateDaemonBinaries(self, env);

@@ -80,6 +80,23 @@ TEST_F(LocalRatesTest, ReadsTheCachedProbeWithoutMeasuring) {
   EXPECT_EQ(h100.rates, "");
 }
 
+// A probe of version 1 timed its matmuls at 512 tokens only: it is measured again, saying why
+// (here `self` names no llm-train, so the data sheets serve, said too).
+TEST_F(LocalRatesTest, AnOlderProbeVersionIsMeasuredAgain) {
+  nlohmann::json old = nlohmann::json::parse(FixedProbe().ToJson().dump());
+  old["version"] = 1;
+  for (nlohmann::json& row : old["matmul"]) row.erase("tokens");
+  std::ofstream(home_ / "probe.json") << old.dump(2);
+  std::ostringstream err;
+  const LocalRates rates = LocalRates::Load(Env(), home_ / "no-such" / "llmctl", err);
+  EXPECT_FALSE(rates.probe().has_value());
+  EXPECT_NE(err.str().find("measuring this machine's rates again: " + (home_ / "probe.json").string() +
+                           " is a probe of version 1"),
+            std::string::npos)
+      << err.str();
+  EXPECT_NE(err.str().find("data sheets' rates"), std::string::npos) << err.str();
+}
+
 TEST_F(LocalRatesTest, OffKeepsTheDataSheetsWithoutMeasuringOrReading) {
   std::ofstream(home_ / "probe.json") << FixedProbe().ToJson().dump(2);
   const EnvLookup env = [home = home_.string()](std::string_view name) -> std::optional<std::string> {
