@@ -24,6 +24,8 @@ the rows it finished. Not meant to be run by hand; deploy/gpu-check calls it:
                                                       than the GPU (prints the ones it dropped)
   gpu_check.py bundle-check BUNDLE LDD_TXT            exit 0 when every library `env -i ldd` listed in
                                                       LDD_TXT (the bundle's binaries) resolves inside BUNDLE
+  gpu_check.py probe-summary PROBE_JSON               the probe's rates as Markdown; exit 1 unless it
+                                                      is a version 2 probe with an fp32 matmul
   gpu_check.py summary OUT                            Markdown: versions and every stage's status
 """
 
@@ -463,6 +465,26 @@ _RUNTIME = re.compile(r"^(linux-vdso|ld-linux.*|libc|libm|libdl|libpthread|librt
                       r"libgcc_s)\.so")
 
 
+def cmd_probe_summary(probe_json):
+    """The probe's rates as a table (docs/estimate.md, "Measured rates"); exits 1 on a document that is
+    not a version 2 probe with an fp32 rate, which the estimator would refuse."""
+    try:
+        probe = json.loads(Path(probe_json).read_text())
+        if probe.get("version") != 2 or not any(m.get("dtype") == "fp32" for m in probe["matmul"]):
+            raise ValueError("not a version 2 probe with an fp32 matmul")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        sys.exit(f"{probe_json}: {error}")
+    identity = probe["identity"]
+    print(f"probe of {identity['device']} {identity['device_name']} ({identity['threads']} threads), "
+          f"{probe['seconds']:.1f} s")
+    print("| dtype | size | tokens | TFLOP/s |\n|---|---:|---:|---:|")
+    for m in probe["matmul"]:
+        print(f"| {m['dtype']} | {m['size']} | {m['tokens']} | {m['flops_per_s'] / 1e12:.3f} |")
+    print(f"memory {probe['memory_bytes_per_s'] / 1e9:.1f} GB/s, launch {probe['launch_seconds'] * 1e6:.1f} us, "
+          f"host AdamW {probe['host_adamw_values_per_s'] / 1e9:.2f} Gvalues/s, "
+          f"host->device {probe['host_to_device_bytes_per_s'] / 1e9:.1f} GB/s")
+
+
 def cmd_bundle_check(bundle, ldd_txt):
     bundle = Path(bundle).resolve()
     problems = []
@@ -495,6 +517,7 @@ COMMANDS = {
     "product-table": cmd_product_table,
     "product-file": cmd_product_file,
     "bundle-check": cmd_bundle_check,
+    "probe-summary": cmd_probe_summary,
 }
 
 

@@ -234,6 +234,34 @@ TEST(GpuCheckCommandTest, TheKernelsStageRunsTheFusedOpsTestsOnItsDevice) {
   fs::remove_all(missing);
 }
 
+// The probe stage runs the build's llm-train --probe on the stage's device (here the CPU: its CUDA
+// path is the same call with --probe-device cuda) into OUT/probe.json, a document the estimator reads,
+// and tabulates it; a probe document the estimator would refuse fails the stage.
+TEST(GpuCheckCommandTest, TheProbeStageMeasuresItsDeviceIntoAProbeTheEstimatorReads) {
+  const fs::path out = FreshDir("probe");
+  const std::string command = "GPU_CHECK_BUILD_DIR='" + testing::BuildDir().string() + "' " +
+                              (SourceDir() / "deploy/gpu-check").string() + " --device cpu '" +
+                              out.string() + "' probe";
+  const testing::CommandResult run = testing::RunShellCommand(command);
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const nlohmann::json probe = nlohmann::json::parse(Read(out / "probe.json"));
+  EXPECT_EQ(probe["version"], 2);
+  EXPECT_EQ(probe["identity"]["device"], "cpu");
+  const std::string table = Read(out / "probe.md");
+  EXPECT_NE(table.find("| fp32 | 256 | 128 |"), std::string::npos) << table;
+  EXPECT_NE(Read(out / "stages.jsonl").find(R"("stage": "probe", "status": "ok")"),
+            std::string::npos)
+      << Read(out / "stages.jsonl");
+
+  std::ofstream(out / "broken.json") << R"({"version": 1, "matmul": []})";
+  const testing::CommandResult refused = testing::RunShellCommand(
+      "cd '" + SourceDir().string() + "' && python3 deploy/gpu_check.py probe-summary '" +
+      (out / "broken.json").string() + "'");
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("not a version 2 probe"), std::string::npos) << refused.out;
+  fs::remove_all(out);
+}
+
 // A build directory for the kernels stage with a stand-in fused_ops_test: a shell script that
 // prints `transcript` and writes `results` (GoogleTest's JSON, none when empty) where
 // --gtest_output asks, and a CMakeCache.txt that records `cuda_kernels` as trainer/CMakeLists.txt
