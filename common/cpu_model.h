@@ -1,5 +1,6 @@
-// The CPU's model name as /proc/cpuinfo gives it ("AMD EPYC 7763 64-Core Processor"): how a node
-// and a rate probe name the processor they describe.
+// This host's CPU as /proc/cpuinfo gives it: its model name ("AMD EPYC 7763 64-Core Processor"),
+// how a node and a rate probe name the processor they describe, and the threads LibTorch computes
+// with on it.
 #ifndef LLMCTL_COMMON_CPU_MODEL_H_
 #define LLMCTL_COMMON_CPU_MODEL_H_
 
@@ -9,6 +10,12 @@ namespace llmctl {
 
 // "cpu" when /proc/cpuinfo has no model name (not Linux, or an architecture that names none).
 std::string CpuModelName();
+
+// The intra-op threads LibTorch starts with here (at::get_num_threads() before any
+// set_num_threads; llm-train sets none): OMP_NUM_THREADS, else MKL_NUM_THREADS, when a positive
+// integer; else the physical cores (/proc/cpuinfo's distinct physical id and core id pairs), as
+// MKL and cpuinfo count them; else the logical processors; at least 1.
+int LibTorchDefaultThreads();
 
 }  // namespace llmctl
 

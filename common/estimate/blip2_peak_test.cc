@@ -80,8 +80,10 @@ double Error(uint64_t predicted, uint64_t measured) {
 
 // Two steps, no device budget. `long_captions`: on WriteLongCaptions' set, every micro-batch full
 // as the estimate assumes by default; else on the file's own captions, estimated from their longest
-// (LongestCaptionTokens), as `llmctl estimate` does for a local caption set.
-void ExpectPeaksWithin(const std::vector<Case>& cases, bool long_captions = true) {
+// (LongestCaptionTokens), as `llmctl estimate` does for a local caption set. The peak within
+// `bound` of the measured one.
+void ExpectPeaksWithin(const std::vector<Case>& cases, bool long_captions = true,
+                       testing::PeakBound bound = {.under = kTolerance, .over = kTolerance}) {
   const fs::path dir = testing::TestDir();
   setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
   Sets common = {{"train.max_steps", "2"}, {"snapshot_every", "1"},   {"device_memory", ""},
@@ -123,7 +125,8 @@ void ExpectPeaksWithin(const std::vector<Case>& cases, bool long_captions = true
                 100.0 * error, static_cast<unsigned long long>(estimate->peak_bytes),
                 static_cast<unsigned long long>(measured.peak), estimate->peak_phase.c_str(),
                 100.0 * activations);
-    EXPECT_LE(std::abs(error), kTolerance);
+    EXPECT_GE(error, -bound.under);
+    EXPECT_LE(error, bound.over);
     // A micro-batch of shorter captions pads to its own longest, so only full ones match exactly.
     if (long_captions) {
       EXPECT_LE(std::abs(activations), kTolerance);
@@ -172,6 +175,31 @@ TEST(EstimateBlip2PeakTest, TechniquesOnOneDevice) {
     cases.push_back({"cpu-lab-blip2.yaml", "reduced-batch", sets});
   }
   ExpectPeaksWithin(cases);
+}
+
+// A small BLIP-2 of transformers' default shapes where the config leaves them (OPT's 2,048
+// positions, 32 queries, dropout), with a 2-layer ViT of 32-pixel patches on 224-pixel images, a
+// 2-layer Q-Former and a 2-layer OPT, 64 wide (tests/fixtures/blip2/opt-patch32-shape), fp32
+// AdamW with the default kernels: its peak is the patch convolution's weight gradient, whose
+// CPU scratchpad (oneDNN's, per thread: 7.1 MiB on 2 threads) is about as large as its whole
+// model state (10.3 MiB), so a model this small is where leaving it out shows (-33% at two
+// images). Never under by more than 2%, at one image (one thread's scratchpad), two and four.
+// Not on AVX-512 (the flags CpuHasSixteenBitMatmul reads), where oneDNN may take another kernel.
+TEST(EstimateBlip2PeakTest, SmallModelOfLargePatchesNeverTwoPercentUnder) {
+  if (testing::CpuHasSixteenBitMatmul()) {
+    GTEST_SKIP() << "AVX-512: oneDNN may form the patch convolution's weight gradient with another "
+                    "kernel than AVX2's gemm:jit, whose scratchpad the estimate models (not "
+                    "measured on AVX-512)";
+  }
+  const Sets shape = {{"model", testing::SourceDir() + "/tests/fixtures/blip2/opt-patch32-shape"},
+                      {"kernels", "fused"}};
+  std::vector<Case> cases;
+  for (const char* images : {"1", "2", "4"}) {
+    cases.push_back(
+        {"cpu-lab-blip2.yaml", "reduced-batch",
+         With(shape, {{"train.micro_batch_size", images}, {"train.global_batch_size", images}})});
+  }
+  ExpectPeaksWithin(cases, /*long_captions=*/true, {.under = 0.02, .over = kTolerance});
 }
 
 // Two ranks (rank 0's peak): ddp's buckets, fsdp's shards and gathered blocks (every block kept

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <utility>
 
+#include "common/cpu_model.h"
 #include "common/estimate/blip2_ops.h"
 #include "common/estimate/chunked_loss.h"
 
@@ -17,6 +18,41 @@ using blip2::kFp32;
 using blip2::kInt64;
 using blip2::Ops;
 using blip2::Tensor;
+
+// The patch embedding's weight gradient on the CPU in fp32 (oneDNN's gemm:jit backward-weights
+// kernel: LibTorch hands it the plain NCHW pixels and gradient, which its blocked jit kernels
+// refuse, so it runs on AVX2; AVX-512 hosts may pick another kernel, not measured): its scratchpad
+// while it runs, as oneDNN's gemm_convolution_utils.cpp books it and llm-train's allocator history
+// shows it (7,495,936 B for 2 threads, a 64-wide ViT of 32-pixel patches on 224-pixel images, at 2
+// and at 4 images). Per thread, the im2col columns (3·p² x P floats) and a weight-gradient
+// reduction buffer booked as weights_d.size() floats where that size is in bytes: 16 B a weight
+// value, four times the weight. The threads are LibTorch's when the images split over them (more
+// than one image, fewer than 256 patches a thread, the buffers under oneDNN's limit), else one;
+// each of the two buffers is padded by 128 B. 0 where no weight gradient is made this way (CUDA,
+// 2-byte convolutions, a frozen ViT).
+uint64_t PatchEmbeddingGradientScratchpad(const Blip2Run& r, const Blip2VisionConfig& v,
+                                          int64_t batch) {
+  if (r.cuda || !r.vision || r.act != kFp32 || r.autocast) return 0;
+  const uint64_t threads = static_cast<uint64_t>(std::max(r.cpu_threads, 1));
+  const uint64_t side = static_cast<uint64_t>(v.image_size / v.patch_size);
+  const uint64_t patches = side * side;  // the convolution's output positions
+  const uint64_t kernel = 3 * static_cast<uint64_t>(v.patch_size * v.patch_size);
+  const uint64_t weight_bytes = kernel * static_cast<uint64_t>(v.hidden_size) * kFp32;
+  const uint64_t images = static_cast<uint64_t>(batch);
+  const uint64_t src_bytes =
+      images * 3 * static_cast<uint64_t>(v.image_size * v.image_size) * kFp32;
+  const uint64_t dst_bytes = images * patches * static_cast<uint64_t>(v.hidden_size) * kFp32;
+  // oneDNN's limit: 1 GiB, or 15 x threads x the tensors' bytes; its estimate of the threaded
+  // buffers takes AVX2's 8 floats a vector for the columns.
+  const uint64_t limit =
+      std::min<uint64_t>(uint64_t{1} << 30, 15 * threads * (src_bytes + weight_bytes + dst_bytes));
+  const uint64_t threaded = kFp32 * threads * weight_bytes + kFp32 * threads * kernel * 8;
+  const bool split = threaded < limit && patches / threads < 256 && batch != 1;
+  const uint64_t nthr = split ? threads : 1;
+  const uint64_t columns = v.patch_size == 1 ? 0 : nthr * kernel * patches * kFp32;
+  constexpr uint64_t kAlignment = 128;
+  return nthr * weight_bytes * kFp32 + kAlignment + (columns > 0 ? columns + kAlignment : 0);
+}
 
 // Walks the model, block by block.
 class Blip2Walk {
@@ -102,22 +138,31 @@ Tensor Blip2Walk::Vision() {
   const int64_t rows = batch_ * (side * side + 1);  // B·P
   const bool trains = r_.vision;
   const int stream = r_.autocast ? kFp32 : r_.act;
-  const Tensor embedded = Block("vision embeddings", -1, Tensor{}, [&](Ops& ops, const Tensor&) {
-    const int64_t pixels = batch_ * 3 * v.image_size * v.image_size;
-    if (r_.act != kFp32 || r_.autocast) {
-      // The fp32 pixels cast to the weight's dtype, kept by the convolution for its weight.
-      const Tensor cast = ops.New(pixels, kBf16, false);
-      if (trains) ops.Save(cast);
-      // Autocast's copy of the weight, which the convolution keeps.
-      if (r_.autocast && trains)
-        ops.Save(ops.New(3 * v.patch_size * v.patch_size * c, kBf16, false));
-    }
-    // The patches (B, C, S/p, S/p), their transposed copy, the concatenation with the class token.
-    const uint64_t patches = static_cast<uint64_t>(batch_ * side * side * c);
-    ops.Alive(patches * (r_.autocast ? kBf16 : r_.act) * 2 +
-              static_cast<uint64_t>(rows * c) * stream * 2);
-    return ops.New(rows * c, stream, trains);
-  });
+  // Its backward, on the CPU in fp32: the patches' gradient made contiguous (B, C, S/p, S/p) for
+  // the convolution, and oneDNN's scratchpad while it forms the weight's gradient.
+  const uint64_t scratchpad = PatchEmbeddingGradientScratchpad(r_, v, batch_);
+  const uint64_t embedding_transient =
+      scratchpad > 0 ? scratchpad + static_cast<uint64_t>(batch_ * side * side * c) * kFp32 : 0;
+  const Tensor embedded = Block(
+      "vision embeddings", -1, Tensor{},
+      [&](Ops& ops, const Tensor&) {
+        const int64_t pixels = batch_ * 3 * v.image_size * v.image_size;
+        if (r_.act != kFp32 || r_.autocast) {
+          // The fp32 pixels cast to the weight's dtype, kept by the convolution for its weight.
+          const Tensor cast = ops.New(pixels, kBf16, false);
+          if (trains) ops.Save(cast);
+          // Autocast's copy of the weight, which the convolution keeps.
+          if (r_.autocast && trains)
+            ops.Save(ops.New(3 * v.patch_size * v.patch_size * c, kBf16, false));
+        }
+        // The patches (B, C, S/p, S/p), their transposed copy, the concatenation with the class
+        // token.
+        const uint64_t patches = static_cast<uint64_t>(batch_ * side * side * c);
+        ops.Alive(patches * (r_.autocast ? kBf16 : r_.act) * 2 +
+                  static_cast<uint64_t>(rows * c) * stream * 2);
+        return ops.New(rows * c, stream, trains);
+      },
+      /*checkpointed=*/false, {}, embedding_transient);
   Tensor x = embedded;
   const double attention_dropout = v.attention_dropout;
   for (int64_t i = 0; i < v.num_hidden_layers; ++i) {
@@ -468,6 +513,9 @@ Blip2ForwardTrace TraceBlip2Forward(const TrialConfig& config, const Blip2Config
   run.rank = s.peft.r;
   run.lora_dropout = adapters ? s.peft.dropout : 0.0;
   run.cuda = s.device.kind == trial::Device::kCuda;
+  // Read once: a --fit or plan search traces many configurations.
+  static const int cpu_threads = LibTorchDefaultThreads();
+  run.cpu_threads = cpu_threads;
   run.checkpointing = s.memory.activation_checkpointing;
   run.fused = s.memory.kernels == trial::Kernels::kFused;
   run.chunked_loss = UsesChunkedLoss(config);
