@@ -22,9 +22,7 @@ grpc::Status ControllerService::ListExperiments(grpc::ServerContext* context,
       summary->set_id(experiment.id);
       summary->set_name(experiment.name);
       summary->set_filename(experiment.filename);
-      summary->set_created_unix(
-          std::chrono::duration_cast<std::chrono::seconds>(experiment.created_at.time_since_epoch())
-              .count());
+      summary->set_created_unix(store::UnixSeconds(experiment.created_at));
       summary->set_trials(static_cast<int32_t>(trials.size()));
       int32_t ended = 0;
       bool started = false;

@@ -54,8 +54,7 @@ StatusOr<v1::NodeStatus> ControllerService::BuildNodeStatus(
   if (StatusOr<int64_t> expiry = secrets_.NodeCertificateExpiry(node.name); expiry.ok()) {
     row.set_certificate_expires_unix(*expiry);
   }
-  row.set_last_seen_unix(
-      std::chrono::duration_cast<std::chrono::seconds>(node.last_seen.time_since_epoch()).count());
+  row.set_last_seen_unix(store::UnixSeconds(node.last_seen));
   const json devices = json::parse(node.devices_json, nullptr, /*allow_exceptions=*/false);
   if (devices.is_array()) {
     for (const json& device : devices) {
@@ -80,9 +79,7 @@ StatusOr<v1::NodeStatus> ControllerService::BuildNodeStatus(
     lease->set_name(node.lease->name);
     lease->set_site(node.lease->site);
     lease->set_flavor(node.lease->flavor);
-    lease->set_ends_unix(
-        std::chrono::duration_cast<std::chrono::seconds>(node.lease->ends.time_since_epoch())
-            .count());
+    lease->set_ends_unix(store::UnixSeconds(node.lease->ends));
   }
   return row;
 }
@@ -164,10 +161,6 @@ constexpr std::chrono::hours kEnrollmentLifetime{1};
 // Node certificates: renewed over the link at the health checks (controller/node_certificates.h).
 constexpr int kNodeCertificateDays = kNodeCertificateLifetime / std::chrono::hours(24);
 
-int64_t UnixSeconds(store::Time time) {
-  return std::chrono::duration_cast<std::chrono::seconds>(time.time_since_epoch()).count();
-}
-
 }  // namespace
 
 Status ControllerService::IssueCredentials(const std::string& node, v1::NodeCredentials& response) {
@@ -192,7 +185,7 @@ Status ControllerService::IssueEnrollment(const std::string& node, v1::NodeCrede
   RETURN_IF_ERROR(secrets_.RemoveNodeToken(node));
   ASSIGN_OR_RETURN(const std::string registration, RandomHex(8));
   ASSIGN_OR_RETURN(std::string enrollment_token, RandomHex(32));
-  const int64_t expires = UnixSeconds(clock_.Now() + kEnrollmentLifetime);
+  const int64_t expires = store::UnixSeconds(clock_.Now() + kEnrollmentLifetime);
   RETURN_IF_ERROR(secrets_.PutEnrollment(node, enrollment_token, expires,
                                          rpc::AgentCertificateName(node, registration)));
   spdlog::info("node {}: enrollment token issued, valid until unix time {}", node, expires);
@@ -205,7 +198,7 @@ StatusOr<v1::EnrollmentGrant> ControllerService::DecideEnrollment(const std::str
                                                                   const std::string& token,
                                                                   std::string& token_out) {
   ASSIGN_OR_RETURN(const std::string certificate_name,
-                   secrets_.CheckEnrollment(node, token, UnixSeconds(clock_.Now())));
+                   secrets_.CheckEnrollment(node, token, store::UnixSeconds(clock_.Now())));
   ASSIGN_OR_RETURN(rpc::IssuedCertificate certificate,
                    ca_.Issue(certificate_name, kNodeCertificateDays));
   ASSIGN_OR_RETURN(token_out, NewNodeToken());
@@ -324,9 +317,7 @@ grpc::Status ControllerService::DeregisterNode(grpc::ServerContext* context,
         break;
     }
     if (removal.removed_at.has_value()) {
-      response->set_removed_unix(
-          std::chrono::duration_cast<std::chrono::seconds>(removal.removed_at->time_since_epoch())
-              .count());
+      response->set_removed_unix(store::UnixSeconds(*removal.removed_at));
     }
     for (const store::RunningAttempt& attempt : removal.lost) {
       ASSIGN_OR_RETURN(store::TrialRecord trial, store_.GetTrial(attempt.trial_id));

@@ -8,10 +8,6 @@ namespace llmctl::controller {
 
 namespace {
 
-int64_t UnixSeconds(store::Time time) {
-  return std::chrono::duration_cast<std::chrono::seconds>(time.time_since_epoch()).count();
-}
-
 // The error a renewal ended with, the agent's code kept (PERMISSION_DENIED, ...).
 Status Finished(const std::string& node, const grpc::Status& finished) {
   if (finished.ok()) {
@@ -25,12 +21,12 @@ Status Finished(const std::string& node, const grpc::Status& finished) {
 Status RecordCertificateExpiry(SecretsFile& secrets, const std::string& node,
                                const std::string& certificate_pem) {
   ASSIGN_OR_RETURN(const store::Time expiry, rpc::CertificateExpiry(certificate_pem));
-  return secrets.SetNodeCertificateExpiry(node, UnixSeconds(expiry));
+  return secrets.SetNodeCertificateExpiry(node, store::UnixSeconds(expiry));
 }
 
 Status NodeCertificates::CheckUnexpired(const std::string& node, store::Time now) const {
   StatusOr<int64_t> expiry = secrets_.NodeCertificateExpiry(node);
-  if (!expiry.ok() || UnixSeconds(now) < *expiry) return Status::Ok();
+  if (!expiry.ok() || store::UnixSeconds(now) < *expiry) return Status::Ok();
   return FailedPreconditionError("node " + node + ": its certificate expired at unix time " +
                                  std::to_string(*expiry) +
                                  " without renewal (the controller did not reach it in time); it "
@@ -47,7 +43,7 @@ Status NodeCertificates::RenewIfDue(const std::string& node, v1::Agent::Stub& st
   }
   StatusOr<int64_t> expiry = secrets_.NodeCertificateExpiry(node);
   const auto half = std::chrono::duration_cast<std::chrono::seconds>(kNodeCertificateLifetime / 2);
-  if (expiry.ok() && *expiry - UnixSeconds(now) > half.count()) return Status::Ok();
+  if (expiry.ok() && *expiry - store::UnixSeconds(now) > half.count()) return Status::Ok();
   {
     MutexLock lock(mutex_);
     auto retry = retry_at_.find(node);
@@ -93,7 +89,7 @@ Status NodeCertificates::Renew(const std::string& node, const std::string& certi
   }
   RETURN_IF_ERROR(RecordCertificateExpiry(secrets_, node, *certificate));
   spdlog::info("node {}: certificate {} renewed until unix time {}", node, certificate_name,
-               UnixSeconds(now + kNodeCertificateLifetime));
+               store::UnixSeconds(now + kNodeCertificateLifetime));
   return Status::Ok();
 }
 

@@ -40,6 +40,11 @@ namespace llmctl::store {
 // Stored with millisecond resolution.
 using Time = std::chrono::system_clock::time_point;
 
+// Whole seconds since the Unix epoch: what the API's and the secrets' times carry.
+inline int64_t UnixSeconds(Time time) {
+  return std::chrono::duration_cast<std::chrono::seconds>(time.time_since_epoch()).count();
+}
+
 enum class TrialState { kQueued, kRunning, kOk, kOom, kDiverged, kFailed, kCancelled };
 // "queued", "running", "ok", "oom", "diverged", "failed", "cancelled".
 std::string_view TrialStateName(TrialState state);
