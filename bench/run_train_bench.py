@@ -9,6 +9,7 @@ ratios (on a GPU also the allocators' peaks and MFU); see bench/README.md.
 
   .venv/bin/python bench/run_train_bench.py                       # both precisions, 10 steps each
   .venv/bin/python bench/run_train_bench.py --steps 3 --warmup-steps 1 --precisions 32-true
+  .venv/bin/python bench/run_train_bench.py --profile-dir out/profile   # + the fused step's top operators
 
 This is a benchmark, not a test: nothing here asserts a time.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_data import write_dataset  # noqa: E402
+from profile_summary import summarize  # noqa: E402
 from child_run import ChildRun, child_env  # noqa: E402
 from train_bench_report import gpu_name, machine_info, mib, model_flops_utilization, report  # noqa: E402
 
@@ -43,7 +45,15 @@ def peft_yaml(args, method):
             f"  targets: [{targets}]\n")
 
 
-def write_experiment(path, args, data_path, precision, snapshot_every, method="none", kernels="fused"):
+def profile_yaml(output_dir, first_step):
+    if output_dir is None:
+        return ""
+    return (f"output_dir: {json.dumps(str(output_dir))}\n"
+            f"profile:\n  steps: 1\n  first_step: {first_step}\n  memory_history: false\n")
+
+
+def write_experiment(path, args, data_path, precision, snapshot_every, method="none", kernels="fused",
+                     max_steps=None, profile_dir=None):
     yaml = f"""# Written by bench/run_train_bench.py.
 name: bench-{precision}
 description: llm-train vs transformers throughput benchmark
@@ -59,7 +69,7 @@ data:
 train:
   micro_batch_size: {args.micro_batch_size}
   global_batch_size: {args.global_batch_size}
-  max_steps: {args.steps}
+  max_steps: {max_steps or args.steps}
   lr: {args.lr}
   warmup_steps: 0
   betas: [0.9, 0.95]
@@ -72,7 +82,7 @@ device: {args.device}
 seed: {args.seed}
 snapshot_every: {snapshot_every}
 log_every: 1
-""" + peft_yaml(args, method)
+""" + peft_yaml(args, method) + profile_yaml(profile_dir, args.warmup_steps)
     Path(path).write_text(yaml)
 
 
@@ -176,6 +186,26 @@ def run_ours(args, workdir, data_path, precision, method, env, kernels):
         "phases": ours_phases(child, steps, args.warmup_steps) if args.phase_timing else None,
         "measured_cpu": measured_cpu(ours_cpu_marks(child), args.warmup_steps, args.steps - 1),
     }
+
+
+def run_profiled(args, workdir, data_path, precision, method, env):
+    """One profiled step of llm-train's `kernels: fused` run (the first after the warm-up steps, which
+    create the AdamW state), its Kineto trace kept under --profile-dir and summarised."""
+    name = f"{precision}-{method}-fused"
+    out_dir = args.profile_dir / name
+    experiment = workdir / f"profile-{name}.yaml"
+    write_experiment(experiment, args, data_path, precision, 10**9, method, "fused",
+                     max_steps=args.warmup_steps + 1, profile_dir=out_dir)
+    trace = out_dir / "profile" / f"trace-steps-{args.warmup_steps}-{args.warmup_steps}.json"
+    trace.unlink(missing_ok=True)  # a trace of an earlier call must not pass for this one's
+    child = ChildRun([str(args.llm_train), "--config", str(experiment)], env, echo=args.verbose)
+    if child.returncode != 0 or not trace.is_file():
+        raise RuntimeError(f"the profiled llm-train run ({name}) failed with exit code {child.returncode} "
+                           f"or wrote no {trace}\n{child.tail()}")
+    try:
+        return summarize(trace, args.device)
+    except ValueError as e:
+        raise RuntimeError(str(e)) from e
 
 
 def ours_baseline_rss(args, workdir, data_path, env):
@@ -292,6 +322,10 @@ def main():
     ap.add_argument("--phase-timing", action="store_true",
                     help="time llm-train's forward/backward/optimizer phases too (runs it with "
                          "snapshot_every 1, which adds a memory snapshot per phase)")
+    ap.add_argument("--profile-dir", type=Path,
+                    help="also run one profiled step of each `kernels: fused` row (the step after the "
+                         "warm-up) and summarise its Kineto trace, kept in this directory: the top 10 CUDA "
+                         "kernels, or on the CPU top-level operators, by total time")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory and print it")
     ap.add_argument("--verbose", action="store_true", help="echo the children's output to stderr")
     args = ap.parse_args()
@@ -313,6 +347,8 @@ def main():
         sys.exit("run_train_bench: --repeats must be at least 1")
     if args.warmup_steps >= args.steps:
         sys.exit(f"run_train_bench: --warmup-steps ({args.warmup_steps}) must be below --steps ({args.steps})")
+    if args.profile_dir is not None and "fused" not in kernel_settings:
+        sys.exit("run_train_bench: --profile-dir profiles the `kernels: fused` rows; --kernels has none")
     if args.global_batch_size % args.micro_batch_size:
         sys.exit("run_train_bench: --global-batch-size must be a multiple of --micro-batch-size")
     args.llm_train = args.llm_train if args.llm_train.is_absolute() else (Path.cwd() / args.llm_train)
@@ -321,6 +357,9 @@ def main():
                  "(or pass --llm-train PATH)")
     args.model = args.model.resolve()
     args.tokenizer = args.tokenizer.resolve()
+    if args.profile_dir is not None:
+        args.profile_dir = args.profile_dir.resolve()
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
     if not (args.model / "config.json").is_file():
         sys.exit(f"run_train_bench: no config.json in {args.model}")
     if not args.tokenizer.is_file():
@@ -374,6 +413,9 @@ def main():
                 if ours["trainable"] != peer["trainable"]:
                     log(f"warning: trainable counts differ: ours {ours['trainable']}, peer {peer['trainable']}")
                 ours["mfu"] = model_flops_utilization(args, precision, ours)
+                if k == "fused" and args.profile_dir is not None:
+                    log(f"{label}: llm-train kernels fused, one profiled step ...")
+                    ours["profile"] = run_profiled(args, workdir, data_path, precision, method, env)
                 rows.append((f"{label} {k}", ours, peer))
 
         text = report(args, rows, ours_baseline, data_info, machine)

@@ -3,6 +3,8 @@
 import os
 import subprocess
 
+from profile_summary import markdown as profile_markdown
+
 
 def mib(n):
     return "n/a" if n is None else f"{n / 2**20:,.0f} MiB"
@@ -141,6 +143,12 @@ def report(args, rows, ours_baseline, data_info, machine):
             out.append("")
             out.append("Ours are read from the arrival times of llm-train's per-phase snapshot lines "
                        "(snapshot_every 1), so its phases include taking a memory snapshot.")
+    for precision, ours, _ in rows:
+        if ours.get("profile"):
+            out.append("")
+            title = (f"Profile of {precision} (step {args.warmup_steps}, a separate run; trace under "
+                     f"{args.profile_dir})")
+            out.append(profile_markdown(ours["profile"], title).rstrip())
     out.append("")
     out.append(f"Data: {data_info}. Peer: {rows[0][2]['versions']}, LlamaForCausalLM with "
                f"attn_implementation=sdpa, torch.optim.AdamW({'fused=True' if args.peer_optimizer == 'fused' else args.peer_optimizer}). "
