@@ -4,6 +4,7 @@
 
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/grpc_status.h"
+#include "rpc/tls.h"
 
 namespace llmctl::controller {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "common/status.h"
 #include "llmctl/v1/agent.pb.h"
-#include "rpc/tls.h"
+#include "rpc/certificates.h"
 
 namespace llmctl::controller {
 

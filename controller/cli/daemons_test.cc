@@ -9,7 +9,7 @@
 #include <fstream>
 #include <thread>
 
-#include "rpc/tls.h"
+#include "rpc/certificates.h"
 
 namespace llmctl::cli {
 namespace {

@@ -13,6 +13,7 @@
 #include "controller/node_certificates.h"
 #include "controller/scheduler/scheduler.h"
 #include "rpc/grpc_status.h"
+#include "rpc/tls.h"
 
 namespace llmctl::controller {
 

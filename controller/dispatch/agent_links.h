@@ -23,7 +23,7 @@
 #include "controller/secrets.h"
 #include "controller/store/store.h"
 #include "llmctl/v1/agent.grpc.pb.h"
-#include "rpc/tls.h"
+#include "rpc/certificates.h"
 
 namespace llmctl::controller {
 
