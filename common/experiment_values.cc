@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "common/spelling.h"
+#include "common/text.h"
 #include "common/trial_config.h"
 #include "common/trial_keys.h"
 #include "common/yaml_document.h"
@@ -18,15 +19,6 @@ namespace {
 // The experiment's own fields beside the trial keys at the top level (ExperimentParser reads them),
 // for the "unknown key" message.
 constexpr std::string_view kTopLevelFields[] = {"name", "description", "target", "trials", "sweep"};
-
-std::string Join(const std::vector<std::string_view>& items) {
-  std::string joined;
-  for (std::string_view item : items) {
-    if (!joined.empty()) joined += ", ";
-    joined += item;
-  }
-  return joined;
-}
 
 }  // namespace
 
@@ -112,7 +104,7 @@ Status ExperimentValueReader::UnknownKey(const YAML::Mark& mark, const std::stri
   }
   for (std::string_view name : KeysDirectlyUnder(prefix)) valid.push_back(name);
   message += prefix.empty() ? "; valid keys here: " : "; keys under " + std::string(prefix) + ": ";
-  return ErrorAt(mark, message + Join(valid));
+  return ErrorAt(mark, message + Join(valid, ", "));
 }
 
 Status ExperimentValueReader::CollectAssignments(const YAML::Node& key_node,
@@ -128,7 +120,7 @@ Status ExperimentValueReader::CollectAssignments(const YAML::Node& key_node,
     if (!value.IsMap()) {
       std::vector<std::string_view> members = KeysDirectlyUnder(dotted);
       return ErrorAt(value.IsNull() ? key_node.Mark() : value.Mark(),
-                     "'" + dotted + "' groups keys (" + Join(members) +
+                     "'" + dotted + "' groups keys (" + Join(members, ", ") +
                          "); write them nested, e.g. " + dotted + ": {" + std::string(members[0]) +
                          ": ...}, or dotted, e.g. " + dotted + "." + std::string(members[0]) +
                          ": ...");

@@ -88,15 +88,6 @@ const Preset* FindPresetEntry(std::string_view name) {
   return nullptr;
 }
 
-std::string JoinNames(const std::vector<std::string>& names) {
-  std::string joined;
-  for (const std::string& name : names) {
-    if (!joined.empty()) joined += ", ";
-    joined += name;
-  }
-  return joined;
-}
-
 }  // namespace
 
 const ModelConfig* FindPreset(std::string_view name) {
@@ -146,7 +137,8 @@ StatusOr<ModelConfig> ResolveModel(std::string_view model) {
   const std::string_view suggestion = ClosestMatch(model, candidates);
   std::string message = "unknown model '" + std::string(model) + "'";
   if (!suggestion.empty()) message += " (did you mean '" + std::string(suggestion) + "'?)";
-  message += ": not a preset (" + JoinNames(names) + ") and not a directory containing config.json";
+  message +=
+      ": not a preset (" + Join(candidates, ", ") + ") and not a directory containing config.json";
   return NotFoundError(message);
 }
 

@@ -90,6 +90,15 @@ std::string FormatColumns(const std::vector<std::vector<std::string>>& rows,
   return out;
 }
 
+std::string Join(const std::vector<std::string_view>& items, std::string_view separator) {
+  std::string joined;
+  for (std::string_view item : items) {
+    if (!joined.empty()) joined += separator;
+    joined += item;
+  }
+  return joined;
+}
+
 std::string NameInputs(std::string text, const std::map<std::string, std::string>& names) {
   std::vector<const std::pair<const std::string, std::string>*> longest_first;
   for (const auto& entry : names) {

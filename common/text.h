@@ -21,6 +21,9 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b);
 // U+10FFFF included), or std::string_view::npos when `text` is valid.
 size_t FirstInvalidUtf8(std::string_view text);
 
+// The items with `separator` between each two ("a, b, c"): lists of names in messages.
+std::string Join(const std::vector<std::string_view>& items, std::string_view separator);
+
 // `text` with every occurrence of each key of `names` replaced by its value, longest key first (so
 // a path wins over its own prefix). Used to name inputs in messages by the path the user wrote
 // rather than where a copy of it lives.

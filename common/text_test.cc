@@ -31,6 +31,13 @@ TEST(FormatColumnsTest, LeftAlignedRaggedRowsEndWithoutSpaces) {
             "longer-name  ACTIVE\n");
 }
 
+TEST(JoinTest, PutsTheSeparatorBetweenItemsOnly) {
+  EXPECT_EQ(Join({}, ", "), "");
+  EXPECT_EQ(Join({"a"}, ", "), "a");
+  EXPECT_EQ(Join({"a", "b", "c"}, ", "), "a, b, c");
+  EXPECT_EQ(Join({"x", "y"}, " | "), "x | y");
+}
+
 TEST(NameInputsTest, ReplacesEveryPathLongestFirst) {
   const std::map<std::string, std::string> names = {
       {"/agent/cache/trees/b4", "model"},

@@ -24,15 +24,6 @@ std::string Lower(std::string_view text) {
   return lower;
 }
 
-std::string Join(const std::vector<std::string_view>& items, std::string_view separator) {
-  std::string joined;
-  for (std::string_view item : items) {
-    if (!joined.empty()) joined += separator;
-    joined += item;
-  }
-  return joined;
-}
-
 Status ValueError(const KeySpec& spec, std::string problem) {
   return InvalidArgumentError(std::string(spec.name) + ": " + problem);
 }
