@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -151,6 +152,31 @@ TEST(ParseHfConfigJsonTest, Llama3RopeScalingTiedEmbeddingsAndEosList) {
   EXPECT_EQ(config->bos_token_id, 128000);
   // Llama 3.2 1B has 1,235,814,400 parameters (tied embeddings counted once).
   EXPECT_EQ(ParameterCount(*config), 1235814400u);
+}
+
+// bench/models/llama-3.2-1b, the GPU peer's second model (deploy/gpu-check), is the published shape
+// above: the base model's config.json, whose only EOS id is 128001.
+TEST(ParseHfConfigJsonTest, BenchLlama32IsThePublishedShape) {
+  const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
+  ASSERT_NE(source_dir, nullptr) << "run through ctest, which sets LLMCTL_SOURCE_DIR";
+  StatusOr<ModelConfig> bench =
+      LoadHfConfig(std::string(source_dir) + "/bench/models/llama-3.2-1b");
+  ASSERT_TRUE(bench.ok()) << bench.status().ToString();
+  StatusOr<ModelConfig> published = ParseHfConfigJson(kLlama32Json, "config.json");
+  ASSERT_TRUE(published.ok()) << published.status().ToString();
+  published->eos_token_ids = {128001};
+  EXPECT_EQ(ToHfConfigJson(*bench).dump(1), ToHfConfigJson(*published).dump(1));
+  EXPECT_EQ(ParameterCount(*bench), 1235814400u);
+
+  // Its CPU stand-in keeps what makes the shape differ from TinyLlama's: the vocabulary, the tying
+  // and the rope scaling.
+  StatusOr<ModelConfig> tiny =
+      LoadHfConfig(std::string(source_dir) + "/bench/models/llama-3.2-tiny");
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  EXPECT_EQ(tiny->vocab_size, bench->vocab_size);
+  EXPECT_TRUE(tiny->tie_word_embeddings);
+  EXPECT_EQ(tiny->rope_scaling, bench->rope_scaling);
+  EXPECT_DOUBLE_EQ(tiny->rope_theta, bench->rope_theta);
 }
 
 TEST(ParseHfConfigJsonTest, RopeScalingAcceptsTheOlderTypeKey) {
