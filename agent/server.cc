@@ -289,35 +289,9 @@ class AgentService final : public pb::Agent::Service {
       if (!ended.ok()) return rpc::ToGrpcStatus(ended.status());
       bool any_lines = false;
       bool all_read = true;  // every file read to its end: the run's end may go out
-      for (size_t i = 0; i < readers.size(); ++i) {
-        EventReader& reader = *readers[i];
-        auto lines = reader.ReadNewLines();
-        if (!lines.ok()) return rpc::ToGrpcStatus(lines.status());
-        any_lines = any_lines || !lines->empty();
-        all_read = all_read && reader.at_end();
-        int64_t seq = reader.lines_read() - static_cast<int64_t>(lines->size());
-        const int rank = first_rank + static_cast<int>(i);
-        for (EventLine& line : *lines) {
-          if (++seq < from_seqs[i]) continue;
-          // A line that breaks the rule goes on as its refused_line replacement, under its own
-          // seq: the controller's numbers stay contiguous and the run's end still comes. (The
-          // controller checks the line again: TrialEvent.json is bytes, so even bad UTF-8 reaches
-          // it.)
-          event_line::Accepted accepted = event_line::Accept(std::move(line.text), line.bytes);
-          if (!accepted.refusal.empty()) {
-            std::cerr << "llm-agent: warning: " << DescribeRunKey(key) << ", rank " << rank
-                      << ": event line " << seq << " refused (" << accepted.refusal
-                      << "); sent as a " << event_line::kRefusedType << " event" << std::endl;
-          }
-          pb::StreamEventsResponse item;
-          pb::TrialEvent* event = item.mutable_event();
-          event->set_seq(seq);
-          event->set_rank(rank);
-          event->set_type(std::move(accepted.type));
-          event->set_json(std::move(accepted.json));
-          if (!writer->Write(item)) return grpc::Status::CANCELLED;  // the client went away
-        }
-      }
+      const grpc::Status sent =
+          SendEventLines(key, first_rank, readers, from_seqs, any_lines, all_read, writer);
+      if (!sent.ok()) return sent;
       auto sample_lines = samples_reader.ReadNewLines();
       if (!sample_lines.ok()) return rpc::ToGrpcStatus(sample_lines.status());
       all_read = all_read && samples_reader.at_end();
@@ -407,6 +381,46 @@ class AgentService final : public pb::Agent::Service {
   }
 
  private:
+  // Reads the new lines of each rank's event file (`readers[i]` is rank `first_rank` + i) and sends
+  // those from `from_seqs[i]` on. Sets `any_lines` when a file had new lines and clears `all_read`
+  // when one was not read to its end. CANCELLED when the client went away.
+  static grpc::Status SendEventLines(const RunKey& key, int first_rank,
+                                     const std::vector<std::unique_ptr<EventReader>>& readers,
+                                     const std::vector<int64_t>& from_seqs, bool& any_lines,
+                                     bool& all_read,
+                                     grpc::ServerWriter<pb::StreamEventsResponse>* writer) {
+    for (size_t i = 0; i < readers.size(); ++i) {
+      EventReader& reader = *readers[i];
+      auto lines = reader.ReadNewLines();
+      if (!lines.ok()) return rpc::ToGrpcStatus(lines.status());
+      any_lines = any_lines || !lines->empty();
+      all_read = all_read && reader.at_end();
+      int64_t seq = reader.lines_read() - static_cast<int64_t>(lines->size());
+      const int rank = first_rank + static_cast<int>(i);
+      for (EventLine& line : *lines) {
+        if (++seq < from_seqs[i]) continue;
+        // A line that breaks the rule goes on as its refused_line replacement, under its own
+        // seq: the controller's numbers stay contiguous and the run's end still comes. (The
+        // controller checks the line again: TrialEvent.json is bytes, so even bad UTF-8 reaches
+        // it.)
+        event_line::Accepted accepted = event_line::Accept(std::move(line.text), line.bytes);
+        if (!accepted.refusal.empty()) {
+          std::cerr << "llm-agent: warning: " << DescribeRunKey(key) << ", rank " << rank
+                    << ": event line " << seq << " refused (" << accepted.refusal << "); sent as a "
+                    << event_line::kRefusedType << " event" << std::endl;
+        }
+        pb::StreamEventsResponse item;
+        pb::TrialEvent* event = item.mutable_event();
+        event->set_seq(seq);
+        event->set_rank(rank);
+        event->set_type(std::move(accepted.type));
+        event->set_json(std::move(accepted.json));
+        if (!writer->Write(item)) return grpc::Status::CANCELLED;  // the client went away
+      }
+    }
+    return grpc::Status::OK;
+  }
+
   // Sends the sample lines from `from_seq` on (`lines_read`: the number of the last line) in
   // messages of up to kSamplesPerMessage; a line that does not parse is skipped, its number
   // unused. False when the client went away.
