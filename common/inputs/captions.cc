@@ -39,7 +39,7 @@ StatusOr<data::TokenizedExample> CaptionExample(const data::TextEncoder& encoder
   return example;
 }
 
-StatusOr<int64_t> LongestCaptionTokens(const TrialConfig& config, const Blip2Config& model) {
+StatusOr<std::vector<image::CaptionedImage>> ReadTrialImages(const TrialConfig& config) {
   const DataSettings& data = config.settings().data;
   const std::string& folder = data.path;
   ASSIGN_OR_RETURN(std::vector<image::CaptionedImage> images,
@@ -48,6 +48,13 @@ StatusOr<int64_t> LongestCaptionTokens(const TrialConfig& config, const Blip2Con
   if (samples > 0 && static_cast<size_t>(samples) < images.size()) {
     images.resize(static_cast<size_t>(samples));
   }
+  return images;
+}
+
+StatusOr<int64_t> LongestCaptionTokens(const TrialConfig& config, const Blip2Config& model) {
+  const DataSettings& data = config.settings().data;
+  const std::string& folder = data.path;
+  ASSIGN_OR_RETURN(std::vector<image::CaptionedImage> images, ReadTrialImages(config));
   ASSIGN_OR_RETURN(const std::string path, TrialTokenizerPath(config));
   ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(path));
   // The fingerprint names a token file, which nothing here writes.

@@ -7,13 +7,14 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/blip2_config.h"
+#include "common/data/dataset.h"
+#include "common/data/text_encoder.h"
 #include "common/image/imagefolder.h"
 #include "common/status.h"
 #include "common/trial_config.h"
-#include "common/data/dataset.h"
-#include "common/data/text_encoder.h"
 
 namespace llmctl {
 
@@ -25,6 +26,10 @@ StatusOr<data::TokenizedExample> CaptionExample(const data::TextEncoder& encoder
                                                 const image::CaptionedImage& entry,
                                                 const Blip2Config& model, int64_t max_length,
                                                 const std::string& folder);
+
+// `config`'s captioned images as llm-train trains on them: data.path's imagefolder (captions from
+// data.caption_column), its first data.samples when that is set. Errors name the file.
+StatusOr<std::vector<image::CaptionedImage>> ReadTrialImages(const TrialConfig& config);
 
 // The most caption tokens (the frame included, at most data.max_seq_length) of any row of
 // `config`'s caption set (data.path, a local imagefolder; data.samples applied), read with the

@@ -4,11 +4,11 @@
 #include <utility>
 #include <vector>
 
+#include "common/data/file_util.h"
+#include "common/data/token_file.h"
 #include "common/image/image.h"
 #include "common/image/imagefolder.h"
 #include "common/image/resample.h"
-#include "common/data/file_util.h"
-#include "common/data/token_file.h"
 #include "common/inputs/captions.h"
 
 namespace llmctl::trainer {
@@ -66,12 +66,7 @@ StatusOr<std::unique_ptr<BatchSource>> OpenCaptionBatches(const TrialConfig& con
                                                           int world_size) {
   const DataSettings& data = config.settings().data;
   const std::string& folder = data.path;
-  ASSIGN_OR_RETURN(std::vector<image::CaptionedImage> images,
-                   image::ReadImageFolder(folder, folder, data.caption_column));
-  const int64_t samples = data.samples;
-  if (samples > 0 && static_cast<size_t>(samples) < images.size()) {
-    images.resize(static_cast<size_t>(samples));
-  }
+  ASSIGN_OR_RETURN(std::vector<image::CaptionedImage> images, ReadTrialImages(config));
   ASSIGN_OR_RETURN(std::unique_ptr<data::TextEncoder> encoder, LoadTrialTokenizer(config));
   const int64_t max_length = data.max_seq_length;
   // OPT's positions are learned, so bounded; T5's relative buckets take any length.
