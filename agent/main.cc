@@ -79,6 +79,9 @@ int main(int argc, char** argv) {
                  "a one-time enrollment token (0600): until --token-file exists, wait for the "
                  "controller to enroll this node and write --cert, --key and --token-file");
   app.add_option("--llm-train", options.llm_train, "the llm-train binary")->required();
+  app.add_option("--rate-probe-file", options.adoptable_rate_probe,
+                 "a probe of this machine by this llm-train (llmctl's LLMCTL_HOME/probe.json), "
+                 "taken as the node's rates instead of measuring them again when none are kept");
   app.add_option("--cancel-grace-ms", cancel_grace_ms,
                  "after SIGTERM, how long a cancelled worker gets before SIGKILL")
       ->check(CLI::NonNegativeNumber);

@@ -34,6 +34,24 @@ std::string KeptProbe(const std::string& path, const std::string& fingerprint) {
   return kept["probe"].dump();
 }
 
+// The probe in `path` when this node may take it as its own: a probe of the current version, of
+// the CPU `facts` name, measured by the llm-train `facts` describe, on a node without a GPU; ""
+// otherwise (each then measures).
+std::string AdoptableProbe(const std::string& path, const NodeFacts& facts) {
+  if (path.empty()) return "";
+  const bool cpu_only = std::all_of(facts.devices.begin(), facts.devices.end(),
+                                    [](const DeviceInfo& device) { return device.type == "cpu"; });
+  StatusOr<std::string> text = ReadFileToString(path, kMaxRatesBytes);
+  if (!cpu_only || !text.ok()) return "";
+  const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  const StatusOr<estimate::RateProbe> probe = estimate::RateProbe::FromJson(json);
+  if (!probe.ok() || probe->version != estimate::kRateProbeVersion || probe->device != "cpu" ||
+      probe->device_name != CpuModelName() || probe->versions.Summary() != facts.trainer_version) {
+    return "";
+  }
+  return json.dump();
+}
+
 }  // namespace
 
 std::string NodeRatesFingerprint(const NodeFacts& facts) {
@@ -69,13 +87,21 @@ void NodeRates::Start(const NodeFacts& facts) {
     report_ = Report{std::move(kept), ""};
     return;
   }
+  if (std::string adopted = AdoptableProbe(options_.adoptable_probe, facts); !adopted.empty()) {
+    std::cerr << "llm-agent: the node's rates are " << options_.adoptable_probe
+              << "'s, measured on this machine by this llm-train" << std::endl;
+    Finish(std::move(adopted), fingerprint);
+    return;
+  }
   const bool has_gpu = std::any_of(facts.devices.begin(), facts.devices.end(),
                                    [](const DeviceInfo& device) { return device.type == "cuda"; });
   thread_ = std::thread([this, fingerprint, device = has_gpu ? "cuda" : "cpu"] {
     if (!AwaitIdle()) return;
     std::cerr << "llm-agent: measuring the node's rates (llm-train --probe --probe-device "
               << device << ")" << std::endl;
-    Finish(RunProbe(device), fingerprint);
+    StatusOr<std::string> probe = RunProbe(device);
+    if (probe.ok()) std::cerr << "llm-agent: the node's rates are measured" << std::endl;
+    Finish(std::move(probe), fingerprint);
   });
 }
 
@@ -123,7 +149,6 @@ void NodeRates::Finish(StatusOr<std::string> probe_json, const std::string& fing
                             [&kept](int fd) { return WriteAll(fd, kept.data(), kept.size()); });
     // Reported all the same; the next start measures again.
     if (!written.ok()) std::cerr << "llm-agent: " << written.message() << std::endl;
-    std::cerr << "llm-agent: the node's rates are measured" << std::endl;
   } else {
     std::cerr << "llm-agent: the node's rates are not measured: " << probe_json.status().message()
               << std::endl;

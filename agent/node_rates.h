@@ -28,6 +28,10 @@ struct NodeRatesOptions {
   std::string llm_train;  // the trainer, run with --probe
   // False: never measured (LLMCTL_RATE_PROBE=off, and tests that do not test the probe).
   bool measure = true;
+  // A probe another process measured on this machine (llmctl's LLMCTL_HOME/probe.json beside its
+  // embedded agent): taken instead of measuring again when nothing is kept, the node has no GPU,
+  // and the file is a current probe of this CPU by this llm-train. "": none.
+  std::string adoptable_probe;
   // How often a node with a running trial is looked at again.
   std::chrono::milliseconds idle_check{1000};
   // A probe takes about 10 s on a 2-core CPU and under 30 s on a GPU; one that runs this long is
@@ -74,6 +78,7 @@ class NodeRates {
   bool AwaitIdle();
   // llm-train --probe, its JSON checked with the one parser (common/estimate/rate_probe.h).
   StatusOr<std::string> RunProbe(const std::string& device) const;
+  // Keeps and reports a probe (measured or taken), or reports why there is none.
   void Finish(StatusOr<std::string> probe_json, const std::string& fingerprint);
 
   const NodeRatesOptions options_;

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "common/cpu_model.h"
 #include "common/estimate/rate_probe.h"
 #include "common/files.h"
 
@@ -58,10 +59,11 @@ class NodeRatesTest : public ::testing::Test {
     fs::permissions(trainer, fs::perms::owner_all);
   }
 
-  NodeRatesOptions Options(bool measure = true) const {
+  NodeRatesOptions Options(bool measure = true, std::string adoptable_probe = "") const {
     return {.data_dir = (dir_ / "data").string(),
             .llm_train = (dir_ / "llm-train").string(),
             .measure = measure,
+            .adoptable_probe = std::move(adoptable_probe),
             .idle_check = milliseconds(10),
             .timeout = std::chrono::seconds(20)};
   }
@@ -144,6 +146,56 @@ TEST_F(NodeRatesTest, MeasuredOnceIdleThenKeptUntilTheNodeChanges) {
   }
   runs = ReadFileToString((dir_ / "runs.txt").string(), 1 << 16);
   EXPECT_TRUE(runs->ends_with("--probe --probe-device cuda\n")) << *runs;
+}
+
+// llmctl's probe of this machine by this llm-train (the embedded agent's --rate-probe-file) is
+// taken as the node's, measuring nothing, and kept; one of another CPU, another llm-train or an
+// older version, or any on a node with a GPU, is not: the node measures.
+TEST_F(NodeRatesTest, ThisMachinesProbeByThisTrainerIsTakenInsteadOfMeasuring) {
+  estimate::RateProbe local = FixedProbe();
+  local.device_name = CpuModelName();
+  const fs::path local_path = dir_ / "probe.json";
+  std::ofstream(local_path) << local.ToJson().dump();
+  facts_.trainer_version = local.versions.Summary();
+  {
+    NodeRates rates(Options(true, local_path.string()), [] { return false; });
+    rates.Start(facts_);
+    const NodeRates::Report report = rates.Current();
+    EXPECT_EQ(report.pending, "");
+    ASSERT_FALSE(report.probe_json.empty());
+    EXPECT_EQ(estimate::RateProbe::FromJson(nlohmann::json::parse(report.probe_json))->ToJson(),
+              local.ToJson());
+    EXPECT_EQ(Runs(), 0);
+  }
+  {  // kept: the next start reports it without reading the file again
+    fs::remove(local_path);
+    NodeRates rates(Options(true, local_path.string()), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_FALSE(rates.Current().probe_json.empty());
+    EXPECT_EQ(Runs(), 0);
+  }
+  auto measures_instead = [&](const estimate::RateProbe& probe, const NodeFacts& facts) {
+    fs::remove_all(dir_ / "data");
+    fs::create_directories(dir_ / "data");
+    std::ofstream(local_path) << probe.ToJson().dump();
+    const int before = Runs();
+    NodeRates rates(Options(true, local_path.string()), [] { return false; });
+    rates.Start(facts);
+    EXPECT_EQ(Settled(rates).pending, "");
+    return Runs() == before + 1;
+  };
+  estimate::RateProbe other_cpu = local;
+  other_cpu.device_name = "Another CPU";
+  EXPECT_TRUE(measures_instead(other_cpu, facts_));
+  estimate::RateProbe other_trainer = local;
+  other_trainer.versions.libtorch = "2.16.0";
+  EXPECT_TRUE(measures_instead(other_trainer, facts_));
+  estimate::RateProbe older = local;
+  older.version = 1;
+  EXPECT_TRUE(measures_instead(older, facts_));
+  NodeFacts with_gpu = facts_;
+  with_gpu.devices.push_back(DeviceInfo{"cuda", 0, "NVIDIA H200", int64_t{141} << 30});
+  EXPECT_TRUE(measures_instead(local, with_gpu));
 }
 
 // A kept probe of an older version (1: matmuls at 512 tokens only) reads, but this llm-train

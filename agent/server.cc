@@ -92,7 +92,8 @@ class AgentService final : public pb::Agent::Service {
         runs_(runs),
         rates_({.data_dir = options.data_dir,
                 .llm_train = options.llm_train,
-                .measure = options.measure_rates},
+                .measure = options.measure_rates,
+                .adoptable_probe = options.adoptable_rate_probe},
                [runs] { return !runs->Running().empty(); }),
         renewer_(options.identity_files.certificate_file.empty()
                      ? nullptr

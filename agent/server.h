@@ -41,6 +41,8 @@ struct AgentOptions {
   // Whether the node's own rates are measured (agent/node_rates.h): llm-agent measures unless
   // LLMCTL_RATE_PROBE=off; off for the agents tests start in-process.
   bool measure_rates = false;
+  // A probe of this machine to take instead of measuring (NodeRatesOptions::adoptable_probe).
+  std::string adoptable_rate_probe;
 };
 
 class AgentService;

@@ -15,6 +15,7 @@
 
 #include "common/atomic_file.h"
 #include "controller/cli/client.h"
+#include "controller/cli/local_rates.h"
 #include "rpc/grpc_status.h"
 
 namespace llmctl::cli {
@@ -249,7 +250,7 @@ DaemonSpec EmbeddedDaemons::AgentSpec() const {
           {"--data-dir", agent_dir.string(), "--listen", agent_target(), "--node", kLocalNode,
            "--llm-train", binaries_.llm_train.string(), "--ca", (tls / "ca.crt").string(), "--cert",
            (tls / "agent.crt").string(), "--key", (tls / "agent.key").string(), "--token-file",
-           (tls / "token").string()},
+           (tls / "token").string(), "--rate-probe-file", (data_dir_ / kLocalProbeFile).string()},
           data_dir_ / "llm-agent.pid",
           data_dir_ / "logs" / "llm-agent.log"};
 }

@@ -23,7 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kProbeFile[] = "probe.json";
 // A probe's JSON is a few kilobytes; anything much larger is not one.
 constexpr size_t kMaxProbeBytes = 1 << 20;
 
@@ -164,7 +163,7 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
                                       std::ostream& err) {
   StatusOr<fs::path> dir = EmbeddedDataDir(env);
   if (!dir.ok()) return LocalRates();  // the calibration's note says why
-  const fs::path path = *dir / kProbeFile;
+  const fs::path path = *dir / kLocalProbeFile;
   if (fs::exists(path)) {
     StatusOr<estimate::RateProbe> probe = ReadRateProbe(path);
     const bool current = probe.ok() && probe->version == estimate::kRateProbeVersion;

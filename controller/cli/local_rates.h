@@ -23,6 +23,9 @@
 namespace llmctl::cli {
 
 inline constexpr char kRateProbeVariable[] = "LLMCTL_RATE_PROBE";
+// This machine's probe in the embedded daemons' data directory (LLMCTL_HOME): llmctl measures it,
+// and the embedded agent takes it as its node's rates rather than measuring them again.
+inline constexpr char kLocalProbeFile[] = "probe.json";
 
 // A node's own rates as the controller stored them (Store::NodeRates).
 struct NodeProbe {
