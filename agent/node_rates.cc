@@ -41,8 +41,9 @@ std::string AdoptableProbe(const std::string& path, const NodeFacts& facts) {
   if (path.empty()) return "";
   const bool cpu_only = std::all_of(facts.devices.begin(), facts.devices.end(),
                                     [](const DeviceInfo& device) { return device.type == "cpu"; });
+  if (!cpu_only) return "";
   StatusOr<std::string> text = ReadFileToString(path, kMaxRatesBytes);
-  if (!cpu_only || !text.ok()) return "";
+  if (!text.ok()) return "";
   const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   const StatusOr<estimate::RateProbe> probe = estimate::RateProbe::FromJson(json);
   if (!probe.ok() || probe->version != estimate::kRateProbeVersion || probe->device != "cpu" ||
