@@ -41,8 +41,10 @@ class CheckSkipsTest(unittest.TestCase):
         with open(self.path("CTestTestfile.cmake"), "w", encoding="utf-8") as file:
             file.write("\n".join(lines) + "\n")
         junit = self.path("results.xml")
+        # The fixture's failing modes keep their temporary directory (gtest_main.cc): inside ours.
         ctest = subprocess.run([CTEST, "--test-dir", self.dir.name, "--output-junit", junit],
-                               capture_output=True, text=True, check=False)
+                               capture_output=True, text=True, check=False,
+                               env={**os.environ, "TMPDIR": self.dir.name})
         return ctest.returncode, junit
 
     def check(self, junit, expected_text):
