@@ -138,6 +138,13 @@ key_repository = {directory}/credential-keys
 [identity]
 # bcrypt's minimum: every password and application-credential secret is hashed; 12 rounds cost 0.3 s each.
 password_hash_rounds = 4
+[cache]
+# What a deployment does with memcached, in-process (one uwsgi worker): tokens, users, roles and the
+# catalog are read from the cache instead of ~90 SQLite queries a request. Uncached, issuing a token
+# cost 214 ms of CPU and validating one 269 ms; cached 74 and 75 (two busy cores). Expiry is checked
+# on every validation, cached or not, and a revocation clears the cache.
+enabled = true
+backend = dogpile.cache.memory
 """
     path = os.path.join(directory, "keystone.conf")
     with open(path, "w") as f:
