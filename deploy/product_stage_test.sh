@@ -2,7 +2,7 @@
 # deploy/gpu-check's product stage rehearsed on the CPU (ctest DeployProductStageTest...), as it will
 # run on a GPU machine: from a bare directory that holds only the orchestrator bundle (deploy/bundle of
 # BUILD_DIR) and the parts of the source tree the stage reads (deploy/, experiments/), with an empty
-# environment and BUILD_DIR's llm-train. Checks that
+# environment (LLMCTL_RATE_PROBE=off aside, as below) and BUILD_DIR's llm-train. Checks that
 #   - every library the bundle's binaries load resolves inside it (the stage's own check);
 #   - the stage is killed midway (SIGKILL to its process group, once a trial has ended) and a second
 #     call measures only what is missing: its experiment holds fewer trials than the file;
@@ -41,8 +41,12 @@ mkdir -p "$bare"
   fail "could not copy deploy/ and experiments/"
 "$source_dir/deploy/bundle" "$build" "$bundle" || fail "deploy/bundle"
 
-stage() {  # the stage with nothing from this environment but PATH
-  env -i PATH=/usr/bin:/bin HOME="$work" GPU_CHECK_BUILD_DIR="$build" \
+# The stage with nothing from this environment but PATH, and LLMCTL_RATE_PROBE=off as every test
+# sets it (cmake/LlmctlTargets.cmake): the first submit of CPU trials to a fresh LLMCTL_HOME would
+# otherwise measure this machine first (llm-train --probe: 10 s of two cores), which nothing here
+# reads; the stage's llmctl and the agent it starts inherit it.
+stage() {
+  env -i PATH=/usr/bin:/bin HOME="$work" LLMCTL_RATE_PROBE=off GPU_CHECK_BUILD_DIR="$build" \
     "$bare/deploy/gpu-check" --device cpu "$out" product
 }
 
