@@ -25,7 +25,7 @@ the rows it finished. Not meant to be run by hand; deploy/gpu-check calls it:
   gpu_check.py bundle-check BUNDLE LDD_TXT            exit 0 when every library `env -i ldd` listed in
                                                       LDD_TXT (the bundle's binaries) resolves inside BUNDLE
   gpu_check.py probe-summary PROBE_JSON               the probe's rates as Markdown; exit 1 unless it
-                                                      is a version 2 probe with an fp32 matmul
+                                                      is a version 3 probe with an fp32 matmul
   gpu_check.py summary OUT                            Markdown: versions and every stage's status
 """
 
@@ -467,16 +467,16 @@ _RUNTIME = re.compile(r"^(linux-vdso|ld-linux.*|libc|libm|libdl|libpthread|librt
 
 def cmd_probe_summary(probe_json):
     """The probe's rates as a table (docs/estimate.md, "Measured rates"); exits 1 on a document that is
-    not a version 2 probe with an fp32 rate, which the estimator would refuse."""
+    not this build's version 3 probe with an fp32 rate (the estimator would refuse or re-measure it)."""
     try:
         probe = json.loads(Path(probe_json).read_text())
-        if probe.get("version") != 2 or not any(m.get("dtype") == "fp32" for m in probe["matmul"]):
-            raise ValueError("not a version 2 probe with an fp32 matmul")
+        if probe.get("version") != 3 or not any(m.get("dtype") == "fp32" for m in probe["matmul"]):
+            raise ValueError("not a version 3 probe with an fp32 matmul")
     except (OSError, ValueError, KeyError, TypeError) as error:
         sys.exit(f"{probe_json}: {error}")
     identity = probe["identity"]
     print(f"probe of {identity['device']} {identity['device_name']} ({identity['threads']} threads), "
-          f"{probe['seconds']:.1f} s")
+          f"{probe['seconds']:.1f} s, each rate the median of {probe['rounds']} rounds")
     print("| dtype | size | tokens | TFLOP/s |\n|---|---:|---:|---:|")
     for m in probe["matmul"]:
         print(f"| {m['dtype']} | {m['size']} | {m['tokens']} | {m['flops_per_s'] / 1e12:.3f} |")

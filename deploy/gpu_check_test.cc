@@ -245,10 +245,10 @@ TEST(GpuCheckCommandTest, TheProbeStageMeasuresItsDeviceIntoAProbeTheEstimatorRe
   const testing::CommandResult run = testing::RunShellCommand(command);
   ASSERT_EQ(run.exit_code, 0) << run.out;
   const nlohmann::json probe = nlohmann::json::parse(Read(out / "probe.json"));
-  EXPECT_EQ(probe["version"], 2);
+  EXPECT_EQ(probe["version"], 3);
   EXPECT_EQ(probe["identity"]["device"], "cpu");
   const std::string table = Read(out / "probe.md");
-  EXPECT_NE(table.find("| fp32 | 256 | 128 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| fp32 | 256 | 32 |"), std::string::npos) << table;
   EXPECT_NE(Read(out / "stages.jsonl").find(R"("stage": "probe", "status": "ok")"),
             std::string::npos)
       << Read(out / "stages.jsonl");
@@ -258,7 +258,7 @@ TEST(GpuCheckCommandTest, TheProbeStageMeasuresItsDeviceIntoAProbeTheEstimatorRe
       "cd '" + SourceDir().string() + "' && python3 deploy/gpu_check.py probe-summary '" +
       (out / "broken.json").string() + "'");
   EXPECT_EQ(refused.exit_code, 1) << refused.out;
-  EXPECT_NE(refused.out.find("not a version 2 probe"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("not a version 3 probe"), std::string::npos) << refused.out;
   fs::remove_all(out);
 }
 

@@ -45,7 +45,8 @@ StatusOr<std::string> Dtype(const json& row, const std::string& path) {
   return dtype;
 }
 
-// The list at `key` of `j`, each element an object that `parse_row(row, "key[i]")` turns into a Row.
+// The list at `key` of `j`, each element an object that `parse_row(row, "key[i]")` turns into a
+// Row.
 template <typename Row, typename ParseRow>
 StatusOr<std::vector<Row>> ParseRows(const json& j, const std::string& key, ParseRow parse_row) {
   const auto found = j.find(key);
@@ -125,21 +126,20 @@ ordered_json RateProbe::ToJson() const {
   for (const ProbedAttention& a : sdpa) {
     attention.push_back({{"dtype", a.dtype}, {"flops_per_s", a.flops_per_s}});
   }
-  return {{"version", version},
-          {"measured_at", measured_at},
-          {"seconds", seconds},
-          {"identity",
-           {{"device", device},
-            {"device_name", device_name},
-            {"threads", threads},
-            {"versions", ordered_json::parse(versions.ToJson())}}},
-          {"matmul", matmuls},
-          {"sdpa", attention},
-          {"memory_bytes_per_s", memory_bytes_per_s},
-          {"launch_seconds", launch_seconds},
-          {"host_adamw_values_per_s", host_adamw_values_per_s},
-          {"host_to_device_bytes_per_s", host_to_device_bytes_per_s},
-          {"device_to_host_bytes_per_s", device_to_host_bytes_per_s}};
+  ordered_json j = {{"version", version}, {"measured_at", measured_at}, {"seconds", seconds}};
+  if (version >= 3) j["rounds"] = rounds;
+  j["identity"] = {{"device", device},
+                   {"device_name", device_name},
+                   {"threads", threads},
+                   {"versions", ordered_json::parse(versions.ToJson())}};
+  j["matmul"] = matmuls;
+  j["sdpa"] = attention;
+  j["memory_bytes_per_s"] = memory_bytes_per_s;
+  j["launch_seconds"] = launch_seconds;
+  j["host_adamw_values_per_s"] = host_adamw_values_per_s;
+  j["host_to_device_bytes_per_s"] = host_to_device_bytes_per_s;
+  j["device_to_host_bytes_per_s"] = device_to_host_bytes_per_s;
+  return j;
 }
 
 StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
@@ -154,6 +154,14 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   probe.version = version->get<int>();
   ASSIGN_OR_RETURN(probe.measured_at, Text(j, "measured_at", "measured_at"));
   ASSIGN_OR_RETURN(probe.seconds, Rate(j, "seconds", "seconds"));
+  if (probe.version >= 3) {
+    const auto rounds = j.find("rounds");
+    if (rounds == j.end() || !rounds->is_number_integer() || rounds->get<int64_t>() < 1 ||
+        rounds->get<int64_t>() > 1 << 20) {
+      return Refuse("rounds", "must be a positive integer");
+    }
+    probe.rounds = rounds->get<int>();
+  }
   RETURN_IF_ERROR(ParseIdentity(j, probe));
   ASSIGN_OR_RETURN(probe.matmul, ParseRows<ProbedMatmul>(j, "matmul", ParseMatmul));
   if (probe.version >= 2) {
@@ -164,13 +172,12 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
     }
   }
   ASSIGN_OR_RETURN(probe.sdpa, ParseRows<ProbedAttention>(j, "sdpa", ParseAttention));
-  for (auto [key, field] : {std::pair{"memory_bytes_per_s", &probe.memory_bytes_per_s},
-                            std::pair{"launch_seconds", &probe.launch_seconds},
-                            std::pair{"host_adamw_values_per_s", &probe.host_adamw_values_per_s},
-                            std::pair{"host_to_device_bytes_per_s",
-                                      &probe.host_to_device_bytes_per_s},
-                            std::pair{"device_to_host_bytes_per_s",
-                                      &probe.device_to_host_bytes_per_s}}) {
+  for (auto [key, field] :
+       {std::pair{"memory_bytes_per_s", &probe.memory_bytes_per_s},
+        std::pair{"launch_seconds", &probe.launch_seconds},
+        std::pair{"host_adamw_values_per_s", &probe.host_adamw_values_per_s},
+        std::pair{"host_to_device_bytes_per_s", &probe.host_to_device_bytes_per_s},
+        std::pair{"device_to_host_bytes_per_s", &probe.device_to_host_bytes_per_s}}) {
     ASSIGN_OR_RETURN(*field, Rate(j, key, key));
   }
   if (!(probe.MatmulFlops("fp32", kProbeMatmulSizeUsed) > 0)) {
@@ -180,27 +187,25 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   return probe;
 }
 
-std::vector<TokenRate> RateProbe::MatmulRatesByTokens(const std::string& dtype,
-                                                      int64_t size) const {
-  int64_t nearest = -1;
+std::vector<ShapeRate> RateProbe::MatmulRates(const std::string& dtype) const {
+  std::vector<ShapeRate> rates;
   for (const ProbedMatmul& m : matmul) {
-    if (m.dtype != dtype || !(m.flops_per_s > 0)) continue;
-    if (nearest < 0 || std::llabs(m.size - size) < std::llabs(nearest - size)) nearest = m.size;
+    if (m.dtype == dtype && m.flops_per_s > 0) rates.push_back({m.tokens, m.size, m.flops_per_s});
   }
-  std::vector<TokenRate> rates;
-  for (const ProbedMatmul& m : matmul) {
-    if (m.dtype == dtype && m.size == nearest && m.flops_per_s > 0) {
-      rates.push_back({m.tokens, m.flops_per_s});
-    }
-  }
-  std::sort(rates.begin(), rates.end(),
-            [](const TokenRate& a, const TokenRate& b) { return a.tokens < b.tokens; });
   return rates;
 }
 
 double RateProbe::MatmulFlops(const std::string& dtype, int64_t size, int64_t tokens) const {
-  const std::vector<TokenRate> rates = MatmulRatesByTokens(dtype, size);
-  return rates.empty() ? 0 : RateAtTokens(rates, static_cast<double>(tokens));
+  const std::vector<ShapeRate> rates = MatmulRates(dtype);
+  return rates.empty() ? 0
+                       : RateAtShape(rates, static_cast<double>(tokens), static_cast<double>(size));
+}
+
+double RateProbe::AttentionFlops(const std::string& dtype) const {
+  for (const ProbedAttention& a : sdpa) {
+    if (a.dtype == dtype) return a.flops_per_s;
+  }
+  return 0;
 }
 
 bool RateProbe::SameIdentity(const RateProbe& other) const {
@@ -218,15 +223,17 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   DeviceSpeed speed = sheet;
   speed.rates = source;
   speed.fp32_flops = probe.MatmulFlops("fp32", kProbeMatmulSizeUsed);
-  speed.fp32_flops_by_tokens = probe.MatmulRatesByTokens("fp32", kProbeMatmulSizeUsed);
+  speed.fp32_flops_by_shape = probe.MatmulRates("fp32");
+  speed.fp32_attention_flops = probe.AttentionFlops("fp32");
   // The bf16 class's matmuls run as bf16 (fp16 only under 16-mixed, a GPU's case, where both
   // are tensor-core rates). A CPU without bf16 instructions emulates them: the probe's rate says
   // how slowly.
   const double bf16 = probe.MatmulFlops("bf16", kProbeMatmulSizeUsed);
   if (bf16 > 0) {
     speed.bf16_flops = bf16;
-    speed.bf16_flops_by_tokens = probe.MatmulRatesByTokens("bf16", kProbeMatmulSizeUsed);
+    speed.bf16_flops_by_shape = probe.MatmulRates("bf16");
   }
+  speed.bf16_attention_flops = probe.AttentionFlops("bf16");
   speed.memory_bytes_per_s = probe.memory_bytes_per_s;
   if (probe.launch_seconds > 0) speed.launch_seconds = probe.launch_seconds;
   if (probe.host_adamw_values_per_s > 0) {

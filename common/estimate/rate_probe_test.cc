@@ -15,14 +15,18 @@ RateProbe FixedProbe() {
   RateProbe p;
   p.measured_at = "2026-11-29T01:00:00Z";
   p.seconds = 9.5;
+  p.rounds = 8;
   p.device = "cpu";
   p.device_name = "AMD EPYC 7763 64-Core Processor";
   p.threads = 2;
   p.versions.llmctl = "0.4.0";
   p.versions.libtorch = "2.9.1";
   // fp32 at three sizes; bf16 emulated, 60x slower, at two (the third too slow to finish).
-  p.matmul = {{"fp32", 256, 4e10}, {"fp32", 512, 6e10}, {"fp32", 1024, 7e10},
-              {"bf16", 256, 0.8e9}, {"bf16", 512, 1e9}};
+  p.matmul = {{"fp32", 256, 4e10},
+              {"fp32", 512, 6e10},
+              {"fp32", 1024, 7e10},
+              {"bf16", 256, 0.8e9},
+              {"bf16", 512, 1e9}};
   p.sdpa = {{"fp32", 2e10}, {"bf16", 1e9}, {"fp16", 1e9}};
   p.memory_bytes_per_s = 1.25e10;
   p.launch_seconds = 5e-6;
@@ -53,6 +57,8 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   };
   refused([](nlohmann::json& j) { j["version"] = kRateProbeVersion + 1; }, "version");
   refused([](nlohmann::json& j) { j["version"] = 0; }, "version");
+  refused([](nlohmann::json& j) { j.erase("rounds"); }, "rounds");
+  refused([](nlohmann::json& j) { j["rounds"] = 0; }, "rounds");
   refused([](nlohmann::json& j) { j["matmul"][1].erase("tokens"); }, "matmul[1].tokens");
   refused([](nlohmann::json& j) { j["matmul"][0]["tokens"] = -128; }, "matmul[0].tokens");
   refused([](nlohmann::json& j) { j.erase("memory_bytes_per_s"); }, "memory_bytes_per_s");
@@ -73,6 +79,7 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
 TEST(RateProbeTest, AVersionOneProbeReadsAsFiveHundredTwelveTokens) {
   nlohmann::json old = nlohmann::json::parse(FixedProbe().ToJson().dump());
   old["version"] = 1;
+  old.erase("rounds");
   for (nlohmann::json& row : old["matmul"]) row.erase("tokens");
   StatusOr<RateProbe> parsed = RateProbe::FromJson(old);
   ASSERT_TRUE(parsed.ok()) << parsed.status().message();
@@ -81,22 +88,68 @@ TEST(RateProbeTest, AVersionOneProbeReadsAsFiveHundredTwelveTokens) {
   EXPECT_EQ(parsed->MatmulFlops("fp32", 512, 128), 6e10);  // one token count: the same at any
 }
 
-// Measured at 128, 256 and 512 rows, a rate in between is linear in log(tokens), and outside them
-// the nearest measured one's.
-TEST(RateProbeTest, AMatmulRateFollowsTheMicroBatchsTokens) {
+// Over the grid a rate is linear in log(rows) along each measured width, then linear in log(width)
+// between the widths around it; outside them the nearest measured one's. A width measured at
+// fewer rows (a dear cell left out) keeps its widest row's rate past it.
+TEST(RateProbeTest, AMatmulRateIsInterpolatedOverTheGrid) {
   RateProbe p = FixedProbe();
-  p.matmul = {{"fp32", 512, 2e10, 128}, {"fp32", 512, 4e10, 256}, {"fp32", 512, 6e10, 512},
-              {"fp32", 1024, 7e10, 512}};
+  p.matmul = {{"fp32", 512, 2e10, 128},
+              {"fp32", 512, 4e10, 256},
+              {"fp32", 512, 6e10, 512},
+              {"fp32", 1024, 3e10, 128},
+              {"fp32", 1024, 7e10, 256}};
   EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 512, 128), 2e10);
   EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 512, 512), 6e10);
   EXPECT_NEAR(p.MatmulFlops("fp32", 512, 181), 2e10 + 0.5 * 2e10, 1e8);  // 181 ~ 128 x sqrt(2)
   EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 512, 64), 2e10);
   EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 512, 4096), 6e10);
-  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 1000, 128), 7e10);  // the nearest size's only row
-  const std::vector<TokenRate> rates = p.MatmulRatesByTokens("fp32", 600);
-  ASSERT_EQ(rates.size(), 3u);
-  EXPECT_EQ(rates[0].tokens, 128);
-  EXPECT_EQ(rates[2].tokens, 512);
+  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 1024, 512), 7e10);  // its widest row's
+  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 4096, 128), 3e10);
+  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 256, 256), 4e10);
+  // sqrt(512 x 1024) is halfway in log(width): halfway between 2e10 and 3e10 at 128 rows, between
+  // 6e10 and 7e10 at 512.
+  EXPECT_NEAR(p.MatmulFlops("fp32", 724, 128), 2.5e10, 1e8);
+  EXPECT_NEAR(p.MatmulFlops("fp32", 724, 512), 6.5e10, 1e8);
+  ASSERT_EQ(p.MatmulRates("fp32").size(), 5u);
+  EXPECT_TRUE(p.MatmulRates("fp16").empty());
+}
+
+// Each of a step's matmul shapes takes the probe's rate at its rows and its weight's
+// sqrt(in x out); attention takes the probe's SDPA rate; the FLOPs no shape counts take the rate
+// at a micro-batch's tokens through the 512-wide weight.
+TEST(RateProbeTest, EachMatmulShapeTakesItsOwnRate) {
+  RateProbe p = FixedProbe();
+  p.matmul = {{"fp32", 256, 1e10, 128},
+              {"fp32", 256, 2e10, 512},
+              {"fp32", 1024, 4e10, 128},
+              {"fp32", 1024, 8e10, 512}};
+  p.sdpa = {{"fp32", 5e9}};
+  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), p, "a probe");
+  StepWork work;
+  work.matmul_class = MatmulClass::kFp32;
+  work.tokens = 512;
+  work.micro_batches = 1;
+  work.matmul_shapes = {{.rows = 128, .in = 256, .out = 256, .flops = 1e10},
+                        {.rows = 512, .in = 256, .out = 4096, .flops = 8e10}};  // sqrt: 1024
+  work.attention_flops = 1e9;
+  work.matmul_flops = 1e10 + 8e10 + 1e9 + 6e9;  // 6e9 counted by no shape
+  const TimeEstimate e =
+      EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0);
+  auto term = [&](const std::string& name) {
+    for (const TimeTerm& t : e.terms) {
+      if (t.name == name) return t.seconds;
+    }
+    return -1.0;
+  };
+  // 1 s + 1 s, and the rest at 512 rows, 512 wide: halfway between 2e10 and 8e10.
+  EXPECT_NEAR(term("matmuls"), 1 + 1 + 6e9 / 5e10, 1e-9);
+  EXPECT_DOUBLE_EQ(term("attention"), 1e9 / 5e9);
+  // Without an attention rate, attention is a matmul at the micro-batch's rate.
+  p.sdpa.clear();
+  const DeviceSpeed no_sdpa = ProbedSpeed(CpuSpeed(), p, "a probe");
+  const TimeEstimate flat =
+      EstimateTime(work, no_sdpa, DefaultCalibration(no_sdpa, ModelFamily::kLlama), 0);
+  EXPECT_NEAR(flat.step_seconds - e.step_seconds, 1e9 / 5e10 - 1e9 / 5e9, 1e-9);
 }
 
 // A step's matmuls take the probe's rate at the tokens of one of its micro-batches: the same FLOPs
@@ -105,7 +158,7 @@ TEST(RateProbeTest, AStepsMatmulsTakeTheRateAtItsMicroBatchsTokens) {
   RateProbe p = FixedProbe();
   p.matmul = {{"fp32", 512, 2e10, 128}, {"fp32", 512, 4e10, 256}, {"fp32", 512, 6e10, 512}};
   const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), p, "a probe");
-  ASSERT_EQ(probed.fp32_flops_by_tokens.size(), 3u);
+  ASSERT_EQ(probed.fp32_flops_by_shape.size(), 3u);
   StepWork work;
   work.matmul_class = MatmulClass::kFp32;
   work.matmul_flops = 6e10;

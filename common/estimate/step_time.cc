@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace llmctl::estimate {
 namespace {
@@ -65,27 +67,61 @@ std::string Quantity(double x, const char* unit) {
 
 namespace {
 
+// The seconds of the step's matmuls at `rates` (a probe's, by shape) and a formula saying how:
+// each counted shape at its own rate, the FLOPs counted by no shape (all of a work that has no
+// shapes) at the rate of one micro-batch's rows through the probe's middle width.
+TimeTerm ShapedMatmuls(const StepWork& w, const std::vector<ShapeRate>& rates, double flops) {
+  double seconds = 0, slowest = 0, fastest = 0, counted = 0;
+  for (const MatmulShape& shape : w.matmul_shapes) {
+    const double rate = RateAtShape(rates, static_cast<double>(shape.rows),
+                                    std::sqrt(static_cast<double>(shape.in * shape.out)));
+    seconds += shape.flops / rate;
+    counted += shape.flops;
+    slowest = slowest > 0 ? std::min(slowest, rate) : rate;
+    fastest = std::max(fastest, rate);
+  }
+  const std::string name(MatmulClassName(w.matmul_class));
+  std::string how = name + " by shape: " + std::to_string(w.matmul_shapes.size()) + " shapes at " +
+                    Quantity(slowest, "FLOP/s") + " to " + Quantity(fastest, "FLOP/s");
+  // The shapes' FLOPs add up to the work's up to rounding.
+  if (const double rest = flops - counted; rest > 1e-9 * flops || w.matmul_shapes.empty()) {
+    const double rows =
+        static_cast<double>(w.tokens) / static_cast<double>(std::max<int64_t>(1, w.micro_batches));
+    const double rate = RateAtShape(rates, rows, static_cast<double>(kProbeMatmulSizeUsed));
+    seconds += rest / rate;
+    const std::string at_rows = Format("%.0f tokens a micro-batch", rows);
+    how = w.matmul_shapes.empty() ? name + " at " + at_rows : how + ", the rest at " + at_rows;
+  }
+  return {"matmuls",
+          Quantity(flops, "FLOP") + " / " + Quantity(flops / seconds, "FLOP/s") + " (" + how + ")",
+          seconds};
+}
+
 // The nominal terms of a step, uncalibrated.
 std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   std::vector<TimeTerm> terms;
   const bool bf16 = w.matmul_class == MatmulClass::kBf16;
-  // A probe measured its matmuls at a few micro-batch sizes: the step's matmuls take the rate at
-  // the tokens of one of its micro-batches (their rows), which a GEMM's efficiency follows on a
-  // CPU (a short weight-gradient reduction, a poor split over threads).
-  const std::vector<TokenRate>& by_tokens = bf16 ? d.bf16_flops_by_tokens : d.fp32_flops_by_tokens;
-  const double micro_batch_tokens =
-      static_cast<double>(w.tokens) / static_cast<double>(std::max<int64_t>(1, w.micro_batches));
-  const double flops = by_tokens.empty() || !(micro_batch_tokens > 0)
-                           ? (bf16 ? d.bf16_flops : d.fp32_flops)
-                           : RateAtTokens(by_tokens, micro_batch_tokens);
-  const std::string at_tokens =
-      by_tokens.size() > 1 && micro_batch_tokens > 0
-          ? Format(" at %.0f tokens a micro-batch", micro_batch_tokens)
-          : "";
-  terms.push_back({"matmuls",
-                   Quantity(w.matmul_flops, "FLOP") + " / " + Quantity(flops, "FLOP/s") + " (" +
-                       std::string(MatmulClassName(w.matmul_class)) + at_tokens + ")",
-                   w.matmul_flops / flops});
+  // A probe's attention rate takes the attention's FLOPs (SDPA's kernels, not a GEMM's);
+  // otherwise they are matmuls like the others.
+  const double attention_rate = bf16 ? d.bf16_attention_flops : d.fp32_attention_flops;
+  const double attention = attention_rate > 0 ? w.attention_flops : 0;
+  const double flops = w.matmul_flops - attention;
+  const std::vector<ShapeRate>& by_shape = bf16 ? d.bf16_flops_by_shape : d.fp32_flops_by_shape;
+  if (by_shape.empty()) {
+    const double rate = bf16 ? d.bf16_flops : d.fp32_flops;
+    terms.push_back({"matmuls",
+                     Quantity(flops, "FLOP") + " / " + Quantity(rate, "FLOP/s") + " (" +
+                         std::string(MatmulClassName(w.matmul_class)) + ")",
+                     flops / rate});
+  } else {
+    terms.push_back(ShapedMatmuls(w, by_shape, flops));
+  }
+  if (attention > 0) {
+    terms.push_back({"attention",
+                     Quantity(attention, "FLOP") + " / " + Quantity(attention_rate, "FLOP/s") +
+                         " (" + std::string(MatmulClassName(w.matmul_class)) + " SDPA)",
+                     attention / attention_rate});
+  }
   terms.push_back({"memory",
                    Quantity(w.memory_bytes, "B") + " / " + Quantity(d.memory_bytes_per_s, "B/s"),
                    w.memory_bytes / d.memory_bytes_per_s});
@@ -133,18 +169,39 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
 
 }  // namespace
 
-double RateAtTokens(const std::vector<TokenRate>& rates, double tokens) {
-  if (tokens <= static_cast<double>(rates.front().tokens)) return rates.front().flops_per_s;
-  for (size_t i = 1; i < rates.size(); ++i) {
-    const TokenRate& low = rates[i - 1];
-    const TokenRate& high = rates[i];
-    if (tokens <= static_cast<double>(high.tokens)) {
-      const double span = std::log(static_cast<double>(high.tokens) / low.tokens);
-      const double at = span > 0 ? std::log(tokens / low.tokens) / span : 1;
-      return low.flops_per_s + at * (high.flops_per_s - low.flops_per_s);
-    }
+namespace {
+
+// (x, rate) points sorted by x: the rate at `x`, linear in log(x) between the two points around
+// it, the nearest point's outside them.
+double LogLinear(const std::vector<std::pair<double, double>>& points, double x) {
+  if (x <= points.front().first) return points.front().second;
+  for (size_t i = 1; i < points.size(); ++i) {
+    const auto& [low_x, low] = points[i - 1];
+    const auto& [high_x, high] = points[i];
+    if (x <= high_x) return low + std::log(x / low_x) / std::log(high_x / low_x) * (high - low);
   }
-  return rates.back().flops_per_s;
+  return points.back().second;
+}
+
+}  // namespace
+
+double RateAtShape(const std::vector<ShapeRate>& rates, double rows, double width) {
+  std::vector<ShapeRate> sorted = rates;
+  std::sort(sorted.begin(), sorted.end(), [](const ShapeRate& a, const ShapeRate& b) {
+    return a.width != b.width ? a.width < b.width : a.rows < b.rows;
+  });
+  // Each measured width's rate at `rows`, by width.
+  std::vector<std::pair<double, double>> by_width;
+  for (size_t begin = 0; begin < sorted.size();) {
+    std::vector<std::pair<double, double>> by_rows;
+    size_t end = begin;
+    for (; end < sorted.size() && sorted[end].width == sorted[begin].width; ++end) {
+      by_rows.emplace_back(static_cast<double>(sorted[end].rows), sorted[end].flops_per_s);
+    }
+    by_width.emplace_back(static_cast<double>(sorted[begin].width), LogLinear(by_rows, rows));
+    begin = end;
+  }
+  return LogLinear(by_width, width);
 }
 
 NominalStep NominalStepSeconds(const StepWork& work, const DeviceSpeed& device) {
@@ -180,8 +237,10 @@ DeviceSpeed GpuSpeed(const Gpu& gpu) {
   return {.name = gpu.name,
           .bf16_flops = r.bf16_tflops * 1e12,
           .fp32_flops = r.fp32_tflops * 1e12,
-          .bf16_flops_by_tokens = {},
-          .fp32_flops_by_tokens = {},
+          .bf16_flops_by_shape = {},
+          .fp32_flops_by_shape = {},
+          .bf16_attention_flops = 0,
+          .fp32_attention_flops = 0,
           .memory_bytes_per_s = r.memory_tbps * 1e12,
           .launch_seconds = kGpuLaunchSeconds,
           .launches_overlap = true,
@@ -199,8 +258,10 @@ DeviceSpeed CpuSpeed() {
   return {.name = "cpu",
           .bf16_flops = kCpuFp32Flops * 2,
           .fp32_flops = kCpuFp32Flops,
-          .bf16_flops_by_tokens = {},
-          .fp32_flops_by_tokens = {},
+          .bf16_flops_by_shape = {},
+          .fp32_flops_by_shape = {},
+          .bf16_attention_flops = 0,
+          .fp32_attention_flops = 0,
           .memory_bytes_per_s = kCpuMemoryBytesPerSecond,
           .launch_seconds = kCpuLaunchSeconds,
           .host_optimizer_values_per_s = kCpuMemoryBytesPerSecond / 16,

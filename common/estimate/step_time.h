@@ -21,24 +21,37 @@
 
 namespace llmctl::estimate {
 
-// What a device does per second at its nominal (data-sheet) rates.
-// A matmul rate measured at `tokens` rows (rate_probe.h).
-struct TokenRate {
-  int64_t tokens = 0;
+// A matmul rate measured at one shape (rate_probe.h): a projection's forward and both backward
+// matmuls over `rows` token rows of a `width` x `width` weight.
+struct ShapeRate {
+  int64_t rows = 0;
+  int64_t width = 0;
   double flops_per_s = 0;
 };
 
-// The rate at `tokens` rows: linear in log(tokens) between the two measured counts around it, the
-// nearest one's outside them; `rates` sorted by tokens, non-empty.
-double RateAtTokens(const std::vector<TokenRate>& rates, double tokens);
+// The rate at (rows, width) from `rates` (non-empty): along each measured width linear in
+// log(rows) between the two measured row counts around it, the nearest one's outside them; then
+// linear in log(width) between the two measured widths around `width`, the nearest one's outside.
+double RateAtShape(const std::vector<ShapeRate>& rates, double rows, double width);
 
+// The weight width at which the matmuls a step does not count by shape (a BLIP-2 step's) take a
+// probe's rate, and at which `llmctl nodes` shows it: the middle of the probe's widths, near the
+// small models' hidden sizes (384 to 768).
+inline constexpr int64_t kProbeMatmulSizeUsed = 512;
+
+// What a device does per second at its nominal (data-sheet) rates.
 struct DeviceSpeed {
   std::string name;  // a GPU of gpus.h, or "cpu"
   double bf16_flops = 0;
   double fp32_flops = 0;
-  // A probe's matmul rates by a micro-batch's tokens (empty: the flat rates above serve at any).
-  std::vector<TokenRate> bf16_flops_by_tokens;
-  std::vector<TokenRate> fp32_flops_by_tokens;
+  // A probe's matmul rates by shape (empty: the flat rates above serve at any shape): a step's
+  // matmuls each take the rate at their own shape (StepWork::matmul_shapes).
+  std::vector<ShapeRate> bf16_flops_by_shape;
+  std::vector<ShapeRate> fp32_flops_by_shape;
+  // A probe's causal attention (SDPA) rates, which a step's attention FLOPs take (0: the matmul
+  // rate, as the data sheets have no other).
+  double bf16_attention_flops = 0;
+  double fp32_attention_flops = 0;
   double memory_bytes_per_s = 0;
   double launch_seconds = 0;
   // A GPU runs kernels while the host issues the next ones: launches cost only what issuing takes

@@ -62,6 +62,89 @@ TEST(StepWorkTest, CountsFullFineTuningMatmulsByHand) {
   EXPECT_EQ(work->micro_batches, 1);
 }
 
+// The projections' FLOPs by shape: each weight at the micro-batch's rows, forward and both
+// gradients for a trained weight, every layer; attention apart; together the work's matmul FLOPs.
+TEST(StepWorkTest, CountsEachProjectionShapesFlops) {
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  auto flops_at = [&](int64_t in, int64_t out) {
+    for (const MatmulShape& s : work->matmul_shapes) {
+      if (s.rows == kTokens && s.in == in && s.out == out) return s.flops;
+    }
+    return -1.0;
+  };
+  // q_proj and o_proj (64 x 64); k_proj and v_proj (64 x 32); gate and up (64 x 256); down.
+  EXPECT_DOUBLE_EQ(flops_at(64, 64), 2 * 2 * 6 * kTokens * 64 * 64);
+  EXPECT_DOUBLE_EQ(flops_at(64, 32), 2 * 2 * 6 * kTokens * 64 * 32);
+  EXPECT_DOUBLE_EQ(flops_at(64, 256), 2 * 2 * 6 * kTokens * 64 * 256);
+  EXPECT_DOUBLE_EQ(flops_at(256, 64), 2 * 6 * kTokens * 256 * 64);
+  EXPECT_DOUBLE_EQ(flops_at(64, 1000), 6 * kTokens * kHeadWeights);
+  EXPECT_EQ(work->matmul_shapes.size(), 5u);
+  EXPECT_DOUBLE_EQ(work->attention_flops, 2 * 3 * kAttention);
+  double sum = work->attention_flops;
+  for (const MatmulShape& s : work->matmul_shapes) sum += s.flops;
+  EXPECT_DOUBLE_EQ(sum, work->matmul_flops);
+}
+
+// LoRA's adapters are shapes of their own (rows x in x r, rows x r x out), the frozen weights'
+// forward and input gradient stay at theirs; checkpointing reruns the layers' forward, not the
+// head's; accumulation multiplies every shape.
+TEST(StepWorkTest, ShapesFollowAdaptersCheckpointingAndAccumulation) {
+  StatusOr<StepWork> lora = EstimateStepWork(SmallConfig({{"peft.method", "lora"},
+                                                          {"peft.r", "4"},
+                                                          {"peft.targets", "[q_proj]"},
+                                                          {"activation_checkpointing", "true"},
+                                                          {"train.global_batch_size", "4"}}),
+                                             SmallModel());
+  ASSERT_TRUE(lora.ok()) << lora.status().message();
+  ASSERT_EQ(lora->micro_batches, 2);
+  auto flops_at = [&](int64_t in, int64_t out) {
+    for (const MatmulShape& s : lora->matmul_shapes) {
+      if (s.rows == kTokens && s.in == in && s.out == out) return s.flops;
+    }
+    return -1.0;
+  };
+  // Two micro-batches; per layer forward twice (the rerun) and the input's gradient once.
+  EXPECT_DOUBLE_EQ(flops_at(64, 64), 2 * 2 * 3 * 2 * kTokens * 64 * 64 * 2);
+  EXPECT_DOUBLE_EQ(flops_at(64, 4),
+                   2 * 2 * 4 * 2 * kTokens * 64 * 4);  // forward twice, 2 gradients
+  EXPECT_DOUBLE_EQ(flops_at(4, 64), 2 * 2 * 4 * 2 * kTokens * 4 * 64);
+  EXPECT_DOUBLE_EQ(flops_at(64, 1000), 2 * 2 * 2 * kTokens * kHeadWeights);  // no rerun
+  double sum = lora->attention_flops;
+  for (const MatmulShape& s : lora->matmul_shapes) sum += s.flops;
+  EXPECT_DOUBLE_EQ(sum, lora->matmul_flops);
+}
+
+// A work stored before the shapes were counted reads, every FLOP then at one rate; a shape's
+// broken field is refused by name, and shapes that add up to more than the work's FLOPs too.
+TEST(StepWorkTest, MatmulShapesAreOptionalAndChecked) {
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(work.ok());
+  json old = work->ToJson();
+  old.erase("matmul_shapes");
+  old.erase("attention_flops");
+  StatusOr<StepWork> read = StepWork::FromJson(old);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_TRUE(read->matmul_shapes.empty());
+  EXPECT_EQ(read->attention_flops, 0);
+  json broken = work->ToJson();
+  broken["matmul_shapes"][1]["in"] = 0;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: matmul_shapes[1].in must be a positive integer");
+  broken = work->ToJson();
+  broken["matmul_shapes"][0].erase("flops");
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: matmul_shapes[0].flops must be a finite non-negative number");
+  broken = work->ToJson();
+  broken["matmul_shapes"] = "wide";
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: matmul_shapes must be a list");
+  broken = work->ToJson();
+  broken["matmul_flops"] = work->matmul_flops / 2;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: matmul_shapes' and attention_flops' FLOPs exceed matmul_flops");
+}
+
 TEST(StepWorkTest, CheckpointingAddsOneForwardOfEveryLayer) {
   StatusOr<StepWork> plain = EstimateStepWork(SmallConfig({}), SmallModel());
   StatusOr<StepWork> recomputed =

@@ -76,6 +76,53 @@ double RingShare(int64_t world) {
   return world > 1 ? static_cast<double>(world - 1) / static_cast<double>(world) : 0.0;
 }
 
+// A finite non-negative number, else InvalidArgument naming `what`. A non-finite number has no
+// JSON form (it is written as null), so a work that holds one could not be stored and read back.
+StatusOr<double> WorkNumber(const json& object, const char* key, const std::string& what) {
+  const auto value = object.find(key);
+  if (value == object.end() || !value->is_number() || !std::isfinite(value->get<double>()) ||
+      !(value->get<double>() >= 0)) {
+    return InvalidArgumentError("step work: " + what + " must be a finite non-negative number");
+  }
+  return value->get<double>();
+}
+
+// The work's matmul_shapes and attention_flops, which a work stored before them lacks (then every
+// FLOP is taken at one rate, as it was).
+Status ParseMatmulShapes(const json& j, StepWork& w) {
+  if (j.contains("attention_flops")) {
+    ASSIGN_OR_RETURN(w.attention_flops, WorkNumber(j, "attention_flops", "attention_flops"));
+  }
+  if (!j.contains("matmul_shapes")) return Status::Ok();
+  if (!j["matmul_shapes"].is_array()) {
+    return InvalidArgumentError("step work: matmul_shapes must be a list");
+  }
+  double counted = w.attention_flops;
+  for (size_t i = 0; i < j["matmul_shapes"].size(); ++i) {
+    const json& row = j["matmul_shapes"][i];
+    const std::string path = "matmul_shapes[" + std::to_string(i) + "]";
+    MatmulShape shape;
+    for (auto [key, field] : {std::pair{"rows", &shape.rows}, std::pair{"in", &shape.in},
+                              std::pair{"out", &shape.out}}) {
+      if (!row.is_object() || !row.contains(key) || !row[key].is_number_integer() ||
+          row[key].get<int64_t>() < 1) {
+        return InvalidArgumentError("step work: " + path + "." + key +
+                                    " must be a positive integer");
+      }
+      *field = row[key].get<int64_t>();
+    }
+    ASSIGN_OR_RETURN(shape.flops, WorkNumber(row, "flops", path + ".flops"));
+    counted += shape.flops;
+    w.matmul_shapes.push_back(shape);
+  }
+  // Parts of matmul_flops: their sum may round a little above it, not more.
+  if (counted > w.matmul_flops * (1 + 1e-9)) {
+    return InvalidArgumentError(
+        "step work: matmul_shapes' and attention_flops' FLOPs exceed matmul_flops");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string_view MatmulClassName(MatmulClass c) {
@@ -86,7 +133,21 @@ std::string_view ModelFamilyName(ModelFamily f) {
   return f == ModelFamily::kBlip2 ? "blip2" : "llama";
 }
 
+void AddMatmulShape(std::vector<MatmulShape>& shapes, const MatmulShape& shape) {
+  for (MatmulShape& known : shapes) {
+    if (known.rows == shape.rows && known.in == shape.in && known.out == shape.out) {
+      known.flops += shape.flops;
+      return;
+    }
+  }
+  shapes.push_back(shape);
+}
+
 json StepWork::ToJson() const {
+  json shapes = json::array();
+  for (const MatmulShape& s : matmul_shapes) {
+    shapes.push_back({{"rows", s.rows}, {"in", s.in}, {"out", s.out}, {"flops", s.flops}});
+  }
   return {{"family", ModelFamilyName(family)},
           {"matmul_class", MatmulClassName(matmul_class)},
           {"tokens", tokens},
@@ -94,6 +155,8 @@ json StepWork::ToJson() const {
           {"world_size", world_size},
           {"nodes", nodes},
           {"matmul_flops", matmul_flops},
+          {"matmul_shapes", shapes},
+          {"attention_flops", attention_flops},
           {"memory_bytes", memory_bytes},
           {"launches", launches},
           {"host_optimizer_values", host_optimizer_values},
@@ -133,16 +196,10 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
         std::pair{"host_link_bytes", &w.host_link_bytes},
         std::pair{"interconnect_bytes", &w.interconnect_bytes},
         std::pair{"network_bytes", &w.network_bytes}, std::pair{"model_bytes", &w.model_bytes}}) {
-    // A non-finite number has no JSON form (it is written as null), so a work that holds one
-    // could not be stored and read back.
-    if (!j.contains(key) || !j[key].is_number() || !std::isfinite(j[key].get<double>()) ||
-        !(j[key].get<double>() >= 0)) {
-      return InvalidArgumentError(std::string("step work: ") + key +
-                                  " must be a finite non-negative number");
-    }
-    *field = j[key].get<double>();
+    ASSIGN_OR_RETURN(*field, WorkNumber(j, key, key));
   }
   w.pretrained = j.value("pretrained", false);
+  RETURN_IF_ERROR(ParseMatmulShapes(j, w));
   return w;
 }
 
@@ -207,6 +264,8 @@ LlamaStepShape DescribeLlamaStep(const TrialConfig& config, const ModelConfig& m
 // One micro-batch's matmuls, and what the element-wise count needs from the same walk.
 struct LlamaMatmuls {
   double flops = 0;
+  std::vector<MatmulShape> shapes;   // of flops, by shape
+  double attention_flops = 0;        // of flops
   double nf4_values = 0;             // per layer
   double trained_weight_values = 0;  // the dense weights a full fine-tune trains
   double adapter_touch = 0;          // bytes per token of one layer's adapters, forward
@@ -223,34 +282,41 @@ LlamaMatmuls CountLlamaMatmuls(const LlamaStepShape& x, const ModelConfig& model
                                     {"gate_proj", x.h, x.inter}, {"up_proj", x.h, x.inter},
                                     {"down_proj", x.inter, x.h}};
   LlamaMatmuls m;
-  double layer_forward = 0, layer_backward = 0;
+  const double forward_runs = x.checkpointing ? 2 : 1;
+  // `runs` passes of a (t x in) x (in x out) matmul, `layers` times.
+  auto add = [&](double in, double out, double runs, double layers) {
+    AddMatmulShape(m.shapes, {.rows = static_cast<int64_t>(x.t),
+                              .in = static_cast<int64_t>(in),
+                              .out = static_cast<int64_t>(out),
+                              .flops = layers * runs * 2 * x.t * in * out});
+  };
   for (const Projection& p : projections) {
-    const double matmul = 2 * x.t * p.in * p.out;
-    layer_forward += matmul;
-    layer_backward += matmul * (x.full ? 2 : 1);  // the input's gradient; a trained weight's too
+    // Forward, the input's gradient, and a trained weight's gradient.
+    add(p.in, p.out, forward_runs + (x.full ? 2 : 1), x.layers);
     if (x.full) m.trained_weight_values += p.in * p.out;
     if (x.qlora) m.nf4_values += p.in * p.out;
     if (!x.full && Contains(x.targets, p.name)) {
       // The adapter: x A^T then (.) B^T, forward; both gradients in backward.
-      const double adapter = 2 * x.t * x.r * (p.in + p.out);
-      layer_forward += adapter;
-      layer_backward += 2 * adapter;
+      add(p.in, x.r, forward_runs + 2, x.layers);
+      add(x.r, p.out, forward_runs + 2, x.layers);
       m.adapter_touch += AdapterTouch(p.in, p.out, x.projected, x.adapter_dropout);
     }
   }
-  // Attention's own matmuls: scores (B, H, T, T) and their weighted sum of the values.
-  const double attention = 4 * x.t * x.seq * x.q;
-  layer_forward += attention;
-  layer_backward += 2 * attention;
+  // Attention's own matmuls: scores (B, H, T, T) and their weighted sum of the values; backward
+  // twice the forward.
+  m.attention_flops = x.layers * 4 * x.t * x.seq * x.q * (forward_runs + 2);
+  // The head runs once (outside the checkpointed layers).
   const bool head_trained =
       x.full || (!model.tie_word_embeddings && Contains(x.targets, "lm_head"));
-  double head = 2 * x.t * x.h * x.vocab * (head_trained ? 3 : 2);
+  add(x.h, x.vocab, head_trained ? 3 : 2, 1);
   if (!x.full && Contains(x.targets, "lm_head")) {
-    head += 6 * x.t * x.r * (x.h + x.vocab);
+    add(x.h, x.r, 3, 1);
+    add(x.r, x.vocab, 3, 1);
     m.head_memory = x.t * AdapterTouch(x.h, x.vocab, x.projected, x.adapter_dropout) * 3;
   }
   if (x.full) m.trained_weight_values += x.h * x.vocab;
-  m.flops = x.layers * (layer_forward * (x.checkpointing ? 2 : 1) + layer_backward) + head;
+  m.flops = m.attention_flops;
+  for (const MatmulShape& shape : m.shapes) m.flops += shape.flops;
   return m;
 }
 
@@ -315,6 +381,9 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   const LlamaMatmuls matmuls = CountLlamaMatmuls(shape, model);
   const double micro_batches = static_cast<double>(w.micro_batches);
   w.matmul_flops = matmuls.flops * micro_batches;
+  w.attention_flops = matmuls.attention_flops * micro_batches;
+  w.matmul_shapes = matmuls.shapes;
+  for (MatmulShape& shape : w.matmul_shapes) shape.flops *= micro_batches;
   w.memory_bytes = CountLlamaMicroMemory(config, model, shape, matmuls) * micro_batches;
   AddOptimizerAndRanks(config, state, w);
   w.launches = CountLlamaLaunches(config, model, shape, w.micro_batches);

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string_view>
+#include <vector>
 
 #include "common/estimate/model_state.h"
 #include "common/model_config.h"
@@ -38,6 +39,20 @@ std::string_view MatmulClassName(MatmulClass c);  // "bf16", "fp32"
 enum class ModelFamily { kLlama, kBlip2 };
 std::string_view ModelFamilyName(ModelFamily f);  // "llama", "blip2"
 
+// One shape of a step's matmuls, a projection's: `rows` token rows through an `in` x `out` weight,
+// and the FLOPs the step spends at that shape (forward, backward and any rerun, every layer and
+// micro-batch). A CPU's GEMM runs far below its square rate with few rows or a narrow weight, so
+// the time takes each shape at its own probed rate (step_time.h).
+struct MatmulShape {
+  int64_t rows = 0;
+  int64_t in = 0;
+  int64_t out = 0;
+  double flops = 0;
+};
+
+// Adds `shape` to `shapes`: its FLOPs to a shape already there, else as a new one.
+void AddMatmulShape(std::vector<MatmulShape>& shapes, const MatmulShape& shape);
+
 // One optimizer step's work on one rank.
 struct StepWork {
   ModelFamily family = ModelFamily::kLlama;
@@ -47,6 +62,10 @@ struct StepWork {
   int64_t world_size = 1;
   int64_t nodes = 1;
   double matmul_flops = 0;
+  // Of matmul_flops: the projections' by shape (empty: not counted by shape, every FLOP at one
+  // rate) and attention's scores and weighted sum (SDPA's); the rest at the micro-batch's rate.
+  std::vector<MatmulShape> matmul_shapes;
+  double attention_flops = 0;
   double memory_bytes = 0;
   double launches = 0;
   double host_optimizer_values = 0;  // values an offloaded optimizer updates on the host

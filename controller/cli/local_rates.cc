@@ -171,7 +171,9 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
     err << "note: measuring this machine's rates again: "
         << (!probe.ok() ? probe.status().message()
             : !current  ? path.string() + " is a probe of version " +
-                             std::to_string(probe->version) + ", which times matmuls at 512 tokens only"
+                             std::to_string(probe->version) + ", older than this llmctl's " +
+                             std::to_string(estimate::kRateProbeVersion) +
+                             " (matmul rates by shape, each a median of rounds)"
                         : path.string() + " was measured on " + probe->device_name)
         << "\n";
   }

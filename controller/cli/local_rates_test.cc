@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -175,6 +176,43 @@ TEST_F(LocalRatesTest, AnEstimateWithTheProbeIsItsWorkOverTheProbesRates) {
   EXPECT_NEAR(with["step_seconds"].get<double>(), expected, 1e-9 * expected);
   // The data sheets' bf16 is twice their fp32; this CPU's is a fiftieth of its fp32.
   EXPECT_GT(with["step_seconds"].get<double>(), 10 * without["step_seconds"].get<double>());
+}
+
+// A probe whose bf16 matmuls speed up with the weight's width (1 GFLOP/s at 256 wide, 4 at 4,096,
+// at any rows) and whose bf16 attention runs at 2 GFLOP/s: the bf16-true row's step takes each of
+// its matmul shapes at the rate of its sqrt(in x out), linear in log(width), and its attention at
+// the attention rate; the shapes' FLOPs with attention's are the whole work's.
+TEST_F(LocalRatesTest, AnEstimateTakesEachMatmulShapeAtTheProbesRateForIt) {
+  estimate::RateProbe probe = FixedProbe();
+  probe.matmul = {{"fp32", 512, 5e10},
+                  {"bf16", 256, 1e9, 32},
+                  {"bf16", 256, 1e9, 2048},
+                  {"bf16", 4096, 4e9, 32},
+                  {"bf16", 4096, 4e9, 2048}};
+  probe.sdpa = {{"bf16", 2e9}};
+  EstimateOptions options;
+  options.trial = "bf16-true";
+  options.format = "json";
+  const LocalRates rates = LocalRates::FromProbe(probe, "a test");
+  options.rates = rates.Lookup();
+  StatusOr<std::string> probed = EstimateExperiment(Experiments() + "cpu-lab.yaml", options);
+  ASSERT_TRUE(probed.ok()) << probed.status().message();
+  const nlohmann::json time = nlohmann::json::parse(*probed)["trials"][0]["time"];
+  const nlohmann::json& work = time["work"];
+  ASSERT_EQ(work["matmul_class"], "bf16");
+  ASSERT_FALSE(work["matmul_shapes"].empty());
+  double matmuls = 0, flops = work["attention_flops"].get<double>();
+  for (const nlohmann::json& shape : work["matmul_shapes"]) {
+    const double width = std::sqrt(shape["in"].get<double>() * shape["out"].get<double>());
+    const double rate = 1e9 + 3e9 * std::log(width / 256) / std::log(4096.0 / 256);
+    matmuls += shape["flops"].get<double>() / rate;
+    flops += shape["flops"].get<double>();
+  }
+  EXPECT_NEAR(flops, work["matmul_flops"].get<double>(), 1e-9 * flops);
+  const double expected = matmuls + work["attention_flops"].get<double>() / 2e9 +
+                          work["memory_bytes"].get<double>() / 1e10 +
+                          work["launches"].get<double>() * 4e-6;
+  EXPECT_NEAR(time["step_seconds"].get<double>(), expected, 1e-9 * expected);
 }
 
 // The embedded controller's store with `probes` stored as its nodes' rates (what the dispatcher

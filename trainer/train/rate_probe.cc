@@ -10,6 +10,7 @@
 #include <ctime>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/cpu_model.h"
@@ -21,161 +22,211 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The weight sizes of the probed matmuls: a small model's hidden sizes up to a 1B model's.
-constexpr int64_t kMatmulSizes[] = {256, 512, 1024};
-// The rows of a micro-batch the matmuls are timed at, ending at estimate::kProbeMatmulTokens: a
-// CPU trial's micro-batch holds a few hundred tokens, and a GEMM over fewer rows runs well below
-// the rate of 512 (measured 11-29 on a Zen 3: a LLaMA step's 190-row matmuls at 46 GFLOP/s, one
-// thread, where 512 rows ran at 67); a GPU's holds thousands.
-constexpr int64_t kCpuMatmulTokens[] = {128, 256, estimate::kProbeMatmulTokens};
-constexpr int64_t kCudaMatmulTokens[] = {estimate::kProbeMatmulTokens, 2048, 8192};
+// The matmul grid: a micro-batch's token rows by a projection's weight width. A CPU trial's
+// micro-batch holds tens to a few thousand rows, a GPU's thousands; the widths are a small model's
+// hidden sizes up to a 7B model's (a LLaMA step's projections, its head's sqrt(hidden x vocab)).
+// Fewer rows shorten the weight gradient's reduction and split worse over threads; a narrower
+// weight reuses less of what the GEMM loads: measured 11-29 on a Zen 3, a LLaMA step's 190-row
+// GEMMs ran at 33-55 GFLOP/s where a 512-row square one ran at 67 (one thread).
+constexpr int64_t kCpuRows[] = {32, 128, 256, 512, 2048};
+constexpr int64_t kCpuWidths[] = {256, 512, 1024, 2048, 4096};
+constexpr int64_t kCudaRows[] = {512, 2048, 8192};
+constexpr int64_t kCudaWidths[] = {1024, 2048, 4096, 8192};
+// One matmul call may take at most this share of the rounds' time: the grid's cells past it (the
+// wide ones, and on a CPU that emulates 16-bit matmuls nearly all 16-bit ones) are left out, and
+// the estimate takes the nearest measured cell's rate there.
+constexpr double kCallShare = 1.0 / 128;
 // Causal attention as a small model's micro-batch has it: batch 2, 8 heads, 128 tokens, 64 wide.
 constexpr int64_t kSdpaBatch = 2, kSdpaHeads = 8, kSdpaTokens = 128, kSdpaWidth = 64;
 constexpr int64_t kCopyBytes = 64 << 20;
 constexpr int64_t kAdamValues = 4 << 20;
-// A timed sample runs enough calls to last this long, so a clock read or a device
-// synchronisation does not count in a short op's time.
-constexpr double kSampleSeconds = 2e-3;
+// A sample runs enough calls to last this long, so a clock read, a device synchronisation or a
+// thread's wake-up does not count in a short op's time.
+constexpr double kSampleSeconds = 0.01;
+// Each rate is the median of at least this many samples.
+constexpr int kMinRounds = 3;
 
 double Elapsed(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-class Timer {
+// The probe's measurements, sampled in rounds: each round times one sample of every measurement
+// in turn, so each rate's samples spread over the whole probe. On a machine whose speed drifts
+// while it runs (this project's 2-vCPU VM: a square matmul's rate moved by 30% from one second to
+// the next) every rate then sees the same mix of fast and slow seconds, and its median over the
+// rounds is what a second probe finds again; timing each rate in one stretch, as version 2 did,
+// gave each the speed of its own second.
+class Rounds {
  public:
-  Timer(torch::Device device, double seconds) : device_(device), seconds_(seconds) {}
+  explicit Rounds(torch::Device device) : device_(device) {}
 
-  // The median seconds of one call of `run` over samples lasting at least `seconds` in all
-  // (at least two samples, after one call that warms caches and kernels up). The median, not
-  // the mean: a sample slowed by something else on the machine does not move it.
-  double SecondsPerCall(const std::function<void()>& run) const {
-    const Clock::time_point warm = Clock::now();
-    run();
-    Sync();
-    const double first = Elapsed(warm);
-    const int64_t calls = first >= kSampleSeconds
-                              ? 1
-                              : static_cast<int64_t>(std::ceil(kSampleSeconds / first + 1e-12));
-    std::vector<double> samples;
+  // Times two calls of `run` (the first warms caches and kernels up) and keeps it for the rounds
+  // with as many calls a sample as make kSampleSeconds; `record` gets its median seconds a call.
+  // Returns the quicker call's seconds.
+  double Add(std::function<void()> run, std::function<void(double)> record) {
+    const double once = std::min(TimeCalls(run, 1), TimeCalls(run, 1));
+    const int64_t calls =
+        once >= kSampleSeconds ? 1 : static_cast<int64_t>(std::ceil(kSampleSeconds / once));
+    measurements_.push_back({std::move(run), std::move(record), calls, {}});
+    return once;
+  }
+
+  // Samples every measurement in turn, round after round, until `seconds` have passed and at
+  // least kMinRounds ran; then records each one's median. Returns the rounds run.
+  int Run(double seconds) {
     const Clock::time_point start = Clock::now();
-    while (samples.size() < 2 || (Elapsed(start) < seconds_ && samples.size() < 10000)) {
-      const Clock::time_point t = Clock::now();
-      for (int64_t i = 0; i < calls; ++i) run();
-      Sync();
-      samples.push_back(Elapsed(t) / static_cast<double>(calls));
+    int rounds = 0;
+    while (rounds < kMinRounds || Elapsed(start) < seconds) {
+      for (Measurement& m : measurements_) {
+        m.samples.push_back(TimeCalls(m.run, m.calls) / static_cast<double>(m.calls));
+      }
+      ++rounds;
     }
-    std::nth_element(samples.begin(), samples.begin() + static_cast<ptrdiff_t>(samples.size() / 2),
-                     samples.end());
-    return samples[samples.size() / 2];
+    for (Measurement& m : measurements_) {
+      const auto middle = m.samples.begin() + static_cast<ptrdiff_t>(m.samples.size() / 2);
+      std::nth_element(m.samples.begin(), middle, m.samples.end());
+      m.record(*middle);
+    }
+    return rounds;
   }
 
   torch::Device device() const { return device_; }
-  double seconds() const { return seconds_; }
 
  private:
-  void Sync() const {
+  struct Measurement {
+    std::function<void()> run;
+    std::function<void(double)> record;
+    int64_t calls = 1;
+    std::vector<double> samples;  // seconds a call
+  };
+
+  // The seconds `calls` calls of `run` take, the device's work finished.
+  double TimeCalls(const std::function<void()>& run, int64_t calls) const {
+    const Clock::time_point start = Clock::now();
+    for (int64_t i = 0; i < calls; ++i) run();
     if (device_.is_cuda()) torch::cuda::synchronize();
+    return Elapsed(start);
   }
 
   torch::Device device_;
-  double seconds_;
+  std::vector<Measurement> measurements_;
 };
 
 torch::ScalarType DtypeOf(const std::string& name) {
   return name == "bf16" ? torch::kBFloat16 : name == "fp16" ? torch::kHalf : torch::kFloat;
 }
 
-// A projection's forward and both of its backward matmuls, (tokens x size) x (size x size): the
-// three layouts a training step runs, at each of the device's micro-batch token counts (the rows
-// other than kProbeMatmulTokens' in half the time, to keep the probe short). Sizes go up until a
-// call would take longer than a measurement (a CPU that emulates 16-bit matmuls).
-void ProbeMatmuls(const Timer& timer, estimate::RateProbe& probe) {
-  torch::NoGradGuard no_grad;
-  const Timer shorter(timer.device(), timer.seconds() / 2);
-  const bool cuda = timer.device().is_cuda();
-  const std::vector<int64_t> token_counts =
-      cuda ? std::vector<int64_t>(std::begin(kCudaMatmulTokens), std::end(kCudaMatmulTokens))
-           : std::vector<int64_t>(std::begin(kCpuMatmulTokens), std::end(kCpuMatmulTokens));
-  for (const std::string dtype : {"fp32", "bf16", "fp16"}) {
-    const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(timer.device());
-    // The estimate times a step's matmuls at fp32's or bf16's rates (rate_probe.h's ProbedSpeed):
-    // fp16's are kept at one token count, for `llmctl nodes`, and cost the probe less.
-    const std::vector<int64_t> dtype_token_counts =
-        dtype == "fp16" ? std::vector<int64_t>{estimate::kProbeMatmulTokens} : token_counts;
-    for (const int64_t size : kMatmulSizes) {
-      const torch::Tensor w = torch::randn({size, size}, options);
-      double longest = 0;
-      for (const int64_t tokens : dtype_token_counts) {
-        const torch::Tensor x = torch::randn({tokens, size}, options);
-        const torch::Tensor dy = torch::randn({tokens, size}, options);
-        const Timer& used = tokens == estimate::kProbeMatmulTokens ? timer : shorter;
-        const double seconds = used.SecondsPerCall([&] {
+struct Cell {
+  int64_t rows = 0;
+  int64_t width = 0;
+  double flops() const { return 3 * 2 * static_cast<double>(rows * width * width); }
+};
+
+// `dtype`'s matmuls at `cells`, cheapest first: a projection's forward and both of its backward
+// matmuls, (rows x width) x (width x width), the three layouts a training step runs. A cell whose
+// call would take longer than `longest_call` at the best rate measured so far is left out, and so
+// is every dearer one; the first is always measured.
+void AddMatmuls(Rounds& rounds, const std::string& dtype, std::vector<Cell> cells,
+                double longest_call, estimate::RateProbe& probe) {
+  std::sort(cells.begin(), cells.end(),
+            [](const Cell& a, const Cell& b) { return a.flops() < b.flops(); });
+  const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
+  double rate = 0;
+  for (const Cell& cell : cells) {
+    if (rate > 0 && cell.flops() / rate > longest_call) break;
+    const torch::Tensor w = torch::randn({cell.width, cell.width}, options);
+    const torch::Tensor x = torch::randn({cell.rows, cell.width}, options);
+    const torch::Tensor dy = torch::randn({cell.rows, cell.width}, options);
+    const size_t row = probe.matmul.size();
+    probe.matmul.push_back({dtype, cell.width, 0, cell.rows});
+    const double once = rounds.Add(
+        [w, x, dy] {
           (void)torch::matmul(x, w);
           (void)torch::matmul(dy, w.t());
           (void)torch::matmul(dy.t(), x);
+        },
+        [&probe, row, flops = cell.flops()](double seconds) {
+          probe.matmul[row].flops_per_s = flops / seconds;
         });
-        const double flops = 3 * 2 * static_cast<double>(tokens * size * size);
-        probe.matmul.push_back({dtype, size, flops / seconds, tokens});
-        longest = std::max(longest, seconds);
-      }
-      // The next size does four times the work.
-      if (4 * longest > timer.seconds()) break;
-    }
+    rate = std::max(rate, cell.flops() / once);
   }
 }
 
-void ProbeAttention(const Timer& timer, estimate::RateProbe& probe) {
-  torch::NoGradGuard no_grad;
+// fp32 and bf16 over the whole grid (the estimate's two matmul classes); fp16, which no estimate
+// uses, at the grid's first rows and two narrowest widths, for `llmctl nodes`.
+void AddMatmulGrid(Rounds& rounds, double longest_call, estimate::RateProbe& probe) {
+  const bool cuda = rounds.device().is_cuda();
+  const std::vector<int64_t> rows =
+      cuda ? std::vector<int64_t>(std::begin(kCudaRows), std::end(kCudaRows))
+           : std::vector<int64_t>(std::begin(kCpuRows), std::end(kCpuRows));
+  const std::vector<int64_t> widths =
+      cuda ? std::vector<int64_t>(std::begin(kCudaWidths), std::end(kCudaWidths))
+           : std::vector<int64_t>(std::begin(kCpuWidths), std::end(kCpuWidths));
+  std::vector<Cell> grid;
+  for (const int64_t r : rows) {
+    for (const int64_t w : widths) grid.push_back({r, w});
+  }
+  AddMatmuls(rounds, "fp32", grid, longest_call, probe);
+  AddMatmuls(rounds, "bf16", grid, longest_call, probe);
+  AddMatmuls(rounds, "fp16", {{rows[0], widths[0]}, {rows[0], widths[1]}}, longest_call, probe);
+}
+
+void AddAttention(Rounds& rounds, estimate::RateProbe& probe) {
   for (const std::string dtype : {"fp32", "bf16", "fp16"}) {
-    const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(timer.device());
+    const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
     const std::vector<int64_t> shape = {kSdpaBatch, kSdpaHeads, kSdpaTokens, kSdpaWidth};
     const torch::Tensor q = torch::randn(shape, options);
     const torch::Tensor k = torch::randn(shape, options);
     const torch::Tensor v = torch::randn(shape, options);
-    const double seconds = timer.SecondsPerCall([&] {
-      (void)at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                             /*is_causal=*/true);
-    });
     // Scores and weighted sum, the causal half not discounted (as step_work.h counts them).
     const double flops =
         4.0 * static_cast<double>(kSdpaBatch * kSdpaHeads * kSdpaTokens * kSdpaTokens * kSdpaWidth);
-    probe.sdpa.push_back({dtype, flops / seconds});
+    const size_t row = probe.sdpa.size();
+    probe.sdpa.push_back({dtype, 0});
+    rounds.Add(
+        [q, k, v] {
+          (void)at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                 /*is_causal=*/true);
+        },
+        [&probe, row, flops](double seconds) { probe.sdpa[row].flops_per_s = flops / seconds; });
   }
 }
 
-void ProbeMemoryAndLaunches(const Timer& timer, estimate::RateProbe& probe) {
-  torch::NoGradGuard no_grad;
-  const auto options = torch::TensorOptions().dtype(torch::kFloat).device(timer.device());
+void AddMemoryAndLaunches(Rounds& rounds, estimate::RateProbe& probe) {
+  const auto options = torch::TensorOptions().dtype(torch::kFloat).device(rounds.device());
   const torch::Tensor source = torch::randn({kCopyBytes / 4}, options);
-  torch::Tensor target = torch::empty_like(source);
-  probe.memory_bytes_per_s =
-      2.0 * kCopyBytes / timer.SecondsPerCall([&] { target.copy_(source); });
-  torch::Tensor one = torch::zeros({1}, options);
-  probe.launch_seconds = timer.SecondsPerCall([&] { one.add_(1); });
+  const torch::Tensor target = torch::empty_like(source);
+  rounds.Add([source, target] { target.copy_(source); },
+             [&probe](double seconds) { probe.memory_bytes_per_s = 2.0 * kCopyBytes / seconds; });
+  const torch::Tensor one = torch::zeros({1}, options);
+  rounds.Add([one] { one.add_(1); }, [&probe](double seconds) { probe.launch_seconds = seconds; });
 }
 
-// One fused AdamW step over kAdamValues fp32 values on the host: an offloaded optimizer's step.
-void ProbeHostAdamW(const Timer& host, estimate::RateProbe& probe) {
-  torch::NoGradGuard no_grad;
+// One fused AdamW step over kAdamValues fp32 values on the host: an offloaded optimizer's step
+// (on a GPU machine too: the rounds' synchronisation after it finds nothing to wait for).
+void AddHostAdamW(Rounds& rounds, estimate::RateProbe& probe) {
   const torch::Tensor param = torch::randn({kAdamValues});
   const torch::Tensor grad = torch::randn({kAdamValues});
   const torch::Tensor exp_avg = torch::zeros({kAdamValues});
   const torch::Tensor exp_avg_sq = torch::zeros({kAdamValues});
   const torch::Tensor step = torch::zeros({1});
-  const double seconds = host.SecondsPerCall([&] {
-    step.add_(1);
-    at::_fused_adamw_({param}, {grad}, {exp_avg}, {exp_avg_sq}, /*max_exp_avg_sqs=*/{}, {step},
-                      1e-6, 0.9, 0.999, 0.0, 1e-8, /*amsgrad=*/false, /*maximize=*/false);
-  });
-  probe.host_adamw_values_per_s = kAdamValues / seconds;
+  rounds.Add(
+      [=] {
+        step.add_(1);
+        at::_fused_adamw_({param}, {grad}, {exp_avg}, {exp_avg_sq}, /*max_exp_avg_sqs=*/{}, {step},
+                          1e-6, 0.9, 0.999, 0.0, 1e-8, /*amsgrad=*/false,
+                          /*maximize=*/false);
+      },
+      [&probe](double seconds) { probe.host_adamw_values_per_s = kAdamValues / seconds; });
 }
 
-void ProbeHostLink(const Timer& timer, estimate::RateProbe& probe) {
-  torch::NoGradGuard no_grad;
+void AddHostLink(Rounds& rounds, estimate::RateProbe& probe) {
   const torch::Tensor host = torch::empty({kCopyBytes / 4}, torch::kFloat).pin_memory();
-  torch::Tensor device = torch::empty({kCopyBytes / 4}, torch::kFloat).to(timer.device());
-  probe.host_to_device_bytes_per_s = kCopyBytes / timer.SecondsPerCall([&] { device.copy_(host); });
-  probe.device_to_host_bytes_per_s = kCopyBytes / timer.SecondsPerCall([&] { host.copy_(device); });
+  const torch::Tensor device = torch::empty({kCopyBytes / 4}, torch::kFloat).to(rounds.device());
+  rounds.Add([host, device] { device.copy_(host, /*non_blocking=*/true); },
+             [&probe](double seconds) { probe.host_to_device_bytes_per_s = kCopyBytes / seconds; });
+  rounds.Add([host, device] { host.copy_(device, /*non_blocking=*/true); },
+             [&probe](double seconds) { probe.device_to_host_bytes_per_s = kCopyBytes / seconds; });
 }
 
 std::string UtcNow() {
@@ -214,14 +265,15 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   probe.device_name = cuda ? GpuName() : CpuModelName();
   probe.threads = at::get_num_threads();
   probe.versions = ProbeTrainerVersions();
-  const Timer timer(cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU),
-                    options.seconds_per_measurement);
   torch::manual_seed(0);
-  ProbeMatmuls(timer, probe);
-  ProbeAttention(timer, probe);
-  ProbeMemoryAndLaunches(timer, probe);
-  ProbeHostAdamW(Timer(torch::Device(torch::kCPU), options.seconds_per_measurement), probe);
-  if (cuda) ProbeHostLink(timer, probe);
+  torch::NoGradGuard no_grad;
+  Rounds rounds(cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
+  AddMatmulGrid(rounds, options.seconds * kCallShare, probe);
+  AddAttention(rounds, probe);
+  AddMemoryAndLaunches(rounds, probe);
+  AddHostAdamW(rounds, probe);
+  if (cuda) AddHostLink(rounds, probe);
+  probe.rounds = rounds.Run(options.seconds);
   probe.seconds = Elapsed(start);
   return probe;
 }

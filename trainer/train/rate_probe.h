@@ -1,8 +1,8 @@
-// `llm-train --probe`: this machine's own rates, measured in about 10 s on a CPU and under 30 s on a
-// GPU, as common/estimate/rate_probe.h's RateProbe (its JSON is what llm-train prints): matmul
-// throughput per dtype at the sizes a small model's step has, causal attention per dtype, memory
-// bandwidth, the cost of one op's dispatch (and launch), the host's fused AdamW step, and on a GPU
-// the host<->device copies.
+// `llm-train --probe`: this machine's own rates, measured in about 10 s on a CPU and under 30 s on
+// a GPU, as common/estimate/rate_probe.h's RateProbe (its JSON is what llm-train prints): matmul
+// throughput per dtype over a grid of the shapes a training step's projections have (token rows
+// by weight width), causal attention per dtype, memory bandwidth, the cost of one op's dispatch
+// (and launch), the host's fused AdamW step, and on a GPU the host<->device copies.
 #ifndef LLMCTL_TRAINER_TRAIN_RATE_PROBE_H_
 #define LLMCTL_TRAINER_TRAIN_RATE_PROBE_H_
 
@@ -15,9 +15,10 @@ namespace llmctl::trainer {
 
 struct RateProbeOptions {
   std::string device = "cpu";  // "cpu" or "cuda"
-  // How long each measurement runs at least; the whole probe takes about 20 of them. Tests pass a
-  // short one.
-  double seconds_per_measurement = 0.5;
+  // How long the rounds of samples run; each measurement's warm-up comes on top (about 1.5 s on a
+  // 2-core CPU). One call of a matmul may take at most a 128th of it, which sets how far the grid
+  // goes. Tests pass a short one.
+  double seconds = 8;
 };
 
 // FailedPrecondition for cuda on a machine where LibTorch sees no GPU; InvalidArgument for
