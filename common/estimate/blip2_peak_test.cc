@@ -2,26 +2,29 @@
 // llm-train runs each configuration for two steps (the second is the steady state) on captions
 // longer than data.max_seq_length, so every micro-batch is full as the estimate assumes, and the
 // highest allocated bytes it measures must be within 3% of EstimateBlip2StepMemory's peak either
-// way, its model state exact, and, where the captions are longer than the sequence length (every
-// micro-batch full), its activations after the forward within 3% of the trace's too; a run on the
-// file's own captions pads each micro-batch to its own longest, so only its peak is compared.
+// way, its model state exact, and, where every micro-batch is full, its activations after the
+// forward within 3% of the trace's too; a run on the file's own captions pads each micro-batch to
+// its own longest, so only its peak is compared. The rows of experiments/cpu-lab-blip2.yaml run
+// as the file sets them and end as it expects, and each of those runs serves every check that
+// reads the same configuration (CpuLabBlip2RowTest).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/estimate/blip2_memory.h"
+#include "common/estimate/blip2_trainer_runs.h"
 #include "common/estimate/blip2_work.h"
 #include "common/estimate/trainer_runs.h"
 #include "common/experiment.h"
-#include "common/snapshot_event.h"
 #include "common/inputs/captions.h"
+#include "common/snapshot_event.h"
 
 namespace llmctl::estimate {
 namespace {
@@ -36,25 +39,10 @@ constexpr double kTolerance = 0.03;
 
 std::string Experiments() { return testing::SourceDir() + "/experiments/"; }
 
-// experiments/data/captions' images, each caption said eight times: longer than any
-// data.max_seq_length here once tokenized.
-fs::path WriteLongCaptions(const fs::path& dir) {
-  const fs::path source = Experiments() + "data/captions";
-  const fs::path folder = dir / "long-captions";
-  fs::create_directories(folder);
-  fs::copy(source / "images", folder / "images", fs::copy_options::recursive);
-  std::ifstream in(source / "metadata.jsonl");
-  std::ofstream out(folder / "metadata.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    json row = json::parse(line);
-    const std::string caption = row["text"];
-    std::string text = caption;
-    for (int i = 1; i < 8; ++i) text += " and " + caption;
-    row["text"] = text;
-    out << row.dump() << "\n";
-  }
-  return folder;
-}
+// What a peak check runs with: two steps, a snapshot of every phase, no device budget, nothing
+// written but the events.
+const Sets kPeakRun = {{"train.max_steps", "2"}, {"snapshot_every", "1"},   {"device_memory", ""},
+                       {"output_dir", ""},       {"checkpoint_every", "0"}, {"profile.steps", "0"}};
 
 struct Measured {
   uint64_t peak = 0;
@@ -78,59 +66,57 @@ double Error(uint64_t predicted, uint64_t measured) {
          static_cast<double>(measured);
 }
 
-// Two steps, no device budget. `long_captions`: on WriteLongCaptions' set, every micro-batch full
-// as the estimate assumes by default; else on the file's own captions, estimated from their longest
-// (LongestCaptionTokens), as `llmctl estimate` does for a local caption set. The peak within
-// `bound` of the measured one.
-void ExpectPeaksWithin(const std::vector<Case>& cases, bool long_captions = true,
+// `ranks` (a run of `c` as `loaded`, labelled `label`) against `estimate`: the model state exact,
+// the peak within `bound` and, where `full` (every micro-batch as long as data.max_seq_length, as
+// the estimate assumes without caption_tokens), the activations after the forward within 3%; a
+// micro-batch of shorter captions pads to its own longest, so only full ones match exactly.
+void ExpectRunWithin(const Case& c, const testing::Blip2Case& loaded,
+                     const std::vector<std::vector<json>>& ranks,
+                     const StepMemoryEstimate& estimate, bool full, testing::PeakBound bound,
+                     const std::string& label) {
+  SCOPED_TRACE(label);
+  testing::ExpectModelStateExact(
+      c, [&](int64_t rank) { return EstimateBlip2ModelState(loaded.config, loaded.model, rank); },
+      ranks);
+  const Measured measured = Measure(ranks.front());
+  ASSERT_GT(measured.peak, 0u);
+  const double error = Error(estimate.peak_bytes, measured.peak);
+  const double activations = Error(estimate.activation_bytes, measured.activations);
+  std::printf("%-100s peak %+6.2f%% (predicted %llu, measured %llu; %s) activations %+6.2f%%\n",
+              label.c_str(), 100.0 * error, static_cast<unsigned long long>(estimate.peak_bytes),
+              static_cast<unsigned long long>(measured.peak), estimate.peak_phase.c_str(),
+              100.0 * activations);
+  EXPECT_GE(error, -bound.under);
+  EXPECT_LE(error, bound.over);
+  if (full) {
+    EXPECT_LE(std::abs(activations), kTolerance);
+  }
+}
+
+// Each case for two steps without a device budget on WriteLongCaptions' set, every micro-batch
+// full as the estimate assumes by default: ExpectRunWithin.
+void ExpectPeaksWithin(const std::vector<Case>& cases,
                        testing::PeakBound bound = {.under = kTolerance, .over = kTolerance}) {
   const fs::path dir = testing::TestDir();
   setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
-  Sets common = {{"train.max_steps", "2"}, {"snapshot_every", "1"},   {"device_memory", ""},
-                 {"output_dir", ""},       {"checkpoint_every", "0"}, {"profile.steps", "0"}};
-  if (long_captions) common.push_back({"data.path", WriteLongCaptions(dir).string()});
+  const Sets common = With(kPeakRun, {{"data.path", testing::WriteLongCaptions(dir).string()}});
   std::string left_out;  // the runs too slow for this CPU (testing::SlowSixteenBitRun)
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
-    SCOPED_TRACE(testing::Describe(c) + (long_captions ? "" : " (the file's captions)"));
-    StatusOr<TrialConfig> config = testing::LoadCaseConfig(c, common);
-    ASSERT_TRUE(config.ok()) << config.status().message();
-    StatusOr<std::optional<Blip2Config>> model = ResolveBlip2Model(config->GetString("model"));
-    ASSERT_TRUE(model.ok() && model->has_value());
-    std::optional<int64_t> caption_tokens;
-    if (!long_captions) {
-      StatusOr<int64_t> longest = LongestCaptionTokens(*config, **model);
-      ASSERT_TRUE(longest.ok()) << longest.status().message();
-      caption_tokens = *longest;
-    }
-    StatusOr<StepMemoryEstimate> estimate =
-        EstimateBlip2StepMemory(*config, **model, caption_tokens);
+    SCOPED_TRACE(testing::Describe(c));
+    StatusOr<testing::Blip2Case> loaded = testing::LoadBlip2Case(c, common);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    StatusOr<StepMemoryEstimate> estimate = EstimateBlip2StepMemory(loaded->config, loaded->model);
     ASSERT_TRUE(estimate.ok()) << estimate.status().message();
     if (const std::string slow = testing::SlowSixteenBitRun(
-            EstimateBlip2StepWork(*config, **model, caption_tokens), /*steps=*/2);
+            EstimateBlip2StepWork(loaded->config, loaded->model), /*steps=*/2);
         !slow.empty()) {
       left_out.append("\n").append(testing::Describe(c)).append(": ").append(slow);
       continue;
     }
     auto ranks = testing::RunLlmTrainOk(c, common, dir, static_cast<int>(i));
     ASSERT_TRUE(ranks.ok()) << ranks.status().message();
-    testing::ExpectModelStateExact(
-        c, [&](int64_t rank) { return EstimateBlip2ModelState(*config, **model, rank); }, *ranks);
-    const Measured measured = Measure(ranks->front());
-    ASSERT_GT(measured.peak, 0u);
-    const double error = Error(estimate->peak_bytes, measured.peak);
-    const double activations = Error(estimate->activation_bytes, measured.activations);
-    std::printf("%-100s peak %+6.2f%% (predicted %llu, measured %llu; %s) activations %+6.2f%%\n",
-                (testing::Describe(c) + (long_captions ? "" : " (the file's captions)")).c_str(),
-                100.0 * error, static_cast<unsigned long long>(estimate->peak_bytes),
-                static_cast<unsigned long long>(measured.peak), estimate->peak_phase.c_str(),
-                100.0 * activations);
-    EXPECT_GE(error, -bound.under);
-    EXPECT_LE(error, bound.over);
-    // A micro-batch of shorter captions pads to its own longest, so only full ones match exactly.
-    if (long_captions) {
-      EXPECT_LE(std::abs(activations), kTolerance);
-    }
+    ExpectRunWithin(c, *loaded, *ranks, *estimate, /*full=*/true, bound, testing::Describe(c));
   }
   fs::remove_all(dir);
   if (!left_out.empty()) GTEST_SKIP() << "left out on this CPU:" << left_out;
@@ -199,7 +185,7 @@ TEST(EstimateBlip2PeakTest, SmallModelOfLargePatchesNeverTwoPercentUnder) {
         {"cpu-lab-blip2.yaml", "reduced-batch",
          With(shape, {{"train.micro_batch_size", images}, {"train.global_batch_size", images}})});
   }
-  ExpectPeaksWithin(cases, /*long_captions=*/true, {.under = 0.02, .over = kTolerance});
+  ExpectPeaksWithin(cases, {.under = 0.02, .over = kTolerance});
 }
 
 // Two ranks (rank 0's peak): ddp's buckets, fsdp's shards and gathered blocks (every block kept
@@ -274,39 +260,144 @@ TEST(EstimateBlip2PeakTest, FitIsTheLargestMicroBatchThatRuns) {
   fs::remove_all(dir);
 }
 
+// The file's row `name`: its trial as the file sets it, with its `expect:`.
+StatusOr<Trial> FileRow(const std::string& name) {
+  ASSIGN_OR_RETURN(Experiment experiment, LoadExperimentFile(Experiments() + "cpu-lab-blip2.yaml"));
+  for (Trial& trial : experiment.trials) {
+    if (trial.name == name) return std::move(trial);
+  }
+  return NotFoundError("experiments/cpu-lab-blip2.yaml has no row " + name);
+}
+
+// `row`'s peak on the file's own captions, estimated from their longest as `llmctl estimate` does
+// for a local caption set, on a peak run (kPeakRun): the row's own run under the file's
+// device_memory (`row_run`) is that run where it ended ok and its configuration is the peak run's
+// but for the budget (a budget that refuses nothing changes no allocation), else one is run. Where
+// every caption of the file is cut at data.max_seq_length (`full`: the T5 rows'), every
+// micro-batch is as full as on WriteLongCaptions' set, and the run shows the activations too.
+void ExpectOwnCaptionsPeak(const Case& row, const testing::TrainerRun& row_run, bool& full,
+                           const fs::path& dir, std::string& left_out, bool& state_shown) {
+  StatusOr<testing::Blip2Case> peak = testing::LoadBlip2Case(row, kPeakRun);
+  ASSERT_TRUE(peak.ok()) << peak.status().message();
+  StatusOr<CaptionTokenSpan> captions = CaptionTokens(peak->config, peak->model);
+  ASSERT_TRUE(captions.ok()) << captions.status().message();
+  full = captions->shortest >= peak->config.settings().data.max_seq_length;
+  StatusOr<StepMemoryEstimate> estimate =
+      EstimateBlip2StepMemory(peak->config, peak->model, captions->longest);
+  ASSERT_TRUE(estimate.ok()) << estimate.status().message();
+  if (full) {
+    // The estimate of full micro-batches, WriteLongCaptions' run's, is this one.
+    StatusOr<StepMemoryEstimate> long_estimate = EstimateBlip2StepMemory(peak->config, peak->model);
+    ASSERT_TRUE(long_estimate.ok()) << long_estimate.status().message();
+    ASSERT_EQ(long_estimate->peak_bytes, estimate->peak_bytes);
+    ASSERT_EQ(long_estimate->activation_bytes, estimate->activation_bytes);
+  }
+  StatusOr<TrialConfig> unlimited = testing::LoadCaseConfig(row, {{"device_memory", ""}});
+  ASSERT_TRUE(unlimited.ok()) << unlimited.status().message();
+  const std::string label = testing::Describe(row) + " (the file's captions)";
+  const testing::PeakBound bound = {.under = kTolerance, .over = kTolerance};
+  if (Outcome(row_run) == "ok" && *unlimited == peak->config) {
+    state_shown = true;
+    ExpectRunWithin(row, *peak, row_run.ranks, *estimate, full, bound,
+                    label + ", its run under device_memory");
+    return;
+  }
+  if (const std::string slow = testing::SlowSixteenBitRun(
+          EstimateBlip2StepWork(peak->config, peak->model, captions->longest), /*steps=*/2);
+      !slow.empty()) {
+    left_out.append("\n").append(label).append(": ").append(slow);
+    return;
+  }
+  auto ranks = testing::RunLlmTrainOk(row, kPeakRun, dir, 1);
+  ASSERT_TRUE(ranks.ok()) << ranks.status().message();
+  state_shown = true;
+  ExpectRunWithin(row, *peak, *ranks, *estimate, full, bound, label);
+}
+
+// `row`'s peak and activations on WriteLongCaptions' set (every micro-batch full), as
+// ExpectPeaksWithin checks a case's.
+void ExpectLongCaptionsPeak(const Case& row, const fs::path& dir, std::string& left_out,
+                            bool& state_shown) {
+  const Sets common = With(kPeakRun, {{"data.path", testing::WriteLongCaptions(dir).string()}});
+  StatusOr<testing::Blip2Case> loaded = testing::LoadBlip2Case(row, common);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  StatusOr<StepMemoryEstimate> estimate = EstimateBlip2StepMemory(loaded->config, loaded->model);
+  ASSERT_TRUE(estimate.ok()) << estimate.status().message();
+  if (const std::string slow = testing::SlowSixteenBitRun(
+          EstimateBlip2StepWork(loaded->config, loaded->model), /*steps=*/2);
+      !slow.empty()) {
+    left_out.append("\n").append(testing::Describe(row)).append(": ").append(slow);
+    return;
+  }
+  auto ranks = testing::RunLlmTrainOk(row, common, dir, 2);
+  ASSERT_TRUE(ranks.ok()) << ranks.status().message();
+  state_shown = true;
+  ExpectRunWithin(row, *loaded, *ranks, *estimate, /*full=*/true,
+                  {.under = kTolerance, .over = kTolerance}, testing::Describe(row));
+}
+
 // Every row of experiments/cpu-lab-blip2.yaml at its own micro-batch, precision and technique, one
 // test each so that ctest spreads them over its jobs.
 class CpuLabBlip2RowTest : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(CpuLabBlip2RowTest, PeakWithinThreePercent) {
-  ExpectPeaksWithin({{"cpu-lab-blip2.yaml", GetParam(), {}}});
-  ExpectPeaksWithin({{"cpu-lab-blip2.yaml", GetParam(), {}}}, /*long_captions=*/false);
+// The row run as the file sets it, under its 280 MiB device, ends as its `expect:` says (the lab's:
+// the OPT baseline and Flan-T5-XXL's AdamW rows out of memory, the rest fitting); its peak on the
+// file's captions and on WriteLongCaptions' is within 3% of the estimate and its model state
+// exact. Each configuration runs once (ExpectOwnCaptionsPeak, ExpectLongCaptionsPeak): an ok row's
+// run is its peak run, and a T5 row's captions fill every micro-batch as the long ones do. An out
+// of memory row's run stops at the refusal, so its peaks need runs without the budget. Where no run
+// here shows the model state (a row out of memory whose peak runs are too slow for this CPU), a
+// step of one micro-batch of two images does (testing::ExpectBlip2StateExact).
+TEST_P(CpuLabBlip2RowTest, EndsAsTheFileExpectsWithinItsEstimate) {
+  const fs::path dir = testing::TestDir();
+  setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
+  StatusOr<Trial> trial = FileRow(GetParam());
+  ASSERT_TRUE(trial.ok()) << trial.status().message();
+  ASSERT_TRUE(trial->expect.has_value());
+  const Case row{"cpu-lab-blip2.yaml", GetParam(), {}};
+  SCOPED_TRACE(testing::Describe(row));
+  const testing::TrainerRun run = testing::RunLlmTrain(row, {}, dir, 0);
+  const std::string outcome = Outcome(run);
+  EXPECT_EQ(outcome, *trial->expect) << run.output;
+  std::string left_out;  // the runs too slow for this CPU (testing::SlowSixteenBitRun)
+  bool full = false;
+  bool state_shown = false;
+  ExpectOwnCaptionsPeak(row, run, full, dir, left_out, state_shown);
+  if (HasFatalFailure()) return;
+  if (!full) ExpectLongCaptionsPeak(row, dir, left_out, state_shown);
+  if (HasFatalFailure()) return;
+  if (!state_shown && outcome == "ok") {
+    StatusOr<testing::Blip2Case> loaded = testing::LoadBlip2Case(row, {});
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    testing::ExpectModelStateExact(
+        row,
+        [&](int64_t rank) { return EstimateBlip2ModelState(loaded->config, loaded->model, rank); },
+        run.ranks);
+  } else if (!state_shown) {
+    testing::ExpectBlip2StateExact(row, dir, 3, /*images=*/2, left_out);
+  }
+  fs::remove_all(dir);
+  if (!left_out.empty()) GTEST_SKIP() << "left out on this CPU:" << left_out;
 }
 
 // The verdict under the file's device_memory (280 MiB), from the file's own captions, is the
-// outcome each row's `expect:` states and the trainer's run of it (blip2_trial_test) shows.
+// outcome each row's `expect:` states and its run shows (EndsAsTheFileExpectsWithinItsEstimate).
 TEST_P(CpuLabBlip2RowTest, VerdictIsTheRowsExpectedOutcome) {
-  StatusOr<Experiment> experiment = LoadExperimentFile(Experiments() + "cpu-lab-blip2.yaml");
-  ASSERT_TRUE(experiment.ok()) << experiment.status().message();
-  for (Trial& trial : experiment->trials) {
-    if (trial.name != GetParam()) continue;
-    LocalizeNodePaths(trial.config);
-    ApplyLabSpellings(trial.config);
-    StatusOr<std::optional<Blip2Config>> model = ResolveBlip2Model(trial.config.GetString("model"));
-    ASSERT_TRUE(model.ok() && model->has_value());
-    StatusOr<int64_t> longest = LongestCaptionTokens(trial.config, **model);
-    ASSERT_TRUE(longest.ok()) << longest.status().message();
-    StatusOr<StepMemoryEstimate> estimate =
-        EstimateBlip2StepMemory(trial.config, **model, *longest);
-    ASSERT_TRUE(estimate.ok()) << estimate.status().message();
-    const std::optional<uint64_t> device = trial.config.GetByteSize("device_memory");
-    ASSERT_TRUE(device.has_value());
-    ASSERT_TRUE(trial.expect.has_value());
-    EXPECT_EQ(estimate->peak_bytes > *device ? "oom" : "ok", *trial.expect)
-        << "peak " << estimate->peak_bytes << " B against " << *device << " B";
-    return;
-  }
-  FAIL() << "no row " << GetParam();
+  StatusOr<Trial> trial = FileRow(GetParam());
+  ASSERT_TRUE(trial.ok()) << trial.status().message();
+  LocalizeNodePaths(trial->config);
+  ApplyLabSpellings(trial->config);
+  StatusOr<std::optional<Blip2Config>> model = ResolveBlip2Model(trial->config.GetString("model"));
+  ASSERT_TRUE(model.ok() && model->has_value());
+  StatusOr<int64_t> longest = LongestCaptionTokens(trial->config, **model);
+  ASSERT_TRUE(longest.ok()) << longest.status().message();
+  StatusOr<StepMemoryEstimate> estimate = EstimateBlip2StepMemory(trial->config, **model, *longest);
+  ASSERT_TRUE(estimate.ok()) << estimate.status().message();
+  const std::optional<uint64_t> device = trial->config.GetByteSize("device_memory");
+  ASSERT_TRUE(device.has_value());
+  ASSERT_TRUE(trial->expect.has_value());
+  EXPECT_EQ(estimate->peak_bytes > *device ? "oom" : "ok", *trial->expect)
+      << "peak " << estimate->peak_bytes << " B against " << *device << " B";
 }
 
 INSTANTIATE_TEST_SUITE_P(EstimateBlip2PeakTest, CpuLabBlip2RowTest,

@@ -51,7 +51,7 @@ StatusOr<std::vector<image::CaptionedImage>> ReadTrialImages(const TrialConfig& 
   return images;
 }
 
-StatusOr<int64_t> LongestCaptionTokens(const TrialConfig& config, const Blip2Config& model) {
+StatusOr<CaptionTokenSpan> CaptionTokens(const TrialConfig& config, const Blip2Config& model) {
   const DataSettings& data = config.settings().data;
   const std::string& folder = data.path;
   ASSIGN_OR_RETURN(std::vector<image::CaptionedImage> images, ReadTrialImages(config));
@@ -60,14 +60,20 @@ StatusOr<int64_t> LongestCaptionTokens(const TrialConfig& config, const Blip2Con
   // The fingerprint names a token file, which nothing here writes.
   const data::TokenizerTextEncoder<Tokenizer> encoder(tokenizer, "");
   const int64_t max_length = data.max_seq_length;
-  int64_t longest = 0;
+  CaptionTokenSpan span{.shortest = max_length, .longest = 0};
   for (const image::CaptionedImage& entry : images) {
     ASSIGN_OR_RETURN(const data::TokenizedExample example,
                      CaptionExample(encoder, entry, model, max_length, folder));
-    longest =
-        std::max(longest, static_cast<int64_t>(example.input_ids.size()) - model.num_query_tokens);
+    const int64_t tokens = static_cast<int64_t>(example.input_ids.size()) - model.num_query_tokens;
+    span.shortest = std::min(span.shortest, tokens);
+    span.longest = std::max(span.longest, tokens);
   }
-  return longest;
+  return span;
+}
+
+StatusOr<int64_t> LongestCaptionTokens(const TrialConfig& config, const Blip2Config& model) {
+  ASSIGN_OR_RETURN(const CaptionTokenSpan span, CaptionTokens(config, model));
+  return span.longest;
 }
 
 }  // namespace llmctl

@@ -31,9 +31,16 @@ StatusOr<data::TokenizedExample> CaptionExample(const data::TextEncoder& encoder
 // data.caption_column), its first data.samples when that is set. Errors name the file.
 StatusOr<std::vector<image::CaptionedImage>> ReadTrialImages(const TrialConfig& config);
 
-// The most caption tokens (the frame included, at most data.max_seq_length) of any row of
-// `config`'s caption set (data.path, a local imagefolder; data.samples applied), read with the
-// trial's tokenizer. Errors name the file, as the trainer's reading of it does.
+// The fewest and the most caption tokens (the frame included, at most data.max_seq_length) of the
+// rows of `config`'s caption set (data.path, a local imagefolder; data.samples applied), read with
+// the trial's tokenizer. Errors name the file, as the trainer's reading of it does.
+struct CaptionTokenSpan {
+  int64_t shortest = 0;
+  int64_t longest = 0;
+};
+StatusOr<CaptionTokenSpan> CaptionTokens(const TrialConfig& config, const Blip2Config& model);
+
+// CaptionTokens' longest: llm-train pads a micro-batch to its longest row.
 StatusOr<int64_t> LongestCaptionTokens(const TrialConfig& config, const Blip2Config& model);
 
 }  // namespace llmctl

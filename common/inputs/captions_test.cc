@@ -88,5 +88,27 @@ TEST(CaptionsTest, LongestCaptionIsTheSetsLongestFramedRow) {
   EXPECT_EQ(*longest, 1 + static_cast<int64_t>(first->size()));
 }
 
+// The shortest row beside the longest: the T5 rows' captions (21 to 30 tokens with </s>) are all
+// cut at 12, so every row is 12; the OPT rows' are whole, so they differ; one sample is both.
+TEST(CaptionsTest, CaptionTokensSpanTheSetsShortestAndLongestRows) {
+  Row t5 = LoadRow("even-larger");
+  StatusOr<CaptionTokenSpan> span = CaptionTokens(t5.config, t5.model);
+  ASSERT_TRUE(span.ok()) << span.status().message();
+  EXPECT_EQ(span->shortest, 12);
+  EXPECT_EQ(span->longest, 12);
+
+  Row opt = LoadRow("reduced-batch");
+  span = CaptionTokens(opt.config, opt.model);
+  ASSERT_TRUE(span.ok()) << span.status().message();
+  EXPECT_GT(span->shortest, 1);
+  EXPECT_LT(span->shortest, span->longest);
+  EXPECT_EQ(span->longest, 24);
+
+  ASSERT_TRUE(opt.config.SetFromText("data.samples", "1").ok());
+  span = CaptionTokens(opt.config, opt.model);
+  ASSERT_TRUE(span.ok());
+  EXPECT_EQ(span->shortest, span->longest);
+}
+
 }  // namespace
 }  // namespace llmctl

@@ -1,19 +1,18 @@
 // BLIP-2 trials end to end: the captions' micro-batches against the labs' pipeline (transformers'
 // tokenizer and Blip2Processor's layout, tests/fixtures/blip2/opt-tiny-captioning/expected.json),
 // the loss of a batch against transformers', and llm-train's trial loop with the labs' techniques.
+// The rows of experiments/cpu-lab-blip2.yaml run through llm-train in the estimate's test
+// (common/estimate/blip2_peak_test.cc, CpuLabBlip2RowTest), where each run serves every check.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "common/blip2_config.h"
-#include "common/experiment.h"
 #include "common/trial_config.h"
 #include "trainer/testing/caption_trials.h"
 #include "trainer/testing/ranked_demo.h"
@@ -190,41 +189,6 @@ TEST_F(Blip2TrialTest, FsdpWithFrozenPartsLoraAndQloraTrainsLikeOneProcess) {
                                                   {"optimizer=adamw_8bit"}, "-adamw-8bit",
                                                   testing::kEightBitStrayFraction);
 }
-
-// experiments/cpu-lab-blip2.yaml: each row of the labs' BLIP-2 table in miniature ends as the file
-// expects (the lab's: the OPT baseline and Flan-T5-XXL's AdamW rows out of memory, the rest
-// fitting) under its 280 MiB device. One test per row, so that ctest spreads the bf16 rows' minutes
-// over its jobs.
-class CpuLabBlip2RowTest : public ::testing::TestWithParam<const char*> {
- protected:
-  void SetUp() override {
-    setenv("LLMCTL_CACHE_DIR", testing::FreshTempDir("cpu-lab-blip2-cache").c_str(), 1);
-  }
-};
-
-TEST_P(CpuLabBlip2RowTest, EndsAsTheFileExpects) {
-  auto experiment = LoadExperimentFile(SourceDir() + "/experiments/cpu-lab-blip2.yaml");
-  ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
-  for (const Trial& trial : experiment->trials) {
-    if (trial.name != GetParam()) continue;
-    const TrialRecord run = RunAndRecord(trial.config);
-    EXPECT_EQ(OutcomeName(run.result.outcome), trial.expect) << run.result.error;
-    return;
-  }
-  FAIL() << "no trial " << GetParam();
-}
-
-INSTANTIATE_TEST_SUITE_P(Blip2TrialTest, CpuLabBlip2RowTest,
-                         ::testing::Values("baseline", "reduced-batch", "grad-accumulation",
-                                           "bf16-true", "bf16-mixed", "larger-model", "even-larger",
-                                           "xxl-smallest-batch", "sgd", "adam-8bit",
-                                           "activation-checkpointing", "cpu-offload", "lora",
-                                           "qlora"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
 
 TEST(Blip2TrialConfigTest, ImagefolderKeysAreChecked) {
   TrialConfig config;

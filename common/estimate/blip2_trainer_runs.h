@@ -1,0 +1,42 @@
+// Test support for BLIP-2's estimate tests (blip2_peak_test.cc, blip2_exact_test.cc): a
+// configuration of experiments/cpu-lab-blip2.yaml with its model, the long captions that fill every
+// micro-batch, and the model-state check on llm-train's smallest run of a configuration.
+#ifndef LLMCTL_COMMON_ESTIMATE_BLIP2_TRAINER_RUNS_H_
+#define LLMCTL_COMMON_ESTIMATE_BLIP2_TRAINER_RUNS_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "common/blip2_config.h"
+#include "common/estimate/trainer_runs.h"
+#include "common/status.h"
+#include "common/trial_config.h"
+
+namespace llmctl::estimate::testing {
+
+// experiments/data/captions' images, each caption said eight times, written under `dir`: longer
+// than any data.max_seq_length here once tokenized, so every micro-batch is full.
+std::filesystem::path WriteLongCaptions(const std::filesystem::path& dir);
+
+// LoadCaseConfig's config and its BLIP-2 model.
+struct Blip2Case {
+  TrialConfig config;
+  Blip2Config model;
+};
+StatusOr<Blip2Case> LoadBlip2Case(const Case& c, const Sets& common);
+
+// Runs `c` through llm-train under `dir` for one step of one micro-batch of at most `images`
+// images (0: the case's own; testing::AtMostMicroBatches), no device budget, and expects its model
+// state after the step to equal EstimateBlip2ModelState of `c`'s config byte for byte on every
+// rank. The run checks the case's: the state holds the same tensors however many micro-batches a
+// step accumulates, and for any batch of two or more images (one image differs: the class
+// embedding's gradient then keeps a whole (1, P, C) storage), and the run's estimate must equal the
+// case's in every figure. Where the run is too slow for this CPU (SlowSixteenBitRun) it is left
+// out and named in `left_out`. Prints the run's wall and CPU seconds.
+void ExpectBlip2StateExact(const Case& c, const std::filesystem::path& dir, int index,
+                           int64_t images, std::string& left_out);
+
+}  // namespace llmctl::estimate::testing
+
+#endif  // LLMCTL_COMMON_ESTIMATE_BLIP2_TRAINER_RUNS_H_
