@@ -3,6 +3,9 @@
 //   llm-train --config FILE [--trial NAME] [--set key=value ...] [--events FILE] [--prepare]
 //             [--resume CHECKPOINT_DIR] [--nproc N [--master-port P] [--ranks-file FILE]
 //             [--nnodes M --node-rank K --master-addr A]]
+//   llm-train --config FILE [--trial NAME] [--set key=value ...] --runs RUNS.jsonl
+//                                         # several configurations, one after another in this
+//                                         # process (RunSeries below)
 //   llm-train --config FILE --list        # the trials, with their expected outcomes
 //   llm-train --keys                      # every trial key as Markdown
 //   llm-train --version [--json]          # llmctl's, LibTorch's, CUDA's and the NVIDIA driver's
@@ -20,8 +23,10 @@
 // checkpoint of the last complete step into output_dir (the agent sends it before a lease ends).
 #include <CLI/CLI.hpp>
 #include <csignal>
+#include <fstream>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <variant>
@@ -29,6 +34,7 @@
 
 #include "common/atomic_file.h"
 #include "common/experiment.h"
+#include "common/inputs/trial_inputs.h"
 #include "common/model_config.h"
 #include "common/rank_files.h"
 #include "common/text.h"
@@ -36,7 +42,6 @@
 #include "common/trial_keys.h"
 #include "trainer/dist/rank_env.h"
 #include "trainer/dist/rank_launcher.h"
-#include "common/inputs/trial_inputs.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/caption_batches.h"
 #include "trainer/train/rate_probe.h"
@@ -164,6 +169,7 @@ struct Flags {
   std::string trial_name;
   std::vector<std::string> overrides;
   std::string events_path;
+  std::string runs_path;
   bool prepare_only = false;
   std::string resume_from;
   bool print_keys = false;
@@ -213,6 +219,12 @@ void AddTrialFlags(CLI::App& app, Flags& flags) {
   app.add_option("--set", flags.overrides,
                  "override a trial key, e.g. --set train.micro_batch_size=8");
   app.add_option("--events", flags.events_path, "append JSON-lines events to this file");
+  app.add_option("--runs", flags.runs_path,
+                 "run several configurations one after another in this process, each a line of "
+                 "this file: {\"events\": FILE, \"trial\": NAME, \"set\": [\"key=value\", ...]} "
+                 "(trial and set optional: --trial's and --set's, then the line's); every line is "
+                 "checked before the first runs; one-rank trials only; exits as the first run "
+                 "that did not end ok, after running the rest");
   app.add_flag("--prepare", flags.prepare_only, "only tokenize the dataset into the token cache");
   app.add_option("--resume", flags.resume_from,
                  "continue from a checkpoint directory (<output_dir>/checkpoints/step-N)");
@@ -371,14 +383,14 @@ llmctl::StatusOr<std::optional<llmctl::dist::RankEnv>> RankEnvFor(
 
 // Trains the trial in this process (one rank of it, or all of a one-rank trial) and ends as it
 // does.
-int RunRank(const llmctl::TrialConfig& config, const Flags& flags,
+int RunRank(const llmctl::TrialConfig& config, const std::string& events_path, const Flags& flags,
             std::optional<llmctl::dist::RankEnv> rank_env,
             std::map<std::string, std::string> names) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGUSR1, OnCheckpointSignal);
   llmctl::trainer::RunOptions options;
-  options.events_path = llmctl::RankEventsPath(flags.events_path, rank_env ? rank_env->rank : 0);
+  options.events_path = llmctl::RankEventsPath(events_path, rank_env ? rank_env->rank : 0);
   options.rank_env = rank_env;
   options.human = &std::cout;
   options.cancel = &g_cancel;
@@ -391,6 +403,109 @@ int RunRank(const llmctl::TrialConfig& config, const Flags& flags,
     return llmctl::trainer_exit::kInvalidInput;
   }
   return llmctl::trainer::ExitCodeFor(result.outcome);
+}
+
+// One line of a --runs file: where its events go and the trial it runs.
+struct SeriesRun {
+  std::string events_path;
+  llmctl::TrialConfig config;
+};
+
+// A --runs line: {"events": FILE, "trial": NAME, "set": ["key=value", ...]}, its trial's settings
+// after --set and then its own, checked as a trial of its own would be.
+llmctl::StatusOr<SeriesRun> ParseSeriesLine(const std::string& line,
+                                            const llmctl::Experiment& experiment,
+                                            const Flags& flags) {
+  const nlohmann::json run = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!run.is_object()) {
+    return llmctl::InvalidArgumentError(
+        "expected a JSON object {\"events\": FILE, \"trial\": NAME, \"set\": [\"key=value\", "
+        "...]}");
+  }
+  for (const auto& [key, value] : run.items()) {
+    if (key != "events" && key != "trial" && key != "set") {
+      return llmctl::InvalidArgumentError("unknown key \"" + key + "\" (events, trial, set)");
+    }
+  }
+  if (!run.contains("events") || !run["events"].is_string() || run["events"] == "") {
+    return llmctl::InvalidArgumentError("\"events\" must name the run's events file");
+  }
+  std::string trial_name = flags.trial_name;
+  if (run.contains("trial")) {
+    if (!run["trial"].is_string()) return llmctl::InvalidArgumentError("\"trial\" is not a name");
+    trial_name = run["trial"].get<std::string>();
+  }
+  std::vector<std::string> overrides = flags.overrides;
+  if (run.contains("set")) {
+    if (!run["set"].is_array()) {
+      return llmctl::InvalidArgumentError("\"set\" must be a list of \"key=value\" strings");
+    }
+    for (const nlohmann::json& assignment : run["set"]) {
+      if (!assignment.is_string()) {
+        return llmctl::InvalidArgumentError("\"set\" must be a list of \"key=value\" strings");
+      }
+      overrides.push_back(assignment.get<std::string>());
+    }
+  }
+  ASSIGN_OR_RETURN(const llmctl::Trial* trial,
+                   PickTrial(experiment, flags.config_path, trial_name));
+  SeriesRun series_run{run["events"].get<std::string>(), trial->config};
+  RETURN_IF_ERROR(ApplyOverrides(overrides, series_run.config));
+  ASSIGN_OR_RETURN(const llmctl::trainer::TrialModelConfig model,
+                   llmctl::trainer::ResolveTrialModel(series_run.config.settings().model.name));
+  RETURN_IF_ERROR(
+      llmctl::ValidateTrialConfig(series_run.config, std::get_if<llmctl::ModelConfig>(&model)));
+  if (llmctl::DataParallelRanks(series_run.config) > 1) {
+    return llmctl::InvalidArgumentError(
+        "a data-parallel trial's ranks each need a process: run it on its own with --nproc");
+  }
+  return series_run;
+}
+
+// Every line of the --runs file (blank lines aside), refused whole at its first bad line.
+llmctl::StatusOr<std::vector<SeriesRun>> ReadSeries(const llmctl::Experiment& experiment,
+                                                    const Flags& flags) {
+  std::ifstream in(flags.runs_path);
+  if (!in) return llmctl::InvalidArgumentError("--runs " + flags.runs_path + ": cannot read it");
+  std::vector<SeriesRun> runs;
+  int line_number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto run = ParseSeriesLine(line, experiment, flags);
+    if (!run.ok()) {
+      return llmctl::InvalidArgumentError("--runs " + flags.runs_path + ":" +
+                                          std::to_string(line_number) + ": " +
+                                          run.status().message());
+    }
+    runs.push_back(std::move(*run));
+  }
+  if (runs.empty()) return llmctl::InvalidArgumentError("--runs " + flags.runs_path + ": no runs");
+  return runs;
+}
+
+// --runs: each configuration in turn in this process, as a process of its own would run it (a run
+// seeds its generator, resets the peaks and frees every tensor it made; llm_train_test checks that
+// the figures are the same), so a sweep starts LibTorch once (its operator registry: about 1 s of
+// CPU a process). Runs them all, then ends as the first that did not end ok; a signal stops it.
+int RunSeries(const llmctl::Experiment& experiment, const Flags& flags) {
+  if (!flags.events_path.empty() || !flags.resume_from.empty() || flags.prepare_only ||
+      flags.launcher.nproc > 0) {
+    return Fail(
+        "--runs gives each run its own events file and runs one-rank trials from the start: "
+        "it does not take --events, --resume, --prepare or --nproc");
+  }
+  auto names = ParseInputNames(flags.input_names);
+  if (!names.ok()) return Fail(names.status().message());
+  auto runs = ReadSeries(experiment, flags);
+  if (!runs.ok()) return Fail(runs.status().message());
+  int exit_code = llmctl::trainer_exit::kOk;
+  for (const SeriesRun& run : *runs) {
+    if (g_cancel.load()) return llmctl::trainer_exit::kCancelled;
+    const int code = RunRank(run.config, run.events_path, flags, std::nullopt, *names);
+    if (exit_code == llmctl::trainer_exit::kOk) exit_code = code;
+  }
+  return exit_code;
 }
 
 }  // namespace
@@ -408,6 +523,7 @@ int main(int argc, char** argv) {
   auto experiment = llmctl::LoadExperimentFile(flags.config_path);
   if (!experiment.ok()) return Fail(experiment.status().message());
   if (flags.list_trials) return ListTrials(*experiment);
+  if (!flags.runs_path.empty()) return RunSeries(*experiment, flags);
   auto trial = PickTrial(*experiment, flags.config_path, flags.trial_name);
   if (!trial.ok()) return Fail(trial.status().message());
   llmctl::TrialConfig config = (*trial)->config;
@@ -434,5 +550,5 @@ int main(int argc, char** argv) {
   }
   auto rank_env = RankEnvFor(config);
   if (!rank_env.ok()) return Fail(rank_env.status().message());
-  return RunRank(config, flags, *rank_env, std::move(*names));
+  return RunRank(config, flags.events_path, flags, *rank_env, std::move(*names));
 }

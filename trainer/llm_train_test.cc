@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "common/cuda_version.h"
 #include "common/nvml/gpu_probe.h"
@@ -242,6 +244,84 @@ TEST(LlmTrainTest, OutOfMemoryExitsWithCode3) {
       RunLlmTrain("--config " + Demo() + " --set device_memory=12MiB --set train.max_steps=2");
   EXPECT_EQ(run.exit_code, 3) << run.output;
   EXPECT_NE(run.output.find("[oom] Params:"), std::string::npos) << run.output;
+}
+
+// Every event's memory figures (its type, phase, step, outcome and byte counts), in order.
+std::vector<nlohmann::json> MemoryFigures(const fs::path& events) {
+  std::vector<nlohmann::json> figures;
+  std::ifstream in(events);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json event = nlohmann::json::parse(line);
+    nlohmann::json kept;
+    for (const auto& [key, value] : event.items()) {
+      if (key == "type" || key == "phase" || key == "step" || key == "outcome" ||
+          key.find("bytes") != std::string::npos) {
+        kept[key] = value;
+      }
+    }
+    if (kept["type"] != "log") figures.push_back(kept);
+  }
+  return figures;
+}
+
+// --runs: the estimate tests run their sweeps this way, so each run must report what a process of
+// its own does, to the byte, whatever ran before it: QLoRA and 8-bit AdamW build process-wide
+// tables on first use, and an out-of-memory run stops mid-step.
+TEST(LlmTrainTest, RunsInOneProcessReportWhatProcessesOfTheirOwnDo) {
+  const fs::path dir = testing::FreshTempDir("cli-runs");
+  const std::string common =
+      " --set train.max_steps=2 --set snapshot_every=1 --set data.max_seq_length=64"
+      " --set data.mask_prompt=false --set train.micro_batch_size=2"
+      " --set train.global_batch_size=4";
+  const std::vector<std::vector<std::string>> runs = {{"peft.method=qlora"},
+                                                      {"device_memory=12MiB"},
+                                                      {"optimizer=adamw_8bit"},
+                                                      {"kernels=aten"},
+                                                      {"peft.method=qlora"}};
+  {
+    std::ofstream lines(dir / "runs.jsonl");
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const std::string events = (dir / ("series-" + std::to_string(i) + ".jsonl")).string();
+      lines << nlohmann::json{{"events", events}, {"set", runs[i]}}.dump() << "\n";
+    }
+  }
+  const CommandResult series =
+      RunLlmTrain("--config " + Demo() + common + " --runs " + (dir / "runs.jsonl").string());
+  EXPECT_EQ(series.exit_code, 3) << "the first run that did not end ok ran out of memory\n"
+                                 << series.output;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    SCOPED_TRACE(runs[i].front());
+    const fs::path alone = dir / ("alone-" + std::to_string(i) + ".jsonl");
+    const CommandResult run = RunLlmTrain("--config " + Demo() + common + " --set " +
+                                          runs[i].front() + " --events " + alone.string());
+    EXPECT_EQ(run.exit_code, i == 1 ? 3 : 0) << run.output;
+    const std::vector<nlohmann::json> expected = MemoryFigures(alone);
+    const std::vector<nlohmann::json> got =
+        MemoryFigures(dir / ("series-" + std::to_string(i) + ".jsonl"));
+    ASSERT_GT(expected.size(), 3u);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t e = 0; e < got.size(); ++e) EXPECT_EQ(got[e], expected[e]) << "event " << e;
+  }
+}
+
+// A bad line is refused with its file and line before anything runs.
+TEST(LlmTrainTest, RunsFileIsCheckedWholeFirst) {
+  const fs::path dir = testing::FreshTempDir("cli-runs-bad");
+  const std::string first = (dir / "first.jsonl").string();
+  WriteFile(dir / "runs.jsonl", nlohmann::json{{"events", first}}.dump() + "\n\n" +
+                                    nlohmann::json{{"events", "x"}, {"set", {"nope=1"}}}.dump() +
+                                    "\n");
+  CommandResult run =
+      RunLlmTrain("--config " + Demo() + " --runs " + (dir / "runs.jsonl").string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("runs.jsonl:3: --set nope=1"), std::string::npos) << run.output;
+  EXPECT_FALSE(fs::exists(first));
+  WriteFile(dir / "ranks.jsonl",
+            nlohmann::json{{"events", first}, {"set", {"strategy=ddp", "devices=2"}}}.dump());
+  run = RunLlmTrain("--config " + Demo() + " --runs " + (dir / "ranks.jsonl").string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("ranks.jsonl:1: a data-parallel trial"), std::string::npos)
+      << run.output;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "trainer/memory/counting_allocator.h"
 #include "trainer/quant/quant_cpu.h"
 
 namespace llmctl::trainer {
@@ -189,10 +190,20 @@ torch::Tensor Nf4Offset(const torch::Tensor& absmax) {
                               torch::TensorOptions().dtype(torch::kFloat32));
 }
 
+// Tables the process builds once and keeps for its life are host memory, as they are beside a GPU:
+// a run's device figures then do not depend on whether an earlier run in the process (llm-train
+// --runs) built them.
+template <typename Build>
+torch::Tensor HostTable(Build build) {
+  ScopedHostAllocations host;
+  return build();
+}
+
 // Built once: DequantizeNf4 runs in every forward and backward, the optimizer in every step.
 const torch::Tensor& DynamicMapOnCpu(bool is_signed) {
-  static const torch::Tensor signed_map = DynamicMap(/*is_signed=*/true);
-  static const torch::Tensor unsigned_map = DynamicMap(/*is_signed=*/false);
+  static const torch::Tensor signed_map = HostTable([] { return DynamicMap(/*is_signed=*/true); });
+  static const torch::Tensor unsigned_map =
+      HostTable([] { return DynamicMap(/*is_signed=*/false); });
   return is_signed ? signed_map : unsigned_map;
 }
 
@@ -206,13 +217,13 @@ torch::Tensor Nf4Absmax(const Nf4Weight& w) {
 
 // Byte b -> (code[b >> 4], code[b & 15]): one gather per byte instead of unpacking nibbles first.
 const torch::Tensor& Nf4PairTableOnCpu() {
-  static const torch::Tensor pairs = [] {
+  static const torch::Tensor pairs = HostTable([] {
     torch::Tensor bytes = torch::arange(256, torch::TensorOptions().dtype(torch::kInt32));
     torch::Tensor table = Nf4CodeTable();
     return torch::stack({table.index_select(0, bytes.bitwise_right_shift(4)),
                          table.index_select(0, bytes.bitwise_and(15))},
                         1);
-  }();
+  });
   return pairs;  // (256, 2)
 }
 
