@@ -57,6 +57,16 @@ endfunction()
 # clone too: ctest's own cost data (build/Testing/Temporary/CTestCostData.txt) holds 0 for a test that
 # skipped and for a parameterized one (its name holds spaces), which it would then start last.
 set(LLMCTL_TEST_SKIP_RETURN_CODE 77)
+# ctest runs tests side by side (make test: -j 2), each with two OpenMP threads and some with two
+# ranks, so there are more threads than cores. OpenMP's default lets an idle thread spin for its
+# next task, burning the core another test's thread waits for: a training test ran 6x slower next to
+# a twin than passive waiting lets it (docs/developing.md, "Time budgets"). Passive waiting changes
+# no result: the threads and their work are the same.
+# LLMCTL_RATE_PROBE=off: an llmctl a test starts predicts at the data sheets' rates, never at a
+# probe of this machine (its speed, and 10 s of two cores per fresh data directory); the probe's
+# own tests pass their environment explicitly.
+set(LLMCTL_TEST_ENVIRONMENT OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE
+  LLMCTL_RATE_PROBE=off LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR} LLMCTL_BUILD_DIR=${PROJECT_BINARY_DIR})
 function(llmctl_test name)
   cmake_parse_arguments(ARG "ONE_PROCESS;TORCH;DEVICE" "COST" "SOURCES;DEPS;ENV" ${ARGN})
   if(NOT DEFINED ARG_COST)
@@ -78,17 +88,7 @@ function(llmctl_test name)
   if(ARG_TORCH)
     llmctl_torch_pch(${name})
   endif()
-  # ctest runs tests side by side (make test: -j 2), each with two OpenMP threads and some with two
-  # ranks, so there are more threads than cores. OpenMP's default lets an idle thread spin for its
-  # next task, burning the core another test's thread waits for: a training test ran 6x slower next to
-  # a twin than passive waiting lets it (docs/developing.md, "Time budgets"). Passive waiting changes
-  # no result: the threads and their work are the same.
-  # LLMCTL_RATE_PROBE=off: an llmctl a test starts predicts at the data sheets' rates, never at a
-  # probe of this machine (its speed, and 10 s of two cores per fresh data directory); the probe's
-  # own tests pass their environment explicitly.
-  set(environment OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE LLMCTL_RATE_PROBE=off
-    LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR}
-    LLMCTL_BUILD_DIR=${PROJECT_BINARY_DIR} ${ARG_ENV})
+  set(environment ${LLMCTL_TEST_ENVIRONMENT} ${ARG_ENV})
   if(ARG_ONE_PROCESS)
     add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
     set_tests_properties(${name} PROPERTIES
@@ -110,6 +110,27 @@ function(llmctl_test name)
       ENVIRONMENT "${discovered_environment}"
       SKIP_RETURN_CODE ${LLMCTL_TEST_SKIP_RETURN_CODE}
       COST ${ARG_COST})
+endfunction()
+
+# llmctl_test_rerun(NAME TARGET t FILTER f TESTS n ENV k=v ... [COST S]): the gtest cases of test
+# binary `t` that `f` (--gtest_filter) selects, once more as the one ctest test NAME with the tests'
+# environment plus ENV; it passes only if all `n` of them ran and passed, so a filter that stops
+# matching fails rather than passing with nothing run. Issue 37: comparisons under another CPU's
+# kernels (ATEN_CPU_CAPABILITY=default), docs/developing.md.
+function(llmctl_test_rerun name)
+  if(LLMCTL_TRAINER_ONLY)
+    return()
+  endif()
+  cmake_parse_arguments(ARG "" "TARGET;FILTER;TESTS;COST" "ENV" ${ARGN})
+  if(NOT DEFINED ARG_COST)
+    set(ARG_COST 0)
+  endif()
+  add_test(NAME ${name} COMMAND ${ARG_TARGET} --gtest_filter=${ARG_FILTER}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(${name} PROPERTIES
+    ENVIRONMENT "${LLMCTL_TEST_ENVIRONMENT};${ARG_ENV}"
+    PASS_REGULAR_EXPRESSION "\\[  PASSED  \\] ${ARG_TESTS} tests?\\."
+    COST ${ARG_COST})
 endfunction()
 
 # llmctl_fuzz_replay(NAME DEPS ... [MUTATIONS N] [SEED S]): replays tests/fuzz/corpus/NAME through

@@ -49,7 +49,8 @@ inline constexpr double kEightBitStrayFraction = 1e-3;
 // summation orders, which the arithmetic bounds (adam_step_bound.h): per element under AdamW, per
 // tensor under SGD without momentum, from the one process's checkpoint after every step and a
 // third run, the one process with the ranks' micro-batch accumulated, that samples this machine's
-// rounding; a loss within its gradient times those bounds plus 64 times its rounding. Tensors
+// rounding, plus each step's float32 rounding of the weights per element; a loss within its
+// gradient times those bounds plus 64 times its rounding. Tensors
 // neither run trains are equal. Other optimizers (8-bit AdamW) keep a fixed 1e-5 for all but
 // `stray_fraction` of each tensor's elements (kEightBitStrayFraction). The loss must move, or
 // equal losses would say nothing about the updates. Each run takes `steps` steps (at least 2: the
