@@ -1,7 +1,7 @@
 // The predicted peak against the real trainer: llm-train runs each configuration for two steps (the
 // second is the steady state, with the optimizer's state held through forward and backward) on
 // examples longer than the sequence length, so every micro-batch is full as the estimate assumes.
-// The bound (testing::PeakBound, testing::ExpectPeakWithin): the estimate's peak at most 3% over
+// The bound (testing::PeakBound, testing::ExpectPeaksWithin): the estimate's peak at most 3% over
 // the highest allocated bytes it measures and at most 2% under them (issue 28: an estimate under
 // the peak says "fits" for a run that does not; the tied-vocabulary test: 1% either way), but a
 // run below 32-bit precision may lie a further kCpuSixteenBitMatmulWorkspace (512 KiB) under: the
@@ -31,12 +31,10 @@ using testing::Case;
 using testing::Sets;
 using testing::With;
 
+// testing::ExpectPeaksWithin with PeakRunSets: the one-rank cases in one llm-train process.
 void ExpectPeaksWithin(const std::vector<Case>& cases, testing::PeakBound bound = {}) {
   const fs::path dir = testing::TestDir();
-  const Sets common = testing::PeakRunSets(dir);
-  for (size_t i = 0; i < cases.size(); ++i) {
-    testing::ExpectPeakWithin(cases[i], common, dir, static_cast<int>(i), bound);
-  }
+  testing::ExpectPeaksWithin(cases, testing::PeakRunSets(dir), dir, bound);
   fs::remove_all(dir);
 }
 
@@ -62,7 +60,7 @@ TEST(EstimatePeakTest, DemoSweep) {
            {{"train.micro_batch_size", "1"}, {"train.global_batch_size", "2"}},
            {{"train.micro_batch_size", "16"}, {"train.global_batch_size", "16"}},
            {{"data.max_seq_length", "32"}},
-           {{"loss", "chunked_ce"}},
+           {{"kernels", "aten"}, {"loss", "chunked_ce"}},
            {{"loss", "chunked_ce"}, {"train.grad_clip", "1.0"}, {"precision", "bf16-true"}},
            {{"peft.method", "lora"}},
            {{"peft.method", "lora"}, {"peft.dropout", "0.1"}},
@@ -81,12 +79,13 @@ TEST(EstimatePeakTest, DemoSweep) {
             {"peft.targets", "[k_proj, gate_proj, lm_head]"},
             {"precision", "bf16-true"},
             {"activation_checkpointing", "true"}},
-           // The fused decoder block (trainer/kernels): fewer saved activations.
-           {{"kernels", "fused"}},
-           {{"kernels", "fused"}, {"precision", "bf16-true"}},
-           {{"kernels", "fused"}, {"precision", "bf16-mixed"}},
-           {{"kernels", "fused"}, {"peft.method", "lora"}},
-           {{"kernels", "fused"}, {"activation_checkpointing", "true"}},
+           // The ATen composition transformers runs (the rows above run demo.yaml's kernels,
+           // fused, with the chunked loss): more saved activations, the full logits.
+           {{"kernels", "aten"}},
+           {{"kernels", "aten"}, {"precision", "bf16-true"}},
+           {{"kernels", "aten"}, {"precision", "bf16-mixed"}},
+           {{"kernels", "aten"}, {"peft.method", "lora"}},
+           {{"kernels", "aten"}, {"activation_checkpointing", "true"}},
        }) {
     cases.push_back({"demo.yaml", "", With(base, sets)});
   }
@@ -140,7 +139,8 @@ TEST(EstimatePeakTest, FitIsTheLargestMicroBatchThatRuns) {
   const fs::path dir = testing::TestDir();
   const Sets common = testing::PeakRunSets(dir);
   const Sets budget = {{"device_memory", "40MiB"}, {"data.max_seq_length", "128"}};
-  int runs = 0;
+  std::vector<Case> cases;  // each technique's fit, then one example more: all in one process
+  std::vector<std::string> expected;
   for (const Sets& technique :
        std::vector<Sets>{{}, {{"precision", "bf16-true"}}, {{"peft.method", "lora"}}}) {
     const Sets sets = With(budget, technique);
@@ -159,13 +159,16 @@ TEST(EstimatePeakTest, FitIsTheLargestMicroBatchThatRuns) {
     for (const int64_t micro : {fit->micro_batch_size, fit->micro_batch_size + 1}) {
       const std::string batch = std::to_string(micro);
       const std::string global = std::to_string(micro < file_global ? 2 * micro : micro);
-      const Case run_case{
-          "demo.yaml", "",
-          With(sets, {{"train.micro_batch_size", batch}, {"train.global_batch_size", global}})};
-      const testing::TrainerRun run = testing::RunLlmTrain(run_case, common, dir, runs++);
-      EXPECT_EQ(Outcome(run), micro == fit->micro_batch_size ? "ok" : "oom")
-          << "micro-batch " << micro;
+      cases.push_back(
+          {"demo.yaml", "",
+           With(sets, {{"train.micro_batch_size", batch}, {"train.global_batch_size", global}})});
+      expected.push_back(micro == fit->micro_batch_size ? "ok" : "oom");
     }
+  }
+  const std::vector<testing::TrainerRun> runs = testing::RunLlmTrainSeries(cases, common, dir, 0);
+  ASSERT_EQ(runs.size(), cases.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_EQ(Outcome(runs[i]), expected[i]) << testing::Describe(cases[i]);
   }
   fs::remove_all(dir);
 }

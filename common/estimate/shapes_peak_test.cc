@@ -107,14 +107,14 @@ class ShapePeakTest : public ::testing::TestWithParam<Shape> {};
 TEST_P(ShapePeakTest, WithinThreePercentNeverTwoUnder) {
   const Shape& shape = GetParam();
   const fs::path dir = testing::TestDir();
-  const Sets common = CommonSets(dir);
   const std::string model = testing::SourceDir() + "/tests/fixtures/model-shapes/" + shape.name;
-  for (size_t i = 0; i < shape.techniques.size(); ++i) {
-    const Technique& technique = shape.techniques[i];
-    const Case c{"demo.yaml", "", With({{"model", model}}, technique.sets)};
-    testing::ExpectPeakWithin(c, common, dir, static_cast<int>(i), {},
-                              shape.name + " " + technique.name);
+  std::vector<Case> cases;
+  std::vector<std::string> labels;
+  for (const Technique& technique : shape.techniques) {
+    cases.push_back({"demo.yaml", "", With({{"model", model}}, technique.sets)});
+    labels.push_back(shape.name + " " + technique.name);
   }
+  testing::ExpectPeaksWithin(cases, CommonSets(dir), dir, {}, labels);
   fs::remove_all(dir);
 }
 

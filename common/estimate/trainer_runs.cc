@@ -4,11 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -17,6 +17,8 @@
 #include "common/experiment.h"
 #include "common/rank_files.h"
 #include "common/snapshot_event.h"
+#include "common/text.h"
+#include "common/trainer_exit.h"
 #include "tests/support/shell_command.h"
 
 namespace llmctl::estimate::testing {
@@ -92,6 +94,57 @@ TrainerRun RunLlmTrain(const Case& c, const Sets& common, const fs::path& dir, i
     run.ranks.push_back(ReadEvents(RankEventsPath(events.string(), rank)));
   }
   return run;
+}
+
+namespace {
+
+// The exit code a process of its own ends with for the outcome of `events`' result; -1 without one.
+int ExitCodeOfResult(const std::vector<json>& events) {
+  for (const json& event : events) {
+    if (event["type"] != "result" || !event.contains("outcome")) continue;
+    for (int code = trainer_exit::kOk; code <= trainer_exit::kCancelled; ++code) {
+      if (event["outcome"] == trainer_exit::OutcomeName(code)) return code;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::vector<TrainerRun> RunLlmTrainSeries(const std::vector<Case>& cases, const Sets& common,
+                                          const fs::path& dir, int first_index) {
+  const fs::path runs_path = dir / ("runs-" + std::to_string(first_index) + ".jsonl");
+  std::vector<fs::path> events;
+  {
+    std::ofstream runs(runs_path);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      if (c.nproc != 1 || c.file != cases.front().file) {
+        ADD_FAILURE() << "RunLlmTrainSeries runs one-rank cases of one file: " << Describe(c);
+        return {};
+      }
+      events.push_back(dir /
+                       ("events-" + std::to_string(first_index + static_cast<int>(i)) + ".jsonl"));
+      json line = {{"events", events.back().string()}, {"set", json::array()}};
+      if (!c.trial.empty()) line["trial"] = c.trial;
+      for (const auto& [key, value] : c.sets) line["set"].push_back(key + "=" + value);
+      runs << line.dump() << "\n";
+    }
+  }
+  if (cases.empty()) return {};
+  std::string command = (llmctl::testing::BuildDir() / "trainer/llm-train").string() +
+                        " --config " + FilePath(cases.front()) + " --runs " + runs_path.string();
+  for (const auto& [key, value] : common) command += " --set '" + key + "=" + value + "'";
+  const llmctl::testing::CommandResult result = llmctl::testing::RunShellCommand(command);
+  std::vector<TrainerRun> runs;
+  for (const fs::path& path : events) {
+    TrainerRun& run = runs.emplace_back();
+    run.command = command;
+    run.output = result.out;
+    run.ranks.push_back(ReadEvents(path));
+    run.exit_code = ExitCodeOfResult(run.ranks.front());
+  }
+  return runs;
 }
 
 StatusOr<std::vector<std::vector<json>>> RunLlmTrainOk(const Case& c, const Sets& common,
@@ -215,16 +268,29 @@ std::string SlowSixteenBitRun(const StatusOr<StepWork>& work, int steps) {
   return why;
 }
 
-void ExpectPeakWithin(const Case& c, const Sets& common, const fs::path& dir, int index,
-                      PeakBound bound, const std::string& label) {
+namespace {
+
+// A case ExpectPeaksWithin checks: its configuration, the estimate its run is compared with and
+// the case that runs (AtMostMicroBatches' of two, whose estimate is the case's to the byte).
+struct PeakPlan {
+  Case c;
+  std::string label;
+  CaseConfig loaded;
+  StepMemoryEstimate estimate;
+  Case run_case;
+};
+
+// `c`'s plan, or none: then a failure is recorded, or `skip` says why the case is left out.
+void PlanPeak(const Case& c, const Sets& common, const std::string& label,
+              std::optional<PeakPlan>& plan, std::string& skip) {
   SCOPED_TRACE(Describe(c));
   StatusOr<CaseConfig> loaded = LoadCase(c, common);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-  // Left out here, and said so: the rest of a sweep still runs, the test then reports a skip.
   if (const std::string slow =
           SlowSixteenBitRun(EstimateStepWork(loaded->config, loaded->model), /*steps=*/2);
       !slow.empty()) {
-    GTEST_SKIP() << (label.empty() ? Describe(c) : label) << ": " << slow;
+    skip = label + ": " + slow;
+    return;
   }
   StatusOr<StepMemoryEstimate> estimate = EstimateStepMemory(loaded->config, loaded->model);
   ASSERT_TRUE(estimate.ok()) << estimate.status().message();
@@ -239,36 +305,78 @@ void ExpectPeakWithin(const Case& c, const Sets& common, const fs::path& dir, in
     ASSERT_EQ(run_estimate->peak_bytes, estimate->peak_bytes) << Describe(run_case);
     ASSERT_EQ(run_estimate->peak_phase, estimate->peak_phase) << Describe(run_case);
   }
-  const auto start = std::chrono::steady_clock::now();
-  auto ranks = RunLlmTrainOk(run_case, common, dir, index);
-  const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
-  ASSERT_TRUE(ranks.ok()) << ranks.status().message();
-  ExpectModelStateExact(c, *loaded, *ranks);
-  const uint64_t measured = MeasuredPeak(ranks->front());
+  plan = PeakPlan{c, label, std::move(*loaded), std::move(*estimate), run_case};
+}
+
+// The training time of a run's rank 0, from its result event (0 without one).
+double TrainSeconds(const std::vector<json>& events) {
+  for (const json& e : events) {
+    if (e["type"] == "result" && e.contains("elapsed_ms"))
+      return e["elapsed_ms"].get<double>() / 1e3;
+  }
+  return 0;
+}
+
+// The run's model state equals the plan's estimate to the byte and its peak lies within `bound`.
+void CheckPeak(const PeakPlan& plan, const TrainerRun& run, PeakBound bound) {
+  SCOPED_TRACE(Describe(plan.c));
+  ASSERT_EQ(run.exit_code, 0) << run.command << " exited with " << run.exit_code << "\n"
+                              << run.output;
+  ExpectModelStateExact(plan.c, plan.loaded, run.ranks);
+  const uint64_t measured = MeasuredPeak(run.ranks.front());
   ASSERT_GT(measured, 0u);
-  const double error = (static_cast<double>(estimate->peak_bytes) - static_cast<double>(measured)) /
+  const uint64_t predicted = plan.estimate.peak_bytes;
+  const double error = (static_cast<double>(predicted) - static_cast<double>(measured)) /
                        static_cast<double>(measured);
   // oneDNN packs a 16-bit CPU matmul's operands into buffers it takes from LibTorch's allocator for
   // the call, whose sizes follow the CPU's vector unit: the estimate leaves them out (docs/
   // estimate.md), so a run below the 32-bit precision may lie that much further under it
   // (measured on Zen 4: up to 450 KiB, at the demo model's loss).
   const double workspace =
-      loaded->config.settings().memory.precision == trial::Precision::k32True
+      plan.loaded.config.settings().memory.precision == trial::Precision::k32True
           ? 0.0
           : static_cast<double>(kCpuSixteenBitMatmulWorkspace) / static_cast<double>(measured);
   const std::string shortened =
-      run_case.sets.size() != c.sets.size() ? " (run at 2 micro-batches a step)" : "";
+      plan.run_case.sets.size() != plan.c.sets.size() ? " (run at 2 micro-batches a step)" : "";
   std::printf(
-      "%s%s predicted %llu measured %llu error %+.2f%% (%s; model state %.0f%%) %.1f s\n",
-      (label.empty() ? Describe(c) : label).c_str(), shortened.c_str(),
-      static_cast<unsigned long long>(estimate->peak_bytes),
-      static_cast<unsigned long long>(measured), 100.0 * error, estimate->peak_phase.c_str(),
-      100.0 * static_cast<double>(estimate->state.device_bytes()) / static_cast<double>(measured),
-      wall.count());
+      "%s%s predicted %llu measured %llu error %+.2f%% (%s; model state %.0f%%) trained in %.1f "
+      "s\n",
+      plan.label.c_str(), shortened.c_str(), static_cast<unsigned long long>(predicted),
+      static_cast<unsigned long long>(measured), 100.0 * error, plan.estimate.peak_phase.c_str(),
+      100.0 * static_cast<double>(plan.estimate.state.device_bytes()) /
+          static_cast<double>(measured),
+      TrainSeconds(run.ranks.front()));
   EXPECT_GE(error, -bound.under - workspace)
-      << "predicted " << estimate->peak_bytes << " B, measured " << measured << " B";
-  EXPECT_LE(error, bound.over) << "predicted " << estimate->peak_bytes << " B, measured "
-                               << measured << " B";
+      << "predicted " << predicted << " B, measured " << measured << " B";
+  EXPECT_LE(error, bound.over) << "predicted " << predicted << " B, measured " << measured << " B";
+}
+
+}  // namespace
+
+void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& common, const fs::path& dir,
+                       PeakBound bound, const std::vector<std::string>& labels) {
+  std::vector<PeakPlan> one_rank, ranks;
+  std::vector<std::string> skipped;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::optional<PeakPlan> plan;
+    std::string skip;
+    PlanPeak(cases[i], common, i < labels.size() ? labels[i] : Describe(cases[i]), plan, skip);
+    if (!skip.empty()) skipped.push_back(skip);
+    if (plan) (plan->c.nproc == 1 ? one_rank : ranks).push_back(std::move(*plan));
+  }
+  std::vector<Case> series;
+  for (const PeakPlan& plan : one_rank) series.push_back(plan.run_case);
+  const std::vector<TrainerRun> runs = RunLlmTrainSeries(series, common, dir, 0);
+  for (size_t i = 0; i < runs.size(); ++i) CheckPeak(one_rank[i], runs[i], bound);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    CheckPeak(ranks[i],
+              RunLlmTrain(ranks[i].run_case, common, dir, static_cast<int>(series.size() + i)),
+              bound);
+  }
+  // Left out here, and said so: the rest ran, the test then reports a skip.
+  if (!skipped.empty()) {
+    GTEST_SKIP() << Join(std::vector<std::string_view>(skipped.begin(), skipped.end()), "; ");
+  }
 }
 
 fs::path TestDir() {

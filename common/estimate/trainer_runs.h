@@ -57,6 +57,15 @@ struct TrainerRun {
 TrainerRun RunLlmTrain(const Case& c, const Sets& common, const std::filesystem::path& dir,
                        int index);
 
+// Runs the one-rank `cases` (all of one experiment file, each with `common` and its sets) one after
+// another in one llm-train process (llm-train --runs): LibTorch's start, about 1 s of CPU, once for
+// them all rather than once a case, with the figures a process of its own reports (llm_train_test's
+// LlmTrainTest.RunsInOneProcessReportWhatProcessesOfTheirOwnDo). Case i writes its events under
+// `dir` as RunLlmTrain(cases[i], common, dir, first_index + i) would; each run's exit_code is the
+// one its result event's outcome stands for (-1 without one); command and output are the series'.
+std::vector<TrainerRun> RunLlmTrainSeries(const std::vector<Case>& cases, const Sets& common,
+                                          const std::filesystem::path& dir, int first_index);
+
 // As RunLlmTrain, failing with the command and its output when llm-train exits non-zero.
 StatusOr<std::vector<std::vector<nlohmann::json>>> RunLlmTrainOk(const Case& c, const Sets& common,
                                                                  const std::filesystem::path& dir,
@@ -86,7 +95,7 @@ Sets PeakRunSets(const std::filesystem::path& dir);
 uint64_t MeasuredPeak(const std::vector<nlohmann::json>& events);
 
 // The most a 16-bit matmul's oneDNN packing buffers take beside a CPU run's peak
-// (ExpectPeakWithin).
+// (ExpectPeaksWithin).
 inline constexpr uint64_t kCpuSixteenBitMatmulWorkspace = 512 * 1024;
 
 // How far an estimated peak may lie from the measured one, (predicted - measured) / measured: issue
@@ -125,12 +134,16 @@ std::string SlowSixteenBitRun(const StatusOr<StepWork>& work, int steps);
 // it holds the same tensors however many micro-batches a step accumulates into them.
 Case AtMostMicroBatches(const Case& c, const TrialConfig& config, int micro_batches);
 
-// Runs `c` (with `common`; AtMostMicroBatches' case of two, whose estimate must equal `c`'s)
-// through llm-train under `dir` and expects its model state to equal the estimate's byte for byte
-// and its measured peak to lie within `bound` of the estimated one; prints one line, `label`
-// (Describe(c) when empty), the two peaks, the error, the estimate's phase and the run's wall time.
-void ExpectPeakWithin(const Case& c, const Sets& common, const std::filesystem::path& dir,
-                      int index, PeakBound bound = {}, const std::string& label = "");
+// Runs each case (with `common`; AtMostMicroBatches' case of two, whose estimate must equal the
+// case's) through llm-train under `dir` and expects its model state to equal the estimate's byte
+// for byte and its measured peak to lie within `bound` of the estimated one; prints a line a case:
+// its label (`labels[i]`, or Describe(case) without one), the two peaks, the error, the estimate's
+// phase and the run's training time. The one-rank cases run in one process (RunLlmTrainSeries),
+// each data-parallel case in its own (--nproc). A case SlowSixteenBitRun leaves out is named in
+// the test's skip once the others have run.
+void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& common,
+                       const std::filesystem::path& dir, PeakBound bound = {},
+                       const std::vector<std::string>& labels = {});
 
 // A fresh directory for the running test's files.
 std::filesystem::path TestDir();
