@@ -355,7 +355,6 @@ TEST_P(CpuLabBlip2RowTest, EndsAsTheFileExpectsWithinItsEstimate) {
   ASSERT_TRUE(trial.ok()) << trial.status().message();
   ASSERT_TRUE(trial->expect.has_value());
   const Case row{"cpu-lab-blip2.yaml", GetParam(), {}};
-  SCOPED_TRACE(testing::Describe(row));
   const testing::TrainerRun run = testing::RunLlmTrain(row, {}, dir, 0);
   const std::string outcome = Outcome(run);
   EXPECT_EQ(outcome, *trial->expect) << run.output;
