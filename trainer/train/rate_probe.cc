@@ -28,14 +28,17 @@ using Clock = std::chrono::steady_clock;
 // Fewer rows shorten the weight gradient's reduction and split worse over threads; a narrower
 // weight reuses less of what the GEMM loads: measured 11-29 on a Zen 3, a LLaMA step's 190-row
 // GEMMs ran at 33-55 GFLOP/s where a 512-row square one ran at 67 (one thread).
-constexpr int64_t kCpuRows[] = {32, 128, 256, 512, 2048};
+constexpr int64_t kCpuRows[] = {32, 128, 512, 2048};
 constexpr int64_t kCpuWidths[] = {256, 512, 1024, 2048, 4096};
 constexpr int64_t kCudaRows[] = {512, 2048, 8192};
 constexpr int64_t kCudaWidths[] = {1024, 2048, 4096, 8192};
 // One matmul call may take at most this share of the rounds' time: the grid's cells past it (the
 // wide ones, and on a CPU that emulates 16-bit matmuls nearly all 16-bit ones) are left out, and
-// the estimate takes the nearest measured cell's rate there.
-constexpr double kCallShare = 1.0 / 128;
+// the estimate takes the nearest measured cell's rate there. The cells' FLOPs go up by factors of
+// two, and 8 s / 96 (83 ms) sits between two of them on the Zen 3 here for fp32 (58 and 117 ms a
+// call) and emulated bf16 (61 and 122 ms): at 8 s / 128, bf16's 61 ms cells were in one probe and
+// out of the next.
+constexpr double kCallShare = 1.0 / 96;
 // Causal attention as a small model's micro-batch has it: batch 2, 8 heads, 128 tokens, 64 wide.
 constexpr int64_t kSdpaBatch = 2, kSdpaHeads = 8, kSdpaTokens = 128, kSdpaWidth = 64;
 constexpr int64_t kCopyBytes = 64 << 20;

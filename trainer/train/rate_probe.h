@@ -16,7 +16,7 @@ namespace llmctl::trainer {
 struct RateProbeOptions {
   std::string device = "cpu";  // "cpu" or "cuda"
   // How long the rounds of samples run; each measurement's warm-up comes on top (about 1.5 s on a
-  // 2-core CPU). One call of a matmul may take at most a 128th of it, which sets how far the grid
+  // 2-core CPU). One call of a matmul may take at most a 96th of it, which sets how far the grid
   // goes. Tests pass a short one.
   double seconds = 8;
 };
