@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -65,15 +67,15 @@ inline void WriteFile(const fs::path& path, const std::string& text, fs::perms p
   fs::permissions(path, perms);
 }
 
-// An empty directory of this test's own under the system's temporary one: PREFIX_<test>_<pid>.
+// An empty directory of this test's own under the process's temporary one (tests/support/
+// gtest_main.cc gives each test process its own): PREFIX_XXXXXX. Short, not named after the test:
+// the agent's unix socket lies in it, and its path must fit sun_path's 108 bytes.
 inline fs::path FreshTestDir(const std::string& prefix) {
-  const fs::path dir =
-      fs::temp_directory_path() /
-      (prefix + "_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
-       "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  std::string pattern = (fs::temp_directory_path() / (prefix + "_XXXXXX")).string();
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    ADD_FAILURE() << "cannot make a directory " << pattern << ": " << std::strerror(errno);
+  }
+  return pattern;
 }
 
 inline pb::RunKey Key(int64_t experiment, const std::string& trial, int attempt) {
