@@ -93,6 +93,28 @@ void ExpectRunWithin(const Case& c, const testing::Blip2Case& loaded,
   }
 }
 
+// `c` for two steps without a device budget on `common` (WriteLongCaptions' set, every
+// micro-batch full as the estimate assumes by default), the run's events under `dir` numbered
+// `index`: ExpectRunWithin. A run too slow for this CPU (testing::SlowSixteenBitRun) is not run,
+// and said in `left_out`; `ran` is set once llm-train's run succeeded.
+void ExpectFullRunWithin(const Case& c, const Sets& common, const fs::path& dir, int index,
+                         testing::PeakBound bound, std::string& left_out, bool& ran) {
+  StatusOr<testing::Blip2Case> loaded = testing::LoadBlip2Case(c, common);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  StatusOr<StepMemoryEstimate> estimate = EstimateBlip2StepMemory(loaded->config, loaded->model);
+  ASSERT_TRUE(estimate.ok()) << estimate.status().message();
+  if (const std::string slow = testing::SlowSixteenBitRun(
+          EstimateBlip2StepWork(loaded->config, loaded->model), /*steps=*/2);
+      !slow.empty()) {
+    left_out.append("\n").append(testing::Describe(c)).append(": ").append(slow);
+    return;
+  }
+  auto ranks = testing::RunLlmTrainOk(c, common, dir, index);
+  ASSERT_TRUE(ranks.ok()) << ranks.status().message();
+  ran = true;
+  ExpectRunWithin(c, *loaded, *ranks, *estimate, /*full=*/true, bound, testing::Describe(c));
+}
+
 // Each case for two steps without a device budget on WriteLongCaptions' set, every micro-batch
 // full as the estimate assumes by default: ExpectRunWithin.
 void ExpectPeaksWithin(const std::vector<Case>& cases,
@@ -102,21 +124,10 @@ void ExpectPeaksWithin(const std::vector<Case>& cases,
   const Sets common = With(kPeakRun, {{"data.path", testing::WriteLongCaptions(dir).string()}});
   std::string left_out;  // the runs too slow for this CPU (testing::SlowSixteenBitRun)
   for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& c = cases[i];
-    SCOPED_TRACE(testing::Describe(c));
-    StatusOr<testing::Blip2Case> loaded = testing::LoadBlip2Case(c, common);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    StatusOr<StepMemoryEstimate> estimate = EstimateBlip2StepMemory(loaded->config, loaded->model);
-    ASSERT_TRUE(estimate.ok()) << estimate.status().message();
-    if (const std::string slow = testing::SlowSixteenBitRun(
-            EstimateBlip2StepWork(loaded->config, loaded->model), /*steps=*/2);
-        !slow.empty()) {
-      left_out.append("\n").append(testing::Describe(c)).append(": ").append(slow);
-      continue;
-    }
-    auto ranks = testing::RunLlmTrainOk(c, common, dir, static_cast<int>(i));
-    ASSERT_TRUE(ranks.ok()) << ranks.status().message();
-    ExpectRunWithin(c, *loaded, *ranks, *estimate, /*full=*/true, bound, testing::Describe(c));
+    SCOPED_TRACE(testing::Describe(cases[i]));
+    bool ran = false;
+    ExpectFullRunWithin(cases[i], common, dir, static_cast<int>(i), bound, left_out, ran);
+    if (::testing::Test::HasFatalFailure()) return;
   }
   fs::remove_all(dir);
   if (!left_out.empty()) GTEST_SKIP() << "left out on this CPU:" << left_out;
@@ -319,21 +330,10 @@ void ExpectOwnCaptionsPeak(const Case& row, const testing::TrainerRun& row_run, 
 void ExpectLongCaptionsPeak(const Case& row, const fs::path& dir, std::string& left_out,
                             bool& state_shown) {
   const Sets common = With(kPeakRun, {{"data.path", testing::WriteLongCaptions(dir).string()}});
-  StatusOr<testing::Blip2Case> loaded = testing::LoadBlip2Case(row, common);
-  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-  StatusOr<StepMemoryEstimate> estimate = EstimateBlip2StepMemory(loaded->config, loaded->model);
-  ASSERT_TRUE(estimate.ok()) << estimate.status().message();
-  if (const std::string slow = testing::SlowSixteenBitRun(
-          EstimateBlip2StepWork(loaded->config, loaded->model), /*steps=*/2);
-      !slow.empty()) {
-    left_out.append("\n").append(testing::Describe(row)).append(": ").append(slow);
-    return;
-  }
-  auto ranks = testing::RunLlmTrainOk(row, common, dir, 2);
-  ASSERT_TRUE(ranks.ok()) << ranks.status().message();
-  state_shown = true;
-  ExpectRunWithin(row, *loaded, *ranks, *estimate, /*full=*/true,
-                  {.under = kTolerance, .over = kTolerance}, testing::Describe(row));
+  bool ran = false;
+  ExpectFullRunWithin(row, common, dir, 2, {.under = kTolerance, .over = kTolerance}, left_out,
+                      ran);
+  if (ran) state_shown = true;
 }
 
 // Every row of experiments/cpu-lab-blip2.yaml at its own micro-batch, precision and technique, one
