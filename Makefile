@@ -36,12 +36,14 @@ demo: demo-build
 	$(LLMCTL) submit $(LAB) --wait
 
 # Fails when ctest does, or when a test skipped that tests/expected-skips.txt does not list; the ten
-# slowest tests and every skipped one, with its reason, are printed after ctest either way.
+# slowest tests and every skipped one, with its reason, are printed after ctest either way, and last
+# the failure lines of each failed test (the end of a log is what CI keeps).
 test: setup-tests build
 	@rc=0; ctest --test-dir $(BUILD) --output-on-failure -j $(TEST_JOBS) \
 	  --output-junit $(abspath $(BUILD))/ctest-results.xml || rc=$$?; \
 	python3 scripts/slowest_tests.py $(BUILD)/ctest-results.xml 10; \
 	python3 scripts/check_skips.py $(BUILD)/ctest-results.xml tests/expected-skips.txt || rc=1; \
+	python3 scripts/failed_tests.py $(BUILD)/ctest-results.xml 40; \
 	exit $$rc
 
 # Clang's -Wthread-safety over the libraries without LibTorch (common, controller, agent, rpc): every
