@@ -402,5 +402,21 @@ TEST_F(BlazarLiveTest, AnApplicationCredentialThatKeystoneDeniesATrustGetsAHint)
   EXPECT_EQ(Lease({"list"}).out.find("by-app"), std::string::npos);
 }
 
+// blazar_server.py's API and manager threads share one SQLite file: two transactions that each
+// read, then write, both commit (in CI, 11-29, a lease's start collided with another lease's create
+// and SQLite failed it at once with "database is locked"; the lease went to ERROR).
+TEST(BlazarServerTest, TwoThreadsThatReadThenWriteBothCommit) {
+  std::string dir = (fs::temp_directory_path() / "llmctl-sqlite-XXXXXX").string();
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  CommandResult checked = RunShellCommand(
+      "cd tests/blazar && ../../.venv-blazar/bin/python sqlite_transactions_check.py " + dir +
+      " 2>&1");
+  EXPECT_EQ(checked.exit_code, 0) << checked.out;
+  EXPECT_NE(checked.out.find("2 of 2 read-then-write transactions committed, counter 2"),
+            std::string::npos)
+      << checked.out;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace llmctl::testing

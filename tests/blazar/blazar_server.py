@@ -16,12 +16,20 @@ fake:// transport, which needs them in one process (blazar.rpc keeps one transpo
 port goes to --port-file once the socket is bound. One change from blazar-manager: the manager looks for
 due lease events every second instead of every 10 s (EVENT_INTERVAL, a module constant upstream), so a
 lease that starts now is ACTIVE within about a second.
+
+SQLite, not MySQL: the API's threads and the manager's write the same file at once, and oslo.db opens
+each transaction with a deferred BEGIN, so two transactions that both read, then write, deadlock on
+the lock upgrade and SQLite fails one at once with "database is locked" (seen in CI: a lease's
+start_lease collided with another lease's create and the lease went to ERROR). Every transaction here
+takes the write lock when it begins (BEGIN IMMEDIATE) and waits up to 60 s for it, so they run one
+after another, as MySQL's row locks would let them.
 """
 import argparse
 import gettext
 import os
 import signal
 import socketserver
+import sqlite3
 import sys
 import threading
 from wsgiref import simple_server
@@ -44,6 +52,7 @@ from oslo_config import cfg  # noqa: E402
 import sqlalchemy  # noqa: E402
 
 EVENT_INTERVAL_S = 1
+SQLITE_LOCK_WAIT_MS = 60_000
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
@@ -54,6 +63,22 @@ class ThreadingWSGIServer(socketserver.ThreadingMixIn, simple_server.WSGIServer)
 class QuietHandler(simple_server.WSGIRequestHandler):
     def log_message(self, *args):
         pass  # Blazar's own request log (oslo.log) records each request
+
+
+def serialize_sqlite_transactions():
+    """Class-level listeners, so they cover the engines oslo.db makes later, and run before oslo.db's
+    own "begin" listener, which then sees the transaction begun and emits no BEGIN of its own."""
+
+    @sqlalchemy.event.listens_for(sqlalchemy.pool.Pool, "connect")
+    def wait_for_the_lock(dbapi_connection, connection_record):
+        if isinstance(dbapi_connection, sqlite3.Connection):
+            dbapi_connection.execute(f"PRAGMA busy_timeout = {SQLITE_LOCK_WAIT_MS}")
+
+    @sqlalchemy.event.listens_for(sqlalchemy.engine.Engine, "begin")
+    def begin_immediate(connection):
+        if connection.dialect.name == "sqlite" and "in_transaction" not in connection.info:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            connection.info["in_transaction"] = True
 
 
 def create_schema():
@@ -79,6 +104,7 @@ def main():
     args = parser.parse_args()
     cfg.CONF(["--config-file", args.config_file], project="blazar", prog="blazar-server")
     service_utils.prepare_service(sys.argv)
+    serialize_sqlite_transactions()
     if args.create_schema:
         create_schema()
     notifier.init()
