@@ -130,6 +130,7 @@ nlohmann::ordered_json TrialJson(const v1::TrialReport& trial) {
   json["node"] = trial.node();
   json["train_seconds"] = trial.train_seconds();
   json["tokens_per_second"] = trial.tokens_per_second();
+  json["steady_tokens_per_second"] = SteadyTokensPerSecond(trial);
   json["peak_bytes"] = trial.peak_bytes();
   json["load_peak_bytes"] = trial.load_peak_bytes();
   AddPredictionJson(trial, json);

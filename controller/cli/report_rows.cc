@@ -1,6 +1,7 @@
 #include "controller/cli/report_rows.h"
 
 #include <algorithm>
+#include <map>
 
 #include "controller/cli/report.h"
 #include "controller/cli/report_format.h"
@@ -28,8 +29,25 @@ std::vector<std::string> LabColumns(const LabLayout& layout) {
   return columns;
 }
 
+double SteadyTokensPerSecond(const v1::TrialReport& trial) {
+  std::map<int32_t, int64_t> first_steps;  // attempt -> its first step
+  for (const v1::TrialStep& step : trial.steps()) {
+    auto [first, added] = first_steps.try_emplace(step.attempt(), step.step());
+    if (!added) first->second = std::min(first->second, step.step());
+  }
+  int64_t tokens = 0;
+  double seconds = 0;
+  for (const v1::TrialStep& step : trial.steps()) {
+    if (step.step() == first_steps.at(step.attempt())) continue;
+    tokens += step.tokens();
+    seconds += step.seconds();
+  }
+  return tokens > 0 && seconds > 0 ? static_cast<double>(tokens) / seconds
+                                   : trial.tokens_per_second();
+}
+
 std::optional<double> TimePredictionError(const v1::TrialReport& trial) {
-  const double measured = trial.tokens_per_second();
+  const double measured = SteadyTokensPerSecond(trial);
   const double predicted = trial.prediction().tokens_per_second();
   if (trial.outcome() != "ok" || measured <= 0 || predicted <= 0) return std::nullopt;
   return (predicted - measured) / measured;
@@ -111,9 +129,9 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
     }
   }
   row.cells.push_back(ended ? Printf("%.1f", trial.train_seconds()) : std::string(kNone));
-  row.cells.push_back(ended && trial.tokens_per_second() != 0
-                          ? Grouped(trial.tokens_per_second(), 0)
-                          : std::string(kNone));
+  const double tokens_per_second = SteadyTokensPerSecond(trial);
+  row.cells.push_back(ended && tokens_per_second != 0 ? Grouped(tokens_per_second, 0)
+                                                      : std::string(kNone));
   if (layout.timed) {
     const double predicted = trial.prediction().tokens_per_second();
     row.cells.push_back(predicted > 0 ? Grouped(predicted, 0) : std::string(kNone));

@@ -48,12 +48,21 @@ inline constexpr std::string_view kPredictionNote =
     "(predicted - measured) / measured, for trials that ended ok";
 
 inline constexpr std::string_view kTimeNote =
-    "predicted tokens/s: what `llmctl estimate` predicted at submit, in real tokens at the mean "
-    "micro-batch the run draws (else full sequences); measured tokens/s is the whole run's, its "
-    "first steps and anything else on the machine included; error: (predicted - measured) / "
-    "measured, for trials that ended ok";
+    "tokens/s: the run's steps after each attempt's first (which also creates the optimizer's "
+    "state and warms the kernels up), anything else on the machine included; the whole run's for "
+    "a one-step run; predicted tokens/s: what `llmctl estimate` predicted at submit, in real "
+    "tokens at the mean micro-batch the run draws (else full sequences); error: (predicted - "
+    "measured) / measured, for trials that ended ok";
 
-// The predicted tokens/s' error against the measured, as PredictionError; nullopt without both.
+// The run's tokens per second in its steady state: its steps' tokens over their seconds, leaving
+// out each attempt's first step, whose one-time work (the optimizer's state created, the kernels
+// and the allocator warmed up) a prediction of the step leaves out too: on the CPU lab's 6-step
+// rows it is 4-10% of the train time. The whole run's figure (tokens_per_second) when no step is
+// left (a one-step run, or a report without its steps).
+double SteadyTokensPerSecond(const v1::TrialReport& trial);
+
+// The predicted tokens/s' error against SteadyTokensPerSecond, as PredictionError; nullopt
+// without both.
 std::optional<double> TimePredictionError(const v1::TrialReport& trial);
 
 // The predicted peak's error against the measured one, (predicted - measured) / measured: for a

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "controller/cli/report_charts.h"
+#include "controller/cli/report_rows.h"
 
 namespace llmctl::cli {
 namespace {
@@ -387,6 +388,50 @@ TEST(ReportTest, PredictedPeakSitsBesideTheMeasuredOneWithItsError) {
   const std::string html = RenderReport(report, ReportFormat::kHtml);
   EXPECT_NE(html.find("<th>predicted MiB</th><th>error</th>"), std::string::npos);
   EXPECT_NE(html.find("<td class=\"n\">-10.9%</td>"), std::string::npos);
+}
+
+// tokens/s, and the predicted tokens/s' error, leave out each attempt's first step (its one-time
+// work): attempt 1 ran steps 0-2, attempt 3 resumed at step 3 and ran 3-4.
+TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
+  v1::ReportResponse report;
+  report.set_experiment_id(3);
+  report.set_name("timed");
+  v1::TrialReport* trial = report.add_trials();
+  trial->set_name("resumed");
+  trial->set_outcome("ok");
+  trial->set_attempt(3);
+  trial->set_train_seconds(4.0);
+  trial->set_tokens_per_second(250);  // the whole run's: 1,000 tokens over 4 s
+  for (const auto& [attempt, step, seconds] : std::vector<std::tuple<int, int, double>>{
+           {1, 0, 1.0}, {1, 1, 0.5}, {1, 2, 0.5}, {3, 3, 1.5}, {3, 4, 0.5}}) {
+    v1::TrialStep* row = trial->add_steps();
+    row->set_attempt(attempt);
+    row->set_step(step);
+    row->set_tokens(200);
+    row->set_seconds(seconds);
+  }
+  trial->mutable_prediction()->set_step_seconds(0.4);
+  trial->mutable_prediction()->set_tokens_per_second(480);
+  // Steps 1, 2 and 4: 600 tokens over 1.5 s.
+  EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(*trial), 400.0);
+  EXPECT_NEAR(*TimePredictionError(*trial), 0.2, 1e-12);
+  const std::string table = RenderReport(report, ReportFormat::kTable);
+  EXPECT_NE(table.find("  400                 480  +20.0%"), std::string::npos) << table;
+  EXPECT_NE(table.find("tokens/s: the run's steps after each attempt's first"), std::string::npos)
+      << table;
+  const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+  EXPECT_EQ(json["trials"][0]["tokens_per_second"], 250.0);
+  EXPECT_EQ(json["trials"][0]["steady_tokens_per_second"], 400.0);
+  EXPECT_NEAR(json["trials"][0]["tokens_per_second_prediction_error"].get<double>(), 0.2, 1e-12);
+
+  // A one-step run has no step after its first: the whole run's figure.
+  v1::TrialReport one_step;
+  one_step.set_tokens_per_second(250);
+  v1::TrialStep* only = one_step.add_steps();
+  only->set_attempt(1);
+  only->set_tokens(200);
+  only->set_seconds(0.8);
+  EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(one_step), 250.0);
 }
 
 TEST(ReportTest, CountsOutcomesOtherThanExpected) {
