@@ -5,6 +5,10 @@
 // whatever else skipped. Each skip's reason (its GTEST_SKIP message) is printed on one line,
 // "skip reason: SUITE.TEST: MESSAGE", which scripts/check_skips.py reads from ctest's JUnit file.
 //
+// --llmctl_expect_tests=N (llmctl_test_rerun's ctest tests pass it): the run fails unless exactly N
+// tests ran and all N passed, so a --gtest_filter that stops matching, or a test that skips, is a
+// failure rather than a pass with less checked.
+//
 // Each test process gets its own temporary directory (TMPDIR and TEST_TMPDIR, which
 // std::filesystem::temp_directory_path, GoogleTest's TempDir, mkdtemp callers and the Python
 // services it starts all read), removed when the process passes and kept, with its path printed,
@@ -13,9 +17,11 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 namespace {
@@ -62,15 +68,49 @@ void FinishTemporaryDirectory(const std::string& directory, bool failed) {
   std::filesystem::remove_all(directory, error);
 }
 
+constexpr std::string_view kExpectTestsFlag = "--llmctl_expect_tests=";
+
+// The value of --llmctl_expect_tests=N among the arguments GoogleTest left; -1 when absent, -2 when
+// it is not a positive count.
+int ExpectedTestCount(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view argument = argv[i];
+    if (!argument.starts_with(kExpectTestsFlag)) continue;
+    const std::string_view value = argument.substr(kExpectTestsFlag.size());
+    int count = 0;
+    const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), count);
+    return error == std::errc() && end == value.data() + value.size() && count > 0 ? count : -2;
+  }
+  return -1;
+}
+
+// Whether the run ran and passed exactly `expected` tests; prints why not.
+bool RanAndPassedExactly(const ::testing::UnitTest& unit, int expected) {
+  if (unit.test_to_run_count() == expected && unit.successful_test_count() == expected) return true;
+  std::fprintf(stderr,
+               "--llmctl_expect_tests=%d: %d tests ran (the filter selected them), %d passed, %d "
+               "skipped, %d failed\n",
+               expected, unit.test_to_run_count(), unit.successful_test_count(),
+               unit.skipped_test_count(), unit.failed_test_count());
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string temporary_directory = UseOwnTemporaryDirectory();
   ::testing::InitGoogleTest(&argc, argv);
-  const bool failed = RUN_ALL_TESTS() != 0;
+  const int expected_tests = ExpectedTestCount(argc, argv);
+  if (expected_tests == -2) {
+    std::fprintf(stderr, "%.*s takes a positive count of tests\n",
+                 static_cast<int>(kExpectTestsFlag.size() - 1), kExpectTestsFlag.data());
+    return 1;
+  }
+  bool failed = RUN_ALL_TESTS() != 0;
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  if (expected_tests > 0 && !RanAndPassedExactly(unit, expected_tests)) failed = true;
   FinishTemporaryDirectory(temporary_directory, failed);
   if (failed) return 1;
-  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
   if (unit.skipped_test_count() == 0) return 0;
   for (int s = 0; s < unit.total_test_suite_count(); ++s) {
     const ::testing::TestSuite& suite = *unit.GetTestSuite(s);
