@@ -37,14 +37,15 @@ StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
       for (int64_t length : batch.lengths) {
         drawn.step_real_tokens[static_cast<size_t>(i / accumulation)] += length;
       }
-      if (rank == 0) {
+      if (rank == 0 && (i >= accumulation || drawn.steps == 1)) {
+        ++drawn.timed_micro_batches;
         padded += static_cast<double>(batch.seq_len);
         for (int64_t length : batch.lengths) real += static_cast<double>(length);
       }
     }
   }
-  drawn.mean_padded = padded / static_cast<double>(drawn.micro_batches);
-  drawn.mean_real_tokens = real / static_cast<double>(drawn.micro_batches);
+  drawn.mean_padded = padded / static_cast<double>(drawn.timed_micro_batches);
+  drawn.mean_real_tokens = real / static_cast<double>(drawn.timed_micro_batches);
   return drawn;
 }
 

@@ -25,6 +25,10 @@ struct DrawnBatches {
   int64_t longest_first_step = 0;
   int64_t longest_later_opening = 0;
   int64_t longest_later_accumulating = 0;
+  // The means over rank 0's micro-batches of the steps after the first (of every step when the run
+  // has one): the steps whose tokens/s `llmctl report` measures, since the first also does one-time
+  // work (controller/cli/report_rows.h, SteadyTokensPerSecond), so the time is predicted at them.
+  int64_t timed_micro_batches = 0;
   double mean_padded = 0;       // a micro-batch's mean length (the longest of its rows)
   double mean_real_tokens = 0;  // a micro-batch's mean real (non-padding) tokens
   // Each optimizer step's real tokens over every rank and micro-batch: llm-train's step events'

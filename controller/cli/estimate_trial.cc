@@ -120,7 +120,8 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
                       ? " (the first step's " + std::to_string(drawn->longest_first_step) +
                             ", before the optimizer's state exists)"
                       : "") +
-                 ", the time at the mean, " + Printf("%.1f", drawn->mean_padded) +
+                 ", the time at the mean after the first step (what the report measures), " +
+                 Printf("%.1f", drawn->mean_padded) +
                  " (data.max_seq_length " + std::to_string(max_length) + ")";
   return lengths;
 }
