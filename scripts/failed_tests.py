@@ -9,7 +9,8 @@ assertion and its values and not only the test's name.
 """
 import re
 import sys
-import xml.etree.ElementTree as ElementTree
+
+from ctest_junit import read_junit
 
 FAILURE = re.compile(r"(: Failure$|^unknown file: Failure|^Failure$)")
 END_OF_BLOCK = re.compile(r"^\[ +(RUN|FAILED|OK) +\]")
@@ -34,17 +35,11 @@ def failure_lines(output: str, limit: int) -> list[str]:
 
 
 def main() -> int:
-    if len(sys.argv) not in (2, 3):
-        print(__doc__.strip(), file=sys.stderr)
+    junit = read_junit(sys.argv, __doc__, 40)
+    if junit is None:
         return 2
-    path = sys.argv[1]
-    limit = int(sys.argv[2]) if len(sys.argv) == 3 else 40
-    try:
-        root = ElementTree.parse(path).getroot()
-    except (OSError, ElementTree.ParseError) as error:
-        print(f"failed_tests: cannot read {path}: {error}", file=sys.stderr)
-        return 1
-    failed = [case for case in root.iter("testcase") if case.get("status") == "fail"]
+    cases, limit = junit
+    failed = [case for case in cases if case.get("status") == "fail"]
     if not failed:
         return 0
     print(f"\nWhy the {len(failed)} failed test{'s' if len(failed) != 1 else ''} failed:")

@@ -5,22 +5,17 @@ Usage: slowest_tests.py RESULTS.xml [N]. Prints the total of all tests' times to
 stage can be read against the sum of its parts (ctest -j runs them side by side).
 """
 import sys
-import xml.etree.ElementTree as ElementTree
+
+from ctest_junit import read_junit
 
 
 def main() -> int:
-    if len(sys.argv) not in (2, 3):
-        print(__doc__.strip(), file=sys.stderr)
+    junit = read_junit(sys.argv, __doc__, 10)
+    if junit is None:
         return 2
-    path = sys.argv[1]
-    count = int(sys.argv[2]) if len(sys.argv) == 3 else 10
-    try:
-        root = ElementTree.parse(path).getroot()
-    except (OSError, ElementTree.ParseError) as error:
-        print(f"slowest_tests: cannot read {path}: {error}", file=sys.stderr)
-        return 1
+    cases, count = junit
     times = []
-    for case in root.iter("testcase"):
+    for case in cases:
         times.append((float(case.get("time", "0")), case.get("name", "?"), case.get("status", "")))
     times.sort(reverse=True)
     total = sum(t for t, _, _ in times)
