@@ -8,6 +8,7 @@
 #include "common/snapshot_event.h"
 #include "controller/cli/report.h"
 #include "controller/cli/report_format.h"
+#include "controller/cli/report_rows.h"
 #include "controller/cli/watch_view.h"
 
 namespace llmctl::cli {
@@ -410,12 +411,14 @@ std::string TrainTimeChart(const v1::ReportResponse& report) {
       "#4e79a7");
 }
 
+// The table's tokens/s (SteadyTokensPerSecond), so the page shows one figure for each trial.
 std::string TokensPerSecondChart(const v1::ReportResponse& report) {
   return BarChart(
-      report, [](const v1::TrialReport& t) { return HasEnded(t) ? t.tokens_per_second() : 0; },
+      report, [](const v1::TrialReport& t) { return HasEnded(t) ? SteadyTokensPerSecond(t) : 0; },
       [](const v1::TrialReport& t) {
-        return HasEnded(t) && t.tokens_per_second() != 0 ? Grouped(t.tokens_per_second(), 0)
-                                                         : std::string(kNone);
+        const double tokens_per_second = SteadyTokensPerSecond(t);
+        return HasEnded(t) && tokens_per_second != 0 ? Grouped(tokens_per_second, 0)
+                                                     : std::string(kNone);
       },
       "#f28e2b");
 }

@@ -423,6 +423,10 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   EXPECT_EQ(json["trials"][0]["tokens_per_second"], 250.0);
   EXPECT_EQ(json["trials"][0]["steady_tokens_per_second"], 400.0);
   EXPECT_NEAR(json["trials"][0]["tokens_per_second_prediction_error"].get<double>(), 0.2, 1e-12);
+  // The HTML page's tokens/s chart shows the table's figure, not the whole run's.
+  const std::string html = RenderReport(report, ReportFormat::kHtml);
+  EXPECT_NE(html.find(">400</text>"), std::string::npos) << html;
+  EXPECT_EQ(html.find(">250</text>"), std::string::npos) << html;
 
   // A one-step run has no step after its first: the whole run's figure.
   v1::TrialReport one_step;
