@@ -35,15 +35,16 @@ double SteadyTokensPerSecond(const v1::TrialReport& trial) {
     auto [first, added] = first_steps.try_emplace(step.attempt(), step.step());
     if (!added) first->second = std::min(first->second, step.step());
   }
-  int64_t tokens = 0;
+  // Summed as doubles: the steps' figures come from the trainer's event lines, and an int64 sum of
+  // a hostile line's tokens could overflow.
+  double tokens = 0;
   double seconds = 0;
   for (const v1::TrialStep& step : trial.steps()) {
     if (step.step() == first_steps.at(step.attempt())) continue;
-    tokens += step.tokens();
+    tokens += static_cast<double>(step.tokens());
     seconds += step.seconds();
   }
-  return tokens > 0 && seconds > 0 ? static_cast<double>(tokens) / seconds
-                                   : trial.tokens_per_second();
+  return tokens > 0 && seconds > 0 ? tokens / seconds : trial.tokens_per_second();
 }
 
 std::optional<double> TimePredictionError(const v1::TrialReport& trial) {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -436,6 +437,23 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   only->set_tokens(200);
   only->set_seconds(0.8);
   EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(one_step), 250.0);
+
+  // Steps as a hostile event line can make them: tokens that overflow an int64 sum give a finite
+  // figure, and steps whose seconds add up to nothing give the whole run's.
+  v1::TrialReport hostile;
+  hostile.set_tokens_per_second(250);
+  for (int step = 0; step < 3; ++step) {
+    v1::TrialStep* row = hostile.add_steps();
+    row->set_attempt(1);
+    row->set_step(step);
+    row->set_tokens(std::numeric_limits<int64_t>::max());
+    row->set_seconds(1.0);
+  }
+  EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile),
+                   static_cast<double>(std::numeric_limits<int64_t>::max()));
+  hostile.mutable_steps(1)->set_seconds(-1.0);
+  hostile.mutable_steps(2)->set_seconds(0.5);
+  EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile), 250.0);
 }
 
 TEST(ReportTest, CountsOutcomesOtherThanExpected) {
