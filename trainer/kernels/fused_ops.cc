@@ -8,6 +8,7 @@
 #include "common/data/dataset.h"  // kIgnoreIndex
 #include "trainer/kernels/cpu_kernels.h"
 #include "trainer/kernels/kernel_choice.h"
+#include "trainer/kernels/linear.h"
 
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
 #include <c10/cuda/CUDAStream.h>
@@ -219,7 +220,7 @@ struct GluLinearFunction : public torch::autograd::Function<GluLinearFunction> {
     }
     tensor_list grads = {torch::Tensor(), torch::Tensor()};
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1)) {
-      const torch::Tensor dh = torch::mm(dy, weight).view(gate.sizes());  // (N..., I)
+      const torch::Tensor dh = InputGradient(dy, weight).view(gate.sizes());  // (N..., I)
       grads = GluBackward(activation, gate, up, dh);
     }
     return {grads[0], grads[1], dweight, torch::Tensor()};
@@ -330,7 +331,7 @@ torch::Tensor FusedSwiGluLinear(const torch::Tensor& gate, const torch::Tensor& 
   }
   if (!why.empty()) {
     kernels::RecordFallback(FusedOp::kSwiGluLinear, std::move(why));
-    return torch::nn::functional::linear(FusedSwiGlu(gate, up), weight);
+    return Linear(FusedSwiGlu(gate, up), weight);
   }
   RecordFusedOn(FusedOp::kSwiGluLinear, gate);
   return GluLinearFunction::apply(gate.contiguous(), up.contiguous(), weight,

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "trainer/kernels/fused_ops.h"
+#include "trainer/kernels/linear.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -95,9 +96,9 @@ void PlainHeadChunks(ChunkedLoss& loss, const torch::Tensor& hidden,
     if (loss.grad_hidden.defined()) {
       torch::Tensor out = loss.grad_hidden.narrow(0, start, n);
       if (compute == out.scalar_type()) {
-        torch::mm_out(out, grad_logits, compute_weight);
+        InputGradientInto(out, grad_logits, compute_weight);
       } else {
-        out.copy_(torch::mm(grad_logits, compute_weight));
+        out.copy_(InputGradient(grad_logits, compute_weight));
       }
     }
     if (!weight_grad) continue;

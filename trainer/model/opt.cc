@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "trainer/kernels/linear.h"
 #include "trainer/model/activation_checkpointing.h"
 
 namespace llmctl::trainer {
@@ -95,7 +96,7 @@ torch::Tensor OptForCausalLMImpl::Hidden(const torch::Tensor& inputs_embeds) {
 }
 
 torch::Tensor OptForCausalLMImpl::Logits(const torch::Tensor& hidden) {
-  return torch::matmul(hidden, embed_tokens_->weight.t());
+  return Linear(hidden, embed_tokens_->weight);
 }
 
 }  // namespace llmctl::trainer

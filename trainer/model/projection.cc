@@ -4,6 +4,8 @@
 #include <string>
 #include <utility>
 
+#include "trainer/kernels/linear.h"
+
 namespace llmctl::trainer {
 
 ProjectionImpl::ProjectionImpl(int64_t in_features, int64_t out_features, bool bias,
@@ -39,7 +41,7 @@ torch::Device ProjectionImpl::device() const {
 }
 
 torch::Tensor ProjectionImpl::Base(const torch::Tensor& x) const {
-  if (!nf4_) return torch::nn::functional::linear(x, weight_, bias_);
+  if (!nf4_) return Linear(x, weight_, bias_);
   torch::Tensor y = Nf4Linear(x, *nf4_, compute_dtype_);  // (N..., O) in the compute dtype
   if (bias_.defined()) y = y + bias_.to(compute_dtype_);
   return y.to(x.scalar_type());

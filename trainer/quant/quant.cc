@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "trainer/kernels/linear.h"
 #include "trainer/memory/counting_allocator.h"
 #include "trainer/quant/quant_cpu.h"
 
@@ -411,7 +412,7 @@ class Nf4LinearFunction : public torch::autograd::Function<Nf4LinearFunction> {
     const auto input_dtype = static_cast<torch::ScalarType>(ctx->saved_data["input_dtype"].toInt());
     torch::Tensor weight = DequantizeNf4(LoadNf4(ctx), compute_dtype);  // (out, in)
     // (..., out) @ (out, in) -> (..., in)
-    torch::Tensor grad_x = torch::matmul(grad_outputs[0].to(compute_dtype), weight).to(input_dtype);
+    torch::Tensor grad_x = InputGradient(grad_outputs[0].to(compute_dtype), weight).to(input_dtype);
     return {grad_x, torch::Tensor(), torch::Tensor()};
   }
 };

@@ -15,6 +15,7 @@
 
 #include "common/cpu_model.h"
 #include "common/nvml/gpu_probe.h"
+#include "trainer/kernels/linear.h"
 #include "trainer/train/versions.h"
 
 namespace llmctl::trainer {
@@ -144,7 +145,7 @@ void AddMatmuls(Rounds& rounds, const std::string& dtype, std::vector<Cell> cell
     probe.matmul.push_back({dtype, cell.width, 0, cell.rows});
     const double once = rounds.Add(
         [w, x, dy] {
-          (void)torch::matmul(x, w);
+          (void)InputGradient(x, w);
           (void)torch::matmul(dy, w.t());
           (void)torch::matmul(dy.t(), x);
         },
