@@ -1,5 +1,6 @@
 #include "trainer/model/blip2.h"
 
+#include "trainer/kernels/linear.h"
 #include "trainer/model/activation_checkpointing.h"
 #include "trainer/model/loss.h"
 #include "trainer/model/weights.h"
@@ -8,6 +9,12 @@ namespace llmctl::trainer {
 namespace {
 
 namespace F = torch::nn::functional;
+
+// The module's weight and bias through the trainer's linear layer (trainer/kernels/linear.h), whose
+// 16-bit input gradient takes the CPU's fast layout.
+torch::Tensor Apply(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  return Linear(x, layer->weight, layer->bias);
+}
 
 torch::nn::LayerNorm MakeLayerNorm(int64_t size, double eps) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({size}).eps(eps));
@@ -46,10 +53,11 @@ Blip2VisionLayerImpl::Blip2VisionLayerImpl(const Blip2VisionConfig& c)
 }
 
 torch::Tensor Blip2VisionLayerImpl::forward(const torch::Tensor& x) {
-  const std::vector<torch::Tensor> qkv = qkv_(layer_norm1_(x)).chunk(3, -1);  // 3 x (B, P, C)
-  const torch::Tensor h = x + projection_(Attend(qkv[0], qkv[1], qkv[2], heads_,
-                                                 is_training() ? attention_dropout_ : 0.0));
-  return h + fc2_(F::gelu(fc1_(layer_norm2_(h))));
+  const std::vector<torch::Tensor> qkv =
+      Apply(qkv_, layer_norm1_(x)).chunk(3, -1);  // 3 x (B, P, C)
+  const torch::Tensor h = x + Apply(projection_, Attend(qkv[0], qkv[1], qkv[2], heads_,
+                                                        is_training() ? attention_dropout_ : 0.0));
+  return h + Apply(fc2_, F::gelu(Apply(fc1_, layer_norm2_(h))));
 }
 
 Blip2VisionModelImpl::Blip2VisionModelImpl(const Blip2VisionConfig& c) {
@@ -109,10 +117,11 @@ Blip2QFormerAttentionImpl::Blip2QFormerAttentionImpl(const Blip2QFormerConfig& c
 
 torch::Tensor Blip2QFormerAttentionImpl::forward(const torch::Tensor& x,
                                                  const torch::Tensor& context) {
-  const torch::Tensor y = Attend(query_(x), key_(context), value_(context), heads_,
-                                 is_training() ? attention_dropout_ : 0.0);
+  const torch::Tensor y = Attend(Apply(query_, x), Apply(key_, context), Apply(value_, context),
+                                 heads_, is_training() ? attention_dropout_ : 0.0);
   return layer_norm_(
-      F::dropout(dense_(y), F::DropoutFuncOptions().p(hidden_dropout_).training(is_training())) +
+      F::dropout(Apply(dense_, y),
+                 F::DropoutFuncOptions().p(hidden_dropout_).training(is_training())) +
       x);
 }
 
@@ -136,7 +145,7 @@ torch::Tensor Blip2QFormerLayerImpl::forward(const torch::Tensor& queries,
                                              const torch::Tensor& image) {
   torch::Tensor h = attention_(queries, queries);
   if (crossattention_) h = crossattention_(h, image);
-  const torch::Tensor y = output_(F::gelu(intermediate_(h)));
+  const torch::Tensor y = Apply(output_, F::gelu(Apply(intermediate_, h)));
   return output_norm_(
       F::dropout(y, F::DropoutFuncOptions().p(hidden_dropout_).training(is_training())) + h);
 }
@@ -199,7 +208,7 @@ Blip2ForConditionalGenerationImpl::Blip2ForConditionalGenerationImpl(
 torch::Tensor Blip2ForConditionalGenerationImpl::ImageFeatures(const torch::Tensor& pixel_values) {
   const torch::Tensor image = vision_model(pixel_values);  // (B, P, C)
   const torch::Tensor queries = qformer(query_tokens.expand({image.size(0), -1, -1}), image);
-  return language_projection(queries);  // (B, Q, Ct)
+  return Apply(language_projection, queries);  // (B, Q, Ct)
 }
 
 void Blip2ForConditionalGenerationImpl::SetActivationCheckpointing(bool on) {
