@@ -113,8 +113,8 @@ StageBytes DequantisedWeights(const Forward& f, const ModelConfig& model) {
 // it forms. FusedSwiGluLinear forms down_proj's in the activation's backward.
 StageBytes InputGradientCopies(const Forward& f, const ModelConfig& model) {
   StageBytes bytes{};
+  const int element = f.qlora ? f.compute : f.autocast ? 2 : f.act;  // the matmul's
   for (const StageProjection& p : LayerProjections(f, model)) {
-    const int element = f.qlora ? f.compute : f.autocast ? 2 : f.act;
     const uint64_t copy = InputGradientCopyBytes(!f.cuda, element, f.tokens, p.out);
     bytes[p.stage] = std::max(bytes[p.stage], copy);
     if (p.stage == kDown && f.swiglu_linear) {

@@ -68,12 +68,11 @@ struct BiasedLinearFunction : public torch::autograd::Function<BiasedLinearFunct
 }  // namespace
 
 torch::Tensor InputGradient(const torch::Tensor& dy, const torch::Tensor& weight) {
-  const torch::Tensor dy_rows = dy.reshape({-1, weight.size(0)});  // (N, O)
-  std::vector<int64_t> sizes = dy.sizes().vec();
-  sizes.back() = weight.size(1);
-  if (!CopiesRows(weight)) return dy_rows.mm(weight).view(sizes);
+  const torch::Tensor dy_rows = dy.reshape({-1, weight.size(0)});                    // (N, O)
   torch::Tensor dx = torch::empty({dy_rows.size(0), weight.size(1)}, dy.options());  // (N, I)
   InputGradientInto(dx, dy_rows, weight);
+  std::vector<int64_t> sizes = dy.sizes().vec();
+  sizes.back() = weight.size(1);
   return dx.view(sizes);
 }
 
