@@ -30,15 +30,14 @@ const Sets kT5 = {{"model", Experiments() + "models/cpu-lab-blip2-t5"},
                   {"data.max_seq_length", "12"}};
 const Sets kMedium = {{"model", Experiments() + "models/cpu-lab-blip2-medium"}};
 
-// Each case as testing::ExpectBlip2StateExact runs it: one step of one micro-batch.
+// Each case as testing::ExpectBlip2StatesExact runs it: one step of one micro-batch.
 void ExpectBlip2Exact(const std::vector<Case>& cases) {
   const fs::path dir = testing::TestDir();
   // The captions' token cache, the test's own.
   setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
   std::string left_out;  // the runs too slow for this CPU (testing::SlowSixteenBitRun)
-  for (size_t i = 0; i < cases.size(); ++i) {
-    testing::ExpectBlip2StateExact(cases[i], dir, static_cast<int>(i), /*images=*/0, left_out);
-  }
+  testing::ExpectBlip2StatesExact(cases, dir, /*first_index=*/0, /*images=*/0, left_out);
+  if (::testing::Test::HasFatalFailure()) return;
   fs::remove_all(dir);
   if (!left_out.empty()) GTEST_SKIP() << "left out on this CPU:" << left_out;
 }

@@ -93,12 +93,18 @@ void ExpectRunWithin(const Case& c, const testing::Blip2Case& loaded,
   }
 }
 
-// `c` for two steps without a device budget on `common` (WriteLongCaptions' set, every
-// micro-batch full as the estimate assumes by default), the run's events under `dir` numbered
-// `index`: ExpectRunWithin. A run too slow for this CPU (testing::SlowSixteenBitRun) is not run,
-// and said in `left_out`; `ran` is set once llm-train's run succeeded.
-void ExpectFullRunWithin(const Case& c, const Sets& common, const fs::path& dir, int index,
-                         testing::PeakBound bound, std::string& left_out, bool& ran) {
+// What ExpectFullRunsWithin runs for a case and checks it against.
+struct FullRunPlan {
+  Case c;
+  testing::Blip2Case loaded;    // c's configuration on the run's `common` sets, and its model
+  StepMemoryEstimate estimate;  // of every micro-batch full
+};
+
+// `c`'s plan on `common`, appended to `plans`; where the run is too slow for this CPU
+// (testing::SlowSixteenBitRun), named in `left_out` instead.
+void PlanFullRun(const Case& c, const Sets& common, std::vector<FullRunPlan>& plans,
+                 std::string& left_out) {
+  SCOPED_TRACE(testing::Describe(c));
   StatusOr<testing::Blip2Case> loaded = testing::LoadBlip2Case(c, common);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   StatusOr<StepMemoryEstimate> estimate = EstimateBlip2StepMemory(loaded->config, loaded->model);
@@ -109,26 +115,58 @@ void ExpectFullRunWithin(const Case& c, const Sets& common, const fs::path& dir,
     left_out.append("\n").append(testing::Describe(c)).append(": ").append(slow);
     return;
   }
-  auto ranks = testing::RunLlmTrainOk(c, common, dir, index);
-  ASSERT_TRUE(ranks.ok()) << ranks.status().message();
-  ran = true;
-  ExpectRunWithin(c, *loaded, *ranks, *estimate, /*full=*/true, bound, testing::Describe(c));
+  plans.push_back({c, std::move(*loaded), std::move(*estimate)});
+}
+
+// The run of `plan` ended ok and lies within `bound` of its estimate (ExpectRunWithin).
+void CheckFullRun(const FullRunPlan& plan, const testing::TrainerRun& run,
+                  testing::PeakBound bound) {
+  SCOPED_TRACE(testing::Describe(plan.c));
+  ASSERT_EQ(run.exit_code, 0) << run.command << " exited with " << run.exit_code << "\n"
+                              << run.output;
+  ExpectRunWithin(plan.c, plan.loaded, run.ranks, plan.estimate, /*full=*/true, bound,
+                  testing::Describe(plan.c));
+}
+
+// Each case for two steps without a device budget on `common` (WriteLongCaptions' set, every
+// micro-batch full as the estimate assumes by default), the runs' events under `dir` numbered from
+// `first_index`: ExpectRunWithin. The one-rank cases run in one llm-train process
+// (testing::RunLlmTrainSeries), each data-parallel one in its own. A run too slow for this CPU
+// (testing::SlowSixteenBitRun) is not run, and said in `left_out`; `ran` counts the runs made.
+void ExpectFullRunsWithin(const std::vector<Case>& cases, const Sets& common, const fs::path& dir,
+                          int first_index, testing::PeakBound bound, std::string& left_out,
+                          int& ran) {
+  std::vector<FullRunPlan> one_rank, ranks;
+  for (const Case& c : cases) {
+    PlanFullRun(c, common, c.nproc == 1 ? one_rank : ranks, left_out);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  std::vector<Case> series;
+  for (const FullRunPlan& plan : one_rank) series.push_back(plan.c);
+  const std::vector<testing::TrainerRun> runs =
+      testing::RunLlmTrainSeries(series, common, dir, first_index);
+  ran += static_cast<int>(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) CheckFullRun(one_rank[i], runs[i], bound);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ++ran;
+    CheckFullRun(ranks[i],
+                 testing::RunLlmTrain(ranks[i].c, common, dir,
+                                      first_index + static_cast<int>(series.size() + i)),
+                 bound);
+  }
 }
 
 // Each case for two steps without a device budget on WriteLongCaptions' set, every micro-batch
-// full as the estimate assumes by default: ExpectRunWithin.
+// full as the estimate assumes by default: ExpectFullRunsWithin.
 void ExpectPeaksWithin(const std::vector<Case>& cases,
                        testing::PeakBound bound = {.under = kTolerance, .over = kTolerance}) {
   const fs::path dir = testing::TestDir();
   setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
   const Sets common = With(kPeakRun, {{"data.path", testing::WriteLongCaptions(dir).string()}});
   std::string left_out;  // the runs too slow for this CPU (testing::SlowSixteenBitRun)
-  for (size_t i = 0; i < cases.size(); ++i) {
-    SCOPED_TRACE(testing::Describe(cases[i]));
-    bool ran = false;
-    ExpectFullRunWithin(cases[i], common, dir, static_cast<int>(i), bound, left_out, ran);
-    if (::testing::Test::HasFatalFailure()) return;
-  }
+  int ran = 0;
+  ExpectFullRunsWithin(cases, common, dir, /*first_index=*/0, bound, left_out, ran);
+  if (::testing::Test::HasFatalFailure()) return;
   fs::remove_all(dir);
   if (!left_out.empty()) GTEST_SKIP() << "left out on this CPU:" << left_out;
 }
@@ -330,10 +368,10 @@ void ExpectOwnCaptionsPeak(const Case& row, const testing::TrainerRun& row_run, 
 void ExpectLongCaptionsPeak(const Case& row, const fs::path& dir, std::string& left_out,
                             bool& state_shown) {
   const Sets common = With(kPeakRun, {{"data.path", testing::WriteLongCaptions(dir).string()}});
-  bool ran = false;
-  ExpectFullRunWithin(row, common, dir, 2, {.under = kTolerance, .over = kTolerance}, left_out,
-                      ran);
-  if (ran) state_shown = true;
+  int ran = 0;
+  ExpectFullRunsWithin({row}, common, dir, /*first_index=*/2,
+                       {.under = kTolerance, .over = kTolerance}, left_out, ran);
+  if (ran > 0) state_shown = true;
 }
 
 // Every row of experiments/cpu-lab-blip2.yaml at its own micro-batch, precision and technique, one
@@ -347,7 +385,7 @@ class CpuLabBlip2RowTest : public ::testing::TestWithParam<const char*> {};
 // run is its peak run, and a T5 row's captions fill every micro-batch as the long ones do. An out
 // of memory row's run stops at the refusal, so its peaks need runs without the budget. Where no run
 // here shows the model state (a row out of memory whose peak runs are too slow for this CPU), a
-// step of one micro-batch of two images does (testing::ExpectBlip2StateExact).
+// step of one micro-batch of two images does (testing::ExpectBlip2StatesExact).
 TEST_P(CpuLabBlip2RowTest, EndsAsTheFileExpectsWithinItsEstimate) {
   const fs::path dir = testing::TestDir();
   setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
@@ -373,7 +411,7 @@ TEST_P(CpuLabBlip2RowTest, EndsAsTheFileExpectsWithinItsEstimate) {
         [&](int64_t rank) { return EstimateBlip2ModelState(loaded->config, loaded->model, rank); },
         run.ranks);
   } else if (!state_shown) {
-    testing::ExpectBlip2StateExact(row, dir, 3, /*images=*/2, left_out);
+    testing::ExpectBlip2StatesExact({row}, dir, /*first_index=*/3, /*images=*/2, left_out);
   }
   fs::remove_all(dir);
   if (!left_out.empty()) GTEST_SKIP() << "left out on this CPU:" << left_out;

@@ -84,8 +84,20 @@ StatusOr<Blip2Case> LoadBlip2Case(const Case& c, const Sets& common) {
   return Blip2Case{.config = std::move(config), .model = std::move(*model)};
 }
 
-void ExpectBlip2StateExact(const Case& c, const fs::path& dir, int index, int64_t images,
-                           std::string& left_out) {
+namespace {
+
+// What ExpectBlip2StatesExact runs for a case and checks it against.
+struct StatePlan {
+  Case c;                  // the case whose estimate is checked
+  Blip2Case loaded;        // its configuration (with kOneStep) and model
+  Case run_case;           // what runs: OneMicroBatch's
+  TrialConfig run_config;  // run_case's configuration
+};
+
+// `c`'s plan, appended to `plans`; where the run is too slow for this CPU (SlowSixteenBitRun),
+// named in `left_out` instead.
+void PlanState(const Case& c, int64_t images, std::vector<StatePlan>& plans,
+               std::string& left_out) {
   SCOPED_TRACE(Describe(c));
   StatusOr<Blip2Case> loaded = LoadBlip2Case(c, kOneStep);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
@@ -98,26 +110,60 @@ void ExpectBlip2StateExact(const Case& c, const fs::path& dir, int index, int64_
     left_out.append("\n").append(Describe(run_case)).append(": ").append(slow);
     return;
   }
-  const auto start = std::chrono::steady_clock::now();
-  const double cpu_before = ChildrenCpuSeconds();
-  auto ranks = RunLlmTrainOk(run_case, kOneStep, dir, index);
-  const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
-  std::printf("%s: %.1f s, %.1f CPU s\n", Describe(run_case).c_str(), wall.count(),
-              ChildrenCpuSeconds() - cpu_before);
-  ASSERT_TRUE(ranks.ok()) << ranks.status().message();
+  plans.push_back({c, std::move(*loaded), run_case, std::move(*run_config)});
+}
+
+// The run's model state on every rank equals the plan's estimate, which must be the run's own too.
+void CheckState(const StatePlan& plan, const TrainerRun& run) {
+  SCOPED_TRACE(Describe(plan.c));
+  ASSERT_EQ(run.exit_code, 0) << run.command << " exited with " << run.exit_code << "\n"
+                              << run.output;
   ExpectModelStateExact(
-      c,
+      plan.c,
       [&](int64_t rank) -> StatusOr<ModelStateEstimate> {
         ASSIGN_OR_RETURN(ModelStateEstimate estimate,
-                         EstimateBlip2ModelState(loaded->config, loaded->model, rank));
-        ASSIGN_OR_RETURN(ModelStateEstimate run,
-                         EstimateBlip2ModelState(*run_config, loaded->model, rank));
-        if (!SameModelState(run, estimate)) {
-          return InternalError("the estimate of " + Describe(run_case) + " is not the case's");
+                         EstimateBlip2ModelState(plan.loaded.config, plan.loaded.model, rank));
+        ASSIGN_OR_RETURN(ModelStateEstimate ran,
+                         EstimateBlip2ModelState(plan.run_config, plan.loaded.model, rank));
+        if (!SameModelState(ran, estimate)) {
+          return InternalError("the estimate of " + Describe(plan.run_case) + " is not the case's");
         }
         return estimate;
       },
-      *ranks);
+      run.ranks);
+}
+
+}  // namespace
+
+void ExpectBlip2StatesExact(const std::vector<Case>& cases, const fs::path& dir, int first_index,
+                            int64_t images, std::string& left_out) {
+  std::vector<StatePlan> one_rank, ranks;
+  for (const Case& c : cases) {
+    std::vector<StatePlan>& plans = c.nproc == 1 ? one_rank : ranks;
+    PlanState(c, images, plans, left_out);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  std::vector<Case> series;
+  for (const StatePlan& plan : one_rank) series.push_back(plan.run_case);
+  auto start = std::chrono::steady_clock::now();
+  double cpu_before = ChildrenCpuSeconds();
+  const std::vector<TrainerRun> runs = RunLlmTrainSeries(series, kOneStep, dir, first_index);
+  std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
+  if (!series.empty()) {
+    std::printf("%zu one-rank runs in one llm-train: %.1f s, %.1f CPU s\n", series.size(),
+                wall.count(), ChildrenCpuSeconds() - cpu_before);
+  }
+  for (size_t i = 0; i < runs.size(); ++i) CheckState(one_rank[i], runs[i]);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    start = std::chrono::steady_clock::now();
+    cpu_before = ChildrenCpuSeconds();
+    const TrainerRun run = RunLlmTrain(ranks[i].run_case, kOneStep, dir,
+                                       first_index + static_cast<int>(series.size() + i));
+    wall = std::chrono::steady_clock::now() - start;
+    std::printf("%s: %.1f s, %.1f CPU s\n", Describe(ranks[i].run_case).c_str(), wall.count(),
+                ChildrenCpuSeconds() - cpu_before);
+    CheckState(ranks[i], run);
+  }
 }
 
 }  // namespace llmctl::estimate::testing

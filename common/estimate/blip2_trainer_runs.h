@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "common/blip2_config.h"
 #include "common/estimate/trainer_runs.h"
@@ -26,16 +27,18 @@ struct Blip2Case {
 };
 StatusOr<Blip2Case> LoadBlip2Case(const Case& c, const Sets& common);
 
-// Runs `c` through llm-train under `dir` for one step of one micro-batch of at most `images`
-// images (0: the case's own; testing::AtMostMicroBatches), no device budget, and expects its model
-// state after the step to equal EstimateBlip2ModelState of `c`'s config byte for byte on every
-// rank. The run checks the case's: the state holds the same tensors however many micro-batches a
-// step accumulates, and for any batch of two or more images (one image differs: the class
-// embedding's gradient then keeps a whole (1, P, C) storage), and the run's estimate must equal the
-// case's in every figure. Where the run is too slow for this CPU (SlowSixteenBitRun) it is left
-// out and named in `left_out`. Prints the run's wall and CPU seconds.
-void ExpectBlip2StateExact(const Case& c, const std::filesystem::path& dir, int index,
-                           int64_t images, std::string& left_out);
+// Runs each of `cases` through llm-train under `dir` (events numbered from `first_index`) for one
+// step of one micro-batch of at most `images` images (0: the case's own;
+// testing::AtMostMicroBatches), no device budget, and expects its model state after the step to
+// equal EstimateBlip2ModelState of the case's config byte for byte on every rank. The run checks
+// the case's: the state holds the same tensors however many micro-batches a step accumulates, and
+// for any batch of two or more images (one image differs: the class embedding's gradient then keeps
+// a whole (1, P, C) storage), and the run's estimate must equal the case's in every figure. The
+// one-rank runs share one llm-train process (RunLlmTrainSeries), each data-parallel run has its
+// own. A run too slow for this CPU (SlowSixteenBitRun) is left out and named in `left_out`. Prints
+// the runs' wall and CPU seconds.
+void ExpectBlip2StatesExact(const std::vector<Case>& cases, const std::filesystem::path& dir,
+                            int first_index, int64_t images, std::string& left_out);
 
 }  // namespace llmctl::estimate::testing
 
