@@ -354,8 +354,7 @@ Tensor Blip2Walk::ChunkedLoss(Ops& ops, const Tensor& hidden, int64_t rows, int6
                                .autocast = r_.autocast,
                                .weight_element = static_cast<uint64_t>(r_.act),
                                .head_trains = r_.language,
-                               .head_adapter = head_adapter,
-                               .cuda = r_.cuda}));
+                               .head_adapter = head_adapter}));
   trace_.loss_backward = head_gradient;
   return gradient;
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <functional>
 
-#include "common/matmul_layout.h"
 #include "common/trial_config.h"
 
 namespace llmctl::estimate {
@@ -38,10 +37,6 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
     // its reciprocal, the sum); and the weight cast once.
     fixed = 4 * static_cast<uint64_t>(first_tokens) + 256 +
             (element != weight_element ? element * head_values : 0);
-    // The hidden states' gradient, logits' gradient @ weight, copies the logits' gradient a block
-    // of rows at a time on the CPU in 16 bits (common/matmul_layout.h), beside the chunk.
-    const uint64_t row_copy =
-        InputGradientCopyBytes(!shape.cuda, static_cast<int>(element), first_tokens, shape.vocab);
     chunk_moment = [=](uint64_t chunk, uint64_t held) {
       const uint64_t weight_grad =
           held == 0
@@ -50,7 +45,7 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
           // of it in the sum's dtype (measured: a (V, C) float32 tensor under bf16-mixed).
           : element != weight_element ? held + chunk * element + chunk_grad + summed_head_grad
                                       : 0;
-      return std::max(held + chunk * element + row_copy, weight_grad);
+      return std::max(held + chunk * element, weight_grad);
     };
   } else {
     // Through autograd (an adapter on the head), each chunk: its logits (the base output, the

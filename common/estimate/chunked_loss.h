@@ -18,7 +18,6 @@ struct ChunkedLossShape {
   uint64_t weight_element = 4;  // the head weight's (under fsdp the gathered one's)
   bool head_trains = false;     // the head's weight trains (its summed gradient is formed)
   bool head_adapter = false;    // a LoRA adapter on the head: each chunk through autograd
-  bool cuda = false;            // on the CPU in 16 bits the input gradient copies rows
 };
 
 // The bytes the loss adds while its chunks run, beyond the hidden states and their saved gradient.

@@ -226,8 +226,8 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   speed.fp32_flops_by_shape = probe.MatmulRates("fp32");
   speed.fp32_attention_flops = probe.AttentionFlops("fp32");
   // The bf16 class's matmuls run as bf16 (fp16 only under 16-mixed, a GPU's case, where both
-  // are tensor-core rates). A CPU without bf16 instructions emulates them: the probe's rate says
-  // how slowly.
+  // are tensor-core rates). On a CPU without LibTorch's bf16 GEMM the trainer forms them as fp32
+  // GEMMs over converted blocks (trainer/kernels/linear.h): the probe's rate is that path's.
   const double bf16 = probe.MatmulFlops("bf16", kProbeMatmulSizeUsed);
   if (bf16 > 0) {
     speed.bf16_flops = bf16;

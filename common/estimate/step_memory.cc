@@ -10,7 +10,6 @@
 #include "common/byte_size.h"
 #include "common/estimate/llama_trace.h"
 #include "common/estimate/trace.h"
-#include "common/matmul_layout.h"
 
 namespace llmctl::estimate {
 namespace {
@@ -104,22 +103,6 @@ StageBytes DequantisedWeights(const Forward& f, const ModelConfig& model) {
   for (const StageProjection& p : LayerProjections(f, model)) {
     bytes[p.stage] = std::max(
         bytes[p.stage], static_cast<uint64_t>(p.in * p.out) * static_cast<uint64_t>(f.compute));
-  }
-  return bytes;
-}
-
-// On the CPU in 16 bits each projection's input gradient copies its output's gradient a block of
-// rows at a time (common/matmul_layout.h): the largest block of each stage, beside the gradients
-// it forms. FusedSwiGluLinear forms down_proj's in the activation's backward.
-StageBytes InputGradientCopies(const Forward& f, const ModelConfig& model) {
-  StageBytes bytes{};
-  const int element = f.qlora ? f.compute : f.autocast ? 2 : f.act;  // the matmul's
-  for (const StageProjection& p : LayerProjections(f, model)) {
-    const uint64_t copy = InputGradientCopyBytes(!f.cuda, element, f.tokens, p.out);
-    bytes[p.stage] = std::max(bytes[p.stage], copy);
-    if (p.stage == kDown && f.swiglu_linear) {
-      bytes[kActivation] = std::max(bytes[kActivation], copy);
-    }
   }
   return bytes;
 }
@@ -241,10 +224,7 @@ StageBytes LayerBackwardTemporaries(const LlamaMoments& m) {
     const StageBytes formed_apart = LargestWeightGradients(f, m.model, m.param);
     for (size_t s = 0; s < kLayerStages; ++s) stage_temporaries[s] += formed_apart[s];
   }
-  const StageBytes copies = InputGradientCopies(f, m.model);
-  for (size_t s = 0; s < kLayerStages; ++s) {
-    stage_temporaries[s] += m.dequantised[s] + copies[s];
-  }
+  for (size_t s = 0; s < kLayerStages; ++s) stage_temporaries[s] += m.dequantised[s];
   if (f.swiglu_linear && (m.sharded || !m.holds_grads || m.accumulation > 1)) {
     // FusedSwiGluLinear returns down_proj's weight gradient with gate's and up's, so it is alive
     // through the activation's backward wherever it is not simply the held gradient: formed apart

@@ -7,11 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <iterator>
 #include <optional>
-#include <set>
-#include <sstream>
 
+#include "common/cpu_matmul.h"
 #include "common/estimate/model_state.h"
 #include "common/estimate/step_memory.h"
 #include "common/experiment.h"
@@ -241,20 +239,7 @@ Case AtMostMicroBatches(const Case& c, const TrialConfig& config, int micro_batc
   return shorter;
 }
 
-bool CpuHasSixteenBitMatmul() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    std::istringstream words(line.substr(line.find(':') + 1));
-    std::set<std::string> flags{std::istream_iterator<std::string>(words),
-                                std::istream_iterator<std::string>()};
-    return flags.contains("amx_bf16") || flags.contains("avx512_bf16") ||
-           (flags.contains("avx512f") && flags.contains("avx512bw") && flags.contains("avx512vl") &&
-            flags.contains("avx512dq"));
-  }
-  return false;
-}
+bool CpuHasSixteenBitMatmul() { return CpuMultipliesBf16(); }
 
 std::string SlowSixteenBitRun(const StatusOr<StepWork>& work, int steps) {
   if (!work.ok() || work->matmul_class != MatmulClass::kBf16) return "";

@@ -201,7 +201,7 @@ struct GluLinearFunction : public torch::autograd::Function<GluLinearFunction> {
     ctx->saved_data["activation"] = activation_index;
     const torch::Tensor h =
         GluForward(static_cast<kernels::GluActivation>(activation_index), gate, up);  // (N..., I)
-    return torch::nn::functional::linear(h, weight);  // (N..., O); h is freed on return
+    return Linear(h, weight);  // (N..., O); h is freed on return
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
@@ -216,7 +216,7 @@ struct GluLinearFunction : public torch::autograd::Function<GluLinearFunction> {
     if (ctx->needs_input_grad(2)) {
       // The product again, (N, I), only while the weight's gradient forms.
       const torch::Tensor h = GluForward(activation, gate, up).view({-1, weight.size(1)});
-      dweight = torch::mm(dy.t(), h);  // (O, I)
+      dweight = Matmul(dy.t(), h);  // (O, I)
     }
     tensor_list grads = {torch::Tensor(), torch::Tensor()};
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1)) {

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "common/matmul_layout.h"
+#include "common/cpu_matmul.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -14,8 +14,77 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-bool CopiesRows(const torch::Tensor& weight) {
-  return InputGradientCopiesRows(weight.is_cpu(), static_cast<int>(weight.element_size()));
+// The blocks MatmulInFp32 converts: rows of the left operand, its columns (the right one's rows),
+// the right one's columns. kScratchFloats holds one of each and their sum.
+constexpr int64_t kRowBlock = 256;
+constexpr int64_t kInnerBlock = 1024;
+constexpr int64_t kColumnBlock = 1024;
+static_assert(kScratchFloats ==
+              kRowBlock * kInnerBlock + kInnerBlock * kColumnBlock + kRowBlock * kColumnBlock);
+
+// This thread's scratch, at least `floats` long: kept between products, so a step converts into
+// the same pages each time.
+float* Scratch(int64_t floats) {
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < floats) scratch.resize(static_cast<size_t>(floats));
+  return scratch.data();
+}
+
+// out (M, N) = a (M, K) @ b (K, N), plus out's own values where `accumulate`, else plus bias (N)
+// where it is defined; all 16-bit of one dtype on the CPU, any strides. Each (row block, column
+// block) of out sums its inner blocks' fp32 products in fp32 (beside the first, out's values or
+// the bias), then is rounded once into out. The fp32 tensors are views of the scratch: nothing is
+// allocated through LibTorch's allocator.
+void MatmulInFp32(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
+                  const torch::Tensor& bias, bool accumulate) {
+  const int64_t rows = a.size(0), inner = a.size(1), columns = b.size(1);
+  const int64_t row_block = std::min(rows, kRowBlock);
+  const int64_t inner_block = std::min(inner, kInnerBlock);
+  const int64_t column_block = std::min(columns, kColumnBlock);
+  float* const a_scratch = Scratch(kScratchFloats);
+  float* const b_scratch = a_scratch + row_block * inner_block;
+  float* const sum_scratch = b_scratch + inner_block * column_block;
+  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32);
+  for (int64_t row = 0; row < rows; row += row_block) {
+    const int64_t m = std::min(row_block, rows - row);
+    for (int64_t column = 0; column < columns; column += column_block) {
+      const int64_t n = std::min(column_block, columns - column);
+      torch::Tensor out_block = out.narrow(0, row, m).narrow(1, column, n);
+      torch::Tensor sum = torch::from_blob(sum_scratch, {m, n}, fp32);  // (m, n)
+      if (accumulate) {
+        sum.copy_(out_block);
+      } else if (bias.defined()) {
+        sum.copy_(bias.narrow(0, column, n).expand({m, n}));
+      } else {
+        sum.zero_();
+      }
+      for (int64_t k0 = 0; k0 < inner; k0 += inner_block) {
+        const int64_t k = std::min(inner_block, inner - k0);
+        torch::Tensor a32 = torch::from_blob(a_scratch, {m, k}, fp32);  // (m, k)
+        torch::Tensor b32 = torch::from_blob(b_scratch, {k, n}, fp32);  // (k, n)
+        a32.copy_(a.narrow(0, row, m).narrow(1, k0, k));
+        b32.copy_(b.narrow(0, k0, k).narrow(1, column, n));
+        sum.addmm_(a32, b32);
+      }
+      out_block.copy_(sum);
+    }
+  }
+}
+
+// x (N..., I) @ weight^T (+ bias) -> (N..., O), no autograd: ATen's linear, or MatmulInFp32 into
+// the same (N, O) tensor ATen's would allocate.
+torch::Tensor LinearForward(const torch::Tensor& x, const torch::Tensor& weight,
+                            const torch::Tensor& bias) {
+  if (!MultipliesInFp32(x, weight) ||
+      (bias.defined() && bias.scalar_type() != weight.scalar_type())) {
+    return torch::linear(x, weight, bias);
+  }
+  const torch::Tensor rows = x.reshape({-1, weight.size(1)});                     // (N, I)
+  torch::Tensor out = torch::empty({rows.size(0), weight.size(0)}, x.options());  // (N, O)
+  MatmulInFp32(out, rows, weight.t(), bias, /*accumulate=*/false);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = weight.size(0);
+  return out.view(sizes);
 }
 
 // Without a bias, and with one: autograd's inputs are tensors that exist.
@@ -23,7 +92,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight) {
     Save(ctx, x, weight);
-    return torch::linear(x, weight);
+    return LinearForward(x, weight, {});
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
@@ -46,8 +115,10 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     torch::Tensor dx, dweight, dbias;
     // x's first, as ATen's MmBackward forms them.
     if (ctx->needs_input_grad(0)) dx = InputGradient(dy, weight);
-    const torch::Tensor dy_rows = dy.reshape({-1, dy.size(-1)});                          // (N, O)
-    if (ctx->needs_input_grad(1)) dweight = dy_rows.t().mm(x.reshape({-1, x.size(-1)}));  // (O, I)
+    const torch::Tensor dy_rows = dy.reshape({-1, dy.size(-1)});  // (N, O)
+    if (ctx->needs_input_grad(1)) {
+      dweight = Matmul(dy_rows.t(), x.reshape({-1, x.size(-1)}));  // (O, I)
+    }
     if (bias && ctx->needs_input_grad(2)) dbias = dy_rows.sum(0);
     return {dx, dweight, dbias};
   }
@@ -57,7 +128,7 @@ struct BiasedLinearFunction : public torch::autograd::Function<BiasedLinearFunct
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias) {
     LinearFunction::Save(ctx, x, weight);
-    return torch::linear(x, weight, bias);
+    return LinearForward(x, weight, bias);
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
@@ -67,29 +138,42 @@ struct BiasedLinearFunction : public torch::autograd::Function<BiasedLinearFunct
 
 }  // namespace
 
+bool MultipliesInFp32(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!a.is_cpu() || !b.is_cpu() || a.scalar_type() != b.scalar_type()) return false;
+  if (a.scalar_type() == torch::kBFloat16) return !CpuMultipliesBf16();
+  if (a.scalar_type() == torch::kHalf) return !CpuMultipliesFp16();
+  return false;
+}
+
+torch::Tensor Matmul(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!MultipliesInFp32(a, b)) return torch::mm(a, b);
+  torch::Tensor out = torch::empty({a.size(0), b.size(1)}, a.options());  // (M, N)
+  MatmulInFp32(out, a, b, {}, /*accumulate=*/false);
+  return out;
+}
+
+void MatmulInto(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
+                bool accumulate) {
+  if (!MultipliesInFp32(a, b) || out.scalar_type() != a.scalar_type()) {
+    if (accumulate) {
+      out.addmm_(a, b);
+    } else {
+      torch::mm_out(out, a, b);
+    }
+    return;
+  }
+  MatmulInFp32(out, a, b, {}, accumulate);
+}
+
 torch::Tensor InputGradient(const torch::Tensor& dy, const torch::Tensor& weight) {
-  const torch::Tensor dy_rows = dy.reshape({-1, weight.size(0)});                    // (N, O)
-  torch::Tensor dx = torch::empty({dy_rows.size(0), weight.size(1)}, dy.options());  // (N, I)
-  InputGradientInto(dx, dy_rows, weight);
+  const torch::Tensor dy_rows = dy.reshape({-1, weight.size(0)});  // (N, O)
   std::vector<int64_t> sizes = dy.sizes().vec();
   sizes.back() = weight.size(1);
-  return dx.view(sizes);
+  return Matmul(dy_rows, weight).view(sizes);
 }
 
 void InputGradientInto(torch::Tensor& out, const torch::Tensor& dy, const torch::Tensor& weight) {
-  if (!CopiesRows(weight)) {
-    torch::mm_out(out, dy, weight);
-    return;
-  }
-  const int64_t rows = dy.size(0);
-  for (int64_t start = 0; start < rows; start += kInputGradientRows) {
-    const int64_t n = std::min(kInputGradientRows, rows - start);
-    // (n, O) column-major: the block's transpose made contiguous, seen transposed back; freed
-    // before the next block's is made.
-    const torch::Tensor block = dy.narrow(0, start, n).t().contiguous().t();
-    torch::Tensor out_rows = out.narrow(0, start, n);
-    torch::mm_out(out_rows, block, weight);
-  }
+  MatmulInto(out, dy, weight);
 }
 
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
@@ -107,7 +191,7 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
   const bool records =
       torch::GradMode::is_enabled() &&
       (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
-  if (!records || !CopiesRows(weight)) return torch::linear(x, weight, bias);
+  if (!records || !MultipliesInFp32(x, weight)) return LinearForward(x, weight, bias);
   return bias.defined() ? BiasedLinearFunction::apply(x, weight, bias)
                         : LinearFunction::apply(x, weight);
 }

@@ -1,7 +1,12 @@
-// The linear layer every dense projection of the trainer runs, and its input gradient: ATen's,
-// except that on the CPU in 16 bits the input gradient is formed a block of rows at a time, each
-// block of dy copied column-major first (common/matmul_layout.h: LibTorch's row-major x row-major
-// bf16 GEMM is 10x slower there than either other layout).
+// The matrix products of the trainer's linear layers, their gradients and its chunked loss: ATen's,
+// except on a CPU where LibTorch has no 16-bit GEMM of its own (common/cpu_matmul.h). There a
+// 16-bit product is formed as fp32 GEMMs over blocks of its operands converted into a scratch
+// buffer, summed in fp32 and rounded once into the 16-bit result, as a 16-bit GEMM that
+// accumulates in fp32 does (the product of two bf16 or fp16 values is exact in fp32): 3-7x
+// faster than LibTorch's scalar fallback on a Zen 3. The scratch (kScratchFloats floats a thread
+// at most, kept for the thread's next product) is outside LibTorch's allocator, like oneDNN's
+// and a BLAS's own workspaces: the tensors allocated, and so the memory a step reports, are the
+// ones LibTorch's own GEMM allocates.
 //
 // N... = any leading dimensions, I = input features, O = output features.
 #ifndef LLMCTL_TRAINER_KERNELS_LINEAR_H_
@@ -9,11 +14,25 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
+
 namespace llmctl::trainer {
 
-// dy (N..., O) @ weight (O, I) -> (N..., I): a linear layer's input gradient. On the CPU in 16
-// bits kInputGradientRows rows at a time, each block of dy copied column-major, one block alive at
-// a time.
+// The most a thread's scratch holds: a 256 x 1,024 block of the left operand, a 1,024 x 1,024
+// block of the right one and their 256 x 1,024 fp32 sum (6 MiB).
+inline constexpr int64_t kScratchFloats = 256 * 1024 + 1024 * 1024 + 256 * 1024;
+
+// Whether `a` @ `b` is formed in fp32 blocks here: both on the CPU, of one 16-bit dtype this CPU
+// has no GEMM for.
+bool MultipliesInFp32(const torch::Tensor& a, const torch::Tensor& b);
+
+// a (M, K) @ b (K, N) -> (M, N), any strides: torch::mm.
+torch::Tensor Matmul(const torch::Tensor& a, const torch::Tensor& b);
+// The same into `out` (M, N), or added to what `out` holds where `accumulate` (out.addmm_(a, b)).
+void MatmulInto(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
+                bool accumulate = false);
+
+// dy (N..., O) @ weight (O, I) -> (N..., I): a linear layer's input gradient.
 torch::Tensor InputGradient(const torch::Tensor& dy, const torch::Tensor& weight);
 // The same into `out` (N, I), dy (N, O), all three of one dtype: for a caller that writes it into
 // part of a larger tensor (the chunked loss' hidden states' gradient).
@@ -21,10 +40,9 @@ void InputGradientInto(torch::Tensor& out, const torch::Tensor& dy, const torch:
 
 // linear(x, weight, bias): x (N..., I), weight (O, I), bias (O) or undefined -> (N..., O), autocast
 // included (x, the weight and the bias cast to its dtype, the weight's cast cached, as autocast's
-// linear does). Its forward is ATen's linear. On the CPU in 16 bits its backward is one node of
-// this file's that keeps what ATen's keeps (x when the weight trains, the weight when x needs a
-// gradient) and forms x's gradient first, with InputGradient, then the weight's (dy^T @ x, as
-// ATen's) and the bias'; elsewhere it is ATen's linear.
+// linear does). Where MultipliesInFp32, its backward is one node of this file's that keeps what
+// ATen's keeps (x when the weight trains, the weight when x needs a gradient) and forms x's
+// gradient first, then the weight's (dy^T @ x) and the bias'; elsewhere it is ATen's linear.
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,
                      const torch::Tensor& bias = {});
 

@@ -11,7 +11,7 @@ namespace {
 namespace F = torch::nn::functional;
 
 // The module's weight and bias through the trainer's linear layer (trainer/kernels/linear.h), whose
-// 16-bit input gradient takes the CPU's fast layout.
+// 16-bit products on a CPU without LibTorch's 16-bit GEMM are fp32 ones.
 torch::Tensor Apply(const torch::nn::Linear& layer, const torch::Tensor& x) {
   return Linear(x, layer->weight, layer->bias);
 }

@@ -84,13 +84,13 @@ void PlainHeadChunks(ChunkedLoss& loss, const torch::Tensor& hidden,
                                         ? at::autocast::get_autocast_dtype(device)
                                         : weight.scalar_type();
   const torch::Tensor compute_weight = weight.to(compute);  // (V, C); `weight` itself if no cast
-  const bool weight_grad = !loss.grad_weights.empty();  // the weight is the one trainable
+  const bool weight_grad = !loss.grad_weights.empty();      // the weight is the one trainable
   const int64_t tokens = hidden.size(0);
   for (int64_t start = 0; start < tokens; start += loss.chunk_tokens) {
     const int64_t n = std::min(loss.chunk_tokens, tokens - start);
     const torch::Tensor chunk = hidden.narrow(0, start, n).to(compute);  // (n, C)
     // (n, V) in the compute dtype: the logits, then in place the loss' gradient.
-    torch::Tensor grad_logits = torch::mm(chunk, compute_weight.t());
+    torch::Tensor grad_logits = Matmul(chunk, compute_weight.t());
     sum.add_(
         FusedCrossEntropyGrad(grad_logits, next_labels.narrow(0, start, n), inverse_count).sum());
     if (loss.grad_hidden.defined()) {
@@ -104,11 +104,11 @@ void PlainHeadChunks(ChunkedLoss& loss, const torch::Tensor& hidden,
     if (!weight_grad) continue;
     torch::Tensor& total = loss.grad_weights[0];  // (V, C) in the weight's dtype
     if (!total.defined()) {
-      total = torch::mm(grad_logits.t(), chunk).to(weight.scalar_type());
+      total = Matmul(grad_logits.t(), chunk).to(weight.scalar_type());
     } else if (compute == total.scalar_type()) {
-      total.addmm_(grad_logits.t(), chunk);
+      MatmulInto(total, grad_logits.t(), chunk, /*accumulate=*/true);
     } else {
-      total.add_(torch::mm(grad_logits.t(), chunk));
+      total.add_(Matmul(grad_logits.t(), chunk));
     }
   }
 }
@@ -183,11 +183,11 @@ torch::Tensor ChunkedCrossEntropyLoss(const torch::Tensor& hidden, const torch::
   for (const torch::Tensor& w : weights) {
     if (w.requires_grad()) trainable.push_back(w);
   }
-  TORCH_CHECK(!plain_weight.defined() ||
-                  (plain_weight.requires_grad()
-                       ? trainable.size() == 1 && trainable[0].is_same(plain_weight)
-                       : trainable.empty()),
-              "a plain head's weights are its matrix alone, trainable or not");
+  TORCH_CHECK(
+      !plain_weight.defined() || (plain_weight.requires_grad()
+                                      ? trainable.size() == 1 && trainable[0].is_same(plain_weight)
+                                      : trainable.empty()),
+      "a plain head's weights are its matrix alone, trainable or not");
   auto loss = c10::make_intrusive<ChunkedLoss>();
   loss->logits_of = std::move(logits_of);
   loss->plain_weight = plain_weight;

@@ -402,7 +402,7 @@ class Nf4LinearFunction : public torch::autograd::Function<Nf4LinearFunction> {
     ctx->saved_data["input_dtype"] = static_cast<int64_t>(x.scalar_type());
     // (out, in), freed when forward returns: only the packed weight is kept for backward.
     torch::Tensor weight = DequantizeNf4(w, compute_dtype);
-    return torch::matmul(x.to(compute_dtype), weight.t());  // (..., out)
+    return Linear(x.to(compute_dtype), weight);  // (..., out)
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

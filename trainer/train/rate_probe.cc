@@ -34,12 +34,12 @@ constexpr int64_t kCpuWidths[] = {256, 512, 1024, 2048, 4096};
 constexpr int64_t kCudaRows[] = {512, 2048, 8192};
 constexpr int64_t kCudaWidths[] = {1024, 2048, 4096, 8192};
 // One matmul call may take at most this share of the rounds' time: the grid's cells past it (the
-// wide ones, and on a CPU that emulates 16-bit matmuls nearly all 16-bit ones) are left out, and
-// the estimate takes the nearest measured cell's rate there. The cells' FLOPs go up by factors of
-// two, and 8 s / 96 (83 ms) sits between two of them on the Zen 3 here for fp32 (58 and 117 ms a
-// call) and emulated bf16 (45-56 and 91-112 ms at its best rates, 14-18 GFLOP/s, since the input
-// gradient takes the fast layout; 61 and 122 ms before): at 8 s / 128, bf16's 61 ms cells were in
-// one probe and out of the next.
+// wide ones) are left out, and the estimate takes the nearest measured cell's rate there. The
+// cells' FLOPs go up by factors of two, and 8 s / 96 (83 ms) sits between two of them on the Zen 3
+// here for fp32 (58 and 117 ms a call); bf16, formed there as fp32 GEMMs over converted blocks
+// (trainer/kernels/linear.h), runs at 23-106 GFLOP/s and measures the same 14 cells (at LibTorch's
+// scalar bf16 GEMM, 14-18 GFLOP/s, it measured 10, and at 8 s / 128 its 61 ms cells were in one
+// probe and out of the next).
 constexpr double kCallShare = 1.0 / 96;
 // Causal attention as a small model's micro-batch has it: batch 2, 8 heads, 128 tokens, 64 wide.
 constexpr int64_t kSdpaBatch = 2, kSdpaHeads = 8, kSdpaTokens = 128, kSdpaWidth = 64;
@@ -147,8 +147,8 @@ void AddMatmuls(Rounds& rounds, const std::string& dtype, std::vector<Cell> cell
     const double once = rounds.Add(
         [w, x, dy] {
           (void)InputGradient(x, w);
-          (void)torch::matmul(dy, w.t());
-          (void)torch::matmul(dy.t(), x);
+          (void)Linear(dy, w);
+          (void)Matmul(dy.t(), x);
         },
         [&probe, row, flops = cell.flops()](double seconds) {
           probe.matmul[row].flops_per_s = flops / seconds;
