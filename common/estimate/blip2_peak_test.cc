@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "common/cpu_matmul.h"
 #include "common/estimate/blip2_memory.h"
 #include "common/estimate/blip2_trainer_runs.h"
-#include "common/estimate/blip2_work.h"
 #include "common/estimate/trainer_runs.h"
 #include "common/experiment.h"
 #include "common/inputs/captions.h"
@@ -100,21 +100,13 @@ struct FullRunPlan {
   StepMemoryEstimate estimate;  // of every micro-batch full
 };
 
-// `c`'s plan on `common`, appended to `plans`; where the run is too slow for this CPU
-// (testing::SlowSixteenBitRun), named in `left_out` instead.
-void PlanFullRun(const Case& c, const Sets& common, std::vector<FullRunPlan>& plans,
-                 std::string& left_out) {
+// `c`'s plan on `common`, appended to `plans`.
+void PlanFullRun(const Case& c, const Sets& common, std::vector<FullRunPlan>& plans) {
   SCOPED_TRACE(testing::Describe(c));
   StatusOr<testing::Blip2Case> loaded = testing::LoadBlip2Case(c, common);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   StatusOr<StepMemoryEstimate> estimate = EstimateBlip2StepMemory(loaded->config, loaded->model);
   ASSERT_TRUE(estimate.ok()) << estimate.status().message();
-  if (const std::string slow = testing::SlowSixteenBitRun(
-          EstimateBlip2StepWork(loaded->config, loaded->model), /*steps=*/2);
-      !slow.empty()) {
-    left_out.append("\n").append(testing::Describe(c)).append(": ").append(slow);
-    return;
-  }
   plans.push_back({c, std::move(*loaded), std::move(*estimate)});
 }
 
@@ -131,24 +123,20 @@ void CheckFullRun(const FullRunPlan& plan, const testing::TrainerRun& run,
 // Each case for two steps without a device budget on `common` (WriteLongCaptions' set, every
 // micro-batch full as the estimate assumes by default), the runs' events under `dir` numbered from
 // `first_index`: ExpectRunWithin. The one-rank cases run in one llm-train process
-// (testing::RunLlmTrainSeries), each data-parallel one in its own. A run too slow for this CPU
-// (testing::SlowSixteenBitRun) is not run, and said in `left_out`; `ran` counts the runs made.
+// (testing::RunLlmTrainSeries), each data-parallel one in its own.
 void ExpectFullRunsWithin(const std::vector<Case>& cases, const Sets& common, const fs::path& dir,
-                          int first_index, testing::PeakBound bound, std::string& left_out,
-                          int& ran) {
+                          int first_index, testing::PeakBound bound) {
   std::vector<FullRunPlan> one_rank, ranks;
   for (const Case& c : cases) {
-    PlanFullRun(c, common, c.nproc == 1 ? one_rank : ranks, left_out);
+    PlanFullRun(c, common, c.nproc == 1 ? one_rank : ranks);
     if (::testing::Test::HasFatalFailure()) return;
   }
   std::vector<Case> series;
   for (const FullRunPlan& plan : one_rank) series.push_back(plan.c);
   const std::vector<testing::TrainerRun> runs =
       testing::RunLlmTrainSeries(series, common, dir, first_index);
-  ran += static_cast<int>(runs.size());
   for (size_t i = 0; i < runs.size(); ++i) CheckFullRun(one_rank[i], runs[i], bound);
   for (size_t i = 0; i < ranks.size(); ++i) {
-    ++ran;
     CheckFullRun(ranks[i],
                  testing::RunLlmTrain(ranks[i].c, common, dir,
                                       first_index + static_cast<int>(series.size() + i)),
@@ -163,12 +151,9 @@ void ExpectPeaksWithin(const std::vector<Case>& cases,
   const fs::path dir = testing::TestDir();
   setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
   const Sets common = With(kPeakRun, {{"data.path", testing::WriteLongCaptions(dir).string()}});
-  std::string left_out;  // the runs too slow for this CPU (testing::SlowSixteenBitRun)
-  int ran = 0;
-  ExpectFullRunsWithin(cases, common, dir, /*first_index=*/0, bound, left_out, ran);
+  ExpectFullRunsWithin(cases, common, dir, /*first_index=*/0, bound);
   if (::testing::Test::HasFatalFailure()) return;
   fs::remove_all(dir);
-  if (!left_out.empty()) GTEST_SKIP() << "left out on this CPU:" << left_out;
 }
 
 const Sets kT5 = {{"model", Experiments() + "models/cpu-lab-blip2-t5"},
@@ -219,9 +204,9 @@ TEST(EstimateBlip2PeakTest, TechniquesOnOneDevice) {
 // CPU scratchpad (oneDNN's, per thread: 7.1 MiB on 2 threads) is about as large as its whole
 // model state (10.3 MiB), so a model this small is where leaving it out shows (-33% at two
 // images). Never under by more than 2%, at one image (one thread's scratchpad), two and four.
-// Not on AVX-512 (the flags CpuHasSixteenBitMatmul reads), where oneDNN may take another kernel.
+// Not on AVX-512 (CpuHasAvx512Core, common/cpu_matmul.h), where oneDNN may take another kernel.
 TEST(EstimateBlip2PeakTest, SmallModelOfLargePatchesNeverTwoPercentUnder) {
-  if (testing::CpuHasSixteenBitMatmul()) {
+  if (CpuHasAvx512Core()) {
     GTEST_SKIP() << "AVX-512: oneDNN may form the patch convolution's weight gradient with another "
                     "kernel than AVX2's gemm:jit, whose scratchpad the estimate models (not "
                     "measured on AVX-512)";
@@ -324,8 +309,9 @@ StatusOr<Trial> FileRow(const std::string& name) {
 // but for the budget (a budget that refuses nothing changes no allocation), else one is run. Where
 // every caption of the file is cut at data.max_seq_length (`full`: the T5 rows'), every
 // micro-batch is as full as on WriteLongCaptions' set, and the run shows the activations too.
+// Either run shows the row's model state (ExpectRunWithin).
 void ExpectOwnCaptionsPeak(const Case& row, const testing::TrainerRun& row_run, bool& full,
-                           const fs::path& dir, std::string& left_out, bool& state_shown) {
+                           const fs::path& dir) {
   StatusOr<testing::Blip2Case> peak = testing::LoadBlip2Case(row, kPeakRun);
   ASSERT_TRUE(peak.ok()) << peak.status().message();
   StatusOr<CaptionTokenSpan> captions = CaptionTokens(peak->config, peak->model);
@@ -346,32 +332,21 @@ void ExpectOwnCaptionsPeak(const Case& row, const testing::TrainerRun& row_run, 
   const std::string label = testing::Describe(row) + " (the file's captions)";
   const testing::PeakBound bound = {.under = kTolerance, .over = kTolerance};
   if (Outcome(row_run) == "ok" && *unlimited == peak->config) {
-    state_shown = true;
     ExpectRunWithin(row, *peak, row_run.ranks, *estimate, full, bound,
                     label + ", its run under device_memory");
     return;
   }
-  if (const std::string slow = testing::SlowSixteenBitRun(
-          EstimateBlip2StepWork(peak->config, peak->model, captions->longest), /*steps=*/2);
-      !slow.empty()) {
-    left_out.append("\n").append(label).append(": ").append(slow);
-    return;
-  }
   auto ranks = testing::RunLlmTrainOk(row, kPeakRun, dir, 1);
   ASSERT_TRUE(ranks.ok()) << ranks.status().message();
-  state_shown = true;
   ExpectRunWithin(row, *peak, *ranks, *estimate, full, bound, label);
 }
 
 // `row`'s peak and activations on WriteLongCaptions' set (every micro-batch full), as
 // ExpectPeaksWithin checks a case's.
-void ExpectLongCaptionsPeak(const Case& row, const fs::path& dir, std::string& left_out,
-                            bool& state_shown) {
+void ExpectLongCaptionsPeak(const Case& row, const fs::path& dir) {
   const Sets common = With(kPeakRun, {{"data.path", testing::WriteLongCaptions(dir).string()}});
-  int ran = 0;
   ExpectFullRunsWithin({row}, common, dir, /*first_index=*/2,
-                       {.under = kTolerance, .over = kTolerance}, left_out, ran);
-  if (ran > 0) state_shown = true;
+                       {.under = kTolerance, .over = kTolerance});
 }
 
 // Every row of experiments/cpu-lab-blip2.yaml at its own micro-batch, precision and technique, one
@@ -383,9 +358,7 @@ class CpuLabBlip2RowTest : public ::testing::TestWithParam<const char*> {};
 // file's captions and on WriteLongCaptions' is within 3% of the estimate and its model state
 // exact. Each configuration runs once (ExpectOwnCaptionsPeak, ExpectLongCaptionsPeak): an ok row's
 // run is its peak run, and a T5 row's captions fill every micro-batch as the long ones do. An out
-// of memory row's run stops at the refusal, so its peaks need runs without the budget. Where no run
-// here shows the model state (a row out of memory whose peak runs are too slow for this CPU), a
-// step of one micro-batch of two images does (testing::ExpectBlip2StatesExact).
+// of memory row's run stops at the refusal, so its peaks need runs without the budget.
 TEST_P(CpuLabBlip2RowTest, EndsAsTheFileExpectsWithinItsEstimate) {
   const fs::path dir = testing::TestDir();
   setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
@@ -396,25 +369,12 @@ TEST_P(CpuLabBlip2RowTest, EndsAsTheFileExpectsWithinItsEstimate) {
   const testing::TrainerRun run = testing::RunLlmTrain(row, {}, dir, 0);
   const std::string outcome = Outcome(run);
   EXPECT_EQ(outcome, *trial->expect) << run.output;
-  std::string left_out;  // the runs too slow for this CPU (testing::SlowSixteenBitRun)
   bool full = false;
-  bool state_shown = false;
-  ExpectOwnCaptionsPeak(row, run, full, dir, left_out, state_shown);
+  ExpectOwnCaptionsPeak(row, run, full, dir);
   if (HasFatalFailure()) return;
-  if (!full) ExpectLongCaptionsPeak(row, dir, left_out, state_shown);
+  if (!full) ExpectLongCaptionsPeak(row, dir);
   if (HasFatalFailure()) return;
-  if (!state_shown && outcome == "ok") {
-    StatusOr<testing::Blip2Case> loaded = testing::LoadBlip2Case(row, {});
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    testing::ExpectModelStateExact(
-        row,
-        [&](int64_t rank) { return EstimateBlip2ModelState(loaded->config, loaded->model, rank); },
-        run.ranks);
-  } else if (!state_shown) {
-    testing::ExpectBlip2StatesExact({row}, dir, /*first_index=*/3, /*images=*/2, left_out);
-  }
   fs::remove_all(dir);
-  if (!left_out.empty()) GTEST_SKIP() << "left out on this CPU:" << left_out;
 }
 
 // The verdict under the file's device_memory (280 MiB), from the file's own captions, is the

@@ -35,10 +35,9 @@ StatusOr<Blip2Case> LoadBlip2Case(const Case& c, const Sets& common);
 // for any batch of two or more images (one image differs: the class embedding's gradient then keeps
 // a whole (1, P, C) storage), and the run's estimate must equal the case's in every figure. The
 // one-rank runs share one llm-train process (RunLlmTrainSeries), each data-parallel run has its
-// own. A run too slow for this CPU (SlowSixteenBitRun) is left out and named in `left_out`. Prints
-// the runs' wall and CPU seconds.
+// own. Prints the runs' wall and CPU seconds.
 void ExpectBlip2StatesExact(const std::vector<Case>& cases, const std::filesystem::path& dir,
-                            int first_index, int64_t images, std::string& left_out);
+                            int first_index, int64_t images);
 
 }  // namespace llmctl::estimate::testing
 

@@ -9,13 +9,11 @@
 #include <fstream>
 #include <optional>
 
-#include "common/cpu_matmul.h"
 #include "common/estimate/model_state.h"
 #include "common/estimate/step_memory.h"
 #include "common/experiment.h"
 #include "common/rank_files.h"
 #include "common/snapshot_event.h"
-#include "common/text.h"
 #include "common/trainer_exit.h"
 #include "tests/support/shell_command.h"
 
@@ -239,20 +237,6 @@ Case AtMostMicroBatches(const Case& c, const TrialConfig& config, int micro_batc
   return shorter;
 }
 
-bool CpuHasSixteenBitMatmul() { return CpuMultipliesBf16(); }
-
-std::string SlowSixteenBitRun(const StatusOr<StepWork>& work, int steps) {
-  if (!work.ok() || work->matmul_class != MatmulClass::kBf16) return "";
-  const double run_flops = steps * work->matmul_flops;
-  if (run_flops <= kSlowSixteenBitMatmulFlops || CpuHasSixteenBitMatmul()) return "";
-  char why[200];
-  std::snprintf(why, sizeof(why),
-                "%.1e FLOPs of 16-bit matmuls, on a CPU without 16-bit matmul instructions "
-                "(LibTorch's bf16 GEMM at 13-22 GFLOP/s: minutes)",
-                run_flops);
-  return why;
-}
-
 namespace {
 
 // A case ExpectPeaksWithin checks: its configuration, the estimate its run is compared with and
@@ -265,18 +249,12 @@ struct PeakPlan {
   Case run_case;
 };
 
-// `c`'s plan, or none: then a failure is recorded, or `skip` says why the case is left out.
+// `c`'s plan, or none: then a failure is recorded.
 void PlanPeak(const Case& c, const Sets& common, const std::string& label,
-              std::optional<PeakPlan>& plan, std::string& skip) {
+              std::optional<PeakPlan>& plan) {
   SCOPED_TRACE(Describe(c));
   StatusOr<CaseConfig> loaded = LoadCase(c, common);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-  if (const std::string slow =
-          SlowSixteenBitRun(EstimateStepWork(loaded->config, loaded->model), /*steps=*/2);
-      !slow.empty()) {
-    skip = label + ": " + slow;
-    return;
-  }
   StatusOr<StepMemoryEstimate> estimate = EstimateStepMemory(loaded->config, loaded->model);
   ASSERT_TRUE(estimate.ok()) << estimate.status().message();
   // The run's estimate is the case's to the byte, at the same moment: what runs is what is checked.
@@ -341,12 +319,9 @@ void CheckPeak(const PeakPlan& plan, const TrainerRun& run, PeakBound bound) {
 void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& common, const fs::path& dir,
                        PeakBound bound, const std::vector<std::string>& labels) {
   std::vector<PeakPlan> one_rank, ranks;
-  std::vector<std::string> skipped;
   for (size_t i = 0; i < cases.size(); ++i) {
     std::optional<PeakPlan> plan;
-    std::string skip;
-    PlanPeak(cases[i], common, i < labels.size() ? labels[i] : Describe(cases[i]), plan, skip);
-    if (!skip.empty()) skipped.push_back(skip);
+    PlanPeak(cases[i], common, i < labels.size() ? labels[i] : Describe(cases[i]), plan);
     if (plan) (plan->c.nproc == 1 ? one_rank : ranks).push_back(std::move(*plan));
   }
   std::vector<Case> series;
@@ -357,10 +332,6 @@ void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& common, const
     CheckPeak(ranks[i],
               RunLlmTrain(ranks[i].run_case, common, dir, static_cast<int>(series.size() + i)),
               bound);
-  }
-  // Left out here, and said so: the rest ran, the test then reports a skip.
-  if (!skipped.empty()) {
-    GTEST_SKIP() << Join(std::vector<std::string_view>(skipped.begin(), skipped.end()), "; ");
   }
 }
 

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "common/estimate/model_state.h"
-#include "common/estimate/step_work.h"
 #include "common/model_config.h"
 #include "common/status.h"
 #include "common/trial_config.h"
@@ -106,27 +105,6 @@ struct PeakBound {
   double over = 0.03;
 };
 
-// The most matmul work (FLOPs over a run's steps) a 16-bit run may have on a CPU without 16-bit
-// matmul instructions. There LibTorch's bf16 GEMM runs at 13-22 GFLOP/s on a 2-core Zen 3 (in the
-// layouts the trainer uses since its input gradients take the fast one, trainer/kernels/linear.h;
-// 1-2 in the other) against 60-125 for fp32: with the bound at 1.4e11 (5e10 before that change) the
-// estimate tests' 16-bit runs left out went from 21 tests to 11, and the tests that hold them from
-// 1,042 s to 990 s of test time there (cpu-lab's activation-checkpointing row, 1.2e11, 31 s).
-inline constexpr double kSlowSixteenBitMatmulFlops = 1.4e11;
-
-// Whether this CPU multiplies 16-bit matrices with vector instructions, as oneDNN does with
-// AVX-512 (avx512f, bw, vl and dq: bf16 through AVX512_CORE, natively with avx512_bf16 or AMX).
-bool CpuHasSixteenBitMatmul();
-
-// Why a run of `steps` optimizer steps of `work` (EstimateStepWork's or EstimateBlip2StepWork's)
-// is left out on this CPU: "" when it runs (or the work could not be estimated: the test's own
-// checks then say why); otherwise its matmuls are 16-bit, this CPU has no instructions for them
-// (CpuHasSixteenBitMatmul) and their FLOPs are above kSlowSixteenBitMatmulFlops. The run's memory
-// does not depend on the CPU (the estimate's figures are the same), so such a run is checked where
-// it takes seconds; a test that leaves one out runs the rest, then skips naming it
-// (tests/expected-skips.txt lists which tests may).
-std::string SlowSixteenBitRun(const StatusOr<StepWork>& work, int steps);
-
 // `c`, or where `config` (its configuration) accumulates more than `micro_batches` micro-batches a
 // step on each rank, `c` with the global batch of that many: the same check for less work, where
 // the caller has checked that the estimate it compares with is the same for both. A peak needs two:
@@ -140,8 +118,7 @@ Case AtMostMicroBatches(const Case& c, const TrialConfig& config, int micro_batc
 // for byte and its measured peak to lie within `bound` of the estimated one; prints a line a case:
 // its label (`labels[i]`, or Describe(case) without one), the two peaks, the error, the estimate's
 // phase and the run's training time. The one-rank cases run in one process (RunLlmTrainSeries),
-// each data-parallel case in its own (--nproc). A case SlowSixteenBitRun leaves out is named in
-// the test's skip once the others have run.
+// each data-parallel case in its own (--nproc).
 void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& common,
                        const std::filesystem::path& dir, PeakBound bound = {},
                        const std::vector<std::string>& labels = {});
