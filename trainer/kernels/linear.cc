@@ -34,9 +34,10 @@ float* Scratch(int64_t floats) {
 // where it is defined; all 16-bit of one dtype on the CPU, any strides. Each (row block, column
 // block) of out sums its inner blocks' fp32 products in fp32 (beside the first, out's values or
 // the bias), then is rounded once into out. The fp32 tensors are views of the scratch: nothing is
-// allocated through LibTorch's allocator.
+// allocated through LibTorch's allocator. Autocast is off meanwhile: the fp32 blocks stay fp32.
 void MatmulInFp32(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
                   const torch::Tensor& bias, bool accumulate) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
   const int64_t rows = a.size(0), inner = a.size(1), columns = b.size(1);
   const int64_t row_block = std::min(rows, kRowBlock);
   const int64_t inner_block = std::min(inner, kInnerBlock);

@@ -94,8 +94,8 @@ TEST(LinearTest, MatchesAtensLinearLayerInBf16OnTheCpu) {
 
 // Products larger than one block each way (300 x 1,100 @ 1,100 x 1,030: two row blocks, two inner
 // blocks, two column blocks, each with a remainder), of operands of any strides, in bf16 and fp16,
-// into a new tensor, into part of a larger one, and added to what it holds: each within the
-// 16-bit rounding of the exact product, what lies outside the part untouched.
+// into a new tensor, into part of a larger one, added to what it holds, and under autocast: each
+// within the 16-bit rounding of the exact product, what lies outside the part untouched.
 TEST(LinearTest, ProductsAcrossBlocksAreRoundedOnceFromFp32Sums) {
   torch::manual_seed(7);
   for (const torch::ScalarType dtype : {torch::kBFloat16, torch::kHalf}) {
@@ -117,6 +117,14 @@ TEST(LinearTest, ProductsAcrossBlocksAreRoundedOnceFromFp32Sums) {
     torch::Tensor sum = start.clone();
     MatmulInto(sum, a, b_rows.t(), /*accumulate=*/true);
     EXPECT_LT(WorstOverBound(sum, a, b_rows.t(), start), 1.0);
+
+    // Under autocast (the chunked loss runs inside bf16-mixed's), the same product.
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, torch::kBFloat16);
+    const torch::Tensor under_autocast = Matmul(a, b_rows.t());
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    EXPECT_EQ(under_autocast.scalar_type(), dtype);
+    EXPECT_LT(WorstOverBound(under_autocast, a, b_rows.t()), 1.0);
   }
 }
 
