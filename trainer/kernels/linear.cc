@@ -52,12 +52,15 @@ void MatmulInFp32(torch::Tensor& out, const torch::Tensor& a, const torch::Tenso
       const int64_t n = std::min(column_block, columns - column);
       torch::Tensor out_block = out.narrow(0, row, m).narrow(1, column, n);
       torch::Tensor sum = torch::from_blob(sum_scratch, {m, n}, fp32);  // (m, n)
+      bool started = true;  // whether `sum` holds a start the products are added to
       if (accumulate) {
         sum.copy_(out_block);
       } else if (bias.defined()) {
         sum.copy_(bias.narrow(0, column, n).expand({m, n}));
-      } else {
+      } else if (inner == 0) {
         sum.zero_();
+      } else {
+        started = false;
       }
       for (int64_t k0 = 0; k0 < inner; k0 += inner_block) {
         const int64_t k = std::min(inner_block, inner - k0);
@@ -65,7 +68,12 @@ void MatmulInFp32(torch::Tensor& out, const torch::Tensor& a, const torch::Tenso
         torch::Tensor b32 = torch::from_blob(b_scratch, {k, n}, fp32);  // (k, n)
         a32.copy_(a.narrow(0, row, m).narrow(1, k0, k));
         b32.copy_(b.narrow(0, k0, k).narrow(1, column, n));
-        sum.addmm_(a32, b32);
+        if (started) {
+          sum.addmm_(a32, b32);
+        } else {
+          torch::mm_out(sum, a32, b32);  // the first inner block's product is the start
+          started = true;
+        }
       }
       out_block.copy_(sum);
     }
