@@ -122,26 +122,19 @@ void CheckFullRun(const FullRunPlan& plan, const testing::TrainerRun& run,
 
 // Each case for two steps without a device budget on `common` (WriteLongCaptions' set, every
 // micro-batch full as the estimate assumes by default), the runs' events under `dir` numbered from
-// `first_index`: ExpectRunWithin. The one-rank cases run in one llm-train process
-// (testing::RunLlmTrainSeries), each data-parallel one in its own.
+// `first_index`: ExpectRunWithin. The one-rank cases run in one llm-train process, each
+// data-parallel one in its own (testing::RunLlmTrainCases).
 void ExpectFullRunsWithin(const std::vector<Case>& cases, const Sets& common, const fs::path& dir,
                           int first_index, testing::PeakBound bound) {
-  std::vector<FullRunPlan> one_rank, ranks;
+  std::vector<FullRunPlan> plans;
   for (const Case& c : cases) {
-    PlanFullRun(c, common, c.nproc == 1 ? one_rank : ranks);
+    PlanFullRun(c, common, plans);
     if (::testing::Test::HasFatalFailure()) return;
   }
-  std::vector<Case> series;
-  for (const FullRunPlan& plan : one_rank) series.push_back(plan.c);
   const std::vector<testing::TrainerRun> runs =
-      testing::RunLlmTrainSeries(series, common, dir, first_index);
-  for (size_t i = 0; i < runs.size(); ++i) CheckFullRun(one_rank[i], runs[i], bound);
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    CheckFullRun(ranks[i],
-                 testing::RunLlmTrain(ranks[i].c, common, dir,
-                                      first_index + static_cast<int>(series.size() + i)),
-                 bound);
-  }
+      testing::RunLlmTrainCases(cases, common, dir, first_index);
+  ASSERT_EQ(runs.size(), plans.size());
+  for (size_t i = 0; i < runs.size(); ++i) CheckFullRun(plans[i], runs[i], bound);
 }
 
 // Each case for two steps without a device budget on WriteLongCaptions' set, every micro-batch

@@ -128,33 +128,21 @@ void CheckState(const StatePlan& plan, const TrainerRun& run) {
 
 void ExpectBlip2StatesExact(const std::vector<Case>& cases, const fs::path& dir, int first_index,
                             int64_t images) {
-  std::vector<StatePlan> one_rank, ranks;
+  std::vector<StatePlan> plans;
   for (const Case& c : cases) {
-    std::vector<StatePlan>& plans = c.nproc == 1 ? one_rank : ranks;
     PlanState(c, images, plans);
     if (::testing::Test::HasFatalFailure()) return;
   }
-  std::vector<Case> series;
-  for (const StatePlan& plan : one_rank) series.push_back(plan.run_case);
-  auto start = std::chrono::steady_clock::now();
-  double cpu_before = ChildrenCpuSeconds();
-  const std::vector<TrainerRun> runs = RunLlmTrainSeries(series, kOneStep, dir, first_index);
-  std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
-  if (!series.empty()) {
-    std::printf("%zu one-rank runs in one llm-train: %.1f s, %.1f CPU s\n", series.size(),
-                wall.count(), ChildrenCpuSeconds() - cpu_before);
-  }
-  for (size_t i = 0; i < runs.size(); ++i) CheckState(one_rank[i], runs[i]);
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    start = std::chrono::steady_clock::now();
-    cpu_before = ChildrenCpuSeconds();
-    const TrainerRun run = RunLlmTrain(ranks[i].run_case, kOneStep, dir,
-                                       first_index + static_cast<int>(series.size() + i));
-    wall = std::chrono::steady_clock::now() - start;
-    std::printf("%s: %.1f s, %.1f CPU s\n", Describe(ranks[i].run_case).c_str(), wall.count(),
-                ChildrenCpuSeconds() - cpu_before);
-    CheckState(ranks[i], run);
-  }
+  std::vector<Case> run_cases;
+  for (const StatePlan& plan : plans) run_cases.push_back(plan.run_case);
+  const auto start = std::chrono::steady_clock::now();
+  const double cpu_before = ChildrenCpuSeconds();
+  const std::vector<TrainerRun> runs = RunLlmTrainCases(run_cases, kOneStep, dir, first_index);
+  const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - start;
+  std::printf("%zu runs: %.1f s, %.1f CPU s\n", runs.size(), wall.count(),
+              ChildrenCpuSeconds() - cpu_before);
+  ASSERT_EQ(runs.size(), plans.size());
+  for (size_t i = 0; i < runs.size(); ++i) CheckState(plans[i], runs[i]);
 }
 
 }  // namespace llmctl::estimate::testing

@@ -34,8 +34,8 @@ StatusOr<Blip2Case> LoadBlip2Case(const Case& c, const Sets& common);
 // the case's: the state holds the same tensors however many micro-batches a step accumulates, and
 // for any batch of two or more images (one image differs: the class embedding's gradient then keeps
 // a whole (1, P, C) storage), and the run's estimate must equal the case's in every figure. The
-// one-rank runs share one llm-train process (RunLlmTrainSeries), each data-parallel run has its
-// own. Prints the runs' wall and CPU seconds.
+// one-rank runs share one llm-train process, each data-parallel run has its own
+// (RunLlmTrainCases). Prints the runs' wall and CPU seconds.
 void ExpectBlip2StatesExact(const std::vector<Case>& cases, const std::filesystem::path& dir,
                             int first_index, int64_t images);
 

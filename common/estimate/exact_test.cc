@@ -29,26 +29,18 @@ const Sets kQuick = {{"train.max_steps", "1"},      {"snapshot_every", "1"},
                      {"device_memory", ""},         {"output_dir", ""},
                      {"checkpoint_every", "0"},     {"profile.steps", "0"}};
 
-// Runs every case through llm-train (the one-rank cases in one process, testing::
-// RunLlmTrainSeries; each data-parallel case in its own) and compares rank 0's (and the other
-// ranks') figures.
+// Runs every case through llm-train (the one-rank cases in one process, each data-parallel case in
+// its own: testing::RunLlmTrainCases) and compares rank 0's (and the other ranks') figures.
 void ExpectExact(const std::vector<Case>& cases) {
   const fs::path dir = testing::TestDir();
-  std::vector<Case> one_rank;
-  for (const Case& c : cases) {
-    if (c.nproc == 1) one_rank.push_back(c);
-  }
-  const std::vector<testing::TrainerRun> series =
-      testing::RunLlmTrainSeries(one_rank, kQuick, dir, 0);
-  size_t next_in_series = 0;
+  const std::vector<testing::TrainerRun> runs = testing::RunLlmTrainCases(cases, kQuick, dir, 0);
+  ASSERT_EQ(runs.size(), cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     SCOPED_TRACE(testing::Describe(c));
     StatusOr<testing::CaseConfig> loaded = testing::LoadCase(c, kQuick);
     ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    const testing::TrainerRun run =
-        c.nproc == 1 ? series.at(next_in_series++)
-                     : testing::RunLlmTrain(c, kQuick, dir, static_cast<int>(cases.size() + i));
+    const testing::TrainerRun& run = runs[i];
     ASSERT_EQ(run.exit_code, 0) << run.command << " exited with " << run.exit_code << "\n"
                                 << run.output;
     testing::ExpectModelStateExact(c, *loaded, run.ranks);

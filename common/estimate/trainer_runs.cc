@@ -143,6 +143,24 @@ std::vector<TrainerRun> RunLlmTrainSeries(const std::vector<Case>& cases, const 
   return runs;
 }
 
+std::vector<TrainerRun> RunLlmTrainCases(const std::vector<Case>& cases, const Sets& common,
+                                         const fs::path& dir, int first_index) {
+  std::vector<Case> one_rank;
+  for (const Case& c : cases) {
+    if (c.nproc == 1) one_rank.push_back(c);
+  }
+  std::vector<TrainerRun> series = RunLlmTrainSeries(one_rank, common, dir, first_index);
+  if (series.size() != one_rank.size()) return {};
+  std::vector<TrainerRun> runs;
+  size_t next_in_series = 0;
+  int next_index = first_index + static_cast<int>(one_rank.size());
+  for (const Case& c : cases) {
+    runs.push_back(c.nproc == 1 ? std::move(series[next_in_series++])
+                                : RunLlmTrain(c, common, dir, next_index++));
+  }
+  return runs;
+}
+
 StatusOr<std::vector<std::vector<json>>> RunLlmTrainOk(const Case& c, const Sets& common,
                                                        const fs::path& dir, int index) {
   TrainerRun run = RunLlmTrain(c, common, dir, index);
@@ -318,21 +336,17 @@ void CheckPeak(const PeakPlan& plan, const TrainerRun& run, PeakBound bound) {
 
 void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& common, const fs::path& dir,
                        PeakBound bound, const std::vector<std::string>& labels) {
-  std::vector<PeakPlan> one_rank, ranks;
+  std::vector<PeakPlan> plans;
   for (size_t i = 0; i < cases.size(); ++i) {
     std::optional<PeakPlan> plan;
     PlanPeak(cases[i], common, i < labels.size() ? labels[i] : Describe(cases[i]), plan);
-    if (plan) (plan->c.nproc == 1 ? one_rank : ranks).push_back(std::move(*plan));
+    if (plan) plans.push_back(std::move(*plan));
   }
-  std::vector<Case> series;
-  for (const PeakPlan& plan : one_rank) series.push_back(plan.run_case);
-  const std::vector<TrainerRun> runs = RunLlmTrainSeries(series, common, dir, 0);
-  for (size_t i = 0; i < runs.size(); ++i) CheckPeak(one_rank[i], runs[i], bound);
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    CheckPeak(ranks[i],
-              RunLlmTrain(ranks[i].run_case, common, dir, static_cast<int>(series.size() + i)),
-              bound);
-  }
+  std::vector<Case> run_cases;
+  for (const PeakPlan& plan : plans) run_cases.push_back(plan.run_case);
+  const std::vector<TrainerRun> runs = RunLlmTrainCases(run_cases, common, dir, 0);
+  ASSERT_EQ(runs.size(), plans.size());
+  for (size_t i = 0; i < runs.size(); ++i) CheckPeak(plans[i], runs[i], bound);
 }
 
 fs::path TestDir() {

@@ -65,6 +65,13 @@ TrainerRun RunLlmTrain(const Case& c, const Sets& common, const std::filesystem:
 std::vector<TrainerRun> RunLlmTrainSeries(const std::vector<Case>& cases, const Sets& common,
                                           const std::filesystem::path& dir, int first_index);
 
+// Runs `cases` (each with `common`): the one-rank ones in one llm-train process
+// (RunLlmTrainSeries, their events numbered from `first_index` in their order), then each
+// data-parallel one in its own (RunLlmTrain, numbered after them). The runs come back in `cases`'
+// order; none where the series could not run (a failure is then recorded).
+std::vector<TrainerRun> RunLlmTrainCases(const std::vector<Case>& cases, const Sets& common,
+                                         const std::filesystem::path& dir, int first_index);
+
 // As RunLlmTrain, failing with the command and its output when llm-train exits non-zero.
 StatusOr<std::vector<std::vector<nlohmann::json>>> RunLlmTrainOk(const Case& c, const Sets& common,
                                                                  const std::filesystem::path& dir,
@@ -117,8 +124,8 @@ Case AtMostMicroBatches(const Case& c, const TrialConfig& config, int micro_batc
 // case's) through llm-train under `dir` and expects its model state to equal the estimate's byte
 // for byte and its measured peak to lie within `bound` of the estimated one; prints a line a case:
 // its label (`labels[i]`, or Describe(case) without one), the two peaks, the error, the estimate's
-// phase and the run's training time. The one-rank cases run in one process (RunLlmTrainSeries),
-// each data-parallel case in its own (--nproc).
+// phase and the run's training time. The one-rank cases run in one process, each data-parallel
+// case in its own (RunLlmTrainCases).
 void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& common,
                        const std::filesystem::path& dir, PeakBound bound = {},
                        const std::vector<std::string>& labels = {});
