@@ -22,11 +22,10 @@ constexpr int64_t kColumnBlock = 1024;
 static_assert(kScratchFloats ==
               kRowBlock * kInnerBlock + kInnerBlock * kColumnBlock + kRowBlock * kColumnBlock);
 
-// This thread's scratch, at least `floats` long: kept between products, so a step converts into
-// the same pages each time.
-float* Scratch(int64_t floats) {
-  thread_local std::vector<float> scratch;
-  if (static_cast<int64_t>(scratch.size()) < floats) scratch.resize(static_cast<size_t>(floats));
+// This thread's scratch, kScratchFloats long: kept between products, so a step converts into the
+// same pages each time.
+float* Scratch() {
+  thread_local std::vector<float> scratch(kScratchFloats);
   return scratch.data();
 }
 
@@ -42,7 +41,7 @@ void MatmulInFp32(torch::Tensor& out, const torch::Tensor& a, const torch::Tenso
   const int64_t row_block = std::min(rows, kRowBlock);
   const int64_t inner_block = std::min(inner, kInnerBlock);
   const int64_t column_block = std::min(columns, kColumnBlock);
-  float* const a_scratch = Scratch(kScratchFloats);
+  float* const a_scratch = Scratch();
   float* const b_scratch = a_scratch + row_block * inner_block;
   float* const sum_scratch = b_scratch + inner_block * column_block;
   const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32);
@@ -179,10 +178,6 @@ torch::Tensor InputGradient(const torch::Tensor& dy, const torch::Tensor& weight
   std::vector<int64_t> sizes = dy.sizes().vec();
   sizes.back() = weight.size(1);
   return Matmul(dy_rows, weight).view(sizes);
-}
-
-void InputGradientInto(torch::Tensor& out, const torch::Tensor& dy, const torch::Tensor& weight) {
-  MatmulInto(out, dy, weight);
 }
 
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight,

@@ -34,9 +34,6 @@ void MatmulInto(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor&
 
 // dy (N..., O) @ weight (O, I) -> (N..., I): a linear layer's input gradient.
 torch::Tensor InputGradient(const torch::Tensor& dy, const torch::Tensor& weight);
-// The same into `out` (N, I), dy (N, O), all three of one dtype: for a caller that writes it into
-// part of a larger tensor (the chunked loss' hidden states' gradient).
-void InputGradientInto(torch::Tensor& out, const torch::Tensor& dy, const torch::Tensor& weight);
 
 // linear(x, weight, bias): x (N..., I), weight (O, I), bias (O) or undefined -> (N..., O), autocast
 // included (x, the weight and the bias cast to its dtype, the weight's cast cached, as autocast's

@@ -96,7 +96,7 @@ void PlainHeadChunks(ChunkedLoss& loss, const torch::Tensor& hidden,
     if (loss.grad_hidden.defined()) {
       torch::Tensor out = loss.grad_hidden.narrow(0, start, n);
       if (compute == out.scalar_type()) {
-        InputGradientInto(out, grad_logits, compute_weight);
+        MatmulInto(out, grad_logits, compute_weight);  // (n, C) = (n, V) @ (V, C)
       } else {
         out.copy_(InputGradient(grad_logits, compute_weight));
       }
