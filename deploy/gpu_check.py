@@ -25,7 +25,8 @@ the rows it finished. Not meant to be run by hand; deploy/gpu-check calls it:
   gpu_check.py bundle-check BUNDLE LDD_TXT            exit 0 when every library `env -i ldd` listed in
                                                       LDD_TXT (the bundle's binaries) resolves inside BUNDLE
   gpu_check.py probe-summary PROBE_JSON               the probe's rates as Markdown; exit 1 unless it
-                                                      is a version 3 probe with an fp32 matmul
+                                                      is this build's probe version (rate_probe.h)
+                                                      with an fp32 matmul
   gpu_check.py summary OUT                            Markdown: versions and every stage's status
 """
 
@@ -465,13 +466,20 @@ _RUNTIME = re.compile(r"^(linux-vdso|ld-linux.*|libc|libm|libdl|libpthread|librt
                       r"libgcc_s)\.so")
 
 
+def probe_version():
+    """kRateProbeVersion, read from common/estimate/rate_probe.h: the one place the version is set."""
+    header = (REPO / "common/estimate/rate_probe.h").read_text()
+    return int(re.search(r"kRateProbeVersion = (\d+);", header).group(1))
+
+
 def cmd_probe_summary(probe_json):
     """The probe's rates as a table (docs/estimate.md, "Measured rates"); exits 1 on a document that is
-    not this build's version 3 probe with an fp32 rate (the estimator would refuse or re-measure it)."""
+    not this build's probe version with an fp32 rate (the estimator would refuse or re-measure it)."""
+    version = probe_version()
     try:
         probe = json.loads(Path(probe_json).read_text())
-        if probe.get("version") != 3 or not any(m.get("dtype") == "fp32" for m in probe["matmul"]):
-            raise ValueError("not a version 3 probe with an fp32 matmul")
+        if probe.get("version") != version or not any(m.get("dtype") == "fp32" for m in probe["matmul"]):
+            raise ValueError(f"not a version {version} probe with an fp32 matmul")
     except (OSError, ValueError, KeyError, TypeError) as error:
         sys.exit(f"{probe_json}: {error}")
     identity = probe["identity"]
@@ -482,6 +490,7 @@ def cmd_probe_summary(probe_json):
         print(f"| {m['dtype']} | {m['size']} | {m['tokens']} | {m['flops_per_s'] / 1e12:.3f} |")
     print(f"memory {probe['memory_bytes_per_s'] / 1e9:.1f} GB/s, launch {probe['launch_seconds'] * 1e6:.1f} us, "
           f"host AdamW {probe['host_adamw_values_per_s'] / 1e9:.2f} Gvalues/s, "
+          f"8-bit AdamW {probe['adamw_8bit_values_per_s'] / 1e6:.0f} Mvalues/s, "
           f"host->device {probe['host_to_device_bytes_per_s'] / 1e9:.1f} GB/s")
 
 

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/estimate/rate_probe.h"
 #include "common/files.h"
 #include "tests/support/shell_command.h"
 
@@ -235,8 +236,8 @@ TEST(GpuCheckCommandTest, TheKernelsStageRunsTheFusedOpsTestsOnItsDevice) {
 }
 
 // The probe stage runs the build's llm-train --probe on the stage's device (here the CPU: its CUDA
-// path is the same call with --probe-device cuda) into OUT/probe.json, a document the estimator reads,
-// and tabulates it; a probe document the estimator would refuse fails the stage.
+// path is the same call with --probe-device cuda) into OUT/probe.json, a document the estimator
+// reads, and tabulates it; a probe document the estimator would refuse fails the stage.
 TEST(GpuCheckCommandTest, TheProbeStageMeasuresItsDeviceIntoAProbeTheEstimatorReads) {
   const fs::path out = FreshDir("probe");
   const std::string command = "GPU_CHECK_BUILD_DIR='" + testing::BuildDir().string() + "' " +
@@ -245,7 +246,7 @@ TEST(GpuCheckCommandTest, TheProbeStageMeasuresItsDeviceIntoAProbeTheEstimatorRe
   const testing::CommandResult run = testing::RunShellCommand(command);
   ASSERT_EQ(run.exit_code, 0) << run.out;
   const nlohmann::json probe = nlohmann::json::parse(Read(out / "probe.json"));
-  EXPECT_EQ(probe["version"], 3);
+  EXPECT_EQ(probe["version"], estimate::kRateProbeVersion);
   EXPECT_EQ(probe["identity"]["device"], "cpu");
   const std::string table = Read(out / "probe.md");
   EXPECT_NE(table.find("| fp32 | 256 | 32 |"), std::string::npos) << table;
@@ -258,7 +259,10 @@ TEST(GpuCheckCommandTest, TheProbeStageMeasuresItsDeviceIntoAProbeTheEstimatorRe
       "cd '" + SourceDir().string() + "' && python3 deploy/gpu_check.py probe-summary '" +
       (out / "broken.json").string() + "'");
   EXPECT_EQ(refused.exit_code, 1) << refused.out;
-  EXPECT_NE(refused.out.find("not a version 3 probe"), std::string::npos) << refused.out;
+  EXPECT_NE(
+      refused.out.find("not a version " + std::to_string(estimate::kRateProbeVersion) + " probe"),
+      std::string::npos)
+      << refused.out;
   fs::remove_all(out);
 }
 

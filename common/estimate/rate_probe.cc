@@ -137,6 +137,7 @@ ordered_json RateProbe::ToJson() const {
   j["memory_bytes_per_s"] = memory_bytes_per_s;
   j["launch_seconds"] = launch_seconds;
   j["host_adamw_values_per_s"] = host_adamw_values_per_s;
+  if (version >= 4) j["adamw_8bit_values_per_s"] = adamw_8bit_values_per_s;
   j["host_to_device_bytes_per_s"] = host_to_device_bytes_per_s;
   j["device_to_host_bytes_per_s"] = device_to_host_bytes_per_s;
   return j;
@@ -179,6 +180,10 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
         std::pair{"host_to_device_bytes_per_s", &probe.host_to_device_bytes_per_s},
         std::pair{"device_to_host_bytes_per_s", &probe.device_to_host_bytes_per_s}}) {
     ASSIGN_OR_RETURN(*field, Rate(j, key, key));
+  }
+  if (probe.version >= 4) {
+    ASSIGN_OR_RETURN(probe.adamw_8bit_values_per_s,
+                     Rate(j, "adamw_8bit_values_per_s", "adamw_8bit_values_per_s"));
   }
   if (!(probe.MatmulFlops("fp32", kProbeMatmulSizeUsed) > 0)) {
     return Refuse("matmul", "has no fp32 rate");
@@ -224,7 +229,11 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   speed.rates = source;
   speed.fp32_flops = probe.MatmulFlops("fp32", kProbeMatmulSizeUsed);
   speed.fp32_flops_by_shape = probe.MatmulRates("fp32");
-  speed.fp32_attention_flops = probe.AttentionFlops("fp32");
+  // Before version 4 the probe timed attention's forward alone, which a step's attention (forward
+  // and backward) ran up to 3x slower than on a CPU in bf16: such a probe's attention is left out,
+  // and the step's attention FLOPs take its matmul rate, as a data sheet's do.
+  const bool attention = probe.version >= 4;
+  speed.fp32_attention_flops = attention ? probe.AttentionFlops("fp32") : 0;
   // The bf16 class's matmuls run as bf16 (fp16 only under 16-mixed, a GPU's case, where both
   // are tensor-core rates). On a CPU without LibTorch's bf16 GEMM the trainer forms them as fp32
   // GEMMs over converted blocks (trainer/kernels/linear.h): the probe's rate is that path's.
@@ -233,11 +242,14 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
     speed.bf16_flops = bf16;
     speed.bf16_flops_by_shape = probe.MatmulRates("bf16");
   }
-  speed.bf16_attention_flops = probe.AttentionFlops("bf16");
+  speed.bf16_attention_flops = attention ? probe.AttentionFlops("bf16") : 0;
   speed.memory_bytes_per_s = probe.memory_bytes_per_s;
   if (probe.launch_seconds > 0) speed.launch_seconds = probe.launch_seconds;
   if (probe.host_adamw_values_per_s > 0) {
     speed.host_optimizer_values_per_s = probe.host_adamw_values_per_s;
+  }
+  if (probe.adamw_8bit_values_per_s > 0) {
+    speed.adamw_8bit_values_per_s = probe.adamw_8bit_values_per_s;
   }
   if (probe.host_to_device_bytes_per_s > 0 && probe.device_to_host_bytes_per_s > 0) {
     // Offloading copies both ways about as much: the harmonic mean of the two.

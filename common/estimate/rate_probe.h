@@ -3,27 +3,31 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 3), one document:
-//   {"version": 3, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
+// The JSON (version 4), one document:
+//   {"version": 4, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
 //    "matmul": [{"dtype": "fp32", "size": 512, "tokens": 256, "flops_per_s": 5.1e10}, ...],
 //    "sdpa": [{"dtype": "fp32", "flops_per_s": 2.0e10}, ...],
 //    "memory_bytes_per_s": 1.2e10, "launch_seconds": 4e-6,
-//    "host_adamw_values_per_s": 3e8,
+//    "host_adamw_values_per_s": 3e8, "adamw_8bit_values_per_s": 9e7,
 //    "host_to_device_bytes_per_s": 0, "device_to_host_bytes_per_s": 0}
 // A matmul is a projection's forward and both backward matmuls, (tokens x size) times (size x
 // size), over a grid of token rows (a micro-batch's: the fewer, the shorter the weight gradient's
 // reduction and the worse a GEMM splits over threads) and sizes (the narrower, the less a GEMM
 // reuses what it loads), the cells past what one call may take left out; sdpa is causal attention
-// over 2 x 8 heads x 128 tokens x 64; memory is one copy of 64 MiB (bytes read plus written); a
+// over 2 x 8 heads x 128 tokens x 64, forward and backward (its rate counts 3x the forward's
+// FLOPs, as a step's attention does); memory is one copy of 64 MiB (bytes read plus written); a
 // launch is a one-element add; the host's AdamW is one fused step over 4 Mi fp32 values (an
-// offloaded step). Every figure is the median of `rounds` samples taken in turn across the whole
-// probe, so a machine whose speed drifts while it runs slows every rate alike. A rate of 0 was not
-// measured (copies without a device).
-// Version 2 (11-29's tenth stop) timed each rate in one stretch, fp32 and bf16 at 128, 256 and 512
-// tokens; version 1 (before it) had no "tokens": its matmuls were 512 tokens, and it is read as
-// such. Both read, without "rounds"; the agent and llmctl measure them again.
+// offloaded step); the 8-bit AdamW is the trainer's CPU step over 1 Mi fp32 values (0 on a GPU).
+// Every figure is the median of `rounds` samples taken in turn across the whole probe, so a
+// machine whose speed drifts while it runs slows every rate alike. A rate of 0 was not measured
+// (copies without a device).
+// Versions 1 to 3 are read, and the agent and llmctl measure them again. Version 3 (11-29 to
+// 11-30) timed attention's forward alone, which ProbedSpeed does not use, and had no 8-bit AdamW;
+// version 2 (11-29's tenth stop) timed each rate in one stretch, fp32 and bf16 at 128, 256 and 512
+// tokens, without "rounds"; version 1 (before it) had no "tokens": its matmuls were 512 tokens,
+// and it is read as such.
 #ifndef LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 #define LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 
@@ -38,7 +42,7 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 3;
+inline constexpr int kRateProbeVersion = 4;
 // The tokens of a version 1 probe's matmuls, and the token count a rate is taken at when a step's
 // micro-batch is not known.
 inline constexpr int64_t kProbeMatmulTokens = 512;
@@ -70,6 +74,7 @@ struct RateProbe {
   double memory_bytes_per_s = 0;
   double launch_seconds = 0;
   double host_adamw_values_per_s = 0;  // fp32 AdamW on the host (an offloaded step)
+  double adamw_8bit_values_per_s = 0;  // the trainer's 8-bit AdamW on the CPU (0 on a GPU)
   double host_to_device_bytes_per_s = 0;
   double device_to_host_bytes_per_s = 0;
 

@@ -31,6 +31,7 @@ RateProbe FixedProbe() {
   p.memory_bytes_per_s = 1.25e10;
   p.launch_seconds = 5e-6;
   p.host_adamw_values_per_s = 4e8;
+  p.adamw_8bit_values_per_s = 9e7;
   return p;
 }
 
@@ -63,6 +64,9 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   refused([](nlohmann::json& j) { j["matmul"][0]["tokens"] = -128; }, "matmul[0].tokens");
   refused([](nlohmann::json& j) { j.erase("memory_bytes_per_s"); }, "memory_bytes_per_s");
   refused([](nlohmann::json& j) { j["launch_seconds"] = -1; }, "launch_seconds");
+  refused([](nlohmann::json& j) { j.erase("adamw_8bit_values_per_s"); }, "adamw_8bit_values_per_s");
+  refused([](nlohmann::json& j) { j["adamw_8bit_values_per_s"] = -9e7; },
+          "adamw_8bit_values_per_s");
   refused([](nlohmann::json& j) { j["matmul"][1]["dtype"] = "int8"; }, "matmul[1].dtype");
   refused([](nlohmann::json& j) { j["matmul"][0]["size"] = 0; }, "matmul[0].size");
   refused([](nlohmann::json& j) { j["matmul"][2]["flops_per_s"] = "fast"; },
@@ -86,6 +90,26 @@ TEST(RateProbeTest, AVersionOneProbeReadsAsFiveHundredTwelveTokens) {
   EXPECT_EQ(parsed->version, 1);
   for (const ProbedMatmul& m : parsed->matmul) EXPECT_EQ(m.tokens, kProbeMatmulTokens);
   EXPECT_EQ(parsed->MatmulFlops("fp32", 512, 128), 6e10);  // one token count: the same at any
+}
+
+// A probe of version 3 timed attention's forward alone and had no 8-bit AdamW: it reads, and its
+// speed keeps the sheet's for both (the step's attention at its matmul rate), where version 4's
+// takes the probe's.
+TEST(RateProbeTest, AVersionThreeProbesAttentionAndEightBitStepAreNotUsed) {
+  nlohmann::json old = nlohmann::json::parse(FixedProbe().ToJson().dump());
+  old["version"] = 3;
+  old.erase("adamw_8bit_values_per_s");
+  StatusOr<RateProbe> parsed = RateProbe::FromJson(old);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  const DeviceSpeed sheet = CpuSpeed();
+  const DeviceSpeed three = ProbedSpeed(sheet, *parsed, "a version 3 probe");
+  EXPECT_EQ(three.fp32_attention_flops, 0);
+  EXPECT_EQ(three.bf16_attention_flops, 0);
+  EXPECT_EQ(three.adamw_8bit_values_per_s, sheet.adamw_8bit_values_per_s);
+  const DeviceSpeed four = ProbedSpeed(sheet, FixedProbe(), "a version 4 probe");
+  EXPECT_EQ(four.fp32_attention_flops, 2e10);
+  EXPECT_EQ(four.bf16_attention_flops, 1e9);
+  EXPECT_EQ(four.adamw_8bit_values_per_s, 9e7);
 }
 
 // Over the grid a rate is linear in log(rows) along each measured width, then linear in log(width)
@@ -195,7 +219,8 @@ TEST(RateProbeTest, ProbedSpeedTakesTheProbesRatesAndKeepsTheRest) {
 
 // A step's terms at the probe's rates are its work over them, with no other machine's factor:
 // a bf16 step on a CPU that emulates bf16 costs its FLOPs at the probe's bf16 rate, the host's
-// optimizer step its values at the probe's AdamW rate.
+// optimizer step its values at the probe's AdamW rate, the CPU's 8-bit step its values at the
+// probe's 8-bit rate, attention its FLOPs at the probe's attention rate.
 TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   StepWork work;
   work.matmul_class = MatmulClass::kBf16;
@@ -205,6 +230,8 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   work.memory_bytes = 2.5e9;
   work.launches = 4000;
   work.host_optimizer_values = 4e7;
+  work.adamw_8bit_values = 3e6;
+  work.attention_flops = 1e10;
   const DeviceSpeed sheet = CpuSpeed();
   const DeviceSpeed probed = ProbedSpeed(sheet, FixedProbe(), "a probe");
   const Calibration calibration = DefaultCalibration(probed, ModelFamily::kLlama);
@@ -216,11 +243,13 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
     }
     return -1.0;
   };
-  EXPECT_DOUBLE_EQ(term(with, "matmuls"), 3e11 / 1e9);
+  EXPECT_DOUBLE_EQ(term(with, "matmuls"), (3e11 - 1e10) / 1e9);
+  EXPECT_DOUBLE_EQ(term(with, "attention"), 1e10 / 1e9);
   EXPECT_DOUBLE_EQ(term(with, "memory"), 2.5e9 / 1.25e10);
   EXPECT_DOUBLE_EQ(term(with, "launches"), 4000 * 5e-6);
   EXPECT_DOUBLE_EQ(term(with, "host optimizer"), 4e7 / 4e8);
-  EXPECT_DOUBLE_EQ(with.step_seconds, 300 + 0.2 + 0.02 + 0.1);
+  EXPECT_DOUBLE_EQ(term(with, "8-bit AdamW"), 3e6 / 9e7);
+  EXPECT_DOUBLE_EQ(with.step_seconds, 290 + 10 + 0.2 + 0.02 + 0.1 + 3e6 / 9e7);
   // The data sheet's bf16 rate is twice its fp32: the probe's emulated bf16 makes the same step
   // (its matmuls dominate it) far slower than the sheet says.
   const TimeEstimate without =

@@ -25,6 +25,11 @@ constexpr double kLoadBytesPerSecond = 1e9;       // safetensors from a local di
 // dot products twice that; memory about 20 GB/s.
 constexpr double kCpuFp32Flops = 2 * 32 * 3e9;
 constexpr double kCpuMemoryBytesPerSecond = 20e9;
+// The CPU's 8-bit AdamW (trainer/train/adamw_8bit.cc) dequantises both moments, updates them and
+// searches the nearest of 256 codes for each: about 12 ns a value on the CPU lab's 2 cores (its
+// adam-8bit and activation-checkpointing rows, bench/time_rank.py), 240 B of traffic's worth at
+// the nominal 20 GB/s.
+constexpr double kCpuAdamW8bitValuesPerSecond = kCpuMemoryBytesPerSecond / 240;
 // Measured over nominal: the calibration without measured runs. H200: the median over the 11-26
 // run's finished LLaMA rows (step_time_test.cc recomputes it); CPU: the CPU lab's rows on the
 // machine CpuSpeed describes (bench/time_rank.py).
@@ -125,6 +130,12 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   terms.push_back({"memory",
                    Quantity(w.memory_bytes, "B") + " / " + Quantity(d.memory_bytes_per_s, "B/s"),
                    w.memory_bytes / d.memory_bytes_per_s});
+  if (w.adamw_8bit_values > 0) {
+    terms.push_back({"8-bit AdamW",
+                     Quantity(w.adamw_8bit_values, "values") + " / " +
+                         Quantity(d.adamw_8bit_values_per_s, "values/s"),
+                     w.adamw_8bit_values / d.adamw_8bit_values_per_s});
+  }
   // On a CPU the host is the device: every term is its work.
   const bool host_is_device = !d.launches_overlap;
   if (w.host_optimizer_values > 0) {
@@ -245,6 +256,7 @@ DeviceSpeed GpuSpeed(const Gpu& gpu) {
           .launch_seconds = kGpuLaunchSeconds,
           .launches_overlap = true,
           .host_optimizer_values_per_s = kHostAdamValuesPerSecond,
+          .adamw_8bit_values_per_s = 0,  // a GPU's 8-bit step is memory traffic
           .host_link_bytes_per_s = r.host_link_gbps * 1e9,
           .interconnect_bytes_per_s = r.peer_link_gbps * 1e9,
           .network_bytes_per_s = kNodeNetworkBytesPerSecond,
@@ -265,6 +277,7 @@ DeviceSpeed CpuSpeed() {
           .memory_bytes_per_s = kCpuMemoryBytesPerSecond,
           .launch_seconds = kCpuLaunchSeconds,
           .host_optimizer_values_per_s = kCpuMemoryBytesPerSecond / 16,
+          .adamw_8bit_values_per_s = kCpuAdamW8bitValuesPerSecond,
           .host_link_bytes_per_s = 0,  // the same memory
           .interconnect_bytes_per_s = kCpuMemoryBytesPerSecond / 4,
           .network_bytes_per_s = kNodeNetworkBytesPerSecond,

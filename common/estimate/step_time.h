@@ -58,6 +58,7 @@ struct DeviceSpeed {
   // beyond the kernels' time. A CPU runs each op's dispatch and its work one after the other.
   bool launches_overlap = false;
   double host_optimizer_values_per_s = 0;
+  double adamw_8bit_values_per_s = 0;  // the CPU's 8-bit AdamW step (StepWork::adamw_8bit_values)
   double host_link_bytes_per_s = 0;
   double interconnect_bytes_per_s = 0;
   double network_bytes_per_s = 0;

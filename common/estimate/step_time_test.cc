@@ -203,6 +203,39 @@ TEST(StepWorkTest, DdpSendsEachGradientTwiceOverTheRing) {
   EXPECT_EQ(ddp->network_bytes, 0);
 }
 
+// The CPU's 8-bit AdamW step is its own term (bound by its code searches, at the probe's or the
+// sheet's 8-bit rate), one value per trainable value; CUDA's is memory traffic, p, g and the two
+// 1-byte moments read and written.
+TEST(StepWorkTest, EightBitAdamWIsItsOwnWorkOnTheCpuAndMemoryOnCuda) {
+  StatusOr<StepWork> adamw = EstimateStepWork(SmallConfig({}), SmallModel());
+  StatusOr<StepWork> cpu =
+      EstimateStepWork(SmallConfig({{"optimizer", "adamw_8bit"}}), SmallModel());
+  StatusOr<StepWork> cuda = EstimateStepWork(
+      SmallConfig({{"optimizer", "adamw_8bit"}, {"device", "cuda"}}), SmallModel());
+  StatusOr<StepWork> adamw_cuda = EstimateStepWork(SmallConfig({{"device", "cuda"}}), SmallModel());
+  ASSERT_TRUE(adamw.ok() && cpu.ok() && cuda.ok() && adamw_cuda.ok());
+  const double parameters = 2 * (kLayerWeights + 2 * 64) + 64 + 2 * kHeadWeights;
+  EXPECT_DOUBLE_EQ(cpu->adamw_8bit_values, parameters);
+  // AdamW's 7 fp32 passes (p, g, m, v read; p, m, v written) are not there.
+  EXPECT_DOUBLE_EQ(cpu->memory_bytes, adamw->memory_bytes - parameters * 7 * 4);
+  EXPECT_EQ(cuda->adamw_8bit_values, 0);
+  EXPECT_DOUBLE_EQ(cuda->memory_bytes,
+                   adamw_cuda->memory_bytes - parameters * 7 * 4 + parameters * (3 * 4 + 4));
+  const TimeEstimate time = EstimateTime(*cpu, CpuSpeed(), Calibration{}, 0);
+  double eight_bit = -1;
+  for (const TimeTerm& term : time.terms) {
+    if (term.name == "8-bit AdamW") eight_bit = term.seconds;
+  }
+  // The sheet's rate: 12 ns a value (240 B of traffic's worth at the CPU's nominal 20 GB/s).
+  EXPECT_DOUBLE_EQ(eight_bit, parameters / (20e9 / 240));
+  // A work stored before the field existed reads as none.
+  json stored = cpu->ToJson();
+  stored.erase("adamw_8bit_values");
+  StatusOr<StepWork> old = StepWork::FromJson(stored);
+  ASSERT_TRUE(old.ok()) << old.status().message();
+  EXPECT_EQ(old->adamw_8bit_values, 0);
+}
+
 TEST(StepWorkTest, JsonRoundTripsAndRejectsMissingFields) {
   StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
   ASSERT_TRUE(work.ok());

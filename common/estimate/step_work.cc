@@ -44,12 +44,6 @@ constexpr double kChunkedBytesPerLogit = 20;
 constexpr double kNf4CudaBytesPerValue = 22.5;
 constexpr double kNf4CpuBytesPerValue = 2.5;
 
-// The CPU's 8-bit AdamW (trainer/train/adamw_8bit.cc, UpdateBlocksCpu) dequantises both moments,
-// updates them and searches the nearest of 256 codes for each: about 12 ns a value on the CPU lab's
-// 2 cores (its adam-8bit and activation-checkpointing rows, bench/time_rank.py), which is 240 B of
-// traffic at the CPU's nominal 20 GB/s.
-constexpr double kCpuAdamW8bitBytesPerValue = 240;
-
 // Kernel launches (CPU: ATen ops) of one layer's forward; backward about twice as many.
 constexpr double kAtenLayerLaunches = 45;
 constexpr double kFusedLayerLaunches = 30;
@@ -160,6 +154,7 @@ json StepWork::ToJson() const {
           {"memory_bytes", memory_bytes},
           {"launches", launches},
           {"host_optimizer_values", host_optimizer_values},
+          {"adamw_8bit_values", adamw_8bit_values},
           {"host_link_bytes", host_link_bytes},
           {"interconnect_bytes", interconnect_bytes},
           {"network_bytes", network_bytes},
@@ -197,6 +192,10 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
         std::pair{"interconnect_bytes", &w.interconnect_bytes},
         std::pair{"network_bytes", &w.network_bytes}, std::pair{"model_bytes", &w.model_bytes}}) {
     ASSIGN_OR_RETURN(*field, WorkNumber(j, key, key));
+  }
+  // A work stored before 11-30 counted the CPU's 8-bit step in memory_bytes.
+  if (j.contains("adamw_8bit_values")) {
+    ASSIGN_OR_RETURN(w.adamw_8bit_values, WorkNumber(j, "adamw_8bit_values", "adamw_8bit_values"));
   }
   w.pretrained = j.value("pretrained", false);
   RETURN_IF_ERROR(ParseMatmulShapes(j, w));
@@ -417,8 +416,12 @@ void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& s
     w.memory_bytes += trainable * 7 * param;  // read p, g, m, v; write p, m, v
   } else if (optimizer == trial::Optimizer::kAdamw8bit) {
     // On CUDA: p, g, and the two 1-byte moments read and written. On the CPU the update is
-    // bound by its two nearest-code searches per value, not by memory.
-    w.memory_bytes += trainable * (cuda ? 3 * param + 4 : kCpuAdamW8bitBytesPerValue);
+    // bound by its two nearest-code searches per value, not by memory: its own rate.
+    if (cuda) {
+      w.memory_bytes += trainable * (3 * param + 4);
+    } else {
+      w.adamw_8bit_values = trainable;
+    }
   } else if (optimizer == trial::Optimizer::kSgd) {
     w.memory_bytes += trainable * (s.train.momentum > 0 ? 5 : 3) * param;
   }

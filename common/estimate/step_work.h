@@ -69,9 +69,12 @@ struct StepWork {
   double memory_bytes = 0;
   double launches = 0;
   double host_optimizer_values = 0;  // values an offloaded optimizer updates on the host
-  double host_link_bytes = 0;        // copies between host and device memory
-  double interconnect_bytes = 0;     // sent by this rank to ranks on its node
-  double network_bytes = 0;          // sent by this rank to other nodes
+  // Values the CPU's 8-bit AdamW updates (trainer/train/adamw_8bit.cc): bound by its nearest-code
+  // searches, not by memory, so timed at its own rate. CUDA's 8-bit step is in memory_bytes.
+  double adamw_8bit_values = 0;
+  double host_link_bytes = 0;     // copies between host and device memory
+  double interconnect_bytes = 0;  // sent by this rank to ranks on its node
+  double network_bytes = 0;       // sent by this rank to other nodes
   // What happens before the first step: the model's bytes built or loaded.
   double model_bytes = 0;
   bool pretrained = false;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <ctime>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "common/cpu_model.h"
 #include "common/nvml/gpu_probe.h"
 #include "trainer/kernels/linear.h"
+#include "trainer/train/adamw_8bit.h"
 #include "trainer/train/versions.h"
 
 namespace llmctl::trainer {
@@ -45,6 +47,8 @@ constexpr double kCallShare = 1.0 / 96;
 constexpr int64_t kSdpaBatch = 2, kSdpaHeads = 8, kSdpaTokens = 128, kSdpaWidth = 64;
 constexpr int64_t kCopyBytes = 64 << 20;
 constexpr int64_t kAdamValues = 4 << 20;
+// About 10 ms of 8-bit AdamW on 2 cores.
+constexpr int64_t kAdamW8bitValues = 1 << 20;
 // A sample runs enough calls to last this long, so a clock read, a device synchronisation or a
 // thread's wake-up does not count in a short op's time.
 constexpr double kSampleSeconds = 0.01;
@@ -176,24 +180,33 @@ void AddMatmulGrid(Rounds& rounds, double longest_call, estimate::RateProbe& pro
   AddMatmuls(rounds, "fp16", {{rows[0], widths[0]}, {rows[0], widths[1]}}, longest_call, probe);
 }
 
+// Causal attention forward and backward, as a training step runs it: the rate counts 3 x the
+// forward's FLOPs (backward twice the forward, as step_work.h counts a step's attention). A CPU's
+// flash-attention backward in bf16 runs far below its forward (11-30, Zen 4: the cpu-lab bf16-true
+// row's attention took 5x its forward's time in backward), which a forward alone does not see.
 void AddAttention(Rounds& rounds, estimate::RateProbe& probe) {
   for (const std::string dtype : {"fp32", "bf16", "fp16"}) {
     const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
     const std::vector<int64_t> shape = {kSdpaBatch, kSdpaHeads, kSdpaTokens, kSdpaWidth};
-    const torch::Tensor q = torch::randn(shape, options);
-    const torch::Tensor k = torch::randn(shape, options);
-    const torch::Tensor v = torch::randn(shape, options);
+    const torch::Tensor q = torch::randn(shape, options).requires_grad_();
+    const torch::Tensor k = torch::randn(shape, options).requires_grad_();
+    const torch::Tensor v = torch::randn(shape, options).requires_grad_();
+    const torch::Tensor grad_out = torch::randn(shape, options);
     // Scores and weighted sum, the causal half not discounted (as step_work.h counts them).
-    const double flops =
+    const double forward_flops =
         4.0 * static_cast<double>(kSdpaBatch * kSdpaHeads * kSdpaTokens * kSdpaTokens * kSdpaWidth);
     const size_t row = probe.sdpa.size();
     probe.sdpa.push_back({dtype, 0});
     rounds.Add(
-        [q, k, v] {
-          (void)at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                                 /*is_causal=*/true);
+        [q, k, v, grad_out] {
+          torch::AutoGradMode grad_mode(true);
+          const torch::Tensor out = at::scaled_dot_product_attention(
+              q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+          (void)torch::autograd::grad({out}, {q, k, v}, {grad_out});
         },
-        [&probe, row, flops](double seconds) { probe.sdpa[row].flops_per_s = flops / seconds; });
+        [&probe, row, flops = 3 * forward_flops](double seconds) {
+          probe.sdpa[row].flops_per_s = flops / seconds;
+        });
   }
 }
 
@@ -223,6 +236,28 @@ void AddHostAdamW(Rounds& rounds, estimate::RateProbe& probe) {
                           /*maximize=*/false);
       },
       [&probe](double seconds) { probe.host_adamw_values_per_s = kAdamValues / seconds; });
+}
+
+// The trainer's own 8-bit AdamW step over kAdamW8bitValues fp32 values on the CPU
+// (trainer/train/adamw_8bit.cc): per value both moments dequantised, updated and requantised to
+// the nearest of 256 codes, bound by those searches rather than by memory (11-30, Zen 4: 11 ns a
+// value on 2 threads where the probe's copy moved 70 GB/s). CUDA's 8-bit step is ATen's
+// elementwise ops, which the memory rate times. Returns the optimizer the rounds step, which the
+// caller keeps until they have run (std::function needs a copyable callable, so it cannot own it).
+std::unique_ptr<Optimizer> AddAdamW8bit(Rounds& rounds, estimate::RateProbe& probe) {
+  torch::Tensor param = torch::randn({kAdamW8bitValues}).requires_grad_();
+  param.mutable_grad() = torch::randn({kAdamW8bitValues});
+  OptimizerOptions options;
+  options.name = "adamw_8bit";
+  options.lr = 1e-6;
+  auto optimizer = MakeAdamW8bit(options, {param});
+  if (!optimizer.ok()) return nullptr;  // one fp32 tensor above the 8-bit minimum: not refused
+  Optimizer* step = optimizer->get();
+  rounds.Add([step] { step->Step(1e-6); },
+             [&probe](double seconds) {
+               probe.adamw_8bit_values_per_s = static_cast<double>(kAdamW8bitValues) / seconds;
+             });
+  return std::move(*optimizer);
 }
 
 void AddHostLink(Rounds& rounds, estimate::RateProbe& probe) {
@@ -277,6 +312,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   AddAttention(rounds, probe);
   AddMemoryAndLaunches(rounds, probe);
   AddHostAdamW(rounds, probe);
+  const std::unique_ptr<Optimizer> adamw_8bit = cuda ? nullptr : AddAdamW8bit(rounds, probe);
   if (cuda) AddHostLink(rounds, probe);
   probe.rounds = rounds.Run(options.seconds);
   probe.seconds = Elapsed(start);

@@ -48,8 +48,9 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
     if (m.tokens == 32 && m.size == 256) cheapest.insert(m.dtype);
   }
   EXPECT_EQ(cheapest, (std::set<std::string>{"fp32", "bf16", "fp16"}));
-  // The host is the device: nothing to copy.
+  // The host is the device: nothing to copy. The trainer's 8-bit AdamW step is the CPU's own.
   EXPECT_EQ(probe->host_to_device_bytes_per_s, 0);
+  EXPECT_GT(probe->adamw_8bit_values_per_s, 0);
 }
 
 TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
@@ -62,6 +63,8 @@ TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
   ExpectEveryRateMeasured(*probe);
   EXPECT_GT(probe->host_to_device_bytes_per_s, 0);
   EXPECT_GT(probe->device_to_host_bytes_per_s, 0);
+  // CUDA's 8-bit step is ATen's elementwise ops, which the memory rate times.
+  EXPECT_EQ(probe->adamw_8bit_values_per_s, 0);
 }
 
 TEST(ProbeRatesTest, RefusesAnUnknownDevice) {
