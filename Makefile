@@ -3,7 +3,10 @@
 BUILD ?= build
 VENV := .venv
 TORCH_CMAKE = $(shell $(VENV)/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+# Computing tests side by side; ctest gets two slots for each and one more, for a test that mostly
+# waits (WAITS in cmake/LlmctlTargets.cmake: a computing test takes two slots, a waiting one one).
 TEST_JOBS ?= 2
+TEST_SLOTS = $(shell echo $$((2 * $(TEST_JOBS) + 1)))
 
 .PHONY: setup setup-tests configure build demo-build demo test thread-safety bench readme-keys clean
 
@@ -39,7 +42,7 @@ demo: demo-build
 # slowest tests and every skipped one, with its reason, are printed after ctest either way, and last
 # the failure lines of each failed test (the end of a log is what CI keeps).
 test: setup-tests build
-	@rc=0; ctest --test-dir $(BUILD) --output-on-failure -j $(TEST_JOBS) \
+	@rc=0; ctest --test-dir $(BUILD) --output-on-failure -j $(TEST_SLOTS) \
 	  --output-junit $(abspath $(BUILD))/ctest-results.xml || rc=$$?; \
 	python3 scripts/slowest_tests.py $(BUILD)/ctest-results.xml 10; \
 	python3 scripts/check_skips.py $(BUILD)/ctest-results.xml tests/expected-skips.txt || rc=1; \

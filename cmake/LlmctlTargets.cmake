@@ -43,7 +43,7 @@ function(llmctl_library name)
   endif()
 endfunction()
 
-# llmctl_test(NAME [TORCH] [DEVICE] SOURCES ... DEPS ... [ENV k=v ...] [ONE_PROCESS] [COST S])
+# llmctl_test(NAME [TORCH] [DEVICE] SOURCES ... DEPS ... [ENV k=v ...] [ONE_PROCESS] [WAITS] [COST S])
 # Tests are discovered when ctest runs (not at build time), with a fixed thread count so results and
 # timings do not depend on the machine's core count. A test binary's main is tests/support/
 # gtest_main.cc: it exits kSkippedExitCode (77, SKIP_RETURN_CODE below) only when nothing failed and
@@ -56,6 +56,12 @@ endfunction()
 # cores without AVX-512, given to each of its tests, so that ctest -j starts them first in a fresh
 # clone too: ctest's own cost data (build/Testing/Temporary/CTestCostData.txt) holds 0 for a test that
 # skipped and for a parameterized one (its name holds spaces), which it would then start last.
+# Slots (ctest's PROCESSORS) are the cores a test keeps busy: an llmctl_test takes two, the two
+# OpenMP threads it runs (below). WAITS marks one that spends most of its time waiting on a service
+# rather than computing (the live Blazar's leases start at a minute boundary): it takes one, as do
+# the single-threaded fuzz replays and script checks, so that `make test` (ctest -j with two slots a
+# computing test and one more: Makefile) runs it beside as many computing tests as without it
+# rather than in the place of one.
 set(LLMCTL_TEST_SKIP_RETURN_CODE 77)
 # ctest runs tests side by side (make test: -j 2), each with two OpenMP threads and some with two
 # ranks, so there are more threads than cores. OpenMP's default lets an idle thread spin for its
@@ -75,9 +81,13 @@ set(LLMCTL_TEST_ENVIRONMENT OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=
   GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
   LLMCTL_RATE_PROBE=off LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR} LLMCTL_BUILD_DIR=${PROJECT_BINARY_DIR})
 function(llmctl_test name)
-  cmake_parse_arguments(ARG "ONE_PROCESS;TORCH;DEVICE" "COST" "SOURCES;DEPS;ENV" ${ARGN})
+  cmake_parse_arguments(ARG "ONE_PROCESS;TORCH;DEVICE;WAITS" "COST" "SOURCES;DEPS;ENV" ${ARGN})
   if(NOT DEFINED ARG_COST)
     set(ARG_COST 0)
+  endif()
+  set(slots 2)
+  if(ARG_WAITS)
+    set(slots 1)
   endif()
   # The trainer-only build (a lent GPU machine's) has only the DEVICE tests, where GoogleTest is
   # found; the others run in the full build.
@@ -101,7 +111,8 @@ function(llmctl_test name)
     set_tests_properties(${name} PROPERTIES
       ENVIRONMENT "${environment}"
       SKIP_RETURN_CODE ${LLMCTL_TEST_SKIP_RETURN_CODE}
-      COST ${ARG_COST})
+      COST ${ARG_COST}
+      PROCESSORS ${slots})
     return()
   endif()
   # PRE_TEST discovery passes PROPERTIES through three list expansions (gtest_discover_tests' own
@@ -116,7 +127,8 @@ function(llmctl_test name)
     PROPERTIES
       ENVIRONMENT "${discovered_environment}"
       SKIP_RETURN_CODE ${LLMCTL_TEST_SKIP_RETURN_CODE}
-      COST ${ARG_COST})
+      COST ${ARG_COST}
+      PROCESSORS ${slots})
 endfunction()
 
 # llmctl_test_rerun(NAME TARGET t FILTER f TESTS n ENV k=v ... [COST S]): the gtest cases of test
@@ -138,7 +150,8 @@ function(llmctl_test_rerun name)
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(${name} PROPERTIES
     ENVIRONMENT "${LLMCTL_TEST_ENVIRONMENT};${ARG_ENV}"
-    COST ${ARG_COST})
+    COST ${ARG_COST}
+    PROCESSORS 2)
 endfunction()
 
 # llmctl_fuzz_replay(NAME DEPS ... [MUTATIONS N] [SEED S]): replays tests/fuzz/corpus/NAME through
