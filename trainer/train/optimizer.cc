@@ -193,6 +193,20 @@ struct FunctionPostAccumulateGradHook final : torch::autograd::PostAccumulateGra
 
 }  // namespace
 
+OptimizerOptions OptimizerOptionsOf(const TrialSettings& settings) {
+  const TrainSettings& train = settings.train;
+  OptimizerOptions options;
+  options.name = Name(train.optimizer);
+  options.lr = train.lr;
+  options.beta1 = train.betas.at(0);
+  options.beta2 = train.betas.at(1);
+  options.eps = train.eps;
+  options.weight_decay = train.weight_decay;
+  options.momentum = train.momentum;
+  options.offload = settings.memory.offload == trial::Offload::kOptimizer;
+  return options;
+}
+
 StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(
     const OptimizerOptions& options, std::vector<torch::Tensor> params,
     const std::vector<std::vector<ShardPiece>>& layouts) {

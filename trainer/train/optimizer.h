@@ -1,4 +1,5 @@
-// Optimizers the trainer runs, behind one small interface so memory accounting sees every state tensor.
+// Optimizers the trainer runs, behind one small interface so memory accounting sees every state
+// tensor.
 #ifndef LLMCTL_TRAINER_TRAIN_OPTIMIZER_H_
 #define LLMCTL_TRAINER_TRAIN_OPTIMIZER_H_
 
@@ -12,6 +13,7 @@
 
 #include "common/flat_layout.h"
 #include "common/status.h"
+#include "common/trial_settings.h"
 
 namespace llmctl::trainer {
 
@@ -41,13 +43,18 @@ class Optimizer {
   // StepParameter for every parameter. Every optimizer implements both.
   virtual void BeginStep(double lr) = 0;
   virtual void StepParameter(size_t index) = 0;
-  // Every tensor the optimizer keeps (created lazily at the first step, as PyTorch's optimizers do).
+  // Every tensor the optimizer keeps (created lazily at the first step, as PyTorch's optimizers
+  // do).
   virtual std::vector<torch::Tensor> StateTensors() const = 0;
   // Named state for checkpoints: "<param index>.<field>" -> tensor.
   virtual std::vector<std::pair<std::string, torch::Tensor>> NamedState() const = 0;
-  virtual Status LoadNamedState(const std::vector<std::pair<std::string, torch::Tensor>>& state) = 0;
+  virtual Status LoadNamedState(
+      const std::vector<std::pair<std::string, torch::Tensor>>& state) = 0;
   virtual int64_t steps_taken() const = 0;
 };
+
+// A trial's optimizer keys (optimizer, train.lr, betas, eps, weight_decay, momentum, offload).
+OptimizerOptions OptimizerOptionsOf(const TrialSettings& settings);
 
 // `params` are the trainable parameters (requires_grad), in a fixed order. `layouts`, when given,
 // says what each of them is made of: fsdp's flat shards hold pieces of several model parameters and

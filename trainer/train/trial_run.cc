@@ -81,17 +81,7 @@ Status TrialRun::PrepareModel() {
 }
 
 Status TrialRun::MakeTrialOptimizer() {
-  OptimizerOptions options;
-  const TrainSettings& train = settings().train;
-  options.name = Name(train.optimizer);
-  options.lr = train.lr;
-  const std::vector<double>& betas = train.betas;
-  options.beta1 = betas.at(0);
-  options.beta2 = betas.at(1);
-  options.eps = train.eps;
-  options.weight_decay = train.weight_decay;
-  options.momentum = train.momentum;
-  options.offload = settings().memory.offload == trial::Offload::kOptimizer;
+  const OptimizerOptions options = OptimizerOptionsOf(settings());
   const auto host = OptimizerAllocations();
   ASSIGN_OR_RETURN(optimizer_,
                    MakeOptimizer(options, model_tensors_.trainable, model_tensors_.layouts));
