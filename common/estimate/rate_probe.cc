@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "common/estimate/reference_step.h"
+
 namespace llmctl::estimate {
 namespace {
 
@@ -88,6 +90,14 @@ StatusOr<ProbedAttention> ParseAttention(const json& row, const std::string& pat
   return a;
 }
 
+StatusOr<ProbedStep> ParseStep(const json& row, const std::string& path) {
+  ProbedStep s;
+  ASSIGN_OR_RETURN(s.dtype, Dtype(row, path));
+  if (s.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
+  ASSIGN_OR_RETURN(s.seconds, Rate(row, "seconds", path + ".seconds"));
+  return s;
+}
+
 Status ParseIdentity(const json& j, RateProbe& probe) {
   const auto identity = j.find("identity");
   if (identity == j.end() || !identity->is_object()) return Refuse("identity", "must be an object");
@@ -110,6 +120,19 @@ Status ParseIdentity(const json& j, RateProbe& probe) {
   if (!parsed.ok()) return Refuse("identity.versions", "is wrong: " + parsed.status().message());
   probe.versions = *parsed;
   return Status::Ok();
+}
+
+// The reference step's measured seconds over its nominal time at `speed` (as Calibrate takes a
+// measured run's): 0 when it has no time beyond the fixed terms.
+double ReferenceFactor(const ProbedStep& step, const DeviceSpeed& speed) {
+  const MatmulClass matmul_class = step.dtype == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32;
+  const StatusOr<TrialConfig> trial = ReferenceTrial(matmul_class);
+  if (!trial.ok()) return 0;
+  const StatusOr<StepWork> work = EstimateStepWork(*trial, ReferenceModel());
+  if (!work.ok()) return 0;
+  const NominalStep nominal = NominalStepSeconds(*work, speed);
+  if (!(nominal.calibrated > 0) || !(step.seconds > nominal.fixed)) return 0;
+  return (step.seconds - nominal.fixed) / nominal.calibrated;
 }
 
 }  // namespace
@@ -140,6 +163,13 @@ ordered_json RateProbe::ToJson() const {
   if (version >= 4) j["adamw_8bit_values_per_s"] = adamw_8bit_values_per_s;
   j["host_to_device_bytes_per_s"] = host_to_device_bytes_per_s;
   j["device_to_host_bytes_per_s"] = device_to_host_bytes_per_s;
+  if (version >= 4) {
+    ordered_json steps = ordered_json::array();
+    for (const ProbedStep& s : reference_steps) {
+      steps.push_back({{"dtype", s.dtype}, {"seconds", s.seconds}});
+    }
+    j["reference_steps"] = steps;
+  }
   return j;
 }
 
@@ -184,6 +214,7 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   if (probe.version >= 4) {
     ASSIGN_OR_RETURN(probe.adamw_8bit_values_per_s,
                      Rate(j, "adamw_8bit_values_per_s", "adamw_8bit_values_per_s"));
+    ASSIGN_OR_RETURN(probe.reference_steps, ParseRows<ProbedStep>(j, "reference_steps", ParseStep));
   }
   if (!(probe.MatmulFlops("fp32", kProbeMatmulSizeUsed) > 0)) {
     return Refuse("matmul", "has no fp32 rate");
@@ -255,6 +286,11 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
     // Offloading copies both ways about as much: the harmonic mean of the two.
     speed.host_link_bytes_per_s =
         2 / (1 / probe.host_to_device_bytes_per_s + 1 / probe.device_to_host_bytes_per_s);
+  }
+  for (const ProbedStep& step : probe.reference_steps) {
+    const double factor = ReferenceFactor(step, speed);
+    if (step.dtype == "bf16") speed.probed_bf16_factor = factor;
+    if (step.dtype == "fp32") speed.probed_fp32_factor = factor;
   }
   return speed;
 }

@@ -11,7 +11,8 @@
 //    "sdpa": [{"dtype": "fp32", "flops_per_s": 2.0e10}, ...],
 //    "memory_bytes_per_s": 1.2e10, "launch_seconds": 4e-6,
 //    "host_adamw_values_per_s": 3e8, "adamw_8bit_values_per_s": 9e7,
-//    "host_to_device_bytes_per_s": 0, "device_to_host_bytes_per_s": 0}
+//    "host_to_device_bytes_per_s": 0, "device_to_host_bytes_per_s": 0,
+//    "reference_steps": [{"dtype": "fp32", "seconds": 0.21}, {"dtype": "bf16", "seconds": 0.12}]}
 // A matmul is a projection's forward and both backward matmuls, (tokens x size) times (size x
 // size), over a grid of token rows (a micro-batch's: the fewer, the shorter the weight gradient's
 // reduction and the worse a GEMM splits over threads) and sizes (the narrower, the less a GEMM
@@ -19,7 +20,8 @@
 // over 2 x 8 heads x 128 tokens x 64, forward and backward (its rate counts 3x the forward's
 // FLOPs, as a step's attention does); memory is one copy of 64 MiB (bytes read plus written); a
 // launch is a one-element add; the host's AdamW is one fused step over 4 Mi fp32 values (an
-// offloaded step); the 8-bit AdamW is the trainer's CPU step over 1 Mi fp32 values (0 on a GPU).
+// offloaded step); the 8-bit AdamW is the trainer's CPU step over 1 Mi fp32 values (0 on a GPU);
+// a reference step is the median of reference_step.h's steps of its trial (a CPU's only).
 // Every figure is the median of `rounds` samples taken in turn across the whole probe, so a
 // machine whose speed drifts while it runs slows every rate alike. A rate of 0 was not measured
 // (copies without a device).
@@ -59,6 +61,12 @@ struct ProbedAttention {
   double flops_per_s = 0;
 };
 
+// The seconds of one step of the reference trial of `dtype`'s matmul class (reference_step.h).
+struct ProbedStep {
+  std::string dtype;  // "fp32", "bf16"
+  double seconds = 0;
+};
+
 struct RateProbe {
   int version = kRateProbeVersion;
   std::string measured_at;  // UTC, ISO 8601
@@ -77,6 +85,9 @@ struct RateProbe {
   double adamw_8bit_values_per_s = 0;  // the trainer's 8-bit AdamW on the CPU (0 on a GPU)
   double host_to_device_bytes_per_s = 0;
   double device_to_host_bytes_per_s = 0;
+  // The reference trial's step per matmul class (version 4, a CPU's; none on a GPU, where a small
+  // model's step is all launches and says little of a real one's).
+  std::vector<ProbedStep> reference_steps;
 
   nlohmann::ordered_json ToJson() const;
   // InvalidArgument naming the field: not an object, another version, a field missing, of the
@@ -100,7 +111,9 @@ struct RateProbe {
 // `sheet` (a data sheet's DeviceSpeed) with the probe's rates in place of its nominal ones: fp32
 // and bf16 matmuls by shape and attention, memory, launches, the host's optimizer step and the host
 // link; the rest (start-up, links to other ranks and nodes) stays the sheet's. `source` names the
-// probe. The probe must be of the same kind of device (cpu for cpu).
+// probe. The probe must be of the same kind of device (cpu for cpu). With reference steps, the
+// factor of each class they measured (reference_step.h: measured over nominal at these rates) is
+// the speed's probed_factor.
 DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
                         const std::string& source);
 

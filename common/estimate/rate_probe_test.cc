@@ -8,6 +8,8 @@
 #include <functional>
 #include <string>
 
+#include "common/estimate/reference_step.h"
+
 namespace llmctl::estimate {
 namespace {
 
@@ -35,8 +37,15 @@ RateProbe FixedProbe() {
   return p;
 }
 
+// FixedProbe with its reference steps (a real CPU probe has both).
+RateProbe FixedProbeWithReferenceSteps() {
+  RateProbe p = FixedProbe();
+  p.reference_steps = {{"fp32", 0.2}, {"bf16", 30}};
+  return p;
+}
+
 TEST(RateProbeTest, JsonRoundTrips) {
-  const RateProbe p = FixedProbe();
+  const RateProbe p = FixedProbeWithReferenceSteps();
   StatusOr<RateProbe> back = RateProbe::FromJson(nlohmann::json::parse(p.ToJson().dump()));
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->ToJson(), p.ToJson());
@@ -47,7 +56,7 @@ TEST(RateProbeTest, JsonRoundTrips) {
 }
 
 TEST(RateProbeTest, RefusesEachBadFieldByName) {
-  const nlohmann::json good = nlohmann::json::parse(FixedProbe().ToJson().dump());
+  const nlohmann::json good = nlohmann::json::parse(FixedProbeWithReferenceSteps().ToJson().dump());
   auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& field) {
     nlohmann::json bad = good;
     edit(bad);
@@ -65,6 +74,11 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   refused([](nlohmann::json& j) { j.erase("memory_bytes_per_s"); }, "memory_bytes_per_s");
   refused([](nlohmann::json& j) { j["launch_seconds"] = -1; }, "launch_seconds");
   refused([](nlohmann::json& j) { j.erase("adamw_8bit_values_per_s"); }, "adamw_8bit_values_per_s");
+  refused([](nlohmann::json& j) { j.erase("reference_steps"); }, "reference_steps");
+  refused([](nlohmann::json& j) { j["reference_steps"][0]["dtype"] = "fp16"; },
+          "reference_steps[0].dtype");
+  refused([](nlohmann::json& j) { j["reference_steps"][1]["seconds"] = -1; },
+          "reference_steps[1].seconds");
   refused([](nlohmann::json& j) { j["adamw_8bit_values_per_s"] = -9e7; },
           "adamw_8bit_values_per_s");
   refused([](nlohmann::json& j) { j["matmul"][1]["dtype"] = "int8"; }, "matmul[1].dtype");
@@ -99,6 +113,7 @@ TEST(RateProbeTest, AVersionThreeProbesAttentionAndEightBitStepAreNotUsed) {
   nlohmann::json old = nlohmann::json::parse(FixedProbe().ToJson().dump());
   old["version"] = 3;
   old.erase("adamw_8bit_values_per_s");
+  old.erase("reference_steps");
   StatusOr<RateProbe> parsed = RateProbe::FromJson(old);
   ASSERT_TRUE(parsed.ok()) << parsed.status().message();
   const DeviceSpeed sheet = CpuSpeed();
@@ -233,7 +248,8 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   work.adamw_8bit_values = 3e6;
   work.attention_flops = 1e10;
   const DeviceSpeed sheet = CpuSpeed();
-  const DeviceSpeed probed = ProbedSpeed(sheet, FixedProbe(), "a probe");
+  RateProbe probe = FixedProbe();  // no reference steps, so no factor of its own
+  const DeviceSpeed probed = ProbedSpeed(sheet, probe, "a probe");
   const Calibration calibration = DefaultCalibration(probed, ModelFamily::kLlama);
   EXPECT_EQ(calibration.Factor(MatmulClass::kBf16), 1);
   const TimeEstimate with = EstimateTime(work, probed, calibration, 0);
@@ -255,6 +271,46 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   const TimeEstimate without =
       EstimateTime(work, sheet, DefaultCalibration(sheet, ModelFamily::kLlama), 0);
   EXPECT_GT(with.step_seconds, 100 * without.step_seconds);
+}
+
+// The probe's reference steps calibrate the LLaMA family on its node before any trial has run
+// there: each class's factor is the step's measured seconds over the nominal time of the reference
+// trial's counted work at the probe's rates (less the uncalibrated terms), as Calibrate takes a
+// stored run's. BLIP-2 keeps the probed rates' factor 1; a class without a step takes the other's.
+TEST(RateProbeTest, ReferenceStepsAreTheNodesOwnCalibration) {
+  const DeviceSpeed sheet = CpuSpeed();
+  RateProbe probe = FixedProbe();
+  const DeviceSpeed uncalibrated = ProbedSpeed(sheet, probe, "a probe");
+  auto nominal = [&](MatmulClass c) {
+    StatusOr<TrialConfig> trial = ReferenceTrial(c);
+    EXPECT_TRUE(trial.ok()) << trial.status().message();
+    StatusOr<StepWork> work = EstimateStepWork(*trial, ReferenceModel());
+    EXPECT_TRUE(work.ok()) << work.status().message();
+    return NominalStepSeconds(*work, uncalibrated);
+  };
+  const NominalStep fp32 = nominal(MatmulClass::kFp32);
+  const NominalStep bf16 = nominal(MatmulClass::kBf16);
+  ASSERT_GT(fp32.calibrated, 0);
+  ASSERT_GT(bf16.calibrated, 0);
+  // The steps took 1.5x and 0.8x their nominal calibrated time beyond the fixed terms.
+  probe.reference_steps = {{"fp32", fp32.fixed + 1.5 * fp32.calibrated},
+                           {"bf16", bf16.fixed + 0.8 * bf16.calibrated}};
+  const DeviceSpeed probed = ProbedSpeed(sheet, probe, "a probe");
+  EXPECT_DOUBLE_EQ(probed.probed_fp32_factor, 1.5);
+  EXPECT_DOUBLE_EQ(probed.probed_bf16_factor, 0.8);
+  const Calibration llama = DefaultCalibration(probed, ModelFamily::kLlama);
+  EXPECT_DOUBLE_EQ(llama.Factor(MatmulClass::kFp32), 1.5);
+  EXPECT_DOUBLE_EQ(llama.Factor(MatmulClass::kBf16), 0.8);
+  EXPECT_NE(llama.source.find("reference steps"), std::string::npos) << llama.source;
+  EXPECT_EQ(DefaultCalibration(probed, ModelFamily::kBlip2).Factor(MatmulClass::kFp32), 1);
+  // Stored runs of the device still take over: Calibrate starts from this default.
+  probe.reference_steps = {{"fp32", fp32.fixed + 1.5 * fp32.calibrated}};
+  const Calibration one =
+      DefaultCalibration(ProbedSpeed(sheet, probe, "a probe"), ModelFamily::kLlama);
+  EXPECT_DOUBLE_EQ(one.Factor(MatmulClass::kBf16), 1.5);
+  // A step no longer than its fixed terms measures no factor.
+  probe.reference_steps = {{"fp32", fp32.fixed}};
+  EXPECT_EQ(ProbedSpeed(sheet, probe, "a probe").probed_fp32_factor, 0);
 }
 
 }  // namespace

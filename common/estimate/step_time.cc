@@ -288,6 +288,18 @@ DeviceSpeed CpuSpeed() {
 }
 
 Calibration DefaultCalibration(const DeviceSpeed& device, ModelFamily family) {
+  if (!device.rates.empty() && family == ModelFamily::kLlama &&
+      (device.probed_bf16_factor > 0 || device.probed_fp32_factor > 0)) {
+    // A class the probe did not step takes the other's factor, as Calibrate does.
+    const double bf16 =
+        device.probed_bf16_factor > 0 ? device.probed_bf16_factor : device.probed_fp32_factor;
+    const double fp32 =
+        device.probed_fp32_factor > 0 ? device.probed_fp32_factor : device.probed_bf16_factor;
+    return {.bf16_factor = bf16,
+            .fp32_factor = fp32,
+            .source = "the probe's reference steps (bf16 " + Format("%.3f", bf16) + ", fp32 " +
+                      Format("%.3f", fp32) + ")"};
+  }
   if (!device.rates.empty()) {
     return {.bf16_factor = kProbedFactor,
             .fp32_factor = kProbedFactor,

@@ -68,6 +68,10 @@ struct DeviceSpeed {
   // Where the rates come from: "" for the data sheet's nominal ones, else the probe that measured
   // them (rate_probe.h's ProbedSpeed).
   std::string rates;
+  // Measured over nominal for the probe's own reference step of each class (reference_step.h): the
+  // LLaMA family's calibration on this device until the store has runs of it. 0: none measured.
+  double probed_bf16_factor = 0;
+  double probed_fp32_factor = 0;
 };
 
 // The speed of a GPU of gpus.h, or of the CPU a node has ("cpu" here: the rates of the machine

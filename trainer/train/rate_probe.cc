@@ -15,9 +15,14 @@
 #include <vector>
 
 #include "common/cpu_model.h"
+#include "common/estimate/reference_step.h"
 #include "common/nvml/gpu_probe.h"
+#include "common/trial_config.h"
 #include "trainer/kernels/linear.h"
 #include "trainer/train/adamw_8bit.h"
+#include "trainer/train/batches.h"
+#include "trainer/train/optimizer.h"
+#include "trainer/train/trained_model.h"
 #include "trainer/train/versions.h"
 
 namespace llmctl::trainer {
@@ -269,6 +274,73 @@ void AddHostLink(Rounds& rounds, estimate::RateProbe& probe) {
              [&probe](double seconds) { probe.device_to_host_bytes_per_s = kCopyBytes / seconds; });
 }
 
+// The seconds of one step of the reference trial of `matmul_class` (common/estimate/
+// reference_step.h) on the CPU, as TrialRun steps it: every micro-batch's loss (full rows of random
+// tokens, a length of its own) and backward, the clip and the optimizer's update. The median of
+// kReferenceSteps after one warm-up step, which creates the optimizer's state.
+StatusOr<double> TimeReferenceStep(estimate::MatmulClass matmul_class) {
+  ASSIGN_OR_RETURN(const TrialConfig config, estimate::ReferenceTrial(matmul_class));
+  const TrialSettings& s = config.settings();
+  const ModelConfig model = estimate::ReferenceModel();
+  torch::manual_seed(0);
+  ModelBuildOptions build;
+  build.init = "random";
+  build.dtype = matmul_class == estimate::MatmulClass::kBf16 ? torch::kBFloat16 : torch::kFloat32;
+  build.kernels = KernelsNamed(std::string(Name(s.memory.kernels)));
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainedModel> trained, BuildTrainedModel(model, build));
+  trained->module().train();
+  std::vector<torch::Tensor> params;
+  for (const torch::Tensor& p : trained->module().parameters()) {
+    if (p.requires_grad()) params.push_back(p);
+  }
+  ASSIGN_OR_RETURN(const std::unique_ptr<Optimizer> optimizer,
+                   MakeOptimizer(OptimizerOptionsOf(s), params));
+  const int64_t rows = s.train.micro_batch_size;
+  const int64_t accumulation = s.train.global_batch_size / rows;
+  // Micro-batch i of step `step`: full rows of random tokens, kReferenceTokens -/+ the step's
+  // spread.
+  auto micro_batch = [&](int step, int64_t i) {
+    const int64_t spread = estimate::kReferenceLengthSpread[step];
+    const int64_t tokens = estimate::kReferenceTokens + (i % 2 == 0 ? -spread : spread);
+    MicroBatch batch;
+    batch.input_ids = torch::randint(model.vocab_size, {rows, tokens}, torch::kLong);
+    batch.labels = batch.input_ids.clone();
+    batch.attention_mask = torch::ones({rows, tokens}, torch::kBool);
+    batch.label_tokens = rows * (tokens - 1);
+    batch.real_tokens = rows * tokens;
+    return batch;
+  };
+  const bool chunked = UsesChunkedLoss(config);
+  torch::AutoGradMode grad_mode(true);
+  auto run_step = [&](int step) {
+    std::vector<MicroBatch> batches;
+    for (int64_t i = 0; i < accumulation; ++i) batches.push_back(micro_batch(step, i));
+    const Clock::time_point start = Clock::now();
+    for (torch::Tensor& p : params) p.mutable_grad() = torch::Tensor();
+    for (const MicroBatch& batch : batches) {
+      (trained->Loss(batch, chunked) / static_cast<double>(accumulation)).backward();
+    }
+    if (s.train.grad_clip > 0) ClipGradNorm(params, s.train.grad_clip);
+    optimizer->Step(s.train.lr);
+    return Elapsed(start);
+  };
+  (void)run_step(0);
+  std::vector<double> seconds;
+  for (int step = 1; step <= estimate::kReferenceSteps; ++step) seconds.push_back(run_step(step));
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+// The reference steps of both matmul classes, on a CPU (none on a GPU: rate_probe.h).
+Status AddReferenceSteps(estimate::RateProbe& probe) {
+  for (const auto& [matmul_class, dtype] : {std::pair{estimate::MatmulClass::kFp32, "fp32"},
+                                            std::pair{estimate::MatmulClass::kBf16, "bf16"}}) {
+    ASSIGN_OR_RETURN(const double seconds, TimeReferenceStep(matmul_class));
+    probe.reference_steps.push_back({dtype, seconds});
+  }
+  return Status::Ok();
+}
+
 std::string UtcNow() {
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
@@ -315,6 +387,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   const std::unique_ptr<Optimizer> adamw_8bit = cuda ? nullptr : AddAdamW8bit(rounds, probe);
   if (cuda) AddHostLink(rounds, probe);
   probe.rounds = rounds.Run(options.seconds);
+  if (!cuda) RETURN_IF_ERROR(AddReferenceSteps(probe));
   probe.seconds = Elapsed(start);
   return probe;
 }

@@ -1,0 +1,42 @@
+// The probe's reference training step (issue 39): one small LLaMA trial that `llm-train --probe`
+// trains for a few steps on a CPU, per matmul class, and that the estimator counts the work of.
+// Its measured seconds over the nominal time of its counted work at the probe's own rates is the
+// node's calibration factor before any trial has run there, in place of a factor measured on
+// another machine: what a step costs beyond its counted matmuls, attention, memory traffic and
+// launches (GEMMs at a micro-batch's odd row counts, autograd, the allocator, caches) is then
+// this machine's own. One definition for both processes: trainer/train/rate_probe.cc runs it,
+// rate_probe.cc's ProbedSpeed counts it.
+#ifndef LLMCTL_COMMON_ESTIMATE_REFERENCE_STEP_H_
+#define LLMCTL_COMMON_ESTIMATE_REFERENCE_STEP_H_
+
+#include "common/estimate/step_work.h"
+#include "common/model_config.h"
+#include "common/status.h"
+#include "common/trial_config.h"
+
+namespace llmctl::estimate {
+
+// Steps the probe times after one warm-up step (which creates the optimizer's state); it keeps
+// their median.
+inline constexpr int kReferenceSteps = 3;
+
+// The rows of a reference micro-batch are all full, kReferenceTokens long on average: step s (0 the
+// warm-up) runs its two micro-batches at kReferenceTokens - d and + d tokens, d =
+// kReferenceLengthSpread[s], so each micro-batch has a shape of its own, as a trial's padded
+// micro-batches of real text do (a CPU's 16-bit GEMMs build a kernel for each new shape: 5-18 ms a
+// step of the cpu-lab bf16-true row on the Zen 4, 11-30), while every step does the same work.
+inline constexpr int64_t kReferenceTokens = 112;
+inline constexpr int64_t kReferenceLengthSpread[kReferenceSteps + 1] = {11, 3, 7, 13};
+
+// A 2-layer LLaMA, 512 wide (8 heads of 64, SwiGLU 1,408), over a 4,096-token vocabulary: 8.5 M
+// weights in matmuls, about 26 GFLOP a step; not any shipped model's shape.
+ModelConfig ReferenceModel();
+
+// The reference trial of matmul class `c`: random init, 2 micro-batches of 2 rows of
+// kReferenceTokens (data.max_seq_length: the estimate counts full rows), AdamW, `kernels` at its
+// default, on the CPU; 32-true for fp32, bf16-true for bf16.
+StatusOr<TrialConfig> ReferenceTrial(MatmulClass c);
+
+}  // namespace llmctl::estimate
+
+#endif  // LLMCTL_COMMON_ESTIMATE_REFERENCE_STEP_H_
