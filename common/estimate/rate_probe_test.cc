@@ -271,6 +271,20 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   const TimeEstimate without =
       EstimateTime(work, sheet, DefaultCalibration(sheet, ModelFamily::kLlama), 0);
   EXPECT_GT(with.step_seconds, 100 * without.step_seconds);
+  // The optimizer steps the probe timed with the trainer's own kernels take no factor; at the
+  // sheet's rates (another machine's) they do, as on a CPU every other term does.
+  auto calibrated = [](const TimeEstimate& e, const std::string& name) {
+    for (const TimeTerm& t : e.terms) {
+      if (t.name == name) return t.calibrated;
+    }
+    ADD_FAILURE() << "no term " << name;
+    return false;
+  };
+  EXPECT_FALSE(calibrated(with, "8-bit AdamW"));
+  EXPECT_FALSE(calibrated(with, "host optimizer"));
+  EXPECT_TRUE(calibrated(with, "memory"));
+  EXPECT_TRUE(calibrated(without, "8-bit AdamW"));
+  EXPECT_TRUE(calibrated(without, "host optimizer"));
 }
 
 // The probe's reference steps calibrate the LLaMA family on its node before any trial has run

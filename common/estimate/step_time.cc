@@ -130,11 +130,15 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   terms.push_back({"memory",
                    Quantity(w.memory_bytes, "B") + " / " + Quantity(d.memory_bytes_per_s, "B/s"),
                    w.memory_bytes / d.memory_bytes_per_s});
+  // A probe times the optimizer steps below with the trainer's own kernels on this machine: what
+  // the factor stands for (the work the counted terms miss) is in their rate already, so a probe's
+  // rates leave them uncalibrated. The sheet's are another machine's, and take it.
+  const bool probed = !d.rates.empty();
   if (w.adamw_8bit_values > 0) {
     terms.push_back({"8-bit AdamW",
                      Quantity(w.adamw_8bit_values, "values") + " / " +
                          Quantity(d.adamw_8bit_values_per_s, "values/s"),
-                     w.adamw_8bit_values / d.adamw_8bit_values_per_s});
+                     w.adamw_8bit_values / d.adamw_8bit_values_per_s, !probed});
   }
   // On a CPU the host is the device: every term is its work.
   const bool host_is_device = !d.launches_overlap;
@@ -142,7 +146,8 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
     terms.push_back({"host optimizer",
                      Quantity(w.host_optimizer_values, "values") + " / " +
                          Quantity(d.host_optimizer_values_per_s, "values/s"),
-                     w.host_optimizer_values / d.host_optimizer_values_per_s, host_is_device});
+                     w.host_optimizer_values / d.host_optimizer_values_per_s,
+                     host_is_device && !probed});
   }
   if (w.host_link_bytes > 0 && d.host_link_bytes_per_s > 0) {
     terms.push_back(
@@ -256,7 +261,9 @@ DeviceSpeed GpuSpeed(const Gpu& gpu) {
           .launch_seconds = kGpuLaunchSeconds,
           .launches_overlap = true,
           .host_optimizer_values_per_s = kHostAdamValuesPerSecond,
-          .adamw_8bit_values_per_s = 0,  // a GPU's 8-bit step is memory traffic
+          // A GPU's own 8-bit step is memory traffic (StepWork::memory_bytes); a CPU work's timed
+          // here (any work has a finite time on any device) moves CUDA's 16 B a value.
+          .adamw_8bit_values_per_s = r.memory_tbps * 1e12 / 16,
           .host_link_bytes_per_s = r.host_link_gbps * 1e9,
           .interconnect_bytes_per_s = r.peer_link_gbps * 1e9,
           .network_bytes_per_s = kNodeNetworkBytesPerSecond,

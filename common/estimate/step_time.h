@@ -119,8 +119,8 @@ struct TimeTerm {
   std::string formula;
   double seconds = 0;  // calibrated
   // Whether the calibration factor applies: the work the device itself does (on a GPU its
-  // kernels; on a CPU everything). The host's optimizer step and the links to the host, to other
-  // ranks and to other nodes are taken at their nominal rates.
+  // kernels; on a CPU everything but an optimizer step a probe timed). The host's optimizer step
+  // and the links to the host, to other ranks and to other nodes are taken at their nominal rates.
   bool calibrated = true;
 };
 

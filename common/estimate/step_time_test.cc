@@ -228,6 +228,10 @@ TEST(StepWorkTest, EightBitAdamWIsItsOwnWorkOnTheCpuAndMemoryOnCuda) {
   }
   // The sheet's rate: 12 ns a value (240 B of traffic's worth at the CPU's nominal 20 GB/s).
   EXPECT_DOUBLE_EQ(eight_bit, parameters / (20e9 / 240));
+  // Timed on a GPU's speed, as the fuzz target times every work on every device, it is finite.
+  const TimeEstimate on_gpu =
+      EstimateTime(*cpu, GpuSpeed(*GpuNamed("h100-80gb")), Calibration{}, 0);
+  EXPECT_TRUE(std::isfinite(on_gpu.step_seconds) && on_gpu.step_seconds > 0);
   // A work stored before the field existed reads as none.
   json stored = cpu->ToJson();
   stored.erase("adamw_8bit_values");
