@@ -21,7 +21,7 @@ using blip2::Tensor;
 
 // The patch embedding's weight gradient on the CPU in fp32 (oneDNN's gemm:jit backward-weights
 // kernel: LibTorch hands it the plain NCHW pixels and gradient, which its blocked jit kernels
-// refuse, so it runs on AVX2; AVX-512 hosts may pick another kernel, not measured): its scratchpad
+// refuse, so it runs on AVX2 and, measured on a Zen 4, on AVX-512 too): its scratchpad
 // while it runs, as oneDNN's gemm_convolution_utils.cpp books it and llm-train's allocator history
 // shows it (7,495,936 B for 2 threads, a 64-wide ViT of 32-pixel patches on 224-pixel images, at 2
 // and at 4 images). Per thread, the im2col columns (3·p² x P floats) and a weight-gradient
