@@ -647,6 +647,8 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   probe.matmul = {{"fp32", 512, 5e10}};
   probe.memory_bytes_per_s = 1.25e10;
   probe.launch_seconds = 4e-6;
+  probe.adamw_8bit_values_per_s = 9e7;
+  probe.reference_steps = {{"fp32", 0.5}, {"bf16", 0.25}};
   {
     std::lock_guard lock(fake_.mutex_);
     v1::NodeStatus* measured = fake_.nodes_.add_nodes();
@@ -657,13 +659,20 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   }
   ASSERT_EQ(Run({"nodes"}), kExitOk) << err_.str();
   const estimate::DeviceSpeed sheet = estimate::CpuSpeed();
-  char expected[256];
+  // The factors are rate_probe.h's arithmetic (estimate_rate_probe_test checks it); here, that
+  // the line shows them.
+  const estimate::DeviceSpeed probed = estimate::ProbedSpeed(sheet, probe, "");
+  ASSERT_GT(probed.probed_fp32_factor, 0);
+  ASSERT_GT(probed.probed_bf16_factor, 0);
+  char expected[512];
   std::snprintf(expected, sizeof expected,
                 "\nn1 rates: cpu Test CPU (2 threads, LibTorch 2.15.0), 2026-11-29T01:00:00Z: fp32 "
                 "50 GFLOP/s (sheet %.3g), bf16 not measured (sheet %.3g), memory 12.5 GB/s (sheet "
-                "%.3g), launch 4 us (sheet %.3g)\n",
+                "%.3g), launch 4 us (sheet %.3g), 8-bit AdamW 90 M values/s (sheet %.3g); its "
+                "reference steps' factors fp32 %.3f, bf16 %.3f\n",
                 sheet.fp32_flops / 1e9, sheet.bf16_flops / 1e9, sheet.memory_bytes_per_s / 1e9,
-                sheet.launch_seconds / 1e-6);
+                sheet.launch_seconds / 1e-6, sheet.adamw_8bit_values_per_s / 1e6,
+                probed.probed_fp32_factor, probed.probed_bf16_factor);
   EXPECT_TRUE(out_.str().ends_with(expected)) << out_.str();
   EXPECT_EQ(out_.str().find("n2 rates"), std::string::npos) << out_.str();
 }

@@ -43,9 +43,9 @@ Status RunProbe(const fs::path& llm_train, const fs::path& path) {
     if (errno != EINTR) return InternalError(std::string("waitpid: ") + std::strerror(errno));
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return InternalError(llm_train.string() + " --probe ended with " +
-                         (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
-                                            : "a signal"));
+    return InternalError(
+        llm_train.string() + " --probe ended with " +
+        (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status)) : "a signal"));
   }
   return Status::Ok();
 }
@@ -86,15 +86,15 @@ std::vector<NodeProbe> ReadNodeProbes(const EnvLookup& env, std::ostream& err) {
     nodes.push_back({node, *std::move(probe)});
   }
   // A CPU trial run through the embedded controller runs on this machine's agent.
-  std::stable_partition(nodes.begin(), nodes.end(),
-                        [cpu = CpuModelName()](const NodeProbe& node) {
-                          return node.probe.device == "cpu" && node.probe.device_name == cpu;
-                        });
+  std::stable_partition(nodes.begin(), nodes.end(), [cpu = CpuModelName()](const NodeProbe& node) {
+    return node.probe.device == "cpu" && node.probe.device_name == cpu;
+  });
   return nodes;
 }
 
 std::string DescribeNodeRates(const std::string& probe_json) {
-  const nlohmann::json json = nlohmann::json::parse(probe_json, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json =
+      nlohmann::json::parse(probe_json, nullptr, /*allow_exceptions=*/false);
   StatusOr<estimate::RateProbe> probe =
       json.is_discarded() ? StatusOr<estimate::RateProbe>(InvalidArgumentError("not JSON"))
                           : estimate::RateProbe::FromJson(json);
@@ -123,11 +123,25 @@ std::string DescribeNodeRates(const std::string& probe_json) {
     return described;
   };
   const int64_t size = estimate::kProbeMatmulSizeUsed;
-  return probe->Summary() + ": " +
-         rate("fp32", probe->MatmulFlops("fp32", size), nominal.fp32_flops, 1e9, "GFLOP/s") + ", " +
-         rate("bf16", probe->MatmulFlops("bf16", size), nominal.bf16_flops, 1e9, "GFLOP/s") + ", " +
-         rate("memory", probe->memory_bytes_per_s, nominal.memory_bytes_per_s, 1e9, "GB/s") +
-         ", " + rate("launch", probe->launch_seconds, nominal.launch_seconds, 1e-6, "us");
+  std::string described =
+      probe->Summary() + ": " +
+      rate("fp32", probe->MatmulFlops("fp32", size), nominal.fp32_flops, 1e9, "GFLOP/s") + ", " +
+      rate("bf16", probe->MatmulFlops("bf16", size), nominal.bf16_flops, 1e9, "GFLOP/s") + ", " +
+      rate("memory", probe->memory_bytes_per_s, nominal.memory_bytes_per_s, 1e9, "GB/s") + ", " +
+      rate("launch", probe->launch_seconds, nominal.launch_seconds, 1e-6, "us");
+  if (probe->device != "cpu") return described;
+  // A CPU's own optimizer step, and the factor its reference steps measured (the LLaMA family's
+  // calibration there until the store has runs of it).
+  described += ", " + rate("8-bit AdamW", probe->adamw_8bit_values_per_s,
+                           nominal.adamw_8bit_values_per_s, 1e6, "M values/s");
+  const estimate::DeviceSpeed probed = estimate::ProbedSpeed(nominal, *probe, "");
+  if (probed.probed_fp32_factor > 0 || probed.probed_bf16_factor > 0) {
+    char text[96];
+    std::snprintf(text, sizeof text, "; its reference steps' factors fp32 %.3f, bf16 %.3f",
+                  probed.probed_fp32_factor, probed.probed_bf16_factor);
+    described += text;
+  }
+  return described;
 }
 
 LocalRates LocalRates::FromNodeProbes(std::vector<NodeProbe> nodes) {
@@ -170,11 +184,11 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
     if (current && probe->device_name == CpuModelName()) return FromProbe(*probe, path.string());
     err << "note: measuring this machine's rates again: "
         << (!probe.ok() ? probe.status().message()
-            : !current  ? path.string() + " is a probe of version " +
-                             std::to_string(probe->version) + ", older than this llmctl's " +
-                             std::to_string(estimate::kRateProbeVersion) +
-                             " (matmul rates by shape, each a median of rounds)"
-                        : path.string() + " was measured on " + probe->device_name)
+            : !current
+                ? path.string() + " is a probe of version " + std::to_string(probe->version) +
+                      ", older than this llmctl's " + std::to_string(estimate::kRateProbeVersion) +
+                      " (matmul rates by shape, each a median of rounds)"
+                : path.string() + " was measured on " + probe->device_name)
         << "\n";
   }
   StatusOr<DaemonBinaries> binaries = LocateDaemonBinaries(self, env);
@@ -183,17 +197,17 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
         << binaries.status().message() << ")\n";
     return LocalRates();
   }
-  err << "measuring this machine's rates once (llm-train --probe, about 10 s) into " << path.string()
-      << "; delete it to measure again\n"
+  err << "measuring this machine's rates once (llm-train --probe, about 10 s) into "
+      << path.string() << "; delete it to measure again\n"
       << std::flush;
   // The data directory is private, as the daemons make it.
   std::error_code error;
   if (fs::create_directories(*dir, error)) fs::permissions(*dir, fs::perms::owner_all, error);
-  const Status made = error ? FailedPreconditionError(dir->string() + ": cannot create: " +
-                                                      error.message())
-                            : RunProbe(binaries->llm_train, path);
-  StatusOr<estimate::RateProbe> probe = made.ok() ? ReadRateProbe(path)
-                                                  : StatusOr<estimate::RateProbe>(made);
+  const Status made =
+      error ? FailedPreconditionError(dir->string() + ": cannot create: " + error.message())
+            : RunProbe(binaries->llm_train, path);
+  StatusOr<estimate::RateProbe> probe =
+      made.ok() ? ReadRateProbe(path) : StatusOr<estimate::RateProbe>(made);
   if (!probe.ok()) {
     err << "note: the time is at the data sheets' rates: " << probe.status().message() << "\n";
     return LocalRates();
@@ -209,11 +223,11 @@ LocalRates LocalRates::LoadOnFirstUse(EnvLookup env, fs::path self, std::ostream
 
 const NodeProbe* LocalRates::NodeFor(const estimate::DeviceSpeed& sheet) const {
   for (const NodeProbe& node : nodes_) {
-    if (sheet.name == "cpu" ? node.probe.device == "cpu"
-                            : node.probe.device == "cuda" &&
-                                  estimate::GpuOfDeviceName(node.probe.device_name).has_value() &&
-                                  estimate::GpuOfDeviceName(node.probe.device_name)->name ==
-                                      sheet.name) {
+    if (sheet.name == "cpu"
+            ? node.probe.device == "cpu"
+            : node.probe.device == "cuda" &&
+                  estimate::GpuOfDeviceName(node.probe.device_name).has_value() &&
+                  estimate::GpuOfDeviceName(node.probe.device_name)->name == sheet.name) {
       return &node;
     }
   }
