@@ -16,17 +16,15 @@
 
 namespace llmctl::estimate {
 
-// Steps the probe times after one warm-up step (which creates the optimizer's state); it keeps
-// their median.
-inline constexpr int kReferenceSteps = 3;
-
-// The rows of a reference micro-batch are all full, kReferenceTokens long on average: step s (0 the
-// warm-up) runs its two micro-batches at kReferenceTokens - d and + d tokens, d =
-// kReferenceLengthSpread[s], so each micro-batch has a shape of its own, as a trial's padded
-// micro-batches of real text do (a CPU's 16-bit GEMMs build a kernel for each new shape: 5-18 ms a
-// step of the cpu-lab bf16-true row on the Zen 4, 11-30), while every step does the same work.
+// The probe times one step of each class a round, among its other measurements, and keeps the
+// median over its rounds. The rows of a reference micro-batch are all full, kReferenceTokens long
+// on average: step k runs its two micro-batches at kReferenceTokens - d and + d tokens, d = 1 + k
+// mod kReferenceLengthSpread, so each micro-batch has a shape no recent step had, as a trial's
+// padded micro-batches of real text do (a CPU's 16-bit GEMMs build a kernel for each new shape:
+// 5-18 ms a step of the cpu-lab bf16-true row on the Zen 4, 11-30), while every step does the same
+// work.
 inline constexpr int64_t kReferenceTokens = 112;
-inline constexpr int64_t kReferenceLengthSpread[kReferenceSteps + 1] = {11, 3, 7, 13};
+inline constexpr int64_t kReferenceLengthSpread = 16;
 
 // A 2-layer LLaMA, 512 wide (8 heads of 64, SwiGLU 1,408), over a 4,096-token vocabulary: 8.5 M
 // weights in matmuls, about 26 GFLOP a step; not any shipped model's shape.
