@@ -19,9 +19,10 @@
 // reuses what it loads), the cells past what one call may take left out; sdpa is causal attention
 // over 2 x 8 heads x 128 tokens x 64, forward and backward (its rate counts 3x the forward's
 // FLOPs, as a step's attention does); memory is one copy of 64 MiB (bytes read plus written); a
-// launch is a one-element add; the host's AdamW is one fused step over 4 Mi fp32 values (an
-// offloaded step); the 8-bit AdamW is the trainer's CPU step over 1 Mi fp32 values (0 on a GPU);
-// a reference step is the median of reference_step.h's steps of its trial (a CPU's only).
+// launch is on CUDA a one-element add, on a CPU one op of an autograd step (version 4: a chain of
+// four small ops forward and backward, over its nine kernels); the host's AdamW is one fused step
+// over 4 Mi fp32 values (an offloaded step); the 8-bit AdamW is the trainer's CPU step over 1 Mi
+// fp32 values (0 on a GPU); a reference step is one step of reference_step.h's trial (a CPU's only).
 // Every figure is the median of `rounds` samples taken in turn across the whole probe, so a
 // machine whose speed drifts while it runs slows every rate alike. A rate of 0 was not measured
 // (copies without a device).

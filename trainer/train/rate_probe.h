@@ -1,8 +1,10 @@
-// `llm-train --probe`: this machine's own rates, measured in about 10 s on a CPU and under 30 s on
+// `llm-train --probe`: this machine's own rates, measured in about 12 s on a CPU and under 30 s on
 // a GPU, as common/estimate/rate_probe.h's RateProbe (its JSON is what llm-train prints): matmul
 // throughput per dtype over a grid of the shapes a training step's projections have (token rows
-// by weight width), causal attention per dtype, memory bandwidth, the cost of one op's dispatch
-// (and launch), the host's fused AdamW step, and on a GPU the host<->device copies.
+// by weight width), causal attention per dtype forward and backward, memory bandwidth, the cost of
+// one op (a CPU's in an autograd step, a GPU's launch), the host's fused AdamW step, on a CPU the
+// trainer's 8-bit AdamW step and the reference trial's steps (common/estimate/reference_step.h),
+// and on a GPU the host<->device copies.
 #ifndef LLMCTL_TRAINER_TRAIN_RATE_PROBE_H_
 #define LLMCTL_TRAINER_TRAIN_RATE_PROBE_H_
 
