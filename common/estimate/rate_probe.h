@@ -22,8 +22,8 @@
 // launch is on CUDA a one-element add, on a CPU one op of an autograd step (version 4: a chain of
 // four small ops forward and backward, over its nine kernels); the host's AdamW is one fused step
 // over 4 Mi fp32 values (an offloaded step); the 8-bit AdamW is the trainer's CPU step over 1 Mi
-// fp32 values (0 on a GPU); a reference step is one step of reference_step.h's trial (a CPU's only).
-// Every figure is the median of `rounds` samples taken in turn across the whole probe, so a
+// fp32 values (0 on a GPU); a reference step is one step of reference_step.h's trial (a CPU's
+// only). Every figure is the median of `rounds` samples taken in turn across the whole probe, so a
 // machine whose speed drifts while it runs slows every rate alike. A rate of 0 was not measured
 // (copies without a device).
 // Versions 1 to 3 are read, and the agent and llmctl measure them again. Version 3 (11-29 to
