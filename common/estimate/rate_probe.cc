@@ -122,17 +122,15 @@ Status ParseIdentity(const json& j, RateProbe& probe) {
   return Status::Ok();
 }
 
-// The reference step's measured seconds over its nominal time at `speed` (as Calibrate takes a
-// measured run's): 0 when it has no time beyond the fixed terms.
+// The factor the reference step implies at `speed` (step_time.h's MeasuredFactor of its trial's
+// counted work): 0 when it implies none.
 double ReferenceFactor(const ProbedStep& step, const DeviceSpeed& speed) {
   const MatmulClass matmul_class = step.dtype == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32;
   const StatusOr<TrialConfig> trial = ReferenceTrial(matmul_class);
   if (!trial.ok()) return 0;
   const StatusOr<StepWork> work = EstimateStepWork(*trial, ReferenceModel());
   if (!work.ok()) return 0;
-  const NominalStep nominal = NominalStepSeconds(*work, speed);
-  if (!(nominal.calibrated > 0) || !(step.seconds > nominal.fixed)) return 0;
-  return (step.seconds - nominal.fixed) / nominal.calibrated;
+  return MeasuredFactor(*work, speed, step.seconds);
 }
 
 }  // namespace

@@ -228,6 +228,12 @@ NominalStep NominalStepSeconds(const StepWork& work, const DeviceSpeed& device) 
   return step;
 }
 
+double MeasuredFactor(const StepWork& work, const DeviceSpeed& device, double measured_seconds) {
+  const NominalStep nominal = NominalStepSeconds(work, device);
+  if (!(nominal.calibrated > 0) || !(measured_seconds > nominal.fixed)) return 0;
+  return (measured_seconds - nominal.fixed) / nominal.calibrated;
+}
+
 TimeEstimate EstimateTime(const StepWork& work, const DeviceSpeed& device,
                           const Calibration& calibration, int64_t steps) {
   TimeEstimate e;
@@ -332,14 +338,12 @@ Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
   std::vector<double> ratios[2];
   for (const MeasuredRun& run : runs) {
     if (run.work.family != family) continue;
-    const NominalStep nominal = NominalStepSeconds(run.work, device);
-    if (!(nominal.calibrated > 0) || !(run.seconds_per_token > 0)) continue;
     // The measured step: its tokens over all ranks at the measured rate.
     const double measured =
         run.seconds_per_token * static_cast<double>(run.work.tokens * run.work.world_size);
-    if (!(measured > nominal.fixed)) continue;
-    ratios[run.work.matmul_class == MatmulClass::kBf16 ? 0 : 1].push_back(
-        (measured - nominal.fixed) / nominal.calibrated);
+    const double factor = MeasuredFactor(run.work, device, measured);
+    if (!(factor > 0)) continue;
+    ratios[run.work.matmul_class == MatmulClass::kBf16 ? 0 : 1].push_back(factor);
   }
   Calibration c = DefaultCalibration(device, family);
   if (ratios[0].empty() && ratios[1].empty()) return c;

@@ -142,6 +142,12 @@ struct NominalStep {
 };
 NominalStep NominalStepSeconds(const StepWork& work, const DeviceSpeed& device);
 
+// The calibration factor one measured step of `work` on `device` implies: its seconds beyond the
+// fixed terms over the calibrated terms' nominal seconds. 0 when it implies none (no calibrated
+// work, or a step no longer than its fixed terms). Calibrate takes it of each stored run, the
+// probe's reference steps (rate_probe.h) of theirs.
+double MeasuredFactor(const StepWork& work, const DeviceSpeed& device, double measured_seconds);
+
 // The time of `work` on `device`: `steps` optimizer steps (0: unknown) after the start-up.
 TimeEstimate EstimateTime(const StepWork& work, const DeviceSpeed& device,
                           const Calibration& calibration, int64_t steps);
