@@ -34,7 +34,7 @@ struct NodeRatesOptions {
   std::string adoptable_probe;
   // How often a node with a running trial is looked at again.
   std::chrono::milliseconds idle_check{1000};
-  // A probe takes about 10 s on a 2-core CPU and under 30 s on a GPU; one that runs this long is
+  // A probe takes about 12 s on a 2-core CPU and under 30 s on a GPU; one that runs this long is
   // killed and reported as not measured.
   std::chrono::milliseconds timeout{std::chrono::seconds(180)};
 };

@@ -197,7 +197,7 @@ void AddInfoFlags(CLI::App& app, Flags& flags) {
   CLI::Option* probe_flag = app.add_flag(
       "--probe", flags.probe,
       "measure this machine's rates (matmuls per dtype, attention, memory, op dispatch, the "
-      "host's AdamW step, host<->device copies) in about 10 s and print them as JSON");
+      "host's AdamW step, host<->device copies) in about 12 s on a CPU and print them as JSON");
   app.add_option("--probe-device", flags.probe_options.device,
                  "with --probe: cpu (default) or cuda")
       ->needs(probe_flag);

@@ -15,6 +15,7 @@ using nlohmann::json;
 using nlohmann::ordered_json;
 
 constexpr char kWhere[] = "rate probe";
+constexpr double kMaxReferenceStepSeconds = 3600;
 
 Status Refuse(const std::string& field, const std::string& problem) {
   return InvalidArgumentError(std::string(kWhere) + ": '" + field + "' " + problem);
@@ -95,6 +96,13 @@ StatusOr<ProbedStep> ParseStep(const json& row, const std::string& path) {
   ASSIGN_OR_RETURN(s.dtype, Dtype(row, path));
   if (s.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
   ASSIGN_OR_RETURN(s.seconds, Rate(row, "seconds", path + ".seconds"));
+  // A bound no real step nears (0.1-0.2 s here), so a broken or hostile probe cannot make a factor
+  // that overflows every time it calibrates.
+  if (s.seconds > kMaxReferenceStepSeconds) {
+    return Refuse(path + ".seconds",
+                  "must be at most " + std::to_string(static_cast<int>(kMaxReferenceStepSeconds)) +
+                      " (one step of the reference trial)");
+  }
   return s;
 }
 

@@ -79,6 +79,9 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
           "reference_steps[0].dtype");
   refused([](nlohmann::json& j) { j["reference_steps"][1]["seconds"] = -1; },
           "reference_steps[1].seconds");
+  // An absurd step would make a factor whose times overflow: refused where it is read.
+  refused([](nlohmann::json& j) { j["reference_steps"][0]["seconds"] = 1.7e308; },
+          "reference_steps[0].seconds");
   refused([](nlohmann::json& j) { j["adamw_8bit_values_per_s"] = -9e7; },
           "adamw_8bit_values_per_s");
   refused([](nlohmann::json& j) { j["matmul"][1]["dtype"] = "int8"; }, "matmul[1].dtype");

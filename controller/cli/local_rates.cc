@@ -197,7 +197,7 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
         << binaries.status().message() << ")\n";
     return LocalRates();
   }
-  err << "measuring this machine's rates once (llm-train --probe, about 10 s) into "
+  err << "measuring this machine's rates once (llm-train --probe, about 12 s) into "
       << path.string() << "; delete it to measure again\n"
       << std::flush;
   // The data directory is private, as the daemons make it.

@@ -3,7 +3,7 @@
 // a node whose probe is of that GPU; a CPU trial: a node with a CPU probe, this machine's CPU
 // first); else, for a CPU trial, this machine's probe (common/estimate/rate_probe.h), kept as
 // probe.json in the embedded controller's data directory (LLMCTL_HOME), measured once by
-// `llm-train --probe` (about 10 s) the first time it is needed and again when the file is
+// `llm-train --probe` (about 12 s) the first time it is needed and again when the file is
 // unreadable or names another CPU; else the data sheets' rates. The time's `rates` says which.
 // LLMCTL_RATE_PROBE=off keeps the data sheets without measuring (the tests set it, so that no
 // test's prediction depends on this machine's speed or pays for a probe per data directory).
