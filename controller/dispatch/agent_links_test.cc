@@ -190,9 +190,22 @@ TEST_F(AgentLinksTest, ANodesMeasuredRatesAreStoredListedAndReplacedWhenTheyChan
   }
   clock_.Advance(config_.health_interval);
   Tick();
-  spdlog::default_logger()->sinks().pop_back();
   EXPECT_EQ(stored()->memory_bytes_per_s, 2e10);
   EXPECT_NE(log->str().find("node n1: its measured rates are refused: "), std::string::npos)
+      << log->str();
+
+  // So is a well-formed one whose reference step would overflow every estimate's time.
+  nlohmann::json absurd = nlohmann::json::parse(ProbeJson(3e10));
+  absurd["reference_steps"] = {{{"dtype", "fp32"}, {"seconds", 1.7e308}}};
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.rate_probe_json = absurd.dump();
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(stored()->memory_bytes_per_s, 2e10);
+  EXPECT_NE(log->str().find("'reference_steps[0].seconds' must be at most 3600"), std::string::npos)
       << log->str();
 }
 
