@@ -239,6 +239,32 @@ TEST_F(AgentTest, RunsToOkStreamingEveryEventOnceAndIsIdempotent) {
   EXPECT_EQ(runs.runs_size(), 2);
 }
 
+// A supervisor writes exit.json and then exits, so its run can end while it still lives: the agent
+// that started it reaps it all the same (11-30: a demo's agent kept one zombie supervisor). A 1 ms
+// poll interval checks the runs often enough to find exit.json before its supervisor exits.
+TEST_F(AgentTest, EveryEndedRunsSupervisorIsReaped) {
+  StartAgent("", std::chrono::milliseconds(1));
+  std::vector<pb::RunKey> keys;
+  for (int i = 0; i < 6; ++i) {
+    keys.push_back(Key(8, "reaped-" + std::to_string(i), 1));
+    RunTrial(keys.back(), 0);
+  }
+  for (const pb::RunKey& key : keys) {
+    const Streamed streamed = Stream(key, 0);
+    ASSERT_TRUE(streamed.ended.has_value()) << key.trial();
+    EXPECT_EQ(streamed.ended->outcome(), "ok");
+    const nlohmann::json supervisor =
+        nlohmann::json::parse(ReadAll(RunDir(key) / "supervisor.json"));
+    const pid_t pid = supervisor["pid"].get<pid_t>();
+    // A zombie keeps its /proc entry: gone means reaped. The wait is for the reaping, bounded.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (ProcessStartTime(pid).has_value() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_FALSE(ProcessStartTime(pid).has_value()) << key.trial() << ": supervisor " << pid;
+  }
+}
+
 TEST_F(AgentTest, DeviceSamplesOfARunningTrialAreStreamedFromAnySequenceNumber) {
   const DeviceReading gpu0{.device = "cuda:0",
                            .utilization_percent = 45,

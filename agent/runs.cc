@@ -219,7 +219,10 @@ void RunManager::WatchLoop() {
       if (stopping_) return;
       for (auto& [key, run] : runs_) {
         if (!run.end) CheckRun(run);
-        if (!run.end && run.supervisor_exit.valid()) {
+        if (run.end) ReapSupervisor(run);
+        // A supervisor writes exit.json before it exits, so a run may end while it still lives:
+        // one this process started stays watched until it is reaped, or it would stay a zombie.
+        if ((!run.end || run.is_child) && run.supervisor_exit.valid()) {
           watched.push_back(pollfd{run.supervisor_exit.get(), POLLIN, 0});
         }
       }
@@ -233,11 +236,19 @@ void RunManager::WatchLoop() {
   }
 }
 
+void RunManager::ReapSupervisor(Run& run) {
+  if (!run.is_child || run.supervisor_pid <= 0) return;
+  int status = 0;
+  const pid_t reaped = ::waitpid(run.supervisor_pid, &status, WNOHANG);
+  // 0: still running. ECHILD: not this process's to reap after all; its exit watch, readable
+  // from then on, must not stay in the poll.
+  if (reaped == 0 || (reaped < 0 && errno != ECHILD)) return;
+  run.is_child = false;
+  if (run.end) run.supervisor_exit.reset();
+}
+
 void RunManager::CheckRun(Run& run) {
-  if (run.is_child && run.supervisor_pid > 0) {
-    int status = 0;
-    if (::waitpid(run.supervisor_pid, &status, WNOHANG) == run.supervisor_pid) run.is_child = false;
-  }
+  ReapSupervisor(run);
   // Alive first: the supervisor writes exit.json before it exits, so a dead supervisor without
   // exit.json afterwards never wrote one.
   const bool alive =
@@ -287,7 +298,8 @@ void RunManager::EndRun(Run& run, const RunEnd& end) {
   // Without ended.json the next start decides again from the same files, with the same result.
   (void)written;
   run.end = end;
-  run.supervisor_exit.reset();
+  // A supervisor this process started keeps its watch until ReapSupervisor reaps it.
+  if (!run.is_child) run.supervisor_exit.reset();
   ended_.NotifyAll();
 }
 

@@ -218,6 +218,9 @@ class RunManager {
   void WakeWatcher();
   // Checks one running run and ends it when its worker is gone.
   void CheckRun(Run& run) LLMCTL_REQUIRES(mutex_);
+  // Reaps the run's supervisor if this process started it and it has exited (then an ended run's
+  // exit watch closes).
+  void ReapSupervisor(Run& run) LLMCTL_REQUIRES(mutex_);
   void EndRun(Run& run, const RunEnd& end) LLMCTL_REQUIRES(mutex_);
   // Marks the run cancel-requested and signals its supervisor: SIGTERM, or SIGUSR1 carrying
   // `checkpoint_grace` when given.
