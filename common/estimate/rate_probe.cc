@@ -87,6 +87,14 @@ StatusOr<ProbedMatmul> ParseMatmul(const json& row, const std::string& path) {
 StatusOr<ProbedAttention> ParseAttention(const json& row, const std::string& path) {
   ProbedAttention a;
   ASSIGN_OR_RETURN(a.dtype, Dtype(row, path));
+  // Before version 5 no tokens: 128, what it measured (FromJson refuses the field's absence in 5).
+  if (const auto tokens = row.find("tokens"); tokens != row.end()) {
+    if (!tokens->is_number_integer() || tokens->get<int64_t>() < 1 ||
+        tokens->get<int64_t>() > 1 << 20) {
+      return Refuse(path + ".tokens", "must be an integer from 1 to 1048576");
+    }
+    a.tokens = tokens->get<int64_t>();
+  }
   ASSIGN_OR_RETURN(a.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s"));
   return a;
 }
@@ -153,7 +161,10 @@ ordered_json RateProbe::ToJson() const {
   }
   ordered_json attention = ordered_json::array();
   for (const ProbedAttention& a : sdpa) {
-    attention.push_back({{"dtype", a.dtype}, {"flops_per_s", a.flops_per_s}});
+    ordered_json row = {{"dtype", a.dtype}};
+    if (version >= 5) row["tokens"] = a.tokens;
+    row["flops_per_s"] = a.flops_per_s;
+    attention.push_back(row);
   }
   ordered_json j = {{"version", version}, {"measured_at", measured_at}, {"seconds", seconds}};
   if (version >= 3) j["rounds"] = rounds;
@@ -209,6 +220,13 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
     }
   }
   ASSIGN_OR_RETURN(probe.sdpa, ParseRows<ProbedAttention>(j, "sdpa", ParseAttention));
+  if (probe.version >= 5) {
+    for (size_t i = 0; i < probe.sdpa.size(); ++i) {
+      if (!j.at("sdpa").at(i).contains("tokens")) {
+        return Refuse("sdpa[" + std::to_string(i) + "].tokens", "is missing");
+      }
+    }
+  }
   for (auto [key, field] :
        {std::pair{"memory_bytes_per_s", &probe.memory_bytes_per_s},
         std::pair{"launch_seconds", &probe.launch_seconds},
@@ -243,11 +261,14 @@ double RateProbe::MatmulFlops(const std::string& dtype, int64_t size, int64_t to
                        : RateAtShape(rates, static_cast<double>(tokens), static_cast<double>(size));
 }
 
-double RateProbe::AttentionFlops(const std::string& dtype) const {
+std::vector<ShapeRate> RateProbe::AttentionRates(const std::string& dtype) const {
+  std::vector<ShapeRate> rates;
   for (const ProbedAttention& a : sdpa) {
-    if (a.dtype == dtype) return a.flops_per_s;
+    if (a.dtype == dtype && a.flops_per_s > 0) {
+      rates.push_back({a.tokens, kProbeAttentionHeadWidth, a.flops_per_s});
+    }
   }
-  return 0;
+  return rates;
 }
 
 bool RateProbe::SameIdentity(const RateProbe& other) const {
@@ -270,7 +291,7 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   // and backward) ran up to 3x slower than on a CPU in bf16: such a probe's attention is left out,
   // and the step's attention FLOPs take its matmul rate, as a data sheet's do.
   const bool attention = probe.version >= 4;
-  speed.fp32_attention_flops = attention ? probe.AttentionFlops("fp32") : 0;
+  if (attention) speed.fp32_attention_by_length = probe.AttentionRates("fp32");
   // The bf16 class's matmuls run as bf16 (fp16 only under 16-mixed, a GPU's case, where both
   // are tensor-core rates). On a CPU without LibTorch's bf16 GEMM the trainer forms them as fp32
   // GEMMs over converted blocks (trainer/kernels/linear.h): the probe's rate is that path's.
@@ -279,7 +300,7 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
     speed.bf16_flops = bf16;
     speed.bf16_flops_by_shape = probe.MatmulRates("bf16");
   }
-  speed.bf16_attention_flops = attention ? probe.AttentionFlops("bf16") : 0;
+  if (attention) speed.bf16_attention_by_length = probe.AttentionRates("bf16");
   speed.memory_bytes_per_s = probe.memory_bytes_per_s;
   if (probe.launch_seconds > 0) speed.launch_seconds = probe.launch_seconds;
   if (probe.host_adamw_values_per_s > 0) {

@@ -89,6 +89,8 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   refused([](nlohmann::json& j) { j["matmul"][2]["flops_per_s"] = "fast"; },
           "matmul[2].flops_per_s");
   refused([](nlohmann::json& j) { j["sdpa"] = 3; }, "sdpa");
+  refused([](nlohmann::json& j) { j["sdpa"][1]["tokens"] = 0; }, "sdpa[1].tokens");
+  refused([](nlohmann::json& j) { j["sdpa"][0]["tokens"] = 1e15; }, "sdpa[0].tokens");
   refused([](nlohmann::json& j) { j["identity"]["device"] = "tpu"; }, "identity.device");
   refused([](nlohmann::json& j) { j["identity"]["threads"] = 0; }, "identity.threads");
   refused([](nlohmann::json& j) { j["identity"]["versions"].erase("libtorch"); },
@@ -121,13 +123,64 @@ TEST(RateProbeTest, AVersionThreeProbesAttentionAndEightBitStepAreNotUsed) {
   ASSERT_TRUE(parsed.ok()) << parsed.status().message();
   const DeviceSpeed sheet = CpuSpeed();
   const DeviceSpeed three = ProbedSpeed(sheet, *parsed, "a version 3 probe");
-  EXPECT_EQ(three.fp32_attention_flops, 0);
-  EXPECT_EQ(three.bf16_attention_flops, 0);
+  EXPECT_TRUE(three.fp32_attention_by_length.empty());
+  EXPECT_TRUE(three.bf16_attention_by_length.empty());
   EXPECT_EQ(three.adamw_8bit_values_per_s, sheet.adamw_8bit_values_per_s);
-  const DeviceSpeed four = ProbedSpeed(sheet, FixedProbe(), "a version 4 probe");
-  EXPECT_EQ(four.fp32_attention_flops, 2e10);
-  EXPECT_EQ(four.bf16_attention_flops, 1e9);
-  EXPECT_EQ(four.adamw_8bit_values_per_s, 9e7);
+  const DeviceSpeed five = ProbedSpeed(sheet, FixedProbe(), "a version 5 probe");
+  ASSERT_EQ(five.fp32_attention_by_length.size(), 1u);
+  EXPECT_EQ(five.fp32_attention_by_length[0].flops_per_s, 2e10);
+  ASSERT_EQ(five.bf16_attention_by_length.size(), 1u);
+  EXPECT_EQ(five.bf16_attention_by_length[0].flops_per_s, 1e9);
+  EXPECT_EQ(five.adamw_8bit_values_per_s, 9e7);
+}
+
+// A probe of version 4 timed attention at 128 tokens alone and its rows have no tokens: they read
+// as 128-token rates, used at every length. Version 5's rows must say their length.
+TEST(RateProbeTest, AVersionFourProbesAttentionReadsAsOneHundredTwentyEightTokens) {
+  nlohmann::json old = nlohmann::json::parse(FixedProbeWithReferenceSteps().ToJson().dump());
+  old["version"] = 4;
+  for (nlohmann::json& row : old["sdpa"]) row.erase("tokens");
+  StatusOr<RateProbe> parsed = RateProbe::FromJson(old);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  for (const ProbedAttention& a : parsed->sdpa) EXPECT_EQ(a.tokens, kProbeAttentionTokens);
+  EXPECT_FALSE(parsed->ToJson()["sdpa"][0].contains("tokens"));  // written back as it was read
+  old["version"] = kRateProbeVersion;
+  StatusOr<RateProbe> refused = RateProbe::FromJson(old);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("'sdpa[0].tokens' is missing"), std::string::npos)
+      << refused.status().message();
+}
+
+// A step's attention takes the probe's rate at its sequences' length: linear in log(length)
+// between the two measured lengths around it, the nearest one's outside them; a work that does not
+// say its length (stored before it did) takes the rate at 128 tokens.
+TEST(RateProbeTest, AttentionTakesTheRateAtItsSequenceLength) {
+  RateProbe p = FixedProbe();
+  p.sdpa = {{"bf16", 1e10, 32}, {"bf16", 3e10, 128}, {"bf16", 5e10, 512}, {"fp32", 4e10, 128}};
+  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), p, "a probe");
+  StepWork work;
+  work.matmul_class = MatmulClass::kBf16;
+  work.tokens = 1024;
+  work.micro_batches = 1;
+  work.attention_flops = 6e9;
+  work.matmul_flops = 6e9;
+  auto attention_seconds = [&](double seq) {
+    work.attention_seq = seq;
+    const TimeEstimate e =
+        EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0);
+    for (const TimeTerm& t : e.terms) {
+      if (t.name == "attention") return t.seconds;
+    }
+    return -1.0;
+  };
+  EXPECT_DOUBLE_EQ(attention_seconds(128), 6e9 / 3e10);
+  EXPECT_DOUBLE_EQ(attention_seconds(0), 6e9 / 3e10);     // not known: 128 tokens
+  EXPECT_NEAR(attention_seconds(64), 6e9 / 2e10, 1e-12);  // halfway in log(length)
+  EXPECT_NEAR(attention_seconds(256), 6e9 / 4e10, 1e-12);
+  EXPECT_DOUBLE_EQ(attention_seconds(16), 6e9 / 1e10);    // below the shortest: its rate
+  EXPECT_DOUBLE_EQ(attention_seconds(4096), 6e9 / 5e10);  // above the longest: its rate
+  // The same FLOPs at 64 tokens a sequence cost 1.5x those at 128.
+  EXPECT_NEAR(attention_seconds(64) / attention_seconds(128), 1.5, 1e-12);
 }
 
 // Over the grid a rate is linear in log(rows) along each measured width, then linear in log(width)

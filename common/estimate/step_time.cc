@@ -106,9 +106,18 @@ TimeTerm ShapedMatmuls(const StepWork& w, const std::vector<ShapeRate>& rates, d
 std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   std::vector<TimeTerm> terms;
   const bool bf16 = w.matmul_class == MatmulClass::kBf16;
-  // A probe's attention rate takes the attention's FLOPs (SDPA's kernels, not a GEMM's);
-  // otherwise they are matmuls like the others.
-  const double attention_rate = bf16 ? d.bf16_attention_flops : d.fp32_attention_flops;
+  // A probe's attention rates take the attention's FLOPs (SDPA's kernels, not a GEMM's) at the
+  // step's sequence length: a short sequence's attention runs far below a long one's (11-30, Zen
+  // 4, bf16: 30 GFLOP/s at 82 tokens, 46 at 128, 109 at 512). Without them they are matmuls like
+  // the others.
+  const std::vector<ShapeRate>& attention_rates =
+      bf16 ? d.bf16_attention_by_length : d.fp32_attention_by_length;
+  const double attention_seq =
+      w.attention_seq > 0 ? w.attention_seq : static_cast<double>(kProbeAttentionTokens);
+  const double attention_rate = attention_rates.empty()
+                                    ? 0
+                                    : RateAtShape(attention_rates, attention_seq,
+                                                  static_cast<double>(kProbeAttentionHeadWidth));
   const double attention = attention_rate > 0 ? w.attention_flops : 0;
   const double flops = w.matmul_flops - attention;
   const std::vector<ShapeRate>& by_shape = bf16 ? d.bf16_flops_by_shape : d.fp32_flops_by_shape;
@@ -124,7 +133,8 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   if (attention > 0) {
     terms.push_back({"attention",
                      Quantity(attention, "FLOP") + " / " + Quantity(attention_rate, "FLOP/s") +
-                         " (" + std::string(MatmulClassName(w.matmul_class)) + " SDPA)",
+                         " (" + std::string(MatmulClassName(w.matmul_class)) +
+                         Format(" SDPA at %.0f tokens a sequence)", attention_seq),
                      attention / attention_rate});
   }
   terms.push_back({"memory",
@@ -261,8 +271,8 @@ DeviceSpeed GpuSpeed(const Gpu& gpu) {
           .fp32_flops = r.fp32_tflops * 1e12,
           .bf16_flops_by_shape = {},
           .fp32_flops_by_shape = {},
-          .bf16_attention_flops = 0,
-          .fp32_attention_flops = 0,
+          .bf16_attention_by_length = {},
+          .fp32_attention_by_length = {},
           .memory_bytes_per_s = r.memory_tbps * 1e12,
           .launch_seconds = kGpuLaunchSeconds,
           .launches_overlap = true,
@@ -285,8 +295,8 @@ DeviceSpeed CpuSpeed() {
           .fp32_flops = kCpuFp32Flops,
           .bf16_flops_by_shape = {},
           .fp32_flops_by_shape = {},
-          .bf16_attention_flops = 0,
-          .fp32_attention_flops = 0,
+          .bf16_attention_by_length = {},
+          .fp32_attention_by_length = {},
           .memory_bytes_per_s = kCpuMemoryBytesPerSecond,
           .launch_seconds = kCpuLaunchSeconds,
           .host_optimizer_values_per_s = kCpuMemoryBytesPerSecond / 16,

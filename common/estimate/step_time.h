@@ -21,8 +21,9 @@
 
 namespace llmctl::estimate {
 
-// A matmul rate measured at one shape (rate_probe.h): a projection's forward and both backward
-// matmuls over `rows` token rows of a `width` x `width` weight.
+// A rate measured at one shape (rate_probe.h): a projection's forward and both backward matmuls
+// over `rows` token rows of a `width` x `width` weight; or causal attention forward and backward
+// over sequences of `rows` tokens, `width` a head's width.
 struct ShapeRate {
   int64_t rows = 0;
   int64_t width = 0;
@@ -38,6 +39,11 @@ double RateAtShape(const std::vector<ShapeRate>& rates, double rows, double widt
 // probe's rate, and at which `llmctl nodes` shows it: the middle of the probe's widths, near the
 // small models' hidden sizes (384 to 768).
 inline constexpr int64_t kProbeMatmulSizeUsed = 512;
+// A probe's attention: causal, over sequences of 64-wide heads. A step's attention whose sequence
+// length is not known (StepWork::attention_seq 0) takes the rate at kProbeAttentionTokens, the
+// only length a version 4 probe measured.
+inline constexpr int64_t kProbeAttentionHeadWidth = 64;
+inline constexpr int64_t kProbeAttentionTokens = 128;
 
 // What a device does per second at its nominal (data-sheet) rates.
 struct DeviceSpeed {
@@ -48,10 +54,11 @@ struct DeviceSpeed {
   // matmuls each take the rate at their own shape (StepWork::matmul_shapes).
   std::vector<ShapeRate> bf16_flops_by_shape;
   std::vector<ShapeRate> fp32_flops_by_shape;
-  // A probe's causal attention (SDPA) rates, which a step's attention FLOPs take (0: the matmul
-  // rate, as the data sheets have no other).
-  double bf16_attention_flops = 0;
-  double fp32_attention_flops = 0;
+  // A probe's causal attention (SDPA) rates by sequence length (ShapeRate's rows: tokens a
+  // sequence; width: a head's), which a step's attention FLOPs take at its own sequences' length
+  // (StepWork::attention_seq). Empty: the matmul rate, as the data sheets have no other.
+  std::vector<ShapeRate> bf16_attention_by_length;
+  std::vector<ShapeRate> fp32_attention_by_length;
   double memory_bytes_per_s = 0;
   double launch_seconds = 0;
   // A GPU runs kernels while the host issues the next ones: launches cost only what issuing takes

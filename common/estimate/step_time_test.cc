@@ -81,6 +81,7 @@ TEST(StepWorkTest, CountsEachProjectionShapesFlops) {
   EXPECT_DOUBLE_EQ(flops_at(64, 1000), 6 * kTokens * kHeadWeights);
   EXPECT_EQ(work->matmul_shapes.size(), 5u);
   EXPECT_DOUBLE_EQ(work->attention_flops, 2 * 3 * kAttention);
+  EXPECT_EQ(work->attention_seq, 32);  // a row's tokens (data.max_seq_length), not the batch's
   double sum = work->attention_flops;
   for (const MatmulShape& s : work->matmul_shapes) sum += s.flops;
   EXPECT_DOUBLE_EQ(sum, work->matmul_flops);
@@ -123,10 +124,15 @@ TEST(StepWorkTest, MatmulShapesAreOptionalAndChecked) {
   json old = work->ToJson();
   old.erase("matmul_shapes");
   old.erase("attention_flops");
+  old.erase("attention_seq");
   StatusOr<StepWork> read = StepWork::FromJson(old);
   ASSERT_TRUE(read.ok()) << read.status().message();
   EXPECT_TRUE(read->matmul_shapes.empty());
   EXPECT_EQ(read->attention_flops, 0);
+  EXPECT_EQ(read->attention_seq, 0);
+  StatusOr<StepWork> again = StepWork::FromJson(work->ToJson());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->attention_seq, work->attention_seq);
   json broken = work->ToJson();
   broken["matmul_shapes"][1]["in"] = 0;
   EXPECT_EQ(StepWork::FromJson(broken).status().message(),
@@ -139,6 +145,10 @@ TEST(StepWorkTest, MatmulShapesAreOptionalAndChecked) {
   broken["matmul_shapes"] = "wide";
   EXPECT_EQ(StepWork::FromJson(broken).status().message(),
             "step work: matmul_shapes must be a list");
+  broken = work->ToJson();
+  broken["attention_seq"] = -64;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: attention_seq must be a finite non-negative number");
   broken = work->ToJson();
   broken["matmul_flops"] = work->matmul_flops / 2;
   EXPECT_EQ(StepWork::FromJson(broken).status().message(),

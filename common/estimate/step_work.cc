@@ -81,11 +81,14 @@ StatusOr<double> WorkNumber(const json& object, const char* key, const std::stri
   return value->get<double>();
 }
 
-// The work's matmul_shapes and attention_flops, which a work stored before them lacks (then every
-// FLOP is taken at one rate, as it was).
+// The work's matmul_shapes, attention_flops and attention_seq, which a work stored before them
+// lacks (then every FLOP is taken at one rate, as it was, and attention at the probe's 128 tokens).
 Status ParseMatmulShapes(const json& j, StepWork& w) {
   if (j.contains("attention_flops")) {
     ASSIGN_OR_RETURN(w.attention_flops, WorkNumber(j, "attention_flops", "attention_flops"));
+  }
+  if (j.contains("attention_seq")) {
+    ASSIGN_OR_RETURN(w.attention_seq, WorkNumber(j, "attention_seq", "attention_seq"));
   }
   if (!j.contains("matmul_shapes")) return Status::Ok();
   if (!j["matmul_shapes"].is_array()) {
@@ -151,6 +154,7 @@ json StepWork::ToJson() const {
           {"matmul_flops", matmul_flops},
           {"matmul_shapes", shapes},
           {"attention_flops", attention_flops},
+          {"attention_seq", attention_seq},
           {"memory_bytes", memory_bytes},
           {"launches", launches},
           {"host_optimizer_values", host_optimizer_values},
@@ -381,6 +385,7 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   const double micro_batches = static_cast<double>(w.micro_batches);
   w.matmul_flops = matmuls.flops * micro_batches;
   w.attention_flops = matmuls.attention_flops * micro_batches;
+  w.attention_seq = shape.seq;
   w.matmul_shapes = matmuls.shapes;
   for (MatmulShape& shape : w.matmul_shapes) shape.flops *= micro_batches;
   w.memory_bytes = CountLlamaMicroMemory(config, model, shape, matmuls) * micro_batches;

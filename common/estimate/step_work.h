@@ -66,6 +66,9 @@ struct StepWork {
   // rate) and attention's scores and weighted sum (SDPA's); the rest at the micro-batch's rate.
   std::vector<MatmulShape> matmul_shapes;
   double attention_flops = 0;
+  // The tokens of the sequences attention runs over (a micro-batch's padded length), which its
+  // rate depends on: 0 when not known (a work stored before 11-30).
+  double attention_seq = 0;
   double memory_bytes = 0;
   double launches = 0;
   double host_optimizer_values = 0;  // values an offloaded optimizer updates on the host

@@ -48,8 +48,12 @@ constexpr int64_t kCudaWidths[] = {1024, 2048, 4096, 8192};
 // scalar bf16 GEMM, 14-18 GFLOP/s, it measured 10, and at 8 s / 128 its 61 ms cells were in one
 // probe and out of the next).
 constexpr double kCallShare = 1.0 / 96;
-// Causal attention as a small model's micro-batch has it: batch 2, 8 heads, 128 tokens, 64 wide.
-constexpr int64_t kSdpaBatch = 2, kSdpaHeads = 8, kSdpaTokens = 128, kSdpaWidth = 64;
+// Causal attention as a small model's micro-batch has it: batch 2, 8 heads 64 wide, at sequence
+// lengths from a short row's to a long one's (a CPU's rate at 82 tokens is a third of its rate at
+// 512: 11-30, Zen 4, bf16 30 and 109 GFLOP/s), the longest past what one call may take left out.
+constexpr int64_t kSdpaBatch = 2, kSdpaHeads = 8;
+constexpr int64_t kCpuSdpaTokens[] = {32, 64, 128, 256, 512};
+constexpr int64_t kCudaSdpaTokens[] = {512, 2048, 8192};
 constexpr int64_t kCopyBytes = 64 << 20;
 // The CPU's launch: a chain of four ops on this many values, forward and backward (the backward's
 // five kernels: the two products' and silu's gradients and the sum into x's), nine kernels.
@@ -193,30 +197,49 @@ void AddMatmulGrid(Rounds& rounds, double longest_call, estimate::RateProbe& pro
 // forward's FLOPs (backward twice the forward, as step_work.h counts a step's attention). A CPU's
 // flash-attention backward in bf16 runs far below its forward (11-30, Zen 4: the cpu-lab bf16-true
 // row's attention took 5x its forward's time in backward), which a forward alone does not see.
-void AddAttention(Rounds& rounds, estimate::RateProbe& probe) {
-  for (const std::string dtype : {"fp32", "bf16", "fp16"}) {
-    const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
-    const std::vector<int64_t> shape = {kSdpaBatch, kSdpaHeads, kSdpaTokens, kSdpaWidth};
+// One dtype's rows at `lengths`, shortest first; a length whose call would take longer than
+// `longest_call` at the best rate so far is left out, and so is every longer one.
+void AddAttentionLengths(Rounds& rounds, const std::string& dtype,
+                         const std::vector<int64_t>& lengths, double longest_call,
+                         estimate::RateProbe& probe) {
+  const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
+  double rate = 0;
+  for (const int64_t tokens : lengths) {
+    // Scores and weighted sum, the causal half not discounted (as step_work.h counts them).
+    const double flops = 3 * 4.0 *
+                         static_cast<double>(kSdpaBatch * kSdpaHeads * tokens * tokens *
+                                             estimate::kProbeAttentionHeadWidth);
+    if (rate > 0 && flops / rate > longest_call) break;
+    const std::vector<int64_t> shape = {kSdpaBatch, kSdpaHeads, tokens,
+                                        estimate::kProbeAttentionHeadWidth};
     const torch::Tensor q = torch::randn(shape, options).requires_grad_();
     const torch::Tensor k = torch::randn(shape, options).requires_grad_();
     const torch::Tensor v = torch::randn(shape, options).requires_grad_();
     const torch::Tensor grad_out = torch::randn(shape, options);
-    // Scores and weighted sum, the causal half not discounted (as step_work.h counts them).
-    const double forward_flops =
-        4.0 * static_cast<double>(kSdpaBatch * kSdpaHeads * kSdpaTokens * kSdpaTokens * kSdpaWidth);
     const size_t row = probe.sdpa.size();
-    probe.sdpa.push_back({dtype, 0});
-    rounds.Add(
+    probe.sdpa.push_back({dtype, 0, tokens});
+    const double once = rounds.Add(
         [q, k, v, grad_out] {
           torch::AutoGradMode grad_mode(true);
           const torch::Tensor out = at::scaled_dot_product_attention(
               q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
           (void)torch::autograd::grad({out}, {q, k, v}, {grad_out});
         },
-        [&probe, row, flops = 3 * forward_flops](double seconds) {
-          probe.sdpa[row].flops_per_s = flops / seconds;
-        });
+        [&probe, row, flops](double seconds) { probe.sdpa[row].flops_per_s = flops / seconds; });
+    rate = std::max(rate, flops / once);
   }
+}
+
+// fp32 and bf16 (the estimate's two classes) at every length; fp16, which no estimate uses, at
+// kProbeAttentionTokens, for `llmctl nodes`.
+void AddAttention(Rounds& rounds, double longest_call, estimate::RateProbe& probe) {
+  const std::vector<int64_t> lengths =
+      rounds.device().is_cuda()
+          ? std::vector<int64_t>(std::begin(kCudaSdpaTokens), std::end(kCudaSdpaTokens))
+          : std::vector<int64_t>(std::begin(kCpuSdpaTokens), std::end(kCpuSdpaTokens));
+  AddAttentionLengths(rounds, "fp32", lengths, longest_call, probe);
+  AddAttentionLengths(rounds, "bf16", lengths, longest_call, probe);
+  AddAttentionLengths(rounds, "fp16", {estimate::kProbeAttentionTokens}, longest_call, probe);
 }
 
 void AddMemoryAndLaunches(Rounds& rounds, estimate::RateProbe& probe) {
@@ -423,7 +446,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   torch::NoGradGuard no_grad;
   Rounds rounds(cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
   AddMatmulGrid(rounds, options.seconds * kCallShare, probe);
-  AddAttention(rounds, probe);
+  AddAttention(rounds, options.seconds * kCallShare, probe);
   AddMemoryAndLaunches(rounds, probe);
   AddHostAdamW(rounds, probe);
   const std::unique_ptr<Optimizer> adamw_8bit = cuda ? nullptr : AddAdamW8bit(rounds, probe);
