@@ -301,10 +301,10 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
                                                   {&language, trained("language_model") || !full}},
                                                  checkpointing);
   double memory = step.memory + logits * LossBytesPerLogit(config, element);
-  if (qlora) memory += step.nf4_values * Nf4DequantBytes(config);
   const double micro_batches = static_cast<double>(w.micro_batches);
   w.matmul_flops = step.matmul * micro_batches;
   w.memory_bytes = memory * micro_batches;
+  if (qlora) AddNf4Dequant(config, step.nf4_values * micro_batches, w);
   w.launches = step.launches * micro_batches + OptimizerLaunches(config, step.trainable_tensors);
   AddOptimizerAndRanks(config, state, w);
   w.model_bytes = static_cast<double>(state.params_bytes);

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/estimate/reference_step.h"
@@ -103,6 +105,13 @@ StatusOr<ProbedStep> ParseStep(const json& row, const std::string& path) {
   ProbedStep s;
   ASSIGN_OR_RETURN(s.dtype, Dtype(row, path));
   if (s.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
+  // Version 4's steps were at new lengths (FromJson refuses the field's absence in 5).
+  if (const auto lengths = row.find("lengths"); lengths != row.end()) {
+    if (!lengths->is_string() || (*lengths != "new" && *lengths != "repeated")) {
+      return Refuse(path + ".lengths", "must be new or repeated");
+    }
+    s.new_lengths = *lengths == "new";
+  }
   ASSIGN_OR_RETURN(s.seconds, Rate(row, "seconds", path + ".seconds"));
   // A bound no real step nears (0.1-0.2 s here), so a broken or hostile probe cannot make a factor
   // that overflows every time it calibrates.
@@ -138,15 +147,38 @@ Status ParseIdentity(const json& j, RateProbe& probe) {
   return Status::Ok();
 }
 
-// The factor the reference step implies at `speed` (step_time.h's MeasuredFactor of its trial's
-// counted work): 0 when it implies none.
-double ReferenceFactor(const ProbedStep& step, const DeviceSpeed& speed) {
-  const MatmulClass matmul_class = step.dtype == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32;
-  const StatusOr<TrialConfig> trial = ReferenceTrial(matmul_class);
-  if (!trial.ok()) return 0;
+// `dtype`'s reference step at new lengths or at repeated ones (null: not measured).
+const ProbedStep* FindStep(const RateProbe& probe, const std::string& dtype, bool new_lengths) {
+  for (const ProbedStep& step : probe.reference_steps) {
+    if (step.dtype == dtype && step.new_lengths == new_lengths) return &step;
+  }
+  return nullptr;
+}
+
+// From `dtype`'s reference steps: the factor (step_time.h's MeasuredFactor of the reference trial's
+// counted work) of the step at repeated lengths, else (a version 4 probe) of the one at new
+// lengths; and, with both, what one micro-batch at a new length cost beyond one at a repeated
+// length, for each of the reference work's distinct weight shapes. Each 0 when not implied.
+std::pair<double, double> ReferenceCosts(const RateProbe& probe, const std::string& dtype,
+                                         const DeviceSpeed& speed) {
+  const ProbedStep* fresh = FindStep(probe, dtype, true);
+  const ProbedStep* repeated = FindStep(probe, dtype, false);
+  const ProbedStep* steady = repeated != nullptr ? repeated : fresh;
+  if (steady == nullptr) return {0, 0};
+  const StatusOr<TrialConfig> trial =
+      ReferenceTrial(dtype == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32);
+  if (!trial.ok()) return {0, 0};
   const StatusOr<StepWork> work = EstimateStepWork(*trial, ReferenceModel());
-  if (!work.ok()) return 0;
-  return MeasuredFactor(*work, speed, step.seconds);
+  if (!work.ok()) return {0, 0};
+  const double factor = MeasuredFactor(*work, speed, steady->seconds);
+  double new_length = 0;
+  // Every micro-batch of the step at new lengths is at one; the difference is noise when the two
+  // steps are within each other's spread, and never below 0.
+  if (fresh != nullptr && repeated != nullptr && fresh->seconds > repeated->seconds) {
+    new_length = (fresh->seconds - repeated->seconds) / static_cast<double>(work->micro_batches) /
+                 static_cast<double>(std::max<int64_t>(1, DistinctWeightShapes(*work)));
+  }
+  return {factor, new_length};
 }
 
 }  // namespace
@@ -178,12 +210,16 @@ ordered_json RateProbe::ToJson() const {
   j["launch_seconds"] = launch_seconds;
   j["host_adamw_values_per_s"] = host_adamw_values_per_s;
   if (version >= 4) j["adamw_8bit_values_per_s"] = adamw_8bit_values_per_s;
+  if (version >= 5) j["nf4_dequant_values_per_s"] = nf4_dequant_values_per_s;
   j["host_to_device_bytes_per_s"] = host_to_device_bytes_per_s;
   j["device_to_host_bytes_per_s"] = device_to_host_bytes_per_s;
   if (version >= 4) {
     ordered_json steps = ordered_json::array();
     for (const ProbedStep& s : reference_steps) {
-      steps.push_back({{"dtype", s.dtype}, {"seconds", s.seconds}});
+      ordered_json step = {{"dtype", s.dtype}};
+      if (version >= 5) step["lengths"] = s.new_lengths ? "new" : "repeated";
+      step["seconds"] = s.seconds;
+      steps.push_back(step);
     }
     j["reference_steps"] = steps;
   }
@@ -238,7 +274,18 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   if (probe.version >= 4) {
     ASSIGN_OR_RETURN(probe.adamw_8bit_values_per_s,
                      Rate(j, "adamw_8bit_values_per_s", "adamw_8bit_values_per_s"));
+  }
+  if (probe.version >= 5) {
+    ASSIGN_OR_RETURN(probe.nf4_dequant_values_per_s,
+                     Rate(j, "nf4_dequant_values_per_s", "nf4_dequant_values_per_s"));
+  }
+  if (probe.version >= 4) {
     ASSIGN_OR_RETURN(probe.reference_steps, ParseRows<ProbedStep>(j, "reference_steps", ParseStep));
+    for (size_t i = 0; probe.version >= 5 && i < probe.reference_steps.size(); ++i) {
+      if (!j.at("reference_steps").at(i).contains("lengths")) {
+        return Refuse("reference_steps[" + std::to_string(i) + "].lengths", "is missing");
+      }
+    }
   }
   if (!(probe.MatmulFlops("fp32", kProbeMatmulSizeUsed) > 0)) {
     return Refuse("matmul", "has no fp32 rate");
@@ -309,16 +356,18 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   if (probe.adamw_8bit_values_per_s > 0) {
     speed.adamw_8bit_values_per_s = probe.adamw_8bit_values_per_s;
   }
+  if (probe.nf4_dequant_values_per_s > 0) {
+    speed.nf4_dequant_values_per_s = probe.nf4_dequant_values_per_s;
+  }
   if (probe.host_to_device_bytes_per_s > 0 && probe.device_to_host_bytes_per_s > 0) {
     // Offloading copies both ways about as much: the harmonic mean of the two.
     speed.host_link_bytes_per_s =
         2 / (1 / probe.host_to_device_bytes_per_s + 1 / probe.device_to_host_bytes_per_s);
   }
-  for (const ProbedStep& step : probe.reference_steps) {
-    const double factor = ReferenceFactor(step, speed);
-    if (step.dtype == "bf16") speed.probed_bf16_factor = factor;
-    if (step.dtype == "fp32") speed.probed_fp32_factor = factor;
-  }
+  std::tie(speed.probed_fp32_factor, speed.fp32_new_length_seconds) =
+      ReferenceCosts(probe, "fp32", speed);
+  std::tie(speed.probed_bf16_factor, speed.bf16_new_length_seconds) =
+      ReferenceCosts(probe, "bf16", speed);
   return speed;
 }
 

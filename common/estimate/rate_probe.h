@@ -11,8 +11,10 @@
 //    "sdpa": [{"dtype": "fp32", "tokens": 128, "flops_per_s": 2.0e10}, ...],
 //    "memory_bytes_per_s": 1.2e10, "launch_seconds": 4e-6,
 //    "host_adamw_values_per_s": 3e8, "adamw_8bit_values_per_s": 9e7,
+//    "nf4_dequant_values_per_s": 7.5e8,
 //    "host_to_device_bytes_per_s": 0, "device_to_host_bytes_per_s": 0,
-//    "reference_steps": [{"dtype": "fp32", "seconds": 0.21}, {"dtype": "bf16", "seconds": 0.12}]}
+//    "reference_steps": [{"dtype": "fp32", "lengths": "new", "seconds": 0.21},
+//                        {"dtype": "fp32", "lengths": "repeated", "seconds": 0.2}, ...]}
 // A matmul is a projection's forward and both backward matmuls, (tokens x size) times (size x
 // size), over a grid of token rows (a micro-batch's: the fewer, the shorter the weight gradient's
 // reduction and the worse a GEMM splits over threads) and sizes (the narrower, the less a GEMM
@@ -24,7 +26,8 @@
 // autograd step (version 4: a chain of four small ops forward and backward, over its nine kernels);
 // the host's AdamW is one fused step over 4 Mi fp32 values (an offloaded step); the 8-bit AdamW is
 // the trainer's CPU step over 1 Mi fp32 values (0 on a GPU); a reference step is one step of
-// reference_step.h's trial (a CPU's only). Every figure is the median of `rounds` samples taken in
+// reference_step.h's trial (a CPU's only), each class's at lengths new to the run and (version 5)
+// at one length every step had. Every figure is the median of `rounds` samples taken in
 // turn across the whole probe, so a machine whose speed drifts while it runs slows every rate
 // alike. A rate of 0 was not measured (copies without a device). Versions 1 to 4 are read, and the
 // agent and llmctl measure them again. Version 4 (11-30) timed attention at 128 tokens alone (its
@@ -64,10 +67,12 @@ struct ProbedAttention {
   int64_t tokens = kProbeAttentionTokens;  // a sequence's
 };
 
-// The seconds of one step of the reference trial of `dtype`'s matmul class (reference_step.h).
+// The seconds of one step of the reference trial of `dtype`'s matmul class (reference_step.h), its
+// micro-batches at lengths new to the run or at one every step had.
 struct ProbedStep {
   std::string dtype;  // "fp32", "bf16"
   double seconds = 0;
+  bool new_lengths = true;  // "lengths": "new" or "repeated"; a version 4 step's are new
 };
 
 struct RateProbe {
@@ -84,8 +89,9 @@ struct RateProbe {
   std::vector<ProbedAttention> sdpa;
   double memory_bytes_per_s = 0;
   double launch_seconds = 0;
-  double host_adamw_values_per_s = 0;  // fp32 AdamW on the host (an offloaded step)
-  double adamw_8bit_values_per_s = 0;  // the trainer's 8-bit AdamW on the CPU (0 on a GPU)
+  double host_adamw_values_per_s = 0;   // fp32 AdamW on the host (an offloaded step)
+  double adamw_8bit_values_per_s = 0;   // the trainer's 8-bit AdamW on the CPU (0 on a GPU)
+  double nf4_dequant_values_per_s = 0;  // the trainer's NF4 dequantisation on the CPU (version 5)
   double host_to_device_bytes_per_s = 0;
   double device_to_host_bytes_per_s = 0;
   // The reference trial's step per matmul class (version 4, a CPU's; none on a GPU, where a small

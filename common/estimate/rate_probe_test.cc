@@ -383,5 +383,85 @@ TEST(RateProbeTest, ReferenceStepsAreTheNodesOwnCalibration) {
   EXPECT_EQ(ProbedSpeed(sheet, probe, "a probe").probed_fp32_factor, 0);
 }
 
+// With steps at new lengths and at repeated ones (version 5) the factor is the repeated step's,
+// and the difference, over the step's micro-batches and the reference work's distinct weight
+// shapes, is what each shape of a micro-batch at a new length costs; never below 0. A version 4
+// probe's only step (at new lengths) keeps giving the factor, and no such cost.
+TEST(RateProbeTest, ReferenceStepsAtNewAndRepeatedLengthsPriceANewLength) {
+  const DeviceSpeed sheet = CpuSpeed();
+  RateProbe probe = FixedProbe();
+  const DeviceSpeed uncalibrated = ProbedSpeed(sheet, probe, "a probe");
+  StatusOr<TrialConfig> trial = ReferenceTrial(MatmulClass::kBf16);
+  ASSERT_TRUE(trial.ok());
+  StatusOr<StepWork> work = EstimateStepWork(*trial, ReferenceModel());
+  ASSERT_TRUE(work.ok());
+  ASSERT_EQ(work->micro_batches, 2);
+  // 512 x 512 (q, k, v, o), 512 x 1,408 (gate, up), 1,408 x 512 (down), 512 x 4,096 (the head).
+  ASSERT_EQ(DistinctWeightShapes(*work), 4);
+  const NominalStep bf16 = NominalStepSeconds(*work, uncalibrated);
+  const double repeated = bf16.fixed + 1.2 * bf16.calibrated;
+  probe.reference_steps = {{"bf16", repeated + 0.016, true}, {"bf16", repeated, false}};
+  const DeviceSpeed probed = ProbedSpeed(sheet, probe, "a probe");
+  EXPECT_DOUBLE_EQ(probed.probed_bf16_factor, 1.2);
+  EXPECT_NEAR(probed.bf16_new_length_seconds, 0.016 / 2 / 4, 1e-15);
+  EXPECT_EQ(probed.fp32_new_length_seconds, 0);
+  // A new-length step no slower than the repeated one prices nothing.
+  probe.reference_steps = {{"bf16", repeated - 0.001, true}, {"bf16", repeated, false}};
+  EXPECT_EQ(ProbedSpeed(sheet, probe, "a probe").bf16_new_length_seconds, 0);
+  // Version 4: the one step.
+  probe.reference_steps = {{"bf16", repeated, true}};
+  const DeviceSpeed four = ProbedSpeed(sheet, probe, "a probe");
+  EXPECT_DOUBLE_EQ(four.probed_bf16_factor, 1.2);
+  EXPECT_EQ(four.bf16_new_length_seconds, 0);
+  // The JSON says which step is which, and version 5 must.
+  probe.reference_steps = {{"bf16", repeated + 0.016, true}, {"bf16", repeated, false}};
+  probe.nf4_dequant_values_per_s = 7.5e8;
+  nlohmann::json j = nlohmann::json::parse(probe.ToJson().dump());
+  EXPECT_EQ(j["reference_steps"][0]["lengths"], "new");
+  EXPECT_EQ(j["reference_steps"][1]["lengths"], "repeated");
+  StatusOr<RateProbe> back = RateProbe::FromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), probe.ToJson());
+  j["reference_steps"][1]["lengths"] = "sometimes";
+  EXPECT_NE(RateProbe::FromJson(j).status().message().find("'reference_steps[1].lengths'"),
+            std::string::npos);
+  j["reference_steps"][1].erase("lengths");
+  EXPECT_NE(
+      RateProbe::FromJson(j).status().message().find("'reference_steps[1].lengths' is missing"),
+      std::string::npos);
+}
+
+// The CPU's NF4 dequantisation takes the probe's rate, as measured (no factor); without a probe
+// the sheet's, calibrated.
+TEST(RateProbeTest, Nf4DequantisationTakesTheProbesRate) {
+  StepWork work;
+  work.matmul_class = MatmulClass::kBf16;
+  work.tokens = 256;
+  work.micro_batches = 1;
+  work.matmul_flops = 1e9;
+  work.memory_bytes = 1e6;
+  work.nf4_dequant_values = 3e8;
+  RateProbe probe = FixedProbe();
+  probe.nf4_dequant_values_per_s = 6e8;
+  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), probe, "a probe");
+  Calibration twice;
+  twice.bf16_factor = 2;
+  auto dequant = [&](const DeviceSpeed& speed) {
+    for (const TimeTerm& t : EstimateTime(work, speed, twice, 0).terms) {
+      if (t.name == "NF4 dequant") return t.seconds;
+    }
+    return -1.0;
+  };
+  EXPECT_DOUBLE_EQ(dequant(probed), 0.5);
+  EXPECT_DOUBLE_EQ(dequant(CpuSpeed()), 2 * 3e8 / CpuSpeed().nf4_dequant_values_per_s);
+  nlohmann::json j = nlohmann::json::parse(FixedProbeWithReferenceSteps().ToJson().dump());
+  j["nf4_dequant_values_per_s"] = -1;
+  EXPECT_NE(RateProbe::FromJson(j).status().message().find("'nf4_dequant_values_per_s'"),
+            std::string::npos);
+  j.erase("nf4_dequant_values_per_s");
+  EXPECT_NE(RateProbe::FromJson(j).status().message().find("'nf4_dequant_values_per_s' is missing"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace llmctl::estimate

@@ -16,13 +16,14 @@
 
 namespace llmctl::estimate {
 
-// The probe times one step of each class a round, among its other measurements, and keeps the
-// median over its rounds. The rows of a reference micro-batch are all full, kReferenceTokens long
-// on average: step k runs its two micro-batches at kReferenceTokens - d and + d tokens, d = 1 + k
-// mod kReferenceLengthSpread, so each micro-batch has a shape no recent step had, as a trial's
-// padded micro-batches of real text do (a CPU's 16-bit GEMMs build a kernel for each new shape:
-// 5-18 ms a step of the cpu-lab bf16-true row on the Zen 4, 11-30), while every step does the same
-// work.
+// The probe times two steps of each class a round, among its other measurements, and keeps each
+// one's median over its rounds. The rows of a reference micro-batch are all full, kReferenceTokens
+// long on average. One step runs every micro-batch at kReferenceTokens, a shape every step had; the
+// other runs step k's two micro-batches at kReferenceTokens - d and + d tokens, d = 1 + k mod
+// kReferenceLengthSpread, so each has a shape no recent step had, as a trial's padded micro-batches
+// of real text often do: a CPU's 16-bit GEMMs build their kernels for each new shape (11-30, Zen
+// 4, bf16: a micro-batch of the reference trial 8-12 ms dearer at a new length). Both steps do
+// the same work. The first gives the factor, the difference what a new length costs.
 inline constexpr int64_t kReferenceTokens = 112;
 inline constexpr int64_t kReferenceLengthSpread = 16;
 

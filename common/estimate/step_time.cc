@@ -30,6 +30,9 @@ constexpr double kCpuMemoryBytesPerSecond = 20e9;
 // adam-8bit and activation-checkpointing rows, bench/time_rank.py), 240 B of traffic's worth at
 // the nominal 20 GB/s.
 constexpr double kCpuAdamW8bitValuesPerSecond = kCpuMemoryBytesPerSecond / 240;
+// trainer/quant's NF4 dequantisation on the CPU: a lookup, a block's scale and a conversion a value
+// (11-30, the Zen 4's probes: 0.7-0.8 G values/s on 2 threads).
+constexpr double kCpuNf4DequantValuesPerSecond = 0.75e9;
 // Measured over nominal: the calibration without measured runs. H200: the median over the 11-26
 // run's finished LLaMA rows (step_time_test.cc recomputes it); CPU: the CPU lab's rows on the
 // machine CpuSpeed describes (bench/time_rank.py).
@@ -150,6 +153,12 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
                          Quantity(d.adamw_8bit_values_per_s, "values/s"),
                      w.adamw_8bit_values / d.adamw_8bit_values_per_s, !probed});
   }
+  if (w.nf4_dequant_values > 0) {
+    terms.push_back({"NF4 dequant",
+                     Quantity(w.nf4_dequant_values, "values") + " / " +
+                         Quantity(d.nf4_dequant_values_per_s, "values/s"),
+                     w.nf4_dequant_values / d.nf4_dequant_values_per_s, !probed});
+  }
   // On a CPU the host is the device: every term is its work.
   const bool host_is_device = !d.launches_overlap;
   if (w.host_optimizer_values > 0) {
@@ -175,6 +184,17 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
     terms.push_back(
         {"network", Quantity(w.network_bytes, "B") + " / " + Quantity(d.network_bytes_per_s, "B/s"),
          w.network_bytes / d.network_bytes_per_s});
+  }
+  // Measured by the probe's own reference steps, so taken as it is (no factor).
+  const double new_length_seconds = bf16 ? d.bf16_new_length_seconds : d.fp32_new_length_seconds;
+  if (w.new_length_micro_batches > 0 && new_length_seconds > 0) {
+    const int64_t shapes = DistinctWeightShapes(w);
+    terms.push_back({"new lengths",
+                     Format("%.2f", w.new_length_micro_batches) +
+                         " micro-batches at lengths new to the run x " + std::to_string(shapes) +
+                         " weight shapes x " + Seconds(new_length_seconds),
+                     w.new_length_micro_batches * static_cast<double>(shapes) * new_length_seconds,
+                     false});
   }
   const double issuing = w.launches * d.launch_seconds;
   const std::string launches = Format("%.0f", w.launches) + " x " + Seconds(d.launch_seconds);
@@ -280,6 +300,8 @@ DeviceSpeed GpuSpeed(const Gpu& gpu) {
           // A GPU's own 8-bit step is memory traffic (StepWork::memory_bytes); a CPU work's timed
           // here (any work has a finite time on any device) moves CUDA's 16 B a value.
           .adamw_8bit_values_per_s = r.memory_tbps * 1e12 / 16,
+          // Likewise its NF4 dequantisation's 22.5 B a value.
+          .nf4_dequant_values_per_s = r.memory_tbps * 1e12 / 22.5,
           .host_link_bytes_per_s = r.host_link_gbps * 1e9,
           .interconnect_bytes_per_s = r.peer_link_gbps * 1e9,
           .network_bytes_per_s = kNodeNetworkBytesPerSecond,
@@ -301,6 +323,7 @@ DeviceSpeed CpuSpeed() {
           .launch_seconds = kCpuLaunchSeconds,
           .host_optimizer_values_per_s = kCpuMemoryBytesPerSecond / 16,
           .adamw_8bit_values_per_s = kCpuAdamW8bitValuesPerSecond,
+          .nf4_dequant_values_per_s = kCpuNf4DequantValuesPerSecond,
           .host_link_bytes_per_s = 0,  // the same memory
           .interconnect_bytes_per_s = kCpuMemoryBytesPerSecond / 4,
           .network_bytes_per_s = kNodeNetworkBytesPerSecond,

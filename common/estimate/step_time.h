@@ -65,7 +65,8 @@ struct DeviceSpeed {
   // beyond the kernels' time. A CPU runs each op's dispatch and its work one after the other.
   bool launches_overlap = false;
   double host_optimizer_values_per_s = 0;
-  double adamw_8bit_values_per_s = 0;  // the CPU's 8-bit AdamW step (StepWork::adamw_8bit_values)
+  double adamw_8bit_values_per_s = 0;   // the CPU's 8-bit AdamW step (StepWork::adamw_8bit_values)
+  double nf4_dequant_values_per_s = 0;  // the CPU's NF4 dequantisation (StepWork's)
   double host_link_bytes_per_s = 0;
   double interconnect_bytes_per_s = 0;
   double network_bytes_per_s = 0;
@@ -75,10 +76,17 @@ struct DeviceSpeed {
   // Where the rates come from: "" for the data sheet's nominal ones, else the probe that measured
   // them (rate_probe.h's ProbedSpeed).
   std::string rates;
-  // Measured over nominal for the probe's own reference step of each class (reference_step.h): the
-  // LLaMA family's calibration on this device until the store has runs of it. 0: none measured.
+  // Measured over nominal for the probe's own reference step of each class (reference_step.h), at
+  // lengths every step had: the LLaMA family's calibration on this device until the store has
+  // runs of it. 0: none measured.
   double probed_bf16_factor = 0;
   double probed_fp32_factor = 0;
+  // What a micro-batch at a length new to the run costs beyond one at a length every step had, for
+  // each distinct weight shape of its matmuls (the reference steps' difference: a CPU's 16-bit
+  // GEMMs build their kernels for each new shape; 11-30, Zen 4, bf16: 4-12 ms a micro-batch of a
+  // small model). StepWork::new_length_micro_batches take it. 0: not measured.
+  double bf16_new_length_seconds = 0;
+  double fp32_new_length_seconds = 0;
 };
 
 // The speed of a GPU of gpus.h, or of the CPU a node has ("cpu" here: the rates of the machine

@@ -250,6 +250,75 @@ TEST(StepWorkTest, EightBitAdamWIsItsOwnWorkOnTheCpuAndMemoryOnCuda) {
   EXPECT_EQ(old->adamw_8bit_values, 0);
 }
 
+// QLoRA's NF4 dequantisation: every NF4 weight dequantised for its forward and again for its
+// input's gradient (again in forward under checkpointing), on the CPU counted as values at their
+// own rate, on CUDA as 22.5 B of memory traffic a value.
+TEST(StepWorkTest, Nf4DequantisationIsItsOwnWorkOnTheCpuAndMemoryOnCuda) {
+  const std::initializer_list<std::pair<const char*, const char*>> qlora = {
+      {"peft.method", "qlora"}, {"peft.targets", "[q_proj, v_proj]"}};
+  StatusOr<StepWork> cpu = EstimateStepWork(SmallConfig(qlora), SmallModel());
+  StatusOr<StepWork> checkpointed =
+      EstimateStepWork(SmallConfig({{"peft.method", "qlora"},
+                                    {"peft.targets", "[q_proj, v_proj]"},
+                                    {"activation_checkpointing", "true"}}),
+                       SmallModel());
+  StatusOr<StepWork> cuda = EstimateStepWork(
+      SmallConfig(
+          {{"peft.method", "qlora"}, {"peft.targets", "[q_proj, v_proj]"}, {"device", "cuda"}}),
+      SmallModel());
+  ASSERT_TRUE(cpu.ok() && checkpointed.ok() && cuda.ok());
+  // Every projection of both layers is NF4: forward and the input's gradient, one micro-batch.
+  EXPECT_DOUBLE_EQ(cpu->nf4_dequant_values, 2 * kLayerWeights * 2);
+  EXPECT_DOUBLE_EQ(checkpointed->nf4_dequant_values, 2 * kLayerWeights * 3);
+  EXPECT_EQ(cuda->nf4_dequant_values, 0);
+  // CUDA's is memory: the CPU work's bytes and 22.5 B a value.
+  EXPECT_DOUBLE_EQ(cuda->memory_bytes - cpu->memory_bytes, 2 * kLayerWeights * 2 * 22.5);
+  const TimeEstimate time = EstimateTime(*cpu, CpuSpeed(), Calibration{}, 0);
+  double dequant = -1;
+  for (const TimeTerm& term : time.terms) {
+    if (term.name == "NF4 dequant") dequant = term.seconds;
+  }
+  EXPECT_DOUBLE_EQ(dequant, 2 * kLayerWeights * 2 / 0.75e9);  // the sheet's rate
+  StatusOr<StepWork> back = StepWork::FromJson(cpu->ToJson());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->nf4_dequant_values, cpu->nf4_dequant_values);
+  json stored = cpu->ToJson();
+  stored.erase("nf4_dequant_values");  // a work stored before it: none
+  EXPECT_EQ(StepWork::FromJson(stored)->nf4_dequant_values, 0);
+}
+
+// A micro-batch at a length new to the run costs its weight shapes' kernels once more (a probe's
+// reference steps measure what each costs): the term is the micro-batches at new lengths times the
+// work's distinct weight shapes times that, taken as measured (no factor).
+TEST(StepWorkTest, MicroBatchesAtNewLengthsCostTheirWeightShapes) {
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(work.ok());
+  EXPECT_EQ(work->new_length_micro_batches, 0);  // full sequences: every step's alike
+  // q_proj and o_proj share 64 x 64; k and v 64 x 32; gate and up 64 x 256; down; the head.
+  EXPECT_EQ(DistinctWeightShapes(*work), 5);
+  work->new_length_micro_batches = 0.5;
+  DeviceSpeed speed = CpuSpeed();
+  speed.bf16_new_length_seconds = 1;  // the other class's
+  speed.fp32_new_length_seconds = 2e-3;
+  Calibration twice;
+  twice.bf16_factor = 2;
+  twice.fp32_factor = 2;
+  const TimeEstimate time = EstimateTime(*work, speed, twice, 0);
+  double new_lengths = -1;
+  for (const TimeTerm& term : time.terms) {
+    if (term.name == "new lengths") {
+      new_lengths = term.seconds;
+      EXPECT_FALSE(term.calibrated);
+    }
+  }
+  EXPECT_DOUBLE_EQ(new_lengths, 0.5 * 5 * 2e-3);
+  json stored = work->ToJson();
+  EXPECT_EQ(StepWork::FromJson(stored)->new_length_micro_batches, 0.5);
+  stored["new_length_micro_batches"] = 2;  // more than its one micro-batch
+  EXPECT_EQ(StepWork::FromJson(stored).status().message(),
+            "step work: new_length_micro_batches exceeds micro_batches");
+}
+
 TEST(StepWorkTest, JsonRoundTripsAndRejectsMissingFields) {
   StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
   ASSERT_TRUE(work.ok());

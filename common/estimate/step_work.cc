@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
 
 #include "common/estimate/model_state.h"
@@ -40,9 +41,8 @@ constexpr double kChunkedBytesPerLogit = 20;
 // QLoRA's dequantisation of one NF4 value for a matmul: on CUDA trainer/quant widens the packed
 // byte to int32 (0.5 B read, 2 B written per value), looks the pair up (2 B read, 4 B written),
 // scales it by its block (4 + 4) and casts it to the compute dtype (4 + 2): 22.5 B. On the CPU one
-// kernel reads the packed half byte and writes the compute dtype.
+// kernel does it all a value at a time: counted as values (StepWork::nf4_dequant_values).
 constexpr double kNf4CudaBytesPerValue = 22.5;
-constexpr double kNf4CpuBytesPerValue = 2.5;
 
 // Kernel launches (CPU: ATen ops) of one layer's forward; backward about twice as many.
 constexpr double kAtenLayerLaunches = 45;
@@ -81,14 +81,22 @@ StatusOr<double> WorkNumber(const json& object, const char* key, const std::stri
   return value->get<double>();
 }
 
-// The work's matmul_shapes, attention_flops and attention_seq, which a work stored before them
-// lacks (then every FLOP is taken at one rate, as it was, and attention at the probe's 128 tokens).
+// The work's matmul_shapes, attention_flops, attention_seq and new_length_micro_batches, which a
+// work stored before them lacks (then every FLOP is taken at one rate, as it was, attention at the
+// probe's 128 tokens, and no micro-batch at a new length).
 Status ParseMatmulShapes(const json& j, StepWork& w) {
   if (j.contains("attention_flops")) {
     ASSIGN_OR_RETURN(w.attention_flops, WorkNumber(j, "attention_flops", "attention_flops"));
   }
   if (j.contains("attention_seq")) {
     ASSIGN_OR_RETURN(w.attention_seq, WorkNumber(j, "attention_seq", "attention_seq"));
+  }
+  if (j.contains("new_length_micro_batches")) {
+    ASSIGN_OR_RETURN(w.new_length_micro_batches,
+                     WorkNumber(j, "new_length_micro_batches", "new_length_micro_batches"));
+    if (w.new_length_micro_batches > static_cast<double>(w.micro_batches)) {
+      return InvalidArgumentError("step work: new_length_micro_batches exceeds micro_batches");
+    }
   }
   if (!j.contains("matmul_shapes")) return Status::Ok();
   if (!j["matmul_shapes"].is_array()) {
@@ -140,6 +148,12 @@ void AddMatmulShape(std::vector<MatmulShape>& shapes, const MatmulShape& shape) 
   shapes.push_back(shape);
 }
 
+int64_t DistinctWeightShapes(const StepWork& w) {
+  std::set<std::pair<int64_t, int64_t>> shapes;
+  for (const MatmulShape& s : w.matmul_shapes) shapes.emplace(s.in, s.out);
+  return static_cast<int64_t>(shapes.size());
+}
+
 json StepWork::ToJson() const {
   json shapes = json::array();
   for (const MatmulShape& s : matmul_shapes) {
@@ -155,10 +169,12 @@ json StepWork::ToJson() const {
           {"matmul_shapes", shapes},
           {"attention_flops", attention_flops},
           {"attention_seq", attention_seq},
+          {"new_length_micro_batches", new_length_micro_batches},
           {"memory_bytes", memory_bytes},
           {"launches", launches},
           {"host_optimizer_values", host_optimizer_values},
           {"adamw_8bit_values", adamw_8bit_values},
+          {"nf4_dequant_values", nf4_dequant_values},
           {"host_link_bytes", host_link_bytes},
           {"interconnect_bytes", interconnect_bytes},
           {"network_bytes", network_bytes},
@@ -200,6 +216,11 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
   // A work stored before 11-30 counted the CPU's 8-bit step in memory_bytes.
   if (j.contains("adamw_8bit_values")) {
     ASSIGN_OR_RETURN(w.adamw_8bit_values, WorkNumber(j, "adamw_8bit_values", "adamw_8bit_values"));
+  }
+  // And before 11-30's stop the CPU's NF4 dequantisation in memory_bytes.
+  if (j.contains("nf4_dequant_values")) {
+    ASSIGN_OR_RETURN(w.nf4_dequant_values,
+                     WorkNumber(j, "nf4_dequant_values", "nf4_dequant_values"));
   }
   w.pretrained = j.value("pretrained", false);
   RETURN_IF_ERROR(ParseMatmulShapes(j, w));
@@ -353,10 +374,6 @@ double CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& model
         x.layers * (2 * x.h * x.q + 2 * x.h * x.kv + 3 * x.h * x.inter) + x.h * x.vocab;
     micro_memory += 6 * weights + 6 * m.trained_weight_values;
   }
-  if (x.qlora) {
-    const double per_value = Nf4DequantBytes(config);
-    micro_memory += x.layers * m.nf4_values * per_value * (forward_runs + 1);
-  }
   return micro_memory;
 }
 
@@ -389,6 +406,12 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   w.matmul_shapes = matmuls.shapes;
   for (MatmulShape& shape : w.matmul_shapes) shape.flops *= micro_batches;
   w.memory_bytes = CountLlamaMicroMemory(config, model, shape, matmuls) * micro_batches;
+  if (shape.qlora) {
+    // Every NF4 weight for its forward (again under checkpointing) and for its input's gradient.
+    const double forward_runs = shape.checkpointing ? 2 : 1;
+    AddNf4Dequant(config, shape.layers * matmuls.nf4_values * (forward_runs + 1) * micro_batches,
+                  w);
+  }
   AddOptimizerAndRanks(config, state, w);
   w.launches = CountLlamaLaunches(config, model, shape, w.micro_batches);
   w.model_bytes = static_cast<double>(state.params_bytes);
@@ -463,9 +486,12 @@ double AdapterBytesPerToken(double in, double out, double element, bool dropout)
   return AdapterTouch(in, out, element, dropout);
 }
 
-double Nf4DequantBytes(const TrialConfig& config) {
-  return config.settings().device.kind == trial::Device::kCuda ? kNf4CudaBytesPerValue
-                                                               : kNf4CpuBytesPerValue;
+void AddNf4Dequant(const TrialConfig& config, double values, StepWork& w) {
+  if (config.settings().device.kind == trial::Device::kCuda) {
+    w.memory_bytes += values * kNf4CudaBytesPerValue;
+  } else {
+    w.nf4_dequant_values += values;
+  }
 }
 
 double OptimizerLaunches(const TrialConfig& config, double trainable_tensors) {

@@ -69,12 +69,20 @@ struct StepWork {
   // The tokens of the sequences attention runs over (a micro-batch's padded length), which its
   // rate depends on: 0 when not known (a work stored before 11-30).
   double attention_seq = 0;
+  // The micro-batches a step runs at a padded length no earlier step had, each of whose matmul
+  // shapes is then new to the process (a CPU's 16-bit GEMMs build their kernels for each): 0 when
+  // not known (a work stored before 11-30, or one at full sequences, which repeat).
+  double new_length_micro_batches = 0;
   double memory_bytes = 0;
   double launches = 0;
   double host_optimizer_values = 0;  // values an offloaded optimizer updates on the host
   // Values the CPU's 8-bit AdamW updates (trainer/train/adamw_8bit.cc): bound by its nearest-code
   // searches, not by memory, so timed at its own rate. CUDA's 8-bit step is in memory_bytes.
   double adamw_8bit_values = 0;
+  // NF4 values QLoRA dequantises for its matmuls on the CPU (trainer/quant): a lookup, a scale and
+  // a conversion a value, bound by that work rather than by memory (11-30, Zen 4: 0.8 G values/s
+  // where the copy moves 30 GB/s), so timed at its own rate. CUDA's is in memory_bytes.
+  double nf4_dequant_values = 0;
   double host_link_bytes = 0;     // copies between host and device memory
   double interconnect_bytes = 0;  // sent by this rank to ranks on its node
   double network_bytes = 0;       // sent by this rank to other nodes
@@ -85,6 +93,10 @@ struct StepWork {
   nlohmann::json ToJson() const;
   static StatusOr<StepWork> FromJson(const nlohmann::json& json);
 };
+
+// The distinct weight shapes (in x out) among `w`'s matmul_shapes: the GEMM kernels a micro-batch
+// of a new length builds anew are per shape, whatever the layers that share it.
+int64_t DistinctWeightShapes(const StepWork& w);
 
 // The work of one optimizer step of `config` on `model` (the preconditions of
 // EstimateModelState). Sequences are full (micro_batch_size x data.max_seq_length tokens), as for
@@ -108,8 +120,9 @@ double LossBytesPerLogit(const TrialConfig& config, double logit_element);
 // Bytes a LoRA adapter on a projection (in -> out) reads and writes per token in forward.
 double AdapterBytesPerToken(double in, double out, double element, bool dropout);
 
-// Bytes QLoRA's dequantisation of one NF4 value for a matmul reads and writes on the device.
-double Nf4DequantBytes(const TrialConfig& config);
+// QLoRA's dequantisation of `values` NF4 values in a step, added to `w`: memory traffic on CUDA
+// (22.5 B a value), the CPU's nf4_dequant_values there.
+void AddNf4Dequant(const TrialConfig& config, double values, StepWork& w);
 
 }  // namespace llmctl::estimate
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <set>
 
 #include "common/data/batch_iterator.h"
 #include "common/data/token_file.h"
@@ -22,6 +23,8 @@ StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
   drawn.micro_batches = drawn.steps * accumulation;
   double padded = 0;
   double real = 0;
+  int64_t new_lengths = 0;
+  std::set<int64_t> lengths_seen;  // rank 0's padded lengths so far
   drawn.step_real_tokens.assign(static_cast<size_t>(drawn.steps), 0);
   for (int64_t rank = 0; rank < ranks; ++rank) {
     // As llm-train's OpenTokenFileBatches draws them.
@@ -37,8 +40,10 @@ StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
       for (int64_t length : batch.lengths) {
         drawn.step_real_tokens[static_cast<size_t>(i / accumulation)] += length;
       }
+      const bool new_length = rank == 0 && lengths_seen.insert(batch.seq_len).second;
       if (rank == 0 && (i >= accumulation || drawn.steps == 1)) {
         ++drawn.timed_micro_batches;
+        new_lengths += new_length ? 1 : 0;
         padded += static_cast<double>(batch.seq_len);
         for (int64_t length : batch.lengths) real += static_cast<double>(length);
       }
@@ -46,6 +51,8 @@ StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
   }
   drawn.mean_padded = padded / static_cast<double>(drawn.timed_micro_batches);
   drawn.mean_real_tokens = real / static_cast<double>(drawn.timed_micro_batches);
+  drawn.new_length_share =
+      static_cast<double>(new_lengths) / static_cast<double>(drawn.timed_micro_batches);
   return drawn;
 }
 

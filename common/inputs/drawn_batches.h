@@ -31,6 +31,9 @@ struct DrawnBatches {
   int64_t timed_micro_batches = 0;
   double mean_padded = 0;       // a micro-batch's mean length (the longest of its rows)
   double mean_real_tokens = 0;  // a micro-batch's mean real (non-padding) tokens
+  // Of those micro-batches, the share whose padded length no earlier micro-batch of rank 0 had: a
+  // shape new to the run (a CPU's 16-bit GEMMs build their kernels for each new shape).
+  double new_length_share = 0;
   // Each optimizer step's real tokens over every rank and micro-batch: llm-train's step events'
   // "tokens".
   std::vector<int64_t> step_real_tokens;

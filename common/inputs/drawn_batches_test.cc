@@ -9,10 +9,15 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
+#include "common/data/batch_iterator.h"
+#include "common/data/token_file.h"
 #include "common/experiment.h"
+#include "common/inputs/token_cache.h"
 #include "tests/support/shell_command.h"
 
 namespace llmctl {
@@ -66,6 +71,42 @@ TEST(DrawnBatchesTest, TheRunsRealTokensAreTheOnesDrawn) {
   }
   EXPECT_DOUBLE_EQ(static_cast<double>(timed),
                    drawn->mean_real_tokens * static_cast<double>(drawn->timed_micro_batches));
+}
+
+// The share of the timed micro-batches at a padded length no earlier micro-batch had (each then
+// builds its GEMM kernels anew on a CPU that does so per shape), walked here batch by batch as
+// llm-train draws them; none when every row is cut to data.max_seq_length.
+TEST(DrawnBatchesTest, NewLengthsAreThoseNoEarlierMicroBatchHad) {
+  const std::string file = Source() + "/experiments/demo.yaml";
+  StatusOr<Experiment> experiment = LoadExperimentFile(file);
+  ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+  TrialConfig config = experiment->trials.front().config;
+  StatusOr<DrawnBatches> drawn = DrawMicroBatches(config);
+  ASSERT_TRUE(drawn.ok()) << drawn.status().message();
+  StatusOr<std::string> tokens = PrepareTokens(config);
+  ASSERT_TRUE(tokens.ok()) << tokens.status().message();
+  StatusOr<std::unique_ptr<data::TokenFile>> token_file = data::TokenFile::Open(*tokens);
+  ASSERT_TRUE(token_file.ok());
+  const TrainSettings& train = config.settings().train;
+  StatusOr<data::BatchIterator> batches =
+      data::BatchIterator::Create(**token_file, data::BatchOptionsFor(train, 0, 1));
+  ASSERT_TRUE(batches.ok());
+  const int64_t accumulation = train.global_batch_size / train.micro_batch_size;
+  std::set<int64_t> seen;
+  int64_t fresh = 0;
+  for (int64_t i = 0; i < drawn->micro_batches; ++i) {
+    const bool new_length = seen.insert(batches->Next().seq_len).second;
+    if (i >= accumulation && new_length) ++fresh;
+  }
+  EXPECT_GT(fresh, 0);
+  EXPECT_DOUBLE_EQ(drawn->new_length_share,
+                   static_cast<double>(fresh) / static_cast<double>(drawn->timed_micro_batches));
+  // Every row cut to 8 tokens: one length, the first step's.
+  ASSERT_TRUE(config.SetFromText("data.max_seq_length", "8").ok());
+  StatusOr<DrawnBatches> cut = DrawMicroBatches(config);
+  ASSERT_TRUE(cut.ok()) << cut.status().message();
+  EXPECT_EQ(cut->longest, 8);
+  EXPECT_EQ(cut->new_length_share, 0);
 }
 
 }  // namespace

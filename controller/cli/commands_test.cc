@@ -648,7 +648,9 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   probe.memory_bytes_per_s = 1.25e10;
   probe.launch_seconds = 4e-6;
   probe.adamw_8bit_values_per_s = 9e7;
-  probe.reference_steps = {{"fp32", 0.5}, {"bf16", 0.25}};
+  probe.nf4_dequant_values_per_s = 6e8;
+  // bf16 at new lengths 10 ms slower than at repeated ones: what a new length costs.
+  probe.reference_steps = {{"fp32", 0.5, false}, {"bf16", 0.26, true}, {"bf16", 0.25, false}};
   {
     std::lock_guard lock(fake_.mutex_);
     v1::NodeStatus* measured = fake_.nodes_.add_nodes();
@@ -664,15 +666,19 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   const estimate::DeviceSpeed probed = estimate::ProbedSpeed(sheet, probe, "");
   ASSERT_GT(probed.probed_fp32_factor, 0);
   ASSERT_GT(probed.probed_bf16_factor, 0);
-  char expected[512];
+  ASSERT_EQ(probed.fp32_new_length_seconds, 0);  // no fp32 step at new lengths
+  ASSERT_GT(probed.bf16_new_length_seconds, 0);
+  char expected[640];
   std::snprintf(expected, sizeof expected,
                 "\nn1 rates: cpu Test CPU (2 threads, LibTorch 2.15.0), 2026-11-29T01:00:00Z: fp32 "
                 "50 GFLOP/s (sheet %.3g), bf16 not measured (sheet %.3g), memory 12.5 GB/s (sheet "
-                "%.3g), launch 4 us (sheet %.3g), 8-bit AdamW 90 M values/s (sheet %.3g); its "
-                "reference steps' factors fp32 %.3f, bf16 %.3f\n",
+                "%.3g), launch 4 us (sheet %.3g), 8-bit AdamW 90 M values/s (sheet %.3g), NF4 "
+                "dequant 600 M values/s (sheet %.3g); its reference steps' factors fp32 %.3f, bf16 "
+                "%.3f, a new length 0.00 ms (fp32), %.2f ms (bf16) a weight shape\n",
                 sheet.fp32_flops / 1e9, sheet.bf16_flops / 1e9, sheet.memory_bytes_per_s / 1e9,
                 sheet.launch_seconds / 1e-6, sheet.adamw_8bit_values_per_s / 1e6,
-                probed.probed_fp32_factor, probed.probed_bf16_factor);
+                sheet.nf4_dequant_values_per_s / 1e6, probed.probed_fp32_factor,
+                probed.probed_bf16_factor, probed.bf16_new_length_seconds * 1e3);
   EXPECT_TRUE(out_.str().ends_with(expected)) << out_.str();
   EXPECT_EQ(out_.str().find("n2 rates"), std::string::npos) << out_.str();
 }

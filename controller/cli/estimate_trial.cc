@@ -66,12 +66,13 @@ struct DrawnLengths {
   // step's forward and backward run before the optimizer's state exists.
   std::optional<TrialConfig> first_step_config;
   TrialConfig time_config;
-  double real_tokens = 0;  // a micro-batch's mean real tokens; 0 when not drawn
+  double real_tokens = 0;       // a micro-batch's mean real tokens; 0 when not drawn
+  double new_length_share = 0;  // of the timed micro-batches, at a length new to the run
   std::string note;
 };
 
 StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string& context) {
-  DrawnLengths lengths{config, std::nullopt, std::nullopt, config, 0, ""};
+  DrawnLengths lengths{config, std::nullopt, std::nullopt, config, 0, 0, ""};
   const TrialSettings& settings = config.settings();
   const int64_t max_length = settings.data.max_seq_length;
   const std::string& data_path = settings.data.path;
@@ -113,6 +114,7 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
   RETURN_IF_ERROR(lengths.time_config.SetFromText(
       "data.max_seq_length", std::to_string(static_cast<int64_t>(std::ceil(drawn->mean_padded)))));
   lengths.real_tokens = drawn->mean_real_tokens;
+  lengths.new_length_share = drawn->new_length_share;
   lengths.note = "sequences as the run draws them with seed " +
                  std::to_string(settings.train.seed) + " over " + std::to_string(drawn->steps) +
                  " steps: the peak at the longest micro-batch after the first step, " + later_text +
@@ -121,8 +123,8 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
                             ", before the optimizer's state exists)"
                       : "") +
                  ", the time at the mean after the first step (what the report measures), " +
-                 Printf("%.1f", drawn->mean_padded) +
-                 " (data.max_seq_length " + std::to_string(max_length) + ")";
+                 Printf("%.1f", drawn->mean_padded) + " (data.max_seq_length " +
+                 std::to_string(max_length) + ")";
   return lengths;
 }
 
@@ -318,6 +320,8 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
                           work.tokens =
                               static_cast<int64_t>(drawn.real_tokens) * work.micro_batches;
                         }
+                        work.new_length_micro_batches =
+                            drawn.new_length_share * static_cast<double>(work.micro_batches);
                         return work;
                       },
                       result)

@@ -134,12 +134,22 @@ std::string DescribeNodeRates(const std::string& probe_json) {
   // calibration there until the store has runs of it).
   described += ", " + rate("8-bit AdamW", probe->adamw_8bit_values_per_s,
                            nominal.adamw_8bit_values_per_s, 1e6, "M values/s");
+  if (probe->version >= 5) {
+    described += ", " + rate("NF4 dequant", probe->nf4_dequant_values_per_s,
+                             nominal.nf4_dequant_values_per_s, 1e6, "M values/s");
+  }
   const estimate::DeviceSpeed probed = estimate::ProbedSpeed(nominal, *probe, "");
   if (probed.probed_fp32_factor > 0 || probed.probed_bf16_factor > 0) {
-    char text[96];
+    char text[160];
     std::snprintf(text, sizeof text, "; its reference steps' factors fp32 %.3f, bf16 %.3f",
                   probed.probed_fp32_factor, probed.probed_bf16_factor);
     described += text;
+    if (probed.fp32_new_length_seconds > 0 || probed.bf16_new_length_seconds > 0) {
+      std::snprintf(text, sizeof text,
+                    ", a new length %.2f ms (fp32), %.2f ms (bf16) a weight shape",
+                    probed.fp32_new_length_seconds * 1e3, probed.bf16_new_length_seconds * 1e3);
+      described += text;
+    }
   }
   return described;
 }

@@ -19,6 +19,7 @@
 #include "common/nvml/gpu_probe.h"
 #include "common/trial_config.h"
 #include "trainer/kernels/linear.h"
+#include "trainer/quant/quant.h"
 #include "trainer/train/adamw_8bit.h"
 #include "trainer/train/batches.h"
 #include "trainer/train/optimizer.h"
@@ -62,6 +63,8 @@ constexpr double kLaunchChainKernels = 9;
 constexpr int64_t kAdamValues = 4 << 20;
 // About 10 ms of 8-bit AdamW on 2 cores.
 constexpr int64_t kAdamW8bitValues = 1 << 20;
+// QLoRA's NF4 weight, dequantised: 1,024 x 1,024 (about 1.3 ms on 2 cores).
+constexpr int64_t kNf4Width = 1024;
 // A sample runs enough calls to last this long, so a clock read, a device synchronisation or a
 // thread's wake-up does not count in a short op's time.
 constexpr double kSampleSeconds = 0.01;
@@ -313,6 +316,20 @@ std::unique_ptr<Optimizer> AddAdamW8bit(Rounds& rounds, estimate::RateProbe& pro
   return std::move(*optimizer);
 }
 
+// The trainer's NF4 dequantisation on the CPU (trainer/quant), as QLoRA's layers run it before each
+// of their matmuls: a double-quantised 64-value-block weight into bf16, a lookup, a block's scale
+// and a conversion a value (11-30, Zen 4: 0.75 G values/s on 2 threads, where a memory-bound pass
+// over its 2.5 B a value would be 12). CUDA's is ATen's elementwise ops, which the memory rate
+// times.
+void AddNf4Dequant(Rounds& rounds, estimate::RateProbe& probe) {
+  const Nf4Weight weight = QuantizeNf4(torch::randn({kNf4Width, kNf4Width}), /*double_quant=*/true);
+  rounds.Add([weight] { (void)DequantizeNf4(weight, torch::kBFloat16); },
+             [&probe](double seconds) {
+               probe.nf4_dequant_values_per_s =
+                   static_cast<double>(kNf4Width * kNf4Width) / seconds;
+             });
+}
+
 void AddHostLink(Rounds& rounds, estimate::RateProbe& probe) {
   const torch::Tensor host = torch::empty({kCopyBytes / 4}, torch::kFloat).pin_memory();
   const torch::Tensor device = torch::empty({kCopyBytes / 4}, torch::kFloat).to(rounds.device());
@@ -324,8 +341,7 @@ void AddHostLink(Rounds& rounds, estimate::RateProbe& probe) {
 
 // The reference trial of one matmul class (common/estimate/reference_step.h) on the CPU, built
 // once; each Step() trains one step as TrialRun does: every micro-batch's loss (full rows of random
-// tokens) and backward, the clip and the optimizer's update. Step k's two micro-batches are
-// kReferenceTokens -/+ (1 + k mod kReferenceLengthSpread) tokens long: shapes no recent step had.
+// tokens) and backward, the clip and the optimizer's update.
 class ReferenceTrainer {
  public:
   static StatusOr<std::unique_ptr<ReferenceTrainer>> Make(estimate::MatmulClass matmul_class) {
@@ -347,11 +363,15 @@ class ReferenceTrainer {
     return trainer;
   }
 
-  void Step() {
+  // With `new_lengths`, step k's micro-batches run at kReferenceTokens -/+ d, d = 1 + k mod
+  // kReferenceLengthSpread: shapes no recent step had. Without, every micro-batch runs at
+  // kReferenceTokens, a shape every step since the first had (the same tokens a step).
+  void Step(bool new_lengths) {
     const TrialSettings& s = config_.settings();
     const int64_t rows = s.train.micro_batch_size;
     const int64_t accumulation = s.train.global_batch_size / rows;
-    const int64_t spread = 1 + steps_++ % estimate::kReferenceLengthSpread;
+    const int64_t spread =
+        new_lengths ? 1 + new_length_steps_++ % estimate::kReferenceLengthSpread : 0;
     std::vector<MicroBatch> batches;
     for (int64_t i = 0; i < accumulation; ++i) {
       const int64_t tokens = estimate::kReferenceTokens + (i % 2 == 0 ? -spread : spread);
@@ -381,7 +401,7 @@ class ReferenceTrainer {
   std::vector<torch::Tensor> params_;
   std::unique_ptr<Optimizer> optimizer_;
   bool chunked_ = false;
-  int64_t steps_ = 0;
+  int64_t new_length_steps_ = 0;
 };
 
 // Both classes' reference steps among the rounds (a CPU's; none on a GPU: rate_probe.h), so each is
@@ -396,11 +416,15 @@ StatusOr<std::vector<std::unique_ptr<ReferenceTrainer>>> AddReferenceSteps(
     ASSIGN_OR_RETURN(std::unique_ptr<ReferenceTrainer> trainer,
                      ReferenceTrainer::Make(matmul_class));
     ReferenceTrainer* step = trainer.get();
-    const size_t row = probe.reference_steps.size();
-    probe.reference_steps.push_back({dtype, 0});
-    // Add's two timed calls are the warm-up: the first creates the optimizer's state.
-    rounds.Add([step] { step->Step(); },
-               [&probe, row](double seconds) { probe.reference_steps[row].seconds = seconds; });
+    // Each class at new lengths and at repeated ones: the difference is what a micro-batch of a
+    // new length costs (a CPU's 16-bit GEMMs build their kernels for each new shape).
+    for (const bool new_lengths : {true, false}) {
+      const size_t row = probe.reference_steps.size();
+      probe.reference_steps.push_back({dtype, 0, new_lengths});
+      // Add's two timed calls are the warm-up: the first creates the optimizer's state.
+      rounds.Add([step, new_lengths] { step->Step(new_lengths); },
+                 [&probe, row](double seconds) { probe.reference_steps[row].seconds = seconds; });
+    }
     trainers.push_back(std::move(trainer));
   }
   return trainers;
@@ -450,6 +474,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   AddMemoryAndLaunches(rounds, probe);
   AddHostAdamW(rounds, probe);
   const std::unique_ptr<Optimizer> adamw_8bit = cuda ? nullptr : AddAdamW8bit(rounds, probe);
+  if (!cuda) AddNf4Dequant(rounds, probe);
   std::vector<std::unique_ptr<ReferenceTrainer>> reference;
   if (!cuda) {
     ASSIGN_OR_RETURN(reference, AddReferenceSteps(rounds, probe));

@@ -8,6 +8,8 @@
 
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace llmctl::trainer {
 namespace {
@@ -67,11 +69,17 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   // The host is the device: nothing to copy. The trainer's 8-bit AdamW step is the CPU's own.
   EXPECT_EQ(probe->host_to_device_bytes_per_s, 0);
   EXPECT_GT(probe->adamw_8bit_values_per_s, 0);
-  // The reference trial's step, each class once (common/estimate/reference_step.h).
-  ASSERT_EQ(probe->reference_steps.size(), 2u);
-  EXPECT_EQ(probe->reference_steps[0].dtype, "fp32");
-  EXPECT_EQ(probe->reference_steps[1].dtype, "bf16");
-  for (const estimate::ProbedStep& step : probe->reference_steps) EXPECT_GT(step.seconds, 0);
+  EXPECT_GT(probe->nf4_dequant_values_per_s, 0);
+  // The reference trial's step, each class at new lengths and at repeated ones
+  // (common/estimate/reference_step.h).
+  ASSERT_EQ(probe->reference_steps.size(), 4u);
+  const std::vector<std::pair<std::string, bool>> steps = {
+      {"fp32", true}, {"fp32", false}, {"bf16", true}, {"bf16", false}};
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(probe->reference_steps[i].dtype, steps[i].first) << i;
+    EXPECT_EQ(probe->reference_steps[i].new_lengths, steps[i].second) << i;
+    EXPECT_GT(probe->reference_steps[i].seconds, 0) << i;
+  }
 }
 
 TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
@@ -86,6 +94,7 @@ TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
   EXPECT_GT(probe->device_to_host_bytes_per_s, 0);
   // CUDA's 8-bit step is ATen's elementwise ops, which the memory rate times.
   EXPECT_EQ(probe->adamw_8bit_values_per_s, 0);
+  EXPECT_EQ(probe->nf4_dequant_values_per_s, 0);
   EXPECT_TRUE(probe->reference_steps.empty());
 }
 
