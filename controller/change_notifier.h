@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <thread>
 
 #include "common/mutex.h"
 
@@ -34,6 +35,15 @@ class ChangeNotifier {
     while (version_ == seen && changed_.WaitUntil(mutex_, deadline)) {
     }
     return version_;
+  }
+  // WaitForChange, then no return before `not_before`: a follower that rebuilds its whole view on
+  // each change and paces itself so takes the changes of that interval at once.
+  uint64_t WaitForChangeNotBefore(uint64_t seen, std::chrono::milliseconds at_most,
+                                  std::chrono::steady_clock::time_point not_before) const
+      LLMCTL_EXCLUDES(mutex_) {
+    WaitForChange(seen, at_most);
+    std::this_thread::sleep_until(not_before);
+    return version();
   }
 
  private:
