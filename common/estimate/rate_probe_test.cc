@@ -13,6 +13,14 @@
 namespace llmctl::estimate {
 namespace {
 
+// The seconds of `e`'s term `name` (-1: no such term).
+double TermSeconds(const TimeEstimate& e, const std::string& name) {
+  for (const TimeTerm& t : e.terms) {
+    if (t.name == name) return t.seconds;
+  }
+  return -1.0;
+}
+
 RateProbe FixedProbe() {
   RateProbe p;
   p.measured_at = "2026-11-29T01:00:00Z";
@@ -34,6 +42,7 @@ RateProbe FixedProbe() {
   p.launch_seconds = 5e-6;
   p.host_adamw_values_per_s = 4e8;
   p.adamw_8bit_values_per_s = 9e7;
+  p.nf4_dequant_values_per_s = 6e8;
   return p;
 }
 
@@ -84,6 +93,10 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
           "reference_steps[0].seconds");
   refused([](nlohmann::json& j) { j["adamw_8bit_values_per_s"] = -9e7; },
           "adamw_8bit_values_per_s");
+  refused([](nlohmann::json& j) { j.erase("nf4_dequant_values_per_s"); },
+          "nf4_dequant_values_per_s");
+  refused([](nlohmann::json& j) { j["nf4_dequant_values_per_s"] = -1; },
+          "nf4_dequant_values_per_s");
   refused([](nlohmann::json& j) { j["matmul"][1]["dtype"] = "int8"; }, "matmul[1].dtype");
   refused([](nlohmann::json& j) { j["matmul"][0]["size"] = 0; }, "matmul[0].size");
   refused([](nlohmann::json& j) { j["matmul"][2]["flops_per_s"] = "fast"; },
@@ -166,12 +179,9 @@ TEST(RateProbeTest, AttentionTakesTheRateAtItsSequenceLength) {
   work.matmul_flops = 6e9;
   auto attention_seconds = [&](double seq) {
     work.attention_seq = seq;
-    const TimeEstimate e =
-        EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0);
-    for (const TimeTerm& t : e.terms) {
-      if (t.name == "attention") return t.seconds;
-    }
-    return -1.0;
+    return TermSeconds(
+        EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0),
+        "attention");
   };
   EXPECT_DOUBLE_EQ(attention_seconds(128), 6e9 / 3e10);
   EXPECT_DOUBLE_EQ(attention_seconds(0), 6e9 / 3e10);     // not known: 128 tokens
@@ -230,12 +240,7 @@ TEST(RateProbeTest, EachMatmulShapeTakesItsOwnRate) {
   work.matmul_flops = 1e10 + 8e10 + 1e9 + 6e9;  // 6e9 counted by no shape
   const TimeEstimate e =
       EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0);
-  auto term = [&](const std::string& name) {
-    for (const TimeTerm& t : e.terms) {
-      if (t.name == name) return t.seconds;
-    }
-    return -1.0;
-  };
+  auto term = [&](const std::string& name) { return TermSeconds(e, name); };
   // 1 s + 1 s, and the rest at 512 rows, 512 wide: halfway between 2e10 and 8e10.
   EXPECT_NEAR(term("matmuls"), 1 + 1 + 6e9 / 5e10, 1e-9);
   EXPECT_DOUBLE_EQ(term("attention"), 1e9 / 5e9);
@@ -260,12 +265,8 @@ TEST(RateProbeTest, AStepsMatmulsTakeTheRateAtItsMicroBatchsTokens) {
   auto matmul_seconds = [&](int64_t tokens, int64_t micro_batches) {
     work.tokens = tokens * micro_batches;
     work.micro_batches = micro_batches;
-    const TimeEstimate e =
-        EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0);
-    for (const TimeTerm& t : e.terms) {
-      if (t.name == "matmuls") return t.seconds;
-    }
-    return -1.0;
+    return TermSeconds(
+        EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0), "matmuls");
   };
   EXPECT_DOUBLE_EQ(matmul_seconds(512, 1), 1);
   EXPECT_DOUBLE_EQ(matmul_seconds(128, 4), 3);  // 512 tokens a step, in four micro-batches of 128
@@ -291,7 +292,8 @@ TEST(RateProbeTest, ProbedSpeedTakesTheProbesRatesAndKeepsTheRest) {
 // A step's terms at the probe's rates are its work over them, with no other machine's factor:
 // a bf16 step on a CPU that emulates bf16 costs its FLOPs at the probe's bf16 rate, the host's
 // optimizer step its values at the probe's AdamW rate, the CPU's 8-bit step its values at the
-// probe's 8-bit rate, attention its FLOPs at the probe's attention rate.
+// probe's 8-bit rate, its NF4 dequantisation its values at the probe's NF4 rate, attention its
+// FLOPs at the probe's attention rate.
 TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   StepWork work;
   work.matmul_class = MatmulClass::kBf16;
@@ -302,6 +304,7 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   work.launches = 4000;
   work.host_optimizer_values = 4e7;
   work.adamw_8bit_values = 3e6;
+  work.nf4_dequant_values = 3e8;
   work.attention_flops = 1e10;
   const DeviceSpeed sheet = CpuSpeed();
   RateProbe probe = FixedProbe();  // no reference steps, so no factor of its own
@@ -309,19 +312,15 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   const Calibration calibration = DefaultCalibration(probed, ModelFamily::kLlama);
   EXPECT_EQ(calibration.Factor(MatmulClass::kBf16), 1);
   const TimeEstimate with = EstimateTime(work, probed, calibration, 0);
-  auto term = [](const TimeEstimate& e, const std::string& name) {
-    for (const TimeTerm& t : e.terms) {
-      if (t.name == name) return t.seconds;
-    }
-    return -1.0;
-  };
+  const auto term = TermSeconds;
   EXPECT_DOUBLE_EQ(term(with, "matmuls"), (3e11 - 1e10) / 1e9);
   EXPECT_DOUBLE_EQ(term(with, "attention"), 1e10 / 1e9);
   EXPECT_DOUBLE_EQ(term(with, "memory"), 2.5e9 / 1.25e10);
   EXPECT_DOUBLE_EQ(term(with, "launches"), 4000 * 5e-6);
   EXPECT_DOUBLE_EQ(term(with, "host optimizer"), 4e7 / 4e8);
   EXPECT_DOUBLE_EQ(term(with, "8-bit AdamW"), 3e6 / 9e7);
-  EXPECT_DOUBLE_EQ(with.step_seconds, 290 + 10 + 0.2 + 0.02 + 0.1 + 3e6 / 9e7);
+  EXPECT_DOUBLE_EQ(term(with, "NF4 dequant"), 3e8 / 6e8);
+  EXPECT_DOUBLE_EQ(with.step_seconds, 290 + 10 + 0.2 + 0.02 + 0.1 + 3e6 / 9e7 + 0.5);
   // The data sheet's bf16 rate is twice its fp32: the probe's emulated bf16 makes the same step
   // (its matmuls dominate it) far slower than the sheet says.
   const TimeEstimate without =
@@ -337,9 +336,11 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
     return false;
   };
   EXPECT_FALSE(calibrated(with, "8-bit AdamW"));
+  EXPECT_FALSE(calibrated(with, "NF4 dequant"));
   EXPECT_FALSE(calibrated(with, "host optimizer"));
   EXPECT_TRUE(calibrated(with, "memory"));
   EXPECT_TRUE(calibrated(without, "8-bit AdamW"));
+  EXPECT_TRUE(calibrated(without, "NF4 dequant"));
   EXPECT_TRUE(calibrated(without, "host optimizer"));
 }
 
@@ -415,7 +416,6 @@ TEST(RateProbeTest, ReferenceStepsAtNewAndRepeatedLengthsPriceANewLength) {
   EXPECT_EQ(four.bf16_new_length_seconds, 0);
   // The JSON says which step is which, and version 5 must.
   probe.reference_steps = {{"bf16", repeated + 0.016, true}, {"bf16", repeated, false}};
-  probe.nf4_dequant_values_per_s = 7.5e8;
   nlohmann::json j = nlohmann::json::parse(probe.ToJson().dump());
   EXPECT_EQ(j["reference_steps"][0]["lengths"], "new");
   EXPECT_EQ(j["reference_steps"][1]["lengths"], "repeated");
@@ -429,38 +429,6 @@ TEST(RateProbeTest, ReferenceStepsAtNewAndRepeatedLengthsPriceANewLength) {
   EXPECT_NE(
       RateProbe::FromJson(j).status().message().find("'reference_steps[1].lengths' is missing"),
       std::string::npos);
-}
-
-// The CPU's NF4 dequantisation takes the probe's rate, as measured (no factor); without a probe
-// the sheet's, calibrated.
-TEST(RateProbeTest, Nf4DequantisationTakesTheProbesRate) {
-  StepWork work;
-  work.matmul_class = MatmulClass::kBf16;
-  work.tokens = 256;
-  work.micro_batches = 1;
-  work.matmul_flops = 1e9;
-  work.memory_bytes = 1e6;
-  work.nf4_dequant_values = 3e8;
-  RateProbe probe = FixedProbe();
-  probe.nf4_dequant_values_per_s = 6e8;
-  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), probe, "a probe");
-  Calibration twice;
-  twice.bf16_factor = 2;
-  auto dequant = [&](const DeviceSpeed& speed) {
-    for (const TimeTerm& t : EstimateTime(work, speed, twice, 0).terms) {
-      if (t.name == "NF4 dequant") return t.seconds;
-    }
-    return -1.0;
-  };
-  EXPECT_DOUBLE_EQ(dequant(probed), 0.5);
-  EXPECT_DOUBLE_EQ(dequant(CpuSpeed()), 2 * 3e8 / CpuSpeed().nf4_dequant_values_per_s);
-  nlohmann::json j = nlohmann::json::parse(FixedProbeWithReferenceSteps().ToJson().dump());
-  j["nf4_dequant_values_per_s"] = -1;
-  EXPECT_NE(RateProbe::FromJson(j).status().message().find("'nf4_dequant_values_per_s'"),
-            std::string::npos);
-  j.erase("nf4_dequant_values_per_s");
-  EXPECT_NE(RateProbe::FromJson(j).status().message().find("'nf4_dequant_values_per_s' is missing"),
-            std::string::npos);
 }
 
 }  // namespace
