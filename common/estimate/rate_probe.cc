@@ -67,6 +67,18 @@ StatusOr<std::vector<Row>> ParseRows(const json& j, const std::string& key, Pars
   return rows;
 }
 
+// Every row of the list at `key` (ParseRows read it) has `field`, which a row parser takes as
+// optional for older versions: InvalidArgument naming the first row without it.
+Status RequireInEveryRow(const json& j, const std::string& key, const std::string& field) {
+  const json& rows = j.at(key);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!rows[i].contains(field)) {
+      return Refuse(key + "[" + std::to_string(i) + "]." + field, "is missing");
+    }
+  }
+  return Status::Ok();
+}
+
 StatusOr<ProbedMatmul> ParseMatmul(const json& row, const std::string& path) {
   ProbedMatmul m;
   ASSIGN_OR_RETURN(m.dtype, Dtype(row, path));
@@ -248,21 +260,9 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   }
   RETURN_IF_ERROR(ParseIdentity(j, probe));
   ASSIGN_OR_RETURN(probe.matmul, ParseRows<ProbedMatmul>(j, "matmul", ParseMatmul));
-  if (probe.version >= 2) {
-    for (size_t i = 0; i < probe.matmul.size(); ++i) {
-      if (!j.at("matmul").at(i).contains("tokens")) {
-        return Refuse("matmul[" + std::to_string(i) + "].tokens", "is missing");
-      }
-    }
-  }
+  if (probe.version >= 2) RETURN_IF_ERROR(RequireInEveryRow(j, "matmul", "tokens"));
   ASSIGN_OR_RETURN(probe.sdpa, ParseRows<ProbedAttention>(j, "sdpa", ParseAttention));
-  if (probe.version >= 5) {
-    for (size_t i = 0; i < probe.sdpa.size(); ++i) {
-      if (!j.at("sdpa").at(i).contains("tokens")) {
-        return Refuse("sdpa[" + std::to_string(i) + "].tokens", "is missing");
-      }
-    }
-  }
+  if (probe.version >= 5) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "tokens"));
   for (auto [key, field] :
        {std::pair{"memory_bytes_per_s", &probe.memory_bytes_per_s},
         std::pair{"launch_seconds", &probe.launch_seconds},
@@ -274,18 +274,12 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   if (probe.version >= 4) {
     ASSIGN_OR_RETURN(probe.adamw_8bit_values_per_s,
                      Rate(j, "adamw_8bit_values_per_s", "adamw_8bit_values_per_s"));
+    ASSIGN_OR_RETURN(probe.reference_steps, ParseRows<ProbedStep>(j, "reference_steps", ParseStep));
   }
   if (probe.version >= 5) {
     ASSIGN_OR_RETURN(probe.nf4_dequant_values_per_s,
                      Rate(j, "nf4_dequant_values_per_s", "nf4_dequant_values_per_s"));
-  }
-  if (probe.version >= 4) {
-    ASSIGN_OR_RETURN(probe.reference_steps, ParseRows<ProbedStep>(j, "reference_steps", ParseStep));
-    for (size_t i = 0; probe.version >= 5 && i < probe.reference_steps.size(); ++i) {
-      if (!j.at("reference_steps").at(i).contains("lengths")) {
-        return Refuse("reference_steps[" + std::to_string(i) + "].lengths", "is missing");
-      }
-    }
+    RETURN_IF_ERROR(RequireInEveryRow(j, "reference_steps", "lengths"));
   }
   if (!(probe.MatmulFlops("fp32", kProbeMatmulSizeUsed) > 0)) {
     return Refuse("matmul", "has no fp32 rate");
