@@ -36,8 +36,8 @@ std::string KeptProbe(const std::string& path, const std::string& fingerprint) {
 
 // The probe in `path` when this node may take it as its own: a probe of the current version, of
 // the CPU `facts` name, measured by the llm-train `facts` describe, on a node without a GPU; ""
-// otherwise (each then measures).
-std::string AdoptableProbe(const std::string& path, const NodeFacts& facts) {
+// otherwise (each then measures). `refused` says why a file that is there was not taken.
+std::string AdoptableProbe(const std::string& path, const NodeFacts& facts, std::string& refused) {
   if (path.empty()) return "";
   const bool cpu_only = std::all_of(facts.devices.begin(), facts.devices.end(),
                                     [](const DeviceInfo& device) { return device.type == "cpu"; });
@@ -46,11 +46,18 @@ std::string AdoptableProbe(const std::string& path, const NodeFacts& facts) {
   if (!text.ok()) return "";
   const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   const StatusOr<estimate::RateProbe> probe = estimate::RateProbe::FromJson(json);
-  if (!probe.ok() || probe->version != estimate::kRateProbeVersion || probe->device != "cpu" ||
-      probe->device_name != CpuModelName() || probe->versions.Summary() != facts.trainer_version) {
-    return "";
+  if (!probe.ok()) {
+    refused = json.is_discarded() ? "not JSON" : probe.status().message();
+  } else if (probe->version != estimate::kRateProbeVersion) {
+    refused = "version " + std::to_string(probe->version) + ", this llm-train measures version " +
+              std::to_string(estimate::kRateProbeVersion);
+  } else if (probe->device != "cpu" || probe->device_name != CpuModelName() ||
+             probe->versions.Summary() != facts.trainer_version) {
+    refused = "measured on another device or by another llm-train";
+  } else {
+    return json.dump();
   }
-  return json.dump();
+  return "";
 }
 
 }  // namespace
@@ -88,11 +95,17 @@ void NodeRates::Start(const NodeFacts& facts) {
     report_ = Report{std::move(kept), ""};
     return;
   }
-  if (std::string adopted = AdoptableProbe(options_.adoptable_probe, facts); !adopted.empty()) {
+  std::string refused;
+  if (std::string adopted = AdoptableProbe(options_.adoptable_probe, facts, refused);
+      !adopted.empty()) {
     std::cerr << "llm-agent: the node's rates are " << options_.adoptable_probe
               << "'s, measured on this machine by this llm-train" << std::endl;
     Finish(std::move(adopted), fingerprint);
     return;
+  }
+  if (!refused.empty()) {
+    std::cerr << "llm-agent: not taking " << options_.adoptable_probe
+              << " as the node's rates: " << refused << std::endl;
   }
   const bool has_gpu = std::any_of(facts.devices.begin(), facts.devices.end(),
                                    [](const DeviceInfo& device) { return device.type == "cuda"; });

@@ -174,28 +174,48 @@ TEST_F(NodeRatesTest, ThisMachinesProbeByThisTrainerIsTakenInsteadOfMeasuring) {
     EXPECT_FALSE(rates.Current().probe_json.empty());
     EXPECT_EQ(Runs(), 0);
   }
-  auto measures_instead = [&](const estimate::RateProbe& probe, const NodeFacts& facts) {
+  // Measures instead of taking `text`, and says why on stderr when `why` is not empty (a GPU node
+  // does not look at a CPU's probe: nothing to say).
+  auto measures_instead = [&](const std::string& text, const NodeFacts& facts,
+                              const std::string& why) {
     fs::remove_all(dir_ / "data");
     fs::create_directories(dir_ / "data");
-    std::ofstream(local_path) << probe.ToJson().dump();
+    std::ofstream(local_path) << text;
     const int before = Runs();
+    testing::internal::CaptureStderr();
     NodeRates rates(Options(true, local_path.string()), [] { return false; });
     rates.Start(facts);
     EXPECT_EQ(Settled(rates).pending, "");
+    const std::string said = testing::internal::GetCapturedStderr();
+    if (why.empty()) {
+      EXPECT_EQ(said.find("not taking"), std::string::npos) << said;
+    } else {
+      EXPECT_NE(said.find("not taking " + local_path.string() + " as the node's rates: " + why),
+                std::string::npos)
+          << said;
+    }
     return Runs() == before + 1;
   };
   estimate::RateProbe other_cpu = local;
   other_cpu.device_name = "Another CPU";
-  EXPECT_TRUE(measures_instead(other_cpu, facts_));
+  EXPECT_TRUE(measures_instead(other_cpu.ToJson().dump(), facts_, "measured on another device"));
   estimate::RateProbe other_trainer = local;
   other_trainer.versions.libtorch = "2.16.0";
-  EXPECT_TRUE(measures_instead(other_trainer, facts_));
+  EXPECT_TRUE(
+      measures_instead(other_trainer.ToJson().dump(), facts_, "measured on another device"));
   estimate::RateProbe older = local;
   older.version = 1;
-  EXPECT_TRUE(measures_instead(older, facts_));
+  EXPECT_TRUE(measures_instead(older.ToJson().dump(), facts_, "version 1, this llm-train"));
   NodeFacts with_gpu = facts_;
   with_gpu.devices.push_back(DeviceInfo{"cuda", 0, "NVIDIA H200", int64_t{141} << 30});
-  EXPECT_TRUE(measures_instead(local, with_gpu));
+  EXPECT_TRUE(measures_instead(local.ToJson().dump(), with_gpu, ""));
+  // A hostile or broken file: refused by the field it names, and measured instead.
+  estimate::RateProbe with_attention = local;
+  with_attention.sdpa = {{"bf16", 5e10, 128}};
+  nlohmann::json broken = nlohmann::json::parse(with_attention.ToJson().dump());
+  broken["sdpa"][0]["tokens"] = 99999999999999;
+  EXPECT_TRUE(measures_instead(broken.dump(), facts_, "rate probe: 'sdpa[0].tokens'"));
+  EXPECT_TRUE(measures_instead("{not json", facts_, "not JSON"));
 }
 
 // A kept probe of an older version (1: matmuls at 512 tokens only) reads, but this llm-train
