@@ -28,7 +28,7 @@ constexpr char kDescription[] =
 
 // What the command line says: the command given (the one whose App parsed) and its flags.
 struct ParsedCommandLine {
-  std::string file, trial, format = "table", output, to, action, agent_image;
+  std::string file, trial, format = "table", output, to, action, agent_image, rates_file;
   int64_t id = 0;
   bool wait = false, provision = false, checkpoint = false;
   std::vector<std::string> submit_trials;
@@ -68,6 +68,11 @@ void AddSubmitCommand(CLI::App& app, ParsedCommandLine& line) {
                           "With --provision: the agent image the new node pulls");
 }
 
+// estimate's and plan's --rates.
+constexpr char kRatesHelp[] =
+    "A probe's JSON (llm-train --probe --probe-output FILE, run on the node you plan for): the "
+    "time of the trials on its device at its rates, before a node's or this machine's";
+
 void AddEstimateCommand(CLI::App& app, ParsedCommandLine& line) {
   line.estimate = app.add_subcommand(
       "estimate",
@@ -87,6 +92,7 @@ void AddEstimateCommand(CLI::App& app, ParsedCommandLine& line) {
   line.estimate
       ->add_option("--format", line.estimate_options.format, "table (MiB) or json (exact bytes)")
       ->capture_default_str();
+  line.estimate->add_option("--rates", line.rates_file, kRatesHelp);
 }
 
 void AddPlanCommand(CLI::App& app, ParsedCommandLine& line) {
@@ -145,6 +151,7 @@ void AddPlanCommand(CLI::App& app, ParsedCommandLine& line) {
                         "preset)");
   line.plan->add_option("--format", line.plan_options.format, "table or json")
       ->capture_default_str();
+  line.plan->add_option("--rates", line.rates_file, kRatesHelp);
 }
 
 // status, watch, cancel, resume, report and fetch: one experiment's.
@@ -253,8 +260,8 @@ int Llmctl::Dispatch(const ParsedCommandLine& line) {
     if (!line.agent_image.empty()) node_flags = {"--agent-image", line.agent_image};
     return Submit(line.file, line.submit_trials, line.wait, line.provision, node_flags);
   }
-  if (line.estimate->parsed()) return Estimate(line.file, line.estimate_options);
-  if (line.plan->parsed()) return Plan(line.plan_options);
+  if (line.estimate->parsed()) return Estimate(line.file, line.estimate_options, line.rates_file);
+  if (line.plan->parsed()) return Plan(line.plan_options, line.rates_file);
   if (line.status->parsed()) return ShowStatus(line.id);
   if (line.watch->parsed()) return Watch(line.id);
   if (line.cancel->parsed()) return Cancel(line.id, line.trial, line.checkpoint);
@@ -268,25 +275,30 @@ int Llmctl::Dispatch(const ParsedCommandLine& line) {
   return kExitInvalidInput;  // require_subcommand(1) makes this unreachable
 }
 
-int Llmctl::Estimate(const std::string& file, EstimateOptions options) {
+int Llmctl::Estimate(const std::string& file, EstimateOptions options,
+                     const std::string& rates_file) {
+  StatusOr<LocalRates> rates = LoadRatesPreferring(rates_file);
+  if (!rates.ok()) return Fail(rates.status());
   const StoredCalibrations calibrations = LoadCalibrations();
-  const LocalRates rates = LoadLocalRates(/*only_embedded=*/false);
   options.calibrate = calibrations.Lookup();
-  options.rates = rates.Lookup();
+  options.rates = rates->Lookup();
   StatusOr<std::string> text = EstimateExperiment(file, options);
   if (!text.ok()) return Fail(text.status());
   context_.out << *text << std::flush;
+  NoteUnusedRates(*rates, rates_file);
   return kExitOk;
 }
 
-int Llmctl::Plan(PlanOptions options) {
+int Llmctl::Plan(PlanOptions options, const std::string& rates_file) {
+  StatusOr<LocalRates> rates = LoadRatesPreferring(rates_file);
+  if (!rates.ok()) return Fail(rates.status());
   const StoredCalibrations calibrations = LoadCalibrations();
-  const LocalRates rates = LoadLocalRates(/*only_embedded=*/false);
   options.calibrate = calibrations.Lookup();
-  options.rates = rates.Lookup();
+  options.rates = rates->Lookup();
   StatusOr<std::string> text = PlanRun(options);
   if (!text.ok()) return Fail(text.status());
   context_.out << *text << std::flush;
+  NoteUnusedRates(*rates, rates_file);
   return kExitOk;
 }
 

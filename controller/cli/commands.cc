@@ -164,6 +164,23 @@ LocalRates Llmctl::LoadLocalRates(bool only_embedded) {
   return LocalRates::LoadOnFirstUse(context_.env, context_.self, context_.err);
 }
 
+StatusOr<LocalRates> Llmctl::LoadRatesPreferring(const std::string& rates_file) {
+  LocalRates rates = LoadLocalRates(/*only_embedded=*/false);
+  if (rates_file.empty()) return rates;
+  StatusOr<estimate::RateProbe> probe = ReadRateProbe(rates_file);
+  if (!probe.ok()) return InvalidArgumentError("--rates: " + probe.status().message());
+  rates.Prefer(*std::move(probe), rates_file);
+  return rates;
+}
+
+void Llmctl::NoteUnusedRates(const LocalRates& rates, const std::string& rates_file) {
+  if (rates_file.empty() || rates.preferred_used()) return;
+  context_.err << "note: --rates " << rates_file << " served no trial: it is a probe of "
+               << rates.preferred_summary()
+               << ", and no trial here runs on that device (a GPU's probe serves the trials on "
+                  "that GPU, --device-memory's included; a CPU's, the CPU trials)\n";
+}
+
 int Llmctl::Lease(const std::vector<std::string>& args, std::ostream& out) {
   openstack::LeaseCommandContext lease_context;
   lease_context.env = [this](const std::string& name) { return context_.env(name); };

@@ -335,3 +335,69 @@ TEST_F(EstimateTest, BadInputIsOneMessageNamingTheFileAndExitsTwo) {
 
 }  // namespace
 }  // namespace llmctl::cli
+
+namespace llmctl::cli {
+namespace {
+
+// --rates: a probe taken on the node one plans for (issue 39: a GPU's, measured by
+// deploy/gpu-check's probe stage) times the trials on its device at its rates, and only those; a
+// file that is not a probe is refused by name before anything is estimated.
+TEST_F(EstimateTest, RatesFileTimesTheTrialsOnItsDeviceAtItsRates) {
+  const std::string slow = Write("h200.json", testing::H200Probe(1).ToJson().dump(2));
+  const std::string fast = Write("h200-fast.json", testing::H200Probe(2).ToJson().dump(2));
+  const std::vector<std::string> args = {Experiments() + "single-llama-a100.yaml",
+                                         "--trial",
+                                         "bf16-true",
+                                         "--device-memory",
+                                         "h200-141gb",
+                                         "--format",
+                                         "json"};
+  const auto time_with = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> all = args;
+    all.insert(all.end(), more.begin(), more.end());
+    EXPECT_EQ(Llmctl(all), kExitOk) << err_.str();
+    EXPECT_EQ(err_.str().find("--rates"), std::string::npos) << err_.str();
+    return nlohmann::json::parse(out_.str())["trials"][0]["time"];
+  };
+  const nlohmann::json sheet = time_with({});
+  const nlohmann::json at_slow = time_with({"--rates", slow});
+  const nlohmann::json at_fast = time_with({"--rates", fast});
+  EXPECT_EQ(at_slow["work"], sheet["work"]) << "the rates change the time, not the work";
+  EXPECT_TRUE(at_slow["rates"].get<std::string>().starts_with(
+      "the probe in " + slow + " (--rates): cuda " + testing::H200Probe(1).device_name))
+      << at_slow["rates"];
+  EXPECT_NE(at_slow["step_seconds"], sheet["step_seconds"]);
+  // Every term of a single GPU's step is work over a rate: twice every rate, half the step.
+  EXPECT_NEAR(at_fast["step_seconds"].get<double>(), at_slow["step_seconds"].get<double>() / 2,
+              1e-9 * at_slow["step_seconds"].get<double>());
+
+  // The CPU lab's trials are not on the H200: the probe serves none, which is said.
+  ASSERT_EQ(Llmctl({Experiments() + "cpu-lab.yaml", "--trial", "bf16-true", "--rates", slow}),
+            kExitOk)
+      << err_.str();
+  EXPECT_NE(err_.str().find("note: --rates " + slow + " served no trial: it is a probe of cuda " +
+                            testing::H200Probe(1).device_name),
+            std::string::npos)
+      << err_.str();
+}
+
+TEST_F(EstimateTest, ARatesFileThatIsNotAProbeIsRefusedByName) {
+  nlohmann::ordered_json no_rounds = testing::H200Probe(1).ToJson();
+  no_rounds.erase("measured_at");
+  const std::map<std::string, std::string> refusals = {
+      {(dir_ / "missing.json").string(),
+       "--rates: cannot open " + (dir_ / "missing.json").string()},
+      {Write("torn.json", R"({"version": 5, "matmul": [)"),
+       "--rates: " + (dir_ / "torn.json").string() + ": not JSON"},
+      {Write("partial.json", no_rounds.dump()),
+       "--rates: " + (dir_ / "partial.json").string() + ": rate probe: 'measured_at' is missing"},
+  };
+  for (const auto& [path, message] : refusals) {
+    EXPECT_EQ(Llmctl({Experiments() + "cpu-lab.yaml", "--rates", path}), kExitInvalidInput) << path;
+    EXPECT_EQ(out_.str(), "") << path;
+    EXPECT_NE(err_.str().find(message), std::string::npos) << err_.str();
+  }
+}
+
+}  // namespace
+}  // namespace llmctl::cli

@@ -49,8 +49,9 @@ class Llmctl {
  private:
   // The command the parsed command line names, run.
   int Dispatch(const ParsedCommandLine& line);
-  int Estimate(const std::string& file, EstimateOptions options);
-  int Plan(PlanOptions options);
+  // `rates_file`: --rates, a probe to predict its device's trials at ("" for none).
+  int Estimate(const std::string& file, EstimateOptions options, const std::string& rates_file);
+  int Plan(PlanOptions options, const std::string& rates_file);
   // The controller's stub, starting the embedded daemons when no controller is configured.
   StatusOr<std::unique_ptr<v1::Controller::Stub>> Connect();
   int Fail(const Status& status) {
@@ -90,6 +91,11 @@ class Llmctl {
   // The rates a CPU trial's time is predicted at (this machine's probe, measured the first time);
   // with `only_embedded`, only when the trials run on this machine's embedded agent.
   LocalRates LoadLocalRates(bool only_embedded);
+  // LoadLocalRates for estimate and plan, preferring the probe in `rates_file` (--rates) when one
+  // is named: InvalidArgument naming the file when it cannot be read or is not a probe.
+  StatusOr<LocalRates> LoadRatesPreferring(const std::string& rates_file);
+  // Says on standard error that --rates' probe served no trial, naming its device.
+  void NoteUnusedRates(const LocalRates& rates, const std::string& rates_file);
   int Node(const std::vector<std::string>& args, std::ostream& out);
   // Tells the controller where `node up`'s agent is and on which lease, then waits until the
   // controller reaches it.

@@ -50,6 +50,14 @@ Status RunProbe(const fs::path& llm_train, const fs::path& path) {
   return Status::Ok();
 }
 
+// Whether `probe` measured `sheet`'s device: a CPU probe any CPU's (the trials' rates are the
+// node's, whatever its model); a GPU's only the GPU it names.
+bool ProbeIsOf(const estimate::RateProbe& probe, const estimate::DeviceSpeed& sheet) {
+  if (sheet.name == "cpu") return probe.device == "cpu";
+  const std::optional<estimate::Gpu> gpu = estimate::GpuOfDeviceName(probe.device_name);
+  return probe.device == "cuda" && gpu.has_value() && gpu->name == sheet.name;
+}
+
 }  // namespace
 
 StatusOr<estimate::RateProbe> ReadRateProbe(const fs::path& path) {
@@ -231,20 +239,24 @@ LocalRates LocalRates::LoadOnFirstUse(EnvLookup env, fs::path self, std::ostream
   return rates;
 }
 
+void LocalRates::Prefer(estimate::RateProbe probe, const std::string& path) {
+  preferred_ = NodeProbe{path, std::move(probe)};
+}
+
 const NodeProbe* LocalRates::NodeFor(const estimate::DeviceSpeed& sheet) const {
   for (const NodeProbe& node : nodes_) {
-    if (sheet.name == "cpu"
-            ? node.probe.device == "cpu"
-            : node.probe.device == "cuda" &&
-                  estimate::GpuOfDeviceName(node.probe.device_name).has_value() &&
-                  estimate::GpuOfDeviceName(node.probe.device_name)->name == sheet.name) {
-      return &node;
-    }
+    if (ProbeIsOf(node.probe, sheet)) return &node;
   }
   return nullptr;
 }
 
 estimate::DeviceSpeed LocalRates::For(const estimate::DeviceSpeed& sheet) const {
+  if (preferred_.has_value() && ProbeIsOf(preferred_->probe, sheet)) {
+    preferred_used_ = true;
+    return estimate::ProbedSpeed(
+        sheet, preferred_->probe,
+        "the probe in " + preferred_->node + " (--rates): " + preferred_->probe.Summary());
+  }
   if (deferred_.has_value() && sheet.name != "cpu" && !nodes_read_) {
     // A GPU trial reads the store only: nothing is measured here for it.
     const std::optional<std::string> setting = deferred_->env(kRateProbeVariable);

@@ -4,7 +4,9 @@
 // first); else, for a CPU trial, this machine's probe (common/estimate/rate_probe.h), kept as
 // probe.json in the embedded controller's data directory (LLMCTL_HOME), measured once by
 // `llm-train --probe` (about 12 s) the first time it is needed and again when the file is
-// unreadable or names another CPU; else the data sheets' rates. The time's `rates` says which.
+// unreadable or names another CPU; else the data sheets' rates. A probe the user names (estimate's
+// and plan's --rates FILE) comes before all of these for a trial on its device. The time's `rates`
+// says which.
 // LLMCTL_RATE_PROBE=off keeps the data sheets without measuring (the tests set it, so that no
 // test's prediction depends on this machine's speed or pays for a probe per data directory).
 #ifndef LLMCTL_CONTROLLER_CLI_LOCAL_RATES_H_
@@ -39,12 +41,23 @@ class LocalRates {
   // daemons are, beside `self`) when absent, saying so on `err`; none (the data sheets) when there
   // is no data directory, or llm-train cannot measure (said on `err`), or LLMCTL_RATE_PROBE is
   // "off" (said nowhere: the estimate's time then names no rates, as the data sheets' never do).
-  static LocalRates Load(const EnvLookup& env, const std::filesystem::path& self, std::ostream& err);
+  static LocalRates Load(const EnvLookup& env, const std::filesystem::path& self,
+                         std::ostream& err);
   // Load, put off until For is first asked about a CPU trial: a file of GPU trials never
   // measures this machine. `err` must outlive the returned object.
   static LocalRates LoadOnFirstUse(EnvLookup env, std::filesystem::path self, std::ostream& err);
   // `probe` as if read from `where` (tests).
   static LocalRates FromProbe(const estimate::RateProbe& probe, const std::string& where);
+  // `probe`, read from the user's `path` (--rates), before any other for a trial on its device (a
+  // CPU probe for a CPU trial, a GPU's for a trial on that GPU); the rest as before. Nothing is
+  // measured or read for a trial it serves.
+  void Prefer(estimate::RateProbe probe, const std::string& path);
+  // Whether For has served a trial from Prefer's probe.
+  bool preferred_used() const { return preferred_used_; }
+  // Prefer's probe's device, as RateProbe::Summary says it; "" without one.
+  std::string preferred_summary() const {
+    return preferred_.has_value() ? preferred_->probe.Summary() : "";
+  }
   // The nodes' stored probes, and no local one (tests).
   static LocalRates FromNodeProbes(std::vector<NodeProbe> nodes);
 
@@ -73,6 +86,8 @@ class LocalRates {
   };
 
   // Not thread-safe: estimate and plan ask from one thread.
+  std::optional<NodeProbe> preferred_;  // node: the user's path
+  mutable bool preferred_used_ = false;
   mutable std::optional<Deferred> deferred_;
   mutable std::vector<NodeProbe> nodes_;
   mutable bool nodes_read_ = false;  // LoadOnFirstUse: the store is read before any probe is run

@@ -77,7 +77,8 @@ TEST_F(LocalRatesTest, ReadsTheCachedProbeWithoutMeasuring) {
   EXPECT_EQ(cpu.bf16_flops, 1e9);
   EXPECT_NE(cpu.rates.find((home_ / "probe.json").string()), std::string::npos) << cpu.rates;
   // A GPU's time keeps its data sheet: this probe is the CPU's.
-  const estimate::DeviceSpeed h100 = rates.For(estimate::GpuSpeed(*estimate::GpuNamed("h100-94gb")));
+  const estimate::DeviceSpeed h100 =
+      rates.For(estimate::GpuSpeed(*estimate::GpuNamed("h100-94gb")));
   EXPECT_EQ(h100.rates, "");
 }
 
@@ -91,8 +92,8 @@ TEST_F(LocalRatesTest, AnOlderProbeVersionIsMeasuredAgain) {
   std::ostringstream err;
   const LocalRates rates = LocalRates::Load(Env(), home_ / "no-such" / "llmctl", err);
   EXPECT_FALSE(rates.probe().has_value());
-  EXPECT_NE(err.str().find("measuring this machine's rates again: " + (home_ / "probe.json").string() +
-                           " is a probe of version 1"),
+  EXPECT_NE(err.str().find("measuring this machine's rates again: " +
+                           (home_ / "probe.json").string() + " is a probe of version 1"),
             std::string::npos)
       << err.str();
   EXPECT_NE(err.str().find("data sheets' rates"), std::string::npos) << err.str();
@@ -100,7 +101,8 @@ TEST_F(LocalRatesTest, AnOlderProbeVersionIsMeasuredAgain) {
 
 TEST_F(LocalRatesTest, OffKeepsTheDataSheetsWithoutMeasuringOrReading) {
   std::ofstream(home_ / "probe.json") << FixedProbe().ToJson().dump(2);
-  const EnvLookup env = [home = home_.string()](std::string_view name) -> std::optional<std::string> {
+  const EnvLookup env = [home =
+                             home_.string()](std::string_view name) -> std::optional<std::string> {
     if (name == "LLMCTL_HOME") return home;
     if (name == kRateProbeVariable) return "off";
     return std::nullopt;
@@ -117,7 +119,8 @@ TEST_F(LocalRatesTest, OffKeepsTheDataSheetsWithoutMeasuringOrReading) {
 TEST_F(LocalRatesTest, OnFirstUseOnlyACpuTrialLoadsTheProbe) {
   std::ostringstream err;
   const LocalRates rates = LocalRates::LoadOnFirstUse(Env(), home_ / "no-such" / "llmctl", err);
-  const estimate::DeviceSpeed h100 = rates.For(estimate::GpuSpeed(*estimate::GpuNamed("h100-94gb")));
+  const estimate::DeviceSpeed h100 =
+      rates.For(estimate::GpuSpeed(*estimate::GpuNamed("h100-94gb")));
   EXPECT_EQ(h100.rates, "");
   EXPECT_EQ(err.str(), "");
   EXPECT_FALSE(rates.probe().has_value());
@@ -217,7 +220,8 @@ TEST_F(LocalRatesTest, AnEstimateTakesEachMatmulShapeAtTheProbesRateForIt) {
 
 // The embedded controller's store with `probes` stored as its nodes' rates (what the dispatcher
 // stores from each agent's NodeInfo).
-void StoreNodeRates(const fs::path& home, const std::map<std::string, estimate::RateProbe>& probes) {
+void StoreNodeRates(const fs::path& home,
+                    const std::map<std::string, estimate::RateProbe>& probes) {
   StatusOr<std::unique_ptr<store::Store>> store = store::Store::Open((home / "llmctl.db").string());
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   for (const auto& [node, probe] : probes) {
@@ -294,7 +298,8 @@ TEST_F(LocalRatesTest, AStoredNodeProbeServesBeforeThisMachinesAndTheEstimateSay
   EXPECT_NEAR(with["step_seconds"].get<double>(), expected, 1e-9 * expected);
 
   // Off keeps the data sheets, stored probes too.
-  const EnvLookup off = [home = home_.string()](std::string_view name) -> std::optional<std::string> {
+  const EnvLookup off = [home =
+                             home_.string()](std::string_view name) -> std::optional<std::string> {
     if (name == "LLMCTL_HOME") return home;
     if (name == kRateProbeVariable) return "off";
     return std::nullopt;
@@ -302,6 +307,26 @@ TEST_F(LocalRatesTest, AStoredNodeProbeServesBeforeThisMachinesAndTheEstimateSay
   const LocalRates sheets = LocalRates::LoadOnFirstUse(off, home_ / "no-such" / "llmctl", err);
   EXPECT_EQ(sheets.For(estimate::GpuSpeed(KnownGpu())).rates, "");
   EXPECT_EQ(sheets.For(estimate::CpuSpeed()).rates, "");
+}
+
+// --rates' probe serves its device's trials before a node's or this machine's, and nothing is
+// measured or read for them; a trial on another device takes what it would have without it.
+TEST_F(LocalRatesTest, APreferredProbeServesItsDeviceFirstWithoutMeasuring) {
+  std::ofstream(home_ / "probe.json") << "{ torn";
+  std::ostringstream err;
+  LocalRates rates = LocalRates::LoadOnFirstUse(Env(), home_ / "no-such" / "llmctl", err);
+  estimate::RateProbe preferred = FixedProbe();
+  preferred.device_name = "another CPU than this one";
+  preferred.matmul = {{"fp32", 512, 7e10}};
+  rates.Prefer(preferred, "their-node.json");
+  EXPECT_FALSE(rates.preferred_used());
+  EXPECT_EQ(rates.For(estimate::GpuSpeed(KnownGpu())).rates, "");
+  EXPECT_FALSE(rates.preferred_used());
+  const estimate::DeviceSpeed cpu = rates.For(estimate::CpuSpeed());
+  EXPECT_EQ(cpu.fp32_flops, 7e10);
+  EXPECT_EQ(cpu.rates, "the probe in their-node.json (--rates): " + preferred.Summary());
+  EXPECT_TRUE(rates.preferred_used());
+  EXPECT_EQ(err.str(), "") << "the broken probe.json was neither read nor measured again";
 }
 
 TEST_F(LocalRatesTest, PlanSaysWhichRatesItUsed) {

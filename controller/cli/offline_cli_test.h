@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/estimate/gpus.h"
+#include "common/estimate/rate_probe.h"
 #include "controller/cli/commands.h"
 
 namespace llmctl::cli::testing {
@@ -31,6 +33,33 @@ inline CliContext TestCliContext(EnvLookup env, std::ostream& out, std::ostream&
       .daemon_ready_timeout = std::chrono::milliseconds(100),
       .watch_retry_interval = std::chrono::milliseconds(1),
   };
+}
+
+// A probe of the H200 as llm-train --probe --probe-device cuda writes it, every rate `speed` times
+// the first's and each launch 1/`speed` of its time.
+inline estimate::RateProbe H200Probe(double speed) {
+  estimate::RateProbe probe;
+  probe.measured_at = "2026-11-30T06:00:00Z";
+  probe.seconds = 20;
+  probe.rounds = 5;
+  probe.device = "cuda";
+  for (const estimate::Gpu& gpu : estimate::KnownGpus()) {
+    if (gpu.name == "h200-141gb") probe.device_name = gpu.model;
+  }
+  probe.threads = 16;
+  probe.versions.llmctl = "0.4.0";
+  probe.versions.libtorch = "2.11.0";
+  for (const int64_t size : {1024, 4096}) {
+    probe.matmul.push_back({"fp32", size, speed * 4e13, 2048});
+    probe.matmul.push_back({"bf16", size, speed * 6e14, 2048});
+  }
+  probe.sdpa = {{"fp32", speed * 2e13, 2048}, {"bf16", speed * 3e14, 2048}};
+  probe.memory_bytes_per_s = speed * 4e12;
+  probe.launch_seconds = 6e-6 / speed;
+  probe.host_adamw_values_per_s = speed * 5e8;
+  probe.host_to_device_bytes_per_s = speed * 5e10;
+  probe.device_to_host_bytes_per_s = speed * 5e10;
+  return probe;
 }
 
 class OfflineCliTest : public ::testing::Test {

@@ -125,6 +125,28 @@ TEST_F(PlanTest, GpuPlanCountsGpuHoursAndServiceUnits) {
   EXPECT_NEAR(top["service_units"].get<double>(), 2 * top["gpu_hours"].get<double>(), 1e-9);
 }
 
+// --rates: the plan's time at the probe of the device it plans for, which it names.
+TEST_F(PlanTest, RatesFileTimesThePlanAtItsRates) {
+  const fs::path probe = dir_ / "h200.json";
+  std::ofstream(probe) << testing::H200Probe(1).ToJson().dump();
+  const std::vector<std::string> args = {
+      "tinyllama-1.1b", "--device", "h200-141gb", "--seq", "512",
+      "--global-batch", "32",       "--steps",    "100",   "--peft",
+      "none",           "--format", "json"};
+  ASSERT_EQ(Llmctl(args), kExitOk) << err_.str();
+  const json sheet = json::parse(out_.str());
+  std::vector<std::string> with_rates = args;
+  with_rates.insert(with_rates.end(), {"--rates", probe.string()});
+  ASSERT_EQ(Llmctl(with_rates), kExitOk) << err_.str();
+  const json probed = json::parse(out_.str());
+  EXPECT_FALSE(sheet.contains("rates"));
+  EXPECT_TRUE(probed["rates"].get<std::string>().starts_with("the probe in " + probe.string() +
+                                                             " (--rates): cuda "))
+      << probed["rates"];
+  ASSERT_FALSE(probed["fits"].empty());
+  EXPECT_NE(probed["fits"][0]["trial_seconds"], sheet["fits"][0]["trial_seconds"]);
+}
+
 // BLIP-2 is planned by its own estimates; adapters go on the language model's own projections
 // (Flan-T5's q and v), and the written file reads images and captions.
 TEST_F(PlanTest, Blip2IsPlannedWithItsLanguageModelsAdapterNames) {
