@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -149,6 +150,27 @@ def ours_phases(child, steps, warmup):
     return {k: statistics.mean(p[k] for p in per_step) for k in per_step[0]}
 
 
+def predict_ours(args, experiment, workdir):
+    """`llmctl estimate`'s tokens/s for an experiment llm-train runs here, at --rates' probe (issue 39: the
+    node's own rates against what it measured), with an empty LLMCTL_HOME (no stored runs, nothing measured
+    for a trial the probe serves). A failure stops the bench: a prediction asked for is part of the result."""
+    command = [str(args.llmctl), "estimate", str(experiment), "--format", "json"]
+    if args.rates is not None:
+        command += ["--rates", str(args.rates)]
+    env = dict(os.environ, LLMCTL_HOME=str(workdir / "llmctl-home"))
+    env.pop("LLMCTL_CONTROLLER", None)
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"llmctl estimate {experiment.name} failed (exit {done.returncode}): "
+                           f"{done.stderr.strip()}")
+    trial = json.loads(done.stdout)["trials"][0]
+    time = trial.get("time")
+    if not time:
+        return {"predicted_tokens_per_second": None, "prediction_note": trial.get("time_reason", "")}
+    return {"predicted_tokens_per_second": time["tokens_per_second"],
+            "prediction_note": f"{time.get('rates') or 'the data sheets'}; calibration {time['calibration']}"}
+
+
 def run_ours(args, workdir, data_path, precision, method, env, kernels):
     experiment = workdir / f"ours-{precision}-{method}-{kernels}.yaml"
     events = workdir / f"ours-{precision}-{method}-{kernels}.events.jsonl"
@@ -167,7 +189,9 @@ def run_ours(args, workdir, data_path, precision, method, env, kernels):
                            f"{result.get('outcome')!r}: {result.get('error', '')}\n{child.tail()}")
     tps, measured, tokens = throughput(steps, args.warmup_steps)
     snapshots = [e for e in parsed if e.get("type") == "snapshot"]
+    prediction = predict_ours(args, experiment, workdir) if args.llmctl is not None else {}
     return {
+        **prediction,
         "tokens_per_second": tps,
         "measured_steps": measured,
         "measured_tokens": tokens,
@@ -327,6 +351,10 @@ def main():
                          "warm-up) and summarise its Kineto trace, kept in this directory: the top 10 CUDA "
                          "kernels, or on the CPU top-level operators, by total time")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory and print it")
+    ap.add_argument("--llmctl", type=Path,
+                    help="also predict each llm-train row's tokens/s with this llmctl's `estimate` (issue 39)")
+    ap.add_argument("--rates", type=Path,
+                    help="with --llmctl: the probe to predict at (llm-train --probe's JSON of this device)")
     ap.add_argument("--verbose", action="store_true", help="echo the children's output to stderr")
     args = ap.parse_args()
 
@@ -355,6 +383,16 @@ def main():
     if not (args.llm_train.is_file() and os.access(args.llm_train, os.X_OK)):
         sys.exit(f"run_train_bench: llm-train not found at {args.llm_train}; build it first with `make build` "
                  "(or pass --llm-train PATH)")
+    if args.rates is not None and args.llmctl is None:
+        sys.exit("run_train_bench: --rates is the probe --llmctl predicts at; pass --llmctl too")
+    if args.llmctl is not None:
+        args.llmctl = args.llmctl.resolve()
+        if not (args.llmctl.is_file() and os.access(args.llmctl, os.X_OK)):
+            sys.exit(f"run_train_bench: --llmctl {args.llmctl} is not an executable")
+    if args.rates is not None:
+        args.rates = args.rates.resolve()
+        if not args.rates.is_file():
+            sys.exit(f"run_train_bench: --rates {args.rates} is not a file")
     args.model = args.model.resolve()
     args.tokenizer = args.tokenizer.resolve()
     if args.profile_dir is not None:

@@ -71,6 +71,19 @@ def report(args, rows, ours_baseline, data_info, machine):
             f"{ratio(ours['tokens_per_second'], peer['tokens_per_second'])} | "
             f"{mib(ours['peak_rss'])} | {mib(peer['peak_rss'])} | {ratio(ours['peak_rss'], peer['peak_rss'])} | "
             f"{mib(ours_net)} | {mib(peer_net)} | {ratio(ours_net, peer_net)} | {mib(ours['allocator_peak'])} |")
+    predicted = [(precision, ours) for precision, ours, _ in rows if "predicted_tokens_per_second" in ours]
+    if predicted:
+        out.append("")
+        out.append("| config | ours tok/s | predicted tok/s | error | predicted at |")
+        out.append("|---|---:|---:|---:|---|")
+        for precision, ours in predicted:
+            guess = ours["predicted_tokens_per_second"]
+            error = "–" if not guess else f"{100 * (guess / ours['tokens_per_second'] - 1):+.1f}%"
+            out.append(f"| {precision} | {ours['tokens_per_second']:,.0f} | "
+                       f"{'–' if not guess else f'{guess:,.0f}'} | {error} | {ours['prediction_note']} |")
+        out.append("")
+        out.append("Predicted: `llmctl estimate` of the same experiment file before it ran (error: predicted "
+                   "over measured, less one), at the probe's rates when `--rates` names one.")
     out.append("")
     out.append("Tokens/s: non-padding input tokens of the measured steps over their summed step times "
                f"(the first {args.warmup_steps} step(s) of {args.steps} are warm-up and not counted; "

@@ -405,6 +405,10 @@ def cmd_product_record(out, report_json):
             "expected": trial.get("expected") or None, "error": trial.get("error", ""),
             "peak_bytes": trial.get("peak_bytes"), "predicted_peak_bytes": (trial.get("prediction") or {}).get("peak_bytes"),
             "prediction_error": trial.get("prediction_error"), "tokens_per_second": trial.get("tokens_per_second"),
+            "steady_tokens_per_second": trial.get("steady_tokens_per_second"),
+            "predicted_tokens_per_second": (trial.get("prediction") or {}).get("tokens_per_second"),
+            "tokens_per_second_prediction_error": trial.get("tokens_per_second_prediction_error"),
+            "time_rates": (trial.get("prediction") or {}).get("calibration"),
             "train_seconds": trial.get("train_seconds"), "at_peak": trial.get("at_peak"),
             "device_samples": len(samples),
             "gpu_memory_used_max_bytes": max((s["memory_used_bytes"] for s in gpu_samples), default=None),
@@ -418,23 +422,38 @@ def cmd_product_table(out, experiment_file):
     published = published_figures(experiment_file)
     lines = [f"## Product stage: {experiment_file} through llmctl, llmctld, llm-agent on {env_tag(env)}", "",
              "| trial | expected | outcome | lab's outcome | peak GiB | predicted GiB | error | NVML max used GiB "
-             "| samples | tokens/s | train s |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| samples | tokens/s | predicted tokens/s | error | train s |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def percent(value):
+        return "–" if value is None else f"{100 * value:+.1f}%"
+
+    def rate(value):
+        return "–" if not value else f"{value:,.0f}"
+
     for r in rows.values():
         pub = (published.get(r["trial"]) or {}).get("outcome") or "–"
         mark = " ✗" if r["expected"] and r["outcome"] != r["expected"] else ""
-        err = "–" if r.get("prediction_error") is None else f"{100 * r['prediction_error']:+.1f}%"
-        tps = "–" if not r.get("tokens_per_second") else f"{r['tokens_per_second']:,.0f}"
+        # The report's steady tokens/s (each attempt's first step left out), which the prediction is of;
+        # a row recorded before it was kept has the whole run's.
+        tps = r.get("steady_tokens_per_second") or r.get("tokens_per_second")
         secs = "–" if r.get("train_seconds") is None else f"{r['train_seconds']:.1f}"
         lines.append(f"| {r['trial']} | {r['expected'] or '–'} | {r['outcome']}{mark} | {pub} | "
-                     f"{gib(r.get('peak_bytes'))} | {gib(r.get('predicted_peak_bytes'))} | {err} | "
-                     f"{gib(r.get('gpu_memory_used_max_bytes'))} | {r['device_samples']} | {tps} | {secs} |")
+                     f"{gib(r.get('peak_bytes'))} | {gib(r.get('predicted_peak_bytes'))} | "
+                     f"{percent(r.get('prediction_error'))} | {gib(r.get('gpu_memory_used_max_bytes'))} | "
+                     f"{r['device_samples']} | {rate(tps)} | {rate(r.get('predicted_tokens_per_second'))} | "
+                     f"{percent(r.get('tokens_per_second_prediction_error'))} | {secs} |")
     missing = [t for t, r in rows.items() if not product_row_is_final(r)]
     lines += ["", f"{sum(1 for r in rows.values() if r['expected'] and r['outcome'] == r['expected'])} of "
               f"{sum(1 for r in rows.values() if r['expected'])} rows with an expectation ended as expected (✗: not)"
               + (f"; to measure again: {', '.join(missing)}" if missing else "") + ". Peak: llm-train's allocator "
               "high-water mark; predicted: `llmctl estimate` at submit; NVML: the agent's samples of the GPU's "
-              "used memory (CUDA context and caching allocator included; – without NVML)."]
+              "used memory (CUDA context and caching allocator included; – without NVML); tokens/s: the "
+              "report's steady figure, each attempt's first step left out, beside `llmctl estimate`'s at "
+              "submit (the node's probe's rates once the agent has measured them)."]
+    calibrations = sorted({r["time_rates"] for r in rows.values() if r.get("time_rates")})
+    if calibrations:
+        lines.append("Time calibration at submit: " + "; ".join(calibrations) + ".")
     (out / "product.md").write_text("\n".join(lines) + "\n")
     (out / "product.json").write_text(json.dumps({"env": env, "file": experiment_file, "rows": list(rows.values())},
                                                  indent=2) + "\n")

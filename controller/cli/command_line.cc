@@ -282,6 +282,7 @@ int Llmctl::Estimate(const std::string& file, EstimateOptions options,
   const StoredCalibrations calibrations = LoadCalibrations();
   options.calibrate = calibrations.Lookup();
   options.rates = rates->Lookup();
+  options.rates_gpu = rates->preferred_gpu();
   StatusOr<std::string> text = EstimateExperiment(file, options);
   if (!text.ok()) return Fail(text.status());
   context_.out << *text << std::flush;

@@ -29,6 +29,9 @@ struct EstimateOptions {
   estimate::CalibrationLookup calibrate;
   // The rates of a device's time (a probe's); unset: its data sheet's.
   estimate::SpeedLookup rates;
+  // The GPU of --rates' probe: a cuda trial that neither --device-memory nor its target puts on a
+  // GPU is timed on this one (the node the probe was taken on).
+  std::optional<estimate::Gpu> rates_gpu;
 };
 
 // The estimate of experiment file `file` (read and validated as `llmctl submit` reads it, local

@@ -371,6 +371,24 @@ TEST_F(EstimateTest, RatesFileTimesTheTrialsOnItsDeviceAtItsRates) {
   EXPECT_NEAR(at_fast["step_seconds"].get<double>(), at_slow["step_seconds"].get<double>() / 2,
               1e-9 * at_slow["step_seconds"].get<double>());
 
+  // A GPU trial whose file names no GPU (as the bench writes one for the machine it runs on) is
+  // timed on the probe's.
+  Write("tiny/config.json",
+        R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4})");
+  const std::string bare = Write(
+      "bare.yaml", "model: tiny\ndata: {path: train.jsonl}\ndevice: cuda\nprecision: bf16-true\n");
+  ASSERT_EQ(Llmctl({bare, "--format", "json"}), kExitOk) << err_.str();
+  EXPECT_NE(nlohmann::json::parse(out_.str())["trials"][0]["time_reason"].get<std::string>().find(
+                "or --rates with a probe of one"),
+            std::string::npos)
+      << out_.str();
+  ASSERT_EQ(Llmctl({bare, "--format", "json", "--rates", slow}), kExitOk) << err_.str();
+  EXPECT_TRUE(nlohmann::json::parse(out_.str())["trials"][0]["time"]["rates"]
+                  .get<std::string>()
+                  .starts_with("the probe in " + slow))
+      << out_.str();
+
   // The CPU lab's trials are not on the H200: the probe serves none, which is said.
   ASSERT_EQ(Llmctl({Experiments() + "cpu-lab.yaml", "--trial", "bf16-true", "--rates", slow}),
             kExitOk)

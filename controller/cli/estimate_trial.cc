@@ -41,14 +41,16 @@ std::optional<VerdictDevice> TrialDevice(const Trial& trial, const Experiment& e
 }
 
 // The speed a trial's time is predicted at: the host's CPU for a cpu trial; for a cuda one the GPU
-// of --device-memory when it names one, else of the experiment's target.
+// of --device-memory when it names one, else of the experiment's target, else of --rates' probe.
 std::optional<estimate::DeviceSpeed> TrialSpeed(const Trial& trial, const Experiment& experiment,
-                                                const std::optional<VerdictDevice>& device_option) {
+                                                const std::optional<VerdictDevice>& device_option,
+                                                const std::optional<estimate::Gpu>& rates_gpu) {
   if (trial.config.settings().device.kind != trial::Device::kCuda) return estimate::CpuSpeed();
   if (device_option && device_option->gpu) return estimate::GpuSpeed(*device_option->gpu);
   if (std::optional<estimate::Gpu> gpu = estimate::GpuOfTarget(experiment.target)) {
     return estimate::GpuSpeed(*gpu);
   }
+  if (rates_gpu) return estimate::GpuSpeed(*rates_gpu);
   return std::nullopt;
 }
 
@@ -135,12 +137,13 @@ Status AddTime(const Experiment& experiment, const EstimateOptions& options,
                const std::optional<VerdictDevice>& device_option,
                const std::function<StatusOr<estimate::StepWork>()>& work, TrialEstimate& result) {
   const Trial& trial = *result.trial;
-  std::optional<estimate::DeviceSpeed> speed = TrialSpeed(trial, experiment, device_option);
+  std::optional<estimate::DeviceSpeed> speed =
+      TrialSpeed(trial, experiment, device_option, options.rates_gpu);
   if (speed && options.rates) speed = options.rates(*speed);
   if (!speed) {
     result.time_reason =
         "no GPU to time it on: the target names none this table knows (pass --device-memory "
-        "with a GPU such as h100-94gb)";
+        "with a GPU such as h100-94gb, or --rates with a probe of one)";
     return Status::Ok();
   }
   StatusOr<estimate::StepWork> counted = work();

@@ -243,6 +243,11 @@ void LocalRates::Prefer(estimate::RateProbe probe, const std::string& path) {
   preferred_ = NodeProbe{path, std::move(probe)};
 }
 
+std::optional<estimate::Gpu> LocalRates::preferred_gpu() const {
+  if (!preferred_.has_value() || preferred_->probe.device != "cuda") return std::nullopt;
+  return estimate::GpuOfDeviceName(preferred_->probe.device_name);
+}
+
 const NodeProbe* LocalRates::NodeFor(const estimate::DeviceSpeed& sheet) const {
   for (const NodeProbe& node : nodes_) {
     if (ProbeIsOf(node.probe, sheet)) return &node;

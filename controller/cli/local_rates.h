@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/estimate/gpus.h"
 #include "common/estimate/rate_probe.h"
 #include "common/estimate/step_time.h"
 #include "controller/cli/address.h"
@@ -54,6 +55,9 @@ class LocalRates {
   void Prefer(estimate::RateProbe probe, const std::string& path);
   // Whether For has served a trial from Prefer's probe.
   bool preferred_used() const { return preferred_used_; }
+  // The GPU of the table Prefer's probe was taken on; none for a CPU's, an unknown GPU's or
+  // without one.
+  std::optional<estimate::Gpu> preferred_gpu() const;
   // Prefer's probe's device, as RateProbe::Summary says it; "" without one.
   std::string preferred_summary() const {
     return preferred_.has_value() ? preferred_->probe.Summary() : "";
