@@ -1,9 +1,15 @@
 #include "common/inputs/captions.h"
 
 #include <algorithm>
+#include <memory>
+#include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "common/data/file_util.h"
+#include "common/data/token_file.h"
+#include "common/inputs/token_cache.h"
 #include "common/inputs/trial_inputs.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -49,6 +55,34 @@ StatusOr<std::vector<image::CaptionedImage>> ReadTrialImages(const TrialConfig& 
     images.resize(static_cast<size_t>(samples));
   }
   return images;
+}
+
+StatusOr<std::string> PrepareCaptionTokens(const TrialConfig& config, const Blip2Config& model,
+                                           const std::vector<image::CaptionedImage>& images) {
+  const DataSettings& data = config.settings().data;
+  const int64_t max_length = data.max_seq_length;
+  ASSIGN_OR_RETURN(std::unique_ptr<data::TextEncoder> encoder, LoadTrialTokenizer(config));
+  // What the token file holds follows from the captions in order, the tokenizer and the layout.
+  std::string captions;
+  for (const image::CaptionedImage& entry : images) {
+    captions += entry.file_name + '\0' + entry.caption + '\0';
+  }
+  std::ostringstream fingerprint;
+  fingerprint << "llmctl-captions v1; tokenizer=" << encoder->fingerprint()
+              << "; captions=fnv1a64:" << std::hex << data::Fnv1a64(captions) << std::dec
+              << "; max_seq_length=" << max_length << "; frame=" << (model.t5() ? "eos" : "bos")
+              << "; image_token=" << model.image_token_index << " x " << model.num_query_tokens;
+  return CachedTokenFile(fingerprint.str(), [&](const std::string& path) -> Status {
+    std::vector<data::TokenizedExample> examples;
+    examples.reserve(images.size());
+    for (const image::CaptionedImage& entry : images) {
+      ASSIGN_OR_RETURN(data::TokenizedExample example,
+                       CaptionExample(*encoder, entry, model, max_length, data.path));
+      examples.push_back(std::move(example));
+    }
+    return data::WriteTokenFile(path, fingerprint.str(), encoder->bos_id(), encoder->eos_id(),
+                                examples);
+  });
 }
 
 StatusOr<CaptionTokenSpan> CaptionTokens(const TrialConfig& config, const Blip2Config& model) {

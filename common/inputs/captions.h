@@ -31,6 +31,13 @@ StatusOr<data::TokenizedExample> CaptionExample(const data::TextEncoder& encoder
 // data.caption_column), its first data.samples when that is set. Errors name the file.
 StatusOr<std::vector<image::CaptionedImage>> ReadTrialImages(const TrialConfig& config);
 
+// The token cache's file of `images`' rows (CaptionExample each, in order, at data.max_seq_length)
+// with the trial's tokenizer, written unless it is there: what llm-train draws `config`'s
+// micro-batches from (trainer/train/caption_batches.cc) and `llmctl estimate` draws them as it
+// will (common/inputs/drawn_batches.h). Errors name the file.
+StatusOr<std::string> PrepareCaptionTokens(const TrialConfig& config, const Blip2Config& model,
+                                           const std::vector<image::CaptionedImage>& images);
+
 // The fewest and the most caption tokens (the frame included, at most data.max_seq_length) of the
 // rows of `config`'s caption set (data.path, a local imagefolder; data.samples applied), read with
 // the trial's tokenizer. Errors name the file, as the trainer's reading of it does.

@@ -1,11 +1,8 @@
 #include "trainer/train/caption_batches.h"
 
-#include <sstream>
 #include <utility>
 #include <vector>
 
-#include "common/data/file_util.h"
-#include "common/data/token_file.h"
 #include "common/image/image.h"
 #include "common/image/imagefolder.h"
 #include "common/image/resample.h"
@@ -67,7 +64,6 @@ StatusOr<std::unique_ptr<BatchSource>> OpenCaptionBatches(const TrialConfig& con
   const DataSettings& data = config.settings().data;
   const std::string& folder = data.path;
   ASSIGN_OR_RETURN(std::vector<image::CaptionedImage> images, ReadTrialImages(config));
-  ASSIGN_OR_RETURN(std::unique_ptr<data::TextEncoder> encoder, LoadTrialTokenizer(config));
   const int64_t max_length = data.max_seq_length;
   // OPT's positions are learned, so bounded; T5's relative buckets take any length.
   if (const OptConfig* opt = model.opt();
@@ -78,28 +74,7 @@ StatusOr<std::unique_ptr<BatchSource>> OpenCaptionBatches(const TrialConfig& con
                                 std::to_string(opt->max_position_embeddings) + " positions");
   }
 
-  // What the token file holds follows from the captions in order, the tokenizer and the layout.
-  std::string captions;
-  for (const image::CaptionedImage& entry : images) {
-    captions += entry.file_name + '\0' + entry.caption + '\0';
-  }
-  std::ostringstream fingerprint;
-  fingerprint << "llmctl-captions v1; tokenizer=" << encoder->fingerprint()
-              << "; captions=fnv1a64:" << std::hex << data::Fnv1a64(captions) << std::dec
-              << "; max_seq_length=" << max_length << "; frame=" << (model.t5() ? "eos" : "bos")
-              << "; image_token=" << model.image_token_index << " x " << model.num_query_tokens;
-  ASSIGN_OR_RETURN(const std::string path,
-                   CachedTokenFile(fingerprint.str(), [&](const std::string& path) -> Status {
-                     std::vector<data::TokenizedExample> examples;
-                     examples.reserve(images.size());
-                     for (const image::CaptionedImage& entry : images) {
-                       ASSIGN_OR_RETURN(data::TokenizedExample example,
-                                        CaptionExample(*encoder, entry, model, max_length, folder));
-                       examples.push_back(std::move(example));
-                     }
-                     return data::WriteTokenFile(path, fingerprint.str(), encoder->bos_id(),
-                                                 encoder->eos_id(), examples);
-                   }));
+  ASSIGN_OR_RETURN(const std::string path, PrepareCaptionTokens(config, model, images));
   ASSIGN_OR_RETURN(
       std::unique_ptr<BatchSource> text,
       OpenTokenFileBatches(path, config, model.text_vocab_size(),
