@@ -6,12 +6,16 @@
 
 #include "common/data/batch_iterator.h"
 #include "common/data/token_file.h"
+#include "common/inputs/captions.h"
 #include "common/inputs/token_cache.h"
 
 namespace llmctl {
 
-StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
-  ASSIGN_OR_RETURN(const std::string path, PrepareTokens(config));
+namespace {
+
+// The micro-batches of `config`'s run drawn from the token file at `path`, as llm-train's
+// OpenTokenFileBatches draws them.
+StatusOr<DrawnBatches> DrawFromTokenFile(const TrialConfig& config, const std::string& path) {
   ASSIGN_OR_RETURN(std::unique_ptr<data::TokenFile> file, data::TokenFile::Open(path));
   const TrainSettings& train = config.settings().train;
   const int64_t micro = train.micro_batch_size;
@@ -54,6 +58,19 @@ StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
   drawn.new_length_share =
       static_cast<double>(new_lengths) / static_cast<double>(drawn.timed_micro_batches);
   return drawn;
+}
+
+}  // namespace
+
+StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
+  ASSIGN_OR_RETURN(const std::string path, PrepareTokens(config));
+  return DrawFromTokenFile(config, path);
+}
+
+StatusOr<DrawnBatches> DrawCaptionBatches(const TrialConfig& config, const Blip2Config& model) {
+  ASSIGN_OR_RETURN(const std::vector<image::CaptionedImage> images, ReadTrialImages(config));
+  ASSIGN_OR_RETURN(const std::string path, PrepareCaptionTokens(config, model, images));
+  return DrawFromTokenFile(config, path);
 }
 
 }  // namespace llmctl

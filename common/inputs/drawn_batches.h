@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/blip2_config.h"
 #include "common/status.h"
 #include "common/trial_config.h"
 
@@ -43,6 +44,11 @@ struct DrawnBatches {
 // on every rank. Errors as the trainer's preparation of the data (naming the file and line), and
 // InvalidArgument for a dataset smaller than one micro-batch of every rank.
 StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config);
+
+// The same for a BLIP-2 trial's caption set (data.format imagefolder) on `model`: a row is the
+// image's query places and its caption (common/inputs/captions.h), so its length and tokens count
+// both, as llm-train's step events do. Errors as the trainer's reading of the set.
+StatusOr<DrawnBatches> DrawCaptionBatches(const TrialConfig& config, const Blip2Config& model);
 
 }  // namespace llmctl
 

@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "common/blip2_config.h"
 #include "common/data/batch_iterator.h"
 #include "common/data/token_file.h"
 #include "common/experiment.h"
@@ -71,6 +72,45 @@ TEST(DrawnBatchesTest, TheRunsRealTokensAreTheOnesDrawn) {
   }
   EXPECT_DOUBLE_EQ(static_cast<double>(timed),
                    drawn->mean_real_tokens * static_cast<double>(drawn->timed_micro_batches));
+}
+
+// A BLIP-2 trial's micro-batches, drawn from its caption set: a row is the image's query places and
+// its caption, and the tokens llm-train's steps count are those of the rows drawn.
+TEST(DrawnBatchesTest, ABlip2RunsTokensAreTheCaptionRowsDrawn) {
+  const std::string file = Source() + "/experiments/cpu-product.yaml";
+  StatusOr<Experiment> experiment = LoadExperimentFile(file);
+  ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+  const auto trial = std::find_if(experiment->trials.begin(), experiment->trials.end(),
+                                  [](const Trial& t) { return t.name == "reduced-batch"; });
+  ASSERT_NE(trial, experiment->trials.end());
+  const TrialConfig& config = trial->config;
+  StatusOr<std::optional<Blip2Config>> model = ResolveBlip2Model(config.settings().model.name);
+  ASSERT_TRUE(model.ok() && model->has_value()) << config.settings().model.name;
+  StatusOr<DrawnBatches> drawn = DrawCaptionBatches(config, **model);
+  ASSERT_TRUE(drawn.ok()) << drawn.status().message();
+  const int64_t queries = (*model)->num_query_tokens;
+  const int64_t micro = config.settings().train.micro_batch_size;
+  EXPECT_EQ(drawn->steps, config.settings().train.max_steps);
+  EXPECT_GT(drawn->longest, queries);
+  EXPECT_LE(drawn->longest, queries + config.settings().data.max_seq_length);
+  // Every row holds its image's query places, and some caption besides.
+  EXPECT_GT(drawn->mean_real_tokens, static_cast<double>(micro * queries));
+  EXPECT_LE(drawn->mean_real_tokens, static_cast<double>(micro) * drawn->mean_padded);
+
+  const fs::path events =
+      fs::temp_directory_path() / ("llmctl-drawn-blip2-" + std::to_string(::getpid()) + ".jsonl");
+  const testing::CommandResult run =
+      testing::RunShellCommand((testing::BuildDir() / "trainer/llm-train").string() + " --config " +
+                               file + " --trial reduced-batch --events " + events.string());
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  std::ifstream in(events);
+  std::vector<int64_t> tokens;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json event = nlohmann::json::parse(line);
+    if (event["type"] == "step") tokens.push_back(event["tokens"].get<int64_t>());
+  }
+  fs::remove(events);
+  EXPECT_EQ(tokens, drawn->step_real_tokens);
 }
 
 // The share of the timed micro-batches at a padded length no earlier micro-batch had (each then

@@ -8,9 +8,9 @@
 #include <memory>
 #include <string>
 
+#include "common/data/text_encoder.h"
 #include "common/status.h"
 #include "common/trial_config.h"
-#include "common/data/text_encoder.h"
 
 namespace llmctl {
 

@@ -4,11 +4,11 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/data/dataset.h"
+#include "common/data/token_file.h"
 #include "common/experiment.h"
 #include "common/files.h"
 #include "common/image/imagefolder.h"
-#include "common/data/dataset.h"
-#include "common/data/token_file.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace llmctl {

@@ -13,9 +13,9 @@
 #include <string>
 
 #include "common/model_config.h"
+#include "common/safetensors/safetensors.h"
 #include "common/status.h"
 #include "common/trial_config.h"
-#include "common/safetensors/safetensors.h"
 
 namespace llmctl {
 

@@ -9,8 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/blip2_config.h"
 #include "common/experiment.h"
 #include "common/files.h"
+#include "common/inputs/drawn_batches.h"
 #include "controller/cli/estimate.h"
 
 namespace llmctl::cli {
@@ -47,6 +49,38 @@ TEST(EstimateBlip2Test, CpuLabRowsAreEstimatedWithTheVerdictsTheyExpect) {
     EXPECT_EQ(trial["verdict"], expected[trial["name"]] == "oom" ? "oom" : "fits");
     EXPECT_NE(trial["note"].get<std::string>().find("longest of"), std::string::npos);
   }
+}
+
+// The time is the report's: at the mean micro-batch the run draws after its first step, its tokens
+// the rows' real ones (queries and caption: what llm-train's steps count, DrawnBatchesTest), where
+// the peak is at the longest caption of the set.
+TEST(EstimateBlip2Test, TheTimeIsAtTheMeanDrawnMicroBatchAndItsRealTokens) {
+  const std::string file = Experiments() + "cpu-lab-blip2.yaml";
+  StatusOr<Experiment> experiment = LoadExperimentFile(file);
+  ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+  const Trial& trial = experiment->trials[1];
+  ASSERT_EQ(trial.expect.value_or(""), "ok");
+  StatusOr<std::optional<Blip2Config>> model =
+      ResolveBlip2Model(trial.config.settings().model.name);
+  ASSERT_TRUE(model.ok() && model->has_value());
+  StatusOr<DrawnBatches> drawn = DrawCaptionBatches(trial.config, **model);
+  ASSERT_TRUE(drawn.ok()) << drawn.status().message();
+
+  EstimateOptions options;
+  options.trial = trial.name;
+  const json estimated = EstimateJson(file, options)["trials"][0];
+  SCOPED_TRACE(estimated.dump());
+  const json& work = estimated["time"]["work"];
+  const int64_t micro = trial.config.settings().train.micro_batch_size;
+  EXPECT_EQ(work["tokens"].get<int64_t>(),
+            static_cast<int64_t>(drawn->mean_real_tokens) * work["micro_batches"].get<int64_t>());
+  // Fewer than the peak's rows at the longest caption: padding is not a token, and most micro-
+  // batches are shorter than the longest.
+  EXPECT_LT(work["tokens"].get<int64_t>(),
+            estimated["tokens"].get<int64_t>() * work["micro_batches"].get<int64_t>());
+  EXPECT_EQ(estimated["tokens"].get<int64_t>() % micro, 0);
+  EXPECT_NE(estimated["note"].get<std::string>().find("the time at the mean micro-batch"),
+            std::string::npos);
 }
 
 // The lab's own file names the hub's models: a BLIP-2 preset's name is estimated from the preset's

@@ -203,6 +203,10 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
     return InvalidArgumentError(context + ": model: " + model_name + " is not a BLIP-2 model");
   }
   std::optional<int64_t> caption_tokens;
+  // The time's: a micro-batch's mean padded caption and real tokens (queries and caption) over
+  // the steps the report measures, as the run draws them; none without the set.
+  std::optional<int64_t> time_caption_tokens;
+  double real_tokens = 0;
   std::string note = "captions at data.max_seq_length (" +
                      std::to_string(trial.config.settings().data.max_seq_length) + " tokens)";
   const std::string& data_path = trial.config.settings().data.path;
@@ -214,6 +218,20 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
     if (!longest.ok()) return InvalidArgumentError(context + ": " + longest.status().message());
     caption_tokens = *longest;
     note = "captions at the longest of " + data_path + ", " + std::to_string(*longest) + " tokens";
+    StatusOr<DrawnBatches> drawn = DrawCaptionBatches(trial.config, **model);
+    if (!drawn.ok()) return InvalidArgumentError(context + ": " + drawn.status().message());
+    const int64_t queries = (*model)->num_query_tokens;
+    time_caption_tokens =
+        std::max<int64_t>(1, static_cast<int64_t>(std::ceil(drawn->mean_padded)) - queries);
+    real_tokens = drawn->mean_real_tokens;
+    note +=
+        "; the time at the mean micro-batch after the first step as the run draws them with "
+        "seed " +
+        std::to_string(trial.config.settings().train.seed) + ", " +
+        Printf("%.1f", drawn->mean_padded - static_cast<double>(queries)) + " caption tokens (" +
+        Printf("%.1f", real_tokens) + " tokens a micro-batch, its " +
+        std::to_string(queries * trial.config.settings().train.micro_batch_size) +
+        " query places included)";
   } else {
     note += ": the caption set or its tokenizer is not on this machine";
   }
@@ -224,13 +242,24 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
                        .memory = *memory,
                        .device = device_option ? device_option : TrialDevice(trial, experiment),
                        .note = note};
-  // The step's time, with the captions the memory is estimated at.
-  RETURN_IF_ERROR(
-      AddTime(
-          experiment, options, device_option,
-          [&] { return estimate::EstimateBlip2StepWork(trial.config, **model, caption_tokens); },
-          result)
-          .WithContext(context));
+  // The step's time at the mean micro-batch the run draws (what the report measures), else at the
+  // captions the memory is estimated at.
+  RETURN_IF_ERROR(AddTime(
+                      experiment, options, device_option,
+                      [&]() -> StatusOr<estimate::StepWork> {
+                        ASSIGN_OR_RETURN(
+                            estimate::StepWork work,
+                            estimate::EstimateBlip2StepWork(
+                                trial.config, **model,
+                                time_caption_tokens ? time_caption_tokens : caption_tokens));
+                        // Tokens/s counts real tokens, as the trainer does.
+                        if (real_tokens > 0) {
+                          work.tokens = static_cast<int64_t>(real_tokens) * work.micro_batches;
+                        }
+                        return work;
+                      },
+                      result)
+                      .WithContext(context));
   if (options.fit && result.device) {
     StatusOr<estimate::MicroBatchFit> fit =
         estimate::FitBlip2MicroBatch(trial.config, **model, caption_tokens, result.device->bytes);
