@@ -26,6 +26,15 @@ bool PartListHas(const std::vector<std::string>& list, std::string_view item) {
   return std::find(list.begin(), list.end(), item) != list.end();
 }
 
+// One linear layer's matmuls at its shape: its forward's FLOPs (rerun by checkpointing when in a
+// block) and its backward's (the input's gradient, and the weight's when trained).
+struct LinearShape {
+  MatmulShape shape;  // its flops unused: forward and backward below
+  bool blocked = true;
+  double forward_flops = 0;
+  double backward_flops = 0;
+};
+
 // One part of the model (the ViT, the Q-Former, the projection, the language model): its
 // forward's work and what a backward through it adds.
 struct Part {
@@ -37,6 +46,9 @@ struct Part {
   double launches = 0;
   double nf4_values = 0;
   double trainable_tensors = 0;
+  std::vector<LinearShape> linears;  // its projections' FLOPs by shape (adapters' aside)
+  double attention_flops = 0;        // forward's, of forward_flops
+  double attention_key_flops = 0;    // attention_flops x the keys each query attends to
 };
 
 class PartCounter {
@@ -54,6 +66,7 @@ class PartCounter {
   void Linear(double tokens, double in, double out, std::string_view name, bool quantised = true) {
     const double matmul = 2 * tokens * in * out;
     part_.forward_flops += matmul;
+    AddShape(tokens, in, out, matmul, /*blocked=*/true);
     Backward(matmul, in, out, tokens, name, quantised);
   }
 
@@ -61,6 +74,7 @@ class PartCounter {
   void UnblockedLinear(double tokens, double in, double out, std::string_view name) {
     const double matmul = 2 * tokens * in * out;
     part_.unblocked_flops += matmul;
+    AddShape(tokens, in, out, matmul, /*blocked=*/false);
     Backward(matmul, in, out, tokens, name, /*quantised=*/false);
   }
 
@@ -70,6 +84,8 @@ class PartCounter {
     const double flops = 4 * queries * keys * width;
     part_.forward_flops += flops;
     part_.input_grad_flops += 2 * flops;
+    part_.attention_flops += flops;
+    part_.attention_key_flops += flops * keys;
   }
 
   // A layer's element-wise traffic and launches over `tokens` tokens.
@@ -85,6 +101,17 @@ class PartCounter {
  private:
   // What a linear layer's backward adds: its input's gradient, its weight's when trained, and its
   // adapter's work.
+  // The shape of a linear layer of `tokens` rows (a micro-batch's) and its FLOPs forward and in
+  // backward (the input's gradient, the weight's when trained).
+  void AddShape(double tokens, double in, double out, double matmul, bool blocked) {
+    part_.linears.push_back({.shape = {.rows = static_cast<int64_t>(tokens),
+                                       .in = static_cast<int64_t>(in),
+                                       .out = static_cast<int64_t>(out)},
+                             .blocked = blocked,
+                             .forward_flops = matmul,
+                             .backward_flops = matmul * (trained_ ? 2 : 1)});
+  }
+
   void Backward(double matmul, double in, double out, double tokens, std::string_view name,
                 bool quantised) {
     part_.input_grad_flops += matmul;
@@ -214,6 +241,9 @@ double CountT5Work(const T5Config& t5, double examples, double queries, double c
 // values dequantised, and the trainable tensors the optimizer steps over.
 struct MicroBatchWork {
   double matmul = 0, memory = 0, launches = 0, nf4_values = 0, trainable_tensors = 0;
+  std::vector<MatmulShape> shapes;  // of matmul, the projections' by shape
+  double attention = 0;             // of matmul, attention's (SDPA's)
+  double attention_keys = 0;        // attention x the keys each query attends to
 };
 
 // The micro-batch's work over the parts in order, each with whether it learns: backward runs
@@ -232,6 +262,15 @@ MicroBatchWork SumMicroBatchParts(std::initializer_list<std::pair<const PartCoun
     sum.launches += p.launches * forward_runs;
     sum.nf4_values += p.nf4_values * (forward_runs + (backward ? 1 : 0));
     sum.trainable_tensors += p.trainable_tensors;
+    for (const LinearShape& linear : p.linears) {
+      MatmulShape shape = linear.shape;
+      shape.flops = linear.forward_flops * (linear.blocked ? forward_runs : 1) +
+                    (backward ? linear.backward_flops : 0);
+      AddMatmulShape(sum.shapes, shape);
+    }
+    const double attention_runs = forward_runs + (backward ? 2 : 0);
+    sum.attention += p.attention_flops * attention_runs;
+    sum.attention_keys += p.attention_key_flops * attention_runs;
     if (!backward) continue;
     sum.matmul += p.input_grad_flops + p.weight_grad_flops;
     sum.memory += kBlip2BackwardPasses * p.forward_bytes;
@@ -303,6 +342,13 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
   double memory = step.memory + logits * LossBytesPerLogit(config, element);
   const double micro_batches = static_cast<double>(w.micro_batches);
   w.matmul_flops = step.matmul * micro_batches;
+  // Each projection at its own rate (a CPU's GEMM runs far below its square rate on the narrow
+  // ViT and Q-Former), attention at SDPA's for the sequences most of its FLOPs run over (the
+  // FLOP-weighted mean of the parts' keys: the ViT's image tokens, where it is trained).
+  w.matmul_shapes = step.shapes;
+  for (MatmulShape& shape : w.matmul_shapes) shape.flops *= micro_batches;
+  w.attention_flops = step.attention * micro_batches;
+  w.attention_seq = step.attention > 0 ? step.attention_keys / step.attention : 0;
   w.memory_bytes = memory * micro_batches;
   if (qlora) AddNf4Dequant(config, step.nf4_values * micro_batches, w);
   w.launches = step.launches * micro_batches + OptimizerLaunches(config, step.trainable_tensors);

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace llmctl::estimate {
 namespace {
 
@@ -84,6 +86,36 @@ TEST(Blip2WorkTest, CheckpointingRerunsTheBlocksOfThePartsBackwardRunsThrough) {
   // OPT's one block over 5 tokens: q, k, v, o 2 x 5 x 4 x 64 = 2,560, attention 4 x 5 x 5 x 8 =
   // 800, fc1 and fc2 2 x 5 x 2 x 128 = 2,560; the frozen image side is not rerun, nor the head.
   EXPECT_DOUBLE_EQ(recomputed->matmul_flops - frozen->matmul_flops, 2560 + 800 + 2560);
+}
+
+// Each projection is counted at its shape (a micro-batch's rows, its weight), attention apart at
+// the sequences most of it runs over, so a CPU takes each at its own probed rate; together they
+// are every matmul FLOP but the adapters'.
+TEST(Blip2WorkTest, ProjectionsAreCountedByShapeAndAttentionByItsSequences) {
+  StatusOr<StepWork> full = EstimateBlip2StepWork(Config({}), TinyBlip2());
+  ASSERT_TRUE(full.ok()) << full.status().message();
+  double shaped = 0;
+  for (const MatmulShape& shape : full->matmul_shapes) shaped += shape.flops;
+  EXPECT_NEAR(shaped + full->attention_flops, full->matmul_flops, 1e-9 * full->matmul_flops);
+  // The ViT's patch embedding: 4 patch rows through 588 x 8, forward and both gradients.
+  const auto patches = std::find_if(full->matmul_shapes.begin(), full->matmul_shapes.end(),
+                                    [](const MatmulShape& s) { return s.in == 588; });
+  ASSERT_NE(patches, full->matmul_shapes.end());
+  EXPECT_EQ(patches->rows, 4);
+  EXPECT_DOUBLE_EQ(patches->flops, 3 * kVisionPatches);
+  // Attention forward and backward (3x): the ViT's 800 over 5 keys, the Q-Former's 128 over 2
+  // and 320 over 5, OPT's 800 over 5; its sequence their FLOP-weighted mean of keys.
+  EXPECT_DOUBLE_EQ(full->attention_flops, 3 * (800 + 128 + 320 + 800));
+  EXPECT_DOUBLE_EQ(full->attention_seq, (800 * 5 + 128 * 2 + 320 * 5 + 800 * 5) /
+                                            static_cast<double>(800 + 128 + 320 + 800));
+
+  // Adapters' FLOPs are no projection's shape: they take the micro-batch's rate.
+  StatusOr<StepWork> lora = EstimateBlip2StepWork(
+      Config({{"peft.method", "lora"}, {"peft.targets", "[q_proj, v_proj]"}}), TinyBlip2());
+  ASSERT_TRUE(lora.ok()) << lora.status().message();
+  shaped = 0;
+  for (const MatmulShape& shape : lora->matmul_shapes) shaped += shape.flops;
+  EXPECT_LT(shaped + lora->attention_flops, lora->matmul_flops * (1 - 1e-9));
 }
 
 TEST(Blip2WorkTest, CaptionsOfTheLongestExampleShortenTheStep) {
