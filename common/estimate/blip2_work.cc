@@ -49,6 +49,7 @@ struct Part {
   std::vector<LinearShape> linears;  // its projections' FLOPs by shape (adapters' aside)
   double attention_flops = 0;        // forward's, of forward_flops
   double attention_key_flops = 0;    // attention_flops x the keys each query attends to
+  double attention_width_flops = 0;  // attention_flops x its heads' width
 };
 
 class PartCounter {
@@ -80,12 +81,14 @@ class PartCounter {
 
   // Attention's scores and weighted sum: `queries` tokens over `keys` keys each, `width` wide;
   // backward forms the gradients of the scores, the values, the queries and the keys.
-  void Attention(double queries, double keys, double width) {
+  // `head_width` is each of its heads' (width / heads).
+  void Attention(double queries, double keys, double width, double head_width) {
     const double flops = 4 * queries * keys * width;
     part_.forward_flops += flops;
     part_.input_grad_flops += 2 * flops;
     part_.attention_flops += flops;
     part_.attention_key_flops += flops * keys;
+    part_.attention_width_flops += flops * head_width;
   }
 
   // A layer's element-wise traffic and launches over `tokens` tokens.
@@ -148,7 +151,7 @@ void CountVisionWork(const Blip2VisionConfig& v, double examples, double image_t
                          c, "patch_embedding");
   for (int64_t i = 0; i < v.num_hidden_layers; ++i) {
     vision.Linear(n, c, 3 * c, "qkv");
-    vision.Attention(n, image_tokens, c);
+    vision.Attention(n, image_tokens, c, c / static_cast<double>(v.num_attention_heads));
     vision.Linear(n, c, c, "projection");
     vision.Linear(n, c, static_cast<double>(v.intermediate_size), "fc1");
     vision.Linear(n, static_cast<double>(v.intermediate_size), c, "fc2");
@@ -161,16 +164,17 @@ void CountQFormerWork(const Blip2QFormerConfig& q, double examples, double queri
                       double image_tokens, PartCounter& qformer) {
   const double c = static_cast<double>(q.hidden_size);
   const double n = examples * queries;
+  const double head_width = c / static_cast<double>(q.num_attention_heads);
   for (int64_t i = 0; i < q.num_hidden_layers; ++i) {
     for (const char* name : {"query", "key", "value", "output"}) qformer.Linear(n, c, c, name);
-    qformer.Attention(n, queries, c);
+    qformer.Attention(n, queries, c, head_width);
     if (i % q.cross_attention_frequency == 0) {
       const double encoder = static_cast<double>(q.encoder_hidden_size);
       qformer.Linear(n, c, c, "query");
       qformer.Linear(examples * image_tokens, encoder, c, "key");
       qformer.Linear(examples * image_tokens, encoder, c, "value");
       qformer.Linear(n, c, c, "output");
-      qformer.Attention(n, image_tokens, c);
+      qformer.Attention(n, image_tokens, c, head_width);
     }
     qformer.Linear(n, c, static_cast<double>(q.intermediate_size), "intermediate");
     qformer.Linear(n, static_cast<double>(q.intermediate_size), c, "output");
@@ -187,7 +191,7 @@ double CountOptWork(const OptConfig& opt, double examples, double sequence, Part
     for (const char* name : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
       language.Linear(n, h, h, name);
     }
-    language.Attention(n, sequence, h);
+    language.Attention(n, sequence, h, h / static_cast<double>(opt.num_attention_heads));
     language.Linear(n, h, ffn, "fc1");
     language.Linear(n, ffn, h, "fc2");
     language.Layer(n, h, ffn, false);
@@ -219,7 +223,7 @@ double CountT5Work(const T5Config& t5, double examples, double queries, double c
     language.Linear(n, d, inner, "q");
     language.Linear(kv_tokens, d, inner, "k");
     language.Linear(kv_tokens, d, inner, "v");
-    language.Attention(n, keys, inner);
+    language.Attention(n, keys, inner, static_cast<double>(t5.d_kv));
     language.Linear(n, inner, d, "o");
   };
   for (int64_t i = 0; i < t5.num_layers; ++i) {
@@ -244,6 +248,7 @@ struct MicroBatchWork {
   std::vector<MatmulShape> shapes;  // of matmul, the projections' by shape
   double attention = 0;             // of matmul, attention's (SDPA's)
   double attention_keys = 0;        // attention x the keys each query attends to
+  double attention_widths = 0;      // attention x its heads' width
 };
 
 // The micro-batch's work over the parts in order, each with whether it learns: backward runs
@@ -271,6 +276,7 @@ MicroBatchWork SumMicroBatchParts(std::initializer_list<std::pair<const PartCoun
     const double attention_runs = forward_runs + (backward ? 2 : 0);
     sum.attention += p.attention_flops * attention_runs;
     sum.attention_keys += p.attention_key_flops * attention_runs;
+    sum.attention_widths += p.attention_width_flops * attention_runs;
     if (!backward) continue;
     sum.matmul += p.input_grad_flops + p.weight_grad_flops;
     sum.memory += kBlip2BackwardPasses * p.forward_bytes;
@@ -343,12 +349,13 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
   const double micro_batches = static_cast<double>(w.micro_batches);
   w.matmul_flops = step.matmul * micro_batches;
   // Each projection at its own rate (a CPU's GEMM runs far below its square rate on the narrow
-  // ViT and Q-Former), attention at SDPA's for the sequences most of its FLOPs run over (the
-  // FLOP-weighted mean of the parts' keys: the ViT's image tokens, where it is trained).
+  // ViT and Q-Former), attention at SDPA's for the sequences and heads most of its FLOPs run over
+  // (the FLOP-weighted means of the parts' keys and head widths: the ViT's, where it is trained).
   w.matmul_shapes = step.shapes;
   for (MatmulShape& shape : w.matmul_shapes) shape.flops *= micro_batches;
   w.attention_flops = step.attention * micro_batches;
   w.attention_seq = step.attention > 0 ? step.attention_keys / step.attention : 0;
+  w.attention_head_width = step.attention > 0 ? step.attention_widths / step.attention : 0;
   w.memory_bytes = memory * micro_batches;
   if (qlora) AddNf4Dequant(config, step.nf4_values * micro_batches, w);
   w.launches = step.launches * micro_batches + OptimizerLaunches(config, step.trainable_tensors);

@@ -109,6 +109,14 @@ StatusOr<ProbedAttention> ParseAttention(const json& row, const std::string& pat
     }
     a.tokens = tokens->get<int64_t>();
   }
+  // Before version 6 no head_width: 64, what it measured (FromJson refuses its absence in 6).
+  if (const auto width = row.find("head_width"); width != row.end()) {
+    if (!width->is_number_integer() || width->get<int64_t>() < 1 ||
+        width->get<int64_t>() > 1 << 16) {
+      return Refuse(path + ".head_width", "must be an integer from 1 to 65536");
+    }
+    a.head_width = width->get<int64_t>();
+  }
   ASSIGN_OR_RETURN(a.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s"));
   return a;
 }
@@ -207,6 +215,7 @@ ordered_json RateProbe::ToJson() const {
   for (const ProbedAttention& a : sdpa) {
     ordered_json row = {{"dtype", a.dtype}};
     if (version >= 5) row["tokens"] = a.tokens;
+    if (version >= 6) row["head_width"] = a.head_width;
     row["flops_per_s"] = a.flops_per_s;
     attention.push_back(row);
   }
@@ -263,6 +272,7 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   if (probe.version >= 2) RETURN_IF_ERROR(RequireInEveryRow(j, "matmul", "tokens"));
   ASSIGN_OR_RETURN(probe.sdpa, ParseRows<ProbedAttention>(j, "sdpa", ParseAttention));
   if (probe.version >= 5) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "tokens"));
+  if (probe.version >= 6) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "head_width"));
   for (auto [key, field] :
        {std::pair{"memory_bytes_per_s", &probe.memory_bytes_per_s},
         std::pair{"launch_seconds", &probe.launch_seconds},
@@ -306,7 +316,7 @@ std::vector<ShapeRate> RateProbe::AttentionRates(const std::string& dtype) const
   std::vector<ShapeRate> rates;
   for (const ProbedAttention& a : sdpa) {
     if (a.dtype == dtype && a.flops_per_s > 0) {
-      rates.push_back({a.tokens, kProbeAttentionHeadWidth, a.flops_per_s});
+      rates.push_back({a.tokens, a.head_width, a.flops_per_s});
     }
   }
   return rates;

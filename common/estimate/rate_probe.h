@@ -3,12 +3,12 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 5), one document:
+// The JSON (version 6), one document:
 //   {"version": 5, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
 //    "matmul": [{"dtype": "fp32", "size": 512, "tokens": 256, "flops_per_s": 5.1e10}, ...],
-//    "sdpa": [{"dtype": "fp32", "tokens": 128, "flops_per_s": 2.0e10}, ...],
+//    "sdpa": [{"dtype": "fp32", "tokens": 128, "head_width": 64, "flops_per_s": 2.0e10}, ...],
 //    "memory_bytes_per_s": 1.2e10, "launch_seconds": 4e-6,
 //    "host_adamw_values_per_s": 3e8, "adamw_8bit_values_per_s": 9e7,
 //    "nf4_dequant_values_per_s": 7.5e8,
@@ -19,22 +19,25 @@
 // size), over a grid of token rows (a micro-batch's: the fewer, the shorter the weight gradient's
 // reduction and the worse a GEMM splits over threads) and sizes (the narrower, the less a GEMM
 // reuses what it loads), the cells past what one call may take left out; sdpa is causal attention
-// over 2 x 8 heads of sequences of `tokens` tokens, 64 wide, forward and backward (its rate counts
-// 3x the forward's FLOPs, as a step's attention does), at a few lengths (version 5; the longest
-// past what one call may take left out) for fp32 and bf16, at 128 for fp16; memory is one copy of
-// 64 MiB (bytes read plus written); a launch is on CUDA a one-element add, on a CPU one op of an
-// autograd step (version 4: a chain of four small ops forward and backward, over its nine kernels);
-// the host's AdamW is one fused step over 4 Mi fp32 values (an offloaded step); the 8-bit AdamW is
-// the trainer's CPU step over 1 Mi fp32 values (0 on a GPU); a reference step is one step of
-// reference_step.h's trial (a CPU's only), each class's at lengths new to the run and (version 5)
-// at one length every step had. Every figure is the median of `rounds` samples taken in
-// turn across the whole probe, so a machine whose speed drifts while it runs slows every rate
-// alike. A rate of 0 was not measured (copies without a device). Versions 1 to 4 are read, and the
-// agent and llmctl measure them again. Version 4 (11-30) timed attention at 128 tokens alone (its
-// rows have no "tokens": read as 128). Version 3 (11-29 to 11-30) timed attention's forward alone,
-// which ProbedSpeed does not use, and had no 8-bit AdamW; version 2 (11-29's tenth stop) timed each
-// rate in one stretch, fp32 and bf16 at 128, 256 and 512 tokens, without "rounds"; version 1
-// (before it) had no "tokens": its matmuls were 512 tokens, and it is read as such.
+// over 2 x 8 heads of sequences of `tokens` tokens, `head_width` wide, forward and backward (its
+// rate counts 3x the forward's FLOPs, as a step's attention does), at a few lengths (version 5; the
+// longest past what one call may take left out) and head widths (version 6: on a CPU 32 and 64, on
+// a GPU 64 and 128) for fp32 and bf16, at 128 tokens and 64 wide for fp16; version 6's CPU grid
+// starts at 64-wide weights (256 before); memory is one
+// copy of 64 MiB (bytes read plus written); a launch is on CUDA a one-element add, on a CPU one op
+// of an autograd step (version 4: a chain of four small ops forward and backward, over its nine
+// kernels); the host's AdamW is one fused step over 4 Mi fp32 values (an offloaded step); the 8-bit
+// AdamW is the trainer's CPU step over 1 Mi fp32 values (0 on a GPU); a reference step is one step
+// of reference_step.h's trial (a CPU's only), each class's at lengths new to the run and (version
+// 5) at one length every step had. Every figure is the median of `rounds` samples taken in turn
+// across the whole probe, so a machine whose speed drifts while it runs slows every rate alike. A
+// rate of 0 was not measured (copies without a device). Versions 1 to 5 are read, and the agent and
+// llmctl measure them again. Version 5 (11-30) timed attention 64 wide alone (its rows have no
+// "head_width": read as 64). Version 4 (11-30) timed attention at 128 tokens alone (its rows have
+// no "tokens": read as 128). Version 3 (11-29 to 11-30) timed attention's forward alone, which
+// ProbedSpeed does not use, and had no 8-bit AdamW; version 2 (11-29's tenth stop) timed each rate
+// in one stretch, fp32 and bf16 at 128, 256 and 512 tokens, without "rounds"; version 1 (before it)
+// had no "tokens": its matmuls were 512 tokens, and it is read as such.
 #ifndef LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 #define LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 
@@ -49,7 +52,7 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 5;
+inline constexpr int kRateProbeVersion = 6;
 // The tokens of a version 1 probe's matmuls, and the token count a rate is taken at when a step's
 // micro-batch is not known.
 inline constexpr int64_t kProbeMatmulTokens = 512;
@@ -65,6 +68,9 @@ struct ProbedAttention {
   std::string dtype;
   double flops_per_s = 0;
   int64_t tokens = kProbeAttentionTokens;  // a sequence's
+  // Each head's width (version 6; before it 64): a CPU's attention runs far below its 64-wide
+  // rate on narrower heads (Zen 4, bf16 at 64 tokens: 14 GFLOP/s 24 wide, 34 at 64).
+  int64_t head_width = kProbeAttentionHeadWidth;
 };
 
 // The seconds of one step of the reference trial of `dtype`'s matmul class (reference_step.h), its
@@ -109,8 +115,8 @@ struct RateProbe {
                      int64_t tokens = kProbeMatmulTokens) const;
   // `dtype`'s measured matmul rates by shape (empty: none).
   std::vector<ShapeRate> MatmulRates(const std::string& dtype) const;
-  // `dtype`'s measured causal attention rates by sequence length (ShapeRate's rows; its width
-  // kProbeAttentionHeadWidth), empty: none.
+  // `dtype`'s measured causal attention rates by sequence length (ShapeRate's rows) and head
+  // width (its width), empty: none.
   std::vector<ShapeRate> AttentionRates(const std::string& dtype) const;
   // Whether `other` was measured on the same device, versions and threads.
   bool SameIdentity(const RateProbe& other) const;

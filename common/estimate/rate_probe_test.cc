@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -162,6 +163,57 @@ TEST(RateProbeTest, AVersionFourProbesAttentionReadsAsOneHundredTwentyEightToken
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("'sdpa[0].tokens' is missing"), std::string::npos)
       << refused.status().message();
+}
+
+// A probe of version 5 timed attention 64 wide alone and its rows have no head_width: they read
+// as 64-wide rates, used at every width. Version 6's rows must say their width.
+TEST(RateProbeTest, AVersionFiveProbesAttentionReadsAsSixtyFourWideHeads) {
+  nlohmann::json old = nlohmann::json::parse(FixedProbeWithReferenceSteps().ToJson().dump());
+  old["version"] = 5;
+  for (nlohmann::json& row : old["sdpa"]) row.erase("head_width");
+  StatusOr<RateProbe> parsed = RateProbe::FromJson(old);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  for (const ProbedAttention& a : parsed->sdpa) EXPECT_EQ(a.head_width, kProbeAttentionHeadWidth);
+  EXPECT_FALSE(parsed->ToJson()["sdpa"][0].contains("head_width"));  // written back as read
+  old["version"] = kRateProbeVersion;
+  StatusOr<RateProbe> refused = RateProbe::FromJson(old);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("'sdpa[0].head_width' is missing"), std::string::npos)
+      << refused.status().message();
+  nlohmann::json zero = nlohmann::json::parse(FixedProbe().ToJson().dump());
+  zero["sdpa"][1]["head_width"] = 0;
+  refused = RateProbe::FromJson(zero);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("sdpa[1].head_width"), std::string::npos)
+      << refused.status().message();
+}
+
+// A step's attention takes the rate at its heads' width too: linear in log(width) between the
+// measured widths around it, the nearest one's outside; a work that does not say its width (stored
+// before it did) takes the 64-wide rate.
+TEST(RateProbeTest, AttentionTakesTheRateAtItsHeadsWidth) {
+  RateProbe p = FixedProbe();
+  p.sdpa = {{"bf16", 1e10, 128, 32}, {"bf16", 4e10, 128, 64}, {"fp32", 4e10, 128, 64}};
+  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), p, "a probe");
+  StepWork work;
+  work.matmul_class = MatmulClass::kBf16;
+  work.tokens = 1024;
+  work.micro_batches = 1;
+  work.attention_flops = 6e9;
+  work.matmul_flops = 6e9;
+  work.attention_seq = 128;
+  auto attention_seconds = [&](double width) {
+    work.attention_head_width = width;
+    return TermSeconds(
+        EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0),
+        "attention");
+  };
+  EXPECT_DOUBLE_EQ(attention_seconds(64), 6e9 / 4e10);
+  EXPECT_DOUBLE_EQ(attention_seconds(0), 6e9 / 4e10);  // not known: 64 wide
+  EXPECT_DOUBLE_EQ(attention_seconds(32), 6e9 / 1e10);
+  EXPECT_NEAR(attention_seconds(std::sqrt(32.0 * 64.0)), 6e9 / 2.5e10, 1e-12);  // halfway in log
+  EXPECT_DOUBLE_EQ(attention_seconds(16), 6e9 / 1e10);   // below the narrowest: its rate
+  EXPECT_DOUBLE_EQ(attention_seconds(128), 6e9 / 4e10);  // above the widest: its rate
 }
 
 // A step's attention takes the probe's rate at its sequences' length: linear in log(length)

@@ -117,10 +117,11 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
       bf16 ? d.bf16_attention_by_length : d.fp32_attention_by_length;
   const double attention_seq =
       w.attention_seq > 0 ? w.attention_seq : static_cast<double>(kProbeAttentionTokens);
-  const double attention_rate = attention_rates.empty()
-                                    ? 0
-                                    : RateAtShape(attention_rates, attention_seq,
-                                                  static_cast<double>(kProbeAttentionHeadWidth));
+  const double head_width = w.attention_head_width > 0
+                                ? w.attention_head_width
+                                : static_cast<double>(kProbeAttentionHeadWidth);
+  const double attention_rate =
+      attention_rates.empty() ? 0 : RateAtShape(attention_rates, attention_seq, head_width);
   const double attention = attention_rate > 0 ? w.attention_flops : 0;
   const double flops = w.matmul_flops - attention;
   const std::vector<ShapeRate>& by_shape = bf16 ? d.bf16_flops_by_shape : d.fp32_flops_by_shape;
@@ -137,7 +138,8 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
     terms.push_back({"attention",
                      Quantity(attention, "FLOP") + " / " + Quantity(attention_rate, "FLOP/s") +
                          " (" + std::string(MatmulClassName(w.matmul_class)) +
-                         Format(" SDPA at %.0f tokens a sequence)", attention_seq),
+                         Format(" SDPA at %.0f tokens a sequence", attention_seq) +
+                         Format(", %.0f-wide heads)", head_width),
                      attention / attention_rate});
   }
   terms.push_back({"memory",

@@ -81,15 +81,20 @@ StatusOr<double> WorkNumber(const json& object, const char* key, const std::stri
   return value->get<double>();
 }
 
-// The work's matmul_shapes, attention_flops, attention_seq and new_length_micro_batches, which a
-// work stored before them lacks (then every FLOP is taken at one rate, as it was, attention at the
-// probe's 128 tokens, and no micro-batch at a new length).
+// The work's matmul_shapes, attention_flops, attention_seq, attention_head_width and
+// new_length_micro_batches, which a work stored before them lacks (then every FLOP is taken at one
+// rate, as it was, attention at the probe's 128 tokens and 64-wide heads, and no micro-batch at a
+// new length).
 Status ParseMatmulShapes(const json& j, StepWork& w) {
   if (j.contains("attention_flops")) {
     ASSIGN_OR_RETURN(w.attention_flops, WorkNumber(j, "attention_flops", "attention_flops"));
   }
   if (j.contains("attention_seq")) {
     ASSIGN_OR_RETURN(w.attention_seq, WorkNumber(j, "attention_seq", "attention_seq"));
+  }
+  if (j.contains("attention_head_width")) {
+    ASSIGN_OR_RETURN(w.attention_head_width,
+                     WorkNumber(j, "attention_head_width", "attention_head_width"));
   }
   if (j.contains("new_length_micro_batches")) {
     ASSIGN_OR_RETURN(w.new_length_micro_batches,
@@ -169,6 +174,7 @@ json StepWork::ToJson() const {
           {"matmul_shapes", shapes},
           {"attention_flops", attention_flops},
           {"attention_seq", attention_seq},
+          {"attention_head_width", attention_head_width},
           {"new_length_micro_batches", new_length_micro_batches},
           {"memory_bytes", memory_bytes},
           {"launches", launches},
@@ -403,6 +409,7 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   w.matmul_flops = matmuls.flops * micro_batches;
   w.attention_flops = matmuls.attention_flops * micro_batches;
   w.attention_seq = shape.seq;
+  w.attention_head_width = static_cast<double>(model.head_dim);
   w.matmul_shapes = matmuls.shapes;
   for (MatmulShape& shape : w.matmul_shapes) shape.flops *= micro_batches;
   w.memory_bytes = CountLlamaMicroMemory(config, model, shape, matmuls) * micro_batches;

@@ -69,6 +69,10 @@ struct StepWork {
   // The tokens of the sequences attention runs over (a micro-batch's padded length), which its
   // rate depends on: 0 when not known (a work stored before 11-30).
   double attention_seq = 0;
+  // The width of its heads, which its rate depends on too (a CPU's attention on 24-wide heads runs
+  // at half its 64-wide rate): 0 when not known (a work stored before 11-30's probe version 6),
+  // which takes the rate at kProbeAttentionHeadWidth.
+  double attention_head_width = 0;
   // The micro-batches a step runs at a padded length no earlier step had, each of whose matmul
   // shapes is then new to the process (a CPU's 16-bit GEMMs build their kernels for each): 0 when
   // not known (a work stored before 11-30, or one at full sequences, which repeat).

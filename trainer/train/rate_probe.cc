@@ -37,8 +37,11 @@ using Clock = std::chrono::steady_clock;
 // Fewer rows shorten the weight gradient's reduction and split worse over threads; a narrower
 // weight reuses less of what the GEMM loads: measured 11-29 on a Zen 3, a LLaMA step's 190-row
 // GEMMs ran at 33-55 GFLOP/s where a 512-row square one ran at 67 (one thread).
+// The CPU's narrowest widths (version 6) are BLIP-2's small ViT and Q-Former (96 and 64 wide), whose
+// GEMMs run far below a 256-wide one's (11-30, Zen 4, bf16 at 32 rows: 11, 33 and 95 GFLOP/s 64,
+// 128 and 256 wide).
 constexpr int64_t kCpuRows[] = {32, 128, 512, 2048};
-constexpr int64_t kCpuWidths[] = {256, 512, 1024, 2048, 4096};
+constexpr int64_t kCpuWidths[] = {64, 128, 256, 512, 1024, 2048, 4096};
 constexpr int64_t kCudaRows[] = {512, 2048, 8192};
 constexpr int64_t kCudaWidths[] = {1024, 2048, 4096, 8192};
 // One matmul call may take at most this share of the rounds' time: the grid's cells past it (the
@@ -55,6 +58,13 @@ constexpr double kCallShare = 1.0 / 96;
 constexpr int64_t kSdpaBatch = 2, kSdpaHeads = 8;
 constexpr int64_t kCpuSdpaTokens[] = {32, 64, 128, 256, 512};
 constexpr int64_t kCudaSdpaTokens[] = {512, 2048, 8192};
+// Each at these head widths (version 6): a CPU's attention slows on narrow heads (11-30, Zen 4,
+// bf16 at 64 tokens: 14, 19, 34 and 57 GFLOP/s 24, 32, 64 and 128 wide; BLIP-2's small ViT has
+// 24-wide heads), a LLaMA's are 64 wide, a 7B's 128, BLIP-2's ViT 88 and OPT-2.7b's 80. A CPU's
+// probe leaves 128 out to stay under 15 s on 2 cores (with it: 12.3-14.0 s of its own); wider
+// heads take the 64-wide rate there, a little below theirs.
+constexpr int64_t kCpuSdpaHeadWidths[] = {32, 64};
+constexpr int64_t kCudaSdpaHeadWidths[] = {64, 128};
 constexpr int64_t kCopyBytes = 64 << 20;
 // The CPU's launch: a chain of four ops on this many values, forward and backward (the backward's
 // five kernels: the two products' and silu's gradients and the sum into x's), nine kernels.
@@ -200,27 +210,26 @@ void AddMatmulGrid(Rounds& rounds, double longest_call, estimate::RateProbe& pro
 // forward's FLOPs (backward twice the forward, as step_work.h counts a step's attention). A CPU's
 // flash-attention backward in bf16 runs far below its forward (11-30, Zen 4: the cpu-lab bf16-true
 // row's attention took 5x its forward's time in backward), which a forward alone does not see.
-// One dtype's rows at `lengths`, shortest first; a length whose call would take longer than
-// `longest_call` at the best rate so far is left out, and so is every longer one.
+// One dtype's rows at `lengths` with heads `head_width` wide, shortest first; a length whose call
+// would take longer than `longest_call` at the best rate so far is left out, and so is every
+// longer one.
 void AddAttentionLengths(Rounds& rounds, const std::string& dtype,
-                         const std::vector<int64_t>& lengths, double longest_call,
-                         estimate::RateProbe& probe) {
+                         const std::vector<int64_t>& lengths, int64_t head_width,
+                         double longest_call, estimate::RateProbe& probe) {
   const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
   double rate = 0;
   for (const int64_t tokens : lengths) {
     // Scores and weighted sum, the causal half not discounted (as step_work.h counts them).
-    const double flops = 3 * 4.0 *
-                         static_cast<double>(kSdpaBatch * kSdpaHeads * tokens * tokens *
-                                             estimate::kProbeAttentionHeadWidth);
+    const double flops =
+        3 * 4.0 * static_cast<double>(kSdpaBatch * kSdpaHeads * tokens * tokens * head_width);
     if (rate > 0 && flops / rate > longest_call) break;
-    const std::vector<int64_t> shape = {kSdpaBatch, kSdpaHeads, tokens,
-                                        estimate::kProbeAttentionHeadWidth};
+    const std::vector<int64_t> shape = {kSdpaBatch, kSdpaHeads, tokens, head_width};
     const torch::Tensor q = torch::randn(shape, options).requires_grad_();
     const torch::Tensor k = torch::randn(shape, options).requires_grad_();
     const torch::Tensor v = torch::randn(shape, options).requires_grad_();
     const torch::Tensor grad_out = torch::randn(shape, options);
     const size_t row = probe.sdpa.size();
-    probe.sdpa.push_back({dtype, 0, tokens});
+    probe.sdpa.push_back({dtype, 0, tokens, head_width});
     const double once = rounds.Add(
         [q, k, v, grad_out] {
           torch::AutoGradMode grad_mode(true);
@@ -233,16 +242,23 @@ void AddAttentionLengths(Rounds& rounds, const std::string& dtype,
   }
 }
 
-// fp32 and bf16 (the estimate's two classes) at every length; fp16, which no estimate uses, at
-// kProbeAttentionTokens, for `llmctl nodes`.
+// fp32 and bf16 (the estimate's two classes) at every length and head width; fp16, which no
+// estimate uses, at kProbeAttentionTokens and kProbeAttentionHeadWidth, for `llmctl nodes`.
 void AddAttention(Rounds& rounds, double longest_call, estimate::RateProbe& probe) {
+  const bool cuda = rounds.device().is_cuda();
   const std::vector<int64_t> lengths =
-      rounds.device().is_cuda()
-          ? std::vector<int64_t>(std::begin(kCudaSdpaTokens), std::end(kCudaSdpaTokens))
-          : std::vector<int64_t>(std::begin(kCpuSdpaTokens), std::end(kCpuSdpaTokens));
-  AddAttentionLengths(rounds, "fp32", lengths, longest_call, probe);
-  AddAttentionLengths(rounds, "bf16", lengths, longest_call, probe);
-  AddAttentionLengths(rounds, "fp16", {estimate::kProbeAttentionTokens}, longest_call, probe);
+      cuda ? std::vector<int64_t>(std::begin(kCudaSdpaTokens), std::end(kCudaSdpaTokens))
+           : std::vector<int64_t>(std::begin(kCpuSdpaTokens), std::end(kCpuSdpaTokens));
+  const std::vector<int64_t> widths =
+      cuda ? std::vector<int64_t>(std::begin(kCudaSdpaHeadWidths), std::end(kCudaSdpaHeadWidths))
+           : std::vector<int64_t>(std::begin(kCpuSdpaHeadWidths), std::end(kCpuSdpaHeadWidths));
+  for (const char* dtype : {"fp32", "bf16"}) {
+    for (const int64_t width : widths) {
+      AddAttentionLengths(rounds, dtype, lengths, width, longest_call, probe);
+    }
+  }
+  AddAttentionLengths(rounds, "fp16", {estimate::kProbeAttentionTokens},
+                      estimate::kProbeAttentionHeadWidth, longest_call, probe);
 }
 
 void AddMemoryAndLaunches(Rounds& rounds, estimate::RateProbe& probe) {

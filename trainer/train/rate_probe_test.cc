@@ -45,27 +45,29 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   ExpectEveryRateMeasured(*probe);
   EXPECT_GE(probe->rounds, 3);
   // Every matmul is a cell of the CPU's grid, and each dtype has at least its cheapest one (32
-  // rows through a 256-wide weight), however slow.
+  // rows through a 64-wide weight), however slow.
   const std::set<int64_t> rows = {32, 128, 512, 2048};
-  const std::set<int64_t> widths = {256, 512, 1024, 2048, 4096};
+  const std::set<int64_t> widths = {64, 128, 256, 512, 1024, 2048, 4096};
   std::set<std::string> cheapest;
   for (const estimate::ProbedMatmul& m : probe->matmul) {
     EXPECT_TRUE(rows.contains(m.tokens) && widths.contains(m.size)) << m.tokens << " x " << m.size;
-    if (m.tokens == 32 && m.size == 256) cheapest.insert(m.dtype);
+    if (m.tokens == 32 && m.size == 64) cheapest.insert(m.dtype);
   }
   EXPECT_EQ(cheapest, (std::set<std::string>{"fp32", "bf16", "fp16"}));
-  // Attention at the CPU's lengths, each of the estimate's dtypes from the shortest, however slow;
-  // fp16 at 128 tokens alone.
+  // Attention at the CPU's lengths and head widths, each of the estimate's dtypes from the
+  // shortest at every width, however slow; fp16 at 128 tokens and 64 wide alone.
   const std::set<int64_t> lengths = {32, 64, 128, 256, 512};
-  std::set<std::string> shortest;
+  std::set<std::pair<std::string, int64_t>> shortest;
   for (const estimate::ProbedAttention& a : probe->sdpa) {
     EXPECT_TRUE(lengths.contains(a.tokens)) << a.dtype << " " << a.tokens;
     if (a.dtype == "fp16") {
       EXPECT_EQ(a.tokens, estimate::kProbeAttentionTokens);
+      EXPECT_EQ(a.head_width, estimate::kProbeAttentionHeadWidth);
     }
-    if (a.tokens == 32) shortest.insert(a.dtype);
+    if (a.tokens == 32) shortest.insert({a.dtype, a.head_width});
   }
-  EXPECT_EQ(shortest, (std::set<std::string>{"fp32", "bf16"}));
+  EXPECT_EQ(shortest, (std::set<std::pair<std::string, int64_t>>{
+                          {"fp32", 32}, {"fp32", 64}, {"bf16", 32}, {"bf16", 64}}));
   // The host is the device: nothing to copy. The trainer's 8-bit AdamW step is the CPU's own.
   EXPECT_EQ(probe->host_to_device_bytes_per_s, 0);
   EXPECT_GT(probe->adamw_8bit_values_per_s, 0);
