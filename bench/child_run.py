@@ -59,6 +59,13 @@ class ChildRun:
         return "\n".join("    " + l for l in out)
 
 
+# The heap policy llm-train sets itself (trainer/memory/host_heap.h: freed large blocks kept for the
+# next step, not unmapped and faulted in again), for the peers too, so that a ratio compares the
+# trainers and not glibc's defaults: on a 128k vocabulary those alone made transformers 2x slower
+# (docs/benchmarks.md).
+HEAP_TUNABLES = "glibc.malloc.mmap_threshold=2147483647:glibc.malloc.trim_threshold=2147483647"
+
+
 def child_env(threads, wait_policy, device):
     env = dict(os.environ)
     if wait_policy != "inherit":
@@ -69,4 +76,5 @@ def child_env(threads, wait_policy, device):
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # CPU benchmark: neither side may touch a GPU
     env["TOKENIZERS_PARALLELISM"] = "false"
+    env["GLIBC_TUNABLES"] = HEAP_TUNABLES
     return env

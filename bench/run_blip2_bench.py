@@ -19,6 +19,10 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from child_run import HEAP_TUNABLES  # noqa: E402
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -50,7 +54,8 @@ def main():
     args = parser.parse_args()
 
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
-               OPENBLAS_NUM_THREADS=str(args.threads), CUDA_VISIBLE_DEVICES="")
+               OPENBLAS_NUM_THREADS=str(args.threads), CUDA_VISIBLE_DEVICES="",
+               GLIBC_TUNABLES=HEAP_TUNABLES)
     best = {}
     _, llm_train_baseline = run([args.llm_train, "--keys"], env, os.devnull)
     with tempfile.TemporaryDirectory(prefix="blip2-bench-") as tmp:

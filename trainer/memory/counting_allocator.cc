@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/byte_size.h"
+#include "trainer/memory/host_heap.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -57,6 +58,8 @@ CountingCpuAllocator::CountingCpuAllocator() : inner_(c10::GetDefaultCPUAllocato
 CountingCpuAllocator& CountingCpuAllocator::Install() {
   // Never destroyed: tensors may outlive static destruction order.
   static CountingCpuAllocator* instance = [] {
+    // The step's large tensors stay in the heap between steps (host_heap.h).
+    KeepFreedHostMemory();
     auto* allocator = new CountingCpuAllocator();
     c10::SetCPUAllocator(allocator, kAllocatorPriority);
     return allocator;
