@@ -73,7 +73,9 @@ set(LLMCTL_TEST_SKIP_RETURN_CODE 77)
 # shrinks), so a training step's tensors reuse the previous step's pages rather than fault fresh
 # zeroed ones in: qwen2-0.5b's shape check spent 20.7 s of 71 in the kernel, 4.7 s of 58 with it.
 # The counting allocator's figures are the same bytes either way (it counts what LibTorch asks
-# for); only the processes' resident memory stays at its high-water mark until they exit.
+# for); only the processes' resident memory stays at its high-water mark until they exit. llm-train
+# sets the same policy itself since 11-30 (trainer/memory/host_heap.h); this covers every other test
+# process.
 # LLMCTL_RATE_PROBE=off: an llmctl a test starts predicts at the data sheets' rates, never at a
 # probe of this machine (its speed, and 10 s of two cores per fresh data directory); the probe's
 # own tests pass their environment explicitly.

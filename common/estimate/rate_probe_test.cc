@@ -22,6 +22,22 @@ double TermSeconds(const TimeEstimate& e, const std::string& name) {
   return -1.0;
 }
 
+// The seconds of the attention term of 6 GFLOP of bf16 attention at `seq` tokens a sequence on
+// `head_width`-wide heads (0: not known), at `probe`'s rates.
+double AttentionSeconds(const RateProbe& probe, double seq, double head_width) {
+  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), probe, "a probe");
+  StepWork work;
+  work.matmul_class = MatmulClass::kBf16;
+  work.tokens = 1024;
+  work.micro_batches = 1;
+  work.attention_flops = 6e9;
+  work.matmul_flops = 6e9;
+  work.attention_seq = seq;
+  work.attention_head_width = head_width;
+  return TermSeconds(EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0),
+                     "attention");
+}
+
 RateProbe FixedProbe() {
   RateProbe p;
   p.measured_at = "2026-11-29T01:00:00Z";
@@ -194,20 +210,7 @@ TEST(RateProbeTest, AVersionFiveProbesAttentionReadsAsSixtyFourWideHeads) {
 TEST(RateProbeTest, AttentionTakesTheRateAtItsHeadsWidth) {
   RateProbe p = FixedProbe();
   p.sdpa = {{"bf16", 1e10, 128, 32}, {"bf16", 4e10, 128, 64}, {"fp32", 4e10, 128, 64}};
-  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), p, "a probe");
-  StepWork work;
-  work.matmul_class = MatmulClass::kBf16;
-  work.tokens = 1024;
-  work.micro_batches = 1;
-  work.attention_flops = 6e9;
-  work.matmul_flops = 6e9;
-  work.attention_seq = 128;
-  auto attention_seconds = [&](double width) {
-    work.attention_head_width = width;
-    return TermSeconds(
-        EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0),
-        "attention");
-  };
+  auto attention_seconds = [&](double width) { return AttentionSeconds(p, 128, width); };
   EXPECT_DOUBLE_EQ(attention_seconds(64), 6e9 / 4e10);
   EXPECT_DOUBLE_EQ(attention_seconds(0), 6e9 / 4e10);  // not known: 64 wide
   EXPECT_DOUBLE_EQ(attention_seconds(32), 6e9 / 1e10);
@@ -222,19 +225,7 @@ TEST(RateProbeTest, AttentionTakesTheRateAtItsHeadsWidth) {
 TEST(RateProbeTest, AttentionTakesTheRateAtItsSequenceLength) {
   RateProbe p = FixedProbe();
   p.sdpa = {{"bf16", 1e10, 32}, {"bf16", 3e10, 128}, {"bf16", 5e10, 512}, {"fp32", 4e10, 128}};
-  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), p, "a probe");
-  StepWork work;
-  work.matmul_class = MatmulClass::kBf16;
-  work.tokens = 1024;
-  work.micro_batches = 1;
-  work.attention_flops = 6e9;
-  work.matmul_flops = 6e9;
-  auto attention_seconds = [&](double seq) {
-    work.attention_seq = seq;
-    return TermSeconds(
-        EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0),
-        "attention");
-  };
+  auto attention_seconds = [&](double seq) { return AttentionSeconds(p, seq, 0); };
   EXPECT_DOUBLE_EQ(attention_seconds(128), 6e9 / 3e10);
   EXPECT_DOUBLE_EQ(attention_seconds(0), 6e9 / 3e10);     // not known: 128 tokens
   EXPECT_NEAR(attention_seconds(64), 6e9 / 2e10, 1e-12);  // halfway in log(length)

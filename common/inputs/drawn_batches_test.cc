@@ -31,6 +31,25 @@ std::string Source() {
   return std::string(dir != nullptr ? dir : ".");
 }
 
+// The tokens of each step of llm-train's run of `file` (`trial_flags`: which trial), as its step
+// events report them.
+std::vector<int64_t> StepTokensOfARun(const std::string& file, const std::string& trial_flags) {
+  const fs::path events =
+      fs::temp_directory_path() / ("llmctl-drawn-" + std::to_string(::getpid()) + ".jsonl");
+  const testing::CommandResult run =
+      testing::RunShellCommand((testing::BuildDir() / "trainer/llm-train").string() + " --config " +
+                               file + " " + trial_flags + " --events " + events.string());
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+  std::ifstream in(events);
+  std::vector<int64_t> tokens;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json event = nlohmann::json::parse(line);
+    if (event["type"] == "step") tokens.push_back(event["tokens"].get<int64_t>());
+  }
+  fs::remove(events);
+  return tokens;
+}
+
 TEST(DrawnBatchesTest, TheRunsRealTokensAreTheOnesDrawn) {
   const std::string file = Source() + "/experiments/demo.yaml";
   StatusOr<Experiment> experiment = LoadExperimentFile(file);
@@ -49,20 +68,7 @@ TEST(DrawnBatchesTest, TheRunsRealTokensAreTheOnesDrawn) {
   EXPECT_LE(drawn->mean_padded, static_cast<double>(drawn->longest));
   EXPECT_LE(drawn->mean_real_tokens, 4 * drawn->mean_padded);
 
-  const fs::path events =
-      fs::temp_directory_path() / ("llmctl-drawn-" + std::to_string(::getpid()) + ".jsonl");
-  const testing::CommandResult run =
-      testing::RunShellCommand((testing::BuildDir() / "trainer/llm-train").string() + " --config " +
-                               file + " --events " + events.string());
-  ASSERT_EQ(run.exit_code, 0) << run.out;
-  std::ifstream in(events);
-  std::vector<int64_t> tokens;
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json event = nlohmann::json::parse(line);
-    if (event["type"] == "step") tokens.push_back(event["tokens"].get<int64_t>());
-  }
-  fs::remove(events);
-  EXPECT_EQ(tokens, drawn->step_real_tokens);
+  EXPECT_EQ(StepTokensOfARun(file, ""), drawn->step_real_tokens);
   // The means are the timed steps': every step's but the first.
   ASSERT_GT(drawn->steps, 1);
   EXPECT_EQ(drawn->timed_micro_batches, drawn->micro_batches - 2);
@@ -97,20 +103,7 @@ TEST(DrawnBatchesTest, ABlip2RunsTokensAreTheCaptionRowsDrawn) {
   EXPECT_GT(drawn->mean_real_tokens, static_cast<double>(micro * queries));
   EXPECT_LE(drawn->mean_real_tokens, static_cast<double>(micro) * drawn->mean_padded);
 
-  const fs::path events =
-      fs::temp_directory_path() / ("llmctl-drawn-blip2-" + std::to_string(::getpid()) + ".jsonl");
-  const testing::CommandResult run =
-      testing::RunShellCommand((testing::BuildDir() / "trainer/llm-train").string() + " --config " +
-                               file + " --trial reduced-batch --events " + events.string());
-  ASSERT_EQ(run.exit_code, 0) << run.out;
-  std::ifstream in(events);
-  std::vector<int64_t> tokens;
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json event = nlohmann::json::parse(line);
-    if (event["type"] == "step") tokens.push_back(event["tokens"].get<int64_t>());
-  }
-  fs::remove(events);
-  EXPECT_EQ(tokens, drawn->step_real_tokens);
+  EXPECT_EQ(StepTokensOfARun(file, "--trial reduced-batch"), drawn->step_real_tokens);
 }
 
 // The share of the timed micro-batches at a padded length no earlier micro-batch had (each then
