@@ -164,41 +164,39 @@ TEST(RateProbeTest, AVersionThreeProbesAttentionAndEightBitStepAreNotUsed) {
   EXPECT_EQ(five.adamw_8bit_values_per_s, 9e7);
 }
 
-// A probe of version 4 timed attention at 128 tokens alone and its rows have no tokens: they read
-// as 128-token rates, used at every length. Version 5's rows must say their length.
-TEST(RateProbeTest, AVersionFourProbesAttentionReadsAsOneHundredTwentyEightTokens) {
+// A probe of `version` lacks its attention rows' `field`: they read as `expected` (what it
+// measured), written back without it; the current version refuses a row without it, by name.
+void ExpectAttentionFieldReadAsBefore(int version, const std::string& field,
+                                      int64_t ProbedAttention::*member, int64_t expected) {
   nlohmann::json old = nlohmann::json::parse(FixedProbeWithReferenceSteps().ToJson().dump());
-  old["version"] = 4;
-  for (nlohmann::json& row : old["sdpa"]) row.erase("tokens");
+  old["version"] = version;
+  for (nlohmann::json& row : old["sdpa"]) row.erase(field);
   StatusOr<RateProbe> parsed = RateProbe::FromJson(old);
   ASSERT_TRUE(parsed.ok()) << parsed.status().message();
-  for (const ProbedAttention& a : parsed->sdpa) EXPECT_EQ(a.tokens, kProbeAttentionTokens);
-  EXPECT_FALSE(parsed->ToJson()["sdpa"][0].contains("tokens"));  // written back as it was read
+  for (const ProbedAttention& a : parsed->sdpa) EXPECT_EQ(a.*member, expected);
+  EXPECT_FALSE(parsed->ToJson()["sdpa"][0].contains(field));  // written back as it was read
   old["version"] = kRateProbeVersion;
   StatusOr<RateProbe> refused = RateProbe::FromJson(old);
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("'sdpa[0].tokens' is missing"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("'sdpa[0]." + field + "' is missing"),
+            std::string::npos)
       << refused.status().message();
+}
+
+// A probe of version 4 timed attention at 128 tokens alone and its rows have no tokens: they read
+// as 128-token rates, used at every length. Version 5's rows must say their length.
+TEST(RateProbeTest, AVersionFourProbesAttentionReadsAsOneHundredTwentyEightTokens) {
+  ExpectAttentionFieldReadAsBefore(4, "tokens", &ProbedAttention::tokens, kProbeAttentionTokens);
 }
 
 // A probe of version 5 timed attention 64 wide alone and its rows have no head_width: they read
 // as 64-wide rates, used at every width. Version 6's rows must say their width.
 TEST(RateProbeTest, AVersionFiveProbesAttentionReadsAsSixtyFourWideHeads) {
-  nlohmann::json old = nlohmann::json::parse(FixedProbeWithReferenceSteps().ToJson().dump());
-  old["version"] = 5;
-  for (nlohmann::json& row : old["sdpa"]) row.erase("head_width");
-  StatusOr<RateProbe> parsed = RateProbe::FromJson(old);
-  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
-  for (const ProbedAttention& a : parsed->sdpa) EXPECT_EQ(a.head_width, kProbeAttentionHeadWidth);
-  EXPECT_FALSE(parsed->ToJson()["sdpa"][0].contains("head_width"));  // written back as read
-  old["version"] = kRateProbeVersion;
-  StatusOr<RateProbe> refused = RateProbe::FromJson(old);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("'sdpa[0].head_width' is missing"), std::string::npos)
-      << refused.status().message();
+  ExpectAttentionFieldReadAsBefore(5, "head_width", &ProbedAttention::head_width,
+                                   kProbeAttentionHeadWidth);
   nlohmann::json zero = nlohmann::json::parse(FixedProbe().ToJson().dump());
   zero["sdpa"][1]["head_width"] = 0;
-  refused = RateProbe::FromJson(zero);
+  const StatusOr<RateProbe> refused = RateProbe::FromJson(zero);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("sdpa[1].head_width"), std::string::npos)
       << refused.status().message();

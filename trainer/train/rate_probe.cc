@@ -37,9 +37,9 @@ using Clock = std::chrono::steady_clock;
 // Fewer rows shorten the weight gradient's reduction and split worse over threads; a narrower
 // weight reuses less of what the GEMM loads: measured 11-29 on a Zen 3, a LLaMA step's 190-row
 // GEMMs ran at 33-55 GFLOP/s where a 512-row square one ran at 67 (one thread).
-// The CPU's narrowest widths (version 6) are BLIP-2's small ViT and Q-Former (96 and 64 wide), whose
-// GEMMs run far below a 256-wide one's (11-30, Zen 4, bf16 at 32 rows: 11, 33 and 95 GFLOP/s 64,
-// 128 and 256 wide).
+// The CPU's narrowest widths (version 6) are BLIP-2's small ViT and Q-Former (96 and 64 wide),
+// whose GEMMs run far below a 256-wide one's (11-30, Zen 4, bf16 at 32 rows: 11, 33 and 95 GFLOP/s
+// 64, 128 and 256 wide).
 constexpr int64_t kCpuRows[] = {32, 128, 512, 2048};
 constexpr int64_t kCpuWidths[] = {64, 128, 256, 512, 1024, 2048, 4096};
 constexpr int64_t kCudaRows[] = {512, 2048, 8192};
@@ -187,16 +187,19 @@ void AddMatmuls(Rounds& rounds, const std::string& dtype, std::vector<Cell> cell
   }
 }
 
+// `cuda`'s values on a GPU, else `cpu`'s.
+template <size_t kCudaCount, size_t kCpuCount>
+std::vector<int64_t> ForDevice(const torch::Device& device, const int64_t (&cuda)[kCudaCount],
+                               const int64_t (&cpu)[kCpuCount]) {
+  return device.is_cuda() ? std::vector<int64_t>(std::begin(cuda), std::end(cuda))
+                          : std::vector<int64_t>(std::begin(cpu), std::end(cpu));
+}
+
 // fp32 and bf16 over the whole grid (the estimate's two matmul classes); fp16, which no estimate
 // uses, at the grid's first rows and two narrowest widths, for `llmctl nodes`.
 void AddMatmulGrid(Rounds& rounds, double longest_call, estimate::RateProbe& probe) {
-  const bool cuda = rounds.device().is_cuda();
-  const std::vector<int64_t> rows =
-      cuda ? std::vector<int64_t>(std::begin(kCudaRows), std::end(kCudaRows))
-           : std::vector<int64_t>(std::begin(kCpuRows), std::end(kCpuRows));
-  const std::vector<int64_t> widths =
-      cuda ? std::vector<int64_t>(std::begin(kCudaWidths), std::end(kCudaWidths))
-           : std::vector<int64_t>(std::begin(kCpuWidths), std::end(kCpuWidths));
+  const std::vector<int64_t> rows = ForDevice(rounds.device(), kCudaRows, kCpuRows);
+  const std::vector<int64_t> widths = ForDevice(rounds.device(), kCudaWidths, kCpuWidths);
   std::vector<Cell> grid;
   for (const int64_t r : rows) {
     for (const int64_t w : widths) grid.push_back({r, w});
@@ -245,13 +248,9 @@ void AddAttentionLengths(Rounds& rounds, const std::string& dtype,
 // fp32 and bf16 (the estimate's two classes) at every length and head width; fp16, which no
 // estimate uses, at kProbeAttentionTokens and kProbeAttentionHeadWidth, for `llmctl nodes`.
 void AddAttention(Rounds& rounds, double longest_call, estimate::RateProbe& probe) {
-  const bool cuda = rounds.device().is_cuda();
-  const std::vector<int64_t> lengths =
-      cuda ? std::vector<int64_t>(std::begin(kCudaSdpaTokens), std::end(kCudaSdpaTokens))
-           : std::vector<int64_t>(std::begin(kCpuSdpaTokens), std::end(kCpuSdpaTokens));
+  const std::vector<int64_t> lengths = ForDevice(rounds.device(), kCudaSdpaTokens, kCpuSdpaTokens);
   const std::vector<int64_t> widths =
-      cuda ? std::vector<int64_t>(std::begin(kCudaSdpaHeadWidths), std::end(kCudaSdpaHeadWidths))
-           : std::vector<int64_t>(std::begin(kCpuSdpaHeadWidths), std::end(kCpuSdpaHeadWidths));
+      ForDevice(rounds.device(), kCudaSdpaHeadWidths, kCpuSdpaHeadWidths);
   for (const char* dtype : {"fp32", "bf16"}) {
     for (const int64_t width : widths) {
       AddAttentionLengths(rounds, dtype, lengths, width, longest_call, probe);
