@@ -1,6 +1,7 @@
 #include "common/estimate/blip2_work.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,7 @@ struct Part {
   double forward_bytes = 0;
   double launches = 0;
   double nf4_values = 0;
+  double dropout_values = 0;  // its adapters' masks' draws, forward
   double trainable_tensors = 0;
   std::vector<LinearShape> linears;  // its projections' FLOPs by shape (adapters' aside)
   double attention_flops = 0;        // forward's, of forward_flops
@@ -54,8 +56,10 @@ struct Part {
 
 class PartCounter {
  public:
+  // `nf4`: the class its NF4 weights' matmuls run in (QLoRA's compute dtype), unset where it has
+  // none; every other matmul runs in its elements' dtype.
   PartCounter(double element, bool trained, const std::vector<std::string>* adapter_targets,
-              double rank, bool adapter_dropout, bool nf4)
+              double rank, bool adapter_dropout, std::optional<MatmulClass> nf4)
       : element_(element),
         trained_(trained),
         targets_(adapter_targets),
@@ -67,7 +71,7 @@ class PartCounter {
   void Linear(double tokens, double in, double out, std::string_view name, bool quantised = true) {
     const double matmul = 2 * tokens * in * out;
     part_.forward_flops += matmul;
-    AddShape(tokens, in, out, matmul, /*blocked=*/true);
+    AddShape(tokens, in, out, matmul, /*blocked=*/true, quantised);
     Backward(matmul, in, out, tokens, name, quantised);
   }
 
@@ -75,7 +79,7 @@ class PartCounter {
   void UnblockedLinear(double tokens, double in, double out, std::string_view name) {
     const double matmul = 2 * tokens * in * out;
     part_.unblocked_flops += matmul;
-    AddShape(tokens, in, out, matmul, /*blocked=*/false);
+    AddShape(tokens, in, out, matmul, /*blocked=*/false, /*quantised=*/false);
     Backward(matmul, in, out, tokens, name, /*quantised=*/false);
   }
 
@@ -106,10 +110,12 @@ class PartCounter {
   // adapter's work.
   // The shape of a linear layer of `tokens` rows (a micro-batch's) and its FLOPs forward and in
   // backward (the input's gradient, the weight's when trained).
-  void AddShape(double tokens, double in, double out, double matmul, bool blocked) {
+  void AddShape(double tokens, double in, double out, double matmul, bool blocked, bool quantised) {
+    const MatmulClass dense = element_ == 4 ? MatmulClass::kFp32 : MatmulClass::kBf16;
     part_.linears.push_back({.shape = {.rows = static_cast<int64_t>(tokens),
                                        .in = static_cast<int64_t>(in),
-                                       .out = static_cast<int64_t>(out)},
+                                       .out = static_cast<int64_t>(out),
+                                       .matmul_class = nf4_ && quantised ? *nf4_ : dense},
                              .blocked = blocked,
                              .forward_flops = matmul,
                              .backward_flops = matmul * (trained_ ? 2 : 1)});
@@ -129,6 +135,7 @@ class PartCounter {
       part_.input_grad_flops += adapter;
       part_.weight_grad_flops += adapter;
       part_.forward_bytes += tokens * AdapterBytesPerToken(in, out, element_, adapter_dropout_);
+      if (adapter_dropout_) part_.dropout_values += tokens * in;
       part_.trainable_tensors += 2;
     }
   }
@@ -138,7 +145,7 @@ class PartCounter {
   const std::vector<std::string>* targets_;  // null: no adapters in this part
   double rank_;
   bool adapter_dropout_;
-  bool nf4_;
+  std::optional<MatmulClass> nf4_;
   Part part_;
 };
 
@@ -244,7 +251,8 @@ double CountT5Work(const T5Config& t5, double examples, double queries, double c
 // One micro-batch's work: matmul FLOPs, element-wise bytes (the loss's aside), launches, NF4
 // values dequantised, and the trainable tensors the optimizer steps over.
 struct MicroBatchWork {
-  double matmul = 0, memory = 0, launches = 0, nf4_values = 0, trainable_tensors = 0;
+  double matmul = 0, memory = 0, launches = 0, nf4_values = 0, dropout_values = 0,
+         trainable_tensors = 0;
   std::vector<MatmulShape> shapes;  // of matmul, the projections' by shape
   double attention = 0;             // of matmul, attention's (SDPA's)
   double attention_keys = 0;        // attention x the keys each query attends to
@@ -266,6 +274,7 @@ MicroBatchWork SumMicroBatchParts(std::initializer_list<std::pair<const PartCoun
     sum.memory += p.forward_bytes * forward_runs;
     sum.launches += p.launches * forward_runs;
     sum.nf4_values += p.nf4_values * (forward_runs + (backward ? 1 : 0));
+    sum.dropout_values += p.dropout_values * forward_runs;
     sum.trainable_tensors += p.trainable_tensors;
     for (const LinearShape& linear : p.linears) {
       MatmulShape shape = linear.shape;
@@ -316,26 +325,33 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
   w.micro_batches = std::max<int64_t>(1, global / (micro * w.world_size));
   // What llm-train counts as a micro-batch's tokens: the queries' places and the caption.
   w.tokens = micro * (model.num_query_tokens + caption_length) * w.micro_batches;
-  w.matmul_class = !fp32 || (qlora && s.peft.compute_dtype == trial::ComputeDtype::kBf16)
-                       ? MatmulClass::kBf16
-                       : MatmulClass::kFp32;
+  // Attention and every matmul but QLoRA's NF4 projections run in the elements' dtype; most of
+  // the step's FLOPs in the NF4 ones' where there are any, whose factor calibrates it.
+  const MatmulClass dense = fp32 ? MatmulClass::kFp32 : MatmulClass::kBf16;
+  const std::optional<MatmulClass> nf4 =
+      !qlora ? std::nullopt
+             : std::optional(s.peft.compute_dtype == trial::ComputeDtype::kBf16 ? MatmulClass::kBf16
+                                                                                : dense);
+  w.matmul_class = nf4.value_or(dense);
+  w.attention_class = dense;
 
   auto trained = [&](std::string_view part) { return full && !PartListHas(frozen, part); };
   const double rank = static_cast<double>(s.peft.r);
   const bool dropout = !full && s.peft.dropout > 0;
 
   // The ViT over every image's class token and patches.
-  PartCounter vision(element, trained("vision_model"), nullptr, rank, dropout, false);
+  PartCounter vision(element, trained("vision_model"), nullptr, rank, dropout, std::nullopt);
   CountVisionWork(model.vision, examples, image_tokens, patches, vision);
   // The Q-Former over the learned queries, cross-attending to the image.
-  PartCounter qformer(element, trained("qformer"), nullptr, rank, dropout, false);
+  PartCounter qformer(element, trained("qformer"), nullptr, rank, dropout, std::nullopt);
   CountQFormerWork(model.qformer, examples, queries, image_tokens, qformer);
-  PartCounter projection(element, trained("language_projection"), nullptr, rank, dropout, false);
+  PartCounter projection(element, trained("language_projection"), nullptr, rank, dropout,
+                         std::nullopt);
   projection.UnblockedLinear(examples * queries, static_cast<double>(model.qformer.hidden_size),
                              static_cast<double>(model.text_hidden_size()), "language_projection");
   // The language model, adapted under LoRA/QLoRA.
   PartCounter language(element, trained("language_model"), full ? nullptr : &targets, rank, dropout,
-                       qlora);
+                       nf4);
   const double logits = model.opt() != nullptr
                             ? CountOptWork(*model.opt(), examples, queries + caption, language)
                             : CountT5Work(*model.t5(), examples, queries, caption, language);
@@ -358,6 +374,7 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
   w.attention_head_width = step.attention > 0 ? step.attention_widths / step.attention : 0;
   w.memory_bytes = memory * micro_batches;
   if (qlora) AddNf4Dequant(config, step.nf4_values * micro_batches, w);
+  AddDropoutDraws(config, step.dropout_values * micro_batches, w);
   w.launches = step.launches * micro_batches + OptimizerLaunches(config, step.trainable_tensors);
   AddOptimizerAndRanks(config, state, w);
   w.model_bytes = static_cast<double>(state.params_bytes);

@@ -118,6 +118,42 @@ TEST(Blip2WorkTest, ProjectionsAreCountedByShapeAndAttentionByItsSequences) {
   EXPECT_LT(shaped + lora->attention_flops, lora->matmul_flops * (1 - 1e-9));
 }
 
+// Under a 32-true QLoRA the language model's NF4 projections run in the compute dtype; the ViT,
+// the Q-Former, the projection, the head and attention in fp32, the elements' dtype.
+TEST(Blip2WorkTest, AQloraStepRunsOnlyItsNf4ProjectionsInTheComputeDtype) {
+  StatusOr<StepWork> qlora = EstimateBlip2StepWork(
+      // A 4-token caption: OPT's rows (2 queries and 4 tokens) are not the ViT's 5.
+      Config({{"peft.method", "qlora"},
+              {"peft.targets", "[q_proj, v_proj]"},
+              {"peft.compute_dtype", "bf16"},
+              {"data.max_seq_length", "4"}}),
+      TinyBlip2());
+  ASSERT_TRUE(qlora.ok()) << qlora.status().message();
+  EXPECT_EQ(qlora->matmul_class, MatmulClass::kBf16);
+  EXPECT_EQ(AttentionClass(*qlora), MatmulClass::kFp32);
+  auto class_at = [&](int64_t rows, int64_t in, int64_t out) {
+    for (const MatmulShape& s : qlora->matmul_shapes) {
+      if (s.rows == rows && s.in == in && s.out == out) return ShapeClass(*qlora, s);
+    }
+    ADD_FAILURE() << rows << " x " << in << " x " << out << " not counted";
+    return MatmulClass::kBf16;
+  };
+  EXPECT_EQ(class_at(4, 588, 8), MatmulClass::kFp32);  // the ViT's patch embedding
+  EXPECT_EQ(class_at(5, 8, 24), MatmulClass::kFp32);   // the ViT's qkv
+  EXPECT_EQ(class_at(5, 8, 8), MatmulClass::kFp32);    // the ViT's projection
+  EXPECT_EQ(class_at(6, 8, 8), MatmulClass::kBf16);    // OPT's q, k, v, o: NF4
+  EXPECT_EQ(class_at(6, 8, 16), MatmulClass::kBf16);   // OPT's fc1: NF4
+  EXPECT_EQ(class_at(6, 8, 10), MatmulClass::kFp32);   // OPT's head, never quantised
+  StatusOr<StepWork> bf16 = EstimateBlip2StepWork(Config({{"peft.method", "qlora"},
+                                                          {"peft.targets", "[q_proj, v_proj]"},
+                                                          {"precision", "bf16-true"}}),
+                                                  TinyBlip2());
+  ASSERT_TRUE(bf16.ok()) << bf16.status().message();
+  EXPECT_EQ(AttentionClass(*bf16), MatmulClass::kBf16);
+  for (const MatmulShape& s : bf16->matmul_shapes)
+    EXPECT_EQ(ShapeClass(*bf16, s), MatmulClass::kBf16);
+}
+
 TEST(Blip2WorkTest, CaptionsOfTheLongestExampleShortenTheStep) {
   StatusOr<StepWork> full = EstimateBlip2StepWork(Config({}), TinyBlip2());
   StatusOr<StepWork> shorter = EstimateBlip2StepWork(Config({}), TinyBlip2(), 1);

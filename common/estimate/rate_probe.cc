@@ -232,6 +232,7 @@ ordered_json RateProbe::ToJson() const {
   j["host_adamw_values_per_s"] = host_adamw_values_per_s;
   if (version >= 4) j["adamw_8bit_values_per_s"] = adamw_8bit_values_per_s;
   if (version >= 5) j["nf4_dequant_values_per_s"] = nf4_dequant_values_per_s;
+  if (version >= 7) j["dropout_values_per_s"] = dropout_values_per_s;
   j["host_to_device_bytes_per_s"] = host_to_device_bytes_per_s;
   j["device_to_host_bytes_per_s"] = device_to_host_bytes_per_s;
   if (version >= 4) {
@@ -290,6 +291,10 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
     ASSIGN_OR_RETURN(probe.nf4_dequant_values_per_s,
                      Rate(j, "nf4_dequant_values_per_s", "nf4_dequant_values_per_s"));
     RETURN_IF_ERROR(RequireInEveryRow(j, "reference_steps", "lengths"));
+  }
+  if (probe.version >= 7) {
+    ASSIGN_OR_RETURN(probe.dropout_values_per_s,
+                     Rate(j, "dropout_values_per_s", "dropout_values_per_s"));
   }
   if (!(probe.MatmulFlops("fp32", kProbeMatmulSizeUsed) > 0)) {
     return Refuse("matmul", "has no fp32 rate");
@@ -363,6 +368,7 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   if (probe.nf4_dequant_values_per_s > 0) {
     speed.nf4_dequant_values_per_s = probe.nf4_dequant_values_per_s;
   }
+  if (probe.dropout_values_per_s > 0) speed.dropout_values_per_s = probe.dropout_values_per_s;
   if (probe.host_to_device_bytes_per_s > 0 && probe.device_to_host_bytes_per_s > 0) {
     // Offloading copies both ways about as much: the harmonic mean of the two.
     speed.host_link_bytes_per_s =

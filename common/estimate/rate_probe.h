@@ -3,15 +3,15 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 6), one document:
-//   {"version": 5, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
+// The JSON (version 7), one document:
+//   {"version": 7, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
 //    "matmul": [{"dtype": "fp32", "size": 512, "tokens": 256, "flops_per_s": 5.1e10}, ...],
 //    "sdpa": [{"dtype": "fp32", "tokens": 128, "head_width": 64, "flops_per_s": 2.0e10}, ...],
 //    "memory_bytes_per_s": 1.2e10, "launch_seconds": 4e-6,
 //    "host_adamw_values_per_s": 3e8, "adamw_8bit_values_per_s": 9e7,
-//    "nf4_dequant_values_per_s": 7.5e8,
+//    "nf4_dequant_values_per_s": 7.5e8, "dropout_values_per_s": 2e8,
 //    "host_to_device_bytes_per_s": 0, "device_to_host_bytes_per_s": 0,
 //    "reference_steps": [{"dtype": "fp32", "lengths": "new", "seconds": 0.21},
 //                        {"dtype": "fp32", "lengths": "repeated", "seconds": 0.2}, ...]}
@@ -27,17 +27,19 @@
 // copy of 64 MiB (bytes read plus written); a launch is on CUDA a one-element add, on a CPU one op
 // of an autograd step (version 4: a chain of four small ops forward and backward, over its nine
 // kernels); the host's AdamW is one fused step over 4 Mi fp32 values (an offloaded step); the 8-bit
-// AdamW is the trainer's CPU step over 1 Mi fp32 values (0 on a GPU); a reference step is one step
+// AdamW is the trainer's CPU step over 1 Mi fp32 values (0 on a GPU); dropout (version 7, a CPU's;
+// 0 on a GPU) is a mask's Bernoulli draws over 1 Mi fp32 values; a reference step is one step
 // of reference_step.h's trial (a CPU's only), each class's at lengths new to the run and (version
 // 5) at one length every step had. Every figure is the median of `rounds` samples taken in turn
 // across the whole probe, so a machine whose speed drifts while it runs slows every rate alike. A
-// rate of 0 was not measured (copies without a device). Versions 1 to 5 are read, and the agent and
-// llmctl measure them again. Version 5 (11-30) timed attention 64 wide alone (its rows have no
-// "head_width": read as 64). Version 4 (11-30) timed attention at 128 tokens alone (its rows have
-// no "tokens": read as 128). Version 3 (11-29 to 11-30) timed attention's forward alone, which
-// ProbedSpeed does not use, and had no 8-bit AdamW; version 2 (11-29's tenth stop) timed each rate
-// in one stretch, fp32 and bf16 at 128, 256 and 512 tokens, without "rounds"; version 1 (before it)
-// had no "tokens": its matmuls were 512 tokens, and it is read as such.
+// rate of 0 was not measured (copies without a device). Versions 1 to 6 are read, and the agent and
+// llmctl measure them again. Version 6 (11-30) had no dropout rate (the data sheet's serves).
+// Version 5 (11-30) timed attention 64 wide alone (its rows have no "head_width": read as 64).
+// Version 4 (11-30) timed attention at 128 tokens alone (its rows have no "tokens": read as 128).
+// Version 3 (11-29 to 11-30) timed attention's forward alone, which ProbedSpeed does not use, and
+// had no 8-bit AdamW; version 2 (11-29's tenth stop) timed each rate in one stretch, fp32 and bf16
+// at 128, 256 and 512 tokens, without "rounds"; version 1 (before it) had no "tokens": its matmuls
+// were 512 tokens, and it is read as such.
 #ifndef LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 #define LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 
@@ -52,7 +54,7 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 6;
+inline constexpr int kRateProbeVersion = 7;
 // The tokens of a version 1 probe's matmuls, and the token count a rate is taken at when a step's
 // micro-batch is not known.
 inline constexpr int64_t kProbeMatmulTokens = 512;
@@ -98,6 +100,7 @@ struct RateProbe {
   double host_adamw_values_per_s = 0;   // fp32 AdamW on the host (an offloaded step)
   double adamw_8bit_values_per_s = 0;   // the trainer's 8-bit AdamW on the CPU (0 on a GPU)
   double nf4_dequant_values_per_s = 0;  // the trainer's NF4 dequantisation on the CPU (version 5)
+  double dropout_values_per_s = 0;      // a dropout mask's draws on the CPU (version 7)
   double host_to_device_bytes_per_s = 0;
   double device_to_host_bytes_per_s = 0;
   // The reference trial's step per matmul class (version 4, a CPU's; none on a GPU, where a small

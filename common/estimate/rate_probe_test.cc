@@ -60,6 +60,7 @@ RateProbe FixedProbe() {
   p.host_adamw_values_per_s = 4e8;
   p.adamw_8bit_values_per_s = 9e7;
   p.nf4_dequant_values_per_s = 6e8;
+  p.dropout_values_per_s = 2.5e8;
   return p;
 }
 
@@ -114,6 +115,8 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
           "nf4_dequant_values_per_s");
   refused([](nlohmann::json& j) { j["nf4_dequant_values_per_s"] = -1; },
           "nf4_dequant_values_per_s");
+  refused([](nlohmann::json& j) { j.erase("dropout_values_per_s"); }, "dropout_values_per_s");
+  refused([](nlohmann::json& j) { j["dropout_values_per_s"] = "many"; }, "dropout_values_per_s");
   refused([](nlohmann::json& j) { j["matmul"][1]["dtype"] = "int8"; }, "matmul[1].dtype");
   refused([](nlohmann::json& j) { j["matmul"][0]["size"] = 0; }, "matmul[0].size");
   refused([](nlohmann::json& j) { j["matmul"][2]["flops_per_s"] = "fast"; },
@@ -162,6 +165,22 @@ TEST(RateProbeTest, AVersionThreeProbesAttentionAndEightBitStepAreNotUsed) {
   ASSERT_EQ(five.bf16_attention_by_length.size(), 1u);
   EXPECT_EQ(five.bf16_attention_by_length[0].flops_per_s, 1e9);
   EXPECT_EQ(five.adamw_8bit_values_per_s, 9e7);
+}
+
+// A probe of version 6 had no dropout rate: it reads, written back without one, and its speed
+// keeps the sheet's; version 7's is the probe's.
+TEST(RateProbeTest, AVersionSixProbeKeepsTheSheetsDropoutRate) {
+  nlohmann::json old = nlohmann::json::parse(FixedProbeWithReferenceSteps().ToJson().dump());
+  old["version"] = 6;
+  old.erase("dropout_values_per_s");
+  StatusOr<RateProbe> parsed = RateProbe::FromJson(old);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_FALSE(parsed->ToJson().contains("dropout_values_per_s"));
+  const DeviceSpeed sheet = CpuSpeed();
+  ASSERT_GT(sheet.dropout_values_per_s, 0);
+  EXPECT_EQ(ProbedSpeed(sheet, *parsed, "a version 6 probe").dropout_values_per_s,
+            sheet.dropout_values_per_s);
+  EXPECT_EQ(ProbedSpeed(sheet, FixedProbe(), "a probe").dropout_values_per_s, 2.5e8);
 }
 
 // A probe of `version` lacks its attention rows' `field`: they read as `expected` (what it
@@ -275,8 +294,10 @@ TEST(RateProbeTest, EachMatmulShapeTakesItsOwnRate) {
   work.matmul_class = MatmulClass::kFp32;
   work.tokens = 512;
   work.micro_batches = 1;
-  work.matmul_shapes = {{.rows = 128, .in = 256, .out = 256, .flops = 1e10},
-                        {.rows = 512, .in = 256, .out = 4096, .flops = 8e10}};  // sqrt: 1024
+  work.matmul_shapes = {
+      {.rows = 128, .in = 256, .out = 256, .flops = 1e10, .matmul_class = std::nullopt},
+      // sqrt(256 x 4096): 1024 wide
+      {.rows = 512, .in = 256, .out = 4096, .flops = 8e10, .matmul_class = std::nullopt}};
   work.attention_flops = 1e9;
   work.matmul_flops = 1e10 + 8e10 + 1e9 + 6e9;  // 6e9 counted by no shape
   const TimeEstimate e =
@@ -291,6 +312,47 @@ TEST(RateProbeTest, EachMatmulShapeTakesItsOwnRate) {
   const TimeEstimate flat =
       EstimateTime(work, no_sdpa, DefaultCalibration(no_sdpa, ModelFamily::kLlama), 0);
   EXPECT_NEAR(flat.step_seconds - e.step_seconds, 1e9 / 5e10 - 1e9 / 5e9, 1e-9);
+}
+
+// A shape that says its class takes that class's rate, the others the work's; attention takes its
+// own class's SDPA rate (a 32-true QLoRA step: NF4 projections in bf16, the head and adapters and
+// attention in fp32). Its weight shapes' new-length costs are their class's.
+TEST(RateProbeTest, EachShapeAndAttentionTakeTheirOwnClasssRates) {
+  RateProbe p = FixedProbe();
+  p.matmul = {{"fp32", 512, 2e10, 128}, {"bf16", 512, 8e10, 128}};
+  p.sdpa = {{"fp32", 4e10, 128, 64}, {"bf16", 1e10, 128, 64}};
+  p.reference_steps = {};
+  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), p, "a probe");
+  StepWork work;
+  work.matmul_class = MatmulClass::kBf16;
+  work.attention_class = MatmulClass::kFp32;
+  work.tokens = 128;
+  work.micro_batches = 1;
+  work.matmul_shapes = {
+      {.rows = 128, .in = 512, .out = 512, .flops = 8e10, .matmul_class = MatmulClass::kBf16},
+      {.rows = 128, .in = 512, .out = 512, .flops = 4e10, .matmul_class = MatmulClass::kFp32},
+      {.rows = 128, .in = 256, .out = 1024, .flops = 8e10, .matmul_class = std::nullopt}};
+  work.attention_flops = 4e10;
+  work.attention_seq = 128;
+  work.attention_head_width = 64;
+  work.matmul_flops = 8e10 + 4e10 + 8e10 + 4e10;
+  const TimeEstimate e =
+      EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0);
+  // 1 s in bf16, 2 s in fp32, 1 s for the unlabelled shape at the work's bf16.
+  EXPECT_NEAR(TermSeconds(e, "matmuls"), 1 + 2 + 1, 1e-9);
+  EXPECT_DOUBLE_EQ(TermSeconds(e, "attention"), 4e10 / 4e10);  // fp32's SDPA, not bf16's 4 s
+  // The same work with every class the work's: the fp32 shape at bf16's rate, attention at bf16's.
+  StepWork uniform = work;
+  uniform.attention_class.reset();
+  for (MatmulShape& shape : uniform.matmul_shapes) shape.matmul_class.reset();
+  const TimeEstimate one =
+      EstimateTime(uniform, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0);
+  EXPECT_NEAR(TermSeconds(one, "matmuls"), 1 + 0.5 + 1, 1e-9);
+  EXPECT_DOUBLE_EQ(TermSeconds(one, "attention"), 4e10 / 1e10);
+  // Two distinct bf16 weight shapes and one fp32 one.
+  EXPECT_EQ(DistinctWeightShapes(work, MatmulClass::kBf16), 2);
+  EXPECT_EQ(DistinctWeightShapes(work, MatmulClass::kFp32), 1);
+  EXPECT_EQ(DistinctWeightShapes(uniform, MatmulClass::kFp32), 0);
 }
 
 // A step's matmuls take the probe's rate at the tokens of one of its micro-batches: the same FLOPs
@@ -333,8 +395,8 @@ TEST(RateProbeTest, ProbedSpeedTakesTheProbesRatesAndKeepsTheRest) {
 // A step's terms at the probe's rates are its work over them, with no other machine's factor:
 // a bf16 step on a CPU that emulates bf16 costs its FLOPs at the probe's bf16 rate, the host's
 // optimizer step its values at the probe's AdamW rate, the CPU's 8-bit step its values at the
-// probe's 8-bit rate, its NF4 dequantisation its values at the probe's NF4 rate, attention its
-// FLOPs at the probe's attention rate.
+// probe's 8-bit rate, its NF4 dequantisation its values at the probe's NF4 rate, its dropout masks'
+// draws at the probe's dropout rate, attention its FLOPs at the probe's attention rate.
 TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   StepWork work;
   work.matmul_class = MatmulClass::kBf16;
@@ -346,6 +408,7 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   work.host_optimizer_values = 4e7;
   work.adamw_8bit_values = 3e6;
   work.nf4_dequant_values = 3e8;
+  work.dropout_values = 5e7;
   work.attention_flops = 1e10;
   const DeviceSpeed sheet = CpuSpeed();
   RateProbe probe = FixedProbe();  // no reference steps, so no factor of its own
@@ -361,7 +424,8 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   EXPECT_DOUBLE_EQ(term(with, "host optimizer"), 4e7 / 4e8);
   EXPECT_DOUBLE_EQ(term(with, "8-bit AdamW"), 3e6 / 9e7);
   EXPECT_DOUBLE_EQ(term(with, "NF4 dequant"), 3e8 / 6e8);
-  EXPECT_DOUBLE_EQ(with.step_seconds, 290 + 10 + 0.2 + 0.02 + 0.1 + 3e6 / 9e7 + 0.5);
+  EXPECT_DOUBLE_EQ(term(with, "dropout"), 5e7 / 2.5e8);
+  EXPECT_DOUBLE_EQ(with.step_seconds, 290 + 10 + 0.2 + 0.02 + 0.1 + 3e6 / 9e7 + 0.5 + 0.2);
   // The data sheet's bf16 rate is twice its fp32: the probe's emulated bf16 makes the same step
   // (its matmuls dominate it) far slower than the sheet says.
   const TimeEstimate without =
@@ -378,6 +442,8 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   };
   EXPECT_FALSE(calibrated(with, "8-bit AdamW"));
   EXPECT_FALSE(calibrated(with, "NF4 dequant"));
+  EXPECT_FALSE(calibrated(with, "dropout"));
+  EXPECT_TRUE(calibrated(without, "dropout"));
   EXPECT_FALSE(calibrated(with, "host optimizer"));
   EXPECT_TRUE(calibrated(with, "memory"));
   EXPECT_TRUE(calibrated(without, "8-bit AdamW"));

@@ -33,6 +33,9 @@ constexpr double kCpuAdamW8bitValuesPerSecond = kCpuMemoryBytesPerSecond / 240;
 // trainer/quant's NF4 dequantisation on the CPU: a lookup, a block's scale and a conversion a value
 // (11-30, the Zen 4's probes: 0.7-0.8 G values/s on 2 threads).
 constexpr double kCpuNf4DequantValuesPerSecond = 0.75e9;
+// A dropout mask's Bernoulli draws on the CPU: ATen's generator, a value at a time (11-30, Zen 4:
+// a LoRA row's 283k-value masks took 1.3-1.4 ms each on 2 threads, 0.2 G values/s).
+constexpr double kCpuDropoutValuesPerSecond = 0.2e9;
 // Measured over nominal: the calibration without measured runs. H200: the median over the 11-26
 // run's finished LLaMA rows (step_time_test.cc recomputes it); CPU: the CPU lab's rows on the
 // machine CpuSpeed describes (bench/time_rank.py).
@@ -75,30 +78,76 @@ std::string Quantity(double x, const char* unit) {
 
 namespace {
 
-// The seconds of the step's matmuls at `rates` (a probe's, by shape) and a formula saying how:
-// each counted shape at its own rate, the FLOPs counted by no shape (all of a work that has no
-// shapes) at the rate of one micro-batch's rows through the probe's middle width.
-TimeTerm ShapedMatmuls(const StepWork& w, const std::vector<ShapeRate>& rates, double flops) {
-  double seconds = 0, slowest = 0, fastest = 0, counted = 0;
+// A class's matmul rates: by shape from a probe, else the data sheet's one rate.
+struct ClassRates {
+  const std::vector<ShapeRate>* by_shape;
+  double flat;
+};
+
+ClassRates RatesOf(const DeviceSpeed& d, MatmulClass c) {
+  return c == MatmulClass::kBf16 ? ClassRates{&d.bf16_flops_by_shape, d.bf16_flops}
+                                 : ClassRates{&d.fp32_flops_by_shape, d.fp32_flops};
+}
+
+// `rates`' rate at `rows` token rows through a `width`-wide weight: the probe's at that shape, else
+// the flat rate.
+double RateAt(const ClassRates& rates, double rows, double width) {
+  return rates.by_shape->empty() ? rates.flat : RateAtShape(*rates.by_shape, rows, width);
+}
+
+// The seconds of the step's matmuls (`flops`, attention's aside) and a formula saying how: each
+// counted shape at its class's rate at its own shape (a probe's; the data sheet's one rate a class
+// at any shape), the FLOPs counted by no shape (all of a work that has no shapes) at the work's
+// class's rate for one micro-batch's rows through the probe's middle width.
+TimeTerm Matmuls(const StepWork& w, const DeviceSpeed& d, double flops) {
+  struct Span {
+    int shapes = 0;
+    double slowest = 0, fastest = 0;
+  };
+  Span spans[2];  // by class: bf16, fp32
+  double seconds = 0, counted = 0;
   for (const MatmulShape& shape : w.matmul_shapes) {
-    const double rate = RateAtShape(rates, static_cast<double>(shape.rows),
-                                    std::sqrt(static_cast<double>(shape.in * shape.out)));
+    const MatmulClass c = ShapeClass(w, shape);
+    const double rate = RateAt(RatesOf(d, c), static_cast<double>(shape.rows),
+                               std::sqrt(static_cast<double>(shape.in * shape.out)));
     seconds += shape.flops / rate;
     counted += shape.flops;
-    slowest = slowest > 0 ? std::min(slowest, rate) : rate;
-    fastest = std::max(fastest, rate);
+    Span& span = spans[c == MatmulClass::kBf16 ? 0 : 1];
+    ++span.shapes;
+    span.slowest = span.slowest > 0 ? std::min(span.slowest, rate) : rate;
+    span.fastest = std::max(span.fastest, rate);
   }
+  const ClassRates own = RatesOf(d, w.matmul_class);
+  const MatmulClass other =
+      w.matmul_class == MatmulClass::kBf16 ? MatmulClass::kFp32 : MatmulClass::kBf16;
+  const Span& others = spans[other == MatmulClass::kBf16 ? 0 : 1];
   const std::string name(MatmulClassName(w.matmul_class));
-  std::string how = name + " by shape: " + std::to_string(w.matmul_shapes.size()) + " shapes at " +
-                    Quantity(slowest, "FLOP/s") + " to " + Quantity(fastest, "FLOP/s");
+  std::string how;
+  if (own.by_shape->empty()) {
+    // The data sheet's one rate a class.
+    how = name;
+    if (others.shapes > 0) {
+      how += ", " + std::string(MatmulClassName(other)) + " for " + std::to_string(others.shapes) +
+             " shapes";
+    }
+  } else {
+    for (const MatmulClass c : {w.matmul_class, other}) {
+      const Span& span = spans[c == MatmulClass::kBf16 ? 0 : 1];
+      if (span.shapes == 0) continue;
+      how += (how.empty() ? "" : "; ") + std::string(MatmulClassName(c)) +
+             " by shape: " + std::to_string(span.shapes) + " shapes at " +
+             Quantity(span.slowest, "FLOP/s") + " to " + Quantity(span.fastest, "FLOP/s");
+    }
+  }
   // The shapes' FLOPs add up to the work's up to rounding.
   if (const double rest = flops - counted; rest > 1e-9 * flops || w.matmul_shapes.empty()) {
     const double rows =
         static_cast<double>(w.tokens) / static_cast<double>(std::max<int64_t>(1, w.micro_batches));
-    const double rate = RateAtShape(rates, rows, static_cast<double>(kProbeMatmulSizeUsed));
-    seconds += rest / rate;
-    const std::string at_rows = Format("%.0f tokens a micro-batch", rows);
-    how = w.matmul_shapes.empty() ? name + " at " + at_rows : how + ", the rest at " + at_rows;
+    seconds += rest / RateAt(own, rows, static_cast<double>(kProbeMatmulSizeUsed));
+    if (!own.by_shape->empty()) {
+      const std::string at_rows = Format("%.0f tokens a micro-batch", rows);
+      how = how.empty() ? name + " at " + at_rows : how + ", the rest at " + at_rows;
+    }
   }
   return {"matmuls",
           Quantity(flops, "FLOP") + " / " + Quantity(flops / seconds, "FLOP/s") + " (" + how + ")",
@@ -108,13 +157,14 @@ TimeTerm ShapedMatmuls(const StepWork& w, const std::vector<ShapeRate>& rates, d
 // The nominal terms of a step, uncalibrated.
 std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   std::vector<TimeTerm> terms;
-  const bool bf16 = w.matmul_class == MatmulClass::kBf16;
   // A probe's attention rates take the attention's FLOPs (SDPA's kernels, not a GEMM's) at the
   // step's sequence length: a short sequence's attention runs far below a long one's (11-30, Zen
   // 4, bf16: 30 GFLOP/s at 82 tokens, 46 at 128, 109 at 512). Without them they are matmuls like
   // the others.
-  const std::vector<ShapeRate>& attention_rates =
-      bf16 ? d.bf16_attention_by_length : d.fp32_attention_by_length;
+  const MatmulClass attention_class = AttentionClass(w);
+  const std::vector<ShapeRate>& attention_rates = attention_class == MatmulClass::kBf16
+                                                      ? d.bf16_attention_by_length
+                                                      : d.fp32_attention_by_length;
   const double attention_seq =
       w.attention_seq > 0 ? w.attention_seq : static_cast<double>(kProbeAttentionTokens);
   const double head_width = w.attention_head_width > 0
@@ -123,21 +173,11 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   const double attention_rate =
       attention_rates.empty() ? 0 : RateAtShape(attention_rates, attention_seq, head_width);
   const double attention = attention_rate > 0 ? w.attention_flops : 0;
-  const double flops = w.matmul_flops - attention;
-  const std::vector<ShapeRate>& by_shape = bf16 ? d.bf16_flops_by_shape : d.fp32_flops_by_shape;
-  if (by_shape.empty()) {
-    const double rate = bf16 ? d.bf16_flops : d.fp32_flops;
-    terms.push_back({"matmuls",
-                     Quantity(flops, "FLOP") + " / " + Quantity(rate, "FLOP/s") + " (" +
-                         std::string(MatmulClassName(w.matmul_class)) + ")",
-                     flops / rate});
-  } else {
-    terms.push_back(ShapedMatmuls(w, by_shape, flops));
-  }
+  terms.push_back(Matmuls(w, d, w.matmul_flops - attention));
   if (attention > 0) {
     terms.push_back({"attention",
                      Quantity(attention, "FLOP") + " / " + Quantity(attention_rate, "FLOP/s") +
-                         " (" + std::string(MatmulClassName(w.matmul_class)) +
+                         " (" + std::string(MatmulClassName(attention_class)) +
                          Format(" SDPA at %.0f tokens a sequence", attention_seq) +
                          Format(", %.0f-wide heads)", head_width),
                      attention / attention_rate});
@@ -160,6 +200,12 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
                      Quantity(w.nf4_dequant_values, "values") + " / " +
                          Quantity(d.nf4_dequant_values_per_s, "values/s"),
                      w.nf4_dequant_values / d.nf4_dequant_values_per_s, !probed});
+  }
+  if (w.dropout_values > 0 && d.dropout_values_per_s > 0) {
+    terms.push_back({"dropout",
+                     Quantity(w.dropout_values, "values") + " / " +
+                         Quantity(d.dropout_values_per_s, "values/s") + " (masks' draws)",
+                     w.dropout_values / d.dropout_values_per_s, !probed});
   }
   // On a CPU the host is the device: every term is its work.
   const bool host_is_device = !d.launches_overlap;
@@ -187,16 +233,26 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
         {"network", Quantity(w.network_bytes, "B") + " / " + Quantity(d.network_bytes_per_s, "B/s"),
          w.network_bytes / d.network_bytes_per_s});
   }
-  // Measured by the probe's own reference steps, so taken as it is (no factor).
-  const double new_length_seconds = bf16 ? d.bf16_new_length_seconds : d.fp32_new_length_seconds;
-  if (w.new_length_micro_batches > 0 && new_length_seconds > 0) {
-    const int64_t shapes = DistinctWeightShapes(w);
-    terms.push_back({"new lengths",
-                     Format("%.2f", w.new_length_micro_batches) +
-                         " micro-batches at lengths new to the run x " + std::to_string(shapes) +
-                         " weight shapes x " + Seconds(new_length_seconds),
-                     w.new_length_micro_batches * static_cast<double>(shapes) * new_length_seconds,
-                     false});
+  // Measured by the probe's own reference steps, so taken as it is (no factor): each class's
+  // weight shapes at its cost.
+  if (w.new_length_micro_batches > 0) {
+    std::string how;
+    double seconds = 0;
+    for (const MatmulClass c : {MatmulClass::kBf16, MatmulClass::kFp32}) {
+      const double cost =
+          c == MatmulClass::kBf16 ? d.bf16_new_length_seconds : d.fp32_new_length_seconds;
+      const int64_t shapes = DistinctWeightShapes(w, c);
+      if (cost <= 0 || shapes == 0) continue;
+      seconds += w.new_length_micro_batches * static_cast<double>(shapes) * cost;
+      how += (how.empty() ? "" : " + ") + std::to_string(shapes) + " " +
+             std::string(MatmulClassName(c)) + " weight shapes x " + Seconds(cost);
+    }
+    if (seconds > 0) {
+      terms.push_back({"new lengths",
+                       Format("%.2f", w.new_length_micro_batches) +
+                           " micro-batches at lengths new to the run x (" + how + ")",
+                       seconds, false});
+    }
   }
   const double issuing = w.launches * d.launch_seconds;
   const std::string launches = Format("%.0f", w.launches) + " x " + Seconds(d.launch_seconds);
@@ -326,6 +382,7 @@ DeviceSpeed CpuSpeed() {
           .host_optimizer_values_per_s = kCpuMemoryBytesPerSecond / 16,
           .adamw_8bit_values_per_s = kCpuAdamW8bitValuesPerSecond,
           .nf4_dequant_values_per_s = kCpuNf4DequantValuesPerSecond,
+          .dropout_values_per_s = kCpuDropoutValuesPerSecond,
           .host_link_bytes_per_s = 0,  // the same memory
           .interconnect_bytes_per_s = kCpuMemoryBytesPerSecond / 4,
           .network_bytes_per_s = kNodeNetworkBytesPerSecond,

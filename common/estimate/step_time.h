@@ -67,6 +67,7 @@ struct DeviceSpeed {
   double host_optimizer_values_per_s = 0;
   double adamw_8bit_values_per_s = 0;   // the CPU's 8-bit AdamW step (StepWork::adamw_8bit_values)
   double nf4_dequant_values_per_s = 0;  // the CPU's NF4 dequantisation (StepWork's)
+  double dropout_values_per_s = 0;      // the CPU's dropout masks' draws (StepWork's)
   double host_link_bytes_per_s = 0;
   double interconnect_bytes_per_s = 0;
   double network_bytes_per_s = 0;

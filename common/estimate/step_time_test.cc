@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <map>
 
 #include "common/estimate/trainer_runs.h"
 
@@ -153,6 +154,112 @@ TEST(StepWorkTest, MatmulShapesAreOptionalAndChecked) {
   broken["matmul_flops"] = work->matmul_flops / 2;
   EXPECT_EQ(StepWork::FromJson(broken).status().message(),
             "step work: matmul_shapes' and attention_flops' FLOPs exceed matmul_flops");
+}
+
+// QLoRA's NF4 projections run in its compute dtype; the head (never quantised), the adapters and
+// attention in the activations' dtype: fp32 in a 32-true step. The step's class, whose factor
+// calibrates it, is the projections'. bf16-true runs all of it in bf16, a 32-true LoRA in fp32.
+TEST(StepWorkTest, AQloraStepsProjectionsRunInTheComputeDtypeAndTheRestInTheActivations) {
+  auto classes = [](const StepWork& w) {
+    std::map<std::pair<int64_t, int64_t>, MatmulClass> by_weight;
+    for (const MatmulShape& s : w.matmul_shapes) by_weight[{s.in, s.out}] = ShapeClass(w, s);
+    return by_weight;
+  };
+  const auto qlora = {std::pair{"peft.method", "qlora"},
+                      {"peft.r", "4"},
+                      {"peft.targets", "[q_proj]"},
+                      {"peft.compute_dtype", "bf16"}};
+  StatusOr<StepWork> fp32 = EstimateStepWork(SmallConfig(qlora), SmallModel());
+  ASSERT_TRUE(fp32.ok()) << fp32.status().message();
+  EXPECT_EQ(fp32->matmul_class, MatmulClass::kBf16);
+  EXPECT_EQ(AttentionClass(*fp32), MatmulClass::kFp32);
+  const auto fp32_classes = classes(*fp32);
+  for (const auto& weight : {std::pair<int64_t, int64_t>{64, 64}, {64, 32}, {64, 256}, {256, 64}}) {
+    EXPECT_EQ(fp32_classes.at(weight), MatmulClass::kBf16) << weight.first << "x" << weight.second;
+  }
+  for (const auto& weight : {std::pair<int64_t, int64_t>{64, 1000}, {64, 4}, {4, 64}}) {
+    EXPECT_EQ(fp32_classes.at(weight), MatmulClass::kFp32) << weight.first << "x" << weight.second;
+  }
+  TrialConfig bf16_config = SmallConfig(qlora);
+  ASSERT_TRUE(bf16_config.SetFromText("precision", "bf16-true").ok());
+  StatusOr<StepWork> bf16 = EstimateStepWork(bf16_config, SmallModel());
+  ASSERT_TRUE(bf16.ok()) << bf16.status().message();
+  EXPECT_EQ(AttentionClass(*bf16), MatmulClass::kBf16);
+  for (const auto& [weight, c] : classes(*bf16)) EXPECT_EQ(c, MatmulClass::kBf16);
+  StatusOr<StepWork> lora = EstimateStepWork(
+      SmallConfig({{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q_proj]"}}),
+      SmallModel());
+  ASSERT_TRUE(lora.ok()) << lora.status().message();
+  EXPECT_EQ(lora->matmul_class, MatmulClass::kFp32);
+  EXPECT_EQ(AttentionClass(*lora), MatmulClass::kFp32);
+  for (const auto& [weight, c] : classes(*lora)) EXPECT_EQ(c, MatmulClass::kFp32);
+}
+
+// The classes round-trip; a work stored before them reads with every shape and attention in the
+// work's class; a class that is not bf16 or fp32 is refused by name.
+TEST(StepWorkTest, ShapeAndAttentionClassesRoundTripAndAreChecked) {
+  StatusOr<StepWork> work = EstimateStepWork(
+      SmallConfig({{"peft.method", "qlora"}, {"peft.r", "4"}, {"peft.targets", "[q_proj]"}}),
+      SmallModel());
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  StatusOr<StepWork> again = StepWork::FromJson(work->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->ToJson(), work->ToJson());
+  EXPECT_EQ(again->attention_class, MatmulClass::kFp32);
+  json old = work->ToJson();
+  old.erase("attention_class");
+  for (json& shape : old["matmul_shapes"]) shape.erase("class");
+  StatusOr<StepWork> read = StepWork::FromJson(old);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(AttentionClass(*read), MatmulClass::kBf16);
+  for (const MatmulShape& s : read->matmul_shapes) {
+    EXPECT_EQ(ShapeClass(*read, s), MatmulClass::kBf16);
+  }
+  json broken = work->ToJson();
+  broken["matmul_shapes"][2]["class"] = "fp64";
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: matmul_shapes[2].class must be bf16 or fp32");
+  broken = work->ToJson();
+  broken["attention_class"] = 16;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: attention_class must be bf16 or fp32");
+}
+
+// LoRA's adapter dropout draws a mask over each adapted projection's input, every forward
+// (checkpointing's rerun draws again): on the CPU t x in values a projection a layer, timed at the
+// dropout rate; on CUDA none (its draws are the masks' memory traffic). No dropout, no draws.
+TEST(StepWorkTest, AdapterDropoutDrawsAMaskOverEachAdaptedInputOnTheCpu) {
+  const auto lora = {std::pair{"peft.method", "lora"},
+                     {"peft.r", "4"},
+                     {"peft.targets", "[q_proj, down_proj]"},
+                     {"peft.dropout", "0.05"}};
+  StatusOr<StepWork> cpu = EstimateStepWork(SmallConfig(lora), SmallModel());
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  // q_proj's input is 64 wide, down_proj's 256; two layers.
+  EXPECT_DOUBLE_EQ(cpu->dropout_values, kTokens * 2 * (64 + 256));
+  TrialConfig checkpointed = SmallConfig(lora);
+  ASSERT_TRUE(checkpointed.SetFromText("activation_checkpointing", "true").ok());
+  StatusOr<StepWork> rerun = EstimateStepWork(checkpointed, SmallModel());
+  ASSERT_TRUE(rerun.ok()) << rerun.status().message();
+  EXPECT_DOUBLE_EQ(rerun->dropout_values, 2 * cpu->dropout_values);
+  TrialConfig gpu = SmallConfig(lora);
+  ASSERT_TRUE(gpu.SetFromText("device", "cuda").ok());
+  StatusOr<StepWork> cuda = EstimateStepWork(gpu, SmallModel());
+  ASSERT_TRUE(cuda.ok()) << cuda.status().message();
+  EXPECT_EQ(cuda->dropout_values, 0);
+  StatusOr<StepWork> none = EstimateStepWork(SmallConfig({{"peft.method", "lora"},
+                                                          {"peft.r", "4"},
+                                                          {"peft.targets", "[q_proj]"},
+                                                          {"peft.dropout", "0"}}),
+                                             SmallModel());
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_EQ(none->dropout_values, 0);
+  // A work stored before dropout was counted reads with none.
+  json old = cpu->ToJson();
+  old.erase("dropout_values");
+  StatusOr<StepWork> read = StepWork::FromJson(old);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->dropout_values, 0);
 }
 
 TEST(StepWorkTest, CheckpointingAddsOneForwardOfEveryLayer) {

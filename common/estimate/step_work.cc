@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "common/estimate/model_state.h"
 
@@ -81,13 +82,25 @@ StatusOr<double> WorkNumber(const json& object, const char* key, const std::stri
   return value->get<double>();
 }
 
-// The work's matmul_shapes, attention_flops, attention_seq, attention_head_width and
-// new_length_micro_batches, which a work stored before them lacks (then every FLOP is taken at one
-// rate, as it was, attention at the probe's 128 tokens and 64-wide heads, and no micro-batch at a
-// new length).
+// A matmul class's name at `path`: bf16 or fp32.
+StatusOr<MatmulClass> ParseMatmulClass(const json& value, const std::string& path) {
+  const std::string name = value.is_string() ? value.get<std::string>() : "";
+  if (name != "bf16" && name != "fp32") {
+    return InvalidArgumentError("step work: " + path + " must be bf16 or fp32");
+  }
+  return name == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32;
+}
+
+// The work's matmul_shapes, attention_class, attention_flops, attention_seq, attention_head_width
+// and new_length_micro_batches, which a work stored before them lacks (then every FLOP is taken at
+// one rate, as it was, attention at the probe's 128 tokens and 64-wide heads, and no micro-batch at
+// a new length).
 Status ParseMatmulShapes(const json& j, StepWork& w) {
   if (j.contains("attention_flops")) {
     ASSIGN_OR_RETURN(w.attention_flops, WorkNumber(j, "attention_flops", "attention_flops"));
+  }
+  if (j.contains("attention_class")) {
+    ASSIGN_OR_RETURN(w.attention_class, ParseMatmulClass(j["attention_class"], "attention_class"));
   }
   if (j.contains("attention_seq")) {
     ASSIGN_OR_RETURN(w.attention_seq, WorkNumber(j, "attention_seq", "attention_seq"));
@@ -122,6 +135,9 @@ Status ParseMatmulShapes(const json& j, StepWork& w) {
       *field = row[key].get<int64_t>();
     }
     ASSIGN_OR_RETURN(shape.flops, WorkNumber(row, "flops", path + ".flops"));
+    if (row.contains("class")) {
+      ASSIGN_OR_RETURN(shape.matmul_class, ParseMatmulClass(row["class"], path + ".class"));
+    }
     counted += shape.flops;
     w.matmul_shapes.push_back(shape);
   }
@@ -145,7 +161,8 @@ std::string_view ModelFamilyName(ModelFamily f) {
 
 void AddMatmulShape(std::vector<MatmulShape>& shapes, const MatmulShape& shape) {
   for (MatmulShape& known : shapes) {
-    if (known.rows == shape.rows && known.in == shape.in && known.out == shape.out) {
+    if (known.rows == shape.rows && known.in == shape.in && known.out == shape.out &&
+        known.matmul_class == shape.matmul_class) {
       known.flops += shape.flops;
       return;
     }
@@ -153,49 +170,66 @@ void AddMatmulShape(std::vector<MatmulShape>& shapes, const MatmulShape& shape) 
   shapes.push_back(shape);
 }
 
+MatmulClass ShapeClass(const StepWork& w, const MatmulShape& shape) {
+  return shape.matmul_class.value_or(w.matmul_class);
+}
+
+MatmulClass AttentionClass(const StepWork& w) { return w.attention_class.value_or(w.matmul_class); }
+
 int64_t DistinctWeightShapes(const StepWork& w) {
   std::set<std::pair<int64_t, int64_t>> shapes;
   for (const MatmulShape& s : w.matmul_shapes) shapes.emplace(s.in, s.out);
   return static_cast<int64_t>(shapes.size());
 }
 
+int64_t DistinctWeightShapes(const StepWork& w, MatmulClass c) {
+  std::set<std::pair<int64_t, int64_t>> shapes;
+  for (const MatmulShape& s : w.matmul_shapes) {
+    if (ShapeClass(w, s) == c) shapes.emplace(s.in, s.out);
+  }
+  return static_cast<int64_t>(shapes.size());
+}
+
 json StepWork::ToJson() const {
   json shapes = json::array();
   for (const MatmulShape& s : matmul_shapes) {
-    shapes.push_back({{"rows", s.rows}, {"in", s.in}, {"out", s.out}, {"flops", s.flops}});
+    json shape = {{"rows", s.rows}, {"in", s.in}, {"out", s.out}, {"flops", s.flops}};
+    if (s.matmul_class) shape["class"] = MatmulClassName(*s.matmul_class);
+    shapes.push_back(std::move(shape));
   }
-  return {{"family", ModelFamilyName(family)},
-          {"matmul_class", MatmulClassName(matmul_class)},
-          {"tokens", tokens},
-          {"micro_batches", micro_batches},
-          {"world_size", world_size},
-          {"nodes", nodes},
-          {"matmul_flops", matmul_flops},
-          {"matmul_shapes", shapes},
-          {"attention_flops", attention_flops},
-          {"attention_seq", attention_seq},
-          {"attention_head_width", attention_head_width},
-          {"new_length_micro_batches", new_length_micro_batches},
-          {"memory_bytes", memory_bytes},
-          {"launches", launches},
-          {"host_optimizer_values", host_optimizer_values},
-          {"adamw_8bit_values", adamw_8bit_values},
-          {"nf4_dequant_values", nf4_dequant_values},
-          {"host_link_bytes", host_link_bytes},
-          {"interconnect_bytes", interconnect_bytes},
-          {"network_bytes", network_bytes},
-          {"model_bytes", model_bytes},
-          {"pretrained", pretrained}};
+  json j = {{"family", ModelFamilyName(family)},
+            {"matmul_class", MatmulClassName(matmul_class)},
+            {"tokens", tokens},
+            {"micro_batches", micro_batches},
+            {"world_size", world_size},
+            {"nodes", nodes},
+            {"matmul_flops", matmul_flops},
+            {"matmul_shapes", shapes},
+            {"attention_flops", attention_flops},
+            {"attention_seq", attention_seq},
+            {"attention_head_width", attention_head_width},
+            {"new_length_micro_batches", new_length_micro_batches},
+            {"memory_bytes", memory_bytes},
+            {"launches", launches},
+            {"host_optimizer_values", host_optimizer_values},
+            {"adamw_8bit_values", adamw_8bit_values},
+            {"nf4_dequant_values", nf4_dequant_values},
+            {"dropout_values", dropout_values},
+            {"host_link_bytes", host_link_bytes},
+            {"interconnect_bytes", interconnect_bytes},
+            {"network_bytes", network_bytes},
+            {"model_bytes", model_bytes},
+            {"pretrained", pretrained}};
+  if (attention_class) j["attention_class"] = MatmulClassName(*attention_class);
+  return j;
 }
 
 StatusOr<StepWork> StepWork::FromJson(const json& j) {
   if (!j.is_object()) return InvalidArgumentError("step work: expected an object");
   StepWork w;
-  const std::string matmul_class = j.value("matmul_class", "");
-  if (matmul_class != "bf16" && matmul_class != "fp32") {
-    return InvalidArgumentError("step work: matmul_class must be bf16 or fp32");
-  }
-  w.matmul_class = matmul_class == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32;
+  ASSIGN_OR_RETURN(
+      w.matmul_class,
+      ParseMatmulClass(j.contains("matmul_class") ? j["matmul_class"] : json(), "matmul_class"));
   const std::string family = j.value("family", "llama");
   if (family != "llama" && family != "blip2") {
     return InvalidArgumentError("step work: family must be llama or blip2");
@@ -228,6 +262,10 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
     ASSIGN_OR_RETURN(w.nf4_dequant_values,
                      WorkNumber(j, "nf4_dequant_values", "nf4_dequant_values"));
   }
+  // And before 11-30's eighteenth stop the CPU's dropout draws (then not counted at all).
+  if (j.contains("dropout_values")) {
+    ASSIGN_OR_RETURN(w.dropout_values, WorkNumber(j, "dropout_values", "dropout_values"));
+  }
   w.pretrained = j.value("pretrained", false);
   RETURN_IF_ERROR(ParseMatmulShapes(j, w));
   return w;
@@ -247,6 +285,9 @@ struct LlamaStepShape {
   // projections' outputs (bf16 under autocast).
   double param = 0, stream = 0, projected = 0;
   double h = 0, inter = 0, q = 0, kv = 0, vocab = 0, layers = 0;
+  // The dtype of the activations, which attention, the adapters and the head run in, and of the
+  // base projections: QLoRA's NF4 weights dequantise to its compute dtype.
+  MatmulClass activation_class = MatmulClass::kFp32, base_class = MatmulClass::kFp32;
 };
 
 // The shape of `config`'s step on `model`; fills w's batch counts and matmul class on the way.
@@ -272,10 +313,13 @@ LlamaStepShape DescribeLlamaStep(const TrialConfig& config, const ModelConfig& m
   x.t = static_cast<double>(micro * seq);
   x.seq = static_cast<double>(seq);
   w.tokens = micro * seq * w.micro_batches;
-  w.matmul_class = precision != trial::Precision::k32True ||
-                           (x.qlora && s.peft.compute_dtype == trial::ComputeDtype::kBf16)
-                       ? MatmulClass::kBf16
-                       : MatmulClass::kFp32;
+  x.activation_class =
+      precision != trial::Precision::k32True ? MatmulClass::kBf16 : MatmulClass::kFp32;
+  x.base_class = x.qlora && s.peft.compute_dtype == trial::ComputeDtype::kBf16 ? MatmulClass::kBf16
+                                                                               : x.activation_class;
+  // The class most of the step's FLOPs run in, whose factor calibrates it.
+  w.matmul_class = x.base_class;
+  w.attention_class = x.activation_class;
 
   x.param = precision == trial::Precision::kBf16True ? 2 : 4;
   x.stream = precision == trial::Precision::kBf16True || (x.mixed && sharded) ? 2 : 4;
@@ -299,6 +343,8 @@ struct LlamaMatmuls {
   double nf4_values = 0;             // per layer
   double trained_weight_values = 0;  // the dense weights a full fine-tune trains
   double adapter_touch = 0;          // bytes per token of one layer's adapters, forward
+  double adapter_dropout = 0;        // values per token one layer's adapters' masks draw, forward
+  double head_dropout = 0;           // the output head adapter's, per token
   double head_memory = 0;            // the output head adapter's element-wise bytes
 };
 
@@ -313,23 +359,26 @@ LlamaMatmuls CountLlamaMatmuls(const LlamaStepShape& x, const ModelConfig& model
                                     {"down_proj", x.inter, x.h}};
   LlamaMatmuls m;
   const double forward_runs = x.checkpointing ? 2 : 1;
-  // `runs` passes of a (t x in) x (in x out) matmul, `layers` times.
-  auto add = [&](double in, double out, double runs, double layers) {
+  // `runs` passes of a (t x in) x (in x out) matmul in `dtype`, `layers` times.
+  auto add = [&](double in, double out, double runs, double layers, MatmulClass dtype) {
     AddMatmulShape(m.shapes, {.rows = static_cast<int64_t>(x.t),
                               .in = static_cast<int64_t>(in),
                               .out = static_cast<int64_t>(out),
-                              .flops = layers * runs * 2 * x.t * in * out});
+                              .flops = layers * runs * 2 * x.t * in * out,
+                              .matmul_class = dtype});
   };
+  const MatmulClass adapter = x.activation_class;
   for (const Projection& p : projections) {
     // Forward, the input's gradient, and a trained weight's gradient.
-    add(p.in, p.out, forward_runs + (x.full ? 2 : 1), x.layers);
+    add(p.in, p.out, forward_runs + (x.full ? 2 : 1), x.layers, x.base_class);
     if (x.full) m.trained_weight_values += p.in * p.out;
     if (x.qlora) m.nf4_values += p.in * p.out;
     if (!x.full && Contains(x.targets, p.name)) {
       // The adapter: x A^T then (.) B^T, forward; both gradients in backward.
-      add(p.in, x.r, forward_runs + 2, x.layers);
-      add(x.r, p.out, forward_runs + 2, x.layers);
+      add(p.in, x.r, forward_runs + 2, x.layers, adapter);
+      add(x.r, p.out, forward_runs + 2, x.layers, adapter);
       m.adapter_touch += AdapterTouch(p.in, p.out, x.projected, x.adapter_dropout);
+      if (x.adapter_dropout) m.adapter_dropout += p.in;  // each adapter its own mask
     }
   }
   // Attention's own matmuls: scores (B, H, T, T) and their weighted sum of the values; backward
@@ -338,11 +387,13 @@ LlamaMatmuls CountLlamaMatmuls(const LlamaStepShape& x, const ModelConfig& model
   // The head runs once (outside the checkpointed layers).
   const bool head_trained =
       x.full || (!model.tie_word_embeddings && Contains(x.targets, "lm_head"));
-  add(x.h, x.vocab, head_trained ? 3 : 2, 1);
+  // The head is never quantised: it runs in the activations' dtype.
+  add(x.h, x.vocab, head_trained ? 3 : 2, 1, x.activation_class);
   if (!x.full && Contains(x.targets, "lm_head")) {
-    add(x.h, x.r, 3, 1);
-    add(x.r, x.vocab, 3, 1);
+    add(x.h, x.r, 3, 1, adapter);
+    add(x.r, x.vocab, 3, 1, adapter);
     m.head_memory = x.t * AdapterTouch(x.h, x.vocab, x.projected, x.adapter_dropout) * 3;
+    if (x.adapter_dropout) m.head_dropout = x.h;
   }
   if (x.full) m.trained_weight_values += x.h * x.vocab;
   m.flops = m.attention_flops;
@@ -419,6 +470,13 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
     AddNf4Dequant(config, shape.layers * matmuls.nf4_values * (forward_runs + 1) * micro_batches,
                   w);
   }
+  // The layers' masks each forward (checkpointing's rerun draws them again), the head's once.
+  AddDropoutDraws(config,
+                  shape.t *
+                      (shape.layers * matmuls.adapter_dropout * (shape.checkpointing ? 2 : 1) +
+                       matmuls.head_dropout) *
+                      micro_batches,
+                  w);
   AddOptimizerAndRanks(config, state, w);
   w.launches = CountLlamaLaunches(config, model, shape, w.micro_batches);
   w.model_bytes = static_cast<double>(state.params_bytes);
@@ -499,6 +557,10 @@ void AddNf4Dequant(const TrialConfig& config, double values, StepWork& w) {
   } else {
     w.nf4_dequant_values += values;
   }
+}
+
+void AddDropoutDraws(const TrialConfig& config, double values, StepWork& w) {
+  if (config.settings().device.kind != trial::Device::kCuda) w.dropout_values += values;
 }
 
 double OptimizerLaunches(const TrialConfig& config, double trainable_tensors) {

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -48,9 +49,14 @@ struct MatmulShape {
   int64_t in = 0;
   int64_t out = 0;
   double flops = 0;
+  // The dtype it runs in where it differs from others of the step: a 32-true QLoRA step runs its
+  // NF4 projections in the compute dtype (bf16) and its adapters and head in fp32. Unset: the
+  // work's matmul_class (and every shape of a work stored before 11-30's eighteenth stop).
+  std::optional<MatmulClass> matmul_class;
 };
 
-// Adds `shape` to `shapes`: its FLOPs to a shape already there, else as a new one.
+// Adds `shape` to `shapes`: its FLOPs to a shape already there (the same rows, weight and class),
+// else as a new one.
 void AddMatmulShape(std::vector<MatmulShape>& shapes, const MatmulShape& shape);
 
 // One optimizer step's work on one rank.
@@ -66,6 +72,9 @@ struct StepWork {
   // rate) and attention's scores and weighted sum (SDPA's); the rest at the micro-batch's rate.
   std::vector<MatmulShape> matmul_shapes;
   double attention_flops = 0;
+  // The dtype attention runs in, the activations' (a 32-true QLoRA step's is fp32 whatever its
+  // projections' compute dtype): unset, the matmul_class (a work stored before it).
+  std::optional<MatmulClass> attention_class;
   // The tokens of the sequences attention runs over (a micro-batch's padded length), which its
   // rate depends on: 0 when not known (a work stored before 11-30).
   double attention_seq = 0;
@@ -87,6 +96,11 @@ struct StepWork {
   // a conversion a value, bound by that work rather than by memory (11-30, Zen 4: 0.8 G values/s
   // where the copy moves 30 GB/s), so timed at its own rate. CUDA's is in memory_bytes.
   double nf4_dequant_values = 0;
+  // Values a CPU step's dropout masks draw (LoRA's adapter dropout: every adapted projection's
+  // input, each forward and checkpointing's rerun): ATen's Bernoulli draws run a value at a time,
+  // far below memory's rate (11-30, Zen 4: 0.2 G values/s where a copy moves 30 GB/s), so timed at
+  // their own rate. CUDA's are in memory_bytes, as the mask's bytes are here.
+  double dropout_values = 0;
   double host_link_bytes = 0;     // copies between host and device memory
   double interconnect_bytes = 0;  // sent by this rank to ranks on its node
   double network_bytes = 0;       // sent by this rank to other nodes
@@ -98,9 +112,17 @@ struct StepWork {
   static StatusOr<StepWork> FromJson(const nlohmann::json& json);
 };
 
+// The class `shape` runs in: its own, else the work's.
+MatmulClass ShapeClass(const StepWork& w, const MatmulShape& shape);
+
+// The class `w`'s attention runs in: its own, else the work's.
+MatmulClass AttentionClass(const StepWork& w);
+
 // The distinct weight shapes (in x out) among `w`'s matmul_shapes: the GEMM kernels a micro-batch
 // of a new length builds anew are per shape, whatever the layers that share it.
 int64_t DistinctWeightShapes(const StepWork& w);
+// Of them, those whose matmuls run in `c` (ShapeClass).
+int64_t DistinctWeightShapes(const StepWork& w, MatmulClass c);
 
 // The work of one optimizer step of `config` on `model` (the preconditions of
 // EstimateModelState). Sequences are full (micro_batch_size x data.max_seq_length tokens), as for
@@ -127,6 +149,10 @@ double AdapterBytesPerToken(double in, double out, double element, bool dropout)
 // QLoRA's dequantisation of `values` NF4 values in a step, added to `w`: memory traffic on CUDA
 // (22.5 B a value), the CPU's nf4_dequant_values there.
 void AddNf4Dequant(const TrialConfig& config, double values, StepWork& w);
+
+// A step's dropout masks over `values` values, added to `w`: the CPU's dropout_values (CUDA's draws
+// are in the masks' memory traffic, counted with the adapters').
+void AddDropoutDraws(const TrialConfig& config, double values, StepWork& w);
 
 }  // namespace llmctl::estimate
 

@@ -146,6 +146,10 @@ std::string DescribeNodeRates(const std::string& probe_json) {
     described += ", " + rate("NF4 dequant", probe->nf4_dequant_values_per_s,
                              nominal.nf4_dequant_values_per_s, 1e6, "M values/s");
   }
+  if (probe->version >= 7) {
+    described += ", " + rate("dropout", probe->dropout_values_per_s, nominal.dropout_values_per_s,
+                             1e6, "M values/s");
+  }
   const estimate::DeviceSpeed probed = estimate::ProbedSpeed(nominal, *probe, "");
   if (probed.probed_fp32_factor > 0 || probed.probed_bf16_factor > 0) {
     char text[160];

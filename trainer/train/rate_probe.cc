@@ -75,6 +75,8 @@ constexpr int64_t kAdamValues = 4 << 20;
 constexpr int64_t kAdamW8bitValues = 1 << 20;
 // QLoRA's NF4 weight, dequantised: 1,024 x 1,024 (about 1.3 ms on 2 cores).
 constexpr int64_t kNf4Width = 1024;
+// A dropout mask's draws: 1 Mi values (about 5 ms on 2 cores).
+constexpr int64_t kDropoutValues = 1 << 20;
 // A sample runs enough calls to last this long, so a clock read, a device synchronisation or a
 // thread's wake-up does not count in a short op's time.
 constexpr double kSampleSeconds = 0.01;
@@ -345,6 +347,17 @@ void AddNf4Dequant(Rounds& rounds, estimate::RateProbe& probe) {
              });
 }
 
+// A dropout mask's Bernoulli draws on the CPU, as ATen's dropout makes them for LoRA's adapters
+// (keep probability 0.95): its generator draws a value at a time, far below memory's rate (11-30,
+// Zen 4: 0.2 G values/s on 2 threads). CUDA's draws are elementwise kernels the memory rate times.
+void AddDropout(Rounds& rounds, estimate::RateProbe& probe) {
+  const torch::Tensor mask = torch::empty({kDropoutValues});
+  rounds.Add([mask] { mask.bernoulli_(0.95); },
+             [&probe](double seconds) {
+               probe.dropout_values_per_s = static_cast<double>(kDropoutValues) / seconds;
+             });
+}
+
 void AddHostLink(Rounds& rounds, estimate::RateProbe& probe) {
   const torch::Tensor host = torch::empty({kCopyBytes / 4}, torch::kFloat).pin_memory();
   const torch::Tensor device = torch::empty({kCopyBytes / 4}, torch::kFloat).to(rounds.device());
@@ -490,6 +503,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   AddHostAdamW(rounds, probe);
   const std::unique_ptr<Optimizer> adamw_8bit = cuda ? nullptr : AddAdamW8bit(rounds, probe);
   if (!cuda) AddNf4Dequant(rounds, probe);
+  if (!cuda) AddDropout(rounds, probe);
   std::vector<std::unique_ptr<ReferenceTrainer>> reference;
   if (!cuda) {
     ASSIGN_OR_RETURN(reference, AddReferenceSteps(rounds, probe));

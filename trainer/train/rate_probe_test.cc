@@ -72,6 +72,7 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   EXPECT_EQ(probe->host_to_device_bytes_per_s, 0);
   EXPECT_GT(probe->adamw_8bit_values_per_s, 0);
   EXPECT_GT(probe->nf4_dequant_values_per_s, 0);
+  EXPECT_GT(probe->dropout_values_per_s, 0);
   // The reference trial's step, each class at new lengths and at repeated ones
   // (common/estimate/reference_step.h).
   ASSERT_EQ(probe->reference_steps.size(), 4u);
@@ -97,6 +98,7 @@ TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
   // CUDA's 8-bit step is ATen's elementwise ops, which the memory rate times.
   EXPECT_EQ(probe->adamw_8bit_values_per_s, 0);
   EXPECT_EQ(probe->nf4_dequant_values_per_s, 0);
+  EXPECT_EQ(probe->dropout_values_per_s, 0);  // its draws: elementwise kernels, memory's rate
   EXPECT_TRUE(probe->reference_steps.empty());
 }
 
