@@ -18,6 +18,8 @@ using nlohmann::ordered_json;
 
 constexpr char kWhere[] = "rate probe";
 constexpr double kMaxReferenceStepSeconds = 3600;
+// A CPU's model name (/proc/cpuinfo) or a GPU's (NVML) is well under it.
+constexpr size_t kMaxDeviceNameBytes = 256;
 
 Status Refuse(const std::string& field, const std::string& problem) {
   return InvalidArgumentError(std::string(kWhere) + ": '" + field + "' " + problem);
@@ -151,6 +153,15 @@ Status ParseIdentity(const json& j, RateProbe& probe) {
     return Refuse("identity.device", "must be cpu or cuda");
   }
   ASSIGN_OR_RETURN(probe.device_name, Text(*identity, "device_name", "identity.device_name"));
+  // Printed as it is by `llmctl nodes` and under estimate's table: a name another process wrote
+  // must not fill a terminal or move its cursor.
+  if (probe.device_name.size() > kMaxDeviceNameBytes ||
+      std::any_of(probe.device_name.begin(), probe.device_name.end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+      })) {
+    return Refuse("identity.device_name", "must be at most " + std::to_string(kMaxDeviceNameBytes) +
+                                              " bytes without control characters");
+  }
   const auto threads = identity->find("threads");
   if (threads == identity->end() || !threads->is_number_integer() || threads->get<int64_t>() < 1 ||
       threads->get<int64_t>() > 1 << 20) {

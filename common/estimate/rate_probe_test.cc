@@ -126,6 +126,12 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   refused([](nlohmann::json& j) { j["sdpa"][0]["tokens"] = 1e15; }, "sdpa[0].tokens");
   refused([](nlohmann::json& j) { j["identity"]["device"] = "tpu"; }, "identity.device");
   refused([](nlohmann::json& j) { j["identity"]["threads"] = 0; }, "identity.threads");
+  refused([](nlohmann::json& j) { j["identity"]["device_name"] = std::string(257, 'x'); },
+          "identity.device_name");
+  refused([](nlohmann::json& j) { j["identity"]["device_name"] = "EPYC\x1b[2J"; },
+          "identity.device_name");
+  refused([](nlohmann::json& j) { j["identity"]["device_name"] = "EPYC\nfake line"; },
+          "identity.device_name");
   refused([](nlohmann::json& j) { j["identity"]["versions"].erase("libtorch"); },
           "identity.versions");
   refused([](nlohmann::json& j) { j["matmul"] = nlohmann::json::array(); }, "matmul");
