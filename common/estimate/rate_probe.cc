@@ -156,9 +156,8 @@ Status ParseIdentity(const json& j, RateProbe& probe) {
   // Printed as it is by `llmctl nodes` and under estimate's table: a name another process wrote
   // must not fill a terminal or move its cursor.
   if (probe.device_name.size() > kMaxDeviceNameBytes ||
-      std::any_of(probe.device_name.begin(), probe.device_name.end(), [](char c) {
-        return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
-      })) {
+      std::any_of(probe.device_name.begin(), probe.device_name.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
     return Refuse("identity.device_name", "must be at most " + std::to_string(kMaxDeviceNameBytes) +
                                               " bytes without control characters");
   }
