@@ -355,6 +355,12 @@ TEST(RateProbeTest, EachShapeAndAttentionTakeTheirOwnClasssRates) {
       EstimateTime(uniform, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0);
   EXPECT_NEAR(TermSeconds(one, "matmuls"), 1 + 0.5 + 1, 1e-9);
   EXPECT_DOUBLE_EQ(TermSeconds(one, "attention"), 4e10 / 1e10);
+  // Without SDPA rates attention is a matmul, at its own class's rate: fp32's here.
+  p.sdpa.clear();
+  const DeviceSpeed no_sdpa = ProbedSpeed(CpuSpeed(), p, "a probe");
+  const TimeEstimate flat =
+      EstimateTime(work, no_sdpa, DefaultCalibration(no_sdpa, ModelFamily::kLlama), 0);
+  EXPECT_NEAR(TermSeconds(flat, "matmuls"), 1 + 2 + 1 + 4e10 / 2e10, 1e-9);
   // Two distinct bf16 weight shapes and one fp32 one.
   EXPECT_EQ(DistinctWeightShapes(work, MatmulClass::kBf16), 2);
   EXPECT_EQ(DistinctWeightShapes(work, MatmulClass::kFp32), 1);

@@ -95,11 +95,12 @@ double RateAt(const ClassRates& rates, double rows, double width) {
   return rates.by_shape->empty() ? rates.flat : RateAtShape(*rates.by_shape, rows, width);
 }
 
-// The seconds of the step's matmuls (`flops`, attention's aside) and a formula saying how: each
-// counted shape at its class's rate at its own shape (a probe's; the data sheet's one rate a class
-// at any shape), the FLOPs counted by no shape (all of a work that has no shapes) at the work's
-// class's rate for one micro-batch's rows through the probe's middle width.
-TimeTerm Matmuls(const StepWork& w, const DeviceSpeed& d, double flops) {
+// The seconds of the step's matmuls (`flops`: attention's among them when the device has no SDPA
+// rates, `attention` of them) and a formula saying how: each counted shape at its class's rate at
+// its own shape (a probe's; the data sheet's one rate a class at any shape), the FLOPs counted by
+// no shape (all of a work that has no shapes) at the work's class's rate for one micro-batch's rows
+// through the probe's middle width, and attention's there at its own class's.
+TimeTerm Matmuls(const StepWork& w, const DeviceSpeed& d, double flops, double attention) {
   struct Span {
     int shapes = 0;
     double slowest = 0, fastest = 0;
@@ -143,10 +144,15 @@ TimeTerm Matmuls(const StepWork& w, const DeviceSpeed& d, double flops) {
   if (const double rest = flops - counted; rest > 1e-9 * flops || w.matmul_shapes.empty()) {
     const double rows =
         static_cast<double>(w.tokens) / static_cast<double>(std::max<int64_t>(1, w.micro_batches));
-    seconds += rest / RateAt(own, rows, static_cast<double>(kProbeMatmulSizeUsed));
+    const double width = static_cast<double>(kProbeMatmulSizeUsed);
+    seconds += (rest - attention) / RateAt(own, rows, width) +
+               attention / RateAt(RatesOf(d, AttentionClass(w)), rows, width);
     if (!own.by_shape->empty()) {
       const std::string at_rows = Format("%.0f tokens a micro-batch", rows);
       how = how.empty() ? name + " at " + at_rows : how + ", the rest at " + at_rows;
+    }
+    if (attention > 0 && AttentionClass(w) != w.matmul_class) {
+      how += ", attention " + std::string(MatmulClassName(AttentionClass(w)));
     }
   }
   return {"matmuls",
@@ -173,7 +179,7 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   const double attention_rate =
       attention_rates.empty() ? 0 : RateAtShape(attention_rates, attention_seq, head_width);
   const double attention = attention_rate > 0 ? w.attention_flops : 0;
-  terms.push_back(Matmuls(w, d, w.matmul_flops - attention));
+  terms.push_back(Matmuls(w, d, w.matmul_flops - attention, w.attention_flops - attention));
   if (attention > 0) {
     terms.push_back({"attention",
                      Quantity(attention, "FLOP") + " / " + Quantity(attention_rate, "FLOP/s") +
