@@ -389,6 +389,10 @@ int RunRank(const llmctl::TrialConfig& config, const std::string& events_path, c
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGUSR1, OnCheckpointSignal);
+  // A peer rank's death closes the sockets c10d writes to. Ignored, the write fails with EPIPE and
+  // the collective throws, so this rank ends as a failed trial with its exit code and error event,
+  // where SIGPIPE's default kills it without a word (Python, which ignores SIGPIPE, never sees it).
+  std::signal(SIGPIPE, SIG_IGN);
   llmctl::trainer::RunOptions options;
   options.events_path = llmctl::RankEventsPath(events_path, rank_env ? rank_env->rank : 0);
   options.rank_env = rank_env;

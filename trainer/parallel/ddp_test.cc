@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -158,6 +159,18 @@ TEST(DdpMultiNodeTest, TwoNodesOfTwoRanksTrainLikeOneNodeOfFour) {
   ExpectNodesTrainLikeOneNode("nodes-2x2", 2, 2);
 }
 
+// Whether process `pid` ignores `signal` (/proc/PID/status's SigIgn mask).
+bool IgnoresSignal(pid_t pid, int signal) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("SigIgn:", 0) == 0) {
+      return (std::stoull(line.substr(7), nullptr, 16) >> (signal - 1)) & 1;
+    }
+  }
+  ADD_FAILURE() << "no SigIgn line for process " << pid;
+  return false;
+}
+
 // Node rank 1's rank killed mid-run: its sockets close under node rank 0's rank, which fails, and
 // node rank 0's launcher ends with it; no rank is left on either node.
 TEST(DdpMultiNodeTest, ARankKilledOnOneNodeEndsTheOther) {
@@ -171,6 +184,9 @@ TEST(DdpMultiNodeTest, ARankKilledOnOneNodeEndsTheOther) {
   EXPECT_EQ(node1["master_port"], node0["master_port"]);
   ASSERT_TRUE(demo.AwaitStep(1));
   const pid_t rank0 = node0["pids"][0].get<pid_t>();
+  // A rank ignores SIGPIPE, so a write to the dead peer's socket fails rather than killing it
+  // (11-30: rank 0 once died of it instead of exiting with its code).
+  EXPECT_TRUE(IgnoresSignal(rank0, SIGPIPE));
   ASSERT_EQ(::kill(node1["pids"][0].get<pid_t>(), SIGKILL), 0);
   const DemoRun run = demo.Finish();
   EXPECT_EQ(run.node_exit_codes[1], 1) << run.output;
