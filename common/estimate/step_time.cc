@@ -106,6 +106,9 @@ TimeTerm Matmuls(const StepWork& w, const DeviceSpeed& d, double flops, double a
     double slowest = 0, fastest = 0;
   };
   Span spans[2];  // by class: bf16, fp32
+  auto span_of = [&spans](MatmulClass c) -> Span& {
+    return spans[c == MatmulClass::kBf16 ? 0 : 1];
+  };
   double seconds = 0, counted = 0;
   for (const MatmulShape& shape : w.matmul_shapes) {
     const MatmulClass c = ShapeClass(w, shape);
@@ -113,7 +116,7 @@ TimeTerm Matmuls(const StepWork& w, const DeviceSpeed& d, double flops, double a
                                std::sqrt(static_cast<double>(shape.in * shape.out)));
     seconds += shape.flops / rate;
     counted += shape.flops;
-    Span& span = spans[c == MatmulClass::kBf16 ? 0 : 1];
+    Span& span = span_of(c);
     ++span.shapes;
     span.slowest = span.slowest > 0 ? std::min(span.slowest, rate) : rate;
     span.fastest = std::max(span.fastest, rate);
@@ -121,7 +124,7 @@ TimeTerm Matmuls(const StepWork& w, const DeviceSpeed& d, double flops, double a
   const ClassRates own = RatesOf(d, w.matmul_class);
   const MatmulClass other =
       w.matmul_class == MatmulClass::kBf16 ? MatmulClass::kFp32 : MatmulClass::kBf16;
-  const Span& others = spans[other == MatmulClass::kBf16 ? 0 : 1];
+  const Span& others = span_of(other);
   const std::string name(MatmulClassName(w.matmul_class));
   std::string how;
   if (own.by_shape->empty()) {
@@ -133,7 +136,7 @@ TimeTerm Matmuls(const StepWork& w, const DeviceSpeed& d, double flops, double a
     }
   } else {
     for (const MatmulClass c : {w.matmul_class, other}) {
-      const Span& span = spans[c == MatmulClass::kBf16 ? 0 : 1];
+      const Span& span = span_of(c);
       if (span.shapes == 0) continue;
       how += (how.empty() ? "" : "; ") + std::string(MatmulClassName(c)) +
              " by shape: " + std::to_string(span.shapes) + " shapes at " +
