@@ -46,12 +46,13 @@ struct Part {
   double forward_bytes = 0;
   double launches = 0;
   double nf4_values = 0;
-  double dropout_values = 0;  // its adapters' masks' draws, forward
+  // Its dropout masks' draws, forward: in its blocks (the model's own dropout and its adapters',
+  // rerun by checkpointing) and outside them.
+  double dropout_values = 0;
+  double unblocked_dropout_values = 0;
   double trainable_tensors = 0;
   std::vector<LinearShape> linears;  // its projections' FLOPs by shape (adapters' aside)
-  double attention_flops = 0;        // forward's, of forward_flops
-  double attention_key_flops = 0;    // attention_flops x the keys each query attends to
-  double attention_width_flops = 0;  // attention_flops x its heads' width
+  std::vector<AttentionShape> attention;  // of forward_flops, attention's forward by shape
 };
 
 class PartCounter {
@@ -83,16 +84,22 @@ class PartCounter {
     Backward(matmul, in, out, tokens, name, /*quantised=*/false);
   }
 
-  // Attention's scores and weighted sum: `queries` tokens over `keys` keys each, `width` wide;
-  // backward forms the gradients of the scores, the values, the queries and the keys.
-  // `head_width` is each of its heads' (width / heads).
-  void Attention(double queries, double keys, double width, double head_width) {
-    const double flops = 4 * queries * keys * width;
+  // Attention's scores and weighted sum: `examples` sequences of `queries` queries over `keys`
+  // keys each, `width` wide; backward forms the gradients of the scores, the values, the queries
+  // and the keys. `head_width` is each of its heads' (width / heads).
+  void Attention(double examples, double queries, double keys, double width, double head_width) {
+    const double flops = 4 * examples * queries * keys * width;
     part_.forward_flops += flops;
     part_.input_grad_flops += 2 * flops;
-    part_.attention_flops += flops;
-    part_.attention_key_flops += flops * keys;
-    part_.attention_width_flops += flops * head_width;
+    AddAttentionShape(part_.attention,
+                      {.queries = queries, .keys = keys, .head_width = head_width, .flops = flops});
+  }
+
+  // A dropout mask over `values` values, drawn when its probability `p` is above 0: in a block, or
+  // outside them (not rerun by checkpointing).
+  void Dropout(double values, double p, bool blocked = true) {
+    if (!(p > 0)) return;
+    (blocked ? part_.dropout_values : part_.unblocked_dropout_values) += values;
   }
 
   // A layer's element-wise traffic and launches over `tokens` tokens.
@@ -158,7 +165,11 @@ void CountVisionWork(const Blip2VisionConfig& v, double examples, double image_t
                          c, "patch_embedding");
   for (int64_t i = 0; i < v.num_hidden_layers; ++i) {
     vision.Linear(n, c, 3 * c, "qkv");
-    vision.Attention(n, image_tokens, c, c / static_cast<double>(v.num_attention_heads));
+    vision.Attention(examples, image_tokens, image_tokens, c,
+                     c / static_cast<double>(v.num_attention_heads));
+    vision.Dropout(examples * static_cast<double>(v.num_attention_heads) * image_tokens *
+                       image_tokens,
+                   v.attention_dropout);
     vision.Linear(n, c, c, "projection");
     vision.Linear(n, c, static_cast<double>(v.intermediate_size), "fc1");
     vision.Linear(n, static_cast<double>(v.intermediate_size), c, "fc2");
@@ -171,20 +182,28 @@ void CountQFormerWork(const Blip2QFormerConfig& q, double examples, double queri
                       double image_tokens, PartCounter& qformer) {
   const double c = static_cast<double>(q.hidden_size);
   const double n = examples * queries;
-  const double head_width = c / static_cast<double>(q.num_attention_heads);
+  const double heads = static_cast<double>(q.num_attention_heads);
+  const double head_width = c / heads;
+  // The embeddings' layer norm's dropout, before the blocks.
+  qformer.Dropout(n * c, q.hidden_dropout_prob, /*blocked=*/false);
   for (int64_t i = 0; i < q.num_hidden_layers; ++i) {
     for (const char* name : {"query", "key", "value", "output"}) qformer.Linear(n, c, c, name);
-    qformer.Attention(n, queries, c, head_width);
+    qformer.Attention(examples, queries, queries, c, head_width);
+    qformer.Dropout(examples * heads * queries * queries, q.attention_probs_dropout_prob);
+    qformer.Dropout(n * c, q.hidden_dropout_prob);
     if (i % q.cross_attention_frequency == 0) {
       const double encoder = static_cast<double>(q.encoder_hidden_size);
       qformer.Linear(n, c, c, "query");
       qformer.Linear(examples * image_tokens, encoder, c, "key");
       qformer.Linear(examples * image_tokens, encoder, c, "value");
       qformer.Linear(n, c, c, "output");
-      qformer.Attention(n, image_tokens, c, head_width);
+      qformer.Attention(examples, queries, image_tokens, c, head_width);
+      qformer.Dropout(examples * heads * queries * image_tokens, q.attention_probs_dropout_prob);
+      qformer.Dropout(n * c, q.hidden_dropout_prob);
     }
     qformer.Linear(n, c, static_cast<double>(q.intermediate_size), "intermediate");
     qformer.Linear(n, static_cast<double>(q.intermediate_size), c, "output");
+    qformer.Dropout(n * c, q.hidden_dropout_prob);
     qformer.Layer(n, c, static_cast<double>(q.intermediate_size), false);
   }
 }
@@ -198,7 +217,11 @@ double CountOptWork(const OptConfig& opt, double examples, double sequence, Part
     for (const char* name : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
       language.Linear(n, h, h, name);
     }
-    language.Attention(n, sequence, h, h / static_cast<double>(opt.num_attention_heads));
+    language.Attention(examples, sequence, sequence, h,
+                       h / static_cast<double>(opt.num_attention_heads));
+    language.Dropout(examples * static_cast<double>(opt.num_attention_heads) * sequence * sequence,
+                     opt.attention_dropout);
+    language.Dropout(2 * n * h, opt.dropout);  // the attention's and the FFN's outputs
     language.Linear(n, h, ffn, "fc1");
     language.Linear(n, ffn, h, "fc2");
     language.Layer(n, h, ffn, false);
@@ -225,22 +248,29 @@ double CountT5Work(const T5Config& t5, double examples, double queries, double c
       language.Linear(n, d, ff, "wi");
     }
     language.Linear(n, ff, d, "wo", /*quantised=*/false);  // transformers keeps wo dense
+    language.Dropout(n * (ff + d), t5.dropout_rate);        // the inner activation's and wo's
   };
-  auto attention = [&](double n, double kv_tokens, double keys) {
-    language.Linear(n, d, inner, "q");
-    language.Linear(kv_tokens, d, inner, "k");
-    language.Linear(kv_tokens, d, inner, "v");
-    language.Attention(n, keys, inner, static_cast<double>(t5.d_kv));
-    language.Linear(n, inner, d, "o");
+  // Each sequence's `queries` queries over `keys` keys.
+  auto attention = [&](double queries, double keys) {
+    language.Linear(examples * queries, d, inner, "q");
+    language.Linear(examples * keys, d, inner, "k");
+    language.Linear(examples * keys, d, inner, "v");
+    language.Attention(examples, queries, keys, inner, static_cast<double>(t5.d_kv));
+    language.Dropout(examples * static_cast<double>(t5.num_heads) * queries * keys,
+                     t5.dropout_rate);
+    language.Linear(examples * queries, inner, d, "o");
+    language.Dropout(examples * queries * d, t5.dropout_rate);
   };
+  // Each stack's embeddings and its final layer norm's output.
+  language.Dropout(2 * (encoded + decoded) * d, t5.dropout_rate, /*blocked=*/false);
   for (int64_t i = 0; i < t5.num_layers; ++i) {
-    attention(encoded, encoded, encoder_sequence);
+    attention(encoder_sequence, encoder_sequence);
     ffn(encoded);
     language.Layer(encoded, d, ff, t5.gated_gelu);
   }
   for (int64_t i = 0; i < t5.num_decoder_layers; ++i) {
-    attention(decoded, decoded, caption);
-    attention(decoded, encoded, encoder_sequence);
+    attention(caption, caption);
+    attention(caption, encoder_sequence);
     ffn(decoded);
     language.Layer(decoded, d, ff, t5.gated_gelu);
   }
@@ -254,9 +284,8 @@ struct MicroBatchWork {
   double matmul = 0, memory = 0, launches = 0, nf4_values = 0, dropout_values = 0,
          trainable_tensors = 0;
   std::vector<MatmulShape> shapes;  // of matmul, the projections' by shape
-  double attention = 0;             // of matmul, attention's (SDPA's)
-  double attention_keys = 0;        // attention x the keys each query attends to
-  double attention_widths = 0;      // attention x its heads' width
+  double attention = 0;                   // of matmul, attention's (SDPA's)
+  std::vector<AttentionShape> attention_shapes;  // of attention, by shape
 };
 
 // The micro-batch's work over the parts in order, each with whether it learns: backward runs
@@ -274,7 +303,7 @@ MicroBatchWork SumMicroBatchParts(std::initializer_list<std::pair<const PartCoun
     sum.memory += p.forward_bytes * forward_runs;
     sum.launches += p.launches * forward_runs;
     sum.nf4_values += p.nf4_values * (forward_runs + (backward ? 1 : 0));
-    sum.dropout_values += p.dropout_values * forward_runs;
+    sum.dropout_values += p.dropout_values * forward_runs + p.unblocked_dropout_values;
     sum.trainable_tensors += p.trainable_tensors;
     for (const LinearShape& linear : p.linears) {
       MatmulShape shape = linear.shape;
@@ -283,9 +312,11 @@ MicroBatchWork SumMicroBatchParts(std::initializer_list<std::pair<const PartCoun
       AddMatmulShape(sum.shapes, shape);
     }
     const double attention_runs = forward_runs + (backward ? 2 : 0);
-    sum.attention += p.attention_flops * attention_runs;
-    sum.attention_keys += p.attention_key_flops * attention_runs;
-    sum.attention_widths += p.attention_width_flops * attention_runs;
+    for (AttentionShape shape : p.attention) {
+      shape.flops *= attention_runs;
+      sum.attention += shape.flops;
+      AddAttentionShape(sum.attention_shapes, shape);
+    }
     if (!backward) continue;
     sum.matmul += p.input_grad_flops + p.weight_grad_flops;
     sum.memory += kBlip2BackwardPasses * p.forward_bytes;
@@ -365,13 +396,12 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
   const double micro_batches = static_cast<double>(w.micro_batches);
   w.matmul_flops = step.matmul * micro_batches;
   // Each projection at its own rate (a CPU's GEMM runs far below its square rate on the narrow
-  // ViT and Q-Former), attention at SDPA's for the sequences and heads most of its FLOPs run over
-  // (the FLOP-weighted means of the parts' keys and head widths: the ViT's, where it is trained).
+  // ViT and Q-Former), and each part's attention at SDPA's rate for its own sequences and heads.
   w.matmul_shapes = step.shapes;
   for (MatmulShape& shape : w.matmul_shapes) shape.flops *= micro_batches;
   w.attention_flops = step.attention * micro_batches;
-  w.attention_seq = step.attention > 0 ? step.attention_keys / step.attention : 0;
-  w.attention_head_width = step.attention > 0 ? step.attention_widths / step.attention : 0;
+  w.attention_shapes = step.attention_shapes;
+  for (AttentionShape& shape : w.attention_shapes) shape.flops *= micro_batches;
   w.memory_bytes = memory * micro_batches;
   if (qlora) AddNf4Dequant(config, step.nf4_values * micro_batches, w);
   AddDropoutDraws(config, step.dropout_values * micro_batches, w);

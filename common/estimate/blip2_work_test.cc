@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 
 namespace llmctl::estimate {
 namespace {
@@ -89,9 +90,9 @@ TEST(Blip2WorkTest, CheckpointingRerunsTheBlocksOfThePartsBackwardRunsThrough) {
 }
 
 // Each projection is counted at its shape (a micro-batch's rows, its weight), attention apart at
-// the sequences most of it runs over, so a CPU takes each at its own probed rate; together they
-// are every matmul FLOP but the adapters'.
-TEST(Blip2WorkTest, ProjectionsAreCountedByShapeAndAttentionByItsSequences) {
+// each part's sequences and heads, so a CPU takes each at its own probed rate; together they are
+// every matmul FLOP but the adapters'.
+TEST(Blip2WorkTest, ProjectionsAreCountedByShapeAndAttentionByItsParts) {
   StatusOr<StepWork> full = EstimateBlip2StepWork(Config({}), TinyBlip2());
   ASSERT_TRUE(full.ok()) << full.status().message();
   double shaped = 0;
@@ -103,11 +104,19 @@ TEST(Blip2WorkTest, ProjectionsAreCountedByShapeAndAttentionByItsSequences) {
   ASSERT_NE(patches, full->matmul_shapes.end());
   EXPECT_EQ(patches->rows, 4);
   EXPECT_DOUBLE_EQ(patches->flops, 3 * kVisionPatches);
-  // Attention forward and backward (3x): the ViT's 800 over 5 keys, the Q-Former's 128 over 2
-  // and 320 over 5, OPT's 800 over 5; its sequence their FLOP-weighted mean of keys.
+  // Attention forward and backward (3x), by shape, every head 4 wide: the ViT's 800 (5 tokens
+  // over 5) with OPT's 800 (2 queries' places and 3 caption tokens, over 5), the Q-Former's 128
+  // (2 queries over 2) and its cross-attention's 320 (2 queries over the image's 5).
   EXPECT_DOUBLE_EQ(full->attention_flops, 3 * (800 + 128 + 320 + 800));
-  EXPECT_DOUBLE_EQ(full->attention_seq, (800 * 5 + 128 * 2 + 320 * 5 + 800 * 5) /
-                                            static_cast<double>(800 + 128 + 320 + 800));
+  ASSERT_EQ(full->attention_shapes.size(), 3u);
+  const std::vector<std::array<double, 4>> expected = {
+      {5, 5, 4, 3 * (800 + 800)}, {2, 2, 4, 3 * 128}, {2, 5, 4, 3 * 320}};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const AttentionShape& shape = full->attention_shapes[i];
+    EXPECT_EQ((std::array<double, 4>{shape.queries, shape.keys, shape.head_width, shape.flops}),
+              expected[i])
+        << i;
+  }
 
   // Adapters' FLOPs are no projection's shape: they take the micro-batch's rate.
   StatusOr<StepWork> lora = EstimateBlip2StepWork(
@@ -160,6 +169,53 @@ TEST(Blip2WorkTest, CaptionsOfTheLongestExampleShortenTheStep) {
   ASSERT_TRUE(full.ok() && shorter.ok());
   EXPECT_EQ(shorter->tokens, 2 + 1);
   EXPECT_LT(shorter->matmul_flops, full->matmul_flops);
+}
+
+// A CPU step draws every dropout mask of the model's own, a value at a time (step_work.h's
+// dropout_values), counted by hand for the tiny BLIP-2 with transformers' defaults: the Q-Former's
+// hidden and attention-probability dropout 0.1, OPT's 0.1 on its outputs (none on its
+// probabilities), none in the ViT.
+TEST(Blip2WorkTest, ACpuStepDrawsTheModelsDropoutMasks) {
+  // The Q-Former (2 query rows, 8 wide, 2 heads): its embeddings' 16 outside the blocks; in its
+  // block the self-attention's probabilities 2 x 2 x 2 and output 16, the cross-attention's 2 x 2
+  // x 5 and 16, the FFN's output 16. OPT's block: 2 outputs of 5 rows x 8.
+  constexpr double kUnblocked = 16, kQFormer = 8 + 16 + 20 + 16 + 16, kOpt = 2 * 5 * 8;
+  StatusOr<StepWork> step = EstimateBlip2StepWork(Config({}), TinyBlip2());
+  ASSERT_TRUE(step.ok()) << step.status().message();
+  EXPECT_DOUBLE_EQ(step->dropout_values, kUnblocked + kQFormer + kOpt);
+  // Checkpointing redraws the blocks' masks in its rerun.
+  StatusOr<StepWork> checkpointed =
+      EstimateBlip2StepWork(Config({{"activation_checkpointing", "true"}}), TinyBlip2());
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().message();
+  EXPECT_DOUBLE_EQ(checkpointed->dropout_values, kUnblocked + 2 * (kQFormer + kOpt));
+  // The ViT's attention dropout, where its config sets one: 2 heads x 5 x 5.
+  Blip2Config vit_dropout = TinyBlip2();
+  vit_dropout.vision.attention_dropout = 0.1;
+  StatusOr<StepWork> vit = EstimateBlip2StepWork(Config({}), vit_dropout);
+  ASSERT_TRUE(vit.ok()) << vit.status().message();
+  EXPECT_DOUBLE_EQ(vit->dropout_values - step->dropout_values, 2 * 5 * 5);
+  // Flan-T5 in its place (8 wide, 2 heads 4 wide, a 16-wide gated FFN, a layer each): each
+  // stack's embeddings and final output, 2 x (5 + 3) x 8, outside the blocks; the encoder's
+  // layer over the 2 queries and 3 caption tokens, its probabilities 2 x 5 x 5, output 5 x 8 and
+  // FFN 5 x (16 + 8); the decoder's over the caption, self 2 x 3 x 3 and 3 x 8, cross 2 x 3 x 5
+  // and 3 x 8, FFN 3 x (16 + 8).
+  Blip2Config t5 = TinyBlip2();
+  t5.text = T5Config{.vocab_size = 10,
+                     .d_model = 8,
+                     .d_kv = 4,
+                     .d_ff = 16,
+                     .num_layers = 1,
+                     .num_decoder_layers = 1,
+                     .num_heads = 2};
+  StatusOr<StepWork> flan = EstimateBlip2StepWork(Config({}), t5);
+  ASSERT_TRUE(flan.ok()) << flan.status().message();
+  EXPECT_DOUBLE_EQ(flan->dropout_values,
+                   kUnblocked + kQFormer + 2 * (5 + 3) * 8 + (50 + 40 + 5 * 24) +
+                       (18 + 24 + 30 + 24 + 3 * 24));
+  // A CUDA step's draws are memory traffic, not counted here.
+  StatusOr<StepWork> cuda = EstimateBlip2StepWork(Config({{"device", "cuda"}}), TinyBlip2());
+  ASSERT_TRUE(cuda.ok()) << cuda.status().message();
+  EXPECT_EQ(cuda->dropout_values, 0);
 }
 
 }  // namespace

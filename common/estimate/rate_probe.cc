@@ -211,6 +211,30 @@ std::pair<double, double> ReferenceCosts(const RateProbe& probe, const std::stri
   return {factor, new_length};
 }
 
+
+// The share of a partial query block's padding `dtype`'s attention paid in the probe's row one past
+// a block (AttentionSeconds' block_share): where its time lies between the whole-block grid's
+// `rates` at its own length (0) and at its queries padded to the next block (1). 0 without such a
+// row.
+double BlockShare(const RateProbe& probe, const std::string& dtype,
+                  const std::vector<ShapeRate>& rates) {
+  if (rates.empty()) return 0;
+  for (const ProbedAttention& a : probe.sdpa_partial_block) {
+    if (a.dtype != dtype || !(a.flops_per_s > 0)) continue;
+    // FLOPs on any scale: the share is a ratio of times.
+    const double tokens = static_cast<double>(a.tokens);
+    const AttentionShape shape = {.queries = tokens,
+                                  .keys = tokens,
+                                  .head_width = static_cast<double>(a.head_width),
+                                  .flops = tokens * tokens};
+    const double own = AttentionSeconds(shape, rates, 0);
+    const double padded = AttentionSeconds(shape, rates, 1);
+    if (!(padded > own)) return 0;
+    return std::clamp((shape.flops / a.flops_per_s - own) / (padded - own), 0.0, 1.0);
+  }
+  return 0;
+}
+
 }  // namespace
 
 ordered_json RateProbe::ToJson() const {
@@ -237,6 +261,16 @@ ordered_json RateProbe::ToJson() const {
                    {"versions", ordered_json::parse(versions.ToJson())}};
   j["matmul"] = matmuls;
   j["sdpa"] = attention;
+  if (version >= 8) {
+    ordered_json partial = ordered_json::array();
+    for (const ProbedAttention& a : sdpa_partial_block) {
+      partial.push_back({{"dtype", a.dtype},
+                         {"tokens", a.tokens},
+                         {"head_width", a.head_width},
+                         {"flops_per_s", a.flops_per_s}});
+    }
+    j["sdpa_partial_block"] = partial;
+  }
   j["memory_bytes_per_s"] = memory_bytes_per_s;
   j["launch_seconds"] = launch_seconds;
   j["host_adamw_values_per_s"] = host_adamw_values_per_s;
@@ -284,6 +318,12 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   ASSIGN_OR_RETURN(probe.sdpa, ParseRows<ProbedAttention>(j, "sdpa", ParseAttention));
   if (probe.version >= 5) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "tokens"));
   if (probe.version >= 6) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "head_width"));
+  if (probe.version >= 8) {
+    ASSIGN_OR_RETURN(probe.sdpa_partial_block,
+                     ParseRows<ProbedAttention>(j, "sdpa_partial_block", ParseAttention));
+    RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa_partial_block", "tokens"));
+    RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa_partial_block", "head_width"));
+  }
   for (auto [key, field] :
        {std::pair{"memory_bytes_per_s", &probe.memory_bytes_per_s},
         std::pair{"launch_seconds", &probe.launch_seconds},
@@ -384,6 +424,9 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
     speed.host_link_bytes_per_s =
         2 / (1 / probe.host_to_device_bytes_per_s + 1 / probe.device_to_host_bytes_per_s);
   }
+  // Before the reference steps' costs, whose nominal time takes it.
+  speed.fp32_attention_block_share = BlockShare(probe, "fp32", speed.fp32_attention_by_length);
+  speed.bf16_attention_block_share = BlockShare(probe, "bf16", speed.bf16_attention_by_length);
   std::tie(speed.probed_fp32_factor, speed.fp32_new_length_seconds) =
       ReferenceCosts(probe, "fp32", speed);
   std::tie(speed.probed_bf16_factor, speed.bf16_new_length_seconds) =

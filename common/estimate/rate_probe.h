@@ -3,12 +3,14 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 7), one document:
+// The JSON (version 8), one document:
 //   {"version": 7, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
 //    "matmul": [{"dtype": "fp32", "size": 512, "tokens": 256, "flops_per_s": 5.1e10}, ...],
 //    "sdpa": [{"dtype": "fp32", "tokens": 128, "head_width": 64, "flops_per_s": 2.0e10}, ...],
+//    "sdpa_partial_block": [{"dtype": "fp32", "tokens": 65, "head_width": 64,
+//                            "flops_per_s": 1.6e10}, ...],
 //    "memory_bytes_per_s": 1.2e10, "launch_seconds": 4e-6,
 //    "host_adamw_values_per_s": 3e8, "adamw_8bit_values_per_s": 9e7,
 //    "nf4_dequant_values_per_s": 7.5e8, "dropout_values_per_s": 2e8,
@@ -21,8 +23,9 @@
 // reuses what it loads), the cells past what one call may take left out; sdpa is causal attention
 // over 2 x 8 heads of sequences of `tokens` tokens, `head_width` wide, forward and backward (its
 // rate counts 3x the forward's FLOPs, as a step's attention does), at a few lengths (version 5; the
-// longest past what one call may take left out) and head widths (version 6: on a CPU 32 and 64, on
-// a GPU 64 and 128) for fp32 and bf16, at 128 tokens and 64 wide for fp16; version 6's CPU grid
+// longest past what one call may take left out) and head widths (version 6: on a CPU 32 and 64,
+// version 8's 24 and 64; on a GPU 64 and 128) for fp32 and bf16, at 128 tokens and 64 wide for
+// fp16; sdpa_partial_block (version 8, a CPU's) the same at 65 tokens; version 6's CPU grid
 // starts at 64-wide weights (256 before); memory is one
 // copy of 64 MiB (bytes read plus written); a launch is on CUDA a one-element add, on a CPU one op
 // of an autograd step (version 4: a chain of four small ops forward and backward, over its nine
@@ -32,8 +35,10 @@
 // of reference_step.h's trial (a CPU's only), each class's at lengths new to the run and (version
 // 5) at one length every step had. Every figure is the median of `rounds` samples taken in turn
 // across the whole probe, so a machine whose speed drifts while it runs slows every rate alike. A
-// rate of 0 was not measured (copies without a device). Versions 1 to 6 are read, and the agent and
-// llmctl measure them again. Version 6 (11-30) had no dropout rate (the data sheet's serves).
+// rate of 0 was not measured (copies without a device). Versions 1 to 7 are read, and the agent and
+// llmctl measure them again. Version 7 (11-30) had no partial-block attention (a sequence pays
+// none of its padding) and timed a CPU's attention on 32-wide heads where version 8 times 24-wide
+// ones. Version 6 (11-30) had no dropout rate (the data sheet's serves).
 // Version 5 (11-30) timed attention 64 wide alone (its rows have no "head_width": read as 64).
 // Version 4 (11-30) timed attention at 128 tokens alone (its rows have no "tokens": read as 128).
 // Version 3 (11-29 to 11-30) timed attention's forward alone, which ProbedSpeed does not use, and
@@ -54,7 +59,10 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 7;
+inline constexpr int kRateProbeVersion = 8;
+// The length of a version 8 CPU probe's partial-block attention: a block of 32 (PaddedQueries) and
+// one query of the next.
+inline constexpr int64_t kProbePartialBlockTokens = 65;
 // The tokens of a version 1 probe's matmuls, and the token count a rate is taken at when a step's
 // micro-batch is not known.
 inline constexpr int64_t kProbeMatmulTokens = 512;
@@ -95,6 +103,10 @@ struct RateProbe {
   TrainerVersions versions;
   std::vector<ProbedMatmul> matmul;
   std::vector<ProbedAttention> sdpa;
+  // Attention at a length one past a query block (version 8, a CPU's: kProbePartialBlockTokens on
+  // kProbeAttentionHeadWidth-wide heads, fp32 and bf16; none on a GPU): what a partial block costs
+  // (step_time.h's AttentionSeconds), which the grid's whole-block lengths do not show.
+  std::vector<ProbedAttention> sdpa_partial_block;
   double memory_bytes_per_s = 0;
   double launch_seconds = 0;
   double host_adamw_values_per_s = 0;   // fp32 AdamW on the host (an offloaded step)

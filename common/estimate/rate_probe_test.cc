@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -23,8 +24,8 @@ double TermSeconds(const TimeEstimate& e, const std::string& name) {
 }
 
 // The seconds of the attention term of 6 GFLOP of bf16 attention at `seq` tokens a sequence on
-// `head_width`-wide heads (0: not known), at `probe`'s rates.
-double AttentionSeconds(const RateProbe& probe, double seq, double head_width) {
+// `head_width`-wide heads, at `probe`'s rates.
+double AttentionTermSeconds(const RateProbe& probe, double seq, double head_width) {
   const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), probe, "a probe");
   StepWork work;
   work.matmul_class = MatmulClass::kBf16;
@@ -32,8 +33,7 @@ double AttentionSeconds(const RateProbe& probe, double seq, double head_width) {
   work.micro_batches = 1;
   work.attention_flops = 6e9;
   work.matmul_flops = 6e9;
-  work.attention_seq = seq;
-  work.attention_head_width = head_width;
+  work.attention_shapes = {{.queries = seq, .keys = seq, .head_width = head_width, .flops = 6e9}};
   return TermSeconds(EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0),
                      "attention");
 }
@@ -72,7 +72,8 @@ RateProbe FixedProbeWithReferenceSteps() {
 }
 
 TEST(RateProbeTest, JsonRoundTrips) {
-  const RateProbe p = FixedProbeWithReferenceSteps();
+  RateProbe p = FixedProbeWithReferenceSteps();
+  p.sdpa_partial_block = {{"fp32", 1.9e10, 65, 64}, {"bf16", 0.7e9, 65, 64}};
   StatusOr<RateProbe> back = RateProbe::FromJson(nlohmann::json::parse(p.ToJson().dump()));
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->ToJson(), p.ToJson());
@@ -124,6 +125,19 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   refused([](nlohmann::json& j) { j["sdpa"] = 3; }, "sdpa");
   refused([](nlohmann::json& j) { j["sdpa"][1]["tokens"] = 0; }, "sdpa[1].tokens");
   refused([](nlohmann::json& j) { j["sdpa"][0]["tokens"] = 1e15; }, "sdpa[0].tokens");
+  refused([](nlohmann::json& j) { j.erase("sdpa_partial_block"); }, "sdpa_partial_block");
+  refused([](nlohmann::json& j) { j["sdpa_partial_block"] = 3; }, "sdpa_partial_block");
+  refused(
+      [](nlohmann::json& j) {
+        j["sdpa_partial_block"] = {{{"dtype", "bf16"}, {"tokens", 65}, {"flops_per_s", 1e10}}};
+      },
+      "sdpa_partial_block[0].head_width");
+  refused(
+      [](nlohmann::json& j) {
+        j["sdpa_partial_block"] = {
+            {{"dtype", "bf16"}, {"tokens", 65}, {"head_width", 64}, {"flops_per_s", -1}}};
+      },
+      "sdpa_partial_block[0].flops_per_s");
   refused([](nlohmann::json& j) { j["identity"]["device"] = "tpu"; }, "identity.device");
   refused([](nlohmann::json& j) { j["identity"]["threads"] = 0; }, "identity.threads");
   refused([](nlohmann::json& j) { j["identity"]["device_name"] = std::string(257, 'x'); },
@@ -228,14 +242,12 @@ TEST(RateProbeTest, AVersionFiveProbesAttentionReadsAsSixtyFourWideHeads) {
 }
 
 // A step's attention takes the rate at its heads' width too: linear in log(width) between the
-// measured widths around it, the nearest one's outside; a work that does not say its width (stored
-// before it did) takes the 64-wide rate.
+// measured widths around it, the nearest one's outside.
 TEST(RateProbeTest, AttentionTakesTheRateAtItsHeadsWidth) {
   RateProbe p = FixedProbe();
   p.sdpa = {{"bf16", 1e10, 128, 32}, {"bf16", 4e10, 128, 64}, {"fp32", 4e10, 128, 64}};
-  auto attention_seconds = [&](double width) { return AttentionSeconds(p, 128, width); };
+  auto attention_seconds = [&](double width) { return AttentionTermSeconds(p, 128, width); };
   EXPECT_DOUBLE_EQ(attention_seconds(64), 6e9 / 4e10);
-  EXPECT_DOUBLE_EQ(attention_seconds(0), 6e9 / 4e10);  // not known: 64 wide
   EXPECT_DOUBLE_EQ(attention_seconds(32), 6e9 / 1e10);
   EXPECT_NEAR(attention_seconds(std::sqrt(32.0 * 64.0)), 6e9 / 2.5e10, 1e-12);  // halfway in log
   EXPECT_DOUBLE_EQ(attention_seconds(16), 6e9 / 1e10);   // below the narrowest: its rate
@@ -243,20 +255,112 @@ TEST(RateProbeTest, AttentionTakesTheRateAtItsHeadsWidth) {
 }
 
 // A step's attention takes the probe's rate at its sequences' length: linear in log(length)
-// between the two measured lengths around it, the nearest one's outside them; a work that does not
-// say its length (stored before it did) takes the rate at 128 tokens.
+// between the two measured lengths around it, the nearest one's outside them.
 TEST(RateProbeTest, AttentionTakesTheRateAtItsSequenceLength) {
   RateProbe p = FixedProbe();
   p.sdpa = {{"bf16", 1e10, 32}, {"bf16", 3e10, 128}, {"bf16", 5e10, 512}, {"fp32", 4e10, 128}};
-  auto attention_seconds = [&](double seq) { return AttentionSeconds(p, seq, 0); };
+  auto attention_seconds = [&](double seq) { return AttentionTermSeconds(p, seq, 64); };
   EXPECT_DOUBLE_EQ(attention_seconds(128), 6e9 / 3e10);
-  EXPECT_DOUBLE_EQ(attention_seconds(0), 6e9 / 3e10);     // not known: 128 tokens
   EXPECT_NEAR(attention_seconds(64), 6e9 / 2e10, 1e-12);  // halfway in log(length)
   EXPECT_NEAR(attention_seconds(256), 6e9 / 4e10, 1e-12);
   EXPECT_DOUBLE_EQ(attention_seconds(16), 6e9 / 1e10);    // below the shortest: its rate
   EXPECT_DOUBLE_EQ(attention_seconds(4096), 6e9 / 5e10);  // above the longest: its rate
   // The same FLOPs at 64 tokens a sequence cost 1.5x those at 128.
   EXPECT_NEAR(attention_seconds(64) / attention_seconds(128), 1.5, 1e-12);
+}
+
+// LibTorch's CPU flash attention runs a sequence's queries in blocks of 32 below 192 queries, 64
+// below 768 and 256 from there.
+TEST(RateProbeTest, QueriesArePaddedToTheFlashAttentionsBlocks) {
+  for (const auto& [queries, padded] : std::vector<std::pair<double, double>>{{1, 32},
+                                                                              {32, 32},
+                                                                              {33, 64},
+                                                                              {81.7, 96},
+                                                                              {191, 192},
+                                                                              {192, 192},
+                                                                              {193, 256},
+                                                                              {257, 320},
+                                                                              {767, 768},
+                                                                              {768, 768},
+                                                                              {769, 1024}}) {
+    EXPECT_EQ(PaddedQueries(queries), padded) << queries;
+  }
+}
+
+// A version 8 probe's attention one query past a block says how much of a partial block's
+// padding a sequence pays: the share of the way from the grid's time at its own length to its time
+// at the next whole block. Every attention shape of that class then pays that share of its own
+// padding (a self-attention's keys padded with its queries, a cross-attention's not); the other
+// class, which measured no such row, pays none.
+TEST(RateProbeTest, APartialQueryBlockCostsTheShareTheProbeMeasured) {
+  RateProbe p = FixedProbe();
+  // bf16 at 64 and 128 tokens, 64 wide: 1e10 and 2e10, so 1e10 x (1 + log2(T / 64)) between.
+  p.sdpa = {{"bf16", 1e10, 64, 64}, {"bf16", 2e10, 128, 64}, {"fp32", 4e10, 128, 64}};
+  auto rate = [](double tokens) {
+    return 1e10 * (1 + std::log2(std::clamp(tokens, 64.0, 128.0) / 64));
+  };
+  // The probe's 65 tokens took 40% of the way to 96's time.
+  const double own = 65.0 * 65 / rate(65), padded = 96.0 * 96 / rate(96);
+  p.sdpa_partial_block = {{"bf16", 65.0 * 65 / (own + 0.4 * (padded - own)), 65, 64}};
+  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), p, "a probe");
+  EXPECT_NEAR(probed.bf16_attention_block_share, 0.4, 1e-9);
+  EXPECT_EQ(probed.fp32_attention_block_share, 0);
+
+  StepWork work;
+  work.matmul_class = MatmulClass::kBf16;
+  work.tokens = 1024;
+  work.micro_batches = 1;
+  // Self-attention at 82 tokens (padded to 96), and 8 queries over 100 keys (8 padded to 32,
+  // the keys as they are; rated at sqrt(queries x keys) tokens).
+  work.attention_shapes = {{.queries = 82, .keys = 82, .head_width = 64, .flops = 4e9},
+                           {.queries = 8, .keys = 100, .head_width = 64, .flops = 2e9}};
+  work.attention_flops = 6e9;
+  work.matmul_flops = 6e9;
+  const double self = 4e9 / rate(82), self_padded = 4e9 * (96.0 * 96) / (82 * 82) / rate(96);
+  // Both below 64 tokens (28 and 57): 64's rate.
+  const double cross = 2e9 / rate(std::sqrt(800.0)),
+               cross_padded = 2e9 * 4 / rate(std::sqrt(3200.0));
+  const TimeEstimate e =
+      EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0);
+  EXPECT_NEAR(TermSeconds(e, "attention"),
+              self + 0.4 * (self_padded - self) + cross + 0.4 * (cross_padded - cross), 1e-12);
+  for (const TimeTerm& term : e.terms) {
+    if (term.name != "attention") continue;
+    EXPECT_NE(term.formula.find("bf16 SDPA by shape: 2 shapes at "), std::string::npos)
+        << term.formula;
+    EXPECT_NE(term.formula.find("partial query blocks at 0.40 of a whole one's cost"),
+              std::string::npos)
+        << term.formula;
+  }
+  // In fp32 none.
+  work.attention_class = MatmulClass::kFp32;
+  EXPECT_NEAR(
+      TermSeconds(EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0),
+                  "attention"),
+      6e9 / 4e10, 1e-12);
+
+  // A partial block timed faster than the grid's own length pays none; one slower than the whole
+  // block all of it.
+  p.sdpa_partial_block[0].flops_per_s = 65.0 * 65 / (0.9 * own);
+  EXPECT_EQ(ProbedSpeed(CpuSpeed(), p, "a probe").bf16_attention_block_share, 0);
+  p.sdpa_partial_block[0].flops_per_s = 65.0 * 65 / (1.2 * padded);
+  EXPECT_EQ(ProbedSpeed(CpuSpeed(), p, "a probe").bf16_attention_block_share, 1);
+}
+
+// A version 7 probe had no partial-block row: it reads, written back without one, and a sequence
+// pays none of its padding.
+TEST(RateProbeTest, AVersionSevenProbePaysNoPartialBlock) {
+  RateProbe probe = FixedProbeWithReferenceSteps();
+  probe.sdpa_partial_block = {{"bf16", 0.5e9, 65, 64}};
+  nlohmann::json old = nlohmann::json::parse(probe.ToJson().dump());
+  old["version"] = 7;
+  old.erase("sdpa_partial_block");
+  StatusOr<RateProbe> parsed = RateProbe::FromJson(old);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_TRUE(parsed->sdpa_partial_block.empty());
+  EXPECT_FALSE(parsed->ToJson().contains("sdpa_partial_block"));
+  EXPECT_EQ(ProbedSpeed(CpuSpeed(), *parsed, "a version 7 probe").bf16_attention_block_share, 0);
+  EXPECT_GT(ProbedSpeed(CpuSpeed(), probe, "a probe").bf16_attention_block_share, 0);
 }
 
 // Over the grid a rate is linear in log(rows) along each measured width, then linear in log(width)
@@ -305,6 +409,7 @@ TEST(RateProbeTest, EachMatmulShapeTakesItsOwnRate) {
       // sqrt(256 x 4096): 1024 wide
       {.rows = 512, .in = 256, .out = 4096, .flops = 8e10, .matmul_class = std::nullopt}};
   work.attention_flops = 1e9;
+  work.attention_shapes = {{.queries = 128, .keys = 128, .head_width = 64, .flops = 1e9}};
   work.matmul_flops = 1e10 + 8e10 + 1e9 + 6e9;  // 6e9 counted by no shape
   const TimeEstimate e =
       EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0);
@@ -339,8 +444,7 @@ TEST(RateProbeTest, EachShapeAndAttentionTakeTheirOwnClasssRates) {
       {.rows = 128, .in = 512, .out = 512, .flops = 4e10, .matmul_class = MatmulClass::kFp32},
       {.rows = 128, .in = 256, .out = 1024, .flops = 8e10, .matmul_class = std::nullopt}};
   work.attention_flops = 4e10;
-  work.attention_seq = 128;
-  work.attention_head_width = 64;
+  work.attention_shapes = {{.queries = 128, .keys = 128, .head_width = 64, .flops = 4e10}};
   work.matmul_flops = 8e10 + 4e10 + 8e10 + 4e10;
   const TimeEstimate e =
       EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0);
@@ -422,6 +526,7 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   work.nf4_dequant_values = 3e8;
   work.dropout_values = 5e7;
   work.attention_flops = 1e10;
+  work.attention_shapes = {{.queries = 128, .keys = 128, .head_width = 64, .flops = 1e10}};
   const DeviceSpeed sheet = CpuSpeed();
   RateProbe probe = FixedProbe();  // no reference steps, so no factor of its own
   const DeviceSpeed probed = ProbedSpeed(sheet, probe, "a probe");

@@ -163,34 +163,58 @@ TimeTerm Matmuls(const StepWork& w, const DeviceSpeed& d, double flops, double a
           seconds};
 }
 
+double AttentionShapeFlops(const StepWork& w) {
+  double flops = 0;
+  for (const AttentionShape& shape : w.attention_shapes) flops += shape.flops;
+  return flops;
+}
+
+// The attention term: every attention shape of `w` at its own rate from `d`'s attention rates of
+// its class; 0 seconds when `d` has none (or `w` no shapes), whose FLOPs are then matmuls'.
+TimeTerm AttentionTerm(const StepWork& w, const DeviceSpeed& d) {
+  const MatmulClass c = AttentionClass(w);
+  const bool bf16 = c == MatmulClass::kBf16;
+  const std::vector<ShapeRate>& rates =
+      bf16 ? d.bf16_attention_by_length : d.fp32_attention_by_length;
+  if (rates.empty() || w.attention_shapes.empty()) return {"attention", "", 0};
+  const double share = bf16 ? d.bf16_attention_block_share : d.fp32_attention_block_share;
+  double flops = 0, seconds = 0, slowest = 0, fastest = 0;
+  for (const AttentionShape& shape : w.attention_shapes) {
+    const double own = AttentionSeconds(shape, rates, share);
+    flops += shape.flops;
+    seconds += own;
+    const double rate = shape.flops / own;
+    slowest = slowest > 0 ? std::min(slowest, rate) : rate;
+    fastest = std::max(fastest, rate);
+  }
+  std::string how(MatmulClassName(c));
+  if (w.attention_shapes.size() == 1) {
+    const AttentionShape& shape = w.attention_shapes.front();
+    how += shape.queries == shape.keys
+               ? Format(" SDPA at %.0f tokens a sequence", shape.queries)
+               : Format(" SDPA at %.0f queries", shape.queries) + Format(" over %.0f keys", shape.keys);
+    how += Format(", %.0f-wide heads", shape.head_width);
+  } else {
+    how += " SDPA by shape: " + std::to_string(w.attention_shapes.size()) + " shapes at " +
+           Quantity(slowest, "FLOP/s") + " to " + Quantity(fastest, "FLOP/s");
+  }
+  if (share > 0) how += Format(", partial query blocks at %.2f of a whole one's cost", share);
+  return {"attention",
+          Quantity(flops, "FLOP") + " / " + Quantity(flops / seconds, "FLOP/s") + " (" + how + ")",
+          seconds};
+}
+
 // The nominal terms of a step, uncalibrated.
 std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   std::vector<TimeTerm> terms;
-  // A probe's attention rates take the attention's FLOPs (SDPA's kernels, not a GEMM's) at the
-  // step's sequence length: a short sequence's attention runs far below a long one's (11-30, Zen
-  // 4, bf16: 30 GFLOP/s at 82 tokens, 46 at 128, 109 at 512). Without them they are matmuls like
-  // the others.
-  const MatmulClass attention_class = AttentionClass(w);
-  const std::vector<ShapeRate>& attention_rates = attention_class == MatmulClass::kBf16
-                                                      ? d.bf16_attention_by_length
-                                                      : d.fp32_attention_by_length;
-  const double attention_seq =
-      w.attention_seq > 0 ? w.attention_seq : static_cast<double>(kProbeAttentionTokens);
-  const double head_width = w.attention_head_width > 0
-                                ? w.attention_head_width
-                                : static_cast<double>(kProbeAttentionHeadWidth);
-  const double attention_rate =
-      attention_rates.empty() ? 0 : RateAtShape(attention_rates, attention_seq, head_width);
-  const double attention = attention_rate > 0 ? w.attention_flops : 0;
-  terms.push_back(Matmuls(w, d, w.matmul_flops - attention, w.attention_flops - attention));
-  if (attention > 0) {
-    terms.push_back({"attention",
-                     Quantity(attention, "FLOP") + " / " + Quantity(attention_rate, "FLOP/s") +
-                         " (" + std::string(MatmulClassName(attention_class)) +
-                         Format(" SDPA at %.0f tokens a sequence", attention_seq) +
-                         Format(", %.0f-wide heads)", head_width),
-                     attention / attention_rate});
-  }
+  // A probe's attention rates take each attention shape's FLOPs (SDPA's kernels, not a GEMM's)
+  // at its own sequence length and head width: a short sequence's attention runs far below a long
+  // one's (11-30, Zen 4, bf16: 30 GFLOP/s at 82 tokens, 46 at 128, 109 at 512). Without them they
+  // are matmuls like the others.
+  const TimeTerm attention = AttentionTerm(w, d);
+  const double counted = attention.seconds > 0 ? AttentionShapeFlops(w) : 0;
+  terms.push_back(Matmuls(w, d, w.matmul_flops - counted, w.attention_flops - counted));
+  if (attention.seconds > 0) terms.push_back(attention);
   terms.push_back({"memory",
                    Quantity(w.memory_bytes, "B") + " / " + Quantity(d.memory_bytes_per_s, "B/s"),
                    w.memory_bytes / d.memory_bytes_per_s});
@@ -297,6 +321,25 @@ double LogLinear(const std::vector<std::pair<double, double>>& points, double x)
 }
 
 }  // namespace
+
+double PaddedQueries(double queries) {
+  const double block = queries >= 768 ? 256 : queries >= 192 ? 64 : 32;
+  return std::ceil(queries / block) * block;
+}
+
+double AttentionSeconds(const AttentionShape& shape, const std::vector<ShapeRate>& rates,
+                        double block_share) {
+  // The shape's FLOPs scaled to `queries` over `keys`, at the rate there.
+  auto seconds_at = [&](double queries, double keys) {
+    const double flops = shape.flops * (queries * keys) / (shape.queries * shape.keys);
+    return flops / RateAtShape(rates, std::sqrt(queries * keys), shape.head_width);
+  };
+  const double own = seconds_at(shape.queries, shape.keys);
+  if (!(block_share > 0)) return own;
+  const double queries = PaddedQueries(shape.queries);
+  const double keys = shape.keys == shape.queries ? queries : shape.keys;
+  return own + block_share * (seconds_at(queries, keys) - own);
+}
 
 double RateAtShape(const std::vector<ShapeRate>& rates, double rows, double width) {
   std::vector<ShapeRate> sorted = rates;

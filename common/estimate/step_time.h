@@ -35,6 +35,18 @@ struct ShapeRate {
 // linear in log(width) between the two measured widths around `width`, the nearest one's outside.
 double RateAtShape(const std::vector<ShapeRate>& rates, double rows, double width);
 
+// LibTorch's CPU flash attention (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) runs each
+// sequence's queries in blocks of 32 below 192 queries, 64 below 768 and 256 from there: `queries`
+// rounded up to a whole number of its blocks.
+double PaddedQueries(double queries);
+
+// The seconds of attention `shape`'s FLOPs at `rates` (non-empty; RateAtShape's rows are a
+// sequence's tokens: sqrt(queries x keys) for cross-attention): at its own length, plus
+// `block_share` of what its queries padded to whole blocks (PaddedQueries; a self-attention's keys
+// with them) would take more.
+double AttentionSeconds(const AttentionShape& shape, const std::vector<ShapeRate>& rates,
+                        double block_share);
+
 // The weight width at which the matmuls a step does not count by shape (a BLIP-2 step's) take a
 // probe's rate, and at which `llmctl nodes` shows it: the middle of the probe's widths, near the
 // small models' hidden sizes (384 to 768).
@@ -59,6 +71,12 @@ struct DeviceSpeed {
   // (StepWork::attention_seq). Empty: the matmul rate, as the data sheets have no other.
   std::vector<ShapeRate> bf16_attention_by_length;
   std::vector<ShapeRate> fp32_attention_by_length;
+  // How much of a partial query block's padding a sequence pays for (AttentionSeconds' share): a
+  // probe's, from its attention at a length one past a block (0: none measured, as on a GPU or a
+  // data sheet). 11-30, Zen 4: about half in bf16, whose blocks are packed whole for its dot
+  // products, next to none in fp32.
+  double bf16_attention_block_share = 0;
+  double fp32_attention_block_share = 0;
   double memory_bytes_per_s = 0;
   double launch_seconds = 0;
   // A GPU runs kernels while the host issues the next ones: launches cost only what issuing takes

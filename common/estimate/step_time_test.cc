@@ -82,7 +82,12 @@ TEST(StepWorkTest, CountsEachProjectionShapesFlops) {
   EXPECT_DOUBLE_EQ(flops_at(64, 1000), 6 * kTokens * kHeadWeights);
   EXPECT_EQ(work->matmul_shapes.size(), 5u);
   EXPECT_DOUBLE_EQ(work->attention_flops, 2 * 3 * kAttention);
-  EXPECT_EQ(work->attention_seq, 32);  // a row's tokens (data.max_seq_length), not the batch's
+  // One shape: a row's tokens (data.max_seq_length), not the batch's, on the model's heads.
+  ASSERT_EQ(work->attention_shapes.size(), 1u);
+  EXPECT_EQ(work->attention_shapes[0].queries, 32);
+  EXPECT_EQ(work->attention_shapes[0].keys, 32);
+  EXPECT_EQ(work->attention_shapes[0].head_width, SmallModel().head_dim);
+  EXPECT_DOUBLE_EQ(work->attention_shapes[0].flops, work->attention_flops);
   double sum = work->attention_flops;
   for (const MatmulShape& s : work->matmul_shapes) sum += s.flops;
   EXPECT_DOUBLE_EQ(sum, work->matmul_flops);
@@ -125,15 +130,12 @@ TEST(StepWorkTest, MatmulShapesAreOptionalAndChecked) {
   json old = work->ToJson();
   old.erase("matmul_shapes");
   old.erase("attention_flops");
-  old.erase("attention_seq");
+  old.erase("attention_shapes");
   StatusOr<StepWork> read = StepWork::FromJson(old);
   ASSERT_TRUE(read.ok()) << read.status().message();
   EXPECT_TRUE(read->matmul_shapes.empty());
   EXPECT_EQ(read->attention_flops, 0);
-  EXPECT_EQ(read->attention_seq, 0);
-  StatusOr<StepWork> again = StepWork::FromJson(work->ToJson());
-  ASSERT_TRUE(again.ok());
-  EXPECT_EQ(again->attention_seq, work->attention_seq);
+  EXPECT_TRUE(read->attention_shapes.empty());
   json broken = work->ToJson();
   broken["matmul_shapes"][1]["in"] = 0;
   EXPECT_EQ(StepWork::FromJson(broken).status().message(),
@@ -147,13 +149,72 @@ TEST(StepWorkTest, MatmulShapesAreOptionalAndChecked) {
   EXPECT_EQ(StepWork::FromJson(broken).status().message(),
             "step work: matmul_shapes must be a list");
   broken = work->ToJson();
-  broken["attention_seq"] = -64;
-  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
-            "step work: attention_seq must be a finite non-negative number");
-  broken = work->ToJson();
   broken["matmul_flops"] = work->matmul_flops / 2;
   EXPECT_EQ(StepWork::FromJson(broken).status().message(),
             "step work: matmul_shapes' and attention_flops' FLOPs exceed matmul_flops");
+}
+
+// Attention's shapes round-trip. A work stored before them (12-01) had one sequence length and
+// head width for all its attention, read as one shape; one stored before those (11-30) had
+// neither, read at the probe's 128 tokens on 64-wide heads. A shape's broken field is refused by
+// name, and shapes whose FLOPs do not add up to attention_flops too.
+TEST(StepWorkTest, AttentionShapesRoundTripOlderWorksReadAsOneAndBrokenOnesAreRefused) {
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(work.ok());
+  work->attention_shapes.push_back({.queries = 8, .keys = 40, .head_width = 24, .flops = 1e6});
+  work->attention_flops += 1e6;
+  work->matmul_flops += 1e6;
+  StatusOr<StepWork> again = StepWork::FromJson(work->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  ASSERT_EQ(again->attention_shapes.size(), 2u);
+  EXPECT_EQ(again->attention_shapes[1].queries, 8);
+  EXPECT_EQ(again->attention_shapes[1].keys, 40);
+  EXPECT_EQ(again->attention_shapes[1].head_width, 24);
+  EXPECT_EQ(again->attention_shapes[1].flops, 1e6);
+  EXPECT_EQ(again->ToJson(), work->ToJson());
+
+  json old = work->ToJson();
+  old.erase("attention_shapes");
+  old["attention_seq"] = 82.5;
+  old["attention_head_width"] = 24;
+  StatusOr<StepWork> read = StepWork::FromJson(old);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  ASSERT_EQ(read->attention_shapes.size(), 1u);
+  EXPECT_EQ(read->attention_shapes[0].queries, 82.5);
+  EXPECT_EQ(read->attention_shapes[0].keys, 82.5);
+  EXPECT_EQ(read->attention_shapes[0].head_width, 24);
+  EXPECT_EQ(read->attention_shapes[0].flops, work->attention_flops);
+  old.erase("attention_seq");
+  old.erase("attention_head_width");
+  read = StepWork::FromJson(old);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  ASSERT_EQ(read->attention_shapes.size(), 1u);
+  EXPECT_EQ(read->attention_shapes[0].queries, kProbeAttentionTokens);
+  EXPECT_EQ(read->attention_shapes[0].head_width, kProbeAttentionHeadWidth);
+  old["attention_seq"] = -64;
+  EXPECT_EQ(StepWork::FromJson(old).status().message(),
+            "step work: attention_seq must be a finite non-negative number");
+
+  json broken = work->ToJson();
+  broken["attention_shapes"][1]["keys"] = 0;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: attention_shapes[1] must have at least one query, key and head column");
+  broken = work->ToJson();
+  broken["attention_shapes"][0].erase("head_width");
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: attention_shapes[0].head_width must be a finite non-negative number");
+  broken = work->ToJson();
+  broken["attention_shapes"][0] = 3;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: attention_shapes[0] must be an object");
+  broken = work->ToJson();
+  broken["attention_shapes"] = "long";
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: attention_shapes must be a list");
+  broken = work->ToJson();
+  broken["attention_shapes"][1]["flops"] = 2e6;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: attention_shapes' FLOPs do not add up to attention_flops");
 }
 
 // QLoRA's NF4 projections run in its compute dtype; the head (never quantised), the adapters and

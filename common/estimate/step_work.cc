@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/estimate/model_state.h"
+#include "common/estimate/step_time.h"
 
 namespace llmctl::estimate {
 namespace {
@@ -91,10 +92,58 @@ StatusOr<MatmulClass> ParseMatmulClass(const json& value, const std::string& pat
   return name == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32;
 }
 
-// The work's matmul_shapes, attention_class, attention_flops, attention_seq, attention_head_width
-// and new_length_micro_batches, which a work stored before them lacks (then every FLOP is taken at
-// one rate, as it was, attention at the probe's 128 tokens and 64-wide heads, and no micro-batch at
-// a new length).
+// The work's attention by shape: its attention_shapes, else (a work stored before 12-01) all of
+// attention_flops as one shape at attention_seq tokens on attention_head_width-wide heads, each 0
+// in a work stored before 11-30 (then the probe's kProbeAttentionTokens and
+// kProbeAttentionHeadWidth). Their FLOPs must add up to attention_flops.
+Status ParseAttentionShapes(const json& j, StepWork& w) {
+  if (!j.contains("attention_shapes")) {
+    double seq = 0, head_width = 0;
+    if (j.contains("attention_seq")) {
+      ASSIGN_OR_RETURN(seq, WorkNumber(j, "attention_seq", "attention_seq"));
+    }
+    if (j.contains("attention_head_width")) {
+      ASSIGN_OR_RETURN(head_width, WorkNumber(j, "attention_head_width", "attention_head_width"));
+    }
+    if (w.attention_flops > 0) {
+      if (seq == 0) seq = static_cast<double>(kProbeAttentionTokens);
+      if (head_width == 0) head_width = static_cast<double>(kProbeAttentionHeadWidth);
+      w.attention_shapes.push_back(
+          {.queries = seq, .keys = seq, .head_width = head_width, .flops = w.attention_flops});
+    }
+    return Status::Ok();
+  }
+  if (!j["attention_shapes"].is_array()) {
+    return InvalidArgumentError("step work: attention_shapes must be a list");
+  }
+  double counted = 0;
+  for (size_t i = 0; i < j["attention_shapes"].size(); ++i) {
+    const json& row = j["attention_shapes"][i];
+    const std::string path = "attention_shapes[" + std::to_string(i) + "]";
+    if (!row.is_object()) return InvalidArgumentError("step work: " + path + " must be an object");
+    AttentionShape shape;
+    for (auto [key, field] :
+         {std::pair{"queries", &shape.queries}, std::pair{"keys", &shape.keys},
+          std::pair{"head_width", &shape.head_width}, std::pair{"flops", &shape.flops}}) {
+      ASSIGN_OR_RETURN(*field, WorkNumber(row, key, path + "." + key));
+    }
+    if (shape.queries < 1 || shape.keys < 1 || shape.head_width < 1) {
+      return InvalidArgumentError("step work: " + path +
+                                  " must have at least one query, key and head column");
+    }
+    counted += shape.flops;
+    w.attention_shapes.push_back(shape);
+  }
+  // Parts of attention_flops: their sum may round a little off it, not more.
+  if (std::abs(counted - w.attention_flops) > w.attention_flops * 1e-9) {
+    return InvalidArgumentError("step work: attention_shapes' FLOPs do not add up to attention_flops");
+  }
+  return Status::Ok();
+}
+
+// The work's matmul_shapes, attention_class, attention_flops, attention's shapes and
+// new_length_micro_batches, which a work stored before them lacks (then every FLOP is taken at one
+// rate, as it was, and no micro-batch at a new length).
 Status ParseMatmulShapes(const json& j, StepWork& w) {
   if (j.contains("attention_flops")) {
     ASSIGN_OR_RETURN(w.attention_flops, WorkNumber(j, "attention_flops", "attention_flops"));
@@ -102,13 +151,7 @@ Status ParseMatmulShapes(const json& j, StepWork& w) {
   if (j.contains("attention_class")) {
     ASSIGN_OR_RETURN(w.attention_class, ParseMatmulClass(j["attention_class"], "attention_class"));
   }
-  if (j.contains("attention_seq")) {
-    ASSIGN_OR_RETURN(w.attention_seq, WorkNumber(j, "attention_seq", "attention_seq"));
-  }
-  if (j.contains("attention_head_width")) {
-    ASSIGN_OR_RETURN(w.attention_head_width,
-                     WorkNumber(j, "attention_head_width", "attention_head_width"));
-  }
+  RETURN_IF_ERROR(ParseAttentionShapes(j, w));
   if (j.contains("new_length_micro_batches")) {
     ASSIGN_OR_RETURN(w.new_length_micro_batches,
                      WorkNumber(j, "new_length_micro_batches", "new_length_micro_batches"));
@@ -170,6 +213,17 @@ void AddMatmulShape(std::vector<MatmulShape>& shapes, const MatmulShape& shape) 
   shapes.push_back(shape);
 }
 
+void AddAttentionShape(std::vector<AttentionShape>& shapes, const AttentionShape& shape) {
+  for (AttentionShape& known : shapes) {
+    if (known.queries == shape.queries && known.keys == shape.keys &&
+        known.head_width == shape.head_width) {
+      known.flops += shape.flops;
+      return;
+    }
+  }
+  shapes.push_back(shape);
+}
+
 MatmulClass ShapeClass(const StepWork& w, const MatmulShape& shape) {
   return shape.matmul_class.value_or(w.matmul_class);
 }
@@ -197,6 +251,13 @@ json StepWork::ToJson() const {
     if (s.matmul_class) shape["class"] = MatmulClassName(*s.matmul_class);
     shapes.push_back(std::move(shape));
   }
+  json attention = json::array();
+  for (const AttentionShape& s : attention_shapes) {
+    attention.push_back({{"queries", s.queries},
+                         {"keys", s.keys},
+                         {"head_width", s.head_width},
+                         {"flops", s.flops}});
+  }
   json j = {{"family", ModelFamilyName(family)},
             {"matmul_class", MatmulClassName(matmul_class)},
             {"tokens", tokens},
@@ -206,8 +267,7 @@ json StepWork::ToJson() const {
             {"matmul_flops", matmul_flops},
             {"matmul_shapes", shapes},
             {"attention_flops", attention_flops},
-            {"attention_seq", attention_seq},
-            {"attention_head_width", attention_head_width},
+            {"attention_shapes", attention},
             {"new_length_micro_batches", new_length_micro_batches},
             {"memory_bytes", memory_bytes},
             {"launches", launches},
@@ -459,8 +519,12 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   const double micro_batches = static_cast<double>(w.micro_batches);
   w.matmul_flops = matmuls.flops * micro_batches;
   w.attention_flops = matmuls.attention_flops * micro_batches;
-  w.attention_seq = shape.seq;
-  w.attention_head_width = static_cast<double>(model.head_dim);
+  if (w.attention_flops > 0) {
+    w.attention_shapes = {{.queries = shape.seq,
+                           .keys = shape.seq,
+                           .head_width = static_cast<double>(model.head_dim),
+                           .flops = w.attention_flops}};
+  }
   w.matmul_shapes = matmuls.shapes;
   for (MatmulShape& shape : w.matmul_shapes) shape.flops *= micro_batches;
   w.memory_bytes = CountLlamaMicroMemory(config, model, shape, matmuls) * micro_batches;

@@ -59,6 +59,21 @@ struct MatmulShape {
 // else as a new one.
 void AddMatmulShape(std::vector<MatmulShape>& shapes, const MatmulShape& shape);
 
+// One shape of a step's attention (SDPA's scores and weighted sum): sequences of `queries` queries,
+// each attending to `keys` keys (the same for self-attention; a micro-batch's padded length), on
+// heads `head_width` wide, and the FLOPs the step spends at that shape (forward, backward and any
+// rerun, every layer and micro-batch). A CPU's attention runs at a third of its 512-token rate at
+// 82 tokens and at half its 64-wide rate on 24-wide heads, so each shape takes its own rate.
+struct AttentionShape {
+  double queries = 0;
+  double keys = 0;
+  double head_width = 0;
+  double flops = 0;
+};
+
+// Adds `shape` to `shapes`: its FLOPs to a shape already there, else as a new one.
+void AddAttentionShape(std::vector<AttentionShape>& shapes, const AttentionShape& shape);
+
 // One optimizer step's work on one rank.
 struct StepWork {
   ModelFamily family = ModelFamily::kLlama;
@@ -72,16 +87,15 @@ struct StepWork {
   // rate) and attention's scores and weighted sum (SDPA's); the rest at the micro-batch's rate.
   std::vector<MatmulShape> matmul_shapes;
   double attention_flops = 0;
+  // Of attention_flops, by shape: a LLaMA's one, a BLIP-2's each part's (the ViT's, the Q-Former's
+  // self- and cross-attention, the language model's). A work stored before 12-01 had one sequence
+  // length and head width for all of it (`attention_seq`, `attention_head_width`), read as one
+  // shape; one stored before 11-30 had neither, read as kProbeAttentionTokens on
+  // kProbeAttentionHeadWidth-wide heads.
+  std::vector<AttentionShape> attention_shapes;
   // The dtype attention runs in, the activations' (a 32-true QLoRA step's is fp32 whatever its
   // projections' compute dtype): unset, the matmul_class (a work stored before it).
   std::optional<MatmulClass> attention_class;
-  // The tokens of the sequences attention runs over (a micro-batch's padded length), which its
-  // rate depends on: 0 when not known (a work stored before 11-30).
-  double attention_seq = 0;
-  // The width of its heads, which its rate depends on too (a CPU's attention on 24-wide heads runs
-  // at half its 64-wide rate): 0 when not known (a work stored before 11-30's probe version 6),
-  // which takes the rate at kProbeAttentionHeadWidth.
-  double attention_head_width = 0;
   // The micro-batches a step runs at a padded length no earlier step had, each of whose matmul
   // shapes is then new to the process (a CPU's 16-bit GEMMs build their kernels for each): 0 when
   // not known (a work stored before 11-30, or one at full sequences, which repeat).

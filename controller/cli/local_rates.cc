@@ -151,6 +151,13 @@ std::string DescribeNodeRates(const std::string& probe_json) {
                              1e6, "M values/s");
   }
   const estimate::DeviceSpeed probed = estimate::ProbedSpeed(nominal, *probe, "");
+  if (probe->version >= 8) {
+    char text[128];
+    std::snprintf(text, sizeof text,
+                  ", attention's partial query block at %.2f (fp32), %.2f (bf16) of a whole one",
+                  probed.fp32_attention_block_share, probed.bf16_attention_block_share);
+    described += text;
+  }
   if (probed.probed_fp32_factor > 0 || probed.probed_bf16_factor > 0) {
     char text[160];
     std::snprintf(text, sizeof text, "; its reference steps' factors fp32 %.3f, bf16 %.3f",

@@ -59,11 +59,13 @@ constexpr int64_t kSdpaBatch = 2, kSdpaHeads = 8;
 constexpr int64_t kCpuSdpaTokens[] = {32, 64, 128, 256, 512};
 constexpr int64_t kCudaSdpaTokens[] = {512, 2048, 8192};
 // Each at these head widths (version 6): a CPU's attention slows on narrow heads (11-30, Zen 4,
-// bf16 at 64 tokens: 14, 19, 34 and 57 GFLOP/s 24, 32, 64 and 128 wide; BLIP-2's small ViT has
-// 24-wide heads), a LLaMA's are 64 wide, a 7B's 128, BLIP-2's ViT 88 and OPT-2.7b's 80. A CPU's
-// probe leaves 128 out to stay under 15 s on 2 cores (with it: 12.3-14.0 s of its own); wider
-// heads take the 64-wide rate there, a little below theirs.
-constexpr int64_t kCpuSdpaHeadWidths[] = {32, 64};
+// bf16 at 64 tokens: 14, 19, 34 and 57 GFLOP/s 24, 32, 64 and 128 wide), a LLaMA's are 64 wide, a
+// 7B's 128, BLIP-2's ViT 88 and OPT-2.7b's 80; the CPU lab's small BLIP-2's ViT 24 (version 8's
+// narrow width, where version 6 and 7 timed 32: at 257 tokens its bf16 attention ran at 42
+// GFLOP/s where the 32-wide rate said 80). A CPU's probe leaves 128 out to stay under 15 s on 2
+// cores (with it: 12.3-14.0 s of its own); wider heads take the 64-wide rate there, a little below
+// theirs, and 32-wide ones a rate between 24's and 64's, a little below theirs.
+constexpr int64_t kCpuSdpaHeadWidths[] = {24, 64};
 constexpr int64_t kCudaSdpaHeadWidths[] = {64, 128};
 constexpr int64_t kCopyBytes = 64 << 20;
 // The CPU's launch: a chain of four ops on this many values, forward and backward (the backward's
@@ -215,12 +217,12 @@ void AddMatmulGrid(Rounds& rounds, double longest_call, estimate::RateProbe& pro
 // forward's FLOPs (backward twice the forward, as step_work.h counts a step's attention). A CPU's
 // flash-attention backward in bf16 runs far below its forward (11-30, Zen 4: the cpu-lab bf16-true
 // row's attention took 5x its forward's time in backward), which a forward alone does not see.
-// One dtype's rows at `lengths` with heads `head_width` wide, shortest first; a length whose call
-// would take longer than `longest_call` at the best rate so far is left out, and so is every
-// longer one.
+// One dtype's rows at `lengths` with heads `head_width` wide, shortest first, added to `rows` (the
+// probe's, which outlives the rounds); a length whose call would take longer than `longest_call`
+// at the best rate so far is left out, and so is every longer one.
 void AddAttentionLengths(Rounds& rounds, const std::string& dtype,
                          const std::vector<int64_t>& lengths, int64_t head_width,
-                         double longest_call, estimate::RateProbe& probe) {
+                         double longest_call, std::vector<estimate::ProbedAttention>& rows) {
   const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
   double rate = 0;
   for (const int64_t tokens : lengths) {
@@ -233,8 +235,8 @@ void AddAttentionLengths(Rounds& rounds, const std::string& dtype,
     const torch::Tensor k = torch::randn(shape, options).requires_grad_();
     const torch::Tensor v = torch::randn(shape, options).requires_grad_();
     const torch::Tensor grad_out = torch::randn(shape, options);
-    const size_t row = probe.sdpa.size();
-    probe.sdpa.push_back({dtype, 0, tokens, head_width});
+    const size_t row = rows.size();
+    rows.push_back({dtype, 0, tokens, head_width});
     const double once = rounds.Add(
         [q, k, v, grad_out] {
           torch::AutoGradMode grad_mode(true);
@@ -242,24 +244,31 @@ void AddAttentionLengths(Rounds& rounds, const std::string& dtype,
               q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
           (void)torch::autograd::grad({out}, {q, k, v}, {grad_out});
         },
-        [&probe, row, flops](double seconds) { probe.sdpa[row].flops_per_s = flops / seconds; });
+        [&rows, row, flops](double seconds) { rows[row].flops_per_s = flops / seconds; });
     rate = std::max(rate, flops / once);
   }
 }
 
-// fp32 and bf16 (the estimate's two classes) at every length and head width; fp16, which no
-// estimate uses, at kProbeAttentionTokens and kProbeAttentionHeadWidth, for `llmctl nodes`.
+// fp32 and bf16 (the estimate's two classes) at every length and head width, and on a CPU once
+// more one query past a block (what a partial block costs: in bf16 on the Zen 4 here about half a
+// block's, 2.5 ms at 65 tokens where 64 took 1.9 and 96 about 3.0); fp16, which no estimate uses,
+// at kProbeAttentionTokens and kProbeAttentionHeadWidth, for `llmctl nodes`.
 void AddAttention(Rounds& rounds, double longest_call, estimate::RateProbe& probe) {
   const std::vector<int64_t> lengths = ForDevice(rounds.device(), kCudaSdpaTokens, kCpuSdpaTokens);
   const std::vector<int64_t> widths =
       ForDevice(rounds.device(), kCudaSdpaHeadWidths, kCpuSdpaHeadWidths);
   for (const char* dtype : {"fp32", "bf16"}) {
     for (const int64_t width : widths) {
-      AddAttentionLengths(rounds, dtype, lengths, width, longest_call, probe);
+      AddAttentionLengths(rounds, dtype, lengths, width, longest_call, probe.sdpa);
+    }
+    if (!rounds.device().is_cuda()) {
+      AddAttentionLengths(rounds, dtype, {estimate::kProbePartialBlockTokens},
+                          estimate::kProbeAttentionHeadWidth, longest_call,
+                          probe.sdpa_partial_block);
     }
   }
   AddAttentionLengths(rounds, "fp16", {estimate::kProbeAttentionTokens},
-                      estimate::kProbeAttentionHeadWidth, longest_call, probe);
+                      estimate::kProbeAttentionHeadWidth, longest_call, probe.sdpa);
 }
 
 void AddMemoryAndLaunches(Rounds& rounds, estimate::RateProbe& probe) {

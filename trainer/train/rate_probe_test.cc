@@ -67,7 +67,16 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
     if (a.tokens == 32) shortest.insert({a.dtype, a.head_width});
   }
   EXPECT_EQ(shortest, (std::set<std::pair<std::string, int64_t>>{
-                          {"fp32", 32}, {"fp32", 64}, {"bf16", 32}, {"bf16", 64}}));
+                          {"fp32", 24}, {"fp32", 64}, {"bf16", 24}, {"bf16", 64}}));
+  // And each of the estimate's dtypes one query past a block, 64 wide.
+  ASSERT_EQ(probe->sdpa_partial_block.size(), 2u);
+  for (const estimate::ProbedAttention& a : probe->sdpa_partial_block) {
+    EXPECT_EQ(a.tokens, estimate::kProbePartialBlockTokens);
+    EXPECT_EQ(a.head_width, estimate::kProbeAttentionHeadWidth);
+    EXPECT_GT(a.flops_per_s, 0);
+  }
+  EXPECT_EQ(probe->sdpa_partial_block[0].dtype, "fp32");
+  EXPECT_EQ(probe->sdpa_partial_block[1].dtype, "bf16");
   // The host is the device: nothing to copy. The trainer's 8-bit AdamW step is the CPU's own.
   EXPECT_EQ(probe->host_to_device_bytes_per_s, 0);
   EXPECT_GT(probe->adamw_8bit_values_per_s, 0);
@@ -100,6 +109,7 @@ TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
   EXPECT_EQ(probe->nf4_dequant_values_per_s, 0);
   EXPECT_EQ(probe->dropout_values_per_s, 0);  // its draws: elementwise kernels, memory's rate
   EXPECT_TRUE(probe->reference_steps.empty());
+  EXPECT_TRUE(probe->sdpa_partial_block.empty());  // LibTorch's CPU kernel's blocks: a CPU's
 }
 
 TEST(ProbeRatesTest, RefusesAnUnknownDevice) {
