@@ -51,7 +51,7 @@ struct Part {
   double dropout_values = 0;
   double unblocked_dropout_values = 0;
   double trainable_tensors = 0;
-  std::vector<LinearShape> linears;  // its projections' FLOPs by shape (adapters' aside)
+  std::vector<LinearShape> linears;       // its projections' FLOPs by shape (adapters' aside)
   std::vector<AttentionShape> attention;  // of forward_flops, attention's forward by shape
 };
 
@@ -167,9 +167,9 @@ void CountVisionWork(const Blip2VisionConfig& v, double examples, double image_t
     vision.Linear(n, c, 3 * c, "qkv");
     vision.Attention(examples, image_tokens, image_tokens, c,
                      c / static_cast<double>(v.num_attention_heads));
-    vision.Dropout(examples * static_cast<double>(v.num_attention_heads) * image_tokens *
-                       image_tokens,
-                   v.attention_dropout);
+    vision.Dropout(
+        examples * static_cast<double>(v.num_attention_heads) * image_tokens * image_tokens,
+        v.attention_dropout);
     vision.Linear(n, c, c, "projection");
     vision.Linear(n, c, static_cast<double>(v.intermediate_size), "fc1");
     vision.Linear(n, static_cast<double>(v.intermediate_size), c, "fc2");
@@ -248,7 +248,7 @@ double CountT5Work(const T5Config& t5, double examples, double queries, double c
       language.Linear(n, d, ff, "wi");
     }
     language.Linear(n, ff, d, "wo", /*quantised=*/false);  // transformers keeps wo dense
-    language.Dropout(n * (ff + d), t5.dropout_rate);        // the inner activation's and wo's
+    language.Dropout(n * (ff + d), t5.dropout_rate);       // the inner activation's and wo's
   };
   // Each sequence's `queries` queries over `keys` keys.
   auto attention = [&](double queries, double keys) {
@@ -283,8 +283,8 @@ double CountT5Work(const T5Config& t5, double examples, double queries, double c
 struct MicroBatchWork {
   double matmul = 0, memory = 0, launches = 0, nf4_values = 0, dropout_values = 0,
          trainable_tensors = 0;
-  std::vector<MatmulShape> shapes;  // of matmul, the projections' by shape
-  double attention = 0;                   // of matmul, attention's (SDPA's)
+  std::vector<MatmulShape> shapes;               // of matmul, the projections' by shape
+  double attention = 0;                          // of matmul, attention's (SDPA's)
   std::vector<AttentionShape> attention_shapes;  // of attention, by shape
 };
 

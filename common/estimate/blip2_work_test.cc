@@ -209,9 +209,8 @@ TEST(Blip2WorkTest, ACpuStepDrawsTheModelsDropoutMasks) {
                      .num_heads = 2};
   StatusOr<StepWork> flan = EstimateBlip2StepWork(Config({}), t5);
   ASSERT_TRUE(flan.ok()) << flan.status().message();
-  EXPECT_DOUBLE_EQ(flan->dropout_values,
-                   kUnblocked + kQFormer + 2 * (5 + 3) * 8 + (50 + 40 + 5 * 24) +
-                       (18 + 24 + 30 + 24 + 3 * 24));
+  EXPECT_DOUBLE_EQ(flan->dropout_values, kUnblocked + kQFormer + 2 * (5 + 3) * 8 +
+                                             (50 + 40 + 5 * 24) + (18 + 24 + 30 + 24 + 3 * 24));
   // A CUDA step's draws are memory traffic, not counted here.
   StatusOr<StepWork> cuda = EstimateBlip2StepWork(Config({{"device", "cuda"}}), TinyBlip2());
   ASSERT_TRUE(cuda.ok()) << cuda.status().message();

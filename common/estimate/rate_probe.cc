@@ -211,7 +211,6 @@ std::pair<double, double> ReferenceCosts(const RateProbe& probe, const std::stri
   return {factor, new_length};
 }
 
-
 // The share of a partial query block's padding `dtype`'s attention paid in the probe's row one past
 // a block (AttentionSeconds' block_share): where its time lies between the whole-block grid's
 // `rates` at its own length (0) and at its queries padded to the next block (1). 0 without such a

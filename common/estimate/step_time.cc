@@ -180,6 +180,7 @@ TimeTerm AttentionTerm(const StepWork& w, const DeviceSpeed& d) {
   const double share = bf16 ? d.bf16_attention_block_share : d.fp32_attention_block_share;
   double flops = 0, seconds = 0, slowest = 0, fastest = 0;
   for (const AttentionShape& shape : w.attention_shapes) {
+    if (!(shape.flops > 0)) continue;
     const double own = AttentionSeconds(shape, rates, share);
     flops += shape.flops;
     seconds += own;
@@ -190,9 +191,9 @@ TimeTerm AttentionTerm(const StepWork& w, const DeviceSpeed& d) {
   std::string how(MatmulClassName(c));
   if (w.attention_shapes.size() == 1) {
     const AttentionShape& shape = w.attention_shapes.front();
-    how += shape.queries == shape.keys
-               ? Format(" SDPA at %.0f tokens a sequence", shape.queries)
-               : Format(" SDPA at %.0f queries", shape.queries) + Format(" over %.0f keys", shape.keys);
+    how += shape.queries == shape.keys ? Format(" SDPA at %.0f tokens a sequence", shape.queries)
+                                       : Format(" SDPA at %.0f queries", shape.queries) +
+                                             Format(" over %.0f keys", shape.keys);
     how += Format(", %.0f-wide heads", shape.head_width);
   } else {
     how += " SDPA by shape: " + std::to_string(w.attention_shapes.size()) + " shapes at " +

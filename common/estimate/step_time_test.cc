@@ -197,8 +197,14 @@ TEST(StepWorkTest, AttentionShapesRoundTripOlderWorksReadAsOneAndBrokenOnesAreRe
 
   json broken = work->ToJson();
   broken["attention_shapes"][1]["keys"] = 0;
+  const std::string out_of_range =
+      " must have 1 to 1048576 queries and keys and a head 1 to 65536 wide";
   EXPECT_EQ(StepWork::FromJson(broken).status().message(),
-            "step work: attention_shapes[1] must have at least one query, key and head column");
+            "step work: attention_shapes[1]" + out_of_range);
+  broken = work->ToJson();
+  broken["attention_shapes"][0]["queries"] = 1e300;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: attention_shapes[0]" + out_of_range);
   broken = work->ToJson();
   broken["attention_shapes"][0].erase("head_width");
   EXPECT_EQ(StepWork::FromJson(broken).status().message(),

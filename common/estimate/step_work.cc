@@ -127,16 +127,21 @@ Status ParseAttentionShapes(const json& j, StepWork& w) {
           std::pair{"head_width", &shape.head_width}, std::pair{"flops", &shape.flops}}) {
       ASSIGN_OR_RETURN(*field, WorkNumber(row, key, path + "." + key));
     }
-    if (shape.queries < 1 || shape.keys < 1 || shape.head_width < 1) {
+    // A sequence of up to 1 Mi tokens and a head up to 64 Ki wide, as a probe's rows (rate_probe.h):
+    // beyond them the padding's and the rate's arithmetic would overflow.
+    if (!(shape.queries >= 1 && shape.queries <= 1 << 20 && shape.keys >= 1 &&
+          shape.keys <= 1 << 20 && shape.head_width >= 1 && shape.head_width <= 1 << 16)) {
       return InvalidArgumentError("step work: " + path +
-                                  " must have at least one query, key and head column");
+                                  " must have 1 to 1048576 queries and keys and a head 1 to 65536 "
+                                  "wide");
     }
     counted += shape.flops;
     w.attention_shapes.push_back(shape);
   }
   // Parts of attention_flops: their sum may round a little off it, not more.
   if (std::abs(counted - w.attention_flops) > w.attention_flops * 1e-9) {
-    return InvalidArgumentError("step work: attention_shapes' FLOPs do not add up to attention_flops");
+    return InvalidArgumentError(
+        "step work: attention_shapes' FLOPs do not add up to attention_flops");
   }
   return Status::Ok();
 }

@@ -685,8 +685,8 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
                 sheet.fp32_flops / 1e9, sheet.bf16_flops / 1e9, sheet.memory_bytes_per_s / 1e9,
                 sheet.launch_seconds / 1e-6, sheet.adamw_8bit_values_per_s / 1e6,
                 sheet.nf4_dequant_values_per_s / 1e6, sheet.dropout_values_per_s / 1e6,
-                probed.bf16_attention_block_share, probed.probed_fp32_factor, probed.probed_bf16_factor,
-                probed.bf16_new_length_seconds * 1e3);
+                probed.bf16_attention_block_share, probed.probed_fp32_factor,
+                probed.probed_bf16_factor, probed.bf16_new_length_seconds * 1e3);
   EXPECT_TRUE(out_.str().ends_with(expected)) << out_.str();
   EXPECT_EQ(out_.str().find("n2 rates"), std::string::npos) << out_.str();
 }
