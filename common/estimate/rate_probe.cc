@@ -276,6 +276,10 @@ ordered_json RateProbe::ToJson() const {
   if (version >= 4) j["adamw_8bit_values_per_s"] = adamw_8bit_values_per_s;
   if (version >= 5) j["nf4_dequant_values_per_s"] = nf4_dequant_values_per_s;
   if (version >= 7) j["dropout_values_per_s"] = dropout_values_per_s;
+  if (version >= 8) {
+    j["jpeg_pixels_per_s"] = jpeg_pixels_per_s;
+    j["png_pixels_per_s"] = png_pixels_per_s;
+  }
   j["host_to_device_bytes_per_s"] = host_to_device_bytes_per_s;
   j["device_to_host_bytes_per_s"] = device_to_host_bytes_per_s;
   if (version >= 4) {
@@ -318,6 +322,8 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   if (probe.version >= 5) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "tokens"));
   if (probe.version >= 6) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "head_width"));
   if (probe.version >= 8) {
+    ASSIGN_OR_RETURN(probe.jpeg_pixels_per_s, Rate(j, "jpeg_pixels_per_s", "jpeg_pixels_per_s"));
+    ASSIGN_OR_RETURN(probe.png_pixels_per_s, Rate(j, "png_pixels_per_s", "png_pixels_per_s"));
     ASSIGN_OR_RETURN(probe.sdpa_partial_block,
                      ParseRows<ProbedAttention>(j, "sdpa_partial_block", ParseAttention));
     RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa_partial_block", "tokens"));
@@ -418,6 +424,8 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
     speed.nf4_dequant_values_per_s = probe.nf4_dequant_values_per_s;
   }
   if (probe.dropout_values_per_s > 0) speed.dropout_values_per_s = probe.dropout_values_per_s;
+  if (probe.jpeg_pixels_per_s > 0) speed.jpeg_pixels_per_s = probe.jpeg_pixels_per_s;
+  if (probe.png_pixels_per_s > 0) speed.png_pixels_per_s = probe.png_pixels_per_s;
   if (probe.host_to_device_bytes_per_s > 0 && probe.device_to_host_bytes_per_s > 0) {
     // Offloading copies both ways about as much: the harmonic mean of the two.
     speed.host_link_bytes_per_s =

@@ -14,6 +14,7 @@
 //    "memory_bytes_per_s": 1.2e10, "launch_seconds": 4e-6,
 //    "host_adamw_values_per_s": 3e8, "adamw_8bit_values_per_s": 9e7,
 //    "nf4_dequant_values_per_s": 7.5e8, "dropout_values_per_s": 2e8,
+//    "jpeg_pixels_per_s": 6e7, "png_pixels_per_s": 3e7,
 //    "host_to_device_bytes_per_s": 0, "device_to_host_bytes_per_s": 0,
 //    "reference_steps": [{"dtype": "fp32", "lengths": "new", "seconds": 0.21},
 //                        {"dtype": "fp32", "lengths": "repeated", "seconds": 0.2}, ...]}
@@ -25,7 +26,9 @@
 // rate counts 3x the forward's FLOPs, as a step's attention does), at a few lengths (version 5; the
 // longest past what one call may take left out) and head widths (version 6: on a CPU 32 and 64,
 // version 8's 24 and 64; on a GPU 64 and 128) for fp32 and bf16, at 128 tokens and 64 wide for
-// fp16; sdpa_partial_block (version 8, a CPU's) the same at 65 tokens; version 6's CPU grid
+// fp16; sdpa_partial_block (version 8, a CPU's) the same at 65 tokens; an image (version 8) is a
+// synthetic 640 x 480 photo decoded from JPEG or PNG, resized to 224 x 224 and normalised, as
+// llm-train makes a captioning step's; version 6's CPU grid
 // starts at 64-wide weights (256 before); memory is one
 // copy of 64 MiB (bytes read plus written); a launch is on CUDA a one-element add, on a CPU one op
 // of an autograd step (version 4: a chain of four small ops forward and backward, over its nine
@@ -113,6 +116,10 @@ struct RateProbe {
   double adamw_8bit_values_per_s = 0;   // the trainer's 8-bit AdamW on the CPU (0 on a GPU)
   double nf4_dequant_values_per_s = 0;  // the trainer's NF4 dequantisation on the CPU (version 5)
   double dropout_values_per_s = 0;      // a dropout mask's draws on the CPU (version 7)
+  // A captioning step's images, decoded, resized and normalised on one host thread, in source
+  // pixels a second (version 8; the host's, on a GPU machine too).
+  double jpeg_pixels_per_s = 0;
+  double png_pixels_per_s = 0;
   double host_to_device_bytes_per_s = 0;
   double device_to_host_bytes_per_s = 0;
   // The reference trial's step per matmul class (version 4, a CPU's; none on a GPU, where a small

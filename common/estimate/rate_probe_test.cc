@@ -61,6 +61,8 @@ RateProbe FixedProbe() {
   p.adamw_8bit_values_per_s = 9e7;
   p.nf4_dequant_values_per_s = 6e8;
   p.dropout_values_per_s = 2.5e8;
+  p.jpeg_pixels_per_s = 6e7;
+  p.png_pixels_per_s = 2.5e7;
   return p;
 }
 
@@ -126,6 +128,8 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   refused([](nlohmann::json& j) { j["sdpa"][1]["tokens"] = 0; }, "sdpa[1].tokens");
   refused([](nlohmann::json& j) { j["sdpa"][0]["tokens"] = 1e15; }, "sdpa[0].tokens");
   refused([](nlohmann::json& j) { j.erase("sdpa_partial_block"); }, "sdpa_partial_block");
+  refused([](nlohmann::json& j) { j.erase("jpeg_pixels_per_s"); }, "jpeg_pixels_per_s");
+  refused([](nlohmann::json& j) { j["png_pixels_per_s"] = -1; }, "png_pixels_per_s");
   refused([](nlohmann::json& j) { j["sdpa_partial_block"] = 3; }, "sdpa_partial_block");
   refused(
       [](nlohmann::json& j) {
@@ -360,6 +364,14 @@ TEST(RateProbeTest, AVersionSevenProbePaysNoPartialBlock) {
   EXPECT_TRUE(parsed->sdpa_partial_block.empty());
   EXPECT_FALSE(parsed->ToJson().contains("sdpa_partial_block"));
   EXPECT_EQ(ProbedSpeed(CpuSpeed(), *parsed, "a version 7 probe").bf16_attention_block_share, 0);
+  // Nor its images' rates: the sheet's serve.
+  old.erase("jpeg_pixels_per_s");
+  old.erase("png_pixels_per_s");
+  parsed = RateProbe::FromJson(old);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_FALSE(parsed->ToJson().contains("jpeg_pixels_per_s"));
+  EXPECT_EQ(ProbedSpeed(CpuSpeed(), *parsed, "a version 7 probe").png_pixels_per_s,
+            CpuSpeed().png_pixels_per_s);
   EXPECT_GT(ProbedSpeed(CpuSpeed(), probe, "a probe").bf16_attention_block_share, 0);
 }
 
@@ -527,6 +539,8 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   work.dropout_values = 5e7;
   work.attention_flops = 1e10;
   work.attention_shapes = {{.queries = 128, .keys = 128, .head_width = 64, .flops = 1e10}};
+  work.jpeg_pixels = 3e7;
+  work.png_pixels = 1e7;
   const DeviceSpeed sheet = CpuSpeed();
   RateProbe probe = FixedProbe();  // no reference steps, so no factor of its own
   const DeviceSpeed probed = ProbedSpeed(sheet, probe, "a probe");
@@ -536,13 +550,15 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   const auto term = TermSeconds;
   EXPECT_DOUBLE_EQ(term(with, "matmuls"), (3e11 - 1e10) / 1e9);
   EXPECT_DOUBLE_EQ(term(with, "attention"), 1e10 / 1e9);
+  EXPECT_DOUBLE_EQ(term(with, "images"), 3e7 / 6e7 + 1e7 / 2.5e7);
   EXPECT_DOUBLE_EQ(term(with, "memory"), 2.5e9 / 1.25e10);
   EXPECT_DOUBLE_EQ(term(with, "launches"), 4000 * 5e-6);
   EXPECT_DOUBLE_EQ(term(with, "host optimizer"), 4e7 / 4e8);
   EXPECT_DOUBLE_EQ(term(with, "8-bit AdamW"), 3e6 / 9e7);
   EXPECT_DOUBLE_EQ(term(with, "NF4 dequant"), 3e8 / 6e8);
   EXPECT_DOUBLE_EQ(term(with, "dropout"), 5e7 / 2.5e8);
-  EXPECT_DOUBLE_EQ(with.step_seconds, 290 + 10 + 0.2 + 0.02 + 0.1 + 3e6 / 9e7 + 0.5 + 0.2);
+  EXPECT_DOUBLE_EQ(with.step_seconds,
+                   290 + 10 + 0.2 + 0.02 + 0.1 + 3e6 / 9e7 + 0.5 + 0.2 + 0.5 + 0.4);
   // The data sheet's bf16 rate is twice its fp32: the probe's emulated bf16 makes the same step
   // (its matmuls dominate it) far slower than the sheet says.
   const TimeEstimate without =

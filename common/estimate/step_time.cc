@@ -36,6 +36,12 @@ constexpr double kCpuNf4DequantValuesPerSecond = 0.75e9;
 // A dropout mask's Bernoulli draws on the CPU: ATen's generator, a value at a time (11-30, Zen 4:
 // a LoRA row's 283k-value masks took 1.3-1.4 ms each on 2 threads, 0.2 G values/s).
 constexpr double kCpuDropoutValuesPerSecond = 0.2e9;
+// A captioning step's images on one host thread (common/image: libjpeg-turbo or libpng, PIL's
+// bicubic resize to 224 x 224, CLIP's normalisation), in source pixels a second: the probe's
+// 640 x 480 synthetic photo on the 2-core Zen 4 here (11-30: JPEG 1 image in 4.6 ms, PNG in
+// 9.2 ms). No GPU host has been measured; a server core is taken to match.
+constexpr double kHostJpegPixelsPerSecond = 67e6;
+constexpr double kHostPngPixelsPerSecond = 33e6;
 // Measured over nominal: the calibration without measured runs. H200: the median over the 11-26
 // run's finished LLaMA rows (step_time_test.cc recomputes it); CPU: the CPU lab's rows on the
 // machine CpuSpeed describes (bench/time_rank.py).
@@ -241,6 +247,16 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
                          Quantity(d.dropout_values_per_s, "values/s") + " (masks' draws)",
                      w.dropout_values / d.dropout_values_per_s, !probed});
   }
+  // A captioning step's images, decoded and resized on one host thread before the step's device
+  // work (llm-train does not overlap them): their own rate, no factor.
+  if (w.jpeg_pixels > 0 || w.png_pixels > 0) {
+    terms.push_back(
+        {"images",
+         Quantity(w.jpeg_pixels, "pixels") + " JPEG / " +
+             Quantity(d.jpeg_pixels_per_s, "pixels/s") + " + " + Quantity(w.png_pixels, "pixels") +
+             " PNG / " + Quantity(d.png_pixels_per_s, "pixels/s") + " (decoded and resized)",
+         w.jpeg_pixels / d.jpeg_pixels_per_s + w.png_pixels / d.png_pixels_per_s, false});
+  }
   // On a CPU the host is the device: every term is its work.
   const bool host_is_device = !d.launches_overlap;
   if (w.host_optimizer_values > 0) {
@@ -413,6 +429,8 @@ DeviceSpeed GpuSpeed(const Gpu& gpu) {
           .adamw_8bit_values_per_s = r.memory_tbps * 1e12 / 16,
           // Likewise its NF4 dequantisation's 22.5 B a value.
           .nf4_dequant_values_per_s = r.memory_tbps * 1e12 / 22.5,
+          .jpeg_pixels_per_s = kHostJpegPixelsPerSecond,
+          .png_pixels_per_s = kHostPngPixelsPerSecond,
           .host_link_bytes_per_s = r.host_link_gbps * 1e9,
           .interconnect_bytes_per_s = r.peer_link_gbps * 1e9,
           .network_bytes_per_s = kNodeNetworkBytesPerSecond,
@@ -436,6 +454,8 @@ DeviceSpeed CpuSpeed() {
           .adamw_8bit_values_per_s = kCpuAdamW8bitValuesPerSecond,
           .nf4_dequant_values_per_s = kCpuNf4DequantValuesPerSecond,
           .dropout_values_per_s = kCpuDropoutValuesPerSecond,
+          .jpeg_pixels_per_s = kHostJpegPixelsPerSecond,
+          .png_pixels_per_s = kHostPngPixelsPerSecond,
           .host_link_bytes_per_s = 0,  // the same memory
           .interconnect_bytes_per_s = kCpuMemoryBytesPerSecond / 4,
           .network_bytes_per_s = kNodeNetworkBytesPerSecond,

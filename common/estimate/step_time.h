@@ -86,6 +86,10 @@ struct DeviceSpeed {
   double adamw_8bit_values_per_s = 0;   // the CPU's 8-bit AdamW step (StepWork::adamw_8bit_values)
   double nf4_dequant_values_per_s = 0;  // the CPU's NF4 dequantisation (StepWork's)
   double dropout_values_per_s = 0;      // the CPU's dropout masks' draws (StepWork's)
+  // The host's decoding, resizing and normalising of a captioning step's images, one thread, in
+  // source pixels a second (StepWork's jpeg_pixels and png_pixels).
+  double jpeg_pixels_per_s = 0;
+  double png_pixels_per_s = 0;
   double host_link_bytes_per_s = 0;
   double interconnect_bytes_per_s = 0;
   double network_bytes_per_s = 0;

@@ -158,6 +158,29 @@ TEST(StepWorkTest, MatmulShapesAreOptionalAndChecked) {
 // head width for all its attention, read as one shape; one stored before those (11-30) had
 // neither, read at the probe's 128 tokens on 64-wide heads. A shape's broken field is refused by
 // name, and shapes whose FLOPs do not add up to attention_flops too.
+// A captioning step's image pixels round-trip; a work stored before them reads with none; a
+// negative count is refused by name.
+TEST(StepWorkTest, ImagePixelsRoundTripAreOptionalAndChecked) {
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(work.ok());
+  work->jpeg_pixels = 4.9e6;
+  work->png_pixels = 2.6e5;
+  StatusOr<StepWork> again = StepWork::FromJson(work->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->jpeg_pixels, 4.9e6);
+  EXPECT_EQ(again->png_pixels, 2.6e5);
+  json old = work->ToJson();
+  old.erase("jpeg_pixels");
+  old.erase("png_pixels");
+  StatusOr<StepWork> read = StepWork::FromJson(old);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->jpeg_pixels, 0);
+  EXPECT_EQ(read->png_pixels, 0);
+  old["png_pixels"] = -1;
+  EXPECT_EQ(StepWork::FromJson(old).status().message(),
+            "step work: png_pixels must be a finite non-negative number");
+}
+
 TEST(StepWorkTest, AttentionShapesRoundTripOlderWorksReadAsOneAndBrokenOnesAreRefused) {
   StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
   ASSERT_TRUE(work.ok());

@@ -127,8 +127,8 @@ Status ParseAttentionShapes(const json& j, StepWork& w) {
           std::pair{"head_width", &shape.head_width}, std::pair{"flops", &shape.flops}}) {
       ASSIGN_OR_RETURN(*field, WorkNumber(row, key, path + "." + key));
     }
-    // A sequence of up to 1 Mi tokens and a head up to 64 Ki wide, as a probe's rows (rate_probe.h):
-    // beyond them the padding's and the rate's arithmetic would overflow.
+    // A sequence of up to 1 Mi tokens and a head up to 64 Ki wide, as a probe's rows
+    // (rate_probe.h): beyond them the padding's and the rate's arithmetic would overflow.
     if (!(shape.queries >= 1 && shape.queries <= 1 << 20 && shape.keys >= 1 &&
           shape.keys <= 1 << 20 && shape.head_width >= 1 && shape.head_width <= 1 << 16)) {
       return InvalidArgumentError("step work: " + path +
@@ -280,6 +280,8 @@ json StepWork::ToJson() const {
             {"adamw_8bit_values", adamw_8bit_values},
             {"nf4_dequant_values", nf4_dequant_values},
             {"dropout_values", dropout_values},
+            {"jpeg_pixels", jpeg_pixels},
+            {"png_pixels", png_pixels},
             {"host_link_bytes", host_link_bytes},
             {"interconnect_bytes", interconnect_bytes},
             {"network_bytes", network_bytes},
@@ -330,6 +332,13 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
   // And before 11-30's eighteenth stop the CPU's dropout draws (then not counted at all).
   if (j.contains("dropout_values")) {
     ASSIGN_OR_RETURN(w.dropout_values, WorkNumber(j, "dropout_values", "dropout_values"));
+  }
+  // And before 12-01 a captioning step's images (then not counted).
+  for (auto [key, field] :
+       {std::pair{"jpeg_pixels", &w.jpeg_pixels}, std::pair{"png_pixels", &w.png_pixels}}) {
+    if (j.contains(key)) {
+      ASSIGN_OR_RETURN(*field, WorkNumber(j, key, key));
+    }
   }
   w.pretrained = j.value("pretrained", false);
   RETURN_IF_ERROR(ParseMatmulShapes(j, w));

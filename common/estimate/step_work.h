@@ -115,6 +115,11 @@ struct StepWork {
   // far below memory's rate (11-30, Zen 4: 0.2 G values/s where a copy moves 30 GB/s), so timed at
   // their own rate. CUDA's are in memory_bytes, as the mask's bytes are here.
   double dropout_values = 0;
+  // Source pixels of the images a captioning step decodes, resizes and normalises on the host, one
+  // thread, by format (their cost per pixel differs by format): 0 for a text model, and where the
+  // images are not on the estimating machine (estimate_trial.cc reads their headers).
+  double jpeg_pixels = 0;
+  double png_pixels = 0;
   double host_link_bytes = 0;     // copies between host and device memory
   double interconnect_bytes = 0;  // sent by this rank to ranks on its node
   double network_bytes = 0;       // sent by this rank to other nodes

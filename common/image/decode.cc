@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <csetjmp>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string_view>
 
@@ -57,9 +59,10 @@ Status DecodeJpeg(const std::string& data, const std::string& display_path, RgbI
   jpeg_read_header(&cinfo, TRUE);
   if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
     jpeg_destroy_decompress(&cinfo);
-    return InvalidArgumentError(display_path +
-                                ": a CMYK JPEG image; convert it to RGB (e.g. `convert IN -colorspace "
-                                "sRGB OUT`)");
+    return InvalidArgumentError(
+        display_path +
+        ": a CMYK JPEG image; convert it to RGB (e.g. `convert IN -colorspace "
+        "sRGB OUT`)");
   }
   cinfo.out_color_space = JCS_RGB;
   jpeg_start_decompress(&cinfo);
@@ -67,7 +70,8 @@ Status DecodeJpeg(const std::string& data, const std::string& display_path, RgbI
   image.height = static_cast<int>(cinfo.output_height);
   image.pixels.resize(static_cast<size_t>(image.width) * image.height * 3);
   while (cinfo.output_scanline < cinfo.output_height) {
-    JSAMPROW row = image.pixels.data() + static_cast<size_t>(cinfo.output_scanline) * image.width * 3;
+    JSAMPROW row =
+        image.pixels.data() + static_cast<size_t>(cinfo.output_scanline) * image.width * 3;
     jpeg_read_scanlines(&cinfo, &row, 1);
   }
   jpeg_finish_decompress(&cinfo);
@@ -121,7 +125,8 @@ void OnPngWarning(png_structp, png_const_charp) {}  // e.g. an unknown sRGB prof
 
 Status DecodePng(const std::string& data, const std::string& display_path, RgbImage& image) {
   PngReader reader{&data};
-  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &reader, OnPngError, OnPngWarning);
+  png_structp png =
+      png_create_read_struct(PNG_LIBPNG_VER_STRING, &reader, OnPngError, OnPngWarning);
   png_infop info = png != nullptr ? png_create_info_struct(png) : nullptr;
   if (info == nullptr) {
     png_destroy_read_struct(&png, nullptr, nullptr);
@@ -169,18 +174,131 @@ Status DecodePng(const std::string& data, const std::string& display_path, RgbIm
   return Status::Ok();
 }
 
+constexpr std::string_view kPngSignature("\x89PNG\r\n\x1A\n", 8);
+
+// The format by the file's first bytes, not its name.
+StatusOr<ImageFormat> FormatOf(const std::string& data, const std::string& display_path) {
+  const std::string_view head(data.data(), std::min<size_t>(data.size(), 8));
+  if (head.starts_with("\xFF\xD8\xFF")) return ImageFormat::kJpeg;
+  if (head == kPngSignature) return ImageFormat::kPng;
+  return InvalidArgumentError(display_path + ": not a JPEG or PNG image (by its first bytes)");
+}
+
+// A JPEG's size from its frame header: libjpeg reads up to the first scan and stops.
+Status ReadJpegHeader(const std::string& data, const std::string& display_path,
+                      ImageHeader& header) {
+  jpeg_decompress_struct cinfo;
+  JpegErrors errors;
+  cinfo.err = jpeg_std_error(&errors.manager);
+  errors.manager.error_exit = OnJpegError;
+  errors.manager.emit_message = OnJpegMessage;
+  if (setjmp(errors.jump) != 0) {
+    jpeg_destroy_decompress(&cinfo);
+    return InvalidArgumentError(display_path + ": not a readable JPEG image: " + errors.message);
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(data.data()), data.size());
+  jpeg_read_header(&cinfo, TRUE);
+  header.width = static_cast<int>(cinfo.image_width);
+  header.height = static_cast<int>(cinfo.image_height);
+  jpeg_destroy_decompress(&cinfo);
+  return Status::Ok();
+}
+
+// A PNG's size from its IHDR chunk, which follows the signature: its length (13), its type, then
+// the width and height, 4 bytes each, most significant first.
+Status ReadPngHeader(const std::string& data, const std::string& display_path,
+                     ImageHeader& header) {
+  if (data.size() < 24 || data.compare(12, 4, "IHDR") != 0) {
+    return InvalidArgumentError(display_path + ": not a readable PNG image: no IHDR chunk first");
+  }
+  auto big_endian = [&data](size_t at) {
+    uint32_t value = 0;
+    for (size_t i = 0; i < 4; ++i) value = value << 8 | static_cast<uint8_t>(data[at + i]);
+    return value;
+  };
+  const uint32_t width = big_endian(16), height = big_endian(20);
+  // The format's own bound: 2^31 - 1 a side.
+  if (width > 0x7FFFFFFF || height > 0x7FFFFFFF) {
+    return InvalidArgumentError(display_path + ": not a readable PNG image: its size is too large");
+  }
+  header.width = static_cast<int>(width);
+  header.height = static_cast<int>(height);
+  return Status::Ok();
+}
+
 }  // namespace
+
+StatusOr<ImageHeader> ReadImageHeader(const std::string& path, const std::string& display_path) {
+  ASSIGN_OR_RETURN(const std::string data, ReadFileToString(path));
+  ImageHeader header;
+  ASSIGN_OR_RETURN(header.format, FormatOf(data, display_path));
+  RETURN_IF_ERROR(header.format == ImageFormat::kJpeg ? ReadJpegHeader(data, display_path, header)
+                                                      : ReadPngHeader(data, display_path, header));
+  if (header.width <= 0 || header.height <= 0) {
+    return InvalidArgumentError(display_path + ": an image without pixels");
+  }
+  return header;
+}
+
+// libjpeg writes into a buffer it grows itself; jpeg_mem_dest's, freed by the caller.
+std::string EncodeJpeg(const RgbImage& image, int quality) {
+  jpeg_compress_struct cinfo;
+  jpeg_error_mgr errors;
+  cinfo.err = jpeg_std_error(&errors);  // libjpeg's own exit: only on a programming error here
+  jpeg_create_compress(&cinfo);
+  unsigned char* buffer = nullptr;
+  unsigned long size = 0;  // NOLINT(runtime/int): libjpeg's type
+  jpeg_mem_dest(&cinfo, &buffer, &size);
+  cinfo.image_width = static_cast<JDIMENSION>(image.width);
+  cinfo.image_height = static_cast<JDIMENSION>(image.height);
+  cinfo.input_components = 3;
+  cinfo.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&cinfo);
+  jpeg_set_quality(&cinfo, quality, TRUE);
+  jpeg_start_compress(&cinfo, TRUE);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    // libjpeg reads the row without writing to it.
+    JSAMPROW row = const_cast<uint8_t*>(image.pixels.data()) +
+                   static_cast<size_t>(cinfo.next_scanline) * image.width * 3;
+    jpeg_write_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  std::string bytes(reinterpret_cast<const char*>(buffer), size);
+  jpeg_destroy_compress(&cinfo);
+  std::free(buffer);
+  return bytes;
+}
+
+std::string EncodePng(const RgbImage& image) {
+  png_image png;
+  std::memset(&png, 0, sizeof png);
+  png.version = PNG_IMAGE_VERSION;
+  png.width = static_cast<png_uint_32>(image.width);
+  png.height = static_cast<png_uint_32>(image.height);
+  png.format = PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  // The first call sizes the buffer, the second fills it.
+  png_image_write_to_memory(&png, nullptr, &size, 0, image.pixels.data(), 0, nullptr);
+  std::string bytes(size, '\0');
+  png_image_write_to_memory(&png, bytes.data(), &size, 0, image.pixels.data(), 0, nullptr);
+  png_image_free(&png);
+  bytes.resize(size);
+  return bytes;
+}
 
 StatusOr<RgbImage> DecodeImageFile(const std::string& path, const std::string& display_path) {
   ASSIGN_OR_RETURN(const std::string data, ReadFileToString(path));
+  return DecodeImage(data, display_path);
+}
+
+StatusOr<RgbImage> DecodeImage(const std::string& data, const std::string& display_path) {
   RgbImage image;
-  const std::string_view head(data.data(), std::min<size_t>(data.size(), 8));
-  if (head.starts_with("\xFF\xD8\xFF")) {
+  ASSIGN_OR_RETURN(const ImageFormat format, FormatOf(data, display_path));
+  if (format == ImageFormat::kJpeg) {
     RETURN_IF_ERROR(DecodeJpeg(data, display_path, image));
-  } else if (head == std::string_view("\x89PNG\r\n\x1A\n", 8)) {
-    RETURN_IF_ERROR(DecodePng(data, display_path, image));
   } else {
-    return InvalidArgumentError(display_path + ": not a JPEG or PNG image (by its first bytes)");
+    RETURN_IF_ERROR(DecodePng(data, display_path, image));
   }
   if (image.width <= 0 || image.height <= 0) {
     return InvalidArgumentError(display_path + ": an image without pixels");

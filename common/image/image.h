@@ -27,6 +27,27 @@ struct RgbImage {
 // A file that is neither, or is truncated or corrupt (libjpeg's warnings included, as PIL refuses a
 // truncated image), is InvalidArgument naming `display_path` and what is wrong.
 StatusOr<RgbImage> DecodeImageFile(const std::string& path, const std::string& display_path);
+// The same over a file's bytes.
+StatusOr<RgbImage> DecodeImage(const std::string& data, const std::string& display_path);
+
+enum class ImageFormat { kJpeg, kPng };
+
+// What decoding an image costs depends on: its format and size, read from its header alone (a
+// JPEG's frame header through libjpeg, a PNG's IHDR chunk, which the format puts first).
+struct ImageHeader {
+  ImageFormat format = ImageFormat::kJpeg;
+  int width = 0;
+  int height = 0;
+};
+// InvalidArgument naming `display_path` as DecodeImageFile's, for a file that is neither format or
+// whose header is broken.
+StatusOr<ImageHeader> ReadImageHeader(const std::string& path, const std::string& display_path);
+
+// `image` (its pixels width x height x 3) as a baseline JPEG of `quality` (1 to 100, libjpeg's
+// 4:2:0 sampling) and as an 8-bit RGB PNG (libpng's default filters and compression): what the
+// rate probe decodes (trainer/train/rate_probe.h), which has no dataset of its own.
+std::string EncodeJpeg(const RgbImage& image, int quality);
+std::string EncodePng(const RgbImage& image);
 
 }  // namespace llmctl::image
 

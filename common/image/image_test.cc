@@ -1,21 +1,23 @@
 // common/image against PIL and transformers (tests/fixtures/images, written by
-// scripts/fixtures/make_image_fixtures.py): decoding, the bicubic resize and BLIP's pixel values bit
-// for bit; broken images and imagefolder metadata refused with the file and line named.
+// scripts/fixtures/make_image_fixtures.py): decoding, the bicubic resize and BLIP's pixel values
+// bit for bit; broken images and imagefolder metadata refused with the file and line named.
+#include "common/image/image.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <sstream>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <string_view>
 
 #include "common/digest/digest.h"
-#include "common/image/image.h"
 #include "common/image/imagefolder.h"
 #include "common/image/resample.h"
 
@@ -38,8 +40,8 @@ nlohmann::json Expected() {
 
 template <typename T>
 std::string Sha256Of(const std::vector<T>& values) {
-  return digest::Sha256Hex(std::string_view(reinterpret_cast<const char*>(values.data()),
-                                            values.size() * sizeof(T)));
+  return digest::Sha256Hex(
+      std::string_view(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T)));
 }
 
 TEST(ImageTest, DecodesResizesAndNormalisesAsPilAndBlipImageProcessorDo) {
@@ -62,6 +64,63 @@ TEST(ImageTest, DecodesResizesAndNormalisesAsPilAndBlipImageProcessorDo) {
       EXPECT_EQ(pixels[index], sample[1].get<float>()) << "pixel_values[" << index << "]";
     }
   }
+}
+
+// A header gives each fixture's format and the size its full decoding gives; a file that is
+// neither format, or a PNG whose first chunk is not IHDR, is refused by name.
+TEST(ImageTest, AHeaderSaysTheFormatAndSizeWithoutDecoding) {
+  const nlohmann::json expected = Expected();
+  for (const auto& [name, format] :
+       std::vector<std::pair<std::string, ImageFormat>>{{"photo.jpg", ImageFormat::kJpeg},
+                                                        {"gray.jpg", ImageFormat::kJpeg},
+                                                        {"rgba.png", ImageFormat::kPng},
+                                                        {"palette.png", ImageFormat::kPng}}) {
+    StatusOr<ImageHeader> header = ReadImageHeader(Fixtures() + name, name);
+    ASSERT_TRUE(header.ok()) << header.status().ToString();
+    EXPECT_EQ(header->format, format) << name;
+    EXPECT_EQ(header->width, expected[name]["width"]) << name;
+    EXPECT_EQ(header->height, expected[name]["height"]) << name;
+  }
+  EXPECT_EQ(ReadImageHeader(Fixtures() + "not-an-image.jpg", "captions/not-an-image.jpg")
+                .status()
+                .message(),
+            "captions/not-an-image.jpg: not a JPEG or PNG image (by its first bytes)");
+  const fs::path broken = fs::path(testing::TempDir()) / "no-ihdr.png";
+  std::ofstream(broken, std::ios::binary) << std::string("\x89PNG\r\n\x1A\n", 8)
+                                          << std::string(
+                                                 "\0\0\0\x0D"
+                                                 "IEND",
+                                                 8)
+                                          << std::string(16, '\0');
+  EXPECT_EQ(ReadImageHeader(broken.string(), "captions/no-ihdr.png").status().message(),
+            "captions/no-ihdr.png: not a readable PNG image: no IHDR chunk first");
+}
+
+// The probe's images: a PNG decodes to the pixels it was made from, a JPEG to pixels near them
+// (its quantisation; a smooth image at quality 90 moves none by more than a few levels).
+TEST(ImageTest, EncodedImagesDecodeToWhatTheyWereMadeFrom) {
+  RgbImage image{64, 48, std::vector<uint8_t>(64 * 48 * 3)};
+  for (int y = 0; y < image.height; ++y) {
+    for (int x = 0; x < image.width; ++x) {
+      for (int c = 0; c < 3; ++c) {
+        image.pixels[(static_cast<size_t>(y) * image.width + x) * 3 + c] =
+            static_cast<uint8_t>(x + y + 40 * c);
+      }
+    }
+  }
+  StatusOr<RgbImage> png = DecodeImage(EncodePng(image), "probe.png");
+  ASSERT_TRUE(png.ok()) << png.status().ToString();
+  EXPECT_EQ(png->width, 64);
+  EXPECT_EQ(png->height, 48);
+  EXPECT_EQ(png->pixels, image.pixels);
+  StatusOr<RgbImage> jpeg = DecodeImage(EncodeJpeg(image, 90), "probe.jpg");
+  ASSERT_TRUE(jpeg.ok()) << jpeg.status().ToString();
+  ASSERT_EQ(jpeg->pixels.size(), image.pixels.size());
+  int largest = 0;
+  for (size_t i = 0; i < image.pixels.size(); ++i) {
+    largest = std::max(largest, std::abs(jpeg->pixels[i] - image.pixels[i]));
+  }
+  EXPECT_LE(largest, 8);
 }
 
 TEST(ImageTest, SameSizeIsACopyAndShrinkingAveragesNeighbours) {
@@ -88,7 +147,8 @@ TEST(ImageTest, BrokenImagesAreRefusedWithTheirName) {
   const std::string png = Fixtures() + "rgba.png";
   std::ifstream in(png, std::ios::binary);
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const fs::path cut = fs::temp_directory_path() / ("llmctl-image-cut-" + std::to_string(getpid()) + ".png");
+  const fs::path cut =
+      fs::temp_directory_path() / ("llmctl-image-cut-" + std::to_string(getpid()) + ".png");
   std::ofstream(cut, std::ios::binary) << data.substr(0, data.size() / 2);
   auto half = DecodeImageFile(cut.string(), "captions/half.png");
   fs::remove(cut);
@@ -144,7 +204,8 @@ TEST_F(ImageFolderTest, ReadsJsonLinesAndCsvWithQuotedCaptions) {
 
 TEST_F(ImageFolderTest, BadMetadataIsOneMessageNamingTheFileAndLine) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"{\"file_name\": \"img/photo.jpg\"}\n", "captions/metadata.jsonl:1: no caption column 'text'"},
+      {"{\"file_name\": \"img/photo.jpg\"}\n",
+       "captions/metadata.jsonl:1: no caption column 'text'"},
       {"{\"file_name\": \"img/photo.jpg\", \"text\": \"ok\"}\n{\"text\": \"x\"}\n",
        "captions/metadata.jsonl:2: no file_name"},
       {"{\"file_name\": \"img/photo.jpg\", \"text\": \"  \"}\n",
@@ -169,8 +230,7 @@ TEST_F(ImageFolderTest, BadMetadataIsOneMessageNamingTheFileAndLine) {
   Write("metadata.csv", "file_name,text\nimg/photo.jpg,a,b\n");
   EXPECT_EQ(Read().status().message(), "captions: both metadata.jsonl and metadata.csv; keep one");
   fs::remove(dir_ / "metadata.jsonl");
-  EXPECT_EQ(Read().status().message(),
-            "captions/metadata.csv:2: 3 fields where the header has 2");
+  EXPECT_EQ(Read().status().message(), "captions/metadata.csv:2: 3 fields where the header has 2");
   fs::remove(dir_ / "metadata.csv");
   EXPECT_EQ(Read().status().code(), StatusCode::kNotFound);
 }
@@ -199,9 +259,9 @@ TEST_F(ImageFolderTest, TheSyntheticCaptionSetIsAnImageFolderWhoseCaptionsAreTru
   ASSERT_TRUE(rows.ok()) << rows.status().ToString();
   ASSERT_EQ(rows->size(), 12u);
   const std::map<std::string, std::array<uint8_t, 3>> colours = {
-      {"red", {220, 30, 30}},      {"green", {30, 170, 60}},   {"blue", {40, 70, 220}},
-      {"yellow", {240, 210, 30}},  {"purple", {140, 50, 170}}, {"orange", {245, 140, 20}},
-      {"white", {255, 255, 255}},  {"black", {0, 0, 0}},       {"grey", {128, 128, 128}}};
+      {"red", {220, 30, 30}},     {"green", {30, 170, 60}},   {"blue", {40, 70, 220}},
+      {"yellow", {240, 210, 30}}, {"purple", {140, 50, 170}}, {"orange", {245, 140, 20}},
+      {"white", {255, 255, 255}}, {"black", {0, 0, 0}},       {"grey", {128, 128, 128}}};
   for (const CaptionedImage& row : *rows) {
     SCOPED_TRACE(row.caption);
     std::istringstream words(row.caption);  // "a large red circle on a white background"
@@ -215,7 +275,8 @@ TEST_F(ImageFolderTest, TheSyntheticCaptionSetIsAnImageFolderWhoseCaptionsAreTru
     // one (a small square's: 13%).
     int shape_pixels = 0, background_pixels = 0;
     for (size_t i = 0; i < image->pixels.size(); i += 3) {
-      const std::array<uint8_t, 3> p = {image->pixels[i], image->pixels[i + 1], image->pixels[i + 2]};
+      const std::array<uint8_t, 3> p = {image->pixels[i], image->pixels[i + 1],
+                                        image->pixels[i + 2]};
       shape_pixels += p == colours.at(colour);
       background_pixels += p == colours.at(background);
     }

@@ -9,6 +9,7 @@
 
 #include "common/data/file_util.h"
 #include "common/data/token_file.h"
+#include "common/image/image.h"
 #include "common/inputs/token_cache.h"
 #include "common/inputs/trial_inputs.h"
 #include "common/tokenizer/tokenizer.h"
@@ -55,6 +56,25 @@ StatusOr<std::vector<image::CaptionedImage>> ReadTrialImages(const TrialConfig& 
     images.resize(static_cast<size_t>(samples));
   }
   return images;
+}
+
+StatusOr<ImagePixels> MeanImagePixels(const TrialConfig& config) {
+  ASSIGN_OR_RETURN(const std::vector<image::CaptionedImage> images, ReadTrialImages(config));
+  const size_t sampled = std::min(images.size(), kSampledImages);
+  ImagePixels mean;
+  for (size_t i = 0; i < sampled; ++i) {
+    const image::CaptionedImage& entry = images[i * images.size() / sampled];
+    ASSIGN_OR_RETURN(
+        const image::ImageHeader header,
+        image::ReadImageHeader(entry.path, config.settings().data.path + "/" + entry.file_name));
+    const double pixels = static_cast<double>(header.width) * header.height;
+    (header.format == image::ImageFormat::kJpeg ? mean.jpeg : mean.png) += pixels;
+  }
+  if (sampled > 0) {
+    mean.jpeg /= static_cast<double>(sampled);
+    mean.png /= static_cast<double>(sampled);
+  }
+  return mean;
 }
 
 StatusOr<std::string> PrepareCaptionTokens(const TrialConfig& config, const Blip2Config& model,

@@ -47,6 +47,16 @@ struct CaptionTokenSpan {
 };
 StatusOr<CaptionTokenSpan> CaptionTokens(const TrialConfig& config, const Blip2Config& model);
 
+// The source pixels an image of `config`'s caption set (as ReadTrialImages reads it) has on
+// average, by format: the JPEGs' pixels over every image, and the PNGs'. From the headers of at
+// most kSampledImages images spread evenly over the set. Errors name the file.
+inline constexpr size_t kSampledImages = 256;
+struct ImagePixels {
+  double jpeg = 0;
+  double png = 0;
+};
+StatusOr<ImagePixels> MeanImagePixels(const TrialConfig& config);
+
 // CaptionTokens' longest: llm-train pads a micro-batch to its longest row.
 StatusOr<int64_t> LongestCaptionTokens(const TrialConfig& config, const Blip2Config& model);
 

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "common/experiment.h"
@@ -108,6 +110,38 @@ TEST(CaptionsTest, CaptionTokensSpanTheSetsShortestAndLongestRows) {
   span = CaptionTokens(opt.config, opt.model);
   ASSERT_TRUE(span.ok());
   EXPECT_EQ(span->shortest, span->longest);
+}
+
+// The lab's caption set is 128 PNGs of 256 x 256: every sampled header says so. A set of the
+// first 3 samples reads those 3; a broken image among them is refused by its name in the set.
+TEST(CaptionsTest, AnImageHasTheSetsMeanPixelsByFormat) {
+  Row row = LoadRow("reduced-batch");
+  StatusOr<ImagePixels> pixels = MeanImagePixels(row.config);
+  ASSERT_TRUE(pixels.ok()) << pixels.status().message();
+  EXPECT_EQ(pixels->jpeg, 0);
+  EXPECT_EQ(pixels->png, 256.0 * 256);
+
+  const std::filesystem::path folder = std::filesystem::path(testing::TempDir()) / "three";
+  std::filesystem::create_directories(folder);
+  for (const char* name : {"00000.png", "00001.png"}) {
+    std::filesystem::copy_file(kExperiments + "data/captions/images/" + name, folder / name,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  std::ofstream(folder / "broken.png") << "not an image";
+  std::ofstream(folder / "metadata.jsonl") << "{\"file_name\": \"00000.png\", \"text\": \"a\"}\n"
+                                           << "{\"file_name\": \"00001.png\", \"text\": \"b\"}\n"
+                                           << "{\"file_name\": \"broken.png\", \"text\": \"c\"}\n";
+  ASSERT_TRUE(row.config.SetFromText("data.path", folder.string()).ok());
+  ASSERT_TRUE(row.config.SetFromText("data.samples", "2").ok());
+  pixels = MeanImagePixels(row.config);
+  ASSERT_TRUE(pixels.ok()) << pixels.status().message();
+  EXPECT_EQ(pixels->png, 256.0 * 256);
+  ASSERT_TRUE(row.config.SetFromText("data.samples", "3").ok());
+  pixels = MeanImagePixels(row.config);
+  ASSERT_FALSE(pixels.ok());
+  EXPECT_EQ(pixels.status().message(), folder.string() +
+                                           "/broken.png: not a JPEG or PNG image (by its first "
+                                           "bytes)");
 }
 
 }  // namespace

@@ -81,6 +81,10 @@ TEST(EstimateBlip2Test, TheTimeIsAtTheMeanDrawnMicroBatchAndItsRealTokens) {
   EXPECT_EQ(estimated["tokens"].get<int64_t>() % micro, 0);
   EXPECT_NE(estimated["note"].get<std::string>().find("the time at the mean micro-batch"),
             std::string::npos);
+  // Each example's image, a 256 x 256 PNG, decoded on the host.
+  EXPECT_EQ(work["jpeg_pixels"].get<double>(), 0);
+  EXPECT_EQ(work["png_pixels"].get<double>(),
+            static_cast<double>(micro * work["micro_batches"].get<int64_t>()) * 256 * 256);
 }
 
 // The lab's own file names the hub's models: a BLIP-2 preset's name is estimated from the preset's

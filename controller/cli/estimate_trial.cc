@@ -207,6 +207,8 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
   // the steps the report measures, as the run draws them; none without the set.
   std::optional<int64_t> time_caption_tokens;
   double real_tokens = 0;
+  // The source pixels of an image the run decodes, by format; none without the set.
+  ImagePixels image_pixels;
   std::string note = "captions at data.max_seq_length (" +
                      std::to_string(trial.config.settings().data.max_seq_length) + " tokens)";
   const std::string& data_path = trial.config.settings().data.path;
@@ -224,6 +226,9 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
     time_caption_tokens =
         std::max<int64_t>(1, static_cast<int64_t>(std::ceil(drawn->mean_padded)) - queries);
     real_tokens = drawn->mean_real_tokens;
+    StatusOr<ImagePixels> pixels = MeanImagePixels(trial.config);
+    if (!pixels.ok()) return InvalidArgumentError(context + ": " + pixels.status().message());
+    image_pixels = *pixels;
     note +=
         "; the time at the mean micro-batch after the first step as the run draws them with "
         "seed " +
@@ -256,6 +261,11 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
                         if (real_tokens > 0) {
                           work.tokens = static_cast<int64_t>(real_tokens) * work.micro_batches;
                         }
+                        // Each example's image, decoded on this rank's host.
+                        const double images = static_cast<double>(
+                            trial.config.settings().train.micro_batch_size * work.micro_batches);
+                        work.jpeg_pixels = images * image_pixels.jpeg;
+                        work.png_pixels = images * image_pixels.png;
                         return work;
                       },
                       result)

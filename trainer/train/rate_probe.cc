@@ -16,6 +16,8 @@
 
 #include "common/cpu_model.h"
 #include "common/estimate/reference_step.h"
+#include "common/image/image.h"
+#include "common/image/resample.h"
 #include "common/nvml/gpu_probe.h"
 #include "common/trial_config.h"
 #include "trainer/kernels/linear.h"
@@ -356,6 +358,58 @@ void AddNf4Dequant(Rounds& rounds, estimate::RateProbe& probe) {
              });
 }
 
+// A captioning step's images (version 8): each decoded, resized to 224 x 224 (PIL's bicubic) and
+// made CLIP pixel values on one host thread, as trainer/train/caption_batches.cc makes them, over a
+// synthetic 640 x 480 photo (COCO's usual size) as a JPEG at quality 90 and as a PNG. Rates in
+// source pixels a second, which the estimate takes at each dataset's own images' sizes.
+constexpr int kProbeImageWidth = 640, kProbeImageHeight = 480, kProbeImageSide = 224;
+
+// Smooth gradients under a little noise, as a photo's pixels are: what a JPEG's entropy coding and
+// a PNG's filters and deflate work through (a flat image would cost either far less).
+image::RgbImage ProbeImage() {
+  image::RgbImage image{
+      kProbeImageWidth, kProbeImageHeight,
+      std::vector<uint8_t>(static_cast<size_t>(kProbeImageWidth) * kProbeImageHeight * 3)};
+  uint32_t noise = 12345;
+  for (int y = 0; y < image.height; ++y) {
+    for (int x = 0; x < image.width; ++x) {
+      for (int c = 0; c < 3; ++c) {
+        noise = noise * 1664525u + 1013904223u;  // Numerical Recipes' LCG
+        const double value = 128 + 60 * std::sin(x / 37.0 + c) + 50 * std::cos(y / 23.0 - c) +
+                             static_cast<double>(noise >> 28) - 8;
+        image.pixels[(static_cast<size_t>(y) * image.width + x) * 3 + c] =
+            static_cast<uint8_t>(std::clamp(value, 0.0, 255.0));
+      }
+    }
+  }
+  return image;
+}
+
+// Internal when the images it made do not decode (a broken libjpeg or libpng).
+Status AddImages(Rounds& rounds, estimate::RateProbe& probe) {
+  const image::RgbImage photo = ProbeImage();
+  const double pixels = static_cast<double>(kProbeImageWidth) * kProbeImageHeight;
+  for (const bool jpeg : {true, false}) {
+    const std::string bytes = jpeg ? image::EncodeJpeg(photo, 90) : image::EncodePng(photo);
+    if (StatusOr<image::RgbImage> once = image::DecodeImage(bytes, "the probe's image");
+        !once.ok()) {
+      return InternalError(once.status().message());
+    }
+    rounds.Add(
+        [bytes] {
+          // The same bytes as above, which decoded.
+          const StatusOr<image::RgbImage> decoded = image::DecodeImage(bytes, "the probe's image");
+          (void)image::NormalizedPixels(
+              image::ResizeBicubic(*decoded, kProbeImageSide, kProbeImageSide), image::kClipMean,
+              image::kClipStd);
+        },
+        [&probe, jpeg, pixels](double seconds) {
+          (jpeg ? probe.jpeg_pixels_per_s : probe.png_pixels_per_s) = pixels / seconds;
+        });
+  }
+  return Status::Ok();
+}
+
 // A dropout mask's Bernoulli draws on the CPU, as ATen's dropout makes them for LoRA's adapters
 // (keep probability 0.95): its generator draws a value at a time, far below memory's rate (11-30,
 // Zen 4: 0.2 G values/s on 2 threads). CUDA's draws are elementwise kernels the memory rate times.
@@ -513,6 +567,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   const std::unique_ptr<Optimizer> adamw_8bit = cuda ? nullptr : AddAdamW8bit(rounds, probe);
   if (!cuda) AddNf4Dequant(rounds, probe);
   if (!cuda) AddDropout(rounds, probe);
+  RETURN_IF_ERROR(AddImages(rounds, probe));
   std::vector<std::unique_ptr<ReferenceTrainer>> reference;
   if (!cuda) {
     ASSIGN_OR_RETURN(reference, AddReferenceSteps(rounds, probe));

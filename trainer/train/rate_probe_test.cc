@@ -82,6 +82,8 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   EXPECT_GT(probe->adamw_8bit_values_per_s, 0);
   EXPECT_GT(probe->nf4_dequant_values_per_s, 0);
   EXPECT_GT(probe->dropout_values_per_s, 0);
+  EXPECT_GT(probe->jpeg_pixels_per_s, 0);
+  EXPECT_GT(probe->png_pixels_per_s, 0);
   // The reference trial's step, each class at new lengths and at repeated ones
   // (common/estimate/reference_step.h).
   ASSERT_EQ(probe->reference_steps.size(), 4u);
@@ -110,6 +112,8 @@ TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
   EXPECT_EQ(probe->dropout_values_per_s, 0);  // its draws: elementwise kernels, memory's rate
   EXPECT_TRUE(probe->reference_steps.empty());
   EXPECT_TRUE(probe->sdpa_partial_block.empty());  // LibTorch's CPU kernel's blocks: a CPU's
+  EXPECT_GT(probe->jpeg_pixels_per_s, 0);          // the host's, which decodes the images
+  EXPECT_GT(probe->png_pixels_per_s, 0);
 }
 
 TEST(ProbeRatesTest, RefusesAnUnknownDevice) {
