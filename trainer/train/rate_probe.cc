@@ -48,12 +48,12 @@ constexpr int64_t kCudaRows[] = {512, 2048, 8192};
 constexpr int64_t kCudaWidths[] = {1024, 2048, 4096, 8192};
 // One matmul call may take at most this share of the rounds' time: the grid's cells past it (the
 // wide ones) are left out, and the estimate takes the nearest measured cell's rate there. The
-// cells' FLOPs go up by factors of two, and 8 s / 96 (83 ms) sits between two of them on the Zen 3
-// here for fp32 (58 and 117 ms a call); bf16, formed there as fp32 GEMMs over converted blocks
-// (trainer/kernels/linear.h), runs at 23-106 GFLOP/s and measures the same 14 cells (at LibTorch's
-// scalar bf16 GEMM, 14-18 GFLOP/s, it measured 10, and at 8 s / 128 its 61 ms cells were in one
-// probe and out of the next).
-constexpr double kCallShare = 1.0 / 96;
+// cells' FLOPs go up by factors of two, and 83 ms (6.5 s / 78; 8 s / 96 before version 8) sits
+// between two of them on the Zen 3 here for fp32 (58 and 117 ms a call); bf16, formed there as
+// fp32 GEMMs over converted blocks (trainer/kernels/linear.h), runs at 23-106 GFLOP/s and measures
+// the same 14 cells (at LibTorch's scalar bf16 GEMM, 14-18 GFLOP/s, it measured 10, and at 8 s /
+// 128 its 61 ms cells were in one probe and out of the next).
+constexpr double kCallShare = 1.0 / 78;
 // Causal attention as a small model's micro-batch has it: batch 2, 8 heads 64 wide, at sequence
 // lengths from a short row's to a long one's (a CPU's rate at 82 tokens is a third of its rate at
 // 512: 11-30, Zen 4, bf16 30 and 109 GFLOP/s), the longest past what one call may take left out.

@@ -18,9 +18,10 @@ namespace llmctl::trainer {
 struct RateProbeOptions {
   std::string device = "cpu";  // "cpu" or "cuda"
   // How long the rounds of samples run; each measurement's warm-up comes on top (about 1.5 s on a
-  // 2-core CPU). One call of a matmul may take at most a 96th of it, which sets how far the grid
-  // goes. Tests pass a short one.
-  double seconds = 8;
+  // 2-core CPU). One call of a matmul may take at most a 78th of it, which sets how far the grid
+  // goes. Tests pass a short one. 6.5 s (8 before version 8, which added images and partial
+  // blocks): four rounds of about 1.75 s on the 2-core Zen 4, 12 s in all, under 15.
+  double seconds = 6.5;
 };
 
 // FailedPrecondition for cuda on a machine where LibTorch sees no GPU; InvalidArgument for
