@@ -20,7 +20,7 @@
 namespace llmctl::image {
 namespace {
 
-// libjpeg reports errors through a callback that must not return: it jumps back to DecodeJpeg.
+// libjpeg reports errors through a callback that must not return: it jumps back to ReadJpeg.
 // Warnings (corrupt data, a premature end of file) are kept and refuse the image afterwards.
 struct JpegErrors {
   jpeg_error_mgr manager;
@@ -42,9 +42,12 @@ void OnJpegMessage(j_common_ptr cinfo, int level) {
   }
 }
 
-// No C++ object is created between setjmp and the calls that may jump back: `image` is sized
-// before the scanlines are read, and the jump only skips libjpeg's own C frames.
-Status DecodeJpeg(const std::string& data, const std::string& display_path, RgbImage& image) {
+// Reads a JPEG's size from its frame header into `header` and, with `image`, decodes its pixels
+// into it; without, libjpeg stops at the first scan. No C++ object is created between setjmp and
+// the calls that may jump back: `image` is sized before the scanlines are read, and the jump only
+// skips libjpeg's own C frames.
+Status ReadJpeg(const std::string& data, const std::string& display_path, ImageHeader& header,
+                RgbImage* image) {
   jpeg_decompress_struct cinfo;
   JpegErrors errors;
   cinfo.err = jpeg_std_error(&errors.manager);
@@ -57,6 +60,12 @@ Status DecodeJpeg(const std::string& data, const std::string& display_path, RgbI
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(data.data()), data.size());
   jpeg_read_header(&cinfo, TRUE);
+  header.width = static_cast<int>(cinfo.image_width);
+  header.height = static_cast<int>(cinfo.image_height);
+  if (image == nullptr) {
+    jpeg_destroy_decompress(&cinfo);
+    return Status::Ok();
+  }
   if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
     jpeg_destroy_decompress(&cinfo);
     return InvalidArgumentError(
@@ -66,12 +75,12 @@ Status DecodeJpeg(const std::string& data, const std::string& display_path, RgbI
   }
   cinfo.out_color_space = JCS_RGB;
   jpeg_start_decompress(&cinfo);
-  image.width = static_cast<int>(cinfo.output_width);
-  image.height = static_cast<int>(cinfo.output_height);
-  image.pixels.resize(static_cast<size_t>(image.width) * image.height * 3);
+  image->width = static_cast<int>(cinfo.output_width);
+  image->height = static_cast<int>(cinfo.output_height);
+  image->pixels.resize(static_cast<size_t>(image->width) * image->height * 3);
   while (cinfo.output_scanline < cinfo.output_height) {
     JSAMPROW row =
-        image.pixels.data() + static_cast<size_t>(cinfo.output_scanline) * image.width * 3;
+        image->pixels.data() + static_cast<size_t>(cinfo.output_scanline) * image->width * 3;
     jpeg_read_scanlines(&cinfo, &row, 1);
   }
   jpeg_finish_decompress(&cinfo);
@@ -184,27 +193,6 @@ StatusOr<ImageFormat> FormatOf(const std::string& data, const std::string& displ
   return InvalidArgumentError(display_path + ": not a JPEG or PNG image (by its first bytes)");
 }
 
-// A JPEG's size from its frame header: libjpeg reads up to the first scan and stops.
-Status ReadJpegHeader(const std::string& data, const std::string& display_path,
-                      ImageHeader& header) {
-  jpeg_decompress_struct cinfo;
-  JpegErrors errors;
-  cinfo.err = jpeg_std_error(&errors.manager);
-  errors.manager.error_exit = OnJpegError;
-  errors.manager.emit_message = OnJpegMessage;
-  if (setjmp(errors.jump) != 0) {
-    jpeg_destroy_decompress(&cinfo);
-    return InvalidArgumentError(display_path + ": not a readable JPEG image: " + errors.message);
-  }
-  jpeg_create_decompress(&cinfo);
-  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(data.data()), data.size());
-  jpeg_read_header(&cinfo, TRUE);
-  header.width = static_cast<int>(cinfo.image_width);
-  header.height = static_cast<int>(cinfo.image_height);
-  jpeg_destroy_decompress(&cinfo);
-  return Status::Ok();
-}
-
 // A PNG's size from its IHDR chunk, which follows the signature: its length (13), its type, then
 // the width and height, 4 bytes each, most significant first.
 Status ReadPngHeader(const std::string& data, const std::string& display_path,
@@ -233,8 +221,9 @@ StatusOr<ImageHeader> ReadImageHeader(const std::string& path, const std::string
   ASSIGN_OR_RETURN(const std::string data, ReadFileToString(path));
   ImageHeader header;
   ASSIGN_OR_RETURN(header.format, FormatOf(data, display_path));
-  RETURN_IF_ERROR(header.format == ImageFormat::kJpeg ? ReadJpegHeader(data, display_path, header)
-                                                      : ReadPngHeader(data, display_path, header));
+  RETURN_IF_ERROR(header.format == ImageFormat::kJpeg
+                      ? ReadJpeg(data, display_path, header, /*image=*/nullptr)
+                      : ReadPngHeader(data, display_path, header));
   if (header.width <= 0 || header.height <= 0) {
     return InvalidArgumentError(display_path + ": an image without pixels");
   }
@@ -296,7 +285,8 @@ StatusOr<RgbImage> DecodeImage(const std::string& data, const std::string& displ
   RgbImage image;
   ASSIGN_OR_RETURN(const ImageFormat format, FormatOf(data, display_path));
   if (format == ImageFormat::kJpeg) {
-    RETURN_IF_ERROR(DecodeJpeg(data, display_path, image));
+    ImageHeader header;
+    RETURN_IF_ERROR(ReadJpeg(data, display_path, header, &image));
   } else {
     RETURN_IF_ERROR(DecodePng(data, display_path, image));
   }
