@@ -551,6 +551,13 @@ TEST(RateProbeTest, AnEstimateWithAProbeIsTheWorkOverTheProbesRates) {
   EXPECT_DOUBLE_EQ(term(with, "matmuls"), (3e11 - 1e10) / 1e9);
   EXPECT_DOUBLE_EQ(term(with, "attention"), 1e10 / 1e9);
   EXPECT_DOUBLE_EQ(term(with, "images"), 3e7 / 6e7 + 1e7 / 2.5e7);
+  for (const TimeTerm& t : with.terms) {
+    if (t.name == "images") {
+      EXPECT_EQ(t.formula,
+                "30 Mpixels JPEG / 60 Mpixels/s + 10 Mpixels PNG / 25 Mpixels/s (decoded and "
+                "resized)");
+    }
+  }
   EXPECT_DOUBLE_EQ(term(with, "memory"), 2.5e9 / 1.25e10);
   EXPECT_DOUBLE_EQ(term(with, "launches"), 4000 * 5e-6);
   EXPECT_DOUBLE_EQ(term(with, "host optimizer"), 4e7 / 4e8);

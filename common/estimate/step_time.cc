@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -250,12 +251,16 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   // A captioning step's images, decoded and resized on one host thread before the step's device
   // work (llm-train does not overlap them): their own rate, no factor.
   if (w.jpeg_pixels > 0 || w.png_pixels > 0) {
-    terms.push_back(
-        {"images",
-         Quantity(w.jpeg_pixels, "pixels") + " JPEG / " +
-             Quantity(d.jpeg_pixels_per_s, "pixels/s") + " + " + Quantity(w.png_pixels, "pixels") +
-             " PNG / " + Quantity(d.png_pixels_per_s, "pixels/s") + " (decoded and resized)",
-         w.jpeg_pixels / d.jpeg_pixels_per_s + w.png_pixels / d.png_pixels_per_s, false});
+    std::string formula;
+    double seconds = 0;
+    for (const auto& [name, pixels, rate] : {std::tuple{"JPEG", w.jpeg_pixels, d.jpeg_pixels_per_s},
+                                             std::tuple{"PNG", w.png_pixels, d.png_pixels_per_s}}) {
+      if (!(pixels > 0)) continue;
+      formula += (formula.empty() ? "" : " + ") + Quantity(pixels, "pixels") + " " + name + " / " +
+                 Quantity(rate, "pixels/s");
+      seconds += pixels / rate;
+    }
+    terms.push_back({"images", formula + " (decoded and resized)", seconds, false});
   }
   // On a CPU the host is the device: every term is its work.
   const bool host_is_device = !d.launches_overlap;
