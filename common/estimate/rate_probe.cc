@@ -106,16 +106,18 @@ StatusOr<ProbedAttention> ParseAttention(const json& row, const std::string& pat
   // Before version 5 no tokens: 128, what it measured (FromJson refuses the field's absence in 5).
   if (const auto tokens = row.find("tokens"); tokens != row.end()) {
     if (!tokens->is_number_integer() || tokens->get<int64_t>() < 1 ||
-        tokens->get<int64_t>() > 1 << 20) {
-      return Refuse(path + ".tokens", "must be an integer from 1 to 1048576");
+        tokens->get<int64_t>() > kMaxAttentionTokens) {
+      return Refuse(path + ".tokens",
+                    "must be an integer from 1 to " + std::to_string(kMaxAttentionTokens));
     }
     a.tokens = tokens->get<int64_t>();
   }
   // Before version 6 no head_width: 64, what it measured (FromJson refuses its absence in 6).
   if (const auto width = row.find("head_width"); width != row.end()) {
     if (!width->is_number_integer() || width->get<int64_t>() < 1 ||
-        width->get<int64_t>() > 1 << 16) {
-      return Refuse(path + ".head_width", "must be an integer from 1 to 65536");
+        width->get<int64_t>() > kMaxAttentionHeadWidth) {
+      return Refuse(path + ".head_width",
+                    "must be an integer from 1 to " + std::to_string(kMaxAttentionHeadWidth));
     }
     a.head_width = width->get<int64_t>();
   }
@@ -244,14 +246,18 @@ ordered_json RateProbe::ToJson() const {
                        {"tokens", m.tokens},
                        {"flops_per_s", m.flops_per_s}});
   }
-  ordered_json attention = ordered_json::array();
-  for (const ProbedAttention& a : sdpa) {
-    ordered_json row = {{"dtype", a.dtype}};
-    if (version >= 5) row["tokens"] = a.tokens;
-    if (version >= 6) row["head_width"] = a.head_width;
-    row["flops_per_s"] = a.flops_per_s;
-    attention.push_back(row);
-  }
+  // sdpa's rows, and sdpa_partial_block's (version 8, so with every field).
+  auto attention_rows = [this](const std::vector<ProbedAttention>& rows) {
+    ordered_json out = ordered_json::array();
+    for (const ProbedAttention& a : rows) {
+      ordered_json row = {{"dtype", a.dtype}};
+      if (version >= 5) row["tokens"] = a.tokens;
+      if (version >= 6) row["head_width"] = a.head_width;
+      row["flops_per_s"] = a.flops_per_s;
+      out.push_back(row);
+    }
+    return out;
+  };
   ordered_json j = {{"version", version}, {"measured_at", measured_at}, {"seconds", seconds}};
   if (version >= 3) j["rounds"] = rounds;
   j["identity"] = {{"device", device},
@@ -259,17 +265,8 @@ ordered_json RateProbe::ToJson() const {
                    {"threads", threads},
                    {"versions", ordered_json::parse(versions.ToJson())}};
   j["matmul"] = matmuls;
-  j["sdpa"] = attention;
-  if (version >= 8) {
-    ordered_json partial = ordered_json::array();
-    for (const ProbedAttention& a : sdpa_partial_block) {
-      partial.push_back({{"dtype", a.dtype},
-                         {"tokens", a.tokens},
-                         {"head_width", a.head_width},
-                         {"flops_per_s", a.flops_per_s}});
-    }
-    j["sdpa_partial_block"] = partial;
-  }
+  j["sdpa"] = attention_rows(sdpa);
+  if (version >= 8) j["sdpa_partial_block"] = attention_rows(sdpa_partial_block);
   j["memory_bytes_per_s"] = memory_bytes_per_s;
   j["launch_seconds"] = launch_seconds;
   j["host_adamw_values_per_s"] = host_adamw_values_per_s;

@@ -127,13 +127,13 @@ Status ParseAttentionShapes(const json& j, StepWork& w) {
           std::pair{"head_width", &shape.head_width}, std::pair{"flops", &shape.flops}}) {
       ASSIGN_OR_RETURN(*field, WorkNumber(row, key, path + "." + key));
     }
-    // A sequence of up to 1 Mi tokens and a head up to 64 Ki wide, as a probe's rows
-    // (rate_probe.h): beyond them the padding's and the rate's arithmetic would overflow.
-    if (!(shape.queries >= 1 && shape.queries <= 1 << 20 && shape.keys >= 1 &&
-          shape.keys <= 1 << 20 && shape.head_width >= 1 && shape.head_width <= 1 << 16)) {
-      return InvalidArgumentError("step work: " + path +
-                                  " must have 1 to 1048576 queries and keys and a head 1 to 65536 "
-                                  "wide");
+    const double tokens = static_cast<double>(kMaxAttentionTokens);
+    if (!(shape.queries >= 1 && shape.queries <= tokens && shape.keys >= 1 &&
+          shape.keys <= tokens && shape.head_width >= 1 &&
+          shape.head_width <= static_cast<double>(kMaxAttentionHeadWidth))) {
+      return InvalidArgumentError(
+          "step work: " + path + " must have 1 to " + std::to_string(kMaxAttentionTokens) +
+          " queries and keys and a head 1 to " + std::to_string(kMaxAttentionHeadWidth) + " wide");
     }
     counted += shape.flops;
     w.attention_shapes.push_back(shape);

@@ -71,6 +71,11 @@ struct AttentionShape {
   double flops = 0;
 };
 
+// The longest sequence and widest head an attention shape, or a probe's attention row
+// (rate_probe.h), may have: beyond them the padding's and the rate's arithmetic would overflow.
+inline constexpr int64_t kMaxAttentionTokens = 1 << 20;
+inline constexpr int64_t kMaxAttentionHeadWidth = 1 << 16;
+
 // Adds `shape` to `shapes`: its FLOPs to a shape already there, else as a new one.
 void AddAttentionShape(std::vector<AttentionShape>& shapes, const AttentionShape& shape);
 
