@@ -154,14 +154,9 @@ Placement::QueuedTrials Placement::ReadQueuedTrials(store::Store& store,
   QueuedTrials trials;
   for (const store::TrialRecord& trial : queued) {
     if (!trials.targets.contains(trial.experiment_id)) {
-      // Only what a node's labels say (its lease's site and flavor) can be matched.
       std::map<std::string, std::string>& target = trials.targets[trial.experiment_id];
       if (auto experiment = store.GetExperiment(trial.experiment_id); experiment.ok()) {
-        for (const char* key : {"site", "flavor"}) {
-          if (auto value = experiment->target.find(key); value != experiment->target.end()) {
-            target[key] = value->second;
-          }
-        }
+        target = scheduler::PlacementTarget(experiment->target);
       }
     }
     trials.queue.push_back(

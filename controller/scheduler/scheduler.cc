@@ -40,10 +40,7 @@ std::vector<PoolState> ConnectedPools(const std::vector<Agent>& agents) {
 
 // The pool's type, size and agent labels suit the trial (one node's share of it).
 bool Suits(const PoolState& state, const QueuedTrial& trial) {
-  for (const auto& [name, wanted] : trial.target) {
-    auto label = state.labels->find(name);
-    if (label == state.labels->end() || label->second != wanted) return false;
-  }
+  if (!LabelsMatch(*state.labels, trial.target)) return false;
   return state.pool->type == trial.device_type && state.pool->count >= trial.device_count;
 }
 
@@ -202,6 +199,26 @@ void PlaceMultiNode(const QueuedTrial& trial, std::vector<PoolState>& pools, Pla
 }
 
 }  // namespace
+
+std::map<std::string, std::string> PlacementTarget(
+    const std::map<std::string, std::string>& experiment_target) {
+  std::map<std::string, std::string> target;
+  for (const char* key : {"site", "flavor"}) {
+    if (auto value = experiment_target.find(key); value != experiment_target.end()) {
+      target[key] = value->second;
+    }
+  }
+  return target;
+}
+
+bool LabelsMatch(const std::map<std::string, std::string>& labels,
+                 const std::map<std::string, std::string>& target) {
+  for (const auto& [name, wanted] : target) {
+    auto label = labels.find(name);
+    if (label == labels.end() || label->second != wanted) return false;
+  }
+  return true;
+}
 
 Placement PlaceTrials(const std::vector<QueuedTrial>& queue, const std::vector<Agent>& agents) {
   std::vector<PoolState> pools = ConnectedPools(agents);

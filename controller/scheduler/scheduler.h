@@ -81,6 +81,17 @@ struct Placement {
   std::vector<int64_t> unsatisfiable;
 };
 
+// The part of an experiment's `target:` a node's labels can match: its site and flavor (a node's
+// labels are its lease's; a target's node_type names a bare-metal lease's flavor for `submit
+// --provision`, and matches no label).
+std::map<std::string, std::string> PlacementTarget(
+    const std::map<std::string, std::string>& experiment_target);
+
+// Whether an agent with `labels` may run a trial with `target` (a PlacementTarget): each entry
+// equals the label of that name. An empty target: any agent.
+bool LabelsMatch(const std::map<std::string, std::string>& labels,
+                 const std::map<std::string, std::string>& target);
+
 // Places queued trials (given in file order: experiment by experiment) on agents.
 // - A trial goes only to a connected agent whose labels match its target, to a pool of its device
 //   type with at least device_count free devices, and takes the lowest free indices. One trial per

@@ -75,6 +75,21 @@ TEST(PlaceTrialsTest, ATrialWithATargetRunsOnlyWhereTheNodesLeaseMatchesIt) {
   EXPECT_THAT(Describe(placement), ElementsAre("2@a100:0"));
 }
 
+// What of an experiment's target a node's labels can match, and the match itself, as `llmctl
+// estimate` also applies it to pick the node whose rates a trial is timed at.
+TEST(PlacementTargetTest, SiteAndFlavorAreMatchedAndNodeTypeIsNot) {
+  const std::map<std::string, std::string> target = PlacementTarget(
+      {{"site", "CHI@UC"}, {"flavor", "gpu_a100_pcie"}, {"node_type", "gpu_a100_pcie"}});
+  EXPECT_EQ(target, (std::map<std::string, std::string>{{"site", "CHI@UC"},
+                                                         {"flavor", "gpu_a100_pcie"}}));
+  EXPECT_TRUE(LabelsMatch({{"site", "CHI@UC"}, {"flavor", "gpu_a100_pcie"}}, target));
+  EXPECT_FALSE(LabelsMatch({{"site", "CHI@UC"}, {"flavor", "g1.h100.pci.1"}}, target));
+  EXPECT_FALSE(LabelsMatch({{"site", "CHI@UC"}}, target));
+  EXPECT_FALSE(LabelsMatch({}, target));
+  EXPECT_TRUE(LabelsMatch({}, {}));
+  EXPECT_TRUE(LabelsMatch({{"site", "KVM@TACC"}}, PlacementTarget({{"node_type", "x"}})));
+}
+
 TEST(PlaceTrialsTest, AResumedTrialRunsOnlyOnTheAgentHoldingItsCheckpoint) {
   QueuedTrial resumed = Cuda(1);
   resumed.only_agent = "b";
