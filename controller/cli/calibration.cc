@@ -20,12 +20,8 @@ StoredCalibrations StoredCalibrations::FromRuns(const std::vector<store::TimedRu
     const std::string device = time_device != prediction.end() && time_device->is_string()
                                    ? time_device->get<std::string>()
                                    : "";
-    if (!work.ok() || device.empty() || run.seconds_per_token.empty()) continue;
-    // The median step: robust to a step slowed by something else on the machine.
-    std::vector<double> steps = run.seconds_per_token;
-    std::nth_element(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(steps.size() / 2),
-                     steps.end());
-    calibrations.runs_[device].push_back({*work, steps[steps.size() / 2]});
+    if (!work.ok() || device.empty() || run.steps < 1) continue;
+    calibrations.runs_[device].push_back({*work, run.seconds_per_token});
   }
   return calibrations;
 }

@@ -24,10 +24,9 @@ store::TimedRun StoredRun(const estimate::StepWork& work, const estimate::Device
   const double seconds = factor * estimate::NominalStepSeconds(work, device).calibrated;
   const nlohmann::json prediction = {
       {"peak_bytes", 1}, {"time_device", device.name}, {"work", work.ToJson()}};
-  // A step slowed by something else on the machine does not move the median.
-  const double per_token = seconds / static_cast<double>(work.tokens);
   return {.prediction_json = prediction.dump(),
-          .seconds_per_token = {per_token, 50 * per_token, per_token}};
+          .seconds_per_token = seconds / static_cast<double>(work.tokens),
+          .steps = 3};
 }
 
 TEST(StoredCalibrationsTest, EachDeviceIsCalibratedFromItsOwnRuns) {
@@ -38,15 +37,19 @@ TEST(StoredCalibrationsTest, EachDeviceIsCalibratedFromItsOwnRuns) {
        StoredRun(Work(estimate::MatmulClass::kFp32), cpu, 4.0),
        StoredRun(Work(estimate::MatmulClass::kBf16), cpu, 1.5),
        // Not calibration material: no work stored with it, or a broken prediction.
-       {.prediction_json = R"({"peak_bytes":1,"time_device":"cpu"})", .seconds_per_token = {1}},
-       {.prediction_json = "not json", .seconds_per_token = {1}},
+       {.prediction_json = R"({"peak_bytes":1,"time_device":"cpu"})",
+        .seconds_per_token = 1,
+        .steps = 1},
+       {.prediction_json = "not json", .seconds_per_token = 1, .steps = 1},
        // Issue 37: a non-finite number was stored as null; reading one threw.
        {.prediction_json = R"({"peak_bytes":1,"time_device":null,"work":{}})",
-        .seconds_per_token = {1}},
+        .seconds_per_token = 1,
+        .steps = 1},
        {.prediction_json = nlohmann::json{{"time_device", "cpu"},
                                           {"work", nlohmann::json{{"matmul_flops", nullptr}}}}
                                .dump(),
-        .seconds_per_token = {1}}},
+        .seconds_per_token = 1,
+        .steps = 1}},
       "the local store (test)");
   const estimate::Calibration c = calibrations.For(cpu, estimate::ModelFamily::kLlama);
   EXPECT_DOUBLE_EQ(c.fp32_factor, 3.0);  // the median of 2 and 4

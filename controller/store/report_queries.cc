@@ -3,6 +3,7 @@
 // trial_memory_timeline), and the steps of its trials' runs (trial_steps).
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -301,17 +302,28 @@ StatusOr<std::vector<TimedRun>> Store::TimedRuns() {
                          "WHERE t.state = 'ok' AND t.prediction_json IS NOT NULL AND s.step >= 1 "
                          "AND s.tokens > 0 AND s.seconds > 0 ORDER BY t.id, s.step"));
   std::vector<TimedRun> runs;
+  std::vector<double> steps;  // the current run's seconds per token
+  const auto take_median = [&runs, &steps] {
+    if (steps.empty()) return;
+    std::nth_element(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(steps.size() / 2),
+                     steps.end());
+    runs.back().seconds_per_token = steps[steps.size() / 2];
+    runs.back().steps = static_cast<int64_t>(steps.size());
+    steps.clear();
+  };
   int64_t current = -1;
   while (true) {
     ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
     if (!has_row) break;
     if (stmt.Int(0) != current) {
+      take_median();
       current = stmt.Int(0);
-      runs.push_back({.prediction_json = stmt.Text(1), .seconds_per_token = {}});
+      runs.push_back({.prediction_json = stmt.Text(1)});
     }
-    runs.back().seconds_per_token.push_back(stmt.OptionalNumber(3).value_or(0) /
-                                            static_cast<double>(stmt.OptionalInt(2).value_or(1)));
+    steps.push_back(stmt.OptionalNumber(3).value_or(0) /
+                    static_cast<double>(stmt.OptionalInt(2).value_or(1)));
   }
+  take_median();
   RETURN_IF_ERROR(snapshot.Commit());
   return runs;
 }

@@ -731,13 +731,14 @@ TEST_F(StoreTest, TimedRunsAreTheOkTrialsStepsWithAPrediction) {
     for (size_t i = 0; i < trials.size(); ++i) {
       ASSERT_EQ(*store->StartAttempt(trials[i].id, "n", kNow), 1);
       std::vector<Event> events;
-      for (int64_t step = 0; step < 3; ++step) {
-        events.push_back(MakeEvent(step + 1, {{"type", "step"},
-                                              {"step", step},
-                                              {"tokens", 100},
-                                              {"seconds", 1.0 + static_cast<double>(step)}}));
+      // 1, 2, 50 and 3 s: the third step slowed by something else on the machine.
+      const double seconds[] = {1, 2, 50, 3};
+      for (int64_t step = 0; step < 4; ++step) {
+        events.push_back(MakeEvent(
+            step + 1,
+            {{"type", "step"}, {"step", step}, {"tokens", 100}, {"seconds", seconds[step]}}));
       }
-      ASSERT_EQ(*store->AppendEvents(trials[i].id, 1, events), 3);
+      ASSERT_EQ(*store->AppendEvents(trials[i].id, 1, events), 4);
       ASSERT_TRUE(store->FinishAttempt(trials[i].id, 1, ends[i], 0, "", kNow).ok());
     }
   }
@@ -747,8 +748,9 @@ TEST_F(StoreTest, TimedRunsAreTheOkTrialsStepsWithAPrediction) {
   ASSERT_TRUE(runs.ok()) << runs.status().ToString();
   ASSERT_EQ(runs->size(), 1u);
   EXPECT_EQ((*runs)[0].prediction_json, R"({"peak_bytes":1,"time_device":"cpu"})");
-  // Steps 1 and 2: 2 s and 3 s for 100 tokens each; step 0 is left out.
-  EXPECT_THAT((*runs)[0].seconds_per_token, ElementsAre(0.02, 0.03));
+  // Steps 1 to 3 (step 0 left out): 2, 50 and 3 s for 100 tokens each, the median 3.
+  EXPECT_DOUBLE_EQ((*runs)[0].seconds_per_token, 0.03);
+  EXPECT_EQ((*runs)[0].steps, 3);
 
   EXPECT_EQ(Store::OpenReadOnly((dir_ / "none.db").string()).status().code(),
             StatusCode::kNotFound);

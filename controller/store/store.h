@@ -280,9 +280,11 @@ struct ExperimentReport {
 // calibration rests on (the prediction holds the step's work and the device it was predicted on).
 struct TimedRun {
   std::string prediction_json;
-  // Each step's seconds per token (all ranks' tokens), from the second step on: the first creates
-  // the optimizer's state.
-  std::vector<double> seconds_per_token;
+  // The median step's seconds per token (all ranks' tokens; the upper of the two middle steps for
+  // an even count), over the steps from the second on: the first creates the optimizer's state,
+  // and a step slowed by something else on the machine does not move the median.
+  double seconds_per_token = 0;
+  int64_t steps = 0;  // how many steps that is the median of (at least 1)
 };
 
 // One optimizer step of a trial's run (the `trial_steps` view).
