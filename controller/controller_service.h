@@ -2,7 +2,7 @@
 // values to the store, blob store and dispatcher. No exception leaves a handler: each ends with a
 // status (INTERNAL for an unexpected exception). The handlers, by what they serve:
 // controller_service.cc (the guard, blobs, Submit), controller_service_experiments.cc (list,
-// status, watch, cancel, resume, fetch), controller_service_report.cc (Report) and
+// status, watch, cancel, resume, fetch), controller_service_report.cc (Report, TimedRuns) and
 // controller_service_nodes.cc (the nodes).
 #ifndef LLMCTL_CONTROLLER_CONTROLLER_SERVICE_H_
 #define LLMCTL_CONTROLLER_CONTROLLER_SERVICE_H_
@@ -23,6 +23,10 @@
 #include "rpc/tls.h"
 
 namespace llmctl::controller {
+
+// TimedRuns sends at most this many runs, the newest: a calibration's median moves little past a
+// few hundred, and each run's prediction is a few kilobytes.
+inline constexpr size_t kMaxTimedRuns = 2000;
 
 class ControllerService final : public v1::Controller::Service {
  public:
@@ -54,6 +58,8 @@ class ControllerService final : public v1::Controller::Service {
                       v1::ResumeResponse* response) override;
   grpc::Status Report(grpc::ServerContext* context, const v1::GetExperimentRequest* request,
                       v1::ReportResponse* response) override;
+  grpc::Status TimedRuns(grpc::ServerContext* context, const v1::TimedRunsRequest* request,
+                         v1::TimedRunsResponse* response) override;
   grpc::Status FetchArtifacts(grpc::ServerContext* context,
                               const v1::FetchTrialArtifactsRequest* request,
                               grpc::ServerWriter<v1::ArtifactChunk>* writer) override;

@@ -463,6 +463,56 @@ TEST_F(ControllerServiceTest, NonFinitePredictionsAreRefusedAndAStoredNullReport
   EXPECT_EQ(report.trials(0).prediction().verdict(), "");
 }
 
+// TimedRuns sends the store's calibration material: each trial that ended ok with a predicted
+// time, with its prediction and its median step; a failed trial is not one.
+TEST_F(ControllerServiceTest, TimedRunsAreTheOkTrialsWithTheirPredictionAndMedianStep) {
+  estimate::StepWork work;
+  work.tokens = work.micro_batches = work.world_size = work.nodes = 1;
+  v1::SubmitRequest request;
+  request.set_filename("tiny.yaml");
+  request.set_yaml_text(std::string(kExperiment));
+  for (const char* trial : {"a", "b"}) {
+    v1::TrialPrediction& prediction = (*request.mutable_predictions())[trial];
+    prediction.set_peak_bytes(1024);
+    prediction.set_step_seconds(0.5);
+    prediction.set_tokens_per_second(200);
+    prediction.set_time_device("cpu");
+    prediction.set_work_json(work.ToJson().dump());
+  }
+  v1::SubmitResponse submitted;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->Submit(&context, request, &submitted).ok());
+  }
+  store::Store& store = daemon_->store();
+  const std::vector<store::TrialRecord> trials = *store.ListTrials(submitted.experiment_id());
+  ASSERT_EQ(trials.size(), 2u);
+  const store::TrialState ends[] = {store::TrialState::kOk, store::TrialState::kFailed};
+  for (size_t i = 0; i < trials.size(); ++i) {
+    ASSERT_EQ(*store.StartAttempt(trials[i].id, "local", clock_.Now()), 1);
+    std::vector<store::Event> events;
+    for (int64_t step = 0; step < 4; ++step) {
+      const nlohmann::json line = {
+          {"type", "step"}, {"step", step}, {"tokens", 100}, {"seconds", 0.5 + 0.1 * step}};
+      events.push_back({.seq = step + 1, .type = "step", .json = line.dump()});
+    }
+    ASSERT_TRUE(store.AppendEvents(trials[i].id, 1, events).ok());
+    ASSERT_TRUE(store.FinishAttempt(trials[i].id, 1, ends[i], 0, "", clock_.Now()).ok());
+  }
+
+  grpc::ClientContext context;
+  v1::TimedRunsResponse runs;
+  const grpc::Status listed = stub_->TimedRuns(&context, {}, &runs);
+  ASSERT_TRUE(listed.ok()) << listed.error_message();
+  ASSERT_EQ(runs.runs_size(), 1);
+  const nlohmann::json prediction = nlohmann::json::parse(runs.runs(0).prediction_json());
+  EXPECT_EQ(prediction["time_device"], "cpu");
+  EXPECT_EQ(prediction["work"], work.ToJson());
+  // Steps 1 to 3: 0.6, 0.7 and 0.8 s for 100 tokens each.
+  EXPECT_DOUBLE_EQ(runs.runs(0).seconds_per_token(), 0.007);
+  EXPECT_EQ(runs.runs(0).steps(), 3);
+}
+
 // The report's memory over time is what the store holds: each snapshot of the run's attempts with
 // its time, the attempt's start and device limit, and the device samples of those attempts only.
 TEST_F(ControllerServiceTest, ReportCarriesTheRunsSnapshotsAndDeviceSamplesOverTime) {
@@ -774,6 +824,11 @@ class ControllerTcpTest : public testing::Test {
            v1::ReportResponse r;
            return stub.Report(c, {}, &r);
          }},
+        {"TimedRuns",
+         [&](grpc::ClientContext* c) {
+           v1::TimedRunsResponse r;
+           return stub.TimedRuns(c, {}, &r);
+         }},
         {"FetchArtifacts",
          [&](grpc::ClientContext* c) {
            auto reader = stub.FetchArtifacts(c, {});
@@ -839,13 +894,25 @@ class ControllerTcpTest : public testing::Test {
   std::unique_ptr<Daemon> daemon_;
 };
 
+// How many methods the Controller service has: a new one cannot be left out of the token check.
+int ControllerMethodCount() {
+  return v1::ListNodesRequest::descriptor()
+      ->file()
+      ->FindServiceByName("Controller")
+      ->method_count();
+}
+
 TEST_F(ControllerTcpTest, EveryMethodRefusesACallWithoutTheRightToken) {
   Start();
   EXPECT_TRUE(daemon_->address().starts_with("127.0.0.1:")) << daemon_->address();
   for (const std::string& token : {std::string(), std::string("wrong"),
                                    std::string(kToken).substr(1), std::string(kToken) + "0"}) {
     const std::map<std::string, grpc::Status> statuses = CallEveryMethod(*StubWithToken(token));
-    EXPECT_EQ(statuses.size(), 15u);
+    // Every method the service has: a new one cannot be left out of this check.
+    EXPECT_EQ(static_cast<int>(statuses.size()), v1::ListNodesRequest::descriptor()
+                                                     ->file()
+                                                     ->FindServiceByName("Controller")
+                                                     ->method_count());
     for (const auto& [method, status] : statuses) {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
           << method << " with token '" << token << "': " << status.error_message();
@@ -860,7 +927,7 @@ TEST_F(ControllerTcpTest, EveryMethodRefusesACallWithoutTheRightToken) {
 
   // The right token passes every method (each then fails or not on its own request).
   const std::map<std::string, grpc::Status> statuses = CallEveryMethod(*StubWithToken(kToken));
-  EXPECT_EQ(statuses.size(), 15u);
+  EXPECT_EQ(static_cast<int>(statuses.size()), ControllerMethodCount());
   for (const auto& [method, status] : statuses) {
     EXPECT_NE(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
         << method << ": " << status.error_message();

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -117,9 +118,11 @@ struct DeviceSpeed {
 DeviceSpeed GpuSpeed(const Gpu& gpu);
 DeviceSpeed CpuSpeed();
 
-// The speed a trial's time is predicted at, given its device's data-sheet speed: the same, or the
-// rates a probe measured on the node (rate_probe.h's ProbedSpeed). Estimate's and plan's options.
-using SpeedLookup = std::function<DeviceSpeed(const DeviceSpeed& sheet)>;
+// The speed a trial's time is predicted at, given its device's data-sheet speed and its
+// experiment's `target:` (which nodes may run it; empty for any): the same, or the rates a probe
+// measured on such a node (rate_probe.h's ProbedSpeed). Estimate's and plan's options.
+using SpeedLookup = std::function<DeviceSpeed(const DeviceSpeed& sheet,
+                                              const std::map<std::string, std::string>& target)>;
 
 // How the nominal time compares with measured runs on one device model: a factor per matmul
 // class, the median over those runs of (measured - fixed) / calibrated (NominalStep). With no run

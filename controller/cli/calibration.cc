@@ -1,6 +1,6 @@
 #include "controller/cli/calibration.h"
 
-#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 namespace llmctl::cli {
@@ -20,7 +20,10 @@ StoredCalibrations StoredCalibrations::FromRuns(const std::vector<store::TimedRu
     const std::string device = time_device != prediction.end() && time_device->is_string()
                                    ? time_device->get<std::string>()
                                    : "";
-    if (!work.ok() || device.empty() || run.steps < 1) continue;
+    // A controller's answer is another process's bytes: a time that is not one is no run.
+    const bool timed =
+        run.steps >= 1 && std::isfinite(run.seconds_per_token) && run.seconds_per_token > 0;
+    if (!work.ok() || device.empty() || !timed) continue;
     calibrations.runs_[device].push_back({*work, run.seconds_per_token});
   }
   return calibrations;

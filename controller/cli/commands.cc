@@ -150,22 +150,77 @@ Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& ex
   return Status::Ok();
 }
 
-StoredCalibrations Llmctl::LoadCalibrations() {
-  StoredCalibrations calibrations = StoredCalibrations::Load(context_.env);
-  if (!calibrations.note().empty()) context_.err << "note: " << calibrations.note() << "\n";
-  return calibrations;
+std::optional<ControllerAddress> Llmctl::ConfiguredController() {
+  StatusOr<ControllerAddress> address = ResolveControllerAddress(context_.env);
+  if (!address.ok() || address->embedded) return std::nullopt;
+  return *std::move(address);
 }
 
-LocalRates Llmctl::LoadLocalRates(bool only_embedded) {
-  if (only_embedded) {
-    StatusOr<ControllerAddress> address = ResolveControllerAddress(context_.env);
-    if (!address.ok() || !address->embedded) return LocalRates();
+Status Llmctl::ReadFromController(
+    const std::function<grpc::Status(v1::Controller::Stub&, grpc::ClientContext&)>& read) {
+  if (controller_unreachable_.has_value()) return *controller_unreachable_;
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
+  if (!stub.ok()) return stub.status();
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kMeasuredReadDeadline);
+  const Status read_status = rpc::FromGrpcStatus(read(**stub, context));
+  if (read_status.code() == StatusCode::kUnavailable ||
+      read_status.code() == StatusCode::kDeadlineExceeded) {
+    controller_unreachable_ = read_status;
   }
-  return LocalRates::LoadOnFirstUse(context_.env, context_.self, context_.err);
+  return read_status;
+}
+
+StoredCalibrations Llmctl::LoadCalibrations() {
+  const std::optional<ControllerAddress> configured = ConfiguredController();
+  if (!configured.has_value()) {
+    StoredCalibrations calibrations = StoredCalibrations::Load(context_.env);
+    if (!calibrations.note().empty()) context_.err << "note: " << calibrations.note() << "\n";
+    return calibrations;
+  }
+  const std::string where =
+      "the controller at " + configured->target + " (from " + configured->source + ")";
+  v1::TimedRunsResponse response;
+  const Status read =
+      ReadFromController([&response](v1::Controller::Stub& stub, grpc::ClientContext& context) {
+        return stub.TimedRuns(&context, v1::TimedRunsRequest(), &response);
+      });
+  if (!read.ok()) {
+    context_.err << "note: measured runs not read from " << where << ": " << read.message() << "\n";
+    return StoredCalibrations::FromRuns({}, where);
+  }
+  std::vector<store::TimedRun> runs;
+  for (const v1::TimedRun& run : response.runs()) {
+    runs.push_back({.prediction_json = run.prediction_json(),
+                    .seconds_per_token = run.seconds_per_token(),
+                    .steps = run.steps()});
+  }
+  return StoredCalibrations::FromRuns(runs, where);
+}
+
+LocalRates Llmctl::LoadRates() {
+  const std::optional<ControllerAddress> configured = ConfiguredController();
+  if (!configured.has_value()) {
+    return LocalRates::LoadOnFirstUse(context_.env, context_.self, context_.err);
+  }
+  // A configured controller's trials run on its nodes, never on this machine: their probes or
+  // the data sheets.
+  v1::ListNodesResponse nodes;
+  const Status read =
+      ReadFromController([&nodes](v1::Controller::Stub& stub, grpc::ClientContext& context) {
+        return stub.ListNodes(&context, v1::ListNodesRequest(), &nodes);
+      });
+  if (!read.ok()) {
+    context_.err << "note: the nodes' rates not read from the controller at " << configured->target
+                 << " (from " << configured->source << "): " << read.message()
+                 << "; the time is at the data sheets' rates\n";
+    return LocalRates::FromNodeProbes({});
+  }
+  return LocalRates::FromNodeProbes(NodeProbesOf(nodes, context_.err));
 }
 
 StatusOr<LocalRates> Llmctl::LoadRatesPreferring(const std::string& rates_file) {
-  LocalRates rates = LoadLocalRates(/*only_embedded=*/false);
+  LocalRates rates = LoadRates();
   if (rates_file.empty()) return rates;
   StatusOr<estimate::RateProbe> probe = ReadRateProbe(rates_file);
   if (!probe.ok()) return InvalidArgumentError("--rates: " + probe.status().message());

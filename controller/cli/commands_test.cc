@@ -79,6 +79,12 @@ class FakeController final : public v1::Controller::Service {
     }
     return grpc::Status::OK;
   }
+  grpc::Status TimedRuns(grpc::ServerContext*, const v1::TimedRunsRequest*,
+                         v1::TimedRunsResponse* response) override {
+    std::lock_guard lock(mutex_);
+    *response = timed_runs_;
+    return grpc::Status::OK;
+  }
   grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest* request,
                       v1::SubmitResponse* response) override {
     std::lock_guard lock(mutex_);
@@ -156,6 +162,7 @@ class FakeController final : public v1::Controller::Service {
   std::map<std::string, std::chrono::system_clock::duration> upload_time_left_;
   std::optional<v1::SubmitRequest> submitted_;
   v1::ListNodesResponse nodes_;
+  v1::TimedRunsResponse timed_runs_;
   std::string authorization_;  // of the last ListNodes call
   std::vector<v1::ExperimentStatus> watch_;
   v1::ReportResponse report_;
@@ -689,6 +696,77 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
                 probed.probed_bf16_factor, probed.bf16_new_length_seconds * 1e3);
   EXPECT_TRUE(out_.str().ends_with(expected)) << out_.str();
   EXPECT_EQ(out_.str().find("n2 rates"), std::string::npos) << out_.str();
+}
+
+// With a configured controller, estimate times each trial at the rates of the controller's node
+// that could run it (ListNodes) and calibrates with the controller's measured runs (TimedRuns):
+// neither this machine's probe nor its embedded store, where none of those trials runs.
+TEST_F(CommandsTest, EstimateTimesTrialsAtTheConfiguredControllersNodesAndRuns) {
+  estimate::RateProbe probe;
+  probe.measured_at = "2026-11-30T01:00:00Z";
+  probe.device = "cpu";
+  probe.device_name = "Remote CPU";
+  probe.threads = 16;
+  probe.versions.libtorch = "2.15.0";
+  probe.matmul = {{"fp32", 512, 4e11}, {"bf16", 512, 8e11}};
+  probe.memory_bytes_per_s = 1e11;
+  probe.launch_seconds = 2e-6;
+  estimate::StepWork work;
+  work.matmul_class = estimate::MatmulClass::kFp32;
+  work.tokens = 1024;
+  work.micro_batches = 1;
+  work.matmul_flops = 1e12;
+  work.memory_bytes = 1e9;
+  work.launches = 1000;
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* node = fake_.nodes_.add_nodes();
+    node->set_name("remote-cpu");
+    node->set_state("connected");
+    node->set_rate_probe_json(probe.ToJson().dump());
+    v1::TimedRun* run = fake_.timed_runs_.add_runs();
+    run->set_prediction_json(
+        nlohmann::json{{"peak_bytes", 1}, {"time_device", "cpu"}, {"work", work.ToJson()}}.dump());
+    run->set_seconds_per_token(0.002);
+    run->set_steps(5);
+    // Another process's bytes: a time that is not one is no run.
+    v1::TimedRun* broken = fake_.timed_runs_.add_runs();
+    broken->set_prediction_json(run->prediction_json());
+    broken->set_seconds_per_token(-1);
+    broken->set_steps(5);
+  }
+  env_["LLMCTL_HOME"] = (dir_ / "home").string();
+  ASSERT_EQ(
+      Run({"estimate", "experiments/cpu-lab.yaml", "--trial", "bf16-true", "--format", "json"}),
+      kExitOk)
+      << err_.str();
+  const nlohmann::json time = nlohmann::json::parse(out_.str())["trials"][0]["time"];
+  EXPECT_TRUE(time["rates"].get<std::string>().starts_with(
+      "node remote-cpu's probe (stored by the controller): cpu Remote CPU (16 threads"))
+      << time["rates"];
+  EXPECT_EQ(time["calibration"].get<std::string>(),
+            "1 measured llama run on cpu (0 bf16, 1 fp32) in the controller at " + target_ +
+                " (from LLMCTL_CONTROLLER)")
+      << time["calibration"];
+  EXPECT_EQ(err_.str(), "");
+  EXPECT_FALSE(fs::exists(dir_ / "home")) << "nothing measured or read on this machine";
+
+  // A controller that does not answer: notes, and the data sheets' rates.
+  const std::string nowhere = "unix:" + (dir_ / "nowhere.sock").string();
+  ASSERT_EQ(
+      Run({"estimate", "experiments/cpu-lab.yaml", "--trial", "bf16-true", "--format", "json"},
+          nowhere),
+      kExitOk)
+      << err_.str();
+  const nlohmann::json sheet = nlohmann::json::parse(out_.str())["trials"][0]["time"];
+  EXPECT_FALSE(sheet.contains("rates")) << sheet;
+  EXPECT_NE(err_.str().find("note: measured runs not read from the controller at " + nowhere +
+                            " (from LLMCTL_CONTROLLER): "),
+            std::string::npos)
+      << err_.str();
+  EXPECT_NE(err_.str().find("note: the nodes' rates not read from the controller at " + nowhere),
+            std::string::npos)
+      << err_.str();
 }
 
 std::vector<v1::ArtifactChunk> ArtifactChunks(const std::string& path, const std::string& bytes,

@@ -139,7 +139,7 @@ Status AddTime(const Experiment& experiment, const EstimateOptions& options,
   const Trial& trial = *result.trial;
   std::optional<estimate::DeviceSpeed> speed =
       TrialSpeed(trial, experiment, device_option, options.rates_gpu);
-  if (speed && options.rates) speed = options.rates(*speed);
+  if (speed && options.rates) speed = options.rates(*speed, experiment.target);
   if (!speed) {
     result.time_reason =
         "no GPU to time it on: the target names none this table knows (pass --device-memory "

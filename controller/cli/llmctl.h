@@ -5,8 +5,11 @@
 #ifndef LLMCTL_CONTROLLER_CLI_LLMCTL_H_
 #define LLMCTL_CONTROLLER_CLI_LLMCTL_H_
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -39,6 +42,10 @@ struct SubmitFile {
 
 // "2026-11-29 04:14" in local time.
 std::string FormatUnixTime(int64_t seconds);
+
+// How long estimate, plan and submit wait for a configured controller's nodes' rates and measured
+// runs: an estimate works without them, at the data sheets' rates and built-in calibration.
+inline constexpr std::chrono::seconds kMeasuredReadDeadline{5};
 
 class Llmctl {
  public:
@@ -85,15 +92,25 @@ class Llmctl {
                           const std::vector<std::string>& node_flags,
                           const LeaseSizing& lease_sizing);
   int Lease(const std::vector<std::string>& args, std::ostream& out);
-  // The runs estimate, plan and submit calibrate their predicted time with (a note on standard
-  // error when the store cannot be read).
+  // The runs estimate, plan and submit calibrate their predicted time with: the embedded
+  // controller's store, read in place (nothing is started), or a configured controller's
+  // (TimedRuns). A note on standard error when they cannot be read.
   StoredCalibrations LoadCalibrations();
-  // The rates a CPU trial's time is predicted at (this machine's probe, measured the first time);
-  // with `only_embedded`, only when the trials run on this machine's embedded agent.
-  LocalRates LoadLocalRates(bool only_embedded);
-  // LoadLocalRates for estimate and plan, preferring the probe in `rates_file` (--rates) when one
-  // is named: InvalidArgument naming the file when it cannot be read or is not a probe.
+  // The rates estimate, plan and submit predict a trial's time at (local_rates.h): the embedded
+  // controller's nodes' and this machine's probe (measured the first time a CPU trial needs it),
+  // or a configured controller's nodes' (ListNodes). A note on standard error when a configured
+  // controller cannot be asked.
+  LocalRates LoadRates();
+  // LoadRates for estimate and plan, preferring the probe in `rates_file` (--rates) when one is
+  // named: InvalidArgument naming the file when it cannot be read or is not a probe.
   StatusOr<LocalRates> LoadRatesPreferring(const std::string& rates_file);
+  // The controller llmctl is configured for (LLMCTL_CONTROLLER or the config file); none for the
+  // embedded one, or an address that does not resolve (whose use says why).
+  std::optional<ControllerAddress> ConfiguredController();
+  // Calls `read` on a configured controller within kMeasuredReadDeadline; once a call could not
+  // reach it, the next is not tried (the first's status).
+  Status ReadFromController(
+      const std::function<grpc::Status(v1::Controller::Stub&, grpc::ClientContext&)>& read);
   // Says on standard error that --rates' probe served no trial, naming its device.
   void NoteUnusedRates(const LocalRates& rates, const std::string& rates_file);
   int Node(const std::vector<std::string>& args, std::ostream& out);
@@ -115,6 +132,7 @@ class Llmctl {
   CliContext& context_;
   std::string target_;  // set by Connect, for messages
   std::string target_source_;
+  std::optional<Status> controller_unreachable_;  // ReadFromController's first failed reach
 };
 
 }  // namespace llmctl::cli

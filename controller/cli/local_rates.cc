@@ -14,6 +14,7 @@
 #include "common/estimate/gpus.h"
 #include "common/files.h"
 #include "controller/cli/daemons.h"
+#include "controller/scheduler/scheduler.h"
 #include "controller/store/store.h"
 
 extern char** environ;
@@ -50,6 +51,19 @@ Status RunProbe(const fs::path& llm_train, const fs::path& path) {
   return Status::Ok();
 }
 
+// A probe as a controller stored it (a node's agent sent it); the parser's message when it is not
+// one.
+StatusOr<estimate::RateProbe> ParseStoredProbe(const std::string& text) {
+  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return InvalidArgumentError("not JSON");
+  return estimate::RateProbe::FromJson(json);
+}
+
+// The labels a node's lease gives it, as the scheduler matches a target against them.
+std::map<std::string, std::string> LeaseLabels(const std::string& site, const std::string& flavor) {
+  return {{"site", site}, {"flavor", flavor}};
+}
+
 // Whether `probe` measured `sheet`'s device: a CPU probe any CPU's (the trials' rates are the
 // node's, whatever its model); a GPU's only the GPU it names.
 bool ProbeIsOf(const estimate::RateProbe& probe, const estimate::DeviceSpeed& sheet) {
@@ -79,19 +93,21 @@ std::vector<NodeProbe> ReadNodeProbes(const EnvLookup& env, std::ostream& err) {
   // note says so.
   if (!opened.ok()) return {};
   StatusOr<std::map<std::string, std::string>> stored = (*opened)->NodeRates();
-  if (!stored.ok()) return {};
+  StatusOr<std::vector<store::NodeRecord>> records = (*opened)->ListNodes();
+  if (!stored.ok() || !records.ok()) return {};
+  std::map<std::string, std::map<std::string, std::string>> labels;
+  for (const store::NodeRecord& record : *records) {
+    if (record.lease) labels[record.name] = LeaseLabels(record.lease->site, record.lease->flavor);
+  }
   std::vector<NodeProbe> nodes;
   for (const auto& [node, text] : *stored) {
-    const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    StatusOr<estimate::RateProbe> probe =
-        json.is_discarded() ? StatusOr<estimate::RateProbe>(InvalidArgumentError("not JSON"))
-                            : estimate::RateProbe::FromJson(json);
+    StatusOr<estimate::RateProbe> probe = ParseStoredProbe(text);
     if (!probe.ok()) {
       err << "note: node " << node << "'s stored rates are not used: " << probe.status().message()
           << "\n";
       continue;
     }
-    nodes.push_back({node, *std::move(probe)});
+    nodes.push_back({node, *std::move(probe), labels[node]});
   }
   // A CPU trial run through the embedded controller runs on this machine's agent.
   std::stable_partition(nodes.begin(), nodes.end(), [cpu = CpuModelName()](const NodeProbe& node) {
@@ -100,12 +116,34 @@ std::vector<NodeProbe> ReadNodeProbes(const EnvLookup& env, std::ostream& err) {
   return nodes;
 }
 
+std::vector<NodeProbe> NodeProbesOf(const v1::ListNodesResponse& nodes, std::ostream& err) {
+  std::vector<NodeProbe> probes;
+  for (const v1::NodeStatus& node : nodes.nodes()) {
+    if (node.rate_probe_json().empty()) continue;
+    StatusOr<estimate::RateProbe> probe = ParseStoredProbe(node.rate_probe_json());
+    if (!probe.ok()) {
+      err << "note: node " << node.name() << "'s rates are not used: " << probe.status().message()
+          << "\n";
+      continue;
+    }
+    probes.push_back({node.name(), *std::move(probe),
+                      node.has_lease() ? LeaseLabels(node.lease().site(), node.lease().flavor())
+                                       : std::map<std::string, std::string>{}});
+  }
+  std::sort(probes.begin(), probes.end(),
+            [](const NodeProbe& a, const NodeProbe& b) { return a.node < b.node; });
+  // A connected node is where a trial goes now; an unreachable one's probe is still its hardware.
+  std::stable_partition(probes.begin(), probes.end(), [&nodes](const NodeProbe& probe) {
+    for (const v1::NodeStatus& node : nodes.nodes()) {
+      if (node.name() == probe.node) return node.state() == "connected";
+    }
+    return false;
+  });
+  return probes;
+}
+
 std::string DescribeNodeRates(const std::string& probe_json) {
-  const nlohmann::json json =
-      nlohmann::json::parse(probe_json, nullptr, /*allow_exceptions=*/false);
-  StatusOr<estimate::RateProbe> probe =
-      json.is_discarded() ? StatusOr<estimate::RateProbe>(InvalidArgumentError("not JSON"))
-                          : estimate::RateProbe::FromJson(json);
+  StatusOr<estimate::RateProbe> probe = ParseStoredProbe(probe_json);
   if (!probe.ok()) return "not readable: " + probe.status().message();
   std::optional<estimate::DeviceSpeed> sheet;
   if (probe->device == "cpu") {
@@ -193,9 +231,15 @@ LocalRates LocalRates::Load(const EnvLookup& env, const fs::path& self, std::ost
     err << "note: " << kRateProbeVariable << "='" << *setting
         << "' is not 'off' (the only value it takes); this machine's probe is used\n";
   }
-  // A node's stored CPU probe is what a CPU trial takes (For): nothing to measure here then.
-  LocalRates stored = FromNodeProbes(ReadNodeProbes(env, err));
-  if (stored.NodeFor(estimate::CpuSpeed()) != nullptr) return stored;
+  return LoadBeside(env, self, err, ReadNodeProbes(env, err));
+}
+
+LocalRates LocalRates::LoadBeside(const EnvLookup& env, const fs::path& self, std::ostream& err,
+                                  std::vector<NodeProbe> nodes) {
+  // A node's stored CPU probe is what an untargeted CPU trial takes (For): nothing to measure
+  // here then.
+  LocalRates stored = FromNodeProbes(std::move(nodes));
+  if (stored.NodeFor(estimate::CpuSpeed(), {}) != nullptr) return stored;
   LocalRates local = LoadLocalProbe(env, self, err);
   local.nodes_ = std::move(stored.nodes_);
   local.nodes_read_ = true;
@@ -259,14 +303,19 @@ std::optional<estimate::Gpu> LocalRates::preferred_gpu() const {
   return estimate::GpuOfDeviceName(preferred_->probe.device_name);
 }
 
-const NodeProbe* LocalRates::NodeFor(const estimate::DeviceSpeed& sheet) const {
+const NodeProbe* LocalRates::NodeFor(const estimate::DeviceSpeed& sheet,
+                                     const Target& target) const {
+  const Target placement = scheduler::PlacementTarget(target);
   for (const NodeProbe& node : nodes_) {
-    if (ProbeIsOf(node.probe, sheet)) return &node;
+    if (ProbeIsOf(node.probe, sheet) && scheduler::LabelsMatch(node.labels, placement)) {
+      return &node;
+    }
   }
   return nullptr;
 }
 
-estimate::DeviceSpeed LocalRates::For(const estimate::DeviceSpeed& sheet) const {
+estimate::DeviceSpeed LocalRates::For(const estimate::DeviceSpeed& sheet,
+                                      const Target& target) const {
   if (preferred_.has_value() && ProbeIsOf(preferred_->probe, sheet)) {
     preferred_used_ = true;
     return estimate::ProbedSpeed(
@@ -280,19 +329,26 @@ estimate::DeviceSpeed LocalRates::For(const estimate::DeviceSpeed& sheet) const 
     nodes_read_ = true;
   }
   if (deferred_.has_value() && sheet.name == "cpu") {
-    LocalRates loaded = Load(deferred_->env, deferred_->self, *deferred_->err);
+    // The store is read once: a GPU trial may have read it already.
+    const std::optional<std::string> setting = deferred_->env(kRateProbeVariable);
+    LocalRates loaded =
+        nodes_read_ && !setting.has_value()
+            ? LoadBeside(deferred_->env, deferred_->self, *deferred_->err, std::move(nodes_))
+            : Load(deferred_->env, deferred_->self, *deferred_->err);
     deferred_.reset();
     nodes_ = std::move(loaded.nodes_);
     nodes_read_ = true;
     probe_ = std::move(loaded.probe_);
     source_ = std::move(loaded.source_);
   }
-  if (const NodeProbe* node = NodeFor(sheet); node != nullptr) {
+  if (const NodeProbe* node = NodeFor(sheet, target); node != nullptr) {
     return estimate::ProbedSpeed(
         sheet, node->probe,
         "node " + node->node + "'s probe (stored by the controller): " + node->probe.Summary());
   }
-  if (sheet.name != "cpu" || !probe_ || probe_->device != "cpu") return sheet;
+  // This machine's embedded agent has no lease: a targeted trial never runs on it.
+  const bool could_run_here = scheduler::PlacementTarget(target).empty();
+  if (sheet.name != "cpu" || !could_run_here || !probe_ || probe_->device != "cpu") return sheet;
   return estimate::ProbedSpeed(sheet, *probe_, source_);
 }
 

@@ -1,7 +1,10 @@
 // The rates `llmctl estimate`, `plan` and `submit` predict a trial's time at: those of the node it
-// will run on, as its agent measured them and the embedded controller stored them (a GPU trial:
-// a node whose probe is of that GPU; a CPU trial: a node with a CPU probe, this machine's CPU
-// first); else, for a CPU trial, this machine's probe (common/estimate/rate_probe.h), kept as
+// will run on, as its agent measured them and the controller llmctl uses stored them (the embedded
+// one's store read in place; a configured one's through ListNodes): a node whose probe is of the
+// trial's device (a GPU trial: that GPU; a CPU trial: any CPU, this machine's first) and whose
+// lease matches the experiment's target as the scheduler matches it (scheduler::LabelsMatch),
+// connected nodes first. Else, for a CPU trial that this machine's embedded agent could run (the
+// embedded controller, no target), this machine's probe (common/estimate/rate_probe.h), kept as
 // probe.json in the embedded controller's data directory (LLMCTL_HOME), measured once by
 // `llm-train --probe` (about 12 s) the first time it is needed and again when the file is
 // unreadable or names another CPU; else the data sheets' rates. A probe the user names (estimate's
@@ -13,6 +16,7 @@
 #define LLMCTL_CONTROLLER_CLI_LOCAL_RATES_H_
 
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -22,6 +26,7 @@
 #include "common/estimate/rate_probe.h"
 #include "common/estimate/step_time.h"
 #include "controller/cli/address.h"
+#include "llmctl/v1/controller.pb.h"
 
 namespace llmctl::cli {
 
@@ -34,7 +39,13 @@ inline constexpr char kLocalProbeFile[] = "probe.json";
 struct NodeProbe {
   std::string node;
   estimate::RateProbe probe;
+  // What an experiment's target is matched against: the node's lease's site and flavor; none
+  // off a lease.
+  std::map<std::string, std::string> labels = {};
 };
+
+// An experiment's `target:` (Experiment::target); empty for none.
+using Target = std::map<std::string, std::string>;
 
 class LocalRates {
  public:
@@ -62,25 +73,33 @@ class LocalRates {
   std::string preferred_summary() const {
     return preferred_.has_value() ? preferred_->probe.Summary() : "";
   }
-  // The nodes' stored probes, and no local one (tests).
+  // The nodes' stored probes and no local one: a configured controller's nodes (this machine
+  // runs none of its trials), or tests.
   static LocalRates FromNodeProbes(std::vector<NodeProbe> nodes);
 
-  // The speed of a trial on `sheet`'s device: the rates of a node's stored probe of that device;
-  // else this machine's probe for a CPU trial; else `sheet`.
-  estimate::DeviceSpeed For(const estimate::DeviceSpeed& sheet) const;
+  // The speed of a trial on `sheet`'s device, of an experiment with `target`: the rates of the
+  // stored probe of a node that could run it; else this machine's probe for an untargeted CPU
+  // trial (the embedded controller only); else `sheet`.
+  estimate::DeviceSpeed For(const estimate::DeviceSpeed& sheet, const Target& target = {}) const;
   // For as a lookup, for estimate's and plan's options; valid while this object lives.
   estimate::SpeedLookup Lookup() const {
-    return [this](const estimate::DeviceSpeed& sheet) { return For(sheet); };
+    return [this](const estimate::DeviceSpeed& sheet, const Target& target) {
+      return For(sheet, target);
+    };
   }
 
   const std::optional<estimate::RateProbe>& probe() const { return probe_; }
 
  private:
+  // Load with the store's `nodes` already read.
+  static LocalRates LoadBeside(const EnvLookup& env, const std::filesystem::path& self,
+                               std::ostream& err, std::vector<NodeProbe> nodes);
   // Load's part for this machine's own probe (probe.json, measured when missing).
   static LocalRates LoadLocalProbe(const EnvLookup& env, const std::filesystem::path& self,
                                    std::ostream& err);
-  // The stored probe of a node with `sheet`'s device; null when none.
-  const NodeProbe* NodeFor(const estimate::DeviceSpeed& sheet) const;
+  // The stored probe of a node with `sheet`'s device that `target` lets run the trial; null when
+  // none.
+  const NodeProbe* NodeFor(const estimate::DeviceSpeed& sheet, const Target& target) const;
 
   // What Load needs, while LoadOnFirstUse's load is still to come.
   struct Deferred {
@@ -99,10 +118,15 @@ class LocalRates {
   mutable std::string source_;  // "this machine's probe (PATH): ..."
 };
 
-// The probes the embedded controller's store holds (LLMCTL_HOME's llmctl.db), this machine's CPU
-// first, then by node; none without a store. A stored probe that does not parse is skipped, said
-// on `err`.
+// The probes the embedded controller's store holds (LLMCTL_HOME's llmctl.db), with their nodes'
+// lease labels, this machine's CPU first, then by node; none without a store. A stored probe that
+// does not parse is skipped, said on `err`.
 std::vector<NodeProbe> ReadNodeProbes(const EnvLookup& env, std::ostream& err);
+
+// The probes of a controller's ListNodes answer, with their nodes' lease labels, connected nodes
+// first, then by node. Another process's bytes: a probe that does not parse is skipped, said on
+// `err` (named by the node, as `llmctl nodes` lists it).
+std::vector<NodeProbe> NodeProbesOf(const v1::ListNodesResponse& nodes, std::ostream& err);
 
 // A node's stored probe (NodeStatus's rate_probe_json) beside its device's data sheet, for
 // `llmctl nodes`: "cpu AMD EPYC 7763 (2 threads, ...), 2026-11-29T01:20:00Z: fp32 51 GFLOP/s

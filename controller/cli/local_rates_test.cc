@@ -309,6 +309,80 @@ TEST_F(LocalRatesTest, AStoredNodeProbeServesBeforeThisMachinesAndTheEstimateSay
   EXPECT_EQ(sheets.For(estimate::CpuSpeed()).rates, "");
 }
 
+// The node a trial is timed on is one that could run it: its probe of the trial's device, and its
+// lease matching the experiment's target as the scheduler matches it (site and flavor). A CPU
+// trial with a target never runs on this machine's embedded agent (it has no lease), so this
+// machine's probe does not serve it.
+TEST_F(LocalRatesTest, TheTargetPicksTheNodeWhoseLeaseMatchesIt) {
+  estimate::RateProbe tacc = FixedProbe();
+  tacc.device = "cuda";
+  tacc.device_name = KnownGpu().model;
+  tacc.matmul = {{"fp32", 512, 3e13}, {"bf16", 512, 2e14}};
+  estimate::RateProbe uc = tacc;
+  uc.matmul = {{"fp32", 512, 3e13}, {"bf16", 512, 1e14}};
+  StoreNodeRates(home_, {{"gpu-tacc", tacc}, {"gpu-uc", uc}});
+  {
+    StatusOr<std::unique_ptr<store::Store>> store =
+        store::Store::Open((home_ / "llmctl.db").string());
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->SetNodeLease("gpu-tacc", {"l1", "KVM@TACC", "g1.h100.pci.1", {}}).ok());
+    ASSERT_TRUE((*store)->SetNodeLease("gpu-uc", {"l2", "CHI@UC", "gpu_h100", {}}).ok());
+  }
+  std::ofstream(home_ / "probe.json") << FixedProbe().ToJson().dump(2);
+  std::ostringstream err;
+  const LocalRates rates = LocalRates::LoadOnFirstUse(Env(), home_ / "no-such" / "llmctl", err);
+  const estimate::DeviceSpeed gpu = estimate::GpuSpeed(KnownGpu());
+
+  EXPECT_EQ(rates.For(gpu, {{"site", "CHI@UC"}}).bf16_flops, 1e14);
+  EXPECT_TRUE(rates.For(gpu, {{"site", "CHI@UC"}}).rates.starts_with("node gpu-uc's probe"));
+  EXPECT_EQ(rates.For(gpu, {{"site", "KVM@TACC"}, {"flavor", "g1.h100.pci.1"}}).bf16_flops, 2e14);
+  // node_type is not a label: it narrows nothing, as in placement.
+  EXPECT_EQ(rates.For(gpu, {{"node_type", "gpu_h100"}}).bf16_flops, 2e14);
+  EXPECT_EQ(rates.For(gpu).bf16_flops, 2e14) << "no target: the first node by name";
+  EXPECT_EQ(rates.For(gpu, {{"site", "CHI@TACC"}}).rates, "") << "no such node: the data sheet";
+
+  // This machine's probe serves an untargeted CPU trial, not a targeted one.
+  EXPECT_EQ(rates.For(estimate::CpuSpeed()).fp32_flops, 5e10);
+  EXPECT_EQ(rates.For(estimate::CpuSpeed(), {{"site", "CHI@UC"}}).rates, "");
+  EXPECT_EQ(err.str(), "");
+}
+
+// A configured controller's nodes come through ListNodes: another process's bytes. A probe that
+// does not parse is named and skipped; connected nodes come before the others.
+TEST(NodeProbesOfTest, ParsesEachNodesProbeWithItsLeaseConnectedFirst) {
+  v1::ListNodesResponse nodes;
+  const auto add = [&nodes](const std::string& name, const std::string& state,
+                            const std::string& probe_json) {
+    v1::NodeStatus* node = nodes.add_nodes();
+    node->set_name(name);
+    node->set_state(state);
+    node->set_rate_probe_json(probe_json);
+    return node;
+  };
+  estimate::RateProbe probe = FixedProbe();
+  add("a-away", "unreachable", probe.ToJson().dump());
+  v1::NodeStatus* leased = add("b-here", "connected", probe.ToJson().dump());
+  leased->mutable_lease()->set_site("CHI@UC");
+  leased->mutable_lease()->set_flavor("gpu_h100");
+  add("c-broken", "connected", "{\"device\": 7}");
+  add("d-torn", "connected", "{ torn");
+  add("e-none", "connected", "");
+
+  std::ostringstream err;
+  const std::vector<NodeProbe> parsed = NodeProbesOf(nodes, err);
+  ASSERT_EQ(parsed.size(), 2u);
+  EXPECT_EQ(parsed[0].node, "b-here");
+  EXPECT_EQ(parsed[0].labels,
+            (std::map<std::string, std::string>{{"site", "CHI@UC"}, {"flavor", "gpu_h100"}}));
+  EXPECT_EQ(parsed[1].node, "a-away");
+  EXPECT_TRUE(parsed[1].labels.empty());
+  EXPECT_NE(err.str().find("note: node c-broken's rates are not used: "), std::string::npos)
+      << err.str();
+  EXPECT_NE(err.str().find("note: node d-torn's rates are not used: not JSON"), std::string::npos)
+      << err.str();
+  EXPECT_EQ(err.str().find("e-none"), std::string::npos) << "no probe is nothing to say";
+}
+
 // --rates' probe serves its device's trials before a node's or this machine's, and nothing is
 // measured or read for them; a trial on another device takes what it would have without it.
 TEST_F(LocalRatesTest, APreferredProbeServesItsDeviceFirstWithoutMeasuring) {

@@ -203,7 +203,8 @@ Status SetPlanSearch(const PlanOptions& o, Resolved& r) {
   space.offload = !o.no_offload;
   const estimate::ModelFamily family =
       r.blip2 ? estimate::ModelFamily::kBlip2 : estimate::ModelFamily::kLlama;
-  if (o.rates) r.request.speed = o.rates(r.request.speed);
+  // A plan names no target: any node of its device.
+  if (o.rates) r.request.speed = o.rates(r.request.speed, {});
   r.request.calibration = o.calibrate ? o.calibrate(r.request.speed, family)
                                       : estimate::DefaultCalibration(r.request.speed, family);
   return Status::Ok();

@@ -143,7 +143,7 @@ StatusOr<std::vector<TrialPrediction>> Llmctl::Predict(const SubmitFile& submitt
   // Each trial's predicted memory and time, stored with it so the report can set them beside the
   // measured ones, and what sizes a provisioned lease.
   const StoredCalibrations calibrations = LoadCalibrations();
-  const LocalRates rates = LoadLocalRates(/*only_embedded=*/true);
+  const LocalRates rates = LoadRates();
   EstimateOptions estimate_options;
   estimate_options.calibrate = calibrations.Lookup();
   estimate_options.rates = rates.Lookup();
