@@ -46,7 +46,7 @@ void OnJpegMessage(j_common_ptr cinfo, int level) {
 // into it; without, libjpeg stops at the first scan. No C++ object is created between setjmp and
 // the calls that may jump back: `image` is sized before the scanlines are read, and the jump only
 // skips libjpeg's own C frames.
-Status ReadJpeg(const std::string& data, const std::string& display_path, ImageHeader& header,
+Status ReadJpeg(std::string_view data, const std::string& display_path, ImageHeader& header,
                 RgbImage* image) {
   jpeg_decompress_struct cinfo;
   JpegErrors errors;
@@ -132,6 +132,11 @@ void OnPngError(png_structp png, png_const_charp message) {
 
 void OnPngWarning(png_structp, png_const_charp) {}  // e.g. an unknown sRGB profile: PIL reads on
 
+// The widest and tallest PNG decoded: libpng's own default limit, set here by name so that the
+// header reader refuses what the decoder would (an estimate must not count an image the trial
+// cannot read).
+constexpr uint32_t kMaxPngSide = 1'000'000;
+
 Status DecodePng(const std::string& data, const std::string& display_path, RgbImage& image) {
   PngReader reader{&data};
   png_structp png =
@@ -148,6 +153,7 @@ Status DecodePng(const std::string& data, const std::string& display_path, RgbIm
     return InvalidArgumentError(display_path + ": not a readable PNG image: " + reader.message);
   }
   png_set_read_fn(png, &reader, OnPngRead);
+  png_set_user_limits(png, kMaxPngSide, kMaxPngSide);
   png_read_info(png, info);
   const png_byte color = png_get_color_type(png, info);
   // Everything to 8-bit RGBA: 16-bit samples cut to their high byte (PIL's "RGB;16B" unpacker),
@@ -186,7 +192,7 @@ Status DecodePng(const std::string& data, const std::string& display_path, RgbIm
 constexpr std::string_view kPngSignature("\x89PNG\r\n\x1A\n", 8);
 
 // The format by the file's first bytes, not its name.
-StatusOr<ImageFormat> FormatOf(const std::string& data, const std::string& display_path) {
+StatusOr<ImageFormat> FormatOf(std::string_view data, const std::string& display_path) {
   const std::string_view head(data.data(), std::min<size_t>(data.size(), 8));
   if (head.starts_with("\xFF\xD8\xFF")) return ImageFormat::kJpeg;
   if (head == kPngSignature) return ImageFormat::kPng;
@@ -195,8 +201,7 @@ StatusOr<ImageFormat> FormatOf(const std::string& data, const std::string& displ
 
 // A PNG's size from its IHDR chunk, which follows the signature: its length (13), its type, then
 // the width and height, 4 bytes each, most significant first.
-Status ReadPngHeader(const std::string& data, const std::string& display_path,
-                     ImageHeader& header) {
+Status ReadPngHeader(std::string_view data, const std::string& display_path, ImageHeader& header) {
   if (data.size() < 24 || data.compare(12, 4, "IHDR") != 0) {
     return InvalidArgumentError(display_path + ": not a readable PNG image: no IHDR chunk first");
   }
@@ -206,9 +211,11 @@ Status ReadPngHeader(const std::string& data, const std::string& display_path,
     return value;
   };
   const uint32_t width = big_endian(16), height = big_endian(20);
-  // The format's own bound: 2^31 - 1 a side.
-  if (width > 0x7FFFFFFF || height > 0x7FFFFFFF) {
-    return InvalidArgumentError(display_path + ": not a readable PNG image: its size is too large");
+  if (width > kMaxPngSide || height > kMaxPngSide) {
+    return InvalidArgumentError(display_path +
+                                ": not a readable PNG image: " + std::to_string(width) + " x " +
+                                std::to_string(height) + " pixels, past the " +
+                                std::to_string(kMaxPngSide) + " a side it is decoded at");
   }
   header.width = static_cast<int>(width);
   header.height = static_cast<int>(height);
@@ -218,7 +225,11 @@ Status ReadPngHeader(const std::string& data, const std::string& display_path,
 }  // namespace
 
 StatusOr<ImageHeader> ReadImageHeader(const std::string& path, const std::string& display_path) {
-  ASSIGN_OR_RETURN(const std::string data, ReadFileToString(path));
+  // Mapped, not read: only the pages the header's parse touches come from the disk (a PNG's first
+  // 24 bytes; a JPEG's markers up to its frame header), not a photo's megabytes.
+  ASSIGN_OR_RETURN(const std::unique_ptr<MappedFile> file, MappedFile::Open(path));
+  const std::string_view data(reinterpret_cast<const char*>(file->bytes().data()),
+                              file->bytes().size());
   ImageHeader header;
   ASSIGN_OR_RETURN(header.format, FormatOf(data, display_path));
   RETURN_IF_ERROR(header.format == ImageFormat::kJpeg

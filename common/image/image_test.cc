@@ -94,6 +94,42 @@ TEST(ImageTest, AHeaderSaysTheFormatAndSizeWithoutDecoding) {
                                           << std::string(16, '\0');
   EXPECT_EQ(ReadImageHeader(broken.string(), "captions/no-ihdr.png").status().message(),
             "captions/no-ihdr.png: not a readable PNG image: no IHDR chunk first");
+  // A side past what the decoder reads (libpng's limit, 1,000,000): refused by both alike, and
+  // one at the limit passes both (the decoder then finds no image data).
+  const auto png_of_width = [](const std::string& name, const std::string& width_and_crc) {
+    const fs::path path = fs::path(testing::TempDir()) / name;
+    std::ofstream(path, std::ios::binary)
+        << std::string("\x89PNG\r\n\x1A\n", 8) << std::string("\0\0\0\x0DIHDR", 8)
+        << width_and_crc.substr(0, 4) << std::string("\x00\x00\x00\x01\x08\x02\x00\x00\x00", 9)
+        << width_and_crc.substr(4);  // the chunk's CRC: libpng reads on to the size
+    return path.string();
+  };
+  const std::string wide =
+      png_of_width("wide.png", std::string("\x00\x0F\x42\x41\xF2\x7D\x6B\x21", 8));
+  EXPECT_EQ(ReadImageHeader(wide, "captions/wide.png").status().message(),
+            "captions/wide.png: not a readable PNG image: 1000001 x 1 pixels, past the 1000000 a "
+            "side it is decoded at");
+  EXPECT_EQ(DecodeImageFile(wide, "captions/wide.png").status().message(),
+            "captions/wide.png: not a readable PNG image: Invalid IHDR data");
+  const std::string widest =
+      png_of_width("widest.png", std::string("\x00\x0F\x42\x40\x1D\xBF\x00\x1F", 8));
+  StatusOr<ImageHeader> at_limit = ReadImageHeader(widest, "captions/widest.png");
+  ASSERT_TRUE(at_limit.ok()) << at_limit.status().message();
+  EXPECT_EQ(at_limit->width, 1'000'000);
+  const Status decoded = DecodeImageFile(widest, "captions/widest.png").status();
+  EXPECT_FALSE(decoded.ok());
+  EXPECT_NE(decoded.message(), "captions/widest.png: not a readable PNG image: Invalid IHDR data");
+  // An empty file (mapped as no bytes) and a JPEG that ends inside its markers.
+  const fs::path empty = fs::path(testing::TempDir()) / "empty.jpg";
+  std::ofstream(empty, std::ios::binary).flush();
+  EXPECT_EQ(ReadImageHeader(empty.string(), "captions/empty.jpg").status().message(),
+            "captions/empty.jpg: not a JPEG or PNG image (by its first bytes)");
+  const fs::path torn = fs::path(testing::TempDir()) / "torn.jpg";
+  std::ofstream(torn, std::ios::binary) << std::string("\xFF\xD8\xFF\xE0\x00\x10JFIF", 10);
+  EXPECT_TRUE(ReadImageHeader(torn.string(), "captions/torn.jpg")
+                  .status()
+                  .message()
+                  .starts_with("captions/torn.jpg: not a readable JPEG image: "));
 }
 
 // The probe's images: a PNG decodes to the pixels it was made from, a JPEG to pixels near them
