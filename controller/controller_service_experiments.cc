@@ -55,7 +55,8 @@ StatusOr<int64_t> ControllerService::ResolveExperimentId(int64_t requested) {
 }
 
 StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment_id) {
-  ASSIGN_OR_RETURN(store::ExperimentReport report, store_.Report(experiment_id));
+  ASSIGN_OR_RETURN(store::ExperimentReport report,
+                   store_.Report(experiment_id, store::ReportDetail::kStatus));
   v1::ExperimentStatus status;
   status.set_id(experiment_id);
   status.set_name(report.experiment.name);

@@ -240,7 +240,7 @@ Status FillMemoryTimeline(sqlite3* db, int64_t experiment_id, std::vector<TrialR
 
 }  // namespace
 
-StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
+StatusOr<ExperimentReport> Store::Report(int64_t experiment_id, ReportDetail detail) {
   MutexLock lock(mutex_);
   // One snapshot for all trials, though ingestion goes on meanwhile.
   ASSIGN_OR_RETURN(Transaction snapshot, Transaction::BeginRead(db_));
@@ -249,9 +249,11 @@ StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
   ASSIGN_OR_RETURN(report.trials, QueryTrialResults(db_, experiment_id));
   for (TrialReport& trial : report.trials) {
     if (trial.attempt == 0) continue;
-    ASSIGN_OR_RETURN(trial.refused_event_lines, CountRefusedEventLines(db_, trial.trial_id));
-    ASSIGN_OR_RETURN(trial.kernel_fallbacks,
-                     LoadKernelFallbacks(db_, trial.trial_id, trial.attempt));
+    if (detail == ReportDetail::kFull) {
+      ASSIGN_OR_RETURN(trial.refused_event_lines, CountRefusedEventLines(db_, trial.trial_id));
+      ASSIGN_OR_RETURN(trial.kernel_fallbacks,
+                       LoadKernelFallbacks(db_, trial.trial_id, trial.attempt));
+    }
     ASSIGN_OR_RETURN(trial.start, LatestEventOfType(db_, trial.trial_id, trial.attempt, "start"));
     ASSIGN_OR_RETURN(trial.last_step,
                      LatestEventOfType(db_, trial.trial_id, trial.attempt, "step"));
@@ -260,9 +262,11 @@ StatusOr<ExperimentReport> Store::Report(int64_t experiment_id) {
                      internal::LoadAttemptNodes(db_, trial.trial_id, trial.attempt));
     for (size_t i = 1; i < nodes.size(); ++i) trial.node += "+" + nodes[i].node;
   }
-  RETURN_IF_ERROR(FillPhasePeaks(db_, experiment_id, report.trials));
   RETURN_IF_ERROR(FillRankMemory(db_, experiment_id, report.trials));
-  RETURN_IF_ERROR(FillMemoryTimeline(db_, experiment_id, report.trials));
+  if (detail == ReportDetail::kFull) {
+    RETURN_IF_ERROR(FillPhasePeaks(db_, experiment_id, report.trials));
+    RETURN_IF_ERROR(FillMemoryTimeline(db_, experiment_id, report.trials));
+  }
   RETURN_IF_ERROR(snapshot.Commit());
   return report;
 }

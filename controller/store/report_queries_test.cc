@@ -159,6 +159,54 @@ TEST_F(StoreTest, ReportNamesTheCurrentAttemptsKernelFallbacks) {
   EXPECT_EQ(fallbacks[1].rank, 1);
 }
 
+// A watcher's status reads what its lines show and leaves out what reads back every snapshot of
+// the run: the same trial figures as the full report's, without its phases, timeline, refused
+// lines and fallbacks.
+TEST_F(StoreTest, AStatusReportIsTheFullOneWithoutItsSnapshotDetail) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t experiment = *store->CreateExperiment(MakeExperiment("status", {"t"}), kNow);
+  const int64_t trial = store->ListTrials(experiment)->at(0).id;
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow), 1);
+  const std::vector<Event> events = {
+      MakeEvent(1, {{"type", "start"}, {"total_steps", 2}, {"started_unix_ms", 1}}),
+      MakeEvent(2, {{"type", "snapshot"},
+                    {"step", 0},
+                    {"micro_batch", 0},
+                    {"phase", "phase1_after_fwd"},
+                    {"allocated_bytes", 300},
+                    {"peak_bytes", 400},
+                    {"elapsed_ms", 5.0}}),
+      MakeEvent(3, {{"type", kernel_fallback_event::kType},
+                    {kernel_fallback_event::kOp, "rope"},
+                    {kernel_fallback_event::kStep, 0}}),
+      MakeEvent(4,
+                {{"type", "step"}, {"step", 0}, {"loss", 2.5}, {"tokens", 10}, {"seconds", 1.0}})};
+  ASSERT_EQ(*store->AppendEvents(trial, 1, events), 4);
+
+  StatusOr<ExperimentReport> full = store->Report(experiment);
+  StatusOr<ExperimentReport> status = store->Report(experiment, ReportDetail::kStatus);
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  const TrialReport& f = full->trials.at(0);
+  const TrialReport& s = status->trials.at(0);
+  ASSERT_FALSE(f.phase_peaks.empty());
+  ASSERT_FALSE(f.memory_timeline.empty());
+  ASSERT_EQ(f.kernel_fallbacks.size(), 1u);
+  EXPECT_TRUE(s.phase_peaks.empty());
+  EXPECT_TRUE(s.memory_timeline.empty());
+  EXPECT_TRUE(s.kernel_fallbacks.empty());
+  EXPECT_EQ(s.state, f.state);
+  EXPECT_EQ(s.attempt, f.attempt);
+  EXPECT_EQ(s.node, f.node);
+  EXPECT_EQ(s.start, f.start);
+  EXPECT_EQ(s.last_step, f.last_step);
+  EXPECT_EQ(s.peak_snapshot, f.peak_snapshot);
+  EXPECT_EQ(s.peak_bytes, f.peak_bytes);
+  EXPECT_EQ(s.error, f.error);
+  EXPECT_EQ(s.last_step["loss"], 2.5);
+}
+
 TEST_F(StoreTest, ReportReadsTheFinalAttemptOnly) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);

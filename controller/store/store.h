@@ -276,6 +276,15 @@ struct ExperimentReport {
   std::vector<TrialReport> trials;  // in file order
 };
 
+// How much of a TrialReport Store::Report fills.
+enum class ReportDetail {
+  kFull,
+  // What a status line shows: everything but phase_peaks, memory_timeline, refused_event_lines
+  // and kernel_fallbacks, which read back every snapshot of the run. A watcher rebuilds its status
+  // five times a second on the node whose trial it measures.
+  kStatus,
+};
+
 // A trial that ended ok, submitted with a prediction, and its timed steps: what a time
 // calibration rests on (the prediction holds the step's work and the device it was predicted on).
 struct TimedRun {
@@ -475,7 +484,8 @@ class Store {
 
   // The report rows of an experiment, from each trial's run (its final attempt and the attempts
   // it resumed from). NotFound for an unknown id.
-  StatusOr<ExperimentReport> Report(int64_t experiment_id);
+  StatusOr<ExperimentReport> Report(int64_t experiment_id,
+                                    ReportDetail detail = ReportDetail::kFull);
   // The steps of each trial's run, by trial in file order, then attempt and step: the steps of an
   // attempt that a later one resumed count up to the step the later one started at. NotFound for
   // an unknown id.
