@@ -1,8 +1,64 @@
 #include "controller/store/sqlite.h"
 
+#include <map>
 #include <utility>
 
+#include "common/mutex.h"
+
 namespace llmctl::store::sqlite {
+namespace {
+
+// The statements kept for reuse, by connection and SQL text; each is out of here while a
+// Statement holds it.
+class KeptStatements {
+ public:
+  // A kept statement of `sql` on `db`, taken out; null when none is kept.
+  sqlite3_stmt* Take(sqlite3* db, const std::string& sql) LLMCTL_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
+    auto connection = kept_.find(db);
+    if (connection == kept_.end()) return nullptr;
+    auto found = connection->second.find(sql);
+    if (found == connection->second.end()) return nullptr;
+    sqlite3_stmt* stmt = found->second;
+    connection->second.erase(found);
+    return stmt;
+  }
+  // Keeps a reset `stmt`, or finalizes it when `db` has kMaxKeptStatements kept.
+  void Keep(sqlite3* db, std::string sql, sqlite3_stmt* stmt) LLMCTL_EXCLUDES(mutex_) {
+    {
+      MutexLock lock(mutex_);
+      std::multimap<std::string, sqlite3_stmt*>& kept = kept_[db];
+      if (kept.size() < kMaxKeptStatements) {
+        kept.emplace(std::move(sql), stmt);
+        return;
+      }
+    }
+    sqlite3_finalize(stmt);
+  }
+  // Finalizes every statement kept for `db`.
+  void Forget(sqlite3* db) LLMCTL_EXCLUDES(mutex_) {
+    std::multimap<std::string, sqlite3_stmt*> kept;
+    {
+      MutexLock lock(mutex_);
+      auto connection = kept_.find(db);
+      if (connection == kept_.end()) return;
+      kept = std::move(connection->second);
+      kept_.erase(connection);
+    }
+    for (const auto& [sql, stmt] : kept) sqlite3_finalize(stmt);
+  }
+
+ private:
+  Mutex mutex_;
+  std::map<sqlite3*, std::multimap<std::string, sqlite3_stmt*>> kept_ LLMCTL_GUARDED_BY(mutex_);
+};
+
+KeptStatements& Kept() {
+  static KeptStatements* kept = new KeptStatements();  // never destroyed: used until exit
+  return *kept;
+}
+
+}  // namespace
 
 Status Error(sqlite3* db, int rc, std::string_view what) {
   std::string message(what);
@@ -39,20 +95,38 @@ Status Exec(sqlite3* db, std::string_view sql) {
   return Status::Ok();
 }
 
+void Close(sqlite3* db) {
+  Kept().Forget(db);
+  sqlite3_close_v2(db);
+}
+
 StatusOr<Statement> Statement::Prepare(sqlite3* db, std::string_view sql) {
+  std::string text(sql);
+  if (sqlite3_stmt* kept = Kept().Take(db, text); kept != nullptr) {
+    return Statement(db, kept, std::move(text));
+  }
   sqlite3_stmt* stmt = nullptr;
-  const int rc = sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt, nullptr);
+  const int rc = sqlite3_prepare_v3(db, sql.data(), static_cast<int>(sql.size()),
+                                    SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
   if (rc != SQLITE_OK) {
     sqlite3_finalize(stmt);
     return Error(db, rc, "preparing SQL");
   }
-  return Statement(db, stmt);
+  return Statement(db, stmt, std::move(text));
 }
 
-Statement::~Statement() { sqlite3_finalize(stmt_); }
+Statement::~Statement() {
+  if (stmt_ == nullptr) return;
+  sqlite3_reset(stmt_);
+  sqlite3_clear_bindings(stmt_);
+  Kept().Keep(db_, std::move(sql_), stmt_);
+}
 
 Statement::Statement(Statement&& other) noexcept
-    : db_(other.db_), stmt_(std::exchange(other.stmt_, nullptr)), bind_error_(other.bind_error_) {}
+    : db_(other.db_),
+      stmt_(std::exchange(other.stmt_, nullptr)),
+      sql_(std::move(other.sql_)),
+      bind_error_(other.bind_error_) {}
 
 void Statement::KeepBindError(int rc) {
   if (rc != SQLITE_OK && bind_error_ == SQLITE_OK) bind_error_ = rc;

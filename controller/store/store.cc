@@ -173,7 +173,7 @@ StatusOr<std::unique_ptr<Store>> Store::OpenReadOnly(const std::string& path) {
   return store;
 }
 
-Store::~Store() { sqlite3_close_v2(db_); }
+Store::~Store() { sqlite::Close(db_); }
 
 StatusOr<int64_t> Store::SchemaVersion() {
   MutexLock lock(mutex_);
