@@ -45,6 +45,27 @@ std::string ReadAll(const fs::path& path) {
   return text.str();
 }
 
+// kExperiment submitted with a prediction of `step_seconds` a step for each trial of `trials`, over
+// a one-token step's work.
+v1::SubmitRequest SubmitWithPredictions(const std::vector<std::string>& trials,
+                                        double step_seconds) {
+  estimate::StepWork work;
+  work.tokens = work.micro_batches = work.world_size = work.nodes = 1;
+  v1::SubmitRequest request;
+  request.set_filename("tiny.yaml");
+  request.set_yaml_text(std::string(kExperiment));
+  for (const std::string& trial : trials) {
+    v1::TrialPrediction& prediction = (*request.mutable_predictions())[trial];
+    prediction.set_peak_bytes(1024);
+    prediction.set_step_seconds(step_seconds);
+    prediction.set_tokens_per_second(1);
+    prediction.set_trial_seconds(1);
+    prediction.set_time_device("cpu");
+    prediction.set_work_json(work.ToJson().dump());
+  }
+  return request;
+}
+
 class ControllerServiceTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -414,17 +435,8 @@ TEST_F(ControllerServiceTest, CancellingQueuedTrialsEndsTheExperimentAndItsWatch
 // experiment then failed with INTERNAL. Submit now refuses a non-finite prediction, and Report
 // reads a stored null (from before) as no value.
 TEST_F(ControllerServiceTest, NonFinitePredictionsAreRefusedAndAStoredNullReportsAsAbsent) {
-  estimate::StepWork work;
-  work.tokens = work.micro_batches = work.world_size = work.nodes = 1;
-  v1::SubmitRequest request;
-  request.set_filename("tiny.yaml");
-  request.set_yaml_text(std::string(kExperiment));
+  v1::SubmitRequest request = SubmitWithPredictions({"a"}, std::numeric_limits<double>::infinity());
   v1::TrialPrediction& prediction = (*request.mutable_predictions())["a"];
-  prediction.set_peak_bytes(1024);
-  prediction.set_step_seconds(std::numeric_limits<double>::infinity());
-  prediction.set_tokens_per_second(1);
-  prediction.set_trial_seconds(1);
-  prediction.set_work_json(work.ToJson().dump());
   v1::SubmitResponse submitted;
   {
     grpc::ClientContext context;
@@ -466,19 +478,7 @@ TEST_F(ControllerServiceTest, NonFinitePredictionsAreRefusedAndAStoredNullReport
 // TimedRuns sends the store's calibration material: each trial that ended ok with a predicted
 // time, with its prediction and its median step; a failed trial is not one.
 TEST_F(ControllerServiceTest, TimedRunsAreTheOkTrialsWithTheirPredictionAndMedianStep) {
-  estimate::StepWork work;
-  work.tokens = work.micro_batches = work.world_size = work.nodes = 1;
-  v1::SubmitRequest request;
-  request.set_filename("tiny.yaml");
-  request.set_yaml_text(std::string(kExperiment));
-  for (const char* trial : {"a", "b"}) {
-    v1::TrialPrediction& prediction = (*request.mutable_predictions())[trial];
-    prediction.set_peak_bytes(1024);
-    prediction.set_step_seconds(0.5);
-    prediction.set_tokens_per_second(200);
-    prediction.set_time_device("cpu");
-    prediction.set_work_json(work.ToJson().dump());
-  }
+  const v1::SubmitRequest request = SubmitWithPredictions({"a", "b"}, 0.5);
   v1::SubmitResponse submitted;
   {
     grpc::ClientContext context;
@@ -507,7 +507,7 @@ TEST_F(ControllerServiceTest, TimedRunsAreTheOkTrialsWithTheirPredictionAndMedia
   ASSERT_EQ(runs.runs_size(), 1);
   const nlohmann::json prediction = nlohmann::json::parse(runs.runs(0).prediction_json());
   EXPECT_EQ(prediction["time_device"], "cpu");
-  EXPECT_EQ(prediction["work"], work.ToJson());
+  EXPECT_EQ(prediction["work"], nlohmann::json::parse(request.predictions().at("a").work_json()));
   // Steps 1 to 3: 0.6, 0.7 and 0.8 s for 100 tokens each.
   EXPECT_DOUBLE_EQ(runs.runs(0).seconds_per_token(), 0.007);
   EXPECT_EQ(runs.runs(0).steps(), 3);

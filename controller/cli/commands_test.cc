@@ -644,13 +644,20 @@ TEST_F(CommandsTest, NodesShowsWhyANodeIsUnusable) {
   EXPECT_TRUE(out_.str().ends_with("\n! " + reason + "\n")) << out_.str();
 }
 
-TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
+// A CPU probe of `threads` threads by `name`, taken 2026-11-29T01:00:00Z with LibTorch 2.15.0; its
+// rates are the caller's.
+estimate::RateProbe CpuProbe(const std::string& name, int threads) {
   estimate::RateProbe probe;
   probe.measured_at = "2026-11-29T01:00:00Z";
   probe.device = "cpu";
-  probe.device_name = "Test CPU";
-  probe.threads = 2;
+  probe.device_name = name;
+  probe.threads = threads;
   probe.versions.libtorch = "2.15.0";
+  return probe;
+}
+
+TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
+  estimate::RateProbe probe = CpuProbe("Test CPU", 2);
   probe.matmul = {{"fp32", 512, 5e10}};
   probe.memory_bytes_per_s = 1.25e10;
   probe.launch_seconds = 4e-6;
@@ -702,12 +709,7 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
 // that could run it (ListNodes) and calibrates with the controller's measured runs (TimedRuns):
 // neither this machine's probe nor its embedded store, where none of those trials runs.
 TEST_F(CommandsTest, EstimateTimesTrialsAtTheConfiguredControllersNodesAndRuns) {
-  estimate::RateProbe probe;
-  probe.measured_at = "2026-11-30T01:00:00Z";
-  probe.device = "cpu";
-  probe.device_name = "Remote CPU";
-  probe.threads = 16;
-  probe.versions.libtorch = "2.15.0";
+  estimate::RateProbe probe = CpuProbe("Remote CPU", 16);
   probe.matmul = {{"fp32", 512, 4e11}, {"bf16", 512, 8e11}};
   probe.memory_bytes_per_s = 1e11;
   probe.launch_seconds = 2e-6;
