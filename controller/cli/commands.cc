@@ -26,6 +26,11 @@ namespace {
 constexpr std::chrono::seconds kDaemonStopGrace{10};
 constexpr std::chrono::milliseconds kFirstAgentPoll{100};
 
+// "the controller at HOST:PORT (from LLMCTL_CONTROLLER)", for messages.
+std::string ControllerName(const ControllerAddress& address) {
+  return "the controller at " + address.target + " (from " + address.source + ")";
+}
+
 }  // namespace
 
 std::string FormatUnixTime(int64_t seconds) {
@@ -178,8 +183,7 @@ StoredCalibrations Llmctl::LoadCalibrations() {
     if (!calibrations.note().empty()) context_.err << "note: " << calibrations.note() << "\n";
     return calibrations;
   }
-  const std::string where =
-      "the controller at " + configured->target + " (from " + configured->source + ")";
+  const std::string where = ControllerName(*configured);
   v1::TimedRunsResponse response;
   const Status read =
       ReadFromController([&response](v1::Controller::Stub& stub, grpc::ClientContext& context) {
@@ -211,9 +215,8 @@ LocalRates Llmctl::LoadRates() {
         return stub.ListNodes(&context, v1::ListNodesRequest(), &nodes);
       });
   if (!read.ok()) {
-    context_.err << "note: the nodes' rates not read from the controller at " << configured->target
-                 << " (from " << configured->source << "): " << read.message()
-                 << "; the time is at the data sheets' rates\n";
+    context_.err << "note: the nodes' rates not read from " << ControllerName(*configured) << ": "
+                 << read.message() << "; the time is at the data sheets' rates\n";
     return LocalRates::FromNodeProbes({});
   }
   return LocalRates::FromNodeProbes(NodeProbesOf(nodes, context_.err));
