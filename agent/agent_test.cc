@@ -495,6 +495,44 @@ TEST_F(AgentTest, RunsEndWhenTheirSupervisorExitsNotAtThePollInterval) {
   EXPECT_EQ(state.ended().outcome(), "cancelled");
 }
 
+// A caller that asks for batch_events gets the lines read at once as one item, from its from_seq
+// on, and never a single `event`; the run's end still comes last.
+TEST_F(AgentTest, BatchedEventsComeAsTheLinesReadAtOnce) {
+  StartAgent("", std::chrono::hours(1));
+  const pb::RunKey key = Key(6, "batched", 1);
+  RunTrial(key, 300);
+  while (Lines(ReadAll(RunDir(key) / "events.jsonl")).size() < 3) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  pb::StreamEventsRequest request;
+  *request.mutable_key() = key;
+  request.set_from_seq(2);
+  request.set_batch_events(true);
+  grpc::ClientContext context;
+  Deadline(&context);
+  auto stub = Stub();
+  auto reader = stub->StreamEvents(&context, request);
+  pb::StreamEventsResponse item;
+  // The three lines the worker wrote before waiting for `go`, read at once, from line 2.
+  ASSERT_TRUE(reader->Read(&item));
+  ASSERT_TRUE(item.has_events());
+  ASSERT_EQ(item.events().events_size(), 2);
+  EXPECT_EQ(item.events().events(0).seq(), 2);
+  EXPECT_EQ(item.events().events(1).seq(), 3);
+  WriteFile(RunDir(key) / "go", "", fs::perms::owner_read | fs::perms::owner_write);
+  std::vector<int64_t> seqs;
+  bool ended = false;
+  while (reader->Read(&item)) {
+    EXPECT_FALSE(item.has_event());
+    EXPECT_FALSE(ended) << "nothing after the end";
+    for (const pb::TrialEvent& event : item.events().events()) seqs.push_back(event.seq());
+    ended = ended || item.has_ended();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_TRUE(ended);
+  EXPECT_EQ(seqs, (std::vector<int64_t>{4, 5, 6}));
+}
+
 TEST_F(AgentTest, KilledAgentReadoptsTheRunningWorkerAfterRestart) {
   StartAgentProcess();
   const pb::RunKey key = Key(4, "survivor", 1);

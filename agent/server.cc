@@ -32,6 +32,10 @@ namespace pb = llmctl::v1;
 constexpr size_t kArtifactChunkBytes = 1 << 20;
 // At most this many device samples go in one message (a long backlog after a reconnect).
 constexpr int kSamplesPerMessage = 1000;
+// A batch of event lines (StreamEventsRequest.batch_events): at most this many lines and bytes of
+// them, so that one more line (event_line::kMaxBytes) still fits the controller's 8 MiB message.
+constexpr int kEventsPerMessage = 512;
+constexpr int64_t kEventBytesPerMessage = int64_t{4} << 20;
 
 RunKey FromProto(const pb::RunKey& key) {
   return RunKey{key.experiment_id(), key.trial(), key.attempt()};
@@ -291,7 +295,8 @@ class AgentService final : public pb::Agent::Service {
       bool any_lines = false;
       bool all_read = true;  // every file read to its end: the run's end may go out
       const grpc::Status sent =
-          SendEventLines(key, first_rank, readers, from_seqs, any_lines, all_read, writer);
+          SendEventLines(key, first_rank, readers, from_seqs, request->batch_events(), any_lines,
+                         all_read, writer);
       if (!sent.ok()) return sent;
       auto sample_lines = samples_reader.ReadNewLines();
       if (!sample_lines.ok()) return rpc::ToGrpcStatus(sample_lines.status());
@@ -387,9 +392,18 @@ class AgentService final : public pb::Agent::Service {
   // when one was not read to its end. CANCELLED when the client went away.
   static grpc::Status SendEventLines(const RunKey& key, int first_rank,
                                      const std::vector<std::unique_ptr<EventReader>>& readers,
-                                     const std::vector<int64_t>& from_seqs, bool& any_lines,
-                                     bool& all_read,
+                                     const std::vector<int64_t>& from_seqs, bool batch,
+                                     bool& any_lines, bool& all_read,
                                      grpc::ServerWriter<pb::StreamEventsResponse>* writer) {
+    pb::StreamEventsResponse batched;
+    int64_t batched_bytes = 0;
+    const auto flush = [&batched, &batched_bytes, writer] {
+      if (batched.events().events_size() == 0) return true;
+      const bool written = writer->Write(batched);
+      batched.Clear();
+      batched_bytes = 0;
+      return written;
+    };
     for (size_t i = 0; i < readers.size(); ++i) {
       EventReader& reader = *readers[i];
       auto lines = reader.ReadNewLines();
@@ -410,14 +424,27 @@ class AgentService final : public pb::Agent::Service {
                     << ": event line " << seq << " refused (" << accepted.refusal << "); sent as a "
                     << event_line::kRefusedType << " event" << std::endl;
         }
-        pb::StreamEventsResponse item;
-        pb::TrialEvent* event = item.mutable_event();
-        event->set_seq(seq);
-        event->set_rank(rank);
-        event->set_type(std::move(accepted.type));
-        event->set_json(std::move(accepted.json));
-        if (!writer->Write(item)) return grpc::Status::CANCELLED;  // the client went away
+        pb::TrialEvent event;
+        event.set_seq(seq);
+        event.set_rank(rank);
+        event.set_type(std::move(accepted.type));
+        event.set_json(std::move(accepted.json));
+        bool written = true;  // false: the client went away
+        if (!batch) {
+          pb::StreamEventsResponse item;
+          *item.mutable_event() = std::move(event);
+          written = writer->Write(item);
+        } else {
+          const int64_t bytes = static_cast<int64_t>(event.json().size());
+          if (batched_bytes + bytes > kEventBytesPerMessage) written = flush();
+          batched_bytes += bytes;
+          *batched.mutable_events()->add_events() = std::move(event);
+          if (written && batched.events().events_size() == kEventsPerMessage) written = flush();
+        }
+        if (!written) return grpc::Status::CANCELLED;
       }
+      // A batch holds one rank's lines.
+      if (!flush()) return grpc::Status::CANCELLED;
     }
     return grpc::Status::OK;
   }

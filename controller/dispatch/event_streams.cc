@@ -132,24 +132,31 @@ StatusOr<v1::StreamEventsRequest> EventStreams::ResumeRequest(const Stream& stre
     (*request.mutable_from_rank_seq())[rank] = seq + 1;
   }
   request.set_from_sample_seq(*last_sample_seq + 1);
+  request.set_batch_events(true);
   return request;
 }
 
-Status EventStreams::StoreEvent(Stream& stream, const v1::TrialEvent& line) {
+Status EventStreams::StoreEvents(Stream& stream,
+                                 const google::protobuf::RepeatedPtrField<v1::TrialEvent>& lines) {
   const store::RunningAttempt& attempt = stream.attempt;
-  // A line the store would refuse is stored as its replacement: a refusal that failed the
-  // stream would have it reopened at the same line, every backoff, forever.
-  std::string refusal;
-  const store::Event event = StoredEvent(line, refusal);
-  if (!refusal.empty()) {
-    spdlog::warn("{} on node {}: rank {} event line {} refused ({}); stored as a {} event",
-                 AttemptName(attempt), stream.node, event.rank, event.seq, refusal,
-                 event_line::kRefusedType);
+  std::vector<store::Event> events;
+  events.reserve(static_cast<size_t>(lines.size()));
+  for (const v1::TrialEvent& line : lines) {
+    // A line the store would refuse is stored as its replacement: a refusal that failed the
+    // stream would have it reopened at the same line, every backoff, forever.
+    std::string refusal;
+    store::Event& event = events.emplace_back(StoredEvent(line, refusal));
+    if (!refusal.empty()) {
+      spdlog::warn("{} on node {}: rank {} event line {} refused ({}); stored as a {} event",
+                   AttemptName(attempt), stream.node, event.rank, event.seq, refusal,
+                   event_line::kRefusedType);
+    }
+    // Rank 0's result is the job's (a checkpoint stop's message reads it).
+    if (event.type == "result" && event.rank == 0) stream.result_json = event.json;
   }
-  // Rank 0's result is the job's (a checkpoint stop's message reads it).
-  if (event.type == "result" && event.rank == 0) stream.result_json = event.json;
+  // One transaction and one change for the lines read at once.
   ASSIGN_OR_RETURN(const int64_t appended,
-                   core_.store.AppendEvents(attempt.trial_id, attempt.attempt, {&event, 1}));
+                   core_.store.AppendEvents(attempt.trial_id, attempt.attempt, events));
   if (appended > 0) core_.changes.Notify();
   return Status::Ok();
 }
@@ -178,9 +185,16 @@ Status EventStreams::Receive(Stream& stream, v1::Agent::Stub& stub, grpc::Client
   v1::StreamEventsResponse response;
   while (reader->Read(&response)) {
     received = true;
-    if (response.has_event() || response.has_samples()) {
-      result = response.has_event() ? StoreEvent(stream, response.event())
-                                    : StoreSamples(stream, response.samples());
+    if (response.has_event() || response.has_events() || response.has_samples()) {
+      if (response.has_event()) {
+        google::protobuf::RepeatedPtrField<v1::TrialEvent> one;
+        *one.Add() = response.event();
+        result = StoreEvents(stream, one);
+      } else if (response.has_events()) {
+        result = StoreEvents(stream, response.events().events());
+      } else {
+        result = StoreSamples(stream, response.samples());
+      }
       if (!result.ok()) {
         context.TryCancel();
         break;

@@ -91,8 +91,10 @@ class EventStreams {
   // `received`: something did.
   Status Receive(Stream& stream, v1::Agent::Stub& stub, grpc::ClientContext& context,
                  const v1::StreamEventsRequest& request, bool& ended, bool& received);
-  // One event line (as its refusal when the store would refuse it); an error stops the stream.
-  Status StoreEvent(Stream& stream, const v1::TrialEvent& line);
+  // Event lines read at once (each as its refusal when the store would refuse it), in one
+  // transaction; an error stops the stream.
+  Status StoreEvents(Stream& stream,
+                     const google::protobuf::RepeatedPtrField<v1::TrialEvent>& lines);
   // A batch of device samples; only FailedPrecondition (fenced off) stops the stream.
   Status StoreSamples(Stream& stream, const v1::DeviceSamples& samples);
   // Records how a node's run ended; for a single-node attempt, the attempt's end.
