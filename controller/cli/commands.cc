@@ -189,6 +189,13 @@ StoredCalibrations Llmctl::LoadCalibrations() {
       ReadFromController([&response](v1::Controller::Stub& stub, grpc::ClientContext& context) {
         return stub.TimedRuns(&context, v1::TimedRunsRequest(), &response);
       });
+  if (read.code() == StatusCode::kUnimplemented) {
+    // A controller from before TimedRuns: its runs stay there.
+    context_.err << "note: " << where
+                 << " does not send its measured runs (it predates TimedRuns; upgrade llmctld): "
+                    "the time is at the built-in calibration\n";
+    return StoredCalibrations::FromRuns({}, where);
+  }
   if (!read.ok()) {
     context_.err << "note: measured runs not read from " << where << ": " << read.message() << "\n";
     return StoredCalibrations::FromRuns({}, where);

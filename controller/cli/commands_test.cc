@@ -82,6 +82,8 @@ class FakeController final : public v1::Controller::Service {
   grpc::Status TimedRuns(grpc::ServerContext*, const v1::TimedRunsRequest*,
                          v1::TimedRunsResponse* response) override {
     std::lock_guard lock(mutex_);
+    // What a controller from before the call answers.
+    if (timed_runs_unimplemented_) return {grpc::StatusCode::UNIMPLEMENTED, ""};
     *response = timed_runs_;
     return grpc::Status::OK;
   }
@@ -163,6 +165,7 @@ class FakeController final : public v1::Controller::Service {
   std::optional<v1::SubmitRequest> submitted_;
   v1::ListNodesResponse nodes_;
   v1::TimedRunsResponse timed_runs_;
+  bool timed_runs_unimplemented_ = false;
   std::string authorization_;  // of the last ListNodes call
   std::vector<v1::ExperimentStatus> watch_;
   v1::ReportResponse report_;
@@ -752,6 +755,25 @@ TEST_F(CommandsTest, EstimateTimesTrialsAtTheConfiguredControllersNodesAndRuns) 
       << time["calibration"];
   EXPECT_EQ(err_.str(), "");
   EXPECT_FALSE(fs::exists(dir_ / "home")) << "nothing measured or read on this machine";
+
+  // A controller from before TimedRuns: its nodes' rates, the built-in calibration, and a note
+  // that says why.
+  {
+    std::lock_guard lock(fake_.mutex_);
+    fake_.timed_runs_unimplemented_ = true;
+  }
+  ASSERT_EQ(
+      Run({"estimate", "experiments/cpu-lab.yaml", "--trial", "bf16-true", "--format", "json"}),
+      kExitOk)
+      << err_.str();
+  const nlohmann::json older = nlohmann::json::parse(out_.str())["trials"][0]["time"];
+  EXPECT_TRUE(older["rates"].get<std::string>().starts_with("node remote-cpu's probe"));
+  EXPECT_EQ(older["calibration"].get<std::string>().find("in the controller at"),
+            std::string::npos);
+  EXPECT_EQ(err_.str(), "note: the controller at " + target_ +
+                            " (from LLMCTL_CONTROLLER) does not send its measured runs (it "
+                            "predates TimedRuns; upgrade llmctld): the time is at the built-in "
+                            "calibration\n");
 
   // A controller that does not answer: notes, and the data sheets' rates.
   const std::string nowhere = "unix:" + (dir_ / "nowhere.sock").string();
