@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include "common/cpu_model.h"
@@ -59,11 +60,6 @@ StatusOr<estimate::RateProbe> ParseStoredProbe(const std::string& text) {
   return estimate::RateProbe::FromJson(json);
 }
 
-// The labels a node's lease gives it, as the scheduler matches a target against them.
-std::map<std::string, std::string> LeaseLabels(const std::string& site, const std::string& flavor) {
-  return {{"site", site}, {"flavor", flavor}};
-}
-
 // Whether `probe` measured `sheet`'s device: a CPU probe any CPU's (the trials' rates are the
 // node's, whatever its model); a GPU's only the GPU it names.
 bool ProbeIsOf(const estimate::RateProbe& probe, const estimate::DeviceSpeed& sheet) {
@@ -97,7 +93,8 @@ std::vector<NodeProbe> ReadNodeProbes(const EnvLookup& env, std::ostream& err) {
   if (!stored.ok() || !records.ok()) return {};
   std::map<std::string, std::map<std::string, std::string>> labels;
   for (const store::NodeRecord& record : *records) {
-    if (record.lease) labels[record.name] = LeaseLabels(record.lease->site, record.lease->flavor);
+    if (record.lease)
+      labels[record.name] = scheduler::LeaseLabels(record.lease->site, record.lease->flavor);
   }
   std::vector<NodeProbe> nodes;
   for (const auto& [node, text] : *stored) {
@@ -118,7 +115,9 @@ std::vector<NodeProbe> ReadNodeProbes(const EnvLookup& env, std::ostream& err) {
 
 std::vector<NodeProbe> NodeProbesOf(const v1::ListNodesResponse& nodes, std::ostream& err) {
   std::vector<NodeProbe> probes;
+  std::set<std::string> connected;
   for (const v1::NodeStatus& node : nodes.nodes()) {
+    if (node.state() == "connected") connected.insert(node.name());
     if (node.rate_probe_json().empty()) continue;
     StatusOr<estimate::RateProbe> probe = ParseStoredProbe(node.rate_probe_json());
     if (!probe.ok()) {
@@ -127,17 +126,15 @@ std::vector<NodeProbe> NodeProbesOf(const v1::ListNodesResponse& nodes, std::ost
       continue;
     }
     probes.push_back({node.name(), *std::move(probe),
-                      node.has_lease() ? LeaseLabels(node.lease().site(), node.lease().flavor())
-                                       : std::map<std::string, std::string>{}});
+                      node.has_lease()
+                          ? scheduler::LeaseLabels(node.lease().site(), node.lease().flavor())
+                          : std::map<std::string, std::string>{}});
   }
   std::sort(probes.begin(), probes.end(),
             [](const NodeProbe& a, const NodeProbe& b) { return a.node < b.node; });
   // A connected node is where a trial goes now; an unreachable one's probe is still its hardware.
-  std::stable_partition(probes.begin(), probes.end(), [&nodes](const NodeProbe& probe) {
-    for (const v1::NodeStatus& node : nodes.nodes()) {
-      if (node.name() == probe.node) return node.state() == "connected";
-    }
-    return false;
+  std::stable_partition(probes.begin(), probes.end(), [&connected](const NodeProbe& probe) {
+    return connected.contains(probe.node);
   });
   return probes;
 }

@@ -185,16 +185,14 @@ Status EventStreams::Receive(Stream& stream, v1::Agent::Stub& stub, grpc::Client
   v1::StreamEventsResponse response;
   while (reader->Read(&response)) {
     received = true;
-    if (response.has_event() || response.has_events() || response.has_samples()) {
-      if (response.has_event()) {
-        google::protobuf::RepeatedPtrField<v1::TrialEvent> one;
-        *one.Add() = response.event();
-        result = StoreEvents(stream, one);
-      } else if (response.has_events()) {
-        result = StoreEvents(stream, response.events().events());
-      } else {
-        result = StoreSamples(stream, response.samples());
-      }
+    if (response.has_event()) {
+      // An agent from before batch_events sends one line an item: a batch of one.
+      v1::TrialEvent line = std::move(*response.mutable_event());
+      *response.mutable_events()->add_events() = std::move(line);
+    }
+    if (response.has_events() || response.has_samples()) {
+      result = response.has_events() ? StoreEvents(stream, response.events().events())
+                                     : StoreSamples(stream, response.samples());
       if (!result.ok()) {
         context.TryCancel();
         break;

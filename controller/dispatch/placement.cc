@@ -83,8 +83,9 @@ Placement::NodeLabels Placement::ReadNodeLabels(store::Store& store) {
   if (auto nodes = store.ListNodes(); nodes.ok()) {
     for (const store::NodeRecord& node : *nodes) {
       labels.registered.insert(node.name);
-      if (node.lease)
-        labels.labels[node.name] = {{"site", node.lease->site}, {"flavor", node.lease->flavor}};
+      if (node.lease) {
+        labels.labels[node.name] = scheduler::LeaseLabels(node.lease->site, node.lease->flavor);
+      }
     }
   }
   return labels;

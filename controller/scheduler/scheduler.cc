@@ -200,6 +200,10 @@ void PlaceMultiNode(const QueuedTrial& trial, std::vector<PoolState>& pools, Pla
 
 }  // namespace
 
+std::map<std::string, std::string> LeaseLabels(const std::string& site, const std::string& flavor) {
+  return {{"site", site}, {"flavor", flavor}};
+}
+
 std::map<std::string, std::string> PlacementTarget(
     const std::map<std::string, std::string>& experiment_target) {
   std::map<std::string, std::string> target;

@@ -81,6 +81,9 @@ struct Placement {
   std::vector<int64_t> unsatisfiable;
 };
 
+// The labels a node on a lease has: the lease's site and flavor (or bare-metal node type).
+std::map<std::string, std::string> LeaseLabels(const std::string& site, const std::string& flavor);
+
 // The part of an experiment's `target:` a node's labels can match: its site and flavor (a node's
 // labels are its lease's; a target's node_type names a bare-metal lease's flavor for `submit
 // --provision`, and matches no label).
