@@ -1,0 +1,280 @@
+// llmctl's commands that concern nodes, against an in-process fake Controller: an experiment's
+// target and the nodes that match it, `llmctl nodes`, and the estimate's rates and runs from a
+// configured controller.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/estimate/rate_probe.h"
+#include "common/estimate/step_time.h"
+#include "controller/cli/commands.h"
+#include "controller/cli/commands_test_support.h"
+
+namespace llmctl::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(ProvisionLeaseNameTest, IsADnsLabelFromTheExperimentAndFlavor) {
+  EXPECT_EQ(ProvisionLeaseName("Single GPU", "g1.h100.pci.1"), "llmctl-single-gpu-g1-h100-pci-1");
+  const std::string long_name = ProvisionLeaseName(std::string(80, 'x'), "g1.h100.pci.1");
+  EXPECT_EQ(long_name.size(), 63u);
+  EXPECT_EQ(ProvisionLeaseName(std::string(55, 'x') + "._", "f"),
+            "llmctl-" + std::string(55, 'x'));  // no trailing '-'
+}
+
+TEST_F(CommandsTest, ATargetWithNoMatchingNodeSaysWhatToRunAndSubmitsNothing) {
+  Write("gpu.yaml",
+        "name: single\n"
+        "target: {site: KVM@TACC, flavor: g1.h100.pci.1}\n"
+        "model: llmctl-demo\n"
+        "init: random\n"
+        "tokenizer: node:/data/tokenizer.json\n"
+        "data: {path: node:/data/synthetic.jsonl}\n");
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* other = fake_.nodes_.add_nodes();  // a lease of another flavor
+    other->set_name("a100");
+    other->mutable_lease()->set_flavor("g1.a100.pci.1");
+    other->mutable_lease()->set_site("KVM@TACC");
+    other->mutable_lease()->set_ends_unix(4'000'000'000);
+  }
+  EXPECT_EQ(Run({"submit", (dir_ / "gpu.yaml").string()}), kExitFailed);
+  EXPECT_NE(err_.str().find("no node of the controller's is on a lease of g1.h100.pci.1 at "
+                            "KVM@TACC. `llmctl submit --provision`"),
+            std::string::npos)
+      << err_.str();
+  EXPECT_NE(
+      err_.str().find(
+          "llmctl lease create --flavor g1.h100.pci.1 --name "
+          "llmctl-single-g1-h100-pci-1 --duration 2h50m --wait --site KVM@TACC && llmctl node "
+          "--site KVM@TACC up --lease llmctl-single-g1-h100-pci-1"),
+      std::string::npos)
+      << err_.str();
+  {
+    std::lock_guard lock(fake_.mutex_);
+    EXPECT_FALSE(fake_.submitted_.has_value());
+    v1::NodeStatus* node = fake_.nodes_.add_nodes();
+    node->set_name("llmctl-single-g1-h100-pci-1");
+    node->mutable_lease()->set_flavor("g1.h100.pci.1");
+    node->mutable_lease()->set_site("KVM@TACC");
+    node->mutable_lease()->set_ends_unix(4'000'000'000);
+  }
+  ASSERT_EQ(Run({"submit", (dir_ / "gpu.yaml").string()}), kExitOk) << err_.str();
+  EXPECT_NE(err_.str().find("node llmctl-single-g1-h100-pci-1"), std::string::npos);
+  std::lock_guard lock(fake_.mutex_);
+  EXPECT_TRUE(fake_.submitted_.has_value());
+}
+
+// A bare-metal target names a node type (experiments/single-a100.yaml): a node whose lease
+// reserved that type serves it, and without one the lease to make reserves hosts by node type.
+TEST_F(CommandsTest, ABareMetalTargetNamesANodeType) {
+  Write("a100.yaml",
+        "name: single-a100\n"
+        "target: {site: CHI@UC, node_type: compute_gigaio}\n"
+        "model: llmctl-demo\n"
+        "init: random\n"
+        "tokenizer: node:/data/tokenizer.json\n"
+        "data: {path: node:/data/synthetic.jsonl}\n");
+  EXPECT_EQ(Run({"submit", (dir_ / "a100.yaml").string()}), kExitFailed);
+  EXPECT_NE(err_.str().find(
+                "llmctl lease create --node-type compute_gigaio --name "
+                "llmctl-single-a100-compute-gigaio --duration 2h50m --wait --site CHI@UC && llmctl "
+                "node --site CHI@UC up --lease llmctl-single-a100-compute-gigaio"),
+            std::string::npos)
+      << err_.str();
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* node = fake_.nodes_.add_nodes();
+    node->set_name("a100-node");
+    node->mutable_lease()->set_flavor("compute_gigaio");
+    node->mutable_lease()->set_site("CHI@UC");
+    node->mutable_lease()->set_ends_unix(4'000'000'000);
+  }
+  ASSERT_EQ(Run({"submit", (dir_ / "a100.yaml").string()}), kExitOk) << err_.str();
+  EXPECT_NE(err_.str().find("target compute_gigaio: node a100-node"), std::string::npos);
+
+  Write("both.yaml",
+        "name: both\n"
+        "target: {site: CHI@UC, node_type: compute_gigaio, flavor: g1.h100.pci.1}\n"
+        "model: llmctl-demo\n"
+        "init: random\n"
+        "tokenizer: node:/data/tokenizer.json\n"
+        "data: {path: node:/data/synthetic.jsonl}\n");
+  EXPECT_NE(Run({"submit", (dir_ / "both.yaml").string()}), kExitOk);
+  EXPECT_NE(err_.str().find("a flavor (KVM sites) or a node_type (bare-metal sites)"),
+            std::string::npos)
+      << err_.str();
+}
+
+TEST_F(CommandsTest, NodesShowsWhyANodeIsUnusable) {
+  const std::string reason =
+      "node n1: NVIDIA driver 560.35.03 supports CUDA up to 12.6, but llm-train's LibTorch 2.15.0 "
+      "was built for CUDA 13.2: use an image whose NVIDIA driver supports CUDA 13 (driver >= "
+      "580.65.06), or an llm-train built with a LibTorch for CUDA 12.x";
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* node = fake_.nodes_.add_nodes();
+    node->set_name("n1");
+    node->set_state("unusable");
+    node->set_unusable(reason);
+    v1::NodeStatus* fine = fake_.nodes_.add_nodes();
+    fine->set_name("n2");
+    fine->set_state("connected");
+  }
+  ASSERT_EQ(Run({"nodes"}), kExitOk) << err_.str();
+  EXPECT_NE(out_.str().find("n1    unusable"), std::string::npos) << out_.str();
+  EXPECT_TRUE(out_.str().ends_with("\n! " + reason + "\n")) << out_.str();
+}
+
+// A CPU probe of `threads` threads by `name`, taken 2026-11-29T01:00:00Z with LibTorch 2.15.0; its
+// rates are the caller's.
+estimate::RateProbe CpuProbe(const std::string& name, int threads) {
+  estimate::RateProbe probe;
+  probe.measured_at = "2026-11-29T01:00:00Z";
+  probe.device = "cpu";
+  probe.device_name = name;
+  probe.threads = threads;
+  probe.versions.libtorch = "2.15.0";
+  return probe;
+}
+
+TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
+  estimate::RateProbe probe = CpuProbe("Test CPU", 2);
+  probe.matmul = {{"fp32", 512, 5e10}};
+  probe.memory_bytes_per_s = 1.25e10;
+  probe.launch_seconds = 4e-6;
+  probe.adamw_8bit_values_per_s = 9e7;
+  probe.nf4_dequant_values_per_s = 6e8;
+  probe.dropout_values_per_s = 2.5e8;
+  // bf16 attention one query past a block, between its 64 tokens' time and 96's.
+  probe.sdpa = {{"bf16", 1e10, 64, 64}, {"bf16", 2e10, 128, 64}};
+  probe.sdpa_partial_block = {{"bf16", 1e10, 65, 64}};
+  // bf16 at new lengths 10 ms slower than at repeated ones: what a new length costs.
+  probe.reference_steps = {{"fp32", 0.5, false}, {"bf16", 0.26, true}, {"bf16", 0.25, false}};
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* measured = fake_.nodes_.add_nodes();
+    measured->set_name("n1");
+    measured->set_state("connected");
+    measured->set_rate_probe_json(probe.ToJson().dump());
+    fake_.nodes_.add_nodes()->set_name("n2");  // none measured yet: no line
+  }
+  ASSERT_EQ(Run({"nodes"}), kExitOk) << err_.str();
+  const estimate::DeviceSpeed sheet = estimate::CpuSpeed();
+  // The factors are rate_probe.h's arithmetic (estimate_rate_probe_test checks it); here, that
+  // the line shows them.
+  const estimate::DeviceSpeed probed = estimate::ProbedSpeed(sheet, probe, "");
+  ASSERT_GT(probed.probed_fp32_factor, 0);
+  ASSERT_GT(probed.probed_bf16_factor, 0);
+  ASSERT_EQ(probed.fp32_new_length_seconds, 0);  // no fp32 step at new lengths
+  ASSERT_GT(probed.bf16_new_length_seconds, 0);
+  ASSERT_GT(probed.bf16_attention_block_share, 0);
+  char expected[768];
+  std::snprintf(expected, sizeof expected,
+                "\nn1 rates: cpu Test CPU (2 threads, LibTorch 2.15.0), 2026-11-29T01:00:00Z: fp32 "
+                "50 GFLOP/s (sheet %.3g), bf16 not measured (sheet %.3g), memory 12.5 GB/s (sheet "
+                "%.3g), launch 4 us (sheet %.3g), 8-bit AdamW 90 M values/s (sheet %.3g), NF4 "
+                "dequant 600 M values/s (sheet %.3g), dropout 250 M values/s (sheet %.3g), "
+                "attention's partial query block at 0.00 (fp32), %.2f (bf16) of a whole one; its "
+                "reference steps' factors fp32 %.3f, bf16 "
+                "%.3f, a new length 0.00 ms (fp32), %.2f ms (bf16) a weight shape\n",
+                sheet.fp32_flops / 1e9, sheet.bf16_flops / 1e9, sheet.memory_bytes_per_s / 1e9,
+                sheet.launch_seconds / 1e-6, sheet.adamw_8bit_values_per_s / 1e6,
+                sheet.nf4_dequant_values_per_s / 1e6, sheet.dropout_values_per_s / 1e6,
+                probed.bf16_attention_block_share, probed.probed_fp32_factor,
+                probed.probed_bf16_factor, probed.bf16_new_length_seconds * 1e3);
+  EXPECT_TRUE(out_.str().ends_with(expected)) << out_.str();
+  EXPECT_EQ(out_.str().find("n2 rates"), std::string::npos) << out_.str();
+}
+
+// With a configured controller, estimate times each trial at the rates of the controller's node
+// that could run it (ListNodes) and calibrates with the controller's measured runs (TimedRuns):
+// neither this machine's probe nor its embedded store, where none of those trials runs.
+TEST_F(CommandsTest, EstimateTimesTrialsAtTheConfiguredControllersNodesAndRuns) {
+  estimate::RateProbe probe = CpuProbe("Remote CPU", 16);
+  probe.matmul = {{"fp32", 512, 4e11}, {"bf16", 512, 8e11}};
+  probe.memory_bytes_per_s = 1e11;
+  probe.launch_seconds = 2e-6;
+  estimate::StepWork work;
+  work.matmul_class = estimate::MatmulClass::kFp32;
+  work.tokens = 1024;
+  work.micro_batches = 1;
+  work.matmul_flops = 1e12;
+  work.memory_bytes = 1e9;
+  work.launches = 1000;
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* node = fake_.nodes_.add_nodes();
+    node->set_name("remote-cpu");
+    node->set_state("connected");
+    node->set_rate_probe_json(probe.ToJson().dump());
+    v1::TimedRun* run = fake_.timed_runs_.add_runs();
+    run->set_prediction_json(
+        nlohmann::json{{"peak_bytes", 1}, {"time_device", "cpu"}, {"work", work.ToJson()}}.dump());
+    run->set_seconds_per_token(0.002);
+    run->set_steps(5);
+    // Another process's bytes: a time that is not one is no run.
+    v1::TimedRun* broken = fake_.timed_runs_.add_runs();
+    broken->set_prediction_json(run->prediction_json());
+    broken->set_seconds_per_token(-1);
+    broken->set_steps(5);
+  }
+  env_["LLMCTL_HOME"] = (dir_ / "home").string();
+  ASSERT_EQ(
+      Run({"estimate", "experiments/cpu-lab.yaml", "--trial", "bf16-true", "--format", "json"}),
+      kExitOk)
+      << err_.str();
+  const nlohmann::json time = nlohmann::json::parse(out_.str())["trials"][0]["time"];
+  EXPECT_TRUE(time["rates"].get<std::string>().starts_with(
+      "node remote-cpu's probe (stored by the controller): cpu Remote CPU (16 threads"))
+      << time["rates"];
+  EXPECT_EQ(time["calibration"].get<std::string>(),
+            "1 measured llama run on cpu (0 bf16, 1 fp32) in the controller at " + target_ +
+                " (from LLMCTL_CONTROLLER)")
+      << time["calibration"];
+  EXPECT_EQ(err_.str(), "");
+  EXPECT_FALSE(fs::exists(dir_ / "home")) << "nothing measured or read on this machine";
+
+  // A controller from before TimedRuns: its nodes' rates, the built-in calibration, and a note
+  // that says why.
+  {
+    std::lock_guard lock(fake_.mutex_);
+    fake_.timed_runs_unimplemented_ = true;
+  }
+  ASSERT_EQ(
+      Run({"estimate", "experiments/cpu-lab.yaml", "--trial", "bf16-true", "--format", "json"}),
+      kExitOk)
+      << err_.str();
+  const nlohmann::json older = nlohmann::json::parse(out_.str())["trials"][0]["time"];
+  EXPECT_TRUE(older["rates"].get<std::string>().starts_with("node remote-cpu's probe"));
+  EXPECT_EQ(older["calibration"].get<std::string>().find("in the controller at"),
+            std::string::npos);
+  EXPECT_EQ(err_.str(), "note: the controller at " + target_ +
+                            " (from LLMCTL_CONTROLLER) does not send its measured runs (it "
+                            "predates TimedRuns; upgrade llmctld): the time is at the built-in "
+                            "calibration\n");
+
+  // A controller that does not answer: notes, and the data sheets' rates.
+  const std::string nowhere = "unix:" + (dir_ / "nowhere.sock").string();
+  ASSERT_EQ(
+      Run({"estimate", "experiments/cpu-lab.yaml", "--trial", "bf16-true", "--format", "json"},
+          nowhere),
+      kExitOk)
+      << err_.str();
+  const nlohmann::json sheet = nlohmann::json::parse(out_.str())["trials"][0]["time"];
+  EXPECT_FALSE(sheet.contains("rates")) << sheet;
+  EXPECT_NE(err_.str().find("note: measured runs not read from the controller at " + nowhere +
+                            " (from LLMCTL_CONTROLLER): "),
+            std::string::npos)
+      << err_.str();
+  EXPECT_NE(err_.str().find("note: the nodes' rates not read from the controller at " + nowhere),
+            std::string::npos)
+      << err_.str();
+}
+
+}  // namespace
+}  // namespace llmctl::cli
