@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <tuple>
@@ -17,7 +18,6 @@ using nlohmann::json;
 using nlohmann::ordered_json;
 
 constexpr char kWhere[] = "rate probe";
-constexpr double kMaxReferenceStepSeconds = 3600;
 // A CPU's model name (/proc/cpuinfo) or a GPU's (NVML) is well under it.
 constexpr size_t kMaxDeviceNameBytes = 256;
 
@@ -25,14 +25,42 @@ Status Refuse(const std::string& field, const std::string& problem) {
   return InvalidArgumentError(std::string(kWhere) + ": '" + field + "' " + problem);
 }
 
-// A finite non-negative number at `key` of `object`, or InvalidArgument naming `path`.
-StatusOr<double> Rate(const json& object, const std::string& key, const std::string& path) {
+// What a measured quantity of one machine can be: a probe's figure is 0 (not measured) or inside
+// its unit's range, wide enough for any CPU or GPU (a 2-core CPU's 64-wide fp32 GEMM: 24 GFLOP/s;
+// an H200's bf16: about 1e15; its memory: 4.8e12 B/s), so that another process's broken or
+// hostile figure (1e-300 FLOP/s) cannot time a step at 1e300 s, or at 0.
+struct Bounds {
+  double min;
+  double max;
+  const char* unit;
+};
+constexpr Bounds kFlopRate = {1e6, 1e17, "FLOP/s"};
+constexpr Bounds kByteRate = {1e6, 1e15, "B/s"};
+constexpr Bounds kValueRate = {1e3, 1e14, "values/s"};
+constexpr Bounds kPixelRate = {1e3, 1e13, "pixels/s"};
+constexpr Bounds kLaunchSeconds = {1e-9, 1, "s"};
+// A bound no real step nears (0.1-0.2 s here), above a step that fast timers can tell apart.
+constexpr Bounds kStepSeconds = {1e-6, 3600, "s"};
+// The probe's own duration: informational, any finite time up to a day.
+constexpr Bounds kProbeSeconds = {0, 86400, "s"};
+
+std::string Number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", x);
+  return text;
+}
+
+// A number at `key` of `object` that is 0 or inside `bounds`, or InvalidArgument naming `path`.
+StatusOr<double> Rate(const json& object, const std::string& key, const std::string& path,
+                      const Bounds& bounds) {
   const auto found = object.find(key);
   if (found == object.end()) return Refuse(path, "is missing");
-  if (!found->is_number() || !std::isfinite(found->get<double>()) || found->get<double>() < 0) {
-    return Refuse(path, "must be a finite non-negative number");
+  const double x = found->is_number() ? found->get<double>() : -1;
+  if (!(x == 0 || (x >= bounds.min && x <= bounds.max))) {
+    return Refuse(path, "must be 0 (not measured) or from " + Number(bounds.min) + " to " +
+                            Number(bounds.max) + " " + bounds.unit);
   }
-  return found->get<double>();
+  return x;
 }
 
 StatusOr<std::string> Text(const json& object, const std::string& key, const std::string& path) {
@@ -96,7 +124,7 @@ StatusOr<ProbedMatmul> ParseMatmul(const json& row, const std::string& path) {
     }
     m.tokens = tokens->get<int64_t>();
   }
-  ASSIGN_OR_RETURN(m.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s"));
+  ASSIGN_OR_RETURN(m.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s", kFlopRate));
   return m;
 }
 
@@ -121,7 +149,7 @@ StatusOr<ProbedAttention> ParseAttention(const json& row, const std::string& pat
     }
     a.head_width = width->get<int64_t>();
   }
-  ASSIGN_OR_RETURN(a.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s"));
+  ASSIGN_OR_RETURN(a.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s", kFlopRate));
   return a;
 }
 
@@ -136,14 +164,7 @@ StatusOr<ProbedStep> ParseStep(const json& row, const std::string& path) {
     }
     s.new_lengths = *lengths == "new";
   }
-  ASSIGN_OR_RETURN(s.seconds, Rate(row, "seconds", path + ".seconds"));
-  // A bound no real step nears (0.1-0.2 s here), so a broken or hostile probe cannot make a factor
-  // that overflows every time it calibrates.
-  if (s.seconds > kMaxReferenceStepSeconds) {
-    return Refuse(path + ".seconds",
-                  "must be at most " + std::to_string(static_cast<int>(kMaxReferenceStepSeconds)) +
-                      " (one step of the reference trial)");
-  }
+  ASSIGN_OR_RETURN(s.seconds, Rate(row, "seconds", path + ".seconds", kStepSeconds));
   return s;
 }
 
@@ -236,6 +257,38 @@ double BlockShare(const RateProbe& probe, const std::string& dtype,
   return 0;
 }
 
+// Each reference step's calibration factor at the probe's own rates (ProbedSpeed's) inside
+// [kMinMeasuredFactor, kMaxMeasuredFactor] (step_time.h): a step that ran 4x faster than its work
+// at the rates measured beside it, or 100x slower, is not a measurement of this machine, and
+// would scale every trial's time by it. Only a CPU probe has reference steps.
+Status CheckReferenceSteps(const RateProbe& probe) {
+  if (probe.reference_steps.empty()) return Status::Ok();
+  if (probe.device != "cpu") {
+    return Refuse("reference_steps",
+                  "must be empty on " + probe.device + " (llm-train --probe times them on a CPU)");
+  }
+  const DeviceSpeed speed = ProbedSpeed(CpuSpeed(), probe, "");
+  for (size_t i = 0; i < probe.reference_steps.size(); ++i) {
+    const ProbedStep& step = probe.reference_steps[i];
+    if (step.seconds == 0) continue;  // not measured
+    ASSIGN_OR_RETURN(
+        const TrialConfig trial,
+        ReferenceTrial(step.dtype == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32));
+    ASSIGN_OR_RETURN(const StepWork work, EstimateStepWork(trial, ReferenceModel()));
+    const double factor = MeasuredFactor(work, speed, step.seconds);
+    if (!(factor >= kMinMeasuredFactor && factor <= kMaxMeasuredFactor)) {
+      return Refuse("reference_steps[" + std::to_string(i) + "].seconds",
+                    "is " + Number(step.seconds) + " s, " + Number(factor) +
+                        " times the reference step's work at this probe's own rates (a measured "
+                        "step is " +
+                        Number(kMinMeasuredFactor) + " to " + Number(kMaxMeasuredFactor) +
+                        " times it): not a measurement of this "
+                        "machine; run llm-train --probe again");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 ordered_json RateProbe::ToJson() const {
@@ -303,7 +356,7 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   }
   probe.version = version->get<int>();
   ASSIGN_OR_RETURN(probe.measured_at, Text(j, "measured_at", "measured_at"));
-  ASSIGN_OR_RETURN(probe.seconds, Rate(j, "seconds", "seconds"));
+  ASSIGN_OR_RETURN(probe.seconds, Rate(j, "seconds", "seconds", kProbeSeconds));
   if (probe.version >= 3) {
     const auto rounds = j.find("rounds");
     if (rounds == j.end() || !rounds->is_number_integer() || rounds->get<int64_t>() < 1 ||
@@ -319,39 +372,42 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   if (probe.version >= 5) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "tokens"));
   if (probe.version >= 6) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "head_width"));
   if (probe.version >= 8) {
-    ASSIGN_OR_RETURN(probe.jpeg_pixels_per_s, Rate(j, "jpeg_pixels_per_s", "jpeg_pixels_per_s"));
-    ASSIGN_OR_RETURN(probe.png_pixels_per_s, Rate(j, "png_pixels_per_s", "png_pixels_per_s"));
+    ASSIGN_OR_RETURN(probe.jpeg_pixels_per_s,
+                     Rate(j, "jpeg_pixels_per_s", "jpeg_pixels_per_s", kPixelRate));
+    ASSIGN_OR_RETURN(probe.png_pixels_per_s,
+                     Rate(j, "png_pixels_per_s", "png_pixels_per_s", kPixelRate));
     ASSIGN_OR_RETURN(probe.sdpa_partial_block,
                      ParseRows<ProbedAttention>(j, "sdpa_partial_block", ParseAttention));
     RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa_partial_block", "tokens"));
     RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa_partial_block", "head_width"));
   }
-  for (auto [key, field] :
-       {std::pair{"memory_bytes_per_s", &probe.memory_bytes_per_s},
-        std::pair{"launch_seconds", &probe.launch_seconds},
-        std::pair{"host_adamw_values_per_s", &probe.host_adamw_values_per_s},
-        std::pair{"host_to_device_bytes_per_s", &probe.host_to_device_bytes_per_s},
-        std::pair{"device_to_host_bytes_per_s", &probe.device_to_host_bytes_per_s}}) {
-    ASSIGN_OR_RETURN(*field, Rate(j, key, key));
+  for (auto [key, field, bounds] :
+       {std::tuple{"memory_bytes_per_s", &probe.memory_bytes_per_s, kByteRate},
+        std::tuple{"launch_seconds", &probe.launch_seconds, kLaunchSeconds},
+        std::tuple{"host_adamw_values_per_s", &probe.host_adamw_values_per_s, kValueRate},
+        std::tuple{"host_to_device_bytes_per_s", &probe.host_to_device_bytes_per_s, kByteRate},
+        std::tuple{"device_to_host_bytes_per_s", &probe.device_to_host_bytes_per_s, kByteRate}}) {
+    ASSIGN_OR_RETURN(*field, Rate(j, key, key, bounds));
   }
   if (probe.version >= 4) {
     ASSIGN_OR_RETURN(probe.adamw_8bit_values_per_s,
-                     Rate(j, "adamw_8bit_values_per_s", "adamw_8bit_values_per_s"));
+                     Rate(j, "adamw_8bit_values_per_s", "adamw_8bit_values_per_s", kValueRate));
     ASSIGN_OR_RETURN(probe.reference_steps, ParseRows<ProbedStep>(j, "reference_steps", ParseStep));
   }
   if (probe.version >= 5) {
     ASSIGN_OR_RETURN(probe.nf4_dequant_values_per_s,
-                     Rate(j, "nf4_dequant_values_per_s", "nf4_dequant_values_per_s"));
+                     Rate(j, "nf4_dequant_values_per_s", "nf4_dequant_values_per_s", kValueRate));
     RETURN_IF_ERROR(RequireInEveryRow(j, "reference_steps", "lengths"));
   }
   if (probe.version >= 7) {
     ASSIGN_OR_RETURN(probe.dropout_values_per_s,
-                     Rate(j, "dropout_values_per_s", "dropout_values_per_s"));
+                     Rate(j, "dropout_values_per_s", "dropout_values_per_s", kValueRate));
   }
   if (!(probe.MatmulFlops("fp32", kProbeMatmulSizeUsed) > 0)) {
     return Refuse("matmul", "has no fp32 rate");
   }
   if (!(probe.memory_bytes_per_s > 0)) return Refuse("memory_bytes_per_s", "must be above 0");
+  RETURN_IF_ERROR(CheckReferenceSteps(probe));
   return probe;
 }
 

@@ -153,6 +153,56 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   refused([](nlohmann::json& j) { j["identity"]["versions"].erase("libtorch"); },
           "identity.versions");
   refused([](nlohmann::json& j) { j["matmul"] = nlohmann::json::array(); }, "matmul");
+  // Measured, but not of any machine: a step timed at them would take 1e300 s, or none.
+  refused([](nlohmann::json& j) { j["matmul"][0]["flops_per_s"] = 1e-300; },
+          "matmul[0].flops_per_s");
+  refused([](nlohmann::json& j) { j["sdpa"][0]["flops_per_s"] = 1e300; }, "sdpa[0].flops_per_s");
+  refused([](nlohmann::json& j) { j["memory_bytes_per_s"] = 5e-324; }, "memory_bytes_per_s");
+  refused([](nlohmann::json& j) { j["launch_seconds"] = 2; }, "launch_seconds");
+  refused([](nlohmann::json& j) { j["host_to_device_bytes_per_s"] = 1e-3; },
+          "host_to_device_bytes_per_s");
+  refused([](nlohmann::json& j) { j["dropout_values_per_s"] = 1e20; }, "dropout_values_per_s");
+  refused([](nlohmann::json& j) { j["reference_steps"][0]["seconds"] = 1e-300; },
+          "reference_steps[0].seconds");
+}
+
+// A reference step is measured beside the probe's rates: one that ran far faster than its work at
+// those rates allows, or 100x slower, would scale every trial's time by that, and is refused.
+TEST(RateProbeTest, RefusesAReferenceStepNoStepOfItsWorkTakes) {
+  const RateProbe probe = FixedProbeWithReferenceSteps();
+  const DeviceSpeed speed = ProbedSpeed(CpuSpeed(), probe, "");
+  StatusOr<StepWork> work = EstimateStepWork(*ReferenceTrial(MatmulClass::kFp32), ReferenceModel());
+  ASSERT_TRUE(work.ok());
+  const NominalStep nominal = NominalStepSeconds(*work, speed);
+  auto with_fp32_step = [&](double factor) {
+    nlohmann::json j = nlohmann::json::parse(probe.ToJson().dump());
+    j["reference_steps"][0]["seconds"] = nominal.fixed + factor * nominal.calibrated;
+    return RateProbe::FromJson(j);
+  };
+  for (const double factor : {kMinMeasuredFactor * 1.01, 1.0, kMaxMeasuredFactor * 0.99}) {
+    StatusOr<RateProbe> parsed = with_fp32_step(factor);
+    ASSERT_TRUE(parsed.ok()) << factor << ": " << parsed.status().message();
+    EXPECT_NEAR(ProbedSpeed(CpuSpeed(), *parsed, "").probed_fp32_factor, factor, 1e-9 * factor);
+  }
+  for (const double factor : {kMinMeasuredFactor * 0.99, kMaxMeasuredFactor * 1.01}) {
+    StatusOr<RateProbe> parsed = with_fp32_step(factor);
+    ASSERT_FALSE(parsed.ok()) << factor;
+    EXPECT_NE(parsed.status().message().find("'reference_steps[0].seconds'"), std::string::npos)
+        << parsed.status().message();
+    EXPECT_NE(parsed.status().message().find("not a measurement of this machine"),
+              std::string::npos)
+        << parsed.status().message();
+  }
+  // llm-train --probe times reference steps on a CPU only.
+  nlohmann::json cuda = nlohmann::json::parse(probe.ToJson().dump());
+  cuda["identity"]["device"] = "cuda";
+  StatusOr<RateProbe> parsed = RateProbe::FromJson(cuda);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("'reference_steps' must be empty on cuda"),
+            std::string::npos)
+      << parsed.status().message();
+  cuda["reference_steps"] = nlohmann::json::array();
+  EXPECT_TRUE(RateProbe::FromJson(cuda).ok());
 }
 
 // A probe of version 1 (no tokens: its matmuls were 512 rows) still reads, as 512-row rates.

@@ -512,7 +512,8 @@ Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
     const double measured =
         run.seconds_per_token * static_cast<double>(run.work.tokens * run.work.world_size);
     const double factor = MeasuredFactor(run.work, device, measured);
-    if (!(factor > 0)) continue;
+    // A time no step of this work takes on this device: another process's error, not a run.
+    if (!(factor >= kMinMeasuredFactor && factor <= kMaxMeasuredFactor)) continue;
     ratios[run.work.matmul_class == MatmulClass::kBf16 ? 0 : 1].push_back(factor);
   }
   Calibration c = DefaultCalibration(device, family);

@@ -183,6 +183,15 @@ struct NominalStep {
 };
 NominalStep NominalStepSeconds(const StepWork& work, const DeviceSpeed& device);
 
+// The range of calibration factors a measured step can imply: a step does the work it is counted
+// for, so it cannot run 4x faster than that work at its device's rates (measured ones run within
+// 0.9 to 1.3 of them on a CPU), and a step 100x slower than it is no measure of that work (bf16
+// emulated on a CPU without bf16 instructions, against the data sheet's bf16 rate, is about 4x).
+// Outside it a measured time is another process's error: Calibrate leaves such a run out, and a
+// probe whose reference step implies one is refused (rate_probe.h).
+inline constexpr double kMinMeasuredFactor = 0.25;
+inline constexpr double kMaxMeasuredFactor = 100;
+
 // The calibration factor one measured step of `work` on `device` implies: its seconds beyond the
 // fixed terms over the calibrated terms' nominal seconds. 0 when it implies none (no calibrated
 // work, or a step no longer than its fixed terms). Calibrate takes it of each stored run, the
