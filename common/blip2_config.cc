@@ -7,17 +7,30 @@
 namespace llmctl {
 namespace {
 
-// Reads `section`.`key` into `out` when present: a positive integer (or any number for doubles).
+// Bounds on a config's shapes, far above any published BLIP-2's (Flan-T5-XXL: 4,096 wide, a
+// 10,240 FFN, 24 + 24 blocks, 32,128 tokens; a 224-pixel image) and low enough that its parameter
+// counts, and the estimate's products of them, fit in 64 bits: past them a config is refused,
+// not counted over 2^63 layers.
+constexpr int64_t kMaxWidth = 1 << 18;  // hidden sizes, FFN widths, a head's width
+constexpr int64_t kMaxLayers = 1 << 10;
+constexpr int64_t kMaxHeads = 1 << 10;
+constexpr int64_t kMaxVocabulary = 1 << 24;
+constexpr int64_t kMaxPositions = 1 << 24;  // positions, T5's relative distance and buckets
+constexpr int64_t kMaxImageSide = 1 << 16;  // an image's or a patch's side, in pixels
+constexpr int64_t kMaxQueryTokens = 1 << 16;
+
+// Reads `section`.`key` into `out` when present: a positive integer up to a bound (or any number
+// for doubles).
 class Fields {
  public:
   Fields(const nlohmann::json& json, std::string where) : json_(json), where_(std::move(where)) {}
 
-  Status Int(const char* key, int64_t& out) {
+  Status Int(const char* key, int64_t& out, int64_t max) {
     if (!json_.contains(key)) return Status::Ok();
     const nlohmann::json& v = json_[key];
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
-      return InvalidArgumentError(where_ + "." + key + ": expected a positive integer, got " +
-                                  v.dump());
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > max) {
+      return InvalidArgumentError(where_ + "." + key + ": expected a positive integer up to " +
+                                  std::to_string(max) + ", got " + v.dump());
     }
     out = v.get<int64_t>();
     return Status::Ok();
@@ -61,6 +74,15 @@ class Fields {
     out = json_[key].get<bool>();
     return Status::Ok();
   }
+  Status String(const char* key, std::string& out) {
+    if (!json_.contains(key)) return Status::Ok();
+    if (!json_[key].is_string()) {
+      return InvalidArgumentError(where_ + "." + key + ": expected a string, got " +
+                                  json_[key].dump());
+    }
+    out = json_[key].get<std::string>();
+    return Status::Ok();
+  }
   // A string field that must be `expected` when present (what llmctl implements).
   Status Is(const char* key, const std::string& expected, StatusCode code) {
     if (!json_.contains(key) || (json_[key].is_string() && json_[key] == expected)) {
@@ -84,12 +106,12 @@ Status Divisible(int64_t size, int64_t by, const std::string& what) {
 StatusOr<OptConfig> ParseOptConfig(const nlohmann::json& text_json, const std::string& where) {
   OptConfig o;
   Fields text(text_json, where);
-  RETURN_IF_ERROR(text.Int("vocab_size", o.vocab_size));
-  RETURN_IF_ERROR(text.Int("hidden_size", o.hidden_size));
-  RETURN_IF_ERROR(text.Int("ffn_dim", o.ffn_dim));
-  RETURN_IF_ERROR(text.Int("num_hidden_layers", o.num_hidden_layers));
-  RETURN_IF_ERROR(text.Int("num_attention_heads", o.num_attention_heads));
-  RETURN_IF_ERROR(text.Int("max_position_embeddings", o.max_position_embeddings));
+  RETURN_IF_ERROR(text.Int("vocab_size", o.vocab_size, kMaxVocabulary));
+  RETURN_IF_ERROR(text.Int("hidden_size", o.hidden_size, kMaxWidth));
+  RETURN_IF_ERROR(text.Int("ffn_dim", o.ffn_dim, kMaxWidth));
+  RETURN_IF_ERROR(text.Int("num_hidden_layers", o.num_hidden_layers, kMaxLayers));
+  RETURN_IF_ERROR(text.Int("num_attention_heads", o.num_attention_heads, kMaxHeads));
+  RETURN_IF_ERROR(text.Int("max_position_embeddings", o.max_position_embeddings, kMaxPositions));
   if (text_json.contains("pad_token_id") && text_json["pad_token_id"].is_number_integer()) {
     o.pad_token_id = text_json["pad_token_id"].get<int64_t>();
   }
@@ -101,7 +123,7 @@ StatusOr<OptConfig> ParseOptConfig(const nlohmann::json& text_json, const std::s
   RETURN_IF_ERROR(text.Bool("enable_bias", bias));
   RETURN_IF_ERROR(text.Bool("layer_norm_elementwise_affine", affine));
   int64_t projected = o.hidden_size;
-  RETURN_IF_ERROR(text.Int("word_embed_proj_dim", projected));
+  RETURN_IF_ERROR(text.Int("word_embed_proj_dim", projected, kMaxWidth));
   if (!pre_ln || !bias || !affine || projected != o.hidden_size) {
     return UnimplementedError(where +
                               ": OPT with do_layer_norm_before false, no biases, "
@@ -117,23 +139,26 @@ StatusOr<T5Config> ParseT5Config(const nlohmann::json& text_json, const std::str
   T5Config t;
   t.tie_word_embeddings = true;  // PretrainedConfig's default, which T5 v1.0's files rely on
   Fields text(text_json, where);
-  RETURN_IF_ERROR(text.Int("vocab_size", t.vocab_size));
-  RETURN_IF_ERROR(text.Int("d_model", t.d_model));
-  RETURN_IF_ERROR(text.Int("d_kv", t.d_kv));
-  RETURN_IF_ERROR(text.Int("d_ff", t.d_ff));
-  RETURN_IF_ERROR(text.Int("num_layers", t.num_layers));
+  RETURN_IF_ERROR(text.Int("vocab_size", t.vocab_size, kMaxVocabulary));
+  RETURN_IF_ERROR(text.Int("d_model", t.d_model, kMaxWidth));
+  RETURN_IF_ERROR(text.Int("d_kv", t.d_kv, kMaxWidth));
+  RETURN_IF_ERROR(text.Int("d_ff", t.d_ff, kMaxWidth));
+  RETURN_IF_ERROR(text.Int("num_layers", t.num_layers, kMaxLayers));
   t.num_decoder_layers = t.num_layers;  // T5Config's default: as many as the encoder
-  RETURN_IF_ERROR(text.Int("num_decoder_layers", t.num_decoder_layers));
-  RETURN_IF_ERROR(text.Int("num_heads", t.num_heads));
-  RETURN_IF_ERROR(text.Int("relative_attention_num_buckets", t.relative_attention_num_buckets));
-  RETURN_IF_ERROR(text.Int("relative_attention_max_distance", t.relative_attention_max_distance));
+  RETURN_IF_ERROR(text.Int("num_decoder_layers", t.num_decoder_layers, kMaxLayers));
+  RETURN_IF_ERROR(text.Int("num_heads", t.num_heads, kMaxHeads));
+  RETURN_IF_ERROR(
+      text.Int("relative_attention_num_buckets", t.relative_attention_num_buckets, kMaxPositions));
+  RETURN_IF_ERROR(text.Int("relative_attention_max_distance", t.relative_attention_max_distance,
+                           kMaxPositions));
   RETURN_IF_ERROR(text.Double("layer_norm_epsilon", t.layer_norm_epsilon));
   RETURN_IF_ERROR(text.Probability("dropout_rate", t.dropout_rate));
   RETURN_IF_ERROR(text.Bool("tie_word_embeddings", t.tie_word_embeddings));
   RETURN_IF_ERROR(text.Id("pad_token_id", t.pad_token_id));
   t.decoder_start_token_id = t.pad_token_id;
   RETURN_IF_ERROR(text.Id("decoder_start_token_id", t.decoder_start_token_id));
-  const std::string ffn = text_json.value("feed_forward_proj", "relu");
+  std::string ffn = "relu";
+  RETURN_IF_ERROR(text.String("feed_forward_proj", ffn));
   if (ffn != "relu" && ffn != "gated-gelu") {
     return UnimplementedError(where + ".feed_forward_proj: \"" + ffn +
                               "\", where llmctl implements \"gated-gelu\" (Flan-T5, T5 v1.1) and "
@@ -248,13 +273,17 @@ std::optional<Blip2Config> Blip2Preset(const std::string& name) {
 
 StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::string& source) {
   if (!config.is_object()) return InvalidArgumentError(source + ": not a JSON object");
-  if (config.value("model_type", "") != "blip-2") {
-    return InvalidArgumentError(source + ": model_type " + config.value("model_type", "(none)") +
+  if (!config.contains("model_type") || config["model_type"] != "blip-2") {
+    const nlohmann::json type = config.value("model_type", nlohmann::json());
+    return InvalidArgumentError(source + ": model_type " +
+                                (type.is_string() ? type.get<std::string>()
+                                 : type.is_null() ? std::string("(none)")
+                                                  : type.dump()) +
                                 ", expected blip-2");
   }
   Blip2Config c;
   Fields top(config, source);
-  RETURN_IF_ERROR(top.Int("num_query_tokens", c.num_query_tokens));
+  RETURN_IF_ERROR(top.Int("num_query_tokens", c.num_query_tokens, kMaxQueryTokens));
   if (config.contains("image_token_index") && config["image_token_index"].is_number_integer()) {
     c.image_token_index = config["image_token_index"].get<int64_t>();
   }
@@ -265,12 +294,12 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
 
   Blip2VisionConfig& v = c.vision;
   Fields vision(section("vision_config"), source + ": vision_config");
-  RETURN_IF_ERROR(vision.Int("hidden_size", v.hidden_size));
-  RETURN_IF_ERROR(vision.Int("intermediate_size", v.intermediate_size));
-  RETURN_IF_ERROR(vision.Int("num_hidden_layers", v.num_hidden_layers));
-  RETURN_IF_ERROR(vision.Int("num_attention_heads", v.num_attention_heads));
-  RETURN_IF_ERROR(vision.Int("image_size", v.image_size));
-  RETURN_IF_ERROR(vision.Int("patch_size", v.patch_size));
+  RETURN_IF_ERROR(vision.Int("hidden_size", v.hidden_size, kMaxWidth));
+  RETURN_IF_ERROR(vision.Int("intermediate_size", v.intermediate_size, kMaxWidth));
+  RETURN_IF_ERROR(vision.Int("num_hidden_layers", v.num_hidden_layers, kMaxLayers));
+  RETURN_IF_ERROR(vision.Int("num_attention_heads", v.num_attention_heads, kMaxHeads));
+  RETURN_IF_ERROR(vision.Int("image_size", v.image_size, kMaxImageSide));
+  RETURN_IF_ERROR(vision.Int("patch_size", v.patch_size, kMaxImageSide));
   RETURN_IF_ERROR(vision.Double("layer_norm_eps", v.layer_norm_eps));
   RETURN_IF_ERROR(vision.Probability("attention_dropout", v.attention_dropout));
   RETURN_IF_ERROR(vision.Bool("qkv_bias", v.qkv_bias));
@@ -283,12 +312,13 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
   Blip2QFormerConfig& q = c.qformer;
   q.encoder_hidden_size = v.hidden_size;
   Fields qformer(section("qformer_config"), source + ": qformer_config");
-  RETURN_IF_ERROR(qformer.Int("hidden_size", q.hidden_size));
-  RETURN_IF_ERROR(qformer.Int("intermediate_size", q.intermediate_size));
-  RETURN_IF_ERROR(qformer.Int("num_hidden_layers", q.num_hidden_layers));
-  RETURN_IF_ERROR(qformer.Int("num_attention_heads", q.num_attention_heads));
-  RETURN_IF_ERROR(qformer.Int("cross_attention_frequency", q.cross_attention_frequency));
-  RETURN_IF_ERROR(qformer.Int("encoder_hidden_size", q.encoder_hidden_size));
+  RETURN_IF_ERROR(qformer.Int("hidden_size", q.hidden_size, kMaxWidth));
+  RETURN_IF_ERROR(qformer.Int("intermediate_size", q.intermediate_size, kMaxWidth));
+  RETURN_IF_ERROR(qformer.Int("num_hidden_layers", q.num_hidden_layers, kMaxLayers));
+  RETURN_IF_ERROR(qformer.Int("num_attention_heads", q.num_attention_heads, kMaxHeads));
+  RETURN_IF_ERROR(
+      qformer.Int("cross_attention_frequency", q.cross_attention_frequency, kMaxLayers));
+  RETURN_IF_ERROR(qformer.Int("encoder_hidden_size", q.encoder_hidden_size, kMaxWidth));
   RETURN_IF_ERROR(qformer.Double("layer_norm_eps", q.layer_norm_eps));
   RETURN_IF_ERROR(qformer.Probability("hidden_dropout_prob", q.hidden_dropout_prob));
   RETURN_IF_ERROR(
@@ -309,8 +339,9 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
   }
 
   const nlohmann::json& text_json = section("text_config");
-  const std::string text_type = text_json.value("model_type", "opt");
   const std::string text_where = source + ": text_config";
+  std::string text_type = "opt";
+  RETURN_IF_ERROR(Fields(text_json, text_where).String("model_type", text_type));
   if (text_type == "opt") {
     ASSIGN_OR_RETURN(c.text, ParseOptConfig(text_json, text_where));
   } else if (text_type == "t5") {
@@ -411,7 +442,7 @@ StatusOr<std::optional<Blip2Config>> ResolveBlip2Model(std::string_view model) {
   ASSIGN_OR_RETURN(const std::string text, ReadFileToString(config_path.string(), 1 << 20));
   const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   // A malformed file is ResolveModel's to report, with its own reader's message.
-  if (!json.is_object() || json.value("model_type", "") != "blip-2") {
+  if (!json.is_object() || !json.contains("model_type") || json["model_type"] != "blip-2") {
     return std::optional<Blip2Config>();
   }
   ASSIGN_OR_RETURN(Blip2Config config, ParseBlip2Config(json, config_path.string()));

@@ -40,13 +40,14 @@ TEST(Blip2ConfigTest, WrongValuesAreNamedBySectionAndField) {
             std::string::npos);
   EXPECT_EQ(parse(R"({"model_type": "blip-2", "text_config": {"model_type": "t5", "d_kv": -1}})")
                 .message(),
-            "m/config.json: text_config.d_kv: expected a positive integer, got -1");
+            "m/config.json: text_config.d_kv: expected a positive integer up to 262144, got -1");
   EXPECT_EQ(
       parse(R"({"model_type": "blip-2", "text_config": {"model_type": "t5", "pad_token_id": "x"}})")
           .message(),
       "m/config.json: text_config.pad_token_id: expected a token id, got \"x\"");
-  EXPECT_EQ(parse(R"({"model_type": "blip-2", "vision_config": {"patch_size": 0}})").message(),
-            "m/config.json: vision_config.patch_size: expected a positive integer, got 0");
+  EXPECT_EQ(
+      parse(R"({"model_type": "blip-2", "vision_config": {"patch_size": 0}})").message(),
+      "m/config.json: vision_config.patch_size: expected a positive integer up to 65536, got 0");
   EXPECT_EQ(parse(R"({"model_type": "blip-2", "qformer_config": {"encoder_hidden_size": 1024}})")
                 .message(),
             "m/config.json: qformer_config.encoder_hidden_size 1024 differs from "
@@ -54,6 +55,25 @@ TEST(Blip2ConfigTest, WrongValuesAreNamedBySectionAndField) {
   EXPECT_EQ(
       parse(R"({"model_type": "blip-2", "text_config": {"word_embed_proj_dim": 512}})").code(),
       StatusCode::kUnimplemented);
+  // Members of another type are refused by name, never thrown (nlohmann's typed reads throw).
+  EXPECT_EQ(parse(R"({"model_type": 5})").message(),
+            "m/config.json: model_type 5, expected blip-2");
+  EXPECT_EQ(parse(R"({})").message(), "m/config.json: model_type (none), expected blip-2");
+  EXPECT_EQ(parse(R"({"model_type": "blip-2", "text_config": {"model_type": ["opt"]}})").message(),
+            "m/config.json: text_config.model_type: expected a string, got [\"opt\"]");
+  EXPECT_EQ(
+      parse(
+          R"({"model_type": "blip-2", "text_config": {"model_type": "t5", "feed_forward_proj": 7}})")
+          .message(),
+      "m/config.json: text_config.feed_forward_proj: expected a string, got 7");
+  // Shapes past any model's, whose counts would not fit in 64 bits (or take 2^63 layers to count).
+  EXPECT_EQ(
+      parse(
+          R"({"model_type": "blip-2", "qformer_config": {"num_hidden_layers": 9223372036854775807}})")
+          .message(),
+      "m/config.json: qformer_config.num_hidden_layers: expected a positive integer up to 1024, "
+      "got "
+      "9223372036854775807");
 }
 
 // transformers 5.23's Blip2ForConditionalGeneration built on the meta device with each preset's

@@ -75,9 +75,10 @@ Status AttachPredictions(const std::map<std::string, nlohmann::json>& prediction
         return InvalidArgumentError(where + ": " + key + " must be a byte count");
       }
     }
-    const std::string verdict = prediction.value("verdict", "");
-    if (verdict != "" && verdict != "fits" && verdict != "oom") {
-      return InvalidArgumentError(where + ": verdict must be fits or oom, not '" + verdict + "'");
+    if (prediction.contains("verdict") && prediction["verdict"] != "fits" &&
+        prediction["verdict"] != "oom" && prediction["verdict"] != "") {
+      return InvalidArgumentError(where + ": verdict must be fits or oom, not " +
+                                  prediction["verdict"].dump());
     }
     if (prediction.contains("step_seconds")) {
       for (const char* key : {"step_seconds", "tokens_per_second", "trial_seconds"}) {

@@ -101,7 +101,10 @@ TEST_F(SubmissionTest, PredictionsAreAttachedToTheirTrialsAndChecked) {
   nlohmann::json verdict = prediction;
   verdict["verdict"] = "maybe";
   EXPECT_EQ(AttachPredictions({{"a", verdict}}, *experiment).message(),
-            "tiny.yaml: prediction of trial 'a': verdict must be fits or oom, not 'maybe'");
+            "tiny.yaml: prediction of trial 'a': verdict must be fits or oom, not \"maybe\"");
+  verdict["verdict"] = 3;  // another type: refused by name, never thrown
+  EXPECT_EQ(AttachPredictions({{"a", verdict}}, *experiment).message(),
+            "tiny.yaml: prediction of trial 'a': verdict must be fits or oom, not 3");
 }
 
 TEST_F(SubmissionTest, AFileErrorPointsIntoTheFile) {

@@ -534,6 +534,22 @@ TEST(StepWorkTest, JsonRoundTripsAndRejectsMissingFields) {
   broken = work->ToJson();
   broken["matmul_class"] = "int8";
   EXPECT_FALSE(StepWork::FromJson(broken).ok());
+  // Members of another type (another process's JSON) are refused, never thrown.
+  broken = work->ToJson();
+  broken["family"] = 7;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: family must be llama or blip2");
+  broken = work->ToJson();
+  broken["pretrained"] = "yes";
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: pretrained must be true or false");
+  // A work stored before BLIP-2 and pretrained weights: a LLaMA's, built from random init.
+  broken = work->ToJson();
+  broken.erase("family");
+  broken.erase("pretrained");
+  ASSERT_TRUE(StepWork::FromJson(broken).ok());
+  EXPECT_EQ(StepWork::FromJson(broken)->family, ModelFamily::kLlama);
+  EXPECT_FALSE(StepWork::FromJson(broken)->pretrained);
 }
 
 TEST(DeviceSpeedTest, NodesDeviceNamesMapToTheTable) {
@@ -557,6 +573,10 @@ TEST(CalibrationTest, TakesTheMedianRatioPerClassAndFallsBackToTheOther) {
       NominalStepSeconds(*work, device).calibrated / static_cast<double>(work->tokens);
   std::vector<MeasuredRun> runs;
   for (double ratio : {2.0, 3.0, 10.0}) runs.push_back({*work, ratio * nominal_per_token});
+  // Times no step of this work takes on this device (another process's error) are left out.
+  for (double ratio : {kMinMeasuredFactor / 2, kMaxMeasuredFactor * 2, 1e300}) {
+    runs.push_back({*work, ratio * nominal_per_token});
+  }
   const Calibration c = Calibrate(device, ModelFamily::kLlama, runs);
   EXPECT_DOUBLE_EQ(c.bf16_factor, 3.0);
   EXPECT_DOUBLE_EQ(c.fp32_factor, 3.0);  // no fp32 run: the bf16 runs' factor

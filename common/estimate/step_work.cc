@@ -297,7 +297,8 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
   ASSIGN_OR_RETURN(
       w.matmul_class,
       ParseMatmulClass(j.contains("matmul_class") ? j["matmul_class"] : json(), "matmul_class"));
-  const std::string family = j.value("family", "llama");
+  // A work stored before BLIP-2 has no family: a LLaMA's.
+  const json family = j.contains("family") ? j["family"] : json("llama");
   if (family != "llama" && family != "blip2") {
     return InvalidArgumentError("step work: family must be llama or blip2");
   }
@@ -340,7 +341,12 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
       ASSIGN_OR_RETURN(*field, WorkNumber(j, key, key));
     }
   }
-  w.pretrained = j.value("pretrained", false);
+  if (j.contains("pretrained")) {
+    if (!j["pretrained"].is_boolean()) {
+      return InvalidArgumentError("step work: pretrained must be true or false");
+    }
+    w.pretrained = j["pretrained"].get<bool>();
+  }
   RETURN_IF_ERROR(ParseMatmulShapes(j, w));
   return w;
 }

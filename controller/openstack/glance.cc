@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "common/http/http_client.h"
+#include "controller/openstack/json_fields.h"
 
 namespace llmctl::openstack {
 
@@ -14,7 +15,7 @@ StatusOr<Image> ParseImage(const json& value) {
     return InternalError("Glance image without an id or name: " + value.dump().substr(0, 200));
   }
   return Image{value["id"].get<std::string>(), value["name"].get<std::string>(),
-               value.value("status", "")};
+               StringField(value, "status")};
 }
 
 StatusOr<Image> GlanceClient::FindImage(std::string_view name) {
@@ -45,8 +46,10 @@ StatusOr<Image> GlanceClient::FindImage(std::string_view name) {
                                    std::string(name) + "' (" + ids + "); pass an unambiguous name");
   }
   if (found.front().status != "active") {
-    return FailedPreconditionError("image '" + std::string(name) + "' (" + found.front().id +
-                                   ") is " + found.front().status + ", not active");
+    const std::string& status = found.front().status;
+    return FailedPreconditionError(
+        "image '" + std::string(name) + "' (" + found.front().id + ") is " +
+        (status.empty() ? "of no status Glance names" : status) + ", not active");
   }
   return found.front();
 }

@@ -314,6 +314,13 @@ TEST_F(NodesTest, GlanceFollowsNextAndRefusesAnAmbiguousName) {
   ASSERT_TRUE(image.ok()) << image.status().ToString();
   EXPECT_EQ(image->id, "img-ubuntu-2204");
   ASSERT_TRUE(sim_->Admin("images", {{"page_size", 25}}).ok());
+  // A member of another type in Glance's answer is read as absent, not thrown.
+  ASSERT_TRUE(
+      sim_->Admin("images",
+                  {{"add", json::array({{{"id", "img-odd"}, {"name", "odd"}, {"status", 5}}})}})
+          .ok());
+  EXPECT_EQ(glance.FindImage("odd").status().message(),
+            "image 'odd' (img-odd) is of no status Glance names, not active");
 }
 
 TEST_F(NodesTest, EveryServiceReissuesTheTokenAfterA401) {

@@ -4,6 +4,7 @@
 
 #include "common/http/http_client.h"
 #include "common/spelling.h"
+#include "controller/openstack/json_fields.h"
 
 namespace llmctl::openstack {
 namespace {
@@ -71,7 +72,7 @@ StatusOr<std::vector<Flavor>> NovaClient::ListFlavors() {
     path.clear();
     if (body.contains("flavors_links") && body["flavors_links"].is_array()) {
       for (const json& link : body["flavors_links"]) {
-        if (link.value("rel", "") == "next" && link.contains("href") && link["href"].is_string()) {
+        if (StringField(link, "rel") == "next" && StringField(link, "href") != "") {
           path = RelativeNext(link["href"].get<std::string>());
         }
       }

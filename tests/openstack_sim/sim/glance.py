@@ -4,6 +4,9 @@ from urllib.parse import quote
 from .errors import ApiError
 from .state import STATE
 
+# What Glance says of a public image; an image added with its own members (an admin call) keeps them.
+IMAGE_DEFAULTS = {"status": "active", "visibility": "public"}
+
 
 class GlanceRoutes:
     """/glance/v2/...: a mixin of server.Handler, self is the request being answered."""
@@ -11,7 +14,7 @@ class GlanceRoutes:
     def glance(self, what, query):
         parts = what.strip("/").split("/")
         if parts == ["images"] and self.command == "GET":
-            images = [dict(i, status="active", visibility="public") for i in STATE.images]
+            images = [dict(IMAGE_DEFAULTS, **i) for i in STATE.images]
             if "name" in query:
                 images = [i for i in images if i["name"] == query["name"][0]]
             start = 0
@@ -29,5 +32,5 @@ class GlanceRoutes:
             image = next((i for i in STATE.images if i["id"] == parts[1]), None)
             if image is None:
                 raise ApiError(404, {"message": "No image found with ID %s" % parts[1]})
-            return 200, dict(image, status="active", visibility="public"), None
+            return 200, dict(IMAGE_DEFAULTS, **image), None
         raise ApiError(404, {"message": "no Glance route " + what})
