@@ -13,12 +13,30 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string_view>
 
 #include "common/files.h"
 
 namespace llmctl::image {
 namespace {
+
+// PIL's Image.MAX_IMAGE_PIXELS (1024^3 / 4 / 3) twice: past it Image.open raises
+// DecompressionBombError, so transformers' image processors never read such an image. It also
+// bounds what a file of a few bytes can make a reader allocate: 537 MB of RGB, 716 MB of RGBA (a
+// PNG's IHDR may claim 1,000,000 x 1,000,000 pixels, a JPEG's frame 65,535 x 65,535).
+constexpr uint64_t kMaxPixels = 2 * 89'478'485;
+
+// InvalidArgument naming `display_path` for an image of more than kMaxPixels.
+Status CheckPixels(uint64_t width, uint64_t height, const std::string& display_path) {
+  if (width * height <= kMaxPixels) return Status::Ok();
+  return InvalidArgumentError(display_path + ": " + std::to_string(width) + " x " +
+                              std::to_string(height) + " pixels, more than the " +
+                              std::to_string(kMaxPixels) +
+                              " PIL opens (twice its Image.MAX_IMAGE_PIXELS: past it a "
+                              "decompression bomb, which transformers' image processors never "
+                              "read); resize it");
+}
 
 // libjpeg reports errors through a callback that must not return: it jumps back to ReadJpeg.
 // Warnings (corrupt data, a premature end of file) are kept and refuse the image afterwards.
@@ -44,8 +62,8 @@ void OnJpegMessage(j_common_ptr cinfo, int level) {
 
 // Reads a JPEG's size from its frame header into `header` and, with `image`, decodes its pixels
 // into it; without, libjpeg stops at the first scan. No C++ object is created between setjmp and
-// the calls that may jump back: `image` is sized before the scanlines are read, and the jump only
-// skips libjpeg's own C frames.
+// the calls that may jump back: `image` is sized before the scanlines are read, the pixel check's
+// Status ends before the next libjpeg call, and the jump only skips libjpeg's own C frames.
 Status ReadJpeg(std::string_view data, const std::string& display_path, ImageHeader& header,
                 RgbImage* image) {
   jpeg_decompress_struct cinfo;
@@ -62,6 +80,11 @@ Status ReadJpeg(std::string_view data, const std::string& display_path, ImageHea
   jpeg_read_header(&cinfo, TRUE);
   header.width = static_cast<int>(cinfo.image_width);
   header.height = static_cast<int>(cinfo.image_height);
+  if (Status pixels = CheckPixels(cinfo.image_width, cinfo.image_height, display_path);
+      !pixels.ok()) {
+    jpeg_destroy_decompress(&cinfo);
+    return pixels;
+  }
   if (image == nullptr) {
     jpeg_destroy_decompress(&cinfo);
     return Status::Ok();
@@ -78,12 +101,14 @@ Status ReadJpeg(std::string_view data, const std::string& display_path, ImageHea
   image->width = static_cast<int>(cinfo.output_width);
   image->height = static_cast<int>(cinfo.output_height);
   image->pixels.resize(static_cast<size_t>(image->width) * image->height * 3);
-  while (cinfo.output_scanline < cinfo.output_height) {
+  // Up to the first warning, which refuses the image: libjpeg would fill a truncated file's
+  // missing rows with gray, to the last of its 65,535.
+  while (cinfo.output_scanline < cinfo.output_height && errors.warning[0] == '\0') {
     JSAMPROW row =
         image->pixels.data() + static_cast<size_t>(cinfo.output_scanline) * image->width * 3;
     jpeg_read_scanlines(&cinfo, &row, 1);
   }
-  jpeg_finish_decompress(&cinfo);
+  if (errors.warning[0] == '\0') jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
   if (errors.warning[0] != '\0') {
     return InvalidArgumentError(display_path + ": a corrupt JPEG image: " + errors.warning);
@@ -147,7 +172,9 @@ Status DecodePng(const std::string& data, const std::string& display_path, RgbIm
     return InternalError("libpng could not start");
   }
   std::vector<png_bytep> rows;
-  std::vector<uint8_t> rgba;  // (H, W, 4)
+  // (H, W, 4), not zeroed: libpng writes every row or fails, so a header claiming more pixels
+  // than the file holds touches no more pages than its data fills.
+  std::unique_ptr<uint8_t[]> rgba;
   if (setjmp(png_jmpbuf(png)) != 0) {
     png_destroy_read_struct(&png, &info, nullptr);
     return InvalidArgumentError(display_path + ": not a readable PNG image: " + reader.message);
@@ -155,6 +182,12 @@ Status DecodePng(const std::string& data, const std::string& display_path, RgbIm
   png_set_read_fn(png, &reader, OnPngRead);
   png_set_user_limits(png, kMaxPngSide, kMaxPngSide);
   png_read_info(png, info);
+  if (Status pixels = CheckPixels(png_get_image_width(png, info), png_get_image_height(png, info),
+                                  display_path);
+      !pixels.ok()) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    return pixels;
+  }
   const png_byte color = png_get_color_type(png, info);
   // Everything to 8-bit RGBA: 16-bit samples cut to their high byte (PIL's "RGB;16B" unpacker),
   // palettes and grayscale expanded, a tRNS chunk made alpha, opaque images given alpha 255.
@@ -174,10 +207,10 @@ Status DecodePng(const std::string& data, const std::string& display_path, RgbIm
   if (png_get_rowbytes(png, info) != static_cast<size_t>(image.width) * 4) {
     png_error(png, "unexpected row layout after conversion to RGBA");
   }
-  rgba.resize(static_cast<size_t>(image.width) * image.height * 4);
+  rgba.reset(new uint8_t[static_cast<size_t>(image.width) * image.height * 4]);
   rows.resize(image.height);
   for (int y = 0; y < image.height; ++y) {
-    rows[y] = rgba.data() + static_cast<size_t>(y) * image.width * 4;
+    rows[y] = rgba.get() + static_cast<size_t>(y) * image.width * 4;
   }
   png_read_image(png, rows.data());
   png_read_end(png, nullptr);
@@ -217,6 +250,7 @@ Status ReadPngHeader(std::string_view data, const std::string& display_path, Ima
                                 std::to_string(height) + " pixels, past the " +
                                 std::to_string(kMaxPngSide) + " a side it is decoded at");
   }
+  RETURN_IF_ERROR(CheckPixels(width, height, display_path));
   header.width = static_cast<int>(width);
   header.height = static_cast<int>(height);
   return Status::Ok();
@@ -228,8 +262,12 @@ StatusOr<ImageHeader> ReadImageHeader(const std::string& path, const std::string
   // Mapped, not read: only the pages the header's parse touches come from the disk (a PNG's first
   // 24 bytes; a JPEG's markers up to its frame header), not a photo's megabytes.
   ASSIGN_OR_RETURN(const std::unique_ptr<MappedFile> file, MappedFile::Open(path));
-  const std::string_view data(reinterpret_cast<const char*>(file->bytes().data()),
-                              file->bytes().size());
+  return ParseImageHeader(std::string_view(reinterpret_cast<const char*>(file->bytes().data()),
+                                           file->bytes().size()),
+                          display_path);
+}
+
+StatusOr<ImageHeader> ParseImageHeader(std::string_view data, const std::string& display_path) {
   ImageHeader header;
   ASSIGN_OR_RETURN(header.format, FormatOf(data, display_path));
   RETURN_IF_ERROR(header.format == ImageFormat::kJpeg

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -42,6 +43,8 @@ struct ImageHeader {
 // InvalidArgument naming `display_path` as DecodeImageFile's, for a file that is neither format or
 // whose header is broken.
 StatusOr<ImageHeader> ReadImageHeader(const std::string& path, const std::string& display_path);
+// The same over a file's bytes.
+StatusOr<ImageHeader> ParseImageHeader(std::string_view data, const std::string& display_path);
 
 // `image` (its pixels width x height x 3) as a baseline JPEG of `quality` (1 to 100, libjpeg's
 // 4:2:0 sampling) and as an 8-bit RGB PNG (libpng's default filters and compression): what the

@@ -4,6 +4,7 @@
 #include "common/image/image.h"
 
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <array>
@@ -192,6 +193,59 @@ TEST(ImageTest, BrokenImagesAreRefusedWithTheirName) {
   EXPECT_NE(half.status().message().find("captions/half.png: not a readable PNG image"),
             std::string::npos)
       << half.status().ToString();
+}
+
+// `data`, a file of EncodeJpeg's or EncodePng's, claiming `width` x `height` pixels: the JPEG's
+// frame header (SOF0) or the PNG's IHDR, its CRC made again, rewritten; the pixel data is not.
+std::string Claiming(std::string data, uint32_t width, uint32_t height) {
+  auto put = [&data](size_t at, uint32_t value, int bytes) {
+    for (int i = bytes - 1; i >= 0; --i, value >>= 8) data[at + i] = static_cast<char>(value);
+  };
+  if (data.starts_with("\xFF\xD8")) {
+    const size_t frame =
+        data.find("\xFF\xC0");  // length (2), precision (1), height, width (2 each)
+    put(frame + 5, height, 2);
+    put(frame + 7, width, 2);
+    return data;
+  }
+  put(16, width, 4);  // IHDR: length (4), type (4), width, height
+  put(20, height, 4);
+  put(29, static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(data.data() + 12), 17)), 4);
+  return data;
+}
+
+// Past PIL's decompression-bomb limit (2 x Image.MAX_IMAGE_PIXELS) an image is refused by the
+// header reader and the decoder alike, before a pixel is allocated; at it, read as before.
+TEST(ImageTest, AnImagePastPilsDecompressionBombLimitIsRefusedBeforeItsPixelsAreAllocated) {
+  const RgbImage small{.width = 2, .height = 2, .pixels = std::vector<uint8_t>(12, 128)};
+  const fs::path dir = fs::path(testing::TempDir());
+  for (const auto& [name, data] : std::vector<std::pair<std::string, std::string>>{
+           {"bomb.jpg", Claiming(EncodeJpeg(small, 90), 60000, 60000)},
+           {"bomb.png", Claiming(EncodePng(small), 1'000'000, 1'000'000)},
+           {"tall.png", Claiming(EncodePng(small), 1000, 178'957)}}) {
+    std::ofstream(dir / name, std::ios::binary) << data;
+    const std::string size = name == "bomb.jpg"   ? "60000 x 60000"
+                             : name == "bomb.png" ? "1000000 x 1000000"
+                                                  : "1000 x 178957";
+    const std::string expected = "captions/" + name + ": " + size +
+                                 " pixels, more than the 178956970 PIL opens (twice its "
+                                 "Image.MAX_IMAGE_PIXELS: past it a decompression bomb, which "
+                                 "transformers' image processors never read); resize it";
+    EXPECT_EQ(ReadImageHeader((dir / name).string(), "captions/" + name).status().message(),
+              expected);
+    EXPECT_EQ(DecodeImage(data, "captions/" + name).status().message(), expected);
+  }
+  // At the limit the header reads (and the decoder, which finds the pixel data short, writes no
+  // more than the file's rows into the pixels it allocates).
+  const std::string at_limit = Claiming(EncodePng(small), 1000, 178'956);
+  std::ofstream(dir / "at-limit.png", std::ios::binary) << at_limit;
+  StatusOr<ImageHeader> header = ReadImageHeader((dir / "at-limit.png").string(), "at-limit.png");
+  ASSERT_TRUE(header.ok()) << header.status().message();
+  EXPECT_EQ(header->height, 178'956);
+  EXPECT_TRUE(DecodeImage(at_limit, "at-limit.png")
+                  .status()
+                  .message()
+                  .starts_with("at-limit.png: not a readable PNG image"));
 }
 
 class ImageFolderTest : public ::testing::Test {
