@@ -309,6 +309,13 @@ TEST_F(ImageFolderTest, BadMetadataIsOneMessageNamingTheFileAndLine) {
       {"{\"file_name\": \"img/photo.jpg\", \"text\": \"x\"}\n{\"file_name\": \"img/photo.jpg\", "
        "\"text\": \"y\"}\n",
        "captions/metadata.jsonl:2: file_name 'img/photo.jpg' is listed twice"},
+      // A name the system will not look up is the metadata's error, not an exception, and it is
+      // repeated only in part.
+      {"{\"file_name\": \"img/" + std::string(5000, 'a') + ".jpg\", \"text\": \"x\"}\n",
+       "captions/metadata.jsonl:1: file_name 'img/" + std::string(196, 'a') +
+           "... (5008 bytes)': File name too long"},
+      {"{\"file_name\": \"img/photo.jpg\\u0000../../x\", \"text\": \"x\"}\n",
+       "captions/metadata.jsonl:1: file_name 'img/photo.jpg...' holds a NUL byte"},
   };
   for (const auto& [metadata, message] : cases) {
     Write("metadata.jsonl", metadata);

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string_view>
+#include <system_error>
 
 #include "common/files.h"
 #include "common/image/image.h"
@@ -12,6 +13,9 @@ namespace llmctl::image {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The longest file_name a message repeats whole.
+constexpr size_t kMaxNamed = 200;
 
 // One metadata row: its line (1-based, where the row starts) and its columns.
 struct Row {
@@ -84,7 +88,9 @@ StatusOr<std::vector<Row>> ReadCsv(const std::string& text, const std::string& w
       field_started = true;
     }
   }
-  if (quoted) return InvalidArgumentError(where + ":" + std::to_string(record_line) + ": a quote is never closed");
+  if (quoted)
+    return InvalidArgumentError(where + ":" + std::to_string(record_line) +
+                                ": a quote is never closed");
   if (field_started || !field.empty() || !record.empty()) end_record();
   if (records.empty()) return InvalidArgumentError(where + ": no header row");
   std::vector<Row> rows;
@@ -92,8 +98,8 @@ StatusOr<std::vector<Row>> ReadCsv(const std::string& text, const std::string& w
   for (size_t r = 1; r < records.size(); ++r) {
     if (records[r].size() != header.size()) {
       return InvalidArgumentError(where + ":" + std::to_string(lines[r]) + ": " +
-                                  std::to_string(records[r].size()) + " fields where the header has " +
-                                  std::to_string(header.size()));
+                                  std::to_string(records[r].size()) +
+                                  " fields where the header has " + std::to_string(header.size()));
     }
     Row row{lines[r], nlohmann::json::object()};
     for (size_t c = 0; c < header.size(); ++c) row.fields[header[c]] = records[r][c];
@@ -108,8 +114,11 @@ StatusOr<std::vector<CaptionedImage>> ReadImageFolder(const std::string& folder,
                                                       const std::string& display_folder,
                                                       const std::string& caption_column) {
   const fs::path dir(folder);
-  const bool has_jsonl = fs::exists(dir / "metadata.jsonl");
-  const bool has_csv = fs::exists(dir / "metadata.csv");
+  // The error_code overloads throughout: a path the user or the metadata wrote may be one the
+  // system refuses to look up (a 5,000-character name: ENAMETOOLONG), which is theirs to hear of.
+  std::error_code error;
+  const bool has_jsonl = fs::exists(dir / "metadata.jsonl", error);
+  const bool has_csv = fs::exists(dir / "metadata.csv", error);
   if (has_jsonl && has_csv) {
     return InvalidArgumentError(display_folder +
                                 ": both metadata.jsonl and metadata.csv; keep one");
@@ -125,7 +134,8 @@ StatusOr<std::vector<CaptionedImage>> ReadImageFolder(const std::string& folder,
   ASSIGN_OR_RETURN(const std::vector<Row> rows,
                    has_jsonl ? ReadJsonLines(text, where) : ReadCsv(text, where));
   if (rows.empty()) return InvalidArgumentError(where + ": no rows");
-  const fs::path root = fs::weakly_canonical(dir);
+  const fs::path root = fs::weakly_canonical(dir, error);
+  if (error) return InvalidArgumentError(display_folder + ": " + error.message());
   std::vector<CaptionedImage> images;
   std::set<std::string> seen;
   for (const Row& row : rows) {
@@ -144,17 +154,31 @@ StatusOr<std::vector<CaptionedImage>> ReadImageFolder(const std::string& folder,
                                   "') is empty or not text");
     }
     const std::string file_name = file->get<std::string>();
-    const fs::path path = fs::weakly_canonical(dir / file_name);
-    const auto [outside, unused] = std::mismatch(root.begin(), root.end(), path.begin(), path.end());
-    if (fs::path(file_name).is_absolute() || outside != root.end()) {
-      return InvalidArgumentError(at + "file_name '" + file_name + "' is outside the folder");
+    // Named in messages by its first kMaxNamed bytes: it is the metadata's, of any length.
+    const std::string named = file_name.size() > kMaxNamed
+                                  ? file_name.substr(0, kMaxNamed) + "... (" +
+                                        std::to_string(file_name.size()) + " bytes)"
+                                  : file_name;
+    // The system reads a path up to its first NUL: one inside would name another file.
+    if (file_name.find('\0') != std::string::npos) {
+      return InvalidArgumentError(at + "file_name '" + named.substr(0, named.find('\0')) +
+                                  "...' holds a NUL byte");
     }
-    if (!fs::is_regular_file(path)) {
-      return InvalidArgumentError(at + "file_name '" + file_name + "': no such file in " +
+    const fs::path path = fs::weakly_canonical(dir / file_name, error);
+    if (error) {
+      return InvalidArgumentError(at + "file_name '" + named + "': " + error.message());
+    }
+    const auto [outside, unused] =
+        std::mismatch(root.begin(), root.end(), path.begin(), path.end());
+    if (fs::path(file_name).is_absolute() || outside != root.end()) {
+      return InvalidArgumentError(at + "file_name '" + named + "' is outside the folder");
+    }
+    if (!fs::is_regular_file(path, error)) {
+      return InvalidArgumentError(at + "file_name '" + named + "': no such file in " +
                                   display_folder);
     }
     if (!seen.insert(path.string()).second) {
-      return InvalidArgumentError(at + "file_name '" + file_name + "' is listed twice");
+      return InvalidArgumentError(at + "file_name '" + named + "' is listed twice");
     }
     images.push_back({file_name, (dir / file_name).string(), caption->get<std::string>()});
   }
@@ -164,7 +188,8 @@ StatusOr<std::vector<CaptionedImage>> ReadImageFolder(const std::string& folder,
 Status CheckImages(const std::vector<CaptionedImage>& images, const std::string& display_folder) {
   for (const CaptionedImage& image : images) {
     RETURN_IF_ERROR(
-        DecodeImageFile(image.path, (fs::path(display_folder) / image.file_name).string()).status());
+        DecodeImageFile(image.path, (fs::path(display_folder) / image.file_name).string())
+            .status());
   }
   return Status::Ok();
 }
