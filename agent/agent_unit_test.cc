@@ -14,6 +14,7 @@
 #include "agent/node_info.h"
 #include "agent/outcome.h"
 #include "agent/process.h"
+#include "agent/run_files.h"
 #include "agent/runs.h"
 #include "agent/trial_file.h"
 #include "common/digest/digest.h"
@@ -55,6 +56,29 @@ TEST(OutcomeTest, ErrorsComeFromTheResultEventElseStderr) {
       DecideOutcome({2, 0}, {}, false, "loading\nllm-train: x.yaml:3:1: unknown key\n\n").error,
       "llm-train: x.yaml:3:1: unknown key");
   EXPECT_EQ(DecideOutcome({0, 0}, {true, ""}, false, "warning\n").error, "");
+}
+
+// A stderr tail cut inside a character (or any bytes a trainer wrote) is made UTF-8 before the
+// run's files and the gRPC answer carry it: written as JSON, it once threw and left the run
+// without its ended.json, so the agent failed on it at every start.
+TEST(OutcomeTest, AnErrorFromStderrIsMadeUtf8AndItsEndWritesAndReadsBack) {
+  const RunEnd end = DecideOutcome({2, 0}, {}, false, "llm-train: bad \xe2\x82\n");
+  EXPECT_EQ(end.error, "llm-train: bad \xef\xbf\xbd\xef\xbf\xbd");
+  const std::string path = testing::TempDir() + "/ended-utf8.json";
+  ASSERT_TRUE(WriteJsonFile(path, {{"error", "raw \xff"}}).ok());
+  const std::optional<nlohmann::json> back = ReadJsonObject(path);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ((*back)["error"], "raw \xef\xbf\xbd");
+}
+
+// Numbers another process wrote into a run's files are read only within their type's range.
+TEST(OutcomeTest, RunFileNumbersOutsideTheirTypeAreLeftOut) {
+  const nlohmann::json failure = {{"rank", 4294967296LL}, {"signal", -2147483648LL - 1}};
+  EXPECT_EQ(JsonFieldOr(failure, "signal", 0), 0);
+  EXPECT_EQ(JsonFieldOr(nlohmann::json{{"pid", 77}}, "pid", 0), 77);
+  const std::string path = testing::TempDir() + "/ranks-wide.json";
+  ASSERT_TRUE(WriteJsonFile(path, {{"first_failure", failure}}).ok());
+  EXPECT_FALSE(ReadFirstFailedRank(path).has_value());  // 2^32 is no rank: not rank 0
 }
 
 TEST(OutcomeTest, SignalsAndCancels) {

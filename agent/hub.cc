@@ -16,6 +16,7 @@
 #include "common/atomic_file.h"
 #include "common/digest/digest.h"
 #include "common/files.h"
+#include "common/foreign_json.h"
 
 namespace llmctl::agent {
 namespace {
@@ -144,7 +145,7 @@ Status HubError(const HubModelRef& ref, const std::string& endpoint, bool has_to
 }
 
 StatusOr<Listing> ParseListing(const std::string& body, const std::string& what) {
-  const nlohmann::json json = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = ParseForeignJson(body);
   auto bad = [&](const std::string& problem) {
     return DataLossError(what + ": the hub's answer is not a model listing: " + problem);
   };
@@ -189,7 +190,7 @@ StatusOr<Listing> ParseListing(const std::string& body, const std::string& what)
 StatusOr<std::vector<std::string>> IndexShards(const std::string& index_path,
                                                const std::string& what) {
   ASSIGN_OR_RETURN(const std::string text, ReadFileToString(index_path));
-  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = ParseForeignJson(text);
   const auto map = json.is_object() ? json.find("weight_map") : json.end();
   if (json.is_discarded() || !json.is_object() || map == json.end() || !map->is_object() ||
       map->empty()) {

@@ -9,6 +9,7 @@
 #include "common/cpu_model.h"
 #include "common/estimate/rate_probe.h"
 #include "common/files.h"
+#include "common/foreign_json.h"
 
 namespace llmctl::agent {
 namespace {
@@ -23,7 +24,7 @@ constexpr size_t kMaxRatesBytes = 1 << 20;
 std::string KeptProbe(const std::string& path, const std::string& fingerprint) {
   StatusOr<std::string> text = ReadFileToString(path, kMaxRatesBytes);
   if (!text.ok()) return "";
-  const nlohmann::json kept = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json kept = ParseForeignJson(*text);
   if (!kept.is_object() || kept.value("fingerprint", nlohmann::json()) != fingerprint ||
       !kept.contains("probe")) {
     return "";
@@ -44,7 +45,7 @@ std::string AdoptableProbe(const std::string& path, const NodeFacts& facts, std:
   if (!cpu_only) return "";
   StatusOr<std::string> text = ReadFileToString(path, kMaxRatesBytes);
   if (!text.ok()) return "";
-  const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = ParseForeignJson(*text);
   const StatusOr<estimate::RateProbe> probe = estimate::RateProbe::FromJson(json);
   if (!probe.ok()) {
     refused = json.is_discarded() ? "not JSON" : probe.status().message();
@@ -145,8 +146,7 @@ StatusOr<std::string> NodeRates::RunProbe(const std::string& device) const {
                               ? "was killed or timed out"
                               : "exited with " + std::to_string(output.exit_code)));
   }
-  const nlohmann::json json =
-      nlohmann::json::parse(output.stdout_text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = ParseForeignJson(output.stdout_text);
   if (json.is_discarded()) return InvalidArgumentError("llm-train --probe wrote no JSON");
   RETURN_IF_ERROR(estimate::RateProbe::FromJson(json).status().WithContext("llm-train --probe"));
   return json.dump();

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/event_reader.h"
+#include "common/foreign_json.h"
 #include "common/text.h"
 #include "common/trainer_exit.h"
 #include "common/trial_outcome.h"
@@ -27,7 +28,7 @@ void ReadResultLine(std::string_view line, ResultEvent& result) {
   if (line.find("\"result\"") == std::string_view::npos) return;
   // Any line may be here (the trainer's file is not trusted): every type is checked before it is
   // read, since nlohmann's value() and get() throw on a mismatch.
-  const nlohmann::json event = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json event = ParseForeignJson(line);
   if (!event.is_object()) return;
   const auto type = event.find("type");
   if (type == event.end() || !type->is_string() ||
@@ -79,7 +80,10 @@ ResultEvent ReadResultEvent(const std::string& events_path) {
 RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool cancel_requested,
                      std::string_view stderr_tail) {
   RunEnd end;
-  const std::string reported = !result.error.empty() ? result.error : LastLine(stderr_tail);
+  // The stderr tail is cut at a byte count, and the trainer's text is any bytes: made UTF-8 here,
+  // before the run's files and the gRPC answer carry it.
+  const std::string reported =
+      ReplaceInvalidUtf8(!result.error.empty() ? result.error : LastLine(stderr_tail));
   if (exit.signal != 0) {
     end.exit_code = -exit.signal;
     if (exit.signal == SIGKILL && !result.present) {

@@ -5,21 +5,25 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "common/atomic_file.h"
 #include "common/files.h"
+#include "common/foreign_json.h"
 
 namespace llmctl::agent {
 
 Status WriteJsonFile(const std::string& path, const nlohmann::json& json) {
-  const std::string text = json.dump() + "\n";
+  // Lossy: a run's files hold other processes' text (a trainer's last stderr line, cut anywhere),
+  // and a dump() that threw on it would leave the run without its ended.json for ever.
+  const std::string text = DumpLossy(json) + "\n";
   return WriteFileAtomically(path, [&](int fd) { return WriteAll(fd, text.data(), text.size()); });
 }
 
 std::optional<nlohmann::json> ReadJsonObject(const std::string& path) {
   auto text = ReadFileToString(path, 1 << 20);
   if (!text.ok()) return std::nullopt;
-  nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json json = ParseForeignJson(*text);
   if (json.is_discarded() || !json.is_object()) return std::nullopt;
   return json;
 }
@@ -77,8 +81,10 @@ std::optional<RankExit> ReadFirstFailedRank(const std::string& path) {
     return std::nullopt;
   }
   RankExit exit;
-  exit.rank = failure["rank"].get<int>();
-  if (exit.rank < 0) return std::nullopt;
+  // A rank past int's range would wrap onto a real one.
+  const int64_t rank = failure["rank"].get<int64_t>();
+  if (rank < 0 || rank > std::numeric_limits<int>::max()) return std::nullopt;
+  exit.rank = static_cast<int>(rank);
   exit.exit.signal = JsonFieldOr(failure, "signal", 0);
   exit.exit.exit_code = JsonFieldOr(failure, "exit_code", 0);
   return exit;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "agent/outcome.h"
 #include "common/status.h"
@@ -39,7 +40,14 @@ T JsonFieldOr(const nlohmann::json& json, const char* key, T fallback) {
   if constexpr (std::is_same_v<T, std::string>) {
     return field->is_string() ? field->get<std::string>() : fallback;
   } else {
-    return field->is_number_integer() ? field->get<T>() : fallback;
+    // Within T's range, else the fallback: another process's 2^32 must not read as 0.
+    if (!field->is_number_integer()) return fallback;
+    if (field->is_number_unsigned()) {
+      const uint64_t value = field->get<uint64_t>();
+      return std::in_range<T>(value) ? static_cast<T>(value) : fallback;
+    }
+    const int64_t value = field->get<int64_t>();
+    return std::in_range<T>(value) ? static_cast<T>(value) : fallback;
   }
 }
 

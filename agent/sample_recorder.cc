@@ -13,6 +13,7 @@
 #include "agent/supervisor.h"
 #include "common/atomic_file.h"
 #include "common/files.h"
+#include "common/foreign_json.h"
 
 namespace llmctl::agent {
 namespace {
@@ -37,7 +38,7 @@ bool GetOptional(const json& line, const char* key, std::optional<double>& out) 
 pid_t WorkerProcessGroup(const std::string& run_dir) {
   auto text = ReadFileToString(run_dir + "/" + kWorkerFile, 1 << 16);
   if (!text.ok()) return 0;
-  const json worker = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  const json worker = ParseForeignJson(*text);
   if (!worker.is_object()) return 0;
   // value() throws on a field of another type: each is checked first.
   const auto number = [&](const char* key) -> int64_t {
@@ -73,7 +74,7 @@ std::string FormatSampleLine(const TimedReading& timed) {
 }
 
 StatusOr<TimedReading> ParseSampleLine(std::string_view text) {
-  const json line = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const json line = ParseForeignJson(text);
   const auto bad = [&](const std::string& why) {
     return InvalidArgumentError("device sample line " + std::string(text.substr(0, 200)) + ": " +
                                 why);

@@ -19,6 +19,7 @@
 #include "agent/process.h"
 #include "common/digest/digest.h"
 #include "common/event_line.h"
+#include "common/foreign_json.h"
 #include "common/model_config.h"
 #include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
@@ -207,8 +208,7 @@ class AgentService final : public pb::Agent::Service {
     plain.config_json = request->config_json();
     for (const auto& [key, tree] : request->inputs()) plain.inputs[key] = FromProto(tree);
     // A hub model runs from the directory PrepareHubModel made (an uploaded tree for `model` wins).
-    const nlohmann::json config =
-        nlohmann::json::parse(request->config_json(), nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json config = ParseForeignJson(request->config_json());
     if (const auto model = config.is_object() ? config.find("model") : config.end();
         model != config.end() && model->is_string() && IsHubModelRef(model->get<std::string>()) &&
         plain.inputs.count("model") == 0) {

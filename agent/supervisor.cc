@@ -13,6 +13,7 @@
 #include "agent/process.h"
 #include "common/atomic_file.h"
 #include "common/files.h"
+#include "common/foreign_json.h"
 
 namespace llmctl::agent {
 namespace {
@@ -161,7 +162,7 @@ StatusOr<std::optional<WorkerExit>> ReadWorkerExit(const std::string& run_dir) {
     if (text.status().code() == StatusCode::kNotFound) return std::optional<WorkerExit>();
     return text.status();
   }
-  const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = ParseForeignJson(*text);
   WorkerExit exit;
   if (json.is_object() && json.contains("signal") && json["signal"].is_number_integer()) {
     exit.signal = json["signal"].get<int>();

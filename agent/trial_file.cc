@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/experiment.h"
+#include "common/foreign_json.h"
 #include "common/trial_config.h"
 #include "common/trial_keys.h"
 
@@ -42,8 +43,7 @@ void EmitMap(YAML::Emitter& out, const nlohmann::json& object) {
 StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
                                   const std::map<std::string, std::string>& input_paths,
                                   const std::string& default_output_dir) {
-  const nlohmann::json json =
-      nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = ParseForeignJson(config_json);
   if (json.is_discarded() || !json.is_object()) {
     return InvalidArgumentError("config_json is not a JSON object");
   }
@@ -79,9 +79,8 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
                              settings.parallel.strategy == trial::Strategy::kFsdp;
   // The ranks this node starts: one per device under ddp or fsdp (DataParallelRanks counts all
   // nodes' ranks).
-  const int ranks = data_parallel && settings.device.count > 1
-                        ? static_cast<int>(settings.device.count)
-                        : 1;
+  const int ranks =
+      data_parallel && settings.device.count > 1 ? static_cast<int>(settings.device.count) : 1;
   return TrialFile{std::string(out.c_str()) + "\n", std::string(Name(settings.device.kind)), ranks,
                    settings.parallel.nodes, std::move(input_names)};
 }

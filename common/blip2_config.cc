@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "common/files.h"
+#include "common/foreign_json.h"
 
 namespace llmctl {
 namespace {
@@ -440,7 +441,7 @@ StatusOr<std::optional<Blip2Config>> ResolveBlip2Model(std::string_view model) {
   }
   // A real config.json is a few KB; the limit makes a wrong file fail fast.
   ASSIGN_OR_RETURN(const std::string text, ReadFileToString(config_path.string(), 1 << 20));
-  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = ParseForeignJson(text);
   // A malformed file is ResolveModel's to report, with its own reader's message.
   if (!json.is_object() || !json.contains("model_type") || json["model_type"] != "blip-2") {
     return std::optional<Blip2Config>();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "common/foreign_json.h"
 #include "common/text.h"
 
 namespace llmctl::event_line {
@@ -18,8 +19,10 @@ std::string EventLineRefusal(std::string_view line, int64_t bytes, std::string* 
   if (const size_t bad = FirstInvalidUtf8(line); bad != std::string_view::npos) {
     return "not valid UTF-8 (byte " + std::to_string(bad) + ")";
   }
-  const nlohmann::json event = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (event.is_discarded()) return "not valid JSON";
+  const nlohmann::json event = ParseForeignJson(line);
+  if (event.is_discarded()) {
+    return "not valid JSON, or nested past " + std::to_string(kMaxForeignJsonDepth) + " levels";
+  }
   if (!event.is_object()) return "not a JSON object";
   const auto type = event.find("type");
   if (type == event.end()) return "no \"type\"";

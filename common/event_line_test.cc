@@ -28,6 +28,9 @@ TEST(EventLineTest, EveryOtherLineIsReplacedByARefusedLineOfItsSize) {
       {"", "not valid JSON"},
       {"{\"type\":\"step\"} {}", "not valid JSON"},
       {"{\"type\":\"\xff\xfe\"}", "not valid UTF-8 (byte 9)"},
+      // Copying or writing it would recurse once per level, past a thread's stack.
+      {R"({"type":"step","x":)" + std::string(100000, '[') + std::string(100000, ']') + "}",
+       "nested past 64 levels"},
       {overlong, std::to_string(overlong.size()) + " bytes, more than the 1048576-byte cap"},
   };
   for (const auto& [line, why] : cases) {

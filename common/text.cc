@@ -90,6 +90,18 @@ std::string FormatColumns(const std::vector<std::vector<std::string>>& rows,
   return out;
 }
 
+std::string ReplaceInvalidUtf8(std::string_view text) {
+  std::string out;
+  for (size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos;
+       bad = FirstInvalidUtf8(text)) {
+    out.append(text.substr(0, bad));
+    out.append("\xEF\xBF\xBD");
+    text.remove_prefix(bad + 1);
+  }
+  out.append(text);
+  return out;
+}
+
 std::string Join(const std::vector<std::string_view>& items, std::string_view separator) {
   std::string joined;
   for (std::string_view item : items) {

@@ -21,6 +21,10 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b);
 // U+10FFFF included), or std::string_view::npos when `text` is valid.
 size_t FirstInvalidUtf8(std::string_view text);
 
+// `text` with each byte that breaks UTF-8 (FirstInvalidUtf8's) replaced by U+FFFD: another
+// process's text, such as a trainer's stderr cut anywhere, made fit for a proto3 string or JSON.
+std::string ReplaceInvalidUtf8(std::string_view text);
+
 // The items with `separator` between each two ("a, b, c"): lists of names in messages.
 std::string Join(const std::vector<std::string_view>& items, std::string_view separator);
 

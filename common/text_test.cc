@@ -15,6 +15,13 @@ TEST(FirstInvalidUtf8Test, FindsTheBreakingByte) {
   EXPECT_EQ(FirstInvalidUtf8("ab\xC0\xAF"), 2u);  // overlong '/'
 }
 
+TEST(ReplaceInvalidUtf8Test, ReplacesEachBreakingByteAndKeepsTheRest) {
+  EXPECT_EQ(ReplaceInvalidUtf8("plain – ok"), "plain – ok");
+  EXPECT_EQ(ReplaceInvalidUtf8("cut \xe2\x82"), "cut \xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(ReplaceInvalidUtf8("\xff–\xff"), "\xef\xbf\xbd–\xef\xbf\xbd");
+  EXPECT_EQ(FirstInvalidUtf8(ReplaceInvalidUtf8("a\xC0\xAF" "b\xed\xa0\x80")), std::string_view::npos);
+}
+
 TEST(FormatColumnsTest, AlignsByCharactersAndRightAlignsNumbers) {
   const std::string table = FormatColumns(
       {{"trial", "outcome", "MiB"}, {"baseline", "oom", "212.2"}, {"qlora", "ok", "–"}}, 2);

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/foreign_json.h"
+
 namespace llmctl {
 namespace {
 
@@ -51,7 +53,7 @@ std::string TrainerVersions::ToJson() const {
 
 StatusOr<TrainerVersions> ParseTrainerVersions(std::string_view text) {
   const std::string where = "llm-train --version --json";
-  const Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const Json json = ParseForeignJson(text);
   if (!json.is_object()) {
     return InvalidArgumentError(where + ": not a JSON object: '" + std::string(text) + "'");
   }

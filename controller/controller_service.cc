@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "common/digest/digest.h"
+#include "common/foreign_json.h"
 #include "controller/submission.h"
 #include "rpc/grpc_status.h"
 
@@ -126,7 +127,7 @@ grpc::Status ControllerService::Submit(grpc::ServerContext* context,
         p["trial_seconds"] = prediction.trial_seconds();
         p["time_device"] = prediction.time_device();
         p["calibration"] = prediction.calibration();
-        p["work"] = json::parse(prediction.work_json(), nullptr, /*allow_exceptions=*/false);
+        p["work"] = ParseForeignJson(prediction.work_json());
       }
     }
     RETURN_IF_ERROR(AttachPredictions(predictions, experiment));

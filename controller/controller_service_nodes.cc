@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/foreign_json.h"
 #include "controller/controller_service.h"
 #include "controller/json_fields.h"
 #include "controller/node_certificates.h"
@@ -55,7 +56,7 @@ StatusOr<v1::NodeStatus> ControllerService::BuildNodeStatus(
     row.set_certificate_expires_unix(*expiry);
   }
   row.set_last_seen_unix(store::UnixSeconds(node.last_seen));
-  const json devices = json::parse(node.devices_json, nullptr, /*allow_exceptions=*/false);
+  const json devices = ParseForeignJson(node.devices_json);
   if (devices.is_array()) {
     for (const json& device : devices) {
       v1::Device* proto = row.add_devices();

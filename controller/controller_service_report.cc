@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "common/foreign_json.h"
 #include "common/snapshot_event.h"
 #include "controller/controller_service.h"
 #include "controller/json_fields.h"
@@ -67,8 +68,7 @@ void AddMemoryTimeline(const store::TrialReport& trial,
 void AddSubmission(const store::TrialRecord& record, v1::TrialReport& row) {
   row.set_description(record.description);
   row.set_config_json(record.config_json);
-  const json p = json::parse(record.prediction_json.value_or(""), nullptr,
-                             /*allow_exceptions=*/false);
+  const json p = ParseForeignJson(record.prediction_json.value_or(""));
   if (p.is_object()) {
     v1::TrialPrediction* prediction = row.mutable_prediction();
     // Field by field, each of the wrong type (a null where an older controller stored a

@@ -34,6 +34,7 @@
 
 #include "common/atomic_file.h"
 #include "common/experiment.h"
+#include "common/foreign_json.h"
 #include "common/inputs/trial_inputs.h"
 #include "common/model_config.h"
 #include "common/rank_files.h"
@@ -420,7 +421,7 @@ struct SeriesRun {
 llmctl::StatusOr<SeriesRun> ParseSeriesLine(const std::string& line,
                                             const llmctl::Experiment& experiment,
                                             const Flags& flags) {
-  const nlohmann::json run = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json run = llmctl::ParseForeignJson(line);
   if (!run.is_object()) {
     return llmctl::InvalidArgumentError(
         "expected a JSON object {\"events\": FILE, \"trial\": NAME, \"set\": [\"key=value\", "

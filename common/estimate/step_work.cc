@@ -294,15 +294,18 @@ json StepWork::ToJson() const {
 StatusOr<StepWork> StepWork::FromJson(const json& j) {
   if (!j.is_object()) return InvalidArgumentError("step work: expected an object");
   StepWork w;
+  // Members are read in place, never copied: another process's JSON may nest deep.
+  static const json kAbsent;
   ASSIGN_OR_RETURN(
       w.matmul_class,
-      ParseMatmulClass(j.contains("matmul_class") ? j["matmul_class"] : json(), "matmul_class"));
+      ParseMatmulClass(j.contains("matmul_class") ? j["matmul_class"] : kAbsent, "matmul_class"));
   // A work stored before BLIP-2 has no family: a LLaMA's.
-  const json family = j.contains("family") ? j["family"] : json("llama");
-  if (family != "llama" && family != "blip2") {
+  const auto family = j.find("family");
+  const bool blip2 = family != j.end() && *family == "blip2";
+  if (family != j.end() && !blip2 && *family != "llama") {
     return InvalidArgumentError("step work: family must be llama or blip2");
   }
-  w.family = family == "blip2" ? ModelFamily::kBlip2 : ModelFamily::kLlama;
+  w.family = blip2 ? ModelFamily::kBlip2 : ModelFamily::kLlama;
   for (const char* key : {"tokens", "micro_batches", "world_size", "nodes"}) {
     if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 1) {
       return InvalidArgumentError(std::string("step work: ") + key + " must be a positive integer");

@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "common/files.h"
+#include "common/foreign_json.h"
 #include "common/image/image.h"
 
 namespace llmctl::image {
@@ -33,7 +34,7 @@ StatusOr<std::vector<Row>> ReadJsonLines(const std::string& text, const std::str
     ++line;
     start = end + 1;
     if (content.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    nlohmann::json row = nlohmann::json::parse(content, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json row = ParseForeignJson(content);
     if (row.is_discarded() || !row.is_object()) {
       return InvalidArgumentError(where + ":" + std::to_string(line) + ": not a JSON object");
     }

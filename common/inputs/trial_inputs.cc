@@ -8,6 +8,7 @@
 #include "common/data/token_file.h"
 #include "common/experiment.h"
 #include "common/files.h"
+#include "common/foreign_json.h"
 #include "common/image/imagefolder.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -228,8 +229,7 @@ Status TrialInputsChecker::CheckAdapter(const std::string& dir) {
       const std::string config_path = dir + "/" + kAdapterConfigFile;
       ASSIGN_OR_RETURN(const std::string text,
                        ReadFileToString(config_path, kMaxAdapterConfigBytes));
-      const nlohmann::json parsed =
-          nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      const nlohmann::json parsed = ParseForeignJson(text);
       if (parsed.is_discarded() || !parsed.is_object()) {
         return DataLossError(config_path + ": not a JSON object");
       }

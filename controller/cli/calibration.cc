@@ -3,6 +3,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "common/foreign_json.h"
+
 namespace llmctl::cli {
 
 StoredCalibrations StoredCalibrations::FromRuns(const std::vector<store::TimedRun>& runs,
@@ -10,8 +12,7 @@ StoredCalibrations StoredCalibrations::FromRuns(const std::vector<store::TimedRu
   StoredCalibrations calibrations;
   calibrations.where_ = where;
   for (const store::TimedRun& run : runs) {
-    const nlohmann::json prediction =
-        nlohmann::json::parse(run.prediction_json, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json prediction = ParseForeignJson(run.prediction_json);
     // Trials submitted before predictions had a time, or without one (a GPU the table lacks).
     if (!prediction.is_object() || !prediction.contains("work")) continue;
     StatusOr<estimate::StepWork> work = estimate::StepWork::FromJson(prediction["work"]);

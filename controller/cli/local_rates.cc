@@ -14,6 +14,7 @@
 #include "common/cpu_model.h"
 #include "common/estimate/gpus.h"
 #include "common/files.h"
+#include "common/foreign_json.h"
 #include "controller/cli/daemons.h"
 #include "controller/scheduler/scheduler.h"
 #include "controller/store/store.h"
@@ -55,7 +56,7 @@ Status RunProbe(const fs::path& llm_train, const fs::path& path) {
 // A probe as a controller stored it (a node's agent sent it); the parser's message when it is not
 // one.
 StatusOr<estimate::RateProbe> ParseStoredProbe(const std::string& text) {
-  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = ParseForeignJson(text);
   if (json.is_discarded()) return InvalidArgumentError("not JSON");
   return estimate::RateProbe::FromJson(json);
 }
@@ -73,7 +74,7 @@ bool ProbeIsOf(const estimate::RateProbe& probe, const estimate::DeviceSpeed& sh
 StatusOr<estimate::RateProbe> ReadRateProbe(const fs::path& path) {
   StatusOr<std::string> text = ReadFileToString(path.string(), kMaxProbeBytes);
   if (!text.ok()) return InvalidArgumentError(text.status().message());
-  const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = ParseForeignJson(*text);
   if (json.is_discarded()) return InvalidArgumentError(path.string() + ": not JSON");
   StatusOr<estimate::RateProbe> probe = estimate::RateProbe::FromJson(json);
   if (!probe.ok()) return InvalidArgumentError(path.string() + ": " + probe.status().message());

@@ -10,6 +10,7 @@
 #include "common/cuda_version.h"
 #include "common/estimate/rate_probe.h"
 #include "common/event_line.h"
+#include "common/foreign_json.h"
 #include "controller/node_certificates.h"
 #include "controller/scheduler/scheduler.h"
 #include "rpc/grpc_status.h"
@@ -42,7 +43,7 @@ void StoreNodeRates(store::Store& store, const std::string& node, const std::str
                     std::string& last, store::Time now) {
   if (probe_json.empty() || probe_json == last) return;
   last = probe_json;
-  const nlohmann::json json = nlohmann::json::parse(probe_json, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json json = ParseForeignJson(probe_json);
   const StatusOr<estimate::RateProbe> probe =
       json.is_discarded() ? StatusOr<estimate::RateProbe>(InvalidArgumentError("not JSON"))
                           : estimate::RateProbe::FromJson(json);
@@ -202,7 +203,7 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
   }
   record.devices_json = DevicesJson(link.devices);
   record.last_seen = link.last_seen;
-  record.state = !unexpired.ok()          ? "expired"
+  record.state = !unexpired.ok()         ? "expired"
                  : !link.connected       ? "unreachable"
                  : link.unusable.empty() ? "connected"
                                          : "unusable";

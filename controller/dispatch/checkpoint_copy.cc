@@ -8,15 +8,14 @@
 #include <vector>
 
 #include "common/digest/digest.h"
+#include "common/foreign_json.h"
 #include "common/rank_files.h"
 #include "common/trial_config.h"
 
 namespace llmctl::controller::dispatch {
 namespace {
 
-nlohmann::json ParseResult(const std::string& result_json) {
-  return nlohmann::json::parse(result_json, nullptr, /*allow_exceptions=*/false);
-}
+nlohmann::json ParseResult(const std::string& result_json) { return ParseForeignJson(result_json); }
 
 }  // namespace
 
@@ -205,8 +204,7 @@ StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attemp
   }
   std::vector<digest::TreeFile> files = by_node[0];
   ASSIGN_OR_RETURN(const TrialConfig config,
-                   TrialConfig::FromJson(nlohmann::json::parse(trial.config_json, nullptr,
-                                                               /*allow_exceptions=*/false)));
+                   TrialConfig::FromJson(ParseForeignJson(trial.config_json)));
   if (attempt.nodes.size() > 1 && config.settings().parallel.strategy == trial::Strategy::kFsdp) {
     // Every node's ranks wrote their shards under the same path in their own run directories,
     // which the agents serve relative to the run directory.

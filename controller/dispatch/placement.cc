@@ -6,13 +6,15 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/foreign_json.h"
+
 namespace llmctl::controller::dispatch {
 namespace {
 
 // The trial key `nodes` of a stored config (1 when absent or unreadable: the launcher reports a
 // damaged config).
 int64_t NodesOf(const store::TrialRecord& trial) {
-  const nlohmann::json config = nlohmann::json::parse(trial.config_json, nullptr, false);
+  const nlohmann::json config = ParseForeignJson(trial.config_json);
   if (!config.is_object()) return 1;
   const auto nodes = config.find("nodes");
   return nodes != config.end() && nodes->is_number_integer() ? nodes->get<int64_t>() : 1;

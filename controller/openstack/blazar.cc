@@ -6,6 +6,7 @@
 #include <regex>
 #include <set>
 
+#include "common/foreign_json.h"
 #include "common/spelling.h"
 #include "controller/openstack/json_fields.h"
 
@@ -101,7 +102,7 @@ StatusOr<Lease> ParseLease(const json& value) {
   lease.end = *end;
   json reservations = value.contains("reservations") ? value["reservations"] : json::array();
   if (reservations.is_string()) {
-    reservations = json::parse(reservations.get<std::string>(), nullptr, false);
+    reservations = ParseForeignJson(reservations.get<std::string>());
   }
   if (!reservations.is_array()) {
     return InternalError("Blazar lease " + lease.id + " has unreadable reservations");
@@ -117,7 +118,7 @@ StatusOr<Lease> ParseLease(const json& value) {
     if (reservation.resource_type == "flavor:instance") {
       // Blazar 18's flavor plugin answers flavor_id with the private flavor it made for the
       // reservation, and keeps the flavor asked for, as Nova showed it, in resource_properties.
-      json asked = json::parse(reservation.resource_properties, nullptr, false);
+      json asked = ParseForeignJson(reservation.resource_properties);
       if (asked.is_object() && asked.contains("id") && asked["id"].is_string()) {
         reservation.flavor_id = asked["id"].get<std::string>();
       }
@@ -235,7 +236,7 @@ StatusOr<Lease> BlazarClient::Create(const LeaseSpec& spec) {
     if (exchange.ok()) {
       const http::Response& response = exchange->response;
       if (response.status == 200 || response.status == 201) {
-        json answer = json::parse(response.body, nullptr, false);
+        json answer = ParseForeignJson(response.body);
         if (!answer.is_object() || !answer.contains("lease")) {
           return InternalError("Blazar created lease '" + spec.name +
                                "' but its answer has no lease object");
@@ -382,7 +383,7 @@ StatusOr<Lease> BlazarClient::Extend(std::string_view name_or_id, TimePoint new_
   if (exchange.response.status != 200) {
     return BlazarError(exchange).WithContext("extending lease '" + lease.name + "'");
   }
-  json answer = json::parse(exchange.response.body, nullptr, false);
+  json answer = ParseForeignJson(exchange.response.body);
   if (!answer.is_object() || !answer.contains("lease")) {
     return InternalError("Blazar's answer to extending '" + lease.name + "' has no lease");
   }

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <set>
 
+#include "common/foreign_json.h"
+
 namespace llmctl::openstack {
 namespace {
 
@@ -187,7 +189,7 @@ StatusOr<Token> Session::IssueToken(const json& auth, const http::Headers& extra
     return ApiError(request, response).WithContext(what);
   }
   auto subject = response.headers.Get("X-Subject-Token");
-  json body = json::parse(response.body, nullptr, /*allow_exceptions=*/false);
+  json body = ParseForeignJson(response.body);
   if (!subject || subject->empty() || !body.is_object() || !body.contains("token") ||
       !body["token"].is_object()) {
     return InternalError(std::string(what) + ": " + url +
@@ -221,7 +223,7 @@ StatusOr<std::string> Session::OidcAccessToken() {
   discovery.total_timeout = options_.request_timeout;
   ASSIGN_OR_RETURN(http::Response document, http_.Send(discovery));
   if (document.status != 200) return ApiError(discovery, document).WithContext(what);
-  json config = json::parse(document.body, nullptr, false);
+  json config = ParseForeignJson(document.body);
   if (!config.is_object() || !config.contains("token_endpoint") ||
       !config["token_endpoint"].is_string()) {
     return InvalidArgumentError(what + ": the OpenID configuration at " +
@@ -242,7 +244,7 @@ StatusOr<std::string> Session::OidcAccessToken() {
                                  {"scope", credentials_.openid_scope}});
   ASSIGN_OR_RETURN(http::Response answer, http_.Send(login));
   if (answer.status != 200) return ApiError(login, answer).WithContext(what);
-  json tokens = json::parse(answer.body, nullptr, false);
+  json tokens = ParseForeignJson(answer.body);
   if (!tokens.is_object() || !tokens.contains("access_token") ||
       !tokens["access_token"].is_string()) {
     return InvalidArgumentError(what + ": " + http::RedactUrl(login.url) +
@@ -337,7 +339,7 @@ StatusOr<json> Session::CallJson(std::string_view service_type, std::string meth
     return ApiError(exchange.request, exchange.response);
   }
   if (exchange.response.body.empty()) return json();
-  json parsed = json::parse(exchange.response.body, nullptr, /*allow_exceptions=*/false);
+  json parsed = ParseForeignJson(exchange.response.body);
   if (parsed.is_discarded()) {
     return InternalError(exchange.request.method + " " + http::RedactUrl(exchange.request.url) +
                          ": the answer is not JSON: " + exchange.response.body.substr(0, 200));
@@ -346,7 +348,7 @@ StatusOr<json> Session::CallJson(std::string_view service_type, std::string meth
 }
 
 std::string ServiceMessage(const http::Response& response) {
-  json body = json::parse(response.body, nullptr, /*allow_exceptions=*/false);
+  json body = ParseForeignJson(response.body);
   auto text = [](const json& value, const char* key) -> std::string {
     if (value.is_object() && value.contains(key) && value[key].is_string()) {
       return value[key].get<std::string>();

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/event_line.h"
+#include "common/foreign_json.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
 #include "controller/store/store_internal.h"
@@ -34,7 +35,7 @@ Status ValidateEvent(const Event& event, int64_t trial_id, int64_t attempt) {
   const std::string refusal =
       event_line::Refusal(event.json, static_cast<int64_t>(event.json.size()));
   if (!refusal.empty()) return InvalidArgumentError(where + ": the line is refused: " + refusal);
-  const json line = json::parse(event.json, nullptr, false);
+  const json line = ParseForeignJson(event.json);
   const auto type = line.find("type");
   if (type->get_ref<const std::string&>() != event.type) {
     return InvalidArgumentError(where + ": the line's \"type\" is " + type->dump() + ", not " +

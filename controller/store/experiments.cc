@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/foreign_json.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
 #include "controller/store/store_internal.h"
@@ -188,10 +189,10 @@ Status ValidateTrial(const NewExperiment& experiment, const NewTrial& trial) {
   if (trial.expect && *trial.expect != "ok" && *trial.expect != "oom") {
     return InvalidArgumentError(where + "expect must be ok or oom, not " + Quoted(*trial.expect));
   }
-  if (!json::parse(trial.config_json, nullptr, false).is_object()) {
+  if (!ParseForeignJson(trial.config_json).is_object()) {
     return InvalidArgumentError(where + "config is not a JSON object");
   }
-  if (trial.prediction_json && !json::parse(*trial.prediction_json, nullptr, false).is_object()) {
+  if (trial.prediction_json && !ParseForeignJson(*trial.prediction_json).is_object()) {
     return InvalidArgumentError(where + "prediction is not a JSON object");
   }
   return Status::Ok();

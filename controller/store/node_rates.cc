@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/foreign_json.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
 #include "controller/store/store_internal.h"
@@ -14,7 +15,7 @@ using sqlite::Statement;
 
 StatusOr<bool> Store::PutNodeRates(std::string_view node, std::string_view probe_json, Time now) {
   if (node.empty()) return InvalidArgumentError("node rates need a node name");
-  if (!nlohmann::json::parse(probe_json, nullptr, /*allow_exceptions=*/false).is_object()) {
+  if (!ParseForeignJson(probe_json).is_object()) {
     return InvalidArgumentError("node " + internal::Quoted(node) +
                                 ": its rates are not a JSON object");
   }

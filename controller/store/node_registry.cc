@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/foreign_json.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
 #include "controller/store/store_internal.h"
@@ -26,7 +27,7 @@ using sqlite::Transaction;
 
 Status ValidateNode(const NodeRecord& node) {
   if (node.name.empty()) return InvalidArgumentError("a node needs a name");
-  if (!json::parse(node.devices_json, nullptr, false).is_array()) {
+  if (!ParseForeignJson(node.devices_json).is_array()) {
     return InvalidArgumentError("node " + Quoted(node.name) + ": devices are not a JSON array");
   }
   return Status::Ok();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/event_line.h"
+#include "common/foreign_json.h"
 #include "common/kernel_fallback_event.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
@@ -65,7 +66,7 @@ StatusOr<std::vector<KernelFallback>> LoadKernelFallbacks(sqlite3* db, int64_t t
   while (true) {
     ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
     if (!has_row) break;
-    const json event = json::parse(stmt.Text(1), nullptr, /*allow_exceptions=*/false);
+    const json event = ParseForeignJson(stmt.Text(1));
     if (!event.is_object()) continue;
     const auto text = [&event](std::string_view key) {
       const auto it = event.find(key);

@@ -11,10 +11,11 @@
 
 #include "common/atomic_file.h"
 #include "common/files.h"
-#include "common/model_config.h"
+#include "common/foreign_json.h"
 #include "common/inputs/trial_inputs.h"
-#include "trainer/model/weights.h"
+#include "common/model_config.h"
 #include "common/safetensors/safetensors.h"
+#include "trainer/model/weights.h"
 #include "trainer/train/checkpoints.h"
 
 namespace llmctl::trainer {
@@ -177,7 +178,7 @@ Status LoadAdapter(LlamaForCausalLM& model, const LoraConfig& config, const std:
 Status LoadAdapter(torch::nn::Module& model, const LoraConfig& config, const std::string& dir) {
   const std::string config_path = dir + "/" + kAdapterConfigFile;
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path, kMaxAdapterConfigBytes));
-  const json file = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const json file = ParseForeignJson(text);
   if (file.is_discarded()) return DataLossError(config_path + ": not valid JSON");
   RETURN_IF_ERROR(CheckAdapterConfig(file, config, config_path));
 
