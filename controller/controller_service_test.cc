@@ -474,6 +474,22 @@ TEST_F(ControllerServiceTest, NonFinitePredictionsAreRefusedAndAStoredNullReport
 
 // TimedRuns sends the store's calibration material: each trial that ended ok with a predicted
 // time, with its prediction and its median step; a failed trial is not one.
+// A client's work_json nested 100,000 deep is refused like any broken work: a copy of it once
+// overflowed the controller's stack.
+TEST_F(ControllerServiceTest, ADeeplyNestedWorkIsRefusedAndTheControllerAnswersOn) {
+  v1::SubmitRequest request = SubmitWithPredictions({"a"}, 2);
+  (*request.mutable_predictions())["a"].set_work_json(
+      R"({"matmul_class":)" + std::string(100000, '[') + std::string(100000, ']') + "}");
+  v1::SubmitResponse submitted;
+  grpc::ClientContext context;
+  const grpc::Status refused = stub_->Submit(&context, request, &submitted);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_EQ(refused.error_message(),
+            "tiny.yaml: prediction of trial 'a': step work: expected an object");
+  grpc::ClientContext again;
+  EXPECT_TRUE(stub_->Submit(&again, SubmitWithPredictions({"a"}, 2), &submitted).ok());
+}
+
 TEST_F(ControllerServiceTest, TimedRunsAreTheOkTrialsWithTheirPredictionAndMedianStep) {
   const v1::SubmitRequest request = SubmitWithPredictions({"a", "b"}, 0.5);
   v1::SubmitResponse submitted;
