@@ -31,7 +31,7 @@ class Fields {
     const nlohmann::json& v = json_[key];
     if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > max) {
       return InvalidArgumentError(where_ + "." + key + ": expected a positive integer up to " +
-                                  std::to_string(max) + ", got " + v.dump());
+                                  std::to_string(max) + ", got " + ShortJson(v));
     }
     out = v.get<int64_t>();
     return Status::Ok();
@@ -40,7 +40,7 @@ class Fields {
     if (!json_.contains(key)) return Status::Ok();
     if (!json_[key].is_number() || json_[key].get<double>() <= 0) {
       return InvalidArgumentError(where_ + "." + key + ": expected a positive number, got " +
-                                  json_[key].dump());
+                                  ShortJson(json_[key]));
     }
     out = json_[key].get<double>();
     return Status::Ok();
@@ -51,7 +51,7 @@ class Fields {
     const nlohmann::json& v = json_[key];
     if (!v.is_number() || v.get<double>() < 0 || v.get<double>() >= 1) {
       return InvalidArgumentError(where_ + "." + key + ": expected a probability in [0, 1), got " +
-                                  v.dump());
+                                  ShortJson(v));
     }
     out = v.get<double>();
     return Status::Ok();
@@ -61,7 +61,8 @@ class Fields {
     if (!json_.contains(key) || json_[key].is_null()) return Status::Ok();
     const nlohmann::json& v = json_[key];
     if (!v.is_number_integer() || v.get<int64_t>() < 0) {
-      return InvalidArgumentError(where_ + "." + key + ": expected a token id, got " + v.dump());
+      return InvalidArgumentError(where_ + "." + key + ": expected a token id, got " +
+                                  ShortJson(v));
     }
     out = v.get<int64_t>();
     return Status::Ok();
@@ -70,7 +71,7 @@ class Fields {
     if (!json_.contains(key)) return Status::Ok();
     if (!json_[key].is_boolean()) {
       return InvalidArgumentError(where_ + "." + key + ": expected true or false, got " +
-                                  json_[key].dump());
+                                  ShortJson(json_[key]));
     }
     out = json_[key].get<bool>();
     return Status::Ok();
@@ -79,7 +80,7 @@ class Fields {
     if (!json_.contains(key)) return Status::Ok();
     if (!json_[key].is_string()) {
       return InvalidArgumentError(where_ + "." + key + ": expected a string, got " +
-                                  json_[key].dump());
+                                  ShortJson(json_[key]));
     }
     out = json_[key].get<std::string>();
     return Status::Ok();
@@ -89,7 +90,7 @@ class Fields {
     if (!json_.contains(key) || (json_[key].is_string() && json_[key] == expected)) {
       return Status::Ok();
     }
-    return Status(code, where_ + "." + key + ": " + json_[key].dump() +
+    return Status(code, where_ + "." + key + ": " + ShortJson(json_[key]) +
                             ", where llmctl implements \"" + expected + "\"");
   }
 
@@ -279,7 +280,7 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
     return InvalidArgumentError(source + ": model_type " +
                                 (type.is_string() ? type.get<std::string>()
                                  : type.is_null() ? std::string("(none)")
-                                                  : type.dump()) +
+                                                  : ShortJson(type)) +
                                 ", expected blip-2");
   }
   Blip2Config c;

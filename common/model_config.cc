@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/files.h"
+#include "common/foreign_json.h"
 
 namespace llmctl {
 namespace {
@@ -18,25 +19,6 @@ using Json = nlohmann::json;
 
 // The model types whose architecture is the LLaMA decoder llmctl's trainer implements.
 constexpr std::string_view kSupportedModelTypes[] = {"llama", "mistral", "qwen2"};
-
-// True when `value` nests at most `levels` lists or objects deep.
-bool NestsAtMost(const Json& value, int levels) {
-  if (!value.is_structured()) return true;
-  if (levels == 0) return false;
-  for (const Json& item : value) {
-    if (!NestsAtMost(item, levels - 1)) return false;
-  }
-  return true;
-}
-
-std::string ShortJson(const Json& value) {
-  // dump() recurses once per level: a deeply nested value in a wrong-typed field would overflow the
-  // stack just to be cut to 40 characters.
-  if (!NestsAtMost(value, 16)) return value.is_array() ? "[...]" : "{...}";
-  std::string text = value.dump();
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
-  return text;
-}
 
 std::string_view JsonTypeName(const Json& value) {
   switch (value.type()) {
