@@ -1,5 +1,6 @@
 #include "common/result_event.h"
 
+#include <limits>
 #include <nlohmann/json.hpp>
 
 namespace llmctl::result_event {
@@ -10,7 +11,9 @@ std::optional<Checkpoint> CheckpointOf(const nlohmann::json& result) {
   if (checkpoint == result.end() || !checkpoint->is_object()) return std::nullopt;
   const auto step = checkpoint->find(kCheckpointStep);
   const auto path = checkpoint->find(kCheckpointPath);
+  // Callers count the step after it (step + 1): INT64_MAX is no step any run reached.
   if (step == checkpoint->end() || !step->is_number_integer() || step->get<int64_t>() < 0 ||
+      step->get<int64_t>() == std::numeric_limits<int64_t>::max() ||
       path == checkpoint->end() || !path->is_string() || path->get<std::string>().empty()) {
     return std::nullopt;
   }

@@ -1,6 +1,7 @@
 // ControllerService's handlers of submitted experiments: list, status, watch, cancel, resume and
 // fetch of a trial's artifacts.
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -68,7 +69,11 @@ StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment
     row->set_expect(trial.expect.value_or(""));
     row->set_attempt(static_cast<int32_t>(trial.attempt));
     row->set_node(trial.node);
-    if (!trial.last_step.is_null()) row->set_step(IntField(trial.last_step, "step") + 1);
+    // The event counts steps from 0; a step past int64_t's last (another process's) counts none.
+    if (!trial.last_step.is_null()) {
+      const int64_t step = IntField(trial.last_step, "step");
+      row->set_step(step >= 0 && step < std::numeric_limits<int64_t>::max() ? step + 1 : 0);
+    }
     row->set_total_steps(IntField(trial.start, "total_steps"));
     const double seconds = NumberField(trial.last_step, "seconds");
     // Once the trial has ended, its run's figure; before, the latest step's (a resumed trial's run
