@@ -151,22 +151,40 @@ std::string RunManager::RunDirFor(const RunKey& key) const {
          EncodeTrialName(key.trial) + "/" + std::to_string(key.attempt);
 }
 
-Status RunManager::Recover() {
+namespace {
+
+// The directories in `dir`, without an exception: an entry the system cannot look at (a link
+// loop, a name too long) is left out, so one bad entry under runs/ cannot stop the agent's start.
+std::vector<fs::path> SubDirectories(const fs::path& dir) {
+  std::vector<fs::path> found;
   std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    std::error_code entry_error;
+    if (it->is_directory(entry_error) && !entry_error) found.push_back(it->path());
+  }
+  return found;
+}
+
+}  // namespace
+
+Status RunManager::Recover() {
   const fs::path runs_dir = options_.data_dir + "/runs";
+  std::error_code error;
+  const fs::directory_iterator scan(runs_dir, error);
+  if (error) return UnavailableError("cannot scan " + runs_dir.string() + ": " + error.message());
   MutexLock lock(mutex_);
-  for (const auto& experiment : fs::directory_iterator(runs_dir, error)) {
-    const auto experiment_id = ParsePositive(experiment.path().filename().string());
-    if (!experiment_id || !experiment.is_directory()) continue;
-    for (const auto& trial : fs::directory_iterator(experiment.path(), error)) {
-      const auto trial_name = DecodeTrialName(trial.path().filename().string());
-      if (!trial_name || !trial.is_directory()) continue;
-      for (const auto& attempt : fs::directory_iterator(trial.path(), error)) {
-        const auto attempt_number = ParsePositive(attempt.path().filename().string());
-        if (!attempt_number || *attempt_number > INT32_MAX || !attempt.is_directory()) continue;
+  for (const fs::path& experiment : SubDirectories(runs_dir)) {
+    const auto experiment_id = ParsePositive(experiment.filename().string());
+    if (!experiment_id) continue;
+    for (const fs::path& trial : SubDirectories(experiment)) {
+      const auto trial_name = DecodeTrialName(trial.filename().string());
+      if (!trial_name) continue;
+      for (const fs::path& attempt : SubDirectories(trial)) {
+        const auto attempt_number = ParsePositive(attempt.filename().string());
+        if (!attempt_number || *attempt_number > INT32_MAX) continue;
         const RunKey key{*experiment_id, *trial_name, static_cast<int32_t>(*attempt_number)};
         Run run;
-        run.dir = attempt.path().string();
+        run.dir = attempt.string();
         if (auto devices = ReadJsonObject(run.dir + "/" + kDevicesFile)) {
           const nlohmann::json indices = devices->value("indices", nlohmann::json::array());
           if (devices->value("type", nlohmann::json()).is_string() && indices.is_array() &&
@@ -206,7 +224,6 @@ Status RunManager::Recover() {
       }
     }
   }
-  if (error) return UnavailableError("cannot scan " + runs_dir.string() + ": " + error.message());
   return Status::Ok();
 }
 

@@ -54,13 +54,19 @@ StatusOr<std::string> CachedTokenFile(
   std::ostringstream name;
   name << std::hex << std::setw(16) << std::setfill('0') << data::Fnv1a64(fingerprint) << ".tok";
   const std::string path = (dir / name.str()).string();
-  if (fs::exists(path)) {
+  std::error_code error;
+  // The directory comes from the environment: one the system cannot look into is a message.
+  const bool cached = fs::exists(path, error);
+  if (error) {
+    return UnavailableError("cannot use the token cache " + dir.string() + ": " + error.message() +
+                            " (set LLMCTL_CACHE_DIR to a usable directory)");
+  }
+  if (cached) {
     data::TokenFile::Options quick;
     quick.verify_contents = false;
     auto existing = data::TokenFile::Open(path, quick);
     if (existing.ok() && (*existing)->fingerprint() == fingerprint) return path;
   }
-  std::error_code error;
   fs::create_directories(dir, error);
   if (error) {
     return UnavailableError("cannot create the token cache " + dir.string() + ": " +

@@ -488,7 +488,14 @@ int ExitCodeFor(const Status& status) {
 }
 
 int RunLlmctl(const std::vector<std::string>& args, CliContext& context) {
-  return Llmctl(context).Run(args);
+  // Every input is checked where it enters; should one still throw, the user reads what, and the
+  // command fails, instead of a 'terminate called' and a core dump.
+  try {
+    return Llmctl(context).Run(args);
+  } catch (const std::exception& e) {
+    context.err << "llmctl: internal error: " << e.what() << "\n";
+    return kExitFailed;
+  }
 }
 
 }  // namespace llmctl::cli

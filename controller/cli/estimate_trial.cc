@@ -79,8 +79,10 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
   const int64_t max_length = settings.data.max_seq_length;
   const std::string& data_path = settings.data.path;
   const StatusOr<std::string> tokenizer = TrialTokenizerPath(config);
+  // A tokenizer path the system will not look up (a 300-character name) is not on this machine.
+  std::error_code not_here;
   if (IsNodePath(data_path) || IsNodePath(settings.model.tokenizer) || !tokenizer.ok() ||
-      !std::filesystem::exists(*tokenizer)) {
+      !std::filesystem::exists(*tokenizer, not_here)) {
     lengths.note = "sequences at data.max_seq_length (" + std::to_string(max_length) +
                    " tokens): the dataset or its tokenizer is not on this machine";
     return lengths;

@@ -142,8 +142,12 @@ StatusOr<v1::InputTree> InputTreeBuilder::Build(const fs::path& path,
     if (error) return NotFoundError(path.string() + ": " + error.message());
     // A Hugging Face cache snapshot, models--ORG--NAME/snapshots/REV, links to the repo's blobs/.
     const fs::path repo = roots.named.parent_path().parent_path();
+    // A blobs/ the system cannot look into (a link loop) is no blobs root: links into it are
+    // then outside the directory, as the walk says.
+    std::error_code no_blobs;
     if (roots.named.parent_path().filename() == "snapshots" &&
-        repo.filename().string().starts_with("models--") && fs::is_directory(repo / "blobs")) {
+        repo.filename().string().starts_with("models--") &&
+        fs::is_directory(repo / "blobs", no_blobs)) {
       roots.hf_blobs = repo / "blobs";
     }
     RETURN_IF_ERROR(Walk(path, path, roots, tree, hidden));

@@ -249,7 +249,14 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   StatusOr<fs::path> dir = EmbeddedDataDir(env);
   if (!dir.ok()) return LocalRates();  // the calibration's note says why
   const fs::path path = *dir / kLocalProbeFile;
-  if (fs::exists(path)) {
+  std::error_code lookup;
+  const bool kept = fs::exists(path, lookup);
+  if (lookup) {
+    err << "note: the time is at the data sheets' rates: " << path.string() << ": "
+        << lookup.message() << "\n";
+    return LocalRates();
+  }
+  if (kept) {
     StatusOr<estimate::RateProbe> probe = ReadRateProbe(path);
     const bool current = probe.ok() && probe->version == estimate::kRateProbeVersion;
     if (current && probe->device_name == CpuModelName()) return FromProbe(*probe, path.string());
