@@ -52,7 +52,11 @@ class TokenFileBatches final : public BatchSource {
   }
 
   Status Restore(const nlohmann::json& position) override {
-    if (!position.is_object() || !position.contains("epoch") || !position.contains("index")) {
+    const auto count = [&position](const char* key) {
+      const auto found = position.find(key);
+      return found != position.end() && found->is_number_integer() && found->get<int64_t>() >= 0;
+    };
+    if (!position.is_object() || !count("epoch") || !count("index")) {
       return DataLossError("data position must be {\"epoch\": N, \"index\": N}");
     }
     return iterator_.Restore({position["epoch"].get<int64_t>(), position["index"].get<int64_t>()});

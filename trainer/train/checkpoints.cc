@@ -2,15 +2,17 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
 #include "common/atomic_file.h"
-#include "common/rank_files.h"
 #include "common/data/file_util.h"
-#include "trainer/model/weights.h"
+#include "common/foreign_json.h"
+#include "common/rank_files.h"
 #include "common/safetensors/safetensors.h"
+#include "trainer/model/weights.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -118,19 +120,36 @@ StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir) {
   const std::string state_path = (root / kCheckpointStateFile).string();
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(state_path));
   LoadedCheckpoint loaded;
-  try {
-    const nlohmann::json json = nlohmann::json::parse(text);
-    if (json.value("format_version", 0) != kFormatVersion) {
-      return DataLossError(state_path + ": unsupported checkpoint format_version " +
-                           json.value("format_version", nlohmann::json()).dump());
-    }
-    loaded.state.next_step = json.at("next_step").get<int64_t>();
-    loaded.state.data_position = json.at("data_position");
-    loaded.state.loss_scale = json.at("loss_scale").get<double>();
-    loaded.state.config = json.value("config", nlohmann::json::object());
-  } catch (const nlohmann::json::exception& e) {
-    return DataLossError(state_path + ": " + e.what());
+  // A checkpoint may come from another node or a path the user gave: every member is checked for
+  // its type and range (a float read as an integer past its range is undefined, not an exception).
+  const nlohmann::json json = ParseForeignJson(text);
+  if (!json.is_object()) return DataLossError(state_path + ": not a JSON object");
+  const auto member = [&json](const char* key) -> const nlohmann::json* {
+    const auto found = json.find(key);
+    return found == json.end() ? nullptr : &*found;
+  };
+  const nlohmann::json* version = member("format_version");
+  if (version == nullptr || !version->is_number_integer() || *version != kFormatVersion) {
+    return DataLossError(state_path + ": unsupported checkpoint format_version " +
+                         (version == nullptr ? std::string("(none)") : ShortJson(*version)));
   }
+  const nlohmann::json* next_step = member("next_step");
+  if (next_step == nullptr || !next_step->is_number_integer() || next_step->get<int64_t>() < 0) {
+    return DataLossError(state_path + ": next_step must be a step count");
+  }
+  const nlohmann::json* position = member("data_position");
+  const nlohmann::json* loss_scale = member("loss_scale");
+  if (position == nullptr) return DataLossError(state_path + ": no data_position");
+  if (loss_scale == nullptr || !loss_scale->is_number() ||
+      !std::isfinite(loss_scale->get<double>()) || !(loss_scale->get<double>() >= 0)) {
+    // 0 outside 16-mixed, which scales its loss.
+    return DataLossError(state_path + ": loss_scale must be a finite non-negative number");
+  }
+  loaded.state.next_step = next_step->get<int64_t>();
+  loaded.state.data_position = *position;
+  loaded.state.loss_scale = loss_scale->get<double>();
+  const nlohmann::json* config = member("config");
+  loaded.state.config = config != nullptr ? *config : nlohmann::json::object();
   ASSIGN_OR_RETURN(loaded.model, ReadTensors((root / "model.safetensors").string()));
   ASSIGN_OR_RETURN(loaded.optimizer, ReadTensors((root / RankOptimizerFile(0)).string()));
   ASSIGN_OR_RETURN(loaded.generators, ReadTensors((root / "rng.safetensors").string()));

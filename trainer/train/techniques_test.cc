@@ -5,9 +5,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include "common/model_config.h"
+#include "common/rank_files.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/checkpoints.h"
 #include "trainer/train/trainer.h"
@@ -160,6 +162,39 @@ std::map<std::string, torch::Tensor> SavedParameters(const std::string& out) {
   EXPECT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
   if (!checkpoint.ok()) return {};
   return {checkpoint->model.begin(), checkpoint->model.end()};
+}
+
+// A checkpoint's state file may come from another node or a path the user gave: a member of the
+// wrong type or out of its range is DataLoss naming the file, never an exception or a float read
+// past an integer's range.
+TEST(CheckpointTest, AStateFileOfWrongTypesIsRefusedByName) {
+  const std::string out = testing::FreshTempDir("bad-state");
+  RunSaving(out, {});
+  const std::string dir = out + "/checkpoints/step-3";
+  const std::string state_path = dir + "/" + std::string(kCheckpointStateFile);
+  ASSERT_TRUE(LoadCheckpoint(dir).ok());
+  std::ifstream in(state_path);
+  const nlohmann::json good = nlohmann::json::parse(in);
+  const std::pair<std::function<void(nlohmann::json&)>, std::string> cases[] = {
+      {[](nlohmann::json& j) { j["format_version"] = 1e300; },
+       "unsupported checkpoint format_version 1e+300"},
+      {[](nlohmann::json& j) { j["format_version"] = "1"; },
+       "unsupported checkpoint format_version \"1\""},
+      {[](nlohmann::json& j) { j["next_step"] = 1e300; }, "next_step must be a step count"},
+      {[](nlohmann::json& j) { j["next_step"] = -4; }, "next_step must be a step count"},
+      {[](nlohmann::json& j) { j["loss_scale"] = "x"; },
+       "loss_scale must be a finite non-negative number"},
+      {[](nlohmann::json& j) { j.erase("data_position"); }, "no data_position"},
+  };
+  for (const auto& [edit, message] : cases) {
+    nlohmann::json bad = good;
+    edit(bad);
+    std::ofstream(state_path, std::ios::trunc) << bad.dump();
+    const Status loaded = LoadCheckpoint(dir).status();
+    EXPECT_EQ(loaded.code(), StatusCode::kDataLoss) << message;
+    EXPECT_EQ(loaded.message(), state_path + ": " + message);
+  }
+  std::filesystem::remove_all(out);
 }
 
 void ExpectSameFinalParameters(const std::vector<std::pair<std::string, std::string>>& technique) {
