@@ -232,7 +232,7 @@ StatusOr<std::unique_ptr<TokenizerState>> ParseTokenizer(std::string_view text,
   Json root;
   try {
     root = Json::parse(text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e999
     // The parser quotes the offending bytes, which need not be UTF-8; messages must be.
     return src.Invalid("", "not valid JSON: " + Utf8Lossy(e.what()));
   }
@@ -281,7 +281,7 @@ Status ApplyTokenizerConfig(const std::filesystem::path& path, TokenizerState* s
   Json root;
   try {
     root = Json::parse(text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e999
     return src.Invalid("", "not valid JSON: " + Utf8Lossy(e.what()));
   }
   if (!root.is_object()) return src.Invalid("", "expected a JSON object at the top level");

@@ -399,6 +399,8 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(
         BrokenCase{"truncated.json", StatusCode::kInvalidArgument, "not valid JSON"},
         BrokenCase{"empty.json", StatusCode::kInvalidArgument, "not valid JSON"},
+        // nlohmann throws out_of_range, not parse_error, for a number past a double's range.
+        BrokenCase{"number_out_of_range.json", StatusCode::kInvalidArgument, "not valid JSON"},
         BrokenCase{"not_an_object.json", StatusCode::kInvalidArgument, "JSON object"},
         BrokenCase{"missing_model.json", StatusCode::kInvalidArgument, "model: missing"},
         BrokenCase{"unknown_model_type.json", StatusCode::kInvalidArgument, "model.type"},

@@ -335,7 +335,10 @@ std::string RenderEstimateJson(const std::string& file, const Experiment& experi
     }
     out["trials"].push_back(trial);
   }
-  return out.dump(2) + "\n";
+  // Lossy: it holds the paths and names the user typed, which need not be UTF-8.
+  return out.dump(2, ' ', /*ensure_ascii=*/false,
+                  nlohmann::ordered_json::error_handler_t::replace) +
+         "\n";
 }
 
 }  // namespace llmctl::cli

@@ -463,7 +463,10 @@ std::string RenderJson(const PlanOptions& o, const Resolved& r, const estimate::
   }
   // Only with a probe: without one the JSON is as it was (the data sheets' rates).
   if (!r.request.speed.rates.empty()) out["rates"] = r.request.speed.rates;
-  return out.dump(2) + "\n";
+  // Lossy: it holds the paths and names the user typed, which need not be UTF-8.
+  return out.dump(2, ' ', /*ensure_ascii=*/false,
+                  nlohmann::ordered_json::error_handler_t::replace) +
+         "\n";
 }
 
 }  // namespace
