@@ -31,8 +31,10 @@ StatusOr<std::unique_ptr<InputCache>> InputCache::Open(const std::string& cache_
   }
   // Whatever an earlier process left half-done is of no use now.
   std::error_code ignored;
-  for (const auto& entry : fs::directory_iterator(cache_dir + "/tmp", ignored)) {
-    fs::remove_all(entry.path(), ignored);
+  for (fs::directory_iterator it(cache_dir + "/tmp", ignored), end; !ignored && it != end;
+       it.increment(ignored)) {
+    std::error_code kept;
+    fs::remove_all(it->path(), kept);
   }
   return std::unique_ptr<InputCache>(new InputCache(cache_dir));
 }
@@ -108,9 +110,13 @@ StatusOr<std::string> InputCache::Materialize(const digest::InputTree& tree) {
   }
   const std::string final_dir = dir_ + "/trees/" + tree.digest;
   const std::string result = tree.is_file ? final_dir + "/" + tree.files.front().path : final_dir;
-  if (fs::is_directory(final_dir)) return result;
-  const std::string staging = TempPath("tree-" + tree.digest);
   std::error_code error;
+  if (fs::is_directory(final_dir, error)) return result;
+  if (error && error != std::errc::no_such_file_or_directory) {
+    return UnavailableError("input tree " + tree.digest + ": " + error.message());
+  }
+  error.clear();
+  const std::string staging = TempPath("tree-" + tree.digest);
   for (const digest::TreeFile& file : tree.files) {
     const fs::path target = fs::path(staging) / file.path;
     fs::create_directories(target.parent_path(), error);

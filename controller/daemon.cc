@@ -78,7 +78,11 @@ StatusOr<rpc::TlsIdentity> LoadOrCreateControllerIdentity(const std::string& dat
   const std::string certificate = dir + "/client.crt";
   const std::string key = dir + "/client.key";
   const std::string ca_file = dir + "/ca.crt";
-  if (!std::filesystem::exists(certificate) || !std::filesystem::exists(key)) {
+  std::error_code lookup;
+  const bool issued_before =
+      std::filesystem::exists(certificate, lookup) && std::filesystem::exists(key, lookup);
+  if (lookup) return FailedPreconditionError(dir + ": " + lookup.message());
+  if (!issued_before) {
     ASSIGN_OR_RETURN(rpc::IssuedCertificate issued,
                      ca.Issue(rpc::kControllerCertificateName, 3650));
     RETURN_IF_ERROR(WritePrivateFile(key, issued.private_key_pem));

@@ -32,12 +32,20 @@ Status SaveRankShard(FullyShardedDataParallel& fsdp, const std::string& dir,
   if (failed.at(0) > 0) return UnavailableError("checkpoint " + dir + " failed on another rank");
   // Every rank has written. A staging directory that holds trainer_state.json is rank 0's, which
   // rank 0 renames once this agreement is done.
+  // No exception between the ranks' two agreements: a rank that threw here would leave the
+  // others waiting in the second.
   Status renamed = Status::Ok();
-  if (fsdp.local_rank() == 0 && !fs::exists(staging / kCheckpointStateFile)) {
-    fs::remove_all(dir, error);
-    fs::rename(staging, dir, error);
-    if (error)
-      renamed = UnavailableError("cannot rename " + staging.string() + ": " + error.message());
+  if (fsdp.local_rank() == 0) {
+    std::error_code lookup;
+    const bool rank0s = fs::exists(staging / kCheckpointStateFile, lookup);
+    if (lookup) {
+      renamed = UnavailableError("cannot check " + staging.string() + ": " + lookup.message());
+    } else if (!rank0s) {
+      fs::remove_all(dir, error);
+      fs::rename(staging, dir, error);
+      if (error)
+        renamed = UnavailableError("cannot rename " + staging.string() + ": " + error.message());
+    }
   }
   ASSIGN_OR_RETURN(const std::vector<double> not_renamed,
                    fsdp.SumAcrossRanks({renamed.ok() ? 0.0 : 1.0}));
