@@ -68,7 +68,8 @@ StatusOr<TrainerVersions> ParseTrainerVersions(std::string_view text) {
     versions.*field.member = value->get<std::string>();
   }
   if (auto devices = json.find("cuda_devices"); devices != json.end()) {
-    if (!devices->is_number_integer() || devices->get<int64_t>() < 0) {
+    if (!devices->is_number_integer() || devices->get<int64_t>() < 0 ||
+        devices->get<int64_t>() > (1 << 20)) {
       return InvalidArgumentError(where + ": 'cuda_devices' is not a count");
     }
     versions.cuda_devices = devices->get<int>();

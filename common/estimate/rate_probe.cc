@@ -258,9 +258,9 @@ double BlockShare(const RateProbe& probe, const std::string& dtype,
 }
 
 // Each reference step's calibration factor at the probe's own rates (ProbedSpeed's) inside
-// [kMinMeasuredFactor, kMaxMeasuredFactor] (step_time.h): a step that ran 4x faster than its work
-// at the rates measured beside it, or 100x slower, is not a measurement of this machine, and
-// would scale every trial's time by it. Only a CPU probe has reference steps.
+// [kMinMeasuredFactor, kMaxMeasuredFactor] (step_time.h): a step a hundredfold faster or slower
+// than its work at the rates measured beside it is not a measurement of this machine, and would
+// scale every trial's time by that. Only a CPU probe has reference steps.
 Status CheckReferenceSteps(const RateProbe& probe) {
   if (probe.reference_steps.empty()) return Status::Ok();
   if (probe.device != "cpu") {

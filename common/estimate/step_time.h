@@ -183,13 +183,15 @@ struct NominalStep {
 };
 NominalStep NominalStepSeconds(const StepWork& work, const DeviceSpeed& device);
 
-// The range of calibration factors a measured step can imply: a step does the work it is counted
-// for, so it cannot run 4x faster than that work at its device's rates (measured ones run within
-// 0.9 to 1.3 of them on a CPU), and a step 100x slower than it is no measure of that work (bf16
-// emulated on a CPU without bf16 instructions, against the data sheet's bf16 rate, is about 4x).
-// Outside it a measured time is another process's error: Calibrate leaves such a run out, and a
-// probe whose reference step implies one is refused (rate_probe.h).
-inline constexpr double kMinMeasuredFactor = 0.25;
+// The range of calibration factors a measured step can imply. Near 1 where the rates and the step
+// were measured alike (0.9 to 1.3 on an idle CPU); further where they were not (a probe run beside
+// a parallel test suite measured its matmuls slowed and its reference step less so: 0.15, which
+// is then the calibration that corrects those rates), and against a data sheet (bf16 emulated on a
+// CPU without bf16 instructions: about 4). A hundredfold either way is not one machine's step over
+// its own work: another process's error (a step of 1e-300 s), which would scale every trial's time
+// by it. Calibrate leaves such a run out, and a probe whose reference step implies one is refused
+// (rate_probe.h).
+inline constexpr double kMinMeasuredFactor = 0.01;
 inline constexpr double kMaxMeasuredFactor = 100;
 
 // The calibration factor one measured step of `work` on `device` implies: its seconds beyond the

@@ -5,6 +5,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <utility>
 
 #include "common/foreign_json.h"
 #include "common/spelling.h"
@@ -17,10 +18,13 @@ using nlohmann::json;
 
 constexpr char kBlazarDate[] = "%Y-%m-%d %H:%M";
 
+// An int member of the answer, else 0 (absent, another type, or past an int: not wrapped).
 int Number(const json& value, const char* key) {
-  return value.is_object() && value.contains(key) && value[key].is_number_integer()
-             ? value[key].get<int>()
-             : 0;
+  if (!value.is_object() || !value.contains(key) || !value[key].is_number_integer()) return 0;
+  const json& number = value[key];
+  return number.is_number_unsigned()
+             ? (std::in_range<int>(number.get<uint64_t>()) ? number.get<int>() : 0)
+             : (std::in_range<int>(number.get<int64_t>()) ? number.get<int>() : 0);
 }
 
 // python-chi's test for Blazar's no-capacity answer: "not enough <resource> available".

@@ -47,7 +47,9 @@ StatusOr<SecurityGroup> ParseSecurityGroup(const json& value) {
       if (StringField(rule, "direction") != "ingress" || StringField(rule, "protocol") != "tcp")
         continue;
       if (!rule.contains("port_range_min") || !rule["port_range_min"].is_number_integer() ||
-          rule["port_range_min"] != rule.value("port_range_max", json())) {
+          rule["port_range_min"] != rule.value("port_range_max", json()) ||
+          rule["port_range_min"].get<int64_t>() < 1 ||
+          rule["port_range_min"].get<int64_t>() > 65535) {
         continue;
       }
       group.ingress_tcp_ports.push_back(rule["port_range_min"].get<int>());

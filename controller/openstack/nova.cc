@@ -2,6 +2,8 @@
 
 #include <openssl/evp.h>
 
+#include <utility>
+
 #include "common/http/http_client.h"
 #include "common/spelling.h"
 #include "controller/openstack/json_fields.h"
@@ -21,8 +23,12 @@ StatusOr<Flavor> ParseFlavor(const json& value) {
   Flavor flavor;
   flavor.id = value["id"].get<std::string>();
   flavor.name = value["name"].get<std::string>();
+  // An int member, else 0 (absent, another type, or past an int: not wrapped).
   auto number = [&](const char* key) {
-    return value.contains(key) && value[key].is_number_integer() ? value[key].get<int>() : 0;
+    if (!value.contains(key) || !value[key].is_number_integer()) return 0;
+    const json& n = value[key];
+    return n.is_number_unsigned() ? (std::in_range<int>(n.get<uint64_t>()) ? n.get<int>() : 0)
+                                  : (std::in_range<int>(n.get<int64_t>()) ? n.get<int>() : 0);
   };
   flavor.vcpus = number("vcpus");
   flavor.ram_mb = number("ram");
