@@ -90,6 +90,16 @@ std::string FormatColumns(const std::vector<std::vector<std::string>>& rows,
   return out;
 }
 
+std::string PrintableTextProblem(std::string_view text, size_t max_bytes) {
+  if (text.size() > max_bytes) return "longer than " + std::to_string(max_bytes) + " bytes";
+  if (std::any_of(text.begin(), text.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+    return "holds a control character";
+  }
+  if (FirstInvalidUtf8(text) != std::string_view::npos) return "not valid UTF-8";
+  return "";
+}
+
 std::string ReplaceInvalidUtf8(std::string_view text) {
   std::string out;
   for (size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos;

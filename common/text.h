@@ -21,6 +21,11 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b);
 // U+10FFFF included), or std::string_view::npos when `text` is valid.
 size_t FirstInvalidUtf8(std::string_view text);
 
+// Why `text`, another process's, may not be printed to a terminal as it is: "" when it is valid
+// UTF-8 of at most `max_bytes` bytes without control characters (below 0x20, or 0x7f), else
+// what is wrong ("longer than 64 bytes", "holds a control character", "not valid UTF-8").
+std::string PrintableTextProblem(std::string_view text, size_t max_bytes);
+
 // `text` with each byte that breaks UTF-8 (FirstInvalidUtf8's) replaced by U+FFFD: another
 // process's text, such as a trainer's stderr cut anywhere, made fit for a proto3 string or JSON.
 std::string ReplaceInvalidUtf8(std::string_view text);

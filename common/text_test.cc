@@ -15,11 +15,21 @@ TEST(FirstInvalidUtf8Test, FindsTheBreakingByte) {
   EXPECT_EQ(FirstInvalidUtf8("ab\xC0\xAF"), 2u);  // overlong '/'
 }
 
+TEST(PrintableTextProblemTest, NamesLengthControlCharactersAndBadUtf8) {
+  EXPECT_EQ(PrintableTextProblem("NVIDIA H200 – 141 GB", 64), "");
+  EXPECT_EQ(PrintableTextProblem(std::string(65, 'x'), 64), "longer than 64 bytes");
+  EXPECT_EQ(PrintableTextProblem("a\x1b[2J", 64), "holds a control character");
+  EXPECT_EQ(PrintableTextProblem("a\x7f", 64), "holds a control character");
+  EXPECT_EQ(PrintableTextProblem("a\xff", 64), "not valid UTF-8");
+}
+
 TEST(ReplaceInvalidUtf8Test, ReplacesEachBreakingByteAndKeepsTheRest) {
   EXPECT_EQ(ReplaceInvalidUtf8("plain – ok"), "plain – ok");
   EXPECT_EQ(ReplaceInvalidUtf8("cut \xe2\x82"), "cut \xef\xbf\xbd\xef\xbf\xbd");
   EXPECT_EQ(ReplaceInvalidUtf8("\xff–\xff"), "\xef\xbf\xbd–\xef\xbf\xbd");
-  EXPECT_EQ(FirstInvalidUtf8(ReplaceInvalidUtf8("a\xC0\xAF" "b\xed\xa0\x80")), std::string_view::npos);
+  EXPECT_EQ(FirstInvalidUtf8(ReplaceInvalidUtf8("a\xC0\xAF"
+                                                "b\xed\xa0\x80")),
+            std::string_view::npos);
 }
 
 TEST(FormatColumnsTest, AlignsByCharactersAndRightAlignsNumbers) {

@@ -1,0 +1,72 @@
+#include "controller/dispatch/node_info_check.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+namespace llmctl::controller::dispatch {
+namespace {
+
+v1::NodeInfo GoodInfo() {
+  v1::NodeInfo info;
+  info.set_node("n1");
+  v1::Device* cpu = info.add_devices();
+  cpu->set_type("cpu");
+  cpu->set_name("AMD EPYC");
+  for (int i = 0; i < 2; ++i) {
+    v1::Device* gpu = info.add_devices();
+    gpu->set_type("cuda");
+    gpu->set_index(i);
+    gpu->set_name("NVIDIA H200");
+    gpu->set_memory_bytes(int64_t{150} << 30);
+  }
+  info.set_host_memory_bytes(int64_t{1} << 40);
+  info.set_cpu_count(64);
+  info.set_nvidia_driver_version("580.95.05");
+  info.set_driver_cuda_version("13.0");
+  info.set_libtorch_version("2.15.0");
+  info.set_libtorch_cuda_version("13.2");
+  return info;
+}
+
+// An agent's description is another process's: a field no node has is refused by name, before the
+// store keeps it, placement counts its devices or a notice repeats it for every waiting trial.
+TEST(NodeInfoCheckTest, RefusesEachFieldNoNodeHasByName) {
+  EXPECT_TRUE(CheckNodeInfo(GoodInfo()).ok());
+  const std::pair<std::function<void(v1::NodeInfo&)>, std::string> cases[] = {
+      {[](v1::NodeInfo& i) { i.mutable_devices(1)->set_type("tpu"); },
+       "its devices[1].type is not cpu or cuda"},
+      {[](v1::NodeInfo& i) { i.mutable_devices(2)->set_index(0); },
+       "its devices[2].index repeats another cuda device's"},
+      {[](v1::NodeInfo& i) { i.mutable_devices(1)->set_index(-1); },
+       "its devices[1].index is negative"},
+      {[](v1::NodeInfo& i) { i.mutable_devices(1)->set_memory_bytes(-1); },
+       "its devices[1].memory_bytes is negative"},
+      {[](v1::NodeInfo& i) { i.mutable_devices(0)->set_name("EPYC\x1b[2J"); },
+       "its devices[0].name holds a control character"},
+      {[](v1::NodeInfo& i) { i.set_nvidia_driver_version(std::string(8 << 20, '5')); },
+       "its nvidia_driver_version longer than 64 bytes"},
+      {[](v1::NodeInfo& i) { i.set_libtorch_version("2.15\n0"); },
+       "its libtorch_version holds a control character"},
+      {[](v1::NodeInfo& i) { i.set_cpu_count(-4); }, "its cpu_count is negative"},
+      {[](v1::NodeInfo& i) {
+         for (int d = 0; d < kMaxNodeDevices; ++d) {
+           v1::Device* device = i.add_devices();
+           device->set_type("cuda");
+           device->set_index(d + 2);
+         }
+       },
+       "its devices number 1027, more than 1024"},
+  };
+  for (const auto& [edit, message] : cases) {
+    v1::NodeInfo info = GoodInfo();
+    edit(info);
+    const Status checked = CheckNodeInfo(info);
+    EXPECT_EQ(checked.code(), StatusCode::kInvalidArgument) << message;
+    EXPECT_EQ(checked.message(), message);
+  }
+}
+
+}  // namespace
+}  // namespace llmctl::controller::dispatch
