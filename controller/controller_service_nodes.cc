@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/foreign_json.h"
+#include "common/text.h"
 #include "controller/controller_service.h"
 #include "controller/json_fields.h"
 #include "controller/node_certificates.h"
@@ -268,6 +269,22 @@ grpc::Status ControllerService::UpdateNode(grpc::ServerContext* context,
     if (request->has_lease() && request->lease().ends_unix() <= 0) {
       return InvalidArgumentError("update node " + request->name() +
                                   ": the lease's end (ends_unix) is missing");
+    }
+    // Seconds, up to the year 9999: past about 9.2e9 a store::Time (nanoseconds in an int64) wraps,
+    // and a lease sent in milliseconds would read as one that ended in 1892, stopping its trials.
+    if (request->has_lease() && request->lease().ends_unix() > store::kMaxUnixSeconds) {
+      return InvalidArgumentError("update node " + request->name() + ": the lease's end " +
+                                  std::to_string(request->lease().ends_unix()) +
+                                  " is past the year 9999 (ends_unix is in seconds)");
+    }
+    for (const auto& [field, text] :
+         {std::pair<const char*, const std::string&>{"name", request->lease().name()},
+          {"site", request->lease().site()},
+          {"flavor", request->lease().flavor()}}) {
+      if (const std::string problem = PrintableTextProblem(text, 256); !problem.empty()) {
+        return InvalidArgumentError("update node " + request->name() + ": the lease's " + field +
+                                    " " + problem);
+      }
     }
     ASSIGN_OR_RETURN(std::vector<store::NodeRecord> known, store_.ListNodes());
     auto node = std::find_if(known.begin(), known.end(), [&](const store::NodeRecord& record) {

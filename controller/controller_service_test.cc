@@ -304,6 +304,34 @@ TEST_F(ControllerServiceTest, RegisterNodeIssuesCredentialsThatAreStoredOnlyInTh
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// A lease's end is in seconds up to the year 9999 (one sent in milliseconds wrapped to 1892 and
+// stopped the node's trials), and its names are printable text.
+TEST_F(ControllerServiceTest, ALeasesEndPastTheYear9999OrAControlCharacterInItsNameIsRefused) {
+  grpc::ClientContext register_context;
+  v1::RegisterNodeRequest node;
+  node.set_name("gpu-1");
+  node.set_address("127.0.0.1:7443");
+  v1::NodeCredentials credentials;
+  ASSERT_TRUE(stub_->RegisterNode(&register_context, node, &credentials).ok());
+  auto update = [&](int64_t ends_unix, const std::string& name) {
+    grpc::ClientContext context;
+    v1::UpdateNodeRequest request;
+    request.set_name("gpu-1");
+    request.mutable_lease()->set_name(name);
+    request.mutable_lease()->set_ends_unix(ends_unix);
+    v1::NodeStatus status;
+    return stub_->UpdateNode(&context, request, &status);
+  };
+  EXPECT_TRUE(update(1'800'000'000, "my-lease").ok());
+  const grpc::Status millis = update(int64_t{1'800'000'000} * 1000, "my-lease");
+  EXPECT_EQ(millis.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(millis.error_message(),
+            "update node gpu-1: the lease's end 1800000000000 is past the year 9999 (ends_unix is "
+            "in seconds)");
+  EXPECT_EQ(update(1'800'000'000, "lease\x1b[2J").error_message(),
+            "update node gpu-1: the lease's name holds a control character");
+}
+
 TEST_F(ControllerServiceTest, DeregisterNodeRequeuesItsTrialsRevokesItsTokenAndIsIdempotent) {
   auto register_node = [&](v1::NodeCredentials* credentials) {
     grpc::ClientContext context;

@@ -9,7 +9,10 @@ std::vector<store::NewDeviceSample> FromProto(const v1::DeviceSamples& samples) 
     store::NewDeviceSample row;
     row.seq = sample.seq();
     row.sample.device = sample.device();
-    row.sample.time = store::Time(std::chrono::milliseconds(sample.unix_ms()));
+    // Past the year 9999 a Time wraps (to a valid-looking one): read as none, which is refused.
+    row.sample.time = sample.unix_ms() > 0 && sample.unix_ms() <= store::kMaxUnixMillis
+                          ? store::Time(std::chrono::milliseconds(sample.unix_ms()))
+                          : store::Time();
     if (sample.has_utilization_percent()) {
       row.sample.utilization_percent = sample.utilization_percent();
     }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/text.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
 #include "controller/store/store_internal.h"
@@ -69,7 +70,11 @@ Status ValidateSample(const NewDeviceSample& reading, int64_t trial_id, int64_t 
                             std::to_string(attempt) + " of trial " + std::to_string(trial_id);
   const DeviceSample& sample = reading.sample;
   if (reading.seq < 1) return InvalidArgumentError(where + ": sequence numbers start at 1");
+  if (reading.seq > kMaxSeq) return InvalidArgumentError(where + ": past the last sequence number");
   if (sample.device.empty()) return InvalidArgumentError(where + ": no device named");
+  if (const std::string problem = PrintableTextProblem(sample.device, 64); !problem.empty()) {
+    return InvalidArgumentError(where + ": its device's name " + problem);
+  }
   if (ToMillis(sample.time) <= 0) return InvalidArgumentError(where + ": no time");
   if (sample.memory_used_bytes < 0 || sample.memory_total_bytes < 0) {
     return InvalidArgumentError(where + ": negative memory");

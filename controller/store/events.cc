@@ -27,6 +27,7 @@ Status ValidateEvent(const Event& event, int64_t trial_id, int64_t attempt) {
   const std::string where = "event " + std::to_string(event.seq) + " of attempt " +
                             std::to_string(attempt) + " of " + TrialLabel(trial_id);
   if (event.seq < 1) return InvalidArgumentError(where + ": sequence numbers start at 1");
+  if (event.seq > kMaxSeq) return InvalidArgumentError(where + ": past the last sequence number");
   if (event.rank < 0) {
     return InvalidArgumentError(where + ": rank " + std::to_string(event.rank) + " is negative");
   }

@@ -40,6 +40,16 @@ namespace llmctl::store {
 // Stored with millisecond resolution.
 using Time = std::chrono::system_clock::time_point;
 
+// The last second a Time holds with room (the end of the year 9999): it counts nanoseconds in an
+// int64, which wrap past about 9.2e9 seconds. A time another process sends is checked against it.
+inline constexpr int64_t kMaxUnixSeconds = 253'402'300'799;
+inline constexpr int64_t kMaxUnixMillis = kMaxUnixSeconds * 1000;
+
+// The last sequence number an event or a device sample may have: 2^53, a line a microsecond for
+// 285 years, and exact in a double, so that the next one (seq + 1, which the controller asks an
+// agent to resume from) never overflows.
+inline constexpr int64_t kMaxSeq = int64_t{1} << 53;
+
 // Whole seconds since the Unix epoch: what the API's and the secrets' times carry.
 inline int64_t UnixSeconds(Time time) {
   return std::chrono::duration_cast<std::chrono::seconds>(time.time_since_epoch()).count();

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "controller/store/schema.h"
@@ -308,6 +309,10 @@ TEST_F(StoreTest, AppendEventsRefusesMalformedEventsWhole) {
       Event{.seq = 1, .type = "step", .json = R"({"type":"result"})"}};
   EXPECT_THAT(store->AppendEvents(trial, 1, wrong_type).status().message(),
               HasSubstr("\"result\", not 'step'"));
+  // The controller resumes a stream from the last seq + 1: INT64_MAX would overflow it.
+  const std::vector<Event> last_seq = {StepEvent(std::numeric_limits<int64_t>::max(), 0)};
+  EXPECT_THAT(store->AppendEvents(trial, 1, last_seq).status().message(),
+              HasSubstr("past the last sequence number"));
   EXPECT_EQ(*store->LastSeq(trial, 1), 0);
 }
 
