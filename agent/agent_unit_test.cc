@@ -14,6 +14,7 @@
 #include "agent/node_info.h"
 #include "agent/outcome.h"
 #include "agent/process.h"
+#include "agent/run_checks.h"
 #include "agent/run_files.h"
 #include "agent/runs.h"
 #include "agent/trial_file.h"
@@ -79,6 +80,18 @@ TEST(OutcomeTest, RunFileNumbersOutsideTheirTypeAreLeftOut) {
   const std::string path = testing::TempDir() + "/ranks-wide.json";
   ASSERT_TRUE(WriteJsonFile(path, {{"first_failure", failure}}).ok());
   EXPECT_FALSE(ReadFirstFailedRank(path).has_value());  // 2^32 is no rank: not rank 0
+}
+
+// One node's ranks are processes of its host: a cpu trial of `devices: 4096` would start 4,096 of
+// them, and Recover reads back at most kMaxRanks.
+TEST(RunChecksTest, OneNodeRunsAtMostMaxRanksRanks) {
+  TrialFile trial_file;
+  trial_file.device = "cpu";
+  trial_file.ranks = kMaxRanks;
+  EXPECT_TRUE(CheckTrialPlacement(RunRequest{}, trial_file).ok());
+  trial_file.ranks = kMaxRanks + 1;
+  EXPECT_EQ(CheckTrialPlacement(RunRequest{}, trial_file).message(),
+            "the trial's 1025 ranks are more than 1024 on one node");
 }
 
 TEST(OutcomeTest, SignalsAndCancels) {

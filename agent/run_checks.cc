@@ -71,6 +71,13 @@ Status CheckTrialPlacement(const RunRequest& request, const TrialFile& trial_fil
   if (trial_file.device == "cuda" && request.device_indices.empty()) {
     return InvalidArgumentError("a cuda trial needs device_indices");
   }
+  // One node's ranks are processes of this host: at most as many as a run keeps (kMaxRanks,
+  // which Recover reads back), however many `devices` the trial names.
+  if (trial_file.ranks > kMaxRanks) {
+    return InvalidArgumentError("the trial's " + std::to_string(trial_file.ranks) +
+                                " ranks are more than " + std::to_string(kMaxRanks) +
+                                " on one node");
+  }
   const NodeGroup& group = request.node_group;
   if (group.nodes <= 1) return Status::Ok();
   if (group.nodes != trial_file.nodes) {

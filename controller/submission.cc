@@ -90,6 +90,12 @@ Status AttachPredictions(const std::map<std::string, nlohmann::json>& prediction
       }
       StatusOr<estimate::StepWork> work = estimate::StepWork::FromJson(prediction["work"]);
       if (!work.ok()) return InvalidArgumentError(where + ": " + work.status().message());
+      // Kept as it reads back, not as the client wrote it: members the work has no use for
+      // (megabytes of them, sent 2,000 runs at a time by TimedRuns) are not stored.
+      nlohmann::json stored = prediction;
+      stored["work"] = work->ToJson();
+      trial->prediction_json = stored.dump();
+      continue;
     }
     trial->prediction_json = prediction.dump();
   }

@@ -235,7 +235,7 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
     const grpc::Status ran = stubs[0]->RunTrial(context.get(), requests[0], &state);
     if (!ran.ok()) return abandon(0, ran, "RunTrial: " + ran.error_message());
     started.push_back(0);
-    if (state.master_port() <= 0) {
+    if (state.master_port() <= 0 || state.master_port() > 65535) {
       return abandon(0, grpc::Status::OK, "its ranks did not report their rendezvous port");
     }
   }
