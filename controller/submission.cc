@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "common/digest/digest.h"
 #include "common/estimate/step_time.h"
@@ -37,6 +38,17 @@ StatusOr<store::NewExperiment> PrepareSubmission(
                                      std::to_string(wanted.size()) +
                                      " files are not uploaded yet (first: " + missing.front() +
                                      "); upload them with UploadBlob, then submit again");
+    }
+    // The size each file claims is what a node is told to expect: one that is not its blob's
+    // would have every launch's upload refused, and the trial wait for ever.
+    for (const digest::TreeFile& file : tree.files) {
+      std::error_code error;
+      const uintmax_t size = std::filesystem::file_size(blobs.PathOf(file.sha256), error);
+      if (error || size != static_cast<uintmax_t>(file.size)) {
+        return InvalidArgumentError(where + ": file '" + file.path + "' claims " +
+                                    std::to_string(file.size) + " bytes, its uploaded blob has " +
+                                    (error ? error.message() : std::to_string(size)));
+      }
     }
     experiment.inputs[path] = tree.digest;
   }

@@ -132,6 +132,15 @@ TEST_F(SubmissionTest, InputsMustBeWholeAndUploaded) {
       PrepareSubmission(kExperiment, "tiny.yaml", {{"data/train.jsonl", forged}}, *blobs_);
   EXPECT_EQ(bad_digest.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad_digest.status().message().find("does not match its manifest"), std::string::npos);
+  // A size that is not the blob's, in a tree whose digest is made again over it: every launch
+  // would announce that size to the node, which would refuse the upload.
+  forged.digest = digest::TreeDigest(forged.files);
+  auto bad_size =
+      PrepareSubmission(kExperiment, "tiny.yaml", {{"data/train.jsonl", forged}}, *blobs_);
+  EXPECT_EQ(bad_size.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad_size.status().message(),
+            "tiny.yaml: input 'data/train.jsonl': file 'train.jsonl' claims 999 bytes, its "
+            "uploaded blob has 8");
 
   EXPECT_EQ(PrepareSubmission(kExperiment, "", {}, *blobs_).status().code(),
             StatusCode::kInvalidArgument);
