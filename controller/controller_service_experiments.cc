@@ -1,8 +1,9 @@
 // ControllerService's handlers of submitted experiments: list, status, watch, cancel, resume and
 // fetch of a trial's artifacts.
 #include <algorithm>
-#include <limits>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -81,7 +82,9 @@ StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment
     if (store::IsOutcome(trial.state) && trial.tokens_per_second.has_value()) {
       row->set_tokens_per_second(*trial.tokens_per_second);
     } else if (seconds > 0) {
-      row->set_tokens_per_second(NumberField(trial.last_step, "tokens") / seconds);
+      // A step's figures are the trainer's: a denormal time would make an infinite rate.
+      const double rate = NumberField(trial.last_step, "tokens") / seconds;
+      if (std::isfinite(rate)) row->set_tokens_per_second(rate);
     }
     row->set_allocated_bytes(IntField(trial.last_step, "allocated_bytes"));
     row->set_peak_bytes(std::max(IntField(trial.last_step, "peak_bytes"),

@@ -4,6 +4,7 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -105,8 +106,13 @@ StatusOr<std::vector<TrialReport>> QueryTrialResults(sqlite3* db, int64_t experi
     report.node = stmt.Text(5);
     report.exit_code = stmt.OptionalInt(6);
     report.error = stmt.Text(7);
-    report.train_seconds = stmt.OptionalNumber(8);
-    report.tokens_per_second = stmt.OptionalNumber(9);
+    // Sums and products of the trainer's figures: SQLite makes inf of ones past a double's range,
+    // which no report should print.
+    const auto finite = [](std::optional<double> x) {
+      return x && std::isfinite(*x) ? x : std::nullopt;
+    };
+    report.train_seconds = finite(stmt.OptionalNumber(8));
+    report.tokens_per_second = finite(stmt.OptionalNumber(9));
     report.final_loss = stmt.OptionalNumber(10);
     report.peak_bytes = stmt.OptionalInt(11);
     report.load_peak_bytes = stmt.OptionalInt(12);
