@@ -100,6 +100,14 @@ std::string PrintableTextProblem(std::string_view text, size_t max_bytes) {
   return "";
 }
 
+std::string OnOneLine(std::string_view text) {
+  std::string line(text);
+  for (char& c : line) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  }
+  return line;
+}
+
 std::string ReplaceInvalidUtf8(std::string_view text) {
   std::string out;
   for (size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos;

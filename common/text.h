@@ -26,6 +26,10 @@ size_t FirstInvalidUtf8(std::string_view text);
 // what is wrong ("longer than 64 bytes", "holds a control character", "not valid UTF-8").
 std::string PrintableTextProblem(std::string_view text, size_t max_bytes);
 
+// `text` for one line of a terminal: each control character (a newline, an escape that would move
+// the cursor) replaced by a space. For another process's text, such as a trial's error.
+std::string OnOneLine(std::string_view text);
+
 // `text` with each byte that breaks UTF-8 (FirstInvalidUtf8's) replaced by U+FFFD: another
 // process's text, such as a trainer's stderr cut anywhere, made fit for a proto3 string or JSON.
 std::string ReplaceInvalidUtf8(std::string_view text);

@@ -23,6 +23,11 @@ TEST(PrintableTextProblemTest, NamesLengthControlCharactersAndBadUtf8) {
   EXPECT_EQ(PrintableTextProblem("a\xff", 64), "not valid UTF-8");
 }
 
+TEST(OnOneLineTest, ControlCharactersBecomeSpaces) {
+  EXPECT_EQ(OnOneLine("CUDA error\nat step 3\x1b[2J"), "CUDA error at step 3 [2J");
+  EXPECT_EQ(OnOneLine("plain – ok"), "plain – ok");
+}
+
 TEST(ReplaceInvalidUtf8Test, ReplacesEachBreakingByteAndKeepsTheRest) {
   EXPECT_EQ(ReplaceInvalidUtf8("plain – ok"), "plain – ok");
   EXPECT_EQ(ReplaceInvalidUtf8("cut \xe2\x82"), "cut \xef\xbf\xbd\xef\xbf\xbd");

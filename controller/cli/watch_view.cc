@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/text.h"
+
 namespace llmctl::cli {
 namespace {
 
@@ -66,8 +68,10 @@ std::string TrialLine(const v1::TrialStatus& trial, const Columns& columns) {
     }
   }
   line += ')';
-  if (!trial.node().empty()) line += "  on " + trial.node();
-  if (!trial.error().empty()) line += "  " + trial.error();
+  // The node's name and the trial's error are other processes' text (a trainer's error may span
+  // lines): kept on the trial's one line, which the watch redraws in place.
+  if (!trial.node().empty()) line += "  on " + OnOneLine(trial.node());
+  if (!trial.error().empty()) line += "  " + OnOneLine(trial.error());
   return line;
 }
 
