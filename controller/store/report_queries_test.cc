@@ -664,6 +664,37 @@ TEST_F(StoreTest, AResumedTrialRunsFromItsCheckpointAndItsRunJoinsTheAttempts) {
 
 // The trial_memory_timeline view: each attempt's snapshots in order beside its start's wall clock
 // and device limit; an attempt without snapshots is listed all the same.
+// A resumed trial's time and rate are sums and products of its runs' figures, which are the
+// trainer's: past a double's range SQLite makes inf of them, which the report leaves out.
+TEST_F(StoreTest, ARunsFiguresPastADoublesRangeReportAsNone) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t experiment = *store->CreateExperiment(MakeExperiment("huge", {"t"}), kNow);
+  const int64_t trial = store->ListTrials(experiment)->at(0).id;
+  const json checkpoint = {{"step", 0}, {"path", "/agent/runs/1/t/1/output/checkpoints/step-1"}};
+  ASSERT_EQ(*store->StartAttempt(trial, "n1", kNow), 1);
+  ASSERT_TRUE(
+      store
+          ->AppendEvents(trial, 1,
+                         std::vector<Event>{MakeEvent(
+                             1, ResultEvent("cancelled", 1e308, 1e308, 1, 1.0, checkpoint))})
+          .ok());
+  ASSERT_TRUE(store->FinishAttempt(trial, 1, TrialState::kCancelled, 5, "", kNow).ok());
+  ASSERT_TRUE(store->ResumeTrial(trial).ok());
+  ASSERT_EQ(*store->StartAttempt(trial, "n1", kNow), 2);
+  ASSERT_TRUE(
+      store
+          ->AppendEvents(trial, 2,
+                         std::vector<Event>{MakeEvent(1, ResultEvent("ok", 1e308, 1e308, 1, 1.0))})
+          .ok());
+  ASSERT_TRUE(store->FinishAttempt(trial, 2, TrialState::kOk, 0, "", kNow).ok());
+  StatusOr<ExperimentReport> report = store->Report(experiment);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->trials[0].run_attempts, ElementsAre(1, 2));
+  EXPECT_EQ(report->trials[0].train_seconds, std::nullopt);
+  EXPECT_EQ(report->trials[0].tokens_per_second, std::nullopt);
+}
+
 TEST_F(StoreTest, MemoryTimelineHoldsEachAttemptsSnapshotsAndItsStart) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);
