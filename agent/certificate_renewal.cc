@@ -88,13 +88,18 @@ std::string NextKeyFile(const rpc::IdentityFiles& files) {
 
 Status FinishInterruptedRenewal(const rpc::IdentityFiles& files) {
   const std::string next_key = NextKeyFile(files);
-  if (!std::filesystem::exists(next_key)) return Status::Ok();
+  std::error_code error;
+  const bool interrupted = std::filesystem::exists(next_key, error);
+  if (error) return UnavailableError("cannot look up " + next_key + ": " + error.message());
+  if (!interrupted) return Status::Ok();
   if (rpc::LoadTlsIdentity(files.ca_file, files.certificate_file, next_key).ok()) {
     std::cerr << "llm-agent: finishing a certificate renewal: " << next_key << " becomes "
               << files.private_key_file << std::endl;
     return RenameKey(next_key, files.private_key_file);
   }
-  std::filesystem::remove(next_key);
+  if (!std::filesystem::remove(next_key, error) && error) {
+    return UnavailableError("cannot remove " + next_key + ": " + error.message());
+  }
   return Status::Ok();
 }
 

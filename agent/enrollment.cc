@@ -21,8 +21,9 @@ constexpr int kEnrollmentCertificateDays = 1;
 
 Status MakeParentDirectory(const std::string& file) {
   const std::filesystem::path parent = std::filesystem::path(file).parent_path();
-  if (parent.empty() || std::filesystem::exists(parent)) return Status::Ok();
   std::error_code error;
+  if (parent.empty() || std::filesystem::exists(parent, error)) return Status::Ok();
+  if (error) return UnavailableError("cannot look up " + parent.string() + ": " + error.message());
   std::filesystem::create_directories(parent, error);
   if (error) return UnavailableError("cannot create " + parent.string() + ": " + error.message());
   if (::chmod(parent.c_str(), 0700) != 0) {
@@ -33,7 +34,11 @@ Status MakeParentDirectory(const std::string& file) {
 
 }  // namespace
 
-bool Enrolled(const std::string& token_file) { return std::filesystem::exists(token_file); }
+bool Enrolled(const std::string& token_file) {
+  // A token file the system cannot look up is not one to present: enrolment then says why.
+  std::error_code error;
+  return std::filesystem::exists(token_file, error);
+}
 
 class EnrollmentService final : public v1::AgentEnrollment::Service {
  public:

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <set>
 #include <utility>
 
 #include "common/experiment_trials.h"
@@ -392,18 +393,21 @@ StatusOr<Experiment> ParseExperiment(std::string_view yaml_text, std::string_vie
 
 Status KeepOnlyTrials(const std::vector<std::string>& names, std::string_view filename,
                       Experiment& experiment) {
+  // Sets, not scans: a request may name a trial millions of times (Submit's only_trials).
+  std::set<std::string_view> trials;
   std::string listed;
-  for (const Trial& trial : experiment.trials) listed += (listed.empty() ? "" : ", ") + trial.name;
+  for (const Trial& trial : experiment.trials) {
+    trials.insert(trial.name);
+    listed += (listed.empty() ? "" : ", ") + trial.name;
+  }
   for (const std::string& wanted : names) {
-    if (std::none_of(experiment.trials.begin(), experiment.trials.end(),
-                     [&](const Trial& trial) { return trial.name == wanted; })) {
+    if (!trials.contains(wanted)) {
       return InvalidArgumentError(std::string(filename) + ": no trial named '" + wanted +
                                   "' (its trials: " + listed + ")");
     }
   }
-  std::erase_if(experiment.trials, [&](const Trial& trial) {
-    return std::find(names.begin(), names.end(), trial.name) == names.end();
-  });
+  const std::set<std::string_view> kept(names.begin(), names.end());
+  std::erase_if(experiment.trials, [&](const Trial& trial) { return !kept.contains(trial.name); });
   return Status::Ok();
 }
 

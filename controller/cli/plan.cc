@@ -248,10 +248,13 @@ YAML::Node CandidateSet(const estimate::PlanCandidate& c) {
 std::string BesideFile(const std::string& path, const fs::path& file) {
   if (path.empty() || FindPreset(path) != nullptr) return path;
   // Beside or below the file: relative, so the two move together; elsewhere absolute.
+  // error_code overloads: fs::absolute throws when the working directory is gone; the path is then
+  // written as given.
   std::error_code error;
-  const fs::path relative =
-      fs::relative(fs::absolute(path), fs::absolute(file).parent_path(), error);
-  if (error || relative.empty() || *relative.begin() == "..") return fs::absolute(path).string();
+  const fs::path absolute = fs::absolute(path, error);
+  if (error) return path;
+  const fs::path relative = fs::relative(absolute, fs::absolute(file, error).parent_path(), error);
+  if (error || relative.empty() || *relative.begin() == "..") return absolute.string();
   return relative.string();
 }
 
@@ -326,7 +329,10 @@ std::string FlagHint(const std::string& message, const PlanOptions& o) {
 // The written file's inputs checked as `llmctl submit` checks them (CollectInputs, then
 // CheckLocalInputs), so that plan never writes a file submit refuses.
 Status CheckSubmittable(const std::string& yaml, const PlanOptions& o) {
-  const std::string file = fs::absolute(o.write).string();
+  std::error_code error;
+  const fs::path absolute = fs::absolute(o.write, error);
+  if (error) return InvalidArgumentError("--write " + o.write + ": " + error.message());
+  const std::string file = absolute.string();
   StatusOr<Experiment> checked =
       ParseExperiment(yaml, file, {.resolve_local_paths = true, .output_dir_in_run = true});
   StatusOr<Experiment> as_written =
