@@ -82,7 +82,16 @@ grpc::Status ControllerService::UploadBlob(grpc::ServerContext* context,
     const std::string sha256 = chunk.sha256();
     response->set_sha256(sha256);
     if (blobs_.Has(sha256)) {
-      while (reader->Read(&chunk)) {
+      // Drained only up to the size the first chunk announced: a client that sends on past it is
+      // refused, not read for as long as it writes.
+      const int64_t announced = chunk.size();
+      int64_t received = static_cast<int64_t>(chunk.data().size());
+      while (received <= announced && reader->Read(&chunk)) {
+        received += static_cast<int64_t>(chunk.data().size());
+      }
+      if (received > announced) {
+        return InvalidArgumentError("upload of " + sha256 + ": more than the " +
+                                    std::to_string(announced) + " bytes it announced");
       }
       response->set_already_present(true);
       return Status::Ok();

@@ -228,6 +228,11 @@ TEST_F(ControllerServiceTest, InputsMustBeUploadedWholeBeforeSubmit) {
   ASSERT_TRUE(
       Upload(sha(content), static_cast<int64_t>(content.size()), {content}, &uploaded).ok());
   EXPECT_TRUE(uploaded.already_present());
+  // A blob the controller has is drained only up to the size announced, not for as long as the
+  // client writes.
+  const grpc::Status endless = Upload(sha(content), static_cast<int64_t>(content.size()),
+                                      {content, std::string(1 << 20, 'x')}, &uploaded);
+  EXPECT_EQ(endless.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << endless.error_message();
 
   grpc::Status late = Submit("tiny.yaml", kExperiment, &response, {{"data/train.jsonl", tree}});
   ASSERT_TRUE(late.ok()) << late.error_message();
