@@ -44,7 +44,7 @@ std::string RefusedLine(int64_t bytes, std::string_view refusal) {
   event[std::string(kBytes)] = bytes;
   event[std::string(kError)] = refusal;
   // The refusal names no byte of the line, but a replacement must never throw.
-  return event.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
+  return DumpLossy(event);
 }
 
 Accepted Accept(std::string line, int64_t bytes) {

@@ -38,8 +38,4 @@ std::string ShortJson(const nlohmann::json& value) {
   return text;
 }
 
-std::string DumpLossy(const nlohmann::json& value, int indent) {
-  return value.dump(indent, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
-}
-
 }  // namespace llmctl

@@ -30,8 +30,11 @@ bool NestsAtMost(const nlohmann::json& value, int levels);
 std::string ShortJson(const nlohmann::json& value);
 
 // value.dump() with invalid UTF-8 replaced by U+FFFD instead of throwing: for writing a value that
-// holds another process's text.
-std::string DumpLossy(const nlohmann::json& value, int indent = -1);
+// holds another process's or the user's text. Either of nlohmann's json types.
+template <typename Json>
+std::string DumpLossy(const Json& value, int indent = -1) {
+  return value.dump(indent, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
+}
 
 }  // namespace llmctl
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/byte_size.h"
+#include "common/foreign_json.h"
 #include "common/text.h"
 #include "controller/cli/report_format.h"
 
@@ -336,9 +337,7 @@ std::string RenderEstimateJson(const std::string& file, const Experiment& experi
     out["trials"].push_back(trial);
   }
   // Lossy: it holds the paths and names the user typed, which need not be UTF-8.
-  return out.dump(2, ' ', /*ensure_ascii=*/false,
-                  nlohmann::ordered_json::error_handler_t::replace) +
-         "\n";
+  return DumpLossy(out, 2) + "\n";
 }
 
 }  // namespace llmctl::cli

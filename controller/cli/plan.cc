@@ -16,6 +16,7 @@
 #include "common/estimate/gpus.h"
 #include "common/estimate/plan_search.h"
 #include "common/experiment.h"
+#include "common/foreign_json.h"
 #include "common/model_config.h"
 #include "common/text.h"
 #include "common/trial_settings.h"
@@ -470,9 +471,7 @@ std::string RenderJson(const PlanOptions& o, const Resolved& r, const estimate::
   // Only with a probe: without one the JSON is as it was (the data sheets' rates).
   if (!r.request.speed.rates.empty()) out["rates"] = r.request.speed.rates;
   // Lossy: it holds the paths and names the user typed, which need not be UTF-8.
-  return out.dump(2, ' ', /*ensure_ascii=*/false,
-                  nlohmann::ordered_json::error_handler_t::replace) +
-         "\n";
+  return DumpLossy(out, 2) + "\n";
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/foreign_json.h"
 #include "controller/cli/report_renderers.h"
 #include "controller/cli/report_rows.h"
 
@@ -170,9 +171,7 @@ std::string RenderJson(const v1::ReportResponse& report) {
   root["name"] = report.name();
   root["trials"] = nlohmann::ordered_json::array();
   for (const v1::TrialReport& trial : report.trials()) root["trials"].push_back(TrialJson(trial));
-  return root.dump(2, ' ', /*ensure_ascii=*/false,
-                   nlohmann::ordered_json::error_handler_t::replace) +
-         "\n";
+  return DumpLossy(root, 2) + "\n";
 }
 
 }  // namespace llmctl::cli

@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/foreign_json.h"
+
 namespace llmctl::trainer {
 
 StatusOr<std::unique_ptr<EventLog>> EventLog::Open(const std::string& path) {
@@ -22,8 +24,7 @@ void EventLog::Emit(const nlohmann::json& event) {
   ++lines_written_;
   if (file_ == nullptr) return;
   // One write per line: a reader never sees half a line followed by another writer's bytes.
-  const std::string line =
-      event.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace) + "\n";
+  const std::string line = DumpLossy(event) + "\n";
   std::fwrite(line.data(), 1, line.size(), file_);
   std::fflush(file_);
 }
