@@ -18,15 +18,6 @@ using nlohmann::json;
 
 constexpr char kBlazarDate[] = "%Y-%m-%d %H:%M";
 
-// An int member of the answer, else 0 (absent, another type, or past an int: not wrapped).
-int Number(const json& value, const char* key) {
-  if (!value.is_object() || !value.contains(key) || !value[key].is_number_integer()) return 0;
-  const json& number = value[key];
-  return number.is_number_unsigned()
-             ? (std::in_range<int>(number.get<uint64_t>()) ? number.get<int>() : 0)
-             : (std::in_range<int>(number.get<int64_t>()) ? number.get<int>() : 0);
-}
-
 // python-chi's test for Blazar's no-capacity answer: "not enough <resource> available".
 bool IsNoCapacity(const http::Response& response) {
   static const std::regex kPattern("not enough [a-z_ ]+ available", std::regex::icase);
@@ -117,7 +108,7 @@ StatusOr<Lease> ParseLease(const json& value) {
     reservation.resource_type = StringField(item, "resource_type");
     reservation.status = StringField(item, "status");
     reservation.flavor_id = StringField(item, "flavor_id");
-    reservation.amount = Number(item, "amount");
+    reservation.amount = IntField(item, "amount");
     reservation.resource_properties = StringField(item, "resource_properties");
     if (reservation.resource_type == "flavor:instance") {
       // Blazar 18's flavor plugin answers flavor_id with the private flavor it made for the
@@ -127,8 +118,8 @@ StatusOr<Lease> ParseLease(const json& value) {
         reservation.flavor_id = asked["id"].get<std::string>();
       }
     }
-    reservation.min = Number(item, "min");
-    reservation.max = Number(item, "max");
+    reservation.min = IntField(item, "min");
+    reservation.max = IntField(item, "max");
     reservation.network_id = StringField(item, "network_id");
     lease.reservations.push_back(std::move(reservation));
   }

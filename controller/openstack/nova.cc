@@ -23,16 +23,9 @@ StatusOr<Flavor> ParseFlavor(const json& value) {
   Flavor flavor;
   flavor.id = value["id"].get<std::string>();
   flavor.name = value["name"].get<std::string>();
-  // An int member, else 0 (absent, another type, or past an int: not wrapped).
-  auto number = [&](const char* key) {
-    if (!value.contains(key) || !value[key].is_number_integer()) return 0;
-    const json& n = value[key];
-    return n.is_number_unsigned() ? (std::in_range<int>(n.get<uint64_t>()) ? n.get<int>() : 0)
-                                  : (std::in_range<int>(n.get<int64_t>()) ? n.get<int>() : 0);
-  };
-  flavor.vcpus = number("vcpus");
-  flavor.ram_mb = number("ram");
-  flavor.disk_gb = number("disk");
+  flavor.vcpus = IntField(value, "vcpus");
+  flavor.ram_mb = IntField(value, "ram");
+  flavor.disk_gb = IntField(value, "disk");
   if (value.contains("extra_specs") && value["extra_specs"].is_object()) {
     for (const auto& [key, spec] : value["extra_specs"].items()) {
       if (spec.is_string()) flavor.extra_specs[key] = spec.get<std::string>();
