@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/estimate/reference_step.h"
+#include "common/text.h"
 
 namespace llmctl::estimate {
 namespace {
@@ -178,11 +179,9 @@ Status ParseIdentity(const json& j, RateProbe& probe) {
   ASSIGN_OR_RETURN(probe.device_name, Text(*identity, "device_name", "identity.device_name"));
   // Printed as it is by `llmctl nodes` and under estimate's table: a name another process wrote
   // must not fill a terminal or move its cursor.
-  if (probe.device_name.size() > kMaxDeviceNameBytes ||
-      std::any_of(probe.device_name.begin(), probe.device_name.end(),
-                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
-    return Refuse("identity.device_name", "must be at most " + std::to_string(kMaxDeviceNameBytes) +
-                                              " bytes without control characters");
+  if (const std::string problem = PrintableTextProblem(probe.device_name, kMaxDeviceNameBytes);
+      !problem.empty()) {
+    return Refuse("identity.device_name", problem);
   }
   const auto threads = identity->find("threads");
   if (threads == identity->end() || !threads->is_number_integer() || threads->get<int64_t>() < 1 ||
