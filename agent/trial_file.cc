@@ -75,12 +75,8 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
   YAML::Emitter out;
   EmitMap(out, config->ToJson());
   const TrialSettings& settings = config->settings();
-  const bool data_parallel = settings.parallel.strategy == trial::Strategy::kDdp ||
-                             settings.parallel.strategy == trial::Strategy::kFsdp;
-  // The ranks this node starts: one per device under ddp or fsdp (DataParallelRanks counts all
-  // nodes' ranks).
-  const int ranks =
-      data_parallel && settings.device.count > 1 ? static_cast<int>(settings.device.count) : 1;
+  // Trial keys bound devices far below INT_MAX.
+  const int ranks = static_cast<int>(RanksPerNode(*config));
   return TrialFile{std::string(out.c_str()) + "\n", std::string(Name(settings.device.kind)), ranks,
                    settings.parallel.nodes, std::move(input_names)};
 }

@@ -230,6 +230,11 @@ Status CollectJson(const Json& object, const std::string& prefix, TrialConfig& c
   return Status::Ok();
 }
 
+bool IsDataParallel(const TrialSettings& s) {
+  return s.parallel.strategy == trial::Strategy::kDdp ||
+         s.parallel.strategy == trial::Strategy::kFsdp;
+}
+
 }  // namespace
 
 StatusOr<KeyValue> ParseKeyValue(const KeySpec& spec, std::string_view text) {
@@ -517,14 +522,17 @@ bool UsesSwiGluLinear(const TrialConfig& config, const ModelConfig& model) {
          !model.mlp_bias && !autocast_casts;
 }
 
+int64_t RanksPerNode(const TrialConfig& config) {
+  const TrialSettings& s = config.settings();
+  // A config checked by FindConfigProblem has devices >= 1; one that was not still gets one rank.
+  return IsDataParallel(s) ? std::max<int64_t>(1, s.device.count) : 1;
+}
+
 int64_t DataParallelRanks(const TrialConfig& config) {
   const TrialSettings& s = config.settings();
-  if (s.parallel.strategy != trial::Strategy::kDdp &&
-      s.parallel.strategy != trial::Strategy::kFsdp) {
-    return 1;
-  }
+  if (!IsDataParallel(s)) return 1;
   // Each key is bounded (trial_keys.cc), so the product fits; saturating keeps it so regardless.
-  return SaturatingMul(s.device.count, s.parallel.nodes);
+  return SaturatingMul(RanksPerNode(config), s.parallel.nodes);
 }
 
 void ApplyLabSpellings(TrialConfig& config) {

@@ -179,6 +179,10 @@ bool UsesChunkedLoss(const TrialConfig& config);
 // the compute dtype already. The estimator's reading of the trainer's choice from the tensors.
 bool UsesSwiGluLinear(const TrialConfig& config, const ModelConfig& model);
 
+// The ranks each of the trial's nodes starts: its devices under strategy ddp or fsdp, else 1.
+// The agent starts that many; the controller accepts event lines only from a node's own ranks.
+int64_t RanksPerNode(const TrialConfig& config);
+
 // The trial's data-parallel ranks: devices x nodes under strategy ddp or fsdp, else 1.
 int64_t DataParallelRanks(const TrialConfig& config);
 

@@ -167,6 +167,20 @@ TEST(TrialConfigTest, GlobalBatchFollowsMicroBatchUntilSet) {
   EXPECT_EQ(config.GetInt("train.global_batch_size"), 4);
 }
 
+TEST(TrialConfigTest, RanksAreDevicesPerNodeOnlyUnderDataParallelStrategies) {
+  TrialConfig config;
+  ASSERT_TRUE(config.SetFromText("devices", "4").ok());
+  ASSERT_TRUE(config.SetFromText("nodes", "3").ok());
+  // No strategy: one process, whatever the devices.
+  EXPECT_EQ(RanksPerNode(config), 1);
+  EXPECT_EQ(DataParallelRanks(config), 1);
+  for (const char* strategy : {"ddp", "fsdp"}) {
+    ASSERT_TRUE(config.SetFromText("strategy", strategy).ok());
+    EXPECT_EQ(RanksPerNode(config), 4) << strategy;
+    EXPECT_EQ(DataParallelRanks(config), 12) << strategy;
+  }
+}
+
 TEST(TrialConfigTest, SetFromTextAndIsSet) {
   TrialConfig config;
   ASSERT_TRUE(config.SetFromText("precision", "bf16-true").ok());

@@ -224,7 +224,7 @@ StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attemp
       }
       by_node.push_back(std::move(*fetched));
     }
-    ASSIGN_OR_RETURN(files, MergeNodeCheckpoints(by_node, config.settings().device.count));
+    ASSIGN_OR_RETURN(files, MergeNodeCheckpoints(by_node, RanksPerNode(config)));
   }
   digest::InputTree tree{.digest = digest::TreeDigest(files), .files = files, .is_file = false};
   RETURN_IF_ERROR(digest::ValidateInputTree("checkpoint " + checkpoint.path, tree));

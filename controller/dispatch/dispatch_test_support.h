@@ -387,15 +387,18 @@ class DispatcherTest : public testing::Test {
     agent_.reset();
   }
 
-  int64_t SubmitOne(std::string_view model = "llmctl-demo") {
+  // kExperiment with `model`, and `extra` (top-level YAML lines) appended.
+  int64_t SubmitOne(std::string_view model = "llmctl-demo", std::string_view extra = "") {
     std::string text(kExperiment);
     text.replace(text.find("llmctl-demo"), std::string_view("llmctl-demo").size(), model);
+    text += extra;
     v1::SubmitRequest request;
     request.set_filename("one.yaml");
     request.set_yaml_text(text);
     v1::SubmitResponse response;
     grpc::ClientContext context;
-    EXPECT_TRUE(controller_->Submit(&context, request, &response).ok());
+    const grpc::Status submitted = controller_->Submit(&context, request, &response);
+    EXPECT_TRUE(submitted.ok()) << submitted.error_message();
     return response.experiment_id();
   }
 

@@ -7,6 +7,8 @@
 #include <set>
 
 #include "common/event_line.h"
+#include "common/foreign_json.h"
+#include "common/trial_config.h"
 #include "common/trial_outcome.h"
 #include "controller/device_samples_proto.h"
 #include "controller/dispatch/cancellation.h"
@@ -56,12 +58,18 @@ void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, sto
       if (stream->thread.joinable()) stream->thread.join();
       if (stream->trial_name.empty()) {
         auto trial = core_.store.GetTrial(attempt.trial_id);
-        if (!trial.ok()) {
+        StatusOr<TrialConfig> config =
+            trial.ok() ? TrialConfig::FromJson(ParseForeignJson(trial->config_json))
+                       : StatusOr<TrialConfig>(trial.status());
+        if (!config.ok()) {
+          spdlog::warn("{}: cannot follow its events: {}", AttemptName(attempt),
+                       config.status().ToString());
           MutexLock lock(core_.mutex);
           stream->done = true;
           continue;
         }
         stream->trial_name = trial->name;
+        stream->ranks_per_node = RanksPerNode(*config);
       }
       stream->attempt = attempt;
       stream->node_rank = node_rank;
@@ -141,7 +149,14 @@ Status EventStreams::StoreEvents(Stream& stream,
   const store::RunningAttempt& attempt = stream.attempt;
   std::vector<store::Event> events;
   events.reserve(static_cast<size_t>(lines.size()));
+  const int64_t first_rank = stream.node_rank * stream.ranks_per_node;
+  const v1::TrialEvent* first_foreign = nullptr;
+  int64_t foreign_lines = 0;
   for (const v1::TrialEvent& line : lines) {
+    if (line.rank() < first_rank || line.rank() >= first_rank + stream.ranks_per_node) {
+      if (foreign_lines++ == 0) first_foreign = &line;
+      continue;
+    }
     // A line the store would refuse is stored as its replacement: a refusal that failed the
     // stream would have it reopened at the same line, every backoff, forever.
     std::string refusal;
@@ -153,6 +168,13 @@ Status EventStreams::StoreEvents(Stream& stream,
     }
     // Rank 0's result is the job's (a checkpoint stop's message reads it).
     if (event.type == "result" && event.rank == 0) stream.result_json = event.json;
+  }
+  if (first_foreign != nullptr) {
+    spdlog::warn(
+        "{} on node {}: dropped {} event line(s) of ranks it does not run (the first: "
+        "line {} of rank {}); it runs ranks {} to {}",
+        AttemptName(attempt), stream.node, foreign_lines, first_foreign->seq(),
+        first_foreign->rank(), first_rank, first_rank + stream.ranks_per_node - 1);
   }
   // One transaction and one change for the lines read at once.
   ASSIGN_OR_RETURN(const int64_t appended,

@@ -68,6 +68,9 @@ class EventStreams {
     int64_t node_rank = 0;
     std::string node;  // node rank `node_rank`'s
     std::string trial_name;
+    // Its node's ranks are node_rank x ranks_per_node and the next ranks_per_node - 1: the only
+    // ranks whose lines its agent may send.
+    int64_t ranks_per_node = 1;
     std::thread thread;
     std::shared_ptr<v1::Agent::Stub> stub;  // the reader's own reference
     // Guarded by the core's mutex (reached only through streams_, which clang checks):
@@ -92,7 +95,8 @@ class EventStreams {
   Status Receive(Stream& stream, v1::Agent::Stub& stub, grpc::ClientContext& context,
                  const v1::StreamEventsRequest& request, bool& ended, bool& received);
   // Event lines read at once (each as its refusal when the store would refuse it), in one
-  // transaction; an error stops the stream.
+  // transaction; an error stops the stream. A line of a rank that is not the node's own is
+  // dropped: stored, it would take the place of the real rank's line with the same seq.
   Status StoreEvents(Stream& stream,
                      const google::protobuf::RepeatedPtrField<v1::TrialEvent>& lines);
   // A batch of device samples; only FailedPrecondition (fenced off) stops the stream.

@@ -48,7 +48,9 @@ TEST_F(EventStreamsTest, EveryRanksEventsAreStoredOnceAndEachRankResumesAfterIts
   agent_state_.script = {StepLine(0), StepLine(1), StepLine(2), kResultLine};
   agent_state_.rank1_script = {StepLine(0), StepLine(1), StepLine(2), kResultLine};
   agent_state_.drop_after = 3;
-  const int64_t experiment = SubmitOne();
+  const int64_t experiment = SubmitOne("llmctl-demo",
+                                       "trials:\n  - {name: ddp, set: {devices: 2, strategy: ddp, "
+                                       "train: {global_batch_size: 4}}}\n");
   Tick();
   const store::TrialRecord trial = OnlyTrial(experiment);
   ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
@@ -63,6 +65,19 @@ TEST_F(EventStreamsTest, EveryRanksEventsAreStoredOnceAndEachRankResumesAfterIts
   EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 4);
   EXPECT_EQ(daemon_->store().LastRankSeqs(trial.id, 1)->at(1), 4);
   EXPECT_EQ(StoredEvents(trial.id, 1), 4);  // rank 0's, as before
+}
+
+TEST_F(EventStreamsTest, LinesOfRanksTheNodeDoesNotRunAreDropped) {
+  // A one-rank trial whose agent also sends lines as rank 1: stored, they would hold the places
+  // (rank 1, seq 1..) that the real rank 1 of a node that runs it fills.
+  agent_state_.script = {StepLine(0), StepLine(1), kResultLine};
+  agent_state_.rank1_script = {StepLine(0), kResultLine};
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  EXPECT_EQ(StoredEvents(trial.id, 1), 3);
+  EXPECT_TRUE(daemon_->store().LastRankSeqs(trial.id, 1)->empty());
 }
 
 TEST_F(EventStreamsTest, DeviceSamplesAreStoredOnceAndAStreamResumesAfterTheLastStored) {
