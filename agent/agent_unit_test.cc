@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -258,6 +259,22 @@ TEST_F(InputCacheTest, UploadsAreVerifiedAndNothingHalfWrittenStays) {
   EXPECT_TRUE(cache_->MissingBlobs({sha})->empty());
   EXPECT_TRUE(DirEmpty("tmp"));
   EXPECT_EQ(cache_->MissingBlobs({"ABC"}).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(InputCacheTest, AnUploadThatWouldFillTheDiskIsRefusedBeforeItsFirstByte) {
+  const fs::path full_dir = FreshDir("full-cache");
+  // Everything the filesystem has is to be kept free: no upload fits, however small.
+  auto full = InputCache::Open(full_dir.string(), std::numeric_limits<int64_t>::max());
+  ASSERT_TRUE(full.ok());
+  const std::string sha = digest::Sha256Hex("x");
+  const Status refused = (*full)->BeginUpload(sha, 1).status();
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("upload of " + sha + ": 1 B do not fit in " +
+                                   (full_dir / "tmp").string()),
+            std::string::npos)
+      << refused.message();
+  EXPECT_TRUE(fs::is_empty(full_dir / "tmp"));
+  fs::remove_all(full_dir);
 }
 
 TEST_F(InputCacheTest, TreesAreCheckedThenLinked) {

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "common/atomic_file.h"
+#include "common/checked_math.h"
 #include "common/digest/digest.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
@@ -277,6 +278,7 @@ class RevisionDownload {
       sources_[path] = (model_dir / path).string();
     }
     if (!requested.empty()) {
+      RETURN_IF_ERROR(CheckRoomForDownloads(requested));
       for (const std::string& path : requested) RETURN_IF_ERROR(Want(path));
     } else {
       RETURN_IF_ERROR(WantDefaultFiles());
@@ -305,12 +307,41 @@ class RevisionDownload {
       RETURN_IF_ERROR(Want(kIndexFile));
       ASSIGN_OR_RETURN(const std::vector<std::string> shards,
                        IndexShards(sources_[kIndexFile], what_));
+      RETURN_IF_ERROR(CheckRoomForDownloads(shards));
       for (const std::string& shard : shards) RETURN_IF_ERROR(Want(shard));
       return Status::Ok();
     }
-    if (Listed(kSingleWeightsFile)) return Want(kSingleWeightsFile);
+    if (Listed(kSingleWeightsFile)) {
+      RETURN_IF_ERROR(CheckRoomForDownloads({kSingleWeightsFile}));
+      return Want(kSingleWeightsFile);
+    }
     return FailedPreconditionError(what_ + " has no safetensors weights (" + kSingleWeightsFile +
                                    " or " + kIndexFile + "); llmctl loads safetensors only");
+  }
+
+  // The same name on every attempt, so that the next call resumes what this one left.
+  std::string PartialPath(const std::string& path) const {
+    return cache_.dir() + "/tmp/hub-" +
+           digest::Sha256Hex(ref_.repo + "@" + listing_.commit + "/" + path) + ".part";
+  }
+
+  // Whether what is left to download of `paths` (their listed sizes, less the files the model
+  // directory or the cache hold and what earlier partial downloads left) fits in the cache:
+  // checked before the first byte, so that weights too large for the node's disk are refused at
+  // once, not after filling it.
+  Status CheckRoomForDownloads(const std::vector<std::string>& paths) const {
+    int64_t left = 0;
+    for (const std::string& path : paths) {
+      const auto listed = listing_.files.find(path);
+      if (sources_.count(path) > 0 || listed == listing_.files.end()) continue;
+      const HubFile& file = listed->second;
+      if (file.size < 0 || (!file.lfs_sha256.empty() && cache_.HasBlob(file.lfs_sha256))) continue;
+      std::error_code error;
+      const auto have = fs::file_size(PartialPath(path), error);
+      const int64_t partial = error ? 0 : static_cast<int64_t>(have);
+      left = SaturatingAdd(left, std::max<int64_t>(file.size - partial, 0));
+    }
+    return cache_.CheckRoom("downloading " + what_, left);
   }
 
   // One file into the cache's blobs (unless it is there already); returns its blob path.
@@ -321,10 +352,7 @@ class RevisionDownload {
     if (!file.lfs_sha256.empty() && cache_.HasBlob(file.lfs_sha256)) {
       return cache_.BlobPath(file.lfs_sha256);
     }
-    // The same name on every attempt, so that the next call resumes what this one left.
-    const std::string partial = cache_.dir() + "/tmp/hub-" +
-                                digest::Sha256Hex(ref_.repo + "@" + listing_.commit + "/" + path) +
-                                ".part";
+    const std::string partial = PartialPath(path);
     std::error_code error;
     const auto have = fs::file_size(partial, error);
     const bool complete = !error && file.size >= 0 && static_cast<int64_t>(have) == file.size;

@@ -80,7 +80,8 @@ class HubTest : public ::testing::Test {
   }
 
   // The agent as llm-agent's main makes it: hub options from HF_ENDPOINT and HF_TOKEN.
-  void StartAgent(const std::string& hf_token = "") {
+  void StartAgent(const std::string& hf_token = "",
+                  int64_t cache_keep_free_bytes = kCacheKeepFreeBytes) {
     ::setenv("HF_ENDPOINT", (hub_->url() + "/").c_str(), 1);
     if (hf_token.empty()) {
       ::unsetenv("HF_TOKEN");
@@ -97,6 +98,7 @@ class HubTest : public ::testing::Test {
     options.supervisor_program = BuildDir() + "/agent/llm-agent";
     options.hub = HubOptionsFromEnvironment();
     options.hub.http.sleep = [](std::chrono::milliseconds) {};  // retries without waiting
+    options.cache_keep_free_bytes = cache_keep_free_bytes;
     auto server = AgentServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(*server);
@@ -230,6 +232,27 @@ TEST_F(HubTest, DownloadsTheDefaultFilesIntoAModelDirectoryThatLoads) {
   // The run's supervisor outlives this call; it must be done writing its files before TearDown
   // removes the directory under it.
   EXPECT_TRUE(AwaitEnd(state.key()));
+}
+
+TEST_F(HubTest, WeightsThatDoNotFitAreRefusedBeforeTheirFirstByte) {
+  // No filesystem has 2^62 bytes available: whatever the weights' size, they do not fit.
+  StartAgent("", int64_t{1} << 62);
+  pb::PrepareHubModelResponse response;
+  const grpc::Status status = Prepare(kRepo, "main", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_NE(status.error_message().find("downloading Hugging Face model llmctl/tiny-llama3@"),
+            std::string::npos)
+      << status.error_message();
+  EXPECT_NE(status.error_message().find("do not fit in " + (dir_ / "data/cache/tmp").string()),
+            std::string::npos)
+      << status.error_message();
+  EXPECT_EQ(CdnRequests(HubStats(), kFirstShard), 0) << "no shard was asked for";
+  EXPECT_FALSE(fs::exists(dir_ / "data/cache/hub/llmctl/tiny-llama3"));
+
+  // The same node with room downloads it.
+  server_.reset();
+  StartAgent();
+  EXPECT_TRUE(Prepare(kRepo, "main", &response).ok());
 }
 
 TEST_F(HubTest, ExplicitFilesAreAddedToThePreparedDirectory) {

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <set>
 
+#include "common/files.h"
+
 namespace llmctl::agent {
 namespace {
 
@@ -21,7 +23,8 @@ std::string Errno() { return std::strerror(errno); }
 
 }  // namespace
 
-StatusOr<std::unique_ptr<InputCache>> InputCache::Open(const std::string& cache_dir) {
+StatusOr<std::unique_ptr<InputCache>> InputCache::Open(const std::string& cache_dir,
+                                                       int64_t keep_free_bytes) {
   for (const char* sub : {"blobs", "trees", "tmp"}) {
     std::error_code error;
     fs::create_directories(cache_dir + "/" + sub, error);
@@ -36,7 +39,11 @@ StatusOr<std::unique_ptr<InputCache>> InputCache::Open(const std::string& cache_
     std::error_code kept;
     fs::remove_all(it->path(), kept);
   }
-  return std::unique_ptr<InputCache>(new InputCache(cache_dir));
+  return std::unique_ptr<InputCache>(new InputCache(cache_dir, keep_free_bytes));
+}
+
+Status InputCache::CheckRoom(std::string_view what, int64_t bytes) const {
+  return CheckRoomFor(what, dir_ + "/tmp", bytes, keep_free_bytes_);
 }
 
 bool InputCache::HasBlob(const std::string& sha256) const {
@@ -79,6 +86,7 @@ StatusOr<std::unique_ptr<digest::VerifiedFileWriter>> InputCache::BeginUpload(
                                 "' is not a sha256 (64 lowercase hex digits)");
   }
   if (size < 0) return InvalidArgumentError("upload of " + sha256 + ": negative size");
+  RETURN_IF_ERROR(CheckRoom("upload of " + sha256, size));
   const std::string temp = TempPath(sha256);
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
   if (fd < 0) return UnavailableError("cannot create " + temp + ": " + Errno());

@@ -24,10 +24,17 @@
 
 namespace llmctl::agent {
 
+// What the cache may not take of its filesystem: the runs' event files, logs and checkpoints are
+// written beside it, and must still fit when a large input or model is refused.
+inline constexpr int64_t kCacheKeepFreeBytes = int64_t{1} << 30;
+
 class InputCache {
  public:
-  // Creates the cache's directories under `cache_dir` when missing.
-  static StatusOr<std::unique_ptr<InputCache>> Open(const std::string& cache_dir);
+  // Creates the cache's directories under `cache_dir` when missing. A blob or download that would
+  // leave less than `keep_free_bytes` available on its filesystem is refused before its first
+  // byte (ResourceExhausted; CheckRoom).
+  static StatusOr<std::unique_ptr<InputCache>> Open(const std::string& cache_dir,
+                                                    int64_t keep_free_bytes = kCacheKeepFreeBytes);
 
   // The digests of `sha256s` that are not in the cache, in the order given. InvalidArgument names
   // the first digest that is not 64 lowercase hex digits.
@@ -36,7 +43,8 @@ class InputCache {
   bool HasBlob(const std::string& sha256) const;
 
   // Starts receiving a blob of `size` bytes whose sha256 is `sha256`; Commit(sha256) moves it into
-  // the cache. InvalidArgument for a bad digest or a negative size.
+  // the cache. InvalidArgument for a bad digest or a negative size; ResourceExhausted when it does
+  // not fit.
   StatusOr<std::unique_ptr<digest::VerifiedFileWriter>> BeginUpload(const std::string& sha256,
                                                                     int64_t size);
 
@@ -50,6 +58,10 @@ class InputCache {
   // is replaced atomically. On failure `file` is removed.
   Status AdoptBlob(const std::string& file, const std::string& sha256);
 
+  // OK when `bytes` more fit in the cache with its keep_free_bytes to spare; ResourceExhausted
+  // starting with `what` otherwise.
+  Status CheckRoom(std::string_view what, int64_t bytes) const;
+
   std::string BlobPath(const std::string& sha256) const { return dir_ + "/blobs/" + sha256; }
   // A path under tmp/ that no other call of this process or another uses.
   std::string TempPath(std::string_view what);
@@ -57,9 +69,11 @@ class InputCache {
   const std::string& dir() const { return dir_; }
 
  private:
-  explicit InputCache(std::string dir) : dir_(std::move(dir)) {}
+  InputCache(std::string dir, int64_t keep_free_bytes)
+      : dir_(std::move(dir)), keep_free_bytes_(keep_free_bytes) {}
 
   const std::string dir_;  // constant after construction
+  const int64_t keep_free_bytes_;
 };
 
 }  // namespace llmctl::agent

@@ -497,7 +497,8 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
         "the agent needs --listen, --data-dir, --node, a token, --llm-train and its own path");
   }
   std::unique_ptr<AgentServer> server(new AgentServer());
-  ASSIGN_OR_RETURN(server->cache_, InputCache::Open(options.data_dir + "/cache"));
+  ASSIGN_OR_RETURN(server->cache_,
+                   InputCache::Open(options.data_dir + "/cache", options.cache_keep_free_bytes));
   server->hub_ = std::make_unique<HubCache>(options.hub, server->cache_.get());
   RunManagerOptions run_options;
   run_options.data_dir = options.data_dir;

@@ -34,6 +34,8 @@ struct AgentOptions {
   std::chrono::milliseconds cancel_grace{10000};
   std::chrono::milliseconds poll_interval{100};  // run checks and event-file following
   HubOptions hub;  // where PrepareHubModel downloads from (HF_ENDPOINT, HF_TOKEN)
+  // What uploads and hub downloads into cache/ leave free of its filesystem (InputCache::Open).
+  int64_t cache_keep_free_bytes = kCacheKeepFreeBytes;
   // How often the devices of running trials are sampled (agent/sample_recorder.h), and by what:
   // not owned; null: the node's own (/proc for CPU trials, NVML for GPU trials).
   std::chrono::milliseconds sample_interval{1000};

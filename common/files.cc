@@ -3,12 +3,17 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <string_view>
+
+#include "common/byte_size.h"
+#include "common/checked_math.h"
 
 namespace llmctl {
 namespace {
@@ -106,6 +111,25 @@ std::string PathInside(const std::string& path, const std::string& dir) {
   const fs::path inside = resolved.lexically_relative(resolved_dir);
   if (inside.empty() || inside == "." || *inside.begin() == "..") return "";
   return inside.string();
+}
+
+Status CheckRoomFor(std::string_view what, const std::string& dir, int64_t size,
+                    int64_t keep_free) {
+  struct statvfs filesystem {};
+  if (::statvfs(dir.c_str(), &filesystem) != 0) {
+    return ErrnoStatus(errno, std::string(what) + ": cannot read the free space of " + dir);
+  }
+  const uint64_t available = static_cast<uint64_t>(filesystem.f_bavail) * filesystem.f_frsize;
+  size = std::max<int64_t>(size, 0);
+  keep_free = std::max<int64_t>(keep_free, 0);
+  if (static_cast<uint64_t>(SaturatingAdd(size, keep_free)) <= available) return Status::Ok();
+  std::string message = std::string(what) + ": " + FormatBytes(static_cast<uint64_t>(size)) +
+                        " do not fit in " + dir + ", whose filesystem has " +
+                        FormatBytes(available) + " available";
+  if (keep_free > 0) {
+    message += ", of which llmctl keeps " + FormatBytes(static_cast<uint64_t>(keep_free)) + " free";
+  }
+  return ResourceExhaustedError(std::move(message));
 }
 
 }  // namespace llmctl

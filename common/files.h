@@ -1,4 +1,5 @@
-// Reading files: whole small files, and read-only memory mappings of large ones.
+// Reading files: whole small files, and read-only memory mappings of large ones; whether a file
+// about to be written fits.
 #ifndef LLMCTL_COMMON_FILES_H_
 #define LLMCTL_COMMON_FILES_H_
 
@@ -8,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 
@@ -25,6 +27,16 @@ StatusOr<std::string> ReadFileToString(const std::string& path,
 // is `dir` itself, lies outside it, or either cannot be resolved. How the agent keeps what it
 // serves and what it resumes from inside a run, whatever links or ".." a path holds.
 std::string PathInside(const std::string& path, const std::string& dir);
+
+// OK when `size` more bytes fit on the filesystem that holds the directory `dir` with `keep_free`
+// bytes of it still available (statvfs's f_bavail: what an unprivileged writer may use); else
+// ResourceExhausted starting with `what` and naming `dir` and both figures. Checked before a large
+// file's first byte (an upload, a checkpoint copy, a model download), so one that cannot fit is
+// refused at once instead of after filling the disk that the controller's store or the agent's
+// runs write to as well. Another writer may still take the room meanwhile; a write that then fails
+// reports itself as before.
+Status CheckRoomFor(std::string_view what, const std::string& dir, int64_t size,
+                    int64_t keep_free = 0);
 
 // A read-only MAP_PRIVATE mapping of a whole file, unmapped on destruction. Errors as
 // ReadFileToString. An empty file maps to an empty span.

@@ -14,7 +14,8 @@
 
 namespace llmctl::controller {
 
-StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& root) {
+StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& root,
+                                                     int64_t keep_free_bytes) {
   const std::vector<std::string> dirs = {root, root + "/blobs", root + "/trees"};
   for (const std::string& dir : dirs) {
     std::error_code error;
@@ -24,7 +25,7 @@ StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& root) {
                                      (error ? error.message() : std::strerror(errno)));
     }
   }
-  return std::unique_ptr<BlobStore>(new BlobStore(root));
+  return std::unique_ptr<BlobStore>(new BlobStore(root, keep_free_bytes));
 }
 
 std::string BlobStore::PathOf(std::string_view sha256) const {
@@ -55,6 +56,8 @@ StatusOr<std::unique_ptr<digest::VerifiedFileWriter>> BlobStore::BeginWrite(std:
                                 std::string(sha256));
   }
   if (size < 0) return InvalidArgumentError("upload of " + std::string(sha256) + ": negative size");
+  RETURN_IF_ERROR(
+      CheckRoomFor("upload of " + std::string(sha256), root_ + "/blobs", size, keep_free_bytes_));
   std::string temp_path = root_ + "/blobs/.upload-XXXXXX";
   const int fd = mkstemp(temp_path.data());
   if (fd < 0) {
@@ -91,6 +94,7 @@ Status ReceivedBlob::Commit(std::string_view sha256) {
 
 StatusOr<std::unique_ptr<ReceivedBlob>> BlobStore::BeginReceive(int64_t size) const {
   if (size < 0) return InvalidArgumentError("received blob: negative size");
+  RETURN_IF_ERROR(CheckRoomFor("received blob", root_ + "/blobs", size, keep_free_bytes_));
   std::string temp_path = root_ + "/blobs/.receive-XXXXXX";
   const int fd = mkstemp(temp_path.data());
   if (fd < 0) {

@@ -41,10 +41,17 @@ class ReceivedBlob {
   const std::string blobs_dir_;
 };
 
+// What a blob may not take of its filesystem: the store's database and the daemon's logs live
+// beside the blobs and must still be written when a large checkpoint or upload is refused.
+inline constexpr int64_t kBlobsKeepFreeBytes = int64_t{1} << 30;
+
 class BlobStore {
  public:
-  // Uses (and creates, mode 0700) `root`/blobs and `root`/trees.
-  static StatusOr<std::unique_ptr<BlobStore>> Open(const std::string& root);
+  // Uses (and creates, mode 0700) `root`/blobs and `root`/trees. A blob that would leave less than
+  // `keep_free_bytes` available on their filesystem is refused before its first byte
+  // (ResourceExhausted).
+  static StatusOr<std::unique_ptr<BlobStore>> Open(const std::string& root,
+                                                   int64_t keep_free_bytes = kBlobsKeepFreeBytes);
 
   bool Has(std::string_view sha256) const;
   std::string PathOf(std::string_view sha256) const;
@@ -52,12 +59,12 @@ class BlobStore {
   // that is not digest::IsSha256Hex.
   StatusOr<std::vector<std::string>> Missing(std::span<const std::string> wanted) const;
   // Receives blob `sha256` of `size` bytes; Commit(sha256) publishes it. InvalidArgument for a bad
-  // digest or a negative size.
+  // digest or a negative size; ResourceExhausted when it does not fit.
   StatusOr<std::unique_ptr<digest::VerifiedFileWriter>> BeginWrite(std::string_view sha256,
                                                                    int64_t size) const;
 
   // Receives a blob of `size` bytes whose sha256 is named at its end (ReceivedBlob::Commit).
-  // InvalidArgument for a negative size.
+  // InvalidArgument for a negative size; ResourceExhausted when it does not fit.
   StatusOr<std::unique_ptr<ReceivedBlob>> BeginReceive(int64_t size) const;
 
   // Keeps a submitted tree (after digest::ValidateInputTree) so the dispatcher can send it to
@@ -68,8 +75,11 @@ class BlobStore {
   StatusOr<digest::InputTree> GetTree(std::string_view tree_digest) const;
 
  private:
-  explicit BlobStore(std::string root) : root_(std::move(root)) {}
+  BlobStore(std::string root, int64_t keep_free_bytes)
+      : root_(std::move(root)), keep_free_bytes_(keep_free_bytes) {}
+
   const std::string root_;  // constant after construction
+  const int64_t keep_free_bytes_;
 };
 
 }  // namespace llmctl::controller

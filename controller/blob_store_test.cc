@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "common/files.h"
 
@@ -86,6 +87,27 @@ TEST_F(BlobStoreTest, ReceivesABlobNamedAtItsEndOnlyWhenTheBytesMatchTheName) {
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(root_ + "/data/blobs"),
                           std::filesystem::directory_iterator()),
             1);
+}
+
+TEST_F(BlobStoreTest, ABlobThatWouldFillTheDiskIsRefusedBeforeItsFirstByte) {
+  // Everything this filesystem has is to be kept free: no blob fits, however small.
+  auto full = BlobStore::Open(root_ + "/full", std::numeric_limits<int64_t>::max());
+  ASSERT_TRUE(full.ok());
+  const std::string sha = digest::Sha256Hex("x");
+  for (const Status& refused :
+       {(*full)->BeginWrite(sha, 1).status(), (*full)->BeginReceive(1).status()}) {
+    EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(refused.message().find("1 B do not fit in " + root_ +
+                                     "/full/blobs, whose filesystem "
+                                     "has "),
+              std::string::npos)
+        << refused.message();
+    EXPECT_NE(refused.message().find("of which llmctl keeps"), std::string::npos)
+        << refused.message();
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(root_ + "/full/blobs")) << "no temporary file is left";
+  // The default keeps 1 GiB: a small blob fits on any disk these tests run on.
+  EXPECT_TRUE(blobs_->BeginWrite(sha, 1).ok());
 }
 
 TEST_F(BlobStoreTest, RefusesBadDigests) {

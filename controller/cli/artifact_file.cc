@@ -8,6 +8,8 @@
 #include <system_error>
 #include <utility>
 
+#include "common/files.h"
+
 namespace llmctl::cli {
 
 namespace {
@@ -51,6 +53,8 @@ StatusOr<std::unique_ptr<ArtifactFile>> ArtifactFile::Begin(const fs::path& dest
   if (error) return FailedPreconditionError(destination.string() + ": " + error.message());
   RETURN_IF_ERROR(MakeDirectoriesBelow(destination, first.path()));
   const fs::path target = destination / first.path();
+  // A checkpoint may be tens of GiB: one that cannot fit is refused before its first byte.
+  RETURN_IF_ERROR(CheckRoomFor(first.path(), target.parent_path().string(), first.size()));
   const fs::path part = target.string() + ".part";
   // A .part left by an interrupted fetch, or a link planted in its place, is removed, not written
   // through: the file is made afresh (O_EXCL), and O_NOFOLLOW refuses a link that appears

@@ -23,8 +23,9 @@ class ArtifactFile {
   // The file `first` (the file's first chunk) opens, under `destination`; DataLoss when the
   // controller names a path that is not a run's artifact (digest::RunArtifactPathProblem: a plain
   // relative path under output/, or a top-level log); FailedPrecondition when a directory on the
-  // way below `destination` is a symbolic link, or the file cannot be made. "<path>.part" is
-  // created afresh, never through a link.
+  // way below `destination` is a symbolic link, or the file cannot be made; ResourceExhausted when
+  // its announced size does not fit on that disk. "<path>.part" is created afresh, never through a
+  // link.
   static StatusOr<std::unique_ptr<ArtifactFile>> Begin(const std::filesystem::path& destination,
                                                        const v1::ArtifactChunk& first);
 

@@ -1,0 +1,53 @@
+// CheckRoomFor: what fits on a filesystem, with what llmctl keeps free of it.
+#include "common/files.h"
+
+#include <gtest/gtest.h>
+#include <sys/statvfs.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace llmctl {
+namespace {
+
+TEST(CheckRoomForTest, WhatFitsBesideWhatIsKeptFreeIsAccepted) {
+  const std::string dir = testing::TempDir();
+  EXPECT_TRUE(CheckRoomFor("a file", dir, 0).ok());
+  EXPECT_TRUE(CheckRoomFor("a file", dir, 1, 1).ok());
+  // A negative size (a field no one checked) counts as nothing, not as room gained.
+  EXPECT_TRUE(CheckRoomFor("a file", dir, -5, 0).ok());
+}
+
+TEST(CheckRoomForTest, MoreThanTheFilesystemHasIsRefusedWithBothFigures) {
+  const std::string dir = testing::TempDir();
+  struct statvfs filesystem {};
+  ASSERT_EQ(::statvfs(dir.c_str(), &filesystem), 0);
+  const uint64_t available = static_cast<uint64_t>(filesystem.f_bavail) * filesystem.f_frsize;
+  ASSERT_LT(available, uint64_t{1} << 62) << "no test filesystem has 4 EiB";
+
+  const Status too_large = CheckRoomFor("checkpoint.safetensors", dir, int64_t{1} << 62);
+  EXPECT_EQ(too_large.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(too_large.message().rfind("checkpoint.safetensors: 4194304.00 TiB do not fit in " +
+                                          dir + ", whose filesystem has ",
+                                      0),
+            0u)
+      << too_large.message();
+  EXPECT_EQ(too_large.message().find("keeps"), std::string::npos) << too_large.message();
+
+  // Small enough to fit, but not beside what is kept free; the sum cannot overflow.
+  const Status kept = CheckRoomFor("upload", dir, 1, std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(kept.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(kept.message().find("available, of which llmctl keeps "), std::string::npos)
+      << kept.message();
+}
+
+TEST(CheckRoomForTest, AMissingDirectoryIsNotFound) {
+  const Status missing = CheckRoomFor("upload", testing::TempDir() + "/no/such/dir", 1);
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find("upload: cannot read the free space of "), std::string::npos)
+      << missing.message();
+}
+
+}  // namespace
+}  // namespace llmctl
