@@ -1,4 +1,5 @@
-// What the store's tests (store_test.cc, node_registry_test.cc, report_queries_test.cc) share: a fresh
+// What the store's tests (store_test.cc, node_registry_test.cc, report_queries_test.cc,
+// report_views_test.cc) share: a fresh
 // database per test, experiments and events to fill it with, and reads through a connection of the
 // test's own.
 #ifndef LLMCTL_CONTROLLER_STORE_STORE_TEST_SUPPORT_H_
@@ -77,6 +78,34 @@ inline NewExperiment MakeExperiment(std::string name, std::vector<std::string> t
                            .inputs = {{"data/train.jsonl", "sha256:abc"}}};
   for (std::string& trial : trial_names) experiment.trials.push_back(MakeTrial(std::move(trial)));
   return experiment;
+}
+
+// A snapshot event of `phase` with two categories and `allocated` bytes.
+inline json Snapshot(int64_t step, const std::string& phase, int64_t allocated) {
+  return {{"type", "snapshot"},
+          {"step", step},
+          {"micro_batch", 0},
+          {"phase", phase},
+          {"params_bytes", 10},
+          {"grads_bytes", 20},
+          {"allocated_bytes", allocated}};
+}
+
+// A snapshot event with every memory category, as llm-train writes it.
+inline json FullSnapshot(int64_t step, int64_t micro_batch, const std::string& phase,
+                         int64_t allocated, int64_t peak) {
+  return {{"type", "snapshot"},
+          {"step", step},
+          {"micro_batch", micro_batch},
+          {"phase", phase},
+          {"params_bytes", 4000},
+          {"grads_bytes", step == 0 && phase == "phase0_before_fwd" ? 0 : 4000},
+          {"optim_device_bytes", 8004},
+          {"optim_host_bytes", 0},
+          {"other_bytes", allocated - 16004},
+          {"allocated_bytes", allocated},
+          {"peak_bytes", peak},
+          {"reserved_bytes", allocated}};
 }
 
 inline Event MakeEvent(int64_t seq, const json& line) {
