@@ -185,8 +185,23 @@ Status EventStreams::StoreEvents(Stream& stream,
 
 Status EventStreams::StoreSamples(Stream& stream, const v1::DeviceSamples& samples) {
   const store::RunningAttempt& attempt = stream.attempt;
-  auto stored = core_.store.AppendDeviceSamples(attempt.trial_id, attempt.attempt,
-                                                FromProto(samples), stream.node_rank);
+  std::vector<store::NewDeviceSample> rows = FromProto(samples);
+  const store::Time latest = core_.clock.Now() + kMaxSampleClockLead;
+  const auto ahead = std::find_if(rows.begin(), rows.end(), [&](const store::NewDeviceSample& row) {
+    return row.sample.time > latest;
+  });
+  if (ahead != rows.end()) {
+    spdlog::warn(
+        "{} on node {}: dropped device samples dated more than {} min after the "
+        "controller's clock (the first: {} s ahead); is the node's clock right?",
+        AttemptName(attempt), stream.node, kMaxSampleClockLead.count(),
+        std::chrono::duration_cast<std::chrono::seconds>(ahead->sample.time - core_.clock.Now())
+            .count());
+    std::erase_if(rows,
+                  [&](const store::NewDeviceSample& row) { return row.sample.time > latest; });
+  }
+  auto stored =
+      core_.store.AppendDeviceSamples(attempt.trial_id, attempt.attempt, rows, stream.node_rank);
   if (!stored.ok() && stored.status().code() == StatusCode::kFailedPrecondition) {
     return stored.status();  // fenced off, as its events are
   }

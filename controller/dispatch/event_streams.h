@@ -33,6 +33,11 @@
 
 namespace llmctl::controller::dispatch {
 
+// How far past the controller's clock a device sample may be dated. One dated later would stay its
+// attempt's newest reading (what `llmctl watch` shows) until then, and every true reading before
+// it would be merged into buckets as old; a node's clock that far ahead is named in the warning.
+inline constexpr std::chrono::minutes kMaxSampleClockLead{10};
+
 // How the agent's outcome word maps to a trial state; `invalid` (the trainer refused its config)
 // and anything unknown end the trial as failed.
 store::TrialState OutcomeState(const std::string& outcome);
@@ -99,7 +104,8 @@ class EventStreams {
   // dropped: stored, it would take the place of the real rank's line with the same seq.
   Status StoreEvents(Stream& stream,
                      const google::protobuf::RepeatedPtrField<v1::TrialEvent>& lines);
-  // A batch of device samples; only FailedPrecondition (fenced off) stops the stream.
+  // A batch of device samples, less those dated past kMaxSampleClockLead; only FailedPrecondition
+  // (fenced off) stops the stream.
   Status StoreSamples(Stream& stream, const v1::DeviceSamples& samples);
   // Records how a node's run ended; for a single-node attempt, the attempt's end.
   Status Finish(Stream& stream, const v1::RunEnded& end);

@@ -111,6 +111,28 @@ TEST_F(EventStreamsTest, DeviceSamplesAreStoredOnceAndAStreamResumesAfterTheLast
   }
 }
 
+TEST_F(EventStreamsTest, ASampleDatedFarPastTheControllersClockIsDropped) {
+  // The controller's clock reads 1,700,000,000 s; the second reading claims a day later.
+  v1::DeviceSample tomorrow = GpuSample(2);
+  tomorrow.set_unix_ms(1'700'086'400'000);
+  agent_state_.samples = {GpuSample(1), tomorrow, GpuSample(3)};
+  const int64_t experiment = SubmitOneThatKeepsRunning();
+  const int64_t trial = OnlyTrial(experiment).id;
+  ASSERT_TRUE(Eventually([&] { return *daemon_->store().LastDeviceSampleSeq(trial, 1) == 3; }));
+  StatusOr<std::vector<store::DeviceSample>> stored =
+      daemon_->store().DeviceSamples(experiment, "one");
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->size(), 2u);
+  EXPECT_EQ((*stored)[0].time, store::Time(milliseconds(1'700'000'001'000)));
+  EXPECT_EQ((*stored)[1].time, store::Time(milliseconds(1'700'000'003'000)));
+  // The newest reading a watcher sees is the true one.
+  const std::vector<store::DeviceSample> latest = *daemon_->store().LatestDeviceSamples(trial, 1);
+  ASSERT_EQ(latest.size(), 1u);
+  EXPECT_EQ(latest[0].time, store::Time(milliseconds(1'700'000'003'000)));
+  agent_state_.AddLinesAndEnd(std::to_string(experiment) + "/one#1", {kResultLine}, "ok");
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+}
+
 TEST_F(EventStreamsTest, ARunningTrialsStatusCarriesEachDevicesLatestSample) {
   agent_state_.samples = {GpuSample(1, "cuda:0"), GpuSample(2, "cuda:1"), GpuSample(3, "cuda:0"),
                           GpuSample(4, "cuda:1")};
