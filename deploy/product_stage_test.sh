@@ -1,7 +1,8 @@
 #!/bin/bash
 # deploy/gpu-check's product stage rehearsed on the CPU (ctest DeployProductStageTest...), as it will
-# run on a GPU machine: from a bare directory that holds only the orchestrator bundle (deploy/bundle of
-# BUILD_DIR) and the parts of the source tree the stage reads (deploy/, experiments/), with an empty
+# run on a GPU machine: from a bare directory that holds only the orchestrator bundle as it travels
+# (deploy/bundle of BUILD_DIR into .gpu-check/bundle.tar.gz, which the stage unpacks) and the parts of
+# the source tree the stage reads (deploy/, experiments/), with an empty
 # environment (LLMCTL_RATE_PROBE=off aside, as below) and BUILD_DIR's llm-train. Checks that
 #   - every library the bundle's binaries load resolves inside it (the stage's own check);
 #   - the stage is killed midway (SIGKILL to its process group, once a trial has ended) and a second
@@ -39,7 +40,8 @@ mkdir -p "$bare"
 (cd "$source_dir" && git ls-files -z -co --exclude-standard deploy experiments |
   xargs -0 cp --parents -t "$bare") ||
   fail "could not copy deploy/ and experiments/"
-"$source_dir/deploy/bundle" "$build" "$bundle" || fail "deploy/bundle"
+"$source_dir/deploy/bundle" "$build" "$bundle.tar.gz" || fail "deploy/bundle"
+[ -e "$bundle" ] && fail "deploy/bundle made $bundle besides $bundle.tar.gz"
 
 # The stage with nothing from this environment but PATH, and LLMCTL_RATE_PROBE=off as every test
 # sets it (cmake/LlmctlTargets.cmake): the first submit of CPU trials to a fresh LLMCTL_HOME would
