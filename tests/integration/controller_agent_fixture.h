@@ -291,7 +291,9 @@ class ControllerAgentTest : public ::testing::Test {
     return text.ok() ? std::count(text->begin(), text->end(), '\n') : -1;
   }
 
-  ManualClock clock_{store::Time(seconds(1'700'000'000))};
+  // From the real time: the agents date their device samples by it, and the controller refuses
+  // one dated past its own clock (event_streams.h kMaxSampleClockLead). Rounds only move it on.
+  ManualClock clock_{std::chrono::time_point_cast<seconds>(std::chrono::system_clock::now())};
   fs::path dir_;
   std::string agent_binary_;
   std::string trainer_;
