@@ -181,13 +181,24 @@ NodeRates::Report NodeRates::Current() const {
   return report_;
 }
 
-NodeRates::StartingTrial::StartingTrial(NodeRates& rates) : rates_(rates) {
+NodeRates::StartingTrial::StartingTrial(NodeRates& rates,
+                                        std::chrono::steady_clock::time_point wait_until)
+    : rates_(rates) {
+  const bool unlimited = wait_until == std::chrono::steady_clock::time_point();
   MutexLock lock(rates_.mutex_);
-  while (rates_.probing_) rates_.changed_.Wait(rates_.mutex_);
-  ++rates_.starting_;
+  while (rates_.probing_ && (unlimited || std::chrono::steady_clock::now() < wait_until)) {
+    if (unlimited) {
+      rates_.changed_.Wait(rates_.mutex_);  // the probe's timeout bounds it
+    } else {
+      rates_.changed_.WaitUntil(rates_.mutex_, wait_until);
+    }
+  }
+  free_ = !rates_.probing_;
+  if (free_) ++rates_.starting_;
 }
 
 NodeRates::StartingTrial::~StartingTrial() {
+  if (!free_) return;
   {
     MutexLock lock(rates_.mutex_);
     --rates_.starting_;

@@ -59,17 +59,23 @@ class NodeRates {
   };
   Report Current() const;
 
-  // Held by RunTrial while it starts a run: waits until a probe in progress ends, and keeps one
-  // from starting until the guard goes (by then the run is listed as running).
+  // Held by RunTrial while it starts a run: waits until a probe in progress ends, or until
+  // `wait_until` (the caller's deadline: a run started after it would be one the controller never
+  // learns of; the epoch: no limit but the probe's timeout); once free, keeps a probe from starting
+  // until the guard goes (by then the run is listed as running).
   class StartingTrial {
    public:
-    explicit StartingTrial(NodeRates& rates);
+    StartingTrial(NodeRates& rates, std::chrono::steady_clock::time_point wait_until);
     ~StartingTrial();
     StartingTrial(const StartingTrial&) = delete;
     StartingTrial& operator=(const StartingTrial&) = delete;
 
+    // False when a probe still ran at `wait_until`: no trial may start now.
+    bool free() const { return free_; }
+
    private:
     NodeRates& rates_;
+    bool free_ = false;
   };
 
  private:

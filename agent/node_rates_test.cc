@@ -246,7 +246,7 @@ TEST_F(NodeRatesTest, ATrialStartingWaitsForTheProbeAndAProbeForTheStartingTrial
   NodeRates rates(Options(), [] { return false; });
   {
     // A trial starting before the probe: the probe waits for its guard.
-    const NodeRates::StartingTrial starting(rates);
+    const NodeRates::StartingTrial starting(rates, {});
     rates.Start(facts_);
     EXPECT_TRUE(Says(rates, "waiting for the running trial to end"));
     std::this_thread::sleep_for(milliseconds(50));
@@ -254,9 +254,30 @@ TEST_F(NodeRatesTest, ATrialStartingWaitsForTheProbeAndAProbeForTheStartingTrial
   }
   // The probe runs; a trial starting now waits for it to end.
   ASSERT_TRUE(Says(rates, "measuring"));
-  const NodeRates::StartingTrial starting(rates);
+  const NodeRates::StartingTrial starting(rates, {});
+  EXPECT_TRUE(starting.free());
   EXPECT_EQ(rates.Current().pending, "");
   EXPECT_EQ(Runs(), 1);
+}
+
+TEST_F(NodeRatesTest, ATrialStartingWaitsForTheProbeOnlyUntilItsCallersDeadline) {
+  WriteTrainer(FixedProbe().ToJson().dump(), "3");
+  NodeRates rates(Options(), [] { return false; });
+  rates.Start(facts_);
+  ASSERT_TRUE(Says(rates, "measuring"));
+  {
+    // The controller stops waiting long before the probe ends: the trial does not start.
+    const auto asked = std::chrono::steady_clock::now();
+    const NodeRates::StartingTrial starting(rates, asked + milliseconds(100));
+    EXPECT_FALSE(starting.free());
+    EXPECT_LT(std::chrono::steady_clock::now() - asked, std::chrono::seconds(2));
+    EXPECT_EQ(rates.Current().pending, "measuring");
+  }
+  // Once it has ended, the same deadline is no obstacle.
+  const NodeRates::StartingTrial starting(
+      rates, std::chrono::steady_clock::now() + std::chrono::seconds(30));
+  EXPECT_TRUE(starting.free());
+  EXPECT_EQ(rates.Current().pending, "");
 }
 
 TEST_F(NodeRatesTest, ABrokenProbeIsNotMeasuredAndNotKept) {

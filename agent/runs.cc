@@ -343,7 +343,10 @@ RunState RunManager::StateOf(const RunKey& key, Run& run) const {
 StatusOr<RunState> RunManager::Start(const RunRequest& request) {
   ASSIGN_OR_RETURN(RunState state, StartRun(request));
   // The other nodes' ranks need node rank 0's port to meet at, which its launcher chooses.
-  const auto deadline = std::chrono::steady_clock::now() + kMasterPortWait;
+  auto deadline = std::chrono::steady_clock::now() + kMasterPortWait;
+  if (request.answer_by != std::chrono::steady_clock::time_point()) {
+    deadline = std::min(deadline, request.answer_by);
+  }
   MutexLock lock(mutex_);
   auto it = runs_.find(request.key);
   if (it == runs_.end() || it->second.nodes <= 1 || it->second.node_rank != 0) return state;

@@ -96,6 +96,9 @@ struct RunRequest {
   // wrote): it is materialised from the cache, and resume_checkpoint and resume_run are not used.
   std::optional<digest::InputTree> resume_tree;
   NodeGroup node_group;
+  // When the caller stops waiting for the answer (its call's deadline, less a margin): node rank
+  // 0's wait for its rendezvous port ends by then at the latest. The epoch: after kMasterPortWait.
+  std::chrono::steady_clock::time_point answer_by;
 };
 
 // A run whose worker may be running, as the device sampler needs it.
@@ -141,7 +144,8 @@ class RunManager {
   // runs (CheckResumeCheckpoint); FailedPrecondition when an input tree's blobs (or
   // those of the resume tree) are missing, or when the run to resume from is not on this node or
   // its checkpoint is gone. For node rank 0 of a multi-node run it returns once the run's
-  // master_port is known, the run ended, or kMasterPortWait passed (master_port 0 then).
+  // master_port is known, the run ended, or kMasterPortWait or the request's answer_by passed
+  // (master_port 0 then).
   StatusOr<RunState> Start(const RunRequest& request);
   // NotFound for an unknown key.
   StatusOr<RunState> Get(const RunKey& key);

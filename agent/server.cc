@@ -74,6 +74,17 @@ void ToProto(const RunState& state, pb::RunState* out) {
   out->set_master_port(state.master_port);
 }
 
+// When the caller of `context` stops waiting, on the steady clock: its deadline less a margin for
+// the answer's way back, or the epoch for a call without one (RunRequest::answer_by).
+std::chrono::steady_clock::time_point AnswerBy(const grpc::ServerContext& context) {
+  constexpr std::chrono::seconds kAnswerMargin{2};
+  const auto left = context.deadline() - std::chrono::system_clock::now();
+  // A call without a deadline has one at the end of time.
+  if (left > std::chrono::hours(24 * 365)) return {};
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(left - kAnswerMargin);
+}
+
 digest::InputTree FromProto(const pb::InputTree& tree) {
   digest::InputTree plain;
   plain.digest = tree.digest();
@@ -201,7 +212,7 @@ class AgentService final : public pb::Agent::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status RunTrial(grpc::ServerContext*, const pb::RunTrialRequest* request,
+  grpc::Status RunTrial(grpc::ServerContext* context, const pb::RunTrialRequest* request,
                         pb::RunState* response) override {
     RunRequest plain;
     plain.key = FromProto(request->key());
@@ -233,8 +244,16 @@ class AgentService final : public pb::Agent::Service {
       plain.resume_run = FromProto(request->resume_from().run());
       plain.resume_checkpoint = request->resume_from().checkpoint();
     }
-    // Not while the node's rates are measured: each would distort the other's time.
-    const NodeRates::StartingTrial starting(rates_);
+    plain.answer_by = AnswerBy(*context);
+    // Not while the node's rates are measured: each would distort the other's time. Nor once the
+    // controller has stopped waiting: it would not know the run, and place the trial again.
+    const NodeRates::StartingTrial starting(rates_, plain.answer_by);
+    if (!starting.free()) {
+      return rpc::ToGrpcStatus(UnavailableError(
+          "RunTrial: the node is measuring its rates (llm-train --probe, about 12 s on a CPU and "
+          "under 30 s on a GPU); it takes trials again once that ends"));
+    }
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "RunTrial");
     auto state = runs_->Start(plain);
     if (!state.ok()) return rpc::ToGrpcStatus(state.status());
     ToProto(*state, response);

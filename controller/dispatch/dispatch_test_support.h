@@ -74,6 +74,8 @@ struct FakeAgentState {
   std::vector<v1::CancelRunRequest> cancel_requests;
   // What a cancelled run's worker writes before it ends.
   std::vector<std::string> cancel_lines;
+  // How long RunTrial takes to answer once it has started the run.
+  std::chrono::milliseconds run_trial_delay{0};
   // What the next RunTrial's worker will write.
   std::vector<std::string> script = {StepLine(0), StepLine(1), kResultLine};
   bool script_ends = true;
@@ -180,7 +182,7 @@ class FakeAgent final : public v1::Agent::Service {
   }
   grpc::Status RunTrial(grpc::ServerContext*, const v1::RunTrialRequest* request,
                         v1::RunState* state) override {
-    std::lock_guard lock(state_.mutex);
+    std::unique_lock lock(state_.mutex);
     // A checkpoint sent as a tree needs no earlier run on this node.
     if (request->has_resume_from() && !request->resume_from().has_tree() &&
         !state_.runs.contains(RunName(request->resume_from().run()))) {
@@ -196,6 +198,9 @@ class FakeAgent final : public v1::Agent::Service {
     }
     *state->mutable_key() = request->key();
     state->set_status(run->second.ended ? v1::RUN_STATUS_ENDED : v1::RUN_STATUS_RUNNING);
+    const std::chrono::milliseconds delay = state_.run_trial_delay;
+    lock.unlock();
+    std::this_thread::sleep_for(delay);
     return grpc::Status::OK;
   }
   grpc::Status ListRuns(grpc::ServerContext*, const v1::ListRunsRequest*,

@@ -140,6 +140,18 @@ Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
   auto context = core_.CallContext();
   const grpc::Status ran = stub->RunTrial(context.get(), request, &state);
   const bool refused = Refused(trial, ran);
+  if (ran.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    // Unanswered, not refused: the agent may have started it. Recorded as started there, it is
+    // followed like any other attempt, and ListRuns finds it lost (the trial queued again) if it
+    // does not run; placed elsewhere meanwhile, it would hold this node's devices unknown.
+    ASSIGN_OR_RETURN(int64_t started, store.StartAttempt(trial.id, link.name, now, devices));
+    spdlog::warn(
+        "trial {} of experiment {}: RunTrial on node {} went unanswered ({}); attempt {} "
+        "is taken as started there",
+        trial.name, trial.experiment_id, link.name, ran.error_message(), started);
+    core_.changes.Notify();
+    return Status::Ok();
+  }
   if (!ran.ok() && !refused) {
     ForgetLostHubModel(config, link, ran);
     return rpc::FromGrpcStatus(ran).WithContext("RunTrial");
@@ -207,6 +219,10 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
                                         .nodes = attempt_nodes};
     for (int other : started) {
       CancelRun(core_, running, links[other]->name, trial.name, *stubs[other], std::nullopt);
+    }
+    // A call that ran out of time may have started the run on that node all the same.
+    if (ran.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      CancelRun(core_, running, links[rank]->name, trial.name, *stubs[rank], std::nullopt);
     }
     const std::string where = "node " + links[rank]->name + " (node rank " + std::to_string(rank) +
                               " of " + std::to_string(nodes) + ")";

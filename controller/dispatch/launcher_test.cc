@@ -117,6 +117,22 @@ TEST_F(LauncherTest, AnUploadToTheAgentGetsTimeForItsSizeAtTheMinimumRate) {
   EXPECT_GT(agent_state_.upload_time_left.at(digest::Sha256Hex(content)), seconds(500));
 }
 
+TEST_F(LauncherTest, ARunTrialAnsweredPastItsDeadlineIsTakenAsStartedThere) {
+  // The agent starts the run but answers after the controller stopped waiting: the attempt is
+  // recorded on that node and followed, not placed again elsewhere while it runs here unknown.
+  daemon_.reset();
+  config_.agent_call_deadline = milliseconds(300);
+  StartController();
+  agent_state_.run_trial_delay = milliseconds(1500);
+  const int64_t experiment = SubmitOne();
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 1);
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  std::lock_guard lock(agent_state_.mutex);
+  EXPECT_EQ(agent_state_.runs.size(), 1u);
+  EXPECT_TRUE(agent_state_.cancelled.empty());
+}
+
 TEST(LauncherToProtoTest, CarriesTheTreesDigestKindAndFiles) {
   const digest::InputTree tree{
       .digest = "d1", .files = {{"a.txt", "s1", 3}, {"b/c.bin", "s2", 0}}, .is_file = false};
