@@ -127,7 +127,7 @@ bool NodeRates::AwaitIdle() {
     const bool busy = starting_ > 0 || trial_running_();
     if (!busy) {
       probing_ = true;
-      report_.pending = "measuring";
+      report_.pending = std::string(estimate::kRateProbeMeasuring);
       return true;
     }
     report_.pending = "waiting for the running trial to end";

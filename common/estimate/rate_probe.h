@@ -54,6 +54,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/estimate/step_time.h"
@@ -63,6 +64,9 @@
 namespace llmctl::estimate {
 
 inline constexpr int kRateProbeVersion = 8;
+// NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
+// the node meanwhile, so the controller places none there.
+inline constexpr std::string_view kRateProbeMeasuring = "measuring";
 // The length of a version 8 CPU probe's partial-block attention: a block of 32 (PaddedQueries) and
 // one query of the next.
 inline constexpr int64_t kProbePartialBlockTokens = 65;

@@ -202,6 +202,7 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
         }
       }
       link.unusable = runs.ok() ? "" : runs.message();
+      link.measuring = info.rate_probe_pending() == estimate::kRateProbeMeasuring;
       StoreNodeRates(core_.store, link.name, info.rate_probe_json(), link.rate_probe_json, now);
     }
   } else {

@@ -68,6 +68,9 @@ class AgentLinks {
     std::vector<v1::Device> devices;
     // Why the connected node takes no trial (CheckDriverRunsLibTorch's message); "" when it may.
     std::string unusable;
+    // Its agent measures its rates now (NodeInfo.rate_probe_pending): it starts no trial until
+    // that ends, so none is placed there.
+    bool measuring = false;
     // The node's rates (NodeInfo's rate_probe_json) as last stored or refused: the agent reports
     // them with every health check, and only a change is parsed and stored again.
     std::string rate_probe_json;

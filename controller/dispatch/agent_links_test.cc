@@ -140,6 +140,31 @@ TEST_F(AgentLinksTest, ANodeWhoseDriverIsTooOldForLibTorchsCudaIsUnusableAndSays
   }));
 }
 
+// A node whose agent measures its rates starts no trial meanwhile: none is placed there, and the
+// waiting trial says why; the next health check after the probe places it.
+TEST_F(AgentLinksTest, NoTrialIsPlacedOnANodeWhileItMeasuresItsRates) {
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.rate_probe_pending = "measuring";
+  }
+  const int64_t experiment = SubmitOne();
+  Tick();
+  EXPECT_EQ(RunsStarted(), 0u);
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  const std::string notice = daemon_->dispatcher().QueuedNotice(OnlyTrial(experiment).id);
+  EXPECT_TRUE(
+      notice.ends_with("; node n1 is measuring its rates (about 12 s on a CPU, under 30 s "
+                       "on a GPU): it takes trials once that ends"))
+      << notice;
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.rate_probe_pending = "";
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+}
+
 // A fixed probe as llm-train --probe writes it, with `memory` as its memory rate.
 std::string ProbeJson(double memory) {
   estimate::RateProbe probe;

@@ -60,6 +60,7 @@ struct FakeAgentState {
   // What GetNodeInfo says of the NVIDIA driver and llm-train's LibTorch ("": nothing).
   std::string driver_version, driver_cuda_version, libtorch_cuda_version;
   std::string rate_probe_json;  // NodeInfo's: the node's measured rates ("": none yet)
+  std::string rate_probe_pending;   // NodeInfo's: why there are none ("measuring", ...)
   std::map<std::string, Run> runs;  // by RunName
   std::vector<int64_t> stream_from_seqs;
   std::vector<int64_t> stream_from_rank1_seqs;  // from_rank_seq[1]; 0 when absent
@@ -135,6 +136,7 @@ class FakeAgent final : public v1::Agent::Service {
     info->set_libtorch_version("2.15.0");
     info->set_libtorch_cuda_version(state_.libtorch_cuda_version);
     info->set_rate_probe_json(state_.rate_probe_json);
+    info->set_rate_probe_pending(state_.rate_probe_pending);
     return grpc::Status::OK;
   }
   grpc::Status MissingBlobs(grpc::ServerContext*, const v1::MissingBlobsRequest* request,

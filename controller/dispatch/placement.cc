@@ -99,8 +99,17 @@ Placement::UsableAgents Placement::FindUsableAgents(
   MutexLock lock(core_.mutex);
   for (const auto& [name, link] : links_.AllLocked()) {
     if (link->connected && !link->unusable.empty()) usable.unusable += "; " + link->unusable;
-    // A node whose lease ends soon, or that cannot run llm-train, takes no new trial.
-    if (!link->connected || !link->unusable.empty() || leases_.EndsSoonLocked(name)) continue;
+    if (link->connected && link->unusable.empty() && link->measuring) {
+      usable.unusable += "; node " + name +
+                         " is measuring its rates (about 12 s on a CPU, under 30 s on a GPU): it "
+                         "takes trials once that ends";
+    }
+    // A node whose lease ends soon, that cannot run llm-train, or that measures its rates now,
+    // takes no new trial.
+    if (!link->connected || !link->unusable.empty() || link->measuring ||
+        leases_.EndsSoonLocked(name)) {
+      continue;
+    }
     usable.links[name] = link.get();
     scheduler::Agent& agent = usable.agents.emplace_back();
     agent.name = name;
