@@ -4,19 +4,17 @@
 
 #include "common/files.h"
 #include "common/foreign_json.h"
+#include "common/model_bounds.h"
 
 namespace llmctl {
 namespace {
 
-// Bounds on a config's shapes, far above any published BLIP-2's (Flan-T5-XXL: 4,096 wide, a
-// 10,240 FFN, 24 + 24 blocks, 32,128 tokens; a 224-pixel image) and low enough that its parameter
-// counts, and the estimate's products of them, fit in 64 bits: past them a config is refused,
-// not counted over 2^63 layers.
-constexpr int64_t kMaxWidth = 1 << 18;  // hidden sizes, FFN widths, a head's width
-constexpr int64_t kMaxLayers = 1 << 10;
-constexpr int64_t kMaxHeads = 1 << 10;
-constexpr int64_t kMaxVocabulary = 1 << 24;
-constexpr int64_t kMaxPositions = 1 << 24;  // positions, T5's relative distance and buckets
+using model_bounds::kMaxHeads;
+using model_bounds::kMaxLayers;
+using model_bounds::kMaxPositions;
+using model_bounds::kMaxVocabulary;
+using model_bounds::kMaxWidth;
+// BLIP-2's own (common/model_bounds.h has the shapes it shares with LLaMA's configs).
 constexpr int64_t kMaxImageSide = 1 << 16;  // an image's or a patch's side, in pixels
 constexpr int64_t kMaxQueryTokens = 1 << 16;
 

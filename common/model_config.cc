@@ -11,6 +11,7 @@
 
 #include "common/files.h"
 #include "common/foreign_json.h"
+#include "common/model_bounds.h"
 
 namespace llmctl {
 namespace {
@@ -318,18 +319,30 @@ Status ValidateModelConfig(const ModelConfig& config) {
     return field_error("model_type",
                        "is '" + config.model_type + "'; supported: llama, mistral, qwen2");
   }
-  const std::pair<std::string_view, int64_t> sizes[] = {
-      {"vocab_size", config.vocab_size},
-      {"hidden_size", config.hidden_size},
-      {"intermediate_size", config.intermediate_size},
-      {"num_hidden_layers", config.num_hidden_layers},
-      {"num_attention_heads", config.num_attention_heads},
-      {"num_key_value_heads", config.num_key_value_heads},
-      {"head_dim", config.head_dim},
-      {"max_position_embeddings", config.max_position_embeddings},
+  struct Size {
+    std::string_view field;
+    int64_t value;
+    int64_t bound;  // common/model_bounds.h
   };
-  for (const auto& [field, value] : sizes) {
-    if (value <= 0) return field_error(field, "must be positive, got " + std::to_string(value));
+  const Size sizes[] = {
+      {"vocab_size", config.vocab_size, model_bounds::kMaxVocabulary},
+      {"hidden_size", config.hidden_size, model_bounds::kMaxWidth},
+      {"intermediate_size", config.intermediate_size, model_bounds::kMaxWidth},
+      {"num_hidden_layers", config.num_hidden_layers, model_bounds::kMaxLayers},
+      {"num_attention_heads", config.num_attention_heads, model_bounds::kMaxHeads},
+      {"num_key_value_heads", config.num_key_value_heads, model_bounds::kMaxHeads},
+      {"head_dim", config.head_dim, model_bounds::kMaxWidth},
+      {"max_position_embeddings", config.max_position_embeddings, model_bounds::kMaxPositions},
+  };
+  for (const Size& size : sizes) {
+    if (size.value <= 0) {
+      return field_error(size.field, "must be positive, got " + std::to_string(size.value));
+    }
+    if (size.value > size.bound) {
+      return field_error(size.field, "is " + std::to_string(size.value) + ", more than " +
+                                         std::to_string(size.bound) +
+                                         ", far past any published model's");
+    }
   }
   if (config.num_attention_heads % config.num_key_value_heads != 0) {
     return field_error("num_attention_heads",

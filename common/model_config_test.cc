@@ -373,6 +373,22 @@ TEST(ParseHfConfigJsonTest, NonPositiveSizes) {
   EXPECT_NE(ParseError(Minimal(R"("rms_norm_eps": 0)")).find("rms_norm_eps"), std::string::npos);
 }
 
+// A config.json of widths 1 and 2 with 4e13 layers kept the estimate allocating and looping per
+// layer until it ran out of memory; a shape past any published model's is refused by name.
+TEST(ParseHfConfigJsonTest, SizesPastAnyPublishedModelsAreRefusedByField) {
+  EXPECT_NE(ParseError(Minimal(R"("num_hidden_layers": 40000000000000)"))
+                .find("config.json: field 'num_hidden_layers' is 40000000000000, more than 1024, "
+                      "far past any published model's"),
+            std::string::npos);
+  EXPECT_NE(ParseError(Minimal(R"("vocab_size": 16777217)")).find("'vocab_size' is 16777217"),
+            std::string::npos);
+  EXPECT_NE(ParseError(Minimal(R"("intermediate_size": 262145)"))
+                .find("'intermediate_size' is 262145, more than 262144"),
+            std::string::npos);
+  // The bounds themselves are taken.
+  EXPECT_TRUE(ParseHfConfigJson(Minimal(R"("num_hidden_layers": 1024)"), "config.json").ok());
+}
+
 TEST(ParseHfConfigJsonTest, HeadCountsMustDivide) {
   EXPECT_NE(ParseError(R"({"vocab_size": 100, "hidden_size": 100, "intermediate_size": 128,
                            "num_hidden_layers": 2, "num_attention_heads": 3})")
