@@ -153,7 +153,10 @@ std::string DeviceLine(const v1::DeviceSample& sample, const std::string& name, 
 std::string ProgressBar(int64_t step, int64_t total, int width) {
   int filled = 0;
   if (total > 0) {
-    filled = static_cast<int>(std::clamp<int64_t>(step, 0, total) * width / total);
+    // In double: step x width overflows int64_t for the step counts a node may report.
+    const double done =
+        static_cast<double>(std::clamp<int64_t>(step, 0, total)) / static_cast<double>(total);
+    filled = std::clamp(static_cast<int>(done * width), 0, width);
   }
   std::string bar = "[";
   bar.append(static_cast<size_t>(filled), '#');

@@ -33,6 +33,11 @@ TEST(ProgressBarTest, FillsInProportion) {
   EXPECT_EQ(ProgressBar(6, 6, 4), "[####]");
   EXPECT_EQ(ProgressBar(9, 6, 4), "[####]");
   EXPECT_EQ(ProgressBar(5, 0, 4), "[----]");  // total unknown
+  // Step counts a node may report: step x width would overflow int64_t.
+  EXPECT_EQ(ProgressBar(int64_t{500'000'000'000'000'000}, int64_t{500'000'000'000'000'000}, 4),
+            "[####]");
+  EXPECT_EQ(ProgressBar(int64_t{250'000'000'000'000'000}, int64_t{500'000'000'000'000'000}, 4),
+            "[##--]");
 }
 
 TEST(WatchLinesTest, OneAlignedLinePerTrial) {
