@@ -19,6 +19,7 @@
 #include "agent/process.h"
 #include "common/digest/digest.h"
 #include "common/event_line.h"
+#include "common/event_stream.h"
 #include "common/foreign_json.h"
 #include "common/model_config.h"
 #include "common/version.h"
@@ -31,12 +32,9 @@ namespace {
 namespace pb = llmctl::v1;
 
 constexpr size_t kArtifactChunkBytes = 1 << 20;
-// At most this many device samples go in one message (a long backlog after a reconnect).
-constexpr int kSamplesPerMessage = 1000;
-// A batch of event lines (StreamEventsRequest.batch_events): at most this many lines and bytes of
-// them, so that one more line (event_line::kMaxBytes) still fits the controller's 8 MiB message.
-constexpr int kEventsPerMessage = 512;
-constexpr int64_t kEventBytesPerMessage = int64_t{4} << 20;
+using event_stream::kEventBytesPerMessage;
+using event_stream::kEventsPerMessage;
+using event_stream::kSamplesPerMessage;
 
 RunKey FromProto(const pb::RunKey& key) {
   return RunKey{key.experiment_id(), key.trial(), key.attempt()};

@@ -85,6 +85,8 @@ struct FakeAgentState {
   std::vector<std::string> rank1_script;
   // The next stream breaks after sending this many events (0: never).
   int drop_after = 0;
+  // Streams send rank 0's lines as one batch (StreamEventsResponse.events), not one a message.
+  bool one_batch = false;
   // PrepareHubModel: the requests seen, the answers to give in order (then OK), and whether a
   // call waits until `prepare_open` is set.
   std::vector<v1::PrepareHubModelRequest> prepared;
@@ -238,6 +240,18 @@ class FakeAgent final : public v1::Agent::Service {
                        ? 0
                        : static_cast<size_t>(std::max<int64_t>(rank1_from->second, 1) - 1);
     int sent = 0;
+    if (state_.one_batch && next < run->second.lines.size()) {
+      v1::StreamEventsResponse batch;
+      for (; next < run->second.lines.size(); ++next) {
+        v1::TrialEvent* event = batch.mutable_events()->add_events();
+        event->set_seq(static_cast<int64_t>(next + 1));
+        event->set_json(run->second.lines[next]);
+      }
+      lock.unlock();
+      const bool written = writer->Write(batch);
+      lock.lock();
+      if (!written) return grpc::Status::CANCELLED;
+    }
     while (!context->IsCancelled()) {
       while (next < run->second.lines.size() || next1 < run->second.rank1_lines.size()) {
         // Rank 0's next line, unless rank 1 is behind it (or rank 0 has none left).

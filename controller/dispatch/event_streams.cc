@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/event_line.h"
+#include "common/event_stream.h"
 #include "common/foreign_json.h"
 #include "common/trial_config.h"
 #include "common/trial_outcome.h"
@@ -147,11 +148,17 @@ StatusOr<v1::StreamEventsRequest> EventStreams::ResumeRequest(const Stream& stre
 Status EventStreams::StoreEvents(Stream& stream,
                                  const google::protobuf::RepeatedPtrField<v1::TrialEvent>& lines) {
   const store::RunningAttempt& attempt = stream.attempt;
+  if (lines.size() > event_stream::kEventsPerMessage) {
+    return DataLossError("node " + stream.node + " sent " + std::to_string(lines.size()) +
+                         " event lines in one message; an agent sends at most " +
+                         std::to_string(event_stream::kEventsPerMessage));
+  }
   std::vector<store::Event> events;
   events.reserve(static_cast<size_t>(lines.size()));
   const int64_t first_rank = stream.node_rank * stream.ranks_per_node;
   const v1::TrialEvent* first_foreign = nullptr;
   int64_t foreign_lines = 0;
+  int64_t refused_lines = 0;  // one warning a message names the first
   for (const v1::TrialEvent& line : lines) {
     if (line.rank() < first_rank || line.rank() >= first_rank + stream.ranks_per_node) {
       if (foreign_lines++ == 0) first_foreign = &line;
@@ -161,13 +168,19 @@ Status EventStreams::StoreEvents(Stream& stream,
     // stream would have it reopened at the same line, every backoff, forever.
     std::string refusal;
     store::Event& event = events.emplace_back(StoredEvent(line, refusal));
-    if (!refusal.empty()) {
+    if (!refusal.empty() && refused_lines++ == 0) {
       spdlog::warn("{} on node {}: rank {} event line {} refused ({}); stored as a {} event",
                    AttemptName(attempt), stream.node, event.rank, event.seq, refusal,
                    event_line::kRefusedType);
     }
     // Rank 0's result is the job's (a checkpoint stop's message reads it).
     if (event.type == "result" && event.rank == 0) stream.result_json = event.json;
+  }
+  if (refused_lines > 1) {
+    spdlog::warn(
+        "{} on node {}: {} more event lines of the same message refused and stored as {} "
+        "events",
+        AttemptName(attempt), stream.node, refused_lines - 1, event_line::kRefusedType);
   }
   if (first_foreign != nullptr) {
     spdlog::warn(
@@ -185,6 +198,11 @@ Status EventStreams::StoreEvents(Stream& stream,
 
 Status EventStreams::StoreSamples(Stream& stream, const v1::DeviceSamples& samples) {
   const store::RunningAttempt& attempt = stream.attempt;
+  if (samples.samples_size() > event_stream::kSamplesPerMessage) {
+    return DataLossError("node " + stream.node + " sent " + std::to_string(samples.samples_size()) +
+                         " device samples in one message; an agent sends at most " +
+                         std::to_string(event_stream::kSamplesPerMessage));
+  }
   std::vector<store::NewDeviceSample> rows = FromProto(samples);
   const store::Time latest = core_.clock.Now() + kMaxSampleClockLead;
   const auto ahead = std::find_if(rows.begin(), rows.end(), [&](const store::NewDeviceSample& row) {

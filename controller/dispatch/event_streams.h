@@ -101,11 +101,12 @@ class EventStreams {
                  const v1::StreamEventsRequest& request, bool& ended, bool& received);
   // Event lines read at once (each as its refusal when the store would refuse it), in one
   // transaction; an error stops the stream. A line of a rank that is not the node's own is
-  // dropped: stored, it would take the place of the real rank's line with the same seq.
+  // dropped: stored, it would take the place of the real rank's line with the same seq. A message
+  // of more lines than common/event_stream.h allows is DataLoss.
   Status StoreEvents(Stream& stream,
                      const google::protobuf::RepeatedPtrField<v1::TrialEvent>& lines);
   // A batch of device samples, less those dated past kMaxSampleClockLead; only FailedPrecondition
-  // (fenced off) stops the stream.
+  // (fenced off) and a message past common/event_stream.h's bound stop the stream.
   Status StoreSamples(Stream& stream, const v1::DeviceSamples& samples);
   // Records how a node's run ended; for a single-node attempt, the attempt's end.
   Status Finish(Stream& stream, const v1::RunEnded& end);

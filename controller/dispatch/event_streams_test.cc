@@ -80,6 +80,18 @@ TEST_F(EventStreamsTest, LinesOfRanksTheNodeDoesNotRunAreDropped) {
   EXPECT_TRUE(daemon_->store().LastRankSeqs(trial.id, 1)->empty());
 }
 
+TEST_F(EventStreamsTest, AMessageOfMoreLinesThanAnAgentSendsIsRefusedWhole) {
+  // 513 lines in one message: each would cost the store a row (a refused_line's where the agent
+  // sent 2 bytes), so the message is refused and nothing of it stored.
+  agent_state_.one_batch = true;
+  agent_state_.script.assign(513, StepLine(0));
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  EXPECT_EQ(StoredEvents(OnlyTrial(experiment).id, 1), 0);
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kRunning);
+}
+
 TEST_F(EventStreamsTest, DeviceSamplesAreStoredOnceAndAStreamResumesAfterTheLastStored) {
   agent_state_.samples = {GpuSample(1), GpuSample(2), GpuSample(3)};
   agent_state_.script = {StepLine(0), StepLine(1), StepLine(2), kResultLine};
