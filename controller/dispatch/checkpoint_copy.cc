@@ -15,6 +15,10 @@
 namespace llmctl::controller::dispatch {
 namespace {
 
+// A checkpoint is its model's files, its state and an optimizer shard per rank (at most 1,024 a
+// node): a node that sends more files for one is refused, before each becomes a blob of its own.
+constexpr size_t kMaxCheckpointFiles = 4096;
+
 nlohmann::json ParseResult(const std::string& result_json) { return ParseForeignJson(result_json); }
 
 }  // namespace
@@ -147,6 +151,12 @@ StatusOr<std::vector<digest::TreeFile>> CheckpointCopies::FetchFiles(const std::
           if (const std::string problem = digest::RelativePathProblem(chunk.path());
               !problem.empty()) {
             received = DataLossError("the agent sent file '" + chunk.path() + "': " + problem);
+            return false;
+          }
+          if (files.size() == kMaxCheckpointFiles) {
+            received =
+                DataLossError("the agent sent more than " + std::to_string(kMaxCheckpointFiles) +
+                              " files for one checkpoint");
             return false;
           }
           auto begun = blobs.BeginReceive(chunk.size());

@@ -21,10 +21,12 @@ StatusOr<Image> ParseImage(const json& value) {
 StatusOr<Image> GlanceClient::FindImage(std::string_view name) {
   std::vector<Image> found;
   std::string path = "/v2/images?" + http::FormEncode({{"name", std::string(name)}});
-  // Glance's "next" is relative to the endpoint ("/v2/images?marker=..."); a page limit keeps a
-  // misbehaving server from looping for ever.
+  // Glance's "next" is relative to the endpoint ("/v2/images?marker=...").
   for (int page = 0; !path.empty(); ++page) {
-    if (page == 1000) return InternalError("Glance's image list did not end after 1000 pages");
+    if (page == kMaxListPages) {
+      return InternalError("Glance's image list did not end after " +
+                           std::to_string(kMaxListPages) + " pages");
+    }
     ASSIGN_OR_RETURN(json body, session_.CallJson("image", "GET", path));
     if (!body.is_object() || !body.contains("images") || !body["images"].is_array()) {
       return InternalError("Glance's image list has no 'images' array");

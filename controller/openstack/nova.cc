@@ -59,7 +59,11 @@ StatusOr<std::vector<Flavor>> NovaClient::ListFlavors() {
   headers.Add("OpenStack-API-Version", kMicroversion);
   std::vector<Flavor> flavors;
   std::string path = "/flavors/detail";
-  while (!path.empty()) {
+  for (int page = 0; !path.empty(); ++page) {
+    if (page == kMaxListPages) {
+      return InternalError("Nova's flavor list did not end after " + std::to_string(kMaxListPages) +
+                           " pages");
+    }
     ASSIGN_OR_RETURN(json body, session_.CallJson("compute", "GET", path, nullptr, headers));
     if (!body.is_object() || !body.contains("flavors") || !body["flavors"].is_array()) {
       return InternalError("Nova's flavor list has no 'flavors' array");

@@ -18,6 +18,10 @@
 
 namespace llmctl::openstack {
 
+// The pages a paged list (Glance's images, Nova's flavors) may take: a server whose "next" links
+// never end is refused after these, not followed for ever.
+inline constexpr int kMaxListPages = 1000;
+
 // The endpoints a token's catalog lists.
 class Catalog {
  public:

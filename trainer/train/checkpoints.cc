@@ -118,7 +118,8 @@ Status SaveCheckpoint(const std::string& dir, const NamedTensors& model,
 StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir) {
   const fs::path root(dir);
   const std::string state_path = (root / kCheckpointStateFile).string();
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(state_path));
+  // A few hundred bytes as SaveCheckpoint writes it; the file may have come from another node.
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(state_path, size_t{1} << 20));
   LoadedCheckpoint loaded;
   // A checkpoint may come from another node or a path the user gave: every member is checked for
   // its type and range (a float read as an integer past its range is undefined, not an exception).
