@@ -190,7 +190,8 @@ StatusOr<Listing> ParseListing(const std::string& body, const std::string& what)
 // The shard files model.safetensors.index.json names in its weight_map, sorted.
 StatusOr<std::vector<std::string>> IndexShards(const std::string& index_path,
                                                const std::string& what) {
-  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(index_path));
+  // Llama 3.1 405B's index is 97 KB; the file came from the hub, which any repository can fill.
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(index_path, size_t{64} << 20));
   const nlohmann::json json = ParseForeignJson(text);
   const auto map = json.is_object() ? json.find("weight_map") : json.end();
   if (json.is_discarded() || !json.is_object() || map == json.end() || !map->is_object() ||
@@ -355,11 +356,15 @@ class RevisionDownload {
     const std::string partial = PartialPath(path);
     std::error_code error;
     const auto have = fs::file_size(partial, error);
-    const bool complete = !error && file.size >= 0 && static_cast<int64_t>(have) == file.size;
-    if (!error && file.size >= 0 && static_cast<int64_t>(have) > file.size)
-      fs::remove(partial, error);
+    const int64_t kept = error ? 0 : static_cast<int64_t>(have);  // an earlier call's part
+    const bool complete = !error && file.size >= 0 && kept == file.size;
+    if (file.size >= 0 && kept > file.size) fs::remove(partial, error);
     std::string sha256;
     if (!complete) {
+      if (file.size >= 0) {
+        RETURN_IF_ERROR(
+            cache_.CheckRoom(what_ + ": " + path, file.size - std::min(kept, file.size)));
+      }
       ASSIGN_OR_RETURN(sha256, Transfer(path, file, partial));
     }
     // Small files (no LFS digest) are checked against their git blob id, which needs another
@@ -385,6 +390,7 @@ class RevisionDownload {
     request.headers = auth_;
     request.total_timeout = kFileTimeout;
     request.download_path = partial;
+    if (file.size > 0) request.max_file_bytes = static_cast<uint64_t>(file.size);
     ASSIGN_OR_RETURN(const http::Response response, client_.Send(request));
     std::error_code error;
     if (response.status != 200 && response.status != 206) {

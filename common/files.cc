@@ -34,12 +34,19 @@ std::string_view FileTypeName(mode_t mode) {
   return "not a regular file";
 }
 
-// Opens `path` for reading only when it is a regular file. O_NONBLOCK: opening a FIFO would
-// otherwise wait for a writer, and reading /dev/zero would never end; for a regular file the flag
-// changes nothing.
-StatusOr<int> OpenRegularFile(const std::string& path, struct stat& st) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return ErrnoStatus(errno, "cannot open " + path);
+}  // namespace
+
+// O_NONBLOCK: opening a FIFO would otherwise wait for a writer, and reading /dev/zero would never
+// end; for a regular file the flag changes nothing.
+StatusOr<int> OpenRegularFile(const std::string& path, struct stat& st, bool follow_links) {
+  const int fd =
+      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_links ? 0 : O_NOFOLLOW));
+  if (fd < 0) {
+    if (errno == ELOOP && !follow_links) {
+      return InvalidArgumentError(path + " is a symbolic link, not a regular file");
+    }
+    return ErrnoStatus(errno, "cannot open " + path);
+  }
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
@@ -52,8 +59,6 @@ StatusOr<int> OpenRegularFile(const std::string& path, struct stat& st) {
   }
   return fd;
 }
-
-}  // namespace
 
 StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
   struct stat st;

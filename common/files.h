@@ -1,7 +1,9 @@
-// Reading files: whole small files, and read-only memory mappings of large ones; whether a file
-// about to be written fits.
+// Reading files: whole small files, read-only memory mappings of large ones, and regular files
+// only; whether a file about to be written fits.
 #ifndef LLMCTL_COMMON_FILES_H_
 #define LLMCTL_COMMON_FILES_H_
+
+#include <sys/stat.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +23,12 @@ namespace llmctl {
 // to a huge file fails fast).
 StatusOr<std::string> ReadFileToString(const std::string& path,
                                        size_t max_bytes = std::numeric_limits<size_t>::max());
+
+// A descriptor (the caller closes it) of `path` opened read-only, and its stat in `st`, when it is
+// a regular file: InvalidArgument for anything else (a FIFO, a device such as /dev/zero, a
+// directory: refused at once, never waited on or read for ever) and, with `follow_links` false, for
+// a symbolic link (O_NOFOLLOW); NotFound when missing.
+StatusOr<int> OpenRegularFile(const std::string& path, struct stat& st, bool follow_links = true);
 
 // Where `path` lies inside the directory `dir`, both with their symbolic links resolved (those of
 // the part that exists) and "." and ".." applied: the relative path below `dir`, or "" when `path`

@@ -50,7 +50,9 @@ struct Transfer {
   std::unique_ptr<digest::Sha256> sha256;
   bool body_to_file = false;
   bool body_mode_decided = false;
-  std::string file_error;
+  size_t max_body_bytes = 0;
+  uint64_t max_file_bytes = 0;  // 0: no bound
+  std::string file_error;       // why the body could not be kept (a file's or memory's bound)
 };
 
 size_t OnHeader(char* data, size_t size, size_t count, void* user) {
@@ -111,8 +113,19 @@ size_t OnBody(char* data, size_t size, size_t count, void* user) {
     }
   }
   if (!transfer->body_to_file) {
+    if (transfer->response.body.size() + bytes > transfer->max_body_bytes) {
+      transfer->file_error = "the answer is larger than the " +
+                             std::to_string(transfer->max_body_bytes) + " bytes read into memory";
+      return 0;
+    }
     transfer->response.body.append(data, bytes);
     return bytes;
+  }
+  if (transfer->max_file_bytes > 0 &&
+      transfer->response.file_size + bytes > transfer->max_file_bytes) {
+    transfer->file_error = "the file is larger than the " +
+                           std::to_string(transfer->max_file_bytes) + " bytes announced for it";
+    return 0;
   }
   if (std::fwrite(data, 1, bytes, transfer->file.get()) != bytes) {
     transfer->file_error = "short write to " + *transfer->download_path;
@@ -240,6 +253,8 @@ StatusOr<Response> HttpClient::SendOnce(const Request& request) const {
   for (const auto& [name, value] : request.headers.fields()) add_header(name + ": " + value);
   add_header("Expect:");  // no 100-continue round trip before bodies
 
+  transfer.max_body_bytes = request.max_body_bytes;
+  transfer.max_file_bytes = request.max_file_bytes;
   if (!request.download_path.empty()) {
     transfer.download_path = &request.download_path;
     std::error_code error;

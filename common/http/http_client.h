@@ -42,6 +42,13 @@ struct Request {
   // When set, a 200/206 body goes to this file instead of Response::body. A file already there is
   // resumed with "Range: bytes=<size>-"; a server that answers 200 instead of 206 rewrites it.
   std::string download_path;
+  // A body kept in memory (Response::body) past this many bytes fails the call (DataLoss) instead
+  // of growing for as long as the server sends: the answers read into memory here (OpenStack's,
+  // the Hugging Face hub's listings, error pages) are JSON or text of at most a few MB.
+  size_t max_body_bytes = size_t{64} << 20;
+  // A download whose whole file would pass this many bytes fails the call (DataLoss); 0: no bound.
+  // The size a listing announced, so that a server that sends on fills no disk.
+  uint64_t max_file_bytes = 0;
 };
 
 struct Response {

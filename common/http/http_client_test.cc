@@ -195,6 +195,34 @@ TEST_F(DownloadTest, StreamsToFileWithSha256) {
   EXPECT_EQ(response->file_sha256, digest::Sha256Hex(expected));
 }
 
+TEST_F(DownloadTest, ABodyPastItsBoundFailsTheCallInsteadOfGrowing) {
+  // In memory: the 100,000-byte answer against a bound of 1,000.
+  Request in_memory = Get("/file/whole");
+  in_memory.max_body_bytes = 1000;
+  auto refused = MakeClient().Send(in_memory);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(refused.status().message().find("larger than the 1000 bytes read into memory"),
+            std::string::npos)
+      << refused.status().message();
+  // To a file: more than the size a listing announced.
+  Request download = Get("/file/whole");
+  download.download_path = dir_ / "model.bin";
+  download.max_file_bytes = 50000;
+  auto cut = MakeClient().Send(download);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_EQ(cut.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(cut.status().message().find("larger than the 50000 bytes announced for it"),
+            std::string::npos)
+      << cut.status().message();
+  // Exactly the announced size arrives whole.
+  std::filesystem::remove(download.download_path);
+  download.max_file_bytes = 100000;
+  auto whole = MakeClient().Send(download);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_EQ(whole->file_size, 100000u);
+}
+
 TEST_F(DownloadTest, ResumesACutTransferWithRange) {
   Request request = Get("/file/cut?cut=30000");
   request.download_path = dir_ / "model.bin";
