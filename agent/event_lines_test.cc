@@ -2,6 +2,7 @@
 // (a line over the cap comes out with its size only, a call reads at most its budget), and no line
 // of any shape crashes the outcome decision, at a run's end or in startup recovery.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "agent/event_reader.h"
 #include "agent/input_cache.h"
 #include "agent/outcome.h"
+#include "agent/run_files.h"
 #include "agent/runs.h"
 #include "agent/supervisor.h"
 #include "common/event_line.h"
@@ -56,6 +58,33 @@ TEST(EventReaderTest, OnlyCompleteLinesInOrder) {
   EXPECT_EQ(event_line::Accept(lines->front().text).type, "step");
   EXPECT_EQ(lines->front().bytes, 15);
   EXPECT_EQ(reader.lines_read(), 2);
+  fs::remove_all(dir);
+}
+
+// The trainer's files are regular files it made: a FIFO (which would hold an open for ever) or a
+// link to /dev/zero (which a read to the end never finishes) in their place is refused at once, by
+// the event reader, the result's reader and the run's line count and stderr tail alike.
+TEST(EventReaderTest, AFifoOrALinkInTheEventFilesPlaceIsRefusedNotWaitedOn) {
+  const fs::path dir = FreshDir("fifo");
+  const std::string fifo = (dir / "events.jsonl").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EventReader reader(fifo);
+  const auto refused = reader.ReadNewLines();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("not a regular file"), std::string::npos)
+      << refused.status().message();
+  EXPECT_FALSE(ReadResultEvent(fifo).present);
+
+  const std::string link = (dir / "events.rank1.jsonl").string();
+  fs::create_symlink("/dev/zero", link);
+  EXPECT_EQ(EventReader(link).ReadNewLines().status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(ReadResultEvent(link).present);
+  int64_t offset = 0, lines = 0;
+  CountNewLines(link, offset, lines);
+  EXPECT_EQ(offset, 0);
+  EXPECT_EQ(ReadTail(fifo, 100), "");
+  EXPECT_EQ(ReadTail(link, 100), "");
   fs::remove_all(dir);
 }
 

@@ -1,10 +1,13 @@
 #include "agent/event_reader.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+
+#include "common/files.h"
 
 namespace llmctl::agent {
 
@@ -34,14 +37,18 @@ EventReader::~EventReader() {
 StatusOr<std::vector<EventLine>> EventReader::ReadNewLines() {
   std::vector<EventLine> lines;
   if (fd_ < 0) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
-      if (errno == ENOENT) {
+    // The trainer's own regular file: a FIFO, a device or a link put in its place is refused, not
+    // waited on or read for ever.
+    struct stat info;
+    StatusOr<int> opened = OpenRegularFile(path_, info, /*follow_links=*/false);
+    if (!opened.ok()) {
+      if (opened.status().code() == StatusCode::kNotFound) {
         at_end_ = true;
         return lines;
       }
-      return UnavailableError("cannot open " + path_ + ": " + std::strerror(errno));
+      return opened.status();
     }
+    fd_ = *opened;
   }
   char buffer[1 << 16];
   int64_t budget = kReadBudgetBytes;

@@ -34,8 +34,12 @@ bool FileExists(const std::string& path) {
 }
 
 void CountNewLines(const std::string& path, int64_t& offset, int64_t& lines) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
+  // The trainer's own regular file: a FIFO or a link to /dev/zero put in its place would hold the
+  // agent's run lock for ever.
+  struct stat info;
+  const StatusOr<int> opened = OpenRegularFile(path, info, /*follow_links=*/false);
+  if (!opened.ok()) return;
+  const int fd = *opened;
   char buffer[1 << 16];
   ssize_t n;
   while ((n = ::pread(fd, buffer, sizeof(buffer), offset)) > 0) {
@@ -46,16 +50,15 @@ void CountNewLines(const std::string& path, int64_t& offset, int64_t& lines) {
 }
 
 std::string ReadTail(const std::string& path, size_t bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
   struct stat info;
+  const StatusOr<int> opened = OpenRegularFile(path, info, /*follow_links=*/false);
+  if (!opened.ok()) return "";
+  const int fd = *opened;
   std::string text;
-  if (::fstat(fd, &info) == 0) {
-    const off_t start = info.st_size > static_cast<off_t>(bytes) ? info.st_size - bytes : 0;
-    text.resize(static_cast<size_t>(info.st_size - start));
-    const ssize_t n = ::pread(fd, text.data(), text.size(), start);
-    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
-  }
+  const off_t start = info.st_size > static_cast<off_t>(bytes) ? info.st_size - bytes : 0;
+  text.resize(static_cast<size_t>(info.st_size - start));
+  const ssize_t n = ::pread(fd, text.data(), text.size(), start);
+  text.resize(n > 0 ? static_cast<size_t>(n) : 0);
   ::close(fd);
   return text;
 }
