@@ -28,6 +28,7 @@ constexpr char kToken[] = "node1-token-0123456789";
 constexpr char kHfToken[] = "hf_fake_secret_4f2a";
 constexpr char kRepo[] = "llmctl/tiny-llama3";
 constexpr char kFirstShard[] = "model-00001-of-00004.safetensors";
+constexpr char kIndexFileName[] = "model.safetensors.index.json";
 
 std::string SourceDir() {
   const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
@@ -254,6 +255,26 @@ TEST_F(HubTest, FilesThatDoNotFitAreRefusedBeforeTheirFirstByte) {
   server_.reset();
   StartAgent();
   EXPECT_TRUE(Prepare(kRepo, "main", &response).ok());
+}
+
+TEST_F(HubTest, WeightsThatDoNotFitTogetherAreRefusedBeforeTheFirstShard) {
+  // The small files are there already; the four shards are summed and refused before any is asked
+  // for.
+  StartAgent();
+  pb::PrepareHubModelResponse response;
+  ASSERT_TRUE(
+      Prepare(kRepo, "main", &response, {"config.json", "tokenizer.json", kIndexFileName}).ok());
+  server_.reset();
+  StartAgent("", int64_t{1} << 62);
+  const grpc::Status status = Prepare(kRepo, "main", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_NE(status.error_message().find("downloading Hugging Face model llmctl/tiny-llama3@"),
+            std::string::npos)
+      << status.error_message();
+  // 524,416 + 190,200 + 524,408 + 140,760 bytes.
+  EXPECT_NE(status.error_message().find(": 1.32 MiB do not fit in "), std::string::npos)
+      << status.error_message();
+  EXPECT_EQ(CdnRequests(HubStats(), kFirstShard), 0) << "no shard was asked for";
 }
 
 TEST_F(HubTest, ExplicitFilesAreAddedToThePreparedDirectory) {
