@@ -16,6 +16,8 @@
 #include <utility>
 
 #include "common/mutex.h"
+#include "common/status.h"
+#include "common/trial_config.h"
 #include "controller/blob_store.h"
 #include "controller/change_notifier.h"
 #include "controller/clock.h"
@@ -60,6 +62,10 @@ using AttemptKey = std::pair<int64_t, int64_t>;  // (trial id, attempt)
 // "trial T attempt A", as the logs name an attempt.
 std::string AttemptName(int64_t trial_id, int64_t attempt);
 std::string AttemptName(const store::RunningAttempt& attempt);
+
+// The trial's config as the controller stored it at submit (TrialConfig::ToJson); DataLoss when
+// the stored text no longer parses.
+StatusOr<TrialConfig> StoredConfig(const store::TrialRecord& trial);
 
 // The next backoff after a failure: `initial` first, then doubling up to `max`.
 std::chrono::milliseconds NextBackoff(std::chrono::milliseconds backoff,

@@ -8,7 +8,6 @@
 
 #include "common/event_line.h"
 #include "common/event_stream.h"
-#include "common/foreign_json.h"
 #include "common/trial_config.h"
 #include "common/trial_outcome.h"
 #include "controller/device_samples_proto.h"
@@ -60,8 +59,7 @@ void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, sto
       if (stream->trial_name.empty()) {
         auto trial = core_.store.GetTrial(attempt.trial_id);
         StatusOr<TrialConfig> config =
-            trial.ok() ? TrialConfig::FromJson(ParseForeignJson(trial->config_json))
-                       : StatusOr<TrialConfig>(trial.status());
+            trial.ok() ? StoredConfig(*trial) : StatusOr<TrialConfig>(trial.status());
         if (!config.ok()) {
           spdlog::warn("{}: cannot follow its events: {}", AttemptName(attempt),
                        config.status().ToString());
@@ -204,19 +202,19 @@ Status EventStreams::StoreSamples(Stream& stream, const v1::DeviceSamples& sampl
                          std::to_string(event_stream::kSamplesPerMessage));
   }
   std::vector<store::NewDeviceSample> rows = FromProto(samples);
-  const store::Time latest = core_.clock.Now() + kMaxSampleClockLead;
-  const auto ahead = std::find_if(rows.begin(), rows.end(), [&](const store::NewDeviceSample& row) {
-    return row.sample.time > latest;
+  const store::Time now = core_.clock.Now();
+  std::optional<store::Time> first_ahead;  // the first sample dropped, for the warning
+  std::erase_if(rows, [&](const store::NewDeviceSample& row) {
+    if (row.sample.time <= now + kMaxSampleClockLead) return false;
+    if (!first_ahead) first_ahead = row.sample.time;
+    return true;
   });
-  if (ahead != rows.end()) {
+  if (first_ahead) {
     spdlog::warn(
         "{} on node {}: dropped device samples dated more than {} min after the "
         "controller's clock (the first: {} s ahead); is the node's clock right?",
         AttemptName(attempt), stream.node, kMaxSampleClockLead.count(),
-        std::chrono::duration_cast<std::chrono::seconds>(ahead->sample.time - core_.clock.Now())
-            .count());
-    std::erase_if(rows,
-                  [&](const store::NewDeviceSample& row) { return row.sample.time > latest; });
+        std::chrono::duration_cast<std::chrono::seconds>(*first_ahead - now).count());
   }
   auto stored =
       core_.store.AppendDeviceSamples(attempt.trial_id, attempt.attempt, rows, stream.node_rank);

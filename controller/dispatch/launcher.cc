@@ -105,16 +105,6 @@ void Launcher::ForgetLostHubModel(const TrialConfig& config, AgentLinks::Link& l
   }
 }
 
-StatusOr<TrialConfig> Launcher::StoredConfig(const store::TrialRecord& trial) {
-  nlohmann::json config_json;
-  try {
-    config_json = nlohmann::json::parse(trial.config_json);
-  } catch (const nlohmann::json::exception& e) {
-    return DataLossError("stored config is damaged: " + std::string(e.what()));
-  }
-  return TrialConfig::FromJson(config_json);
-}
-
 Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
                         const std::vector<int64_t>& devices, store::Time now) {
   store::Store& store = core_.store;

@@ -70,7 +70,6 @@ class Launcher {
   // After RunTrial's NOT_FOUND for a hub model: the agent lost its copy, to be prepared again.
   void ForgetLostHubModel(const TrialConfig& config, AgentLinks::Link& link,
                           const grpc::Status& ran);
-  static StatusOr<TrialConfig> StoredConfig(const store::TrialRecord& trial);
 
   // Sends the agent the tree's blobs it lacks (MissingBlobs, then UploadBlob each).
   Status EnsureBlobs(v1::Agent::Stub& stub, const digest::InputTree& tree);
