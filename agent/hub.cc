@@ -241,13 +241,13 @@ Status CheckRequestedFiles(const std::vector<std::string>& requested) {
   return Status::Ok();
 }
 
-// The hub's listing of the revision `ref` names: its commit and files.
+// The hub's listing of the revision `ref` names: its commit and files. `base`: what every hub
+// request of one Download shares (HubRequestBase).
 StatusOr<Listing> ListRevision(const HubOptions& options, const http::HttpClient& client,
-                               const HubModelRef& ref, const http::Headers& auth) {
-  http::Request request;
+                               const HubModelRef& ref, const http::Request& base) {
+  http::Request request = base;
   request.url = options.endpoint + "/api/models/" + ref.repo + "/revision/" +
                 PercentEncode(ref.revision, /*keep_slash=*/false) + "?blobs=true";
-  request.headers = auth;
   request.total_timeout = kListingTimeout;
   ASSIGN_OR_RETURN(const http::Response response, client.Send(request));
   if (response.status != 200) {
@@ -261,13 +261,13 @@ StatusOr<Listing> ListRevision(const HubOptions& options, const http::HttpClient
 class RevisionDownload {
  public:
   RevisionDownload(const HubOptions& options, const http::HttpClient& client, InputCache& cache,
-                   const HubModelRef& ref, const Listing& listing, http::Headers auth)
+                   const HubModelRef& ref, const Listing& listing, http::Request base)
       : options_(options),
         client_(client),
         cache_(cache),
         ref_(ref),
         listing_(listing),
-        auth_(std::move(auth)),
+        base_(std::move(base)),
         what_("Hugging Face model " + ref.repo + "@" + listing.commit) {}
 
   // Path in the model directory -> where its bytes are now: the files `model_dir` holds already,
@@ -384,10 +384,9 @@ class RevisionDownload {
   // Downloads the rest of `path` into `partial`; the whole file's sha256.
   StatusOr<std::string> Transfer(const std::string& path, const HubFile& file,
                                  const std::string& partial) {
-    http::Request request;
+    http::Request request = base_;
     request.url = options_.endpoint + "/" + ref_.repo + "/resolve/" + listing_.commit + "/" +
                   PercentEncode(path, /*keep_slash=*/true);
-    request.headers = auth_;
     request.total_timeout = kFileTimeout;
     request.download_path = partial;
     if (file.size > 0) request.max_file_bytes = static_cast<uint64_t>(file.size);
@@ -426,7 +425,7 @@ class RevisionDownload {
   InputCache& cache_;
   const HubModelRef& ref_;
   const Listing& listing_;
-  const http::Headers auth_;
+  const http::Request base_;
   const std::string what_;
   std::map<std::string, std::string> sources_;
 };
@@ -497,22 +496,27 @@ Mutex& HubCache::CommitMutex(const std::string& key) {
 }
 
 StatusOr<PreparedModel> HubCache::Prepare(const HubModelRef& ref,
-                                          const std::vector<std::string>& files) {
+                                          const std::vector<std::string>& files,
+                                          const std::function<bool()>& cancelled) {
   std::string key = ref.repo + "\n" + ref.revision;
   for (const std::string& file : files) key += "\n" + file;
   std::promise<StatusOr<PreparedModel>> promise;
+  std::shared_future<StatusOr<PreparedModel>> running;
   {
     MutexLock lock(mutex_);
-    if (auto it = in_flight_.find(key); it != in_flight_.end()) {
-      std::shared_future<StatusOr<PreparedModel>> running = it->second;
-      lock.Unlock();
-      return running.get();
+    auto [it, first] = in_flight_.try_emplace(key);
+    it->second.callers.push_back(&cancelled);
+    if (first) {
+      it->second.result = promise.get_future().share();
+    } else {
+      running = it->second.result;
     }
-    in_flight_.emplace(key, promise.get_future().share());
   }
+  if (running.valid()) return AwaitDownload(key, running, cancelled);
+
   StatusOr<PreparedModel> result = InternalError("the download of " + Describe(ref) + " failed");
   try {
-    result = Download(ref, files);
+    result = Download(ref, files, [this, &key] { return EveryCallerCancelled(key); });
   } catch (const std::exception& error) {  // the waiters must hear back whatever happens
     result = InternalError("preparing " + Describe(ref) + ": " + error.what());
   }
@@ -522,16 +526,44 @@ StatusOr<PreparedModel> HubCache::Prepare(const HubModelRef& ref,
   return result;
 }
 
+StatusOr<PreparedModel> HubCache::AwaitDownload(
+    const std::string& key, const std::shared_future<StatusOr<PreparedModel>>& running,
+    const std::function<bool()>& cancelled) {
+  while (running.wait_for(std::chrono::seconds(1)) != std::future_status::ready) {
+    if (!cancelled || !cancelled()) continue;
+    MutexLock lock(mutex_);
+    if (auto it = in_flight_.find(key); it != in_flight_.end())
+      std::erase(it->second.callers, &cancelled);
+    return CancelledError(
+        "preparing the model: cancelled by its caller; the download goes on for "
+        "the other callers waiting for it");
+  }
+  return running.get();
+}
+
+bool HubCache::EveryCallerCancelled(const std::string& key) {
+  MutexLock lock(mutex_);
+  auto it = in_flight_.find(key);
+  if (it == in_flight_.end()) return false;
+  return std::all_of(
+      it->second.callers.begin(), it->second.callers.end(),
+      [](const std::function<bool()>* cancelled) { return *cancelled && (*cancelled)(); });
+}
+
 StatusOr<PreparedModel> HubCache::Download(const HubModelRef& ref,
-                                           const std::vector<std::string>& requested) {
+                                           const std::vector<std::string>& requested,
+                                           std::function<bool()> cancelled) {
   RETURN_IF_ERROR(CheckRequestedFiles(requested));
-  http::Headers auth;
-  if (!options_.token.empty()) auth.Add("Authorization", "Bearer " + options_.token);
-  ASSIGN_OR_RETURN(const Listing listing, ListRevision(options_, client_, ref, auth));
+  // What every request of this download shares.
+  http::Request base;
+  if (!options_.token.empty()) base.headers.Add("Authorization", "Bearer " + options_.token);
+  base.stall_timeout = options_.stall_timeout;
+  base.cancelled = std::move(cancelled);
+  ASSIGN_OR_RETURN(const Listing listing, ListRevision(options_, client_, ref, base));
 
   MutexLock commit_lock(CommitMutex(ref.repo + "@" + listing.commit));
   const fs::path model_dir = fs::path(RepoDir(ref.repo)) / listing.commit;
-  RevisionDownload download(options_, client_, *cache_, ref, listing, std::move(auth));
+  RevisionDownload download(options_, client_, *cache_, ref, listing, std::move(base));
   ASSIGN_OR_RETURN(const auto sources, download.Sources(model_dir, requested));
   RETURN_IF_ERROR(InstallModelDir(*cache_, sources, model_dir, listing.commit));
   if (ref.revision != listing.commit) {

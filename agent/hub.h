@@ -14,7 +14,9 @@
 #ifndef LLMCTL_AGENT_HUB_H_
 #define LLMCTL_AGENT_HUB_H_
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -34,6 +36,9 @@ struct HubOptions {
   // Sent as "Authorization: Bearer <token>" when set (private and gated repositories); it never
   // appears in a message or a log.
   std::string token;
+  // A hub or CDN that keeps a connection open and sends nothing: the transfer ends after this long,
+  // not after a whole file's timeout (hours), and the client's next attempt resumes it.
+  std::chrono::seconds stall_timeout = std::chrono::minutes(1);
   http::ClientOptions http;
 };
 
@@ -56,21 +61,38 @@ class HubCache {
   // default set, i.e. config.json, generation_config.json if present, the tokenizer files present
   // (tokenizer.json, tokenizer_config.json, special_tokens_map.json, tokenizer.model) and the
   // safetensors weights (model.safetensors, or model.safetensors.index.json and every shard it
-  // names). Concurrent calls for the same reference share one download.
+  // names). Concurrent calls for the same reference share one download, which ends (Cancelled)
+  // once `cancelled` says true for every one of them; a caller that gives up alone leaves it
+  // running for the others. `cancelled` (empty: never) is asked about once a second, from this
+  // call's thread or another caller's, and must stay callable until this returns.
   // Errors: NotFound for an unknown repository, revision or file; PermissionDenied for a gated
   // repository the token may not read; Unauthenticated when the token is refused;
   // FailedPrecondition when the repository has no config.json or safetensors weights; DataLoss when
   // a file's size or digest differs from the listing (the download is discarded, nothing is
   // materialised); Unavailable / DeadlineExceeded when the hub cannot be reached (a later call
   // resumes).
-  StatusOr<PreparedModel> Prepare(const HubModelRef& ref, const std::vector<std::string>& files);
+  StatusOr<PreparedModel> Prepare(const HubModelRef& ref, const std::vector<std::string>& files,
+                                  const std::function<bool()>& cancelled = {});
 
   // The directory an earlier Prepare made for `ref` (by commit, or by the commit its branch or tag
   // named then). FailedPrecondition "model hf:X not prepared on this node" when there is none.
   StatusOr<std::string> Find(const HubModelRef& ref) const;
 
  private:
-  StatusOr<PreparedModel> Download(const HubModelRef& ref, const std::vector<std::string>& files);
+  // One download in progress and the callers waiting for it (their `cancelled`).
+  struct InFlight {
+    std::shared_future<StatusOr<PreparedModel>> result;  // every caller reads the same result
+    std::vector<const std::function<bool()>*> callers;
+  };
+
+  StatusOr<PreparedModel> Download(const HubModelRef& ref, const std::vector<std::string>& files,
+                                   std::function<bool()> cancelled);
+  // A later caller's wait for the download `key` another call runs.
+  StatusOr<PreparedModel> AwaitDownload(const std::string& key,
+                                        const std::shared_future<StatusOr<PreparedModel>>& running,
+                                        const std::function<bool()>& cancelled)
+      LLMCTL_EXCLUDES(mutex_);
+  bool EveryCallerCancelled(const std::string& key) LLMCTL_EXCLUDES(mutex_);
   std::string RepoDir(const std::string& repo) const;
   // The mutex that serialises work on one repo@commit directory.
   Mutex& CommitMutex(const std::string& key) LLMCTL_EXCLUDES(mutex_);
@@ -81,9 +103,8 @@ class HubCache {
 
   Mutex mutex_;
   // Downloads in progress, keyed by repo, revision and file list: later callers wait for the
-  // first one's result (shared_future: every waiter reads the same result).
-  std::map<std::string, std::shared_future<StatusOr<PreparedModel>>> in_flight_
-      LLMCTL_GUARDED_BY(mutex_);
+  // first one's result.
+  std::map<std::string, InFlight> in_flight_ LLMCTL_GUARDED_BY(mutex_);
   std::map<std::string, std::unique_ptr<Mutex>> commit_mutexes_ LLMCTL_GUARDED_BY(mutex_);
 };
 

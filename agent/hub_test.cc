@@ -99,6 +99,7 @@ class HubTest : public ::testing::Test {
     options.supervisor_program = BuildDir() + "/agent/llm-agent";
     options.hub = HubOptionsFromEnvironment();
     options.hub.http.sleep = [](std::chrono::milliseconds) {};  // retries without waiting
+    options.hub.stall_timeout = stall_timeout_;
     options.cache_keep_free_bytes = cache_keep_free_bytes;
     auto server = AgentServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
@@ -112,13 +113,14 @@ class HubTest : public ::testing::Test {
 
   grpc::Status Prepare(const std::string& repo, const std::string& revision,
                        pb::PrepareHubModelResponse* response,
-                       const std::vector<std::string>& files = {}) {
+                       const std::vector<std::string>& files = {},
+                       std::chrono::milliseconds deadline = std::chrono::seconds(120)) {
     pb::PrepareHubModelRequest request;
     request.set_repo(repo);
     request.set_revision(revision);
     for (const std::string& file : files) request.add_files(file);
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    context.set_deadline(std::chrono::system_clock::now() + deadline);
     return Stub()->PrepareHubModel(&context, request, response);
   }
 
@@ -168,7 +170,15 @@ class HubTest : public ::testing::Test {
     ASSERT_TRUE(response.ok() && response->status == 204) << path_and_query;
   }
 
+  // Sends bytes of kFirstShard's first transfer, then nothing; waits until some have arrived.
+  void StallFirstShard() { HubControl(std::string("/_stall?file=") + kFirstShard + "&after=1000"); }
+  int64_t BytesSent(const std::string& file) {
+    const nlohmann::json stats = HubStats();
+    return stats["bytes"].contains(file) ? stats["bytes"][file].get<int64_t>() : 0;
+  }
+
   fs::path dir_;
+  std::chrono::seconds stall_timeout_ = std::chrono::minutes(1);
   std::unique_ptr<testing::ServerProcess> hub_;
   rpc::TlsIdentity agent_identity_;
   rpc::TlsIdentity controller_identity_;
@@ -305,6 +315,63 @@ TEST_F(HubTest, ADroppedConnectionIsResumedWhereItStopped) {
   EXPECT_EQ(CdnRequests(stats, kFirstShard), 2);
   EXPECT_EQ(stats["bytes"][kFirstShard].get<int64_t>(),
             static_cast<int64_t>(fs::file_size(FixtureModel() / kFirstShard)));
+}
+
+TEST_F(HubTest, AStalledTransferIsResumedAfterTheStallLimit) {
+  // The CDN sends 1,000 bytes and then keeps the connection open for an hour, saying nothing.
+  stall_timeout_ = std::chrono::seconds(1);
+  StartAgent();
+  StallFirstShard();
+  pb::PrepareHubModelResponse response;
+  const grpc::Status status = Prepare(kRepo, "main", &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(ReadAll(fs::path(response.path()) / kFirstShard),
+            ReadAll(FixtureModel() / kFirstShard));
+  EXPECT_EQ(CdnRequests(HubStats(), kFirstShard), 2);
+}
+
+TEST_F(HubTest, AControllerThatGivesUpEndsTheDownload) {
+  // The stall limit is a minute: only the call's cancellation can end its stalled transfer
+  // within the 20 s this test waits for the agent to close the connection.
+  StartAgent();
+  StallFirstShard();
+  pb::PrepareHubModelResponse response;
+  const grpc::Status abandoned = Prepare(kRepo, "main", &response, {}, std::chrono::seconds(3));
+  ASSERT_EQ(abandoned.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << abandoned.error_message();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (HubStats()["abandoned"] == 0 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(HubStats()["abandoned"], 1) << "the agent went on with a download nobody waits for";
+  // The next call resumes the partial file.
+  const grpc::Status again = Prepare(kRepo, "main", &response, {}, std::chrono::seconds(30));
+  ASSERT_TRUE(again.ok()) << again.error_message();
+  EXPECT_EQ(ReadAll(fs::path(response.path()) / kFirstShard),
+            ReadAll(FixtureModel() / kFirstShard));
+  EXPECT_EQ(CdnRequests(HubStats(), kFirstShard), 2);
+  HubControl("/_release");
+}
+
+TEST_F(HubTest, ACallerThatGivesUpAloneLeavesTheSharedDownloadToTheOthers) {
+  stall_timeout_ = std::chrono::seconds(3);
+  StartAgent();
+  StallFirstShard();
+  // The first call drives the download; the second joins it once the stall has begun.
+  pb::PrepareHubModelResponse first_response;
+  grpc::Status first;
+  std::thread first_caller(
+      [&] { first = Prepare(kRepo, "main", &first_response, {}, std::chrono::seconds(2)); });
+  while (BytesSent(kFirstShard) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  pb::PrepareHubModelResponse response;
+  const grpc::Status second = Prepare(kRepo, "main", &response, {}, std::chrono::seconds(60));
+  first_caller.join();
+  EXPECT_EQ(first.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << first.error_message();
+  ASSERT_TRUE(second.ok()) << second.error_message();
+  // One download: the stalled transfer and its resumption after the stall limit.
+  EXPECT_EQ(CdnRequests(HubStats(), kFirstShard), 2);
+  EXPECT_EQ(HubStats()["requests"]["/api/models/llmctl/tiny-llama3/revision/main"], 1);
+  HubControl("/_release");
 }
 
 TEST_F(HubTest, AWrongSha256IsRefusedAndNothingIsMaterialised) {

@@ -199,11 +199,16 @@ class AgentService final : public pb::Agent::Service {
     return rpc::ToGrpcStatus((*upload)->Commit(sha256));
   }
 
-  grpc::Status PrepareHubModel(grpc::ServerContext*, const pb::PrepareHubModelRequest* request,
+  grpc::Status PrepareHubModel(grpc::ServerContext* context,
+                               const pb::PrepareHubModelRequest* request,
                                pb::PrepareHubModelResponse* response) override {
     auto ref = MakeHubModelRef(request->repo(), request->revision());
     if (!ref.ok()) return rpc::ToGrpcStatus(ref.status().WithContext("PrepareHubModel"));
-    auto prepared = hub_->Prepare(*ref, {request->files().begin(), request->files().end()});
+    // A controller that gave up (its deadline, a node forgotten, its stop) ends the download here
+    // too, instead of leaving it to run for hours on a thread of this server's.
+    const std::function<bool()> cancelled = [context] { return context->IsCancelled(); };
+    auto prepared =
+        hub_->Prepare(*ref, {request->files().begin(), request->files().end()}, cancelled);
     if (!prepared.ok()) return rpc::ToGrpcStatus(prepared.status());
     response->set_path(prepared->path);
     response->set_bytes(prepared->bytes);

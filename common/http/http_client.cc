@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -53,7 +54,24 @@ struct Transfer {
   size_t max_body_bytes = 0;
   uint64_t max_file_bytes = 0;  // 0: no bound
   std::string file_error;       // why the body could not be kept (a file's or memory's bound)
+  const std::function<bool()>* cancelled = nullptr;
+  bool was_cancelled = false;
 };
+
+// libcurl's progress callback, called about once a second even while nothing arrives: non-zero
+// aborts the transfer (CURLE_ABORTED_BY_CALLBACK).
+int OnProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  auto* transfer = static_cast<Transfer*>(user);
+  if ((*transfer->cancelled)()) transfer->was_cancelled = true;
+  return transfer->was_cancelled ? 1 : 0;
+}
+
+bool IsCancelled(const Request& request) { return request.cancelled && request.cancelled(); }
+
+Status CancelledByCaller(const Request& request) {
+  return CancelledError(request.method + " " + RedactUrl(request.url) +
+                        ": cancelled by its caller");
+}
 
 size_t OnHeader(char* data, size_t size, size_t count, void* user) {
   auto* transfer = static_cast<Transfer*>(user);
@@ -141,6 +159,12 @@ Status TransportError(const Request& request, CURLcode code, const char* detail)
   std::string reason = detail[0] != '\0' ? detail : curl_easy_strerror(code);
   switch (code) {
     case CURLE_OPERATION_TIMEDOUT:
+      // libcurl's own words tell the two limits apart: "Operation too slow" is the stall limit.
+      if (reason.find("too slow") != std::string::npos) {
+        return Status(StatusCode::kDeadlineExceeded,
+                      message + "stalled: nothing arrived for " +
+                          std::to_string(request.stall_timeout.count()) + " s");
+      }
       return Status(StatusCode::kDeadlineExceeded, message + "timed out (" + reason + ")");
     case CURLE_URL_MALFORMAT:
     case CURLE_UNSUPPORTED_PROTOCOL:
@@ -194,6 +218,9 @@ StatusOr<Response> HttpClient::Send(const Request& request) const {
   const bool may_retry = IsIdempotent(request.method);
   const int max_attempts = may_retry ? std::max(1, options_.retry.max_attempts) : 1;
   for (int attempt = 1;; ++attempt) {
+    if (IsCancelled(request)) {
+      return CancelledByCaller(request);
+    }
     StatusOr<Response> result = SendOnce(request);
     bool retryable = result.ok() ? result->status >= 500
                                  : (result.status().code() == StatusCode::kUnavailable ||
@@ -231,6 +258,17 @@ StatusOr<Response> HttpClient::SendOnce(const Request& request) const {
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
                    static_cast<long>(request.connect_timeout.count()));
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(request.total_timeout.count()));
+  if (request.stall_timeout.count() > 0) {
+    // Under 1 byte a second over the whole window: nothing at all arrived.
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(request.stall_timeout.count()));
+  }
+  if (request.cancelled) {
+    transfer.cancelled = &request.cancelled;
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, OnProgress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &transfer);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+  }
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
   curl_easy_setopt(c, CURLOPT_HEADERDATA, &transfer);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
@@ -267,6 +305,9 @@ StatusOr<Response> HttpClient::SendOnce(const Request& request) const {
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, header_list.get());
 
   CURLcode code = curl_easy_perform(c);
+  if (transfer.was_cancelled) {
+    return CancelledByCaller(request);
+  }
   if (!transfer.file_error.empty()) {
     return DataLossError(request.method + " " + RedactUrl(request.url) + ": " +
                          transfer.file_error);

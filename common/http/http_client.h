@@ -49,6 +49,13 @@ struct Request {
   // A download whose whole file would pass this many bytes fails the call (DataLoss); 0: no bound.
   // The size a listing announced, so that a server that sends on fills no disk.
   uint64_t max_file_bytes = 0;
+  // A transfer that receives nothing for this long fails (DeadlineExceeded, retried like a
+  // timeout) instead of waiting out total_timeout, which for a large download is hours; 0: none.
+  std::chrono::seconds stall_timeout{0};
+  // Asked about once a second while a transfer runs and before each retry: true ends the call
+  // with Cancelled (never retried). For a caller that has given up, such as a gRPC call whose
+  // client cancelled it. Called on the sending thread.
+  std::function<bool()> cancelled;
 };
 
 struct Response {
@@ -82,7 +89,8 @@ class HttpClient {
   // Sends `request`, retrying as the file comment says. Any HTTP answer is OK here, 4xx and 5xx
   // included (after the retries), so the caller can read the service's own error; use
   // ResponseError to turn one into a Status. A transport failure is Unavailable (connection),
-  // DeadlineExceeded (timeout) or InvalidArgument (a malformed URL or unusable download path).
+  // DeadlineExceeded (timeout or stall), Cancelled (Request::cancelled) or InvalidArgument (a
+  // malformed URL or unusable download path).
   StatusOr<Response> Send(const Request& request) const;
 
  private:

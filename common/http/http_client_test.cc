@@ -236,6 +236,57 @@ TEST_F(DownloadTest, ResumesACutTransferWithRange) {
   EXPECT_EQ(response->file_sha256, digest::Sha256Hex(expected));
 }
 
+TEST_F(DownloadTest, AStalledTransferEndsAtItsStallLimitAndIsResumed) {
+  // The first answer sends 30,000 bytes and then nothing, with its connection open for an hour:
+  // without the stall limit this call would wait out the total timeout (ctest's limit first).
+  Request request = Get("/file/stall?stall=30000");
+  request.download_path = dir_ / "model.bin";
+  request.total_timeout = std::chrono::hours(1);
+  request.stall_timeout = std::chrono::seconds(1);
+  auto response = MakeClient().Send(request);
+  ASSERT_TRUE(response.ok()) << response.status().ToString();
+  EXPECT_EQ(response->status, 206);
+  EXPECT_EQ(Count("stall"), 2);
+  EXPECT_EQ(sleeps_.size(), 1u);  // one retry
+  EXPECT_EQ(response->file_sha256, digest::Sha256Hex(ExpectedFileBytes()));
+}
+
+TEST_F(DownloadTest, AStallIsNamedWhenTheRetriesRunOut) {
+  Request request = Get("/file/stall-once?stall=10");
+  request.download_path = dir_ / "model.bin";
+  request.total_timeout = std::chrono::hours(1);
+  request.stall_timeout = std::chrono::seconds(1);
+  auto response = MakeClient(0.5, /*max_attempts=*/1).Send(request);
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(response.status().message().find("stalled: nothing arrived for 1 s"), std::string::npos)
+      << response.status().message();
+}
+
+TEST_F(DownloadTest, ACancelledCallEndsAndIsNotRetried) {
+  // The caller gives up once bytes have reached the file, mid-stall.
+  Request request = Get("/file/cancel?stall=30000");
+  request.download_path = dir_ / "model.bin";
+  request.total_timeout = std::chrono::hours(1);
+  request.cancelled = [path = request.download_path] {
+    std::error_code error;
+    return std::filesystem::file_size(path, error) > 0 && !error;
+  };
+  auto response = MakeClient().Send(request);
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), StatusCode::kCancelled);
+  EXPECT_NE(response.status().message().find("/file/cancel?stall=30000: cancelled by its caller"),
+            std::string::npos)
+      << response.status().message();
+  EXPECT_EQ(Count("cancel"), 1);
+  EXPECT_TRUE(sleeps_.empty());
+  // A caller that gave up before the call sends nothing.
+  Request never = Get("/file/never");
+  never.cancelled = [] { return true; };
+  EXPECT_EQ(MakeClient().Send(never).status().code(), StatusCode::kCancelled);
+  EXPECT_EQ(Count("never"), 0);
+}
+
 TEST_F(DownloadTest, ResumesAPartialFileLeftByAnEarlierRun) {
   std::string expected = ExpectedFileBytes();
   std::filesystem::path path = dir_ / "model.bin";

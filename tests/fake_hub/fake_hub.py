@@ -12,9 +12,12 @@ Serves model repositories from directories, the way huggingface.co does for hugg
   one), RevisionNotFound, EntryNotFound.
 
 Test controls:
-  GET  /_stats                     {"requests": {path: n}, "bytes": {file: n}, "authorization": [...]}
+  GET  /_stats                     {"requests": {path: n}, "bytes": {file: n}, "authorization": [...],
+                                   "abandoned": n (stalled transfers the client closed)}
   POST /_drop?file=F&after=N       the next transfer of F sends N bytes and closes the connection
   POST /_delay?ms=N                every listing answer waits N ms first (lets calls overlap)
+  POST /_stall?file=F&after=N      the next transfer of F sends N bytes and then nothing, its
+                                   connection open until POST /_release (or an hour)
 
 Arguments: --repo ORG/NAME=DIR (repeatable), --private ORG/NAME (needs "Bearer --token"),
 --wrong-sha256 ORG/NAME/FILE (the listing advertises a wrong sha256 for FILE).
@@ -24,6 +27,8 @@ import argparse
 import hashlib
 import json
 import os
+import select
+import socket
 import sys
 import threading
 import time
@@ -71,6 +76,9 @@ class State:
         self.authorization = []
         self.drops = {}  # file -> bytes to send before closing
         self.delay_ms = 0
+        self.stalls = {}  # file -> bytes to send before going quiet
+        self.release = threading.Event()
+        self.abandoned = 0  # stalled transfers the client closed
 
 
 def make_handler(repos, private, token, state):
@@ -101,6 +109,10 @@ def make_handler(repos, private, token, state):
                     state.drops[query["file"]] = int(query["after"])
                 elif url.path == "/_delay":
                     state.delay_ms = int(query["ms"])
+                elif url.path == "/_stall":
+                    state.stalls[query["file"]] = int(query["after"])
+                elif url.path == "/_release":
+                    state.release.set()
                 else:
                     return self.send(404)
             self.send(204)
@@ -130,7 +142,8 @@ def make_handler(repos, private, token, state):
             if url.path == "/_stats":
                 with state.lock:
                     body = json.dumps({"requests": state.requests, "bytes": state.bytes,
-                                       "authorization": state.authorization}).encode()
+                                       "authorization": state.authorization,
+                                       "abandoned": state.abandoned}).encode()
                 return self.send(200, body, [("Content-Type", "application/json")])
             # /api/models/ORG/NAME/revision/REV
             if len(parts) >= 7 and parts[1:3] == ["api", "models"] and parts[5] == "revision":
@@ -174,6 +187,23 @@ def make_handler(repos, private, token, state):
                 return self.serve_bytes(name, repo.files[name], [])
             self.send(404)
 
+        def stall(self):
+            """Sends nothing until /_release, an hour, or the client closes the connection
+            (counted in /_stats as "abandoned")."""
+            deadline = time.time() + 3600
+            while not state.release.is_set() and time.time() < deadline:
+                readable, _, _ = select.select([self.connection], [], [], 0.1)
+                if not readable:
+                    continue
+                try:
+                    closed = not self.connection.recv(1, socket.MSG_PEEK)
+                except OSError:
+                    closed = True
+                if closed:
+                    with state.lock:
+                        state.abandoned += 1
+                    return
+
         def serve_bytes(self, name, data, headers):
             start = 0
             status = 200
@@ -187,6 +217,9 @@ def make_handler(repos, private, token, state):
             body = data[start:]
             with state.lock:
                 drop = state.drops.pop(name, None)
+                stall = state.stalls.pop(name, None)
+            if stall is not None:
+                drop = stall
             self.send_response(status)
             for field, value in headers:
                 self.send_header(field, value)
@@ -198,6 +231,8 @@ def make_handler(repos, private, token, state):
                 state.bytes[name] = state.bytes.get(name, 0) + len(sent)
             if drop is not None:
                 self.wfile.flush()
+                if stall is not None:
+                    self.stall()
                 self.close_connection = True
                 self.connection.shutdown(2)
 

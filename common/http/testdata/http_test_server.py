@@ -9,7 +9,8 @@ loopback_cert.pem here is self-signed for IP 127.0.0.1 and valid until 2126). Ro
   /slow/<key>/<ms>       sleeps <ms> before answering 200 (the first time only when ?once=1)
   /count/<key>           how many requests /flaky, /slow and /file saw for <key>
   /file/<key>            100000 deterministic bytes with Range support; ?cut=<n> makes the first
-                         answer close the connection after <n> body bytes
+                         answer close the connection after <n> body bytes; ?stall=<n> makes it
+                         send <n> body bytes and then nothing, the connection left open
   /redirect              302 to /echo
 """
 import argparse
@@ -81,6 +82,14 @@ class Handler(BaseHTTPRequestHandler):
                 headers["Content-Range"] = "bytes %d-%d/%d" % (start, len(FILE_BYTES) - 1,
                                                               len(FILE_BYTES))
             payload = FILE_BYTES[start:]
+            if seen == 1 and "stall" in query:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload[:int(query["stall"][0])])
+                self.wfile.flush()
+                time.sleep(3600)
+                return
             if seen == 1 and "cut" in query:
                 self.send_response(status)
                 for name, value in headers.items():
