@@ -7,6 +7,7 @@
 
 #include "common/mutex.h"
 #include "llmctl/v1/agent.grpc.pb.h"
+#include "rpc/connection.h"
 #include "rpc/tls.h"
 
 namespace llmctl::agent {
@@ -129,6 +130,11 @@ StatusOr<std::unique_ptr<EnrollmentServer>> EnrollmentServer::Start(EnrollmentOp
   int port = 0;
   builder.AddListeningPort(listen, rpc::EnrollmentServerCredentials(identity), &port);
   builder.RegisterService(server->service_.get());
+  // Any party that reaches the port may call, before anyone is authenticated: few threads.
+  rpc::ServerLimits limits;
+  limits.max_threads = 16;
+  limits.max_streams_per_connection = 4;
+  rpc::ApplyServerLimits(builder, limits);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
     return UnavailableError("cannot listen on " + listen);

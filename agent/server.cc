@@ -24,6 +24,7 @@
 #include "common/model_config.h"
 #include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
+#include "rpc/connection.h"
 #include "rpc/grpc_status.h"
 
 namespace llmctl::agent {
@@ -566,7 +567,9 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
                                           options.identity_refresh),
       is_unix ? nullptr : &port);
   builder.RegisterService(server->service_.get());
-  builder.SetMaxReceiveMessageSize(8 << 20);
+  rpc::ServerLimits limits;
+  limits.max_receive_bytes = 8 << 20;
+  rpc::ApplyServerLimits(builder, limits);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || (!is_unix && port == 0)) {
     return UnavailableError("cannot listen on " + options.listen);

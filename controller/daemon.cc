@@ -13,6 +13,7 @@
 
 #include "common/atomic_file.h"
 #include "common/files.h"
+#include "rpc/connection.h"
 
 namespace llmctl::controller {
 namespace {
@@ -142,6 +143,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
   builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(),
                            socket ? nullptr : &bound_port);
   builder.RegisterService(daemon->service_.get());
+  rpc::ApplyServerLimits(builder, {});
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr || (!socket && bound_port == 0)) {
     return UnavailableError("cannot listen on " + config.listen);

@@ -14,6 +14,7 @@
 
 #include "common/files.h"
 #include "common/text.h"
+#include "rpc/connection.h"
 
 namespace llmctl::rpc {
 
@@ -196,6 +197,7 @@ std::shared_ptr<grpc::Channel> Dial(const std::string& address, const std::strin
                                     const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
   grpc::ChannelArguments arguments;
   arguments.SetSslTargetNameOverride(target_name);
+  SetClientKeepalive(arguments);
   return grpc::CreateCustomChannel(address, credentials, arguments);
 }
 

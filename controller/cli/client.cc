@@ -1,5 +1,6 @@
 #include "controller/cli/client.h"
 
+#include "rpc/connection.h"
 #include "rpc/tls.h"
 
 namespace llmctl::cli {
@@ -10,6 +11,8 @@ std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target,
   // Uploads send 1 MiB chunks; reports and artifacts may come back larger than gRPC's 4 MiB
   // default.
   arguments.SetMaxReceiveMessageSize(64 << 20);
+  // `watch` on a controller that went away without closing ends instead of waiting for ever.
+  rpc::SetClientKeepalive(arguments);
   if (token.empty()) {
     return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
   }

@@ -14,6 +14,7 @@
 #include "controller/dispatch/node_info_check.h"
 #include "controller/node_certificates.h"
 #include "controller/scheduler/scheduler.h"
+#include "rpc/connection.h"
 #include "rpc/grpc_status.h"
 #include "rpc/tls.h"
 
@@ -29,6 +30,8 @@ AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& s
     grpc::ChannelArguments arguments;
     arguments.SetSslTargetNameOverride(certificate_name);
     arguments.SetMaxReceiveMessageSize(static_cast<int>(kMaxAgentMessageBytes));
+    // An agent cut off without closing: its event streams end (UNAVAILABLE) instead of waiting.
+    rpc::SetClientKeepalive(arguments);
     return grpc::CreateCustomChannel(node.address, rpc::ChannelCredentials(identity, token),
                                      arguments);
   };

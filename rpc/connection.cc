@@ -1,0 +1,38 @@
+#include "rpc/connection.h"
+
+#include <grpc/grpc.h>
+
+namespace llmctl::rpc {
+namespace {
+
+int Milliseconds(std::chrono::milliseconds duration) { return static_cast<int>(duration.count()); }
+
+}  // namespace
+
+void SetClientKeepalive(grpc::ChannelArguments& arguments, const KeepaliveOptions& keepalive) {
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, Milliseconds(keepalive.time));
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Milliseconds(keepalive.timeout));
+  // Pings only while a call is open: the server counts pings on an idle connection as strikes.
+  arguments.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  // gRPC stops pinging after 2 pings without data by default, which on a quiet stream (a watch
+  // with nothing new) would end the keepalive after its second ping.
+  arguments.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
+
+void ApplyServerLimits(grpc::ServerBuilder& builder, const ServerLimits& limits) {
+  grpc::ResourceQuota quota("llmctl-server");
+  quota.SetMaxThreads(limits.max_threads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, limits.max_streams_per_connection);
+  builder.SetMaxReceiveMessageSize(limits.max_receive_bytes);
+  // The clients' pings, at their rate with room for timer slack, are no abuse.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             Milliseconds(limits.keepalive.time / 2));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+  // The server's own pings, to free a call whose client vanished.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, Milliseconds(limits.keepalive.time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Milliseconds(limits.keepalive.timeout));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
+
+}  // namespace llmctl::rpc

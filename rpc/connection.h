@@ -1,0 +1,43 @@
+// The rules every llmctl gRPC connection follows, on both ends: keepalive, and a server's limits.
+//
+// Keepalive: a client pings every `time` while it has a call open and drops the connection when a
+// ping goes unanswered for `timeout`, so a stream whose peer vanished without closing (a node cut
+// off, a laptop asleep) ends with UNAVAILABLE instead of waiting for ever. gRPC's servers take a
+// ping more often than every 5 minutes as abuse and close the connection after two, so the server
+// side here permits the clients' rate; servers ping too, which frees the thread of a call whose
+// client vanished. Both ends read one KeepaliveOptions.
+//
+// Limits: gRPC's synchronous server gives each call a thread and by default makes as many as calls
+// arrive; past ServerLimits::max_threads a new call is answered RESOURCE_EXHAUSTED instead.
+#ifndef LLMCTL_RPC_CONNECTION_H_
+#define LLMCTL_RPC_CONNECTION_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+namespace llmctl::rpc {
+
+struct KeepaliveOptions {
+  std::chrono::milliseconds time{std::chrono::seconds(30)};
+  std::chrono::milliseconds timeout{std::chrono::seconds(10)};
+};
+
+struct ServerLimits {
+  // Threads for calls, gRPC's pollers included. Each open stream (events, watch, uploads) holds
+  // one.
+  int max_threads = 256;
+  int max_streams_per_connection = 100;
+  int max_receive_bytes = 4 << 20;  // gRPC's default
+  KeepaliveOptions keepalive;
+};
+
+// A client channel's keepalive.
+void SetClientKeepalive(grpc::ChannelArguments& arguments, const KeepaliveOptions& keepalive = {});
+
+// A server's limits and its side of the keepalive rule. Call before BuildAndStart.
+void ApplyServerLimits(grpc::ServerBuilder& builder, const ServerLimits& limits);
+
+}  // namespace llmctl::rpc
+
+#endif  // LLMCTL_RPC_CONNECTION_H_
