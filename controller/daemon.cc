@@ -114,6 +114,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
                         .health_interval = config.health_interval,
                         .backoff_initial = options.backoff_initial,
                         .backoff_max = options.backoff_max,
+                        .inline_upload_bytes = options.inline_upload_bytes,
                         .certificates = daemon->certificates_.get()});
   const std::optional<std::string> socket = UnixSocketPath(config.listen);
   // Every listener but the unix socket (0600 in a 0700 directory) takes calls only with the token.

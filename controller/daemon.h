@@ -35,6 +35,8 @@ struct DaemonOptions {
   bool run_dispatcher = true;
   std::chrono::milliseconds backoff_initial = std::chrono::seconds(1);
   std::chrono::milliseconds backoff_max = std::chrono::seconds(30);
+  // DispatcherOptions::inline_upload_bytes.
+  int64_t inline_upload_bytes = int64_t{64} << 20;
 };
 
 class Daemon {

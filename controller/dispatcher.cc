@@ -14,7 +14,8 @@ Dispatcher::Dispatcher(store::Store& store, const BlobStore& blobs, AgentConnect
       checkpoints_(core_, artifacts_),
       streams_(core_, links_, checkpoints_),
       hub_models_(core_),
-      launcher_(core_, hub_models_),
+      deliveries_(core_),
+      launcher_(core_, hub_models_, deliveries_),
       leases_(core_, links_, checkpoints_),
       placement_(core_, links_, leases_, launcher_),
       cancellation_(core_, links_, checkpoints_) {}
@@ -57,6 +58,7 @@ void Dispatcher::Stop() {
   core_.wake.NotifyAll();
   if (thread_.joinable()) thread_.join();
   hub_models_.Stop();
+  deliveries_.Stop();
   // The stream readers start copies: once they have stopped no copy starts.
   streams_.StopAll();
   checkpoints_.Stop();
@@ -128,6 +130,7 @@ StatusOr<store::NodeRemoval> Dispatcher::RemoveNode(const std::string& node) {
   }
   leases_.ForgetNode(node);
   hub_models_.ForgetNode(node);
+  deliveries_.ForgetNode(node);
   if (removal.result == store::NodeRemoval::Result::kRemoved) {
     spdlog::info("node {} removed ({} running attempts requeued)", node, removal.lost.size());
   }
@@ -153,6 +156,7 @@ Status Dispatcher::FetchArtifacts(const std::string& node, const v1::RunKey& key
 
 int Dispatcher::ActiveStreams() { return streams_.Active(); }
 int Dispatcher::HubPreparationsInFlight() { return hub_models_.InFlight(); }
+int Dispatcher::BlobDeliveriesInFlight() { return deliveries_.InFlight(); }
 int Dispatcher::CheckpointCopiesInFlight() { return checkpoints_.InFlight(); }
 std::string Dispatcher::NodeNotice(const std::string& node) { return leases_.Notice(node); }
 std::string Dispatcher::NodeUnusable(const std::string& node) { return links_.Unusable(node); }

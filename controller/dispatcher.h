@@ -24,6 +24,8 @@
 //      order a crash in between is harmless: the trial is still queued, is placed again, and
 //      RunTrial is idempotent on its key (same trial, same attempt number). StartAttempt records
 //      the device indices the attempt holds, so a restarted controller places around them.
+//      Blobs of more than inline_upload_bytes (a model's weights) are sent on a thread of their
+//      own, once per node and tree, while the trial stays queued (dispatch/blob_delivery.h).
 //      A trial whose model is on the Hugging Face hub (hf:ORG/NAME@REV) first needs the agent to
 //      download it: PrepareHubModel runs on a thread of its own (once per node and model, with
 //      prepare_deadline), the trial stays queued meanwhile and other placements go on. UNAVAILABLE
@@ -54,8 +56,9 @@
 // its link.
 // Time comes from the injected Clock, so tests drive rounds and timeouts by hand.
 //
-// Thread-safe. Start() runs rounds on a thread of its own; the stream readers, hub model downloads
-// and checkpoint copies have a thread each. The parts share one mutex (dispatch/dispatcher_core.h).
+// Thread-safe. Start() runs rounds on a thread of its own; the stream readers, hub model downloads,
+// large input deliveries and checkpoint copies have a thread each. The parts share one mutex
+// (dispatch/dispatcher_core.h).
 #ifndef LLMCTL_CONTROLLER_DISPATCHER_H_
 #define LLMCTL_CONTROLLER_DISPATCHER_H_
 
@@ -73,14 +76,15 @@
 #include "controller/clock.h"
 #include "controller/dispatch/agent_links.h"
 #include "controller/dispatch/artifacts.h"
+#include "controller/dispatch/blob_delivery.h"
 #include "controller/dispatch/cancellation.h"
 #include "controller/dispatch/checkpoint_copy.h"
+#include "controller/dispatch/dispatcher_core.h"
 #include "controller/dispatch/event_streams.h"
 #include "controller/dispatch/hub_preparation.h"
 #include "controller/dispatch/launcher.h"
 #include "controller/dispatch/lease_watch.h"
 #include "controller/dispatch/placement.h"
-#include "controller/dispatch/dispatcher_core.h"
 #include "controller/store/store.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 
@@ -137,6 +141,8 @@ class Dispatcher {
 
   // How many hub model downloads are in flight now (for tests).
   int HubPreparationsInFlight();
+  // How many input deliveries run in the background now (for tests).
+  int BlobDeliveriesInFlight();
   // How many checkpoint copies to the controller are in flight now (for tests).
   int CheckpointCopiesInFlight();
 
@@ -166,6 +172,7 @@ class Dispatcher {
   dispatch::CheckpointCopies checkpoints_;
   dispatch::EventStreams streams_;
   dispatch::HubPreparations hub_models_;
+  dispatch::BlobDeliveries deliveries_;
   dispatch::Launcher launcher_;
   dispatch::LeaseWatch leases_;
   dispatch::Placement placement_;

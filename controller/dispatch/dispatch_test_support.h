@@ -59,7 +59,7 @@ struct FakeAgentState {
   int cuda_devices = 0;  // GetNodeInfo lists these besides one CPU
   // What GetNodeInfo says of the NVIDIA driver and llm-train's LibTorch ("": nothing).
   std::string driver_version, driver_cuda_version, libtorch_cuda_version;
-  std::string rate_probe_json;  // NodeInfo's: the node's measured rates ("": none yet)
+  std::string rate_probe_json;      // NodeInfo's: the node's measured rates ("": none yet)
   std::string rate_probe_pending;   // NodeInfo's: why there are none ("measuring", ...)
   std::map<std::string, Run> runs;  // by RunName
   std::vector<int64_t> stream_from_seqs;
@@ -72,6 +72,13 @@ struct FakeAgentState {
   std::vector<std::string> cancelled;
   // How long each UploadBlob had left before its deadline when it arrived, by sha256.
   std::map<std::string, std::chrono::system_clock::duration> upload_time_left;
+  // UploadBlob: how many began, the answers to give in order (then OK), whether a call waits
+  // until `upload_open` is set, and how many calls their caller cancelled (2 s or more before
+  // their deadline) while they waited.
+  int uploads_started = 0;
+  std::vector<grpc::Status> upload_results;
+  bool upload_open = true;
+  int uploads_cancelled = 0;
   std::vector<v1::CancelRunRequest> cancel_requests;
   // What a cancelled run's worker writes before it ends.
   std::vector<std::string> cancel_lines;
@@ -152,6 +159,26 @@ class FakeAgent final : public v1::Agent::Service {
   grpc::Status UploadBlob(grpc::ServerContext* context, grpc::ServerReader<v1::BlobChunk>* reader,
                           v1::UploadBlobResponse* response) override {
     const auto time_left = context->deadline() - std::chrono::system_clock::now();
+    {
+      std::unique_lock lock(state_.mutex);
+      ++state_.uploads_started;
+      state_.changed.notify_all();
+      while (!state_.upload_open && !context->IsCancelled()) {
+        state_.changed.wait_for(lock, milliseconds(20));
+      }
+      if (context->IsCancelled()) {
+        // A caller's cancellation, not its deadline (whose client side may come a little first).
+        if (context->deadline() - std::chrono::system_clock::now() > seconds(2)) {
+          ++state_.uploads_cancelled;
+        }
+        return grpc::Status::CANCELLED;
+      }
+      if (!state_.upload_results.empty()) {
+        const grpc::Status result = state_.upload_results.front();
+        state_.upload_results.erase(state_.upload_results.begin());
+        if (!result.ok()) return result;
+      }
+    }
     v1::BlobChunk chunk;
     std::string sha;
     digest::Sha256 hasher;
@@ -350,6 +377,38 @@ data: {path: data/train.jsonl, max_seq_length: 64}
 train: {micro_batch_size: 2, max_steps: 2}
 )";
 
+// Uploads `content` to the controller as the experiment's data file and submits kExperiment with
+// it; returns the experiment id (0 on failure) and the file's tree.
+inline std::pair<int64_t, v1::InputTree> SubmitWithDataFile(v1::Controller::Stub& controller,
+                                                            const std::string& content) {
+  const std::string sha = digest::Sha256Hex(content);
+  grpc::ClientContext context;
+  v1::UploadBlobResponse response;
+  auto writer = controller.UploadBlob(&context, &response);
+  v1::BlobChunk chunk;
+  chunk.set_sha256(sha);
+  chunk.set_size(static_cast<int64_t>(content.size()));
+  chunk.set_data(content);
+  writer->Write(chunk);
+  writer->WritesDone();
+  if (!writer->Finish().ok()) return {0, {}};
+  v1::InputTree tree;
+  tree.set_is_file(true);
+  v1::TreeFile* file = tree.add_files();
+  file->set_path("train.jsonl");
+  file->set_sha256(sha);
+  file->set_size(static_cast<int64_t>(content.size()));
+  tree.set_digest(digest::Sha256Hex(sha + " " + std::to_string(content.size()) + " train.jsonl\n"));
+  v1::SubmitRequest request;
+  request.set_filename("one.yaml");
+  request.set_yaml_text(std::string(kExperiment));
+  (*request.mutable_inputs())["data/train.jsonl"] = tree;
+  v1::SubmitResponse submitted;
+  grpc::ClientContext submit_context;
+  if (!controller.Submit(&submit_context, request, &submitted).ok()) return {0, {}};
+  return {submitted.experiment_id(), tree};
+}
+
 class DispatcherTest : public testing::Test {
  protected:
   void SetUp() override {
@@ -380,9 +439,11 @@ class DispatcherTest : public testing::Test {
   }
 
   void StartController() {
-    auto daemon = Daemon::Start(
-        config_, clock_,
-        {.run_dispatcher = false, .backoff_initial = seconds(1), .backoff_max = seconds(4)});
+    auto daemon = Daemon::Start(config_, clock_,
+                                {.run_dispatcher = false,
+                                 .backoff_initial = seconds(1),
+                                 .backoff_max = seconds(4),
+                                 .inline_upload_bytes = inline_upload_bytes_});
     ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
     daemon_ = std::move(*daemon);
     controller_ = v1::Controller::NewStub(
@@ -483,6 +544,18 @@ class DispatcherTest : public testing::Test {
     return agent_state_.prepared.size();
   }
   int InFlightPrepares() { return daemon_->dispatcher().HubPreparationsInFlight(); }
+  int InFlightDeliveries() { return daemon_->dispatcher().BlobDeliveriesInFlight(); }
+  int UploadsStarted() {
+    std::lock_guard lock(agent_state_.mutex);
+    return agent_state_.uploads_started;
+  }
+  void OpenUploads() {
+    {
+      std::lock_guard lock(agent_state_.mutex);
+      agent_state_.upload_open = true;
+    }
+    agent_state_.changed.notify_all();
+  }
   size_t RunsStarted() {
     std::lock_guard lock(agent_state_.mutex);
     return agent_state_.runs.size();
@@ -511,6 +584,7 @@ class DispatcherTest : public testing::Test {
   ManualClock clock_{store::Time(seconds(1'700'000'000))};
   std::string root_;
   ControllerConfig config_;
+  int64_t inline_upload_bytes_ = int64_t{64} << 20;  // DaemonOptions'
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<v1::Controller::Stub> controller_;
   v1::NodeCredentials credentials_;

@@ -39,6 +39,9 @@ struct DispatcherOptions {
   std::chrono::milliseconds backoff_initial = std::chrono::seconds(1);
   std::chrono::milliseconds backoff_max = std::chrono::seconds(30);
   int64_t upload_chunk_bytes = 1 << 20;
+  // A launch whose node lacks at most this many bytes of its inputs sends them during the round;
+  // more are sent on a thread of their own while the trial waits (dispatch/blob_delivery.h).
+  int64_t inline_upload_bytes = int64_t{64} << 20;
   // A model download can take hours for a 13B model on a slow link.
   std::chrono::milliseconds prepare_deadline = std::chrono::hours(6);
   std::chrono::milliseconds lease_warning = std::chrono::minutes(30);

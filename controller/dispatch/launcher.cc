@@ -1,8 +1,6 @@
 #include "controller/dispatch/launcher.h"
 
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -13,7 +11,6 @@
 #include "controller/dispatch/cancellation.h"
 #include "controller/submission.h"
 #include "rpc/grpc_status.h"
-#include "rpc/transfer.h"
 
 namespace llmctl::controller::dispatch {
 
@@ -47,8 +44,9 @@ std::string RendezvousHost(const std::string& agent_address) {
 
 StatusOr<Launcher::Readiness> Launcher::Prepare(const store::TrialRecord& trial,
                                                 const TrialConfig& config, AgentLinks::Link& link,
-                                                v1::Agent::Stub& stub, v1::RunTrialRequest& request,
-                                                std::string& failure, store::Time now) {
+                                                const std::shared_ptr<v1::Agent::Stub>& stub,
+                                                v1::RunTrialRequest& request, std::string& failure,
+                                                std::string& waiting, store::Time now) {
   store::Store& store = core_.store;
   ASSIGN_OR_RETURN(auto inputs, store.GetInputs(trial.experiment_id));
   if (const std::string& model = config.settings().model.name; IsHubModelRef(model)) {
@@ -57,15 +55,29 @@ StatusOr<Launcher::Readiness> Launcher::Prepare(const store::TrialRecord& trial,
       failure = ready.status().message();
       return Readiness::kFailed;
     }
-    if (!*ready) return Readiness::kWaiting;  // placed again once the model is there
+    if (!*ready) {  // placed again once the model is there
+      waiting = "node " + link.name + " is downloading " + model + " from the Hugging Face hub";
+      return Readiness::kWaiting;
+    }
   }
   request.mutable_key()->set_experiment_id(trial.experiment_id);
   request.mutable_key()->set_trial(trial.name);
   request.mutable_key()->set_attempt(static_cast<int32_t>(trial.current_attempt + 1));
   request.set_config_json(trial.config_json);
+  // Every tree's delivery is asked for before any wait, so that large ones go side by side.
+  bool delivered = true;
+  const auto deliver = [&](const digest::InputTree& tree, const std::string& what) -> Status {
+    StatusOr<bool> sent = deliveries_.Ensure(link, stub, tree, now);
+    if (!sent.ok()) return sent.status().WithContext(what);
+    if (!*sent) {
+      delivered = false;
+      if (waiting.empty()) waiting = deliveries_.WaitingFor(link.name, tree.digest);
+    }
+    return Status::Ok();
+  };
   for (const auto& [key, tree_digest] : TrialInputDigests(config, inputs)) {
     ASSIGN_OR_RETURN(digest::InputTree tree, core_.blobs.GetTree(tree_digest));
-    RETURN_IF_ERROR(EnsureBlobs(stub, tree).WithContext("sending input '" + key + "'"));
+    RETURN_IF_ERROR(deliver(tree, "sending input '" + key + "'"));
     (*request.mutable_inputs())[key] = ToProto(tree);
   }
   if (trial.resume) {
@@ -77,9 +89,13 @@ StatusOr<Launcher::Readiness> Launcher::Prepare(const store::TrialRecord& trial,
     if (!trial.resume->tree.empty()) {
       // The controller's copy goes to the node like an input, whichever node it is.
       ASSIGN_OR_RETURN(digest::InputTree tree, core_.blobs.GetTree(trial.resume->tree));
-      RETURN_IF_ERROR(EnsureBlobs(stub, tree).WithContext("sending the checkpoint to resume"));
+      RETURN_IF_ERROR(deliver(tree, "sending the checkpoint to resume"));
       *request.mutable_resume_from()->mutable_tree() = ToProto(tree);
     }
+  }
+  if (!delivered) {
+    if (waiting.empty()) waiting = "its inputs are to be sent to node " + link.name + " again";
+    return Readiness::kWaiting;
   }
   return Readiness::kReady;
 }
@@ -106,7 +122,8 @@ void Launcher::ForgetLostHubModel(const TrialConfig& config, AgentLinks::Link& l
 }
 
 Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
-                        const std::vector<int64_t>& devices, store::Time now) {
+                        const std::vector<int64_t>& devices, store::Time now,
+                        std::string& waiting) {
   store::Store& store = core_.store;
   std::shared_ptr<v1::Agent::Stub> stub = StubOf(link);
   if (stub == nullptr) return UnavailableError("node " + link.name + " is not connected");
@@ -114,7 +131,7 @@ Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
   v1::RunTrialRequest request;
   std::string failure;
   ASSIGN_OR_RETURN(const Readiness readiness,
-                   Prepare(trial, config, link, *stub, request, failure, now));
+                   Prepare(trial, config, link, stub, request, failure, waiting, now));
   if (readiness == Readiness::kWaiting) return Status::Ok();
   if (readiness == Readiness::kFailed) {
     // Preparing cannot succeed: running the trial anywhere would fail the same way.
@@ -161,22 +178,30 @@ Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
 
 Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
                                  const std::vector<AgentLinks::Link*>& links,
-                                 const std::vector<std::vector<int64_t>>& devices,
-                                 store::Time now) {
+                                 const std::vector<std::vector<int64_t>>& devices, store::Time now,
+                                 std::string& waiting) {
   store::Store& store = core_.store;
   const int nodes = static_cast<int>(links.size());
   ASSIGN_OR_RETURN(const TrialConfig config, StoredConfig(trial));
   std::vector<std::shared_ptr<v1::Agent::Stub>> stubs;
   std::vector<v1::RunTrialRequest> requests(nodes);
   std::vector<store::AttemptNode> attempt_nodes;
+  // Every node is readied before any wait, so that their deliveries and downloads go side by side.
+  bool ready = true;
   for (int rank = 0; rank < nodes; ++rank) {
     AgentLinks::Link& link = *links[rank];
     stubs.push_back(StubOf(link));
     if (stubs.back() == nullptr) return UnavailableError("node " + link.name + " is not connected");
     std::string failure;
-    ASSIGN_OR_RETURN(const Readiness readiness,
-                     Prepare(trial, config, link, *stubs.back(), requests[rank], failure, now));
-    if (readiness == Readiness::kWaiting) return Status::Ok();
+    std::string node_waiting;
+    ASSIGN_OR_RETURN(
+        const Readiness readiness,
+        Prepare(trial, config, link, stubs.back(), requests[rank], failure, node_waiting, now));
+    if (readiness == Readiness::kWaiting) {
+      if (waiting.empty()) waiting = node_waiting;
+      ready = false;
+      continue;
+    }
     if (readiness == Readiness::kFailed) {
       ASSIGN_OR_RETURN(int64_t started, store.StartAttempt(trial.id, links[0]->name, now));
       RETURN_IF_ERROR(store.FinishAttempt(trial.id, started, store::TrialState::kFailed,
@@ -189,6 +214,7 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
     attempt_nodes.push_back(
         {.node_rank = rank, .node = link.name, .device_indices = devices[rank], .ended = false});
   }
+  if (!ready) return Status::Ok();
   // Recorded before any node runs it, unlike a one-node attempt: node rank 0 must start first to
   // tell the others its rendezvous port, so a crash half-way leaves runs that no retry of the same
   // attempt could join. A run recorded here but never started is found missing by the agent's
@@ -260,61 +286,6 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
   spdlog::info("trial {} of experiment {}: attempt {} started on {} nodes, rendezvous at {}:{}",
                trial.name, trial.experiment_id, attempt, nodes, master_addr, state.master_port());
   core_.changes.Notify();
-  return Status::Ok();
-}
-
-Status Launcher::EnsureBlobs(v1::Agent::Stub& stub, const digest::InputTree& tree) {
-  const DispatcherOptions& options = core_.options;
-  v1::MissingBlobsRequest request;
-  std::set<std::string> wanted;
-  for (const digest::TreeFile& file : tree.files) {
-    if (wanted.insert(file.sha256).second) request.add_sha256(file.sha256);
-  }
-  v1::MissingBlobsResponse missing;
-  auto context = core_.CallContext();
-  RETURN_IF_ERROR(rpc::FromGrpcStatus(stub.MissingBlobs(context.get(), request, &missing)));
-  for (const std::string& sha256 : missing.sha256()) {
-    if (!wanted.contains(sha256))
-      return InternalError("the agent asked for a blob it was not offered");
-    const std::string path = core_.blobs.PathOf(sha256);
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return DataLossError("blob " + sha256 + " is gone from " + path);
-    const auto size =
-        std::find_if(tree.files.begin(), tree.files.end(), [&](const digest::TreeFile& f) {
-          return f.sha256 == sha256;
-        })->size;
-    grpc::ClientContext upload_context;
-    upload_context.set_deadline(
-        std::chrono::system_clock::now() +
-        rpc::TransferDeadline(options.call_deadline, size, options.min_transfer_bytes_per_second));
-    v1::UploadBlobResponse response;
-    auto writer = stub.UploadBlob(&upload_context, &response);
-    std::string buffer(static_cast<size_t>(options.upload_chunk_bytes), '\0');
-    v1::BlobChunk chunk;
-    chunk.set_sha256(sha256);
-    chunk.set_size(size);
-    // The first chunk carries the digest and size, even for an empty blob.
-    bool first = true;
-    Status read_status;
-    while (true) {
-      const ssize_t n = read(fd, buffer.data(), buffer.size());
-      if (n < 0) {
-        read_status = DataLossError("cannot read " + path);
-        break;
-      }
-      if (n == 0 && !first) break;
-      chunk.set_data(buffer.data(), static_cast<size_t>(n));
-      if (!writer->Write(chunk) || n == 0) break;
-      chunk.clear_sha256();
-      chunk.clear_size();
-      first = false;
-    }
-    close(fd);
-    writer->WritesDone();
-    const grpc::Status uploaded = writer->Finish();
-    RETURN_IF_ERROR(read_status);
-    RETURN_IF_ERROR(rpc::FromGrpcStatus(uploaded).WithContext("UploadBlob " + sha256));
-  }
   return Status::Ok();
 }
 

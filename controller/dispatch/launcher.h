@@ -1,6 +1,7 @@
 // Starting one placed trial on its node: the hub model first when it needs one
 // (hub_preparation.h), then the blobs of its inputs (and of the controller's copy of the
-// checkpoint it resumes from) that the agent lacks, then RunTrial, then StartAttempt. In that order
+// checkpoint it resumes from) that the agent lacks (blob_delivery.h), then RunTrial, then
+// StartAttempt. In that order
 // a crash in between is harmless: the trial is still queued, is placed again, and RunTrial is
 // idempotent on its key (same trial, same attempt number). StartAttempt records the device indices
 // the attempt holds, so a restarted controller places around them. Where a trial goes is
@@ -23,8 +24,9 @@
 #include "common/status.h"
 #include "common/trial_config.h"
 #include "controller/dispatch/agent_links.h"
-#include "controller/dispatch/hub_preparation.h"
+#include "controller/dispatch/blob_delivery.h"
 #include "controller/dispatch/dispatcher_core.h"
+#include "controller/dispatch/hub_preparation.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 
 namespace llmctl::controller::dispatch {
@@ -39,31 +41,35 @@ std::string RendezvousHost(const std::string& agent_address);
 
 class Launcher {
  public:
-  Launcher(DispatcherCore& core, HubPreparations& hub_models)
-      : core_(core), hub_models_(hub_models) {}
+  Launcher(DispatcherCore& core, HubPreparations& hub_models, BlobDeliveries& deliveries)
+      : core_(core), hub_models_(hub_models), deliveries_(deliveries) {}
 
   // Starts `trial`'s next attempt on `link`'s node with `devices`. OK also when the trial stays
-  // queued (its hub model is being prepared) or was failed for good (the agent refused it, or its
-  // model cannot be prepared); an error when it should be placed again.
+  // queued (its hub model is being prepared, or its inputs sent in the background: `waiting` says
+  // which) or was failed for good (the agent refused it, or its model cannot be prepared); an
+  // error when it should be placed again.
   Status Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
-                const std::vector<int64_t>& devices, store::Time now);
+                const std::vector<int64_t>& devices, store::Time now, std::string& waiting);
   // Starts a multi-node trial's next attempt on `links` (node rank i at index i) with `devices`
   // (per node), as the file comment says. OK as Launch is; an error when it should be placed again.
   Status LaunchMultiNode(const store::TrialRecord& trial,
                          const std::vector<AgentLinks::Link*>& links,
-                         const std::vector<std::vector<int64_t>>& devices, store::Time now);
+                         const std::vector<std::vector<int64_t>>& devices, store::Time now,
+                         std::string& waiting);
 
  private:
   enum class Readiness {
     kReady,    // `request` is complete but for the devices and the node group
-    kWaiting,  // its hub model is being prepared there: the trial stays queued
+    kWaiting,  // its hub model or its inputs are on their way there: the trial stays queued
     kFailed,   // it cannot run anywhere (`failure` says why)
   };
   // Readies `link`'s node for the trial: its hub model, the blobs of its inputs and of the
-  // checkpoint it resumes from; fills `request`.
+  // checkpoint it resumes from (blob_delivery.h); fills `request`. `failure` says why for
+  // kFailed, `waiting` for what for kWaiting.
   StatusOr<Readiness> Prepare(const store::TrialRecord& trial, const TrialConfig& config,
-                              AgentLinks::Link& link, v1::Agent::Stub& stub,
-                              v1::RunTrialRequest& request, std::string& failure, store::Time now);
+                              AgentLinks::Link& link, const std::shared_ptr<v1::Agent::Stub>& stub,
+                              v1::RunTrialRequest& request, std::string& failure,
+                              std::string& waiting, store::Time now);
   std::shared_ptr<v1::Agent::Stub> StubOf(AgentLinks::Link& link);
   // Whether RunTrial's error means the trial cannot run (rather than should be placed again).
   static bool Refused(const store::TrialRecord& trial, const grpc::Status& ran);
@@ -71,11 +77,9 @@ class Launcher {
   void ForgetLostHubModel(const TrialConfig& config, AgentLinks::Link& link,
                           const grpc::Status& ran);
 
-  // Sends the agent the tree's blobs it lacks (MissingBlobs, then UploadBlob each).
-  Status EnsureBlobs(v1::Agent::Stub& stub, const digest::InputTree& tree);
-
   DispatcherCore& core_;
   HubPreparations& hub_models_;
+  BlobDeliveries& deliveries_;
 };
 
 }  // namespace llmctl::controller::dispatch

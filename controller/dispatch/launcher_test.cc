@@ -11,38 +11,6 @@ namespace {
 
 using LauncherTest = DispatcherTest;
 
-// Uploads `content` to the controller as the experiment's data file and submits kExperiment with
-// it; returns the experiment id (0 on failure) and the file's tree.
-std::pair<int64_t, v1::InputTree> SubmitWithDataFile(v1::Controller::Stub& controller,
-                                                     const std::string& content) {
-  const std::string sha = digest::Sha256Hex(content);
-  grpc::ClientContext context;
-  v1::UploadBlobResponse response;
-  auto writer = controller.UploadBlob(&context, &response);
-  v1::BlobChunk chunk;
-  chunk.set_sha256(sha);
-  chunk.set_size(static_cast<int64_t>(content.size()));
-  chunk.set_data(content);
-  writer->Write(chunk);
-  writer->WritesDone();
-  if (!writer->Finish().ok()) return {0, {}};
-  v1::InputTree tree;
-  tree.set_is_file(true);
-  v1::TreeFile* file = tree.add_files();
-  file->set_path("train.jsonl");
-  file->set_sha256(sha);
-  file->set_size(static_cast<int64_t>(content.size()));
-  tree.set_digest(digest::Sha256Hex(sha + " " + std::to_string(content.size()) + " train.jsonl\n"));
-  v1::SubmitRequest request;
-  request.set_filename("one.yaml");
-  request.set_yaml_text(std::string(kExperiment));
-  (*request.mutable_inputs())["data/train.jsonl"] = tree;
-  v1::SubmitResponse submitted;
-  grpc::ClientContext submit_context;
-  if (!controller.Submit(&submit_context, request, &submitted).ok()) return {0, {}};
-  return {submitted.experiment_id(), tree};
-}
-
 TEST_F(LauncherTest, RunsATrialWithItsInputsAndStoresEveryEvent) {
   // The data file goes to the controller first, then to the agent with the trial.
   const std::string content = "{\"text\": \"hello\"}\n";

@@ -215,8 +215,10 @@ void Placement::Launch(const scheduler::Placement& placement, const QueuedTrials
                        const UsableAgents& usable, store::Time now) {
   for (const scheduler::Assignment& assignment : placement.assignments) {
     const store::TrialRecord& trial = *trials.by_id.at(assignment.trial_id);
-    Status launched =
-        launcher_.Launch(trial, *usable.links.at(assignment.agent), assignment.device_indices, now);
+    std::string waiting;
+    Status launched = launcher_.Launch(trial, *usable.links.at(assignment.agent),
+                                       assignment.device_indices, now, waiting);
+    NoteWaiting(trial.id, waiting);
     if (!launched.ok()) {
       spdlog::warn("trial {} of experiment {} on node {}: {}", trial.name, trial.experiment_id,
                    assignment.agent, launched.ToString());
@@ -230,11 +232,20 @@ void Placement::Launch(const scheduler::Placement& placement, const QueuedTrials
       links.push_back(usable.links.at(node.agent));
       devices.push_back(node.device_indices);
     }
-    if (Status launched = launcher_.LaunchMultiNode(trial, links, devices, now); !launched.ok()) {
+    std::string waiting;
+    const Status launched = launcher_.LaunchMultiNode(trial, links, devices, now, waiting);
+    NoteWaiting(trial.id, waiting);
+    if (!launched.ok()) {
       spdlog::warn("trial {} of experiment {} on {} nodes: {}", trial.name, trial.experiment_id,
                    links.size(), launched.ToString());
     }
   }
+}
+
+void Placement::NoteWaiting(int64_t trial_id, const std::string& waiting) {
+  if (waiting.empty()) return;
+  MutexLock lock(core_.mutex);
+  queued_notices_[trial_id] = "placed, and waits: " + waiting;
 }
 
 std::string Placement::QueuedNotice(int64_t trial_id) {

@@ -82,12 +82,15 @@ class Placement {
   // Hands each assignment to the launcher.
   void Launch(const scheduler::Placement& placement, const QueuedTrials& trials,
               const UsableAgents& usable, store::Time now);
+  // A launched trial that stays queued (its hub model or inputs on their way): its notice.
+  void NoteWaiting(int64_t trial_id, const std::string& waiting) LLMCTL_EXCLUDES(core_.mutex);
 
   DispatcherCore& core_;
   AgentLinks& links_;
   LeaseWatch& leases_;
   Launcher& launcher_;
-  // Queued trials no connected node could run, as of the last placement round → why.
+  // Queued trials no connected node could run, or placed and waiting for their hub model or
+  // inputs, as of the last placement round → why.
   std::map<int64_t, std::string> queued_notices_ LLMCTL_GUARDED_BY(core_.mutex);
 };
 

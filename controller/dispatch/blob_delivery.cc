@@ -1,0 +1,211 @@
+#include "controller/dispatch/blob_delivery.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+
+#include "common/byte_size.h"
+#include "rpc/grpc_status.h"
+#include "rpc/transfer.h"
+
+namespace llmctl::controller::dispatch {
+
+StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
+                                      const std::shared_ptr<v1::Agent::Stub>& stub,
+                                      const digest::InputTree& tree, store::Time now) {
+  Delivery* delivery = nullptr;
+  {
+    MutexLock lock(core_.mutex);
+    std::unique_ptr<Delivery>& entry = deliveries_[{link.name, tree.digest}];
+    if (entry == nullptr) {
+      entry = std::make_unique<Delivery>();
+      entry->node = link.name;
+      entry->tree_digest = tree.digest;
+    }
+    delivery = entry.get();
+    switch (delivery->state) {
+      case Delivery::State::kRunning:
+        return false;
+      case Delivery::State::kReady:
+        // Taken by this launch; a later one asks the agent again (its cache may have changed).
+        delivery->state = Delivery::State::kIdle;
+        return true;
+      case Delivery::State::kIdle:
+        if (now < delivery->retry_at) return false;
+        break;
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<Blob> missing, Missing(*stub, tree));
+  int64_t bytes = 0;
+  for (const Blob& blob : missing) bytes += blob.size;
+  if (bytes <= core_.options.inline_upload_bytes) {
+    RETURN_IF_ERROR(Send(*stub, missing, nullptr));
+    return true;
+  }
+  {
+    MutexLock lock(core_.mutex);
+    if (core_.stopping) return false;
+    delivery->state = Delivery::State::kRunning;
+    delivery->bytes = bytes;
+    delivery->forgotten = false;
+  }
+  // Not running: any earlier thread has finished its work.
+  if (delivery->thread.joinable()) delivery->thread.join();
+  spdlog::info("node {}: sending {} of inputs ({} blobs) in the background", link.name,
+               FormatBytes(static_cast<uint64_t>(bytes)), missing.size());
+  delivery->thread = std::thread([this, delivery, stub, missing = std::move(missing)]() mutable {
+    RunInBackground(*delivery, std::move(stub), std::move(missing));
+  });
+  return false;
+}
+
+void BlobDeliveries::RunInBackground(Delivery& delivery, std::shared_ptr<v1::Agent::Stub> stub,
+                                     std::vector<Blob> blobs) {
+  const Status sent = Send(*stub, blobs, &delivery);
+  {
+    MutexLock lock(core_.mutex);
+    if (sent.ok()) {
+      delivery.state = Delivery::State::kReady;
+      delivery.backoff = std::chrono::milliseconds(0);
+      delivery.last_failure.clear();
+      spdlog::info("node {}: inputs sent ({})", delivery.node,
+                   FormatBytes(static_cast<uint64_t>(delivery.bytes)));
+    } else {
+      delivery.state = Delivery::State::kIdle;
+      delivery.backoff =
+          NextBackoff(delivery.backoff, core_.options.backoff_initial, core_.options.backoff_max);
+      delivery.retry_at = core_.clock.Now() + delivery.backoff;
+      delivery.last_failure = sent.message();
+      spdlog::warn("node {}: sending inputs failed, trying again in {} ms: {}", delivery.node,
+                   delivery.backoff.count(), sent.message());
+    }
+  }
+  core_.Wake();
+}
+
+StatusOr<std::vector<BlobDeliveries::Blob>> BlobDeliveries::Missing(v1::Agent::Stub& stub,
+                                                                    const digest::InputTree& tree) {
+  v1::MissingBlobsRequest request;
+  std::map<std::string, int64_t> offered;  // sha256 → size
+  for (const digest::TreeFile& file : tree.files) {
+    if (offered.emplace(file.sha256, file.size).second) request.add_sha256(file.sha256);
+  }
+  v1::MissingBlobsResponse response;
+  auto context = core_.CallContext();
+  RETURN_IF_ERROR(rpc::FromGrpcStatus(stub.MissingBlobs(context.get(), request, &response)));
+  std::vector<Blob> missing;
+  std::set<std::string> named;
+  for (const std::string& sha256 : response.sha256()) {
+    const auto it = offered.find(sha256);
+    if (it == offered.end()) return InternalError("the agent asked for a blob it was not offered");
+    if (named.insert(sha256).second) missing.push_back({sha256, it->second});
+  }
+  return missing;
+}
+
+Status BlobDeliveries::Send(v1::Agent::Stub& stub, const std::vector<Blob>& blobs,
+                            Delivery* delivery) {
+  for (const Blob& blob : blobs) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         rpc::TransferDeadline(core_.options.call_deadline, blob.size,
+                                               core_.options.min_transfer_bytes_per_second));
+    if (delivery != nullptr) {
+      MutexLock lock(core_.mutex);
+      if (core_.stopping) return CancelledError("the controller is stopping");
+      if (delivery->forgotten) return CancelledError("node " + delivery->node + " was removed");
+      delivery->context = &context;
+    }
+    const Status uploaded = Upload(stub, blob, context);
+    if (delivery != nullptr) {
+      MutexLock lock(core_.mutex);
+      delivery->context = nullptr;
+    }
+    RETURN_IF_ERROR(uploaded);
+  }
+  return Status::Ok();
+}
+
+Status BlobDeliveries::Upload(v1::Agent::Stub& stub, const Blob& blob,
+                              grpc::ClientContext& context) {
+  const std::string path = core_.blobs.PathOf(blob.sha256);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return DataLossError("blob " + blob.sha256 + " is gone from " + path);
+  v1::UploadBlobResponse response;
+  auto writer = stub.UploadBlob(&context, &response);
+  std::string buffer(static_cast<size_t>(core_.options.upload_chunk_bytes), '\0');
+  v1::BlobChunk chunk;
+  chunk.set_sha256(blob.sha256);
+  chunk.set_size(blob.size);
+  // The first chunk carries the digest and size, even for an empty blob.
+  bool first = true;
+  Status read_status;
+  while (true) {
+    const ssize_t n = read(fd, buffer.data(), buffer.size());
+    if (n < 0) {
+      read_status = DataLossError("cannot read " + path);
+      break;
+    }
+    if (n == 0 && !first) break;
+    chunk.set_data(buffer.data(), static_cast<size_t>(n));
+    if (!writer->Write(chunk) || n == 0) break;
+    chunk.clear_sha256();
+    chunk.clear_size();
+    first = false;
+  }
+  close(fd);
+  writer->WritesDone();
+  const grpc::Status uploaded = writer->Finish();
+  RETURN_IF_ERROR(read_status);
+  return rpc::FromGrpcStatus(uploaded).WithContext("UploadBlob " + blob.sha256);
+}
+
+std::string BlobDeliveries::WaitingFor(const std::string& node, const std::string& tree_digest) {
+  MutexLock lock(core_.mutex);
+  const auto it = deliveries_.find({node, tree_digest});
+  if (it == deliveries_.end()) return "";
+  const Delivery& delivery = *it->second;
+  if (delivery.state == Delivery::State::kRunning) {
+    return "sending " + FormatBytes(static_cast<uint64_t>(delivery.bytes)) + " of inputs to node " +
+           node;
+  }
+  if (delivery.state == Delivery::State::kIdle && !delivery.last_failure.empty()) {
+    return "sending inputs to node " + node + " failed, trying again: " + delivery.last_failure;
+  }
+  return "";
+}
+
+void BlobDeliveries::ForgetNode(const std::string& node) {
+  MutexLock lock(core_.mutex);
+  for (auto& [key, delivery] : deliveries_) {
+    if (delivery->node != node) continue;
+    delivery->forgotten = true;
+    if (delivery->context != nullptr) delivery->context->TryCancel();
+  }
+}
+
+int BlobDeliveries::InFlight() {
+  MutexLock lock(core_.mutex);
+  return static_cast<int>(std::count_if(
+      deliveries_.begin(), deliveries_.end(),
+      [](const auto& entry) { return entry.second->state == Delivery::State::kRunning; }));
+}
+
+void BlobDeliveries::Stop() {
+  std::vector<Delivery*> deliveries;
+  {
+    MutexLock lock(core_.mutex);
+    for (const auto& [key, delivery] : deliveries_) {
+      if (delivery->context != nullptr) delivery->context->TryCancel();
+      deliveries.push_back(delivery.get());
+    }
+  }
+  for (Delivery* delivery : deliveries) {
+    if (delivery->thread.joinable()) delivery->thread.join();
+  }
+}
+
+}  // namespace llmctl::controller::dispatch
