@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <span>
 
+#include "common/files.h"
 #include "controller/store/schema.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store_internal.h"
@@ -130,7 +131,7 @@ Status Configure(sqlite3* db) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, int64_t keep_free_bytes) {
   if (path.empty()) return InvalidArgumentError("the store's database path is empty");
   const std::string context = "store " + path;
   RETURN_IF_ERROR(CreateParentDirectories(path).WithContext(context));
@@ -139,7 +140,8 @@ StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   const int rc =
       sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr);
   // Owned from here on, so that every error path closes the connection.
-  std::unique_ptr<Store> store(new Store(db));
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  std::unique_ptr<Store> store(new Store(db, dir.empty() ? "." : dir, keep_free_bytes));
   if (rc != SQLITE_OK) return sqlite::Error(db, rc, "opening the database").WithContext(context);
   Status status = Configure(db);
   if (status.ok()) status = Migrate(db);
@@ -149,6 +151,11 @@ StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   }
   RETURN_IF_ERROR(status.WithContext(context));
   return store;
+}
+
+Status Store::CheckRoomForRows(std::string_view what, int64_t bytes) const {
+  if (dir_.empty()) return Status::Ok();
+  return CheckRoomFor(what, dir_, bytes, keep_free_bytes_);
 }
 
 StatusOr<std::unique_ptr<Store>> Store::OpenReadOnly(const std::string& path) {

@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/mutex.h"
@@ -353,13 +354,25 @@ struct NewDeviceSample {
 inline constexpr std::chrono::minutes kDeviceSampleWindow{10};
 inline constexpr std::chrono::seconds kDeviceSampleBucket{10};
 
+// What the tables that agents fill (events, device samples) may not take of the database's
+// filesystem: below it they are refused, and what else the store records (a trial's end, a
+// cancel, a submission) can still be written. Less than the blobs keep (kBlobsKeepFreeBytes), so
+// that a refused upload leaves the store room.
+inline constexpr int64_t kStoreKeepFreeBytes = int64_t{256} << 20;
+// What a row costs beyond its text, in the room check: SQLite's record header and its keys'
+// index entries (an estimate; the check is a margin, not an account).
+inline constexpr int64_t kRowOverheadBytes = 64;
+
 class Store {
  public:
   // Opens or creates the database at `path` (and its missing parent directories, mode 0700). The
   // file is created with mode 0600 and narrowed to 0600 if it was wider. Applies the schema
   // migrations this build knows; FailedPrecondition when the file was written by a newer llmctld
-  // (its schema version is higher), DataLoss when it is no SQLite database.
-  static StatusOr<std::unique_ptr<Store>> Open(const std::string& path);
+  // (its schema version is higher), DataLoss when it is no SQLite database. Events and device
+  // samples that would leave less than `keep_free_bytes` available on its filesystem are refused
+  // (ResourceExhausted), as AppendEvents says.
+  static StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
+                                               int64_t keep_free_bytes = kStoreKeepFreeBytes);
   // Opens the existing database at `path` for reading only, as a command that only looks does
   // (llmctl estimate's calibration): nothing is created or migrated. NotFound when there is no
   // file; FailedPrecondition when its schema version is not this build's (an older one is migrated
@@ -430,6 +443,9 @@ class Store {
   // any point. Returns how many were new. FailedPrecondition "stale attempt N of trial X; current
   // is M" for any other attempt, or for the current one once declared lost; InvalidArgument for
   // seq < 1, rank < 0, an empty type or a line that is not a JSON object.
+  // ResourceExhausted, storing nothing, when the lines would leave less than the store keeps free
+  // on its filesystem (Open's keep_free_bytes): an agent that sends without end cannot fill the
+  // controller's disk, and its stream, read again later, loses nothing (the agent keeps its files).
   StatusOr<int64_t> AppendEvents(int64_t trial_id, int64_t attempt, std::span<const Event> events);
 
   // The highest stored seq of the attempt (rank 0's), 0 when none: a stream resumes from LastSeq
@@ -526,11 +542,17 @@ class Store {
   StatusOr<std::vector<DeviceSample>> LatestDeviceSamples(int64_t trial_id, int64_t attempt);
 
  private:
-  explicit Store(sqlite3* db) : db_(db) {}
+  explicit Store(sqlite3* db, std::string dir = "", int64_t keep_free_bytes = 0)
+      : db_(db), dir_(std::move(dir)), keep_free_bytes_(keep_free_bytes) {}
+  // ResourceExhausted when `bytes` more would leave less than keep_free_bytes_ free ("" dir_: a
+  // read-only store, never).
+  Status CheckRoomForRows(std::string_view what, int64_t bytes) const;
 
   Mutex mutex_;
   // One connection, used only with mutex_ held. Constant after construction.
   sqlite3* const db_ LLMCTL_GUARDED_BY(mutex_);
+  const std::string dir_;  // the database file's directory
+  const int64_t keep_free_bytes_;
 };
 
 }  // namespace llmctl::store

@@ -316,6 +316,36 @@ TEST_F(StoreTest, AppendEventsRefusesMalformedEventsWhole) {
   EXPECT_EQ(*store->LastSeq(trial, 1), 0);
 }
 
+TEST_F(StoreTest, LinesThatWouldFillTheDiskAreRefusedAndTheControllersRecordsGoOn) {
+  // A filesystem with less free than this store keeps: every line is refused, and nothing else.
+  const int64_t more_than_any_disk = int64_t{1} << 60;
+  {
+    std::unique_ptr<Store> store = OpenStore(more_than_any_disk);
+    ASSERT_NE(store, nullptr);
+    const int64_t trial = CreateTrials(*store, "e", {"a"})[0];
+    ASSERT_EQ(*store->StartAttempt(trial, "n", kNow), 1);
+    const StatusOr<int64_t> refused = store->AppendEvents(trial, 1, std::vector{StepEvent(1, 0)});
+    EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_THAT(refused.status().message(),
+                HasSubstr("1 event lines of trial " + std::to_string(trial) + " attempt 1"));
+    EXPECT_EQ(*store->LastSeq(trial, 1), 0);
+    NewDeviceSample sample;
+    sample.seq = 1;
+    sample.sample.time = kNow;
+    sample.sample.device = "cpu";
+    EXPECT_EQ(store->AppendDeviceSamples(trial, 1, std::vector{sample}, 0).status().code(),
+              StatusCode::kResourceExhausted);
+    // What the controller records of its own still goes in.
+    EXPECT_TRUE(store->FinishAttempt(trial, 1, TrialState::kOk, 0, "", kNow).ok());
+  }
+  // With room, lines go in.
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t trial = CreateTrials(*store, "f", {"a"})[0];
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow), 1);
+  EXPECT_EQ(*store->AppendEvents(trial, 1, std::vector{StepEvent(1, 0)}), 1);
+}
+
 TEST_F(StoreTest, StaleAttemptsAreFencedOff) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);

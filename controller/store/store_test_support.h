@@ -35,8 +35,8 @@ class StoreTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  std::unique_ptr<Store> OpenStore() {
-    StatusOr<std::unique_ptr<Store>> store = Store::Open(path_);
+  std::unique_ptr<Store> OpenStore(int64_t keep_free_bytes = kStoreKeepFreeBytes) {
+    StatusOr<std::unique_ptr<Store>> store = Store::Open(path_, keep_free_bytes);
     EXPECT_TRUE(store.ok()) << store.status().ToString();
     return store.ok() ? std::move(*store) : nullptr;
   }
