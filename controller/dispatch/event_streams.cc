@@ -218,8 +218,11 @@ Status EventStreams::StoreSamples(Stream& stream, const v1::DeviceSamples& sampl
   }
   auto stored =
       core_.store.AppendDeviceSamples(attempt.trial_id, attempt.attempt, rows, stream.node_rank);
-  if (!stored.ok() && stored.status().code() == StatusCode::kFailedPrecondition) {
-    return stored.status();  // fenced off, as its events are
+  // Fenced off, as its events are; or no room: the stream is read again after its backoff, from
+  // the last stored sample, instead of a warning for each refused batch on a full disk.
+  if (!stored.ok() && (stored.status().code() == StatusCode::kFailedPrecondition ||
+                       stored.status().code() == StatusCode::kResourceExhausted)) {
+    return stored.status();
   }
   // A batch the store refuses is lost, not the stream: samples only show how it runs.
   if (!stored.ok()) {
