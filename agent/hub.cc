@@ -241,8 +241,8 @@ Status CheckRequestedFiles(const std::vector<std::string>& requested) {
   return Status::Ok();
 }
 
-// The hub's listing of the revision `ref` names: its commit and files. `base`: what every hub
-// request of one Download shares (HubRequestBase).
+// The hub's listing of the revision `ref` names: its commit and files. `base`: what every request
+// of one download shares (the token, the stall limit, the callers' cancellation).
 StatusOr<Listing> ListRevision(const HubOptions& options, const http::HttpClient& client,
                                const HubModelRef& ref, const http::Request& base) {
   http::Request request = base;
@@ -532,8 +532,9 @@ StatusOr<PreparedModel> HubCache::AwaitDownload(
   while (running.wait_for(std::chrono::seconds(1)) != std::future_status::ready) {
     if (!cancelled || !cancelled()) continue;
     MutexLock lock(mutex_);
-    if (auto it = in_flight_.find(key); it != in_flight_.end())
+    if (auto it = in_flight_.find(key); it != in_flight_.end()) {
       std::erase(it->second.callers, &cancelled);
+    }
     return CancelledError(
         "preparing the model: cancelled by its caller; the download goes on for "
         "the other callers waiting for it");

@@ -162,7 +162,7 @@ Status TransportError(const Request& request, CURLcode code, const char* detail)
       // libcurl's own words tell the two limits apart: "Operation too slow" is the stall limit.
       if (reason.find("too slow") != std::string::npos) {
         return Status(StatusCode::kDeadlineExceeded,
-                      message + "stalled: nothing arrived for " +
+                      message + "stalled: under 1 byte a second for " +
                           std::to_string(request.stall_timeout.count()) + " s");
       }
       return Status(StatusCode::kDeadlineExceeded, message + "timed out (" + reason + ")");
@@ -259,7 +259,7 @@ StatusOr<Response> HttpClient::SendOnce(const Request& request) const {
                    static_cast<long>(request.connect_timeout.count()));
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(request.total_timeout.count()));
   if (request.stall_timeout.count() > 0) {
-    // Under 1 byte a second over the whole window: nothing at all arrived.
+    // Under 1 byte a second averaged over the window: nothing, or next to nothing, arrived.
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(request.stall_timeout.count()));
   }

@@ -49,8 +49,9 @@ struct Request {
   // A download whose whole file would pass this many bytes fails the call (DataLoss); 0: no bound.
   // The size a listing announced, so that a server that sends on fills no disk.
   uint64_t max_file_bytes = 0;
-  // A transfer that receives nothing for this long fails (DeadlineExceeded, retried like a
-  // timeout) instead of waiting out total_timeout, which for a large download is hours; 0: none.
+  // A transfer that receives under 1 byte a second for this long fails (DeadlineExceeded, retried
+  // like a timeout) instead of waiting out total_timeout, which for a large download is hours;
+  // 0: none.
   std::chrono::seconds stall_timeout{0};
   // Asked about once a second while a transfer runs and before each retry: true ends the call
   // with Cancelled (never retried). For a caller that has given up, such as a gRPC call whose
