@@ -118,6 +118,41 @@ AgentLinks::Link* AgentLinks::EnsureLink(const store::NodeRecord& node, store::T
   return link.get();
 }
 
+// Another process's description: a node whose description is refused has no devices here and
+// runs nothing, and its message is this short one, not its fields (which every waiting trial's
+// notice would repeat).
+void AgentLinks::ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time now) {
+  if (const Status described = CheckNodeInfo(info); !described.ok()) {
+    link.devices.clear();
+    const std::string refused =
+        "node " + link.name + ": its description is refused: " + described.message();
+    if (refused != link.unusable) spdlog::error("{}; no trial is placed there", refused);
+    link.unusable = refused;
+    return;
+  }
+  link.devices.assign(info.devices().begin(), info.devices().end());
+  const Status runs = CheckDriverRunsLibTorch(
+      {.node = link.name,
+       .gpus = static_cast<int>(
+           std::count_if(link.devices.begin(), link.devices.end(),
+                         [](const v1::Device& device) { return device.type() == "cuda"; })),
+       .driver = info.nvidia_driver_version(),
+       .driver_cuda = info.driver_cuda_version(),
+       .libtorch = info.libtorch_version(),
+       .libtorch_cuda = info.libtorch_cuda_version()});
+  // Logged once per change, like connecting: the node is checked every health interval.
+  if (runs.message() != link.unusable) {
+    if (runs.ok()) {
+      spdlog::info("node {}: usable again", link.name);
+    } else {
+      spdlog::error("{}; no trial is placed there", runs.message());
+    }
+  }
+  link.unusable = runs.ok() ? "" : runs.message();
+  link.measuring = info.rate_probe_pending() == estimate::kRateProbeMeasuring;
+  StoreNodeRates(core_.store, link.name, info.rate_probe_json(), link.rate_probe_json, now);
+}
+
 void AgentLinks::CheckHealth(Link& link, store::Time now) {
   const DispatcherOptions& options = core_.options;
   store::NodeRecord record;
@@ -176,38 +211,7 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
     }
     link.connected = true;
     link.last_seen = now;
-    // Another process's description: a node whose description is refused has no devices here and
-    // runs nothing, and its message is this short one, not its fields (which every waiting trial's
-    // notice would repeat).
-    if (const Status described = CheckNodeInfo(info); !described.ok()) {
-      link.devices.clear();
-      const std::string refused =
-          "node " + link.name + ": its description is refused: " + described.message();
-      if (refused != link.unusable) spdlog::error("{}; no trial is placed there", refused);
-      link.unusable = refused;
-    } else {
-      link.devices.assign(info.devices().begin(), info.devices().end());
-      const Status runs = CheckDriverRunsLibTorch(
-          {.node = link.name,
-           .gpus = static_cast<int>(
-               std::count_if(link.devices.begin(), link.devices.end(),
-                             [](const v1::Device& device) { return device.type() == "cuda"; })),
-           .driver = info.nvidia_driver_version(),
-           .driver_cuda = info.driver_cuda_version(),
-           .libtorch = info.libtorch_version(),
-           .libtorch_cuda = info.libtorch_cuda_version()});
-      // Logged once per change, like connecting: the node is checked every health interval.
-      if (runs.message() != link.unusable) {
-        if (runs.ok()) {
-          spdlog::info("node {}: usable again", link.name);
-        } else {
-          spdlog::error("{}; no trial is placed there", runs.message());
-        }
-      }
-      link.unusable = runs.ok() ? "" : runs.message();
-      link.measuring = info.rate_probe_pending() == estimate::kRateProbeMeasuring;
-      StoreNodeRates(core_.store, link.name, info.rate_probe_json(), link.rate_probe_json, now);
-    }
+    ApplyNodeInfo(link, info, now);
   } else {
     if (link.connected) spdlog::warn("node {}: unreachable: {}", link.name, health.ToString());
     // Logged once, as the reason stays until the node is registered again.

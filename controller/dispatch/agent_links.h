@@ -109,6 +109,10 @@ class AgentLinks {
  private:
   Link* EnsureLink(const store::NodeRecord& node, store::Time now);
   void CheckHealth(Link& link, store::Time now);
+  // A connected node's NodeInfo: its devices, whether llm-train can run there, whether it measures
+  // its rates, and the rates it measured (stored when they changed).
+  void ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time now)
+      LLMCTL_REQUIRES(core_.mutex);
   void Reconcile(Link& link, const std::vector<store::RunningAttempt>& running,
                  std::vector<AttemptKey>& forgotten);
 
