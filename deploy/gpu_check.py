@@ -450,7 +450,10 @@ def cmd_product_table(out, experiment_file):
               "high-water mark; predicted: `llmctl estimate` at submit; NVML: the agent's samples of the GPU's "
               "used memory (CUDA context and caching allocator included; – without NVML); tokens/s: the "
               "report's steady figure, each attempt's first step left out, beside `llmctl estimate`'s at "
-              "submit (the node's probe's rates once the agent has measured them)."]
+              "submit (the node's probe's rates once the agent has measured them). A row of two steps (the "
+              "product files' setting) times only its second, and a run's early steps are slower than its "
+              "steady ones: its tokens/s error overstates the time model's (docs/developing.md, the product "
+              "stage; the peer stage's 20-step runs test it)."]
     calibrations = sorted({r["time_rates"] for r in rows.values() if r.get("time_rates")})
     if calibrations:
         lines.append("Time calibration at submit: " + "; ".join(calibrations) + ".")
