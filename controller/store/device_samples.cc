@@ -168,9 +168,7 @@ StatusOr<int64_t> Store::AppendDeviceSamples(int64_t trial_id, int64_t attempt,
   for (const NewDeviceSample& sample : samples) {
     RETURN_IF_ERROR(ValidateSample(sample, trial_id, attempt));
   }
-  RETURN_IF_ERROR(CheckRoomForRows(std::to_string(samples.size()) + " device samples of trial " +
-                                       std::to_string(trial_id) + " attempt " +
-                                       std::to_string(attempt),
+  RETURN_IF_ERROR(CheckRoomForRows(samples.size(), "device samples", trial_id, attempt,
                                    static_cast<int64_t>(samples.size()) * 2 * kRowOverheadBytes));
   MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));

@@ -66,10 +66,7 @@ StatusOr<int64_t> Store::AppendEvents(int64_t trial_id, int64_t attempt,
     RETURN_IF_ERROR(ValidateEvent(event, trial_id, attempt));
     bytes += static_cast<int64_t>(event.json.size() + event.type.size()) + kRowOverheadBytes;
   }
-  RETURN_IF_ERROR(CheckRoomForRows(std::to_string(events.size()) + " event lines of trial " +
-                                       std::to_string(trial_id) + " attempt " +
-                                       std::to_string(attempt),
-                                   bytes));
+  RETURN_IF_ERROR(CheckRoomForRows(events.size(), "event lines", trial_id, attempt, bytes));
   MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   RETURN_IF_ERROR(internal::CheckCurrentAttempt(db_, trial_id, attempt));

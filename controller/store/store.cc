@@ -153,9 +153,12 @@ StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, int64_t ke
   return store;
 }
 
-Status Store::CheckRoomForRows(std::string_view what, int64_t bytes) const {
+Status Store::CheckRoomForRows(size_t count, std::string_view rows, int64_t trial_id,
+                               int64_t attempt, int64_t bytes) const {
   if (dir_.empty()) return Status::Ok();
-  return CheckRoomFor(what, dir_, bytes, keep_free_bytes_);
+  return CheckRoomFor(std::to_string(count) + " " + std::string(rows) + " of trial " +
+                          std::to_string(trial_id) + " attempt " + std::to_string(attempt),
+                      dir_, bytes, keep_free_bytes_);
 }
 
 StatusOr<std::unique_ptr<Store>> Store::OpenReadOnly(const std::string& path) {

@@ -544,9 +544,10 @@ class Store {
  private:
   explicit Store(sqlite3* db, std::string dir = "", int64_t keep_free_bytes = 0)
       : db_(db), dir_(std::move(dir)), keep_free_bytes_(keep_free_bytes) {}
-  // ResourceExhausted when `bytes` more would leave less than keep_free_bytes_ free ("" dir_: a
-  // read-only store, never).
-  Status CheckRoomForRows(std::string_view what, int64_t bytes) const;
+  // ResourceExhausted, naming "<count> <rows> of trial T attempt A", when `bytes` more would leave
+  // less than keep_free_bytes_ free ("" dir_: a read-only store, never).
+  Status CheckRoomForRows(size_t count, std::string_view rows, int64_t trial_id, int64_t attempt,
+                          int64_t bytes) const;
 
   Mutex mutex_;
   // One connection, used only with mutex_ held. Constant after construction.
