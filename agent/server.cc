@@ -24,6 +24,7 @@
 #include "common/model_config.h"
 #include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
+#include "rpc/blob_stream.h"
 #include "rpc/connection.h"
 #include "rpc/grpc_status.h"
 
@@ -175,29 +176,17 @@ class AgentService final : public pb::Agent::Service {
 
   grpc::Status UploadBlob(grpc::ServerContext*, grpc::ServerReader<pb::BlobChunk>* reader,
                           pb::UploadBlobResponse* response) override {
-    pb::BlobChunk chunk;
-    if (!reader->Read(&chunk)) {
-      return rpc::ToGrpcStatus(InvalidArgumentError("UploadBlob: the stream carried no chunk"));
-    }
-    const std::string sha256 = chunk.sha256();
+    auto first = rpc::ReadFirstBlobChunk(*reader);
+    if (!first.ok()) return rpc::ToGrpcStatus(first.status());
+    const std::string sha256 = first->sha256();
     response->set_sha256(sha256);
     if (digest::IsSha256Hex(sha256) && cache_->HasBlob(sha256)) {
       response->set_already_present(true);
-      return grpc::Status::OK;
+      return rpc::ToGrpcStatus(rpc::DrainHeldBlob(*reader, *first));
     }
-    auto upload = cache_->BeginUpload(sha256, chunk.size());
+    auto upload = cache_->BeginUpload(sha256, first->size());
     if (!upload.ok()) return rpc::ToGrpcStatus(upload.status());
-    do {
-      if (!chunk.sha256().empty() && chunk.sha256() != sha256) {
-        return rpc::ToGrpcStatus(InvalidArgumentError("UploadBlob: a chunk names blob " +
-                                                      chunk.sha256() + " inside the upload of " +
-                                                      sha256));
-      }
-      if (Status appended = (*upload)->Append(chunk.data()); !appended.ok()) {
-        return rpc::ToGrpcStatus(appended);
-      }
-    } while (reader->Read(&chunk));
-    return rpc::ToGrpcStatus((*upload)->Commit(sha256));
+    return rpc::ToGrpcStatus(rpc::ReceiveBlob(*reader, *std::move(first), **upload));
   }
 
   grpc::Status PrepareHubModel(grpc::ServerContext* context,

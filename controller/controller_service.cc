@@ -11,6 +11,7 @@
 #include "common/digest/digest.h"
 #include "common/foreign_json.h"
 #include "controller/submission.h"
+#include "rpc/blob_stream.h"
 #include "rpc/grpc_status.h"
 
 namespace llmctl::controller {
@@ -77,34 +78,15 @@ grpc::Status ControllerService::UploadBlob(grpc::ServerContext* context,
                                            grpc::ServerReader<v1::BlobChunk>* reader,
                                            v1::UploadBlobResponse* response) {
   return Guard(context, "UploadBlob", [&]() -> Status {
-    v1::BlobChunk chunk;
-    if (!reader->Read(&chunk)) return InvalidArgumentError("upload: no chunk arrived");
-    const std::string sha256 = chunk.sha256();
-    response->set_sha256(sha256);
-    if (blobs_.Has(sha256)) {
-      // Drained only up to the size the first chunk announced: a client that sends on past it is
-      // refused, not read for as long as it writes.
-      const int64_t announced = chunk.size();
-      int64_t received = static_cast<int64_t>(chunk.data().size());
-      while (received <= announced && reader->Read(&chunk)) {
-        received += static_cast<int64_t>(chunk.data().size());
-      }
-      if (received > announced) {
-        return InvalidArgumentError("upload of " + sha256 + ": more than the " +
-                                    std::to_string(announced) + " bytes it announced");
-      }
+    ASSIGN_OR_RETURN(v1::BlobChunk first, rpc::ReadFirstBlobChunk(*reader));
+    response->set_sha256(first.sha256());
+    if (blobs_.Has(first.sha256())) {
       response->set_already_present(true);
-      return Status::Ok();
+      return rpc::DrainHeldBlob(*reader, first);
     }
     ASSIGN_OR_RETURN(std::unique_ptr<digest::VerifiedFileWriter> writer,
-                     blobs_.BeginWrite(sha256, chunk.size()));
-    do {
-      if (!chunk.sha256().empty() && chunk.sha256() != sha256) {
-        return InvalidArgumentError("upload of " + sha256 + ": a later chunk names another blob");
-      }
-      RETURN_IF_ERROR(writer->Append(chunk.data()));
-    } while (reader->Read(&chunk));
-    return writer->Commit(sha256);
+                     blobs_.BeginWrite(first.sha256(), first.size()));
+    return rpc::ReceiveBlob(*reader, std::move(first), *writer);
   });
 }
 

@@ -1,15 +1,21 @@
 #include "controller/cli/inputs.h"
 
-#include <fstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <set>
 #include <vector>
 
+#include "common/inputs/trial_inputs.h"
 #include "common/trial_keys.h"
 #include "controller/cli/client.h"
 #include "controller/cli/input_tree.h"
+#include "rpc/blob_stream.h"
 #include "rpc/grpc_status.h"
 #include "rpc/transfer.h"
-#include "common/inputs/trial_inputs.h"
 
 namespace llmctl::cli {
 namespace {
@@ -21,43 +27,26 @@ constexpr size_t kHiddenNamesShown = 10;
 
 Status UploadBlob(v1::Controller::StubInterface& stub, const std::string& sha256,
                   const fs::path& file, int64_t min_bytes_per_second, int64_t& bytes_sent) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return NotFoundError(file.string() + ": cannot open for upload");
-  std::error_code error;
-  const uintmax_t size = fs::file_size(file, error);
-  if (error) return NotFoundError(file.string() + ": " + error.message());
-
+  const int fd = open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NotFoundError(file.string() + ": cannot open for upload: " + strerror(errno));
+  struct stat info {};
+  if (fstat(fd, &info) != 0) {
+    const std::string reason = strerror(errno);
+    close(fd);
+    return NotFoundError(file.string() + ": " + reason);
+  }
+  const auto size = static_cast<int64_t>(info.st_size);
   grpc::ClientContext context;
-  context.set_deadline(
-      std::chrono::system_clock::now() +
-      rpc::TransferDeadline(kCallDeadline, static_cast<int64_t>(size), min_bytes_per_second));
+  context.set_deadline(std::chrono::system_clock::now() +
+                       rpc::TransferDeadline(kCallDeadline, size, min_bytes_per_second));
   v1::UploadBlobResponse response;
   std::unique_ptr<grpc::ClientWriterInterface<v1::BlobChunk>> writer =
       stub.UploadBlob(&context, &response);
-  v1::BlobChunk chunk;
-  chunk.set_sha256(sha256);
-  chunk.set_size(static_cast<int64_t>(size));
-  std::string buffer(kBlobChunkBytes, '\0');
-  bool first = true;
-  while (true) {
-    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
-    const std::streamsize got = in.gcount();
-    if (got == 0 && !first) break;
-    chunk.set_data(buffer.data(), static_cast<size_t>(got));
-    if (!writer->Write(chunk)) break;  // the server ended the call; Finish says why
-    bytes_sent += got;
-    chunk.clear_sha256();
-    chunk.clear_size();
-    first = false;
-    if (got < static_cast<std::streamsize>(buffer.size())) break;
-  }
-  if (in.bad()) {
-    context.TryCancel();
-    writer->Finish().ok();
-    return DataLossError(file.string() + ": read failed during upload");
-  }
-  writer->WritesDone();
-  return rpc::FromGrpcStatus(writer->Finish()).WithContext("uploading " + file.string());
+  const Status sent = rpc::SendBlob(
+      *writer, context, {.sha256 = sha256, .size = size, .fd = fd, .source = file.string()},
+      kBlobChunkBytes, &bytes_sent);
+  close(fd);
+  return sent.WithContext("uploading " + file.string());
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/byte_size.h"
+#include "rpc/blob_stream.h"
 #include "rpc/grpc_status.h"
 #include "rpc/transfer.h"
 
@@ -136,31 +137,11 @@ Status BlobDeliveries::Upload(v1::Agent::Stub& stub, const Blob& blob,
   if (fd < 0) return DataLossError("blob " + blob.sha256 + " is gone from " + path);
   v1::UploadBlobResponse response;
   auto writer = stub.UploadBlob(&context, &response);
-  std::string buffer(static_cast<size_t>(core_.options.upload_chunk_bytes), '\0');
-  v1::BlobChunk chunk;
-  chunk.set_sha256(blob.sha256);
-  chunk.set_size(blob.size);
-  // The first chunk carries the digest and size, even for an empty blob.
-  bool first = true;
-  Status read_status;
-  while (true) {
-    const ssize_t n = read(fd, buffer.data(), buffer.size());
-    if (n < 0) {
-      read_status = DataLossError("cannot read " + path);
-      break;
-    }
-    if (n == 0 && !first) break;
-    chunk.set_data(buffer.data(), static_cast<size_t>(n));
-    if (!writer->Write(chunk) || n == 0) break;
-    chunk.clear_sha256();
-    chunk.clear_size();
-    first = false;
-  }
+  const Status sent = rpc::SendBlob(
+      *writer, context, {.sha256 = blob.sha256, .size = blob.size, .fd = fd, .source = path},
+      static_cast<size_t>(core_.options.upload_chunk_bytes));
   close(fd);
-  writer->WritesDone();
-  const grpc::Status uploaded = writer->Finish();
-  RETURN_IF_ERROR(read_status);
-  return rpc::FromGrpcStatus(uploaded).WithContext("UploadBlob " + blob.sha256);
+  return sent.WithContext("UploadBlob " + blob.sha256);
 }
 
 std::string BlobDeliveries::WaitingFor(const std::string& node, const std::string& tree_digest) {
