@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/mutex.h"
+#include "common/name_locks.h"
 #include "controller/blob_store.h"
 #include "controller/change_notifier.h"
 #include "controller/clock.h"
@@ -82,11 +82,9 @@ class ControllerService final : public v1::Controller::Service {
                      const std::function<Status()>& body) const;
   StatusOr<int64_t> ResolveExperimentId(int64_t requested);
   StatusOr<v1::ExperimentStatus> BuildStatus(int64_t experiment_id);
-  // RegisterNode's two kinds of issue.
-  Status IssueCredentials(const std::string& node, v1::NodeCredentials& response)
-      LLMCTL_REQUIRES(registration_mutex_);
-  Status IssueEnrollment(const std::string& node, v1::NodeCredentials& response)
-      LLMCTL_REQUIRES(registration_mutex_);
+  // RegisterNode's two kinds of issue, under `node`'s registration lock.
+  Status IssueCredentials(const std::string& node, v1::NodeCredentials& response);
+  Status IssueEnrollment(const std::string& node, v1::NodeCredentials& response);
   // The grant for an agent that presented `token` as node `node`'s enrollment token: `token_out`
   // becomes its node token, for CompleteEnrollment once the agent has it.
   StatusOr<v1::EnrollmentGrant> DecideEnrollment(const std::string& node, const std::string& token,
@@ -104,7 +102,10 @@ class ControllerService final : public v1::Controller::Service {
   const std::string api_token_;
   // The controller's client certificate, for EnrollNode's call to the node (empty: it refuses).
   const rpc::TlsIdentity controller_identity_;
-  Mutex registration_mutex_;  // serialises RegisterNode's check and change of a name's token
+  // One per node name: RegisterNode's check and change of the name's token, and EnrollNode's check
+  // and spending of its enrollment token, happen under it. Per name, since an enrollment holds it
+  // while it dials the node (up to 20 s, a booting node's address may swallow the connection).
+  NameLocks registration_locks_;
 };
 
 // "letters, digits and '-'", 1 to 63 of them: a DNS label, as the agent's certificate name needs.

@@ -111,7 +111,7 @@ grpc::Status ControllerService::RegisterNode(grpc::ServerContext* context,
     if (!request->address().empty()) RETURN_IF_ERROR(ValidateAgentAddress(request->address()));
     // Held from the check of the current token to the new one's storing, so that two calls
     // cannot both find the name free.
-    MutexLock registering(registration_mutex_);
+    const NameLocks::Held registering = registration_locks_.Lock(request->name());
     StatusOr<std::string> current_token = secrets_.NodeToken(request->name());
     if (current_token.ok()) {
       // A live node: only a holder of its token may replace its credentials, else any caller
@@ -228,8 +228,8 @@ grpc::Status ControllerService::EnrollNode(grpc::ServerContext* context,
                                      "' is not registered with an address to dial");
     }
     // One enrollment of a name at a time, and none while RegisterNode changes its secrets: the
-    // token is checked and spent under the same lock.
-    MutexLock registering(registration_mutex_);
+    // token is checked and spent under the same lock. Other names' go on meanwhile.
+    const NameLocks::Held registering = registration_locks_.Lock(name);
     response->set_name(name);
     if (!secrets_.HasEnrollment(name) && secrets_.NodeToken(name).ok()) {
       response->set_already_enrolled(true);

@@ -6,9 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "common/files.h"
 #include "controller/daemon.h"
@@ -25,8 +28,10 @@ namespace fs = std::filesystem;
 // grant it is handed, as llm-agent does (without writing files).
 class StandInAgent final : public v1::AgentEnrollment::Service {
  public:
-  StandInAgent(std::string node, std::string token, const std::string& ca_pem)
-      : node_(std::move(node)), token_(std::move(token)) {
+  // A `held` agent answers only once Release is called (or the call ends): a node that is slow
+  // to speak.
+  StandInAgent(std::string node, std::string token, const std::string& ca_pem, bool held = false)
+      : node_(std::move(node)), token_(std::move(token)), held_(held) {
     auto identity = rpc::SelfSignedIdentity(rpc::EnrollmentCertificateName(node_), ca_pem, 1);
     EXPECT_TRUE(identity.ok()) << identity.status().ToString();
     grpc::ServerBuilder builder;
@@ -41,8 +46,14 @@ class StandInAgent final : public v1::AgentEnrollment::Service {
   grpc::Status Enroll(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::EnrollmentOffer, v1::EnrollmentGrant>* stream) override {
+    {
+      std::lock_guard lock(mutex_);
+      ++calls_;
+    }
+    while (held_ && !released_ && !context->IsCancelled()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     std::lock_guard lock(mutex_);
-    ++calls_;
     if (!rpc::CallerIsController(*context)) {
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "not the controller");
     }
@@ -60,6 +71,7 @@ class StandInAgent final : public v1::AgentEnrollment::Service {
     return grpc::Status::OK;
   }
 
+  void Release() { released_ = true; }
   const std::string& address() const { return address_; }
   int calls() {
     std::lock_guard lock(mutex_);
@@ -73,6 +85,8 @@ class StandInAgent final : public v1::AgentEnrollment::Service {
  private:
   const std::string node_;
   const std::string token_;
+  const bool held_;
+  std::atomic<bool> released_{false};
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::mutex mutex_;
@@ -238,6 +252,54 @@ TEST_F(EnrollmentTest, NodeDownDropsTheEnrollmentAndNoAgentMeansUnavailable) {
   EXPECT_EQ(Secrets().find("cloud-1"), std::string::npos);
   EXPECT_EQ(Enroll("cloud-1").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(agent.calls(), 0);
+}
+
+// An enrollment waiting on a node that is slow to answer (up to 20 s) holds only that node's name:
+// another node registers and enrolls meanwhile, and the slow node's own registration waits.
+TEST_F(EnrollmentTest, AnEnrollmentThatWaitsHoldsOnlyItsOwnNode) {
+  const v1::NodeCredentials slow_issued = RegisterForEnrollment("slow-1");
+  StandInAgent slow("slow-1", slow_issued.enrollment_token(), slow_issued.ca_certificate_pem(),
+                    /*held=*/true);
+  SetAddress("slow-1", slow.address());
+  std::atomic<int> order{0};
+  std::atomic<int> slow_enrolled{0};
+  std::atomic<int> slow_registered{0};
+  grpc::Status slow_enrollment;
+  grpc::Status slow_registration;
+  std::thread enrolling([&] {
+    slow_enrollment = Enroll("slow-1");
+    slow_enrolled = ++order;
+  });
+  while (slow.calls() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::thread registering([&] {
+    grpc::ClientContext context;
+    v1::RegisterNodeRequest request;
+    request.set_name("slow-1");
+    request.set_enroll(true);
+    v1::NodeCredentials issued;
+    slow_registration = stub_->RegisterNode(&context, request, &issued);
+    slow_registered = ++order;
+  });
+
+  const v1::NodeCredentials issued = RegisterForEnrollment("cloud-2");
+  StandInAgent agent("cloud-2", issued.enrollment_token(), issued.ca_certificate_pem());
+  SetAddress("cloud-2", agent.address());
+  const grpc::Status enrolled = Enroll("cloud-2");
+  EXPECT_TRUE(enrolled.ok()) << enrolled.error_message();
+  const int other_done = ++order;
+  // Time for a registration of slow-1 that did not wait to end first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  slow.Release();
+  enrolling.join();
+  registering.join();
+
+  EXPECT_EQ(other_done, 1);
+  EXPECT_EQ(slow_enrolled.load(), 2);
+  EXPECT_TRUE(slow_enrollment.ok()) << slow_enrollment.error_message();
+  // It came after the enrollment, which gave slow-1 a token: registering again needs that token.
+  EXPECT_EQ(slow_registered.load(), 3);
+  EXPECT_EQ(slow_registration.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << slow_registration.error_message();
 }
 
 // Only the controller hears a token: an agent's own certificate (same CA) is not enough.
