@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -262,6 +263,12 @@ StatusOr<std::unique_ptr<TokenizerState>> ParseTokenizer(std::string_view text,
       AddedVocabulary::Create(added_tokens, *state->model, state->normalizer.get());
   if (!added.ok()) return src.Invalid("added_tokens", added.status().message());
   state->added = std::move(*added);
+  // The vocabulary's size, one past its largest id, must fit the int32 ids themselves. Added
+  // tokens take ids after the model's, so only the model's can be the largest possible.
+  if (state->model->max_id() == std::numeric_limits<int32_t>::max()) {
+    return src.Invalid("model", "token id " + std::to_string(state->model->max_id()) +
+                                    " is too large: ids go up to 2147483646");
+  }
   state->vocab_size = std::max(state->model->max_id(), state->added->max_id()) + 1;
   RETURN_IF_ERROR(ReadPadding(src, root, state.get()));
   InferSpecialTokens(state.get());

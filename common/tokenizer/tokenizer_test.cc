@@ -452,6 +452,25 @@ TEST(TokenizerLoadTest, UnigramWithoutUnkIdRefusesUnknownCharacters) {
   EXPECT_NE(ids.status().message().find("no unk_id"), std::string::npos) << ids.status().message();
 }
 
+// The vocabulary's size (one past its largest id) is an int32 too: an id of 2^31 - 1 is refused,
+// not wrapped into a negative size.
+TEST(TokenizerLoadTest, AnIdWithNoRoomForTheVocabularySizeIsRefused) {
+  const std::string json =
+      R"({"version":"1.0","model":{"type":"BPE","vocab":{"a":2147483647},"merges":[]}})";
+  const StatusOr<Tokenizer> refused = Tokenizer::FromJson(json, "huge_id.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("model: token id 2147483647 is too large"),
+            std::string::npos)
+      << refused.status().message();
+
+  const std::string largest =
+      R"({"version":"1.0","model":{"type":"BPE","vocab":{"a":2147483646},"merges":[]}})";
+  const StatusOr<Tokenizer> tokenizer = Tokenizer::FromJson(largest, "largest_id.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  EXPECT_EQ(tokenizer->vocab_size(), 2147483647);
+}
+
 // A hostile pattern fails the encode instead of hanging the trainer.
 TEST(TokenizerLoadTest, CatastrophicRegexFailsFast) {
   const std::string json = R"({"version":"1.0",
