@@ -33,7 +33,7 @@ Status SendBlob(grpc::ClientWriterInterface<v1::BlobChunk>& writer, grpc::Client
       const std::string reason = std::strerror(errno);
       context.TryCancel();
       writer.Finish().ok();
-      return DataLossError(blob.source + ": read failed during upload: " + reason);
+      return DataLossError("read failed during the upload: " + reason);
     }
     if (n == 0 && !first) break;
     chunk.set_data(buffer.data(), static_cast<size_t>(n));

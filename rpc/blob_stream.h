@@ -21,19 +21,18 @@
 namespace llmctl::rpc {
 
 // The blob to send: its name and size, and an open descriptor positioned at its first byte, read
-// until its end. `source` names it in messages (the user's path, or the store's).
+// until its end.
 struct OutgoingBlob {
   std::string sha256;
   int64_t size = 0;
   int fd = -1;
-  std::string source;
 };
 
 // Sends `blob` on `writer`, the stream of an UploadBlob call made with `context`, in chunks of
 // `chunk_bytes`, and finishes the call. Adds the bytes the receiver took to `*bytes_sent` when it
 // is not null. A receiver that ends the call early (it has the blob already, or refuses it) is
-// answered by Finish: its status is returned. DataLoss naming `blob.source` when the file cannot
-// be read; the call is cancelled then, so the receiver publishes nothing.
+// answered by Finish: its status is returned. DataLoss when the file cannot be read (the caller
+// names it); the call is cancelled then, so the receiver publishes nothing.
 Status SendBlob(grpc::ClientWriterInterface<v1::BlobChunk>& writer, grpc::ClientContext& context,
                 const OutgoingBlob& blob, size_t chunk_bytes, int64_t* bytes_sent = nullptr);
 

@@ -85,9 +85,8 @@ class BlobStreamTest : public ::testing::Test {
     EXPECT_GE(fd, 0) << path;
     grpc::ClientContext context;
     auto writer = stub_->UploadBlob(&context, response);
-    const Status sent =
-        SendBlob(*writer, context, {.sha256 = sha256, .size = size, .fd = fd, .source = "SOURCE"},
-                 chunk_bytes, bytes_sent);
+    const Status sent = SendBlob(*writer, context, {.sha256 = sha256, .size = size, .fd = fd},
+                                 chunk_bytes, bytes_sent);
     close(fd);
     return sent;
   }
@@ -179,14 +178,15 @@ TEST_F(BlobStreamTest, AReceiverThatHoldsTheBlobReadsItsAnnouncedSizeAndNoMore) 
       << endless.message();
 }
 
-TEST_F(BlobStreamTest, AnUnreadableSourceCancelsTheCallAndIsNamed) {
+TEST_F(BlobStreamTest, AnUnreadableSourceCancelsTheCallAndSaysWhy) {
   // A directory opens for reading, and read(2) fails on it (EISDIR).
   fs::create_directories(dir_ / "a-directory");
   int64_t sent = 0;
   pb::UploadBlobResponse response;
   const Status status = Send(dir_ / "a-directory", digest::Sha256Hex("x"), 1, 64, &sent, &response);
   EXPECT_EQ(status.code(), StatusCode::kDataLoss);
-  EXPECT_NE(status.message().find("SOURCE: read failed during upload"), std::string::npos)
+  EXPECT_NE(status.message().find("read failed during the upload: Is a directory"),
+            std::string::npos)
       << status.message();
   EXPECT_EQ(sent, 0);
   EXPECT_EQ(ReceivedFiles(), 0);

@@ -42,9 +42,8 @@ Status UploadBlob(v1::Controller::StubInterface& stub, const std::string& sha256
   v1::UploadBlobResponse response;
   std::unique_ptr<grpc::ClientWriterInterface<v1::BlobChunk>> writer =
       stub.UploadBlob(&context, &response);
-  const Status sent = rpc::SendBlob(
-      *writer, context, {.sha256 = sha256, .size = size, .fd = fd, .source = file.string()},
-      kBlobChunkBytes, &bytes_sent);
+  const Status sent = rpc::SendBlob(*writer, context, {.sha256 = sha256, .size = size, .fd = fd},
+                                    kBlobChunkBytes, &bytes_sent);
   close(fd);
   return sent.WithContext("uploading " + file.string());
 }

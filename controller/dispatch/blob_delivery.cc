@@ -137,9 +137,9 @@ Status BlobDeliveries::Upload(v1::Agent::Stub& stub, const Blob& blob,
   if (fd < 0) return DataLossError("blob " + blob.sha256 + " is gone from " + path);
   v1::UploadBlobResponse response;
   auto writer = stub.UploadBlob(&context, &response);
-  const Status sent = rpc::SendBlob(
-      *writer, context, {.sha256 = blob.sha256, .size = blob.size, .fd = fd, .source = path},
-      static_cast<size_t>(core_.options.upload_chunk_bytes));
+  const Status sent =
+      rpc::SendBlob(*writer, context, {.sha256 = blob.sha256, .size = blob.size, .fd = fd},
+                    static_cast<size_t>(core_.options.upload_chunk_bytes));
   close(fd);
   return sent.WithContext("UploadBlob " + blob.sha256);
 }
