@@ -1,14 +1,12 @@
 #include "controller/cli/inputs.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <set>
 #include <vector>
 
+#include "common/files.h"
 #include "common/inputs/trial_inputs.h"
 #include "common/trial_keys.h"
 #include "controller/cli/client.h"
@@ -27,14 +25,9 @@ constexpr size_t kHiddenNamesShown = 10;
 
 Status UploadBlob(v1::Controller::StubInterface& stub, const std::string& sha256,
                   const fs::path& file, int64_t min_bytes_per_second, int64_t& bytes_sent) {
-  const int fd = open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return NotFoundError(file.string() + ": cannot open for upload: " + strerror(errno));
   struct stat info {};
-  if (fstat(fd, &info) != 0) {
-    const std::string reason = strerror(errno);
-    close(fd);
-    return NotFoundError(file.string() + ": " + reason);
-  }
+  // Its messages name the path: "cannot open PATH: ...".
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(file.string(), info));
   const auto size = static_cast<int64_t>(info.st_size);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
