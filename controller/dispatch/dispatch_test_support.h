@@ -56,7 +56,8 @@ struct FakeAgentState {
   };
   std::mutex mutex;
   std::condition_variable changed;
-  int cuda_devices = 0;  // GetNodeInfo lists these besides one CPU
+  std::string node = "n1";  // the name GetNodeInfo gives
+  int cuda_devices = 0;     // GetNodeInfo lists these besides one CPU
   // What GetNodeInfo says of the NVIDIA driver and llm-train's LibTorch ("": nothing).
   std::string driver_version, driver_cuda_version, libtorch_cuda_version;
   std::string rate_probe_json;      // NodeInfo's: the node's measured rates ("": none yet)
@@ -84,6 +85,10 @@ struct FakeAgentState {
   std::vector<std::string> cancel_lines;
   // How long RunTrial takes to answer once it has started the run.
   std::chrono::milliseconds run_trial_delay{0};
+  // RunTrial's answers, in order (then it starts the run): an error starts nothing.
+  std::vector<grpc::Status> run_trial_results;
+  // The rendezvous port node rank 0 of a multi-node run reports.
+  int32_t master_port = 29500;
   // What the next RunTrial's worker will write.
   std::vector<std::string> script = {StepLine(0), StepLine(1), kResultLine};
   bool script_ends = true;
@@ -125,15 +130,12 @@ class FakeAgent final : public v1::Agent::Service {
 
   grpc::Status GetNodeInfo(grpc::ServerContext*, const v1::GetNodeInfoRequest*,
                            v1::NodeInfo* info) override {
-    {
-      std::lock_guard lock(state_.mutex);
-      ++state_.node_info_calls;
-    }
-    info->set_node("n1");
+    std::lock_guard lock(state_.mutex);
+    ++state_.node_info_calls;
+    info->set_node(state_.node);
     v1::Device* cpu = info->add_devices();
     cpu->set_type("cpu");
     cpu->set_name("fake cpu");
-    std::lock_guard lock(state_.mutex);
     for (int index = 0; index < state_.cuda_devices; ++index) {
       v1::Device* gpu = info->add_devices();
       gpu->set_type("cuda");
@@ -214,6 +216,11 @@ class FakeAgent final : public v1::Agent::Service {
   grpc::Status RunTrial(grpc::ServerContext*, const v1::RunTrialRequest* request,
                         v1::RunState* state) override {
     std::unique_lock lock(state_.mutex);
+    if (!state_.run_trial_results.empty()) {
+      const grpc::Status result = state_.run_trial_results.front();
+      state_.run_trial_results.erase(state_.run_trial_results.begin());
+      if (!result.ok()) return result;
+    }
     // A checkpoint sent as a tree needs no earlier run on this node.
     if (request->has_resume_from() && !request->resume_from().has_tree() &&
         !state_.runs.contains(RunName(request->resume_from().run()))) {
@@ -229,6 +236,9 @@ class FakeAgent final : public v1::Agent::Service {
     }
     *state->mutable_key() = request->key();
     state->set_status(run->second.ended ? v1::RUN_STATUS_ENDED : v1::RUN_STATUS_RUNNING);
+    if (request->node_group().nodes() > 1 && request->node_group().node_rank() == 0) {
+      state->set_master_port(state_.master_port);
+    }
     const std::chrono::milliseconds delay = state_.run_trial_delay;
     lock.unlock();
     std::this_thread::sleep_for(delay);
@@ -425,12 +435,16 @@ class DispatcherTest : public testing::Test {
     StartAgent();
   }
   // Registers node n1 at the fake agent's address; its credentials go to credentials_.
-  void RegisterNode() {
+  void RegisterNode() { credentials_ = RegisterNodeAt("n1", agent_address_); }
+  v1::NodeCredentials RegisterNodeAt(const std::string& name, const std::string& address) {
     grpc::ClientContext context;
     v1::RegisterNodeRequest request;
-    request.set_name("n1");
-    request.set_address(agent_address_);
-    ASSERT_TRUE(controller_->RegisterNode(&context, request, &credentials_).ok());
+    request.set_name(name);
+    request.set_address(address);
+    v1::NodeCredentials credentials;
+    const grpc::Status registered = controller_->RegisterNode(&context, request, &credentials);
+    EXPECT_TRUE(registered.ok()) << registered.error_message();
+    return credentials;
   }
   void TearDown() override {
     daemon_.reset();
@@ -452,15 +466,20 @@ class DispatcherTest : public testing::Test {
 
   void StartAgent() {
     agent_service_ = std::make_unique<FakeAgent>(agent_state_);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort(
-        agent_address_,
-        rpc::ServerCredentials({credentials_.ca_certificate_pem(), credentials_.certificate_pem(),
-                                credentials_.private_key_pem()},
-                               credentials_.token()));
-    builder.RegisterService(agent_service_.get());
-    agent_ = builder.BuildAndStart();
+    agent_ = ServeAgent(*agent_service_, agent_address_, credentials_);
     ASSERT_NE(agent_, nullptr);
+  }
+  // Serves `service` at `address` as the node those credentials were issued to.
+  static std::unique_ptr<grpc::Server> ServeAgent(v1::Agent::Service& service,
+                                                  const std::string& address,
+                                                  const v1::NodeCredentials& credentials) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address, rpc::ServerCredentials({credentials.ca_certificate_pem(),
+                                                              credentials.certificate_pem(),
+                                                              credentials.private_key_pem()},
+                                                             credentials.token()));
+    builder.RegisterService(&service);
+    return builder.BuildAndStart();
   }
   void StopAgent() {
     if (agent_ == nullptr) return;

@@ -223,8 +223,8 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
   ASSIGN_OR_RETURN(const int64_t attempt,
                    store.StartMultiNodeAttempt(trial.id, attempt_nodes, now));
   std::vector<int> started;
-  // Stops what already runs, then ends the attempt: failed when a node refused the trial, lost
-  // (queued again as the next attempt) otherwise.
+  // Stops what already runs, then ends the attempt: withdrawn when nothing started, failed when a
+  // node refused the trial, lost (queued again as the next attempt) otherwise.
   const auto abandon = [&](int rank, const grpc::Status& ran, const std::string& what) {
     const store::RunningAttempt running{.trial_id = trial.id,
                                         .experiment_id = trial.experiment_id,
@@ -242,6 +242,20 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
     }
     const std::string where = "node " + links[rank]->name + " (node rank " + std::to_string(rank) +
                               " of " + std::to_string(nodes) + ")";
+    // Node rank 0 answered without starting anything (say, it began measuring its rates between
+    // two health checks): nothing of the attempt ran, so it is taken back, as a one-node trial an
+    // agent turns away stays queued, and the next attempt has its number.
+    if (started.empty() && !ran.ok() && ran.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
+        !Refused(trial, ran)) {
+      const Status withdrawn = store.WithdrawAttempt(trial.id, attempt);
+      if (withdrawn.ok()) {
+        ForgetLostHubModel(config, *links[rank], ran);
+        core_.changes.Notify();
+        return UnavailableError(where + ": " + what + "; the trial stays queued");
+      }
+      spdlog::warn("trial {} of experiment {}: attempt {} cannot be withdrawn: {}", trial.name,
+                   trial.experiment_id, attempt, withdrawn.ToString());
+    }
     if (Refused(trial, ran)) {
       RETURN_IF_ERROR(
           store.FinishAttempt(trial.id, attempt, store::TrialState::kFailed, std::nullopt,

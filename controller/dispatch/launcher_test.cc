@@ -1,5 +1,6 @@
 // Launching a placed trial: its inputs' missing blobs sent (with time for their size), RunTrial,
-// then every event stored; ToProto.
+// then every event stored; a multi-node attempt withdrawn when node rank 0 starts nothing, lost
+// once it has; ToProto.
 #include "controller/dispatch/launcher.h"
 
 #include <gtest/gtest.h>
@@ -99,6 +100,91 @@ TEST_F(LauncherTest, ARunTrialAnsweredPastItsDeadlineIsTakenAsStartedThere) {
   std::lock_guard lock(agent_state_.mutex);
   EXPECT_EQ(agent_state_.runs.size(), 1u);
   EXPECT_TRUE(agent_state_.cancelled.empty());
+}
+
+// Two nodes, n1 (the fixture's fake agent) and n2, each with one CPU.
+class MultiNodeLauncherTest : public DispatcherTest {
+ protected:
+  void SetUp() override {
+    DispatcherTest::SetUp();
+    second_state_.node = "n2";
+    second_service_ = std::make_unique<FakeAgent>(second_state_);
+    second_ = ServeAgent(*second_service_, second_address_, RegisterNodeAt("n2", second_address_));
+    ASSERT_NE(second_, nullptr);
+  }
+  void TearDown() override {
+    daemon_.reset();
+    second_->Shutdown(std::chrono::system_clock::now());
+    second_->Wait();
+    DispatcherTest::TearDown();
+  }
+  // A ddp trial over both nodes.
+  int64_t SubmitTwoNodeTrial() {
+    std::string text(kExperiment);
+    text.replace(text.find("max_steps: 2"), std::string_view("max_steps: 2").size(),
+                 "global_batch_size: 4, max_steps: 2");
+    v1::SubmitRequest request;
+    request.set_filename("two-nodes.yaml");
+    request.set_yaml_text(text + "strategy: ddp\nnodes: 2\n");
+    v1::SubmitResponse submitted;
+    grpc::ClientContext context;
+    const grpc::Status accepted = controller_->Submit(&context, request, &submitted);
+    EXPECT_TRUE(accepted.ok()) << accepted.error_message();
+    return submitted.experiment_id();
+  }
+  static std::vector<int> NodeRanksRun(FakeAgentState& state) {
+    std::lock_guard lock(state.mutex);
+    std::vector<int> ranks;
+    for (const auto& [name, run] : state.runs) {
+      ranks.push_back(run.request.node_group().node_rank());
+    }
+    return ranks;
+  }
+
+  std::string second_address_ = "unix:" + testing::TempDir() + "/dispatcher_test_agent2_" +
+                                std::to_string(getpid()) + ".sock";
+  FakeAgentState second_state_;
+  std::unique_ptr<FakeAgent> second_service_;
+  std::unique_ptr<grpc::Server> second_;
+};
+
+TEST_F(MultiNodeLauncherTest, AnAttemptNodeRankZeroTurnsAwayIsWithdrawnNotLost) {
+  // n1, node rank 0, is measuring its rates when the trial comes: it starts nothing, n2 is never
+  // asked, and the trial waits for its first attempt, which then runs on both.
+  agent_state_.run_trial_results = {
+      grpc::Status(grpc::StatusCode::UNAVAILABLE, "RunTrial: the node is measuring its rates")};
+  const int64_t experiment = SubmitTwoNodeTrial();
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 0);
+  EXPECT_TRUE(NodeRanksRun(agent_state_).empty());
+  EXPECT_TRUE(NodeRanksRun(second_state_).empty());
+  auto running = daemon_->store().ListRunningAttempts();
+  ASSERT_TRUE(running.ok());
+  EXPECT_TRUE(running->empty());
+
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 1);
+  EXPECT_EQ(NodeRanksRun(agent_state_), std::vector<int>{0});
+  EXPECT_EQ(NodeRanksRun(second_state_), std::vector<int>{1});
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 1);
+}
+
+TEST_F(MultiNodeLauncherTest, AnAttemptTurnedAwayAfterNodeRankZeroStartedIsLostAndItsRunStopped) {
+  // Node rank 0 runs by then: the attempt happened, so it is lost and the next one is attempt 2.
+  second_state_.run_trial_results = {
+      grpc::Status(grpc::StatusCode::UNAVAILABLE, "RunTrial: the node is measuring its rates")};
+  agent_state_.script_ends = false;
+  const int64_t experiment = SubmitTwoNodeTrial();
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 1);
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    ASSERT_EQ(agent_state_.cancelled.size(), 1u);
+  }
+  EXPECT_TRUE(NodeRanksRun(second_state_).empty());
 }
 
 TEST(LauncherToProtoTest, CarriesTheTreesDigestKindAndFiles) {

@@ -1,5 +1,6 @@
 // Multi-node attempts: started on every node at once, listed with their nodes, lost with any of
-// them, and ended once every node's run has, with the outcome that explains the end.
+// them, withdrawn when none of their runs started, and ended once every node's run has, with the
+// outcome that explains the end.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -189,6 +190,72 @@ TEST_F(AttemptNodesTest, AUserCancelEndsItCancelled) {
       store_->FinishAttemptNode(trial_ids_[0], attempt, 0, TrialState::kCancelled, 5, "", Later(1));
   ASSERT_TRUE(last.ok());
   EXPECT_EQ(*last, TrialState::kCancelled);
+}
+
+TEST_F(AttemptNodesTest, AnAttemptNoneOfWhoseRunsStartedIsWithdrawnAndItsNumberUsedAgain) {
+  const int64_t attempt = StartOnTwoNodes();
+  ASSERT_EQ(attempt, 1);
+  const Status withdrawn = store_->WithdrawAttempt(trial_ids_[0], attempt);
+  ASSERT_TRUE(withdrawn.ok()) << withdrawn.ToString();
+  EXPECT_EQ(Trial(trial_ids_[0]).state, TrialState::kQueued);
+  EXPECT_EQ(Trial(trial_ids_[0]).current_attempt, 0);
+  auto running = store_->ListRunningAttempts();
+  ASSERT_TRUE(running.ok());
+  EXPECT_TRUE(running->empty());
+  // Nothing of it stays: the next attempt takes its number, on other nodes.
+  auto again = store_->StartMultiNodeAttempt(
+      trial_ids_[0],
+      {{.node_rank = 0, .node = "n3", .device_indices = {0}, .ended = false},
+       {.node_rank = 1, .node = "n1", .device_indices = {1}, .ended = false}},
+      Later(5));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, 1);
+  running = store_->ListRunningAttempts();
+  ASSERT_TRUE(running.ok());
+  ASSERT_EQ(running->size(), 1u);
+  EXPECT_EQ(running->front().node, "n3");
+  ASSERT_EQ(running->front().nodes.size(), 2u);
+  EXPECT_EQ(running->front().nodes[1].node, "n1");
+  EXPECT_EQ(running->front().started_at, Later(5));
+}
+
+TEST_F(AttemptNodesTest, AnAttemptWithAnythingStoredIsNeverWithdrawn) {
+  // An event of any rank, or a node's end, proves a run ran.
+  const int64_t attempt = StartOnTwoNodes();
+  const std::vector<Event> rank1 = {
+      {.seq = 1, .type = "step", .json = R"({"type":"step"})", .rank = 1}};
+  ASSERT_TRUE(store_->AppendEvents(trial_ids_[0], attempt, rank1).ok());
+  EXPECT_EQ(store_->WithdrawAttempt(trial_ids_[0], attempt).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Trial(trial_ids_[0]).state, TrialState::kRunning);
+  EXPECT_EQ(Trial(trial_ids_[0]).current_attempt, attempt);
+
+  auto b = store_->StartMultiNodeAttempt(
+      trial_ids_[1],
+      {{.node_rank = 0, .node = "n3", .device_indices = {0}, .ended = false},
+       {.node_rank = 1, .node = "n4", .device_indices = {0}, .ended = false}},
+      kNow);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(
+      store_->FinishAttemptNode(trial_ids_[1], *b, 1, TrialState::kFailed, 1, "peer", kNow).ok());
+  EXPECT_EQ(store_->WithdrawAttempt(trial_ids_[1], *b).code(), StatusCode::kFailedPrecondition);
+
+  // Nor one that has been lost, nor a number that is not the current attempt's.
+  ASSERT_TRUE(store_->MarkAttemptLost(trial_ids_[0], attempt, Later(1)).ok());
+  EXPECT_EQ(store_->WithdrawAttempt(trial_ids_[0], attempt).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->WithdrawAttempt(trial_ids_[0], attempt + 1).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Trial(trial_ids_[0]).state, TrialState::kQueued);
+  EXPECT_EQ(Trial(trial_ids_[0]).current_attempt, attempt);
+}
+
+TEST_F(AttemptNodesTest, AWithdrawnAttemptOfATrialTheUserCancelledEndsItCancelled) {
+  const int64_t attempt = StartOnTwoNodes();
+  ASSERT_TRUE(store_->CancelTrial(trial_ids_[0]).ok());
+  ASSERT_TRUE(store_->WithdrawAttempt(trial_ids_[0], attempt).ok());
+  EXPECT_EQ(Trial(trial_ids_[0]).state, TrialState::kCancelled);
+  EXPECT_EQ(Trial(trial_ids_[0]).current_attempt, 0);
 }
 
 TEST_F(AttemptNodesTest, RemovingAnyOfItsNodesLosesTheAttemptAndFencesItsNodes) {

@@ -1,6 +1,6 @@
-// Store's attempts of a trial: starting one, ending it with an outcome or declaring it lost, the
-// fence that refuses a stale attempt's writes, the running attempts, and resuming a trial from its
-// final attempt's checkpoint.
+// Store's attempts of a trial: starting one, ending it with an outcome, declaring it lost or
+// withdrawing one that never ran, the fence that refuses a stale attempt's writes, the running
+// attempts, and resuming a trial from its final attempt's checkpoint.
 #include <sqlite3.h>
 
 #include <algorithm>
@@ -253,6 +253,45 @@ Status Store::MarkAttemptLost(int64_t trial_id, int64_t attempt, Time now) {
   MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   RETURN_IF_ERROR(LoseAttempt(db_, trial_id, attempt, now));
+  return txn.Commit();
+}
+
+Status Store::WithdrawAttempt(int64_t trial_id, int64_t attempt) {
+  MutexLock lock(mutex_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
+  ASSIGN_OR_RETURN(const CurrentAttempt current, LoadCurrentAttempt(db_, trial_id, attempt));
+  const std::string label = "attempt " + std::to_string(attempt) + " of " + TrialLabel(trial_id);
+  if (current.attempt.state != AttemptState::kRunning) {
+    return FailedPreconditionError(label + " has ended; it cannot be withdrawn");
+  }
+  // Whatever a run stored proves that it ran: such an attempt is lost, never withdrawn.
+  ASSIGN_OR_RETURN(Statement stored,
+                   Statement::Prepare(db_,
+                                      "SELECT EXISTS (SELECT 1 FROM events WHERE trial_id = ?1 AND "
+                                      "attempt = ?2) OR EXISTS (SELECT 1 FROM rank_events WHERE "
+                                      "trial_id = ?1 AND attempt = ?2) OR EXISTS (SELECT 1 FROM "
+                                      "device_samples WHERE trial_id = ?1 AND attempt = ?2) OR "
+                                      "EXISTS (SELECT 1 FROM attempt_nodes WHERE trial_id = ?1 AND "
+                                      "attempt = ?2 AND ended_at IS NOT NULL)"));
+  stored.Bind(1, trial_id).Bind(2, attempt);
+  ASSIGN_OR_RETURN(const bool has_row, stored.Step());
+  if (!has_row || stored.Int(0) != 0) {
+    return FailedPreconditionError(label + " has stored what its runs did; it cannot be withdrawn");
+  }
+  // Its attempt_nodes rows go with it (ON DELETE CASCADE).
+  ASSIGN_OR_RETURN(
+      Statement remove,
+      Statement::Prepare(db_, "DELETE FROM attempts WHERE trial_id = ? AND attempt = ?"));
+  remove.Bind(1, trial_id).Bind(2, attempt);
+  RETURN_IF_ERROR(remove.Run());
+  ASSIGN_OR_RETURN(Statement requeue,
+                   Statement::Prepare(db_,
+                                      "UPDATE trials SET current_attempt = ?, state = CASE WHEN "
+                                      "cancel_requested THEN 'cancelled' ELSE 'queued' END WHERE "
+                                      "id = ?"));
+  requeue.Bind(1, attempt - 1).Bind(2, trial_id);
+  RETURN_IF_ERROR(requeue.Run());
+  RETURN_IF_ERROR(RefreshExperimentState(db_, current.trial.experiment_id));
   return txn.Commit();
 }
 

@@ -10,6 +10,8 @@
 //   queued --StartAttempt--> running --FinishAttempt--> ok | oom | diverged | failed | cancelled
 //   running --MarkAttemptLost--> queued (the next StartAttempt makes attempt + 1), or cancelled
 //            when the user cancelled the trial while it ran
+//   running --WithdrawAttempt--> queued (nothing of it ran; the next StartAttempt reuses its
+//            number), or cancelled as above
 //   queued --CancelTrial/CancelExperiment--> cancelled
 //   an outcome but ok --ResumeTrial--> queued (the next attempt continues from the final
 //            attempt's checkpoint)
@@ -437,6 +439,14 @@ class Store {
   // queued again, or cancelled when a cancel was requested while it ran. Repeating it is OK.
   // FailedPrecondition for a stale attempt or one that has ended.
   Status MarkAttemptLost(int64_t trial_id, int64_t attempt, Time now);
+
+  // Takes back the trial's current attempt when none of its runs started (a multi-node attempt's
+  // node rank 0 answered RunTrial with an error before starting anything): its rows go, and the
+  // trial is queued again with its attempt count as before (the next attempt gets the same
+  // number), or cancelled when a cancel was requested meanwhile. FailedPrecondition when it is not
+  // the trial's current, running attempt, or when anything of it was stored (an event, a device
+  // sample, a node's end).
+  Status WithdrawAttempt(int64_t trial_id, int64_t attempt);
 
   // Stores events of the trial's current attempt, in one transaction. Idempotent on
   // (trial, attempt, rank, seq): events already stored are skipped, so a stream may resume from
