@@ -212,6 +212,64 @@ TimeTerm AttentionTerm(const StepWork& w, const DeviceSpeed& d) {
           seconds};
 }
 
+// `amount` of `unit` at `rate` of them a second: "1.2 G values / 0.8 G values/s" and its time.
+TimeTerm RateTerm(const char* name, double amount, double rate, const std::string& unit,
+                  bool calibrated = true, const std::string& note = "") {
+  return {name,
+          Quantity(amount, unit.c_str()) + " / " + Quantity(rate, (unit + "/s").c_str()) + note,
+          amount / rate, calibrated};
+}
+
+// A captioning step's images, decoded and resized on one host thread before the step's device
+// work (llm-train does not overlap them): their own rate, no factor.
+TimeTerm ImagesTerm(const StepWork& w, const DeviceSpeed& d) {
+  std::string formula;
+  double seconds = 0;
+  for (const auto& [name, pixels, rate] : {std::tuple{"JPEG", w.jpeg_pixels, d.jpeg_pixels_per_s},
+                                           std::tuple{"PNG", w.png_pixels, d.png_pixels_per_s}}) {
+    if (!(pixels > 0)) continue;
+    formula += (formula.empty() ? "" : " + ") + Quantity(pixels, "pixels") + " " + name + " / " +
+               Quantity(rate, "pixels/s");
+    seconds += pixels / rate;
+  }
+  return {"images", formula + " (decoded and resized)", seconds, false};
+}
+
+// Micro-batches at sequence lengths new to the run, measured by the probe's own reference steps,
+// so taken as they are (no factor): each class's weight shapes at its cost. Seconds 0 without
+// such a cost.
+TimeTerm NewLengthsTerm(const StepWork& w, const DeviceSpeed& d) {
+  std::string how;
+  double seconds = 0;
+  for (const MatmulClass c : {MatmulClass::kBf16, MatmulClass::kFp32}) {
+    const double cost =
+        c == MatmulClass::kBf16 ? d.bf16_new_length_seconds : d.fp32_new_length_seconds;
+    const int64_t shapes = DistinctWeightShapes(w, c);
+    if (cost <= 0 || shapes == 0) continue;
+    seconds += w.new_length_micro_batches * static_cast<double>(shapes) * cost;
+    how += (how.empty() ? "" : " + ") + std::to_string(shapes) + " " +
+           std::string(MatmulClassName(c)) + " weight shapes x " + Seconds(cost);
+  }
+  return {"new lengths",
+          Format("%.2f", w.new_length_micro_batches) +
+              " micro-batches at lengths new to the run x (" + how + ")",
+          seconds, false};
+}
+
+// Issuing the step's ops. On a GPU the host issues kernels ahead of the device: only what issuing
+// takes beyond the kernels' own time (the calibrated `terms`) shows.
+TimeTerm LaunchesTerm(const StepWork& w, const DeviceSpeed& d, const std::vector<TimeTerm>& terms) {
+  const double issuing = w.launches * d.launch_seconds;
+  const std::string launches = Format("%.0f", w.launches) + " x " + Seconds(d.launch_seconds);
+  if (!d.launches_overlap) return {"launches", launches, issuing};
+  double kernels = 0;
+  for (const TimeTerm& term : terms) kernels += term.calibrated ? term.seconds : 0;
+  return {
+      "launches",
+      launches + (issuing > kernels ? ", beyond the kernels' time" : ", hidden behind the kernels"),
+      std::max(0.0, issuing - kernels)};
+}
+
 // The nominal terms of a step, uncalibrated.
 std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   std::vector<TimeTerm> terms;
@@ -223,106 +281,45 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   const double counted = attention.seconds > 0 ? AttentionShapeFlops(w) : 0;
   terms.push_back(Matmuls(w, d, w.matmul_flops - counted, w.attention_flops - counted));
   if (attention.seconds > 0) terms.push_back(attention);
-  terms.push_back({"memory",
-                   Quantity(w.memory_bytes, "B") + " / " + Quantity(d.memory_bytes_per_s, "B/s"),
-                   w.memory_bytes / d.memory_bytes_per_s});
+  terms.push_back(RateTerm("memory", w.memory_bytes, d.memory_bytes_per_s, "B"));
   // A probe times the optimizer steps below with the trainer's own kernels on this machine: what
   // the factor stands for (the work the counted terms miss) is in their rate already, so a probe's
   // rates leave them uncalibrated. The sheet's are another machine's, and take it.
   const bool probed = !d.rates.empty();
   if (w.adamw_8bit_values > 0) {
-    terms.push_back({"8-bit AdamW",
-                     Quantity(w.adamw_8bit_values, "values") + " / " +
-                         Quantity(d.adamw_8bit_values_per_s, "values/s"),
-                     w.adamw_8bit_values / d.adamw_8bit_values_per_s, !probed});
+    terms.push_back(
+        RateTerm("8-bit AdamW", w.adamw_8bit_values, d.adamw_8bit_values_per_s, "values", !probed));
   }
   if (w.nf4_dequant_values > 0) {
-    terms.push_back({"NF4 dequant",
-                     Quantity(w.nf4_dequant_values, "values") + " / " +
-                         Quantity(d.nf4_dequant_values_per_s, "values/s"),
-                     w.nf4_dequant_values / d.nf4_dequant_values_per_s, !probed});
+    terms.push_back(RateTerm("NF4 dequant", w.nf4_dequant_values, d.nf4_dequant_values_per_s,
+                             "values", !probed));
   }
   if (w.dropout_values > 0 && d.dropout_values_per_s > 0) {
-    terms.push_back({"dropout",
-                     Quantity(w.dropout_values, "values") + " / " +
-                         Quantity(d.dropout_values_per_s, "values/s") + " (masks' draws)",
-                     w.dropout_values / d.dropout_values_per_s, !probed});
+    terms.push_back(RateTerm("dropout", w.dropout_values, d.dropout_values_per_s, "values", !probed,
+                             " (masks' draws)"));
   }
-  // A captioning step's images, decoded and resized on one host thread before the step's device
-  // work (llm-train does not overlap them): their own rate, no factor.
-  if (w.jpeg_pixels > 0 || w.png_pixels > 0) {
-    std::string formula;
-    double seconds = 0;
-    for (const auto& [name, pixels, rate] : {std::tuple{"JPEG", w.jpeg_pixels, d.jpeg_pixels_per_s},
-                                             std::tuple{"PNG", w.png_pixels, d.png_pixels_per_s}}) {
-      if (!(pixels > 0)) continue;
-      formula += (formula.empty() ? "" : " + ") + Quantity(pixels, "pixels") + " " + name + " / " +
-                 Quantity(rate, "pixels/s");
-      seconds += pixels / rate;
-    }
-    terms.push_back({"images", formula + " (decoded and resized)", seconds, false});
-  }
+  if (w.jpeg_pixels > 0 || w.png_pixels > 0) terms.push_back(ImagesTerm(w, d));
   // On a CPU the host is the device: every term is its work.
   const bool host_is_device = !d.launches_overlap;
   if (w.host_optimizer_values > 0) {
-    terms.push_back({"host optimizer",
-                     Quantity(w.host_optimizer_values, "values") + " / " +
-                         Quantity(d.host_optimizer_values_per_s, "values/s"),
-                     w.host_optimizer_values / d.host_optimizer_values_per_s,
-                     host_is_device && !probed});
+    terms.push_back(RateTerm("host optimizer", w.host_optimizer_values,
+                             d.host_optimizer_values_per_s, "values", host_is_device && !probed));
   }
   if (w.host_link_bytes > 0 && d.host_link_bytes_per_s > 0) {
-    terms.push_back(
-        {"host link",
-         Quantity(w.host_link_bytes, "B") + " / " + Quantity(d.host_link_bytes_per_s, "B/s"),
-         w.host_link_bytes / d.host_link_bytes_per_s});
+    terms.push_back(RateTerm("host link", w.host_link_bytes, d.host_link_bytes_per_s, "B"));
   }
   if (w.interconnect_bytes > 0) {
-    terms.push_back(
-        {"ranks",
-         Quantity(w.interconnect_bytes, "B") + " / " + Quantity(d.interconnect_bytes_per_s, "B/s"),
-         w.interconnect_bytes / d.interconnect_bytes_per_s});
+    terms.push_back(RateTerm("ranks", w.interconnect_bytes, d.interconnect_bytes_per_s, "B"));
   }
   if (w.network_bytes > 0) {
-    terms.push_back(
-        {"network", Quantity(w.network_bytes, "B") + " / " + Quantity(d.network_bytes_per_s, "B/s"),
-         w.network_bytes / d.network_bytes_per_s});
+    terms.push_back(RateTerm("network", w.network_bytes, d.network_bytes_per_s, "B"));
   }
-  // Measured by the probe's own reference steps, so taken as it is (no factor): each class's
-  // weight shapes at its cost.
   if (w.new_length_micro_batches > 0) {
-    std::string how;
-    double seconds = 0;
-    for (const MatmulClass c : {MatmulClass::kBf16, MatmulClass::kFp32}) {
-      const double cost =
-          c == MatmulClass::kBf16 ? d.bf16_new_length_seconds : d.fp32_new_length_seconds;
-      const int64_t shapes = DistinctWeightShapes(w, c);
-      if (cost <= 0 || shapes == 0) continue;
-      seconds += w.new_length_micro_batches * static_cast<double>(shapes) * cost;
-      how += (how.empty() ? "" : " + ") + std::to_string(shapes) + " " +
-             std::string(MatmulClassName(c)) + " weight shapes x " + Seconds(cost);
-    }
-    if (seconds > 0) {
-      terms.push_back({"new lengths",
-                       Format("%.2f", w.new_length_micro_batches) +
-                           " micro-batches at lengths new to the run x (" + how + ")",
-                       seconds, false});
+    if (TimeTerm new_lengths = NewLengthsTerm(w, d); new_lengths.seconds > 0) {
+      terms.push_back(std::move(new_lengths));
     }
   }
-  const double issuing = w.launches * d.launch_seconds;
-  const std::string launches = Format("%.0f", w.launches) + " x " + Seconds(d.launch_seconds);
-  if (d.launches_overlap) {
-    // The host issues kernels ahead of the GPU: only what issuing takes beyond the kernels' own
-    // time shows.
-    double kernels = 0;
-    for (const TimeTerm& term : terms) kernels += term.calibrated ? term.seconds : 0;
-    terms.push_back({"launches",
-                     launches + (issuing > kernels ? ", beyond the kernels' time"
-                                                   : ", hidden behind the kernels"),
-                     std::max(0.0, issuing - kernels)});
-  } else {
-    terms.push_back({"launches", launches, issuing});
-  }
+  terms.push_back(LaunchesTerm(w, d, terms));
   return terms;
 }
 
