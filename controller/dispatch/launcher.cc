@@ -180,127 +180,148 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
                                  const std::vector<AgentLinks::Link*>& links,
                                  const std::vector<std::vector<int64_t>>& devices, store::Time now,
                                  std::string& waiting) {
-  store::Store& store = core_.store;
-  const int nodes = static_cast<int>(links.size());
-  ASSIGN_OR_RETURN(const TrialConfig config, StoredConfig(trial));
-  std::vector<std::shared_ptr<v1::Agent::Stub>> stubs;
-  std::vector<v1::RunTrialRequest> requests(nodes);
-  std::vector<store::AttemptNode> attempt_nodes;
-  // Every node is readied before any wait, so that their deliveries and downloads go side by side.
-  bool ready = true;
-  for (int rank = 0; rank < nodes; ++rank) {
-    AgentLinks::Link& link = *links[rank];
-    stubs.push_back(StubOf(link));
-    if (stubs.back() == nullptr) return UnavailableError("node " + link.name + " is not connected");
-    std::string failure;
-    std::string node_waiting;
-    ASSIGN_OR_RETURN(
-        const Readiness readiness,
-        Prepare(trial, config, link, stubs.back(), requests[rank], failure, node_waiting, now));
-    if (readiness == Readiness::kWaiting) {
-      if (waiting.empty()) waiting = node_waiting;
-      ready = false;
-      continue;
-    }
-    if (readiness == Readiness::kFailed) {
-      ASSIGN_OR_RETURN(int64_t started, store.StartAttempt(trial.id, links[0]->name, now));
-      RETURN_IF_ERROR(store.FinishAttempt(trial.id, started, store::TrialState::kFailed,
-                                          std::nullopt, "node " + link.name + ": " + failure, now));
-      core_.changes.Notify();
-      return Status::Ok();
-    }
-    for (int64_t index : devices[rank])
-      requests[rank].add_device_indices(static_cast<int32_t>(index));
-    attempt_nodes.push_back(
-        {.node_rank = rank, .node = link.name, .device_indices = devices[rank], .ended = false});
-  }
-  if (!ready) return Status::Ok();
+  ASSIGN_OR_RETURN(TrialConfig config, StoredConfig(trial));
+  MultiNodeStart start{.trial = trial, .config = std::move(config), .links = links, .now = now};
+  ASSIGN_OR_RETURN(const Readiness readiness, PrepareNodes(start, devices, waiting));
+  if (readiness != Readiness::kReady) return Status::Ok();
   // Recorded before any node runs it, unlike a one-node attempt: node rank 0 must start first to
   // tell the others its rendezvous port, so a crash half-way leaves runs that no retry of the same
   // attempt could join. A run recorded here but never started is found missing by the agent's
   // reconciliation and the attempt is lost (and its other runs stopped); a run started but not yet
   // recorded cannot exist.
-  ASSIGN_OR_RETURN(const int64_t attempt,
-                   store.StartMultiNodeAttempt(trial.id, attempt_nodes, now));
-  std::vector<int> started;
-  // Stops what already runs, then ends the attempt: withdrawn when nothing started, failed when a
-  // node refused the trial, lost (queued again as the next attempt) otherwise.
-  const auto abandon = [&](int rank, const grpc::Status& ran, const std::string& what) {
-    const store::RunningAttempt running{.trial_id = trial.id,
-                                        .experiment_id = trial.experiment_id,
-                                        .attempt = attempt,
-                                        .node = links[0]->name,
-                                        .started_at = now,
-                                        .device_indices = devices[0],
-                                        .nodes = attempt_nodes};
-    for (int other : started) {
-      CancelRun(core_, running, links[other]->name, trial.name, *stubs[other], std::nullopt);
+  ASSIGN_OR_RETURN(start.attempt, core_.store.StartMultiNodeAttempt(trial.id, start.nodes, now));
+  return StartNodes(start);
+}
+
+StatusOr<Launcher::Readiness> Launcher::PrepareNodes(
+    MultiNodeStart& start, const std::vector<std::vector<int64_t>>& devices, std::string& waiting) {
+  const store::TrialRecord& trial = start.trial;
+  const int nodes = static_cast<int>(start.links.size());
+  start.requests.resize(nodes);
+  // Every node is readied before any wait, so that their deliveries and downloads go side by side.
+  Readiness readiness = Readiness::kReady;
+  for (int rank = 0; rank < nodes; ++rank) {
+    AgentLinks::Link& link = *start.links[rank];
+    start.stubs.push_back(StubOf(link));
+    if (start.stubs.back() == nullptr) {
+      return UnavailableError("node " + link.name + " is not connected");
     }
-    // A call that ran out of time may have started the run on that node all the same.
-    if (ran.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      CancelRun(core_, running, links[rank]->name, trial.name, *stubs[rank], std::nullopt);
+    std::string failure;
+    std::string node_waiting;
+    ASSIGN_OR_RETURN(const Readiness node,
+                     Prepare(trial, start.config, link, start.stubs.back(), start.requests[rank],
+                             failure, node_waiting, start.now));
+    if (node == Readiness::kWaiting) {
+      if (waiting.empty()) waiting = node_waiting;
+      readiness = Readiness::kWaiting;
+      continue;
     }
-    const std::string where = "node " + links[rank]->name + " (node rank " + std::to_string(rank) +
-                              " of " + std::to_string(nodes) + ")";
-    // Node rank 0 answered without starting anything (say, it began measuring its rates between
-    // two health checks): nothing of the attempt ran, so it is taken back, as a one-node trial an
-    // agent turns away stays queued, and the next attempt has its number.
-    if (started.empty() && !ran.ok() && ran.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
-        !Refused(trial, ran)) {
-      const Status withdrawn = store.WithdrawAttempt(trial.id, attempt);
-      if (withdrawn.ok()) {
-        ForgetLostHubModel(config, *links[rank], ran);
-        core_.changes.Notify();
-        return UnavailableError(where + ": " + what + "; the trial stays queued");
-      }
-      spdlog::warn("trial {} of experiment {}: attempt {} cannot be withdrawn: {}", trial.name,
-                   trial.experiment_id, attempt, withdrawn.ToString());
-    }
-    if (Refused(trial, ran)) {
-      RETURN_IF_ERROR(
-          store.FinishAttempt(trial.id, attempt, store::TrialState::kFailed, std::nullopt,
-                              where + ": the agent refused it: " + ran.error_message(), now));
+    if (node == Readiness::kFailed) {
+      store::Store& store = core_.store;
+      ASSIGN_OR_RETURN(int64_t started,
+                       store.StartAttempt(trial.id, start.links[0]->name, start.now));
+      RETURN_IF_ERROR(store.FinishAttempt(trial.id, started, store::TrialState::kFailed,
+                                          std::nullopt, "node " + link.name + ": " + failure,
+                                          start.now));
       core_.changes.Notify();
-      return Status::Ok();
+      return Readiness::kFailed;
     }
-    ForgetLostHubModel(config, *links[rank], ran);
-    RETURN_IF_ERROR(store.MarkAttemptLost(trial.id, attempt, now));
-    core_.changes.Notify();
-    return UnavailableError(where + ": " + what +
-                            "; the attempt is lost and the trial queued again");
-  };
+    for (int64_t index : devices[rank]) {
+      start.requests[rank].add_device_indices(static_cast<int32_t>(index));
+    }
+    start.nodes.push_back(
+        {.node_rank = rank, .node = link.name, .device_indices = devices[rank], .ended = false});
+  }
+  return readiness;
+}
+
+Status Launcher::StartNodes(MultiNodeStart& start) {
+  const int nodes = static_cast<int>(start.links.size());
   v1::RunState state;
-  const std::string master_addr = RendezvousHost(links[0]->address);
-  requests[0].mutable_node_group()->set_node_rank(0);
-  requests[0].mutable_node_group()->set_nodes(nodes);
+  const std::string master_addr = RendezvousHost(start.links[0]->address);
+  v1::NodeGroup* first = start.requests[0].mutable_node_group();
+  first->set_node_rank(0);
+  first->set_nodes(nodes);
   // Node rank 0 listens on all of its addresses; its own tells its agent which interface the other
   // nodes reach it through.
-  requests[0].mutable_node_group()->set_master_addr(master_addr);
+  first->set_master_addr(master_addr);
   {
     auto context = core_.CallContext();
-    const grpc::Status ran = stubs[0]->RunTrial(context.get(), requests[0], &state);
-    if (!ran.ok()) return abandon(0, ran, "RunTrial: " + ran.error_message());
-    started.push_back(0);
+    const grpc::Status ran = start.stubs[0]->RunTrial(context.get(), start.requests[0], &state);
+    if (!ran.ok()) return Abandon(start, 0, ran, "RunTrial: " + ran.error_message());
+    start.started.push_back(0);
     if (state.master_port() <= 0 || state.master_port() > 65535) {
-      return abandon(0, grpc::Status::OK, "its ranks did not report their rendezvous port");
+      return Abandon(start, 0, grpc::Status::OK, "its ranks did not report their rendezvous port");
     }
   }
   for (int rank = 1; rank < nodes; ++rank) {
-    v1::NodeGroup* group = requests[rank].mutable_node_group();
+    v1::NodeGroup* group = start.requests[rank].mutable_node_group();
     group->set_node_rank(rank);
     group->set_nodes(nodes);
     group->set_master_addr(master_addr);
     group->set_master_port(state.master_port());
     v1::RunState joined;
     auto context = core_.CallContext();
-    const grpc::Status ran = stubs[rank]->RunTrial(context.get(), requests[rank], &joined);
-    if (!ran.ok()) return abandon(rank, ran, "RunTrial: " + ran.error_message());
-    started.push_back(rank);
+    const grpc::Status ran =
+        start.stubs[rank]->RunTrial(context.get(), start.requests[rank], &joined);
+    if (!ran.ok()) return Abandon(start, rank, ran, "RunTrial: " + ran.error_message());
+    start.started.push_back(rank);
   }
   spdlog::info("trial {} of experiment {}: attempt {} started on {} nodes, rendezvous at {}:{}",
-               trial.name, trial.experiment_id, attempt, nodes, master_addr, state.master_port());
+               start.trial.name, start.trial.experiment_id, start.attempt, nodes, master_addr,
+               state.master_port());
   core_.changes.Notify();
   return Status::Ok();
+}
+
+Status Launcher::Abandon(const MultiNodeStart& start, int rank, const grpc::Status& ran,
+                         const std::string& what) {
+  const store::TrialRecord& trial = start.trial;
+  store::Store& store = core_.store;
+  const std::string where = "node " + start.links[rank]->name + " (node rank " +
+                            std::to_string(rank) + " of " + std::to_string(start.links.size()) +
+                            ")";
+  // Node rank 0 answered without starting anything (say, it began measuring its rates between
+  // two health checks): nothing of the attempt ran, so it is taken back, as a one-node trial an
+  // agent turns away stays queued, and the next attempt has its number.
+  if (start.started.empty() && !ran.ok() &&
+      ran.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED && !Refused(trial, ran)) {
+    const Status withdrawn = store.WithdrawAttempt(trial.id, start.attempt);
+    if (withdrawn.ok()) {
+      ForgetLostHubModel(start.config, *start.links[rank], ran);
+      core_.changes.Notify();
+      return UnavailableError(where + ": " + what + "; the trial stays queued");
+    }
+    spdlog::warn("trial {} of experiment {}: attempt {} cannot be withdrawn: {}", trial.name,
+                 trial.experiment_id, start.attempt, withdrawn.ToString());
+  }
+  const store::RunningAttempt running{.trial_id = trial.id,
+                                      .experiment_id = trial.experiment_id,
+                                      .attempt = start.attempt,
+                                      .node = start.links[0]->name,
+                                      .started_at = start.now,
+                                      .device_indices = start.nodes[0].device_indices,
+                                      .nodes = start.nodes};
+  for (int other : start.started) {
+    CancelRun(core_, running, start.links[other]->name, trial.name, *start.stubs[other],
+              std::nullopt);
+  }
+  // A call that ran out of time may have started the run on that node all the same.
+  if (ran.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    CancelRun(core_, running, start.links[rank]->name, trial.name, *start.stubs[rank],
+              std::nullopt);
+  }
+  if (Refused(trial, ran)) {
+    RETURN_IF_ERROR(
+        store.FinishAttempt(trial.id, start.attempt, store::TrialState::kFailed, std::nullopt,
+                            where + ": the agent refused it: " + ran.error_message(), start.now));
+    core_.changes.Notify();
+    return Status::Ok();
+  }
+  ForgetLostHubModel(start.config, *start.links[rank], ran);
+  RETURN_IF_ERROR(store.MarkAttemptLost(trial.id, start.attempt, start.now));
+  core_.changes.Notify();
+  return UnavailableError(where + ": " + what + "; the attempt is lost and the trial queued again");
 }
 
 }  // namespace llmctl::controller::dispatch

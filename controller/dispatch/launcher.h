@@ -11,7 +11,8 @@
 // recorded (StartMultiNodeAttempt), then started node rank 0 first: its agent answers with the
 // port its ranks serve the rendezvous on, and every other node is started with that port and node
 // rank 0's host (RendezvousHost). If a node cannot start it, the runs already started are stopped
-// and the attempt ends: failed when the agent refused the trial, else lost (queued again).
+// and the attempt ends: failed when the agent refused the trial, else lost (queued again). When
+// node rank 0 turns it away without starting anything, nothing ran: the attempt is withdrawn.
 #ifndef LLMCTL_CONTROLLER_DISPATCH_LAUNCHER_H_
 #define LLMCTL_CONTROLLER_DISPATCH_LAUNCHER_H_
 
@@ -70,6 +71,31 @@ class Launcher {
                               AgentLinks::Link& link, const std::shared_ptr<v1::Agent::Stub>& stub,
                               v1::RunTrialRequest& request, std::string& failure,
                               std::string& waiting, store::Time now);
+  // A multi-node attempt on its way: each node's stub and RunTrial request (node rank i at index
+  // i), its nodes as the store records them, its number once recorded, and the node ranks whose
+  // run has started.
+  struct MultiNodeStart {
+    const store::TrialRecord& trial;
+    TrialConfig config;
+    const std::vector<AgentLinks::Link*>& links;
+    store::Time now;
+    std::vector<std::shared_ptr<v1::Agent::Stub>> stubs = {};
+    std::vector<v1::RunTrialRequest> requests = {};
+    std::vector<store::AttemptNode> nodes = {};
+    int64_t attempt = 0;
+    std::vector<int> started = {};
+  };
+  // Readies every node, with its `devices`, before any wait; kFailed once it has recorded the
+  // trial failed, naming the node.
+  StatusOr<Readiness> PrepareNodes(MultiNodeStart& start,
+                                   const std::vector<std::vector<int64_t>>& devices,
+                                   std::string& waiting);
+  // RunTrial on node rank 0, then on the others with its host and rendezvous port.
+  Status StartNodes(MultiNodeStart& start);
+  // After node `rank` did not start its run (`ran`; `what` for the message): stops the runs
+  // already started and ends the attempt as the file comment says.
+  Status Abandon(const MultiNodeStart& start, int rank, const grpc::Status& ran,
+                 const std::string& what);
   std::shared_ptr<v1::Agent::Stub> StubOf(AgentLinks::Link& link);
   // Whether RunTrial's error means the trial cannot run (rather than should be placed again).
   static bool Refused(const store::TrialRecord& trial, const grpc::Status& ran);
