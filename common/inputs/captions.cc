@@ -60,6 +60,11 @@ StatusOr<std::vector<image::CaptionedImage>> ReadTrialImages(const TrialConfig& 
 
 StatusOr<ImagePixels> MeanImagePixels(const TrialConfig& config) {
   ASSIGN_OR_RETURN(const std::vector<image::CaptionedImage> images, ReadTrialImages(config));
+  return MeanImagePixels(config, images);
+}
+
+StatusOr<ImagePixels> MeanImagePixels(const TrialConfig& config,
+                                      const std::vector<image::CaptionedImage>& images) {
   const size_t sampled = std::min(images.size(), kSampledImages);
   ImagePixels mean;
   for (size_t i = 0; i < sampled; ++i) {
@@ -106,9 +111,14 @@ StatusOr<std::string> PrepareCaptionTokens(const TrialConfig& config, const Blip
 }
 
 StatusOr<CaptionTokenSpan> CaptionTokens(const TrialConfig& config, const Blip2Config& model) {
+  ASSIGN_OR_RETURN(const std::vector<image::CaptionedImage> images, ReadTrialImages(config));
+  return CaptionTokens(config, model, images);
+}
+
+StatusOr<CaptionTokenSpan> CaptionTokens(const TrialConfig& config, const Blip2Config& model,
+                                         const std::vector<image::CaptionedImage>& images) {
   const DataSettings& data = config.settings().data;
   const std::string& folder = data.path;
-  ASSIGN_OR_RETURN(std::vector<image::CaptionedImage> images, ReadTrialImages(config));
   ASSIGN_OR_RETURN(const std::string path, TrialTokenizerPath(config));
   ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(path));
   // The fingerprint names a token file, which nothing here writes.

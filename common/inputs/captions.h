@@ -46,6 +46,9 @@ struct CaptionTokenSpan {
   int64_t longest = 0;
 };
 StatusOr<CaptionTokenSpan> CaptionTokens(const TrialConfig& config, const Blip2Config& model);
+// The same over `images`, the set as ReadTrialImages read it.
+StatusOr<CaptionTokenSpan> CaptionTokens(const TrialConfig& config, const Blip2Config& model,
+                                         const std::vector<image::CaptionedImage>& images);
 
 // The source pixels an image of `config`'s caption set (as ReadTrialImages reads it) has on
 // average, by format: the JPEGs' pixels over every image, and the PNGs'. From the headers of at
@@ -56,6 +59,9 @@ struct ImagePixels {
   double png = 0;
 };
 StatusOr<ImagePixels> MeanImagePixels(const TrialConfig& config);
+// The same over `images`, the set as ReadTrialImages read it.
+StatusOr<ImagePixels> MeanImagePixels(const TrialConfig& config,
+                                      const std::vector<image::CaptionedImage>& images);
 
 // CaptionTokens' longest: llm-train pads a micro-batch to its longest row.
 StatusOr<int64_t> LongestCaptionTokens(const TrialConfig& config, const Blip2Config& model);

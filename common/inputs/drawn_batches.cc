@@ -69,6 +69,11 @@ StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
 
 StatusOr<DrawnBatches> DrawCaptionBatches(const TrialConfig& config, const Blip2Config& model) {
   ASSIGN_OR_RETURN(const std::vector<image::CaptionedImage> images, ReadTrialImages(config));
+  return DrawCaptionBatches(config, model, images);
+}
+
+StatusOr<DrawnBatches> DrawCaptionBatches(const TrialConfig& config, const Blip2Config& model,
+                                          const std::vector<image::CaptionedImage>& images) {
   ASSIGN_OR_RETURN(const std::string path, PrepareCaptionTokens(config, model, images));
   return DrawFromTokenFile(config, path);
 }

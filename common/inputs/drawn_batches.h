@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/blip2_config.h"
+#include "common/image/imagefolder.h"
 #include "common/status.h"
 #include "common/trial_config.h"
 
@@ -49,6 +50,9 @@ StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config);
 // image's query places and its caption (common/inputs/captions.h), so its length and tokens count
 // both, as llm-train's step events do. Errors as the trainer's reading of the set.
 StatusOr<DrawnBatches> DrawCaptionBatches(const TrialConfig& config, const Blip2Config& model);
+// The same over `images`, the set as ReadTrialImages read it.
+StatusOr<DrawnBatches> DrawCaptionBatches(const TrialConfig& config, const Blip2Config& model,
+                                          const std::vector<image::CaptionedImage>& images);
 
 }  // namespace llmctl
 

@@ -175,6 +175,75 @@ Status AddTime(const Experiment& experiment, const EstimateOptions& options,
   return Status::Ok();
 }
 
+// What a BLIP-2 trial's caption set on this machine tells its estimate, the set read once.
+struct CaptionSetFacts {
+  // The memory's: the longest caption; none without the set (data.max_seq_length then).
+  std::optional<int64_t> caption_tokens;
+  // The time's: a micro-batch's mean padded caption and real tokens (queries and caption) over the
+  // steps the report measures, as the run draws them; none without the set.
+  std::optional<int64_t> time_caption_tokens;
+  double real_tokens = 0;
+  // The source pixels of an image the run decodes, by format; none without the set.
+  ImagePixels image_pixels;
+  std::string note;  // what the estimate's captions are
+};
+
+// The trial's caption set, when it and its tokenizer are on this machine. Errors name the file.
+StatusOr<CaptionSetFacts> ReadCaptionSet(const Trial& trial, const Blip2Config& model) {
+  const TrialSettings& settings = trial.config.settings();
+  CaptionSetFacts facts;
+  facts.note = "captions at data.max_seq_length (" + std::to_string(settings.data.max_seq_length) +
+               " tokens)";
+  const std::string& data_path = settings.data.path;
+  const std::string& tokenizer = settings.model.tokenizer;
+  // Without `tokenizer` a hub model's own is read, on the node.
+  if (IsNodePath(data_path) || IsNodePath(tokenizer) ||
+      (tokenizer.empty() && IsHubModelRef(settings.model.name))) {
+    facts.note += ": the caption set or its tokenizer is not on this machine";
+    return facts;
+  }
+  ASSIGN_OR_RETURN(const std::vector<image::CaptionedImage> images, ReadTrialImages(trial.config));
+  ASSIGN_OR_RETURN(const CaptionTokenSpan span, CaptionTokens(trial.config, model, images));
+  facts.caption_tokens = span.longest;
+  facts.note =
+      "captions at the longest of " + data_path + ", " + std::to_string(span.longest) + " tokens";
+  ASSIGN_OR_RETURN(const DrawnBatches drawn, DrawCaptionBatches(trial.config, model, images));
+  const int64_t queries = model.num_query_tokens;
+  facts.time_caption_tokens =
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(drawn.mean_padded)) - queries);
+  facts.real_tokens = drawn.mean_real_tokens;
+  ASSIGN_OR_RETURN(facts.image_pixels, MeanImagePixels(trial.config, images));
+  facts.note +=
+      "; the time at the mean micro-batch after the first step as the run draws them "
+      "with seed " +
+      std::to_string(settings.train.seed) + ", " +
+      Printf("%.1f", drawn.mean_padded - static_cast<double>(queries)) + " caption tokens (" +
+      Printf("%.1f", facts.real_tokens) + " tokens a micro-batch, its " +
+      std::to_string(queries * settings.train.micro_batch_size) + " query places included)";
+  return facts;
+}
+
+// The step's work at the mean micro-batch the run draws (what the report measures), else at the
+// captions the memory is estimated at.
+StatusOr<estimate::StepWork> Blip2TimeWork(const Trial& trial, const Blip2Config& model,
+                                           const CaptionSetFacts& captions) {
+  ASSIGN_OR_RETURN(
+      estimate::StepWork work,
+      estimate::EstimateBlip2StepWork(
+          trial.config, model,
+          captions.time_caption_tokens ? captions.time_caption_tokens : captions.caption_tokens));
+  // Tokens/s counts real tokens, as the trainer does.
+  if (captions.real_tokens > 0) {
+    work.tokens = static_cast<int64_t>(captions.real_tokens) * work.micro_batches;
+  }
+  // Each example's image, decoded on this rank's host.
+  const double images =
+      static_cast<double>(trial.config.settings().train.micro_batch_size * work.micro_batches);
+  work.jpeg_pixels = images * captions.image_pixels.jpeg;
+  work.png_pixels = images * captions.image_pixels.png;
+  return work;
+}
+
 // A BLIP-2 trial (data.format imagefolder): common/estimate/blip2_memory.h's memory, with the
 // captions at the longest of a caption set on this machine, read with the trial's tokenizer (the
 // trainer pads a micro-batch to its longest row), else at data.max_seq_length. A model on the hub
@@ -204,77 +273,25 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
   if (!model->has_value()) {
     return InvalidArgumentError(context + ": model: " + model_name + " is not a BLIP-2 model");
   }
-  std::optional<int64_t> caption_tokens;
-  // The time's: a micro-batch's mean padded caption and real tokens (queries and caption) over
-  // the steps the report measures, as the run draws them; none without the set.
-  std::optional<int64_t> time_caption_tokens;
-  double real_tokens = 0;
-  // The source pixels of an image the run decodes, by format; none without the set.
-  ImagePixels image_pixels;
-  std::string note = "captions at data.max_seq_length (" +
-                     std::to_string(trial.config.settings().data.max_seq_length) + " tokens)";
-  const std::string& data_path = trial.config.settings().data.path;
-  const std::string& tokenizer = trial.config.settings().model.tokenizer;
-  // Without `tokenizer` a hub model's own is read, on the node.
-  if (!IsNodePath(data_path) && !IsNodePath(tokenizer) &&
-      (!tokenizer.empty() || !IsHubModelRef(model_name))) {
-    StatusOr<int64_t> longest = LongestCaptionTokens(trial.config, **model);
-    if (!longest.ok()) return InvalidArgumentError(context + ": " + longest.status().message());
-    caption_tokens = *longest;
-    note = "captions at the longest of " + data_path + ", " + std::to_string(*longest) + " tokens";
-    StatusOr<DrawnBatches> drawn = DrawCaptionBatches(trial.config, **model);
-    if (!drawn.ok()) return InvalidArgumentError(context + ": " + drawn.status().message());
-    const int64_t queries = (*model)->num_query_tokens;
-    time_caption_tokens =
-        std::max<int64_t>(1, static_cast<int64_t>(std::ceil(drawn->mean_padded)) - queries);
-    real_tokens = drawn->mean_real_tokens;
-    StatusOr<ImagePixels> pixels = MeanImagePixels(trial.config);
-    if (!pixels.ok()) return InvalidArgumentError(context + ": " + pixels.status().message());
-    image_pixels = *pixels;
-    note +=
-        "; the time at the mean micro-batch after the first step as the run draws them with "
-        "seed " +
-        std::to_string(trial.config.settings().train.seed) + ", " +
-        Printf("%.1f", drawn->mean_padded - static_cast<double>(queries)) + " caption tokens (" +
-        Printf("%.1f", real_tokens) + " tokens a micro-batch, its " +
-        std::to_string(queries * trial.config.settings().train.micro_batch_size) +
-        " query places included)";
-  } else {
-    note += ": the caption set or its tokenizer is not on this machine";
-  }
+  StatusOr<CaptionSetFacts> captions = ReadCaptionSet(trial, **model);
+  if (!captions.ok()) return InvalidArgumentError(context + ": " + captions.status().message());
   StatusOr<estimate::StepMemoryEstimate> memory =
-      estimate::EstimateBlip2StepMemory(trial.config, **model, caption_tokens);
+      estimate::EstimateBlip2StepMemory(trial.config, **model, captions->caption_tokens);
   if (!memory.ok()) return InvalidArgumentError(context + ": " + memory.status().message());
   TrialEstimate result{.trial = &trial,
                        .memory = *memory,
                        .device = device_option ? device_option : TrialDevice(trial, experiment),
-                       .note = note};
-  // The step's time at the mean micro-batch the run draws (what the report measures), else at the
-  // captions the memory is estimated at.
+                       .note = captions->note};
   RETURN_IF_ERROR(AddTime(
                       experiment, options, device_option,
                       [&]() -> StatusOr<estimate::StepWork> {
-                        ASSIGN_OR_RETURN(
-                            estimate::StepWork work,
-                            estimate::EstimateBlip2StepWork(
-                                trial.config, **model,
-                                time_caption_tokens ? time_caption_tokens : caption_tokens));
-                        // Tokens/s counts real tokens, as the trainer does.
-                        if (real_tokens > 0) {
-                          work.tokens = static_cast<int64_t>(real_tokens) * work.micro_batches;
-                        }
-                        // Each example's image, decoded on this rank's host.
-                        const double images = static_cast<double>(
-                            trial.config.settings().train.micro_batch_size * work.micro_batches);
-                        work.jpeg_pixels = images * image_pixels.jpeg;
-                        work.png_pixels = images * image_pixels.png;
-                        return work;
+                        return Blip2TimeWork(trial, **model, *captions);
                       },
                       result)
                       .WithContext(context));
   if (options.fit && result.device) {
-    StatusOr<estimate::MicroBatchFit> fit =
-        estimate::FitBlip2MicroBatch(trial.config, **model, caption_tokens, result.device->bytes);
+    StatusOr<estimate::MicroBatchFit> fit = estimate::FitBlip2MicroBatch(
+        trial.config, **model, captions->caption_tokens, result.device->bytes);
     if (!fit.ok()) return InvalidArgumentError(context + ": " + fit.status().message());
     result.fit = *fit;
   }
