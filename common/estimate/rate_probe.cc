@@ -44,6 +44,8 @@ constexpr Bounds kLaunchSeconds = {1e-9, 1, "s"};
 constexpr Bounds kStepSeconds = {1e-6, 3600, "s"};
 // The probe's own duration: informational, any finite time up to a day.
 constexpr Bounds kProbeSeconds = {0, 86400, "s"};
+// A slowest sample 1,000 times the quickest is no machine's speed moving but a stalled one.
+constexpr Bounds kSpread = {0, 1000, "(the slowest sample over the quickest, less one)"};
 
 std::string Number(double x) {
   char text[32];
@@ -312,6 +314,7 @@ ordered_json RateProbe::ToJson() const {
   };
   ordered_json j = {{"version", version}, {"measured_at", measured_at}, {"seconds", seconds}};
   if (version >= 3) j["rounds"] = rounds;
+  if (version >= 9) j["speed_spread"] = speed_spread.value_or(0);
   j["identity"] = {{"device", device},
                    {"device_name", device_name},
                    {"threads", threads},
@@ -363,6 +366,9 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
       return Refuse("rounds", "must be a positive integer");
     }
     probe.rounds = rounds->get<int>();
+  }
+  if (probe.version >= 9) {
+    ASSIGN_OR_RETURN(probe.speed_spread, Rate(j, "speed_spread", "speed_spread", kSpread));
   }
   RETURN_IF_ERROR(ParseIdentity(j, probe));
   ASSIGN_OR_RETURN(probe.matmul, ParseRows<ProbedMatmul>(j, "matmul", ParseMatmul));
@@ -440,8 +446,29 @@ bool RateProbe::SameIdentity(const RateProbe& other) const {
 }
 
 std::string RateProbe::Summary() const {
-  return device + " " + device_name + " (" + std::to_string(threads) + " thread" +
-         (threads == 1 ? "" : "s") + ", LibTorch " + versions.libtorch + "), " + measured_at;
+  std::string summary = device + " " + device_name + " (" + std::to_string(threads) + " thread" +
+                        (threads == 1 ? "" : "s") + ", LibTorch " + versions.libtorch + "), " +
+                        measured_at;
+  if (speed_spread && *speed_spread >= kSpreadWorthSaying) {
+    char moved[96];
+    std::snprintf(moved, sizeof moved, ", its speed moving %.0f%% while measured",
+                  *speed_spread * 100);
+    summary += moved;
+  }
+  return summary;
+}
+
+double SpeedSpread(const std::vector<std::vector<double>>& samples) {
+  std::vector<double> spreads;
+  for (const std::vector<double>& measured : samples) {
+    if (measured.size() < 2) continue;
+    const auto [quickest, slowest] = std::minmax_element(measured.begin(), measured.end());
+    if (*quickest > 0) spreads.push_back(*slowest / *quickest - 1);
+  }
+  if (spreads.empty()) return 0;
+  const auto middle = spreads.begin() + static_cast<ptrdiff_t>(spreads.size() / 2);
+  std::nth_element(spreads.begin(), middle, spreads.end());
+  return *middle;
 }
 
 DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,

@@ -3,8 +3,9 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 8), one document:
-//   {"version": 7, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
+// The JSON (version 9), one document:
+//   {"version": 9, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
+//    "speed_spread": 0.04,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
 //    "matmul": [{"dtype": "fp32", "size": 512, "tokens": 256, "flops_per_s": 5.1e10}, ...],
@@ -38,21 +39,25 @@
 // of reference_step.h's trial (a CPU's only), each class's at lengths new to the run and (version
 // 5) at one length every step had. Every figure is the median of `rounds` samples taken in turn
 // across the whole probe, so a machine whose speed drifts while it runs slows every rate alike. A
-// rate of 0 was not measured (copies without a device). Versions 1 to 7 are read, and the agent and
-// llmctl measure them again. Version 7 (11-30) had no partial-block attention (a sequence pays
-// none of its padding) and timed a CPU's attention on 32-wide heads where version 8 times 24-wide
-// ones. Version 6 (11-30) had no dropout rate (the data sheet's serves).
-// Version 5 (11-30) timed attention 64 wide alone (its rows have no "head_width": read as 64).
-// Version 4 (11-30) timed attention at 128 tokens alone (its rows have no "tokens": read as 128).
-// Version 3 (11-29 to 11-30) timed attention's forward alone, which ProbedSpeed does not use, and
-// had no 8-bit AdamW; version 2 (11-29's tenth stop) timed each rate in one stretch, fp32 and bf16
-// at 128, 256 and 512 tokens, without "rounds"; version 1 (before it) had no "tokens": its matmuls
-// were 512 tokens, and it is read as such.
+// rate of 0 was not measured (copies without a device). speed_spread (version 9) is how much the
+// machine's own speed moved while it was probed: the median over the probe's measurements of
+// their slowest sample over their quickest, less one (SpeedSpread). A time predicted from the
+// probe is no more certain than that. Versions 1 to 8 are read, and the agent and llmctl measure
+// them again. Version 8 (11-30 to 12-01) did not say how steady the machine was. Version 7 (11-30)
+// had no partial-block attention (a sequence pays none of its padding) and timed a CPU's attention
+// on 32-wide heads where version 8 times 24-wide ones. Version 6 (11-30) had no dropout rate (the
+// data sheet's serves). Version 5 (11-30) timed attention 64 wide alone (its rows have no
+// "head_width": read as 64). Version 4 (11-30) timed attention at 128 tokens alone (its rows have
+// no "tokens": read as 128). Version 3 (11-29 to 11-30) timed attention's forward alone, which
+// ProbedSpeed does not use, and had no 8-bit AdamW; version 2 (11-29's tenth stop) timed each rate
+// in one stretch, fp32 and bf16 at 128, 256 and 512 tokens, without "rounds"; version 1 (before it)
+// had no "tokens": its matmuls were 512 tokens, and it is read as such.
 #ifndef LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 #define LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,7 +68,7 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 8;
+inline constexpr int kRateProbeVersion = 9;
 // NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
 // the node meanwhile, so the controller places none there.
 inline constexpr std::string_view kRateProbeMeasuring = "measuring";
@@ -103,6 +108,9 @@ struct RateProbe {
   std::string measured_at;  // UTC, ISO 8601
   double seconds = 0;       // how long the probe took
   int rounds = 1;           // the samples each rate is the median of (1: one stretch, before 3)
+  // How much the machine's speed moved while it was probed (version 9; none before): SpeedSpread
+  // over the probe's measurements' samples.
+  std::optional<double> speed_spread;
   // What it was measured on: a change of any of these calls for a new probe.
   std::string device;       // "cpu" or "cuda"
   std::string device_name;  // the CPU's model name or the GPU's
@@ -146,9 +154,21 @@ struct RateProbe {
   std::vector<ShapeRate> AttentionRates(const std::string& dtype) const;
   // Whether `other` was measured on the same device, versions and threads.
   bool SameIdentity(const RateProbe& other) const;
-  // One line: "cpu AMD EPYC 7763 (2 threads, LibTorch 2.9.1), 2026-11-29T01:20:00Z".
+  // One line: "cpu AMD EPYC 7763 (2 threads, LibTorch 2.9.1), 2026-11-29T01:20:00Z", and from a
+  // spread of kSpreadWorthSaying on ", its speed moving 22% while measured".
   std::string Summary() const;
 };
+
+// A machine whose speed moved this much while it was probed is named so wherever its probe is:
+// the goal for a probe taken twice is 10%.
+inline constexpr double kSpreadWorthSaying = 0.10;
+
+// How much a machine's speed moved over a probe's rounds: for each measurement with two samples or
+// more (seconds a call, one a round), its slowest over its quickest, less one; the median of those
+// (0 without any). A machine shared with others' work moves from one second to the next (12-01,
+// this project's 2-vCPU VM: a 512-wide fp32 matmul at 147-190 GFLOP/s over 1-s windows, medians of
+// 21-26% over five probes, whose cpu-lab predictions then spread 7-26% from probe to probe).
+double SpeedSpread(const std::vector<std::vector<double>>& samples);
 
 // `sheet` (a data sheet's DeviceSpeed) with the probe's rates in place of its nominal ones: fp32
 // and bf16 matmuls by shape and attention, memory, launches, the host's optimizer step and the host

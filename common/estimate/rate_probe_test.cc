@@ -85,6 +85,41 @@ TEST(RateProbeTest, JsonRoundTrips) {
   EXPECT_EQ(back->MatmulFlops("fp16", 512), 0);     // none measured
 }
 
+TEST(RateProbeTest, HowSteadyTheMachineWasRoundTripsAndIsNamedOnceItMatters) {
+  RateProbe p = FixedProbeWithReferenceSteps();
+  p.speed_spread = 0.04;
+  StatusOr<RateProbe> back = RateProbe::FromJson(nlohmann::json::parse(p.ToJson().dump()));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->speed_spread, 0.04);
+  EXPECT_EQ(back->Summary(),
+            "cpu AMD EPYC 7763 64-Core Processor (2 threads, LibTorch 2.9.1), "
+            "2026-11-29T01:00:00Z");
+  p.speed_spread = 0.224;
+  EXPECT_EQ(p.Summary(),
+            "cpu AMD EPYC 7763 64-Core Processor (2 threads, LibTorch 2.9.1), "
+            "2026-11-29T01:00:00Z, its speed moving 22% while measured");
+  // A version 8 probe did not measure it: none, and written back without it.
+  nlohmann::json old = nlohmann::json::parse(p.ToJson().dump());
+  old["version"] = 8;
+  old.erase("speed_spread");
+  StatusOr<RateProbe> eight = RateProbe::FromJson(old);
+  ASSERT_TRUE(eight.ok()) << eight.status().message();
+  EXPECT_FALSE(eight->speed_spread.has_value());
+  EXPECT_FALSE(eight->ToJson().contains("speed_spread"));
+  EXPECT_EQ(eight->Summary().find("speed"), std::string::npos);
+}
+
+// The median over measurements of slowest over quickest, less one; a measurement of one sample
+// says nothing of it.
+TEST(RateProbeTest, SpeedSpreadIsTheMedianMeasurementsSlowestOverQuickest) {
+  EXPECT_EQ(SpeedSpread({}), 0);
+  EXPECT_EQ(SpeedSpread({{0.5}}), 0);
+  // Within a few rounding errors of a division (2.2 / 2 - 1 is 0.1 + 9e-17).
+  EXPECT_NEAR(SpeedSpread({{1.0, 1.5, 1.25}}), 0.5, 1e-12);
+  EXPECT_NEAR(SpeedSpread({{2.0, 2.2}, {1.0, 3.0}, {4.0, 4.4, 4.0}, {7.0}}), 0.1, 1e-12);
+  EXPECT_NEAR(SpeedSpread({{2.0, 2.2}, {1.0, 3.0}, {4.0, 5.0}}), 0.25, 1e-12);
+}
+
 TEST(RateProbeTest, RefusesEachBadFieldByName) {
   const nlohmann::json good = nlohmann::json::parse(FixedProbeWithReferenceSteps().ToJson().dump());
   auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& field) {
@@ -99,6 +134,10 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   refused([](nlohmann::json& j) { j["version"] = 0; }, "version");
   refused([](nlohmann::json& j) { j.erase("rounds"); }, "rounds");
   refused([](nlohmann::json& j) { j["rounds"] = 0; }, "rounds");
+  refused([](nlohmann::json& j) { j.erase("speed_spread"); }, "speed_spread");
+  refused([](nlohmann::json& j) { j["speed_spread"] = -0.1; }, "speed_spread");
+  refused([](nlohmann::json& j) { j["speed_spread"] = 1e300; }, "speed_spread");
+  refused([](nlohmann::json& j) { j["speed_spread"] = "calm"; }, "speed_spread");
   refused([](nlohmann::json& j) { j["matmul"][1].erase("tokens"); }, "matmul[1].tokens");
   refused([](nlohmann::json& j) { j["matmul"][0]["tokens"] = -128; }, "matmul[0].tokens");
   refused([](nlohmann::json& j) { j.erase("memory_bytes_per_s"); }, "memory_bytes_per_s");

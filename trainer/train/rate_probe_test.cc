@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <cmath>
 #include <set>
 #include <string>
 #include <utility>
@@ -44,6 +45,10 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   EXPECT_EQ(probe->device, "cpu");
   ExpectEveryRateMeasured(*probe);
   EXPECT_GE(probe->rounds, 3);
+  // How steady the machine was: some figure, whatever this machine's.
+  ASSERT_TRUE(probe->speed_spread.has_value());
+  EXPECT_TRUE(std::isfinite(*probe->speed_spread) && *probe->speed_spread >= 0)
+      << *probe->speed_spread;
   // Every matmul is a cell of the CPU's grid, and each dtype has at least its cheapest one (32
   // rows through a 64-wide weight), however slow.
   const std::set<int64_t> rows = {32, 128, 512, 2048};
