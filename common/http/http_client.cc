@@ -178,6 +178,101 @@ Status TransportError(const Request& request, CURLcode code, const char* detail)
   }
 }
 
+// libcurl's options for `request` on `c`: where, how long, which protocols and certificates, the
+// method and body; the callbacks write into `transfer`, errors into `error_buffer`.
+void SetTransferOptions(CURL* c, const Request& request, const std::string& ca_bundle_path,
+                        char* error_buffer, Transfer& transfer) {
+  curl_easy_setopt(c, CURLOPT_URL, request.url.c_str());
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error_buffer);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
+  curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L);
+  curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (!ca_bundle_path.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, ca_bundle_path.c_str());
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
+                   static_cast<long>(request.connect_timeout.count()));
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(request.total_timeout.count()));
+  if (request.stall_timeout.count() > 0) {
+    // Under 1 byte a second averaged over the window: nothing, or next to nothing, arrived.
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(request.stall_timeout.count()));
+  }
+  if (request.cancelled) {
+    transfer.cancelled = &request.cancelled;
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, OnProgress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &transfer);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+  }
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, &transfer);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &transfer);
+  if (request.method == "HEAD") {
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  } else if (request.method != "GET") {
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+  }
+  if (!request.body.empty() || request.method == "POST" || request.method == "PUT") {
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, request.body.data());
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+  }
+  transfer.max_body_bytes = request.max_body_bytes;
+  transfer.max_file_bytes = request.max_file_bytes;
+}
+
+// The request's header lines. A download that has some of its file asks for the rest (Range),
+// noting where it resumes in `transfer`.
+std::unique_ptr<curl_slist, SlistDeleter> RequestHeaders(const Request& request,
+                                                         Transfer& transfer) {
+  std::unique_ptr<curl_slist, SlistDeleter> header_list;
+  auto add_header = [&](const std::string& line) {
+    header_list.reset(curl_slist_append(header_list.release(), line.c_str()));
+  };
+  for (const auto& [name, value] : request.headers.fields()) add_header(name + ": " + value);
+  add_header("Expect:");  // no 100-continue round trip before bodies
+  if (!request.download_path.empty()) {
+    transfer.download_path = &request.download_path;
+    std::error_code error;
+    auto size = std::filesystem::file_size(request.download_path, error);
+    if (!error && size > 0) {
+      transfer.resume_from = size;
+      add_header("Range: bytes=" + std::to_string(size) + "-");
+    }
+  }
+  return header_list;
+}
+
+// The answer of a transfer that curl_easy_perform ended with `code`: the caller's cancellation, a
+// body that could not be kept, the transport's error, else the response (a download's file
+// flushed and hashed).
+StatusOr<Response> FinishTransfer(const Request& request, Transfer& transfer, CURLcode code,
+                                  const char* error_buffer) {
+  if (transfer.was_cancelled) return CancelledByCaller(request);
+  const std::string where = request.method + " " + RedactUrl(request.url) + ": ";
+  if (!transfer.file_error.empty()) return DataLossError(where + transfer.file_error);
+  if (code != CURLE_OK) return TransportError(request, code, error_buffer);
+  long status = 0;
+  curl_easy_getinfo(transfer.curl, CURLINFO_RESPONSE_CODE, &status);
+  transfer.response.status = static_cast<int>(status);
+  bool download_answer = transfer.download_path != nullptr &&
+                         (status == 200 || (status == 206 && transfer.resume_from > 0));
+  if (download_answer && !transfer.body_mode_decided) {
+    // An empty body never reached OnBody: still rewrite (200) or rehash (206) the file.
+    transfer.body_to_file = true;
+    if (!OpenDownload(transfer, status)) return DataLossError(where + transfer.file_error);
+  }
+  if (transfer.body_to_file) {
+    if (std::fflush(transfer.file.get()) != 0) {
+      return DataLossError(where + "cannot flush " + request.download_path);
+    }
+    transfer.response.file_sha256 = transfer.sha256->HexDigest();
+  }
+  return std::move(transfer.response);
+}
+
 }  // namespace
 
 void Headers::Add(std::string name, std::string value) {
@@ -240,100 +335,12 @@ StatusOr<Response> HttpClient::SendOnce(const Request& request) const {
   if (!curl) return InternalError("libcurl could not start a transfer");
   Transfer transfer;
   transfer.curl = curl.get();
-  CURL* c = curl.get();
   char error_buffer[CURL_ERROR_SIZE] = {};
-
-  curl_easy_setopt(c, CURLOPT_URL, request.url.c_str());
-  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error_buffer);
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-  curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
-  curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L);
-  curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L);
-  if (!options_.ca_bundle_path.empty()) {
-    curl_easy_setopt(c, CURLOPT_CAINFO, options_.ca_bundle_path.c_str());
-  }
-  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
-                   static_cast<long>(request.connect_timeout.count()));
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(request.total_timeout.count()));
-  if (request.stall_timeout.count() > 0) {
-    // Under 1 byte a second averaged over the window: nothing, or next to nothing, arrived.
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(request.stall_timeout.count()));
-  }
-  if (request.cancelled) {
-    transfer.cancelled = &request.cancelled;
-    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, OnProgress);
-    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &transfer);
-    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
-  }
-  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, OnHeader);
-  curl_easy_setopt(c, CURLOPT_HEADERDATA, &transfer);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnBody);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &transfer);
-
-  if (request.method == "HEAD") {
-    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
-  } else if (request.method != "GET") {
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, request.method.c_str());
-  }
-  if (!request.body.empty() || request.method == "POST" || request.method == "PUT") {
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, request.body.data());
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
-  }
-
-  std::unique_ptr<curl_slist, SlistDeleter> header_list;
-  auto add_header = [&](const std::string& line) {
-    header_list.reset(curl_slist_append(header_list.release(), line.c_str()));
-  };
-  for (const auto& [name, value] : request.headers.fields()) add_header(name + ": " + value);
-  add_header("Expect:");  // no 100-continue round trip before bodies
-
-  transfer.max_body_bytes = request.max_body_bytes;
-  transfer.max_file_bytes = request.max_file_bytes;
-  if (!request.download_path.empty()) {
-    transfer.download_path = &request.download_path;
-    std::error_code error;
-    auto size = std::filesystem::file_size(request.download_path, error);
-    if (!error && size > 0) {
-      transfer.resume_from = size;
-      add_header("Range: bytes=" + std::to_string(size) + "-");
-    }
-  }
-  curl_easy_setopt(c, CURLOPT_HTTPHEADER, header_list.get());
-
-  CURLcode code = curl_easy_perform(c);
-  if (transfer.was_cancelled) {
-    return CancelledByCaller(request);
-  }
-  if (!transfer.file_error.empty()) {
-    return DataLossError(request.method + " " + RedactUrl(request.url) + ": " +
-                         transfer.file_error);
-  }
-  if (code != CURLE_OK) return TransportError(request, code, error_buffer);
-  long status = 0;
-  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-  transfer.response.status = static_cast<int>(status);
-  bool download_answer = transfer.download_path != nullptr &&
-                         (status == 200 || (status == 206 && transfer.resume_from > 0));
-  if (download_answer && !transfer.body_mode_decided) {
-    // An empty body never reached OnBody: still rewrite (200) or rehash (206) the file.
-    transfer.body_to_file = true;
-    if (!OpenDownload(transfer, status)) {
-      return DataLossError(request.method + " " + RedactUrl(request.url) + ": " +
-                           transfer.file_error);
-    }
-  }
-  if (transfer.body_to_file) {
-    if (std::fflush(transfer.file.get()) != 0) {
-      return DataLossError(request.method + " " + RedactUrl(request.url) + ": cannot flush " +
-                           request.download_path);
-    }
-    transfer.response.file_sha256 = transfer.sha256->HexDigest();
-  }
-  return std::move(transfer.response);
+  SetTransferOptions(curl.get(), request, options_.ca_bundle_path, error_buffer, transfer);
+  const std::unique_ptr<curl_slist, SlistDeleter> headers = RequestHeaders(request, transfer);
+  curl_easy_setopt(curl.get(), CURLOPT_HTTPHEADER, headers.get());
+  const CURLcode code = curl_easy_perform(curl.get());
+  return FinishTransfer(request, transfer, code, error_buffer);
 }
 
 bool IsIdempotent(std::string_view method) {
