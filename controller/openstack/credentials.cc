@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -127,6 +128,107 @@ AuthType InferAuthType(const Credentials& creds) {
              : AuthType::kApplicationCredential;
 }
 
+// "PATH:LINE" of `node` in the clouds.yaml at `path`.
+std::string LineOf(const std::string& path, const YAML::Node& node) {
+  return path + ":" + std::to_string(node.Mark().line + 1);
+}
+
+// The first of `paths` that is a regular file. NotFound naming every path searched.
+StatusOr<std::string> FindCloudsYaml(const std::string& cloud,
+                                     const std::vector<std::string>& paths) {
+  for (const std::string& candidate : paths) {
+    std::error_code error;
+    if (std::filesystem::is_regular_file(candidate, error)) return candidate;
+  }
+  std::string searched;
+  for (const std::string& candidate : paths) {
+    searched += (searched.empty() ? "" : ", ") + candidate;
+  }
+  return NotFoundError("no clouds.yaml for cloud '" + cloud + "' (searched " + searched + ")");
+}
+
+// The names of a mapping's keys, each a scalar; InvalidArgument naming the line of one that is
+// not (a list or a mapping used as a key).
+StatusOr<std::vector<std::string>> KeysOf(const YAML::Node& mapping, const std::string& path,
+                                          const std::string& what) {
+  std::vector<std::string> keys;
+  for (const auto& item : mapping) {
+    if (!item.first.IsScalar()) {
+      return InvalidArgumentError(LineOf(path, item.first) + ": a key of " + what +
+                                  " is not a name");
+    }
+    keys.push_back(item.first.Scalar());
+  }
+  return keys;
+}
+
+// `cloud`'s entry of the clouds.yaml at `path`, a mapping. Errors name the file (and the line).
+StatusOr<YAML::Node> LoadCloudEntry(const std::string& path, const std::string& cloud) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& error) {
+    return InvalidArgumentError(path + ":" + std::to_string(error.mark.line + 1) + ":" +
+                                std::to_string(error.mark.column + 1) + ": " + error.msg);
+  }
+  const YAML::Node clouds = root.IsMap() ? root["clouds"] : YAML::Node();
+  if (!clouds || !clouds.IsMap()) {
+    return InvalidArgumentError(path + ": no 'clouds' mapping at the top level");
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::string> names, KeysOf(clouds, path, "'clouds'"));
+  const YAML::Node entry = clouds[cloud];
+  if (!entry) {
+    std::vector<std::string_view> views(names.begin(), names.end());
+    std::string message = path + ": no cloud named '" + cloud + "'";
+    std::string_view close = ClosestMatch(cloud, views);
+    if (!close.empty()) message += " (did you mean '" + std::string(close) + "'?)";
+    std::string list;
+    for (const auto& name : names) list += (list.empty() ? "" : ", ") + name;
+    return NotFoundError(message + "; clouds there: " + (list.empty() ? "none" : list));
+  }
+  if (!entry.IsMap()) {
+    return InvalidArgumentError(LineOf(path, entry) + ": clouds." + cloud + " must be a mapping");
+  }
+  return entry;
+}
+
+// `node`'s `key` into `out` when it is there; InvalidArgument naming the line when it is not a
+// string.
+Status ReadScalar(const YAML::Node& node, const std::string& key, const std::string& path,
+                  std::string& out) {
+  const YAML::Node value = node[key];
+  if (!value) return Status::Ok();
+  if (!value.IsScalar())
+    return InvalidArgumentError(LineOf(path, value) + ": " + key + " must be a string");
+  out = value.Scalar();
+  return Status::Ok();
+}
+
+// The cloud's auth mapping (`auth`, absent or a mapping) into `creds`: each of kAuthFields that is
+// there; a key that is none of them is refused, naming its line and the nearest known key.
+Status ReadAuth(const YAML::Node& auth, const std::string& path, const std::string& prefix,
+                Credentials& creds) {
+  if (!auth) return Status::Ok();
+  if (!auth.IsMap()) return InvalidArgumentError(path + ": " + prefix + ".auth must be a mapping");
+  std::vector<std::string_view> known;
+  for (const Field& field : kAuthFields) {
+    known.push_back(field.key);
+    RETURN_IF_ERROR(ReadScalar(auth, std::string(field.key), path, creds.*field.member));
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::string> keys, KeysOf(auth, path, prefix + ".auth"));
+  size_t index = 0;
+  for (const auto& item : auth) {
+    const std::string& key = keys[index++];
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string message =
+        LineOf(path, item.first) + ": " + prefix + ".auth." + key + " is not a supported auth key";
+    std::string_view close = ClosestMatch(key, known);
+    if (!close.empty()) message += " (did you mean '" + std::string(close) + "'?)";
+    return InvalidArgumentError(message);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 EnvLookup ProcessEnvironment() {
@@ -174,89 +276,23 @@ std::vector<std::string> CloudsYamlSearchPath(const EnvLookup& env) {
 
 StatusOr<Credentials> CredentialsFromCloudsYaml(const std::string& cloud,
                                                 const std::vector<std::string>& paths) {
-  std::string path;
-  for (const std::string& candidate : paths) {
-    std::error_code error;
-    if (std::filesystem::is_regular_file(candidate, error)) {
-      path = candidate;
-      break;
-    }
-  }
-  if (path.empty()) {
-    std::string searched;
-    for (const std::string& candidate : paths)
-      searched += (searched.empty() ? "" : ", ") + candidate;
-    return NotFoundError("no clouds.yaml for cloud '" + cloud + "' (searched " + searched + ")");
-  }
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::Exception& error) {
-    return InvalidArgumentError(path + ":" + std::to_string(error.mark.line + 1) + ":" +
-                                std::to_string(error.mark.column + 1) + ": " + error.msg);
-  }
-  YAML::Node clouds = root["clouds"];
-  if (!clouds || !clouds.IsMap()) {
-    return InvalidArgumentError(path + ": no 'clouds' mapping at the top level");
-  }
-  YAML::Node entry = clouds[cloud];
-  if (!entry) {
-    std::vector<std::string> names;
-    for (const auto& item : clouds) names.push_back(item.first.as<std::string>());
-    std::vector<std::string_view> views(names.begin(), names.end());
-    std::string message = path + ": no cloud named '" + cloud + "'";
-    std::string_view close = ClosestMatch(cloud, views);
-    if (!close.empty()) message += " (did you mean '" + std::string(close) + "'?)";
-    std::string list;
-    for (const auto& name : names) list += (list.empty() ? "" : ", ") + name;
-    return NotFoundError(message + "; clouds there: " + (list.empty() ? "none" : list));
-  }
+  ASSIGN_OR_RETURN(const std::string path, FindCloudsYaml(cloud, paths));
+  ASSIGN_OR_RETURN(const YAML::Node entry, LoadCloudEntry(path, cloud));
   Credentials creds;
   creds.source = "clouds.yaml " + path;
   const std::string prefix = "clouds." + cloud;
-  auto scalar = [&](const YAML::Node& node, const std::string& key, std::string& out) -> Status {
-    if (!node[key]) return Status::Ok();
-    if (!node[key].IsScalar()) {
-      return InvalidArgumentError(path + ":" + std::to_string(node[key].Mark().line + 1) + ": " +
-                                  key + " must be a string");
-    }
-    out = node[key].as<std::string>();
-    return Status::Ok();
-  };
-  YAML::Node auth = entry["auth"];
-  if (auth && !auth.IsMap()) {
-    return InvalidArgumentError(path + ": " + prefix + ".auth must be a mapping");
-  }
-  if (auth) {
-    std::vector<std::string_view> known;
-    for (const Field& field : kAuthFields) {
-      known.push_back(field.key);
-      RETURN_IF_ERROR(scalar(auth, std::string(field.key), creds.*field.member));
-    }
-    for (const auto& item : auth) {
-      std::string key = item.first.as<std::string>();
-      bool is_known = false;
-      for (auto name : known) is_known = is_known || name == key;
-      if (!is_known) {
-        std::string message = path + ":" + std::to_string(item.first.Mark().line + 1) + ": " +
-                              prefix + ".auth." + key + " is not a supported auth key";
-        std::string_view close = ClosestMatch(key, known);
-        if (!close.empty()) message += " (did you mean '" + std::string(close) + "'?)";
-        return InvalidArgumentError(message);
-      }
-    }
-  }
-  RETURN_IF_ERROR(scalar(entry, "region_name", creds.region_name));
-  RETURN_IF_ERROR(scalar(entry, "interface", creds.interface));
-  RETURN_IF_ERROR(scalar(entry, "cacert", creds.cacert));
+  RETURN_IF_ERROR(ReadAuth(entry["auth"], path, prefix, creds));
+  RETURN_IF_ERROR(ReadScalar(entry, "region_name", path, creds.region_name));
+  RETURN_IF_ERROR(ReadScalar(entry, "interface", path, creds.interface));
+  RETURN_IF_ERROR(ReadScalar(entry, "cacert", path, creds.cacert));
   std::string version;
-  RETURN_IF_ERROR(scalar(entry, "identity_api_version", version));
+  RETURN_IF_ERROR(ReadScalar(entry, "identity_api_version", path, version));
   if (!version.empty() && version != "3") {
     return InvalidArgumentError(path + ": " + prefix + ".identity_api_version is '" + version +
                                 "'; only Keystone v3 is supported");
   }
   std::string auth_type;
-  RETURN_IF_ERROR(scalar(entry, "auth_type", auth_type));
+  RETURN_IF_ERROR(ReadScalar(entry, "auth_type", path, auth_type));
   if (!auth_type.empty()) {
     ASSIGN_OR_RETURN(creds.auth_type,
                      ParseAuthType(auth_type, path + ": " + prefix + ".auth_type"));

@@ -174,6 +174,29 @@ TEST_F(CloudsYamlTest, BrokenYamlGivesLineAndColumn) {
   EXPECT_TRUE(creds.status().message().starts_with(path + ":")) << creds.status().message();
 }
 
+// Every node of the file is checked for its shape before it is read: a file of another shape is
+// refused naming the file and line, never taken for an internal error.
+TEST_F(CloudsYamlTest, EachPartOfAnotherShapeIsRefusedNamingFileAndLine) {
+  const auto refusal = [&](const std::string& text) {
+    const std::string path = Write("clouds.yaml", text);
+    auto creds = CredentialsFromCloudsYaml("chameleon", {path});
+    EXPECT_FALSE(creds.ok()) << text;
+    return creds.ok() ? std::string() : creds.status().message().substr(path.size());
+  };
+  EXPECT_EQ(refusal("- a list\n"), ": no 'clouds' mapping at the top level");
+  EXPECT_EQ(refusal("just text\n"), ": no 'clouds' mapping at the top level");
+  EXPECT_EQ(refusal(""), ": no 'clouds' mapping at the top level");
+  EXPECT_EQ(refusal("clouds:\n  chameleon: 5\n"), ":2: clouds.chameleon must be a mapping");
+  EXPECT_EQ(refusal("clouds:\n  chameleon: [a, b]\n"), ":2: clouds.chameleon must be a mapping");
+  EXPECT_EQ(refusal("clouds:\n  ? [x]\n  : {auth: {}}\n"), ":2: a key of 'clouds' is not a name");
+  EXPECT_EQ(refusal("clouds:\n  chameleon:\n    auth:\n      [a, b]: c\n"),
+            ":4: a key of clouds.chameleon.auth is not a name");
+  EXPECT_EQ(refusal("clouds:\n  chameleon:\n    auth: {auth_url: [1, 2]}\n"),
+            ":3: auth_url must be a string");
+  EXPECT_EQ(refusal("clouds:\n  chameleon:\n    region_name: {a: b}\n"),
+            ":3: region_name must be a string");
+}
+
 TEST_F(CloudsYamlTest, NoFileAnywhereSaysWhereItLooked) {
   auto creds = CredentialsFromCloudsYaml("c", {(dir_ / "a.yaml").string()});
   ASSERT_FALSE(creds.ok());
