@@ -110,7 +110,11 @@ Status ApplyConfigYaml(std::string_view yaml_text, std::string_view filename,
                                 ": expected a map of settings (listen, data_dir, ...)");
   }
   for (const auto& entry : root) {
-    const std::string key = entry.first.as<std::string>();
+    if (!entry.first.IsScalar()) {
+      return InvalidArgumentError(Where(filename, entry.first.Mark()) +
+                                  ": a setting's name is a list or a map, not a name");
+    }
+    const std::string key = entry.first.Scalar();
     const YAML::Node& value = entry.second;
     const std::string where = Where(filename, value.Mark()) + ": " + key;
     if (!value.IsScalar()) return InvalidArgumentError(where + ": expected a single value");

@@ -87,6 +87,10 @@ TEST(ConfigYamlTest, ErrorsNameTheFileLineAndKey) {
             std::string::npos);
   EXPECT_NE(ApplyConfigYaml("a: [", "c.yaml", config).message().find("c.yaml:1:"),
             std::string::npos);
+  // A name that is no name is refused where it is, as yaml-cpp's conversion would have thrown.
+  EXPECT_EQ(ApplyConfigYaml("listen: unix:/a.sock\n? [data_dir]\n: /srv\n", "c.yaml", config)
+                .message(),
+            "c.yaml:2:3: a setting's name is a list or a map, not a name");
 }
 
 TEST(ResolveConfigTest, DefaultsFollowTheDataDirectory) {
