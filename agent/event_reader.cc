@@ -30,17 +30,13 @@ void LineSplitter::Feed(std::string_view data, std::vector<EventLine>& lines) {
   }
 }
 
-EventReader::~EventReader() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 StatusOr<std::vector<EventLine>> EventReader::ReadNewLines() {
   std::vector<EventLine> lines;
-  if (fd_ < 0) {
+  if (!fd_.valid()) {
     // The trainer's own regular file: a FIFO, a device or a link put in its place is refused, not
     // waited on or read for ever.
     struct stat info;
-    StatusOr<int> opened = OpenRegularFile(path_, info, /*follow_links=*/false);
+    StatusOr<UniqueFd> opened = OpenRegularFile(path_, info, /*follow_links=*/false);
     if (!opened.ok()) {
       if (opened.status().code() == StatusCode::kNotFound) {
         at_end_ = true;
@@ -48,13 +44,13 @@ StatusOr<std::vector<EventLine>> EventReader::ReadNewLines() {
       }
       return opened.status();
     }
-    fd_ = *opened;
+    fd_ = std::move(*opened);
   }
   char buffer[1 << 16];
   int64_t budget = kReadBudgetBytes;
   at_end_ = false;
   while (budget > 0) {
-    const ssize_t n = ::pread(fd_, buffer, sizeof(buffer), offset_);
+    const ssize_t n = ::pread(fd_.get(), buffer, sizeof(buffer), offset_);
     if (n < 0) {
       if (errno == EINTR) continue;
       return UnavailableError("cannot read " + path_ + ": " + std::strerror(errno));

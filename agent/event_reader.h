@@ -13,6 +13,7 @@
 
 #include "common/event_line.h"
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace llmctl::agent {
 
@@ -45,7 +46,6 @@ inline constexpr int64_t kReadBudgetBytes = int64_t{1} << 20;
 class EventReader {
  public:
   explicit EventReader(std::string path) : path_(std::move(path)) {}
-  ~EventReader();
   EventReader(const EventReader&) = delete;
   EventReader& operator=(const EventReader&) = delete;
 
@@ -60,7 +60,7 @@ class EventReader {
 
  private:
   const std::string path_;
-  int fd_ = -1;
+  UniqueFd fd_;
   int64_t offset_ = 0;
   LineSplitter splitter_;
   int64_t lines_read_ = 0;

@@ -41,25 +41,6 @@ bool IsSameProcessAlive(pid_t pid, uint64_t start_time) {
   return actual.has_value() && *actual == start_time;
 }
 
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) {
-    reset();
-    fd_ = other.release();
-  }
-  return *this;
-}
-
-void UniqueFd::reset() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
-int UniqueFd::release() {
-  const int fd = fd_;
-  fd_ = -1;
-  return fd;
-}
-
 UniqueFd OpenExitWatch(pid_t pid, uint64_t start_time) {
   // Through syscall(): Debian 12's <sys/pidfd.h> declares pidfd_open without C linkage. Every
   // pidfd is close-on-exec.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace llmctl::agent {
 
@@ -21,26 +22,6 @@ std::optional<uint64_t> ProcessStartTime(pid_t pid);
 
 // True while `pid` runs and started at `start_time`.
 bool IsSameProcessAlive(pid_t pid, uint64_t start_time);
-
-// An owned file descriptor, closed when it goes out of scope. Move-only.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  ~UniqueFd() { reset(); }
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-
-  bool valid() const { return fd_ >= 0; }
-  int get() const { return fd_; }
-  void reset();
-  int release();
-
- private:
-  int fd_ = -1;
-};
 
 // A descriptor that poll() reports readable once the process `pid` (started at `start_time`) has
 // exited: a pidfd, so it works for processes this one did not start. Invalid when the process is

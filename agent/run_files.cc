@@ -37,29 +37,25 @@ void CountNewLines(const std::string& path, int64_t& offset, int64_t& lines) {
   // The trainer's own regular file: a FIFO or a link to /dev/zero put in its place would hold the
   // agent's run lock for ever.
   struct stat info;
-  const StatusOr<int> opened = OpenRegularFile(path, info, /*follow_links=*/false);
-  if (!opened.ok()) return;
-  const int fd = *opened;
+  const StatusOr<UniqueFd> fd = OpenRegularFile(path, info, /*follow_links=*/false);
+  if (!fd.ok()) return;
   char buffer[1 << 16];
   ssize_t n;
-  while ((n = ::pread(fd, buffer, sizeof(buffer), offset)) > 0) {
+  while ((n = ::pread(fd->get(), buffer, sizeof(buffer), offset)) > 0) {
     lines += std::count(buffer, buffer + n, '\n');
     offset += n;
   }
-  ::close(fd);
 }
 
 std::string ReadTail(const std::string& path, size_t bytes) {
   struct stat info;
-  const StatusOr<int> opened = OpenRegularFile(path, info, /*follow_links=*/false);
-  if (!opened.ok()) return "";
-  const int fd = *opened;
+  const StatusOr<UniqueFd> fd = OpenRegularFile(path, info, /*follow_links=*/false);
+  if (!fd.ok()) return "";
   std::string text;
   const off_t start = info.st_size > static_cast<off_t>(bytes) ? info.st_size - bytes : 0;
   text.resize(static_cast<size_t>(info.st_size - start));
-  const ssize_t n = ::pread(fd, text.data(), text.size(), start);
+  const ssize_t n = ::pread(fd->get(), text.data(), text.size(), start);
   text.resize(n > 0 ? static_cast<size_t>(n) : 0);
-  ::close(fd);
   return text;
 }
 

@@ -38,22 +38,17 @@ std::string_view FileTypeName(mode_t mode) {
 
 // O_NONBLOCK: opening a FIFO would otherwise wait for a writer, and reading /dev/zero would never
 // end; for a regular file the flag changes nothing.
-StatusOr<int> OpenRegularFile(const std::string& path, struct stat& st, bool follow_links) {
-  const int fd =
-      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_links ? 0 : O_NOFOLLOW));
-  if (fd < 0) {
+StatusOr<UniqueFd> OpenRegularFile(const std::string& path, struct stat& st, bool follow_links) {
+  UniqueFd fd(
+      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_links ? 0 : O_NOFOLLOW)));
+  if (!fd.valid()) {
     if (errno == ELOOP && !follow_links) {
       return InvalidArgumentError(path + " is a symbolic link, not a regular file");
     }
     return ErrnoStatus(errno, "cannot open " + path);
   }
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(err, "cannot stat " + path);
-  }
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "cannot stat " + path);
   if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
     return InvalidArgumentError(path + " is " + std::string(FileTypeName(st.st_mode)) +
                                 ", not a regular file");
   }
@@ -62,43 +57,35 @@ StatusOr<int> OpenRegularFile(const std::string& path, struct stat& st, bool fol
 
 StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
   struct stat st;
-  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, st));
+  ASSIGN_OR_RETURN(const UniqueFd fd, OpenRegularFile(path, st));
   std::string data;
   char buf[1 << 16];
   while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
     if (n < 0) {
       if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, "cannot read " + path);
+      return ErrnoStatus(errno, "cannot read " + path);
     }
     if (n == 0) break;
     data.append(buf, static_cast<size_t>(n));
     if (data.size() > max_bytes) {
-      ::close(fd);
       return DataLossError(path + " is larger than " + std::to_string(max_bytes) + " bytes");
     }
   }
-  ::close(fd);
   return data;
 }
 
 StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
   struct stat st;
-  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, st));
+  // Closed on return: the mapping keeps the file referenced.
+  ASSIGN_OR_RETURN(const UniqueFd fd, OpenRegularFile(path, st));
   std::unique_ptr<MappedFile> file(new MappedFile());
   file->size_ = static_cast<size_t>(st.st_size);
   if (file->size_ > 0) {  // mmap refuses length 0; an empty file is an empty span
-    void* data = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (data == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, "cannot mmap " + path);
-    }
+    void* data = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+    if (data == MAP_FAILED) return ErrnoStatus(errno, "cannot mmap " + path);
     file->data_ = data;
   }
-  ::close(fd);  // the mapping keeps the file referenced
   return file;
 }
 

@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace llmctl {
 
@@ -28,7 +29,8 @@ StatusOr<std::string> ReadFileToString(const std::string& path,
 // a regular file: InvalidArgument for anything else (a FIFO, a device such as /dev/zero, a
 // directory: refused at once, never waited on or read for ever) and, with `follow_links` false, for
 // a symbolic link (O_NOFOLLOW); NotFound when missing.
-StatusOr<int> OpenRegularFile(const std::string& path, struct stat& st, bool follow_links = true);
+StatusOr<UniqueFd> OpenRegularFile(const std::string& path, struct stat& st,
+                                   bool follow_links = true);
 
 // Where `path` lies inside the directory `dir`, both with their symbolic links resolved (those of
 // the part that exists) and "." and ".." applied: the relative path below `dir`, or "" when `path`

@@ -27,7 +27,7 @@ Status UploadBlob(v1::Controller::StubInterface& stub, const std::string& sha256
                   const fs::path& file, int64_t min_bytes_per_second, int64_t& bytes_sent) {
   struct stat info {};
   // Its messages name the path: "cannot open PATH: ...".
-  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(file.string(), info));
+  ASSIGN_OR_RETURN(const UniqueFd fd, OpenRegularFile(file.string(), info));
   const auto size = static_cast<int64_t>(info.st_size);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
@@ -35,9 +35,9 @@ Status UploadBlob(v1::Controller::StubInterface& stub, const std::string& sha256
   v1::UploadBlobResponse response;
   std::unique_ptr<grpc::ClientWriterInterface<v1::BlobChunk>> writer =
       stub.UploadBlob(&context, &response);
-  const Status sent = rpc::SendBlob(*writer, context, {.sha256 = sha256, .size = size, .fd = fd},
-                                    kBlobChunkBytes, &bytes_sent);
-  close(fd);
+  const Status sent =
+      rpc::SendBlob(*writer, context, {.sha256 = sha256, .size = size, .fd = fd.get()},
+                    kBlobChunkBytes, &bytes_sent);
   return sent.WithContext("uploading " + file.string());
 }
 
