@@ -1,13 +1,13 @@
 #include "controller/dispatch/blob_delivery.h"
 
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <set>
 
 #include "common/byte_size.h"
+#include "common/files.h"
 #include "rpc/blob_stream.h"
 #include "rpc/grpc_status.h"
 #include "rpc/transfer.h"
@@ -133,14 +133,17 @@ Status BlobDeliveries::Send(v1::Agent::Stub& stub, const std::vector<Blob>& blob
 Status BlobDeliveries::Upload(v1::Agent::Stub& stub, const Blob& blob,
                               grpc::ClientContext& context) {
   const std::string path = core_.blobs.PathOf(blob.sha256);
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return DataLossError("blob " + blob.sha256 + " is gone from " + path);
+  struct stat info {};
+  const StatusOr<UniqueFd> fd = OpenRegularFile(path, info);
+  if (!fd.ok()) {
+    return DataLossError("blob " + blob.sha256 +
+                         " is gone from the store: " + fd.status().message());
+  }
   v1::UploadBlobResponse response;
   auto writer = stub.UploadBlob(&context, &response);
   const Status sent =
-      rpc::SendBlob(*writer, context, {.sha256 = blob.sha256, .size = blob.size, .fd = fd},
+      rpc::SendBlob(*writer, context, {.sha256 = blob.sha256, .size = blob.size, .fd = fd->get()},
                     static_cast<size_t>(core_.options.upload_chunk_bytes));
-  close(fd);
   return sent.WithContext("UploadBlob " + blob.sha256);
 }
 
