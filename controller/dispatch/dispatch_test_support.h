@@ -503,6 +503,21 @@ class DispatcherTest : public testing::Test {
     return response.experiment_id();
   }
 
+  // Submits kExperiment as a ddp trial over two nodes; returns the experiment id.
+  int64_t SubmitTwoNodeTrial() {
+    std::string text(kExperiment);
+    text.replace(text.find("max_steps: 2"), std::string_view("max_steps: 2").size(),
+                 "global_batch_size: 4, max_steps: 2");
+    v1::SubmitRequest request;
+    request.set_filename("two-nodes.yaml");
+    request.set_yaml_text(text + "strategy: ddp\nnodes: 2\n");
+    v1::SubmitResponse submitted;
+    grpc::ClientContext context;
+    const grpc::Status accepted = controller_->Submit(&context, request, &submitted);
+    EXPECT_TRUE(accepted.ok()) << accepted.error_message();
+    return submitted.experiment_id();
+  }
+
   // Submits one trial and places it; its worker writes one step and runs on. Returns once that
   // step is stored.
   int64_t SubmitOneThatKeepsRunning() {

@@ -118,20 +118,6 @@ class MultiNodeLauncherTest : public DispatcherTest {
     second_->Wait();
     DispatcherTest::TearDown();
   }
-  // A ddp trial over both nodes.
-  int64_t SubmitTwoNodeTrial() {
-    std::string text(kExperiment);
-    text.replace(text.find("max_steps: 2"), std::string_view("max_steps: 2").size(),
-                 "global_batch_size: 4, max_steps: 2");
-    v1::SubmitRequest request;
-    request.set_filename("two-nodes.yaml");
-    request.set_yaml_text(text + "strategy: ddp\nnodes: 2\n");
-    v1::SubmitResponse submitted;
-    grpc::ClientContext context;
-    const grpc::Status accepted = controller_->Submit(&context, request, &submitted);
-    EXPECT_TRUE(accepted.ok()) << accepted.error_message();
-    return submitted.experiment_id();
-  }
   static std::vector<int> NodeRanksRun(FakeAgentState& state) {
     std::lock_guard lock(state.mutex);
     std::vector<int> ranks;

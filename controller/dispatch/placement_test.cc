@@ -137,17 +137,8 @@ TEST_F(PlacementTest, ATrialWaitingForBusyDevicesShowsTheSchedulersReason) {
 // A trial with nodes: 2 and one connected node can never run now: it waits with a notice saying
 // it spans 2 nodes, and holds nothing back from a later single-node trial.
 TEST_F(PlacementTest, AMultiNodeTrialWithTooFewNodesWaitsAndHoldsNothingBack) {
-  std::string text(kExperiment);
-  text.replace(text.find("max_steps: 2"), std::string_view("max_steps: 2").size(),
-               "global_batch_size: 4, max_steps: 2");
-  v1::SubmitRequest request;
-  request.set_filename("two-nodes.yaml");
-  request.set_yaml_text(text + "strategy: ddp\nnodes: 2\n");
-  v1::SubmitResponse submitted;
-  grpc::ClientContext submit_context;
-  const grpc::Status accepted = controller_->Submit(&submit_context, request, &submitted);
-  ASSERT_TRUE(accepted.ok()) << accepted.error_message();
-  const int64_t multi = submitted.experiment_id();
+  const int64_t multi = SubmitTwoNodeTrial();
+  ASSERT_NE(multi, 0);
   Tick();
   EXPECT_EQ(OnlyTrial(multi).state, store::TrialState::kQueued);
   EXPECT_EQ(RunsStarted(), 0u);
