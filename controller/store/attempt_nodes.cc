@@ -13,12 +13,9 @@
 namespace llmctl::store {
 namespace {
 
+using internal::AttemptLabel;
 using sqlite::Statement;
 using sqlite::Transaction;
-
-std::string AttemptLabel(int64_t trial_id, int64_t attempt) {
-  return "attempt " + std::to_string(attempt) + " of trial " + std::to_string(trial_id);
-}
 
 // A node's run as it ended.
 struct NodeEnd {

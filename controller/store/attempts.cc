@@ -18,6 +18,7 @@
 namespace llmctl::store {
 namespace {
 
+using internal::AttemptLabel;
 using internal::FromMillis;
 using internal::LatestEventOfType;
 using internal::LoadNodeRemovedAt;
@@ -85,8 +86,8 @@ StatusOr<CurrentAttempt> LoadCurrentAttempt(sqlite3* db, int64_t trial_id, int64
       "stale attempt " + std::to_string(attempt) + " of " + TrialLabel(trial_id);
   const std::string current = "; current is " + std::to_string(trial.current_attempt);
   if (attempt > trial.current_attempt) {
-    return FailedPreconditionError("attempt " + std::to_string(attempt) + " of " +
-                                   TrialLabel(trial_id) + " was never started" + current);
+    return FailedPreconditionError(AttemptLabel(trial_id, attempt) + " was never started" +
+                                   current);
   }
   if (attempt < trial.current_attempt) return FailedPreconditionError(stale + current);
   ASSIGN_OR_RETURN(std::optional<AttemptRow> row, LoadAttempt(db, trial_id, attempt));
@@ -131,8 +132,7 @@ Status internal::LoseAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, Tim
     return current.status();
   }
   if (current->attempt.state == AttemptState::kEnded) {
-    return FailedPreconditionError("attempt " + std::to_string(attempt) + " of " +
-                                   TrialLabel(trial_id) + " has ended as " +
+    return FailedPreconditionError(AttemptLabel(trial_id, attempt) + " has ended as " +
                                    current->attempt.outcome.value_or("?") + "; it cannot be lost");
   }
   ASSIGN_OR_RETURN(Statement lose,
@@ -260,7 +260,7 @@ Status Store::WithdrawAttempt(int64_t trial_id, int64_t attempt) {
   MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   ASSIGN_OR_RETURN(const CurrentAttempt current, LoadCurrentAttempt(db_, trial_id, attempt));
-  const std::string label = "attempt " + std::to_string(attempt) + " of " + TrialLabel(trial_id);
+  const std::string label = AttemptLabel(trial_id, attempt);
   if (current.attempt.state != AttemptState::kRunning) {
     return FailedPreconditionError(label + " has ended; it cannot be withdrawn");
   }
@@ -309,8 +309,7 @@ Status internal::EndAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, Tria
         current.attempt.error == error) {
       return Status::Ok();
     }
-    return FailedPreconditionError("attempt " + std::to_string(attempt) + " of " +
-                                   TrialLabel(trial_id) + " already ended as " +
+    return FailedPreconditionError(AttemptLabel(trial_id, attempt) + " already ended as " +
                                    current.attempt.outcome.value_or("?") + "; refusing to end it " +
                                    "again as " + outcome_name);
   }

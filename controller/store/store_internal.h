@@ -36,6 +36,10 @@ inline std::string Quoted(std::string_view text) {
 
 // "trial 7", as the store's messages name a trial.
 inline std::string TrialLabel(int64_t trial_id) { return "trial " + std::to_string(trial_id); }
+// "attempt 2 of trial 7".
+inline std::string AttemptLabel(int64_t trial_id, int64_t attempt) {
+  return "attempt " + std::to_string(attempt) + " of " + TrialLabel(trial_id);
+}
 
 // A stored JSON text, parsed; DataLoss naming `what` when it is not JSON.
 inline StatusOr<nlohmann::json> ParseStoredJson(const std::string& text, std::string_view what) {
