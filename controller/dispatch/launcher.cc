@@ -281,6 +281,8 @@ Status Launcher::Abandon(const MultiNodeStart& start, int rank, const grpc::Stat
   const std::string where = "node " + start.links[rank]->name + " (node rank " +
                             std::to_string(rank) + " of " + std::to_string(start.links.size()) +
                             ")";
+  // A refusal is never NOT_FOUND: only a lost hub model is forgotten here.
+  ForgetLostHubModel(start.config, *start.links[rank], ran);
   // Node rank 0 answered without starting anything (say, it began measuring its rates between
   // two health checks): nothing of the attempt ran, so it is taken back, as a one-node trial an
   // agent turns away stays queued, and the next attempt has its number.
@@ -288,7 +290,6 @@ Status Launcher::Abandon(const MultiNodeStart& start, int rank, const grpc::Stat
       ran.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED && !Refused(trial, ran)) {
     const Status withdrawn = store.WithdrawAttempt(trial.id, start.attempt);
     if (withdrawn.ok()) {
-      ForgetLostHubModel(start.config, *start.links[rank], ran);
       core_.changes.Notify();
       return UnavailableError(where + ": " + what + "; the trial stays queued");
     }
@@ -318,7 +319,6 @@ Status Launcher::Abandon(const MultiNodeStart& start, int rank, const grpc::Stat
     core_.changes.Notify();
     return Status::Ok();
   }
-  ForgetLostHubModel(start.config, *start.links[rank], ran);
   RETURN_IF_ERROR(store.MarkAttemptLost(trial.id, start.attempt, start.now));
   core_.changes.Notify();
   return UnavailableError(where + ": " + what + "; the attempt is lost and the trial queued again");
