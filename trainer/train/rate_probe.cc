@@ -114,8 +114,7 @@ class Rounds {
   }
 
   // Samples every measurement in turn, round after round, until `seconds` have passed and at
-  // least kMinRounds ran; then records each one's median. Returns the rounds run; SpeedSpread
-  // says how much the samples moved.
+  // least kMinRounds ran; then records each one's median. Returns the rounds run.
   int Run(double seconds) {
     const Clock::time_point start = Clock::now();
     int rounds = 0;
@@ -125,9 +124,6 @@ class Rounds {
       }
       ++rounds;
     }
-    std::vector<std::vector<double>> samples;
-    for (const Measurement& m : measurements_) samples.push_back(m.samples);
-    speed_spread_ = estimate::SpeedSpread(samples);
     for (Measurement& m : measurements_) {
       const auto middle = m.samples.begin() + static_cast<ptrdiff_t>(m.samples.size() / 2);
       std::nth_element(m.samples.begin(), middle, m.samples.end());
@@ -138,7 +134,11 @@ class Rounds {
 
   torch::Device device() const { return device_; }
   // How much the machine's speed moved over the rounds Run ran (estimate::SpeedSpread).
-  double speed_spread() const { return speed_spread_; }
+  double SpeedSpread() const {
+    std::vector<std::vector<double>> samples;
+    for (const Measurement& m : measurements_) samples.push_back(m.samples);
+    return estimate::SpeedSpread(samples);
+  }
 
  private:
   struct Measurement {
@@ -180,7 +180,6 @@ class Rounds {
 
   torch::Device device_;
   std::vector<Measurement> measurements_;
-  double speed_spread_ = 0;
 };
 
 torch::ScalarType DtypeOf(const std::string& name) {
@@ -604,7 +603,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   }
   if (cuda) AddHostLink(rounds, probe);
   probe.rounds = rounds.Run(options.seconds);
-  probe.speed_spread = rounds.speed_spread();
+  probe.speed_spread = rounds.SpeedSpread();
   probe.seconds = Elapsed(start);
   return probe;
 }
