@@ -147,17 +147,23 @@ StatusOr<std::string> FindCloudsYaml(const std::string& cloud,
   return NotFoundError("no clouds.yaml for cloud '" + cloud + "' (searched " + searched + ")");
 }
 
-// The names of a mapping's keys, each a scalar; InvalidArgument naming the line of one that is
-// not (a list or a mapping used as a key).
-StatusOr<std::vector<std::string>> KeysOf(const YAML::Node& mapping, const std::string& path,
-                                          const std::string& what) {
-  std::vector<std::string> keys;
+// A mapping's key: its name and its node (where it is in the file).
+struct Key {
+  std::string name;
+  YAML::Node node;
+};
+
+// A mapping's keys, each a scalar; InvalidArgument naming the line of one that is not (a list or a
+// mapping used as a key).
+StatusOr<std::vector<Key>> KeysOf(const YAML::Node& mapping, const std::string& path,
+                                  const std::string& what) {
+  std::vector<Key> keys;
   for (const auto& item : mapping) {
     if (!item.first.IsScalar()) {
       return InvalidArgumentError(LineOf(path, item.first) + ": a key of " + what +
                                   " is not a name");
     }
-    keys.push_back(item.first.Scalar());
+    keys.push_back({item.first.Scalar(), item.first});
   }
   return keys;
 }
@@ -175,15 +181,18 @@ StatusOr<YAML::Node> LoadCloudEntry(const std::string& path, const std::string& 
   if (!clouds || !clouds.IsMap()) {
     return InvalidArgumentError(path + ": no 'clouds' mapping at the top level");
   }
-  ASSIGN_OR_RETURN(const std::vector<std::string> names, KeysOf(clouds, path, "'clouds'"));
+  ASSIGN_OR_RETURN(const std::vector<Key> keys, KeysOf(clouds, path, "'clouds'"));
   const YAML::Node entry = clouds[cloud];
   if (!entry) {
-    std::vector<std::string_view> views(names.begin(), names.end());
-    std::string message = path + ": no cloud named '" + cloud + "'";
-    std::string_view close = ClosestMatch(cloud, views);
-    if (!close.empty()) message += " (did you mean '" + std::string(close) + "'?)";
+    std::vector<std::string_view> names;
     std::string list;
-    for (const auto& name : names) list += (list.empty() ? "" : ", ") + name;
+    for (const Key& key : keys) {
+      names.push_back(key.name);
+      list += (list.empty() ? "" : ", ") + key.name;
+    }
+    std::string message = path + ": no cloud named '" + cloud + "'";
+    std::string_view close = ClosestMatch(cloud, names);
+    if (!close.empty()) message += " (did you mean '" + std::string(close) + "'?)";
     return NotFoundError(message + "; clouds there: " + (list.empty() ? "none" : list));
   }
   if (!entry.IsMap()) {
@@ -215,14 +224,12 @@ Status ReadAuth(const YAML::Node& auth, const std::string& path, const std::stri
     known.push_back(field.key);
     RETURN_IF_ERROR(ReadScalar(auth, std::string(field.key), path, creds.*field.member));
   }
-  ASSIGN_OR_RETURN(const std::vector<std::string> keys, KeysOf(auth, path, prefix + ".auth"));
-  size_t index = 0;
-  for (const auto& item : auth) {
-    const std::string& key = keys[index++];
-    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    std::string message =
-        LineOf(path, item.first) + ": " + prefix + ".auth." + key + " is not a supported auth key";
-    std::string_view close = ClosestMatch(key, known);
+  ASSIGN_OR_RETURN(const std::vector<Key> keys, KeysOf(auth, path, prefix + ".auth"));
+  for (const Key& key : keys) {
+    if (std::find(known.begin(), known.end(), key.name) != known.end()) continue;
+    std::string message = LineOf(path, key.node) + ": " + prefix + ".auth." + key.name +
+                          " is not a supported auth key";
+    std::string_view close = ClosestMatch(key.name, known);
     if (!close.empty()) message += " (did you mean '" + std::string(close) + "'?)";
     return InvalidArgumentError(message);
   }
