@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include "controller/cli/report.h"
 #include "controller/cli/report_format.h"
@@ -27,6 +28,32 @@ std::vector<std::string> LabColumns(const LabLayout& layout) {
   columns.insert(columns.end(), {"train s", "tokens/s"});
   if (layout.timed) columns.insert(columns.end(), {"predicted tokens/s", "error"});
   return columns;
+}
+
+std::vector<std::string> TimeSourceLines(const v1::ReportResponse& report) {
+  // (source, its trials), in the order the sources first appear.
+  std::vector<std::pair<std::string, std::vector<std::string>>> sources;
+  for (const v1::TrialReport& trial : report.trials()) {
+    if (trial.prediction().step_seconds() <= 0) continue;
+    const std::string& source = trial.prediction().calibration();
+    auto it = std::find_if(sources.begin(), sources.end(),
+                           [&source](const auto& entry) { return entry.first == source; });
+    if (it == sources.end()) it = sources.insert(sources.end(), {source, {}});
+    it->second.push_back(trial.name());
+  }
+  std::vector<std::string> lines;
+  for (const auto& [source, trials] : sources) {
+    // A prediction stored before the source was kept with it.
+    const std::string said = source.empty() ? "an unrecorded calibration" : source;
+    if (sources.size() == 1) {
+      lines.push_back("predicted tokens/s at: " + said);
+      continue;
+    }
+    std::string names;
+    for (const std::string& name : trials) names += (names.empty() ? "" : ", ") + name;
+    lines.push_back("predicted tokens/s of " + names + " at: " + said);
+  }
+  return lines;
 }
 
 double SteadyTokensPerSecond(const v1::TrialReport& trial) {

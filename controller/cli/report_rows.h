@@ -54,6 +54,13 @@ inline constexpr std::string_view kTimeNote =
     "tokens at the mean micro-batch the run draws (else full sequences); error: (predicted - "
     "measured) / measured, for trials that ended ok";
 
+// Where the predicted tokens/s came from, one line per distinct source among the trials with a
+// predicted time, in the trials' order: the calibration and the rates (a probe's, with how much
+// its machine's speed moved while measured, or the data sheet's) that `llmctl submit` predicted
+// them at. "predicted tokens/s at: SOURCE" when every such trial shares one; else each line names
+// its trials, "predicted tokens/s of a, b at: SOURCE".
+std::vector<std::string> TimeSourceLines(const v1::ReportResponse& report);
+
 // The run's tokens per second in its steady state: its steps' tokens over their seconds, leaving
 // out each attempt's first step, whose one-time work (the optimizer's state created, the kernels
 // and the allocator warmed up) a prediction of the step leaves out too: on the CPU lab's 6-step

@@ -456,6 +456,46 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile), 250.0);
 }
 
+// The report says what the predicted tokens/s were predicted at: the calibration and the rates
+// stored with each prediction, once when the trials share them, by trial when they differ.
+TEST(ReportTest, SaysWhereThePredictedTimeCameFrom) {
+  const std::string probed =
+      "built-in calibration; measured rates: this machine's probe (/h/probe.json): cpu AMD EPYC (2 "
+      "threads, LibTorch 2.15.0), 2026-12-01T03:38:26Z, its speed moving 23% while measured";
+  v1::ReportResponse report;
+  report.set_name("timed");
+  for (const char* name : {"a", "b", "untimed"}) {
+    v1::TrialReport* trial = report.add_trials();
+    trial->set_name(name);
+    trial->set_outcome("ok");
+    if (std::string(name) == "untimed") continue;
+    trial->mutable_prediction()->set_step_seconds(0.5);
+    trial->mutable_prediction()->set_tokens_per_second(100);
+    trial->mutable_prediction()->set_calibration(probed);
+  }
+  EXPECT_EQ(TimeSourceLines(report), std::vector<std::string>{"predicted tokens/s at: " + probed});
+  const std::string table = RenderReport(report, ReportFormat::kTable);
+  EXPECT_NE(table.find("\npredicted tokens/s at: " + probed + "\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("its speed moving 23% while measured"), std::string::npos);
+  const std::string html = RenderReport(report, ReportFormat::kHtml);
+  EXPECT_NE(html.find("<p>predicted tokens/s at: built-in calibration; measured rates: this "
+                      "machine&#39;s probe"),
+            std::string::npos)
+      << html;
+
+  // Two sources: each line names its trials; a prediction stored without one says so.
+  report.mutable_trials(1)->mutable_prediction()->set_calibration("");
+  report.mutable_trials(2)->mutable_prediction()->set_step_seconds(0.5);
+  report.mutable_trials(2)->mutable_prediction()->set_calibration(probed);
+  EXPECT_EQ(TimeSourceLines(report),
+            (std::vector<std::string>{"predicted tokens/s of a, untimed at: " + probed,
+                                      "predicted tokens/s of b at: an unrecorded calibration"}));
+
+  // No trial with a predicted time: no line.
+  for (v1::TrialReport& trial : *report.mutable_trials()) trial.clear_prediction();
+  EXPECT_TRUE(TimeSourceLines(report).empty());
+}
+
 TEST(ReportTest, CountsOutcomesOtherThanExpected) {
   v1::ReportResponse report = FixedReport();
   EXPECT_EQ(CountUnexpectedOutcomes(report), 1);  // cpu-offload; the running one expects nothing
@@ -465,8 +505,8 @@ TEST(ReportTest, CountsOutcomesOtherThanExpected) {
   // ran), diverged and cancelled are not.
   report.mutable_trials(3)->clear_expected();
   const std::map<std::string, int> unexpected_without_expect = {
-      {"ok", 0},        {"oom", 0},       {"failed", 1}, {"invalid", 1},
-      {"diverged", 1},  {"cancelled", 1}, {"running", 0}};
+      {"ok", 0},       {"oom", 0},       {"failed", 1}, {"invalid", 1},
+      {"diverged", 1}, {"cancelled", 1}, {"running", 0}};
   for (const auto& [outcome, extra] : unexpected_without_expect) {
     report.mutable_trials(3)->set_outcome(outcome);
     EXPECT_EQ(CountUnexpectedOutcomes(report), 1 + extra) << outcome;
