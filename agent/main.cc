@@ -54,6 +54,72 @@ llmctl::Status Enroll(llmctl::agent::EnrollmentOptions options,
   return llmctl::Status::Ok();
 }
 
+// The agent's command line: its options, and the files its identity and tokens are read from.
+struct CommandLine {
+  llmctl::agent::AgentOptions options;
+  std::string ca_file, cert_file, key_file, token_file, enrollment_token_file;
+};
+
+// Defines the agent's flags on `app`, writing into `line`.
+void DefineFlags(CLI::App& app, CommandLine& line, int64_t& cancel_grace_ms) {
+  llmctl::agent::AgentOptions& options = line.options;
+  app.add_option("--listen", options.listen, "unix:/path or host:port")->required();
+  app.add_option("--data-dir", options.data_dir, "runs and the input cache live here")->required();
+  app.add_option("--node", options.node, "node name; the certificate names agent-<node>.llmctl")
+      ->required();
+  app.add_option("--ca", line.ca_file, "the controller's CA certificate (PEM)")->required();
+  app.add_option("--cert", line.cert_file, "this agent's certificate (PEM)")->required();
+  app.add_option("--key", line.key_file, "this agent's private key (PEM)")->required();
+  app.add_option("--token-file", line.token_file, "the node's token (a 0600 file)")->required();
+  app.add_option("--enrollment-token-file", line.enrollment_token_file,
+                 "a one-time enrollment token (0600): until --token-file exists, wait for the "
+                 "controller to enroll this node and write --cert, --key and --token-file");
+  app.add_option("--llm-train", options.llm_train, "the llm-train binary")->required();
+  app.add_option("--rate-probe-file", options.adoptable_rate_probe,
+                 "a probe of this machine by this llm-train (llmctl's LLMCTL_HOME/probe.json), "
+                 "taken as the node's rates instead of measuring them again when none are kept");
+  app.add_option("--cancel-grace-ms", cancel_grace_ms,
+                 "after SIGTERM, how long a cancelled worker gets before SIGKILL")
+      ->check(CLI::NonNegativeNumber);
+}
+
+// SIGINT and SIGTERM, blocked in the calling thread (and so in every thread started after it),
+// for sigwait to take.
+sigset_t BlockStopSignals() {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  return stop_signals;
+}
+
+// Completes `line.options` from the files it names: the TLS identity (a renewal interrupted by a
+// crash finished first), the node's token, and the programs the agent starts (llm-train, itself
+// as the supervisor).
+llmctl::Status LoadFromFiles(CommandLine& line) {
+  llmctl::agent::AgentOptions& options = line.options;
+  options.identity_files = {.ca_file = line.ca_file,
+                            .certificate_file = line.cert_file,
+                            .private_key_file = line.key_file};
+  RETURN_IF_ERROR(llmctl::agent::FinishInterruptedRenewal(options.identity_files));
+  // Checked here: gRPC's file watcher only logs files it cannot use.
+  ASSIGN_OR_RETURN(options.identity,
+                   llmctl::rpc::LoadTlsIdentity(line.ca_file, line.cert_file, line.key_file));
+  ASSIGN_OR_RETURN(options.token, llmctl::rpc::ReadTokenFile(line.token_file));
+  if (::access(options.llm_train.c_str(), X_OK) != 0) {
+    return llmctl::InvalidArgumentError("--llm-train " + options.llm_train +
+                                        " is not an executable file");
+  }
+  char self[PATH_MAX];
+  const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length <= 0) {
+    return llmctl::InternalError("cannot find this program's own path in /proc/self/exe");
+  }
+  options.supervisor_program.assign(self, static_cast<size_t>(length));
+  return llmctl::Status::Ok();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -64,77 +130,36 @@ int main(int argc, char** argv) {
   }
 
   CLI::App app{"llm-agent: runs llmctl trials on this node for the controller"};
-  llmctl::agent::AgentOptions options;
-  std::string ca_file, cert_file, key_file, token_file, enrollment_token_file;
+  CommandLine line;
   int64_t cancel_grace_ms = 10000;
-  app.add_option("--listen", options.listen, "unix:/path or host:port")->required();
-  app.add_option("--data-dir", options.data_dir, "runs and the input cache live here")->required();
-  app.add_option("--node", options.node, "node name; the certificate names agent-<node>.llmctl")
-      ->required();
-  app.add_option("--ca", ca_file, "the controller's CA certificate (PEM)")->required();
-  app.add_option("--cert", cert_file, "this agent's certificate (PEM)")->required();
-  app.add_option("--key", key_file, "this agent's private key (PEM)")->required();
-  app.add_option("--token-file", token_file, "the node's token (a 0600 file)")->required();
-  app.add_option("--enrollment-token-file", enrollment_token_file,
-                 "a one-time enrollment token (0600): until --token-file exists, wait for the "
-                 "controller to enroll this node and write --cert, --key and --token-file");
-  app.add_option("--llm-train", options.llm_train, "the llm-train binary")->required();
-  app.add_option("--rate-probe-file", options.adoptable_rate_probe,
-                 "a probe of this machine by this llm-train (llmctl's LLMCTL_HOME/probe.json), "
-                 "taken as the node's rates instead of measuring them again when none are kept");
-  app.add_option("--cancel-grace-ms", cancel_grace_ms,
-                 "after SIGTERM, how long a cancelled worker gets before SIGKILL")
-      ->check(CLI::NonNegativeNumber);
+  DefineFlags(app, line, cancel_grace_ms);
   CLI11_PARSE(app, argc, argv);
+  llmctl::agent::AgentOptions& options = line.options;
   options.cancel_grace = std::chrono::milliseconds(cancel_grace_ms);
   options.hub = llmctl::agent::HubOptionsFromEnvironment();
   // LLMCTL_RATE_PROBE=off (which every test sets) leaves the node's rates unmeasured.
   const char* rate_probe = std::getenv("LLMCTL_RATE_PROBE");
   options.measure_rates = rate_probe == nullptr || std::string_view(rate_probe) != "off";
 
-  // SIGINT/SIGTERM are taken by sigwait below; blocked before any thread starts, so that every
-  // thread inherits the mask and none of them is interrupted.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-
-  if (!enrollment_token_file.empty() && !llmctl::agent::Enrolled(token_file)) {
+  // Before any thread starts, so that none of them is interrupted.
+  const sigset_t stop_signals = BlockStopSignals();
+  if (!line.enrollment_token_file.empty() && !llmctl::agent::Enrolled(line.token_file)) {
     bool stopped = false;
     const llmctl::Status enrolled =
         Enroll({.listen = options.listen,
                 .node = options.node,
                 .ca_pem = {},
                 .enrollment_token = {},
-                .certificate_file = cert_file,
-                .private_key_file = key_file,
-                .token_file = token_file},
-               enrollment_token_file, ca_file, stop_signals, options.listen, stopped);
+                .certificate_file = line.cert_file,
+                .private_key_file = line.key_file,
+                .token_file = line.token_file},
+               line.enrollment_token_file, line.ca_file, stop_signals, options.listen, stopped);
     if (!enrolled.ok()) return Fail(enrolled.message());
     if (stopped) return 0;
   }
-  options.identity_files = {.ca_file = ca_file, .certificate_file = cert_file,
-                            .private_key_file = key_file};
-  if (const llmctl::Status finished =
-          llmctl::agent::FinishInterruptedRenewal(options.identity_files);
-      !finished.ok()) {
-    return Fail(finished.message());
+  if (const llmctl::Status loaded = LoadFromFiles(line); !loaded.ok()) {
+    return Fail(loaded.message());
   }
-  // Checked here: gRPC's file watcher only logs files it cannot use.
-  auto identity = llmctl::rpc::LoadTlsIdentity(ca_file, cert_file, key_file);
-  if (!identity.ok()) return Fail(identity.status().message());
-  options.identity = std::move(*identity);
-  auto token = llmctl::rpc::ReadTokenFile(token_file);
-  if (!token.ok()) return Fail(token.status().message());
-  options.token = std::move(*token);
-  if (::access(options.llm_train.c_str(), X_OK) != 0) {
-    return Fail("--llm-train " + options.llm_train + " is not an executable file");
-  }
-  char self[PATH_MAX];
-  const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (length <= 0) return Fail("cannot find this program's own path in /proc/self/exe");
-  options.supervisor_program.assign(self, static_cast<size_t>(length));
 
   auto server = llmctl::agent::AgentServer::Start(options);
   if (!server.ok()) return Fail(server.status().message());
