@@ -31,6 +31,139 @@ std::string ControllerName(const ControllerAddress& address) {
   return "the controller at " + address.target + " (from " + address.source + ")";
 }
 
+// An experiment's `target:` as a lease names it: a KVM site's flavor, or a bare-metal site's node
+// type (a lease reserves either, and a node's lease names whichever it reserved).
+struct TargetLease {
+  std::string site;  // "" for any
+  std::string flavor;
+  bool node_type = false;  // `flavor` is a bare-metal node type
+};
+
+StatusOr<TargetLease> TargetLeaseOf(const Experiment& experiment) {
+  for (const auto& [key, value] : experiment.target) {
+    if (key != "site" && key != "flavor" && key != "node_type") {
+      return InvalidArgumentError("unknown key '" + key +
+                                  "' (target takes site, and flavor or node_type)");
+    }
+  }
+  const auto target_value = [&](const char* key) {
+    auto found = experiment.target.find(key);
+    return found == experiment.target.end() ? std::string() : found->second;
+  };
+  const std::string node_type = target_value("node_type");
+  if (target_value("flavor").empty() == node_type.empty()) {
+    return InvalidArgumentError(
+        "the target needs a flavor (KVM sites) or a node_type (bare-metal sites), one of them");
+  }
+  return TargetLease{.site = target_value("site"),
+                     .flavor = node_type.empty() ? target_value("flavor") : node_type,
+                     .node_type = !node_type.empty()};
+}
+
+// The controller's node on a lease of `target` that has not ended, saying so on `err`; whether
+// there is one.
+StatusOr<bool> FindTargetNode(v1::Controller::Stub& stub, const TargetLease& target,
+                              std::ostream& err) {
+  v1::ListNodesResponse nodes;
+  RETURN_IF_ERROR(
+      rpc::FromGrpcStatus(stub.ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes)));
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  for (const v1::NodeStatus& node : nodes.nodes()) {
+    if (!node.has_lease() || node.lease().flavor() != target.flavor) continue;
+    if (!target.site.empty() && node.lease().site() != target.site) continue;
+    if (node.lease().ends_unix() <= now) continue;
+    err << "target " << target.flavor << ": node " << node.name() << " (lease "
+        << node.lease().name() << ")\n";
+    return true;
+  }
+  return false;
+}
+
+// The `llmctl lease` and `llmctl node` arguments that provision lease `lease` of `target` for
+// `duration` and bring its node up with `node_flags`.
+struct ProvisionCommands {
+  std::vector<std::string> create;  // lease create ... --wait
+  std::vector<std::string> up;      // node up --lease ...
+};
+
+ProvisionCommands ProvisionCommandsFor(const TargetLease& target, const std::string& lease,
+                                       const std::string& duration,
+                                       const std::vector<std::string>& node_flags) {
+  ProvisionCommands commands;
+  commands.create = {"create",      target.node_type ? "--node-type" : "--flavor",
+                     target.flavor, "--name",
+                     lease,         "--duration",
+                     duration,      "--wait"};
+  if (!target.site.empty()) commands.create.insert(commands.create.end(), {"--site", target.site});
+  commands.up = {"up", "--lease", lease};
+  commands.up.insert(commands.up.end(), node_flags.begin(), node_flags.end());
+  if (!target.site.empty()) commands.up.insert(commands.up.begin(), {"--site", target.site});
+  return commands;
+}
+
+// Tells the controller that node `up`'s agent is at `address`, on `up`'s lease.
+Status TellNodeAddress(v1::Controller::Stub& stub, const openstack::NodeUp& up,
+                       const std::string& address) {
+  v1::UpdateNodeRequest request;
+  request.set_name(up.node.name);
+  request.set_address(address);
+  v1::NodeLease* lease = request.mutable_lease();
+  lease->set_name(up.lease.name);
+  lease->set_site(up.site);
+  lease->set_flavor(up.flavor);
+  lease->set_ends_unix(
+      std::chrono::duration_cast<std::chrono::seconds>(up.lease.end.time_since_epoch()).count());
+  v1::NodeStatus updated;
+  const Status told = rpc::FromGrpcStatus(stub.UpdateNode(UnaryContext().get(), request, &updated));
+  if (told.code() == StatusCode::kNotFound) {
+    return FailedPreconditionError(
+        "the controller does not know node " + up.node.name +
+        " (its server was made for another controller): llmctl node down " + up.node.name +
+        ", then node up again");
+  }
+  return told;
+}
+
+// One attempt to enroll node `name` through the controller, saying on `out` when it was enrolled
+// now: whether it is enrolled; Unavailable or DeadlineExceeded (no agent waits there yet, the node
+// is still booting) is false, any other refusal is returned, since waiting does not change it.
+StatusOr<bool> TryEnroll(v1::Controller::Stub& stub, const std::string& name, std::ostream& out) {
+  v1::EnrollNodeRequest enroll;
+  enroll.set_name(name);
+  v1::EnrollNodeResponse response;
+  const Status told = rpc::FromGrpcStatus(stub.EnrollNode(UnaryContext().get(), enroll, &response));
+  if (told.ok() && !response.already_enrolled()) {
+    out << "node " << name << ": enrolled (its certificate and token went over the link)\n"
+        << std::flush;
+  }
+  if (!told.ok() && told.code() != StatusCode::kUnavailable &&
+      told.code() != StatusCode::kDeadlineExceeded) {
+    return told;
+  }
+  return told.ok();
+}
+
+// Whether the controller's node `name` is connected, saying so on `out`; FailedPrecondition when
+// its agent answers but the node cannot run llm-train, which waiting does not change.
+StatusOr<bool> AgentConnected(v1::Controller::Stub& stub, const std::string& name,
+                              std::ostream& out) {
+  v1::ListNodesResponse nodes;
+  RETURN_IF_ERROR(
+      rpc::FromGrpcStatus(stub.ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes)));
+  for (const v1::NodeStatus& node : nodes.nodes()) {
+    if (node.name() != name) continue;
+    if (!node.unusable().empty()) return FailedPreconditionError(node.unusable());
+    if (node.state() == "connected") {
+      out << "node " << node.name() << ": the agent answers (" << node.devices_size()
+          << " devices)\n";
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string FormatUnixTime(int64_t seconds) {
@@ -76,64 +209,30 @@ StatusOr<std::unique_ptr<v1::Controller::Stub>> Llmctl::Connect() {
 Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& experiment,
                                 bool provision, const std::vector<std::string>& node_flags,
                                 const LeaseSizing& lease_sizing) {
-  for (const auto& [key, value] : experiment.target) {
-    if (key != "site" && key != "flavor" && key != "node_type") {
-      return InvalidArgumentError("unknown key '" + key +
-                                  "' (target takes site, and flavor or node_type)");
-    }
-  }
-  const auto target_value = [&](const char* key) {
-    auto found = experiment.target.find(key);
-    return found == experiment.target.end() ? std::string() : found->second;
-  };
-  const std::string site = target_value("site");
-  // A KVM site's flavor, or a bare-metal site's node type: a lease reserves either, and a node's
-  // lease names whichever it reserved.
-  const std::string node_type = target_value("node_type");
-  if (target_value("flavor").empty() == node_type.empty()) {
-    return InvalidArgumentError(
-        "the target needs a flavor (KVM sites) or a node_type (bare-metal sites), one of them");
-  }
-  const std::string flavor = node_type.empty() ? target_value("flavor") : node_type;
-  v1::ListNodesResponse nodes;
-  RETURN_IF_ERROR(
-      rpc::FromGrpcStatus(stub.ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes)));
-  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
-  for (const v1::NodeStatus& node : nodes.nodes()) {
-    if (!node.has_lease() || node.lease().flavor() != flavor) continue;
-    if (!site.empty() && node.lease().site() != site) continue;
-    if (node.lease().ends_unix() <= now) continue;
-    context_.err << "target " << flavor << ": node " << node.name() << " (lease "
-                 << node.lease().name() << ")\n";
-    return Status::Ok();
-  }
-  const std::string lease = ProvisionLeaseName(experiment.name, flavor);
-  std::vector<std::string> create = {"create",
-                                     node_type.empty() ? "--flavor" : "--node-type",
-                                     flavor,
-                                     "--name",
-                                     lease,
-                                     "--duration",
-                                     lease_sizing.duration,
-                                     "--wait"};
-  if (!site.empty()) create.insert(create.end(), {"--site", site});
-  std::vector<std::string> up = {"up", "--lease", lease};
-  up.insert(up.end(), node_flags.begin(), node_flags.end());
-  if (!site.empty()) up.insert(up.begin(), {"--site", site});
+  ASSIGN_OR_RETURN(const TargetLease target, TargetLeaseOf(experiment));
+  ASSIGN_OR_RETURN(const bool found, FindTargetNode(stub, target, context_.err));
+  if (found) return Status::Ok();
+  const std::string lease = ProvisionLeaseName(experiment.name, target.flavor);
+  const ProvisionCommands commands =
+      ProvisionCommandsFor(target, lease, lease_sizing.duration, node_flags);
   if (!provision) {
     std::string create_line = "llmctl lease", up_line = "llmctl node";
-    for (const std::string& word : create) create_line += " " + word;
-    for (const std::string& word : up) up_line += " " + word;
+    for (const std::string& word : commands.create) create_line += " " + word;
+    for (const std::string& word : commands.up) up_line += " " + word;
     return FailedPreconditionError(
-        "no node of the controller's is on a lease of " + flavor +
-        (site.empty() ? "" : " at " + site) +
+        "no node of the controller's is on a lease of " + target.flavor +
+        (target.site.empty() ? "" : " at " + target.site) +
         ". `llmctl submit --provision` makes one (it spends your allocation), or run: " +
         create_line + " && " + up_line + (node_flags.empty() ? " --agent-image REF" : ""));
   }
-  context_.err << "provisioning lease " << lease << " and its node for target " << flavor << ", "
-               << lease_sizing.duration << " (" << lease_sizing.explanation << ")\n";
+  context_.err << "provisioning lease " << lease << " and its node for target " << target.flavor
+               << ", " << lease_sizing.duration << " (" << lease_sizing.explanation << ")\n";
+  return Provision(lease, target.site, commands.create, commands.up);
+}
+
+Status Llmctl::Provision(const std::string& lease, const std::string& site,
+                         const std::vector<std::string>& create,
+                         const std::vector<std::string>& up) {
   // Rerunning finds the lease of the earlier run (or one the user reserved ahead under that name)
   // and waits for it as create --wait does: a node needs it ACTIVE.
   std::vector<std::string> show = {"show", lease};
@@ -317,25 +416,7 @@ Status Llmctl::AwaitAgent(const openstack::NodeUp& up, std::ostream& out) {
                                    " has no agent address yet (no floating IP or agent port)");
   }
   ASSIGN_OR_RETURN(std::unique_ptr<v1::Controller::Stub> stub, Connect());
-  v1::UpdateNodeRequest request;
-  request.set_name(up.node.name);
-  request.set_address(address);
-  v1::NodeLease* lease = request.mutable_lease();
-  lease->set_name(up.lease.name);
-  lease->set_site(up.site);
-  lease->set_flavor(up.flavor);
-  lease->set_ends_unix(
-      std::chrono::duration_cast<std::chrono::seconds>(up.lease.end.time_since_epoch()).count());
-  v1::NodeStatus updated;
-  const Status told =
-      rpc::FromGrpcStatus(stub->UpdateNode(UnaryContext().get(), request, &updated));
-  if (told.code() == StatusCode::kNotFound) {
-    return FailedPreconditionError(
-        "the controller does not know node " + up.node.name +
-        " (its server was made for another controller): llmctl node down " + up.node.name +
-        ", then node up again");
-  }
-  RETURN_IF_ERROR(told);
+  RETURN_IF_ERROR(TellNodeAddress(*stub, up, address));
   const auto minutes =
       std::chrono::duration_cast<std::chrono::minutes>(context_.agent_ready_timeout);
   out << "waiting for the agent at " << address << " (up to " << minutes.count()
@@ -348,38 +429,10 @@ Status Llmctl::AwaitAgent(const openstack::NodeUp& up, std::ostream& out) {
   bool enrolled = false;
   while (true) {
     if (!enrolled) {
-      v1::EnrollNodeRequest enroll;
-      enroll.set_name(up.node.name);
-      v1::EnrollNodeResponse response;
-      const Status told =
-          rpc::FromGrpcStatus(stub->EnrollNode(UnaryContext().get(), enroll, &response));
-      enrolled = told.ok();
-      if (told.ok() && !response.already_enrolled()) {
-        out << "node " << up.node.name
-            << ": enrolled (its certificate and token went over the link)\n"
-            << std::flush;
-      }
-      // Unavailable: no agent waits there yet (the node is still booting); anything else is a
-      // refusal that waiting does not change.
-      if (!told.ok() && told.code() != StatusCode::kUnavailable &&
-          told.code() != StatusCode::kDeadlineExceeded) {
-        return told;
-      }
+      ASSIGN_OR_RETURN(enrolled, TryEnroll(*stub, up.node.name, out));
     }
-    v1::ListNodesResponse nodes;
-    RETURN_IF_ERROR(
-        rpc::FromGrpcStatus(stub->ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes)));
-    for (const v1::NodeStatus& node : nodes.nodes()) {
-      // The agent answers, but its node cannot run llm-train: waiting longer does not help.
-      if (node.name() == up.node.name && !node.unusable().empty()) {
-        return FailedPreconditionError(node.unusable());
-      }
-      if (node.name() == up.node.name && node.state() == "connected") {
-        out << "node " << node.name() << ": the agent answers (" << node.devices_size()
-            << " devices)\n";
-        return Status::Ok();
-      }
-    }
+    ASSIGN_OR_RETURN(const bool connected, AgentConnected(*stub, up.node.name, out));
+    if (connected) return Status::Ok();
     if (std::chrono::steady_clock::now() >= deadline) {
       return Status(
           StatusCode::kDeadlineExceeded,

@@ -91,6 +91,11 @@ class Llmctl {
   Status EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& experiment, bool provision,
                           const std::vector<std::string>& node_flags,
                           const LeaseSizing& lease_sizing);
+  // EnsureTargetNode's --provision: makes lease `lease` at `site` with `llmctl lease` `create`
+  // (unless a lease of that name is there, then waits for it to be ACTIVE), then brings its node
+  // up with `llmctl node` `up`.
+  Status Provision(const std::string& lease, const std::string& site,
+                   const std::vector<std::string>& create, const std::vector<std::string>& up);
   int Lease(const std::vector<std::string>& args, std::ostream& out);
   // The runs estimate, plan and submit calibrate their predicted time with: the embedded
   // controller's store, read in place (nothing is started), or a configured controller's
