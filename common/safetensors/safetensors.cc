@@ -217,6 +217,7 @@ Status ParseEntry(const std::string& path, const std::string& name, const Json& 
   *out = ParsedEntry{name, *parsed_dtype, std::move(dims), begin, end};
   return Status::Ok();
 }
+}  // namespace
 
 // Position of each dtype in the reference implementation's Dtype enum (BOOL < U8 < I8 < I16 < F16 <
 // BF16 < I32 < F32 < F64 < I64, other members omitted), which its writer sorts by.
@@ -246,6 +247,174 @@ int ReferenceRank(DType dtype) {
   return 0;
 }
 
+// A file's parts: its header's text and the data buffer after it.
+struct FileParts {
+  std::string_view header_text;
+  std::span<const std::byte> buffer;
+};
+
+// `file` split at its 8-byte little-endian header length; DataLoss when that length is past the
+// limit or the file's end.
+StatusOr<FileParts> SplitFile(const std::string& path, std::span<const std::byte> file) {
+  if (file.size() < 8) {
+    return DataLossError(path + ": file is " + std::to_string(file.size()) +
+                         " bytes, shorter than the 8-byte header length");
+  }
+  uint64_t header_len;
+  std::memcpy(&header_len, file.data(), 8);  // little-endian, checked by the static_assert
+  if (header_len > kMaxHeaderBytes) {
+    return DataLossError(path + ": header length " + std::to_string(header_len) + " exceeds the " +
+                         std::to_string(kMaxHeaderBytes) + "-byte limit (not a safetensors file?)");
+  }
+  if (header_len > file.size() - 8) {
+    return DataLossError(path + ": header length " + std::to_string(header_len) +
+                         " runs past the end of the " + std::to_string(file.size()) +
+                         "-byte file (truncated?)");
+  }
+  return FileParts{.header_text = {reinterpret_cast<const char*>(file.data()) + 8, header_len},
+                   .buffer = file.subspan(8 + header_len)};
+}
+
+// The header's "__metadata__": an object of strings, or null for none.
+StatusOr<std::map<std::string, std::string>> ParseMetadata(const std::string& path,
+                                                           const Json& value) {
+  std::map<std::string, std::string> metadata;
+  if (value.is_null()) return metadata;
+  if (!value.is_object()) {
+    return DataLossError(path + ": '__metadata__' must be an object of strings, got " +
+                         JsonTypeName(value));
+  }
+  for (const auto& [key, text] : value.items()) {
+    if (!text.is_string()) {
+      return DataLossError(path + ": '__metadata__' value for '" + Printable(key) +
+                           "' must be a string, got " + JsonTypeName(text));
+    }
+    metadata[key] = text.get<std::string>();
+  }
+  return metadata;
+}
+
+// The entries' indices in buffer order, when they tile the `buffer_size`-byte buffer exactly, as
+// the spec requires: no overlap (two tensors sharing bytes is how a hostile file aliases weights)
+// and no holes (bytes nobody owns mean the header and data disagree). Zero-size tensors sit
+// anywhere on a boundary.
+StatusOr<std::vector<size_t>> OrderTilingTheBuffer(const std::string& path,
+                                                   const std::vector<ParsedEntry>& entries,
+                                                   uint64_t buffer_size) {
+  std::vector<size_t> order(entries.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (entries[a].begin != entries[b].begin) return entries[a].begin < entries[b].begin;
+    if (entries[a].end != entries[b].end) return entries[a].end < entries[b].end;
+    return entries[a].name < entries[b].name;
+  });
+  uint64_t expected = 0;
+  const ParsedEntry* previous = nullptr;
+  for (size_t i : order) {
+    const ParsedEntry& e = entries[i];
+    if (e.begin < expected) {
+      return DataLossError(path + ": tensor '" + Printable(e.name) + "' at bytes [" +
+                           std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                           ") overlaps tensor '" + Printable(previous->name) + "' ending at " +
+                           std::to_string(expected));
+    }
+    if (e.begin > expected) {
+      return DataLossError(path + ": bytes [" + std::to_string(expected) + ", " +
+                           std::to_string(e.begin) +
+                           ") of the data buffer belong to no tensor (hole " + "before tensor '" +
+                           Printable(e.name) + "')");
+    }
+    expected = e.end;
+    previous = &e;
+  }
+  if (expected != buffer_size) {
+    return DataLossError(path + ": the data buffer is " + std::to_string(buffer_size) +
+                         " bytes but the tensors cover only " + std::to_string(expected) +
+                         " (trailing bytes belong to no tensor)");
+  }
+  return order;
+}
+
+// InvalidArgument unless every tensor has a name of its own that is valid UTF-8 and not the
+// metadata's, and as many bytes as its shape and dtype need, and the metadata is valid UTF-8.
+Status CheckTensorsToWrite(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                           const std::map<std::string, std::string>& metadata) {
+  std::set<std::string_view> names;
+  for (const TensorToWrite& t : tensors) {
+    const std::string context = path + ": tensor '" + Printable(t.name) + "'";
+    if (t.name == "__metadata__") {
+      return InvalidArgumentError(context + ": the name is reserved for the metadata");
+    }
+    if (FirstInvalidUtf8(t.name) != std::string_view::npos) {
+      return InvalidArgumentError(context + ": the name is not valid UTF-8");
+    }
+    if (!names.insert(t.name).second) return InvalidArgumentError(context + ": written twice");
+    uint64_t bytes = DTypeSize(t.dtype);
+    for (int64_t d : t.shape) {
+      if (d < 0) {
+        return InvalidArgumentError(context + ": negative dimension in shape " +
+                                    ShapeString(t.shape));
+      }
+      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
+        return InvalidArgumentError(context + ": shape " + ShapeString(t.shape) + " overflows");
+      }
+    }
+    if (bytes != t.bytes.size()) {
+      return InvalidArgumentError(
+          context + ": shape " + ShapeString(t.shape) + " of " + std::string(DTypeName(t.dtype)) +
+          " needs " + std::to_string(bytes) + " bytes, got " + std::to_string(t.bytes.size()));
+    }
+  }
+  for (const auto& [key, value] : metadata) {
+    if (FirstInvalidUtf8(key) != std::string_view::npos ||
+        FirstInvalidUtf8(value) != std::string_view::npos) {
+      return InvalidArgumentError(path + ": metadata '" + Printable(key) + "' is not valid UTF-8");
+    }
+  }
+  return Status::Ok();
+}
+
+// The reference writer's order: by its dtype enum, descending, then by name. That enum runs by
+// element size, so with the buffer starting at a multiple of 8 every tensor starts at a multiple
+// of its element size; matching its tie order as well makes our files byte-identical to Python's
+// for the same input.
+std::vector<const TensorToWrite*> ReferenceOrder(const std::vector<TensorToWrite>& tensors) {
+  std::vector<const TensorToWrite*> order;
+  order.reserve(tensors.size());
+  for (const TensorToWrite& t : tensors) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](const TensorToWrite* a, const TensorToWrite* b) {
+    if (ReferenceRank(a->dtype) != ReferenceRank(b->dtype)) {
+      return ReferenceRank(a->dtype) > ReferenceRank(b->dtype);
+    }
+    return a->name < b->name;
+  });
+  return order;
+}
+
+// The header of the tensors in `order` with `metadata`, unpadded.
+StatusOr<std::string> WrittenHeader(const std::string& path,
+                                    const std::vector<const TensorToWrite*>& order,
+                                    const std::map<std::string, std::string>& metadata) {
+  try {
+    nlohmann::ordered_json header = nlohmann::ordered_json::object();
+    if (!metadata.empty()) {
+      nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+      for (const auto& [key, value] : metadata) meta[key] = value;
+      header["__metadata__"] = std::move(meta);
+    }
+    uint64_t offset = 0;
+    for (const TensorToWrite* t : order) {
+      nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+      entry["dtype"] = DTypeName(t->dtype);
+      entry["shape"] = t->shape;
+      entry["data_offsets"] = {offset, offset + t->bytes.size()};
+      header[t->name] = std::move(entry);
+      offset += t->bytes.size();
+    }
+    return header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    return InternalError(path + ": cannot build the header: " + JsonErrorText(e));
+  }
 
 }  // namespace
 
@@ -320,95 +489,29 @@ const TensorView* SafetensorsFile::Find(std::string_view name) const {
 }
 
 Status SafetensorsFile::Parse(std::span<const std::byte> file) {
-  if (file.size() < 8) {
-    return DataLossError(path_ + ": file is " + std::to_string(file.size()) +
-                         " bytes, shorter than the 8-byte header length");
-  }
-  uint64_t header_len;
-  std::memcpy(&header_len, file.data(), 8);  // little-endian, checked by the static_assert
-  if (header_len > kMaxHeaderBytes) {
-    return DataLossError(path_ + ": header length " + std::to_string(header_len) + " exceeds the " +
-                         std::to_string(kMaxHeaderBytes) + "-byte limit (not a safetensors file?)");
-  }
-  if (header_len > file.size() - 8) {
-    return DataLossError(path_ + ": header length " + std::to_string(header_len) +
-                         " runs past the end of the " + std::to_string(file.size()) +
-                         "-byte file (truncated?)");
-  }
-  const std::string_view header_text(reinterpret_cast<const char*>(file.data()) + 8, header_len);
-  const uint64_t buffer_size = file.size() - 8 - header_len;
-  const std::byte* buffer = file.data() + 8 + header_len;
-
-  ASSIGN_OR_RETURN(const Json header, ParseJsonStrict(header_text, path_ + ": header"));
+  ASSIGN_OR_RETURN(const FileParts parts, SplitFile(path_, file));
+  ASSIGN_OR_RETURN(const Json header, ParseJsonStrict(parts.header_text, path_ + ": header"));
   if (!header.is_object()) {
     return DataLossError(path_ + ": header must be a JSON object, got " + JsonTypeName(header));
   }
-
   std::vector<ParsedEntry> entries;
   entries.reserve(header.size());
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
-      if (value.is_null()) continue;
-      if (!value.is_object()) {
-        return DataLossError(path_ + ": '__metadata__' must be an object of strings, got " +
-                             JsonTypeName(value));
-      }
-      for (const auto& [mkey, mvalue] : value.items()) {
-        if (!mvalue.is_string()) {
-          return DataLossError(path_ + ": '__metadata__' value for '" + Printable(mkey) +
-                               "' must be a string, got " + JsonTypeName(mvalue));
-        }
-        metadata_[mkey] = mvalue.get<std::string>();
-      }
+      ASSIGN_OR_RETURN(metadata_, ParseMetadata(path_, value));
       continue;
     }
     ParsedEntry entry;
-    RETURN_IF_ERROR(ParseEntry(path_, key, value, buffer_size, &entry));
+    RETURN_IF_ERROR(ParseEntry(path_, key, value, parts.buffer.size(), &entry));
     entries.push_back(std::move(entry));
   }
-
-  // The spec requires the tensors to tile the buffer exactly: no overlap (two tensors sharing bytes
-  // is how a hostile file aliases weights) and no holes (bytes nobody owns mean the header and data
-  // disagree). Zero-size tensors sit anywhere on a boundary.
-  std::vector<size_t> order(entries.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (entries[a].begin != entries[b].begin) return entries[a].begin < entries[b].begin;
-    if (entries[a].end != entries[b].end) return entries[a].end < entries[b].end;
-    return entries[a].name < entries[b].name;
-  });
-  uint64_t expected = 0;
-  const ParsedEntry* previous = nullptr;
-  for (size_t i : order) {
-    const ParsedEntry& e = entries[i];
-    if (e.begin < expected) {
-      return DataLossError(path_ + ": tensor '" + Printable(e.name) + "' at bytes [" +
-                           std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                           ") overlaps tensor '" + Printable(previous->name) + "' ending at " +
-                           std::to_string(expected));
-    }
-    if (e.begin > expected) {
-      return DataLossError(path_ + ": bytes [" + std::to_string(expected) + ", " +
-                           std::to_string(e.begin) +
-                           ") of the data buffer belong to no tensor (hole " + "before tensor '" +
-                           Printable(e.name) + "')");
-    }
-    expected = e.end;
-    previous = &e;
-  }
-  if (expected != buffer_size) {
-    return DataLossError(path_ + ": the data buffer is " + std::to_string(buffer_size) +
-                         " bytes but the tensors cover only " + std::to_string(expected) +
-                         " (trailing bytes belong to no tensor)");
-  }
-
+  ASSIGN_OR_RETURN(const std::vector<size_t> order,
+                   OrderTilingTheBuffer(path_, entries, parts.buffer.size()));
   tensors_.reserve(entries.size());
   for (size_t i : order) {
     ParsedEntry& e = entries[i];
-    tensors_.push_back(TensorView{std::move(e.name),
-                                  e.dtype,
-                                  std::move(e.shape),
-                                  {buffer + e.begin, static_cast<size_t>(e.end - e.begin)}});
+    tensors_.push_back(TensorView{std::move(e.name), e.dtype, std::move(e.shape),
+                                  parts.buffer.subspan(e.begin, e.end - e.begin)});
   }
   // Built after tensors_ stops growing: the keys view the names stored there.
   by_name_.reserve(tensors_.size());
@@ -418,74 +521,9 @@ Status SafetensorsFile::Parse(std::span<const std::byte> file) {
 
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                         const std::map<std::string, std::string>& metadata) {
-  std::set<std::string_view> names;
-  for (const TensorToWrite& t : tensors) {
-    const std::string context = path + ": tensor '" + Printable(t.name) + "'";
-    if (t.name == "__metadata__") {
-      return InvalidArgumentError(context + ": the name is reserved for the metadata");
-    }
-    if (FirstInvalidUtf8(t.name) != std::string_view::npos) {
-      return InvalidArgumentError(context + ": the name is not valid UTF-8");
-    }
-    if (!names.insert(t.name).second) return InvalidArgumentError(context + ": written twice");
-    uint64_t bytes = DTypeSize(t.dtype);
-    for (int64_t d : t.shape) {
-      if (d < 0) {
-        return InvalidArgumentError(context + ": negative dimension in shape " +
-                                    ShapeString(t.shape));
-      }
-      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
-        return InvalidArgumentError(context + ": shape " + ShapeString(t.shape) + " overflows");
-      }
-    }
-    if (bytes != t.bytes.size()) {
-      return InvalidArgumentError(
-          context + ": shape " + ShapeString(t.shape) + " of " + std::string(DTypeName(t.dtype)) +
-          " needs " + std::to_string(bytes) + " bytes, got " + std::to_string(t.bytes.size()));
-    }
-  }
-  for (const auto& [key, value] : metadata) {
-    if (FirstInvalidUtf8(key) != std::string_view::npos ||
-        FirstInvalidUtf8(value) != std::string_view::npos) {
-      return InvalidArgumentError(path + ": metadata '" + Printable(key) + "' is not valid UTF-8");
-    }
-  }
-
-  // The reference writer's order: by its dtype enum, descending, then by name. That enum runs by
-  // element size, so with the buffer starting at a multiple of 8 every tensor starts at a multiple
-  // of its element size; matching its tie order as well makes our files byte-identical to Python's
-  // for the same input.
-  std::vector<const TensorToWrite*> order;
-  order.reserve(tensors.size());
-  for (const TensorToWrite& t : tensors) order.push_back(&t);
-  std::sort(order.begin(), order.end(), [](const TensorToWrite* a, const TensorToWrite* b) {
-    if (ReferenceRank(a->dtype) != ReferenceRank(b->dtype)) {
-      return ReferenceRank(a->dtype) > ReferenceRank(b->dtype);
-    }
-    return a->name < b->name;
-  });
-
-  std::string header_text;
-  try {
-    nlohmann::ordered_json header = nlohmann::ordered_json::object();
-    if (!metadata.empty()) {
-      nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-      for (const auto& [key, value] : metadata) meta[key] = value;
-      header["__metadata__"] = std::move(meta);
-    }
-    uint64_t offset = 0;
-    for (const TensorToWrite* t : order) {
-      nlohmann::ordered_json entry = nlohmann::ordered_json::object();
-      entry["dtype"] = DTypeName(t->dtype);
-      entry["shape"] = t->shape;
-      entry["data_offsets"] = {offset, offset + t->bytes.size()};
-      header[t->name] = std::move(entry);
-      offset += t->bytes.size();
-    }
-    header_text = header.dump();
-  } catch (const nlohmann::json::exception& e) {
-    return InternalError(path + ": cannot build the header: " + JsonErrorText(e));
-  }
+  RETURN_IF_ERROR(CheckTensorsToWrite(path, tensors, metadata));
+  const std::vector<const TensorToWrite*> order = ReferenceOrder(tensors);
+  ASSIGN_OR_RETURN(std::string header_text, WrittenHeader(path, order, metadata));
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   const uint64_t header_len = header_text.size();
 
