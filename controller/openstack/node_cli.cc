@@ -53,22 +53,99 @@ void PrintNode(const Node& node, std::ostream& out) {
       << "agent:        " << (node.AgentAddress().empty() ? "-" : node.AgentAddress()) << "\n";
 }
 
+// The agent image `node up` bootstraps (the flags', else the context's default); InvalidArgument
+// without one or with a git URL and no commit, FailedPrecondition without a controller to issue
+// the node's enrollment.
+StatusOr<AgentImageSource> CheckUpFlags(const NodeFlags& flags, const NodeCommandContext& context) {
+  AgentImageSource image = flags.image;
+  if (image.image.empty() && image.git_url.empty()) image = context.default_agent_image;
+  if (image.image.empty() && image.git_url.empty()) {
+    return InvalidArgumentError(
+        "node up needs the agent's image: --agent-image REF, or --agent-git URL "
+        "--agent-commit SHA to build it on the node");
+  }
+  if (!image.git_url.empty() && image.git_commit.empty()) {
+    return InvalidArgumentError("--agent-git needs --agent-commit (the build is pinned)");
+  }
+  if (!context.issue_enrollment) {
+    return FailedPreconditionError("node up needs the controller to issue the node's enrollment");
+  }
+  return image;
+}
+
+// The name of the flavor `lease` reserved instances of; "" for a lease of hosts.
+StatusOr<std::string> ReservedFlavor(Session& session, CloudClock& clock, const Lease& lease) {
+  std::string flavor;
+  for (const Reservation& reservation : lease.reservations) {
+    if (reservation.resource_type != "flavor:instance") continue;
+    NovaClient nova(session, clock);
+    ASSIGN_OR_RETURN(Flavor reserved, nova.FindFlavor(reservation.flavor_id));
+    flavor = reserved.name;
+  }
+  return flavor;
+}
+
+// `node up`: the node on `flags.spec`'s lease, its agent bootstrapped from `image` with an
+// enrollment the controller issues, then handed to context.node_up.
+Status Up(NodeManager& nodes, Session& session, const NodeFlags& flags,
+          const AgentImageSource& image, std::ostream& out, const NodeCommandContext& context) {
+  NodeSpec spec = flags.spec;
+  const int agent_port = spec.agent_port;
+  spec.user_data = [&](const std::string& node) -> StatusOr<std::string> {
+    BootstrapConfig config;
+    config.node = node;
+    config.agent_port = agent_port;
+    config.source = image;
+    ASSIGN_OR_RETURN(config.enrollment, context.issue_enrollment(node));
+    return AgentUserData(config);
+  };
+  // The bootstrap's inputs are checked before anything is made in the cloud.
+  BootstrapConfig check;
+  check.node = NamesForNode(spec.lease).node;
+  check.agent_port = agent_port;
+  check.source = image;
+  RETURN_IF_ERROR(BootstrapScript(check).status());
+  ASSIGN_OR_RETURN(Node node, nodes.Up(spec));
+  PrintNode(node, out);
+  if (!context.node_up) return Status::Ok();
+  BlazarClient blazar(session, *context.clock);
+  ASSIGN_OR_RETURN(Lease lease, blazar.Get(spec.lease));
+  ASSIGN_OR_RETURN(std::string flavor, ReservedFlavor(session, *context.clock, lease));
+  return context.node_up(NodeUp{.node = std::move(node),
+                                .lease = std::move(lease),
+                                .site = session.credentials().region_name,
+                                .flavor = std::move(flavor)});
+}
+
+// `node down`: the controller told first (context.node_down), then the node's cloud resources
+// deleted, also when the controller does not answer, which is then returned with what to rerun.
+Status Down(NodeManager& nodes, const std::string& name, std::ostream& out, std::ostream& err,
+            const NodeCommandContext& context) {
+  Status told = context.node_down ? context.node_down(name) : Status::Ok();
+  const bool unanswered =
+      told.code() == StatusCode::kUnavailable || told.code() == StatusCode::kDeadlineExceeded;
+  if (!told.ok() && !unanswered) return told;
+  if (unanswered) {
+    err << "llmctl node down: warning: " << told.message()
+        << "; deleting the node's cloud resources anyway\n";
+  }
+  RETURN_IF_ERROR(nodes.Down(name));
+  out << "node " << name << " is down\n";
+  if (unanswered) {
+    return Status(told.code(), "node " + name +
+                                   "'s cloud resources are deleted, but the controller still "
+                                   "lists it: once the controller answers, run `llmctl node "
+                                   "down " +
+                                   name + "` again");
+  }
+  return Status::Ok();
+}
+
 Status Run(const std::string& command, const NodeFlags& flags, std::ostream& out, std::ostream& err,
            const NodeCommandContext& context) {
-  AgentImageSource image = flags.image;
+  AgentImageSource image;
   if (command == "up") {
-    if (image.image.empty() && image.git_url.empty()) image = context.default_agent_image;
-    if (image.image.empty() && image.git_url.empty()) {
-      return InvalidArgumentError(
-          "node up needs the agent's image: --agent-image REF, or --agent-git URL "
-          "--agent-commit SHA to build it on the node");
-    }
-    if (!image.git_url.empty() && image.git_commit.empty()) {
-      return InvalidArgumentError("--agent-git needs --agent-commit (the build is pinned)");
-    }
-    if (!context.issue_enrollment) {
-      return FailedPreconditionError("node up needs the controller to issue the node's enrollment");
-    }
+    ASSIGN_OR_RETURN(image, CheckUpFlags(flags, context));
   }
   ASSIGN_OR_RETURN(Credentials creds, LoadCredentials(flags.os_cloud, context.env));
   RETURN_IF_ERROR(MoveCredentialsToSite(creds, flags.site, "--site " + flags.site));
@@ -78,64 +155,15 @@ Status Run(const std::string& command, const NodeFlags& flags, std::ostream& out
   Session session(std::move(creds), http, *context.clock, context.session_options);
   NodeManager nodes(session, *context.clock, context.node_options,
                     [&out](const std::string& line) { out << line << "\n"; });
-  if (command == "up") {
-    NodeSpec spec = flags.spec;
-    const int agent_port = spec.agent_port;
-    spec.user_data = [&](const std::string& node) -> StatusOr<std::string> {
-      BootstrapConfig config;
-      config.node = node;
-      config.agent_port = agent_port;
-      config.source = image;
-      ASSIGN_OR_RETURN(config.enrollment, context.issue_enrollment(node));
-      return AgentUserData(config);
-    };
-    // The bootstrap's inputs are checked before anything is made in the cloud.
-    BootstrapConfig check;
-    check.node = NamesForNode(spec.lease).node;
-    check.agent_port = agent_port;
-    check.source = image;
-    RETURN_IF_ERROR(BootstrapScript(check).status());
-    ASSIGN_OR_RETURN(Node node, nodes.Up(spec));
-    PrintNode(node, out);
-    if (context.node_up) {
-      BlazarClient blazar(session, *context.clock);
-      ASSIGN_OR_RETURN(Lease lease, blazar.Get(spec.lease));
-      std::string flavor;
-      for (const Reservation& reservation : lease.reservations) {
-        if (reservation.resource_type != "flavor:instance") continue;
-        NovaClient nova(session, *context.clock);
-        ASSIGN_OR_RETURN(Flavor reserved, nova.FindFlavor(reservation.flavor_id));
-        flavor = reserved.name;
-      }
-      RETURN_IF_ERROR(context.node_up(NodeUp{.node = std::move(node),
-                                             .lease = std::move(lease),
-                                             .site = session.credentials().region_name,
-                                             .flavor = std::move(flavor)}));
-    }
-  } else if (command == "list") {
+  if (command == "up") return Up(nodes, session, flags, image, out, context);
+  if (command == "list") {
     ASSIGN_OR_RETURN(std::vector<Node> all, nodes.List());
     PrintTable(all, out);
   } else if (command == "show") {
     ASSIGN_OR_RETURN(Node node, nodes.Show(flags.name));
     PrintNode(node, out);
   } else if (command == "down") {
-    Status told = context.node_down ? context.node_down(flags.name) : Status::Ok();
-    const bool unanswered =
-        told.code() == StatusCode::kUnavailable || told.code() == StatusCode::kDeadlineExceeded;
-    if (!told.ok() && !unanswered) return told;
-    if (unanswered) {
-      err << "llmctl node down: warning: " << told.message()
-          << "; deleting the node's cloud resources anyway\n";
-    }
-    RETURN_IF_ERROR(nodes.Down(flags.name));
-    out << "node " << flags.name << " is down\n";
-    if (unanswered) {
-      return Status(told.code(), "node " + flags.name +
-                                     "'s cloud resources are deleted, but the controller still "
-                                     "lists it: once the controller answers, run `llmctl node "
-                                     "down " +
-                                     flags.name + "` again");
-    }
+    return Down(nodes, flags.name, out, err, context);
   }
   return Status::Ok();
 }
