@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -393,6 +394,46 @@ TEST_F(StoreTest, ARunsFiguresPastADoublesRangeReportAsNone) {
   EXPECT_THAT(report->trials[0].run_attempts, ElementsAre(1, 2));
   EXPECT_EQ(report->trials[0].train_seconds, std::nullopt);
   EXPECT_EQ(report->trials[0].tokens_per_second, std::nullopt);
+}
+
+// Integer figures near INT64_MAX, as a hostile event line may write them, overflowed SQLite's
+// integer SUM over a resumed run's attempts, which failed the report of the whole experiment: the
+// sums are of REALs, the overflowing one reported as a finite figure, and the other trial too.
+TEST_F(StoreTest, AResumedRunsIntegerFiguresNearInt64MaxDoNotFailTheReport) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t experiment = *store->CreateExperiment(MakeExperiment("huge", {"t", "other"}), kNow);
+  const int64_t trial = store->ListTrials(experiment)->at(0).id;
+  const int64_t other = store->ListTrials(experiment)->at(1).id;
+  const json checkpoint = {{"step", 0}, {"path", "/agent/runs/1/t/1/output/checkpoints/step-1"}};
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  json first = ResultEvent("cancelled", 0, 0, 1, 1.0, checkpoint);
+  first["train_seconds"] = kHuge;
+  first["tokens_per_second"] = kHuge;
+  json second = ResultEvent("ok", 0, 0, 1, 1.0);
+  second["train_seconds"] = kHuge;
+  second["tokens_per_second"] = 2;
+  ASSERT_EQ(*store->StartAttempt(trial, "n1", kNow), 1);
+  ASSERT_TRUE(store->AppendEvents(trial, 1, std::vector<Event>{MakeEvent(1, first)}).ok());
+  ASSERT_TRUE(store->FinishAttempt(trial, 1, TrialState::kCancelled, 5, "", kNow).ok());
+  ASSERT_TRUE(store->ResumeTrial(trial).ok());
+  ASSERT_EQ(*store->StartAttempt(trial, "n1", kNow), 2);
+  ASSERT_TRUE(store->AppendEvents(trial, 2, std::vector<Event>{MakeEvent(1, second)}).ok());
+  ASSERT_TRUE(store->FinishAttempt(trial, 2, TrialState::kOk, 0, "", kNow).ok());
+  ASSERT_EQ(*store->StartAttempt(other, "n1", kNow), 1);
+  ASSERT_TRUE(
+      store
+          ->AppendEvents(other, 1,
+                         std::vector<Event>{MakeEvent(1, ResultEvent("ok", 2.0, 50.0, 1, 1.0))})
+          .ok());
+  ASSERT_TRUE(store->FinishAttempt(other, 1, TrialState::kOk, 0, "", kNow).ok());
+
+  StatusOr<ExperimentReport> report = store->Report(experiment);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_DOUBLE_EQ(*report->trials[0].train_seconds, 2.0 * static_cast<double>(kHuge));
+  EXPECT_DOUBLE_EQ(*report->trials[0].tokens_per_second, (static_cast<double>(kHuge) + 2.0) / 2.0);
+  EXPECT_EQ(report->trials[1].train_seconds, 2.0);
+  EXPECT_EQ(report->trials[1].tokens_per_second, 50.0);
 }
 
 // The runs a time calibration rests on: trials that ended ok with a prediction and timed steps;

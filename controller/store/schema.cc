@@ -211,8 +211,11 @@ JOIN events e ON e.trial_id = m.trial_id AND e.attempt = m.attempt AND e.seq =
 )sql";
 
 // The report's views of a trial's run and its phases (their rules above). Migration 5 created them;
-// migration 9 recreates them with the data-parallel categories (comm_bytes, gathered_bytes): both
-// read this one definition, so a database migrated from any version ends with the same views.
+// migration 9 recreates them with the data-parallel categories (comm_bytes, gathered_bytes), and
+// migration 14 with a resumed run's seconds summed as REAL (two attempts' integer train_seconds
+// near INT64_MAX, as a hostile event line may write them, overflowed SQLite's integer SUM and
+// failed every report of the experiment): all read this one definition, so a database migrated
+// from any version ends with the same views.
 // Like the other byte columns, the categories are NULL for a snapshot without them (one from a
 // trainer before they were measured: its buffers were then part of other_bytes).
 constexpr std::string_view kReportViewsBeforePhases = R"sql(
@@ -237,11 +240,12 @@ SELECT
               COALESCE(json_extract(p.json, '$.peak_bytes'), MAX(json_extract(json, '$.peak_bytes'))))
    FROM trial_run_results WHERE trial_id = t.id) AS peak_bytes,
   (SELECT CASE WHEN COUNT(*) = 1 THEN MAX(json_extract(json, '$.tokens_per_second'))
-          ELSE SUM(json_extract(json, '$.tokens_per_second') * json_extract(json, '$.train_seconds'))
-               / SUM(json_extract(json, '$.train_seconds')) END
+          ELSE SUM(CAST(json_extract(json, '$.tokens_per_second') AS REAL) *
+                   CAST(json_extract(json, '$.train_seconds') AS REAL))
+               / SUM(CAST(json_extract(json, '$.train_seconds') AS REAL)) END
    FROM trial_run_results WHERE trial_id = t.id) AS tokens_per_second,
-  (SELECT SUM(json_extract(json, '$.train_seconds')) FROM trial_run_results WHERE trial_id = t.id)
-      AS train_seconds,
+  (SELECT SUM(CAST(json_extract(json, '$.train_seconds') AS REAL)) FROM trial_run_results
+   WHERE trial_id = t.id) AS train_seconds,
   json_extract(r.json, '$.final_loss') AS final_loss,
   p.attempt AS at_peak_attempt,
   p.seq AS at_peak_seq,
@@ -566,7 +570,7 @@ CREATE TABLE node_rates (
 ) WITHOUT ROWID;
 )sql";
 
-constexpr std::array<std::string_view, 13> kMigrations = {
+constexpr std::array<std::string_view, 14> kMigrations = {
     kInitialSchema,
     kNodeLeases,
     kNodeRemoval,
@@ -579,7 +583,8 @@ constexpr std::array<std::string_view, 13> kMigrations = {
     kAttemptNodes,
     kTrialPredictions,
     kDeviceSamplesByNode,
-    kNodeRates};
+    kNodeRates,
+    Joined<kDropReportViews, kReportViews>::kText};
 
 }  // namespace
 
