@@ -10,7 +10,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "common/atomic_file.h"
@@ -35,7 +37,7 @@ constexpr const char* kOptionalDefaultFiles[] = {"generation_config.json", "toke
 
 // One file of a revision, as the hub lists it.
 struct HubFile {
-  int64_t size = -1;        // -1: not listed
+  int64_t size = 0;         // bytes, as listed (every file's, with ?blobs=true)
   std::string git_blob_id;  // sha1 of "blob <size>\0" + bytes; "" when not listed
   std::string lfs_sha256;   // LFS files only
 };
@@ -145,6 +147,20 @@ Status HubError(const HubModelRef& ref, const std::string& endpoint, bool has_to
                              response.headers.Get("X-Error-Message").value_or(""));
 }
 
+// An object's "size" when it is an integer from 0 to INT64_MAX; none otherwise.
+std::optional<int64_t> ListedSize(const nlohmann::json& object) {
+  const auto size = object.find("size");
+  if (size == object.end() || !size->is_number_integer()) return std::nullopt;
+  if (size->is_number_unsigned()) {
+    const uint64_t value = size->get<uint64_t>();
+    if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::nullopt;
+    return static_cast<int64_t>(value);
+  }
+  const int64_t value = size->get<int64_t>();
+  if (value < 0) return std::nullopt;
+  return value;
+}
+
 StatusOr<Listing> ParseListing(const std::string& body, const std::string& what) {
   const nlohmann::json json = ParseForeignJson(body);
   auto bad = [&](const std::string& problem) {
@@ -164,10 +180,14 @@ StatusOr<Listing> ParseListing(const std::string& body, const std::string& what)
     if (!sibling.is_object() || name == sibling.end() || !name->is_string()) {
       return bad("a sibling without 'rfilename'");
     }
+    // The size caps the download and sizes the room it needs: a file without one could be
+    // endless (the HTTP client takes a cap of 0 as none).
     HubFile file;
-    if (auto size = sibling.find("size"); size != sibling.end() && size->is_number_integer()) {
-      file.size = size->get<int64_t>();
+    const std::optional<int64_t> size = ListedSize(sibling);
+    if (!size.has_value()) {
+      return bad(name->get<std::string>() + " has no size (a non-negative integer)");
     }
+    file.size = *size;
     if (auto blob = sibling.find("blobId"); blob != sibling.end() && blob->is_string()) {
       file.git_blob_id = blob->get<std::string>();
     }
@@ -178,8 +198,12 @@ StatusOr<Listing> ParseListing(const std::string& body, const std::string& what)
         return bad(name->get<std::string>() + " is an LFS file without a valid lfs.sha256");
       }
       file.lfs_sha256 = sha256->get<std::string>();
-      if (auto size = lfs->find("size"); size != lfs->end() && size->is_number_integer()) {
-        file.size = size->get<int64_t>();
+      if (lfs->contains("size")) {
+        const std::optional<int64_t> lfs_size = ListedSize(*lfs);
+        if (!lfs_size.has_value()) {
+          return bad(name->get<std::string>() + "'s lfs.size is not a non-negative integer");
+        }
+        file.size = *lfs_size;
       }
     }
     listing.files[name->get<std::string>()] = std::move(file);
@@ -336,7 +360,7 @@ class RevisionDownload {
       const auto listed = listing_.files.find(path);
       if (sources_.count(path) > 0 || listed == listing_.files.end()) continue;
       const HubFile& file = listed->second;
-      if (file.size < 0 || (!file.lfs_sha256.empty() && cache_.HasBlob(file.lfs_sha256))) continue;
+      if (!file.lfs_sha256.empty() && cache_.HasBlob(file.lfs_sha256)) continue;
       std::error_code error;
       const auto have = fs::file_size(PartialPath(path), error);
       const int64_t partial = error ? 0 : static_cast<int64_t>(have);
@@ -357,14 +381,16 @@ class RevisionDownload {
     std::error_code error;
     const auto have = fs::file_size(partial, error);
     const int64_t kept = error ? 0 : static_cast<int64_t>(have);  // an earlier call's part
-    const bool complete = !error && file.size >= 0 && kept == file.size;
-    if (file.size >= 0 && kept > file.size) fs::remove(partial, error);
+    bool complete = !error && kept == file.size;
+    if (kept > file.size) fs::remove(partial, error);
+    if (file.size == 0 && !complete) {
+      // Nothing to download (and a cap of 0 bytes would be none).
+      RETURN_IF_ERROR(WriteFileAtomically(partial, [](int) { return Status::Ok(); }));
+      complete = true;
+    }
     std::string sha256;
     if (!complete) {
-      if (file.size >= 0) {
-        RETURN_IF_ERROR(
-            cache_.CheckRoom(what_ + ": " + path, file.size - std::min(kept, file.size)));
-      }
+      RETURN_IF_ERROR(cache_.CheckRoom(what_ + ": " + path, file.size - std::min(kept, file.size)));
       ASSIGN_OR_RETURN(sha256, Transfer(path, file, partial));
     }
     // Small files (no LFS digest) are checked against their git blob id, which needs another
@@ -389,14 +415,14 @@ class RevisionDownload {
                   PercentEncode(path, /*keep_slash=*/true);
     request.total_timeout = kFileTimeout;
     request.download_path = partial;
-    if (file.size > 0) request.max_file_bytes = static_cast<uint64_t>(file.size);
+    request.max_file_bytes = static_cast<uint64_t>(file.size);  // > 0: Fetch writes empty files
     ASSIGN_OR_RETURN(const http::Response response, client_.Send(request));
     std::error_code error;
     if (response.status != 200 && response.status != 206) {
       if (response.status == 416) fs::remove(partial, error);  // a stale partial file
       return HubError(ref_, options_.endpoint, !options_.token.empty(), path, request, response);
     }
-    if (file.size >= 0 && static_cast<int64_t>(response.file_size) != file.size) {
+    if (static_cast<int64_t>(response.file_size) != file.size) {
       fs::remove(partial, error);
       return DataLossError(what_ + ": " + path + " arrived with " +
                            std::to_string(response.file_size) + " bytes, the hub lists " +

@@ -59,9 +59,18 @@ class HubTest : public ::testing::Test {
     const std::string model = FixtureModel().string();
     auto hub = testing::ServerProcess::StartPython(
         "tests/fake_hub/fake_hub.py",
-        {"--repo", std::string(kRepo) + "=" + model, "--repo", "llmctl/bad-shard=" + model,
-         "--wrong-sha256", "llmctl/bad-shard/model-00002-of-00004.safetensors", "--repo",
-         "llmctl/private=" + model, "--private", "llmctl/private", "--token", kHfToken});
+        {"--repo",         std::string(kRepo) + "=" + model,
+         "--repo",         "llmctl/bad-shard=" + model,
+         "--wrong-sha256", "llmctl/bad-shard/model-00002-of-00004.safetensors",
+         "--repo",         "llmctl/private=" + model,
+         "--private",      "llmctl/private",
+         "--token",        kHfToken,
+         "--repo",         "llmctl/no-size=" + model,
+         "--listed-size",  "llmctl/no-size/config.json=none",
+         "--repo",         "llmctl/zero-size=" + model,
+         "--listed-size",  "llmctl/zero-size/config.json=0",
+         "--repo",         "llmctl/huge-size=" + model,
+         "--listed-size",  "llmctl/huge-size/config.json=18446744073709551615"});
     ASSERT_TRUE(hub.ok()) << hub.status().ToString();
     hub_ = std::move(*hub);
 
@@ -393,6 +402,37 @@ TEST_F(HubTest, AWrongSha256IsRefusedAndNothingIsMaterialised) {
   EXPECT_EQ(started.error_message(),
             "model hf:llmctl/bad-shard@main not prepared on this node (PrepareHubModel "
             "downloads it)");
+}
+
+// A listed size caps the download: a file listed without one (or past INT64_MAX) is refused
+// before any byte, and one listed as empty is not downloaded at all (the HTTP client takes a cap
+// of 0 bytes as none, so the hub could have sent an endless body).
+TEST_F(HubTest, AFileIsDownloadedOnlyUpToItsListedSize) {
+  StartAgent();
+  pb::PrepareHubModelResponse response;
+  grpc::Status status = Prepare("llmctl/no-size", "main", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_NE(status.error_message().find("the hub's answer is not a model listing: config.json "
+                                        "has no size (a non-negative integer)"),
+            std::string::npos)
+      << status.error_message();
+  status = Prepare("llmctl/huge-size", "main", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_NE(status.error_message().find("config.json has no size"), std::string::npos)
+      << status.error_message();
+
+  status = Prepare("llmctl/zero-size", "main", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_NE(status.error_message().find("config.json has git blob id "), std::string::npos)
+      << status.error_message();
+  const nlohmann::json stats = HubStats();
+  for (const auto& [path, count] : stats["requests"].items()) {
+    EXPECT_FALSE(path.find("zero-size/resolve/") != std::string::npos &&
+                 path.ends_with("/config.json"))
+        << "requested " << path;
+  }
+  std::error_code error;
+  EXPECT_FALSE(fs::exists(dir_ / "data/cache/hub/llmctl/zero-size", error));
 }
 
 TEST_F(HubTest, UnknownRepositoriesRevisionsAndBadRequestsAreClear) {

@@ -20,7 +20,8 @@ Test controls:
                                    connection open until POST /_release (or an hour)
 
 Arguments: --repo ORG/NAME=DIR (repeatable), --private ORG/NAME (needs "Bearer --token"),
---wrong-sha256 ORG/NAME/FILE (the listing advertises a wrong sha256 for FILE).
+--wrong-sha256 ORG/NAME/FILE (the listing advertises a wrong sha256 for FILE), --listed-size
+ORG/NAME/FILE=N (the listing gives FILE's size as N, a JSON value: 0, -5, "none" to leave it out).
 Prints "PORT <n>" once listening.
 """
 import argparse
@@ -41,7 +42,7 @@ def git_blob_id(data):
 
 
 class Repo:
-    def __init__(self, repo_id, directory, wrong_sha256):
+    def __init__(self, repo_id, directory, wrong_sha256, listed_sizes):
         self.repo_id = repo_id
         self.commit = hashlib.sha1(repo_id.encode()).hexdigest()
         self.files = {}
@@ -49,6 +50,7 @@ class Repo:
             with open(os.path.join(directory, name), "rb") as f:
                 self.files[name] = f.read()
         self.wrong_sha256 = wrong_sha256
+        self.listed_sizes = listed_sizes  # file -> the size the listing gives ("none": no size)
 
     def is_lfs(self, name):
         return name.endswith(".safetensors")
@@ -62,6 +64,12 @@ class Repo:
         siblings = []
         for name, data in self.files.items():
             sibling = {"rfilename": name, "size": len(data), "blobId": git_blob_id(data)}
+            if name in self.listed_sizes:
+                listed = self.listed_sizes[name]
+                if listed == "none":
+                    del sibling["size"]
+                else:
+                    sibling["size"] = json.loads(listed)
             if self.is_lfs(name):
                 sibling["lfs"] = {"sha256": self.sha256(name), "size": len(data), "pointerSize": 134}
             siblings.append(sibling)
@@ -245,12 +253,15 @@ def main():
     parser.add_argument("--private", action="append", default=[])
     parser.add_argument("--token", default="")
     parser.add_argument("--wrong-sha256", action="append", default=[], help="ORG/NAME/FILE")
+    parser.add_argument("--listed-size", action="append", default=[], help="ORG/NAME/FILE=N")
     args = parser.parse_args()
     repos = {}
     for spec in args.repo:
         repo_id, directory = spec.split("=", 1)
         wrong = {w[len(repo_id) + 1:] for w in args.wrong_sha256 if w.startswith(repo_id + "/")}
-        repos[repo_id] = Repo(repo_id, directory, wrong)
+        sizes = dict(s[len(repo_id) + 1:].split("=", 1) for s in args.listed_size
+                     if s.startswith(repo_id + "/"))
+        repos[repo_id] = Repo(repo_id, directory, wrong, sizes)
     server = ThreadingHTTPServer(("127.0.0.1", 0),
                                  make_handler(repos, set(args.private), args.token, State()))
     server.daemon_threads = True
