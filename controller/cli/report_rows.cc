@@ -4,6 +4,7 @@
 #include <map>
 #include <utility>
 
+#include "common/text.h"
 #include "controller/cli/report.h"
 #include "controller/cli/report_format.h"
 
@@ -44,7 +45,8 @@ std::vector<std::string> TimeSourceLines(const v1::ReportResponse& report) {
   std::vector<std::string> lines;
   for (const auto& [source, trials] : sources) {
     // A prediction stored before the source was kept with it.
-    const std::string said = source.empty() ? "an unrecorded calibration" : source;
+    // Another process's text (the submitting client's), on the user's terminal.
+    const std::string said = source.empty() ? "an unrecorded calibration" : OnOneLine(source);
     if (sources.size() == 1) {
       lines.push_back("predicted tokens/s at: " + said);
       continue;

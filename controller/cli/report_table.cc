@@ -83,10 +83,11 @@ std::string RenderTable(const v1::ReportResponse& report) {
   }
   for (const v1::TrialReport& trial : report.trials()) {
     for (const v1::KernelFallback& fallback : trial.kernel_fallbacks()) {
-      out +=
-          trial.name() + ": kernels: fused ran ATen's " + fallback.op() + " instead of its kernel";
+      out += trial.name() + ": kernels: fused ran ATen's " + OnOneLine(fallback.op()) +
+             " instead of its kernel";
       if (trial.ranks_size() > 1) out += " on rank " + std::to_string(fallback.rank());
-      out += " from step " + std::to_string(fallback.step()) + " (" + fallback.reason() + ")\n";
+      out += " from step " + std::to_string(fallback.step()) + " (" + OnOneLine(fallback.reason()) +
+             ")\n";
     }
   }
   const int unexpected = CountUnexpectedOutcomes(report);

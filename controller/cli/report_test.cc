@@ -579,6 +579,14 @@ TEST(ReportTest, KernelFallbacksAreNamedUnderTheTableAndInTheJson) {
   EXPECT_EQ(json["trials"][1]["kernel_fallbacks"], nlohmann::json::array());
   EXPECT_EQ(RenderReport(FixedReport(), ReportFormat::kTable).find("instead of its kernel"),
             std::string::npos);
+  // The op and the reason are a trainer's words: their control characters never reach the
+  // terminal.
+  fallback->set_op("rms_norm\x1b[2J");
+  fallback->set_reason("clear\x1b]0;owned\x07\nline");
+  EXPECT_NE(
+      RenderReport(report, ReportFormat::kTable)
+          .find("ATen's rms_norm [2J instead of its kernel from step 2 (clear ]0;owned  line)"),
+      std::string::npos);
 }
 
 // The attempts of a run follow each other on one axis, each from its trainer's start; device

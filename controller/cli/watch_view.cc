@@ -93,7 +93,7 @@ std::string NoticeLine(const std::string& text, const std::vector<std::string>& 
   std::string who = trials.front();
   if (trials.size() == 2) who += " and " + trials[1];
   if (trials.size() > 2) who += " and " + std::to_string(trials.size() - 1) + " other trials";
-  return "    ! " + who + ": " + text;
+  return "    ! " + who + ": " + OnOneLine(text);
 }
 
 // "85 s: 3 of 14 trials ended; running: bf16-true 4/6 at 1435 tok/s".
@@ -170,7 +170,7 @@ std::vector<std::string> WatchLines(const v1::ExperimentStatus& status) {
   std::vector<std::string> lines;
   for (const v1::TrialStatus& trial : status.trials()) {
     lines.push_back(TrialLine(trial, columns));
-    if (!trial.notice().empty()) lines.push_back("    ! " + trial.notice());
+    if (!trial.notice().empty()) lines.push_back("    ! " + OnOneLine(trial.notice()));
     const bool several_nodes =
         std::any_of(trial.devices().begin(), trial.devices().end(),
                     [](const v1::DeviceSample& device) { return device.node_rank() > 0; });

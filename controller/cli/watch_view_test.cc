@@ -184,6 +184,14 @@ TEST(WatchPrinterTest, PlainOutputWritesANewNoticeOnceForTheTrialsThatGotIt) {
   status.mutable_trials(1)->set_notice("node n's lease ends soon");
   EXPECT_EQ(printer.Update(status, now += kInterval),
             "    ! reduced-batch: node n's lease ends soon\n");
+  // A notice can carry an agent's words (an upload's refusal): its control characters never reach
+  // the terminal, in plain output or in the live view.
+  status.mutable_trials(1)->set_notice("upload refused\x1b[2J\x1b]0;owned\x07\nnext line");
+  EXPECT_EQ(printer.Update(status, now += kInterval),
+            "    ! reduced-batch: upload refused [2J ]0;owned  next line\n");
+  for (const std::string& line : WatchLines(status)) {
+    EXPECT_EQ(line.find_first_of("\x1b\x07\n"), std::string::npos) << line;
+  }
 }
 
 // The seconds after the first status at which plain output writes a progress line, for one trial
