@@ -15,6 +15,7 @@
 #include "common/event_line.h"
 #include "common/foreign_json.h"
 #include "common/kernel_fallback_event.h"
+#include "common/text.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
 #include "controller/store/store_internal.h"
@@ -54,29 +55,45 @@ StatusOr<int64_t> CountRefusedEventLines(sqlite3* db, int64_t trial_id) {
   return has_row ? stmt.Int(0) : 0;
 }
 
-// The attempt's kernel_fallback events, every rank's, in the order the ranks wrote them. A field of
-// another type than the header names (the trainer's line is untrusted) reads as empty.
+// The most kernel fallbacks a trial's report names, and the most bytes of an op's name and of a
+// reason: the trainer writes one per op (six of them) and rank, with a reason of about 80 bytes,
+// but its lines are untrusted, and a report must stay far under the CLI's 64 MiB answer.
+constexpr int kMaxKernelFallbacks = 256;
+constexpr size_t kMaxFallbackOpBytes = 64;
+constexpr size_t kMaxFallbackReasonBytes = 512;
+
+// The attempt's kernel_fallback events: each rank's first of each op, in the order the ranks wrote
+// them, at most kMaxKernelFallbacks. A field of another type than the header names reads as empty,
+// and a text longer than its cap is cut (the cut kept valid UTF-8).
 StatusOr<std::vector<KernelFallback>> LoadKernelFallbacks(sqlite3* db, int64_t trial_id,
                                                           int64_t attempt) {
+  // SQLite takes the bare `json` from the row that MIN(seq) chose.
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db,
-                                      "SELECT rank, json FROM all_rank_events WHERE trial_id = ? "
-                                      "AND attempt = ? AND type = ? ORDER BY rank, seq"));
-  stmt.Bind(1, trial_id).Bind(2, attempt).Bind(3, kernel_fallback_event::kType);
+                                      "SELECT rank, json, MIN(seq) AS first FROM all_rank_events "
+                                      "WHERE trial_id = ? AND attempt = ? AND type = ? "
+                                      "GROUP BY rank, json_extract(json, '$.op') "
+                                      "ORDER BY rank, first LIMIT ?"));
+  stmt.Bind(1, trial_id)
+      .Bind(2, attempt)
+      .Bind(3, kernel_fallback_event::kType)
+      .Bind(4, int64_t{kMaxKernelFallbacks});
   std::vector<KernelFallback> fallbacks;
   while (true) {
     ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
     if (!has_row) break;
     const json event = ParseForeignJson(stmt.Text(1));
     if (!event.is_object()) continue;
-    const auto text = [&event](std::string_view key) {
+    const auto text = [&event](std::string_view key, size_t max_bytes) {
       const auto it = event.find(key);
-      return it != event.end() && it->is_string() ? it->get<std::string>() : std::string();
+      if (it == event.end() || !it->is_string()) return std::string();
+      const std::string& value = it->get_ref<const std::string&>();
+      return value.size() <= max_bytes ? value : ReplaceInvalidUtf8(value.substr(0, max_bytes));
     };
     const auto step = event.find(kernel_fallback_event::kStep);
     fallbacks.push_back(
-        {.op = text(kernel_fallback_event::kOp),
-         .reason = text(kernel_fallback_event::kReason),
+        {.op = text(kernel_fallback_event::kOp, kMaxFallbackOpBytes),
+         .reason = text(kernel_fallback_event::kReason, kMaxFallbackReasonBytes),
          .step = step != event.end() && step->is_number_integer() ? step->get<int64_t>() : 0,
          .rank = static_cast<int>(stmt.Int(0))});
   }

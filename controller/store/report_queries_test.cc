@@ -111,6 +111,31 @@ TEST_F(StoreTest, ReportNamesTheCurrentAttemptsKernelFallbacks) {
   EXPECT_EQ(fallbacks[1].reason, "logits not contiguous");
   EXPECT_EQ(fallbacks[1].step, 3);
   EXPECT_EQ(fallbacks[1].rank, 1);
+
+  // A trainer's lines are untrusted: the same op again on a rank is left out (its first is
+  // named), a long reason is cut at 512 bytes (in the middle of a 2-byte character here, which
+  // the cut replaces), and no more than 256 fallbacks are read however many lines there are.
+  std::vector<Event> more;
+  std::string reason(511, 'r');
+  for (int i = 0; i < 200; ++i) reason += "\u00e9";
+  more.push_back(MakeEvent(2, {{"type", kernel_fallback_event::kType},
+                               {kernel_fallback_event::kOp, "rms_norm"},
+                               {kernel_fallback_event::kReason, "again"}}));
+  for (int i = 0; i < 400; ++i) {
+    more.push_back(MakeEvent(3 + i, {{"type", kernel_fallback_event::kType},
+                                     {kernel_fallback_event::kOp, "op" + std::to_string(i)},
+                                     {kernel_fallback_event::kReason, reason}}));
+  }
+  ASSERT_EQ(*store->AppendEvents(trial, 2, more), 401);
+  report = store->Report(experiment);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const std::vector<KernelFallback>& capped = report->trials[0].kernel_fallbacks;
+  ASSERT_EQ(capped.size(), 256u);
+  EXPECT_EQ(capped[0].op, "rms_norm");
+  EXPECT_EQ(capped[0].reason, "");  // its first line's, not "again"
+  EXPECT_EQ(capped[1].op, "op0");
+  EXPECT_EQ(capped[1].reason, std::string(511, 'r') + "\ufffd");
+  EXPECT_EQ(capped[255].op, "op254");
 }
 
 // A watcher's status reads what its lines show and leaves out what reads back every snapshot of
