@@ -24,10 +24,6 @@
 
 namespace llmctl::controller {
 
-// TimedRuns sends at most this many runs, the newest: a calibration's median moves little past a
-// few hundred, and each run's prediction is a few kilobytes.
-inline constexpr size_t kMaxTimedRuns = 2000;
-
 class ControllerService final : public v1::Controller::Service {
  public:
   // The references must outlive the service. A non-empty `api_token` must come with every call

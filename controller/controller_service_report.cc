@@ -175,10 +175,8 @@ grpc::Status ControllerService::TimedRuns(grpc::ServerContext* context, const v1
                                           v1::TimedRunsResponse* response) {
   return Guard(context, "TimedRuns", [&]() -> Status {
     ASSIGN_OR_RETURN(std::vector<store::TimedRun> runs, store_.TimedRuns());
-    // The store lists them oldest first.
-    const size_t sent = std::min(runs.size(), kMaxTimedRuns);
-    for (auto run = runs.rbegin(); run != runs.rbegin() + static_cast<std::ptrdiff_t>(sent);
-         ++run) {
+    // The store lists the newest store::kMaxTimedRuns, oldest first: sent newest first.
+    for (auto run = runs.rbegin(); run != runs.rend(); ++run) {
       v1::TimedRun* timed = response->add_runs();
       timed->set_prediction_json(run->prediction_json);
       timed->set_seconds_per_token(run->seconds_per_token);

@@ -7,6 +7,7 @@
 #include "common/digest/digest.h"
 #include "common/estimate/step_time.h"
 #include "common/experiment.h"
+#include "common/text.h"
 #include "common/trial_keys.h"
 
 namespace llmctl::controller {
@@ -87,6 +88,14 @@ Status AttachPredictions(const std::map<std::string, nlohmann::json>& prediction
         return InvalidArgumentError(where + ": " + key + " must be a byte count");
       }
     }
+    for (const char* key : {"peak_phase", "time_device", "calibration"}) {
+      if (!prediction.contains(key)) continue;
+      if (!prediction[key].is_string())
+        return InvalidArgumentError(where + ": " + key + " must be text");
+      const std::string problem =
+          PrintableTextProblem(prediction[key].get<std::string>(), kMaxPredictionTextBytes);
+      if (!problem.empty()) return InvalidArgumentError(where + ": " + key + " " + problem);
+    }
     if (prediction.contains("verdict") && prediction["verdict"] != "fits" &&
         prediction["verdict"] != "oom" && prediction["verdict"] != "") {
       return InvalidArgumentError(where + ": verdict must be fits or oom, not " +
@@ -107,9 +116,15 @@ Status AttachPredictions(const std::map<std::string, nlohmann::json>& prediction
       nlohmann::json stored = prediction;
       stored["work"] = work->ToJson();
       trial->prediction_json = stored.dump();
-      continue;
+    } else {
+      trial->prediction_json = prediction.dump();
     }
-    trial->prediction_json = prediction.dump();
+    // TimedRuns sends up to store::kMaxTimedRuns of them in one answer.
+    if (trial->prediction_json->size() > kMaxPredictionBytes) {
+      return InvalidArgumentError(where + ": " + std::to_string(trial->prediction_json->size()) +
+                                  " bytes stored, over the " + std::to_string(kMaxPredictionBytes) +
+                                  "-byte limit");
+    }
   }
   return Status::Ok();
 }

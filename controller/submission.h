@@ -27,9 +27,17 @@ StatusOr<store::NewExperiment> PrepareSubmission(
     const std::map<std::string, digest::InputTree>& inputs, const BlobStore& blobs,
     const std::vector<std::string>& only_trials = {});
 
+// The most bytes a trial's stored prediction may have (about 2 KiB for the labs' trials), and of
+// each of its texts (peak_phase, time_device, calibration): TimedRuns sends up to kMaxTimedRuns
+// predictions in one answer, which must stay far under a client's 64 MiB.
+inline constexpr size_t kMaxPredictionBytes = 16 << 10;
+inline constexpr size_t kMaxPredictionTextBytes = 4096;
+
 // Attaches the CLI's predictions (trial name → TrialPrediction's fields as a JSON object) to the
 // experiment's trials. InvalidArgument for a prediction of a trial the file does not have, a
-// negative byte count or an unknown verdict; a trial without a prediction keeps none.
+// negative byte count, an unknown verdict, a text that is not printable or is longer than
+// kMaxPredictionTextBytes, or a prediction stored over kMaxPredictionBytes; a trial without a
+// prediction keeps none.
 Status AttachPredictions(const std::map<std::string, nlohmann::json>& predictions,
                          store::NewExperiment& experiment);
 

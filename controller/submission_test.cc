@@ -1,5 +1,6 @@
 #include "controller/submission.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -105,6 +106,24 @@ TEST_F(SubmissionTest, PredictionsAreAttachedToTheirTrialsAndChecked) {
   verdict["verdict"] = 3;  // another type: refused by name, never thrown
   EXPECT_EQ(AttachPredictions({{"a", verdict}}, *experiment).message(),
             "tiny.yaml: prediction of trial 'a': verdict must be fits or oom, not 3");
+
+  // Its texts are printed by `llmctl report` and sent by TimedRuns, up to 2,000 at a time: each
+  // printable and at most 4 KiB, and the whole stored prediction at most 16 KiB.
+  nlohmann::json text = prediction;
+  text["calibration"] = "built-in\x1b[2J";
+  EXPECT_EQ(AttachPredictions({{"a", text}}, *experiment).message(),
+            "tiny.yaml: prediction of trial 'a': calibration holds a control character");
+  text["calibration"] = std::string(4097, 'c');
+  EXPECT_EQ(AttachPredictions({{"a", text}}, *experiment).message(),
+            "tiny.yaml: prediction of trial 'a': calibration longer than 4096 bytes");
+  text["calibration"] = 7;
+  EXPECT_EQ(AttachPredictions({{"a", text}}, *experiment).message(),
+            "tiny.yaml: prediction of trial 'a': calibration must be text");
+  nlohmann::json large = prediction;
+  large["padding"] = std::string(16 << 10, 'p');
+  const Status refused = AttachPredictions({{"a", large}}, *experiment);
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("prediction of trial 'a': "));
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("bytes stored, over the 16384-byte limit"));
 }
 
 TEST_F(SubmissionTest, AFileErrorPointsIntoTheFile) {

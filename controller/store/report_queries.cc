@@ -325,10 +325,14 @@ StatusOr<std::vector<TimedRun>> Store::TimedRuns() {
   ASSIGN_OR_RETURN(
       Statement stmt,
       Statement::Prepare(db_,
-                         "SELECT t.id, t.prediction_json, s.tokens, s.seconds "
-                         "FROM trials t JOIN trial_steps s ON s.trial_id = t.id "
+                         "WITH timed AS (SELECT t.id, t.prediction_json, s.step, s.tokens, "
+                         "s.seconds FROM trials t JOIN trial_steps s ON s.trial_id = t.id "
                          "WHERE t.state = 'ok' AND t.prediction_json IS NOT NULL AND s.step >= 1 "
-                         "AND s.tokens > 0 AND s.seconds > 0 ORDER BY t.id, s.step"));
+                         "AND s.tokens > 0 AND s.seconds > 0) "
+                         "SELECT id, prediction_json, tokens, seconds FROM timed WHERE id IN "
+                         "(SELECT DISTINCT id FROM timed ORDER BY id DESC LIMIT ?) "
+                         "ORDER BY id, step"));
+  stmt.Bind(1, static_cast<int64_t>(kMaxTimedRuns));
   std::vector<TimedRun> runs;
   std::vector<double> steps;  // the current run's seconds per token
   const auto take_median = [&runs, &steps] {

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -500,6 +501,41 @@ TEST_F(StoreTest, TimedRunsAreTheOkTrialsStepsWithAPrediction) {
   EXPECT_EQ(Store::OpenReadOnly((dir_ / "none.db").string()).status().code(),
             StatusCode::kNotFound);
   EXPECT_FALSE(std::filesystem::exists(dir_ / "none.db"));
+}
+
+// However many runs the store holds, TimedRuns reads the newest kMaxTimedRuns: the answer the
+// controller sends stays bounded.
+TEST_F(StoreTest, TimedRunsReadsTheNewestRunsOnly) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const size_t count = kMaxTimedRuns + 3;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < count; ++i) {
+    char name[32];  // not "t" + std::to_string(i), which trips GCC 12's -Wrestrict
+    std::snprintf(name, sizeof name, "t%zu", i);
+    names.emplace_back(name);
+  }
+  NewExperiment experiment = MakeExperiment("many", names);
+  for (size_t i = 0; i < count; ++i) {
+    experiment.trials[i].prediction_json = json{{"n", i}}.dump();
+  }
+  const int64_t id = *store->CreateExperiment(experiment, kNow);
+  const std::vector<TrialRecord> trials = *store->ListTrials(id);
+  for (const TrialRecord& trial : trials) {
+    ASSERT_EQ(*store->StartAttempt(trial.id, "n", kNow), 1);
+    std::vector<Event> events;
+    for (int64_t step = 0; step < 2; ++step) {
+      events.push_back(MakeEvent(
+          step + 1, {{"type", "step"}, {"step", step}, {"tokens", 100}, {"seconds", 1.0}}));
+    }
+    ASSERT_EQ(*store->AppendEvents(trial.id, 1, events), 2);
+    ASSERT_TRUE(store->FinishAttempt(trial.id, 1, TrialState::kOk, 0, "", kNow).ok());
+  }
+  StatusOr<std::vector<TimedRun>> runs = store->TimedRuns();
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  ASSERT_EQ(runs->size(), kMaxTimedRuns);
+  EXPECT_EQ(runs->front().prediction_json, (json{{"n", 3}}.dump()));
+  EXPECT_EQ(runs->back().prediction_json, (json{{"n", count - 1}}.dump()));
 }
 }  // namespace
 }  // namespace llmctl::store

@@ -298,6 +298,11 @@ enum class ReportDetail {
   kStatus,
 };
 
+// The most timed runs Store::TimedRuns reads, the newest: a calibration's median moves little past
+// a few hundred, and each run's prediction is a few kilobytes (at most kMaxPredictionBytes,
+// controller/submission.h), so the controller's TimedRuns answer stays far under a client's 64 MiB.
+inline constexpr size_t kMaxTimedRuns = 2000;
+
 // A trial that ended ok, submitted with a prediction, and its timed steps: what a time
 // calibration rests on (the prediction holds the step's work and the device it was predicted on).
 struct TimedRun {
@@ -526,7 +531,8 @@ class Store {
   // attempt that a later one resumed count up to the step the later one started at. NotFound for
   // an unknown id.
   StatusOr<std::vector<TrialStep>> RunSteps(int64_t experiment_id);
-  // Every trial of every experiment that ended ok with a stored prediction and timed steps.
+  // The newest kMaxTimedRuns trials of every experiment that ended ok with a stored prediction
+  // and timed steps, oldest first.
   StatusOr<std::vector<TimedRun>> TimedRuns();
 
   // Stores device readings of the trial's current attempt in one transaction, then merges its
