@@ -119,17 +119,6 @@ TEST(OutcomeTest, ResultEventIsFoundOnlyOnCompleteLines) {
   EXPECT_FALSE(FindResultEvent("{\"type\":\"log\",\"message\":\"\\\"result\\\"\"}\n").present);
 }
 
-TEST(TrialNameTest, EncodingRoundTripsAndIsOneDirectoryName) {
-  for (const std::string name : {"base", "base/precision=bf16-true", "a,b=c d%", "ünï"}) {
-    const std::string encoded = EncodeTrialName(name);
-    EXPECT_EQ(encoded.find('/'), std::string::npos);
-    EXPECT_EQ(DecodeTrialName(encoded), name);
-  }
-  EXPECT_EQ(EncodeTrialName("base/precision=bf16-true"), "base%2Fprecision%3Dbf16-true");
-  EXPECT_FALSE(DecodeTrialName("bad%2").has_value());
-  EXPECT_FALSE(DecodeTrialName("bad%zz").has_value());
-}
-
 TEST(TrialFileTest, InputsReplaceValuesUnsetKeysAreLeftOutAndLlmTrainParsesIt) {
   const fs::path dir = FreshDir("trial_file");
   auto experiment = LoadExperimentFile("experiments/demo.yaml");

@@ -3,10 +3,10 @@
 #include <cstddef>
 #include <string>
 
+#include "common/trial_name.h"
+
 namespace llmctl::agent {
 namespace {
-
-constexpr size_t kMaxTrialNameBytes = 200;
 
 // The checks of a multi-node run's group that need no trial config.
 Status CheckNodeGroup(const NodeGroup& group) {
@@ -49,10 +49,8 @@ Status CheckKey(const RunKey& key) {
     return InvalidArgumentError("run key: attempt must be positive, got " +
                                 std::to_string(key.attempt));
   }
-  if (key.trial.empty() || key.trial == "." || key.trial == ".." ||
-      key.trial.size() > kMaxTrialNameBytes) {
-    return InvalidArgumentError("run key: trial name '" + key.trial +
-                                "' must be 1 to 200 bytes and not '.' or '..'");
+  if (const std::string problem = TrialNameProblem(key.trial); !problem.empty()) {
+    return InvalidArgumentError("run key: trial name '" + key.trial + "' " + problem);
   }
   return Status::Ok();
 }

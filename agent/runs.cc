@@ -25,6 +25,7 @@
 #include "common/atomic_file.h"
 #include "common/files.h"
 #include "common/rank_files.h"
+#include "common/trial_name.h"
 #include "common/trial_outcome.h"
 
 namespace llmctl::agent {
@@ -74,40 +75,6 @@ std::string RankEventsFile(int rank) { return RankEventsPath(kEventsFile, rank);
 std::string DescribeRunKey(const RunKey& key) {
   return "experiment " + std::to_string(key.experiment_id) + ", trial '" + key.trial +
          "', attempt " + std::to_string(key.attempt);
-}
-
-std::string EncodeTrialName(const std::string& trial) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string encoded;
-  for (unsigned char c : trial) {
-    if (std::isalnum(c) || c == '.' || c == '_' || c == '-') {
-      encoded += static_cast<char>(c);
-    } else {
-      encoded += '%';
-      encoded += kHex[c >> 4];
-      encoded += kHex[c & 15];
-    }
-  }
-  return encoded;
-}
-
-std::optional<std::string> DecodeTrialName(const std::string& encoded) {
-  std::string trial;
-  for (size_t i = 0; i < encoded.size(); ++i) {
-    if (encoded[i] != '%') {
-      trial += encoded[i];
-      continue;
-    }
-    if (i + 2 >= encoded.size()) return std::nullopt;
-    const std::string hex = encoded.substr(i + 1, 2);
-    if (!std::isxdigit(static_cast<unsigned char>(hex[0])) ||
-        !std::isxdigit(static_cast<unsigned char>(hex[1]))) {
-      return std::nullopt;
-    }
-    trial += static_cast<char>(std::stoi(hex, nullptr, 16));
-    i += 2;
-  }
-  return trial;
 }
 
 RunManager::RunManager(RunManagerOptions options, InputCache* cache)

@@ -246,11 +246,6 @@ class RunManager {
   std::thread watcher_;
 };
 
-// Trial names as directory names: bytes other than [A-Za-z0-9._-] become %XX, so
-// "base/precision=bf16-true" is "base%2Fprecision%3Dbf16-true".
-std::string EncodeTrialName(const std::string& trial);
-std::optional<std::string> DecodeTrialName(const std::string& encoded);
-
 }  // namespace llmctl::agent
 
 #endif  // LLMCTL_AGENT_RUNS_H_

@@ -212,6 +212,22 @@ sweep:
             (std::vector<double>{0.9, 0.999}));
 }
 
+// A node names a run's directory after its trial: a sweep whose values make a name too long for
+// one is refused at the value, not by the node at launch.
+TEST(ParseExperimentTest, ASweepNameTooLongForANodeIsRefusedAtItsValue) {
+  // 143 bytes, 63 of them '/' or '=': 269 as a directory name.
+  std::string path = "d/";
+  for (int i = 0; i < 60; ++i) path += "a/";
+  path += "t.jsonl";
+  const std::string message =
+      ParseError("data: {path: t.jsonl}\nsweep:\n  data.path: [t.jsonl, " + path + "]\n");
+  EXPECT_EQ(message.rfind("exp.yaml:3:", 0), 0u) << message;
+  EXPECT_NE(message.find("' is 269 bytes as a directory name"), std::string::npos) << message;
+  EXPECT_NE(message.find("bytes as a directory name"), std::string::npos) << message;
+  EXPECT_NE(message.find(": shorten the trial's name or the sweep's values"), std::string::npos)
+      << message;
+}
+
 TEST(ParseExperimentTest, ExpectIsCopiedToSweepTrials) {
   const Experiment experiment = MustParse(R"(
 data: {path: t.jsonl}

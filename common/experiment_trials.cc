@@ -6,6 +6,7 @@
 
 #include "common/blip2_config.h"
 #include "common/trial_config.h"
+#include "common/trial_name.h"
 #include "common/yaml_document.h"
 
 namespace llmctl::experiment_internal {
@@ -85,6 +86,12 @@ StatusOr<Trial> TrialExpander::BuildTrial(const TrialSpec& spec,
       suffix += std::string(choice->spec->name) + "=" + choice->text;
     }
     trial.name += "/" + suffix;
+    // A node names the run's directory after the trial: a sweep's values can make it too long.
+    if (const std::string problem = TrialNameProblem(trial.name); !problem.empty()) {
+      return ErrorAt(sweep_choices.front()->value_mark,
+                     "trial name '" + trial.name + "' " + problem +
+                         ": shorten the trial's name or the sweep's values");
+    }
   }
 
   // Where to point for a problem with these keys: the most specific place one of them was
