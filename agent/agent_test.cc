@@ -432,6 +432,31 @@ TEST_F(AgentTest, CheckpointingCancelSendsSigusr1AndWaitsItsLongerGrace) {
   EXPECT_EQ(streamed.events.back().type(), "result");
 }
 
+// A worker stuck writing its checkpoint keeps the node's devices until the checkpoint's grace
+// ends, unless a plain cancel comes: then it goes within the plain cancel's grace.
+TEST_F(AgentTest, APlainCancelEndsARunStuckInACheckpointingCancel) {
+  StartAgent();  // cancel grace 300 ms
+  const pb::RunKey key = Key(3, "stuck", 1);
+  StartSignalRecorder(key, 410);
+  pb::CancelRunRequest checkpointing;
+  *checkpointing.mutable_key() = key;
+  checkpointing.set_checkpoint(true);
+  checkpointing.set_checkpoint_grace_ms(600'000);
+  pb::RunState state;
+  ASSERT_TRUE(Cancel(checkpointing, &state).ok());
+  while (ReadAll(RunDir(key) / "got-signal") != "USR1\n") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  pb::CancelRunRequest plain;
+  *plain.mutable_key() = key;
+  ASSERT_TRUE(Cancel(plain, &state).ok());
+  ASSERT_EQ(state.status(), pb::RUN_STATUS_ENDED);
+  EXPECT_EQ(state.ended().outcome(), "cancelled");
+  EXPECT_EQ(state.ended().exit_code(), -SIGKILL) << state.ended().error();
+  EXPECT_EQ(ReadAll(RunDir(key) / "got-signal"), "USR1\nTERM\n");
+}
+
 TEST_F(AgentTest, PlainCancelSendsSigtermAndKillsAfterTheCancelGrace) {
   StartAgent();
   const pb::RunKey key = Key(3, "plain", 1);

@@ -214,7 +214,8 @@ class AgentTest : public ::testing::Test {
   // SIGTERM with a child in its process group until it is killed, 300 waits for a file named `go`
   // in the run directory before its last events, 400 writes `ready` and waits for SIGTERM or
   // SIGUSR1, writes the signal's name to `got-signal`, takes a second (a checkpoint being written)
-  // and exits cancelled. Its arguments go to `argv` in the run directory, one a line. `--version
+  // and exits cancelled, 410 writes `ready` and then each such signal's name, never stopping (a
+  // checkpoint that hangs). Its arguments go to `argv` in the run directory, one a line. `--version
   // --json` (the agent's probe) answers a CUDA 13.2 LibTorch. With `--nproc 2` (a 2-rank ddp trial)
   // it plays llm-train's launcher and both ranks: every event also goes to rank 1's
   // events.rank1.jsonl (with "rank":1), and seeds 500+C end with rank 1 failing first with exit
@@ -275,6 +276,10 @@ case "$seed" in
        sleep 1
        emit '{"type":"result","outcome":"cancelled","error":"cancelled at step 2"}'
        exit 5 ;;
+  410) trap 'echo USR1 >> got-signal' USR1
+       trap 'echo TERM >> got-signal' TERM
+       : > ready.tmp && mv ready.tmp ready
+       while :; do sleep 0.02; done ;;
 esac
 if [ "$seed" -eq 700 ]; then
   printf '%s\n' '{"type":1,"x":"result"}' '[1,2]' >> "$events"
@@ -444,9 +449,9 @@ exit "$seed"
            std::to_string(key.attempt());
   }
 
-  // Runs the fake trainer's seed 400 and waits until it listens for its stop signal.
-  void StartSignalRecorder(const pb::RunKey& key) {
-    RunTrial(key, 400);
+  // Runs the fake trainer's seed 400 (or `seed`) and waits until it listens for its stop signal.
+  void StartSignalRecorder(const pb::RunKey& key, int seed = 400) {
+    RunTrial(key, seed);
     while (!fs::exists(RunDir(key) / "ready")) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }

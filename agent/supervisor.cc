@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -115,7 +117,11 @@ int RunSupervisor(const SupervisorCommand& command) {
       {{"pid", worker}, {"pgid", worker}, {"start_time", ProcessStartTime(worker).value_or(0)}});
   if (!recorded.ok()) std::cerr << "llm-agent supervisor: " << recorded.message() << std::endl;
 
-  bool cancelling = false;
+  // A checkpointing cancel (SIGUSR1) gives the worker its own grace; a plain cancel (SIGTERM)
+  // after it still stops the worker within the plain grace, so that a worker stuck writing its
+  // checkpoint does not hold the node's devices for the rest of a long grace.
+  bool checkpointing = false;
+  bool terminating = false;
   auto kill_at = std::chrono::steady_clock::time_point::max();
   int status = 0;
   while (true) {
@@ -124,17 +130,18 @@ int RunSupervisor(const SupervisorCommand& command) {
     timespec wait{0, 200 * 1000 * 1000};
     siginfo_t info{};
     const int signal = ::sigtimedwait(&watched, &info, &wait);
-    if ((signal == SIGTERM || signal == SIGINT) && !cancelling) {
-      cancelling = true;
+    const auto now = std::chrono::steady_clock::now();
+    if ((signal == SIGTERM || signal == SIGINT) && !terminating) {
+      terminating = true;
       ::kill(-worker, SIGTERM);
-      kill_at = std::chrono::steady_clock::now() + command.grace;
+      kill_at = std::min(kill_at, now + command.grace);
     }
-    if (signal == SIGUSR1 && !cancelling) {
-      cancelling = true;
+    if (signal == SIGUSR1 && !checkpointing && !terminating) {
+      checkpointing = true;
       ::kill(-worker, SIGUSR1);
-      kill_at = std::chrono::steady_clock::now() + CheckpointGrace(info, command.grace);
+      kill_at = now + CheckpointGrace(info, command.grace);
     }
-    if (cancelling && std::chrono::steady_clock::now() >= kill_at) {
+    if (std::chrono::steady_clock::now() >= kill_at) {
       ::kill(-worker, SIGKILL);
       kill_at = std::chrono::steady_clock::time_point::max();
     }
