@@ -340,6 +340,27 @@ TEST(ProcessTest, ExitWatchIsReadableOnceTheProcessHasExited) {
   EXPECT_FALSE(OpenExitWatch(child, *start_time).valid()) << "the process is gone";
 }
 
+// A program's output and exit code; one that closes its standard output and then hangs is still
+// killed at the timeout (its end of output is not its end).
+TEST(ProcessTest, RunCommandHoldsAProgramToItsTimeoutAfterItsOutputCloses) {
+  StatusOr<CommandOutput> said =
+      RunCommand({"sh", "-c", "echo hi; exit 3"}, std::chrono::seconds(60));
+  ASSERT_TRUE(said.ok()) << said.status().ToString();
+  EXPECT_EQ(said->stdout_text, "hi\n");
+  EXPECT_EQ(said->exit_code, 3);
+
+  // Without the deadline after EOF this call would wait out the 600 s sleep, past the test's
+  // ctest timeout.
+  StatusOr<CommandOutput> hung = RunCommand({"sh", "-c", "echo part; exec 1>&-; exec sleep 600"},
+                                            std::chrono::milliseconds(300));
+  ASSERT_TRUE(hung.ok()) << hung.status().ToString();
+  EXPECT_EQ(hung->stdout_text, "part\n");
+  EXPECT_EQ(hung->exit_code, -1);
+
+  EXPECT_EQ(RunCommand({"/no/such/program"}, std::chrono::seconds(1)).status().code(),
+            StatusCode::kNotFound);
+}
+
 TEST(NodeInfoTest, ParsesMeminfo) {
   EXPECT_EQ(*ParseMemTotal("MemFree: 1 kB\nMemTotal:       16384 kB\n"), 16384 * 1024);
   EXPECT_FALSE(ParseMemTotal("MemFree: 1 kB\n").ok());

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 extern char** environ;
 
@@ -50,6 +51,25 @@ UniqueFd OpenExitWatch(pid_t pid, uint64_t start_time) {
   if (!watch.valid() || !IsSameProcessAlive(pid, start_time)) return UniqueFd();
   return watch;
 }
+
+namespace {
+
+// Waits for child `pid` to exit until `deadline`, polling; whether it did (its wait status in
+// `status`, -1 when it could not be waited for).
+bool ReapBy(pid_t pid, std::chrono::steady_clock::time_point deadline, int& status) {
+  while (true) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) return true;
+    if (done < 0 && errno != EINTR) {
+      status = -1;
+      return true;  // not ours to wait for: nothing left to reap
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace
 
 StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
                                    std::chrono::milliseconds timeout) {
@@ -94,9 +114,14 @@ StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
       output.stdout_text.append(buffer, static_cast<size_t>(n));
   }
   ::close(pipe_fds[0]);
-  if (timed_out) ::kill(pid, SIGKILL);
+  // Its standard output closed is not its end: a program that closes it and hangs is still held
+  // to the deadline.
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  if (!timed_out) timed_out = !ReapBy(pid, deadline, status);
+  if (timed_out) {
+    ::kill(pid, SIGKILL);
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
   }
   output.exit_code = (!timed_out && WIFEXITED(status)) ? WEXITSTATUS(status) : -1;
   return output;
