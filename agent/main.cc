@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "agent/certificate_renewal.h"
@@ -107,6 +108,11 @@ llmctl::Status LoadFromFiles(CommandLine& line) {
   ASSIGN_OR_RETURN(options.identity,
                    llmctl::rpc::LoadTlsIdentity(line.ca_file, line.cert_file, line.key_file));
   ASSIGN_OR_RETURN(options.token, llmctl::rpc::ReadTokenFile(line.token_file));
+  // Absolute: the supervisor starts each worker in its run's directory, where a relative path
+  // from the command line names nothing.
+  std::error_code error;
+  options.data_dir = std::filesystem::absolute(options.data_dir, error).string();
+  options.llm_train = std::filesystem::absolute(options.llm_train, error).string();
   if (::access(options.llm_train.c_str(), X_OK) != 0) {
     return llmctl::InvalidArgumentError("--llm-train " + options.llm_train +
                                         " is not an executable file");
