@@ -227,7 +227,7 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
                  : !link.connected       ? "unreachable"
                  : link.unusable.empty() ? "connected"
                                          : "unusable";
-  if (Status stored = core_.store.UpsertNode(record); !stored.ok()) {
+  if (Status stored = core_.store.RecordNodeHealth(record); !stored.ok()) {
     spdlog::error("node {}: cannot store its state: {}", link.name, stored.ToString());
   }
 }

@@ -68,6 +68,18 @@ Status Store::UpsertNode(const NodeRecord& node) {
   return stmt.Run();
 }
 
+Status Store::RecordNodeHealth(const NodeRecord& node) {
+  RETURN_IF_ERROR(ValidateNode(node));
+  MutexLock lock(mutex_);
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db_,
+                                      "UPDATE nodes SET devices_json = ?3, last_seen = ?4, "
+                                      "state = ?5 WHERE name = ?1 AND address = ?2 "
+                                      "AND removed_at IS NULL"));
+  BindNode(stmt, node);
+  return stmt.Run();
+}
+
 Status Store::RegisterNode(const NodeRecord& node) {
   RETURN_IF_ERROR(ValidateNode(node));
   MutexLock lock(mutex_);

@@ -70,6 +70,26 @@ TEST_F(StoreTest, NodesAndSecretReferences) {
   EXPECT_EQ((*nodes)[1].state, "connected");
   EXPECT_FALSE((*nodes)[0].lease.has_value());
 
+  // A health check's findings land only while the node is at the address it checked: one that
+  // waited on the old address while UpdateNode moved the node does not move it back.
+  NodeRecord checked = node;
+  checked.address = "10.0.0.9:7070";  // the address before a move
+  checked.state = "unreachable";
+  ASSERT_TRUE(store->RecordNodeHealth(checked).ok());
+  nodes = store->ListNodes();
+  EXPECT_EQ((*nodes)[1].address, "10.0.0.5:7070");
+  EXPECT_EQ((*nodes)[1].state, "connected");
+  checked.address = node.address;
+  checked.last_seen = kNow + std::chrono::seconds(9);
+  ASSERT_TRUE(store->RecordNodeHealth(checked).ok());
+  nodes = store->ListNodes();
+  EXPECT_EQ((*nodes)[1].state, "unreachable");
+  EXPECT_EQ((*nodes)[1].last_seen, kNow + std::chrono::seconds(9));
+  EXPECT_EQ((*nodes)[1].lease, lease);
+  checked.name = "nobody";  // never inserts
+  ASSERT_TRUE(store->RecordNodeHealth(checked).ok());
+  EXPECT_EQ(store->ListNodes()->size(), 2u);
+
   ASSERT_TRUE(store->PutSecretRef("openstack", "secrets.json#chameleon").ok());
   EXPECT_EQ(*store->GetSecretRef("openstack"), "secrets.json#chameleon");
   EXPECT_EQ(store->GetSecretRef("nope").status().code(), StatusCode::kNotFound);

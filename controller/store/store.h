@@ -503,6 +503,11 @@ class Store {
   // As UpsertNode, except that a removed node of this name comes back as a new one (without the
   // old node's lease): `llmctl node up` after `node down`.
   Status RegisterNode(const NodeRecord& node);
+  // A health check's findings (devices, last seen, state) for the node of this name, when it is
+  // still at the address that was checked and not removed; nothing otherwise (an UpdateNode or a
+  // registration moved it while the check waited on the old address, and the next check dials
+  // the new one).
+  Status RecordNodeHealth(const NodeRecord& node);
   // NotFound for an unknown or removed node.
   Status SetNodeLease(std::string_view node, const NodeLease& lease);
   StatusOr<std::vector<NodeRecord>> ListNodes();  // registered (not removed) nodes, by name
