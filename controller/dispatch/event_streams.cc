@@ -3,15 +3,18 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 #include <optional>
 #include <set>
 
 #include "common/event_line.h"
 #include "common/event_stream.h"
+#include "common/text.h"
 #include "common/trial_config.h"
 #include "common/trial_outcome.h"
 #include "controller/device_samples_proto.h"
 #include "controller/dispatch/cancellation.h"
+#include "controller/dispatch/node_info_check.h"
 #include "rpc/grpc_status.h"
 
 namespace llmctl::controller::dispatch {
@@ -194,6 +197,28 @@ Status EventStreams::StoreEvents(Stream& stream,
   return Status::Ok();
 }
 
+namespace {
+
+// Whether an agent samples `device` for a run that holds `indices` on its node: its host ("cpu")
+// or one of its CUDA devices ("cuda:N", N the node's index); any CUDA index below kMaxNodeDevices
+// when the indices are unknown (an attempt a controller started without recording them). Other
+// names are made up: stored, each would add rows and a line to every status without bound.
+bool IsSampledDevice(std::string_view device, const std::vector<int64_t>& indices) {
+  if (device == "cpu") return true;
+  if (!device.starts_with("cuda:")) return false;
+  const std::string_view digits = device.substr(5);
+  int64_t index = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+  if (error != std::errc() || end != digits.data() + digits.size() || digits.empty() ||
+      (digits.size() > 1 && digits[0] == '0') || index < 0) {
+    return false;
+  }
+  if (indices.empty()) return index < kMaxNodeDevices;
+  return std::find(indices.begin(), indices.end(), index) != indices.end();
+}
+
+}  // namespace
+
 Status EventStreams::StoreSamples(Stream& stream, const v1::DeviceSamples& samples) {
   const store::RunningAttempt& attempt = stream.attempt;
   if (samples.samples_size() > event_stream::kSamplesPerMessage) {
@@ -202,6 +227,23 @@ Status EventStreams::StoreSamples(Stream& stream, const v1::DeviceSamples& sampl
                          std::to_string(event_stream::kSamplesPerMessage));
   }
   std::vector<store::NewDeviceSample> rows = FromProto(samples);
+  const std::vector<store::AttemptNode> runs = attempt.Runs();
+  const std::vector<int64_t>& indices =
+      stream.node_rank < static_cast<int64_t>(runs.size())
+          ? runs[static_cast<size_t>(stream.node_rank)].device_indices
+          : attempt.device_indices;
+  std::optional<std::string> first_foreign;  // the first sample of no device of the run's
+  std::erase_if(rows, [&](const store::NewDeviceSample& row) {
+    if (IsSampledDevice(row.sample.device, indices)) return false;
+    if (!first_foreign) first_foreign = row.sample.device;
+    return true;
+  });
+  if (first_foreign) {
+    spdlog::warn(
+        "{} on node {}: dropped device samples of devices the run does not hold (the "
+        "first: '{}')",
+        AttemptName(attempt), stream.node, OnOneLine(first_foreign->substr(0, 64)));
+  }
   const store::Time now = core_.clock.Now();
   std::optional<store::Time> first_ahead;  // the first sample dropped, for the warning
   std::erase_if(rows, [&](const store::NewDeviceSample& row) {

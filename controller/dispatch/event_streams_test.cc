@@ -145,16 +145,23 @@ TEST_F(EventStreamsTest, ASampleDatedFarPastTheControllersClockIsDropped) {
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
 }
 
+// The trial holds device 0 of its node (a CPU trial: its host, "cpu", and index 0): samples of
+// those two names are its, and a made-up name ("cuda:7", which it does not hold, or "disk") is
+// dropped, so that no agent can grow its rows and every status without bound.
 TEST_F(EventStreamsTest, ARunningTrialsStatusCarriesEachDevicesLatestSample) {
-  agent_state_.samples = {GpuSample(1, "cuda:0"), GpuSample(2, "cuda:1"), GpuSample(3, "cuda:0"),
-                          GpuSample(4, "cuda:1")};
+  agent_state_.samples = {GpuSample(1, "cpu"),    GpuSample(2, "cuda:0"), GpuSample(3, "cpu"),
+                          GpuSample(4, "cuda:0"), GpuSample(5, "cuda:7"), GpuSample(6, "disk"),
+                          GpuSample(7, "cuda:00")};
   const int64_t experiment = SubmitOneThatKeepsRunning();
-  ASSERT_TRUE(Eventually([&] { return StatusOf(experiment).trials(0).devices_size() == 2; }));
+  ASSERT_TRUE(Eventually([&] {
+    return *daemon_->store().LastDeviceSampleSeq(OnlyTrial(experiment).id, 1) == 4 &&
+           StatusOf(experiment).trials(0).devices_size() == 2;
+  }));
   const v1::TrialStatus trial = StatusOf(experiment).trials(0);
-  EXPECT_EQ(trial.devices(0).device(), "cuda:0");
+  EXPECT_EQ(trial.devices(0).device(), "cpu");
   EXPECT_EQ(trial.devices(0).utilization_percent(), 43);
   EXPECT_EQ(trial.devices(0).memory_used_bytes(), int64_t{3} << 30);
-  EXPECT_EQ(trial.devices(1).device(), "cuda:1");
+  EXPECT_EQ(trial.devices(1).device(), "cuda:0");
   EXPECT_EQ(trial.devices(1).memory_used_bytes(), int64_t{4} << 30);
   EXPECT_FALSE(trial.devices(1).has_power_watts());
   EXPECT_EQ(trial.devices(1).temperature_celsius(), 60);
