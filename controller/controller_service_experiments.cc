@@ -69,7 +69,7 @@ StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment
     row->set_state(std::string(store::TrialStateName(trial.state)));
     row->set_expect(trial.expect.value_or(""));
     row->set_attempt(static_cast<int32_t>(trial.attempt));
-    row->set_node(trial.node);
+    row->set_node(store::AttemptNodesText(trial));
     // The event counts steps from 0; a step past int64_t's last (another process's) counts none.
     if (!trial.last_step.is_null()) {
       const int64_t step = IntField(trial.last_step, "step");
@@ -99,7 +99,14 @@ StatusOr<v1::ExperimentStatus> ControllerService::BuildStatus(int64_t experiment
     row->set_loss(NumberField(trial.last_step, "loss"));
     row->set_error(trial.error);
     if (trial.state == store::TrialState::kRunning) {
-      row->set_notice(dispatcher_.NodeNotice(trial.node));
+      // Any of a multi-node attempt's nodes may be on a lease that ends.
+      for (const std::string& node :
+           trial.nodes.empty() ? std::vector<std::string>{trial.node} : trial.nodes) {
+        if (std::string notice = dispatcher_.NodeNotice(node); !notice.empty()) {
+          row->set_notice(std::move(notice));
+          break;
+        }
+      }
       ASSIGN_OR_RETURN(const std::vector<store::DeviceSample> devices,
                        store_.LatestDeviceSamples(trial.trial_id, trial.attempt));
       for (const store::DeviceSample& device : devices) ToProto(device, row->add_devices());

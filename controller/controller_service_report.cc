@@ -93,7 +93,7 @@ void AddRun(const store::TrialReport& trial, v1::TrialReport& row) {
   row.set_outcome(std::string(store::TrialStateName(trial.state)));
   row.set_expected(trial.expect.value_or(""));
   row.set_attempt(static_cast<int32_t>(trial.attempt));
-  row.set_node(trial.node);
+  row.set_node(store::AttemptNodesText(trial));
   row.set_train_seconds(trial.train_seconds.value_or(0));
   row.set_tokens_per_second(trial.tokens_per_second.value_or(0));
   row.set_peak_bytes(trial.peak_bytes.value_or(0));

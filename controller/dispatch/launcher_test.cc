@@ -173,6 +173,28 @@ TEST_F(MultiNodeLauncherTest, AnAttemptTurnedAwayAfterNodeRankZeroStartedIsLostA
   EXPECT_TRUE(NodeRanksRun(second_state_).empty());
 }
 
+// A multi-node trial is shown on all its nodes ("n1+n2"), and its artifacts are fetched from node
+// rank 0's, which writes them; the joined names were taken for one node's and never connected.
+TEST_F(MultiNodeLauncherTest, AMultiNodeTrialIsShownOnItsNodesAndFetchedFromNodeRankZero) {
+  const int64_t experiment = SubmitTwoNodeTrial();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(StatusOf(experiment).trials(0).node(), "n1+n2");
+
+  grpc::ClientContext context;
+  v1::FetchTrialArtifactsRequest request;
+  request.set_experiment_id(experiment);
+  request.set_trial(OnlyTrial(experiment).name);
+  auto reader = controller_->FetchArtifacts(&context, request);
+  std::vector<std::string> paths;
+  v1::ArtifactChunk chunk;
+  while (reader->Read(&chunk)) paths.push_back(chunk.path());
+  const grpc::Status fetched = reader->Finish();
+  ASSERT_TRUE(fetched.ok()) << fetched.error_message();
+  ASSERT_EQ(paths.size(), 1u);
+  EXPECT_EQ(paths[0].rfind("output/adapter/", 0), 0u) << paths[0];
+}
+
 TEST(LauncherToProtoTest, CarriesTheTreesDigestKindAndFiles) {
   const digest::InputTree tree{
       .digest = "d1", .files = {{"a.txt", "s1", 3}, {"b/c.bin", "s2", 0}}, .is_file = false};

@@ -165,7 +165,8 @@ TEST_F(AttemptNodesTest, AnOwnFailureExplainsTheEndEvenWhenItsPeersEndedFirst) {
   EXPECT_EQ(report->trials.front().error,
             "node n2 (node rank 1 of 2): rank 3 of 4: CUDA out of memory");
   EXPECT_EQ(report->trials.front().exit_code, 3);
-  EXPECT_EQ(report->trials.front().node, "n1+n2");
+  EXPECT_EQ(report->trials.front().node, "n1");
+  EXPECT_EQ(report->trials.front().nodes, (std::vector<std::string>{"n1", "n2"}));
 }
 
 TEST_F(AttemptNodesTest, TheFirstFailureWinsOverTheNodesTheControllerStopped) {

@@ -264,6 +264,13 @@ Status FillMemoryTimeline(sqlite3* db, int64_t experiment_id, std::vector<TrialR
 
 }  // namespace
 
+std::string AttemptNodesText(const TrialReport& trial) {
+  if (trial.nodes.empty()) return trial.node;
+  std::string text;
+  for (const std::string& node : trial.nodes) text += (text.empty() ? "" : "+") + node;
+  return text;
+}
+
 StatusOr<ExperimentReport> Store::Report(int64_t experiment_id, ReportDetail detail) {
   MutexLock lock(mutex_);
   // One snapshot for all trials, though ingestion goes on meanwhile.
@@ -281,10 +288,9 @@ StatusOr<ExperimentReport> Store::Report(int64_t experiment_id, ReportDetail det
     ASSIGN_OR_RETURN(trial.start, LatestEventOfType(db_, trial.trial_id, trial.attempt, "start"));
     ASSIGN_OR_RETURN(trial.last_step,
                      LatestEventOfType(db_, trial.trial_id, trial.attempt, "step"));
-    // A multi-node attempt is on all its nodes, node rank 0's first: "n1+n2".
     ASSIGN_OR_RETURN(const std::vector<AttemptNode> nodes,
                      internal::LoadAttemptNodes(db_, trial.trial_id, trial.attempt));
-    for (size_t i = 1; i < nodes.size(); ++i) trial.node += "+" + nodes[i].node;
+    for (const AttemptNode& node : nodes) trial.nodes.push_back(node.node);
   }
   RETURN_IF_ERROR(FillRankMemory(db_, experiment_id, report.trials));
   if (detail == ReportDetail::kFull) {

@@ -258,7 +258,9 @@ struct TrialReport {
   // The attempts whose events make up the figures: the final one, preceded by those it resumed
   // from; empty before the first attempt.
   std::vector<int64_t> run_attempts;
-  std::string node;  // its current attempt's; a multi-node attempt's nodes as "n1+n2"
+  std::string node;  // its current attempt's (a multi-node attempt's node rank 0)
+  // A multi-node attempt's every node in node-rank order; empty for an attempt on one node.
+  std::vector<std::string> nodes;
   std::optional<int64_t> exit_code;
   std::string error;  // recorded when the attempt ended, else its result's; "" when none
   // nullopt when the attempt has no `result` (or `start`) event with the figure.
@@ -283,6 +285,10 @@ struct TrialReport {
   // The current attempt's kernel_fallback events, every rank's (common/kernel_fallback_event.h).
   std::vector<KernelFallback> kernel_fallbacks;
 };
+
+// Where a trial's current attempt runs, as the CLI shows it: its node, or a multi-node attempt's
+// nodes in node-rank order, "n1+n2".
+std::string AttemptNodesText(const TrialReport& trial);
 
 struct ExperimentReport {
   ExperimentRecord experiment;
