@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string_view>
 
 #include "agent/run_files.h"
@@ -65,14 +66,15 @@ std::vector<std::string> WorkerEnvironment(const WorkerLaunch& launch, const std
   // (socket_interface.h), unless the agent's own environment names one.
   const NodeGroup& group = launch.group;
   if (group.nodes > 1 && !group.master_addr.empty()) {
+    std::optional<StatusOr<std::string>> interface;  // resolved once, when a variable needs it
     for (const char* variable : {"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}) {
       if (std::getenv(variable) != nullptr) continue;
-      StatusOr<std::string> interface = InterfaceReaching(group.master_addr);
-      if (interface.ok()) {
-        env.push_back(std::string(variable) + "=" + *interface);
+      if (!interface.has_value()) interface = InterfaceReaching(group.master_addr);
+      if (interface->ok()) {
+        env.push_back(std::string(variable) + "=" + **interface);
       } else {
         std::cerr << "llm-agent: " << run << ": " << variable
-                  << " left to the backend: " << interface.status().message() << std::endl;
+                  << " left to the backend: " << interface->status().message() << std::endl;
       }
     }
   }

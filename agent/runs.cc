@@ -409,24 +409,28 @@ StatusOr<RunState> RunManager::StartRun(const RunRequest& request) {
   if (launch.group.nodes <= 1) launch.group = NodeGroup{};
   launch.device_indices = request.device_indices;
   launch.cache_dir = cache_->dir();
+  // Before the lock: finding the interface that reaches node rank 0 resolves master_addr, which
+  // may take a DNS timeout, while every other call, the watcher and the sampler wait on the lock.
+  const std::vector<std::string> environment =
+      WorkerEnvironment(launch, DescribeRunKey(request.key));
 
   MutexLock lock(mutex_);
   // Checked again: another call with this key may have started it meanwhile.
   if (auto it = runs_.find(request.key); it != runs_.end()) return StateOf(it->first, it->second);
   RETURN_IF_ERROR(CreateRunDir(launch));
-  auto [it, inserted] = runs_.emplace(request.key, LaunchSupervisor(request.key, launch));
+  auto [it, inserted] = runs_.emplace(request.key, LaunchSupervisor(launch, environment));
   WakeWatcher();  // to watch the new supervisor's exit
   return StateOf(it->first, it->second);
 }
 
-RunManager::Run RunManager::LaunchSupervisor(const RunKey& key, const WorkerLaunch& launch) {
+RunManager::Run RunManager::LaunchSupervisor(const WorkerLaunch& launch,
+                                             const std::vector<std::string>& environment) {
   SupervisorCommand command;
   command.run_dir = launch.run_dir;
   command.grace = options_.cancel_grace;
   command.worker_argv = WorkerArgv(launch);
   const StatusOr<pid_t> pid = SpawnSupervisor(SupervisorArgv(options_.supervisor_program, command),
-                                              WorkerEnvironment(launch, DescribeRunKey(key)),
-                                              launch.run_dir + "/" + kSupervisorLog);
+                                              environment, launch.run_dir + "/" + kSupervisorLog);
   Run run;
   run.dir = launch.run_dir;
   run.device_type = launch.trial_file.device;

@@ -207,9 +207,10 @@ class RunManager {
   // The checkpoint the run resumes from, checked: the resume tree materialised, or the resume
   // checkpoint of a run on this node; empty when it starts at step 0.
   StatusOr<std::string> ResumeCheckpoint(const RunRequest& request) const;
-  // Spawns the run's supervisor in its created directory; a run already ended "failed" when it
-  // cannot start.
-  Run LaunchSupervisor(const RunKey& key, const WorkerLaunch& launch) LLMCTL_REQUIRES(mutex_);
+  // Spawns the run's supervisor in its created directory, with `environment` (WorkerEnvironment's,
+  // made before the lock); a run already ended "failed" when it cannot start.
+  Run LaunchSupervisor(const WorkerLaunch& launch, const std::vector<std::string>& environment)
+      LLMCTL_REQUIRES(mutex_);
   // llm-train runs as root and reads whatever --resume names, so `checkpoint` must be one the
   // trial can have: inside the output/ of one of its runs on this node (`resume_run`, run `key`'s
   // earlier attempt, wrote it, or resumed from an earlier attempt's) or a checkpoint copy in the
