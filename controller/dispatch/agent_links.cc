@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "common/cuda_version.h"
@@ -86,15 +87,25 @@ void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::
     MutexLock lock(core_.mutex);
     std::erase_if(links_, [&](const auto& entry) { return !listed.contains(entry.first); });
   }
+  std::vector<Link*> due;
   for (const store::NodeRecord& node : nodes) {
     if (node.address.empty()) continue;  // registered before its address is known
     Link* link = EnsureLink(node, now);
-    bool due;
-    {
-      MutexLock lock(core_.mutex);
-      due = now >= link->next_health_at;
+    MutexLock lock(core_.mutex);
+    if (now >= link->next_health_at) due.push_back(link);
+  }
+  // Each check may wait its call's deadline on an agent that accepted the connection and never
+  // answers, or on a node that went down: the checks run side by side, so that such nodes cost
+  // the round (placement, reconciling, the lease-end stops) one deadline, not one each. Each
+  // touches only its own link outside the core's mutex.
+  for (size_t first = 0; first < due.size(); first += kParallelHealthChecks) {
+    const size_t end = std::min(due.size(), first + kParallelHealthChecks);
+    std::vector<std::thread> checks;
+    for (size_t i = first + 1; i < end; ++i) {
+      checks.emplace_back([this, link = due[i], now] { CheckHealth(*link, now); });
     }
-    if (due) CheckHealth(*link, now);
+    CheckHealth(*due[first], now);
+    for (std::thread& check : checks) check.join();
   }
 }
 

@@ -46,6 +46,9 @@ namespace dispatch {
 // The node's devices as the store keeps them (NodeRecord::devices_json).
 std::string DevicesJson(const std::vector<v1::Device>& devices);
 
+// How many nodes' health checks run at once (agent_links.cc, CheckNodes).
+inline constexpr size_t kParallelHealthChecks = 32;
+
 class AgentLinks {
  public:
   struct Link {

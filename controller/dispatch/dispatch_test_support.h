@@ -45,6 +45,16 @@ inline std::string StepLine(int step) {
 inline const std::string kResultLine =
     R"({"type":"result","outcome":"ok","train_seconds":1.5,"tokens_per_second":128.0,"peak_bytes":2000,"final_loss":2.25})";
 
+// Shared by fake agents whose GetNodeInfo calls should meet: each call waits, until its deadline,
+// until `together` calls (of all the fakes sharing it) have been in flight at once.
+struct NodeInfoGate {
+  std::mutex mutex;
+  std::condition_variable arrived;
+  int together = 2;
+  int in_flight = 0;
+  int most_in_flight = 0;
+};
+
 // What the fake agent knows; it outlives the fake's servers, as a real agent's disk does.
 struct FakeAgentState {
   struct Run {
@@ -69,6 +79,7 @@ struct FakeAgentState {
   // The device samples every run has; each stream sends those from its from_sample_seq first.
   std::vector<v1::DeviceSample> samples;
   int node_info_calls = 0;
+  NodeInfoGate* node_info_gate = nullptr;  // set before the fake serves; not owned
   std::set<std::string> blobs;
   std::vector<std::string> cancelled;
   // How long each UploadBlob had left before its deadline when it arrived, by sha256.
@@ -128,8 +139,17 @@ class FakeAgent final : public v1::Agent::Service {
  public:
   explicit FakeAgent(FakeAgentState& state) : state_(state) {}
 
-  grpc::Status GetNodeInfo(grpc::ServerContext*, const v1::GetNodeInfoRequest*,
+  grpc::Status GetNodeInfo(grpc::ServerContext* context, const v1::GetNodeInfoRequest*,
                            v1::NodeInfo* info) override {
+    if (NodeInfoGate* gate = state_.node_info_gate; gate != nullptr) {
+      std::unique_lock lock(gate->mutex);
+      gate->most_in_flight = std::max(gate->most_in_flight, ++gate->in_flight);
+      gate->arrived.notify_all();
+      const bool met = gate->arrived.wait_until(
+          lock, context->deadline(), [&] { return gate->most_in_flight >= gate->together; });
+      --gate->in_flight;
+      if (!met) return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no other call came");
+    }
     std::lock_guard lock(state_.mutex);
     ++state_.node_info_calls;
     info->set_node(state_.node);

@@ -195,6 +195,19 @@ TEST_F(MultiNodeLauncherTest, AMultiNodeTrialIsShownOnItsNodesAndFetchedFromNode
   EXPECT_EQ(paths[0].rfind("output/adapter/", 0), 0u) << paths[0];
 }
 
+// Two agents that take their time to answer are checked side by side: the round waits for the
+// slower, not for their sum (which, for an agent that never answers, is one call deadline each).
+TEST_F(MultiNodeLauncherTest, NodesAreHealthCheckedSideBySide) {
+  NodeInfoGate gate;
+  agent_state_.node_info_gate = &gate;
+  second_state_.node_info_gate = &gate;
+  Tick();
+  EXPECT_EQ(gate.most_in_flight, 2);
+  auto nodes = daemon_->store().ListNodes();
+  ASSERT_TRUE(nodes.ok());
+  for (const store::NodeRecord& node : *nodes) EXPECT_EQ(node.state, "connected") << node.name;
+}
+
 TEST(LauncherToProtoTest, CarriesTheTreesDigestKindAndFiles) {
   const digest::InputTree tree{
       .digest = "d1", .files = {{"a.txt", "s1", 3}, {"b/c.bin", "s2", 0}}, .is_file = false};
