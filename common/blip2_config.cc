@@ -176,6 +176,78 @@ StatusOr<T5Config> ParseT5Config(const nlohmann::json& text_json, const std::str
   return t;
 }
 
+// The config's vision_config section (`where` names it in messages).
+StatusOr<Blip2VisionConfig> ParseVisionConfig(const nlohmann::json& section,
+                                              const std::string& where) {
+  Blip2VisionConfig v;
+  Fields vision(section, where);
+  RETURN_IF_ERROR(vision.Int("hidden_size", v.hidden_size, kMaxWidth));
+  RETURN_IF_ERROR(vision.Int("intermediate_size", v.intermediate_size, kMaxWidth));
+  RETURN_IF_ERROR(vision.Int("num_hidden_layers", v.num_hidden_layers, kMaxLayers));
+  RETURN_IF_ERROR(vision.Int("num_attention_heads", v.num_attention_heads, kMaxHeads));
+  RETURN_IF_ERROR(vision.Int("image_size", v.image_size, kMaxImageSide));
+  RETURN_IF_ERROR(vision.Int("patch_size", v.patch_size, kMaxImageSide));
+  RETURN_IF_ERROR(vision.Double("layer_norm_eps", v.layer_norm_eps));
+  RETURN_IF_ERROR(vision.Probability("attention_dropout", v.attention_dropout));
+  RETURN_IF_ERROR(vision.Bool("qkv_bias", v.qkv_bias));
+  RETURN_IF_ERROR(vision.Is("hidden_act", "gelu", StatusCode::kUnimplemented));
+  RETURN_IF_ERROR(Divisible(v.hidden_size, v.num_attention_heads,
+                            where + ".hidden_size / num_attention_heads"));
+  RETURN_IF_ERROR(Divisible(v.image_size, v.patch_size, where + ".image_size / patch_size"));
+  return v;
+}
+
+// The config's qformer_config section, whose encoder is the vision model of `vision_hidden_size`.
+StatusOr<Blip2QFormerConfig> ParseQFormerConfig(const nlohmann::json& section,
+                                                const std::string& where,
+                                                int64_t vision_hidden_size) {
+  Blip2QFormerConfig q;
+  q.encoder_hidden_size = vision_hidden_size;
+  Fields qformer(section, where);
+  RETURN_IF_ERROR(qformer.Int("hidden_size", q.hidden_size, kMaxWidth));
+  RETURN_IF_ERROR(qformer.Int("intermediate_size", q.intermediate_size, kMaxWidth));
+  RETURN_IF_ERROR(qformer.Int("num_hidden_layers", q.num_hidden_layers, kMaxLayers));
+  RETURN_IF_ERROR(qformer.Int("num_attention_heads", q.num_attention_heads, kMaxHeads));
+  RETURN_IF_ERROR(
+      qformer.Int("cross_attention_frequency", q.cross_attention_frequency, kMaxLayers));
+  RETURN_IF_ERROR(qformer.Int("encoder_hidden_size", q.encoder_hidden_size, kMaxWidth));
+  RETURN_IF_ERROR(qformer.Double("layer_norm_eps", q.layer_norm_eps));
+  RETURN_IF_ERROR(qformer.Probability("hidden_dropout_prob", q.hidden_dropout_prob));
+  RETURN_IF_ERROR(
+      qformer.Probability("attention_probs_dropout_prob", q.attention_probs_dropout_prob));
+  RETURN_IF_ERROR(qformer.Is("hidden_act", "gelu", StatusCode::kUnimplemented));
+  bool text_input = false;
+  RETURN_IF_ERROR(qformer.Bool("use_qformer_text_input", text_input));
+  if (text_input) {
+    return UnimplementedError(where + ".use_qformer_text_input (InstructBLIP's) is not built");
+  }
+  RETURN_IF_ERROR(Divisible(q.hidden_size, q.num_attention_heads,
+                            where + ".hidden_size / num_attention_heads"));
+  if (q.encoder_hidden_size != vision_hidden_size) {
+    return InvalidArgumentError(
+        where + ".encoder_hidden_size " + std::to_string(q.encoder_hidden_size) +
+        " differs from vision_config.hidden_size " + std::to_string(vision_hidden_size));
+  }
+  return q;
+}
+
+// The config's text_config section: OPT's or T5's.
+StatusOr<std::variant<OptConfig, T5Config>> ParseTextConfig(const nlohmann::json& section,
+                                                            const std::string& where) {
+  std::string text_type = "opt";
+  RETURN_IF_ERROR(Fields(section, where).String("model_type", text_type));
+  if (text_type == "opt") {
+    ASSIGN_OR_RETURN(OptConfig opt, ParseOptConfig(section, where));
+    return std::variant<OptConfig, T5Config>(std::move(opt));
+  }
+  if (text_type == "t5") {
+    ASSIGN_OR_RETURN(T5Config t5, ParseT5Config(section, where));
+    return std::variant<OptConfig, T5Config>(std::move(t5));
+  }
+  return UnimplementedError(where + ".model_type " + text_type +
+                            ": llmctl builds BLIP-2 with OPT or T5 (Flan-T5)");
+}
+
 }  // namespace
 
 Blip2ParameterCounts CountBlip2Parameters(const Blip2Config& c) {
@@ -291,65 +363,12 @@ StatusOr<Blip2Config> ParseBlip2Config(const nlohmann::json& config, const std::
   auto section = [&](const char* name) -> const nlohmann::json& {
     return config.contains(name) && config[name].is_object() ? config[name] : empty;
   };
-
-  Blip2VisionConfig& v = c.vision;
-  Fields vision(section("vision_config"), source + ": vision_config");
-  RETURN_IF_ERROR(vision.Int("hidden_size", v.hidden_size, kMaxWidth));
-  RETURN_IF_ERROR(vision.Int("intermediate_size", v.intermediate_size, kMaxWidth));
-  RETURN_IF_ERROR(vision.Int("num_hidden_layers", v.num_hidden_layers, kMaxLayers));
-  RETURN_IF_ERROR(vision.Int("num_attention_heads", v.num_attention_heads, kMaxHeads));
-  RETURN_IF_ERROR(vision.Int("image_size", v.image_size, kMaxImageSide));
-  RETURN_IF_ERROR(vision.Int("patch_size", v.patch_size, kMaxImageSide));
-  RETURN_IF_ERROR(vision.Double("layer_norm_eps", v.layer_norm_eps));
-  RETURN_IF_ERROR(vision.Probability("attention_dropout", v.attention_dropout));
-  RETURN_IF_ERROR(vision.Bool("qkv_bias", v.qkv_bias));
-  RETURN_IF_ERROR(vision.Is("hidden_act", "gelu", StatusCode::kUnimplemented));
-  RETURN_IF_ERROR(Divisible(v.hidden_size, v.num_attention_heads,
-                            source + ": vision_config.hidden_size / num_attention_heads"));
-  RETURN_IF_ERROR(
-      Divisible(v.image_size, v.patch_size, source + ": vision_config.image_size / patch_size"));
-
-  Blip2QFormerConfig& q = c.qformer;
-  q.encoder_hidden_size = v.hidden_size;
-  Fields qformer(section("qformer_config"), source + ": qformer_config");
-  RETURN_IF_ERROR(qformer.Int("hidden_size", q.hidden_size, kMaxWidth));
-  RETURN_IF_ERROR(qformer.Int("intermediate_size", q.intermediate_size, kMaxWidth));
-  RETURN_IF_ERROR(qformer.Int("num_hidden_layers", q.num_hidden_layers, kMaxLayers));
-  RETURN_IF_ERROR(qformer.Int("num_attention_heads", q.num_attention_heads, kMaxHeads));
-  RETURN_IF_ERROR(
-      qformer.Int("cross_attention_frequency", q.cross_attention_frequency, kMaxLayers));
-  RETURN_IF_ERROR(qformer.Int("encoder_hidden_size", q.encoder_hidden_size, kMaxWidth));
-  RETURN_IF_ERROR(qformer.Double("layer_norm_eps", q.layer_norm_eps));
-  RETURN_IF_ERROR(qformer.Probability("hidden_dropout_prob", q.hidden_dropout_prob));
-  RETURN_IF_ERROR(
-      qformer.Probability("attention_probs_dropout_prob", q.attention_probs_dropout_prob));
-  RETURN_IF_ERROR(qformer.Is("hidden_act", "gelu", StatusCode::kUnimplemented));
-  bool text_input = false;
-  RETURN_IF_ERROR(qformer.Bool("use_qformer_text_input", text_input));
-  if (text_input) {
-    return UnimplementedError(
-        source + ": qformer_config.use_qformer_text_input (InstructBLIP's) is not built");
-  }
-  RETURN_IF_ERROR(Divisible(q.hidden_size, q.num_attention_heads,
-                            source + ": qformer_config.hidden_size / num_attention_heads"));
-  if (q.encoder_hidden_size != v.hidden_size) {
-    return InvalidArgumentError(
-        source + ": qformer_config.encoder_hidden_size " + std::to_string(q.encoder_hidden_size) +
-        " differs from vision_config.hidden_size " + std::to_string(v.hidden_size));
-  }
-
-  const nlohmann::json& text_json = section("text_config");
-  const std::string text_where = source + ": text_config";
-  std::string text_type = "opt";
-  RETURN_IF_ERROR(Fields(text_json, text_where).String("model_type", text_type));
-  if (text_type == "opt") {
-    ASSIGN_OR_RETURN(c.text, ParseOptConfig(text_json, text_where));
-  } else if (text_type == "t5") {
-    ASSIGN_OR_RETURN(c.text, ParseT5Config(text_json, text_where));
-  } else {
-    return UnimplementedError(text_where + ".model_type " + text_type +
-                              ": llmctl builds BLIP-2 with OPT or T5 (Flan-T5)");
-  }
+  ASSIGN_OR_RETURN(c.vision,
+                   ParseVisionConfig(section("vision_config"), source + ": vision_config"));
+  ASSIGN_OR_RETURN(c.qformer,
+                   ParseQFormerConfig(section("qformer_config"), source + ": qformer_config",
+                                      c.vision.hidden_size));
+  ASSIGN_OR_RETURN(c.text, ParseTextConfig(section("text_config"), source + ": text_config"));
   if (c.image_token_index >= c.text_vocab_size()) {
     return InvalidArgumentError(
         source + ": image_token_index " + std::to_string(c.image_token_index) +
