@@ -165,36 +165,48 @@ void AgentLinks::ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time
 }
 
 void AgentLinks::CheckHealth(Link& link, store::Time now) {
-  const DispatcherOptions& options = core_.options;
-  store::NodeRecord record;
-  record.name = link.name;
-  record.address = link.address;
-  std::shared_ptr<v1::Agent::Stub> stub;
+  const std::shared_ptr<v1::Agent::Stub> stub = StubFor(link);
+  const HealthAnswer answer = AskHealth(link, stub.get(), now);
+  MutexLock lock(core_.mutex);
+  if (link.removed) return;  // Disconnect ran meanwhile: keep its link disconnected
+  UpdateLink(link, stub, answer, now);
+  StoreLinkState(link, answer);
+}
+
+std::shared_ptr<v1::Agent::Stub> AgentLinks::StubFor(Link& link) {
   {
     MutexLock lock(core_.mutex);
-    stub = link.stub;
+    if (link.stub != nullptr) return link.stub;
   }
-  if (stub == nullptr) {
-    auto channel = connect_(record);
-    if (channel.ok()) {
-      stub = v1::Agent::NewStub(*channel);
-    } else {
-      spdlog::warn("node {}: cannot connect: {}", link.name, channel.status().ToString());
-    }
+  store::NodeRecord node;
+  node.name = link.name;
+  node.address = link.address;
+  auto channel = connect_(node);
+  if (!channel.ok()) {
+    spdlog::warn("node {}: cannot connect: {}", link.name, channel.status().ToString());
+    return nullptr;
   }
-  Status health = UnavailableError("no channel");
-  v1::NodeInfo info;
+  return v1::Agent::NewStub(*channel);
+}
+
+AgentLinks::HealthAnswer AgentLinks::AskHealth(const Link& link, v1::Agent::Stub* stub,
+                                               store::Time now) {
+  HealthAnswer answer;
   NodeCertificates* certificates = core_.options.certificates;
   // An expired certificate is reported, not dialled: the handshake would fail on every check.
-  const Status unexpired =
+  answer.unexpired =
       certificates == nullptr ? Status::Ok() : certificates->CheckUnexpired(link.name, now);
-  if (!unexpired.ok()) {
-    health = unexpired;
-  } else if (stub != nullptr) {
-    auto context = core_.CallContext();
-    health = rpc::FromGrpcStatus(stub->GetNodeInfo(context.get(), {}, &info));
+  if (!answer.unexpired.ok()) {
+    answer.health = answer.unexpired;
+    return answer;
   }
-  if (health.ok() && certificates != nullptr) {
+  if (stub == nullptr) {
+    answer.health = UnavailableError("no channel");
+    return answer;
+  }
+  auto context = core_.CallContext();
+  answer.health = rpc::FromGrpcStatus(stub->GetNodeInfo(context.get(), {}, &answer.info));
+  if (answer.health.ok() && certificates != nullptr) {
     // On the link just checked: a failure is logged and tried again at the next check, while
     // half the certificate's lifetime is left for it.
     if (Status renewed =
@@ -203,38 +215,49 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
       spdlog::warn("{}", renewed.ToString());
     }
   }
-  MutexLock lock(core_.mutex);
-  if (link.removed) return;  // Disconnect ran meanwhile: keep its link disconnected
+  return answer;
+}
+
+void AgentLinks::UpdateLink(Link& link, const std::shared_ptr<v1::Agent::Stub>& stub,
+                            const HealthAnswer& answer, store::Time now) {
+  const DispatcherOptions& options = core_.options;
+  const bool healthy = answer.health.ok();
   link.health_backoff =
-      health.ok() ? std::chrono::milliseconds(0)
-                  : NextBackoff(link.health_backoff,
-                                std::min(options.backoff_initial, options.health_interval),
-                                options.health_interval);
-  link.next_health_at = now + (health.ok() ? options.health_interval : link.health_backoff);
+      healthy ? std::chrono::milliseconds(0)
+              : NextBackoff(link.health_backoff,
+                            std::min(options.backoff_initial, options.health_interval),
+                            options.health_interval);
+  link.next_health_at = now + (healthy ? options.health_interval : link.health_backoff);
   // After a failure the next check dials a fresh channel, so the controller's schedule decides
   // when to try again, not gRPC's growing reconnect backoff: an agent that restarts is seen at the
   // next health check.
-  link.stub = health.ok() ? stub : nullptr;
-  if (health.ok()) {
+  link.stub = healthy ? stub : nullptr;
+  if (healthy) {
     if (!link.connected) {
       spdlog::info("node {}: connected ({})", link.name, link.address);
       link.needs_reconcile = true;
     }
     link.connected = true;
     link.last_seen = now;
-    ApplyNodeInfo(link, info, now);
-  } else {
-    if (link.connected) spdlog::warn("node {}: unreachable: {}", link.name, health.ToString());
-    // Logged once, as the reason stays until the node is registered again.
-    if (!unexpired.ok() && link.unusable != unexpired.message()) {
-      spdlog::error("{}", unexpired.message());
-      link.unusable = unexpired.message();
-    }
-    link.connected = false;
+    ApplyNodeInfo(link, answer.info, now);
+    return;
   }
+  if (link.connected) spdlog::warn("node {}: unreachable: {}", link.name, answer.health.ToString());
+  // Logged once, as the reason stays until the node is registered again.
+  if (!answer.unexpired.ok() && link.unusable != answer.unexpired.message()) {
+    spdlog::error("{}", answer.unexpired.message());
+    link.unusable = answer.unexpired.message();
+  }
+  link.connected = false;
+}
+
+void AgentLinks::StoreLinkState(const Link& link, const HealthAnswer& answer) {
+  store::NodeRecord record;
+  record.name = link.name;
+  record.address = link.address;
   record.devices_json = DevicesJson(link.devices);
   record.last_seen = link.last_seen;
-  record.state = !unexpired.ok()         ? "expired"
+  record.state = !answer.unexpired.ok()  ? "expired"
                  : !link.connected       ? "unreachable"
                  : link.unusable.empty() ? "connected"
                                          : "unusable";

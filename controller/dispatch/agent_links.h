@@ -110,8 +110,28 @@ class AgentLinks {
   void CollectWakeTimesLocked(std::vector<store::Time>& times) const LLMCTL_REQUIRES(core_.mutex);
 
  private:
+  // What one health check learnt: the certificate's check, then the agent's answer.
+  struct HealthAnswer {
+    Status unexpired;
+    Status health;
+    v1::NodeInfo info;
+  };
+
   Link* EnsureLink(const store::NodeRecord& node, store::Time now);
+  // GetNodeInfo on the link (renewing its certificate when due), then the link and the store's
+  // node updated with the answer.
   void CheckHealth(Link& link, store::Time now);
+  // The link's stub, or a fresh one dialled (null when that fails).
+  std::shared_ptr<v1::Agent::Stub> StubFor(Link& link);
+  // The certificate's check and the agent's answer, without the core's mutex (it may wait the
+  // call's deadline).
+  HealthAnswer AskHealth(const Link& link, v1::Agent::Stub* stub, store::Time now);
+  // The link after `answer`: its backoff and next check, whether it is connected, its node's
+  // description.
+  void UpdateLink(Link& link, const std::shared_ptr<v1::Agent::Stub>& stub,
+                  const HealthAnswer& answer, store::Time now) LLMCTL_REQUIRES(core_.mutex);
+  // The node's state as the link now has it, recorded in the store.
+  void StoreLinkState(const Link& link, const HealthAnswer& answer) LLMCTL_REQUIRES(core_.mutex);
   // A connected node's NodeInfo: its devices, whether llm-train can run there, whether it measures
   // its rates, and the rates it measured (stored when they changed).
   void ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time now)
