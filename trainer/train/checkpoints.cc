@@ -58,7 +58,18 @@ Status RestoreGeneratorStates(const NamedTensors& states) {
   for (const auto& [name, state] : states) {
     if (name != "cpu") return DataLossError("unknown generator '" + name + "' in checkpoint");
     at::Generator generator = at::detail::getDefaultCPUGenerator();
-    generator.set_state(state.to(torch::kCPU).contiguous());
+    // The state is LibTorch's bytes of the generator (a checkpoint may come from another node):
+    // the same type and size as this one's, and what set_state itself refuses is a refusal too.
+    const torch::Tensor current = generator.get_state();
+    if (state.scalar_type() != current.scalar_type() || state.numel() != current.numel()) {
+      return DataLossError("generator state 'cpu' is not a CPU generator's (" +
+                           std::to_string(current.numel()) + " bytes)");
+    }
+    try {
+      generator.set_state(state.to(torch::kCPU).contiguous());
+    } catch (const c10::Error& e) {
+      return DataLossError("generator state 'cpu': " + std::string(e.what_without_backtrace()));
+    }
   }
   return Status::Ok();
 }

@@ -1,6 +1,9 @@
 #include "trainer/train/optimizer.h"
 
+#include <charconv>
+#include <cmath>
 #include <map>
+#include <string_view>
 
 #include "trainer/train/adamw_8bit.h"
 #include "trainer/train/offload.h"
@@ -163,14 +166,26 @@ class Sgd final : public Optimizer {
     if (state.empty()) return Status::Ok();
     if (options_.momentum == 0.0)
       return DataLossError("checkpoint has SGD momentum, but momentum is 0");
-    momentum_.assign(params_.size(), torch::Tensor());
+    // A checkpoint may come from another node: each name is "INDEX.momentum" of a parameter, and
+    // each buffer is shaped as its parameter, of a floating-point type (copied into its dtype and
+    // device).
+    std::vector<torch::Tensor> loaded(params_.size());
     for (const auto& [name, tensor] : state) {
-      const size_t dot = name.find('.');
-      const size_t index = std::stoul(name.substr(0, dot));
-      if (index >= params_.size())
-        return DataLossError("optimizer state '" + name + "' has no parameter");
-      momentum_[index] = tensor.clone();
+      size_t index = 0;
+      const auto [end, error] = std::from_chars(name.data(), name.data() + name.size(), index);
+      if (error != std::errc() || std::string_view(end, name.data() + name.size()) != ".momentum" ||
+          index >= params_.size()) {
+        return DataLossError("optimizer state '" + name + "' is not a parameter's momentum");
+      }
+      const torch::Tensor& param = params_[index];
+      if (!tensor.sizes().equals(param.sizes()) || !tensor.is_floating_point()) {
+        return DataLossError("optimizer state '" + name +
+                             "' has the wrong shape or dtype for its parameter");
+      }
+      torch::NoGradGuard no_grad;
+      loaded[index] = tensor.to(param.device(), param.scalar_type()).clone();
     }
+    momentum_ = std::move(loaded);
     return Status::Ok();
   }
 
@@ -252,7 +267,14 @@ Status CopyNamedState(const std::map<std::string, torch::Tensor>& state, const s
 StatusOr<int64_t> LoadStepCounter(const std::map<std::string, torch::Tensor>& state,
                                   torch::Tensor& step) {
   RETURN_IF_ERROR(CopyNamedState(state, "step", step));
-  return static_cast<int64_t>(step.item<double>());
+  // A count of steps: NaN or a fraction would reach the bias correction, and a cast of NaN or of a
+  // number past int64's range is undefined.
+  const double steps = step.item<double>();
+  if (!(steps >= 0 && steps <= 9.0e15 && steps == std::floor(steps))) {
+    return DataLossError("optimizer state 'step' must be a whole number of steps, got " +
+                         std::to_string(steps));
+  }
+  return static_cast<int64_t>(steps);
 }
 
 double ClipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {

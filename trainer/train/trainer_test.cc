@@ -4,21 +4,25 @@
 // tests.
 #include "trainer/train/trainer.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <streambuf>
 #include <utility>
 
+#include "common/files.h"
 #include "common/model_config.h"
+#include "common/rank_files.h"
+#include "common/safetensors/safetensors.h"
 #include "trainer/model/weights.h"
 #include "trainer/peft/lora.h"
-#include "common/safetensors/safetensors.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/checkpoints.h"
 
@@ -394,6 +398,63 @@ TEST(CheckpointResumeTest, CheckpointBytesCoverWhatSaveCheckpointWrites) {
   EXPECT_GE(CheckpointBytes(model, optimizer), written);
   // An allowance, not a multiple: a large model's estimate stays close to its tensors' bytes.
   EXPECT_LT(CheckpointBytes(model, optimizer), tensor_bytes + 128 * 1024);
+  std::filesystem::remove_all(out);
+}
+
+// A checkpoint may come from another node: its numbers are checked before they are used, each
+// refusal naming what is wrong (invalid input, exit 2), not a LibTorch failure mid-run or a run
+// that says ok without training.
+TEST(CheckpointResumeTest, ACheckpointsNumbersAreCheckedBeforeTheyAreUsed) {
+  const std::string out = testing::FreshTempDir("hostile");
+  const std::vector<std::pair<std::string, std::string>> keys = {{"train.max_steps", "4"},
+                                                                 {"optimizer", "sgd"},
+                                                                 {"train.momentum", "0.9"},
+                                                                 {"precision", "16-mixed"}};
+  std::vector<std::pair<std::string, std::string>> writing = keys;
+  writing.insert(writing.end(), {{"checkpoint_every", "2"}, {"output_dir", out}});
+  ASSERT_EQ(RunAndRecord(DemoConfig(writing)).result.outcome, Outcome::kOk);
+  const std::string good = out + "/checkpoints/step-2";
+  ASSERT_EQ(RunAndRecord(DemoConfig(keys), good).result.outcome, Outcome::kOk);
+
+  // Each case: a copy of the good checkpoint, changed by `spoil`; the error it must name.
+  const auto refused = [&](const std::function<void(const std::string&)>& spoil) {
+    const std::string dir = out + "/spoilt";
+    std::filesystem::remove_all(dir);
+    std::filesystem::copy(good, dir);
+    spoil(dir);
+    const TrialRecord run = RunAndRecord(DemoConfig(keys), dir);
+    EXPECT_TRUE(run.result.invalid_input) << run.result.error;
+    return run.result.error;
+  };
+  const auto edit_state = [](const std::string& dir, const char* key, const nlohmann::json& value) {
+    const std::string path = dir + "/" + kCheckpointStateFile;
+    nlohmann::json state = nlohmann::json::parse(*ReadFileToString(path));
+    state[key] = value;
+    std::ofstream(path) << state.dump();
+  };
+  EXPECT_THAT(refused([&](const std::string& dir) { edit_state(dir, "next_step", 1000); }),
+              ::testing::HasSubstr("next_step 1000 is past the trial's 4 steps"));
+  EXPECT_THAT(refused([&](const std::string& dir) { edit_state(dir, "loss_scale", 0); }),
+              ::testing::HasSubstr("loss_scale 0.000000 is not a scale a 16-mixed run can use"));
+  EXPECT_THAT(refused([&](const std::string& dir) {
+                ASSERT_TRUE(WriteTensors(dir + "/rng.safetensors",
+                                         {{"cpu", torch::zeros({16}, torch::kUInt8)}})
+                                .ok());
+              }),
+              ::testing::HasSubstr("generator state 'cpu' is not a CPU generator's"));
+  const std::string optimizer_file = RankOptimizerFile(0);
+  EXPECT_THAT(
+      refused([&](const std::string& dir) {
+        ASSERT_TRUE(
+            WriteTensors(dir + "/" + optimizer_file, {{"x.momentum", torch::zeros({1})}}).ok());
+      }),
+      ::testing::HasSubstr("optimizer state 'x.momentum' is not a parameter's momentum"));
+  EXPECT_THAT(
+      refused([&](const std::string& dir) {
+        ASSERT_TRUE(
+            WriteTensors(dir + "/" + optimizer_file, {{"0.momentum", torch::zeros({1})}}).ok());
+      }),
+      ::testing::HasSubstr("optimizer state '0.momentum' has the wrong shape or dtype"));
   std::filesystem::remove_all(out);
 }
 

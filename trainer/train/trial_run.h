@@ -112,6 +112,8 @@ class TrialRun {
   }
   // Puts weights, optimizer state, data position and generators back from options_.resume_from.
   Status Resume();
+  // The steps the trial runs: train.max_steps, else its epochs over the data at the global batch.
+  int64_t TotalSteps() const;
   TrainingState CheckpointState(int64_t completed_steps, const nlohmann::json& data_position) const;
   // Records the checkpoint written at `dir`.
   Status CheckpointWritten(int64_t completed_steps, const std::string& dir);

@@ -4,8 +4,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "common/byte_size.h"
+#include "common/data/batch_iterator.h"
+#include "common/rank_files.h"
 #include "trainer/train/trial_run.h"
 
 namespace llmctl::trainer {
@@ -31,9 +34,28 @@ StatusOr<uint64_t> StatvfsFreeBytes(const std::string& path) {
 
 }  // namespace
 
+int64_t TrialRun::TotalSteps() const {
+  const int64_t global_batch = micro_batch_size_ * accumulation_ * parallel_->world_size();
+  return data::TotalSteps(settings().train, batches_->num_examples(), global_batch);
+}
+
 Status TrialRun::Resume() {
   const std::string& dir = options_.resume_from;
   ASSIGN_OR_RETURN(LoadedCheckpoint checkpoint, LoadCheckpoint(dir));
+  // A checkpoint may come from another node: its numbers must make sense for this trial.
+  const std::string state_file = dir + "/" + kCheckpointStateFile;
+  if (const int64_t total = TotalSteps(); checkpoint.state.next_step > total) {
+    return DataLossError(state_file + ": next_step " + std::to_string(checkpoint.state.next_step) +
+                         " is past the trial's " + std::to_string(total) + " steps");
+  }
+  // 16-mixed multiplies the loss by the scale and its gradients by 1 / scale in float32: either
+  // out of float32's normal range would skip every step (0 stays 0 under halving).
+  const double scale = checkpoint.state.loss_scale;
+  if (loss_scaler_ &&
+      !(scale >= std::numeric_limits<float>::min() && scale <= std::numeric_limits<float>::max())) {
+    return DataLossError(state_file + ": loss_scale " + std::to_string(scale) +
+                         " is not a scale a 16-mixed run can use (a normal float32)");
+  }
   torch::NoGradGuard no_grad;
   RETURN_IF_ERROR(parallel_->LoadCheckpoint(dir, *model_, checkpoint));
   {

@@ -4,10 +4,10 @@
 #include <utility>
 
 #include "common/byte_size.h"
+#include "common/data/batch_iterator.h"
 #include "common/kernel_fallback_event.h"
 #include "common/snapshot_event.h"
 #include "common/text.h"
-#include "common/data/batch_iterator.h"
 #include "trainer/model/projection.h"
 #include "trainer/train/trial_run.h"
 
@@ -125,8 +125,7 @@ void TrialRun::WriteProfile() {
 }
 
 void TrialRun::EmitStart(uint64_t load_peak) {
-  const int64_t global_batch = micro_batch_size_ * accumulation_ * parallel_->world_size();
-  total_steps_ = data::TotalSteps(settings().train, batches_->num_examples(), global_batch);
+  total_steps_ = TotalSteps();
   const ParameterCounts counts = CountParameters(model_->module());
   const std::optional<uint64_t> limit = memory_->limit_bytes();
   events_.Emit({{"type", "start"},
