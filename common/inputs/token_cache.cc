@@ -62,9 +62,9 @@ StatusOr<std::string> CachedTokenFile(
                             " (set LLMCTL_CACHE_DIR to a usable directory)");
   }
   if (cached) {
-    data::TokenFile::Options quick;
-    quick.verify_contents = false;
-    auto existing = data::TokenFile::Open(path, quick);
+    // Its contents checked too (one pass): a file corrupted since it was written is made again
+    // here, not refused by every run that opens it.
+    auto existing = data::TokenFile::Open(path);
     if (existing.ok() && (*existing)->fingerprint() == fingerprint) return path;
   }
   fs::create_directories(dir, error);

@@ -20,7 +20,8 @@ StatusOr<std::string> PrepareTokens(const TrialConfig& config);
 
 // The token cache's file for tokens that `fingerprint` describes (what prepared them, from what),
 // under $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else ~/.cache/llmctl: `prepare(path)`
-// writes it unless a file with that fingerprint is there already. Returns its path.
+// writes it unless a whole file with that fingerprint is there already (its contents checked
+// against its hash: a corrupt one is written again). Returns its path.
 StatusOr<std::string> CachedTokenFile(
     const std::string& fingerprint, const std::function<Status(const std::string& path)>& prepare);
 

@@ -79,6 +79,14 @@ StatusOr<std::unique_ptr<BatchSource>> OpenTokenFileBatches(const std::string& t
                                 " is outside the model's vocabulary of " +
                                 std::to_string(vocab_size));
   }
+  // The header's BOS and EOS ids (EOS pads the batches) are outside its content hash.
+  for (const auto& [what, id] : {std::pair{"bos_id", file->bos_id()}, {"eos_id", file->eos_id()}}) {
+    if (id < -1 || id >= vocab_size) {
+      return InvalidArgumentError(token_path + ": " + what + " " + std::to_string(id) +
+                                  " is outside the model's vocabulary of " +
+                                  std::to_string(vocab_size));
+    }
+  }
   data::BatchOptions options = data::BatchOptionsFor(config.settings().train, rank, world_size);
   options.pad_id = pad_id;
   RETURN_IF_ERROR(

@@ -17,6 +17,7 @@
 #include <streambuf>
 #include <utility>
 
+#include "common/data/token_file.h"
 #include "common/files.h"
 #include "common/model_config.h"
 #include "common/rank_files.h"
@@ -24,6 +25,7 @@
 #include "trainer/model/weights.h"
 #include "trainer/peft/lora.h"
 #include "trainer/testing/trial_runner.h"
+#include "trainer/train/batches.h"
 #include "trainer/train/checkpoints.h"
 
 namespace llmctl::trainer {
@@ -456,6 +458,26 @@ TEST(CheckpointResumeTest, ACheckpointsNumbersAreCheckedBeforeTheyAreUsed) {
       }),
       ::testing::HasSubstr("optimizer state '0.momentum' has the wrong shape or dtype"));
   std::filesystem::remove_all(out);
+}
+
+// A token file's BOS and EOS ids are outside its content hash, and EOS pads the batches: one past
+// the vocabulary is refused when the file is opened, not an embedding's index error mid-run.
+TEST(TokenFileBatchesTest, AHeadersEosIdOutsideTheVocabularyIsRefused) {
+  const std::string dir = testing::FreshTempDir("eos");
+  std::vector<data::TokenizedExample> examples(4);
+  for (auto& example : examples) {
+    example.input_ids = {5, 6, 7};
+    example.labels = {-100, 6, 7};
+  }
+  const std::string path = dir + "/t.tok";
+  ASSERT_TRUE(data::WriteTokenFile(path, "fp", 1, 100000, examples).ok());
+  const auto opened = OpenTokenFileBatches(path, DemoConfig({}), 512, -1, 0, 1);
+  EXPECT_EQ(opened.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(opened.status().message(),
+            path + ": eos_id 100000 is outside the model's vocabulary of 512");
+  ASSERT_TRUE(data::WriteTokenFile(path, "fp", 1, 2, examples).ok());
+  EXPECT_TRUE(OpenTokenFileBatches(path, DemoConfig({}), 512, -1, 0, 1).ok());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CheckpointResumeTest, MissingCheckpointIsInvalidInput) {
