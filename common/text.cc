@@ -100,12 +100,38 @@ std::string PrintableTextProblem(std::string_view text, size_t max_bytes) {
   return "";
 }
 
-std::string OnOneLine(std::string_view text) {
-  std::string line(text);
-  for (char& c : line) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+namespace {
+
+// `text` with each control character that `keep` does not keep replaced by a space: C0 (below
+// 0x20), DEL, and C1 (U+0080 to U+009F, UTF-8 C2 80 to C2 9F, which terminals take as CSI and its
+// kind too) as one space each.
+template <typename Keep>
+std::string WithoutControls(std::string_view text, Keep keep) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == 0xC2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+        static_cast<unsigned char>(text[i + 1]) <= 0x9F) {
+      out += ' ';
+      ++i;
+    } else if ((c < 0x20 || c == 0x7f) && !keep(static_cast<char>(c))) {
+      out += ' ';
+    } else {
+      out += static_cast<char>(c);
+    }
   }
-  return line;
+  return out;
+}
+
+}  // namespace
+
+std::string OnOneLine(std::string_view text) {
+  return WithoutControls(text, [](char) { return false; });
+}
+
+std::string ForTerminal(std::string_view text) {
+  return WithoutControls(text, [](char c) { return c == '\n' || c == '\t'; });
 }
 
 std::string ReplaceInvalidUtf8(std::string_view text) {

@@ -27,8 +27,13 @@ size_t FirstInvalidUtf8(std::string_view text);
 std::string PrintableTextProblem(std::string_view text, size_t max_bytes);
 
 // `text` for one line of a terminal: each control character (a newline, an escape that would move
-// the cursor) replaced by a space. For another process's text, such as a trial's error.
+// the cursor, a C1 control such as U+009B, CSI) replaced by a space. For another process's text,
+// such as a trial's error.
 std::string OnOneLine(std::string_view text);
+
+// OnOneLine, keeping newlines and tabs: a message of several lines that may hold another process's
+// words (an error the controller sent).
+std::string ForTerminal(std::string_view text);
 
 // `text` with each byte that breaks UTF-8 (FirstInvalidUtf8's) replaced by U+FFFD: another
 // process's text, such as a trainer's stderr cut anywhere, made fit for a proto3 string or JSON.

@@ -26,6 +26,10 @@ TEST(PrintableTextProblemTest, NamesLengthControlCharactersAndBadUtf8) {
 TEST(OnOneLineTest, ControlCharactersBecomeSpaces) {
   EXPECT_EQ(OnOneLine("CUDA error\nat step 3\x1b[2J"), "CUDA error at step 3 [2J");
   EXPECT_EQ(OnOneLine("plain – ok"), "plain – ok");
+  // C1 controls (U+009B is CSI to many terminals) too, one space each; other two-byte characters
+  // stay.
+  EXPECT_EQ(OnOneLine("a\u009b2Jb\u0085c\u00a0d\u00e9"), "a 2Jb c\u00a0d\u00e9");
+  EXPECT_EQ(ForTerminal("line 1\n\tline 2\x1b[2J\r"), "line 1\n\tline 2 [2J ");
 }
 
 TEST(ReplaceInvalidUtf8Test, ReplacesEachBreakingByteAndKeepsTheRest) {

@@ -74,8 +74,8 @@ StatusOr<bool> FindTargetNode(v1::Controller::Stub& stub, const TargetLease& tar
     if (!node.has_lease() || node.lease().flavor() != target.flavor) continue;
     if (!target.site.empty() && node.lease().site() != target.site) continue;
     if (node.lease().ends_unix() <= now) continue;
-    err << "target " << target.flavor << ": node " << node.name() << " (lease "
-        << node.lease().name() << ")\n";
+    err << "target " << target.flavor << ": node " << OnOneLine(node.name()) << " (lease "
+        << OnOneLine(node.lease().name()) << ")\n";
     return true;
   }
   return false;
@@ -156,7 +156,7 @@ StatusOr<bool> AgentConnected(v1::Controller::Stub& stub, const std::string& nam
     if (node.name() != name) continue;
     if (!node.unusable().empty()) return FailedPreconditionError(node.unusable());
     if (node.state() == "connected") {
-      out << "node " << node.name() << ": the agent answers (" << node.devices_size()
+      out << "node " << OnOneLine(node.name()) << ": the agent answers (" << node.devices_size()
           << " devices)\n";
       return true;
     }
@@ -397,7 +397,7 @@ Status Llmctl::DeregisterNode(const std::string& node, std::ostream& out) {
     out << "controller: node " << node << " removed";
     if (response.requeued_size() > 0) {
       out << "; its running trials are queued again:";
-      for (const std::string& attempt : response.requeued()) out << " " << attempt;
+      for (const std::string& attempt : response.requeued()) out << " " << OnOneLine(attempt);
     }
     out << "\n";
   } else if (response.result() == "already_removed") {
@@ -462,29 +462,32 @@ int Llmctl::Nodes() {
       char memory[32];
       std::snprintf(memory, sizeof memory, " %.1f GiB",
                     static_cast<double>(device.memory_bytes()) / (1LL << 30));
-      ++device_counts[device.type() + " " + device.name() + memory];
+      ++device_counts[OnOneLine(device.type() + " " + device.name()) + memory];
     }
     std::string devices;
     for (const auto& [description, count] : device_counts) {
       if (!devices.empty()) devices += ", ";
       devices += std::to_string(count) + "x " + description;
     }
-    rows.push_back({node.name(), node.state(), node.address(), devices.empty() ? "–" : devices,
+    // The controller's words (and its agents'), each on the table's one line.
+    rows.push_back({OnOneLine(node.name()), OnOneLine(node.state()), OnOneLine(node.address()),
+                    devices.empty() ? "–" : devices,
                     node.last_seen_unix() > 0 ? FormatUnixTime(node.last_seen_unix()) : "never",
                     node.has_lease() ? FormatUnixTime(node.lease().ends_unix()) : "–",
                     node.certificate_expires_unix() > 0
                         ? FormatUnixTime(node.certificate_expires_unix())
                         : "–",
-                    node.running().empty() ? "–" : node.running()});
+                    node.running().empty() ? "–" : OnOneLine(node.running())});
   }
   context_.out << FormatColumns(rows);
   // Each node's own rates as measured (llm-train --probe), beside its device's data sheet.
   for (const v1::NodeStatus& node : nodes.nodes()) {
     if (node.rate_probe_json().empty()) continue;
-    context_.out << node.name() << " rates: " << DescribeNodeRates(node.rate_probe_json()) << "\n";
+    context_.out << OnOneLine(node.name())
+                 << " rates: " << OnOneLine(DescribeNodeRates(node.rate_probe_json())) << "\n";
   }
   for (const v1::NodeStatus& node : nodes.nodes()) {
-    if (!node.unusable().empty()) context_.out << "! " << node.unusable() << "\n";
+    if (!node.unusable().empty()) context_.out << "! " << OnOneLine(node.unusable()) << "\n";
   }
   return kExitOk;
 }

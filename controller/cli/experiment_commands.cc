@@ -79,9 +79,10 @@ int Llmctl::ShowStatus(int64_t id) {
     std::vector<std::vector<std::string>> rows = {
         {"id", "name", "state", "ended", "created", "file"}};
     for (const v1::ExperimentSummary& e : list.experiments()) {
-      rows.push_back({std::to_string(e.id()), e.name(), e.state(),
+      // The controller's words, each on the table's one line.
+      rows.push_back({std::to_string(e.id()), OnOneLine(e.name()), OnOneLine(e.state()),
                       std::to_string(e.ended()) + "/" + std::to_string(e.trials()),
-                      FormatUnixTime(e.created_unix()), e.filename()});
+                      FormatUnixTime(e.created_unix()), OnOneLine(e.filename())});
     }
     context_.out << FormatColumns(rows);
     return kExitOk;
@@ -92,8 +93,8 @@ int Llmctl::ShowStatus(int64_t id) {
   const Status got =
       rpc::FromGrpcStatus((*stub)->GetExperiment(UnaryContext().get(), request, &status));
   if (!got.ok()) return Fail(got);
-  context_.out << "experiment " << status.id() << " " << status.name() << ": " << status.state()
-               << "\n";
+  context_.out << "experiment " << status.id() << " " << OnOneLine(status.name()) << ": "
+               << OnOneLine(status.state()) << "\n";
   for (const std::string& line : WatchLines(status)) context_.out << line << "\n";
   return kExitOk;
 }
@@ -121,7 +122,9 @@ int Llmctl::Cancel(int64_t id, const std::string& trial, bool checkpoint) {
     context_.out << "nothing to cancel: " << (trial.empty() ? "every trial" : trial)
                  << " had already ended\n";
   }
-  for (const std::string& name : response.cancelled()) context_.out << "cancelled " << name << "\n";
+  for (const std::string& name : response.cancelled()) {
+    context_.out << "cancelled " << OnOneLine(name) << "\n";
+  }
   if (checkpoint && !response.cancelled().empty()) {
     const std::string ids = std::to_string(id);
     context_.out << "running trials first checkpoint their last complete step: `llmctl status " +
@@ -141,14 +144,14 @@ int Llmctl::Resume(int64_t id, const std::string& trial, bool wait) {
       rpc::FromGrpcStatus((*stub)->Resume(UnaryContext().get(), request, &response));
   // A trial that cannot be resumed is the caller's mistake, like an unknown one: nothing changed.
   if (resumed.code() == StatusCode::kFailedPrecondition) {
-    context_.err << "llmctl: cannot resume: " << resumed.message() << "\n";
+    context_.err << "llmctl: cannot resume: " << ForTerminal(resumed.message()) << "\n";
     return kExitInvalidInput;
   }
   if (!resumed.ok()) return Fail(resumed);
-  context_.out << "resuming " << response.trial() << " of experiment " << response.experiment_id()
-               << " at step " << response.first_step() + 1 << " from attempt "
-               << response.resumes_attempt() << "'s checkpoint " << response.checkpoint()
-               << " on node " << response.node()
+  context_.out << "resuming " << OnOneLine(response.trial()) << " of experiment "
+               << response.experiment_id() << " at step " << response.first_step() + 1
+               << " from attempt " << response.resumes_attempt() << "'s checkpoint "
+               << OnOneLine(response.checkpoint()) << " on node " << OnOneLine(response.node())
                << (response.checkpoint_copied()
                        ? " (the controller has a copy: any node that can run it may continue it)"
                        : "")

@@ -16,6 +16,7 @@
 
 #include "common/experiment.h"
 #include "common/status.h"
+#include "common/text.h"
 #include "controller/cli/calibration.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/estimate.h"
@@ -62,7 +63,8 @@ class Llmctl {
   // The controller's stub, starting the embedded daemons when no controller is configured.
   StatusOr<std::unique_ptr<v1::Controller::Stub>> Connect();
   int Fail(const Status& status) {
-    context_.err << "llmctl: " << status.message() << "\n";
+    // The message may hold the controller's words: no escape of theirs reaches the terminal.
+    context_.err << "llmctl: " << ForTerminal(status.message()) << "\n";
     if (status.code() == StatusCode::kUnavailable && !target_.empty()) {
       context_.err << "llmctl: is the controller at " << target_ << " (from " << target_source_
                    << ") running?\n";

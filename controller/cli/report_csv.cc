@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "controller/cli/report.h"
@@ -11,10 +12,22 @@
 namespace llmctl::cli {
 namespace {
 
+// Whether `text` is one of the figures this file writes (an integer or a JSON number), not text.
+bool IsNumber(const std::string& text) {
+  const nlohmann::json parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return !parsed.is_discarded() && parsed.is_number();
+}
+
 std::string CsvField(const std::string& text) {
-  if (text.find_first_of(",\"\r\n") == std::string::npos) return text;
+  // Text a spreadsheet would take for a formula (the controller's words: a trial's name, an error)
+  // is kept as text, as OWASP's CSV-injection advice does: a leading apostrophe.
+  const bool formula = !text.empty() &&
+                       std::string_view("=+-@\t\r").find(text[0]) != std::string_view::npos &&
+                       !IsNumber(text);
+  const std::string field = formula ? "'" + text : text;
+  if (field.find_first_of(",\"\r\n") == std::string::npos) return field;
   std::string quoted = "\"";
-  for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  for (char c : field) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
   return quoted + "\"";
 }
 

@@ -156,9 +156,14 @@ nlohmann::ordered_json TrialJson(const v1::TrialReport& trial) {
   json["steps"] = StepsJson(trial);
   if (trial.ranks_size() > 0) AddRanksJson(trial, json);
   json["memory_timeline"] = MemoryTimelineJson(trial);
-  // The controller's resolved config as an object; kept as text should it not be JSON.
+  // The controller's resolved config as an object, in its order; kept as text should it not be
+  // JSON or nest deeper than any config (copying and dumping recurse once per level: a 200 KB
+  // answer of brackets overflowed the stack).
+  const bool foreign_ok = !ParseForeignJson(trial.config_json()).is_discarded();
   nlohmann::ordered_json config =
-      nlohmann::ordered_json::parse(trial.config_json(), nullptr, /*allow_exceptions=*/false);
+      foreign_ok ? nlohmann::ordered_json::parse(trial.config_json(), nullptr,
+                                                 /*allow_exceptions=*/false)
+                 : nlohmann::ordered_json(nlohmann::ordered_json::value_t::discarded);
   json["config"] = config.is_discarded() ? nlohmann::ordered_json(trial.config_json()) : config;
   return json;
 }

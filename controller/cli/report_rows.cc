@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <utility>
 
+#include "common/snapshot_event.h"
 #include "common/text.h"
 #include "controller/cli/report.h"
 #include "controller/cli/report_format.h"
@@ -32,15 +34,15 @@ std::vector<std::string> LabColumns(const LabLayout& layout) {
 }
 
 std::vector<std::string> TimeSourceLines(const v1::ReportResponse& report) {
-  // (source, its trials), in the order the sources first appear.
+  // (source, its trials), in the order the sources first appear; indexed by source.
   std::vector<std::pair<std::string, std::vector<std::string>>> sources;
+  std::map<std::string, size_t> index;
   for (const v1::TrialReport& trial : report.trials()) {
     if (trial.prediction().step_seconds() <= 0) continue;
     const std::string& source = trial.prediction().calibration();
-    auto it = std::find_if(sources.begin(), sources.end(),
-                           [&source](const auto& entry) { return entry.first == source; });
-    if (it == sources.end()) it = sources.insert(sources.end(), {source, {}});
-    it->second.push_back(trial.name());
+    const auto [it, added] = index.try_emplace(source, sources.size());
+    if (added) sources.emplace_back(source, std::vector<std::string>());
+    sources[it->second].second.push_back(OnOneLine(trial.name()));
   }
   std::vector<std::string> lines;
   for (const auto& [source, trials] : sources) {
@@ -97,18 +99,26 @@ int64_t MaxRankPeak(const v1::TrialReport& trial) {
 }
 
 std::vector<PhaseRange> PhaseRanges(const v1::TrialReport& trial) {
-  std::vector<PhaseRange> ranges;
+  // Only the step's phases (common/snapshot_event.h), in its order: the controller's answer is
+  // another process's, and a made-up phase per rank would make a column each.
+  std::vector<std::optional<PhaseRange>> by_phase(snapshot_event::kPhases.size());
   for (const v1::RankMemory& rank : trial.ranks()) {
     for (const v1::PhaseBytes& phase : rank.per_phase()) {
-      auto range = std::find_if(ranges.begin(), ranges.end(),
-                                [&](const PhaseRange& r) { return r.phase == phase.phase(); });
-      if (range == ranges.end()) {
-        ranges.push_back({phase.phase(), phase.allocated_bytes(), phase.allocated_bytes()});
+      const auto known =
+          std::find(snapshot_event::kPhases.begin(), snapshot_event::kPhases.end(), phase.phase());
+      if (known == snapshot_event::kPhases.end()) continue;
+      std::optional<PhaseRange>& range = by_phase[known - snapshot_event::kPhases.begin()];
+      if (!range.has_value()) {
+        range = PhaseRange{phase.phase(), phase.allocated_bytes(), phase.allocated_bytes()};
       } else {
         range->min = std::min(range->min, phase.allocated_bytes());
         range->max = std::max(range->max, phase.allocated_bytes());
       }
     }
+  }
+  std::vector<PhaseRange> ranges;
+  for (std::optional<PhaseRange>& range : by_phase) {
+    if (range.has_value()) ranges.push_back(std::move(*range));
   }
   return ranges;
 }
@@ -121,9 +131,10 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
   LabRow row;
   row.unexpected = IsUnexpected(trial);
   const bool ended = HasEnded(trial);
-  row.cells.push_back(trial.name());
-  row.cells.push_back(trial.expected().empty() ? std::string(kNone) : trial.expected());
-  row.cells.push_back(trial.outcome());
+  // The controller's words, on one line of the table (and of a Markdown row).
+  row.cells.push_back(OnOneLine(trial.name()));
+  row.cells.push_back(trial.expected().empty() ? std::string(kNone) : OnOneLine(trial.expected()));
+  row.cells.push_back(OnOneLine(trial.outcome()));
   if (trial.has_at_peak()) {
     const v1::MemorySnapshot& snap = trial.at_peak();
     std::string optim = Mib(snap.optim_device_bytes());

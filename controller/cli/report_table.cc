@@ -14,7 +14,8 @@ namespace {
 // "train: 2 ranks; peak MiB 45.3 (rank 0), 45.4 (rank 1); allocated MiB per phase over the ranks:
 // phase0_before_fwd 40.1, phase1_after_fwd 44.0–44.2; tokens/s is the whole job's\n".
 std::string DescribeRanks(const v1::TrialReport& trial) {
-  std::string out = trial.name() + ": " + std::to_string(trial.ranks_size()) + " ranks; peak MiB ";
+  std::string out =
+      OnOneLine(trial.name()) + ": " + std::to_string(trial.ranks_size()) + " ranks; peak MiB ";
   for (int i = 0; i < trial.ranks_size(); ++i) {
     out += (i > 0 ? ", " : "") + Mib(trial.ranks(i).peak_bytes()) + " (rank " +
            std::to_string(trial.ranks(i).rank()) + ")";
@@ -46,7 +47,8 @@ std::string DescribeResumedRun(const v1::TrialReport& trial) {
              std::to_string(trial.steps(i).attempt());
     i = end + 1;
   }
-  return trial.name() + ": resumed; " + (parts.empty() ? "no steps" : "steps " + parts) + "\n";
+  return OnOneLine(trial.name()) + ": resumed; " + (parts.empty() ? "no steps" : "steps " + parts) +
+         "\n";
 }
 
 }  // namespace
@@ -58,12 +60,12 @@ std::string RenderTable(const v1::ReportResponse& report) {
   for (const v1::TrialReport& trial : report.trials()) {
     LabRow row = MakeLabRow(trial, layout);
     if (row.unexpected) {
-      row.cells[kOutcomeColumn] += " (expected " + trial.expected() + ")";
+      row.cells[kOutcomeColumn] += " (expected " + OnOneLine(trial.expected()) + ")";
     }
     rows.push_back(std::move(row.cells));
   }
-  std::string out = "experiment " + std::to_string(report.experiment_id()) + ": " + report.name() +
-                    "\n" + FormatColumns(rows, kFirstNumericColumn);
+  std::string out = "experiment " + std::to_string(report.experiment_id()) + ": " +
+                    OnOneLine(report.name()) + "\n" + FormatColumns(rows, kFirstNumericColumn);
   if (layout.predicted) out += std::string(kPredictionNote) + "\n";
   if (layout.timed) out += std::string(kTimeNote) + "\n";
   for (const std::string& line : TimeSourceLines(report)) out += line + "\n";
@@ -76,14 +78,14 @@ std::string RenderTable(const v1::ReportResponse& report) {
   for (const v1::TrialReport& trial : report.trials()) {
     if (trial.refused_event_lines() > 0) {
       out +=
-          trial.name() + ": " + std::to_string(trial.refused_event_lines()) +
+          OnOneLine(trial.name()) + ": " + std::to_string(trial.refused_event_lines()) +
           " event line(s) refused (not a JSON object with a string \"type\", not UTF-8, or over " +
           "the cap): stored as refused_line events\n";
     }
   }
   for (const v1::TrialReport& trial : report.trials()) {
     for (const v1::KernelFallback& fallback : trial.kernel_fallbacks()) {
-      out += trial.name() + ": kernels: fused ran ATen's " + OnOneLine(fallback.op()) +
+      out += OnOneLine(trial.name()) + ": kernels: fused ran ATen's " + OnOneLine(fallback.op()) +
              " instead of its kernel";
       if (trial.ranks_size() > 1) out += " on rank " + std::to_string(fallback.rank());
       out += " from step " + std::to_string(fallback.step()) + " (" + OnOneLine(fallback.reason()) +
@@ -113,12 +115,17 @@ std::string RenderMarkdown(const v1::ReportResponse& report) {
     LabRow row = MakeLabRow(trial, layout);
     if (row.unexpected) {
       row.cells[kOutcomeColumn] =
-          "**" + row.cells[kOutcomeColumn] + "** (expected " + trial.expected() + ")";
+          "**" + row.cells[kOutcomeColumn] + "** (expected " + OnOneLine(trial.expected()) + ")";
     }
     out += "|";
     for (const std::string& cell : row.cells) {
-      std::string escaped;  // a '|' inside a cell would end it
-      for (char c : cell) escaped += c == '|' ? std::string("\\|") : std::string(1, c);
+      // A '|' inside a cell would end it, and a '<' could open raw HTML where Markdown is shown.
+      std::string escaped;
+      for (char c : cell) {
+        escaped += c == '|'   ? std::string("\\|")
+                   : c == '<' ? std::string("&lt;")
+                              : std::string(1, c);
+      }
       out += " " + escaped + " |";
     }
     out += "\n";

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -494,6 +495,52 @@ TEST(ReportTest, SaysWhereThePredictedTimeCameFrom) {
   // No trial with a predicted time: no line.
   for (v1::TrialReport& trial : *report.mutable_trials()) trial.clear_prediction();
   EXPECT_TRUE(TimeSourceLines(report).empty());
+}
+
+// A report is the controller's answer: its words reach the terminal without their control
+// characters, a Markdown row stays one row without raw HTML, a CSV cell is never a spreadsheet's
+// formula, a config nested past any real one stays text (dumping it recursed per level and
+// overflowed the stack), and only the step's phases make columns.
+TEST(ReportTest, AHostileReportIsRenderedSafely) {
+  v1::ReportResponse report = FixedReport();
+  report.set_name("lab\x1b]0;owned\x07");
+  report.mutable_trials(0)->set_name("a\x1b[2J\n| fake | row |<script>");
+  report.mutable_trials(0)->set_outcome("ok\r\x1b[K");
+  report.mutable_trials(0)->set_final_loss(-1.5);
+  report.mutable_trials(1)->set_name("=HYPERLINK(\"http://x\")");
+  report.mutable_trials(1)->set_config_json(std::string(100000, '[') + std::string(100000, ']'));
+  const std::string table = RenderReport(report, ReportFormat::kTable);
+  EXPECT_EQ(table.find_first_of("\x1b\x07\r"), std::string::npos) << table;
+  EXPECT_NE(table.find("experiment 7: lab ]0;owned \n"), std::string::npos) << table;
+
+  const std::string markdown = RenderReport(report, ReportFormat::kMarkdown);
+  EXPECT_NE(markdown.find("| a [2J \\| fake \\| row \\|&lt;script> |"), std::string::npos)
+      << markdown;
+  EXPECT_EQ(markdown.find('\x1b'), std::string::npos);
+
+  const std::string csv = RenderReport(report, ReportFormat::kCsv);
+  EXPECT_NE(csv.find("\n\"'=HYPERLINK(\"\"http://x\"\")\","), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",-1.5,"), std::string::npos) << "a negative figure stays a number: " << csv;
+
+  const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+  EXPECT_TRUE(json["trials"][1]["config"].is_string());
+
+  v1::TrialReport* ranked = report.mutable_trials(0);
+  for (int rank = 0; rank < 3; ++rank) {
+    v1::RankMemory* memory = ranked->add_ranks();
+    memory->set_rank(rank);
+    v1::PhaseBytes* made_up = memory->add_per_phase();
+    made_up->set_phase(std::array{"p0", "p1", "p2"}[static_cast<size_t>(rank)]);
+    made_up->set_allocated_bytes(1);
+    v1::PhaseBytes* known = memory->add_per_phase();
+    known->set_phase("phase1_after_fwd");
+    known->set_allocated_bytes((rank + 1) << 20);
+  }
+  const std::vector<PhaseRange> ranges = PhaseRanges(*ranked);
+  ASSERT_EQ(ranges.size(), 1u);
+  EXPECT_EQ(ranges[0].phase, "phase1_after_fwd");
+  EXPECT_EQ(ranges[0].min, 1 << 20);
+  EXPECT_EQ(ranges[0].max, 3 << 20);
 }
 
 TEST(ReportTest, CountsOutcomesOtherThanExpected) {

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "common/text.h"
+#include "common/trial_name.h"
 
 namespace llmctl::cli {
 namespace {
@@ -36,11 +38,17 @@ struct Columns {
   size_t state = 9;
 };
 
+// The widest a column is padded to: a trial's name is at most kMaxTrialNameBytes, a state one of a
+// few words. The status is the controller's: a longer name is printed, not padded to, so that one
+// such name cannot make every line that long.
+constexpr size_t kMaxStateWidth = 16;
+constexpr size_t kMaxDeviceNameWidth = 32;
+
 Columns ColumnsOf(const v1::ExperimentStatus& status) {
   Columns columns;
   for (const v1::TrialStatus& trial : status.trials()) {
-    columns.name = std::max(columns.name, trial.name().size());
-    columns.state = std::max(columns.state, trial.state().size());
+    columns.name = std::max(columns.name, std::min(trial.name().size(), kMaxTrialNameBytes));
+    columns.state = std::max(columns.state, std::min(trial.state().size(), kMaxStateWidth));
   }
   return columns;
 }
@@ -48,7 +56,8 @@ Columns ColumnsOf(const v1::ExperimentStatus& status) {
 // A trial's own line, without its notice and devices.
 std::string TrialLine(const v1::TrialStatus& trial, const Columns& columns) {
   std::string line =
-      Pad(trial.name(), columns.name) + "  " + Pad(trial.state(), columns.state) + "  " +
+      Pad(OnOneLine(trial.name()), columns.name) + "  " +
+      Pad(OnOneLine(trial.state()), columns.state) + "  " +
       ProgressBar(trial.step(), trial.total_steps(), kBarWidth) + " " +
       Pad(std::to_string(trial.step()) + "/" +
               (trial.total_steps() > 0 ? std::to_string(trial.total_steps()) : std::string("?")),
@@ -84,7 +93,7 @@ std::string PlainHeader(const v1::ExperimentStatus& status) {
   const auto queued =
       std::count_if(status.trials().begin(), status.trials().end(),
                     [](const v1::TrialStatus& trial) { return trial.state() == "queued"; });
-  return "experiment " + std::to_string(status.id()) + " " + status.name() + ": " +
+  return "experiment " + std::to_string(status.id()) + " " + OnOneLine(status.name()) + ": " +
          std::to_string(status.trials_size()) + " trials, " + std::to_string(queued) + " queued";
 }
 
@@ -106,7 +115,7 @@ std::string ProgressLine(const v1::ExperimentStatus& status, std::chrono::second
   for (const v1::TrialStatus& trial : status.trials()) {
     if (trial.state() != "running") continue;
     running += running.empty() ? "; running: " : ", ";
-    running += trial.name() + " " + std::to_string(trial.step()) + "/" +
+    running += OnOneLine(trial.name()) + " " + std::to_string(trial.step()) + "/" +
                (trial.total_steps() > 0 ? std::to_string(trial.total_steps()) : "?") +
                Format(" at %.0f tok/s", trial.tokens_per_second());
   }
@@ -126,7 +135,8 @@ std::string Meter(const std::string& label, double fraction, const std::string& 
 }
 
 std::string DeviceName(const std::string& device, int32_t node_rank, bool several_nodes) {
-  return several_nodes ? "node " + std::to_string(node_rank) + " " + device : device;
+  const std::string shown = OnOneLine(device);
+  return several_nodes ? "node " + std::to_string(node_rank) + " " + shown : shown;
 }
 
 std::string DeviceLine(const v1::DeviceSample& sample, const std::string& name, size_t name_width) {
@@ -178,7 +188,7 @@ std::vector<std::string> WatchLines(const v1::ExperimentStatus& status) {
     size_t device_width = 0;
     for (const v1::DeviceSample& device : trial.devices()) {
       names.push_back(DeviceName(device.device(), device.node_rank(), several_nodes));
-      device_width = std::max(device_width, names.back().size());
+      device_width = std::max(device_width, std::min(names.back().size(), kMaxDeviceNameWidth));
     }
     for (int i = 0; i < trial.devices_size(); ++i) {
       lines.push_back("    " +
@@ -197,8 +207,8 @@ std::string WatchPrinter::Redraw(const v1::ExperimentStatus& status) {
   // Up over the old table, then each line cleared and rewritten: no flicker, no scrollback spam.
   std::string out;
   if (drawn_lines_ > 0) out += "\x1b[" + std::to_string(drawn_lines_) + "F";
-  const std::string header =
-      "experiment " + std::to_string(status.id()) + " " + status.name() + ": " + status.state();
+  const std::string header = "experiment " + std::to_string(status.id()) + " " +
+                             OnOneLine(status.name()) + ": " + OnOneLine(status.state());
   out += "\x1b[2K" + header + "\n";
   for (const std::string& line : lines) out += "\x1b[2K" + line + "\n";
   // A table that shrank leaves old lines below; clear them.
@@ -214,8 +224,9 @@ std::string WatchPrinter::AppendChanges(const v1::ExperimentStatus& status, Cloc
     started_ = now;
   }
   const Columns columns = ColumnsOf(status);
-  // Each new notice's text with the trials that got it, in the order first seen.
+  // Each new notice's text with the trials that got it, in the order first seen; indexed by text.
   std::vector<std::pair<std::string, std::vector<std::string>>> notices;
+  std::map<std::string, size_t> notice_index;
   for (const v1::TrialStatus& trial : status.trials()) {
     const auto [found, first_seen] = seen_.try_emplace(trial.name());
     Seen& seen = found->second;
@@ -225,10 +236,9 @@ std::string WatchPrinter::AppendChanges(const v1::ExperimentStatus& status, Cloc
       steps_moved_ = true;
     }
     if (!trial.notice().empty() && trial.notice() != seen.notice) {
-      auto same = std::find_if(notices.begin(), notices.end(),
-                               [&](const auto& notice) { return notice.first == trial.notice(); });
-      if (same == notices.end()) same = notices.insert(notices.end(), {trial.notice(), {}});
-      same->second.push_back(trial.name());
+      const auto [it, added] = notice_index.try_emplace(trial.notice(), notices.size());
+      if (added) notices.emplace_back(trial.notice(), std::vector<std::string>());
+      notices[it->second].second.push_back(OnOneLine(trial.name()));
     }
     seen = {.state = trial.state(), .notice = trial.notice(), .step = trial.step()};
   }

@@ -49,6 +49,22 @@ TEST(WatchLinesTest, OneAlignedLinePerTrial) {
   EXPECT_EQ(lines[1].find("reduced-batch  queued     [--------------------] 0/?"), 0u) << lines[1];
 }
 
+// The status is the controller's: its words reach the terminal without control characters, and
+// a name longer than any trial's (200 bytes) is printed, not padded to on every other line.
+TEST(WatchLinesTest, AHostileStatusIsShownSafely) {
+  v1::ExperimentStatus status = TwoTrials(3);
+  status.mutable_trials(0)->set_name("base\x1b[31mline");
+  status.mutable_trials(0)->set_state("ok\r\x1b[Kfake");
+  status.mutable_trials(1)->set_name(std::string(1 << 20, 'x'));
+  const std::vector<std::string> lines = WatchLines(status);
+  ASSERT_GE(lines.size(), 2u);
+  for (const std::string& line : lines) {
+    EXPECT_EQ(line.find_first_of("\x1b\r"), std::string::npos);
+  }
+  EXPECT_EQ(lines[0].find("base [31mline"), 0u) << lines[0];
+  EXPECT_LT(lines[0].size(), 1000u) << "the first line padded to the long name";
+}
+
 TEST(WatchLinesTest, AMultiRankTrialShowsItsHighestPeakAndEachRanks) {
   v1::ExperimentStatus status;
   v1::TrialStatus* trial = status.add_trials();

@@ -206,16 +206,16 @@ Status FillRankMemory(sqlite3* db, int64_t experiment_id, std::vector<TrialRepor
                                       "FROM trial_rank_phase_peaks WHERE experiment_id = ? "
                                       "AND allocated_bytes IS NOT NULL"));
   phases.Bind(1, experiment_id);
+  std::map<std::pair<int64_t, int64_t>, RankMemory*> by_rank;  // (trial id, rank)
+  for (TrialReport& trial : trials) {
+    for (RankMemory& rank : trial.ranks) by_rank[{trial.trial_id, rank.rank}] = &rank;
+  }
   while (true) {
     ASSIGN_OR_RETURN(const bool has_row, phases.Step());
     if (!has_row) break;
-    auto trial = by_id.find(phases.Int(0));
-    if (trial == by_id.end()) continue;
-    for (RankMemory& rank : trial->second->ranks) {
-      if (rank.rank == phases.Int(1)) {
-        rank.phase_allocated.emplace_back(phases.Text(2), phases.Int(3));
-      }
-    }
+    auto rank = by_rank.find({phases.Int(0), phases.Int(1)});
+    if (rank == by_rank.end()) continue;
+    rank->second->phase_allocated.emplace_back(phases.Text(2), phases.Int(3));
   }
   return Status::Ok();
 }
