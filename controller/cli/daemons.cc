@@ -46,7 +46,21 @@ Status WriteText(const fs::path& path, const std::string& text, mode_t mode) {
   });
 }
 
+// `dir`, made with `perms` when it is not there. One that is there is used as it is, mode and all
+// (LLMCTL_HOME may name a directory shared with others, /tmp as root), when it is a directory of
+// this user's: not a link to one elsewhere, where the daemons' logs and credentials would go.
 Status MakeDirectory(const fs::path& dir, fs::perms perms) {
+  struct stat info;
+  if (::lstat(dir.c_str(), &info) == 0) {
+    if (!S_ISDIR(info.st_mode)) {
+      return FailedPreconditionError(dir.string() + ": not a directory (a link or a file)");
+    }
+    if (info.st_uid != ::geteuid()) {
+      return FailedPreconditionError(dir.string() + ": owned by another user (uid " +
+                                     std::to_string(info.st_uid) + ")");
+    }
+    return Status::Ok();
+  }
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) return FailedPreconditionError(dir.string() + ": cannot create: " + error.message());

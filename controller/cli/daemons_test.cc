@@ -96,6 +96,30 @@ TEST_F(DaemonsTest, CredentialsAreWrittenOwnerOnly) {
             StatusCode::kInvalidArgument);
 }
 
+// LLMCTL_HOME may name a directory that is there already, shared with others (/tmp as root): its
+// mode is left as it is, and a link where the daemons' logs would go is refused, not followed.
+TEST_F(DaemonsTest, AnExistingHomeKeepsItsModeAndALinkInItIsRefused) {
+  const fs::path home = dir_ / "home";
+  fs::create_directories(home);
+  fs::permissions(home, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                            fs::perms::others_read | fs::perms::others_exec);
+  const fs::path elsewhere = dir_ / "elsewhere";
+  fs::create_directories(elsewhere);
+  fs::permissions(elsewhere, fs::perms::owner_all | fs::perms::others_read);
+  fs::create_directory_symlink(elsewhere, home / "logs");
+  EmbeddedDaemons daemons(
+      home, {.llmctld = "/bin/false", .llm_agent = "/bin/false", .llm_train = "/bin/false"});
+  const Status started = daemons.EnsureRunning(std::chrono::seconds(1));
+  EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(started.message(), (home / "logs").string() + ": not a directory (a link or a file)");
+  EXPECT_EQ(fs::status(home).permissions() & fs::perms::all,
+            fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                fs::perms::others_read | fs::perms::others_exec);
+  EXPECT_EQ(fs::status(elsewhere).permissions() & fs::perms::all,
+            fs::perms::owner_all | fs::perms::others_read);
+  EXPECT_TRUE(fs::is_empty(elsewhere));
+}
+
 TEST_F(DaemonsTest, BinariesBesideLlmctlOrInTheBuildTreeOrFromOverrides) {
   auto no_env = [](std::string_view) -> std::optional<std::string> { return std::nullopt; };
   // The build tree: build/controller/cli/llmctl, build/controller/llmctld, ...
