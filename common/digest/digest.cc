@@ -71,6 +71,11 @@ std::string RelativePathProblem(std::string_view path) {
   if (path.front() == '/') return "an absolute path";
   if (path.find('\n') != std::string_view::npos) return "a path with a line break";
   if (path.find('\0') != std::string_view::npos) return "a path with a NUL byte";
+  // Another process's name becomes a file's on the user's disk and appears in messages.
+  if (std::any_of(path.begin(), path.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+    return "a path with a control character";
+  }
   size_t start = 0;
   while (true) {
     const size_t slash = path.find('/', start);
@@ -85,8 +90,14 @@ std::string RelativePathProblem(std::string_view path) {
 
 std::string RunArtifactPathProblem(std::string_view path) {
   if (std::string problem = RelativePathProblem(path); !problem.empty()) return problem;
-  if (path.find('/') == std::string_view::npos || path.starts_with("output/")) return "";
-  return "a path outside the run's output/ directory";
+  // The fetch writes each file as NAME.part first: an artifact of that name would be one of them.
+  if (path.ends_with(".part")) return "a name ending in .part (the fetch's partial files)";
+  if (path.starts_with("output/")) return "";
+  if (path.find('/') != std::string_view::npos) return "a path outside the run's output/ directory";
+  // The run's own files (its logs, events, trial.yaml): none is hidden, and a name such as .bashrc
+  // fetched into a home directory would replace the user's.
+  if (path.front() == '.') return "a hidden name beside the run's own files";
+  return "";
 }
 
 Status ValidateInputTree(std::string_view where, const InputTree& tree) {

@@ -71,14 +71,15 @@ std::string TreeManifest(std::span<const TreeFile> files);
 // The sha256 of TreeManifest: a tree's digest when `files` are in path order.
 std::string TreeDigest(std::span<const TreeFile> files);
 
-// Empty when `path` is relative, '/'-separated, with no empty, "." or ".." segment, line break or
-// NUL byte (a path inside an input tree or a trial's artifacts); else why not, e.g. "an absolute
+// Empty when `path` is relative, '/'-separated, with no empty, "." or ".." segment and no control
+// character (a path inside an input tree or a trial's artifacts); else why not, e.g. "an absolute
 // path".
 std::string RelativePathProblem(std::string_view path);
 
 // Empty when `path` may name one of a run's artifacts as FetchArtifacts lists a whole run: a path
-// without a RelativePathProblem that lies under "output/" or is a file of the run's directory
-// itself (its logs, "stdout.log"); else why not. The controller and `llmctl fetch` refuse any other
+// without a RelativePathProblem, not ending in ".part" (the fetch's partial files), that lies
+// under "output/" or is a file of the run's directory itself (its logs, "stdout.log"; never a
+// hidden name); else why not. The controller and `llmctl fetch` refuse any other
 // name an agent or a controller sends, so a download stays inside its destination's output/ and
 // its few top-level files.
 std::string RunArtifactPathProblem(std::string_view path);

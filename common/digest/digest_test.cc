@@ -97,6 +97,14 @@ TEST(RunArtifactPathTest, OnlyTheRunsOutputAndItsOwnFiles) {
   EXPECT_EQ(RunArtifactPathProblem("output/../../x"), "an empty, '.' or '..' segment");
   EXPECT_EQ(RunArtifactPathProblem("/etc/passwd"), "an absolute path");
   EXPECT_EQ(RunArtifactPathProblem("output/"), "an empty, '.' or '..' segment");
+  // Names a controller could make to reach past the download: a dotfile beside the run's files
+  // (fetched into a home directory), one of the fetch's own partial files, a control character.
+  EXPECT_EQ(RunArtifactPathProblem(".bashrc"), "a hidden name beside the run's own files");
+  EXPECT_EQ(RunArtifactPathProblem("output/.keep"), "");
+  EXPECT_EQ(RunArtifactPathProblem("stdout.log.part"),
+            "a name ending in .part (the fetch's partial files)");
+  EXPECT_EQ(RunArtifactPathProblem("output/a\x1b[2Jb"), "a path with a control character");
+  EXPECT_EQ(RelativePathProblem("a\tb"), "a path with a control character");
 }
 
 class VerifiedFileWriterTest : public ::testing::Test {
