@@ -71,7 +71,10 @@ void ReadBack(RankedDemoRun& run, int ranks, int64_t steps) {
   }
   auto checkpoint = LoadCheckpoint(run.dir + "/out/checkpoints/step-" + std::to_string(steps));
   if (checkpoint.ok()) {
-    for (auto& [tensor_name, tensor] : checkpoint->model) run.final_model[tensor_name] = tensor;
+    // Copies: the checkpoint's tensors view its files, which go with it.
+    for (auto& [tensor_name, tensor] : checkpoint->model) {
+      run.final_model[tensor_name] = tensor.clone();
+    }
   }
 }
 
@@ -241,8 +244,14 @@ SteppedRun ReadSteppedRun(const RankedDemoRun& run, int64_t steps) {
     auto checkpoint = LoadCheckpoint(dir);
     EXPECT_TRUE(checkpoint.ok()) << dir << ": " << checkpoint.status().message();
     if (!checkpoint.ok()) return {};
-    stepped.model.emplace_back(checkpoint->model.begin(), checkpoint->model.end());
-    stepped.optimizer.emplace_back(checkpoint->optimizer.begin(), checkpoint->optimizer.end());
+    // Copies: the checkpoint's tensors view its files, which go with it.
+    stepped.model.emplace_back();
+    for (const auto& [name, tensor] : checkpoint->model)
+      stepped.model.back()[name] = tensor.clone();
+    stepped.optimizer.emplace_back();
+    for (const auto& [name, tensor] : checkpoint->optimizer) {
+      stepped.optimizer.back()[name] = tensor.clone();
+    }
     if (t == steps) {
       auto config = TrialConfig::FromJson(checkpoint->state.config);
       EXPECT_TRUE(config.ok()) << config.status().message();

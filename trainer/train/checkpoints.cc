@@ -21,6 +21,18 @@ namespace fs = std::filesystem;
 
 constexpr int kFormatVersion = 1;
 
+// The file's tensors as views of its mapping, which `files` keeps.
+StatusOr<NamedTensors> MapTensors(
+    const std::string& path, std::vector<std::unique_ptr<safetensors::SafetensorsFile>>& files) {
+  ASSIGN_OR_RETURN(auto file, safetensors::SafetensorsFile::Open(path));
+  NamedTensors tensors;
+  for (const safetensors::TensorView& view : file->tensors()) {
+    tensors.emplace_back(view.name, TensorFromView(view));
+  }
+  files.push_back(std::move(file));
+  return tensors;
+}
+
 }  // namespace
 
 StatusOr<NamedTensors> ReadTensors(const std::string& path) {
@@ -162,9 +174,11 @@ StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir) {
   loaded.state.loss_scale = loss_scale->get<double>();
   const nlohmann::json* config = member("config");
   loaded.state.config = config != nullptr ? *config : nlohmann::json::object();
-  ASSIGN_OR_RETURN(loaded.model, ReadTensors((root / "model.safetensors").string()));
-  ASSIGN_OR_RETURN(loaded.optimizer, ReadTensors((root / RankOptimizerFile(0)).string()));
-  ASSIGN_OR_RETURN(loaded.generators, ReadTensors((root / "rng.safetensors").string()));
+  ASSIGN_OR_RETURN(loaded.model, MapTensors((root / "model.safetensors").string(), loaded.files));
+  ASSIGN_OR_RETURN(loaded.optimizer,
+                   MapTensors((root / RankOptimizerFile(0)).string(), loaded.files));
+  ASSIGN_OR_RETURN(loaded.generators,
+                   MapTensors((root / "rng.safetensors").string(), loaded.files));
   return loaded;
 }
 

@@ -14,21 +14,22 @@
 
 #include <functional>
 #include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "common/safetensors/safetensors.h"
 #include "common/status.h"
 
 namespace llmctl::trainer {
 
 struct TrainingState {
-  int64_t next_step = 0;           // the first step the resumed run executes
-  nlohmann::json data_position;    // BatchSource::Position()
-  double loss_scale = 0.0;         // 16-mixed only
-  nlohmann::json config;           // the resolved trial config, for the record
+  int64_t next_step = 0;         // the first step the resumed run executes
+  nlohmann::json data_position;  // BatchSource::Position()
+  double loss_scale = 0.0;       // 16-mixed only
+  nlohmann::json config;         // the resolved trial config, for the record
 };
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -57,10 +58,15 @@ StatusOr<NamedTensors> ReadTensors(const std::string& path);
 uint64_t CheckpointBytes(const NamedTensors& model, const NamedTensors& optimizer);
 
 struct LoadedCheckpoint {
-  NamedTensors model;      // CPU tensors, owned (copied out of the files)
+  // CPU tensors that view the files' read-only mappings (`files`): read, never written. Only what
+  // is copied out of them is read from disk: a tensor the model has no use for (a checkpoint may
+  // come from another node) costs no memory, where reading every tensor first did.
+  NamedTensors model;
   NamedTensors optimizer;
-  NamedTensors generators;  // for RestoreGeneratorStates, once everything that draws at setup has drawn
+  NamedTensors
+      generators;  // for RestoreGeneratorStates, once everything that draws at setup has drawn
   TrainingState state;
+  std::vector<std::unique_ptr<safetensors::SafetensorsFile>> files;
 };
 
 // Reads a checkpoint directory written by SaveCheckpoint; errors name the file and what is wrong.

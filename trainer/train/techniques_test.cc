@@ -161,7 +161,10 @@ std::map<std::string, torch::Tensor> SavedParameters(const std::string& out) {
   auto checkpoint = LoadCheckpoint(out + "/checkpoints/step-3");
   EXPECT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
   if (!checkpoint.ok()) return {};
-  return {checkpoint->model.begin(), checkpoint->model.end()};
+  // Copies: the checkpoint's tensors view its files, which go with it.
+  std::map<std::string, torch::Tensor> saved;
+  for (const auto& [name, tensor] : checkpoint->model) saved[name] = tensor.clone();
+  return saved;
 }
 
 // A checkpoint's state file may come from another node or a path the user gave: a member of the

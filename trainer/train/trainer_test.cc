@@ -480,6 +480,42 @@ TEST(TokenFileBatchesTest, AHeadersEosIdOutsideTheVocabularyIsRefused) {
   std::filesystem::remove_all(dir);
 }
 
+// Adds a tensor of `bytes` zero bytes, named `name`, at the end of the safetensors file `path`,
+// as a sparse file: no disk and no memory until read.
+void AppendSparseTensor(const std::string& path, const std::string& name, uint64_t bytes) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t header_length = 0;
+  in.read(reinterpret_cast<char*>(&header_length), 8);
+  std::string header(header_length, ' ');
+  in.read(header.data(), static_cast<std::streamsize>(header_length));
+  const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  nlohmann::ordered_json json = nlohmann::ordered_json::parse(header);
+  json[name] = {
+      {"dtype", "U8"}, {"shape", {bytes}}, {"data_offsets", {data.size(), data.size() + bytes}}};
+  std::string text = json.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t length = text.size();
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(&length), 8);
+    out << text << data;
+  }
+  std::filesystem::resize_file(path, 8 + length + data.size() + bytes);
+}
+
+// A checkpoint may come from another node: a tensor the model has no use for, however large,
+// costs no memory (reading every tensor before checking any took a 1 TiB one whole).
+TEST(CheckpointResumeTest, ATensorTheModelDoesNotUseIsNeverRead) {
+  const std::string out = testing::FreshTempDir("sparse");
+  const TrialRecord whole = RunAndRecord(
+      DemoConfig({{"train.max_steps", "4"}, {"checkpoint_every", "2"}, {"output_dir", out}}));
+  ASSERT_EQ(whole.result.outcome, Outcome::kOk) << whole.result.error;
+  const std::string checkpoint = out + "/checkpoints/step-2";
+  AppendSparseTensor(checkpoint + "/model.safetensors", "zzz.unused", uint64_t{1} << 40);
+  ExpectResumeContinues(checkpoint, whole, 2);
+  std::filesystem::remove_all(out);
+}
+
 TEST(CheckpointResumeTest, MissingCheckpointIsInvalidInput) {
   TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"}}), "/nonexistent/step-3");
   EXPECT_TRUE(run.result.invalid_input);
