@@ -42,6 +42,13 @@ void BindNode(Statement& stmt, const NodeRecord& node) {
       .Bind(5, node.state);
 }
 
+// Runs `sql`, a statement over a node's row with BindNode's parameters, for `node`.
+Status WriteNode(sqlite3* db, std::string_view sql, const NodeRecord& node) {
+  ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db, sql));
+  BindNode(stmt, node);
+  return stmt.Run();
+}
+
 }  // namespace
 
 StatusOr<std::optional<Time>> internal::LoadNodeRemovedAt(sqlite3* db, std::string_view node) {
@@ -57,51 +64,40 @@ StatusOr<std::optional<Time>> internal::LoadNodeRemovedAt(sqlite3* db, std::stri
 Status Store::UpsertNode(const NodeRecord& node) {
   RETURN_IF_ERROR(ValidateNode(node));
   MutexLock lock(mutex_);
-  ASSIGN_OR_RETURN(Statement stmt,
-                   Statement::Prepare(db_,
-                                      "INSERT INTO nodes (name, address, devices_json, last_seen, "
-                                      "state) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE "
-                                      "SET address = excluded.address, devices_json = "
-                                      "excluded.devices_json, last_seen = excluded.last_seen, "
-                                      "state = excluded.state WHERE removed_at IS NULL"));
-  BindNode(stmt, node);
-  return stmt.Run();
+  return WriteNode(
+      db_,
+      "INSERT INTO nodes (name, address, devices_json, last_seen, state) VALUES (?, ?, "
+      "?, ?, ?) ON CONFLICT (name) DO UPDATE SET address = excluded.address, "
+      "devices_json = excluded.devices_json, last_seen = excluded.last_seen, state = "
+      "excluded.state WHERE removed_at IS NULL",
+      node);
 }
 
 Status Store::RecordNodeHealth(const NodeRecord& node) {
   RETURN_IF_ERROR(ValidateNode(node));
   MutexLock lock(mutex_);
-  ASSIGN_OR_RETURN(Statement stmt,
-                   Statement::Prepare(db_,
-                                      "UPDATE nodes SET devices_json = ?3, last_seen = ?4, "
-                                      "state = ?5 WHERE name = ?1 AND address = ?2 "
-                                      "AND removed_at IS NULL"));
-  BindNode(stmt, node);
-  return stmt.Run();
+  return WriteNode(db_,
+                   "UPDATE nodes SET devices_json = ?3, last_seen = ?4, state = ?5 WHERE name = ?1 "
+                   "AND address = ?2 AND removed_at IS NULL",
+                   node);
 }
 
 Status Store::RegisterNode(const NodeRecord& node) {
   RETURN_IF_ERROR(ValidateNode(node));
   MutexLock lock(mutex_);
   // A removed node's lease belonged to the server that `node down` deleted.
-  ASSIGN_OR_RETURN(
-      Statement stmt,
-      Statement::Prepare(db_,
-                         "INSERT INTO nodes (name, address, devices_json, last_seen, "
-                         "state) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE "
-                         "SET address = excluded.address, devices_json = "
-                         "excluded.devices_json, last_seen = excluded.last_seen, "
-                         "state = excluded.state, "
-                         "lease = CASE WHEN removed_at IS NULL THEN lease ELSE '' END, "
-                         "lease_site = CASE WHEN removed_at IS NULL THEN lease_site "
-                         "ELSE '' END, "
-                         "lease_flavor = CASE WHEN removed_at IS NULL THEN "
-                         "lease_flavor ELSE '' END, "
-                         "lease_ends = CASE WHEN removed_at IS NULL THEN lease_ends "
-                         "ELSE NULL END, "
-                         "removed_at = NULL"));
-  BindNode(stmt, node);
-  return stmt.Run();
+  return WriteNode(
+      db_,
+      "INSERT INTO nodes (name, address, devices_json, last_seen, state) VALUES (?, ?, "
+      "?, ?, ?) ON CONFLICT (name) DO UPDATE SET address = excluded.address, "
+      "devices_json = excluded.devices_json, last_seen = excluded.last_seen, state = "
+      "excluded.state, "
+      "lease = CASE WHEN removed_at IS NULL THEN lease ELSE '' END, "
+      "lease_site = CASE WHEN removed_at IS NULL THEN lease_site ELSE '' END, "
+      "lease_flavor = CASE WHEN removed_at IS NULL THEN lease_flavor ELSE '' END, "
+      "lease_ends = CASE WHEN removed_at IS NULL THEN lease_ends ELSE NULL END, "
+      "removed_at = NULL",
+      node);
 }
 
 StatusOr<std::vector<NodeRecord>> Store::ListNodes() {
