@@ -1,6 +1,7 @@
 #include "agent/device_sampler.h"
 
 #include "agent/procfs_sampler.h"
+#include "common/event_stream.h"
 
 namespace llmctl::agent {
 
@@ -15,7 +16,7 @@ StatusOr<std::vector<DeviceReading>> NvmlSampler::Sample(const SampleTarget& tar
       continue;
     }
     DeviceReading reading;
-    reading.device = "cuda:" + std::to_string(index);
+    reading.device = event_stream::CudaDeviceName(index);
     reading.utilization_percent = utilization->gpu_percent;
     reading.memory_used_bytes = memory->used_bytes;
     reading.memory_total_bytes = memory->total_bytes;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "agent/node_info.h"
+#include "common/event_stream.h"
 #include "common/files.h"
 
 namespace llmctl::agent {
@@ -88,7 +89,7 @@ StatusOr<std::vector<DeviceReading>> ProcfsSampler::Sample(const SampleTarget& t
   ASSIGN_OR_RETURN(const ProcessGroupUsage usage, ReadGroup(target.process_group));
   if (usage.processes == 0) return readings;  // not started yet, or gone
   DeviceReading reading;
-  reading.device = "cpu";
+  reading.device = event_stream::kHostDevice;
   reading.memory_used_bytes = usage.rss_pages * page_bytes_;
   ASSIGN_OR_RETURN(const std::string meminfo, ReadFileToString(proc_ + "/meminfo", 1 << 20));
   ASSIGN_OR_RETURN(reading.memory_total_bytes, ParseMemTotal(meminfo));

@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <charconv>
 #include <optional>
 #include <set>
 
@@ -204,17 +203,11 @@ namespace {
 // when the indices are unknown (an attempt a controller started without recording them). Other
 // names are made up: stored, each would add rows and a line to every status without bound.
 bool IsSampledDevice(std::string_view device, const std::vector<int64_t>& indices) {
-  if (device == "cpu") return true;
-  if (!device.starts_with("cuda:")) return false;
-  const std::string_view digits = device.substr(5);
-  int64_t index = 0;
-  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
-  if (error != std::errc() || end != digits.data() + digits.size() || digits.empty() ||
-      (digits.size() > 1 && digits[0] == '0') || index < 0) {
-    return false;
-  }
-  if (indices.empty()) return index < kMaxNodeDevices;
-  return std::find(indices.begin(), indices.end(), index) != indices.end();
+  if (device == event_stream::kHostDevice) return true;
+  const std::optional<int64_t> index = event_stream::CudaDeviceIndex(device);
+  if (!index.has_value()) return false;
+  if (indices.empty()) return *index < kMaxNodeDevices;
+  return std::find(indices.begin(), indices.end(), *index) != indices.end();
 }
 
 }  // namespace
