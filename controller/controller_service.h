@@ -99,7 +99,8 @@ class ControllerService final : public v1::Controller::Service {
   // The controller's client certificate, for EnrollNode's call to the node (empty: it refuses).
   const rpc::TlsIdentity controller_identity_;
   // One per node name: RegisterNode's check and change of the name's token, and EnrollNode's check
-  // and spending of its enrollment token, happen under it. Per name, since an enrollment holds it
+  // and spending of its enrollment token, and DeregisterNode's removal of the token and the node,
+  // happen under it (so `node down` waits for an enrollment in flight). Per name, since an enrollment holds it
   // while it dials the node (up to 20 s, a booting node's address may swallow the connection).
   NameLocks registration_locks_;
 };

@@ -318,6 +318,9 @@ grpc::Status ControllerService::DeregisterNode(grpc::ServerContext* context,
                                                v1::DeregisterNodeResponse* response) {
   return Guard(context, "DeregisterNode", [&]() -> Status {
     RETURN_IF_ERROR(ValidateNodeName(request->name()).WithContext("deregister node"));
+    // Held as RegisterNode holds it: a registration of the same name in between would find the
+    // token gone halfway through, or leave a removed node with a live token.
+    const NameLocks::Held removing = registration_locks_.Lock(request->name());
     // The token goes first: from the moment the node is removed the controller cannot present it
     // again. Should the removal fail after this, the node is unreachable until a retry removes it.
     RETURN_IF_ERROR(secrets_.RemoveNodeToken(request->name()));

@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include "common/digest/digest.h"
@@ -704,6 +705,56 @@ TEST_F(ControllerServiceTest, RegisteringALiveNodeAgainNeedsItsCurrentToken) {
   v1::NodeCredentials third;
   ASSERT_TRUE(register_node("", &third).ok());
   EXPECT_NE(third.token(), second.token());
+}
+
+// `node up` again and `node down` of one name at once: each is whole before the other starts, so the
+// name ends either listed with the new token stored, or removed with no token left. Interleaved, a
+// removed node kept a live token, or a listed one had none the controller could present.
+TEST_F(ControllerServiceTest, RegisteringAndRemovingOneNameAtOnceLeaveItWholeEitherWay) {
+  auto secrets = [&] { return *ReadFileToString(root_ + "/data/secrets.json", 1 << 20); };
+  auto listed = [&] {
+    grpc::ClientContext context;
+    v1::ListNodesResponse nodes;
+    EXPECT_TRUE(stub_->ListNodes(&context, {}, &nodes).ok());
+    return nodes.nodes_size() == 1;
+  };
+  v1::NodeCredentials current;
+  {
+    grpc::ClientContext context;
+    v1::RegisterNodeRequest request;
+    request.set_name("gpu-1");
+    ASSERT_TRUE(stub_->RegisterNode(&context, request, &current).ok());
+  }
+  for (int round = 0; round < 60; ++round) {
+    v1::NodeCredentials renewed;
+    grpc::Status registered;
+    std::thread renewal([&] {
+      grpc::ClientContext context;
+      v1::RegisterNodeRequest request;
+      request.set_name("gpu-1");
+      request.set_current_token(current.token());
+      registered = stub_->RegisterNode(&context, request, &renewed);
+    });
+    {
+      grpc::ClientContext context;
+      v1::DeregisterNodeRequest down;
+      down.set_name("gpu-1");
+      v1::DeregisterNodeResponse removed;
+      ASSERT_TRUE(stub_->DeregisterNode(&context, down, &removed).ok());
+    }
+    renewal.join();
+    ASSERT_TRUE(registered.ok()) << registered.error_message();
+    const bool token_stored = secrets().find(renewed.token()) != std::string::npos;
+    ASSERT_EQ(listed(), token_stored) << "round " << round;
+    if (!token_stored) {
+      // Removed: back to a registered node for the next round.
+      grpc::ClientContext context;
+      v1::RegisterNodeRequest request;
+      request.set_name("gpu-1");
+      ASSERT_TRUE(stub_->RegisterNode(&context, request, &renewed).ok());
+    }
+    current = renewed;
+  }
 }
 
 TEST_F(ControllerServiceTest, EachRegistrationHasACertificateNameOfItsOwnInTheSecretsFile) {
