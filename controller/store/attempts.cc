@@ -341,22 +341,15 @@ Status Store::FinishAttempt(int64_t trial_id, int64_t attempt, TrialState outcom
   return txn.Commit();
 }
 
-StatusOr<TrialResume> Store::ResumeTrial(int64_t trial_id) {
-  MutexLock lock(mutex_);
-  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
-  ASSIGN_OR_RETURN(const TrialRecord trial, LoadTrial(db_, trial_id));
-  const std::string label = "trial '" + trial.name + "'";
+namespace {
+
+// Where `trial` (ended, not ok) continues from: its final attempt's checkpoint, else the checkpoint
+// that attempt itself continued. FailedPrecondition saying why when there is none.
+StatusOr<TrialResume> ResumePoint(sqlite3* db, const TrialRecord& trial, const std::string& label) {
   const std::string state(TrialStateName(trial.state));
-  if (!IsOutcome(trial.state)) {
-    return FailedPreconditionError(label + " is " + state +
-                                   "; only a trial that has ended can be resumed");
-  }
-  if (trial.state == TrialState::kOk) {
-    return FailedPreconditionError(label + " ended ok: there is nothing left to run");
-  }
   const int64_t final_attempt = trial.current_attempt;
   const std::string which = label + "'s final attempt " + std::to_string(final_attempt);
-  ASSIGN_OR_RETURN(const std::optional<AttemptRow> row, LoadAttempt(db_, trial_id, final_attempt));
+  ASSIGN_OR_RETURN(const std::optional<AttemptRow> row, LoadAttempt(db, trial.id, final_attempt));
   if (!row) {
     return FailedPreconditionError(label + " is " + state + " and never ran: it has no checkpoint");
   }
@@ -365,50 +358,71 @@ StatusOr<TrialResume> Store::ResumeTrial(int64_t trial_id) {
                                    " was lost with its node: its end and any checkpoint "
                                    "are unknown");
   }
-  ASSIGN_OR_RETURN(const json result, LatestEventOfType(db_, trial_id, final_attempt,
+  ASSIGN_OR_RETURN(const json result, LatestEventOfType(db, trial.id, final_attempt,
                                                         std::string(result_event::kType)));
-  TrialResume resume;
   if (const std::optional<result_event::Checkpoint> checkpoint =
           result_event::CheckpointOf(result)) {
     // The event counts steps from 0; the checkpoint holds the steps up to and including it.
     ASSIGN_OR_RETURN(Statement tree,
-                     Statement::Prepare(db_,
+                     Statement::Prepare(db,
                                         "SELECT checkpoint_tree FROM attempts WHERE trial_id = ? "
                                         "AND attempt = ?"));
-    tree.Bind(1, trial_id).Bind(2, final_attempt);
+    tree.Bind(1, trial.id).Bind(2, final_attempt);
     ASSIGN_OR_RETURN(const bool has_row, tree.Step());
-    resume = TrialResume{.attempt = final_attempt,
-                         .node = row->node,
-                         .checkpoint = checkpoint->path,
-                         .step = checkpoint->step + 1,
-                         .tree = has_row && !tree.IsNull(0) ? tree.Text(0) : ""};
-  } else if (trial.resume) {
+    return TrialResume{.attempt = final_attempt,
+                       .node = row->node,
+                       .checkpoint = checkpoint->path,
+                       .step = checkpoint->step + 1,
+                       .tree = has_row && !tree.IsNull(0) ? tree.Text(0) : ""};
+  }
+  if (trial.resume) {
     // The final attempt continued this checkpoint and ended before it wrote or named one (say, the
     // agent no longer had it, or the trainer refused its config): the checkpoint is still the
     // run's latest.
-    resume = *trial.resume;
-  } else {
-    std::string why = row->error;
-    if (why.empty() && result.is_object() && result.value("error", json()).is_string()) {
-      why = result["error"].get<std::string>();
-    }
-    return FailedPreconditionError(which + " ended " + state + " without a checkpoint" +
-                                   (why.empty() ? "" : " (" + why + ")") +
-                                   "; a running trial stopped with llmctl cancel --checkpoint "
-                                   "keeps one");
+    return *trial.resume;
   }
-  // With the controller's copy any node can continue it; without, only the checkpoint's node.
-  if (resume.tree.empty()) {
-    StatusOr<std::optional<Time>> removed = LoadNodeRemovedAt(db_, resume.node);
-    if (removed.ok() && removed->has_value()) {
-      return FailedPreconditionError(label + "'s checkpoint is on node " + Quoted(resume.node) +
-                                     ", which has been removed, and the controller has no copy "
-                                     "of it");
-    }
-    if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) {
-      return removed.status();
-    }
+  std::string why = row->error;
+  if (why.empty() && result.is_object() && result.value("error", json()).is_string()) {
+    why = result["error"].get<std::string>();
   }
+  return FailedPreconditionError(which + " ended " + state + " without a checkpoint" +
+                                 (why.empty() ? "" : " (" + why + ")") +
+                                 "; a running trial stopped with llmctl cancel --checkpoint "
+                                 "keeps one");
+}
+
+// With the controller's copy any node can continue it; without, only the checkpoint's node, so
+// that node must not have been removed.
+Status CheckCheckpointReachable(sqlite3* db, const TrialResume& resume, const std::string& label) {
+  if (!resume.tree.empty()) return Status::Ok();
+  StatusOr<std::optional<Time>> removed = LoadNodeRemovedAt(db, resume.node);
+  if (removed.ok() && removed->has_value()) {
+    return FailedPreconditionError(label + "'s checkpoint is on node " + Quoted(resume.node) +
+                                   ", which has been removed, and the controller has no copy "
+                                   "of it");
+  }
+  if (!removed.ok() && removed.status().code() != StatusCode::kNotFound) {
+    return removed.status();
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<TrialResume> Store::ResumeTrial(int64_t trial_id) {
+  MutexLock lock(mutex_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
+  ASSIGN_OR_RETURN(const TrialRecord trial, LoadTrial(db_, trial_id));
+  const std::string label = "trial '" + trial.name + "'";
+  if (!IsOutcome(trial.state)) {
+    return FailedPreconditionError(label + " is " + std::string(TrialStateName(trial.state)) +
+                                   "; only a trial that has ended can be resumed");
+  }
+  if (trial.state == TrialState::kOk) {
+    return FailedPreconditionError(label + " ended ok: there is nothing left to run");
+  }
+  ASSIGN_OR_RETURN(const TrialResume resume, ResumePoint(db_, trial, label));
+  RETURN_IF_ERROR(CheckCheckpointReachable(db_, resume, label));
   ASSIGN_OR_RETURN(Statement update,
                    Statement::Prepare(db_,
                                       "UPDATE trials SET state = 'queued', cancel_requested = 0, "
