@@ -154,6 +154,72 @@ std::vector<Case> Cases(const std::vector<int64_t>& numels) {
   return cases;
 }
 
+// Where a rank's collectives run, and how to wait for them (a CUDA stream's work ends later).
+struct Placement {
+  at::TensorOptions on;
+  bool cuda = false;
+  int cuda_device = 0;
+  void Synchronize() const {
+    if (cuda) torch::cuda::synchronize(cuda_device);
+  }
+};
+
+// Runs the prepared case once and checks its result: true when every rank's was right (the wrong
+// elements summed over the ranks, so rank 0's line speaks for all). A rank's own mismatch goes to
+// `err`; an error means a collective failed, and the other ranks may be stuck in it.
+StatusOr<bool> CheckOnEveryRank(ProcessGroup& group, const Case& c, Prepared& prepared,
+                                const Placement& placement, const std::string& who,
+                                std::ostream& err) {
+  Status ran = prepared.run();
+  if (!ran.ok()) return Status(ran.code(), Describe(c) + ": " + ran.message());
+  const Mismatch mismatch = Compare(prepared.result, prepared.expected);
+  if (mismatch.count > 0) {
+    err << who << Describe(c) << ": " << mismatch.count << " wrong element(s); element "
+        << mismatch.first << " is " << mismatch.got << ", expected " << mismatch.expected
+        << std::endl;
+  }
+  at::Tensor wrong = at::full({1}, mismatch.count, placement.on.dtype(at::kLong));
+  Status counted = group.AllReduce(wrong, ReduceOp::kSum);
+  if (!counted.ok()) {
+    return Status(counted.code(), "summing the ranks' verdicts: " + counted.message());
+  }
+  return wrong.item<int64_t>() == 0;
+}
+
+// Seconds a run of the prepared case takes, the mean of enough repetitions to move about
+// kTimedBytes, started together on every rank.
+StatusOr<double> TimeOnEveryRank(ProcessGroup& group, const Case& c, Prepared& prepared,
+                                 const Placement& placement) {
+  const int repetitions = static_cast<int>(std::clamp<int64_t>(
+      prepared.bytes > 0 ? kTimedBytes / prepared.bytes : kMaxRepetitions, 1, kMaxRepetitions));
+  Status timed = group.Barrier();
+  placement.Synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < repetitions && timed.ok(); ++i) timed = prepared.run();
+  placement.Synchronize();
+  if (!timed.ok()) return Status(timed.code(), Describe(c) + " (timed): " + timed.message());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+         repetitions;
+}
+
+// Rank 0's JSON line for one case.
+nlohmann::json CaseLine(const CheckOptions& options, const RankEnv& env, const Case& c,
+                        int64_t bytes, bool ok, double seconds) {
+  return {
+      {"backend", BackendKindName(options.backend)},
+      {"device", DeviceKindName(options.device)},
+      {"world_size", env.world_size},
+      {"op", c.op},
+      {"reduce", c.reduce ? nlohmann::json(ReduceName(*c.reduce)) : nlohmann::json()},
+      {"dtype", c.op == "barrier" ? nlohmann::json() : nlohmann::json(DtypeName(c.dtype))},
+      {"numel", c.numel},
+      {"bytes", bytes},
+      {"ok", ok},
+      {"seconds", seconds},
+      {"algbw_gbps", bytes > 0 ? nlohmann::json(bytes / seconds / 1e9) : nlohmann::json()},
+  };
+}
+
 }  // namespace
 
 StatusOr<DeviceKind> ParseDeviceKind(std::string_view name) {
@@ -199,81 +265,45 @@ int RunCheckRank(const RankEnv& env, const CheckOptions& options, std::ostream& 
     err << who << refusal->message << std::endl;
     return refusal->exit_code;
   }
-  const bool cuda = options.device == DeviceKind::kCuda;
+  Placement placement;
+  placement.cuda = options.device == DeviceKind::kCuda;
   // NCCL owns one GPU per rank; Gloo ranks may share one.
-  const int cuda_device = cuda ? env.local_rank % std::max(1, int(torch::cuda::device_count())) : 0;
-  const at::TensorOptions on =
-      cuda ? at::TensorOptions().device(at::kCUDA, static_cast<c10::DeviceIndex>(cuda_device))
-           : at::TensorOptions().device(at::kCPU);
+  placement.cuda_device =
+      placement.cuda ? env.local_rank % std::max(1, int(torch::cuda::device_count())) : 0;
+  placement.on = placement.cuda
+                     ? at::TensorOptions().device(
+                           at::kCUDA, static_cast<c10::DeviceIndex>(placement.cuda_device))
+                     : at::TensorOptions().device(at::kCPU);
 
   ProcessGroupOptions group_options;
   group_options.backend = options.backend;
   group_options.rendezvous_timeout = options.rendezvous_timeout;
-  group_options.cuda_device = cuda_device;
+  group_options.cuda_device = placement.cuda_device;
   StatusOr<ProcessGroup> created = ProcessGroup::Create(env, group_options);
   if (!created.ok()) {
     err << created.status().message() << std::endl;
     return kCheckExitFailed;
   }
   ProcessGroup& group = *created;
-  const auto synchronize = [&] {
-    if (cuda) torch::cuda::synchronize(cuda_device);
-  };
 
   bool all_ok = true;
   for (const Case& c : Cases(options.numels)) {
-    Prepared prepared = Prepare(group, c, on);
-    Status ran = prepared.run();
-    if (!ran.ok()) {
-      err << Describe(c) << ": " << ran.message() << std::endl;
-      return kCheckExitFailed;  // the other ranks may be stuck in it: the launcher stops them
-    }
-    const Mismatch mismatch = Compare(prepared.result, prepared.expected);
-    if (mismatch.count > 0) {
-      err << who << Describe(c) << ": " << mismatch.count << " wrong element(s); element "
-          << mismatch.first << " is " << mismatch.got << ", expected " << mismatch.expected
-          << std::endl;
-    }
-    // Every rank's verdict, summed: the line rank 0 prints speaks for all of them.
-    at::Tensor wrong = at::full({1}, mismatch.count, on.dtype(at::kLong));
-    Status counted = group.AllReduce(wrong, ReduceOp::kSum);
-    if (!counted.ok()) {
-      err << "summing the ranks' verdicts: " << counted.message() << std::endl;
+    Prepared prepared = Prepare(group, c, placement.on);
+    // A failed collective ends the check: the other ranks may be stuck in it, and the launcher
+    // stops them.
+    StatusOr<bool> ok = CheckOnEveryRank(group, c, prepared, placement, who, err);
+    if (!ok.ok()) {
+      err << ok.status().message() << std::endl;
       return kCheckExitFailed;
     }
-    const bool ok = wrong.item<int64_t>() == 0;
-    all_ok = all_ok && ok;
-
-    const int repetitions = static_cast<int>(std::clamp<int64_t>(
-        prepared.bytes > 0 ? kTimedBytes / prepared.bytes : kMaxRepetitions, 1, kMaxRepetitions));
-    Status timed = group.Barrier();
-    synchronize();
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < repetitions && timed.ok(); ++i) timed = prepared.run();
-    synchronize();
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
-        repetitions;
-    if (!timed.ok()) {
-      err << Describe(c) << " (timed): " << timed.message() << std::endl;
+    all_ok = all_ok && *ok;
+    StatusOr<double> seconds = TimeOnEveryRank(group, c, prepared, placement);
+    if (!seconds.ok()) {
+      err << seconds.status().message() << std::endl;
       return kCheckExitFailed;
     }
     if (env.rank == 0) {
-      nlohmann::json line = {
-          {"backend", BackendKindName(options.backend)},
-          {"device", DeviceKindName(options.device)},
-          {"world_size", env.world_size},
-          {"op", c.op},
-          {"reduce", c.reduce ? nlohmann::json(ReduceName(*c.reduce)) : nlohmann::json()},
-          {"dtype", c.op == "barrier" ? nlohmann::json() : nlohmann::json(DtypeName(c.dtype))},
-          {"numel", c.numel},
-          {"bytes", prepared.bytes},
-          {"ok", ok},
-          {"seconds", seconds},
-          {"algbw_gbps",
-           prepared.bytes > 0 ? nlohmann::json(prepared.bytes / seconds / 1e9) : nlohmann::json()},
-      };
-      out << line.dump() << std::endl;
+      out << CaseLine(options, env, c, prepared.bytes, *ok, *seconds).dump() << std::endl;
     }
   }
   return all_ok ? kCheckExitOk : kCheckExitFailed;
