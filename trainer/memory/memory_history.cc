@@ -92,19 +92,26 @@ GenericDict Segment(const LiveAllocation& allocation, GenericList frames) {
   return segment;
 }
 
-// The snapshot dict of a CPU history: {"segments": [...], "device_traces": [[...]]}.
-c10::IValue CpuSnapshot(const AllocatorHistory& history,
-                        const std::vector<StorageCategory>& categories, uint64_t* entries) {
-  std::unordered_map<uint64_t, const std::string*> category_at;
-  for (const StorageCategory& storage : categories) {
-    category_at[storage.address] = &storage.category;
+// The category of the storage at each address, where the trainer named one.
+class CategoryIndex {
+ public:
+  explicit CategoryIndex(const std::vector<StorageCategory>& categories) {
+    for (const StorageCategory& storage : categories) {
+      category_at_[storage.address] = &storage.category;
+    }
   }
-  auto category_of = [&](uint64_t address) -> const std::string* {
-    auto it = category_at.find(address);
-    return it == category_at.end() ? nullptr : it->second;
-  };
-  // The allocation events whose memory is still live at the end get its category too: the last
-  // alloc at each live address.
+  const std::string* Of(uint64_t address) const {
+    auto it = category_at_.find(address);
+    return it == category_at_.end() ? nullptr : it->second;
+  }
+
+ private:
+  std::unordered_map<uint64_t, const std::string*> category_at_;
+};
+
+// The history's events as the viewer's device trace. The allocation events whose memory is still
+// live at the end get its category too: the last alloc at each live address.
+GenericList DeviceTrace(const AllocatorHistory& history, const CategoryIndex& categories) {
   std::unordered_map<uint64_t, size_t> last_alloc;
   for (size_t i = 0; i < history.events.size(); ++i) {
     const AllocatorEvent& event = history.events[i];
@@ -121,7 +128,7 @@ c10::IValue CpuSnapshot(const AllocatorHistory& history,
       case AllocatorEvent::Action::kAlloc: {
         if (event.bytes == 0) break;  // holds no memory, and an empty segment confuses the viewer
         const bool still_live = live.count(event.address) > 0 && last_alloc[event.address] == i;
-        const std::string* category = still_live ? category_of(event.address) : nullptr;
+        const std::string* category = still_live ? categories.Of(event.address) : nullptr;
         for (const char* action : {"segment_alloc", "alloc"}) {
           trace.push_back(TraceEntry(action, event.address, event.bytes, event.time_us,
                                      Frames(category, label)));
@@ -148,22 +155,33 @@ c10::IValue CpuSnapshot(const AllocatorHistory& history,
         break;
     }
   }
-  *entries = trace.size();
+  return trace;
+}
 
+// The memory still live at the end, one segment each, by address.
+GenericList LiveSegments(const AllocatorHistory& history, const CategoryIndex& categories) {
   std::vector<LiveAllocation> by_address = history.live;
   std::sort(by_address.begin(), by_address.end(),
             [](const LiveAllocation& a, const LiveAllocation& b) { return a.address < b.address; });
   GenericList segments = NewList();
   for (const LiveAllocation& allocation : by_address) {
     if (allocation.bytes == 0) continue;
-    segments.push_back(Segment(
-        allocation, Frames(category_of(allocation.address), history.labels.at(allocation.label))));
+    segments.push_back(Segment(allocation, Frames(categories.Of(allocation.address),
+                                                  history.labels.at(allocation.label))));
   }
+  return segments;
+}
 
+// The snapshot dict of a CPU history: {"segments": [...], "device_traces": [[...]]}.
+c10::IValue CpuSnapshot(const AllocatorHistory& history,
+                        const std::vector<StorageCategory>& categories, uint64_t* entries) {
+  const CategoryIndex index(categories);
+  GenericList trace = DeviceTrace(history, index);
+  *entries = trace.size();
   GenericList device_traces = NewList();
   device_traces.push_back(std::move(trace));
   GenericDict snapshot = NewDict();
-  snapshot.insert("segments", std::move(segments));
+  snapshot.insert("segments", LiveSegments(history, index));
   snapshot.insert("device_traces", std::move(device_traces));
   return snapshot;
 }
