@@ -407,55 +407,57 @@ void AddWeightRounding(const SteppedRun& run, TrainedTensors* bounds) {
   }
 }
 
-}  // namespace
-
-void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::string& name,
-                                       const std::vector<std::string>& one,
-                                       const std::vector<std::string>& two, int64_t steps,
-                                       double stray_fraction, RankedDemoRun* single_run,
-                                       RankedDemoRun* ranked_run) {
-  // The one-process runs keep a checkpoint after every step. The sample of another order: `one`
-  // with the ranks' micro-batch, accumulated, so each step sums the batch as the ranks split it.
-  std::vector<std::string> stepped = one, split;
-  stepped.push_back("checkpoint_every=1");
+// The ranks' settings applied to `one`, the sample of another summation order: `one` with the
+// ranks' micro-batch, accumulated, so each step sums the batch as the ranks split it. Both keep a
+// checkpoint after every step. `ranks_micro_batch` is `two`'s train.micro_batch_size setting.
+struct OneProcessRuns {
+  std::vector<std::string> stepped;
+  std::vector<std::string> split;
   std::string ranks_micro_batch;
+};
+
+void MakeOneProcessRuns(const std::vector<std::string>& one, const std::vector<std::string>& two,
+                        OneProcessRuns* runs) {
+  runs->stepped = one;
+  runs->stepped.push_back("checkpoint_every=1");
   for (const std::string& set : two) {
-    if (set.starts_with("train.micro_batch_size=")) ranks_micro_batch = set;
+    if (set.starts_with("train.micro_batch_size=")) runs->ranks_micro_batch = set;
   }
-  ASSERT_FALSE(ranks_micro_batch.empty()) << "`two` sets no train.micro_batch_size";
-  for (const std::string& set : stepped) {
-    split.push_back(set.starts_with("train.micro_batch_size=") ? ranks_micro_batch : set);
+  ASSERT_FALSE(runs->ranks_micro_batch.empty()) << "`two` sets no train.micro_batch_size";
+  for (const std::string& set : runs->stepped) {
+    runs->split.push_back(set.starts_with("train.micro_batch_size=") ? runs->ranks_micro_batch
+                                                                     : set);
   }
-  const RankedDemoRun single = RunRankedDemo(strategy, name + "-1", 1, stepped, steps);
-  const RankedDemoRun ranked = RunRankedDemo(strategy, name + "-2", 2, two, steps);
-  if (single_run != nullptr) *single_run = single;
-  if (ranked_run != nullptr) *ranked_run = ranked;
-  ASSERT_EQ(single.exit_code, 0) << single.output;
-  ASSERT_EQ(ranked.exit_code, 0) << ranked.output;
-  ASSERT_GE(steps, 2);
-  const SteppedRun run = ReadSteppedRun(single, steps);
-  ASSERT_EQ(run.model.size(), static_cast<size_t>(steps));
-  ASSERT_EQ(run.losses.size(), static_cast<size_t>(steps));
+}
+
+// How far the ranks' run may be from the one process: per trained tensor and step, the bound on
+// another order's weights after the step, and per step the loss' bound. Empty `tensors` for
+// other optimizers (8-bit AdamW): they keep the fixed bound of 1e-5 and their stray fraction.
+struct OrderBounds {
+  TrainedTensors tensors;
+  std::vector<double> losses;
+};
+
+void MeasureOrderBounds(const std::string& strategy, const std::string& name,
+                        const OneProcessRuns& runs, const SteppedRun& run, int64_t steps,
+                        OrderBounds* bounds) {
   const bool adamw = run.optimizer_name == "adamw";
   const bool plain_sgd = run.optimizer_name == "sgd" && run.momentum == 0;
-  // Per trained tensor and step: the bound on another order's weights after the step. Other
-  // optimizers (8-bit AdamW) keep the fixed bound of 1e-5 and their stray fraction.
-  TrainedTensors bounds;
   double loss_rounding = 1e-5;
   if (adamw || plain_sgd) {
-    const RankedDemoRun split_run = RunRankedDemo(strategy, name + "-split", 1, split, steps);
+    const RankedDemoRun split_run = RunRankedDemo(strategy, name + "-split", 1, runs.split, steps);
     ASSERT_EQ(split_run.exit_code, 0) << split_run.output;
     const SteppedRun sampled = ReadSteppedRun(split_run, steps);
     ASSERT_EQ(sampled.model.size(), static_cast<size_t>(steps));
     // A sample of other examples differs by a whole gradient, not by the order of a sum: a step
     // of accumulated micro-batches can straddle an epoch end that a step of one micro-batch drops.
     ASSERT_EQ(sampled.tokens, run.tokens)
-        << "the sample of the other order (micro-batch " << ranks_micro_batch
+        << "the sample of the other order (micro-batch " << runs.ranks_micro_batch
         << ", accumulated) draws other examples than the one process: give the data a whole "
            "number of global batches";
-    bounds = adamw ? AdamWBounds(run, sampled) : SgdBounds(run, sampled);
-    AddWeightRounding(run, &bounds);
-    ASSERT_FALSE(bounds.empty());
+    bounds->tensors = adamw ? AdamWBounds(run, sampled) : SgdBounds(run, sampled);
+    AddWeightRounding(run, &bounds->tensors);
+    ASSERT_FALSE(bounds->tensors.empty());
     // Before the first step the losses differ by the summation order alone: the sample's
     // difference, or a float32 ulp of the loss where the sample shows none, times the margin.
     const double ulp = std::nextafter(static_cast<float>(run.losses[0]), INFINITY) -
@@ -464,14 +466,20 @@ void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::s
   }
   // A loss after step i differs by its gradient times the weights' difference (to first order;
   // the second order is the square of a bound of 1e-5 or less) beside the rounding.
-  std::vector<double> loss_bounds(static_cast<size_t>(steps), loss_rounding);
-  for (const auto& [tensor_name, trained] : bounds) {
-    for (size_t i = 1; i < loss_bounds.size(); ++i) {
+  bounds->losses.assign(static_cast<size_t>(steps), loss_rounding);
+  for (const auto& [tensor_name, trained] : bounds->tensors) {
+    for (size_t i = 1; i < bounds->losses.size(); ++i) {
       ASSERT_TRUE(trained.gradient.at(i).defined()) << tensor_name;
-      loss_bounds[i] += (trained.gradient[i].abs() * trained.bound.at(i - 1)).sum().item<double>();
+      bounds->losses[i] +=
+          (trained.gradient[i].abs() * trained.bound.at(i - 1)).sum().item<double>();
     }
   }
-  const std::vector<double>& expected = run.losses;
+}
+
+// Each rank's loss after each step within its bound of the one process', and each rank's start
+// event naming its rank of two.
+void ExpectRanksLosses(const RankedDemoRun& ranked, const std::vector<double>& expected,
+                       const std::vector<double>& loss_bounds) {
   for (int rank = 0; rank < 2; ++rank) {
     const std::vector<double> losses = StepLosses(ranked.events[rank]);
     ASSERT_EQ(losses.size(), expected.size()) << "rank " << rank;
@@ -486,11 +494,17 @@ void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::s
     EXPECT_EQ(start["rank"], rank);
     EXPECT_EQ(start["world_size"], 2);
   }
-  EXPECT_GT(std::abs(expected.front() - expected.back()), 1e-3);
+}
+
+// Every final tensor of the ranks' run within its bound of the one process' (or, without
+// per-element bounds, all but `stray_fraction` of it within 1e-5), untrained ones equal, and the
+// bounds themselves small beside the weights' moves: a bound as large as the steps would prove
+// nothing.
+void ExpectFinalModels(const RankedDemoRun& single, const RankedDemoRun& ranked,
+                       const SteppedRun& run, const TrainedTensors& bounds, double stray_fraction) {
   ASSERT_FALSE(single.final_model.empty());
   ASSERT_EQ(ranked.final_model.size(), single.final_model.size());
   std::vector<torch::Tensor> all_bounds, all_moves;  // of every trained element
-  std::vector<std::string> trained_names;            // of their tensors, in the same order
   for (const auto& [tensor_name, tensor] : single.final_model) {
     ASSERT_TRUE(ranked.final_model.contains(tensor_name)) << tensor_name;
     const torch::Tensor& other = ranked.final_model.at(tensor_name);
@@ -524,13 +538,13 @@ void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::s
                             .flatten());
   }
   if (bounds.empty()) return;
-  // A bound as large as the steps would prove nothing. AdamW's is per element and its median must
-  // stay under a tenth of the median element's move after the first step (measured on the demo:
-  // 1.0% with the CPU's vector kernels, 1.1% under ATEN_CPU_CAPABILITY=default; its mean, which
-  // the few elements whose gradients are zero up to rounding dominate, 9% and 21%). SGD's is one
-  // per tensor: the largest under a tenth of the largest move, where a rank's wrong scale shows
-  // (tensors that barely move, such as q_proj under clipping, have bounds near their moves).
-  if (adamw) {
+  // AdamW's bound is per element and its median must stay under a tenth of the median element's
+  // move after the first step (measured on the demo: 1.0% with the CPU's vector kernels, 1.1%
+  // under ATEN_CPU_CAPABILITY=default; its mean, which the few elements whose gradients are zero
+  // up to rounding dominate, 9% and 21%). SGD's is one per tensor: the largest under a tenth of
+  // the largest move, where a rank's wrong scale shows (tensors that barely move, such as q_proj
+  // under clipping, have bounds near their moves).
+  if (run.optimizer_name == "adamw") {
     const double median_bound = torch::cat(all_bounds).median().item<double>();
     const double median_move = torch::cat(all_moves).median().item<double>();
     EXPECT_LT(median_bound, 0.1 * median_move);
@@ -543,6 +557,32 @@ void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::s
     std::printf("largest bound %.2e, largest move after the first step %.2e\n", largest_bound,
                 largest_move);
   }
+}
+
+}  // namespace
+
+void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::string& name,
+                                       const std::vector<std::string>& one,
+                                       const std::vector<std::string>& two, int64_t steps,
+                                       double stray_fraction, RankedDemoRun* single_run,
+                                       RankedDemoRun* ranked_run) {
+  OneProcessRuns runs;
+  ASSERT_NO_FATAL_FAILURE(MakeOneProcessRuns(one, two, &runs));
+  const RankedDemoRun single = RunRankedDemo(strategy, name + "-1", 1, runs.stepped, steps);
+  const RankedDemoRun ranked = RunRankedDemo(strategy, name + "-2", 2, two, steps);
+  if (single_run != nullptr) *single_run = single;
+  if (ranked_run != nullptr) *ranked_run = ranked;
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  ASSERT_EQ(ranked.exit_code, 0) << ranked.output;
+  ASSERT_GE(steps, 2);
+  const SteppedRun run = ReadSteppedRun(single, steps);
+  ASSERT_EQ(run.model.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(run.losses.size(), static_cast<size_t>(steps));
+  OrderBounds bounds;
+  ASSERT_NO_FATAL_FAILURE(MeasureOrderBounds(strategy, name, runs, run, steps, &bounds));
+  ASSERT_NO_FATAL_FAILURE(ExpectRanksLosses(ranked, run.losses, bounds.losses));
+  EXPECT_GT(std::abs(run.losses.front() - run.losses.back()), 1e-3);
+  ExpectFinalModels(single, ranked, run, bounds.tensors, stray_fraction);
 }
 
 }  // namespace llmctl::trainer::testing
