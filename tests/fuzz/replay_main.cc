@@ -338,20 +338,48 @@ int Usage(const char* program, const char* problem) {
   return 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  namespace fs = std::filesystem;
+// The command line, parsed.
+struct Replay {
+  const char* program = "";
   uint64_t mutations = 0, seed = 1, timeout_s = 10;
   std::optional<uint64_t> only;
-  fs::path dictionary_path, crash_dir = ".";
+  std::filesystem::path dictionary_path, crash_dir = ".";
   bool verbose = false;
-  std::vector<fs::path> inputs;
-  std::string corpus_args;  // for the reproduce line
+  std::vector<std::filesystem::path> inputs;  // the corpus' files, sorted
+  std::string corpus_args;                    // as given, for the reproduce line
+};
+
+// Adds the file `arg` names, or each regular file in the directory it names. False after saying
+// why.
+bool AddInputs(const char* arg, Replay* replay) {
+  namespace fs = std::filesystem;
+  const fs::path path = arg;
+  replay->corpus_args.append(" ").append(arg);
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const fs::directory_entry& entry : fs::directory_iterator(path, ec)) {
+      if (entry.is_regular_file(ec)) replay->inputs.push_back(entry.path());
+    }
+    if (ec) {
+      std::fprintf(stderr, "replay: cannot list %s: %s\n", arg, ec.message().c_str());
+      return false;
+    }
+  } else if (fs::is_regular_file(path, ec)) {
+    replay->inputs.push_back(path);
+  } else {
+    std::fprintf(stderr, "replay: %s is neither a file nor a directory\n", arg);
+    return false;
+  }
+  return true;
+}
+
+// Parses the command line into `replay`; an exit status when it is wrong.
+std::optional<int> ParseArgs(int argc, char** argv, Replay* replay) {
+  replay->program = argv[0];
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--verbose") {
-      verbose = true;
+      replay->verbose = true;
       continue;
     }
     if (arg == "--mutations" || arg == "--seed" || arg == "--only" || arg == "--timeout-s" ||
@@ -359,9 +387,9 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) return Usage(argv[0], (std::string(arg) + " needs a value").c_str());
       const std::string_view value = argv[++i];
       if (arg == "--dict") {
-        dictionary_path = value;
+        replay->dictionary_path = value;
       } else if (arg == "--crash-dir") {
-        crash_dir = value;
+        replay->crash_dir = value;
       } else {
         const std::optional<uint64_t> number = ParseCount(value);
         if (!number) {
@@ -369,85 +397,91 @@ int main(int argc, char** argv) {
                                  std::string(value) + "'")
                                     .c_str());
         }
-        if (arg == "--mutations") mutations = *number;
-        if (arg == "--seed") seed = *number;
-        if (arg == "--only") only = *number;
-        if (arg == "--timeout-s") timeout_s = std::clamp<uint64_t>(*number, 1, 3600);
+        if (arg == "--mutations") replay->mutations = *number;
+        if (arg == "--seed") replay->seed = *number;
+        if (arg == "--only") replay->only = *number;
+        if (arg == "--timeout-s") replay->timeout_s = std::clamp<uint64_t>(*number, 1, 3600);
       }
       continue;
     }
-    if (arg.starts_with("--"))
+    if (arg.starts_with("--")) {
       return Usage(argv[0], ("unknown option " + std::string(arg)).c_str());
-    const fs::path path = argv[i];
-    corpus_args += " " + std::string(arg);
-    std::error_code ec;
-    if (fs::is_directory(path, ec)) {
-      for (const fs::directory_entry& entry : fs::directory_iterator(path, ec)) {
-        if (entry.is_regular_file(ec)) inputs.push_back(entry.path());
-      }
-      if (ec) {
-        std::fprintf(stderr, "replay: cannot list %s: %s\n", argv[i], ec.message().c_str());
-        return 1;
-      }
-    } else if (fs::is_regular_file(path, ec)) {
-      inputs.push_back(path);
-    } else {
-      std::fprintf(stderr, "replay: %s is neither a file nor a directory\n", argv[i]);
-      return 1;
     }
+    if (!AddInputs(argv[i], replay)) return 1;
   }
-  if (inputs.empty()) return Usage(argv[0], "no inputs");
-  std::vector<std::string> dictionary;
-  if (!dictionary_path.empty()) {
-    std::optional<std::vector<std::string>> read = ReadDictionary(dictionary_path);
-    if (!read) {
-      std::fprintf(stderr, "replay: cannot read the dictionary %s\n", dictionary_path.c_str());
-      return 1;
-    }
-    dictionary = std::move(*read);
-  }
-  std::sort(inputs.begin(), inputs.end());
-  InstallHandlers();
+  if (replay->inputs.empty()) return Usage(argv[0], "no inputs");
+  std::sort(replay->inputs.begin(), replay->inputs.end());
+  return std::nullopt;
+}
 
-  const uint64_t first = only.value_or(0);
-  const uint64_t end = only ? *only + 1 : mutations;
-  std::vector<std::string> corpus(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!ReadFile(inputs[i], &corpus[i])) {
-      std::fprintf(stderr, "replay: cannot read %s\n", inputs[i].c_str());
-      return 1;
+// Runs every corpus file, each announced; false if one cannot be read.
+bool ReplayCorpus(const Replay& replay, std::vector<std::string>* corpus) {
+  corpus->resize(replay.inputs.size());
+  for (size_t i = 0; i < replay.inputs.size(); ++i) {
+    const std::filesystem::path& input = replay.inputs[i];
+    if (!ReadFile(input, &(*corpus)[i])) {
+      std::fprintf(stderr, "replay: cannot read %s\n", input.c_str());
+      return false;
     }
     std::snprintf(current.announcement, sizeof(current.announcement), "replay: %s (%zu bytes)\n",
-                  inputs[i].c_str(), corpus[i].size());
+                  input.c_str(), (*corpus)[i].size());
     current.crash_path[0] = '\0';  // the file itself reproduces it
-    std::snprintf(current.reproduce, sizeof(current.reproduce), "reproduce: %s %s\n", argv[0],
-                  inputs[i].c_str());
-    RunOne(corpus[i], /*announce=*/true, static_cast<unsigned>(timeout_s));
+    std::snprintf(current.reproduce, sizeof(current.reproduce), "reproduce: %s %s\n",
+                  replay.program, input.c_str());
+    RunOne((*corpus)[i], /*announce=*/true, static_cast<unsigned>(replay.timeout_s));
   }
+  return true;
+}
+
+// Runs mutations [first, end) of the corpus, each with the file a crash is written to and the
+// command that reproduces it set before it runs.
+void ReplayMutations(const Replay& replay, const std::vector<std::string>& corpus,
+                     const std::vector<std::string>& dictionary, uint64_t first, uint64_t end) {
+  const auto seed = static_cast<unsigned long long>(replay.seed);
   if (end > first) {
     std::fprintf(stderr,
                  "replay: mutations %llu to %llu of seed %llu (a crash or hang names its "
                  "mutation; --verbose announces each)\n",
                  static_cast<unsigned long long>(first), static_cast<unsigned long long>(end - 1),
-                 static_cast<unsigned long long>(seed));
+                 seed);
   }
-
   for (uint64_t index = first; index < end; ++index) {
-    const std::string data = Mutation(seed, index, corpus, dictionary);
+    const std::string data = Mutation(replay.seed, index, corpus, dictionary);
+    const auto mutation = static_cast<unsigned long long>(index);
     std::snprintf(current.announcement, sizeof(current.announcement),
-                  "replay: mutation %llu (seed %llu, %zu bytes)\n",
-                  static_cast<unsigned long long>(index), static_cast<unsigned long long>(seed),
-                  data.size());
+                  "replay: mutation %llu (seed %llu, %zu bytes)\n", mutation, seed, data.size());
     std::snprintf(current.crash_path, sizeof(current.crash_path),
-                  "%s/crash-%s-seed-%llu-mutation-%llu", crash_dir.c_str(), kName,
-                  static_cast<unsigned long long>(seed), static_cast<unsigned long long>(index));
+                  "%s/crash-%s-seed-%llu-mutation-%llu", replay.crash_dir.c_str(), kName, seed,
+                  mutation);
     std::snprintf(current.reproduce, sizeof(current.reproduce),
-                  "reproduce: %s%s%s --seed %llu --only %llu%s\n", argv[0],
-                  dictionary_path.empty() ? "" : " --dict ", dictionary_path.c_str(),
-                  static_cast<unsigned long long>(seed), static_cast<unsigned long long>(index),
-                  corpus_args.c_str());
-    RunOne(data, verbose, static_cast<unsigned>(timeout_s));
+                  "reproduce: %s%s%s --seed %llu --only %llu%s\n", replay.program,
+                  replay.dictionary_path.empty() ? "" : " --dict ", replay.dictionary_path.c_str(),
+                  seed, mutation, replay.corpus_args.c_str());
+    RunOne(data, replay.verbose, static_cast<unsigned>(replay.timeout_s));
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Replay replay;
+  if (const std::optional<int> stop = ParseArgs(argc, argv, &replay)) return *stop;
+  std::vector<std::string> dictionary;
+  if (!replay.dictionary_path.empty()) {
+    std::optional<std::vector<std::string>> read = ReadDictionary(replay.dictionary_path);
+    if (!read) {
+      std::fprintf(stderr, "replay: cannot read the dictionary %s\n",
+                   replay.dictionary_path.c_str());
+      return 1;
+    }
+    dictionary = std::move(*read);
+  }
+  InstallHandlers();
+  std::vector<std::string> corpus;
+  if (!ReplayCorpus(replay, &corpus)) return 1;
+  const uint64_t first = replay.only.value_or(0);
+  const uint64_t end = replay.only ? *replay.only + 1 : replay.mutations;
+  ReplayMutations(replay, corpus, dictionary, first, end);
   std::fprintf(stderr, "fuzz %s: %zu corpus inputs, %llu mutations ran\n", kName, corpus.size(),
                static_cast<unsigned long long>(end - first));
   return 0;
