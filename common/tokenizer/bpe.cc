@@ -39,6 +39,46 @@ void AddSymbol(int32_t id, int32_t len, std::vector<Symbol>* symbols) {
   symbols->push_back({id, index - 1, -1, len});
 }
 
+// Merges the word's symbols pair by pair, lowest rank first, until no pair of neighbours has a
+// merge: `find_merge(left, right)` is the merge of two ids (its rank and new id), or null.
+template <typename FindMerge>
+void ApplyMerges(const FindMerge& find_merge, std::vector<Symbol>* word) {
+  std::vector<Symbol>& symbols = *word;
+  std::priority_queue<QueuedMerge, std::vector<QueuedMerge>, LaterMerge> queue;
+  for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+    if (const auto* m = find_merge(symbols[i].id, symbols[i + 1].id)) {
+      queue.push({m->rank, static_cast<int32_t>(i), m->new_id});
+    }
+  }
+  while (!queue.empty()) {
+    const QueuedMerge top = queue.top();
+    queue.pop();
+    Symbol& current = symbols[top.pos];
+    if (current.len == 0 || current.next == -1) continue;
+    const Symbol right = symbols[current.next];
+    // Skip entries made stale by an earlier merge of either side.
+    const auto* m = find_merge(current.id, right.id);
+    if (m == nullptr || m->new_id != top.new_id) continue;
+
+    symbols[current.next].len = 0;
+    current.id = top.new_id;
+    current.len += right.len;
+    current.next = right.next;
+    if (right.next >= 0) symbols[right.next].prev = top.pos;
+
+    if (current.prev >= 0) {
+      if (const auto* left_merge = find_merge(symbols[current.prev].id, current.id)) {
+        queue.push({left_merge->rank, current.prev, left_merge->new_id});
+      }
+    }
+    if (current.next >= 0) {
+      if (const auto* right_merge = find_merge(current.id, symbols[current.next].id)) {
+        queue.push({right_merge->rank, top.pos, right_merge->new_id});
+      }
+    }
+  }
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
@@ -188,43 +228,11 @@ Status BpeModel::MergeWord(std::string_view word, std::vector<int32_t>* ids) con
   }
   if (pending_unk_id >= 0) AddSymbol(pending_unk_id, pending_unk_len, &symbols);
 
-  std::priority_queue<QueuedMerge, std::vector<QueuedMerge>, LaterMerge> queue;
   const auto find_merge = [this](int32_t left, int32_t right) -> const Merge* {
     const auto it = merges_.find(PairKey(left, right));
     return it == merges_.end() ? nullptr : &it->second;
   };
-  for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-    if (const Merge* m = find_merge(symbols[i].id, symbols[i + 1].id)) {
-      queue.push({m->rank, static_cast<int32_t>(i), m->new_id});
-    }
-  }
-  while (!queue.empty()) {
-    const QueuedMerge top = queue.top();
-    queue.pop();
-    Symbol& current = symbols[top.pos];
-    if (current.len == 0 || current.next == -1) continue;
-    const Symbol right = symbols[current.next];
-    // Skip entries made stale by an earlier merge of either side.
-    const Merge* m = find_merge(current.id, right.id);
-    if (m == nullptr || m->new_id != top.new_id) continue;
-
-    symbols[current.next].len = 0;
-    current.id = top.new_id;
-    current.len += right.len;
-    current.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = top.pos;
-
-    if (current.prev >= 0) {
-      if (const Merge* left_merge = find_merge(symbols[current.prev].id, current.id)) {
-        queue.push({left_merge->rank, current.prev, left_merge->new_id});
-      }
-    }
-    if (current.next >= 0) {
-      if (const Merge* right_merge = find_merge(current.id, symbols[current.next].id)) {
-        queue.push({right_merge->rank, top.pos, right_merge->new_id});
-      }
-    }
-  }
+  ApplyMerges(find_merge, &symbols);
   for (const Symbol& s : symbols) {
     if (s.len != 0) ids->push_back(s.id);
   }
