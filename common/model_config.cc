@@ -310,19 +310,18 @@ StatusOr<ModelConfig> ParseHfConfigObject(const Json& root, std::string_view fil
 
 }  // namespace
 
-Status ValidateModelConfig(const ModelConfig& config) {
-  auto field_error = [](std::string_view field, std::string problem) {
-    return InvalidArgumentError("field '" + std::string(field) + "' " + problem);
-  };
-  if (std::find(std::begin(kSupportedModelTypes), std::end(kSupportedModelTypes),
-                config.model_type) == std::end(kSupportedModelTypes)) {
-    return field_error("model_type",
-                       "is '" + config.model_type + "'; supported: llama, mistral, qwen2");
-  }
+namespace {
+
+Status FieldError(std::string_view field, std::string problem) {
+  return InvalidArgumentError("field '" + std::string(field) + "' " + problem);
+}
+
+// Every size positive and within common/model_bounds.h's bound.
+Status ValidateSizes(const ModelConfig& config) {
   struct Size {
     std::string_view field;
     int64_t value;
-    int64_t bound;  // common/model_bounds.h
+    int64_t bound;
   };
   const Size sizes[] = {
       {"vocab_size", config.vocab_size, model_bounds::kMaxVocabulary},
@@ -336,56 +335,69 @@ Status ValidateModelConfig(const ModelConfig& config) {
   };
   for (const Size& size : sizes) {
     if (size.value <= 0) {
-      return field_error(size.field, "must be positive, got " + std::to_string(size.value));
+      return FieldError(size.field, "must be positive, got " + std::to_string(size.value));
     }
     if (size.value > size.bound) {
-      return field_error(size.field, "is " + std::to_string(size.value) + ", more than " +
-                                         std::to_string(size.bound) +
-                                         ", far past any published model's");
+      return FieldError(size.field, "is " + std::to_string(size.value) + ", more than " +
+                                        std::to_string(size.bound) +
+                                        ", far past any published model's");
     }
   }
+  return Status::Ok();
+}
+
+Status ValidateRopeScaling(const RopeScaling& scaling) {
+  if (scaling.rope_type != "llama3") {
+    return FieldError("rope_scaling.rope_type",
+                      "is '" + scaling.rope_type + "'; supported: llama3");
+  }
+  if (!(scaling.factor > 0)) return FieldError("rope_scaling.factor", "must be positive");
+  if (!(scaling.low_freq_factor > 0)) {
+    return FieldError("rope_scaling.low_freq_factor", "must be positive");
+  }
+  if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
+    return FieldError("rope_scaling.high_freq_factor",
+                      "must be greater than 'rope_scaling.low_freq_factor' (the blend between them "
+                      "divides by their difference)");
+  }
+  if (scaling.original_max_position_embeddings <= 0) {
+    return FieldError("rope_scaling.original_max_position_embeddings", "must be positive");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateModelConfig(const ModelConfig& config) {
+  if (std::find(std::begin(kSupportedModelTypes), std::end(kSupportedModelTypes),
+                config.model_type) == std::end(kSupportedModelTypes)) {
+    return FieldError("model_type",
+                      "is '" + config.model_type + "'; supported: llama, mistral, qwen2");
+  }
+  RETURN_IF_ERROR(ValidateSizes(config));
   if (config.num_attention_heads % config.num_key_value_heads != 0) {
-    return field_error("num_attention_heads",
-                       "(" + std::to_string(config.num_attention_heads) +
-                           ") is not divisible by 'num_key_value_heads' (" +
-                           std::to_string(config.num_key_value_heads) +
-                           "): each key/value head must serve the same number of query heads");
+    return FieldError("num_attention_heads",
+                      "(" + std::to_string(config.num_attention_heads) +
+                          ") is not divisible by 'num_key_value_heads' (" +
+                          std::to_string(config.num_key_value_heads) +
+                          "): each key/value head must serve the same number of query heads");
   }
   if (config.head_dim % 2 != 0) {
-    return field_error("head_dim",
-                       "(" + std::to_string(config.head_dim) +
-                           ") must be even: rotary embeddings rotate pairs of dimensions");
+    return FieldError("head_dim",
+                      "(" + std::to_string(config.head_dim) +
+                          ") must be even: rotary embeddings rotate pairs of dimensions");
   }
-  if (!(config.rms_norm_eps > 0)) return field_error("rms_norm_eps", "must be positive");
-  if (!(config.rope_theta > 0)) return field_error("rope_theta", "must be positive");
-  if (config.rope_scaling) {
-    const RopeScaling& scaling = *config.rope_scaling;
-    if (scaling.rope_type != "llama3") {
-      return field_error("rope_scaling.rope_type",
-                         "is '" + scaling.rope_type + "'; supported: llama3");
-    }
-    if (!(scaling.factor > 0)) return field_error("rope_scaling.factor", "must be positive");
-    if (!(scaling.low_freq_factor > 0)) {
-      return field_error("rope_scaling.low_freq_factor", "must be positive");
-    }
-    if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
-      return field_error(
-          "rope_scaling.high_freq_factor",
-          "must be greater than 'rope_scaling.low_freq_factor' (the blend between them "
-          "divides by their difference)");
-    }
-    if (scaling.original_max_position_embeddings <= 0) {
-      return field_error("rope_scaling.original_max_position_embeddings", "must be positive");
-    }
-  }
+  if (!(config.rms_norm_eps > 0)) return FieldError("rms_norm_eps", "must be positive");
+  if (!(config.rope_theta > 0)) return FieldError("rope_theta", "must be positive");
+  if (config.rope_scaling) RETURN_IF_ERROR(ValidateRopeScaling(*config.rope_scaling));
   if (config.sliding_window && *config.sliding_window <= 0) {
-    return field_error("sliding_window", "must be positive");
+    return FieldError("sliding_window", "must be positive");
   }
   if (config.hidden_act != "silu") {
-    return field_error("hidden_act",
-                       "is '" + config.hidden_act +
-                           "'; LLaMA-family MLPs use 'silu' (SwiGLU), the only one llmctl "
-                           "implements");
+    return FieldError("hidden_act",
+                      "is '" + config.hidden_act +
+                          "'; LLaMA-family MLPs use 'silu' (SwiGLU), the only one llmctl "
+                          "implements");
   }
   return Status::Ok();
 }
