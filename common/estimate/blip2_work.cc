@@ -325,47 +325,25 @@ MicroBatchWork SumMicroBatchParts(std::initializer_list<std::pair<const PartCoun
   return sum;
 }
 
-}  // namespace
+// One micro-batch's work through BLIP-2's four parts, and the language model's logits.
+struct Blip2MicroBatch {
+  MicroBatchWork work;
+  double logits = 0;
+};
 
-StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2Config& model,
-                                         std::optional<int64_t> caption_tokens) {
-  ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateBlip2ModelState(config, model));
-  StepWork w;
-  w.family = ModelFamily::kBlip2;
-  const TrialSettings& s = config.settings();
-  const bool fp32 = s.memory.precision == trial::Precision::k32True;
+// `caption_length` tokens of caption a row; `nf4` the class of QLoRA's NF4 projections.
+Blip2MicroBatch CountBlip2MicroBatch(const TrialSettings& s, const Blip2Config& model,
+                                     int64_t caption_length, std::optional<MatmulClass> nf4) {
   const bool full = s.peft.method == trial::PeftMethod::kNone;
-  const bool qlora = s.peft.method == trial::PeftMethod::kQlora;
-  const bool checkpointing = s.memory.activation_checkpointing;
   const std::vector<std::string>& frozen = s.peft.freeze;
   const std::vector<std::string> targets = full ? std::vector<std::string>{} : s.peft.targets;
-  const double element = fp32 ? 4 : 2;
-
-  const int64_t micro = s.train.micro_batch_size;
-  const double examples = static_cast<double>(micro);
+  const double element = s.memory.precision == trial::Precision::k32True ? 4 : 2;
+  const double examples = static_cast<double>(s.train.micro_batch_size);
   const double queries = static_cast<double>(model.num_query_tokens);
-  const int64_t caption_length = caption_tokens.value_or(s.data.max_seq_length);
   const double caption = static_cast<double>(caption_length);
   const double patches = static_cast<double>((model.vision.image_size / model.vision.patch_size) *
                                              (model.vision.image_size / model.vision.patch_size));
   const double image_tokens = patches + 1;  // the class token
-
-  w.world_size = state.world_size;
-  w.nodes = std::max<int64_t>(1, s.parallel.nodes);
-  const int64_t global = s.train.global_batch_size;
-  w.micro_batches = std::max<int64_t>(1, global / (micro * w.world_size));
-  // What llm-train counts as a micro-batch's tokens: the queries' places and the caption.
-  w.tokens = micro * (model.num_query_tokens + caption_length) * w.micro_batches;
-  // Attention and every matmul but QLoRA's NF4 projections run in the elements' dtype; most of
-  // the step's FLOPs in the NF4 ones' where there are any, whose factor calibrates it.
-  const MatmulClass dense = fp32 ? MatmulClass::kFp32 : MatmulClass::kBf16;
-  const std::optional<MatmulClass> nf4 =
-      !qlora ? std::nullopt
-             : std::optional(s.peft.compute_dtype == trial::ComputeDtype::kBf16 ? MatmulClass::kBf16
-                                                                                : dense);
-  w.matmul_class = nf4.value_or(dense);
-  w.attention_class = dense;
-
   auto trained = [&](std::string_view part) { return full && !PartListHas(frozen, part); };
   const double rank = static_cast<double>(s.peft.r);
   const bool dropout = !full && s.peft.dropout > 0;
@@ -383,16 +361,50 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
   // The language model, adapted under LoRA/QLoRA.
   PartCounter language(element, trained("language_model"), full ? nullptr : &targets, rank, dropout,
                        nf4);
-  const double logits = model.opt() != nullptr
-                            ? CountOptWork(*model.opt(), examples, queries + caption, language)
-                            : CountT5Work(*model.t5(), examples, queries, caption, language);
+  Blip2MicroBatch micro_batch;
+  micro_batch.logits = model.opt() != nullptr
+                           ? CountOptWork(*model.opt(), examples, queries + caption, language)
+                           : CountT5Work(*model.t5(), examples, queries, caption, language);
+  micro_batch.work = SumMicroBatchParts({{&vision, trained("vision_model")},
+                                         {&qformer, trained("qformer")},
+                                         {&projection, trained("language_projection")},
+                                         {&language, trained("language_model") || !full}},
+                                        s.memory.activation_checkpointing);
+  return micro_batch;
+}
 
-  const MicroBatchWork step = SumMicroBatchParts({{&vision, trained("vision_model")},
-                                                  {&qformer, trained("qformer")},
-                                                  {&projection, trained("language_projection")},
-                                                  {&language, trained("language_model") || !full}},
-                                                 checkpointing);
-  double memory = step.memory + logits * LossBytesPerLogit(config, element);
+}  // namespace
+
+StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2Config& model,
+                                         std::optional<int64_t> caption_tokens) {
+  ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateBlip2ModelState(config, model));
+  StepWork w;
+  w.family = ModelFamily::kBlip2;
+  const TrialSettings& s = config.settings();
+  const bool fp32 = s.memory.precision == trial::Precision::k32True;
+  const bool qlora = s.peft.method == trial::PeftMethod::kQlora;
+  const int64_t micro = s.train.micro_batch_size;
+  const int64_t caption_length = caption_tokens.value_or(s.data.max_seq_length);
+
+  w.world_size = state.world_size;
+  w.nodes = std::max<int64_t>(1, s.parallel.nodes);
+  const int64_t global = s.train.global_batch_size;
+  w.micro_batches = std::max<int64_t>(1, global / (micro * w.world_size));
+  // What llm-train counts as a micro-batch's tokens: the queries' places and the caption.
+  w.tokens = micro * (model.num_query_tokens + caption_length) * w.micro_batches;
+  // Attention and every matmul but QLoRA's NF4 projections run in the elements' dtype; most of
+  // the step's FLOPs in the NF4 ones' where there are any, whose factor calibrates it.
+  const MatmulClass dense = fp32 ? MatmulClass::kFp32 : MatmulClass::kBf16;
+  const std::optional<MatmulClass> nf4 =
+      !qlora ? std::nullopt
+             : std::optional(s.peft.compute_dtype == trial::ComputeDtype::kBf16 ? MatmulClass::kBf16
+                                                                                : dense);
+  w.matmul_class = nf4.value_or(dense);
+  w.attention_class = dense;
+
+  const Blip2MicroBatch micro_batch = CountBlip2MicroBatch(s, model, caption_length, nf4);
+  const MicroBatchWork& step = micro_batch.work;
+  const double memory = step.memory + micro_batch.logits * LossBytesPerLogit(config, fp32 ? 4 : 2);
   const double micro_batches = static_cast<double>(w.micro_batches);
   w.matmul_flops = step.matmul * micro_batches;
   // Each projection at its own rate (a CPU's GEMM runs far below its square rate on the narrow
