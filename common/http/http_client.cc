@@ -178,6 +178,11 @@ Status TransportError(const Request& request, CURLcode code, const char* detail)
   }
 }
 
+bool IsHttps(std::string_view url) {
+  constexpr std::string_view kScheme = "https://";
+  return url.size() >= kScheme.size() && EqualsIgnoreCase(url.substr(0, kScheme.size()), kScheme);
+}
+
 // libcurl's options for `request` on `c`: where, how long, which protocols and certificates, the
 // method and body; the callbacks write into `transfer`, errors into `error_buffer`.
 void SetTransferOptions(CURL* c, const Request& request, const std::string& ca_bundle_path,
@@ -186,7 +191,9 @@ void SetTransferOptions(CURL* c, const Request& request, const std::string& ca_b
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error_buffer);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+  // An https request is never followed to plain http: its headers (an OpenStack token, a hub
+  // token) and its answer would cross the network unencrypted.
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, IsHttps(request.url) ? "https" : "http,https");
   curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
   curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
   curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L);
@@ -253,6 +260,12 @@ StatusOr<Response> FinishTransfer(const Request& request, Transfer& transfer, CU
   if (transfer.was_cancelled) return CancelledByCaller(request);
   const std::string where = request.method + " " + RedactUrl(request.url) + ": ";
   if (!transfer.file_error.empty()) return DataLossError(where + transfer.file_error);
+  if (code == CURLE_UNSUPPORTED_PROTOCOL && IsHttps(request.url)) {
+    if (const std::optional<std::string> location = transfer.response.headers.Get("Location")) {
+      return FailedPreconditionError(where + "refused its redirect to " + RedactUrl(*location) +
+                                     ": an https request is not followed to plain http");
+    }
+  }
   if (code != CURLE_OK) return TransportError(request, code, error_buffer);
   long status = 0;
   curl_easy_getinfo(transfer.curl, CURLINFO_RESPONSE_CODE, &status);

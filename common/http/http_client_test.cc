@@ -350,6 +350,40 @@ TEST_F(TlsTest, ACaBundleMakesTheCertificateTrusted) {
   EXPECT_EQ(response->status, 200);
 }
 
+// An https request's headers may carry a token: a redirect may keep it on https (or move it from
+// http to https), never take it to plain http.
+TEST_F(TlsTest, AnHttpsRequestIsNotRedirectedToPlainHttp) {
+  auto plain =
+      llmctl::testing::ServerProcess::StartPython("common/http/testdata/http_test_server.py", {});
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  const std::string plain_echo = "http://127.0.0.1:" + std::to_string((*plain)->port()) + "/echo";
+  const std::string https = "https://127.0.0.1:" + std::to_string(server_->port());
+  ClientOptions options;
+  options.ca_bundle_path = testdata_ + "loopback_cert.pem";
+  Request downgrade;
+  downgrade.url = https + "/redirect?to=" + plain_echo;
+  downgrade.headers.Add("X-Auth-Token", "secret-token");
+  auto refused = HttpClient(options).Send(downgrade);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(), "GET " + downgrade.url + ": refused its redirect to " +
+                                            plain_echo +
+                                            ": an https request is not followed to plain http");
+
+  Request within;
+  within.url = https + "/redirect";
+  auto followed = HttpClient(options).Send(within);
+  ASSERT_TRUE(followed.ok()) << followed.status().ToString();
+  EXPECT_EQ(followed->status, 200);
+  EXPECT_NE(followed->body.find("\"path\": \"/echo\""), std::string::npos) << followed->body;
+
+  Request upgrade;
+  upgrade.url = plain_echo.substr(0, plain_echo.size() - 4) + "redirect?to=" + https + "/echo";
+  auto upgraded = HttpClient(options).Send(upgrade);
+  ASSERT_TRUE(upgraded.ok()) << upgraded.status().ToString();
+  EXPECT_EQ(upgraded->status, 200);
+}
+
 TEST(RedactUrlTest, DropsCredentialsAndSecretQueryValues) {
   EXPECT_EQ(RedactUrl("https://user:pw@host:5000/v3?name=x&api_key=s3&Signature=abc"),
             "https://host:5000/v3?name=x&api_key=REDACTED&Signature=REDACTED");

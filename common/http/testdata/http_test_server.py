@@ -11,7 +11,7 @@ loopback_cert.pem here is self-signed for IP 127.0.0.1 and valid until 2126). Ro
   /file/<key>            100000 deterministic bytes with Range support; ?cut=<n> makes the first
                          answer close the connection after <n> body bytes; ?stall=<n> makes it
                          send <n> body bytes and then nothing, the connection left open
-  /redirect              302 to /echo
+  /redirect              302 to /echo; ?to=<url> to <url> instead
 """
 import argparse
 import json
@@ -102,7 +102,7 @@ class Handler(BaseHTTPRequestHandler):
                 return
             self.answer(status, payload, headers)
         elif parts[0] == "redirect":
-            self.answer(302, b"", {"Location": "/echo"})
+            self.answer(302, b"", {"Location": query.get("to", ["/echo"])[0]})
         else:
             self.answer(404, b"no such route")
 
