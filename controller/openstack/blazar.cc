@@ -18,12 +18,6 @@ using nlohmann::json;
 
 constexpr char kBlazarDate[] = "%Y-%m-%d %H:%M";
 
-// python-chi's test for Blazar's no-capacity answer: "not enough <resource> available".
-bool IsNoCapacity(const http::Response& response) {
-  static const std::regex kPattern("not enough [a-z_ ]+ available", std::regex::icase);
-  return response.status == 500 && std::regex_search(ServiceMessage(response), kPattern);
-}
-
 // Blazar answers its own refusals with HTTP 500 and the exception's text ("Invalid lease status.",
 // "Not enough hosts available", a trust Keystone would not give it), where the generic mapping says
 // the cloud did not answer: these are refusals (exit 1), with Blazar's words.
@@ -55,6 +49,16 @@ std::string NodeTypeProperties(const std::string& node_type) {
 }
 
 }  // namespace
+
+bool IsNoCapacityAnswer(const http::Response& response) {
+  if (response.status != 500) return false;
+  static const std::regex kPattern("not enough [a-z_ ]+ available", std::regex::icase);
+  // libstdc++'s regex recurses once per character a repetition takes: "not enough " and 100,000
+  // letters overflowed the stack. Blazar's own message is a few words ("Not enough hosts
+  // available"), so the head of a longer one is enough to tell.
+  const std::string message = ServiceMessage(response).substr(0, kMaxNoCapacityMessageBytes);
+  return std::regex_search(message, kPattern);
+}
 
 json LeaseRequestBody(const LeaseSpec& spec) {
   json reservation;
@@ -124,6 +128,52 @@ StatusOr<Lease> ParseLease(const json& value) {
     lease.reservations.push_back(std::move(reservation));
   }
   return lease;
+}
+
+StatusOr<std::optional<TimePoint>> FirstFreeHostSlot(const json& host_list, const json& allocations,
+                                                     const std::string& node_type, int hosts,
+                                                     TimePoint from,
+                                                     std::chrono::seconds duration) {
+  if (!host_list.contains("hosts") || !host_list["hosts"].is_array() ||
+      !allocations.contains("allocations") || !allocations["allocations"].is_array()) {
+    return InternalError("Blazar's host calendar has an unexpected shape");
+  }
+  std::set<std::string> matching;
+  for (const json& host : host_list["hosts"]) {
+    // Extra capabilities such as node_type are top-level fields of a host; ids may be numbers.
+    std::string id =
+        host.contains("id") && host["id"].is_number() ? host["id"].dump() : StringField(host, "id");
+    if (StringField(host, "node_type") == node_type) matching.insert(id);
+  }
+  if (static_cast<int>(matching.size()) < hosts) return std::optional<TimePoint>();
+  std::map<std::string, std::vector<std::pair<TimePoint, TimePoint>>> busy;
+  std::vector<TimePoint> candidates = {from};
+  for (const json& allocation : allocations["allocations"]) {
+    std::string id = allocation.contains("resource_id") && allocation["resource_id"].is_number()
+                         ? allocation["resource_id"].dump()
+                         : StringField(allocation, "resource_id");
+    if (!matching.contains(id) || !allocation.contains("reservations")) continue;
+    for (const json& reservation : allocation["reservations"]) {
+      StatusOr<TimePoint> start = ParseUtcTimestamp(StringField(reservation, "start_date"));
+      StatusOr<TimePoint> end = ParseUtcTimestamp(StringField(reservation, "end_date"));
+      if (!start.ok() || !end.ok()) continue;
+      busy[id].emplace_back(*start, *end);
+      if (*end > from) candidates.push_back(*end);
+    }
+  }
+  std::sort(candidates.begin(), candidates.end());
+  for (TimePoint candidate : candidates) {
+    int free = 0;
+    for (const std::string& id : matching) {
+      bool overlaps = false;
+      for (const auto& [start, end] : busy[id]) {
+        overlaps = overlaps || (start < candidate + duration && candidate < end);
+      }
+      if (!overlaps) ++free;
+    }
+    if (free >= hosts) return std::optional<TimePoint>(candidate);
+  }
+  return std::optional<TimePoint>();
 }
 
 std::string DescribeReservation(const Reservation& reservation) {
@@ -238,7 +288,7 @@ StatusOr<Lease> BlazarClient::Create(const LeaseSpec& spec) {
         }
         return ParseLease(answer["lease"]);
       }
-      if (IsNoCapacity(response)) {
+      if (IsNoCapacityAnswer(response)) {
         return CapacityError(spec, start, ApiError(exchange->request, response).message());
       }
       Status error = BlazarError(*exchange);
@@ -282,46 +332,7 @@ StatusOr<std::optional<TimePoint>> BlazarClient::NextFreeHostSlot(const std::str
   ASSIGN_OR_RETURN(json host_list, session_.CallJson("reservation", "GET", prefix + "/os-hosts"));
   ASSIGN_OR_RETURN(json allocations,
                    session_.CallJson("reservation", "GET", prefix + "/os-hosts/allocations"));
-  if (!host_list.contains("hosts") || !host_list["hosts"].is_array() ||
-      !allocations.contains("allocations") || !allocations["allocations"].is_array()) {
-    return InternalError("Blazar's host calendar has an unexpected shape");
-  }
-  std::set<std::string> matching;
-  for (const json& host : host_list["hosts"]) {
-    // Extra capabilities such as node_type are top-level fields of a host; ids may be numbers.
-    std::string id =
-        host.contains("id") && host["id"].is_number() ? host["id"].dump() : StringField(host, "id");
-    if (StringField(host, "node_type") == node_type) matching.insert(id);
-  }
-  if (static_cast<int>(matching.size()) < hosts) return std::optional<TimePoint>();
-  std::map<std::string, std::vector<std::pair<TimePoint, TimePoint>>> busy;
-  std::vector<TimePoint> candidates = {from};
-  for (const json& allocation : allocations["allocations"]) {
-    std::string id = allocation.contains("resource_id") && allocation["resource_id"].is_number()
-                         ? allocation["resource_id"].dump()
-                         : StringField(allocation, "resource_id");
-    if (!matching.contains(id) || !allocation.contains("reservations")) continue;
-    for (const json& reservation : allocation["reservations"]) {
-      StatusOr<TimePoint> start = ParseUtcTimestamp(StringField(reservation, "start_date"));
-      StatusOr<TimePoint> end = ParseUtcTimestamp(StringField(reservation, "end_date"));
-      if (!start.ok() || !end.ok()) continue;
-      busy[id].emplace_back(*start, *end);
-      if (*end > from) candidates.push_back(*end);
-    }
-  }
-  std::sort(candidates.begin(), candidates.end());
-  for (TimePoint candidate : candidates) {
-    int free = 0;
-    for (const std::string& id : matching) {
-      bool overlaps = false;
-      for (const auto& [start, end] : busy[id]) {
-        overlaps = overlaps || (start < candidate + duration && candidate < end);
-      }
-      if (!overlaps) ++free;
-    }
-    if (free >= hosts) return std::optional<TimePoint>(candidate);
-  }
-  return std::optional<TimePoint>();
+  return FirstFreeHostSlot(host_list, allocations, node_type, hosts, from, duration);
 }
 
 Status BlazarClient::CapacityError(const LeaseSpec& spec, TimePoint start,
@@ -362,7 +373,7 @@ StatusOr<Lease> BlazarClient::Extend(std::string_view name_or_id, TimePoint new_
   request.connect_timeout = session_.options().connect_timeout;
   request.total_timeout = session_.options().request_timeout;
   ASSIGN_OR_RETURN(Exchange exchange, session_.Call("reservation", request));
-  if (IsNoCapacity(exchange.response)) {
+  if (IsNoCapacityAnswer(exchange.response)) {
     return ResourceExhaustedError("no capacity to extend lease '" + lease.name + "' to " +
                                   FormatUtc(new_end, kBlazarDate) + " UTC [" +
                                   ApiError(exchange.request, exchange.response).message() + "]");

@@ -110,12 +110,28 @@ class BlazarClient {
   const BlazarOptions options_;
 };
 
+// How much of a 500 answer's message IsNoCapacityAnswer reads.
+inline constexpr size_t kMaxNoCapacityMessageBytes = 1024;
+
+// Blazar's no-capacity answer, python-chi's way: HTTP 500 whose message (ServiceMessage) says
+// "not enough <resource> available" within its first kMaxNoCapacityMessageBytes.
+bool IsNoCapacityAnswer(const http::Response& response);
+
 // The POST /leases body exactly as python-chi sends it.
 nlohmann::json LeaseRequestBody(const LeaseSpec& spec);
 
 // One lease object ({"lease": ...}'s value or an element of "leases"); reservations may come as
 // a JSON string.
 StatusOr<Lease> ParseLease(const nlohmann::json& value);
+
+// The first time from `from` on when `hosts` hosts of `node_type` are all free for `duration`,
+// by Blazar's host calendar: GET /os-hosts (`host_list`, {"hosts": [...]}, node_type a top-level
+// field of each host) and GET /os-hosts/allocations (`allocations`). Never before `from`; nullopt
+// when the site has fewer such hosts. InternalError when either answer has another shape.
+StatusOr<std::optional<TimePoint>> FirstFreeHostSlot(const nlohmann::json& host_list,
+                                                     const nlohmann::json& allocations,
+                                                     const std::string& node_type, int hosts,
+                                                     TimePoint from, std::chrono::seconds duration);
 
 }  // namespace llmctl::openstack
 

@@ -109,6 +109,59 @@ TEST(ParseLeaseTest, AcceptsReservationsAsAJsonString) {
   EXPECT_FALSE(ParseLease(json::parse(R"({"id": "l1", "start_date": "soon"})")).ok());
 }
 
+// strptime reads years 0-9999, but a TimePoint's nanoseconds hold only 1677-2262: a far date
+// overflowed (undefined behaviour) instead of being refused.
+TEST(ParseUtcTimestampTest, RefusesYearsATimePointCannotHoldWithRoomToAdd) {
+  for (const char* text : {"9999-12-31T23:59:59Z", "2262-04-12 00:00", "2200-01-01T00:00:00Z",
+                           "1677-09-21 00:00", "0000-01-01 00:00", "1899-12-31T23:59:59Z"}) {
+    auto time = ParseUtcTimestamp(text);
+    ASSERT_FALSE(time.ok()) << text;
+    EXPECT_EQ(time.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(time.status().message().starts_with(std::string("'").append(text).append("'")))
+        << time.status().message();
+  }
+  auto last = ParseUtcTimestamp("2199-12-31T23:59:59.999999Z");
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  EXPECT_EQ(FormatUtc(*last, "%Y-%m-%dT%H:%M:%SZ"), "2199-12-31T23:59:59Z");
+  auto first = ParseUtcTimestamp("1900-01-01 00:00");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(FormatUtc(*first, "%Y-%m-%d %H:%M"), "1900-01-01 00:00");
+  auto lease = ParseLease(json::parse(R"({"id": "l1", "start_date": "2030-01-01 00:00",
+    "end_date": "9999-12-31 23:59"})"));
+  ASSERT_FALSE(lease.ok());
+  EXPECT_EQ(lease.status().code(), StatusCode::kInternal);
+  EXPECT_NE(lease.status().message().find("9999-12-31 23:59"), std::string::npos);
+}
+
+// strptime checks each field alone and timegm rolls over what is past its end: a date that does
+// not exist was read as another one.
+TEST(ParseUtcTimestampTest, RefusesDatesThatDoNotExist) {
+  for (const char* text : {"2030-02-31 00:00", "2031-02-29T00:00:00Z", "2030-04-31 12:00",
+                           "2030-01-01T23:59:60Z", "2030-12-31 23:59:61"}) {
+    auto time = ParseUtcTimestamp(text);
+    ASSERT_FALSE(time.ok()) << text << " read as " << FormatUtc(*time, "%Y-%m-%d %H:%M:%S");
+    EXPECT_EQ(time.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(time.status().message().starts_with(std::string("'").append(text).append("'")));
+  }
+  auto leap = ParseUtcTimestamp("2032-02-29 23:59");
+  ASSERT_TRUE(leap.ok()) << leap.status().ToString();
+  EXPECT_EQ(FormatUtc(*leap, "%Y-%m-%d %H:%M"), "2032-02-29 23:59");
+}
+
+// libstdc++'s regex recursed once per letter of the message: a 500 whose message was "Not enough "
+// and 100,000 letters overflowed the stack of `llmctl lease create`.
+TEST(NoCapacityAnswerTest, ALongMessageIsReadWithoutOverflowingTheStack) {
+  http::Response response;
+  response.status = 500;
+  response.body =
+      json({{"error_message", "Not enough " + std::string(1 << 20, 'a') + " available"}}).dump();
+  EXPECT_FALSE(IsNoCapacityAnswer(response));
+  response.body = R"({"error_code": 500, "error_message": "Not enough hosts available"})";
+  EXPECT_TRUE(IsNoCapacityAnswer(response));
+  response.status = 409;
+  EXPECT_FALSE(IsNoCapacityAnswer(response));
+}
+
 TEST_F(BlazarTest, FlavorLeaseLifecycleOnTheSimulatorsClock) {
   NovaClient nova(*session_, sim_->clock());
   auto flavor = nova.FindFlavor("g1.h100.pci.1");

@@ -1,6 +1,7 @@
 #include "controller/openstack/cinder.h"
 
 #include "common/http/http_client.h"
+#include "controller/openstack/json_fields.h"
 
 namespace llmctl::openstack {
 
@@ -15,7 +16,9 @@ StatusOr<Volume> ParseVolume(const json& value) {
   volume.id = value["id"].get<std::string>();
   volume.status = value["status"].get<std::string>();
   if (value.contains("name") && value["name"].is_string()) volume.name = value["name"];
-  if (value.contains("size") && value["size"].is_number_integer()) volume.size_gb = value["size"];
+  // IntField: a size past an int reads as 0 (unknown), not as the int it would wrap to
+  // (4294967496 GiB would otherwise read as 200).
+  volume.size_gb = IntField(value, "size");
   if (value.contains("attachments") && value["attachments"].is_array()) {
     for (const json& attachment : value["attachments"]) {
       if (attachment.is_object() && attachment.contains("server_id") &&

@@ -20,7 +20,7 @@ struct Volume {
   std::string id;
   std::string name;
   std::string status;  // creating, available, in-use, deleting, error, ...
-  int size_gb = 0;
+  int size_gb = 0;     // 0 when Cinder's answer has none within an int
   std::vector<std::string> attached_to;  // server ids
 };
 

@@ -43,7 +43,29 @@ StatusOr<TimePoint> ParseUtcTimestamp(std::string_view text) {
     end = nullptr;
   }
   if (end == nullptr) return bad();
-  return std::chrono::system_clock::from_time_t(timegm(&tm));
+  // TimePoint counts nanoseconds in 64 bits: 1677-09-21 to 2262-04-11. strptime takes years
+  // 0-9999, whose nanoseconds overflow (undefined behaviour, in practice a lease date centuries
+  // off), and a date near either end overflows once a timeout or a duration is added to it.
+  if (tm.tm_year + 1900 < kMinUtcYear || tm.tm_year + 1900 > kMaxUtcYear) {
+    std::string message = "'";
+    message.append(text).append("' is outside the years ");
+    message.append(std::to_string(kMinUtcYear)).append("-").append(std::to_string(kMaxUtcYear));
+    message.append(" a cloud's timestamp may name");
+    return InvalidArgumentError(std::move(message));
+  }
+  // strptime checks each field alone (a day up to 31, a second up to 61) and timegm rolls what
+  // overflows into the next month or minute: "2030-02-31" would be March 3rd. timegm writes the
+  // normalized fields back, so a date that does not exist shows as a change.
+  const std::tm written = tm;
+  const std::time_t seconds = timegm(&tm);
+  if (tm.tm_mday != written.tm_mday || tm.tm_mon != written.tm_mon ||
+      tm.tm_year != written.tm_year || tm.tm_hour != written.tm_hour ||
+      tm.tm_min != written.tm_min || tm.tm_sec != written.tm_sec) {
+    std::string message = "'";
+    message.append(text).append("' names a date or time that does not exist");
+    return InvalidArgumentError(std::move(message));
+  }
+  return std::chrono::system_clock::from_time_t(seconds);
 }
 
 std::string FormatUtc(TimePoint time, const char* format) {

@@ -23,9 +23,16 @@ class CloudClock {
 // The wall clock and a real sleep. Thread-safe.
 CloudClock& SystemCloudClock();
 
+// The years a parsed timestamp may fall in: far inside what a TimePoint holds (1677-2262), so
+// that adding a timeout or a lease's duration to one cannot overflow.
+inline constexpr int kMinUtcYear = 1900;
+inline constexpr int kMaxUtcYear = 2199;
+
 // UTC timestamps as OpenStack writes them: "2017-12-26T12:00:00.000000", "2015-11-07T02:58:43Z",
 // "2025-08-13 14:00", "2017-12-27 10:00:00". Fractions are dropped; an offset other than Z is
-// refused. InvalidArgument quoting the text otherwise.
+// refused, and so are a date that does not exist (2030-02-31, 23:59:60) and a year outside
+// kMinUtcYear-kMaxUtcYear. InvalidArgument quoting the text otherwise. What parses is exact to the
+// second: FormatUtc(t, "%Y-%m-%dT%H:%M:%SZ") parses back to t.
 StatusOr<TimePoint> ParseUtcTimestamp(std::string_view text);
 
 // strftime in UTC, e.g. FormatUtc(t, "%Y-%m-%d %H:%M") for Blazar's dates.

@@ -1,7 +1,7 @@
 #include "controller/openstack/nodes.h"
 
 #include <algorithm>
-#include <cstdlib>
+#include <charconv>
 #include <set>
 
 #include "controller/openstack/glance.h"
@@ -24,6 +24,33 @@ NodeNames NamesForNode(std::string_view lease_name) {
   std::string lease(lease_name);
   return {lease, kServerPrefix + lease + kServerSuffix, kServerPrefix + lease + "-boot",
           kServerPrefix + lease + "-ip"};
+}
+
+std::optional<std::string> NodeOfServer(std::string_view server_name) {
+  const std::string_view prefix = kServerPrefix;
+  const std::string_view suffix = kServerSuffix;
+  // Longer than both, so that they do not overlap and the lease's name is not empty.
+  if (server_name.size() <= prefix.size() + suffix.size() || !server_name.starts_with(prefix) ||
+      !server_name.ends_with(suffix)) {
+    return std::nullopt;
+  }
+  server_name.remove_prefix(prefix.size());
+  server_name.remove_suffix(suffix.size());
+  return std::string(server_name);
+}
+
+int AgentPortOf(const Server& server) {
+  auto found = server.metadata.find(kAgentPortMetadata);
+  if (found == server.metadata.end()) return 0;
+  const std::string& text = found->second;
+  int port = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), port);
+  // atoi read "99999999999" as whatever strtol's LONG_MAX became and "70000" or "-5" as such: an
+  // address no agent listens on.
+  if (error != std::errc() || end != text.data() + text.size() || port < 1 || port > 65535) {
+    return 0;
+  }
+  return port;
 }
 
 std::string Node::AgentAddress() const {
@@ -150,10 +177,7 @@ StatusOr<Node> NodeManager::Show(std::string_view name) {
   ASSIGN_OR_RETURN(node.server, nova_.FindServer(names.server));
   ASSIGN_OR_RETURN(node.volume, cinder_.FindByName(names.volume));
   ASSIGN_OR_RETURN(node.floating_ip, neutron_.FindFloatingIp(names.floating_ip));
-  if (node.server.has_value()) {
-    auto port = node.server->metadata.find(kAgentPortMetadata);
-    if (port != node.server->metadata.end()) node.agent_port = std::atoi(port->second.c_str());
-  }
+  if (node.server.has_value()) node.agent_port = AgentPortOf(*node.server);
   if (!node.server && !node.volume && !node.floating_ip) {
     return NotFoundError("no node '" + names.node + "' (no server " + names.server + ", volume " +
                          names.volume + " or floating IP)");
@@ -165,11 +189,11 @@ StatusOr<std::vector<Node>> NodeManager::List() {
   ASSIGN_OR_RETURN(std::vector<Server> servers, nova_.ListServers(kServerPrefix));
   std::vector<Node> nodes;
   for (const Server& server : servers) {
-    std::string_view name = server.name;
-    if (!name.ends_with(kServerSuffix)) continue;
-    name.remove_prefix(std::string_view(kServerPrefix).size());
-    name.remove_suffix(std::string_view(kServerSuffix).size());
-    ASSIGN_OR_RETURN(Node node, Show(name));
+    // A name Nova's prefix filter let through may still not be a node's ("llmctl-server" is
+    // shorter than prefix and suffix together, and cutting both off it overran the name).
+    std::optional<std::string> name = NodeOfServer(server.name);
+    if (!name.has_value()) continue;
+    ASSIGN_OR_RETURN(Node node, Show(*name));
     nodes.push_back(std::move(node));
   }
   std::sort(nodes.begin(), nodes.end(),

@@ -30,11 +30,20 @@ struct NodeNames {
 };
 NodeNames NamesForNode(std::string_view lease_name);
 
+// The node whose server Nova calls `server_name` (llmctl-<lease>-server, NamesForNode's server);
+// nullopt for any other name, "llmctl-server" (prefix and suffix overlapping) and
+// "llmctl--server" (no lease) included.
+std::optional<std::string> NodeOfServer(std::string_view server_name);
+
 // The security groups llmctl makes carry this description prefix; `node down` deletes only
 // those, and only when no port uses them.
 inline constexpr char kSecurityGroupMark[] = "llmctl:";
 // Nova metadata key on the server: the agent's port, so list/show can print its address.
 inline constexpr char kAgentPortMetadata[] = "llmctl-agent-port";
+
+// The agent's port from the server's kAgentPortMetadata: 1-65535, or 0 when it is missing or not
+// a port in decimal digits (Nova's metadata is anyone's in the project to change).
+int AgentPortOf(const Server& server);
 
 struct NodeSpec {
   std::string lease;  // name or id; must be ACTIVE

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "controller/openstack/glance.h"
 #include "tests/openstack_sim/simulator.h"
@@ -341,6 +343,74 @@ TEST_F(NodesTest, EveryServiceReissuesTheTokenAfterA401) {
     EXPECT_TRUE(status.ok()) << status.ToString();
   }
   EXPECT_EQ((*sim_->Books())["tokens_issued"], issued + 4);
+}
+
+// Any project member can name a server or set its metadata: `node list` and `node show` read
+// what is not llmctl's without crashing, and never dial a port that is none.
+TEST_F(NodesTest, ServersNamedOrLabelledByOthersAreReadSafely) {
+  NovaClient nova(*session_, sim_->clock());
+  ServerSpec spec;
+  spec.flavor_id = "f-small";
+  spec.image_id = "img-ubuntu-2204";
+  spec.network_id = "net-sharednet1";
+  // llmctl-'s prefix and -server's suffix overlap in it: cutting both off overran the name.
+  spec.name = "llmctl-server";
+  auto overlapping = nova.FindOrCreateServer(spec);
+  ASSERT_TRUE(overlapping.ok()) << overlapping.status().ToString();
+  spec.name = NamesForNode("odd-port").server;
+  spec.metadata[kAgentPortMetadata] = "70000";
+  auto odd_port = nova.FindOrCreateServer(spec);
+  ASSERT_TRUE(odd_port.ok()) << odd_port.status().ToString();
+
+  auto nodes = nodes_->List();
+  ASSERT_TRUE(nodes.ok()) << nodes.status().ToString();
+  std::vector<std::string> names;
+  for (const Node& node : *nodes) names.push_back(node.name);
+  EXPECT_NE(std::find(names.begin(), names.end(), "odd-port"), names.end());
+  EXPECT_EQ(std::find(names.begin(), names.end(), "server"), names.end());
+  auto shown = nodes_->Show("odd-port");
+  ASSERT_TRUE(shown.ok()) << shown.status().ToString();
+  EXPECT_EQ(shown->agent_port, 0);
+  EXPECT_EQ(shown->AgentAddress(), "");
+
+  EXPECT_TRUE(nova.DeleteServer(overlapping->id, std::chrono::seconds(300)).ok());
+  EXPECT_TRUE(nova.DeleteServer(odd_port->id, std::chrono::seconds(300)).ok());
+}
+
+TEST(NodeOfServerTest, OnlyNamesNamesForNodeMakes) {
+  EXPECT_EQ(NodeOfServer("llmctl-llm-h100-server"), "llm-h100");
+  EXPECT_EQ(NodeOfServer(NamesForNode("a").server), "a");
+  EXPECT_EQ(NodeOfServer("llmctl-server"), std::nullopt);
+  EXPECT_EQ(NodeOfServer("llmctl--server"), std::nullopt);
+  EXPECT_EQ(NodeOfServer("llmctl-a-boot"), std::nullopt);
+  EXPECT_EQ(NodeOfServer("other-a-server"), std::nullopt);
+}
+
+TEST(AgentPortOfTest, OnlyAPortInDecimalIsAPort) {
+  Server server;
+  EXPECT_EQ(AgentPortOf(server), 0);
+  for (const char* text : {"99999999999", "70000", "0", "-5", "7443abc", " 7443", "", "0x1d23"}) {
+    server.metadata[kAgentPortMetadata] = text;
+    EXPECT_EQ(AgentPortOf(server), 0) << text;
+  }
+  server.metadata[kAgentPortMetadata] = "7443";
+  EXPECT_EQ(AgentPortOf(server), 7443);
+  server.metadata[kAgentPortMetadata] = "65535";
+  EXPECT_EQ(AgentPortOf(server), 65535);
+}
+
+TEST(ParseVolumeTest, ASizePastAnIntIsUnknownNotWrapped) {
+  auto size = [](const char* number) {
+    auto volume = ParseVolume(
+        json::parse(std::string(R"({"id": "v", "status": "available", "size": )") + number + "}"));
+    EXPECT_TRUE(volume.ok()) << volume.status().ToString();
+    return volume.ok() ? volume->size_gb : -1;
+  };
+  EXPECT_EQ(size("200"), 200);
+  EXPECT_EQ(size("4294967496"), 0);  // 2^32 + 200: wrapped, it read as 200
+  EXPECT_EQ(size("18446744073709551615"), 0);
+  EXPECT_EQ(size("-9223372036854775808"), 0);
+  EXPECT_EQ(size("2147483647"), 2147483647);
 }
 
 }  // namespace

@@ -137,6 +137,35 @@ StatusOr<std::string> Catalog::Url(std::string_view service_type, std::string_vi
                        "; it offers: " + (list.empty() ? "nothing" : list));
 }
 
+StatusOr<Token> ParseTokenAnswer(const http::Response& response, const std::string& url,
+                                 std::string_view what) {
+  auto subject = response.headers.Get("X-Subject-Token");
+  json body = ParseForeignJson(response.body);
+  if (!subject || subject->empty() || !body.is_object() || !body.contains("token") ||
+      !body["token"].is_object()) {
+    return InternalError(std::string(what) + ": " + url +
+                         " answered without a token (no X-Subject-Token header or token body)");
+  }
+  const json& token_json = body["token"];
+  Token token;
+  token.id = *subject;
+  if (!token_json.contains("expires_at") || !token_json["expires_at"].is_string()) {
+    return InternalError(std::string(what) + ": the token from " + url + " has no expires_at");
+  }
+  ASSIGN_OR_RETURN(token.expires_at,
+                   ParseUtcTimestamp(token_json["expires_at"].get<std::string>()));
+  if (token_json.contains("project") && token_json["project"].is_object() &&
+      token_json["project"].contains("id") && token_json["project"]["id"].is_string()) {
+    token.project_id = token_json["project"]["id"].get<std::string>();
+  }
+  if (token_json.contains("catalog")) {
+    StatusOr<Catalog> catalog = Catalog::FromJson(token_json["catalog"]);
+    if (!catalog.ok()) return catalog.status().WithContext(std::string(what) + ": " + url);
+    token.catalog = std::move(*catalog);
+  }
+  return token;
+}
+
 Session::Session(Credentials credentials, const http::HttpClient& http, CloudClock& clock,
                  SessionOptions options)
     : credentials_(std::move(credentials)), http_(http), clock_(clock), options_(options) {}
@@ -188,31 +217,7 @@ StatusOr<Token> Session::IssueToken(const json& auth, const http::Headers& extra
   if (response.status != 201 && response.status != 200) {
     return ApiError(request, response).WithContext(what);
   }
-  auto subject = response.headers.Get("X-Subject-Token");
-  json body = ParseForeignJson(response.body);
-  if (!subject || subject->empty() || !body.is_object() || !body.contains("token") ||
-      !body["token"].is_object()) {
-    return InternalError(std::string(what) + ": " + url +
-                         " answered without a token (no X-Subject-Token header or token body)");
-  }
-  const json& token_json = body["token"];
-  Token token;
-  token.id = *subject;
-  if (!token_json.contains("expires_at") || !token_json["expires_at"].is_string()) {
-    return InternalError(std::string(what) + ": the token from " + url + " has no expires_at");
-  }
-  ASSIGN_OR_RETURN(token.expires_at,
-                   ParseUtcTimestamp(token_json["expires_at"].get<std::string>()));
-  if (token_json.contains("project") && token_json["project"].is_object() &&
-      token_json["project"].contains("id") && token_json["project"]["id"].is_string()) {
-    token.project_id = token_json["project"]["id"].get<std::string>();
-  }
-  if (token_json.contains("catalog")) {
-    StatusOr<Catalog> catalog = Catalog::FromJson(token_json["catalog"]);
-    if (!catalog.ok()) return catalog.status().WithContext(std::string(what) + ": " + url);
-    token.catalog = std::move(*catalog);
-  }
-  return token;
+  return ParseTokenAnswer(response, url, what);
 }
 
 StatusOr<std::string> Session::OidcAccessToken() {

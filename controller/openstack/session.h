@@ -103,6 +103,13 @@ class Session {
   std::optional<Token> token_ LLMCTL_GUARDED_BY(mutex_);
 };
 
+// Keystone's answer to a token request that it accepted (200 or 201): the token's id from the
+// X-Subject-Token header, its expiry, project and catalog from the body. InternalError saying
+// `what` and `url` when either is missing; InvalidArgument when the expiry is no UTC timestamp or
+// the catalog not Keystone's shape.
+StatusOr<Token> ParseTokenAnswer(const http::Response& response, const std::string& url,
+                                 std::string_view what);
+
 // The service's own message from an error body (Keystone, Nova, Neutron, Blazar and OAuth
 // shapes), else the body itself, shortened.
 std::string ServiceMessage(const http::Response& response);
