@@ -10,16 +10,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <limits>
-#include <nlohmann/json.hpp>
-#include <optional>
-#include <set>
 
+#include "agent/hub_listing.h"
 #include "common/atomic_file.h"
 #include "common/checked_math.h"
 #include "common/digest/digest.h"
 #include "common/files.h"
-#include "common/foreign_json.h"
 
 namespace llmctl::agent {
 namespace {
@@ -29,45 +25,10 @@ namespace fs = std::filesystem;
 constexpr std::chrono::milliseconds kListingTimeout = std::chrono::minutes(1);
 // One file's whole transfer; a transfer cut off by it is resumed by the client's next attempt.
 constexpr std::chrono::milliseconds kFileTimeout = std::chrono::hours(2);
-constexpr char kIndexFile[] = "model.safetensors.index.json";
 constexpr char kSingleWeightsFile[] = "model.safetensors";
 constexpr const char* kOptionalDefaultFiles[] = {"generation_config.json", "tokenizer.json",
                                                  "tokenizer_config.json", "special_tokens_map.json",
                                                  "tokenizer.model"};
-
-// One file of a revision, as the hub lists it.
-struct HubFile {
-  int64_t size = 0;         // bytes, as listed (every file's, with ?blobs=true)
-  std::string git_blob_id;  // sha1 of "blob <size>\0" + bytes; "" when not listed
-  std::string lfs_sha256;   // LFS files only
-};
-
-struct Listing {
-  std::string commit;
-  std::map<std::string, HubFile> files;  // by path in the repository
-};
-
-bool IsCommitHex(std::string_view text) {
-  return text.size() == 40 && std::all_of(text.begin(), text.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
-// Relative, '/'-separated, no empty, "." or ".." component: safe to join under a directory.
-bool IsSafeRelativePath(std::string_view path) {
-  if (path.empty() || path.front() == '/' || path.find('\\') != std::string_view::npos ||
-      path.find('\0') != std::string_view::npos) {
-    return false;
-  }
-  size_t start = 0;
-  while (start <= path.size()) {
-    const size_t end = std::min(path.find('/', start), path.size());
-    const std::string_view part = path.substr(start, end - start);
-    if (part.empty() || part == "." || part == "..") return false;
-    start = end + 1;
-  }
-  return true;
-}
 
 // RFC 3986 unreserved bytes stay, everything else is %XX ('/' too unless `keep_slash`).
 std::string PercentEncode(std::string_view text, bool keep_slash) {
@@ -147,90 +108,12 @@ Status HubError(const HubModelRef& ref, const std::string& endpoint, bool has_to
                              response.headers.Get("X-Error-Message").value_or(""));
 }
 
-// An object's "size" when it is an integer from 0 to INT64_MAX; none otherwise.
-std::optional<int64_t> ListedSize(const nlohmann::json& object) {
-  const auto size = object.find("size");
-  if (size == object.end() || !size->is_number_integer()) return std::nullopt;
-  if (size->is_number_unsigned()) {
-    const uint64_t value = size->get<uint64_t>();
-    if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return std::nullopt;
-    return static_cast<int64_t>(value);
-  }
-  const int64_t value = size->get<int64_t>();
-  if (value < 0) return std::nullopt;
-  return value;
-}
-
-StatusOr<Listing> ParseListing(const std::string& body, const std::string& what) {
-  const nlohmann::json json = ParseForeignJson(body);
-  auto bad = [&](const std::string& problem) {
-    return DataLossError(what + ": the hub's answer is not a model listing: " + problem);
-  };
-  if (json.is_discarded() || !json.is_object()) return bad("not a JSON object");
-  const auto sha = json.find("sha");
-  if (sha == json.end() || !sha->is_string() || !IsCommitHex(sha->get<std::string>())) {
-    return bad("no 40-hex 'sha'");
-  }
-  const auto siblings = json.find("siblings");
-  if (siblings == json.end() || !siblings->is_array()) return bad("no 'siblings' list");
-  Listing listing;
-  listing.commit = sha->get<std::string>();
-  for (const nlohmann::json& sibling : *siblings) {
-    const auto name = sibling.find("rfilename");
-    if (!sibling.is_object() || name == sibling.end() || !name->is_string()) {
-      return bad("a sibling without 'rfilename'");
-    }
-    // The size caps the download and sizes the room it needs: a file without one could be
-    // endless (the HTTP client takes a cap of 0 as none).
-    HubFile file;
-    const std::optional<int64_t> size = ListedSize(sibling);
-    if (!size.has_value()) {
-      return bad(name->get<std::string>() + " has no size (a non-negative integer)");
-    }
-    file.size = *size;
-    if (auto blob = sibling.find("blobId"); blob != sibling.end() && blob->is_string()) {
-      file.git_blob_id = blob->get<std::string>();
-    }
-    if (auto lfs = sibling.find("lfs"); lfs != sibling.end() && lfs->is_object()) {
-      const auto sha256 = lfs->find("sha256");
-      if (sha256 == lfs->end() || !sha256->is_string() ||
-          !digest::IsSha256Hex(sha256->get<std::string>())) {
-        return bad(name->get<std::string>() + " is an LFS file without a valid lfs.sha256");
-      }
-      file.lfs_sha256 = sha256->get<std::string>();
-      if (lfs->contains("size")) {
-        const std::optional<int64_t> lfs_size = ListedSize(*lfs);
-        if (!lfs_size.has_value()) {
-          return bad(name->get<std::string>() + "'s lfs.size is not a non-negative integer");
-        }
-        file.size = *lfs_size;
-      }
-    }
-    listing.files[name->get<std::string>()] = std::move(file);
-  }
-  return listing;
-}
-
 // The shard files model.safetensors.index.json names in its weight_map, sorted.
 StatusOr<std::vector<std::string>> IndexShards(const std::string& index_path,
                                                const std::string& what) {
   // Llama 3.1 405B's index is 97 KB; the file came from the hub, which any repository can fill.
   ASSIGN_OR_RETURN(const std::string text, ReadFileToString(index_path, size_t{64} << 20));
-  const nlohmann::json json = ParseForeignJson(text);
-  const auto map = json.is_object() ? json.find("weight_map") : json.end();
-  if (json.is_discarded() || !json.is_object() || map == json.end() || !map->is_object() ||
-      map->empty()) {
-    return DataLossError(what + ": " + kIndexFile + " has no weight_map of tensor names to files");
-  }
-  std::set<std::string> shards;
-  for (const auto& [tensor, file] : map->items()) {
-    if (!file.is_string() || !IsSafeRelativePath(file.get<std::string>())) {
-      return DataLossError(what + ": " + kIndexFile + ": tensor " + tensor +
-                           " maps to something that is not a relative file name");
-    }
-    shards.insert(file.get<std::string>());
-  }
-  return std::vector<std::string>(shards.begin(), shards.end());
+  return ParseIndexShards(text, what);
 }
 
 // Every regular file under `dir`, as paths relative to it.
@@ -267,8 +150,8 @@ Status CheckRequestedFiles(const std::vector<std::string>& requested) {
 
 // The hub's listing of the revision `ref` names: its commit and files. `base`: what every request
 // of one download shares (the token, the stall limit, the callers' cancellation).
-StatusOr<Listing> ListRevision(const HubOptions& options, const http::HttpClient& client,
-                               const HubModelRef& ref, const http::Request& base) {
+StatusOr<HubListing> ListRevision(const HubOptions& options, const http::HttpClient& client,
+                                  const HubModelRef& ref, const http::Request& base) {
   http::Request request = base;
   request.url = options.endpoint + "/api/models/" + ref.repo + "/revision/" +
                 PercentEncode(ref.revision, /*keep_slash=*/false) + "?blobs=true";
@@ -277,7 +160,7 @@ StatusOr<Listing> ListRevision(const HubOptions& options, const http::HttpClient
   if (response.status != 200) {
     return HubError(ref, options.endpoint, !options.token.empty(), "", request, response);
   }
-  return ParseListing(response.body, "Hugging Face model " + Describe(ref));
+  return ParseHubListing(response.body, "Hugging Face model " + Describe(ref));
 }
 
 // One Download's transfers: files of one listed revision into the cache's blobs, each checked
@@ -285,7 +168,7 @@ StatusOr<Listing> ListRevision(const HubOptions& options, const http::HttpClient
 class RevisionDownload {
  public:
   RevisionDownload(const HubOptions& options, const http::HttpClient& client, InputCache& cache,
-                   const HubModelRef& ref, const Listing& listing, http::Request base)
+                   const HubModelRef& ref, const HubListing& listing, http::Request base)
       : options_(options),
         client_(client),
         cache_(cache),
@@ -328,10 +211,10 @@ class RevisionDownload {
     for (const char* optional : kOptionalDefaultFiles) {
       if (Listed(optional)) RETURN_IF_ERROR(Want(optional));
     }
-    if (Listed(kIndexFile)) {
-      RETURN_IF_ERROR(Want(kIndexFile));
+    if (Listed(kHubIndexFile)) {
+      RETURN_IF_ERROR(Want(kHubIndexFile));
       ASSIGN_OR_RETURN(const std::vector<std::string> shards,
-                       IndexShards(sources_[kIndexFile], what_));
+                       IndexShards(sources_[kHubIndexFile], what_));
       RETURN_IF_ERROR(CheckRoomForDownloads(shards));
       for (const std::string& shard : shards) RETURN_IF_ERROR(Want(shard));
       return Status::Ok();
@@ -341,7 +224,7 @@ class RevisionDownload {
       return Want(kSingleWeightsFile);
     }
     return FailedPreconditionError(what_ + " has no safetensors weights (" + kSingleWeightsFile +
-                                   " or " + kIndexFile + "); llmctl loads safetensors only");
+                                   " or " + kHubIndexFile + "); llmctl loads safetensors only");
   }
 
   // The same name on every attempt, so that the next call resumes what this one left.
@@ -450,7 +333,7 @@ class RevisionDownload {
   const http::HttpClient& client_;
   InputCache& cache_;
   const HubModelRef& ref_;
-  const Listing& listing_;
+  const HubListing& listing_;
   const http::Request base_;
   const std::string what_;
   std::map<std::string, std::string> sources_;
@@ -586,7 +469,7 @@ StatusOr<PreparedModel> HubCache::Download(const HubModelRef& ref,
   if (!options_.token.empty()) base.headers.Add("Authorization", "Bearer " + options_.token);
   base.stall_timeout = options_.stall_timeout;
   base.cancelled = std::move(cancelled);
-  ASSIGN_OR_RETURN(const Listing listing, ListRevision(options_, client_, ref, base));
+  ASSIGN_OR_RETURN(const HubListing listing, ListRevision(options_, client_, ref, base));
 
   MutexLock commit_lock(CommitMutex(ref.repo + "@" + listing.commit));
   const fs::path model_dir = fs::path(RepoDir(ref.repo)) / listing.commit;

@@ -22,23 +22,13 @@
 
 #include "agent/device_sampler.h"
 #include "agent/runs.h"
+#include "agent/sample_line.h"
 #include "common/mutex.h"
 #include "common/status.h"
 
 namespace llmctl::agent {
 
 inline constexpr char kSamplesFile[] = "samples.jsonl";
-
-struct TimedReading {
-  int64_t unix_ms = 0;
-  DeviceReading reading;
-};
-
-// One line of samples.jsonl, without its '\n'.
-std::string FormatSampleLine(const TimedReading& reading);
-// InvalidArgument when the line is not one FormatSampleLine wrote (a field missing or of the
-// wrong type, a negative memory figure).
-StatusOr<TimedReading> ParseSampleLine(std::string_view line);
 
 // Thread-safe.
 class SampleRecorder {
