@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "agent/hub_listing.h"
 #include "agent/input_cache.h"
 #include "agent/node_info.h"
 #include "agent/outcome.h"
@@ -18,6 +19,7 @@
 #include "agent/run_checks.h"
 #include "agent/run_files.h"
 #include "agent/runs.h"
+#include "agent/supervisor.h"
 #include "agent/trial_file.h"
 #include "common/digest/digest.h"
 #include "common/experiment.h"
@@ -364,6 +366,117 @@ TEST(ProcessTest, RunCommandHoldsAProgramToItsTimeoutAfterItsOutputCloses) {
 TEST(NodeInfoTest, ParsesMeminfo) {
   EXPECT_EQ(*ParseMemTotal("MemFree: 1 kB\nMemTotal:       16384 kB\n"), 16384 * 1024);
   EXPECT_FALSE(ParseMemTotal("MemFree: 1 kB\n").ok());
+}
+
+// A MemTotal whose bytes pass int64 overflowed kib * 1024 (undefined behaviour; found by
+// tests/fuzz/run_files_fuzz.cc), and a negative one was a host with negative memory.
+TEST(NodeInfoTest, RefusesAMemTotalNoMachineHas) {
+  constexpr int64_t kMaxKib = std::numeric_limits<int64_t>::max() / 1024;
+  EXPECT_EQ(*ParseMemTotal("MemTotal: " + std::to_string(kMaxKib) + " kB\n"), kMaxKib * 1024);
+  EXPECT_EQ(*ParseMemTotal("MemTotal: 0 kB\n"), 0);
+  for (const std::string& meminfo :
+       {std::string("MemTotal: -5 kB\n"), "MemTotal: " + std::to_string(kMaxKib + 1) + " kB\n",
+        std::string("MemTotal: 9223372036854775807 kB\n")}) {
+    const StatusOr<int64_t> total = ParseMemTotal(meminfo);
+    ASSERT_FALSE(total.ok()) << meminfo << " read as " << *total;
+    EXPECT_EQ(total.status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
+// The supervisor adds its grace to the steady clock's now in nanoseconds: a grace near int64's
+// end of milliseconds overflowed there (found by run_files_fuzz.cc). It is refused, and the agent's
+// own flag is bounded alike.
+TEST(SupervisorTest, RefusesAGraceItCannotAddToItsClock) {
+  const SupervisorCommand longest{"/r", kMaxSupervisorGrace, {"/bin/true", "a"}};
+  const StatusOr<SupervisorCommand> parsed =
+      ParseSupervisorArgs(SupervisorArgv("llm-agent", longest));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->grace, kMaxSupervisorGrace);
+  EXPECT_EQ(parsed->run_dir, "/r");
+  EXPECT_EQ(parsed->worker_argv, longest.worker_argv);
+  for (const std::string& grace :
+       {std::to_string(kMaxSupervisorGrace.count() + 1), std::string("9223372036854775807")}) {
+    const StatusOr<SupervisorCommand> refused = ParseSupervisorArgs(
+        {"llm-agent", kSuperviseFlag, "/r", "--grace-ms", grace, "--", "/bin/true"});
+    ASSERT_FALSE(refused.ok()) << grace;
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(refused.status().message(), "--grace-ms " + grace + ": at most 2147483647 ms");
+  }
+}
+
+// exit.json read back: a signal of 0 or 2^32 read as a clean exit, 2^32 + 9 as SIGKILL (the
+// kernel's OOM killer), an exit code of 2^32 as 0 (found by run_files_fuzz.cc). What the
+// supervisor never writes is DataLoss, as a file that does not parse is.
+TEST(SupervisorTest, AnExitFileOutsideItsRangesIsDataLoss) {
+  const fs::path dir = FreshDir("exit_json");
+  const auto read = [&](const std::string& text) {
+    std::ofstream(dir / kExitFile) << text;
+    return ReadWorkerExit(dir.string());
+  };
+  const StatusOr<std::optional<WorkerExit>> killed = read(R"({"signal":9})");
+  ASSERT_TRUE(killed.ok() && killed->has_value());
+  EXPECT_EQ((*killed)->signal, 9);
+  const StatusOr<std::optional<WorkerExit>> failed = read(R"({"exit_code":255})");
+  ASSERT_TRUE(failed.ok() && failed->has_value());
+  EXPECT_EQ((*failed)->exit_code, 255);
+  EXPECT_EQ((*failed)->signal, 0);
+  for (const char* text :
+       {R"({"signal":0})", R"({"signal":4294967296})", R"({"signal":4294967305})",
+        R"({"signal":-9})", R"({"signal":65,"exit_code":0})", R"({"exit_code":4294967296})",
+        R"({"exit_code":-1})", R"({"exit_code":256})", R"({"exit_code":18446744073709551615})"}) {
+    const StatusOr<std::optional<WorkerExit>> exit = read(text);
+    ASSERT_FALSE(exit.ok()) << text << " read as exit code " << (*exit)->exit_code << ", signal "
+                            << (*exit)->signal;
+    EXPECT_EQ(exit.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(exit.status().message().find("exit.json does not say how the worker ended"),
+              std::string::npos)
+        << exit.status().message();
+  }
+  fs::remove_all(dir);
+}
+
+// The hub's answers apart from HTTP (agent/hub_listing.h; tests/fuzz/hub_listing_fuzz.cc tries
+// any bytes): what a listing keeps, and refusals that name the model and the file.
+TEST(HubListingTest, KeepsSizesAndDigestsAndRefusesWhatIsNoListing) {
+  const std::string sha256(64, 'a');
+  const StatusOr<HubListing> listing =
+      ParseHubListing(R"({"sha":"0123456789abcdef0123456789abcdef01234567","siblings":[)"
+                      R"({"rfilename":"config.json","size":665,"blobId":"b0"},)"
+                      R"({"rfilename":"model.safetensors","size":135,"lfs":{"sha256":")" +
+                          sha256 + R"(","size":547713960}}]})",
+                      "m");
+  ASSERT_TRUE(listing.ok()) << listing.status().ToString();
+  EXPECT_EQ(listing->commit, "0123456789abcdef0123456789abcdef01234567");
+  EXPECT_EQ(listing->files.at("config.json").size, 665);
+  EXPECT_EQ(listing->files.at("config.json").git_blob_id, "b0");
+  EXPECT_EQ(listing->files.at("model.safetensors").size, 547713960);
+  EXPECT_EQ(listing->files.at("model.safetensors").lfs_sha256, sha256);
+  for (const char* bad :
+       {"", "[]", R"({"sha":"0123","siblings":[]})",
+        R"({"sha":"0123456789abcdef0123456789abcdef01234567","siblings":[{"rfilename":"a"}]})",
+        R"({"sha":"0123456789abcdef0123456789abcdef01234567","siblings":[)"
+        R"({"rfilename":"a","size":9223372036854775808}]})"}) {
+    const StatusOr<HubListing> refused = ParseHubListing(bad, "m");
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss);
+    EXPECT_EQ(refused.status().message().rfind("m: the hub's answer is not a model listing: ", 0),
+              0u)
+        << refused.status().message();
+  }
+
+  const StatusOr<std::vector<std::string>> shards =
+      ParseIndexShards(R"({"weight_map":{"b":"model-2.safetensors","a":"model-1.safetensors",)"
+                       R"("c":"model-1.safetensors"}})",
+                       "m");
+  ASSERT_TRUE(shards.ok()) << shards.status().ToString();
+  EXPECT_EQ(*shards, (std::vector<std::string>{"model-1.safetensors", "model-2.safetensors"}));
+  for (const char* bad : {R"({"weight_map":{}})", R"({"weight_map":{"a":"../x"}})",
+                          R"({"weight_map":{"a":"/etc/x"}})", R"({"weight_map":{"a":"x//y"}})"}) {
+    const StatusOr<std::vector<std::string>> refused = ParseIndexShards(bad, "m");
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss);
+    EXPECT_EQ(refused.status().message().rfind("m: model.safetensors.index.json", 0), 0u);
+  }
 }
 
 nvml::FakeGpuProbe TwoGpus() {

@@ -79,9 +79,10 @@ void DefineFlags(CLI::App& app, CommandLine& line, int64_t& cancel_grace_ms) {
   app.add_option("--rate-probe-file", options.adoptable_rate_probe,
                  "a probe of this machine by this llm-train (llmctl's LLMCTL_HOME/probe.json), "
                  "taken as the node's rates instead of measuring them again when none are kept");
+  // Bounded by what the supervisor takes (it refuses a longer grace, and adds it to its clock).
   app.add_option("--cancel-grace-ms", cancel_grace_ms,
                  "after SIGTERM, how long a cancelled worker gets before SIGKILL")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{llmctl::agent::kMaxSupervisorGrace.count()}));
 }
 
 // SIGINT and SIGTERM, blocked in the calling thread (and so in every thread started after it),

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
 #include "agent/process.h"
@@ -46,7 +47,10 @@ StatusOr<int64_t> ParseMemTotal(std::string_view meminfo) {
     std::string_view value = Trim(std::string_view(line).substr(9));
     if (value.ends_with("kB")) value = Trim(value.substr(0, value.size() - 2));
     int64_t kib = 0;
-    if (!ParseInt(value, &kib)) break;
+    // A negative figure or one whose bytes pass int64 (kib * 1024 would overflow) is no machine's.
+    if (!ParseInt(value, &kib) || kib < 0 || kib > std::numeric_limits<int64_t>::max() / 1024) {
+      break;
+    }
     return kib * 1024;
   }
   return InvalidArgumentError("/proc/meminfo has no readable MemTotal line");

@@ -42,7 +42,8 @@ NodeFacts ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus);
 // fails ends the list with its error.
 StatusOr<std::vector<DeviceInfo>> ListGpus(nvml::GpuProbe& gpus);
 
-// MemTotal from /proc/meminfo's text, in bytes. InvalidArgument when it is missing.
+// MemTotal from /proc/meminfo's text, in bytes: 0 to INT64_MAX. InvalidArgument when it is missing,
+// negative or too large for int64 in bytes.
 StatusOr<int64_t> ParseMemTotal(std::string_view meminfo);
 
 }  // namespace llmctl::agent

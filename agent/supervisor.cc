@@ -83,6 +83,10 @@ StatusOr<SupervisorCommand> ParseSupervisorArgs(const std::vector<std::string>& 
     size_t used = 0;
     const long long grace = std::stoll(args[4], &used);
     if (used != args[4].size() || grace < 0) return usage;
+    if (grace > kMaxSupervisorGrace.count()) {
+      return InvalidArgumentError("--grace-ms " + args[4] + ": at most " +
+                                  std::to_string(kMaxSupervisorGrace.count()) + " ms");
+    }
     command.grace = std::chrono::milliseconds(grace);
   } catch (const std::exception&) {
     return usage;
@@ -162,6 +166,40 @@ int RunSupervisor(const SupervisorCommand& command) {
   return 0;
 }
 
+StatusOr<WorkerExit> ParseWorkerExit(std::string_view text, const std::string& path) {
+  const nlohmann::json json = ParseForeignJson(text);
+  const auto bad = [&] {
+    return DataLossError(path +
+                         " does not say how the worker ended: " + std::string(text.substr(0, 200)));
+  };
+  if (!json.is_object()) return bad();
+  // The field within [low, high]; none when it is not an integer or outside them: get<int>() of
+  // 2^32 + 9 would be 9, and a signal of 0 no signal at all.
+  const auto field = [&](nlohmann::json::const_iterator it, int64_t low,
+                         int64_t high) -> std::optional<int> {
+    if (!it->is_number_integer()) return std::nullopt;
+    if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(high)) {
+      return std::nullopt;
+    }
+    const int64_t value = it->get<int64_t>();
+    if (value < low || value > high) return std::nullopt;
+    return static_cast<int>(value);
+  };
+  WorkerExit exit;
+  if (const auto signal = json.find("signal"); signal != json.end()) {
+    const std::optional<int> value = field(signal, 1, 64);  // SIGRTMAX is 64
+    if (!value) return bad();
+    exit.signal = *value;
+  } else if (const auto code = json.find("exit_code"); code != json.end()) {
+    const std::optional<int> value = field(code, 0, 255);  // WEXITSTATUS's range
+    if (!value) return bad();
+    exit.exit_code = *value;
+  } else {
+    return bad();
+  }
+  return exit;
+}
+
 StatusOr<std::optional<WorkerExit>> ReadWorkerExit(const std::string& run_dir) {
   const std::string path = run_dir + "/" + kExitFile;
   auto text = ReadFileToString(path, 4096);
@@ -169,16 +207,7 @@ StatusOr<std::optional<WorkerExit>> ReadWorkerExit(const std::string& run_dir) {
     if (text.status().code() == StatusCode::kNotFound) return std::optional<WorkerExit>();
     return text.status();
   }
-  const nlohmann::json json = ParseForeignJson(*text);
-  WorkerExit exit;
-  if (json.is_object() && json.contains("signal") && json["signal"].is_number_integer()) {
-    exit.signal = json["signal"].get<int>();
-  } else if (json.is_object() && json.contains("exit_code") &&
-             json["exit_code"].is_number_integer()) {
-    exit.exit_code = json["exit_code"].get<int>();
-  } else {
-    return DataLossError(path + " does not say how the worker ended: " + *text);
-  }
+  ASSIGN_OR_RETURN(const WorkerExit exit, ParseWorkerExit(*text, path));
   return std::optional<WorkerExit>(exit);
 }
 

@@ -15,8 +15,10 @@
 #define LLMCTL_AGENT_SUPERVISOR_H_
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -29,9 +31,14 @@ inline constexpr char kExitFile[] = "exit.json";
 inline constexpr char kStdoutFile[] = "stdout.log";
 inline constexpr char kStderrFile[] = "stderr.log";
 
+// The longest grace the supervisor takes (about 24.8 days, what a sigqueue value carries): it adds
+// the grace to the steady clock's now in nanoseconds, which a grace near int64's end of
+// milliseconds would overflow.
+inline constexpr std::chrono::milliseconds kMaxSupervisorGrace{INT32_MAX};
+
 struct SupervisorCommand {
   std::string run_dir;
-  std::chrono::milliseconds grace{0};
+  std::chrono::milliseconds grace{0};    // 0 to kMaxSupervisorGrace
   std::vector<std::string> worker_argv;  // the program and its arguments
 };
 
@@ -40,7 +47,8 @@ std::vector<std::string> SupervisorArgv(const std::string& program,
                                         const SupervisorCommand& command);
 
 // The inverse of SupervisorArgv for args[1..] (args[1] is kSuperviseFlag). InvalidArgument with
-// the usage when they do not fit.
+// the usage when they do not fit, or when the grace is not a number of milliseconds from 0 to
+// kMaxSupervisorGrace.
 StatusOr<SupervisorCommand> ParseSupervisorArgs(const std::vector<std::string>& args);
 
 // Runs the supervisor in this process until the worker has exited and exit.json is written;
@@ -53,7 +61,13 @@ struct WorkerExit {
   int signal = 0;  // non-zero: killed by this signal
 };
 
-// Reads RUN_DIR/exit.json; nullopt when it is not there (yet). DataLoss when it does not parse.
+// exit.json's text (`path` names it in messages): {"exit_code": 0 to 255} or {"signal": 1 to 64},
+// as RunSupervisor writes it. DataLoss for anything else: a damaged file must not read as another
+// exit, and a signal of 0 or 2^32 would read as a clean exit.
+StatusOr<WorkerExit> ParseWorkerExit(std::string_view text, const std::string& path);
+
+// Reads RUN_DIR/exit.json; nullopt when it is not there (yet). DataLoss when it does not parse
+// (ParseWorkerExit).
 StatusOr<std::optional<WorkerExit>> ReadWorkerExit(const std::string& run_dir);
 
 }  // namespace llmctl::agent

@@ -44,7 +44,12 @@ StatusOr<std::chrono::milliseconds> ParseDuration(std::string_view text) {
   } else {
     return bad();
   }
-  if (number > std::numeric_limits<int64_t>::max() / unit_ms) return bad();
+  // Compared before multiplying, which could overflow.
+  if (number > kMaxDuration.count() / unit_ms) {
+    return InvalidArgumentError("expected a duration of at most " +
+                                std::to_string(kMaxDuration.count() / 3'600'000) +
+                                "h (a year), got '" + std::string(text) + "'");
+  }
   return std::chrono::milliseconds(number * unit_ms);
 }
 
@@ -72,8 +77,9 @@ Status ValidateListenAddress(std::string_view address, bool allow_remote) {
   const std::string_view port_text = address.substr(colon + 1);
   int port = -1;
   auto [rest, error] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (error != std::errc() || rest != port_text.data() + port_text.size() || port < 0 ||
-      port > 65535) {
+  // Digits only: from_chars also reads "-0", which no listener takes.
+  if (port_text.find_first_not_of("0123456789") != std::string_view::npos || error != std::errc() ||
+      rest != port_text.data() + port_text.size() || port < 0 || port > 65535) {
     return InvalidArgumentError("listen address '" + std::string(address) +
                                 "': the port must be a number from 0 to 65535");
   }

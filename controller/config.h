@@ -72,11 +72,17 @@ Status CheckListenCredential(const ControllerConfig& config);
 Status ApplyConfigYaml(std::string_view yaml_text, std::string_view filename,
                        ControllerConfig& config);
 
-// "500ms", "30s", "10m", "2h" → milliseconds. InvalidArgument for anything else or for 0.
+// The longest duration a setting takes: a year. The daemon adds each to the clocks' now, in
+// nanoseconds, which a duration near int64's end of milliseconds (or of nanoseconds, 292 years)
+// would overflow.
+inline constexpr std::chrono::milliseconds kMaxDuration = std::chrono::hours(24 * 365);
+
+// "500ms", "30s", "10m", "2h" → milliseconds. InvalidArgument for anything else, for 0 and for
+// more than kMaxDuration.
 StatusOr<std::chrono::milliseconds> ParseDuration(std::string_view text);
 
-// Checks a listen address: "unix:/absolute/path", or "host:port" with a port in 0..65535, where
-// host must be loopback (127.0.0.1, ::1 as [::1], localhost) unless `allow_remote`.
+// Checks a listen address: "unix:/absolute/path", or "host:port" with a port of digits, 0..65535,
+// where host must be loopback (127.0.0.1, ::1 as [::1], localhost) unless `allow_remote`.
 Status ValidateListenAddress(std::string_view address, bool allow_remote);
 
 // The socket path of a "unix:" address, nullopt for a TCP one.

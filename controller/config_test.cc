@@ -22,6 +22,27 @@ TEST(ParseDurationTest, RefusesWhatIsNoDuration) {
   }
 }
 
+// The daemon adds each duration to the clocks' now in nanoseconds: 2562047h (9.2e18 ns) or
+// 9223372036854775807ms passed ParseDuration and overflowed there (found by
+// tests/fuzz/controller_config_fuzz.cc).
+TEST(ParseDurationTest, RefusesMoreThanAYear) {
+  EXPECT_EQ(*ParseDuration("8760h"), kMaxDuration);
+  EXPECT_EQ(*ParseDuration("31536000000ms"), kMaxDuration);
+  for (const char* text :
+       {"8761h", "525601m", "31536000001ms", "2562047h", "9223372036854775807ms"}) {
+    auto duration = ParseDuration(text);
+    ASSERT_FALSE(duration.ok()) << text;
+    EXPECT_EQ(duration.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(duration.status().message(),
+              "expected a duration of at most 8760h (a year), got '" + std::string(text) + "'");
+  }
+  ControllerConfig config;
+  EXPECT_EQ(ApplyConfigYaml("requeue_after: 2562047h\n", "c.yaml", config).message(),
+            "c.yaml:1:16: requeue_after: expected a duration of at most 8760h (a year), got "
+            "'2562047h'");
+  EXPECT_EQ(config.requeue_after, std::chrono::minutes(10));
+}
+
 TEST(ListenAddressTest, LoopbackAndUnixSocketsAreAllowed) {
   for (const char* address :
        {"unix:/tmp/x/controller.sock", "127.0.0.1:7070", "localhost:0", "[::1]:65535"}) {
@@ -38,7 +59,9 @@ TEST(ListenAddressTest, OtherAddressesNeedTheFlag) {
 
 TEST(ListenAddressTest, RefusesMalformedAddresses) {
   for (const char* address :
-       {"unix:relative.sock", "unix:", "7070", "127.0.0.1:", "host:70000", "127.0.0.1:x"}) {
+       {"unix:relative.sock", "unix:", "7070", "127.0.0.1:", "host:70000", "127.0.0.1:x",
+        // from_chars reads a sign: "-0" was port 0 (found by controller_config_fuzz.cc).
+        "127.0.0.1:-0", "127.0.0.1:+1", "127.0.0.1: 1"}) {
     EXPECT_EQ(ValidateListenAddress(address, true).code(), StatusCode::kInvalidArgument) << address;
   }
 }

@@ -78,11 +78,15 @@ Status Validate(Credentials& creds, const std::function<std::string(std::string_
                                 std::string(why) + ")");
   };
   if (creds.auth_url.empty()) return missing("auth_url", "Keystone's v3 URL");
-  if (!creds.auth_url.starts_with("https://") && !creds.auth_url.starts_with("http://")) {
-    return InvalidArgumentError(creds.source + ": " + describe("auth_url") + " '" + creds.auth_url +
+  const std::string given = creds.auth_url;
+  while (creds.auth_url.ends_with('/')) creds.auth_url.pop_back();
+  // Checked after the trailing slashes go: "https:///" passed as a URL and was kept as "https:".
+  const std::string_view url = creds.auth_url;
+  if (!(url.starts_with("https://") && url.size() > 8) &&
+      !(url.starts_with("http://") && url.size() > 7)) {
+    return InvalidArgumentError(creds.source + ": " + describe("auth_url") + " '" + given +
                                 "' is not an http(s) URL");
   }
-  while (creds.auth_url.ends_with('/')) creds.auth_url.pop_back();
   if (creds.interface != "public" && creds.interface != "internal" && creds.interface != "admin") {
     return InvalidArgumentError(creds.source + ": interface '" + creds.interface +
                                 "' is not one of public, internal, admin");

@@ -60,6 +60,25 @@ TEST(CredentialsFromEnvironmentTest, InfersApplicationCredentialWithoutAuthType)
   EXPECT_EQ(creds->auth_url, "https://k:5000/v3");  // trailing slash dropped
 }
 
+// The trailing slashes used to go after the scheme was checked: "https:///" passed and was kept as
+// "https:", a URL without a host (found by tests/fuzz/clouds_yaml_fuzz.cc).
+TEST(CredentialsFromEnvironmentTest, AnAuthUrlOfOnlyASchemeIsRefused) {
+  for (const char* url : {"https:///", "http://", "https://"}) {
+    auto creds = CredentialsFromEnvironment(Env({{"OS_AUTH_URL", url},
+                                                 {"OS_APPLICATION_CREDENTIAL_ID", "id1"},
+                                                 {"OS_APPLICATION_CREDENTIAL_SECRET", "s"}}));
+    ASSERT_FALSE(creds.ok()) << url << " kept as " << creds->auth_url;
+    EXPECT_EQ(creds.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(creds.status().message(),
+              "OS_* variables: OS_AUTH_URL '" + std::string(url) + "' is not an http(s) URL");
+  }
+  auto kept = CredentialsFromEnvironment(Env({{"OS_AUTH_URL", "http://k//"},
+                                              {"OS_APPLICATION_CREDENTIAL_ID", "id1"},
+                                              {"OS_APPLICATION_CREDENTIAL_SECRET", "s"}}));
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_EQ(kept->auth_url, "http://k");
+}
+
 TEST(CredentialsFromEnvironmentTest, NamesTheMissingVariable) {
   auto creds = CredentialsFromEnvironment(Env({{"OS_AUTH_URL", "https://k/v3"},
                                                {"OS_AUTH_TYPE", "password"},
