@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/data/file_util.h"
+#include "common/text.h"
 
 namespace llmctl::data {
 namespace {
@@ -46,7 +47,10 @@ std::string Fill(std::string_view pattern, std::string_view instruction, std::st
 }
 
 // "parse error at line 1, column 7: syntax error while parsing ..." → "column 7: syntax error ...":
-// each line is parsed alone, so nlohmann's "line 1" would contradict the file line we report.
+// each line is parsed alone, so nlohmann's "line 1" would contradict the file line we report. The
+// text quotes what the parser last read, byte by byte: it may stop inside a character ("last read:
+// '{\xE2'" for "{€"), and the 200-byte cut may too, so what is not UTF-8 is replaced, as a
+// message that is printed and sent on must be.
 std::string JsonErrorText(const Json::exception& e) {
   std::string_view what = e.what();
   const size_t column = what.find("column ");
@@ -59,7 +63,7 @@ std::string JsonErrorText(const Json::exception& e) {
   for (char c : what.substr(0, 200)) {
     out += (static_cast<unsigned char>(c) < 0x20) ? '?' : c;
   }
-  return out;
+  return ReplaceInvalidUtf8(out);
 }
 
 // A required (or, with `optional`, absent/null → "") string field.

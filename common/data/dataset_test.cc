@@ -4,6 +4,10 @@
 
 #include <cstdlib>
 #include <optional>
+#include <string>
+#include <vector>
+
+#include "common/text.h"
 
 namespace llmctl::data {
 namespace {
@@ -138,6 +142,27 @@ INSTANTIATE_TEST_SUITE_P(
       name = name.substr(name.rfind('/') + 1);
       return name.substr(0, name.find('.'));
     });
+
+// nlohmann's message quotes what it last read byte by byte ("last read: '{\xE2'" for a line
+// starting "{€"), and ParseJsonl cuts the message at 200 bytes, maybe inside a character: the
+// message, printed and sent on, is UTF-8 all the same (found by tests/fuzz/dataset_fuzz.cc).
+TEST(DatasetTest, AJsonErrorMessageIsUtf8WhereTheParserStoppedInsideACharacter) {
+  std::vector<std::string> lines = {"{\xE2\x82\xAC\"instruction\": \"a\", \"output\": \"b\"}"};
+  // A tab, which JSON wants escaped, after a long string of two-byte characters: the message quotes
+  // the string, cut at 200 bytes, inside a character for one of the two offsets.
+  for (const char* lead : {"", "x"}) {
+    std::string umlauts;
+    for (int i = 0; i < 150; ++i) umlauts += "\xC3\xBC";
+    lines.push_back("{\"instruction\": \"" + std::string(lead) + umlauts + "\t\", \"output\": \"b\"}");
+  }
+  for (const std::string& line : lines) {
+    auto records = ParseJsonl(line + "\n", "mem.jsonl", DatasetFormat::kAlpaca);
+    ASSERT_FALSE(records.ok()) << line;
+    const std::string& message = records.status().message();
+    EXPECT_TRUE(message.starts_with("mem.jsonl:1: invalid JSON at column ")) << message;
+    EXPECT_EQ(FirstInvalidUtf8(message), std::string::npos) << message;
+  }
+}
 
 TEST(DatasetTest, MissingFileIsNotFound) {
   auto records = LoadJsonl(FixtureDir() + "/nope.jsonl", DatasetFormat::kAlpaca);

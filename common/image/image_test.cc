@@ -316,6 +316,10 @@ TEST_F(ImageFolderTest, BadMetadataIsOneMessageNamingTheFileAndLine) {
            "... (5008 bytes)': File name too long"},
       {"{\"file_name\": \"img/photo.jpg\\u0000../../x\", \"text\": \"x\"}\n",
        "captions/metadata.jsonl:1: file_name 'img/photo.jpg...' holds a NUL byte"},
+      // ".." past a folder that is not there: the image cannot be opened as named, though the path
+      // read as text leads to one (found by tests/fuzz/dataset_fuzz.cc).
+      {"{\"file_name\": \"nowhere/../img/photo.jpg\", \"text\": \"x\"}\n",
+       "captions/metadata.jsonl:1: file_name 'nowhere/../img/photo.jpg': no such file in captions"},
   };
   for (const auto& [metadata, message] : cases) {
     Write("metadata.jsonl", metadata);
@@ -330,6 +334,50 @@ TEST_F(ImageFolderTest, BadMetadataIsOneMessageNamingTheFileAndLine) {
   EXPECT_EQ(Read().status().message(), "captions/metadata.csv:2: 3 fields where the header has 2");
   fs::remove(dir_ / "metadata.csv");
   EXPECT_EQ(Read().status().code(), StatusCode::kNotFound);
+}
+
+// Excel's "CSV UTF-8" starts the file with a byte-order mark, which the datasets library skips;
+// kept, it made the header's first column "\xEF\xBB\xBFfile_name" and every row lack its file_name,
+// and a metadata.jsonl's line 1 that held only it "not a JSON object" (found by
+// tests/fuzz/dataset_fuzz.cc).
+TEST_F(ImageFolderTest, MetadataWithAByteOrderMarkReadsAsWithout) {
+  Write("metadata.csv", "\xEF\xBB\xBF" "file_name,text\r\nimg/photo.jpg,saved from Excel\r\n");
+  auto rows = Read();
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0].file_name, "img/photo.jpg");
+  EXPECT_EQ((*rows)[0].caption, "saved from Excel");
+
+  fs::remove(dir_ / "metadata.csv");
+  Write("metadata.jsonl",
+        "\xEF\xBB\xBF\r\n{\"file_name\": \"img/gray.jpg\", \"text\": \"from Notepad\"}\r\n");
+  rows = Read();
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0].caption, "from Notepad");
+}
+
+// A caption that is not UTF-8 (a Latin-1 metadata.csv) went on to the tokenizer, whose refusal
+// names no file; a metadata.jsonl's was "not a JSON object". Both are refused by line and column,
+// as ParseJsonl refuses a dataset's (found by tests/fuzz/dataset_fuzz.cc).
+TEST_F(ImageFolderTest, MetadataThatIsNotUtf8IsRefusedWithItsLineAndColumn) {
+  Write("metadata.csv", "file_name,text\nimg/photo.jpg,\"two\nlines\"\nimg/gray.jpg,caf\xE9 au lait\n");
+  auto rows = Read();
+  ASSERT_FALSE(rows.ok());
+  EXPECT_EQ(rows.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rows.status().message(), "captions/metadata.csv:4: invalid UTF-8 at column 17");
+  // A lone CR ends a CSV record, so it ends a line.
+  Write("metadata.csv", "file_name,text\rimg/photo.jpg,\xC3\r");
+  EXPECT_EQ(Read().status().message(), "captions/metadata.csv:2: invalid UTF-8 at column 15");
+
+  fs::remove(dir_ / "metadata.csv");
+  Write("metadata.jsonl",
+        "{\"file_name\": \"img/photo.jpg\", \"text\": \"fine\"}\n\n"
+        "{\"file_name\": \"img/gray.jpg\", \"text\": \"caf\xE9\"}\n");
+  rows = Read();
+  ASSERT_FALSE(rows.ok());
+  EXPECT_EQ(rows.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rows.status().message(), "captions/metadata.jsonl:3: invalid UTF-8 at column 43");
 }
 
 TEST_F(ImageFolderTest, ABrokenImageIsRefusedByName) {

@@ -9,6 +9,7 @@
 #include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/image/image.h"
+#include "common/text.h"
 
 namespace llmctl::image {
 namespace {
@@ -24,7 +25,28 @@ struct Row {
   nlohmann::json fields;
 };
 
-StatusOr<std::vector<Row>> ReadJsonLines(const std::string& text, const std::string& where) {
+// "where:line: invalid UTF-8 at column N" for the first byte of `text` (starting at `first_line`)
+// that breaks UTF-8, or OK. Lines end at LF, and with `lone_cr_ends_line` at a CR alone too, as
+// each reader counts them. Captions go to the tokenizer, whose refusal of text that is not UTF-8
+// names no file, so the metadata is refused here with its line, as the datasets library refuses it
+// (and ParseJsonl a dataset's line).
+Status CheckUtf8(std::string_view text, const std::string& where, int first_line,
+                 bool lone_cr_ends_line) {
+  const size_t bad = FirstInvalidUtf8(text);
+  if (bad == std::string_view::npos) return Status::Ok();
+  int line = first_line;
+  size_t line_start = 0;
+  for (size_t i = 0; i < bad; ++i) {
+    if (text[i] == '\n' || (lone_cr_ends_line && text[i] == '\r' && text[i + 1] != '\n')) {
+      ++line;
+      line_start = i + 1;
+    }
+  }
+  return InvalidArgumentError(where + ":" + std::to_string(line) + ": invalid UTF-8 at column " +
+                              std::to_string(bad - line_start + 1));
+}
+
+StatusOr<std::vector<Row>> ReadJsonLines(std::string_view text, const std::string& where) {
   std::vector<Row> rows;
   int line = 0;
   size_t start = 0;
@@ -34,6 +56,8 @@ StatusOr<std::vector<Row>> ReadJsonLines(const std::string& text, const std::str
     ++line;
     start = end + 1;
     if (content.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    // Said as such: the JSON parser's refusal would read "not a JSON object".
+    RETURN_IF_ERROR(CheckUtf8(content, where, line, /*lone_cr_ends_line=*/false));
     nlohmann::json row = ParseForeignJson(content);
     if (row.is_discarded() || !row.is_object()) {
       return InvalidArgumentError(where + ":" + std::to_string(line) + ": not a JSON object");
@@ -45,7 +69,9 @@ StatusOr<std::vector<Row>> ReadJsonLines(const std::string& text, const std::str
 
 // RFC 4180: fields separated by commas, records by CRLF or LF; a quoted field may hold commas,
 // line breaks and doubled quotes. The first record names the columns.
-StatusOr<std::vector<Row>> ReadCsv(const std::string& text, const std::string& where) {
+StatusOr<std::vector<Row>> ReadCsv(std::string_view text, const std::string& where) {
+  // Before the fields are split: a quoted field's line breaks are the file's lines too.
+  RETURN_IF_ERROR(CheckUtf8(text, where, 1, /*lone_cr_ends_line=*/true));
   std::vector<std::vector<std::string>> records;
   std::vector<int> lines;
   std::vector<std::string> record;
@@ -134,8 +160,13 @@ StatusOr<std::vector<CaptionedImage>> ReadImageFolder(const std::string& folder,
   // COCO's 600,000 captions take about 60 MB; a metadata file is parsed into rows of many times
   // its size, so one past this is refused before it is read.
   constexpr size_t kMaxMetadataBytes = size_t{256} << 20;
-  ASSIGN_OR_RETURN(const std::string text,
+  ASSIGN_OR_RETURN(const std::string content,
                    ReadFileToString((dir / name).string(), kMaxMetadataBytes));
+  // Excel's "CSV UTF-8" and Windows' Notepad start a file with a byte-order mark, which the
+  // datasets library skips. Kept, it would be part of a CSV header's first column (every row then
+  // lacking its file_name), and a line of its own in JSON Lines would not be blank.
+  std::string_view text = content;
+  if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);
   ASSIGN_OR_RETURN(const std::vector<Row> rows,
                    has_jsonl ? ReadJsonLines(text, where) : ReadCsv(text, where));
   if (rows.empty()) return InvalidArgumentError(where + ": no rows");
@@ -178,7 +209,10 @@ StatusOr<std::vector<CaptionedImage>> ReadImageFolder(const std::string& folder,
     if (fs::path(file_name).is_absolute() || outside != root.end()) {
       return InvalidArgumentError(at + "file_name '" + named + "' is outside the folder");
     }
-    if (!fs::is_regular_file(path, error)) {
+    // As written, not `path`: past the first component that does not exist, weakly_canonical
+    // resolves ".." by the text ("nowhere/../a.jpg" is "a.jpg"), where the system, opening
+    // folder/file_name, finds no "nowhere" and fails.
+    if (!fs::is_regular_file(dir / file_name, error)) {
       return InvalidArgumentError(at + "file_name '" + named + "': no such file in " +
                                   display_folder);
     }

@@ -19,7 +19,7 @@ struct CaptionedImage {
 };
 
 // Reads `folder`'s metadata (metadata.jsonl, else metadata.csv; both is an error, as for the
-// datasets library). Every row must name a file inside the folder that exists and hold a non-empty
+// datasets library): UTF-8, a leading byte-order mark skipped. Every row must name a file inside the folder that exists and hold a non-empty
 // string caption in `caption_column`. Errors are InvalidArgument naming `display_folder`'s metadata
 // file, the line and what is wrong (NotFound when there is no metadata). Images are not decoded
 // here: CheckImages does that.
