@@ -1,5 +1,7 @@
 #include "controller/openstack/command_words.h"
 
+#include "common/text.h"
+
 namespace llmctl::openstack {
 
 std::optional<int> ParseCommandWords(CLI::App& app, const std::vector<std::string>& words,
@@ -21,7 +23,10 @@ std::optional<int> ParseCommandWords(CLI::App& app, const std::vector<std::strin
 int CommandExitCode(const Status& status, std::string_view group, std::string_view command,
                     std::ostream& err) {
   if (status.ok()) return 0;
-  err << "llmctl " << group << " " << command << ": " << status.message() << "\n";
+  // The message quotes the cloud (a lease's or server's name, Nova's fault, an API's error text)
+  // or the controller: OnOneLine keeps their escape sequences off the terminal and, since each
+  // error is one line of `err`, keeps a newline of theirs from forging a line of llmctl's.
+  err << "llmctl " << group << " " << command << ": " << OnOneLine(status.message()) << "\n";
   switch (status.code()) {
     case StatusCode::kInvalidArgument:
       return 2;

@@ -52,32 +52,47 @@ std::string Reserves(const Lease& lease) {
   return what;
 }
 
+// Every word Blazar answers (names, statuses, ids, properties) is the cloud's, and anyone who can
+// name a lease in a shared project chooses some of it: each cell and field goes through OnOneLine,
+// so that no escape sequence of theirs reaches the terminal and no newline forges a line.
 void PrintTable(const std::vector<Lease>& leases, std::ostream& out) {
   std::vector<std::vector<std::string>> rows = {
       {"NAME", "STATUS", "START (UTC)", "END (UTC)", "RESERVES", "ID"}};
   for (const Lease& lease : leases) {
-    rows.push_back({lease.name, lease.status, FormatUtc(lease.start, kTableDate),
-                    FormatUtc(lease.end, kTableDate), Reserves(lease), lease.id});
+    rows.push_back({OnOneLine(lease.name), OnOneLine(lease.status),
+                    FormatUtc(lease.start, kTableDate), FormatUtc(lease.end, kTableDate),
+                    OnOneLine(Reserves(lease)), OnOneLine(lease.id)});
   }
   out << FormatColumns(rows);
 }
 
 void PrintLease(const Lease& lease, std::ostream& out) {
-  out << "name:         " << lease.name << "\n"
-      << "id:           " << lease.id << "\n"
-      << "status:       " << lease.status << "\n"
+  out << "name:         " << OnOneLine(lease.name) << "\n"
+      << "id:           " << OnOneLine(lease.id) << "\n"
+      << "status:       " << OnOneLine(lease.status) << "\n"
       << "start (UTC):  " << FormatUtc(lease.start, kTableDate) << "\n"
       << "end (UTC):    " << FormatUtc(lease.end, kTableDate) << "\n";
   for (const Reservation& reservation : lease.reservations) {
-    out << "reservation:  " << reservation.id << " " << reservation.resource_type << " "
-        << reservation.status
-        << " ("
-        // The line names the type: of a count of hosts or devices, the count and properties.
-        << (reservation.min > 0
-                ? std::to_string(reservation.min) + " x " + reservation.resource_properties
-                : DescribeReservation(reservation))
-        << ")\n";
+    // The line names the type: of a count of hosts or devices, the count and properties.
+    const std::string what = reservation.min > 0 ? std::to_string(reservation.min) + " x " +
+                                                       reservation.resource_properties
+                                                 : DescribeReservation(reservation);
+    out << "reservation:  "
+        << OnOneLine(reservation.id + " " + reservation.resource_type + " " + reservation.status +
+                     " (" + what + ")")
+        << "\n";
   }
+}
+
+// InvalidArgument when a lease `what` describes would end after year kMaxUtcYear: Blazar could
+// make it, but its dates would not parse back (ParseUtcTimestamp refuses them), so llmctl could
+// neither show nor extend it.
+Status CheckEnd(TimePoint end, const std::string& what) {
+  const TimePoint first_too_late =
+      std::chrono::sys_days(std::chrono::year(kMaxUtcYear + 1) / std::chrono::January / 1);
+  if (end < first_too_late) return Status::Ok();
+  return InvalidArgumentError(what + " ends after " + std::to_string(kMaxUtcYear) +
+                              ", the last year llmctl reads a lease's dates in");
 }
 
 bool ValidNodeType(const std::string& text) {
@@ -91,7 +106,8 @@ StatusOr<Lease> WaitUntilActive(BlazarClient& blazar, Lease lease, std::ostream&
                                 const LeaseCommandContext& context) {
   return blazar.WaitUntilActive(std::move(lease), context.wait_timeout,
                                 [&err](const std::string& line) {
-                                  err << line << "\n" << std::flush;
+                                  // The line quotes the lease's name and status, Blazar's words.
+                                  err << OnOneLine(line) << "\n" << std::flush;
                                 });
 }
 
@@ -117,6 +133,12 @@ Status RunCreate(const LeaseFlags& flags, std::ostream& out, std::ostream& err,
     }
     start = *parsed;
   }
+  const TimePoint begin = start.value_or(context.clock->Now());
+  // Both bounded (begin by ParseUtcTimestamp or the clock, duration by ParseDuration), so the sum
+  // stays inside a TimePoint; checked before anything is sent.
+  const TimePoint end = begin + duration;
+  RETURN_IF_ERROR(CheckEnd(end, (start ? "--start " + flags.start : std::string("now")) +
+                                    " plus --duration " + flags.duration));
   ASSIGN_OR_RETURN(Credentials creds, LoadCredentials(flags.os_cloud, context.env));
   std::string site = flags.site;
   std::string why = "--site " + flags.site;
@@ -129,8 +151,7 @@ Status RunCreate(const LeaseFlags& flags, std::ostream& out, std::ostream& err,
 
   LeaseSpec spec;
   spec.start = start;
-  TimePoint begin = start.value_or(context.clock->Now());
-  spec.end = begin + duration;
+  spec.end = end;
   if (!flags.flavor.empty()) {
     NovaClient nova(*cloud.session, *context.clock);
     ASSIGN_OR_RETURN(Flavor flavor, nova.FindFlavor(flags.flavor));
@@ -171,11 +192,16 @@ Status RunOther(const std::string& command, const LeaseFlags& flags, std::ostrea
   } else if (command == "extend") {
     ASSIGN_OR_RETURN(std::chrono::seconds duration, ParseDuration(flags.duration));
     ASSIGN_OR_RETURN(Lease current, cloud.blazar->Get(flags.lease));
-    ASSIGN_OR_RETURN(Lease lease, cloud.blazar->Extend(current.id, current.end + duration));
+    // current.end parsed from Blazar's answer, so at most year kMaxUtcYear: no overflow.
+    const TimePoint end = current.end + duration;
+    RETURN_IF_ERROR(
+        CheckEnd(end, "lease '" + current.name + "' extended by --duration " + flags.duration));
+    ASSIGN_OR_RETURN(Lease lease, cloud.blazar->Extend(current.id, end));
     PrintLease(lease, out);
   } else if (command == "delete") {
     RETURN_IF_ERROR(cloud.blazar->Delete(flags.lease));
-    out << "deleted lease " << flags.lease << "\n";
+    // The name is the user's, but may be one copied from `lease list`, anyone's.
+    out << "deleted lease " << OnOneLine(flags.lease) << "\n";
   }
   return Status::Ok();
 }
@@ -241,6 +267,13 @@ StatusOr<std::chrono::seconds> ParseDuration(std::string_view text) {
         break;
       default:
         return bad();
+    }
+    // Checked after each term (at most 999999d, far inside int64), so that no number of terms
+    // ("999999d999999d...") can overflow the sum.
+    if (total > kMaxLeaseDuration.count()) {
+      return InvalidArgumentError("duration '" + std::string(text) + "' is longer than " +
+                                  std::to_string(kMaxLeaseDuration.count() / 86400) +
+                                  "d, the longest lease llmctl asks Blazar for");
     }
     i = digits + 1;
   }

@@ -45,7 +45,14 @@ int RunLeaseCommand(const std::vector<std::string>& args, std::ostream& out, std
 Status MoveCredentialsToSite(Credentials& creds, const std::string& site_name,
                              const std::string& why);
 
-// "2h50m", "90m", "1d12h", "45s" → seconds. InvalidArgument quoting the text otherwise.
+// The longest duration ParseDuration takes: a year. Blazar leases last days to weeks and each site
+// enforces its own most (Blazar refuses longer ones itself), so this bound only catches what must
+// be a typo ("999999d", 2700 years) before it is added to a start time: a TimePoint counts
+// nanoseconds and ends in 2262, and a lease's start is at most year kMaxUtcYear (2199).
+inline constexpr std::chrono::seconds kMaxLeaseDuration = std::chrono::days(365);
+
+// "2h50m", "90m", "1d12h", "45s" → seconds. InvalidArgument quoting the text otherwise, also for
+// zero and for more than kMaxLeaseDuration.
 StatusOr<std::chrono::seconds> ParseDuration(std::string_view text);
 
 }  // namespace llmctl::openstack

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <sstream>
 
@@ -174,6 +175,86 @@ TEST_F(LeaseCliTest, NoSecretInAnyOutput) {
   EXPECT_EQ(result.out.find(secret), std::string::npos);
 }
 
+// A lease name anyone in a shared project can choose: an OSC title-setting escape ended by BEL, a
+// newline that would forge a line, and U+009B (CSI as a C1 control) that would clear the screen.
+constexpr char kHostile[] =
+    "evil\x1b]0;pwned\x07\n\xc2\x9b"
+    "2Jname";
+// kHostile as printed: each control character one space.
+constexpr char kHostileShown[] = "evil ]0;pwned   2Jname";
+
+// No escape, BEL or C1 control of kHostile's in `text`, and its newline not kept either: wherever
+// the name's end is, the rest of the name comes before it on the same line.
+void ExpectNoControlsFromTheCloud(const std::string& text) {
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_EQ(text.find('\x07'), std::string::npos) << text;
+  EXPECT_EQ(text.find("\xc2\x9b"), std::string::npos) << text;
+  const std::string_view shown = kHostileShown;
+  const std::string_view end = "2Jname";
+  for (size_t at = text.find(end); at != std::string::npos; at = text.find(end, at + 1)) {
+    const size_t begin = at + end.size() - shown.size();
+    EXPECT_TRUE(at + end.size() >= shown.size() && text.compare(begin, shown.size(), shown) == 0)
+        << text;
+  }
+}
+
+TEST_F(LeaseCliTest, ALeaseNameOrStatusFromTheCloudReachesNoTerminalRaw) {
+  Result created = Run({"create", "--flavor", "g1.h100.pci.1", "--name", kHostile, "--wait"});
+  ASSERT_EQ(created.code, 0) << created.err;
+  ExpectNoControlsFromTheCloud(created.out);
+  ExpectNoControlsFromTheCloud(created.err);
+  EXPECT_NE(created.out.find(std::string("name:         ").append(kHostileShown).append("\n")),
+            std::string::npos)
+      << created.out;
+  // --wait's progress on stderr: one line per status Blazar answered.
+  EXPECT_EQ(created.err, std::string("lease ")
+                             .append(kHostileShown)
+                             .append(" is PENDING; Blazar starts it at 2030-01-01 00:00 UTC\n")
+                             .append("lease ")
+                             .append(kHostileShown)
+                             .append(" is ACTIVE\n"));
+
+  // Blazar's status is the cloud's text too.
+  ASSERT_TRUE(
+      sim_->Admin("lease_status", {{"name", kHostile}, {"status", "ACTIVE\x1b[2J\nok"}}).ok());
+  Result list = Run({"list"});
+  ASSERT_EQ(list.code, 0) << list.err;
+  ExpectNoControlsFromTheCloud(list.out);
+  // The header and one row, nothing a newline of the cloud's added.
+  EXPECT_EQ(std::count(list.out.begin(), list.out.end(), '\n'), 2) << list.out;
+  EXPECT_NE(list.out.find(std::string(kHostileShown).append("  ACTIVE [2J ok  ")),
+            std::string::npos)
+      << list.out;
+  Result show = Run({"show", kHostile});
+  ASSERT_EQ(show.code, 0) << show.err;
+  ExpectNoControlsFromTheCloud(show.out);
+  EXPECT_NE(show.out.find("status:       ACTIVE [2J ok\n"), std::string::npos) << show.out;
+  EXPECT_NE(show.out.find("reservation:  "), std::string::npos) << show.out;
+}
+
+// An error quoting the cloud's words is printed on its one line of stderr, without their
+// controls.
+TEST_F(LeaseCliTest, AnErrorQuotingTheCloudIsOneLineWithoutItsControls) {
+  ASSERT_EQ(Run({"create", "--node-type", "gpu_a100_pcie", "--site", "KVM@TACC", "--name", kHostile,
+                 "--start", "2030-01-01 06:00"})
+                .code,
+            0);
+  ASSERT_TRUE(sim_->Admin("fail_lease", {{"name", kHostile}}).ok());
+  Result shown = Run({"show", kHostile, "--wait"});
+  EXPECT_EQ(shown.code, 1) << shown.err;
+  ExpectNoControlsFromTheCloud(shown.err);
+  // PENDING, ERROR, then the error: three lines.
+  EXPECT_EQ(std::count(shown.err.begin(), shown.err.end(), '\n'), 3) << shown.err;
+  EXPECT_NE(
+      shown.err.find(std::string("llmctl lease show: lease '").append(kHostileShown).append("' (")),
+      std::string::npos)
+      << shown.err;
+  EXPECT_TRUE(
+      shown.err.ends_with("went to ERROR: Blazar could not start it; delete it and try "
+                          "another period or site\n"))
+      << shown.err;
+}
+
 TEST(ParseDurationTest, UnitsAndErrors) {
   EXPECT_EQ(*ParseDuration("2h50m"), std::chrono::seconds(10200));
   EXPECT_EQ(*ParseDuration("1d12h"), std::chrono::seconds(129600));
@@ -181,6 +262,62 @@ TEST(ParseDurationTest, UnitsAndErrors) {
   for (const char* bad : {"", "2", "h", "2h50", "-1h", "0m", "1w"}) {
     EXPECT_FALSE(ParseDuration(bad).ok()) << bad;
   }
+}
+
+// 999999d, 2700 years, overflowed a start time's nanoseconds; a year is the most taken.
+TEST(ParseDurationTest, AtMostAYear) {
+  EXPECT_EQ(*ParseDuration("365d"), kMaxLeaseDuration);
+  EXPECT_EQ(*ParseDuration("364d23h59m60s"), kMaxLeaseDuration);
+  for (const char* long_ones : {"365d1s", "999999d", "366d", "8761h", "525601m"}) {
+    StatusOr<std::chrono::seconds> parsed = ParseDuration(long_ones);
+    ASSERT_FALSE(parsed.ok()) << long_ones;
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(parsed.status().message(),
+              std::string("duration '")
+                  .append(long_ones)
+                  .append("' is longer than 365d, the longest lease llmctl asks Blazar for"));
+  }
+  // However many terms: the sum is checked after each.
+  std::string many;
+  for (int i = 0; i < 2000; ++i) many += "999999d";
+  EXPECT_EQ(ParseDuration(many).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(LeaseCliTest, ATooLongDurationIsUsageErrorBeforeAnythingIsSent) {
+  Result created = Run({"create", "--flavor", "g1.h100.pci.1", "--duration", "999999d"});
+  EXPECT_EQ(created.code, 2);
+  EXPECT_EQ(created.err,
+            "llmctl lease create: duration '999999d' is longer than 365d, the longest lease "
+            "llmctl asks Blazar for\n");
+  EXPECT_EQ(sim_->CountRequests("POST", "/blazar"), 0);
+
+  ASSERT_EQ(Run({"create", "--flavor", "g1.h100.pci.1", "--name", "l"}).code, 0);
+  Result extended = Run({"extend", "l", "--duration", "999999d"});
+  EXPECT_EQ(extended.code, 2);
+  EXPECT_NE(extended.err.find("duration '999999d' is longer than 365d"), std::string::npos)
+      << extended.err;
+}
+
+// A start late in kMaxUtcYear plus a duration: the lease would end in a year whose dates llmctl
+// does not read back, so it is not made (nor extended there).
+TEST_F(LeaseCliTest, ALeaseEndingAfterTheLastReadableYearIsRefused) {
+  Result late = Run(
+      {"create", "--flavor", "g1.h100.pci.1", "--start", "2199-12-31 12:00", "--duration", "365d"});
+  EXPECT_EQ(late.code, 2);
+  EXPECT_EQ(late.err,
+            "llmctl lease create: --start 2199-12-31 12:00 plus --duration 365d ends after 2199, "
+            "the last year llmctl reads a lease's dates in\n");
+  EXPECT_EQ(sim_->CountRequests("POST", "/blazar"), 0);
+  // Ending within 2199 is fine.
+  Result last = Run({"create", "--flavor", "g1.h100.pci.1", "--name", "last", "--start",
+                     "2199-12-31 12:00", "--duration", "11h59m"});
+  ASSERT_EQ(last.code, 0) << last.err;
+  EXPECT_NE(last.out.find("end (UTC):    2199-12-31 23:59\n"), std::string::npos) << last.out;
+  Result extended = Run({"extend", "last", "--duration", "1m"});
+  EXPECT_EQ(extended.code, 2);
+  EXPECT_EQ(extended.err,
+            "llmctl lease extend: lease 'last' extended by --duration 1m ends after 2199, the last "
+            "year llmctl reads a lease's dates in\n");
 }
 
 }  // namespace

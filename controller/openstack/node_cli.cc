@@ -24,33 +24,40 @@ std::string Join(const std::vector<std::string>& items) {
   return text.empty() ? "-" : text;
 }
 
+// Every word here but the labels is the cloud's: server, volume and node names (a node's name is
+// cut from its server's, which anyone in the project can name), statuses, Nova's fault message,
+// ids and addresses. Each cell and field goes through OnOneLine, so that no escape sequence of
+// theirs reaches the terminal and no newline forges a line (a fault may be a traceback).
 void PrintTable(const std::vector<Node>& nodes, std::ostream& out) {
   std::vector<std::vector<std::string>> rows = {{"NODE", "STATUS", "AGENT", "SERVER ID"}};
   for (const Node& node : nodes) {
-    rows.push_back({node.name, node.server ? node.server->status : "-",
-                    node.AgentAddress().empty() ? "-" : node.AgentAddress(),
-                    node.server ? node.server->id : "-"});
+    rows.push_back({OnOneLine(node.name), node.server ? OnOneLine(node.server->status) : "-",
+                    node.AgentAddress().empty() ? "-" : OnOneLine(node.AgentAddress()),
+                    node.server ? OnOneLine(node.server->id) : "-"});
   }
   out << FormatColumns(rows);
 }
 
 void PrintNode(const Node& node, std::ostream& out) {
-  out << "node:         " << node.name << "\n";
+  out << "node:         " << OnOneLine(node.name) << "\n";
   if (node.server) {
-    out << "server:       " << node.server->name << " (" << node.server->id << ") "
-        << node.server->status << (node.server->fault.empty() ? "" : ": " + node.server->fault)
+    out << "server:       "
+        << OnOneLine(node.server->name + " (" + node.server->id + ") " + node.server->status +
+                     (node.server->fault.empty() ? "" : ": " + node.server->fault))
         << "\n"
-        << "addresses:    " << Join(node.server->fixed_addresses) << "\n";
+        << "addresses:    " << OnOneLine(Join(node.server->fixed_addresses)) << "\n";
   } else {
     out << "server:       -\n";
   }
   out << "boot volume:  "
-      << (node.volume ? node.volume->name + " (" + node.volume->id + ") " + node.volume->status +
-                            ", " + std::to_string(node.volume->size_gb) + " GiB"
-                      : "-")
+      << (node.volume
+              ? OnOneLine(node.volume->name + " (" + node.volume->id + ") " + node.volume->status +
+                          ", " + std::to_string(node.volume->size_gb) + " GiB")
+              : "-")
       << "\n"
-      << "floating IP:  " << (node.floating_ip ? node.floating_ip->address : "-") << "\n"
-      << "agent:        " << (node.AgentAddress().empty() ? "-" : node.AgentAddress()) << "\n";
+      << "floating IP:  " << (node.floating_ip ? OnOneLine(node.floating_ip->address) : "-") << "\n"
+      << "agent:        " << (node.AgentAddress().empty() ? "-" : OnOneLine(node.AgentAddress()))
+      << "\n";
 }
 
 // The agent image `node up` bootstraps (the flags', else the context's default); InvalidArgument
@@ -126,11 +133,13 @@ Status Down(NodeManager& nodes, const std::string& name, std::ostream& out, std:
       told.code() == StatusCode::kUnavailable || told.code() == StatusCode::kDeadlineExceeded;
   if (!told.ok() && !unanswered) return told;
   if (unanswered) {
-    err << "llmctl node down: warning: " << told.message()
+    // The controller's words (or its gRPC library's): one line, no escapes.
+    err << "llmctl node down: warning: " << OnOneLine(told.message())
         << "; deleting the node's cloud resources anyway\n";
   }
   RETURN_IF_ERROR(nodes.Down(name));
-  out << "node " << name << " is down\n";
+  // The name is the user's, but may be one copied from `node list`, a server's name.
+  out << "node " << OnOneLine(name) << " is down\n";
   if (unanswered) {
     return Status(told.code(), "node " + name +
                                    "'s cloud resources are deleted, but the controller still "
@@ -154,7 +163,8 @@ Status Run(const std::string& command, const NodeFlags& flags, std::ostream& out
   http::HttpClient http(options);
   Session session(std::move(creds), http, *context.clock, context.session_options);
   NodeManager nodes(session, *context.clock, context.node_options,
-                    [&out](const std::string& line) { out << line << "\n"; });
+                    // Progress quotes the cloud's names, ids and statuses.
+                    [&out](const std::string& line) { out << OnOneLine(line) << "\n"; });
   if (command == "up") return Up(nodes, session, flags, image, out, context);
   if (command == "list") {
     ASSIGN_OR_RETURN(std::vector<Node> all, nodes.List());

@@ -4,12 +4,14 @@
 #include <stdio.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <memory>
 #include <sstream>
 
 #include "controller/openstack/lease_cli.h"
+#include "controller/openstack/nova.h"
 #include "tests/openstack_sim/simulator.h"
 
 namespace llmctl::openstack {
@@ -202,6 +204,116 @@ TEST_F(NodeCliTest, DownTellsTheControllerFirstAndStillDeletesWhenItDoesNotAnswe
   EXPECT_EQ(refused.err, "llmctl node down: the controller cannot write its database\n");
   EXPECT_EQ((*sim_->Books())["servers"].size(), 1u);
   EXPECT_EQ(Node({"down", "kept"}).code, 0);
+}
+
+// Text anyone in the project can choose (a server's name, and so a node's) or Nova writes (a
+// fault): an OSC title-setting escape ended by BEL, a newline that would forge a line, and U+009B
+// (CSI as a C1 control) that would clear the screen.
+constexpr char kHostile[] =
+    "evil\x1b]0;pwned\x07\n\xc2\x9b"
+    "2Jname";
+// kHostile as printed: each control character one space.
+constexpr char kHostileShown[] = "evil ]0;pwned   2Jname";
+
+// No escape, BEL or C1 control of kHostile's in `text`, and its newline not kept either: wherever
+// the text's end is, the rest of it comes before it on the same line.
+void ExpectNoControlsFromTheCloud(const std::string& text) {
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_EQ(text.find('\x07'), std::string::npos) << text;
+  EXPECT_EQ(text.find("\xc2\x9b"), std::string::npos) << text;
+  const std::string_view shown = kHostileShown;
+  const std::string_view end = "2Jname";
+  for (size_t at = text.find(end); at != std::string::npos; at = text.find(end, at + 1)) {
+    const size_t begin = at + end.size() - shown.size();
+    EXPECT_TRUE(at + end.size() >= shown.size() && text.compare(begin, shown.size(), shown) == 0)
+        << text;
+  }
+}
+
+TEST_F(NodeCliTest, NovasFaultReachesNoTerminalRaw) {
+  ActiveLease("faulty");
+  ASSERT_TRUE(
+      sim_->Admin("compute", {{"fail_servers", {{NamesForNode("faulty").server, kHostile}}}}).ok());
+  Result up = Node({"up", "--lease", "faulty", "--agent-image", "registry.example.org/agent:1"});
+  EXPECT_EQ(up.code, 1);
+  ExpectNoControlsFromTheCloud(up.out);
+  ExpectNoControlsFromTheCloud(up.err);
+  // The error is one line, Nova's fault in it.
+  EXPECT_EQ(std::count(up.err.begin(), up.err.end(), '\n'), 1) << up.err;
+  EXPECT_TRUE(up.err.starts_with("llmctl node up: server ")) << up.err;
+  EXPECT_NE(up.err.find(std::string("failed to build: ").append(kHostileShown).append("; ")),
+            std::string::npos)
+      << up.err;
+
+  Result show = Node({"show", "faulty"});
+  ASSERT_EQ(show.code, 0) << show.err;
+  ExpectNoControlsFromTheCloud(show.out);
+  EXPECT_NE(show.out.find(std::string(") ERROR: ").append(kHostileShown).append("\n")),
+            std::string::npos)
+      << show.out;
+  EXPECT_EQ(Node({"down", "faulty"}).code, 0);
+}
+
+// A server anyone in the project named like a node's: `node list`, `show` and `down` print its
+// name without its controls.
+TEST_F(NodeCliTest, AServerNameReachesNoTerminalRaw) {
+  http::ClientOptions options;
+  options.sleep = [](std::chrono::milliseconds) {};
+  http::HttpClient http(options);
+  StatusOr<Credentials> creds = CredentialsFromEnvironment(sim_->Environment());
+  ASSERT_TRUE(creds.ok()) << creds.status().ToString();
+  Session session(*creds, http, sim_->clock());
+  NovaClient nova(session, sim_->clock());
+  ServerSpec spec;
+  spec.flavor_id = "f-small";
+  spec.image_id = "img-ubuntu-2204";
+  spec.network_id = "net-sharednet1";
+  spec.name = NamesForNode(kHostile).server;
+  StatusOr<Server> server = nova.FindOrCreateServer(spec);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+
+  Result list = Node({"list"});
+  ASSERT_EQ(list.code, 0) << list.err;
+  ExpectNoControlsFromTheCloud(list.out);
+  EXPECT_NE(list.out.find(std::string("\n").append(kHostileShown).append("  ")), std::string::npos)
+      << list.out;
+  Result show = Node({"show", kHostile});
+  ASSERT_EQ(show.code, 0) << show.err;
+  ExpectNoControlsFromTheCloud(show.out);
+  EXPECT_NE(show.out.find(std::string("node:         ").append(kHostileShown).append("\n")),
+            std::string::npos)
+      << show.out;
+  EXPECT_NE(show.out.find(std::string("server:       llmctl-").append(kHostileShown)),
+            std::string::npos)
+      << show.out;
+  Result down = Node({"down", kHostile});
+  ASSERT_EQ(down.code, 0) << down.err;
+  ExpectNoControlsFromTheCloud(down.out);
+  EXPECT_NE(down.out.find(std::string("deleted server llmctl-").append(kHostileShown)),
+            std::string::npos)
+      << down.out;
+  EXPECT_NE(down.out.find(std::string("node ").append(kHostileShown).append(" is down\n")),
+            std::string::npos)
+      << down.out;
+}
+
+// The controller's words in `node down`'s warning: one line, no controls.
+TEST_F(NodeCliTest, TheControllersWarningReachesNoTerminalRaw) {
+  ActiveLease("warned");
+  ASSERT_EQ(Node({"up", "--lease", "warned", "--agent-image", "registry.example.org/agent:1"}).code,
+            0);
+  Result down = Node({"down", "warned"}, [](const std::string&) {
+    return UnavailableError(std::string("cannot tell the controller: ").append(kHostile));
+  });
+  EXPECT_EQ(down.code, 3);
+  ExpectNoControlsFromTheCloud(down.err);
+  // The warning and the error, one line each.
+  EXPECT_EQ(std::count(down.err.begin(), down.err.end(), '\n'), 2) << down.err;
+  EXPECT_NE(down.err.find(std::string("llmctl node down: warning: cannot tell the controller: ")
+                              .append(kHostileShown)
+                              .append("; deleting")),
+            std::string::npos)
+      << down.err;
 }
 
 // Debian's openstack CLI (python-openstackclient, openstacksdk: nobody here wrote them) sees
