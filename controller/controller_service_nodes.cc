@@ -20,16 +20,28 @@ using nlohmann::json;
 
 namespace {
 
+// Longer than any host name (253 bytes), port or socket path (108).
+constexpr size_t kMaxAgentAddressBytes = 1024;
+
 Status ValidateAgentAddress(std::string_view address) {
-  if (address.starts_with("unix:")) {
-    if (address.size() > 5 && address[5] == '/') return Status::Ok();
-  } else if (const size_t colon = address.rfind(':');
-             colon != std::string_view::npos && colon > 0 && colon + 1 < address.size() &&
-             address.find_first_of(" \t\n") == std::string_view::npos) {
-    return Status::Ok();
+  // The address is shown in `llmctl nodes` and stored: no control character (an escape sequence
+  // from whoever set it, a newline that forges a line) and no space.
+  const bool printable = std::all_of(address.begin(), address.end(), [](char c) {
+    const auto byte = static_cast<unsigned char>(c);
+    return byte > 0x20 && byte != 0x7f;
+  });
+  if (printable && address.size() <= kMaxAgentAddressBytes) {
+    if (address.starts_with("unix:")) {
+      if (address.size() > 5 && address[5] == '/') return Status::Ok();
+    } else if (const size_t colon = address.rfind(':');
+               colon != std::string_view::npos && colon > 0 && colon + 1 < address.size()) {
+      return Status::Ok();
+    }
   }
-  return InvalidArgumentError("register node: address '" + std::string(address) +
-                              "' is neither host:port nor unix:/absolute/path");
+  return InvalidArgumentError(
+      "register node: address '" + OnOneLine(address.substr(0, 200)) +
+      "' is neither host:port nor unix:/absolute/path (printable, at most " +
+      std::to_string(kMaxAgentAddressBytes) + " bytes)");
 }
 
 }  // namespace

@@ -304,10 +304,18 @@ TEST_F(ControllerServiceTest, RegisterNodeIssuesCredentialsThatAreStoredOnlyInTh
               grpc::StatusCode::INVALID_ARGUMENT)
         << name;
   }
-  grpc::ClientContext bad_address_context;
-  request.set_address("not an address");
-  EXPECT_EQ(stub_->RegisterNode(&bad_address_context, request, &credentials).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  // An address is shown and stored: no spaces, controls (an escape sequence, a forged line) or
+  // kilobytes of it.
+  for (const std::string& address :
+       {std::string("not an address"), std::string("evil\x1b]0;x\x07:7443"),
+        std::string("10.0.0.1:7443\nnode gpu-2"), std::string("del\x7f:1"),
+        std::string(2000, 'h').append(":1")}) {
+    grpc::ClientContext bad_address_context;
+    request.set_address(address);
+    grpc::Status refused = stub_->RegisterNode(&bad_address_context, request, &credentials);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << address;
+    EXPECT_EQ(refused.error_message().find_first_of("\x1b\x07\n\x7f"), std::string::npos);
+  }
 }
 
 // A lease's end is in seconds up to the year 9999 (one sent in milliseconds wrapped to 1892 and
@@ -707,9 +715,10 @@ TEST_F(ControllerServiceTest, RegisteringALiveNodeAgainNeedsItsCurrentToken) {
   EXPECT_NE(third.token(), second.token());
 }
 
-// `node up` again and `node down` of one name at once: each is whole before the other starts, so the
-// name ends either listed with the new token stored, or removed with no token left. Interleaved, a
-// removed node kept a live token, or a listed one had none the controller could present.
+// `node up` again and `node down` of one name at once: each is whole before the other starts, so
+// the name ends either listed with the new token stored, or removed with no token left.
+// Interleaved, a removed node kept a live token, or a listed one had none the controller could
+// present.
 TEST_F(ControllerServiceTest, RegisteringAndRemovingOneNameAtOnceLeaveItWholeEitherWay) {
   auto secrets = [&] { return *ReadFileToString(root_ + "/data/secrets.json", 1 << 20); };
   auto listed = [&] {

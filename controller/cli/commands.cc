@@ -419,7 +419,7 @@ Status Llmctl::AwaitAgent(const openstack::NodeUp& up, std::ostream& out) {
   RETURN_IF_ERROR(TellNodeAddress(*stub, up, address));
   const auto minutes =
       std::chrono::duration_cast<std::chrono::minutes>(context_.agent_ready_timeout);
-  out << "waiting for the agent at " << address << " (up to " << minutes.count()
+  out << "waiting for the agent at " << OnOneLine(address) << " (up to " << minutes.count()
       << " min: cloud-init installs Docker and the agent first)\n"
       << std::flush;
   const auto deadline = std::chrono::steady_clock::now() + context_.agent_ready_timeout;
