@@ -120,16 +120,17 @@ bool HoldsGradients(const TrialConfig& config) {
   return !memory.optimizer_in_backward && memory.offload != trial::Offload::kOptimizer;
 }
 
-void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>& tensors,
-                     uint64_t element, int64_t rank, ModelStateEstimate& estimate) {
-  // The flat parameters as fsdp.cc lays them out, per unit (the root, -1, first): its trainable
-  // parameters (aligned to the optimizer's state blocks), its frozen ones (LoRA's base weights),
-  // and its buffers one per dtype (QLoRA's NF4 codes with the quantised block scales in uint8; the
-  // nested scales and the offset, or the plain scales, in fp32).
-  enum Kind { kFrozen, kTrainable, kBytes, kFloats };
-  std::map<std::pair<int64_t, Kind>, std::vector<int64_t>> flat_tensors;  // numels, in order
-  const TrialSettings& s = config.settings();
-  const bool double_quant = s.peft.double_quant;
+// What a unit's flat parameter holds: its trainable parameters (aligned to the optimizer's state
+// blocks), its frozen ones (LoRA's base weights), and its buffers one per dtype (QLoRA's NF4 codes
+// with the quantised block scales in uint8; the nested scales and the offset, or the plain
+// scales, in fp32).
+enum FlatKind { kFrozen, kTrainable, kBytes, kFloats };
+// The numels of each unit's flats (the root, -1, first), in order.
+using FlatTensors = std::map<std::pair<int64_t, FlatKind>, std::vector<int64_t>>;
+
+// The flat parameters as fsdp.cc lays them out.
+FlatTensors GroupFlatTensors(const std::vector<WeightTensor>& tensors, bool double_quant) {
+  FlatTensors flat_tensors;
   for (const WeightTensor& t : tensors) {
     if (!t.nf4) {
       flat_tensors[{t.unit, t.trainable ? kTrainable : kFrozen}].push_back(t.numel);
@@ -140,6 +141,30 @@ void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>&
     flat_tensors[{t.unit, kFloats}].push_back(
         double_quant ? CeilDiv(blocks, kNf4NestedBlocksize) + 1 : blocks);
   }
+  return flat_tensors;
+}
+
+// What the ranks gather: the root's values and buffers, and the largest layer's.
+void AddGatheredUnits(const std::map<int64_t, int64_t>& unit_values,
+                      const std::map<int64_t, int64_t>& unit_buffer_bytes,
+                      ModelStateEstimate& estimate) {
+  for (const auto& [unit, values] : unit_values) {
+    const auto buffers = unit_buffer_bytes.find(unit);
+    const int64_t buffer_bytes = buffers == unit_buffer_bytes.end() ? 0 : buffers->second;
+    if (unit < 0) {
+      estimate.fsdp_root_values = values;
+      estimate.fsdp_root_buffer_bytes = buffer_bytes;
+    } else if (values > estimate.fsdp_layer_values) {
+      estimate.fsdp_layer_values = values;
+      estimate.fsdp_layer_buffer_bytes = buffer_bytes;
+    }
+  }
+}
+
+void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>& tensors,
+                     uint64_t element, int64_t rank, ModelStateEstimate& estimate) {
+  const TrialSettings& s = config.settings();
+  const FlatTensors flat_tensors = GroupFlatTensors(tensors, s.peft.double_quant);
   const int64_t n = estimate.world_size;
   const int64_t alignment = ShardAlignment(Name(s.train.optimizer));
   std::map<int64_t, int64_t> unit_values;  // the parameters a unit gathers (in the compute dtype)
@@ -167,16 +192,7 @@ void EstimateSharded(const TrialConfig& config, const std::vector<WeightTensor>&
     }
     estimate.grads_bytes += element * static_cast<uint64_t>(layout.shard());
   }
-  for (const auto& [unit, values] : unit_values) {
-    const int64_t buffers = unit_buffer_bytes[unit];
-    if (unit < 0) {
-      estimate.fsdp_root_values = values;
-      estimate.fsdp_root_buffer_bytes = buffers;
-    } else if (values > estimate.fsdp_layer_values) {
-      estimate.fsdp_layer_values = values;
-      estimate.fsdp_layer_buffer_bytes = buffers;
-    }
-  }
+  AddGatheredUnits(unit_values, unit_buffer_bytes, estimate);
   // `rank`'s state, or the largest any rank holds.
   for (int64_t r = 0; r < n; ++r) {
     if (rank >= 0 && r != rank) continue;
