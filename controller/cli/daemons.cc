@@ -8,12 +8,16 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <limits>
+#include <string_view>
 #include <thread>
 
 #include "common/atomic_file.h"
+#include "common/files.h"
 #include "controller/cli/client.h"
 #include "controller/cli/local_rates.h"
 #include "rpc/grpc_status.h"
@@ -26,6 +30,10 @@ using std::chrono::milliseconds;
 
 constexpr milliseconds kPollInterval{50};
 constexpr char kLocalNode[] = "local";
+// A pid and a newline; anything longer is not a pid file of ours.
+constexpr size_t kMaxPidFileBytes = 64;
+// What LogTail reads from the end of a log: ample for the lines it shows when a daemon dies.
+constexpr off_t kMaxLogTailBytes = 64 * 1024;
 
 std::string Errno(int error) { return std::strerror(error); }
 
@@ -162,9 +170,21 @@ StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
 }
 
 std::optional<pid_t> RunningPid(const fs::path& pid_file, const fs::path& binary) {
-  std::ifstream in(pid_file);
+  // Through the bounded reader: a FIFO or a device in the pid file's place is refused at once
+  // rather than waited on or read for ever (llmctl once hung on one).
+  StatusOr<std::string> text = ReadFileToString(pid_file.string(), kMaxPidFileBytes);
+  if (!text.ok()) return std::nullopt;
+  const size_t begin = text->find_first_not_of(" \t\n");
+  if (begin == std::string::npos) return std::nullopt;
   long pid = 0;
-  if (!(in >> pid) || pid <= 1) return std::nullopt;
+  const char* const end = text->data() + text->size();
+  const auto [rest, parse_error] = std::from_chars(text->data() + begin, end, pid);
+  if (parse_error != std::errc() || pid <= 1 || pid > std::numeric_limits<pid_t>::max()) {
+    return std::nullopt;
+  }
+  if (std::string_view(rest, end).find_first_not_of(" \t\n") != std::string_view::npos) {
+    return std::nullopt;
+  }
   if (!Alive(static_cast<pid_t>(pid))) return std::nullopt;
   std::error_code error;
   std::string exe = fs::read_symlink("/proc/" + std::to_string(pid) + "/exe", error).string();
@@ -190,11 +210,35 @@ bool StopProcess(pid_t pid, milliseconds grace) {
 }
 
 std::string LogTail(const fs::path& log_file, size_t max_lines) {
-  std::ifstream in(log_file);
+  // Only the log's last kMaxLogTailBytes are read, opened without blocking and only when a regular
+  // file: a FIFO in its place is not waited on, and a long log, or one without newlines, is not
+  // read whole into memory.
+  struct stat info {};
+  StatusOr<UniqueFd> fd = OpenRegularFile(log_file.string(), info);
+  if (!fd.ok()) return "";
+  const off_t size = info.st_size;
+  const off_t start = size > kMaxLogTailBytes ? size - kMaxLogTailBytes : 0;
+  std::string text(static_cast<size_t>(size - start), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n =
+        ::pread(fd->get(), text.data() + got, text.size() - got, start + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  // Begun inside the file: the first line is likely cut, so it is left out when others follow.
+  if (const size_t newline = text.find('\n'); start > 0 && newline != std::string::npos) {
+    text.erase(0, newline + 1);
+  }
   std::deque<std::string> lines;
-  for (std::string line; std::getline(in, line);) {
-    lines.push_back(std::move(line));
+  for (size_t begin = 0; begin < text.size();) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    lines.emplace_back(text, begin, end - begin);
     if (lines.size() > max_lines) lines.pop_front();
+    begin = end + 1;
   }
   std::string tail;
   for (const std::string& line : lines) tail += "  " + line + "\n";

@@ -40,7 +40,8 @@ struct DaemonSpec {
 // pid file. FailedPrecondition with the reason when the binary cannot be executed.
 StatusOr<pid_t> StartDetached(const DaemonSpec& spec);
 
-// The pid in `pid_file` when that process is alive and still runs `binary`; nullopt otherwise.
+// The pid in `pid_file` when that process is alive and still runs `binary`; nullopt otherwise,
+// and for a pid file that is not a regular file (a FIFO is not waited on) or holds more than a pid.
 std::optional<pid_t> RunningPid(const std::filesystem::path& pid_file,
                                 const std::filesystem::path& binary);
 
@@ -48,7 +49,8 @@ std::optional<pid_t> RunningPid(const std::filesystem::path& pid_file,
 // file. Returns true when it had to kill.
 bool StopProcess(pid_t pid, std::chrono::milliseconds grace);
 
-// The last `max_lines` lines of a log, for messages when a daemon dies at start.
+// The last `max_lines` lines of a log's last 64 KiB, for messages when a daemon dies at start; ""
+// when the log is missing or not a regular file.
 std::string LogTail(const std::filesystem::path& log_file, size_t max_lines);
 
 struct DaemonBinaries {

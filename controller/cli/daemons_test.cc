@@ -1,5 +1,6 @@
 #include "controller/cli/daemons.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -7,6 +8,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <future>
+#include <optional>
 #include <thread>
 
 #include "rpc/certificates.h"
@@ -71,6 +74,54 @@ TEST_F(DaemonsTest, ABinaryThatCannotRunIsReported) {
 TEST_F(DaemonsTest, LogTailKeepsTheLastLines) {
   std::ofstream(dir_ / "x.log") << "one\ntwo\nthree\n";
   EXPECT_EQ(LogTail(dir_ / "x.log", 2), "  two\n  three\n");
+}
+
+// A FIFO in place of the pid file or the log is not waited on (llmctl once hung on one). Each
+// read runs on a thread that, should it block after all, is released by opening the FIFO's other
+// end, so the test ends either way.
+TEST_F(DaemonsTest, AFifoInPlaceOfThePidFileOrTheLogIsNotWaitedOn) {
+  const fs::path fifo = dir_ / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto in_time = [&](auto read) {
+    std::packaged_task<void()> task(read);
+    std::future<void> done = task.get_future();
+    std::thread reader(std::move(task));
+    const bool ready = done.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    if (!ready) {
+      const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      if (writer >= 0) ::close(writer);
+    }
+    reader.join();
+    return ready;
+  };
+  std::optional<pid_t> pid = 7;
+  EXPECT_TRUE(in_time([&] { pid = RunningPid(fifo, "/bin/sleep"); })) << "the pid file blocked";
+  EXPECT_EQ(pid, std::nullopt);
+  std::string tail = "unset";
+  EXPECT_TRUE(in_time([&] { tail = LogTail(fifo, 5); })) << "the log blocked";
+  EXPECT_EQ(tail, "");
+}
+
+TEST_F(DaemonsTest, LogTailReadsOnlyTheEndOfALongLog) {
+  // 1 MiB without a newline, then two lines: only the end is read, its cut first line left out.
+  std::ofstream(dir_ / "long.log") << std::string(1 << 20, 'x') << "\nlast but one\nlast\n";
+  EXPECT_EQ(LogTail(dir_ / "long.log", 3), "  last but one\n  last\n");
+  std::ofstream(dir_ / "one.log") << std::string(1 << 20, 'y');
+  const std::string tail = LogTail(dir_ / "one.log", 3);
+  EXPECT_LE(tail.size(), 70u * 1024);
+  EXPECT_EQ(tail.find_first_not_of('y', 2), tail.size() - 1);  // "  yyy...y\n"
+}
+
+TEST_F(DaemonsTest, APidFileWithMoreThanAPidIsNotBelieved) {
+  StatusOr<pid_t> pid = StartDetached(Sleeper(dir_));
+  ASSERT_TRUE(pid.ok()) << pid.status().message();
+  std::ofstream(dir_ / "padded.pid") << "  " << *pid << "\n";
+  EXPECT_EQ(RunningPid(dir_ / "padded.pid", "/bin/sleep"), *pid);
+  std::ofstream(dir_ / "trailing.pid") << *pid << "x\n";
+  EXPECT_EQ(RunningPid(dir_ / "trailing.pid", "/bin/sleep"), std::nullopt);
+  std::ofstream(dir_ / "long.pid") << *pid << std::string(100, ' ') << "\n";
+  EXPECT_EQ(RunningPid(dir_ / "long.pid", "/bin/sleep"), std::nullopt);
+  EXPECT_FALSE(StopProcess(*pid, std::chrono::seconds(10)));
 }
 
 TEST_F(DaemonsTest, CredentialsAreWrittenOwnerOnly) {

@@ -164,6 +164,14 @@ Status Store::CheckRoomForRows(size_t count, std::string_view rows, int64_t tria
 StatusOr<std::unique_ptr<Store>> Store::OpenReadOnly(const std::string& path) {
   const std::string context = "store " + path;
   if (::access(path.c_str(), F_OK) != 0) return NotFoundError(context + ": no such file");
+  // SQLite opens whatever the path names and would wait for ever on a FIFO's writer (llmctl
+  // estimate hung on one): anything but a regular file is refused first, opened without blocking.
+  // A link to a database elsewhere is followed, as SQLite would.
+  {
+    struct stat info {};
+    StatusOr<UniqueFd> regular = OpenRegularFile(path, info);
+    if (!regular.ok()) return regular.status().WithContext(context);
+  }
   sqlite3* db = nullptr;
   const int rc =
       sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr);

@@ -1,12 +1,16 @@
 #include "controller/store/store.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <thread>
 
@@ -94,6 +98,37 @@ TEST_F(StoreTest, DirectoryInPlaceOfTheFileIsRefused) {
   StatusOr<std::unique_ptr<Store>> store = Store::Open(path_);
   ASSERT_FALSE(store.ok());
   EXPECT_THAT(store.status().message(), HasSubstr(path_));
+}
+
+// A FIFO in place of the database (llmctl estimate once waited on one for ever) is refused at
+// once, naming it, by the read-only opening and by the daemon's. Each opening runs on a thread
+// that, should it block after all, is released by opening the FIFO's other end, so the test ends
+// either way.
+TEST_F(StoreTest, FifoInPlaceOfTheFileIsRefusedWithoutWaiting) {
+  std::filesystem::create_directories(dir_ / "data");
+  ASSERT_EQ(::mkfifo(path_.c_str(), 0600), 0);
+  const auto refused_in_time = [&](auto open) {
+    std::packaged_task<Status()> task([&] { return open().status(); });
+    std::future<Status> result = task.get_future();
+    std::thread opener(std::move(task));
+    const bool in_time = result.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    if (!in_time) {
+      // Blocked on the FIFO: a writer releases the reader (and SQLite then fails on it).
+      const int writer = ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      if (writer >= 0) ::close(writer);
+    }
+    opener.join();
+    EXPECT_TRUE(in_time) << "opening a FIFO blocked";
+    return result.get();
+  };
+  const Status read_only = refused_in_time([&] { return Store::OpenReadOnly(path_); });
+  EXPECT_EQ(read_only.code(), StatusCode::kInvalidArgument) << read_only.ToString();
+  EXPECT_THAT(read_only.message(), HasSubstr(path_));
+  EXPECT_THAT(read_only.message(), HasSubstr("not a regular file"));
+  const Status read_write = refused_in_time([&] { return Store::Open(path_); });
+  EXPECT_FALSE(read_write.ok());
+  EXPECT_THAT(read_write.message(), HasSubstr(path_));
+  EXPECT_THAT(read_write.message(), HasSubstr("not a regular file"));
 }
 
 TEST_F(StoreTest, CreateExperimentStoresEverythingInFileOrder) {
