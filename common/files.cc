@@ -34,25 +34,35 @@ std::string_view FileTypeName(mode_t mode) {
   return "not a regular file";
 }
 
-}  // namespace
-
 // O_NONBLOCK: opening a FIFO would otherwise wait for a writer, and reading /dev/zero would never
 // end; for a regular file the flag changes nothing.
-StatusOr<UniqueFd> OpenRegularFile(const std::string& path, struct stat& st, bool follow_links) {
-  UniqueFd fd(
-      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_links ? 0 : O_NOFOLLOW)));
+StatusOr<UniqueFd> OpenRegular(int dir_fd, const std::string& path, const std::string& shown,
+                               struct stat& st, bool follow_links) {
+  UniqueFd fd(::openat(dir_fd, path.c_str(),
+                       O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_links ? 0 : O_NOFOLLOW)));
   if (!fd.valid()) {
     if (errno == ELOOP && !follow_links) {
-      return InvalidArgumentError(path + " is a symbolic link, not a regular file");
+      return InvalidArgumentError(shown + " is a symbolic link, not a regular file");
     }
-    return ErrnoStatus(errno, "cannot open " + path);
+    return ErrnoStatus(errno, "cannot open " + shown);
   }
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "cannot stat " + path);
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "cannot stat " + shown);
   if (!S_ISREG(st.st_mode)) {
-    return InvalidArgumentError(path + " is " + std::string(FileTypeName(st.st_mode)) +
+    return InvalidArgumentError(shown + " is " + std::string(FileTypeName(st.st_mode)) +
                                 ", not a regular file");
   }
   return fd;
+}
+
+}  // namespace
+
+StatusOr<UniqueFd> OpenRegularFile(const std::string& path, struct stat& st, bool follow_links) {
+  return OpenRegular(AT_FDCWD, path, path, st, follow_links);
+}
+
+StatusOr<UniqueFd> OpenRegularFileAt(int dir_fd, const std::string& name, const std::string& shown,
+                                     struct stat& st) {
+  return OpenRegular(dir_fd, name, shown, st, /*follow_links=*/false);
 }
 
 StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {

@@ -32,6 +32,12 @@ StatusOr<std::string> ReadFileToString(const std::string& path,
 StatusOr<UniqueFd> OpenRegularFile(const std::string& path, struct stat& st,
                                    bool follow_links = true);
 
+// OpenRegularFile(name, st, /*follow_links=*/false) relative to the open directory `dir_fd`
+// (openat), messages naming `shown`: a walk that holds each directory open reads what it listed,
+// not whatever a link swapped into the path meanwhile leads to.
+StatusOr<UniqueFd> OpenRegularFileAt(int dir_fd, const std::string& name, const std::string& shown,
+                                     struct stat& st);
+
 // Where `path` lies inside the directory `dir`, both with their symbolic links resolved (those of
 // the part that exists) and "." and ".." applied: the relative path below `dir`, or "" when `path`
 // is `dir` itself, lies outside it, or either cannot be resolved. How the agent keeps what it

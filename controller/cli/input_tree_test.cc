@@ -56,7 +56,7 @@ TEST_F(InputTreeTest, SingleFileIsATreeOfOneNamedAfterIt) {
   EXPECT_EQ(tree->files(0).size(), 3);
   // The digest rule of common.proto, spelled out.
   EXPECT_EQ(tree->digest(), digest::Sha256Hex(std::string(kAbc) + " 3 data.jsonl\n"));
-  EXPECT_EQ(builder.blobs().at(kAbc), fs::canonical(root_ / "data.jsonl"));
+  EXPECT_EQ(builder.blobs().at(kAbc).path, fs::canonical(root_ / "data.jsonl"));
 }
 
 TEST_F(InputTreeTest, DirectoryWalkSortsPathsInByteOrderAndRecurses) {
@@ -136,6 +136,97 @@ TEST_F(InputTreeTest, LinksLeavingTheDirectoryAreRefusedNamingTheirTarget) {
   fs::create_symlink("../../blobs/1234", root_ / "fake" / "snapshots" / "rev" / "weights");
   EXPECT_EQ(InputTreeBuilder().Build(root_ / "fake" / "snapshots" / "rev").status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// A snapshot's blobs/ must be a real directory of the repo: were it a link (to / or to ../..),
+// every file would lie "inside" it and snapshots/rev/x -> ~/.ssh/id_rsa would be uploaded. A link
+// must lead to a file directly in blobs/, as the hub lays them out.
+TEST_F(InputTreeTest, ASnapshotsBlobsMustBeARealDirectoryAndLinksLeadDirectlyIntoIt) {
+  Write("secret/id_rsa", "private key");
+  const fs::path secret = fs::canonical(root_ / "secret" / "id_rsa");
+  const fs::path repo = root_ / "hub" / "models--org--name";
+  const fs::path rev = repo / "snapshots" / "rev";
+  Write("hub/models--org--name/snapshots/rev/config.json", "abc");
+  fs::create_symlink(secret, rev / "x");
+  for (const fs::path& blobs_target : {fs::path("/"), fs::path("../.."), root_}) {
+    SCOPED_TRACE(blobs_target.string());
+    fs::remove_all(repo / "blobs");
+    fs::create_directory_symlink(blobs_target, repo / "blobs");
+    StatusOr<v1::InputTree> tree = InputTreeBuilder().Build(rev);
+    EXPECT_EQ(tree.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(tree.status().message().find((rev / "x").string() + ": a symbolic link to " +
+                                           secret.string() + ", outside"),
+              std::string::npos)
+        << tree.status().message();
+  }
+  // A real blobs/: a link into a folder inside it, or out of it through "..", is refused; one to
+  // a file directly in it is sent.
+  fs::remove(repo / "blobs");
+  fs::remove(rev / "x");
+  Write("hub/models--org--name/blobs/sub/5678", "abc");
+  fs::create_symlink("../../blobs/sub/5678", rev / "nested");
+  EXPECT_EQ(InputTreeBuilder().Build(rev).status().code(), StatusCode::kInvalidArgument);
+  fs::remove(rev / "nested");
+  fs::create_symlink("../../blobs/../../../secret/id_rsa", rev / "x");
+  EXPECT_EQ(InputTreeBuilder().Build(rev).status().code(), StatusCode::kInvalidArgument);
+  fs::remove(rev / "x");
+  Write("hub/models--org--name/blobs/1234", "abc");
+  fs::create_symlink("../../blobs/1234", rev / "weights");
+  StatusOr<v1::InputTree> tree = InputTreeBuilder().Build(rev);
+  ASSERT_TRUE(tree.ok()) << tree.status().message();
+  EXPECT_EQ(tree->files_size(), 2);
+}
+
+// What is uploaded is the file that was hashed: replaced after the walk by a link to a secret, by
+// another file, a FIFO, or grown, it is refused (and a FIFO is not waited on).
+TEST_F(InputTreeTest, TheUploadOpensOnlyTheFileThatWasHashed) {
+  Write("secret/id_rsa", "private key");
+  Write("data/train.jsonl", "abc");
+  Write("data/other.jsonl", "abd");
+  InputTreeBuilder builder;
+  ASSERT_TRUE(builder.Build(root_ / "data").ok());
+  const HashedFile& hashed = builder.blobs().at(kAbc);
+  const fs::path file = root_ / "data" / "train.jsonl";
+  EXPECT_EQ(hashed.path, fs::canonical(file));
+  EXPECT_EQ(hashed.size, 3);
+  struct stat st {};
+  ASSERT_TRUE(OpenHashedFile(hashed, st).ok());
+
+  // Kept, so that no file made below reuses its inode number.
+  fs::rename(file, root_ / "hashed.jsonl");
+  fs::create_symlink(root_ / "secret" / "id_rsa", file);
+  EXPECT_EQ(OpenHashedFile(hashed, st).status().code(), StatusCode::kFailedPrecondition);
+
+  fs::remove(file);
+  fs::copy_file(root_ / "data" / "other.jsonl", file);  // another inode
+  EXPECT_EQ(OpenHashedFile(hashed, st).status().code(), StatusCode::kFailedPrecondition);
+
+  fs::remove(file);
+  ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0);
+  EXPECT_EQ(OpenHashedFile(hashed, st).status().code(), StatusCode::kFailedPrecondition);
+
+  Write("data/grows.jsonl", "abc");
+  InputTreeBuilder second;
+  fs::remove(file);
+  ASSERT_TRUE(second.Build(root_ / "data" / "grows.jsonl").ok());
+  Write("data/grows.jsonl", "abcdef");  // the same inode, longer
+  StatusOr<UniqueFd> grown = OpenHashedFile(second.blobs().at(kAbc), st);
+  EXPECT_EQ(grown.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(grown.status().message().find("6 bytes now, 3 when it was hashed"), std::string::npos)
+      << grown.status().message();
+}
+
+// A snapshot's links are opened in the blobs/ that was checked, and recorded there for the upload.
+TEST_F(InputTreeTest, ASnapshotsLinkIsUploadedFromItsBlob) {
+  const fs::path repo = root_ / "hub" / "models--org--name";
+  Write("hub/models--org--name/blobs/1234", "abc");
+  fs::create_directories(repo / "snapshots" / "rev");
+  fs::create_symlink("../../blobs/1234", repo / "snapshots" / "rev" / "config.json");
+  InputTreeBuilder builder;
+  ASSERT_TRUE(builder.Build(repo / "snapshots" / "rev").ok());
+  EXPECT_EQ(builder.blobs().at(kAbc).path, fs::canonical(repo / "blobs" / "1234"));
+  struct stat st {};
+  EXPECT_TRUE(OpenHashedFile(builder.blobs().at(kAbc), st).ok());
 }
 
 // `llmctl submit` prints these notices: the experiment file, the trial, the key and the value as

@@ -24,10 +24,10 @@ namespace fs = std::filesystem;
 constexpr size_t kHiddenNamesShown = 10;
 
 Status UploadBlob(v1::Controller::StubInterface& stub, const std::string& sha256,
-                  const fs::path& file, int64_t min_bytes_per_second, int64_t& bytes_sent) {
+                  const HashedFile& file, int64_t min_bytes_per_second, int64_t& bytes_sent) {
   struct stat info {};
-  // Its messages name the path: "cannot open PATH: ...".
-  ASSIGN_OR_RETURN(const UniqueFd fd, OpenRegularFile(file.string(), info));
+  // The file that was hashed, or a refusal naming it: never what a link swapped in leads to.
+  ASSIGN_OR_RETURN(const UniqueFd fd, OpenHashedFile(file, info));
   const auto size = static_cast<int64_t>(info.st_size);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
@@ -38,7 +38,7 @@ Status UploadBlob(v1::Controller::StubInterface& stub, const std::string& sha256
   const Status sent =
       rpc::SendBlob(*writer, context, {.sha256 = sha256, .size = size, .fd = fd.get()},
                     kBlobChunkBytes, &bytes_sent);
-  return sent.WithContext("uploading " + file.string());
+  return sent.WithContext("uploading " + file.path.string());
 }
 
 }  // namespace
@@ -112,7 +112,7 @@ Status CheckLocalInputs(const Experiment& checked, std::string_view filename) {
 }
 
 StatusOr<UploadSummary> UploadMissingBlobs(v1::Controller::StubInterface& stub,
-                                           const std::map<std::string, fs::path>& blobs,
+                                           const std::map<std::string, HashedFile>& blobs,
                                            int64_t min_bytes_per_second) {
   UploadSummary summary;
   summary.blobs = static_cast<int>(blobs.size());

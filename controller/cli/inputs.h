@@ -11,6 +11,7 @@
 
 #include "common/experiment.h"
 #include "common/status.h"
+#include "controller/cli/input_tree.h"
 #include "llmctl/v1/controller.grpc.pb.h"
 
 namespace llmctl::cli {
@@ -19,8 +20,8 @@ namespace llmctl::cli {
 inline constexpr size_t kBlobChunkBytes = 1 << 20;
 
 struct SubmitInputs {
-  std::map<std::string, v1::InputTree> trees;          // path as written in the file -> its tree
-  std::map<std::string, std::filesystem::path> blobs;  // sha256 -> a local file with those bytes
+  std::map<std::string, v1::InputTree> trees;  // path as written in the file -> its tree
+  std::map<std::string, HashedFile> blobs;     // sha256 -> a local file with those bytes
   // One line per input directory whose hidden entries (.git, .env) were left out, naming them.
   std::vector<std::string> notices;
 };
@@ -46,11 +47,13 @@ struct UploadSummary {
 };
 
 // Asks MissingBlobs for `blobs` and uploads only what is missing, in chunks of kBlobChunkBytes (the
-// first message carries sha256 and size). Each upload's deadline is kCallDeadline plus the blob's
-// size at `min_bytes_per_second` (rpc::TransferDeadline).
-StatusOr<UploadSummary> UploadMissingBlobs(
-    v1::Controller::StubInterface& stub, const std::map<std::string, std::filesystem::path>& blobs,
-    int64_t min_bytes_per_second);
+// first message carries sha256 and size). Each file is sent only when it is still the file that
+// was hashed (OpenHashedFile); else FailedPrecondition naming it, and nothing more is sent. Each
+// upload's deadline is kCallDeadline plus the blob's size at `min_bytes_per_second`
+// (rpc::TransferDeadline).
+StatusOr<UploadSummary> UploadMissingBlobs(v1::Controller::StubInterface& stub,
+                                           const std::map<std::string, HashedFile>& blobs,
+                                           int64_t min_bytes_per_second);
 
 }  // namespace llmctl::cli
 
