@@ -142,11 +142,13 @@ grpc::Status ControllerService::RegisterNode(grpc::ServerContext* context,
     } else if (current_token.status().code() != StatusCode::kNotFound) {
       return current_token.status();
     }
-    if (request->enroll()) {
-      RETURN_IF_ERROR(IssueEnrollment(request->name(), *response));
-    } else {
-      RETURN_IF_ERROR(IssueCredentials(request->name(), *response));
-    }
+    // Told as soon as the secrets changed, even if what follows fails: the old link's channel
+    // carries the old token and accepts the old certificate's name, and left up, the holder of the
+    // old key would keep getting trials and inputs.
+    const Status issued = request->enroll() ? IssueEnrollment(request->name(), *response)
+                                            : IssueCredentials(request->name(), *response);
+    dispatcher_.NodeCredentialsChanged(request->name());
+    RETURN_IF_ERROR(issued);
     store::NodeRecord node{.name = request->name(),
                            .address = request->address(),
                            .devices_json = "[]",
@@ -267,7 +269,8 @@ grpc::Status ControllerService::EnrollNode(grpc::ServerContext* context,
     }
     RETURN_IF_ERROR(store_.PutSecretRef(name, SecretsFile::NodeTokenRef(name)));
     spdlog::info("node {} at {} enrolled", name, node->address);
-    dispatcher_.Wake();
+    // A link dialled while the enrollment was pending has no token: dialled again with the new.
+    dispatcher_.NodeCredentialsChanged(name);
     return Status::Ok();
   });
 }

@@ -139,6 +139,23 @@ StatusOr<store::NodeRemoval> Dispatcher::RemoveNode(const std::string& node) {
   return removal;
 }
 
+void Dispatcher::NodeCredentialsChanged(const std::string& node) {
+  links_.Disconnect(node);
+  // The readers hold the old link's stub: stopped, they are reopened by a round once the new link
+  // is connected, from the last stored line.
+  if (auto running = core_.store.ListRunningAttempts(); running.ok()) {
+    for (const store::RunningAttempt& attempt : *running) {
+      if (attempt.RunsOn(node)) streams_.Stop({attempt.trial_id, attempt.attempt});
+    }
+  } else {
+    spdlog::error("node {}: cannot list its running attempts to stop their old streams: {}", node,
+                  running.status().ToString());
+  }
+  hub_models_.ForgetNode(node);
+  deliveries_.ForgetNode(node);
+  Wake();
+}
+
 StatusOr<std::vector<std::string>> Dispatcher::Cancel(int64_t experiment_id, std::string_view trial,
                                                       bool checkpoint) {
   return cancellation_.Cancel(experiment_id, trial, checkpoint);

@@ -127,6 +127,12 @@ class Dispatcher {
   // node's hub model downloads, and drops its link before returning, so no call goes to the node
   // from now on. An unknown or already removed node is OK (the result says which).
   StatusOr<store::NodeRemoval> RemoveNode(const std::string& node);
+  // The node was registered again (RegisterNode, with new credentials or for enrollment) or
+  // enrolled: its link, stream readers, background deliveries and model downloads, whose channels
+  // carry the old token and accept the old certificate's name, end before this returns; the next
+  // round dials the node with the credentials then current (none while an enrollment is pending),
+  // and its running attempts' streams are reopened over that link.
+  void NodeCredentialsChanged(const std::string& node);
 
   // Streams a run's artifacts from `node`'s agent into `sink` (only those under `path`, a
   // directory in the run's output, when given; FetchArtifactsRequest says how); a false from

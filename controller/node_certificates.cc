@@ -34,13 +34,31 @@ Status NodeCertificates::CheckUnexpired(const std::string& node, store::Time now
                                  node + "` and register it again");
 }
 
-Status NodeCertificates::RenewIfDue(const std::string& node, v1::Agent::Stub& stub, store::Time now,
-                                    std::chrono::milliseconds deadline) {
-  StatusOr<std::string> name = secrets_.NodeCertificateName(node);
+namespace {
+
+// FailedPrecondition unless `dialled` is the node's current certificate name.
+Status CheckSameRegistration(const SecretsFile& secrets, const std::string& node,
+                             const std::string& dialled) {
+  StatusOr<std::string> name = secrets.NodeCertificateName(node);
   if (!name.ok()) {
     return FailedPreconditionError("renew the certificate of node " + node +
                                    ": it has no credentials (down)");
   }
+  if (*name != dialled) {
+    return FailedPreconditionError("renew the certificate of node " + node +
+                                   ": it was registered again since its link was dialled; not "
+                                   "renewed over the old link");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status NodeCertificates::RenewIfDue(const std::string& node,
+                                    const std::string& dialled_certificate_name,
+                                    v1::Agent::Stub& stub, store::Time now,
+                                    std::chrono::milliseconds deadline) {
+  RETURN_IF_ERROR(CheckSameRegistration(secrets_, node, dialled_certificate_name));
   StatusOr<int64_t> expiry = secrets_.NodeCertificateExpiry(node);
   const auto half = std::chrono::duration_cast<std::chrono::seconds>(kNodeCertificateLifetime / 2);
   if (expiry.ok() && *expiry - store::UnixSeconds(now) > half.count()) return Status::Ok();
@@ -49,7 +67,7 @@ Status NodeCertificates::RenewIfDue(const std::string& node, v1::Agent::Stub& st
     auto retry = retry_at_.find(node);
     if (retry != retry_at_.end() && now < retry->second) return Status::Ok();
   }
-  Status renewed = Renew(node, *name, stub, now, deadline);
+  Status renewed = Renew(node, dialled_certificate_name, stub, now, deadline);
   MutexLock lock(mutex_);
   if (renewed.ok()) {
     retry_at_.erase(node);
@@ -69,6 +87,11 @@ Status NodeCertificates::Renew(const std::string& node, const std::string& certi
   if (!stream->Read(&request)) {
     stream->WritesDone();
     return Finished(node, stream->Finish());
+  }
+  // Checked again once the request is here: a registration meanwhile ends the renewal.
+  if (Status same = CheckSameRegistration(secrets_, node, certificate_name); !same.ok()) {
+    context.TryCancel();
+    return same;
   }
   StatusOr<std::string> certificate =
       ca_.SignRequest(request.request_pem(), certificate_name, now + kNodeCertificateLifetime);

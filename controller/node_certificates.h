@@ -42,13 +42,17 @@ class NodeCertificates {
   // longer authenticates. OK when its expiry is unknown (registered before expiries were kept).
   Status CheckUnexpired(const std::string& node, store::Time now) const;
 
-  // Renews the node's certificate through `stub` (its link) when less than half the lifetime is
-  // left at `now`, or its expiry is unknown; OK without a call otherwise, and for kRenewalRetry
-  // after a failed renewal of the node (the health checks come every few seconds; an agent too
-  // old to renew would be asked, and logged, at each). FailedPrecondition for a node without
-  // credentials (`node down`); the agent's error when it refuses.
-  Status RenewIfDue(const std::string& node, v1::Agent::Stub& stub, store::Time now,
-                    std::chrono::milliseconds deadline) LLMCTL_EXCLUDES(mutex_);
+  // Renews the node's certificate through `stub` (its link, whose channel checks the agent's
+  // certificate against `dialled_certificate_name`) when less than half the lifetime is left at
+  // `now`, or its expiry is unknown; OK without a call otherwise, and for kRenewalRetry after a
+  // failed renewal of the node (the health checks come every few seconds; an agent too old to
+  // renew would be asked, and logged, at each). FailedPrecondition for a node without credentials
+  // (`node down`), and for a link dialled under another name than the node's current one: the node
+  // was registered again since, and the holder of the old key must not get a certificate of the
+  // new registration. The agent's error when it refuses.
+  Status RenewIfDue(const std::string& node, const std::string& dialled_certificate_name,
+                    v1::Agent::Stub& stub, store::Time now, std::chrono::milliseconds deadline)
+      LLMCTL_EXCLUDES(mutex_);
 
  private:
   Status Renew(const std::string& node, const std::string& certificate_name, v1::Agent::Stub& stub,

@@ -126,12 +126,13 @@ TEST_F(NodeCertificatesTest, RenewalAfterHalfTheLifetimeReplacesTheServedCertifi
   ASSERT_TRUE(ServesCertificate(first));
 
   // More than half the week left: nothing to do.
-  ASSERT_TRUE(certificates_->RenewIfDue(kNode, *link, clock.Now(), std::chrono::seconds(10)).ok());
+  ASSERT_TRUE(
+      certificates_->RenewIfDue(kNode, name_, *link, clock.Now(), std::chrono::seconds(10)).ok());
   EXPECT_EQ(Read(files_.certificate_file), first);
 
   clock.Advance(std::chrono::hours(24 * 4));
   const Status renewed =
-      certificates_->RenewIfDue(kNode, *link, clock.Now(), std::chrono::seconds(10));
+      certificates_->RenewIfDue(kNode, name_, *link, clock.Now(), std::chrono::seconds(10));
   ASSERT_TRUE(renewed.ok()) << renewed.ToString();
   const std::string second = Read(files_.certificate_file);
   EXPECT_NE(second, first);
@@ -156,7 +157,8 @@ TEST_F(NodeCertificatesTest, RenewalAfterHalfTheLifetimeReplacesTheServedCertifi
   v1::NodeInfo info;
   EXPECT_TRUE(link->GetNodeInfo(&context, {}, &info).ok());
   // Renewed: not due again.
-  EXPECT_TRUE(certificates_->RenewIfDue(kNode, *link, clock.Now(), std::chrono::seconds(10)).ok());
+  EXPECT_TRUE(
+      certificates_->RenewIfDue(kNode, name_, *link, clock.Now(), std::chrono::seconds(10)).ok());
   EXPECT_EQ(Read(files_.certificate_file), second);
 }
 
@@ -166,11 +168,13 @@ TEST_F(NodeCertificatesTest, RenewalWithAWrongTokenOrForANodeDownIsRefused) {
 
   auto wrong_token = Stub(controller_, "not-the-token");
   EXPECT_EQ(
-      certificates_->RenewIfDue(kNode, *wrong_token, clock.Now(), std::chrono::seconds(10)).code(),
+      certificates_->RenewIfDue(kNode, name_, *wrong_token, clock.Now(), std::chrono::seconds(10))
+          .code(),
       StatusCode::kUnauthenticated);
   // Not asked again at the next health check, seconds later, but after kRenewalRetry.
   auto link = Stub(controller_, kToken);
-  EXPECT_TRUE(certificates_->RenewIfDue(kNode, *link, clock.Now(), std::chrono::seconds(10)).ok());
+  EXPECT_TRUE(
+      certificates_->RenewIfDue(kNode, name_, *link, clock.Now(), std::chrono::seconds(10)).ok());
   EXPECT_EQ(Read(files_.certificate_file), first);
   clock.Advance(kRenewalRetry);
   // Another node's certificate (every agent's chains to the same CA) with the right token.
@@ -179,13 +183,30 @@ TEST_F(NodeCertificatesTest, RenewalWithAWrongTokenOrForANodeDownIsRefused) {
   auto other_node =
       Stub({ca_->ca_certificate_pem(), other->certificate_pem, other->private_key_pem}, kToken);
   EXPECT_EQ(
-      certificates_->RenewIfDue(kNode, *other_node, clock.Now(), std::chrono::seconds(10)).code(),
+      certificates_->RenewIfDue(kNode, name_, *other_node, clock.Now(), std::chrono::seconds(10))
+          .code(),
       StatusCode::kPermissionDenied);
 
   clock.Advance(kRenewalRetry);
   ASSERT_TRUE(secrets_->RemoveNodeToken(kNode).ok());  // `llmctl node down node1`
-  EXPECT_EQ(certificates_->RenewIfDue(kNode, *link, clock.Now(), std::chrono::seconds(10)).code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      certificates_->RenewIfDue(kNode, name_, *link, clock.Now(), std::chrono::seconds(10)).code(),
+      StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Read(files_.certificate_file), first);
+}
+
+TEST_F(NodeCertificatesTest, NoRenewalRunsOverALinkDialledForAnEarlierRegistration) {
+  ManualClock clock(std::chrono::system_clock::now() + std::chrono::hours(24 * 4));
+  const std::string first = Read(files_.certificate_file);
+  auto link = Stub(controller_, kToken);
+  // The node is registered again: new token, new registration's name. The old link (and the old
+  // key's holder on its other end) must not get a certificate under the new name.
+  const std::string registered_again = rpc::AgentCertificateName(kNode, "r2");
+  ASSERT_TRUE(secrets_->PutNodeToken(kNode, "node1-new-token", registered_again).ok());
+  const Status refused =
+      certificates_->RenewIfDue(kNode, name_, *link, clock.Now(), std::chrono::seconds(10));
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+  EXPECT_NE(refused.message().find("registered again"), std::string::npos) << refused.ToString();
   EXPECT_EQ(Read(files_.certificate_file), first);
 }
 

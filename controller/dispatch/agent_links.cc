@@ -23,7 +23,7 @@ namespace llmctl::controller {
 
 AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& secrets) {
   return [identity = std::move(identity),
-          &secrets](const store::NodeRecord& node) -> StatusOr<std::shared_ptr<grpc::Channel>> {
+          &secrets](const store::NodeRecord& node) -> StatusOr<AgentChannel> {
     ASSIGN_OR_RETURN(std::string token, secrets.NodeToken(node.name));
     // The current registration's name: no certificate of an earlier node of this name passes.
     ASSIGN_OR_RETURN(std::string certificate_name, secrets.NodeCertificateName(node.name));
@@ -33,8 +33,9 @@ AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& s
     arguments.SetMaxReceiveMessageSize(static_cast<int>(kMaxAgentMessageBytes));
     // An agent cut off without closing: its event streams end (UNAVAILABLE) instead of waiting.
     rpc::SetClientKeepalive(arguments);
-    return grpc::CreateCustomChannel(node.address, rpc::ChannelCredentials(identity, token),
-                                     arguments);
+    return AgentChannel{.channel = grpc::CreateCustomChannel(
+                            node.address, rpc::ChannelCredentials(identity, token), arguments),
+                        .certificate_name = std::move(certificate_name)};
   };
 }
 
@@ -165,18 +166,18 @@ void AgentLinks::ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time
 }
 
 void AgentLinks::CheckHealth(Link& link, store::Time now) {
-  const std::shared_ptr<v1::Agent::Stub> stub = StubFor(link);
-  const HealthAnswer answer = AskHealth(link, stub.get(), now);
+  const Dialled dialled = StubFor(link);
+  const HealthAnswer answer = AskHealth(link, dialled, now);
   MutexLock lock(core_.mutex);
   if (link.removed) return;  // Disconnect ran meanwhile: keep its link disconnected
-  UpdateLink(link, stub, answer, now);
+  UpdateLink(link, dialled, answer, now);
   StoreLinkState(link, answer);
 }
 
-std::shared_ptr<v1::Agent::Stub> AgentLinks::StubFor(Link& link) {
+AgentLinks::Dialled AgentLinks::StubFor(Link& link) {
   {
     MutexLock lock(core_.mutex);
-    if (link.stub != nullptr) return link.stub;
+    if (link.stub != nullptr) return {link.stub, link.certificate_name};
   }
   store::NodeRecord node;
   node.name = link.name;
@@ -184,13 +185,14 @@ std::shared_ptr<v1::Agent::Stub> AgentLinks::StubFor(Link& link) {
   auto channel = connect_(node);
   if (!channel.ok()) {
     spdlog::warn("node {}: cannot connect: {}", link.name, channel.status().ToString());
-    return nullptr;
+    return {};
   }
-  return v1::Agent::NewStub(*channel);
+  return {v1::Agent::NewStub(channel->channel), std::move(channel->certificate_name)};
 }
 
-AgentLinks::HealthAnswer AgentLinks::AskHealth(const Link& link, v1::Agent::Stub* stub,
+AgentLinks::HealthAnswer AgentLinks::AskHealth(const Link& link, const Dialled& dialled,
                                                store::Time now) {
+  v1::Agent::Stub* stub = dialled.stub.get();
   HealthAnswer answer;
   NodeCertificates* certificates = core_.options.certificates;
   // An expired certificate is reported, not dialled: the handshake would fail on every check.
@@ -207,10 +209,11 @@ AgentLinks::HealthAnswer AgentLinks::AskHealth(const Link& link, v1::Agent::Stub
   auto context = core_.CallContext();
   answer.health = rpc::FromGrpcStatus(stub->GetNodeInfo(context.get(), {}, &answer.info));
   if (answer.health.ok() && certificates != nullptr) {
-    // On the link just checked: a failure is logged and tried again at the next check, while
-    // half the certificate's lifetime is left for it.
-    if (Status renewed =
-            certificates->RenewIfDue(link.name, *stub, now, core_.options.call_deadline);
+    // On the link just checked, under the registration it was dialled for (it is refused when the
+    // node was registered again since): a failure is logged and tried again at the next check,
+    // while half the certificate's lifetime is left for it.
+    if (Status renewed = certificates->RenewIfDue(link.name, dialled.certificate_name, *stub, now,
+                                                  core_.options.call_deadline);
         !renewed.ok()) {
       spdlog::warn("{}", renewed.ToString());
     }
@@ -218,8 +221,8 @@ AgentLinks::HealthAnswer AgentLinks::AskHealth(const Link& link, v1::Agent::Stub
   return answer;
 }
 
-void AgentLinks::UpdateLink(Link& link, const std::shared_ptr<v1::Agent::Stub>& stub,
-                            const HealthAnswer& answer, store::Time now) {
+void AgentLinks::UpdateLink(Link& link, const Dialled& dialled, const HealthAnswer& answer,
+                            store::Time now) {
   const DispatcherOptions& options = core_.options;
   const bool healthy = answer.health.ok();
   link.health_backoff =
@@ -231,7 +234,8 @@ void AgentLinks::UpdateLink(Link& link, const std::shared_ptr<v1::Agent::Stub>& 
   // After a failure the next check dials a fresh channel, so the controller's schedule decides
   // when to try again, not gRPC's growing reconnect backoff: an agent that restarts is seen at the
   // next health check.
-  link.stub = healthy ? stub : nullptr;
+  link.stub = healthy ? dialled.stub : nullptr;
+  link.certificate_name = healthy ? dialled.certificate_name : "";
   if (healthy) {
     if (!link.connected) {
       spdlog::info("node {}: connected ({})", link.name, link.address);
@@ -365,6 +369,7 @@ void AgentLinks::Disconnect(const std::string& node) {
     link->removed = true;
     link->connected = false;
     link->stub = nullptr;
+    link->certificate_name.clear();
   }
 }
 

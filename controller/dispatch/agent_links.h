@@ -27,9 +27,17 @@
 
 namespace llmctl::controller {
 
+// A channel to a node's agent and the credentials it was opened with.
+struct AgentChannel {
+  std::shared_ptr<grpc::Channel> channel;
+  // The name the agent's certificate must carry on this channel: the node's registration when it
+  // was dialled ("" when the connector checks none). A certificate is renewed over the channel only
+  // under this name, and only while it is still the node's current one.
+  std::string certificate_name;
+};
+
 // Opens the channel to a node's agent.
-using AgentConnector =
-    std::function<StatusOr<std::shared_ptr<grpc::Channel>>(const store::NodeRecord& node)>;
+using AgentConnector = std::function<StatusOr<AgentChannel>(const store::NodeRecord& node)>;
 
 // The largest message the controller takes from an agent: above a StreamEvents message carrying an
 // event line of the cap (common/event_line.h; its type is part of the line, so at most twice the
@@ -58,6 +66,8 @@ class AgentLinks {
     // the round thread only, under the core's mutex; null until dialled and after a failed health
     // check.
     std::shared_ptr<v1::Agent::Stub> stub;
+    // The certificate name `stub`'s channel checks (AgentChannel::certificate_name); set with it.
+    std::string certificate_name;
     // Guarded by the core's mutex (reached only through links_, which clang checks):
     bool connected = false;
     bool needs_reconcile = true;  // ListRuns after each (re)connect
@@ -98,7 +108,9 @@ class AgentLinks {
   std::shared_ptr<v1::Agent::Stub> Stub(const std::string& node);
   // Dispatcher::NodeUnusable.
   std::string Unusable(const std::string& node);
-  // RemoveNode: the node's link is never dialled again and the next round erases it.
+  // RemoveNode, and a node registered again with new credentials: the node's link is never
+  // dialled again and the next round erases it, or (for a node still listed) builds a new one that
+  // dials with the credentials then current.
   void Disconnect(const std::string& node);
 
   Link* FindLocked(const std::string& node) LLMCTL_REQUIRES(core_.mutex);
@@ -121,15 +133,20 @@ class AgentLinks {
   // GetNodeInfo on the link (renewing its certificate when due), then the link and the store's
   // node updated with the answer.
   void CheckHealth(Link& link, store::Time now);
+  // A stub and the certificate name its channel checks.
+  struct Dialled {
+    std::shared_ptr<v1::Agent::Stub> stub;
+    std::string certificate_name;
+  };
   // The link's stub, or a fresh one dialled (null when that fails).
-  std::shared_ptr<v1::Agent::Stub> StubFor(Link& link);
+  Dialled StubFor(Link& link);
   // The certificate's check and the agent's answer, without the core's mutex (it may wait the
   // call's deadline).
-  HealthAnswer AskHealth(const Link& link, v1::Agent::Stub* stub, store::Time now);
+  HealthAnswer AskHealth(const Link& link, const Dialled& dialled, store::Time now);
   // The link after `answer`: its backoff and next check, whether it is connected, its node's
   // description.
-  void UpdateLink(Link& link, const std::shared_ptr<v1::Agent::Stub>& stub,
-                  const HealthAnswer& answer, store::Time now) LLMCTL_REQUIRES(core_.mutex);
+  void UpdateLink(Link& link, const Dialled& dialled, const HealthAnswer& answer, store::Time now)
+      LLMCTL_REQUIRES(core_.mutex);
   // The node's state as the link now has it, recorded in the store.
   void StoreLinkState(const Link& link, const HealthAnswer& answer) LLMCTL_REQUIRES(core_.mutex);
   // A connected node's NodeInfo: its devices, whether llm-train can run there, whether it measures

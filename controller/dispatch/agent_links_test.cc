@@ -230,7 +230,9 @@ TEST_F(AgentLinksTest, ANodesMeasuredRatesAreStoredListedAndReplacedWhenTheyChan
   Tick();
   spdlog::default_logger()->sinks().pop_back();
   EXPECT_EQ(stored()->memory_bytes_per_s, 2e10);
-  EXPECT_NE(log->str().find("'reference_steps[0].seconds' must be 0 (not measured) or from 1e-06 to 3600 s"), std::string::npos)
+  EXPECT_NE(log->str().find(
+                "'reference_steps[0].seconds' must be 0 (not measured) or from 1e-06 to 3600 s"),
+            std::string::npos)
       << log->str();
 }
 
@@ -292,6 +294,81 @@ TEST_F(AgentLinksTest, ACertificateOfAnEarlierNodeOfTheSameNameIsNotTrusted) {
     std::this_thread::sleep_for(milliseconds(200));
   }
   EXPECT_EQ(RunsStarted(), 1u);
+}
+
+// Registers n1 again with its current token (for enrollment when `enroll`), leaving the agent
+// serving the old credentials: the old key's holder.
+v1::NodeCredentials RegisterAgain(v1::Controller::Stub& controller, const std::string& address,
+                                  const std::string& current_token, bool enroll) {
+  grpc::ClientContext context;
+  v1::RegisterNodeRequest request;
+  request.set_name("n1");
+  request.set_address(address);
+  request.set_current_token(current_token);
+  request.set_enroll(enroll);
+  v1::NodeCredentials credentials;
+  const grpc::Status registered = controller.RegisterNode(&context, request, &credentials);
+  EXPECT_TRUE(registered.ok()) << registered.error_message();
+  return credentials;
+}
+
+TEST_F(AgentLinksTest, ANodeRegisteredAgainIsNoLongerReachedOverItsOldLink) {
+  for (const bool enroll : {false, true}) {
+    SCOPED_TRACE(enroll ? "registered again for enrollment" : "registered again");
+    // Connected, with a trial running and its events streaming over the link.
+    const int64_t running = SubmitOneThatKeepsRunning();
+    ASSERT_EQ(daemon_->dispatcher().ActiveStreams(), 1);
+    const v1::NodeCredentials fresh =
+        RegisterAgain(*controller_, agent_address_, credentials_.token(), enroll);
+    EXPECT_EQ(fresh.token().empty(), enroll);
+    // The fake agent still serves the old certificate and accepts only the old token: any call
+    // that reaches it from now on carries the old token.
+    int calls_before = 0;
+    {
+      std::lock_guard lock(agent_state_.mutex);
+      calls_before = agent_state_.node_info_calls;
+    }
+    const size_t runs_before = RunsStarted();
+    EXPECT_EQ(daemon_->dispatcher().ActiveStreams(), 0);  // ended before RegisterNode answered
+    const int64_t experiment = SubmitOne();
+    for (int round = 0; round < 5; ++round) {
+      clock_.Advance(seconds(10));
+      Tick();
+    }
+    std::this_thread::sleep_for(milliseconds(200));  // any stream reader a round started
+    EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+    EXPECT_EQ(RunsStarted(), runs_before);
+    EXPECT_EQ(daemon_->dispatcher().ActiveStreams(), 0);
+    EXPECT_EQ(NodeStatusOf(*controller_, "n1").state(), "unreachable");
+    {
+      std::lock_guard lock(agent_state_.mutex);
+      EXPECT_EQ(agent_state_.node_info_calls, calls_before);
+    }
+    if (enroll) break;
+
+    // The new credentials' agent is reached, and its link used, as before.
+    StopAgent();
+    credentials_ = fresh;
+    StartAgent();
+    for (int round = 0; round < 50 && NodeStatusOf(*controller_, "n1").state() != "connected";
+         ++round) {
+      clock_.Advance(seconds(10));
+      Tick();
+      std::this_thread::sleep_for(milliseconds(200));
+    }
+    ASSERT_EQ(NodeStatusOf(*controller_, "n1").state(), "connected");
+    // Clean slate for the enrollment round: both experiments' trials cancelled.
+    for (const int64_t id : {running, experiment}) {
+      grpc::ClientContext cancel_context;
+      v1::CancelRequest cancel;
+      cancel.set_experiment_id(id);
+      v1::CancelResponse cancelled;
+      ASSERT_TRUE(controller_->Cancel(&cancel_context, cancel, &cancelled).ok());
+    }
+    clock_.Advance(seconds(1));
+    Tick();
+    ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  }
 }
 
 TEST_F(AgentLinksTest, NoTokenAppearsInTheLogsOrTheDatabase) {
