@@ -80,6 +80,9 @@ Status SecretsFile::PutNodeToken(std::string_view node, std::string_view token,
   } else {
     node_certificate_names_[std::string(node)] = std::string(certificate_name);
   }
+  // New credentials replace a pending enrollment too: its token (which lives on in the cloud
+  // server's user data for its hour) must not enroll the node over them.
+  enrollments_.erase(std::string(node));
   return WriteLocked();
 }
 

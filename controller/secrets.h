@@ -30,7 +30,7 @@ class SecretsFile {
   static StatusOr<std::unique_ptr<SecretsFile>> Open(std::string path);
 
   // Stores the node's token and its certificate's name (replacing older ones; an empty name is
-  // none) and rewrites the file before returning.
+  // none), drops its pending enrollment, if any, and rewrites the file before returning.
   Status PutNodeToken(std::string_view node, std::string_view token,
                       std::string_view certificate_name = "");
   // Forgets the node's token, certificate name and expiry, and pending enrollment (nothing to do

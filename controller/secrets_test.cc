@@ -168,6 +168,24 @@ TEST_F(SecretsFileTest, NodeDownDropsAPendingEnrollment) {
   EXPECT_EQ(ReadFileToString(path_, 1 << 20)->find("agent-n1.ab.llmctl"), std::string::npos);
 }
 
+TEST_F(SecretsFileTest, NewCredentialsDropAPendingEnrollment) {
+  {
+    auto secrets = *SecretsFile::Open(path_);
+    ASSERT_TRUE(secrets->PutEnrollment("n1", "enroll-S3CRET", 1000, "agent-n1.ab.llmctl").ok());
+    // Registered again with ordinary credentials while the enrollment was pending.
+    ASSERT_TRUE(secrets->PutNodeToken("n1", "token-one", "agent-n1.cd.llmctl").ok());
+    EXPECT_FALSE(secrets->HasEnrollment("n1"));
+    EXPECT_EQ(secrets->CheckEnrollment("n1", "enroll-S3CRET", 999).status().code(),
+              StatusCode::kPermissionDenied);
+    EXPECT_EQ(*secrets->NodeCertificateName("n1"), "agent-n1.cd.llmctl");
+  }
+  auto reopened = *SecretsFile::Open(path_);
+  EXPECT_EQ(reopened->CheckEnrollment("n1", "enroll-S3CRET", 999).status().code(),
+            StatusCode::kPermissionDenied);
+  EXPECT_EQ(*reopened->NodeToken("n1"), "token-one");
+  EXPECT_EQ(ReadFileToString(path_, 1 << 20)->find("agent-n1.ab.llmctl"), std::string::npos);
+}
+
 TEST_F(SecretsFileTest, RefusesAFileOthersCanReadOrADamagedOne) {
   ASSERT_TRUE((*SecretsFile::Open(path_))->PutNodeToken("n", "t").ok());
   chmod(path_.c_str(), 0644);
