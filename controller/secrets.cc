@@ -64,8 +64,15 @@ StatusOr<std::unique_ptr<SecretsFile>> SecretsFile::Open(std::string path) {
                                      entry.at("expires_unix").get<int64_t>(),
                                      entry.at("certificate_name").get<std::string>()};
     }
+  } catch (const nlohmann::json::parse_error& e) {
+    // Where, never what: nlohmann's message quotes the text around the error, which holds tokens,
+    // and the message goes to the daemon's log.
+    return DataLossError(
+        std::string(path).append(" is damaged: not JSON at byte ").append(std::to_string(e.byte)));
   } catch (const nlohmann::json::exception& e) {
-    return DataLossError(path + " is damaged: " + e.what());
+    return DataLossError(std::string(path).append(
+        " is damaged: an entry is missing or has the wrong type (JSON error " +
+        std::to_string(e.id) + ")"));
   }
   return secrets;
 }

@@ -20,6 +20,15 @@ class SecretsFileTest : public testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
+  // Writes `text` as the secrets file, private.
+  bool WriteSecretText(const std::string& text) {
+    FILE* out = fopen(path_.c_str(), "w");
+    if (out == nullptr) return false;
+    fputs(text.c_str(), out);
+    fclose(out);
+    return chmod(path_.c_str(), 0600) == 0;
+  }
+
   std::string dir_;
   std::string path_;
 };
@@ -196,6 +205,25 @@ TEST_F(SecretsFileTest, RefusesAFileOthersCanReadOrADamagedOne) {
   fputs("{not json", out);
   fclose(out);
   EXPECT_EQ(SecretsFile::Open(path_).status().code(), StatusCode::kDataLoss);
+}
+
+TEST_F(SecretsFileTest, ADamagedFileIsNamedWithWhereNeverWhatItHolds) {
+  const std::string token = "0123456789abcdefS3CRET0123456789abcdef";
+  const std::string entry = std::string("{\"node_tokens\": {\"n1\": \"").append(token);
+  // Cut off in the middle of a token, as a crash could leave it; two tokens without a comma; a
+  // token of the wrong type.
+  for (const std::string& text :
+       {entry, std::string(entry).append("\" \"").append(token),
+        std::string("{\"node_tokens\": {\"n1\": [\"").append(token).append("\"]}}")}) {
+    ASSERT_TRUE(WriteSecretText(text));
+    const Status damaged = SecretsFile::Open(path_).status();
+    EXPECT_EQ(damaged.code(), StatusCode::kDataLoss);
+    EXPECT_NE(damaged.message().find(path_), std::string::npos) << damaged.message();
+    EXPECT_EQ(damaged.message().find("S3CRET"), std::string::npos) << damaged.message();
+  }
+  ASSERT_TRUE(WriteSecretText(entry));
+  const Status cut_off = SecretsFile::Open(path_).status();
+  EXPECT_NE(cut_off.message().find("not JSON at byte "), std::string::npos) << cut_off.message();
 }
 
 }  // namespace
