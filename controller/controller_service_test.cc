@@ -269,6 +269,36 @@ TEST_F(ControllerServiceTest, ASecondControllerDoesNotTakeOverTheSocket) {
   EXPECT_EQ(ExperimentCount(), 0);
 }
 
+TEST_F(ControllerServiceTest, ASecondControllerOnTheSameDataDirectoryIsRefused) {
+  grpc::ClientContext context;
+  v1::RegisterNodeRequest request;
+  request.set_name("gpu-1");
+  request.set_address("127.0.0.1:7443");
+  v1::NodeCredentials credentials;
+  ASSERT_TRUE(stub_->RegisterNode(&context, request, &credentials).ok());
+  const std::string secrets = *ReadFileToString(root_ + "/data/secrets.json", 1 << 20);
+
+  // Another socket, the same data: it would rewrite secrets.json from its own memory.
+  ControllerConfig config;
+  config.data_dir = root_ + "/data";
+  config.listen = "unix:" + root_ + "/run2/controller.sock";
+  auto second = Daemon::Start(config, clock_, {.run_dispatcher = false});
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(second.status().message(), std::string("another llmctld (pid ")
+                                           .append(std::to_string(getpid()))
+                                           .append(") is using the data directory ")
+                                           .append(config.data_dir)
+                                           .append("; stop it, or give this one another data_dir"));
+  EXPECT_FALSE(fs::exists(root_ + "/run2/controller.sock"));
+  EXPECT_EQ(*ReadFileToString(root_ + "/data/secrets.json", 1 << 20), secrets);
+  EXPECT_EQ(ExperimentCount(), 0);  // the first still answers
+
+  // Once the first has stopped, the directory is free again.
+  daemon_.reset();
+  auto after = Daemon::Start(config, clock_, {.run_dispatcher = false});
+  EXPECT_TRUE(after.ok()) << after.status().ToString();
+}
+
 TEST_F(ControllerServiceTest, RegisterNodeIssuesCredentialsThatAreStoredOnlyInTheSecretsFile) {
   grpc::ClientContext context;
   v1::RegisterNodeRequest request;

@@ -16,6 +16,7 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "controller/blob_store.h"
 #include "controller/change_notifier.h"
 #include "controller/clock.h"
@@ -46,7 +47,9 @@ class Daemon {
   // which llmctld creates 0700 or which must already be this user's with mode 0700
   // (FailedPrecondition otherwise: a directory it did not create is never chmodded; the data
   // directory likewise); a stale socket file from an earlier run is replaced, a live one (another
-  // llmctld) is FailedPrecondition. A TCP address needs config.token_file (CheckListenCredential;
+  // llmctld) is FailedPrecondition, and so is a data directory another llmctld uses (its lock,
+  // DATA/llmctld.lock, is held; the message names the directory and that process's pid). A TCP
+  // address needs config.token_file (CheckListenCredential;
   // the file's errors are rpc::ReadTokenFile's), and every call on it the token. Unavailable when
   // the address cannot be bound.
   static StatusOr<std::unique_ptr<Daemon>> Start(const ControllerConfig& config, const Clock& clock,
@@ -68,6 +71,8 @@ class Daemon {
  private:
   Daemon() = default;
 
+  // DATA/llmctld.lock, held (flock) for the daemon's lifetime: first, so it is released last.
+  UniqueFd data_lock_;
   std::string address_;
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<BlobStore> blobs_;
