@@ -1,11 +1,14 @@
 #include "common/atomic_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 namespace llmctl {
 namespace {
@@ -16,7 +19,53 @@ Status ErrnoError(int error, const std::string& what) {
   return UnavailableError(what + ": " + std::strerror(error));
 }
 
+// Whether `text` is one or more decimal digits.
+bool AllDigits(std::string_view text) {
+  return !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
+// Whether `name` is "<base>.tmp.<pid>.<n>", as WriteFileAtomically names its temporaries.
+bool IsTemporaryOf(std::string_view name, std::string_view base) {
+  const std::string_view marker = ".tmp.";
+  if (name.size() <= base.size() + marker.size() || !name.starts_with(base) ||
+      name.substr(base.size(), marker.size()) != marker) {
+    return false;
+  }
+  const std::string_view numbers = name.substr(base.size() + marker.size());
+  const size_t dot = numbers.find('.');
+  return dot != std::string_view::npos && AllDigits(numbers.substr(0, dot)) &&
+         AllDigits(numbers.substr(dot + 1));
+}
+
 }  // namespace
+
+StatusOr<int> RemoveAtomicWriteLeftovers(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "./" : path.substr(0, slash + 1);
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  DIR* listing = ::opendir(dir.c_str());
+  if (listing == nullptr) return ErrnoError(errno, "cannot list " + dir);
+  int removed = 0;
+  Status first_error = Status::Ok();
+  while (const dirent* entry = ::readdir(listing)) {
+    if (!IsTemporaryOf(entry->d_name, base)) continue;
+    // Only a regular file: a link or a directory of that name is no temporary of ours.
+    struct stat info;
+    if (::fstatat(::dirfd(listing), entry->d_name, &info, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(info.st_mode)) {
+      continue;
+    }
+    if (::unlinkat(::dirfd(listing), entry->d_name, 0) == 0) {
+      ++removed;
+    } else if (first_error.ok()) {
+      first_error =
+          ErrnoError(errno, std::string("cannot remove ").append(dir).append(entry->d_name));
+    }
+  }
+  ::closedir(listing);
+  if (!first_error.ok()) return first_error;
+  return removed;
+}
 
 Status WriteAll(int fd, const void* data, size_t size) {
   const char* p = static_cast<const char*>(data);

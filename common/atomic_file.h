@@ -16,6 +16,13 @@ namespace llmctl {
 // failure the temporary is removed and `path` is untouched.
 Status WriteFileAtomically(const std::string& path, const std::function<Status(int fd)>& write);
 
+// Removes the temporaries WriteFileAtomically left beside `path` when a crash came between their
+// creation and their rename: regular files in `path`'s directory named exactly
+// <name>.tmp.<pid>.<n>. Only for a directory no other process writes `path` in at the same time
+// (one that would be mid-write loses its temporary and fails). Returns how many it removed; the
+// first error (an unreadable directory, a file it cannot remove) after trying the rest.
+StatusOr<int> RemoveAtomicWriteLeftovers(const std::string& path);
+
 // write(2) in a loop (partial writes, EINTR).
 Status WriteAll(int fd, const void* data, size_t size);
 

@@ -1,6 +1,8 @@
 #include "controller/blob_store.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +16,54 @@
 
 namespace llmctl::controller {
 
+namespace {
+
+// Whether `name` is a temporary of BeginWrite (.upload-XXXXXX) or BeginReceive (.receive-XXXXXX,
+// and its .receive-XXXXXX.checked), as mkstemp makes them.
+bool IsPartialBlob(std::string_view name) {
+  for (const std::string_view prefix : {".upload-", ".receive-"}) {
+    if (!name.starts_with(prefix)) continue;
+    std::string_view rest = name.substr(prefix.size());
+    if (prefix == ".receive-" && rest.ends_with(".checked")) {
+      rest.remove_suffix(std::string_view(".checked").size());
+    }
+    return rest.size() == 6 &&
+           rest.find_first_not_of(
+               "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") ==
+               std::string_view::npos;
+  }
+  return false;
+}
+
+// Removes the partial blobs a crash left in `dir`: regular files named as IsPartialBlob says. No
+// write is in progress at Open (the daemon holds its data directory alone), so none is in use.
+void RemovePartialBlobs(const std::string& dir) {
+  DIR* listing = opendir(dir.c_str());
+  if (listing == nullptr) {
+    spdlog::warn("blobs: cannot list {}: {}", dir, std::strerror(errno));
+    return;
+  }
+  int removed = 0;
+  while (const dirent* entry = readdir(listing)) {
+    if (!IsPartialBlob(entry->d_name)) continue;
+    struct stat info;
+    if (fstatat(dirfd(listing), entry->d_name, &info, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(info.st_mode)) {
+      continue;
+    }
+    if (unlinkat(dirfd(listing), entry->d_name, 0) == 0) {
+      ++removed;
+    } else {
+      spdlog::warn("blobs: cannot remove the partial blob {}/{}: {}", dir, entry->d_name,
+                   std::strerror(errno));
+    }
+  }
+  closedir(listing);
+  if (removed > 0) spdlog::info("blobs: removed {} partial blobs a crash left in {}", removed, dir);
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& root,
                                                      int64_t keep_free_bytes) {
   const std::vector<std::string> dirs = {root, root + "/blobs", root + "/trees"};
@@ -25,6 +75,7 @@ StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& root,
                                      (error ? error.message() : std::strerror(errno)));
     }
   }
+  RemovePartialBlobs(root + "/blobs");
   return std::unique_ptr<BlobStore>(new BlobStore(root, keep_free_bytes));
 }
 

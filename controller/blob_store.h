@@ -47,9 +47,9 @@ inline constexpr int64_t kBlobsKeepFreeBytes = int64_t{1} << 30;
 
 class BlobStore {
  public:
-  // Uses (and creates, mode 0700) `root`/blobs and `root`/trees. A blob that would leave less than
-  // `keep_free_bytes` available on their filesystem is refused before its first byte
-  // (ResourceExhausted).
+  // Uses (and creates, mode 0700) `root`/blobs and `root`/trees, and removes the partial blobs a
+  // crash left there. A blob that would leave less than `keep_free_bytes` available on their
+  // filesystem is refused before its first byte (ResourceExhausted).
   static StatusOr<std::unique_ptr<BlobStore>> Open(const std::string& root,
                                                    int64_t keep_free_bytes = kBlobsKeepFreeBytes);
 

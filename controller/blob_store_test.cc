@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <limits>
+#include <set>
 
 #include "common/files.h"
 
@@ -108,6 +109,50 @@ TEST_F(BlobStoreTest, ABlobThatWouldFillTheDiskIsRefusedBeforeItsFirstByte) {
   EXPECT_TRUE(std::filesystem::is_empty(root_ + "/full/blobs")) << "no temporary file is left";
   // The default keeps 1 GiB: a small blob fits on any disk these tests run on.
   EXPECT_TRUE(blobs_->BeginWrite(sha, 1).ok());
+}
+
+TEST_F(BlobStoreTest, PartialBlobsACrashLeftAreRemovedAtOpenAndNothingElse) {
+  namespace fs = std::filesystem;
+  const std::string blobs = root_ + "/data/blobs";
+  const std::string sha = digest::Sha256Hex("kept");
+  auto write = [](const std::string& path) {
+    FILE* out = fopen(path.c_str(), "w");
+    ASSERT_NE(out, nullptr) << path;
+    fputs("partial", out);
+    fclose(out);
+  };
+  // What BeginWrite and BeginReceive leave when the process dies mid-write.
+  for (const char* partial : {".upload-a1B2c3", ".receive-Zz0099", ".receive-Zz0099.checked"}) {
+    write(blobs + "/" + partial);
+  }
+  // Not theirs: a blob, names that only look alike, a directory and a link of the pattern, and a
+  // partial blob outside the blobs directory.
+  write(blobs + "/" + sha);
+  const std::vector<std::string> kept = {sha,
+                                         ".upload-a1B2c",
+                                         ".upload-a1B2c3.old",
+                                         ".uploads-a1B2c3",
+                                         "upload-a1B2c3",
+                                         ".upload-a1B2c3.checked",
+                                         ".receive-Zz0099.checkedx"};
+  for (const std::string& name : kept) {
+    if (name != sha) write(blobs + "/" + name);
+  }
+  ASSERT_TRUE(fs::create_directory(blobs + "/.upload-dir123"));
+  fs::create_symlink(blobs + "/" + sha, blobs + "/.receive-link12");
+  write(root_ + "/data/.upload-a1B2c3");
+
+  ASSERT_TRUE(BlobStore::Open(root_ + "/data").ok());
+  std::set<std::string> left;
+  for (const fs::directory_entry& entry : fs::directory_iterator(blobs)) {
+    left.insert(entry.path().filename().string());
+  }
+  std::set<std::string> expected(kept.begin(), kept.end());
+  expected.insert(".upload-dir123");
+  expected.insert(".receive-link12");
+  EXPECT_EQ(left, expected);
+  EXPECT_TRUE(fs::exists(root_ + "/data/.upload-a1B2c3"));
+  EXPECT_TRUE(blobs_->Has(sha));
 }
 
 TEST_F(BlobStoreTest, RefusesBadDigests) {

@@ -1,6 +1,7 @@
 #include "controller/secrets.h"
 
 #include <openssl/rand.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
@@ -35,6 +36,13 @@ std::string SecretsFile::NodeTokenRef(std::string_view node) {
 
 StatusOr<std::unique_ptr<SecretsFile>> SecretsFile::Open(std::string path) {
   std::unique_ptr<SecretsFile> secrets(new SecretsFile(path));
+  // A crash between writing a new version and renaming it leaves the temporary, tokens and all:
+  // removed here, as the daemon holds its data directory alone (controller/daemon.cc).
+  if (StatusOr<int> removed = RemoveAtomicWriteLeftovers(path); !removed.ok()) {
+    spdlog::warn("secrets: leftover temporaries: {}", removed.status().ToString());
+  } else if (*removed > 0) {
+    spdlog::info("secrets: removed {} temporaries a crash left beside {}", *removed, path);
+  }
   struct stat info;
   if (stat(path.c_str(), &info) != 0) return secrets;  // created on the first change
   if ((info.st_mode & 077) != 0) {

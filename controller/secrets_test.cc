@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <set>
+#include <vector>
 
 #include "common/files.h"
 
@@ -193,6 +195,39 @@ TEST_F(SecretsFileTest, NewCredentialsDropAPendingEnrollment) {
             StatusCode::kPermissionDenied);
   EXPECT_EQ(*reopened->NodeToken("n1"), "token-one");
   EXPECT_EQ(ReadFileToString(path_, 1 << 20)->find("agent-n1.ab.llmctl"), std::string::npos);
+}
+
+TEST_F(SecretsFileTest, TemporariesACrashLeftAreRemovedAtOpenAndNothingElse) {
+  namespace fs = std::filesystem;
+  ASSERT_TRUE((*SecretsFile::Open(path_))->PutNodeToken("n1", "token-one").ok());
+  auto write = [](const std::string& path) {
+    FILE* out = fopen(path.c_str(), "w");
+    ASSERT_NE(out, nullptr) << path;
+    fputs("{\"node_tokens\": {\"n1\": \"S3CRET\"}}", out);
+    fclose(out);
+  };
+  // WriteFileAtomically's temporaries, left by a crash before their rename.
+  write(path_ + ".tmp.4242.0");
+  write(path_ + ".tmp.1.17");
+  // Not its temporaries: another file's, names that only look alike, a directory of the pattern.
+  const std::vector<std::string> kept = {"secrets.json",           "other.json.tmp.4242.0",
+                                         "secrets.json.tmp.1",     "secrets.json.tmp.x.1",
+                                         "secrets.json.tmp.1.2.3", "secrets.json.tmp.4242.0.bak"};
+  for (const std::string& name : kept) {
+    if (name != "secrets.json") write(dir_ + "/" + name);
+  }
+  ASSERT_TRUE(fs::create_directory(path_ + ".tmp.5.5"));
+
+  auto reopened = SecretsFile::Open(path_);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  EXPECT_EQ(*(*reopened)->NodeToken("n1"), "token-one");
+  std::set<std::string> left;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir_)) {
+    left.insert(entry.path().filename().string());
+  }
+  std::set<std::string> expected(kept.begin(), kept.end());
+  expected.insert("secrets.json.tmp.5.5");
+  EXPECT_EQ(left, expected);
 }
 
 TEST_F(SecretsFileTest, RefusesAFileOthersCanReadOrADamagedOne) {
