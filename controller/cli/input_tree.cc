@@ -13,6 +13,7 @@
 
 #include "common/digest/digest.h"
 #include "common/files.h"
+#include "common/text.h"
 
 namespace llmctl::cli {
 namespace {
@@ -25,6 +26,21 @@ struct Sha256AndSize {
   std::string sha256;
   int64_t size = 0;
 };
+
+// OK when `relative`, a file's path in its tree, is one the controller takes and a proto string can
+// hold; else InvalidArgument naming the local `path`. Checked during the walk, so a bad name fails
+// the submit before any upload rather than at the controller after all of them.
+Status CheckTreePath(const std::string& relative, const fs::path& path) {
+  std::string problem = digest::RelativePathProblem(relative);
+  if (problem.empty() && FirstInvalidUtf8(relative) != std::string::npos) {
+    problem = "a name that is not valid UTF-8";
+  }
+  if (problem.empty()) return Status::Ok();
+  return InvalidArgumentError(PrintablePath(path.string())
+                                  .append(": ")
+                                  .append(problem)
+                                  .append(", which an input's file may not have; rename it"));
+}
 
 // The sha256 and length of what `fd` reads from its current offset to its end.
 StatusOr<Sha256AndSize> HashDescriptor(int fd, const fs::path& shown) {
@@ -77,6 +93,8 @@ StatusOr<UniqueFd> OpenBeneath(int dir_fd, const fs::path& relative, const fs::p
 }
 
 }  // namespace
+
+std::string PrintablePath(std::string_view path) { return OnOneLine(ReplaceInvalidUtf8(path)); }
 
 StatusOr<std::string> Sha256OfFile(const fs::path& path) {
   struct stat st {};
@@ -215,6 +233,7 @@ Status InputTreeBuilder::Walk(int dir_fd, const fs::path& dir, const std::string
       if (hidden != nullptr) hidden->push_back(entry_relative + (S_ISDIR(own.st_mode) ? "/" : ""));
       continue;
     }
+    RETURN_IF_ERROR(CheckTreePath(entry_relative, path));
     if (S_ISLNK(own.st_mode)) {
       struct stat st {};
       fs::path resolved;
@@ -248,6 +267,7 @@ StatusOr<v1::InputTree> InputTreeBuilder::Build(const fs::path& path,
     if (error) return NotFoundError(path.string() + ": " + error.message());
     if (fs::is_regular_file(status)) {
       tree.set_is_file(true);
+      RETURN_IF_ERROR(CheckTreePath(path.filename().string(), path));
       struct stat st {};
       StatusOr<UniqueFd> fd = OpenRegularFile(canonical.string(), st, /*follow_links=*/false);
       if (!fd.ok()) return Status(fd.status().code(), path.string() + ": " + fd.status().message());

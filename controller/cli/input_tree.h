@@ -11,6 +11,9 @@
 // tree would silently grow), dangling links, and special files (sockets, FIFOs, devices), each with
 // a message naming the path (and a link's target). It leaves out hidden files and directories
 // (names starting with '.': .git, .env, .cache), and says which; one the user names itself is sent.
+// A name the controller would refuse (digest::RelativePathProblem: a line break, a control
+// character) or one that is not UTF-8 (a proto string cannot hold it) is refused here, naming the
+// local path, before anything is uploaded.
 // The path the user named may itself be a link; it is followed.
 //
 // Another process may change the tree while it is read. The walk holds each directory open and
@@ -27,6 +30,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -52,6 +56,11 @@ struct HashedFile {
 // is no longer the regular file that was hashed (a link, a FIFO, another file or another size now);
 // errors of OpenRegularFile otherwise.
 StatusOr<UniqueFd> OpenHashedFile(const HashedFile& file, struct stat& st);
+
+// `path` (or a name) for one line of a terminal: bytes that break UTF-8 as U+FFFD, control
+// characters as spaces. The walk's messages and notices name the user's files with it, whatever
+// their names hold.
+std::string PrintablePath(std::string_view path);
 
 // digest::TreeDigest of `tree.files`, in their order.
 std::string InputTreeDigest(const v1::InputTree& tree);

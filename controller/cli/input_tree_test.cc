@@ -9,6 +9,7 @@
 
 #include "common/digest/digest.h"
 #include "common/experiment.h"
+#include "common/text.h"
 #include "controller/cli/inputs.h"
 
 namespace llmctl::cli {
@@ -247,6 +248,52 @@ TEST_F(InputTreeTest, SubmitInputsNameTheHiddenEntriesLeftOut) {
                                  file + ": trial 'lab', model 'model': left out 2 hidden entries: "
                                         ".env, .git/ (a hidden file or directory is sent only when "
                                         "the experiment file names it)"});
+}
+
+// A name the controller refuses (a line break, a control character) or that a proto string cannot
+// hold (not UTF-8) fails the walk, naming the local path printably, before anything is uploaded:
+// the controller refused it only after every upload, and protobuf's refusal had no message.
+TEST_F(InputTreeTest, BadNamesAreRefusedDuringTheWalkNamingTheLocalPath) {
+  struct Case {
+    std::string name;
+    std::string problem;
+  };
+  for (const Case& bad : {Case{"line\nbreak.txt", "a path with a line break"},
+                          Case{"esc\x1b[31m.txt", "a path with a control character"},
+                          Case{"latin1-\xe9.txt", "a name that is not valid UTF-8"}}) {
+    SCOPED_TRACE(bad.problem);
+    fs::remove_all(root_ / "data");
+    Write("data/good.txt", "abc");
+    Write("data/sub/" + bad.name, "abc");
+    InputTreeBuilder builder;
+    StatusOr<v1::InputTree> tree = builder.Build(root_ / "data");
+    EXPECT_EQ(tree.status().code(), StatusCode::kInvalidArgument);
+    const std::string path = (root_ / "data" / "sub" / bad.name).string();
+    EXPECT_EQ(tree.status().message(), PrintablePath(path) + ": " + bad.problem +
+                                           ", which an input's file may not have; rename it");
+    EXPECT_EQ(FirstInvalidUtf8(tree.status().message()), std::string::npos);
+    EXPECT_EQ(tree.status().message().find_first_of("\n\x1b"), std::string::npos);
+    // Named itself, the file is refused the same way.
+    EXPECT_EQ(InputTreeBuilder().Build(path).status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
+// The notice of hidden entries names them printably: a hidden name is the user's file's, and a
+// line break or escape in it would forge or recolour the terminal's lines.
+TEST_F(InputTreeTest, HiddenNamesInTheNoticeAreOnOneLine) {
+  Write("exp/model/config.json", "{}");
+  Write("exp/model/.x\x1b[2J\nforged\xff", "");
+  Write("exp/train.jsonl", "abc");
+  const std::string file = (root_ / "exp" / "lab.yaml").string();
+  StatusOr<Experiment> as_written = ParseExperiment("model: model\ndata: {path: train.jsonl}\n",
+                                                    file, {.resolve_local_paths = false});
+  ASSERT_TRUE(as_written.ok()) << as_written.status().message();
+  StatusOr<SubmitInputs> inputs = CollectInputs(*as_written, file);
+  ASSERT_TRUE(inputs.ok()) << inputs.status().message();
+  ASSERT_EQ(inputs->notices.size(), 1u);
+  EXPECT_NE(inputs->notices[0].find("left out 1 hidden entries: .x [2J forged\xEF\xBF\xBD ("),
+            std::string::npos)
+      << inputs->notices[0];
 }
 
 TEST_F(InputTreeTest, HiddenEntriesAreLeftOutAndNamedUnlessNamedThemselves) {

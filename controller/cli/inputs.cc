@@ -70,7 +70,9 @@ StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_v
       if (!hidden.empty()) {
         std::string names;
         for (size_t i = 0; i < hidden.size() && i < kHiddenNamesShown; ++i) {
-          names += (i == 0 ? "" : ", ") + hidden[i];
+          // A hidden name is the user's file's, whatever it holds: a line break or an escape would
+          // forge or recolour the terminal's lines.
+          names.append(i == 0 ? "" : ", ").append(PrintablePath(hidden[i]));
         }
         if (hidden.size() > kHiddenNamesShown) {
           names += " and " + std::to_string(hidden.size() - kHiddenNamesShown) + " more";
