@@ -82,8 +82,14 @@ StatusOr<ImagePixels> MeanImagePixels(const TrialConfig& config,
   return mean;
 }
 
-StatusOr<std::string> PrepareCaptionTokens(const TrialConfig& config, const Blip2Config& model,
-                                           const std::vector<image::CaptionedImage>& images) {
+namespace {
+
+// PrepareCaptionTokens's work, the file placed by `place` (CachedTokenFile or
+// CachedOrTemporaryTokenFile).
+template <typename Place>
+auto PrepareCaptionTokensWith(const TrialConfig& config, const Blip2Config& model,
+                              const std::vector<image::CaptionedImage>& images, const Place& place)
+    -> decltype(place(std::string(), std::function<Status(const std::string&)>())) {
   const DataSettings& data = config.settings().data;
   const int64_t max_length = data.max_seq_length;
   ASSIGN_OR_RETURN(std::unique_ptr<data::TextEncoder> encoder, LoadTrialTokenizer(config));
@@ -97,7 +103,7 @@ StatusOr<std::string> PrepareCaptionTokens(const TrialConfig& config, const Blip
               << "; captions=fnv1a64:" << std::hex << data::Fnv1a64(captions) << std::dec
               << "; max_seq_length=" << max_length << "; frame=" << (model.t5() ? "eos" : "bos")
               << "; image_token=" << model.image_token_index << " x " << model.num_query_tokens;
-  return CachedTokenFile(fingerprint.str(), [&](const std::string& path) -> Status {
+  return place(fingerprint.str(), [&](const std::string& path) -> Status {
     std::vector<data::TokenizedExample> examples;
     examples.reserve(images.size());
     for (const image::CaptionedImage& entry : images) {
@@ -108,6 +114,19 @@ StatusOr<std::string> PrepareCaptionTokens(const TrialConfig& config, const Blip
     return data::WriteTokenFile(path, fingerprint.str(), encoder->bos_id(), encoder->eos_id(),
                                 examples);
   });
+}
+
+}  // namespace
+
+StatusOr<std::string> PrepareCaptionTokens(const TrialConfig& config, const Blip2Config& model,
+                                           const std::vector<image::CaptionedImage>& images) {
+  return PrepareCaptionTokensWith(config, model, images, CachedTokenFile);
+}
+
+StatusOr<TokenFileRef> PrepareCaptionTokensToRead(
+    const TrialConfig& config, const Blip2Config& model,
+    const std::vector<image::CaptionedImage>& images) {
+  return PrepareCaptionTokensWith(config, model, images, CachedOrTemporaryTokenFile);
 }
 
 StatusOr<CaptionTokenSpan> CaptionTokens(const TrialConfig& config, const Blip2Config& model) {

@@ -13,6 +13,7 @@
 #include "common/data/dataset.h"
 #include "common/data/text_encoder.h"
 #include "common/image/imagefolder.h"
+#include "common/inputs/token_cache.h"
 #include "common/status.h"
 #include "common/trial_config.h"
 
@@ -37,6 +38,10 @@ StatusOr<std::vector<image::CaptionedImage>> ReadTrialImages(const TrialConfig& 
 // will (common/inputs/drawn_batches.h). Errors name the file.
 StatusOr<std::string> PrepareCaptionTokens(const TrialConfig& config, const Blip2Config& model,
                                            const std::vector<image::CaptionedImage>& images);
+// The same through CachedOrTemporaryTokenFile: a cache that cannot be used is no error.
+StatusOr<TokenFileRef> PrepareCaptionTokensToRead(const TrialConfig& config,
+                                                  const Blip2Config& model,
+                                                  const std::vector<image::CaptionedImage>& images);
 
 // The fewest and the most caption tokens (the frame included, at most data.max_seq_length) of the
 // rows of `config`'s caption set (data.path, a local imagefolder; data.samples applied), read with

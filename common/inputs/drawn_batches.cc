@@ -63,8 +63,9 @@ StatusOr<DrawnBatches> DrawFromTokenFile(const TrialConfig& config, const std::s
 }  // namespace
 
 StatusOr<DrawnBatches> DrawMicroBatches(const TrialConfig& config) {
-  ASSIGN_OR_RETURN(const std::string path, PrepareTokens(config));
-  return DrawFromTokenFile(config, path);
+  // Read once here: a token cache that cannot be used is no reason to fail (a temporary file).
+  ASSIGN_OR_RETURN(const TokenFileRef file, PrepareTokensToRead(config));
+  return DrawFromTokenFile(config, file.path());
 }
 
 StatusOr<DrawnBatches> DrawCaptionBatches(const TrialConfig& config, const Blip2Config& model) {
@@ -74,8 +75,8 @@ StatusOr<DrawnBatches> DrawCaptionBatches(const TrialConfig& config, const Blip2
 
 StatusOr<DrawnBatches> DrawCaptionBatches(const TrialConfig& config, const Blip2Config& model,
                                           const std::vector<image::CaptionedImage>& images) {
-  ASSIGN_OR_RETURN(const std::string path, PrepareCaptionTokens(config, model, images));
-  return DrawFromTokenFile(config, path);
+  ASSIGN_OR_RETURN(const TokenFileRef file, PrepareCaptionTokensToRead(config, model, images));
+  return DrawFromTokenFile(config, file.path());
 }
 
 }  // namespace llmctl

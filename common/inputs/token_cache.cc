@@ -1,9 +1,20 @@
 #include "common/inputs/token_cache.h"
 
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iomanip>
+#include <iostream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "common/data/file_util.h"
 #include "common/data/token_file.h"
@@ -34,46 +45,201 @@ class TokenizerEncoder final : public data::TextEncoder {
   std::string fingerprint_;
 };
 
-// $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else ~/.cache/llmctl; token files under tokens/.
-fs::path TokenCacheDir() {
-  if (const char* dir = std::getenv("LLMCTL_CACHE_DIR"); dir != nullptr && *dir) {
-    return fs::path(dir) / "tokens";
+// What every refusal of the cache ends with: how to point it elsewhere.
+constexpr char kCacheAdvice[] =
+    "set LLMCTL_CACHE_DIR to a directory of yours that only you can write";
+
+Status CacheError(const fs::path& dir, const std::string& reason) {
+  return UnavailableError(std::string("cannot use the token cache ")
+                              .append(dir.string())
+                              .append(": ")
+                              .append(reason)
+                              .append("; ")
+                              .append(kCacheAdvice));
+}
+
+// The user's entry in the password database: `home` and `name`; false when there is none.
+bool PasswdEntry(uid_t uid, std::string* home, std::string* name) {
+  std::vector<char> buffer(16384);
+  struct passwd entry {};
+  struct passwd* found = nullptr;
+  if (::getpwuid_r(uid, &entry, buffer.data(), buffer.size(), &found) != 0 || found == nullptr) {
+    return false;
   }
+  if (home != nullptr) *home = found->pw_dir != nullptr ? found->pw_dir : "";
+  if (name != nullptr) *name = found->pw_name != nullptr ? found->pw_name : "";
+  return true;
+}
+
+// True when group `gid` is this user's private group (named after the user, no other members):
+// a directory writable by it is writable by no one else, as umask 002 makes them.
+bool IsPrivateGroup(gid_t gid) {
+  std::string user;
+  if (!PasswdEntry(::geteuid(), nullptr, &user) || user.empty()) return false;
+  std::vector<char> buffer(16384);
+  struct group entry {};
+  struct group* found = nullptr;
+  if (::getgrgid_r(gid, &entry, buffer.data(), buffer.size(), &found) != 0 || found == nullptr) {
+    return false;
+  }
+  if (found->gr_name == nullptr || user != found->gr_name) return false;
+  for (char** member = found->gr_mem; member != nullptr && *member != nullptr; ++member) {
+    if (user != *member) return false;
+  }
+  return true;
+}
+
+// The cache's own directory: $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else
+// $HOME/.cache/llmctl, else the password database's home. Never a shared place such as /tmp
+// (where HOME unset once sent it): another local user could create it first and plant token files
+// that runs would then train on.
+StatusOr<fs::path> CacheBaseDir() {
+  if (const char* dir = std::getenv("LLMCTL_CACHE_DIR"); dir != nullptr && *dir) return dir;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg) {
-    return fs::path(xdg) / "llmctl" / "tokens";
+    return fs::path(xdg) / "llmctl";
   }
-  const char* home = std::getenv("HOME");
-  return fs::path(home != nullptr ? home : "/tmp") / ".cache" / "llmctl" / "tokens";
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home) {
+    return fs::path(home) / ".cache" / "llmctl";
+  }
+  std::string home;
+  if (PasswdEntry(::getuid(), &home, nullptr) && !home.empty()) {
+    return fs::path(home) / ".cache" / "llmctl";
+  }
+  return UnavailableError(std::string("no directory for the token cache: LLMCTL_CACHE_DIR, "
+                                      "XDG_CACHE_HOME and HOME are unset and the password "
+                                      "database has no home for uid ")
+                              .append(std::to_string(::getuid()))
+                              .append("; ")
+                              .append(kCacheAdvice));
+}
+
+// `dir`, made 0700 when missing; one that is there must be a directory of this user's that no
+// other user can write, or token files planted in it would be trained on.
+Status MakePrivateDirectory(const fs::path& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return CacheError(dir, std::strerror(errno));
+  }
+  struct stat info {};
+  if (::stat(dir.c_str(), &info) != 0) return CacheError(dir, std::strerror(errno));
+  if (!S_ISDIR(info.st_mode)) return CacheError(dir, "not a directory");
+  if (info.st_uid != ::geteuid()) {
+    return CacheError(dir, std::string("owned by another user (uid ")
+                               .append(std::to_string(info.st_uid))
+                               .append("), who could plant token files in it"));
+  }
+  const bool group_writes = (info.st_mode & S_IWGRP) != 0 && !IsPrivateGroup(info.st_gid);
+  if ((info.st_mode & S_IWOTH) != 0 || group_writes) {
+    std::ostringstream mode;
+    mode << std::oct << std::setw(4) << std::setfill('0') << (info.st_mode & 07777);
+    return CacheError(dir, std::string("writable by other users (mode ")
+                               .append(mode.str())
+                               .append("), who could plant token files in it (chmod go-w ")
+                               .append(dir.string())
+                               .append(")"));
+  }
+  return Status::Ok();
+}
+
+// The cache's tokens/ directory, made (0700) and checked: the base and tokens/ each private. The
+// directories above the base are the user's (~/.cache) and made as usual.
+StatusOr<fs::path> UsableTokenCacheDir() {
+  ASSIGN_OR_RETURN(const fs::path base, CacheBaseDir());
+  if (const fs::path above = base.parent_path(); !above.empty()) {
+    std::error_code error;
+    fs::create_directories(above, error);
+    if (error) return CacheError(base, error.message());
+  }
+  RETURN_IF_ERROR(MakePrivateDirectory(base));
+  const fs::path tokens = base / "tokens";
+  RETURN_IF_ERROR(MakePrivateDirectory(tokens));
+  return tokens;
+}
+
+std::string TokenFileName(const std::string& fingerprint) {
+  std::ostringstream name;
+  name << std::hex << std::setw(16) << std::setfill('0') << data::Fnv1a64(fingerprint) << ".tok";
+  return name.str();
+}
+
+// PrepareTokens's work, the file placed by `place` (CachedTokenFile or
+// CachedOrTemporaryTokenFile).
+template <typename Place>
+auto PrepareTokensWith(const TrialConfig& config, const Place& place)
+    -> decltype(place(std::string(), std::function<Status(const std::string&)>())) {
+  const std::string& data_path = config.settings().data.path;
+  if (data_path.empty()) return InvalidArgumentError("data.path: no dataset given");
+  // TrialInputsChecker has compared the tokenizer's vocabulary with the model's.
+  ASSIGN_OR_RETURN(auto encoder, LoadTrialTokenizer(config));
+  ASSIGN_OR_RETURN(data::PrepareOptions options, data::PrepareOptionsFor(config));
+  ASSIGN_OR_RETURN(std::string fingerprint,
+                   data::ExpectedFingerprint(data_path, *encoder, options));
+  return place(fingerprint, [&](const std::string& path) {
+    return data::PrepareTokenFile(data_path, *encoder, options, path).status();
+  });
 }
 
 }  // namespace
 
+StatusOr<std::string> TokenCacheLocation() {
+  ASSIGN_OR_RETURN(const fs::path base, CacheBaseDir());
+  return (base / "tokens").string();
+}
+
 StatusOr<std::string> CachedTokenFile(
     const std::string& fingerprint, const std::function<Status(const std::string& path)>& prepare) {
-  const fs::path dir = TokenCacheDir();
-  std::ostringstream name;
-  name << std::hex << std::setw(16) << std::setfill('0') << data::Fnv1a64(fingerprint) << ".tok";
-  const std::string path = (dir / name.str()).string();
+  ASSIGN_OR_RETURN(const fs::path dir, UsableTokenCacheDir());
+  const std::string path = (dir / TokenFileName(fingerprint)).string();
   std::error_code error;
   // The directory comes from the environment: one the system cannot look into is a message.
   const bool cached = fs::exists(path, error);
-  if (error) {
-    return UnavailableError("cannot use the token cache " + dir.string() + ": " + error.message() +
-                            " (set LLMCTL_CACHE_DIR to a usable directory)");
-  }
+  if (error) return CacheError(dir, error.message());
   if (cached) {
     // Its contents checked too (one pass): a file corrupted since it was written is made again
     // here, not refused by every run that opens it.
     auto existing = data::TokenFile::Open(path);
     if (existing.ok() && (*existing)->fingerprint() == fingerprint) return path;
   }
-  fs::create_directories(dir, error);
-  if (error) {
-    return UnavailableError("cannot create the token cache " + dir.string() + ": " +
-                            error.message());
-  }
   RETURN_IF_ERROR(prepare(path));
   return path;
+}
+
+TokenFileRef::TokenFileRef(std::string path, std::string temporary_dir)
+    : path_(std::move(path)), temporary_dir_(std::move(temporary_dir)) {}
+
+TokenFileRef::TokenFileRef(TokenFileRef&& other) noexcept
+    : path_(std::move(other.path_)), temporary_dir_(std::exchange(other.temporary_dir_, "")) {}
+
+TokenFileRef::~TokenFileRef() {
+  if (temporary_dir_.empty()) return;
+  std::error_code ignored;
+  fs::remove_all(temporary_dir_, ignored);
+}
+
+StatusOr<TokenFileRef> CachedOrTemporaryTokenFile(
+    const std::string& fingerprint, const std::function<Status(const std::string& path)>& prepare) {
+  StatusOr<fs::path> dir = UsableTokenCacheDir();
+  if (dir.ok()) {
+    ASSIGN_OR_RETURN(std::string path, CachedTokenFile(fingerprint, prepare));
+    return TokenFileRef(std::move(path), "");
+  }
+  // Said once per process: an estimate of many trials would repeat it for each.
+  static std::atomic<bool> noted{false};
+  if (!noted.exchange(true)) {
+    std::cerr << "note: tokenizing without the token cache, into a temporary directory each time: "
+              << dir.status().message() << "\n";
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = (fs::path(tmp != nullptr && *tmp ? tmp : "/tmp") / "llmctl-tokens-XXXXXX");
+  // mkdtemp: a new directory of this user's, mode 0700, whatever else is in the shared place.
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    return UnavailableError(std::string("cannot create a temporary directory ")
+                                .append(pattern)
+                                .append(" for the tokens: ")
+                                .append(std::strerror(errno)));
+  }
+  TokenFileRef file((fs::path(pattern) / TokenFileName(fingerprint)).string(), pattern);
+  RETURN_IF_ERROR(prepare(file.path()));
+  return file;
 }
 
 StatusOr<std::unique_ptr<data::TextEncoder>> LoadTrialTokenizer(const TrialConfig& config) {
@@ -87,16 +253,11 @@ StatusOr<std::unique_ptr<data::TextEncoder>> LoadTrialTokenizer(const TrialConfi
 }
 
 StatusOr<std::string> PrepareTokens(const TrialConfig& config) {
-  const std::string& data_path = config.settings().data.path;
-  if (data_path.empty()) return InvalidArgumentError("data.path: no dataset given");
-  // TrialInputsChecker has compared the tokenizer's vocabulary with the model's.
-  ASSIGN_OR_RETURN(auto encoder, LoadTrialTokenizer(config));
-  ASSIGN_OR_RETURN(data::PrepareOptions options, data::PrepareOptionsFor(config));
-  ASSIGN_OR_RETURN(std::string fingerprint,
-                   data::ExpectedFingerprint(data_path, *encoder, options));
-  return CachedTokenFile(fingerprint, [&](const std::string& path) {
-    return data::PrepareTokenFile(data_path, *encoder, options, path).status();
-  });
+  return PrepareTokensWith(config, CachedTokenFile);
+}
+
+StatusOr<TokenFileRef> PrepareTokensToRead(const TrialConfig& config) {
+  return PrepareTokensWith(config, CachedOrTemporaryTokenFile);
 }
 
 }  // namespace llmctl

@@ -1,10 +1,17 @@
 #include "common/inputs/token_cache.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
 #include <string>
 
 #include "common/data/token_file.h"
@@ -17,6 +24,149 @@ namespace fs = std::filesystem;
 // A cached file whose contents were corrupted after it was written (a flipped byte in its tokens,
 // which the header alone does not show) is written again, not handed to every run that then
 // refuses it: llm-train --prepare's advice to run it again must work.
+using ::testing::HasSubstr;
+
+// Sets the cache's variables for one test and puts them back after it.
+class CacheEnvironment {
+ public:
+  CacheEnvironment() {
+    for (const char* name : kNames) {
+      const char* value = std::getenv(name);
+      saved_.emplace_back(name,
+                          value != nullptr ? std::optional<std::string>(value) : std::nullopt);
+      unsetenv(name);
+    }
+  }
+  ~CacheEnvironment() {
+    for (const auto& [name, value] : saved_) {
+      if (value) {
+        setenv(name, value->c_str(), 1);
+      } else {
+        unsetenv(name);
+      }
+    }
+  }
+
+ private:
+  static constexpr const char* kNames[] = {"LLMCTL_CACHE_DIR", "XDG_CACHE_HOME", "HOME"};
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
+};
+
+Status WriteThreeRows(const std::string& path, const std::string& fingerprint) {
+  std::vector<data::TokenizedExample> examples(3);
+  for (auto& example : examples) {
+    example.input_ids = {5, 6, 7, 8};
+    example.labels = {-100, 6, 7, 8};
+  }
+  return data::WriteTokenFile(path, fingerprint, 1, 2, examples);
+}
+
+fs::path FreshDir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  return dir;
+}
+
+// With HOME unset the cache is under the password database's home, never in a shared place such
+// as /tmp/.cache that another user could create first and fill.
+TEST(TokenCacheTest, WithoutHomeTheCacheIsUnderThePasswordDatabasesHome) {
+  CacheEnvironment environment;
+  const struct passwd* user = ::getpwuid(::getuid());
+  ASSERT_NE(user, nullptr);
+  StatusOr<std::string> location = TokenCacheLocation();
+  ASSERT_TRUE(location.ok()) << location.status().ToString();
+  EXPECT_EQ(*location, (fs::path(user->pw_dir) / ".cache" / "llmctl" / "tokens").string());
+
+  setenv("HOME", "/home/someone", 1);
+  EXPECT_EQ(*TokenCacheLocation(), "/home/someone/.cache/llmctl/tokens");
+  setenv("XDG_CACHE_HOME", "/xdg", 1);
+  EXPECT_EQ(*TokenCacheLocation(), "/xdg/llmctl/tokens");
+  setenv("LLMCTL_CACHE_DIR", "/mine", 1);
+  EXPECT_EQ(*TokenCacheLocation(), "/mine/tokens");
+}
+
+// The cache's directories are made owner-only, and one that another user could write (or owns) is
+// refused, naming it and LLMCTL_CACHE_DIR: token files planted in it would be trained on.
+TEST(TokenCacheTest, ACacheOtherUsersCanWriteIsRefused) {
+  CacheEnvironment environment;
+  const fs::path dir = FreshDir("token_cache_private");
+  setenv("LLMCTL_CACHE_DIR", dir.c_str(), 1);
+  const auto prepare = [](const std::string& path) { return WriteThreeRows(path, "f"); };
+  ASSERT_TRUE(CachedTokenFile("f", prepare).ok());
+  EXPECT_EQ(fs::status(dir).permissions(), fs::perms::owner_all);
+  EXPECT_EQ(fs::status(dir / "tokens").permissions(), fs::perms::owner_all);
+
+  ASSERT_EQ(::chmod((dir / "tokens").c_str(), 0777), 0);
+  Status refused = CachedTokenFile("f", prepare).status();
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(refused.message(), HasSubstr((dir / "tokens").string()));
+  EXPECT_THAT(refused.message(), HasSubstr("writable by other users (mode 0777)"));
+  EXPECT_THAT(refused.message(), HasSubstr("LLMCTL_CACHE_DIR"));
+  ASSERT_EQ(::chmod((dir / "tokens").c_str(), 0700), 0);
+
+  ASSERT_EQ(::chmod(dir.c_str(), 0703), 0);  // the base too: tokens/ could be swapped in it
+  EXPECT_THAT(CachedTokenFile("f", prepare).status().message(), HasSubstr("writable by other"));
+  ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
+
+  if (::geteuid() == 0) {  // only root can give a directory away
+    ASSERT_EQ(::chown((dir / "tokens").c_str(), 65534, 65534), 0);
+    refused = CachedTokenFile("f", prepare).status();
+    EXPECT_THAT(refused.message(), HasSubstr("owned by another user (uid 65534)"));
+  }
+  fs::remove_all(dir);
+}
+
+// A cache that cannot be used fails CachedTokenFile, with a message that says what to set; the
+// estimate's reading (CachedOrTemporaryTokenFile) tokenizes into a private temporary directory
+// instead, removed afterwards, and says so once.
+TEST(TokenCacheTest, AnUnusableCacheIsSkippedByTheEstimateWithOneNote) {
+  CacheEnvironment environment;
+  const fs::path dir = FreshDir("token_cache_unusable");
+  fs::create_directories(dir);
+  std::ofstream(dir / "file") << "not a directory";
+  setenv("LLMCTL_CACHE_DIR", (dir / "file" / "cache").c_str(), 1);
+  const auto prepare = [](const std::string& path) { return WriteThreeRows(path, "g"); };
+  const Status refused = CachedTokenFile("g", prepare).status();
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("cannot use the token cache " + (dir / "file" / "cache").string() +
+                        ": Not a directory; set LLMCTL_CACHE_DIR"));
+
+  std::ostringstream err;
+  std::streambuf* const saved = std::cerr.rdbuf(err.rdbuf());
+  std::string first_path;
+  {
+    StatusOr<TokenFileRef> first = CachedOrTemporaryTokenFile("g", prepare);
+    StatusOr<TokenFileRef> second = CachedOrTemporaryTokenFile("g", prepare);
+    std::cerr.rdbuf(saved);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    ASSERT_TRUE(second.ok()) << second.status().ToString();
+    EXPECT_FALSE(first->cached());
+    first_path = first->path();
+    EXPECT_NE(first_path, second->path());
+    StatusOr<std::unique_ptr<data::TokenFile>> file = data::TokenFile::Open(first_path);
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    EXPECT_EQ((*file)->num_examples(), 3);
+    struct stat info {};
+    ASSERT_EQ(::stat(fs::path(first_path).parent_path().c_str(), &info), 0);
+    EXPECT_EQ(info.st_mode & 0777, 0700u);
+  }
+  std::cerr.rdbuf(saved);
+  EXPECT_FALSE(fs::exists(fs::path(first_path).parent_path())) << "the temporary is removed";
+  const std::string note = err.str();
+  EXPECT_THAT(note, HasSubstr("note: tokenizing without the token cache"));
+  EXPECT_THAT(note, HasSubstr("Not a directory"));
+  EXPECT_EQ(note.find("note:"), note.rfind("note:")) << "said once: " << note;
+
+  // A usable cache is used as before.
+  setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
+  StatusOr<TokenFileRef> cached = CachedOrTemporaryTokenFile("g", prepare);
+  ASSERT_TRUE(cached.ok()) << cached.status().ToString();
+  EXPECT_TRUE(cached->cached());
+  EXPECT_EQ(fs::path(cached->path()).parent_path(), dir / "cache" / "tokens");
+  fs::remove_all(dir);
+}
+
 TEST(TokenCacheTest, ACorruptCachedFileIsWrittenAgain) {
   const fs::path dir = fs::temp_directory_path() / ("token_cache_test_" + std::to_string(getpid()));
   fs::remove_all(dir);
