@@ -25,12 +25,18 @@ struct KeepaliveOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(10)};
 };
 
+// gRPC's default limit on one message a server receives, which llmctld's API keeps
+// (ServerLimits{}): a SubmitRequest's trees must fit in it, and so the CLI refuses a submit whose
+// request would not before it uploads or provisions anything (controller/cli/inputs.h). Not
+// raised: each trial's trees go on to its node in one RunTrialRequest, and the agent takes 8 MiB.
+inline constexpr int kDefaultMaxReceiveBytes = 4 << 20;
+
 struct ServerLimits {
   // Threads for calls, gRPC's pollers included. Each open stream (events, watch, uploads) holds
   // one.
   int max_threads = 256;
   int max_streams_per_connection = 100;
-  int max_receive_bytes = 4 << 20;  // gRPC's default
+  int max_receive_bytes = kDefaultMaxReceiveBytes;
   KeepaliveOptions keepalive;
 };
 

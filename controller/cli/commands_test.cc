@@ -112,6 +112,26 @@ TEST_F(CommandsTest, ABadMinimumTransferRateIsInvalidInputAndSendsNothing) {
   EXPECT_EQ(fake_.calls_, 0);
 }
 
+// Inputs whose trees the controller could not receive in one SubmitRequest (over 4 MiB: here
+// 1,600 files with 2.8 KB paths) are refused before anything is asked, uploaded or submitted.
+TEST_F(CommandsTest, ASubmitTooLargeForTheControllerSendsNothing) {
+  WriteGoodInputs(Records(4096));
+  Write("lab/tok/special_tokens_map.json", "{}");
+  fs::path deep = "lab/tok";
+  for (int i = 0; i < 14; ++i) deep /= std::string(200, static_cast<char>('a' + i));
+  for (int i = 0; i < 1600; ++i)
+    Write(deep / std::string("f").append(std::to_string(i)).append(".json"), "{}");
+  EXPECT_EQ(Run({"submit", WriteExperiment()}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find(" input files in 2 trees, over the controller's limit of 4194304 "
+                            "bytes (4 MiB) per message; nothing was uploaded or provisioned"),
+            std::string::npos)
+      << err_.str();
+  EXPECT_NE(err_.str().find("bytes for its 1603 input files"), std::string::npos) << err_.str();
+  std::lock_guard lock(fake_.mutex_);
+  EXPECT_EQ(fake_.calls_, 0);
+  EXPECT_FALSE(fake_.submitted_.has_value());
+}
+
 TEST_F(CommandsTest, InvalidFileExitsTwoAndSendsNothing) {
   Write("bad.yaml", "model: llmctl-demo\ntrain: {micro_batch_sise: 4}\n");
   EXPECT_EQ(Run({"submit", (dir_ / "bad.yaml").string()}), kExitInvalidInput);

@@ -355,5 +355,31 @@ TEST_F(InputTreeTest, RefusesDirectoryLinksDanglingLinksSpecialFilesAndEmptyDire
   EXPECT_EQ(InputTreeBuilder().Build(root_ / "absent").status().code(), StatusCode::kNotFound);
 }
 
+// A request the controller could not receive (over gRPC's 4 MiB) is refused before anything is
+// sent, naming its files and the limit: 30,000 files failed at the controller after every upload.
+TEST_F(InputTreeTest, ASubmitRequestOverTheControllersLimitIsRefusedNamingItsFiles) {
+  v1::SubmitRequest request;
+  v1::InputTree& tree = (*request.mutable_inputs())["data"];
+  for (int i = 0; i < 40000; ++i) {
+    v1::TreeFile* file = tree.add_files();
+    file->set_path("shard-" + std::to_string(i) + "/records-of-the-lab.jsonl");
+    file->set_sha256(std::string(64, 'a'));
+    file->set_size(1 << 20);
+  }
+  const size_t bytes = request.ByteSizeLong();
+  ASSERT_GT(bytes, size_t{4} << 20);
+  const Status refused = CheckSubmitRequestFits(request, "lab.yaml");
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      refused.message().rfind("lab.yaml: the submit request would be " + std::to_string(bytes) +
+                                  " bytes for its 40000 input files in 1 trees, over the "
+                                  "controller's limit of 4194304 bytes (4 MiB) per message",
+                              0),
+      0u)
+      << refused.message();
+  tree.mutable_files()->DeleteSubrange(10000, 30000);
+  EXPECT_TRUE(CheckSubmitRequestFits(request, "lab.yaml").ok());
+}
+
 }  // namespace
 }  // namespace llmctl::cli

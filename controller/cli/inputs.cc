@@ -12,6 +12,7 @@
 #include "controller/cli/client.h"
 #include "controller/cli/input_tree.h"
 #include "rpc/blob_stream.h"
+#include "rpc/connection.h"
 #include "rpc/grpc_status.h"
 #include "rpc/transfer.h"
 
@@ -111,6 +112,27 @@ Status CheckLocalInputs(const Experiment& checked, std::string_view filename) {
     }
   }
   return Status::Ok();
+}
+
+Status CheckSubmitRequestFits(const v1::SubmitRequest& request, std::string_view filename) {
+  const size_t bytes = request.ByteSizeLong();
+  constexpr auto kLimit = static_cast<size_t>(rpc::kDefaultMaxReceiveBytes);
+  if (bytes <= kLimit) return Status::Ok();
+  int64_t files = 0;
+  for (const auto& [written, tree] : request.inputs()) files += tree.files_size();
+  // The user's inputs, as they are, cannot be sent: theirs to change (exit 2).
+  return InvalidArgumentError(
+      std::string(filename)
+          .append(": the submit request would be ")
+          .append(std::to_string(bytes))
+          .append(" bytes for its ")
+          .append(std::to_string(files))
+          .append(" input files in ")
+          .append(std::to_string(request.inputs_size()))
+          .append(" trees, over the controller's limit of ")
+          .append(std::to_string(kLimit))
+          .append(" bytes (4 MiB) per message; nothing was uploaded or provisioned. Pack many "
+                  "small files into fewer (one JSON Lines file, say), or shorten their paths"));
 }
 
 StatusOr<UploadSummary> UploadMissingBlobs(v1::Controller::StubInterface& stub,

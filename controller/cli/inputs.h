@@ -40,6 +40,14 @@ StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_v
 // name the experiment file, the trial, the key and the input's file and line.
 Status CheckLocalInputs(const Experiment& checked, std::string_view filename);
 
+// OK when `request` (its ByteSizeLong) fits in the one message the controller receives
+// (rpc::kDefaultMaxReceiveBytes); else InvalidArgument naming `filename`, the request's size, its
+// input files' count and the limit. Checked before anything is uploaded or provisioned: a request
+// of 30,000 files was refused by the controller only after every upload. MissingBlobs asks for
+// fewer bytes than this request holds (each blob's sha256 once, against each file's sha256,
+// size and path), so it fits when this does.
+Status CheckSubmitRequestFits(const v1::SubmitRequest& request, std::string_view filename);
+
 struct UploadSummary {
   int blobs = 0;      // distinct blobs in the inputs
   int uploaded = 0;   // those the controller lacked

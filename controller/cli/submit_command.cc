@@ -95,6 +95,11 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
   if (!min_transfer_rate.ok()) return Fail(min_transfer_rate.status());
   StatusOr<std::vector<TrialPrediction>> predictions = Predict(*submitted);
   if (!predictions.ok()) return Fail(predictions.status());
+  // Built before anything is sent: one that the controller could not receive is refused here, not
+  // after the uploads and a provisioned node.
+  const v1::SubmitRequest request =
+      SubmitRequestFor(*submitted, only_trials, *inputs, *predictions);
+  if (const Status fits = CheckSubmitRequestFits(request, file); !fits.ok()) return Fail(fits);
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
   const Experiment& checked = submitted->checked;
@@ -109,8 +114,6 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
   StatusOr<UploadSummary> uploaded = UploadMissingBlobs(**stub, inputs->blobs, *min_transfer_rate);
   if (!uploaded.ok()) return Fail(uploaded.status());
 
-  const v1::SubmitRequest request =
-      SubmitRequestFor(*submitted, only_trials, *inputs, *predictions);
   WarnPredictedOom(*submitted, *predictions);
   v1::SubmitResponse response;
   const Status sent =
