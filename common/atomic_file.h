@@ -12,8 +12,10 @@
 namespace llmctl {
 
 // Calls `write(fd)` on a temporary file beside `path` (named uniquely per process and call, so two
-// processes preparing the same file never share one), fsyncs it and renames it over `path`. On any
-// failure the temporary is removed and `path` is untouched.
+// processes preparing the same file never share one), fsyncs it, renames it over `path` and fsyncs
+// `path`'s directory, so that the new file survives a power loss once this returns OK. On a failure
+// before the rename the temporary is removed and `path` is untouched; one in the directory's sync
+// is reported though `path` already has the new content.
 Status WriteFileAtomically(const std::string& path, const std::function<Status(int fd)>& write);
 
 // Removes the temporaries WriteFileAtomically left beside `path` when a crash came between their
