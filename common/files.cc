@@ -115,23 +115,40 @@ std::string PathInside(const std::string& path, const std::string& dir) {
   return inside.string();
 }
 
-Status CheckRoomFor(std::string_view what, const std::string& dir, int64_t size,
-                    int64_t keep_free) {
+StatusOr<uint64_t> AvailableBytes(std::string_view what, const std::string& dir) {
   struct statvfs filesystem {};
   if (::statvfs(dir.c_str(), &filesystem) != 0) {
     return ErrnoStatus(errno, std::string(what) + ": cannot read the free space of " + dir);
   }
-  const uint64_t available = static_cast<uint64_t>(filesystem.f_bavail) * filesystem.f_frsize;
+  return static_cast<uint64_t>(filesystem.f_bavail) * filesystem.f_frsize;
+}
+
+Status CheckRoomIn(std::string_view what, const std::string& dir, uint64_t available, int64_t size,
+                   int64_t keep_free, int64_t promised) {
   size = std::max<int64_t>(size, 0);
   keep_free = std::max<int64_t>(keep_free, 0);
-  if (static_cast<uint64_t>(SaturatingAdd(size, keep_free)) <= available) return Status::Ok();
+  promised = std::max<int64_t>(promised, 0);
+  if (static_cast<uint64_t>(SaturatingAdd(SaturatingAdd(size, keep_free), promised)) <= available) {
+    return Status::Ok();
+  }
   std::string message = std::string(what) + ": " + FormatBytes(static_cast<uint64_t>(size)) +
                         " do not fit in " + dir + ", whose filesystem has " +
                         FormatBytes(available) + " available";
   if (keep_free > 0) {
     message += ", of which llmctl keeps " + FormatBytes(static_cast<uint64_t>(keep_free)) + " free";
   }
+  if (promised > 0) {
+    message += std::string(keep_free > 0 ? " and " : ", of which ")
+                   .append(FormatBytes(static_cast<uint64_t>(promised)))
+                   .append(" are promised to writes in progress");
+  }
   return ResourceExhaustedError(std::move(message));
+}
+
+Status CheckRoomFor(std::string_view what, const std::string& dir, int64_t size,
+                    int64_t keep_free) {
+  ASSIGN_OR_RETURN(const uint64_t available, AvailableBytes(what, dir));
+  return CheckRoomIn(what, dir, available, size, keep_free);
 }
 
 }  // namespace llmctl

@@ -53,6 +53,14 @@ std::string PathInside(const std::string& path, const std::string& dir);
 // reports itself as before.
 Status CheckRoomFor(std::string_view what, const std::string& dir, int64_t size,
                     int64_t keep_free = 0);
+// What an unprivileged writer may still use of the filesystem holding `dir` (statvfs's f_bavail in
+// bytes); the error CheckRoomFor gives when it cannot be read.
+StatusOr<uint64_t> AvailableBytes(std::string_view what, const std::string& dir);
+// CheckRoomFor's decision and message for a filesystem with `available` bytes of which `promised`
+// are already promised to writes in progress that have not written them yet (the caller keeps that
+// count, so that writers that start together cannot each find the same room free).
+Status CheckRoomIn(std::string_view what, const std::string& dir, uint64_t available, int64_t size,
+                   int64_t keep_free, int64_t promised = 0);
 
 // A read-only MAP_PRIVATE mapping of a whole file, unmapped on destruction. Errors as
 // ReadFileToString. An empty file maps to an empty span.

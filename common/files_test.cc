@@ -1,4 +1,5 @@
-// CheckRoomFor: what fits on a filesystem, with what llmctl keeps free of it.
+// CheckRoomFor: what fits on a filesystem, with what llmctl keeps free of it and what writes in
+// progress were promised.
 #include "common/files.h"
 
 #include <gtest/gtest.h>
@@ -40,6 +41,21 @@ TEST(CheckRoomForTest, MoreThanTheFilesystemHasIsRefusedWithBothFigures) {
   EXPECT_EQ(kept.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(kept.message().find("available, of which llmctl keeps "), std::string::npos)
       << kept.message();
+}
+
+TEST(CheckRoomForTest, RoomPromisedToWritesInProgressIsNotFree) {
+  EXPECT_TRUE(CheckRoomIn("upload", "/blobs", 100, 40, 50, 10).ok());
+  const Status promised = CheckRoomIn("upload", "/blobs", 100, 40, 50, 11);
+  EXPECT_EQ(promised.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(promised.message(),
+            "upload: 40 B do not fit in /blobs, whose filesystem has 100 B available, of which "
+            "llmctl keeps 50 B free and 11 B are promised to writes in progress");
+  EXPECT_EQ(CheckRoomIn("upload", "/blobs", 100, 40, 0, 70).message(),
+            "upload: 40 B do not fit in /blobs, whose filesystem has 100 B available, of which "
+            "70 B are promised to writes in progress");
+  // The sum cannot overflow.
+  EXPECT_EQ(CheckRoomIn("upload", "/blobs", 100, 1, 1, std::numeric_limits<int64_t>::max()).code(),
+            StatusCode::kResourceExhausted);
 }
 
 TEST(CheckRoomForTest, AMissingDirectoryIsNotFound) {

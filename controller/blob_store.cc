@@ -6,10 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "common/atomic_file.h"
 #include "common/files.h"
@@ -65,7 +67,8 @@ void RemovePartialBlobs(const std::string& dir) {
 }  // namespace
 
 StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& root,
-                                                     int64_t keep_free_bytes) {
+                                                     int64_t keep_free_bytes,
+                                                     FreeSpaceSource free_space) {
   const std::vector<std::string> dirs = {root, root + "/blobs", root + "/trees"};
   for (const std::string& dir : dirs) {
     std::error_code error;
@@ -76,7 +79,42 @@ StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& root,
     }
   }
   RemovePartialBlobs(root + "/blobs");
-  return std::unique_ptr<BlobStore>(new BlobStore(root, keep_free_bytes));
+  if (free_space == nullptr) free_space = AvailableBytes;
+  return std::unique_ptr<BlobStore>(new BlobStore(root, keep_free_bytes, std::move(free_space)));
+}
+
+SpaceReservation& SpaceReservation::operator=(SpaceReservation&& other) noexcept {
+  if (this != &other) {
+    Release();
+    promises_ = std::move(other.promises_);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void SpaceReservation::Release() {
+  if (promises_ == nullptr || bytes_ == 0) return;
+  MutexLock lock(promises_->mutex);
+  promises_->bytes -= bytes_;
+  bytes_ = 0;
+}
+
+Status BlobWriter::Commit(std::string_view sha256) {
+  const Status committed = writer_->Commit(sha256);
+  // Written and renamed, or refused and removed: the free space now says what the blob takes.
+  reservation_.Release();
+  return committed;
+}
+
+StatusOr<SpaceReservation> BlobStore::Reserve(std::string_view what, int64_t size) const {
+  const std::string dir = root_ + "/blobs";
+  size = std::max<int64_t>(size, 0);
+  // Checked and promised under one lock: two writers cannot both count the same room.
+  MutexLock lock(promises_->mutex);
+  ASSIGN_OR_RETURN(const uint64_t available, free_space_(what, dir));
+  RETURN_IF_ERROR(CheckRoomIn(what, dir, available, size, keep_free_bytes_, promises_->bytes));
+  promises_->bytes += size;
+  return SpaceReservation(promises_, size);
 }
 
 std::string BlobStore::PathOf(std::string_view sha256) const {
@@ -100,30 +138,33 @@ StatusOr<std::vector<std::string>> BlobStore::Missing(std::span<const std::strin
   return missing;
 }
 
-StatusOr<std::unique_ptr<digest::VerifiedFileWriter>> BlobStore::BeginWrite(std::string_view sha256,
-                                                                            int64_t size) const {
+StatusOr<std::unique_ptr<BlobWriter>> BlobStore::BeginWrite(std::string_view sha256,
+                                                            int64_t size) const {
   if (!digest::IsSha256Hex(sha256)) {
     return InvalidArgumentError("upload: no sha256 (64 lowercase hex digits): " +
                                 std::string(sha256));
   }
   if (size < 0) return InvalidArgumentError("upload of " + std::string(sha256) + ": negative size");
-  RETURN_IF_ERROR(
-      CheckRoomFor("upload of " + std::string(sha256), root_ + "/blobs", size, keep_free_bytes_));
+  ASSIGN_OR_RETURN(SpaceReservation room, Reserve("upload of " + std::string(sha256), size));
   std::string temp_path = root_ + "/blobs/.upload-XXXXXX";
   const int fd = mkstemp(temp_path.data());
   if (fd < 0) {
     return InternalError("cannot create a temporary file in " + root_ +
                          "/blobs: " + std::strerror(errno));
   }
-  return std::make_unique<digest::VerifiedFileWriter>("upload of " + std::string(sha256), fd,
-                                                      std::move(temp_path), PathOf(sha256), size);
+  return std::make_unique<BlobWriter>(
+      std::make_unique<digest::VerifiedFileWriter>("upload of " + std::string(sha256), fd,
+                                                   std::move(temp_path), PathOf(sha256), size),
+      std::move(room));
 }
 
 ReceivedBlob::ReceivedBlob(std::unique_ptr<digest::VerifiedFileWriter> writer,
-                           std::string checked_path, std::string blobs_dir)
+                           std::string checked_path, std::string blobs_dir,
+                           SpaceReservation reservation)
     : writer_(std::move(writer)),
       checked_path_(std::move(checked_path)),
-      blobs_dir_(std::move(blobs_dir)) {}
+      blobs_dir_(std::move(blobs_dir)),
+      reservation_(std::move(reservation)) {}
 
 ReceivedBlob::~ReceivedBlob() { unlink(checked_path_.c_str()); }
 
@@ -133,8 +174,11 @@ Status ReceivedBlob::Commit(std::string_view sha256) {
                                 std::string(sha256));
   }
   // The writer checks the bytes against `sha256` before they appear at checked_path_; only then
-  // do they take the blob's name.
-  RETURN_IF_ERROR(writer_->Commit(sha256));
+  // do they take the blob's name. Written (or refused and removed), the blob's room is no longer
+  // promised: the free space says what it takes.
+  const Status committed = writer_->Commit(sha256);
+  reservation_.Release();
+  RETURN_IF_ERROR(committed);
   const std::string final_path = blobs_dir_ + "/" + std::string(sha256);
   if (::rename(checked_path_.c_str(), final_path.c_str()) != 0) {
     return InternalError("cannot rename " + checked_path_ + " to " + final_path + ": " +
@@ -145,7 +189,7 @@ Status ReceivedBlob::Commit(std::string_view sha256) {
 
 StatusOr<std::unique_ptr<ReceivedBlob>> BlobStore::BeginReceive(int64_t size) const {
   if (size < 0) return InvalidArgumentError("received blob: negative size");
-  RETURN_IF_ERROR(CheckRoomFor("received blob", root_ + "/blobs", size, keep_free_bytes_));
+  ASSIGN_OR_RETURN(SpaceReservation room, Reserve("received blob", size));
   std::string temp_path = root_ + "/blobs/.receive-XXXXXX";
   const int fd = mkstemp(temp_path.data());
   if (fd < 0) {
@@ -156,7 +200,7 @@ StatusOr<std::unique_ptr<ReceivedBlob>> BlobStore::BeginReceive(int64_t size) co
   auto writer = std::make_unique<digest::VerifiedFileWriter>("received blob", fd, temp_path,
                                                              checked_path, size);
   return std::make_unique<ReceivedBlob>(std::move(writer), std::move(checked_path),
-                                        root_ + "/blobs");
+                                        root_ + "/blobs", std::move(room));
 }
 
 Status BlobStore::PutTree(const digest::InputTree& tree) const {

@@ -5,7 +5,10 @@
 
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "common/files.h"
 
@@ -153,6 +156,59 @@ TEST_F(BlobStoreTest, PartialBlobsACrashLeftAreRemovedAtOpenAndNothingElse) {
   EXPECT_EQ(left, expected);
   EXPECT_TRUE(fs::exists(root_ + "/data/.upload-a1B2c3"));
   EXPECT_TRUE(blobs_->Has(sha));
+}
+
+TEST_F(BlobStoreTest, BlobsWrittenTogetherCannotEachTakeTheSameRoom) {
+  // The filesystem reports 10 B beyond what is kept free, whatever is written: a fake, so the
+  // figure holds still while the writes are checked against it.
+  constexpr int64_t kKeep = 1000;
+  auto blobs = *BlobStore::Open(root_ + "/small", kKeep,
+                                [](std::string_view, const std::string&) -> StatusOr<uint64_t> {
+                                  return uint64_t{kKeep + 10};
+                                });
+  const std::string first = digest::Sha256Hex("first!");
+  const std::string second = digest::Sha256Hex("second");
+  auto writing = blobs->BeginWrite(first, 6);
+  ASSERT_TRUE(writing.ok()) << writing.status().ToString();
+  // 6 B are free now, but 6 of the 10 are promised to the first upload.
+  for (const Status& refused :
+       {blobs->BeginWrite(second, 6).status(), blobs->BeginReceive(6).status()}) {
+    EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(refused.message().find("and 6 B are promised to writes in progress"),
+              std::string::npos)
+        << refused.message();
+  }
+  EXPECT_TRUE(blobs->BeginWrite(second, 4).ok()) << "what is left fits (and is released)";
+
+  // An abandoned write gives its room back.
+  writing->reset();
+  auto receiving = blobs->BeginReceive(6);
+  ASSERT_TRUE(receiving.ok()) << receiving.status().ToString();
+  EXPECT_EQ(blobs->BeginWrite(second, 6).status().code(), StatusCode::kResourceExhausted);
+  // So does a committed one (the free space then counts it).
+  ASSERT_TRUE((*receiving)->Append("first!").ok());
+  ASSERT_TRUE((*receiving)->Commit(first).ok());
+  auto after_commit = blobs->BeginWrite(second, 6);
+  ASSERT_TRUE(after_commit.ok()) << after_commit.status().ToString();
+  ASSERT_TRUE((*after_commit)->Append("second").ok());
+  ASSERT_TRUE((*after_commit)->Commit(second).ok());
+  EXPECT_TRUE(blobs->Has(first));
+  EXPECT_TRUE(blobs->Has(second));
+
+  // Writers that start at once: only one finds the room.
+  std::mutex mutex;
+  std::vector<std::unique_ptr<BlobWriter>> started;
+  std::vector<std::thread> writers;
+  for (int i = 0; i < 8; ++i) {
+    writers.emplace_back([&, i] {
+      auto writer = blobs->BeginWrite(digest::Sha256Hex("writer " + std::to_string(i)), 6);
+      if (!writer.ok()) return;
+      std::lock_guard lock(mutex);
+      started.push_back(std::move(*writer));  // held until every writer has tried
+    });
+  }
+  for (std::thread& writer : writers) writer.join();
+  EXPECT_EQ(started.size(), 1u);
 }
 
 TEST_F(BlobStoreTest, RefusesBadDigests) {

@@ -84,9 +84,11 @@ grpc::Status ControllerService::UploadBlob(grpc::ServerContext* context,
       response->set_already_present(true);
       return rpc::DrainHeldBlob(*reader, first);
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<digest::VerifiedFileWriter> writer,
+    // The blob's room stays promised until `writer` goes, right after the blob is committed or
+    // abandoned.
+    ASSIGN_OR_RETURN(std::unique_ptr<BlobWriter> writer,
                      blobs_.BeginWrite(first.sha256(), first.size()));
-    return rpc::ReceiveBlob(*reader, std::move(first), *writer);
+    return rpc::ReceiveBlob(*reader, std::move(first), writer->file());
   });
 }
 
