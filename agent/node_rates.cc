@@ -79,12 +79,17 @@ NodeRates::NodeRates(NodeRatesOptions options, std::function<bool()> trial_runni
 }
 
 NodeRates::~NodeRates() {
+  Stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void NodeRates::Stop() {
   {
     MutexLock lock(mutex_);
     stopping_ = true;
   }
+  stop_.request_stop();
   changed_.NotifyAll();
-  if (thread_.joinable()) thread_.join();
 }
 
 void NodeRates::Start(const NodeFacts& facts) {
@@ -137,9 +142,9 @@ bool NodeRates::AwaitIdle() {
 }
 
 StatusOr<std::string> NodeRates::RunProbe(const std::string& device) const {
-  ASSIGN_OR_RETURN(
-      const CommandOutput output,
-      RunCommand({options_.llm_train, "--probe", "--probe-device", device}, options_.timeout));
+  ASSIGN_OR_RETURN(const CommandOutput output,
+                   RunCommand({options_.llm_train, "--probe", "--probe-device", device},
+                              options_.timeout, stop_.get_token()));
   if (output.exit_code != 0) {
     return InternalError(options_.llm_train + " --probe " +
                          (output.exit_code < 0

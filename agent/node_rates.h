@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <functional>
+#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -44,7 +45,7 @@ class NodeRates {
  public:
   // `trial_running`: whether a trial runs on the node now (RunManager::Running).
   NodeRates(NodeRatesOptions options, std::function<bool()> trial_running);
-  // Waits for a probe in progress to end (its timeout bounds that).
+  // Stop(), then waits for the probe's thread (about 50 ms once its process group is killed).
   ~NodeRates();
   NodeRates(const NodeRates&) = delete;
   NodeRates& operator=(const NodeRates&) = delete;
@@ -58,6 +59,10 @@ class NodeRates {
     std::string pending;  // why there is none: "measuring", "waiting for ...", "not measured: ..."
   };
   Report Current() const;
+
+  // The agent is stopping: a probe in progress is killed (its process group) and none starts. It
+  // used to run to its end, up to the 3-minute timeout, with the agent waiting on it after SIGTERM.
+  void Stop();
 
   // Held by RunTrial while it starts a run: waits until a probe in progress ends, or until
   // `wait_until` (the caller's deadline: a run started after it would be one the controller never
@@ -95,6 +100,7 @@ class NodeRates {
   bool probing_ LLMCTL_GUARDED_BY(mutex_) = false;
   int starting_ LLMCTL_GUARDED_BY(mutex_) = 0;
   bool stopping_ LLMCTL_GUARDED_BY(mutex_) = false;
+  std::stop_source stop_;  // requested by Stop(): ends RunProbe's command
   std::thread thread_;
 };
 

@@ -4,6 +4,7 @@
 #include "agent/node_rates.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -278,6 +280,51 @@ TEST_F(NodeRatesTest, ATrialStartingWaitsForTheProbeOnlyUntilItsCallersDeadline)
       rates, std::chrono::steady_clock::now() + std::chrono::seconds(30));
   EXPECT_TRUE(starting.free());
   EXPECT_EQ(rates.Current().pending, "");
+}
+
+// The agent stopping (SIGTERM) while a probe runs: the probe's process group is killed and the
+// agent goes within about a second, instead of waiting out the probe (up to its 3-minute timeout;
+// an agent was still up 8 s after "stopping" and had to be killed).
+TEST_F(NodeRatesTest, StoppingKillsAProbeInProgressAtOnce) {
+  const fs::path pid_file = dir_ / "helper.pid";
+  {
+    // A probe that would take a minute in a helper process of its own (as a probe's workers),
+    // whose pid it writes.
+    std::ofstream(dir_ / "probe.out") << FixedProbe().ToJson().dump();
+    std::ofstream(dir_ / "llm-train") << "#!/bin/sh\nsleep 60 &\necho $! > '" << pid_file.string()
+                                      << "'\nwait\ncat '" << (dir_ / "probe.out").string() << "'\n";
+  }
+  std::optional<NodeRates> rates;
+  rates.emplace(Options(), [] { return false; });
+  rates->Start(facts_);
+  ASSERT_TRUE(Says(*rates, "measuring"));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  StatusOr<std::string> pid_text = NotFoundError("");
+  while (!(pid_text = ReadFileToString(pid_file.string(), 64)).ok() || !pid_text->ends_with("\n")) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the probe did not start";
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  const pid_t helper = std::stoi(*pid_text);
+
+  const auto stopping = std::chrono::steady_clock::now();
+  rates->Stop();
+  EXPECT_TRUE(Says(*rates, "not measured: " + (dir_ / "llm-train").string() + " was stopped"))
+      << rates->Current().pending;
+  rates.reset();  // joins the probe's thread
+  EXPECT_LT(std::chrono::steady_clock::now() - stopping, std::chrono::seconds(2));
+  // The helper went with it (its group killed): gone, or a zombie until init reaps it.
+  const auto helper_runs = [helper] {
+    StatusOr<std::string> stat =
+        ReadFileToString("/proc/" + std::to_string(helper) + "/stat", 4096);
+    const size_t paren = stat.ok() ? stat->rfind(')') : std::string::npos;
+    return paren != std::string::npos && paren + 2 < stat->size() && (*stat)[paren + 2] != 'Z';
+  };
+  const auto gone_by = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (helper_runs() && std::chrono::steady_clock::now() < gone_by) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_FALSE(helper_runs()) << "the probe's helper outlived it";
+  EXPECT_FALSE(fs::exists(dir_ / "data" / "rates.json"));
 }
 
 TEST_F(NodeRatesTest, ABrokenProbeIsNotMeasuredAndNotKept) {

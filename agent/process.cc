@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -54,9 +55,13 @@ UniqueFd OpenExitWatch(pid_t pid, uint64_t start_time) {
 
 namespace {
 
-// Waits for child `pid` to exit until `deadline`, polling; whether it did (its wait status in
-// `status`, -1 when it could not be waited for).
-bool ReapBy(pid_t pid, std::chrono::steady_clock::time_point deadline, int& status) {
+// How often RunCommand looks at its stop token while it waits.
+constexpr std::chrono::milliseconds kStopCheck{50};
+
+// Waits for child `pid` to exit until `deadline` or a stop request, polling; whether it did (its
+// wait status in `status`, -1 when it could not be waited for).
+bool ReapBy(pid_t pid, std::chrono::steady_clock::time_point deadline, const std::stop_token& stop,
+            int& status) {
   while (true) {
     const pid_t done = ::waitpid(pid, &status, WNOHANG);
     if (done == pid) return true;
@@ -64,7 +69,7 @@ bool ReapBy(pid_t pid, std::chrono::steady_clock::time_point deadline, int& stat
       status = -1;
       return true;  // not ours to wait for: nothing left to reap
     }
-    if (std::chrono::steady_clock::now() >= deadline) return false;
+    if (std::chrono::steady_clock::now() >= deadline || stop.stop_requested()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
@@ -72,7 +77,7 @@ bool ReapBy(pid_t pid, std::chrono::steady_clock::time_point deadline, int& stat
 }  // namespace
 
 StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
-                                   std::chrono::milliseconds timeout) {
+                                   std::chrono::milliseconds timeout, std::stop_token stop) {
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
     return UnavailableError(std::string("pipe: ") + std::strerror(errno));
@@ -81,12 +86,19 @@ StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
   posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  // A group of its own (its pid): killing the group ends what it started too (a probe's helper
+  // processes), and a terminal's Ctrl-C reaches the agent, which decides, not the command.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
   pid_t pid = 0;
-  const int spawned = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  const int spawned = ::posix_spawnp(&pid, args[0], &actions, &attributes, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
   ::close(pipe_fds[1]);
   if (spawned != 0) {
     ::close(pipe_fds[0]);
@@ -99,12 +111,13 @@ StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
+    if (left.count() <= 0 || stop.stop_requested()) {
       timed_out = true;
       break;
     }
     pollfd fd{pipe_fds[0], POLLIN, 0};
-    const int ready = ::poll(&fd, 1, static_cast<int>(left.count()));
+    // In slices, so that a stop request is seen within one.
+    const int ready = ::poll(&fd, 1, static_cast<int>(std::min(left, kStopCheck).count()));
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) continue;
     const ssize_t n = ::read(pipe_fds[0], buffer, sizeof(buffer));
@@ -117,11 +130,14 @@ StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
   // Its standard output closed is not its end: a program that closes it and hangs is still held
   // to the deadline.
   int status = 0;
-  if (!timed_out) timed_out = !ReapBy(pid, deadline, status);
+  if (!timed_out) timed_out = !ReapBy(pid, deadline, stop, status);
   if (timed_out) {
+    // Not yet reaped, so the group's id is still this child's and cannot name another's.
+    ::kill(-pid, SIGKILL);
     ::kill(pid, SIGKILL);
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
+    if (stop.stop_requested()) return CancelledError(argv[0] + " was stopped");
   }
   output.exit_code = (!timed_out && WIFEXITED(status)) ? WEXITSTATUS(status) : -1;
   return output;

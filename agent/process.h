@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -34,10 +35,12 @@ struct CommandOutput {
   std::string stdout_text;
 };
 
-// Runs `argv` (argv[0] looked up in PATH) with stdin and stderr on /dev/null and returns its
-// standard output (at most 1 MiB). Killed after `timeout`. NotFound when it cannot be started.
+// Runs `argv` (argv[0] looked up in PATH) in a process group of its own, with stdin and stderr on
+// /dev/null, and returns its standard output (at most 1 MiB). Its group is killed (SIGKILL) after
+// `timeout`, or within about 50 ms of `stop` being requested (the agent stopping: a 3-minute
+// rate probe must not hold it up): Cancelled then. NotFound when it cannot be started.
 StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
-                                   std::chrono::milliseconds timeout);
+                                   std::chrono::milliseconds timeout, std::stop_token stop = {});
 
 }  // namespace llmctl::agent
 

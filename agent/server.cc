@@ -126,8 +126,12 @@ class AgentService final : public pb::Agent::Service {
     probe_thread_ = std::thread([this] { rates_.Start(Probe()); });
   }
 
-  // Ends the streams that follow running runs (within one poll interval).
-  void Stop() { stopping_ = true; }
+  // Ends the streams that follow running runs (within one poll interval) and a rate probe in
+  // progress (its process group killed), which would otherwise hold up the agent's exit.
+  void Stop() {
+    stopping_ = true;
+    rates_.Stop();
+  }
 
   grpc::Status RenewCertificate(
       grpc::ServerContext* context,

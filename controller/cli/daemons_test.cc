@@ -253,5 +253,61 @@ TEST_F(DaemonsTest, TheRealAgentStartsWithTheFlagsAndCredentialsWeWrite) {
   EXPECT_EQ(RunningPid(data / "llm-agent.pid", agent_binary), std::nullopt);
 }
 
+// llm-agent stopped (SIGTERM) while its rate probe (llm-train --probe, run at its start) runs:
+// it kills the probe's process group and exits at once. It used to wait for the probe's end, up to
+// its 3-minute timeout, and `daemon stop` had to SIGKILL it.
+TEST_F(DaemonsTest, TheRealAgentStopsAtOnceWhileItsRateProbeRuns) {
+  const char* build = std::getenv("LLMCTL_BUILD_DIR");
+  const fs::path agent_binary =
+      fs::path(build != nullptr ? build : "build") / "agent" / "llm-agent";
+  ASSERT_TRUE(fs::exists(agent_binary)) << agent_binary;
+  StatusOr<std::unique_ptr<rpc::CertificateAuthority>> ca =
+      rpc::CertificateAuthority::LoadOrCreate((dir_ / "ca").string());
+  ASSERT_TRUE(ca.ok()) << ca.status().message();
+  StatusOr<rpc::IssuedCertificate> issued = (*ca)->Issue(rpc::AgentCertificateName("local"), 1);
+  ASSERT_TRUE(issued.ok()) << issued.status().message();
+  v1::NodeCredentials credentials;
+  credentials.set_name("local");
+  credentials.set_certificate_pem(issued->certificate_pem);
+  credentials.set_private_key_pem(issued->private_key_pem);
+  credentials.set_ca_certificate_pem((*ca)->ca_certificate_pem());
+  credentials.set_token("a-token-for-this-test");
+  const fs::path data = dir_ / "data";
+  ASSERT_TRUE(WriteAgentCredentials(credentials, data / "agent" / "tls").ok());
+  fs::create_directories(data / "logs");
+  // A stand-in llm-train whose probe writes its pid and would take a minute.
+  const fs::path trainer = dir_ / "llm-train";
+  const fs::path probe_pid = dir_ / "probe.pid";
+  std::ofstream(trainer) << "#!/bin/sh\n[ \"$1\" = --probe ] || exit 0\necho $$ > '"
+                         << probe_pid.string() << "'\nexec sleep 60\n";
+  fs::permissions(trainer, fs::perms::owner_all);
+
+  // The probe runs unless LLMCTL_RATE_PROBE=off, which the tests' environment may set.
+  const char* saved = std::getenv("LLMCTL_RATE_PROBE");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  ::unsetenv("LLMCTL_RATE_PROBE");
+  EmbeddedDaemons daemons(
+      data, {fs::canonical("/bin/false"), fs::canonical(agent_binary), fs::canonical(trainer)});
+  StatusOr<pid_t> pid = StartDetached(daemons.AgentSpec());
+  if (saved != nullptr) ::setenv("LLMCTL_RATE_PROBE", saved_value.c_str(), 1);
+  ASSERT_TRUE(pid.ok()) << pid.status().message();
+  for (int i = 0; i < 800 && !fs::exists(probe_pid); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_TRUE(fs::exists(probe_pid)) << LogTail(data / "logs" / "llm-agent.log", 20);
+
+  const auto stopping = std::chrono::steady_clock::now();
+  EXPECT_FALSE(StopProcess(*pid, std::chrono::seconds(10))) << "it had to be killed";
+  EXPECT_LT(std::chrono::steady_clock::now() - stopping, std::chrono::seconds(3))
+      << LogTail(data / "logs" / "llm-agent.log", 20);
+  std::ifstream in(probe_pid);
+  pid_t probe = 0;
+  ASSERT_TRUE(in >> probe);
+  for (int i = 0; i < 200 && ::kill(probe, 0) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_NE(::kill(probe, 0), 0) << "the probe outlived the agent";
+}
+
 }  // namespace
 }  // namespace llmctl::cli
