@@ -34,6 +34,31 @@ class DaemonsTest : public ::testing::Test {
     fs::permissions(path, fs::perms::owner_all);
   }
 
+  // The built llm-agent: ctest runs tests in the source directory, and LLMCTL_BUILD_DIR names
+  // another build tree.
+  static fs::path AgentBinary() {
+    const char* build = std::getenv("LLMCTL_BUILD_DIR");
+    return fs::path(build != nullptr ? build : "build") / "agent" / "llm-agent";
+  }
+
+  // Credentials for node "local" from a CA of the test's, written where EnsureRunning writes them
+  // under `data`, and its logs directory.
+  void WriteLocalAgentCredentials(const fs::path& data) {
+    StatusOr<std::unique_ptr<rpc::CertificateAuthority>> ca =
+        rpc::CertificateAuthority::LoadOrCreate((dir_ / "ca").string());
+    ASSERT_TRUE(ca.ok()) << ca.status().message();
+    StatusOr<rpc::IssuedCertificate> issued = (*ca)->Issue(rpc::AgentCertificateName("local"), 1);
+    ASSERT_TRUE(issued.ok()) << issued.status().message();
+    v1::NodeCredentials credentials;
+    credentials.set_name("local");
+    credentials.set_certificate_pem(issued->certificate_pem);
+    credentials.set_private_key_pem(issued->private_key_pem);
+    credentials.set_ca_certificate_pem((*ca)->ca_certificate_pem());
+    credentials.set_token("a-token-for-this-test");
+    ASSERT_TRUE(WriteAgentCredentials(credentials, data / "agent" / "tls").ok());
+    fs::create_directories(data / "logs");
+  }
+
   fs::path dir_;
 };
 
@@ -212,26 +237,10 @@ TEST_F(DaemonsTest, BinariesBesideLlmctlOrInTheBuildTreeOrFromOverrides) {
 // The flags EnsureRunning passes and the credential files it writes, against the real llm-agent: it
 // must come up on D/agent.sock with them, and end on `daemon stop`.
 TEST_F(DaemonsTest, TheRealAgentStartsWithTheFlagsAndCredentialsWeWrite) {
-  // ctest runs tests in the source directory; LLMCTL_BUILD_DIR names another build tree.
-  const char* build = std::getenv("LLMCTL_BUILD_DIR");
-  const fs::path agent_binary =
-      fs::path(build != nullptr ? build : "build") / "agent" / "llm-agent";
+  const fs::path agent_binary = AgentBinary();
   ASSERT_TRUE(fs::exists(agent_binary)) << agent_binary;
-
-  StatusOr<std::unique_ptr<rpc::CertificateAuthority>> ca =
-      rpc::CertificateAuthority::LoadOrCreate((dir_ / "ca").string());
-  ASSERT_TRUE(ca.ok()) << ca.status().message();
-  StatusOr<rpc::IssuedCertificate> issued = (*ca)->Issue(rpc::AgentCertificateName("local"), 1);
-  ASSERT_TRUE(issued.ok()) << issued.status().message();
-  v1::NodeCredentials credentials;
-  credentials.set_name("local");
-  credentials.set_certificate_pem(issued->certificate_pem);
-  credentials.set_private_key_pem(issued->private_key_pem);
-  credentials.set_ca_certificate_pem((*ca)->ca_certificate_pem());
-  credentials.set_token("a-token-for-this-test");
   const fs::path data = dir_ / "data";
-  ASSERT_TRUE(WriteAgentCredentials(credentials, data / "agent" / "tls").ok());
-  fs::create_directories(data / "logs");
+  ASSERT_NO_FATAL_FAILURE(WriteLocalAgentCredentials(data));
 
   EmbeddedDaemons daemons(
       data, {fs::canonical("/bin/false"), fs::canonical(agent_binary), fs::canonical("/bin/true")});
@@ -257,24 +266,10 @@ TEST_F(DaemonsTest, TheRealAgentStartsWithTheFlagsAndCredentialsWeWrite) {
 // it kills the probe's process group and exits at once. It used to wait for the probe's end, up to
 // its 3-minute timeout, and `daemon stop` had to SIGKILL it.
 TEST_F(DaemonsTest, TheRealAgentStopsAtOnceWhileItsRateProbeRuns) {
-  const char* build = std::getenv("LLMCTL_BUILD_DIR");
-  const fs::path agent_binary =
-      fs::path(build != nullptr ? build : "build") / "agent" / "llm-agent";
+  const fs::path agent_binary = AgentBinary();
   ASSERT_TRUE(fs::exists(agent_binary)) << agent_binary;
-  StatusOr<std::unique_ptr<rpc::CertificateAuthority>> ca =
-      rpc::CertificateAuthority::LoadOrCreate((dir_ / "ca").string());
-  ASSERT_TRUE(ca.ok()) << ca.status().message();
-  StatusOr<rpc::IssuedCertificate> issued = (*ca)->Issue(rpc::AgentCertificateName("local"), 1);
-  ASSERT_TRUE(issued.ok()) << issued.status().message();
-  v1::NodeCredentials credentials;
-  credentials.set_name("local");
-  credentials.set_certificate_pem(issued->certificate_pem);
-  credentials.set_private_key_pem(issued->private_key_pem);
-  credentials.set_ca_certificate_pem((*ca)->ca_certificate_pem());
-  credentials.set_token("a-token-for-this-test");
   const fs::path data = dir_ / "data";
-  ASSERT_TRUE(WriteAgentCredentials(credentials, data / "agent" / "tls").ok());
-  fs::create_directories(data / "logs");
+  ASSERT_NO_FATAL_FAILURE(WriteLocalAgentCredentials(data));
   // A stand-in llm-train whose probe writes its pid and would take a minute.
   const fs::path trainer = dir_ / "llm-train";
   const fs::path probe_pid = dir_ / "probe.pid";

@@ -6,11 +6,15 @@
 #include <memory>
 #include <sstream>
 
+#include "tests/openstack_sim/hostile_text.h"
 #include "tests/openstack_sim/simulator.h"
 
 namespace llmctl::openstack {
 namespace {
 
+using llmctl::testing::ExpectNoControlsFromTheCloud;
+using llmctl::testing::kHostile;
+using llmctl::testing::kHostileShown;
 using llmctl::testing::Simulator;
 
 class LeaseCliTest : public ::testing::Test {
@@ -173,29 +177,6 @@ TEST_F(LeaseCliTest, NoSecretInAnyOutput) {
   EXPECT_NE(result.err.find("HTTP 401"), std::string::npos) << result.err;
   EXPECT_EQ(result.err.find(secret), std::string::npos) << result.err;
   EXPECT_EQ(result.out.find(secret), std::string::npos);
-}
-
-// A lease name anyone in a shared project can choose: an OSC title-setting escape ended by BEL, a
-// newline that would forge a line, and U+009B (CSI as a C1 control) that would clear the screen.
-constexpr char kHostile[] =
-    "evil\x1b]0;pwned\x07\n\xc2\x9b"
-    "2Jname";
-// kHostile as printed: each control character one space.
-constexpr char kHostileShown[] = "evil ]0;pwned   2Jname";
-
-// No escape, BEL or C1 control of kHostile's in `text`, and its newline not kept either: wherever
-// the name's end is, the rest of the name comes before it on the same line.
-void ExpectNoControlsFromTheCloud(const std::string& text) {
-  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
-  EXPECT_EQ(text.find('\x07'), std::string::npos) << text;
-  EXPECT_EQ(text.find("\xc2\x9b"), std::string::npos) << text;
-  const std::string_view shown = kHostileShown;
-  const std::string_view end = "2Jname";
-  for (size_t at = text.find(end); at != std::string::npos; at = text.find(end, at + 1)) {
-    const size_t begin = at + end.size() - shown.size();
-    EXPECT_TRUE(at + end.size() >= shown.size() && text.compare(begin, shown.size(), shown) == 0)
-        << text;
-  }
 }
 
 TEST_F(LeaseCliTest, ALeaseNameOrStatusFromTheCloudReachesNoTerminalRaw) {
