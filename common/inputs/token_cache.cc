@@ -178,16 +178,10 @@ auto PrepareTokensWith(const TrialConfig& config, const Place& place)
   });
 }
 
-}  // namespace
-
-StatusOr<std::string> TokenCacheLocation() {
-  ASSIGN_OR_RETURN(const fs::path base, CacheBaseDir());
-  return (base / "tokens").string();
-}
-
-StatusOr<std::string> CachedTokenFile(
-    const std::string& fingerprint, const std::function<Status(const std::string& path)>& prepare) {
-  ASSIGN_OR_RETURN(const fs::path dir, UsableTokenCacheDir());
+// CachedTokenFile's work in the cache's tokens/ directory `dir`, made and checked.
+StatusOr<std::string> CachedTokenFileIn(
+    const fs::path& dir, const std::string& fingerprint,
+    const std::function<Status(const std::string& path)>& prepare) {
   const std::string path = (dir / TokenFileName(fingerprint)).string();
   std::error_code error;
   // The directory comes from the environment: one the system cannot look into is a message.
@@ -201,6 +195,19 @@ StatusOr<std::string> CachedTokenFile(
   }
   RETURN_IF_ERROR(prepare(path));
   return path;
+}
+
+}  // namespace
+
+StatusOr<std::string> TokenCacheLocation() {
+  ASSIGN_OR_RETURN(const fs::path base, CacheBaseDir());
+  return (base / "tokens").string();
+}
+
+StatusOr<std::string> CachedTokenFile(
+    const std::string& fingerprint, const std::function<Status(const std::string& path)>& prepare) {
+  ASSIGN_OR_RETURN(const fs::path dir, UsableTokenCacheDir());
+  return CachedTokenFileIn(dir, fingerprint, prepare);
 }
 
 TokenFileRef::TokenFileRef(std::string path, std::string temporary_dir)
@@ -219,7 +226,7 @@ StatusOr<TokenFileRef> CachedOrTemporaryTokenFile(
     const std::string& fingerprint, const std::function<Status(const std::string& path)>& prepare) {
   StatusOr<fs::path> dir = UsableTokenCacheDir();
   if (dir.ok()) {
-    ASSIGN_OR_RETURN(std::string path, CachedTokenFile(fingerprint, prepare));
+    ASSIGN_OR_RETURN(std::string path, CachedTokenFileIn(*dir, fingerprint, prepare));
     return TokenFileRef(std::move(path), "");
   }
   // Said once per process: an estimate of many trials would repeat it for each.
