@@ -1,14 +1,14 @@
 #include "common/atomic_file.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <string_view>
+
+#include "common/files.h"
 
 namespace llmctl {
 namespace {
@@ -37,34 +37,20 @@ bool IsTemporaryOf(std::string_view name, std::string_view base) {
          AllDigits(numbers.substr(dot + 1));
 }
 
+// The directory `path` is in: "." for a bare name, "/" for a file at the root.
+std::string DirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
 }  // namespace
 
 StatusOr<int> RemoveAtomicWriteLeftovers(const std::string& path) {
   const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "./" : path.substr(0, slash + 1);
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  DIR* listing = ::opendir(dir.c_str());
-  if (listing == nullptr) return ErrnoError(errno, "cannot list " + dir);
-  int removed = 0;
-  Status first_error = Status::Ok();
-  while (const dirent* entry = ::readdir(listing)) {
-    if (!IsTemporaryOf(entry->d_name, base)) continue;
-    // Only a regular file: a link or a directory of that name is no temporary of ours.
-    struct stat info;
-    if (::fstatat(::dirfd(listing), entry->d_name, &info, AT_SYMLINK_NOFOLLOW) != 0 ||
-        !S_ISREG(info.st_mode)) {
-      continue;
-    }
-    if (::unlinkat(::dirfd(listing), entry->d_name, 0) == 0) {
-      ++removed;
-    } else if (first_error.ok()) {
-      first_error =
-          ErrnoError(errno, std::string("cannot remove ").append(dir).append(entry->d_name));
-    }
-  }
-  ::closedir(listing);
-  if (!first_error.ok()) return first_error;
-  return removed;
+  return RemoveLeftoverFiles(DirectoryOf(path),
+                             [&](std::string_view name) { return IsTemporaryOf(name, base); });
 }
 
 Status WriteAll(int fd, const void* data, size_t size) {
@@ -99,10 +85,7 @@ Status WriteFileAtomically(const std::string& path, const std::function<Status(i
   }
   // The rename lives in the directory: until the directory is synced, a power loss can bring back
   // the old file (a node's old token) although this call said the new one was written.
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "."
-                          : slash == 0               ? "/"
-                                                     : path.substr(0, slash);
+  const std::string dir = DirectoryOf(path);
   const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd < 0) {
     return ErrnoError(errno, "cannot write " + path + ": open " + dir + " to sync it");

@@ -1,5 +1,6 @@
 #include "common/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -113,6 +114,31 @@ std::string PathInside(const std::string& path, const std::string& dir) {
   const fs::path inside = resolved.lexically_relative(resolved_dir);
   if (inside.empty() || inside == "." || *inside.begin() == "..") return "";
   return inside.string();
+}
+
+StatusOr<int> RemoveLeftoverFiles(const std::string& dir,
+                                  const std::function<bool(std::string_view name)>& is_leftover) {
+  DIR* listing = ::opendir(dir.c_str());
+  if (listing == nullptr) return ErrnoStatus(errno, "cannot list " + dir);
+  int removed = 0;
+  Status first_error = Status::Ok();
+  while (const dirent* entry = ::readdir(listing)) {
+    if (!is_leftover(entry->d_name)) continue;
+    struct stat info;
+    if (::fstatat(::dirfd(listing), entry->d_name, &info, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(info.st_mode)) {
+      continue;
+    }
+    if (::unlinkat(::dirfd(listing), entry->d_name, 0) == 0) {
+      ++removed;
+    } else if (first_error.ok()) {
+      first_error = ErrnoStatus(
+          errno, std::string("cannot remove ").append(dir).append("/").append(entry->d_name));
+    }
+  }
+  ::closedir(listing);
+  if (!first_error.ok()) return first_error;
+  return removed;
 }
 
 StatusOr<uint64_t> AvailableBytes(std::string_view what, const std::string& dir) {

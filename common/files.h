@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <span>
@@ -61,6 +62,13 @@ StatusOr<uint64_t> AvailableBytes(std::string_view what, const std::string& dir)
 // count, so that writers that start together cannot each find the same room free).
 Status CheckRoomIn(std::string_view what, const std::string& dir, uint64_t available, int64_t size,
                    int64_t keep_free, int64_t promised = 0);
+
+// Removes the regular files directly in `dir` whose names `is_leftover` accepts (a link or a
+// directory of such a name is left alone): what a crash left of a write that never finished, for a
+// caller that alone writes there. Returns how many it removed; the first error (an unreadable
+// directory, a file it cannot remove) after trying the rest.
+StatusOr<int> RemoveLeftoverFiles(const std::string& dir,
+                                  const std::function<bool(std::string_view name)>& is_leftover);
 
 // A read-only MAP_PRIVATE mapping of a whole file, unmapped on destruction. Errors as
 // ReadFileToString. An empty file maps to an empty span.

@@ -1,6 +1,5 @@
 #include "controller/blob_store.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -37,33 +36,6 @@ bool IsPartialBlob(std::string_view name) {
   return false;
 }
 
-// Removes the partial blobs a crash left in `dir`: regular files named as IsPartialBlob says. No
-// write is in progress at Open (the daemon holds its data directory alone), so none is in use.
-void RemovePartialBlobs(const std::string& dir) {
-  DIR* listing = opendir(dir.c_str());
-  if (listing == nullptr) {
-    spdlog::warn("blobs: cannot list {}: {}", dir, std::strerror(errno));
-    return;
-  }
-  int removed = 0;
-  while (const dirent* entry = readdir(listing)) {
-    if (!IsPartialBlob(entry->d_name)) continue;
-    struct stat info;
-    if (fstatat(dirfd(listing), entry->d_name, &info, AT_SYMLINK_NOFOLLOW) != 0 ||
-        !S_ISREG(info.st_mode)) {
-      continue;
-    }
-    if (unlinkat(dirfd(listing), entry->d_name, 0) == 0) {
-      ++removed;
-    } else {
-      spdlog::warn("blobs: cannot remove the partial blob {}/{}: {}", dir, entry->d_name,
-                   std::strerror(errno));
-    }
-  }
-  closedir(listing);
-  if (removed > 0) spdlog::info("blobs: removed {} partial blobs a crash left in {}", removed, dir);
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& root,
@@ -78,7 +50,13 @@ StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& root,
                                      (error ? error.message() : std::strerror(errno)));
     }
   }
-  RemovePartialBlobs(root + "/blobs");
+  // No write is in progress at Open (the daemon holds its data directory alone), so what is named
+  // as a partial blob is one a crash left.
+  if (StatusOr<int> removed = RemoveLeftoverFiles(root + "/blobs", IsPartialBlob); !removed.ok()) {
+    spdlog::warn("blobs: partial blobs a crash left: {}", removed.status().ToString());
+  } else if (*removed > 0) {
+    spdlog::info("blobs: removed {} partial blobs a crash left in {}/blobs", *removed, root);
+  }
   if (free_space == nullptr) free_space = AvailableBytes;
   return std::unique_ptr<BlobStore>(new BlobStore(root, keep_free_bytes, std::move(free_space)));
 }
