@@ -137,6 +137,8 @@ std::string InputTreeDigest(const v1::InputTree& tree) {
 StatusOr<InputTreeBuilder::FileDigest> InputTreeBuilder::Digest(int fd, const struct stat& st,
                                                                 const fs::path& upload_path,
                                                                 const fs::path& shown) {
+  if (contents_ == FileContents::kWalkedOnly)
+    return FileDigest{"", static_cast<int64_t>(st.st_size)};
   const std::pair<dev_t, ino_t> identity{st.st_dev, st.st_ino};
   if (auto it = digests_.find(identity); it != digests_.end()) return it->second;
   ASSIGN_OR_RETURN(Sha256AndSize hashed, HashDescriptor(fd, shown));

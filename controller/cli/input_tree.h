@@ -65,10 +65,21 @@ std::string PrintablePath(std::string_view path);
 // digest::TreeDigest of `tree.files`, in their order.
 std::string InputTreeDigest(const v1::InputTree& tree);
 
+// What a builder does with each file the walk accepts.
+enum class FileContents {
+  kHashed,      // its bytes hashed: the tree is what submit sends
+  kWalkedOnly,  // its size taken, its bytes left unread, its sha256 empty (the tree's digest names
+                // no content then): the walk's refusals alone, for a file that is only checked
+                // (plan --write), where hashing a model's gigabytes would be paid again by the
+                // submit that follows
+};
+
 // Builds trees and remembers every file it hashed, so a file shared by several trees (or named
 // twice) is read once per builder; one builder per submit. Not thread-safe.
 class InputTreeBuilder {
  public:
+  explicit InputTreeBuilder(FileContents contents = FileContents::kHashed) : contents_(contents) {}
+
   // The tree for a file or a directory, files sorted by path (byte order). InvalidArgument for
   // what the walk refuses (see above) and for a directory with no files; NotFound when `path`
   // does not exist. `hidden`, when given, gets the hidden entries the walk left out, relative to
@@ -76,7 +87,8 @@ class InputTreeBuilder {
   StatusOr<v1::InputTree> Build(const std::filesystem::path& path,
                                 std::vector<std::string>* hidden = nullptr);
 
-  // Every blob of the trees built so far: sha256 → a local file with those bytes.
+  // Every blob of the trees built so far: sha256 → a local file with those bytes (none when
+  // kWalkedOnly).
   const std::map<std::string, HashedFile>& blobs() const { return blobs_; }
 
  private:
@@ -107,6 +119,7 @@ class InputTreeBuilder {
                  const std::filesystem::path& shown, std::string relative_path,
                  v1::InputTree& tree);
 
+  FileContents contents_;
   std::map<std::pair<dev_t, ino_t>, FileDigest> digests_;  // by the file's identity
   std::map<std::string, HashedFile> blobs_;
 };

@@ -250,6 +250,36 @@ TEST_F(InputTreeTest, SubmitInputsNameTheHiddenEntriesLeftOut) {
                                         "the experiment file names it)"});
 }
 
+// plan --write checks what submit will send without hashing it (submit hashes it again): the walk's
+// files with their sizes and no digests, no blobs to upload, and the walk's refusals unchanged.
+TEST_F(InputTreeTest, AWalkedOnlyBuilderReadsNoBytesAndRefusesWhatTheWalkRefuses) {
+  Write("exp/model/config.json", "abc");
+  Write("exp/model/weights.bin", std::string(5000, 'w'));
+  Write("exp/train.jsonl", "abc");
+  InputTreeBuilder walker(FileContents::kWalkedOnly);
+  StatusOr<v1::InputTree> walked = walker.Build(root_ / "exp" / "model");
+  ASSERT_TRUE(walked.ok()) << walked.status().message();
+  ASSERT_EQ(walked->files_size(), 2);
+  EXPECT_EQ(walked->files(0).path(), "config.json");
+  EXPECT_EQ(walked->files(0).size(), 3);
+  EXPECT_EQ(walked->files(0).sha256(), "");
+  EXPECT_EQ(walked->files(1).size(), 5000);
+  EXPECT_EQ(walked->files(1).sha256(), "");
+  EXPECT_TRUE(walker.blobs().empty());
+
+  const std::string file = (root_ / "exp" / "lab.yaml").string();
+  StatusOr<Experiment> as_written = ParseExperiment("model: model\ndata: {path: train.jsonl}\n",
+                                                    file, {.resolve_local_paths = false});
+  ASSERT_TRUE(as_written.ok()) << as_written.status().message();
+  EXPECT_TRUE(CheckInputPaths(*as_written, file).ok());
+  Write("secret/id_rsa", "private key");
+  fs::create_symlink(root_ / "secret" / "id_rsa", root_ / "exp" / "model" / "x");
+  const Status checked = CheckInputPaths(*as_written, file);
+  EXPECT_EQ(checked.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(checked.message(), CollectInputs(*as_written, file).status().message());
+  EXPECT_NE(checked.message().find("a symbolic link to"), std::string::npos) << checked.message();
+}
+
 // A name the controller refuses (a line break, a control character) or that a proto string cannot
 // hold (not UTF-8) fails the walk, naming the local path printably, before anything is uploaded:
 // the controller refused it only after every upload, and protobuf's refusal had no message.

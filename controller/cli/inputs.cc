@@ -42,11 +42,10 @@ Status UploadBlob(v1::Controller::StubInterface& stub, const std::string& sha256
   return sent.WithContext("uploading " + file.path.string());
 }
 
-}  // namespace
-
-StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_view filename) {
+// CollectInputs with `builder`.
+StatusOr<SubmitInputs> CollectInputsWith(const Experiment& as_written, std::string_view filename,
+                                         InputTreeBuilder& builder) {
   SubmitInputs inputs;
-  InputTreeBuilder builder;
   std::set<std::string> looked_at;
   for (const Trial& trial : as_written.trials) {
     for (const KeySpec& spec : TrialKeys()) {
@@ -88,6 +87,18 @@ StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_v
   }
   inputs.blobs = builder.blobs();
   return inputs;
+}
+
+}  // namespace
+
+StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_view filename) {
+  InputTreeBuilder builder(FileContents::kHashed);
+  return CollectInputsWith(as_written, filename, builder);
+}
+
+Status CheckInputPaths(const Experiment& as_written, std::string_view filename) {
+  InputTreeBuilder builder(FileContents::kWalkedOnly);
+  return CollectInputsWith(as_written, filename, builder).status();
 }
 
 Status CheckLocalInputs(const Experiment& checked, std::string_view filename) {

@@ -34,6 +34,10 @@ struct SubmitInputs {
 // written, and so are the notices of hidden entries it left out.
 StatusOr<SubmitInputs> CollectInputs(const Experiment& as_written, std::string_view filename);
 
+// What CollectInputs would refuse, and nothing else: the same walk, with no file's bytes read
+// (FileContents::kWalkedOnly). For a file that is written and not sent (plan --write).
+Status CheckInputPaths(const Experiment& as_written, std::string_view filename);
+
 // Checks the contents of every local input of every trial of `checked` (parsed with
 // resolve_local_paths = true) as llm-train will read them (TrialInputsChecker): records parsed and
 // counted, tokenizer loaded, model config and safetensors headers read, not the weights. Errors

@@ -327,8 +327,9 @@ std::string FlagHint(const std::string& message, const PlanOptions& o) {
   return "";
 }
 
-// The written file's inputs checked as `llmctl submit` checks them (CollectInputs, then
-// CheckLocalInputs), so that plan never writes a file submit refuses.
+// The written file's inputs checked as `llmctl submit` checks them (CollectInputs' walk, then
+// CheckLocalInputs), so that plan never writes a file submit refuses; their bytes are hashed by
+// that submit, not here.
 Status CheckSubmittable(const std::string& yaml, const PlanOptions& o) {
   std::error_code error;
   const fs::path absolute = fs::absolute(o.write, error);
@@ -340,7 +341,7 @@ Status CheckSubmittable(const std::string& yaml, const PlanOptions& o) {
       ParseExperiment(yaml, file, {.resolve_local_paths = false, .output_dir_in_run = true});
   Status refused = !checked.ok()      ? checked.status()
                    : !as_written.ok() ? as_written.status()
-                                      : CollectInputs(*as_written, file).status();
+                                      : CheckInputPaths(*as_written, file);
   if (refused.ok()) refused = CheckLocalInputs(*checked, file);
   if (refused.ok()) return Status::Ok();
   return InvalidArgumentError("--write " + o.write +
