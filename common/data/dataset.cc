@@ -132,6 +132,14 @@ StatusOr<std::vector<Record>> ParseJsonl(std::string_view content, std::string_v
     try {
       value = Json::parse(line);
     } catch (const Json::exception& e) {
+      // A CR alone is JSON whitespace, so a file whose lines end in it (classic Mac OS) reads as
+      // one line and fails at its second record: say so, not where the parser stopped.
+      if (const size_t cr = line.find('\r'); cr != std::string_view::npos) {
+        return InvalidArgumentError(
+            where + ": a carriage return without a line feed at column " + std::to_string(cr + 1) +
+            " and the line is not one JSON object: JSON Lines records end in LF or CRLF, not in "
+            "CR alone (classic Mac OS line ends); convert the file's line ends to LF");
+      }
       return InvalidArgumentError(where + ": invalid JSON at " + JsonErrorText(e));
     }
     if (!value.is_object()) {

@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/status.h"
 #include "common/data/text_encoder.h"
+#include "common/status.h"
 
 namespace llmctl::data {
 
@@ -33,9 +33,11 @@ struct Record {
   int64_t line = 0;         // 1-based line in the source file
 };
 
-// Parses JSON Lines. Blank lines are skipped; CRLF line ends and a UTF-8 byte-order mark are
-// accepted. Errors name `file_name`:line ("data.jsonl:17: missing field 'output'"); an input
-// without records is an error. Fields other than the format's are ignored.
+// Parses JSON Lines. Blank lines are skipped; LF and CRLF line ends (mixed too) and a UTF-8
+// byte-order mark are accepted. Lines end at LF only, as in the datasets library: a line that
+// holds a CR alone and is not valid JSON (a file with classic Mac OS line ends) is refused as such.
+// Errors name `file_name`:line ("data.jsonl:17: missing field 'output'"); an input without records
+// is an error. Fields other than the format's are ignored.
 StatusOr<std::vector<Record>> ParseJsonl(std::string_view content, std::string_view file_name,
                                          DatasetFormat format);
 StatusOr<std::vector<Record>> LoadJsonl(const std::string& path, DatasetFormat format);

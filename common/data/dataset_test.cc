@@ -99,6 +99,44 @@ TEST(DatasetTest, AcceptsCrlfBomAndNoFinalNewline) {
   EXPECT_EQ((*records)[1].line, 3);
 }
 
+TEST(DatasetTest, MixedLfAndCrlfLinesReadAlike) {
+  auto records = ParseJsonl("{\"text\": \"a\"}\n{\"text\": \"b\"}\r\n\r\n{\"text\": \"c\"}\n",
+                            "mem.jsonl", DatasetFormat::kText);
+  ASSERT_TRUE(records.ok()) << records.status().ToString();
+  ASSERT_EQ(records->size(), 3u);
+  EXPECT_EQ((*records)[1].text, "b");
+  EXPECT_EQ((*records)[2].text, "c");
+  EXPECT_EQ((*records)[2].line, 4);
+}
+
+TEST(DatasetTest, LinesEndingInACarriageReturnAloneAreRefusedAsSuch) {
+  // Classic Mac OS line ends: without the check, "invalid JSON at column 14: syntax error ...".
+  auto records = ParseJsonl("{\"text\": \"a\"}\r{\"text\": \"b\"}\r{\"text\": \"c\"}\r",
+                            "mac.jsonl", DatasetFormat::kText);
+  ASSERT_FALSE(records.ok());
+  EXPECT_EQ(records.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(records.status().message(),
+            "mac.jsonl:1: a carriage return without a line feed at column 14 and the line is not "
+            "one JSON object: JSON Lines records end in LF or CRLF, not in CR alone (classic Mac "
+            "OS line ends); convert the file's line ends to LF");
+
+  // Among LF lines, the line that holds them is named.
+  records = ParseJsonl("{\"text\": \"a\"}\n{\"text\": \"b\"}\r{\"text\": \"c\"}\n", "mixed.jsonl",
+                       DatasetFormat::kText);
+  ASSERT_FALSE(records.ok());
+  EXPECT_TRUE(records.status().message().starts_with(
+      "mixed.jsonl:2: a carriage return without a line feed at column 14"))
+      << records.status().message();
+
+  // A CR that ends the file, or sits between a record's tokens, is JSON whitespace: read.
+  records = ParseJsonl("{\"text\": \"a\"}\r", "one.jsonl", DatasetFormat::kText);
+  ASSERT_TRUE(records.ok()) << records.status().ToString();
+  EXPECT_EQ(records->size(), 1u);
+  records = ParseJsonl("{\"text\":\r\"a\"}\n", "inside.jsonl", DatasetFormat::kText);
+  ASSERT_TRUE(records.ok()) << records.status().ToString();
+  EXPECT_EQ((*records)[0].text, "a");
+}
+
 struct BrokenCase {
   const char* file;
   DatasetFormat format;
@@ -153,7 +191,8 @@ TEST(DatasetTest, AJsonErrorMessageIsUtf8WhereTheParserStoppedInsideACharacter) 
   for (const char* lead : {"", "x"}) {
     std::string umlauts;
     for (int i = 0; i < 150; ++i) umlauts += "\xC3\xBC";
-    lines.push_back("{\"instruction\": \"" + std::string(lead) + umlauts + "\t\", \"output\": \"b\"}");
+    lines.push_back("{\"instruction\": \"" + std::string(lead) + umlauts +
+                    "\t\", \"output\": \"b\"}");
   }
   for (const std::string& line : lines) {
     auto records = ParseJsonl(line + "\n", "mem.jsonl", DatasetFormat::kAlpaca);
