@@ -67,23 +67,31 @@ StatusOr<UniqueFd> OpenRegularFileAt(int dir_fd, const std::string& name, const 
 }
 
 StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
+  std::string data;
+  RETURN_IF_ERROR(ReadFileInPieces(path, [&](std::string_view piece) {
+    data.append(piece);
+    if (data.size() > max_bytes) {
+      return DataLossError(path + " is larger than " + std::to_string(max_bytes) + " bytes");
+    }
+    return Status::Ok();
+  }));
+  return data;
+}
+
+Status ReadFileInPieces(const std::string& path,
+                        const std::function<Status(std::string_view piece)>& on_piece) {
   struct stat st;
   ASSIGN_OR_RETURN(const UniqueFd fd, OpenRegularFile(path, st));
-  std::string data;
-  char buf[1 << 16];
+  char buf[kFilePieceBytes];
   while (true) {
     const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoStatus(errno, "cannot read " + path);
     }
-    if (n == 0) break;
-    data.append(buf, static_cast<size_t>(n));
-    if (data.size() > max_bytes) {
-      return DataLossError(path + " is larger than " + std::to_string(max_bytes) + " bytes");
-    }
+    if (n == 0) return Status::Ok();
+    RETURN_IF_ERROR(on_piece(std::string_view(buf, static_cast<size_t>(n))));
   }
-  return data;
 }
 
 StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {

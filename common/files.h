@@ -26,6 +26,13 @@ namespace llmctl {
 StatusOr<std::string> ReadFileToString(const std::string& path,
                                        size_t max_bytes = std::numeric_limits<size_t>::max());
 
+// The file's bytes in order, handed to `on_piece` at most kFilePieceBytes at a time, so that a
+// file of any size is read in that much memory. Errors as ReadFileToString's (opening, reading),
+// or the first that `on_piece` returns, which ends the reading.
+inline constexpr size_t kFilePieceBytes = size_t{1} << 16;
+Status ReadFileInPieces(const std::string& path,
+                        const std::function<Status(std::string_view piece)>& on_piece);
+
 // A descriptor (the caller closes it) of `path` opened read-only, and its stat in `st`, when it is
 // a regular file: InvalidArgument for anything else (a FIFO, a device such as /dev/zero, a
 // directory: refused at once, never waited on or read for ever) and, with `follow_links` false, for

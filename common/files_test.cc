@@ -1,13 +1,15 @@
-// CheckRoomFor: what fits on a filesystem, with what llmctl keeps free of it and what writes in
-// progress were promised.
+// ReadFileInPieces: a file in bounded pieces. CheckRoomFor: what fits on a filesystem, with what
+// llmctl keeps free of it and what writes in progress were promised.
 #include "common/files.h"
 
 #include <gtest/gtest.h>
 #include <sys/statvfs.h>
 
 #include <cstdint>
+#include <fstream>
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace llmctl {
 namespace {
@@ -63,6 +65,41 @@ TEST(CheckRoomForTest, AMissingDirectoryIsNotFound) {
   EXPECT_EQ(missing.code(), StatusCode::kNotFound);
   EXPECT_NE(missing.message().find("upload: cannot read the free space of "), std::string::npos)
       << missing.message();
+}
+
+TEST(ReadFileInPiecesTest, PiecesAreTheFileInOrderAndBounded) {
+  const std::string path = testing::TempDir() + "/pieces.bin";
+  std::string content;
+  for (size_t i = 0; i < 2 * kFilePieceBytes + 17; ++i) content += static_cast<char>('a' + i % 26);
+  std::ofstream(path, std::ios::binary) << content;
+
+  std::string joined;
+  std::vector<size_t> sizes;
+  ASSERT_TRUE(ReadFileInPieces(path, [&](std::string_view piece) {
+                joined.append(piece);
+                sizes.push_back(piece.size());
+                return Status::Ok();
+              }).ok());
+  EXPECT_EQ(joined, content);
+  EXPECT_GE(sizes.size(), 3u);
+  for (size_t size : sizes) EXPECT_LE(size, kFilePieceBytes);
+  EXPECT_EQ(*ReadFileToString(path), content);
+}
+
+TEST(ReadFileInPiecesTest, AnErrorFromThePieceEndsTheReading) {
+  const std::string path = testing::TempDir() + "/pieces-stop.bin";
+  std::ofstream(path, std::ios::binary) << std::string(3 * kFilePieceBytes, 'x');
+  int pieces = 0;
+  const Status status = ReadFileInPieces(path, [&](std::string_view) {
+    ++pieces;
+    return InvalidArgumentError("enough");
+  });
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(pieces, 1);
+  EXPECT_EQ(ReadFileInPieces(testing::TempDir() + "/no-such-file",
+                             [](std::string_view) { return Status::Ok(); })
+                .code(),
+            StatusCode::kNotFound);
 }
 
 }  // namespace
