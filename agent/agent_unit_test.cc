@@ -10,6 +10,8 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <stop_token>
+#include <thread>
 
 #include "agent/hub_listing.h"
 #include "agent/input_cache.h"
@@ -23,6 +25,7 @@
 #include "agent/trial_file.h"
 #include "common/digest/digest.h"
 #include "common/experiment.h"
+#include "common/files.h"
 #include "common/nvml/fake_gpu_probe.h"
 
 namespace llmctl::agent {
@@ -490,7 +493,9 @@ nvml::FakeGpuProbe TwoGpus() {
 
 TEST(NodeInfoTest, GpusAndTheDriverComeFromNvml) {
   nvml::FakeGpuProbe gpus = TwoGpus();
-  const NodeFacts facts = ProbeNode("/nonexistent/llm-train", &gpus);
+  const StatusOr<NodeFacts> probed = ProbeNode("/nonexistent/llm-train", &gpus);
+  ASSERT_TRUE(probed.ok()) << probed.status().ToString();
+  const NodeFacts& facts = *probed;
   ASSERT_EQ(facts.devices.size(), 2u);
   EXPECT_EQ(facts.devices[0].type, "cuda");
   EXPECT_EQ(facts.devices[0].name, "NVIDIA H100 80GB HBM3");
@@ -504,7 +509,9 @@ TEST(NodeInfoTest, GpusAndTheDriverComeFromNvml) {
 }
 
 TEST(NodeInfoTest, WithoutNvmlTheNodeIsOneCpu) {
-  const NodeFacts facts = ProbeNode("/nonexistent/llm-train", nullptr);
+  const StatusOr<NodeFacts> probed = ProbeNode("/nonexistent/llm-train", nullptr);
+  ASSERT_TRUE(probed.ok()) << probed.status().ToString();
+  const NodeFacts& facts = *probed;
   EXPECT_GT(facts.cpu_count, 0);
   EXPECT_GT(facts.host_memory_bytes, 0);
   ASSERT_EQ(facts.devices.size(), 1u);
@@ -537,10 +544,47 @@ TEST(NodeInfoTest, TrainerVersionsComeFromItsJson) {
   }
   fs::permissions(trainer, fs::perms::owner_all);
   nvml::FakeGpuProbe gpus = TwoGpus();
-  const NodeFacts facts = ProbeNode(trainer.string(), &gpus);
+  const StatusOr<NodeFacts> probed = ProbeNode(trainer.string(), &gpus);
+  ASSERT_TRUE(probed.ok()) << probed.status().ToString();
+  const NodeFacts& facts = *probed;
   EXPECT_EQ(facts.trainer_version, "llm-train 0.4.0 (LibTorch 2.15.0, no CUDA device)");
   EXPECT_EQ(facts.libtorch_version, "2.15.0");
   EXPECT_EQ(facts.libtorch_cuda_version, "13.2");
+  fs::remove_all(dir);
+}
+
+// The agent stopping (SIGTERM) while llm-train --version runs at its start: the trainer's process
+// group is killed and the probe ends Cancelled, instead of the agent waiting out the probe's
+// 20-second timeout.
+TEST(NodeInfoTest, StoppingEndsTheTrainersVersionProbe) {
+  const fs::path dir = FreshDir("node_info_stop");
+  const fs::path trainer = dir / "llm-train";
+  const fs::path pid_file = dir / "helper.pid";
+  // A trainer that hangs in a helper process of its own, whose pid it writes.
+  std::ofstream(trainer) << "#!/bin/sh\nsleep 60 &\necho $! > '" << pid_file.string()
+                         << "'\nwait\n";
+  fs::permissions(trainer, fs::perms::owner_all);
+  std::stop_source stop;
+  std::thread stopper([&] {
+    StatusOr<std::string> pid_text = NotFoundError("");
+    while (!(pid_text = ReadFileToString(pid_file.string(), 64)).ok() ||
+           !pid_text->ends_with("\n")) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    stop.request_stop();
+  });
+  const auto started = std::chrono::steady_clock::now();
+  const StatusOr<NodeFacts> probed = ProbeNode(trainer.string(), nullptr, stop.get_token());
+  stopper.join();
+  EXPECT_EQ(probed.status().code(), StatusCode::kCancelled) << probed.status().ToString();
+  // Sanity only: the probe's own timeout is 20 s.
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(15));
+  // The helper went with its group: gone, or a zombie until init reaps it (no start time then).
+  const pid_t helper = std::stoi(*ReadFileToString(pid_file.string(), 64));
+  for (int i = 0; i < 200 && ProcessStartTime(helper).has_value(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(ProcessStartTime(helper).has_value()) << "the trainer's helper outlived the probe";
   fs::remove_all(dir);
 }
 

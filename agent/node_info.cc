@@ -56,14 +56,15 @@ StatusOr<int64_t> ParseMemTotal(std::string_view meminfo) {
   return InvalidArgumentError("/proc/meminfo has no readable MemTotal line");
 }
 
-NodeFacts ProbeNode(const std::string& llm_train) {
+StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, std::stop_token stop) {
   auto nvml = nvml::OpenNvml();
   // Without NVML this is a CPU node; the reason goes to the log.
   if (!nvml.ok()) std::cerr << "llm-agent: a CPU node: " << nvml.status().message() << std::endl;
-  return ProbeNode(llm_train, nvml.ok() ? nvml->get() : nullptr);
+  return ProbeNode(llm_train, nvml.ok() ? nvml->get() : nullptr, std::move(stop));
 }
 
-NodeFacts ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus) {
+StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus,
+                              std::stop_token stop) {
   NodeFacts facts;
   facts.cpu_count = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
   if (auto meminfo = ReadFileToString("/proc/meminfo", 1 << 20); meminfo.ok()) {
@@ -83,7 +84,8 @@ NodeFacts ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus) {
   if (facts.devices.empty()) {
     facts.devices.push_back(DeviceInfo{"cpu", 0, CpuModelName(), facts.host_memory_bytes});
   }
-  auto version = RunCommand({llm_train, "--version", "--json"}, kProbeTimeout);
+  auto version = RunCommand({llm_train, "--version", "--json"}, kProbeTimeout, std::move(stop));
+  if (version.status().code() == StatusCode::kCancelled) return version.status();
   if (version.ok() && version->exit_code == 0) {
     if (auto trainer = ParseTrainerVersions(Trim(version->stdout_text)); trainer.ok()) {
       facts.trainer_version = trainer->Summary();

@@ -4,6 +4,7 @@
 #define LLMCTL_AGENT_NODE_INFO_H_
 
 #include <cstdint>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,10 +34,13 @@ struct NodeFacts {
 };
 
 // The GPUs through NVML (nvml::OpenNvml) when it loads, else one cpu device with the host's
-// memory; the driver's versions; `llm_train --version --json`.
-NodeFacts ProbeNode(const std::string& llm_train);
+// memory; the driver's versions; `llm_train --version --json` (its process group killed within
+// about 50 ms of `stop` being requested: the agent stopping waits for no trainer). Cancelled when
+// `stop` ended it; a trainer that fails or does not answer leaves its versions "".
+StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, std::stop_token stop = {});
 // The same with the GPUs from `gpus`; null: a machine without NVML.
-NodeFacts ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus);
+StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus,
+                              std::stop_token stop = {});
 
 // Each GPU NVML lists as a cuda device: its index, name and total memory. The first call that
 // fails ends the list with its error.

@@ -4,11 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <fstream>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <stop_token>
 #include <thread>
 
 #include "agent/artifact_files.h"
@@ -123,13 +124,16 @@ class AgentService final : public pb::Agent::Service {
   // comes right after the agent starts, finds the facts ready instead of waiting for llm-train to
   // load LibTorch; then its rates, kept or measured once no trial runs.
   void StartProbe() {
-    probe_thread_ = std::thread([this] { rates_.Start(Probe()); });
+    probe_thread_ = std::thread([this] {
+      if (const StatusOr<NodeFacts>& facts = Probe(); facts.ok()) rates_.Start(*facts);
+    });
   }
 
-  // Ends the streams that follow running runs (within one poll interval) and a rate probe in
-  // progress (its process group killed), which would otherwise hold up the agent's exit.
+  // Ends the streams that follow running runs (within one poll interval) and the node's probes in
+  // progress, llm-train --version and the rate probe (their process groups killed), which would
+  // otherwise hold up the agent's exit.
   void Stop() {
-    stopping_ = true;
+    stop_.request_stop();
     rates_.Stop();
   }
 
@@ -147,7 +151,9 @@ class AgentService final : public pb::Agent::Service {
                            pb::NodeInfo* response) override {
     // The controller calls this as its health check; the facts do not change while the agent runs,
     // and probing them loads NVML and runs llm-train (which loads LibTorch), so probe once.
-    const NodeFacts& facts = Probe();
+    const StatusOr<NodeFacts>& probed = Probe();
+    if (!probed.ok()) return rpc::ToGrpcStatus(probed.status());
+    const NodeFacts& facts = *probed;
     response->set_node(rpc::AgentCertificateName(node_));
     for (const DeviceInfo& device : facts.devices) {
       pb::Device* out = response->add_devices();
@@ -326,7 +332,7 @@ class AgentService final : public pb::Agent::Service {
         writer->Write(item);
         return grpc::Status::OK;
       }
-      if (stopping_) {
+      if (stop_.stop_requested()) {
         return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the agent is shutting down");
       }
       // More to read at once (lines came, or a reader stopped at its budget): no wait.
@@ -488,14 +494,15 @@ class AgentService final : public pb::Agent::Service {
   const std::string node_;
   const std::string llm_train_;
   // The facts do not change while the agent runs, and probing them loads NVML and runs llm-train
-  // (which loads LibTorch): probed once.
-  const NodeFacts& Probe() {
-    std::call_once(probe_once_, [this] { facts_ = ProbeNode(llm_train_); });
-    return facts_;
+  // (which loads LibTorch): probed once. Cancelled when the agent stopped first.
+  const StatusOr<NodeFacts>& Probe() {
+    std::call_once(probe_once_,
+                   [this] { facts_.emplace(ProbeNode(llm_train_, stop_.get_token())); });
+    return *facts_;
   }
 
   std::once_flag probe_once_;
-  NodeFacts facts_;
+  std::optional<StatusOr<NodeFacts>> facts_;  // set once, by Probe
   std::thread probe_thread_;
   const std::chrono::milliseconds poll_interval_;
   InputCache* const cache_;
@@ -503,7 +510,7 @@ class AgentService final : public pb::Agent::Service {
   RunManager* const runs_;
   NodeRates rates_;
   const std::unique_ptr<CertificateRenewer> renewer_;  // null: fixed credentials
-  std::atomic<bool> stopping_ = false;
+  std::stop_source stop_;                              // requested by Stop()
 };
 
 StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) {
