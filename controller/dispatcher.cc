@@ -94,7 +94,10 @@ void Dispatcher::Tick() {
   running = store.ListRunningAttempts();
   if (running.ok()) placement_.PlaceQueued(*running, now);
   running = store.ListRunningAttempts();
-  if (running.ok()) streams_.Follow(*running, now);
+  if (running.ok()) {
+    streams_.Follow(*running, now);
+    checkpoints_.Reclaim(*running);
+  }
 }
 
 void Dispatcher::DeclareLost(const dispatch::AttemptKey& attempt,
@@ -175,6 +178,7 @@ int Dispatcher::ActiveStreams() { return streams_.Active(); }
 int Dispatcher::HubPreparationsInFlight() { return hub_models_.InFlight(); }
 int Dispatcher::BlobDeliveriesInFlight() { return deliveries_.InFlight(); }
 int Dispatcher::CheckpointCopiesInFlight() { return checkpoints_.InFlight(); }
+int Dispatcher::CheckpointCopiesHeld() { return checkpoints_.Held(); }
 std::string Dispatcher::NodeNotice(const std::string& node) { return leases_.Notice(node); }
 std::string Dispatcher::NodeUnusable(const std::string& node) { return links_.Unusable(node); }
 std::string Dispatcher::QueuedNotice(int64_t trial_id) { return placement_.QueuedNotice(trial_id); }

@@ -151,6 +151,8 @@ class Dispatcher {
   int BlobDeliveriesInFlight();
   // How many checkpoint copies to the controller are in flight now (for tests).
   int CheckpointCopiesInFlight();
+  // How many checkpoint copies' threads it holds, finished or not (for tests).
+  int CheckpointCopiesHeld();
 
   // A warning about `node` for the trials running there ("" when none): its lease ends soon.
   std::string NodeNotice(const std::string& node);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include "common/digest/digest.h"
@@ -240,6 +241,34 @@ StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attemp
   RETURN_IF_ERROR(core_.blobs.PutTree(tree));
   RETURN_IF_ERROR(store.SetCheckpointTree(attempt.trial_id, attempt.attempt, tree.digest));
   return tree.digest;
+}
+
+void CheckpointCopies::Reclaim(const std::vector<store::RunningAttempt>& running) {
+  std::set<AttemptKey> still_running;
+  for (const store::RunningAttempt& attempt : running) {
+    still_running.emplace(attempt.trial_id, attempt.attempt);
+  }
+  std::vector<std::thread> finished;
+  {
+    MutexLock lock(core_.mutex);
+    std::erase_if(stops_, [&](const auto& entry) { return !still_running.contains(entry.first); });
+    for (auto copy = copies_.begin(); copy != copies_.end();) {
+      auto& [thread, done] = copy->second;
+      if (!done || still_running.contains(copy->first)) {
+        ++copy;
+        continue;
+      }
+      finished.push_back(std::move(thread));
+      copy = copies_.erase(copy);
+    }
+  }
+  // Outside the lock: each set `done` in its last hold of the mutex and has only to return.
+  for (std::thread& thread : finished) thread.join();
+}
+
+int CheckpointCopies::Held() {
+  MutexLock lock(core_.mutex);
+  return static_cast<int>(copies_.size());
 }
 
 int CheckpointCopies::InFlight() {

@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "common/digest/digest.h"
 #include "common/result_event.h"
@@ -58,8 +59,15 @@ class CheckpointCopies {
   std::optional<std::string> OnEnded(const store::RunningAttempt& attempt,
                                      const std::string& trial_name, const std::string& outcome,
                                      const std::string& result_json);
+  // The round, with the attempts running now: forgets the attempts that are not, joining their
+  // finished copies' threads. A running attempt keeps its entries, so that an end read again
+  // (its FinishAttempt failed and its stream was reopened) neither copies twice nor loses why it
+  // stopped. Only the round thread calls it, after the parts that start attempts.
+  void Reclaim(const std::vector<store::RunningAttempt>& running);
   // How many copies are in flight now (for tests).
   int InFlight();
+  // How many copies' threads it holds, finished or not (for tests).
+  int Held();
   // Waits for the copies (Dispatcher::Stop, after `stopping` and after the stream readers, which
   // start copies, have stopped); running ones see `stopping` at their next chunk.
   void Stop();
@@ -80,9 +88,10 @@ class CheckpointCopies {
 
   DispatcherCore& core_;
   const ArtifactFetcher& artifacts_;
-  // Attempts stopped with a checkpoint → why.
+  // Attempts stopped with a checkpoint → why; erased by Reclaim once the attempt has ended.
   std::map<AttemptKey, std::string> stops_ LLMCTL_GUARDED_BY(core_.mutex);
-  // Copies → their thread and whether it is done; joined by Stop.
+  // Copies → their thread and whether it is done; joined by Reclaim once done and its attempt has
+  // ended, and by Stop.
   std::map<AttemptKey, std::pair<std::thread, bool>> copies_ LLMCTL_GUARDED_BY(core_.mutex);
 };
 

@@ -175,6 +175,30 @@ TEST_F(CheckpointCopyTest, ACheckpointThatCannotBeCopiedIsResumedOnlyOnItsNode) 
   EXPECT_EQ(request.resume_from().checkpoint(), "/ckpt/step-1");
 }
 
+// Each copy has a thread: once the copy is done and its trial has ended, the round joins it, so a
+// controller that copies checkpoints for months does not keep a finished thread for each.
+TEST_F(CheckpointCopyTest, TheRoundForgetsCopiesThatAreDoneOnceTheirTrialsHaveEnded) {
+  agent_state_.checkpoint_files = kCheckpointFiles;
+  agent_state_.cancel_lines = {
+      R"({"type":"result","outcome":"cancelled","checkpoint":{"step":0,"path":")" +
+      std::string(kCheckpoint) + R"("}})"};
+  constexpr size_t kCopies = 3;
+  for (size_t copy = 1; copy <= kCopies; ++copy) {
+    const int64_t experiment = SubmitOneThatKeepsRunning();
+    ASSERT_TRUE(daemon_->dispatcher().Cancel(experiment, "one", /*checkpoint=*/true).ok());
+    ASSERT_TRUE(
+        Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
+    ASSERT_TRUE(Eventually([&] {
+      std::lock_guard lock(agent_state_.mutex);
+      return agent_state_.fetched_paths.size() == copy;
+    }));
+    ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().CheckpointCopiesInFlight() == 0; }));
+  }
+  EXPECT_GE(daemon_->dispatcher().CheckpointCopiesHeld(), 1);
+  Tick();
+  EXPECT_EQ(daemon_->dispatcher().CheckpointCopiesHeld(), 0);
+}
+
 // A 2-node fsdp checkpoint of 2 ranks a node: node rank 0's whole directory and node rank 1's
 // ranks' shards make one tree; a node's stray file, or a rank's missing shard, is named.
 TEST(MergeNodeCheckpointsTest, TakesEachNodesOwnRanksShards) {
