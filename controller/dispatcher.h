@@ -149,6 +149,9 @@ class Dispatcher {
   int HubPreparationsInFlight();
   // How many input deliveries run in the background now (for tests).
   int BlobDeliveriesInFlight();
+  // How many input deliveries it keeps: in flight, waiting for a retry or for their launch (for
+  // tests).
+  int BlobDeliveriesHeld();
   // How many checkpoint copies to the controller are in flight now (for tests).
   int CheckpointCopiesInFlight();
   // How many checkpoint copies' threads it holds, finished or not (for tests).

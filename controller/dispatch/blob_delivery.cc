@@ -13,45 +13,74 @@
 #include "rpc/transfer.h"
 
 namespace llmctl::controller::dispatch {
+namespace {
+
+// A delivery that is not running and that no launch has asked for in this long (its trial was
+// cancelled, or placed elsewhere) is forgotten: a later launch asks the agent afresh.
+constexpr std::chrono::minutes kForgetUnaskedAfter{10};
+
+}  // namespace
 
 StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
                                       const std::shared_ptr<v1::Agent::Stub>& stub,
                                       const digest::InputTree& tree, store::Time now) {
+  const Key key{link.name, tree.digest};
+  std::vector<std::unique_ptr<Delivery>> done;
+  bool ready = false;
+  {
+    MutexLock lock(core_.mutex);
+    done = TakeUnneededLocked(now);
+    if (const auto entry = deliveries_.find(key); entry != deliveries_.end()) {
+      entry->second->asked_at = now;
+      switch (entry->second->state) {
+        case Delivery::State::kRunning:
+          return false;
+        case Delivery::State::kReady:
+          // Taken by this launch; a later one asks the agent again (its cache may have changed).
+          ready = true;
+          done.push_back(std::move(entry->second));
+          deliveries_.erase(entry);
+          break;
+        case Delivery::State::kIdle:
+          if (now < entry->second->retry_at) return false;
+          break;
+      }
+    }
+  }
+  JoinFinished(std::move(done));
+  if (ready) return true;
+  ASSIGN_OR_RETURN(std::vector<Blob> missing, Missing(*stub, tree));
+  int64_t bytes = 0;
+  for (const Blob& blob : missing) bytes += blob.size;
+  if (bytes <= core_.options.inline_upload_bytes) {
+    RETURN_IF_ERROR(Send(*stub, missing, nullptr));
+    // Delivered: a failed delivery's retry, if one was due, is no longer needed.
+    {
+      MutexLock lock(core_.mutex);
+      if (const auto entry = deliveries_.find(key); entry != deliveries_.end()) {
+        done.push_back(std::move(entry->second));
+        deliveries_.erase(entry);
+      }
+    }
+    JoinFinished(std::move(done));
+    return true;
+  }
   Delivery* delivery = nullptr;
   {
     MutexLock lock(core_.mutex);
-    std::unique_ptr<Delivery>& entry = deliveries_[{link.name, tree.digest}];
+    if (core_.stopping) return false;
+    std::unique_ptr<Delivery>& entry = deliveries_[key];
     if (entry == nullptr) {
       entry = std::make_unique<Delivery>();
       entry->node = link.name;
       entry->tree_digest = tree.digest;
     }
     delivery = entry.get();
-    switch (delivery->state) {
-      case Delivery::State::kRunning:
-        return false;
-      case Delivery::State::kReady:
-        // Taken by this launch; a later one asks the agent again (its cache may have changed).
-        delivery->state = Delivery::State::kIdle;
-        return true;
-      case Delivery::State::kIdle:
-        if (now < delivery->retry_at) return false;
-        break;
-    }
-  }
-  ASSIGN_OR_RETURN(std::vector<Blob> missing, Missing(*stub, tree));
-  int64_t bytes = 0;
-  for (const Blob& blob : missing) bytes += blob.size;
-  if (bytes <= core_.options.inline_upload_bytes) {
-    RETURN_IF_ERROR(Send(*stub, missing, nullptr));
-    return true;
-  }
-  {
-    MutexLock lock(core_.mutex);
-    if (core_.stopping) return false;
+    delivery->asked_at = now;
+    // ForgetNode came while the agent was asked: the next call starts afresh.
+    if (delivery->forgotten) return false;
     delivery->state = Delivery::State::kRunning;
     delivery->bytes = bytes;
-    delivery->forgotten = false;
   }
   // Not running: any earlier thread has finished its work.
   if (delivery->thread.joinable()) delivery->thread.join();
@@ -61,6 +90,30 @@ StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
     RunInBackground(*delivery, std::move(stub), std::move(missing));
   });
   return false;
+}
+
+std::vector<std::unique_ptr<BlobDeliveries::Delivery>> BlobDeliveries::TakeUnneededLocked(
+    store::Time now) {
+  std::vector<std::unique_ptr<Delivery>> done;
+  for (auto entry = deliveries_.begin(); entry != deliveries_.end();) {
+    const Delivery& delivery = *entry->second;
+    if (delivery.state != Delivery::State::kRunning &&
+        (delivery.forgotten || now - delivery.asked_at >= kForgetUnaskedAfter)) {
+      done.push_back(std::move(entry->second));
+      entry = deliveries_.erase(entry);
+    } else {
+      ++entry;
+    }
+  }
+  return done;
+}
+
+void BlobDeliveries::JoinFinished(std::vector<std::unique_ptr<Delivery>> done) {
+  // Outside the lock: a thread that has finished its work may still wake the round (Wake takes
+  // the mutex).
+  for (const std::unique_ptr<Delivery>& delivery : done) {
+    if (delivery->thread.joinable()) delivery->thread.join();
+  }
 }
 
 void BlobDeliveries::RunInBackground(Delivery& delivery, std::shared_ptr<v1::Agent::Stub> stub,
@@ -169,6 +222,11 @@ void BlobDeliveries::ForgetNode(const std::string& node) {
     delivery->forgotten = true;
     if (delivery->context != nullptr) delivery->context->TryCancel();
   }
+}
+
+int BlobDeliveries::Held() {
+  MutexLock lock(core_.mutex);
+  return static_cast<int>(deliveries_.size());
 }
 
 int BlobDeliveries::InFlight() {

@@ -7,7 +7,9 @@
 // are sent on a thread of their own, once per node and tree, while the trial stays queued and the
 // round goes on: health checks, lease stops and other nodes' launches do not wait for them. A
 // failed background delivery is tried again after a doubling backoff; what it sent stays on the
-// agent, so the next one sends only the rest.
+// agent, so the next one sends only the rest. What is kept of a delivery goes once a launch has
+// taken it, once its node is forgotten and its thread has ended, or after 10 minutes in which no
+// launch asked for it.
 #ifndef LLMCTL_CONTROLLER_DISPATCH_BLOB_DELIVERY_H_
 #define LLMCTL_CONTROLLER_DISPATCH_BLOB_DELIVERY_H_
 
@@ -44,6 +46,8 @@ class BlobDeliveries {
   void ForgetNode(const std::string& node);
   // How many are in flight now (for tests).
   int InFlight();
+  // How many it keeps, in flight, waiting for a retry or for their launch (for tests).
+  int Held();
   // Cancels every background delivery and waits for their threads (Dispatcher::Stop).
   void Stop();
 
@@ -60,6 +64,7 @@ class BlobDeliveries {
     std::string last_failure;                // kIdle after a failure: why
     grpc::ClientContext* context = nullptr;  // while an UploadBlob is in flight
     bool forgotten = false;                  // ForgetNode: send no further blob
+    store::Time asked_at;                    // the last Ensure for it
   };
   using Key = std::pair<std::string, std::string>;  // (node, tree digest)
   struct Blob {
@@ -75,9 +80,17 @@ class BlobDeliveries {
   Status Upload(v1::Agent::Stub& stub, const Blob& blob, grpc::ClientContext& context);
   void RunInBackground(Delivery& delivery, std::shared_ptr<v1::Agent::Stub> stub,
                        std::vector<Blob> blobs);
+  // Takes out of deliveries_ those not running whose node was forgotten or that no launch asked
+  // for in a while, to be joined by JoinFinished.
+  std::vector<std::unique_ptr<Delivery>> TakeUnneededLocked(store::Time now)
+      LLMCTL_REQUIRES(core_.mutex);
+  // Joins the threads of deliveries taken out of deliveries_, without the core's mutex (a thread
+  // that has finished its work may still be waking the round), and frees them.
+  static void JoinFinished(std::vector<std::unique_ptr<Delivery>> done);
 
   DispatcherCore& core_;
-  // Never erased.
+  // Erased only by Ensure (on the round thread) and only when not running: a running delivery's
+  // thread, and Stop (after the round thread has ended), hold Delivery* safely.
   std::map<Key, std::unique_ptr<Delivery>> deliveries_ LLMCTL_GUARDED_BY(core_.mutex);
 };
 

@@ -77,6 +77,37 @@ TEST_F(BlobDeliveryTest, AFailedDeliveryIsTriedAgainAfterTheBackoff) {
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
 }
 
+// Each trial with other inputs asks for another (node, tree): what is kept of a delivery goes once
+// its launch has taken it, or once no launch has asked for it in 10 minutes.
+TEST_F(BlobDeliveryTest, DeliveriesAreForgottenOnceTakenOrNoLongerAskedFor) {
+  agent_state_.upload_results = {grpc::Status(grpc::StatusCode::UNAVAILABLE, "disk busy")};
+  const auto [cancelled, first_tree] = SubmitWithDataFile(*controller_, "{\"text\": \"one\"}\n");
+  ASSERT_NE(cancelled, 0);
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return UploadsStarted() == 1 && InFlightDeliveries() == 0; }));
+  EXPECT_EQ(daemon_->dispatcher().BlobDeliveriesHeld(), 1) << "kept for its retry";
+  // Its trial is cancelled before the retry: nothing asks for that delivery again.
+  ASSERT_TRUE(daemon_->dispatcher().Cancel(cancelled, "").ok());
+  clock_.Advance(std::chrono::minutes(10));
+
+  const auto [experiment, tree] = SubmitWithDataFile(*controller_, "{\"text\": \"two\"}\n");
+  ASSERT_NE(experiment, 0);
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return RunsStarted() == 1;
+  }));
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(UploadsStarted(), 2);
+  EXPECT_EQ(daemon_->dispatcher().BlobDeliveriesHeld(), 0);
+
+  // The same inputs again, which the node has: sent during the round, nothing kept.
+  const auto [again, same_tree] = SubmitWithDataFile(*controller_, "{\"text\": \"two\"}\n");
+  ASSERT_NE(again, 0);
+  Tick();
+  EXPECT_EQ(RunsStarted(), 2u);
+  EXPECT_EQ(daemon_->dispatcher().BlobDeliveriesHeld(), 0);
+}
+
 TEST_F(BlobDeliveryTest, StoppingTheControllerCancelsADeliveryUnderWay) {
   agent_state_.upload_open = false;
   SubmitWithData();
