@@ -1,6 +1,7 @@
 #include "common/data/dataset.h"
 
 #include <algorithm>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "common/data/file_util.h"
@@ -85,6 +86,111 @@ Status GetString(const Json& object, const char* field, bool optional, const std
   return Status::Ok();
 }
 
+// JSON Lines fed in pieces of any size, each line parsed when its LF arrives (the last one at
+// Finish): a file is read holding one line, never the whole of it.
+class JsonlReader {
+ public:
+  JsonlReader(std::string_view file_name, DatasetFormat format,
+              std::function<Status(Record record)> on_record)
+      : file_name_(file_name), format_(format), on_record_(std::move(on_record)) {}
+
+  // The next bytes of the input; a line may continue in the next call.
+  Status Add(std::string_view bytes) {
+    while (!bytes.empty()) {
+      const size_t newline = bytes.find('\n');
+      const std::string_view part = bytes.substr(0, newline);
+      if (partial_line_.size() + part.size() > kMaxJsonlLineBytes) return LineTooLong();
+      if (newline == std::string_view::npos) {
+        partial_line_.append(part);
+        return Status::Ok();
+      }
+      bytes.remove_prefix(newline + 1);
+      if (partial_line_.empty()) {
+        RETURN_IF_ERROR(ParseLine(part));
+      } else {
+        partial_line_.append(part);
+        RETURN_IF_ERROR(ParseLine(partial_line_));
+        partial_line_.clear();
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The end of the input: its last line when no LF ends it, and the refusal of an input without
+  // records.
+  Status Finish() {
+    if (!partial_line_.empty()) {
+      RETURN_IF_ERROR(ParseLine(partial_line_));
+      partial_line_.clear();
+    }
+    if (records_ == 0) {
+      return InvalidArgumentError(file_name_ +
+                                  ": no examples (the file is empty or holds only blank lines)");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Status LineTooLong() const {
+    return InvalidArgumentError(
+        std::string(file_name_)
+            .append(":")
+            .append(std::to_string(line_number_ + 1))
+            .append(": the line is longer than ")
+            .append(std::to_string(kMaxJsonlLineBytes >> 20))
+            .append(" MiB, the most one record may take (JSON Lines holds one record a line, each "
+                    "ending in LF)"));
+  }
+
+  Status ParseLine(std::string_view line) {
+    ++line_number_;
+    if (line_number_ == 1 && line.starts_with("\xEF\xBB\xBF")) {
+      line.remove_prefix(3);  // editors on Windows add a BOM
+    }
+    if (line.ends_with('\r')) line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) return Status::Ok();
+    const std::string where = file_name_ + ":" + std::to_string(line_number_);
+    if (const size_t bad = FirstInvalidUtf8(line); bad != std::string_view::npos) {
+      return InvalidArgumentError(where + ": invalid UTF-8 at column " + std::to_string(bad + 1));
+    }
+    Json value;
+    try {
+      value = Json::parse(line);
+    } catch (const Json::exception& e) {
+      // A CR alone is JSON whitespace, so a file whose lines end in it (classic Mac OS) reads as
+      // one line and fails at its second record: say so, not where the parser stopped.
+      if (const size_t cr = line.find('\r'); cr != std::string_view::npos) {
+        return InvalidArgumentError(
+            where + ": a carriage return without a line feed at column " + std::to_string(cr + 1) +
+            " and the line is not one JSON object: JSON Lines records end in LF or CRLF, not in "
+            "CR alone (classic Mac OS line ends); convert the file's line ends to LF");
+      }
+      return InvalidArgumentError(where + ": invalid JSON at " + JsonErrorText(e));
+    }
+    if (!value.is_object()) {
+      return InvalidArgumentError(where + ": expected a JSON object, got " + value.type_name());
+    }
+    Record record;
+    record.line = line_number_;
+    if (format_ == DatasetFormat::kAlpaca) {
+      RETURN_IF_ERROR(GetString(value, "instruction", false, where, &record.instruction));
+      RETURN_IF_ERROR(GetString(value, "input", true, where, &record.input));
+      RETURN_IF_ERROR(GetString(value, "output", false, where, &record.output));
+    } else {
+      RETURN_IF_ERROR(GetString(value, "text", false, where, &record.text));
+    }
+    ++records_;
+    return on_record_(std::move(record));
+  }
+
+  const std::string file_name_;
+  const DatasetFormat format_;
+  const std::function<Status(Record record)> on_record_;
+  std::string partial_line_;  // the bytes of a line whose LF has not arrived yet
+  int64_t line_number_ = 0;   // of the last line parsed, 1-based
+  int64_t records_ = 0;
+};
+
 }  // namespace
 
 StatusOr<DatasetFormat> ParseDatasetFormat(std::string_view name) {
@@ -111,61 +217,37 @@ std::string_view PromptTemplateName(PromptTemplate prompt_template) {
 
 StatusOr<std::vector<Record>> ParseJsonl(std::string_view content, std::string_view file_name,
                                          DatasetFormat format) {
-  const std::string name(file_name);
-  if (content.starts_with("\xEF\xBB\xBF"))
-    content.remove_prefix(3);  // editors on Windows add a BOM
   std::vector<Record> records;
-  int64_t line_number = 0;
-  while (!content.empty()) {
-    ++line_number;
-    const size_t newline = content.find('\n');
-    std::string_view line = content.substr(0, newline);
-    content.remove_prefix(newline == std::string_view::npos ? content.size() : newline + 1);
-    if (line.ends_with('\r')) line.remove_suffix(1);
-    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
-
-    const std::string where = name + ":" + std::to_string(line_number);
-    if (const size_t bad = FirstInvalidUtf8(line); bad != std::string_view::npos) {
-      return InvalidArgumentError(where + ": invalid UTF-8 at column " + std::to_string(bad + 1));
-    }
-    Json value;
-    try {
-      value = Json::parse(line);
-    } catch (const Json::exception& e) {
-      // A CR alone is JSON whitespace, so a file whose lines end in it (classic Mac OS) reads as
-      // one line and fails at its second record: say so, not where the parser stopped.
-      if (const size_t cr = line.find('\r'); cr != std::string_view::npos) {
-        return InvalidArgumentError(
-            where + ": a carriage return without a line feed at column " + std::to_string(cr + 1) +
-            " and the line is not one JSON object: JSON Lines records end in LF or CRLF, not in "
-            "CR alone (classic Mac OS line ends); convert the file's line ends to LF");
-      }
-      return InvalidArgumentError(where + ": invalid JSON at " + JsonErrorText(e));
-    }
-    if (!value.is_object()) {
-      return InvalidArgumentError(where + ": expected a JSON object, got " + value.type_name());
-    }
-    Record record;
-    record.line = line_number;
-    if (format == DatasetFormat::kAlpaca) {
-      RETURN_IF_ERROR(GetString(value, "instruction", false, where, &record.instruction));
-      RETURN_IF_ERROR(GetString(value, "input", true, where, &record.input));
-      RETURN_IF_ERROR(GetString(value, "output", false, where, &record.output));
-    } else {
-      RETURN_IF_ERROR(GetString(value, "text", false, where, &record.text));
-    }
+  JsonlReader reader(file_name, format, [&](Record record) {
     records.push_back(std::move(record));
-  }
-  if (records.empty()) {
-    return InvalidArgumentError(name +
-                                ": no examples (the file is empty or holds only blank lines)");
-  }
+    return Status::Ok();
+  });
+  RETURN_IF_ERROR(reader.Add(content));
+  RETURN_IF_ERROR(reader.Finish());
   return records;
 }
 
+Status ForEachJsonlRecord(const std::string& path, DatasetFormat format,
+                          const std::function<Status(Record record)>& on_record,
+                          uint64_t* content_hash) {
+  JsonlReader reader(path, format, on_record);
+  uint64_t hash = kFnv1a64Offset;
+  RETURN_IF_ERROR(ReadFileInPieces(path, [&](std::string_view piece) {
+    hash = Fnv1a64(piece, hash);
+    return reader.Add(piece);
+  }));
+  RETURN_IF_ERROR(reader.Finish());
+  if (content_hash != nullptr) *content_hash = hash;
+  return Status::Ok();
+}
+
 StatusOr<std::vector<Record>> LoadJsonl(const std::string& path, DatasetFormat format) {
-  ASSIGN_OR_RETURN(const std::string content, ReadFileToString(path));
-  return ParseJsonl(content, path, format);
+  std::vector<Record> records;
+  RETURN_IF_ERROR(ForEachJsonlRecord(path, format, [&](Record record) {
+    records.push_back(std::move(record));
+    return Status::Ok();
+  }));
+  return records;
 }
 
 StatusOr<PromptAndResponse> RenderExample(const Record& record, DatasetFormat format,

@@ -1,12 +1,14 @@
 // Fine-tuning datasets: JSON Lines records, prompt templates, and tokenized examples.
 //
-// Pipeline: LoadJsonl (records, validated line by line) → RenderExample (prompt and response text
-// through a template) → TokenizeExample (ids and HF-style labels). token_file.h stores the result
-// for training.
+// Pipeline: ForEachJsonlRecord (records, validated line by line) → RenderExample (prompt and
+// response text through a template) → TokenizeExample (ids and HF-style labels). token_file.h
+// stores the result for training.
 #ifndef LLMCTL_COMMON_DATA_DATASET_H_
 #define LLMCTL_COMMON_DATA_DATASET_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,9 +39,22 @@ struct Record {
 // byte-order mark are accepted. Lines end at LF only, as in the datasets library: a line that
 // holds a CR alone and is not valid JSON (a file with classic Mac OS line ends) is refused as such.
 // Errors name `file_name`:line ("data.jsonl:17: missing field 'output'"); an input without records
-// is an error. Fields other than the format's are ignored.
+// is an error. Fields other than the format's are ignored. A line longer than kMaxJsonlLineBytes
+// is refused naming it: a reader holds one line at a time, and a file that is not JSON Lines (or
+// whose lines end in CR alone) would otherwise be held whole as its first line.
+inline constexpr size_t kMaxJsonlLineBytes = size_t{64} << 20;
 StatusOr<std::vector<Record>> ParseJsonl(std::string_view content, std::string_view file_name,
                                          DatasetFormat format);
+
+// The records of the JSON Lines file at `path`, parsed as ParseJsonl parses, naming `path`, and
+// handed to `on_record` in order as each line ends: the file is read kFilePieceBytes at a time,
+// so a reader holds one line of it, not the file (what `on_record` keeps is its own). The first
+// error, the reader's or `on_record`'s, ends the reading. `content_hash`, when given, receives
+// Fnv1a64 of the bytes read, which are exactly those parsed even if the file changes meanwhile.
+Status ForEachJsonlRecord(const std::string& path, DatasetFormat format,
+                          const std::function<Status(Record record)>& on_record,
+                          uint64_t* content_hash = nullptr);
+// Every record of the file at `path` (ForEachJsonlRecord), for files small enough to hold.
 StatusOr<std::vector<Record>> LoadJsonl(const std::string& path, DatasetFormat format);
 
 // "alpaca": the Stanford Alpaca prompt (with or without "### Input:"). "none": the instruction,

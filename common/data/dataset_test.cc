@@ -2,11 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/data/file_util.h"
 #include "common/text.h"
 
 namespace llmctl::data {
@@ -135,6 +138,87 @@ TEST(DatasetTest, LinesEndingInACarriageReturnAloneAreRefusedAsSuch) {
   records = ParseJsonl("{\"text\":\r\"a\"}\n", "inside.jsonl", DatasetFormat::kText);
   ASSERT_TRUE(records.ok()) << records.status().ToString();
   EXPECT_EQ((*records)[0].text, "a");
+}
+
+// A file read in pieces reads as the same bytes given whole: lines, CRLF and the byte-order mark
+// across the pieces' seams, line numbers, and the hash of exactly what was read.
+TEST(DatasetTest, AFileReadInPiecesReadsAsItsBytesGivenWhole) {
+  std::string content = "\xEF\xBB\xBF";
+  for (int i = 0; content.size() < 3 * kFilePieceBytes; ++i) {
+    content += "{\"text\": \"" +
+               std::string(static_cast<size_t>(i * 37 % 5000), static_cast<char>('a' + i % 26)) +
+               "\"}" + (i % 3 == 0 ? "\r\n" : "\n") + (i % 7 == 0 ? "\n" : "");
+  }
+  // A CRLF split by the first seam, its CR the first piece's last byte.
+  const size_t newline = content.rfind('\n', kFilePieceBytes - 2);
+  content.replace(newline, 1, std::string(kFilePieceBytes - 1 - newline, ' ') + "\r\n");
+  ASSERT_EQ(content[kFilePieceBytes - 1], '\r');
+  const std::string path = ::testing::TempDir() + "/pieces.jsonl";
+  std::ofstream(path, std::ios::binary) << content;
+
+  auto whole = ParseJsonl(content, path, DatasetFormat::kText);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  std::vector<Record> read;
+  uint64_t hash = 0;
+  const Status status = ForEachJsonlRecord(
+      path, DatasetFormat::kText,
+      [&](Record record) {
+        read.push_back(std::move(record));
+        return Status::Ok();
+      },
+      &hash);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  ASSERT_EQ(read.size(), whole->size());
+  for (size_t i = 0; i < read.size(); ++i) {
+    EXPECT_EQ(read[i].text, (*whole)[i].text) << i;
+    EXPECT_EQ(read[i].line, (*whole)[i].line) << i;
+  }
+  EXPECT_EQ(hash, Fnv1a64(content));
+  EXPECT_EQ(*Fnv1a64File(path), Fnv1a64(content));
+
+  // What the callback refuses ends the reading.
+  int seen = 0;
+  EXPECT_EQ(ForEachJsonlRecord(path, DatasetFormat::kText,
+                               [&](Record) {
+                                 ++seen;
+                                 return InvalidArgumentError("stop");
+                               })
+                .message(),
+            "stop");
+  EXPECT_EQ(seen, 1);
+}
+
+// A line is held until its LF arrives, so one that never ends (a file that is not JSON Lines, or
+// whose lines end in CR alone) is refused at kMaxJsonlLineBytes, naming it, not read whole.
+TEST(DatasetTest, ALineLongerThanTheLimitIsRefusedNamingIt) {
+  const std::string path = ::testing::TempDir() + "/one-long-line.jsonl";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "{\"text\": \"a\"}\n{\"text\": \"";
+    const std::string chunk(1 << 20, 'b');
+    for (size_t written = 0; written <= kMaxJsonlLineBytes; written += chunk.size()) out << chunk;
+    out << "\"}\n";
+  }
+  int64_t records = 0;
+  const Status status = ForEachJsonlRecord(path, DatasetFormat::kText, [&](Record) {
+    ++records;
+    return Status::Ok();
+  });
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), path +
+                                  ":2: the line is longer than 64 MiB, the most one record may "
+                                  "take (JSON Lines holds one record a line, each ending in LF)");
+  EXPECT_EQ(records, 1);
+  std::remove(path.c_str());
+
+  // A line of exactly the limit is read.
+  const std::string line = "{\"text\": \"" + std::string(kMaxJsonlLineBytes - 12, 'c') + "\"}";
+  ASSERT_EQ(line.size(), kMaxJsonlLineBytes);
+  auto parsed = ParseJsonl(line + "\n", "limit.jsonl", DatasetFormat::kText);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->size(), 1u);
+  EXPECT_EQ(ParseJsonl(line + "c\n", "limit.jsonl", DatasetFormat::kText).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 struct BrokenCase {

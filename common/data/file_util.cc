@@ -24,8 +24,12 @@ uint64_t Fnv1a64(std::string_view text, uint64_t hash) {
 }
 
 StatusOr<uint64_t> Fnv1a64File(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string content, ReadFileToString(path));
-  return Fnv1a64(content);
+  uint64_t hash = kFnv1a64Offset;
+  RETURN_IF_ERROR(ReadFileInPieces(path, [&](std::string_view piece) {
+    hash = Fnv1a64(piece, hash);
+    return Status::Ok();
+  }));
+  return hash;
 }
 
 std::string HexU64(uint64_t value) {

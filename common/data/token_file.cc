@@ -316,21 +316,14 @@ StatusOr<PrepareStats> PrepareTokenFile(const std::string& data_path, const Text
                                 std::to_string(options.samples));
   }
   // One read serves both the hash and the parse, so the fingerprint describes exactly the bytes
-  // that were tokenized even if the file changes meanwhile.
-  ASSIGN_OR_RETURN(const std::string content, ReadFileToString(data_path));
-  ASSIGN_OR_RETURN(std::vector<Record> records, ParseJsonl(content, data_path, options.format));
-
-  PrepareStats stats;
-  stats.records_in_file = static_cast<int64_t>(records.size());
-  if (options.samples > 0 && static_cast<size_t>(options.samples) < records.size()) {
-    records.resize(options.samples);
-  }
-  stats.fingerprint = MakeFingerprint(encoder.fingerprint(), Fnv1a64(content), options);
-
+  // that were tokenized even if the file changes meanwhile; each record is tokenized as it is
+  // read, so only the tokens are held, not the file's text.
   const ExampleOptions example_options{options.max_seq_length, options.mask_prompt};
+  PrepareStats stats;
   std::vector<TokenizedExample> examples;
-  examples.reserve(records.size());
-  for (const Record& record : records) {
+  const auto tokenize = [&](Record record) -> Status {
+    ++stats.records_in_file;
+    if (options.samples > 0 && stats.records_in_file > options.samples) return Status::Ok();
     const std::string where = data_path + ":" + std::to_string(record.line);
     StatusOr<PromptAndResponse> rendered =
         RenderExample(record, options.format, options.prompt_template);
@@ -351,7 +344,11 @@ StatusOr<PrepareStats> PrepareTokenFile(const std::string& data_path, const Text
     stats.without_targets += targets == 0 ? 1 : 0;
     stats.max_length = std::max(stats.max_length, static_cast<int64_t>(example->input_ids.size()));
     examples.push_back(std::move(*example));
-  }
+    return Status::Ok();
+  };
+  uint64_t data_hash = 0;
+  RETURN_IF_ERROR(ForEachJsonlRecord(data_path, options.format, tokenize, &data_hash));
+  stats.fingerprint = MakeFingerprint(encoder.fingerprint(), data_hash, options);
   stats.examples = static_cast<int64_t>(examples.size());
   RETURN_IF_ERROR(
       WriteTokenFile(out_path, stats.fingerprint, encoder.bos_id(), encoder.eos_id(), examples));

@@ -1,5 +1,6 @@
 #include "common/inputs/trial_inputs.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -170,19 +171,21 @@ StatusOr<int64_t> TrialInputsChecker::CheckData(const TrialConfig& config) {
     answer = &it->second;
     if (inserted) {
       it->second = [&]() -> StatusOr<int64_t> {
-        ASSIGN_OR_RETURN(std::vector<data::Record> records, data::LoadJsonl(path, options.format));
-        if (options.samples > 0 && static_cast<size_t>(options.samples) < records.size()) {
-          records.resize(options.samples);
-        }
-        // Rendered as training will: a template that does not fit the records fails here.
-        for (const data::Record& record : records) {
-          StatusOr<data::PromptAndResponse> rendered =
-              data::RenderExample(record, options.format, options.prompt_template);
-          if (!rendered.ok()) {
-            return rendered.status().WithContext(path + ":" + std::to_string(record.line));
-          }
-        }
-        return static_cast<int64_t>(records.size());
+        // Read a line at a time (a dataset may be larger than memory), each record the trial
+        // reads rendered as training will: a template that does not fit the records fails here.
+        int64_t records = 0;
+        RETURN_IF_ERROR(
+            data::ForEachJsonlRecord(path, options.format, [&](data::Record record) -> Status {
+              ++records;
+              if (options.samples > 0 && records > options.samples) return Status::Ok();
+              StatusOr<data::PromptAndResponse> rendered =
+                  data::RenderExample(record, options.format, options.prompt_template);
+              if (!rendered.ok()) {
+                return rendered.status().WithContext(path + ":" + std::to_string(record.line));
+              }
+              return Status::Ok();
+            }));
+        return options.samples > 0 ? std::min(records, options.samples) : records;
       }();
     }
   }

@@ -1,7 +1,10 @@
 #include "common/inputs/trial_inputs.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -96,6 +99,44 @@ TEST(TrialInputsTest, SharedFilesAreCheckedOnce) {
   EXPECT_NE(summary.status().message().find("has 4 records, fewer than one micro-batch of 8"),
             std::string::npos)
       << summary.status().message();
+  fs::remove_all(dir);
+}
+
+// The bytes this process has mapped (/proc/self/statm's first field), which RLIMIT_AS caps.
+uint64_t MappedBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t pages = 0;
+  statm >> pages;
+  return pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// The check reads a dataset a line at a time: 80 MiB of records pass in a process allowed 32 MiB
+// more than it holds (it was read whole into one string first, which cannot be allocated then).
+TEST(TrialInputsTest, ADatasetLargerThanTheMemoryAllowedIsCheckedALineAtATime) {
+  const fs::path dir = fs::temp_directory_path() / "llmctl-trial-inputs-large-test";
+  fs::create_directories(dir);
+  const fs::path data = dir / "large.jsonl";
+  constexpr int kRecords = 20'480;  // of 4 KiB: 80 MiB
+  {
+    std::ofstream out(data, std::ios::binary);
+    const std::string output(4096 - 41, 'x');
+    for (int i = 0; i < kRecords; ++i) {
+      out << R"({"instruction": "Say it.", "output": ")" << output << "\"}\n";
+    }
+  }
+  ASSERT_GE(fs::file_size(data), uint64_t{80} << 20);
+  TrialInputsChecker checker;
+  // The tokenizer is read (and kept) before the limit: only the dataset's reading is measured.
+  ASSERT_TRUE(
+      checker.Check(Demo((kInputs / "good.jsonl").string()), FindPreset("llmctl-demo")).ok());
+  const auto check_within_limit = [&] {
+    const rlimit limit{MappedBytes() + (uint64_t{32} << 20), RLIM_INFINITY};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(2);
+    StatusOr<TrialInputsSummary> summary =
+        checker.Check(Demo(data.string()), FindPreset("llmctl-demo"));
+    std::_Exit(summary.ok() && summary->records == kRecords ? 0 : 1);
+  };
+  EXPECT_EXIT(check_within_limit(), ::testing::ExitedWithCode(0), "");
   fs::remove_all(dir);
 }
 
