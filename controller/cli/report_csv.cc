@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/text.h"
 #include "controller/cli/report.h"
 #include "controller/cli/report_renderers.h"
 #include "controller/cli/report_rows.h"
@@ -18,14 +19,18 @@ bool IsNumber(const std::string& text) {
   return !parsed.is_discarded() && parsed.is_number();
 }
 
-std::string CsvField(const std::string& text) {
-  // Text a spreadsheet would take for a formula (the controller's words: a trial's name, an error)
-  // is kept as text, as OWASP's CSV-injection advice does: a leading apostrophe.
+std::string CsvField(const std::string& raw) {
+  // The controller's words (a trial's name, an error, a kernel's fallback reason) are other
+  // processes' text, and `report --format csv` goes to the terminal as often as to a file: one
+  // line, without the control characters that would move its cursor or retitle it.
+  const std::string text = OnOneLine(raw);
+  // Text a spreadsheet would take for a formula is kept as text, as OWASP's CSV-injection advice
+  // does: a leading apostrophe (its tab and CR are spaces by now).
   const bool formula = !text.empty() &&
-                       std::string_view("=+-@\t\r").find(text[0]) != std::string_view::npos &&
+                       std::string_view("=+-@").find(text[0]) != std::string_view::npos &&
                        !IsNumber(text);
   const std::string field = formula ? "'" + text : text;
-  if (field.find_first_of(",\"\r\n") == std::string::npos) return field;
+  if (field.find_first_of(",\"") == std::string::npos) return field;
   std::string quoted = "\"";
   for (char c : field) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
   return quoted + "\"";

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <filesystem>
@@ -541,6 +542,25 @@ TEST(ReportTest, AHostileReportIsRenderedSafely) {
   EXPECT_EQ(ranges[0].phase, "phase1_after_fwd");
   EXPECT_EQ(ranges[0].min, 1 << 20);
   EXPECT_EQ(ranges[0].max, 3 << 20);
+}
+
+// `report --format csv` goes to the terminal too: the controller's words (a trial's name, its
+// description, error, a rank's phase) reach it on one line each, without an escape, BEL or C1 CSI.
+TEST(ReportTest, CsvCellsAreOneLineWithoutControlCharacters) {
+  v1::ReportResponse report = FixedReport();
+  report.mutable_trials(0)->set_error("w\x1b]0;HUBTITLE\x07\x1b[31mRED.bin has no size\r\nFORGED");
+  report.mutable_trials(1)->set_description(
+      "two\nlines \xc2\x9b"
+      "2J");
+  report.mutable_trials(2)->set_name("\tcell");
+  v1::RankMemory* rank = report.mutable_trials(2)->add_ranks();
+  rank->add_per_phase()->set_phase("p\x1b[2J");
+  const std::string csv = RenderReport(report, ReportFormat::kCsv);
+  EXPECT_EQ(csv.find_first_of("\x1b\x07\r\t"), std::string::npos) << csv;
+  EXPECT_EQ(csv.find("\xc2\x9b"), std::string::npos) << csv;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + report.trials_size()) << csv;
+  EXPECT_NE(csv.find(",w ]0;HUBTITLE  [31mRED.bin has no size  FORGED,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("\n cell,"), std::string::npos) << csv;
 }
 
 TEST(ReportTest, CountsOutcomesOtherThanExpected) {
