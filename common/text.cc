@@ -23,37 +23,66 @@ std::string_view Trim(std::string_view text) {
   return text;
 }
 
+namespace {
+
+// The code point that starts at `text[at]` and its length in bytes: 0 bytes when the bytes there
+// break UTF-8 (overlong forms, surrogates and code points past U+10FFFF included).
+struct Utf8Char {
+  uint32_t code_point = 0;
+  size_t bytes = 0;
+};
+
+Utf8Char DecodeUtf8(std::string_view text, size_t at) {
+  const unsigned char c = static_cast<unsigned char>(text[at]);
+  if (c < 0x80) return {c, 1};
+  size_t len;
+  uint32_t cp;
+  if ((c & 0xe0) == 0xc0) {
+    len = 2;
+    cp = c & 0x1f;
+  } else if ((c & 0xf0) == 0xe0) {
+    len = 3;
+    cp = c & 0x0f;
+  } else if ((c & 0xf8) == 0xf0) {
+    len = 4;
+    cp = c & 0x07;
+  } else {
+    return {};
+  }
+  if (at + len > text.size()) return {};
+  for (size_t k = 1; k < len; ++k) {
+    const unsigned char cc = static_cast<unsigned char>(text[at + k]);
+    if ((cc & 0xc0) != 0x80) return {};
+    cp = (cp << 6) | (cc & 0x3f);
+  }
+  constexpr uint32_t kMinForLen[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMinForLen[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return {};
+  return {cp, len};
+}
+
+// C0, DEL and C1 (which terminals take as CSI and its kind too), and the line and paragraph
+// separators, which some readers take as line ends.
+bool IsControl(uint32_t cp) {
+  return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029;
+}
+
+// The marks, embeddings, overrides and isolates of Unicode's bidirectional algorithm: U+202E makes
+// "exe.txt" of "txt.exe", and the text after it on the line too.
+bool IsBidiControl(uint32_t cp) {
+  return cp == 0x061c || cp == 0x200e || cp == 0x200f || (cp >= 0x202a && cp <= 0x202e) ||
+         (cp >= 0x2066 && cp <= 0x2069);
+}
+
+constexpr std::string_view kReplacementCharacter = "\xEF\xBF\xBD";
+constexpr std::string_view kEllipsis = "\xE2\x80\xA6";
+
+}  // namespace
+
 size_t FirstInvalidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len;
-    uint32_t cp;
-    if ((c & 0xe0) == 0xc0) {
-      len = 2;
-      cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      len = 3;
-      cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return i;
-    }
-    if (i + len > s.size()) return i;
-    for (size_t k = 1; k < len; ++k) {
-      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xc0) != 0x80) return i;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    constexpr uint32_t kMinForLen[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMinForLen[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
-    i += len;
+  for (size_t i = 0; i < s.size();) {
+    const size_t bytes = DecodeUtf8(s, i).bytes;
+    if (bytes == 0) return i;
+    i += bytes;
   }
   return std::string_view::npos;
 }
@@ -92,46 +121,61 @@ std::string FormatColumns(const std::vector<std::vector<std::string>>& rows,
 
 std::string PrintableTextProblem(std::string_view text, size_t max_bytes) {
   if (text.size() > max_bytes) return "longer than " + std::to_string(max_bytes) + " bytes";
-  if (std::any_of(text.begin(), text.end(),
-                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
-    return "holds a control character";
+  for (size_t i = 0; i < text.size();) {
+    const Utf8Char c = DecodeUtf8(text, i);
+    if (c.bytes == 0) return "not valid UTF-8";
+    if (IsControl(c.code_point)) return "holds a control character";
+    if (IsBidiControl(c.code_point)) return "holds a bidirectional text control";
+    i += c.bytes;
   }
-  if (FirstInvalidUtf8(text) != std::string_view::npos) return "not valid UTF-8";
   return "";
 }
 
 namespace {
 
-// `text` with each control character that `keep` does not keep replaced by a space: C0 (below
-// 0x20), DEL, and C1 (U+0080 to U+009F, UTF-8 C2 80 to C2 9F, which terminals take as CSI and its
-// kind too) as one space each.
-template <typename Keep>
-std::string WithoutControls(std::string_view text, Keep keep) {
+// OnOneLine's text, keeping newlines and tabs when `keep_lines` and then starting each line after
+// the first with white space.
+std::string Displayed(std::string_view text, bool keep_lines, size_t max_bytes) {
   std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c == 0xC2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
-        static_cast<unsigned char>(text[i + 1]) <= 0x9F) {
-      out += ' ';
+  out.reserve(std::min(text.size(), max_bytes));
+  for (size_t i = 0; i < text.size() && out.size() <= max_bytes;) {
+    const Utf8Char c = DecodeUtf8(text, i);
+    if (c.bytes == 0) {
+      out += kReplacementCharacter;
       ++i;
-    } else if ((c < 0x20 || c == 0x7f) && !keep(static_cast<char>(c))) {
+      continue;
+    }
+    if (keep_lines && (c.code_point == '\n' || c.code_point == '\t')) {
+      out += static_cast<char>(c.code_point);
+      const bool line_starts = c.code_point == '\n' && i + 1 < text.size();
+      if (line_starts && text[i + 1] != ' ' && text[i + 1] != '\t' && text[i + 1] != '\n') {
+        out += "  ";
+      }
+    } else if (IsControl(c.code_point) || IsBidiControl(c.code_point)) {
       out += ' ';
     } else {
-      out += static_cast<char>(c);
+      out += text.substr(i, c.bytes);
     }
+    i += c.bytes;
   }
+  if (out.size() <= max_bytes) return out;
+  // `out` is valid UTF-8: a character starts at any byte that is not a continuation byte.
+  const bool ellipsis = max_bytes >= kEllipsis.size();
+  size_t cut = ellipsis ? max_bytes - kEllipsis.size() : max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;
+  out.resize(cut);
+  if (ellipsis) out += kEllipsis;
   return out;
 }
 
 }  // namespace
 
-std::string OnOneLine(std::string_view text) {
-  return WithoutControls(text, [](char) { return false; });
+std::string OnOneLine(std::string_view text, size_t max_bytes) {
+  return Displayed(text, /*keep_lines=*/false, max_bytes);
 }
 
-std::string ForTerminal(std::string_view text) {
-  return WithoutControls(text, [](char c) { return c == '\n' || c == '\t'; });
+std::string ForTerminal(std::string_view text, size_t max_bytes) {
+  return Displayed(text, /*keep_lines=*/true, max_bytes);
 }
 
 std::string ReplaceInvalidUtf8(std::string_view text) {
@@ -139,7 +183,7 @@ std::string ReplaceInvalidUtf8(std::string_view text) {
   for (size_t bad = FirstInvalidUtf8(text); bad != std::string_view::npos;
        bad = FirstInvalidUtf8(text)) {
     out.append(text.substr(0, bad));
-    out.append("\xEF\xBF\xBD");
+    out.append(kReplacementCharacter);
     text.remove_prefix(bad + 1);
   }
   out.append(text);

@@ -22,18 +22,26 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b);
 size_t FirstInvalidUtf8(std::string_view text);
 
 // Why `text`, another process's, may not be printed to a terminal as it is: "" when it is valid
-// UTF-8 of at most `max_bytes` bytes without control characters (below 0x20, or 0x7f), else
-// what is wrong ("longer than 64 bytes", "holds a control character", "not valid UTF-8").
+// UTF-8 of at most `max_bytes` bytes without the characters OnOneLine replaces, else what is wrong
+// ("longer than 64 bytes", "holds a control character", "holds a bidirectional text control",
+// "not valid UTF-8"). For text checked where it arrives (a node's device name, a probe's fields).
 std::string PrintableTextProblem(std::string_view text, size_t max_bytes);
 
-// `text` for one line of a terminal: each control character (a newline, an escape that would move
-// the cursor, a C1 control such as U+009B, CSI) replaced by a space. For another process's text,
-// such as a trial's error.
-std::string OnOneLine(std::string_view text);
+// `text`, another party's (a trial's error, a cloud's name, a file's bytes), for one line of a
+// terminal: each control character (C0 such as a newline or the escape that starts a sequence
+// moving the cursor, DEL, C1 such as U+009B CSI, the line separators U+2028 and U+2029) and each
+// bidirectional text control (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069, which
+// reorder what a terminal or an editor shows around them) replaced by a space, and each byte that
+// breaks UTF-8 by U+FFFD. Longer than `max_bytes`, it is cut at a character's start and ends in
+// "…" (both within `max_bytes`): a field of a table or a line of watch stays a line.
+std::string OnOneLine(std::string_view text, size_t max_bytes = std::numeric_limits<size_t>::max());
 
-// OnOneLine, keeping newlines and tabs: a message of several lines that may hold another process's
-// words (an error the controller sent).
-std::string ForTerminal(std::string_view text);
+// OnOneLine, keeping newlines and tabs: a message of several lines that may hold another party's
+// words (an error the controller sent). Every line after the first starts with white space (two
+// spaces are added where it does not), so that no line of the message reads as a line of the
+// program's own, such as "llmctl: ..." or a table's row.
+std::string ForTerminal(std::string_view text,
+                        size_t max_bytes = std::numeric_limits<size_t>::max());
 
 // `text` with each byte that breaks UTF-8 (FirstInvalidUtf8's) replaced by U+FFFD: another
 // process's text, such as a trainer's stderr cut anywhere, made fit for a proto3 string or JSON.

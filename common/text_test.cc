@@ -21,6 +21,16 @@ TEST(PrintableTextProblemTest, NamesLengthControlCharactersAndBadUtf8) {
   EXPECT_EQ(PrintableTextProblem("a\x1b[2J", 64), "holds a control character");
   EXPECT_EQ(PrintableTextProblem("a\x7f", 64), "holds a control character");
   EXPECT_EQ(PrintableTextProblem("a\xff", 64), "not valid UTF-8");
+  // C1 (U+009B is CSI to many terminals), the line separator, and bidirectional controls, which
+  // reorder what is shown ("\u202Egnp.exe" shows as "exe.png").
+  EXPECT_EQ(PrintableTextProblem("a\u009b2J", 64), "holds a control character");
+  EXPECT_EQ(PrintableTextProblem("a\u2028b", 64), "holds a control character");
+  for (const char* bidi : {"\u202a", "\u202e", "\u2066", "\u2069", "\u200e", "\u200f", "\u061c"}) {
+    EXPECT_EQ(PrintableTextProblem(std::string("gnp") + bidi + ".exe", 64),
+              "holds a bidirectional text control")
+        << bidi;
+  }
+  EXPECT_EQ(PrintableTextProblem("\u00e9\u2013\u4e2d\U0001F600", 64), "");
 }
 
 TEST(OnOneLineTest, ControlCharactersBecomeSpaces) {
@@ -30,6 +40,40 @@ TEST(OnOneLineTest, ControlCharactersBecomeSpaces) {
   // stay.
   EXPECT_EQ(OnOneLine("a\u009b2Jb\u0085c\u00a0d\u00e9"), "a 2Jb c\u00a0d\u00e9");
   EXPECT_EQ(ForTerminal("line 1\n\tline 2\x1b[2J\r"), "line 1\n\tline 2 [2J ");
+}
+
+TEST(OnOneLineTest, BidirectionalControlsBecomeSpacesAndBadBytesReplacementCharacters) {
+  EXPECT_EQ(OnOneLine("a\u202egnp.exe\u2066b\u2069c\u200e\u200f\u061cd\u2028e"),
+            "a gnp.exe b c   d e");
+  // A byte that breaks UTF-8 is U+FFFD, one each, and never joins what follows.
+  EXPECT_EQ(OnOneLine("cut \xe2\x82"), "cut \ufffd\ufffd");
+  EXPECT_EQ(OnOneLine("\xc2\x1b[2J\xff"), "\ufffd [2J\ufffd");
+  EXPECT_EQ(ForTerminal("\xed\xa0\x80\u202e"), "\ufffd\ufffd\ufffd ");
+}
+
+TEST(OnOneLineTest, LongTextIsCutAtACharactersStartWithinTheLimit) {
+  EXPECT_EQ(OnOneLine("abcdef", 6), "abcdef");
+  EXPECT_EQ(OnOneLine("abcdefg", 6), "abc\u2026");
+  // "é" is two bytes: the cut moves back to its start rather than split it.
+  EXPECT_EQ(OnOneLine("ab\u00e9\u00e9\u00e9", 6), "ab\u2026");
+  EXPECT_EQ(OnOneLine("a\u4e2d\u4e2d", 6), "a\u2026");
+  EXPECT_EQ(OnOneLine("abc", 2), "ab");
+  // The limit counts what is shown: a control's space, a bad byte's three bytes.
+  EXPECT_EQ(OnOneLine("\xff\xff", 6), "\ufffd\ufffd");
+  EXPECT_EQ(OnOneLine("\xff\xff\xff", 8), "\ufffd\u2026");
+  const std::string long_error = "x" + std::string(60000, '\n');
+  EXPECT_EQ(OnOneLine(long_error, 200).size(), 200u);
+  EXPECT_EQ(FirstInvalidUtf8(OnOneLine(std::string(300, '\xe2'), 200)), std::string_view::npos);
+}
+
+// A message of several lines keeps its lines, but a line of another party's cannot pass for one
+// of the program's own: each starts with white space.
+TEST(ForTerminalTest, LinesAfterTheFirstStartWithWhiteSpace) {
+  EXPECT_EQ(ForTerminal("unknown model_type 'llama\x1b]0;T\x07\r\nllmctl: FORGED'"),
+            "unknown model_type 'llama ]0;T  \n  llmctl: FORGED'");
+  EXPECT_EQ(ForTerminal("two problems:\n  first\n\tsecond\n\nthird\n"),
+            "two problems:\n  first\n\tsecond\n\n  third\n");
+  EXPECT_EQ(ForTerminal("a\nb\nc", 7), "a\n  \u2026");
 }
 
 TEST(ReplaceInvalidUtf8Test, ReplacesEachBreakingByteAndKeepsTheRest) {
