@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -9,9 +11,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string_view>
+#include <vector>
 
 #include "common/byte_size.h"
 #include "common/checked_math.h"
@@ -32,7 +36,73 @@ std::string_view FileTypeName(mode_t mode) {
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISFIFO(mode)) return "a named pipe (FIFO)";
   if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISREG(mode)) return "a regular file";
+  return "a file of an unknown type";
+}
+
+// True when group `gid` is this user's private group (named after the user, no other members):
+// a directory writable by it is writable by no one else.
+bool IsPrivateGroup(gid_t gid) {
+  std::vector<char> buffer(16384);
+  struct passwd user {};
+  struct passwd* found_user = nullptr;
+  if (::getpwuid_r(::geteuid(), &user, buffer.data(), buffer.size(), &found_user) != 0 ||
+      found_user == nullptr || found_user->pw_name == nullptr || *found_user->pw_name == '\0') {
+    return false;
+  }
+  const std::string name = found_user->pw_name;
+  struct group entry {};
+  struct group* found = nullptr;
+  if (::getgrgid_r(gid, &entry, buffer.data(), buffer.size(), &found) != 0 || found == nullptr) {
+    return false;
+  }
+  if (found->gr_name == nullptr || name != found->gr_name) return false;
+  for (char** member = found->gr_mem; member != nullptr && *member != nullptr; ++member) {
+    if (name != *member) return false;
+  }
+  return true;
+}
+
+Status DirectoryRefusal(const std::string& dir, std::string_view reason) {
+  return FailedPreconditionError(std::string(dir).append(": ").append(reason));
+}
+
+std::string OctalMode(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof(text), "%04o", static_cast<unsigned>(mode & 07777));
+  return text;
+}
+
+// Makes `dir` with `mode` and the missing directories above it; `info` describes what is at `dir`
+// then. One that another process made meanwhile is described as it is, to be checked as one that
+// was there.
+Status MakeDirectory(const std::string& dir, mode_t mode, bool follow_link, struct stat& info) {
+  const std::filesystem::path parent = std::filesystem::path(dir).parent_path();
+  if (!parent.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(parent, error);
+    if (error) return DirectoryRefusal(dir, std::string("cannot create: ").append(error.message()));
+  }
+  const bool made = ::mkdir(dir.c_str(), mode) == 0;
+  if (!made && errno != EEXIST) {
+    return DirectoryRefusal(dir, std::string("cannot create: ").append(std::strerror(errno)));
+  }
+  if ((follow_link ? ::stat(dir.c_str(), &info) : ::lstat(dir.c_str(), &info)) != 0) {
+    return DirectoryRefusal(dir, std::string("cannot create: ").append(std::strerror(errno)));
+  }
+  // The umask narrowed what mkdir made; only a directory made here is changed.
+  if (made && S_ISDIR(info.st_mode) && (info.st_mode & mode) != mode) {
+    const mode_t wanted = (info.st_mode & 07777) | mode;
+    if (::chmod(dir.c_str(), wanted) != 0) {
+      return DirectoryRefusal(dir, std::string("cannot make it mode ")
+                                       .append(OctalMode(mode))
+                                       .append(": ")
+                                       .append(std::strerror(errno)));
+    }
+    info.st_mode = (info.st_mode & ~mode_t{07777}) | wanted;
+  }
+  return Status::Ok();
 }
 
 // O_NONBLOCK: opening a FIFO would otherwise wait for a writer, and reading /dev/zero would never
@@ -147,6 +217,42 @@ StatusOr<int> RemoveLeftoverFiles(const std::string& dir,
   ::closedir(listing);
   if (!first_error.ok()) return first_error;
   return removed;
+}
+
+Status EnsureOwnDirectory(const std::string& dir, mode_t mode, OthersMay others, bool follow_link) {
+  struct stat info {};
+  if ((follow_link ? ::stat(dir.c_str(), &info) : ::lstat(dir.c_str(), &info)) != 0) {
+    RETURN_IF_ERROR(MakeDirectory(dir, mode, follow_link, info));
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    return DirectoryRefusal(dir,
+                            std::string(FileTypeName(info.st_mode)).append(", not a directory"));
+  }
+  if (info.st_uid != ::geteuid()) {
+    return DirectoryRefusal(
+        dir,
+        std::string("owned by another user (uid ").append(std::to_string(info.st_uid)).append(")"));
+  }
+  switch (others) {
+    case OthersMay::kAnything:
+      break;
+    case OthersMay::kRead:
+      if ((info.st_mode & S_IWOTH) != 0 ||
+          ((info.st_mode & S_IWGRP) != 0 && !IsPrivateGroup(info.st_gid))) {
+        return DirectoryRefusal(dir, std::string("writable by other users (mode ")
+                                         .append(OctalMode(info.st_mode))
+                                         .append(")"));
+      }
+      break;
+    case OthersMay::kNothing:
+      if ((info.st_mode & 077) != 0) {
+        return DirectoryRefusal(
+            dir,
+            std::string("open to other users (mode ").append(OctalMode(info.st_mode)).append(")"));
+      }
+      break;
+  }
+  return Status::Ok();
 }
 
 StatusOr<uint64_t> AvailableBytes(std::string_view what, const std::string& dir) {

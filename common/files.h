@@ -1,5 +1,5 @@
 // Reading files: whole small files, read-only memory mappings of large ones, and regular files
-// only; whether a file about to be written fits.
+// only; whether a file about to be written fits; a directory of this user's, made or checked.
 #ifndef LLMCTL_COMMON_FILES_H_
 #define LLMCTL_COMMON_FILES_H_
 
@@ -76,6 +76,24 @@ Status CheckRoomIn(std::string_view what, const std::string& dir, uint64_t avail
 // directory, a file it cannot remove) after trying the rest.
 StatusOr<int> RemoveLeftoverFiles(const std::string& dir,
                                   const std::function<bool(std::string_view name)>& is_leftover);
+
+// What EnsureOwnDirectory lets users other than the owner do in a directory that is there already.
+enum class OthersMay {
+  kAnything,  // any mode: a directory the user named may be shared on purpose (LLMCTL_HOME)
+  kRead,      // read and enter, never write, so nothing can be planted in it; a group may write
+              // only when it is the user's private group (named after them, no other members),
+              // as umask 002 makes directories
+  kNothing,   // nothing: no group or other permission bit set (a socket's or secrets' directory)
+};
+
+// `dir` as a directory of this user's (the effective uid). Made when it is not there, with `mode`
+// whatever the umask (the missing directories above it as create_directories makes them). One
+// that is there is checked and never changed: chmodding a directory llmctl did not make (/tmp,
+// named as root) would break it for everyone else. FailedPrecondition starting with `dir` when it
+// cannot be made, or is a symbolic link (followed instead when `follow_link`), not a directory,
+// owned by another user, or more open than `others` allows.
+Status EnsureOwnDirectory(const std::string& dir, mode_t mode, OthersMay others,
+                          bool follow_link = false);
 
 // A read-only MAP_PRIVATE mapping of a whole file, unmapped on destruction. Errors as
 // ReadFileToString. An empty file maps to an empty span.

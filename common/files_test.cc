@@ -1,11 +1,15 @@
 // ReadFileInPieces: a file in bounded pieces. CheckRoomFor: what fits on a filesystem, with what
-// llmctl keeps free of it and what writes in progress were promised.
+// llmctl keeps free of it and what writes in progress were promised. EnsureOwnDirectory: a
+// directory of this user's, made or checked and never changed.
 #include "common/files.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -100,6 +104,119 @@ TEST(ReadFileInPiecesTest, AnErrorFromThePieceEndsTheReading) {
                              [](std::string_view) { return Status::Ok(); })
                 .code(),
             StatusCode::kNotFound);
+}
+
+// A fresh, empty directory of this test's under the process's temporary one.
+std::string FreshDir(const std::string& name) {
+  const std::string dir = testing::TempDir() + "/" + name;
+  std::filesystem::remove_all(dir);
+  EXPECT_TRUE(std::filesystem::create_directory(dir));
+  return dir;
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat info {};
+  EXPECT_EQ(::lstat(path.c_str(), &info), 0) << path;
+  return info.st_mode & 07777;
+}
+
+TEST(EnsureOwnDirectoryTest, AMissingOneIsMadeWithItsModeWhateverTheUmask) {
+  const std::string dir = FreshDir("own_made") + "/above/dir";
+  const mode_t umask = ::umask(0077);  // would make it 0700
+  const Status made = EnsureOwnDirectory(dir, 0750, OthersMay::kAnything);
+  ::umask(umask);
+  ASSERT_TRUE(made.ok()) << made.ToString();
+  EXPECT_EQ(ModeOf(dir), 0750u);
+  EXPECT_TRUE(std::filesystem::is_directory(std::filesystem::path(dir).parent_path()));
+
+  const std::string private_dir = FreshDir("own_made") + "/private";
+  ASSERT_TRUE(EnsureOwnDirectory(private_dir, 0700, OthersMay::kNothing).ok());
+  EXPECT_EQ(ModeOf(private_dir), 0700u);
+}
+
+// One that is there is accepted as `others` allows and never changed, mode and all.
+TEST(EnsureOwnDirectoryTest, AnExistingOneIsCheckedAndLeftAsItIs) {
+  const std::string dir = FreshDir("own_existing");
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  EXPECT_TRUE(EnsureOwnDirectory(dir, 0700, OthersMay::kAnything).ok());
+  EXPECT_TRUE(EnsureOwnDirectory(dir, 0700, OthersMay::kRead).ok());
+  const Status refused = EnsureOwnDirectory(dir, 0700, OthersMay::kNothing);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.message(), dir + ": open to other users (mode 0755)");
+  EXPECT_EQ(ModeOf(dir), 0755u);
+
+  ASSERT_EQ(::chmod(dir.c_str(), 01777), 0);  // /tmp
+  EXPECT_TRUE(EnsureOwnDirectory(dir, 0700, OthersMay::kAnything).ok());
+  EXPECT_EQ(EnsureOwnDirectory(dir, 0700, OthersMay::kRead).message(),
+            dir + ": writable by other users (mode 1777)");
+  EXPECT_EQ(ModeOf(dir), 01777u);
+
+  if (::geteuid() == 0) {  // only root can give a directory away
+    ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
+    ASSERT_EQ(::chown(dir.c_str(), 65534, 65534), 0);
+    const Status foreign = EnsureOwnDirectory(dir, 0700, OthersMay::kAnything);
+    EXPECT_EQ(foreign.code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(foreign.message(), dir + ": owned by another user (uid 65534)");
+  }
+}
+
+// A link is refused, not followed: the directory it leads to (another user's, or one whose mode
+// passes when the link's place does not) is never checked in its place, nor written into.
+TEST(EnsureOwnDirectoryTest, ASymbolicLinkIsRefused) {
+  const std::string dir = FreshDir("own_link");
+  const std::string target = dir + "/target";
+  ASSERT_EQ(::mkdir(target.c_str(), 0700), 0);
+  const std::string link = dir + "/link";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  const Status refused = EnsureOwnDirectory(link, 0700, OthersMay::kAnything);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.message(), link + ": a symbolic link, not a directory");
+  EXPECT_TRUE(EnsureOwnDirectory(link, 0700, OthersMay::kNothing, /*follow_link=*/true).ok());
+
+  // A dangling one is not made into a directory at its target either.
+  const std::string dangling = dir + "/dangling";
+  ASSERT_EQ(::symlink((dir + "/nowhere").c_str(), dangling.c_str()), 0);
+  EXPECT_EQ(EnsureOwnDirectory(dangling, 0700, OthersMay::kAnything).message(),
+            dangling + ": a symbolic link, not a directory");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/nowhere"));
+}
+
+TEST(EnsureOwnDirectoryTest, ARegularFileIsRefused) {
+  const std::string dir = FreshDir("own_file");
+  const std::string file = dir + "/file";
+  std::ofstream(file) << "not a directory";
+  const Status refused = EnsureOwnDirectory(file, 0700, OthersMay::kAnything);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.message(), file + ": a regular file, not a directory");
+
+  // Nor can a directory be made below one.
+  const Status below = EnsureOwnDirectory(file + "/a/b", 0700, OthersMay::kAnything);
+  EXPECT_EQ(below.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(below.message().rfind(file + "/a/b: cannot create: ", 0), 0u) << below.message();
+}
+
+// A group may not enter a private directory at all, nor write one that others may only read,
+// unless it is the user's private group (root's own group "root" may be one here, so the test
+// gives the directory to nogroup).
+TEST(EnsureOwnDirectoryTest, AGroupWritableOneIsRefusedWhenPrivate) {
+  const std::string dir = FreshDir("own_group");
+  ASSERT_EQ(::chmod(dir.c_str(), 0770), 0);
+  const Status refused = EnsureOwnDirectory(dir, 0700, OthersMay::kNothing);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.message(), dir + ": open to other users (mode 0770)");
+  ASSERT_EQ(::chmod(dir.c_str(), 0750), 0);
+  EXPECT_EQ(EnsureOwnDirectory(dir, 0700, OthersMay::kNothing).message(),
+            dir + ": open to other users (mode 0750)");
+  EXPECT_TRUE(EnsureOwnDirectory(dir, 0700, OthersMay::kRead).ok());
+  EXPECT_EQ(ModeOf(dir), 0750u);
+
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(dir.c_str(), 0, 65534), 0);
+    ASSERT_EQ(::chmod(dir.c_str(), 0770), 0);
+    EXPECT_EQ(EnsureOwnDirectory(dir, 0700, OthersMay::kRead).message(),
+              dir + ": writable by other users (mode 0770)");
+    EXPECT_TRUE(EnsureOwnDirectory(dir, 0700, OthersMay::kAnything).ok());
+  }
 }
 
 }  // namespace

@@ -9,9 +9,10 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <string>
+#include <string_view>
 
 #include "common/atomic_file.h"
 #include "common/files.h"
@@ -20,36 +21,16 @@
 namespace llmctl::controller {
 namespace {
 
-// Creates `dir` (mode 0700) when it is missing; an existing one must already be a directory of
-// this user's that no one else may enter. Never changes the mode of a directory it did not
-// create: `--listen unix:/tmp/x.sock` run as root would otherwise make /tmp unusable.
-Status MakePrivateDirectory(const std::string& dir) {
-  struct stat info;
-  if (lstat(dir.c_str(), &info) != 0) {
-    std::error_code error;
-    std::filesystem::create_directories(std::filesystem::path(dir).parent_path(), error);
-    if (error) return FailedPreconditionError("cannot create " + dir + ": " + error.message());
-    if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-      return FailedPreconditionError("cannot create " + dir + ": " + std::strerror(errno));
-    }
-    if (lstat(dir.c_str(), &info) != 0) {
-      return FailedPreconditionError("cannot create " + dir + ": " + std::strerror(errno));
-    }
-  }
-  if (!S_ISDIR(info.st_mode)) {
-    return FailedPreconditionError(dir + " is not a directory");
-  }
-  if (info.st_uid != geteuid() || (info.st_mode & 077) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(info.st_mode & 07777));
-    return FailedPreconditionError(
-        dir + " (owner uid " + std::to_string(info.st_uid) + ", mode " + mode +
-        ") is not a private directory of this user (uid " + std::to_string(geteuid()) +
-        ", mode 0700); llmctld changes no directory it did not create: choose a path in a new "
-        "or private directory (e.g. unix:" +
-        dir + "/llmctl/controller.sock)");
-  }
-  return Status::Ok();
+constexpr char kDataDirAdvice[] = "choose a data_dir that is new or private to this user";
+
+// `dir` made 0700 when missing, else one of this user's that no one else may enter; a refusal
+// says what to choose instead (`advice`), since llmctld changes no directory it did not create.
+Status MakePrivateDirectory(const std::string& dir, std::string_view advice) {
+  const Status made = EnsureOwnDirectory(dir, 0700, OthersMay::kNothing);
+  if (made.ok()) return made;
+  return FailedPreconditionError(std::string(made.message())
+                                     .append("; llmctld changes no directory it did not create: ")
+                                     .append(advice));
 }
 
 // True when something accepts connections on the unix socket at `path`.
@@ -116,7 +97,7 @@ Status WritePrivateFile(const std::string& path, const std::string& text) {
 StatusOr<rpc::TlsIdentity> LoadOrCreateControllerIdentity(const std::string& data_dir,
                                                           const rpc::CertificateAuthority& ca) {
   const std::string dir = data_dir + "/controller";
-  RETURN_IF_ERROR(MakePrivateDirectory(dir));
+  RETURN_IF_ERROR(MakePrivateDirectory(dir, kDataDirAdvice));
   const std::string certificate = dir + "/client.crt";
   const std::string key = dir + "/client.key";
   const std::string ca_file = dir + "/ca.crt";
@@ -138,7 +119,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
                                                 DaemonOptions options) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   const std::string& data = config.data_dir;
-  RETURN_IF_ERROR(MakePrivateDirectory(data));
+  RETURN_IF_ERROR(MakePrivateDirectory(data, kDataDirAdvice));
   // Before anything in the directory is opened, let alone written.
   ASSIGN_OR_RETURN(daemon->data_lock_, LockDataDirectory(data));
   ASSIGN_OR_RETURN(daemon->store_, store::Store::Open(data + "/llmctl.db"));
@@ -171,7 +152,11 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
       daemon->changes_, clock, std::move(api_token), std::move(identity));
 
   if (socket) {
-    RETURN_IF_ERROR(MakePrivateDirectory(std::filesystem::path(*socket).parent_path().string()));
+    const std::string socket_dir = std::filesystem::path(*socket).parent_path().string();
+    RETURN_IF_ERROR(MakePrivateDirectory(
+        socket_dir, std::string("choose a path in a new or private directory (e.g. unix:")
+                        .append(socket_dir)
+                        .append("/llmctl/controller.sock)")));
     struct stat info;
     if (lstat(socket->c_str(), &info) == 0 && S_ISSOCK(info.st_mode)) {
       if (SocketIsLive(*socket)) {

@@ -1,8 +1,6 @@
 #include "common/inputs/token_cache.h"
 
-#include <grp.h>
 #include <pwd.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,11 +11,13 @@
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "common/data/file_util.h"
 #include "common/data/token_file.h"
+#include "common/files.h"
 #include "common/inputs/trial_inputs.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -49,44 +49,22 @@ class TokenizerEncoder final : public data::TextEncoder {
 constexpr char kCacheAdvice[] =
     "set LLMCTL_CACHE_DIR to a directory of yours that only you can write";
 
-Status CacheError(const fs::path& dir, const std::string& reason) {
-  return UnavailableError(std::string("cannot use the token cache ")
-                              .append(dir.string())
-                              .append(": ")
-                              .append(reason)
-                              .append("; ")
-                              .append(kCacheAdvice));
+// `problem` starts with the directory it is about.
+Status CacheError(std::string_view problem) {
+  return UnavailableError(
+      std::string("cannot use the token cache ").append(problem).append("; ").append(kCacheAdvice));
 }
 
-// The user's entry in the password database: `home` and `name`; false when there is none.
-bool PasswdEntry(uid_t uid, std::string* home, std::string* name) {
+// The home directory of `uid` in the password database; "" when it has none.
+std::string PasswordDatabaseHome(uid_t uid) {
   std::vector<char> buffer(16384);
   struct passwd entry {};
   struct passwd* found = nullptr;
-  if (::getpwuid_r(uid, &entry, buffer.data(), buffer.size(), &found) != 0 || found == nullptr) {
-    return false;
+  if (::getpwuid_r(uid, &entry, buffer.data(), buffer.size(), &found) != 0 || found == nullptr ||
+      found->pw_dir == nullptr) {
+    return "";
   }
-  if (home != nullptr) *home = found->pw_dir != nullptr ? found->pw_dir : "";
-  if (name != nullptr) *name = found->pw_name != nullptr ? found->pw_name : "";
-  return true;
-}
-
-// True when group `gid` is this user's private group (named after the user, no other members):
-// a directory writable by it is writable by no one else, as umask 002 makes them.
-bool IsPrivateGroup(gid_t gid) {
-  std::string user;
-  if (!PasswdEntry(::geteuid(), nullptr, &user) || user.empty()) return false;
-  std::vector<char> buffer(16384);
-  struct group entry {};
-  struct group* found = nullptr;
-  if (::getgrgid_r(gid, &entry, buffer.data(), buffer.size(), &found) != 0 || found == nullptr) {
-    return false;
-  }
-  if (found->gr_name == nullptr || user != found->gr_name) return false;
-  for (char** member = found->gr_mem; member != nullptr && *member != nullptr; ++member) {
-    if (user != *member) return false;
-  }
-  return true;
+  return found->pw_dir;
 }
 
 // The cache's own directory: $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else
@@ -101,8 +79,7 @@ StatusOr<fs::path> CacheBaseDir() {
   if (const char* home = std::getenv("HOME"); home != nullptr && *home) {
     return fs::path(home) / ".cache" / "llmctl";
   }
-  std::string home;
-  if (PasswdEntry(::getuid(), &home, nullptr) && !home.empty()) {
+  if (const std::string home = PasswordDatabaseHome(::getuid()); !home.empty()) {
     return fs::path(home) / ".cache" / "llmctl";
   }
   return UnavailableError(std::string("no directory for the token cache: LLMCTL_CACHE_DIR, "
@@ -113,45 +90,17 @@ StatusOr<fs::path> CacheBaseDir() {
                               .append(kCacheAdvice));
 }
 
-// `dir`, made 0700 when missing; one that is there must be a directory of this user's that no
-// other user can write, or token files planted in it would be trained on.
-Status MakePrivateDirectory(const fs::path& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return CacheError(dir, std::strerror(errno));
-  }
-  struct stat info {};
-  if (::stat(dir.c_str(), &info) != 0) return CacheError(dir, std::strerror(errno));
-  if (!S_ISDIR(info.st_mode)) return CacheError(dir, "not a directory");
-  if (info.st_uid != ::geteuid()) {
-    return CacheError(dir, std::string("owned by another user (uid ")
-                               .append(std::to_string(info.st_uid))
-                               .append("), who could plant token files in it"));
-  }
-  const bool group_writes = (info.st_mode & S_IWGRP) != 0 && !IsPrivateGroup(info.st_gid);
-  if ((info.st_mode & S_IWOTH) != 0 || group_writes) {
-    std::ostringstream mode;
-    mode << std::oct << std::setw(4) << std::setfill('0') << (info.st_mode & 07777);
-    return CacheError(dir, std::string("writable by other users (mode ")
-                               .append(mode.str())
-                               .append("), who could plant token files in it (chmod go-w ")
-                               .append(dir.string())
-                               .append(")"));
-  }
-  return Status::Ok();
-}
-
-// The cache's tokens/ directory, made (0700) and checked: the base and tokens/ each private. The
-// directories above the base are the user's (~/.cache) and made as usual.
+// The cache's tokens/ directory, made (0700) and checked: the base and tokens/ each a directory
+// of this user's that no other user can write, or token files planted in it would be trained on.
+// The directories above the base are the user's (~/.cache) and made as usual.
 StatusOr<fs::path> UsableTokenCacheDir() {
   ASSIGN_OR_RETURN(const fs::path base, CacheBaseDir());
-  if (const fs::path above = base.parent_path(); !above.empty()) {
-    std::error_code error;
-    fs::create_directories(above, error);
-    if (error) return CacheError(base, error.message());
-  }
-  RETURN_IF_ERROR(MakePrivateDirectory(base));
   const fs::path tokens = base / "tokens";
-  RETURN_IF_ERROR(MakePrivateDirectory(tokens));
+  for (const fs::path& dir : {base, tokens}) {
+    const Status made =
+        EnsureOwnDirectory(dir.string(), 0700, OthersMay::kRead, /*follow_link=*/true);
+    if (!made.ok()) return CacheError(made.message());
+  }
   return tokens;
 }
 
@@ -186,7 +135,7 @@ StatusOr<std::string> CachedTokenFileIn(
   std::error_code error;
   // The directory comes from the environment: one the system cannot look into is a message.
   const bool cached = fs::exists(path, error);
-  if (error) return CacheError(dir, error.message());
+  if (error) return CacheError(dir.string().append(": ").append(error.message()));
   if (cached) {
     // Its contents checked too (one pass): a file corrupted since it was written is made again
     // here, not refused by every run that opens it.

@@ -130,7 +130,7 @@ TEST(TokenCacheTest, AnUnusableCacheIsSkippedByTheEstimateWithOneNote) {
   EXPECT_EQ(refused.code(), StatusCode::kUnavailable);
   EXPECT_THAT(refused.message(),
               HasSubstr("cannot use the token cache " + (dir / "file" / "cache").string() +
-                        ": Not a directory; set LLMCTL_CACHE_DIR"));
+                        ": cannot create: Not a directory; set LLMCTL_CACHE_DIR"));
 
   std::ostringstream err;
   std::streambuf* const saved = std::cerr.rdbuf(err.rdbuf());

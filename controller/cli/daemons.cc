@@ -54,29 +54,6 @@ Status WriteText(const fs::path& path, const std::string& text, mode_t mode) {
   });
 }
 
-// `dir`, made with `perms` when it is not there. One that is there is used as it is, mode and all
-// (LLMCTL_HOME may name a directory shared with others, /tmp as root), when it is a directory of
-// this user's: not a link to one elsewhere, where the daemons' logs and credentials would go.
-Status MakeDirectory(const fs::path& dir, fs::perms perms) {
-  struct stat info;
-  if (::lstat(dir.c_str(), &info) == 0) {
-    if (!S_ISDIR(info.st_mode)) {
-      return FailedPreconditionError(dir.string() + ": not a directory (a link or a file)");
-    }
-    if (info.st_uid != ::geteuid()) {
-      return FailedPreconditionError(dir.string() + ": owned by another user (uid " +
-                                     std::to_string(info.st_uid) + ")");
-    }
-    return Status::Ok();
-  }
-  std::error_code error;
-  fs::create_directories(dir, error);
-  if (error) return FailedPreconditionError(dir.string() + ": cannot create: " + error.message());
-  fs::permissions(dir, perms, error);
-  if (error) return FailedPreconditionError(dir.string() + ": chmod: " + error.message());
-  return Status::Ok();
-}
-
 // Holds an exclusive flock on a file for its lifetime.
 class FileLock {
  public:
@@ -273,7 +250,7 @@ Status WriteAgentCredentials(const v1::NodeCredentials& credentials, const fs::p
       credentials.ca_certificate_pem().empty() || credentials.token().empty()) {
     return InvalidArgumentError("RegisterNode answered without a certificate, key, CA or token");
   }
-  RETURN_IF_ERROR(MakeDirectory(tls_dir, fs::perms::owner_all));
+  RETURN_IF_ERROR(EnsureOwnDirectory(tls_dir.string(), 0700, OthersMay::kAnything));
   RETURN_IF_ERROR(WriteText(tls_dir / "ca.crt", credentials.ca_certificate_pem(), 0600));
   RETURN_IF_ERROR(WriteText(tls_dir / "agent.crt", credentials.certificate_pem(), 0600));
   RETURN_IF_ERROR(WriteText(tls_dir / "agent.key", credentials.private_key_pem(), 0600));
@@ -370,9 +347,12 @@ Status EmbeddedDaemons::RegisterLocalAgent() const {
 }
 
 Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
-  RETURN_IF_ERROR(MakeDirectory(data_dir_, fs::perms::owner_all));
-  RETURN_IF_ERROR(MakeDirectory(data_dir_ / "logs", fs::perms::owner_all));
-  RETURN_IF_ERROR(MakeDirectory(data_dir_ / "agent", fs::perms::owner_all));
+  // One that is there is used as it is, mode and all (LLMCTL_HOME may name a directory shared
+  // with others, /tmp as root), when it is a directory of this user's: not a link to one
+  // elsewhere, where the daemons' logs and credentials would go.
+  for (const fs::path& dir : {data_dir_, data_dir_ / "logs", data_dir_ / "agent"}) {
+    RETURN_IF_ERROR(EnsureOwnDirectory(dir.string(), 0700, OthersMay::kAnything));
+  }
   ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(data_dir_ / "daemons.lock"));
 
   const DaemonSpec controller = ControllerSpec();

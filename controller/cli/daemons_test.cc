@@ -187,7 +187,7 @@ TEST_F(DaemonsTest, AnExistingHomeKeepsItsModeAndALinkInItIsRefused) {
       home, {.llmctld = "/bin/false", .llm_agent = "/bin/false", .llm_train = "/bin/false"});
   const Status started = daemons.EnsureRunning(std::chrono::seconds(1));
   EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(started.message(), (home / "logs").string() + ": not a directory (a link or a file)");
+  EXPECT_EQ(started.message(), (home / "logs").string() + ": a symbolic link, not a directory");
   EXPECT_EQ(fs::status(home).permissions() & fs::perms::all,
             fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
                 fs::perms::others_read | fs::perms::others_exec);
