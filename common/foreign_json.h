@@ -36,6 +36,14 @@ std::string DumpLossy(const Json& value, int indent = -1) {
   return value.dump(indent, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
 }
 
+// DumpLossy with every character past ASCII written as \uXXXX: JSON for the user's terminal
+// (`report --format json` and its kind), where another process's U+009B (CSI) or U+202E (a
+// right-to-left override) would act as itself; a JSON reader reads the same strings back.
+template <typename Json>
+std::string DumpForTerminal(const Json& value, int indent = -1) {
+  return value.dump(indent, ' ', /*ensure_ascii=*/true, Json::error_handler_t::replace);
+}
+
 }  // namespace llmctl
 
 #endif  // LLMCTL_COMMON_FOREIGN_JSON_H_

@@ -176,7 +176,7 @@ std::string RenderJson(const v1::ReportResponse& report) {
   root["name"] = report.name();
   root["trials"] = nlohmann::ordered_json::array();
   for (const v1::TrialReport& trial : report.trials()) root["trials"].push_back(TrialJson(trial));
-  return DumpLossy(root, 2) + "\n";
+  return DumpForTerminal(root, 2) + "\n";
 }
 
 }  // namespace llmctl::cli

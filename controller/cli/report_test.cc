@@ -563,6 +563,31 @@ TEST(ReportTest, CsvCellsAreOneLineWithoutControlCharacters) {
   EXPECT_NE(csv.find("\n cell,"), std::string::npos) << csv;
 }
 
+// `report --format json` goes to the terminal too: every character past ASCII is written as
+// \uXXXX, so a C1 CSI (U+009B) or a right-to-left override (U+202E) in the controller's words is
+// not one there; a JSON reader reads the same strings back.
+TEST(ReportTest, JsonWritesNonAsciiAsEscapes) {
+  v1::ReportResponse report = FixedReport();
+  const std::string error =
+      "died \xe2\x80\xae"
+      "txt.exe \xc2\x9b"
+      "2J \xe2\x80\x93 done";
+  report.mutable_trials(0)->set_error(error);
+  v1::KernelFallback* fallback = report.mutable_trials(0)->add_kernel_fallbacks();
+  fallback->set_op("rms_norm");
+  fallback->set_reason(
+      "\xe2\x81\xa6"
+      "odd");
+  const std::string text = RenderReport(report, ReportFormat::kJson);
+  EXPECT_TRUE(std::all_of(text.begin(), text.end(),
+                          [](char c) { return static_cast<unsigned char>(c) < 0x80; }));
+  EXPECT_NE(text.find(R"("error": "died \u202etxt.exe \u009b2J \u2013 done")"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find(R"("reason": "\u2066odd")"), std::string::npos) << text;
+  const nlohmann::json json = nlohmann::json::parse(text);
+  EXPECT_EQ(json["trials"][0]["error"], error);
+}
+
 TEST(ReportTest, CountsOutcomesOtherThanExpected) {
   v1::ReportResponse report = FixedReport();
   EXPECT_EQ(CountUnexpectedOutcomes(report), 1);  // cpu-offload; the running one expects nothing
