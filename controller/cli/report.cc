@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/text.h"
 #include "common/trial_outcome.h"
 #include "controller/cli/report_renderers.h"
 
@@ -38,7 +39,11 @@ int CountUnexpectedOutcomes(const v1::ReportResponse& report) {
       std::count_if(report.trials().begin(), report.trials().end(), IsUnexpected));
 }
 
-std::string EscapeHtml(std::string_view text) {
+std::string EscapeHtml(std::string_view raw) {
+  // Every text a report escapes is one line's (a name, a phase, an error in a <p>, where HTML runs
+  // lines together anyway), and `report --format html` without --output goes to the terminal:
+  // another process's escape sequence or C1 control would act there.
+  const std::string text = OnOneLine(raw);
   std::string out;
   out.reserve(text.size());
   for (char c : text) {

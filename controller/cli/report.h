@@ -36,7 +36,8 @@ bool IsUnexpected(const v1::TrialReport& trial);
 // The trials that IsUnexpected; `submit --wait` exits 1 when there is one.
 int CountUnexpectedOutcomes(const v1::ReportResponse& report);
 
-// `text` with &, <, >, " and ' replaced by entities, for HTML text and attribute values.
+// `text` on one line (OnOneLine: no control character) with &, <, >, " and ' replaced by
+// entities, for HTML text and attribute values.
 std::string EscapeHtml(std::string_view text);
 
 }  // namespace llmctl::cli

@@ -588,6 +588,23 @@ TEST(ReportTest, JsonWritesNonAsciiAsEscapes) {
   EXPECT_EQ(json["trials"][0]["error"], error);
 }
 
+// `report --format html` without --output goes to the terminal: an escape sequence or C1 control
+// in a trial's name (a chart's label, a <figcaption>), a phase (a <title>) or an error (a <p>) is
+// a space there; HTML's own characters are still entities.
+TEST(ReportTest, HtmlTextHoldsNoControlCharacters) {
+  v1::ReportResponse report = FixedReport();
+  report.mutable_trials(0)->set_name("a\x1b]0;T\x07<b>");
+  report.mutable_trials(0)->set_error(
+      "boom\r\n\xc2\x9b"
+      "2J");
+  report.mutable_trials(0)->mutable_at_peak()->set_phase("phase1\x1b[31m");
+  const std::string html = RenderReport(report, ReportFormat::kHtml);
+  EXPECT_EQ(html.find_first_of("\x1b\x07\r"), std::string::npos);
+  EXPECT_EQ(html.find("\xc2\x9b"), std::string::npos);
+  EXPECT_NE(html.find("<p><b>a ]0;T &lt;b&gt;</b>: boom   2J</p>"), std::string::npos) << html;
+  EXPECT_EQ(EscapeHtml("line\none\t\x7f'&"), "line one  &#39;&amp;");
+}
+
 TEST(ReportTest, CountsOutcomesOtherThanExpected) {
   v1::ReportResponse report = FixedReport();
   EXPECT_EQ(CountUnexpectedOutcomes(report), 1);  // cpu-offload; the running one expects nothing
