@@ -1,5 +1,6 @@
 // `llmctl report`'s lab table for the terminal and as Markdown.
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/text.h"
@@ -10,6 +11,26 @@
 
 namespace llmctl::cli {
 namespace {
+
+// A text cell of a Markdown table (the controller's words: a trial's name, its outcome) as literal
+// text. A table's cells are inline Markdown, so the characters that open inline syntax are
+// backslash-escaped: '[', ']', '(', ')' and '!' (a link or an image: `![a](http://x/y.png)` was
+// an <img>), '*', '_' and '~' (emphasis, strikethrough), '`' (code), '{' and '}', '|' (it would
+// end the cell), '&' (an entity), and '\' itself (so that `m\|x` cannot end the cell at its
+// '|'); '<' becomes "&lt;" (raw HTML, an autolink). '#', '+', '-' and '.' are left: they mean
+// something only at a line's start, which a cell never is.
+std::string MarkdownText(std::string_view text) {
+  std::string escaped;
+  for (char c : text) {
+    if (c == '<') {
+      escaped += "&lt;";
+      continue;
+    }
+    if (std::string_view("\\`*_{}[]()!|&~").find(c) != std::string_view::npos) escaped += '\\';
+    escaped += c;
+  }
+  return escaped;
+}
 
 // "train: 2 ranks; peak MiB 45.3 (rank 0), 45.4 (rank 1); allocated MiB per phase over the ranks:
 // phase0_before_fwd 40.1, phase1_after_fwd 44.0–44.2; tokens/s is the whole job's\n".
@@ -113,21 +134,15 @@ std::string RenderMarkdown(const v1::ReportResponse& report) {
   out += "\n";
   for (const v1::TrialReport& trial : report.trials()) {
     LabRow row = MakeLabRow(trial, layout);
+    // The numeric cells are this file's own figures ("0.0 + 480.1", "61.0 (OOM)"), as
+    // scripts/lab_table.py writes them.
+    for (size_t i = 0; i < kFirstNumericColumn; ++i) row.cells[i] = MarkdownText(row.cells[i]);
     if (row.unexpected) {
-      row.cells[kOutcomeColumn] =
-          "**" + row.cells[kOutcomeColumn] + "** (expected " + OnOneLine(trial.expected()) + ")";
+      row.cells[kOutcomeColumn] = "**" + row.cells[kOutcomeColumn] + "** (expected " +
+                                  MarkdownText(OnOneLine(trial.expected())) + ")";
     }
     out += "|";
-    for (const std::string& cell : row.cells) {
-      // A '|' inside a cell would end it, and a '<' could open raw HTML where Markdown is shown.
-      std::string escaped;
-      for (char c : cell) {
-        escaped += c == '|'   ? std::string("\\|")
-                   : c == '<' ? std::string("&lt;")
-                              : std::string(1, c);
-      }
-      out += " " + escaped + " |";
-    }
+    for (const std::string& cell : row.cells) out += " " + cell + " |";
     out += "\n";
   }
   return out;

@@ -515,7 +515,7 @@ TEST(ReportTest, AHostileReportIsRenderedSafely) {
   EXPECT_NE(table.find("experiment 7: lab ]0;owned \n"), std::string::npos) << table;
 
   const std::string markdown = RenderReport(report, ReportFormat::kMarkdown);
-  EXPECT_NE(markdown.find("| a [2J \\| fake \\| row \\|&lt;script> |"), std::string::npos)
+  EXPECT_NE(markdown.find("| a \\[2J \\| fake \\| row \\|&lt;script> |"), std::string::npos)
       << markdown;
   EXPECT_EQ(markdown.find('\x1b'), std::string::npos);
 
@@ -603,6 +603,25 @@ TEST(ReportTest, HtmlTextHoldsNoControlCharacters) {
   EXPECT_EQ(html.find("\xc2\x9b"), std::string::npos);
   EXPECT_NE(html.find("<p><b>a ]0;T &lt;b&gt;</b>: boom   2J</p>"), std::string::npos) << html;
   EXPECT_EQ(EscapeHtml("line\none\t\x7f'&"), "line one  &#39;&amp;");
+}
+
+// A trial's name in a Markdown table is literal text: it cannot add an image, a link, emphasis or
+// code, nor end its cell with `\|`.
+TEST(ReportTest, MarkdownCellsAreLiteralText) {
+  v1::ReportResponse report = FixedReport();
+  report.mutable_trials(0)->set_name("evil/model=![a](http://evil.example/x.png)");
+  report.mutable_trials(1)->set_name("[c](javascript:alert(1))");
+  report.mutable_trials(2)->set_name("m\\|x *b* _i_ `c` ~s~ &lt;");
+  const std::string markdown = RenderReport(report, ReportFormat::kMarkdown);
+  EXPECT_NE(markdown.find("| evil/model=\\!\\[a\\]\\(http://evil.example/x.png\\) | ok |"),
+            std::string::npos)
+      << markdown;
+  EXPECT_NE(markdown.find("| \\[c\\]\\(javascript:alert\\(1\\)\\) | oom |"), std::string::npos)
+      << markdown;
+  EXPECT_NE(markdown.find("| m\\\\\\|x \\*b\\* \\_i\\_ \\`c\\` \\~s\\~ \\&lt; | ok | **oom** "
+                          "(expected ok) |"),
+            std::string::npos)
+      << markdown;
 }
 
 TEST(ReportTest, CountsOutcomesOtherThanExpected) {
