@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/foreign_json.h"
+#include "common/text.h"
 
 namespace llmctl {
 namespace {
@@ -23,6 +24,10 @@ constexpr StringField kStringFields[] = {
     {"nvidia_driver", &TrainerVersions::nvidia_driver, false},
     {"driver_cuda", &TrainerVersions::driver_cuda, false},
 };
+
+// A version is a few words ("2.15.0+cu132", "580.95.05"); `llmctl nodes`, estimate and plan print
+// them.
+constexpr size_t kMaxVersionBytes = 64;
 
 }  // namespace
 
@@ -55,7 +60,7 @@ StatusOr<TrainerVersions> ParseTrainerVersions(std::string_view text) {
   const std::string where = "llm-train --version --json";
   const Json json = ParseForeignJson(text);
   if (!json.is_object()) {
-    return InvalidArgumentError(where + ": not a JSON object: '" + std::string(text) + "'");
+    return InvalidArgumentError(where + ": not a JSON object: '" + OnOneLine(text, 200) + "'");
   }
   TrainerVersions versions;
   for (const StringField& field : kStringFields) {
@@ -66,6 +71,10 @@ StatusOr<TrainerVersions> ParseTrainerVersions(std::string_view text) {
                                   (value == json.end() ? "missing" : "not a string"));
     }
     versions.*field.member = value->get<std::string>();
+    if (const std::string problem = PrintableTextProblem(versions.*field.member, kMaxVersionBytes);
+        !problem.empty()) {
+      return InvalidArgumentError(where + ": '" + field.key + "' " + problem);
+    }
   }
   if (auto devices = json.find("cuda_devices"); devices != json.end()) {
     if (!devices->is_number_integer() || devices->get<int64_t>() < 0 ||

@@ -61,5 +61,28 @@ TEST(TrainerVersionsTest, RejectsWhatIsNotTheReport) {
             "llm-train --version --json: 'cuda_devices' is not a count");
 }
 
+// `llmctl nodes`, estimate and plan print the versions: a trainer's (or a probe file's) that
+// would move the cursor, forge a line or fill the screen is refused, and so is what is not JSON
+// shown without its controls.
+TEST(TrainerVersionsTest, RejectsVersionsThatAreNotPrintable) {
+  EXPECT_EQ(
+      ParseTrainerVersions(R"({"llmctl": "0.4.0", "libtorch": "2.15.0\u001b]0;T\u0007\r\nFORGED"})")
+          .status()
+          .message(),
+      "llm-train --version --json: 'libtorch' holds a control character");
+  EXPECT_EQ(
+      ParseTrainerVersions(R"({"llmctl": "0.4.0", "libtorch": "2", "nvidia_driver": "5\u202e8"})")
+          .status()
+          .message(),
+      "llm-train --version --json: 'nvidia_driver' holds a bidirectional text control");
+  EXPECT_EQ(
+      ParseTrainerVersions(R"({"llmctl": "0.4.0", "libtorch": ")" + std::string(65, '2') + "\"}")
+          .status()
+          .message(),
+      "llm-train --version --json: 'libtorch' longer than 64 bytes");
+  EXPECT_EQ(ParseTrainerVersions("oops\x1b[2J\nFORGED").status().message(),
+            "llm-train --version --json: not a JSON object: 'oops [2J FORGED'");
+}
+
 }  // namespace
 }  // namespace llmctl

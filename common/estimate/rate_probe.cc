@@ -21,6 +21,8 @@ using nlohmann::ordered_json;
 constexpr char kWhere[] = "rate probe";
 // A CPU's model name (/proc/cpuinfo) or a GPU's (NVML) is well under it.
 constexpr size_t kMaxDeviceNameBytes = 256;
+// The probe's other texts: a dtype, a device kind, a time in ISO 8601.
+constexpr size_t kMaxTextBytes = 64;
 
 Status Refuse(const std::string& field, const std::string& problem) {
   return InvalidArgumentError(std::string(kWhere) + ": '" + field + "' " + problem);
@@ -66,12 +68,20 @@ StatusOr<double> Rate(const json& object, const std::string& key, const std::str
   return x;
 }
 
-StatusOr<std::string> Text(const json& object, const std::string& key, const std::string& path) {
+// A string at `key` of `object` of at most `max_bytes` printable bytes (PrintableTextProblem), or
+// InvalidArgument naming `path`: Summary prints the probe's texts under estimate's and plan's
+// tables, and `llmctl nodes` a node's.
+StatusOr<std::string> Text(const json& object, const std::string& key, const std::string& path,
+                           size_t max_bytes = kMaxTextBytes) {
   const auto found = object.find(key);
   if (found == object.end() || !found->is_string()) {
     return Refuse(path, found == object.end() ? "is missing" : "must be a string");
   }
-  return found->get<std::string>();
+  std::string text = found->get<std::string>();
+  if (const std::string problem = PrintableTextProblem(text, max_bytes); !problem.empty()) {
+    return Refuse(path, problem);
+  }
+  return text;
 }
 
 // "fp32", "bf16" or "fp16" at `path`.dtype of `row`.
@@ -178,13 +188,8 @@ Status ParseIdentity(const json& j, RateProbe& probe) {
   if (probe.device != "cpu" && probe.device != "cuda") {
     return Refuse("identity.device", "must be cpu or cuda");
   }
-  ASSIGN_OR_RETURN(probe.device_name, Text(*identity, "device_name", "identity.device_name"));
-  // Printed as it is by `llmctl nodes` and under estimate's table: a name another process wrote
-  // must not fill a terminal or move its cursor.
-  if (const std::string problem = PrintableTextProblem(probe.device_name, kMaxDeviceNameBytes);
-      !problem.empty()) {
-    return Refuse("identity.device_name", problem);
-  }
+  ASSIGN_OR_RETURN(probe.device_name,
+                   Text(*identity, "device_name", "identity.device_name", kMaxDeviceNameBytes));
   const auto threads = identity->find("threads");
   if (threads == identity->end() || !threads->is_number_integer() || threads->get<int64_t>() < 1 ||
       threads->get<int64_t>() > 1 << 20) {

@@ -191,6 +191,16 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
           "identity.device_name");
   refused([](nlohmann::json& j) { j["identity"]["versions"].erase("libtorch"); },
           "identity.versions");
+  // Summary prints these under estimate's and plan's tables: none may forge a line there.
+  refused(
+      [](nlohmann::json& j) { j["identity"]["versions"]["libtorch"] = "\x1b]0;T\x07\r\nFORGED"; },
+      "identity.versions");
+  refused([](nlohmann::json& j) { j["identity"]["versions"]["llmctl"] = "0.4\u202e"; },
+          "identity.versions");
+  refused([](nlohmann::json& j) { j["identity"]["device_name"] = "EPYC\u009b2J"; },
+          "identity.device_name");
+  refused([](nlohmann::json& j) { j["measured_at"] = "2026-12-01\x1b[2J\nFORGED"; }, "measured_at");
+  refused([](nlohmann::json& j) { j["measured_at"] = std::string(65, '1'); }, "measured_at");
   refused([](nlohmann::json& j) { j["matmul"] = nlohmann::json::array(); }, "matmul");
   // Measured, but not of any machine: a step timed at them would take 1e300 s, or none.
   refused([](nlohmann::json& j) { j["matmul"][0]["flops_per_s"] = 1e-300; },
