@@ -228,6 +228,28 @@ TEST(ParseExperimentTest, ASweepNameTooLongForANodeIsRefusedAtItsValue) {
       << message;
 }
 
+// A sweep's values as written make the trials' names, which every listing prints: a value (a local
+// model directory's name) with a control character, a bidirectional control or a byte that breaks
+// UTF-8 is refused at the value, the message showing it without them.
+TEST(ParseExperimentTest, ASweepValueThatWouldMakeAnUnprintableTrialNameIsRefusedAtItsValue) {
+  const std::string forged = ParseError(
+      "data: {path: t.jsonl}\nsweep:\n  model: [llmctl-demo, \"./m\\e]0;T\\a\\r\\nFORGED\"]\n");
+  EXPECT_EQ(forged,
+            "exp.yaml:3:24: sweep value of model './m ]0;T   FORGED' holds a control character, "
+            "and trial names are made of the sweep's values: rename it");
+  EXPECT_EQ(
+      ParseError("data: {path: t.jsonl}\nsweep:\n  data.path: [t.jsonl, \"gnp\\u202E.jsonl\"]\n"),
+      "exp.yaml:3:24: sweep value of data.path 'gnp .jsonl' holds a bidirectional text "
+      "control, and trial names are made of the sweep's values: rename it");
+  EXPECT_NE(ParseError("data: {path: t.jsonl}\nsweep:\n  data.path: [t.jsonl, \"a\\x85.jsonl\"]\n")
+                .find("holds a control character"),
+            std::string::npos);
+  // Printable names from other scripts are names like any other.
+  EXPECT_EQ(
+      TrialNames(MustParse("data: {path: t.jsonl}\nsweep:\n  data.path: [\u00e9t\u00e9.jsonl]\n")),
+      std::vector<std::string>{"exp/data.path=\u00e9t\u00e9.jsonl"});
+}
+
 TEST(ParseExperimentTest, ExpectIsCopiedToSweepTrials) {
   const Experiment experiment = MustParse(R"(
 data: {path: t.jsonl}

@@ -2,9 +2,11 @@
 // checked one by one.
 #include "common/experiment_trials.h"
 
+#include <limits>
 #include <utility>
 
 #include "common/blip2_config.h"
+#include "common/text.h"
 #include "common/trial_config.h"
 #include "common/trial_name.h"
 #include "common/yaml_document.h"
@@ -82,6 +84,16 @@ StatusOr<Trial> TrialExpander::BuildTrial(const TrialSpec& spec,
     std::string suffix;
     for (const Assignment* choice : sweep_choices) {
       RETURN_IF_ERROR(apply(*choice, Level::kSweep));
+      // A value as written becomes part of the trial's name, which every listing prints: a local
+      // model directory's name may hold an escape sequence.
+      if (const std::string problem =
+              PrintableTextProblem(choice->text, std::numeric_limits<size_t>::max());
+          !problem.empty()) {
+        return ErrorAt(choice->value_mark,
+                       "sweep value of " + std::string(choice->spec->name) + " '" +
+                           OnOneLine(choice->text, 80) + "' " + problem +
+                           ", and trial names are made of the sweep's values: rename it");
+      }
       if (!suffix.empty()) suffix += ",";
       suffix += std::string(choice->spec->name) + "=" + choice->text;
     }
@@ -89,7 +101,7 @@ StatusOr<Trial> TrialExpander::BuildTrial(const TrialSpec& spec,
     // A node names the run's directory after the trial: a sweep's values can make it too long.
     if (const std::string problem = TrialNameProblem(trial.name); !problem.empty()) {
       return ErrorAt(sweep_choices.front()->value_mark,
-                     "trial name '" + trial.name + "' " + problem +
+                     "trial name '" + OnOneLine(trial.name) + "' " + problem +
                          ": shorten the trial's name or the sweep's values");
     }
   }

@@ -2,6 +2,8 @@
 
 #include <cctype>
 
+#include "common/text.h"
+
 namespace llmctl {
 namespace {
 
@@ -58,6 +60,10 @@ std::string TrialNameProblem(std::string_view name) {
            " bytes as a directory name ('/', '=', ',' and other bytes than letters, digits, '.', "
            "'_' and '-' take 3), over " +
            std::to_string(kMaxEncodedTrialNameBytes);
+  }
+  // Every command that lists trials prints their names.
+  if (std::string problem = PrintableTextProblem(name, kMaxTrialNameBytes); !problem.empty()) {
+    return problem;
   }
   return "";
 }

@@ -24,7 +24,8 @@ std::optional<std::string> DecodeTrialName(std::string_view encoded);
 
 // Why no node can run a trial named `name`: "" when it can, else "must be 1 to 200 bytes and not
 // '.' or '..'" or "is N bytes as a directory name ('/', '=', ',' and other bytes than letters,
-// digits, '.', '_' and '-' take 3), over 255".
+// digits, '.', '_' and '-' take 3), over 255", or PrintableTextProblem's reason ("holds a control
+// character", ...): a name is printed wherever trials are listed.
 std::string TrialNameProblem(std::string_view name);
 
 }  // namespace llmctl

@@ -35,5 +35,13 @@ TEST(TrialNameTest, ANameMustFitADirectoryNameOnceEscaped) {
             "digits, '.', '_' and '-' take 3), over 255");
 }
 
+// Every listing of trials prints their names: none may hold what a terminal acts on.
+TEST(TrialNameTest, ANameMustBePrintable) {
+  EXPECT_EQ(TrialNameProblem("base/model=\u00fcn\u00ef"), "");
+  EXPECT_EQ(TrialNameProblem("base/model=m\x1b]0;T\x07"), "holds a control character");
+  EXPECT_EQ(TrialNameProblem("base/model=m\u202egnp"), "holds a bidirectional text control");
+  EXPECT_EQ(TrialNameProblem("base/model=m\xff"), "not valid UTF-8");
+}
+
 }  // namespace
 }  // namespace llmctl
