@@ -84,11 +84,8 @@ json LeaseRequestBody(const LeaseSpec& spec) {
 }
 
 StatusOr<Lease> ParseLease(const json& value) {
-  if (!value.is_object() || StringField(value, "id").empty()) {
-    return InternalError("Blazar lease without an id: " + value.dump().substr(0, 200));
-  }
   Lease lease;
-  lease.id = StringField(value, "id");
+  ASSIGN_OR_RETURN(lease.id, IdField(value, "id", "Blazar lease"));
   lease.name = StringField(value, "name");
   lease.status = StringField(value, "status");
   StatusOr<TimePoint> start = ParseUtcTimestamp(StringField(value, "start_date"));
@@ -108,7 +105,8 @@ StatusOr<Lease> ParseLease(const json& value) {
   }
   for (const json& item : reservations) {
     Reservation reservation;
-    reservation.id = StringField(item, "id");
+    ASSIGN_OR_RETURN(reservation.id,
+                     IdField(item, "id", "Blazar lease " + lease.id + "'s reservation"));
     reservation.resource_type = StringField(item, "resource_type");
     reservation.status = StringField(item, "status");
     reservation.flavor_id = StringField(item, "flavor_id");

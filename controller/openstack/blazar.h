@@ -121,7 +121,7 @@ bool IsNoCapacityAnswer(const http::Response& response);
 nlohmann::json LeaseRequestBody(const LeaseSpec& spec);
 
 // One lease object ({"lease": ...}'s value or an element of "leases"); reservations may come as
-// a JSON string.
+// a JSON string. InternalError when the lease's or a reservation's id is not one (IdField).
 StatusOr<Lease> ParseLease(const nlohmann::json& value);
 
 // The first time from `from` on when `hosts` hosts of `node_type` are all free for `duration`,

@@ -8,12 +8,11 @@ namespace llmctl::openstack {
 using nlohmann::json;
 
 StatusOr<Volume> ParseVolume(const json& value) {
-  if (!value.is_object() || !value.contains("id") || !value["id"].is_string() ||
-      !value.contains("status") || !value["status"].is_string()) {
-    return InternalError("Cinder volume without an id or status: " + value.dump().substr(0, 200));
-  }
   Volume volume;
-  volume.id = value["id"].get<std::string>();
+  ASSIGN_OR_RETURN(volume.id, IdField(value, "id", "Cinder volume"));
+  if (!value.contains("status") || !value["status"].is_string()) {
+    return InternalError("Cinder volume " + volume.id + " without a status");
+  }
   volume.status = value["status"].get<std::string>();
   if (value.contains("name") && value["name"].is_string()) volume.name = value["name"];
   // IntField: a size past an int reads as 0 (unknown), not as the int it would wrap to

@@ -19,8 +19,8 @@ namespace llmctl::openstack {
 struct Volume {
   std::string id;
   std::string name;
-  std::string status;  // creating, available, in-use, deleting, error, ...
-  int size_gb = 0;     // 0 when Cinder's answer has none within an int
+  std::string status;                    // creating, available, in-use, deleting, error, ...
+  int size_gb = 0;                       // 0 when Cinder's answer has none within an int
   std::vector<std::string> attached_to;  // server ids
 };
 
@@ -58,7 +58,8 @@ class CinderClient {
   const CinderOptions options_;
 };
 
-// {"volume": ...}'s value or an element of "volumes".
+// {"volume": ...}'s value or an element of "volumes". InternalError when its id is not one
+// (IdField) or it has no status.
 StatusOr<Volume> ParseVolume(const nlohmann::json& value);
 
 }  // namespace llmctl::openstack

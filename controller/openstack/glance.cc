@@ -10,12 +10,11 @@ namespace llmctl::openstack {
 using nlohmann::json;
 
 StatusOr<Image> ParseImage(const json& value) {
-  if (!value.is_object() || !value.contains("id") || !value["id"].is_string() ||
-      !value.contains("name") || !value["name"].is_string()) {
-    return InternalError("Glance image without an id or name: " + value.dump().substr(0, 200));
+  ASSIGN_OR_RETURN(std::string id, IdField(value, "id", "Glance image"));
+  if (!value.contains("name") || !value["name"].is_string()) {
+    return InternalError("Glance image " + id + " without a name");
   }
-  return Image{value["id"].get<std::string>(), value["name"].get<std::string>(),
-               StringField(value, "status")};
+  return Image{std::move(id), value["name"].get<std::string>(), StringField(value, "status")};
 }
 
 StatusOr<Image> GlanceClient::FindImage(std::string_view name) {

@@ -30,7 +30,7 @@ class GlanceClient {
   Session& session_;
 };
 
-// One element of "images". InternalError when it has no id or name.
+// One element of "images". InternalError when its id is not one (IdField) or it has no name.
 StatusOr<Image> ParseImage(const nlohmann::json& value);
 
 }  // namespace llmctl::openstack

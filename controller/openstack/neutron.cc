@@ -9,8 +9,6 @@ using nlohmann::json;
 
 namespace {
 
-bool HasId(const json& value) { return !StringField(value, "id").empty(); }
-
 Status MissingMember(std::string_view key, std::string_view kind) {
   std::string message = "Neutron's answer has no '";
   message.append(key).append("' ").append(kind);
@@ -39,9 +37,10 @@ bool IgnoreNotFound(const Status& status) {
 }  // namespace
 
 StatusOr<SecurityGroup> ParseSecurityGroup(const json& value) {
-  if (!HasId(value)) return InternalError("Neutron security group without an id");
-  SecurityGroup group{
-      StringField(value, "id"), StringField(value, "name"), StringField(value, "description"), {}};
+  SecurityGroup group;
+  ASSIGN_OR_RETURN(group.id, IdField(value, "id", "Neutron security group"));
+  group.name = StringField(value, "name");
+  group.description = StringField(value, "description");
   if (value.contains("security_group_rules") && value["security_group_rules"].is_array()) {
     for (const json& rule : value["security_group_rules"]) {
       if (StringField(rule, "direction") != "ingress" || StringField(rule, "protocol") != "tcp")
@@ -59,8 +58,9 @@ StatusOr<SecurityGroup> ParseSecurityGroup(const json& value) {
 }
 
 StatusOr<Port> ParsePort(const json& value) {
-  if (!HasId(value)) return InternalError("Neutron port without an id");
-  Port port{StringField(value, "id"), StringField(value, "device_id"), {}};
+  Port port;
+  ASSIGN_OR_RETURN(port.id, IdField(value, "id", "Neutron port"));
+  port.device_id = StringField(value, "device_id");
   if (value.contains("security_groups") && value["security_groups"].is_array()) {
     for (const json& id : value["security_groups"]) {
       if (id.is_string()) port.security_group_ids.push_back(id.get<std::string>());
@@ -70,10 +70,11 @@ StatusOr<Port> ParsePort(const json& value) {
 }
 
 StatusOr<FloatingIp> ParseFloatingIp(const json& value) {
-  if (!HasId(value) || StringField(value, "floating_ip_address").empty()) {
-    return InternalError("Neutron floating IP without an id or address");
+  ASSIGN_OR_RETURN(std::string id, IdField(value, "id", "Neutron floating IP"));
+  if (StringField(value, "floating_ip_address").empty()) {
+    return InternalError("Neutron floating IP " + id + " without an address");
   }
-  return FloatingIp{StringField(value, "id"), StringField(value, "floating_ip_address"),
+  return FloatingIp{std::move(id), StringField(value, "floating_ip_address"),
                     StringField(value, "port_id"), StringField(value, "description")};
 }
 
@@ -88,8 +89,9 @@ StatusOr<Network> NeutronClient::FindNetwork(std::string_view name) {
   ASSIGN_OR_RETURN(json networks, ListOf(body, "networks"));
   std::vector<Network> found;
   for (const json& value : networks) {
-    if (HasId(value) && StringField(value, "name") == name) {
-      found.push_back({StringField(value, "id"), StringField(value, "name")});
+    if (StringField(value, "name") == name) {
+      ASSIGN_OR_RETURN(std::string id, IdField(value, "id", "Neutron network"));
+      found.push_back({std::move(id), StringField(value, "name")});
     }
   }
   if (found.empty()) return NotFoundError("no network named '" + std::string(name) + "'");

@@ -86,6 +86,8 @@ class NeutronClient {
   const CreateRetry create_retry_;
 };
 
+// One object of Neutron's answers. InternalError when its id is not one (IdField), or a floating
+// IP has no address.
 StatusOr<SecurityGroup> ParseSecurityGroup(const nlohmann::json& value);
 StatusOr<Port> ParsePort(const nlohmann::json& value);
 StatusOr<FloatingIp> ParseFloatingIp(const nlohmann::json& value);

@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "controller/openstack/glance.h"
 #include "tests/openstack_sim/simulator.h"
@@ -411,6 +414,71 @@ TEST(ParseVolumeTest, ASizePastAnIntIsUnknownNotWrapped) {
   EXPECT_EQ(size("18446744073709551615"), 0);
   EXPECT_EQ(size("-9223372036854775808"), 0);
   EXPECT_EQ(size("2147483647"), 2147483647);
+}
+
+// Every id llmctl puts into a URL ("/servers/" + id) is checked where the answer is read: an
+// empty one would make that URL the list of all servers, "..", '/', '?', '#' or '%' another
+// resource. The message names the service's object and the field.
+TEST(ParseIdsTest, AnEmptyAbsentOrUnsafeIdIsRefusedNamingTheServiceAndTheField) {
+  struct Reader {
+    std::string what;  // the message's start
+    std::function<Status(const json&)> parse;
+    json object;  // a good one, its "id" replaced below
+  };
+  const auto status_of = [](auto parsed) { return parsed.status(); };
+  const std::vector<Reader> readers = {
+      {"Blazar lease",
+       [&](const json& v) { return status_of(ParseLease(v)); },
+       {{"name", "n"}, {"start_date", "2030-01-01 00:00"}, {"end_date", "2030-01-02 00:00"}}},
+      {"Nova server", [&](const json& v) { return status_of(ParseServer(v)); }, {{"name", "n"}}},
+      {"Glance image", [&](const json& v) { return status_of(ParseImage(v)); }, {{"name", "n"}}},
+      {"Cinder volume",
+       [&](const json& v) { return status_of(ParseVolume(v)); },
+       {{"status", "available"}}},
+      {"Neutron security group",
+       [&](const json& v) { return status_of(ParseSecurityGroup(v)); },
+       {{"name", "n"}}},
+      {"Neutron port",
+       [&](const json& v) { return status_of(ParsePort(v)); },
+       {{"device_id", "s"}}},
+      {"Neutron floating IP",
+       [&](const json& v) { return status_of(ParseFloatingIp(v)); },
+       {{"floating_ip_address", "192.0.2.7"}}},
+  };
+  for (const Reader& reader : readers) {
+    json good = reader.object;
+    good["id"] = "3f2b6c1e-9d4a-4f7e-8a51-2c0d9e6b7a10";
+    EXPECT_TRUE(reader.parse(good).ok()) << reader.what << ": " << reader.parse(good).ToString();
+
+    json empty = reader.object;
+    empty["id"] = "";
+    Status status = reader.parse(empty);
+    EXPECT_EQ(status.code(), StatusCode::kInternal) << reader.what;
+    EXPECT_EQ(status.message(), reader.what + "'s 'id' is empty");
+
+    json absent = reader.object;
+    status = reader.parse(absent);
+    EXPECT_EQ(status.message(), reader.what + "'s 'id' is missing");
+
+    for (const char* unsafe : {"..", ".", "a/b", "a?b", "a#b", "%2F", "a\\b", "a\nb"}) {
+      json object = reader.object;
+      object["id"] = unsafe;
+      status = reader.parse(object);
+      EXPECT_EQ(status.code(), StatusCode::kInternal) << reader.what << " " << unsafe;
+      EXPECT_NE(status.message().find(reader.what + "'s 'id' '"), std::string::npos)
+          << status.message();
+      EXPECT_NE(status.message().find("cannot be part of a URL path"), std::string::npos)
+          << status.message();
+    }
+  }
+
+  // A lease's reservations: their ids go into Nova's scheduler hint and the flavor's match.
+  const json lease = {
+      {"id", "l1"},
+      {"start_date", "2030-01-01 00:00"},
+      {"end_date", "2030-01-02 00:00"},
+      {"reservations", json::array({{{"id", ""}, {"resource_type", "physical:host"}}})}};
+  EXPECT_EQ(ParseLease(lease).status().message(), "Blazar lease l1's reservation's 'id' is empty");
 }
 
 }  // namespace

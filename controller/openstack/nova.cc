@@ -16,12 +16,11 @@ using nlohmann::json;
 constexpr char kMicroversion[] = "compute 2.61";
 
 StatusOr<Flavor> ParseFlavor(const json& value) {
-  if (!value.is_object() || !value.contains("id") || !value["id"].is_string() ||
-      !value.contains("name") || !value["name"].is_string()) {
-    return InternalError("Nova flavor without an id or name: " + value.dump().substr(0, 200));
-  }
   Flavor flavor;
-  flavor.id = value["id"].get<std::string>();
+  ASSIGN_OR_RETURN(flavor.id, IdField(value, "id", "Nova flavor"));
+  if (!value.contains("name") || !value["name"].is_string()) {
+    return InternalError("Nova flavor " + flavor.id + " without a name");
+  }
   flavor.name = value["name"].get<std::string>();
   flavor.vcpus = IntField(value, "vcpus");
   flavor.ram_mb = IntField(value, "ram");
@@ -149,16 +148,13 @@ json ServerRequestBody(const ServerSpec& spec) {
 }
 
 StatusOr<Server> ParseServer(const json& value) {
-  if (!value.is_object() || !value.contains("id") || !value["id"].is_string()) {
-    return InternalError("Nova server without an id: " + value.dump().substr(0, 200));
-  }
+  Server server;
+  ASSIGN_OR_RETURN(server.id, IdField(value, "id", "Nova server"));
   auto text = [](const json& object, const char* key) {
     return object.is_object() && object.contains(key) && object[key].is_string()
                ? object[key].get<std::string>()
                : std::string();
   };
-  Server server;
-  server.id = value["id"].get<std::string>();
   server.name = text(value, "name");
   server.status = text(value, "status");
   server.task_state = text(value, "OS-EXT-STS:task_state");

@@ -108,7 +108,8 @@ class NovaClient {
 // The POST /servers body for `spec`, as the Nova API reference gives it.
 nlohmann::json ServerRequestBody(const ServerSpec& spec);
 
-// {"server": ...}'s value or an element of "servers".
+// {"server": ...}'s value or an element of "servers". InternalError when its id is not one
+// (IdField).
 StatusOr<Server> ParseServer(const nlohmann::json& value);
 
 // RFC 4648 base64 with padding.

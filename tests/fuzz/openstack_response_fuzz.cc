@@ -26,7 +26,10 @@
 //
 // Beyond "no crash, no exception, no hang": a refusal has the code its header names (InternalError
 // for a service object without its id, InvalidArgument for a timestamp or a catalog) and a message
-// (a timestamp's quotes the text); what is accepted keeps its header's promises: a lease or a
+// (a timestamp's quotes the text); what is accepted keeps its header's promises: every id (a
+// lease's and its reservations', a server's, image's, volume's, security group's, port's, floating
+// IP's) is the answer's string and can stand in a URL path (IdField: not empty, ".", "..", no '/',
+// '?', '#', '%', '\\', control character), a lease or a
 // token's times lie within kMinUtcYear-kMaxUtcYear and FormatUtc's text parses back to them, a
 // security group's ports are 1-65535, a volume's size is the answer's when it fits an int (else
 // 0), an agent port is 0 or 1-65535 written as such, a node's server name is NamesForNode's, the
@@ -90,6 +93,15 @@ void Check(bool condition) {
 constexpr std::string_view kKinds = "lsivgpfctkhe";
 
 // A refusal of a service object: what List, Get and Create return to the command.
+// What IdField promises of an id it accepts, checked independently.
+void CheckId(const std::string& id) {
+  Check(!id.empty() && id != "." && id != "..");
+  for (char c : id) {
+    Check(c != '/' && c != '?' && c != '#' && c != '%' && c != '\\');
+    Check(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f);
+  }
+}
+
 void CheckInternal(const Status& status) {
   Check(status.code() == StatusCode::kInternal);
   Check(!status.message().empty());
@@ -126,10 +138,11 @@ void EachObject(const json& body, const char* one, const char* many, Reader read
 void Lease(const json& value) {
   const StatusOr<os::Lease> lease = os::ParseLease(value);
   if (!lease.ok()) return CheckInternal(lease.status());
-  Check(!lease->id.empty());
+  CheckId(lease->id);
   CheckTime(lease->start);
   CheckTime(lease->end);
   for (const os::Reservation& reservation : lease->reservations) {
+    CheckId(reservation.id);
     volatile size_t described = os::DescribeReservation(reservation).size();
     (void)described;
     (void)os::ReservesServers(reservation);
@@ -139,8 +152,7 @@ void Lease(const json& value) {
 void Server(const json& value) {
   const StatusOr<os::Server> server = os::ParseServer(value);
   if (!server.ok()) return CheckInternal(server.status());
-  // Nova, Glance and Cinder objects need an id that is a string, an empty one included (unlike
-  // Blazar's and Neutron's readers, which refuse an empty id).
+  CheckId(server->id);
   Check(server->id == value["id"].get<std::string>());
   for (const std::string& address : server->fixed_addresses) Check(!address.empty());
   for (const std::string& address : server->floating_addresses) Check(!address.empty());
@@ -159,6 +171,7 @@ void Server(const json& value) {
 void Image(const json& value) {
   const StatusOr<os::Image> image = os::ParseImage(value);
   if (!image.ok()) return CheckInternal(image.status());
+  CheckId(image->id);
   Check(image->id == value["id"].get<std::string>());
   Check(image->name == value["name"].get<std::string>());
 }
@@ -166,6 +179,7 @@ void Image(const json& value) {
 void Volume(const json& value) {
   const StatusOr<os::Volume> volume = os::ParseVolume(value);
   if (!volume.ok()) return CheckInternal(volume.status());
+  CheckId(volume->id);
   Check(volume->id == value["id"].get<std::string>());
   // The size as Cinder wrote it when an int holds it, else 0: never a wrapped one.
   int expected = 0;
@@ -182,20 +196,21 @@ void Volume(const json& value) {
 void SecurityGroup(const json& value) {
   const StatusOr<os::SecurityGroup> group = os::ParseSecurityGroup(value);
   if (!group.ok()) return CheckInternal(group.status());
-  Check(!group->id.empty());
+  CheckId(group->id);
   for (int port : group->ingress_tcp_ports) Check(port >= 1 && port <= 65535);
 }
 
 void Port(const json& value) {
   const StatusOr<os::Port> port = os::ParsePort(value);
   if (!port.ok()) return CheckInternal(port.status());
-  Check(!port->id.empty());
+  CheckId(port->id);
 }
 
 void FloatingIp(const json& value) {
   const StatusOr<os::FloatingIp> address = os::ParseFloatingIp(value);
   if (!address.ok()) return CheckInternal(address.status());
-  Check(!address->id.empty() && !address->address.empty());
+  CheckId(address->id);
+  Check(!address->address.empty());
 }
 
 void Catalog(const json& value) {
