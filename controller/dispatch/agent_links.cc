@@ -80,41 +80,133 @@ std::string DevicesJson(const std::vector<v1::Device>& devices) {
 }
 
 void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::Time now) {
+  ReclaimChecks();
   {
     // Links of removed nodes. Every Link* is used on the round thread (this one) or looked up
-    // under the mutex, so erasing is safe.
+    // under the mutex, so erasing is safe; one whose check is under way is kept until it ends.
     std::set<std::string> listed;
     for (const store::NodeRecord& node : nodes) listed.insert(node.name);
     MutexLock lock(core_.mutex);
-    std::erase_if(links_, [&](const auto& entry) { return !listed.contains(entry.first); });
+    for (auto link = links_.begin(); link != links_.end();) {
+      if (listed.contains(link->first)) {
+        ++link;
+        continue;
+      }
+      link->second->removed = true;
+      retired_.push_back(std::move(link->second));
+      link = links_.erase(link);
+    }
   }
-  std::vector<Link*> due;
+  struct Due {
+    Link* link;
+    bool failing;  // its last check failed
+  };
+  std::vector<Due> due;
   for (const store::NodeRecord& node : nodes) {
     if (node.address.empty()) continue;  // registered before its address is known
     Link* link = EnsureLink(node, now);
     MutexLock lock(core_.mutex);
-    if (now >= link->next_health_at) due.push_back(link);
+    if (now >= link->next_health_at && !link->checking) {
+      link->checking = true;
+      due.push_back({link, link->health_backoff.count() > 0});
+    }
   }
   // Each check may wait its call's deadline on an agent that accepted the connection and never
-  // answers, or on a node that went down: the checks run side by side, so that such nodes cost
-  // the round (placement, reconciling, the lease-end stops) one deadline, not one each. Each
-  // touches only its own link outside the core's mutex.
+  // answers, or on a node that went down: the checks run side by side, and the round waits for
+  // a node whose last check failed only failing_check_wait, so that such nodes hold the round
+  // (placement, reconciling, the lease-end stops) that long at most, not one deadline each round.
+  // Each touches only its own link outside the core's mutex.
   for (size_t first = 0; first < due.size(); first += kParallelHealthChecks) {
     const size_t end = std::min(due.size(), first + kParallelHealthChecks);
-    std::vector<std::thread> checks;
-    for (size_t i = first + 1; i < end; ++i) {
-      checks.emplace_back([this, link = due[i], now] { CheckHealth(*link, now); });
+    for (size_t i = first; i < end; ++i) StartCheck(*due[i].link, now);
+    const auto give_up = std::chrono::steady_clock::now() + core_.options.failing_check_wait;
+    MutexLock lock(core_.mutex);
+    while (true) {
+      bool awaited = false;
+      bool failing = false;
+      for (size_t i = first; i < end; ++i) {
+        if (due[i].link->checking) (due[i].failing ? failing : awaited) = true;
+      }
+      if (awaited) {
+        checked_.Wait(core_.mutex);
+      } else if (!failing || !checked_.WaitUntil(core_.mutex, give_up)) {
+        break;
+      }
     }
-    CheckHealth(*due[first], now);
-    for (std::thread& check : checks) check.join();
+  }
+}
+
+void AgentLinks::StartCheck(Link& link, store::Time now) {
+  // Ended: it has at most its last lock of the mutex and a wake of the round to finish.
+  if (link.check.joinable()) link.check.join();
+  link.check = std::thread([this, &link, now] {
+    bool was_connected = false;
+    {
+      MutexLock lock(core_.mutex);
+      was_connected = link.connected;
+    }
+    CheckHealth(link, now);
+    bool reconnected = false;
+    {
+      MutexLock lock(core_.mutex);
+      link.checking = false;
+      reconnected = !was_connected && link.connected;
+    }
+    checked_.NotifyAll();
+    // A round that went on without this check places trials on the node now.
+    if (reconnected) core_.Wake();
+  });
+}
+
+void AgentLinks::ReclaimChecks() {
+  std::vector<std::thread> ended;
+  std::vector<std::unique_ptr<Link>> freed;
+  {
+    MutexLock lock(core_.mutex);
+    for (auto& [name, link] : links_) {
+      if (!link->checking && link->check.joinable()) ended.push_back(std::move(link->check));
+    }
+    for (auto link = retired_.begin(); link != retired_.end();) {
+      if ((*link)->checking) {
+        ++link;
+        continue;
+      }
+      freed.push_back(std::move(*link));
+      link = retired_.erase(link);
+    }
+  }
+  // Outside the lock: an ended check may still be waking the round, which takes the mutex.
+  for (std::thread& thread : ended) thread.join();
+  for (const std::unique_ptr<Link>& link : freed) {
+    if (link->check.joinable()) link->check.join();
+  }
+}
+
+void AgentLinks::Stop() {
+  std::vector<Link*> links;
+  {
+    MutexLock lock(core_.mutex);
+    for (const auto& [name, link] : links_) links.push_back(link.get());
+    for (const std::unique_ptr<Link>& link : retired_) links.push_back(link.get());
+    for (Link* link : links) {
+      if (link->check_context != nullptr) link->check_context->TryCancel();
+    }
+  }
+  for (Link* link : links) {
+    if (link->check.joinable()) link->check.join();
   }
 }
 
 AgentLinks::Link* AgentLinks::EnsureLink(const store::NodeRecord& node, store::Time now) {
   MutexLock lock(core_.mutex);
   std::unique_ptr<Link>& link = links_[node.name];
-  // A removed node registered again before a round erased its old link starts afresh.
-  if (link == nullptr || link->removed) {
+  // A removed node registered again before a round erased its old link starts afresh, as does a
+  // node at another address while a check of the old one is under way (whose answer is dropped).
+  if (link == nullptr || link->removed || (link->address != node.address && link->checking)) {
+    if (link != nullptr) {
+      link->removed = true;
+      retired_.push_back(std::move(link));
+    }
     link = std::make_unique<Link>();
     link->name = node.name;
     link->address = node.address;
@@ -169,7 +261,9 @@ void AgentLinks::CheckHealth(Link& link, store::Time now) {
   const Dialled dialled = StubFor(link);
   const HealthAnswer answer = AskHealth(link, dialled, now);
   MutexLock lock(core_.mutex);
-  if (link.removed) return;  // Disconnect ran meanwhile: keep its link disconnected
+  // Disconnect ran meanwhile: keep its link disconnected. Stop cut the check short: it says
+  // nothing of the node.
+  if (link.removed || core_.stopping) return;
   UpdateLink(link, dialled, answer, now);
   StoreLinkState(link, answer);
 }
@@ -183,14 +277,19 @@ AgentLinks::Dialled AgentLinks::StubFor(Link& link) {
   node.name = link.name;
   node.address = link.address;
   auto channel = connect_(node);
-  if (!channel.ok()) {
-    spdlog::warn("node {}: cannot connect: {}", link.name, channel.status().ToString());
-    return {};
+  const std::string failure = channel.ok() ? "" : channel.status().ToString();
+  {
+    MutexLock lock(core_.mutex);
+    if (!failure.empty() && failure != link.cannot_connect) {
+      spdlog::warn("node {}: cannot connect: {}", link.name, failure);
+    }
+    link.cannot_connect = failure;
   }
+  if (!channel.ok()) return {};
   return {v1::Agent::NewStub(channel->channel), std::move(channel->certificate_name)};
 }
 
-AgentLinks::HealthAnswer AgentLinks::AskHealth(const Link& link, const Dialled& dialled,
+AgentLinks::HealthAnswer AgentLinks::AskHealth(Link& link, const Dialled& dialled,
                                                store::Time now) {
   v1::Agent::Stub* stub = dialled.stub.get();
   HealthAnswer answer;
@@ -207,7 +306,20 @@ AgentLinks::HealthAnswer AgentLinks::AskHealth(const Link& link, const Dialled& 
     return answer;
   }
   auto context = core_.CallContext();
+  {
+    MutexLock lock(core_.mutex);
+    // Stop may have cancelled the checks before this one published its context.
+    if (core_.stopping) {
+      answer.health = CancelledError("the controller is stopping");
+      return answer;
+    }
+    link.check_context = context.get();
+  }
   answer.health = rpc::FromGrpcStatus(stub->GetNodeInfo(context.get(), {}, &answer.info));
+  {
+    MutexLock lock(core_.mutex);
+    link.check_context = nullptr;
+  }
   if (answer.health.ok() && certificates != nullptr) {
     // On the link just checked, under the registration it was dialled for (it is refused when the
     // node was registered again since): a failure is logged and tried again at the next check,

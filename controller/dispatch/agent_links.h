@@ -1,5 +1,6 @@
 // The dispatcher's links to the agents: one per node in the store, each health-checked with
-// GetNodeInfo every health_interval (sooner, with a doubling backoff, after a failure), recording
+// GetNodeInfo every health_interval (sooner, with a doubling backoff, after a failure; the round
+// waits at most failing_check_wait for the check of a node whose last one failed), recording
 // the node as connected, unreachable or unusable (its NVIDIA driver is too old for its llm-train's
 // LibTorch, CheckDriverRunsLibTorch). It also says which running attempts are lost through their
 // agent: those an agent that (re)connected does not know (ListRuns), and those whose agent has been
@@ -15,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/event_line.h"
@@ -63,7 +65,7 @@ class AgentLinks {
     std::string name;
     std::string address;
     // Shared with the stream readers and calls in flight, which may outlive a redial. Replaced by
-    // the round thread only, under the core's mutex; null until dialled and after a failed health
+    // its health check, under the core's mutex; null until dialled and after a failed health
     // check.
     std::shared_ptr<v1::Agent::Stub> stub;
     // The certificate name `stub`'s channel checks (AgentChannel::certificate_name); set with it.
@@ -79,6 +81,10 @@ class AgentLinks {
     // right after it is registered) is seen within a second. 0 after a successful check.
     std::chrono::milliseconds health_backoff{0};
     std::vector<v1::Device> devices;
+    // Why no channel to the node could be made at the last try (the connector's error: no token
+    // while its enrollment is pending); "" once one is. Logged when it starts or changes, not at
+    // every health check; its end shows as "connected" (new credentials make a new link).
+    std::string cannot_connect;
     // Why the connected node takes no trial (CheckDriverRunsLibTorch's message); "" when it may.
     std::string unusable;
     // Its agent measures its rates now (NodeInfo.rate_probe_pending): it starts no trial until
@@ -87,14 +93,22 @@ class AgentLinks {
     // The node's rates (NodeInfo's rate_probe_json) as last stored or refused: the agent reports
     // them with every health check, and only a change is parsed and stored again.
     std::string rate_probe_json;
+    // A health check under way: the round starts no other, and a link erased or replaced
+    // meanwhile is kept (retired_) until it ends.
+    bool checking = false;
+    grpc::ClientContext* check_context = nullptr;  // its GetNodeInfo in flight, for Stop
+    // The check's thread; started and joined by the round thread only (and by Stop after it).
+    std::thread check;
   };
 
   AgentLinks(DispatcherCore& core, AgentConnector connect)
       : core_(core), connect_(std::move(connect)) {}
 
   // The round's first step: drops the links of nodes no longer listed, makes one for each listed
-  // node with an address, and checks the health of those that are due. Only the round thread (one
-  // round at a time) calls it, so a Link* stays valid for the rest of the round.
+  // node with an address, and checks the health of those that are due, side by side; it waits
+  // for each check to end, but at most failing_check_wait for a node whose last check failed.
+  // Only the round thread (one round at a time) calls it, so a Link* stays valid for the rest of
+  // the round.
   void CheckNodes(const std::vector<store::NodeRecord>& nodes, store::Time now);
   // ListRuns on each link that (re)connected since it last did: the attempts the store has as
   // running there that the agent does not know (its node was rebuilt, or its state lost). Waiting
@@ -112,6 +126,9 @@ class AgentLinks {
   // dialled again and the next round erases it, or (for a node still listed) builds a new one that
   // dials with the credentials then current.
   void Disconnect(const std::string& node);
+  // Cancels the health checks under way and waits for their threads (Dispatcher::Stop, after the
+  // round thread has ended); a cancelled check records nothing.
+  void Stop();
 
   Link* FindLocked(const std::string& node) LLMCTL_REQUIRES(core_.mutex);
   const std::map<std::string, std::unique_ptr<Link>>& AllLocked() const
@@ -130,6 +147,10 @@ class AgentLinks {
   };
 
   Link* EnsureLink(const store::NodeRecord& node, store::Time now);
+  // Joins the threads of checks that have ended, and frees the retired links whose check has.
+  void ReclaimChecks();
+  // Starts `link`'s check on its thread (joining its previous, ended one first).
+  void StartCheck(Link& link, store::Time now);
   // GetNodeInfo on the link (renewing its certificate when due), then the link and the store's
   // node updated with the answer.
   void CheckHealth(Link& link, store::Time now);
@@ -142,7 +163,7 @@ class AgentLinks {
   Dialled StubFor(Link& link);
   // The certificate's check and the agent's answer, without the core's mutex (it may wait the
   // call's deadline).
-  HealthAnswer AskHealth(const Link& link, const Dialled& dialled, store::Time now);
+  HealthAnswer AskHealth(Link& link, const Dialled& dialled, store::Time now);
   // The link after `answer`: its backoff and next check, whether it is connected, its node's
   // description.
   void UpdateLink(Link& link, const Dialled& dialled, const HealthAnswer& answer, store::Time now)
@@ -161,6 +182,11 @@ class AgentLinks {
   // By node. Erased only by CheckNodes (on the round thread, which every user of a Link* is on)
   // once the node is no longer listed.
   std::map<std::string, std::unique_ptr<Link>> links_ LLMCTL_GUARDED_BY(core_.mutex);
+  // Links erased from links_ or replaced there, freed by ReclaimChecks once no check of theirs
+  // runs.
+  std::vector<std::unique_ptr<Link>> retired_ LLMCTL_GUARDED_BY(core_.mutex);
+  // Notified when a check ends.
+  CondVar checked_;
 };
 
 }  // namespace dispatch

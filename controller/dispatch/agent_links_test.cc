@@ -371,6 +371,48 @@ TEST_F(AgentLinksTest, ANodeRegisteredAgainIsNoLongerReachedOverItsOldLink) {
   }
 }
 
+// A node waiting for its enrollment has no token, so no channel can be made at any health check:
+// that is logged once, and its end once ("connected"), not at every check.
+TEST_F(AgentLinksTest, ANodeThatCannotBeDialledIsLoggedOnceUntilItCanBe) {
+  Tick();
+  ASSERT_EQ(NodeStatusOf(*controller_, "n1").state(), "connected");
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  RegisterAgain(*controller_, agent_address_, credentials_.token(), /*enroll=*/true);
+  constexpr int kRounds = 6;
+  for (int round = 0; round < kRounds; ++round) {
+    clock_.Advance(config_.health_interval);
+    Tick();
+  }
+  const auto count = [&](const std::string& line) {
+    const std::string text = log.str();
+    int found = 0;
+    for (size_t at = text.find(line); at != std::string::npos; at = text.find(line, at + 1)) {
+      ++found;
+    }
+    return found;
+  };
+  EXPECT_EQ(count("node n1: cannot connect: NOT_FOUND: no token for node 'n1'"), 1) << log.str();
+
+  // Credentials again (registered anew: no token to present): connected, and said so once.
+  StopAgent();
+  credentials_ = RegisterAgain(*controller_, agent_address_, "", /*enroll=*/false);
+  StartAgent();
+  for (int round = 0; round < 50 && NodeStatusOf(*controller_, "n1").state() != "connected";
+       ++round) {
+    clock_.Advance(config_.health_interval);
+    Tick();
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(NodeStatusOf(*controller_, "n1").state(), "connected");
+  EXPECT_EQ(count("cannot connect"), 1) << log.str();
+  EXPECT_EQ(count("node n1: connected"), 1) << log.str();
+}
+
 TEST_F(AgentLinksTest, NoTokenAppearsInTheLogsOrTheDatabase) {
   std::ostringstream log;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
