@@ -77,7 +77,7 @@ std::string OctalMode(mode_t mode) {
 // Makes `dir` with `mode` and the missing directories above it; `info` describes what is at `dir`
 // then. One that another process made meanwhile is described as it is, to be checked as one that
 // was there.
-Status MakeDirectory(const std::string& dir, mode_t mode, bool follow_link, struct stat& info) {
+Status MakeDirectory(const std::string& dir, mode_t mode, struct stat& info) {
   const std::filesystem::path parent = std::filesystem::path(dir).parent_path();
   if (!parent.empty()) {
     std::error_code error;
@@ -88,7 +88,7 @@ Status MakeDirectory(const std::string& dir, mode_t mode, bool follow_link, stru
   if (!made && errno != EEXIST) {
     return DirectoryRefusal(dir, std::string("cannot create: ").append(std::strerror(errno)));
   }
-  if ((follow_link ? ::stat(dir.c_str(), &info) : ::lstat(dir.c_str(), &info)) != 0) {
+  if (::lstat(dir.c_str(), &info) != 0) {
     return DirectoryRefusal(dir, std::string("cannot create: ").append(std::strerror(errno)));
   }
   // The umask narrowed what mkdir made; only a directory made here is changed.
@@ -219,10 +219,10 @@ StatusOr<int> RemoveLeftoverFiles(const std::string& dir,
   return removed;
 }
 
-Status EnsureOwnDirectory(const std::string& dir, mode_t mode, OthersMay others, bool follow_link) {
+Status EnsureOwnDirectory(const std::string& dir, mode_t mode, OthersMay others) {
   struct stat info {};
-  if ((follow_link ? ::stat(dir.c_str(), &info) : ::lstat(dir.c_str(), &info)) != 0) {
-    RETURN_IF_ERROR(MakeDirectory(dir, mode, follow_link, info));
+  if (::lstat(dir.c_str(), &info) != 0) {
+    RETURN_IF_ERROR(MakeDirectory(dir, mode, info));
   }
   if (!S_ISDIR(info.st_mode)) {
     return DirectoryRefusal(dir,

@@ -90,10 +90,10 @@ enum class OthersMay {
 // whatever the umask (the missing directories above it as create_directories makes them). One
 // that is there is checked and never changed: chmodding a directory llmctl did not make (/tmp,
 // named as root) would break it for everyone else. FailedPrecondition starting with `dir` when it
-// cannot be made, or is a symbolic link (followed instead when `follow_link`), not a directory,
-// owned by another user, or more open than `others` allows.
-Status EnsureOwnDirectory(const std::string& dir, mode_t mode, OthersMay others,
-                          bool follow_link = false);
+// cannot be made, or is a symbolic link (never followed: one in a shared place is its owner's to
+// turn elsewhere after the check), not a directory, owned by another user, or more open than
+// `others` allows.
+Status EnsureOwnDirectory(const std::string& dir, mode_t mode, OthersMay others);
 
 // A read-only MAP_PRIVATE mapping of a whole file, unmapped on destruction. Errors as
 // ReadFileToString. An empty file maps to an empty span.

@@ -91,14 +91,14 @@ StatusOr<fs::path> CacheBaseDir() {
 }
 
 // The cache's tokens/ directory, made (0700) and checked: the base and tokens/ each a directory
-// of this user's that no other user can write, or token files planted in it would be trained on.
+// of this user's that no other user can write, or token files planted in it would be trained on,
+// and not a link, which its owner could turn to such a directory after the check.
 // The directories above the base are the user's (~/.cache) and made as usual.
 StatusOr<fs::path> UsableTokenCacheDir() {
   ASSIGN_OR_RETURN(const fs::path base, CacheBaseDir());
   const fs::path tokens = base / "tokens";
   for (const fs::path& dir : {base, tokens}) {
-    const Status made =
-        EnsureOwnDirectory(dir.string(), 0700, OthersMay::kRead, /*follow_link=*/true);
+    const Status made = EnsureOwnDirectory(dir.string(), 0700, OthersMay::kRead);
     if (!made.ok()) return CacheError(made.message());
   }
   return tokens;

@@ -116,6 +116,39 @@ TEST(TokenCacheTest, ACacheOtherUsersCanWriteIsRefused) {
   fs::remove_all(dir);
 }
 
+// A link in the place of the cache's directory or its tokens/ is refused, not followed, even to a
+// private directory of the user's: a link in a shared place (LLMCTL_CACHE_DIR=/tmp/cache) is its
+// owner's to turn, between the check and the use, to a directory of theirs with token files
+// planted in it.
+TEST(TokenCacheTest, ALinkInTheCachesPlaceIsRefused) {
+  CacheEnvironment environment;
+  const fs::path dir = FreshDir("token_cache_link");
+  const fs::path real = dir / "real";
+  fs::create_directories(real / "tokens");
+  fs::permissions(dir, fs::perms::owner_all);
+  fs::permissions(real, fs::perms::owner_all);
+  fs::permissions(real / "tokens", fs::perms::owner_all);
+  const auto prepare = [](const std::string& path) { return WriteThreeRows(path, "h"); };
+
+  fs::create_directory_symlink(real, dir / "cache");
+  setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
+  Status refused = CachedTokenFile("h", prepare).status();
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("cannot use the token cache " + (dir / "cache").string() +
+                        ": a symbolic link, not a directory; set LLMCTL_CACHE_DIR"));
+
+  fs::create_directory(dir / "base");
+  fs::permissions(dir / "base", fs::perms::owner_all);
+  fs::create_directory_symlink(real / "tokens", dir / "base" / "tokens");
+  setenv("LLMCTL_CACHE_DIR", (dir / "base").c_str(), 1);
+  refused = CachedTokenFile("h", prepare).status();
+  EXPECT_THAT(refused.message(),
+              HasSubstr((dir / "base" / "tokens").string() + ": a symbolic link, not a directory"));
+  EXPECT_TRUE(fs::is_empty(real / "tokens")) << "nothing written through either link";
+  fs::remove_all(dir);
+}
+
 // A cache that cannot be used fails CachedTokenFile, with a message that says what to set; the
 // estimate's reading (CachedOrTemporaryTokenFile) tokenizes into a private temporary directory
 // instead, removed afterwards, and says so once.
