@@ -482,6 +482,23 @@ TEST(HubListingTest, KeepsSizesAndDigestsAndRefusesWhatIsNoListing) {
   }
 }
 
+// A file's name in the hub's listing is the hub's: quoted in a refusal, which becomes the trial's
+// error on every terminal that shows it, it holds no escape sequence, BEL or C1 control.
+TEST(HubListingTest, ARefusalQuotesTheHubsFileNameOnOneLine) {
+  const StatusOr<HubListing> refused =
+      ParseHubListing(R"({"sha":"0123456789abcdef0123456789abcdef01234567","siblings":[)"
+                      R"({"rfilename":"w\u001b]0;HUBTITLE\u0007\u001b[31mRED\n\u009b2J.bin"}]})",
+                      "m");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(),
+            "m: the hub's answer is not a model listing: w ]0;HUBTITLE  [31mRED  2J.bin has no "
+            "size (a non-negative integer)");
+  const StatusOr<std::vector<std::string>> shards =
+      ParseIndexShards(R"({"weight_map":{"t\u001b[2J":"../x"}})", "m");
+  ASSERT_FALSE(shards.ok());
+  EXPECT_EQ(shards.status().message().find('\x1b'), std::string::npos) << shards.status().message();
+}
+
 nvml::FakeGpuProbe TwoGpus() {
   nvml::FakeGpu h100;
   h100.memory.total_bytes = int64_t{81559} << 20;

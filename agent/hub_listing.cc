@@ -8,6 +8,7 @@
 
 #include "common/digest/digest.h"
 #include "common/foreign_json.h"
+#include "common/text.h"
 
 namespace llmctl::agent {
 namespace {
@@ -68,13 +69,14 @@ StatusOr<HubListing> ParseHubListing(std::string_view body, const std::string& w
     if (!sibling.is_object() || name == sibling.end() || !name->is_string()) {
       return bad("a sibling without 'rfilename'");
     }
+    // The name as the errors quote it: the hub's words, which reach the trial's error and every
+    // terminal that shows it.
+    const std::string shown = OnOneLine(name->get<std::string>());
     // The size caps the download and sizes the room it needs: a file without one could be
     // endless (the HTTP client takes a cap of 0 as none).
     HubFile file;
     const std::optional<int64_t> size = ListedSize(sibling);
-    if (!size.has_value()) {
-      return bad(name->get<std::string>() + " has no size (a non-negative integer)");
-    }
+    if (!size.has_value()) return bad(shown + " has no size (a non-negative integer)");
     file.size = *size;
     if (auto blob = sibling.find("blobId"); blob != sibling.end() && blob->is_string()) {
       file.git_blob_id = blob->get<std::string>();
@@ -83,13 +85,13 @@ StatusOr<HubListing> ParseHubListing(std::string_view body, const std::string& w
       const auto sha256 = lfs->find("sha256");
       if (sha256 == lfs->end() || !sha256->is_string() ||
           !digest::IsSha256Hex(sha256->get<std::string>())) {
-        return bad(name->get<std::string>() + " is an LFS file without a valid lfs.sha256");
+        return bad(shown + " is an LFS file without a valid lfs.sha256");
       }
       file.lfs_sha256 = sha256->get<std::string>();
       if (lfs->contains("size")) {
         const std::optional<int64_t> lfs_size = ListedSize(*lfs);
         if (!lfs_size.has_value()) {
-          return bad(name->get<std::string>() + "'s lfs.size is not a non-negative integer");
+          return bad(shown + "'s lfs.size is not a non-negative integer");
         }
         file.size = *lfs_size;
       }
@@ -111,7 +113,7 @@ StatusOr<std::vector<std::string>> ParseIndexShards(std::string_view text,
   std::set<std::string> shards;
   for (const auto& [tensor, file] : map->items()) {
     if (!file.is_string() || !IsSafeRelativePath(file.get<std::string>())) {
-      return DataLossError(what + ": " + kHubIndexFile + ": tensor " + tensor +
+      return DataLossError(what + ": " + kHubIndexFile + ": tensor " + OnOneLine(tensor) +
                            " maps to something that is not a relative file name");
     }
     shards.insert(file.get<std::string>());
