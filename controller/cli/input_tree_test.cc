@@ -326,6 +326,25 @@ TEST_F(InputTreeTest, HiddenNamesInTheNoticeAreOnOneLine) {
       << inputs->notices[0];
 }
 
+// The notice names the path as written printably too: it names a directory of the user's, whose
+// name may hold an escape sequence.
+TEST_F(InputTreeTest, ThePathAsWrittenInTheNoticeIsOnOneLine) {
+  Write("exp/m\x1b[2J/config.json", "{}");
+  Write("exp/m\x1b[2J/.env", "");
+  Write("exp/train.jsonl", "abc");
+  const std::string file = (root_ / "exp" / "lab.yaml").string();
+  StatusOr<Experiment> as_written = ParseExperiment(
+      "model: \"m\\e[2J\"\ndata: {path: train.jsonl}\n", file, {.resolve_local_paths = false});
+  ASSERT_TRUE(as_written.ok()) << as_written.status().message();
+  StatusOr<SubmitInputs> inputs = CollectInputs(*as_written, file);
+  ASSERT_TRUE(inputs.ok()) << inputs.status().message();
+  ASSERT_EQ(inputs->notices.size(), 1u);
+  EXPECT_EQ(inputs->notices[0].find('\x1b'), std::string::npos) << inputs->notices[0];
+  EXPECT_NE(inputs->notices[0].find(": trial 'lab', model 'm [2J': left out 1 hidden"),
+            std::string::npos)
+      << inputs->notices[0];
+}
+
 TEST_F(InputTreeTest, HiddenEntriesAreLeftOutAndNamedUnlessNamedThemselves) {
   Write("data/train.jsonl", "abc");
   Write("data/.env", "TOKEN=secret");

@@ -8,6 +8,7 @@
 
 #include "common/files.h"
 #include "common/inputs/trial_inputs.h"
+#include "common/text.h"
 #include "common/trial_keys.h"
 #include "controller/cli/client.h"
 #include "controller/cli/input_tree.h"
@@ -56,16 +57,19 @@ StatusOr<SubmitInputs> CollectInputsWith(const Experiment& as_written, std::stri
       const fs::path local = ResolveLocalPath(filename, written);
       std::error_code error;
       if (!fs::exists(fs::symlink_status(local, error))) {
-        return NotFoundError(std::string(filename) + ": trial '" + trial.name + "', " +
-                             std::string(spec.name) + " '" + written +
+        return NotFoundError(std::string(filename) + ": trial '" + OnOneLine(trial.name) + "', " +
+                             std::string(spec.name) + " '" + PrintablePath(written) +
                              "': no such file or directory here (beside the experiment file or "
                              "in the current directory); a path on the node is written " +
                              std::string(kNodePathPrefix) + "/absolute/path");
       }
       std::vector<std::string> hidden;
       StatusOr<v1::InputTree> tree = builder.Build(local, &hidden);
-      const std::string where = std::string(filename) + ": trial '" + trial.name + "', " +
-                                std::string(spec.name) + " '" + written + "': ";
+      // The path as written names a directory of the user's, whose name may hold anything, and
+      // the trial's name may be made of it (a sweep over `model:`): both printable, on one line.
+      const std::string where = std::string(filename) + ": trial '" + OnOneLine(trial.name) +
+                                "', " + std::string(spec.name) + " '" + PrintablePath(written) +
+                                "': ";
       if (!tree.ok()) return Status(tree.status().code(), where + tree.status().message());
       if (!hidden.empty()) {
         std::string names;
