@@ -296,7 +296,9 @@ StoredCalibrations Llmctl::LoadCalibrations() {
     return StoredCalibrations::FromRuns({}, where);
   }
   if (!read.ok()) {
-    context_.err << "note: measured runs not read from " << where << ": " << read.message() << "\n";
+    // The controller's words.
+    context_.err << "note: measured runs not read from " << where << ": "
+                 << OnOneLine(read.message()) << "\n";
     return StoredCalibrations::FromRuns({}, where);
   }
   std::vector<store::TimedRun> runs;
@@ -322,7 +324,7 @@ LocalRates Llmctl::LoadRates() {
       });
   if (!read.ok()) {
     context_.err << "note: the nodes' rates not read from " << ControllerName(*configured) << ": "
-                 << read.message() << "; the time is at the data sheets' rates\n";
+                 << OnOneLine(read.message()) << "; the time is at the data sheets' rates\n";
     return LocalRates::FromNodeProbes({});
   }
   return LocalRates::FromNodeProbes(NodeProbesOf(nodes, context_.err));

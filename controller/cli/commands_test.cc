@@ -84,6 +84,26 @@ TEST_F(CommandsTest, SubmitTrialSendsOnlyTheNamedTrialsAndRefusesAnUnknownOne) {
             std::vector<std::string>{"a"});
 }
 
+// The controller's words in submit's lines (the experiment's name it answers, why its measured
+// runs could not be read) reach the terminal on one line, without an escape sequence.
+TEST_F(CommandsTest, SubmitPrintsTheControllersWordsOnOneLine) {
+  WriteGoodInputs(Records(4096));
+  Write("lab/tok/special_tokens_map.json", "{}");
+  const std::string file = WriteExperiment();
+  {
+    std::lock_guard lock(fake_.mutex_);
+    fake_.submit_name_ = "lab\x1b]0;T\x07\nFORGED";
+    fake_.timed_runs_error_ =
+        "down\x1b[2J\r\nFORGED \xc2\x9b"
+        "31m";
+  }
+  ASSERT_EQ(Run({"submit", file}), kExitOk) << err_.str();
+  EXPECT_EQ(err_.str().find_first_of("\x1b\x07\r"), std::string::npos) << err_.str();
+  EXPECT_EQ(err_.str().find("\xc2\x9b"), std::string::npos) << err_.str();
+  EXPECT_NE(err_.str().find("submitted lab ]0;T  FORGED ("), std::string::npos) << err_.str();
+  EXPECT_NE(err_.str().find(": down [2J  FORGED  31m\n"), std::string::npos) << err_.str();
+}
+
 TEST_F(CommandsTest, AnUploadGetsTimeForItsSizeAtTheMinimumRate) {
   // 2 MiB at 1 KiB/s: 2048 s on top of the 60 s call deadline.
   const std::string data = Records(2 * kBlobChunkBytes);

@@ -84,6 +84,7 @@ class FakeController final : public v1::Controller::Service {
     std::lock_guard lock(mutex_);
     // What a controller from before the call answers.
     if (timed_runs_unimplemented_) return {grpc::StatusCode::UNIMPLEMENTED, ""};
+    if (!timed_runs_error_.empty()) return {grpc::StatusCode::INTERNAL, timed_runs_error_};
     *response = timed_runs_;
     return grpc::Status::OK;
   }
@@ -93,7 +94,7 @@ class FakeController final : public v1::Controller::Service {
     ++calls_;
     submitted_ = *request;
     response->set_experiment_id(42);
-    response->set_name("lab");
+    response->set_name(submit_name_);
     response->add_trials(std::string("a"));
     return grpc::Status::OK;
   }
@@ -166,7 +167,9 @@ class FakeController final : public v1::Controller::Service {
   v1::ListNodesResponse nodes_;
   v1::TimedRunsResponse timed_runs_;
   bool timed_runs_unimplemented_ = false;
-  std::string authorization_;  // of the last ListNodes call
+  std::string timed_runs_error_;     // TimedRuns fails with it when set
+  std::string submit_name_ = "lab";  // the experiment's name Submit answers
+  std::string authorization_;        // of the last ListNodes call
   std::vector<v1::ExperimentStatus> watch_;
   v1::ReportResponse report_;
   std::vector<v1::ArtifactChunk> artifacts_;

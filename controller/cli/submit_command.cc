@@ -120,7 +120,7 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
       rpc::FromGrpcStatus((*stub)->Submit(UnaryContext().get(), request, &response));
   if (!sent.ok()) return Fail(sent);
   context_.out << response.experiment_id() << "\n" << std::flush;
-  context_.err << "submitted " << response.name() << " (" << response.trials_size()
+  context_.err << "submitted " << OnOneLine(response.name()) << " (" << response.trials_size()
                << " trials); inputs: " << inputs->trees.size() << " trees, " << uploaded->blobs
                << " files, " << uploaded->uploaded << " uploaded (" << uploaded->bytes
                << " bytes)\n";
@@ -164,10 +164,12 @@ void Llmctl::WarnPredictedOom(const SubmitFile& submitted,
       if (t.name == p.trial) trial = &t;
     }
     if (p.verdict == "oom" && trial != nullptr && trial->expect != "oom") {
-      context_.err << "warning: " << file << ": trial " << p.trial << " is predicted to run out "
-                   << "of memory: its peak " << FormatBytes(p.peak_bytes) << " exceeds "
-                   << FormatBytes(p.device_memory_bytes) << " (" << p.device_source
-                   << "); `llmctl estimate " << file << " --trial " << p.trial
+      // The device's name in the source may be a node's (the controller's words).
+      context_.err << "warning: " << file << ": trial " << OnOneLine(p.trial)
+                   << " is predicted to run out of memory: its peak " << FormatBytes(p.peak_bytes)
+                   << " exceeds " << FormatBytes(p.device_memory_bytes) << " ("
+                   << OnOneLine(p.device_source) << "); `llmctl estimate " << file << " --trial "
+                   << OnOneLine(p.trial)
                    << " --fit --explain` shows why and what fits (add `expect: oom` if that is "
                       "the point)\n";
     }
