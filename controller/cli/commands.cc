@@ -74,8 +74,8 @@ StatusOr<bool> FindTargetNode(v1::Controller::Stub& stub, const TargetLease& tar
     if (!node.has_lease() || node.lease().flavor() != target.flavor) continue;
     if (!target.site.empty() && node.lease().site() != target.site) continue;
     if (node.lease().ends_unix() <= now) continue;
-    err << "target " << target.flavor << ": node " << OnOneLine(node.name()) << " (lease "
-        << OnOneLine(node.lease().name()) << ")\n";
+    err << "target " << OnOneLine(target.flavor) << ": node " << OnOneLine(node.name())
+        << " (lease " << OnOneLine(node.lease().name()) << ")\n";
     return true;
   }
   return false;
@@ -219,14 +219,16 @@ Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& ex
     std::string create_line = "llmctl lease", up_line = "llmctl node";
     for (const std::string& word : commands.create) create_line += " " + word;
     for (const std::string& word : commands.up) up_line += " " + word;
-    return FailedPreconditionError(
+    // One line, whatever the experiment file's target holds (its flavor is in the commands too).
+    return FailedPreconditionError(OnOneLine(
         "no node of the controller's is on a lease of " + target.flavor +
         (target.site.empty() ? "" : " at " + target.site) +
         ". `llmctl submit --provision` makes one (it spends your allocation), or run: " +
-        create_line + " && " + up_line + (node_flags.empty() ? " --agent-image REF" : ""));
+        create_line + " && " + up_line + (node_flags.empty() ? " --agent-image REF" : "")));
   }
-  context_.err << "provisioning lease " << lease << " and its node for target " << target.flavor
-               << ", " << lease_sizing.duration << " (" << lease_sizing.explanation << ")\n";
+  context_.err << "provisioning lease " << lease << " and its node for target "
+               << OnOneLine(target.flavor) << ", " << lease_sizing.duration << " ("
+               << lease_sizing.explanation << ")\n";
   return Provision(lease, target.site, commands.create, commands.up);
 }
 

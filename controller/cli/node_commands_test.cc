@@ -26,6 +26,24 @@ TEST(ProvisionLeaseNameTest, IsADnsLabelFromTheExperimentAndFlavor) {
             "llmctl-" + std::string(55, 'x'));  // no trailing '-'
 }
 
+// The experiment file's target is printed on one line: its flavor (in the refusal's commands
+// too) holds no escape sequence or line break there.
+TEST_F(CommandsTest, ATargetsFlavorIsPrintedOnOneLine) {
+  Write("gpu.yaml",
+        "name: single\n"
+        "target: {site: KVM@TACC, flavor: \"g1\\e[31m\\nh100\"}\n"
+        "model: llmctl-demo\n"
+        "init: random\n"
+        "tokenizer: node:/data/tokenizer.json\n"
+        "data: {path: node:/data/synthetic.jsonl}\n");
+  EXPECT_EQ(Run({"submit", (dir_ / "gpu.yaml").string()}), kExitFailed);
+  EXPECT_EQ(err_.str().find('\x1b'), std::string::npos) << err_.str();
+  EXPECT_NE(err_.str().find("no node of the controller's is on a lease of g1 [31m h100 at "
+                            "KVM@TACC. `llmctl submit --provision`"),
+            std::string::npos)
+      << err_.str();
+}
+
 TEST_F(CommandsTest, ATargetWithNoMatchingNodeSaysWhatToRunAndSubmitsNothing) {
   Write("gpu.yaml",
         "name: single\n"
