@@ -306,6 +306,12 @@ TEST_F(CommandsTest, CancelNamesWhatWasCancelled) {
   EXPECT_EQ(out_.str(), "cancelled b\n");
 }
 
+// A trial named on the command line is echoed on one line when nothing was cancelled.
+TEST_F(CommandsTest, NothingToCancelEchoesTheTrialOnOneLine) {
+  ASSERT_EQ(Run({"cancel", "42", "--trial", "ended\x1b]0;T\x07\nx"}), kExitOk);
+  EXPECT_EQ(out_.str(), "nothing to cancel: ended ]0;T  x had already ended\n");
+}
+
 TEST_F(CommandsTest, CancelWithACheckpointAsksForOneAndSaysHowToGoOn) {
   ASSERT_EQ(Run({"cancel", "42", "--trial", "b", "--checkpoint"}), kExitOk);
   EXPECT_TRUE(fake_.cancel_checkpoint_);

@@ -119,7 +119,7 @@ int Llmctl::Cancel(int64_t id, const std::string& trial, bool checkpoint) {
       rpc::FromGrpcStatus((*stub)->Cancel(UnaryContext().get(), request, &response));
   if (!cancelled.ok()) return Fail(cancelled);
   if (response.cancelled().empty()) {
-    context_.out << "nothing to cancel: " << (trial.empty() ? "every trial" : trial)
+    context_.out << "nothing to cancel: " << (trial.empty() ? "every trial" : OnOneLine(trial))
                  << " had already ended\n";
   }
   for (const std::string& name : response.cancelled()) {
