@@ -44,6 +44,10 @@ struct Columns {
 constexpr size_t kMaxStateWidth = 16;
 constexpr size_t kMaxDeviceNameWidth = 32;
 
+// The most bytes of one of the controller's words (a trial's name, error or notice, a node's or a
+// device's name) a line shows: a trainer's error of 60,000 bytes made a line of 60,290 each second.
+constexpr size_t kMaxShownBytes = 300;
+
 Columns ColumnsOf(const v1::ExperimentStatus& status) {
   Columns columns;
   for (const v1::TrialStatus& trial : status.trials()) {
@@ -56,8 +60,8 @@ Columns ColumnsOf(const v1::ExperimentStatus& status) {
 // A trial's own line, without its notice and devices.
 std::string TrialLine(const v1::TrialStatus& trial, const Columns& columns) {
   std::string line =
-      Pad(OnOneLine(trial.name()), columns.name) + "  " +
-      Pad(OnOneLine(trial.state()), columns.state) + "  " +
+      Pad(OnOneLine(trial.name(), kMaxTrialNameBytes), columns.name) + "  " +
+      Pad(OnOneLine(trial.state(), kMaxShownBytes), columns.state) + "  " +
       ProgressBar(trial.step(), trial.total_steps(), kBarWidth) + " " +
       Pad(std::to_string(trial.step()) + "/" +
               (trial.total_steps() > 0 ? std::to_string(trial.total_steps()) : std::string("?")),
@@ -79,8 +83,8 @@ std::string TrialLine(const v1::TrialStatus& trial, const Columns& columns) {
   line += ')';
   // The node's name and the trial's error are other processes' text (a trainer's error may span
   // lines): kept on the trial's one line, which the watch redraws in place.
-  if (!trial.node().empty()) line += "  on " + OnOneLine(trial.node());
-  if (!trial.error().empty()) line += "  " + OnOneLine(trial.error());
+  if (!trial.node().empty()) line += "  on " + OnOneLine(trial.node(), kMaxShownBytes);
+  if (!trial.error().empty()) line += "  " + OnOneLine(trial.error(), kMaxShownBytes);
   return line;
 }
 
@@ -93,8 +97,9 @@ std::string PlainHeader(const v1::ExperimentStatus& status) {
   const auto queued =
       std::count_if(status.trials().begin(), status.trials().end(),
                     [](const v1::TrialStatus& trial) { return trial.state() == "queued"; });
-  return "experiment " + std::to_string(status.id()) + " " + OnOneLine(status.name()) + ": " +
-         std::to_string(status.trials_size()) + " trials, " + std::to_string(queued) + " queued";
+  return "experiment " + std::to_string(status.id()) + " " +
+         OnOneLine(status.name(), kMaxShownBytes) + ": " + std::to_string(status.trials_size()) +
+         " trials, " + std::to_string(queued) + " queued";
 }
 
 // "    ! baseline: TEXT", or for several trials "    ! baseline and 13 other trials: TEXT".
@@ -102,7 +107,7 @@ std::string NoticeLine(const std::string& text, const std::vector<std::string>& 
   std::string who = trials.front();
   if (trials.size() == 2) who += " and " + trials[1];
   if (trials.size() > 2) who += " and " + std::to_string(trials.size() - 1) + " other trials";
-  return "    ! " + who + ": " + OnOneLine(text);
+  return "    ! " + who + ": " + OnOneLine(text, kMaxShownBytes);
 }
 
 // "85 s: 3 of 14 trials ended; running: bf16-true 4/6 at 1435 tok/s".
@@ -115,8 +120,8 @@ std::string ProgressLine(const v1::ExperimentStatus& status, std::chrono::second
   for (const v1::TrialStatus& trial : status.trials()) {
     if (trial.state() != "running") continue;
     running += running.empty() ? "; running: " : ", ";
-    running += OnOneLine(trial.name()) + " " + std::to_string(trial.step()) + "/" +
-               (trial.total_steps() > 0 ? std::to_string(trial.total_steps()) : "?") +
+    running += OnOneLine(trial.name(), kMaxTrialNameBytes) + " " + std::to_string(trial.step()) +
+               "/" + (trial.total_steps() > 0 ? std::to_string(trial.total_steps()) : "?") +
                Format(" at %.0f tok/s", trial.tokens_per_second());
   }
   return line + running;
@@ -135,7 +140,7 @@ std::string Meter(const std::string& label, double fraction, const std::string& 
 }
 
 std::string DeviceName(const std::string& device, int32_t node_rank, bool several_nodes) {
-  const std::string shown = OnOneLine(device);
+  const std::string shown = OnOneLine(device, kMaxShownBytes);
   return several_nodes ? "node " + std::to_string(node_rank) + " " + shown : shown;
 }
 
@@ -180,7 +185,9 @@ std::vector<std::string> WatchLines(const v1::ExperimentStatus& status) {
   std::vector<std::string> lines;
   for (const v1::TrialStatus& trial : status.trials()) {
     lines.push_back(TrialLine(trial, columns));
-    if (!trial.notice().empty()) lines.push_back("    ! " + OnOneLine(trial.notice()));
+    if (!trial.notice().empty()) {
+      lines.push_back("    ! " + OnOneLine(trial.notice(), kMaxShownBytes));
+    }
     const bool several_nodes =
         std::any_of(trial.devices().begin(), trial.devices().end(),
                     [](const v1::DeviceSample& device) { return device.node_rank() > 0; });
@@ -208,7 +215,8 @@ std::string WatchPrinter::Redraw(const v1::ExperimentStatus& status) {
   std::string out;
   if (drawn_lines_ > 0) out += "\x1b[" + std::to_string(drawn_lines_) + "F";
   const std::string header = "experiment " + std::to_string(status.id()) + " " +
-                             OnOneLine(status.name()) + ": " + OnOneLine(status.state());
+                             OnOneLine(status.name(), kMaxShownBytes) + ": " +
+                             OnOneLine(status.state(), kMaxShownBytes);
   out += "\x1b[2K" + header + "\n";
   for (const std::string& line : lines) out += "\x1b[2K" + line + "\n";
   // A table that shrank leaves old lines below; clear them.
@@ -238,7 +246,7 @@ std::string WatchPrinter::AppendChanges(const v1::ExperimentStatus& status, Cloc
     if (!trial.notice().empty() && trial.notice() != seen.notice) {
       const auto [it, added] = notice_index.try_emplace(trial.notice(), notices.size());
       if (added) notices.emplace_back(trial.notice(), std::vector<std::string>());
-      notices[it->second].second.push_back(OnOneLine(trial.name()));
+      notices[it->second].second.push_back(OnOneLine(trial.name(), kMaxTrialNameBytes));
     }
     seen = {.state = trial.state(), .notice = trial.notice(), .step = trial.step()};
   }

@@ -65,6 +65,29 @@ TEST(WatchLinesTest, AHostileStatusIsShownSafely) {
   EXPECT_LT(lines[0].size(), 1000u) << "the first line padded to the long name";
 }
 
+// The controller's words are cut, each to a few hundred bytes, and lose their bidirectional
+// controls: a trainer's 60,000-byte error made a line of 60,290 bytes every second.
+TEST(WatchLinesTest, LongWordsAreCutAndBidiControlsSpacedOut) {
+  v1::ExperimentStatus status = TwoTrials(3);
+  status.set_name(std::string(5000, 'n'));
+  status.mutable_trials(0)->set_error(std::string(60000, 'e'));
+  status.mutable_trials(0)->set_node(std::string(5000, 'o'));
+  status.mutable_trials(1)->set_name(
+      "evil\xe2\x80\xae"
+      "gpj.exe");
+  status.mutable_trials(1)->set_notice(std::string(5000, 'w'));
+  const std::vector<std::string> lines = WatchLines(status);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_LT(lines[0].size(), 1000u);
+  EXPECT_NE(lines[0].find(std::string(100, 'e').append("\u2026")), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[1].find("evil gpj.exe"), 0u) << lines[1];
+  EXPECT_LT(lines[2].size(), 400u);
+  WatchPrinter printer(/*tty=*/true);
+  const std::string drawn = printer.Update(status, WatchPrinter::Clock::time_point());
+  EXPECT_LT(drawn.size(), 3000u);
+  EXPECT_EQ(drawn.find("\xe2\x80\xae"), std::string::npos);
+}
+
 TEST(WatchLinesTest, AMultiRankTrialShowsItsHighestPeakAndEachRanks) {
   v1::ExperimentStatus status;
   v1::TrialStatus* trial = status.add_trials();
