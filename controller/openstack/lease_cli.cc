@@ -54,22 +54,27 @@ std::string Reserves(const Lease& lease) {
 
 // Every word Blazar answers (names, statuses, ids, properties) is the cloud's, and anyone who can
 // name a lease in a shared project chooses some of it: each cell and field goes through OnOneLine,
-// so that no escape sequence of theirs reaches the terminal and no newline forges a line.
+// so that no escape sequence of theirs reaches the terminal and no newline forges a line, cut to
+// kMaxCellBytes in the table (a 5,000-byte name made every row that wide) and kMaxFieldBytes in a
+// lease's own lines.
+constexpr size_t kMaxCellBytes = 128;  // two reservations' descriptions with their ids fit
+constexpr size_t kMaxFieldBytes = 1024;
+
 void PrintTable(const std::vector<Lease>& leases, std::ostream& out) {
   std::vector<std::vector<std::string>> rows = {
       {"NAME", "STATUS", "START (UTC)", "END (UTC)", "RESERVES", "ID"}};
   for (const Lease& lease : leases) {
-    rows.push_back({OnOneLine(lease.name), OnOneLine(lease.status),
+    rows.push_back({OnOneLine(lease.name, kMaxCellBytes), OnOneLine(lease.status, kMaxCellBytes),
                     FormatUtc(lease.start, kTableDate), FormatUtc(lease.end, kTableDate),
-                    OnOneLine(Reserves(lease)), OnOneLine(lease.id)});
+                    OnOneLine(Reserves(lease), kMaxCellBytes), OnOneLine(lease.id, kMaxCellBytes)});
   }
   out << FormatColumns(rows);
 }
 
 void PrintLease(const Lease& lease, std::ostream& out) {
-  out << "name:         " << OnOneLine(lease.name) << "\n"
-      << "id:           " << OnOneLine(lease.id) << "\n"
-      << "status:       " << OnOneLine(lease.status) << "\n"
+  out << "name:         " << OnOneLine(lease.name, kMaxFieldBytes) << "\n"
+      << "id:           " << OnOneLine(lease.id, kMaxFieldBytes) << "\n"
+      << "status:       " << OnOneLine(lease.status, kMaxFieldBytes) << "\n"
       << "start (UTC):  " << FormatUtc(lease.start, kTableDate) << "\n"
       << "end (UTC):    " << FormatUtc(lease.end, kTableDate) << "\n";
   for (const Reservation& reservation : lease.reservations) {
@@ -79,7 +84,8 @@ void PrintLease(const Lease& lease, std::ostream& out) {
                                                  : DescribeReservation(reservation);
     out << "reservation:  "
         << OnOneLine(reservation.id + " " + reservation.resource_type + " " + reservation.status +
-                     " (" + what + ")")
+                         " (" + what + ")",
+                     kMaxFieldBytes)
         << "\n";
   }
 }

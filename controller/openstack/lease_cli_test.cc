@@ -213,6 +213,27 @@ TEST_F(LeaseCliTest, ALeaseNameOrStatusFromTheCloudReachesNoTerminalRaw) {
   EXPECT_NE(show.out.find("reservation:  "), std::string::npos) << show.out;
 }
 
+// A lease's name is anyone's in the project, of any length: cut in the table and in show, so that
+// one 5,000-byte name does not make every row of `lease list` that wide.
+TEST_F(LeaseCliTest, ALongLeaseNameIsCut) {
+  const std::string name = std::string(5000, 'n').append("\xe2\x80\xae");
+  ASSERT_EQ(Run({"create", "--flavor", "g1.h100.pci.1", "--name", name}).code, 0);
+  ASSERT_EQ(Run({"create", "--flavor", "g1.h100.pci.1", "--name", "short"}).code, 0);
+  Result list = Run({"list"});
+  ASSERT_EQ(list.code, 0) << list.err;
+  EXPECT_EQ(std::count(list.out.begin(), list.out.end(), '\n'), 3) << list.out;
+  size_t start = 0;
+  for (size_t end = list.out.find('\n'); end != std::string::npos;
+       start = end + 1, end = list.out.find('\n', start)) {
+    EXPECT_LT(end - start, 400u) << list.out.substr(start, end - start);
+  }
+  EXPECT_NE(list.out.find(std::string(100, 'n').append("\u2026")), std::string::npos) << list.out;
+  Result show = Run({"show", name});
+  ASSERT_EQ(show.code, 0) << show.err;
+  EXPECT_LT(show.out.size(), 2000u) << show.out;
+  EXPECT_EQ(show.out.find("\xe2\x80\xae"), std::string::npos);
+}
+
 // An error quoting the cloud's words is printed on its one line of stderr, without their
 // controls.
 TEST_F(LeaseCliTest, AnErrorQuotingTheCloudIsOneLineWithoutItsControls) {
