@@ -46,35 +46,19 @@ constexpr DTypeInfo kDTypes[] = {
     {DType::kBool, "BOOL", 1},
 };
 
-// Tensor names and dtypes come from the file: escape control characters and cut long ones so every
-// error stays one readable line whatever the file holds.
-std::string Printable(std::string_view s) {
-  constexpr size_t kMax = 120;
-  std::string out;
-  for (size_t i = 0; i < s.size() && i < kMax; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f) {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (s.size() > kMax) out += "...";
-  return out;
-}
+// Tensor names and dtypes come from the file: each error quotes them through OnOneLine cut to this,
+// so that it stays one readable line whatever the file holds.
+constexpr size_t kMaxQuotedBytes = 120;
 
 // nlohmann's messages start with "[json.exception.parse_error.101] "; the category adds nothing for
-// a user, and the rest can quote the offending input, so it goes through Printable too.
+// a user, and the rest can quote the offending input, so it goes through OnOneLine too.
 std::string JsonErrorText(const std::exception& e) {
   std::string_view what = e.what();
   if (!what.empty() && what.front() == '[') {
     const size_t close = what.find("] ");
     if (close != std::string_view::npos) what.remove_prefix(close + 2);
   }
-  return Printable(what);
+  return OnOneLine(what, kMaxQuotedBytes);
 }
 
 // Parses `text` as JSON, refusing duplicate keys in any object (a header naming one tensor twice,
@@ -107,7 +91,7 @@ StatusOr<Json> ParseJsonStrict(std::string_view text, const std::string& what) {
     Json value = Json::parse(text.begin(), text.end(), callback);
     if (!duplicate.empty()) {
       return DataLossError(what + (duplicate_depth == 1 ? " names '" : " repeats the key '") +
-                           Printable(duplicate) + "'" +
+                           OnOneLine(duplicate, kMaxQuotedBytes) + "'" +
                            (duplicate_depth == 1 ? " twice" : " within one object"));
     }
     return value;
@@ -150,7 +134,7 @@ struct ParsedEntry {
 
 Status ParseEntry(const std::string& path, const std::string& name, const Json& entry,
                   uint64_t buffer_size, ParsedEntry* out) {
-  const std::string context = path + ": tensor '" + Printable(name) + "'";
+  const std::string context = path + ": tensor '" + OnOneLine(name, kMaxQuotedBytes) + "'";
   if (!entry.is_object()) {
     return DataLossError(context + ": entry must be an object, got " + JsonTypeName(entry));
   }
@@ -165,8 +149,8 @@ Status ParseEntry(const std::string& path, const std::string& name, const Json& 
   }
   StatusOr<DType> parsed_dtype = ParseDType(dtype.get_ref<const std::string&>());
   if (!parsed_dtype.ok()) {
-    return UnimplementedError(parsed_dtype.status().message() + " for tensor '" + Printable(name) +
-                              "' in " + path);
+    return UnimplementedError(parsed_dtype.status().message() + " for tensor '" +
+                              OnOneLine(name, kMaxQuotedBytes) + "' in " + path);
   }
 
   const Json& shape = entry["shape"];
@@ -286,7 +270,7 @@ StatusOr<std::map<std::string, std::string>> ParseMetadata(const std::string& pa
   }
   for (const auto& [key, text] : value.items()) {
     if (!text.is_string()) {
-      return DataLossError(path + ": '__metadata__' value for '" + Printable(key) +
+      return DataLossError(path + ": '__metadata__' value for '" + OnOneLine(key, kMaxQuotedBytes) +
                            "' must be a string, got " + JsonTypeName(text));
     }
     metadata[key] = text.get<std::string>();
@@ -313,16 +297,16 @@ StatusOr<std::vector<size_t>> OrderTilingTheBuffer(const std::string& path,
   for (size_t i : order) {
     const ParsedEntry& e = entries[i];
     if (e.begin < expected) {
-      return DataLossError(path + ": tensor '" + Printable(e.name) + "' at bytes [" +
-                           std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                           ") overlaps tensor '" + Printable(previous->name) + "' ending at " +
-                           std::to_string(expected));
+      return DataLossError(path + ": tensor '" + OnOneLine(e.name, kMaxQuotedBytes) +
+                           "' at bytes [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                           ") overlaps tensor '" + OnOneLine(previous->name, kMaxQuotedBytes) +
+                           "' ending at " + std::to_string(expected));
     }
     if (e.begin > expected) {
       return DataLossError(path + ": bytes [" + std::to_string(expected) + ", " +
                            std::to_string(e.begin) +
                            ") of the data buffer belong to no tensor (hole " + "before tensor '" +
-                           Printable(e.name) + "')");
+                           OnOneLine(e.name, kMaxQuotedBytes) + "')");
     }
     expected = e.end;
     previous = &e;
@@ -341,7 +325,7 @@ Status CheckTensorsToWrite(const std::string& path, const std::vector<TensorToWr
                            const std::map<std::string, std::string>& metadata) {
   std::set<std::string_view> names;
   for (const TensorToWrite& t : tensors) {
-    const std::string context = path + ": tensor '" + Printable(t.name) + "'";
+    const std::string context = path + ": tensor '" + OnOneLine(t.name, kMaxQuotedBytes) + "'";
     if (t.name == "__metadata__") {
       return InvalidArgumentError(context + ": the name is reserved for the metadata");
     }
@@ -368,7 +352,8 @@ Status CheckTensorsToWrite(const std::string& path, const std::vector<TensorToWr
   for (const auto& [key, value] : metadata) {
     if (FirstInvalidUtf8(key) != std::string_view::npos ||
         FirstInvalidUtf8(value) != std::string_view::npos) {
-      return InvalidArgumentError(path + ": metadata '" + Printable(key) + "' is not valid UTF-8");
+      return InvalidArgumentError(path + ": metadata '" + OnOneLine(key, kMaxQuotedBytes) +
+                                  "' is not valid UTF-8");
     }
   }
   return Status::Ok();
@@ -436,7 +421,7 @@ StatusOr<DType> ParseDType(std::string_view name) {
   for (const DTypeInfo& info : kDTypes) {
     if (info.name == name) return info.dtype;
   }
-  return UnimplementedError("unsupported dtype '" + Printable(name) + "'");
+  return UnimplementedError("unsupported dtype '" + OnOneLine(name, kMaxQuotedBytes) + "'");
 }
 
 bool IsFloatingPoint(DType dtype) {
@@ -588,7 +573,8 @@ StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::OpenIndex(
   const std::filesystem::path dir = std::filesystem::path(index_path).parent_path();
   std::map<std::string, size_t> shard_index;  // shard file name → shards_ position
   for (const auto& [tensor, shard_json] : weight_map.items()) {
-    const std::string context = index_path + ": tensor '" + Printable(tensor) + "'";
+    const std::string context =
+        index_path + ": tensor '" + OnOneLine(tensor, kMaxQuotedBytes) + "'";
     if (!shard_json.is_string()) {
       return DataLossError(context + ": shard must be a file name, got " +
                            JsonTypeName(shard_json));
@@ -598,7 +584,7 @@ StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::OpenIndex(
     // know.
     if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos ||
         shard.find('\\') != std::string::npos) {
-      return DataLossError(context + ": shard '" + Printable(shard) +
+      return DataLossError(context + ": shard '" + OnOneLine(shard, kMaxQuotedBytes) +
                            "' must be a plain file name in the index's directory");
     }
     auto it = shard_index.find(shard);
@@ -616,7 +602,7 @@ StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::OpenIndex(
     }
     const TensorView* view = ckpt->shards_[it->second]->Find(tensor);
     if (view == nullptr) {
-      return DataLossError(context + " is listed in shard '" + Printable(shard) +
+      return DataLossError(context + " is listed in shard '" + OnOneLine(shard, kMaxQuotedBytes) +
                            "' but that file has no such tensor");
     }
     ckpt->by_name_.emplace(tensor, view);

@@ -11,6 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "common/text.h"
 
 namespace llmctl::safetensors {
 namespace {
@@ -216,6 +219,26 @@ TEST(SafetensorsTest, DirectoryIsRefused) {
   auto file = SafetensorsFile::Open(FixtureDir());
   ASSERT_FALSE(file.ok());
   EXPECT_NE(file.status().message().find("not a regular file"), std::string::npos);
+}
+
+// A tensor's name comes from the file: an error quotes it without its C1 or bidirectional controls,
+// cut at a character's start.
+TEST(SafetensorsTest, AnErrorQuotesAHostileNameOnOneLineCutAtACharacter) {
+  std::string name = "w\u202e\u009b[2J\x1b]0;T\x07";
+  for (int i = 0; i < 100; ++i) name += "\u00e9";
+  const std::string header =
+      nlohmann::json{{name, {{"dtype", "F8_E4M3"}, {"shape", {1}}, {"data_offsets", {0, 1}}}}}
+          .dump();
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  bytes += header + std::string(1, '\0');
+  auto file = SafetensorsFile::FromBuffer(AsBytes(bytes), "mem");
+  ASSERT_FALSE(file.ok());
+  const std::string& message = file.status().message();
+  EXPECT_EQ(message.rfind("unsupported dtype 'F8_E4M3' for tensor 'w  [2J ]0;T \u00e9", 0), 0u)
+      << message;
+  EXPECT_NE(message.find("\u00e9\u2026' in mem"), std::string::npos) << message;
+  EXPECT_EQ(FirstInvalidUtf8(message), std::string_view::npos) << message;
 }
 
 TEST(SafetensorsTest, EmptyHeaderIsAValidEmptyFile) {
