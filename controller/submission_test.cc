@@ -113,6 +113,9 @@ TEST_F(SubmissionTest, PredictionsAreAttachedToTheirTrialsAndChecked) {
   text["calibration"] = "built-in\x1b[2J";
   EXPECT_EQ(AttachPredictions({{"a", text}}, *experiment).message(),
             "tiny.yaml: prediction of trial 'a': calibration holds a control character");
+  text["calibration"] = "built-in\u202e";
+  EXPECT_EQ(AttachPredictions({{"a", text}}, *experiment).message(),
+            "tiny.yaml: prediction of trial 'a': calibration holds a bidirectional text control");
   text["calibration"] = std::string(4097, 'c');
   EXPECT_EQ(AttachPredictions({{"a", text}}, *experiment).message(),
             "tiny.yaml: prediction of trial 'a': calibration longer than 4096 bytes");

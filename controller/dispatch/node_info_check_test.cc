@@ -49,6 +49,11 @@ TEST(NodeInfoCheckTest, RefusesEachFieldNoNodeHasByName) {
        "its nvidia_driver_version longer than 64 bytes"},
       {[](v1::NodeInfo& i) { i.set_libtorch_version("2.15\n0"); },
        "its libtorch_version holds a control character"},
+      // C1 (CSI) and a bidirectional override, which reorders the line it is printed on.
+      {[](v1::NodeInfo& i) { i.mutable_devices(0)->set_name("EPYC\u009b2J"); },
+       "its devices[0].name holds a control character"},
+      {[](v1::NodeInfo& i) { i.set_libtorch_version("2.15\u202e0"); },
+       "its libtorch_version holds a bidirectional text control"},
       {[](v1::NodeInfo& i) { i.set_cpu_count(-4); }, "its cpu_count is negative"},
       {[](v1::NodeInfo& i) {
          for (int d = 0; d < kMaxNodeDevices; ++d) {
