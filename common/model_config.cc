@@ -12,6 +12,7 @@
 #include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/model_bounds.h"
+#include "common/text.h"
 
 namespace llmctl {
 namespace {
@@ -156,7 +157,7 @@ StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const FieldReader& top,
     return std::optional<RopeScaling>();  // plain RoPE, written explicitly
   }
   if (*rope_type != "llama3") {
-    return reader.Error("rope_type", "is '" + *rope_type +
+    return reader.Error("rope_type", "is '" + OnOneLine(*rope_type, 64) +
                                          "', which llmctl does not implement (supported: llama3; "
                                          "linear, dynamic, yarn and longrope scaling are not)");
   }
@@ -186,7 +187,7 @@ Status ReadModelType(const FieldReader& reader, ModelConfig& config) {
   if (std::find(std::begin(kSupportedModelTypes), std::end(kSupportedModelTypes),
                 config.model_type) == std::end(kSupportedModelTypes)) {
     return reader.Error("model_type",
-                        "is '" + config.model_type +
+                        "is '" + OnOneLine(config.model_type, 64) +
                             "', which llmctl cannot train; supported: llama, mistral, "
                             "qwen2 (LLaMA-family decoders)");
   }
@@ -349,7 +350,7 @@ Status ValidateSizes(const ModelConfig& config) {
 Status ValidateRopeScaling(const RopeScaling& scaling) {
   if (scaling.rope_type != "llama3") {
     return FieldError("rope_scaling.rope_type",
-                      "is '" + scaling.rope_type + "'; supported: llama3");
+                      "is '" + OnOneLine(scaling.rope_type, 64) + "'; supported: llama3");
   }
   if (!(scaling.factor > 0)) return FieldError("rope_scaling.factor", "must be positive");
   if (!(scaling.low_freq_factor > 0)) {
@@ -371,8 +372,8 @@ Status ValidateRopeScaling(const RopeScaling& scaling) {
 Status ValidateModelConfig(const ModelConfig& config) {
   if (std::find(std::begin(kSupportedModelTypes), std::end(kSupportedModelTypes),
                 config.model_type) == std::end(kSupportedModelTypes)) {
-    return FieldError("model_type",
-                      "is '" + config.model_type + "'; supported: llama, mistral, qwen2");
+    return FieldError("model_type", "is '" + OnOneLine(config.model_type, 64) +
+                                        "'; supported: llama, mistral, qwen2");
   }
   RETURN_IF_ERROR(ValidateSizes(config));
   if (config.num_attention_heads % config.num_key_value_heads != 0) {
@@ -395,7 +396,7 @@ Status ValidateModelConfig(const ModelConfig& config) {
   }
   if (config.hidden_act != "silu") {
     return FieldError("hidden_act",
-                      "is '" + config.hidden_act +
+                      "is '" + OnOneLine(config.hidden_act, 64) +
                           "'; LLaMA-family MLPs use 'silu' (SwiGLU), the only one llmctl "
                           "implements");
   }

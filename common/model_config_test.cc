@@ -361,6 +361,22 @@ TEST(ParseHfConfigJsonTest, WrongTypes) {
             std::string::npos);
 }
 
+// A config.json is another party's (a hub repository's): the values an error quotes are shown on
+// one line, so that printing the error cannot move the cursor or forge a line of llmctl's.
+TEST(ParseHfConfigJsonTest, QuotedValuesAreShownOnOneLine) {
+  const std::string message =
+      ParseError(Minimal(R"("model_type": "llama\u001b]0;T\u0007\r\nllmctl: FORGED")"));
+  EXPECT_NE(message.find("is 'llama ]0;T   llmctl: FORGED', which llmctl cannot train"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(ParseError(Minimal(R"("hidden_act": "gelu\u202e\u009b2J")"))
+                .find("is 'gelu  2J'; LLaMA-family MLPs use 'silu'"),
+            std::string::npos);
+  EXPECT_NE(
+      ParseError(Minimal(R"("model_type": ")" + std::string(100, 'x') + "\"")).find("xx\u2026'"),
+      std::string::npos);
+}
+
 TEST(ParseHfConfigJsonTest, NonPositiveSizes) {
   EXPECT_EQ(ParseError(R"({"vocab_size": 0, "hidden_size": 64, "intermediate_size": 128,
                            "num_hidden_layers": 2, "num_attention_heads": 4})"),
