@@ -121,12 +121,13 @@ std::string Explain(const TrialEstimate& e) {
   if (e.device) {
     const double share = static_cast<double>(m.peak_bytes) / static_cast<double>(e.device->bytes);
     add("device",
-        e.device->source + ": " + (e.Verdict() == "fits" ? "fits, " : "OUT OF MEMORY, ") +
-            Printf("%.1f", 100.0 * share) + "% of it",
+        OnOneLine(e.device->source) + ": " +
+            (e.Verdict() == "fits" ? "fits, " : "OUT OF MEMORY, ") + Printf("%.1f", 100.0 * share) +
+            "% of it",
         e.device->bytes);
   }
-  std::string text =
-      e.trial->name + " (" + c.model.name + ", " + precision + ", " + optimizer + "):\n";
+  std::string text = OnOneLine(e.trial->name) + " (" + OnOneLine(c.model.name) + ", " + precision +
+                     ", " + optimizer + "):\n";
   text += FormatColumns(rows, /*first_right_aligned=*/2);
   return text + ExplainTime(e);
 }
@@ -185,19 +186,19 @@ struct TableNotes {
 
   void Add(const TrialEstimate& e) {
     if (!e.memory) {
-      notes += e.trial->name + ": not estimated: " + e.reason + "\n";
+      notes += OnOneLine(e.trial->name) + ": not estimated: " + OnOneLine(e.reason) + "\n";
       return;
     }
     if (e.time) {
       AddOnce(calibrations, e.calibration);
       AddOnce(rates, RatesText(e.rates));
     } else {
-      notes += e.trial->name + ": no time: " + e.time_reason + "\n";
+      notes += OnOneLine(e.trial->name) + ": no time: " + OnOneLine(e.time_reason) + "\n";
     }
-    if (!e.note.empty()) notes += e.trial->name + ": " + e.note + "\n";
-    if (e.device) AddOnce(sources, e.device->source);
+    if (!e.note.empty()) notes += OnOneLine(e.trial->name) + ": " + OnOneLine(e.note) + "\n";
+    if (e.device) AddOnce(sources, OnOneLine(e.device->source));
     if (!e.device) {
-      notes += e.trial->name +
+      notes += OnOneLine(e.trial->name) +
                ": no verdict: no device_memory, and no GPU from the target (pass --device-memory "
                "80GiB or a GPU such as a100-80gb)\n";
     }
@@ -232,7 +233,7 @@ struct TableNotes {
 
 // Which rates a time is at: a probe's (its description), else the data sheet's.
 std::string RatesText(const std::string& rates) {
-  return rates.empty() ? "the data sheet's nominal rates" : "measured rates: " + rates;
+  return rates.empty() ? "the data sheet's nominal rates" : "measured rates: " + OnOneLine(rates);
 }
 
 std::string RenderEstimateTable(const std::string& file, const Experiment& experiment,
@@ -243,7 +244,8 @@ std::string RenderEstimateTable(const std::string& file, const Experiment& exper
   TableNotes notes;
   for (const TrialEstimate& e : estimates) {
     notes.Add(e);
-    std::vector<std::string> row = {e.trial->name, e.trial->config.settings().model.name};
+    std::vector<std::string> row = {OnOneLine(e.trial->name),
+                                    OnOneLine(e.trial->config.settings().model.name)};
     if (!e.memory) {
       row.resize(header.size(), std::string(kNone));
     } else {
@@ -254,7 +256,7 @@ std::string RenderEstimateTable(const std::string& file, const Experiment& exper
     }
     rows.push_back(std::move(row));
   }
-  std::string text = "estimate of " + file + " (" + experiment.name +
+  std::string text = "estimate of " + OnOneLine(file) + " (" + experiment.name +
                      "): per rank on the training device, MiB\n" +
                      FormatColumns(rows, /*first_right_aligned=*/2) + notes.Render(options);
   if (options.explain) {

@@ -308,6 +308,33 @@ TEST_F(EstimateTest, ALocalModelDirectorysConfigJsonIsRead) {
   EXPECT_EQ(out["trials"][0]["params_bytes"], 4 * parameters);
 }
 
+// A model's name is the user's path to it, its config another party's: neither reaches the
+// terminal with a control character or a bidirectional control, nor forges a line.
+TEST_F(EstimateTest, ModelNamesAndConfigErrorsArePrintedWithoutTheirControls) {
+  const std::string config =
+      R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "tie_word_embeddings": true})";
+  Write("ti\u202eny\x1b]0;T\x07/config.json", config);
+  const std::string file =
+      Write("local.yaml", "model: \"ti\\u202eny\\e]0;T\\a\"\ndata: {path: train.jsonl}\n");
+  ASSERT_EQ(Llmctl({file}), kExitOk) << err_.str();
+  EXPECT_NE(out_.str().find("ti ny ]0;T "), std::string::npos) << out_.str();
+  ASSERT_EQ(Llmctl({file, "--explain"}), kExitOk) << err_.str();
+  for (const char* control : {"\x1b", "\x07", "\u202e"}) {
+    EXPECT_EQ(out_.str().find(control), std::string::npos) << out_.str();
+  }
+
+  Write("forged/config.json",
+        R"({"model_type": "llama\u001b]0;T\u0007\r\nllmctl: FORGED", "vocab_size": 256,
+            "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4})");
+  EXPECT_EQ(Llmctl({Write("forged.yaml", "model: forged\ndata: {path: train.jsonl}\n")}),
+            kExitInvalidInput);
+  EXPECT_NE(err_.str().find("'llama ]0;T   llmctl: FORGED'"), std::string::npos) << err_.str();
+  EXPECT_EQ(err_.str().find("\nllmctl: FORGED"), std::string::npos) << err_.str();
+  EXPECT_EQ(err_.str().find('\x1b'), std::string::npos) << err_.str();
+}
+
 TEST_F(EstimateTest, BadInputIsOneMessageNamingTheFileAndExitsTwo) {
   const std::string file =
       Write("bad.yaml", "model: llmctl-demo\ndata: {path: train.jsonl}\noptimizer: adamm\n");
