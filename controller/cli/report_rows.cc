@@ -7,6 +7,7 @@
 
 #include "common/snapshot_event.h"
 #include "common/text.h"
+#include "common/trial_name.h"
 #include "controller/cli/report.h"
 #include "controller/cli/report_format.h"
 
@@ -42,13 +43,14 @@ std::vector<std::string> TimeSourceLines(const v1::ReportResponse& report) {
     const std::string& source = trial.prediction().calibration();
     const auto [it, added] = index.try_emplace(source, sources.size());
     if (added) sources.emplace_back(source, std::vector<std::string>());
-    sources[it->second].second.push_back(OnOneLine(trial.name()));
+    sources[it->second].second.push_back(OnOneLine(trial.name(), kMaxTrialNameBytes));
   }
   std::vector<std::string> lines;
   for (const auto& [source, trials] : sources) {
     // A prediction stored before the source was kept with it.
     // Another process's text (the submitting client's), on the user's terminal.
-    const std::string said = source.empty() ? "an unrecorded calibration" : OnOneLine(source);
+    const std::string said =
+        source.empty() ? "an unrecorded calibration" : OnOneLine(source, kMaxShownBytes);
     if (sources.size() == 1) {
       lines.push_back("predicted tokens/s at: " + said);
       continue;
@@ -132,9 +134,10 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
   row.unexpected = IsUnexpected(trial);
   const bool ended = HasEnded(trial);
   // The controller's words, on one line of the table (and of a Markdown row).
-  row.cells.push_back(OnOneLine(trial.name()));
-  row.cells.push_back(trial.expected().empty() ? std::string(kNone) : OnOneLine(trial.expected()));
-  row.cells.push_back(OnOneLine(trial.outcome()));
+  row.cells.push_back(OnOneLine(trial.name(), kMaxTrialNameBytes));
+  row.cells.push_back(trial.expected().empty() ? std::string(kNone)
+                                               : OnOneLine(trial.expected(), kMaxShownBytes));
+  row.cells.push_back(OnOneLine(trial.outcome(), kMaxShownBytes));
   if (trial.has_at_peak()) {
     const v1::MemorySnapshot& snap = trial.at_peak();
     std::string optim = Mib(snap.optim_device_bytes());

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/text.h"
+#include "common/trial_name.h"
 #include "controller/cli/report.h"
 #include "controller/cli/report_format.h"
 #include "controller/cli/report_renderers.h"
@@ -35,8 +36,8 @@ std::string MarkdownText(std::string_view text) {
 // "train: 2 ranks; peak MiB 45.3 (rank 0), 45.4 (rank 1); allocated MiB per phase over the ranks:
 // phase0_before_fwd 40.1, phase1_after_fwd 44.0–44.2; tokens/s is the whole job's\n".
 std::string DescribeRanks(const v1::TrialReport& trial) {
-  std::string out =
-      OnOneLine(trial.name()) + ": " + std::to_string(trial.ranks_size()) + " ranks; peak MiB ";
+  std::string out = OnOneLine(trial.name(), kMaxTrialNameBytes) + ": " +
+                    std::to_string(trial.ranks_size()) + " ranks; peak MiB ";
   for (int i = 0; i < trial.ranks_size(); ++i) {
     out += (i > 0 ? ", " : "") + Mib(trial.ranks(i).peak_bytes()) + " (rank " +
            std::to_string(trial.ranks(i).rank()) + ")";
@@ -68,8 +69,8 @@ std::string DescribeResumedRun(const v1::TrialReport& trial) {
              std::to_string(trial.steps(i).attempt());
     i = end + 1;
   }
-  return OnOneLine(trial.name()) + ": resumed; " + (parts.empty() ? "no steps" : "steps " + parts) +
-         "\n";
+  return OnOneLine(trial.name(), kMaxTrialNameBytes) + ": resumed; " +
+         (parts.empty() ? "no steps" : "steps " + parts) + "\n";
 }
 
 }  // namespace
@@ -81,12 +82,14 @@ std::string RenderTable(const v1::ReportResponse& report) {
   for (const v1::TrialReport& trial : report.trials()) {
     LabRow row = MakeLabRow(trial, layout);
     if (row.unexpected) {
-      row.cells[kOutcomeColumn] += " (expected " + OnOneLine(trial.expected()) + ")";
+      row.cells[kOutcomeColumn] +=
+          " (expected " + OnOneLine(trial.expected(), kMaxShownBytes) + ")";
     }
     rows.push_back(std::move(row.cells));
   }
   std::string out = "experiment " + std::to_string(report.experiment_id()) + ": " +
-                    OnOneLine(report.name()) + "\n" + FormatColumns(rows, kFirstNumericColumn);
+                    OnOneLine(report.name(), kMaxShownBytes) + "\n" +
+                    FormatColumns(rows, kFirstNumericColumn);
   if (layout.predicted) out += std::string(kPredictionNote) + "\n";
   if (layout.timed) out += std::string(kTimeNote) + "\n";
   for (const std::string& line : TimeSourceLines(report)) out += line + "\n";
@@ -99,18 +102,19 @@ std::string RenderTable(const v1::ReportResponse& report) {
   for (const v1::TrialReport& trial : report.trials()) {
     if (trial.refused_event_lines() > 0) {
       out +=
-          OnOneLine(trial.name()) + ": " + std::to_string(trial.refused_event_lines()) +
+          OnOneLine(trial.name(), kMaxTrialNameBytes) + ": " +
+          std::to_string(trial.refused_event_lines()) +
           " event line(s) refused (not a JSON object with a string \"type\", not UTF-8, or over " +
           "the cap): stored as refused_line events\n";
     }
   }
   for (const v1::TrialReport& trial : report.trials()) {
     for (const v1::KernelFallback& fallback : trial.kernel_fallbacks()) {
-      out += OnOneLine(trial.name()) + ": kernels: fused ran ATen's " + OnOneLine(fallback.op()) +
-             " instead of its kernel";
+      out += OnOneLine(trial.name(), kMaxTrialNameBytes) + ": kernels: fused ran ATen's " +
+             OnOneLine(fallback.op(), kMaxShownBytes) + " instead of its kernel";
       if (trial.ranks_size() > 1) out += " on rank " + std::to_string(fallback.rank());
-      out += " from step " + std::to_string(fallback.step()) + " (" + OnOneLine(fallback.reason()) +
-             ")\n";
+      out += " from step " + std::to_string(fallback.step()) + " (" +
+             OnOneLine(fallback.reason(), kMaxShownBytes) + ")\n";
     }
   }
   const int unexpected = CountUnexpectedOutcomes(report);
@@ -139,7 +143,7 @@ std::string RenderMarkdown(const v1::ReportResponse& report) {
     for (size_t i = 0; i < kFirstNumericColumn; ++i) row.cells[i] = MarkdownText(row.cells[i]);
     if (row.unexpected) {
       row.cells[kOutcomeColumn] = "**" + row.cells[kOutcomeColumn] + "** (expected " +
-                                  MarkdownText(OnOneLine(trial.expected())) + ")";
+                                  MarkdownText(OnOneLine(trial.expected(), kMaxShownBytes)) + ")";
     }
     out += "|";
     for (const std::string& cell : row.cells) out += " " + cell + " |";

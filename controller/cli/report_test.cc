@@ -624,6 +624,33 @@ TEST(ReportTest, MarkdownCellsAreLiteralText) {
       << markdown;
 }
 
+// The table's cells and the lines under it cut the controller's words (a trial's name at 200
+// bytes, an outcome, a kernel fallback's reason at 300) and space out their bidi controls: one
+// 5,000-byte name made every row that wide.
+TEST(ReportTest, TheTableCutsLongWordsAndSpacesOutBidiControls) {
+  v1::ReportResponse report = FixedReport();
+  report.mutable_trials(0)->set_name(std::string(5000, 'n'));
+  report.mutable_trials(1)->set_name(
+      "evil\xe2\x80\xae"
+      "gpj.exe");
+  report.mutable_trials(2)->set_outcome(std::string(5000, 'o'));
+  v1::KernelFallback* fallback = report.mutable_trials(1)->add_kernel_fallbacks();
+  fallback->set_op("rms_norm");
+  fallback->set_reason(std::string(60000, 'r'));
+  for (ReportFormat format : {ReportFormat::kTable, ReportFormat::kMarkdown}) {
+    const std::string text = RenderReport(report, format);
+    EXPECT_EQ(text.find("\xe2\x80\xae"), std::string::npos) << text;
+    EXPECT_NE(text.find("evil gpj.exe"), std::string::npos) << text;
+    size_t start = 0;
+    for (size_t end = text.find('\n'); end != std::string::npos;
+         start = end + 1, end = text.find('\n', start)) {
+      EXPECT_LT(end - start, 1000u) << text.substr(start, 200);
+    }
+  }
+  const std::string table = RenderReport(report, ReportFormat::kTable);
+  EXPECT_NE(table.find(std::string(100, 'r').append("\u2026)\n")), std::string::npos) << table;
+}
+
 TEST(ReportTest, CountsOutcomesOtherThanExpected) {
   v1::ReportResponse report = FixedReport();
   EXPECT_EQ(CountUnexpectedOutcomes(report), 1);  // cpu-offload; the running one expects nothing
