@@ -57,6 +57,7 @@ void Dispatcher::Stop() {
   }
   core_.wake.NotifyAll();
   if (thread_.joinable()) thread_.join();
+  links_.Stop();
   hub_models_.Stop();
   deliveries_.Stop();
   // The stream readers start copies: once they have stopped no copy starts.

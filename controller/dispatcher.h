@@ -6,7 +6,10 @@
 // stays here. Each round (Tick) it
 //   1. keeps one link per node in the store and asks each agent for its node info every
 //      health_interval (with a deadline), recording the node as connected or unreachable; after a
-//      failed check the next comes after backoff_initial, doubling up to health_interval. A node
+//      failed check the next comes after backoff_initial, doubling up to health_interval. The
+//      round waits at most failing_check_wait (2 s) for the check of a node whose last one failed
+//      (an agent that never answers would hold it for the call deadline); that check goes on,
+//      on its own thread, and wakes the round when the node answers. A node
 //      whose NVIDIA driver supports an older CUDA than its llm-train's LibTorch was built for
 //      (CheckDriverRunsLibTorch, common/cuda_version.h) is recorded as unusable, logged once with
 //      what to change, shown with that reason (NodeUnusable) and given no trial;

@@ -36,6 +36,11 @@ struct DispatcherOptions {
   std::chrono::milliseconds call_deadline = std::chrono::seconds(30);
   int64_t min_transfer_bytes_per_second = rpc::kDefaultMinTransferBytesPerSecond;
   std::chrono::milliseconds health_interval = std::chrono::seconds(5);
+  // How long a round waits for the health check of a node whose last check failed before it goes
+  // on without it: an agent that never answers, or a node that went down, would hold every round
+  // (and placement on the live nodes) for call_deadline. The check goes on, on its own thread, to
+  // its deadline, and wakes the round when the node answers.
+  std::chrono::milliseconds failing_check_wait = std::chrono::seconds(2);
   std::chrono::milliseconds backoff_initial = std::chrono::seconds(1);
   std::chrono::milliseconds backoff_max = std::chrono::seconds(30);
   int64_t upload_chunk_bytes = 1 << 20;

@@ -109,7 +109,8 @@ class MultiNodeLauncherTest : public DispatcherTest {
     DispatcherTest::SetUp();
     second_state_.node = "n2";
     second_service_ = std::make_unique<FakeAgent>(second_state_);
-    second_ = ServeAgent(*second_service_, second_address_, RegisterNodeAt("n2", second_address_));
+    second_credentials_ = RegisterNodeAt("n2", second_address_);
+    second_ = ServeAgent(*second_service_, second_address_, second_credentials_);
     ASSERT_NE(second_, nullptr);
   }
   void TearDown() override {
@@ -129,6 +130,7 @@ class MultiNodeLauncherTest : public DispatcherTest {
 
   std::string second_address_ = "unix:" + testing::TempDir() + "/dispatcher_test_agent2_" +
                                 std::to_string(getpid()) + ".sock";
+  v1::NodeCredentials second_credentials_;
   FakeAgentState second_state_;
   std::unique_ptr<FakeAgent> second_service_;
   std::unique_ptr<grpc::Server> second_;
@@ -206,6 +208,36 @@ TEST_F(MultiNodeLauncherTest, NodesAreHealthCheckedSideBySide) {
   auto nodes = daemon_->store().ListNodes();
   ASSERT_TRUE(nodes.ok());
   for (const store::NodeRecord& node : *nodes) EXPECT_EQ(node.state, "connected") << node.name;
+}
+
+// n2 went down (its check failed) and is back with an agent that never answers: the round waits
+// failing_check_wait for it, not its call deadline, and places the trial on n1 while n2's check
+// is still under way; n2's answer, when it comes, is recorded by the check's own thread.
+TEST_F(MultiNodeLauncherTest, ANodeThatNeverAnswersDoesNotHoldTheRoundForTheLiveNodes) {
+  second_->Shutdown(std::chrono::system_clock::now());
+  second_->Wait();
+  Tick();             // n1 connected, n2 refuses the connection
+  NodeInfoGate gate;  // n2's GetNodeInfo waits for a second call that never comes
+  second_state_.node_info_gate = &gate;
+  second_ = ServeAgent(*second_service_, second_address_, second_credentials_);
+  ASSERT_NE(second_, nullptr);
+  clock_.Advance(seconds(1));  // n2's backoff; n1 is not due
+  const int64_t experiment = SubmitOne();
+  std::thread round([&] { Tick(); });
+  EXPECT_TRUE(Eventually([&] { return RunsStarted() == 1; }));
+  {
+    std::lock_guard lock(gate.mutex);
+    EXPECT_EQ(gate.in_flight, 1) << "n2's check was still under way when the trial was placed";
+    gate.together = 1;
+  }
+  gate.arrived.notify_all();
+  round.join();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_TRUE(Eventually([&] {
+    auto nodes = daemon_->store().ListNodes();
+    return nodes.ok() && std::all_of(nodes->begin(), nodes->end(),
+                                     [](const auto& node) { return node.state == "connected"; });
+  }));
 }
 
 TEST(LauncherToProtoTest, CarriesTheTreesDigestKindAndFiles) {
