@@ -63,8 +63,10 @@ void OnCheckpointSignal(int) {
   g_cancel.store(true);
 }
 
+// A message may quote another party's bytes (a dataset's line in nlohmann's "last read: '...'",
+// a config's value): ForTerminal keeps their controls off the terminal and their lines under ours.
 int Fail(const std::string& message) {
-  std::cerr << "llm-train: " << message << std::endl;
+  std::cerr << "llm-train: " << llmctl::ForTerminal(message) << std::endl;
   return llmctl::trainer_exit::kInvalidInput;
 }
 
@@ -403,10 +405,7 @@ int RunRank(const llmctl::TrialConfig& config, const std::string& events_path, c
   options.resume_from = flags.resume_from;
   options.input_names = std::move(names);
   const llmctl::trainer::TrialResult result = llmctl::trainer::RunTrial(config, options);
-  if (result.invalid_input) {
-    std::cerr << "llm-train: " << result.error << std::endl;
-    return llmctl::trainer_exit::kInvalidInput;
-  }
+  if (result.invalid_input) return Fail(result.error);
   return llmctl::trainer::ExitCodeFor(result.outcome);
 }
 

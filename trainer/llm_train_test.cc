@@ -174,6 +174,20 @@ TEST(LlmTrainTest, EmptyDatasetIsAnError) {
   EXPECT_NE(run.output.find("empty.jsonl"), std::string::npos) << run.output;
 }
 
+// nlohmann's message for a bad line quotes the line ("last read: '...'"): llm-train's error line
+// and its [done] line show it without its C1 and bidirectional controls.
+TEST(LlmTrainTest, AnErrorQuotingADatasetsBytesIsPrintedWithoutTheirControls) {
+  const fs::path dir = testing::FreshTempDir("hostile-data");
+  WriteFile(dir / "bad.jsonl", "{\"text\": \"x\u202e\u009b[2Jq\x01\"}\n");
+  CommandResult run =
+      RunLlmTrain("--config " + Demo() + " --set data.path=" + (dir / "bad.jsonl").string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("llm-train: data.path: "), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("last read: '\"x  [2Jq<U+0001>'"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("\u202e"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("\u009b"), std::string::npos) << run.output;
+}
+
 // The agent runs trials on copies of the user's files in its cache; --input-name makes messages,
 // on stderr and in the result event, name the path the user wrote instead.
 TEST(LlmTrainTest, InputNamesReplaceCachePathsInMessages) {

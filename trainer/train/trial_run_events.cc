@@ -52,7 +52,7 @@ ParameterCounts CountParameters(torch::nn::Module& model) {
 
 void TrialRun::Log(const std::string& level, const std::string& message) {
   events_.Emit({{"type", "log"}, {"level", level}, {"message", message}});
-  Human("[" + level + "] " + message);
+  Human("[" + level + "] " + ForTerminal(message));
 }
 
 void TrialRun::EmitSnapshot(const MemorySnapshot& snapshot, int64_t step, int64_t micro_batch,
@@ -147,7 +147,7 @@ void TrialRun::EmitStart(uint64_t load_peak) {
                                         .count()},
                 {"threads", torch::get_num_threads()},
                 {"torch_version", TORCH_VERSION}});
-  Human("[start] model " + settings().model.name + " (" + std::to_string(counts.total) +
+  Human("[start] model " + OnOneLine(settings().model.name) + " (" + std::to_string(counts.total) +
         " parameters, " + std::to_string(counts.trainable) + " trainable) | " + precision_.name +
         " | " + std::string(Name(settings().train.optimizer)) + " | micro-batch " +
         std::to_string(micro_batch_size_) + " x " + std::to_string(accumulation_) + " | " +
@@ -194,7 +194,8 @@ TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
        << result.train_seconds << " s | peak memory " << FormatGiB(result.peak_bytes) << " ("
        << FormatBytes(result.peak_bytes) << ") | tokens/s " << std::setprecision(0)
        << result.tokens_per_second;
-  if (!result.error.empty()) line << " | " << result.error;
+  // The error may quote a dataset's bytes: the line stays one line of text.
+  if (!result.error.empty()) line << " | " << OnOneLine(result.error);
   Human(line.str());
   return result;
 }
