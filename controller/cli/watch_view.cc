@@ -212,7 +212,10 @@ std::string WatchPrinter::Update(const v1::ExperimentStatus& status, Clock::time
 std::string WatchPrinter::Redraw(const v1::ExperimentStatus& status) {
   const std::vector<std::string> lines = WatchLines(status);
   // Up over the old table, then each line cleared and rewritten: no flicker, no scrollback spam.
-  std::string out;
+  // The way up counts lines, so each line must take one row: the terminal's auto-wrap is off
+  // while the table is drawn (DECAWM), and a line wider than the terminal is cut at its right
+  // edge rather than wrapped onto a row the next redraw would not go back over.
+  std::string out = "\x1b[?7l";
   if (drawn_lines_ > 0) out += "\x1b[" + std::to_string(drawn_lines_) + "F";
   const std::string header = "experiment " + std::to_string(status.id()) + " " +
                              OnOneLine(status.name(), kMaxShownBytes) + ": " +
@@ -222,7 +225,7 @@ std::string WatchPrinter::Redraw(const v1::ExperimentStatus& status) {
   // A table that shrank leaves old lines below; clear them.
   for (size_t i = lines.size() + 1; i < drawn_lines_; ++i) out += "\x1b[2K\n";
   drawn_lines_ = std::max(drawn_lines_, lines.size() + 1);
-  return out;
+  return out + "\x1b[?7h";
 }
 
 std::string WatchPrinter::AppendChanges(const v1::ExperimentStatus& status, Clock::time_point now) {

@@ -356,7 +356,9 @@ TEST(WatchPrinterTest, TerminalOutputRedrawsInPlace) {
   const std::string first = printer.Update(TwoTrials(1), now);
   EXPECT_EQ(first.find("\x1b[3F"), std::string::npos);           // nothing to go back over yet
   const std::string second = printer.Update(TwoTrials(2), now);  // every status, however soon
-  EXPECT_EQ(second.rfind("\x1b[3F", 0), 0u);  // back over the header and two trials
+  // Auto-wrap off, so that each line takes one row, then back over the header and two trials.
+  EXPECT_EQ(second.rfind("\x1b[?7l\x1b[3F", 0), 0u);
+  EXPECT_TRUE(second.ends_with("\x1b[?7h")) << "auto-wrap is on again after the table";
   EXPECT_NE(second.find("experiment 3 cpu-lab: running"), std::string::npos);
 }
 
