@@ -20,6 +20,7 @@
 #include "common/model_config.h"
 #include "common/text.h"
 #include "common/trial_settings.h"
+#include "controller/cli/estimate_render.h"
 #include "controller/cli/inputs.h"
 #include "controller/cli/report_format.h"
 
@@ -349,9 +350,24 @@ Status CheckSubmittable(const std::string& yaml, const PlanOptions& o) {
                               refused.message() + FlagHint(refused.message(), o));
 }
 
+// `word` as a shell reads it back, on one line (OnOneLine's spaces for its controls): the comment
+// CommandLine's text goes into must stay one YAML comment however MODEL is spelled, where a
+// newline in it wrote a key of its own.
+std::string ShellWord(const std::string& word) {
+  const std::string shown = OnOneLine(word);
+  if (!shown.empty() &&
+      shown.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                              "0123456789_-./:=@%+,") == std::string::npos) {
+    return shown;
+  }
+  std::string quoted = "'";
+  for (char c : shown) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
 std::string CommandLine(const PlanOptions& o) {
-  std::string text = "llmctl plan " + o.model + " --device " + o.device;
-  if (!o.device_memory.empty()) text += " --device-memory " + o.device_memory;
+  std::string text = "llmctl plan " + ShellWord(o.model) + " --device " + ShellWord(o.device);
+  if (!o.device_memory.empty()) text += " --device-memory " + ShellWord(o.device_memory);
   if (o.gpus > 1) text += " --gpus " + std::to_string(o.gpus);
   if (o.nodes > 1) text += " --nodes " + std::to_string(o.nodes);
   text += " --seq " + std::to_string(o.seq) + " --global-batch " + std::to_string(o.global_batch);
@@ -391,7 +407,7 @@ std::string RenderTable(const PlanOptions& o, const Resolved& r, const estimate:
     }
     rows.push_back(row);
   }
-  std::string text = "plan for " + o.model + " on " + std::to_string(r.ranks) + " x " +
+  std::string text = "plan for " + OnOneLine(o.model) + " on " + std::to_string(r.ranks) + " x " +
                      r.device_text + ": " + std::to_string(o.global_batch) + " sequences of " +
                      std::to_string(o.seq) + " tokens a step, " + std::to_string(r.request.steps) +
                      " steps\n";
@@ -424,8 +440,7 @@ std::string RenderTable(const PlanOptions& o, const Resolved& r, const estimate:
     text += "\n";
   }
   text += "time: predicted (" + r.request.calibration.source + "; at " +
-          (r.request.speed.rates.empty() ? "the data sheet's nominal rates"
-                                         : "measured rates: " + r.request.speed.rates) +
+          RatesText(r.request.speed.rates) +
           "); each configuration at the largest micro-batch that fits and divides the global "
           "batch; full sequences assumed\n";
   return text;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <filesystem>
 #include <fstream>
@@ -222,6 +223,45 @@ TEST_F(PlanTest, WritesOnlyWhatSubmitAccepts) {
   EXPECT_TRUE(CollectInputs(*as_written, file.string()).ok());
   const Status accepted = CheckLocalInputs(*checked, file.string());
   EXPECT_TRUE(accepted.ok()) << accepted.message();
+}
+
+// The written file's first line names the command that wrote it, MODEL's path among its words: a
+// path with a newline wrote a key of its own after the comment (`output_dir: injected/pm`), which
+// the file's check let through. Each word is now shell-quoted on the comment's line, and the
+// table's title shows the path without its controls.
+TEST_F(PlanTest, AModelPathCannotWriteAKeyOfItsOwn) {
+  const fs::path model = dir_ / "evil\x1b]0;T\x07 it's\noutput_dir: injected/pm";
+  fs::create_directories(model);
+  fs::copy_file(Source() + "/experiments/models/cpu-lab-small/config.json", model / "config.json");
+  const fs::path file = dir_ / "plan.yaml";
+  std::vector<std::string> args = CpuLabLarge();
+  args[0] = model.string();
+  args.insert(args.end(), {"--top", "1", "--write", file.string(), "--data",
+                           Source() + "/experiments/data/alpaca-demo.jsonl", "--tokenizer",
+                           Source() + "/experiments/tokenizers/demo/tokenizer.json"});
+  ASSERT_EQ(Llmctl(args), kExitOk) << err_.str();
+  const std::string written = *ReadFileToString(file.string(), kMaxExperimentFileBytes);
+  const YAML::Node root = YAML::Load(written);
+  EXPECT_FALSE(root["output_dir"].IsDefined()) << written;
+  // The path itself, newline and all, is the emitter's quoted scalar.
+  EXPECT_NE(root["model"].as<std::string>().find("evil\x1b]0;T\x07 it's\noutput_dir: injected/pm"),
+            std::string::npos)
+      << written;
+  const std::string first_line = written.substr(0, written.find('\n'));
+  EXPECT_EQ(first_line, "# Written by llmctl plan '" + dir_.string() +
+                            "/evil ]0;T  it'\\''s output_dir: injected/pm' --device cpu "
+                            "--device-memory 216MiB --seq 128 --global-batch 8 --steps 3");
+  StatusOr<Experiment> parsed = LoadExperimentFile(file.string());
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->trials.size(), 1u);
+
+  args.resize(args.size() - 8);
+  ASSERT_EQ(Llmctl(args), kExitOk) << err_.str();
+  EXPECT_EQ(out_.str().rfind(
+                "plan for " + dir_.string() + "/evil ]0;T  it's output_dir: injected/pm on ", 0),
+            0u)
+      << out_.str();
+  EXPECT_EQ(out_.str().find('\x1b'), std::string::npos);
 }
 
 // Issue 28's check of a plan: every configuration it says fits does fit, run by the real
