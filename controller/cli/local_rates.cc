@@ -15,6 +15,7 @@
 #include "common/estimate/gpus.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
+#include "common/text.h"
 #include "controller/cli/daemons.h"
 #include "controller/scheduler/scheduler.h"
 #include "controller/store/store.h"
@@ -101,8 +102,8 @@ std::vector<NodeProbe> ReadNodeProbes(const EnvLookup& env, std::ostream& err) {
   for (const auto& [node, text] : *stored) {
     StatusOr<estimate::RateProbe> probe = ParseStoredProbe(text);
     if (!probe.ok()) {
-      err << "note: node " << node << "'s stored rates are not used: " << probe.status().message()
-          << "\n";
+      err << "note: node " << OnOneLine(node)
+          << "'s stored rates are not used: " << OnOneLine(probe.status().message()) << "\n";
       continue;
     }
     nodes.push_back({node, *std::move(probe), labels[node]});
@@ -122,8 +123,9 @@ std::vector<NodeProbe> NodeProbesOf(const v1::ListNodesResponse& nodes, std::ost
     if (node.rate_probe_json().empty()) continue;
     StatusOr<estimate::RateProbe> probe = ParseStoredProbe(node.rate_probe_json());
     if (!probe.ok()) {
-      err << "note: node " << node.name() << "'s rates are not used: " << probe.status().message()
-          << "\n";
+      // The controller's answer: its names and the probe's bytes stay on the note's line.
+      err << "note: node " << OnOneLine(node.name())
+          << "'s rates are not used: " << OnOneLine(probe.status().message()) << "\n";
       continue;
     }
     probes.push_back({node.name(), *std::move(probe),

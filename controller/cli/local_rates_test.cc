@@ -383,6 +383,33 @@ TEST(NodeProbesOfTest, ParsesEachNodesProbeWithItsLeaseConnectedFirst) {
   EXPECT_EQ(err.str().find("e-none"), std::string::npos) << "no probe is nothing to say";
 }
 
+// A controller's node names and probes are another party's: a note about them stays one line
+// without their controls, and a probe whose versions would print them is not used.
+TEST(NodeProbesOfTest, NotesShowAHostileNodeWithoutItsControls) {
+  v1::ListNodesResponse nodes;
+  v1::NodeStatus* torn = nodes.add_nodes();
+  torn->set_name("n\x1b]0;T\x07\nFORGED\u202e");
+  torn->set_state("connected");
+  torn->set_rate_probe_json("{ torn");
+  nlohmann::ordered_json forged = FixedProbe().ToJson();
+  forged["identity"]["versions"]["libtorch"] = "2.15.0\x1b]0;T\x07\x1b[2J\r\nFORGED LINE";
+  v1::NodeStatus* lying = nodes.add_nodes();
+  lying->set_name("lying");
+  lying->set_state("connected");
+  lying->set_rate_probe_json(forged.dump());
+
+  std::ostringstream err;
+  EXPECT_TRUE(NodeProbesOf(nodes, err).empty());
+  EXPECT_NE(err.str().find("note: node n ]0;T  FORGED 's rates are not used: not JSON"),
+            std::string::npos)
+      << err.str();
+  EXPECT_NE(err.str().find("note: node lying's rates are not used: "), std::string::npos)
+      << err.str();
+  EXPECT_EQ(err.str().find('\x1b'), std::string::npos) << err.str();
+  EXPECT_EQ(err.str().find("\nFORGED"), std::string::npos) << err.str();
+  EXPECT_EQ(err.str().find("\u202e"), std::string::npos) << err.str();
+}
+
 // --rates' probe serves its device's trials before a node's or this machine's, and nothing is
 // measured or read for them; a trial on another device takes what it would have without it.
 TEST_F(LocalRatesTest, APreferredProbeServesItsDeviceFirstWithoutMeasuring) {
