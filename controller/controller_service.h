@@ -81,10 +81,10 @@ class ControllerService final : public v1::Controller::Service {
   // RegisterNode's two kinds of issue, under `node`'s registration lock.
   Status IssueCredentials(const std::string& node, v1::NodeCredentials& response);
   Status IssueEnrollment(const std::string& node, v1::NodeCredentials& response);
-  // The grant for an agent that presented `token` as node `node`'s enrollment token: `token_out`
-  // becomes its node token, for CompleteEnrollment once the agent has it.
-  StatusOr<v1::EnrollmentGrant> DecideEnrollment(const std::string& node, const std::string& token,
-                                                 std::string& token_out);
+  // The grant for an agent that presented `token` as node `node`'s enrollment token, kept as the
+  // enrollment's sent grant (SecretsFile::RecordSentGrant) before it goes: its token becomes the
+  // node token once the agent has it.
+  StatusOr<v1::EnrollmentGrant> DecideEnrollment(const std::string& node, const std::string& token);
   StatusOr<v1::NodeStatus> BuildNodeStatus(const store::NodeRecord& node,
                                            const std::vector<store::RunningAttempt>& running);
 

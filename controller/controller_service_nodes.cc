@@ -211,17 +211,19 @@ Status ControllerService::IssueEnrollment(const std::string& node, v1::NodeCrede
 }
 
 StatusOr<v1::EnrollmentGrant> ControllerService::DecideEnrollment(const std::string& node,
-                                                                  const std::string& token,
-                                                                  std::string& token_out) {
+                                                                  const std::string& token) {
   ASSIGN_OR_RETURN(const std::string certificate_name,
                    secrets_.CheckEnrollment(node, token, store::UnixSeconds(clock_.Now())));
   ASSIGN_OR_RETURN(rpc::IssuedCertificate certificate,
                    ca_.Issue(certificate_name, kNodeCertificateDays));
-  ASSIGN_OR_RETURN(token_out, NewNodeToken());
+  ASSIGN_OR_RETURN(const std::string node_token, NewNodeToken());
+  // Kept before it goes: once the agent has it, the controller must know it whatever becomes of
+  // the agent's answer.
+  RETURN_IF_ERROR(secrets_.RecordSentGrant(node, node_token, certificate.certificate_pem));
   v1::EnrollmentGrant grant;
   grant.set_certificate_pem(std::move(certificate.certificate_pem));
   grant.set_private_key_pem(std::move(certificate.private_key_pem));
-  grant.set_token(token_out);
+  grant.set_token(node_token);
   return grant;
 }
 
@@ -249,17 +251,32 @@ grpc::Status ControllerService::EnrollNode(grpc::ServerContext* context,
       response->set_already_enrolled(true);
       return Status::Ok();
     }
-    std::string token;
-    std::string certificate_pem;
-    Status enrolled = EnrollAgent(
-        node->address, name, controller_identity_, std::chrono::seconds(20),
-        [&](const std::string& presented) -> StatusOr<v1::EnrollmentGrant> {
-          StatusOr<v1::EnrollmentGrant> grant = DecideEnrollment(name, presented, token);
-          if (grant.ok()) certificate_pem = grant->certificate_pem();
-          return grant;
-        });
-    if (enrolled.ok()) enrolled = secrets_.CompleteEnrollment(name, token);
-    if (enrolled.ok()) enrolled = RecordCertificateExpiry(secrets_, name, certificate_pem);
+    // A grant an earlier call sent may have been installed with the agent's answer lost (the call
+    // broke, or its deadline passed, after the agent wrote it): that agent now serves the Agent API
+    // with it, where no enrollment answers, and would be refused forever. It is the agent's when
+    // it answers under the grant's certificate name and token, which only the grant's receiver
+    // holds; anything else there (an agent still waiting) is enrolled as usual.
+    constexpr std::chrono::seconds kCallDeadline{20};
+    const StatusOr<SecretsFile::SentGrant> earlier = secrets_.SentGrantOf(name);
+    const bool held =
+        earlier.ok() && CheckAgentHoldsGrant(node->address, earlier->certificate_name,
+                                             earlier->token, controller_identity_, kCallDeadline)
+                            .ok();
+    Status enrolled =
+        held ? Status::Ok()
+             : EnrollAgent(node->address, name, controller_identity_, kCallDeadline,
+                           [&](const std::string& presented) -> StatusOr<v1::EnrollmentGrant> {
+                             return DecideEnrollment(name, presented);
+                           });
+    if (enrolled.ok()) {
+      // The grant the agent installed is the last one sent.
+      const StatusOr<SecretsFile::SentGrant> installed = secrets_.SentGrantOf(name);
+      enrolled =
+          installed.ok() ? secrets_.CompleteEnrollment(name, installed->token) : installed.status();
+      if (enrolled.ok()) {
+        enrolled = RecordCertificateExpiry(secrets_, name, installed->certificate_pem);
+      }
+    }
     if (!enrolled.ok()) {
       if (enrolled.code() != StatusCode::kUnavailable &&
           enrolled.code() != StatusCode::kDeadlineExceeded) {
@@ -268,7 +285,8 @@ grpc::Status ControllerService::EnrollNode(grpc::ServerContext* context,
       return enrolled.WithContext("enroll node " + name);
     }
     RETURN_IF_ERROR(store_.PutSecretRef(name, SecretsFile::NodeTokenRef(name)));
-    spdlog::info("node {} at {} enrolled", name, node->address);
+    spdlog::info("node {} at {} enrolled{}", name, node->address,
+                 held ? " (it had installed the credentials an earlier call sent)" : "");
     // A link dialled while the enrollment was pending has no token: dialled again with the new.
     dispatcher_.NodeCredentialsChanged(name);
     return Status::Ok();

@@ -51,4 +51,15 @@ Status EnrollAgent(const std::string& address, const std::string& node,
   return rpc::FromGrpcStatus(stream->Finish());
 }
 
+Status CheckAgentHoldsGrant(const std::string& address, const std::string& certificate_name,
+                            const std::string& token, const rpc::TlsIdentity& identity,
+                            std::chrono::milliseconds deadline) {
+  auto stub = v1::Agent::NewStub(
+      rpc::Dial(address, certificate_name, rpc::ChannelCredentials(identity, token)));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + deadline);
+  v1::NodeInfo info;
+  return rpc::FromGrpcStatus(stub->GetNodeInfo(&context, {}, &info));
+}
+
 }  // namespace llmctl::controller

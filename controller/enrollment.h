@@ -25,6 +25,14 @@ Status EnrollAgent(const std::string& address, const std::string& node,
                    const rpc::TlsIdentity& identity, std::chrono::milliseconds deadline,
                    const EnrollmentDecision& decide);
 
+// OK when the agent at `address` answers the Agent API (GetNodeInfo, within `deadline`) over
+// mutual TLS under `certificate_name` with node token `token`: it holds the credentials of an
+// enrollment grant. The call's error otherwise (Unavailable when the TLS handshake fails: an agent
+// still waiting for enrollment serves a certificate of its own making).
+Status CheckAgentHoldsGrant(const std::string& address, const std::string& certificate_name,
+                            const std::string& token, const rpc::TlsIdentity& identity,
+                            std::chrono::milliseconds deadline);
+
 }  // namespace llmctl::controller
 
 #endif  // LLMCTL_CONTROLLER_ENROLLMENT_H_

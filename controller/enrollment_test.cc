@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
@@ -28,10 +29,14 @@ namespace fs = std::filesystem;
 // grant it is handed, as llm-agent does (without writing files).
 class StandInAgent final : public v1::AgentEnrollment::Service {
  public:
+  // How its call ends once the grant came: answered `installed`, or broken (UNAVAILABLE) before the
+  // grant was kept or after.
+  enum class Ending { kAnswered, kBrokenBeforeInstalling, kBrokenAfterInstalling };
   // A `held` agent answers only once Release is called (or the call ends): a node that is slow
   // to speak.
-  StandInAgent(std::string node, std::string token, const std::string& ca_pem, bool held = false)
-      : node_(std::move(node)), token_(std::move(token)), held_(held) {
+  StandInAgent(std::string node, std::string token, const std::string& ca_pem, bool held = false,
+               Ending ending = Ending::kAnswered)
+      : node_(std::move(node)), token_(std::move(token)), held_(held), ending_(ending) {
     auto identity = rpc::SelfSignedIdentity(rpc::EnrollmentCertificateName(node_), ca_pem, 1);
     EXPECT_TRUE(identity.ok()) << identity.status().ToString();
     grpc::ServerBuilder builder;
@@ -64,7 +69,13 @@ class StandInAgent final : public v1::AgentEnrollment::Service {
     if (!stream->Write(offer) || !stream->Read(&grant)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "no grant");
     }
+    if (ending_ == Ending::kBrokenBeforeInstalling) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection lost");
+    }
     grant_ = grant;
+    if (ending_ == Ending::kBrokenAfterInstalling) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection lost");
+    }
     v1::EnrollmentOffer installed;
     installed.set_installed(true);
     stream->Write(installed);
@@ -86,12 +97,42 @@ class StandInAgent final : public v1::AgentEnrollment::Service {
   const std::string node_;
   const std::string token_;
   const bool held_;
+  const Ending ending_;
   std::atomic<bool> released_{false};
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::mutex mutex_;
   int calls_ = 0;                             // guarded by mutex_
   std::optional<v1::EnrollmentGrant> grant_;  // guarded by mutex_
+};
+
+// The Agent API as an enrolled llm-agent serves it (agent/server.h), with `identity` and `token`:
+// GetNodeInfo only, counting its calls.
+class StandInAgentApi final : public v1::Agent::Service {
+ public:
+  StandInAgentApi(const rpc::TlsIdentity& identity, const std::string& token) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", rpc::ServerCredentials(identity, token), &port);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    address_ = "127.0.0.1:" + std::to_string(port);
+  }
+  ~StandInAgentApi() override { server_->Shutdown(); }
+
+  grpc::Status GetNodeInfo(grpc::ServerContext*, const v1::GetNodeInfoRequest*,
+                           v1::NodeInfo*) override {
+    ++calls_;
+    return grpc::Status::OK;
+  }
+
+  const std::string& address() const { return address_; }
+  int calls() const { return calls_; }
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::atomic<int> calls_{0};
 };
 
 class EnrollmentTest : public testing::Test {
@@ -144,6 +185,7 @@ class EnrollmentTest : public testing::Test {
   }
 
   std::string Secrets() { return *ReadFileToString(root_ + "/data/secrets.json", 1 << 20); }
+  nlohmann::json SecretsJson() { return nlohmann::json::parse(Secrets()); }
   std::string CaPem() { return *ReadFileToString(root_ + "/data/ca/ca.crt", 1 << 20); }
 
   ManualClock clock_{store::Time(std::chrono::seconds(1'700'000'000))};
@@ -299,6 +341,67 @@ TEST_F(EnrollmentTest, AnEnrollmentThatWaitsHoldsOnlyItsOwnNode) {
   // two answers reached its client thread first is not the order the controller ran them in.)
   EXPECT_EQ(slow_registration.error_code(), grpc::StatusCode::PERMISSION_DENIED)
       << slow_registration.error_message();
+}
+
+// The agent installed its grant but its `installed` never reached the controller (the call broke
+// after the agent wrote its files): it serves the Agent API with that grant from then on, where no
+// enrollment answers. The next EnrollNode finds it holding the grant and completes the enrollment
+// with it; before, every later EnrollNode was refused there and the node needed a new server.
+TEST_F(EnrollmentTest, AnAgentWhoseInstalledAnswerWasLostIsEnrolledWithWhatItInstalled) {
+  const v1::NodeCredentials issued = RegisterForEnrollment("cloud-1");
+  {
+    // A grant lost on its way: the agent still waits, and the next call gives it another.
+    StandInAgent lost("cloud-1", issued.enrollment_token(), issued.ca_certificate_pem(), false,
+                      StandInAgent::Ending::kBrokenBeforeInstalling);
+    SetAddress("cloud-1", lost.address());
+    EXPECT_EQ(Enroll("cloud-1").error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_FALSE(lost.grant().has_value());
+  }
+  std::optional<v1::EnrollmentGrant> grant;
+  {
+    StandInAgent agent("cloud-1", issued.enrollment_token(), issued.ca_certificate_pem(), false,
+                       StandInAgent::Ending::kBrokenAfterInstalling);
+    SetAddress("cloud-1", agent.address());
+    EXPECT_EQ(Enroll("cloud-1").error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(agent.calls(), 1) << "the grant in waiting was not tried on an enrolling agent";
+    grant = agent.grant();
+    ASSERT_TRUE(grant.has_value());
+  }
+  EXPECT_FALSE(SecretsJson()["node_tokens"].contains("cloud-1"));
+
+  // A server with the grant's token but a key of its own (another CA's certificate for the
+  // grant's name) is not taken for the node, and is told nothing.
+  const std::string certificate_name =
+      SecretsJson()["enrollments"]["cloud-1"]["certificate_name"].get<std::string>();
+  auto other_ca = rpc::CertificateAuthority::LoadOrCreate(root_ + "/other-ca");
+  ASSERT_TRUE(other_ca.ok());
+  auto forged = (*other_ca)->Issue(certificate_name, 1);
+  ASSERT_TRUE(forged.ok());
+  {
+    StandInAgentApi impostor({CaPem(), forged->certificate_pem, forged->private_key_pem},
+                             grant->token());
+    SetAddress("cloud-1", impostor.address());
+    EXPECT_FALSE(Enroll("cloud-1").ok());
+    EXPECT_EQ(impostor.calls(), 0);
+    EXPECT_FALSE(SecretsJson()["node_tokens"].contains("cloud-1"));
+  }
+
+  // The agent that installed the grant, serving the Agent API with it: enrolled with it.
+  StandInAgentApi installed({CaPem(), grant->certificate_pem(), grant->private_key_pem()},
+                            grant->token());
+  SetAddress("cloud-1", installed.address());
+  v1::EnrollNodeResponse response;
+  const grpc::Status enrolled = Enroll("cloud-1", &response);
+  ASSERT_TRUE(enrolled.ok()) << enrolled.error_message();
+  EXPECT_FALSE(response.already_enrolled());
+  EXPECT_EQ(installed.calls(), 1);
+  const nlohmann::json secrets = SecretsJson();
+  EXPECT_EQ(secrets["node_tokens"]["cloud-1"], grant->token());
+  EXPECT_EQ(secrets["node_certificate_names"]["cloud-1"], certificate_name);
+  EXPECT_TRUE(secrets["node_certificate_expiry"].contains("cloud-1"));
+  EXPECT_FALSE(secrets["enrollments"].contains("cloud-1"));
+  ASSERT_TRUE(Enroll("cloud-1", &response).ok());
+  EXPECT_TRUE(response.already_enrolled());
 }
 
 // Only the controller hears a token: an agent's own certificate (same CA) is not enough.

@@ -68,9 +68,11 @@ StatusOr<std::unique_ptr<SecretsFile>> SecretsFile::Open(std::string path) {
     // Absent in files written before enrollment.
     const nlohmann::json enrollments = json.value("enrollments", nlohmann::json::object());
     for (const auto& [node, entry] : enrollments.items()) {
-      secrets->enrollments_[node] = {entry.at("token_sha256").get<std::string>(),
-                                     entry.at("expires_unix").get<int64_t>(),
-                                     entry.at("certificate_name").get<std::string>()};
+      // The sent grant is absent until one is sent, and in files written before it was kept.
+      secrets->enrollments_[node] = {
+          entry.at("token_sha256").get<std::string>(), entry.at("expires_unix").get<int64_t>(),
+          entry.at("certificate_name").get<std::string>(), entry.value("sent_token", std::string()),
+          entry.value("sent_certificate_pem", std::string())};
     }
   } catch (const nlohmann::json::parse_error& e) {
     // Where, never what: nlohmann's message quotes the text around the error, which holds tokens,
@@ -151,7 +153,7 @@ Status SecretsFile::PutEnrollment(std::string_view node, std::string_view token,
                                   int64_t expires_unix, std::string_view certificate_name) {
   MutexLock lock(mutex_);
   enrollments_[std::string(node)] = {digest::Sha256Hex(token), expires_unix,
-                                     std::string(certificate_name)};
+                                     std::string(certificate_name), "", ""};
   return WriteLocked();
 }
 
@@ -205,6 +207,28 @@ Status SecretsFile::CompleteEnrollment(std::string_view node, std::string_view t
   return WriteLocked();
 }
 
+Status SecretsFile::RecordSentGrant(std::string_view node, std::string_view token,
+                                    std::string_view certificate_pem) {
+  MutexLock lock(mutex_);
+  auto it = enrollments_.find(node);
+  if (it == enrollments_.end()) {
+    return FailedPreconditionError("node '" + std::string(node) + "' has no enrollment pending");
+  }
+  it->second.sent_token = std::string(token);
+  it->second.sent_certificate_pem = std::string(certificate_pem);
+  return WriteLocked();
+}
+
+StatusOr<SecretsFile::SentGrant> SecretsFile::SentGrantOf(std::string_view node) const {
+  MutexLock lock(mutex_);
+  auto it = enrollments_.find(node);
+  if (it == enrollments_.end() || it->second.sent_token.empty()) {
+    return NotFoundError("node '" + std::string(node) + "' has no enrollment grant sent");
+  }
+  return SentGrant{it->second.sent_token, it->second.sent_certificate_pem,
+                   it->second.certificate_name};
+}
+
 Status SecretsFile::WriteLocked() {
   nlohmann::json tokens = nlohmann::json::object();
   for (const auto& [node, token] : node_tokens_) tokens[node] = token;
@@ -217,6 +241,10 @@ Status SecretsFile::WriteLocked() {
     enrollments[node] = {{"token_sha256", enrollment.token_sha256},
                          {"expires_unix", enrollment.expires_unix},
                          {"certificate_name", enrollment.certificate_name}};
+    if (!enrollment.sent_token.empty()) {
+      enrollments[node]["sent_token"] = enrollment.sent_token;
+      enrollments[node]["sent_certificate_pem"] = enrollment.sent_certificate_pem;
+    }
   }
   const std::string text = nlohmann::json{{"node_tokens", tokens},
                                           {"node_certificate_names", names},

@@ -1,8 +1,8 @@
 // The controller's secrets file, DATA/secrets.json (mode 0600, replaced atomically on every
 // change): each node's token, the name in its current certificate (the one the controller
 // dials it under) and that certificate's expiry, and each pending enrollment (a cloud node's
-// one-time token, as its sha256 only, with its expiry). The database holds only references to
-// entries here.
+// one-time token, as its sha256 only, with its expiry, and the credentials last sent to its
+// agent). The database holds only references to entries here.
 #ifndef LLMCTL_CONTROLLER_SECRETS_H_
 #define LLMCTL_CONTROLLER_SECRETS_H_
 
@@ -70,6 +70,21 @@ class SecretsFile {
   // the enrollment token is dropped, all in one rewrite. FailedPrecondition when none is pending.
   Status CompleteEnrollment(std::string_view node, std::string_view token);
 
+  // The credentials last sent to the agent of a pending enrollment, kept from before they are sent
+  // until the enrollment completes: an agent that installed them while its answer was lost serves
+  // the Agent API with them and never enrolls again, and is recognised by them instead.
+  struct SentGrant {
+    std::string token;
+    std::string certificate_pem;
+    std::string certificate_name;  // the pending enrollment's
+  };
+  // Keeps `token` and `certificate_pem` as the node's sent grant (replacing an earlier one) and
+  // rewrites the file before returning. FailedPrecondition when no enrollment is pending.
+  Status RecordSentGrant(std::string_view node, std::string_view token,
+                         std::string_view certificate_pem);
+  // NotFound when no enrollment is pending or none of its grants was sent.
+  StatusOr<SentGrant> SentGrantOf(std::string_view node) const;
+
   // How the database refers to a node's token: "secrets.json#node_tokens/<node>".
   static std::string NodeTokenRef(std::string_view node);
 
@@ -81,6 +96,8 @@ class SecretsFile {
     std::string token_sha256;
     int64_t expires_unix = 0;
     std::string certificate_name;
+    std::string sent_token;            // "" until a grant is sent
+    std::string sent_certificate_pem;  // with it
   };
 
   const std::string path_;

@@ -166,6 +166,30 @@ TEST_F(SecretsFileTest, AnEnrollmentTokenIsStoredHashedWorksOnceAndExpires) {
   }
 }
 
+// The grant sent to an enrolling agent outlives a restart of the controller (its answer may be
+// the one lost), until the enrollment completes or is replaced.
+TEST_F(SecretsFileTest, ASentGrantIsKeptUntilTheEnrollmentEnds) {
+  {
+    auto secrets = *SecretsFile::Open(path_);
+    EXPECT_EQ(secrets->RecordSentGrant("n1", "node-token", "PEM").code(),
+              StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(secrets->PutEnrollment("n1", "enroll-S3CRET", 1000, "agent-n1.ab.llmctl").ok());
+    EXPECT_EQ(secrets->SentGrantOf("n1").status().code(), StatusCode::kNotFound);
+    ASSERT_TRUE(secrets->RecordSentGrant("n1", "node-token", "PEM").ok());
+  }
+  auto secrets = *SecretsFile::Open(path_);
+  StatusOr<SecretsFile::SentGrant> sent = secrets->SentGrantOf("n1");
+  ASSERT_TRUE(sent.ok()) << sent.status().ToString();
+  EXPECT_EQ(sent->token, "node-token");
+  EXPECT_EQ(sent->certificate_pem, "PEM");
+  EXPECT_EQ(sent->certificate_name, "agent-n1.ab.llmctl");
+  ASSERT_TRUE(secrets->PutEnrollment("n1", "enroll-AGAIN", 1000, "agent-n1.cd.llmctl").ok());
+  EXPECT_EQ(secrets->SentGrantOf("n1").status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(secrets->RecordSentGrant("n1", "node-token-2", "PEM2").ok());
+  ASSERT_TRUE(secrets->CompleteEnrollment("n1", "node-token-2").ok());
+  EXPECT_EQ(secrets->SentGrantOf("n1").status().code(), StatusCode::kNotFound);
+}
+
 TEST_F(SecretsFileTest, NodeDownDropsAPendingEnrollment) {
   {
     auto secrets = *SecretsFile::Open(path_);
