@@ -178,12 +178,14 @@ CertificateAuthority::~CertificateAuthority() = default;
 
 StatusOr<std::unique_ptr<CertificateAuthority>> CertificateAuthority::LoadOrCreate(
     const std::string& dir) {
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error)
-    return UnavailableError("cannot create the CA directory " + dir + ": " + error.message());
-  if (::chmod(dir.c_str(), 0700) != 0) {
-    return UnavailableError("cannot restrict " + dir + " to its owner: " + std::strerror(errno));
+  // The CA's key and certificate are kept here, so no one else may enter it. One that is there
+  // already is refused, not narrowed: while it was open, another user could have put their own
+  // key and certificate in it, which narrowing it would keep as the CA.
+  if (const Status made = EnsureOwnDirectory(dir, 0700, OthersMay::kNothing); !made.ok()) {
+    return FailedPreconditionError(
+        std::string("the CA's directory ")
+            .append(made.message())
+            .append("; no one else may enter it, as it holds the CA's key"));
   }
   const std::string key_path = dir + "/" + kCaKeyFile;
   const std::string certificate_path = dir + "/" + kCaCertificateFile;

@@ -64,8 +64,10 @@ StatusOr<std::string> CertificateCommonName(const std::string& certificate_pem);
 class CertificateAuthority {
  public:
   // Creates the directory, key and self-signed certificate on first use and loads them afterwards.
-  // FailedPrecondition when only one of the two files exists or the key does not match the
-  // certificate; InvalidArgument when a file does not parse.
+  // FailedPrecondition when the directory cannot be made, or is there but not one of this user's
+  // that no one else may enter (EnsureOwnDirectory, OthersMay::kNothing: never narrowed), when only
+  // one of the two files exists or the key does not match the certificate; InvalidArgument when a
+  // file does not parse.
   static StatusOr<std::unique_ptr<CertificateAuthority>> LoadOrCreate(const std::string& dir);
   ~CertificateAuthority();
   CertificateAuthority(const CertificateAuthority&) = delete;

@@ -213,6 +213,29 @@ TEST(CertificateAuthorityTest, KeyIsPrivateAndReloadGivesTheSameCa) {
   fs::remove_all(dir);
 }
 
+// One that is there is checked, never narrowed: while it was open, another user could have put
+// their own key and certificate in it.
+TEST(CertificateAuthorityTest, AnExistingDirectoryOthersMayEnterIsRefusedAndLeftAsItIs) {
+  const fs::path dir = FreshDir("open");
+  const fs::path ca = dir / "ca";
+  fs::create_directory(ca);
+  ASSERT_EQ(::chmod(ca.c_str(), 0755), 0);
+  auto refused = CertificateAuthority::LoadOrCreate(ca.string());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(),
+            "the CA's directory " + ca.string() +
+                ": open to other users (mode 0755); no one else may enter it, as it holds the "
+                "CA's key");
+  struct stat info;
+  ASSERT_EQ(::stat(ca.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0755u);
+  EXPECT_FALSE(fs::exists(ca / "ca.key"));
+
+  ASSERT_EQ(::chmod(ca.c_str(), 0700), 0);
+  EXPECT_TRUE(CertificateAuthority::LoadOrCreate(ca.string()).ok());
+  fs::remove_all(dir);
+}
+
 TEST(CertificateAuthorityTest, SignsARequestForItsKeyUnderTheNameItChooses) {
   const fs::path dir = FreshDir("csr");
   auto ca = CertificateAuthority::LoadOrCreate((dir / "ca").string());
