@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -42,12 +41,14 @@ StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& root,
                                                      int64_t keep_free_bytes,
                                                      FreeSpaceSource free_space) {
   const std::vector<std::string> dirs = {root, root + "/blobs", root + "/trees"};
+  // One that is there already is refused, not narrowed: while it was open, another user could
+  // have read the blobs or put blobs of theirs under the digests of the user's inputs.
   for (const std::string& dir : dirs) {
-    std::error_code error;
-    std::filesystem::create_directories(dir, error);
-    if (error || chmod(dir.c_str(), 0700) != 0) {
-      return FailedPreconditionError("cannot create the directory " + dir + ": " +
-                                     (error ? error.message() : std::strerror(errno)));
+    if (const Status made = EnsureOwnDirectory(dir, 0700, OthersMay::kNothing); !made.ok()) {
+      return FailedPreconditionError(
+          std::string(made.message())
+              .append("; the blob store keeps the inputs uploaded to it there, which no one else "
+                      "may read"));
     }
   }
   // No write is in progress at Open (the daemon holds its data directory alone), so what is named

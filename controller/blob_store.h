@@ -108,12 +108,14 @@ inline constexpr int64_t kBlobsKeepFreeBytes = int64_t{1} << 30;
 
 class BlobStore {
  public:
-  // Uses (and creates, mode 0700) `root`/blobs and `root`/trees, and removes the partial blobs a
-  // crash left there. A blob that would leave less than `keep_free_bytes` available on their
-  // filesystem (`free_space`'s figure; null: AvailableBytes), once the blobs being written now have
-  // their announced sizes, is refused before its first byte (ResourceExhausted). A write in
-  // progress counts its whole size until it ends, though what it wrote already lowers the free
-  // space too: a blob is refused a little early rather than the disk filled.
+  // Uses (and creates, mode 0700) `root`, `root`/blobs and `root`/trees, and removes the partial
+  // blobs a crash left there. FailedPrecondition when one is there but not a directory of this
+  // user's that no one else may enter (EnsureOwnDirectory, OthersMay::kNothing: never narrowed). A
+  // blob that would leave less than `keep_free_bytes` available on their filesystem (`free_space`'s
+  // figure; null: AvailableBytes), once the blobs being written now have their announced sizes, is
+  // refused before its first byte (ResourceExhausted). A write in progress counts its whole size
+  // until it ends, though what it wrote already lowers the free space too: a blob is refused a
+  // little early rather than the disk filled.
   static StatusOr<std::unique_ptr<BlobStore>> Open(const std::string& root,
                                                    int64_t keep_free_bytes = kBlobsKeepFreeBytes,
                                                    FreeSpaceSource free_space = nullptr);

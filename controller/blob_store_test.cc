@@ -226,6 +226,23 @@ TEST_F(BlobStoreTest, DirectoriesArePrivate) {
   EXPECT_EQ(info.st_mode & 0777, 0700u);
 }
 
+// One that is there is checked, never narrowed: another user may have read or put blobs in it.
+TEST_F(BlobStoreTest, AnExistingDirectoryOthersMayEnterIsRefusedAndLeftAsItIs) {
+  const std::string blobs = root_ + "/open/blobs";
+  ASSERT_TRUE(std::filesystem::create_directories(blobs));
+  ASSERT_EQ(chmod((root_ + "/open").c_str(), 0700), 0);
+  ASSERT_EQ(chmod(blobs.c_str(), 0755), 0);
+  auto refused = BlobStore::Open(root_ + "/open");
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(),
+            blobs +
+                ": open to other users (mode 0755); the blob store keeps the inputs uploaded "
+                "to it there, which no one else may read");
+  struct stat info;
+  ASSERT_EQ(stat(blobs.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0755u);
+}
+
 digest::InputTree MakeTree(std::vector<digest::TreeFile> files, bool is_file) {
   digest::InputTree tree{.digest = "", .files = std::move(files), .is_file = is_file};
   tree.digest = digest::TreeDigest(tree.files);
