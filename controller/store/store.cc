@@ -34,27 +34,14 @@ Status ErrnoStatus(int error, const std::string& what) {
   return Status(code, what + ": " + std::strerror(error));
 }
 
-// Creates the missing directories above `path` with mode 0700: the database holds the user's
-// experiments and the names of their secrets.
-Status CreateParentDirectories(const std::string& path) {
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+// The database's directory, made 0700 when missing (the database holds the user's experiments and
+// the names of their secrets). One that is there is never narrowed, and refused when another user
+// may write it: they could put a write-ahead log or journal there that SQLite would take as the
+// database's own, or replace the file. Others may read it: the database file itself is 0600.
+Status EnsureDatabaseDirectory(const std::string& path) {
+  const std::string parent = std::filesystem::path(path).parent_path().string();
   if (parent.empty()) return Status::Ok();
-  std::filesystem::path current;
-  for (const std::filesystem::path& part : parent) {
-    current /= part;
-    if (current == current.root_path()) continue;
-    if (::mkdir(current.c_str(), 0700) != 0 && errno != EEXIST) {
-      return ErrnoStatus(errno, "cannot create directory " + current.string());
-    }
-  }
-  struct stat info {};
-  if (::stat(parent.c_str(), &info) != 0) {
-    return ErrnoStatus(errno, "cannot use directory " + parent.string());
-  }
-  if (!S_ISDIR(info.st_mode)) {
-    return FailedPreconditionError(parent.string() + " is not a directory");
-  }
-  return Status::Ok();
+  return EnsureOwnDirectory(parent, 0700, OthersMay::kRead);
 }
 
 // Creates the database file with mode 0600 before SQLite opens it (SQLite would create it with
@@ -134,7 +121,7 @@ Status Configure(sqlite3* db) {
 StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path, int64_t keep_free_bytes) {
   if (path.empty()) return InvalidArgumentError("the store's database path is empty");
   const std::string context = "store " + path;
-  RETURN_IF_ERROR(CreateParentDirectories(path).WithContext(context));
+  RETURN_IF_ERROR(EnsureDatabaseDirectory(path).WithContext(context));
   RETURN_IF_ERROR(CreatePrivateFile(path).WithContext(context));
   sqlite3* db = nullptr;
   const int rc =

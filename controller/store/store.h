@@ -378,12 +378,13 @@ inline constexpr int64_t kRowOverheadBytes = 64;
 
 class Store {
  public:
-  // Opens or creates the database at `path` (and its missing parent directories, mode 0700). The
-  // file is created with mode 0600 and narrowed to 0600 if it was wider. Applies the schema
-  // migrations this build knows; FailedPrecondition when the file was written by a newer llmctld
-  // (its schema version is higher), DataLoss when it is no SQLite database. Events and device
-  // samples that would leave less than `keep_free_bytes` available on its filesystem are refused
-  // (ResourceExhausted), as AppendEvents says.
+  // Opens or creates the database at `path`. Its directory is made 0700 when missing; one that is
+  // there must be this user's and not writable by others (EnsureOwnDirectory, OthersMay::kRead:
+  // never narrowed), else FailedPrecondition. The file is created with mode 0600 and narrowed to
+  // 0600 if it was wider. Applies the schema migrations this build knows; FailedPrecondition when
+  // the file was written by a newer llmctld (its schema version is higher), DataLoss when it is no
+  // SQLite database. Events and device samples that would leave less than `keep_free_bytes`
+  // available on its filesystem are refused (ResourceExhausted), as AppendEvents says.
   static StatusOr<std::unique_ptr<Store>> Open(const std::string& path,
                                                int64_t keep_free_bytes = kStoreKeepFreeBytes);
   // Opens the existing database at `path` for reading only, as a command that only looks does

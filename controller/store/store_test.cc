@@ -44,6 +44,35 @@ TEST_F(StoreTest, OpenCreatesAPrivateDatabaseAtTheNewestSchema) {
   EXPECT_EQ(FileMode(path_ + "-wal"), 0600u);
 }
 
+// Another user who may write the directory could put a write-ahead log or journal of theirs beside
+// the database, which SQLite would take as its own, or replace the file. One that is there is
+// never narrowed; one that only lets others read is the user's choice.
+TEST_F(StoreTest, ADirectoryOthersMayWriteIsRefusedAndLeftAsItIs) {
+  const std::string dir = (dir_ / "data").string();
+  ASSERT_TRUE(std::filesystem::create_directories(dir));
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  StatusOr<std::unique_ptr<Store>> refused = Store::Open(path_);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr(dir + ": writable by other users (mode 0777)"));
+  EXPECT_EQ(FileMode(dir), 0777u);
+  EXPECT_FALSE(std::filesystem::exists(path_));
+
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  EXPECT_NE(OpenStore(), nullptr);
+  EXPECT_EQ(FileMode(dir), 0755u);
+}
+
+// Nor is a link in the directory's place followed to wherever it leads.
+TEST_F(StoreTest, ALinkInTheDirectorysPlaceIsRefused) {
+  ASSERT_TRUE(std::filesystem::create_directories(dir_ / "elsewhere"));
+  std::filesystem::create_directory_symlink(dir_ / "elsewhere", dir_ / "data");
+  StatusOr<std::unique_ptr<Store>> refused = Store::Open(path_);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr((dir_ / "data").string() + ": a symbolic link, not a directory"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "elsewhere" / "llmctl.db"));
+}
+
 TEST_F(StoreTest, ReopeningKeepsTheDataAndTheSchemaVersion) {
   int64_t experiment_id = 0;
   {
