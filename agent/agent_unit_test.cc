@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stop_token>
 #include <thread>
 
@@ -364,6 +365,36 @@ TEST(ProcessTest, RunCommandHoldsAProgramToItsTimeoutAfterItsOutputCloses) {
 
   EXPECT_EQ(RunCommand({"/no/such/program"}, std::chrono::seconds(1)).status().code(),
             StatusCode::kNotFound);
+}
+
+// The agent blocks SIGINT and SIGTERM in every thread (for sigwait) and a mask survives exec: a
+// command it runs (llm-train --version, the rate probe) starts with none blocked or ignored, or a
+// SIGTERM sent to it (a user's pkill, the node's shutdown) would do nothing.
+TEST(ProcessTest, RunCommandStartsTheProgramWithNoSignalBlockedOrIgnored) {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigset_t before;
+  ASSERT_EQ(::pthread_sigmask(SIG_BLOCK, &stop_signals, &before), 0);
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  struct sigaction hup_before {};
+  ASSERT_EQ(::sigaction(SIGHUP, &ignore, &hup_before), 0);
+  StatusOr<CommandOutput> status = RunCommand(
+      {"sh", "-c", "exec grep -E '^Sig(Blk|Ign):' /proc/self/status"}, std::chrono::seconds(60));
+  ::sigaction(SIGHUP, &hup_before, nullptr);
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  std::istringstream lines(status->stdout_text);
+  std::string blocked_label, blocked_hex, ignored_label, ignored_hex;
+  lines >> blocked_label >> blocked_hex >> ignored_label >> ignored_hex;
+  ASSERT_EQ(ignored_label, "SigIgn:") << status->stdout_text;
+  EXPECT_EQ(std::stoull(blocked_hex, nullptr, 16), 0u) << status->stdout_text;
+  const uint64_t ignored = std::stoull(ignored_hex, nullptr, 16);
+  for (int signal : {SIGHUP, SIGINT, SIGTERM}) {  // bit signal - 1 of the mask
+    EXPECT_EQ(ignored & (uint64_t{1} << (signal - 1)), 0u) << "signal " << signal;
+  }
 }
 
 TEST(NodeInfoTest, ParsesMeminfo) {

@@ -76,6 +76,21 @@ bool ReapBy(pid_t pid, std::chrono::steady_clock::time_point deadline, const std
 
 }  // namespace
 
+void StartWithDefaultSignals(posix_spawnattr_t& attributes) {
+  short flags = 0;
+  posix_spawnattr_getflags(&attributes, &flags);
+  posix_spawnattr_setflags(&attributes, flags | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  for (int signal : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) {
+    sigaddset(&defaults, signal);
+  }
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+}
+
 StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
                                    std::chrono::milliseconds timeout, std::stop_token stop) {
   int pipe_fds[2];
@@ -92,6 +107,7 @@ StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
   posix_spawnattr_init(&attributes);
   posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
   posix_spawnattr_setpgroup(&attributes, 0);
+  StartWithDefaultSignals(attributes);
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);

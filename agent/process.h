@@ -3,6 +3,7 @@
 #ifndef LLMCTL_AGENT_PROCESS_H_
 #define LLMCTL_AGENT_PROCESS_H_
 
+#include <spawn.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -30,15 +31,23 @@ bool IsSameProcessAlive(pid_t pid, uint64_t start_time);
 // callers keep a periodic check for that case.
 UniqueFd OpenExitWatch(pid_t pid, uint64_t start_time);
 
+// Makes a child spawned with `attributes` start with no signal blocked and SIGPIPE, SIGINT,
+// SIGTERM, SIGHUP, SIGQUIT and SIGCHLD at their default actions, whatever this process blocks or
+// ignores: the agent blocks SIGINT and SIGTERM in every thread for sigwait, and a mask survives
+// exec, so a child would otherwise ignore the stop signals meant for it. Keeps the flags already
+// set.
+void StartWithDefaultSignals(posix_spawnattr_t& attributes);
+
 struct CommandOutput {
   int exit_code = -1;  // -1 when it could not run or was killed (timeout)
   std::string stdout_text;
 };
 
 // Runs `argv` (argv[0] looked up in PATH) in a process group of its own, with stdin and stderr on
-// /dev/null, and returns its standard output (at most 1 MiB). Its group is killed (SIGKILL) after
-// `timeout`, or within about 50 ms of `stop` being requested (the agent stopping: a 3-minute
-// rate probe must not hold it up): Cancelled then. NotFound when it cannot be started.
+// /dev/null and default signals (StartWithDefaultSignals), and returns its standard output (at most
+// 1 MiB). Its group is killed (SIGKILL) after `timeout`, or within about 50 ms of `stop` being
+// requested (the agent stopping: a 3-minute rate probe must not hold it up): Cancelled then.
+// NotFound when it cannot be started.
 StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
                                    std::chrono::milliseconds timeout, std::stop_token stop = {});
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string_view>
 
+#include "agent/process.h"
 #include "agent/run_files.h"
 #include "agent/socket_interface.h"
 #include "agent/supervisor.h"
@@ -101,16 +102,8 @@ StatusOr<pid_t> SpawnSupervisor(const std::vector<std::string>& argv,
   posix_spawnattr_init(&attributes);
   // A new session: the supervisor leaves the agent's process group and terminal, so neither a
   // signal to the agent's group nor the agent's exit reaches it.
-  posix_spawnattr_setflags(&attributes,
-                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attributes, &none);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  for (int signal : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD})
-    sigaddset(&defaults, signal);
-  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSID);
+  StartWithDefaultSignals(attributes);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
