@@ -280,12 +280,10 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   err << "measuring this machine's rates once (llm-train --probe, about 12 s) into "
       << path.string() << "; delete it to measure again\n"
       << std::flush;
-  // The data directory is private, as the daemons make it.
-  std::error_code error;
-  if (fs::create_directories(*dir, error)) fs::permissions(*dir, fs::perms::owner_all, error);
-  const Status made =
-      error ? FailedPreconditionError(dir->string() + ": cannot create: " + error.message())
-            : RunProbe(binaries->llm_train, path);
+  // The data directory as the daemons make and check it: private when made here, any mode when
+  // there (LLMCTL_HOME may be shared on purpose), never a link to a directory elsewhere.
+  Status made = EnsureOwnDirectory(dir->string(), 0700, OthersMay::kAnything);
+  if (made.ok()) made = RunProbe(binaries->llm_train, path);
   StatusOr<estimate::RateProbe> probe =
       made.ok() ? ReadRateProbe(path) : StatusOr<estimate::RateProbe>(made);
   if (!probe.ok()) {

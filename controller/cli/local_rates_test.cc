@@ -82,6 +82,32 @@ TEST_F(LocalRatesTest, ReadsTheCachedProbeWithoutMeasuring) {
   EXPECT_EQ(h100.rates, "");
 }
 
+// LLMCTL_HOME as the embedded daemons take it: a link in its place is refused, not followed to a
+// directory elsewhere that the probe would be written into (here by a stand-in llm-train).
+TEST_F(LocalRatesTest, ALinkInTheDataDirectorysPlaceIsRefusedAndNothingIsMeasured) {
+  const fs::path bin = home_ / "bin";
+  fs::create_directories(bin);
+  for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
+    std::ofstream(bin / name) << "#!/bin/sh\n: > \"$3\"\n";  // writes --probe-output's file
+    fs::permissions(bin / name, fs::perms::owner_all);
+  }
+  fs::create_directories(home_ / "elsewhere");
+  const fs::path link = home_ / "link";
+  fs::create_directory_symlink(home_ / "elsewhere", link);
+  std::ostringstream err;
+  const EnvLookup env = [&link](std::string_view name) -> std::optional<std::string> {
+    if (name == "LLMCTL_HOME") return link.string();
+    return std::nullopt;
+  };
+  const LocalRates rates = LocalRates::Load(env, bin / "llmctl", err);
+  EXPECT_FALSE(rates.probe().has_value());
+  EXPECT_NE(err.str().find("the time is at the data sheets' rates: " + link.string() +
+                           ": a symbolic link, not a directory"),
+            std::string::npos)
+      << err.str();
+  EXPECT_FALSE(fs::exists(home_ / "elsewhere" / "probe.json"));
+}
+
 // A probe of version 1 timed its matmuls at 512 tokens only: it is measured again, saying why
 // (here `self` names no llm-train, so the data sheets serve, said too).
 TEST_F(LocalRatesTest, AnOlderProbeVersionIsMeasuredAgain) {
