@@ -1,10 +1,9 @@
 #include "agent/enrollment.h"
 
-#include <sys/stat.h>
-
 #include <filesystem>
 #include <iostream>
 
+#include "common/files.h"
 #include "common/mutex.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/connection.h"
@@ -20,17 +19,14 @@ namespace {
 // the token instead), so a day is more than the wait for the controller needs.
 constexpr int kEnrollmentCertificateDays = 1;
 
+// The directory `file` goes in, made 0700 when missing. One that is there is used as it is, mode
+// and all (the operator named it: /var/lib/llmctl, or /etc as root), as the embedded daemons use
+// theirs, when it is a directory of this user's: not a link to one elsewhere, where the node's key
+// would go.
 Status MakeParentDirectory(const std::string& file) {
-  const std::filesystem::path parent = std::filesystem::path(file).parent_path();
-  std::error_code error;
-  if (parent.empty() || std::filesystem::exists(parent, error)) return Status::Ok();
-  if (error) return UnavailableError("cannot look up " + parent.string() + ": " + error.message());
-  std::filesystem::create_directories(parent, error);
-  if (error) return UnavailableError("cannot create " + parent.string() + ": " + error.message());
-  if (::chmod(parent.c_str(), 0700) != 0) {
-    return UnavailableError("cannot restrict " + parent.string() + " to its owner");
-  }
-  return Status::Ok();
+  const std::string parent = std::filesystem::path(file).parent_path().string();
+  if (parent.empty()) return Status::Ok();
+  return EnsureOwnDirectory(parent, 0700, OthersMay::kAnything);
 }
 
 }  // namespace

@@ -19,8 +19,10 @@ struct EnrollmentOptions {
   std::string node;
   std::string ca_pem;            // the controller's CA: the caller must hold its controller.llmctl
   std::string enrollment_token;  // shown to the controller only
-  // Where the credentials go (0600; their directories are made 0700 when missing). The token
-  // file is written last: its presence says the node is enrolled (Enrolled below).
+  // Where the credentials go (0600; their directories are made 0700 when missing, and one that is
+  // there must be a directory of this user's, not a link: EnsureOwnDirectory,
+  // OthersMay::kAnything). The token file is written last: its presence says the node is enrolled
+  // (Enrolled below).
   std::string certificate_file;
   std::string private_key_file;
   std::string token_file;
