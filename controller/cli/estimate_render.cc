@@ -339,7 +339,7 @@ std::string RenderEstimateJson(const std::string& file, const Experiment& experi
     out["trials"].push_back(trial);
   }
   // Lossy: it holds the paths and names the user typed, which need not be UTF-8.
-  return DumpLossy(out, 2) + "\n";
+  return DumpForTerminal(out, 2) + "\n";
 }
 
 }  // namespace llmctl::cli

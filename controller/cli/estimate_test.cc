@@ -323,6 +323,12 @@ TEST_F(EstimateTest, ModelNamesAndConfigErrorsArePrintedWithoutTheirControls) {
   for (const char* control : {"\x1b", "\x07", "\u202e"}) {
     EXPECT_EQ(out_.str().find(control), std::string::npos) << out_.str();
   }
+  // JSON keeps the name whole, every character past ASCII (U+202E too) written as an escape.
+  ASSERT_EQ(Llmctl({file, "--format", "json"}), kExitOk) << err_.str();
+  EXPECT_EQ(out_.str().find("\u202e"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find("ti\\u202eny\\u001b]0;T\\u0007"), std::string::npos) << out_.str();
+  const std::string model = nlohmann::json::parse(out_.str())["trials"][0]["model"];
+  EXPECT_TRUE(model.ends_with("/ti\u202eny\x1b]0;T\x07")) << model;
 
   Write("forged/config.json",
         R"({"model_type": "llama\u001b]0;T\u0007\r\nllmctl: FORGED", "vocab_size": 256,

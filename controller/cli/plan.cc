@@ -487,7 +487,7 @@ std::string RenderJson(const PlanOptions& o, const Resolved& r, const estimate::
   // Only with a probe: without one the JSON is as it was (the data sheets' rates).
   if (!r.request.speed.rates.empty()) out["rates"] = r.request.speed.rates;
   // Lossy: it holds the paths and names the user typed, which need not be UTF-8.
-  return DumpLossy(out, 2) + "\n";
+  return DumpForTerminal(out, 2) + "\n";
 }
 
 }  // namespace
