@@ -56,7 +56,10 @@ namespace dispatch {
 // The node's devices as the store keeps them (NodeRecord::devices_json).
 std::string DevicesJson(const std::vector<v1::Device>& devices);
 
-// How many nodes' health checks run at once (agent_links.cc, CheckNodes).
+// How many nodes' health checks CheckNodes starts per batch; it starts the next batch once the
+// batch's checks have answered or, for nodes whose last check failed, failing_check_wait has
+// passed. Those failing checks go on to their call's deadline, so more than this many may be
+// running at once.
 inline constexpr size_t kParallelHealthChecks = 32;
 
 class AgentLinks {
