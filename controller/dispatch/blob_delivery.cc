@@ -8,18 +8,12 @@
 
 #include "common/byte_size.h"
 #include "common/files.h"
+#include "controller/dispatch/unneeded_work.h"
 #include "rpc/blob_stream.h"
 #include "rpc/grpc_status.h"
 #include "rpc/transfer.h"
 
 namespace llmctl::controller::dispatch {
-namespace {
-
-// A delivery that is not running and that no launch has asked for in this long (its trial was
-// cancelled, or placed elsewhere) is forgotten: a later launch asks the agent afresh.
-constexpr std::chrono::minutes kForgetUnaskedAfter{10};
-
-}  // namespace
 
 StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
                                       const std::shared_ptr<v1::Agent::Stub>& stub,
@@ -29,7 +23,7 @@ StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
   bool ready = false;
   {
     MutexLock lock(core_.mutex);
-    done = TakeUnneededLocked(now);
+    done = TakeUnneededWork(deliveries_, now);
     if (const auto entry = deliveries_.find(key); entry != deliveries_.end()) {
       entry->second->asked_at = now;
       switch (entry->second->state) {
@@ -47,7 +41,7 @@ StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
       }
     }
   }
-  JoinFinished(std::move(done));
+  JoinTakenWork(std::move(done));
   if (ready) return true;
   ASSIGN_OR_RETURN(std::vector<Blob> missing, Missing(*stub, tree));
   int64_t bytes = 0;
@@ -62,7 +56,7 @@ StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
         deliveries_.erase(entry);
       }
     }
-    JoinFinished(std::move(done));
+    JoinTakenWork(std::move(done));
     return true;
   }
   Delivery* delivery = nullptr;
@@ -90,30 +84,6 @@ StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
     RunInBackground(*delivery, std::move(stub), std::move(missing));
   });
   return false;
-}
-
-std::vector<std::unique_ptr<BlobDeliveries::Delivery>> BlobDeliveries::TakeUnneededLocked(
-    store::Time now) {
-  std::vector<std::unique_ptr<Delivery>> done;
-  for (auto entry = deliveries_.begin(); entry != deliveries_.end();) {
-    const Delivery& delivery = *entry->second;
-    if (delivery.state != Delivery::State::kRunning &&
-        (delivery.forgotten || now - delivery.asked_at >= kForgetUnaskedAfter)) {
-      done.push_back(std::move(entry->second));
-      entry = deliveries_.erase(entry);
-    } else {
-      ++entry;
-    }
-  }
-  return done;
-}
-
-void BlobDeliveries::JoinFinished(std::vector<std::unique_ptr<Delivery>> done) {
-  // Outside the lock: a thread that has finished its work may still wake the round (Wake takes
-  // the mutex).
-  for (const std::unique_ptr<Delivery>& delivery : done) {
-    if (delivery->thread.joinable()) delivery->thread.join();
-  }
 }
 
 void BlobDeliveries::RunInBackground(Delivery& delivery, std::shared_ptr<v1::Agent::Stub> stub,

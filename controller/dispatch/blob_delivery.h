@@ -80,13 +80,6 @@ class BlobDeliveries {
   Status Upload(v1::Agent::Stub& stub, const Blob& blob, grpc::ClientContext& context);
   void RunInBackground(Delivery& delivery, std::shared_ptr<v1::Agent::Stub> stub,
                        std::vector<Blob> blobs);
-  // Takes out of deliveries_ those not running whose node was forgotten or that no launch asked
-  // for in a while, to be joined by JoinFinished.
-  std::vector<std::unique_ptr<Delivery>> TakeUnneededLocked(store::Time now)
-      LLMCTL_REQUIRES(core_.mutex);
-  // Joins the threads of deliveries taken out of deliveries_, without the core's mutex (a thread
-  // that has finished its work may still be waking the round), and frees them.
-  static void JoinFinished(std::vector<std::unique_ptr<Delivery>> done);
 
   DispatcherCore& core_;
   // Erased only by Ensure (on the round thread) and only when not running: a running delivery's
