@@ -39,7 +39,7 @@ Status ValidateAgentAddress(std::string_view address) {
     }
   }
   return InvalidArgumentError(
-      "register node: address '" + OnOneLine(address.substr(0, 200)) +
+      "register node: address '" + OnOneLine(address, 200) +
       "' is neither host:port nor unix:/absolute/path (printable, at most " +
       std::to_string(kMaxAgentAddressBytes) + " bytes)");
 }

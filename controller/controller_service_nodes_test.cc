@@ -71,6 +71,17 @@ TEST_F(ControllerServiceTest, RegisterNodeIssuesCredentialsThatAreStoredOnlyInTh
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << address;
     EXPECT_EQ(refused.error_message().find_first_of("\x1b\x07\n\x7f"), std::string::npos);
   }
+  // The address shown is cut at a character's start: no half of the "é" that straddles its
+  // 200th byte, which would read as U+FFFD.
+  std::string accented(199, 'h');
+  for (int i = 0; i < 600; ++i) accented.append("\u00e9");
+  request.set_address(accented.append(":1"));
+  grpc::ClientContext long_address_context;
+  grpc::Status refused = stub_->RegisterNode(&long_address_context, request, &credentials);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message().find("\ufffd"), std::string::npos) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("h\u2026' is neither"), std::string::npos)
+      << refused.error_message();
 }
 
 // A lease's end is in seconds up to the year 9999 (one sent in milliseconds wrapped to 1892 and

@@ -235,7 +235,7 @@ Status EventStreams::StoreSamples(Stream& stream, const v1::DeviceSamples& sampl
     spdlog::warn(
         "{} on node {}: dropped device samples of devices the run does not hold (the "
         "first: '{}')",
-        AttemptName(attempt), stream.node, OnOneLine(first_foreign->substr(0, 64)));
+        AttemptName(attempt), stream.node, OnOneLine(*first_foreign, 64));
   }
   const store::Time now = core_.clock.Now();
   std::optional<store::Time> first_ahead;  // the first sample dropped, for the warning
