@@ -397,6 +397,42 @@ TEST(ProcessTest, RunCommandStartsTheProgramWithNoSignalBlockedOrIgnored) {
   }
 }
 
+// A command is killed with the agent (SIGKILL, a crash): a rate probe left running would measure
+// the machine beside the restarted agent's own probe, and both would store half its rates.
+TEST(ProcessTest, RunCommandsProgramDiesWithTheAgent) {
+  const fs::path dir = FreshDir("dies_with_agent");
+  const std::string pid_file = (dir / "pid").string();
+  const pid_t agent = ::fork();
+  ASSERT_GE(agent, 0);
+  if (agent == 0) {
+    (void)RunCommand({"sh", "-c", "echo $$ > " + pid_file + "; exec sleep 600"},
+                     std::chrono::seconds(600));
+    ::_exit(0);
+  }
+  pid_t command = 0;
+  for (int tries = 0; tries < 1000 && command == 0; ++tries) {
+    std::ifstream in(pid_file);
+    std::string line;
+    if (std::getline(in, line) && in.good()) {
+      command = std::stoi(line);  // a whole line: the shell has written all of it
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ::kill(agent, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(agent, &status, 0), agent);
+  ASSERT_GT(command, 0) << "the command never wrote " << pid_file;
+  bool gone = false;
+  for (int tries = 0; tries < 1000 && !gone; ++tries) {
+    gone = !ProcessStartTime(command).has_value();  // a zombie left for init counts as gone
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(gone) << "the command (pid " << command << ") outlived the agent";
+  if (!gone) ::kill(-command, SIGKILL);
+  fs::remove_all(dir);
+}
+
 TEST(NodeInfoTest, ParsesMeminfo) {
   EXPECT_EQ(*ParseMemTotal("MemFree: 1 kB\nMemTotal:       16384 kB\n"), 16384 * 1024);
   EXPECT_FALSE(ParseMemTotal("MemFree: 1 kB\n").ok());

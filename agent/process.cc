@@ -4,12 +4,15 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -74,6 +77,54 @@ bool ReapBy(pid_t pid, std::chrono::steady_clock::time_point deadline, const std
   }
 }
 
+// The signals a command starts with at their default actions, whatever the agent does with them.
+constexpr int kSignalsStartedAtDefault[] = {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
+
+// `name` as exec would find it: itself when it holds a '/', otherwise the first executable file of
+// that name in PATH. Looked up before fork, where the child may only make async-signal-safe calls.
+std::optional<std::string> FindProgram(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::istringstream directories(path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin");
+  std::string directory;
+  while (std::getline(directories, directory, ':')) {
+    const std::string candidate = (directory.empty() ? std::string(".") : directory) + "/" + name;
+    struct stat info {};
+    if (::stat(candidate.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
+        ::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+  }
+  return std::nullopt;
+}
+
+// In the forked child: only async-signal-safe calls until execve. Exec's errno goes to
+// `exec_error_fd` when it fails.
+[[noreturn]] void StartCommandInChild(pid_t agent, const std::string& program, char* const* argv,
+                                      int null_fd, int stdout_fd, int exec_error_fd) {
+  // Killed with the agent (SIGKILL, a crash) rather than left running beside the next agent's
+  // probe. The signal comes when the thread that forked ends, not the process: this one is
+  // RunCommand's caller, which waits for the command before it returns.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != agent) ::_exit(127);  // the agent died before prctl
+  // A group of its own (its pid): killing the group ends what it started too (a probe's helper
+  // processes), and a terminal's Ctrl-C reaches the agent, which decides, not the command.
+  ::setpgid(0, 0);
+  ::dup2(null_fd, 0);
+  ::dup2(stdout_fd, 1);
+  ::dup2(null_fd, 2);
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  for (int signal : kSignalsStartedAtDefault) ::sigaction(signal, &default_action, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::execve(program.c_str(), argv, environ);
+  const int error = errno;
+  (void)!::write(exec_error_fd, &error, sizeof(error));
+  ::_exit(127);
+}
+
 }  // namespace
 
 void StartWithDefaultSignals(posix_spawnattr_t& attributes) {
@@ -85,40 +136,66 @@ void StartWithDefaultSignals(posix_spawnattr_t& attributes) {
   posix_spawnattr_setsigmask(&attributes, &none);
   sigset_t defaults;
   sigemptyset(&defaults);
-  for (int signal : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) {
-    sigaddset(&defaults, signal);
-  }
+  for (int signal : kSignalsStartedAtDefault) sigaddset(&defaults, signal);
   posix_spawnattr_setsigdefault(&attributes, &defaults);
 }
 
 StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
                                    std::chrono::milliseconds timeout, std::stop_token stop) {
+  const std::optional<std::string> program = FindProgram(argv[0]);
+  if (!program.has_value()) {
+    return NotFoundError("cannot run " + argv[0] + ": " + std::strerror(ENOENT));
+  }
+  UniqueFd null_device(::open("/dev/null", O_RDWR | O_CLOEXEC));
+  if (!null_device.valid()) {
+    return UnavailableError(std::string("/dev/null: ") + std::strerror(errno));
+  }
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
     return UnavailableError(std::string("pipe: ") + std::strerror(errno));
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
-  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-  // A group of its own (its pid): killing the group ends what it started too (a probe's helper
-  // processes), and a terminal's Ctrl-C reaches the agent, which decides, not the command.
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attributes, 0);
-  StartWithDefaultSignals(attributes);
+  // The child writes exec's errno here when exec fails; exec closes it (close-on-exec) otherwise.
+  int exec_fds[2];
+  if (::pipe2(exec_fds, O_CLOEXEC) != 0) {
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return UnavailableError(std::string("pipe: ") + std::strerror(errno));
+  }
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
-  pid_t pid = 0;
-  const int spawned = ::posix_spawnp(&pid, args[0], &actions, &attributes, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
+  // fork rather than posix_spawn, which cannot set a parent-death signal: a probe that outlived a
+  // killed agent would run beside the restarted agent's own and both would measure half a machine.
+  // Every signal stays blocked across fork, so that none of the agent's handlers runs in the child
+  // before it has set its signals as the program is to start with.
+  const pid_t agent = ::getpid();
+  sigset_t all, mask_before;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &mask_before);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    StartCommandInChild(agent, *program, args.data(), null_device.get(), pipe_fds[1], exec_fds[1]);
+  }
+  const int fork_error = errno;
+  ::pthread_sigmask(SIG_SETMASK, &mask_before, nullptr);
   ::close(pipe_fds[1]);
-  if (spawned != 0) {
+  ::close(exec_fds[1]);
+  if (pid < 0) {
     ::close(pipe_fds[0]);
-    return NotFoundError("cannot run " + argv[0] + ": " + std::strerror(spawned));
+    ::close(exec_fds[0]);
+    return UnavailableError(std::string("fork: ") + std::strerror(fork_error));
+  }
+  int exec_error = 0;
+  ssize_t got = 0;
+  do {
+    got = ::read(exec_fds[0], &exec_error, sizeof(exec_error));
+  } while (got < 0 && errno == EINTR);
+  ::close(exec_fds[0]);
+  if (got > 0) {
+    ::close(pipe_fds[0]);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return NotFoundError("cannot run " + argv[0] + ": " + std::strerror(exec_error));
   }
   CommandOutput output;
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -44,10 +44,10 @@ struct CommandOutput {
 };
 
 // Runs `argv` (argv[0] looked up in PATH) in a process group of its own, with stdin and stderr on
-// /dev/null and default signals (StartWithDefaultSignals), and returns its standard output (at most
+// /dev/null and the signals StartWithDefaultSignals sets, and returns its standard output (at most
 // 1 MiB). Its group is killed (SIGKILL) after `timeout`, or within about 50 ms of `stop` being
-// requested (the agent stopping: a 3-minute rate probe must not hold it up): Cancelled then.
-// NotFound when it cannot be started.
+// requested (the agent stopping: a 3-minute rate probe must not hold it up): Cancelled then. The
+// program itself is killed (SIGKILL) when the agent dies first. NotFound when it cannot be started.
 StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
                                    std::chrono::milliseconds timeout, std::stop_token stop = {});
 
