@@ -51,7 +51,12 @@ class EnrollmentService final : public v1::AgentEnrollment::Service {
     }
     MutexLock lock(mutex_);  // one enrollment at a time
     if (done_) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "enrollment: already enrolled");
+      // The controller calls again when the answer to its grant was lost. Until this server shuts
+      // down and the Agent API serves the grant's credentials here, it is told to try later: the
+      // controller and `llmctl node up` take UNAVAILABLE as "not yet" and any other refusal as
+      // final, and the next try finds the agent holding the grant.
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "enrollment: enrolled; restarting as the node's agent");
     }
     v1::EnrollmentOffer offer;
     offer.set_node(options_.node);
