@@ -19,11 +19,11 @@ StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
                                       const std::shared_ptr<v1::Agent::Stub>& stub,
                                       const digest::InputTree& tree, store::Time now) {
   const Key key{link.name, tree.digest};
-  std::vector<std::unique_ptr<Delivery>> done;
+  UnneededWork<Delivery> done;
   bool ready = false;
   {
     MutexLock lock(core_.mutex);
-    done = TakeUnneededWork(deliveries_, now);
+    TakeUnneededWork(deliveries_, now, done);
     if (const auto entry = deliveries_.find(key); entry != deliveries_.end()) {
       entry->second->asked_at = now;
       switch (entry->second->state) {
@@ -32,7 +32,7 @@ StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
         case Delivery::State::kReady:
           // Taken by this launch; a later one asks the agent again (its cache may have changed).
           ready = true;
-          done.push_back(std::move(entry->second));
+          done.Add(std::move(entry->second));
           deliveries_.erase(entry);
           break;
         case Delivery::State::kIdle:
@@ -41,7 +41,6 @@ StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
       }
     }
   }
-  JoinTakenWork(std::move(done));
   if (ready) return true;
   ASSIGN_OR_RETURN(std::vector<Blob> missing, Missing(*stub, tree));
   int64_t bytes = 0;
@@ -52,11 +51,10 @@ StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
     {
       MutexLock lock(core_.mutex);
       if (const auto entry = deliveries_.find(key); entry != deliveries_.end()) {
-        done.push_back(std::move(entry->second));
+        done.Add(std::move(entry->second));
         deliveries_.erase(entry);
       }
     }
-    JoinTakenWork(std::move(done));
     return true;
   }
   Delivery* delivery = nullptr;

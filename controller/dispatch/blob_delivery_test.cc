@@ -108,6 +108,35 @@ TEST_F(BlobDeliveryTest, DeliveriesAreForgottenOnceTakenOrNoLongerAskedFor) {
   EXPECT_EQ(daemon_->dispatcher().BlobDeliveriesHeld(), 0);
 }
 
+// A delivery no longer asked for is erased by the Ensure of another, which may return while that
+// other runs: the erased delivery's finished thread is joined on that return too.
+TEST_F(BlobDeliveryTest, ADeliveryNoLongerAskedForGoesWhileAnotherIsUnderWay) {
+  agent_state_.upload_results = {grpc::Status(grpc::StatusCode::UNAVAILABLE, "disk busy")};
+  const auto [cancelled, first_tree] = SubmitWithDataFile(*controller_, "{\"text\": \"one\"}\n");
+  ASSERT_NE(cancelled, 0);
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return UploadsStarted() == 1 && InFlightDeliveries() == 0; }));
+  ASSERT_TRUE(daemon_->dispatcher().Cancel(cancelled, "").ok());
+
+  agent_state_.upload_open = false;
+  const auto [experiment, tree] = SubmitWithDataFile(*controller_, "{\"text\": \"two\"}\n");
+  ASSERT_NE(experiment, 0);
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return InFlightDeliveries() == 1; }));
+  clock_.Advance(std::chrono::minutes(10));
+  Tick();  // the cancelled trial's delivery goes; the other is still under way
+  EXPECT_EQ(daemon_->dispatcher().BlobDeliveriesHeld(), 1);
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.upload_open = true;
+  }
+  agent_state_.changed.notify_all();
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return OnlyTrial(experiment).state == store::TrialState::kOk;
+  }));
+}
+
 TEST_F(BlobDeliveryTest, StoppingTheControllerCancelsADeliveryUnderWay) {
   agent_state_.upload_open = false;
   SubmitWithData();

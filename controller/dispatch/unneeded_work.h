@@ -18,33 +18,42 @@ namespace llmctl::controller::dispatch {
 // cancelled, or placed elsewhere) is forgotten: a later launch asks the agent afresh.
 inline constexpr std::chrono::minutes kForgetUnaskedAfter{10};
 
-// Takes out of `kept` the work not running whose node was forgotten or that no launch asked for
-// in kForgetUnaskedAfter, to be joined by JoinTakenWork. `Work` has `state` (running when
-// Work::State::kRunning), `forgotten`, `asked_at` and `thread`. Called under the mutex that
-// guards `kept`.
+// Work taken out of what is kept, freed when this is destroyed, once its thread (which has
+// finished its work) is joined. Declare it before the MutexLock it is filled under: that thread
+// may still be waking the round (Wake takes the core's mutex).
+template <typename Work>
+class UnneededWork {
+ public:
+  UnneededWork() = default;
+  UnneededWork(const UnneededWork&) = delete;
+  UnneededWork& operator=(const UnneededWork&) = delete;
+  ~UnneededWork() {
+    for (const std::unique_ptr<Work>& work : taken_) {
+      if (work->thread.joinable()) work->thread.join();
+    }
+  }
+
+  void Add(std::unique_ptr<Work> work) { taken_.push_back(std::move(work)); }
+
+ private:
+  std::vector<std::unique_ptr<Work>> taken_;
+};
+
+// Moves into `unneeded` the work of `kept` not running whose node was forgotten or that no launch
+// asked for in kForgetUnaskedAfter. `Work` has `state` (running when Work::State::kRunning),
+// `forgotten`, `asked_at` and `thread`. Called under the mutex that guards `kept`.
 template <typename Key, typename Work>
-std::vector<std::unique_ptr<Work>> TakeUnneededWork(std::map<Key, std::unique_ptr<Work>>& kept,
-                                                    store::Time now) {
-  std::vector<std::unique_ptr<Work>> taken;
+void TakeUnneededWork(std::map<Key, std::unique_ptr<Work>>& kept, store::Time now,
+                      UnneededWork<Work>& unneeded) {
   for (auto entry = kept.begin(); entry != kept.end();) {
     const Work& work = *entry->second;
     if (work.state != Work::State::kRunning &&
         (work.forgotten || now - work.asked_at >= kForgetUnaskedAfter)) {
-      taken.push_back(std::move(entry->second));
+      unneeded.Add(std::move(entry->second));
       entry = kept.erase(entry);
     } else {
       ++entry;
     }
-  }
-  return taken;
-}
-
-// Joins the threads of work taken out of what is kept, and frees it. Called without the core's
-// mutex: a thread that has finished its work may still be waking the round (Wake takes it).
-template <typename Work>
-void JoinTakenWork(std::vector<std::unique_ptr<Work>> taken) {
-  for (const std::unique_ptr<Work>& work : taken) {
-    if (work->thread.joinable()) work->thread.join();
   }
 }
 
