@@ -177,6 +177,7 @@ Status Dispatcher::FetchArtifacts(const std::string& node, const v1::RunKey& key
 
 int Dispatcher::ActiveStreams() { return streams_.Active(); }
 int Dispatcher::HubPreparationsInFlight() { return hub_models_.InFlight(); }
+int Dispatcher::HubPreparationsHeld() { return hub_models_.Held(); }
 int Dispatcher::BlobDeliveriesInFlight() { return deliveries_.InFlight(); }
 int Dispatcher::BlobDeliveriesHeld() { return deliveries_.Held(); }
 int Dispatcher::CheckpointCopiesInFlight() { return checkpoints_.InFlight(); }

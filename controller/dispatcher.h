@@ -150,6 +150,9 @@ class Dispatcher {
 
   // How many hub model downloads are in flight now (for tests).
   int HubPreparationsInFlight();
+  // How many hub model preparations it keeps: in flight, ready, failed or waiting for a retry (for
+  // tests).
+  int HubPreparationsHeld();
   // How many input deliveries run in the background now (for tests).
   int BlobDeliveriesInFlight();
   // How many input deliveries it keeps: in flight, waiting for a retry or for their launch (for

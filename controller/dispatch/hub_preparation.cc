@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "controller/dispatch/unneeded_work.h"
 #include "rpc/grpc_status.h"
 
 namespace llmctl::controller::dispatch {
@@ -28,8 +29,10 @@ StatusOr<bool> HubPreparations::Ensure(AgentLinks::Link& link, const std::string
   ASSIGN_OR_RETURN(HubModelRef ref, ParseHubModelRef(model));
   Preparation* preparation = nullptr;
   std::shared_ptr<v1::Agent::Stub> stub;
+  UnneededWork<Preparation> done;
   {
     MutexLock lock(core_.mutex);
+    TakeUnneededWork(preparations_, now, done);
     std::unique_ptr<Preparation>& entry = preparations_[{link.name, HubModelRefText(ref)}];
     if (entry == nullptr) {
       entry = std::make_unique<Preparation>();
@@ -37,6 +40,7 @@ StatusOr<bool> HubPreparations::Ensure(AgentLinks::Link& link, const std::string
       entry->model = HubModelRefText(ref);
     }
     preparation = entry.get();
+    preparation->asked_at = now;
     switch (preparation->state) {
       case Preparation::State::kReady:
         return true;
@@ -126,10 +130,13 @@ void HubPreparations::ForgetNode(const std::string& node) {
   for (auto& [key, preparation] : preparations_) {
     if (preparation->node != node) continue;
     if (preparation->context != nullptr) preparation->context->TryCancel();
-    if (preparation->state == Preparation::State::kReady) {
-      preparation->state = Preparation::State::kIdle;
-    }
+    preparation->forgotten = true;
   }
+}
+
+int HubPreparations::Held() {
+  MutexLock lock(core_.mutex);
+  return static_cast<int>(preparations_.size());
 }
 
 int HubPreparations::InFlight() {

@@ -3,7 +3,9 @@
 // prepare_deadline, while the trial stays queued and other placements go on. Codes retrying can
 // help (UNAVAILABLE, DEADLINE_EXCEEDED, ...) prepare it again after a doubling backoff; the
 // permanent ones (IsPermanentPrepareFailure) fail the trials that waited for it, and a later
-// experiment tries again.
+// experiment tries again. What is kept of a preparation (the node has the model, its failure, its
+// backoff) goes once its node is forgotten and its thread has ended, or after 10 minutes in which
+// no launch asked for it; a later launch then asks the agent afresh.
 #ifndef LLMCTL_CONTROLLER_DISPATCH_HUB_PREPARATION_H_
 #define LLMCTL_CONTROLLER_DISPATCH_HUB_PREPARATION_H_
 
@@ -43,6 +45,8 @@ class HubPreparations {
   void ForgetNode(const std::string& node);
   // How many are in flight now (for tests).
   int InFlight();
+  // How many it keeps: in flight, ready, failed or waiting for a retry (for tests).
+  int Held();
   // Cancels every download and waits for their threads (Dispatcher::Stop, after `stopping`).
   void Stop();
 
@@ -58,13 +62,16 @@ class HubPreparations {
     store::Time retry_at;           // kIdle after a failure that retrying may cure
     std::chrono::milliseconds backoff{0};
     grpc::ClientContext* context = nullptr;  // while PrepareHubModel is in flight
+    bool forgotten = false;                  // ForgetNode: erased once its thread has ended
+    store::Time asked_at;                    // the last Ensure for it
   };
   using Key = std::pair<std::string, std::string>;  // (node, "hf:ORG/NAME@REV")
 
   void Prepare(Preparation& preparation, std::shared_ptr<v1::Agent::Stub> stub, HubModelRef ref);
 
   DispatcherCore& core_;
-  // Never erased.
+  // Erased only by Ensure (on the round thread) and only when not running: a running
+  // preparation's thread, and Stop (after the round thread has ended), hold Preparation* safely.
   std::map<Key, std::unique_ptr<Preparation>> preparations_ LLMCTL_GUARDED_BY(core_.mutex);
 };
 

@@ -95,6 +95,38 @@ TEST_F(HubPreparationTest, AHubModelThatCannotBePreparedFailsItsTrialWithTheAgen
   EXPECT_EQ(PrepareCalls(), 1u);
 }
 
+// Each experiment may name another hub model: what is kept of a preparation goes once no launch
+// has asked for it in 10 minutes, and once its node is forgotten.
+TEST_F(HubPreparationTest, PreparationsAreForgottenOnceNoLongerAskedFor) {
+  agent_state_.prepare_results = {grpc::Status(grpc::StatusCode::UNAVAILABLE, "hub 503")};
+  const int64_t cancelled = SubmitOne("hf:org/first");
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return PrepareCalls() == 1 && InFlightPrepares() == 0; }));
+  EXPECT_EQ(daemon_->dispatcher().HubPreparationsHeld(), 1) << "kept for its retry";
+  // Its trial is cancelled before the retry: nothing asks for that preparation again.
+  ASSERT_TRUE(daemon_->dispatcher().Cancel(cancelled, "").ok());
+  clock_.Advance(std::chrono::minutes(10));
+
+  const int64_t experiment = SubmitOne("hf:org/second");
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return RunsStarted() == 1;
+  }));
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(PrepareCalls(), 2u);
+  EXPECT_EQ(daemon_->dispatcher().HubPreparationsHeld(), 1) << "only the second, which is ready";
+
+  // The node's credentials change: it is prepared afresh, and what was kept of it goes.
+  daemon_->dispatcher().NodeCredentialsChanged("n1");
+  const int64_t again = SubmitOne("hf:org/second");
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return OnlyTrial(again).state == store::TrialState::kOk;
+  }));
+  EXPECT_EQ(PrepareCalls(), 3u);
+  EXPECT_EQ(daemon_->dispatcher().HubPreparationsHeld(), 1);
+}
+
 TEST(IsPermanentPrepareFailureTest, OnlyCodesThatRetryingCannotCureArePermanent) {
   for (grpc::StatusCode code :
        {grpc::StatusCode::NOT_FOUND, grpc::StatusCode::PERMISSION_DENIED,
