@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/files.h"
+#include "controller/controller_service_test_support.h"
 #include "controller/daemon.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "llmctl/v1/controller.grpc.pb.h"
@@ -135,26 +136,10 @@ class StandInAgentApi final : public v1::Agent::Service {
   std::atomic<int> calls_{0};
 };
 
-class EnrollmentTest : public testing::Test {
+// The controller's daemon (no dispatcher) as ControllerServiceTest starts it, called as llmctl node
+// up calls it.
+class EnrollmentTest : public test_support::ControllerServiceTest {
  protected:
-  void SetUp() override {
-    std::string pattern = testing::TempDir() + "/enrollment_test_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    root_ = pattern;
-    ControllerConfig config;
-    config.data_dir = root_ + "/data";
-    config.listen = "unix:" + root_ + "/run/controller.sock";
-    auto daemon = Daemon::Start(config, clock_, {.run_dispatcher = false});
-    ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
-    daemon_ = std::move(*daemon);
-    stub_ = v1::Controller::NewStub(
-        grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
-  }
-  void TearDown() override {
-    daemon_.reset();
-    fs::remove_all(root_);
-  }
-
   v1::NodeCredentials RegisterForEnrollment(const std::string& node) {
     grpc::ClientContext context;
     v1::RegisterNodeRequest request;
@@ -187,11 +172,6 @@ class EnrollmentTest : public testing::Test {
   std::string Secrets() { return *ReadFileToString(root_ + "/data/secrets.json", 1 << 20); }
   nlohmann::json SecretsJson() { return nlohmann::json::parse(Secrets()); }
   std::string CaPem() { return *ReadFileToString(root_ + "/data/ca/ca.crt", 1 << 20); }
-
-  ManualClock clock_{store::Time(std::chrono::seconds(1'700'000'000))};
-  std::string root_;
-  std::unique_ptr<Daemon> daemon_;
-  std::unique_ptr<v1::Controller::Stub> stub_;
 };
 
 TEST_F(EnrollmentTest, RegisteringForEnrollmentIssuesOnlyAnHourLongTokenStoredHashed) {
