@@ -64,6 +64,21 @@ class EnrollmentServerTest : public testing::Test {
         server_->address(), rpc::EnrollmentChannelCredentials(controller_), arguments));
   }
 
+  // One call as the controller makes it: the offer read, grant_ sent; whether the server answered
+  // `installed`, and how the call ended.
+  grpc::Status EnrollWithTheGrant(bool& installed) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto stream = stub_->Enroll(&context);
+    v1::EnrollmentOffer offer;
+    installed = false;
+    if (stream->Read(&offer) && stream->Write(grant_)) {
+      stream->WritesDone();
+      installed = stream->Read(&offer) && offer.installed();
+    }
+    return stream->Finish();
+  }
+
   fs::path dir_;
   std::unique_ptr<rpc::CertificateAuthority> ca_;
   rpc::TlsIdentity controller_;
@@ -79,15 +94,9 @@ TEST_F(EnrollmentServerTest, ALinkInTheCredentialsDirectorysPlaceIsRefusedAndNot
   fs::create_directory_symlink(dir_ / "elsewhere", dir_ / "credentials");
   ASSERT_NO_FATAL_FAILURE(StartServer());
 
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  auto stream = stub_->Enroll(&context);
-  v1::EnrollmentOffer offer;
-  ASSERT_TRUE(stream->Read(&offer));
-  ASSERT_TRUE(stream->Write(grant_));
-  stream->WritesDone();
-  EXPECT_FALSE(stream->Read(&offer) && offer.installed());
-  const grpc::Status finished = stream->Finish();
+  bool installed = true;
+  const grpc::Status finished = EnrollWithTheGrant(installed);
+  EXPECT_FALSE(installed);
   EXPECT_EQ(finished.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(finished.error_message(), "enrollment: " + (dir_ / "credentials").string() +
                                           ": a symbolic link, not a directory");
@@ -100,18 +109,10 @@ TEST_F(EnrollmentServerTest, ALinkInTheCredentialsDirectorysPlaceIsRefusedAndNot
 // end `llmctl node up`, which retries only UNAVAILABLE, where the next try finds the grant held.
 TEST_F(EnrollmentServerTest, ACallAfterTheGrantWasInstalledIsToldToTryLater) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
-  {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    auto stream = stub_->Enroll(&context);
-    v1::EnrollmentOffer offer;
-    ASSERT_TRUE(stream->Read(&offer));
-    ASSERT_TRUE(stream->Write(grant_));
-    stream->WritesDone();
-    ASSERT_TRUE(stream->Read(&offer));
-    EXPECT_TRUE(offer.installed());
-    ASSERT_TRUE(stream->Finish().ok());
-  }
+  bool installed = false;
+  const grpc::Status first = EnrollWithTheGrant(installed);
+  ASSERT_TRUE(first.ok()) << first.error_message();
+  EXPECT_TRUE(installed);
   ASSERT_TRUE(server_->done());
 
   grpc::ClientContext context;
