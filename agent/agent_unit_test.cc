@@ -28,6 +28,7 @@
 #include "common/experiment.h"
 #include "common/files.h"
 #include "common/nvml/fake_gpu_probe.h"
+#include "common/text.h"
 
 namespace llmctl::agent {
 namespace {
@@ -502,7 +503,15 @@ TEST(SupervisorTest, AnExitFileOutsideItsRangesIsDataLoss) {
               std::string::npos)
         << exit.status().message();
   }
-  fs::remove_all(dir);
+  // What the file holds is quoted on one line, cut at a character's start: no escape sequence, and
+  // no 'é' split at the 200th byte into bytes that break UTF-8.
+  const StatusOr<std::optional<WorkerExit>> hostile =
+      read("{\"signal\":\"\x1b]0;T\x07\n" + std::string(182, 'x') + "\xc3\xa9\"}");
+  ASSERT_FALSE(hostile.ok());
+  EXPECT_EQ(hostile.status().message().find_first_of("\x1b\x07\n"), std::string::npos)
+      << hostile.status().message();
+  EXPECT_EQ(FirstInvalidUtf8(hostile.status().message()), std::string_view::npos)
+      << hostile.status().message();
 }
 
 // The hub's answers apart from HTTP (agent/hub_listing.h; tests/fuzz/hub_listing_fuzz.cc tries

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/foreign_json.h"
+#include "common/text.h"
 
 namespace llmctl::agent {
 namespace {
@@ -40,8 +41,7 @@ std::string FormatSampleLine(const TimedReading& timed) {
 StatusOr<TimedReading> ParseSampleLine(std::string_view text) {
   const json line = ParseForeignJson(text);
   const auto bad = [&](const std::string& why) {
-    return InvalidArgumentError("device sample line " + std::string(text.substr(0, 200)) + ": " +
-                                why);
+    return InvalidArgumentError("device sample line " + OnOneLine(text, 200) + ": " + why);
   };
   if (!line.is_object()) return bad("not a JSON object");
   TimedReading timed;

@@ -16,6 +16,7 @@
 #include "common/atomic_file.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
+#include "common/text.h"
 
 namespace llmctl::agent {
 namespace {
@@ -169,8 +170,7 @@ int RunSupervisor(const SupervisorCommand& command) {
 StatusOr<WorkerExit> ParseWorkerExit(std::string_view text, const std::string& path) {
   const nlohmann::json json = ParseForeignJson(text);
   const auto bad = [&] {
-    return DataLossError(path +
-                         " does not say how the worker ended: " + std::string(text.substr(0, 200)));
+    return DataLossError(path + " does not say how the worker ended: " + OnOneLine(text, 200));
   };
   if (!json.is_object()) return bad();
   // The field within [low, high]; none when it is not an integer or outside them: get<int>() of

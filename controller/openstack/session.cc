@@ -6,6 +6,7 @@
 #include <set>
 
 #include "common/foreign_json.h"
+#include "common/text.h"
 
 namespace llmctl::openstack {
 namespace {
@@ -81,7 +82,7 @@ StatusOr<Catalog> Catalog::FromJson(const json& catalog) {
     if (!service.is_object() || !service.contains("type") || !service["type"].is_string() ||
         !service.contains("endpoints") || !service["endpoints"].is_array()) {
       return InvalidArgumentError("token catalog entry without a type and endpoints: " +
-                                  service.dump().substr(0, 200));
+                                  OnOneLine(service.dump(), 200));
     }
     for (const json& endpoint : service["endpoints"]) {
       if (!endpoint.is_object() || !endpoint.contains("url") || !endpoint["url"].is_string()) {
@@ -347,7 +348,7 @@ StatusOr<json> Session::CallJson(std::string_view service_type, std::string meth
   json parsed = ParseForeignJson(exchange.response.body);
   if (parsed.is_discarded()) {
     return InternalError(exchange.request.method + " " + http::RedactUrl(exchange.request.url) +
-                         ": the answer is not JSON: " + exchange.response.body.substr(0, 200));
+                         ": the answer is not JSON: " + OnOneLine(exchange.response.body, 200));
   }
   return parsed;
 }
