@@ -36,7 +36,7 @@ Status CheckTreePath(const std::string& relative, const fs::path& path) {
     problem = "a name that is not valid UTF-8";
   }
   if (problem.empty()) return Status::Ok();
-  return InvalidArgumentError(PrintablePath(path.string())
+  return InvalidArgumentError(OnOneLine(path.string())
                                   .append(": ")
                                   .append(problem)
                                   .append(", which an input's file may not have; rename it"));
@@ -93,8 +93,6 @@ StatusOr<UniqueFd> OpenBeneath(int dir_fd, const fs::path& relative, const fs::p
 }
 
 }  // namespace
-
-std::string PrintablePath(std::string_view path) { return OnOneLine(ReplaceInvalidUtf8(path)); }
 
 StatusOr<std::string> Sha256OfFile(const fs::path& path) {
   struct stat st {};

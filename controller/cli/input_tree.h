@@ -57,11 +57,6 @@ struct HashedFile {
 // errors of OpenRegularFile otherwise.
 StatusOr<UniqueFd> OpenHashedFile(const HashedFile& file, struct stat& st);
 
-// `path` (or a name) for one line of a terminal: bytes that break UTF-8 as U+FFFD, control
-// characters as spaces. The walk's messages and notices name the user's files with it, whatever
-// their names hold.
-std::string PrintablePath(std::string_view path);
-
 // digest::TreeDigest of `tree.files`, in their order.
 std::string InputTreeDigest(const v1::InputTree& tree);
 

@@ -299,7 +299,7 @@ TEST_F(InputTreeTest, BadNamesAreRefusedDuringTheWalkNamingTheLocalPath) {
     StatusOr<v1::InputTree> tree = builder.Build(root_ / "data");
     EXPECT_EQ(tree.status().code(), StatusCode::kInvalidArgument);
     const std::string path = (root_ / "data" / "sub" / bad.name).string();
-    EXPECT_EQ(tree.status().message(), PrintablePath(path) + ": " + bad.problem +
+    EXPECT_EQ(tree.status().message(), OnOneLine(path) + ": " + bad.problem +
                                            ", which an input's file may not have; rename it");
     EXPECT_EQ(FirstInvalidUtf8(tree.status().message()), std::string::npos);
     EXPECT_EQ(tree.status().message().find_first_of("\n\x1b"), std::string::npos);

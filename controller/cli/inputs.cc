@@ -58,7 +58,7 @@ StatusOr<SubmitInputs> CollectInputsWith(const Experiment& as_written, std::stri
       std::error_code error;
       if (!fs::exists(fs::symlink_status(local, error))) {
         return NotFoundError(std::string(filename) + ": trial '" + OnOneLine(trial.name) + "', " +
-                             std::string(spec.name) + " '" + PrintablePath(written) +
+                             std::string(spec.name) + " '" + OnOneLine(written) +
                              "': no such file or directory here (beside the experiment file or "
                              "in the current directory); a path on the node is written " +
                              std::string(kNodePathPrefix) + "/absolute/path");
@@ -68,15 +68,14 @@ StatusOr<SubmitInputs> CollectInputsWith(const Experiment& as_written, std::stri
       // The path as written names a directory of the user's, whose name may hold anything, and
       // the trial's name may be made of it (a sweep over `model:`): both printable, on one line.
       const std::string where = std::string(filename) + ": trial '" + OnOneLine(trial.name) +
-                                "', " + std::string(spec.name) + " '" + PrintablePath(written) +
-                                "': ";
+                                "', " + std::string(spec.name) + " '" + OnOneLine(written) + "': ";
       if (!tree.ok()) return Status(tree.status().code(), where + tree.status().message());
       if (!hidden.empty()) {
         std::string names;
         for (size_t i = 0; i < hidden.size() && i < kHiddenNamesShown; ++i) {
           // A hidden name is the user's file's, whatever it holds: a line break or an escape would
           // forge or recolour the terminal's lines.
-          names.append(i == 0 ? "" : ", ").append(PrintablePath(hidden[i]));
+          names.append(i == 0 ? "" : ", ").append(OnOneLine(hidden[i]));
         }
         if (hidden.size() > kHiddenNamesShown) {
           names += " and " + std::to_string(hidden.size() - kHiddenNamesShown) + " more";
