@@ -116,8 +116,8 @@ void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::
   // a node whose last check failed only failing_check_wait, so that such nodes hold the round
   // (placement, reconciling, the lease-end stops) that long at most, not one deadline each round.
   // Each touches only its own link outside the core's mutex.
-  for (size_t first = 0; first < due.size(); first += kParallelHealthChecks) {
-    const size_t end = std::min(due.size(), first + kParallelHealthChecks);
+  for (size_t first = 0; first < due.size(); first += kHealthChecksPerBatch) {
+    const size_t end = std::min(due.size(), first + kHealthChecksPerBatch);
     for (size_t i = first; i < end; ++i) StartCheck(*due[i].link, now);
     const auto give_up = std::chrono::steady_clock::now() + core_.options.failing_check_wait;
     MutexLock lock(core_.mutex);
