@@ -120,7 +120,10 @@ void HubPreparations::Forget(const std::string& node, const std::string& model) 
   if (!ref.ok()) return;
   MutexLock lock(core_.mutex);
   auto preparation = preparations_.find({node, HubModelRefText(*ref)});
-  if (preparation != preparations_.end()) {
+  // One under way is left to end: its download brings the model back, and turned idle it would be
+  // started again beside itself by a round that first waits for its thread to end.
+  if (preparation != preparations_.end() &&
+      preparation->second->state != Preparation::State::kRunning) {
     preparation->second->state = Preparation::State::kIdle;
   }
 }

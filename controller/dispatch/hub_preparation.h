@@ -38,7 +38,8 @@ class HubPreparations {
   // (started here if need be); the agent's error when preparing it cannot succeed.
   StatusOr<bool> Ensure(AgentLinks::Link& link, const std::string& model, int64_t experiment_id,
                         store::Time now);
-  // The node's agent said it has no such model (a wiped cache): prepare it again next time.
+  // The node's agent said it has no such model (a wiped cache): prepare it again next time, unless
+  // it is being prepared now.
   void Forget(const std::string& node, const std::string& model);
   // RemoveNode: cancels the node's downloads; a node registered again under this name starts with
   // an empty cache.

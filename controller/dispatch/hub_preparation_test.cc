@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "controller/blob_store.h"
+#include "controller/change_notifier.h"
 #include "controller/dispatch/dispatch_test_support.h"
 
 namespace llmctl::controller::dispatch_test {
@@ -125,6 +127,59 @@ TEST_F(HubPreparationTest, PreparationsAreForgottenOnceNoLongerAskedFor) {
   }));
   EXPECT_EQ(PrepareCalls(), 3u);
   EXPECT_EQ(daemon_->dispatcher().HubPreparationsHeld(), 1);
+}
+
+// The agent says it has no such model (launcher.cc, ForgetLostHubModel) while that model's
+// preparation is under way: the download under way brings it back, so it is still followed and
+// its result taken, and no second one starts beside it. Launches reach Forget only after Ensure
+// found the model ready, so HubPreparations is driven here directly, with an agent of its own.
+TEST_F(HubPreparationTest, ForgettingAPreparationUnderWayKeepsFollowingIt) {
+  FakeAgentState state;
+  state.prepare_open = false;
+  FakeAgent service(state);
+  const std::string address = "unix:" + root_ + "/direct-agent.sock";
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  const std::unique_ptr<grpc::Server> agent = builder.BuildAndStart();
+  ASSERT_NE(agent, nullptr);
+  auto blobs = BlobStore::Open(root_ + "/direct");
+  ASSERT_TRUE(blobs.ok()) << blobs.status().ToString();
+  ChangeNotifier changes;
+  dispatch::DispatcherCore core(daemon_->store(), **blobs, clock_, changes, DispatcherOptions{});
+  dispatch::HubPreparations preparations(core);
+  struct StopAtEnd {  // cancels and joins the download however the test ends
+    dispatch::HubPreparations& preparations;
+    ~StopAtEnd() { preparations.Stop(); }
+  } stop_at_end{preparations};
+  dispatch::AgentLinks::Link link;
+  link.name = "n1";
+  link.stub = v1::Agent::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  const std::string model = "hf:org/tiny@abc";
+  const auto prepare_calls = [&] {
+    std::lock_guard lock(state.mutex);
+    return state.prepared.size();
+  };
+
+  auto ready = preparations.Ensure(link, model, 1, clock_.Now());
+  ASSERT_TRUE(ready.ok() && !*ready);
+  ASSERT_TRUE(Eventually([&] { return prepare_calls() == 1; }));
+  preparations.Forget(link.name, model);
+  ASSERT_EQ(preparations.InFlight(), 1) << "the download under way is still followed";
+  ready = preparations.Ensure(link, model, 1, clock_.Now());
+  ASSERT_TRUE(ready.ok() && !*ready);
+  EXPECT_EQ(prepare_calls(), 1u) << "no second download beside the first";
+
+  {
+    std::lock_guard lock(state.mutex);
+    state.prepare_open = true;
+  }
+  state.changed.notify_all();
+  ASSERT_TRUE(Eventually([&] {
+    ready = preparations.Ensure(link, model, 1, clock_.Now());
+    return ready.ok() && *ready;
+  }));
+  EXPECT_EQ(prepare_calls(), 1u);
 }
 
 TEST(IsPermanentPrepareFailureTest, OnlyCodesThatRetryingCannotCureArePermanent) {
