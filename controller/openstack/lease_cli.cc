@@ -56,7 +56,7 @@ std::string Reserves(const Lease& lease) {
 // name a lease in a shared project chooses some of it: each cell and field goes through OnOneLine,
 // so that no escape sequence of theirs reaches the terminal and no newline forges a line, cut to
 // kMaxCellBytes in the table (a 5,000-byte name made every row that wide) and kMaxFieldBytes in a
-// lease's own lines.
+// lease's own lines and --wait's progress.
 constexpr size_t kMaxCellBytes = 128;  // two reservations' descriptions with their ids fit
 constexpr size_t kMaxFieldBytes = 1024;
 
@@ -112,8 +112,9 @@ StatusOr<Lease> WaitUntilActive(BlazarClient& blazar, Lease lease, std::ostream&
                                 const LeaseCommandContext& context) {
   return blazar.WaitUntilActive(std::move(lease), context.wait_timeout,
                                 [&err](const std::string& line) {
-                                  // The line quotes the lease's name and status, Blazar's words.
-                                  err << OnOneLine(line) << "\n" << std::flush;
+                                  // The line quotes the lease's name and status, Blazar's words:
+                                  // cut like a lease's own lines in show.
+                                  err << OnOneLine(line, kMaxFieldBytes) << "\n" << std::flush;
                                 });
 }
 

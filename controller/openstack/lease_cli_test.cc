@@ -234,6 +234,22 @@ TEST_F(LeaseCliTest, ALongLeaseNameIsCut) {
   EXPECT_EQ(show.out.find("\xe2\x80\xae"), std::string::npos);
 }
 
+// --wait's progress quotes the lease's name and Blazar's status: each line is cut like a lease's
+// own lines in show.
+TEST_F(LeaseCliTest, ALongLeaseNameIsCutInWaitsProgress) {
+  const std::string name = std::string(5000, 'n');
+  Result created = Run({"create", "--flavor", "g1.h100.pci.1", "--name", name, "--wait"});
+  ASSERT_EQ(created.code, 0) << created.err;
+  EXPECT_EQ(std::count(created.err.begin(), created.err.end(), '\n'), 2) << created.err;
+  size_t start = 0;
+  for (size_t end = created.err.find('\n'); end != std::string::npos;
+       start = end + 1, end = created.err.find('\n', start)) {
+    const std::string line = created.err.substr(start, end - start);
+    EXPECT_LE(line.size(), 1024u) << line.substr(0, 100);
+    EXPECT_TRUE(line.ends_with("n\u2026")) << line.substr(0, 100);
+  }
+}
+
 // An error quoting the cloud's words is printed on its one line of stderr, without their
 // controls.
 TEST_F(LeaseCliTest, AnErrorQuotingTheCloudIsOneLineWithoutItsControls) {
