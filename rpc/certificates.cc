@@ -225,7 +225,19 @@ StatusOr<std::unique_ptr<CertificateAuthority>> CertificateAuthority::LoadOrCrea
     ASSIGN_OR_RETURN(certificate_pem, CertificatePem(ca));
     // The key first: a crash in between leaves a key without a certificate, reported above.
     RETURN_IF_ERROR(WriteSecretFile(key_path, key_pem, 0600));
-    RETURN_IF_ERROR(WriteSecretFile(certificate_path, certificate_pem, 0644));
+    if (Status written = WriteSecretFile(certificate_path, certificate_pem, 0644); !written.ok()) {
+      // Nothing was signed with this key: without it, the next start makes a new CA once the
+      // write can succeed (a full disk freed), instead of refusing the directory as incomplete.
+      std::error_code removal;
+      std::filesystem::remove(key_path, removal);
+      if (!removal) return written;
+      return Status(written.code(), std::string(written.message())
+                                        .append("; remove ")
+                                        .append(key_path)
+                                        .append(" (")
+                                        .append(removal.message())
+                                        .append("), which no certificate was signed with"));
+    }
   }
   return std::unique_ptr<CertificateAuthority>(
       new CertificateAuthority(std::move(keys), std::move(certificate_pem)));

@@ -1,8 +1,12 @@
 #include "rpc/tls.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -210,6 +214,35 @@ TEST(CertificateAuthorityTest, KeyIsPrivateAndReloadGivesTheSameCa) {
   auto incomplete = CertificateAuthority::LoadOrCreate((dir / "ca").string());
   EXPECT_EQ(incomplete.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(incomplete.status().message().find("ca.crt"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+// A new CA whose certificate cannot be written (a full disk) leaves no key behind: nothing was
+// signed with it, and a key without its certificate is refused as an incomplete CA that only the
+// user's removing the directory would get past.
+TEST(CertificateAuthorityTest, ACertificateThatCannotBeWrittenLeavesNoKeyBehind) {
+  const fs::path dir = FreshDir("full");
+  const fs::path ca = dir / "ca";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Room for the key's file (a P-256 key's PEM, about 240 bytes), not the certificate's (about
+    // 600): writes past 400 bytes fail with EFBIG.
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{400, 400};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(2);
+    auto made = CertificateAuthority::LoadOrCreate(ca.string());
+    const bool certificate_failed =
+        !made.ok() && made.status().message().find("ca.crt") != std::string::npos;
+    ::_exit(certificate_failed ? 0 : 3);
+  }
+  int wait_status = 0;
+  ASSERT_EQ(::waitpid(child, &wait_status, 0), child);
+  ASSERT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << wait_status;
+  EXPECT_FALSE(fs::exists(ca / "ca.key"));
+  EXPECT_FALSE(fs::exists(ca / "ca.crt"));
+  auto next = CertificateAuthority::LoadOrCreate(ca.string());
+  EXPECT_TRUE(next.ok()) << next.status().ToString();
   fs::remove_all(dir);
 }
 
