@@ -25,16 +25,22 @@ StatusOr<DrawnBatches> DrawFromTokenFile(const TrialConfig& config, const std::s
   DrawnBatches drawn;
   drawn.steps = data::TotalSteps(train, file->num_examples(), micro * accumulation * ranks);
   drawn.micro_batches = drawn.steps * accumulation;
+  const int64_t walked_rows = std::max(kMaxDrawnRows, 2 * file->num_examples());
+  drawn.walked_micro_batches =
+      std::min(drawn.micro_batches, std::max<int64_t>(1, walked_rows / (micro * ranks)));
+  drawn.walked_steps = (drawn.walked_micro_batches + accumulation - 1) / accumulation;
+  // A walk within the first step times that step's micro-batches: it has no others.
+  const bool first_step_only = drawn.walked_micro_batches <= accumulation;
   double padded = 0;
   double real = 0;
   int64_t new_lengths = 0;
   std::set<int64_t> lengths_seen;  // rank 0's padded lengths so far
-  drawn.step_real_tokens.assign(static_cast<size_t>(drawn.steps), 0);
+  drawn.step_real_tokens.assign(static_cast<size_t>(drawn.walked_steps), 0);
   for (int64_t rank = 0; rank < ranks; ++rank) {
     // As llm-train's OpenTokenFileBatches draws them.
     ASSIGN_OR_RETURN(data::BatchIterator iterator,
                      data::BatchIterator::Create(*file, data::BatchOptionsFor(train, rank, ranks)));
-    for (int64_t i = 0; i < drawn.micro_batches; ++i) {
+    for (int64_t i = 0; i < drawn.walked_micro_batches; ++i) {
       const data::Batch batch = iterator.Next();
       drawn.longest = std::max(drawn.longest, batch.seq_len);
       int64_t& step_longest = i < accumulation        ? drawn.longest_first_step
@@ -45,7 +51,7 @@ StatusOr<DrawnBatches> DrawFromTokenFile(const TrialConfig& config, const std::s
         drawn.step_real_tokens[static_cast<size_t>(i / accumulation)] += length;
       }
       const bool new_length = rank == 0 && lengths_seen.insert(batch.seq_len).second;
-      if (rank == 0 && (i >= accumulation || drawn.steps == 1)) {
+      if (rank == 0 && (i >= accumulation || first_step_only)) {
         ++drawn.timed_micro_batches;
         new_lengths += new_length ? 1 : 0;
         padded += static_cast<double>(batch.seq_len);

@@ -142,5 +142,42 @@ TEST(DrawnBatchesTest, NewLengthsAreThoseNoEarlierMicroBatchHad) {
   EXPECT_EQ(cut->new_length_share, 0);
 }
 
+// A run of 2^20 steps of 8 rows is walked for its first kMaxDrawnRows rows (the 2^32 steps llmctl
+// takes were walked whole: 34 GB and 40 minutes); the peak is still the longest drawn.
+TEST(DrawnBatchesTest, ALongRunIsWalkedForItsFirstRowsOnly) {
+  StatusOr<Experiment> experiment = LoadExperimentFile(Source() + "/experiments/demo.yaml");
+  ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+  TrialConfig config = experiment->trials.front().config;
+  ASSERT_TRUE(config.SetFromText("train.max_steps", std::to_string(1 << 20)).ok());
+  StatusOr<DrawnBatches> drawn = DrawMicroBatches(config);
+  ASSERT_TRUE(drawn.ok()) << drawn.status().message();
+  EXPECT_EQ(drawn->steps, 1 << 20);
+  EXPECT_EQ(drawn->walked_steps, kMaxDrawnRows / 8);
+  EXPECT_EQ(drawn->walked_micro_batches, kMaxDrawnRows / 4);
+  EXPECT_EQ(drawn->step_real_tokens.size(), static_cast<size_t>(drawn->walked_steps));
+  EXPECT_EQ(drawn->timed_micro_batches, drawn->walked_micro_batches - 2);
+  EXPECT_EQ(std::max({drawn->longest_first_step, drawn->longest_later_opening,
+                      drawn->longest_later_accumulating}),
+            drawn->longest);
+}
+
+// A step of more than kMaxDrawnRows rows is walked in part, and its micro-batches are the ones
+// timed.
+TEST(DrawnBatchesTest, AWalkWithinTheFirstStepTimesIt) {
+  StatusOr<Experiment> experiment = LoadExperimentFile(Source() + "/experiments/demo.yaml");
+  ASSERT_TRUE(experiment.ok()) << experiment.status().message();
+  TrialConfig config = experiment->trials.front().config;
+  ASSERT_TRUE(
+      config.SetFromText("train.global_batch_size", std::to_string(2 * kMaxDrawnRows)).ok());
+  ASSERT_TRUE(config.SetFromText("train.max_steps", "2").ok());
+  StatusOr<DrawnBatches> drawn = DrawMicroBatches(config);
+  ASSERT_TRUE(drawn.ok()) << drawn.status().message();
+  EXPECT_EQ(drawn->walked_steps, 1);
+  EXPECT_EQ(drawn->walked_micro_batches, kMaxDrawnRows / 4);
+  EXPECT_EQ(drawn->timed_micro_batches, drawn->walked_micro_batches);
+  EXPECT_GT(drawn->mean_padded, 0);
+  EXPECT_EQ(drawn->longest_later_opening, 0);
+}
+
 }  // namespace
 }  // namespace llmctl

@@ -119,8 +119,15 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
       "data.max_seq_length", std::to_string(static_cast<int64_t>(std::ceil(drawn->mean_padded)))));
   lengths.real_tokens = drawn->mean_real_tokens;
   lengths.new_length_share = drawn->new_length_share;
+  std::string walked = std::to_string(drawn->steps);
+  if (drawn->walked_steps < drawn->steps) {
+    walked = std::string("the first ")
+                 .append(std::to_string(drawn->walked_steps))
+                 .append(" of its ")
+                 .append(walked);
+  }
   lengths.note = "sequences as the run draws them with seed " +
-                 std::to_string(settings.train.seed) + " over " + std::to_string(drawn->steps) +
+                 std::to_string(settings.train.seed) + " over " + walked +
                  " steps: the peak at the longest micro-batch after the first step, " + later_text +
                  (lengths.first_step_config
                       ? " (the first step's " + std::to_string(drawn->longest_first_step) +
