@@ -67,6 +67,20 @@ TEST(OutcomeTest, ErrorsComeFromTheResultEventElseStderr) {
   EXPECT_EQ(DecideOutcome({0, 0}, {true, ""}, false, "warning\n").error, "");
 }
 
+// llm-train's handler for a mapped input that shrank (common/files.h) exits 6 after one line naming
+// the file; before, the run ended killed by SIGBUS and the user read only the signal's name.
+TEST(OutcomeTest, AnInputThatShrankUnderItsMappingFailsTheRunWithTheLineNamingIt) {
+  const RunEnd end = DecideOutcome(
+      {6, 0}, {}, false,
+      "step 3\nllm-train: /data/train.tok shrank while llm-train read it: another process "
+      "truncated it or wrote over it in place; run again once it is whole\n");
+  EXPECT_EQ(end.outcome, "failed");
+  EXPECT_EQ(end.exit_code, 6);
+  EXPECT_EQ(end.error,
+            "llm-train: /data/train.tok shrank while llm-train read it: another process truncated "
+            "it or wrote over it in place; run again once it is whole");
+}
+
 // A stderr tail cut inside a character (or any bytes a trainer wrote) is made UTF-8 before the
 // run's files and the gRPC answer carry it: written as JSON, it once threw and left the run
 // without its ended.json, so the agent failed on it at every start.

@@ -4,12 +4,15 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +22,7 @@
 
 #include "common/byte_size.h"
 #include "common/checked_math.h"
+#include "common/text.h"
 
 namespace llmctl {
 namespace {
@@ -125,6 +129,77 @@ StatusOr<UniqueFd> OpenRegular(int dir_fd, const std::string& path, const std::s
   return fd;
 }
 
+// A live mapping as the SIGBUS handler sees it. `begin` is 0 while the slot is free; it is set
+// last and cleared first, so that the handler never reads a half-made entry. Lock-free atomics: a
+// signal handler may read them.
+struct FaultSlot {
+  std::atomic<bool> taken{false};
+  std::atomic<uintptr_t> begin{0};
+  std::atomic<uintptr_t> end{0};
+  std::atomic<const char*> message{nullptr};
+  std::atomic<size_t> message_size{0};
+};
+static_assert(std::atomic<uintptr_t>::is_always_lock_free &&
+              std::atomic<size_t>::is_always_lock_free &&
+              std::atomic<const char*>::is_always_lock_free);
+
+// More files than any trainer maps at once (a 405B model has 191 shards).
+constexpr size_t kFaultSlots = 4096;
+std::array<FaultSlot, kFaultSlots> g_fault_slots;
+
+// Set once by ReportShrunkMappedFiles, before the mappings whose messages name it.
+std::string& ProgramName() {
+  static std::string name = "this process";
+  return name;
+}
+std::atomic<int> g_shrunk_exit_code{1};
+
+// SA_RESETHAND has put the default action back: a SIGBUS outside every mapping (another's kill,
+// a fault in memory that is no file of ours) kills the process as before, raised again here
+// since returning would not repeat one that was sent.
+void OnBusError(int, siginfo_t* info, void*) {
+  const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (const FaultSlot& slot : g_fault_slots) {
+    const uintptr_t begin = slot.begin.load(std::memory_order_acquire);
+    if (begin == 0 || address < begin || address >= slot.end.load(std::memory_order_relaxed)) {
+      continue;
+    }
+    const char* message = slot.message.load(std::memory_order_relaxed);
+    size_t left = slot.message_size.load(std::memory_order_relaxed);
+    while (left > 0) {
+      const ssize_t n = ::write(STDERR_FILENO, message, left);
+      if (n <= 0 && errno != EINTR) break;
+      if (n > 0) {
+        message += n;
+        left -= static_cast<size_t>(n);
+      }
+    }
+    ::_exit(g_shrunk_exit_code.load(std::memory_order_relaxed));
+  }
+  ::raise(SIGBUS);
+}
+
+// The free slot now holding `begin` .. `end` and `message`; -1 when all are taken.
+int TakeFaultSlot(const void* begin, size_t size, const std::string& message) {
+  for (size_t i = 0; i < kFaultSlots; ++i) {
+    FaultSlot& slot = g_fault_slots[i];
+    bool free = false;
+    if (!slot.taken.compare_exchange_strong(free, true)) continue;
+    slot.message.store(message.c_str(), std::memory_order_relaxed);
+    slot.message_size.store(message.size(), std::memory_order_relaxed);
+    slot.end.store(reinterpret_cast<uintptr_t>(begin) + size, std::memory_order_relaxed);
+    slot.begin.store(reinterpret_cast<uintptr_t>(begin), std::memory_order_release);
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void FreeFaultSlot(int index) {
+  FaultSlot& slot = g_fault_slots[static_cast<size_t>(index)];
+  slot.begin.store(0, std::memory_order_release);
+  slot.taken.store(false, std::memory_order_release);
+}
+
 }  // namespace
 
 StatusOr<UniqueFd> OpenRegularFile(const std::string& path, struct stat& st, bool follow_links) {
@@ -170,16 +245,43 @@ StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) 
   ASSIGN_OR_RETURN(const UniqueFd fd, OpenRegularFile(path, st));
   std::unique_ptr<MappedFile> file(new MappedFile());
   file->size_ = static_cast<size_t>(st.st_size);
-  if (file->size_ > 0) {  // mmap refuses length 0; an empty file is an empty span
-    void* data = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-    if (data == MAP_FAILED) return ErrnoStatus(errno, "cannot mmap " + path);
-    file->data_ = data;
+  if (file->size_ == 0) return file;  // mmap refuses length 0; an empty file is an empty span
+  const std::string& program = ProgramName();
+  file->shrank_message_ = std::string(program)
+                              .append(": ")
+                              .append(OnOneLine(path))
+                              .append(" shrank while ")
+                              .append(program)
+                              .append(
+                                  " read it: another process truncated it or wrote over it in "
+                                  "place; run again once it is whole\n");
+  void* data = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  if (data == MAP_FAILED) return ErrnoStatus(errno, "cannot mmap " + path);
+  file->data_ = data;
+  file->fault_slot_ = TakeFaultSlot(data, file->size_, file->shrank_message_);
+  if (file->fault_slot_ < 0) {
+    return ResourceExhaustedError(std::string("cannot map ")
+                                      .append(path)
+                                      .append(": ")
+                                      .append(std::to_string(kFaultSlots))
+                                      .append(" files are mapped already"));
   }
   return file;
 }
 
 MappedFile::~MappedFile() {
+  if (fault_slot_ >= 0) FreeFaultSlot(fault_slot_);
   if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+void ReportShrunkMappedFiles(std::string_view program, int exit_code) {
+  ProgramName() = program;
+  g_shrunk_exit_code.store(exit_code);
+  struct sigaction action {};
+  action.sa_sigaction = OnBusError;
+  action.sa_flags = SA_SIGINFO | SA_RESETHAND;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGBUS, &action, nullptr);
 }
 
 std::string PathInside(const std::string& path, const std::string& dir) {

@@ -97,6 +97,12 @@ Status EnsureOwnDirectory(const std::string& dir, mode_t mode, OthersMay others)
 
 // A read-only MAP_PRIVATE mapping of a whole file, unmapped on destruction. Errors as
 // ReadFileToString. An empty file maps to an empty span.
+//
+// Another process may shrink the file while it is mapped (cp, curl -o or a Python save_file
+// writing over it in place, not beside it and renaming): touching a page past its new end raises
+// SIGBUS, whose default kills the process without a word. A program that maps such files calls
+// ReportShrunkMappedFiles first, so that the fault ends it with a message naming the file; a
+// program that must not end (the daemons, llmctl) reads what it needs with pread instead.
 class MappedFile {
  public:
   static StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path);
@@ -110,7 +116,16 @@ class MappedFile {
   MappedFile() = default;
   void* data_ = nullptr;
   size_t size_ = 0;
+  std::string shrank_message_;  // what the SIGBUS handler writes; lives as long as the mapping
+  int fault_slot_ = -1;         // the mapping's place in the handler's table; -1 for none
 };
+
+// From now on a SIGBUS inside a live MappedFile's mapping writes "<program>: <path> shrank while
+// <program> read it ..." to standard error and ends the process with _exit(`exit_code`), before
+// any destructor or atexit handler (the process is past saving: its file is gone under it); any
+// other SIGBUS kills the process as before. For llm-train, whose token file and weights are worth
+// mapping; call it before the first MappedFile::Open, once.
+void ReportShrunkMappedFiles(std::string_view program, int exit_code);
 
 }  // namespace llmctl
 

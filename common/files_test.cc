@@ -1,3 +1,4 @@
+// MappedFile: a file that shrinks under its mapping ends the process naming it.
 // ReadFileInPieces: a file in bounded pieces. CheckRoomFor: what fits on a filesystem, with what
 // llmctl keeps free of it and what writes in progress were promised. EnsureOwnDirectory: a
 // directory of this user's, made or checked and never changed.
@@ -8,7 +9,9 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -104,6 +107,46 @@ TEST(ReadFileInPiecesTest, AnErrorFromThePieceEndsTheReading) {
                              [](std::string_view) { return Status::Ok(); })
                 .code(),
             StatusCode::kNotFound);
+}
+
+// A file of `size` bytes of 'x' at `path`.
+void WriteBytes(const std::string& path, size_t size) {
+  std::ofstream(path, std::ios::binary) << std::string(size, 'x');
+}
+
+// What another process does when it writes over the file in place (cp, curl -o): the mapping's
+// pages past the new end are gone, and touching one raises SIGBUS.
+TEST(MappedFileTest, AFileThatShrankUnderItsMappingEndsTheProcessWithAMessageNamingIt) {
+  const std::string path = testing::TempDir() + "/shrinking-weights";
+  WriteBytes(path, 3 * 4096);
+  EXPECT_EXIT(
+      {
+        ReportShrunkMappedFiles("llm-train", 6);
+        StatusOr<std::unique_ptr<MappedFile>> file = MappedFile::Open(path);
+        if (!file.ok()) std::_Exit(100);
+        ::truncate(path.c_str(), 4096);
+        volatile std::byte last = (*file)->bytes().back();
+        (void)last;
+        std::_Exit(101);
+      },
+      ::testing::ExitedWithCode(6),
+      "^llm-train: " + path +
+          " shrank while llm-train read it: another process truncated it or wrote over it in "
+          "place; run again once it is whole\n$");
+}
+
+TEST(MappedFileTest, ABusErrorOutsideEveryMappingStillKillsTheProcess) {
+  const std::string path = testing::TempDir() + "/mapped-beside";
+  WriteBytes(path, 4096);
+  EXPECT_EXIT(
+      {
+        ReportShrunkMappedFiles("llm-train", 6);
+        StatusOr<std::unique_ptr<MappedFile>> file = MappedFile::Open(path);
+        if (!file.ok()) std::_Exit(100);
+        ::raise(SIGBUS);
+        std::_Exit(101);
+      },
+      ::testing::KilledBySignal(SIGBUS), "^$");
 }
 
 // A fresh, empty directory of this test's under the process's temporary one.

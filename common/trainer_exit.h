@@ -16,6 +16,10 @@ inline constexpr int kInvalidInput = 2;  // bad config, model files, tokenizer o
 inline constexpr int kOom = 3;
 inline constexpr int kDiverged = 4;
 inline constexpr int kCancelled = 5;
+// A file it had mapped (the token file, weights) shrank under it: another process truncated it or
+// wrote over it in place (common/files.h, ReportShrunkMappedFiles). Its outcome is failed, its
+// error the message naming the file.
+inline constexpr int kInputShrank = 6;
 
 // The outcome an exit code of llm-train stands for, as the store and the report name it; "" for a
 // code llm-train never exits with.
@@ -33,6 +37,8 @@ constexpr std::string_view OutcomeName(int exit_code) {
       return trial_outcome::kDiverged;
     case kCancelled:
       return trial_outcome::kCancelled;
+    case kInputShrank:
+      return trial_outcome::kFailed;
     default:
       return "";
   }

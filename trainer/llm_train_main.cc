@@ -19,8 +19,9 @@
 // (node rank 0 may take --master-port 0, a free port its ranks file then records for the others).
 //
 // Exit codes: 0 ok, 1 failed, 2 invalid input (nothing ran), 3 out of memory, 4 diverged, 5
-// cancelled. SIGINT/SIGTERM stop the run between micro-batches; SIGUSR1 does too, after writing a
-// checkpoint of the last complete step into output_dir (the agent sends it before a lease ends).
+// cancelled, 6 an input file shrank under its mapping (another process truncated it).
+// SIGINT/SIGTERM stop the run between micro-batches; SIGUSR1 does too, after writing a checkpoint
+// of the last complete step into output_dir (the agent sends it before a lease ends).
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <fstream>
@@ -34,6 +35,7 @@
 
 #include "common/atomic_file.h"
 #include "common/experiment.h"
+#include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/inputs/trial_inputs.h"
 #include "common/model_config.h"
@@ -138,11 +140,11 @@ int LaunchRanks(const LauncherFlags& flags, const llmctl::TrialConfig& config, i
   const llmctl::dist::LaunchResult launched = llmctl::dist::Launch(spec);
   if (launched.status.ok()) return llmctl::trainer_exit::kOk;
   std::cerr << "llm-train: " << launched.status.message() << std::endl;
-  // The job ends as its first failed rank did (invalid input, out of memory, diverged, cancelled),
-  // else as failed.
+  // The job ends as its first failed rank did (invalid input, out of memory, diverged, cancelled,
+  // an input shrank), else as failed.
   const auto& failure = launched.first_failure;
   if (failure && failure->signal == 0 && failure->exit_code >= llmctl::trainer_exit::kFailed &&
-      failure->exit_code <= llmctl::trainer_exit::kCancelled) {
+      failure->exit_code <= llmctl::trainer_exit::kInputShrank) {
     return failure->exit_code;
   }
   return llmctl::trainer_exit::kFailed;
@@ -515,6 +517,9 @@ int RunSeries(const llmctl::Experiment& experiment, const Flags& flags) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A token file or weights shrunk under their mapping end the run naming the file, not with a
+  // bare SIGBUS.
+  llmctl::ReportShrunkMappedFiles("llm-train", llmctl::trainer_exit::kInputShrank);
   CLI::App app{"llm-train: fine-tunes a LLaMA-family model and reports where the memory went"};
   Flags flags;
   AddInfoFlags(app, flags);

@@ -1,7 +1,12 @@
 #include "common/data/token_file.h"
 
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -145,86 +150,142 @@ Status VerifyContents(const Header& header, std::span<const uint64_t> offsets,
   return Status::Ok();
 }
 
+// Tokens a TokenFileWriter gathers before it writes them to its scratch files: 1 MiB of ids.
+constexpr size_t kScratchBufferTokens = size_t{1} << 18;
+
+// The first `size` bytes of the file `from` appended to `to`, chained into `hash` on the way.
+Status CopyHashing(int from, uint64_t size, int to, uint64_t& hash) {
+  std::vector<std::byte> buffer(std::min<uint64_t>(size, kScratchBufferTokens * 4));
+  for (uint64_t done = 0; done < size;) {
+    const ssize_t n = ::pread(from, buffer.data(), std::min<uint64_t>(buffer.size(), size - done),
+                              static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return UnavailableError(std::string("scratch file: ").append(std::strerror(errno)));
+    if (n == 0) return InternalError("scratch file: shorter than what was written to it");
+    const std::span<const std::byte> piece(buffer.data(), static_cast<size_t>(n));
+    hash = Fnv1a64(piece, hash);
+    RETURN_IF_ERROR(WriteAll(to, piece.data(), piece.size()));
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
-Status WriteTokenFile(const std::string& path, std::string_view fingerprint, int32_t bos_id,
-                      int32_t eos_id, const std::vector<TokenizedExample>& examples) {
-  if (examples.empty()) return InvalidArgumentError(path + ": no examples to write");
+TokenFileWriter::TokenFileWriter(std::string path, UniqueFd ids_scratch, UniqueFd mask_scratch)
+    : path_(std::move(path)),
+      ids_scratch_(std::move(ids_scratch)),
+      mask_scratch_(std::move(mask_scratch)) {
+  ids_buffer_.reserve(kScratchBufferTokens);
+  mask_buffer_.reserve(kScratchBufferTokens);
+}
+
+StatusOr<TokenFileWriter> TokenFileWriter::Create(std::string path) {
+  UniqueFd scratch[2];
+  for (UniqueFd& fd : scratch) {
+    std::string name = path + ".scratch.XXXXXX";
+    fd = UniqueFd(::mkostemp(name.data(), O_CLOEXEC));
+    if (!fd.valid() || ::unlink(name.c_str()) != 0) {
+      const int error = errno;
+      return UnavailableError(std::string("cannot write ")
+                                  .append(path)
+                                  .append(": scratch file ")
+                                  .append(name)
+                                  .append(": ")
+                                  .append(std::strerror(error)));
+    }
+  }
+  return TokenFileWriter(std::move(path), std::move(scratch[0]), std::move(scratch[1]));
+}
+
+Status TokenFileWriter::Add(const TokenizedExample& e) {
+  const auto example = [&] { return path_ + ": example " + std::to_string(num_examples()); };
+  if (e.input_ids.empty() || e.input_ids.size() != e.labels.size()) {
+    return InvalidArgumentError(example() + " has " + std::to_string(e.input_ids.size()) +
+                                " ids and " + std::to_string(e.labels.size()) +
+                                " labels (must be equal and non-zero)");
+  }
+  for (size_t t = 0; t < e.input_ids.size(); ++t) {
+    if (e.input_ids[t] < 0) return InvalidArgumentError(example() + " has a negative token id");
+    if (e.labels[t] != e.input_ids[t] && e.labels[t] != kIgnoreIndex) {
+      return InvalidArgumentError(example() + " token " + std::to_string(t) + " has label " +
+                                  std::to_string(e.labels[t]) + ", neither its id nor -100");
+    }
+  }
+  // Flushed before an example that would not fit, so the buffers keep the size reserved for them.
+  if (ids_buffer_.size() + e.input_ids.size() > kScratchBufferTokens) {
+    RETURN_IF_ERROR(FlushScratch());
+  }
+  for (size_t t = 0; t < e.input_ids.size(); ++t) {
+    const bool target = e.labels[t] != kIgnoreIndex;
+    max_token_id_ = std::max(max_token_id_, e.input_ids[t]);
+    // Position 0 is never a target: the model predicts token t from tokens before it.
+    if (t > 0 && target) ++target_tokens_;
+    mask_buffer_.push_back(target ? 1 : 0);
+  }
+  ids_buffer_.insert(ids_buffer_.end(), e.input_ids.begin(), e.input_ids.end());
+  offsets_.push_back(offsets_.back() + e.input_ids.size());
+  return Status::Ok();
+}
+
+Status TokenFileWriter::FlushScratch() {
+  Status status = WriteAll(ids_scratch_.get(), ids_buffer_.data(), ids_buffer_.size() * 4);
+  if (status.ok()) status = WriteAll(mask_scratch_.get(), mask_buffer_.data(), mask_buffer_.size());
+  if (!status.ok()) {
+    return Status(status.code(), std::string("cannot write ")
+                                     .append(path_)
+                                     .append(": scratch file: ")
+                                     .append(status.message()));
+  }
+  ids_buffer_.clear();
+  mask_buffer_.clear();
+  return Status::Ok();
+}
+
+Status TokenFileWriter::Finish(std::string_view fingerprint, int32_t bos_id, int32_t eos_id) {
+  if (num_examples() == 0) return InvalidArgumentError(path_ + ": no examples to write");
   if (fingerprint.size() > kMaxFingerprintBytes) {
-    return InvalidArgumentError(path + ": fingerprint longer than " +
+    return InvalidArgumentError(path_ + ": fingerprint longer than " +
                                 std::to_string(kMaxFingerprintBytes) + " bytes");
   }
+  RETURN_IF_ERROR(FlushScratch());
   Header header{};
   std::memcpy(header.magic, kTokenFileMagic, sizeof(header.magic));
   header.version = kTokenFileVersion;
   header.fingerprint_bytes = static_cast<uint32_t>(fingerprint.size());
-  header.num_examples = examples.size();
+  header.num_examples = static_cast<uint64_t>(num_examples());
+  header.total_tokens = offsets_.back();
+  header.target_tokens = target_tokens_;
   header.bos_id = bos_id;
   header.eos_id = eos_id;
-  header.max_token_id = -1;
+  header.max_token_id = max_token_id_;
 
-  std::vector<uint64_t> offsets;
-  offsets.reserve(examples.size() + 1);
-  offsets.push_back(0);
-  for (size_t i = 0; i < examples.size(); ++i) {
-    const TokenizedExample& e = examples[i];
-    if (e.input_ids.empty() || e.input_ids.size() != e.labels.size()) {
-      return InvalidArgumentError(
-          path + ": example " + std::to_string(i) + " has " + std::to_string(e.input_ids.size()) +
-          " ids and " + std::to_string(e.labels.size()) + " labels (must be equal and non-zero)");
-    }
-    for (size_t t = 0; t < e.input_ids.size(); ++t) {
-      if (e.input_ids[t] < 0) {
-        return InvalidArgumentError(path + ": example " + std::to_string(i) +
-                                    " has a negative token id");
-      }
-      if (e.labels[t] != e.input_ids[t] && e.labels[t] != kIgnoreIndex) {
-        return InvalidArgumentError(path + ": example " + std::to_string(i) + " token " +
-                                    std::to_string(t) + " has label " +
-                                    std::to_string(e.labels[t]) + ", neither its id nor -100");
-      }
-      header.max_token_id = std::max(header.max_token_id, e.input_ids[t]);
-      // Position 0 is never a target: the model predicts token t from tokens before it.
-      if (t > 0 && e.labels[t] != kIgnoreIndex) ++header.target_tokens;
-    }
-    offsets.push_back(offsets.back() + e.input_ids.size());
-  }
-  header.total_tokens = offsets.back();
-
-  // The mask is built per example as it is hashed and written; the hash covers the sections in file
-  // order so the reader can check it in one pass.
-  auto mask_of = [](const TokenizedExample& e) {
-    std::vector<uint8_t> mask(e.labels.size());
-    for (size_t t = 0; t < mask.size(); ++t) mask[t] = e.labels[t] == kIgnoreIndex ? 0 : 1;
-    return mask;
-  };
-  uint64_t hash = Fnv1a64(Bytes(std::span<const uint64_t>(offsets)));
-  for (const TokenizedExample& e : examples) {
-    hash = Fnv1a64(Bytes(std::span<const int32_t>(e.input_ids)), hash);
-  }
-  for (const TokenizedExample& e : examples) {
-    const std::vector<uint8_t> mask = mask_of(e);
-    hash = Fnv1a64(Bytes(std::span<const uint8_t>(mask)), hash);
-  }
-  header.content_hash = hash;
-
-  return WriteFileAtomically(path, [&](int fd) -> Status {
+  return WriteFileAtomically(path_, [&](int fd) -> Status {
     static constexpr char kZeros[8] = {};
+    // The content hash covers the sections in file order, so the reader checks it in one pass; it
+    // is computed as they are copied out of the scratch files, which are read once, and the header
+    // that carries it is written over its placeholder last.
     RETURN_IF_ERROR(WriteAll(fd, &header, sizeof(header)));
     RETURN_IF_ERROR(WriteAll(fd, fingerprint.data(), fingerprint.size()));
     RETURN_IF_ERROR(WriteAll(fd, kZeros, Align8(fingerprint.size()) - fingerprint.size()));
-    RETURN_IF_ERROR(WriteAll(fd, offsets.data(), offsets.size() * sizeof(uint64_t)));
-    for (const TokenizedExample& e : examples) {
-      RETURN_IF_ERROR(WriteAll(fd, e.input_ids.data(), e.input_ids.size() * sizeof(int32_t)));
-    }
-    for (const TokenizedExample& e : examples) {
-      const std::vector<uint8_t> mask = mask_of(e);
-      RETURN_IF_ERROR(WriteAll(fd, mask.data(), mask.size()));
-    }
+    RETURN_IF_ERROR(WriteAll(fd, offsets_.data(), offsets_.size() * sizeof(uint64_t)));
+    uint64_t hash = Fnv1a64(Bytes(std::span<const uint64_t>(offsets_)));
+    RETURN_IF_ERROR(CopyHashing(ids_scratch_.get(), header.total_tokens * 4, fd, hash));
+    RETURN_IF_ERROR(CopyHashing(mask_scratch_.get(), header.total_tokens, fd, hash));
     const uint64_t body = sizeof(header) + Align8(fingerprint.size()) +
-                          offsets.size() * sizeof(uint64_t) + header.total_tokens * 5;
-    return WriteAll(fd, kZeros, Align8(body) - body);
+                          offsets_.size() * sizeof(uint64_t) + header.total_tokens * 5;
+    RETURN_IF_ERROR(WriteAll(fd, kZeros, Align8(body) - body));
+    header.content_hash = hash;
+    if (::lseek(fd, 0, SEEK_SET) != 0) return UnavailableError(std::strerror(errno));
+    return WriteAll(fd, &header, sizeof(header));
   });
+}
+
+Status WriteTokenFile(const std::string& path, std::string_view fingerprint, int32_t bos_id,
+                      int32_t eos_id, const std::vector<TokenizedExample>& examples) {
+  ASSIGN_OR_RETURN(TokenFileWriter writer, TokenFileWriter::Create(path));
+  for (const TokenizedExample& example : examples) RETURN_IF_ERROR(writer.Add(example));
+  return writer.Finish(fingerprint, bos_id, eos_id);
 }
 
 StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path, Options options) {
@@ -317,10 +378,11 @@ StatusOr<PrepareStats> PrepareTokenFile(const std::string& data_path, const Text
   }
   // One read serves both the hash and the parse, so the fingerprint describes exactly the bytes
   // that were tokenized even if the file changes meanwhile; each record is tokenized as it is
-  // read, so only the tokens are held, not the file's text.
+  // read and goes to the writer's scratch files, so neither the file's text nor its tokens are
+  // held.
   const ExampleOptions example_options{options.max_seq_length, options.mask_prompt};
+  ASSIGN_OR_RETURN(TokenFileWriter writer, TokenFileWriter::Create(out_path));
   PrepareStats stats;
-  std::vector<TokenizedExample> examples;
   const auto tokenize = [&](Record record) -> Status {
     ++stats.records_in_file;
     if (options.samples > 0 && stats.records_in_file > options.samples) return Status::Ok();
@@ -343,15 +405,13 @@ StatusOr<PrepareStats> PrepareTokenFile(const std::string& data_path, const Text
     stats.truncated += example->truncated ? 1 : 0;
     stats.without_targets += targets == 0 ? 1 : 0;
     stats.max_length = std::max(stats.max_length, static_cast<int64_t>(example->input_ids.size()));
-    examples.push_back(std::move(*example));
-    return Status::Ok();
+    return writer.Add(*example);
   };
   uint64_t data_hash = 0;
   RETURN_IF_ERROR(ForEachJsonlRecord(data_path, options.format, tokenize, &data_hash));
   stats.fingerprint = MakeFingerprint(encoder.fingerprint(), data_hash, options);
-  stats.examples = static_cast<int64_t>(examples.size());
-  RETURN_IF_ERROR(
-      WriteTokenFile(out_path, stats.fingerprint, encoder.bos_id(), encoder.eos_id(), examples));
+  stats.examples = writer.num_examples();
+  RETURN_IF_ERROR(writer.Finish(stats.fingerprint, encoder.bos_id(), encoder.eos_id()));
   return stats;
 }
 

@@ -34,20 +34,51 @@
 #include <string_view>
 #include <vector>
 
-#include "common/status.h"
-#include "common/trial_config.h"
 #include "common/data/dataset.h"
 #include "common/data/file_util.h"
 #include "common/data/text_encoder.h"
+#include "common/status.h"
+#include "common/trial_config.h"
+#include "common/unique_fd.h"
 
 namespace llmctl::data {
 
 inline constexpr char kTokenFileMagic[8] = {'L', 'L', 'M', 'C', 'T', 'L', 'T', 'K'};
 inline constexpr uint32_t kTokenFileVersion = 1;
 
-// Writes `examples` (each non-empty, labels equal to the id or kIgnoreIndex) to `path` via a
-// temporary and a rename. An empty list is an error: a token file always holds at least one
-// example.
+// Builds a token file an example at a time, holding in memory only each example's offset (8 bytes),
+// whatever the dataset's size: ids and mask go to two scratch files as examples arrive, and Finish
+// writes the file from them. The scratch files lie beside `path` (its filesystem must hold the
+// result anyway; /tmp may be memory) and are unlinked as soon as they are made, so nothing of them
+// outlives the writer, whether it finishes, fails or its process dies.
+class TokenFileWriter {
+ public:
+  static StatusOr<TokenFileWriter> Create(std::string path);
+
+  // Appends `example`: non-empty, labels equal to the id or kIgnoreIndex, else InvalidArgument.
+  Status Add(const TokenizedExample& example);
+  // Writes `path` via WriteFileAtomically: until it returns OK, `path` is as it was. Without an
+  // example it is an error: a token file always holds at least one. Call it once, last.
+  Status Finish(std::string_view fingerprint, int32_t bos_id, int32_t eos_id);
+
+  int64_t num_examples() const { return static_cast<int64_t>(offsets_.size()) - 1; }
+
+ private:
+  TokenFileWriter(std::string path, UniqueFd ids_scratch, UniqueFd mask_scratch);
+  Status FlushScratch();
+
+  std::string path_;
+  UniqueFd ids_scratch_;             // i32 × total_tokens, the ids section
+  UniqueFd mask_scratch_;            // u8 × total_tokens, the mask section
+  std::vector<int32_t> ids_buffer_;  // not yet in ids_scratch_
+  std::vector<uint8_t> mask_buffer_;
+  std::vector<uint64_t> offsets_ = {0};  // the offsets section
+  uint64_t target_tokens_ = 0;
+  int32_t max_token_id_ = -1;
+};
+
+// Writes `examples` with a TokenFileWriter (each non-empty, labels equal to the id or
+// kIgnoreIndex). An empty list is an error.
 Status WriteTokenFile(const std::string& path, std::string_view fingerprint, int32_t bos_id,
                       int32_t eos_id, const std::vector<TokenizedExample>& examples);
 
@@ -143,7 +174,9 @@ struct PrepareStats {
   std::string fingerprint;
 };
 
-// Loads `data_path`, renders, tokenizes and writes `out_path`. Errors name the data file and line.
+// Reads `data_path` a piece at a time, renders and tokenizes each record as its line ends and hands
+// it to a TokenFileWriter for `out_path`: neither the file's text nor its tokens are held. Errors
+// name the data file and line; on any, `out_path` is as it was.
 StatusOr<PrepareStats> PrepareTokenFile(const std::string& data_path, const TextEncoder& encoder,
                                         const PrepareOptions& options, const std::string& out_path);
 

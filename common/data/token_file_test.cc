@@ -1,8 +1,10 @@
 #include "common/data/token_file.h"
 
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +68,66 @@ TEST(TokenFileTest, RoundTrips) {
             (std::vector<uint8_t>{0, 0, 1, 1, 1}));
   EXPECT_EQ(std::vector<int32_t>(f.input_ids(2).begin(), f.input_ids(2).end()),
             (std::vector<int32_t>{7}));
+}
+
+// The bytes of these examples as the writer made them before it streamed: the format is unchanged.
+TEST(TokenFileTest, WritesTheSameBytesAsBeforeItStreamed) {
+  const std::string path = MakeTempDir() + "/t.tok";
+  ASSERT_TRUE(
+      WriteTokenFile(path, "fp v1", 1, 2,
+                     {Example({1, 10, 11, 12, 2}, 2), Example({1, 20, 2}, 0), Example({7}, 0)})
+          .ok());
+  const std::string bytes = ReadBytes(path);
+  std::string hex;
+  for (const unsigned char c : bytes) {
+    hex += "0123456789abcdef"[c >> 4];
+    hex += "0123456789abcdef"[c & 15];
+  }
+  EXPECT_EQ(hex,
+            // header: magic, version 1, fingerprint 5 bytes, 3 examples, 9 tokens, 5 targets
+            "4c4c4d43544c544b"
+            "01000000"
+            "05000000"
+            "0300000000000000"
+            "0900000000000000"
+            "0500000000000000"
+            // content hash, bos 1, eos 2, max id 20, reserved
+            "04dc2d292638ad8d"
+            "01000000"
+            "02000000"
+            "14000000"
+            "00000000"
+            // "fp v1" and its padding
+            "6670207631000000"
+            // offsets 0, 5, 8, 9
+            "0000000000000000"
+            "0500000000000000"
+            "0800000000000000"
+            "0900000000000000"
+            // ids
+            "010000000a0000000b0000000c00000002000000"
+            "010000001400000002000000"
+            "07000000"
+            // mask, then padding to a multiple of 8
+            "000001010101010101"
+            "000000");
+}
+
+// The scratch files are unlinked as soon as they are made: a writer never finished, as when
+// tokenizing fails, leaves nothing in the directory, nor does one at work.
+TEST(TokenFileTest, AWriterLeavesNoScratchFiles) {
+  const std::string dir = MakeTempDir();
+  {
+    auto writer = TokenFileWriter::Create(dir + "/a.tok");
+    ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+    ASSERT_TRUE(writer->Add(Example({1, 2, 3}, 1)).ok());
+    EXPECT_TRUE(std::filesystem::is_empty(dir));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  const Status missing_dir = TokenFileWriter::Create(dir + "/nope/a.tok").status();
+  EXPECT_NE(missing_dir.message().find("cannot write " + dir + "/nope/a.tok: scratch file"),
+            std::string::npos)
+      << missing_dir.message();
 }
 
 TEST(TokenFileTest, WriterRefusesBadExamples) {
@@ -268,6 +330,117 @@ TEST(PrepareTest, ErrorsNameTheDataFileAndLine) {
 
   options.samples = -1;
   EXPECT_FALSE(PrepareTokenFile(FixtureDir() + "/text_small.jsonl", encoder, options, out).ok());
+}
+
+// A JSON Lines file of `records` Alpaca records whose outputs run to about 2,000 bytes, the same
+// bytes on every run (a linear congruential generator, not the library's random engines).
+void WriteLongJsonl(const std::string& path, int records) {
+  std::ofstream out(path, std::ios::binary);
+  uint64_t state = 7;
+  auto next = [&state](uint64_t bound) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (state >> 33) % bound;
+  };
+  for (int r = 0; r < records; ++r) {
+    std::string output;
+    const uint64_t words = 50 + next(400);
+    for (uint64_t w = 0; w < words; ++w)
+      output.append("word").append(std::to_string(next(1000))).append(" ");
+    out << "{\"instruction\": \"Say something " << r << ".\", \"input\": \""
+        << (r % 3 == 0 ? "" : "with input") << "\", \"output\": \"" << output << "\"}\n";
+  }
+}
+
+// The token file the writer made of WriteLongJsonl(1000) with ByteTextEncoder before it streamed.
+constexpr uint64_t kLongJsonlBytes = 1986903;
+constexpr uint64_t kLongJsonlHash = 0x0ac3feb270c52cdeULL;
+constexpr uint64_t kLongTokenFileBytes = 10634192;
+constexpr uint64_t kLongTokenFileHash = 0x4a0543df9714d20cULL;
+
+// Many scratch buffers' worth of tokens (2.1 million), so the writer fills and copies them in
+// several pieces.
+TEST(PrepareTest, PreparesTheSameBytesAsBeforeItStreamed) {
+  const std::string dir = MakeTempDir();
+  WriteLongJsonl(dir + "/long.jsonl", 1000);
+  const std::string jsonl = ReadBytes(dir + "/long.jsonl");
+  ASSERT_EQ(jsonl.size(), kLongJsonlBytes);
+  ASSERT_EQ(Fnv1a64(jsonl), kLongJsonlHash);
+  ByteTextEncoder encoder;
+  PrepareOptions options;
+  options.max_seq_length = 4096;
+  auto stats = PrepareTokenFile(dir + "/long.jsonl", encoder, options, dir + "/long.tok");
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->total_tokens, 2125193);
+  const std::string bytes = ReadBytes(dir + "/long.tok");
+  EXPECT_EQ(bytes.size(), kLongTokenFileBytes);
+  EXPECT_EQ(Fnv1a64(bytes), kLongTokenFileHash);
+}
+
+// Encodes as ByteTextEncoder does and records the most heap in use at any call (glibc's count of
+// what malloc has handed out and not had back).
+class HeapWatchingEncoder final : public TextEncoder {
+ public:
+  static size_t HeapInUse() {
+    const struct mallinfo2 info = ::mallinfo2();
+    return info.uordblks + info.hblkhd;
+  }
+
+  StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                        bool add_special_tokens) const override {
+    peak_heap_ = std::max(peak_heap_, HeapInUse());
+    return bytes_.Encode(text, add_special_tokens);
+  }
+  int32_t bos_id() const override { return bytes_.bos_id(); }
+  int32_t eos_id() const override { return bytes_.eos_id(); }
+  std::string fingerprint() const override { return bytes_.fingerprint(); }
+  size_t peak_heap() const { return peak_heap_; }
+
+ private:
+  ByteTextEncoder bytes_;
+  mutable size_t peak_heap_ = 0;
+};
+
+// The examples go to the file as they are tokenized: what preparing holds does not grow with the
+// dataset. Before, every example's ids and labels were held until the end, 17 MB and more here.
+TEST(PrepareTest, HoldsEachExamplesOffsetNotItsTokens) {
+  const std::string dir = MakeTempDir();
+  WriteLongJsonl(dir + "/long.jsonl", 1000);
+  HeapWatchingEncoder encoder;
+  PrepareOptions options;
+  options.max_seq_length = 4096;
+  const size_t before = HeapWatchingEncoder::HeapInUse();
+  auto stats = PrepareTokenFile(dir + "/long.jsonl", encoder, options, dir + "/long.tok");
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  ASSERT_EQ(stats->total_tokens, 2125193);
+  // The scratch buffers (1.25 MiB), the offsets (8 kB), one line and its example.
+  EXPECT_LT(encoder.peak_heap() - before, size_t{4} << 20);
+}
+
+// A record that fails after many have gone to the scratch files: the previous token file is still
+// there, unchanged, and nothing else is left in its directory.
+TEST(PrepareTest, AFailureMidwayLeavesThePreviousFileAndNothingElse) {
+  const std::string dir = MakeTempDir();
+  WriteLongJsonl(dir + "/long.jsonl", 1000);
+  std::ofstream(dir + "/long.jsonl", std::ios::app) << "{\"instruction\": \"no output\"}\n";
+  const std::string out = dir + "/long.tok";
+  ASSERT_TRUE(WriteTokenFile(out, "previous", 1, 2, {Example({1, 5, 2}, 1)}).ok());
+  const std::string previous = ReadBytes(out);
+
+  ByteTextEncoder encoder;
+  PrepareOptions options;
+  options.max_seq_length = 4096;
+  auto stats = PrepareTokenFile(dir + "/long.jsonl", encoder, options, out);
+  ASSERT_FALSE(stats.ok());
+  EXPECT_NE(stats.status().message().find("long.jsonl:1001: missing field 'output'"),
+            std::string::npos)
+      << stats.status().message();
+  EXPECT_EQ(ReadBytes(out), previous);
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"long.jsonl", "long.tok"}));
 }
 
 TEST(HashTest, Fnv1a64KnownValues) {

@@ -97,10 +97,11 @@ volatile sig_atomic_t g_forward_signal = 0;
 void RecordSignal(int signal) { g_forward_signal = signal; }
 
 // 1 when the failure is the rank's own rather than what its peers end with when a rank dies under
-// them or they are stopped: killed by a signal, invalid input (2), out of memory (3), diverged (4).
+// them or they are stopped: killed by a signal, invalid input (2), out of memory (3), diverged (4),
+// an input shrank under its mapping (6).
 int IsOwnFailure(const RankFailure& failure) {
   if (failure.signal != 0) return 1;
-  return failure.exit_code >= 2 && failure.exit_code <= 4 ? 1 : 0;
+  return (failure.exit_code >= 2 && failure.exit_code <= 4) || failure.exit_code == 6 ? 1 : 0;
 }
 
 void WriteStatusFile(const LaunchSpec& spec, uint16_t master_port, const std::vector<pid_t>& pids,
