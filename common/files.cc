@@ -239,6 +239,33 @@ Status ReadFileInPieces(const std::string& path,
   }
 }
 
+StatusOr<std::string> ReadFileRange(int fd, const std::string& shown, uint64_t offset,
+                                    size_t size) {
+  std::string bytes(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n =
+        ::pread(fd, bytes.data() + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "cannot read " + shown);
+    }
+    if (n == 0) {
+      return DataLossError(std::string(shown)
+                               .append(" ends at byte ")
+                               .append(std::to_string(offset + done))
+                               .append(", before the ")
+                               .append(std::to_string(size))
+                               .append(" bytes from byte ")
+                               .append(std::to_string(offset))
+                               .append(": it shrank while being read (another process truncated it "
+                                       "or is writing over it in place)"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return bytes;
+}
+
 StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
   struct stat st;
   // Closed on return: the mapping keeps the file referenced.

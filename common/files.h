@@ -46,6 +46,13 @@ StatusOr<UniqueFd> OpenRegularFile(const std::string& path, struct stat& st,
 StatusOr<UniqueFd> OpenRegularFileAt(int dir_fd, const std::string& name, const std::string& shown,
                                      struct stat& st);
 
+// `size` bytes of the open regular file `fd` from `offset` (pread: the descriptor's position stays
+// where it was), errors naming `shown`. DataLoss when the file ends before them: another process
+// truncated it after the caller took its size. How a program that must not end (llmctl, the
+// daemons) reads the part of a file it needs, such as a safetensors header, where a mapping would
+// kill it with SIGBUS (MappedFile).
+StatusOr<std::string> ReadFileRange(int fd, const std::string& shown, uint64_t offset, size_t size);
+
 // Where `path` lies inside the directory `dir`, both with their symbolic links resolved (those of
 // the part that exists) and "." and ".." applied: the relative path below `dir`, or "" when `path`
 // is `dir` itself, lies outside it, or either cannot be resolved. How the agent keeps what it

@@ -135,6 +135,26 @@ TEST(MappedFileTest, AFileThatShrankUnderItsMappingEndsTheProcessWithAMessageNam
           "place; run again once it is whole\n$");
 }
 
+// What a reader that took the size before another process truncated the file gets: an error
+// naming the file, where a mapping's page past the new end would have been SIGBUS.
+TEST(ReadFileRangeTest, BytesPastAShrunkFilesEndAreDataLoss) {
+  const std::string path = testing::TempDir() + "/shrinking-header";
+  std::ofstream(path, std::ios::binary) << "0123456789";
+  struct stat st {};
+  StatusOr<UniqueFd> fd = OpenRegularFile(path, st);
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  StatusOr<std::string> middle = ReadFileRange(fd->get(), path, 2, 5);
+  ASSERT_TRUE(middle.ok()) << middle.status().ToString();
+  EXPECT_EQ(*middle, "23456");
+  ASSERT_EQ(::truncate(path.c_str(), 4), 0);
+  StatusOr<std::string> gone = ReadFileRange(fd->get(), path, 2, 5);
+  EXPECT_EQ(gone.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(gone.status().message(),
+            path +
+                " ends at byte 4, before the 5 bytes from byte 2: it shrank while being read "
+                "(another process truncated it or is writing over it in place)");
+}
+
 TEST(MappedFileTest, ABusErrorOutsideEveryMappingStillKillsTheProcess) {
   const std::string path = testing::TempDir() + "/mapped-beside";
   WriteBytes(path, 4096);

@@ -7,14 +7,17 @@
 #include <jpeglib.h>
 // clang-format on
 #include <png.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csetjmp>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string_view>
+#include <variant>
 
 #include "common/files.h"
 
@@ -60,11 +63,15 @@ void OnJpegMessage(j_common_ptr cinfo, int level) {
   }
 }
 
+// Where libjpeg reads a JPEG from: its bytes in memory, or an open file, read (4 KiB at a time)
+// only as far as the parse goes.
+using JpegSource = std::variant<std::string_view, std::FILE*>;
+
 // Reads a JPEG's size from its frame header into `header` and, with `image`, decodes its pixels
 // into it; without, libjpeg stops at the first scan. No C++ object is created between setjmp and
 // the calls that may jump back: `image` is sized before the scanlines are read, the pixel check's
 // Status ends before the next libjpeg call, and the jump only skips libjpeg's own C frames.
-Status ReadJpeg(std::string_view data, const std::string& display_path, ImageHeader& header,
+Status ReadJpeg(JpegSource source, const std::string& display_path, ImageHeader& header,
                 RgbImage* image) {
   jpeg_decompress_struct cinfo;
   JpegErrors errors;
@@ -76,7 +83,11 @@ Status ReadJpeg(std::string_view data, const std::string& display_path, ImageHea
     return InvalidArgumentError(display_path + ": not a readable JPEG image: " + errors.message);
   }
   jpeg_create_decompress(&cinfo);
-  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(data.data()), data.size());
+  if (const std::string_view* data = std::get_if<std::string_view>(&source)) {
+    jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(data->data()), data->size());
+  } else {
+    jpeg_stdio_src(&cinfo, std::get<std::FILE*>(source));
+  }
   jpeg_read_header(&cinfo, TRUE);
   header.width = static_cast<int>(cinfo.image_width);
   header.height = static_cast<int>(cinfo.image_height);
@@ -232,10 +243,13 @@ StatusOr<ImageFormat> FormatOf(std::string_view data, const std::string& display
   return InvalidArgumentError(display_path + ": not a JPEG or PNG image (by its first bytes)");
 }
 
+// A PNG's signature and the start of its IHDR chunk up to the height: what ReadPngHeader reads.
+constexpr size_t kPngHeaderBytes = 24;
+
 // A PNG's size from its IHDR chunk, which follows the signature: its length (13), its type, then
 // the width and height, 4 bytes each, most significant first.
 Status ReadPngHeader(std::string_view data, const std::string& display_path, ImageHeader& header) {
-  if (data.size() < 24 || data.compare(12, 4, "IHDR") != 0) {
+  if (data.size() < kPngHeaderBytes || data.compare(12, 4, "IHDR") != 0) {
     return InvalidArgumentError(display_path + ": not a readable PNG image: no IHDR chunk first");
   }
   auto big_endian = [&data](size_t at) {
@@ -256,15 +270,42 @@ Status ReadPngHeader(std::string_view data, const std::string& display_path, Ima
   return Status::Ok();
 }
 
+// `header` when it has pixels; else InvalidArgument naming `display_path`.
+StatusOr<ImageHeader> CheckHasPixels(const ImageHeader& header, const std::string& display_path) {
+  if (header.width <= 0 || header.height <= 0) {
+    return InvalidArgumentError(display_path + ": an image without pixels");
+  }
+  return header;
+}
+
 }  // namespace
 
 StatusOr<ImageHeader> ReadImageHeader(const std::string& path, const std::string& display_path) {
-  // Mapped, not read: only the pages the header's parse touches come from the disk (a PNG's first
-  // 24 bytes; a JPEG's markers up to its frame header), not a photo's megabytes.
-  ASSIGN_OR_RETURN(const std::unique_ptr<MappedFile> file, MappedFile::Open(path));
-  return ParseImageHeader(std::string_view(reinterpret_cast<const char*>(file->bytes().data()),
-                                           file->bytes().size()),
-                          display_path);
+  // Read, not mapped: only what the header's parse needs comes from the disk (a PNG's first 24
+  // bytes; a JPEG's markers up to its frame header), not a photo's megabytes, and a file another
+  // process truncates meanwhile is an error, where a mapping's page past its new end would kill
+  // llmctl with SIGBUS.
+  struct stat st;
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path, st));
+  ASSIGN_OR_RETURN(
+      const std::string head,
+      ReadFileRange(fd.get(), path, 0,
+                    static_cast<size_t>(std::min<off_t>(st.st_size, kPngHeaderBytes))));
+  ImageHeader header;
+  ASSIGN_OR_RETURN(header.format, FormatOf(head, display_path));
+  if (header.format == ImageFormat::kPng) {
+    RETURN_IF_ERROR(ReadPngHeader(head, display_path, header));
+  } else {
+    const std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(::fdopen(fd.get(), "rb"),
+                                                               std::fclose);
+    if (file == nullptr) {
+      return UnavailableError(
+          std::string("cannot read ").append(path).append(": ").append(std::strerror(errno)));
+    }
+    fd.release();  // the FILE closes it
+    RETURN_IF_ERROR(ReadJpeg(file.get(), display_path, header, /*image=*/nullptr));
+  }
+  return CheckHasPixels(header, display_path);
 }
 
 StatusOr<ImageHeader> ParseImageHeader(std::string_view data, const std::string& display_path) {
@@ -273,10 +314,7 @@ StatusOr<ImageHeader> ParseImageHeader(std::string_view data, const std::string&
   RETURN_IF_ERROR(header.format == ImageFormat::kJpeg
                       ? ReadJpeg(data, display_path, header, /*image=*/nullptr)
                       : ReadPngHeader(data, display_path, header));
-  if (header.width <= 0 || header.height <= 0) {
-    return InvalidArgumentError(display_path + ": an image without pixels");
-  }
-  return header;
+  return CheckHasPixels(header, display_path);
 }
 
 // libjpeg writes into a buffer it grows itself; jpeg_mem_dest's, freed by the caller.

@@ -4,6 +4,8 @@
 #include "common/image/image.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -67,6 +70,34 @@ TEST(ImageTest, DecodesResizesAndNormalisesAsPilAndBlipImageProcessorDo) {
   }
 }
 
+// A header is read, not mapped: in llmctl a mapping was a SIGBUS waiting for the user's image to
+// be written over meanwhile. A photo followed by 4 GiB (a hole in the file) gives its header in a
+// process allowed 256 MiB more than it holds, where mapping it cannot.
+TEST(ImageTest, AHeaderIsReadWithoutMappingTheFile) {
+#ifdef __SANITIZE_ADDRESS__
+  GTEST_SKIP() << "AddressSanitizer maps terabytes of shadow and its own allocator's space, which "
+                  "RLIMIT_AS counts";
+#endif
+  const nlohmann::json expected = Expected();
+  const fs::path large = fs::path(testing::TempDir()) / "photo-then-a-hole.jpg";
+  fs::copy_file(Fixtures() + "photo.jpg", large, fs::copy_options::overwrite_existing);
+  fs::resize_file(large, fs::file_size(large) + (uint64_t{4} << 30));
+  const auto read_within_limit = [&] {
+    std::ifstream statm("/proc/self/statm");
+    uint64_t pages = 0;
+    statm >> pages;
+    const rlimit limit{
+        pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) + (uint64_t{256} << 20),
+        RLIM_INFINITY};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(2);
+    StatusOr<ImageHeader> header = ReadImageHeader(large.string(), "photo.jpg");
+    if (!header.ok()) std::cerr << header.status().message() << "\n";
+    std::_Exit(header.ok() && header->width == expected["photo.jpg"]["width"] ? 0 : 1);
+  };
+  EXPECT_EXIT(read_within_limit(), ::testing::ExitedWithCode(0), "");
+  fs::remove(large);
+}
+
 // A header gives each fixture's format and the size its full decoding gives; a file that is
 // neither format, or a PNG whose first chunk is not IHDR, is refused by name.
 TEST(ImageTest, AHeaderSaysTheFormatAndSizeWithoutDecoding) {
@@ -120,7 +151,7 @@ TEST(ImageTest, AHeaderSaysTheFormatAndSizeWithoutDecoding) {
   const Status decoded = DecodeImageFile(widest, "captions/widest.png").status();
   EXPECT_FALSE(decoded.ok());
   EXPECT_NE(decoded.message(), "captions/widest.png: not a readable PNG image: Invalid IHDR data");
-  // An empty file (mapped as no bytes) and a JPEG that ends inside its markers.
+  // An empty file and a JPEG that ends inside its markers.
   const fs::path empty = fs::path(testing::TempDir()) / "empty.jpg";
   std::ofstream(empty, std::ios::binary).flush();
   EXPECT_EQ(ReadImageHeader(empty.string(), "captions/empty.jpg").status().message(),
@@ -341,7 +372,9 @@ TEST_F(ImageFolderTest, BadMetadataIsOneMessageNamingTheFileAndLine) {
 // and a metadata.jsonl's line 1 that held only it "not a JSON object" (found by
 // tests/fuzz/dataset_fuzz.cc).
 TEST_F(ImageFolderTest, MetadataWithAByteOrderMarkReadsAsWithout) {
-  Write("metadata.csv", "\xEF\xBB\xBF" "file_name,text\r\nimg/photo.jpg,saved from Excel\r\n");
+  Write("metadata.csv",
+        "\xEF\xBB\xBF"
+        "file_name,text\r\nimg/photo.jpg,saved from Excel\r\n");
   auto rows = Read();
   ASSERT_TRUE(rows.ok()) << rows.status().ToString();
   ASSERT_EQ(rows->size(), 1u);
@@ -361,7 +394,8 @@ TEST_F(ImageFolderTest, MetadataWithAByteOrderMarkReadsAsWithout) {
 // names no file; a metadata.jsonl's was "not a JSON object". Both are refused by line and column,
 // as ParseJsonl refuses a dataset's (found by tests/fuzz/dataset_fuzz.cc).
 TEST_F(ImageFolderTest, MetadataThatIsNotUtf8IsRefusedWithItsLineAndColumn) {
-  Write("metadata.csv", "file_name,text\nimg/photo.jpg,\"two\nlines\"\nimg/gray.jpg,caf\xE9 au lait\n");
+  Write("metadata.csv",
+        "file_name,text\nimg/photo.jpg,\"two\nlines\"\nimg/gray.jpg,caf\xE9 au lait\n");
   auto rows = Read();
   ASSERT_FALSE(rows.ok());
   EXPECT_EQ(rows.status().code(), StatusCode::kInvalidArgument);

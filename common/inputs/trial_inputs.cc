@@ -215,8 +215,10 @@ StatusOr<int64_t> TrialInputsChecker::CheckCheckpoint(const std::string& dir,
   if (inserted) {
     it->second = [&]() -> StatusOr<int64_t> {
       RETURN_IF_ERROR(CheckDirectory(dir));
-      // Maps the files and validates their headers; no weight is read.
-      ASSIGN_OR_RETURN(auto checkpoint, safetensors::ShardedCheckpoint::Open(dir));
+      // Reads and validates the files' headers alone: no weight is read, and nothing is mapped, so
+      // a file another process truncates meanwhile is an error, not a SIGBUS in llmctl.
+      ASSIGN_OR_RETURN(auto checkpoint, safetensors::ShardedCheckpoint::Open(
+                                            dir, safetensors::Reading::kHeaderOnly));
       RETURN_IF_ERROR(CheckCheckpointTensors(*checkpoint, model, dir));
       return static_cast<int64_t>(checkpoint->names().size());
     }();
@@ -237,7 +239,8 @@ Status TrialInputsChecker::CheckAdapter(const std::string& dir) {
         return DataLossError(config_path + ": not a JSON object");
       }
       ASSIGN_OR_RETURN(auto weights,
-                       safetensors::SafetensorsFile::Open(dir + "/" + kAdapterWeightsFile));
+                       safetensors::SafetensorsFile::Open(dir + "/" + kAdapterWeightsFile,
+                                                          safetensors::Reading::kHeaderOnly));
       return static_cast<int64_t>(weights->tensors().size());
     }();
   }

@@ -237,24 +237,34 @@ struct FileParts {
   std::span<const std::byte> buffer;
 };
 
-// `file` split at its 8-byte little-endian header length; DataLoss when that length is past the
-// limit or the file's end.
-StatusOr<FileParts> SplitFile(const std::string& path, std::span<const std::byte> file) {
-  if (file.size() < 8) {
-    return DataLossError(path + ": file is " + std::to_string(file.size()) +
-                         " bytes, shorter than the 8-byte header length");
-  }
+// DataLoss when a `file_size`-byte file is too short to hold the 8-byte header length.
+Status CheckHoldsHeaderLength(const std::string& path, uint64_t file_size) {
+  if (file_size >= 8) return Status::Ok();
+  return DataLossError(path + ": file is " + std::to_string(file_size) +
+                       " bytes, shorter than the 8-byte header length");
+}
+
+// The 8-byte little-endian header length at `bytes`; DataLoss when it is past the limit or the end
+// of the `file_size`-byte file.
+StatusOr<uint64_t> HeaderLength(const std::string& path, const void* bytes, uint64_t file_size) {
   uint64_t header_len;
-  std::memcpy(&header_len, file.data(), 8);  // little-endian, checked by the static_assert
+  std::memcpy(&header_len, bytes, 8);  // little-endian, checked by the static_assert
   if (header_len > kMaxHeaderBytes) {
     return DataLossError(path + ": header length " + std::to_string(header_len) + " exceeds the " +
                          std::to_string(kMaxHeaderBytes) + "-byte limit (not a safetensors file?)");
   }
-  if (header_len > file.size() - 8) {
+  if (header_len > file_size - 8) {
     return DataLossError(path + ": header length " + std::to_string(header_len) +
-                         " runs past the end of the " + std::to_string(file.size()) +
+                         " runs past the end of the " + std::to_string(file_size) +
                          "-byte file (truncated?)");
   }
+  return header_len;
+}
+
+// `file` split at its 8-byte little-endian header length.
+StatusOr<FileParts> SplitFile(const std::string& path, std::span<const std::byte> file) {
+  RETURN_IF_ERROR(CheckHoldsHeaderLength(path, file.size()));
+  ASSIGN_OR_RETURN(const uint64_t header_len, HeaderLength(path, file.data(), file.size()));
   return FileParts{.header_text = {reinterpret_cast<const char*>(file.data()) + 8, header_len},
                    .buffer = file.subspan(8 + header_len)};
 }
@@ -444,17 +454,23 @@ int64_t TensorView::numel() const {
   return n;
 }
 
-StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapping, MappedFile::Open(path));
-  const size_t size = mapping->bytes().size();
-  if (size < 8) {
-    return DataLossError(path + ": file is " + std::to_string(size) +
-                         " bytes, shorter than the 8-byte header length");
-  }
+StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path,
+                                                                 Reading reading) {
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  file->mapping_ = std::move(mapping);
-  RETURN_IF_ERROR(file->Parse(file->mapping_->bytes()));
+  if (reading == Reading::kWeights) {
+    ASSIGN_OR_RETURN(file->mapping_, MappedFile::Open(path));
+    RETURN_IF_ERROR(file->Parse(file->mapping_->bytes()));
+    return file;
+  }
+  struct stat st;
+  ASSIGN_OR_RETURN(const UniqueFd fd, OpenRegularFile(path, st));
+  const auto size = static_cast<uint64_t>(st.st_size);
+  RETURN_IF_ERROR(CheckHoldsHeaderLength(path, size));
+  ASSIGN_OR_RETURN(const std::string length_bytes, ReadFileRange(fd.get(), path, 0, 8));
+  ASSIGN_OR_RETURN(const uint64_t header_len, HeaderLength(path, length_bytes.data(), size));
+  ASSIGN_OR_RETURN(const std::string header_text, ReadFileRange(fd.get(), path, 8, header_len));
+  RETURN_IF_ERROR(file->ParseHeader(header_text, size - 8 - header_len, /*buffer=*/nullptr));
   return file;
 }
 
@@ -475,7 +491,12 @@ const TensorView* SafetensorsFile::Find(std::string_view name) const {
 
 Status SafetensorsFile::Parse(std::span<const std::byte> file) {
   ASSIGN_OR_RETURN(const FileParts parts, SplitFile(path_, file));
-  ASSIGN_OR_RETURN(const Json header, ParseJsonStrict(parts.header_text, path_ + ": header"));
+  return ParseHeader(parts.header_text, parts.buffer.size(), parts.buffer.data());
+}
+
+Status SafetensorsFile::ParseHeader(std::string_view header_text, uint64_t buffer_size,
+                                    const std::byte* buffer) {
+  ASSIGN_OR_RETURN(const Json header, ParseJsonStrict(header_text, path_ + ": header"));
   if (!header.is_object()) {
     return DataLossError(path_ + ": header must be a JSON object, got " + JsonTypeName(header));
   }
@@ -487,16 +508,18 @@ Status SafetensorsFile::Parse(std::span<const std::byte> file) {
       continue;
     }
     ParsedEntry entry;
-    RETURN_IF_ERROR(ParseEntry(path_, key, value, parts.buffer.size(), &entry));
+    RETURN_IF_ERROR(ParseEntry(path_, key, value, buffer_size, &entry));
     entries.push_back(std::move(entry));
   }
   ASSIGN_OR_RETURN(const std::vector<size_t> order,
-                   OrderTilingTheBuffer(path_, entries, parts.buffer.size()));
+                   OrderTilingTheBuffer(path_, entries, buffer_size));
   tensors_.reserve(entries.size());
   for (size_t i : order) {
     ParsedEntry& e = entries[i];
-    tensors_.push_back(TensorView{std::move(e.name), e.dtype, std::move(e.shape),
-                                  parts.buffer.subspan(e.begin, e.end - e.begin)});
+    const std::span<const std::byte> bytes =
+        buffer != nullptr ? std::span<const std::byte>(buffer + e.begin, e.end - e.begin)
+                          : std::span<const std::byte>();
+    tensors_.push_back(TensorView{std::move(e.name), e.dtype, std::move(e.shape), bytes});
   }
   // Built after tensors_ stops growing: the keys view the names stored there.
   by_name_.reserve(tensors_.size());
@@ -521,21 +544,23 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
   });
 }
 
-StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::Open(const std::string& dir) {
+StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::Open(const std::string& dir,
+                                                                     Reading reading) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
     return NotFoundError(dir + " is not a directory");
   }
   const std::string single = (std::filesystem::path(dir) / "model.safetensors").string();
-  if (std::filesystem::exists(single, ec)) return OpenFile(single);
+  if (std::filesystem::exists(single, ec)) return OpenFile(single, reading);
   const std::string index = (std::filesystem::path(dir) / "model.safetensors.index.json").string();
-  if (std::filesystem::exists(index, ec)) return OpenIndex(index);
+  if (std::filesystem::exists(index, ec)) return OpenIndex(index, reading);
   return NotFoundError(dir + " has neither model.safetensors nor model.safetensors.index.json");
 }
 
-StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::OpenFile(const std::string& path) {
+StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::OpenFile(const std::string& path,
+                                                                         Reading reading) {
   std::unique_ptr<ShardedCheckpoint> ckpt(new ShardedCheckpoint());
-  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path, reading));
   for (const TensorView& t : file->tensors()) ckpt->by_name_.emplace(t.name, &t);
   ckpt->metadata_ = file->metadata();
   ckpt->shards_.push_back(std::move(file));
@@ -544,7 +569,7 @@ StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::OpenFile(const s
 }
 
 StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::OpenIndex(
-    const std::string& index_path) {
+    const std::string& index_path, Reading reading) {
   ASSIGN_OR_RETURN(const std::string text, ReadFileToString(index_path, kMaxHeaderBytes));
   ASSIGN_OR_RETURN(const Json index, ParseJsonStrict(text, index_path));
   if (!index.is_object()) {
@@ -590,7 +615,7 @@ StatusOr<std::unique_ptr<ShardedCheckpoint>> ShardedCheckpoint::OpenIndex(
     auto it = shard_index.find(shard);
     if (it == shard_index.end()) {
       const std::string shard_path = (dir / shard).string();
-      StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(shard_path);
+      StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(shard_path, reading);
       if (!file.ok()) {
         if (file.status().code() == StatusCode::kNotFound) {
           return NotFoundError(context + ": shard file " + shard_path + " does not exist");

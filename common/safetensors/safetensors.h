@@ -1,4 +1,5 @@
-// Safetensors files: a validating memory-mapped reader, an atomic writer, and sharded checkpoints.
+// Safetensors files: a validating reader (the file mapped, or its header alone), an atomic writer,
+// and sharded checkpoints.
 //
 // Format (https://github.com/huggingface/safetensors): an 8-byte little-endian header length N, N
 // bytes of UTF-8 JSON {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]},
@@ -59,11 +60,24 @@ struct TensorView {
 // hostile file, not a real checkpoint (a 70B model's header is a few hundred KB).
 inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
+// What SafetensorsFile::Open reads of a file.
+enum class Reading {
+  // The whole file mapped: views' bytes point into the mapping. For the trainer, which loads the
+  // weights (and reports a file that shrinks under it: MappedFile).
+  kWeights,
+  // The header alone, read with pread; nothing is mapped and every view's bytes are empty (its
+  // size is its shape's times its dtype's). For checks that read no weight (the inputs check that
+  // llmctl submit and plan run): a file another process truncates meanwhile is an error, where a
+  // mapping would kill the process with SIGBUS.
+  kHeaderOnly,
+};
+
 class SafetensorsFile {
  public:
-  // Maps `path` read-only (MAP_PRIVATE) and validates the header against the file. Errors are
+  // Reads `path` as `reading` says and validates the header against the file's size. Errors are
   // NotFound (cannot open), DataLoss (malformed or lying file), Unimplemented (unsupported dtype).
-  static StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  static StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path,
+                                                         Reading reading = Reading::kWeights);
 
   // Parses a complete file image already in memory (the fuzzer's entry point, and for tests).
   // Borrows `file_bytes`: the caller keeps them alive as long as the returned object.
@@ -86,9 +100,12 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   Status Parse(std::span<const std::byte> file_bytes);
+  // The header's text against a data buffer of `buffer_size` bytes at `buffer`, or nullptr when it
+  // was not read (Reading::kHeaderOnly).
+  Status ParseHeader(std::string_view header_text, uint64_t buffer_size, const std::byte* buffer);
 
   std::string path_;
-  std::unique_ptr<MappedFile> mapping_;  // null for FromBuffer
+  std::unique_ptr<MappedFile> mapping_;  // null for FromBuffer and Reading::kHeaderOnly
   std::vector<TensorView> tensors_;
   std::unordered_map<std::string_view, size_t> by_name_;  // keys view tensors_[i].name
   std::map<std::string, std::string> metadata_;
@@ -114,16 +131,20 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
 // A Hugging Face model directory's weights: either model.safetensors, or
 // model.safetensors.index.json
 // ({"metadata": {...}, "weight_map": {"tensor": "model-00001-of-00002.safetensors", ...}}) and its
-// shards. Every shard is mapped once; views point into the shards and live as long as this object.
+// shards. Every shard is opened once, as `reading` says; views point into the shards and live as
+// long as this object.
 class ShardedCheckpoint {
  public:
   // Looks in `dir` for model.safetensors first, then model.safetensors.index.json (the order
   // transformers uses).
-  static StatusOr<std::unique_ptr<ShardedCheckpoint>> Open(const std::string& dir);
+  static StatusOr<std::unique_ptr<ShardedCheckpoint>> Open(const std::string& dir,
+                                                           Reading reading = Reading::kWeights);
   // Opens an index file; shard names resolve relative to its directory.
-  static StatusOr<std::unique_ptr<ShardedCheckpoint>> OpenIndex(const std::string& index_path);
+  static StatusOr<std::unique_ptr<ShardedCheckpoint>> OpenIndex(
+      const std::string& index_path, Reading reading = Reading::kWeights);
   // Wraps one safetensors file.
-  static StatusOr<std::unique_ptr<ShardedCheckpoint>> OpenFile(const std::string& path);
+  static StatusOr<std::unique_ptr<ShardedCheckpoint>> OpenFile(const std::string& path,
+                                                               Reading reading = Reading::kWeights);
 
   // nullptr when absent.
   const TensorView* Find(std::string_view name) const;

@@ -166,6 +166,11 @@ TEST_P(BrokenFileTest, FailsWithOneLineErrorNamingTheFile) {
   auto parsed = SafetensorsFile::FromBuffer(AsBytes(bytes), path);
   ASSERT_FALSE(parsed.ok());
   EXPECT_EQ(parsed.status().message(), message);
+
+  // So does the header's reader (pread, nothing mapped).
+  auto header_only = SafetensorsFile::Open(path, Reading::kHeaderOnly);
+  ASSERT_FALSE(header_only.ok());
+  EXPECT_EQ(header_only.status().message(), message);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -348,6 +353,24 @@ TEST(ShardedCheckpointTest, ResolvesTensorsAcrossShards) {
   EXPECT_EQ(Values<float>(*head), (std::vector<float>{100, 101, 102, 103, 104, 105, 106, 107}));
   EXPECT_EQ(Values<float>(*(*ckpt)->Find("model.norm.weight")), (std::vector<float>{1, 1}));
   EXPECT_EQ((*ckpt)->Find("missing"), nullptr);
+}
+
+// llmctl's inputs check reads the headers alone: the same tensors, metadata and shards, no bytes.
+TEST(ShardedCheckpointTest, TheHeadersAloneGiveTheSameTensorsWithoutTheirBytes) {
+  auto mapped = ShardedCheckpoint::Open(FixtureDir() + "/sharded");
+  auto headers = ShardedCheckpoint::Open(FixtureDir() + "/sharded", Reading::kHeaderOnly);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+  ASSERT_TRUE(headers.ok()) << headers.status().ToString();
+  EXPECT_EQ((*headers)->names(), (*mapped)->names());
+  EXPECT_EQ((*headers)->metadata(), (*mapped)->metadata());
+  EXPECT_EQ((*headers)->shards().size(), (*mapped)->shards().size());
+  for (const std::string& name : (*mapped)->names()) {
+    const TensorView* header = (*headers)->Find(name);
+    ASSERT_NE(header, nullptr) << name;
+    EXPECT_EQ(header->dtype, (*mapped)->Find(name)->dtype) << name;
+    EXPECT_EQ(header->shape, (*mapped)->Find(name)->shape) << name;
+    EXPECT_TRUE(header->bytes.empty()) << name;
+  }
 }
 
 TEST(ShardedCheckpointTest, OpensASingleFileDirectory) {

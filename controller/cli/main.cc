@@ -6,9 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "common/files.h"
 #include "controller/cli/commands.h"
 
 int main(int argc, char** argv) {
+  // llmctl reads other parties' files (model headers, images) with pread and maps only its own
+  // token cache, written by renames alone; should one shrink under it all the same, it says so.
+  llmctl::ReportShrunkMappedFiles("llmctl", llmctl::cli::kExitFailed);
   std::error_code error;
   llmctl::cli::CliContext context{
       .env = llmctl::cli::ProcessEnvironment(),
