@@ -5,20 +5,26 @@
 #include "trainer/train/trainer.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <map>
 #include <utility>
 
 #include "common/data/token_file.h"
+#include "common/files.h"
 #include "common/model_config.h"
 #include "common/safetensors/safetensors.h"
 #include "trainer/model/weights.h"
 #include "trainer/peft/lora.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/batches.h"
+#include "trainer/train/events.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -355,6 +361,48 @@ TEST(OutcomeTest, MissingDatasetIsInvalidInputBeforeAnythingRuns) {
       << run.result.error;
   EXPECT_TRUE(run.OfType("start").empty());
   EXPECT_EQ(run.OfType("step").size(), 0u);
+}
+
+// The agent takes llm-train's exit code for the outcome and its events for the metrics and the
+// checkpoints: a trial whose events file filled up must not end as ok.
+TEST(OutcomeTest, ATrialWhoseEventsCannotBeWrittenFails) {
+  RunOptions options;
+  options.events_path = "/dev/full";  // every write fails with ENOSPC
+  const TrialResult result = RunTrial(DemoConfig({{"train.max_steps", "1"}}), options);
+  EXPECT_EQ(result.outcome, Outcome::kFailed);
+  EXPECT_EQ(ExitCodeFor(result.outcome), trainer_exit::kFailed);
+  EXPECT_NE(result.error.find("cannot write events file /dev/full: No space left on device"),
+            std::string::npos)
+      << result.error;
+}
+
+// A line cut short by a full disk or a file size limit is taken off the file again and nothing is
+// written after it: the agent follows the file line by line and would read the part, or the part
+// joined to a later line, as an event.
+TEST(EventLogTest, ALineThatCannotBeWrittenWhollyIsCutOffAndNothingFollowsIt) {
+  const std::string path = testing::FreshTempDir("event-log") + "/events.jsonl";
+  const nlohmann::json first = {{"type", "first"}};
+  const std::string first_line = first.dump() + "\n";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Writes past 20 bytes more than the first line fail with EFBIG (not the signal).
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{first_line.size() + 20, first_line.size() + 20};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(2);
+    StatusOr<std::unique_ptr<EventLog>> log = EventLog::Open(path);
+    if (!log.ok()) ::_exit(3);
+    (*log)->Emit(first);
+    (*log)->Emit({{"type", "second"}, {"text", std::string(100, 'x')}});  // 20 bytes fit
+    (*log)->Emit({{"type", "c"}});  // would fit in those 20 bytes
+    ::_exit(0);
+  }
+  int wait_status = 0;
+  ASSERT_EQ(::waitpid(child, &wait_status, 0), child);
+  ASSERT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << wait_status;
+  StatusOr<std::string> kept = ReadFileToString(path);
+  ASSERT_TRUE(kept.ok()) << kept.status().message();
+  EXPECT_EQ(*kept, first_line);
 }
 
 TEST(LoraTrainingTest, GradsAndOptimizerStateAreTheAdaptersOnly) {

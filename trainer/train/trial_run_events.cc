@@ -188,9 +188,17 @@ TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
     event["checkpoint"] = {{"step", last_checkpoint_steps_ - 1}, {"path", last_checkpoint_dir_}};
   }
   events_.Emit(event);
+  // The events are the trial's record (the agent's metrics, its checkpoints): a run whose record
+  // was cut short failed, whatever its training did.
+  if (const Status& recorded = events_.status(); !recorded.ok()) {
+    if (result.outcome == Outcome::kOk) result.outcome = Outcome::kFailed;
+    result.error = result.error.empty()
+                       ? recorded.message()
+                       : std::string(result.error).append("; ").append(recorded.message());
+  }
   std::ostringstream line;
   line.precision(2);
-  line << std::fixed << "[done] outcome " << OutcomeName(outcome) << " | train time "
+  line << std::fixed << "[done] outcome " << OutcomeName(result.outcome) << " | train time "
        << result.train_seconds << " s | peak memory " << FormatGiB(result.peak_bytes) << " ("
        << FormatBytes(result.peak_bytes) << ") | tokens/s " << std::setprecision(0)
        << result.tokens_per_second;
