@@ -549,6 +549,26 @@ TEST(ParseExperimentTest, InputThatHangsYamlCppLoadAllIsAnError) {
   EXPECT_EQ(ParseError(",a: 1\n"), "exp.yaml:1:1: YAML syntax error: unexpected ','");
 }
 
+std::string Repeated(std::string_view text, int times) {
+  std::string repeated;
+  for (int i = 0; i < times; ++i) repeated += text;
+  return repeated;
+}
+
+// yaml-cpp refuses lists and maps nested 500 deep with the message "bad file".
+TEST(ParseExperimentTest, DeepNestingIsNamed) {
+  for (const std::string& text :
+       {"x: " + std::string(100000, '[') + std::string(100000, ']') + "\n",
+        "x: " + Repeated("{a: ", 600) + "1" + std::string(600, '}') + "\n"}) {
+    const std::string error = ParseError(text);
+    EXPECT_EQ(error.rfind("exp.yaml:1:", 0), 0u) << error;
+    EXPECT_NE(
+        error.find(": lists and maps nested 500 levels deep, more than the YAML reader takes"),
+        std::string::npos)
+        << error;
+  }
+}
+
 // Found by tests/fuzz/experiment_fuzz.cc: a value that is not UTF-8 was accepted, and writing the
 // trial's config as JSON (checkpoints) then threw; yaml-cpp's messages quoted such bytes raw.
 TEST(ParseExperimentTest, TextMustBeUtf8) {

@@ -1,5 +1,6 @@
 #include "common/yaml_document.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/eventhandler.h>
 
 #include <algorithm>
@@ -175,6 +176,12 @@ StatusOr<YAML::Node> LoadYamlDocument(std::string_view text, std::string_view fi
     YAML::Node root = YAML::Load(std::string(text));
     RETURN_IF_ERROR(CheckSingleDocument(text, filename));
     return root;
+  } catch (const YAML::DeepRecursion& error) {
+    // yaml-cpp's own message for it is "bad file".
+    return YamlErrorAt(filename, error.mark,
+                       "lists and maps nested " + std::to_string(error.depth()) +
+                           " levels deep, more than the YAML reader takes; an experiment file's "
+                           "nest a few levels");
   } catch (const YAML::Exception& error) {
     return SyntaxError(text, filename, error);
   }

@@ -1,6 +1,7 @@
 // One YAML document read as untrusted text, as experiment files are: a syntax error (a tab in
-// indentation named as such), a second document, text that is not UTF-8, and the YAML features an
-// experiment file may not use (anchors, aliases, tags) are refused at their place in the file.
+// indentation named as such), nesting deeper than yaml-cpp reads (500 levels), a second document,
+// text that is not UTF-8, and the YAML features an experiment file may not use (anchors, aliases,
+// tags) are refused at their place in the file.
 #ifndef LLMCTL_COMMON_YAML_DOCUMENT_H_
 #define LLMCTL_COMMON_YAML_DOCUMENT_H_
 
