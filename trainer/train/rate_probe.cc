@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -605,7 +608,28 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   probe.rounds = rounds.Run(options.seconds);
   probe.speed_spread = rounds.SpeedSpread();
   probe.seconds = Elapsed(start);
+  RETURN_IF_ERROR(CheckMeasuredProbe(probe));
   return probe;
+}
+
+Status CheckMeasuredProbe(const estimate::RateProbe& probe) {
+  const StatusOr<estimate::RateProbe> read =
+      estimate::RateProbe::FromJson(nlohmann::json::parse(probe.ToJson().dump()));
+  if (read.ok()) return Status::Ok();
+  double load[1] = {0};
+  std::string load_text;
+  if (::getloadavg(load, 1) == 1) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f", load[0]);
+    load_text = std::string(" (load average ").append(text).append(" now)");
+  }
+  return UnavailableError(
+      std::string("the rates measured disagree with each other, as when other work holds this "
+                  "machine's cores while the probe runs")
+          .append(load_text)
+          .append(": ")
+          .append(read.status().message())
+          .append(". Nothing is written; measure again when the machine is idle"));
 }
 
 }  // namespace llmctl::trainer

@@ -25,8 +25,18 @@ struct RateProbeOptions {
 };
 
 // FailedPrecondition for cuda on a machine where LibTorch sees no GPU; InvalidArgument for
-// another device.
+// another device; Unavailable, from CheckMeasuredProbe, for rates no reader would take.
 StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options);
+
+// Whether `probe` reads back through estimate::RateProbe::FromJson, the check every reader of a
+// probe applies (llmctl's estimate, the agent, the controller): a probe they would refuse is never
+// written. Beside other work holding the cores, each of the grid's cheapest matmuls times the
+// waits for a thread that lost its core, the wider cells are then left out as too slow, and the
+// reference steps run hundreds of times faster than their work at those rates (12-01, the GPU
+// plan's rehearsal on the 2-core Zen 4 beside four compilers, load average 4-5: the fp32 cells of
+// 32 rows x 64 at 17 MFLOP/s, every wider one cut, a reference step 0.0013 times its work).
+// Unavailable then, saying so.
+Status CheckMeasuredProbe(const estimate::RateProbe& probe);
 
 }  // namespace llmctl::trainer
 

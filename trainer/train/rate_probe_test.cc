@@ -101,6 +101,25 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   }
 }
 
+// A probe whose reference step no step of its work at its own rates takes (what a probe beside
+// other work measures, 12-01) is refused before anything is written, saying why; the same probe
+// as measured passes.
+TEST(ProbeRatesTest, RatesThatDisagreeWithEachOtherAreRefused) {
+  StatusOr<estimate::RateProbe> probe = ProbeRates({.device = "cpu", .seconds = 0.05});
+  ASSERT_TRUE(probe.ok()) << probe.status().message();
+  ASSERT_TRUE(CheckMeasuredProbe(*probe).ok());
+  ASSERT_FALSE(probe->reference_steps.empty());
+  estimate::RateProbe busy = *probe;
+  busy.reference_steps[0].seconds = 1e-9;
+  const Status checked = CheckMeasuredProbe(busy);
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.code(), StatusCode::kUnavailable);
+  for (const char* part : {"other work holds this machine's cores", "'reference_steps[0].seconds'",
+                           "Nothing is written"}) {
+    EXPECT_NE(checked.message().find(part), std::string::npos) << part << ": " << checked.message();
+  }
+}
+
 TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
   if (!torch::cuda::is_available()) {
     GTEST_SKIP() << "no CUDA device: the probe's CUDA path is checked on a GPU machine";
