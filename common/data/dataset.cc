@@ -49,9 +49,9 @@ std::string Fill(std::string_view pattern, std::string_view instruction, std::st
 
 // "parse error at line 1, column 7: syntax error while parsing ..." → "column 7: syntax error ...":
 // each line is parsed alone, so nlohmann's "line 1" would contradict the file line we report. The
-// text quotes what the parser last read, byte by byte: it may stop inside a character ("last read:
-// '{\xE2'" for "{€"), and the 200-byte cut may too, so what is not UTF-8 is replaced, as a
-// message that is printed and sent on must be.
+// text quotes what the parser last read, the user's bytes: it may stop inside a character ("last
+// read: '{\xE2'" for "{€") and may hold controls a terminal acts on, so it goes through OnOneLine,
+// cut to 200 bytes.
 std::string JsonErrorText(const Json::exception& e) {
   std::string_view what = e.what();
   const size_t column = what.find("column ");
@@ -60,11 +60,7 @@ std::string JsonErrorText(const Json::exception& e) {
   } else if (const size_t close = what.find("] "); close != std::string_view::npos) {
     what.remove_prefix(close + 2);
   }
-  std::string out;
-  for (char c : what.substr(0, 200)) {
-    out += (static_cast<unsigned char>(c) < 0x20) ? '?' : c;
-  }
-  return ReplaceInvalidUtf8(out);
+  return OnOneLine(what, 200);
 }
 
 // A required (or, with `optional`, absent/null → "") string field.

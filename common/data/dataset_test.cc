@@ -287,6 +287,34 @@ TEST(DatasetTest, AJsonErrorMessageIsUtf8WhereTheParserStoppedInsideACharacter) 
   }
 }
 
+// The parser's message quotes the line's own bytes: a bidirectional override, a DEL and a C1 CSI in
+// the string before a raw tab reached the message as themselves, where the terminal that prints it
+// acts on them. The quote now goes through OnOneLine, each of them a space, cut within 200 bytes.
+TEST(DatasetTest, AJsonErrorQuotesTheLineWithoutItsControls) {
+  const std::string line =
+      "{\"instruction\": \"a\xE2\x80\xAE"
+      "b\x7F"
+      "c\xC2\x9B"
+      "d\t\"}";
+  auto records = ParseJsonl(line + "\n", "mem.jsonl", DatasetFormat::kAlpaca);
+  ASSERT_FALSE(records.ok());
+  const std::string& message = records.status().message();
+  EXPECT_TRUE(message.starts_with("mem.jsonl:1: invalid JSON at column ")) << message;
+  EXPECT_NE(message.find("a b c d"), std::string::npos) << message;
+  EXPECT_EQ(OnOneLine(message), message);
+
+  std::string umlauts;
+  for (int i = 0; i < 150; ++i) umlauts += "\xC3\xBC";
+  records = ParseJsonl(std::string("{\"instruction\": \"").append(umlauts).append("\t\"}\n"),
+                       "mem.jsonl", DatasetFormat::kAlpaca);
+  ASSERT_FALSE(records.ok());
+  const std::string quoted =
+      records.status().message().substr(std::string("mem.jsonl:1: invalid JSON at ").size());
+  EXPECT_LE(quoted.size(), 200u);
+  // "ü…": cut at a character's start, where a cut byte of "ü" read U+FFFD before.
+  EXPECT_TRUE(quoted.ends_with("\xC3\xBC\xE2\x80\xA6")) << quoted;
+}
+
 TEST(DatasetTest, MissingFileIsNotFound) {
   auto records = LoadJsonl(FixtureDir() + "/nope.jsonl", DatasetFormat::kAlpaca);
   ASSERT_FALSE(records.ok());
