@@ -278,7 +278,7 @@ sweep:
 // Expand refused the sweep.
 TEST(ParseExperimentTest, LongSweepListsAreRefusedBeforeTheirValuesAreCompared) {
   std::string yaml = "data: {path: t.jsonl}\nsweep:\n  seed: [0";
-  for (int i = 1; i < 100000; ++i) yaml += ", " + std::to_string(i);
+  for (int i = 1; i < 90000; ++i) yaml += ", " + std::to_string(i);  // under kMaxYamlValues
   yaml += "]\n";
   EXPECT_EQ(ParseError(yaml),
             "exp.yaml:3:3: the sweep makes more than 1000 trials; split the experiment or sweep "
@@ -567,6 +567,16 @@ TEST(ParseExperimentTest, DeepNestingIsNamed) {
         std::string::npos)
         << error;
   }
+}
+
+// A 4 MB list of numbers took 900 MB of yaml-cpp's nodes before its key was found unknown.
+TEST(ParseExperimentTest, MoreThanTheValuesAFileHoldsIsAnError) {
+  const std::string error =
+      ParseError("data: {path: t.jsonl}\nx: [" + Repeated("1,", 100'000) + "1]\n");
+  EXPECT_EQ(error.rfind("exp.yaml:2:", 0), 0u) << error;
+  EXPECT_NE(error.find(": more than 100000 values (scalars, lists and maps) in one file"),
+            std::string::npos)
+      << error;
 }
 
 // Found by tests/fuzz/experiment_fuzz.cc: a value that is not UTF-8 was accepted, and writing the

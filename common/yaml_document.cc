@@ -31,6 +31,11 @@ std::string EscapeInvalidUtf8(std::string_view text) {
   return escaped;
 }
 
+// Thrown by DocumentScanner at the first document's value past kMaxYamlValues, to stop the parse.
+struct TooManyValues {
+  YAML::Mark mark;
+};
+
 // Records where each document starts and whether it holds anything.
 class DocumentScanner : public YAML::EventHandler {
  public:
@@ -47,8 +52,12 @@ class DocumentScanner : public YAML::EventHandler {
   void OnDocumentStart(const YAML::Mark& mark) override { documents.push_back({mark}); }
   void OnDocumentEnd() override {}
   // Not content: an empty document after a trailing "---" is a null.
-  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override { Check(mark, "", anchor); }
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override {
+    Count(mark);
+    Check(mark, "", anchor);
+  }
   void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
+    Count(mark);
     Content();
     Untrusted(mark,
               "YAML alias (*name): anchors and aliases are not supported in experiment "
@@ -77,10 +86,14 @@ class DocumentScanner : public YAML::EventHandler {
   void Content() {
     if (!documents.empty()) documents.back().has_content = true;
   }
+  void Count(const YAML::Mark& mark) {
+    if (documents.size() <= 1 && ++values_ > kMaxYamlValues) throw TooManyValues{mark};
+  }
   void Untrusted(const YAML::Mark& mark, std::string problem) {
     if (!untrusted) untrusted.emplace(mark, std::move(problem));
   }
   void Node(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t anchor) {
+    Count(mark);
     Content();
     Check(mark, tag, anchor);
   }
@@ -103,6 +116,8 @@ class DocumentScanner : public YAML::EventHandler {
                           "text, numbers, lists and maps");
     }
   }
+
+  size_t values_ = 0;  // of the first document, so far
 };
 
 Status SyntaxError(std::string_view text, std::string_view filename, const YAML::Exception& error) {
@@ -129,13 +144,24 @@ Status SyntaxError(std::string_view text, std::string_view filename, const YAML:
 }
 
 // An experiment is one document; a second one after "---" would be silently ignored by Load.
-// May throw YAML::Exception for a malformed second document.
+// Reads the text as events, building no nodes: Load's nodes take about 500 bytes a value (900 MB
+// for a 4 MB list of numbers), so a document of more than kMaxYamlValues is refused before it.
+// May throw YAML::Exception for malformed YAML.
 Status CheckSingleDocument(std::string_view text, std::string_view filename) {
   std::stringstream stream{std::string(text)};
   YAML::Parser parser(stream);
   DocumentScanner scanner;
-  // At most two calls: yaml-cpp's parser does not always advance on bad input (see Parse).
-  const bool two_calls = parser.HandleNextDocument(scanner) && parser.HandleNextDocument(scanner);
+  bool two_calls = false;
+  try {
+    // At most two calls: yaml-cpp's parser does not always advance on bad input (see Parse).
+    two_calls = parser.HandleNextDocument(scanner) && parser.HandleNextDocument(scanner);
+  } catch (const TooManyValues& too_many) {
+    return YamlErrorAt(filename, too_many.mark,
+                       std::string("more than ")
+                           .append(std::to_string(kMaxYamlValues))
+                           .append(" values (scalars, lists and maps) in one file; an experiment "
+                                   "holds at most 1000 trials of a few keys each"));
+  }
   // Keys and values end up in messages and in JSON (TrialConfig::ToJson), which must be UTF-8.
   if (scanner.bad_utf8) {
     return YamlErrorAt(filename, *scanner.bad_utf8,
@@ -173,9 +199,8 @@ StatusOr<YAML::Node> LoadYamlDocument(std::string_view text, std::string_view fi
     // Not YAML::LoadAll: yaml-cpp 0.7 loops forever, allocating, on some invalid input such as
     // "," (jbeder/yaml-cpp#1040, fixed upstream in 0.8.x). Load reads one document;
     // CheckSingleDocument looks for a second one without that loop.
-    YAML::Node root = YAML::Load(std::string(text));
     RETURN_IF_ERROR(CheckSingleDocument(text, filename));
-    return root;
+    return YAML::Load(std::string(text));
   } catch (const YAML::DeepRecursion& error) {
     // yaml-cpp's own message for it is "bad file".
     return YamlErrorAt(filename, error.mark,

@@ -1,18 +1,23 @@
 // One YAML document read as untrusted text, as experiment files are: a syntax error (a tab in
-// indentation named as such), nesting deeper than yaml-cpp reads (500 levels), a second document,
-// text that is not UTF-8, and the YAML features an experiment file may not use (anchors, aliases,
-// tags) are refused at their place in the file.
+// indentation named as such), nesting deeper than yaml-cpp reads (500 levels), more than
+// kMaxYamlValues values, a second document, text that is not UTF-8, and the YAML features an
+// experiment file may not use (anchors, aliases, tags) are refused at their place in the file.
 #ifndef LLMCTL_COMMON_YAML_DOCUMENT_H_
 #define LLMCTL_COMMON_YAML_DOCUMENT_H_
 
 #include <yaml-cpp/yaml.h>
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
 #include "common/status.h"
 
 namespace llmctl {
+
+// The most scalars, lists and maps a document may hold: a shipped experiment file holds about 300,
+// and yaml-cpp's nodes take about 500 bytes each (this many, 50 MB).
+inline constexpr size_t kMaxYamlValues = 100'000;
 
 // InvalidArgument "FILE:LINE:COLUMN: message" with 1-based positions (yaml-cpp's marks are
 // 0-based; a null mark is 1:1), each byte of `message` that breaks UTF-8 written as \xNN
