@@ -17,7 +17,7 @@ Dispatcher::Dispatcher(store::Store& store, const BlobStore& blobs, AgentConnect
       deliveries_(core_),
       launcher_(core_, hub_models_, deliveries_),
       leases_(core_, links_, checkpoints_),
-      placement_(core_, links_, leases_, launcher_),
+      placement_(core_, links_, leases_, launcher_, hub_models_),
       cancellation_(core_, links_, checkpoints_) {}
 
 Dispatcher::~Dispatcher() { Stop(); }

@@ -137,6 +137,22 @@ void HubPreparations::ForgetNode(const std::string& node) {
   }
 }
 
+std::set<std::string> HubPreparations::NodesWith(const std::string& model) {
+  std::set<std::string> nodes;
+  auto ref = ParseHubModelRef(model);
+  if (!ref.ok()) return nodes;
+  const std::string text = HubModelRefText(*ref);
+  MutexLock lock(core_.mutex);
+  for (const auto& [key, preparation] : preparations_) {
+    if (key.second == text && !preparation->forgotten &&
+        (preparation->state == Preparation::State::kReady ||
+         preparation->state == Preparation::State::kRunning)) {
+      nodes.insert(key.first);
+    }
+  }
+  return nodes;
+}
+
 int HubPreparations::Held() {
   MutexLock lock(core_.mutex);
   return static_cast<int>(preparations_.size());

@@ -44,6 +44,10 @@ class HubPreparations {
   // RemoveNode: cancels the node's downloads; a node registered again under this name starts with
   // an empty cache.
   void ForgetNode(const std::string& node);
+  // The nodes that have `model` or are downloading it now, as far as the preparations kept say:
+  // placement prefers them, so that the model is not downloaded again elsewhere. Empty for a model
+  // that is no hub model.
+  std::set<std::string> NodesWith(const std::string& model);
   // How many are in flight now (for tests).
   int InFlight();
   // How many it keeps: in flight, ready, failed or waiting for a retry (for tests).

@@ -136,6 +136,43 @@ class MultiNodeLauncherTest : public DispatcherTest {
   std::unique_ptr<grpc::Server> second_;
 };
 
+// A trial whose hub model one node has goes there rather than to a node first by name, which
+// would download the model again.
+TEST_F(MultiNodeLauncherTest, AHubModelTrialGoesToTheNodeThatHasTheModel) {
+  const auto runs_on = [](FakeAgentState& state) {
+    std::lock_guard lock(state.mutex);
+    return state.runs.size();
+  };
+  const auto prepared_on = [](FakeAgentState& state) {
+    std::lock_guard lock(state.mutex);
+    return state.prepared.size();
+  };
+  // n1 is busy, so the first experiment's model goes to n2.
+  const int64_t busy = SubmitOneThatKeepsRunning();
+  ASSERT_EQ(runs_on(agent_state_), 1u);
+  const int64_t first = SubmitOne("hf:org/tiny");
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return OnlyTrial(first).state == store::TrialState::kOk;
+  }));
+  ASSERT_EQ(prepared_on(second_state_), 1u);
+  ASSERT_EQ(runs_on(second_state_), 1u);
+  agent_state_.AddLinesAndEnd(std::to_string(busy) + "/" + OnlyTrial(busy).name + "#1",
+                              {kResultLine}, "ok");
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(busy).state == store::TrialState::kOk; }));
+
+  // Both nodes are free: n2 has the model.
+  const int64_t second = SubmitOne("hf:org/tiny@main");
+  EXPECT_TRUE(Eventually([&] {
+    Tick();
+    return OnlyTrial(second).state == store::TrialState::kOk;
+  }));
+  EXPECT_EQ(runs_on(second_state_), 2u);
+  EXPECT_EQ(runs_on(agent_state_), 1u);
+  EXPECT_EQ(prepared_on(agent_state_), 0u) << "downloaded again on n1";
+  EXPECT_EQ(prepared_on(second_state_), 1u);
+}
+
 TEST_F(MultiNodeLauncherTest, AnAttemptNodeRankZeroTurnsAwayIsWithdrawnNotLost) {
   // n1, node rank 0, is measuring its rates when the trial comes: it starts nothing, n2 is never
   // asked, and the trial waits for its first attempt, which then runs on both.

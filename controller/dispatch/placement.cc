@@ -20,6 +20,14 @@ int64_t NodesOf(const store::TrialRecord& trial) {
   return nodes != config.end() && nodes->is_number_integer() ? nodes->get<int64_t>() : 1;
 }
 
+// The trial key `model` of a stored config ("" when absent or unreadable).
+std::string ModelOf(const store::TrialRecord& trial) {
+  const nlohmann::json config = ParseForeignJson(trial.config_json);
+  if (!config.is_object()) return "";
+  const auto model = config.find("model");
+  return model != config.end() && model->is_string() ? model->get<std::string>() : "";
+}
+
 }  // namespace
 
 std::string WaitingNotice(const store::TrialRecord& trial,
@@ -179,7 +187,10 @@ Placement::QueuedTrials Placement::ReadQueuedTrials(store::Store& store,
          // Without the controller's copy of its checkpoint, only the node that
          // holds it can continue the trial.
          .only_agent = trial.resume && trial.resume->tree.empty() ? trial.resume->node : "",
-         .nodes = NodesOf(trial)});
+         .nodes = NodesOf(trial),
+         // Only hub models: the controller keeps no record of which uploaded blobs a node has
+         // (each launch asks its agent, MissingBlobs).
+         .holding_agents = hub_models_.NodesWith(ModelOf(trial))});
     trials.by_id[trial.id] = &trial;
   }
   return trials;

@@ -1,6 +1,7 @@
 // Each round's placement: what the scheduler (controller/scheduler/, the pure policy) is told —
-// the queued trials with their experiment's target and, for a resumed trial without the
-// controller's copy of its checkpoint, the one node that holds it; the connected, usable agents
+// the queued trials with their experiment's target, the nodes that have their hub model or are
+// downloading it, and, for a resumed trial without the controller's copy of its checkpoint, the
+// one node that holds it; the connected, usable agents
 // whose lease is not ending (lease_watch.h) with the device indices their running attempts hold —
 // and what becomes of its answer: each assignment goes to the Launcher, and each trial that waits
 // gets a notice saying why (QueuedNotice): the scheduler's reason for a trial that connected nodes
@@ -16,6 +17,7 @@
 
 #include "controller/dispatch/agent_links.h"
 #include "controller/dispatch/dispatcher_core.h"
+#include "controller/dispatch/hub_preparation.h"
 #include "controller/dispatch/launcher.h"
 #include "controller/dispatch/lease_watch.h"
 #include "controller/scheduler/scheduler.h"
@@ -34,8 +36,9 @@ std::string WaitingNotice(const store::TrialRecord& trial,
 
 class Placement {
  public:
-  Placement(DispatcherCore& core, AgentLinks& links, LeaseWatch& leases, Launcher& launcher)
-      : core_(core), links_(links), leases_(leases), launcher_(launcher) {}
+  Placement(DispatcherCore& core, AgentLinks& links, LeaseWatch& leases, Launcher& launcher,
+            HubPreparations& hub_models)
+      : core_(core), links_(links), leases_(leases), launcher_(launcher), hub_models_(hub_models) {}
 
   // Places the queued trials around the `running` attempts and launches them.
   void PlaceQueued(const std::vector<store::RunningAttempt>& running, store::Time now);
@@ -72,8 +75,8 @@ class Placement {
   static void MarkBusyDevices(store::Store& store,
                               const std::vector<store::RunningAttempt>& running,
                               std::vector<scheduler::Agent>& agents);
-  static QueuedTrials ReadQueuedTrials(store::Store& store,
-                                       const std::vector<store::TrialRecord>& queued);
+  // Each trial's holding_agents: the nodes that have its hub model or are downloading it.
+  QueuedTrials ReadQueuedTrials(store::Store& store, const std::vector<store::TrialRecord>& queued);
   // Why each trial the placement left waiting waits.
   static std::map<int64_t, std::string> WaitingNotices(const scheduler::Placement& placement,
                                                        const QueuedTrials& trials,
@@ -89,6 +92,7 @@ class Placement {
   AgentLinks& links_;
   LeaseWatch& leases_;
   Launcher& launcher_;
+  HubPreparations& hub_models_;
   // Queued trials no connected node could run, or placed and waiting for their hub model or
   // inputs, as of the last placement round → why.
   std::map<int64_t, std::string> queued_notices_ LLMCTL_GUARDED_BY(core_.mutex);

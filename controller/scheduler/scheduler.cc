@@ -53,8 +53,12 @@ bool FitsNow(const PoolState& state, const QueuedTrial& trial) {
   return static_cast<int64_t>(state.free.size()) >= trial.device_count;
 }
 
-// The single-node order: fewest free devices first, ties by agent name.
-bool Before(const PoolState& a, const PoolState& b) {
+// The single-node order for `trial`: an agent that holds its inputs first, then fewest free
+// devices, ties by agent name.
+bool Before(const PoolState& a, const PoolState& b, const QueuedTrial& trial) {
+  const bool a_holds = trial.holding_agents.contains(*a.agent);
+  const bool b_holds = trial.holding_agents.contains(*b.agent);
+  if (a_holds != b_holds) return a_holds;
   return std::pair(a.free.size(), *a.agent) < std::pair(b.free.size(), *b.agent);
 }
 
@@ -109,7 +113,7 @@ void PlaceSingleNode(const QueuedTrial& trial, std::vector<PoolState>& pools,
       holders.insert(*state.held_for);
       continue;
     }
-    if (best == nullptr || Before(state, *best)) best = &state;
+    if (best == nullptr || Before(state, *best, trial)) best = &state;
   }
   if (!satisfiable) {
     placement.unsatisfiable.push_back(trial.trial_id);
@@ -156,7 +160,7 @@ void PlaceMultiNode(const QueuedTrial& trial, std::vector<PoolState>& pools, Pla
     return;
   }
   std::sort(ready.begin(), ready.end(),
-            [](const PoolState* a, const PoolState* b) { return Before(*a, *b); });
+            [&trial](const PoolState* a, const PoolState* b) { return Before(*a, *b, trial); });
   if (!trial.only_agent.empty()) {
     // The named agent is node rank 0; the others keep their order after it.
     std::stable_partition(ready.begin(), ready.end(), [&](const PoolState* state) {

@@ -27,6 +27,9 @@ struct QueuedTrial {
   // The trial key `nodes`: how many distinct agents the trial spans, each with device_count
   // devices of device_type (Lightning's num_nodes x devices). 1: the single-node rule.
   int64_t nodes = 1;
+  // The agents that hold its inputs already (its hub model, there or being downloaded there): among
+  // the pools that fit, theirs come first, so that nothing is sent or downloaded again.
+  std::set<std::string> holding_agents{};
 };
 
 // The devices of one type on an agent, numbered 0 .. count - 1. A CPU agent has one "cpu" device.
@@ -99,8 +102,9 @@ bool LabelsMatch(const std::map<std::string, std::string>& labels,
 // - A trial goes only to a connected agent whose labels match its target, to a pool of its device
 //   type with at least device_count free devices, and takes the lowest free indices. One trial per
 //   device at a time: an agent with four GPUs runs four 1-GPU trials, a CPU agent one trial.
-// - Among the pools that fit, the one with the fewest free devices wins (ties: agent name), so that
-//   small trials pack together and large pools stay free for large trials.
+// - Among the pools that fit, one on an agent that holds the trial's inputs (holding_agents) wins,
+//   so that they are not sent again; then the one with the fewest free devices (ties: agent name),
+//   so that small trials pack together and large pools stay free for large trials.
 // - No overtaking: a trial that cannot be placed now reserves every pool that could ever hold it,
 //   so no later trial takes devices from those pools in this round; later trials may still use
 //   pools the waiting trial cannot use at all.
@@ -111,9 +115,9 @@ bool LabelsMatch(const std::map<std::string, std::string>& labels,
 //   hold the trial (its device type, at least device_count devices, its target's labels), that
 //   no earlier trial holds, with device_count free devices; each node takes its lowest free
 //   indices. Otherwise nothing is taken.
-// - Which M: the fitting pools in the single-node order (fewest free devices first, ties: agent
-//   name), the first M of them; node rank i is the i-th of those, so rank 0 (the rendezvous
-//   store's host) is the fullest fitting node, first by name among equals. With only_agent, that
+// - Which M: the fitting pools in the single-node order (holding agents first, then fewest free
+//   devices, ties: agent name), the first M of them; node rank i is the i-th of those, so rank 0
+//   (the rendezvous store's host) is the first fitting node in that order. With only_agent, that
 //   agent is node rank 0 and the other M - 1 follow in the same order.
 // - A multi-node trial that cannot be placed now holds every pool that could ever hold it, like
 //   a waiting single-node trial: no later trial (single- or multi-node) takes devices from those

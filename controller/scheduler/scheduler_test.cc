@@ -139,6 +139,21 @@ TEST(PlaceTrialsTest, TiesGoToTheFirstAgentByName) {
   EXPECT_THAT(Describe(placement), ElementsAre("1@m:0"));
 }
 
+// An agent that holds the trial's inputs already (its hub model) comes before a fuller one and
+// one first by name, so that nothing is sent again; among holders, and without one that fits, the
+// usual order.
+TEST(PlaceTrialsTest, AnAgentHoldingTheTrialsInputsComesFirst) {
+  const std::vector<Agent> agents = {GpuAgent("b", 2, {0}), GpuAgent("m", 4), GpuAgent("z", 4),
+                                     GpuAgent("full", 1, {0})};
+  QueuedTrial trial = Cuda(1);
+  trial.holding_agents = {"z"};
+  EXPECT_THAT(Describe(PlaceTrials({trial}, agents)), ElementsAre("1@z:0"));
+  trial.holding_agents = {"z", "m"};
+  EXPECT_THAT(Describe(PlaceTrials({trial}, agents)), ElementsAre("1@m:0"));
+  trial.holding_agents = {"full", "gone"};
+  EXPECT_THAT(Describe(PlaceTrials({trial}, agents)), ElementsAre("1@b:1"));
+}
+
 TEST(PlaceTrialsTest, WaitingTrialIsNotOvertakenOnDevicesItCouldUse) {
   // Trial 1 needs both GPUs; one is busy. Trial 2 could take the free one, but that would let
   // it overtake trial 1, which then might wait forever.
@@ -346,6 +361,14 @@ TEST(MultiNodePlacementTest, NodeRanksAreDeterministic) {
   EXPECT_THAT(DescribeMulti(PlaceTrials(queue, reversed)), ElementsAre("1@x:1,2|b:0,1|m:0,1"));
   // The same inputs, the same answer.
   EXPECT_THAT(DescribeMulti(PlaceTrials(queue, agents)), ElementsAre("1@x:1,2|b:0,1|m:0,1"));
+}
+
+TEST(MultiNodePlacementTest, AgentsHoldingTheTrialsInputsAreItsFirstNodes) {
+  QueuedTrial trial = MultiCuda(1, 2, 2);
+  trial.holding_agents = {"z"};
+  EXPECT_THAT(DescribeMulti(PlaceTrials(
+                  {trial}, {GpuAgent("b", 4, {0}), GpuAgent("m", 4), GpuAgent("z", 4)})),
+              ElementsAre("1@z:0,1|b:1,2"));
 }
 
 TEST(MultiNodePlacementTest, ACheckpointsAgentIsNodeRankZero) {
