@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/files.h"
+#include "common/foreign_json.h"
 #include "common/tokenizer/added_vocabulary.h"
 #include "common/tokenizer/bpe.h"
 #include "common/tokenizer/decoder.h"
@@ -227,16 +228,35 @@ Status ReadPadding(const JsonSource& src, const Json& root, TokenizerState* stat
   return Status::Ok();
 }
 
-StatusOr<std::unique_ptr<TokenizerState>> ParseTokenizer(std::string_view text,
-                                                         std::string_view source_name) {
-  const JsonSource src{std::string(source_name)};
-  Json root;
+// Thrown by ParseJsonText's callback to end the parse.
+struct NestedTooDeep {};
+
+// `text` parsed. nlohmann's parser keeps each level of nesting (1.5 GB for a 40 MB tokenizer.json
+// of "[[[[", within ReadFile's limit of 256 MiB), so the parse ends at the first array or object
+// nested past kMaxForeignJsonDepth and the text is refused.
+StatusOr<Json> ParseJsonText(const JsonSource& src, std::string_view text) {
   try {
-    root = Json::parse(text);
+    return Json::parse(text, [](int depth, Json::parse_event_t event, Json&) {
+      if (depth >= kMaxForeignJsonDepth && (event == Json::parse_event_t::object_start ||
+                                            event == Json::parse_event_t::array_start)) {
+        throw NestedTooDeep{};
+      }
+      return true;
+    });
+  } catch (const NestedTooDeep&) {
+    return src.Invalid("", std::string("arrays and objects nested more than ")
+                               .append(std::to_string(kMaxForeignJsonDepth))
+                               .append(" levels deep; a tokenizer's nest a few"));
   } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e999
     // The parser quotes the offending bytes, which need not be UTF-8; messages must be.
     return src.Invalid("", "not valid JSON: " + Utf8Lossy(e.what()));
   }
+}
+
+StatusOr<std::unique_ptr<TokenizerState>> ParseTokenizer(std::string_view text,
+                                                         std::string_view source_name) {
+  const JsonSource src{std::string(source_name)};
+  ASSIGN_OR_RETURN(const Json root, ParseJsonText(src, text));
   if (!root.is_object()) return src.Invalid("", "expected a JSON object at the top level");
   if (const Json* version = FindMember(root, "version")) {
     if (!version->is_string() || version->get_ref<const std::string&>() != "1.0") {
@@ -285,12 +305,7 @@ StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
 Status ApplyTokenizerConfig(const std::filesystem::path& path, TokenizerState* state) {
   ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
   const JsonSource src{path.string()};
-  Json root;
-  try {
-    root = Json::parse(text);
-  } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e999
-    return src.Invalid("", "not valid JSON: " + Utf8Lossy(e.what()));
-  }
+  ASSIGN_OR_RETURN(const Json root, ParseJsonText(src, text));
   if (!root.is_object()) return src.Invalid("", "expected a JSON object at the top level");
   const std::pair<const char*, std::optional<int32_t>*> fields[] = {
       {"bos_token", &state->bos}, {"eos_token", &state->eos}, {"pad_token", &state->pad}};

@@ -471,6 +471,19 @@ TEST(TokenizerLoadTest, AnIdWithNoRoomForTheVocabularySizeIsRefused) {
   EXPECT_EQ(tokenizer->vocab_size(), 2147483647);
 }
 
+// nlohmann's parser keeps each level of "[[[[": a 40 MB tokenizer.json of them took 1.5 GB.
+TEST(TokenizerLoadTest, NestingPastSixtyFourLevelsIsRefused) {
+  const std::string json = R"({"version":"1.0","x":)" + std::string(1000, '[') +
+                           std::string(1000, ']') +
+                           R"(,"model":{"type":"BPE","vocab":{"a":0},"merges":[]}})";
+  const StatusOr<Tokenizer> refused = Tokenizer::FromJson(json, "deep.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "deep.json: arrays and objects nested more than 64 levels deep; a tokenizer's nest a "
+            "few");
+}
+
 // A hostile pattern fails the encode instead of hanging the trainer.
 TEST(TokenizerLoadTest, CatastrophicRegexFailsFast) {
   const std::string json = R"({"version":"1.0",
