@@ -103,20 +103,27 @@ auto PrepareCaptionTokensWith(const TrialConfig& config, const Blip2Config& mode
               << "; captions=fnv1a64:" << std::hex << data::Fnv1a64(captions) << std::dec
               << "; max_seq_length=" << max_length << "; frame=" << (model.t5() ? "eos" : "bos")
               << "; image_token=" << model.image_token_index << " x " << model.num_query_tokens;
-  return place(fingerprint.str(), [&](const std::string& path) -> Status {
-    std::vector<data::TokenizedExample> examples;
-    examples.reserve(images.size());
-    for (const image::CaptionedImage& entry : images) {
-      ASSIGN_OR_RETURN(data::TokenizedExample example,
-                       CaptionExample(*encoder, entry, model, max_length, data.path));
-      examples.push_back(std::move(example));
-    }
-    return data::WriteTokenFile(path, fingerprint.str(), encoder->bos_id(), encoder->eos_id(),
-                                examples);
+  return place(fingerprint.str(), [&](const std::string& path) {
+    return WriteCaptionTokens(*encoder, images, model, max_length, data.path, fingerprint.str(),
+                              path);
   });
 }
 
 }  // namespace
+
+Status WriteCaptionTokens(const data::TextEncoder& encoder,
+                          const std::vector<image::CaptionedImage>& images,
+                          const Blip2Config& model, int64_t max_length, const std::string& folder,
+                          std::string_view fingerprint, const std::string& path) {
+  std::vector<data::TokenizedExample> examples;
+  examples.reserve(images.size());
+  for (const image::CaptionedImage& entry : images) {
+    ASSIGN_OR_RETURN(data::TokenizedExample example,
+                     CaptionExample(encoder, entry, model, max_length, folder));
+    examples.push_back(std::move(example));
+  }
+  return data::WriteTokenFile(path, fingerprint, encoder.bos_id(), encoder.eos_id(), examples);
+}
 
 StatusOr<std::string> PrepareCaptionTokens(const TrialConfig& config, const Blip2Config& model,
                                            const std::vector<image::CaptionedImage>& images) {

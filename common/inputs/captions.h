@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/blip2_config.h"
@@ -27,6 +28,14 @@ StatusOr<data::TokenizedExample> CaptionExample(const data::TextEncoder& encoder
                                                 const image::CaptionedImage& entry,
                                                 const Blip2Config& model, int64_t max_length,
                                                 const std::string& folder);
+
+// The token file of `images`' rows (CaptionExample each, in order) at `path`, its header carrying
+// `fingerprint`: PrepareCaptionTokens's writing, with any encoder. Errors name the image or the
+// file; on any, `path` is as it was.
+Status WriteCaptionTokens(const data::TextEncoder& encoder,
+                          const std::vector<image::CaptionedImage>& images,
+                          const Blip2Config& model, int64_t max_length, const std::string& folder,
+                          std::string_view fingerprint, const std::string& path);
 
 // `config`'s captioned images as llm-train trains on them: data.path's imagefolder (captions from
 // data.caption_column), its first data.samples when that is set. Errors name the file.

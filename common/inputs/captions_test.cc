@@ -4,10 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
+#include "common/data/file_util.h"
 #include "common/experiment.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -142,6 +145,34 @@ TEST(CaptionsTest, AnImageHasTheSetsMeanPixelsByFormat) {
   EXPECT_EQ(pixels.status().message(), folder.string() +
                                            "/broken.png: not a JPEG or PNG image (by its first "
                                            "bytes)");
+}
+
+// The token files of the lab's two framings (OPT: BOS first, whole captions; T5: EOS last, cut at
+// 12) as they were written before the rows streamed to the writer: size and FNV-1a 64 of the bytes.
+TEST(CaptionsTest, PreparesTheSameBytesAsBeforeItStreamed) {
+  const std::filesystem::path cache = std::filesystem::path(testing::TempDir()) / "caption-cache";
+  std::filesystem::remove_all(cache);
+  std::filesystem::create_directories(cache);
+  std::filesystem::permissions(cache, std::filesystem::perms::owner_all);
+  setenv("LLMCTL_CACHE_DIR", cache.c_str(), 1);
+  const struct {
+    const char* row;
+    size_t bytes;
+    uint64_t hash;
+  } kExpected[] = {{"reduced-batch", 17360, 0x339eeacb1be27489ULL},
+                   {"even-larger", 14040, 0xa45ddf91f7774984ULL}};
+  for (const auto& expected : kExpected) {
+    Row row = LoadRow(expected.row);
+    StatusOr<std::vector<image::CaptionedImage>> images = ReadTrialImages(row.config);
+    ASSERT_TRUE(images.ok()) << images.status().message();
+    StatusOr<TokenFileRef> file = PrepareCaptionTokensToRead(row.config, row.model, *images);
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    std::ifstream in(file->path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(bytes.size(), expected.bytes) << expected.row;
+    EXPECT_EQ(data::Fnv1a64(bytes), expected.hash) << expected.row;
+  }
+  unsetenv("LLMCTL_CACHE_DIR");
 }
 
 }  // namespace
