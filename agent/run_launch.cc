@@ -15,6 +15,7 @@
 #include "agent/socket_interface.h"
 #include "agent/supervisor.h"
 #include "common/rank_files.h"
+#include "common/text.h"
 
 extern char** environ;
 
@@ -26,7 +27,7 @@ std::vector<std::string> WorkerArgv(const WorkerLaunch& launch) {
   std::vector<std::string> argv = {launch.llm_train, "--config", dir + "/" + kTrialFile, "--events",
                                    dir + "/" + kEventsFile};
   for (const auto& [path, written] : trial_file.input_names) {
-    argv.insert(argv.end(), {"--input-name", path + "=" + written});
+    argv.insert(argv.end(), {"--input-name", InputNameArgument(path, written)});
   }
   if (!launch.resume_checkpoint.empty()) {
     argv.insert(argv.end(), {"--resume", launch.resume_checkpoint});

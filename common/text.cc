@@ -216,4 +216,33 @@ std::string NameInputs(std::string text, const std::map<std::string, std::string
   return text;
 }
 
+std::string InputNameArgument(std::string_view path, std::string_view name) {
+  std::string argument;
+  for (char c : path) {
+    if (c == '\\' || c == '=') argument += '\\';
+    argument += c;
+  }
+  return argument.append("=").append(name);
+}
+
+std::optional<std::pair<std::string, std::string>> ParseInputNameArgument(
+    std::string_view argument) {
+  std::string path;
+  for (size_t i = 0; i < argument.size(); ++i) {
+    const char c = argument[i];
+    if (c == '=') {
+      if (path.empty() || i + 1 == argument.size()) return std::nullopt;
+      return std::pair(std::move(path), std::string(argument.substr(i + 1)));
+    }
+    if (c == '\\') {
+      if (i + 1 == argument.size() || (argument[i + 1] != '\\' && argument[i + 1] != '=')) {
+        return std::nullopt;
+      }
+      ++i;
+    }
+    path += argument[i];
+  }
+  return std::nullopt;
+}
+
 }  // namespace llmctl

@@ -5,8 +5,10 @@
 #include <cstddef>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace llmctl {
@@ -54,6 +56,16 @@ std::string Join(const std::vector<std::string_view>& items, std::string_view se
 // a path wins over its own prefix). Used to name inputs in messages by the path the user wrote
 // rather than where a copy of it lives.
 std::string NameInputs(std::string text, const std::map<std::string, std::string>& names);
+
+// llm-train's --input-name argument PATH=NAME: messages name the input at `path` (its copy on the
+// node) `name` (the path the experiment wrote). A file's own name may hold '=', and so may the
+// path the user wrote, so each '\' and '=' of PATH is written "\\" and "\=": the first '=' not
+// so written ends PATH, whatever either holds.
+std::string InputNameArgument(std::string_view path, std::string_view name);
+// (PATH, NAME) from an InputNameArgument; nullopt when no '=' ends PATH, PATH or NAME is empty, or
+// a '\' of PATH is followed by neither '\' nor '='.
+std::optional<std::pair<std::string, std::string>> ParseInputNameArgument(
+    std::string_view argument);
 
 // The rows as text columns two spaces apart, one line each, every column as wide as its widest cell
 // counted in characters (UTF-8 such as "–" counts once). Columns from `first_right_aligned` on are

@@ -120,5 +120,25 @@ TEST(NameInputsTest, ReplacesEveryPathLongestFirst) {
   EXPECT_EQ(NameInputs("nothing to name", names), "nothing to name");
 }
 
+// A file's own name and the path the user wrote may both hold '=' (and a backslash): PATH still
+// ends where InputNameArgument says.
+TEST(InputNameArgumentTest, PathsAndNamesHoldingEqualsSignsComeBackWhole) {
+  const std::pair<std::string, std::string> named = {"/cache/trees/c0/a=b\\c=.jsonl",
+                                                     "data/x=y/a=b\\c=.jsonl"};
+  const std::string argument = InputNameArgument(named.first, named.second);
+  EXPECT_EQ(argument, "/cache/trees/c0/a\\=b\\\\c\\=.jsonl=data/x=y/a=b\\c=.jsonl");
+  EXPECT_EQ(ParseInputNameArgument(argument), named);
+  // What agents wrote before paths were escaped parses the same when PATH holds neither.
+  const std::pair<std::string, std::string> unescaped = {"/cache/x.jsonl", "data/x.jsonl"};
+  EXPECT_EQ(ParseInputNameArgument("/cache/x.jsonl=data/x.jsonl"), unescaped);
+}
+
+TEST(InputNameArgumentTest, ABadFormIsRefused) {
+  for (const char* bad : {"", "no-equals-sign", "=name",
+                          "/cache/x.jsonl=", "/cache/x\\=", "/cache/x\\y=name", "/cache/x\\"}) {
+    EXPECT_EQ(ParseInputNameArgument(bad), std::nullopt) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace llmctl

@@ -265,7 +265,8 @@ void AddLauncherFlags(CLI::App& app, Flags& flags) {
       "with --nproc: node rank 0's host, where rank 0 serves the rendezvous (default 127.0.0.1)");
   app.add_option("--input-name", flags.input_names,
                  "PATH=NAME: call PATH by NAME in messages (the agent names the inputs it copied "
-                 "by the paths written in the experiment file)");
+                 "by the paths written in the experiment file); each '\\' and '=' of PATH is "
+                 "written '\\\\' and '\\='");
 }
 
 // --version, --probe or --keys, when one was given: its exit code.
@@ -335,11 +336,15 @@ llmctl::StatusOr<std::map<std::string, std::string>> ParseInputNames(
     const std::vector<std::string>& input_names) {
   std::map<std::string, std::string> names;
   for (const std::string& entry : input_names) {
-    const size_t eq = entry.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      return llmctl::InvalidArgumentError("--input-name expects PATH=NAME, got '" + entry + "'");
+    auto named = llmctl::ParseInputNameArgument(entry);
+    if (!named) {
+      return llmctl::InvalidArgumentError(
+          std::string("--input-name expects PATH=NAME (neither empty; each '\\' and '=' of PATH "
+                      "written '\\\\' and '\\='), got '")
+              .append(entry)
+              .append("'"));
     }
-    names[entry.substr(0, eq)] = entry.substr(eq + 1);
+    names[named->first] = named->second;
   }
   return names;
 }

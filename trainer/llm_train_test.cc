@@ -15,6 +15,7 @@
 
 #include "common/cuda_version.h"
 #include "common/nvml/gpu_probe.h"
+#include "common/text.h"
 #include "common/trainer_versions.h"
 #include "common/version.h"
 #include "trainer/testing/trial_runner.h"
@@ -210,6 +211,29 @@ TEST(LlmTrainTest, InputNamesReplaceCachePathsInMessages) {
   }
   EXPECT_NE(result.find("data/bad_lines.jsonl:2: invalid JSON"), std::string::npos) << result;
   EXPECT_EQ(result.find(cache.string()), std::string::npos) << result;
+}
+
+// A file's own name may hold '=', and so may the path the user wrote: the copy's path still ends
+// where the agent's --input-name argument says it does.
+TEST(LlmTrainTest, InputNamesHoldingEqualsSignsReplaceCachePathsInMessages) {
+  const fs::path cache = fs::path(testing::FreshTempDir("agent-cache-eq")) / "trees" / "c0ffee";
+  fs::create_directories(cache);
+  WriteFile(cache / "bad=lines.jsonl", "{\"instruction\": \"a\", \"output\": \"b\"}\n{oops\n");
+  const std::string copy = (cache / "bad=lines.jsonl").string();
+  CommandResult run =
+      RunLlmTrain("--config " + Demo() + " --set data.path=" + copy + " --input-name '" +
+                  InputNameArgument(copy, "data/a=b/bad=lines.jsonl") + "'");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("data/a=b/bad=lines.jsonl:2: invalid JSON"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(run.output.find(cache.string()), std::string::npos) << run.output;
+
+  // A bad form is refused, naming the flag and what it was given.
+  const std::string unnamed = (cache / "x.jsonl").string() + "=";
+  run = RunLlmTrain("--config " + Demo() + " --set data.path=" + copy + " --input-name " + unnamed);
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("--input-name expects PATH=NAME"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("got '" + unnamed + "'"), std::string::npos) << run.output;
 }
 
 // A device, FIFO or directory is refused at once instead of read until killed.
