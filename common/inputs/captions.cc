@@ -115,14 +115,13 @@ Status WriteCaptionTokens(const data::TextEncoder& encoder,
                           const std::vector<image::CaptionedImage>& images,
                           const Blip2Config& model, int64_t max_length, const std::string& folder,
                           std::string_view fingerprint, const std::string& path) {
-  std::vector<data::TokenizedExample> examples;
-  examples.reserve(images.size());
+  ASSIGN_OR_RETURN(data::TokenFileWriter writer, data::TokenFileWriter::Create(path));
   for (const image::CaptionedImage& entry : images) {
-    ASSIGN_OR_RETURN(data::TokenizedExample example,
+    ASSIGN_OR_RETURN(const data::TokenizedExample example,
                      CaptionExample(encoder, entry, model, max_length, folder));
-    examples.push_back(std::move(example));
+    RETURN_IF_ERROR(writer.Add(example));
   }
-  return data::WriteTokenFile(path, fingerprint, encoder.bos_id(), encoder.eos_id(), examples);
+  return writer.Finish(fingerprint, encoder.bos_id(), encoder.eos_id());
 }
 
 StatusOr<std::string> PrepareCaptionTokens(const TrialConfig& config, const Blip2Config& model,
