@@ -202,8 +202,10 @@ TEST(LlmC10dCheckTest, APortInUseFailsClearly) {
                          std::to_string(taken.port()) + " is already in use on this host"),
             std::string::npos)
       << run.out;
-  EXPECT_NE(run.out.find("llm-c10d-check: rank 0 of 2 exited with code 1; the other ranks were "
-                         "stopped"),
+  // The launcher's line quotes rank 0's.
+  EXPECT_NE(run.out.find("llm-c10d-check: rank 0 of 2 exited with code 1: rank 0 cannot serve the "
+                         "rendezvous store: MASTER_PORT " +
+                         std::to_string(taken.port()) + " is already in use on this host"),
             std::string::npos)
       << run.out;
 }

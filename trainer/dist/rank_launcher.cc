@@ -1,6 +1,7 @@
 #include "trainer/dist/rank_launcher.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -18,6 +19,8 @@
 #include <thread>
 
 #include "common/atomic_file.h"
+#include "common/text.h"
+#include "common/unique_fd.h"
 #include "trainer/dist/rank_env.h"
 
 extern char** environ;
@@ -28,6 +31,9 @@ namespace {
 // Exit code of a rank whose program could not be executed (as a shell reports it).
 constexpr int kCannotExecute = 127;
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
+// The most of a rank's last stderr line the launcher keeps, and the most it quotes in its error.
+constexpr size_t kKeptLineBytes = 4096;
+constexpr size_t kQuotedLineBytes = 400;
 
 // This process's environment without the variables a rank gets its own value of.
 std::vector<std::string> InheritedEnvironment(const std::vector<std::string>& rank_variables) {
@@ -67,10 +73,12 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
   return pointers;
 }
 
-// In the forked child: only async-signal-safe calls until execve.
-[[noreturn]] void ExecRank(pid_t launcher, char* const* argv, char* const* envp) {
+// In the forked child: only async-signal-safe calls until execve. The rank's stderr is
+// `stderr_fd`, the write end of its pipe to the launcher.
+[[noreturn]] void ExecRank(pid_t launcher, int stderr_fd, char* const* argv, char* const* envp) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != launcher) ::_exit(kCannotExecute);  // the launcher died before prctl
+  if (::dup2(stderr_fd, 2) < 0) ::_exit(kCannotExecute);
   ::execve(argv[0], argv, envp);
   static constexpr char kMessage[] = "cannot execute the rank's program: ";
   (void)!::write(2, kMessage, sizeof(kMessage) - 1);
@@ -90,6 +98,68 @@ std::string DescribeExit(int status) {
   if (code == kCannotExecute) return "could not execute its program (exit code 127)";
   return "exited with code " + std::to_string(code);
 }
+
+// One rank's stderr as the launcher reads it from the rank's pipe: every byte passed on to the
+// launcher's own stderr as it comes, and the last line that is not blank kept, the reason a rank
+// that exits with an error code gives for it (llm-train's "llm-train: ..." line).
+class RankStderr {
+ public:
+  explicit RankStderr(UniqueFd pipe) : pipe_(std::move(pipe)) {}
+
+  int fd() const { return pipe_.get(); }
+
+  // Reads what the rank wrote so far, up to a pipe's 64 KiB (the pipe does not block, and a rank
+  // that writes without end does not keep the launcher from its other ranks), and passes it on;
+  // closes the pipe at its end.
+  void Drain() {
+    char buffer[4096];
+    for (int reads = 0; reads < 16 && pipe_.valid(); ++reads) {
+      const ssize_t got = ::read(pipe_.get(), buffer, sizeof(buffer));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && errno == EAGAIN) return;
+      if (got <= 0) {
+        EndLine();
+        pipe_.reset();
+        return;
+      }
+      // The launcher's stderr is where the rank's went before; a launcher that cannot write it
+      // has nowhere else to report that.
+      (void)WriteAll(2, buffer, static_cast<size_t>(got));
+      Keep(std::string_view(buffer, static_cast<size_t>(got)));
+    }
+  }
+
+  // After the rank has ended: what it left in the pipe, then the pipe closed (a process the rank
+  // started that still holds it has no reader any more).
+  void Finish() {
+    Drain();
+    EndLine();
+    pipe_.reset();
+  }
+
+  // The last line that is not blank, on one line and cut to kQuotedLineBytes; "" when none.
+  std::string LastLine() const { return OnOneLine(Trim(last_line_), kQuotedLineBytes); }
+
+ private:
+  void Keep(std::string_view text) {
+    while (!text.empty()) {
+      const size_t newline = text.find('\n');
+      const std::string_view part = text.substr(0, newline);
+      line_.append(part.substr(0, kKeptLineBytes - std::min(kKeptLineBytes, line_.size())));
+      if (newline == std::string_view::npos) return;
+      EndLine();
+      text.remove_prefix(newline + 1);
+    }
+  }
+  void EndLine() {
+    if (!Trim(line_).empty()) last_line_ = line_;
+    line_.clear();
+  }
+
+  UniqueFd pipe_;
+  std::string line_;  // the line being written, its first kKeptLineBytes
+  std::string last_line_;
+};
 
 // The signal the launcher was sent last, for the wait loop to pass on to the ranks.
 volatile sig_atomic_t g_forward_signal = 0;
@@ -227,7 +297,8 @@ class RankProcesses {
         first_rank_(spec.node_rank * spec.nproc_per_node),
         world_size_(spec.nnodes * spec.nproc_per_node),
         pids_(spec.nproc_per_node, -1),
-        started_(spec.nproc_per_node, -1) {}
+        started_(spec.nproc_per_node, -1),
+        stderr_(spec.nproc_per_node) {}
 
   // Forks and executes each rank with its environment; stops at the first fork that fails.
   Status Start(std::vector<std::vector<std::string>>& environments, int listen_fd) {
@@ -237,17 +308,27 @@ class RankProcesses {
     for (size_t local_rank = 0; local_rank < pids_.size(); ++local_rank) {
       std::vector<char*> envp = CStrings(environments[local_rank]);
       const int rank = first_rank_ + static_cast<int>(local_rank);
+      // Close-on-exec both: no rank holds another's pipe, and the rank's own write end is its fd 2.
+      int pipe_fds[2];
+      if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+        return UnavailableError("cannot start rank " + std::to_string(rank) +
+                                ": pipe: " + std::strerror(errno));
+      }
+      UniqueFd read_end(pipe_fds[0]);
+      const UniqueFd write_end(pipe_fds[1]);
+      ::fcntl(read_end.get(), F_SETFL, O_NONBLOCK);
       const pid_t pid = ::fork();
       if (pid == 0) {
         // The socket is close-on-exec: rank 0 keeps it open across its exec, the others lose it.
         if (rank == 0 && listen_fd >= 0) ::fcntl(listen_fd, F_SETFD, 0);
-        ExecRank(launcher, argv_c.data(), envp.data());
+        ExecRank(launcher, write_end.get(), argv_c.data(), envp.data());
       }
       if (pid < 0) {
         return UnavailableError("cannot start rank " + std::to_string(rank) +
                                 ": fork: " + std::strerror(errno));
       }
       pids_[local_rank] = started_[local_rank] = pid;
+      stderr_[local_rank].emplace(std::move(read_end));
     }
     return Status::Ok();
   }
@@ -267,10 +348,11 @@ class RankProcesses {
         result.first_failure = ended->failure;
         WriteStatus(ended->failure);
         if (result.status.ok()) {
+          std::string message = "rank " + std::to_string(ended->failure.rank) + " of " +
+                                std::to_string(world_size_) + " " + ended->how;
+          if (!ended->reason.empty()) message.append(": ").append(ended->reason);
           result.status =
-              Status(StatusCode::kAborted, "rank " + std::to_string(ended->failure.rank) + " of " +
-                                               std::to_string(world_size_) + " " + ended->how +
-                                               "; the other ranks were stopped");
+              Status(StatusCode::kAborted, message.append("; the other ranks were stopped"));
         }
         StopOthers();
       }
@@ -279,15 +361,18 @@ class RankProcesses {
         SignalAll(SIGKILL);
         kill_at_ = std::chrono::steady_clock::time_point::max();
       }
-      std::this_thread::sleep_for(kPollInterval);
+      AwaitStderr();
     }
   }
 
  private:
-  // A rank that failed, and how it ended in words.
+  // A rank that failed, how it ended in words, and the reason it gave (its last stderr line) when
+  // it exited with an error code: a rank killed by a signal had no say, and its last line may be
+  // anything it wrote before.
   struct EndedRank {
     RankFailure failure;
     std::string how;
+    std::string reason;
   };
 
   int Running() const {
@@ -304,6 +389,17 @@ class RankProcesses {
     SignalAll(SIGTERM);
     kill_at_ = std::chrono::steady_clock::now() + spec_.stop_grace;
   }
+  // Waits up to kPollInterval for a rank to write to its stderr, and passes on what they wrote.
+  void AwaitStderr() {
+    std::vector<pollfd> open;
+    for (const std::optional<RankStderr>& rank_stderr : stderr_) {
+      if (rank_stderr && rank_stderr->fd() >= 0) open.push_back({rank_stderr->fd(), POLLIN, 0});
+    }
+    if (::poll(open.data(), open.size(), static_cast<int>(kPollInterval.count())) <= 0) return;
+    for (std::optional<RankStderr>& rank_stderr : stderr_) {
+      if (rank_stderr) rank_stderr->Drain();
+    }
+  }
   void WriteStatus(const std::optional<RankFailure>& failure) {
     if (!spec_.status_file.empty()) WriteStatusFile(spec_, master_port_, started_, failure);
   }
@@ -318,6 +414,7 @@ class RankProcesses {
       const pid_t done = ::waitpid(pids_[local_rank], &status, WNOHANG);
       if (done == 0 || (done < 0 && errno == EINTR)) continue;
       pids_[local_rank] = -1;
+      if (stderr_[local_rank]) stderr_[local_rank]->Finish();
       const bool ok = done > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (ok || failed) continue;
       RankFailure failure;
@@ -328,7 +425,9 @@ class RankProcesses {
         failure.exit_code = done > 0 ? WEXITSTATUS(status) : 1;
       }
       if (!seen || IsOwnFailure(failure) > IsOwnFailure(seen->failure)) {
-        seen = EndedRank{failure, done < 0 ? "could not be waited for" : DescribeExit(status)};
+        seen = EndedRank{
+            failure, done < 0 ? "could not be waited for" : DescribeExit(status),
+            failure.signal == 0 && stderr_[local_rank] ? stderr_[local_rank]->LastLine() : ""};
       }
     }
     return seen;
@@ -340,6 +439,7 @@ class RankProcesses {
   const int world_size_;
   std::vector<pid_t> pids_;     // -1: not started, or reaped
   std::vector<pid_t> started_;  // every rank's pid as started, for the status file
+  std::vector<std::optional<RankStderr>> stderr_;  // none: not started
   std::chrono::steady_clock::time_point kill_at_ = std::chrono::steady_clock::time_point::max();
 };
 

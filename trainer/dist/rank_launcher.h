@@ -54,9 +54,12 @@ struct LaunchResult {
 };
 
 // Runs spec.nproc_per_node processes of spec.argv (this process's environment plus the rank's
-// variables; stdin, stdout and stderr shared) and waits for all of them. OK when every rank exits
-// 0. Otherwise the first rank to fail (a non-zero exit, a signal, or a program that cannot be
-// executed) is named by its global rank in the error ("rank R of W ..."), the others are stopped,
+// variables; stdin and stdout shared, stderr a pipe whose bytes this process passes on to its own
+// stderr as they come) and waits for all of them. OK when every rank exits 0. Otherwise the first
+// rank to fail (a non-zero exit, a signal, or a program that cannot be executed) is named by its
+// global rank in the error ("rank R of W exited with code C: <its last stderr line>; the other
+// ranks were stopped", the line on one line and cut to 400 bytes, left out when the rank wrote
+// none or was killed by a signal), the others are stopped,
 // and every rank has been reaped when this returns. InvalidArgument, nothing started, for a spec
 // out of range (node_rank outside 0..nnodes-1, or port 0 on a node rank above 0). Ranks die with
 // this process too (PR_SET_PDEATHSIG), so none outlives a killed launcher. SIGTERM, SIGINT and

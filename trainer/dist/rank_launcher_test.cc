@@ -1,5 +1,6 @@
 #include "trainer/dist/rank_launcher.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
@@ -146,6 +147,35 @@ TEST_F(LauncherTest, ARankThatExitsEarlyStopsTheOthersAndIsNamed) {
   }
 }
 
+// The error carries the failed rank's reason, its last line on stderr that is not blank, on one
+// line; everything each rank wrote still reaches the launcher's stderr.
+TEST_F(LauncherTest, AFailedRanksLastErrorLineIsItsReason) {
+  const std::string launcher_stderr = (dir_ / "launcher.stderr").string();
+  const int saved_stderr = ::dup(2);
+  ASSERT_GE(saved_stderr, 0);
+  const int file = ::open(launcher_stderr.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(file, 0);
+  ASSERT_EQ(::dup2(file, 2), 2);
+  ::close(file);
+  const Status launched = LaunchRanks(
+      Shell("if [ \"$RANK\" = 1 ]; then " + AwaitFile("started0") +
+                "echo 'step 3' >&2; printf 'llm-train: data.bin shrank\\033[2J while read\\n  \\n' "
+                ">&2; exit 6; fi; echo 'rank 0 started' >&2; touch " +
+                dir_.string() + "/started0; exec sleep 600",
+            2));
+  ::dup2(saved_stderr, 2);
+  ::close(saved_stderr);
+  ASSERT_FALSE(launched.ok());
+  EXPECT_EQ(launched.message(),
+            "rank 1 of 2 exited with code 6: llm-train: data.bin shrank [2J while read; the other "
+            "ranks were stopped");
+  const std::string passed_on = Read("launcher.stderr");
+  EXPECT_NE(passed_on.find("rank 0 started\n"), std::string::npos) << passed_on;
+  EXPECT_NE(passed_on.find("step 3\nllm-train: data.bin shrank\033[2J while read\n  \n"),
+            std::string::npos)
+      << passed_on;
+}
+
 TEST_F(LauncherTest, ARankKilledByASignalIsNamed) {
   const Status launched = LaunchRanks(
       Shell("if [ \"$RANK\" = 0 ]; then " + AwaitPids(2) + "kill -9 $$; fi; exec sleep 600", 2));
@@ -177,7 +207,9 @@ TEST_F(LauncherTest, AProgramThatCannotRunIsNamed) {
   spec.nproc_per_node = 2;
   const Status launched = LaunchRanks(spec);
   ASSERT_FALSE(launched.ok());
-  EXPECT_NE(launched.message().find("could not execute its program"), std::string::npos)
+  EXPECT_NE(launched.message().find("could not execute its program (exit code 127): cannot "
+                                    "execute the rank's program: "),
+            std::string::npos)
       << launched.message();
 }
 
