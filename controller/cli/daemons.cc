@@ -54,30 +54,6 @@ Status WriteText(const fs::path& path, const std::string& text, mode_t mode) {
   });
 }
 
-// Holds an exclusive flock on a file for its lifetime.
-class FileLock {
- public:
-  static StatusOr<FileLock> Acquire(const fs::path& path) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return FailedPreconditionError(path.string() + ": " + Errno(errno));
-    if (::flock(fd, LOCK_EX) != 0) {
-      const int error = errno;
-      ::close(fd);
-      return FailedPreconditionError(path.string() + ": lock: " + Errno(error));
-    }
-    return FileLock(fd);
-  }
-  FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  FileLock& operator=(FileLock&&) = delete;
-  ~FileLock() {
-    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
-  }
-
- private:
-  explicit FileLock(int fd) : fd_(fd) {}
-  int fd_;
-};
-
 std::optional<fs::path> FirstExisting(const std::vector<fs::path>& candidates) {
   for (const fs::path& candidate : candidates) {
     std::error_code error;
@@ -89,6 +65,21 @@ std::optional<fs::path> FirstExisting(const std::vector<fs::path>& candidates) {
 }
 
 }  // namespace
+
+StatusOr<FileLock> FileLock::Acquire(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return FailedPreconditionError(path.string() + ": " + Errno(errno));
+  if (::flock(fd, LOCK_EX) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return FailedPreconditionError(path.string() + ": lock: " + Errno(error));
+  }
+  return FileLock(fd);
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+}
 
 StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
   const int log = ::open(spec.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);

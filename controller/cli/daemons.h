@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -26,6 +27,20 @@
 #include "llmctl/v1/controller.pb.h"
 
 namespace llmctl::cli {
+
+// Holds an exclusive flock on a file for its lifetime.
+class FileLock {
+ public:
+  // Creates the file when absent and waits for the lock.
+  static StatusOr<FileLock> Acquire(const std::filesystem::path& path);
+  FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FileLock& operator=(FileLock&&) = delete;
+  ~FileLock();
+
+ private:
+  explicit FileLock(int fd) : fd_(fd) {}
+  int fd_;
+};
 
 // One detached process: a binary, its pid file and its log.
 struct DaemonSpec {
