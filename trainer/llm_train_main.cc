@@ -349,6 +349,15 @@ llmctl::StatusOr<std::map<std::string, std::string>> ParseInputNames(
   return names;
 }
 
+// Why --prepare stopped: a read or write the system refused (a full disk, EFBIG, EIO; the files
+// report those Unavailable) is no fault of the input's, so it exits kFailed, not kInvalidInput.
+int PrepareFailed(const llmctl::Status& status, const std::map<std::string, std::string>& names) {
+  const std::string message = llmctl::NameInputs(status.message(), names);
+  if (status.code() != llmctl::StatusCode::kUnavailable) return Fail(message);
+  std::cerr << "llm-train: " << llmctl::ForTerminal(message) << std::endl;
+  return llmctl::trainer_exit::kFailed;
+}
+
 // --prepare: the token cache (or, for BLIP-2, the captions' token file) and nothing else.
 int Prepare(const llmctl::TrialConfig& config, const llmctl::trainer::TrialModelConfig& model,
             const std::map<std::string, std::string>& names) {
@@ -358,12 +367,12 @@ int Prepare(const llmctl::TrialConfig& config, const llmctl::trainer::TrialModel
   if (const auto* blip2 = std::get_if<llmctl::Blip2Config>(&model)) {
     // The captions' token file; the images are decoded batch by batch in training.
     auto batches = llmctl::trainer::OpenCaptionBatches(config, *blip2, 0, 1);
-    if (!batches.ok()) return Fail(llmctl::NameInputs(batches.status().message(), names));
+    if (!batches.ok()) return PrepareFailed(batches.status(), names);
     std::cout << (*batches)->num_examples() << " captioned images prepared" << std::endl;
     return 0;
   }
   auto tokens = llmctl::PrepareTokens(config);
-  if (!tokens.ok()) return Fail(llmctl::NameInputs(tokens.status().message(), names));
+  if (!tokens.ok()) return PrepareFailed(tokens.status(), names);
   std::cout << *tokens << std::endl;
   return 0;
 }

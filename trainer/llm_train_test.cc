@@ -30,10 +30,11 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-CommandResult RunLlmTrain(const std::string& args) {
+// `shell_setup`: sh commands run before llm-train in its shell (limits, environment).
+CommandResult RunLlmTrain(const std::string& args, const std::string& shell_setup = "") {
   const char* build = std::getenv("LLMCTL_BUILD_DIR");
-  const std::string command =
-      std::string(build ? build : "build") + "/trainer/llm-train " + args + " 2>&1";
+  const std::string command = shell_setup + std::string(build ? build : "build") +
+                              "/trainer/llm-train " + args + " 2>&1";
   CommandResult result;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -173,6 +174,19 @@ TEST(LlmTrainTest, EmptyDatasetIsAnError) {
       RunLlmTrain("--config " + Demo() + " --set data.path=" + (dir / "empty.jsonl").string());
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("empty.jsonl"), std::string::npos) << run.output;
+}
+
+// A token file that cannot be written (here RLIMIT_FSIZE, as a full disk) is the machine's failure,
+// not bad input: exit 1 with the write's error, where bad input exits 2.
+TEST(LlmTrainTest, PreparingOntoAFullDiskFailsAsNoFaultOfTheInput) {
+  const fs::path cache = testing::FreshTempDir("prepare-fsize");
+  CommandResult run =
+      RunLlmTrain("--config " + Demo() + " --prepare",
+                  "ulimit -f 1; trap '' XFSZ; LLMCTL_CACHE_DIR=" + cache.string() + " ");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("llm-train: cannot write " + cache.string()), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("File too large"), std::string::npos) << run.output;
 }
 
 // nlohmann's message for a bad line quotes the line ("last read: '...'"): llm-train's error line
