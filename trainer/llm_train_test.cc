@@ -33,8 +33,8 @@ struct CommandResult {
 // `shell_setup`: sh commands run before llm-train in its shell (limits, environment).
 CommandResult RunLlmTrain(const std::string& args, const std::string& shell_setup = "") {
   const char* build = std::getenv("LLMCTL_BUILD_DIR");
-  const std::string command = shell_setup + std::string(build ? build : "build") +
-                              "/trainer/llm-train " + args + " 2>&1";
+  const std::string command =
+      shell_setup + std::string(build ? build : "build") + "/trainer/llm-train " + args + " 2>&1";
   CommandResult result;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
