@@ -8,8 +8,13 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <type_traits>
+
+#include "common/byte_size.h"
+#include "common/checked_math.h"
+#include "common/files.h"
 
 namespace llmctl::data {
 namespace {
@@ -281,6 +286,22 @@ Status TokenFileWriter::Finish(std::string_view fingerprint, int32_t bos_id, int
   });
 }
 
+Status CheckRoomToPrepare(const std::string& path, int64_t file_bytes,
+                          std::optional<uint64_t> available) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const std::string what =
+      std::string("cannot prepare ")
+          .append(path)
+          .append(" (its scratch files, then the file: twice the ")
+          .append(FormatBytes(static_cast<uint64_t>(std::max<int64_t>(file_bytes, 0))))
+          .append(" it is estimated at)");
+  if (!available.has_value()) {
+    ASSIGN_OR_RETURN(available, AvailableBytes(what, dir));
+  }
+  return CheckRoomIn(what, dir, *available, SaturatingMul<int64_t>(file_bytes, 2), 0);
+}
+
 Status WriteTokenFile(const std::string& path, std::string_view fingerprint, int32_t bos_id,
                       int32_t eos_id, const std::vector<TokenizedExample>& examples) {
   ASSIGN_OR_RETURN(TokenFileWriter writer, TokenFileWriter::Create(path));
@@ -375,6 +396,19 @@ StatusOr<PrepareStats> PrepareTokenFile(const std::string& data_path, const Text
   if (options.samples < 0) {
     return InvalidArgumentError("samples must be >= 0 (0 = all), got " +
                                 std::to_string(options.samples));
+  }
+  // A token a byte of the JSONL, 5 file bytes each: what byte-level tokenizers give at most for
+  // the text (the template's words roughly make up for the JSON's keys and quotes); larger
+  // vocabularies give fewer, so this errs towards refusing. A file that cannot be read is named by
+  // the read below.
+  std::error_code size_error;
+  const uintmax_t data_bytes = std::filesystem::file_size(data_path, size_error);
+  if (!size_error) {
+    int64_t tokens = static_cast<int64_t>(std::min<uintmax_t>(data_bytes, INT64_MAX));
+    if (options.samples > 0) {
+      tokens = std::min(tokens, SaturatingMul(options.samples, options.max_seq_length));
+    }
+    RETURN_IF_ERROR(CheckRoomToPrepare(out_path, SaturatingMul<int64_t>(tokens, 5)));
   }
   // One read serves both the hash and the parse, so the fingerprint describes exactly the bytes
   // that were tokenized even if the file changes meanwhile; each record is tokenized as it is

@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -76,6 +77,14 @@ class TokenFileWriter {
   uint64_t target_tokens_ = 0;
   int32_t max_token_id_ = -1;
 };
+
+// OK when the directory of `path` has room to prepare a token file of about `file_bytes` there:
+// twice that, since its scratch files are all on disk when Finish writes the file from them. Else
+// ResourceExhausted naming the directory, the bytes needed and the bytes free (CheckRoomIn), so
+// that a preparation that cannot fit is refused before its first byte rather than failing with
+// ENOSPC midway. `available` is the filesystem's free bytes (AvailableBytes) unless given.
+Status CheckRoomToPrepare(const std::string& path, int64_t file_bytes,
+                          std::optional<uint64_t> available = std::nullopt);
 
 // Writes `examples` with a TokenFileWriter (each non-empty, labels equal to the id or
 // kIgnoreIndex). An empty list is an error.
@@ -176,7 +185,9 @@ struct PrepareStats {
 
 // Reads `data_path` a piece at a time, renders and tokenizes each record as its line ends and hands
 // it to a TokenFileWriter for `out_path`: neither the file's text nor its tokens are held. Errors
-// name the data file and line; on any, `out_path` is as it was.
+// name the data file and line; on any, `out_path` is as it was. Refused first when `out_path`'s
+// directory lacks room (CheckRoomToPrepare) for a token a byte of `data_path` (5 file bytes each),
+// or samples x max_seq_length tokens when fewer.
 StatusOr<PrepareStats> PrepareTokenFile(const std::string& data_path, const TextEncoder& encoder,
                                         const PrepareOptions& options, const std::string& out_path);
 

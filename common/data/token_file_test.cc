@@ -113,6 +113,21 @@ TEST(TokenFileTest, WritesTheSameBytesAsBeforeItStreamed) {
             "000000");
 }
 
+// Preparing needs the file's size twice in its directory (the scratch files, then the file): less
+// free is refused before a byte is written, naming the directory and both figures.
+TEST(TokenFileTest, PreparingWithoutRoomForTwiceTheFileIsRefused) {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/a.tok";
+  constexpr int64_t kFile = int64_t{3} << 30;
+  EXPECT_TRUE(CheckRoomToPrepare(path, kFile, uint64_t{6} << 30).ok());
+  const Status refused = CheckRoomToPrepare(path, kFile, uint64_t{5} << 30);
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.message(), "cannot prepare " + path +
+                                   " (its scratch files, then the file: twice the 3.00 GiB it is "
+                                   "estimated at): 6.00 GiB do not fit in " +
+                                   dir + ", whose filesystem has 5.00 GiB available");
+}
+
 // The scratch files are unlinked as soon as they are made: a writer never finished, as when
 // tokenizing fails, leaves nothing in the directory, nor does one at work.
 TEST(TokenFileTest, AWriterLeavesNoScratchFiles) {
@@ -374,6 +389,25 @@ TEST(PrepareTest, PreparesTheSameBytesAsBeforeItStreamed) {
   const std::string bytes = ReadBytes(dir + "/long.tok");
   EXPECT_EQ(bytes.size(), kLongTokenFileBytes);
   EXPECT_EQ(Fnv1a64(bytes), kLongTokenFileHash);
+}
+
+// A dataset whose estimated token file (a token a byte, 5 bytes each) is twice more than its
+// directory's filesystem holds is refused before it is read: an 8 TiB sparse JSONL here, whose
+// first 64 MiB were read before and refused as a line too long.
+TEST(PrepareTest, ADatasetTooLargeForTheDirectoryIsRefusedBeforeItIsRead) {
+  const std::string dir = MakeTempDir();
+  const std::string data = dir + "/huge.jsonl";
+  std::ofstream(data) << "";
+  std::filesystem::resize_file(data, uint64_t{8} << 40);
+  ByteTextEncoder encoder;
+  auto stats = PrepareTokenFile(data, encoder, PrepareOptions(), dir + "/huge.tok");
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(stats.status().code(), StatusCode::kResourceExhausted) << stats.status().message();
+  EXPECT_NE(stats.status().message().find("twice the 40.00 TiB it is estimated at): 80.00 TiB do "
+                                          "not fit in " +
+                                          dir + ", whose filesystem has "),
+            std::string::npos)
+      << stats.status().message();
 }
 
 // Encodes as ByteTextEncoder does and records the most heap in use at any call (glibc's count of

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/checked_math.h"
 #include "common/data/file_util.h"
 #include "common/data/token_file.h"
 #include "common/image/image.h"
@@ -115,6 +116,11 @@ Status WriteCaptionTokens(const data::TextEncoder& encoder,
                           const std::vector<image::CaptionedImage>& images,
                           const Blip2Config& model, int64_t max_length, const std::string& folder,
                           std::string_view fingerprint, const std::string& path) {
+  // A row is at most the queries and max_length caption tokens (5 file bytes each) and its offset.
+  const int64_t row_bytes =
+      SaturatingAdd<int64_t>(SaturatingMul<int64_t>(model.num_query_tokens + max_length, 5), 8);
+  RETURN_IF_ERROR(data::CheckRoomToPrepare(
+      path, SaturatingMul(static_cast<int64_t>(images.size()), row_bytes)));
   ASSIGN_OR_RETURN(data::TokenFileWriter writer, data::TokenFileWriter::Create(path));
   for (const image::CaptionedImage& entry : images) {
     ASSIGN_OR_RETURN(const data::TokenizedExample example,

@@ -31,8 +31,9 @@ StatusOr<data::TokenizedExample> CaptionExample(const data::TextEncoder& encoder
 
 // The token file of `images`' rows (CaptionExample each, in order) at `path`, its header carrying
 // `fingerprint`: PrepareCaptionTokens's writing, with any encoder. Each row goes to a
-// TokenFileWriter as it is made, so only its offset is held. Errors name the image or the file; on
-// any, `path` is as it was.
+// TokenFileWriter as it is made, so only its offset is held. Refused first when `path`'s directory
+// lacks room (data::CheckRoomToPrepare) for rows of the queries and max_length tokens. Errors name
+// the image or the file; on any, `path` is as it was.
 Status WriteCaptionTokens(const data::TextEncoder& encoder,
                           const std::vector<image::CaptionedImage>& images,
                           const Blip2Config& model, int64_t max_length, const std::string& folder,

@@ -220,5 +220,24 @@ TEST(CaptionsTest, WritingHoldsEachRowsOffsetNotItsTokens) {
   EXPECT_LT(encoder.peak_heap() - before, size_t{4} << 20);
 }
 
+// Rows of up to 2^40 tokens cannot fit anywhere: refused before the file is begun, naming its
+// directory. Before, the one short row was written.
+TEST(CaptionsTest, RowsTooLargeForTheDirectoryAreRefusedBeforeWriting) {
+  const Row opt = LoadRow("reduced-batch");
+  std::vector<image::CaptionedImage> images(1);
+  images[0].file_name = "0.png";
+  images[0].caption = "a circle";
+  const std::filesystem::path dir = std::filesystem::path(testing::TempDir()) / "large-rows";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "rows.tok").string();
+  const Status written = WriteCaptionTokens(data::ByteTextEncoder(), images, opt.model,
+                                            int64_t{1} << 40, "captions", "fp", path);
+  EXPECT_EQ(written.code(), StatusCode::kResourceExhausted) << written.message();
+  EXPECT_NE(written.message().find("do not fit in " + dir.string() + ", whose filesystem has"),
+            std::string::npos)
+      << written.message();
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
 }  // namespace
 }  // namespace llmctl
