@@ -46,6 +46,11 @@ std::string DirectoryOf(const std::string& path) {
 
 }  // namespace
 
+std::string AtomicWriteTemporaryName(const std::string& path) {
+  return path + ".tmp." + std::to_string(::getpid()) + "." +
+         std::to_string(g_temp_counter.fetch_add(1));
+}
+
 StatusOr<int> RemoveAtomicWriteLeftovers(const std::string& path) {
   const size_t slash = path.rfind('/');
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
@@ -68,8 +73,7 @@ Status WriteAll(int fd, const void* data, size_t size) {
 }
 
 Status WriteFileAtomically(const std::string& path, const std::function<Status(int fd)>& write) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
-                          std::to_string(g_temp_counter.fetch_add(1));
+  const std::string tmp = AtomicWriteTemporaryName(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError(errno, "cannot create " + tmp);
   Status status = write(fd);

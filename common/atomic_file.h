@@ -18,6 +18,12 @@ namespace llmctl {
 // is reported though `path` already has the new content.
 Status WriteFileAtomically(const std::string& path, const std::function<Status(int fd)>& write);
 
+// A new name beside `path` for a temporary file of a write of `path`: <path>.tmp.<pid>.<n>, unique
+// per process and call, the name RemoveAtomicWriteLeftovers(path) removes. WriteFileAtomically's
+// temporaries and any other scratch file of writing `path` take it, so that one rule clears what
+// a crash left of them.
+std::string AtomicWriteTemporaryName(const std::string& path);
+
 // Removes the temporaries WriteFileAtomically left beside `path` when a crash came between their
 // creation and their rename: regular files in `path`'s directory named exactly
 // <name>.tmp.<pid>.<n>. Only for a directory no other process writes `path` in at the same time
