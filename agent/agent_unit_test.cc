@@ -365,15 +365,16 @@ TEST(ProcessTest, ExitWatchIsReadableOnceTheProcessHasExited) {
 // killed at the timeout (its end of output is not its end).
 TEST(ProcessTest, RunCommandHoldsAProgramToItsTimeoutAfterItsOutputCloses) {
   StatusOr<CommandOutput> said =
-      RunCommand({"sh", "-c", "echo hi; exit 3"}, std::chrono::seconds(60));
+      RunCommand({"sh", "-c", "echo hi; echo why >&2; exit 3"}, std::chrono::seconds(60));
   ASSERT_TRUE(said.ok()) << said.status().ToString();
   EXPECT_EQ(said->stdout_text, "hi\n");
+  EXPECT_EQ(said->stderr_tail, "why\n");
   EXPECT_EQ(said->exit_code, 3);
 
   // Without the deadline after EOF this call would wait out the 600 s sleep, past the test's
   // ctest timeout.
-  StatusOr<CommandOutput> hung = RunCommand({"sh", "-c", "echo part; exec 1>&-; exec sleep 600"},
-                                            std::chrono::milliseconds(300));
+  StatusOr<CommandOutput> hung = RunCommand(
+      {"sh", "-c", "echo part; exec 1>&- 2>&-; exec sleep 600"}, std::chrono::milliseconds(300));
   ASSERT_TRUE(hung.ok()) << hung.status().ToString();
   EXPECT_EQ(hung->stdout_text, "part\n");
   EXPECT_EQ(hung->exit_code, -1);

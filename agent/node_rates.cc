@@ -4,12 +4,14 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "agent/outcome.h"
 #include "agent/process.h"
 #include "common/atomic_file.h"
 #include "common/cpu_model.h"
 #include "common/estimate/rate_probe.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
+#include "common/text.h"
 
 namespace llmctl::agent {
 namespace {
@@ -17,6 +19,8 @@ namespace {
 constexpr char kRatesFile[] = "rates.json";
 // The kept file is a probe of a few kilobytes and its fingerprint.
 constexpr size_t kMaxRatesBytes = 1 << 20;
+// The most of a failed probe's own reason the report quotes.
+constexpr size_t kMaxReasonBytes = 400;
 
 // The probe kept in `path` when it was measured on a node of `fingerprint`; "" otherwise (none
 // kept, another node, a file this build cannot read or an older probe version: each measures
@@ -145,11 +149,17 @@ StatusOr<std::string> NodeRates::RunProbe(const std::string& device) const {
   ASSIGN_OR_RETURN(const CommandOutput output,
                    RunCommand({options_.llm_train, "--probe", "--probe-device", device},
                               options_.timeout, stop_.get_token()));
+  if (output.exit_code < 0) {
+    return InternalError(options_.llm_train + " --probe was killed or timed out");
+  }
   if (output.exit_code != 0) {
-    return InternalError(options_.llm_train + " --probe " +
-                         (output.exit_code < 0
-                              ? "was killed or timed out"
-                              : "exited with " + std::to_string(output.exit_code)));
+    // Its reason, such as rates that disagree on a machine other work holds, is its last line on
+    // stderr; the report is one line of `llmctl nodes`.
+    const std::string reason = OnOneLine(LastLine(output.stderr_tail), kMaxReasonBytes);
+    std::string message =
+        options_.llm_train + " --probe exited with " + std::to_string(output.exit_code);
+    if (!reason.empty()) message.append(": ").append(reason);
+    return InternalError(message);
   }
   const nlohmann::json json = ParseForeignJson(output.stdout_text);
   if (json.is_discarded()) return InvalidArgumentError("llm-train --probe wrote no JSON");

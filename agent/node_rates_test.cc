@@ -344,6 +344,20 @@ TEST_F(NodeRatesTest, ABrokenProbeIsNotMeasuredAndNotKept) {
   EXPECT_EQ(Settled(rates).pending, "not measured: llm-train --probe wrote no JSON");
 }
 
+// llm-train says why its probe failed on stderr, last: the report carries that line, on one line.
+TEST_F(NodeRatesTest, AFailedProbesReportCarriesItsReason) {
+  const fs::path trainer = dir_ / "llm-train";
+  std::ofstream(trainer) << "#!/bin/sh\necho 'measuring' >&2\nprintf 'llm-train: the rates "
+                            "measured disagree\\033[1m with each other\\n\\n' >&2\nexit 1\n";
+  fs::permissions(trainer, fs::perms::owner_all);
+  NodeRates rates(Options(), [] { return false; });
+  rates.Start(facts_);
+  EXPECT_EQ(
+      Settled(rates).pending,
+      "not measured: " + trainer.string() +
+          " --probe exited with 1: llm-train: the rates measured disagree [1m with each other");
+}
+
 TEST_F(NodeRatesTest, OffMeasuresNothingAndSaysSo) {
   NodeRates rates(Options(/*measure=*/false), [] { return false; });
   rates.Start(facts_);

@@ -60,6 +60,10 @@ namespace {
 
 // How often RunCommand looks at its stop token while it waits.
 constexpr std::chrono::milliseconds kStopCheck{50};
+// The most of a command's standard output RunCommand keeps (its first bytes), and of its standard
+// error (its last: a program's reason for failing comes at the end).
+constexpr size_t kMaxStdoutBytes = 1 << 20;
+constexpr size_t kMaxStderrBytes = 64 << 10;
 
 // Waits for child `pid` to exit until `deadline` or a stop request, polling; whether it did (its
 // wait status in `status`, -1 when it could not be waited for).
@@ -101,7 +105,8 @@ std::optional<std::string> FindProgram(const std::string& name) {
 // In the forked child: only async-signal-safe calls until execve. Exec's errno goes to
 // `exec_error_fd` when it fails.
 [[noreturn]] void StartCommandInChild(pid_t agent, const std::string& program, char* const* argv,
-                                      int null_fd, int stdout_fd, int exec_error_fd) {
+                                      int null_fd, int stdout_fd, int stderr_fd,
+                                      int exec_error_fd) {
   // Killed with the agent (SIGKILL, a crash) rather than left running beside the next agent's
   // probe. The signal comes when the thread that forked ends, not the process: this one is
   // RunCommand's caller, which waits for the command before it returns.
@@ -112,7 +117,7 @@ std::optional<std::string> FindProgram(const std::string& name) {
   ::setpgid(0, 0);
   ::dup2(null_fd, 0);
   ::dup2(stdout_fd, 1);
-  ::dup2(null_fd, 2);
+  ::dup2(stderr_fd, 2);
   struct sigaction default_action {};
   default_action.sa_handler = SIG_DFL;
   for (int signal : kSignalsStartedAtDefault) ::sigaction(signal, &default_action, nullptr);
@@ -153,11 +158,16 @@ StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
     return UnavailableError(std::string("pipe: ") + std::strerror(errno));
+  int stderr_fds[2];
+  if (::pipe2(stderr_fds, O_CLOEXEC) != 0) {
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return UnavailableError(std::string("pipe: ") + std::strerror(errno));
+  }
   // The child writes exec's errno here when exec fails; exec closes it (close-on-exec) otherwise.
   int exec_fds[2];
   if (::pipe2(exec_fds, O_CLOEXEC) != 0) {
-    ::close(pipe_fds[0]);
-    ::close(pipe_fds[1]);
+    for (int fd : {pipe_fds[0], pipe_fds[1], stderr_fds[0], stderr_fds[1]}) ::close(fd);
     return UnavailableError(std::string("pipe: ") + std::strerror(errno));
   }
   std::vector<char*> args;
@@ -173,14 +183,17 @@ StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
   ::pthread_sigmask(SIG_SETMASK, &all, &mask_before);
   const pid_t pid = ::fork();
   if (pid == 0) {
-    StartCommandInChild(agent, *program, args.data(), null_device.get(), pipe_fds[1], exec_fds[1]);
+    StartCommandInChild(agent, *program, args.data(), null_device.get(), pipe_fds[1], stderr_fds[1],
+                        exec_fds[1]);
   }
   const int fork_error = errno;
   ::pthread_sigmask(SIG_SETMASK, &mask_before, nullptr);
   ::close(pipe_fds[1]);
+  ::close(stderr_fds[1]);
   ::close(exec_fds[1]);
   if (pid < 0) {
     ::close(pipe_fds[0]);
+    ::close(stderr_fds[0]);
     ::close(exec_fds[0]);
     return UnavailableError(std::string("fork: ") + std::strerror(fork_error));
   }
@@ -192,6 +205,7 @@ StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
   ::close(exec_fds[0]);
   if (got > 0) {
     ::close(pipe_fds[0]);
+    ::close(stderr_fds[0]);
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
@@ -201,27 +215,42 @@ StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   bool timed_out = false;
   char buffer[4096];
-  while (true) {
+  // Read until both end; poll passes over a closed one (fd -1).
+  pollfd outputs[2] = {{pipe_fds[0], POLLIN, 0}, {stderr_fds[0], POLLIN, 0}};
+  while (outputs[0].fd >= 0 || outputs[1].fd >= 0) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0 || stop.stop_requested()) {
       timed_out = true;
       break;
     }
-    pollfd fd{pipe_fds[0], POLLIN, 0};
     // In slices, so that a stop request is seen within one.
-    const int ready = ::poll(&fd, 1, static_cast<int>(std::min(left, kStopCheck).count()));
-    if (ready < 0 && errno == EINTR) continue;
+    const int ready = ::poll(outputs, 2, static_cast<int>(std::min(left, kStopCheck).count()));
     if (ready <= 0) continue;
-    const ssize_t n = ::read(pipe_fds[0], buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (output.stdout_text.size() < (1 << 20))
-      output.stdout_text.append(buffer, static_cast<size_t>(n));
+    for (pollfd& output_fd : outputs) {
+      if (output_fd.fd < 0 || output_fd.revents == 0) continue;
+      const ssize_t n = ::read(output_fd.fd, buffer, sizeof(buffer));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ::close(output_fd.fd);
+        output_fd.fd = -1;
+      } else if (&output_fd == &outputs[0]) {
+        if (output.stdout_text.size() < kMaxStdoutBytes) {
+          output.stdout_text.append(buffer, static_cast<size_t>(n));
+        }
+      } else {
+        output.stderr_tail.append(buffer, static_cast<size_t>(n));
+        if (output.stderr_tail.size() > kMaxStderrBytes) {
+          output.stderr_tail.erase(0, output.stderr_tail.size() - kMaxStderrBytes);
+        }
+      }
+    }
   }
-  ::close(pipe_fds[0]);
-  // Its standard output closed is not its end: a program that closes it and hangs is still held
-  // to the deadline.
+  for (const pollfd& output_fd : outputs) {
+    if (output_fd.fd >= 0) ::close(output_fd.fd);
+  }
+  // Its standard output and error closed are not its end: a program that closes them and hangs is
+  // still held to the deadline.
   int status = 0;
   if (!timed_out) timed_out = !ReapBy(pid, deadline, stop, status);
   if (timed_out) {

@@ -39,15 +39,16 @@ UniqueFd OpenExitWatch(pid_t pid, uint64_t start_time);
 void StartWithDefaultSignals(posix_spawnattr_t& attributes);
 
 struct CommandOutput {
-  int exit_code = -1;  // -1 when it could not run or was killed (timeout)
-  std::string stdout_text;
+  int exit_code = -1;       // -1 when it could not run or was killed (timeout)
+  std::string stdout_text;  // its first 1 MiB
+  std::string stderr_tail;  // its last 64 KiB: where a program says why it failed
 };
 
-// Runs `argv` (argv[0] looked up in PATH) in a process group of its own, with stdin and stderr on
-// /dev/null and the signals StartWithDefaultSignals sets, and returns its standard output (at most
-// 1 MiB). Its group is killed (SIGKILL) after `timeout`, or within about 50 ms of `stop` being
-// requested (the agent stopping: a 3-minute rate probe must not hold it up): Cancelled then. The
-// program itself is killed (SIGKILL) when the agent dies first. NotFound when it cannot be started.
+// Runs `argv` (argv[0] looked up in PATH) in a process group of its own, with stdin on /dev/null
+// and the signals StartWithDefaultSignals sets, and returns its standard output and error. Its
+// group is killed (SIGKILL) after `timeout`, or within about 50 ms of `stop` being requested (the
+// agent stopping: a 3-minute rate probe must not hold it up): Cancelled then. The program itself is
+// killed (SIGKILL) when the agent dies first. NotFound when it cannot be started.
 StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
                                    std::chrono::milliseconds timeout, std::stop_token stop = {});
 
