@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/atomic_file.h"
 #include "common/byte_size.h"
 #include "common/checked_math.h"
 #include "common/text.h"
@@ -321,6 +322,13 @@ std::string PathInside(const std::string& path, const std::string& dir) {
   const fs::path inside = resolved.lexically_relative(resolved_dir);
   if (inside.empty() || inside == "." || *inside.begin() == "..") return "";
   return inside.string();
+}
+
+Status AppendWholeLines(int fd, std::string_view lines, bool& cut_off) {
+  const off_t end = ::lseek(fd, 0, SEEK_END);
+  const Status written = WriteAll(fd, lines.data(), lines.size());
+  if (!written.ok()) cut_off = end >= 0 && ::ftruncate(fd, end) == 0;
+  return written;
 }
 
 StatusOr<int> RemoveLeftoverFiles(const std::string& dir,

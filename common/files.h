@@ -1,5 +1,6 @@
 // Reading files: whole small files, read-only memory mappings of large ones, and regular files
-// only; whether a file about to be written fits; a directory of this user's, made or checked.
+// only; whether a file about to be written fits; appending whole lines to a file a reader follows;
+// a directory of this user's, made or checked.
 #ifndef LLMCTL_COMMON_FILES_H_
 #define LLMCTL_COMMON_FILES_H_
 
@@ -76,6 +77,13 @@ StatusOr<uint64_t> AvailableBytes(std::string_view what, const std::string& dir)
 // count, so that writers that start together cannot each find the same room free).
 Status CheckRoomIn(std::string_view what, const std::string& dir, uint64_t available, int64_t size,
                    int64_t keep_free, int64_t promised = 0);
+
+// Appends `lines` (whole lines) to the end of the file open at `fd` with one WriteAll. When they
+// cannot be written whole (a full disk, EFBIG) the part that was written is cut off again
+// (ftruncate back to where the file ended), so that a reader following the file never takes it
+// for a line, nor a later line joined to it; after such an error `cut_off` says whether the cut
+// worked. The write's error. For a file that no other process appends to meanwhile.
+Status AppendWholeLines(int fd, std::string_view lines, bool& cut_off);
 
 // Removes the regular files directly in `dir` whose names `is_leftover` accepts (a link or a
 // directory of such a name is left alone): what a crash left of a write that never finished, for a

@@ -4,13 +4,17 @@
 // directory of this user's, made or checked and never changed.
 #include "common/files.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -107,6 +111,38 @@ TEST(ReadFileInPiecesTest, AnErrorFromThePieceEndsTheReading) {
                              [](std::string_view) { return Status::Ok(); })
                 .code(),
             StatusCode::kNotFound);
+}
+
+// A write cut short (RLIMIT_FSIZE here, a full disk elsewhere) leaves no part of a line behind, and
+// lines appended once there is room again start a line of their own.
+TEST(AppendWholeLinesTest, APartlyWrittenAppendIsCutOffAndTheNextStartsALine) {
+  const std::string path = testing::TempDir() + "/whole-lines.jsonl";
+  std::remove(path.c_str());
+  const std::string first = "{\"n\":1}\n";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Writes past 20 bytes more than the first line fail with EFBIG (not the signal).
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{first.size() + 20, first.size() + 20};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) std::_Exit(2);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) std::_Exit(3);
+    bool cut_off = false;
+    if (!AppendWholeLines(fd, first, cut_off).ok()) std::_Exit(4);
+    const Status cut = AppendWholeLines(fd, "{\"n\":2,\"x\":\"" + std::string(100, 'x') + "\"}\n",
+                                        cut_off);  // 20 bytes of it fit
+    if (cut.code() != StatusCode::kUnavailable || !cut_off) std::_Exit(5);
+    if (!AppendWholeLines(fd, "{\"n\":3}\n", cut_off).ok()) std::_Exit(6);  // fits in the 20
+    std::_Exit(0);
+  }
+  int wait_status = 0;
+  ASSERT_EQ(::waitpid(child, &wait_status, 0), child);
+  ASSERT_TRUE(WIFEXITED(wait_status)) << wait_status;
+  ASSERT_EQ(WEXITSTATUS(wait_status), 0);
+  StatusOr<std::string> kept = ReadFileToString(path);
+  ASSERT_TRUE(kept.ok()) << kept.status().message();
+  EXPECT_EQ(*kept, first + "{\"n\":3}\n");
 }
 
 // A file of `size` bytes of 'x' at `path`.

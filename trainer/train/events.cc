@@ -1,12 +1,11 @@
 #include "trainer/train/events.h"
 
 #include <fcntl.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
-#include "common/atomic_file.h"
+#include "common/files.h"
 #include "common/foreign_json.h"
 
 namespace llmctl::trainer {
@@ -25,12 +24,10 @@ void EventLog::Emit(const nlohmann::json& event) {
   if (!fd_.valid() || !status_.ok()) return;
   // One write per line: a reader never sees half a line followed by another writer's bytes.
   const std::string line = DumpLossy(event) + "\n";
-  const off_t end = ::lseek(fd_.get(), 0, SEEK_END);
-  const Status written = WriteAll(fd_.get(), line.data(), line.size());
+  bool cut = false;
+  const Status written = AppendWholeLines(fd_.get(), line, cut);
   if (written.ok()) return;
-  // The part of the line that was written goes again, so that a reader (the agent following the
-  // file) never takes it for a line, nor a later line joined to it; nothing more is written.
-  const bool cut = end >= 0 && ::ftruncate(fd_.get(), end) == 0;
+  // Nothing more is written: the outcome says which line was the first lost.
   status_ = UnavailableError(std::string("cannot write events file ")
                                  .append(path_)
                                  .append(": ")
