@@ -1,7 +1,6 @@
 #include "common/data/token_file.h"
 
 #include <fcntl.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "common/atomic_file.h"
 #include "common/byte_size.h"
 #include "common/checked_math.h"
 #include "common/files.h"
@@ -188,8 +188,10 @@ TokenFileWriter::TokenFileWriter(std::string path, UniqueFd ids_scratch, UniqueF
 StatusOr<TokenFileWriter> TokenFileWriter::Create(std::string path) {
   UniqueFd scratch[2];
   for (UniqueFd& fd : scratch) {
-    std::string name = path + ".scratch.XXXXXX";
-    fd = UniqueFd(::mkostemp(name.data(), O_CLOEXEC));
+    // Named as WriteFileAtomically's temporaries are: RemoveAtomicWriteLeftovers(path) clears one
+    // a crash left before the unlink.
+    const std::string name = AtomicWriteTemporaryName(path);
+    fd = UniqueFd(::open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
     if (!fd.valid() || ::unlink(name.c_str()) != 0) {
       const int error = errno;
       return UnavailableError(std::string("cannot write ")

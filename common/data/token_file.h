@@ -50,8 +50,10 @@ inline constexpr uint32_t kTokenFileVersion = 1;
 // Builds a token file an example at a time, holding in memory only each example's offset (8 bytes),
 // whatever the dataset's size: ids and mask go to two scratch files as examples arrive, and Finish
 // writes the file from them. The scratch files lie beside `path` (its filesystem must hold the
-// result anyway; /tmp may be memory) and are unlinked as soon as they are made, so nothing of them
-// outlives the writer, whether it finishes, fails or its process dies.
+// result anyway; /tmp may be memory), named as WriteFileAtomically's temporaries
+// (AtomicWriteTemporaryName), and are unlinked as soon as they are made, so nothing of them
+// outlives the writer, whether it finishes, fails or its process dies after the unlink; one that
+// a crash left before it is what RemoveAtomicWriteLeftovers(path) removes.
 class TokenFileWriter {
  public:
   static StatusOr<TokenFileWriter> Create(std::string path);

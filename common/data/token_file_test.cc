@@ -128,6 +128,31 @@ TEST(TokenFileTest, PreparingWithoutRoomForTwiceTheFileIsRefused) {
                                    dir + ", whose filesystem has 5.00 GiB available");
 }
 
+// The scratch files take the name of WriteFileAtomically's temporaries, so a crash between their
+// creation and their unlink leaves what RemoveAtomicWriteLeftovers removes: the names the open
+// scratch files had, made again as files, are both removed.
+TEST(TokenFileTest, AScratchFileACrashLeftIsAnAtomicWriteLeftover) {
+  const std::string dir = MakeTempDir();
+  const std::string path = dir + "/a.tok";
+  auto writer = TokenFileWriter::Create(path);
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  const std::string deleted = " (deleted)";
+  std::vector<std::string> scratch;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code unreadable;
+    const std::string target = std::filesystem::read_symlink(fd.path(), unreadable).string();
+    if (!unreadable && target.starts_with(dir + "/") && target.ends_with(deleted)) {
+      scratch.push_back(target.substr(0, target.size() - deleted.size()));
+    }
+  }
+  ASSERT_EQ(scratch.size(), 2u);
+  for (const std::string& name : scratch) std::ofstream(name) << "left by a crash";
+  StatusOr<int> removed = RemoveAtomicWriteLeftovers(path);
+  ASSERT_TRUE(removed.ok()) << removed.status().ToString();
+  EXPECT_EQ(*removed, 2);
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
 // The scratch files are unlinked as soon as they are made: a writer never finished, as when
 // tokenizing fails, leaves nothing in the directory, nor does one at work.
 TEST(TokenFileTest, AWriterLeavesNoScratchFiles) {

@@ -1,6 +1,8 @@
 #include "common/inputs/token_cache.h"
 
+#include <fcntl.h>
 #include <pwd.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,11 +17,13 @@
 #include <utility>
 #include <vector>
 
+#include "common/atomic_file.h"
 #include "common/data/file_util.h"
 #include "common/data/token_file.h"
 #include "common/files.h"
 #include "common/inputs/trial_inputs.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/unique_fd.h"
 
 namespace llmctl {
 namespace {
@@ -127,21 +131,49 @@ auto PrepareTokensWith(const TrialConfig& config, const Place& place)
   });
 }
 
+// Whether the cache holds a whole token file for `fingerprint` at `path` in `dir`.
+StatusOr<bool> IsCached(const fs::path& dir, const std::string& path,
+                        const std::string& fingerprint) {
+  std::error_code error;
+  // The directory comes from the environment: one the system cannot look into is a message.
+  const bool exists = fs::exists(path, error);
+  if (error) return CacheError(dir.string().append(": ").append(error.message()));
+  if (!exists) return false;
+  // Its contents checked too (one pass): a file corrupted since it was written is made again
+  // here, not refused by every run that opens it.
+  auto existing = data::TokenFile::Open(path);
+  return existing.ok() && (*existing)->fingerprint() == fingerprint;
+}
+
+// An exclusive flock on <path>.lock, held while the descriptor is open: one process at a time
+// prepares `path`, so the one holding it may remove what a crashed preparation left beside it
+// (RemoveAtomicWriteLeftovers), which no other is writing then, and the others find the file made.
+StatusOr<UniqueFd> LockTokenFile(const std::string& path) {
+  const std::string lock = path + ".lock";
+  UniqueFd fd(::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) return CacheError(std::string(lock).append(": ").append(std::strerror(errno)));
+  while (::flock(fd.get(), LOCK_EX) != 0) {
+    if (errno != EINTR) {
+      return CacheError(std::string(lock).append(": flock: ").append(std::strerror(errno)));
+    }
+  }
+  return fd;
+}
+
 // CachedTokenFile's work in the cache's tokens/ directory `dir`, made and checked.
 StatusOr<std::string> CachedTokenFileIn(
     const fs::path& dir, const std::string& fingerprint,
     const std::function<Status(const std::string& path)>& prepare) {
   const std::string path = (dir / TokenFileName(fingerprint)).string();
-  std::error_code error;
-  // The directory comes from the environment: one the system cannot look into is a message.
-  const bool cached = fs::exists(path, error);
-  if (error) return CacheError(dir.string().append(": ").append(error.message()));
-  if (cached) {
-    // Its contents checked too (one pass): a file corrupted since it was written is made again
-    // here, not refused by every run that opens it.
-    auto existing = data::TokenFile::Open(path);
-    if (existing.ok() && (*existing)->fingerprint() == fingerprint) return path;
-  }
+  ASSIGN_OR_RETURN(bool cached, IsCached(dir, path, fingerprint));
+  if (cached) return path;
+  ASSIGN_OR_RETURN(const UniqueFd lock, LockTokenFile(path));
+  // Another process may have made it while this one waited for the lock.
+  ASSIGN_OR_RETURN(cached, IsCached(dir, path, fingerprint));
+  if (cached) return path;
+  // A preparation killed midway left its temporary (as large as the file) and perhaps a scratch
+  // file. One that cannot be removed costs only room, which the preparation checks for.
+  (void)RemoveAtomicWriteLeftovers(path);
   RETURN_IF_ERROR(prepare(path));
   return path;
 }

@@ -1,12 +1,15 @@
 #include "common/inputs/token_cache.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <pwd.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -14,6 +17,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/atomic_file.h"
 #include "common/data/token_file.h"
 
 namespace llmctl {
@@ -234,6 +238,42 @@ TEST(TokenCacheTest, ACorruptCachedFileIsWrittenAgain) {
   ASSERT_TRUE(CachedTokenFile("fingerprint-a", prepare).ok());
   EXPECT_EQ(prepared, 2);
   EXPECT_TRUE(data::TokenFile::Open(*path).ok());
+  fs::remove_all(dir);
+}
+
+// What a preparation killed midway left beside the token file (WriteFileAtomically's temporary, a
+// scratch file not yet unlinked: both named by AtomicWriteTemporaryName) is removed when the file
+// is prepared again; a file of another name is kept.
+TEST(TokenCacheTest, WhatAKilledPreparationLeftIsRemovedWhenItIsPreparedAgain) {
+  CacheEnvironment environment;
+  const fs::path dir = FreshDir("token_cache_leftovers");
+  ASSERT_EQ(setenv("LLMCTL_CACHE_DIR", dir.c_str(), 1), 0);
+  int prepared = 0;
+  // Prepared under <path>.lock, which no other process then holds: none is writing the leftovers'
+  // names.
+  const auto prepare = [&prepared](const std::string& path) {
+    ++prepared;
+    const int lock = ::open((path + ".lock").c_str(), O_RDONLY | O_CLOEXEC);
+    EXPECT_GE(lock, 0);
+    EXPECT_NE(::flock(lock, LOCK_EX | LOCK_NB), 0) << "<path>.lock is held while preparing";
+    EXPECT_EQ(errno, EWOULDBLOCK);
+    ::close(lock);
+    return WriteThreeRows(path, "fingerprint-l");
+  };
+  StatusOr<std::string> path = CachedTokenFile("fingerprint-l", prepare);
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  fs::remove(*path);
+  const std::string temporary = *path + ".tmp.4194302.0";
+  const std::string scratch = AtomicWriteTemporaryName(*path);
+  const std::string other = *path + ".notes";
+  for (const std::string& name : {temporary, scratch, other}) std::ofstream(name) << "left";
+
+  ASSERT_TRUE(CachedTokenFile("fingerprint-l", prepare).ok());
+  EXPECT_EQ(prepared, 2);
+  EXPECT_TRUE(data::TokenFile::Open(*path).ok());
+  EXPECT_FALSE(fs::exists(temporary));
+  EXPECT_FALSE(fs::exists(scratch));
+  EXPECT_TRUE(fs::exists(other));
   fs::remove_all(dir);
 }
 
