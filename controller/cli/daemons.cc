@@ -77,6 +77,27 @@ StatusOr<FileLock> FileLock::Acquire(const fs::path& path) {
   return FileLock(fd);
 }
 
+StatusOr<FileLock> FileLock::AcquireWithin(const fs::path& path, milliseconds wait) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return FailedPreconditionError(path.string() + ": " + Errno(errno));
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    if (error == EINTR) continue;
+    if (error != EWOULDBLOCK || std::chrono::steady_clock::now() >= deadline) {
+      ::close(fd);
+      if (error != EWOULDBLOCK) {
+        return FailedPreconditionError(path.string() + ": lock: " + Errno(error));
+      }
+      return Status(StatusCode::kDeadlineExceeded, path.string() +
+                                                       ": another process has held its lock for " +
+                                                       std::to_string(wait.count() / 1000) + " s");
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return FileLock(fd);
+}
+
 FileLock::~FileLock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the lock
 }

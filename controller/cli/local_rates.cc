@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -29,6 +30,11 @@ namespace fs = std::filesystem;
 
 // A probe's JSON is a few kilobytes; anything much larger is not one.
 constexpr size_t kMaxProbeBytes = 1 << 20;
+// Held by the llmctl measuring this machine's rates, beside probe.json: another llmctl that needs
+// them meanwhile waits for them rather than measuring at the same time, which would halve both
+// measurements (and the probe refuses rates a busy machine gives). Longer than a probe takes.
+constexpr char kLocalProbeLockFile[] = "probe.json.lock";
+constexpr std::chrono::minutes kProbeLockWait{3};
 
 // Runs `llm-train --probe --probe-output PATH` and waits for it; its messages go to the
 // terminal. Internal naming the exit when it does not end well.
@@ -68,6 +74,29 @@ bool ProbeIsOf(const estimate::RateProbe& probe, const estimate::DeviceSpeed& sh
   if (sheet.name == "cpu") return probe.device == "cpu";
   const std::optional<estimate::Gpu> gpu = estimate::GpuOfDeviceName(probe.device_name);
   return probe.device == "cuda" && gpu.has_value() && gpu->name == sheet.name;
+}
+
+// The probe in `path` when this llmctl takes it as this machine's (of this version, measured on
+// this CPU); none when there is none, or when it is not taken (`stale` says why). An error when
+// whether there is one cannot be told.
+StatusOr<std::optional<estimate::RateProbe>> CurrentLocalProbe(const fs::path& path,
+                                                               std::string& stale) {
+  std::error_code lookup;
+  const bool kept = fs::exists(path, lookup);
+  if (lookup) return UnavailableError(path.string() + ": " + lookup.message());
+  if (!kept) return std::optional<estimate::RateProbe>();
+  StatusOr<estimate::RateProbe> probe = ReadRateProbe(path);
+  const bool current = probe.ok() && probe->version == estimate::kRateProbeVersion;
+  if (current && probe->device_name == CpuModelName()) {
+    return std::optional<estimate::RateProbe>(*std::move(probe));
+  }
+  stale = !probe.ok() ? probe.status().message()
+          : !current
+              ? path.string() + " is a probe of version " + std::to_string(probe->version) +
+                    ", older than this llmctl's " + std::to_string(estimate::kRateProbeVersion) +
+                    " (matmul rates by shape, each a median of rounds)"
+              : path.string() + " was measured on " + probe->device_name;
+  return std::optional<estimate::RateProbe>();
 }
 
 }  // namespace
@@ -251,45 +280,45 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   StatusOr<fs::path> dir = EmbeddedDataDir(env);
   if (!dir.ok()) return LocalRates();  // the calibration's note says why
   const fs::path path = *dir / kLocalProbeFile;
-  std::error_code lookup;
-  const bool kept = fs::exists(path, lookup);
-  if (lookup) {
-    err << "note: the time is at the data sheets' rates: " << path.string() << ": "
-        << lookup.message() << "\n";
+  const auto sheets = [&err](const std::string& why) {
+    err << "note: the time is at the data sheets' rates: " << why << "\n";
     return LocalRates();
-  }
-  if (kept) {
-    StatusOr<estimate::RateProbe> probe = ReadRateProbe(path);
-    const bool current = probe.ok() && probe->version == estimate::kRateProbeVersion;
-    if (current && probe->device_name == CpuModelName()) return FromProbe(*probe, path.string());
-    err << "note: measuring this machine's rates again: "
-        << (!probe.ok() ? probe.status().message()
-            : !current
-                ? path.string() + " is a probe of version " + std::to_string(probe->version) +
-                      ", older than this llmctl's " + std::to_string(estimate::kRateProbeVersion) +
-                      " (matmul rates by shape, each a median of rounds)"
-                : path.string() + " was measured on " + probe->device_name)
-        << "\n";
-  }
+  };
+  std::string stale;
+  StatusOr<std::optional<estimate::RateProbe>> kept = CurrentLocalProbe(path, stale);
+  if (!kept.ok()) return sheets(kept.status().message());
+  if (kept->has_value()) return FromProbe(**kept, path.string());
+  if (!stale.empty()) err << "note: measuring this machine's rates again: " << stale << "\n";
   StatusOr<DaemonBinaries> binaries = LocateDaemonBinaries(self, env);
   if (!binaries.ok()) {
-    err << "note: the time is at the data sheets' rates: this machine's are not measured ("
-        << binaries.status().message() << ")\n";
-    return LocalRates();
+    return sheets("this machine's are not measured (" + binaries.status().message() + ")");
   }
+  // The data directory as the daemons make and check it: private when made here, any mode when
+  // there (LLMCTL_HOME may be shared on purpose), never a link to a directory elsewhere.
+  if (Status made = EnsureOwnDirectory(dir->string(), 0700, OthersMay::kAnything); !made.ok()) {
+    return sheets(made.message());
+  }
+  const fs::path lock_path = *dir / kLocalProbeLockFile;
+  const StatusOr<FileLock> measuring = [&]() -> StatusOr<FileLock> {
+    StatusOr<FileLock> free = FileLock::AcquireWithin(lock_path, std::chrono::milliseconds(0));
+    if (free.status().code() != StatusCode::kDeadlineExceeded) return free;
+    err << "waiting for the llmctl that measures this machine's rates into " << path.string()
+        << " (at most " << kProbeLockWait.count() << " minutes)\n"
+        << std::flush;
+    return FileLock::AcquireWithin(lock_path, kProbeLockWait);
+  }();
+  if (!measuring.ok()) return sheets(measuring.status().message());
+  // What the llmctl that held the lock measured, if it did.
+  kept = CurrentLocalProbe(path, stale);
+  if (!kept.ok()) return sheets(kept.status().message());
+  if (kept->has_value()) return FromProbe(**kept, path.string());
   err << "measuring this machine's rates once (llm-train --probe, about 12 s) into "
       << path.string() << "; delete it to measure again\n"
       << std::flush;
-  // The data directory as the daemons make and check it: private when made here, any mode when
-  // there (LLMCTL_HOME may be shared on purpose), never a link to a directory elsewhere.
-  Status made = EnsureOwnDirectory(dir->string(), 0700, OthersMay::kAnything);
-  if (made.ok()) made = RunProbe(binaries->llm_train, path);
+  const Status probed = RunProbe(binaries->llm_train, path);
   StatusOr<estimate::RateProbe> probe =
-      made.ok() ? ReadRateProbe(path) : StatusOr<estimate::RateProbe>(made);
-  if (!probe.ok()) {
-    err << "note: the time is at the data sheets' rates: " << probe.status().message() << "\n";
-    return LocalRates();
-  }
+      probed.ok() ? ReadRateProbe(path) : StatusOr<estimate::RateProbe>(probed);
+  if (!probe.ok()) return sheets(probe.status().message());
   return FromProbe(*probe, path.string());
 }
 

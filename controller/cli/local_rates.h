@@ -50,9 +50,11 @@ using Target = std::map<std::string, std::string>;
 class LocalRates {
  public:
   // The probe at the data directory `env` names, measured first with llm-train (found as the
-  // daemons are, beside `self`) when absent, saying so on `err`; none (the data sheets) when there
-  // is no data directory, or llm-train cannot measure (said on `err`), or LLMCTL_RATE_PROBE is
-  // "off" (said nowhere: the estimate's time then names no rates, as the data sheets' never do).
+  // daemons are, beside `self`) when absent, saying so on `err` (by one llmctl at a time: another
+  // waits up to 3 minutes for its probe, under probe.json.lock, and takes it); none (the data
+  // sheets) when there is no data directory, or llm-train cannot measure (said on `err`), or
+  // LLMCTL_RATE_PROBE is "off" (said nowhere: the estimate's time then names no rates, as the data
+  // sheets' never do).
   static LocalRates Load(const EnvLookup& env, const std::filesystem::path& self,
                          std::ostream& err);
   // Load, put off until For is first asked about a CPU trial: a file of GPU trials never

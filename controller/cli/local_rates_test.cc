@@ -12,7 +12,9 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include "common/cpu_model.h"
 #include "common/estimate/gpus.h"
@@ -106,6 +108,39 @@ TEST_F(LocalRatesTest, ALinkInTheDataDirectorysPlaceIsRefusedAndNothingIsMeasure
             std::string::npos)
       << err.str();
   EXPECT_FALSE(fs::exists(home_ / "elsewhere" / "probe.json"));
+}
+
+// Two llmctls that need this machine's rates at once measure them once: the second waits for the
+// first's probe and takes it, rather than measuring beside it (each then measures half a machine,
+// which the probe refuses as a busy machine's rates).
+TEST_F(LocalRatesTest, TwoAtOnceMeasureOnceAndBothTakeTheProbe) {
+  const fs::path bin = home_ / "bin";
+  fs::create_directories(bin);
+  std::ofstream(home_ / "fixed.json") << FixedProbe().ToJson().dump(2);
+  const std::string runs = (home_ / "runs.txt").string();
+  for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
+    // The stand-in llm-train waits for a second run (2 s at most) before writing --probe-output's
+    // file, so that two measurements would overlap.
+    std::ofstream(bin / name) << "#!/bin/sh\necho run >> '" << runs
+                              << "'\ni=0\nwhile [ \"$(wc -l < '" << runs
+                              << "')\" -lt 2 ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i+1)); "
+                                 "done\ncat '"
+                              << (home_ / "fixed.json").string() << "' > \"$3\"\n";
+    fs::permissions(bin / name, fs::perms::owner_all);
+  }
+  std::ostringstream errs[2];
+  std::optional<LocalRates> loaded[2];
+  {
+    std::jthread first([&] { loaded[0] = LocalRates::Load(Env(), bin / "llmctl", errs[0]); });
+    std::jthread second([&] { loaded[1] = LocalRates::Load(Env(), bin / "llmctl", errs[1]); });
+  }
+  std::ifstream measured(runs);
+  const std::string measured_text(std::istreambuf_iterator<char>(measured), {});
+  EXPECT_EQ(measured_text, "run\n") << errs[0].str() << errs[1].str();
+  for (int i : {0, 1}) {
+    ASSERT_TRUE(loaded[i]->probe().has_value()) << errs[i].str();
+    EXPECT_EQ(loaded[i]->probe()->ToJson(), FixedProbe().ToJson());
+  }
 }
 
 // A probe of version 1 timed its matmuls at 512 tokens only: it is measured again, saying why
