@@ -10,7 +10,6 @@
 
 #include "agent/process.h"
 #include "agent/supervisor.h"
-#include "common/atomic_file.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
 
@@ -40,10 +39,18 @@ pid_t WorkerProcessGroup(const std::string& run_dir) {
 Status AppendLines(const std::string& path, const std::string& lines) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return UnavailableError("cannot open " + path + ": " + std::strerror(errno));
-  // One write of whole lines: a reader never sees half a line it would count.
-  Status written = WriteAll(fd, lines.data(), lines.size());
+  // One write of whole lines, cut off again when it is cut short (a full disk): a reader never
+  // counts half a line, and the next round's lines never join one.
+  bool cut_off = false;
+  const Status written = AppendWholeLines(fd, lines, cut_off);
   ::close(fd);
-  return written;
+  if (written.ok()) return written;
+  return UnavailableError(
+      std::string("cannot write ")
+          .append(path)
+          .append(": ")
+          .append(written.message())
+          .append(cut_off ? "; these readings are lost" : "; a part of a line is left at its end"));
 }
 
 }  // namespace
