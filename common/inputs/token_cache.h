@@ -27,9 +27,11 @@ StatusOr<std::string> TokenCacheLocation();
 // The token cache's file for tokens that `fingerprint` describes (what prepared them, from what),
 // under TokenCacheLocation(): `prepare(path)` writes it unless a whole file with that fingerprint
 // is there already (its contents checked against its hash: a corrupt one is written again).
-// Returns its path. The cache's directories are made 0700; Unavailable, naming the directory and
-// LLMCTL_CACHE_DIR, when one cannot be made or is not a directory of this user's that only they
-// can write (another user could plant token files in it).
+// `prepare` runs under an exclusive flock on <path>.lock (a second process waits, then finds the
+// file made), after what a killed preparation left beside it is removed
+// (RemoveAtomicWriteLeftovers). Returns its path. The cache's directories are made 0700;
+// Unavailable, naming the directory and LLMCTL_CACHE_DIR, when one cannot be made or is not a
+// directory of this user's that only they can write (another user could plant token files in it).
 StatusOr<std::string> CachedTokenFile(
     const std::string& fingerprint, const std::function<Status(const std::string& path)>& prepare);
 
