@@ -301,7 +301,11 @@ Status CheckRoomToPrepare(const std::string& path, int64_t file_bytes,
   if (!available.has_value()) {
     ASSIGN_OR_RETURN(available, AvailableBytes(what, dir));
   }
-  return CheckRoomIn(what, dir, *available, SaturatingMul<int64_t>(file_bytes, 2), 0);
+  // Unavailable, as the files report a write the disk refused: lack of room is the machine's
+  // failure, not the input's (llm-train --prepare exits kFailed for it, not kInvalidInput).
+  const Status room = CheckRoomIn(what, dir, *available, SaturatingMul<int64_t>(file_bytes, 2), 0);
+  if (room.ok()) return room;
+  return UnavailableError(room.message());
 }
 
 Status WriteTokenFile(const std::string& path, std::string_view fingerprint, int32_t bos_id,

@@ -82,9 +82,9 @@ class TokenFileWriter {
 
 // OK when the directory of `path` has room to prepare a token file of about `file_bytes` there:
 // twice that, since its scratch files are all on disk when Finish writes the file from them. Else
-// ResourceExhausted naming the directory, the bytes needed and the bytes free (CheckRoomIn), so
-// that a preparation that cannot fit is refused before its first byte rather than failing with
-// ENOSPC midway. `available` is the filesystem's free bytes (AvailableBytes) unless given.
+// Unavailable (as a write the disk refused) with CheckRoomIn's message naming the directory, the
+// bytes needed and the bytes free, so that a preparation that cannot fit is refused before its
+// first byte rather than failing with ENOSPC midway. `available` is the filesystem's free bytes (AvailableBytes) unless given.
 Status CheckRoomToPrepare(const std::string& path, int64_t file_bytes,
                           std::optional<uint64_t> available = std::nullopt);
 

@@ -121,7 +121,7 @@ TEST(TokenFileTest, PreparingWithoutRoomForTwiceTheFileIsRefused) {
   constexpr int64_t kFile = int64_t{3} << 30;
   EXPECT_TRUE(CheckRoomToPrepare(path, kFile, uint64_t{6} << 30).ok());
   const Status refused = CheckRoomToPrepare(path, kFile, uint64_t{5} << 30);
-  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable);
   EXPECT_EQ(refused.message(), "cannot prepare " + path +
                                    " (its scratch files, then the file: twice the 3.00 GiB it is "
                                    "estimated at): 6.00 GiB do not fit in " +
@@ -427,7 +427,7 @@ TEST(PrepareTest, ADatasetTooLargeForTheDirectoryIsRefusedBeforeItIsRead) {
   ByteTextEncoder encoder;
   auto stats = PrepareTokenFile(data, encoder, PrepareOptions(), dir + "/huge.tok");
   ASSERT_FALSE(stats.ok());
-  EXPECT_EQ(stats.status().code(), StatusCode::kResourceExhausted) << stats.status().message();
+  EXPECT_EQ(stats.status().code(), StatusCode::kUnavailable) << stats.status().message();
   EXPECT_NE(stats.status().message().find("twice the 40.00 TiB it is estimated at): 80.00 TiB do "
                                           "not fit in " +
                                           dir + ", whose filesystem has "),
