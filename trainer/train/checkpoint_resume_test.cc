@@ -3,8 +3,12 @@
 // and read only as far as the model needs. On the demo model, each test in its own process.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -189,6 +193,48 @@ TEST(CheckpointResumeTest, CheckpointBytesCoverWhatSaveCheckpointWrites) {
   EXPECT_GE(CheckpointBytes(model, optimizer), written);
   // An allowance, not a multiple: a large model's estimate stays close to its tensors' bytes.
   EXPECT_LT(CheckpointBytes(model, optimizer), tensor_bytes + 128 * 1024);
+  std::filesystem::remove_all(out);
+}
+
+// A checkpoint cut short (RLIMIT_FSIZE here, a full disk elsewhere) leaves neither its staging
+// directory, which would keep the disk full, nor a checkpoint.
+TEST(CheckpointResumeTest, AFailedCheckpointLeavesNoStagingDirectory) {
+  const std::string out = testing::FreshTempDir("cut-short");
+  const NamedTensors model = {{"embed", torch::ones({256, 256})}};  // 256 KiB
+  const NamedTensors optimizer = {{"step", torch::zeros({}, torch::kFloat32)}};
+  TrainingState state;
+  state.config = DemoConfig({}).ToJson();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Writes past 64 KiB fail with EFBIG (not the signal).
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{64 * 1024, 64 * 1024};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) std::_Exit(2);
+    std::_Exit(SaveCheckpoint(out + "/step-1", model, optimizer, state).ok() ? 3 : 0);
+  }
+  int wait_status = 0;
+  ASSERT_EQ(::waitpid(child, &wait_status, 0), child);
+  ASSERT_TRUE(WIFEXITED(wait_status)) << wait_status;
+  ASSERT_EQ(WEXITSTATUS(wait_status), 0);
+  EXPECT_FALSE(std::filesystem::exists(out + "/step-1.tmp"));
+  EXPECT_FALSE(std::filesystem::exists(out + "/step-1"));
+  std::filesystem::remove_all(out);
+}
+
+// What a run killed while writing a checkpoint left is cleared when the next run starts; complete
+// checkpoints stay.
+TEST(CheckpointResumeTest, ARunRemovesTheStagingDirectoriesOfKilledRuns) {
+  const std::string out = testing::FreshTempDir("killed");
+  const std::string checkpoints = out + "/checkpoints";
+  std::filesystem::create_directories(checkpoints + "/step-7.tmp");
+  std::ofstream(checkpoints + "/step-7.tmp/model.safetensors") << "partial";
+  std::filesystem::create_directories(checkpoints + "/step-3");
+  std::ofstream(checkpoints + "/step-3/model.safetensors") << "kept";
+  const TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "1"}, {"output_dir", out}}));
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  EXPECT_FALSE(std::filesystem::exists(checkpoints + "/step-7.tmp"));
+  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/step-3/model.safetensors"));
   std::filesystem::remove_all(out);
 }
 

@@ -110,11 +110,12 @@ uint64_t CheckpointBytes(const NamedTensors& model, const NamedTensors& optimize
   return bytes;
 }
 
-Status SaveCheckpoint(const std::string& dir, const NamedTensors& model,
+namespace {
+
+// SaveCheckpoint's work; on a failure `staging` may hold part of the checkpoint.
+Status StageAndRename(const fs::path& final_dir, const fs::path& staging, const NamedTensors& model,
                       const NamedTensors& optimizer, const TrainingState& state,
                       const std::function<Status(const std::string& staging_dir)>& before_rename) {
-  const fs::path final_dir(dir);
-  const fs::path staging = final_dir.string() + ".tmp";
   std::error_code error;
   fs::remove_all(staging, error);
   fs::create_directories(staging, error);
@@ -135,6 +136,41 @@ Status SaveCheckpoint(const std::string& dir, const NamedTensors& model,
   fs::remove_all(final_dir, error);
   fs::rename(staging, final_dir, error);
   if (error) return UnavailableError("cannot rename " + staging.string() + ": " + error.message());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status SaveCheckpoint(const std::string& dir, const NamedTensors& model,
+                      const NamedTensors& optimizer, const TrainingState& state,
+                      const std::function<Status(const std::string& staging_dir)>& before_rename) {
+  const fs::path staging = dir + kCheckpointStagingSuffix;
+  Status saved = StageAndRename(dir, staging, model, optimizer, state, before_rename);
+  if (!saved.ok()) {
+    // What was written would keep the disk as full as it made it (tens of GB for a large model).
+    std::error_code ignored;
+    fs::remove_all(staging, ignored);
+  }
+  return saved;
+}
+
+Status RemoveCheckpointStaging(const std::string& checkpoints_dir) {
+  std::error_code error;
+  if (!fs::exists(checkpoints_dir, error) && !error) return Status::Ok();
+  for (auto it = fs::directory_iterator(checkpoints_dir, error);
+       !error && it != fs::directory_iterator(); it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with("step-") || !name.ends_with(kCheckpointStagingSuffix) ||
+        it->is_symlink(error) || !it->is_directory(error)) {
+      continue;
+    }
+    std::error_code removing;
+    fs::remove_all(it->path(), removing);
+    if (removing) {
+      return UnavailableError("cannot remove " + it->path().string() + ": " + removing.message());
+    }
+  }
+  if (error) return UnavailableError("cannot list " + checkpoints_dir + ": " + error.message());
   return Status::Ok();
 }
 

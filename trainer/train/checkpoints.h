@@ -42,13 +42,23 @@ NamedTensors ModelState(torch::nn::Module& model);
 Status WriteTensors(const std::string& path, const NamedTensors& tensors,
                     const std::map<std::string, std::string>& metadata = {});
 
+// What a checkpoint directory's name takes while it is written: step-<N>.tmp.
+inline constexpr char kCheckpointStagingSuffix[] = ".tmp";
+
 // Writes a complete checkpoint directory at `dir` (atomically: into dir + ".tmp", then renamed).
 // `before_rename`, when set, runs once the staging directory holds everything above and may add to
-// it (strategy fsdp's other ranks' optimizer shards); its failure fails the checkpoint.
+// it (strategy fsdp's other ranks' optimizer shards); its failure fails the checkpoint. A failed
+// checkpoint's staging directory is removed (under fsdp, other ranks may still write into it once
+// rank 0 failed: RemoveCheckpointStaging at the next run's start clears what they leave).
 Status SaveCheckpoint(
     const std::string& dir, const NamedTensors& model, const NamedTensors& optimizer,
     const TrainingState& state,
     const std::function<Status(const std::string& staging_dir)>& before_rename = nullptr);
+
+// Removes the staging directories (step-<N>.tmp) directly in `checkpoints_dir` that a run killed
+// while writing a checkpoint left behind; complete checkpoints (step-<N>) stay. Only while no
+// checkpoint is being written there. OK when the directory is missing.
+Status RemoveCheckpointStaging(const std::string& checkpoints_dir);
 
 // The tensors of a safetensors file, as owned CPU tensors.
 StatusOr<NamedTensors> ReadTensors(const std::string& path);

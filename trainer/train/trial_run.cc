@@ -114,6 +114,15 @@ TrialResult TrialRun::Run() {
     if (!options_.resume_from.empty()) {
       if (Status status = Resume(); !status.ok()) return InvalidInput(status);
     }
+    // A run killed while writing a checkpoint left its staging directory, keeping a disk full
+    // that the next checkpoint needs. Rank 0 clears them before the first step: the other ranks
+    // write into one only once rank 0 writes a checkpoint of this run (SaveShardedCheckpoint).
+    if (rank_ == 0 && !settings().output.dir.empty()) {
+      if (Status status = RemoveCheckpointStaging(settings().output.dir + "/checkpoints");
+          !status.ok()) {
+        Log("warning", status.message());
+      }
+    }
     if (Status status = parallel_->BeginTraining(model_tensors_); !status.ok()) {
       return Finish(Outcome::kFailed, status.message());
     }
