@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -709,6 +710,36 @@ TEST_F(AgentTest, ArtifactsComeInChunksWithTheirSha256) {
   }
   for (const auto& [path, bytes] : files)
     EXPECT_EQ(sha256s[path], digest::Sha256Hex(bytes)) << path;
+}
+
+// A checkpoint's staging directory (being written, or left by a failed or killed run) is no
+// artifact: it is incomplete, and as large as the checkpoint.
+TEST_F(AgentTest, ACheckpointsStagingDirectoryIsNoArtifact) {
+  StartAgent();
+  const pb::RunKey key = Key(6, "staging", 1);
+  RunTrial(key, 0);
+  ASSERT_TRUE(Stream(key, 0).ended.has_value());
+  const fs::path checkpoints = RunDir(key) / "output" / "checkpoints";
+  for (const char* dir : {"step-1", "step-2.tmp"}) {
+    fs::create_directories(checkpoints / dir);
+    WriteFile(checkpoints / dir / "model.safetensors", "m",
+              fs::perms::owner_read | fs::perms::owner_write);
+  }
+  pb::FetchArtifactsRequest request;
+  *request.mutable_key() = key;
+  grpc::ClientContext context;
+  Deadline(&context);
+  auto stub = Stub();
+  auto reader = stub->FetchArtifacts(&context, request);
+  std::set<std::string> paths;
+  pb::ArtifactChunk chunk;
+  while (reader->Read(&chunk)) {
+    if (!chunk.path().empty()) paths.insert(chunk.path());
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_TRUE(paths.contains("output/checkpoints/step-1/model.safetensors"));
+  EXPECT_FALSE(paths.contains("output/checkpoints/step-2.tmp/model.safetensors"));
+  EXPECT_TRUE(paths.contains("events.jsonl"));
 }
 
 TEST_F(AgentTest, NodeInfoAndAuthentication) {

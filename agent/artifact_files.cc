@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <string_view>
 
 #include "common/files.h"
 #include "common/rank_files.h"
@@ -75,10 +76,24 @@ UniqueFd OpenArtifact(const std::string& root, const std::string& path, int64_t&
   return fd;
 }
 
-// The run's artifacts: every regular file under output/, then the logs, as paths relative to the
-// run directory.
+// Whether the path (relative to the run directory) lies in a checkpoint still being written, or
+// left half written by a failed or killed run: llm-train writes output/checkpoints/step-<N>.tmp and
+// renames it step-<N> once whole (trainer/train/checkpoints.h).
+bool InCheckpointStaging(std::string_view path) {
+  constexpr std::string_view kCheckpoints = "output/checkpoints/";
+  if (!path.starts_with(kCheckpoints)) return false;
+  const std::string_view below = path.substr(kCheckpoints.size());
+  const size_t slash = below.find('/');
+  if (slash == std::string_view::npos) return false;
+  const std::string_view dir = below.substr(0, slash);
+  return dir.starts_with("step-") && dir.ends_with(".tmp");
+}
+
+// The run's artifacts: every regular file under output/ but checkpoints being written, then the
+// logs, as paths relative to the run directory.
 std::vector<std::string> ArtifactPaths(const std::string& run_dir, const RunRanks& ranks) {
   std::vector<std::string> paths = FilesBelow((fs::path(run_dir) / "output").string(), run_dir);
+  std::erase_if(paths, [](const std::string& path) { return InCheckpointStaging(path); });
   std::error_code error;
   for (const char* log : {"trial.yaml", kEventsFile, "stdout.log", "stderr.log"}) {
     if (fs::is_regular_file(fs::path(run_dir) / log, error)) paths.push_back(log);

@@ -31,7 +31,8 @@ int64_t ReadFull(int fd, char* buffer, int64_t wanted);
 // Invalid when it is not such a file (or was removed meanwhile); `size` is its size then.
 UniqueFd OpenArtifact(const std::string& root, const std::string& path, int64_t& size);
 
-// The run's artifacts: every regular file under output/, then the logs, as paths relative to the
+// The run's artifacts: every regular file under output/ but those of a checkpoint's staging
+// directory (output/checkpoints/step-<N>.tmp: incomplete), then the logs, as paths relative to the
 // run directory.
 std::vector<std::string> ArtifactPaths(const std::string& run_dir, const RunRanks& ranks);
 
