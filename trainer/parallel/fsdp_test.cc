@@ -4,9 +4,11 @@
 #include "trainer/parallel/fsdp.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -463,6 +465,29 @@ TEST(FsdpTest, ResumeContinuesExactly) { ExpectResumeContinuesExactly("resume", 
 // uninterrupted run's.
 TEST(FsdpTest, Bf16MixedResumeContinuesExactly) {
   ExpectResumeContinuesExactly("resume-bf16-mixed", "bf16-mixed");
+}
+
+// Rank 0 failing its checkpoint first (RLIMIT_FSIZE 1 MiB against the 4 MB model.safetensors here,
+// a full disk elsewhere) removes its staging directory before the other ranks write their shards
+// (SGD: a few bytes each) into it; once they have, it is removed again, and no step-N appears.
+TEST(FsdpTest, ACheckpointRankZeroFailsFirstLeavesNoStagingDirectory) {
+  rlimit unlimited{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &unlimited), 0);
+  const rlimit limit{1024 * 1024, unlimited.rlim_max};
+  // Inherited by llm-train and its ranks: writes past the limit fail with EFBIG, not the signal.
+  const sighandler_t handler = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  const DemoRun run =
+      RunDemo("checkpoint-cut-short", 2,
+              {"optimizer=sgd", "train.micro_batch_size=2", "train.global_batch_size=4"},
+              /*steps=*/1);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &unlimited), 0);
+  std::signal(SIGXFSZ, handler);
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("model.safetensors"), std::string::npos) << run.output;
+  EXPECT_FALSE(std::filesystem::exists(run.dir + "/out/checkpoints/step-1.tmp")) << run.output;
+  EXPECT_FALSE(std::filesystem::exists(run.dir + "/out/checkpoints/step-1"));
+  std::filesystem::remove_all(run.dir);
 }
 
 TEST(FsdpTest, WhatFsdpDoesNotBuildIsRefusedByName) {

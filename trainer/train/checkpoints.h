@@ -49,7 +49,7 @@ inline constexpr char kCheckpointStagingSuffix[] = ".tmp";
 // `before_rename`, when set, runs once the staging directory holds everything above and may add to
 // it (strategy fsdp's other ranks' optimizer shards); its failure fails the checkpoint. A failed
 // checkpoint's staging directory is removed (under fsdp, other ranks may still write into it once
-// rank 0 failed: RemoveCheckpointStaging at the next run's start clears what they leave).
+// rank 0 failed: SaveShardedCheckpoint removes it again once they have).
 Status SaveCheckpoint(
     const std::string& dir, const NamedTensors& model, const NamedTensors& optimizer,
     const TrainingState& state,
