@@ -11,14 +11,21 @@
 #include <string>
 #include <string_view>
 
+#include "common/status.h"
+
 namespace llmctl {
 
 // Deeper than any document llmctl reads (an event: 3; a config.json: 4; a tokenizer.json's
 // sequences: 16) and far from a stack's end.
 inline constexpr int kMaxForeignJsonDepth = 64;
 
-// `text` parsed, or a discarded value (is_discarded()) when it is not JSON or nests deeper than
-// kMaxForeignJsonDepth: what nlohmann::json::parse(text, nullptr, false) returns, for foreign text.
+// `text` parsed, or InvalidArgument: "not valid JSON: " and the parser's message, or "arrays and
+// objects nested more than 64 levels deep". The parse ends at the first array or object nested
+// past kMaxForeignJsonDepth: nlohmann's parser would keep a level of stack for each one after it.
+StatusOr<nlohmann::json> ParseJsonWithinDepth(std::string_view text);
+
+// `text` parsed, or a discarded value (is_discarded()) where ParseJsonWithinDepth fails: what
+// nlohmann::json::parse(text, nullptr, false) returns, for foreign text.
 nlohmann::json ParseForeignJson(std::string_view text);
 
 // Whether `value` nests at most `levels` levels of arrays and objects (a scalar: 0). Recurses at

@@ -1,8 +1,16 @@
 #include "common/foreign_json.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "common/text.h"
 
 namespace llmctl {
 namespace {
@@ -14,9 +22,52 @@ TEST(ForeignJsonTest, ParsesWhatNestsWithinTheLimitAndDiscardsTheRest) {
   auto nested = [](int levels) { return std::string(levels, '[') + std::string(levels, ']'); };
   EXPECT_FALSE(ParseForeignJson(nested(kMaxForeignJsonDepth)).is_discarded());
   EXPECT_TRUE(ParseForeignJson(nested(kMaxForeignJsonDepth + 1)).is_discarded());
-  // 200,000 levels: a copy or dump() of it would overflow the stack; the parse reads it through.
+  // 200,000 levels: a copy or dump() of it would overflow the stack; the parse ends at level 65.
   const nlohmann::json deep = ParseForeignJson("{\"a\":" + nested(200000) + "}");
   EXPECT_TRUE(deep.is_discarded());
+}
+
+// The parse ends at the first array nested past the limit and reads no byte after it: here the text
+// runs on into a page that cannot be read. A parser that read on, keeping a level of stack for each
+// '[' (408 MB for a 60 MB hub listing), would fault there.
+TEST(ForeignJsonTest, TheParseReadsNothingPastTheFirstArrayNestedTooDeep) {
+  const size_t page = sysconf(_SC_PAGESIZE);
+  void* pages = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(pages, MAP_FAILED);
+  char* unreadable = static_cast<char*>(pages) + page;
+  ASSERT_EQ(mprotect(unreadable, page, PROT_NONE), 0);
+  const size_t levels = kMaxForeignJsonDepth + 1;
+  std::memset(unreadable - levels, '[', levels);
+  const std::string_view text(unreadable - levels, levels + page);
+  EXPECT_EXIT(
+      {
+        const StatusOr<nlohmann::json> parsed = ParseJsonWithinDepth(text);
+        std::exit(parsed.status().message() == "arrays and objects nested more than 64 levels deep"
+                      ? 0
+                      : 1);
+      },
+      testing::ExitedWithCode(0), "");
+  munmap(pages, 2 * page);
+}
+
+TEST(ForeignJsonTest, WhyTextIsRefusedIsSaid) {
+  const StatusOr<nlohmann::json> deep =
+      ParseJsonWithinDepth(std::string(kMaxForeignJsonDepth + 1, '[') + "\xff not json");
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(deep.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(deep.status().message(), "arrays and objects nested more than 64 levels deep");
+  const StatusOr<nlohmann::json> within =
+      ParseJsonWithinDepth(std::string(kMaxForeignJsonDepth, '[') + "\xff not json");
+  ASSERT_FALSE(within.ok());
+  EXPECT_TRUE(within.status().message().starts_with("not valid JSON: "))
+      << within.status().message();
+  EXPECT_EQ(FirstInvalidUtf8(within.status().message()), std::string::npos);
+  const StatusOr<nlohmann::json> objects = ParseJsonWithinDepth(
+      std::string("{\"a\":").append(kMaxForeignJsonDepth, '[') + "{\"b\": not json");
+  ASSERT_FALSE(objects.ok());
+  EXPECT_EQ(objects.status().message(), "arrays and objects nested more than 64 levels deep");
+  EXPECT_EQ(*ParseJsonWithinDepth(R"({"a":[1,2.5,"x",null,true]})"),
+            nlohmann::json::parse(R"({"a":[1,2.5,"x",null,true]})"));
 }
 
 TEST(ForeignJsonTest, NestsAtMostCountsLevelsOfArraysAndObjects) {

@@ -17,7 +17,7 @@
 // mutations. To fuzz for real (clang with libFuzzer: apt-get install clang libclang-rt-14-dev),
 // from the repository root, in bash:
 //
-//   SRCS="tests/fuzz/hub_listing_fuzz.cc agent/hub_listing.cc common/foreign_json.cc
+//   SRCS="tests/fuzz/hub_listing_fuzz.cc agent/hub_listing.cc common/foreign_json.cc common/text.cc
 //         common/status.cc common/digest/digest.cc"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 //       -I. $SRCS $(pkg-config --cflags --libs libcrypto) -o /tmp/hub_listing_fuzz  # one line
