@@ -24,12 +24,16 @@ std::string Lower(std::string_view text) {
   return lower;
 }
 
+// A key or value is quoted at most this long in a message: one given on a command line (--set)
+// may be any length.
+constexpr size_t kMaxQuotedBytes = 200;
+
 Status ValueError(const KeySpec& spec, std::string problem) {
   return InvalidArgumentError(std::string(spec.name) + ": " + problem);
 }
 
 Status UnknownKeyError(std::string_view key) {
-  std::string message = "unknown key '" + std::string(key) + "'";
+  std::string message = "unknown key '" + OnOneLine(key, kMaxQuotedBytes) + "'";
   const std::string nearest = NearestTrialKey(key);
   if (!nearest.empty()) message += " (did you mean '" + nearest + "'?)";
   return InvalidArgumentError(message);
@@ -89,7 +93,7 @@ StatusOr<KeyValue> ParseScalar(const KeySpec& spec, KeyType type, std::string_vi
   const std::string_view text = Trim(raw);
   // Appended piece by piece: GCC 12 at -O3 reports a false -Wrestrict for "'" + std::string(raw).
   std::string quoted(1, '\'');
-  quoted.append(raw);
+  quoted.append(OnOneLine(raw, kMaxQuotedBytes));
   quoted.push_back('\'');
   switch (type) {
     case KeyType::kString:
@@ -246,7 +250,7 @@ StatusOr<KeyValue> ParseKeyValue(const KeySpec& spec, std::string_view text) {
     if (!items) {
       const char* example = spec.type == KeyType::kFloatList ? "[0.9, 0.95]" : "[q_proj, v_proj]";
       return ValueError(spec, std::string("expected a list like ") + example + ", got '" +
-                                  std::string(text) + "'");
+                                  OnOneLine(text, kMaxQuotedBytes) + "'");
     }
     return ParseKeyValueList(spec, *items);
   }
@@ -258,7 +262,10 @@ StatusOr<KeyValue> ParseKeyValueList(const KeySpec& spec, const std::vector<std:
     std::vector<double> values;
     for (const std::string& item : items) {
       std::optional<double> value = ParseFloat(Trim(item));
-      if (!value) return ValueError(spec, "expected a number in the list, got '" + item + "'");
+      if (!value) {
+        return ValueError(
+            spec, "expected a number in the list, got '" + OnOneLine(item, kMaxQuotedBytes) + "'");
+      }
       values.push_back(*value);
     }
     return KeyValue(std::move(values));

@@ -82,6 +82,25 @@ TEST(ParseKeyValueTest, StringListsThroughASyntheticKey) {
   EXPECT_EQ(FormatKeyValue(*ParseKeyValue(targets, "a,b")), "[a, b]");
 }
 
+// A key or value given on a command line (llmctl plan's and llm-train's --set) may be any length:
+// a 100,000-character one was quoted whole.
+TEST(TrialConfigTest, ALongKeyOrValueIsQuotedAtMost200Bytes) {
+  TrialConfig config;
+  const std::string long_text(100'000, 'x');
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"train.lr", long_text},
+                                                        {"train.micro_batch_size", long_text},
+                                                        {"precision", long_text},
+                                                        {"peft.targets", "[" + long_text},
+                                                        {"train.betas", "[1, " + long_text + "]"},
+                                                        {"train." + long_text, "1"}}) {
+    const Status status = config.SetFromText(key, value);
+    ASSERT_FALSE(status.ok()) << key.substr(0, 40);
+    EXPECT_LT(status.message().size(), 600u) << status.message().substr(0, 600);
+    EXPECT_NE(status.message().find("xxx…'"), std::string::npos) << status.message().substr(0, 600);
+  }
+}
+
 TEST(ParseKeyValueTest, ErrorsNameKeyAndText) {
   EXPECT_EQ(ParseKeyValue(Spec("train.micro_batch_size"), "abc").status().message(),
             "train.micro_batch_size: expected an integer, got 'abc'");

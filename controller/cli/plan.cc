@@ -184,13 +184,16 @@ Status SetPlanBase(const PlanOptions& o, Resolved& r) {
       RETURN_IF_ERROR(base.SetFromText("peft.targets", "[q, v]"));
     }
   }
+  // A --set is quoted at most this long: a 100,000-character value made a 200 KB message.
+  constexpr size_t kMaxQuotedSetBytes = 200;
   for (const std::string& set : o.sets) {
+    const std::string quoted = OnOneLine(set, kMaxQuotedSetBytes);
     const size_t eq = set.find('=');
     if (eq == std::string::npos) {
-      return InvalidArgumentError("--set: expected KEY=VALUE, got '" + set + "'");
+      return InvalidArgumentError("--set: expected KEY=VALUE, got '" + quoted + "'");
     }
     const Status applied = base.SetFromText(set.substr(0, eq), set.substr(eq + 1));
-    if (!applied.ok()) return InvalidArgumentError("--set " + set + ": " + applied.message());
+    if (!applied.ok()) return InvalidArgumentError("--set " + quoted + ": " + applied.message());
   }
   return Status::Ok();
 }

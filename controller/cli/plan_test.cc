@@ -111,6 +111,22 @@ TEST_F(PlanTest, BadFlagsAreNamed) {
   expect_error(args, "--set: expected KEY=VALUE");
 }
 
+// A 100,000-character value was echoed twice, a 200 KB message; each quote is now at most 200
+// bytes.
+TEST_F(PlanTest, ALongSetValueIsQuotedShort) {
+  for (const std::string& set :
+       {"train.lr=" + std::string(100'000, 'x'), "peft.targets=[" + std::string(100'000, 'x'),
+        "train.lr" + std::string(100'000, 'x') + "=1", "train.lr" + std::string(100'000, 'x')}) {
+    std::vector<std::string> args = CpuLabLarge();
+    args.insert(args.end(), {"--set", set});
+    EXPECT_EQ(Llmctl(args), kExitInvalidInput) << out_.str();
+    const std::string key = set.substr(0, set.find_first_of("=x"));
+    EXPECT_NE(err_.str().find(key), std::string::npos) << err_.str().substr(0, 1000);
+    EXPECT_LT(err_.str().size(), 1000u) << err_.str().substr(0, 1000);
+    err_.str("");
+  }
+}
+
 TEST_F(PlanTest, GpuPlanCountsGpuHoursAndServiceUnits) {
   ASSERT_EQ(Llmctl({"tinyllama-1.1b", "--device", "h100-94gb", "--seq", "512", "--global-batch",
                     "32", "--tokens", "10000000", "--su-per-node-hour", "2", "--peft", "none",
