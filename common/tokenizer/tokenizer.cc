@@ -228,29 +228,12 @@ Status ReadPadding(const JsonSource& src, const Json& root, TokenizerState* stat
   return Status::Ok();
 }
 
-// Thrown by ParseJsonText's callback to end the parse.
-struct NestedTooDeep {};
-
-// `text` parsed. nlohmann's parser keeps each level of nesting (1.5 GB for a 40 MB tokenizer.json
-// of "[[[[", within ReadFile's limit of 256 MiB), so the parse ends at the first array or object
-// nested past kMaxForeignJsonDepth and the text is refused.
+// `text` parsed (ParseJsonWithinDepth: the parse ends at the first array or object nested past
+// kMaxForeignJsonDepth), or why not, naming the file.
 StatusOr<Json> ParseJsonText(const JsonSource& src, std::string_view text) {
-  try {
-    return Json::parse(text, [](int depth, Json::parse_event_t event, Json&) {
-      if (depth >= kMaxForeignJsonDepth && (event == Json::parse_event_t::object_start ||
-                                            event == Json::parse_event_t::array_start)) {
-        throw NestedTooDeep{};
-      }
-      return true;
-    });
-  } catch (const NestedTooDeep&) {
-    return src.Invalid("", std::string("arrays and objects nested more than ")
-                               .append(std::to_string(kMaxForeignJsonDepth))
-                               .append(" levels deep; a tokenizer's nest a few"));
-  } catch (const Json::exception& e) {  // parse_error, or out_of_range for 1e999
-    // The parser quotes the offending bytes, which need not be UTF-8; messages must be.
-    return src.Invalid("", "not valid JSON: " + Utf8Lossy(e.what()));
-  }
+  StatusOr<Json> root = ParseJsonWithinDepth(text);
+  if (!root.ok()) return src.Invalid("", root.status().message());
+  return root;
 }
 
 StatusOr<std::unique_ptr<TokenizerState>> ParseTokenizer(std::string_view text,
