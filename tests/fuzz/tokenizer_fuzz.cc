@@ -5,8 +5,8 @@
 // (clang with libFuzzer; on Debian: apt-get install clang libclang-rt-14-dev), from the repository
 // root, in bash:
 //
-//   SRCS="tests/fuzz/tokenizer_fuzz.cc common/status.cc common/files.cc common/text.cc common/foreign_json.cc
-//         $(ls common/tokenizer/*.cc | grep -v -e _test -e _bench)"
+//   SRCS="tests/fuzz/tokenizer_fuzz.cc common/status.cc common/files.cc common/text.cc
+//         common/foreign_json.cc $(ls common/tokenizer/*.cc | grep -v -e _test -e _bench)"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. $SRCS
 //       $(pkg-config --cflags --libs libpcre2-8) -o /tmp/tokenizer_fuzz     # (one line)
 //   mkdir -p /tmp/tokenizer_corpus
