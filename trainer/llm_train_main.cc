@@ -349,11 +349,11 @@ llmctl::StatusOr<std::map<std::string, std::string>> ParseInputNames(
   return names;
 }
 
-// Why --prepare stopped: a read or write the system refused (a full disk, EFBIG, EIO; the files
-// report those Unavailable) is no fault of the input's, so it exits kFailed, not kInvalidInput.
+// Why --prepare stopped: kInvalidInput, or kFailed for what is no fault of the input's
+// (IsInputsFault).
 int PrepareFailed(const llmctl::Status& status, const std::map<std::string, std::string>& names) {
   const std::string message = llmctl::NameInputs(status.message(), names);
-  if (status.code() != llmctl::StatusCode::kUnavailable) return Fail(message);
+  if (llmctl::trainer::IsInputsFault(status)) return Fail(message);
   std::cerr << "llm-train: " << llmctl::ForTerminal(message) << std::endl;
   return llmctl::trainer_exit::kFailed;
 }

@@ -189,6 +189,19 @@ TEST(LlmTrainTest, PreparingOntoAFullDiskFailsAsNoFaultOfTheInput) {
   EXPECT_NE(run.output.find("File too large"), std::string::npos) << run.output;
 }
 
+// The same for a run, whose token file is prepared before training: exit 1, the [done] line naming
+// the write that failed, where a bad dataset exits 2.
+TEST(LlmTrainTest, ARunOntoAFullDiskFailsAsNoFaultOfTheInput) {
+  const fs::path cache = testing::FreshTempDir("run-fsize");
+  CommandResult run =
+      RunLlmTrain("--config " + Demo() + " --set train.max_steps=1",
+                  "ulimit -f 1; trap '' XFSZ; LLMCTL_CACHE_DIR=" + cache.string() + " ");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("outcome failed"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("cannot write " + cache.string()), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("File too large"), std::string::npos) << run.output;
+}
+
 // nlohmann's message for a bad line quotes the line ("last read: '...'"): llm-train's error line
 // and its [done] line show it without its C1 and bidirectional controls.
 TEST(LlmTrainTest, AnErrorQuotingADatasetsBytesIsPrintedWithoutTheirControls) {

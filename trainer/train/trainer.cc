@@ -25,6 +25,8 @@ int ExitCodeFor(Outcome outcome) {
   return trainer_exit::kFailed;
 }
 
+bool IsInputsFault(const Status& status) { return status.code() != StatusCode::kUnavailable; }
+
 TrialResult RunTrial(const TrialConfig& config, const RunOptions& options) {
   auto events = EventLog::Open(options.events_path);
   if (!events.ok()) {

@@ -30,6 +30,11 @@ std::string_view OutcomeName(Outcome outcome);
 // llm-train's exit code for the outcome (common/trainer_exit.h).
 int ExitCodeFor(Outcome outcome);
 
+// Whether `status`, a failure before training (or of --prepare), is the input's fault, exit
+// kInvalidInput: a read or write the system refused (a full disk, EFBIG, EIO; the files report
+// those Unavailable) is not, and exits kFailed.
+bool IsInputsFault(const Status& status);
+
 struct TrialResult {
   Outcome outcome = Outcome::kFailed;
   bool invalid_input = false;  // failed before training started because an input was bad

@@ -99,20 +99,20 @@ Status TrialRun::MakeTrialOptimizer() {
 }
 
 TrialResult TrialRun::Run() {
-  if (Status status = Setup(); !status.ok()) return InvalidInput(status);
+  if (Status status = Setup(); !status.ok()) return FailedBeforeTraining(status);
   try {
     // Data first: a bad dataset or tokenizer should fail before minutes of model loading.
-    if (Status status = OpenData(); !status.ok()) return InvalidInput(status);
+    if (Status status = OpenData(); !status.ok()) return FailedBeforeTraining(status);
     memory_->ResetPeak();
-    if (Status status = LoadModel(); !status.ok()) return InvalidInput(status);
+    if (Status status = LoadModel(); !status.ok()) return FailedBeforeTraining(status);
     // The strategy's collectives failing is not the input's fault.
     if (Status status = PrepareModel(); !status.ok()) {
       return Finish(Outcome::kFailed, status.message());
     }
     const uint64_t load_peak = memory_->peak_bytes();
-    if (Status status = MakeTrialOptimizer(); !status.ok()) return InvalidInput(status);
+    if (Status status = MakeTrialOptimizer(); !status.ok()) return FailedBeforeTraining(status);
     if (!options_.resume_from.empty()) {
-      if (Status status = Resume(); !status.ok()) return InvalidInput(status);
+      if (Status status = Resume(); !status.ok()) return FailedBeforeTraining(status);
     }
     // A run killed while writing a checkpoint left its staging directory, keeping a disk full
     // that the next checkpoint needs. Rank 0 clears them before the first step: the other ranks

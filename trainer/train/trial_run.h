@@ -105,9 +105,10 @@ class TrialRun {
   // The run was asked to stop while step `step` ran: ends it as cancelled, first checkpointing the
   // last complete step when the trial keeps checkpoints or the stop asked for one.
   TrialResult Stop(int64_t step);
-  TrialResult InvalidInput(const Status& status) {
+  // A failure before training: invalid input unless the system refused a read or write.
+  TrialResult FailedBeforeTraining(const Status& status) {
     TrialResult result = Finish(Outcome::kFailed, status.message());
-    result.invalid_input = true;
+    result.invalid_input = IsInputsFault(status);
     return result;
   }
   // Puts weights, optimizer state, data position and generators back from options_.resume_from.
