@@ -400,6 +400,17 @@ StatusOr<uint64_t> AvailableBytes(std::string_view what, const std::string& dir)
   return static_cast<uint64_t>(filesystem.f_bavail) * filesystem.f_frsize;
 }
 
+StatusOr<uint64_t> AvailableBytesForNewPath(std::string_view what, const std::string& path) {
+  std::error_code error;
+  std::filesystem::path existing = std::filesystem::absolute(path, error);
+  if (error) existing = path;
+  while (!std::filesystem::exists(existing, error) && existing.has_parent_path() &&
+         existing != existing.parent_path()) {
+    existing = existing.parent_path();
+  }
+  return AvailableBytes(what, existing.string());
+}
+
 Status CheckRoomIn(std::string_view what, const std::string& dir, uint64_t available, int64_t size,
                    int64_t keep_free, int64_t promised) {
   size = std::max<int64_t>(size, 0);

@@ -72,6 +72,9 @@ Status CheckRoomFor(std::string_view what, const std::string& dir, int64_t size,
 // What an unprivileged writer may still use of the filesystem holding `dir` (statvfs's f_bavail in
 // bytes); the error CheckRoomFor gives when it cannot be read.
 StatusOr<uint64_t> AvailableBytes(std::string_view what, const std::string& dir);
+// AvailableBytes of the filesystem that holds `path` or will hold it once created: its nearest
+// existing ancestor is asked (a trial's output_dir may not exist yet).
+StatusOr<uint64_t> AvailableBytesForNewPath(std::string_view what, const std::string& path);
 // CheckRoomFor's decision and message for a filesystem with `available` bytes of which `promised`
 // are already promised to writes in progress that have not written them yet (the caller keeps that
 // count, so that writers that start together cannot each find the same room free).

@@ -78,6 +78,15 @@ TEST(CheckRoomForTest, AMissingDirectoryIsNotFound) {
       << missing.message();
 }
 
+// A trial's output_dir may not exist before its first checkpoint: its nearest existing ancestor's
+// filesystem is the one it will be made on.
+TEST(CheckRoomForTest, ADirectoryYetToBeMadeHasItsNearestExistingAncestorsRoom) {
+  const std::string missing = testing::TempDir() + "/no/such/dir";
+  EXPECT_EQ(AvailableBytes("checkpoint", missing).status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(AvailableBytesForNewPath("checkpoint", missing).ok());
+  EXPECT_TRUE(AvailableBytesForNewPath("checkpoint", "no/such/relative/dir").ok());
+}
+
 TEST(ReadFileInPiecesTest, PiecesAreTheFileInOrderAndBounded) {
   const std::string path = testing::TempDir() + "/pieces.bin";
   std::string content;

@@ -1,38 +1,13 @@
 // TrialRun's checkpoints (periodic, before a stop), resuming from one, and the adapter outputs.
-#include <sys/statvfs.h>
-
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
 #include <limits>
 
 #include "common/byte_size.h"
 #include "common/data/batch_iterator.h"
+#include "common/files.h"
 #include "common/rank_files.h"
 #include "trainer/train/trial_run.h"
 
 namespace llmctl::trainer {
-namespace {
-
-// statvfs's free bytes (for unprivileged users) on the filesystem that holds `path`, or would hold
-// it: the nearest existing ancestor is asked, as output_dir may not exist yet.
-StatusOr<uint64_t> StatvfsFreeBytes(const std::string& path) {
-  std::error_code error;
-  std::filesystem::path probe = std::filesystem::absolute(path, error);
-  if (error) probe = path;
-  while (!std::filesystem::exists(probe, error) && probe.has_parent_path() &&
-         probe != probe.parent_path()) {
-    probe = probe.parent_path();
-  }
-  struct statvfs info;
-  if (::statvfs(probe.c_str(), &info) != 0) {
-    return UnavailableError("cannot tell the free space in " + probe.string() + ": " +
-                            std::strerror(errno));
-  }
-  return static_cast<uint64_t>(info.f_bavail) * static_cast<uint64_t>(info.f_frsize);
-}
-
-}  // namespace
 
 int64_t TrialRun::TotalSteps() const {
   const int64_t global_batch = micro_batch_size_ * accumulation_ * parallel_->world_size();
@@ -106,7 +81,7 @@ Status TrialRun::CheckpointBeforeStop(int64_t completed_steps) {
   }
   const uint64_t needed = CheckpointBytes(ModelState(model_->module()), optimizer_->NamedState());
   auto free = options_.free_disk_bytes ? options_.free_disk_bytes(output_dir)
-                                       : StatvfsFreeBytes(output_dir);
+                                       : AvailableBytesForNewPath("checkpoint", output_dir);
   if (!free.ok()) {
     // Not knowing is no reason to lose the run's progress: the write reports its own failure.
     Log("warning", free.status().message());
