@@ -31,6 +31,9 @@ std::string EscapeInvalidUtf8(std::string_view text) {
   return escaped;
 }
 
+// What a file is read as: an experiment's text is checked further (see the header).
+enum class YamlFileKind { kExperiment, kSettings };
+
 // Thrown by DocumentScanner at the first document's value past kMaxYamlValues, to stop the parse.
 struct TooManyValues {
   YAML::Mark mark;
@@ -147,7 +150,7 @@ Status SyntaxError(std::string_view text, std::string_view filename, const YAML:
 // Reads the text as events, building no nodes: Load's nodes take about 500 bytes a value (900 MB
 // for a 4 MB list of numbers), so a document of more than kMaxYamlValues is refused before it.
 // May throw YAML::Exception for malformed YAML.
-Status CheckSingleDocument(std::string_view text, std::string_view filename) {
+Status CheckSingleDocument(std::string_view text, std::string_view filename, YamlFileKind kind) {
   std::stringstream stream{std::string(text)};
   YAML::Parser parser(stream);
   DocumentScanner scanner;
@@ -156,18 +159,20 @@ Status CheckSingleDocument(std::string_view text, std::string_view filename) {
     // At most two calls: yaml-cpp's parser does not always advance on bad input (see Parse).
     two_calls = parser.HandleNextDocument(scanner) && parser.HandleNextDocument(scanner);
   } catch (const TooManyValues& too_many) {
-    return YamlErrorAt(filename, too_many.mark,
-                       std::string("more than ")
-                           .append(std::to_string(kMaxYamlValues))
-                           .append(" values (scalars, lists and maps) in one file; an experiment "
-                                   "holds at most 1000 trials of a few keys each"));
+    std::string message = std::string("more than ")
+                              .append(std::to_string(kMaxYamlValues))
+                              .append(" values (scalars, lists and maps) in one file");
+    if (kind == YamlFileKind::kExperiment) {
+      message += "; an experiment holds at most 1000 trials of a few keys each";
+    }
+    return YamlErrorAt(filename, too_many.mark, message);
   }
   // Keys and values end up in messages and in JSON (TrialConfig::ToJson), which must be UTF-8.
-  if (scanner.bad_utf8) {
+  if (kind == YamlFileKind::kExperiment && scanner.bad_utf8) {
     return YamlErrorAt(filename, *scanner.bad_utf8,
                        "text that is not valid UTF-8; experiment files must be UTF-8 text");
   }
-  if (scanner.untrusted)
+  if (kind == YamlFileKind::kExperiment && scanner.untrusted)
     return YamlErrorAt(filename, scanner.untrusted->first, scanner.untrusted->second);
   if (!two_calls) return Status::Ok();
   if (scanner.documents.size() < 2) return Status::Ok();
@@ -179,10 +184,31 @@ Status CheckSingleDocument(std::string_view text, std::string_view filename) {
     const std::string token = pos < text.size() ? std::string(1, text[pos]) : "end of file";
     return YamlErrorAt(filename, second, "YAML syntax error: unexpected '" + token + "'");
   }
+  // A settings file's further documents are yaml-cpp's to ignore, as they always were.
+  if (kind == YamlFileKind::kSettings) return Status::Ok();
   if (!scanner.documents[1].has_content) return Status::Ok();  // a trailing "---" alone
   return YamlErrorAt(filename, second,
                      "expected one YAML document, found another after '---'; put each experiment "
                      "in its own file");
+}
+
+StatusOr<YAML::Node> LoadOneDocument(std::string_view text, std::string_view filename,
+                                     YamlFileKind kind) {
+  try {
+    // Not YAML::LoadAll: yaml-cpp 0.7 loops forever, allocating, on some invalid input such as
+    // "," (jbeder/yaml-cpp#1040, fixed upstream in 0.8.x). Load reads one document;
+    // CheckSingleDocument looks for a second one without that loop.
+    RETURN_IF_ERROR(CheckSingleDocument(text, filename, kind));
+    return YAML::Load(std::string(text));
+  } catch (const YAML::DeepRecursion& error) {
+    // yaml-cpp's own message for it is "bad file".
+    std::string message = "lists and maps nested " + std::to_string(error.depth()) +
+                          " levels deep, more than the YAML reader takes";
+    if (kind == YamlFileKind::kExperiment) message += "; an experiment file's nest a few levels";
+    return YamlErrorAt(filename, error.mark, message);
+  } catch (const YAML::Exception& error) {
+    return SyntaxError(text, filename, error);
+  }
 }
 
 }  // namespace
@@ -195,21 +221,11 @@ Status YamlErrorAt(std::string_view filename, const YAML::Mark& mark, const std:
 }
 
 StatusOr<YAML::Node> LoadYamlDocument(std::string_view text, std::string_view filename) {
-  try {
-    // Not YAML::LoadAll: yaml-cpp 0.7 loops forever, allocating, on some invalid input such as
-    // "," (jbeder/yaml-cpp#1040, fixed upstream in 0.8.x). Load reads one document;
-    // CheckSingleDocument looks for a second one without that loop.
-    RETURN_IF_ERROR(CheckSingleDocument(text, filename));
-    return YAML::Load(std::string(text));
-  } catch (const YAML::DeepRecursion& error) {
-    // yaml-cpp's own message for it is "bad file".
-    return YamlErrorAt(filename, error.mark,
-                       "lists and maps nested " + std::to_string(error.depth()) +
-                           " levels deep, more than the YAML reader takes; an experiment file's "
-                           "nest a few levels");
-  } catch (const YAML::Exception& error) {
-    return SyntaxError(text, filename, error);
-  }
+  return LoadOneDocument(text, filename, YamlFileKind::kExperiment);
+}
+
+StatusOr<YAML::Node> LoadYamlSettings(std::string_view text, std::string_view filename) {
+  return LoadOneDocument(text, filename, YamlFileKind::kSettings);
 }
 
 bool HasNoYamlContent(std::string_view text) {

@@ -27,6 +27,16 @@ Status YamlErrorAt(std::string_view filename, const YAML::Mark& mark, const std:
 // `text`'s one document; InvalidArgument (YamlErrorAt) for what the file comment lists.
 StatusOr<YAML::Node> LoadYamlDocument(std::string_view text, std::string_view filename);
 
+// The most bytes of a settings file (the controller's config, llmctl's config.yaml, clouds.yaml):
+// a few dozen lines, and a wrong path to a large file fails fast.
+inline constexpr size_t kMaxYamlSettingsBytes = 1 << 20;
+
+// `text`'s first document, a settings file's: a syntax error, nesting deeper than yaml-cpp reads
+// and more than kMaxYamlValues values are refused as LoadYamlDocument refuses them; the rest of
+// what it refuses (anchors, tags, a second document, text that is not UTF-8) is an experiment's
+// rule, and yaml-cpp reads it as it always did.
+StatusOr<YAML::Node> LoadYamlSettings(std::string_view text, std::string_view filename);
+
 // True for text with nothing but blank lines, comments and document markers.
 bool HasNoYamlContent(std::string_view text);
 
