@@ -7,6 +7,7 @@
 
 #include "common/byte_size.h"
 #include "common/files.h"
+#include "common/yaml_document.h"
 
 namespace llmctl::controller {
 namespace {
@@ -104,12 +105,7 @@ Status CheckListenCredential(const ControllerConfig& config) {
 
 Status ApplyConfigYaml(std::string_view yaml_text, std::string_view filename,
                        ControllerConfig& config) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(std::string(yaml_text));
-  } catch (const YAML::Exception& e) {
-    return InvalidArgumentError(Where(filename, e.mark) + ": " + e.msg);
-  }
+  ASSIGN_OR_RETURN(const YAML::Node root, LoadYamlSettings(yaml_text, filename));
   if (root.IsNull()) return Status::Ok();
   if (!root.IsMap()) {
     return InvalidArgumentError(Where(filename, root.Mark()) +
@@ -163,7 +159,8 @@ Status ApplyConfigYaml(std::string_view yaml_text, std::string_view filename,
 StatusOr<ControllerConfig> ResolveControllerConfig(const ControllerOverrides& overrides) {
   ControllerConfig config;
   if (overrides.config_file) {
-    ASSIGN_OR_RETURN(std::string text, ReadFileToString(*overrides.config_file, 1 << 20));
+    ASSIGN_OR_RETURN(std::string text,
+                     ReadFileToString(*overrides.config_file, kMaxYamlSettingsBytes));
     RETURN_IF_ERROR(ApplyConfigYaml(text, *overrides.config_file, config));
   }
   if (overrides.env_controller && !overrides.env_controller->empty()) {

@@ -2,6 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+#include <utility>
+#include <vector>
+
+#include "common/yaml_document.h"
+
 namespace llmctl::controller {
 namespace {
 
@@ -111,9 +118,28 @@ TEST(ConfigYamlTest, ErrorsNameTheFileLineAndKey) {
   EXPECT_NE(ApplyConfigYaml("a: [", "c.yaml", config).message().find("c.yaml:1:"),
             std::string::npos);
   // A name that is no name is refused where it is, as yaml-cpp's conversion would have thrown.
-  EXPECT_EQ(ApplyConfigYaml("listen: unix:/a.sock\n? [data_dir]\n: /srv\n", "c.yaml", config)
-                .message(),
-            "c.yaml:2:3: a setting's name is a list or a map, not a name");
+  EXPECT_EQ(
+      ApplyConfigYaml("listen: unix:/a.sock\n? [data_dir]\n: /srv\n", "c.yaml", config).message(),
+      "c.yaml:2:3: a setting's name is a list or a map, not a name");
+}
+
+// yaml-cpp said "bad file" for nesting 500 deep, and nothing counted the values it built nodes for
+// (about 500 bytes each).
+TEST(ResolveConfigTest, AFileTooDeepOfTooManyValuesOrTooLargeIsRefusedNamingIt) {
+  const std::string file = testing::TempDir() + "/controller_config_test_refused.yaml";
+  std::string many_values = "listen: [0";
+  for (int i = 0; i < 100'000; ++i) many_values += ",1";
+  for (const auto& [text, reason] : std::vector<std::pair<std::string, std::string>>{
+           {"listen: " + std::string(600, '[') + std::string(600, ']') + "\n",
+            ": lists and maps nested 500 levels deep, more than the YAML reader takes"},
+           {many_values + "]\n", ": more than 100000 values (scalars, lists and maps) in one file"},
+           {std::string(kMaxYamlSettingsBytes + 1, '#'), " is larger than 1048576 bytes"}}) {
+    std::ofstream(file, std::ios::trunc) << text;
+    const Status status = ResolveControllerConfig({.config_file = file}).status();
+    EXPECT_EQ(status.message().rfind(file, 0), 0u) << status.message();
+    EXPECT_NE(status.message().find(reason), std::string::npos) << status.message();
+  }
+  std::remove(file.c_str());
 }
 
 TEST(ResolveConfigTest, DefaultsFollowTheDataDirectory) {

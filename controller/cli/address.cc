@@ -6,13 +6,12 @@
 #include <system_error>
 
 #include "common/files.h"
+#include "common/yaml_document.h"
 
 namespace llmctl::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr size_t kMaxConfigBytes = 1 << 20;
 
 std::string Position(const fs::path& file, const YAML::Mark& mark) {
   return file.string() + ":" + std::to_string(mark.line + 1) + ":" +
@@ -37,13 +36,8 @@ struct ConfigFile {
 StatusOr<ConfigFile> ReadConfigFile(const fs::path& path) {
   std::error_code error;
   if (!fs::exists(path, error)) return ConfigFile{};
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path.string(), kMaxConfigBytes));
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    return InvalidArgumentError(Position(path, e.mark) + ": " + e.msg);
-  }
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path.string(), kMaxYamlSettingsBytes));
+  ASSIGN_OR_RETURN(const YAML::Node root, LoadYamlSettings(text, path.string()));
   if (root.IsNull()) return ConfigFile{};
   if (!root.IsMap()) {
     return InvalidArgumentError(

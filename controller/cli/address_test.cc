@@ -5,6 +5,10 @@
 
 #include <fstream>
 #include <map>
+#include <utility>
+#include <vector>
+
+#include "common/yaml_document.h"
 
 namespace llmctl::cli {
 namespace {
@@ -93,6 +97,24 @@ TEST_F(AddressTest, ConfigFileErrorsNameFileLineAndColumn) {
   Status syntax = ResolveControllerAddress(FakeEnv({{"HOME", home_}})).status();
   EXPECT_EQ(syntax.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(syntax.message().rfind(file + ":", 0), 0u) << syntax.message();
+}
+
+// yaml-cpp said "bad file" for nesting 500 deep, and nothing counted the values it built nodes for
+// (about 500 bytes each).
+TEST_F(AddressTest, AConfigFileTooDeepOfTooManyValuesOrTooLargeIsRefusedNamingIt) {
+  const std::string file = (home_ / ".config/llmctl/config.yaml").string();
+  std::string many_values = "controller: [0";
+  for (int i = 0; i < 100'000; ++i) many_values += ",1";
+  for (const auto& [text, reason] : std::vector<std::pair<std::string, std::string>>{
+           {"controller: " + std::string(600, '[') + std::string(600, ']') + "\n",
+            ": lists and maps nested 500 levels deep, more than the YAML reader takes"},
+           {many_values + "]\n", ": more than 100000 values (scalars, lists and maps) in one file"},
+           {std::string(kMaxYamlSettingsBytes + 1, '#'), " is larger than 1048576 bytes"}}) {
+    WriteConfig(text);
+    const Status status = ResolveControllerAddress(FakeEnv({{"HOME", home_}})).status();
+    EXPECT_EQ(status.message().rfind(file, 0), 0u) << status.message();
+    EXPECT_NE(status.message().find(reason), std::string::npos) << status.message();
+  }
 }
 
 TEST_F(AddressTest, TokenFileFromTheEnvironmentElseTheConfigFile) {

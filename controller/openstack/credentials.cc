@@ -8,7 +8,9 @@
 #include <map>
 #include <string_view>
 
+#include "common/files.h"
 #include "common/spelling.h"
+#include "common/yaml_document.h"
 
 namespace llmctl::openstack {
 namespace {
@@ -174,13 +176,8 @@ StatusOr<std::vector<Key>> KeysOf(const YAML::Node& mapping, const std::string& 
 
 // `cloud`'s entry of the clouds.yaml at `path`, a mapping. Errors name the file (and the line).
 StatusOr<YAML::Node> LoadCloudEntry(const std::string& path, const std::string& cloud) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::Exception& error) {
-    return InvalidArgumentError(path + ":" + std::to_string(error.mark.line + 1) + ":" +
-                                std::to_string(error.mark.column + 1) + ": " + error.msg);
-  }
+  ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path, kMaxYamlSettingsBytes));
+  ASSIGN_OR_RETURN(const YAML::Node root, LoadYamlSettings(text, path));
   const YAML::Node clouds = root.IsMap() ? root["clouds"] : YAML::Node();
   if (!clouds || !clouds.IsMap()) {
     return InvalidArgumentError(path + ": no 'clouds' mapping at the top level");

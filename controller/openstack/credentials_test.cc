@@ -6,7 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <utility>
+#include <vector>
 
+#include "common/yaml_document.h"
 #include "controller/openstack/sites.h"
 
 namespace llmctl::openstack {
@@ -191,6 +194,23 @@ TEST_F(CloudsYamlTest, BrokenYamlGivesLineAndColumn) {
   auto creds = CredentialsFromCloudsYaml("c", {path});
   ASSERT_FALSE(creds.ok());
   EXPECT_TRUE(creds.status().message().starts_with(path + ":")) << creds.status().message();
+}
+
+// yaml-cpp said "bad file" for nesting 500 deep, nothing counted the values it built nodes for
+// (about 500 bytes each), and YAML::LoadFile read a file of any size.
+TEST_F(CloudsYamlTest, AFileTooDeepOfTooManyValuesOrTooLargeIsRefusedNamingIt) {
+  std::string many_values = "clouds: [0";
+  for (int i = 0; i < 100'000; ++i) many_values += ",1";
+  for (const auto& [text, reason] : std::vector<std::pair<std::string, std::string>>{
+           {"clouds: " + std::string(600, '[') + std::string(600, ']') + "\n",
+            ": lists and maps nested 500 levels deep, more than the YAML reader takes"},
+           {many_values + "]\n", ": more than 100000 values (scalars, lists and maps) in one file"},
+           {std::string(kMaxYamlSettingsBytes + 1, '#'), " is larger than 1048576 bytes"}}) {
+    const std::string path = Write("clouds.yaml", text);
+    const Status status = CredentialsFromCloudsYaml("c", {path}).status();
+    EXPECT_EQ(status.message().rfind(path, 0), 0u) << status.message();
+    EXPECT_NE(status.message().find(reason), std::string::npos) << status.message();
+  }
 }
 
 // Every node of the file is checked for its shape before it is read: a file of another shape is
