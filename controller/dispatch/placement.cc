@@ -11,21 +11,26 @@
 namespace llmctl::controller::dispatch {
 namespace {
 
-// The trial key `nodes` of a stored config (1 when absent or unreadable: the launcher reports a
-// damaged config).
-int64_t NodesOf(const store::TrialRecord& trial) {
-  const nlohmann::json config = ParseForeignJson(trial.config_json);
-  if (!config.is_object()) return 1;
-  const auto nodes = config.find("nodes");
-  return nodes != config.end() && nodes->is_number_integer() ? nodes->get<int64_t>() : 1;
-}
+// The trial keys of a stored config that placement needs, from one parse of it.
+struct PlacementKeys {
+  // 1 when absent or unreadable: the launcher reports a damaged config.
+  int64_t nodes = 1;
+  // "" when absent or unreadable.
+  std::string model;
+};
 
-// The trial key `model` of a stored config ("" when absent or unreadable).
-std::string ModelOf(const store::TrialRecord& trial) {
+PlacementKeys PlacementKeysOf(const store::TrialRecord& trial) {
+  PlacementKeys keys;
   const nlohmann::json config = ParseForeignJson(trial.config_json);
-  if (!config.is_object()) return "";
-  const auto model = config.find("model");
-  return model != config.end() && model->is_string() ? model->get<std::string>() : "";
+  if (!config.is_object()) return keys;
+  if (const auto nodes = config.find("nodes");
+      nodes != config.end() && nodes->is_number_integer()) {
+    keys.nodes = nodes->get<int64_t>();
+  }
+  if (const auto model = config.find("model"); model != config.end() && model->is_string()) {
+    keys.model = model->get<std::string>();
+  }
+  return keys;
 }
 
 }  // namespace
@@ -53,7 +58,7 @@ std::string WaitingNotice(const store::TrialRecord& trial,
   }
   const std::string devices =
       std::to_string(trial.device_count) + " " + trial.device_type + " device(s)";
-  if (const int64_t nodes = NodesOf(trial); nodes > 1) {
+  if (const int64_t nodes = PlacementKeysOf(trial).nodes; nodes > 1) {
     const std::string count = std::to_string(nodes);
     return "fewer than " + count + " connected nodes" + with + " have " + devices +
            " each (it spans " + count + " nodes); the trial waits until " + count +
@@ -179,6 +184,7 @@ Placement::QueuedTrials Placement::ReadQueuedTrials(store::Store& store,
         target = scheduler::PlacementTarget(experiment->target);
       }
     }
+    const PlacementKeys keys = PlacementKeysOf(trial);
     trials.queue.push_back(
         {.trial_id = trial.id,
          .device_type = trial.device_type,
@@ -187,10 +193,10 @@ Placement::QueuedTrials Placement::ReadQueuedTrials(store::Store& store,
          // Without the controller's copy of its checkpoint, only the node that
          // holds it can continue the trial.
          .only_agent = trial.resume && trial.resume->tree.empty() ? trial.resume->node : "",
-         .nodes = NodesOf(trial),
+         .nodes = keys.nodes,
          // Only hub models: the controller keeps no record of which uploaded blobs a node has
          // (each launch asks its agent, MissingBlobs).
-         .holding_agents = hub_models_.NodesWith(ModelOf(trial))});
+         .holding_agents = hub_models_.NodesWith(keys.model)});
     trials.by_id[trial.id] = &trial;
   }
   return trials;
