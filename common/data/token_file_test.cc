@@ -1,7 +1,6 @@
 #include "common/data/token_file.h"
 
 #include <gtest/gtest.h>
-#include <malloc.h>
 #include <stdlib.h>
 
 #include <algorithm>
@@ -9,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+
+#include "common/data/heap_watching_encoder.h"
 
 namespace llmctl::data {
 namespace {
@@ -434,30 +435,6 @@ TEST(PrepareTest, ADatasetTooLargeForTheDirectoryIsRefusedBeforeItIsRead) {
             std::string::npos)
       << stats.status().message();
 }
-
-// Encodes as ByteTextEncoder does and records the most heap in use at any call (glibc's count of
-// what malloc has handed out and not had back).
-class HeapWatchingEncoder final : public TextEncoder {
- public:
-  static size_t HeapInUse() {
-    const struct mallinfo2 info = ::mallinfo2();
-    return info.uordblks + info.hblkhd;
-  }
-
-  StatusOr<std::vector<int32_t>> Encode(std::string_view text,
-                                        bool add_special_tokens) const override {
-    peak_heap_ = std::max(peak_heap_, HeapInUse());
-    return bytes_.Encode(text, add_special_tokens);
-  }
-  int32_t bos_id() const override { return bytes_.bos_id(); }
-  int32_t eos_id() const override { return bytes_.eos_id(); }
-  std::string fingerprint() const override { return bytes_.fingerprint(); }
-  size_t peak_heap() const { return peak_heap_; }
-
- private:
-  ByteTextEncoder bytes_;
-  mutable size_t peak_heap_ = 0;
-};
 
 // The examples go to the file as they are tokenized: what preparing holds does not grow with the
 // dataset. Before, every example's ids and labels were held until the end, 17 MB and more here.

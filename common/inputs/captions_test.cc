@@ -3,7 +3,6 @@
 #include "common/inputs/captions.h"
 
 #include <gtest/gtest.h>
-#include <malloc.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -12,6 +11,7 @@
 #include <string>
 
 #include "common/data/file_util.h"
+#include "common/data/heap_watching_encoder.h"
 #include "common/experiment.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -176,30 +176,6 @@ TEST(CaptionsTest, PreparesTheSameBytesAsBeforeItStreamed) {
   unsetenv("LLMCTL_CACHE_DIR");
 }
 
-// Encodes as ByteTextEncoder does and records the most heap in use at any call (glibc's count of
-// what malloc has handed out and not had back).
-class HeapWatchingEncoder final : public data::TextEncoder {
- public:
-  static size_t HeapInUse() {
-    const struct mallinfo2 info = ::mallinfo2();
-    return info.uordblks + info.hblkhd;
-  }
-
-  StatusOr<std::vector<int32_t>> Encode(std::string_view text,
-                                        bool add_special_tokens) const override {
-    peak_heap_ = std::max(peak_heap_, HeapInUse());
-    return bytes_.Encode(text, add_special_tokens);
-  }
-  int32_t bos_id() const override { return bytes_.bos_id(); }
-  int32_t eos_id() const override { return bytes_.eos_id(); }
-  std::string fingerprint() const override { return bytes_.fingerprint(); }
-  size_t peak_heap() const { return peak_heap_; }
-
- private:
-  data::ByteTextEncoder bytes_;
-  mutable size_t peak_heap_ = 0;
-};
-
 // Each row goes to the token file as it is made: what writing holds does not grow with the set.
 // 20,000 captions of 200 bytes make rows of the queries and 201 tokens, about 40 MB of ids and
 // labels if every row were held until the end.
@@ -211,8 +187,8 @@ TEST(CaptionsTest, WritingHoldsEachRowsOffsetNotItsTokens) {
     images[i].caption = std::string(200, static_cast<char>('a' + i % 26));
   }
   const std::string path = testing::TempDir() + "/rows.tok";
-  HeapWatchingEncoder encoder;
-  const size_t before = HeapWatchingEncoder::HeapInUse();
+  data::HeapWatchingEncoder encoder;
+  const size_t before = data::HeapWatchingEncoder::HeapInUse();
   const Status written =
       WriteCaptionTokens(encoder, images, opt.model, /*max_length=*/512, "captions", "fp", path);
   ASSERT_TRUE(written.ok()) << written.message();
