@@ -67,6 +67,26 @@ TEST(OutcomeTest, ErrorsComeFromTheResultEventElseStderr) {
   EXPECT_EQ(DecideOutcome({0, 0}, {true, ""}, false, "warning\n").error, "");
 }
 
+// A multi-rank run's stderr is its launcher's, whose last line already names the failed rank and
+// quotes that rank's own line (trainer/dist/rank_launcher.cc): the error names the rank once, where
+// it read 'rank 1 of 2: llm-train: rank 1 of 2 exited with code 2: llm-train: ...'. An error from
+// the rank's result event gets the rank's name.
+TEST(OutcomeTest, AFailedRanksErrorNamesItsRankOnce) {
+  const RunEnd end = DecideRankOutcome(
+      {1, {2, 0}}, 2, {}, false,
+      "llm-train: rank 1 of 2 exited with code 2: llm-train: x.yaml:3:1: unknown key; the other "
+      "ranks were stopped\n");
+  EXPECT_EQ(end.outcome, "invalid");
+  EXPECT_EQ(end.error,
+            "rank 1 of 2 exited with code 2: llm-train: x.yaml:3:1: unknown key; the other ranks "
+            "were stopped");
+  EXPECT_EQ(DecideRankOutcome({1, {3, 0}}, 2, {true, "out of memory at step 1"}, false,
+                              "llm-train: rank 1 of 2 exited with code 3: oom; the other ranks "
+                              "were stopped\n")
+                .error,
+            "rank 1 of 2: out of memory at step 1");
+}
+
 // llm-train's handler for a mapped input that shrank (common/files.h) exits 6 after one line naming
 // the file; before, the run ended killed by SIGBUS and the user read only the signal's name.
 TEST(OutcomeTest, AnInputThatShrankUnderItsMappingFailsTheRunWithTheLineNamingIt) {

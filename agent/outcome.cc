@@ -116,7 +116,18 @@ RunEnd DecideRankOutcome(const RankExit& failed, int ranks, const ResultEvent& r
                          bool cancel_requested, std::string_view stderr_tail) {
   RunEnd end = DecideOutcome(failed.exit, result, cancel_requested, stderr_tail);
   const std::string rank = "rank " + std::to_string(failed.rank) + " of " + std::to_string(ranks);
-  if (end.error.empty()) {
+  // The stderr is the launcher's, whose last line already names the rank and quotes the rank's own
+  // last line ("llm-train: rank R of W exited with code C: <line>; the other ranks were stopped",
+  // trainer/dist/rank_launcher.cc): without a result event's error it is the error, less the
+  // launcher's program name.
+  constexpr std::string_view kLauncherName = "llm-train: ";
+  const std::string line = ReplaceInvalidUtf8(LastLine(stderr_tail));
+  const bool launchers_line =
+      result.error.empty() && failed.exit.signal == 0 && end.outcome != trial_outcome::kCancelled &&
+      line.starts_with(std::string(kLauncherName).append(rank).append(" exited with code "));
+  if (launchers_line) {
+    end.error = line.substr(kLauncherName.size());
+  } else if (end.error.empty()) {
     end.error = rank + " " +
                 (failed.exit.signal != 0 ? "was killed"
                                          : "exited with code " + std::to_string(end.exit_code)) +

@@ -38,7 +38,8 @@ struct RankExit {
 
 // A multi-rank run's end from its first failed rank: DecideOutcome of that rank's exit and its own
 // event file's result, the error naming it ("rank 1 of 2: out of memory ..."), so that rank 1's
-// out-of-memory makes the attempt oom even though the others were stopped.
+// out-of-memory makes the attempt oom even though the others were stopped. Without a result event's
+// error, the launcher's last stderr line, which names the rank and quotes the rank's, is the error.
 RunEnd DecideRankOutcome(const RankExit& failed, int ranks, const ResultEvent& result,
                          bool cancel_requested, std::string_view stderr_tail);
 
