@@ -7,6 +7,9 @@
 #include <numeric>
 #include <set>
 
+#include "common/data/token_file.h"
+#include "common/data/token_file_testing.h"
+
 namespace llmctl::data {
 namespace {
 

@@ -308,13 +308,6 @@ Status CheckRoomToPrepare(const std::string& path, int64_t file_bytes,
   return UnavailableError(room.message());
 }
 
-Status WriteTokenFile(const std::string& path, std::string_view fingerprint, int32_t bos_id,
-                      int32_t eos_id, const std::vector<TokenizedExample>& examples) {
-  ASSIGN_OR_RETURN(TokenFileWriter writer, TokenFileWriter::Create(path));
-  for (const TokenizedExample& example : examples) RETURN_IF_ERROR(writer.Add(example));
-  return writer.Finish(fingerprint, bos_id, eos_id);
-}
-
 StatusOr<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path, Options options) {
   ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapping, MappedFile::Open(path));
   std::unique_ptr<TokenFile> file(new TokenFile());

@@ -84,14 +84,10 @@ class TokenFileWriter {
 // twice that, since its scratch files are all on disk when Finish writes the file from them. Else
 // Unavailable (as a write the disk refused) with CheckRoomIn's message naming the directory, the
 // bytes needed and the bytes free, so that a preparation that cannot fit is refused before its
-// first byte rather than failing with ENOSPC midway. `available` is the filesystem's free bytes (AvailableBytes) unless given.
+// first byte rather than failing with ENOSPC midway. `available` is the filesystem's free bytes
+// (AvailableBytes) unless given.
 Status CheckRoomToPrepare(const std::string& path, int64_t file_bytes,
                           std::optional<uint64_t> available = std::nullopt);
-
-// Writes `examples` with a TokenFileWriter (each non-empty, labels equal to the id or
-// kIgnoreIndex). An empty list is an error.
-Status WriteTokenFile(const std::string& path, std::string_view fingerprint, int32_t bos_id,
-                      int32_t eos_id, const std::vector<TokenizedExample>& examples);
 
 class TokenFile {
  public:

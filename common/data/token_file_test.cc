@@ -10,6 +10,7 @@
 #include <iterator>
 
 #include "common/data/heap_watching_encoder.h"
+#include "common/data/token_file_testing.h"
 
 namespace llmctl::data {
 namespace {

@@ -19,6 +19,7 @@
 
 #include "common/atomic_file.h"
 #include "common/data/token_file.h"
+#include "common/data/token_file_testing.h"
 
 namespace llmctl {
 namespace {

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/data/token_file.h"
+#include "common/data/token_file_testing.h"
 #include "common/files.h"
 #include "common/model_config.h"
 #include "common/safetensors/safetensors.h"
