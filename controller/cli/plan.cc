@@ -19,6 +19,7 @@
 #include "common/foreign_json.h"
 #include "common/model_config.h"
 #include "common/text.h"
+#include "common/trial_config.h"
 #include "common/trial_settings.h"
 #include "controller/cli/estimate_render.h"
 #include "controller/cli/inputs.h"
@@ -263,6 +264,45 @@ std::string BesideFile(const std::string& path, const fs::path& file) {
   return relative.string();
 }
 
+// "a.b.c" as {"a", "b", "c"}.
+std::vector<std::string> KeyParts(const std::string& key) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t dot; (dot = key.find('.', start)) != std::string::npos; start = dot + 1) {
+    parts.push_back(key.substr(start, dot - start));
+  }
+  parts.push_back(key.substr(start));
+  return parts;
+}
+
+// `key`'s value as `--set key=text` sets it (SetPlanBase has checked that it does), as the trial's
+// JSON holds it: a string key's text is one string whatever YAML would read it as.
+nlohmann::json SetValue(const std::string& key, const std::string& text) {
+  TrialConfig scratch;
+  if (!scratch.SetFromText(key, text).ok()) return nullptr;
+  nlohmann::json value = scratch.ToJson();
+  for (const std::string& part : KeyParts(key)) {
+    if (!value.is_object() || !value.contains(part)) return nullptr;
+    value = nlohmann::json(value[part]);
+  }
+  return value;
+}
+
+// The YAML node of a trial key's JSON value: a string as a string scalar, which the emitter quotes
+// where YAML would read it otherwise ('runs/a: b', '[x', 'x #y' wrote a map, threw, or lost
+// ' #y' when the text went through YAML::Load), a list item by item, a number or boolean as the
+// JSON writes it (the shortest text that reads back the same).
+YAML::Node YamlOf(const nlohmann::json& value) {
+  if (value.is_null()) return YAML::Node(YAML::NodeType::Null);
+  if (value.is_string()) return YAML::Node(value.get<std::string>());
+  if (value.is_array()) {
+    YAML::Node list(YAML::NodeType::Sequence);
+    for (const nlohmann::json& item : value) list.push_back(YamlOf(item));
+    return list;
+  }
+  return YAML::Load(value.dump());
+}
+
 std::string ExperimentYaml(const PlanOptions& o, const Resolved& r, const estimate::Plan& plan,
                            const std::string& command) {
   const fs::path file(o.write);
@@ -288,19 +328,11 @@ std::string ExperimentYaml(const PlanOptions& o, const Resolved& r, const estima
   for (const std::string& set : o.sets) {
     const size_t eq = set.find('=');
     YAML::Node at = root;
-    const std::vector<std::string> parts = [&] {
-      std::vector<std::string> p;
-      size_t start = 0;
-      const std::string key = set.substr(0, eq);
-      for (size_t dot; (dot = key.find('.', start)) != std::string::npos; start = dot + 1) {
-        p.push_back(key.substr(start, dot - start));
-      }
-      p.push_back(key.substr(start));
-      return p;
-    }();
+    const std::string key = set.substr(0, eq);
+    const std::vector<std::string> parts = KeyParts(key);
     // reset() rebinds `at`; assignment would overwrite the node it refers to.
     for (size_t i = 0; i + 1 < parts.size(); ++i) at.reset(at[parts[i]]);
-    at[parts.back()] = YAML::Load(set.substr(eq + 1));
+    at[parts.back()] = YamlOf(SetValue(key, set.substr(eq + 1)));
   }
   const size_t rows = std::min<size_t>(plan.fits.size(), static_cast<size_t>(o.top));
   for (size_t i = 0; i < rows; ++i) {

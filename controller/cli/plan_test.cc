@@ -241,6 +241,32 @@ TEST_F(PlanTest, WritesOnlyWhatSubmitAccepts) {
   EXPECT_TRUE(accepted.ok()) << accepted.message();
 }
 
+// A --set value is written as the value it set: a path that YAML would read as a map ('a: b'), as
+// an unclosed list ('[x') or with a comment (' #c') is one quoted string. Through YAML::Load the
+// first wrote a map the file's check refused, the second was an internal error, the third lost
+// ' #c' from the written output_dir without a word.
+TEST_F(PlanTest, SetValuesAreWrittenAsTheyWereSet) {
+  const fs::path file = dir_ / "plan.yaml";
+  const std::string output_dir = "runs/[x a: b #c";
+  std::vector<std::string> args = CpuLabLarge();
+  args[0] = Source() + "/experiments/models/cpu-lab-small";
+  args.insert(args.end(), {"--top", "1", "--write", file.string(), "--data",
+                           Source() + "/experiments/data/alpaca-demo.jsonl", "--tokenizer",
+                           Source() + "/experiments/tokenizers/demo/tokenizer.json", "--set",
+                           "output_dir=" + output_dir, "--set", "train.lr=3e-4"});
+  ASSERT_EQ(Llmctl(args), kExitOk) << err_.str();
+  const std::string written = *ReadFileToString(file.string(), kMaxExperimentFileBytes);
+  const YAML::Node root = YAML::Load(written);
+  EXPECT_EQ(root["output_dir"].as<std::string>(), output_dir) << written;
+  EXPECT_EQ(root["train"]["lr"].as<double>(), 3e-4) << written;
+  StatusOr<Experiment> parsed = ParseExperiment(
+      written, file.string(), {.resolve_local_paths = false, .output_dir_in_run = true});
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  ASSERT_EQ(parsed->trials.size(), 1u);
+  EXPECT_EQ(parsed->trials[0].config.GetString("output_dir"), output_dir);
+  EXPECT_EQ(parsed->trials[0].config.GetFloat("train.lr"), 3e-4);
+}
+
 // The written file's first line names the command that wrote it, MODEL's path among its words: a
 // path with a newline wrote a key of its own after the comment (`output_dir: injected/pm`), which
 // the file's check let through. Each word is now shell-quoted on the comment's line, and the
