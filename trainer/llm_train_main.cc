@@ -318,14 +318,17 @@ llmctl::StatusOr<const llmctl::Trial*> PickTrial(const llmctl::Experiment& exper
 // The trial's settings after --set, with node: paths and the labs' spellings resolved.
 llmctl::Status ApplyOverrides(const std::vector<std::string>& overrides,
                               llmctl::TrialConfig& config) {
+  // An assignment is quoted at most this long, as llmctl plan's --set is.
+  constexpr size_t kMaxQuotedSetBytes = 200;
   for (const std::string& assignment : overrides) {
+    const std::string quoted = llmctl::OnOneLine(assignment, kMaxQuotedSetBytes);
     const size_t eq = assignment.find('=');
     if (eq == std::string::npos) {
-      return llmctl::InvalidArgumentError("--set expects key=value, got '" + assignment + "'");
+      return llmctl::InvalidArgumentError("--set expects key=value, got '" + quoted + "'");
     }
     llmctl::Status status = config.SetFromText(assignment.substr(0, eq), assignment.substr(eq + 1));
     if (!status.ok())
-      return llmctl::InvalidArgumentError("--set " + assignment + ": " + status.message());
+      return llmctl::InvalidArgumentError("--set " + quoted + ": " + status.message());
   }
   llmctl::LocalizeNodePaths(config);
   llmctl::ApplyLabSpellings(config);

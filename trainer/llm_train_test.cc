@@ -111,6 +111,17 @@ TEST(LlmTrainTest, UnknownKeySuggestsTheNearestOne) {
   EXPECT_NE(run.output.find("train.micro_batch_size"), std::string::npos) << run.output;
 }
 
+// A --set is quoted at most 200 bytes (and its value again by the key's own error): a
+// 100,000-byte value made a 200 KB error line.
+TEST(LlmTrainTest, ALongSetIsQuotedShort) {
+  const std::string value(100000, 'x');
+  for (const std::string& set : {"train.micro_batch_size=" + value, "train.lr" + value}) {
+    CommandResult run = RunLlmTrain("--config " + Demo() + " --set " + set);
+    EXPECT_EQ(run.exit_code, 2) << run.output.substr(0, 400);
+    EXPECT_LT(run.output.size(), 1000u) << run.output.substr(0, 400);
+  }
+}
+
 TEST(LlmTrainTest, ImpossibleCombinationIsRejected) {
   CommandResult run = RunLlmTrain(
       "--config " + Demo() + " --set train.micro_batch_size=3 --set train.global_batch_size=8");
