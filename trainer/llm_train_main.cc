@@ -72,6 +72,14 @@ int Fail(const std::string& message) {
   return llmctl::trainer_exit::kInvalidInput;
 }
 
+// `message` (the status's, or the same with names put in) and the exit for `status`: kInvalidInput
+// when the input is at fault, kFailed for what the system refused (IsInputsFault).
+int FailWith(const llmctl::Status& status, const std::string& message) {
+  if (llmctl::trainer::IsInputsFault(status)) return Fail(message);
+  std::cerr << "llm-train: " << llmctl::ForTerminal(message) << std::endl;
+  return llmctl::trainer_exit::kFailed;
+}
+
 // The flags that make this process the launcher of this host's ranks rather than a rank.
 struct LauncherFlags {
   int nproc = 0;  // 0: not the launcher
@@ -355,10 +363,7 @@ llmctl::StatusOr<std::map<std::string, std::string>> ParseInputNames(
 // Why --prepare stopped: kInvalidInput, or kFailed for what is no fault of the input's
 // (IsInputsFault).
 int PrepareFailed(const llmctl::Status& status, const std::map<std::string, std::string>& names) {
-  const std::string message = llmctl::NameInputs(status.message(), names);
-  if (llmctl::trainer::IsInputsFault(status)) return Fail(message);
-  std::cerr << "llm-train: " << llmctl::ForTerminal(message) << std::endl;
-  return llmctl::trainer_exit::kFailed;
+  return FailWith(status, llmctl::NameInputs(status.message(), names));
 }
 
 // --prepare: the token cache (or, for BLIP-2, the captions' token file) and nothing else.
