@@ -161,7 +161,7 @@ int LaunchRanks(const LauncherFlags& flags, const llmctl::TrialConfig& config, i
 // `--probe`: the rates as JSON on standard output, or written whole to `output`.
 int RunProbe(const llmctl::trainer::RateProbeOptions& options, const std::string& output) {
   const llmctl::StatusOr<llmctl::estimate::RateProbe> probe = llmctl::trainer::ProbeRates(options);
-  if (!probe.ok()) return Fail(probe.status().message());
+  if (!probe.ok()) return FailWith(probe.status(), probe.status().message());
   const std::string json = probe->ToJson().dump(2) + "\n";
   if (output.empty()) {
     std::cout << json << std::flush;
