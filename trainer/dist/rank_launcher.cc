@@ -20,6 +20,7 @@
 
 #include "common/atomic_file.h"
 #include "common/text.h"
+#include "common/trainer_exit.h"
 #include "common/unique_fd.h"
 #include "trainer/dist/rank_env.h"
 
@@ -171,7 +172,15 @@ void RecordSignal(int signal) { g_forward_signal = signal; }
 // an input shrank under its mapping (6).
 int IsOwnFailure(const RankFailure& failure) {
   if (failure.signal != 0) return 1;
-  return (failure.exit_code >= 2 && failure.exit_code <= 4) || failure.exit_code == 6 ? 1 : 0;
+  switch (failure.exit_code) {
+    case trainer_exit::kInvalidInput:
+    case trainer_exit::kOom:
+    case trainer_exit::kDiverged:
+    case trainer_exit::kInputShrank:
+      return 1;
+    default:
+      return 0;
+  }
 }
 
 void WriteStatusFile(const LaunchSpec& spec, uint16_t master_port, const std::vector<pid_t>& pids,
