@@ -1,8 +1,6 @@
 #include "common/inputs/token_cache.h"
 
-#include <fcntl.h>
 #include <pwd.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,10 +18,10 @@
 #include "common/atomic_file.h"
 #include "common/data/file_util.h"
 #include "common/data/token_file.h"
+#include "common/file_lock.h"
 #include "common/files.h"
 #include "common/inputs/trial_inputs.h"
 #include "common/tokenizer/tokenizer.h"
-#include "common/unique_fd.h"
 
 namespace llmctl {
 namespace {
@@ -145,21 +143,6 @@ StatusOr<bool> IsCached(const fs::path& dir, const std::string& path,
   return existing.ok() && (*existing)->fingerprint() == fingerprint;
 }
 
-// An exclusive flock on <path>.lock, held while the descriptor is open: one process at a time
-// prepares `path`, so the one holding it may remove what a crashed preparation left beside it
-// (RemoveAtomicWriteLeftovers), which no other is writing then, and the others find the file made.
-StatusOr<UniqueFd> LockTokenFile(const std::string& path) {
-  const std::string lock = path + ".lock";
-  UniqueFd fd(::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd.valid()) return CacheError(std::string(lock).append(": ").append(std::strerror(errno)));
-  while (::flock(fd.get(), LOCK_EX) != 0) {
-    if (errno != EINTR) {
-      return CacheError(std::string(lock).append(": flock: ").append(std::strerror(errno)));
-    }
-  }
-  return fd;
-}
-
 // CachedTokenFile's work in the cache's tokens/ directory `dir`, made and checked.
 StatusOr<std::string> CachedTokenFileIn(
     const fs::path& dir, const std::string& fingerprint,
@@ -167,7 +150,11 @@ StatusOr<std::string> CachedTokenFileIn(
   const std::string path = (dir / TokenFileName(fingerprint)).string();
   ASSIGN_OR_RETURN(bool cached, IsCached(dir, path, fingerprint));
   if (cached) return path;
-  ASSIGN_OR_RETURN(const UniqueFd lock, LockTokenFile(path));
+  // One process at a time prepares `path`, so the one holding <path>.lock may remove what a crashed
+  // preparation left beside it (RemoveAtomicWriteLeftovers), which no other is writing then, and
+  // the others find the file made.
+  StatusOr<FileLock> lock = FileLock::Acquire(path + ".lock");
+  if (!lock.ok()) return CacheError(lock.status().message());
   // Another process may have made it while this one waited for the lock.
   ASSIGN_OR_RETURN(cached, IsCached(dir, path, fingerprint));
   if (cached) return path;

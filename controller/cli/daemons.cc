@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +16,7 @@
 #include <thread>
 
 #include "common/atomic_file.h"
+#include "common/file_lock.h"
 #include "common/files.h"
 #include "controller/cli/client.h"
 #include "controller/cli/local_rates.h"
@@ -65,42 +65,6 @@ std::optional<fs::path> FirstExisting(const std::vector<fs::path>& candidates) {
 }
 
 }  // namespace
-
-StatusOr<FileLock> FileLock::Acquire(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return FailedPreconditionError(path.string() + ": " + Errno(errno));
-  if (::flock(fd, LOCK_EX) != 0) {
-    const int error = errno;
-    ::close(fd);
-    return FailedPreconditionError(path.string() + ": lock: " + Errno(error));
-  }
-  return FileLock(fd);
-}
-
-StatusOr<FileLock> FileLock::AcquireWithin(const fs::path& path, milliseconds wait) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return FailedPreconditionError(path.string() + ": " + Errno(errno));
-  const auto deadline = std::chrono::steady_clock::now() + wait;
-  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int error = errno;
-    if (error == EINTR) continue;
-    if (error != EWOULDBLOCK || std::chrono::steady_clock::now() >= deadline) {
-      ::close(fd);
-      if (error != EWOULDBLOCK) {
-        return FailedPreconditionError(path.string() + ": lock: " + Errno(error));
-      }
-      return Status(StatusCode::kDeadlineExceeded, path.string() +
-                                                       ": another process has held its lock for " +
-                                                       std::to_string(wait.count() / 1000) + " s");
-    }
-    std::this_thread::sleep_for(kPollInterval);
-  }
-  return FileLock(fd);
-}
-
-FileLock::~FileLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
-}
 
 StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
   const int log = ::open(spec.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);

@@ -28,24 +28,6 @@
 
 namespace llmctl::cli {
 
-// Holds an exclusive flock on a file for its lifetime.
-class FileLock {
- public:
-  // Creates the file when absent and waits for the lock.
-  static StatusOr<FileLock> Acquire(const std::filesystem::path& path);
-  // Acquire, waiting at most `wait`: DeadlineExceeded, naming the file, while another holds it
-  // longer.
-  static StatusOr<FileLock> AcquireWithin(const std::filesystem::path& path,
-                                          std::chrono::milliseconds wait);
-  FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  FileLock& operator=(FileLock&&) = delete;
-  ~FileLock();
-
- private:
-  explicit FileLock(int fd) : fd_(fd) {}
-  int fd_;
-};
-
 // One detached process: a binary, its pid file and its log.
 struct DaemonSpec {
   std::string name;               // for messages: "llmctld"

@@ -96,20 +96,6 @@ TEST_F(DaemonsTest, ABinaryThatCannotRunIsReported) {
   EXPECT_FALSE(fs::exists(spec.pid_file));
 }
 
-// A lock another holds is waited for only as long as the caller allows, then named.
-TEST_F(DaemonsTest, AFileLockIsWaitedForWithinTheBound) {
-  const fs::path path = dir_ / "probe.json.lock";
-  std::optional<StatusOr<FileLock>> held(FileLock::Acquire(path));
-  ASSERT_TRUE(held->ok()) << held->status().ToString();
-  const StatusOr<FileLock> refused = FileLock::AcquireWithin(path, std::chrono::milliseconds(100));
-  EXPECT_EQ(refused.status().code(), StatusCode::kDeadlineExceeded);
-  EXPECT_NE(refused.status().message().find(path.string() + ": another process has held its lock"),
-            std::string::npos)
-      << refused.status().message();
-  held.reset();
-  EXPECT_TRUE(FileLock::AcquireWithin(path, std::chrono::milliseconds(0)).ok());
-}
-
 TEST_F(DaemonsTest, LogTailKeepsTheLastLines) {
   std::ofstream(dir_ / "x.log") << "one\ntwo\nthree\n";
   EXPECT_EQ(LogTail(dir_ / "x.log", 2), "  two\n  three\n");

@@ -14,6 +14,7 @@
 
 #include "common/cpu_model.h"
 #include "common/estimate/gpus.h"
+#include "common/file_lock.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/text.h"
