@@ -77,6 +77,9 @@ struct Resolved {
   bool cuda = false;
   bool blip2 = false;  // BLIP-2: images and captions (data.format imagefolder)
   int64_t ranks = 1;
+  // The --set keys in the order given. Their values are request.base's, each parsed once there,
+  // which the written file sets them to.
+  std::vector<std::string> set_keys;
 };
 
 // MODEL: BLIP-2 by its preset's name (with or without hf:Salesforce/) or a directory, else the
@@ -193,8 +196,10 @@ Status SetPlanBase(const PlanOptions& o, Resolved& r) {
     if (eq == std::string::npos) {
       return InvalidArgumentError("--set: expected KEY=VALUE, got '" + quoted + "'");
     }
-    const Status applied = base.SetFromText(set.substr(0, eq), set.substr(eq + 1));
+    const std::string key = set.substr(0, eq);
+    const Status applied = base.SetFromText(key, set.substr(eq + 1));
     if (!applied.ok()) return InvalidArgumentError("--set " + quoted + ": " + applied.message());
+    r.set_keys.push_back(key);
   }
   return Status::Ok();
 }
@@ -275,19 +280,6 @@ std::vector<std::string> KeyParts(const std::string& key) {
   return parts;
 }
 
-// `key`'s value as `--set key=text` sets it (SetPlanBase has checked that it does), as the trial's
-// JSON holds it: a string key's text is one string whatever YAML would read it as.
-nlohmann::json SetValue(const std::string& key, const std::string& text) {
-  TrialConfig scratch;
-  if (!scratch.SetFromText(key, text).ok()) return nullptr;
-  nlohmann::json value = scratch.ToJson();
-  for (const std::string& part : KeyParts(key)) {
-    if (!value.is_object() || !value.contains(part)) return nullptr;
-    value = nlohmann::json(value[part]);
-  }
-  return value;
-}
-
 // The YAML node of a trial key's JSON value: a string as a string scalar, which the emitter quotes
 // where YAML would read it otherwise ('runs/a: b', '[x', 'x #y' wrote a map, threw, or lost
 // ' #y' when the text went through YAML::Load), a list item by item, a number or boolean as the
@@ -325,14 +317,19 @@ std::string ExperimentYaml(const PlanOptions& o, const Resolved& r, const estima
   if (o.gpus > 1) root["devices"] = o.gpus;
   if (o.nodes > 1) root["nodes"] = o.nodes;
   if (!o.device_memory.empty()) root["device_memory"] = o.device_memory;
-  for (const std::string& set : o.sets) {
-    const size_t eq = set.find('=');
-    YAML::Node at = root;
-    const std::string key = set.substr(0, eq);
+  // The --set keys as the plan's base holds them: its ToJson nests every key set, these among them,
+  // a string key's text as one string whatever YAML would read it as.
+  const nlohmann::json base = r.request.base.ToJson();
+  for (const std::string& key : r.set_keys) {
     const std::vector<std::string> parts = KeyParts(key);
-    // reset() rebinds `at`; assignment would overwrite the node it refers to.
-    for (size_t i = 0; i + 1 < parts.size(); ++i) at.reset(at[parts[i]]);
-    at[parts.back()] = YamlOf(SetValue(key, set.substr(eq + 1)));
+    YAML::Node at = root;
+    const nlohmann::json* value = &base;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      // reset() rebinds `at`; assignment would overwrite the node it refers to.
+      at.reset(at[parts[i]]);
+      value = &value->at(parts[i]);
+    }
+    at[parts.back()] = YamlOf(value->at(parts.back()));
   }
   const size_t rows = std::min<size_t>(plan.fits.size(), static_cast<size_t>(o.top));
   for (size_t i = 0; i < rows; ++i) {
