@@ -1,6 +1,6 @@
 // llm-agent end to end with 2-rank trials (ddp, fsdp): the stand-in for llm-train playing its
 // launcher and both ranks, and the real llm-train's ranks on the CPU (Gloo) when it has been built.
-// The fixture is agent_test.cc's (agent_test_support.h).
+// The fixture is agent_test_support.h's (AgentTest, RealTrainerFixture), as agent_runs_test.cc's.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>

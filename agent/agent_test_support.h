@@ -1,6 +1,7 @@
-// What the agent's end-to-end tests (agent_test.cc, agent_ranks_test.cc, multinode_test.cc)
-// share: files, run keys, event streams and the real trainer's inputs and processes; and the
-// fixture of agent_test.cc and agent_ranks_test.cc, one agent with a stand-in for llm-train.
+// What the agent's end-to-end tests (agent_runs_test.cc, agent_files_test.cc, agent_ranks_test.cc,
+// event_lines_test.cc, multinode_test.cc) share: files, run keys, event streams and the real
+// trainer's inputs and processes; and AgentTest, the fixture of those with one agent and a
+// stand-in for llm-train.
 #ifndef LLMCTL_AGENT_AGENT_TEST_SUPPORT_H_
 #define LLMCTL_AGENT_AGENT_TEST_SUPPORT_H_
 
@@ -310,7 +311,7 @@ exit "$seed"
     fake_trainer_ = (dir_ / "fake-llm-train").string();
     WriteFile(fake_trainer_, kFakeTrainer, fs::perms::owner_all);
     supervisor_ = BuildDir() + "/agent/llm-agent";
-    ASSERT_TRUE(fs::exists(supervisor_)) << supervisor_ << " is built with agent_test";
+    ASSERT_TRUE(fs::exists(supervisor_)) << supervisor_ << " is built with the agent's tests";
     address_ = "unix:" + (dir_ / "agent.sock").string();
   }
 
