@@ -213,6 +213,18 @@ TEST(LlmTrainTest, ARunOntoAFullDiskFailsAsNoFaultOfTheInput) {
   EXPECT_NE(run.output.find("File too large"), std::string::npos) << run.output;
 }
 
+// An events file that cannot be opened (here in a directory that is not there) is the machine's
+// failure like a full disk's, not bad input: exit 1 with the open's error, where bad input exits 2.
+TEST(LlmTrainTest, AnEventsFileThatCannotBeOpenedFailsAsNoFaultOfTheInput) {
+  const std::string events = testing::FreshTempDir("events-unopened") + "/missing/events.jsonl";
+  CommandResult run =
+      RunLlmTrain("--config " + Demo() + " --set train.max_steps=1 --events " + events);
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("cannot open events file " + events + ": No such file or directory"),
+            std::string::npos)
+      << run.output;
+}
+
 // nlohmann's message for a bad line quotes the line ("last read: '...'"): llm-train's error line
 // and its [done] line show it without its C1 and bidirectional controls.
 TEST(LlmTrainTest, AnErrorQuotingADatasetsBytesIsPrintedWithoutTheirControls) {

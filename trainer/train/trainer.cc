@@ -32,8 +32,9 @@ TrialResult RunTrial(const TrialConfig& config, const RunOptions& options) {
   if (!events.ok()) {
     TrialResult result;
     result.outcome = Outcome::kFailed;
-    result.invalid_input = true;
+    result.invalid_input = IsInputsFault(events.status());
     result.error = events.status().message();
+    result.recorded = false;
     return result;
   }
   TrialRun run(config, options, **events);

@@ -44,6 +44,9 @@ struct TrialResult {
   std::optional<double> final_loss;
   int64_t steps_done = 0;
   std::string error;
+  // Whether the run's end is on its [done] line and in its result event: false only when its
+  // events file could not be opened, which ends it before anything runs (the caller says why).
+  bool recorded = true;
 };
 
 struct RunOptions {
