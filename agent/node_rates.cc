@@ -12,6 +12,7 @@
 #include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/text.h"
+#include "common/trainer_exit.h"
 
 namespace llmctl::agent {
 namespace {
@@ -63,6 +64,19 @@ std::string AdoptableProbe(const std::string& path, const NodeFacts& facts, std:
     return json.dump();
   }
   return "";
+}
+
+// "2 of 3".
+std::string AttemptOf(int attempt, int attempts) {
+  return std::to_string(attempt) + " of " + std::to_string(attempts);
+}
+
+// "40 s", "5 min": the time until a probe is measured again, rounded up, as a person reads it.
+std::string TimeLeft(std::chrono::steady_clock::duration left) {
+  const int64_t seconds =
+      std::max<int64_t>(0, std::chrono::ceil<std::chrono::seconds>(left).count());
+  if (seconds < 120) return std::to_string(seconds) + " s";
+  return std::to_string((seconds + 59) / 60) + " min";
 }
 
 }  // namespace
@@ -119,14 +133,33 @@ void NodeRates::Start(const NodeFacts& facts) {
   }
   const bool has_gpu = std::any_of(facts.devices.begin(), facts.devices.end(),
                                    [](const DeviceInfo& device) { return device.type == "cuda"; });
-  thread_ = std::thread([this, fingerprint, device = has_gpu ? "cuda" : "cpu"] {
-    if (!AwaitIdle()) return;
+  thread_ = std::thread(
+      [this, fingerprint, device = has_gpu ? "cuda" : "cpu"] { Measure(fingerprint, device); });
+}
+
+void NodeRates::Measure(const std::string& fingerprint, const std::string& device) {
+  const int attempts = 1 + static_cast<int>(options_.retry_after.size());
+  for (int attempt = 1; AwaitIdle(); ++attempt) {
     std::cerr << "llm-agent: measuring the node's rates (llm-train --probe --probe-device "
-              << device << ")" << std::endl;
+              << device
+              << (attempt > 1 ? std::string(", attempt ").append(AttemptOf(attempt, attempts)) : "")
+              << ")" << std::endl;
     StatusOr<std::string> probe = RunProbe(device);
-    if (probe.ok()) std::cerr << "llm-agent: the node's rates are measured" << std::endl;
-    Finish(std::move(probe), fingerprint);
-  });
+    // Unavailable: the machine was busy (RunProbe), or had no process or pipe to spare for it.
+    if (probe.ok() || probe.status().code() != StatusCode::kUnavailable) {
+      if (probe.ok()) std::cerr << "llm-agent: the node's rates are measured" << std::endl;
+      Finish(std::move(probe), fingerprint);
+      return;
+    }
+    if (attempt == attempts) {
+      Finish(std::move(probe), fingerprint,
+             std::string("; that was attempt ")
+                 .append(AttemptOf(attempt, attempts))
+                 .append(", measuring again at the agent's next start"));
+      return;
+    }
+    if (!AwaitRetry(probe.status(), attempt + 1)) return;
+  }
 }
 
 bool NodeRates::AwaitIdle() {
@@ -136,13 +169,35 @@ bool NodeRates::AwaitIdle() {
     const bool busy = starting_ > 0 || trial_running_();
     if (!busy) {
       probing_ = true;
+      retry_.reset();
       report_.pending = std::string(estimate::kRateProbeMeasuring);
       return true;
     }
-    report_.pending = "waiting for the running trial to end";
+    if (retry_.has_value()) {
+      retry_->at.reset();  // its wait is over: report_.pending still says why it failed
+    } else {
+      report_.pending = "waiting for the running trial to end";
+    }
     changed_.WaitUntil(mutex_, std::chrono::steady_clock::now() + options_.idle_check);
   }
   return false;
+}
+
+bool NodeRates::AwaitRetry(const Status& failure, int next_attempt) {
+  const auto at = std::chrono::steady_clock::now() + options_.retry_after[next_attempt - 2];
+  std::string pending;
+  {
+    MutexLock lock(mutex_);
+    probing_ = false;
+    report_.pending = std::string("not measured: ").append(failure.message());
+    retry_ = Retry{next_attempt, at};
+    pending = Pending();
+  }
+  changed_.NotifyAll();  // trials may start meanwhile
+  std::cerr << "llm-agent: the node's rates are " << pending << std::endl;
+  MutexLock lock(mutex_);
+  while (!stopping_ && std::chrono::steady_clock::now() < at) changed_.WaitUntil(mutex_, at);
+  return !stopping_;
 }
 
 StatusOr<std::string> NodeRates::RunProbe(const std::string& device) const {
@@ -159,6 +214,10 @@ StatusOr<std::string> NodeRates::RunProbe(const std::string& device) const {
     std::string message =
         options_.llm_train + " --probe exited with " + std::to_string(output.exit_code);
     if (!reason.empty()) message.append(": ").append(reason);
+    // llm-train --probe fails (rather than refusing its input) only when its rates disagree, as
+    // on a machine other work holds: measuring again may help. Its other exits (no CUDA device,
+    // a crash) would come again.
+    if (output.exit_code == trainer_exit::kFailed) return UnavailableError(message);
     return InternalError(message);
   }
   const nlohmann::json json = ParseForeignJson(output.stdout_text);
@@ -167,7 +226,8 @@ StatusOr<std::string> NodeRates::RunProbe(const std::string& device) const {
   return json.dump();
 }
 
-void NodeRates::Finish(StatusOr<std::string> probe_json, const std::string& fingerprint) {
+void NodeRates::Finish(StatusOr<std::string> probe_json, const std::string& fingerprint,
+                       std::string_view then) {
   if (probe_json.ok()) {
     const std::string kept =
         nlohmann::json{{"fingerprint", fingerprint}, {"probe", nlohmann::json::parse(*probe_json)}}
@@ -180,20 +240,37 @@ void NodeRates::Finish(StatusOr<std::string> probe_json, const std::string& fing
     if (!written.ok()) std::cerr << "llm-agent: " << written.message() << std::endl;
   } else {
     std::cerr << "llm-agent: the node's rates are not measured: " << probe_json.status().message()
-              << std::endl;
+              << then << std::endl;
   }
   {
     MutexLock lock(mutex_);
     probing_ = false;
-    report_ = probe_json.ok() ? Report{*std::move(probe_json), ""}
-                              : Report{"", "not measured: " + probe_json.status().message()};
+    report_ =
+        probe_json.ok()
+            ? Report{*std::move(probe_json), ""}
+            : Report{
+                  "",
+                  std::string("not measured: ").append(probe_json.status().message()).append(then)};
   }
   changed_.NotifyAll();
 }
 
 NodeRates::Report NodeRates::Current() const {
   MutexLock lock(mutex_);
-  return report_;
+  return Report{report_.probe_json, Pending()};
+}
+
+std::string NodeRates::Pending() const {
+  if (!retry_.has_value()) return report_.pending;
+  const int attempts = 1 + static_cast<int>(options_.retry_after.size());
+  return std::string(report_.pending)
+      .append("; measuring again ")
+      .append(retry_->at.has_value() ? std::string("in ").append(
+                                           TimeLeft(*retry_->at - std::chrono::steady_clock::now()))
+                                     : "once the running trial ends")
+      .append(" (attempt ")
+      .append(AttemptOf(retry_->attempt, attempts))
+      .append(")");
 }
 
 NodeRates::StartingTrial::StartingTrial(NodeRates& rates,

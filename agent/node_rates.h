@@ -4,15 +4,21 @@
 // NodeInfo. A kept probe whose fingerprint still matches is reported at once; a changed node (its
 // devices, NVIDIA driver, CPU, llm-train or LibTorch) measures again. While a probe runs no trial
 // starts (StartingTrial waits for it), and a probe never starts while a trial runs: either would
-// distort the other's time.
+// distort the other's time. A probe that found the machine busy (llm-train exits 1: its rates
+// disagree, as when other work holds the cores) is measured again after
+// NodeRatesOptions::retry_after's waits, each time once the node is idle; other failures would
+// fail the same way again and are reported as they are.
 #ifndef LLMCTL_AGENT_NODE_RATES_H_
 #define LLMCTL_AGENT_NODE_RATES_H_
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include "agent/node_info.h"
 #include "common/mutex.h"
@@ -38,6 +44,11 @@ struct NodeRatesOptions {
   // A probe takes about 12 s on a 2-core CPU and under 30 s on a GPU; one that runs this long is
   // killed and reported as not measured.
   std::chrono::milliseconds timeout{std::chrono::seconds(180)};
+  // After a probe that found the machine busy, the wait before each further attempt (3 attempts
+  // in all by default): other work on the machine, such as a build, takes minutes, and a node
+  // left without rates is estimated at its data sheet's until the agent's next start.
+  std::vector<std::chrono::milliseconds> retry_after{std::chrono::minutes(5),
+                                                     std::chrono::minutes(30)};
 };
 
 // Thread-safe.
@@ -56,12 +67,16 @@ class NodeRates {
 
   struct Report {
     std::string probe_json;  // llm-train --probe's JSON; "" while none is measured
-    std::string pending;  // why there is none: "measuring", "waiting for ...", "not measured: ..."
+    // Why there is none: "measuring", "waiting for ...", "not measured: ..." (for a busy machine
+    // with "; measuring again in 5 min (attempt 2 of 3)", then "; that was attempt 3 of 3,
+    // measuring again at the agent's next start").
+    std::string pending;
   };
   Report Current() const;
 
-  // The agent is stopping: a probe in progress is killed (its process group) and none starts. It
-  // used to run to its end, up to the 3-minute timeout, with the agent waiting on it after SIGTERM.
+  // The agent is stopping: a probe in progress is killed (its process group), a wait to measure
+  // again ends, and none starts. A probe used to run to its end, up to the 3-minute timeout, with
+  // the agent waiting on it after SIGTERM.
   void Stop();
 
   // Held by RunTrial while it starts a run: waits until a probe in progress ends, or until
@@ -84,19 +99,35 @@ class NodeRates {
   };
 
  private:
-  void MeasureWhenIdle(const std::string& fingerprint);
+  // The probe's thread: measures on `device` once idle, again while it finds the machine busy
+  // and attempts are left.
+  void Measure(const std::string& fingerprint, const std::string& device);
   // Waits until no trial runs or starts and marks the probe as running; false when stopping.
   bool AwaitIdle();
-  // llm-train --probe, its JSON checked with the one parser (common/estimate/rate_probe.h).
+  // After `failure`, waits options_.retry_after's wait before attempt `next_attempt` (2, 3, ...),
+  // while trials may start; false when stopping.
+  bool AwaitRetry(const Status& failure, int next_attempt);
+  // report_ as Current() gives it: a retry's note is written with the time left now.
+  std::string Pending() const LLMCTL_REQUIRES(mutex_);
+  // llm-train --probe, its JSON checked with the one parser (common/estimate/rate_probe.h);
+  // Unavailable when it found the machine busy (its exit 1), where measuring again may help.
   StatusOr<std::string> RunProbe(const std::string& device) const;
-  // Keeps and reports a probe (measured or taken), or reports why there is none.
-  void Finish(StatusOr<std::string> probe_json, const std::string& fingerprint);
+  // Keeps and reports a probe (measured or taken), or reports why there is none, then `then`.
+  void Finish(StatusOr<std::string> probe_json, const std::string& fingerprint,
+              std::string_view then = "");
 
   const NodeRatesOptions options_;
   const std::function<bool()> trial_running_;
   mutable Mutex mutex_;
   CondVar changed_;
   Report report_ LLMCTL_GUARDED_BY(mutex_);
+  // While a busy machine's probe waits to be measured again (report_.pending says why it failed):
+  // which attempt comes next, and when (unset: once the running trial ends).
+  struct Retry {
+    int attempt = 0;
+    std::optional<std::chrono::steady_clock::time_point> at;
+  };
+  std::optional<Retry> retry_ LLMCTL_GUARDED_BY(mutex_);
   bool probing_ LLMCTL_GUARDED_BY(mutex_) = false;
   int starting_ LLMCTL_GUARDED_BY(mutex_) = 0;
   bool stopping_ LLMCTL_GUARDED_BY(mutex_) = false;

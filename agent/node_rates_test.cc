@@ -1,6 +1,7 @@
 // The node's rates (agent/node_rates.h) with a stand-in llm-train whose --probe prints a fixed
 // probe and counts its runs: measured once the node is idle, kept across agents of the same node,
-// measured again when the node changes, and a broken probe reported as not measured.
+// measured again when the node changes, a probe that found the machine busy measured again a few
+// times, and a broken probe reported as not measured.
 #include "agent/node_rates.h"
 
 #include <gtest/gtest.h>
@@ -25,6 +26,12 @@ namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
+
+// llm-train's last line when its rates disagree (trainer/train/rate_probe.cc, CheckMeasuredProbe).
+constexpr char kBusy[] =
+    "the rates measured disagree with each other, as when other work holds this machine's cores "
+    "while the probe runs (load average 3.5 now): ... Nothing is written; measure again when the "
+    "machine is idle";
 
 estimate::RateProbe FixedProbe() {
   estimate::RateProbe probe;
@@ -67,7 +74,28 @@ class NodeRatesTest : public ::testing::Test {
             .measure = measure,
             .adoptable_probe = std::move(adoptable_probe),
             .idle_check = milliseconds(10),
-            .timeout = std::chrono::seconds(20)};
+            .timeout = std::chrono::seconds(20),
+            .retry_after = {milliseconds(10), milliseconds(10)}};
+  }
+
+  // A stand-in llm-train whose first `busy_runs` probes find the machine busy (exit 1 with
+  // llm-train's line, as CheckMeasuredProbe fails) and whose later ones print the fixed probe.
+  void WriteBusyTrainer(int busy_runs) {
+    std::ofstream(dir_ / "probe.out") << FixedProbe().ToJson().dump();
+    std::ofstream(dir_ / "busy.txt") << "llm-train: " << kBusy << "\n";
+    const std::string runs = (dir_ / "runs.txt").string();
+    const fs::path trainer = dir_ / "llm-train";
+    std::ofstream(trainer) << "#!/bin/sh\necho \"$@\" >> '" << runs << "'\nif [ $(wc -l < '" << runs
+                           << "') -le " << busy_runs << " ]; then\n  cat '"
+                           << (dir_ / "busy.txt").string() << "' >&2\n  exit 1\nfi\ncat '"
+                           << (dir_ / "probe.out").string() << "'\n";
+    fs::permissions(trainer, fs::perms::owner_all);
+  }
+
+  // What the report says after a probe that found the machine busy.
+  std::string NotMeasuredBusy() const {
+    return "not measured: " + (dir_ / "llm-train").string() +
+           " --probe exited with 1: llm-train: " + kBusy;
   }
 
   int Runs() const {
@@ -75,12 +103,17 @@ class NodeRatesTest : public ::testing::Test {
     return runs.ok() ? static_cast<int>(std::count(runs->begin(), runs->end(), '\n')) : 0;
   }
 
-  // The report once it is no longer "waiting ..." or "measuring" (at most 20 s).
+  // The report once it is no longer "waiting ...", "measuring" or waiting to measure again (at
+  // most 20 s).
   static NodeRates::Report Settled(const NodeRates& rates) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     NodeRates::Report report = rates.Current();
-    while ((report.pending == "measuring" || report.pending.starts_with("waiting")) &&
-           std::chrono::steady_clock::now() < deadline) {
+    const auto unsettled = [](const std::string& pending) {
+      return pending == "measuring" || pending.starts_with("waiting") ||
+             pending.find("; measuring again in ") != std::string::npos ||
+             pending.find("; measuring again once ") != std::string::npos;
+    };
+    while (unsettled(report.pending) && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(milliseconds(5));
       report = rates.Current();
     }
@@ -337,11 +370,13 @@ TEST_F(NodeRatesTest, ABrokenProbeIsNotMeasuredAndNotKept) {
     EXPECT_TRUE(report.pending.starts_with("not measured: llm-train --probe: ")) << report.pending;
   }
   EXPECT_FALSE(fs::exists(dir_ / "data" / "rates.json"));
+  EXPECT_EQ(Runs(), 1);  // this llm-train would write the same again: not measured again
 
   WriteTrainer("not json");
   NodeRates rates(Options(), [] { return false; });
   rates.Start(facts_);
   EXPECT_EQ(Settled(rates).pending, "not measured: llm-train --probe wrote no JSON");
+  EXPECT_EQ(Runs(), 2);
 }
 
 // llm-train says why its probe failed on stderr, last: the report carries that line, on one line.
@@ -352,10 +387,112 @@ TEST_F(NodeRatesTest, AFailedProbesReportCarriesItsReason) {
   fs::permissions(trainer, fs::perms::owner_all);
   NodeRates rates(Options(), [] { return false; });
   rates.Start(facts_);
+  EXPECT_EQ(Settled(rates).pending,
+            "not measured: " + trainer.string() +
+                " --probe exited with 1: llm-train: the rates measured disagree [1m with each "
+                "other; that was attempt 3 of 3, measuring again at the agent's next start");
+}
+
+// A probe taken while other work held the machine (llm-train exits 1) is measured again after a
+// wait, instead of leaving the node without rates until the agent's next start.
+TEST_F(NodeRatesTest, ABusyMachinesProbeIsMeasuredAgain) {
+  WriteBusyTrainer(1);
+  {
+    NodeRates rates(Options(), [] { return false; });
+    rates.Start(facts_);
+    const NodeRates::Report report = Settled(rates);
+    EXPECT_EQ(report.pending, "");
+    EXPECT_FALSE(report.probe_json.empty());
+    EXPECT_EQ(Runs(), 2);
+  }
+  EXPECT_TRUE(fs::exists(dir_ / "data" / "rates.json"));
+}
+
+// A machine busy at every attempt: measured as often as NodeRatesOptions::retry_after allows, then
+// reported as measured again at the agent's next start.
+TEST_F(NodeRatesTest, ABusyMachineIsMeasuredAsManyTimesAsItsAttemptsThenAtTheNextStart) {
+  WriteBusyTrainer(100);
+  NodeRates rates(Options(), [] { return false; });
+  rates.Start(facts_);
   EXPECT_EQ(
       Settled(rates).pending,
-      "not measured: " + trainer.string() +
-          " --probe exited with 1: llm-train: the rates measured disagree [1m with each other");
+      NotMeasuredBusy() + "; that was attempt 3 of 3, measuring again at the agent's next start");
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(Runs(), 3);
+  EXPECT_FALSE(fs::exists(dir_ / "data" / "rates.json"));
+}
+
+// While it waits to measure again the report says why, when and which attempt, trials start, and
+// the agent stopping ends the wait: the agent does not wait out the hour, and measures no more.
+TEST_F(NodeRatesTest, StoppingEndsTheWaitToMeasureAgain) {
+  WriteBusyTrainer(100);
+  NodeRatesOptions options = Options();
+  options.retry_after = {std::chrono::hours(1), std::chrono::hours(1)};
+  std::optional<NodeRates> rates;
+  rates.emplace(options, [] { return false; });
+  rates->Start(facts_);
+  EXPECT_TRUE(Says(*rates, NotMeasuredBusy() + "; measuring again in 60 min (attempt 2 of 3)"))
+      << rates->Current().pending;
+  {
+    const NodeRates::StartingTrial starting(
+        *rates, std::chrono::steady_clock::now() + std::chrono::seconds(20));
+    EXPECT_TRUE(starting.free());
+  }
+  rates->Stop();
+  rates.reset();  // joins the probe's thread
+  EXPECT_EQ(Runs(), 1);
+}
+
+// The attempt after the wait, as the first, waits for the running trial to end.
+TEST_F(NodeRatesTest, AProbeIsMeasuredAgainOnlyOnceTheNodeIsIdle) {
+  WriteBusyTrainer(1);
+  // A trial starts once the first probe has failed, and runs until the test ends it.
+  std::atomic<bool> trial_ended = false;
+  NodeRates rates(Options(), [&] { return Runs() >= 1 && !trial_ended.load(); });
+  rates.Start(facts_);
+  EXPECT_TRUE(Says(
+      rates, NotMeasuredBusy() + "; measuring again once the running trial ends (attempt 2 of 3)"))
+      << rates.Current().pending;
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(Runs(), 1);
+  trial_ended = true;
+  EXPECT_EQ(Settled(rates).pending, "");
+  EXPECT_EQ(Runs(), 2);
+}
+
+// Failures that waiting does not change are reported once: an llm-train that cannot run, one that
+// refuses its input (exit 2, such as no CUDA device for --probe-device cuda), and a probe killed at
+// its timeout (a hung probe holds trials off for the whole timeout at each attempt).
+TEST_F(NodeRatesTest, AFailureWaitingCannotChangeIsNotMeasuredAgain) {
+  {
+    NodeRatesOptions options = Options();
+    options.llm_train = (dir_ / "missing-llm-train").string();
+    NodeRates rates(options, [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(Settled(rates).pending,
+              "not measured: cannot run " + options.llm_train + ": No such file or directory");
+  }
+  const fs::path trainer = dir_ / "llm-train";
+  const std::string runs = (dir_ / "runs.txt").string();
+  std::ofstream(trainer)
+      << "#!/bin/sh\necho \"$@\" >> '" << runs
+      << "'\necho 'llm-train: --probe-device cuda: no CUDA device' >&2\nexit 2\n";
+  {
+    NodeRates rates(Options(), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(Settled(rates).pending, "not measured: " + trainer.string() +
+                                          " --probe exited with 2: llm-train: --probe-device "
+                                          "cuda: no CUDA device");
+    EXPECT_EQ(Runs(), 1);
+  }
+  WriteTrainer(FixedProbe().ToJson().dump(), "60");
+  NodeRatesOptions options = Options();
+  options.timeout = milliseconds(1000);
+  NodeRates rates(options, [] { return false; });
+  rates.Start(facts_);
+  EXPECT_EQ(Settled(rates).pending,
+            "not measured: " + trainer.string() + " --probe was killed or timed out");
+  EXPECT_EQ(Runs(), 2);
 }
 
 TEST_F(NodeRatesTest, OffMeasuresNothingAndSaysSo) {
