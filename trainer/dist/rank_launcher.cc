@@ -75,8 +75,11 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
 }
 
 // In the forked child: only async-signal-safe calls until execve. The rank's stderr is
-// `stderr_fd`, the write end of its pipe to the launcher.
+// `stderr_fd`, the write end of its pipe to the launcher. It starts with SIGPIPE at its default, as
+// the agent starts a process (agent/process.h), where execve would keep the launcher's SIG_IGN
+// (IgnoredSigpipe).
 [[noreturn]] void ExecRank(pid_t launcher, int stderr_fd, char* const* argv, char* const* envp) {
+  ::signal(SIGPIPE, SIG_DFL);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != launcher) ::_exit(kCannotExecute);  // the launcher died before prctl
   if (::dup2(stderr_fd, 2) < 0) ::_exit(kCannotExecute);
@@ -124,7 +127,7 @@ class RankStderr {
         return;
       }
       // The launcher's stderr is where the rank's went before; a launcher that cannot write it
-      // has nowhere else to report that.
+      // (EPIPE: nobody reads it any more, see IgnoredSigpipe) has nowhere else to report that.
       (void)WriteAll(2, buffer, static_cast<size_t>(got));
       Keep(std::string_view(buffer, static_cast<size_t>(got)));
     }
@@ -297,6 +300,26 @@ class ForwardedSignals {
   struct sigaction previous_[3];
 };
 
+// While alive, SIGPIPE is ignored: a write to a stderr nobody reads any more (`llm-train ... 2>&1 |
+// head -1` once head has ended) fails with EPIPE and only the ranks' text is lost, where the
+// signal killed the launcher, and with it its ranks (PR_SET_PDEATHSIG). ExecRank sets it back to
+// the default for each rank.
+class IgnoredSigpipe {
+ public:
+  IgnoredSigpipe() {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, &previous_);
+  }
+  ~IgnoredSigpipe() { ::sigaction(SIGPIPE, &previous_, nullptr); }
+  IgnoredSigpipe(const IgnoredSigpipe&) = delete;
+  IgnoredSigpipe& operator=(const IgnoredSigpipe&) = delete;
+
+ private:
+  struct sigaction previous_;
+};
+
 // This host's rank processes, indexed by local rank, from their start to the job's end.
 class RankProcesses {
  public:
@@ -464,6 +487,7 @@ LaunchResult Launch(const LaunchSpec& spec) {
   std::vector<std::vector<std::string>> environments =
       RankEnvironments(spec, master_port, listen_fd);
   const ForwardedSignals signals;
+  const IgnoredSigpipe ignored_sigpipe;
   RankProcesses ranks(spec, master_port);
   LaunchResult result;
   result.status = ranks.Start(environments, listen_fd);

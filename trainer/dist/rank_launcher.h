@@ -64,7 +64,9 @@ struct LaunchResult {
 // out of range (node_rank outside 0..nnodes-1, or port 0 on a node rank above 0). Ranks die with
 // this process too (PR_SET_PDEATHSIG), so none outlives a killed launcher. SIGTERM, SIGINT and
 // SIGUSR1 sent to the launcher while it waits are passed on to every rank (a rank gets a signal
-// sent to the whole process group twice; llm-train's handlers only set flags).
+// sent to the whole process group twice; llm-train's handlers only set flags). SIGPIPE is ignored
+// while it waits: a stderr nobody reads any more (`... 2>&1 | head -1`) loses the ranks' text, not
+// the run; each rank starts with SIGPIPE at its default.
 //
 // "First" is the first failure seen; when the launcher finds several ranks ended in the same look,
 // a rank's own failure (killed by a signal, out of memory, diverged, invalid input: exit codes 2,

@@ -176,6 +176,40 @@ TEST_F(LauncherTest, AFailedRanksLastErrorLineIsItsReason) {
       << passed_on;
 }
 
+// A launcher whose stderr nobody reads any more (`llm-train ... 2>&1 | head -1` once head has
+// ended) loses what its ranks write there, not the run: passing their lines on raised SIGPIPE,
+// which killed it and, with it, its ranks. The ranks still start with the launcher's SIGPIPE (here
+// the default), not ignored, and the launcher has it back when Launch returns.
+TEST_F(LauncherTest, AStderrNobodyReadsLosesTheRanksLinesNotTheRun) {
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  ::close(pipe_fds[0]);
+  const LaunchSpec spec = Shell("grep SigIgn /proc/$$/status > " + dir_.string() +
+                                    "/sigign$RANK; echo \"rank $RANK's line\" >&2; touch " +
+                                    dir_.string() + "/done$RANK",
+                                2);
+  child_ = ::fork();
+  if (child_ == 0) {
+    ::signal(SIGPIPE, SIG_DFL);
+    if (::dup2(pipe_fds[1], 2) != 2) ::_exit(2);
+    const bool launched = Launch(spec).status.ok();
+    struct sigaction after {};
+    ::sigaction(SIGPIPE, nullptr, &after);
+    ::_exit(!launched ? 1 : after.sa_handler != SIG_DFL ? 3 : 0);
+  }
+  ::close(pipe_fds[1]);
+  ASSERT_GT(child_, 0);
+  // -1: killed (by SIGPIPE); 1: the launch failed; 3: SIGPIPE not restored.
+  EXPECT_EQ(WaitForChild(), 0);
+  for (const std::string rank : {"0", "1"}) {
+    EXPECT_TRUE(fs::exists(dir_ / ("done" + rank))) << "rank " << rank;
+    const std::string ignored = Read("sigign" + rank);
+    ASSERT_TRUE(ignored.starts_with("SigIgn:")) << ignored;
+    EXPECT_EQ((std::stoull(ignored.substr(7), nullptr, 16) >> (SIGPIPE - 1)) & 1, 0u)
+        << "rank " << rank << " ignores SIGPIPE: " << ignored;
+  }
+}
+
 TEST_F(LauncherTest, ARankKilledByASignalIsNamed) {
   const Status launched = LaunchRanks(
       Shell("if [ \"$RANK\" = 0 ]; then " + AwaitPids(2) + "kill -9 $$; fi; exec sleep 600", 2));
