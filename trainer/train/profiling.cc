@@ -1,14 +1,19 @@
 #include "trainer/train/profiling.h"
 
 #include <ATen/record_function.h>
+#include <fcntl.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <system_error>
 #include <utility>
 
+#include "common/atomic_file.h"
 #include "common/snapshot_event.h"
+#include "common/unique_fd.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -40,6 +45,41 @@ std::string_view NextPart(std::string_view phase, bool last_micro_batch) {
   if (phase == snapshot_event::kAfterBackward)
     return last_micro_batch ? "optimizer step" : "next micro-batch";
   return "after step";
+}
+
+// Why Kineto could not write its temporary file `temporary`: it says no more than "Failed to write
+// to log file!" on stderr, so its write is tried again, one byte where its writes stopped (and its
+// open, when it could not make the file), for the system's reason: a full disk's ENOSPC, EFBIG,
+// EIO.
+std::string KinetosWriteError(const std::string& temporary) {
+  UniqueFd fd(::open(temporary.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644));
+  if (!fd.valid()) return std::strerror(errno);
+  const char newline = '\n';
+  if (Status written = WriteAll(fd.get(), &newline, 1); !written.ok()) return written.message();
+  return "the profiler stopped writing it without a reason";  // room was made meanwhile
+}
+
+// Writes `result`'s trace to `path`. Kineto writes the file itself, into <path>.partial.tmp,
+// which it renames <path>.partial once written whole; renamed again here, a reader never sees half
+// of it. On a failure neither file stays: a large trace would keep the disk as full as it made it.
+Status SaveTrace(kineto::ProfilerResult& result, const std::string& path) {
+  const std::string partial = path + ".partial";
+  const std::string kinetos_temporary = partial + ".tmp";
+  result.save(partial);
+  std::error_code error;
+  if (!std::filesystem::exists(partial, error)) {
+    // Asked before the temporary goes: removing it makes room.
+    const std::string why = KinetosWriteError(kinetos_temporary);
+    std::filesystem::remove(kinetos_temporary, error);
+    return UnavailableError(why);
+  }
+  std::filesystem::rename(partial, path, error);
+  if (error) {
+    std::error_code ignored;
+    std::filesystem::remove(partial, ignored);
+    return UnavailableError(error.message());
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -146,16 +186,11 @@ ProfileFiles StepProfiler::Write(const std::vector<StorageCategory>& categories)
 
   std::unique_ptr<kineto::ProfilerResult> result = kineto::disableProfiler();
   const std::string trace_path = dir_ + "/trace-" + steps + ".json";
-  // Kineto writes the file itself; written beside it and renamed, a reader never sees half of it.
-  const std::string partial = trace_path + ".partial";
-  result->save(partial);
-  std::error_code error;
-  std::filesystem::rename(partial, trace_path, error);
-  if (error) {
-    files.problems.push_back("cannot write the profiler's trace " + trace_path + ": " +
-                             error.message());
-  } else {
+  if (Status saved = SaveTrace(*result, trace_path); saved.ok()) {
     files.paths.push_back(trace_path);
+  } else {
+    files.problems.push_back("cannot write the profiler's trace " + trace_path + ": " +
+                             saved.message());
   }
 
   if (memory_) {

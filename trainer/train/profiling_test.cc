@@ -4,7 +4,9 @@
 #include "trainer/train/profiling.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -207,6 +209,35 @@ TEST(ProfilingTest, WithoutMemoryHistoryOnlyTheTraceIsWritten) {
     files.push_back(entry.path().filename().string());
   }
   EXPECT_EQ(files, std::vector<std::string>{"trace-steps-1-2.json"});
+}
+
+// A trace that cannot be written whole (RLIMIT_FSIZE 1 MiB against the demo's 3.6 MB trace here, a
+// full disk elsewhere) leaves no part of itself, and the warning gives the system's reason once:
+// Kineto reports none, and its temporary file of 1 MiB stayed while the warning said "No such file
+// or directory" of the file it never renamed.
+TEST(ProfilingTest, ATraceThatCannotBeWrittenLeavesNothingAndSaysWhy) {
+  const std::string dir = FreshTempDir("profile-fsize");
+  rlimit unlimited{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &unlimited), 0);
+  // The token file (240 KB) and the events file fit; writes past the limit fail with EFBIG, not
+  // the signal.
+  const rlimit limit{1024 * 1024, unlimited.rlim_max};
+  const sighandler_t handler = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  const TrialRecord record = RunProfiled(dir, {{"profile.memory_history", "false"}});
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &unlimited), 0);
+  std::signal(SIGXFSZ, handler);
+  std::vector<std::string> warnings;
+  for (const json& log : record.OfType("log")) {
+    if (log["level"] == "warning") warnings.push_back(log["message"]);
+  }
+  EXPECT_EQ(warnings, std::vector<std::string>{"profile: cannot write the profiler's trace " + dir +
+                                               "/profile/trace-steps-1-2.json: File too large"});
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/profile")) {
+    files.push_back(entry.path().filename().string());
+  }
+  EXPECT_EQ(files, std::vector<std::string>{});
 }
 
 TEST(ProfilingTest, StepsPastTheRunsEndAreNamedInAWarning) {
