@@ -11,11 +11,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 extern char** environ;
@@ -130,6 +132,144 @@ std::optional<std::string> FindProgram(const std::string& name) {
   ::_exit(127);
 }
 
+// A pipe's two ends, close-on-exec.
+struct Pipe {
+  UniqueFd read;
+  UniqueFd write;
+};
+
+StatusOr<Pipe> OpenPipe() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    return UnavailableError(std::string("pipe: ") + std::strerror(errno));
+  }
+  return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+// Waits for child `pid` to exit, however long: its wait status.
+int WaitFor(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
+
+// The errno a forked child wrote to `exec_error` when its exec failed; nullopt once exec has closed
+// the pipe (close-on-exec) without a word.
+std::optional<int> ReadExecError(const UniqueFd& exec_error) {
+  int error = 0;
+  ssize_t got = 0;
+  do {
+    got = ::read(exec_error.get(), &error, sizeof(error));
+  } while (got < 0 && errno == EINTR);
+  if (got > 0) return error;
+  return std::nullopt;
+}
+
+// A command running in a child of this process: its pid, and the read ends of its standard output
+// and error (in that order).
+struct StartedCommand {
+  pid_t pid = -1;
+  std::array<UniqueFd, 2> outputs;
+};
+
+// Forks a child that runs `program` with `argv` (StartCommandInChild). NotFound when exec fails
+// (the child reaped), Unavailable when there is no /dev/null, pipe or fork.
+StatusOr<StartedCommand> StartCommand(const std::string& program,
+                                      const std::vector<std::string>& argv) {
+  UniqueFd null_device(::open("/dev/null", O_RDWR | O_CLOEXEC));
+  if (!null_device.valid()) {
+    return UnavailableError(std::string("/dev/null: ") + std::strerror(errno));
+  }
+  ASSIGN_OR_RETURN(Pipe stdout_pipe, OpenPipe());
+  ASSIGN_OR_RETURN(Pipe stderr_pipe, OpenPipe());
+  // The child writes exec's errno here when exec fails; exec closes it (close-on-exec) otherwise.
+  ASSIGN_OR_RETURN(Pipe exec_pipe, OpenPipe());
+  std::vector<char*> args;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  // fork rather than posix_spawn, which cannot set a parent-death signal: a probe that outlived a
+  // killed agent would run beside the restarted agent's own and both would measure half a machine.
+  // Every signal stays blocked across fork, so that none of the agent's handlers runs in the child
+  // before it has set its signals as the program is to start with.
+  const pid_t agent = ::getpid();
+  sigset_t all, mask_before;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &mask_before);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    StartCommandInChild(agent, program, args.data(), null_device.get(), stdout_pipe.write.get(),
+                        stderr_pipe.write.get(), exec_pipe.write.get());
+  }
+  const int fork_error = errno;
+  ::pthread_sigmask(SIG_SETMASK, &mask_before, nullptr);
+  stdout_pipe.write.reset();
+  stderr_pipe.write.reset();
+  exec_pipe.write.reset();
+  if (pid < 0) return UnavailableError(std::string("fork: ") + std::strerror(fork_error));
+  const std::optional<int> exec_error = ReadExecError(exec_pipe.read);
+  if (exec_error.has_value()) {
+    WaitFor(pid);
+    return NotFoundError("cannot run " + argv[0] + ": " + std::strerror(*exec_error));
+  }
+  return StartedCommand{pid, {std::move(stdout_pipe.read), std::move(stderr_pipe.read)}};
+}
+
+// Adds `bytes`, read next from a command's standard output, to `stdout_text` while it holds fewer
+// than kMaxStdoutBytes.
+void KeepStdout(std::string_view bytes, std::string& stdout_text) {
+  if (stdout_text.size() < kMaxStdoutBytes) stdout_text.append(bytes);
+}
+
+// Adds `bytes`, read next from a command's standard error, to `stderr_tail`, which keeps the last
+// kMaxStderrBytes.
+void KeepStderrTail(std::string_view bytes, std::string& stderr_tail) {
+  stderr_tail.append(bytes);
+  if (stderr_tail.size() > kMaxStderrBytes) {
+    stderr_tail.erase(0, stderr_tail.size() - kMaxStderrBytes);
+  }
+}
+
+// Reads a command's standard output and error (`outputs`, in that order) into `output` until both
+// end; false when `deadline` came or `stop` was requested first. Both are closed when it returns.
+bool ReadOutputsUntil(std::array<UniqueFd, 2> outputs,
+                      std::chrono::steady_clock::time_point deadline, const std::stop_token& stop,
+                      CommandOutput& output) {
+  char buffer[4096];
+  // poll passes over a closed one (fd -1).
+  pollfd polled[2] = {{outputs[0].get(), POLLIN, 0}, {outputs[1].get(), POLLIN, 0}};
+  while (polled[0].fd >= 0 || polled[1].fd >= 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || stop.stop_requested()) return false;
+    // In slices, so that a stop request is seen within one.
+    const int ready = ::poll(polled, 2, static_cast<int>(std::min(left, kStopCheck).count()));
+    if (ready <= 0) continue;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (polled[i].fd < 0 || polled[i].revents == 0) continue;
+      const ssize_t n = ::read(polled[i].fd, buffer, sizeof(buffer));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        outputs[i].reset();
+        polled[i].fd = -1;
+      } else if (i == 0) {
+        KeepStdout(std::string_view(buffer, static_cast<size_t>(n)), output.stdout_text);
+      } else {
+        KeepStderrTail(std::string_view(buffer, static_cast<size_t>(n)), output.stderr_tail);
+      }
+    }
+  }
+  return true;
+}
+
+// Kills child `pid`'s process group and the child itself (SIGKILL), and reaps it. Not yet reaped,
+// so the group's id is still this child's and cannot name another's.
+void KillAndReap(pid_t pid) {
+  ::kill(-pid, SIGKILL);
+  ::kill(pid, SIGKILL);
+  WaitFor(pid);
+}
+
 }  // namespace
 
 void StartWithDefaultSignals(posix_spawnattr_t& attributes) {
@@ -151,114 +291,16 @@ StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
   if (!program.has_value()) {
     return NotFoundError("cannot run " + argv[0] + ": " + std::strerror(ENOENT));
   }
-  UniqueFd null_device(::open("/dev/null", O_RDWR | O_CLOEXEC));
-  if (!null_device.valid()) {
-    return UnavailableError(std::string("/dev/null: ") + std::strerror(errno));
-  }
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
-    return UnavailableError(std::string("pipe: ") + std::strerror(errno));
-  int stderr_fds[2];
-  if (::pipe2(stderr_fds, O_CLOEXEC) != 0) {
-    ::close(pipe_fds[0]);
-    ::close(pipe_fds[1]);
-    return UnavailableError(std::string("pipe: ") + std::strerror(errno));
-  }
-  // The child writes exec's errno here when exec fails; exec closes it (close-on-exec) otherwise.
-  int exec_fds[2];
-  if (::pipe2(exec_fds, O_CLOEXEC) != 0) {
-    for (int fd : {pipe_fds[0], pipe_fds[1], stderr_fds[0], stderr_fds[1]}) ::close(fd);
-    return UnavailableError(std::string("pipe: ") + std::strerror(errno));
-  }
-  std::vector<char*> args;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  // fork rather than posix_spawn, which cannot set a parent-death signal: a probe that outlived a
-  // killed agent would run beside the restarted agent's own and both would measure half a machine.
-  // Every signal stays blocked across fork, so that none of the agent's handlers runs in the child
-  // before it has set its signals as the program is to start with.
-  const pid_t agent = ::getpid();
-  sigset_t all, mask_before;
-  sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &mask_before);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    StartCommandInChild(agent, *program, args.data(), null_device.get(), pipe_fds[1], stderr_fds[1],
-                        exec_fds[1]);
-  }
-  const int fork_error = errno;
-  ::pthread_sigmask(SIG_SETMASK, &mask_before, nullptr);
-  ::close(pipe_fds[1]);
-  ::close(stderr_fds[1]);
-  ::close(exec_fds[1]);
-  if (pid < 0) {
-    ::close(pipe_fds[0]);
-    ::close(stderr_fds[0]);
-    ::close(exec_fds[0]);
-    return UnavailableError(std::string("fork: ") + std::strerror(fork_error));
-  }
-  int exec_error = 0;
-  ssize_t got = 0;
-  do {
-    got = ::read(exec_fds[0], &exec_error, sizeof(exec_error));
-  } while (got < 0 && errno == EINTR);
-  ::close(exec_fds[0]);
-  if (got > 0) {
-    ::close(pipe_fds[0]);
-    ::close(stderr_fds[0]);
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    return NotFoundError("cannot run " + argv[0] + ": " + std::strerror(exec_error));
-  }
-  CommandOutput output;
+  ASSIGN_OR_RETURN(StartedCommand command, StartCommand(*program, argv));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  bool timed_out = false;
-  char buffer[4096];
-  // Read until both end; poll passes over a closed one (fd -1).
-  pollfd outputs[2] = {{pipe_fds[0], POLLIN, 0}, {stderr_fds[0], POLLIN, 0}};
-  while (outputs[0].fd >= 0 || outputs[1].fd >= 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0 || stop.stop_requested()) {
-      timed_out = true;
-      break;
-    }
-    // In slices, so that a stop request is seen within one.
-    const int ready = ::poll(outputs, 2, static_cast<int>(std::min(left, kStopCheck).count()));
-    if (ready <= 0) continue;
-    for (pollfd& output_fd : outputs) {
-      if (output_fd.fd < 0 || output_fd.revents == 0) continue;
-      const ssize_t n = ::read(output_fd.fd, buffer, sizeof(buffer));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        ::close(output_fd.fd);
-        output_fd.fd = -1;
-      } else if (&output_fd == &outputs[0]) {
-        if (output.stdout_text.size() < kMaxStdoutBytes) {
-          output.stdout_text.append(buffer, static_cast<size_t>(n));
-        }
-      } else {
-        output.stderr_tail.append(buffer, static_cast<size_t>(n));
-        if (output.stderr_tail.size() > kMaxStderrBytes) {
-          output.stderr_tail.erase(0, output.stderr_tail.size() - kMaxStderrBytes);
-        }
-      }
-    }
-  }
-  for (const pollfd& output_fd : outputs) {
-    if (output_fd.fd >= 0) ::close(output_fd.fd);
-  }
+  CommandOutput output;
+  bool timed_out = !ReadOutputsUntil(std::move(command.outputs), deadline, stop, output);
   // Its standard output and error closed are not its end: a program that closes them and hangs is
   // still held to the deadline.
   int status = 0;
-  if (!timed_out) timed_out = !ReapBy(pid, deadline, stop, status);
+  if (!timed_out) timed_out = !ReapBy(command.pid, deadline, stop, status);
   if (timed_out) {
-    // Not yet reaped, so the group's id is still this child's and cannot name another's.
-    ::kill(-pid, SIGKILL);
-    ::kill(pid, SIGKILL);
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    KillAndReap(command.pid);
     if (stop.stop_requested()) return CancelledError(argv[0] + " was stopped");
   }
   output.exit_code = (!timed_out && WIFEXITED(status)) ? WEXITSTATUS(status) : -1;
