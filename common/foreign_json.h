@@ -7,6 +7,7 @@
 #ifndef LLMCTL_COMMON_FOREIGN_JSON_H_
 #define LLMCTL_COMMON_FOREIGN_JSON_H_
 
+#include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -23,6 +24,14 @@ inline constexpr int kMaxForeignJsonDepth = 64;
 // objects nested more than 64 levels deep". The parse ends at the first array or object nested
 // past kMaxForeignJsonDepth: nlohmann's parser would keep a level of stack for each one after it.
 StatusOr<nlohmann::json> ParseJsonWithinDepth(std::string_view text);
+
+// ParseJsonWithinDepth for a reader that builds its own tables from the parse's events instead of
+// a whole document: nlohmann::json::sax_parse(text, handler), with the same depth limit and
+// errors. `handler` has the events of nlohmann's SAX interface (null, boolean, number_integer,
+// number_unsigned, number_float, string, binary, start_object, key, end_object, start_array,
+// end_array), each returning true; parse errors do not reach it.
+template <typename Handler>
+Status SaxParseWithinDepth(std::string_view text, Handler* handler);
 
 // `text` parsed, or a discarded value (is_discarded()) where ParseJsonWithinDepth fails: what
 // nlohmann::json::parse(text, nullptr, false) returns, for foreign text.
@@ -49,6 +58,78 @@ std::string DumpLossy(const Json& value, int indent = -1) {
 template <typename Json>
 std::string DumpForTerminal(const Json& value, int indent = -1) {
   return value.dump(indent, ' ', /*ensure_ascii=*/true, Json::error_handler_t::replace);
+}
+
+namespace foreign_json_internal {
+
+// `handler`'s events, ended at the first array or object nested past kMaxForeignJsonDepth: a SAX
+// handler that returns false stops the parse there. (A parse callback that returns false only
+// drops the value: the parser reads its text through, and its stacks grow a word and two bits a
+// level, 408 MB for a 60 MB hub listing of "[[[[".)
+template <typename Handler>
+class DepthLimitedSax {
+ public:
+  using Json = nlohmann::json;
+  explicit DepthLimitedSax(Handler* handler) : handler_(*handler) {}
+
+  bool null() { return handler_.null(); }
+  bool boolean(bool value) { return handler_.boolean(value); }
+  bool number_integer(Json::number_integer_t value) { return handler_.number_integer(value); }
+  bool number_unsigned(Json::number_unsigned_t value) { return handler_.number_unsigned(value); }
+  bool number_float(Json::number_float_t value, const Json::string_t& text) {
+    return handler_.number_float(value, text);
+  }
+  bool string(Json::string_t& value) { return handler_.string(value); }
+  bool binary(Json::binary_t& value) { return handler_.binary(value); }
+  bool key(Json::string_t& value) { return handler_.key(value); }
+  bool start_object(std::size_t elements) { return Enter() && handler_.start_object(elements); }
+  bool end_object() {
+    --depth_;
+    return handler_.end_object();
+  }
+  bool start_array(std::size_t elements) { return Enter() && handler_.start_array(elements); }
+  bool end_array() {
+    --depth_;
+    return handler_.end_array();
+  }
+  template <typename Exception>
+  bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
+                   const Exception& error) {
+    error_ = error.what();
+    return false;
+  }
+
+  bool too_deep() const { return too_deep_; }
+  // The parser's message for text that is not JSON (a syntax error, a number past a double's
+  // range); empty when there was none.
+  const std::string& error() const { return error_; }
+
+ private:
+  bool Enter() {
+    if (depth_ == kMaxForeignJsonDepth) {
+      too_deep_ = true;
+      return false;
+    }
+    ++depth_;
+    return true;
+  }
+
+  Handler& handler_;
+  int depth_ = 0;
+  bool too_deep_ = false;
+  std::string error_;
+};
+
+// SaxParseWithinDepth's error for a parse that ended early.
+Status SaxParseFailure(bool too_deep, const std::string& parser_error);
+
+}  // namespace foreign_json_internal
+
+template <typename Handler>
+Status SaxParseWithinDepth(std::string_view text, Handler* handler) {
+  foreign_json_internal::DepthLimitedSax<Handler> limited(handler);
+  if (nlohmann::json::sax_parse(text, &limited)) return Status::Ok();
+  return foreign_json_internal::SaxParseFailure(limited.too_deep(), limited.error());
 }
 
 }  // namespace llmctl
