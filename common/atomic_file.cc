@@ -87,17 +87,19 @@ Status WriteFileAtomically(const std::string& path, const std::function<Status(i
     ::unlink(tmp.c_str());
     return Status(status.code(), "cannot write " + path + ": " + status.message());
   }
-  // The rename lives in the directory: until the directory is synced, a power loss can bring back
-  // the old file (a node's old token) although this call said the new one was written.
+  // Until the directory is synced, a power loss can bring back the old file (a node's old token)
+  // although this call said the new one was written.
+  return SyncDirectoryOf(path).WithContext("cannot write " + path);
+}
+
+Status SyncDirectoryOf(const std::string& path) {
   const std::string dir = DirectoryOf(path);
   const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) {
-    return ErrnoError(errno, "cannot write " + path + ": open " + dir + " to sync it");
-  }
+  if (dir_fd < 0) return ErrnoError(errno, "open " + dir + " to sync it");
   const bool synced = ::fsync(dir_fd) == 0;
   const int sync_error = errno;
   ::close(dir_fd);
-  if (!synced) return ErrnoError(sync_error, "cannot write " + path + ": fsync " + dir);
+  if (!synced) return ErrnoError(sync_error, "fsync " + dir);
   return Status::Ok();
 }
 

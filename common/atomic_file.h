@@ -18,6 +18,11 @@ namespace llmctl {
 // is reported though `path` already has the new content.
 Status WriteFileAtomically(const std::string& path, const std::function<Status(int fd)>& write);
 
+// fsyncs the directory that holds `path`, so that a rename into `path` (or its creation) survives a
+// power loss: the name lives in the directory, and until the directory is synced a power loss can
+// bring back the old entry. Unavailable naming the directory when it cannot be opened or synced.
+Status SyncDirectoryOf(const std::string& path);
+
 // A new name beside `path` for a temporary file of a write of `path`: <path>.tmp.<pid>.<n>, unique
 // per process and call, the name RemoveAtomicWriteLeftovers(path) removes. WriteFileAtomically's
 // temporaries and any other scratch file of writing `path` take it, so that one rule clears what
