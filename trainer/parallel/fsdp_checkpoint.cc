@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "common/atomic_file.h"
 #include "common/rank_files.h"
 
 namespace llmctl::trainer {
@@ -58,8 +59,9 @@ Status SaveRankShard(FullyShardedDataParallel& fsdp, const std::string& dir,
     } else if (!rank0s) {
       fs::remove_all(dir, error);
       fs::rename(staging, dir, error);
-      if (error)
-        renamed = UnavailableError("cannot rename " + staging.string() + ": " + error.message());
+      renamed = error
+                    ? UnavailableError("cannot rename " + staging.string() + ": " + error.message())
+                    : SyncDirectoryOf(dir).WithContext("checkpoint " + dir);
     }
   }
   ASSIGN_OR_RETURN(const std::vector<double> not_renamed,

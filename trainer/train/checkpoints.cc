@@ -136,7 +136,9 @@ Status StageAndRename(const fs::path& final_dir, const fs::path& staging, const 
   fs::remove_all(final_dir, error);
   fs::rename(staging, final_dir, error);
   if (error) return UnavailableError("cannot rename " + staging.string() + ": " + error.message());
-  return Status::Ok();
+  // The rename lives in checkpoints/: until that is synced, a power loss can take step-N away
+  // although the checkpoint was reported written.
+  return SyncDirectoryOf(final_dir.string()).WithContext("checkpoint " + final_dir.string());
 }
 
 }  // namespace

@@ -45,7 +45,8 @@ Status WriteTensors(const std::string& path, const NamedTensors& tensors,
 // What a checkpoint directory's name takes while it is written: step-<N>.tmp.
 inline constexpr char kCheckpointStagingSuffix[] = ".tmp";
 
-// Writes a complete checkpoint directory at `dir` (atomically: into dir + ".tmp", then renamed).
+// Writes a complete checkpoint directory at `dir` (atomically: into dir + ".tmp", then renamed, and
+// the rename synced to disk: a failure to sync fails the checkpoint, whose `dir` is whole).
 // `before_rename`, when set, runs once the staging directory holds everything above and may add to
 // it (strategy fsdp's other ranks' optimizer shards); its failure fails the checkpoint. A failed
 // checkpoint's staging directory is removed (under fsdp, other ranks may still write into it once
