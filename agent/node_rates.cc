@@ -23,6 +23,13 @@ constexpr size_t kMaxRatesBytes = 1 << 20;
 // The most of a failed probe's own reason the report quotes.
 constexpr size_t kMaxReasonBytes = 400;
 
+// `report`, then `then`, within what the controller takes of a report (a longer one refuses the
+// node's whole description): `report` is cut, for the trainer's path and a failed probe's own
+// reason in it are as long as they come.
+std::string WithinReport(std::string_view report, std::string_view then) {
+  return OnOneLine(report, estimate::kRateProbePendingMaxBytes - then.size()).append(then);
+}
+
 // The probe kept in `path` when it was measured on a node of `fingerprint`; "" otherwise (none
 // kept, another node, a file this build cannot read or an older probe version: each measures
 // again).
@@ -248,9 +255,9 @@ void NodeRates::Finish(StatusOr<std::string> probe_json, const std::string& fing
     report_ =
         probe_json.ok()
             ? Report{*std::move(probe_json), ""}
-            : Report{
-                  "",
-                  std::string("not measured: ").append(probe_json.status().message()).append(then)};
+            : Report{"", WithinReport(
+                             std::string("not measured: ").append(probe_json.status().message()),
+                             then)};
   }
   changed_.NotifyAll();
 }
@@ -263,14 +270,15 @@ NodeRates::Report NodeRates::Current() const {
 std::string NodeRates::Pending() const {
   if (!retry_.has_value()) return report_.pending;
   const int attempts = 1 + static_cast<int>(options_.retry_after.size());
-  return std::string(report_.pending)
-      .append("; measuring again ")
-      .append(retry_->at.has_value() ? std::string("in ").append(
-                                           TimeLeft(*retry_->at - std::chrono::steady_clock::now()))
-                                     : "once the running trial ends")
-      .append(" (attempt ")
-      .append(AttemptOf(retry_->attempt, attempts))
-      .append(")");
+  const std::string then =
+      std::string("; measuring again ")
+          .append(retry_->at.has_value() ? std::string("in ").append(TimeLeft(
+                                               *retry_->at - std::chrono::steady_clock::now()))
+                                         : "once the running trial ends")
+          .append(" (attempt ")
+          .append(AttemptOf(retry_->attempt, attempts))
+          .append(")");
+  return WithinReport(report_.pending, then);
 }
 
 NodeRates::StartingTrial::StartingTrial(NodeRates& rates,

@@ -20,6 +20,7 @@
 #include "common/cpu_model.h"
 #include "common/estimate/rate_probe.h"
 #include "common/files.h"
+#include "common/text.h"
 
 namespace llmctl::agent {
 namespace {
@@ -493,6 +494,45 @@ TEST_F(NodeRatesTest, AFailureWaitingCannotChangeIsNotMeasuredAgain) {
   EXPECT_EQ(Settled(rates).pending,
             "not measured: " + trainer.string() + " --probe was killed or timed out");
   EXPECT_EQ(Runs(), 2);
+}
+
+// The controller takes a report of up to kRateProbePendingMaxBytes and refuses a longer one with
+// the node's whole description (the node would then run nothing): a trainer's path as long as
+// they come is cut from the report, and what it says of the next attempt is kept.
+TEST_F(NodeRatesTest, AReportStaysWithinWhatTheControllerTakes) {
+  WriteBusyTrainer(100);
+  fs::path deep = dir_;
+  for (int i = 0; i < 5; ++i) deep /= std::string(200, 'd');
+  fs::create_directories(deep);
+  fs::copy_file(dir_ / "llm-train", deep / "llm-train");
+  NodeRatesOptions options = Options();
+  options.llm_train = (deep / "llm-train").string();
+  const auto within = [](const std::string& pending) {
+    return PrintableTextProblem(pending, estimate::kRateProbePendingMaxBytes).empty();
+  };
+  {
+    options.retry_after = {std::chrono::hours(1), std::chrono::hours(1)};
+    NodeRates rates(options, [] { return false; });
+    rates.Start(facts_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!rates.Current().pending.ends_with("(attempt 2 of 3)") &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    const std::string pending = rates.Current().pending;
+    EXPECT_TRUE(pending.ends_with("; measuring again in 60 min (attempt 2 of 3)")) << pending;
+    EXPECT_TRUE(within(pending)) << pending.size();
+    rates.Stop();
+  }
+  options.retry_after = {milliseconds(10), milliseconds(10)};
+  NodeRates rates(options, [] { return false; });
+  rates.Start(facts_);
+  const std::string pending = Settled(rates).pending;
+  EXPECT_TRUE(pending.starts_with("not measured: " + dir_.string())) << pending;
+  EXPECT_TRUE(
+      pending.ends_with("…; that was attempt 3 of 3, measuring again at the agent's next start"))
+      << pending;
+  EXPECT_TRUE(within(pending)) << pending.size();
 }
 
 TEST_F(NodeRatesTest, OffMeasuresNothingAndSaysSo) {

@@ -55,6 +55,7 @@
 #ifndef LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 #define LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -72,6 +73,9 @@ inline constexpr int kRateProbeVersion = 9;
 // NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
 // the node meanwhile, so the controller places none there.
 inline constexpr std::string_view kRateProbeMeasuring = "measuring";
+// The most bytes of NodeInfo.rate_probe_pending the controller takes (a longer one refuses the
+// node's whole description, so it runs nothing): the agent cuts its reason to fit.
+inline constexpr size_t kRateProbePendingMaxBytes = 1024;
 // The length of a version 8 CPU probe's partial-block attention: a block of 32 (PaddedQueries) and
 // one query of the next.
 inline constexpr int64_t kProbePartialBlockTokens = 65;

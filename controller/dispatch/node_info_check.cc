@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "common/estimate/rate_probe.h"
 #include "common/text.h"
 
 namespace llmctl::controller::dispatch {
@@ -49,7 +50,7 @@ Status CheckNodeInfo(const v1::NodeInfo& info) {
         {"libtorch_cuda_version", info.libtorch_cuda_version(), 64},
         {"llmctl_version", info.llmctl_version(), 256},
         {"trainer_version", info.trainer_version(), 256},
-        {"rate_probe_pending", info.rate_probe_pending(), 1024}}) {
+        {"rate_probe_pending", info.rate_probe_pending(), estimate::kRateProbePendingMaxBytes}}) {
     RETURN_IF_ERROR(CheckText(field, text, max_bytes));
   }
   return Status::Ok();
