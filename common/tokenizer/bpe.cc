@@ -81,9 +81,8 @@ void ApplyMerges(const FindMerge& find_merge, std::vector<Symbol>* word) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
-    StringIdMap vocab, const std::vector<std::pair<std::string, std::string>>& merges,
-    BpeOptions options) {
+StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(StringIdMap vocab, const MergeList& merges,
+                                                     BpeOptions options) {
   std::unique_ptr<BpeModel> model(new BpeModel());
   model->vocab_ = std::move(vocab);
   model->options_ = std::move(options);
@@ -103,25 +102,30 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
   model->merges_.reserve(merges.size());
   std::string merged;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& [left, right] = merges[rank];
-    const auto where = [&] { return "merges[" + std::to_string(rank) + "]: "; };
+    const auto [left, right] = merges[rank];
+    const auto unknown = [&](std::string_view token) {
+      return InvalidArgumentError(std::string("merges[")
+                                      .append(std::to_string(rank))
+                                      .append("]: token \"")
+                                      .append(token)
+                                      .append("\" is not in the vocab"));
+    };
     const std::optional<int32_t> left_id = model->TokenToId(left);
-    if (!left_id)
-      return InvalidArgumentError(where() + "token \"" + left + "\" is not in the vocab");
+    if (!left_id) return unknown(left);
     const std::optional<int32_t> right_id = model->TokenToId(right);
-    if (!right_id)
-      return InvalidArgumentError(where() + "token \"" + right + "\" is not in the vocab");
+    if (!right_id) return unknown(right);
     merged.assign(left).append(right);
     const std::optional<int32_t> merged_id = model->TokenToId(merged);
     if (!merged_id) {
-      return InvalidArgumentError(where() + "merged token \"" + merged + "\" is not in the vocab");
+      return InvalidArgumentError("merges[" + std::to_string(rank) + "]: merged token \"" + merged +
+                                  "\" is not in the vocab");
     }
     // A repeated pair keeps its last rank, as the library's map does.
     model->merges_[PairKey(*left_id, *right_id)] = {static_cast<int32_t>(rank), *merged_id};
   }
   model->split_at_metaspace_ = !model->options_.ignore_merges && model->TokenToId(kMetaspace);
   for (size_t i = 0; i < merges.size() && model->split_at_metaspace_; ++i) {
-    const auto& [left, right] = merges[i];
+    const auto [left, right] = merges[i];
     if (right.starts_with(kMetaspace) && !left.ends_with(kMetaspace)) {
       model->split_at_metaspace_ = false;
     }

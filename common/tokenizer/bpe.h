@@ -29,13 +29,36 @@ struct BpeOptions {
   bool ignore_merges = false;
 };
 
+// Merges as a file lists them, best first: (left, right) token pairs in one buffer, as a file's
+// 250,000 merges would take 64 bytes each in std::string pairs before their text.
+class MergeList {
+ public:
+  void Add(std::string_view left, std::string_view right) {
+    text_.append(left);
+    ends_.push_back(text_.size());
+    text_.append(right);
+    ends_.push_back(text_.size());
+  }
+  size_t size() const { return ends_.size() / 2; }
+  // The i-th merge's (left, right), valid while the list is.
+  std::pair<std::string_view, std::string_view> operator[](size_t i) const {
+    const size_t begin = i == 0 ? 0 : ends_[2 * i - 1];
+    const std::string_view text = text_;
+    return {text.substr(begin, ends_[2 * i] - begin),
+            text.substr(ends_[2 * i], ends_[2 * i + 1] - ends_[2 * i])};
+  }
+
+ private:
+  std::string text_;
+  std::vector<size_t> ends_;  // where each merge's left and right end in text_
+};
+
 class BpeModel : public Model {
  public:
-  // `merges` are (left, right) token pairs, best first. Every token of a merge and the merged token
-  // must be in `vocab`; the error names the merge's index.
-  static StatusOr<std::unique_ptr<BpeModel>> Create(
-      StringIdMap vocab, const std::vector<std::pair<std::string, std::string>>& merges,
-      BpeOptions options);
+  // Every token of a merge and the merged token must be in `vocab`; the error names the merge's
+  // index.
+  static StatusOr<std::unique_ptr<BpeModel>> Create(StringIdMap vocab, const MergeList& merges,
+                                                    BpeOptions options);
 
   // Appends the ids of one pre-tokenized word (non-empty, valid UTF-8). Fails only when an unknown
   // character needs unk_token and that token is not in the vocabulary (the library fails there

@@ -83,18 +83,25 @@ inline StatusOr<bool> OptionalBool(const JsonSource& src, const Json& object, st
   return member->get<bool>();
 }
 
-// A token id: an integer in [0, 2^31 - 1] (the library's ids are u32; the trainer's are int32).
-inline StatusOr<int32_t> AsTokenId(const JsonSource& src, const Json& value,
-                                   std::string_view path) {
+// A token id: an integer in [0, 2^31 - 1] (the library's ids are u32; the trainer's are int32). The
+// error says why not, without the place (AsTokenId adds it).
+inline StatusOr<int32_t> TokenIdOf(const Json& value) {
   if (value.is_number_unsigned()) {
     const uint64_t v = value.get<uint64_t>();
     if (v <= static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
       return static_cast<int32_t>(v);
     }
-    return src.Invalid(path, "token id " + std::to_string(v) + " is out of range");
+    return InvalidArgumentError("token id " + std::to_string(v) + " is out of range");
   }
-  if (value.is_number_integer()) return src.Invalid(path, "token id must not be negative");
-  return src.Invalid(path, "expected a token id (a non-negative integer)");
+  if (value.is_number_integer()) return InvalidArgumentError("token id must not be negative");
+  return InvalidArgumentError("expected a token id (a non-negative integer)");
+}
+
+inline StatusOr<int32_t> AsTokenId(const JsonSource& src, const Json& value,
+                                   std::string_view path) {
+  StatusOr<int32_t> id = TokenIdOf(value);
+  if (!id.ok()) return src.Invalid(path, id.status().message());
+  return id;
 }
 
 inline StatusOr<uint64_t> OptionalCount(const JsonSource& src, const Json& object,

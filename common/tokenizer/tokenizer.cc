@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "common/files.h"
-#include "common/foreign_json.h"
 #include "common/tokenizer/added_vocabulary.h"
 #include "common/tokenizer/bpe.h"
 #include "common/tokenizer/decoder.h"
@@ -16,6 +15,7 @@
 #include "common/tokenizer/normalizer.h"
 #include "common/tokenizer/post_processor.h"
 #include "common/tokenizer/pre_tokenizer.h"
+#include "common/tokenizer/tokenizer_json.h"
 #include "common/tokenizer/unicode.h"
 #include "common/tokenizer/unigram.h"
 
@@ -52,8 +52,20 @@ struct TokenizerState {
 
 namespace {
 
+// model.vocab or model.merges as the parse read it: present, of the shape the model reads
+// (`expected`), and with no entry refused (`entry_error`).
+Status CheckStreamed(const JsonSource& src, std::string_view path, MemberShape shape,
+                     MemberShape expected, const Status& entry_error,
+                     std::string_view wrong_shape) {
+  if (shape == MemberShape::kAbsent) return src.Invalid(path, "missing required field");
+  if (shape != expected) return src.Invalid(path, wrong_shape);
+  return entry_error;
+}
+
+// The model's vocab and merges (a BPE model's: an object and an array) are in `file`, read as the
+// parse went past them; `json` is the rest of the model object.
 StatusOr<std::unique_ptr<BpeModel>> ParseBpeModel(const JsonSource& src, const Json& json,
-                                                  const std::string& path) {
+                                                  const std::string& path, TokenizerJson* file) {
   if (const Json* dropout = FindMember(json, "dropout")) {
     if (!dropout->is_number()) return src.Invalid(JoinPath(path, "dropout"), "expected a number");
     const double p = dropout->get<double>();
@@ -85,67 +97,62 @@ StatusOr<std::unique_ptr<BpeModel>> ParseBpeModel(const JsonSource& src, const J
   ASSIGN_OR_RETURN(options.byte_fallback, OptionalBool(src, json, path, "byte_fallback", false));
   ASSIGN_OR_RETURN(options.ignore_merges, OptionalBool(src, json, path, "ignore_merges", false));
 
-  ASSIGN_OR_RETURN(const Json* vocab_json, RequireMember(src, json, path, "vocab"));
-  const std::string vocab_path = JoinPath(path, "vocab");
-  if (!vocab_json->is_object()) {
-    return src.Invalid(vocab_path, "expected an object mapping tokens to ids");
-  }
-  StringIdMap vocab;
-  vocab.reserve(vocab_json->size());
-  for (const auto& [token, id_json] : vocab_json->items()) {
-    ASSIGN_OR_RETURN(const int32_t id, AsTokenId(src, id_json, JoinPath(vocab_path, token)));
-    vocab[token] = id;
-  }
-
-  ASSIGN_OR_RETURN(const Json* merges_json, RequireMember(src, json, path, "merges"));
-  const std::string merges_path = JoinPath(path, "merges");
-  if (!merges_json->is_array()) return src.Invalid(merges_path, "expected an array");
-  std::vector<std::pair<std::string, std::string>> merges;
-  merges.reserve(merges_json->size());
-  for (size_t i = 0; i < merges_json->size(); ++i) {
-    const Json& merge = (*merges_json)[i];
-    if (merge.is_string()) {
-      // The older "left right" form: exactly one space, as the library requires.
-      const auto& line = merge.get_ref<const std::string&>();
-      const size_t space = line.find(' ');
-      if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-        return src.Invalid(IndexPath(merges_path, i),
-                           "expected \"left right\" with exactly one space, got \"" + line + "\"");
-      }
-      merges.emplace_back(line.substr(0, space), line.substr(space + 1));
-    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
-               merge[1].is_string()) {
-      merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
-    } else {
-      return src.Invalid(IndexPath(merges_path, i),
-                         R"(expected "left right" or ["left", "right"])");
-    }
-  }
+  RETURN_IF_ERROR(CheckStreamed(src, JoinPath(path, "vocab"), file->vocab.shape,
+                                MemberShape::kObject, file->vocab.error,
+                                "expected an object mapping tokens to ids"));
+  RETURN_IF_ERROR(CheckStreamed(src, JoinPath(path, "merges"), file->merges.shape,
+                                MemberShape::kArray, file->merges.error, "expected an array"));
   StatusOr<std::unique_ptr<BpeModel>> model =
-      BpeModel::Create(std::move(vocab), merges, std::move(options));
+      BpeModel::Create(std::move(file->vocab.token_ids), file->merges.merges, std::move(options));
+  file->merges = StreamedMerges();  // their text is in the model's tables now
   if (!model.ok()) return src.Invalid(path, model.status().message());
   return std::move(*model);
 }
 
-StatusOr<std::unique_ptr<Model>> ParseModel(const JsonSource& src, const Json& root) {
-  ASSIGN_OR_RETURN(const Json* model, RequireMember(src, root, "", "model"));
+// A Unigram model's vocab (an array of [piece, score]) is in `file`; `json` is the rest of the
+// model object.
+StatusOr<std::unique_ptr<UnigramModel>> ParseUnigramModel(const JsonSource& src, const Json& json,
+                                                          const std::string& path,
+                                                          TokenizerJson* file) {
+  std::optional<int32_t> unk_id;
+  if (const Json* unk = FindMember(json, "unk_id")) {
+    ASSIGN_OR_RETURN(unk_id, AsTokenId(src, *unk, JoinPath(path, "unk_id")));
+  }
+  ASSIGN_OR_RETURN(const bool byte_fallback, OptionalBool(src, json, path, "byte_fallback", false));
+  RETURN_IF_ERROR(CheckStreamed(src, JoinPath(path, "vocab"), file->vocab.shape,
+                                MemberShape::kArray, file->vocab.error,
+                                "expected an array of [piece, score]"));
+  std::vector<UnigramPiece>& vocab = file->vocab.pieces;
+  if (unk_id.has_value() && static_cast<size_t>(*unk_id) >= vocab.size()) {
+    return src.Invalid(JoinPath(path, "unk_id"), "unk_id " + std::to_string(*unk_id) +
+                                                     " is not in the vocabulary of " +
+                                                     std::to_string(vocab.size()) + " pieces");
+  }
+  StatusOr<std::unique_ptr<UnigramModel>> model =
+      UnigramModel::Create(std::move(vocab), unk_id, byte_fallback);
+  if (!model.ok()) return src.Invalid(path, model.status().message());
+  return std::move(*model);
+}
+
+StatusOr<std::unique_ptr<Model>> ParseModel(const JsonSource& src, TokenizerJson* file) {
+  ASSIGN_OR_RETURN(const Json* model, RequireMember(src, file->kept, "", "model"));
   if (!model->is_object()) return src.Invalid("model", "expected an object");
   std::string type;
   if (const Json* type_json = FindMember(*model, "type")) {
     if (!type_json->is_string()) return src.Invalid("model.type", "expected a string");
     type = type_json->get<std::string>();
-  } else if (FindMember(*model, "merges") != nullptr) {
+  } else if (file->merges.shape != MemberShape::kAbsent) {
     type = "BPE";  // files from before models were tagged
   } else {
     return src.Invalid("model.type", "missing required field");
   }
   if (type == "BPE") {
-    ASSIGN_OR_RETURN(std::unique_ptr<BpeModel> bpe, ParseBpeModel(src, *model, "model"));
+    ASSIGN_OR_RETURN(std::unique_ptr<BpeModel> bpe, ParseBpeModel(src, *model, "model", file));
     return std::unique_ptr<Model>(std::move(bpe));
   }
   if (type == "Unigram") {
     ASSIGN_OR_RETURN(std::unique_ptr<UnigramModel> unigram,
-                     ParseUnigramModel(src, *model, "model"));
+                     ParseUnigramModel(src, *model, "model", file));
     return std::unique_ptr<Model>(std::move(unigram));
   }
   if (type == "WordPiece" || type == "WordLevel") {
@@ -228,19 +235,11 @@ Status ReadPadding(const JsonSource& src, const Json& root, TokenizerState* stat
   return Status::Ok();
 }
 
-// `text` parsed (ParseJsonWithinDepth: the parse ends at the first array or object nested past
-// kMaxForeignJsonDepth), or why not, naming the file.
-StatusOr<Json> ParseJsonText(const JsonSource& src, std::string_view text) {
-  StatusOr<Json> root = ParseJsonWithinDepth(text);
-  if (!root.ok()) return src.Invalid("", root.status().message());
-  return root;
-}
-
 StatusOr<std::unique_ptr<TokenizerState>> ParseTokenizer(std::string_view text,
                                                          std::string_view source_name) {
   const JsonSource src{std::string(source_name)};
-  ASSIGN_OR_RETURN(const Json root, ParseJsonText(src, text));
-  if (!root.is_object()) return src.Invalid("", "expected a JSON object at the top level");
+  ASSIGN_OR_RETURN(TokenizerJson file, ReadTokenizerJson(src, text));
+  const Json& root = file.kept;
   if (const Json* version = FindMember(root, "version")) {
     if (!version->is_string() || version->get_ref<const std::string&>() != "1.0") {
       return src.Invalid("version", "unknown tokenizer.json version (expected \"1.0\")");
@@ -254,7 +253,7 @@ StatusOr<std::unique_ptr<TokenizerState>> ParseTokenizer(std::string_view text,
   if (const Json* json = FindMember(root, "pre_tokenizer")) {
     ASSIGN_OR_RETURN(state->pre_tokenizer, ParsePreTokenizer(src, *json, "pre_tokenizer"));
   }
-  ASSIGN_OR_RETURN(state->model, ParseModel(src, root));
+  ASSIGN_OR_RETURN(state->model, ParseModel(src, &file));
   if (const Json* json = FindMember(root, "post_processor")) {
     ASSIGN_OR_RETURN(state->post_processor, ParsePostProcessor(src, *json, "post_processor"));
   }
@@ -279,7 +278,8 @@ StatusOr<std::unique_ptr<TokenizerState>> ParseTokenizer(std::string_view text,
 }
 
 // A regular file only (common/files.h): a device or FIFO given as a tokenizer is refused at once.
-// The largest published tokenizer.json files are ~20 MB; the limit makes a wrong file fail fast.
+// The largest published tokenizer.json files are ~35 MB (Gemma 3's: 33 MB); the limit makes a wrong
+// file fail fast.
 StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
   return ReadFileToString(path.string(), 256 << 20);
 }
@@ -288,8 +288,9 @@ StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
 Status ApplyTokenizerConfig(const std::filesystem::path& path, TokenizerState* state) {
   ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
   const JsonSource src{path.string()};
-  ASSIGN_OR_RETURN(const Json root, ParseJsonText(src, text));
-  if (!root.is_object()) return src.Invalid("", "expected a JSON object at the top level");
+  // Read as tokenizer.json is (it has no model): at most kMaxKeptJsonValues values.
+  ASSIGN_OR_RETURN(const TokenizerJson file, ReadTokenizerJson(src, text));
+  const Json& root = file.kept;
   const std::pair<const char*, std::optional<int32_t>*> fields[] = {
       {"bos_token", &state->bos}, {"eos_token", &state->eos}, {"pad_token", &state->pad}};
   for (const auto& [key, target] : fields) {

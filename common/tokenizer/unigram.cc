@@ -234,46 +234,4 @@ const std::string* UnigramModel::IdToToken(int32_t id) const {
   return &vocab_[id].text;
 }
 
-StatusOr<std::unique_ptr<UnigramModel>> ParseUnigramModel(const JsonSource& src, const Json& json,
-                                                          const std::string& path) {
-  std::optional<int32_t> unk_id;
-  if (const Json* unk = FindMember(json, "unk_id")) {
-    ASSIGN_OR_RETURN(unk_id, AsTokenId(src, *unk, JoinPath(path, "unk_id")));
-  }
-  ASSIGN_OR_RETURN(const bool byte_fallback, OptionalBool(src, json, path, "byte_fallback", false));
-  ASSIGN_OR_RETURN(const Json* vocab_json, RequireMember(src, json, path, "vocab"));
-  const std::string vocab_path = JoinPath(path, "vocab");
-  if (!vocab_json->is_array())
-    return src.Invalid(vocab_path, "expected an array of [piece, score]");
-  std::vector<UnigramPiece> vocab;
-  vocab.reserve(vocab_json->size());
-  for (size_t i = 0; i < vocab_json->size(); ++i) {
-    const Json& entry = (*vocab_json)[i];
-    if (!entry.is_array() || entry.size() != 2 || !entry[0].is_string() || !entry[1].is_number()) {
-      return src.Invalid(IndexPath(vocab_path, i), "expected [piece, score]");
-    }
-    UnigramPiece piece;
-    piece.text = entry[0].get<std::string>();
-    if (entry[1].is_number_float()) {
-      StatusOr<double> score = LibraryJsonDouble(entry[1].get<double>());
-      if (!score.ok()) return src.Invalid(IndexPath(vocab_path, i), score.status().message());
-      piece.score = *score;
-    } else if (entry[1].is_number_unsigned()) {
-      piece.score = static_cast<double>(entry[1].get<uint64_t>());
-    } else {
-      piece.score = static_cast<double>(entry[1].get<int64_t>());
-    }
-    vocab.push_back(std::move(piece));
-  }
-  if (unk_id.has_value() && static_cast<size_t>(*unk_id) >= vocab.size()) {
-    return src.Invalid(JoinPath(path, "unk_id"), "unk_id " + std::to_string(*unk_id) +
-                                                     " is not in the vocabulary of " +
-                                                     std::to_string(vocab.size()) + " pieces");
-  }
-  StatusOr<std::unique_ptr<UnigramModel>> model =
-      UnigramModel::Create(std::move(vocab), unk_id, byte_fallback);
-  if (!model.ok()) return src.Invalid(path, model.status().message());
-  return std::move(*model);
-}
-
 }  // namespace llmctl::tokenizer_internal

@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "common/status.h"
-#include "common/tokenizer/json_util.h"
 #include "common/tokenizer/model.h"
 
 namespace llmctl::tokenizer_internal {
@@ -65,11 +64,6 @@ class UnigramModel : public Model {
   bool byte_fallback_ = false;
   std::array<int32_t, 256> byte_ids_;  // id of "<0xNN>", -1 when absent
 };
-
-// Reads a {"type": "Unigram", "unk_id": ..., "vocab": [[piece, score], ...], "byte_fallback": ...}
-// object at `path`; errors name `src` and the field.
-StatusOr<std::unique_ptr<UnigramModel>> ParseUnigramModel(const JsonSource& src, const Json& json,
-                                                          const std::string& path);
 
 // The double the library reads for a JSON number that nlohmann read as `value`. The library's JSON
 // parser (serde_json without its float_roundtrip feature) computes significand / 10^k in two

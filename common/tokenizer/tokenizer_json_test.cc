@@ -1,0 +1,235 @@
+// Reading tokenizer.json (tokenizer_json.h), through Tokenizer::FromJson: model.vocab and
+// model.merges read as the parse streams past them, their errors, and the memory a load holds.
+#include <gtest/gtest.h>
+#include <malloc.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "common/tokenizer/tokenizer.h"
+
+namespace llmctl {
+namespace {
+
+// Every operator new and delete of this test binary, counted by the size malloc gave: the heap in
+// use and the most at once.
+std::atomic<size_t> heap_in_use{0};
+std::atomic<size_t> heap_peak{0};
+
+void CountAllocation(size_t bytes) {
+  const size_t now = heap_in_use.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  size_t peak = heap_peak.load(std::memory_order_relaxed);
+  while (now > peak && !heap_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+void CountFree(size_t bytes) { heap_in_use.fetch_sub(bytes, std::memory_order_relaxed); }
+
+std::vector<int32_t> EncodeOrDie(const Tokenizer& tokenizer, std::string_view text) {
+  StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(text, /*add_special_tokens=*/false);
+  EXPECT_TRUE(ids.ok()) << ids.status().ToString();
+  return ids.ok() ? *ids : std::vector<int32_t>();
+}
+
+struct MalformedCase {
+  const char* model;  // the "model" object's text
+  const char* message;
+};
+
+// The messages are the ones a whole-document parse gave before the vocabulary and merges were
+// streamed.
+TEST(TokenizerJsonTest, MalformedVocabularyOrMergesAreRefusedNamingTheEntry) {
+  const MalformedCase cases[] = {
+      {R"({"type":"BPE","merges":[]})", "model.vocab: missing required field"},
+      {R"({"type":"BPE","vocab":null,"merges":[]})", "model.vocab: missing required field"},
+      {R"({"type":"BPE","vocab":[],"merges":[]})",
+       "model.vocab: expected an object mapping tokens to ids"},
+      {R"({"type":"BPE","vocab":"a","merges":[]})",
+       "model.vocab: expected an object mapping tokens to ids"},
+      {R"({"type":"BPE","vocab":{"a":0,"b":"1"},"merges":[]})",
+       "model.vocab.b: expected a token id (a non-negative integer)"},
+      {R"({"type":"BPE","vocab":{"a":0,"b":[1]},"merges":[]})",
+       "model.vocab.b: expected a token id (a non-negative integer)"},
+      {R"({"type":"BPE","vocab":{"a":1.0},"merges":[]})",
+       "model.vocab.a: expected a token id (a non-negative integer)"},
+      {R"({"type":"BPE","vocab":{"a":-1},"merges":[]})",
+       "model.vocab.a: token id must not be negative"},
+      {R"({"type":"BPE","vocab":{"a":4294967296},"merges":[]})",
+       "model.vocab.a: token id 4294967296 is out of range"},
+      {R"({"type":"BPE","vocab":{"a":0}})", "model.merges: missing required field"},
+      {R"({"type":"BPE","vocab":{"a":0},"merges":{}})", "model.merges: expected an array"},
+      {R"({"type":"BPE","vocab":{"a":0},"merges":"a a"})", "model.merges: expected an array"},
+      {R"({"type":"BPE","vocab":{"a":0,"aa":1},"merges":["a a","aa"]})",
+       R"(model.merges[1]: expected "left right" with exactly one space, got "aa")"},
+      {R"({"type":"BPE","vocab":{"a":0,"aa":1},"merges":["a a","a a a"]})",
+       R"(model.merges[1]: expected "left right" with exactly one space, got "a a a")"},
+      {R"({"type":"BPE","vocab":{"a":0,"aa":1},"merges":[["a","a"],7]})",
+       R"(model.merges[1]: expected "left right" or ["left", "right"])"},
+      {R"({"type":"BPE","vocab":{"a":0,"aa":1},"merges":[["a","a","a"]]})",
+       R"(model.merges[0]: expected "left right" or ["left", "right"])"},
+      {R"({"type":"BPE","vocab":{"a":0,"aa":1},"merges":[["a",["a"]]]})",
+       R"(model.merges[0]: expected "left right" or ["left", "right"])"},
+      {R"({"type":"BPE","vocab":{"a":0,"aa":1},"merges":[{"a":"a"}]})",
+       R"(model.merges[0]: expected "left right" or ["left", "right"])"},
+      {R"({"type":"BPE","vocab":{"a":0},"merges":[["a","b"]]})",
+       R"(model: merges[0]: token "b" is not in the vocab)"},
+      {R"({"type":"Unigram","unk_id":0})", "model.vocab: missing required field"},
+      {R"({"type":"Unigram","vocab":{"a":0}})", "model.vocab: expected an array of [piece, score]"},
+      {R"({"type":"Unigram","vocab":[["a",-1.0],["b",-2.0,3]]})",
+       "model.vocab[1]: expected [piece, score]"},
+      {R"({"type":"Unigram","vocab":[["a",-1.0],{"b":-2.0}]})",
+       "model.vocab[1]: expected [piece, score]"},
+      {R"({"type":"Unigram","vocab":[["a","-1.0"]]})", "model.vocab[0]: expected [piece, score]"},
+      {R"({"type":"Unigram","vocab":[[["a"],-1.0]]})", "model.vocab[0]: expected [piece, score]"},
+      {R"({"type":"Unigram","vocab":["a"]})", "model.vocab[0]: expected [piece, score]"},
+      {R"({"type":"Unigram","unk_id":1,"vocab":[["a",-1.0]]})",
+       "model.unk_id: unk_id 1 is not in the vocabulary of 1 pieces"},
+  };
+  for (const MalformedCase& c : cases) {
+    const std::string json = std::string(R"({"version":"1.0","model":)") + c.model + "}";
+    const StatusOr<Tokenizer> tokenizer = Tokenizer::FromJson(json, "bad.json");
+    ASSERT_FALSE(tokenizer.ok()) << json;
+    EXPECT_EQ(tokenizer.status().code(), StatusCode::kInvalidArgument) << json;
+    EXPECT_EQ(tokenizer.status().message(), std::string("bad.json: ") + c.message) << json;
+  }
+}
+
+// A JSON object's members come in any order, and a member given twice counts as its last.
+TEST(TokenizerJsonTest, VocabularyAndMergesAreReadInAnyOrderAndTheLastModelCounts) {
+  const StatusOr<Tokenizer> merges_first = Tokenizer::FromJson(
+      R"({"model":{"merges":["a b",["ab","c"]],"vocab":{"a":0,"b":1,"ab":2,"c":3,"abc":4}}})",
+      "untagged.json");
+  ASSERT_TRUE(merges_first.ok()) << merges_first.status().ToString();
+  EXPECT_EQ(EncodeOrDie(*merges_first, "abcab"), (std::vector<int32_t>{4, 2}));
+
+  const StatusOr<Tokenizer> twice = Tokenizer::FromJson(
+      R"({"model":{"type":"BPE","vocab":{"x":0},"merges":["x y"]},
+          "model":{"vocab":{"a":0,"b":1},"vocab":{"b":0,"a":1},"type":"BPE","merges":[]}})",
+      "twice.json");
+  ASSERT_TRUE(twice.ok()) << twice.status().ToString();
+  EXPECT_EQ(EncodeOrDie(*twice, "ab"), (std::vector<int32_t>{1, 0}));
+
+  const StatusOr<Tokenizer> unigram = Tokenizer::FromJson(
+      R"({"model":{"vocab":[["a",-1.0],["b",-2],["ab",-2.5]],"type":"Unigram","unk_id":null}})",
+      "unigram.json");
+  ASSERT_TRUE(unigram.ok()) << unigram.status().ToString();
+  EXPECT_EQ(EncodeOrDie(*unigram, "abb"), (std::vector<int32_t>{2, 1}));
+}
+
+// "[],[],...": one more empty array than kMaxKeptJsonValues.
+std::string ArraysPastTheLimit() {
+  std::string arrays;
+  for (size_t i = 0; i < (size_t{1} << 20) + 1; ++i) arrays += "[],";
+  arrays.pop_back();
+  return arrays;
+}
+
+// A hostile file's "[]," takes about 70 bytes as JSON for 3 of text: outside the vocabulary and
+// merges, which go into the model's tables, at most kMaxKeptJsonValues values are kept.
+TEST(TokenizerJsonTest, MoreThanAMillionValuesOutsideTheVocabularyAndMergesAreRefused) {
+  const std::string arrays = ArraysPastTheLimit();
+  const std::string json =
+      R"({"added_tokens":[)" + arrays + R"(],"model":{"type":"BPE","vocab":{"a":0},"merges":[]}})";
+  const StatusOr<Tokenizer> refused = Tokenizer::FromJson(json, "hostile.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "hostile.json: more than 1048576 values outside model.vocab and model.merges");
+
+  // As many values in the vocabulary are no matter.
+  std::string vocab;
+  for (size_t i = 0; i < (size_t{1} << 20) + 1; ++i) {
+    vocab.append("\"t").append(std::to_string(i)).append("\":").append(std::to_string(i)) += ',';
+  }
+  vocab.pop_back();
+  const StatusOr<Tokenizer> large = Tokenizer::FromJson(
+      R"({"model":{"type":"BPE","vocab":{)" + vocab + R"(},"merges":[]}})", "large.json");
+  ASSERT_TRUE(large.ok()) << large.status().ToString();
+  EXPECT_EQ(large->vocab_size(), (1 << 20) + 1);
+}
+
+// tokenizer_config.json is read as tokenizer.json is (it has no model), under the same limit.
+TEST(TokenizerJsonTest, ATokenizerConfigIsHeldToTheSameLimit) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "config_limit";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json")
+      << R"({"model":{"type":"BPE","vocab":{"<s>":0,"a":1},"merges":[]}})";
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"bos_token":"a","chat_template":[)" + ArraysPastTheLimit() + "]}";
+  const StatusOr<Tokenizer> refused = Tokenizer::Load(dir.string());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(),
+            (dir / "tokenizer_config.json").string() +
+                ": more than 1048576 values outside model.vocab and model.merges");
+
+  std::ofstream(dir / "tokenizer_config.json") << R"({"bos_token":"a","chat_template":[[],[]]})";
+  const StatusOr<Tokenizer> tokenizer = Tokenizer::Load(dir.string());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  EXPECT_EQ(tokenizer->bos_id(), 1);
+}
+
+// A BPE tokenizer.json of `count` tokens: "a" to "j" for the digits 0-9, then each number's digits
+// as letters, made by merging the number / 10 with its last digit (in both merge forms).
+std::string CountingBpeJson(int count) {
+  const auto letters = [](int n) {
+    std::string digits = std::to_string(n);
+    for (char& c : digits) c = static_cast<char>('a' + (c - '0'));
+    return digits;
+  };
+  std::string json = R"({"version":"1.0","model":{"type":"BPE","vocab":{)";
+  for (int i = 0; i < count; ++i) {
+    json.append("\"").append(letters(i)).append("\":").append(std::to_string(i)) += ',';
+  }
+  json.back() = '}';
+  json += R"(,"merges":[)";
+  for (int i = 10; i < count; ++i) {
+    if (i % 2 == 0) {
+      json.append("\"").append(letters(i / 10)).append(" ").append(letters(i % 10)).append("\",");
+    } else {
+      json.append("[\"").append(letters(i / 10)).append("\",\"").append(letters(i % 10));
+      json.append("\"],");
+    }
+  }
+  json.back() = ']';
+  return json + "}}";
+}
+
+// As one JSON document a tokenizer.json took 5 to 24 times its size (a value 16 bytes, a string,
+// array or object a heap block more) while it loaded; now the vocabulary and merges go straight
+// into the model's tables, and all the load holds besides them is the merges' text and where each
+// ends (here 6.2 MB for 5.3 MB of text, where a whole document held 53 MB).
+TEST(TokenizerJsonTest, LoadingHoldsLittleBesidesTheModelsTables) {
+  const std::string json = CountingBpeJson(200000);
+  const size_t before = heap_in_use.load();
+  heap_peak = before;
+  StatusOr<Tokenizer> tokenizer = Tokenizer::FromJson(json, "counting.json");
+  const size_t peak = heap_peak.load();
+  const size_t tables = heap_in_use.load() - before;
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  EXPECT_EQ(EncodeOrDie(*tokenizer, "bcdef"), (std::vector<int32_t>{12, 345}));
+  EXPECT_LE(peak - before - tables, 2 * json.size())
+      << "text " << json.size() << " bytes, tables " << tables << ", peak " << peak - before;
+}
+
+}  // namespace
+}  // namespace llmctl
+
+void* operator new(std::size_t size) {
+  void* block = std::malloc(size == 0 ? 1 : size);
+  if (block == nullptr) throw std::bad_alloc();
+  llmctl::CountAllocation(malloc_usable_size(block));
+  return block;
+}
+
+void operator delete(void* block) noexcept {
+  if (block == nullptr) return;
+  llmctl::CountFree(malloc_usable_size(block));
+  std::free(block);
+}
+
+void operator delete(void* block, std::size_t /*size*/) noexcept { operator delete(block); }
