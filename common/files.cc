@@ -212,14 +212,42 @@ StatusOr<UniqueFd> OpenRegularFileAt(int dir_fd, const std::string& name, const 
   return OpenRegular(dir_fd, name, shown, st, /*follow_links=*/false);
 }
 
-StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
-  std::string data;
-  RETURN_IF_ERROR(ReadFileInPieces(path, [&](std::string_view piece) {
-    data.append(piece);
-    if (data.size() > max_bytes) {
-      return DataLossError(path + " is larger than " + std::to_string(max_bytes) + " bytes");
+namespace {
+
+// `fd`'s bytes from where it stands to its end, at most kFilePieceBytes at a time (see
+// ReadFileInPieces); `path` names it in errors.
+Status ReadPieces(int fd, const std::string& path,
+                  const std::function<Status(std::string_view piece)>& on_piece) {
+  char buf[kFilePieceBytes];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "cannot read " + path);
     }
-    return Status::Ok();
+    if (n == 0) return Status::Ok();
+    RETURN_IF_ERROR(on_piece(std::string_view(buf, static_cast<size_t>(n))));
+  }
+}
+
+Status TooLarge(const std::string& path, size_t max_bytes) {
+  return DataLossError(path + " is larger than " + std::to_string(max_bytes) + " bytes");
+}
+
+}  // namespace
+
+StatusOr<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
+  struct stat st;
+  ASSIGN_OR_RETURN(const UniqueFd fd, OpenRegularFile(path, st));
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes) return TooLarge(path, max_bytes);
+  std::string data;
+  // The size it has now (it may still change while read): grown by appending, the string reached
+  // up to twice the file (a 37 MiB tokenizer.json held 64 MiB, and 102 MiB at its peak).
+  data.reserve(static_cast<size_t>(size));
+  RETURN_IF_ERROR(ReadPieces(fd.get(), path, [&](std::string_view piece) {
+    data.append(piece);
+    return data.size() > max_bytes ? TooLarge(path, max_bytes) : Status::Ok();
   }));
   return data;
 }
@@ -228,16 +256,7 @@ Status ReadFileInPieces(const std::string& path,
                         const std::function<Status(std::string_view piece)>& on_piece) {
   struct stat st;
   ASSIGN_OR_RETURN(const UniqueFd fd, OpenRegularFile(path, st));
-  char buf[kFilePieceBytes];
-  while (true) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "cannot read " + path);
-    }
-    if (n == 0) return Status::Ok();
-    RETURN_IF_ERROR(on_piece(std::string_view(buf, static_cast<size_t>(n))));
-  }
+  return ReadPieces(fd.get(), path, on_piece);
 }
 
 StatusOr<std::string> ReadFileRange(int fd, const std::string& shown, uint64_t offset,

@@ -106,6 +106,23 @@ TEST(ReadFileInPiecesTest, PiecesAreTheFileInOrderAndBounded) {
   EXPECT_EQ(*ReadFileToString(path), content);
 }
 
+// The string is sized once, from the file's size: grown by appending, a 3 MB file's string held
+// 4 MiB (twice the file at the moment it grew), and a tokenizer.json of 37 MiB peaked at 102 MiB.
+// A file over the limit is refused before it is read.
+TEST(ReadFileToStringTest, TheStringIsTheFilesSizeAndALargerFileIsRefusedUnread) {
+  const std::string path = testing::TempDir() + "/sized.bin";
+  const std::string content(3'000'000, 'x');
+  { std::ofstream(path, std::ios::binary) << content; }
+  StatusOr<std::string> read = ReadFileToString(path);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(*read, content);
+  EXPECT_LT(read->capacity(), content.size() + kFilePieceBytes);
+  const StatusOr<std::string> refused = ReadFileToString(path, content.size() - 1);
+  EXPECT_EQ(refused.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(refused.status().message(), path + " is larger than 2999999 bytes");
+  EXPECT_TRUE(ReadFileToString(path, content.size()).ok());
+}
+
 TEST(ReadFileInPiecesTest, AnErrorFromThePieceEndsTheReading) {
   const std::string path = testing::TempDir() + "/pieces-stop.bin";
   std::ofstream(path, std::ios::binary) << std::string(3 * kFilePieceBytes, 'x');
