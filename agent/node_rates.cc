@@ -4,7 +4,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "agent/outcome.h"
 #include "agent/process.h"
 #include "common/atomic_file.h"
 #include "common/cpu_model.h"
@@ -20,8 +19,6 @@ namespace {
 constexpr char kRatesFile[] = "rates.json";
 // The kept file is a probe of a few kilobytes and its fingerprint.
 constexpr size_t kMaxRatesBytes = 1 << 20;
-// The most of a failed probe's own reason the report quotes.
-constexpr size_t kMaxReasonBytes = 400;
 
 // `report`, then `then`, within what the controller takes of a report (a longer one refuses the
 // node's whole description): `report` is cut, for the trainer's path and a failed probe's own
@@ -217,7 +214,7 @@ StatusOr<std::string> NodeRates::RunProbe(const std::string& device) const {
   if (output.exit_code != 0) {
     // Its reason, such as rates that disagree on a machine other work holds, is its last line on
     // stderr; the report is one line of `llmctl nodes`.
-    const std::string reason = OnOneLine(LastLine(output.stderr_tail), kMaxReasonBytes);
+    const std::string reason = OnOneLine(LastNonBlankLine(output.stderr_tail), kQuotedLineBytes);
     std::string message =
         options_.llm_train + " --probe exited with " + std::to_string(output.exit_code);
     if (!reason.empty()) message.append(": ").append(reason);

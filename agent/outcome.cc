@@ -42,18 +42,6 @@ void ReadResultLine(std::string_view line, ResultEvent& result) {
 
 }  // namespace
 
-std::string LastLine(std::string_view text) {
-  while (!text.empty()) {
-    const size_t newline = text.find_last_of('\n');
-    const std::string_view line =
-        Trim(newline == std::string_view::npos ? text : text.substr(newline + 1));
-    if (!line.empty()) return std::string(line);
-    if (newline == std::string_view::npos) break;
-    text = text.substr(0, newline);
-  }
-  return "";
-}
-
 ResultEvent FindResultEvent(std::string_view events_text) {
   ResultEvent result;
   size_t start = 0;
@@ -82,8 +70,8 @@ RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool can
   RunEnd end;
   // The stderr tail is cut at a byte count, and the trainer's text is any bytes: made UTF-8 here,
   // before the run's files and the gRPC answer carry it.
-  const std::string reported =
-      ReplaceInvalidUtf8(!result.error.empty() ? result.error : LastLine(stderr_tail));
+  const std::string reported = ReplaceInvalidUtf8(
+      !result.error.empty() ? std::string_view(result.error) : LastNonBlankLine(stderr_tail));
   if (exit.signal != 0) {
     end.exit_code = -exit.signal;
     if (exit.signal == SIGKILL && !result.present) {
@@ -121,7 +109,7 @@ RunEnd DecideRankOutcome(const RankExit& failed, int ranks, const ResultEvent& r
   // trainer/dist/rank_launcher.cc): without a result event's error it is the error, less the
   // launcher's program name.
   constexpr std::string_view kLauncherName = "llm-train: ";
-  const std::string line = ReplaceInvalidUtf8(LastLine(stderr_tail));
+  const std::string line = ReplaceInvalidUtf8(LastNonBlankLine(stderr_tail));
   const bool launchers_line =
       result.error.empty() && failed.exit.signal == 0 && end.outcome != trial_outcome::kCancelled &&
       line.starts_with(std::string(kLauncherName).append(rank).append(" exited with code "));

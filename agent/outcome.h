@@ -50,9 +50,6 @@ ResultEvent FindResultEvent(std::string_view events_text);
 // result when it cannot be read.
 ResultEvent ReadResultEvent(const std::string& events_path);
 
-// The last non-empty line of `text`.
-std::string LastLine(std::string_view text);
-
 }  // namespace llmctl::agent
 
 #endif  // LLMCTL_AGENT_OUTCOME_H_

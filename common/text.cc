@@ -23,6 +23,18 @@ std::string_view Trim(std::string_view text) {
   return text;
 }
 
+std::string_view LastNonBlankLine(std::string_view text) {
+  while (!text.empty()) {
+    const size_t newline = text.find_last_of('\n');
+    const std::string_view line =
+        Trim(newline == std::string_view::npos ? text : text.substr(newline + 1));
+    if (!line.empty()) return line;
+    if (newline == std::string_view::npos) break;
+    text = text.substr(0, newline);
+  }
+  return {};
+}
+
 namespace {
 
 // The code point that starts at `text[at]` and its length in bytes: 0 bytes when the bytes there

@@ -16,6 +16,15 @@ namespace llmctl {
 // `text` without leading and trailing ASCII white space.
 std::string_view Trim(std::string_view text);
 
+// The last line of `text` that is not blank (Trim leaves something), trimmed; "" when none. Lines
+// end at '\n' (a '\r' before it is trimmed away), and text after the last '\n' is a line too:
+// another process's reason for failing, the last thing it wrote on stderr.
+std::string_view LastNonBlankLine(std::string_view text);
+
+// The most bytes of another process's line a message quotes (OnOneLine's `max_bytes`): a trainer's
+// or a rank's reason for failing, a probe's, kept to one line of a terminal and of the store.
+inline constexpr size_t kQuotedLineBytes = 400;
+
 // ASCII case-insensitive equality ("A100-80GB" == "a100-80gb"): names, units, HTTP header fields.
 bool EqualsIgnoreCase(std::string_view a, std::string_view b);
 

@@ -10,6 +10,16 @@ TEST(TrimTest, DropsSurroundingWhiteSpaceOnly) {
   EXPECT_EQ(Trim(""), "");
 }
 
+TEST(LastNonBlankLineTest, IsTheLastLineThatIsNotBlankTrimmed) {
+  EXPECT_EQ(LastNonBlankLine("loading\nllm-train: x.yaml:3:1: unknown key\n\n"),
+            "llm-train: x.yaml:3:1: unknown key");
+  EXPECT_EQ(LastNonBlankLine("first\n  last  "), "last");  // no newline at its end
+  EXPECT_EQ(LastNonBlankLine("first\r\nlast\r\n \t\r\n"), "last");
+  EXPECT_EQ(LastNonBlankLine("only"), "only");
+  EXPECT_EQ(LastNonBlankLine(" \n\t\n\n"), "");
+  EXPECT_EQ(LastNonBlankLine(""), "");
+}
+
 TEST(FirstInvalidUtf8Test, FindsTheBreakingByte) {
   EXPECT_EQ(FirstInvalidUtf8("plain – ok"), std::string_view::npos);
   EXPECT_EQ(FirstInvalidUtf8("ab\xC0\xAF"), 2u);  // overlong '/'

@@ -32,9 +32,8 @@ namespace {
 // Exit code of a rank whose program could not be executed (as a shell reports it).
 constexpr int kCannotExecute = 127;
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
-// The most of a rank's last stderr line the launcher keeps, and the most it quotes in its error.
+// The most of a rank's last stderr line the launcher keeps (it quotes kQuotedLineBytes of it).
 constexpr size_t kKeptLineBytes = 4096;
-constexpr size_t kQuotedLineBytes = 400;
 
 // This process's environment without the variables a rank gets its own value of.
 std::vector<std::string> InheritedEnvironment(const std::vector<std::string>& rank_variables) {
