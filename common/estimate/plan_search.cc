@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "common/byte_size.h"
@@ -89,6 +91,20 @@ Status Apply(const Combination& c, TrialConfig& config) {
   return config.SetFromText("offload", c.offload);
 }
 
+// Every combination dropped with one and the same trainer's refusal: the fault is the base's (such
+// as `--set data.path=`, which no precision or optimizer mends), said once rather than as the
+// reason of each of the 72 configurations searched.
+Status RefuseABaseNoCombinationMends(const Plan& plan) {
+  constexpr std::string_view kInvalid = "not a valid configuration: ";
+  if (!plan.fits.empty() || plan.dropped.empty()) return Status::Ok();
+  const std::string& reason = plan.dropped.front().reason;
+  if (!reason.starts_with(kInvalid)) return Status::Ok();
+  for (const PlanDrop& drop : plan.dropped) {
+    if (drop.reason != reason) return Status::Ok();
+  }
+  return InvalidArgumentError("plan: no configuration is valid: " + reason.substr(kInvalid.size()));
+}
+
 }  // namespace
 
 StatusOr<Plan> SearchPlans(const PlanRequest& request) {
@@ -150,6 +166,7 @@ StatusOr<Plan> SearchPlans(const PlanRequest& request) {
     }
     plan.fits.push_back(std::move(candidate));
   }
+  RETURN_IF_ERROR(RefuseABaseNoCombinationMends(plan));
   std::stable_sort(plan.fits.begin(), plan.fits.end(),
                    [](const PlanCandidate& a, const PlanCandidate& b) {
                      // Within 0.5% of each other the time does not decide: the smaller peak does.

@@ -70,8 +70,8 @@ struct Plan {
 };
 
 // Searches `request`'s space. InvalidArgument when the base itself is unusable (no global batch,
-// no steps, a model too large to count); a combination the trainer would refuse is dropped with
-// its reason, not an error.
+// no steps, a model too large to count, or every combination refused for one reason); a
+// combination the trainer would refuse is dropped with its reason, not an error.
 StatusOr<Plan> SearchPlans(const PlanRequest& request);
 
 }  // namespace llmctl::estimate

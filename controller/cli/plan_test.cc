@@ -109,6 +109,10 @@ TEST_F(PlanTest, BadFlagsAreNamed) {
   args = CpuLabLarge();
   args.insert(args.end(), {"--set", "train.lr"});
   expect_error(args, "--set: expected KEY=VALUE");
+  // A base no searched combination mends is refused once, not as each configuration's reason.
+  args = CpuLabLarge();
+  args.insert(args.end(), {"--set", "data.path="});
+  expect_error(args, "llmctl: plan: no configuration is valid: data.path is required: ");
 }
 
 // A 100,000-character value was echoed twice, a 200 KB message; each quote is now at most 200
