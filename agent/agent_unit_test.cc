@@ -114,6 +114,42 @@ TEST(OutcomeTest, AnErrorFromStderrIsMadeUtf8AndItsEndWritesAndReadsBack) {
   EXPECT_EQ((*back)["error"], "raw \xef\xbf\xbd");
 }
 
+// The trainer's last stderr line is quoted on one line and cut to kQuotedLineBytes, as the launcher
+// and the node's probe quote theirs: a trainer that ended on a line of 100 KB holding escape
+// sequences made the run's error that whole line (up to the 64 KiB the agent reads of stderr),
+// escapes and all, in the controller's store and in every report of the trial.
+TEST(OutcomeTest, AnErrorFromStderrIsOneLineOfAtMostTheQuotedBytes) {
+  const std::string long_line =
+      "step 9\nllm-train: \x1b[2J\x1b]0;owned\x07"
+      "bad " +
+      std::string(100'000, 'x') + "\n\n";
+  const auto printable = [](const std::string& text) {
+    return std::none_of(text.begin(), text.end(),
+                        [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+  };
+  const RunEnd invalid = DecideOutcome({2, 0}, {}, false, long_line);
+  EXPECT_LE(invalid.error.size(), kQuotedLineBytes);
+  EXPECT_TRUE(invalid.error.starts_with("llm-train:  [2J ]0;owned bad xxx")) << invalid.error;
+  EXPECT_TRUE(printable(invalid.error));
+  const RunEnd failed = DecideOutcome({7, 0}, {}, false, long_line);
+  EXPECT_LE(failed.error.size(),
+            std::string("llm-train exited with code 7: ").size() + kQuotedLineBytes);
+  EXPECT_TRUE(printable(failed.error));
+  // A multi-rank run's last line is its launcher's, which quotes the rank's line (cut to
+  // kQuotedLineBytes) in a few words of its own: those words are kept whole.
+  const std::string rank_words = "rank 1 of 2 exited with code 2: ";
+  const std::string quoted = OnOneLine(LastNonBlankLine(long_line), kQuotedLineBytes);
+  const RunEnd rank =
+      DecideRankOutcome({1, {2, 0}}, 2, {}, false,
+                        "llm-train: " + rank_words + quoted + "; the other ranks were stopped\n");
+  EXPECT_EQ(rank.error, rank_words + quoted + "; the other ranks were stopped");
+  const RunEnd rank_of_its_own =
+      DecideRankOutcome({1, {2, 0}}, 2, {}, false,
+                        "llm-train: " + rank_words + "\x1b[2J" + std::string(100'000, 'x') + "\n");
+  EXPECT_LE(rank_of_its_own.error.size(), 2 * kQuotedLineBytes);
+  EXPECT_TRUE(printable(rank_of_its_own.error));
+}
+
 // Numbers another process wrote into a run's files are read only within their type's range.
 TEST(OutcomeTest, RunFileNumbersOutsideTheirTypeAreLeftOut) {
   const nlohmann::json failure = {{"rank", 4294967296LL}, {"signal", -2147483648LL - 1}};

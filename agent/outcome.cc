@@ -69,9 +69,11 @@ RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool can
                      std::string_view stderr_tail) {
   RunEnd end;
   // The stderr tail is cut at a byte count, and the trainer's text is any bytes: made UTF-8 here,
-  // before the run's files and the gRPC answer carry it.
-  const std::string reported = ReplaceInvalidUtf8(
-      !result.error.empty() ? std::string_view(result.error) : LastNonBlankLine(stderr_tail));
+  // before the run's files and the gRPC answer carry it. Its last line, which may be the whole
+  // tail, is quoted on one line and cut, as the controller stores it and every report shows it.
+  const std::string reported = !result.error.empty()
+                                   ? ReplaceInvalidUtf8(result.error)
+                                   : OnOneLine(LastNonBlankLine(stderr_tail), kQuotedLineBytes);
   if (exit.signal != 0) {
     end.exit_code = -exit.signal;
     if (exit.signal == SIGKILL && !result.present) {
@@ -109,7 +111,11 @@ RunEnd DecideRankOutcome(const RankExit& failed, int ranks, const ResultEvent& r
   // trainer/dist/rank_launcher.cc): without a result event's error it is the error, less the
   // launcher's program name.
   constexpr std::string_view kLauncherName = "llm-train: ";
-  const std::string line = ReplaceInvalidUtf8(LastNonBlankLine(stderr_tail));
+  // The launcher's words around its quote ("rank R of W exited with code C: ", "; the other ranks
+  // were stopped") are under 100 bytes.
+  constexpr size_t kLauncherWordsBytes = 128;
+  const std::string line =
+      OnOneLine(LastNonBlankLine(stderr_tail), kQuotedLineBytes + kLauncherWordsBytes);
   const bool launchers_line =
       result.error.empty() && failed.exit.signal == 0 && end.outcome != trial_outcome::kCancelled &&
       line.starts_with(std::string(kLauncherName).append(rank).append(" exited with code "));
