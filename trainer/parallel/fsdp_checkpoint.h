@@ -9,10 +9,11 @@
 //
 // Several nodes: each node's ranks write theirs into <dir>.tmp on their own node, and once every
 // rank has written, each node's first rank renames its node's staging directory to <dir> (unless
-// it is rank 0's, on a filesystem the nodes share), and the ranks agree that every node did before
-// any returns. So each node holds its ranks' shards under the same path, and the controller's copy
-// of the checkpoint gathers them (controller/dispatch/checkpoint_copy.h) into one whole directory
-// that any nodes can resume from.
+// it is rank 0's, on a filesystem the nodes share), and the ranks agree that every node did, and
+// then that rank 0 did, before any returns (a node whose <dir> was renamed before a rename failed
+// removes it again). So each node holds its ranks' shards under the same path, and the controller's
+// copy of the checkpoint gathers them (controller/dispatch/checkpoint_copy.h) into one whole
+// directory that any nodes can resume from.
 #ifndef LLMCTL_TRAINER_PARALLEL_FSDP_CHECKPOINT_H_
 #define LLMCTL_TRAINER_PARALLEL_FSDP_CHECKPOINT_H_
 

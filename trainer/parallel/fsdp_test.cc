@@ -4,6 +4,7 @@
 #include "trainer/parallel/fsdp.h"
 
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -488,6 +490,78 @@ TEST(FsdpTest, ACheckpointRankZeroFailsFirstLeavesNoStagingDirectory) {
   EXPECT_FALSE(std::filesystem::exists(run.dir + "/out/checkpoints/step-1.tmp")) << run.output;
   EXPECT_FALSE(std::filesystem::exists(run.dir + "/out/checkpoints/step-1"));
   std::filesystem::remove_all(run.dir);
+}
+
+// Nodes that share no filesystem each write their ranks' shards into step-N.tmp on their own
+// node: each node's first rank removes the staging directories a killed run left there when the
+// next run starts, where only rank 0's node's went.
+TEST(FsdpTest, EachNodeRemovesTheStagingDirectoriesOfKilledRuns) {
+  const std::string dir = testing::FreshTempDir("node-outputs");
+  const std::vector<std::string> outputs = {dir + "/node0", dir + "/node1"};
+  for (const std::string& output : outputs) {
+    std::filesystem::create_directories(output + "/checkpoints/step-7.tmp");
+    std::ofstream(output + "/checkpoints/step-7.tmp/optimizer.rank1.safetensors") << "partial";
+  }
+  testing::MultiNodeDemo demo("fsdp", "node-leftovers", 2, 1,
+                              {"train.micro_batch_size=2", "train.global_batch_size=4"},
+                              /*steps=*/1, outputs);
+  const DemoRun run = demo.Finish();
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (const std::string& output : outputs) {
+    EXPECT_FALSE(std::filesystem::exists(output + "/checkpoints/step-7.tmp")) << output;
+  }
+  EXPECT_TRUE(
+      std::filesystem::exists(outputs[1] + "/checkpoints/step-1/optimizer.rank1.safetensors"));
+  std::filesystem::remove_all(dir);
+}
+
+// A checkpoint whose step-N cannot be put in place on node `failing` (a tmpfs mounted there: its
+// rename fails with EBUSY, as a full or failing disk's may) after other nodes renamed their
+// staging directories fails on every rank, and no node keeps a step-N of its shards alone, nor its
+// step-N.tmp: a step-N of some ranks' shards stayed, which passes for a checkpoint and keeps the
+// disk as full as the shards made it. False when the test cannot mount (no CAP_SYS_ADMIN).
+bool ExpectAFailedRenameLeavesNoStepDirectory(int nodes, int failing) {
+  const std::string dir = testing::FreshTempDir("node-outputs");
+  std::vector<std::string> outputs;
+  for (int node = 0; node < nodes; ++node) outputs.push_back(dir + "/node" + std::to_string(node));
+  struct Mount {
+    std::string path;
+    ~Mount() { ::umount2(path.c_str(), MNT_DETACH); }
+  };
+  const Mount blocked{outputs[failing] + "/checkpoints/step-1"};
+  std::filesystem::create_directories(blocked.path);
+  if (::mount("tmpfs", blocked.path.c_str(), "tmpfs", 0, "size=64k") != 0) return false;
+  testing::MultiNodeDemo demo("fsdp", "rename-fails", nodes, 1,
+                              {"optimizer=sgd", "train.micro_batch_size=2",
+                               "train.global_batch_size=" + std::to_string(2 * nodes)},
+                              /*steps=*/1, outputs);
+  const DemoRun run = demo.Finish();
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  const std::vector<nlohmann::json> results = EventsOfType(run.events.at(failing), "result");
+  EXPECT_EQ(results.size(), 1u) << run.output;
+  for (const nlohmann::json& result : results) {
+    EXPECT_NE(result["error"].get<std::string>().find("cannot rename"), std::string::npos)
+        << result.dump();
+  }
+  for (int node = 0; node < nodes; ++node) {
+    const std::string checkpoints = outputs[node] + "/checkpoints";
+    EXPECT_FALSE(std::filesystem::exists(checkpoints + "/step-1.tmp")) << "node " << node;
+    if (node != failing) {
+      EXPECT_FALSE(std::filesystem::exists(checkpoints + "/step-1")) << "node " << node;
+    }
+  }
+  return true;
+}
+
+// Node 1 renamed its staging directory, node 2's rename failed.
+TEST(FsdpTest, ACheckpointThatANodeCannotPutInPlaceLeavesNoOtherNodesShards) {
+  if (!ExpectAFailedRenameLeavesNoStepDirectory(3, 2)) GTEST_SKIP() << "cannot mount a tmpfs";
+}
+
+// Node 1 renamed its staging directory, rank 0's own rename, the last, failed: node 1's ranks
+// had returned as if the checkpoint was written.
+TEST(FsdpTest, ACheckpointThatRankZeroCannotPutInPlaceLeavesNoOtherNodesShards) {
+  if (!ExpectAFailedRenameLeavesNoStepDirectory(2, 0)) GTEST_SKIP() << "cannot mount a tmpfs";
 }
 
 TEST(FsdpTest, WhatFsdpDoesNotBuildIsRefusedByName) {

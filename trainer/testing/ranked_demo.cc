@@ -16,6 +16,7 @@
 #include <limits>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "common/rank_files.h"
 #include "common/trial_config.h"
@@ -109,10 +110,12 @@ RankedDemoRun RunRankedDemo(const std::string& strategy, const std::string& name
 }
 
 MultiNodeDemo::MultiNodeDemo(const std::string& strategy, const std::string& name, int nodes,
-                             int devices, const std::vector<std::string>& sets, int64_t steps)
+                             int devices, const std::vector<std::string>& sets, int64_t steps,
+                             std::vector<std::string> output_dirs)
     : nodes_(nodes),
       devices_(devices),
       steps_(steps),
+      output_dirs_(std::move(output_dirs)),
       dir_(FreshTempDir(strategy + "-" + name)),
       launchers_(nodes, -1),
       exit_codes_(nodes, -1) {
@@ -141,6 +144,7 @@ void MultiNodeDemo::Start(int node, int master_port) {
               {"--nproc", std::to_string(devices_), "--nnodes", std::to_string(nodes_),
                "--node-rank", std::to_string(node), "--master-addr", "127.0.0.1", "--master-port",
                std::to_string(master_port), "--ranks-file", prefix + ".ranks.json"});
+  if (!output_dirs_.empty()) args.insert(args.end(), {"--set", "output_dir=" + output_dirs_[node]});
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);

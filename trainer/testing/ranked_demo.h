@@ -70,10 +70,13 @@ void ExpectTwoRanksTrainLikeOneProcess(const std::string& strategy, const std::s
 // of `nodes` hosts start their shares of a multi-node trial: node rank 0 with --master-port 0 and a
 // ranks file, then each other node, once the port is recorded there, with --master-addr 127.0.0.1
 // and that port. The trial's strategy, devices and nodes are set; `sets` and `steps` as above.
+// The nodes share the output_dir <dir>/out (a filesystem the hosts share) unless `output_dirs`
+// gives each node rank its own (hosts that share none, as the agents' run directories are).
 class MultiNodeDemo {
  public:
   MultiNodeDemo(const std::string& strategy, const std::string& name, int nodes, int devices,
-                const std::vector<std::string>& sets, int64_t steps);
+                const std::vector<std::string>& sets, int64_t steps,
+                std::vector<std::string> output_dirs = {});
   // A launcher still running is killed (its ranks die with it).
   ~MultiNodeDemo();
   MultiNodeDemo(const MultiNodeDemo&) = delete;
@@ -96,7 +99,8 @@ class MultiNodeDemo {
   int nodes_;
   int devices_;
   int64_t steps_;
-  std::vector<std::string> args_;  // llm-train's, without the launcher flags
+  std::vector<std::string> args_;         // llm-train's, without the launcher flags
+  std::vector<std::string> output_dirs_;  // by node rank; empty when they share <dir>/out
   std::string dir_;
   std::vector<pid_t> launchers_;  // by node rank; -1 when not started or reaped
   std::vector<int> exit_codes_;

@@ -115,9 +115,11 @@ TrialResult TrialRun::Run() {
       if (Status status = Resume(); !status.ok()) return FailedBeforeTraining(status);
     }
     // A run killed while writing a checkpoint left its staging directory, keeping a disk full
-    // that the next checkpoint needs. Rank 0 clears them before the first step: the other ranks
-    // write into one only once rank 0 writes a checkpoint of this run (SaveShardedCheckpoint).
-    if (rank_ == 0 && !settings().output.dir.empty()) {
+    // that the next checkpoint needs. Each node's first rank clears its node's before the first
+    // step (several nodes each write theirs: SaveShardedCheckpoint); no rank writes into one
+    // before every rank has started training.
+    const int local_rank = options_.rank_env ? options_.rank_env->local_rank : 0;
+    if (local_rank == 0 && !settings().output.dir.empty()) {
       if (Status status = RemoveCheckpointStaging(settings().output.dir + "/checkpoints");
           !status.ok()) {
         Log("warning", status.message());
