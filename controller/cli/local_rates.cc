@@ -1,7 +1,10 @@
 #include "controller/cli/local_rates.h"
 
-#include <spawn.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,6 +21,7 @@
 #include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/text.h"
+#include "common/unique_fd.h"
 #include "controller/cli/daemons.h"
 #include "controller/scheduler/scheduler.h"
 #include "controller/store/store.h"
@@ -38,20 +42,49 @@ constexpr char kLocalProbeLockFile[] = "probe.json.lock";
 constexpr std::chrono::minutes kProbeLockWait{3};
 
 // Runs `llm-train --probe --probe-output PATH` and waits for it; its messages go to the
-// terminal. Internal naming the exit when it does not end well.
+// terminal. Internal naming the exit when it does not end well. The probe dies with this llmctl:
+// one killed alone (`kill`, a supervisor's SIGTERM; a terminal's Ctrl-C reaches both) left it
+// measuring on, outside probe.json.lock, beside the next llmctl's probe, and both kept half a
+// machine's rates.
 Status RunProbe(const fs::path& llm_train, const fs::path& path) {
   std::vector<std::string> args = {llm_train.string(), "--probe", "--probe-output", path.string()};
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int spawned = ::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ);
-  if (spawned != 0) {
-    return InternalError(llm_train.string() + ": cannot start: " + std::strerror(spawned));
+  // The child writes exec's errno here when exec fails; exec closes it (close-on-exec) otherwise.
+  int exec_error_pipe[2];
+  if (::pipe2(exec_error_pipe, O_CLOEXEC) != 0) {
+    return InternalError(std::string("pipe: ") + std::strerror(errno));
   }
+  const UniqueFd exec_error(exec_error_pipe[0]);
+  UniqueFd exec_error_write(exec_error_pipe[1]);
+  // fork rather than posix_spawn, which cannot set a parent-death signal.
+  const pid_t llmctl = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls until execve. The signal comes when the forking thread ends,
+    // which waits for the probe below.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != llmctl) ::_exit(127);  // llmctl died before prctl
+    ::execve(argv[0], argv.data(), environ);
+    const int error = errno;
+    (void)!::write(exec_error_write.get(), &error, sizeof(error));
+    ::_exit(127);
+  }
+  const int fork_error = errno;
+  exec_error_write.reset();
+  if (pid < 0) return InternalError(std::string("fork: ") + std::strerror(fork_error));
+  int exec_errno = 0;
+  ssize_t got = 0;
+  do {
+    got = ::read(exec_error.get(), &exec_errno, sizeof(exec_errno));
+  } while (got < 0 && errno == EINTR);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) return InternalError(std::string("waitpid: ") + std::strerror(errno));
+  }
+  if (got > 0) {
+    return InternalError(llm_train.string() + ": cannot start: " + std::strerror(exec_errno));
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return InternalError(

@@ -4,8 +4,11 @@
 #include "controller/cli/local_rates.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -141,6 +144,52 @@ TEST_F(LocalRatesTest, TwoAtOnceMeasureOnceAndBothTakeTheProbe) {
     ASSERT_TRUE(loaded[i]->probe().has_value()) << errs[i].str();
     EXPECT_EQ(loaded[i]->probe()->ToJson(), FixedProbe().ToJson());
   }
+}
+
+// Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.
+bool ProcessEnded(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), {});
+  const size_t name_end = text.rfind(')');
+  return name_end == std::string::npos || text.substr(name_end + 2, 1) == "Z";
+}
+
+// The probe dies with the llmctl that runs it: an llmctl killed alone (a `kill`, a supervisor's
+// SIGTERM; a terminal's Ctrl-C reaches its whole process group) left it measuring on, outside
+// probe.json.lock, beside the next llmctl's probe.
+TEST_F(LocalRatesTest, AProbeDoesNotOutliveTheLlmctlThatRunsIt) {
+  const fs::path bin = home_ / "bin";
+  fs::create_directories(bin);
+  const std::string pid_file = (home_ / "probe.pid").string();
+  for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
+    // The stand-in llm-train says its pid, then measures for ten minutes.
+    std::ofstream(bin / name) << "#!/bin/sh\necho $$ > '" << pid_file << ".new' && mv '" << pid_file
+                              << ".new' '" << pid_file << "'\nexec sleep 600\n";
+    fs::permissions(bin / name, fs::perms::owner_all);
+  }
+  const pid_t llmctl = ::fork();
+  ASSERT_GE(llmctl, 0);
+  if (llmctl == 0) {
+    std::ostringstream err;
+    LocalRates::Load(Env(), bin / "llmctl", err);
+    ::_exit(0);
+  }
+  std::string probe_pid;
+  for (int i = 0; i < 3000 && probe_pid.empty(); ++i) {
+    std::ifstream(pid_file) >> probe_pid;
+    if (probe_pid.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(llmctl, SIGKILL);
+  ::waitpid(llmctl, nullptr, 0);
+  ASSERT_FALSE(probe_pid.empty()) << "the stand-in probe never started";
+  const pid_t probe = std::stoi(probe_pid);
+  bool ended = ProcessEnded(probe);
+  for (int i = 0; i < 500 && !ended; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ended = ProcessEnded(probe);
+  }
+  if (!ended) ::kill(probe, SIGKILL);  // leaves nothing running after the test
+  EXPECT_TRUE(ended) << "the probe outlived its llmctl";
 }
 
 // A probe of version 1 timed its matmuls at 512 tokens only: it is measured again, saying why
