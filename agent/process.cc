@@ -20,6 +20,8 @@
 #include <string_view>
 #include <thread>
 
+#include "common/text.h"
+
 extern char** environ;
 
 namespace llmctl::agent {
@@ -221,15 +223,6 @@ void KeepStdout(std::string_view bytes, std::string& stdout_text) {
   if (stdout_text.size() < kMaxStdoutBytes) stdout_text.append(bytes);
 }
 
-// Adds `bytes`, read next from a command's standard error, to `stderr_tail`, which keeps the last
-// kMaxStderrBytes.
-void KeepStderrTail(std::string_view bytes, std::string& stderr_tail) {
-  stderr_tail.append(bytes);
-  if (stderr_tail.size() > kMaxStderrBytes) {
-    stderr_tail.erase(0, stderr_tail.size() - kMaxStderrBytes);
-  }
-}
-
 // Reads a command's standard output and error (`outputs`, in that order) into `output` until both
 // end; false when `deadline` came or `stop` was requested first. Both are closed when it returns.
 bool ReadOutputsUntil(std::array<UniqueFd, 2> outputs,
@@ -255,7 +248,8 @@ bool ReadOutputsUntil(std::array<UniqueFd, 2> outputs,
       } else if (i == 0) {
         KeepStdout(std::string_view(buffer, static_cast<size_t>(n)), output.stdout_text);
       } else {
-        KeepStderrTail(std::string_view(buffer, static_cast<size_t>(n)), output.stderr_tail);
+        AppendKeepingTail(output.stderr_tail, std::string_view(buffer, static_cast<size_t>(n)),
+                          kMaxStderrBytes);
       }
     }
   }

@@ -35,6 +35,11 @@ std::string_view LastNonBlankLine(std::string_view text) {
   return {};
 }
 
+void AppendKeepingTail(std::string& tail, std::string_view bytes, size_t max_bytes) {
+  tail.append(bytes);
+  if (tail.size() > max_bytes) tail.erase(0, tail.size() - max_bytes);
+}
+
 namespace {
 
 // The code point that starts at `text[at]` and its length in bytes: 0 bytes when the bytes there

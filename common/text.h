@@ -21,6 +21,10 @@ std::string_view Trim(std::string_view text);
 // another process's reason for failing, the last thing it wrote on stderr.
 std::string_view LastNonBlankLine(std::string_view text);
 
+// Appends `bytes`, read next from a stream, to `tail`, which keeps the stream's last `max_bytes`:
+// another process's stderr, whose reason for failing comes at its end.
+void AppendKeepingTail(std::string& tail, std::string_view bytes, size_t max_bytes);
+
 // The most bytes of another process's line a message quotes (OnOneLine's `max_bytes`): a trainer's
 // or a rank's reason for failing, a probe's, kept to one line of a terminal and of the store.
 inline constexpr size_t kQuotedLineBytes = 400;

@@ -20,6 +20,16 @@ TEST(LastNonBlankLineTest, IsTheLastLineThatIsNotBlankTrimmed) {
   EXPECT_EQ(LastNonBlankLine(""), "");
 }
 
+TEST(AppendKeepingTailTest, KeepsTheLastBytes) {
+  std::string tail;
+  AppendKeepingTail(tail, "abc", 4);
+  EXPECT_EQ(tail, "abc");
+  AppendKeepingTail(tail, "de", 4);
+  EXPECT_EQ(tail, "bcde");
+  AppendKeepingTail(tail, "0123456789", 4);
+  EXPECT_EQ(tail, "6789");
+}
+
 TEST(FirstInvalidUtf8Test, FindsTheBreakingByte) {
   EXPECT_EQ(FirstInvalidUtf8("plain – ok"), std::string_view::npos);
   EXPECT_EQ(FirstInvalidUtf8("ab\xC0\xAF"), 2u);  // overlong '/'
