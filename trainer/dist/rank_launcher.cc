@@ -32,8 +32,9 @@ namespace {
 // Exit code of a rank whose program could not be executed (as a shell reports it).
 constexpr int kCannotExecute = 127;
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
-// The most of a rank's last stderr line the launcher keeps (it quotes kQuotedLineBytes of it).
-constexpr size_t kKeptLineBytes = 4096;
+// The most of a rank's stderr the launcher keeps, its last bytes, to find the rank's last line in
+// (as the agent reads the last 64 KiB of a run's stderr); it quotes kQuotedLineBytes of that line.
+constexpr size_t kKeptStderrBytes = 64 << 10;
 
 // This process's environment without the variables a rank gets its own value of.
 std::vector<std::string> InheritedEnvironment(const std::vector<std::string>& rank_variables) {
@@ -103,8 +104,9 @@ std::string DescribeExit(int status) {
 }
 
 // One rank's stderr as the launcher reads it from the rank's pipe: every byte passed on to the
-// launcher's own stderr as it comes, and the last line that is not blank kept, the reason a rank
-// that exits with an error code gives for it (llm-train's "llm-train: ..." line).
+// launcher's own stderr as it comes, and the last kKeptStderrBytes kept, whose last line that is
+// not blank is the reason a rank that exits with an error code gives for it (llm-train's
+// "llm-train: ..." line).
 class RankStderr {
  public:
   explicit RankStderr(UniqueFd pipe) : pipe_(std::move(pipe)) {}
@@ -121,14 +123,14 @@ class RankStderr {
       if (got < 0 && errno == EINTR) continue;
       if (got < 0 && errno == EAGAIN) return;
       if (got <= 0) {
-        EndLine();
         pipe_.reset();
         return;
       }
       // The launcher's stderr is where the rank's went before; a launcher that cannot write it
       // (EPIPE: nobody reads it any more, see IgnoredSigpipe) has nowhere else to report that.
       (void)WriteAll(2, buffer, static_cast<size_t>(got));
-      Keep(std::string_view(buffer, static_cast<size_t>(got)));
+      AppendKeepingTail(tail_, std::string_view(buffer, static_cast<size_t>(got)),
+                        kKeptStderrBytes);
     }
   }
 
@@ -136,32 +138,15 @@ class RankStderr {
   // started that still holds it has no reader any more).
   void Finish() {
     Drain();
-    EndLine();
     pipe_.reset();
   }
 
   // The last line that is not blank, on one line and cut to kQuotedLineBytes; "" when none.
-  std::string LastLine() const { return OnOneLine(Trim(last_line_), kQuotedLineBytes); }
+  std::string LastLine() const { return OnOneLine(LastNonBlankLine(tail_), kQuotedLineBytes); }
 
  private:
-  void Keep(std::string_view text) {
-    while (!text.empty()) {
-      const size_t newline = text.find('\n');
-      const std::string_view part = text.substr(0, newline);
-      line_.append(part.substr(0, kKeptLineBytes - std::min(kKeptLineBytes, line_.size())));
-      if (newline == std::string_view::npos) return;
-      EndLine();
-      text.remove_prefix(newline + 1);
-    }
-  }
-  void EndLine() {
-    if (!Trim(line_).empty()) last_line_ = line_;
-    line_.clear();
-  }
-
   UniqueFd pipe_;
-  std::string line_;  // the line being written, its first kKeptLineBytes
-  std::string last_line_;
+  std::string tail_;  // the last kKeptStderrBytes the rank wrote
 };
 
 // The signal the launcher was sent last, for the wait loop to pass on to the ranks.

@@ -176,6 +176,32 @@ TEST_F(LauncherTest, AFailedRanksLastErrorLineIsItsReason) {
       << passed_on;
 }
 
+// The launcher keeps the last 64 KiB of a rank's stderr and quotes 400 bytes of the last line in it
+// that is not blank, as the agent does of a run's stderr: a line of 5,000 bytes is quoted from its
+// start (as when the launcher kept each line's first 4,096 bytes); one of 100,000 from 64 KiB
+// before its end, where the launcher quoted its start.
+TEST_F(LauncherTest, ARanksReasonIsTheLastLineOfItsLast64KiBOfStderr) {
+  const auto launch_with_stderr = [&](const std::string& script) {
+    const int saved_stderr = ::dup(2);
+    const int file =
+        ::open((dir_ / "launcher.stderr").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ::dup2(file, 2);
+    ::close(file);
+    const Status launched = LaunchRanks(Shell(script + "; exit 6", 1));
+    ::dup2(saved_stderr, 2);
+    ::close(saved_stderr);
+    return std::string(launched.message());
+  };
+  const std::string words = "rank 0 of 1 exited with code 6: ";
+  const std::string stopped = "; the other ranks were stopped";
+  EXPECT_EQ(launch_with_stderr("echo before >&2; printf 'llm-train: reason ' >&2; "
+                               "head -c 5000 /dev/zero | tr '\\0' a >&2; echo >&2"),
+            words + "llm-train: reason " + std::string(379, 'a') + "…" + stopped);
+  EXPECT_EQ(launch_with_stderr("printf 'llm-train: reason ' >&2; "
+                               "head -c 100000 /dev/zero | tr '\\0' a >&2; echo >&2"),
+            words + std::string(397, 'a') + "…" + stopped);
+}
+
 // A launcher whose stderr nobody reads any more (`llm-train ... 2>&1 | head -1` once head has
 // ended) loses what its ranks write there, not the run: passing their lines on raised SIGPIPE,
 // which killed it and, with it, its ranks. The ranks still start with the launcher's SIGPIPE (here
