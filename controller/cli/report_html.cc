@@ -84,7 +84,9 @@ std::string RenderHtml(const v1::ReportResponse& report) {
   out += "</tr>\n";
   for (const v1::TrialReport& trial : report.trials()) {
     LabRow row = MakeLabRow(trial, layout);
-    if (row.unexpected) row.cells[kOutcomeColumn] += " (expected " + trial.expected() + ")";
+    if (row.unexpected && !trial.expected().empty()) {
+      row.cells[kOutcomeColumn] += " (expected " + trial.expected() + ")";
+    }
     out += row.unexpected ? "<tr class=\"unexpected\">" : "<tr>";
     for (size_t i = 0; i < row.cells.size(); ++i) {
       out += (i >= kFirstNumericColumn ? "<td class=\"n\">" : "<td>") + EscapeHtml(row.cells[i]) +

@@ -81,7 +81,9 @@ std::string RenderTable(const v1::ReportResponse& report) {
   rows.push_back(LabColumns(layout));
   for (const v1::TrialReport& trial : report.trials()) {
     LabRow row = MakeLabRow(trial, layout);
-    if (row.unexpected) {
+    // Without `expect:` a failed, diverged or cancelled trial is unexpected too: its expected
+    // column says "–", and there is no outcome to name here.
+    if (row.unexpected && !trial.expected().empty()) {
       row.cells[kOutcomeColumn] +=
           " (expected " + OnOneLine(trial.expected(), kMaxShownBytes) + ")";
     }
@@ -141,9 +143,10 @@ std::string RenderMarkdown(const v1::ReportResponse& report) {
     // The numeric cells are this file's own figures ("0.0 + 480.1", "61.0 (OOM)"), as
     // scripts/lab_table.py writes them.
     for (size_t i = 0; i < kFirstNumericColumn; ++i) row.cells[i] = MarkdownText(row.cells[i]);
-    if (row.unexpected) {
-      row.cells[kOutcomeColumn] = "**" + row.cells[kOutcomeColumn] + "** (expected " +
-                                  MarkdownText(OnOneLine(trial.expected(), kMaxShownBytes)) + ")";
+    if (row.unexpected) row.cells[kOutcomeColumn] = "**" + row.cells[kOutcomeColumn] + "**";
+    if (row.unexpected && !trial.expected().empty()) {
+      row.cells[kOutcomeColumn] +=
+          " (expected " + MarkdownText(OnOneLine(trial.expected(), kMaxShownBytes)) + ")";
     }
     out += "|";
     for (const std::string& cell : row.cells) out += " " + cell + " |";

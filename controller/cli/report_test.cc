@@ -382,6 +382,22 @@ TEST(ReportTest, CountsOutcomesOtherThanExpected) {
   }
 }
 
+// A trial without `expect:` that failed is marked as unexpected without naming an expectation the
+// file never stated: "cancelled (expected )" read as if one had been.
+TEST(ReportTest, AnUnexpectedOutcomeWithoutExpectNamesNoExpectation) {
+  v1::ReportResponse report = FixedReport();
+  report.mutable_trials(3)->clear_expected();
+  report.mutable_trials(3)->set_outcome("cancelled");
+  for (const ReportFormat format :
+       {ReportFormat::kTable, ReportFormat::kMarkdown, ReportFormat::kHtml}) {
+    const std::string rendered = RenderReport(report, format);
+    EXPECT_EQ(rendered.find("(expected )"), std::string::npos) << rendered;
+    EXPECT_NE(rendered.find("(expected ok)"), std::string::npos) << rendered;  // cpu-offload's
+  }
+  EXPECT_NE(RenderReport(report, ReportFormat::kMarkdown).find("**cancelled** |"),
+            std::string::npos);
+}
+
 TEST(ReportTest, AResumedRunSaysWhichAttemptRanWhichSteps) {
   v1::ReportResponse report;
   report.set_experiment_id(3);
