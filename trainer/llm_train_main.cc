@@ -145,6 +145,10 @@ int LaunchRanks(const LauncherFlags& flags, const llmctl::TrialConfig& config, i
   spec.master_addr = flags.master_addr;
   spec.master_port = static_cast<uint16_t>(flags.master_port);
   spec.status_file = flags.ranks_file;
+  // A stderr nobody reads (`llm-train ... 2>&1 | head -1`) loses the lines, not the exit code: the
+  // last one below, after Launch, would otherwise end the launcher by SIGPIPE (141) rather than as
+  // its ranks did. The ranks start with SIGPIPE's default (Launch).
+  std::signal(SIGPIPE, SIG_IGN);
   const llmctl::dist::LaunchResult launched = llmctl::dist::Launch(spec);
   if (launched.status.ok()) return llmctl::trainer_exit::kOk;
   std::cerr << "llm-train: " << launched.status.message() << std::endl;

@@ -1,10 +1,13 @@
 // llm-train as a user meets it: bad input gets one clear message naming the file and the problem,
 // exit code 2, no crash, and no events file that looks complete.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -139,6 +142,49 @@ TEST(LlmTrainTest, MultiNodeTrialsNeedEachNodesPlace) {
   EXPECT_NE(run.output.find("the trial has nodes: 2 but --nnodes is 1; pass --nnodes 2"),
             std::string::npos)
       << run.output;
+}
+
+// The launcher's stderr a pipe nobody reads (`llm-train ... 2>&1 | head -1` once head has gone):
+// its ranks' lines are lost, and its exit code is still theirs (2: the data file is missing), where
+// its own last line ended it by SIGPIPE.
+TEST(LlmTrainTest, ALauncherWhoseStderrNobodyReadsEndsAsItsRanks) {
+  const char* build = std::getenv("LLMCTL_BUILD_DIR");
+  const std::string llm_train = std::string(build ? build : "build") + "/trainer/llm-train";
+  const std::string demo = Demo();
+  const std::vector<std::string> args = {llm_train,
+                                         "--config",
+                                         demo,
+                                         "--set",
+                                         "strategy=ddp",
+                                         "--set",
+                                         "devices=2",
+                                         "--set",
+                                         "data.path=/nonexistent/train.jsonl",
+                                         "--nproc",
+                                         "2"};
+  int unread[2];
+  ASSERT_EQ(::pipe(unread), 0);
+  ::close(unread[0]);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::dup2(unread[1], STDERR_FILENO);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, STDOUT_FILENO);
+    std::signal(SIGPIPE, SIG_DFL);
+    std::vector<char*> argv;
+    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(unread[1]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  if (WIFEXITED(status)) {
+    EXPECT_EQ(WEXITSTATUS(status), 2);
+  }
 }
 
 TEST(LlmTrainTest, TruncatedSafetensorsHeaderNamesTheFile) {

@@ -12,11 +12,12 @@
 
 #include <CLI/CLI.hpp>
 #include <climits>
+#include <csignal>
 #include <iostream>
 
 #include "trainer/dist/c10d_check.h"
-#include "trainer/dist/rank_launcher.h"
 #include "trainer/dist/rank_env.h"
+#include "trainer/dist/rank_launcher.h"
 
 namespace {
 
@@ -91,6 +92,8 @@ int main(int argc, char** argv) {
   spec.argv.push_back(list);
   spec.nproc_per_node = world_size;
   spec.master_port = static_cast<uint16_t>(port);
+  // As llm-train's launcher: a stderr nobody reads loses the lines, not the exit code.
+  std::signal(SIGPIPE, SIG_IGN);
   const llmctl::Status launched = llmctl::dist::LaunchRanks(spec);
   if (!launched.ok()) return Fail(llmctl::dist::kCheckExitFailed, launched.message());
   return llmctl::dist::kCheckExitOk;
