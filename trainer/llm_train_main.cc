@@ -434,8 +434,9 @@ int RunRank(const llmctl::TrialConfig& config, const std::string& events_path, c
   options.input_names = std::move(names);
   const llmctl::trainer::TrialResult result = llmctl::trainer::RunTrial(config, options);
   if (result.invalid_input) return Fail(result.error);
-  if (!result.recorded)
+  if (!result.recorded) {
     std::cerr << "llm-train: " << llmctl::ForTerminal(result.error) << std::endl;
+  }
   return llmctl::trainer::ExitCodeFor(result.outcome);
 }
 
