@@ -51,20 +51,23 @@ TEST(OutcomeTest, ExitCodesFollowTheTrainersTable) {
   } table[] = {{0, "ok"},       {1, "failed"},    {2, "invalid"}, {3, "oom"},
                {4, "diverged"}, {5, "cancelled"}, {7, "failed"}};
   for (const auto& row : table) {
-    const RunEnd end = DecideOutcome(WorkerExit{row.code, 0}, result, false, "");
+    const RunEnd end = DecideOutcome(WorkerExit{row.code, 0}, result, false, std::nullopt, "");
     EXPECT_EQ(end.outcome, row.outcome) << "exit code " << row.code;
     EXPECT_EQ(end.exit_code, row.code);
   }
-  EXPECT_EQ(DecideOutcome({7, 0}, {}, false, "").error, "llm-train exited with code 7");
+  EXPECT_EQ(DecideOutcome({7, 0}, {}, false, std::nullopt, "").error,
+            "llm-train exited with code 7");
 }
 
 TEST(OutcomeTest, ErrorsComeFromTheResultEventElseStderr) {
-  EXPECT_EQ(DecideOutcome({3, 0}, {true, "CUDA out of memory"}, false, "noise\n").error,
-            "CUDA out of memory");
   EXPECT_EQ(
-      DecideOutcome({2, 0}, {}, false, "loading\nllm-train: x.yaml:3:1: unknown key\n\n").error,
-      "llm-train: x.yaml:3:1: unknown key");
-  EXPECT_EQ(DecideOutcome({0, 0}, {true, ""}, false, "warning\n").error, "");
+      DecideOutcome({3, 0}, {true, "CUDA out of memory"}, false, std::nullopt, "noise\n").error,
+      "CUDA out of memory");
+  EXPECT_EQ(DecideOutcome({2, 0}, {}, false, std::nullopt,
+                          "loading\nllm-train: x.yaml:3:1: unknown key\n\n")
+                .error,
+            "llm-train: x.yaml:3:1: unknown key");
+  EXPECT_EQ(DecideOutcome({0, 0}, {true, ""}, false, std::nullopt, "warning\n").error, "");
 }
 
 // A multi-rank run's stderr is its launcher's, whose last line already names the failed rank and
@@ -73,25 +76,26 @@ TEST(OutcomeTest, ErrorsComeFromTheResultEventElseStderr) {
 // the rank's result event gets the rank's name.
 TEST(OutcomeTest, AFailedRanksErrorNamesItsRankOnce) {
   const RunEnd end = DecideRankOutcome(
-      {1, {2, 0}}, 2, {}, false,
+      {1, {2, 0}}, 2, {}, false, std::nullopt,
       "llm-train: rank 1 of 2 exited with code 2: llm-train: x.yaml:3:1: unknown key; the other "
       "ranks were stopped\n");
   EXPECT_EQ(end.outcome, "invalid");
   EXPECT_EQ(end.error,
             "rank 1 of 2 exited with code 2: llm-train: x.yaml:3:1: unknown key; the other ranks "
             "were stopped");
-  EXPECT_EQ(DecideRankOutcome({1, {3, 0}}, 2, {true, "out of memory at step 1"}, false,
-                              "llm-train: rank 1 of 2 exited with code 3: oom; the other ranks "
-                              "were stopped\n")
-                .error,
-            "rank 1 of 2: out of memory at step 1");
+  EXPECT_EQ(
+      DecideRankOutcome({1, {3, 0}}, 2, {true, "out of memory at step 1"}, false, std::nullopt,
+                        "llm-train: rank 1 of 2 exited with code 3: oom; the other ranks "
+                        "were stopped\n")
+          .error,
+      "rank 1 of 2: out of memory at step 1");
 }
 
 // llm-train's handler for a mapped input that shrank (common/files.h) exits 6 after one line naming
 // the file; before, the run ended killed by SIGBUS and the user read only the signal's name.
 TEST(OutcomeTest, AnInputThatShrankUnderItsMappingFailsTheRunWithTheLineNamingIt) {
   const RunEnd end = DecideOutcome(
-      {6, 0}, {}, false,
+      {6, 0}, {}, false, std::nullopt,
       "step 3\nllm-train: /data/train.tok shrank while llm-train read it: another process "
       "truncated it or wrote over it in place; run again once it is whole\n");
   EXPECT_EQ(end.outcome, "failed");
@@ -105,7 +109,7 @@ TEST(OutcomeTest, AnInputThatShrankUnderItsMappingFailsTheRunWithTheLineNamingIt
 // run's files and the gRPC answer carry it: written as JSON, it once threw and left the run
 // without its ended.json, so the agent failed on it at every start.
 TEST(OutcomeTest, AnErrorFromStderrIsMadeUtf8AndItsEndWritesAndReadsBack) {
-  const RunEnd end = DecideOutcome({2, 0}, {}, false, "llm-train: bad \xe2\x82\n");
+  const RunEnd end = DecideOutcome({2, 0}, {}, false, std::nullopt, "llm-train: bad \xe2\x82\n");
   EXPECT_EQ(end.error, "llm-train: bad \xef\xbf\xbd\xef\xbf\xbd");
   const std::string path = testing::TempDir() + "/ended-utf8.json";
   ASSERT_TRUE(WriteJsonFile(path, {{"error", "raw \xff"}}).ok());
@@ -127,11 +131,11 @@ TEST(OutcomeTest, AnErrorFromStderrIsOneLineOfAtMostTheQuotedBytes) {
     return std::none_of(text.begin(), text.end(),
                         [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
   };
-  const RunEnd invalid = DecideOutcome({2, 0}, {}, false, long_line);
+  const RunEnd invalid = DecideOutcome({2, 0}, {}, false, std::nullopt, long_line);
   EXPECT_LE(invalid.error.size(), kQuotedLineBytes);
   EXPECT_TRUE(invalid.error.starts_with("llm-train:  [2J ]0;owned bad xxx")) << invalid.error;
   EXPECT_TRUE(printable(invalid.error));
-  const RunEnd failed = DecideOutcome({7, 0}, {}, false, long_line);
+  const RunEnd failed = DecideOutcome({7, 0}, {}, false, std::nullopt, long_line);
   EXPECT_LE(failed.error.size(),
             std::string("llm-train exited with code 7: ").size() + kQuotedLineBytes);
   EXPECT_TRUE(printable(failed.error));
@@ -140,11 +144,11 @@ TEST(OutcomeTest, AnErrorFromStderrIsOneLineOfAtMostTheQuotedBytes) {
   const std::string rank_words = "rank 1 of 2 exited with code 2: ";
   const std::string quoted = OnOneLine(LastNonBlankLine(long_line), kQuotedLineBytes);
   const RunEnd rank =
-      DecideRankOutcome({1, {2, 0}}, 2, {}, false,
+      DecideRankOutcome({1, {2, 0}}, 2, {}, false, std::nullopt,
                         "llm-train: " + rank_words + quoted + "; the other ranks were stopped\n");
   EXPECT_EQ(rank.error, rank_words + quoted + "; the other ranks were stopped");
   const RunEnd rank_of_its_own =
-      DecideRankOutcome({1, {2, 0}}, 2, {}, false,
+      DecideRankOutcome({1, {2, 0}}, 2, {}, false, std::nullopt,
                         "llm-train: " + rank_words + "\x1b[2J" + std::string(100'000, 'x') + "\n");
   EXPECT_LE(rank_of_its_own.error.size(), 2 * kQuotedLineBytes);
   EXPECT_TRUE(printable(rank_of_its_own.error));
@@ -173,19 +177,44 @@ TEST(RunChecksTest, OneNodeRunsAtMostMaxRanksRanks) {
 }
 
 TEST(OutcomeTest, SignalsAndCancels) {
-  const RunEnd killed = DecideOutcome({0, SIGKILL}, {}, false, "");
-  EXPECT_EQ(killed.outcome, "oom");
-  EXPECT_EQ(killed.error, "killed by the kernel (host memory)");
-  EXPECT_EQ(killed.exit_code, -SIGKILL);
   // SIGKILL after the trainer reported its result was not the OOM killer's doing.
-  EXPECT_EQ(DecideOutcome({0, SIGKILL}, {true, ""}, false, "").outcome, "failed");
-  const RunEnd segv = DecideOutcome({0, SIGSEGV}, {}, false, "");
+  EXPECT_EQ(DecideOutcome({0, SIGKILL}, {true, ""}, false, 1, "").outcome, "failed");
+  const RunEnd segv = DecideOutcome({0, SIGSEGV}, {}, false, std::nullopt, "");
   EXPECT_EQ(segv.outcome, "failed");
   EXPECT_NE(segv.error.find("SIGSEGV"), std::string::npos) << segv.error;
-  EXPECT_EQ(DecideOutcome({0, SIGKILL}, {}, true, "").outcome, "cancelled");
-  EXPECT_EQ(DecideOutcome({5, 0}, {}, true, "").outcome, "cancelled");
+  EXPECT_EQ(DecideOutcome({0, SIGKILL}, {}, true, std::nullopt, "").outcome, "cancelled");
+  EXPECT_EQ(DecideOutcome({5, 0}, {}, true, std::nullopt, "").outcome, "cancelled");
   // A worker that finished before the cancel reached it keeps its result.
-  EXPECT_EQ(DecideOutcome({0, 0}, {true, ""}, true, "").outcome, "ok");
+  EXPECT_EQ(DecideOutcome({0, 0}, {true, ""}, true, std::nullopt, "").outcome, "ok");
+}
+
+// A SIGKILL without a result event is the kernel's OOM killer only when the host's count of its
+// kills rose during the run: a user's kill -9 of llm-train read as out of memory.
+TEST(OutcomeTest, SigkillIsOomOnlyWhenTheKernelsOomKillCountRose) {
+  const RunEnd oom = DecideOutcome({0, SIGKILL}, {}, false, 1, "");
+  EXPECT_EQ(oom.outcome, "oom");
+  EXPECT_EQ(oom.error, "killed by the kernel's out-of-memory killer (host memory)");
+  EXPECT_EQ(oom.exit_code, -SIGKILL);
+  const RunEnd killed = DecideOutcome({0, SIGKILL}, {}, false, 0, "");
+  EXPECT_EQ(killed.outcome, "failed");
+  EXPECT_EQ(killed.error, "killed by SIGKILL, not by the kernel's out-of-memory killer");
+  EXPECT_EQ(killed.exit_code, -SIGKILL);
+  const RunEnd presumed = DecideOutcome({0, SIGKILL}, {}, false, std::nullopt, "");
+  EXPECT_EQ(presumed.outcome, "oom");
+  EXPECT_EQ(presumed.error, "killed by SIGKILL, presumably by the kernel for host memory");
+  const RunEnd rank = DecideRankOutcome({1, {0, SIGKILL}}, 2, {}, false, 0, "");
+  EXPECT_EQ(rank.outcome, "failed");
+  EXPECT_EQ(rank.error, "rank 1 of 2: killed by SIGKILL, not by the kernel's out-of-memory killer");
+}
+
+TEST(OutcomeTest, OomKillCountIsVmstatsOomKillLine) {
+  EXPECT_EQ(ParseOomKillCount("nr_free_pages 123\npgmajfault 9\noom_kill 7\nnuma_hit 5\n"), 7u);
+  EXPECT_EQ(ParseOomKillCount("oom_kill 18446744073709551615"), UINT64_MAX);
+  // Before Linux 4.13 there is no such line; a damaged one is no count.
+  EXPECT_EQ(ParseOomKillCount("nr_free_pages 123\npgmajfault 9\n"), std::nullopt);
+  EXPECT_EQ(ParseOomKillCount("oom_kill x\n"), std::nullopt);
+  EXPECT_EQ(ParseOomKillCount("oom_kill_other 3\n"), std::nullopt);
+  EXPECT_TRUE(ReadOomKillCount().has_value());  // this host's, Linux 4.13 or later
 }
 
 TEST(OutcomeTest, ResultEventIsFoundOnlyOnCompleteLines) {

@@ -3,9 +3,11 @@
 #include <signal.h>
 #include <string.h>
 
+#include <charconv>
 #include <nlohmann/json.hpp>
 
 #include "agent/event_reader.h"
+#include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/text.h"
 #include "common/trainer_exit.h"
@@ -66,7 +68,7 @@ ResultEvent ReadResultEvent(const std::string& events_path) {
 }
 
 RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool cancel_requested,
-                     std::string_view stderr_tail) {
+                     std::optional<uint64_t> oom_kills_during_run, std::string_view stderr_tail) {
   RunEnd end;
   // The stderr tail is cut at a byte count, and the trainer's text is any bytes: made UTF-8 here,
   // before the run's files and the gRPC answer carry it. Its last line, which may be the whole
@@ -77,8 +79,18 @@ RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool can
   if (exit.signal != 0) {
     end.exit_code = -exit.signal;
     if (exit.signal == SIGKILL && !result.present) {
-      end.outcome = trial_outcome::kOom;
-      end.error = "killed by the kernel (host memory)";
+      // Anyone may send SIGKILL (a user's kill -9): only a rise in the kernel's count of its
+      // out-of-memory kills tells the OOM killer's apart; without the count, the likelier cause.
+      if (!oom_kills_during_run.has_value()) {
+        end.outcome = trial_outcome::kOom;
+        end.error = "killed by SIGKILL, presumably by the kernel for host memory";
+      } else if (*oom_kills_during_run > 0) {
+        end.outcome = trial_outcome::kOom;
+        end.error = "killed by the kernel's out-of-memory killer (host memory)";
+      } else {
+        end.outcome = trial_outcome::kFailed;
+        end.error = "killed by SIGKILL, not by the kernel's out-of-memory killer";
+      }
     } else {
       end.outcome = trial_outcome::kFailed;
       end.error = "killed by " + SignalName(exit.signal);
@@ -103,8 +115,10 @@ RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool can
 }
 
 RunEnd DecideRankOutcome(const RankExit& failed, int ranks, const ResultEvent& result,
-                         bool cancel_requested, std::string_view stderr_tail) {
-  RunEnd end = DecideOutcome(failed.exit, result, cancel_requested, stderr_tail);
+                         bool cancel_requested, std::optional<uint64_t> oom_kills_during_run,
+                         std::string_view stderr_tail) {
+  RunEnd end =
+      DecideOutcome(failed.exit, result, cancel_requested, oom_kills_during_run, stderr_tail);
   const std::string rank = "rank " + std::to_string(failed.rank) + " of " + std::to_string(ranks);
   // The stderr is the launcher's, whose last line already names the rank and quotes the rank's own
   // last line ("llm-train: rank R of W exited with code C: <line>; the other ranks were stopped",
@@ -130,6 +144,33 @@ RunEnd DecideRankOutcome(const RankExit& failed, int ranks, const ResultEvent& r
     end.error = rank + ": " + end.error;
   }
   return end;
+}
+
+std::optional<uint64_t> ParseOomKillCount(std::string_view vmstat_text) {
+  constexpr std::string_view kKey = "oom_kill ";
+  size_t start = 0;
+  while (start < vmstat_text.size()) {
+    size_t end = vmstat_text.find('\n', start);
+    if (end == std::string_view::npos) end = vmstat_text.size();
+    const std::string_view line = vmstat_text.substr(start, end - start);
+    if (line.starts_with(kKey)) {
+      const std::string_view digits = Trim(line.substr(kKey.size()));
+      uint64_t count = 0;
+      const auto [rest, error] =
+          std::from_chars(digits.data(), digits.data() + digits.size(), count);
+      if (error != std::errc() || rest != digits.data() + digits.size()) return std::nullopt;
+      return count;
+    }
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> ReadOomKillCount() {
+  // /proc files report a size of 0: ReadFileToString reads to the end all the same.
+  const StatusOr<std::string> vmstat = ReadFileToString("/proc/vmstat", 1 << 20);
+  if (!vmstat.ok()) return std::nullopt;
+  return ParseOomKillCount(*vmstat);
 }
 
 }  // namespace llmctl::agent

@@ -2,6 +2,8 @@
 #ifndef LLMCTL_AGENT_OUTCOME_H_
 #define LLMCTL_AGENT_OUTCOME_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -23,12 +25,14 @@ struct ResultEvent {
 };
 
 // The trainer's exit codes (README "llm-train": 0 ok, 1 failed, 2 invalid input, 3 oom,
-// 4 diverged, 5 cancelled); SIGKILL without a result event is the kernel's OOM killer ("oom",
-// "killed by the kernel (host memory)"); any other signal is "failed" naming it. A cancel that was
-// asked for makes any unsuccessful end "cancelled". The error comes from the result event, else
-// from the last line of the worker's stderr.
+// 4 diverged, 5 cancelled). SIGKILL without a result event is "oom" when the host's count of the
+// kernel's out-of-memory kills rose during the run (`oom_kills_during_run` > 0), "failed" when it
+// did not (someone's kill -9), and a presumed "oom" when the count could not be read (nullopt); any
+// other signal is "failed" naming it. A cancel that was asked for makes any unsuccessful end
+// "cancelled". The error comes from the result event, else from the last line of the worker's
+// stderr.
 RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool cancel_requested,
-                     std::string_view stderr_tail);
+                     std::optional<uint64_t> oom_kills_during_run, std::string_view stderr_tail);
 
 // How one rank of a multi-rank run ended (llm-train's launcher records the first to fail).
 struct RankExit {
@@ -41,7 +45,15 @@ struct RankExit {
 // out-of-memory makes the attempt oom even though the others were stopped. Without a result event's
 // error, the launcher's last stderr line, which names the rank and quotes the rank's, is the error.
 RunEnd DecideRankOutcome(const RankExit& failed, int ranks, const ResultEvent& result,
-                         bool cancel_requested, std::string_view stderr_tail);
+                         bool cancel_requested, std::optional<uint64_t> oom_kills_during_run,
+                         std::string_view stderr_tail);
+
+// The kernel's count of out-of-memory kills since boot: the `oom_kill` line of /proc/vmstat's
+// text (Linux 4.13 and later); nullopt without one. It counts the whole host's kills (runs have no
+// cgroup of their own), so a run's SIGKILL is the OOM killer's only when the count rose meanwhile.
+std::optional<uint64_t> ParseOomKillCount(std::string_view vmstat_text);
+// The same of /proc/vmstat now; nullopt when it cannot be read.
+std::optional<uint64_t> ReadOomKillCount();
 
 // Scans a worker's event file text for its `result` line; a line that is not a JSON object with a
 // string `type` is no result.

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <type_traits>
 
+#include "agent/outcome.h"
 #include "agent/process.h"
 #include "agent/run_checks.h"
 #include "agent/run_files.h"
@@ -181,6 +182,10 @@ Status RunManager::Recover() {
           if (auto supervisor = ReadJsonObject(run.dir + "/" + kSupervisorFile)) {
             run.supervisor_pid = JsonFieldOr(*supervisor, "pid", 0);
             run.supervisor_start_time = JsonFieldOr(*supervisor, "start_time", uint64_t{0});
+            const auto oom_kills = supervisor->find("oom_kills");
+            if (oom_kills != supervisor->end() && oom_kills->is_number_unsigned()) {
+              run.oom_kills_at_start = oom_kills->get<uint64_t>();
+            }
           }
           CheckRun(run);  // re-adopted if alive, else ended from exit.json or as vanished
           if (!run.end) {
@@ -241,6 +246,13 @@ void RunManager::CheckRun(Run& run) {
   const bool cancel_requested = FileExists(run.dir + "/" + kCancelFile);
   if (exit.ok() && exit->has_value()) {
     const std::string stderr_tail = ReadTail(run.dir + "/" + kStderrFile, kStderrTailBytes);
+    // Read once the run has ended, up to a poll interval after it (or after an agent restart): a
+    // kill by the OOM killer of any process on the host meanwhile counts, as one during the run.
+    const std::optional<uint64_t> oom_kills_now = ReadOomKillCount();
+    const std::optional<uint64_t> oom_kills_during_run =
+        run.oom_kills_at_start && oom_kills_now && *oom_kills_now >= *run.oom_kills_at_start
+            ? std::optional<uint64_t>(*oom_kills_now - *run.oom_kills_at_start)
+            : std::nullopt;
     // A multi-rank run ends as its first failed rank did, as the launcher recorded it by its
     // global rank (a cancel stops every rank: that is no rank's failure).
     const int first_rank = run.node_rank * run.ranks;
@@ -251,12 +263,12 @@ void RunManager::CheckRun(Run& run) {
     if (failed && failed->rank >= first_rank && failed->rank < first_rank + run.ranks) {
       const ResultEvent result = ReadResultEvent(run.dir + "/" + RankEventsFile(failed->rank));
       EndRun(run, DecideRankOutcome(*failed, run.nodes * run.ranks, result, cancel_requested,
-                                    stderr_tail));
+                                    oom_kills_during_run, stderr_tail));
       return;
     }
     // The node's first rank's result (rank 0's, events.jsonl, unless this is node rank K > 0).
     const ResultEvent result = ReadResultEvent(run.dir + "/" + RankEventsFile(first_rank));
-    EndRun(run, DecideOutcome(**exit, result, cancel_requested, stderr_tail));
+    EndRun(run, DecideOutcome(**exit, result, cancel_requested, oom_kills_during_run, stderr_tail));
     return;
   }
   if (alive) return;
@@ -429,6 +441,7 @@ RunManager::Run RunManager::LaunchSupervisor(const WorkerLaunch& launch,
   command.run_dir = launch.run_dir;
   command.grace = options_.cancel_grace;
   command.worker_argv = WorkerArgv(launch);
+  const std::optional<uint64_t> oom_kills_at_start = ReadOomKillCount();
   const StatusOr<pid_t> pid = SpawnSupervisor(SupervisorArgv(options_.supervisor_program, command),
                                               environment, launch.run_dir + "/" + kSupervisorLog);
   Run run;
@@ -446,12 +459,14 @@ RunManager::Run RunManager::LaunchSupervisor(const WorkerLaunch& launch,
     return run;
   }
   run.supervisor_pid = *pid;
+  run.oom_kills_at_start = oom_kills_at_start;
   run.is_child = true;
   // Read at once: the process exists from the moment posix_spawn returns, exec'd or not.
   run.supervisor_start_time = ProcessStartTime(*pid).value_or(0);
   run.supervisor_exit = OpenExitWatch(*pid, run.supervisor_start_time);
-  const Status recorded = WriteJsonFile(run.dir + "/" + kSupervisorFile,
-                                        {{"pid", *pid}, {"start_time", run.supervisor_start_time}});
+  nlohmann::json supervisor = {{"pid", *pid}, {"start_time", run.supervisor_start_time}};
+  if (oom_kills_at_start) supervisor["oom_kills"] = *oom_kills_at_start;
+  const Status recorded = WriteJsonFile(run.dir + "/" + kSupervisorFile, supervisor);
   (void)recorded;  // without it a restarted agent reports the run as vanished
   return run;
 }

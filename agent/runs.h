@@ -10,7 +10,8 @@
 //     ranks.json        a multi-rank run's launcher record (llm-train --ranks-file)
 //     samples.jsonl     the agent's device samples while it runs (agent/sample_recorder.h)
 //     stdout.log, stderr.log
-//     supervisor.json   the supervisor's pid and start time (written by the agent)
+//     supervisor.json   the supervisor's pid and start time, the host's OOM kill count before it
+//                       (written by the agent)
 //     worker.json       the worker's pid, process group and start time (written by the supervisor)
 //     exit.json         how the worker ended (written by the supervisor)
 //     cancel_requested  present once a cancel was asked for
@@ -186,6 +187,9 @@ class RunManager {
     int master_port = 0;       // node rank 0 of a multi-node run, once read from ranks.json
     pid_t supervisor_pid = 0;  // 0: unknown (the agent died before recording it)
     uint64_t supervisor_start_time = 0;
+    // The host's count of the kernel's out-of-memory kills before the run started (outcome.h
+    // ReadOomKillCount); nullopt when unknown.
+    std::optional<uint64_t> oom_kills_at_start;
     bool is_child = false;  // started by this process: reaped here
     // Readable once the supervisor has exited (it writes exit.json first); invalid when ended or
     // when it could not be opened. Opened and closed only where the watcher cannot be polling it:
