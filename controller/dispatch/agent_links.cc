@@ -354,6 +354,7 @@ void AgentLinks::UpdateLink(Link& link, const Dialled& dialled, const HealthAnsw
       link.needs_reconcile = true;
     }
     link.connected = true;
+    link.has_connected = true;
     link.last_seen = now;
     ApplyNodeInfo(link, answer.info, now);
     return;

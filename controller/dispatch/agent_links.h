@@ -78,6 +78,9 @@ class AgentLinks {
     std::string certificate_name;
     // Guarded by the core's mutex (reached only through links_, which clang checks):
     bool connected = false;
+    // Whether it has ever connected: until it has, its node is known only by name (the embedded
+    // agent right after the daemons start, or a node down since the controller started).
+    bool has_connected = false;
     bool needs_reconcile = true;  // ListRuns after each (re)connect
     bool removed = false;         // Disconnect: never dialled again; the next round erases it
     store::Time last_seen;

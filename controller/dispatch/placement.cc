@@ -38,7 +38,7 @@ PlacementKeys PlacementKeysOf(const store::TrialRecord& trial) {
 std::string WaitingNotice(const store::TrialRecord& trial,
                           const std::map<std::string, std::string>& target,
                           bool checkpoint_node_registered, bool checkpoint_node_takes_trials,
-                          const std::string& unusable) {
+                          const std::vector<std::string>& connecting, const std::string& unusable) {
   if (trial.resume && trial.resume->tree.empty()) {
     const std::string& node = trial.resume->node;
     const std::string from = "it resumes from a checkpoint on node " + node;
@@ -58,14 +58,23 @@ std::string WaitingNotice(const store::TrialRecord& trial,
   }
   const std::string devices =
       std::to_string(trial.device_count) + " " + trial.device_type + " device(s)";
-  if (const int64_t nodes = PlacementKeysOf(trial).nodes; nodes > 1) {
-    const std::string count = std::to_string(nodes);
-    return "fewer than " + count + " connected nodes" + with + " have " + devices +
-           " each (it spans " + count + " nodes); the trial waits until " + count +
-           " do (llmctl nodes, llmctl node up)" + unusable;
+  const int64_t nodes = PlacementKeysOf(trial).nodes;
+  const std::string count = std::to_string(nodes);
+  const std::string lacking = nodes > 1
+                                  ? "fewer than " + count + " connected nodes" + with + " have " +
+                                        devices + " each (it spans " + count + " nodes)"
+                                  : "no connected node" + with + " has " + devices;
+  // Until a node has connected the controller does not know its devices, so telling the user to
+  // bring nodes up would mislead while, say, the embedded agent is still starting.
+  if (!connecting.empty()) {
+    std::string names;
+    for (const std::string& name : connecting) names += (names.empty() ? "" : ", ") + name;
+    return lacking + " yet: " + (connecting.size() > 1 ? "nodes " : "node ") + names +
+           (connecting.size() > 1 ? " have" : " has") +
+           " not connected since the controller started; the trial waits (llmctl nodes)" + unusable;
   }
-  return "no connected node" + with + " has " + devices +
-         "; the trial waits until one does (llmctl nodes, llmctl node up)" + unusable;
+  return lacking + "; the trial waits until " + (nodes > 1 ? count + " do" : "one does") +
+         " (llmctl nodes, llmctl node up)" + unusable;
 }
 
 void Placement::PlaceQueued(const std::vector<store::RunningAttempt>& running, store::Time now) {
@@ -111,6 +120,7 @@ Placement::UsableAgents Placement::FindUsableAgents(
   UsableAgents usable;
   MutexLock lock(core_.mutex);
   for (const auto& [name, link] : links_.AllLocked()) {
+    if (!link->has_connected && !link->removed) usable.connecting.push_back(name);
     if (link->connected && !link->unusable.empty()) usable.unusable += "; " + link->unusable;
     if (link->connected && link->unusable.empty() && link->measuring) {
       usable.unusable += "; node " + name +
@@ -212,9 +222,9 @@ std::map<int64_t, std::string> Placement::WaitingNotices(const scheduler::Placem
   for (int64_t trial_id : placement.unsatisfiable) {
     const store::TrialRecord& trial = *trials.by_id.at(trial_id);
     const std::string checkpoint_node = trial.resume ? trial.resume->node : "";
-    waiting[trial_id] = WaitingNotice(trial, trials.targets.at(trial.experiment_id),
-                                      labels.registered.contains(checkpoint_node),
-                                      usable.links.contains(checkpoint_node), usable.unusable);
+    waiting[trial_id] = WaitingNotice(
+        trial, trials.targets.at(trial.experiment_id), labels.registered.contains(checkpoint_node),
+        usable.links.contains(checkpoint_node), usable.connecting, usable.unusable);
   }
   // A trial that connected nodes could run, but not now, waits with the scheduler's own reason
   // (the devices it needs and how many nodes have them free, or that they are held for an earlier

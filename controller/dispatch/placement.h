@@ -27,12 +27,13 @@ namespace llmctl::controller::dispatch {
 
 // Why `trial`, which no connected node can run now, waits. `target` is its experiment's
 // (site, flavor) target; for a resumed trial that needs its checkpoint's node, whether that node
-// is still registered and whether it is connected and takes trials; `unusable` lists ("; " before
-// each) why connected nodes take no trial.
+// is still registered and whether it is connected and takes trials; `connecting` names the nodes
+// that have not connected since the controller started, whose devices it does not know yet;
+// `unusable` lists ("; " before each) why connected nodes take no trial.
 std::string WaitingNotice(const store::TrialRecord& trial,
                           const std::map<std::string, std::string>& target,
                           bool checkpoint_node_registered, bool checkpoint_node_takes_trials,
-                          const std::string& unusable);
+                          const std::vector<std::string>& connecting, const std::string& unusable);
 
 class Placement {
  public:
@@ -56,6 +57,8 @@ class Placement {
     std::vector<scheduler::Agent> agents;
     std::map<std::string, AgentLinks::Link*> links;  // by node
     std::string unusable;  // why connected nodes take no trial, for the waiting trials' notices
+    // Nodes not connected since the controller started (AgentLinks::Link::has_connected).
+    std::vector<std::string> connecting;
   };
   // The queue as the scheduler takes it, with each trial's record and experiment's target.
   struct QueuedTrials {

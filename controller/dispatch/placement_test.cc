@@ -108,6 +108,34 @@ TEST_F(PlacementTest, ATrialNoConnectedNodeCanRunWaitsWithANoticeSayingWhy) {
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(targeted).state == store::TrialState::kOk; }));
 }
 
+// The embedded agent is still starting when the first trial comes: the notice says the node has
+// not connected yet rather than that no node has the devices (llmctl node up).
+TEST_F(PlacementTest, ATrialWaitingForANodeNotYetConnectedSaysSo) {
+  StopAgent();
+  daemon_.reset();  // a controller whose link to n1 has never connected
+  StartController();
+  const int64_t experiment = SubmitOne();
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  EXPECT_EQ(daemon_->dispatcher().QueuedNotice(OnlyTrial(experiment).id),
+            "no connected node has 1 cpu device(s) yet: node n1 has not connected since the "
+            "controller started; the trial waits (llmctl nodes)");
+
+  StartAgent();
+  clock_.Advance(seconds(5));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+
+  // Once it has connected, a node that goes away is one to bring back.
+  StopAgent();
+  clock_.Advance(seconds(5));
+  const int64_t second = SubmitOne();
+  Tick();
+  EXPECT_EQ(daemon_->dispatcher().QueuedNotice(OnlyTrial(second).id),
+            "no connected node has 1 cpu device(s); the trial waits until one does (llmctl "
+            "nodes, llmctl node up)");
+}
+
 // A trial that a connected node could run, but not now, says so with the scheduler's reason
 // (scheduler::Placement::waiting_reasons), in the trial's notice (llmctl status, watch).
 TEST_F(PlacementTest, ATrialWaitingForBusyDevicesShowsTheSchedulersReason) {
@@ -163,13 +191,22 @@ store::TrialRecord WaitingTrial() {
 }
 
 TEST(WaitingNoticeTest, SaysWhatNoConnectedNodeHasWithTheTargetAndWhyNodesTakeNone) {
-  EXPECT_EQ(dispatch::WaitingNotice(WaitingTrial(), {}, false, false, ""),
+  EXPECT_EQ(dispatch::WaitingNotice(WaitingTrial(), {}, false, false, {}, ""),
             "no connected node has 2 cuda device(s); the trial waits until one does (llmctl "
             "nodes, llmctl node up)");
   EXPECT_EQ(dispatch::WaitingNotice(WaitingTrial(), {{"flavor", "g1"}, {"site", "TACC"}}, false,
-                                    false, "; n2: driver too old"),
+                                    false, {}, "; n2: driver too old"),
             "no connected node with flavor g1, site TACC has 2 cuda device(s); the trial waits "
             "until one does (llmctl nodes, llmctl node up); n2: driver too old");
+}
+
+TEST(WaitingNoticeTest, NamesTheNodesNotConnectedSinceTheControllerStartedInsteadOfAskingForNodes) {
+  EXPECT_EQ(dispatch::WaitingNotice(WaitingTrial(), {}, false, false, {"local"}, ""),
+            "no connected node has 2 cuda device(s) yet: node local has not connected since the "
+            "controller started; the trial waits (llmctl nodes)");
+  EXPECT_EQ(dispatch::WaitingNotice(WaitingTrial(), {}, false, false, {"n1", "n2"}, ""),
+            "no connected node has 2 cuda device(s) yet: nodes n1, n2 have not connected since "
+            "the controller started; the trial waits (llmctl nodes)");
 }
 
 TEST(WaitingNoticeTest, AResumedTrialWaitsForItsCheckpointsNodeOrCannotRunWithoutIt) {
@@ -177,18 +214,18 @@ TEST(WaitingNoticeTest, AResumedTrialWaitsForItsCheckpointsNodeOrCannotRunWithou
   trial.resume = store::TrialResume{};
   trial.resume->node = "n1";
   const std::string from = "it resumes from a checkpoint on node n1";
-  EXPECT_EQ(dispatch::WaitingNotice(trial, {}, false, false, ""),
+  EXPECT_EQ(dispatch::WaitingNotice(trial, {}, false, false, {}, ""),
             from + ", which has been removed: it cannot run (llmctl cancel 7 --trial 'lr-1e-4')");
-  EXPECT_EQ(dispatch::WaitingNotice(trial, {}, true, true, ""),
+  EXPECT_EQ(dispatch::WaitingNotice(trial, {}, true, true, {}, ""),
             from + ", which has no 2 cuda device(s) now; it waits there");
-  EXPECT_EQ(dispatch::WaitingNotice(trial, {}, true, false, ""),
+  EXPECT_EQ(dispatch::WaitingNotice(trial, {}, true, false, {}, ""),
             from +
                 ", which is not connected or takes no new trials (its lease ends soon); it "
                 "waits for it (llmctl nodes)");
   // With the controller's copy of the checkpoint any node will do.
   trial.resume->tree = "tree-digest";
-  EXPECT_EQ(dispatch::WaitingNotice(trial, {}, false, false, ""),
-            dispatch::WaitingNotice(WaitingTrial(), {}, false, false, ""));
+  EXPECT_EQ(dispatch::WaitingNotice(trial, {}, false, false, {}, ""),
+            dispatch::WaitingNotice(WaitingTrial(), {}, false, false, {}, ""));
 }
 
 }  // namespace
