@@ -353,7 +353,9 @@ Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
 
 std::vector<std::string> EmbeddedDaemons::Stop(milliseconds grace) {
   std::vector<std::string> lines;
-  for (const DaemonSpec& spec : {AgentSpec(), ControllerSpec()}) {
+  const DaemonSpec agent = AgentSpec();
+  const bool agent_was_running = RunningPid(agent.pid_file, agent.binary).has_value();
+  for (const DaemonSpec& spec : {agent, ControllerSpec()}) {
     std::optional<pid_t> pid = RunningPid(spec.pid_file, spec.binary);
     if (!pid) {
       lines.push_back(spec.name + ": not running");
@@ -364,6 +366,11 @@ std::vector<std::string> EmbeddedDaemons::Stop(milliseconds grace) {
     }
     std::error_code error;
     fs::remove(spec.pid_file, error);
+  }
+  // Each trial runs under its own supervisor, which outlives the agent; the agent adopts it again
+  // when it starts. Said here because stopping the daemons reads like stopping the work.
+  if (agent_was_running) {
+    lines.push_back("trials already running go on, and are picked up when the daemons start again");
   }
   return lines;
 }

@@ -80,7 +80,8 @@ class EmbeddedDaemons {
   // with the end of llmctld's log when it does not come up.
   Status EnsureRunning(std::chrono::milliseconds ready_timeout);
 
-  // Ends the agent, then the controller (SIGTERM, up to `grace` each). Lines saying what it did.
+  // Ends the agent, then the controller (SIGTERM, up to `grace` each). Lines saying what it did,
+  // and, when the agent was running, that the trials already running go on.
   std::vector<std::string> Stop(std::chrono::milliseconds grace);
 
   // One line per daemon: running (pid) or stopped, with its socket and log.

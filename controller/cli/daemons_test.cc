@@ -256,9 +256,11 @@ TEST_F(DaemonsTest, TheRealAgentStartsWithTheFlagsAndCredentialsWeWrite) {
   EXPECT_EQ(RunningPid(data / "llm-agent.pid", agent_binary), *pid);
 
   const std::vector<std::string> stopped = daemons.Stop(std::chrono::seconds(10));
-  ASSERT_EQ(stopped.size(), 2u);
+  ASSERT_EQ(stopped.size(), 3u);
   EXPECT_EQ(stopped[0], "llm-agent (pid " + std::to_string(*pid) + "): stopped");
   EXPECT_EQ(stopped[1], "llmctld: not running");
+  EXPECT_EQ(stopped[2],
+            "trials already running go on, and are picked up when the daemons start again");
   EXPECT_EQ(RunningPid(data / "llm-agent.pid", agent_binary), std::nullopt);
 }
 
