@@ -207,6 +207,20 @@ TEST(OutcomeTest, SigkillIsOomOnlyWhenTheKernelsOomKillCountRose) {
   EXPECT_EQ(rank.error, "rank 1 of 2: killed by SIGKILL, not by the kernel's out-of-memory killer");
 }
 
+// llm-train exits 5 on SIGINT or SIGTERM from anyone: without a cancel the agent asked for, the
+// run is still cancelled, but its error says llmctl did not stop it (it read as `llmctl cancel`).
+TEST(OutcomeTest, ACancelTheAgentDidNotAskForSaysSo) {
+  const RunEnd unasked = DecideOutcome({5, 0}, {true, "cancelled at step 7"}, false, 0, "");
+  EXPECT_EQ(unasked.outcome, "cancelled");
+  EXPECT_EQ(unasked.error, "cancelled at step 7; stopped by a signal llmctl did not send");
+  EXPECT_EQ(DecideOutcome({5, 0}, {}, false, 0, "").error,
+            "stopped by a signal llmctl did not send");
+  EXPECT_EQ(DecideRankOutcome({1, {5, 0}}, 2, {true, "cancelled at step 7"}, false, 0, "").error,
+            "rank 1 of 2: cancelled at step 7; stopped by a signal llmctl did not send");
+  EXPECT_EQ(DecideOutcome({5, 0}, {true, "cancelled at step 7"}, true, 0, "").error,
+            "cancelled on request; the worker exited with code 5");
+}
+
 TEST(OutcomeTest, OomKillCountIsVmstatsOomKillLine) {
   EXPECT_EQ(ParseOomKillCount("nr_free_pages 123\npgmajfault 9\noom_kill 7\nnuma_hit 5\n"), 7u);
   EXPECT_EQ(ParseOomKillCount("oom_kill 18446744073709551615"), UINT64_MAX);

@@ -104,6 +104,13 @@ RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool can
       if (!reported.empty()) end.error += ": " + reported;
     }
     if (end.error.empty() && exit.exit_code != 0) end.error = reported;
+    // llm-train ends cancelled on SIGINT or SIGTERM from anyone: one llmctl did not send (a user's
+    // kill, a scheduler's) must not read as `llmctl cancel`.
+    if (end.outcome == trial_outcome::kCancelled && !cancel_requested) {
+      constexpr std::string_view kUnasked = "stopped by a signal llmctl did not send";
+      end.error = end.error.empty() ? std::string(kUnasked)
+                                    : std::string(end.error).append("; ").append(kUnasked);
+    }
   }
   if (cancel_requested && end.outcome != trial_outcome::kOk) {
     end.outcome = trial_outcome::kCancelled;
