@@ -30,7 +30,8 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 // Every run writes a start and two steps; seed 0 then finishes ok, 300 first waits for a file
-// named `go` in its run directory, 109 kills itself with SIGKILL (as the kernel's OOM killer does).
+// named `go` in its run directory, 109 kills itself with SIGKILL (as a user's kill -9 or the
+// kernel's OOM killer does).
 // Launched as ranks (--nproc N, a ddp trial), every line goes to each of its ranks' event files:
 // global ranks node_rank x N .. + N - 1 (--nnodes, --node-rank: one node of a multi-node trial),
 // rank 0's being --events' and rank g's events.rank<g>.jsonl, and the ranks file records a fake
