@@ -79,8 +79,16 @@ std::string RenderTable(const v1::ReportResponse& report) {
   const LabLayout layout = LabLayoutOf(report);
   std::vector<std::vector<std::string>> rows;
   rows.push_back(LabColumns(layout));
+  // Why each trial that ended other than expected did: the table's outcome column cannot hold it,
+  // and without it a failed row sent the user to `llmctl status` or the csv to learn why.
+  std::string unexpected_errors;
   for (const v1::TrialReport& trial : report.trials()) {
     LabRow row = MakeLabRow(trial, layout);
+    if (row.unexpected && !trial.error().empty()) {
+      unexpected_errors += OnOneLine(trial.name(), kMaxTrialNameBytes) + ": " +
+                           OnOneLine(trial.outcome(), kMaxShownBytes) + ": " +
+                           OnOneLine(trial.error(), kMaxShownBytes) + "\n";
+    }
     // Without `expect:` a failed, diverged or cancelled trial is unexpected too: its expected
     // column says "–", and there is no outcome to name here.
     if (row.unexpected && !trial.expected().empty()) {
@@ -122,7 +130,7 @@ std::string RenderTable(const v1::ReportResponse& report) {
   const int unexpected = CountUnexpectedOutcomes(report);
   if (unexpected > 0) {
     out += "\n" + std::to_string(unexpected) +
-           " trial(s) ended other than the experiment file expects.\n";
+           " trial(s) ended other than the experiment file expects.\n" + unexpected_errors;
   }
   return out;
 }

@@ -398,6 +398,27 @@ TEST(ReportTest, AnUnexpectedOutcomeWithoutExpectNamesNoExpectation) {
             std::string::npos);
 }
 
+// The table says why each trial that ended other than expected did, on a line of its own under the
+// count; a trial that ended as expected (an expected oom) is not repeated there.
+TEST(ReportTest, TheTableSaysWhyEachUnexpectedTrialEndedAsItDid) {
+  v1::ReportResponse report = FixedReport();
+  report.mutable_trials(3)->clear_expected();
+  report.mutable_trials(3)->set_outcome("failed");
+  report.mutable_trials(3)->set_error("llm-train exited with code 1: data.path: \x1b[2Jgone");
+  const std::string table = RenderReport(report, ReportFormat::kTable);
+  const std::string name = report.trials(3).name();
+  EXPECT_NE(table.find("trial(s) ended other than the experiment file expects.\n" + name +
+                       ": failed: llm-train exited with code 1: data.path:  [2Jgone\n"),
+            std::string::npos)
+      << table;
+  for (const v1::TrialReport& trial : report.trials()) {
+    if (trial.outcome() == trial.expected() && !trial.error().empty()) {
+      EXPECT_EQ(table.find(trial.name() + ": " + trial.outcome() + ": "), std::string::npos)
+          << table;
+    }
+  }
+}
+
 TEST(ReportTest, AResumedRunSaysWhichAttemptRanWhichSteps) {
   v1::ReportResponse report;
   report.set_experiment_id(3);
