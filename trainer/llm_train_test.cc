@@ -33,11 +33,15 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
+// The llm-train under test.
+std::string LlmTrainPath() {
+  const char* build = std::getenv("LLMCTL_BUILD_DIR");
+  return std::string(build ? build : "build") + "/trainer/llm-train";
+}
+
 // `shell_setup`: sh commands run before llm-train in its shell (limits, environment).
 CommandResult RunLlmTrain(const std::string& args, const std::string& shell_setup = "") {
-  const char* build = std::getenv("LLMCTL_BUILD_DIR");
-  const std::string command =
-      shell_setup + std::string(build ? build : "build") + "/trainer/llm-train " + args + " 2>&1";
+  const std::string command = shell_setup + LlmTrainPath() + " " + args + " 2>&1";
   CommandResult result;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -148,8 +152,7 @@ TEST(LlmTrainTest, MultiNodeTrialsNeedEachNodesPlace) {
 // its ranks' lines are lost, and its exit code is still theirs (2: the data file is missing), where
 // its own last line ended it by SIGPIPE.
 TEST(LlmTrainTest, ALauncherWhoseStderrNobodyReadsEndsAsItsRanks) {
-  const char* build = std::getenv("LLMCTL_BUILD_DIR");
-  const std::string llm_train = std::string(build ? build : "build") + "/trainer/llm-train";
+  const std::string llm_train = LlmTrainPath();
   const std::string demo = Demo();
   const std::vector<std::string> args = {llm_train,
                                          "--config",
