@@ -123,8 +123,12 @@ function(llmctl_test name)
   # ENVIRONMENT keeps only the first variable and the others become property names; seven
   # backslashes arrive as one ";" between two variables.
   string(REPLACE ";" "\\\\\\\\\\\\\\;" discovered_environment "${environment}")
+  # DISCOVERY_TIMEOUT: listing a torch-linked binary's tests loads libtorch (about 0.5 GiB); the
+  # first such load after a fresh clone's build reads it from disk, which took 5.5 s here, over
+  # CMake's 5 s default, and a timed-out listing fails the whole ctest run before any test runs.
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
+    DISCOVERY_TIMEOUT 300
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
     PROPERTIES
       ENVIRONMENT "${discovered_environment}"
