@@ -235,15 +235,18 @@ void AgentLinks::ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time
     return;
   }
   link.devices.assign(info.devices().begin(), info.devices().end());
-  const Status runs = CheckDriverRunsLibTorch(
-      {.node = link.name,
-       .gpus = static_cast<int>(
-           std::count_if(link.devices.begin(), link.devices.end(),
-                         [](const v1::Device& device) { return device.type() == "cuda"; })),
-       .driver = info.nvidia_driver_version(),
-       .driver_cuda = info.driver_cuda_version(),
-       .libtorch = info.libtorch_version(),
-       .libtorch_cuda = info.libtorch_cuda_version()});
+  Status runs = CheckAgentVersion(link.name, info.llmctl_version());
+  if (runs.ok()) {
+    runs = CheckDriverRunsLibTorch(
+        {.node = link.name,
+         .gpus = static_cast<int>(
+             std::count_if(link.devices.begin(), link.devices.end(),
+                           [](const v1::Device& device) { return device.type() == "cuda"; })),
+         .driver = info.nvidia_driver_version(),
+         .driver_cuda = info.driver_cuda_version(),
+         .libtorch = info.libtorch_version(),
+         .libtorch_cuda = info.libtorch_cuda_version()});
+  }
   // Logged once per change, like connecting: the node is checked every health interval.
   if (runs.message() != link.unusable) {
     if (runs.ok()) {

@@ -1,8 +1,9 @@
 // The dispatcher's links to the agents: one per node in the store, each health-checked with
 // GetNodeInfo every health_interval (sooner, with a doubling backoff, after a failure; the round
 // waits at most failing_check_wait for the check of a node whose last one failed), recording
-// the node as connected, unreachable or unusable (its NVIDIA driver is too old for its llm-train's
-// LibTorch, CheckDriverRunsLibTorch). It also says which running attempts are lost through their
+// the node as connected, unreachable or unusable (its agent is another llmctl version,
+// CheckAgentVersion, or its NVIDIA driver is too old for its llm-train's LibTorch,
+// CheckDriverRunsLibTorch). It also says which running attempts are lost through their
 // agent: those an agent that (re)connected does not know (ListRuns), and those whose agent has been
 // silent for requeue_after (the scheduler's DecideLostAttempts); the dispatcher declares them lost.
 // The other parts reach an agent through the stub of its link.

@@ -1,6 +1,6 @@
 // Links to the agents: requeueing after silence and fencing, an agent back without its run, a node
-// whose driver is too old, a certificate from another CA, no token in logs or the database;
-// DevicesJson.
+// whose driver is too old or whose agent is another llmctl version, a certificate from another CA,
+// no token in logs or the database; DevicesJson.
 #include "controller/dispatch/agent_links.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/estimate/rate_probe.h"
+#include "common/version.h"
 #include "controller/dispatch/dispatch_test_support.h"
 
 namespace llmctl::controller::dispatch_test {
@@ -137,6 +138,44 @@ TEST_F(AgentLinksTest, ANodeWhoseDriverIsTooOldForLibTorchsCudaIsUnusableAndSays
     Tick();
     return OnlyTrial(cpu).state == store::TrialState::kOk &&
            OnlyTrial(gpu).state == store::TrialState::kOk;
+  }));
+}
+
+// An agent of another llmctl version (a node deployed before the controller's upgrade) takes no
+// trial, whose settings its llm-train may not know or read otherwise, and says how to redeploy;
+// the first health check after the redeploy places the waiting trial.
+TEST_F(AgentLinksTest, AnAgentOfAnotherLlmctlVersionIsUnusableAndSaysHowToRedeploy) {
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.llmctl_version = "0.3.9";
+  }
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const std::string version(kVersion);
+  const std::string reason =
+      "node n1: its agent is llmctl 0.3.9, this controller llmctl " + version +
+      "; they must be the same version, so no trial is placed there: run llmctl " + version +
+      "'s agent there (a leased node: llmctl node down n1, then llmctl node up --lease LEASE "
+      "with " +
+      version + "'s --agent-image or --agent-commit; the embedded one: llmctl daemon stop)";
+  const v1::NodeStatus unusable = NodeStatusOf(*controller_, "n1");
+  EXPECT_EQ(unusable.state(), "unusable");
+  EXPECT_EQ(unusable.unusable(), reason);
+  EXPECT_EQ(RunsStarted(), 0u);
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  const std::string notice = daemon_->dispatcher().QueuedNotice(OnlyTrial(experiment).id);
+  EXPECT_TRUE(notice.ends_with("; " + reason)) << notice;
+
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.llmctl_version = version;
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  EXPECT_EQ(NodeStatusOf(*controller_, "n1").state(), "connected");
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return OnlyTrial(experiment).state == store::TrialState::kOk;
   }));
 }
 

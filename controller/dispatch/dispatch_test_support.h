@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/digest/digest.h"
+#include "common/version.h"
 #include "controller/daemon.h"
 #include "controller/dispatcher.h"
 #include "llmctl/v1/agent.grpc.pb.h"
@@ -66,8 +67,9 @@ struct FakeAgentState {
   };
   std::mutex mutex;
   std::condition_variable changed;
-  std::string node = "n1";  // the name GetNodeInfo gives
-  int cuda_devices = 0;     // GetNodeInfo lists these besides one CPU
+  std::string node = "n1";                             // the name GetNodeInfo gives
+  std::string llmctl_version = std::string(kVersion);  // the agent's, as GetNodeInfo gives it
+  int cuda_devices = 0;                                // GetNodeInfo lists these besides one CPU
   // What GetNodeInfo says of the NVIDIA driver and llm-train's LibTorch ("": nothing).
   std::string driver_version, driver_cuda_version, libtorch_cuda_version;
   std::string rate_probe_json;      // NodeInfo's: the node's measured rates ("": none yet)
@@ -153,6 +155,7 @@ class FakeAgent final : public v1::Agent::Service {
     std::lock_guard lock(state_.mutex);
     ++state_.node_info_calls;
     info->set_node(state_.node);
+    info->set_llmctl_version(state_.llmctl_version);
     v1::Device* cpu = info->add_devices();
     cpu->set_type("cpu");
     cpu->set_name("fake cpu");

@@ -6,6 +6,7 @@
 
 #include "common/estimate/rate_probe.h"
 #include "common/text.h"
+#include "common/version.h"
 
 namespace llmctl::controller::dispatch {
 namespace {
@@ -54,6 +55,27 @@ Status CheckNodeInfo(const v1::NodeInfo& info) {
     RETURN_IF_ERROR(CheckText(field, text, max_bytes));
   }
   return Status::Ok();
+}
+
+Status CheckAgentVersion(const std::string& node, const std::string& agent_version) {
+  if (agent_version == kVersion) return Status::Ok();
+  const std::string version(kVersion);
+  const std::string agent = agent_version.empty() ? "an llmctl that does not say its version"
+                                                  : std::string("llmctl ").append(agent_version);
+  return FailedPreconditionError(
+      std::string("node ")
+          .append(node)
+          .append(": its agent is ")
+          .append(agent)
+          .append(", this controller llmctl ")
+          .append(version)
+          .append("; they must be the same version, so no trial is placed there: run llmctl ")
+          .append(version)
+          .append("'s agent there (a leased node: llmctl node down ")
+          .append(node)
+          .append(", then llmctl node up --lease LEASE with ")
+          .append(version)
+          .append("'s --agent-image or --agent-commit; the embedded one: llmctl daemon stop)"));
 }
 
 }  // namespace llmctl::controller::dispatch

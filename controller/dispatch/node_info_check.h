@@ -4,6 +4,8 @@
 #ifndef LLMCTL_CONTROLLER_DISPATCH_NODE_INFO_CHECK_H_
 #define LLMCTL_CONTROLLER_DISPATCH_NODE_INFO_CHECK_H_
 
+#include <string>
+
 #include "common/status.h"
 #include "llmctl/v1/agent.pb.h"
 
@@ -19,6 +21,12 @@ inline constexpr int kMaxNodeDevices = 1024;
 // LibTorch's and their CUDA versions), 256 (llmctl's and llm-train's) or a pending probe's note
 // not of at most 1,024.
 Status CheckNodeInfo(const v1::NodeInfo& info);
+
+// FailedPrecondition when `node`'s agent reports another llmctl version than this controller's
+// (kVersion), "" included: the two must be the same release, as a trial's settings mean what the
+// agent's llm-train makes of them and a setting it does not know fails only once the trial runs
+// there (docs/architecture.md, "Versions"). The message names both versions and how to redeploy.
+Status CheckAgentVersion(const std::string& node, const std::string& agent_version);
 
 }  // namespace llmctl::controller::dispatch
 

@@ -5,6 +5,8 @@
 #include <functional>
 #include <string>
 
+#include "common/version.h"
+
 namespace llmctl::controller::dispatch {
 namespace {
 
@@ -71,6 +73,23 @@ TEST(NodeInfoCheckTest, RefusesEachFieldNoNodeHasByName) {
     EXPECT_EQ(checked.code(), StatusCode::kInvalidArgument) << message;
     EXPECT_EQ(checked.message(), message);
   }
+}
+
+// The agent must be this controller's llmctl version; one that does not say its version (proto3's
+// "" from an agent older than the field, or not llmctl's) is no exception.
+TEST(NodeInfoCheckTest, AnAgentOfAnotherVersionIsRefusedNamingBothVersions) {
+  EXPECT_TRUE(CheckAgentVersion("n1", std::string(kVersion)).ok());
+  const Status older = CheckAgentVersion("n1", "0.0.1");
+  EXPECT_EQ(older.code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(older.message().starts_with(
+      "node n1: its agent is llmctl 0.0.1, this controller llmctl " + std::string(kVersion) + ";"))
+      << older.message();
+  EXPECT_NE(older.message().find("llmctl node down n1"), std::string::npos) << older.message();
+  const Status unsaid = CheckAgentVersion("n1", "");
+  EXPECT_EQ(unsaid.code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(unsaid.message().starts_with(
+      "node n1: its agent is an llmctl that does not say its version, this controller llmctl "))
+      << unsaid.message();
 }
 
 }  // namespace
