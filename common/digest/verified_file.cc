@@ -57,7 +57,9 @@ Status VerifiedFileWriter::Commit(std::string_view sha256) {
                                    std::strerror(errno));
   }
   committed_ = true;
-  return Status::Ok();
+  // The new name lives in the directory: until that is synced, a power loss can take the file
+  // away although Commit reported it in place, as for a checkpoint's rename.
+  return SyncDirectoryOf(final_path_).WithContext(what_);
 }
 
 }  // namespace llmctl::digest

@@ -1,7 +1,8 @@
 // A file that arrives in pieces with an announced size and is checked against its sha256 before it
 // appears under its name: the bytes go to a temporary file, Commit checks size and sha256, syncs
-// and renames it into place. So a content-addressed store (the controller's blobs, the agent's
-// cache) or a download (the CLI's artifacts) never shows wrong or half-written bytes.
+// and renames it into place, and syncs the directory. So a content-addressed store (the
+// controller's blobs, the agent's cache) or a download (the CLI's artifacts) never shows wrong or
+// half-written bytes.
 #ifndef LLMCTL_COMMON_DIGEST_VERIFIED_FILE_H_
 #define LLMCTL_COMMON_DIGEST_VERIFIED_FILE_H_
 
@@ -29,7 +30,8 @@ class VerifiedFileWriter {
   Status Append(std::string_view data);
   // Publishes the file under its final name. DataLoss when the size or the sha256 of what arrived
   // differ from the announced size and `sha256` (nothing is published); FailedPrecondition when the
-  // file cannot be synced or renamed, and after a Commit that succeeded.
+  // file cannot be synced or renamed, and after a Commit that succeeded; Unavailable when its
+  // directory cannot be synced after the rename (the file is then under its name, and stays).
   Status Commit(std::string_view sha256);
 
  private:
