@@ -81,18 +81,12 @@ void ApplyMerges(const FindMerge& find_merge, std::vector<Symbol>* word) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(StringIdMap vocab, const MergeList& merges,
+StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(TokenTable vocab, const MergeList& merges,
                                                      BpeOptions options) {
   std::unique_ptr<BpeModel> model(new BpeModel());
   model->vocab_ = std::move(vocab);
+  model->vocab_.IndexIds();
   model->options_ = std::move(options);
-  for (const auto& [token, id] : model->vocab_) {
-    // Two tokens may share an id in a malformed file; keep the smaller string so the choice is
-    // stable.
-    auto [it, inserted] = model->id_to_token_.emplace(id, token);
-    if (!inserted && token < it->second) it->second = token;
-    model->max_id_ = std::max(model->max_id_, id);
-  }
   model->byte_ids_.fill(-1);
   static constexpr char kHex[] = "0123456789ABCDEF";
   for (int b = 0; b < 256; ++b) {
@@ -134,15 +128,10 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(StringIdMap vocab, const Me
 }
 
 std::optional<int32_t> BpeModel::TokenToId(std::string_view token) const {
-  const auto it = vocab_.find(token);
-  if (it == vocab_.end()) return std::nullopt;
-  return it->second;
+  return vocab_.IdOf(token);
 }
 
-const std::string* BpeModel::IdToToken(int32_t id) const {
-  const auto it = id_to_token_.find(id);
-  return it == id_to_token_.end() ? nullptr : &it->second;
-}
+std::optional<std::string_view> BpeModel::IdToToken(int32_t id) const { return vocab_.TokenOf(id); }
 
 Status BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const {
   if (word.empty()) return Status::Ok();

@@ -19,6 +19,7 @@
 
 #include "common/status.h"
 #include "common/tokenizer/model.h"
+#include "common/tokenizer/token_table.h"
 
 namespace llmctl::tokenizer_internal {
 
@@ -57,7 +58,7 @@ class BpeModel : public Model {
  public:
   // Every token of a merge and the merged token must be in `vocab`; the error names the merge's
   // index.
-  static StatusOr<std::unique_ptr<BpeModel>> Create(StringIdMap vocab, const MergeList& merges,
+  static StatusOr<std::unique_ptr<BpeModel>> Create(TokenTable vocab, const MergeList& merges,
                                                     BpeOptions options);
 
   // Appends the ids of one pre-tokenized word (non-empty, valid UTF-8). Fails only when an unknown
@@ -66,10 +67,12 @@ class BpeModel : public Model {
   Status Tokenize(std::string_view word, std::vector<int32_t>* ids) const override;
 
   std::optional<int32_t> TokenToId(std::string_view token) const override;
-  const std::string* IdToToken(int32_t id) const override;
+  // Two tokens may share an id in a malformed file: the smaller is the id's token, so the choice is
+  // stable.
+  std::optional<std::string_view> IdToToken(int32_t id) const override;
   // Number of distinct tokens, like the library's get_vocab_size().
   size_t size() const override { return vocab_.size(); }
-  int32_t max_id() const override { return max_id_; }
+  int32_t max_id() const override { return vocab_.max_id(); }
 
  private:
   struct Merge {
@@ -86,12 +89,10 @@ class BpeModel : public Model {
   Status MergeWord(std::string_view word, std::vector<int32_t>* ids) const;
 
   // Constant after construction.
-  StringIdMap vocab_;
-  std::unordered_map<int32_t, std::string> id_to_token_;
+  TokenTable vocab_;
   std::unordered_map<uint64_t, Merge> merges_;
   std::array<int32_t, 256> byte_ids_;  // id of "<0xNN>", -1 when absent
   BpeOptions options_;
-  int32_t max_id_ = -1;
   // SentencePiece-style files run BPE on the whole text as one word. When no merge can join a token
   // that ends in a non-"▁" character to one that starts with "▁" (true of SentencePiece
   // vocabularies), no token ever spans such a boundary, so the word can be cut there and each

@@ -35,8 +35,8 @@ class Model {
   virtual Status Tokenize(std::string_view word, std::vector<int32_t>* ids) const = 0;
 
   virtual std::optional<int32_t> TokenToId(std::string_view token) const = 0;
-  // The token for `id`, or nullptr.
-  virtual const std::string* IdToToken(int32_t id) const = 0;
+  // The token for `id`, valid while the model is, or nullopt.
+  virtual std::optional<std::string_view> IdToToken(int32_t id) const = 0;
   // The library's get_vocab_size(): where the ids of new added tokens start.
   virtual size_t size() const = 0;
   virtual int32_t max_id() const = 0;

@@ -42,6 +42,11 @@ struct TokenizerState {
     if (auto id = added->TokenToId(token)) return id;
     return model->TokenToId(token);
   }
+  // The added vocabulary's token for `id`, else the model's.
+  std::optional<std::string_view> IdToToken(int32_t id) const {
+    if (const std::string* token = added->IdToToken(id)) return *token;
+    return model->IdToToken(id);
+  }
   std::optional<int32_t> FirstKnown(std::initializer_list<std::string_view> names) const {
     for (std::string_view name : names) {
       if (auto id = TokenToId(name)) return id;
@@ -398,11 +403,10 @@ std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special_to
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
-    const std::string* token = state_->added->IdToToken(id);
-    if (token == nullptr) token = state_->model->IdToToken(id);
-    if (token == nullptr) continue;
+    const std::optional<std::string_view> token = state_->IdToToken(id);
+    if (!token.has_value()) continue;
     if (skip_special_tokens && state_->added->IsSpecial(*token)) continue;
-    tokens.push_back(*token);
+    tokens.emplace_back(*token);
   }
   std::string text;
   if (state_->decoder != nullptr) {
@@ -422,10 +426,9 @@ std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
 }
 
 std::optional<std::string> Tokenizer::IdToToken(int32_t id) const {
-  const std::string* token = state_->added->IdToToken(id);
-  if (token == nullptr) token = state_->model->IdToToken(id);
-  if (token == nullptr) return std::nullopt;
-  return *token;
+  const std::optional<std::string_view> token = state_->IdToToken(id);
+  if (!token.has_value()) return std::nullopt;
+  return std::string(*token);
 }
 
 int32_t Tokenizer::vocab_size() const { return state_->vocab_size; }

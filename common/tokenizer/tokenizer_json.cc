@@ -202,7 +202,7 @@ class VocabReader {
       return;
     }
     // A token listed twice keeps its last id, as a JSON object keeps its last member.
-    out_.token_ids.insert_or_assign(std::move(token_), *id);
+    out_.token_ids.Set(token_, *id);
   }
 
   void EndEntry() {

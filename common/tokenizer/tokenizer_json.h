@@ -17,6 +17,7 @@
 #include "common/tokenizer/bpe.h"
 #include "common/tokenizer/json_util.h"
 #include "common/tokenizer/model.h"
+#include "common/tokenizer/token_table.h"
 #include "common/tokenizer/unigram.h"
 
 namespace llmctl::tokenizer_internal {
@@ -40,7 +41,7 @@ enum class MemberShape {
 // stop there.
 struct StreamedVocab {
   MemberShape shape = MemberShape::kAbsent;
-  StringIdMap token_ids;
+  TokenTable token_ids;
   std::vector<UnigramPiece> pieces;
   Status error;
 };

@@ -452,6 +452,27 @@ TEST(TokenizerLoadTest, UnigramWithoutUnkIdRefusesUnknownCharacters) {
   EXPECT_NE(ids.status().message().find("no unk_id"), std::string::npos) << ids.status().message();
 }
 
+// In a malformed BPE vocabulary two tokens may share an id, and a token listed twice keeps its last
+// id as a JSON object keeps its last member: the id's token is the smaller of those sharing it, ids
+// need not be dense, and every token still encodes to its id.
+TEST(TokenizerLoadTest, ASharedIdDecodesAsItsSmallestToken) {
+  const std::string json = R"({"version":"1.0","model":{"type":"BPE","merges":[],
+      "vocab":{"b":0,"c":3,"a":0,"d":9,"c":7,"e":1000000}}})";
+  const StatusOr<Tokenizer> tokenizer = Tokenizer::FromJson(json, "shared_ids.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  EXPECT_EQ(tokenizer->IdToToken(0), "a");
+  EXPECT_EQ(tokenizer->IdToToken(3), std::nullopt);
+  EXPECT_EQ(tokenizer->IdToToken(7), "c");
+  EXPECT_EQ(tokenizer->IdToToken(9), "d");
+  EXPECT_EQ(tokenizer->IdToToken(1000000), "e");
+  EXPECT_EQ(tokenizer->IdToToken(-1), std::nullopt);
+  EXPECT_EQ(tokenizer->vocab_size(), 1000001);
+  const StatusOr<std::vector<int32_t>> ids = tokenizer->Encode("bacde", false);
+  ASSERT_TRUE(ids.ok()) << ids.status().ToString();
+  EXPECT_EQ(*ids, (std::vector<int32_t>{0, 0, 7, 9, 1000000}));
+  EXPECT_EQ(tokenizer->Decode(*ids, false), "a a c d e");  // no decoder: joined by spaces
+}
+
 // The vocabulary's size (one past its largest id) is an int32 too: an id of 2^31 - 1 is refused,
 // not wrapped into a negative size.
 TEST(TokenizerLoadTest, AnIdWithNoRoomForTheVocabularySizeIsRefused) {

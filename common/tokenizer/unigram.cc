@@ -229,9 +229,9 @@ std::optional<int32_t> UnigramModel::TokenToId(std::string_view token) const {
   return it->second;
 }
 
-const std::string* UnigramModel::IdToToken(int32_t id) const {
-  if (id < 0 || static_cast<size_t>(id) >= vocab_.size()) return nullptr;
-  return &vocab_[id].text;
+std::optional<std::string_view> UnigramModel::IdToToken(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= vocab_.size()) return std::nullopt;
+  return vocab_[id].text;
 }
 
 }  // namespace llmctl::tokenizer_internal

@@ -37,7 +37,7 @@ class UnigramModel : public Model {
 
   Status Tokenize(std::string_view word, std::vector<int32_t>* ids) const override;
   std::optional<int32_t> TokenToId(std::string_view token) const override;
-  const std::string* IdToToken(int32_t id) const override;
+  std::optional<std::string_view> IdToToken(int32_t id) const override;
   size_t size() const override { return vocab_.size(); }
   int32_t max_id() const override { return static_cast<int32_t>(vocab_.size()) - 1; }
 
