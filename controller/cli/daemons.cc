@@ -122,7 +122,7 @@ StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
   return daemon;
 }
 
-std::optional<pid_t> RunningPid(const fs::path& pid_file, const fs::path& binary) {
+std::optional<RunningDaemon> FindDaemon(const fs::path& pid_file, const fs::path& binary) {
   // Through the bounded reader: a FIFO or a device in the pid file's place is refused at once
   // rather than waited on or read for ever (llmctl once hung on one).
   StatusOr<std::string> text = ReadFileToString(pid_file.string(), kMaxPidFileBytes);
@@ -146,8 +146,17 @@ std::optional<pid_t> RunningPid(const fs::path& pid_file, const fs::path& binary
   if (const std::string deleted = " (deleted)"; exe.ends_with(deleted)) {
     exe.resize(exe.size() - deleted.size());
   }
-  if (exe != fs::weakly_canonical(binary, error).string()) return std::nullopt;
-  return static_cast<pid_t>(pid);
+  const fs::path canonical = fs::weakly_canonical(binary, error);
+  // A reused pid runs some other program.
+  if (fs::path(exe).filename() != canonical.filename()) return std::nullopt;
+  return RunningDaemon{
+      .pid = static_cast<pid_t>(pid), .runs = exe, .another_binary = exe != canonical.string()};
+}
+
+std::optional<pid_t> RunningPid(const fs::path& pid_file, const fs::path& binary) {
+  const std::optional<RunningDaemon> daemon = FindDaemon(pid_file, binary);
+  if (!daemon || daemon->another_binary) return std::nullopt;
+  return daemon->pid;
 }
 
 bool StopProcess(pid_t pid, milliseconds grace) {
@@ -330,6 +339,9 @@ Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
     RETURN_IF_ERROR(EnsureOwnDirectory(dir.string(), 0700, OthersMay::kAnything));
   }
   ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(data_dir_ / "daemons.lock"));
+  for (const DaemonSpec& spec : {ControllerSpec(), AgentSpec()}) {
+    RETURN_IF_ERROR(RefuseAnotherInstall(spec));
+  }
 
   const DaemonSpec controller = ControllerSpec();
   std::optional<pid_t> controller_pid = RunningPid(controller.pid_file, controller.binary);
@@ -351,17 +363,32 @@ Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
   return Status::Ok();
 }
 
+Status EmbeddedDaemons::RefuseAnotherInstall(const DaemonSpec& spec) {
+  const std::optional<RunningDaemon> running = FindDaemon(spec.pid_file, spec.binary);
+  if (!running || !running->another_binary) return Status::Ok();
+  return FailedPreconditionError(
+      std::string(spec.name)
+          .append(" (pid ")
+          .append(std::to_string(running->pid))
+          .append(") runs ")
+          .append(running->runs.string())
+          .append(", not this llmctl's ")
+          .append(spec.binary.string())
+          .append(" (llmctl was upgraded or moved while its daemons ran): run llmctl daemon stop "
+                  "(trials already running go on), then this command again"));
+}
+
 std::vector<std::string> EmbeddedDaemons::Stop(milliseconds grace) {
   std::vector<std::string> lines;
   const DaemonSpec agent = AgentSpec();
-  const bool agent_was_running = RunningPid(agent.pid_file, agent.binary).has_value();
+  const bool agent_was_running = FindDaemon(agent.pid_file, agent.binary).has_value();
   for (const DaemonSpec& spec : {agent, ControllerSpec()}) {
-    std::optional<pid_t> pid = RunningPid(spec.pid_file, spec.binary);
-    if (!pid) {
+    const std::optional<RunningDaemon> running = FindDaemon(spec.pid_file, spec.binary);
+    if (!running) {
       lines.push_back(spec.name + ": not running");
     } else {
-      const bool killed = StopProcess(*pid, grace);
-      lines.push_back(spec.name + " (pid " + std::to_string(*pid) +
+      const bool killed = StopProcess(running->pid, grace);
+      lines.push_back(spec.name + " (pid " + std::to_string(running->pid) +
                       "): " + (killed ? "did not end on SIGTERM; killed" : "stopped"));
     }
     std::error_code error;
@@ -380,10 +407,16 @@ std::vector<std::string> EmbeddedDaemons::Describe() const {
   const std::pair<DaemonSpec, std::string> daemons[] = {{ControllerSpec(), controller_target()},
                                                         {AgentSpec(), agent_target()}};
   for (const auto& [spec, target] : daemons) {
-    std::optional<pid_t> pid = RunningPid(spec.pid_file, spec.binary);
-    lines.push_back(spec.name + ": " +
-                    (pid ? "running (pid " + std::to_string(*pid) + ")" : std::string("stopped")) +
-                    ", " + target + ", log " + spec.log_file.string());
+    const std::optional<RunningDaemon> running = FindDaemon(spec.pid_file, spec.binary);
+    std::string state = "stopped";
+    if (running) {
+      state = "running (pid " + std::to_string(running->pid);
+      if (running->another_binary) {
+        state.append(", another llmctl's ").append(running->runs.string());
+      }
+      state += ")";
+    }
+    lines.push_back(spec.name + ": " + state + ", " + target + ", log " + spec.log_file.string());
   }
   return lines;
 }

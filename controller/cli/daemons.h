@@ -7,9 +7,10 @@
 //   RegisterNode("local", ...) the first time
 //
 // Daemons are detached (double fork + setsid: they outlive the command and its terminal); a pid
-// file is believed only while /proc/<pid>/exe is still the binary it names, so a reused pid is not
-// mistaken for a daemon. Starts are serialised by a lock file, so two commands at once start one
-// pair.
+// file is believed only while /proc/<pid>/exe is a program of the daemon's name, so a reused pid is
+// not mistaken for a daemon, and one of another llmctl (upgraded or moved while its daemons ran)
+// is refused by name until `llmctl daemon stop` ends it. Starts are serialised by a lock file, so
+// two commands at once start one pair.
 #ifndef LLMCTL_CONTROLLER_CLI_DAEMONS_H_
 #define LLMCTL_CONTROLLER_CLI_DAEMONS_H_
 
@@ -41,8 +42,21 @@ struct DaemonSpec {
 // pid file. FailedPrecondition with the reason when the binary cannot be executed.
 StatusOr<pid_t> StartDetached(const DaemonSpec& spec);
 
-// The pid in `pid_file` when that process is alive and still runs `binary`; nullopt otherwise,
-// and for a pid file that is not a regular file (a FIFO is not waited on) or holds more than a pid.
+// A daemon as its pid file names it: a live process that runs a program of `binary`'s file name
+// (llmctld, llm-agent), wherever that lies. nullopt otherwise, and for a pid file that is not a
+// regular file (a FIFO is not waited on) or holds more than a pid.
+struct RunningDaemon {
+  pid_t pid = 0;
+  // The program it runs: `binary` itself (also when rebuilt since it started), or, with
+  // another_binary, another llmctl's (one upgraded or moved while its daemons ran).
+  std::filesystem::path runs;
+  bool another_binary = false;
+};
+std::optional<RunningDaemon> FindDaemon(const std::filesystem::path& pid_file,
+                                        const std::filesystem::path& binary);
+
+// The pid in `pid_file` when that process is alive and still runs `binary` itself (FindDaemon,
+// not another_binary); nullopt otherwise.
 std::optional<pid_t> RunningPid(const std::filesystem::path& pid_file,
                                 const std::filesystem::path& binary);
 
@@ -77,14 +91,19 @@ class EmbeddedDaemons {
 
   // Starts whatever is not running, waits up to `ready_timeout` for the controller to answer, and
   // registers the local agent the first time (credentials into D/agent/tls, 0600). Unavailable
-  // with the end of llmctld's log when it does not come up.
+  // with the end of llmctld's log when it does not come up. FailedPrecondition, before anything
+  // starts, when a daemon of D runs another llmctl's binary (llmctl upgraded or moved while its
+  // daemons ran), naming both binaries and `llmctl daemon stop`: a second daemon beside it would
+  // take its socket, and a second agent would manage the same runs.
   Status EnsureRunning(std::chrono::milliseconds ready_timeout);
 
-  // Ends the agent, then the controller (SIGTERM, up to `grace` each). Lines saying what it did,
-  // and, when the agent was running, that the trials already running go on.
+  // Ends the agent, then the controller (SIGTERM, up to `grace` each), another llmctl's too
+  // (FindDaemon). Lines saying what it did, and, when the agent was running, that the trials
+  // already running go on.
   std::vector<std::string> Stop(std::chrono::milliseconds grace);
 
-  // One line per daemon: running (pid) or stopped, with its socket and log.
+  // One line per daemon: running (pid, and the binary when another llmctl's) or stopped, with its
+  // socket and log.
   std::vector<std::string> Describe() const;
 
   // What EnsureRunning starts: llmctld's and llm-agent's command lines, pid files and logs.
@@ -93,6 +112,8 @@ class EmbeddedDaemons {
 
  private:
   Status WaitForController(pid_t pid, std::chrono::milliseconds timeout) const;
+  // EnsureRunning's FailedPrecondition for a daemon of `spec` that runs another binary.
+  static Status RefuseAnotherInstall(const DaemonSpec& spec);
   Status RegisterLocalAgent() const;
 
   const std::filesystem::path data_dir_;

@@ -84,6 +84,57 @@ TEST_F(DaemonsTest, APidFileOfAnotherProgramIsNotBelieved) {
   EXPECT_EQ(RunningPid(dir_ / "absent.pid", "/bin/sleep"), std::nullopt);
 }
 
+// llmctl upgraded into another folder while its daemons ran: the new llmctl neither removes the
+// running llmctld's socket nor starts a second one on the data directory; it names both binaries
+// and `llmctl daemon stop`, which ends the old one. It used to take the old one for none, remove
+// its socket and start its own, which failed on the data directory's lock (and a second llm-agent,
+// which has no lock, would have managed the same runs).
+TEST_F(DaemonsTest, ADaemonOfAnotherLlmctlIsNamedNotReplacedAndStops) {
+  const fs::path data = dir_ / "data";
+  fs::create_directories(data / "logs");
+  // Stand-ins for the two installs' llmctld: sleep under its name.
+  for (const char* install : {"old", "new"}) {
+    fs::create_directories(dir_ / install);
+    fs::copy_file("/bin/sleep", dir_ / install / "llmctld");
+  }
+  const fs::path old_binary = fs::canonical(dir_ / "old" / "llmctld");
+  const fs::path new_binary = fs::canonical(dir_ / "new" / "llmctld");
+  DaemonSpec old_controller =
+      EmbeddedDaemons(data, {old_binary, fs::canonical("/bin/false"), fs::canonical("/bin/false")})
+          .ControllerSpec();
+  old_controller.args = {"300"};
+  StatusOr<pid_t> pid = StartDetached(old_controller);
+  ASSERT_TRUE(pid.ok()) << pid.status().message();
+  std::ofstream(data / "controller.sock") << "";  // its socket
+
+  EmbeddedDaemons daemons(data,
+                          {new_binary, fs::canonical("/bin/false"), fs::canonical("/bin/false")});
+  const Status started = daemons.EnsureRunning(std::chrono::seconds(5));
+  EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(started.message(),
+            "llmctld (pid " + std::to_string(*pid) + ") runs " + old_binary.string() +
+                ", not this llmctl's " + new_binary.string() +
+                " (llmctl was upgraded or moved while its daemons ran): run llmctl daemon stop "
+                "(trials already running go on), then this command again");
+  EXPECT_TRUE(fs::exists(data / "controller.sock"));
+  EXPECT_EQ(RunningPid(data / "llmctld.pid", old_binary), *pid);
+  EXPECT_EQ(RunningPid(data / "llmctld.pid", new_binary), std::nullopt);
+  EXPECT_EQ(daemons.Describe()[1], "llmctld: running (pid " + std::to_string(*pid) +
+                                       ", another llmctl's " + old_binary.string() +
+                                       "), unix:" + (data / "controller.sock").string() + ", log " +
+                                       (data / "logs" / "llmctld.log").string());
+
+  const std::vector<std::string> stopped = daemons.Stop(std::chrono::seconds(10));
+  ASSERT_EQ(stopped.size(), 2u);
+  EXPECT_EQ(stopped[1], "llmctld (pid " + std::to_string(*pid) + "): stopped");
+  EXPECT_EQ(RunningPid(data / "llmctld.pid", old_binary), std::nullopt);
+  // Without the fix nothing stopped it: the stand-in this test started, while it still runs.
+  std::error_code error;
+  if (fs::read_symlink("/proc/" + std::to_string(*pid) + "/exe", error) == old_binary) {
+    ::kill(*pid, SIGKILL);
+  }
+}
+
 TEST_F(DaemonsTest, ABinaryThatCannotRunIsReported) {
   DaemonSpec spec = Sleeper(dir_);
   spec.binary = dir_ / "not-executable";
