@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -16,13 +15,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string_view>
 #include <thread>
 
+#include "common/child_process.h"
 #include "common/text.h"
-
-extern char** environ;
 
 namespace llmctl::agent {
 
@@ -106,34 +105,6 @@ std::optional<std::string> FindProgram(const std::string& name) {
   return std::nullopt;
 }
 
-// In the forked child: only async-signal-safe calls until execve. Exec's errno goes to
-// `exec_error_fd` when it fails.
-[[noreturn]] void StartCommandInChild(pid_t agent, const std::string& program, char* const* argv,
-                                      int null_fd, int stdout_fd, int stderr_fd,
-                                      int exec_error_fd) {
-  // Killed with the agent (SIGKILL, a crash) rather than left running beside the next agent's
-  // probe. The signal comes when the thread that forked ends, not the process: this one is
-  // RunCommand's caller, which waits for the command before it returns.
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != agent) ::_exit(127);  // the agent died before prctl
-  // A group of its own (its pid): killing the group ends what it started too (a probe's helper
-  // processes), and a terminal's Ctrl-C reaches the agent, which decides, not the command.
-  ::setpgid(0, 0);
-  ::dup2(null_fd, 0);
-  ::dup2(stdout_fd, 1);
-  ::dup2(stderr_fd, 2);
-  struct sigaction default_action {};
-  default_action.sa_handler = SIG_DFL;
-  for (int signal : kSignalsStartedAtDefault) ::sigaction(signal, &default_action, nullptr);
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::execve(program.c_str(), argv, environ);
-  const int error = errno;
-  (void)!::write(exec_error_fd, &error, sizeof(error));
-  ::_exit(127);
-}
-
 // A pipe's two ends, close-on-exec.
 struct Pipe {
   UniqueFd read;
@@ -156,18 +127,6 @@ int WaitFor(pid_t pid) {
   return status;
 }
 
-// The errno a forked child wrote to `exec_error` when its exec failed; nullopt once exec has closed
-// the pipe (close-on-exec) without a word.
-std::optional<int> ReadExecError(const UniqueFd& exec_error) {
-  int error = 0;
-  ssize_t got = 0;
-  do {
-    got = ::read(exec_error.get(), &error, sizeof(error));
-  } while (got < 0 && errno == EINTR);
-  if (got > 0) return error;
-  return std::nullopt;
-}
-
 // A command running in a child of this process: its pid, and the read ends of its standard output
 // and error (in that order).
 struct StartedCommand {
@@ -175,8 +134,15 @@ struct StartedCommand {
   std::array<UniqueFd, 2> outputs;
 };
 
-// Forks a child that runs `program` with `argv` (StartCommandInChild). NotFound when exec fails
-// (the child reaped), Unavailable when there is no /dev/null, pipe or fork.
+// Starts `program` with `argv` in a child tied to this process (StartChild): a group of its own
+// (its pid), so that killing the group ends what it started too (a probe's helper processes) and a
+// terminal's Ctrl-C reaches the agent, which decides, not the command; stdin on /dev/null; the
+// signals kSignalsStartedAtDefault at their defaults and none blocked. It is killed with the agent
+// (SIGKILL, a crash) rather than left running beside the next agent's probe: a probe that outlived
+// a killed agent would run beside the restarted agent's own and both would measure half a machine.
+// The signal comes when the thread that started it ends, not the process: this one is RunCommand's
+// caller, which waits for the command before it returns. NotFound when exec fails (the child
+// reaped), Unavailable when there is no /dev/null, pipe or fork.
 StatusOr<StartedCommand> StartCommand(const std::string& program,
                                       const std::vector<std::string>& argv) {
   UniqueFd null_device(::open("/dev/null", O_RDWR | O_CLOEXEC));
@@ -185,36 +151,24 @@ StatusOr<StartedCommand> StartCommand(const std::string& program,
   }
   ASSIGN_OR_RETURN(Pipe stdout_pipe, OpenPipe());
   ASSIGN_OR_RETURN(Pipe stderr_pipe, OpenPipe());
-  // The child writes exec's errno here when exec fails; exec closes it (close-on-exec) otherwise.
-  ASSIGN_OR_RETURN(Pipe exec_pipe, OpenPipe());
-  std::vector<char*> args;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  // fork rather than posix_spawn, which cannot set a parent-death signal: a probe that outlived a
-  // killed agent would run beside the restarted agent's own and both would measure half a machine.
-  // Every signal stays blocked across fork, so that none of the agent's handlers runs in the child
-  // before it has set its signals as the program is to start with.
-  const pid_t agent = ::getpid();
-  sigset_t all, mask_before;
-  sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &mask_before);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    StartCommandInChild(agent, program, args.data(), null_device.get(), stdout_pipe.write.get(),
-                        stderr_pipe.write.get(), exec_pipe.write.get());
-  }
-  const int fork_error = errno;
-  ::pthread_sigmask(SIG_SETMASK, &mask_before, nullptr);
+  ChildSpec spec;
+  spec.program = program;
+  spec.argv = argv;
+  spec.stdin_fd = null_device.get();
+  spec.stdout_fd = stdout_pipe.write.get();
+  spec.stderr_fd = stderr_pipe.write.get();
+  spec.own_process_group = true;
+  spec.default_signals.assign(std::begin(kSignalsStartedAtDefault),
+                              std::end(kSignalsStartedAtDefault));
+  spec.clear_signal_mask = true;
+  StatusOr<pid_t> pid = StartChild(spec);
   stdout_pipe.write.reset();
   stderr_pipe.write.reset();
-  exec_pipe.write.reset();
-  if (pid < 0) return UnavailableError(std::string("fork: ") + std::strerror(fork_error));
-  const std::optional<int> exec_error = ReadExecError(exec_pipe.read);
-  if (exec_error.has_value()) {
-    WaitFor(pid);
-    return NotFoundError("cannot run " + argv[0] + ": " + std::strerror(*exec_error));
+  if (!pid.ok() && pid.status().code() == StatusCode::kNotFound) {
+    return pid.status().WithContext("cannot run " + argv[0]);
   }
-  return StartedCommand{pid, {std::move(stdout_pipe.read), std::move(stderr_pipe.read)}};
+  if (!pid.ok()) return pid.status();
+  return StartedCommand{*pid, {std::move(stdout_pipe.read), std::move(stderr_pipe.read)}};
 }
 
 // Adds `bytes`, read next from a command's standard output, to `stdout_text` while it holds fewer

@@ -1,10 +1,6 @@
 #include "controller/cli/local_rates.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,18 +11,16 @@
 #include <set>
 #include <vector>
 
+#include "common/child_process.h"
 #include "common/cpu_model.h"
 #include "common/estimate/gpus.h"
 #include "common/file_lock.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/text.h"
-#include "common/unique_fd.h"
 #include "controller/cli/daemons.h"
 #include "controller/scheduler/scheduler.h"
 #include "controller/store/store.h"
-
-extern char** environ;
 
 namespace llmctl::cli {
 namespace {
@@ -47,44 +41,17 @@ constexpr std::chrono::minutes kProbeLockWait{3};
 // measuring on, outside probe.json.lock, beside the next llmctl's probe, and both kept half a
 // machine's rates.
 Status RunProbe(const fs::path& llm_train, const fs::path& path) {
-  std::vector<std::string> args = {llm_train.string(), "--probe", "--probe-output", path.string()};
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  // The child writes exec's errno here when exec fails; exec closes it (close-on-exec) otherwise.
-  int exec_error_pipe[2];
-  if (::pipe2(exec_error_pipe, O_CLOEXEC) != 0) {
-    return InternalError(std::string("pipe: ") + std::strerror(errno));
+  ChildSpec spec;
+  spec.argv = {llm_train.string(), "--probe", "--probe-output", path.string()};
+  // The probe's parent-death signal comes when this thread ends, which waits for it below.
+  StatusOr<pid_t> pid = StartChild(spec);
+  if (!pid.ok() && pid.status().code() == StatusCode::kNotFound) {
+    return InternalError(llm_train.string() + ": cannot start: " + pid.status().message());
   }
-  const UniqueFd exec_error(exec_error_pipe[0]);
-  UniqueFd exec_error_write(exec_error_pipe[1]);
-  // fork rather than posix_spawn, which cannot set a parent-death signal.
-  const pid_t llmctl = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    // Only async-signal-safe calls until execve. The signal comes when the forking thread ends,
-    // which waits for the probe below.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != llmctl) ::_exit(127);  // llmctl died before prctl
-    ::execve(argv[0], argv.data(), environ);
-    const int error = errno;
-    (void)!::write(exec_error_write.get(), &error, sizeof(error));
-    ::_exit(127);
-  }
-  const int fork_error = errno;
-  exec_error_write.reset();
-  if (pid < 0) return InternalError(std::string("fork: ") + std::strerror(fork_error));
-  int exec_errno = 0;
-  ssize_t got = 0;
-  do {
-    got = ::read(exec_error.get(), &exec_errno, sizeof(exec_errno));
-  } while (got < 0 && errno == EINTR);
+  if (!pid.ok()) return InternalError(pid.status().message());
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
+  while (::waitpid(*pid, &status, 0) < 0) {
     if (errno != EINTR) return InternalError(std::string("waitpid: ") + std::strerror(errno));
-  }
-  if (got > 0) {
-    return InternalError(llm_train.string() + ": cannot start: " + std::strerror(exec_errno));
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return InternalError(

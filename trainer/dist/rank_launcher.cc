@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +18,7 @@
 #include <thread>
 
 #include "common/atomic_file.h"
+#include "common/child_process.h"
 #include "common/text.h"
 #include "common/trainer_exit.h"
 #include "common/unique_fd.h"
@@ -29,8 +29,6 @@ extern char** environ;
 namespace llmctl::dist {
 namespace {
 
-// Exit code of a rank whose program could not be executed (as a shell reports it).
-constexpr int kCannotExecute = 127;
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
 // The most of a rank's stderr the launcher keeps, its last bytes, to find the rank's last line in
 // (as the agent reads the last 64 KiB of a run's stderr); it quotes kQuotedLineBytes of that line.
@@ -67,31 +65,6 @@ std::string RankThreadsVariable(int local_ranks) {
   return "OMP_NUM_THREADS=" + std::to_string(std::max(1, available / std::max(1, local_ranks)));
 }
 
-std::vector<char*> CStrings(std::vector<std::string>& strings) {
-  std::vector<char*> pointers;
-  for (std::string& s : strings) pointers.push_back(s.data());
-  pointers.push_back(nullptr);
-  return pointers;
-}
-
-// In the forked child: only async-signal-safe calls until execve. The rank's stderr is
-// `stderr_fd`, the write end of its pipe to the launcher. It starts with SIGPIPE at its default, as
-// the agent starts a process (agent/process.h), where execve would keep the launcher's SIG_IGN
-// (IgnoredSigpipe).
-[[noreturn]] void ExecRank(pid_t launcher, int stderr_fd, char* const* argv, char* const* envp) {
-  ::signal(SIGPIPE, SIG_DFL);
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != launcher) ::_exit(kCannotExecute);  // the launcher died before prctl
-  if (::dup2(stderr_fd, 2) < 0) ::_exit(kCannotExecute);
-  ::execve(argv[0], argv, envp);
-  static constexpr char kMessage[] = "cannot execute the rank's program: ";
-  (void)!::write(2, kMessage, sizeof(kMessage) - 1);
-  const char* reason = ::strerror(errno);
-  (void)!::write(2, reason, ::strlen(reason));
-  (void)!::write(2, "\n", 1);
-  ::_exit(kCannotExecute);
-}
-
 std::string DescribeExit(int status) {
   if (WIFSIGNALED(status)) {
     const int signal = WTERMSIG(status);
@@ -99,7 +72,7 @@ std::string DescribeExit(int status) {
            ::strsignal(signal) + ")";
   }
   const int code = WEXITSTATUS(status);
-  if (code == kCannotExecute) return "could not execute its program (exit code 127)";
+  if (code == kCannotExecuteExitCode) return "could not execute its program (exit code 127)";
   return "exited with code " + std::to_string(code);
 }
 
@@ -316,13 +289,14 @@ class RankProcesses {
         started_(spec.nproc_per_node, -1),
         stderr_(spec.nproc_per_node) {}
 
-  // Forks and executes each rank with its environment; stops at the first fork that fails.
-  Status Start(std::vector<std::vector<std::string>>& environments, int listen_fd) {
-    std::vector<std::string> argv = spec_.argv;
-    std::vector<char*> argv_c = CStrings(argv);
-    const pid_t launcher = ::getpid();
+  // Forks and executes each rank with its environment (StartChild: each dies with the launcher);
+  // stops at the first fork that fails. A rank's stderr is the write end of its pipe to the
+  // launcher. It starts with SIGPIPE at its default, as the agent starts a process
+  // (agent/process.h), where execve would keep the launcher's SIG_IGN (IgnoredSigpipe). A program
+  // that cannot be executed is a rank that exits kCannotExecuteExitCode, its reason its stderr's
+  // last line.
+  Status Start(const std::vector<std::vector<std::string>>& environments, int listen_fd) {
     for (size_t local_rank = 0; local_rank < pids_.size(); ++local_rank) {
-      std::vector<char*> envp = CStrings(environments[local_rank]);
       const int rank = first_rank_ + static_cast<int>(local_rank);
       // Close-on-exec both: no rank holds another's pipe, and the rank's own write end is its fd 2.
       int pipe_fds[2];
@@ -333,17 +307,21 @@ class RankProcesses {
       UniqueFd read_end(pipe_fds[0]);
       const UniqueFd write_end(pipe_fds[1]);
       ::fcntl(read_end.get(), F_SETFL, O_NONBLOCK);
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        // The socket is close-on-exec: rank 0 keeps it open across its exec, the others lose it.
-        if (rank == 0 && listen_fd >= 0) ::fcntl(listen_fd, F_SETFD, 0);
-        ExecRank(launcher, write_end.get(), argv_c.data(), envp.data());
+      ChildSpec child;
+      child.argv = spec_.argv;
+      child.envp = environments[local_rank];
+      child.stderr_fd = write_end.get();
+      // The socket is close-on-exec: rank 0 keeps it open across its exec, the others lose it.
+      if (rank == 0 && listen_fd >= 0) child.inherited_fds = {listen_fd};
+      child.default_signals = {SIGPIPE};
+      child.exec_failure = ExecFailureReport::kStderrAndExitCode;
+      child.exec_failure_message = "cannot execute the rank's program: ";
+      const StatusOr<pid_t> pid = StartChild(child);
+      if (!pid.ok()) {
+        return UnavailableError("cannot start rank " + std::to_string(rank) + ": " +
+                                pid.status().message());
       }
-      if (pid < 0) {
-        return UnavailableError("cannot start rank " + std::to_string(rank) +
-                                ": fork: " + std::strerror(errno));
-      }
-      pids_[local_rank] = started_[local_rank] = pid;
+      pids_[local_rank] = started_[local_rank] = *pid;
       stderr_[local_rank].emplace(std::move(read_end));
     }
     return Status::Ok();
