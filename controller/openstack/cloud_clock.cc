@@ -1,5 +1,7 @@
 #include "controller/openstack/cloud_clock.h"
 
+#include <time.h>
+
 #include <ctime>
 #include <thread>
 
@@ -9,6 +11,12 @@ namespace {
 class WallClock : public CloudClock {
  public:
   TimePoint Now() const override { return std::chrono::system_clock::now(); }
+  std::chrono::milliseconds SinceBoot() const override {
+    timespec now{};
+    clock_gettime(CLOCK_BOOTTIME, &now);
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec));
+  }
   void SleepFor(std::chrono::milliseconds duration) override {
     std::this_thread::sleep_for(duration);
   }

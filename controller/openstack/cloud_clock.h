@@ -15,12 +15,17 @@ using TimePoint = std::chrono::system_clock::time_point;
 class CloudClock {
  public:
   virtual ~CloudClock() = default;
+  // The wall clock: token lifetimes and lease dates are on it, as the cloud states them.
   virtual TimePoint Now() const = 0;
+  // Time since boot, suspends included (CLOCK_BOOTTIME): what a wait's timeout is measured on.
+  // NTP stepping the wall clock (chrony on a node that booted with a wrong one) would cut such a
+  // wait short or stretch it by the step; a laptop's suspend counts, as the cloud went on.
+  virtual std::chrono::milliseconds SinceBoot() const = 0;
   // Waits `duration` (polling a lease, backing off before a retry).
   virtual void SleepFor(std::chrono::milliseconds duration) = 0;
 };
 
-// The wall clock and a real sleep. Thread-safe.
+// The system's clocks and a real sleep. Thread-safe.
 CloudClock& SystemCloudClock();
 
 // The years a parsed timestamp may fall in: far inside what a TimePoint holds (1677-2262), so

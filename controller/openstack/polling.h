@@ -1,5 +1,6 @@
 // The two patterns every cloud resource here shares: polling a state until it settles (on the
-// injectable CloudClock), and creating a named resource at most once although a create may time out.
+// injectable CloudClock), and creating a named resource at most once although a create may time
+// out.
 #ifndef LLMCTL_CONTROLLER_OPENSTACK_POLLING_H_
 #define LLMCTL_CONTROLLER_OPENSTACK_POLLING_H_
 
@@ -14,16 +15,17 @@
 namespace llmctl::openstack {
 
 // Calls `probe` every `interval` until it returns a value or an error. DeadlineExceeded saying
-// "<what> after <timeout>" once `timeout` has passed on `clock`.
+// "<what> after <timeout>" once `timeout` has passed on `clock`'s time since boot (a step of the
+// wall clock moves no deadline).
 template <typename T>
-StatusOr<T> PollUntil(CloudClock& clock, std::chrono::seconds interval, std::chrono::seconds timeout,
-                      const std::string& what,
+StatusOr<T> PollUntil(CloudClock& clock, std::chrono::seconds interval,
+                      std::chrono::seconds timeout, const std::string& what,
                       const std::function<StatusOr<std::optional<T>>()>& probe) {
-  const TimePoint deadline = clock.Now() + timeout;
+  const std::chrono::milliseconds deadline = clock.SinceBoot() + timeout;
   while (true) {
     ASSIGN_OR_RETURN(std::optional<T> done, probe());
     if (done.has_value()) return *std::move(done);
-    if (clock.Now() >= deadline) {
+    if (clock.SinceBoot() >= deadline) {
       return Status(StatusCode::kDeadlineExceeded,
                     what + " after " + std::to_string(timeout.count()) + " s");
     }

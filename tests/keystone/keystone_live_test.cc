@@ -71,11 +71,16 @@ class ManualCloudClock : public openstack::CloudClock {
  public:
   explicit ManualCloudClock(TimePoint now) : now_(now) {}
   TimePoint Now() const override { return now_; }
-  void SleepFor(std::chrono::milliseconds duration) override { now_ += duration; }
+  std::chrono::milliseconds SinceBoot() const override { return since_boot_; }
+  void SleepFor(std::chrono::milliseconds duration) override {
+    now_ += duration;
+    since_boot_ += duration;
+  }
   void Set(TimePoint now) { now_ = now; }
 
  private:
   TimePoint now_;
+  std::chrono::milliseconds since_boot_{0};
 };
 
 // The JSON document `text` ends with (the openstack CLI may print warnings before it), or null.
@@ -142,7 +147,6 @@ class KeystoneLiveTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_NE(info_, nullptr) << "Keystone did not start: " << *start_error_;
   }
-
 
   // A session of the cloud client on `environment`'s credentials, read the way `llmctl` reads them.
   std::unique_ptr<Session> MakeSession(const std::map<std::string, std::string>& environment,

@@ -24,6 +24,7 @@ SimulatorClock::SimulatorClock(std::string admin_url, openstack::TimePoint start
 void SimulatorClock::SleepFor(std::chrono::milliseconds duration) {
   ++sleeps_;
   now_ += duration;
+  since_boot_ += duration;
   // A test cannot go on with the two clocks apart; a failure here fails it loudly.
   Status status = Post(http_, admin_url_ + "/advance", {{"seconds", duration.count() / 1000.0}});
   if (!status.ok()) throw std::runtime_error("advancing the simulator: " + status.ToString());

@@ -23,12 +23,14 @@ class SimulatorClock : public openstack::CloudClock {
  public:
   SimulatorClock(std::string admin_url, openstack::TimePoint start);
   openstack::TimePoint Now() const override { return now_; }
+  std::chrono::milliseconds SinceBoot() const override { return since_boot_; }
   void SleepFor(std::chrono::milliseconds duration) override;
   int sleeps() const { return sleeps_; }
 
  private:
   std::string admin_url_;
   openstack::TimePoint now_;
+  std::chrono::milliseconds since_boot_{0};
   int sleeps_ = 0;
   http::HttpClient http_;
 };
