@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <utility>
@@ -17,6 +18,13 @@ namespace {
 using nlohmann::json;
 
 constexpr char kBlazarDate[] = "%Y-%m-%d %H:%M";
+
+// The longest the wait for a lease's start sleeps at once. The start is a date on the wall clock,
+// so a sleep to it is reckoned on that clock: one long sleep would miss chrony stepping a node's
+// wrong clock (hours at once) or a laptop's suspend, which the sleep does not count, and wake
+// hours late. A minute: a start date's own precision, and 60 polls an hour, where python-chi's
+// wait polls every 5 s.
+constexpr std::chrono::minutes kLongestStartSleep{1};
 
 // Blazar answers its own refusals with HTTP 500 and the exception's text ("Invalid lease status.",
 // "Not enough hosts available", a trust Keystone would not give it), where the generic mapping says
@@ -416,7 +424,9 @@ StatusOr<Lease> BlazarClient::WaitUntilActive(
     Lease lease, std::chrono::seconds timeout,
     const std::function<void(const std::string&)>& progress) {
   ASSIGN_OR_RETURN(std::string path, LeasesPath());
-  const TimePoint deadline = std::max(clock_.Now(), lease.start) + timeout;
+  // The timeout counts from the start date, on the time since boot from when the wall clock was
+  // first seen past it: a step of the wall clock after that moves no deadline.
+  std::optional<std::chrono::milliseconds> started;
   std::string reported;
   while (true) {
     if (progress && lease.status != reported) {
@@ -436,16 +446,20 @@ StatusOr<Lease> BlazarClient::WaitUntilActive(
       return FailedPreconditionError("lease '" + lease.name + "' is " + lease.status +
                                      ": it ended before it became usable");
     }
-    if (clock_.Now() >= deadline) {
+    if (!started && clock_.Now() >= lease.start) started = clock_.SinceBoot();
+    if (started && clock_.SinceBoot() - *started >= timeout) {
       return Status(StatusCode::kDeadlineExceeded,
                     "lease '" + lease.name + "' is still " + lease.status + " " +
                         std::to_string(timeout.count()) + " s after its start (" +
                         FormatUtc(lease.start, kBlazarDate) + " UTC)");
     }
-    // Nothing can change before the start date: sleep until then rather than poll an hour away.
-    auto until_start =
+    // Nothing can change before the start date: sleep until then rather than poll every few
+    // seconds for an hour, a minute at most at once.
+    const auto until_start =
         std::chrono::duration_cast<std::chrono::milliseconds>(lease.start - clock_.Now());
-    clock_.SleepFor(std::max<std::chrono::milliseconds>(options_.poll_interval, until_start));
+    clock_.SleepFor(std::max<std::chrono::milliseconds>(
+        options_.poll_interval,
+        std::min<std::chrono::milliseconds>(until_start, kLongestStartSleep)));
     ASSIGN_OR_RETURN(json answer, session_.CallJson("reservation", "GET", path + "/" + lease.id));
     if (!answer.is_object() || !answer.contains("lease")) {
       return InternalError("Blazar's answer for lease " + lease.id + " has no lease object");

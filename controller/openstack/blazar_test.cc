@@ -200,11 +200,62 @@ TEST_F(BlazarTest, WaitCoversALeaseThatStartsLater) {
       "later", seconds(60), [&said](const std::string& line) { said.push_back(line); });
   ASSERT_TRUE(active.ok()) << active.status().ToString();
   EXPECT_GE(sim_->clock().Now(), *spec.start);
-  EXPECT_LE(sim_->clock().sleeps(), 2);  // to the start, then at most one poll
+  // To the start a minute at a time, then at most one poll.
+  EXPECT_LE(sim_->clock().sleeps(), 61);
   // Each status once, as Blazar answered it, however many polls saw it.
   EXPECT_EQ(said, (std::vector<std::string>{
                       "lease later is PENDING; Blazar starts it at 2030-01-01 01:00 UTC",
                       "lease later is ACTIVE"}));
+}
+
+// The simulator's clock, with a wall clock `before` off it until the first sleep and `after` off it
+// from then on: chrony stepping a node's clock during a wait.
+class SteppedWallClock : public CloudClock {
+ public:
+  SteppedWallClock(CloudClock& cloud, std::chrono::system_clock::duration before,
+                   std::chrono::system_clock::duration after)
+      : cloud_(cloud), offset_(before), after_(after) {}
+  TimePoint Now() const override { return cloud_.Now() + offset_; }
+  std::chrono::milliseconds SinceBoot() const override { return cloud_.SinceBoot(); }
+  void SleepFor(std::chrono::milliseconds duration) override {
+    cloud_.SleepFor(duration);
+    offset_ = after_;
+  }
+
+ private:
+  CloudClock& cloud_;
+  std::chrono::system_clock::duration offset_;
+  std::chrono::system_clock::duration after_;
+};
+
+// A node that booted with its clock 3 hours behind, set right by chrony during the wait for a
+// lease that starts in an hour: the wait sees the start within a minute of it, where one sleep to
+// the start on the wrong clock (4 hours) would wake after the lease had ended.
+TEST_F(BlazarTest, WaitForALaterStartNoticesTheWallClockSetRight) {
+  LeaseSpec spec = HostLease("later", 1);
+  spec.start = sim_->clock().Now() + hours(1);
+  spec.end = *spec.start + hours(2);
+  ASSERT_TRUE(blazar_->Create(spec).ok());
+  SteppedWallClock stepped(sim_->clock(), -hours(3), hours(0));
+  BlazarClient blazar(*session_, stepped);
+  auto active = blazar.WaitUntilActive("later", seconds(60));
+  ASSERT_TRUE(active.ok()) << active.status().ToString();
+  EXPECT_EQ(active->status, "ACTIVE");
+  EXPECT_LE(sim_->clock().Now(), *spec.start + minutes(1) + seconds(5));
+}
+
+// The wall clock stepping an hour ahead during the sleep to the start does not count as that hour
+// of the timeout: the lease, still PENDING at its start and ACTIVE at the next poll, is waited for.
+TEST_F(BlazarTest, AWallClockStepAfterTheStartDoesNotEndTheWait) {
+  LeaseSpec spec = HostLease("soon", 1);
+  spec.start = sim_->clock().Now() + minutes(1);
+  spec.end = *spec.start + hours(2);
+  ASSERT_TRUE(blazar_->Create(spec).ok());
+  SteppedWallClock stepped(sim_->clock(), hours(0), hours(1));
+  BlazarClient blazar(*session_, stepped);
+  auto active = blazar.WaitUntilActive("soon", seconds(60));
+  ASSERT_TRUE(active.ok()) << active.status().ToString();
+  EXPECT_EQ(active->status, "ACTIVE");
 }
 
 TEST_F(BlazarTest, WaitFailsClearlyOnError) {
