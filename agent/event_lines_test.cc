@@ -20,6 +20,7 @@
 #include "agent/supervisor.h"
 #include "common/event_line.h"
 #include "common/rank_files.h"
+#include "common/text.h"
 
 namespace llmctl::agent {
 namespace {
@@ -147,6 +148,44 @@ TEST(OutcomeTest, ALineWhoseTypeIsNotAStringIsNoResult) {
       FindResultEvent("{\"type\":1,\"x\":\"result\"}\n{\"type\":\"result\",\"error\":2}\n");
   EXPECT_TRUE(found.present);
   EXPECT_EQ(found.error, "");
+}
+
+// A result event's error is the trainer's text, as its stderr is: it is quoted on one line and cut
+// to kQuotedLineBytes where the agent reads it, as the last stderr line is. It was stored whole: a
+// result line with 100 KB of error, escape sequences and newlines made the run's error, in its
+// ended.json, the gRPC answer, the controller's store and every report.
+TEST(RunManagerRecoveryTest, AResultEventsErrorIsQuotedOnOneLineOfAtMostTheQuotedBytes) {
+  // JSON's escapes: ESC, a newline, CR, C1's CSI and a right-to-left override.
+  const std::string error = R"(CUDA error: \u001b[31mbad\u001b[0m\nsee\r\nabove\u009b2J\u202e )" +
+                            std::string(100'000, 'x') + R"(\nand a line after)";
+  const std::string result_line = "{\"type\":\"result\",\"error\":\"" + error + "\"}\n";
+  const auto on_one_line = [](const std::string& text) {
+    EXPECT_LE(text.size(), kQuotedLineBytes);
+    EXPECT_TRUE(text.starts_with("CUDA error:  [31mbad [0m see  above 2J  xxx")) << text;
+    EXPECT_EQ(text.find_first_of(std::string("\n\r\x1b\x7f", 4)), std::string::npos) << text;
+  };
+  on_one_line(FindResultEvent(result_line).error);
+
+  const fs::path data = FreshDir("result-error");
+  const fs::path run = data / "runs" / "3" / "base" / "1";
+  fs::create_directories(run);
+  std::ofstream(run / kEventsFile) << "{\"type\":\"start\"}\n" << result_line;
+  std::ofstream(run / kExitFile) << "{\"exit_code\":1}\n";
+  auto cache = InputCache::Open((data / "cache").string());
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  RunManagerOptions options;
+  options.data_dir = data.string();
+  options.llm_train = "/bin/false";
+  options.supervisor_program = "/bin/false";
+  auto runs = RunManager::Open(options, cache->get());
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  auto state = (*runs)->Get(RunKey{3, "base", 1});
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  ASSERT_TRUE(state->ended);
+  EXPECT_EQ(state->end.outcome, "failed");
+  on_one_line(state->end.error);
+  runs->reset();
+  fs::remove_all(data);
 }
 
 TEST(RunManagerRecoveryTest, ARunThatEndedWithBadEventLinesIsFinishedOnStart) {

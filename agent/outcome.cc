@@ -9,6 +9,7 @@
 #include "agent/event_reader.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
+#include "common/result_event.h"
 #include "common/text.h"
 #include "common/trainer_exit.h"
 #include "common/trial_outcome.h"
@@ -38,8 +39,7 @@ void ReadResultLine(std::string_view line, ResultEvent& result) {
     return;
   }
   result.present = true;
-  const auto error = event.find("error");
-  result.error = (error != event.end() && error->is_string()) ? error->get<std::string>() : "";
+  result.error = result_event::ErrorOf(event);
 }
 
 }  // namespace
@@ -70,11 +70,11 @@ ResultEvent ReadResultEvent(const std::string& events_path) {
 RunEnd DecideOutcome(const WorkerExit& exit, const ResultEvent& result, bool cancel_requested,
                      std::optional<uint64_t> oom_kills_during_run, std::string_view stderr_tail) {
   RunEnd end;
-  // The stderr tail is cut at a byte count, and the trainer's text is any bytes: made UTF-8 here,
-  // before the run's files and the gRPC answer carry it. Its last line, which may be the whole
-  // tail, is quoted on one line and cut, as the controller stores it and every report shows it.
+  // The stderr tail is cut at a byte count, and the trainer's text is any bytes: its last line,
+  // which may be the whole tail, is quoted on one line, cut and made UTF-8 here, before the run's
+  // files and the gRPC answer carry it, as the result event's error was when it was read.
   const std::string reported = !result.error.empty()
-                                   ? ReplaceInvalidUtf8(result.error)
+                                   ? result.error
                                    : OnOneLine(LastNonBlankLine(stderr_tail), kQuotedLineBytes);
   if (exit.signal != 0) {
     end.exit_code = -exit.signal;

@@ -21,7 +21,7 @@ struct RunEnd {
 // What the event file says about the end.
 struct ResultEvent {
   bool present = false;  // a `result` line was written
-  std::string error;     // its `error`, if any
+  std::string error;     // its `error`, if any, quoted on one line (result_event::ErrorOf)
 };
 
 // The trainer's exit codes (README "llm-train": 0 ok, 1 failed, 2 invalid input, 3 oom,

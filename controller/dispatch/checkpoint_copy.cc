@@ -43,8 +43,7 @@ std::string DescribeStopCheckpoint(const std::string& result_json, int64_t exper
            " continues from it there; llmctl fetch " + trial +
            " copies the run's output while the node is up)";
   }
-  const std::string error =
-      result.value("error", nlohmann::json()).is_string() ? result["error"].get<std::string>() : "";
+  const std::string error = result_event::ErrorOf(result);
   return "no checkpoint" + (error.empty() ? std::string() : " (" + error + ")");
 }
 

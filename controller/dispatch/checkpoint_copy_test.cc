@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "common/text.h"
 #include "controller/dispatch/dispatch_test_support.h"
 
 namespace llmctl::controller::dispatch_test {
@@ -263,6 +264,12 @@ TEST(DescribeStopCheckpointTest, NamesTheCheckpointOrWhyThereIsNone) {
             "from it there; llmctl fetch 4 'one' copies the run's output while the node is up)");
   EXPECT_EQ(dispatch::DescribeStopCheckpoint(R"({"error":"the disk is full"})", 4, "one"),
             "no checkpoint (the disk is full)");
+  // The result's error is the trainer's: quoted on one line and cut, as the agent quotes it.
+  const std::string long_error =
+      "{\"error\":\"\\u001b[2Jbad\\nline " + std::string(100'000, 'x') + "\"}";
+  const std::string quoted = dispatch::DescribeStopCheckpoint(long_error, 4, "one");
+  EXPECT_TRUE(quoted.starts_with("no checkpoint ( [2Jbad line xxx")) << quoted;
+  EXPECT_LE(quoted.size(), std::string("no checkpoint ()").size() + kQuotedLineBytes);
   EXPECT_EQ(dispatch::DescribeStopCheckpoint(R"({"outcome":"cancelled"})", 4, "one"),
             "no checkpoint");
   EXPECT_EQ(dispatch::DescribeStopCheckpoint("", 4, "one"),

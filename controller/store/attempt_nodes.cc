@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/text.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
 #include "controller/store/store_internal.h"
@@ -158,6 +159,7 @@ StatusOr<std::optional<TrialState>> Store::FinishAttemptNode(int64_t trial_id, i
                                 std::string(TrialStateName(outcome)) + " is not an outcome");
   }
   const std::string outcome_name(TrialStateName(outcome));
+  const std::string kept_error = OnOneLine(error, kMaxErrorBytes);
   MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   RETURN_IF_ERROR(internal::CheckCurrentAttempt(db_, trial_id, attempt));
@@ -169,7 +171,8 @@ StatusOr<std::optional<TrialState>> Store::FinishAttemptNode(int64_t trial_id, i
                          std::to_string(node_rank));
   }
   if (mine->ended_at) {
-    if (mine->outcome != outcome_name || mine->exit_code != exit_code || mine->error != error) {
+    if (mine->outcome != outcome_name || mine->exit_code != exit_code ||
+        mine->error != kept_error) {
       return FailedPreconditionError("node rank " + std::to_string(node_rank) + " of " +
                                      AttemptLabel(trial_id, attempt) + " already ended as " +
                                      mine->outcome.value_or("?") +
@@ -184,7 +187,7 @@ StatusOr<std::optional<TrialState>> Store::FinishAttemptNode(int64_t trial_id, i
     end.Bind(1, internal::ToMillis(now))
         .Bind(2, outcome_name)
         .BindOptional(3, exit_code)
-        .Bind(4, error)
+        .Bind(4, kept_error)
         .Bind(5, trial_id)
         .Bind(6, attempt)
         .Bind(7, node_rank);
@@ -192,7 +195,7 @@ StatusOr<std::optional<TrialState>> Store::FinishAttemptNode(int64_t trial_id, i
     mine->ended_at = internal::ToMillis(now);
     mine->outcome = outcome_name;
     mine->exit_code = exit_code;
-    mine->error = std::string(error);
+    mine->error = kept_error;
   }
   if (std::any_of(ends.begin(), ends.end(), [](const NodeEnd& end) { return !end.ended_at; })) {
     RETURN_IF_ERROR(txn.Commit());

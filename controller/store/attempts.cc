@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/result_event.h"
+#include "common/text.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
 #include "controller/store/store_internal.h"
@@ -303,10 +304,11 @@ Status internal::EndAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, Tria
                                 " is not an outcome");
   }
   const std::string outcome_name(TrialStateName(outcome));
+  const std::string kept_error = OnOneLine(error, kMaxErrorBytes);
   ASSIGN_OR_RETURN(const CurrentAttempt current, LoadCurrentAttempt(db, trial_id, attempt));
   if (current.attempt.state == AttemptState::kEnded) {
     if (current.attempt.outcome == outcome_name && current.attempt.exit_code == exit_code &&
-        current.attempt.error == error) {
+        current.attempt.error == kept_error) {
       return Status::Ok();
     }
     return FailedPreconditionError(AttemptLabel(trial_id, attempt) + " already ended as " +
@@ -321,7 +323,7 @@ Status internal::EndAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, Tria
   end.Bind(1, ToMillis(now))
       .Bind(2, outcome_name)
       .BindOptional(3, exit_code)
-      .Bind(4, error)
+      .Bind(4, kept_error)
       .Bind(5, trial_id)
       .Bind(6, attempt);
   RETURN_IF_ERROR(end.Run());
@@ -381,10 +383,7 @@ StatusOr<TrialResume> ResumePoint(sqlite3* db, const TrialRecord& trial, const s
     // run's latest.
     return *trial.resume;
   }
-  std::string why = row->error;
-  if (why.empty() && result.is_object() && result.value("error", json()).is_string()) {
-    why = result["error"].get<std::string>();
-  }
+  const std::string why = row->error.empty() ? result_event::ErrorOf(result) : row->error;
   return FailedPreconditionError(which + " ended " + state + " without a checkpoint" +
                                  (why.empty() ? "" : " (" + why + ")") +
                                  "; a running trial stopped with llmctl cancel --checkpoint "

@@ -122,7 +122,9 @@ StatusOr<std::vector<TrialReport>> QueryTrialResults(sqlite3* db, int64_t experi
     report.attempt = stmt.OptionalInt(4).value_or(0);
     report.node = stmt.Text(5);
     report.exit_code = stmt.OptionalInt(6);
-    report.error = stmt.Text(7);
+    // The view falls back on the result event's error, the trainer's text as its line held it,
+    // and a database of an older controller kept any agent's error whole.
+    report.error = OnOneLine(stmt.Text(7), kMaxErrorBytes);
     // Sums and products of the trainer's figures: SQLite makes inf of ones past a double's range,
     // which no report should print.
     const auto finite = [](std::optional<double> x) {

@@ -393,6 +393,69 @@ TEST_F(StoreTest, AResumedTrialRunsFromItsCheckpointAndItsRunJoinsTheAttempts) {
 
 // A resumed trial's time and rate are sums and products of its runs' figures, which are the
 // trainer's: past a double's range SQLite makes inf of them, which the report leaves out.
+// An attempt's error is an agent's words, and without them (a trial that runs, or ended ok) the
+// report takes its result event's error, the trainer's: either may be any length and hold escape
+// sequences and newlines, from a hostile or older agent or trainer. The store keeps the one, and a
+// report and a resume's refusal carry either, on one line of at most kMaxErrorBytes; they kept and
+// carried them whole.
+TEST_F(StoreTest, AnAttemptsErrorIsKeptAndReportedOnOneLineOfAtMostTheBound) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const std::vector<int64_t> trials =
+      CreateTrials(*store, "long", {"ended", "running", "resumed", "nodes"});
+  const std::string hostile = "llm-train: \x1b[31mred\x1b[0m\nline two\r\n" +
+                              std::string(100'000, 'x') +
+                              "\n\xc2\x9b"
+                              "2J";
+  const auto on_one_line = [](const std::string& text) {
+    EXPECT_LE(text.size(), kMaxErrorBytes);
+    EXPECT_EQ(text.find_first_of(std::string("\n\r\x1b", 3)), std::string::npos) << text;
+  };
+  ASSERT_EQ(*store->StartAttempt(trials[0], "n", kNow), 1);
+  ASSERT_TRUE(store->FinishAttempt(trials[0], 1, TrialState::kFailed, 1, hostile, kNow).ok());
+  // The agent sends the same end again when its stream is reopened.
+  EXPECT_TRUE(store->FinishAttempt(trials[0], 1, TrialState::kFailed, 1, hostile, kNow).ok());
+
+  json result = ResultEvent("failed", 1.0, 1.0, 1, 1.0);
+  result["error"] = hostile;
+  ASSERT_EQ(*store->StartAttempt(trials[1], "n", kNow), 1);
+  ASSERT_EQ(*store->AppendEvents(trials[1], 1, std::vector<Event>{MakeEvent(1, result)}), 1);
+  ASSERT_EQ(*store->StartAttempt(trials[2], "n", kNow), 1);
+  ASSERT_EQ(*store->AppendEvents(trials[2], 1, std::vector<Event>{MakeEvent(1, result)}), 1);
+  ASSERT_TRUE(store->FinishAttempt(trials[2], 1, TrialState::kFailed, 1, "", kNow).ok());
+
+  // A multi-node attempt keeps each node's error and names the node in the attempt's.
+  ASSERT_EQ(*store->StartMultiNodeAttempt(
+                trials[3],
+                {{.node_rank = 0, .node = "n1", .device_indices = {0}, .ended = false},
+                 {.node_rank = 1, .node = "n2", .device_indices = {0}, .ended = false}},
+                kNow),
+            1);
+  ASSERT_TRUE(
+      store->FinishAttemptNode(trials[3], 1, 1, TrialState::kFailed, 1, hostile, kNow).ok());
+  EXPECT_TRUE(
+      store->FinishAttemptNode(trials[3], 1, 1, TrialState::kFailed, 1, hostile, kNow).ok());
+  ASSERT_TRUE(store->FinishAttemptNode(trials[3], 1, 0, TrialState::kOk, 0, "", kNow).ok());
+  for (const json& row :
+       QueryRows(path_,
+                 "SELECT COALESCE(error, '') AS error FROM attempt_nodes UNION ALL "
+                 "SELECT COALESCE(error, '') FROM attempts")) {
+    on_one_line(row.at("error").get<std::string>());
+  }
+
+  const StatusOr<ExperimentReport> report = store->Report(*store->LatestExperimentId());
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->trials.size(), 4u);
+  EXPECT_TRUE(report->trials[0].error.starts_with("llm-train:  [31mred [0m line two  xxx"))
+      << report->trials[0].error;
+  EXPECT_TRUE(report->trials[3].error.starts_with("node n2 (node rank 1 of 2): llm-train:  [31m"))
+      << report->trials[3].error;
+  for (const TrialReport& trial : report->trials) on_one_line(trial.error);
+  const Status refused = store->ResumeTrial(trials[2]).status();
+  EXPECT_THAT(refused.message(), HasSubstr("without a checkpoint (llm-train:  [31mred"));
+  on_one_line(refused.message());
+}
+
 TEST_F(StoreTest, ARunsFiguresPastADoublesRangeReportAsNone) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);

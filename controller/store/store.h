@@ -35,6 +35,7 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
+#include "common/text.h"
 
 struct sqlite3;
 
@@ -52,6 +53,13 @@ inline constexpr int64_t kMaxUnixMillis = kMaxUnixSeconds * 1000;
 // 285 years, and exact in a double, so that the next one (seq + 1, which the controller asks an
 // agent to resume from) never overflows.
 inline constexpr int64_t kMaxSeq = int64_t{1} << 53;
+
+// The most bytes of an attempt's error the store keeps and a report carries, on one line
+// (OnOneLine, common/text.h): an agent's error quotes its trainer's line, cut to kQuotedLineBytes,
+// in a few words of its own ("rank 1 of 2: llm-train exited with code 7: ...", agent/outcome.cc),
+// and a multi-node attempt's names the node before it; a hostile or older agent's, or a result
+// event's, may be any length and hold escape sequences.
+inline constexpr size_t kMaxErrorBytes = 2 * kQuotedLineBytes;
 
 // Whole seconds since the Unix epoch: what the API's and the secrets' times carry.
 inline int64_t UnixSeconds(Time time) {
@@ -262,7 +270,9 @@ struct TrialReport {
   // A multi-node attempt's every node in node-rank order; empty for an attempt on one node.
   std::vector<std::string> nodes;
   std::optional<int64_t> exit_code;
-  std::string error;  // recorded when the attempt ended, else its result's; "" when none
+  // Recorded when the attempt ended, else its result's; "" when none. One line of at most
+  // kMaxErrorBytes.
+  std::string error;
   // nullopt when the attempt has no `result` (or `start`) event with the figure.
   std::optional<double> train_seconds;
   std::optional<double> tokens_per_second;
@@ -440,8 +450,9 @@ class Store {
   //     peers, which they report as failed, or were stopped by the controller (cancelled);
   //   - else cancelled when the user cancelled the trial;
   //   - else the first failed node's end; else cancelled if a node's run was; else ok.
-  // Its error names the node and node rank. Repeating a node's end is OK; ending it differently is
-  // FailedPrecondition, as is a stale or lost attempt; NotFound for a node rank it does not have.
+  // Its error names the node and node rank; the errors are kept as FinishAttempt keeps its error.
+  // Repeating a node's end is OK; ending it differently is FailedPrecondition, as is a stale or
+  // lost attempt; NotFound for a node rank it does not have.
   StatusOr<std::optional<TrialState>> FinishAttemptNode(int64_t trial_id, int64_t attempt,
                                                         int64_t node_rank, TrialState outcome,
                                                         std::optional<int64_t> exit_code,
@@ -478,9 +489,10 @@ class Store {
   StatusOr<std::map<int32_t, int64_t>> LastRankSeqs(int64_t trial_id, int64_t attempt);
 
   // Ends the trial's current attempt with `outcome` (ok, oom, diverged, failed or cancelled),
-  // which becomes the trial's state. Repeating it with the same outcome, exit code and error is
-  // OK; a different outcome for an attempt that already ended, a stale or lost attempt, or a trial
-  // that is not running → FailedPrecondition.
+  // which becomes the trial's state; `error`, an agent's words, is kept on one line of at most
+  // kMaxErrorBytes. Repeating it with the same outcome, exit code and error is OK; a different
+  // outcome for an attempt that already ended, a stale or lost attempt, or a trial that is not
+  // running → FailedPrecondition.
   Status FinishAttempt(int64_t trial_id, int64_t attempt, TrialState outcome,
                        std::optional<int64_t> exit_code, std::string_view error, Time now);
 
