@@ -172,8 +172,14 @@ StatusOr<std::unique_ptr<Store>> Store::OpenReadOnly(const std::string& path) {
   }
   const auto known = static_cast<int64_t>(Migrations().size());
   if (*version != known) {
-    return FailedPreconditionError(context + ": its schema version is " + std::to_string(*version) +
-                                   ", this build's " + std::to_string(known));
+    // Read by the CLI (llmctl estimate) of an llmctl upgraded or downgraded since llmctld last
+    // opened the file: only llmctld migrates it.
+    return FailedPreconditionError(
+        context + ": its schema version is " + std::to_string(*version) + ", this build's " +
+        std::to_string(known) +
+        (*version > known ? ": a newer llmctld wrote it; use that llmctl"
+                          : ": an earlier llmctld wrote it, and this llmctl's llmctld migrates it "
+                            "when it starts (llmctl daemon stop, then llmctl daemon start)"));
   }
   return store;
 }

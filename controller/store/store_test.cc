@@ -113,6 +113,31 @@ TEST_F(StoreTest, DatabaseFromANewerVersionIsRefused) {
   EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM sqlite_schema"), 0);
 }
 
+// The CLI reads the store without migrating it (llmctl estimate): a file of another schema is
+// refused naming it, both versions and what to do, after an upgrade as after a downgrade.
+TEST_F(StoreTest, OpenReadOnlyRefusesAnotherSchemaSayingWhatToDo) {
+  ASSERT_NE(OpenStore(), nullptr);
+  const std::string known = std::to_string(QueryInt("PRAGMA user_version"));
+  const auto set_version = [this](int version) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    const std::string sql = "PRAGMA user_version = " + std::to_string(version);
+    EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  };
+  set_version(1);
+  Status older = Store::OpenReadOnly(path_).status();
+  EXPECT_EQ(older.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(older.message(),
+            "store " + path_ + ": its schema version is 1, this build's " + known +
+                ": an earlier llmctld wrote it, and this llmctl's llmctld migrates "
+                "it when it starts (llmctl daemon stop, then llmctl daemon start)");
+  set_version(999);
+  Status newer = Store::OpenReadOnly(path_).status();
+  EXPECT_EQ(newer.message(), "store " + path_ + ": its schema version is 999, this build's " +
+                                 known + ": a newer llmctld wrote it; use that llmctl");
+}
+
 TEST_F(StoreTest, FileThatIsNoDatabaseIsRefused) {
   std::filesystem::create_directories(dir_ / "data");
   std::ofstream(path_) << std::string(4096, 'x');
