@@ -115,6 +115,10 @@ void NodeRates::Stop() {
 }
 
 void NodeRates::Start(const NodeFacts& facts) {
+  // Only this agent writes DATA/rates.json, and not before now: a temporary beside it
+  // (rates.json.tmp.PID.N) is what an agent killed mid-write left, there for good otherwise. One
+  // that cannot be removed costs only its few kilobytes.
+  (void)RemoveAtomicWriteLeftovers(options_.data_dir + "/" + kRatesFile);
   if (!options_.measure) return;
   const std::string fingerprint = NodeRatesFingerprint(facts);
   if (std::string kept = KeptProbe(options_.data_dir + "/" + kRatesFile, fingerprint);

@@ -184,6 +184,27 @@ TEST_F(NodeRatesTest, MeasuredOnceIdleThenKeptUntilTheNodeChanges) {
   EXPECT_TRUE(runs->ends_with("--probe --probe-device cuda\n")) << *runs;
 }
 
+// An agent killed while it wrote rates.json left its temporary (rates.json.tmp.PID.N) for good; the
+// next agent removes it when it starts, whether it measures or takes the kept probe.
+TEST_F(NodeRatesTest, AKilledWritesTemporaryIsRemovedAtTheNextStart) {
+  const fs::path leftover = dir_ / "data" / "rates.json.tmp.123.0";
+  std::ofstream(leftover) << "{\"fingerprint\":";
+  {
+    NodeRates rates(Options(), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(Settled(rates).pending, "");
+    EXPECT_EQ(Runs(), 1);
+  }
+  EXPECT_FALSE(fs::exists(leftover));
+
+  std::ofstream(leftover) << "{\"fingerprint\":";
+  NodeRates rates(Options(), [] { return false; });
+  rates.Start(facts_);
+  EXPECT_EQ(rates.Current().pending, "") << "the kept probe serves";
+  EXPECT_EQ(Runs(), 1);
+  EXPECT_FALSE(fs::exists(leftover));
+}
+
 // llmctl's probe of this machine by this llm-train (the embedded agent's --rate-probe-file) is
 // taken as the node's, measuring nothing, and kept; one of another CPU, another llm-train or an
 // older version, or any on a node with a GPU, is not: the node measures.

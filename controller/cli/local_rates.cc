@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "common/atomic_file.h"
 #include "common/child_process.h"
 #include "common/cpu_model.h"
 #include "common/estimate/gpus.h"
@@ -309,6 +310,10 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
     return FileLock::AcquireWithin(lock_path, kProbeLockWait);
   }();
   if (!measuring.ok()) return sheets(measuring.status().message());
+  // Only the probe of the llmctl that holds probe.json.lock writes probe.json, and this one's has
+  // not started: a temporary beside it (probe.json.tmp.PID.N) is what a probe killed mid-write
+  // left, there for good otherwise. One that cannot be removed costs only its few kilobytes.
+  (void)RemoveAtomicWriteLeftovers(path.string());
   // What the llmctl that held the lock measured, if it did.
   kept = CurrentLocalProbe(path, stale);
   if (!kept.ok()) return sheets(kept.status().message());

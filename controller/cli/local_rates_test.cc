@@ -146,6 +146,25 @@ TEST_F(LocalRatesTest, TwoAtOnceMeasureOnceAndBothTakeTheProbe) {
   }
 }
 
+// A probe killed while llm-train wrote probe.json left its temporary (probe.json.tmp.PID.N) for
+// good; the next llmctl to measure removes it once it holds probe.json.lock.
+TEST_F(LocalRatesTest, AKilledProbesTemporaryIsRemovedByTheNextProbe) {
+  const fs::path bin = home_ / "bin";
+  fs::create_directories(bin);
+  std::ofstream(home_ / "fixed.json") << FixedProbe().ToJson().dump(2);
+  for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
+    std::ofstream(bin / name) << "#!/bin/sh\ncat '" << (home_ / "fixed.json").string()
+                              << "' > \"$3\"\n";  // writes --probe-output's file
+    fs::permissions(bin / name, fs::perms::owner_all);
+  }
+  const fs::path leftover = home_ / "probe.json.tmp.123.0";
+  std::ofstream(leftover) << "{\"version\":";
+  std::ostringstream err;
+  const LocalRates rates = LocalRates::Load(Env(), bin / "llmctl", err);
+  ASSERT_TRUE(rates.probe().has_value()) << err.str();
+  EXPECT_FALSE(fs::exists(leftover));
+}
+
 // Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.
 bool ProcessEnded(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
