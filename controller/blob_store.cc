@@ -163,7 +163,8 @@ Status ReceivedBlob::Commit(std::string_view sha256) {
     return InternalError("cannot rename " + checked_path_ + " to " + final_path + ": " +
                          std::strerror(errno));
   }
-  return Status::Ok();
+  // The writer's sync covered the checked name; this rename needs its own to outlast a power loss.
+  return SyncDirectoryOf(final_path).WithContext("received blob");
 }
 
 StatusOr<std::unique_ptr<ReceivedBlob>> BlobStore::BeginReceive(int64_t size) const {
