@@ -356,10 +356,15 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   if (!j.is_object()) return InvalidArgumentError(std::string(kWhere) + ": expected an object");
   RateProbe probe;
   const auto version = j.find("version");
-  if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() < 1 ||
-      version->get<int64_t>() > kRateProbeVersion) {
-    return Refuse("version", "must be 1 to " + std::to_string(kRateProbeVersion) +
-                                 " (a probe of a newer llmctl: run this llm-train --probe again)");
+  if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() < 1) {
+    return Refuse("version", "must be an integer from 1 to " + std::to_string(kRateProbeVersion));
+  }
+  if (version->get<int64_t>() > kRateProbeVersion) {
+    return Refuse("version", "is " + std::to_string(version->get<int64_t>()) +
+                                 ", newer than this llmctl reads (1 to " +
+                                 std::to_string(kRateProbeVersion) +
+                                 "): a newer llm-train --probe wrote it; measure again with this "
+                                 "llmctl's llm-train --probe");
   }
   probe.version = version->get<int>();
   ASSIGN_OR_RETURN(probe.measured_at, Text(j, "measured_at", "measured_at"));

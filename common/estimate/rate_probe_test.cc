@@ -120,6 +120,22 @@ TEST(RateProbeTest, SpeedSpreadIsTheMedianMeasurementsSlowestOverQuickest) {
   EXPECT_NEAR(SpeedSpread({{2.0, 2.2}, {1.0, 3.0}, {4.0, 5.0}}), 0.25, 1e-12);
 }
 
+// A probe of a newer llmctl (one downgraded since, or a file from elsewhere) is refused naming its
+// version and the ones this llmctl reads, not as if its version were not a number.
+TEST(RateProbeTest, AProbeOfANewerVersionIsRefusedNamingBothVersions) {
+  nlohmann::json newer = nlohmann::json::parse(FixedProbe().ToJson().dump());
+  newer["version"] = kRateProbeVersion + 1;
+  const std::string reads = std::to_string(kRateProbeVersion);
+  EXPECT_EQ(RateProbe::FromJson(newer).status().message(),
+            "rate probe: 'version' is " + std::to_string(kRateProbeVersion + 1) +
+                ", newer than this llmctl reads (1 to " + reads +
+                "): a newer llm-train --probe wrote it; measure again with this llmctl's llm-train "
+                "--probe");
+  newer["version"] = "9";
+  EXPECT_EQ(RateProbe::FromJson(newer).status().message(),
+            "rate probe: 'version' must be an integer from 1 to " + reads);
+}
+
 TEST(RateProbeTest, RefusesEachBadFieldByName) {
   const nlohmann::json good = nlohmann::json::parse(FixedProbeWithReferenceSteps().ToJson().dump());
   auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& field) {
