@@ -22,7 +22,9 @@ using sqlite::Transaction;
 struct NodeEnd {
   int64_t node_rank = 0;
   std::string node;
-  std::optional<int64_t> ended_at;  // Unix ms; nullopt while it runs
+  // Unix ms when the controller recorded the end, never before an end of the attempt recorded
+  // earlier; nullopt while it runs.
+  std::optional<int64_t> ended_at;
   std::optional<std::string> outcome;
   std::optional<int64_t> exit_code;
   std::string error;
@@ -179,12 +181,18 @@ StatusOr<std::optional<TrialState>> Store::FinishAttemptNode(int64_t trial_id, i
                                      "; refusing to end it again as " + outcome_name);
     }
   } else {
+    // The order of the ends, which decides the outcome, is the order they were recorded in: a
+    // step of the controller's wall clock back between two ends must not put the later first.
+    int64_t ended_at = internal::ToMillis(now);
+    for (const NodeEnd& end : ends) {
+      if (end.ended_at) ended_at = std::max(ended_at, *end.ended_at + 1);
+    }
     ASSIGN_OR_RETURN(Statement end,
                      Statement::Prepare(db_,
                                         "UPDATE attempt_nodes SET ended_at = ?, outcome = ?, "
                                         "exit_code = ?, error = ? WHERE trial_id = ? AND "
                                         "attempt = ? AND node_rank = ?"));
-    end.Bind(1, internal::ToMillis(now))
+    end.Bind(1, ended_at)
         .Bind(2, outcome_name)
         .BindOptional(3, exit_code)
         .Bind(4, kept_error)
@@ -192,7 +200,7 @@ StatusOr<std::optional<TrialState>> Store::FinishAttemptNode(int64_t trial_id, i
         .Bind(6, attempt)
         .Bind(7, node_rank);
     RETURN_IF_ERROR(end.Run());
-    mine->ended_at = internal::ToMillis(now);
+    mine->ended_at = ended_at;
     mine->outcome = outcome_name;
     mine->exit_code = exit_code;
     mine->error = kept_error;

@@ -181,6 +181,24 @@ TEST_F(AttemptNodesTest, TheFirstFailureWinsOverTheNodesTheControllerStopped) {
   EXPECT_EQ(*last, TrialState::kFailed);
 }
 
+// Node 1's failure is recorded first; the controller's wall clock then steps an hour back before
+// node 0's ranks, which lost their peers, end as failed too: the first recorded still explains it.
+TEST_F(AttemptNodesTest, TheFirstFailureRecordedWinsOverAWallClockStepBack) {
+  const int64_t attempt = StartOnTwoNodes();
+  ASSERT_TRUE(store_
+                  ->FinishAttemptNode(trial_ids_[0], attempt, 1, TrialState::kFailed, 1,
+                                      "rank 2 of 4 exited with code 1", kNow)
+                  .ok());
+  auto last = store_->FinishAttemptNode(trial_ids_[0], attempt, 0, TrialState::kFailed, 1,
+                                        "rank 0 of 4 lost its peers", kNow - std::chrono::hours(1));
+  ASSERT_TRUE(last.ok()) << last.status().ToString();
+  EXPECT_EQ(*last, TrialState::kFailed);
+  auto report = store_->Report(Trial(trial_ids_[0]).experiment_id);
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->trials.front().error,
+            "node n2 (node rank 1 of 2): rank 2 of 4 exited with code 1");
+}
+
 TEST_F(AttemptNodesTest, AUserCancelEndsItCancelled) {
   const int64_t attempt = StartOnTwoNodes();
   ASSERT_TRUE(store_->CancelTrial(trial_ids_[0]).ok());
