@@ -44,6 +44,23 @@ std::vector<std::string> Texts(const std::vector<EventLine>& lines) {
   return texts;
 }
 
+// Run 3/base/1's state as a RunManager opened on `data` finds it, the run having written `events`
+// and the supervisor `exit_json` before the agent went down; the manager is closed again.
+StatusOr<RunState> RecoverRun(const fs::path& data, const std::string& events,
+                              const std::string& exit_json) {
+  const fs::path run = data / "runs" / "3" / "base" / "1";
+  fs::create_directories(run);
+  std::ofstream(run / kEventsFile) << events;
+  std::ofstream(run / kExitFile) << exit_json;
+  ASSIGN_OR_RETURN(std::unique_ptr<InputCache> cache, InputCache::Open((data / "cache").string()));
+  RunManagerOptions options;
+  options.data_dir = data.string();
+  options.llm_train = "/bin/false";
+  options.supervisor_program = "/bin/false";
+  ASSIGN_OR_RETURN(std::unique_ptr<RunManager> runs, RunManager::Open(options, cache.get()));
+  return runs->Get(RunKey{3, "base", 1});
+}
+
 TEST(EventReaderTest, OnlyCompleteLinesInOrder) {
   const fs::path dir = FreshDir("complete");
   const std::string path = (dir / "events.jsonl").string();
@@ -167,50 +184,26 @@ TEST(RunManagerRecoveryTest, AResultEventsErrorIsQuotedOnOneLineOfAtMostTheQuote
   on_one_line(FindResultEvent(result_line).error);
 
   const fs::path data = FreshDir("result-error");
-  const fs::path run = data / "runs" / "3" / "base" / "1";
-  fs::create_directories(run);
-  std::ofstream(run / kEventsFile) << "{\"type\":\"start\"}\n" << result_line;
-  std::ofstream(run / kExitFile) << "{\"exit_code\":1}\n";
-  auto cache = InputCache::Open((data / "cache").string());
-  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
-  RunManagerOptions options;
-  options.data_dir = data.string();
-  options.llm_train = "/bin/false";
-  options.supervisor_program = "/bin/false";
-  auto runs = RunManager::Open(options, cache->get());
-  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
-  auto state = (*runs)->Get(RunKey{3, "base", 1});
+  auto state = RecoverRun(data, "{\"type\":\"start\"}\n" + result_line, "{\"exit_code\":1}\n");
   ASSERT_TRUE(state.ok()) << state.status().ToString();
   ASSERT_TRUE(state->ended);
   EXPECT_EQ(state->end.outcome, "failed");
   on_one_line(state->end.error);
-  runs->reset();
   fs::remove_all(data);
 }
 
 TEST(RunManagerRecoveryTest, ARunThatEndedWithBadEventLinesIsFinishedOnStart) {
   const fs::path data = FreshDir("recovery");
-  const fs::path run = data / "runs" / "3" / "base" / "1";
-  fs::create_directories(run);
-  std::ofstream(run / kEventsFile) << "{\"type\":\"start\"}\n"
-                                   << "{\"type\":1,\"x\":\"result\"}\n"
-                                   << "not json \xff\n"
-                                   << "{\"type\":\"result\",\"error\":\"\"}\n";
-  std::ofstream(run / kExitFile) << "{\"exit_code\":0}\n";
-  auto cache = InputCache::Open((data / "cache").string());
-  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
-  RunManagerOptions options;
-  options.data_dir = data.string();
-  options.llm_train = "/bin/false";
-  options.supervisor_program = "/bin/false";
-  auto runs = RunManager::Open(options, cache->get());
-  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
-  auto state = (*runs)->Get(RunKey{3, "base", 1});
+  auto state = RecoverRun(data,
+                          "{\"type\":\"start\"}\n"
+                          "{\"type\":1,\"x\":\"result\"}\n"
+                          "not json \xff\n"
+                          "{\"type\":\"result\",\"error\":\"\"}\n",
+                          "{\"exit_code\":0}\n");
   ASSERT_TRUE(state.ok()) << state.status().ToString();
   EXPECT_TRUE(state->ended);
   EXPECT_EQ(state->end.outcome, "ok");
   EXPECT_EQ(state->last_seq, 4);
-  runs->reset();
   fs::remove_all(data);
 }
 
