@@ -189,6 +189,9 @@ StatusOr<std::unique_ptr<v1::Controller::Stub>> Llmctl::Connect() {
     }
     EmbeddedDaemons daemons(address.data_dir, std::move(*binaries));
     RETURN_IF_ERROR(daemons.EnsureRunning(context_.daemon_ready_timeout));
+    for (const std::string& note : daemons.ReplacedBinaryNotes()) {
+      context_.err << "note: " << note << "\n";
+    }
   }
   // A unix socket's 0600 mode is its credential; llmctld serves TCP only with a token.
   std::string token;

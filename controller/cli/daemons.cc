@@ -143,14 +143,16 @@ std::optional<RunningDaemon> FindDaemon(const fs::path& pid_file, const fs::path
   std::string exe = fs::read_symlink("/proc/" + std::to_string(pid) + "/exe", error).string();
   if (error) return std::nullopt;
   // A binary rebuilt while its daemon runs shows as "<path> (deleted)".
-  if (const std::string deleted = " (deleted)"; exe.ends_with(deleted)) {
-    exe.resize(exe.size() - deleted.size());
-  }
+  const std::string deleted = " (deleted)";
+  const bool replaced = exe.ends_with(deleted);
+  if (replaced) exe.resize(exe.size() - deleted.size());
   const fs::path canonical = fs::weakly_canonical(binary, error);
   // A reused pid runs some other program.
   if (fs::path(exe).filename() != canonical.filename()) return std::nullopt;
-  return RunningDaemon{
-      .pid = static_cast<pid_t>(pid), .runs = exe, .another_binary = exe != canonical.string()};
+  return RunningDaemon{.pid = static_cast<pid_t>(pid),
+                       .runs = exe,
+                       .another_binary = exe != canonical.string(),
+                       .replaced = replaced};
 }
 
 std::optional<pid_t> RunningPid(const fs::path& pid_file, const fs::path& binary) {
@@ -376,6 +378,20 @@ Status EmbeddedDaemons::RefuseAnotherInstall(const DaemonSpec& spec) {
           .append(spec.binary.string())
           .append(" (llmctl was upgraded or moved while its daemons ran): run llmctl daemon stop "
                   "(trials already running go on), then this command again"));
+}
+
+std::vector<std::string> EmbeddedDaemons::ReplacedBinaryNotes() const {
+  std::vector<std::string> notes;
+  for (const DaemonSpec& spec : {ControllerSpec(), AgentSpec()}) {
+    const std::optional<RunningDaemon> running = FindDaemon(spec.pid_file, spec.binary);
+    if (!running || running->another_binary || !running->replaced) continue;
+    notes.push_back(spec.name + " (pid " + std::to_string(running->pid) + ") runs " +
+                    running->runs.string() +
+                    " as it was before it was rebuilt or replaced, not this llmctl's: llmctl "
+                    "daemon stop, and the next command starts the new one (trials already "
+                    "running go on)");
+  }
+  return notes;
 }
 
 std::vector<std::string> EmbeddedDaemons::Stop(milliseconds grace) {

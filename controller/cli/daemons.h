@@ -51,6 +51,7 @@ struct RunningDaemon {
   // another_binary, another llmctl's (one upgraded or moved while its daemons ran).
   std::filesystem::path runs;
   bool another_binary = false;
+  bool replaced = false;  // `runs` was rebuilt or replaced since it started (/proc's " (deleted)")
 };
 std::optional<RunningDaemon> FindDaemon(const std::filesystem::path& pid_file,
                                         const std::filesystem::path& binary);
@@ -101,6 +102,12 @@ class EmbeddedDaemons {
   // (FindDaemon). Lines saying what it did, and, when the agent was running, that the trials
   // already running go on.
   std::vector<std::string> Stop(std::chrono::milliseconds grace);
+
+  // One line for each running daemon whose binary was rebuilt or replaced since it started (an
+  // llmctl upgraded in place while its daemons ran): it still runs the earlier code, which this
+  // llmctl's commands would reach; says how to restart it. Notes, not refusals: a rebuild in the
+  // tree under a running daemon is routine, and the daemon still serves.
+  std::vector<std::string> ReplacedBinaryNotes() const;
 
   // One line per daemon: running (pid, and the binary when another llmctl's) or stopped, with its
   // socket and log.

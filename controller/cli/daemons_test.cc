@@ -135,6 +135,36 @@ TEST_F(DaemonsTest, ADaemonOfAnotherLlmctlIsNamedNotReplacedAndStops) {
   }
 }
 
+// llmctl rebuilt or upgraded in place while its daemons ran: the daemon, still the data
+// directory's, runs the earlier code that this llmctl's commands reach; a note says so and how to
+// restart it, and `daemon stop` stops it.
+TEST_F(DaemonsTest, ADaemonWhoseBinaryWasReplacedSinceItStartedIsNoted) {
+  const fs::path data = dir_ / "data";
+  fs::create_directories(data / "logs");
+  fs::create_directories(dir_ / "bin");
+  fs::copy_file("/bin/sleep", dir_ / "bin" / "llmctld");  // a stand-in under llmctld's name
+  const fs::path binary = fs::canonical(dir_ / "bin" / "llmctld");
+  EmbeddedDaemons daemons(data, {binary, fs::canonical("/bin/false"), fs::canonical("/bin/false")});
+  DaemonSpec controller = daemons.ControllerSpec();
+  controller.args = {"300"};
+  StatusOr<pid_t> pid = StartDetached(controller);
+  ASSERT_TRUE(pid.ok()) << pid.status().message();
+  EXPECT_TRUE(daemons.ReplacedBinaryNotes().empty());
+
+  // As a build or an unpacked bundle replaces it: a new file at the same path.
+  fs::remove(binary);
+  fs::copy_file("/bin/sleep", binary);
+  EXPECT_EQ(daemons.ReplacedBinaryNotes(),
+            std::vector<std::string>{
+                "llmctld (pid " + std::to_string(*pid) + ") runs " + binary.string() +
+                " as it was before it was rebuilt or replaced, not this llmctl's: llmctl daemon "
+                "stop, and the next command starts the new one (trials already running go on)"});
+  EXPECT_EQ(RunningPid(data / "llmctld.pid", binary), *pid);
+  const std::vector<std::string> stopped = daemons.Stop(std::chrono::seconds(10));
+  ASSERT_EQ(stopped.size(), 2u);
+  EXPECT_EQ(stopped[1], "llmctld (pid " + std::to_string(*pid) + "): stopped");
+}
+
 TEST_F(DaemonsTest, ABinaryThatCannotRunIsReported) {
   DaemonSpec spec = Sleeper(dir_);
   spec.binary = dir_ / "not-executable";
