@@ -55,6 +55,18 @@ Status AppendLines(const std::string& path, const std::string& lines) {
 
 }  // namespace
 
+int64_t ReadingDates::UnixMs(const std::string& run_dir,
+                             std::chrono::system_clock::time_point wall_now,
+                             std::chrono::steady_clock::time_point steady_now) {
+  const FirstReading& first =
+      first_readings_.try_emplace(run_dir, FirstReading{wall_now, steady_now}).first->second;
+  const auto date = first.wall + std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                     steady_now - first.steady);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(date.time_since_epoch()).count();
+}
+
+void ReadingDates::Forget(const std::string& run_dir) { first_readings_.erase(run_dir); }
+
 SampleRecorder::SampleRecorder(RunManager* runs, DeviceSampler* sampler,
                                std::chrono::milliseconds interval)
     : runs_(runs), sampler_(sampler), interval_(interval) {
@@ -93,9 +105,8 @@ void SampleRecorder::SampleOnce() {
     SampleTarget target{run.dir, run.device_type, run.device_indices, WorkerProcessGroup(run.dir)};
     sampled.insert(run.dir);
     auto readings = sampler_->Sample(target);
-    const int64_t unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                std::chrono::system_clock::now().time_since_epoch())
-                                .count();
+    const int64_t unix_ms =
+        dates_.UnixMs(run.dir, std::chrono::system_clock::now(), std::chrono::steady_clock::now());
     std::string lines;
     if (readings.ok()) {
       for (const DeviceReading& reading : *readings) {
@@ -116,6 +127,7 @@ void SampleRecorder::SampleOnce() {
     if (!sampled.contains(dir)) {
       sampler_->Forget(dir);
       warned_.erase(dir);
+      dates_.Forget(dir);
     }
   }
   sampled_ = std::move(sampled);
