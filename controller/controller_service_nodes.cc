@@ -25,13 +25,15 @@ constexpr size_t kMaxAgentAddressBytes = 1024;
 
 Status ValidateAgentAddress(std::string_view address) {
   // The address is shown in `llmctl nodes` and stored: no control character (an escape sequence
-  // from whoever set it, a newline that forges a line) and no space.
-  const bool printable = std::all_of(address.begin(), address.end(), [](char c) {
+  // from whoever set it, a newline that forges a line), and no space but in a socket's path (the
+  // embedded agent's is in LLMCTL_HOME, which may be "/home/ana/My Drive/llmctl").
+  const bool unix_socket = address.starts_with("unix:");
+  const bool printable = std::all_of(address.begin(), address.end(), [&](char c) {
     const auto byte = static_cast<unsigned char>(c);
-    return byte > 0x20 && byte != 0x7f;
+    return (byte > 0x20 || (byte == 0x20 && unix_socket)) && byte != 0x7f;
   });
   if (printable && address.size() <= kMaxAgentAddressBytes) {
-    if (address.starts_with("unix:")) {
+    if (unix_socket) {
       if (address.size() > 5 && address[5] == '/') return Status::Ok();
     } else if (const size_t colon = address.rfind(':');
                colon != std::string_view::npos && colon > 0 && colon + 1 < address.size()) {

@@ -59,8 +59,8 @@ TEST_F(ControllerServiceTest, RegisterNodeIssuesCredentialsThatAreStoredOnlyInTh
               grpc::StatusCode::INVALID_ARGUMENT)
         << name;
   }
-  // An address is shown and stored: no spaces, controls (an escape sequence, a forged line) or
-  // kilobytes of it.
+  // An address is shown and stored: no spaces (but in a socket's path), controls (an escape
+  // sequence, a forged line) or kilobytes of it.
   for (const std::string& address :
        {std::string("not an address"), std::string("evil\x1b]0;x\x07:7443"),
         std::string("10.0.0.1:7443\nnode gpu-2"), std::string("del\x7f:1"),
@@ -71,6 +71,14 @@ TEST_F(ControllerServiceTest, RegisterNodeIssuesCredentialsThatAreStoredOnlyInTh
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << address;
     EXPECT_EQ(refused.error_message().find_first_of("\x1b\x07\n\x7f"), std::string::npos);
   }
+  // A socket's path may hold a space: the embedded agent's is in LLMCTL_HOME.
+  grpc::ClientContext spaced_socket_context;
+  request.set_name("gpu-2");
+  request.set_address("unix:/home/ana/My Drive/llmctl/agent.sock");
+  const grpc::Status spaced_socket =
+      stub_->RegisterNode(&spaced_socket_context, request, &credentials);
+  EXPECT_TRUE(spaced_socket.ok()) << spaced_socket.error_message();
+  request.set_name("gpu-1");
   // The address shown is cut at a character's start: no half of the "é" that straddles its
   // 200th byte, which would read as U+FFFD.
   std::string accented(199, 'h');
