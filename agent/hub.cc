@@ -16,6 +16,7 @@
 #include "common/checked_math.h"
 #include "common/digest/digest.h"
 #include "common/files.h"
+#include "common/text.h"
 
 namespace llmctl::agent {
 namespace {
@@ -29,23 +30,6 @@ constexpr char kSingleWeightsFile[] = "model.safetensors";
 constexpr const char* kOptionalDefaultFiles[] = {"generation_config.json", "tokenizer.json",
                                                  "tokenizer_config.json", "special_tokens_map.json",
                                                  "tokenizer.model"};
-
-// RFC 3986 unreserved bytes stay, everything else is %XX ('/' too unless `keep_slash`).
-std::string PercentEncode(std::string_view text, bool keep_slash) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : text) {
-    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' ||
-        (keep_slash && c == '/')) {
-      out += static_cast<char>(c);
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
-}
 
 // Digests of a file on disk: its sha256 and its git blob id.
 struct FileDigests {

@@ -87,6 +87,10 @@ std::optional<std::pair<std::string, std::string>> ParseInputNameArgument(
 std::string FormatColumns(const std::vector<std::vector<std::string>>& rows,
                           size_t first_right_aligned = std::numeric_limits<size_t>::max());
 
+// `text` for a URI's path or query: RFC 3986 unreserved bytes stay, everything else is %XX ('/'
+// too unless `keep_slash`).
+std::string PercentEncode(std::string_view text, bool keep_slash);
+
 }  // namespace llmctl
 
 #endif  // LLMCTL_COMMON_TEXT_H_

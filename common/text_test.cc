@@ -160,5 +160,12 @@ TEST(InputNameArgumentTest, ABadFormIsRefused) {
   }
 }
 
+TEST(PercentEncodeTest, KeepsUnreservedBytesAndEncodesTheRest) {
+  EXPECT_EQ(PercentEncode("a-z.0_9~", /*keep_slash=*/false), "a-z.0_9~");
+  EXPECT_EQ(PercentEncode("/My Drive/#1?\u00e9%", /*keep_slash=*/true),
+            "/My%20Drive/%231%3F%C3%A9%25");
+  EXPECT_EQ(PercentEncode("refs/pr/1", /*keep_slash=*/false), "refs%2Fpr%2F1");
+}
+
 }  // namespace
 }  // namespace llmctl
