@@ -1,5 +1,7 @@
 #include "controller/store/sqlite.h"
 
+#include <cerrno>
+#include <cstring>
 #include <map>
 #include <utility>
 
@@ -65,6 +67,20 @@ Status Error(sqlite3* db, int rc, std::string_view what) {
   message += ": ";
   message += db != nullptr && sqlite3_errcode(db) == rc ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
   const int primary = rc & 0xff;
+  // SQLite's words for a file it could not write ("database or disk is full", "disk I/O error")
+  // name no file and no reason: the user has to know which filesystem to free or repair.
+  const bool file_error = primary == SQLITE_FULL || primary == SQLITE_IOERR ||
+                          primary == SQLITE_CANTOPEN || primary == SQLITE_READONLY;
+  if (const char* file = db != nullptr ? sqlite3_db_filename(db, "main") : nullptr;
+      file_error && file != nullptr && *file != '\0') {
+    // SQLite keeps no errno for a full disk (its unix VFS clears it on ENOSPC or a short write),
+    // and the store sets no page limit that SQLITE_FULL could mean instead.
+    int error = sqlite3_system_errno(db);
+    if (error == 0 && primary == SQLITE_FULL) error = ENOSPC;
+    message.append(" (").append(file);
+    if (error != 0) message.append(": ").append(std::strerror(error));
+    message += ")";
+  }
   switch (primary) {
     case SQLITE_BUSY:
     case SQLITE_LOCKED:

@@ -19,7 +19,9 @@ namespace llmctl::store::sqlite {
 // Unavailable (the same call may succeed later); a UNIQUE or PRIMARY KEY conflict → AlreadyExists;
 // other constraints → InvalidArgument; a corrupt file or one that is no database → DataLoss; a
 // full disk → ResourceExhausted; a file that cannot be opened or written → FailedPrecondition;
-// anything else → Internal.
+// anything else → Internal. A file's error (full, I/O, cannot open, read only) names the database
+// file and the system's reason: "... database or disk is full (/x/llmctl.db: No space left on
+// device)".
 Status Error(sqlite3* db, int rc, std::string_view what);
 
 // Runs one or more statements that return no rows.
