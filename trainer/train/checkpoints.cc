@@ -191,6 +191,11 @@ StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& dir) {
     return found == json.end() ? nullptr : &*found;
   };
   const nlohmann::json* version = member("format_version");
+  if (version != nullptr && version->is_number_integer() && *version > kFormatVersion) {
+    return DataLossError(state_path + ": checkpoint format_version " + ShortJson(*version) +
+                         " is newer than this llm-train reads (" + std::to_string(kFormatVersion) +
+                         "): a newer llm-train wrote it; resume with that one");
+  }
   if (version == nullptr || !version->is_number_integer() || *version != kFormatVersion) {
     return DataLossError(state_path + ": unsupported checkpoint format_version " +
                          (version == nullptr ? std::string("(none)") : ShortJson(*version)));

@@ -183,6 +183,10 @@ TEST(CheckpointTest, AStateFileOfWrongTypesIsRefusedByName) {
        "unsupported checkpoint format_version 1e+300"},
       {[](nlohmann::json& j) { j["format_version"] = "1"; },
        "unsupported checkpoint format_version \"1\""},
+      // One of a newer llm-train (resumed after a downgrade, or from a path the user gave).
+      {[](nlohmann::json& j) { j["format_version"] = 2; },
+       "checkpoint format_version 2 is newer than this llm-train reads (1): a newer llm-train "
+       "wrote it; resume with that one"},
       {[](nlohmann::json& j) { j["next_step"] = 1e300; }, "next_step must be a step count"},
       {[](nlohmann::json& j) { j["next_step"] = -4; }, "next_step must be a step count"},
       {[](nlohmann::json& j) { j["loss_scale"] = "x"; },
