@@ -129,7 +129,8 @@ StatusOr<std::unique_ptr<EnrollmentServer>> EnrollmentServer::Start(EnrollmentOp
   server->service_ = std::make_unique<EnrollmentService>(std::move(options));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, rpc::EnrollmentServerCredentials(identity), &port);
+  builder.AddListeningPort(rpc::GrpcAddress(listen), rpc::EnrollmentServerCredentials(identity),
+                           &port);
   builder.RegisterService(server->service_.get());
   // Any party that reaches the port may call, before anyone is authenticated: few threads.
   rpc::ServerLimits limits;

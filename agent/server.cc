@@ -560,7 +560,7 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
     }
   }
   builder.AddListeningPort(
-      options.listen,
+      rpc::GrpcAddress(options.listen),
       options.identity_files.certificate_file.empty()
           ? rpc::ServerCredentials(options.identity, options.token)
           : rpc::WatchedServerCredentials(options.identity_files, options.token,

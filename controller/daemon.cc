@@ -169,7 +169,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
   int bound_port = 0;
   // The CLI's API: a unix socket in a private directory, or TCP (loopback unless
   // allow_remote_listen, ValidateListenAddress) whose calls must carry the API token.
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(rpc::GrpcAddress(config.listen), grpc::InsecureServerCredentials(),
                            socket ? nullptr : &bound_port);
   builder.RegisterService(daemon->service_.get());
   rpc::ApplyServerLimits(builder, {});

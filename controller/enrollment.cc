@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "llmctl/v1/agent.grpc.pb.h"
+#include "rpc/connection.h"
 #include "rpc/grpc_status.h"
 #include "rpc/tls.h"
 
@@ -26,8 +27,8 @@ Status EnrollAgent(const std::string& address, const std::string& node,
   // comparing the certificate with the address.
   grpc::ChannelArguments arguments;
   arguments.SetSslTargetNameOverride(rpc::EnrollmentCertificateName(node));
-  auto stub = v1::AgentEnrollment::NewStub(
-      grpc::CreateCustomChannel(address, rpc::EnrollmentChannelCredentials(identity), arguments));
+  auto stub = v1::AgentEnrollment::NewStub(grpc::CreateCustomChannel(
+      rpc::GrpcAddress(address), rpc::EnrollmentChannelCredentials(identity), arguments));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + deadline);
   auto stream = stub->Enroll(&context);

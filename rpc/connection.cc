@@ -2,12 +2,21 @@
 
 #include <grpc/grpc.h>
 
+#include "common/text.h"
+
 namespace llmctl::rpc {
 namespace {
 
 int Milliseconds(std::chrono::milliseconds duration) { return static_cast<int>(duration.count()); }
 
 }  // namespace
+
+std::string GrpcAddress(const std::string& address) {
+  constexpr std::string_view kUnix = "unix:";
+  if (!address.starts_with(kUnix)) return address;
+  return std::string(kUnix).append(
+      PercentEncode(std::string_view(address).substr(kUnix.size()), /*keep_slash=*/true));
+}
 
 void SetClientKeepalive(grpc::ChannelArguments& arguments, const KeepaliveOptions& keepalive) {
   arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, Milliseconds(keepalive.time));

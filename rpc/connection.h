@@ -17,6 +17,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <string>
 
 namespace llmctl::rpc {
 
@@ -39,6 +40,13 @@ struct ServerLimits {
   int max_receive_bytes = kDefaultMaxReceiveBytes;
   KeepaliveOptions keepalive;
 };
+
+// `address`, host:port or unix:/path, as gRPC reads it, for a server's listening port and a client
+// channel's target alike: gRPC reads both as URIs, percent-decoding a unix: path ("%41" is "A"),
+// and a channel's target ends its path at a '#' or '?', so a socket path's bytes are
+// percent-encoded here (a controller listening in "/home/ana/lab #1" was dialled at
+// "/home/ana/lab ").
+std::string GrpcAddress(const std::string& address);
 
 // A client channel's keepalive.
 void SetClientKeepalive(grpc::ChannelArguments& arguments, const KeepaliveOptions& keepalive = {});

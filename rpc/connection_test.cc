@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -247,6 +249,35 @@ TEST_F(ConnectionTest, PastItsThreadsAServerRefusesCallsInsteadOfGrowing) {
   pb::NodeInfo info;
   const grpc::Status status = stub->GetNodeInfo(&context, {}, &info);
   EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+// gRPC reads a server's and a channel's unix: address as a URI: a socket in a directory named as
+// users name theirs ("lab #1", "?", "%41", "é", a space) is made and reached only through
+// GrpcAddress, where the server made it in ".../q=A é" and the channel's "#1" began a fragment.
+TEST_F(ConnectionTest, AServerAndAChannelMeetAtAUnixSocketWhosePathHoldsURISyntax) {
+  std::string directory = (std::filesystem::temp_directory_path() / "llmctl-rpc-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(directory.data()), nullptr);
+  const std::filesystem::path named =
+      std::filesystem::path(directory) / "My Drive #1 ?q=%41 \u00e9";
+  std::filesystem::create_directory(named);
+  const std::string address = "unix:" + (named / "agent.sock").string();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(GrpcAddress(address), grpc::InsecureServerCredentials());
+  builder.RegisterService(&service_);
+  server_ = builder.BuildAndStart();
+  ASSERT_NE(server_, nullptr);
+  EXPECT_TRUE(std::filesystem::exists(named / "agent.sock"));
+
+  auto stub = pb::Agent::NewStub(
+      grpc::CreateChannel(GrpcAddress(address), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  pb::NodeInfo info;
+  const grpc::Status status = stub->GetNodeInfo(&context, {}, &info);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(info.node(), "node1");
+  EXPECT_EQ(GrpcAddress("127.0.0.1:7443"), "127.0.0.1:7443");
+  std::filesystem::remove_all(directory);
 }
 
 }  // namespace

@@ -198,7 +198,7 @@ std::shared_ptr<grpc::Channel> Dial(const std::string& address, const std::strin
   grpc::ChannelArguments arguments;
   arguments.SetSslTargetNameOverride(target_name);
   SetClientKeepalive(arguments);
-  return grpc::CreateCustomChannel(address, credentials, arguments);
+  return grpc::CreateCustomChannel(GrpcAddress(address), credentials, arguments);
 }
 
 StatusOr<std::string> ReadTokenFile(const std::string& path) {

@@ -14,12 +14,14 @@ std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target,
   // `watch` on a controller that went away without closing ends instead of waiting for ever.
   rpc::SetClientKeepalive(arguments);
   if (token.empty()) {
-    return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
+    return grpc::CreateCustomChannel(rpc::GrpcAddress(target), grpc::InsecureChannelCredentials(),
+                                     arguments);
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(rpc::BearerTokenInterceptor(token));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
-      target, grpc::InsecureChannelCredentials(), arguments, std::move(interceptors));
+      rpc::GrpcAddress(target), grpc::InsecureChannelCredentials(), arguments,
+      std::move(interceptors));
 }
 
 std::shared_ptr<grpc::Channel> OpenStartingControllerChannel(const std::string& target,
@@ -30,7 +32,8 @@ std::shared_ptr<grpc::Channel> OpenStartingControllerChannel(const std::string& 
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, retry_ms);
   // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the connect timeout, and a
   // handshake cut at `retry` never completes on a loaded machine.
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments);
+  return grpc::CreateCustomChannel(rpc::GrpcAddress(target), grpc::InsecureChannelCredentials(),
+                                   arguments);
 }
 
 std::unique_ptr<grpc::ClientContext> UnaryContext() {
