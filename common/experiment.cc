@@ -40,8 +40,10 @@ bool IsNameCharacter(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
 }
 
+constexpr size_t kMaxNameBytes = 100;
+
 bool IsValidName(std::string_view name) {
-  return !name.empty() && name.size() <= 100 &&
+  return !name.empty() && name.size() <= kMaxNameBytes &&
          std::all_of(name.begin(), name.end(), IsNameCharacter);
 }
 
@@ -418,6 +420,21 @@ StatusOr<Experiment> LoadExperimentFile(const std::string& path,
     return Status(text.status().code(), "experiment file: " + text.status().message());
   }
   return ParseExperiment(*text, path, options);
+}
+
+std::string NameFrom(std::string_view text) {
+  std::string name;
+  bool dropped = false;  // characters a name may not hold since the last one it may
+  for (const char c : text) {
+    if (!IsNameCharacter(c)) {
+      dropped = true;
+      continue;
+    }
+    if (dropped && !name.empty()) name += '-';
+    dropped = false;
+    name += c;
+  }
+  return name.substr(0, kMaxNameBytes);
 }
 
 }  // namespace llmctl

@@ -93,6 +93,11 @@ Status KeepOnlyTrials(const std::vector<std::string>& names, std::string_view fi
 // Experiment files are a few KB; a bigger one is a wrong path, refused before it is read whole.
 inline constexpr size_t kMaxExperimentFileBytes = 4 << 20;
 
+// An experiment's or trial's name made of `text` (a directory's name, say "my model: 'q' #1"):
+// each run of characters a name may not hold becomes one '-' between the characters it may hold
+// ("my-model-q-1"), cut to a name's 100 bytes; empty when `text` holds none.
+std::string NameFrom(std::string_view text);
+
 // Reads `path` (a regular file of at most kMaxExperimentFileBytes) and parses it. NotFound when
 // the file is missing; InvalidArgument when it is a directory, device or FIFO.
 StatusOr<Experiment> LoadExperimentFile(const std::string& path,

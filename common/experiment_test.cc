@@ -725,5 +725,13 @@ TEST(LoadExperimentFileTest, NonRegularFilesAreRefusedAtOnce) {
   }
 }
 
+TEST(NameFromTest, RunsOfWhatANameMayNotHoldBecomeOneDash) {
+  EXPECT_EQ(NameFrom("my model: 'q' #1"), "my-model-q-1");
+  EXPECT_EQ(NameFrom("exp\u00e9riences/"), "exp-riences");
+  EXPECT_EQ(NameFrom("-lead_x.y"), "-lead_x.y");
+  EXPECT_EQ(NameFrom(" #: "), "");
+  EXPECT_EQ(NameFrom(std::string(150, 'a')), std::string(100, 'a'));
+}
+
 }  // namespace
 }  // namespace llmctl

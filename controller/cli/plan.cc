@@ -299,7 +299,8 @@ std::string ExperimentYaml(const PlanOptions& o, const Resolved& r, const estima
                            const std::string& command) {
   const fs::path file(o.write);
   YAML::Node root;
-  root["name"] = "plan-" + fs::path(o.model).filename().string();
+  // A model directory's name may hold what an experiment's name may not ("My Model (v2)").
+  root["name"] = NameFrom(std::string("plan-").append(fs::path(o.model).filename().string()));
   root["description"] =
       "The configurations `llmctl plan` predicts fit " + r.device_text + ", fastest first";
   root["model"] = BesideFile(o.model, file);

@@ -310,6 +310,28 @@ TEST_F(PlanTest, AModelPathCannotWriteAKeyOfItsOwn) {
   EXPECT_EQ(out_.str().find('\x1b'), std::string::npos);
 }
 
+// A model directory and a written file named as users name theirs: the experiment's name is made
+// of the directory's name, where "plan-My Model: 'v2' #1 \u00e9" was refused by the file's own
+// check and nothing was written; the paths go into the file as they are.
+TEST_F(PlanTest, AModelDirectoryOfAnyNameIsWrittenUnderANameSubmitTakes) {
+  const fs::path model = dir_ / "models" / "My Model: 'v2' #1 \u00e9";
+  fs::create_directories(model);
+  fs::copy_file(Source() + "/experiments/models/cpu-lab-small/config.json", model / "config.json");
+  const fs::path out = dir_ / "My Drive #2: -x";
+  fs::create_directories(out);
+  const fs::path file = out / "* plan: #1.yaml";
+  std::vector<std::string> args = CpuLabLarge();
+  args[0] = model.string();
+  args.insert(args.end(), {"--top", "1", "--write", file.string(), "--data",
+                           Source() + "/experiments/data/alpaca-demo.jsonl", "--tokenizer",
+                           Source() + "/experiments/tokenizers/demo/tokenizer.json"});
+  ASSERT_EQ(Llmctl(args), kExitOk) << err_.str();
+  StatusOr<Experiment> parsed = LoadExperimentFile(file.string());
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->name, "plan-My-Model-v2-1");
+  EXPECT_EQ(parsed->trials.at(0).config.GetString("model"), model.string());
+}
+
 // Issue 28's check of a plan: every configuration it says fits does fit, run by the real
 // llm-train under the plan's device budget from the experiment file --write emits, unchanged but
 // for its length: two steps, the second of which holds the optimizer's state through the step and
