@@ -228,6 +228,19 @@ TEST_F(CommandsTest, ReportOutputWritesTheFile) {
   EXPECT_EQ(html.str().rfind("<!DOCTYPE html>", 0), 0u);
 }
 
+// A report that cannot be written (here a missing directory; a full disk says "No space left on
+// device" alike) fails with the file's error and exit 1, not as an unreachable controller: it
+// exited 3 and asked whether the controller was running.
+TEST_F(CommandsTest, AReportOutputThatCannotBeWrittenIsNotTheControllersFailure) {
+  fake_.report_ = OneTrialReport("ok", "ok");
+  const std::string output = (dir_ / "missing" / "report.csv").string();
+  EXPECT_EQ(Run({"report", "42", "--output", output}), kExitFailed);
+  EXPECT_NE(err_.str().find("--output " + output + ": cannot create " + output), std::string::npos)
+      << err_.str();
+  EXPECT_NE(err_.str().find("No such file or directory"), std::string::npos) << err_.str();
+  EXPECT_EQ(err_.str().find("running?"), std::string::npos) << err_.str();
+}
+
 TEST_F(CommandsTest, SubmitWaitFollowsThenExitsOneWhenAnOutcomeDiffers) {
   WriteGoodInputs(Records(4096));
   v1::ExperimentStatus running;

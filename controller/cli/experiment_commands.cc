@@ -178,7 +178,11 @@ int Llmctl::Report(int64_t id, const std::string& format_name, const std::string
   }
   const Status written =
       WriteFileAtomically(output, [&](int fd) { return WriteAll(fd, text.data(), text.size()); });
-  if (!written.ok()) return Fail(written.WithContext("--output " + output));
+  // The local file's error is this machine's (a full disk, a missing directory), never the
+  // controller's: written's Unavailable would have Fail ask whether the controller is running.
+  if (!written.ok()) {
+    return Fail(FailedPreconditionError("--output " + output + ": " + written.message()));
+  }
   context_.err << "wrote " << output << "\n";
   return kExitOk;
 }
