@@ -38,13 +38,13 @@ void Dispatcher::Start() {
 }
 
 std::chrono::milliseconds Dispatcher::UntilNextRound() const {
-  const store::Time now = core_.clock.Now();
-  store::Time next = now + core_.options.health_interval;
-  std::vector<store::Time> due;
+  const MonotonicTime now = core_.clock.Monotonic();
+  MonotonicTime next = now + core_.options.health_interval;
+  std::vector<MonotonicTime> due;
   links_.CollectWakeTimesLocked(due);
   streams_.CollectWakeTimesLocked(due);
   // Only times still ahead: one already past (a node no longer listed) would make rounds spin.
-  for (store::Time at : due) {
+  for (MonotonicTime at : due) {
     if (at > now && at < next) next = at;
   }
   return std::chrono::ceil<std::chrono::milliseconds>(next - now);
@@ -70,13 +70,15 @@ void Dispatcher::Wake() { core_.Wake(); }
 void Dispatcher::Tick() {
   MutexLock tick(tick_mutex_);
   store::Store& store = core_.store;
+  // The wall clock for what the store records, the monotonic one for timers and silences.
   const store::Time now = core_.clock.Now();
+  const MonotonicTime monotonic_now = core_.clock.Monotonic();
   auto nodes = store.ListNodes();
   if (!nodes.ok()) {
     spdlog::error("dispatcher: cannot list nodes: {}", nodes.status().ToString());
     return;
   }
-  links_.CheckNodes(*nodes, now);
+  links_.CheckNodes(*nodes, now, monotonic_now);
 
   auto running = store.ListRunningAttempts();
   if (!running.ok()) {
@@ -86,7 +88,7 @@ void Dispatcher::Tick() {
   for (const dispatch::AttemptKey& attempt : links_.ForgottenRuns(*running)) {
     DeclareLost(attempt, *running, now);
   }
-  for (const dispatch::AttemptKey& attempt : links_.SilentRuns(*running, now)) {
+  for (const dispatch::AttemptKey& attempt : links_.SilentRuns(*running, monotonic_now)) {
     DeclareLost(attempt, *running, now);
   }
   running = store.ListRunningAttempts();
@@ -96,7 +98,7 @@ void Dispatcher::Tick() {
   if (running.ok()) placement_.PlaceQueued(*running, now);
   running = store.ListRunningAttempts();
   if (running.ok()) {
-    streams_.Follow(*running, now);
+    streams_.Follow(*running, monotonic_now);
     checkpoints_.Reclaim(*running);
   }
 }

@@ -79,7 +79,8 @@ std::string DevicesJson(const std::vector<v1::Device>& devices) {
   return json.dump();
 }
 
-void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::Time now) {
+void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::Time now,
+                            MonotonicTime monotonic_now) {
   ReclaimChecks();
   {
     // Links of removed nodes. Every Link* is used on the round thread (this one) or looked up
@@ -104,9 +105,9 @@ void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::
   std::vector<Due> due;
   for (const store::NodeRecord& node : nodes) {
     if (node.address.empty()) continue;  // registered before its address is known
-    Link* link = EnsureLink(node, now);
+    Link* link = EnsureLink(node, monotonic_now);
     MutexLock lock(core_.mutex);
-    if (now >= link->next_health_at && !link->checking) {
+    if (monotonic_now >= link->next_health_at && !link->checking) {
       link->checking = true;
       due.push_back({link, link->health_backoff.count() > 0});
     }
@@ -118,7 +119,7 @@ void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::
   // Each touches only its own link outside the core's mutex.
   for (size_t first = 0; first < due.size(); first += kHealthChecksPerBatch) {
     const size_t end = std::min(due.size(), first + kHealthChecksPerBatch);
-    for (size_t i = first; i < end; ++i) StartCheck(*due[i].link, now);
+    for (size_t i = first; i < end; ++i) StartCheck(*due[i].link, now, monotonic_now);
     const auto give_up = std::chrono::steady_clock::now() + core_.options.failing_check_wait;
     MutexLock lock(core_.mutex);
     while (true) {
@@ -136,16 +137,16 @@ void AgentLinks::CheckNodes(const std::vector<store::NodeRecord>& nodes, store::
   }
 }
 
-void AgentLinks::StartCheck(Link& link, store::Time now) {
+void AgentLinks::StartCheck(Link& link, store::Time now, MonotonicTime monotonic_now) {
   // Ended: it has at most its last lock of the mutex and a wake of the round to finish.
   if (link.check.joinable()) link.check.join();
-  link.check = std::thread([this, &link, now] {
+  link.check = std::thread([this, &link, now, monotonic_now] {
     bool was_connected = false;
     {
       MutexLock lock(core_.mutex);
       was_connected = link.connected;
     }
-    CheckHealth(link, now);
+    CheckHealth(link, now, monotonic_now);
     bool reconnected = false;
     {
       MutexLock lock(core_.mutex);
@@ -197,12 +198,14 @@ void AgentLinks::Stop() {
   }
 }
 
-AgentLinks::Link* AgentLinks::EnsureLink(const store::NodeRecord& node, store::Time now) {
+AgentLinks::Link* AgentLinks::EnsureLink(const store::NodeRecord& node, MonotonicTime now) {
   MutexLock lock(core_.mutex);
   std::unique_ptr<Link>& link = links_[node.name];
   // A removed node registered again before a round erased its old link starts afresh, as does a
   // node at another address while a check of the old one is under way (whose answer is dropped).
   if (link == nullptr || link->removed || (link->address != node.address && link->checking)) {
+    // A new link goes on counting its node's silence from where the link it replaces had it.
+    const MonotonicTime heard_at = link == nullptr ? now : link->heard_at;
     if (link != nullptr) {
       link->removed = true;
       retired_.push_back(std::move(link));
@@ -211,6 +214,7 @@ AgentLinks::Link* AgentLinks::EnsureLink(const store::NodeRecord& node, store::T
     link->name = node.name;
     link->address = node.address;
     link->last_seen = node.last_seen;
+    link->heard_at = heard_at;
     link->next_health_at = now;
   } else if (link->address != node.address) {
     // Re-registered at another address: dial anew.
@@ -260,14 +264,14 @@ void AgentLinks::ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time
   StoreNodeRates(core_.store, link.name, info.rate_probe_json(), link.rate_probe_json, now);
 }
 
-void AgentLinks::CheckHealth(Link& link, store::Time now) {
+void AgentLinks::CheckHealth(Link& link, store::Time now, MonotonicTime monotonic_now) {
   const Dialled dialled = StubFor(link);
   const HealthAnswer answer = AskHealth(link, dialled, now);
   MutexLock lock(core_.mutex);
   // Disconnect ran meanwhile: keep its link disconnected. Stop cut the check short: it says
   // nothing of the node.
   if (link.removed || core_.stopping) return;
-  UpdateLink(link, dialled, answer, now);
+  UpdateLink(link, dialled, answer, now, monotonic_now);
   StoreLinkState(link, answer);
 }
 
@@ -337,7 +341,7 @@ AgentLinks::HealthAnswer AgentLinks::AskHealth(Link& link, const Dialled& dialle
 }
 
 void AgentLinks::UpdateLink(Link& link, const Dialled& dialled, const HealthAnswer& answer,
-                            store::Time now) {
+                            store::Time now, MonotonicTime monotonic_now) {
   const DispatcherOptions& options = core_.options;
   const bool healthy = answer.health.ok();
   link.health_backoff =
@@ -345,7 +349,7 @@ void AgentLinks::UpdateLink(Link& link, const Dialled& dialled, const HealthAnsw
               : NextBackoff(link.health_backoff,
                             std::min(options.backoff_initial, options.health_interval),
                             options.health_interval);
-  link.next_health_at = now + (healthy ? options.health_interval : link.health_backoff);
+  link.next_health_at = monotonic_now + (healthy ? options.health_interval : link.health_backoff);
   // After a failure the next check dials a fresh channel, so the controller's schedule decides
   // when to try again, not gRPC's growing reconnect backoff: an agent that restarts is seen at the
   // next health check.
@@ -359,6 +363,7 @@ void AgentLinks::UpdateLink(Link& link, const Dialled& dialled, const HealthAnsw
     link.connected = true;
     link.has_connected = true;
     link.last_seen = now;
+    link.heard_at = monotonic_now;
     ApplyNodeInfo(link, answer.info, now);
     return;
   }
@@ -431,24 +436,37 @@ void AgentLinks::Reconcile(Link& link, const std::vector<store::RunningAttempt>&
 }
 
 std::vector<AttemptKey> AgentLinks::SilentRuns(const std::vector<store::RunningAttempt>& running,
-                                               store::Time now) {
+                                               MonotonicTime now) {
   std::vector<scheduler::RunningAttempt> attempts;
   {
     MutexLock lock(core_.mutex);
+    std::map<AttemptKey, MonotonicTime> running_since;
     for (const store::RunningAttempt& attempt : running) {
+      // Silent at most since the round that launched it, not since its started_at: that is a
+      // wall-clock date, which a step of the clock moves, and for an attempt started before the
+      // controller (re)started it would count the time the controller was down, when it heard
+      // nothing from anyone, as the agent's silence. One not running at the previous round was
+      // launched in it (placement follows this in a round), or, at the first round, before the
+      // controller started: then its agent has requeue_after from the controller's start.
+      const AttemptKey key{attempt.trial_id, attempt.attempt};
+      auto seen = running_since_.find(key);
+      const MonotonicTime since =
+          seen != running_since_.end() ? seen->second : previous_round_.value_or(now);
+      running_since.emplace(key, since);
       // A multi-node attempt is lost when any of its nodes is silent: its ranks cannot go on
       // without that node's.
       for (const store::AttemptNode& run : attempt.Runs()) {
         auto link = links_.find(run.node);
-        const store::Time last_seen = link == links_.end()
-                                          ? attempt.started_at
-                                          : std::max(link->second->last_seen, attempt.started_at);
         attempts.push_back({.trial_id = attempt.trial_id,
                             .attempt = attempt.attempt,
                             .agent = run.node,
-                            .agent_last_seen = last_seen});
+                            .agent_last_seen = link == links_.end()
+                                                   ? since
+                                                   : std::max(link->second->heard_at, since)});
       }
     }
+    running_since_ = std::move(running_since);
+    previous_round_ = now;
   }
   const scheduler::LostAgentDecision decision =
       scheduler::DecideLostAttempts(attempts, now, core_.options.requeue_after);
@@ -494,7 +512,7 @@ AgentLinks::Link* AgentLinks::FindLocked(const std::string& node) {
   return link == links_.end() ? nullptr : link->second.get();
 }
 
-void AgentLinks::CollectWakeTimesLocked(std::vector<store::Time>& times) const {
+void AgentLinks::CollectWakeTimesLocked(std::vector<MonotonicTime>& times) const {
   for (const auto& [name, link] : links_) times.push_back(link->next_health_at);
 }
 

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,8 +85,12 @@ class AgentLinks {
     bool has_connected = false;
     bool needs_reconcile = true;  // ListRuns after each (re)connect
     bool removed = false;         // Disconnect: never dialled again; the next round erases it
+    // When its agent last answered, on the wall clock: stored and shown (NodeRecord::last_seen).
     store::Time last_seen;
-    store::Time next_health_at;
+    // When its agent last answered, or when the link was made if it has not yet: its silence is
+    // counted from here. A link is made at the controller's first round for each node.
+    MonotonicTime heard_at;
+    MonotonicTime next_health_at;
     // After a failed check the next comes sooner than health_interval: backoff_initial, doubling
     // up to health_interval, so that an agent that is just starting (the embedded one is started
     // right after it is registered) is seen within a second. 0 after a successful check.
@@ -119,14 +124,15 @@ class AgentLinks {
   // for each check to end, but at most failing_check_wait for a node whose last check failed.
   // Only the round thread (one round at a time) calls it, so a Link* stays valid for the rest of
   // the round.
-  void CheckNodes(const std::vector<store::NodeRecord>& nodes, store::Time now);
+  void CheckNodes(const std::vector<store::NodeRecord>& nodes, store::Time now,
+                  MonotonicTime monotonic_now);
   // ListRuns on each link that (re)connected since it last did: the attempts the store has as
   // running there that the agent does not know (its node was rebuilt, or its state lost). Waiting
   // longer cannot bring them back.
   std::vector<AttemptKey> ForgottenRuns(const std::vector<store::RunningAttempt>& running);
   // The running attempts whose agent has been silent for requeue_after (the scheduler's policy).
   std::vector<AttemptKey> SilentRuns(const std::vector<store::RunningAttempt>& running,
-                                     store::Time now);
+                                     MonotonicTime now);
 
   // The node's stub; null when it has no link or is not dialled.
   std::shared_ptr<v1::Agent::Stub> Stub(const std::string& node);
@@ -146,7 +152,7 @@ class AgentLinks {
     return links_;
   }
   // When the links want the next round (their next health checks).
-  void CollectWakeTimesLocked(std::vector<store::Time>& times) const LLMCTL_REQUIRES(core_.mutex);
+  void CollectWakeTimesLocked(std::vector<MonotonicTime>& times) const LLMCTL_REQUIRES(core_.mutex);
 
  private:
   // What one health check learnt: the certificate's check, then the agent's answer.
@@ -156,14 +162,14 @@ class AgentLinks {
     v1::NodeInfo info;
   };
 
-  Link* EnsureLink(const store::NodeRecord& node, store::Time now);
+  Link* EnsureLink(const store::NodeRecord& node, MonotonicTime now);
   // Joins the threads of checks that have ended, and frees the retired links whose check has.
   void ReclaimChecks();
   // Starts `link`'s check on its thread (joining its previous, ended one first).
-  void StartCheck(Link& link, store::Time now);
+  void StartCheck(Link& link, store::Time now, MonotonicTime monotonic_now);
   // GetNodeInfo on the link (renewing its certificate when due), then the link and the store's
   // node updated with the answer.
-  void CheckHealth(Link& link, store::Time now);
+  void CheckHealth(Link& link, store::Time now, MonotonicTime monotonic_now);
   // A stub and the certificate name its channel checks.
   struct Dialled {
     std::shared_ptr<v1::Agent::Stub> stub;
@@ -176,8 +182,8 @@ class AgentLinks {
   HealthAnswer AskHealth(Link& link, const Dialled& dialled, store::Time now);
   // The link after `answer`: its backoff and next check, whether it is connected, its node's
   // description.
-  void UpdateLink(Link& link, const Dialled& dialled, const HealthAnswer& answer, store::Time now)
-      LLMCTL_REQUIRES(core_.mutex);
+  void UpdateLink(Link& link, const Dialled& dialled, const HealthAnswer& answer, store::Time now,
+                  MonotonicTime monotonic_now) LLMCTL_REQUIRES(core_.mutex);
   // The node's state as the link now has it, recorded in the store.
   void StoreLinkState(const Link& link, const HealthAnswer& answer) LLMCTL_REQUIRES(core_.mutex);
   // A connected node's NodeInfo: its devices, whether llm-train can run there, whether it measures
@@ -195,6 +201,9 @@ class AgentLinks {
   // Links erased from links_ or replaced there, freed by ReclaimChecks once no check of theirs
   // runs.
   std::vector<std::unique_ptr<Link>> retired_ LLMCTL_GUARDED_BY(core_.mutex);
+  // Since when each running attempt may count as silent (SilentRuns), and SilentRuns' last `now`.
+  std::map<AttemptKey, MonotonicTime> running_since_ LLMCTL_GUARDED_BY(core_.mutex);
+  std::optional<MonotonicTime> previous_round_ LLMCTL_GUARDED_BY(core_.mutex);
   // Notified when a check ends.
   CondVar checked_;
 };

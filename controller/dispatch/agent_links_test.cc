@@ -1,4 +1,5 @@
-// Links to the agents: requeueing after silence and fencing, an agent back without its run, a node
+// Links to the agents: requeueing after silence and fencing, silence and health checks reckoned on
+// the monotonic clock (a step of the wall clock), an agent back without its run, a node
 // whose driver is too old or whose agent is another llmctl version, a certificate from another CA,
 // no token in logs or the database; DevicesJson.
 #include "controller/dispatch/agent_links.h"
@@ -65,6 +66,36 @@ TEST_F(AgentLinksTest, ATrialWhoseAgentStaysSilentIsRequeuedAndItsOldAttemptFenc
                 .code(),
             StatusCode::kFailedPrecondition);
   EXPECT_EQ(StoredEvents(trial.id, 1), 1);
+}
+
+// chrony stepping the controller's wall clock 2 min forward while a health check fails: the
+// agent has been silent 5 s, not 2 min, so its trial is kept.
+TEST_F(AgentLinksTest, AWallClockStepForwardDoesNotRequeueAHealthyNodesTrial) {
+  const int64_t experiment = SubmitOneThatKeepsRunning();
+  StopAgent();
+  clock_.StepWallClock(std::chrono::minutes(2));
+  clock_.Advance(seconds(5));
+  Tick();  // one failed health check
+  EXPECT_EQ(NodeStatusOf(*controller_, "n1").state(), "unreachable");
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kRunning);
+  clock_.Advance(seconds(56));  // silent 61 s
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+}
+
+// The wall clock stepped an hour back: health checks go on at their interval, and a silent agent's
+// trial is requeued after requeue_after, not an hour later.
+TEST_F(AgentLinksTest, AWallClockStepBackStopsNeitherHealthChecksNorRequeueing) {
+  const int64_t experiment = SubmitOneThatKeepsRunning();
+  clock_.StepWallClock(-std::chrono::hours(1));
+  StopAgent();
+  clock_.Advance(seconds(30));
+  Tick();
+  EXPECT_EQ(NodeStatusOf(*controller_, "n1").state(), "unreachable");
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kRunning);
+  clock_.Advance(seconds(31));
+  Tick();
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
 }
 
 TEST_F(AgentLinksTest, AnAgentThatComesBackWithoutTheRunHasItRequeuedAtOnce) {

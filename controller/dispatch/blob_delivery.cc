@@ -17,7 +17,7 @@ namespace llmctl::controller::dispatch {
 
 StatusOr<bool> BlobDeliveries::Ensure(AgentLinks::Link& link,
                                       const std::shared_ptr<v1::Agent::Stub>& stub,
-                                      const digest::InputTree& tree, store::Time now) {
+                                      const digest::InputTree& tree, MonotonicTime now) {
   const Key key{link.name, tree.digest};
   UnneededWork<Delivery> done;
   bool ready = false;
@@ -99,7 +99,7 @@ void BlobDeliveries::RunInBackground(Delivery& delivery, std::shared_ptr<v1::Age
       delivery.state = Delivery::State::kIdle;
       delivery.backoff =
           NextBackoff(delivery.backoff, core_.options.backoff_initial, core_.options.backoff_max);
-      delivery.retry_at = core_.clock.Now() + delivery.backoff;
+      delivery.retry_at = core_.clock.Monotonic() + delivery.backoff;
       delivery.last_failure = sent.message();
       spdlog::warn("node {}: sending inputs failed, trying again in {} ms: {}", delivery.node,
                    delivery.backoff.count(), sent.message());

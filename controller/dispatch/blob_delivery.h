@@ -39,7 +39,7 @@ class BlobDeliveries {
   // are sent in the background (started here if need be) or wait for a retry. An error from a
   // delivery made during the round, or from asking which blobs are missing.
   StatusOr<bool> Ensure(AgentLinks::Link& link, const std::shared_ptr<v1::Agent::Stub>& stub,
-                        const digest::InputTree& tree, store::Time now);
+                        const digest::InputTree& tree, MonotonicTime now);
   // What the link's node waits for, for the queued trial's notice ("" when nothing).
   std::string WaitingFor(const std::string& node, const std::string& tree_digest);
   // RemoveNode: cancels the node's background deliveries.
@@ -58,13 +58,13 @@ class BlobDeliveries {
     std::thread thread;
     // Guarded by the core's mutex (reached only through deliveries_, which clang checks):
     enum class State { kIdle, kRunning, kReady } state = State::kIdle;
-    int64_t bytes = 0;     // what the running delivery sends
-    store::Time retry_at;  // kIdle after a failure
+    int64_t bytes = 0;       // what the running delivery sends
+    MonotonicTime retry_at;  // kIdle after a failure
     std::chrono::milliseconds backoff{0};
     std::string last_failure;                // kIdle after a failure: why
     grpc::ClientContext* context = nullptr;  // while an UploadBlob is in flight
     bool forgotten = false;                  // ForgetNode: send no further blob
-    store::Time asked_at;                    // the last Ensure for it
+    MonotonicTime asked_at;                  // the last Ensure for it
   };
   using Key = std::pair<std::string, std::string>;  // (node, tree digest)
   struct Blob {

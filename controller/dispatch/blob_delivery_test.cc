@@ -1,6 +1,6 @@
 // Input blobs a node lacks: a few sent during the round (launcher_test.cc), more on a thread of
-// their own while the trial waits queued and the round goes on, retried after a backoff, and
-// cancelled when the controller stops.
+// their own while the trial waits queued and the round goes on, retried after a backoff (on the
+// monotonic clock), and cancelled when the controller stops.
 #include "controller/dispatch/blob_delivery.h"
 
 #include <gtest/gtest.h>
@@ -68,6 +68,23 @@ TEST_F(BlobDeliveryTest, AFailedDeliveryIsTriedAgainAfterTheBackoff) {
             std::string::npos)
       << status.trials(0).notice();
   EXPECT_NE(status.trials(0).notice().find("disk busy"), std::string::npos);
+  clock_.Advance(seconds(1));
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return RunsStarted() == 1;
+  }));
+  EXPECT_EQ(UploadsStarted(), 2);
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+}
+
+// The backoff runs on the monotonic clock: the wall clock stepped an hour back does not hold the
+// retry up for the hour.
+TEST_F(BlobDeliveryTest, AFailedDeliveryIsTriedAgainAfterTheBackoffThoughTheWallClockSteppedBack) {
+  agent_state_.upload_results = {grpc::Status(grpc::StatusCode::UNAVAILABLE, "disk busy")};
+  const int64_t experiment = SubmitWithData();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return UploadsStarted() == 1 && InFlightDeliveries() == 0; }));
+  clock_.StepWallClock(-std::chrono::hours(1));
   clock_.Advance(seconds(1));
   ASSERT_TRUE(Eventually([&] {
     Tick();

@@ -33,7 +33,7 @@ store::Event StoredEvent(const v1::TrialEvent& event, std::string& refusal) {
                       .rank = event.rank()};
 }
 
-void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, store::Time now) {
+void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, MonotonicTime now) {
   std::set<StreamKey> still_running;
   for (const store::RunningAttempt& attempt : running) {
     for (const store::AttemptNode& run : attempt.Runs()) {
@@ -333,7 +333,7 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
     if (!stream.settled) {
       stream.backoff =
           NextBackoff(stream.backoff, core_.options.backoff_initial, core_.options.backoff_max);
-      stream.retry_at = core_.clock.Now() + stream.backoff;
+      stream.retry_at = core_.clock.Monotonic() + stream.backoff;
     }
     stream.done = true;
   }
@@ -384,7 +384,7 @@ int EventStreams::Active() {
                                         [](const auto& entry) { return !entry.second->done; }));
 }
 
-void EventStreams::CollectWakeTimesLocked(std::vector<store::Time>& times) const {
+void EventStreams::CollectWakeTimesLocked(std::vector<MonotonicTime>& times) const {
   for (const auto& [key, stream] : streams_) {
     if (stream->done && !stream->settled) times.push_back(stream->retry_at);
   }

@@ -55,7 +55,7 @@ class EventStreams {
 
   // One round: starts (or restarts, once their backoff is over) the readers of the `running`
   // attempts, and stops those of attempts no longer running.
-  void Follow(const std::vector<store::RunningAttempt>& running, store::Time now);
+  void Follow(const std::vector<store::RunningAttempt>& running, MonotonicTime now);
   // Stops the attempt's readers (one per node) and waits for them.
   void Stop(const AttemptKey& key);
   // Every reader (Dispatcher::Stop).
@@ -63,7 +63,7 @@ class EventStreams {
   // How many readers are running now.
   int Active();
   // When broken streams are due to be reopened.
-  void CollectWakeTimesLocked(std::vector<store::Time>& times) const LLMCTL_REQUIRES(core_.mutex);
+  void CollectWakeTimesLocked(std::vector<MonotonicTime>& times) const LLMCTL_REQUIRES(core_.mutex);
 
  private:
   // (trial id, attempt, node rank)
@@ -83,7 +83,7 @@ class EventStreams {
     bool stop = false;
     bool done = true;      // no reader running
     bool settled = false;  // ended and finished, or fenced off: never reopened
-    store::Time retry_at;
+    MonotonicTime retry_at;
     std::chrono::milliseconds backoff{0};
     // The worker's `result` event once it came; used only by the reader thread (one at a time).
     std::string result_json;

@@ -1,5 +1,6 @@
-// Following running attempts: dropped streams reopened from the last stored seq, device samples,
-// idempotent storage, a restarted controller resuming where the store ends; OutcomeState.
+// Following running attempts: dropped streams reopened from the last stored seq (after a backoff on
+// the monotonic clock), device samples, idempotent storage, a restarted controller resuming where
+// the store ends; OutcomeState.
 #include "controller/dispatch/event_streams.h"
 
 #include <gtest/gtest.h>
@@ -41,6 +42,22 @@ TEST_F(EventStreamsTest, ADroppedStreamResumesFromTheLastStoredSeqAfterTheBackof
   EXPECT_EQ(agent_state_.stream_from_seqs, (std::vector<int64_t>{1, 3}));
   EXPECT_EQ(StoredEvents(trial.id, 1), 5);
   EXPECT_EQ(*daemon_->store().LastSeq(trial.id, 1), 5);
+}
+
+// The backoff runs on the monotonic clock: the wall clock stepped an hour back does not hold the
+// reopening up for the hour.
+TEST_F(EventStreamsTest, ADroppedStreamIsReopenedAfterTheBackoffThoughTheWallClockSteppedBack) {
+  agent_state_.script = {StepLine(0), StepLine(1), kResultLine};
+  agent_state_.drop_after = 2;
+  const int64_t experiment = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+
+  clock_.StepWallClock(-std::chrono::hours(1));
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(agent_state_.stream_from_seqs, (std::vector<int64_t>{1, 3}));
 }
 
 TEST_F(EventStreamsTest, EveryRanksEventsAreStoredOnceAndEachRankResumesAfterItsLastStored) {

@@ -25,7 +25,7 @@ bool IsPermanentPrepareFailure(grpc::StatusCode code) {
 }
 
 StatusOr<bool> HubPreparations::Ensure(AgentLinks::Link& link, const std::string& model,
-                                       int64_t experiment_id, store::Time now) {
+                                       int64_t experiment_id, MonotonicTime now) {
   ASSIGN_OR_RETURN(HubModelRef ref, ParseHubModelRef(model));
   Preparation* preparation = nullptr;
   std::shared_ptr<v1::Agent::Stub> stub;
@@ -107,7 +107,7 @@ void HubPreparations::Prepare(Preparation& preparation, std::shared_ptr<v1::Agen
       preparation.state = Preparation::State::kIdle;
       preparation.backoff =
           NextBackoff(preparation.backoff, options.backoff_initial, options.backoff_max);
-      preparation.retry_at = core_.clock.Now() + preparation.backoff;
+      preparation.retry_at = core_.clock.Monotonic() + preparation.backoff;
       spdlog::warn("node {}: preparing {} failed, trying again in {} ms: {}", preparation.node,
                    preparation.model, preparation.backoff.count(), prepared.error_message());
     }

@@ -37,7 +37,7 @@ class HubPreparations {
   // True when the link's node has `model` ("hf:ORG/NAME@REV"); false while it is being prepared
   // (started here if need be); the agent's error when preparing it cannot succeed.
   StatusOr<bool> Ensure(AgentLinks::Link& link, const std::string& model, int64_t experiment_id,
-                        store::Time now);
+                        MonotonicTime now);
   // The node's agent said it has no such model (a wiped cache): prepare it again next time, unless
   // it is being prepared now.
   void Forget(const std::string& node, const std::string& model);
@@ -64,11 +64,11 @@ class HubPreparations {
     enum class State { kIdle, kRunning, kReady, kFailed } state = State::kIdle;
     Status failure;                 // kFailed: why preparing cannot succeed
     std::set<int64_t> experiments;  // whose trials waited for this preparation
-    store::Time retry_at;           // kIdle after a failure that retrying may cure
+    MonotonicTime retry_at;         // kIdle after a failure that retrying may cure
     std::chrono::milliseconds backoff{0};
     grpc::ClientContext* context = nullptr;  // while PrepareHubModel is in flight
     bool forgotten = false;                  // ForgetNode: erased once its thread has ended
-    store::Time asked_at;                    // the last Ensure for it
+    MonotonicTime asked_at;                  // the last Ensure for it
   };
   using Key = std::pair<std::string, std::string>;  // (node, "hf:ORG/NAME@REV")
 

@@ -161,12 +161,12 @@ TEST_F(HubPreparationTest, ForgettingAPreparationUnderWayKeepsFollowingIt) {
     return state.prepared.size();
   };
 
-  auto ready = preparations.Ensure(link, model, 1, clock_.Now());
+  auto ready = preparations.Ensure(link, model, 1, clock_.Monotonic());
   ASSERT_TRUE(ready.ok() && !*ready);
   ASSERT_TRUE(Eventually([&] { return prepare_calls() == 1; }));
   preparations.Forget(link.name, model);
   ASSERT_EQ(preparations.InFlight(), 1) << "the download under way is still followed";
-  ready = preparations.Ensure(link, model, 1, clock_.Now());
+  ready = preparations.Ensure(link, model, 1, clock_.Monotonic());
   ASSERT_TRUE(ready.ok() && !*ready);
   EXPECT_EQ(prepare_calls(), 1u) << "no second download beside the first";
 
@@ -176,7 +176,7 @@ TEST_F(HubPreparationTest, ForgettingAPreparationUnderWayKeepsFollowingIt) {
   }
   state.changed.notify_all();
   ASSERT_TRUE(Eventually([&] {
-    ready = preparations.Ensure(link, model, 1, clock_.Now());
+    ready = preparations.Ensure(link, model, 1, clock_.Monotonic());
     return ready.ok() && *ready;
   }));
   EXPECT_EQ(prepare_calls(), 1u);

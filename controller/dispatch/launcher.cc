@@ -46,7 +46,8 @@ StatusOr<Launcher::Readiness> Launcher::Prepare(const store::TrialRecord& trial,
                                                 const TrialConfig& config, AgentLinks::Link& link,
                                                 const std::shared_ptr<v1::Agent::Stub>& stub,
                                                 v1::RunTrialRequest& request, std::string& failure,
-                                                std::string& waiting, store::Time now) {
+                                                std::string& waiting) {
+  const MonotonicTime now = core_.clock.Monotonic();
   store::Store& store = core_.store;
   ASSIGN_OR_RETURN(auto inputs, store.GetInputs(trial.experiment_id));
   if (const std::string& model = config.settings().model.name; IsHubModelRef(model)) {
@@ -131,7 +132,7 @@ Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
   v1::RunTrialRequest request;
   std::string failure;
   ASSIGN_OR_RETURN(const Readiness readiness,
-                   Prepare(trial, config, link, stub, request, failure, waiting, now));
+                   Prepare(trial, config, link, stub, request, failure, waiting));
   if (readiness == Readiness::kWaiting) return Status::Ok();
   if (readiness == Readiness::kFailed) {
     // Preparing cannot succeed: running the trial anywhere would fail the same way.
@@ -208,9 +209,8 @@ StatusOr<Launcher::Readiness> Launcher::PrepareNodes(
     }
     std::string failure;
     std::string node_waiting;
-    ASSIGN_OR_RETURN(const Readiness node,
-                     Prepare(trial, start.config, link, start.stubs.back(), start.requests[rank],
-                             failure, node_waiting, start.now));
+    ASSIGN_OR_RETURN(const Readiness node, Prepare(trial, start.config, link, start.stubs.back(),
+                                                   start.requests[rank], failure, node_waiting));
     if (node == Readiness::kWaiting) {
       if (waiting.empty()) waiting = node_waiting;
       readiness = Readiness::kWaiting;

@@ -70,7 +70,7 @@ class Launcher {
   StatusOr<Readiness> Prepare(const store::TrialRecord& trial, const TrialConfig& config,
                               AgentLinks::Link& link, const std::shared_ptr<v1::Agent::Stub>& stub,
                               v1::RunTrialRequest& request, std::string& failure,
-                              std::string& waiting, store::Time now);
+                              std::string& waiting);
   // A multi-node attempt on its way: each node's stub and RunTrial request (node rank i at index
   // i), its nodes as the store records them, its number once recorded, and the node ranks whose
   // run has started.

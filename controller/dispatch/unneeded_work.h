@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "controller/store/store.h"
+#include "controller/clock.h"
 
 namespace llmctl::controller::dispatch {
 
@@ -43,7 +43,7 @@ class UnneededWork {
 // asked for in kForgetUnaskedAfter. `Work` has `state` (running when Work::State::kRunning),
 // `forgotten`, `asked_at` and `thread`. Called under the mutex that guards `kept`.
 template <typename Key, typename Work>
-void TakeUnneededWork(std::map<Key, std::unique_ptr<Work>>& kept, store::Time now,
+void TakeUnneededWork(std::map<Key, std::unique_ptr<Work>>& kept, MonotonicTime now,
                       UnneededWork<Work>& unneeded) {
   for (auto entry = kept.begin(); entry != kept.end();) {
     const Work& work = *entry->second;

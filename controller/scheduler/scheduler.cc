@@ -246,7 +246,7 @@ LostAgentDecision DecideLostAttempts(const std::vector<RunningAttempt>& running,
   LostAgentDecision decision;
   const std::chrono::milliseconds timeout = std::max(requeue_after, std::chrono::milliseconds(0));
   for (const RunningAttempt& attempt : running) {
-    // A last_seen in the future (clock skew) makes `due` later still: the attempt is kept.
+    // A last_seen after `now` makes `due` later still: the attempt is kept.
     const Time due = attempt.agent_last_seen + timeout;
     if (now >= due) {
       decision.requeue.push_back(attempt);

@@ -127,7 +127,9 @@ bool LabelsMatch(const std::map<std::string, std::string>& labels,
 // - Fewer than M connected agents that could ever hold it: unsatisfiable, holds nothing.
 Placement PlaceTrials(const std::vector<QueuedTrial>& queue, const std::vector<Agent>& agents);
 
-using Time = std::chrono::system_clock::time_point;
+// The controller's monotonic clock: a silence is how long it heard nothing, which NTP stepping the
+// wall clock does not change.
+using Time = std::chrono::steady_clock::time_point;
 
 struct RunningAttempt {
   int64_t trial_id = 0;
@@ -149,7 +151,7 @@ struct LostAgentDecision {
 
 // Sorts running attempts by how long their agents have been silent at `now`: requeue once
 // now >= agent_last_seen + requeue_after (a negative requeue_after counts as 0), keep waiting
-// before that. An agent last seen in the future (clock skew between hosts) is kept.
+// before that. An agent last seen after `now` is kept.
 LostAgentDecision DecideLostAttempts(const std::vector<RunningAttempt>& running, Time now,
                                      std::chrono::milliseconds requeue_after);
 
