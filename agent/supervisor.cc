@@ -10,13 +10,16 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "agent/process.h"
 #include "common/atomic_file.h"
+#include "common/child_process.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/text.h"
+#include "common/unique_fd.h"
 
 namespace llmctl::agent {
 namespace {
@@ -28,29 +31,62 @@ Status WriteJsonAtomically(const std::string& path, const nlohmann::json& json) 
   return WriteFileAtomically(path, [&](int fd) { return WriteAll(fd, text.data(), text.size()); });
 }
 
-// In the forked child, before exec: only async-signal-safe calls.
-[[noreturn]] void ExecWorker(const SupervisorCommand& command, char* const* argv,
-                             const char* stdout_path, const char* stderr_path) {
-  ::setpgid(0, 0);
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  for (int signal : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) ::signal(signal, SIG_DFL);
-  const int in = ::open("/dev/null", O_RDONLY);
-  const int out = ::open(stdout_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-  const int err = ::open(stderr_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-  if (in < 0 || out < 0 || err < 0) ::_exit(127);
-  ::dup2(in, 0);
-  ::dup2(out, 1);
-  ::dup2(err, 2);
-  if (::chdir(command.run_dir.c_str()) != 0) ::_exit(127);
-  ::execv(argv[0], argv);
-  static constexpr char kMessage[] = "llm-agent supervisor: cannot execute the worker: ";
-  (void)!::write(2, kMessage, sizeof(kMessage) - 1);
-  const char* reason = ::strerror(errno);
-  (void)!::write(2, reason, ::strlen(reason));
-  (void)!::write(2, "\n", 1);
-  ::_exit(127);
+// The worker's standard input, output and error: /dev/null, and RUN_DIR's stdout.log and
+// stderr.log appended to.
+struct WorkerStdio {
+  UniqueFd in;
+  UniqueFd out;
+  UniqueFd err;
+};
+
+// `path` opened close-on-exec with `flags` (created 0644 when O_CREAT); Unavailable naming it.
+StatusOr<UniqueFd> OpenForWorker(const std::string& path, int flags) {
+  UniqueFd fd(::open(path.c_str(), flags | O_CLOEXEC, 0644));
+  if (!fd.valid()) {
+    return UnavailableError(std::string(path).append(": ").append(std::strerror(errno)));
+  }
+  return fd;
+}
+
+StatusOr<WorkerStdio> OpenWorkerStdio(const std::string& run_dir) {
+  WorkerStdio stdio;
+  ASSIGN_OR_RETURN(stdio.in, OpenForWorker("/dev/null", O_RDONLY));
+  constexpr int kAppend = O_WRONLY | O_CREAT | O_APPEND;
+  ASSIGN_OR_RETURN(stdio.out, OpenForWorker(run_dir + "/" + kStdoutFile, kAppend));
+  ASSIGN_OR_RETURN(stdio.err, OpenForWorker(run_dir + "/" + kStderrFile, kAppend));
+  return stdio;
+}
+
+// Starts the worker in RUN_DIR, in a process group of its own (its pid), the signals a terminal or
+// the agent send at their defaults and none blocked. Untied to the supervisor (no parent-death
+// signal): when the supervisor is gone, the agent kills the worker's whole group from worker.json
+// (RunManager::CheckRun). An exec failure is the worker's exit code 127 with its reason on
+// stderr.log, which the supervisor learns of as of any other exit, from waitpid. Unavailable when
+// there is no fork. `stdio` closes here, once the worker has its own.
+StatusOr<pid_t> StartWorker(const SupervisorCommand& command, WorkerStdio stdio) {
+  ChildSpec spec;
+  spec.argv = command.worker_argv;
+  spec.stdin_fd = stdio.in.get();
+  spec.stdout_fd = stdio.out.get();
+  spec.stderr_fd = stdio.err.get();
+  spec.own_process_group = true;
+  spec.default_signals = {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
+  spec.clear_signal_mask = true;
+  spec.tie_to_parent = false;
+  spec.working_dir = command.run_dir;
+  spec.exec_failure = ExecFailureReport::kStderrAndExitCode;
+  spec.exec_failure_message = "llm-agent supervisor: cannot execute the worker: ";
+  return StartChild(spec);
+}
+
+// Writes exit.json; the supervisor's exit code: 0, or 1 when it could not.
+int RecordExit(const std::string& run_dir, const nlohmann::json& exit) {
+  const Status written = WriteJsonAtomically(run_dir + "/" + kExitFile, exit);
+  if (!written.ok()) {
+    std::cerr << "llm-agent supervisor: " << written.message() << std::endl;
+    return 1;
+  }
+  return 0;
 }
 
 // How long a stop that SIGUSR1 asked for may take: the milliseconds the signal's value carries
@@ -104,17 +140,18 @@ int RunSupervisor(const SupervisorCommand& command) {
   ::sigprocmask(SIG_BLOCK, &watched, nullptr);
   ::signal(SIGHUP, SIG_IGN);
 
-  std::vector<char*> argv;
-  for (const std::string& arg : command.worker_argv) argv.push_back(const_cast<char*>(arg.c_str()));
-  argv.push_back(nullptr);
-  const std::string stdout_path = command.run_dir + "/" + kStdoutFile;
-  const std::string stderr_path = command.run_dir + "/" + kStderrFile;
-  const pid_t worker = ::fork();
-  if (worker < 0) {
-    std::cerr << "llm-agent supervisor: fork: " << std::strerror(errno) << std::endl;
+  StatusOr<WorkerStdio> stdio = OpenWorkerStdio(command.run_dir);
+  if (!stdio.ok()) {
+    // As a worker that cannot run ends: the exit code of a program that could not be executed.
+    std::cerr << "llm-agent supervisor: " << stdio.status().message() << std::endl;
+    return RecordExit(command.run_dir, {{"exit_code", kCannotExecuteExitCode}});
+  }
+  const StatusOr<pid_t> started = StartWorker(command, *std::move(stdio));
+  if (!started.ok()) {
+    std::cerr << "llm-agent supervisor: " << started.status().message() << std::endl;
     return 1;
   }
-  if (worker == 0) ExecWorker(command, argv.data(), stdout_path.c_str(), stderr_path.c_str());
+  const pid_t worker = *started;
   ::setpgid(worker, worker);  // also here, so the group exists before anyone signals it
 
   const Status recorded = WriteJsonAtomically(
@@ -159,12 +196,7 @@ int RunSupervisor(const SupervisorCommand& command) {
   } else {
     exit["exit_code"] = WEXITSTATUS(status);
   }
-  const Status written = WriteJsonAtomically(command.run_dir + "/" + kExitFile, exit);
-  if (!written.ok()) {
-    std::cerr << "llm-agent supervisor: " << written.message() << std::endl;
-    return 1;
-  }
-  return 0;
+  return RecordExit(command.run_dir, exit);
 }
 
 StatusOr<WorkerExit> ParseWorkerExit(std::string_view text, const std::string& path) {

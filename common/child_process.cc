@@ -68,8 +68,10 @@ bool PlaceDescriptor(int source, int target) {
 // In the forked child: only async-signal-safe calls until execve.
 [[noreturn]] void RunInChild(const ChildPlan& plan) {
   const ChildSpec& spec = plan.spec;
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != plan.parent) ::_exit(kCannotExecuteExitCode);  // the parent died before prctl
+  if (spec.tie_to_parent) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != plan.parent) ::_exit(kCannotExecuteExitCode);  // it died before prctl
+  }
   if (spec.own_process_group) ::setpgid(0, 0);
   // A source below 3 is moved above 2 first, so that placing one never overwrites another's source
   // (a parent whose standard descriptors were closed gets its pipes there).
@@ -82,6 +84,9 @@ bool PlaceDescriptor(int source, int target) {
   }
   for (int target = 0; target < 3; ++target) {
     if (!PlaceDescriptor(sources[target], target)) FailInChild(plan, errno);
+  }
+  if (!spec.working_dir.empty() && ::chdir(spec.working_dir.c_str()) != 0) {
+    FailInChild(plan, errno);
   }
   struct sigaction default_action {};
   default_action.sa_handler = SIG_DFL;

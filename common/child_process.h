@@ -1,8 +1,8 @@
-// Starting a program in a child process tied to this one: the child gets SIGKILL when the thread
-// that started it ends (PR_SET_PDEATHSIG), and never runs its program when this process died
-// before the tie was made. fork and exec rather than posix_spawn, which cannot set a parent-death
-// signal: a rate probe or a rank that outlived a killed agent, llmctl or launcher would go on
-// measuring or training beside the next one.
+// Starting a program in a child process, tied to this one unless asked otherwise: the child gets
+// SIGKILL when the thread that started it ends (PR_SET_PDEATHSIG), and never runs its program when
+// this process died before the tie was made. fork and exec rather than posix_spawn, which cannot
+// set a parent-death signal: a rate probe or a rank that outlived a killed agent, llmctl or
+// launcher would go on measuring or training beside the next one.
 #ifndef LLMCTL_COMMON_CHILD_PROCESS_H_
 #define LLMCTL_COMMON_CHILD_PROCESS_H_
 
@@ -29,8 +29,7 @@ enum class ExecFailureReport {
   kStderrAndExitCode,
 };
 
-// What differs between the children this project starts; the rest (the parent-death signal, the
-// check that the parent still lives, exec) every child gets.
+// What differs between the children this project starts.
 struct ChildSpec {
   // The path exec runs; empty: argv[0]. No PATH lookup: a caller finds the program before, where it
   // may still allocate.
@@ -54,13 +53,20 @@ struct ChildSpec {
   // Whether the program starts with no signal blocked, rather than with the mask of the thread
   // that calls StartChild (a mask survives exec).
   bool clear_signal_mask = false;
+  // Whether the child gets SIGKILL when the calling thread ends, and never runs its program when
+  // this process died before that tie was made. False for a child that may outlive this process:
+  // the supervisor's worker, which the agent stops itself when its supervisor is gone.
+  bool tie_to_parent = true;
+  // The directory the program starts in; empty: this process's. A relative `program` is found from
+  // it (exec comes after), and one the child cannot enter fails as exec would, with chdir's errno.
+  std::string working_dir;
   ExecFailureReport exec_failure = ExecFailureReport::kReturned;
   // kStderrAndExitCode's message before exec's reason.
   std::string exec_failure_message;
 };
 
 // Forks a child that runs `spec`'s program, and returns its pid once the child has executed it
-// (kReturned) or has been forked (kStderrAndExitCode). The child is SIGKILLed when the calling
+// (kReturned) or has been forked (kStderrAndExitCode). A tied child is SIGKILLed when the calling
 // thread ends, not the process: a caller keeps that thread until the child has been reaped. No
 // handler of this process runs in the child: every signal is blocked from before fork until the
 // child has set its signals. NotFound, exec's strerror as the message, when the program cannot be

@@ -285,6 +285,55 @@ TEST(ChildProcessTest, TheChildEndsWithItsKilledParent) {
   EXPECT_TRUE(AwaitEnd(child)) << "the child (pid " << child << ") outlived its parent";
 }
 
+// Untied, the child lives on: cat, started by a parent since SIGKILLed and reaped, still echoes
+// what it reads. Once the parent is reaped a tie's SIGKILL has been sent (the kernel signals the
+// children before the parent becomes a zombie), and it would end cat before it wrote a byte.
+TEST(ChildProcessTest, AnUntiedChildOutlivesItsKilledParent) {
+  TestPipe in = MakePipe();
+  TestPipe out = MakePipe();
+  TestPipe told = MakePipe();
+  const pid_t parent = ::fork();
+  ASSERT_GE(parent, 0);
+  if (parent == 0) {
+    ChildSpec spec;
+    spec.argv = {"/bin/cat"};
+    spec.stdin_fd = in.read.get();
+    spec.stdout_fd = out.write.get();
+    spec.tie_to_parent = false;
+    const char started = StartChild(spec).ok() ? 1 : 0;
+    (void)!::write(told.write.get(), &started, 1);
+    ::pause();  // until killed
+    ::_exit(0);
+  }
+  out.write.reset();
+  told.write.reset();
+  char started = 0;
+  ASSERT_EQ(::read(told.read.get(), &started, 1), 1);
+  ::kill(parent, SIGKILL);
+  Reap(parent);
+  ASSERT_EQ(started, 1) << "the parent could not start its child";
+  ASSERT_EQ(::write(in.write.get(), "alive\n", 6), 6);  // its read end held here: no SIGPIPE
+  in.read.reset();
+  in.write.reset();  // cat ends
+  EXPECT_EQ(ReadAll(out.read), "alive\n") << "the child ended with its parent";
+}
+
+// The program runs in working_dir; one it cannot enter fails as exec would.
+TEST(ChildProcessTest, TheProgramStartsInItsWorkingDirectory) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("child-process-cwd-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  ChildSpec spec;
+  spec.working_dir = dir.string();
+  EXPECT_EQ(RunShell(spec, "pwd -P"), fs::canonical(dir).string() + "\n");
+  fs::remove(dir);
+
+  spec.argv = {"/bin/true"};
+  const StatusOr<pid_t> refused = StartChild(spec);
+  EXPECT_EQ(refused.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(refused.status().message(), std::strerror(ENOENT));
+}
+
 // The signal comes when the thread that started the child ends, though the process lives on:
 // callers keep that thread until the child has been reaped.
 TEST(ChildProcessTest, TheChildEndsWithTheThreadThatStartedIt) {
