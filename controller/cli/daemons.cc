@@ -29,6 +29,8 @@ namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kPollInterval{50};
+// How long a daemon started without its pid file has to end on SIGTERM.
+constexpr milliseconds kStartFailureGrace{5000};
 constexpr char kLocalNode[] = "local";
 // A pid and a newline; anything longer is not a pid file of ours.
 constexpr size_t kMaxPidFileBytes = 64;
@@ -118,7 +120,15 @@ StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
   if (got_error == sizeof exec_error) {
     return FailedPreconditionError("cannot run " + spec.binary.string() + ": " + Errno(exec_error));
   }
-  RETURN_IF_ERROR(WriteText(spec.pid_file, std::to_string(daemon) + "\n", 0644));
+  if (const Status written = WriteText(spec.pid_file, std::to_string(daemon) + "\n", 0644);
+      !written.ok()) {
+    // Without its pid file nothing finds the daemon again (daemon stop, the next start, which
+    // fails on its lock): it goes, and the file's error is this machine's (a full disk), not an
+    // unreachable controller's, as written's Unavailable would read.
+    StopProcess(daemon, kStartFailureGrace);
+    return FailedPreconditionError(
+        std::string(spec.name).append(" not started: ").append(written.message()));
+  }
   return daemon;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <optional>
 #include <thread>
 
@@ -74,6 +75,37 @@ TEST_F(DaemonsTest, StartsDetachedFindsItByPidFileAndStopsIt) {
   EXPECT_NE(::getsid(*pid), ::getsid(0));  // its own session: it outlives our terminal
   EXPECT_FALSE(StopProcess(*pid, std::chrono::seconds(10)));  // ended on SIGTERM
   EXPECT_EQ(RunningPid(dir_ / "sleeper.pid", "/bin/sleep"), std::nullopt);
+}
+
+// Whether a process runs `binary` with exactly the argument `arg` (/proc/PID/cmdline).
+bool RunsWithArgument(const fs::path& binary, const std::string& arg) {
+  const std::string wanted = binary.string() + '\0' + arg + '\0';
+  for (const fs::directory_entry& entry : fs::directory_iterator("/proc")) {
+    std::ifstream cmdline(entry.path() / "cmdline", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(cmdline)),
+                           std::istreambuf_iterator<char>());
+    if (text == wanted) return true;
+  }
+  return false;
+}
+
+// A daemon whose pid file cannot be written (here its directory is missing; on a full disk "No
+// space left on device") is stopped, and the error is the file's: it was left running where
+// nothing finds it (llmctl daemon stop, the next start failing on its lock), and the error was
+// Unavailable, which llmctl shows as an unreachable controller.
+TEST_F(DaemonsTest, ADaemonWhosePidFileCannotBeWrittenIsStopped) {
+  DaemonSpec spec = Sleeper(dir_);
+  spec.pid_file = dir_ / "missing" / "sleeper.pid";
+  const std::string unique = std::to_string(300 + ::getpid() % 1000) + ".25";  // sleep's seconds
+  spec.args = {unique};
+  const StatusOr<pid_t> pid = StartDetached(spec);
+  EXPECT_EQ(pid.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(
+      pid.status().message().find("sleeper not started: cannot create " + spec.pid_file.string()),
+      std::string::npos)
+      << pid.status().message();
+  EXPECT_FALSE(RunsWithArgument(spec.binary, unique));
+  if (pid.ok()) StopProcess(*pid, std::chrono::seconds(10));
 }
 
 TEST_F(DaemonsTest, APidFileOfAnotherProgramIsNotBelieved) {
