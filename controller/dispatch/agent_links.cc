@@ -33,9 +33,10 @@ AgentConnector TlsAgentConnector(rpc::TlsIdentity identity, const SecretsFile& s
     arguments.SetMaxReceiveMessageSize(static_cast<int>(kMaxAgentMessageBytes));
     // An agent cut off without closing: its event streams end (UNAVAILABLE) instead of waiting.
     rpc::SetClientKeepalive(arguments);
-    return AgentChannel{.channel = grpc::CreateCustomChannel(
-                            node.address, rpc::ChannelCredentials(identity, token), arguments),
-                        .certificate_name = std::move(certificate_name)};
+    return AgentChannel{
+        .channel = grpc::CreateCustomChannel(rpc::GrpcAddress(node.address),
+                                             rpc::ChannelCredentials(identity, token), arguments),
+        .certificate_name = std::move(certificate_name)};
   };
 }
 

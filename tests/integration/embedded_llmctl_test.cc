@@ -34,6 +34,7 @@ class EmbeddedLlmctlTest : public ::testing::Test {
     char pattern[] = "/tmp/llmctl-embedded-XXXXXX";
     ASSERT_NE(::mkdtemp(pattern), nullptr);
     home_ = pattern;
+    llmctl_home_ = home_;
   }
   void TearDown() override {
     if (home_.empty()) return;
@@ -42,8 +43,9 @@ class EmbeddedLlmctlTest : public ::testing::Test {
   }
 
   CommandResult Llmctl(const std::string& args) {
-    const std::string command = "env -u LLMCTL_CONTROLLER LLMCTL_HOME=" + home_.string() +
-                                " XDG_CONFIG_HOME=" + (home_ / "config").string() + " " +
+    // Quoted for the shell: a test may give LLMCTL_HOME a space (it holds no single quote).
+    const std::string command = "env -u LLMCTL_CONTROLLER LLMCTL_HOME='" + llmctl_home_.string() +
+                                "' XDG_CONFIG_HOME='" + (llmctl_home_ / "config").string() + "' " +
                                 (BuildDir() / "controller" / "cli" / "llmctl").string() + " " +
                                 args;
     return llmctl::testing::RunShellCommand(command);
@@ -70,8 +72,31 @@ class EmbeddedLlmctlTest : public ::testing::Test {
     return false;
   }
 
-  fs::path home_;
+  fs::path home_;         // the test's directory, removed after it
+  fs::path llmctl_home_;  // LLMCTL_HOME: home_ or a directory inside it
 };
+
+// gRPC reads a unix: address as a URI: a socket path's space, '#' or '%' reaches the embedded
+// daemons only percent-encoded (rpc::GrpcAddress), on the controller's dial of its agent too.
+TEST_F(EmbeddedLlmctlTest, AHomeWhosePathHoldsASpaceAndAHashRunsATrial) {
+  llmctl_home_ = home_ / "My Drive #1 %41";  // llmctl makes it: its daemons take no one else's
+  const fs::path user = home_ / "user";
+  fs::create_directories(user);
+  fs::copy_file("experiments/data/alpaca-demo.jsonl", user / "train.jsonl");
+  fs::copy_file("experiments/tokenizers/demo/tokenizer.json", user / "tokenizer.json");
+  std::ofstream(user / "tiny.yaml") << "model: llmctl-demo\n"
+                                       "init: random\n"
+                                       "tokenizer: tokenizer.json\n"
+                                       "data: {path: train.jsonl, max_seq_length: 64}\n"
+                                       "train: {micro_batch_size: 2, max_steps: 2}\n"
+                                       "trials:\n"
+                                       "  - {name: tiny, expect: ok}\n";
+
+  CommandResult submitted = Llmctl("submit " + (user / "tiny.yaml").string() + " --wait");
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
+  const nlohmann::json trial = FirstTrial(submitted.out.substr(0, submitted.out.find('\n')));
+  EXPECT_EQ(trial.value("outcome", ""), "ok") << trial.dump();
+}
 
 TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
   const fs::path user = home_ / "user";
