@@ -549,7 +549,10 @@ StatusOr<std::string> PlanRun(const PlanOptions& options) {
     RETURN_IF_ERROR(CheckSubmittable(yaml, options));
     const Status written = WriteFileAtomically(
         options.write, [&](int fd) { return WriteAll(fd, yaml.data(), yaml.size()); });
-    if (!written.ok()) return InvalidArgumentError("--write: " + written.message());
+    // The local file's error is this machine's (a full disk, a missing directory), not bad input.
+    if (!written.ok()) {
+      return FailedPreconditionError("--write " + options.write + ": " + written.message());
+    }
   }
   return options.format == "json" ? RenderJson(options, resolved, *plan)
                                   : RenderTable(options, resolved, *plan);

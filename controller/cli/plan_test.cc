@@ -245,6 +245,21 @@ TEST_F(PlanTest, WritesOnlyWhatSubmitAccepts) {
   EXPECT_TRUE(accepted.ok()) << accepted.message();
 }
 
+// An experiment file that cannot be written (here a missing directory; a full disk says "No space
+// left on device" alike) fails with the file's error and exit 1: it exited 2, as bad input.
+TEST_F(PlanTest, AWriteThatCannotBeWrittenIsNotBadInput) {
+  const std::string file = (dir_ / "missing" / "plan.yaml").string();
+  std::vector<std::string> args = CpuLabLarge();
+  args[0] = Source() + "/experiments/models/cpu-lab-small";
+  args.insert(args.end(), {"--top", "1", "--write", file, "--data",
+                           Source() + "/experiments/data/alpaca-demo.jsonl", "--tokenizer",
+                           Source() + "/experiments/tokenizers/demo/tokenizer.json"});
+  EXPECT_EQ(Llmctl(args), kExitFailed) << err_.str();
+  EXPECT_NE(err_.str().find("--write " + file + ": cannot create " + file), std::string::npos)
+      << err_.str();
+  EXPECT_NE(err_.str().find("No such file or directory"), std::string::npos) << err_.str();
+}
+
 // A --set value is written as the value it set: a path that YAML would read as a map ('a: b'), as
 // an unclosed list ('[x') or with a comment (' #c') is one quoted string. Through YAML::Load the
 // first wrote a map the file's check refused, the second was an internal error, the third lost
