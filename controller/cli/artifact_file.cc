@@ -69,4 +69,14 @@ StatusOr<std::unique_ptr<ArtifactFile>> ArtifactFile::Begin(const fs::path& dest
       std::make_unique<digest::VerifiedFileWriter>(first.path(), fd, part, target, first.size())));
 }
 
+Status ArtifactFile::Append(std::string_view data) {
+  const Status appended = writer_->Append(data);
+  // The write's error is this machine's (a full disk), never the controller's: its Unavailable
+  // would have llmctl ask whether the controller is running.
+  if (appended.code() == StatusCode::kUnavailable) {
+    return FailedPreconditionError(appended.message());
+  }
+  return appended;
+}
+
 }  // namespace llmctl::cli

@@ -29,7 +29,9 @@ class ArtifactFile {
   static StatusOr<std::unique_ptr<ArtifactFile>> Begin(const std::filesystem::path& destination,
                                                        const v1::ArtifactChunk& first);
 
-  Status Append(std::string_view data) { return writer_->Append(data); }
+  // DataLoss when more than the announced size arrives; FailedPrecondition when the file cannot be
+  // written (a full disk).
+  Status Append(std::string_view data);
   Status Finish(const std::string& expected_sha256) { return writer_->Commit(expected_sha256); }
 
   const std::string& path() const { return path_; }

@@ -1,10 +1,12 @@
 // ArtifactFile: a fetched file is refused before its first byte when it cannot fit on the user's
-// disk, and written whole when it can.
+// disk, written whole when it can, and a write the disk refuses fails as this machine's error.
 #include "controller/cli/artifact_file.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
+#include <csignal>
 #include <filesystem>
 
 #include "common/digest/digest.h"
@@ -54,6 +56,28 @@ TEST_F(ArtifactFileTest, AFileThatFitsIsWrittenWhole) {
   ASSERT_TRUE((*file)->Append("hello").ok());
   ASSERT_TRUE((*file)->Finish(digest::Sha256Hex("hello")).ok());
   EXPECT_EQ(*ReadFileToString((dir_ / "output/log.txt").string()), "hello");
+}
+
+// A file the disk will not take (here past RLIMIT_FSIZE, which fails the write with EFBIG as a full
+// disk fails it with ENOSPC) is this machine's failure: its Unavailable had llmctl fetch exit 3
+// asking whether the controller was running.
+TEST_F(ArtifactFileTest, AFileTheDiskWillNotTakeIsNotTheControllersFailure) {
+  auto file = ArtifactFile::Begin(dir_, FirstChunk("output/log.txt", 8192));
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  struct rlimit previous_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &previous_limit), 0);
+  // Without SIG_IGN, SIGXFSZ would end the test instead of the write returning EFBIG.
+  const sighandler_t previous_handler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small_limit = previous_limit;
+  small_limit.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small_limit), 0);
+  const Status appended = (*file)->Append(std::string(8192, 'x'));
+  ::setrlimit(RLIMIT_FSIZE, &previous_limit);
+  ::signal(SIGXFSZ, previous_handler);
+  EXPECT_EQ(appended.code(), StatusCode::kFailedPrecondition) << appended.ToString();
+  EXPECT_NE(appended.message().find("output/log.txt.part"), std::string::npos)
+      << appended.message();
+  EXPECT_NE(appended.message().find("File too large"), std::string::npos) << appended.message();
 }
 
 }  // namespace
