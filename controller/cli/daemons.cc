@@ -50,10 +50,14 @@ bool Alive(pid_t pid) {
 }
 
 Status WriteText(const fs::path& path, const std::string& text, mode_t mode) {
-  return WriteFileAtomically(path.string(), [&](int fd) -> Status {
+  const Status written = WriteFileAtomically(path.string(), [&](int fd) -> Status {
     if (::fchmod(fd, mode) != 0) return InternalError(path.string() + ": chmod: " + Errno(errno));
     return WriteAll(fd, text.data(), text.size());
   });
+  // The file's error is this machine's (a full disk), never the controller's: its Unavailable
+  // would have llmctl ask whether the controller is running.
+  if (written.code() == StatusCode::kUnavailable) return FailedPreconditionError(written.message());
+  return written;
 }
 
 std::optional<fs::path> FirstExisting(const std::vector<fs::path>& candidates) {
@@ -123,8 +127,7 @@ StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
   if (const Status written = WriteText(spec.pid_file, std::to_string(daemon) + "\n", 0644);
       !written.ok()) {
     // Without its pid file nothing finds the daemon again (daemon stop, the next start, which
-    // fails on its lock): it goes, and the file's error is this machine's (a full disk), not an
-    // unreachable controller's, as written's Unavailable would read.
+    // fails on its lock): it goes.
     StopProcess(daemon, kStartFailureGrace);
     return FailedPreconditionError(
         std::string(spec.name).append(" not started: ").append(written.message()));

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -283,6 +284,33 @@ TEST_F(DaemonsTest, CredentialsAreWrittenOwnerOnly) {
   credentials.clear_token();
   EXPECT_EQ(WriteAgentCredentials(credentials, dir_ / "other").code(),
             StatusCode::kInvalidArgument);
+}
+
+// Credentials the disk will not take (here past RLIMIT_FSIZE, which fails the write with EFBIG as a
+// full disk fails it with ENOSPC) are this machine's failure: the write's Unavailable had llmctl
+// exit 3 asking whether the embedded controller, which had just answered, was running.
+TEST_F(DaemonsTest, CredentialsTheDiskWillNotTakeAreNotTheControllersFailure) {
+  v1::NodeCredentials credentials;
+  credentials.set_certificate_pem("CERT");
+  credentials.set_private_key_pem("KEY");
+  credentials.set_ca_certificate_pem("CA");
+  credentials.set_token("TOKEN");
+  const fs::path tls = dir_ / "agent" / "tls";
+  struct rlimit previous_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &previous_limit), 0);
+  // Without SIG_IGN, SIGXFSZ would end the test instead of the write returning EFBIG.
+  const sighandler_t previous_handler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit no_bytes = previous_limit;
+  no_bytes.rlim_cur = 0;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &no_bytes), 0);
+  const Status written = WriteAgentCredentials(credentials, tls);
+  ::setrlimit(RLIMIT_FSIZE, &previous_limit);
+  ::signal(SIGXFSZ, previous_handler);
+  EXPECT_EQ(written.code(), StatusCode::kFailedPrecondition) << written.ToString();
+  EXPECT_NE(written.message().find("cannot write " + (tls / "ca.crt").string() + ": "),
+            std::string::npos)
+      << written.message();
+  EXPECT_NE(written.message().find("File too large"), std::string::npos) << written.message();
 }
 
 // LLMCTL_HOME may name a directory that is there already, shared with others (/tmp as root): its
