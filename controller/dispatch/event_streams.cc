@@ -270,12 +270,11 @@ Status EventStreams::StoreSamples(Stream& stream, const v1::DeviceSamples& sampl
 }
 
 Status EventStreams::Receive(Stream& stream, v1::Agent::Stub& stub, grpc::ClientContext& context,
-                             const v1::StreamEventsRequest& request, bool& ended, bool& received) {
+                             const v1::StreamEventsRequest& request, bool& ended, bool& stored) {
   Status result;
   auto reader = stub.StreamEvents(&context, request);
   v1::StreamEventsResponse response;
   while (reader->Read(&response)) {
-    received = true;
     if (response.has_event()) {
       // An agent from before batch_events sends one line an item: a batch of one.
       v1::TrialEvent line = std::move(*response.mutable_event());
@@ -288,11 +287,13 @@ Status EventStreams::Receive(Stream& stream, v1::Agent::Stub& stub, grpc::Client
         context.TryCancel();
         break;
       }
+      stored = true;
     } else if (response.has_ended()) {
       result = Finish(stream, response.ended());
       ended = true;
       core_.changes.Notify();
       if (!result.ok()) break;
+      stored = true;
     }
   }
   const grpc::Status finished = reader->Finish();
@@ -305,7 +306,7 @@ Status EventStreams::Receive(Stream& stream, v1::Agent::Stub& stub, grpc::Client
 
 void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
   bool ended = false;
-  bool received = false;
+  bool stored = false;
   const StatusOr<v1::StreamEventsRequest> request = ResumeRequest(stream);
   grpc::ClientContext context;
   bool stopped;
@@ -318,7 +319,7 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
   if (!request.ok()) {
     result = request.status();
   } else if (!stopped) {
-    result = Receive(stream, stub, context, *request, ended, received);
+    result = Receive(stream, stub, context, *request, ended, stored);
   }
   if (!result.ok() && result.code() != StatusCode::kCancelled) {
     spdlog::warn("{} on node {}: event stream: {}", AttemptName(stream.attempt), stream.node,
@@ -329,7 +330,9 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
     stream.context = nullptr;
     // Fenced off (a stale or lost attempt) or finished: nothing more to read.
     stream.settled = (ended && result.ok()) || result.code() == StatusCode::kFailedPrecondition;
-    if (received) stream.backoff = std::chrono::milliseconds(0);
+    // A stream that stored something starts its backoff over; one whose every message was
+    // refused (a full disk's store) keeps doubling it, instead of a reopening each second.
+    if (stored) stream.backoff = std::chrono::milliseconds(0);
     if (!stream.settled) {
       stream.backoff =
           NextBackoff(stream.backoff, core_.options.backoff_initial, core_.options.backoff_max);

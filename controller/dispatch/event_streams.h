@@ -2,9 +2,9 @@
 // agent is connected, from the store's LastSeq + 1 (and its device samples from
 // LastDeviceSampleSeq + 1). What arrives is stored idempotently on (trial, attempt, seq); `ended`
 // finishes the attempt (through checkpoint_copy.h when it was stopped with a checkpoint); a broken
-// stream is reopened after a backoff that doubles up to backoff_max, from the last stored seq; a
-// fenced-off attempt (the store refuses it) is never reopened. Readers of attempts that are no
-// longer running stop.
+// stream is reopened after a backoff that doubles up to backoff_max (and starts over once a stream
+// stored something), from the last stored seq; a fenced-off attempt (the store refuses it) is never
+// reopened. Readers of attempts that are no longer running stop.
 //
 // A multi-node attempt has a reader per node, each resuming every rank after its last stored line
 // (a node's agent sends its own ranks); a node's end is recorded with FinishAttemptNode, which ends
@@ -96,9 +96,9 @@ class EventStreams {
   StatusOr<v1::StreamEventsRequest> ResumeRequest(const Stream& stream);
   // The stream's items into the store until it ends: an error stops it (cancelling `context`),
   // and a stream that closes before the run's end is Unavailable. `ended`: the end came;
-  // `received`: something did.
+  // `stored`: an item was stored (or, for samples the store refused, dropped).
   Status Receive(Stream& stream, v1::Agent::Stub& stub, grpc::ClientContext& context,
-                 const v1::StreamEventsRequest& request, bool& ended, bool& received);
+                 const v1::StreamEventsRequest& request, bool& ended, bool& stored);
   // Event lines read at once (each as its refusal when the store would refuse it), in one
   // transaction; an error stops the stream. A line of a rank that is not the node's own is
   // dropped: stored, it would take the place of the real rank's line with the same seq. A message

@@ -109,6 +109,33 @@ TEST_F(EventStreamsTest, AMessageOfMoreLinesThanAnAgentSendsIsRefusedWhole) {
   EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kRunning);
 }
 
+// A stream whose messages keep being refused (a full disk's store, or an agent's oversized
+// message) stores nothing each time it is read: its backoff doubles (1 s, 2 s, ...) instead of
+// starting over at 1 s because a message came, which reopened it and warned every second.
+TEST_F(EventStreamsTest, AStreamWhoseMessagesKeepBeingRefusedBacksOffLongerEachTime) {
+  agent_state_.one_batch = true;
+  agent_state_.script.assign(513, StepLine(0));
+  const auto streams_opened = [&] {
+    std::lock_guard lock(agent_state_.mutex);
+    return agent_state_.stream_from_seqs.size();
+  };
+  SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return streams_opened() == 2; }));
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+
+  clock_.Advance(seconds(1));  // within the second backoff, of 2 s
+  Tick();
+  EXPECT_EQ(daemon_->dispatcher().ActiveStreams(), 0);
+  EXPECT_EQ(streams_opened(), 2u);
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return streams_opened() == 3; }));
+}
+
 TEST_F(EventStreamsTest, DeviceSamplesAreStoredOnceAndAStreamResumesAfterTheLastStored) {
   agent_state_.samples = {GpuSample(1), GpuSample(2), GpuSample(3)};
   agent_state_.script = {StepLine(0), StepLine(1), StepLine(2), kResultLine};
