@@ -4,23 +4,22 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 
-#include <csignal>
 #include <filesystem>
 
 #include "common/digest/digest.h"
 #include "common/files.h"
+#include "tests/support/file_size_limit.h"
 
 namespace llmctl::cli {
 namespace {
 
 namespace fs = std::filesystem;
 
-class ArtifactFileTest : public testing::Test {
+class ArtifactFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = testing::TempDir() + "/artifact_file_test_XXXXXX";
+    std::string pattern = ::testing::TempDir() + "/artifact_file_test_XXXXXX";
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     dir_ = pattern;
   }
@@ -64,16 +63,12 @@ TEST_F(ArtifactFileTest, AFileThatFitsIsWrittenWhole) {
 TEST_F(ArtifactFileTest, AFileTheDiskWillNotTakeIsNotTheControllersFailure) {
   auto file = ArtifactFile::Begin(dir_, FirstChunk("output/log.txt", 8192));
   ASSERT_TRUE(file.ok()) << file.status().ToString();
-  struct rlimit previous_limit;
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &previous_limit), 0);
-  // Without SIG_IGN, SIGXFSZ would end the test instead of the write returning EFBIG.
-  const sighandler_t previous_handler = ::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit small_limit = previous_limit;
-  small_limit.rlim_cur = 4096;
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small_limit), 0);
-  const Status appended = (*file)->Append(std::string(8192, 'x'));
-  ::setrlimit(RLIMIT_FSIZE, &previous_limit);
-  ::signal(SIGXFSZ, previous_handler);
+  Status appended;
+  {
+    const llmctl::testing::ScopedFileSizeLimit four_kib(4096);
+    ASSERT_TRUE(four_kib.ok());
+    appended = (*file)->Append(std::string(8192, 'x'));
+  }
   EXPECT_EQ(appended.code(), StatusCode::kFailedPrecondition) << appended.ToString();
   EXPECT_NE(appended.message().find("output/log.txt.part"), std::string::npos)
       << appended.message();

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include <thread>
 
 #include "rpc/certificates.h"
+#include "tests/support/file_size_limit.h"
 
 namespace llmctl::cli {
 namespace {
@@ -296,16 +296,12 @@ TEST_F(DaemonsTest, CredentialsTheDiskWillNotTakeAreNotTheControllersFailure) {
   credentials.set_ca_certificate_pem("CA");
   credentials.set_token("TOKEN");
   const fs::path tls = dir_ / "agent" / "tls";
-  struct rlimit previous_limit;
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &previous_limit), 0);
-  // Without SIG_IGN, SIGXFSZ would end the test instead of the write returning EFBIG.
-  const sighandler_t previous_handler = ::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit no_bytes = previous_limit;
-  no_bytes.rlim_cur = 0;
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &no_bytes), 0);
-  const Status written = WriteAgentCredentials(credentials, tls);
-  ::setrlimit(RLIMIT_FSIZE, &previous_limit);
-  ::signal(SIGXFSZ, previous_handler);
+  Status written;
+  {
+    const llmctl::testing::ScopedFileSizeLimit no_bytes(0);
+    ASSERT_TRUE(no_bytes.ok());
+    written = WriteAgentCredentials(credentials, tls);
+  }
   EXPECT_EQ(written.code(), StatusCode::kFailedPrecondition) << written.ToString();
   EXPECT_NE(written.message().find("cannot write " + (tls / "ca.crt").string() + ": "),
             std::string::npos)
