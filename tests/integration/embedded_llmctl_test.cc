@@ -72,6 +72,16 @@ class EmbeddedLlmctlTest : public ::testing::Test {
     return false;
   }
 
+  // home_/user with the demo's data and tokenizer as train.jsonl and tokenizer.json, for a tiny
+  // experiment file written beside them.
+  fs::path UserDirWithDemoInputs() {
+    const fs::path user = home_ / "user";
+    fs::create_directories(user);
+    fs::copy_file("experiments/data/alpaca-demo.jsonl", user / "train.jsonl");
+    fs::copy_file("experiments/tokenizers/demo/tokenizer.json", user / "tokenizer.json");
+    return user;
+  }
+
   fs::path home_;         // the test's directory, removed after it
   fs::path llmctl_home_;  // LLMCTL_HOME: home_ or a directory inside it
 };
@@ -80,10 +90,7 @@ class EmbeddedLlmctlTest : public ::testing::Test {
 // daemons only percent-encoded (rpc::GrpcAddress), on the controller's dial of its agent too.
 TEST_F(EmbeddedLlmctlTest, AHomeWhosePathHoldsASpaceAndAHashRunsATrial) {
   llmctl_home_ = home_ / "My Drive #1 %41";  // llmctl makes it: its daemons take no one else's
-  const fs::path user = home_ / "user";
-  fs::create_directories(user);
-  fs::copy_file("experiments/data/alpaca-demo.jsonl", user / "train.jsonl");
-  fs::copy_file("experiments/tokenizers/demo/tokenizer.json", user / "tokenizer.json");
+  const fs::path user = UserDirWithDemoInputs();
   std::ofstream(user / "tiny.yaml") << "model: llmctl-demo\n"
                                        "init: random\n"
                                        "tokenizer: tokenizer.json\n"
@@ -99,10 +106,7 @@ TEST_F(EmbeddedLlmctlTest, AHomeWhosePathHoldsASpaceAndAHashRunsATrial) {
 }
 
 TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
-  const fs::path user = home_ / "user";
-  fs::create_directories(user);
-  fs::copy_file("experiments/data/alpaca-demo.jsonl", user / "train.jsonl");
-  fs::copy_file("experiments/tokenizers/demo/tokenizer.json", user / "tokenizer.json");
+  const fs::path user = UserDirWithDemoInputs();
   std::ofstream(user / "tiny.yaml") << "model: llmctl-demo\n"
                                        "init: random\n"
                                        "tokenizer: tokenizer.json\n"
@@ -298,10 +302,7 @@ TEST_F(EmbeddedLlmctlTest, CpuMultiLabEndsAsItsFileExpectsWithEveryRanksMemory) 
 // its last complete step, `resume` continues it on the same node from there, and the two attempts'
 // steps together are the uninterrupted run's, loss for loss (llm-train --resume is exact on CPU).
 TEST_F(EmbeddedLlmctlTest, ResumeAfterACheckpointedCancelReproducesTheUninterruptedRun) {
-  const fs::path user = home_ / "user";
-  fs::create_directories(user);
-  fs::copy_file("experiments/data/alpaca-demo.jsonl", user / "train.jsonl");
-  fs::copy_file("experiments/tokenizers/demo/tokenizer.json", user / "tokenizer.json");
+  const fs::path user = UserDirWithDemoInputs();
   const auto write_experiment = [&](int steps) {
     std::ofstream(user / "long.yaml") << "model: llmctl-demo\n"
                                          "init: random\n"
