@@ -158,9 +158,7 @@ StatusOr<StartedCommand> StartCommand(const std::string& program,
   spec.stdout_fd = stdout_pipe.write.get();
   spec.stderr_fd = stderr_pipe.write.get();
   spec.own_process_group = true;
-  spec.default_signals.assign(std::begin(kSignalsStartedAtDefault),
-                              std::end(kSignalsStartedAtDefault));
-  spec.clear_signal_mask = true;
+  StartWithDefaultSignals(spec);
   StatusOr<pid_t> pid = StartChild(spec);
   stdout_pipe.write.reset();
   stderr_pipe.write.reset();
@@ -231,6 +229,12 @@ void StartWithDefaultSignals(posix_spawnattr_t& attributes) {
   sigemptyset(&defaults);
   for (int signal : kSignalsStartedAtDefault) sigaddset(&defaults, signal);
   posix_spawnattr_setsigdefault(&attributes, &defaults);
+}
+
+void StartWithDefaultSignals(ChildSpec& spec) {
+  spec.default_signals.assign(std::begin(kSignalsStartedAtDefault),
+                              std::end(kSignalsStartedAtDefault));
+  spec.clear_signal_mask = true;
 }
 
 StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/child_process.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 
@@ -37,6 +38,8 @@ UniqueFd OpenExitWatch(pid_t pid, uint64_t start_time);
 // exec, so a child would otherwise ignore the stop signals meant for it. Keeps the flags already
 // set.
 void StartWithDefaultSignals(posix_spawnattr_t& attributes);
+// The same for a child started by StartChild.
+void StartWithDefaultSignals(ChildSpec& spec);
 
 struct CommandOutput {
   int exit_code = -1;       // -1 when it could not run or was killed (timeout)

@@ -10,8 +10,8 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
-#include <utility>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "agent/process.h"
 #include "common/atomic_file.h"
@@ -70,8 +70,7 @@ StatusOr<pid_t> StartWorker(const SupervisorCommand& command, WorkerStdio stdio)
   spec.stdout_fd = stdio.out.get();
   spec.stderr_fd = stdio.err.get();
   spec.own_process_group = true;
-  spec.default_signals = {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
-  spec.clear_signal_mask = true;
+  StartWithDefaultSignals(spec);
   spec.tie_to_parent = false;
   spec.working_dir = command.run_dir;
   spec.exec_failure = ExecFailureReport::kStderrAndExitCode;
