@@ -431,24 +431,11 @@ Status ResponseError(const Request& request, const Response& response, std::stri
 }
 
 std::string FormEncode(const std::vector<std::pair<std::string, std::string>>& fields) {
-  auto escape = [](const std::string& text) {
-    std::string out;
-    static constexpr char kHex[] = "0123456789ABCDEF";
-    for (unsigned char c : text) {
-      if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-        out += static_cast<char>(c);
-      } else {
-        out += '%';
-        out += kHex[c >> 4];
-        out += kHex[c & 0xf];
-      }
-    }
-    return out;
-  };
   std::string encoded;
   for (const auto& [name, value] : fields) {
     if (!encoded.empty()) encoded += '&';
-    encoded += escape(name) + "=" + escape(value);
+    encoded += PercentEncode(name, /*keep_slash=*/false) + "=" +
+               PercentEncode(value, /*keep_slash=*/false);
   }
   return encoded;
 }
