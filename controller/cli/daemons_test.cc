@@ -263,12 +263,18 @@ TEST_F(DaemonsTest, APidFileWithMoreThanAPidIsNotBelieved) {
   EXPECT_FALSE(StopProcess(*pid, std::chrono::seconds(10)));
 }
 
-TEST_F(DaemonsTest, CredentialsAreWrittenOwnerOnly) {
+// Credentials of every part, each a word that names it.
+v1::NodeCredentials SomeCredentials() {
   v1::NodeCredentials credentials;
   credentials.set_certificate_pem("CERT");
   credentials.set_private_key_pem("KEY");
   credentials.set_ca_certificate_pem("CA");
   credentials.set_token("TOKEN");
+  return credentials;
+}
+
+TEST_F(DaemonsTest, CredentialsAreWrittenOwnerOnly) {
+  v1::NodeCredentials credentials = SomeCredentials();
   const fs::path tls = dir_ / "agent" / "tls";
   ASSERT_TRUE(WriteAgentCredentials(credentials, tls).ok());
   EXPECT_EQ(fs::status(tls).permissions() & fs::perms::all, fs::perms::owner_all);
@@ -290,11 +296,7 @@ TEST_F(DaemonsTest, CredentialsAreWrittenOwnerOnly) {
 // full disk fails it with ENOSPC) are this machine's failure: the write's Unavailable had llmctl
 // exit 3 asking whether the embedded controller, which had just answered, was running.
 TEST_F(DaemonsTest, CredentialsTheDiskWillNotTakeAreNotTheControllersFailure) {
-  v1::NodeCredentials credentials;
-  credentials.set_certificate_pem("CERT");
-  credentials.set_private_key_pem("KEY");
-  credentials.set_ca_certificate_pem("CA");
-  credentials.set_token("TOKEN");
+  const v1::NodeCredentials credentials = SomeCredentials();
   const fs::path tls = dir_ / "agent" / "tls";
   Status written;
   {
