@@ -24,6 +24,15 @@ namespace fs = std::filesystem;
 using llmctl::testing::BuildDir;
 using llmctl::testing::CommandResult;
 
+// An experiment file's start: two steps of the demo model on the demo's data and tokenizer, as
+// UserDirWithDemoInputs puts them beside the file.
+constexpr char kTwoStepDemoRun[] =
+    "model: llmctl-demo\n"
+    "init: random\n"
+    "tokenizer: tokenizer.json\n"
+    "data: {path: train.jsonl, max_seq_length: 64}\n"
+    "train: {micro_batch_size: 2, max_steps: 2}\n";
+
 class EmbeddedLlmctlTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -91,12 +100,8 @@ class EmbeddedLlmctlTest : public ::testing::Test {
 TEST_F(EmbeddedLlmctlTest, AHomeWhosePathHoldsASpaceAndAHashRunsATrial) {
   llmctl_home_ = home_ / "My Drive #1 %41";  // llmctl makes it: its daemons take no one else's
   const fs::path user = UserDirWithDemoInputs();
-  std::ofstream(user / "tiny.yaml") << "model: llmctl-demo\n"
-                                       "init: random\n"
-                                       "tokenizer: tokenizer.json\n"
-                                       "data: {path: train.jsonl, max_seq_length: 64}\n"
-                                       "train: {micro_batch_size: 2, max_steps: 2}\n"
-                                       "trials:\n"
+  std::ofstream(user / "tiny.yaml") << kTwoStepDemoRun
+                                    << "trials:\n"
                                        "  - {name: tiny, expect: ok}\n";
 
   CommandResult submitted = Llmctl("submit " + (user / "tiny.yaml").string() + " --wait");
@@ -107,12 +112,8 @@ TEST_F(EmbeddedLlmctlTest, AHomeWhosePathHoldsASpaceAndAHashRunsATrial) {
 
 TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
   const fs::path user = UserDirWithDemoInputs();
-  std::ofstream(user / "tiny.yaml") << "model: llmctl-demo\n"
-                                       "init: random\n"
-                                       "tokenizer: tokenizer.json\n"
-                                       "data: {path: train.jsonl, max_seq_length: 64}\n"
-                                       "train: {micro_batch_size: 2, max_steps: 2}\n"
-                                       "trials:\n"
+  std::ofstream(user / "tiny.yaml") << kTwoStepDemoRun
+                                    << "trials:\n"
                                        "  - name: squeezed\n"
                                        "    set: {device_memory: 6MiB}\n"
                                        "    expect: oom\n"
@@ -174,12 +175,8 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
 
   // The daemons stayed up; the inputs are already there. A trial predicted to run out of memory
   // that does not say it expects to draws a warning, and is submitted all the same.
-  std::ofstream(user / "unexpected.yaml") << "model: llmctl-demo\n"
-                                             "init: random\n"
-                                             "tokenizer: tokenizer.json\n"
-                                             "data: {path: train.jsonl, max_seq_length: 64}\n"
-                                             "train: {micro_batch_size: 2, max_steps: 2}\n"
-                                             "device_memory: 6MiB\n"
+  std::ofstream(user / "unexpected.yaml") << kTwoStepDemoRun
+                                          << "device_memory: 6MiB\n"
                                              "trials:\n"
                                              "  - name: squeezed\n";
   CommandResult again = Llmctl("submit " + (user / "unexpected.yaml").string());
