@@ -30,6 +30,19 @@ StatusOr<json> ObjectOf(const json& body, const char* key) {
   return body[key];
 }
 
+// Each member of the array `key` of a list answer, read by `parse`; the first error it meets.
+template <typename T>
+StatusOr<std::vector<T>> ParseEach(const json& body, const char* key,
+                                   StatusOr<T> (*parse)(const json&)) {
+  ASSIGN_OR_RETURN(json values, ListOf(body, key));
+  std::vector<T> result;
+  for (const json& value : values) {
+    ASSIGN_OR_RETURN(T item, parse(value));
+    result.push_back(std::move(item));
+  }
+  return result;
+}
+
 bool IgnoreNotFound(const Status& status) {
   return status.ok() || status.code() == StatusCode::kNotFound;
 }
@@ -104,13 +117,7 @@ StatusOr<Network> NeutronClient::FindNetwork(std::string_view name) {
 
 StatusOr<std::vector<SecurityGroup>> NeutronClient::ListSecurityGroups() {
   ASSIGN_OR_RETURN(json body, session_.CallJson("network", "GET", "/v2.0/security-groups"));
-  ASSIGN_OR_RETURN(json groups, ListOf(body, "security_groups"));
-  std::vector<SecurityGroup> result;
-  for (const json& value : groups) {
-    ASSIGN_OR_RETURN(SecurityGroup group, ParseSecurityGroup(value));
-    result.push_back(std::move(group));
-  }
-  return result;
+  return ParseEach(body, "security_groups", &ParseSecurityGroup);
 }
 
 StatusOr<std::optional<SecurityGroup>> NeutronClient::FindSecurityGroup(std::string_view name) {
@@ -172,24 +179,16 @@ StatusOr<std::vector<Port>> NeutronClient::ListPorts(std::string_view device_id)
     path.append("?").append(http::FormEncode({{"device_id", std::string(device_id)}}));
   }
   ASSIGN_OR_RETURN(json body, session_.CallJson("network", "GET", path));
-  ASSIGN_OR_RETURN(json ports, ListOf(body, "ports"));
-  std::vector<Port> result;
-  for (const json& value : ports) {
-    ASSIGN_OR_RETURN(Port port, ParsePort(value));
-    if (device_id.empty() || port.device_id == device_id) result.push_back(std::move(port));
+  ASSIGN_OR_RETURN(std::vector<Port> ports, ParseEach(body, "ports", &ParsePort));
+  if (!device_id.empty()) {
+    std::erase_if(ports, [&](const Port& port) { return port.device_id != device_id; });
   }
-  return result;
+  return ports;
 }
 
 StatusOr<std::vector<FloatingIp>> NeutronClient::ListFloatingIps() {
   ASSIGN_OR_RETURN(json body, session_.CallJson("network", "GET", "/v2.0/floatingips"));
-  ASSIGN_OR_RETURN(json addresses, ListOf(body, "floatingips"));
-  std::vector<FloatingIp> result;
-  for (const json& value : addresses) {
-    ASSIGN_OR_RETURN(FloatingIp address, ParseFloatingIp(value));
-    result.push_back(std::move(address));
-  }
-  return result;
+  return ParseEach(body, "floatingips", &ParseFloatingIp);
 }
 
 StatusOr<std::optional<FloatingIp>> NeutronClient::FindFloatingIp(std::string_view description) {
