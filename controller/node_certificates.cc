@@ -57,6 +57,7 @@ Status CheckSameRegistration(const SecretsFile& secrets, const std::string& node
 Status NodeCertificates::RenewIfDue(const std::string& node,
                                     const std::string& dialled_certificate_name,
                                     v1::Agent::Stub& stub, store::Time now,
+                                    MonotonicTime monotonic_now,
                                     std::chrono::milliseconds deadline) {
   RETURN_IF_ERROR(CheckSameRegistration(secrets_, node, dialled_certificate_name));
   StatusOr<int64_t> expiry = secrets_.NodeCertificateExpiry(node);
@@ -65,14 +66,14 @@ Status NodeCertificates::RenewIfDue(const std::string& node,
   {
     MutexLock lock(mutex_);
     auto retry = retry_at_.find(node);
-    if (retry != retry_at_.end() && now < retry->second) return Status::Ok();
+    if (retry != retry_at_.end() && monotonic_now < retry->second) return Status::Ok();
   }
   Status renewed = Renew(node, dialled_certificate_name, stub, now, deadline);
   MutexLock lock(mutex_);
   if (renewed.ok()) {
     retry_at_.erase(node);
   } else {
-    retry_at_[node] = now + kRenewalRetry;
+    retry_at_[node] = monotonic_now + kRenewalRetry;
   }
   return renewed;
 }

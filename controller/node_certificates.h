@@ -12,6 +12,7 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
+#include "controller/clock.h"
 #include "controller/secrets.h"
 #include "controller/store/store.h"
 #include "llmctl/v1/agent.grpc.pb.h"
@@ -44,15 +45,17 @@ class NodeCertificates {
 
   // Renews the node's certificate through `stub` (its link, whose channel checks the agent's
   // certificate against `dialled_certificate_name`) when less than half the lifetime is left at
-  // `now`, or its expiry is unknown; OK without a call otherwise, and for kRenewalRetry after a
-  // failed renewal of the node (the health checks come every few seconds; an agent too old to
-  // renew would be asked, and logged, at each). FailedPrecondition for a node without credentials
+  // `now` (the wall clock, as the certificate's dates), or its expiry is unknown; OK without a call
+  // otherwise, and for kRenewalRetry on the monotonic clock (`monotonic_now`) after a failed
+  // renewal of the node (the health checks come every few seconds; an agent too old to renew would
+  // be asked, and logged, at each; chrony stepping the wall clock moves the retry neither sooner
+  // nor later). FailedPrecondition for a node without credentials
   // (`node down`), and for a link dialled under another name than the node's current one: the node
   // was registered again since, and the holder of the old key must not get a certificate of the
   // new registration. The agent's error when it refuses.
   Status RenewIfDue(const std::string& node, const std::string& dialled_certificate_name,
-                    v1::Agent::Stub& stub, store::Time now, std::chrono::milliseconds deadline)
-      LLMCTL_EXCLUDES(mutex_);
+                    v1::Agent::Stub& stub, store::Time now, MonotonicTime monotonic_now,
+                    std::chrono::milliseconds deadline) LLMCTL_EXCLUDES(mutex_);
 
  private:
   Status Renew(const std::string& node, const std::string& certificate_name, v1::Agent::Stub& stub,
@@ -62,7 +65,7 @@ class NodeCertificates {
   SecretsFile& secrets_;
   Mutex mutex_;
   // When a node whose renewal failed is tried again.
-  std::map<std::string, store::Time> retry_at_ LLMCTL_GUARDED_BY(mutex_);
+  std::map<std::string, MonotonicTime> retry_at_ LLMCTL_GUARDED_BY(mutex_);
 };
 
 }  // namespace llmctl::controller

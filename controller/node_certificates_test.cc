@@ -106,6 +106,12 @@ class NodeCertificatesTest : public ::testing::Test {
 
   std::string Read(const std::string& path) { return *ReadFileToString(path, 1 << 20); }
 
+  // The dispatcher's health check asking for a renewal over `link` at `clock`'s times.
+  Status RenewIfDue(v1::Agent::Stub& link, const ManualClock& clock) {
+    return certificates_->RenewIfDue(kNode, name_, link, clock.Now(), clock.Monotonic(),
+                                     std::chrono::seconds(10));
+  }
+
   fs::path dir_;
   std::unique_ptr<rpc::CertificateAuthority> ca_;
   std::unique_ptr<SecretsFile> secrets_;
@@ -126,13 +132,11 @@ TEST_F(NodeCertificatesTest, RenewalAfterHalfTheLifetimeReplacesTheServedCertifi
   ASSERT_TRUE(ServesCertificate(first));
 
   // More than half the week left: nothing to do.
-  ASSERT_TRUE(
-      certificates_->RenewIfDue(kNode, name_, *link, clock.Now(), std::chrono::seconds(10)).ok());
+  ASSERT_TRUE(RenewIfDue(*link, clock).ok());
   EXPECT_EQ(Read(files_.certificate_file), first);
 
   clock.Advance(std::chrono::hours(24 * 4));
-  const Status renewed =
-      certificates_->RenewIfDue(kNode, name_, *link, clock.Now(), std::chrono::seconds(10));
+  const Status renewed = RenewIfDue(*link, clock);
   ASSERT_TRUE(renewed.ok()) << renewed.ToString();
   const std::string second = Read(files_.certificate_file);
   EXPECT_NE(second, first);
@@ -157,8 +161,7 @@ TEST_F(NodeCertificatesTest, RenewalAfterHalfTheLifetimeReplacesTheServedCertifi
   v1::NodeInfo info;
   EXPECT_TRUE(link->GetNodeInfo(&context, {}, &info).ok());
   // Renewed: not due again.
-  EXPECT_TRUE(
-      certificates_->RenewIfDue(kNode, name_, *link, clock.Now(), std::chrono::seconds(10)).ok());
+  EXPECT_TRUE(RenewIfDue(*link, clock).ok());
   EXPECT_EQ(Read(files_.certificate_file), second);
 }
 
@@ -167,14 +170,10 @@ TEST_F(NodeCertificatesTest, RenewalWithAWrongTokenOrForANodeDownIsRefused) {
   const std::string first = Read(files_.certificate_file);
 
   auto wrong_token = Stub(controller_, "not-the-token");
-  EXPECT_EQ(
-      certificates_->RenewIfDue(kNode, name_, *wrong_token, clock.Now(), std::chrono::seconds(10))
-          .code(),
-      StatusCode::kUnauthenticated);
+  EXPECT_EQ(RenewIfDue(*wrong_token, clock).code(), StatusCode::kUnauthenticated);
   // Not asked again at the next health check, seconds later, but after kRenewalRetry.
   auto link = Stub(controller_, kToken);
-  EXPECT_TRUE(
-      certificates_->RenewIfDue(kNode, name_, *link, clock.Now(), std::chrono::seconds(10)).ok());
+  EXPECT_TRUE(RenewIfDue(*link, clock).ok());
   EXPECT_EQ(Read(files_.certificate_file), first);
   clock.Advance(kRenewalRetry);
   // Another node's certificate (every agent's chains to the same CA) with the right token.
@@ -182,17 +181,31 @@ TEST_F(NodeCertificatesTest, RenewalWithAWrongTokenOrForANodeDownIsRefused) {
   ASSERT_TRUE(other.ok());
   auto other_node =
       Stub({ca_->ca_certificate_pem(), other->certificate_pem, other->private_key_pem}, kToken);
-  EXPECT_EQ(
-      certificates_->RenewIfDue(kNode, name_, *other_node, clock.Now(), std::chrono::seconds(10))
-          .code(),
-      StatusCode::kPermissionDenied);
+  EXPECT_EQ(RenewIfDue(*other_node, clock).code(), StatusCode::kPermissionDenied);
 
   clock.Advance(kRenewalRetry);
   ASSERT_TRUE(secrets_->RemoveNodeToken(kNode).ok());  // `llmctl node down node1`
-  EXPECT_EQ(
-      certificates_->RenewIfDue(kNode, name_, *link, clock.Now(), std::chrono::seconds(10)).code(),
-      StatusCode::kFailedPrecondition);
+  EXPECT_EQ(RenewIfDue(*link, clock).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(Read(files_.certificate_file), first);
+}
+
+// The retry after a failed renewal waits kRenewalRetry on the monotonic clock: chrony stepping the
+// wall clock forward made it retry at the next health check, and stepping it back delayed it by
+// the step. The renewal stays due throughout (more than 3.5 days of the week are gone).
+TEST_F(NodeCertificatesTest, AWallClockStepMovesTheRetryOfAFailedRenewalNeitherSoonerNorLater) {
+  ManualClock clock(std::chrono::system_clock::now() + std::chrono::hours(24 * 4));
+  auto wrong_token = Stub(controller_, "not-the-token");
+  EXPECT_EQ(RenewIfDue(*wrong_token, clock).code(), StatusCode::kUnauthenticated);
+
+  clock.StepWallClock(std::chrono::hours(2));
+  EXPECT_TRUE(RenewIfDue(*wrong_token, clock).ok()) << "tried again before kRenewalRetry passed";
+  clock.Advance(kRenewalRetry);
+  EXPECT_EQ(RenewIfDue(*wrong_token, clock).code(), StatusCode::kUnauthenticated);
+
+  clock.StepWallClock(-std::chrono::hours(3));
+  clock.Advance(kRenewalRetry);
+  EXPECT_EQ(RenewIfDue(*wrong_token, clock).code(), StatusCode::kUnauthenticated)
+      << "not tried again once kRenewalRetry passed";
 }
 
 TEST_F(NodeCertificatesTest, NoRenewalRunsOverALinkDialledForAnEarlierRegistration) {
@@ -203,8 +216,7 @@ TEST_F(NodeCertificatesTest, NoRenewalRunsOverALinkDialledForAnEarlierRegistrati
   // key's holder on its other end) must not get a certificate under the new name.
   const std::string registered_again = rpc::AgentCertificateName(kNode, "r2");
   ASSERT_TRUE(secrets_->PutNodeToken(kNode, "node1-new-token", registered_again).ok());
-  const Status refused =
-      certificates_->RenewIfDue(kNode, name_, *link, clock.Now(), std::chrono::seconds(10));
+  const Status refused = RenewIfDue(*link, clock);
   EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
   EXPECT_NE(refused.message().find("registered again"), std::string::npos) << refused.ToString();
   EXPECT_EQ(Read(files_.certificate_file), first);

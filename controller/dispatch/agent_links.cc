@@ -267,7 +267,7 @@ void AgentLinks::ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time
 
 void AgentLinks::CheckHealth(Link& link, store::Time now, MonotonicTime monotonic_now) {
   const Dialled dialled = StubFor(link);
-  const HealthAnswer answer = AskHealth(link, dialled, now);
+  const HealthAnswer answer = AskHealth(link, dialled, now, monotonic_now);
   MutexLock lock(core_.mutex);
   // Disconnect ran meanwhile: keep its link disconnected. Stop cut the check short: it says
   // nothing of the node.
@@ -298,7 +298,7 @@ AgentLinks::Dialled AgentLinks::StubFor(Link& link) {
 }
 
 AgentLinks::HealthAnswer AgentLinks::AskHealth(Link& link, const Dialled& dialled,
-                                               store::Time now) {
+                                               store::Time now, MonotonicTime monotonic_now) {
   v1::Agent::Stub* stub = dialled.stub.get();
   HealthAnswer answer;
   NodeCertificates* certificates = core_.options.certificates;
@@ -333,7 +333,7 @@ AgentLinks::HealthAnswer AgentLinks::AskHealth(Link& link, const Dialled& dialle
     // node was registered again since): a failure is logged and tried again at the next check,
     // while half the certificate's lifetime is left for it.
     if (Status renewed = certificates->RenewIfDue(link.name, dialled.certificate_name, *stub, now,
-                                                  core_.options.call_deadline);
+                                                  monotonic_now, core_.options.call_deadline);
         !renewed.ok()) {
       spdlog::warn("{}", renewed.ToString());
     }

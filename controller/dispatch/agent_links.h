@@ -179,7 +179,8 @@ class AgentLinks {
   Dialled StubFor(Link& link);
   // The certificate's check and the agent's answer, without the core's mutex (it may wait the
   // call's deadline).
-  HealthAnswer AskHealth(Link& link, const Dialled& dialled, store::Time now);
+  HealthAnswer AskHealth(Link& link, const Dialled& dialled, store::Time now,
+                         MonotonicTime monotonic_now);
   // The link after `answer`: its backoff and next check, whether it is connected, its node's
   // description.
   void UpdateLink(Link& link, const Dialled& dialled, const HealthAnswer& answer, store::Time now,
