@@ -1,6 +1,6 @@
 // Store's device samples: the agents' once-a-second readings of each attempt's devices, kept one by
-// one for an attempt's last kDeviceSampleWindow and merged into kDeviceSampleBucket rows before
-// that (controller/store/schema.cc, kDeviceSamples).
+// one for each node's last kDeviceSampleWindow and merged into kDeviceSampleBucket rows before
+// that (controller/store/schema.cc, kDeviceSamples and kDeviceSampleSeq).
 #include <cmath>
 #include <string>
 #include <vector>
@@ -90,17 +90,21 @@ Status ValidateSample(const NewDeviceSample& reading, int64_t trial_id, int64_t 
   return Status::Ok();
 }
 
-// Merges the attempt's rows older than the window before its newest one into one row per node,
-// device and bucket. Buckets that already hold one row are left alone, so merging again changes
-// nothing.
-Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt) {
-  ASSIGN_OR_RETURN(Statement newest, Statement::Prepare(db,
-                                                        "SELECT MAX(sampled_at) FROM "
-                                                        "device_samples WHERE trial_id = ? AND "
-                                                        "attempt = ?"));
-  newest.Bind(1, trial_id).Bind(2, attempt);
+// Merges node rank `node_rank`'s rows of the attempt older than the window before its latest
+// reading into one row per device and bucket. Buckets that already hold one row are left alone, so
+// merging again changes nothing.
+Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt, int64_t node_rank) {
+  // The window ends at the reading the node took last, on its own clock: its highest seq, as its
+  // clock may have stepped back since an earlier reading, and another node's clock is not its
+  // own. Rows stored before the schema kept a seq have 0; the latest date decides among them.
+  ASSIGN_OR_RETURN(Statement newest,
+                   Statement::Prepare(db,
+                                      "SELECT sampled_at FROM device_samples WHERE trial_id = ? "
+                                      "AND attempt = ? AND node_rank = ? "
+                                      "ORDER BY seq DESC, sampled_at DESC LIMIT 1"));
+  newest.Bind(1, trial_id).Bind(2, attempt).Bind(3, node_rank);
   ASSIGN_OR_RETURN(const bool has_newest, newest.Step());
-  if (!has_newest || newest.IsNull(0)) return Status::Ok();
+  if (!has_newest) return Status::Ok();
   const int64_t bucket_ms = std::chrono::milliseconds(kDeviceSampleBucket).count();
   const int64_t window_ms = std::chrono::milliseconds(kDeviceSampleWindow).count();
   // Whole buckets only: a bucket straddling the window's start stays one reading per row.
@@ -118,22 +122,31 @@ Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt) {
               "SUM(CASE WHEN utilization_percent IS NOT NULL THEN count END), "
               "MAX(memory_used_bytes), MAX(memory_total_bytes), "
               "SUM(power_watts * count) / SUM(CASE WHEN power_watts IS NOT NULL THEN count END), "
-              "MAX(temperature_celsius) FROM device_samples "
-              "WHERE trial_id = ? AND attempt = ? AND sampled_at < ? "
-              "GROUP BY node_rank, device, bucket HAVING COUNT(*) > 1"));
-  groups.Bind(1, attempt).Bind(2, trial_id).Bind(3, attempt).Bind(4, cutoff);
-  ASSIGN_OR_RETURN(const std::vector<DeviceSample> merged, ReadSamples(groups));
+              "MAX(temperature_celsius), MAX(seq) FROM device_samples "
+              "WHERE trial_id = ? AND attempt = ? AND node_rank = ? AND sampled_at < ? "
+              "GROUP BY device, bucket HAVING COUNT(*) > 1"));
+  groups.Bind(1, attempt).Bind(2, trial_id).Bind(3, attempt).Bind(4, node_rank).Bind(5, cutoff);
+  struct MergedRow {
+    DeviceSample sample;
+    int64_t seq = 0;  // its last reading's
+  };
+  std::vector<MergedRow> merged;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, groups.Step());
+    if (!has_row) break;
+    merged.push_back({.sample = ReadSample(groups), .seq = groups.Int(10)});
+  }
   if (merged.empty()) return Status::Ok();
   ASSIGN_OR_RETURN(Statement remove,
                    Statement::Prepare(db,
                                       "DELETE FROM device_samples WHERE trial_id = ? AND attempt = "
                                       "? AND node_rank = ? AND device = ? AND sampled_at >= ? AND "
                                       "sampled_at < ?"));
-  ASSIGN_OR_RETURN(
-      Statement insert,
-      Statement::Prepare(db, std::string("INSERT INTO device_samples (trial_id, ") +
-                                 kSampleColumns + ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
-  for (const DeviceSample& row : merged) {
+  ASSIGN_OR_RETURN(Statement insert,
+                   Statement::Prepare(
+                       db, std::string("INSERT INTO device_samples (trial_id, ") + kSampleColumns +
+                               ", seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
+  for (const auto& [row, seq] : merged) {
     const int64_t start = ToMillis(row.time);
     remove.Reset();
     remove.Bind(1, trial_id)
@@ -154,7 +167,8 @@ Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt) {
         .Bind(8, row.memory_used_bytes)
         .Bind(9, row.memory_total_bytes)
         .BindOptional(10, row.power_watts)
-        .BindOptional(11, row.temperature_celsius);
+        .BindOptional(11, row.temperature_celsius)
+        .Bind(12, seq);
     RETURN_IF_ERROR(insert.Run());
   }
   return Status::Ok();
@@ -188,7 +202,8 @@ StatusOr<int64_t> Store::AppendDeviceSamples(int64_t trial_id, int64_t attempt,
       Statement insert,
       Statement::Prepare(db_, std::string("INSERT OR IGNORE INTO device_samples "
                                           "(trial_id, ") +
-                                  kSampleColumns + ") VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?)"));
+                                  kSampleColumns +
+                                  ", seq) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)"));
   int64_t added = 0;
   for (const NewDeviceSample& reading : samples) {
     if (reading.seq <= last_seq) continue;
@@ -204,7 +219,8 @@ StatusOr<int64_t> Store::AppendDeviceSamples(int64_t trial_id, int64_t attempt,
         .Bind(7, sample.memory_used_bytes)
         .Bind(8, sample.memory_total_bytes)
         .BindOptional(9, sample.power_watts)
-        .BindOptional(10, sample.temperature_celsius);
+        .BindOptional(10, sample.temperature_celsius)
+        .Bind(11, reading.seq);
     RETURN_IF_ERROR(insert.Run());
     ++added;
   }
@@ -212,7 +228,7 @@ StatusOr<int64_t> Store::AppendDeviceSamples(int64_t trial_id, int64_t attempt,
   ASSIGN_OR_RETURN(Statement advance, Statement::Prepare(db_, CursorQuery(node_rank, true)));
   advance.Bind(1, last_seq).Bind(2, trial_id).Bind(3, attempt);
   RETURN_IF_ERROR(advance.Run());
-  RETURN_IF_ERROR(MergeOldSamples(db_, trial_id, attempt));
+  RETURN_IF_ERROR(MergeOldSamples(db_, trial_id, attempt, node_rank));
   RETURN_IF_ERROR(txn.Commit());
   return added;
 }
@@ -248,13 +264,16 @@ StatusOr<std::vector<DeviceSample>> Store::DeviceSamples(int64_t experiment_id,
 
 StatusOr<std::vector<DeviceSample>> Store::LatestDeviceSamples(int64_t trial_id, int64_t attempt) {
   MutexLock lock(mutex_);
+  // Each device's last reading taken: its highest seq, not its latest date, which its node's
+  // clock gave (MergeOldSamples says why, and how rows without a seq are ordered).
   ASSIGN_OR_RETURN(
       Statement stmt,
       Statement::Prepare(db_, std::string("SELECT ") + kSampleColumns +
                                   " FROM device_samples s WHERE trial_id = ? AND attempt = ? "
-                                  "AND sampled_at = (SELECT MAX(sampled_at) FROM device_samples "
+                                  "AND sampled_at = (SELECT sampled_at FROM device_samples "
                                   "WHERE trial_id = s.trial_id AND attempt = s.attempt AND "
-                                  "node_rank = s.node_rank AND device = s.device) "
+                                  "node_rank = s.node_rank AND device = s.device "
+                                  "ORDER BY seq DESC, sampled_at DESC LIMIT 1) "
                                   "ORDER BY node_rank, device"));
   stmt.Bind(1, trial_id).Bind(2, attempt);
   return ReadSamples(stmt);

@@ -2,12 +2,14 @@
 // attempts, and downsampling: the last kDeviceSampleWindow one reading per row, older readings
 // merged into kDeviceSampleBucket rows, the same however the readings arrive.
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 #include <stdlib.h>
 
 #include <filesystem>
 #include <map>
 #include <numeric>
 
+#include "controller/store/schema.h"
 #include "controller/store/store.h"
 
 namespace llmctl::store {
@@ -248,6 +250,89 @@ TEST_F(DeviceSamplesTest, LatestSamplesAreEachDevicesNewestRow) {
   EXPECT_EQ((*latest)[1].memory_used_bytes, (3 << 20) + 1);
   EXPECT_EQ((*latest)[1].time, kStart + std::chrono::seconds(2));
   EXPECT_TRUE(store->LatestDeviceSamples(trial_id_, 2)->empty());
+}
+
+// An agent dates its readings by its node's clock, which NTP may step back: the latest reading is
+// the last one taken (the highest seq), and the readings after the step stay one per row, the
+// window ending at the last one taken.
+TEST_F(DeviceSamplesTest, TheLatestReadingIsTheLastTakenThoughTheClockSteppedBack) {
+  std::unique_ptr<Store> store = OpenWithRunningTrial("db");
+  ASSERT_NE(store, nullptr);
+  std::vector<NewDeviceSample> readings = GpuReadings(1, 8);
+  for (int64_t seq = 4; seq <= 8; ++seq) {  // the clock stepped back 20 minutes after reading 3
+    readings[seq - 1].sample.time = kStart - std::chrono::minutes(20) + std::chrono::seconds(seq);
+  }
+  ASSERT_EQ(*store->AppendDeviceSamples(trial_id_, 1, readings), 8);
+  StatusOr<std::vector<DeviceSample>> latest = store->LatestDeviceSamples(trial_id_, 1);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  ASSERT_EQ(latest->size(), 1u);
+  EXPECT_EQ((*latest)[0].memory_used_bytes, GpuReading(8).sample.memory_used_bytes);
+  EXPECT_EQ((*latest)[0].time, readings[7].sample.time);
+  const std::vector<DeviceSample> rows = *store->DeviceSamples(experiment_id_, "a");
+  EXPECT_EQ(rows.size(), 8u);
+  for (const DeviceSample& row : rows) EXPECT_EQ(row.count, 1);
+}
+
+// Each node's readings are dated by its own clock: a node whose clock is 15 minutes ahead does not
+// make another's readings older than the window.
+TEST_F(DeviceSamplesTest, EachNodesWindowEndsAtItsOwnLastReading) {
+  std::unique_ptr<Store> store = OpenWithRunningTrial("db");
+  ASSERT_NE(store, nullptr);
+  const int64_t trial = (*store->ListTrials(experiment_id_))[1].id;
+  auto attempt = store->StartMultiNodeAttempt(
+      trial,
+      {{.node_rank = 0, .node = "n1", .device_indices = {0}, .ended = false},
+       {.node_rank = 1, .node = "n2", .device_indices = {0}, .ended = false}},
+      kNow);
+  ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
+  ASSERT_EQ(*store->AppendDeviceSamples(trial, *attempt, GpuReadings(1, 120), 0), 120);
+  NewDeviceSample ahead = GpuReading(1);
+  ahead.sample.time += std::chrono::minutes(15);
+  ASSERT_EQ(*store->AppendDeviceSamples(trial, *attempt, std::vector{ahead}, 1), 1);
+  ASSERT_EQ(*store->AppendDeviceSamples(trial, *attempt, GpuReadings(121, 121), 0), 1);
+  const std::vector<DeviceSample> stored = *store->DeviceSamples(experiment_id_, "b");
+  std::map<int64_t, int64_t> rows;  // node rank -> rows
+  for (const DeviceSample& row : stored) {
+    EXPECT_EQ(row.count, 1);
+    ++rows[row.node_rank];
+  }
+  EXPECT_EQ(rows[0], 121);
+  EXPECT_EQ(rows[1], 1);
+}
+
+// A store written before rows kept their reading's seq: its rows' dates decide which is latest
+// until the attempt's next readings, which carry their seq, arrive.
+TEST_F(DeviceSamplesTest, RowsOfAnEarlierSchemaAreOrderedByDateAndNewReadingsComeAfterThem) {
+  const std::filesystem::path path = dir_ / "db";
+  {
+    std::unique_ptr<Store> store = OpenWithRunningTrial("db");
+    ASSERT_NE(store, nullptr);
+    ASSERT_EQ(*store->AppendDeviceSamples(trial_id_, 1, GpuReadings(1, 3)), 3);
+  }
+  // Back to the schema before the seq column, reading 1 dated last.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  const std::string sql =
+      "ALTER TABLE device_samples DROP COLUMN seq; "
+      "UPDATE device_samples SET sampled_at = sampled_at + 60000 "
+      "WHERE memory_used_bytes = " +
+      std::to_string(GpuReading(1).sample.memory_used_bytes) +
+      "; PRAGMA user_version = " + std::to_string(Migrations().size() - 1);
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+
+  auto store = Store::Open(path.string());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::vector<DeviceSample> latest = *(*store)->LatestDeviceSamples(trial_id_, 1);
+  ASSERT_EQ(latest.size(), 1u);
+  EXPECT_EQ(latest[0].memory_used_bytes, GpuReading(1).sample.memory_used_bytes);
+  NewDeviceSample next = GpuReading(4);
+  next.sample.time = kStart;  // dated before every stored row
+  ASSERT_EQ(*(*store)->AppendDeviceSamples(trial_id_, 1, std::vector{next}), 1);
+  latest = *(*store)->LatestDeviceSamples(trial_id_, 1);
+  ASSERT_EQ(latest.size(), 1u);
+  EXPECT_EQ(latest[0].memory_used_bytes, GpuReading(4).sample.memory_used_bytes);
 }
 
 }  // namespace

@@ -570,7 +570,16 @@ CREATE TABLE node_rates (
 ) WITHOUT ROWID;
 )sql";
 
-constexpr std::array<std::string_view, 14> kMigrations = {
+// Each device sample row keeps its reading's seq (its line in its node's samples file; a merged
+// row: its last reading's), the order the node took and the store ingested them in. The dates are
+// the node's clock, which can step back: a node's latest reading, shown by `llmctl watch` and
+// ending its window of unmerged readings, is its highest seq. Rows stored before have 0, and their
+// dates decide among them.
+constexpr std::string_view kDeviceSampleSeq = R"sql(
+ALTER TABLE device_samples ADD COLUMN seq INTEGER NOT NULL DEFAULT 0 CHECK (seq >= 0);
+)sql";
+
+constexpr std::array<std::string_view, 15> kMigrations = {
     kInitialSchema,
     kNodeLeases,
     kNodeRemoval,
@@ -584,7 +593,8 @@ constexpr std::array<std::string_view, 14> kMigrations = {
     kTrialPredictions,
     kDeviceSamplesByNode,
     kNodeRates,
-    Joined<kDropReportViews, kReportViews>::kText};
+    Joined<kDropReportViews, kReportViews>::kText,
+    kDeviceSampleSeq};
 
 }  // namespace
 
