@@ -253,19 +253,18 @@ Status EventStreams::StoreSamples(Stream& stream, const v1::DeviceSamples& sampl
   }
   auto stored =
       core_.store.AppendDeviceSamples(attempt.trial_id, attempt.attempt, rows, stream.node_rank);
-  // Fenced off, as its events are; or no room: the stream is read again after its backoff, from
-  // the last stored sample, instead of a warning for each refused batch on a full disk.
-  if (!stored.ok() && (stored.status().code() == StatusCode::kFailedPrecondition ||
-                       stored.status().code() == StatusCode::kResourceExhausted)) {
-    return stored.status();
-  }
-  // A batch the store refuses is lost, not the stream: samples only show how it runs.
-  if (!stored.ok()) {
+  // A batch refused for what it holds (a bad figure) is lost, not the stream: samples only show
+  // how it runs.
+  if (!stored.ok() && stored.status().code() == StatusCode::kInvalidArgument) {
     spdlog::warn("{} on node {}: device samples dropped: {}", AttemptName(attempt), stream.node,
                  stored.status().ToString());
-  } else if (*stored > 0) {
-    core_.changes.Notify();
+    return Status::Ok();
   }
+  // Fenced off, as its events are; or a store that cannot take it now (a full disk, a file that
+  // cannot be written, a busy database): the stream is read again after its backoff, from the
+  // last stored sample, so the batch comes again.
+  if (!stored.ok()) return stored.status();
+  if (*stored > 0) core_.changes.Notify();
   return Status::Ok();
 }
 
@@ -328,8 +327,10 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
   {
     MutexLock lock(core_.mutex);
     stream.context = nullptr;
-    // Fenced off (a stale or lost attempt) or finished: nothing more to read.
-    stream.settled = (ended && result.ok()) || result.code() == StatusCode::kFailedPrecondition;
+    // Fenced off (a stale, lost or ended attempt) or finished: nothing more to read. A store
+    // that could not write (its file read-only, removed or failing, its disk full) is no fence:
+    // the stream is read again after its backoff, from what the store holds.
+    stream.settled = (ended && result.ok()) || store::IsFence(result);
     // A stream that stored something starts its backoff over; one whose every message was
     // refused (a full disk's store) keeps doubling it, instead of a reopening each second.
     if (stored) stream.backoff = std::chrono::milliseconds(0);

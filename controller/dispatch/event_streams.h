@@ -3,8 +3,9 @@
 // LastDeviceSampleSeq + 1). What arrives is stored idempotently on (trial, attempt, seq); `ended`
 // finishes the attempt (through checkpoint_copy.h when it was stopped with a checkpoint); a broken
 // stream is reopened after a backoff that doubles up to backoff_max (and starts over once a stream
-// stored something), from the last stored seq; a fenced-off attempt (the store refuses it) is never
-// reopened. Readers of attempts that are no longer running stop.
+// stored something), from the last stored seq; a fenced-off attempt (store::IsFence) is never
+// reopened, while one whose store failed to write (a file that cannot be written, a full disk) is,
+// and stores what it could not. Readers of attempts that are no longer running stop.
 //
 // A multi-node attempt has a reader per node, each resuming every rank after its last stored line
 // (a node's agent sends its own ranks); a node's end is recorded with FinishAttemptNode, which ends
@@ -96,7 +97,7 @@ class EventStreams {
   StatusOr<v1::StreamEventsRequest> ResumeRequest(const Stream& stream);
   // The stream's items into the store until it ends: an error stops it (cancelling `context`),
   // and a stream that closes before the run's end is Unavailable. `ended`: the end came;
-  // `stored`: an item was stored (or, for samples the store refused, dropped).
+  // `stored`: an item was stored (or, for samples the store refused for a bad reading, dropped).
   Status Receive(Stream& stream, v1::Agent::Stub& stub, grpc::ClientContext& context,
                  const v1::StreamEventsRequest& request, bool& ended, bool& stored);
   // Event lines read at once (each as its refusal when the store would refuse it), in one
@@ -105,8 +106,9 @@ class EventStreams {
   // of more lines than common/event_stream.h allows is DataLoss.
   Status StoreEvents(Stream& stream,
                      const google::protobuf::RepeatedPtrField<v1::TrialEvent>& lines);
-  // A batch of device samples, less those dated past kMaxSampleClockLead; only FailedPrecondition
-  // (fenced off) and a message past common/event_stream.h's bound stop the stream.
+  // A batch of device samples, less those dated past kMaxSampleClockLead. One the store refuses
+  // for a bad reading (InvalidArgument) is dropped; any other refusal (fenced off, or a storage
+  // failure to retry) and a message past common/event_stream.h's bound stop the stream.
   Status StoreSamples(Stream& stream, const v1::DeviceSamples& samples);
   // Records how a node's run ended; for a single-node attempt, the attempt's end.
   Status Finish(Stream& stream, const v1::RunEnded& end);

@@ -6,11 +6,26 @@
 #include <gtest/gtest.h>
 
 #include "controller/dispatch/dispatch_test_support.h"
+#include "controller/store/refusing_vfs.h"
 
 namespace llmctl::controller::dispatch_test {
 namespace {
 
 using EventStreamsTest = DispatcherTest;
+
+// The controller's database file stops taking writes when a test says so (RefusingVfs).
+class EventStreamsStorageTest : public DispatcherTest {
+ protected:
+  // Once a write was refused and the stream stopped, the database takes writes again.
+  void AcceptOnceTheStreamStopped() {
+    ASSERT_TRUE(Eventually(
+        [&] { return vfs_.RefusedWrites() > 0 && daemon_->dispatcher().ActiveStreams() == 0; }));
+    vfs_.Accept();
+  }
+
+  // Registered before SetUp opens the store, so the store writes through it.
+  store::test_support::RefusingVfs vfs_;
+};
 
 // Device sample `seq` of a GPU, a second apart.
 v1::DeviceSample GpuSample(int64_t seq, const std::string& device = "cuda:0") {
@@ -134,6 +149,65 @@ TEST_F(EventStreamsTest, AStreamWhoseMessagesKeepBeingRefusedBacksOffLongerEachT
   clock_.Advance(seconds(1));
   Tick();
   ASSERT_TRUE(Eventually([&] { return streams_opened() == 3; }));
+}
+
+// A database file that cannot be written for a while (made read-only, removed, on a filesystem
+// remounted read-only) is no fence: the stream is read again after its backoff and stores what
+// was refused once the file takes writes again. SQLite's READONLY was FailedPrecondition, taken
+// for a fenced-off attempt, and the trial's events were no longer recorded until a restart.
+TEST_F(EventStreamsStorageTest, EventsAStoreCouldNotWriteAreStoredWhenTheStreamIsReadAgain) {
+  const int64_t experiment = SubmitOneThatKeepsRunning();
+  const int64_t trial = OnlyTrial(experiment).id;
+  vfs_.Refuse(SQLITE_READONLY);
+  agent_state_.AddLinesAndEnd(std::to_string(experiment) + "/one#1", {StepLine(1), kResultLine},
+                              "ok");
+  AcceptOnceTheStreamStopped();
+  EXPECT_EQ(StoredEvents(trial, 1), 1);
+
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(StoredEvents(trial, 1), 3);
+  EXPECT_EQ(agent_state_.stream_from_seqs, (std::vector<int64_t>{1, 2}));
+}
+
+// A batch of device samples the store cannot write (an I/O error) is read again with the stream,
+// as on a full disk, where it was dropped: only a batch refused for a bad reading is.
+TEST_F(EventStreamsStorageTest, DeviceSamplesAStoreCouldNotWriteAreStoredWhenTheStreamIsReadAgain) {
+  agent_state_.drop_after = 1;  // the first stream breaks after its first line
+  const int64_t experiment = SubmitOneThatKeepsRunning();
+  const int64_t trial = OnlyTrial(experiment).id;
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.samples = {GpuSample(1), GpuSample(2), GpuSample(3)};
+  }
+  vfs_.Refuse(SQLITE_IOERR_WRITE);
+  clock_.Advance(seconds(1));
+  Tick();  // the second stream sends the samples first
+  AcceptOnceTheStreamStopped();
+  EXPECT_EQ(*daemon_->store().LastDeviceSampleSeq(trial, 1), 0);
+
+  clock_.Advance(seconds(2));  // that read stored nothing: its backoff doubled
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return *daemon_->store().LastDeviceSampleSeq(trial, 1) == 3; }));
+  EXPECT_EQ(agent_state_.stream_from_sample_seqs, (std::vector<int64_t>{1, 1, 1}));
+  EXPECT_EQ(daemon_->store().DeviceSamples(experiment, "one")->size(), 3u);
+  agent_state_.AddLinesAndEnd(std::to_string(experiment) + "/one#1", {kResultLine}, "ok");
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+}
+
+// A fenced-off attempt (declared lost while its stream still read) stores nothing more: its
+// stream stops at the first refusal.
+TEST_F(EventStreamsTest, AFencedOffAttemptsStreamStops) {
+  const int64_t experiment = SubmitOneThatKeepsRunning();
+  const int64_t trial = OnlyTrial(experiment).id;
+  ASSERT_TRUE(daemon_->store().MarkAttemptLost(trial, 1, clock_.Now()).ok());
+  agent_state_.AddLinesAndEnd(std::to_string(experiment) + "/one#1", {StepLine(1), kResultLine},
+                              "ok");
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  EXPECT_EQ(StoredEvents(trial, 1), 1);
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
 }
 
 TEST_F(EventStreamsTest, DeviceSamplesAreStoredOnceAndAStreamResumesAfterTheLastStored) {

@@ -70,7 +70,8 @@ Status Error(sqlite3* db, int rc, std::string_view what) {
   // SQLite's words for a file it could not write ("database or disk is full", "disk I/O error")
   // name no file and no reason: the user has to know which filesystem to free or repair.
   const bool file_error = primary == SQLITE_FULL || primary == SQLITE_IOERR ||
-                          primary == SQLITE_CANTOPEN || primary == SQLITE_READONLY;
+                          primary == SQLITE_CANTOPEN || primary == SQLITE_READONLY ||
+                          primary == SQLITE_PERM;
   if (const char* file = db != nullptr ? sqlite3_db_filename(db, "main") : nullptr;
       file_error && file != nullptr && *file != '\0') {
     // SQLite keeps no errno for a full disk (its unix VFS clears it on ENOSPC or a short write),
@@ -95,10 +96,14 @@ Status Error(sqlite3* db, int rc, std::string_view what) {
       return DataLossError(std::move(message));
     case SQLITE_FULL:
       return ResourceExhaustedError(std::move(message));
+    // The file could not be opened, read or written (re-permissioned, removed, on a filesystem
+    // remounted read-only or failing): a storage failure, which the controller retries once the
+    // file is fixed. Never FailedPrecondition: the store keeps that for a fenced-off attempt
+    // (store::IsFence), whose stream is never read again.
     case SQLITE_CANTOPEN:
     case SQLITE_READONLY:
     case SQLITE_PERM:
-      return FailedPreconditionError(std::move(message));
+    case SQLITE_IOERR:
     default:
       return InternalError(std::move(message));
   }

@@ -18,10 +18,11 @@ namespace llmctl::store::sqlite {
 // The Status for SQLite result code `rc` on `db`, "what: sqlite's message". Busy or locked →
 // Unavailable (the same call may succeed later); a UNIQUE or PRIMARY KEY conflict → AlreadyExists;
 // other constraints → InvalidArgument; a corrupt file or one that is no database → DataLoss; a
-// full disk → ResourceExhausted; a file that cannot be opened or written → FailedPrecondition;
-// anything else → Internal. A file's error (full, I/O, cannot open, read only) names the database
-// file and the system's reason: "... database or disk is full (/x/llmctl.db: No space left on
-// device)".
+// full disk → ResourceExhausted; a file that cannot be opened, read or written (CANTOPEN,
+// READONLY, PERM, IOERR: a storage failure) and anything else → Internal. Never
+// FailedPrecondition, which the store keeps for its own refusals (store::IsFence). A file's error
+// (full, I/O, cannot open, read only, no permission) names the database file and the system's
+// reason: "... database or disk is full (/x/llmctl.db: No space left on device)".
 Status Error(sqlite3* db, int rc, std::string_view what);
 
 // Runs one or more statements that return no rows.

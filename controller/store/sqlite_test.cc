@@ -1,5 +1,6 @@
 // The statements kept for reuse: one compiled statement per text and connection, reset and without
-// its binds when taken again, at most kMaxKeptStatements kept, and none left after Close.
+// its binds when taken again, at most kMaxKeptStatements kept, and none left after Close; the
+// Status each SQLite result code becomes.
 #include "controller/store/sqlite.h"
 
 #include <gtest/gtest.h>
@@ -83,6 +84,18 @@ TEST_F(SqliteTest, AtMostTheLimitIsKeptAConnection) {
     EXPECT_EQ(SelectOne("SELECT " + std::to_string(i), std::nullopt), std::to_string(i));
   }
   EXPECT_EQ(LiveStatements(db_), static_cast<int>(kMaxKeptStatements));
+}
+
+// A file that cannot be opened, read or written is a storage failure (Internal), never
+// FailedPrecondition, which the store keeps for fenced-off attempts: the event stream gives those
+// up and retries the others.
+TEST(SqliteErrorTest, AFileThatCannotBeOpenedReadOrWrittenIsInternal) {
+  for (const int rc : {SQLITE_CANTOPEN, SQLITE_READONLY, SQLITE_READONLY_DBMOVED, SQLITE_PERM,
+                       SQLITE_IOERR, SQLITE_IOERR_WRITE}) {
+    EXPECT_EQ(Error(nullptr, rc, "writing").code(), StatusCode::kInternal) << sqlite3_errstr(rc);
+  }
+  EXPECT_EQ(Error(nullptr, SQLITE_FULL, "writing").code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(Error(nullptr, SQLITE_BUSY, "writing").code(), StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -17,7 +17,9 @@
 //            attempt's checkpoint)
 // Only a trial's current attempt may add events or finish; anything from an older attempt, or
 // from the current one once it has been declared lost, is refused with FailedPrecondition (the
-// fencing of stale attempts).
+// fencing of stale attempts; IsFence). A database file that cannot be opened, read or written is
+// Internal and a full disk ResourceExhausted, never FailedPrecondition: the same write can succeed
+// once the file is fixed.
 #ifndef LLMCTL_CONTROLLER_STORE_STORE_H_
 #define LLMCTL_CONTROLLER_STORE_STORE_H_
 
@@ -60,6 +62,14 @@ inline constexpr int64_t kMaxSeq = int64_t{1} << 53;
 // and a multi-node attempt's names the node before it; a hostile or older agent's, or a result
 // event's, may be any length and hold escape sequences.
 inline constexpr size_t kMaxErrorBytes = 2 * kQuotedLineBytes;
+
+// Whether `status`, from a call that writes what an attempt did (AppendEvents,
+// AppendDeviceSamples, FinishAttempt, FinishAttemptNode), is the fence: the attempt is stale,
+// lost or ended, so nothing more of it will ever be stored. A storage failure (Internal, a full
+// disk's ResourceExhausted) or a busy database (Unavailable) is not: retrying can store it.
+inline bool IsFence(const Status& status) {
+  return status.code() == StatusCode::kFailedPrecondition;
+}
 
 // Whole seconds since the Unix epoch: what the API's and the secrets' times carry.
 inline int64_t UnixSeconds(Time time) {

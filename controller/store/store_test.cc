@@ -14,6 +14,7 @@
 #include <limits>
 #include <thread>
 
+#include "controller/store/refusing_vfs.h"
 #include "controller/store/schema.h"
 #include "controller/store/store_test_support.h"
 
@@ -447,6 +448,7 @@ TEST_F(StoreTest, StaleAttemptsAreFencedOff) {
   // Declared lost but not yet restarted: the old attempt already may not write.
   StatusOr<int64_t> lost = store->AppendEvents(trial, 1, std::vector<Event>{StepEvent(2, 1)});
   EXPECT_EQ(lost.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(IsFence(lost.status()));
   EXPECT_THAT(lost.status().message(), HasSubstr("declared lost"));
 
   ASSERT_EQ(*store->StartAttempt(trial, "m", kNow), 2);
@@ -456,6 +458,7 @@ TEST_F(StoreTest, StaleAttemptsAreFencedOff) {
             "stale attempt 1 of trial " + std::to_string(trial) + "; current is 2");
   const Status finish = store->FinishAttempt(trial, 1, TrialState::kOk, 0, "", kNow);
   EXPECT_EQ(finish.code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(IsFence(finish));
   EXPECT_THAT(finish.message(), HasSubstr("stale attempt 1"));
   const Status future = store->MarkAttemptLost(trial, 3, kNow);
   EXPECT_EQ(future.code(), StatusCode::kFailedPrecondition);
@@ -466,6 +469,34 @@ TEST_F(StoreTest, StaleAttemptsAreFencedOff) {
   EXPECT_EQ(*store->LastSeq(trial, 2), 0);
   EXPECT_EQ(*store->AppendEvents(trial, 2, batch), 1);
   EXPECT_EQ(store->GetTrial(trial)->state, TrialState::kRunning);
+}
+
+// A database file that cannot be written for a while (made read-only, failing) refuses the
+// current attempt's writes as a storage failure naming the file, never as the fence above: the
+// same writes are stored once the file takes them again, on the same connection. SQLite's
+// READONLY was FailedPrecondition, and the event stream gave the attempt up as fenced off.
+TEST_F(StoreTest, AFileThatCannotBeWrittenIsNoFenceAndTheWritesAreStoredOnceItCanBe) {
+  RefusingVfs vfs;  // before the store opens its file, and destroyed after it closes it
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t trial = CreateTrials(*store, "e", {"a"})[0];
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow), 1);
+  const std::vector<Event> batch = {StepEvent(1, 0)};
+  for (const int refusal : {SQLITE_READONLY, SQLITE_IOERR_WRITE, SQLITE_CANTOPEN}) {
+    SCOPED_TRACE(sqlite3_errstr(refusal));
+    vfs.Refuse(refusal);
+    const Status events = store->AppendEvents(trial, 1, batch).status();
+    EXPECT_EQ(events.code(), StatusCode::kInternal) << events.ToString();
+    EXPECT_FALSE(IsFence(events));
+    EXPECT_THAT(events.message(), HasSubstr(path_));
+    const Status end = store->FinishAttempt(trial, 1, TrialState::kOk, 0, "", kNow);
+    EXPECT_EQ(end.code(), StatusCode::kInternal) << end.ToString();
+    EXPECT_FALSE(IsFence(end));
+  }
+  vfs.Accept();
+  EXPECT_EQ(*store->AppendEvents(trial, 1, batch), 1);
+  EXPECT_TRUE(store->FinishAttempt(trial, 1, TrialState::kOk, 0, "", kNow).ok());
+  EXPECT_EQ(store->GetTrial(trial)->state, TrialState::kOk);
 }
 
 TEST_F(StoreTest, FinishAttemptSetsTheOutcomeAndIsIdempotent) {
