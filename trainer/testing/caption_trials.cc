@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,10 @@ nlohmann::json Expected(const std::string& model_dir) {
 }
 
 }  // namespace
+
+void CaptionTrialTest::SetUp() {
+  setenv("LLMCTL_CACHE_DIR", FreshTempDir("caption-trial-cache").c_str(), 1);
+}
 
 std::string CaptionsDir() { return SourceDir() + "/tests/fixtures/blip2/captions"; }
 
@@ -54,6 +59,36 @@ Blip2Config FixtureBlip2Config(const std::string& model_dir) {
   auto config = ResolveBlip2Model(model_dir);
   EXPECT_TRUE(config.ok() && config->has_value()) << config.status().ToString();
   return config.ok() && config->has_value() ? **config : Blip2Config();
+}
+
+void ExpectTrialTrainsAndAccountsEveryPart(const std::string& model_dir) {
+  const TrialRecord run = RunAndRecord(CaptionTrial(model_dir));
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  const Blip2ParameterCounts counts = CountBlip2Parameters(FixtureBlip2Config(model_dir));
+  const nlohmann::json start = run.OfType("start").at(0);
+  EXPECT_EQ(start["parameters_total"], counts.total());
+  EXPECT_EQ(start["parameters_trainable"], counts.total());
+  EXPECT_EQ(start["examples"], 6);
+  const std::vector<double> losses = run.Losses();
+  ASSERT_EQ(losses.size(), 2u);
+  EXPECT_LT(losses[1], losses[0]) << "one AdamW step at lr 1e-3 lowers the captions' loss";
+  const int64_t param_bytes = counts.total() * 4;
+  EXPECT_EQ(run.Snapshot(0, 0, "phase0_before_fwd")["params_bytes"], param_bytes);
+  EXPECT_EQ(run.Snapshot(0, 1, "phase2_after_bwd")["grads_bytes"], param_bytes);
+  EXPECT_EQ(run.Snapshot(0, 1, "phase3_after_opt_step")["optim_device_bytes"], 2 * param_bytes + 4);
+}
+
+void ExpectEachTrialRunsToFiniteLosses(
+    const std::string& model_dir,
+    const std::vector<std::vector<std::pair<std::string, std::string>>>& rows) {
+  for (const auto& keys : rows) {
+    std::string name;
+    for (const auto& [key, value] : keys) name += key + "=" + value + " ";
+    SCOPED_TRACE(name);
+    const TrialRecord run = RunAndRecord(CaptionTrial(model_dir, keys));
+    ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+    for (double loss : run.Losses()) EXPECT_TRUE(std::isfinite(loss));
+  }
 }
 
 void ExpectMicroBatchesAreTheLabs(const std::string& model_dir) {

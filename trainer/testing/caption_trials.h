@@ -4,6 +4,8 @@
 #ifndef LLMCTL_TRAINER_TESTING_CAPTION_TRIALS_H_
 #define LLMCTL_TRAINER_TESTING_CAPTION_TRIALS_H_
 
+#include <gtest/gtest.h>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +14,12 @@
 #include "common/trial_config.h"
 
 namespace llmctl::trainer::testing {
+
+// A test whose trials write the captions' token file into a cache of its own.
+class CaptionTrialTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+};
 
 // tests/fixtures/blip2/captions: 6 captioned images.
 std::string CaptionsDir();
@@ -23,6 +31,17 @@ TrialConfig CaptionTrial(const std::string& model_dir,
 
 // `model_dir`'s config.json, resolved.
 Blip2Config FixtureBlip2Config(const std::string& model_dir);
+
+// CaptionTrial(model_dir) trains on the 6 examples, every parameter trainable, its second step's
+// loss below its first, and accounts fp32 AdamW's bytes: the parameters, as much again in
+// gradients after backward, twice that in optimizer state (and the step count the moments share).
+void ExpectTrialTrainsAndAccountsEveryPart(const std::string& model_dir);
+
+// CaptionTrial(model_dir, row) for each of `rows` (a technique of the lab's each) runs to finite
+// losses.
+void ExpectEachTrialRunsToFiniteLosses(
+    const std::string& model_dir,
+    const std::vector<std::vector<std::pair<std::string, std::string>>>& rows);
 
 // Three micro-batches of 2 from the trial's batches: each row's ids are expected.json's (the
 // placeholders, then the caption as the tokenizer frames it), its labels the ids with -100 on the

@@ -41,12 +41,7 @@ TrialConfig CaptionTrial(const std::vector<std::pair<std::string, std::string>>&
 
 Blip2Config FixtureConfig() { return testing::FixtureBlip2Config(ModelDir()); }
 
-class Blip2T5TrialTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    setenv("LLMCTL_CACHE_DIR", testing::FreshTempDir("blip2-t5-trial-cache").c_str(), 1);
-  }
-};
+using Blip2T5TrialTest = testing::CaptionTrialTest;
 
 TEST_F(Blip2T5TrialTest, MicroBatchesAreTheLabsPlaceholdersCaptionsAndEos) {
   ASSERT_NE(FixtureConfig().t5(), nullptr);
@@ -57,47 +52,28 @@ TEST_F(Blip2T5TrialTest, LossOfEachMicroBatchIsTransformers) {
   testing::ExpectMicroBatchLossesAreTransformers(ModelDir());
 }
 
+// fp32 AdamW over every parameter, T5's own head included.
 TEST_F(Blip2T5TrialTest, TrialTrainsAndAccountsEveryPart) {
-  const TrialRecord run = RunAndRecord(CaptionTrial());
-  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
-  const Blip2ParameterCounts counts = CountBlip2Parameters(FixtureConfig());
-  const nlohmann::json start = run.OfType("start").at(0);
-  EXPECT_EQ(start["parameters_total"], counts.total());
-  EXPECT_EQ(start["parameters_trainable"], counts.total());
-  const std::vector<double> losses = run.Losses();
-  ASSERT_EQ(losses.size(), 2u);
-  EXPECT_LT(losses[1], losses[0]) << "one AdamW step at lr 1e-3 lowers the captions' loss";
-  // fp32 AdamW over every parameter, T5's own head included.
-  const int64_t param_bytes = counts.total() * 4;
-  EXPECT_EQ(run.Snapshot(0, 0, "phase0_before_fwd")["params_bytes"], param_bytes);
-  EXPECT_EQ(run.Snapshot(0, 1, "phase2_after_bwd")["grads_bytes"], param_bytes);
-  EXPECT_EQ(run.Snapshot(0, 1, "phase3_after_opt_step")["optim_device_bytes"], 2 * param_bytes + 4);
+  testing::ExpectTrialTrainsAndAccountsEveryPart(ModelDir());
 }
 
 // The lab's rows 7-14 on Flan-T5, in miniature: each technique runs to finite losses.
 TEST_F(Blip2T5TrialTest, TechniquesOfTheLabsFlanT5RowsRun) {
-  const std::vector<std::vector<std::pair<std::string, std::string>>> rows = {
-      {{"precision", "bf16-true"}},
-      {{"precision", "bf16-true"}, {"optimizer", "sgd"}},
-      {{"optimizer", "adamw_8bit"}},
-      {{"optimizer", "adamw_8bit"}, {"activation_checkpointing", "true"}},
-      {{"offload", "optimizer"}},
-      {{"precision", "bf16-mixed"}},
-      {{"loss", "chunked_ce"}},
-      {{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q, v]"}},
-      {{"peft.method", "qlora"},
-       {"peft.r", "4"},
-       {"peft.targets", "[q, v]"},
-       {"peft.compute_dtype", "fp32"}},
-  };
-  for (const auto& keys : rows) {
-    std::string name;
-    for (const auto& [key, value] : keys) name += key + "=" + value + " ";
-    SCOPED_TRACE(name);
-    const TrialRecord run = RunAndRecord(CaptionTrial(keys));
-    ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
-    for (double loss : run.Losses()) EXPECT_TRUE(std::isfinite(loss));
-  }
+  testing::ExpectEachTrialRunsToFiniteLosses(
+      ModelDir(), {
+                      {{"precision", "bf16-true"}},
+                      {{"precision", "bf16-true"}, {"optimizer", "sgd"}},
+                      {{"optimizer", "adamw_8bit"}},
+                      {{"optimizer", "adamw_8bit"}, {"activation_checkpointing", "true"}},
+                      {{"offload", "optimizer"}},
+                      {{"precision", "bf16-mixed"}},
+                      {{"loss", "chunked_ce"}},
+                      {{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q, v]"}},
+                      {{"peft.method", "qlora"},
+                       {"peft.r", "4"},
+                       {"peft.targets", "[q, v]"},
+                       {"peft.compute_dtype", "fp32"}},
+                  });
 }
 
 TEST_F(Blip2T5TrialTest, LoraAdaptsT5sQAndVAndSavesPeftsAdapter) {

@@ -5,7 +5,6 @@
 // (common/estimate/blip2_peak_test.cc, CpuLabBlip2RowTest), where each run serves every check.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -35,13 +34,7 @@ TrialConfig CaptionTrial(const std::vector<std::pair<std::string, std::string>>&
 
 Blip2Config FixtureConfig() { return testing::FixtureBlip2Config(ModelDir()); }
 
-class Blip2TrialTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    // The captions' token file goes into a cache of this test's own.
-    setenv("LLMCTL_CACHE_DIR", testing::FreshTempDir("blip2-trial-cache").c_str(), 1);
-  }
-};
+using Blip2TrialTest = testing::CaptionTrialTest;
 
 TEST_F(Blip2TrialTest, MicroBatchesAreTheLabsPlaceholdersCaptionsAndLabels) {
   testing::ExpectMicroBatchesAreTheLabs(ModelDir());
@@ -52,22 +45,7 @@ TEST_F(Blip2TrialTest, LossOfEachMicroBatchIsTransformers) {
 }
 
 TEST_F(Blip2TrialTest, TrialTrainsAndAccountsEveryPart) {
-  const TrialRecord run = RunAndRecord(CaptionTrial());
-  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
-  const Blip2ParameterCounts counts = CountBlip2Parameters(FixtureConfig());
-  const nlohmann::json start = run.OfType("start").at(0);
-  EXPECT_EQ(start["parameters_total"], counts.total());
-  EXPECT_EQ(start["parameters_trainable"], counts.total());
-  EXPECT_EQ(start["examples"], 6);
-  const std::vector<double> losses = run.Losses();
-  ASSERT_EQ(losses.size(), 2u);
-  EXPECT_LT(losses[1], losses[0]) << "one AdamW step at lr 1e-3 lowers the captions' loss";
-  // fp32 AdamW: parameters, as much again in gradients after backward, twice that in state (and
-  // the step count the moments share, one float32).
-  const int64_t param_bytes = counts.total() * 4;
-  EXPECT_EQ(run.Snapshot(0, 0, "phase0_before_fwd")["params_bytes"], param_bytes);
-  EXPECT_EQ(run.Snapshot(0, 1, "phase2_after_bwd")["grads_bytes"], param_bytes);
-  EXPECT_EQ(run.Snapshot(0, 1, "phase3_after_opt_step")["optim_device_bytes"], 2 * param_bytes + 4);
+  testing::ExpectTrialTrainsAndAccountsEveryPart(ModelDir());
 }
 
 TEST_F(Blip2TrialTest, FrozenVisionEncoderHasNoGradientsOrOptimizerState) {
@@ -82,28 +60,19 @@ TEST_F(Blip2TrialTest, FrozenVisionEncoderHasNoGradientsOrOptimizerState) {
 }
 
 TEST_F(Blip2TrialTest, TechniquesOfTheLabRun) {
-  struct Row {
-    std::vector<std::pair<std::string, std::string>> keys;
-  };
-  const std::vector<Row> rows = {
-      {{{"precision", "bf16-true"}}},
-      {{{"precision", "bf16-mixed"}}},
-      {{{"activation_checkpointing", "true"}}},
-      {{{"optimizer", "sgd"}}},
-      {{{"optimizer", "adamw_8bit"}}},
-      {{{"loss", "chunked_ce"}}},
-      {{{"offload", "optimizer"}}},
-      {{{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q_proj, v_proj]"}}},
-      {{{"peft.method", "qlora"}, {"peft.r", "4"}, {"peft.compute_dtype", "fp32"}}},
-  };
-  for (const Row& row : rows) {
-    std::string name;
-    for (const auto& [key, value] : row.keys) name += key + "=" + value + " ";
-    SCOPED_TRACE(name);
-    const TrialRecord run = RunAndRecord(CaptionTrial(row.keys));
-    ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
-    for (double loss : run.Losses()) EXPECT_TRUE(std::isfinite(loss));
-  }
+  testing::ExpectEachTrialRunsToFiniteLosses(
+      ModelDir(),
+      {
+          {{"precision", "bf16-true"}},
+          {{"precision", "bf16-mixed"}},
+          {{"activation_checkpointing", "true"}},
+          {{"optimizer", "sgd"}},
+          {{"optimizer", "adamw_8bit"}},
+          {{"loss", "chunked_ce"}},
+          {{"offload", "optimizer"}},
+          {{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q_proj, v_proj]"}},
+          {{"peft.method", "qlora"}, {"peft.r", "4"}, {"peft.compute_dtype", "fp32"}},
+      });
 }
 
 TEST_F(Blip2TrialTest, LoraAdaptsTheLanguageModelsProjectionsOnly) {
