@@ -231,13 +231,6 @@ TEST(EstimateBlip2PeakTest, DataParallelRanks) {
   ExpectPeaksWithin(cases);
 }
 
-std::string Outcome(const testing::TrainerRun& run) {
-  for (const json& e : run.ranks.front()) {
-    if (e["type"] == "result") return e["outcome"];
-  }
-  return "no result event (exit " + std::to_string(run.exit_code) + "): " + run.output;
-}
-
 // --fit's answer checked by running, as peak_test.cc checks the LLaMA family's: under the file's
 // 280 MiB device and on its own captions, the most images a micro-batch that the estimate says fit
 // run, and one more runs out of memory (fp32 and bf16-true OPT-256 x 8).
@@ -276,7 +269,7 @@ TEST(EstimateBlip2PeakTest, FitIsTheLargestMicroBatchThatRuns) {
                            {"train.global_batch_size",
                             std::to_string(micro < file_global ? 2 * micro : micro)}})};
       const testing::TrainerRun run = testing::RunLlmTrain(run_case, common, dir, runs++);
-      EXPECT_EQ(Outcome(run), micro == fit->micro_batch_size ? "ok" : "oom")
+      EXPECT_EQ(testing::Outcome(run), micro == fit->micro_batch_size ? "ok" : "oom")
           << "micro-batch " << micro;
     }
   }
@@ -320,7 +313,7 @@ void ExpectOwnCaptionsPeak(const Case& row, const testing::TrainerRun& row_run, 
   ASSERT_TRUE(unlimited.ok()) << unlimited.status().message();
   const std::string label = testing::Describe(row) + " (the file's captions)";
   const testing::PeakBound bound = {.under = kTolerance, .over = kTolerance};
-  if (Outcome(row_run) == "ok" && *unlimited == peak->config) {
+  if (testing::Outcome(row_run) == "ok" && *unlimited == peak->config) {
     ExpectRunWithin(row, *peak, row_run.ranks, *estimate, full, bound,
                     label + ", its run under device_memory");
     return;
@@ -356,7 +349,7 @@ TEST_P(CpuLabBlip2RowTest, EndsAsTheFileExpectsWithinItsEstimate) {
   ASSERT_TRUE(trial->expect.has_value());
   const Case row{"cpu-lab-blip2.yaml", GetParam(), {}};
   const testing::TrainerRun run = testing::RunLlmTrain(row, {}, dir, 0);
-  const std::string outcome = Outcome(run);
+  const std::string outcome = testing::Outcome(run);
   EXPECT_EQ(outcome, *trial->expect) << run.output;
   bool full = false;
   ExpectOwnCaptionsPeak(row, run, full, dir);
@@ -392,11 +385,7 @@ INSTANTIATE_TEST_SUITE_P(EstimateBlip2PeakTest, CpuLabBlip2RowTest,
                                            "xxl-smallest-batch", "sgd", "adam-8bit",
                                            "activation-checkpointing", "cpu-offload", "lora",
                                            "qlora"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         testing::RowTestName);
 
 }  // namespace
 }  // namespace llmctl::estimate

@@ -12,10 +12,8 @@
 // check), so no configuration runs twice for the two.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -26,7 +24,6 @@ namespace llmctl::estimate {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 using testing::Case;
 using testing::Sets;
 using testing::With;
@@ -124,13 +121,6 @@ TEST(EstimatePeakTest, TiedLargeVocabularyWithinOnePercent) {
                     {.under = 0.01, .over = 0.01});
 }
 
-std::string Outcome(const testing::TrainerRun& run) {
-  for (const json& e : run.ranks.front()) {
-    if (e["type"] == "result") return e["outcome"];
-  }
-  return "no result event (exit " + std::to_string(run.exit_code) + "): " + run.output;
-}
-
 // --fit's answer, checked the way a student would: under a 40 MiB device the largest micro-batch
 // the estimate says fits runs, and one more example runs out of memory. Each run accumulates as
 // FitMicroBatch assumes (two micro-batches a step where the file's global batch is larger: the
@@ -168,7 +158,7 @@ TEST(EstimatePeakTest, FitIsTheLargestMicroBatchThatRuns) {
   const std::vector<testing::TrainerRun> runs = testing::RunLlmTrainSeries(cases, common, dir, 0);
   ASSERT_EQ(runs.size(), cases.size());
   for (size_t i = 0; i < runs.size(); ++i) {
-    EXPECT_EQ(Outcome(runs[i]), expected[i]) << testing::Describe(cases[i]);
+    EXPECT_EQ(testing::Outcome(runs[i]), expected[i]) << testing::Describe(cases[i]);
   }
   fs::remove_all(dir);
 }
@@ -191,11 +181,7 @@ INSTANTIATE_TEST_SUITE_P(EstimatePeakTest, CpuLabRowTest,
                                            "smallest-batch", "sgd", "adam-8bit",
                                            "activation-checkpointing", "cpu-offload", "lora",
                                            "qlora"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         testing::RowTestName);
 
 }  // namespace
 }  // namespace llmctl::estimate

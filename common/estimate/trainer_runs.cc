@@ -349,6 +349,19 @@ void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& common, const
   for (size_t i = 0; i < runs.size(); ++i) CheckPeak(plans[i], runs[i], bound);
 }
 
+std::string Outcome(const TrainerRun& run) {
+  for (const json& e : run.ranks.front()) {
+    if (e["type"] == "result") return e["outcome"];
+  }
+  return "no result event (exit " + std::to_string(run.exit_code) + "): " + run.output;
+}
+
+std::string RowTestName(const ::testing::TestParamInfo<const char*>& info) {
+  std::string name = info.param;
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
 fs::path TestDir() {
   // A parameterized test's name holds a "/".
   std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();

@@ -3,6 +3,8 @@
 #ifndef LLMCTL_COMMON_ESTIMATE_TRAINER_RUNS_H_
 #define LLMCTL_COMMON_ESTIMATE_TRAINER_RUNS_H_
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -51,6 +53,10 @@ struct TrainerRun {
   std::string output;
   std::vector<std::vector<nlohmann::json>> ranks;  // every rank's events, rank 0 first
 };
+
+// The outcome the run's rank 0 result event names ("ok", "oom"), or, without one, its exit code and
+// output.
+std::string Outcome(const TrainerRun& run);
 
 // Runs llm-train on the case (with `common` and the case's sets), writing events under `dir`.
 TrainerRun RunLlmTrain(const Case& c, const Sets& common, const std::filesystem::path& dir,
@@ -129,6 +135,10 @@ Case AtMostMicroBatches(const Case& c, const TrialConfig& config, int micro_batc
 void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& common,
                        const std::filesystem::path& dir, PeakBound bound = {},
                        const std::vector<std::string>& labels = {});
+
+// An experiment file's row name ("cpu-offload") as its parameterized test's name ("cpu_offload"),
+// which may not hold '-'.
+std::string RowTestName(const ::testing::TestParamInfo<const char*>& info);
 
 // A fresh directory for the running test's files.
 std::filesystem::path TestDir();
