@@ -281,6 +281,33 @@ class ControllerAgentTest : public ::testing::Test {
     return true;
   }
 
+  // (attempt, loss) of rank 0's steps, in order.
+  std::vector<std::pair<int64_t, double>> Losses(int64_t experiment) {
+    std::vector<std::pair<int64_t, double>> by_step;
+    auto steps = daemon_->store().RunSteps(experiment);
+    EXPECT_TRUE(steps.ok());
+    if (steps.ok()) {
+      for (const store::TrialStep& step : *steps) {
+        by_step.emplace_back(step.attempt, step.loss.value_or(-1));
+      }
+    }
+    return by_step;
+  }
+
+  // The trial of `resumed`, stopped with a checkpoint in attempt 1 and resumed as attempt 2, took
+  // exactly the losses of `reference`, the same trial run uninterrupted for its `steps` steps.
+  void ExpectResumedLossesAreTheReferences(int64_t resumed, int64_t reference, int64_t steps) {
+    const auto expected = Losses(reference);
+    const auto got = Losses(resumed);
+    ASSERT_EQ(expected.size(), static_cast<size_t>(steps));
+    ASSERT_EQ(got.size(), expected.size());
+    EXPECT_EQ(got.front().first, 1);
+    EXPECT_EQ(got.back().first, 2);
+    for (size_t step = 0; step < got.size(); ++step) {
+      EXPECT_EQ(got[step].second, expected[step].second) << "step " << step;
+    }
+  }
+
   fs::path RunDir(const std::string& node, int64_t experiment, const std::string& trial,
                   int attempt) {
     return dir_ / (node + "-data") / "runs" / std::to_string(experiment) / trial /

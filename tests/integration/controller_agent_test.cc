@@ -227,17 +227,6 @@ TEST_F(ControllerAgentTest, ATrialStoppedWithACheckpointResumesOnAnotherNodeExac
     EXPECT_TRUE(status.ok()) << status.error_message();
     return response.experiment_id();
   };
-  const auto losses = [&](int64_t experiment) {
-    std::vector<std::pair<int64_t, double>> by_step;  // (attempt, loss)
-    auto steps = daemon_->store().RunSteps(experiment);
-    EXPECT_TRUE(steps.ok());
-    if (steps.ok()) {
-      for (const store::TrialStep& step : *steps) {
-        by_step.emplace_back(step.attempt, step.loss.value_or(-1));
-      }
-    }
-    return by_step;
-  };
   // Rounds until `done`, with a wall-clock bound roomy enough for LibTorch starting on a busy
   // machine.
   const auto until = [&](auto done) {
@@ -252,7 +241,7 @@ TEST_F(ControllerAgentTest, ATrialStoppedWithACheckpointResumesOnAnotherNodeExac
   AddAgent("n1");
   const int64_t experiment = submit();
   const int64_t trial = Trials(experiment).front().id;
-  ASSERT_TRUE(until([&] { return losses(experiment).size() >= 3; }));
+  ASSERT_TRUE(until([&] { return Losses(experiment).size() >= 3; }));
   ASSERT_TRUE(daemon_->dispatcher().Cancel(experiment, "long", /*checkpoint=*/true).ok());
   ASSERT_TRUE(until([&] { return AllEnded(experiment); }));
   ASSERT_EQ(Trials(experiment).front().state, store::TrialState::kCancelled)
@@ -272,15 +261,7 @@ TEST_F(ControllerAgentTest, ATrialStoppedWithACheckpointResumesOnAnotherNodeExac
 
   const int64_t reference = submit();
   ASSERT_TRUE(until([&] { return AllEnded(reference); }));
-  const auto expected = losses(reference);
-  const auto got = losses(experiment);
-  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(got.size(), expected.size());
-  EXPECT_EQ(got.front().first, 1);
-  EXPECT_EQ(got.back().first, 2);
-  for (size_t step = 0; step < got.size(); ++step) {
-    EXPECT_EQ(got[step].second, expected[step].second) << "step " << step;
-  }
+  ExpectResumedLossesAreTheReferences(experiment, reference, kSteps);
 }
 
 // llmctld as a process of its own, killed with SIGKILL mid-experiment and started again on the same

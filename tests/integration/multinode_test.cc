@@ -60,19 +60,6 @@ class MultiNodeTest : public ControllerAgentTest {
     return submitted.exit_code == 0 ? std::stoll(submitted.out.substr(0, submitted.out.find('\n')))
                                     : -1;
   }
-
-  // (attempt, loss) of rank 0's steps, in order.
-  std::vector<std::pair<int64_t, double>> Losses(int64_t experiment) {
-    std::vector<std::pair<int64_t, double>> by_step;
-    auto steps = daemon_->store().RunSteps(experiment);
-    EXPECT_TRUE(steps.ok());
-    if (steps.ok()) {
-      for (const store::TrialStep& step : *steps) {
-        by_step.emplace_back(step.attempt, step.loss.value_or(-1));
-      }
-    }
-    return by_step;
-  }
 };
 
 TEST_F(MultiNodeTest, RunsOnTwoAgentsWithNodeRankZerosRendezvousAndStoresEveryRank) {
@@ -338,15 +325,7 @@ TEST_F(MultiNodeTest, AnFsdpCheckpointFromTwoNodesResumesOnTwoOtherAgentsExactly
   const int64_t reference = SubmitAsAUser("sharded.yaml", yaml);
   ASSERT_GT(reference, 0);
   ASSERT_TRUE(RoundsUntil([&] { return AllEnded(reference); }));
-  const auto expected = Losses(reference);
-  const auto got = Losses(experiment);
-  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(got.size(), expected.size());
-  EXPECT_EQ(got.front().first, 1);
-  EXPECT_EQ(got.back().first, 2);
-  for (size_t step = 0; step < got.size(); ++step) {
-    EXPECT_EQ(got[step].second, expected[step].second) << "step " << step;
-  }
+  ExpectResumedLossesAreTheReferences(experiment, reference, kSteps);
 }
 
 }  // namespace
