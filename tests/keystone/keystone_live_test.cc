@@ -4,9 +4,8 @@
 // cores); where it cannot start, every test fails with the reason: Keystone is among `make
 // setup-tests`' packages, so a Keystone that does not start here is a fault to see, not a skip.
 #include <gtest/gtest.h>
-#include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 
 #include <chrono>
 #include <filesystem>
@@ -22,6 +21,7 @@
 #include "controller/openstack/credentials.h"
 #include "controller/openstack/session.h"
 #include "tests/keystone/local_keystone.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::testing {
 namespace {
@@ -41,23 +41,6 @@ std::string MakeTempDir() {
   std::string pattern =
       (std::filesystem::temp_directory_path() / "llmctl-keystone-XXXXXX").string();
   return mkdtemp(pattern.data()) ? pattern : "";
-}
-
-struct CommandResult {
-  int exit_status = -1;
-  std::string out;  // stdout, then stderr
-};
-
-// Runs `command` through the shell; stdout and stderr come back together.
-CommandResult RunShell(const std::string& command) {
-  CommandResult result;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) result.out.append(buffer, n);
-  int status = pclose(pipe);
-  result.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
 }
 
 std::string Quote(const std::string& text) {
@@ -167,8 +150,8 @@ class KeystoneLiveTest : public ::testing::Test {
                                   const std::string& arguments) {
     std::string command = "env -i PATH=\"$PATH\" HOME=" + Quote(*dir_);
     for (const auto& [name, value] : environment) command += " " + name + "=" + Quote(value);
-    CommandResult result = RunShell(command + " openstack " + arguments + " -f json");
-    EXPECT_EQ(result.exit_status, 0) << result.out;
+    CommandResult result = RunShellCommand(command + " openstack " + arguments + " -f json");
+    EXPECT_EQ(result.exit_code, 0) << result.out;
     return TrailingJson(result.out);
   }
 
