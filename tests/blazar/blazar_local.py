@@ -32,10 +32,9 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
-from local_process import STOP_SIGNALS, Children, StartError, StopRequested, on_stop_signal, tail  # noqa: E402
+from local_process import StartError, empty_dir, exit_on_stop_signal, serve, tail  # noqa: E402
 
-for _signum in STOP_SIGNALS:
-    signal.signal(_signum, lambda signum, frame: os._exit(0))
+exit_on_stop_signal()
 
 EXIT_MISSING = 3
 # Blazar served 28 s after Keystone on two idle cores and 63 s on two loaded ones (blazar_live_test).
@@ -201,10 +200,7 @@ def main():
     for flag, url in (("--auth-url", args.auth_url), ("--services-url", args.services_url)):
         if not url.startswith("http://127.0.0.1:"):
             parser.error(f"{flag} {url}: must be an http URL on 127.0.0.1 with a port")
-    directory = os.path.abspath(args.dir)
-    os.makedirs(directory, exist_ok=True)
-    if os.listdir(directory):
-        parser.error(f"--dir {args.dir}: not empty")
+    directory = empty_dir(parser, args.dir)
     # Found, not imported: importing blazar.api.app costs 2.3 s of CPU, and the server does it next.
     if not os.path.exists(VENV_PYTHON) or subprocess.run(
             [VENV_PYTHON, "-c", FIND_BLAZAR], capture_output=True).returncode != 0:
@@ -212,10 +208,7 @@ def main():
               "(scripts/setup.sh --tests installs it)", file=sys.stderr)
         return EXIT_MISSING
 
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, on_stop_signal)
-    children = Children(signal.SIGTERM)  # oslo.service's clean stop
-    try:
+    def start(children):
         auth_url = args.auth_url.rstrip("/")
         token = admin_token(auth_url, args.admin_password)
         call("POST", args.services_url.rstrip("/") + "/admin/keystone", {"url": auth_url, "admin_token": token})
@@ -225,20 +218,9 @@ def main():
         register_catalog(auth_url, token, args.region, args.services_url, blazar_url)
         host_ids = add_hosts(args.services_url.rstrip("/") + "/nova/v2.1", blazar_url, token, hosts)
         print(json.dumps({"url": blazar_url, "pid": server.pid, "hosts": host_ids}), flush=True)
-        while server.poll() is None:
-            time.sleep(0.2)
-        print(f"blazar_local: Blazar exited with status {server.returncode}; see {directory}/blazar.log",
-              file=sys.stderr)
-        return 1
-    except StopRequested:
-        return 0
-    except StartError as error:
-        print(f"blazar_local: {error}", file=sys.stderr)
-        return 1
-    finally:
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
-        children.stop()
+        return server, "Blazar", f"{directory}/blazar.log"
+
+    return serve("blazar_local", signal.SIGTERM, start)  # SIGTERM: oslo.service's clean stop
 
 
 if __name__ == "__main__":

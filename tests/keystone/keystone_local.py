@@ -39,12 +39,10 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
-from local_process import STOP_SIGNALS, Children, StartError, StopRequested, on_stop_signal, tail  # noqa: E402
+from local_process import StartError, empty_dir, exit_on_stop_signal, serve, tail  # noqa: E402
 
-# Stopped before it has started anything: nothing to clean up. main() installs the real handlers before it
-# starts a process.
-for _signum in STOP_SIGNALS:
-    signal.signal(_signum, lambda signum, frame: os._exit(0))
+# main() installs the real handlers (serve) before it starts a process.
+exit_on_stop_signal()
 
 EXIT_MISSING = 3
 START_TIMEOUT_S = 60
@@ -291,10 +289,7 @@ def main():
     parser.add_argument("--services-url", default="",
                         help="base URL of the services to register in the catalog (the simulator's)")
     args = parser.parse_args()
-    directory = os.path.abspath(args.dir)
-    os.makedirs(directory, exist_ok=True)
-    if os.listdir(directory):
-        parser.error(f"--dir {args.dir}: not empty")
+    directory = empty_dir(parser, args.dir)
     if args.token_expiration < 2:
         parser.error(f"--token-expiration {args.token_expiration}: must be at least 2 seconds")
     if args.services_url and not args.services_url.startswith(("http://127.", "http://localhost")):
@@ -305,10 +300,7 @@ def main():
               file=sys.stderr)
         return EXIT_MISSING
 
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, on_stop_signal)
-    children = Children(signal.SIGINT)  # uwsgi reloads on SIGTERM
-    try:
+    def start(children):
         config_path = write_config(directory, args.token_expiration)
         write_keys(directory)
         uwsgi, port = bind_free_port(directory, config_path, children)
@@ -327,20 +319,9 @@ def main():
                           "password": demo_password, "project": "demo", "project_id": ids["project_id"],
                           "user_domain": "Default", "app_cred_id": app_cred_id, "app_cred_secret": app_cred_secret,
                           "admin_password": admin_password, "pid": uwsgi.pid}), flush=True)
-        while uwsgi.poll() is None:
-            time.sleep(0.2)
-        print(f"keystone_local: uwsgi exited with status {uwsgi.returncode}; see {directory}/uwsgi.log",
-              file=sys.stderr)
-        return 1
-    except StopRequested:
-        return 0
-    except StartError as error:
-        print(f"keystone_local: {error}", file=sys.stderr)
-        return 1
-    finally:
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
-        children.stop()
+        return uwsgi, "uwsgi", f"{directory}/uwsgi.log"
+
+    return serve("keystone_local", signal.SIGINT, start)  # SIGINT: uwsgi reloads on SIGTERM
 
 
 if __name__ == "__main__":

@@ -1,14 +1,18 @@
-"""What keystone_local.py and blazar_local.py share: starting a service's processes so that none outlives
-the script, and stopping them.
+"""What keystone_local.py and blazar_local.py share: their directory, starting a service's processes so
+that none outlives the script, serving until a stop, and stopping them.
 
-A script installs `on_stop_signal` for STOP_SIGNALS before it starts anything; `Children.spawn` blocks
-those signals until the new child is on the list, so a stop that arrives meanwhile still reaches it; each
-child gets `stop_signal` when the script dies, however it dies (parent-death signal).
+A script calls `exit_on_stop_signal` first and `serve` once its arguments are checked: serve installs
+`on_stop_signal` for STOP_SIGNALS before it starts anything; `Children.spawn` blocks those signals until
+the new child is on the list, so a stop that arrives meanwhile still reaches it; each child gets
+`stop_signal` when the script dies, however it dies (parent-death signal).
 """
 
 import ctypes
+import os
 import signal
 import subprocess
+import sys
+import time
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_TIMEOUT_S = 15
@@ -22,8 +26,49 @@ class StopRequested(Exception):
     pass
 
 
+def exit_on_stop_signal():
+    """Stopped before it has started anything, the script has nothing to clean up: it just exits 0."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda signum, frame: os._exit(0))
+
+
 def on_stop_signal(signum, frame):
     raise StopRequested()
+
+
+def empty_dir(parser, value):
+    """--dir `value` as an absolute path, made when new; a parser error when it holds anything."""
+    directory = os.path.abspath(value)
+    os.makedirs(directory, exist_ok=True)
+    if os.listdir(directory):
+        parser.error(f"--dir {value}: not empty")
+    return directory
+
+
+def serve(script, stop_signal, start):
+    """`start(children)` starts the service with `children` (a Children stopping with `stop_signal`),
+    prints its JSON line and returns (process, name, log): the process the service lives as, its name and
+    the log to read when it ends. Returns the exit status: 1 when that process exits (naming `log`) or
+    `start` raises StartError (with its message, after `script`: ), 0 after a stop signal; every child is
+    stopped on the way out."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, on_stop_signal)
+    children = Children(stop_signal)
+    try:
+        server, name, log = start(children)
+        while server.poll() is None:
+            time.sleep(0.2)
+        print(f"{script}: {name} exited with status {server.returncode}; see {log}", file=sys.stderr)
+        return 1
+    except StopRequested:
+        return 0
+    except StartError as error:
+        print(f"{script}: {error}", file=sys.stderr)
+        return 1
+    finally:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        children.stop()
 
 
 def tail(path, lines=15):
