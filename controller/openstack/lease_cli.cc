@@ -129,6 +129,10 @@ Status RunCreate(const LeaseFlags& flags, std::ostream& out, std::ostream& err,
     return InvalidArgumentError("--node-type '" + flags.node_type +
                                 "' may hold only letters, digits, '_', '-' and '.'");
   }
+  // Blazar takes the name in JSON text, which must be UTF-8 (nlohmann's dump throws otherwise).
+  if (FirstInvalidUtf8(flags.name) != std::string::npos) {
+    return InvalidArgumentError("--name '" + flags.name + "' is not UTF-8 text, as Blazar needs");
+  }
   if (flags.hosts < 1) return InvalidArgumentError("--hosts must be at least 1");
   ASSIGN_OR_RETURN(std::chrono::seconds duration, ParseDuration(flags.duration));
   std::optional<TimePoint> start;

@@ -338,5 +338,16 @@ TEST_F(LeaseCliTest, ALeaseEndingAfterTheLastReadableYearIsRefused) {
             "year llmctl reads a lease's dates in\n");
 }
 
+// Blazar's API takes JSON text, which must be UTF-8: a name that is not (a Latin-1 terminal's
+// "café") is the caller's mistake, refused before anything is sent.
+TEST_F(LeaseCliTest, ALeaseNameThatIsNotUtf8IsRefusedBeforeAnythingIsSent) {
+  Result created = Run({"create", "--flavor", "g1.h100.pci.1", "--name", "caf\xe9"});
+  EXPECT_EQ(created.code, 2) << created.err;
+  EXPECT_NE(created.err.find("--name"), std::string::npos) << created.err;
+  EXPECT_NE(created.err.find("UTF-8"), std::string::npos) << created.err;
+  EXPECT_EQ(created.err.find('\xe9'), std::string::npos) << created.err;
+  EXPECT_TRUE(Run({"list"}).out.find("caf") == std::string::npos);
+}
+
 }  // namespace
 }  // namespace llmctl::openstack
