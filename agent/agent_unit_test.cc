@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -368,6 +369,26 @@ TEST_F(InputCacheTest, UploadsAreVerifiedAndNothingHalfWrittenStays) {
   EXPECT_TRUE(cache_->MissingBlobs({sha})->empty());
   EXPECT_TRUE(DirEmpty("tmp"));
   EXPECT_EQ(cache_->MissingBlobs({"ABC"}).status().code(), StatusCode::kInvalidArgument);
+}
+
+// llm-train keeps its token files in the cache (LLMCTL_CACHE_DIR) and refuses one that other users
+// may write, where they could plant tokens to be trained on: under umask 000 the cache was made
+// 0777 and every trial failed. One made that way before is refused when the agent starts.
+TEST_F(InputCacheTest, ItsDirectoriesAreWritableByTheAgentAloneWhateverTheUmask) {
+  const fs::path made = dir_ / "made-under-umask-000";
+  const mode_t umask_was = ::umask(0);
+  auto cache = InputCache::Open(made.string());
+  ::umask(umask_was);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  constexpr fs::perms kOthersWrite = fs::perms::group_write | fs::perms::others_write;
+  for (const fs::path& dir : {made, made / "blobs", made / "trees", made / "tmp"}) {
+    EXPECT_EQ(fs::status(dir).permissions() & kOthersWrite, fs::perms::none) << dir;
+  }
+
+  fs::permissions(made, fs::perms::all);
+  const Status refused = InputCache::Open(made.string()).status();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(refused.message().starts_with(made.string())) << refused.message();
 }
 
 TEST_F(InputCacheTest, AnUploadThatWouldFillTheDiskIsRefusedBeforeItsFirstByte) {

@@ -25,12 +25,11 @@ std::string Errno() { return std::strerror(errno); }
 
 StatusOr<std::unique_ptr<InputCache>> InputCache::Open(const std::string& cache_dir,
                                                        int64_t keep_free_bytes) {
+  // 0700 whatever the umask, and refused when others may write it: llm-train keeps its token
+  // files here (LLMCTL_CACHE_DIR) and refuses a cache where others could plant tokens.
+  RETURN_IF_ERROR(EnsureOwnDirectory(cache_dir, 0700, OthersMay::kRead));
   for (const char* sub : {"blobs", "trees", "tmp"}) {
-    std::error_code error;
-    fs::create_directories(cache_dir + "/" + sub, error);
-    if (error) {
-      return UnavailableError("cannot create " + cache_dir + "/" + sub + ": " + error.message());
-    }
+    RETURN_IF_ERROR(EnsureOwnDirectory(cache_dir + "/" + sub, 0700, OthersMay::kRead));
   }
   // Whatever an earlier process left half-done is of no use now.
   std::error_code ignored;

@@ -30,8 +30,9 @@ inline constexpr int64_t kCacheKeepFreeBytes = int64_t{1} << 30;
 
 class InputCache {
  public:
-  // Creates the cache's directories under `cache_dir` when missing. A blob or download that would
-  // leave less than `keep_free_bytes` available on its filesystem is refused before its first
+  // Creates the cache's directories under `cache_dir` when missing, 0700 whatever the umask;
+  // FailedPrecondition when one is there and other users may write it. A blob or download that
+  // would leave less than `keep_free_bytes` available on its filesystem is refused before its first
   // byte (ResourceExhausted; CheckRoom).
   static StatusOr<std::unique_ptr<InputCache>> Open(const std::string& cache_dir,
                                                     int64_t keep_free_bytes = kCacheKeepFreeBytes);
