@@ -105,7 +105,12 @@ StatusOr<fs::path> EmbeddedDataDir(const EnvLookup& env) {
     }
     return fs::path(value);
   };
-  if (std::optional<std::string> home = env("LLMCTL_HOME")) return absolute("LLMCTL_HOME", *home);
+  if (std::optional<std::string> home = env("LLMCTL_HOME")) {
+    // "/path/" names /path. Kept, EnsureOwnDirectory made /path as the parent of "/path/", with
+    // the umask's mode instead of 0700, and llmctld refused the directory as open to others.
+    while (home->size() > 1 && home->back() == '/') home->pop_back();
+    return absolute("LLMCTL_HOME", *home);
+  }
   if (std::optional<std::string> xdg = env("XDG_DATA_HOME")) {
     ASSIGN_OR_RETURN(fs::path base, absolute("XDG_DATA_HOME", *xdg));
     return base / "llmctl";

@@ -36,8 +36,8 @@ struct ControllerAddress {
 // empty; "[::1]:port" for IPv6). InvalidArgument naming `where` and the value otherwise.
 Status CheckControllerTarget(std::string_view target, std::string_view where);
 
-// $LLMCTL_HOME, else ${XDG_DATA_HOME:-$HOME/.local/share}/llmctl. InvalidArgument when neither
-// LLMCTL_HOME nor HOME is set, or a value is not an absolute path.
+// $LLMCTL_HOME (less a trailing slash), else ${XDG_DATA_HOME:-$HOME/.local/share}/llmctl.
+// InvalidArgument when neither LLMCTL_HOME nor HOME is set, or a value is not an absolute path.
 StatusOr<std::filesystem::path> EmbeddedDataDir(const EnvLookup& env);
 
 // ${XDG_CONFIG_HOME:-$HOME/.config}/llmctl/config.yaml; nullopt when neither variable is set.

@@ -171,6 +171,15 @@ TEST_F(AddressTest, EmbeddedDefaultUsesTheDataDirectory) {
   EXPECT_TRUE(ResolveControllerAddress(FakeEnv({{"HOME", home_}}))->embedded);
 }
 
+// LLMCTL_HOME=/path/ (a shell's completion adds the slash) names the directory /path: made as that,
+// 0700, where the CLI once made it with the umask's 0755 and llmctld then refused it for good as
+// open to other users.
+TEST(EmbeddedDataDirTest, ATrailingSlashNamesTheSameDirectory) {
+  EXPECT_EQ(*EmbeddedDataDir(FakeEnv({{"LLMCTL_HOME", "/d/home/"}})), fs::path("/d/home"));
+  EXPECT_EQ(*EmbeddedDataDir(FakeEnv({{"LLMCTL_HOME", "/d/home//"}})), fs::path("/d/home"));
+  EXPECT_EQ(*EmbeddedDataDir(FakeEnv({{"LLMCTL_HOME", "/"}})), fs::path("/"));
+}
+
 TEST(EmbeddedDataDirTest, LlmctlHomeThenXdgDataHomeThenHome) {
   EXPECT_EQ(
       *EmbeddedDataDir(FakeEnv({{"LLMCTL_HOME", "/d"}, {"XDG_DATA_HOME", "/x"}, {"HOME", "/h"}})),
