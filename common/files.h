@@ -23,7 +23,9 @@ namespace llmctl {
 // The whole file. NotFound when missing, PermissionDenied when unreadable, InvalidArgument for
 // anything but a regular file (a directory, a device such as /dev/zero, a FIFO, a socket: refused
 // at once, never read or waited on), DataLoss when it is larger than `max_bytes` (so a wrong path
-// to a huge file fails fast).
+// to a huge file fails fast). What else the system refuses names the file and the system's reason:
+// Unavailable only when trying again may succeed (EINTR, EAGAIN), Unknown otherwise (a disk's EIO,
+// a network file system's timeout), as for every function here.
 StatusOr<std::string> ReadFileToString(const std::string& path,
                                        size_t max_bytes = std::numeric_limits<size_t>::max());
 

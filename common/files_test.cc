@@ -217,6 +217,16 @@ TEST(ReadFileRangeTest, BytesPastAShrunkFilesEndAreDataLoss) {
                 "(another process truncated it or is writing over it in place)");
 }
 
+// A read the disk fails (EIO; here /proc/self/mem at address 0, which nothing maps) names the file
+// and the system's reason, and is not Unavailable, which its readers take for "try again" (llmctl
+// asked whether the controller was running, exit 3).
+TEST(ReadFileToStringTest, AReadTheSystemFailsIsNotUnavailable) {
+  const StatusOr<std::string> read = ReadFileToString("/proc/self/mem");
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), StatusCode::kUnknown) << read.status().ToString();
+  EXPECT_EQ(read.status().message(), "cannot read /proc/self/mem: Input/output error");
+}
+
 TEST(MappedFileTest, ABusErrorOutsideEveryMappingStillKillsTheProcess) {
   const std::string path = testing::TempDir() + "/mapped-beside";
   WriteBytes(path, 4096);

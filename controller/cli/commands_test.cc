@@ -352,6 +352,18 @@ TEST_F(CommandsTest, ResumeSaysWhereTheTrialContinuesOrWhyItCannot) {
   EXPECT_EQ(Run({"resume", "0", "b"}), kExitInvalidInput);
 }
 
+// A local file the disk cannot read (EIO; here config.yaml is /proc/self/mem, whose address 0
+// nothing maps) is this machine's failure, exit 1 naming the file: its Unavailable made llmctl
+// exit 3 as if the controller could not be reached.
+TEST_F(CommandsTest, AConfigFileTheDiskCannotReadIsNotTheControllersFailure) {
+  const std::filesystem::path config = dir_ / "config" / "llmctl" / "config.yaml";
+  std::filesystem::create_directories(config.parent_path());
+  std::filesystem::create_symlink("/proc/self/mem", config);
+  env_["XDG_CONFIG_HOME"] = (dir_ / "config").string();
+  EXPECT_EQ(Run({"status"}, "localhost:1"), kExitFailed);
+  EXPECT_EQ(err_.str(), "llmctl: cannot read " + config.string() + ": Input/output error\n");
+}
+
 // `llmctl lease ...` is controller/openstack's command with the words after "lease" and our
 // environment: here none of the OS_* variables, so it refuses before any network call.
 TEST_F(CommandsTest, LeaseHandsItsWordsAndEnvironmentToTheLeaseCommands) {

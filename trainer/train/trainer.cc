@@ -25,7 +25,9 @@ int ExitCodeFor(Outcome outcome) {
   return trainer_exit::kFailed;
 }
 
-bool IsInputsFault(const Status& status) { return status.code() != StatusCode::kUnavailable; }
+bool IsInputsFault(const Status& status) {
+  return status.code() != StatusCode::kUnavailable && status.code() != StatusCode::kUnknown;
+}
 
 TrialResult RunTrial(const TrialConfig& config, const RunOptions& options) {
   auto events = EventLog::Open(options.events_path);

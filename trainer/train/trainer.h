@@ -31,8 +31,9 @@ std::string_view OutcomeName(Outcome outcome);
 int ExitCodeFor(Outcome outcome);
 
 // Whether `status`, a failure before training (or of --prepare), is the input's fault, exit
-// kInvalidInput: a read or write the system refused (a full disk, EFBIG, EIO; the files report
-// those Unavailable) is not, and exits kFailed.
+// kInvalidInput: a read or write the system refused (a full disk, EFBIG: Unavailable from
+// common/atomic_file.h's writes; EIO: Unknown from common/files.h's reads) is not, and exits
+// kFailed.
 bool IsInputsFault(const Status& status);
 
 struct TrialResult {

@@ -67,6 +67,15 @@ uint64_t Field(const nlohmann::json& snapshot, const char* name) {
   return snapshot[name].get<uint64_t>();
 }
 
+// A file the disk cannot read (EIO; here /proc/self/mem at address 0, which nothing maps) is no
+// fault of the input's: llm-train exits kFailed for it, not kInvalidInput.
+TEST(InputsFaultTest, AReadTheDiskFailsIsNotTheInputsFault) {
+  const StatusOr<std::string> read = ReadFileToString("/proc/self/mem");
+  ASSERT_FALSE(read.ok());
+  EXPECT_FALSE(IsInputsFault(read.status())) << read.status().ToString();
+  EXPECT_TRUE(IsInputsFault(NotFoundError("no such file")));
+}
+
 TEST(MemoryAccountingTest, Fp32AdamWIsExactToTheByteAfterTheFirstStep) {
   TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"},
                                              {"train.micro_batch_size", "2"},
