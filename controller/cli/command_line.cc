@@ -231,6 +231,32 @@ void AddNodeCommands(CLI::App& app, ParsedCommandLine& line) {
       ->check(CLI::IsMember({"start", "stop", "status"}));
 }
 
+// For a command line CLI11 refused: a line telling how to pass a value that starts with '-' (a
+// trial named '-lead' in `llmctl fetch 1 -lead`), which CLI11 takes for a flag it does not know
+// and then misses the value's positional; "" when no such argument took a name's place. Only a
+// positional that takes text counts: an id is never negative.
+std::string DashValueHint(const CLI::App& app) {
+  for (const CLI::App* command : app.get_subcommands()) {
+    const std::vector<const CLI::Option*> unfilled =
+        command->get_options([](const CLI::Option* option) {
+          return option->get_positional() && option->count() == 0 &&
+                 option->get_type_name() == "TEXT";
+        });
+    if (unfilled.empty()) continue;
+    for (const std::string& argument : command->remaining()) {
+      if (argument.size() < 2 || argument.front() != '-' || argument == "--") continue;
+      return std::string("if '")
+          .append(argument)
+          .append("' is the ")
+          .append(unfilled.front()->get_name())
+          .append(", not a flag, put -- before it (-- ")
+          .append(argument)
+          .append("): what follows -- is never read as a flag");
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 int Llmctl::Run(const std::vector<std::string>& args) {
@@ -249,6 +275,9 @@ int Llmctl::Run(const std::vector<std::string>& args) {
     app.parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e, context_.out, context_.err);
+    if (const std::string hint = DashValueHint(app); !hint.empty()) {
+      context_.err << "llmctl: " << ForTerminal(hint) << "\n";
+    }
     return code == static_cast<int>(CLI::ExitCodes::Success) ? kExitOk : kExitInvalidInput;
   }
   return Dispatch(line);

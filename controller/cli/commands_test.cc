@@ -364,6 +364,28 @@ TEST_F(CommandsTest, AConfigFileTheDiskCannotReadIsNotTheControllersFailure) {
   EXPECT_EQ(err_.str(), "llmctl: cannot read " + config.string() + ": Input/output error\n");
 }
 
+// A trial named '-lead' reads as a flag CLI11 does not know, and the trial's name as missing: the
+// refusal says to put -- before it, which every command's parser takes.
+TEST_F(CommandsTest, AValueThatStartsWithADashIsToldToFollowTwoDashes) {
+  EXPECT_EQ(Run({"fetch", "1", "-lead"}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("TRIAL is required"), std::string::npos) << err_.str();
+  EXPECT_NE(err_.str().find("llmctl: if '-lead' is the TRIAL, not a flag, put -- before it "
+                            "(-- -lead)"),
+            std::string::npos)
+      << err_.str();
+  // After -- it is the value: here estimate's FILE, which is not there.
+  EXPECT_EQ(Run({"estimate", "--", "-missing.yaml"}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("cannot open -missing.yaml: No such file"), std::string::npos)
+      << err_.str();
+  EXPECT_EQ(err_.str().find("put --"), std::string::npos) << err_.str();
+  // An unknown flag where no name is missing, or where a number is (an id is never negative), is
+  // only refused.
+  EXPECT_EQ(Run({"fetch", "1", "lead", "-x"}), kExitInvalidInput);
+  EXPECT_EQ(err_.str().find("put --"), std::string::npos) << err_.str();
+  EXPECT_EQ(Run({"cancel", "-3"}), kExitInvalidInput);
+  EXPECT_EQ(err_.str().find("put --"), std::string::npos) << err_.str();
+}
+
 // `llmctl lease ...` is controller/openstack's command with the words after "lease" and our
 // environment: here none of the OS_* variables, so it refuses before any network call.
 TEST_F(CommandsTest, LeaseHandsItsWordsAndEnvironmentToTheLeaseCommands) {
