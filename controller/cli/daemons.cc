@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -346,7 +347,35 @@ Status EmbeddedDaemons::RegisterLocalAgent() const {
   return WriteAgentCredentials(credentials, tls);
 }
 
+Status EmbeddedDaemons::CheckSocketPathsFit() const {
+  // sun_path holds the path and its terminating NUL.
+  constexpr size_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
+  for (const std::string& target : {controller_target(), agent_target()}) {
+    const std::string_view socket =
+        std::string_view(target).substr(std::string_view("unix:").size());
+    if (socket.size() <= kMaxSocketPathBytes) continue;
+    const size_t name_bytes = socket.size() - data_dir_.string().size();
+    return InvalidArgumentError(
+        std::string("the embedded daemons' socket ")
+            .append(socket)
+            .append(" is ")
+            .append(std::to_string(socket.size()))
+            .append(" bytes, over the system's ")
+            .append(std::to_string(kMaxSocketPathBytes))
+            .append("-byte limit for a unix socket's path: set LLMCTL_HOME to a directory whose "
+                    "path is at most ")
+            .append(std::to_string(kMaxSocketPathBytes - name_bytes))
+            .append(" bytes (this one's is ")
+            .append(std::to_string(data_dir_.string().size()))
+            .append("), or LLMCTL_CONTROLLER to a running controller"));
+  }
+  return Status::Ok();
+}
+
 Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
+  // Before anything is made or started: llmctld would fail at its listen, with gRPC's "cannot
+  // listen" naming no limit.
+  RETURN_IF_ERROR(CheckSocketPathsFit());
   // One that is there is used as it is, mode and all (LLMCTL_HOME may name a directory shared
   // with others, /tmp as root), when it is a directory of this user's: not a link to one
   // elsewhere, where the daemons' logs and credentials would go.

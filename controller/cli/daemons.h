@@ -96,7 +96,8 @@ class EmbeddedDaemons {
   // with the end of llmctld's log when it does not come up. FailedPrecondition, before anything
   // starts, when a daemon of D runs another llmctl's binary (llmctl upgraded or moved while its
   // daemons ran), naming both binaries and `llmctl daemon stop`: a second daemon beside it would
-  // take its socket, and a second agent would manage the same runs.
+  // take its socket, and a second agent would manage the same runs. InvalidArgument, before
+  // anything is made or started, when D is too long for its sockets' paths (CheckSocketPathsFit).
   Status EnsureRunning(std::chrono::milliseconds ready_timeout);
 
   // Ends the agent, then the controller (SIGTERM, up to `grace` each), another llmctl's too
@@ -119,6 +120,10 @@ class EmbeddedDaemons {
   DaemonSpec AgentSpec() const;
 
  private:
+  // InvalidArgument when a daemon's socket path (D/controller.sock, D/agent.sock) is longer than a
+  // unix socket's path may be (sun_path's 108 bytes with the terminating NUL): its length, the
+  // limit, and the shorter LLMCTL_HOME to choose.
+  Status CheckSocketPathsFit() const;
   Status WaitForController(pid_t pid, std::chrono::milliseconds timeout) const;
   // EnsureRunning's FailedPrecondition for a daemon of `spec` that runs another binary.
   static Status RefuseAnotherInstall(const DaemonSpec& spec);

@@ -335,6 +335,24 @@ TEST_F(DaemonsTest, AnExistingHomeKeepsItsModeAndALinkInItIsRefused) {
   EXPECT_TRUE(fs::is_empty(elsewhere));
 }
 
+// A home too long for the daemons' sockets is refused before anything is made or started, saying
+// the limit and what to do: llmctld failed at its listen with gRPC's "cannot listen on unix:...".
+TEST_F(DaemonsTest, AHomeTooLongForTheSocketsIsRefusedNamingTheLimit) {
+  // 92 bytes and more make D/controller.sock longer than 107.
+  const fs::path home = dir_ / std::string(92 - dir_.string().size() - 1, 'h');
+  ASSERT_EQ(home.string().size(), 92u);
+  EmbeddedDaemons daemons(
+      home, {.llmctld = "/bin/false", .llm_agent = "/bin/false", .llm_train = "/bin/false"});
+  const Status started = daemons.EnsureRunning(std::chrono::seconds(1));
+  EXPECT_EQ(started.code(), StatusCode::kInvalidArgument) << started.ToString();
+  EXPECT_EQ(started.message(),
+            "the embedded daemons' socket " + (home / "controller.sock").string() +
+                " is 108 bytes, over the system's 107-byte limit for a unix socket's path: set "
+                "LLMCTL_HOME to a directory whose path is at most 91 bytes (this one's is 92), or "
+                "LLMCTL_CONTROLLER to a running controller");
+  EXPECT_FALSE(fs::exists(home));
+}
+
 TEST_F(DaemonsTest, BinariesBesideLlmctlOrInTheBuildTreeOrFromOverrides) {
   auto no_env = [](std::string_view) -> std::optional<std::string> { return std::nullopt; };
   // The build tree: build/controller/cli/llmctl, build/controller/llmctld, ...
