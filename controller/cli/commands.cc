@@ -514,7 +514,9 @@ int Llmctl::Daemon(const std::string& action) {
     const Status started = daemons.EnsureRunning(context_.daemon_ready_timeout);
     if (!started.ok()) return Fail(started);
   } else if (action == "stop") {
-    for (const std::string& line : daemons.Stop(kDaemonStopGrace)) context_.out << line << "\n";
+    const StatusOr<std::vector<std::string>> stopped = daemons.Stop(kDaemonStopGrace);
+    if (!stopped.ok()) return Fail(stopped.status());
+    for (const std::string& line : *stopped) context_.out << line << "\n";
     return kExitOk;
   }
   for (const std::string& line : daemons.Describe()) context_.out << line << "\n";

@@ -33,6 +33,9 @@ constexpr milliseconds kPollInterval{50};
 // How long a daemon started without its pid file has to end on SIGTERM.
 constexpr milliseconds kStartFailureGrace{5000};
 constexpr char kLocalNode[] = "local";
+// In the data directory: held while the daemons start or stop, so that two commands at once start
+// one pair, and a stop neither ends a start's daemons halfway nor loses their pid files.
+constexpr char kStartLockFile[] = "daemons.lock";
 // A pid and a newline; anything longer is not a pid file of ours.
 constexpr size_t kMaxPidFileBytes = 64;
 // What LogTail reads from the end of a log: ample for the lines it shows when a daemon dies.
@@ -382,7 +385,7 @@ Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
   for (const fs::path& dir : {data_dir_, data_dir_ / "logs", data_dir_ / "agent"}) {
     RETURN_IF_ERROR(EnsureOwnDirectory(dir.string(), 0700, OthersMay::kAnything));
   }
-  ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(data_dir_ / "daemons.lock"));
+  ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(data_dir_ / kStartLockFile));
   for (const DaemonSpec& spec : {ControllerSpec(), AgentSpec()}) {
     RETURN_IF_ERROR(RefuseAnotherInstall(spec));
   }
@@ -436,11 +439,22 @@ std::vector<std::string> EmbeddedDaemons::ReplacedBinaryNotes() const {
   return notes;
 }
 
-std::vector<std::string> EmbeddedDaemons::Stop(milliseconds grace) {
+StatusOr<std::vector<std::string>> EmbeddedDaemons::Stop(milliseconds grace) {
   std::vector<std::string> lines;
   const DaemonSpec agent = AgentSpec();
+  const DaemonSpec controller = ControllerSpec();
+  std::error_code error;
+  if (!fs::is_directory(data_dir_, error)) {
+    // Nothing ever started here, and no lock file is made where there is no data directory.
+    return std::vector<std::string>{agent.name + ": not running",
+                                    controller.name + ": not running"};
+  }
+  // A start holds this lock until both daemons run: one under way ends first, and its daemons are
+  // stopped here, where a stop in its middle removed the pid file it was writing (a daemon nothing
+  // found again) or ended the controller it waited for.
+  ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(data_dir_ / kStartLockFile));
   const bool agent_was_running = FindDaemon(agent.pid_file, agent.binary).has_value();
-  for (const DaemonSpec& spec : {agent, ControllerSpec()}) {
+  for (const DaemonSpec& spec : {agent, controller}) {
     const std::optional<RunningDaemon> running = FindDaemon(spec.pid_file, spec.binary);
     if (!running) {
       lines.push_back(spec.name + ": not running");
@@ -449,7 +463,6 @@ std::vector<std::string> EmbeddedDaemons::Stop(milliseconds grace) {
       lines.push_back(spec.name + " (pid " + std::to_string(running->pid) +
                       "): " + (killed ? "did not end on SIGTERM; killed" : "stopped"));
     }
-    std::error_code error;
     fs::remove(spec.pid_file, error);
   }
   // Each trial runs under its own supervisor, which outlives the agent; the agent adopts it again

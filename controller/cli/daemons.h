@@ -9,8 +9,8 @@
 // Daemons are detached (double fork + setsid: they outlive the command and its terminal); a pid
 // file is believed only while /proc/<pid>/exe is a program of the daemon's name, so a reused pid is
 // not mistaken for a daemon, and one of another llmctl (upgraded or moved while its daemons ran)
-// is refused by name until `llmctl daemon stop` ends it. Starts are serialised by a lock file, so
-// two commands at once start one pair.
+// is refused by name until `llmctl daemon stop` ends it. Starts and stops are serialised by a lock
+// file, so two commands at once start one pair, and a stop waits for a start under way.
 #ifndef LLMCTL_CONTROLLER_CLI_DAEMONS_H_
 #define LLMCTL_CONTROLLER_CLI_DAEMONS_H_
 
@@ -101,9 +101,10 @@ class EmbeddedDaemons {
   Status EnsureRunning(std::chrono::milliseconds ready_timeout);
 
   // Ends the agent, then the controller (SIGTERM, up to `grace` each), another llmctl's too
-  // (FindDaemon). Lines saying what it did, and, when the agent was running, that the trials
-  // already running go on.
-  std::vector<std::string> Stop(std::chrono::milliseconds grace);
+  // (FindDaemon), after a start under way (EnsureRunning) has ended. Lines saying what it did, and,
+  // when the agent was running, that the trials already running go on; the lock file's error when
+  // it cannot be taken.
+  StatusOr<std::vector<std::string>> Stop(std::chrono::milliseconds grace);
 
   // One line for each running daemon whose binary was rebuilt or replaced since it started (an
   // llmctl upgraded in place while its daemons ran): it still runs the earlier code, which this

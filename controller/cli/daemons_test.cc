@@ -13,6 +13,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/file_lock.h"
 #include "rpc/certificates.h"
 #include "tests/support/file_size_limit.h"
 
@@ -157,9 +158,10 @@ TEST_F(DaemonsTest, ADaemonOfAnotherLlmctlIsNamedNotReplacedAndStops) {
                                        "), unix:" + (data / "controller.sock").string() + ", log " +
                                        (data / "logs" / "llmctld.log").string());
 
-  const std::vector<std::string> stopped = daemons.Stop(std::chrono::seconds(10));
-  ASSERT_EQ(stopped.size(), 2u);
-  EXPECT_EQ(stopped[1], "llmctld (pid " + std::to_string(*pid) + "): stopped");
+  const StatusOr<std::vector<std::string>> stopped = daemons.Stop(std::chrono::seconds(10));
+  ASSERT_TRUE(stopped.ok()) << stopped.status().message();
+  ASSERT_EQ(stopped->size(), 2u);
+  EXPECT_EQ((*stopped)[1], "llmctld (pid " + std::to_string(*pid) + "): stopped");
   EXPECT_EQ(RunningPid(data / "llmctld.pid", old_binary), std::nullopt);
   // Without the fix nothing stopped it: the stand-in this test started, while it still runs.
   std::error_code error;
@@ -193,9 +195,51 @@ TEST_F(DaemonsTest, ADaemonWhoseBinaryWasReplacedSinceItStartedIsNoted) {
                 " as it was before it was rebuilt or replaced, not this llmctl's: llmctl daemon "
                 "stop, and the next command starts the new one (trials already running go on)"});
   EXPECT_EQ(RunningPid(data / "llmctld.pid", binary), *pid);
-  const std::vector<std::string> stopped = daemons.Stop(std::chrono::seconds(10));
-  ASSERT_EQ(stopped.size(), 2u);
-  EXPECT_EQ(stopped[1], "llmctld (pid " + std::to_string(*pid) + "): stopped");
+  const StatusOr<std::vector<std::string>> stopped = daemons.Stop(std::chrono::seconds(10));
+  ASSERT_TRUE(stopped.ok()) << stopped.status().message();
+  ASSERT_EQ(stopped->size(), 2u);
+  EXPECT_EQ((*stopped)[1], "llmctld (pid " + std::to_string(*pid) + "): stopped");
+}
+
+// `llmctl daemon stop` while another llmctl starts the daemons: the stop waits for the start,
+// which holds daemons.lock until both daemons run, and then stops what it started. It went at once:
+// finding no daemon yet, it removed the pid file the start then wrote or had just written (a daemon
+// nothing found again, beside which the next start failed on llmctld's lock), or it ended the
+// controller the start was waiting for, whose command then said llmctld had exited at start.
+TEST_F(DaemonsTest, AStopWaitsForAStartUnderWayAndStopsWhatItStarted) {
+  const fs::path data = dir_ / "data";
+  fs::create_directories(data / "logs");
+  fs::create_directories(dir_ / "bin");
+  fs::copy_file("/bin/sleep", dir_ / "bin" / "llmctld");  // a stand-in under llmctld's name
+  const fs::path binary = fs::canonical(dir_ / "bin" / "llmctld");
+  EmbeddedDaemons daemons(data, {binary, fs::canonical("/bin/false"), fs::canonical("/bin/false")});
+  std::future<StatusOr<std::vector<std::string>>> stopped;
+  pid_t started = 0;
+  {
+    // A start under way, as EnsureRunning holds it.
+    StatusOr<FileLock> start = FileLock::Acquire(data / "daemons.lock");
+    ASSERT_TRUE(start.ok()) << start.status().message();
+    stopped =
+        std::async(std::launch::async, [&] { return daemons.Stop(std::chrono::seconds(10)); });
+    // Room for a stop that does not wait to end before the start writes its pid file.
+    stopped.wait_for(std::chrono::milliseconds(500));
+    DaemonSpec controller = daemons.ControllerSpec();
+    controller.args = {"300"};
+    StatusOr<pid_t> pid = StartDetached(controller);
+    ASSERT_TRUE(pid.ok()) << pid.status().message();
+    started = *pid;
+  }
+  const StatusOr<std::vector<std::string>> lines = stopped.get();
+  ASSERT_TRUE(lines.ok()) << lines.status().message();
+  EXPECT_EQ(*lines,
+            (std::vector<std::string>{"llm-agent: not running",
+                                      "llmctld (pid " + std::to_string(started) + "): stopped"}));
+  EXPECT_EQ(RunningPid(data / "llmctld.pid", binary), std::nullopt);
+  // Without the fix the stand-in this test started runs on.
+  std::error_code error;
+  if (fs::read_symlink("/proc/" + std::to_string(started) + "/exe", error) == binary) {
+    ::kill(started, SIGKILL);
+  }
 }
 
 TEST_F(DaemonsTest, ABinaryThatCannotRunIsReported) {
@@ -412,12 +456,12 @@ TEST_F(DaemonsTest, TheRealAgentStartsWithTheFlagsAndCredentialsWeWrite) {
   EXPECT_TRUE(fs::exists(data / "agent.sock")) << LogTail(data / "logs" / "llm-agent.log", 20);
   EXPECT_EQ(RunningPid(data / "llm-agent.pid", agent_binary), *pid);
 
-  const std::vector<std::string> stopped = daemons.Stop(std::chrono::seconds(10));
-  ASSERT_EQ(stopped.size(), 3u);
-  EXPECT_EQ(stopped[0], "llm-agent (pid " + std::to_string(*pid) + "): stopped");
-  EXPECT_EQ(stopped[1], "llmctld: not running");
-  EXPECT_EQ(stopped[2],
-            "trials already running go on, and are picked up when the daemons start again");
+  const StatusOr<std::vector<std::string>> stopped = daemons.Stop(std::chrono::seconds(10));
+  ASSERT_TRUE(stopped.ok()) << stopped.status().message();
+  EXPECT_EQ(*stopped,
+            (std::vector<std::string>{
+                "llm-agent (pid " + std::to_string(*pid) + "): stopped", "llmctld: not running",
+                "trials already running go on, and are picked up when the daemons start again"}));
   EXPECT_EQ(RunningPid(data / "llm-agent.pid", agent_binary), std::nullopt);
 }
 
