@@ -10,18 +10,24 @@
 
 #include "common/digest/digest.h"
 #include "common/foreign_json.h"
+#include "common/version.h"
 #include "controller/submission.h"
 #include "rpc/blob_stream.h"
 #include "rpc/grpc_status.h"
+#include "rpc/version_check.h"
 
 namespace llmctl::controller {
 
 using nlohmann::json;
 
-grpc::Status ControllerService::Guard(const grpc::ServerContext* context, std::string_view method,
+grpc::Status ControllerService::Guard(grpc::ServerContext* context, std::string_view method,
                                       const std::function<Status()>& body) const {
+  rpc::AnnounceVersion(*context, kVersion);
   if (!api_token_.empty()) {
     grpc::Status authenticated = rpc::CheckBearerToken(context->client_metadata(), api_token_);
+    if (authenticated.ok()) {
+      authenticated = rpc::CheckClientVersion(context->client_metadata(), kVersion);
+    }
     if (!authenticated.ok()) {
       spdlog::warn("{} from {}: refused: {}", method, context->peer(),
                    authenticated.error_message());

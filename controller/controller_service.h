@@ -27,9 +27,12 @@ namespace llmctl::controller {
 class ControllerService final : public v1::Controller::Service {
  public:
   // The references must outlive the service. A non-empty `api_token` must come with every call
-  // ("authorization: Bearer <token>", rpc::CheckBearerToken), else UNAUTHENTICATED: the check is
-  // the first thing each handler does (Guard), as gRPC has no hook that refuses a call on a
-  // channel without TLS. Empty: no check (the unix socket, whose mode is its credential).
+  // ("authorization: Bearer <token>", rpc::CheckBearerToken), else UNAUTHENTICATED, and so must
+  // this llmctl's version (rpc::CheckClientVersion), else FAILED_PRECONDITION: the checks are the
+  // first thing each handler does (Guard), as gRPC has no hook that refuses a call on a channel
+  // without TLS. Empty: no check (the unix socket, whose mode is its credential, and whose CLI
+  // started llmctld from its own directory, docs/architecture.md "Versions"). Every answer
+  // announces this llmctl's version (rpc::AnnounceVersion).
   ControllerService(store::Store& store, const BlobStore& blobs, SecretsFile& secrets,
                     const rpc::CertificateAuthority& ca, Dispatcher& dispatcher,
                     const ChangeNotifier& changes, const Clock& clock, std::string api_token = "",
@@ -72,9 +75,9 @@ class ControllerService final : public v1::Controller::Service {
                               v1::DeregisterNodeResponse* response) override;
 
  private:
-  // Checks the caller's token (when the service has one), then runs a handler body, turning an
-  // escaping exception into INTERNAL.
-  grpc::Status Guard(const grpc::ServerContext* context, std::string_view method,
+  // Announces this llmctl's version, checks the caller's token and version (when the service has a
+  // token), then runs a handler body, turning an escaping exception into INTERNAL.
+  grpc::Status Guard(grpc::ServerContext* context, std::string_view method,
                      const std::function<Status()>& body) const;
   StatusOr<int64_t> ResolveExperimentId(int64_t requested);
   StatusOr<v1::ExperimentStatus> BuildStatus(int64_t experiment_id);

@@ -10,12 +10,15 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/version.h"
 #include "controller/controller_service.h"
 #include "controller/daemon.h"
 #include "rpc/tls.h"
+#include "rpc/version_check.h"
 
 namespace llmctl::controller {
 namespace {
@@ -47,14 +50,13 @@ class ControllerTcpTest : public testing::Test {
     daemon_ = std::move(*daemon);
   }
 
-  // A stub whose every call carries `token` the CLI's way (none when empty).
-  std::unique_ptr<v1::Controller::Stub> StubWithToken(const std::string& token) {
-    if (token.empty()) {
-      return v1::Controller::NewStub(
-          grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
-    }
+  // A stub whose every call carries `token` (none when empty) and the llmctl `version` (none: an
+  // llmctl older than the version header) the CLI's way.
+  std::unique_ptr<v1::Controller::Stub> StubWithToken(
+      const std::string& token, const std::optional<std::string>& version = std::string(kVersion)) {
     std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> adders;
-    adders.push_back(rpc::BearerTokenInterceptor(token));
+    if (!token.empty()) adders.push_back(rpc::BearerTokenInterceptor(token));
+    if (version.has_value()) adders.push_back(rpc::VersionInterceptor(*version));
     return v1::Controller::NewStub(grpc::experimental::CreateCustomChannelWithInterceptors(
         daemon_->address(), grpc::InsecureChannelCredentials(), grpc::ChannelArguments(),
         std::move(adders)));
@@ -225,6 +227,33 @@ TEST_F(ControllerTcpTest, EveryMethodRefusesACallWithoutTheRightToken) {
   }
   EXPECT_TRUE(statuses.at("ListNodes").ok());
   EXPECT_TRUE(statuses.at("RegisterNode").ok());
+}
+
+// A CLI of another llmctl version, or one older than the version header, would send requests whose
+// fields this controller misreads or drops: every method refuses it, naming both versions.
+TEST_F(ControllerTcpTest, EveryMethodRefusesACliOfAnotherVersion) {
+  Start();
+  const std::string version(kVersion);
+  const std::map<std::optional<std::string>, std::string> refusals = {
+      {"0.3.9", "this llmctl is 0.3.9 and the controller llmctl " + version +
+                    "; they must be the same version: install llmctl " + version + " here"},
+      {std::nullopt,
+       "this llmctl does not say its version (it is older than the controller's, "
+       "llmctl " +
+           version + "); they must be the same version: install llmctl " + version + " here"}};
+  for (const auto& [cli_version, refusal] : refusals) {
+    const std::map<std::string, grpc::Status> statuses =
+        CallEveryMethod(*StubWithToken(kToken, cli_version));
+    EXPECT_EQ(static_cast<int>(statuses.size()), ControllerMethodCount());
+    for (const auto& [method, status] : statuses) {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+          << method << ": " << status.error_message();
+      EXPECT_EQ(status.error_message(), refusal) << method;
+    }
+  }
+  auto nodes = daemon_->store().ListNodes();
+  ASSERT_TRUE(nodes.ok());
+  EXPECT_TRUE(nodes->empty()) << "the refused RegisterNode registered nothing";
 }
 
 TEST_F(ControllerTcpTest, ATcpListenerWithoutAUsableTokenFileDoesNotStart) {

@@ -1,7 +1,9 @@
 #include "controller/cli/client.h"
 
+#include "common/version.h"
 #include "rpc/connection.h"
 #include "rpc/tls.h"
+#include "rpc/version_check.h"
 
 namespace llmctl::cli {
 
@@ -13,12 +15,9 @@ std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target,
   arguments.SetMaxReceiveMessageSize(64 << 20);
   // `watch` on a controller that went away without closing ends instead of waiting for ever.
   rpc::SetClientKeepalive(arguments);
-  if (token.empty()) {
-    return grpc::CreateCustomChannel(rpc::GrpcAddress(target), grpc::InsecureChannelCredentials(),
-                                     arguments);
-  }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(rpc::BearerTokenInterceptor(token));
+  interceptors.push_back(rpc::VersionInterceptor(std::string(kVersion)));
+  if (!token.empty()) interceptors.push_back(rpc::BearerTokenInterceptor(token));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
       rpc::GrpcAddress(target), grpc::InsecureChannelCredentials(), arguments,
       std::move(interceptors));
@@ -32,8 +31,11 @@ std::shared_ptr<grpc::Channel> OpenStartingControllerChannel(const std::string& 
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, retry_ms);
   // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the connect timeout, and a
   // handshake cut at `retry` never completes on a loaded machine.
-  return grpc::CreateCustomChannel(rpc::GrpcAddress(target), grpc::InsecureChannelCredentials(),
-                                   arguments);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(rpc::VersionInterceptor(std::string(kVersion)));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      rpc::GrpcAddress(target), grpc::InsecureChannelCredentials(), arguments,
+      std::move(interceptors));
 }
 
 std::unique_ptr<grpc::ClientContext> UnaryContext() {

@@ -22,13 +22,15 @@ inline constexpr std::chrono::seconds kCallDeadline{60};
 // A channel to the controller at `target` ("unix:/path" or "host:port"). The CLI API is served on a
 // unix socket or on localhost (see controller/), so the channel carries no TLS; a non-empty
 // `token` (the controller's API token, which a TCP listener requires) goes with every call as
-// "authorization: Bearer <token>".
+// "authorization: Bearer <token>". Every call says this llmctl's version, and one answered by a
+// controller of another version fails FAILED_PRECONDITION naming both (rpc/version_check.h).
 std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target,
                                                      const std::string& token = "");
 
 // The same, for waiting on a controller that is starting: a failed connection is tried again after
 // `retry`, not after gRPC's reconnect backoff (1 s growing 1.6 times per failure), so that the
-// first call after the socket appears is not held up by the refusals before it.
+// first call after the socket appears is not held up by the refusals before it. The version is
+// said and checked as above.
 std::shared_ptr<grpc::Channel> OpenStartingControllerChannel(const std::string& target,
                                                              std::chrono::milliseconds retry);
 

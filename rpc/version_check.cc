@@ -1,0 +1,104 @@
+#include "rpc/version_check.h"
+
+#include <optional>
+#include <utility>
+
+namespace llmctl::rpc {
+namespace {
+
+using grpc::experimental::InterceptionHookPoints;
+
+// The value of `metadata`'s "llmctl-version", when it has one.
+std::optional<std::string> VersionIn(
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
+  const auto found = metadata.find(kVersionHeader);
+  if (found == metadata.end()) return std::nullopt;
+  return std::string(found->second.data(), found->second.size());
+}
+
+// Why this CLI (of `version`) refuses a controller that announced `controller`.
+std::string ControllerRefused(const std::string& controller, const std::string& version) {
+  return std::string("the controller is llmctl ")
+      .append(controller)
+      .append(" and this llmctl ")
+      .append(version)
+      .append("; they must be the same version: install llmctl ")
+      .append(controller)
+      .append(" here, or run llmctl ")
+      .append(version)
+      .append("'s llmctld (the embedded one: llmctl daemon stop)");
+}
+
+class VersionChecker : public grpc::experimental::Interceptor {
+ public:
+  explicit VersionChecker(const std::string& version) : version_(version) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace(kVersionHeader, version_);
+    }
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      controller_version_ = VersionIn(*methods->GetRecvInitialMetadata());
+    }
+    // Only an answer is checked: a refusal or a failure to connect says what it says.
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_STATUS) &&
+        methods->GetRecvStatus()->ok() && controller_version_.has_value() &&
+        *controller_version_ != version_) {
+      *methods->GetRecvStatus() = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                               ControllerRefused(*controller_version_, version_));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string version_;
+  std::optional<std::string> controller_version_;
+};
+
+class VersionCheckerFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit VersionCheckerFactory(std::string version) : version_(std::move(version)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new VersionChecker(version_);
+  }
+
+ private:
+  const std::string version_;
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> VersionInterceptor(
+    std::string version) {
+  return std::make_unique<VersionCheckerFactory>(std::move(version));
+}
+
+void AnnounceVersion(grpc::ServerContext& context, std::string_view version) {
+  context.AddInitialMetadata(kVersionHeader, std::string(version));
+}
+
+grpc::Status CheckClientVersion(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+                                std::string_view version) {
+  const std::optional<std::string> client = VersionIn(metadata);
+  if (client == version) return grpc::Status::OK;
+  const std::string install = std::string("; they must be the same version: install llmctl ")
+                                  .append(version)
+                                  .append(" here");
+  if (!client.has_value()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        std::string("this llmctl does not say its version (it is older than the "
+                                    "controller's, llmctl ")
+                            .append(version)
+                            .append(")")
+                            .append(install));
+  }
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                      std::string("this llmctl is ")
+                          .append(*client)
+                          .append(" and the controller llmctl ")
+                          .append(version)
+                          .append(install));
+}
+
+}  // namespace llmctl::rpc

@@ -1,0 +1,126 @@
+#include "rpc/version_check.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "llmctl/v1/agent.grpc.pb.h"
+
+namespace llmctl::rpc {
+namespace {
+
+namespace pb = llmctl::v1;
+
+// A server of `version` (none: one older than the announcement, which neither says nor checks
+// one) that checks its callers' when `checks`, and answers `answer`.
+class VersionedServer final : public pb::Agent::Service {
+ public:
+  VersionedServer(std::optional<std::string> version, bool checks,
+                  grpc::Status answer = grpc::Status::OK)
+      : version_(std::move(version)), checks_(checks), answer_(std::move(answer)) {}
+
+  grpc::Status GetNodeInfo(grpc::ServerContext* context, const pb::GetNodeInfoRequest*,
+                           pb::NodeInfo* response) override {
+    if (version_.has_value()) AnnounceVersion(*context, *version_);
+    if (checks_) {
+      if (grpc::Status checked = CheckClientVersion(context->client_metadata(), *version_);
+          !checked.ok()) {
+        return checked;
+      }
+    }
+    response->set_node("node1");
+    return answer_;
+  }
+
+ private:
+  const std::optional<std::string> version_;
+  const bool checks_;
+  const grpc::Status answer_;
+};
+
+// One GetNodeInfo from a client of `client_version` (none: one older than the header, which sends
+// none) to `server`.
+grpc::Status Call(VersionedServer& server, const std::optional<std::string>& client_version) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&server);
+  const std::unique_ptr<grpc::Server> running = builder.BuildAndStart();
+  EXPECT_NE(port, 0);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (client_version.has_value()) interceptors.push_back(VersionInterceptor(*client_version));
+  auto stub = pb::Agent::NewStub(grpc::experimental::CreateCustomChannelWithInterceptors(
+      address, grpc::InsecureChannelCredentials(), grpc::ChannelArguments(),
+      std::move(interceptors)));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  pb::NodeInfo info;
+  grpc::Status status = stub->GetNodeInfo(&context, {}, &info);
+  if (status.ok()) {
+    EXPECT_EQ(info.node(), "node1");
+  }
+  running->Shutdown();
+  return status;
+}
+
+TEST(VersionCheckTest, AClientAndAServerOfOneVersionTalk) {
+  VersionedServer server("0.4.0", /*checks=*/true);
+  const grpc::Status status = Call(server, "0.4.0");
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+TEST(VersionCheckTest, TheServerRefusesAClientOfAnotherVersionNamingBoth) {
+  VersionedServer server("0.4.0", /*checks=*/true);
+  const grpc::Status status = Call(server, "0.3.9");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(status.error_message(),
+            "this llmctl is 0.3.9 and the controller llmctl 0.4.0; they must be the same version: "
+            "install llmctl 0.4.0 here");
+}
+
+TEST(VersionCheckTest, TheServerRefusesAClientThatDoesNotSayItsVersion) {
+  VersionedServer server("0.4.0", /*checks=*/true);
+  const grpc::Status status = Call(server, std::nullopt);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(status.error_message(),
+            "this llmctl does not say its version (it is older than the controller's, llmctl "
+            "0.4.0); they must be the same version: install llmctl 0.4.0 here");
+}
+
+// A server that announces another version but runs the call anyway (as a later release might
+// accept a range) is refused by the client.
+TEST(VersionCheckTest, TheClientRefusesTheAnswerOfAServerOfAnotherVersion) {
+  VersionedServer server("0.4.1", /*checks=*/false);
+  const grpc::Status status = Call(server, "0.4.0");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(status.error_message(),
+            "the controller is llmctl 0.4.1 and this llmctl 0.4.0; they must be the same version: "
+            "install llmctl 0.4.1 here, or run llmctl 0.4.0's llmctld (the embedded one: llmctl "
+            "daemon stop)");
+}
+
+// An llmctld older than the announcement says no version: its answer is taken as it is (that
+// pair is not caught here).
+TEST(VersionCheckTest, TheClientTakesTheAnswerOfAServerThatAnnouncesNoVersion) {
+  VersionedServer server(std::nullopt, /*checks=*/false);
+  const grpc::Status status = Call(server, "0.4.0");
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+// A failure is the server's to describe: the client does not put a version refusal over it.
+TEST(VersionCheckTest, TheClientLeavesAFailedCallsStatusAlone) {
+  VersionedServer server(std::nullopt, /*checks=*/false,
+                         grpc::Status(grpc::StatusCode::NOT_FOUND, "no such node"));
+  const grpc::Status status = Call(server, "0.4.0");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_message(), "no such node");
+}
+
+}  // namespace
+}  // namespace llmctl::rpc
