@@ -23,6 +23,14 @@ namespace fs = std::filesystem;
 
 constexpr int kWatchReconnects = 30;
 
+// InvalidArgument for a TRIAL argument that is not UTF-8: no trial has such a name (experiment
+// files are UTF-8), and the request's proto3 string could not carry it.
+Status CheckTrialArgument(const std::string& trial) {
+  if (FirstInvalidUtf8(trial) == std::string::npos) return Status::Ok();
+  return InvalidArgumentError("trial '" + OnOneLine(trial) +
+                              "' is not UTF-8 text, which every trial's name is");
+}
+
 }  // namespace
 
 StatusOr<v1::ExperimentStatus> Llmctl::Follow(v1::Controller::Stub& stub, int64_t id) {
@@ -108,6 +116,7 @@ int Llmctl::Watch(int64_t id) {
 }
 
 int Llmctl::Cancel(int64_t id, const std::string& trial, bool checkpoint) {
+  if (Status checked = CheckTrialArgument(trial); !checked.ok()) return Fail(checked);
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
   v1::CancelRequest request;
@@ -134,6 +143,7 @@ int Llmctl::Cancel(int64_t id, const std::string& trial, bool checkpoint) {
 }
 
 int Llmctl::Resume(int64_t id, const std::string& trial, bool wait) {
+  if (Status checked = CheckTrialArgument(trial); !checked.ok()) return Fail(checked);
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
   v1::ResumeRequest request;
@@ -188,6 +198,7 @@ int Llmctl::Report(int64_t id, const std::string& format_name, const std::string
 }
 
 int Llmctl::Fetch(int64_t id, const std::string& trial, const std::string& to) {
+  if (Status checked = CheckTrialArgument(trial); !checked.ok()) return Fail(checked);
   std::string safe_trial = trial;  // sweep trials are named "base/key=value"
   std::replace(safe_trial.begin(), safe_trial.end(), '/', '_');
   const fs::path destination =

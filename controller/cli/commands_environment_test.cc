@@ -1,0 +1,35 @@
+// llmctl's commands under what the user's environment hands them, against the in-process fake
+// Controller (commands_test_support.h): arguments whose bytes are not UTF-8.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "controller/cli/commands.h"
+#include "controller/cli/commands_test_support.h"
+#include "controller/cli/offline_cli_test.h"
+
+namespace llmctl::cli {
+namespace {
+
+// A TRIAL that is not UTF-8 names no trial (experiment files are UTF-8) and cannot travel in the
+// request's proto3 string: refused as invalid input before anything is sent, where protobuf logged
+// a serializing error and llmctl printed an empty 'llmctl: ' and exited 1.
+TEST_F(CommandsTest, ATrialNameThatIsNotUtf8IsRefusedBeforeAnythingIsSent) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"cancel", "42", "--trial", "caf\xe9"},
+        std::vector<std::string>{"resume", "42", "caf\xe9"},
+        std::vector<std::string>{"fetch", "42", "caf\xe9", "--to", (dir_ / "fetched").string()}}) {
+    EXPECT_EQ(Run(args), kExitInvalidInput) << args[0] << ": " << err_.str();
+    EXPECT_EQ(err_.str(),
+              "llmctl: trial 'caf\xef\xbf\xbd' is not UTF-8 text, which every trial's name is\n")
+        << args[0];
+  }
+  std::lock_guard lock(fake_.mutex_);
+  EXPECT_EQ(fake_.calls_, 0);
+}
+
+}  // namespace
+}  // namespace llmctl::cli
