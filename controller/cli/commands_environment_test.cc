@@ -1,5 +1,5 @@
 // llmctl's commands under what the user's environment hands them, against the in-process fake
-// Controller (commands_test_support.h): arguments whose bytes are not UTF-8.
+// Controller (commands_test_support.h): arguments and file names whose bytes are not UTF-8.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -13,6 +13,8 @@
 
 namespace llmctl::cli {
 namespace {
+
+namespace fs = std::filesystem;
 
 // A TRIAL that is not UTF-8 names no trial (experiment files are UTF-8) and cannot travel in the
 // request's proto3 string: refused as invalid input before anything is sent, where protobuf logged
@@ -29,6 +31,20 @@ TEST_F(CommandsTest, ATrialNameThatIsNotUtf8IsRefusedBeforeAnythingIsSent) {
   }
   std::lock_guard lock(fake_.mutex_);
   EXPECT_EQ(fake_.calls_, 0);
+}
+
+// The experiment file's name is the user's, in whatever bytes their file system holds; the
+// controller keeps it for status and report, in a proto3 string: a byte that breaks UTF-8 is sent
+// as U+FFFD, where the controller could not parse the request and llmctl printed an empty error.
+TEST_F(CommandsTest, SubmitSendsAFileNameThatIsNotUtf8WithReplacementCharacters) {
+  WriteGoodInputs(Records(4096));
+  const std::string file = WriteExperiment();
+  const std::string latin1 = (dir_ / "lab" / "caf\xe9.yaml").string();
+  fs::rename(file, latin1);
+  ASSERT_EQ(Run({"submit", latin1}), kExitOk) << err_.str();
+  std::lock_guard lock(fake_.mutex_);
+  ASSERT_TRUE(fake_.submitted_.has_value());
+  EXPECT_EQ(fake_.submitted_->filename(), (dir_ / "lab" / "caf\xef\xbf\xbd.yaml").string());
 }
 
 }  // namespace

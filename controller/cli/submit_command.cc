@@ -73,7 +73,9 @@ v1::SubmitRequest SubmitRequestFor(const SubmitFile& submitted,
                                    const SubmitInputs& inputs,
                                    const std::vector<TrialPrediction>& predictions) {
   v1::SubmitRequest request;
-  request.set_filename(submitted.name);
+  // The file's name is shown by status and report; a proto3 string must be UTF-8, and a name the
+  // file system holds in another encoding (Latin-1's "caf\xe9.yaml") fails the whole request.
+  request.set_filename(ReplaceInvalidUtf8(submitted.name));
   request.set_yaml_text(submitted.text);
   for (const std::string& name : only_trials) request.add_only_trials(name);
   for (const auto& [written, tree] : inputs.trees) (*request.mutable_inputs())[written] = tree;
