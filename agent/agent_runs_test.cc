@@ -440,7 +440,10 @@ TEST_F(AgentTest, NodeInfoAndAuthentication) {
   EXPECT_GT(info.host_memory_bytes(), 0);
   EXPECT_GT(info.cpu_count(), 0);
   EXPECT_EQ(info.llmctl_version(), kVersion);
-  EXPECT_EQ(info.trainer_version(), "llm-train 0 (LibTorch 2.15.0, no CUDA device)");
+  EXPECT_EQ(
+      info.trainer_version(),
+      std::string("llm-train ").append(kVersion).append(" (LibTorch 2.15.0, no CUDA device)"));
+  EXPECT_EQ(info.unusable(), "");
   EXPECT_EQ(info.libtorch_version(), "2.15.0");
   EXPECT_EQ(info.libtorch_cuda_version(), "13.2");
   // The driver's versions come from NVML: this machine's, if it has one.
@@ -461,6 +464,38 @@ TEST_F(AgentTest, NodeInfoAndAuthentication) {
   // the downloads).
   EXPECT_EQ(Stub()->PrepareHubModel(&hub, {}, &hub_response).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// An llm-train of another llmctl release (a node bundle shipped without its own, or one of the two
+// rebuilt) reads a trial's settings by that release's rules: the node info says the node takes no
+// trial, and RunTrial refuses, naming both versions and the fix.
+TEST_F(AgentTest, AnLlmTrainOfAnotherVersionTakesNoTrial) {
+  const std::string other = (dir_ / "other-llm-train").string();
+  WriteFile(other, FakeTrainer("0.3.9"), fs::perms::owner_all);
+  StartAgent(other);
+  const std::string version(kVersion);
+  const std::string reason = "its llm-train (" + other + ") is llmctl 0.3.9, its agent llmctl " +
+                             version +
+                             "; they must be the same version, so no trial runs there: install "
+                             "llmctl " +
+                             version +
+                             "'s llm-train there and restart the agent (the embedded one: llmctl "
+                             "daemon stop)";
+  grpc::ClientContext context;
+  Deadline(&context);
+  pb::NodeInfo info;
+  ASSERT_TRUE(Stub()->GetNodeInfo(&context, {}, &info).ok());
+  EXPECT_EQ(info.unusable(), reason);
+
+  grpc::Status refused;
+  RunTrial(Key(1, "t", 1), 0, &refused);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(refused.error_message(), "RunTrial: " + reason);
+  grpc::ClientContext list;
+  Deadline(&list);
+  pb::ListRunsResponse runs;
+  ASSERT_TRUE(Stub()->ListRuns(&list, {}, &runs).ok());
+  EXPECT_EQ(runs.runs_size(), 0);
 }
 
 // The real trainer's one-process runs; agent_ranks_test.cc has its 2-rank ones.

@@ -24,6 +24,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -33,6 +34,7 @@
 #include "common/experiment.h"
 #include "common/files.h"
 #include "common/trial_config.h"
+#include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/tls.h"
 
@@ -206,8 +208,8 @@ inline void ExpectGone(const std::vector<pid_t>& pids) {
 }
 
 // The end-to-end tests' agent, in this test's process (StartAgent) or as its own
-// (StartAgentProcess, to be killed), with the built llm-agent as its supervisor and kFakeTrainer as
-// its llm-train.
+// (StartAgentProcess, to be killed), with the built llm-agent as its supervisor and FakeTrainer()
+// as its llm-train.
 class AgentTest : public ::testing::Test {
  protected:
   // Stands in for llm-train; the trial's seed says what it does. Every run writes three events;
@@ -217,17 +219,26 @@ class AgentTest : public ::testing::Test {
   // SIGUSR1, writes the signal's name to `got-signal`, takes a second (a checkpoint being written)
   // and exits cancelled, 410 writes `ready` and then each such signal's name, never stopping (a
   // checkpoint that hangs). Its arguments go to `argv` in the run directory, one a line. `--version
-  // --json` (the agent's probe) answers a CUDA 13.2 LibTorch. With `--nproc 2` (a 2-rank ddp trial)
+  // --json` (the agent's probe) answers a CUDA 13.2 LibTorch of `version` (FakeTrainer). With
+  // `--nproc 2` (a 2-rank ddp trial)
   // it plays llm-train's launcher and both ranks: every event also goes to rank 1's
   // events.rank1.jsonl (with "rank":1), and seeds 500+C end with rank 1 failing first with exit
   // code C, 600+N with rank 1 killed by signal N, as the launcher records them in --ranks-file (the
   // job then exits C, or 1). Seed 700 then writes lines that break the event-line rule (a number
   // for a type, an array, bad UTF-8, a line of 1,100,000 bytes) before its ok result.
-  static constexpr char kFakeTrainer[] = R"sh(#!/bin/sh
-if [ "$1" = --version ]; then  # the agent's node probe: llm-train --version --json
-  echo '{"llmctl": "0", "libtorch": "2.15.0", "libtorch_cuda": "13.2", "cuda_devices": 0}'; exit 0
-fi
-config="$2"
+  static std::string FakeTrainer(std::string_view version = kVersion) {
+    return std::string(
+               "#!/bin/sh\n"
+               "if [ \"$1\" = --version ]; then  # the agent's node probe: llm-train --version "
+               "--json\n"
+               "  echo '{\"llmctl\": \"")
+        .append(version)
+        .append(
+            "\", \"libtorch\": \"2.15.0\", \"libtorch_cuda\": \"13.2\", \"cuda_devices\": 0}'; "
+            "exit 0\nfi\n")
+        .append(kFakeTrainerRuns);
+  }
+  static constexpr char kFakeTrainerRuns[] = R"sh(config="$2"
 events="$4"
 seed=$(sed -n 's/^seed: *//p' "$config")
 out=$(sed -n 's/^output_dir: *//p' "$config")
@@ -309,7 +320,7 @@ exit "$seed"
     controller_identity_ = {(*ca)->ca_certificate_pem(), controller->certificate_pem,
                             controller->private_key_pem};
     fake_trainer_ = (dir_ / "fake-llm-train").string();
-    WriteFile(fake_trainer_, kFakeTrainer, fs::perms::owner_all);
+    WriteFile(fake_trainer_, FakeTrainer(), fs::perms::owner_all);
     supervisor_ = BuildDir() + "/agent/llm-agent";
     ASSERT_TRUE(fs::exists(supervisor_)) << supervisor_ << " is built with the agent's tests";
     address_ = "unix:" + (dir_ / "agent.sock").string();

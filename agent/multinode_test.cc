@@ -17,6 +17,7 @@
 #include "agent/agent_test_support.h"
 #include "agent/server.h"
 #include "common/experiment.h"
+#include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/tls.h"
 
@@ -39,11 +40,7 @@ constexpr int kFakePort = 29555;
 // for a file named `go` in the run directory, then two more steps and ok; 301 waits for `port-go`
 // before it writes F, then finishes ok; 500+C: its last rank fails first with exit code C (its
 // result says out of memory), as F then records.
-constexpr char kFakeTrainer[] = R"sh(#!/bin/sh
-if [ "$1" = --version ]; then
-  echo '{"llmctl": "0", "libtorch": "2.15.0", "libtorch_cuda": "", "cuda_devices": 0}'; exit 0
-fi
-config="$2"
+constexpr char kFakeTrainerRuns[] = R"sh(config="$2"
 events="$4"
 run="${events%/*}"
 printf '%s\n' "$@" > "$run/argv"
@@ -113,7 +110,14 @@ class MultiNodeTest : public ::testing::Test {
                                  agent->private_key_pem};
     }
     fake_trainer_ = (dir_ / "fake-llm-train").string();
-    WriteFile(fake_trainer_, kFakeTrainer, fs::perms::owner_all);
+    // Its --version (the agent's probe) says this llmctl's version, so the node takes trials.
+    WriteFile(fake_trainer_,
+              std::string("#!/bin/sh\nif [ \"$1\" = --version ]; then\n  echo '{\"llmctl\": \"")
+                  .append(kVersion)
+                  .append("\", \"libtorch\": \"2.15.0\", \"libtorch_cuda\": \"\", "
+                          "\"cuda_devices\": 0}'; exit 0\nfi\n")
+                  .append(kFakeTrainerRuns),
+              fs::perms::owner_all);
     supervisor_ = BuildDir() + "/agent/llm-agent";
     ASSERT_TRUE(fs::exists(supervisor_)) << supervisor_ << " is built with agent_multinode_test";
   }

@@ -13,6 +13,7 @@
 #include "common/files.h"
 #include "common/text.h"
 #include "common/trainer_versions.h"
+#include "common/version.h"
 
 namespace llmctl::agent {
 namespace {
@@ -91,11 +92,29 @@ StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus
       facts.trainer_version = trainer->Summary();
       facts.libtorch_version = trainer->libtorch;
       facts.libtorch_cuda_version = trainer->libtorch_cuda;
+      facts.trainer_llmctl_version = trainer->llmctl;
     } else {
       std::cerr << "llm-agent: " << trainer.status().message() << std::endl;
     }
   }
   return facts;
+}
+
+Status CheckTrainerVersion(const std::string& llm_train, const NodeFacts& facts) {
+  const std::string& trainer = facts.trainer_llmctl_version;
+  if (trainer.empty() || trainer == kVersion) return Status::Ok();
+  const std::string version(kVersion);
+  return FailedPreconditionError(
+      std::string("its llm-train (")
+          .append(llm_train)
+          .append(") is llmctl ")
+          .append(trainer)
+          .append(", its agent llmctl ")
+          .append(version)
+          .append("; they must be the same version, so no trial runs there: install llmctl ")
+          .append(version)
+          .append("'s llm-train there and restart the agent (the embedded one: llmctl daemon "
+                  "stop)"));
 }
 
 }  // namespace llmctl::agent

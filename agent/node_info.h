@@ -31,6 +31,7 @@ struct NodeFacts {
   std::string trainer_version;        // its summary line, "llm-train 0.4.0 (LibTorch 2.15.0, ...)"
   std::string libtorch_version;       // "2.15.0"
   std::string libtorch_cuda_version;  // the CUDA LibTorch was built for, "13.2"; "" for a CPU build
+  std::string trainer_llmctl_version;  // the llmctl release llm-train is of, "0.4.0"
 };
 
 // The GPUs through NVML (nvml::OpenNvml) when it loads, else one cpu device with the host's
@@ -41,6 +42,13 @@ StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, std::stop_token stop
 // The same with the GPUs from `gpus`; null: a machine without NVML.
 StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus,
                               std::stop_token stop = {});
+
+// FailedPrecondition when `llm_train` says it is another llmctl release than this agent's
+// (`facts.trainer_llmctl_version` against kVersion): a trial's settings mean what that llm-train
+// makes of them, so the node takes no trial (docs/architecture.md, "Versions"). One line naming
+// both versions and the fix. OK when they match, and when llm-train did not answer: its trials
+// then fail with its own error.
+Status CheckTrainerVersion(const std::string& llm_train, const NodeFacts& facts);
 
 // Each GPU NVML lists as a cuda device: its index, name and total memory. The first call that
 // fails ends the list with its error.

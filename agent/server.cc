@@ -173,6 +173,7 @@ class AgentService final : public pb::Agent::Service {
     NodeRates::Report rates = rates_.Current();
     response->set_rate_probe_json(std::move(rates.probe_json));
     response->set_rate_probe_pending(std::move(rates.pending));
+    response->set_unusable(CheckTrainerVersion(llm_train_, facts).message());
     return grpc::Status::OK;
   }
 
@@ -217,6 +218,13 @@ class AgentService final : public pb::Agent::Service {
 
   grpc::Status RunTrial(grpc::ServerContext* context, const pb::RunTrialRequest* request,
                         pb::RunState* response) override {
+    // The controller places none on a node whose info says it is unusable; this holds for one that
+    // does not read that yet.
+    const StatusOr<NodeFacts>& probed = Probe();
+    if (!probed.ok()) return rpc::ToGrpcStatus(probed.status());
+    if (const Status trainer = CheckTrainerVersion(llm_train_, *probed); !trainer.ok()) {
+      return rpc::ToGrpcStatus(trainer.WithContext("RunTrial"));
+    }
     RunRequest plain;
     plain.key = FromProto(request->key());
     plain.config_json = request->config_json();

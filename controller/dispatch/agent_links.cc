@@ -241,6 +241,9 @@ void AgentLinks::ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time
   }
   link.devices.assign(info.devices().begin(), info.devices().end());
   Status runs = CheckAgentVersion(link.name, info.llmctl_version());
+  if (runs.ok() && !info.unusable().empty()) {
+    runs = FailedPreconditionError("node " + link.name + ": " + info.unusable());
+  }
   if (runs.ok()) {
     runs = CheckDriverRunsLibTorch(
         {.node = link.name,

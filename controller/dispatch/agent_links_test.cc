@@ -210,6 +210,37 @@ TEST_F(AgentLinksTest, AnAgentOfAnotherLlmctlVersionIsUnusableAndSaysHowToRedepl
   }));
 }
 
+// An agent that says it takes no trial (its llm-train is another llmctl version) makes its node
+// unusable with its line; once it takes them again, the waiting trial is placed.
+TEST_F(AgentLinksTest, AnAgentThatSaysItTakesNoTrialMakesItsNodeUnusableWithItsReason) {
+  const std::string agent_reason =
+      "its llm-train (/opt/llm-train) is llmctl 0.3.9, its agent llmctl 0.4.0; they must be the "
+      "same version, so no trial runs there";
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.unusable = agent_reason;
+  }
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const v1::NodeStatus unusable = NodeStatusOf(*controller_, "n1");
+  EXPECT_EQ(unusable.state(), "unusable");
+  EXPECT_EQ(unusable.unusable(), "node n1: " + agent_reason);
+  EXPECT_EQ(RunsStarted(), 0u);
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.unusable.clear();
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  EXPECT_EQ(NodeStatusOf(*controller_, "n1").state(), "connected");
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return OnlyTrial(experiment).state == store::TrialState::kOk;
+  }));
+}
+
 // A node whose agent measures its rates starts no trial meanwhile: none is placed there, and the
 // waiting trial says why; the next health check after the probe places it.
 TEST_F(AgentLinksTest, NoTrialIsPlacedOnANodeWhileItMeasuresItsRates) {

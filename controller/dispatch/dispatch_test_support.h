@@ -69,6 +69,8 @@ struct FakeAgentState {
   std::condition_variable changed;
   std::string node = "n1";                             // the name GetNodeInfo gives
   std::string llmctl_version = std::string(kVersion);  // the agent's, as GetNodeInfo gives it
+  // GetNodeInfo's: why the agent takes no trial ("": it takes them).
+  std::string unusable;
   int cuda_devices = 0;                                // GetNodeInfo lists these besides one CPU
   // What GetNodeInfo says of the NVIDIA driver and llm-train's LibTorch ("": nothing).
   std::string driver_version, driver_cuda_version, libtorch_cuda_version;
@@ -156,6 +158,7 @@ class FakeAgent final : public v1::Agent::Service {
     ++state_.node_info_calls;
     info->set_node(state_.node);
     info->set_llmctl_version(state_.llmctl_version);
+    info->set_unusable(state_.unusable);
     v1::Device* cpu = info->add_devices();
     cpu->set_type("cpu");
     cpu->set_name("fake cpu");

@@ -51,7 +51,8 @@ Status CheckNodeInfo(const v1::NodeInfo& info) {
         {"libtorch_cuda_version", info.libtorch_cuda_version(), 64},
         {"llmctl_version", info.llmctl_version(), 256},
         {"trainer_version", info.trainer_version(), 256},
-        {"rate_probe_pending", info.rate_probe_pending(), estimate::kRateProbePendingMaxBytes}}) {
+        {"rate_probe_pending", info.rate_probe_pending(), estimate::kRateProbePendingMaxBytes},
+        {"unusable", info.unusable(), 1024}}) {
     RETURN_IF_ERROR(CheckText(field, text, max_bytes));
   }
   return Status::Ok();

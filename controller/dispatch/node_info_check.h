@@ -19,7 +19,7 @@ inline constexpr int kMaxNodeDevices = 1024;
 // memory is negative, or whose name is not printable text of at most 256 bytes; a negative host
 // memory or CPU count; a version that is not printable text of at most 64 bytes (the driver's,
 // LibTorch's and their CUDA versions), 256 (llmctl's and llm-train's) or a pending probe's note
-// not of at most 1,024.
+// or the agent's reason it is unusable not of at most 1,024.
 Status CheckNodeInfo(const v1::NodeInfo& info);
 
 // FailedPrecondition when `node`'s agent reports another llmctl version than this controller's
