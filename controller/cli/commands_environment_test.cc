@@ -1,9 +1,12 @@
 // llmctl's commands under what the user's environment hands them, against the in-process fake
-// Controller (commands_test_support.h): arguments and file names whose bytes are not UTF-8.
+// Controller (commands_test_support.h): arguments and file names whose bytes are not UTF-8, a
+// terminal that cannot move its cursor.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <mutex>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -45,6 +48,37 @@ TEST_F(CommandsTest, SubmitSendsAFileNameThatIsNotUtf8WithReplacementCharacters)
   std::lock_guard lock(fake_.mutex_);
   ASSERT_TRUE(fake_.submitted_.has_value());
   EXPECT_EQ(fake_.submitted_->filename(), (dir_ / "lab" / "caf\xef\xbf\xbd.yaml").string());
+}
+
+// On a terminal whose TERM is dumb (Emacs' shell, a CI log) or unset, the cursor does not move:
+// watch appends lines as it does into a pipe, where its redraw's escapes showed as text.
+TEST_F(CommandsTest, WatchRedrawsInPlaceOnlyOnATerminalThatMovesItsCursor) {
+  v1::ExperimentStatus ended;
+  ended.set_id(42);
+  ended.set_state("ended");
+  ended.add_trials()->set_name("a");
+  ended.mutable_trials(0)->set_state("ok");
+  fake_.watch_ = {ended};
+  auto watch_on_a_terminal = [&](std::optional<std::string> term) {
+    std::ostringstream out;
+    CliContext context = testing::TestCliContext(
+        [&](std::string_view name) -> std::optional<std::string> {
+          if (name == "LLMCTL_CONTROLLER") return target_;
+          if (name == "TERM") return term;
+          return std::nullopt;
+        },
+        out, err_, dir_);
+    context.out_is_tty = true;
+    EXPECT_EQ(RunLlmctl({"llmctl", "watch", "42"}, context), kExitOk) << err_.str();
+    return out.str();
+  };
+  EXPECT_NE(watch_on_a_terminal("xterm-256color").find("\x1b[2K"), std::string::npos);
+  for (const std::optional<std::string>& term :
+       {std::optional<std::string>("dumb"), std::optional<std::string>()}) {
+    const std::string out = watch_on_a_terminal(term);
+    EXPECT_EQ(out.find('\x1b'), std::string::npos) << term.value_or("(unset)") << ": " << out;
+    EXPECT_NE(out.find("a      ok "), std::string::npos) << out;
+  }
 }
 
 }  // namespace

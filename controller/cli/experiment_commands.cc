@@ -31,10 +31,17 @@ Status CheckTrialArgument(const std::string& trial) {
                               "' is not UTF-8 text, which every trial's name is");
 }
 
+// Whether the terminal moves its cursor as watch's redraw asks: a dumb one (Emacs' shell, a CI
+// log) or an unknown one would show the escape sequences as text.
+bool MovesTheCursor(const EnvLookup& env) {
+  const std::optional<std::string> term = env("TERM");
+  return term.has_value() && *term != "dumb";
+}
+
 }  // namespace
 
 StatusOr<v1::ExperimentStatus> Llmctl::Follow(v1::Controller::Stub& stub, int64_t id) {
-  WatchPrinter printer(context_.out_is_tty);
+  WatchPrinter printer(context_.out_is_tty && MovesTheCursor(context_.env));
   std::optional<v1::ExperimentStatus> last;
   for (int reconnects = 0;; ++reconnects) {
     grpc::ClientContext call;
