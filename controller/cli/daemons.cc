@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -30,8 +31,6 @@ namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kPollInterval{50};
-// How long a daemon started without its pid file has to end on SIGTERM.
-constexpr milliseconds kStartFailureGrace{5000};
 constexpr char kLocalNode[] = "local";
 // In the data directory: held while the daemons start or stop, so that two commands at once start
 // one pair, and a stop neither ends a start's daemons halfway nor loses their pid files.
@@ -79,12 +78,21 @@ std::optional<fs::path> FirstExisting(const std::vector<fs::path>& candidates) {
 StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
   const int log = ::open(spec.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (log < 0) return FailedPreconditionError(spec.log_file.string() + ": " + Errno(errno));
-  // The grandchild reports its pid, then either execs (the close-on-exec pipe closes empty) or
-  // writes the exec error.
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+  // The grandchild reports its pid on `report`, waits for a byte on `go`, sent once its pid file
+  // is written, then either execs (`report` closes empty) or writes the exec error there. Without
+  // that byte (this llmctl ended first: Ctrl-C, kill -9; or the pid file could not be written) it
+  // ends without running the daemon, which would run where nothing found it again (daemon stop,
+  // the next start failing on its lock).
+  int report[2];
+  int go[2];  // a socket pair: a send to a grandchild that is gone raises no SIGPIPE
+  if (::pipe2(report, O_CLOEXEC) != 0) {
     ::close(log);
     return InternalError("pipe: " + Errno(errno));
+  }
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) != 0) {
+    ::close(log);
+    for (int fd : report) ::close(fd);
+    return InternalError("socketpair: " + Errno(errno));
   }
   std::vector<std::string> argv_text = {spec.binary.string()};
   argv_text.insert(argv_text.end(), spec.args.begin(), spec.args.end());
@@ -95,8 +103,7 @@ StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
   const pid_t child = ::fork();
   if (child < 0) {
     ::close(log);
-    ::close(pipe_fds[0]);
-    ::close(pipe_fds[1]);
+    for (int fd : {report[0], report[1], go[0], go[1]}) ::close(fd);
     return InternalError("fork: " + Errno(errno));
   }
   if (child == 0) {
@@ -104,37 +111,49 @@ StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
     ::setsid();
     const pid_t daemon = ::fork();
     if (daemon != 0) ::_exit(daemon < 0 ? 1 : 0);
+    ::close(go[1]);  // else its own copy would keep `go` open for good
     const pid_t self = ::getpid();
-    (void)!::write(pipe_fds[1], &self, sizeof self);
+    (void)!::write(report[1], &self, sizeof self);
+    char byte = 0;
+    ssize_t got = 0;
+    do {
+      got = ::read(go[0], &byte, 1);
+    } while (got < 0 && errno == EINTR);
+    if (got != 1) ::_exit(0);
     const int null = ::open("/dev/null", O_RDONLY);
     ::dup2(null, STDIN_FILENO);
     ::dup2(log, STDOUT_FILENO);
     ::dup2(log, STDERR_FILENO);
     ::execv(argv[0], argv.data());
     const int error = errno;
-    (void)!::write(pipe_fds[1], &error, sizeof error);
+    (void)!::write(report[1], &error, sizeof error);
     ::_exit(127);
   }
   ::close(log);
-  ::close(pipe_fds[1]);
+  ::close(report[1]);
+  ::close(go[0]);
   int child_status = 0;
   ::waitpid(child, &child_status, 0);
   pid_t daemon = 0;
-  int exec_error = 0;
-  const ssize_t got_pid = ::read(pipe_fds[0], &daemon, sizeof daemon);
-  const ssize_t got_error = ::read(pipe_fds[0], &exec_error, sizeof exec_error);
-  ::close(pipe_fds[0]);
-  if (got_pid != sizeof daemon) return InternalError("could not start " + spec.name);
-  if (got_error == sizeof exec_error) {
-    return FailedPreconditionError("cannot run " + spec.binary.string() + ": " + Errno(exec_error));
+  const ssize_t got_pid = ::read(report[0], &daemon, sizeof daemon);
+  if (got_pid != sizeof daemon) {
+    for (int fd : {report[0], go[1]}) ::close(fd);
+    return InternalError("could not start " + spec.name);
   }
-  if (const Status written = WriteText(spec.pid_file, std::to_string(daemon) + "\n", 0644);
-      !written.ok()) {
-    // Without its pid file nothing finds the daemon again (daemon stop, the next start, which
-    // fails on its lock): it goes.
-    StopProcess(daemon, kStartFailureGrace);
+  const Status written = WriteText(spec.pid_file, std::to_string(daemon) + "\n", 0644);
+  if (written.ok()) (void)!::send(go[1], "g", 1, MSG_NOSIGNAL);
+  ::close(go[1]);
+  int exec_error = 0;
+  const ssize_t got_error = ::read(report[0], &exec_error, sizeof exec_error);
+  ::close(report[0]);
+  if (!written.ok()) {
     return FailedPreconditionError(
         std::string(spec.name).append(" not started: ").append(written.message()));
+  }
+  if (got_error == sizeof exec_error) {
+    std::error_code error;
+    fs::remove(spec.pid_file, error);
+    return FailedPreconditionError("cannot run " + spec.binary.string() + ": " + Errno(exec_error));
   }
   return daemon;
 }

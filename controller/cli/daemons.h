@@ -39,8 +39,9 @@ struct DaemonSpec {
 };
 
 // Starts `spec` detached from this process (its own session, stdin from /dev/null) and writes its
-// pid file. FailedPrecondition with the reason when the binary cannot be executed, or when the pid
-// file cannot be written (a full disk): the started process is stopped then.
+// pid file; the daemon's program runs only once that file is written, so a daemon never runs
+// without it (this process ended first: Ctrl-C, kill -9). FailedPrecondition with the reason when
+// the binary cannot be executed, or when the pid file cannot be written (a full disk).
 StatusOr<pid_t> StartDetached(const DaemonSpec& spec);
 
 // A daemon as its pid file names it: a live process that runs a program of `binary`'s file name

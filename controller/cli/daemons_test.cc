@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -108,6 +110,33 @@ TEST_F(DaemonsTest, ADaemonWhosePidFileCannotBeWrittenIsStopped) {
       << pid.status().message();
   EXPECT_FALSE(RunsWithArgument(spec.binary, unique));
   if (pid.ok()) StopProcess(*pid, std::chrono::seconds(10));
+}
+
+// llmctl ended (Ctrl-C, kill -9) after it started a daemon and before it wrote the daemon's pid
+// file: the daemon now never runs its program. It ran on where nothing found it: llmctl daemon stop
+// said "not running", and the next command removed its socket and failed on its lock ("another
+// llmctld (pid N) is using the data directory"). Here SIGXFSZ ends the starting process at the pid
+// file's write.
+TEST_F(DaemonsTest, ADaemonWhoseStarterEndsBeforeItsPidFileNeverRuns) {
+  DaemonSpec spec = Sleeper(dir_);
+  const std::string unique = std::to_string(300 + ::getpid() % 1000) + ".5";  // sleep's seconds
+  spec.args = {unique};
+  const pid_t starter = ::fork();
+  ASSERT_GE(starter, 0);
+  if (starter == 0) {
+    const rlimit one_byte{1, 1};  // the pid file's second byte is refused
+    const rlimit no_core{0, 0};
+    ::setrlimit(RLIMIT_FSIZE, &one_byte);
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    ::signal(SIGXFSZ, SIG_DFL);
+    (void)StartDetached(spec);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(starter, &status, 0), starter);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ) << status;
+  // Without the fix the daemon runs, for the minutes it sleeps.
+  EXPECT_FALSE(RunsWithArgument(spec.binary, unique));
 }
 
 TEST_F(DaemonsTest, APidFileOfAnotherProgramIsNotBelieved) {
