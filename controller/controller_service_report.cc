@@ -48,6 +48,9 @@ void AddMemoryTimeline(const store::TrialReport& trial,
     proto->set_device_limit_bytes(attempt.device_limit_bytes.value_or(0));
     for (const json& snapshot : attempt.snapshots) *proto->add_snapshots() = ToSnapshot(snapshot);
     proto->set_ended_elapsed_ms(attempt.ended_elapsed_ms.value_or(0));
+    for (const auto& [node_rank, started_unix_ms] : attempt.node_started_unix_ms) {
+      (*proto->mutable_node_started_unix_ms())[static_cast<int32_t>(node_rank)] = started_unix_ms;
+    }
   }
   for (const store::DeviceSample& sample : samples) {
     auto attempt = by_attempt.find(sample.attempt);

@@ -353,6 +353,14 @@ std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& t
   return out + "</svg></figure>\n";
 }
 
+// When node rank `node_rank`'s trainer started, on that node's clock, which its device samples
+// are dated by; 0 when it is not known.
+int64_t NodeStartedUnixMs(const v1::AttemptMemory& attempt, int32_t node_rank) {
+  if (node_rank == 0) return attempt.started_unix_ms();
+  const auto start = attempt.node_started_unix_ms().find(node_rank);
+  return start == attempt.node_started_unix_ms().end() ? 0 : start->second;
+}
+
 }  // namespace
 
 std::string PhaseCharts(const v1::ReportResponse& report) {
@@ -477,23 +485,22 @@ MemoryTimeline LayOutMemoryTimeline(const v1::TrialReport& trial) {
       timeline.top_bytes =
           std::max({timeline.top_bytes, snap.allocated_bytes(), snap.reserved_bytes()});
     }
-    if (attempt.started_unix_ms() > 0) {
-      const bool several_nodes =
-          std::any_of(attempt.device_samples().begin(), attempt.device_samples().end(),
-                      [](const v1::DeviceMemorySample& sample) { return sample.node_rank() > 0; });
-      for (const v1::DeviceMemorySample& sample : attempt.device_samples()) {
-        // A CPU node's sample is the trial's resident memory: LibTorch's code, the host's share of
-        // the run and everything the device budget leaves out, two to three times the budget in
-        // the CPU lab. It is no device's memory, and it would squeeze the chart into its bottom.
-        if (sample.device() == "cpu") continue;
-        const double seconds =
-            static_cast<double>(sample.unix_ms() - attempt.started_unix_ms()) / 1000.0;
-        if (seconds < 0) continue;
-        end = std::max(end, seconds);
-        timeline.device_used[DeviceName(sample.device(), sample.node_rank(), several_nodes)]
-            .push_back({.seconds = offset + seconds, .used_bytes = sample.memory_used_bytes()});
-        timeline.top_bytes = std::max(timeline.top_bytes, sample.memory_used_bytes());
-      }
+    const bool several_nodes =
+        std::any_of(attempt.device_samples().begin(), attempt.device_samples().end(),
+                    [](const v1::DeviceMemorySample& sample) { return sample.node_rank() > 0; });
+    for (const v1::DeviceMemorySample& sample : attempt.device_samples()) {
+      // A CPU node's sample is the trial's resident memory: LibTorch's code, the host's share of
+      // the run and everything the device budget leaves out, two to three times the budget in
+      // the CPU lab. It is no device's memory, and it would squeeze the chart into its bottom.
+      if (sample.device() == "cpu") continue;
+      const int64_t node_started_unix_ms = NodeStartedUnixMs(attempt, sample.node_rank());
+      if (node_started_unix_ms <= 0) continue;
+      const double seconds = static_cast<double>(sample.unix_ms() - node_started_unix_ms) / 1000.0;
+      if (seconds < 0) continue;
+      end = std::max(end, seconds);
+      timeline.device_used[DeviceName(sample.device(), sample.node_rank(), several_nodes)]
+          .push_back({.seconds = offset + seconds, .used_bytes = sample.memory_used_bytes()});
+      timeline.top_bytes = std::max(timeline.top_bytes, sample.memory_used_bytes());
     }
     timeline.top_bytes = std::max(timeline.top_bytes, span.limit_bytes);
     span.end_seconds = offset + end;

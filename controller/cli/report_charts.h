@@ -25,9 +25,11 @@ std::string OutcomeChart(const v1::ReportResponse& report);
 
 // One trial's memory over time on one axis of seconds. Each attempt of the run counts from its
 // trainer's start (elapsed_ms), and the attempts of a resumed run follow each other without the
-// time between them; a GPU's device samples are placed by their wall clock against the attempt's
-// started_unix_ms (samples from before that, or of an attempt without it, are left out; a CPU
-// node's, the trial's resident memory, are no device's memory and left out too).
+// time between them; a GPU's device samples are placed by their node's wall clock against that
+// node's own trainer's start, read on the same clock (started_unix_ms for node rank 0,
+// node_started_unix_ms for the others), so two nodes' clocks are never mixed: samples from before
+// that start, or of a node without one, are left out; a CPU node's, the trial's resident memory,
+// are no device's memory and left out too.
 struct MemoryTimeline {
   struct Attempt {
     int32_t attempt = 0;
@@ -48,8 +50,8 @@ struct MemoryTimeline {
     double seconds = 0;
     int64_t used_bytes = 0;
   };
-  std::vector<Attempt> attempts;                           // the run's, in order
-  std::vector<Snapshot> snapshots;                         // the run's, in order
+  std::vector<Attempt> attempts;    // the run's, in order
+  std::vector<Snapshot> snapshots;  // the run's, in order
   // By device: "cuda:0", or "node 1 cuda:0" over several nodes (DeviceName).
   std::map<std::string, std::vector<Sample>> device_used;
   double end_seconds = 0;

@@ -1,6 +1,7 @@
 // `llmctl report --format json`: every trial's figures, prediction, snapshots, steps, ranks and
 // memory over time.
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
@@ -103,6 +104,15 @@ nlohmann::ordered_json MemoryTimelineJson(const v1::TrialReport& trial) {
     entry["started_unix_ms"] = attempt.started_unix_ms();
     entry["device_limit_bytes"] = attempt.device_limit_bytes();
     entry["ended_elapsed_ms"] = attempt.ended_elapsed_ms();
+    if (!attempt.node_started_unix_ms().empty()) {
+      // By node rank, in order (a protobuf map's order is unspecified).
+      const std::map<int32_t, int64_t> node_starts(attempt.node_started_unix_ms().begin(),
+                                                   attempt.node_started_unix_ms().end());
+      nlohmann::ordered_json& starts = entry["node_started_unix_ms"];
+      for (const auto& [node_rank, started_unix_ms] : node_starts) {
+        starts[std::to_string(node_rank)] = started_unix_ms;
+      }
+    }
     entry["snapshots"] = nlohmann::ordered_json::array();
     for (const v1::MemorySnapshot& snap : attempt.snapshots()) {
       entry["snapshots"].push_back(SnapshotJson(snap));

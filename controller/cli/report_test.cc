@@ -537,6 +537,46 @@ TEST(MemoryTimelineTest, LaysOutAttemptsEndToEndAndSamplesByTheirClock) {
   EXPECT_DOUBLE_EQ(resumed.end_seconds, 0.1);
 }
 
+// A two-node attempt's nodes date their samples by their own clocks: node rank 1's, 30 s ahead of
+// node rank 0's, are placed against its own trainer's start, read on that same clock, not against
+// node rank 0's; a node whose start is unknown has nothing to place its samples against.
+TEST(MemoryTimelineTest, EachNodesSamplesArePlacedAgainstItsOwnStartOnItsOwnClock) {
+  v1::TrialReport trial;
+  constexpr int64_t kNodeZeroStart = 1'700'000'000'000;
+  // Node rank 1's trainer started 0.2 s after node rank 0's, on a clock 30 s ahead.
+  constexpr int64_t kNodeOneStart = kNodeZeroStart + 30'000 + 200;
+  v1::AttemptMemory* attempt = report_test_support::AddAttemptMemory(
+      &trial, 1, kNodeZeroStart, 80 * 1024 * kMiB, {{2'500, "phase3_after_opt_step", 0, 3 * kMiB}},
+      {{1'000, 10 * 1024 * kMiB}});
+  (*attempt->mutable_node_started_unix_ms())[1] = kNodeOneStart;
+  const auto add_sample = [&](int32_t node_rank, int64_t unix_ms, int64_t used) {
+    v1::DeviceMemorySample* sample = attempt->add_device_samples();
+    sample->set_device("cuda:0");
+    sample->set_node_rank(node_rank);
+    sample->set_unix_ms(unix_ms);
+    sample->set_memory_used_bytes(used);
+  };
+  add_sample(1, kNodeOneStart + 1'000, 11 * 1024 * kMiB);
+  add_sample(1, kNodeOneStart + 2'000, 12 * 1024 * kMiB);
+  add_sample(2, kNodeZeroStart + 1'500, 13 * 1024 * kMiB);  // node rank 2 has no start
+
+  const MemoryTimeline timeline = LayOutMemoryTimeline(trial);
+  EXPECT_EQ(timeline.device_used.size(), 2u);
+  ASSERT_EQ(timeline.device_used.at("node 0 cuda:0").size(), 1u);
+  EXPECT_DOUBLE_EQ(timeline.device_used.at("node 0 cuda:0")[0].seconds, 1.0);
+  const std::vector<MemoryTimeline::Sample>& node_one = timeline.device_used.at("node 1 cuda:0");
+  ASSERT_EQ(node_one.size(), 2u);
+  EXPECT_DOUBLE_EQ(node_one[0].seconds, 1.0);
+  EXPECT_DOUBLE_EQ(node_one[1].seconds, 2.0);
+  EXPECT_DOUBLE_EQ(timeline.end_seconds, 2.5);  // the snapshot's, not a misplaced sample's
+  // The JSON gives them too, for whoever places the samples themselves.
+  v1::ReportResponse report;
+  *report.add_trials() = trial;
+  const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+  EXPECT_EQ(json["trials"][0]["memory_timeline"][0]["node_started_unix_ms"],
+            nlohmann::json({{"1", kNodeOneStart}}));
+}
+
 // One figure of the "Memory over time" section, by its trial's name.
 std::string TimelineFigure(const std::string& html, const std::string& trial) {
   const size_t section = html.find("<h2>Memory over time</h2>");

@@ -222,6 +222,41 @@ Status FillRankMemory(sqlite3* db, int64_t experiment_id, std::vector<TrialRepor
   return Status::Ok();
 }
 
+// A multi-node attempt's other nodes' own trainer starts (AttemptMemory::node_started_unix_ms):
+// node rank k runs ranks k * R to k * R + R - 1, R the world size over the nodes (as llm-train's
+// launcher numbers them), and its first rank's `start` event is dated by node k's clock.
+StatusOr<std::map<int64_t, int64_t>> LoadNodeStarts(sqlite3* db, int64_t trial_id,
+                                                    int64_t attempt) {
+  std::map<int64_t, int64_t> starts;
+  ASSIGN_OR_RETURN(const std::vector<AttemptNode> nodes,
+                   internal::LoadAttemptNodes(db, trial_id, attempt));
+  if (nodes.size() < 2) return starts;
+  ASSIGN_OR_RETURN(const json start, LatestEventOfType(db, trial_id, attempt, "start"));
+  const auto world_size = start.is_object() ? start.find("world_size") : start.end();
+  if (world_size == start.end() || !world_size->is_number_integer()) return starts;
+  const auto node_count = static_cast<int64_t>(nodes.size());
+  const int64_t ranks_per_node = world_size->get<int64_t>() / node_count;
+  // An event line is the trainer's word: a world that is not whole nodes' ranks places nothing.
+  if (ranks_per_node < 1 || world_size->get<int64_t>() % node_count != 0) return starts;
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db,
+                                      "SELECT rank, json_extract(json, '$.started_unix_ms') "
+                                      "FROM rank_events r WHERE trial_id = ? AND attempt = ? "
+                                      "AND type = 'start' AND rank % ? = 0 AND seq = "
+                                      "(SELECT MAX(seq) FROM rank_events WHERE "
+                                      "trial_id = r.trial_id AND attempt = r.attempt AND "
+                                      "type = 'start' AND rank = r.rank)"));
+  stmt.Bind(1, trial_id).Bind(2, attempt).Bind(3, ranks_per_node);
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    const std::optional<int64_t> started = stmt.OptionalInt(1);
+    const int64_t node_rank = stmt.Int(0) / ranks_per_node;
+    if (started.value_or(0) > 0 && node_rank < node_count) starts[node_rank] = *started;
+  }
+  return starts;
+}
+
 // Adds the experiment's rows of the trial_memory_timeline view to its trials' reports.
 Status FillMemoryTimeline(sqlite3* db, int64_t experiment_id, std::vector<TrialReport>& trials) {
   std::map<int64_t, TrialReport*> by_id;
@@ -246,7 +281,8 @@ Status FillMemoryTimeline(sqlite3* db, int64_t experiment_id, std::vector<TrialR
                                        .started_unix_ms = stmt.OptionalInt(2),
                                        .device_limit_bytes = stmt.OptionalInt(3),
                                        .snapshots = {},
-                                       .ended_elapsed_ms = std::nullopt});
+                                       .ended_elapsed_ms = std::nullopt,
+                                       .node_started_unix_ms = {}});
     }
     if (stmt.IsNull(4)) continue;  // an attempt without snapshots
     ASSIGN_OR_RETURN(json snapshot, ParseStoredJson(stmt.Text(4), "snapshot event"));
@@ -259,6 +295,8 @@ Status FillMemoryTimeline(sqlite3* db, int64_t experiment_id, std::vector<TrialR
       if (result.is_object() && result.contains("elapsed_ms") && result["elapsed_ms"].is_number()) {
         attempt.ended_elapsed_ms = result["elapsed_ms"].get<double>();
       }
+      ASSIGN_OR_RETURN(attempt.node_started_unix_ms,
+                       LoadNodeStarts(db, trial.trial_id, attempt.attempt));
     }
   }
   return Status::Ok();

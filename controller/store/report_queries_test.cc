@@ -74,6 +74,43 @@ TEST_F(StoreTest, ReportHasEveryRanksMemoryForAMultiRankTrial) {
   EXPECT_THAT(report->trials[1].ranks, IsEmpty());
 }
 
+// A multi-node attempt's node rank 1 dates its device samples by its own clock: the report carries
+// its own trainer's start, its first rank's (rank 2 of 2 nodes of 2 ranks), to place them against.
+TEST_F(StoreTest, ReportHasEachOtherNodesOwnTrainerStart) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t experiment = *store->CreateExperiment(MakeExperiment("x", {"two-nodes"}), kNow);
+  const int64_t trial = store->ListTrials(experiment)->at(0).id;
+  ASSERT_EQ(*store->StartMultiNodeAttempt(
+                trial,
+                {{.node_rank = 0, .node = "n1", .device_indices = {0, 1}, .ended = false},
+                 {.node_rank = 1, .node = "n2", .device_indices = {0, 1}, .ended = false}},
+                kNow),
+            1);
+  constexpr int64_t kNodeZeroStart = 1'700'000'000'000;
+  constexpr int64_t kNodeOneStart = kNodeZeroStart + 30'200;  // a clock 30 s ahead
+  const auto start = [](int64_t seq, int32_t rank, int64_t started_unix_ms) {
+    Event event = MakeEvent(seq, {{"type", "start"},
+                                  {"rank", rank},
+                                  {"world_size", 4},
+                                  {"started_unix_ms", started_unix_ms}});
+    event.rank = rank;
+    return event;
+  };
+  ASSERT_EQ(*store->AppendEvents(
+                trial, 1,
+                std::vector<Event>{start(1, 0, kNodeZeroStart), start(1, 1, kNodeZeroStart + 5),
+                                   start(1, 2, kNodeOneStart), start(1, 3, kNodeOneStart + 7)}),
+            4);
+
+  StatusOr<ExperimentReport> report = store->Report(experiment);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->trials[0].memory_timeline.size(), 1u);
+  const AttemptMemory& attempt = report->trials[0].memory_timeline[0];
+  EXPECT_EQ(attempt.started_unix_ms, kNodeZeroStart);
+  EXPECT_THAT(attempt.node_started_unix_ms, ElementsAre(Pair(1, kNodeOneStart)));
+}
+
 // Issue 38: each rank's kernel_fallback events of the current attempt are the report's, rank by
 // rank; an earlier attempt's are not, and a field of the wrong type reads as empty, not an error.
 TEST_F(StoreTest, ReportNamesTheCurrentAttemptsKernelFallbacks) {

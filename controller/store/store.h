@@ -243,6 +243,10 @@ struct AttemptMemory {
   std::vector<nlohmann::json> snapshots;  // its `snapshot` events, in order
   // When the trainer ended, on the snapshots' clock: its latest `result` event's elapsed_ms.
   std::optional<double> ended_elapsed_ms;
+  // A multi-node attempt's node rank k > 0 -> its own trainer's start: the started_unix_ms of its
+  // first rank's latest `start` event, on node k's clock, which its device samples are dated by.
+  // No entry for a node without one.
+  std::map<int64_t, int64_t> node_started_unix_ms;
 };
 
 // One rank's memory over a multi-rank trial's run.
@@ -382,8 +386,8 @@ struct NewDeviceSample {
   DeviceSample sample;  // its `attempt` and `count` are not read
 };
 
-// How device samples are kept: each attempt's readings of the last kDeviceSampleWindow (before its
-// newest reading) one by one; older ones merged per device into kDeviceSampleBucket rows.
+// How device samples are kept: each node's readings of the last kDeviceSampleWindow (before its
+// latest reading) one by one; older ones merged per device into kDeviceSampleBucket rows.
 inline constexpr std::chrono::minutes kDeviceSampleWindow{10};
 inline constexpr std::chrono::seconds kDeviceSampleBucket{10};
 
@@ -569,15 +573,16 @@ class Store {
   // and timed steps, oldest first.
   StatusOr<std::vector<TimedRun>> TimedRuns();
 
-  // Stores device readings of the trial's current attempt in one transaction, then merges its
-  // readings older than kDeviceSampleWindow before its newest one into kDeviceSampleBucket rows
-  // (per device and bucket: mean utilisation and power over the readings that have them, highest
-  // memory and temperature). Idempotent on (trial, attempt, seq): a reading whose seq is not above
-  // the attempt's highest stored one is skipped. Returns how many were new. FailedPrecondition for
-  // a stale or lost attempt, as AppendEvents; InvalidArgument for a bad reading (seq < 1, no
-  // device, negative memory or power, used memory above a known total, a non-finite figure),
-  // naming its seq; nothing is stored then. The readings are those of node rank `node_rank` of the
-  // attempt (each node numbers its own; InvalidArgument for a node rank the attempt does not have).
+  // Stores device readings of the trial's current attempt in one transaction, then merges the
+  // node's readings older than kDeviceSampleWindow before its latest one (its highest seq) into
+  // kDeviceSampleBucket rows (per device and bucket: mean utilisation and power over the readings
+  // that have them, highest memory and temperature). Idempotent on (trial, attempt, seq): a
+  // reading whose seq is not above the attempt's highest stored one is skipped. Returns how many
+  // were new. FailedPrecondition for a stale or lost attempt, as AppendEvents; InvalidArgument for
+  // a bad reading (seq < 1, no device, negative memory or power, used memory above a known total, a
+  // non-finite figure), naming its seq; nothing is stored then. The readings are those of node
+  // rank `node_rank` of the attempt (each node numbers its own; InvalidArgument for a node rank the
+  // attempt does not have).
   StatusOr<int64_t> AppendDeviceSamples(int64_t trial_id, int64_t attempt,
                                         std::span<const NewDeviceSample> samples,
                                         int64_t node_rank = 0);
@@ -587,8 +592,9 @@ class Store {
   // The trial's device samples, all attempts and nodes, by time, node rank then device. NotFound
   // for an unknown experiment or trial.
   StatusOr<std::vector<DeviceSample>> DeviceSamples(int64_t experiment_id, std::string_view trial);
-  // The newest row of each device of each node of the attempt, by node rank then device: what
-  // `llmctl watch` draws.
+  // The latest row of each device of each node of the attempt (its highest seq: the last reading
+  // taken, whatever its node's clock dated it), by node rank then device: what `llmctl watch`
+  // draws.
   StatusOr<std::vector<DeviceSample>> LatestDeviceSamples(int64_t trial_id, int64_t attempt);
 
  private:
