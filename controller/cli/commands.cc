@@ -553,14 +553,21 @@ int ExitCodeFor(const Status& status) {
 }
 
 int RunLlmctl(const std::vector<std::string>& args, CliContext& context) {
+  int code = kExitFailed;
   // Every input is checked where it enters; should one still throw, the user reads what, and the
   // command fails, instead of a 'terminate called' and a core dump.
   try {
-    return Llmctl(context).Run(args);
+    code = Llmctl(context).Run(args);
   } catch (const std::exception& e) {
     context.err << "llmctl: internal error: " << e.what() << "\n";
-    return kExitFailed;
   }
+  // Output lost (`llmctl submit FILE >&-`, `> file` on a full disk) fails the command, as it does
+  // cat's: the experiment's id, a report, would be gone without a word.
+  if (!context.out.flush()) {
+    context.err << "llmctl: cannot write standard output (closed, or its disk is full)\n";
+    if (code == kExitOk) code = kExitFailed;
+  }
+  return code;
 }
 
 }  // namespace llmctl::cli

@@ -59,7 +59,8 @@ struct CliContext {
 // at most 63 characters (a DNS label, as the node's certificate name needs).
 std::string ProvisionLeaseName(std::string_view experiment, std::string_view flavor);
 
-// Runs one command line (args[0] is the program name) and returns its exit code.
+// Runs one command line (args[0] is the program name) and returns its exit code: kExitFailed
+// when the command succeeded but its output could not be written.
 int RunLlmctl(const std::vector<std::string>& args, CliContext& context);
 
 }  // namespace llmctl::cli

@@ -1,6 +1,6 @@
 // llmctl's commands under what the user's environment hands them, against the in-process fake
 // Controller (commands_test_support.h): arguments and file names whose bytes are not UTF-8, a
-// terminal that cannot move its cursor.
+// terminal that cannot move its cursor, an output that cannot be written.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -79,6 +79,24 @@ TEST_F(CommandsTest, WatchRedrawsInPlaceOnlyOnATerminalThatMovesItsCursor) {
     EXPECT_EQ(out.find('\x1b'), std::string::npos) << term.value_or("(unset)") << ": " << out;
     EXPECT_NE(out.find("a      ok "), std::string::npos) << out;
   }
+}
+
+// `llmctl watch 42 >&-`, or > a file on a full disk: output that could not be written fails the
+// command, exit 1 with a line on stderr, where it exited 0 having written nothing.
+TEST_F(CommandsTest, AnOutputThatCannotBeWrittenFailsTheCommand) {
+  v1::ExperimentStatus ended;
+  ended.set_id(42);
+  ended.set_state("ended");
+  fake_.watch_ = {ended};
+  std::ostream closed(nullptr);  // every write fails, as on a closed descriptor
+  CliContext context = testing::TestCliContext(
+      [this](std::string_view name) -> std::optional<std::string> {
+        if (name == "LLMCTL_CONTROLLER") return target_;
+        return std::nullopt;
+      },
+      closed, err_, dir_);
+  EXPECT_EQ(RunLlmctl({"llmctl", "watch", "42"}, context), kExitFailed);
+  EXPECT_EQ(err_.str(), "llmctl: cannot write standard output (closed, or its disk is full)\n");
 }
 
 }  // namespace
