@@ -6,6 +6,10 @@ make_load_bench_files.py OUTDIR writes, each as OUTDIR/NAME/tokenizer.json:
                     with 256,000 vocabulary entries and 250,000 merges as "left right" strings,
                     pretty-printed as the tokenizers library saves it
   byte_bpe_pairs    the same with merges as ["left", "right"] pairs, as newer files have them
+  t5_unigram        Flan-T5's layout (the t5_unigram fixture's normalizer, pre-tokenizer, post
+                    processor and decoder) with T5's 32,100 Unigram pieces: <pad>, </s>, <unk>,
+                    the fixture's 797 real pieces, generated word-like pieces up to 32,000, then
+                    <extra_id_99> ... <extra_id_0>, pretty-printed
   flat_arrays       hostile: '[' then 13 million '[],' (39 MB), a top-level array
   flat_added_tokens hostile: the same arrays as the added_tokens list of an object
 Deterministic (seeded); standard library only.
@@ -13,11 +17,16 @@ Deterministic (seeded); standard library only.
 import json
 import os
 import random
+import struct
 import sys
 
 VOCAB = 256_000
 MERGES = 250_000
 HOSTILE_ARRAYS = 13_000_000
+T5_PIECES = 32_000
+T5_EXTRA_IDS = 100
+T5_FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                          "fixtures", "tokenizers", "t5_unigram", "tokenizer.json")
 
 
 def bytes_to_unicode():
@@ -79,6 +88,37 @@ def byte_bpe(pair_merges):
     }
 
 
+def t5_unigram():
+    with open(T5_FIXTURE, encoding="utf-8") as f:
+        layout = json.load(f)
+    real = [p for p in layout["model"]["vocab"] if not p[0].startswith("<")]
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz" * 8 + "äöüßéèàçăîșț"
+    pieces = [["<pad>", 0.0], ["</s>", 0.0], ["<unk>", 0.0]] + real
+    known = {p[0] for p in pieces}
+    first_generated, lowest_real = len(pieces), min(p[1] for p in real)
+    while len(pieces) < T5_PIECES:
+        # Mostly short pieces, about half of them word starts ("▁" prefixed), as in T5's.
+        word = "".join(rng.choice(letters) for _ in range(1 + int(11 * rng.random() ** 2)))
+        piece = ("▁" if rng.random() < 0.55 else "") + word
+        if piece in known:
+            continue
+        known.add(piece)
+        # Scores fall on with the rank; the model stores float32s, which the file prints as doubles.
+        rank = (len(pieces) - first_generated) / (T5_PIECES - first_generated)
+        score = lowest_real - 6.0 * rank ** 0.5
+        pieces.append([piece, struct.unpack("f", struct.pack("f", score))[0]])
+    extra = [f"<extra_id_{i}>" for i in reversed(range(T5_EXTRA_IDS))]
+    pieces += [[e, 0.0] for e in extra]
+    special = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+               "special": True}
+    layout["added_tokens"] = (
+        [dict(id=i, content=c, **special) for i, c in enumerate(["<pad>", "</s>", "<unk>"])] +
+        [dict(id=T5_PIECES + i, content=e, **special) for i, e in enumerate(extra)])
+    layout["model"]["vocab"] = pieces
+    return layout
+
+
 def write(outdir, name, text):
     os.makedirs(os.path.join(outdir, name), exist_ok=True)
     with open(os.path.join(outdir, name, "tokenizer.json"), "w", encoding="utf-8") as f:
@@ -89,6 +129,7 @@ def main():
     outdir = sys.argv[1]
     for name, pairs in (("byte_bpe_strings", False), ("byte_bpe_pairs", True)):
         write(outdir, name, json.dumps(byte_bpe(pairs), ensure_ascii=False, indent=2))
+    write(outdir, "t5_unigram", json.dumps(t5_unigram(), ensure_ascii=False, indent=2))
     arrays = "[]," * (HOSTILE_ARRAYS - 1) + "[]"
     write(outdir, "flat_arrays", "[" + arrays + "]")
     write(outdir, "flat_added_tokens", '{"added_tokens":[' + arrays + "]}")

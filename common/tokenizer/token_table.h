@@ -1,9 +1,9 @@
-// A BPE vocabulary that holds each token's bytes once: the distinct tokens back to back in one
-// buffer, an open-addressing hash table of their indices for token -> id, and their indices ordered
-// by id for id -> token. A map from token to id beside a map from id to token held every token
-// twice, each in a 64-byte hash node with its bucket (and a heap block for a token past 15 bytes):
-// for 256,000 Llama 3-shaped tokens the tokenizer kept 52.8 MiB, now 20.8, of which this table is
-// 11.0 (3.1 of token bytes, 2.9 of entries, 4 of slots, 1 by id).
+// A vocabulary (BPE's tokens, Unigram's pieces) that holds each token's bytes once: the distinct
+// tokens back to back in one buffer, an open-addressing hash table of their indices for token ->
+// id, and their indices ordered by id for id -> token. A map from token to id beside a map from id
+// to token held every token twice, each in a 64-byte hash node with its bucket (and a heap block
+// for a token past 15 bytes): for 256,000 Llama 3-shaped tokens the tokenizer kept 52.8 MiB,
+// now 20.8, of which this table is 11.0 (3.1 of token bytes, 2.9 of entries, 4 of slots, 1 by id).
 //
 // Internal to common/tokenizer.
 #ifndef LLMCTL_COMMON_TOKENIZER_TOKEN_TABLE_H_

@@ -473,6 +473,23 @@ TEST(TokenizerLoadTest, ASharedIdDecodesAsItsSmallestToken) {
   EXPECT_EQ(tokenizer->Decode(*ids, false), "a a c d e");  // no decoder: joined by spaces
 }
 
+// As in the library, a Unigram piece listed twice encodes to its last id (whose score counts), and
+// each id, the earlier one too, decodes to its own entry; the size counts both.
+TEST(TokenizerLoadTest, AUnigramPieceListedTwiceKeepsBothIds) {
+  const std::string json = R"({"version":"1.0","model":{"type":"Unigram","unk_id":0,
+      "vocab":[["<unk>",0.0],["ab",-1.0],["a",-2.0],["b",-2.0],["ab",-5.0],["ab",-6.0],["c",-1.0]]}})";
+  const StatusOr<Tokenizer> tokenizer = Tokenizer::FromJson(json, "relisted_pieces.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  EXPECT_EQ(tokenizer->TokenToId("ab"), 5);
+  for (const int32_t id : {1, 4, 5}) EXPECT_EQ(tokenizer->IdToToken(id), "ab") << id;
+  EXPECT_EQ(tokenizer->IdToToken(6), "c");
+  EXPECT_EQ(tokenizer->IdToToken(7), std::nullopt);
+  EXPECT_EQ(tokenizer->vocab_size(), 7);
+  // "ab" scores -6 (its last entry): "a" + "b" at -4 wins.
+  EXPECT_EQ(EncodeOrDie(*tokenizer, "abc", false), (std::vector<int32_t>{2, 3, 6}));
+  EXPECT_EQ(tokenizer->Decode(std::vector<int32_t>{1, 4, 5, 6}, false), "ab ab ab c");
+}
+
 // The vocabulary's size (one past its largest id) is an int32 too: an id of 2^31 - 1 is refused,
 // not wrapped into a negative size.
 TEST(TokenizerLoadTest, AnIdWithNoRoomForTheVocabularySizeIsRefused) {

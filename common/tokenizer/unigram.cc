@@ -114,10 +114,16 @@ StatusOr<std::unique_ptr<UnigramModel>> UnigramModel::Create(std::vector<Unigram
   model->byte_fallback_ = byte_fallback;
   model->trie_.emplace_back();  // the root
   double min_score = std::numeric_limits<double>::infinity();
+  model->scores_.reserve(vocab.size());
+  std::vector<int32_t> relisted;  // ids whose piece comes again later
   for (size_t id = 0; id < vocab.size(); ++id) {
     const UnigramPiece& piece = vocab[id];
     min_score = std::min(min_score, piece.score);
-    model->piece_ids_[piece.text] = static_cast<int32_t>(id);
+    model->scores_.push_back(piece.score);
+    if (std::optional<int32_t> earlier = model->pieces_.IdOf(piece.text)) {
+      relisted.push_back(*earlier);
+    }
+    model->pieces_.Set(piece.text, static_cast<int32_t>(id));
     int32_t node = 0;
     for (const char c : piece.text) {
       const uint64_t edge = (static_cast<uint64_t>(node) << 8) | static_cast<unsigned char>(c);
@@ -131,6 +137,10 @@ StatusOr<std::unique_ptr<UnigramModel>> UnigramModel::Create(std::vector<Unigram
     // it either.
     model->trie_[node].piece_id = static_cast<int32_t>(id);
   }
+  model->pieces_.IndexIds();
+  for (const int32_t id : relisted) {
+    model->relisted_ids_[id] = *model->pieces_.IdOf(vocab[id].text);
+  }
   model->unknown_score_ = min_score - kUnknownPenalty;
   model->byte_ids_.fill(-1);
   static constexpr char kHex[] = "0123456789ABCDEF";
@@ -138,7 +148,6 @@ StatusOr<std::unique_ptr<UnigramModel>> UnigramModel::Create(std::vector<Unigram
     const std::string name = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
     if (auto id = model->TokenToId(name)) model->byte_ids_[b] = *id;
   }
-  model->vocab_ = std::move(vocab);
   return model;
 }
 
@@ -171,7 +180,7 @@ Status UnigramModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) 
       if (node < 0) break;
       const int32_t piece_id = trie_[node].piece_id;
       if (piece_id < 0) continue;
-      offer(end + 1, piece_id, vocab_[piece_id].score);
+      offer(end + 1, piece_id, scores_[piece_id]);
       if (end + 1 - start == char_length) covers_one_character = true;
     }
     if (!covers_one_character && offer(start + char_length, unk_id_.value_or(-1), unknown_score_) &&
@@ -224,14 +233,12 @@ void UnigramModel::AppendFusedUnknown(std::string_view run, std::vector<int32_t>
 }
 
 std::optional<int32_t> UnigramModel::TokenToId(std::string_view token) const {
-  const auto it = piece_ids_.find(token);
-  if (it == piece_ids_.end()) return std::nullopt;
-  return it->second;
+  return pieces_.IdOf(token);
 }
 
 std::optional<std::string_view> UnigramModel::IdToToken(int32_t id) const {
-  if (id < 0 || static_cast<size_t>(id) >= vocab_.size()) return std::nullopt;
-  return vocab_[id].text;
+  const auto relisted = relisted_ids_.find(id);
+  return pieces_.TokenOf(relisted == relisted_ids_.end() ? id : relisted->second);
 }
 
 }  // namespace llmctl::tokenizer_internal

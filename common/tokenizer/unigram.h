@@ -19,6 +19,7 @@
 
 #include "common/status.h"
 #include "common/tokenizer/model.h"
+#include "common/tokenizer/token_table.h"
 
 namespace llmctl::tokenizer_internal {
 
@@ -38,8 +39,8 @@ class UnigramModel : public Model {
   Status Tokenize(std::string_view word, std::vector<int32_t>* ids) const override;
   std::optional<int32_t> TokenToId(std::string_view token) const override;
   std::optional<std::string_view> IdToToken(int32_t id) const override;
-  size_t size() const override { return vocab_.size(); }
-  int32_t max_id() const override { return static_cast<int32_t>(vocab_.size()) - 1; }
+  size_t size() const override { return scores_.size(); }
+  int32_t max_id() const override { return static_cast<int32_t>(scores_.size()) - 1; }
 
  private:
   // A byte trie over the pieces, for the pieces that start at each position of a word.
@@ -55,8 +56,14 @@ class UnigramModel : public Model {
   // byte pieces under byte_fallback, else the unknown id.
   void AppendFusedUnknown(std::string_view run, std::vector<int32_t>* ids) const;
 
-  std::vector<UnigramPiece> vocab_;
-  StringIdMap piece_ids_;  // a piece listed twice maps to its last id, as in the library
+  // Constant after construction.
+  // Each piece's bytes once, for piece -> id (a piece listed twice: its last id, as in the library)
+  // and id -> piece, where a vector by id beside a hash map held T5's 32,100 pieces twice.
+  TokenTable pieces_;
+  std::vector<double> scores_;  // by id
+  // The earlier ids of a piece listed again, each to its last id: the table keeps only that one,
+  // while the library answers every id with its own entry. Empty but in a malformed file.
+  std::unordered_map<int32_t, int32_t> relisted_ids_;
   std::vector<TrieNode> trie_;
   std::unordered_map<uint64_t, int32_t> trie_edges_;  // (node << 8 | byte) -> child node
   std::optional<int32_t> unk_id_;
