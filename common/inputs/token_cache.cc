@@ -75,7 +75,8 @@ std::string PasswordDatabaseHome(uid_t uid) {
 // that runs would then train on.
 StatusOr<fs::path> CacheBaseDir() {
   if (const char* dir = std::getenv("LLMCTL_CACHE_DIR"); dir != nullptr && *dir) return dir;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg) {
+  // A relative XDG_CACHE_HOME is ignored, as the XDG base directory spec says.
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/') {
     return fs::path(xdg) / "llmctl";
   }
   if (const char* home = std::getenv("HOME"); home != nullptr && *home) {

@@ -90,6 +90,15 @@ TEST(TokenCacheTest, WithoutHomeTheCacheIsUnderThePasswordDatabasesHome) {
   EXPECT_EQ(*TokenCacheLocation(), "/mine/tokens");
 }
 
+// The XDG base directory spec: a relative XDG_CACHE_HOME is invalid and ignored, where the cache
+// went below whatever directory llmctl or llm-train ran in.
+TEST(TokenCacheTest, ARelativeXdgCacheHomeIsIgnored) {
+  CacheEnvironment environment;
+  setenv("HOME", "/home/someone", 1);
+  setenv("XDG_CACHE_HOME", "cache", 1);
+  EXPECT_EQ(*TokenCacheLocation(), "/home/someone/.cache/llmctl/tokens");
+}
+
 // The cache's directories are made owner-only, and one that another user could write (or owns) is
 // refused, naming it and LLMCTL_CACHE_DIR: token files planted in it would be trained on.
 TEST(TokenCacheTest, ACacheOtherUsersCanWriteIsRefused) {

@@ -28,6 +28,10 @@ bool IsPort(std::string_view text) {
   return port >= 1 && port <= 65535;
 }
 
+// The XDG base directory spec: "If an implementation encounters a relative path in any of these
+// variables it should consider the path invalid and ignore it."
+bool IsXdgBaseDir(const std::string& value) { return fs::path(value).is_absolute(); }
+
 struct ConfigFile {
   std::optional<std::string> controller;
   std::optional<fs::path> token_file;
@@ -111,9 +115,8 @@ StatusOr<fs::path> EmbeddedDataDir(const EnvLookup& env) {
     while (home->size() > 1 && home->back() == '/') home->pop_back();
     return absolute("LLMCTL_HOME", *home);
   }
-  if (std::optional<std::string> xdg = env("XDG_DATA_HOME")) {
-    ASSIGN_OR_RETURN(fs::path base, absolute("XDG_DATA_HOME", *xdg));
-    return base / "llmctl";
+  if (std::optional<std::string> xdg = env("XDG_DATA_HOME"); xdg && IsXdgBaseDir(*xdg)) {
+    return fs::path(*xdg) / "llmctl";
   }
   std::optional<std::string> home = env("HOME");
   if (!home) {
@@ -126,7 +129,7 @@ StatusOr<fs::path> EmbeddedDataDir(const EnvLookup& env) {
 }
 
 std::optional<fs::path> ConfigFilePath(const EnvLookup& env) {
-  if (std::optional<std::string> xdg = env("XDG_CONFIG_HOME")) {
+  if (std::optional<std::string> xdg = env("XDG_CONFIG_HOME"); xdg && IsXdgBaseDir(*xdg)) {
     return fs::path(*xdg) / "llmctl" / "config.yaml";
   }
   if (std::optional<std::string> home = env("HOME")) {

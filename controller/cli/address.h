@@ -36,11 +36,13 @@ struct ControllerAddress {
 // empty; "[::1]:port" for IPv6). InvalidArgument naming `where` and the value otherwise.
 Status CheckControllerTarget(std::string_view target, std::string_view where);
 
-// $LLMCTL_HOME (less a trailing slash), else ${XDG_DATA_HOME:-$HOME/.local/share}/llmctl.
-// InvalidArgument when neither LLMCTL_HOME nor HOME is set, or a value is not an absolute path.
+// $LLMCTL_HOME (less a trailing slash), else ${XDG_DATA_HOME:-$HOME/.local/share}/llmctl, a
+// relative XDG_DATA_HOME ignored as the XDG base directory spec says.
+// InvalidArgument when neither LLMCTL_HOME nor HOME is set, or the one used is not absolute.
 StatusOr<std::filesystem::path> EmbeddedDataDir(const EnvLookup& env);
 
-// ${XDG_CONFIG_HOME:-$HOME/.config}/llmctl/config.yaml; nullopt when neither variable is set.
+// ${XDG_CONFIG_HOME:-$HOME/.config}/llmctl/config.yaml, a relative XDG_CONFIG_HOME ignored;
+// nullopt when neither variable is set.
 std::optional<std::filesystem::path> ConfigFilePath(const EnvLookup& env);
 
 // LLMCTL_CONTROLLER, else the config file (a YAML map with the keys `controller` and

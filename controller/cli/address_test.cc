@@ -180,6 +180,17 @@ TEST(EmbeddedDataDirTest, ATrailingSlashNamesTheSameDirectory) {
   EXPECT_EQ(*EmbeddedDataDir(FakeEnv({{"LLMCTL_HOME", "/"}})), fs::path("/"));
 }
 
+// The XDG base directory spec: a relative path in XDG_DATA_HOME or XDG_CONFIG_HOME is invalid and
+// ignored, where the data directory refused it (exit 2) and the config file was read relative to
+// the directory llmctl ran in.
+TEST(EmbeddedDataDirTest, RelativeXdgDirectoriesAreIgnored) {
+  EXPECT_EQ(*EmbeddedDataDir(FakeEnv({{"XDG_DATA_HOME", "data"}, {"HOME", "/h"}})),
+            fs::path("/h/.local/share/llmctl"));
+  EXPECT_EQ(*ConfigFilePath(FakeEnv({{"XDG_CONFIG_HOME", "config"}, {"HOME", "/h"}})),
+            fs::path("/h/.config/llmctl/config.yaml"));
+  EXPECT_EQ(ConfigFilePath(FakeEnv({{"XDG_CONFIG_HOME", "./config"}})), std::nullopt);
+}
+
 TEST(EmbeddedDataDirTest, LlmctlHomeThenXdgDataHomeThenHome) {
   EXPECT_EQ(
       *EmbeddedDataDir(FakeEnv({{"LLMCTL_HOME", "/d"}, {"XDG_DATA_HOME", "/x"}, {"HOME", "/h"}})),
