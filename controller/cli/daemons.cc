@@ -321,9 +321,12 @@ Status EmbeddedDaemons::WaitForController(pid_t pid, milliseconds timeout) const
   const auto give_up = std::chrono::steady_clock::now() + timeout;
   while (true) {
     if (!Alive(pid)) {
-      return UnavailableError("llmctld exited at start; the end of " +
-                              ControllerSpec().log_file.string() + ":\n" +
-                              LogTail(ControllerSpec().log_file, 15));
+      // Its own refusal (a data directory open to others, another llmctld on it), which its log
+      // says: this machine's to fix, where Unavailable would have llmctl ask whether the
+      // controller is running and exit 3.
+      return FailedPreconditionError("llmctld exited at start; the end of " +
+                                     ControllerSpec().log_file.string() + ":\n" +
+                                     LogTail(ControllerSpec().log_file, 15));
     }
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -94,11 +94,13 @@ class EmbeddedDaemons {
 
   // Starts whatever is not running, waits up to `ready_timeout` for the controller to answer, and
   // registers the local agent the first time (credentials into D/agent/tls, 0600). Unavailable
-  // with the end of llmctld's log when it does not come up. FailedPrecondition, before anything
-  // starts, when a daemon of D runs another llmctl's binary (llmctl upgraded or moved while its
-  // daemons ran), naming both binaries and `llmctl daemon stop`: a second daemon beside it would
-  // take its socket, and a second agent would manage the same runs. InvalidArgument, before
-  // anything is made or started, when D is too long for its sockets' paths (CheckSocketPathsFit).
+  // naming llmctld's log when it runs but does not answer in time; FailedPrecondition with the end
+  // of its log, which says why, when it exits at start (it refused D). FailedPrecondition, before
+  // anything starts, when a daemon of D runs another llmctl's binary (llmctl upgraded or moved
+  // while its daemons ran), naming both binaries and `llmctl daemon stop`: a second daemon beside
+  // it would take its socket, and a second agent would manage the same runs. InvalidArgument,
+  // before anything is made or started, when D is too long for its sockets' paths
+  // (CheckSocketPathsFit).
   Status EnsureRunning(std::chrono::milliseconds ready_timeout);
 
   // Ends the agent, then the controller (SIGTERM, up to `grace` each), another llmctl's too

@@ -283,6 +283,26 @@ TEST_F(DaemonsTest, ABinaryThatCannotRunIsReported) {
   EXPECT_FALSE(fs::exists(spec.pid_file));
 }
 
+// llmctld refusing its data directory at start (one open to other users) is reported with its own
+// reason and as this machine's to fix: it was Unavailable, and llmctl exited 3 asking whether the
+// controller was running.
+TEST_F(DaemonsTest, AControllerThatRefusesToStartIsReportedWithItsReason) {
+  const fs::path home = dir_ / "home";
+  const fs::path llmctld = dir_ / "llmctld";
+  std::ofstream(llmctld) << "#!/bin/sh\necho 'llmctld: FAILED_PRECONDITION: " << home.string()
+                         << ": open to other users (mode 0755)' >&2\nexit 1\n";
+  fs::permissions(llmctld, fs::perms::owner_all);
+  EmbeddedDaemons daemons(
+      home,
+      {.llmctld = fs::canonical(llmctld), .llm_agent = "/bin/false", .llm_train = "/bin/false"});
+  const Status started = daemons.EnsureRunning(std::chrono::seconds(10));
+  EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition) << started.ToString();
+  EXPECT_NE(started.message().find("llmctld: FAILED_PRECONDITION: " + home.string() +
+                                   ": open to other users (mode 0755)"),
+            std::string::npos)
+      << started.message();
+}
+
 TEST_F(DaemonsTest, LogTailKeepsTheLastLines) {
   std::ofstream(dir_ / "x.log") << "one\ntwo\nthree\n";
   EXPECT_EQ(LogTail(dir_ / "x.log", 2), "  two\n  three\n");
