@@ -1,5 +1,6 @@
 // llmctld: the controller daemon. See controller/daemon.h and controller/config.h.
 #include <signal.h>
+#include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
@@ -59,6 +60,8 @@ int main(int argc, char** argv) {
   std::thread waiter([&] {
     int received = 0;
     sigwait(&signals, &received);
+    // The log says why llmctld ended, as llm-agent's does: a stop, not a crash.
+    spdlog::info("llmctld: stopping (signal {})", received);
     (*daemon)->Shutdown();
   });
   (*daemon)->Wait();

@@ -303,6 +303,33 @@ TEST_F(DaemonsTest, AControllerThatRefusesToStartIsReportedWithItsReason) {
       << started.message();
 }
 
+// The real llmctld says in its log that a signal stopped it: it ended without a word before.
+TEST_F(DaemonsTest, TheRealControllerLogsItsStopOnSigterm) {
+  const char* build = std::getenv("LLMCTL_BUILD_DIR");
+  const fs::path llmctld = fs::path(build != nullptr ? build : "build") / "controller" / "llmctld";
+  ASSERT_TRUE(fs::exists(llmctld)) << llmctld;
+  const fs::path data = dir_ / "data";
+  fs::create_directories(data / "logs");
+  fs::permissions(data, fs::perms::owner_all);
+  EmbeddedDaemons daemons(
+      data,
+      {.llmctld = fs::canonical(llmctld), .llm_agent = "/bin/false", .llm_train = "/bin/false"});
+  const fs::path log = data / "logs" / "llmctld.log";
+  StatusOr<pid_t> pid = StartDetached(daemons.ControllerSpec());
+  ASSERT_TRUE(pid.ok()) << pid.status().message();
+  // Bounded wait for the socket; llmctld exiting instead is a failure the log explains.
+  for (int i = 0; i < 400 && !fs::exists(data / "controller.sock") &&
+                  RunningPid(data / "llmctld.pid", llmctld);
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_TRUE(fs::exists(data / "controller.sock")) << LogTail(log, 20);
+
+  EXPECT_FALSE(StopProcess(*pid, std::chrono::seconds(10))) << "it had to be killed";
+  EXPECT_NE(LogTail(log, 20).find("llmctld: stopping (signal 15)"), std::string::npos)
+      << LogTail(log, 20);
+}
+
 TEST_F(DaemonsTest, LogTailKeepsTheLastLines) {
   std::ofstream(dir_ / "x.log") << "one\ntwo\nthree\n";
   EXPECT_EQ(LogTail(dir_ / "x.log", 2), "  two\n  three\n");
