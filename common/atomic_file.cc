@@ -1,10 +1,12 @@
 #include "common/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <string_view>
 
@@ -24,17 +26,36 @@ bool AllDigits(std::string_view text) {
   return !text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos;
 }
 
-// Whether `name` is "<base>.tmp.<pid>.<n>", as WriteFileAtomically names its temporaries.
-bool IsTemporaryOf(std::string_view name, std::string_view base) {
+// The <pid> of `name` when it is "<base>.tmp.<pid>.<n>", as WriteFileAtomically names its
+// temporaries: "" when it is not one.
+std::string_view WriterOf(std::string_view name, std::string_view base) {
   const std::string_view marker = ".tmp.";
   if (name.size() <= base.size() + marker.size() || !name.starts_with(base) ||
       name.substr(base.size(), marker.size()) != marker) {
-    return false;
+    return {};
   }
   const std::string_view numbers = name.substr(base.size() + marker.size());
   const size_t dot = numbers.find('.');
-  return dot != std::string_view::npos && AllDigits(numbers.substr(0, dot)) &&
-         AllDigits(numbers.substr(dot + 1));
+  if (dot == std::string_view::npos || !AllDigits(numbers.substr(0, dot)) ||
+      !AllDigits(numbers.substr(dot + 1))) {
+    return {};
+  }
+  return numbers.substr(0, dot);
+}
+
+// Whether no process of this machine has the pid `digits` (one too large for a pid has none).
+bool NoProcessHas(std::string_view digits) {
+  pid_t pid = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+  if (error == std::errc::result_out_of_range) return true;
+  if (error != std::errc() || end != digits.data() + digits.size() || pid <= 0) return false;
+  return ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// The last component of `path`: the file's name in its directory.
+std::string NameOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
 // The directory `path` is in: "." for a bare name, "/" for a file at the root.
@@ -52,10 +73,17 @@ std::string AtomicWriteTemporaryName(const std::string& path) {
 }
 
 StatusOr<int> RemoveAtomicWriteLeftovers(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string base = NameOf(path);
   return RemoveLeftoverFiles(DirectoryOf(path),
-                             [&](std::string_view name) { return IsTemporaryOf(name, base); });
+                             [&](std::string_view name) { return !WriterOf(name, base).empty(); });
+}
+
+StatusOr<int> RemoveAtomicWriteLeftoversOfEndedWriters(const std::string& path) {
+  const std::string base = NameOf(path);
+  return RemoveLeftoverFiles(DirectoryOf(path), [&](std::string_view name) {
+    const std::string_view writer = WriterOf(name, base);
+    return !writer.empty() && NoProcessHas(writer);
+  });
 }
 
 Status WriteAll(int fd, const void* data, size_t size) {

@@ -36,6 +36,13 @@ std::string AtomicWriteTemporaryName(const std::string& path);
 // first error (an unreadable directory, a file it cannot remove) after trying the rest.
 StatusOr<int> RemoveAtomicWriteLeftovers(const std::string& path);
 
+// RemoveAtomicWriteLeftovers for a `path` other processes may be writing at the same time (a file a
+// user named for a command's output, which two commands may write at once): removes only the
+// temporaries whose writer, the <pid> in their name, no longer runs on this machine (Ctrl-C or
+// kill -9 mid-write), and leaves a running writer's alone. On a file system shared with other
+// machines a writer there counts as ended unless a process here has its pid; its write then fails.
+StatusOr<int> RemoveAtomicWriteLeftoversOfEndedWriters(const std::string& path);
+
 // write(2) in a loop (partial writes, EINTR).
 Status WriteAll(int fd, const void* data, size_t size);
 

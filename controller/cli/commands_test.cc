@@ -228,6 +228,23 @@ TEST_F(CommandsTest, ReportOutputWritesTheFile) {
   EXPECT_EQ(html.str().rfind("<!DOCTYPE html>", 0), 0u);
 }
 
+// What a report killed mid-write (Ctrl-C, kill -9) left beside its --output (report.html.tmp.PID.N)
+// stayed for good: the next report to that file removes it, and leaves a running writer's alone.
+TEST_F(CommandsTest, AReportOutputRemovesWhatAnEndedWriteLeftBesideIt) {
+  fake_.report_ = OneTrialReport("ok", "ok");
+  const fs::path output = dir_ / "report.html";
+  const fs::path ended =
+      dir_ / ("report.html.tmp." + std::to_string(testing::PidOfAnEndedProcess()) + ".0");
+  const fs::path running = dir_ / ("report.html.tmp." + std::to_string(::getpid()) + ".9999");
+  std::ofstream(ended) << "half a report";
+  std::ofstream(running) << "a report being written";
+  ASSERT_EQ(Run({"report", "--format", "html", "--output", output.string()}), kExitOk)
+      << err_.str();
+  EXPECT_FALSE(fs::exists(ended));
+  EXPECT_TRUE(fs::exists(running));
+  EXPECT_TRUE(fs::exists(output));
+}
+
 // A report that cannot be written (here a missing directory; a full disk says "No space left on
 // device" alike) fails with the file's error and exit 1, not as an unreachable controller: it
 // exited 3 and asked whether the controller was running.

@@ -193,6 +193,8 @@ int Llmctl::Report(int64_t id, const std::string& format_name, const std::string
     context_.out << text;
     return kExitOk;
   }
+  // What an earlier report to the same file left when Ctrl-C or kill -9 ended it mid-write.
+  (void)RemoveAtomicWriteLeftoversOfEndedWriters(output);
   const Status written =
       WriteFileAtomically(output, [&](int fd) { return WriteAll(fd, text.data(), text.size()); });
   // The local file's error is this machine's (a full disk, a missing directory), never the

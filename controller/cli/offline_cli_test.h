@@ -4,6 +4,7 @@
 #define LLMCTL_CONTROLLER_CLI_OFFLINE_CLI_TEST_H_
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -33,6 +34,15 @@ inline CliContext TestCliContext(EnvLookup env, std::ostream& out, std::ostream&
       .daemon_ready_timeout = std::chrono::milliseconds(100),
       .watch_retry_interval = std::chrono::milliseconds(1),
   };
+}
+
+// The pid of a process that has ended (forked, exited and reaped), as the name of a temporary
+// holds when its writer was killed mid-write.
+inline pid_t PidOfAnEndedProcess() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return child;
 }
 
 // A probe of the H200 as llm-train --probe --probe-device cuda writes it, every rate `speed` times

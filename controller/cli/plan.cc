@@ -547,6 +547,8 @@ StatusOr<std::string> PlanRun(const PlanOptions& options) {
     const std::string yaml = ExperimentYaml(options, resolved, *plan, CommandLine(options));
     // What is written must be what `llmctl submit` runs: checked as it will be, before it lands.
     RETURN_IF_ERROR(CheckSubmittable(yaml, options));
+    // What an earlier --write to the same file left when Ctrl-C or kill -9 ended it mid-write.
+    (void)RemoveAtomicWriteLeftoversOfEndedWriters(options.write);
     const Status written = WriteFileAtomically(
         options.write, [&](int fd) { return WriteAll(fd, yaml.data(), yaml.size()); });
     // The local file's error is this machine's (a full disk, a missing directory), not bad input.

@@ -260,6 +260,26 @@ TEST_F(PlanTest, AWriteThatCannotBeWrittenIsNotBadInput) {
   EXPECT_NE(err_.str().find("No such file or directory"), std::string::npos) << err_.str();
 }
 
+// What a plan killed mid-write (Ctrl-C, kill -9) left beside its --write file (plan.yaml.tmp.PID.N)
+// stayed for good: the next --write of that file removes it, and leaves a running writer's alone.
+TEST_F(PlanTest, AWriteRemovesWhatAnEndedWriteLeftBesideIt) {
+  const fs::path file = dir_ / "plan.yaml";
+  const fs::path ended =
+      dir_ / ("plan.yaml.tmp." + std::to_string(testing::PidOfAnEndedProcess()) + ".0");
+  const fs::path running = dir_ / ("plan.yaml.tmp." + std::to_string(::getpid()) + ".9999");
+  std::ofstream(ended) << "half a plan";
+  std::ofstream(running) << "a plan being written";
+  std::vector<std::string> args = CpuLabLarge();
+  args[0] = Source() + "/experiments/models/cpu-lab-small";
+  args.insert(args.end(), {"--top", "1", "--write", file.string(), "--data",
+                           Source() + "/experiments/data/alpaca-demo.jsonl", "--tokenizer",
+                           Source() + "/experiments/tokenizers/demo/tokenizer.json"});
+  ASSERT_EQ(Llmctl(args), kExitOk) << err_.str();
+  EXPECT_FALSE(fs::exists(ended));
+  EXPECT_TRUE(fs::exists(running));
+  EXPECT_TRUE(fs::exists(file));
+}
+
 // A --set value is written as the value it set: a path that YAML would read as a map ('a: b'), as
 // an unclosed list ('[x') or with a comment (' #c') is one quoted string. Through YAML::Load the
 // first wrote a map the file's check refused, the second was an internal error, the third lost
