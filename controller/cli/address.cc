@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "common/files.h"
+#include "common/text.h"
 #include "common/yaml_document.h"
 
 namespace llmctl::cli {
@@ -103,9 +104,15 @@ Status CheckControllerTarget(std::string_view target, std::string_view where) {
 }
 
 StatusOr<fs::path> EmbeddedDataDir(const EnvLookup& env) {
-  auto absolute = [](const std::string& name, const std::string& value) -> StatusOr<fs::path> {
+  auto usable = [](const std::string& name, const std::string& value) -> StatusOr<fs::path> {
     if (!fs::path(value).is_absolute()) {
       return InvalidArgumentError(name + "='" + value + "' is not an absolute path");
+    }
+    // The daemons' socket addresses are below it, and proto3 strings carry them.
+    if (FirstInvalidUtf8(value) != std::string::npos) {
+      return InvalidArgumentError(name + "='" + value +
+                                  "' is not UTF-8 text, which the embedded daemons' socket "
+                                  "addresses below it must be (set LLMCTL_HOME to one that is)");
     }
     return fs::path(value);
   };
@@ -113,10 +120,11 @@ StatusOr<fs::path> EmbeddedDataDir(const EnvLookup& env) {
     // "/path/" names /path. Kept, EnsureOwnDirectory made /path as the parent of "/path/", with
     // the umask's mode instead of 0700, and llmctld refused the directory as open to others.
     while (home->size() > 1 && home->back() == '/') home->pop_back();
-    return absolute("LLMCTL_HOME", *home);
+    return usable("LLMCTL_HOME", *home);
   }
   if (std::optional<std::string> xdg = env("XDG_DATA_HOME"); xdg && IsXdgBaseDir(*xdg)) {
-    return fs::path(*xdg) / "llmctl";
+    ASSIGN_OR_RETURN(fs::path base, usable("XDG_DATA_HOME", *xdg));
+    return base / "llmctl";
   }
   std::optional<std::string> home = env("HOME");
   if (!home) {
@@ -124,7 +132,7 @@ StatusOr<fs::path> EmbeddedDataDir(const EnvLookup& env) {
         "neither LLMCTL_HOME nor HOME is set: cannot choose the data directory for the embedded "
         "controller (set LLMCTL_HOME, or LLMCTL_CONTROLLER to use a running controller)");
   }
-  ASSIGN_OR_RETURN(fs::path base, absolute("HOME", *home));
+  ASSIGN_OR_RETURN(fs::path base, usable("HOME", *home));
   return base / ".local" / "share" / "llmctl";
 }
 

@@ -38,7 +38,8 @@ Status CheckControllerTarget(std::string_view target, std::string_view where);
 
 // $LLMCTL_HOME (less a trailing slash), else ${XDG_DATA_HOME:-$HOME/.local/share}/llmctl, a
 // relative XDG_DATA_HOME ignored as the XDG base directory spec says.
-// InvalidArgument when neither LLMCTL_HOME nor HOME is set, or the one used is not absolute.
+// InvalidArgument when neither LLMCTL_HOME nor HOME is set, or the one used is not absolute or
+// not UTF-8.
 StatusOr<std::filesystem::path> EmbeddedDataDir(const EnvLookup& env);
 
 // ${XDG_CONFIG_HOME:-$HOME/.config}/llmctl/config.yaml, a relative XDG_CONFIG_HOME ignored;

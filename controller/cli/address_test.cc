@@ -191,6 +191,22 @@ TEST(EmbeddedDataDirTest, RelativeXdgDirectoriesAreIgnored) {
   EXPECT_EQ(ConfigFilePath(FakeEnv({{"XDG_CONFIG_HOME", "./config"}})), std::nullopt);
 }
 
+// The daemons' socket addresses are under the data directory and travel in proto3 strings, which
+// must be UTF-8: a path that is not is refused at once, where llmctl probed this machine for a
+// minute and a half, then failed registering the local agent with an empty message.
+TEST(EmbeddedDataDirTest, ADirectoryWhosePathIsNotUtf8IsRefused) {
+  for (const auto& [name, value] :
+       std::map<std::string, std::string>{{"LLMCTL_HOME", "/d/caf\xe9"},
+                                          {"XDG_DATA_HOME", "/x/caf\xe9"},
+                                          {"HOME", "/h/caf\xe9"}}) {
+    const Status refused = EmbeddedDataDir(FakeEnv({{name, value}})).status();
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(refused.message().find(name + "='" + value + "' is not UTF-8 text"),
+              std::string::npos)
+        << refused.message();
+  }
+}
+
 TEST(EmbeddedDataDirTest, LlmctlHomeThenXdgDataHomeThenHome) {
   EXPECT_EQ(
       *EmbeddedDataDir(FakeEnv({{"LLMCTL_HOME", "/d"}, {"XDG_DATA_HOME", "/x"}, {"HOME", "/h"}})),
