@@ -381,7 +381,12 @@ StatusOr<int> RemoveLeftoverFiles(const std::string& dir,
   return removed;
 }
 
-Status EnsureOwnDirectory(const std::string& dir, mode_t mode, OthersMay others) {
+Status EnsureOwnDirectory(const std::string& dir_as_given, mode_t mode, OthersMay others) {
+  // Without its trailing slashes: mkdir of "a/b/" after create_directories made "a/b" (the parent
+  // path of "a/b/") with the umask's mode would find it there and never set `mode`, and lstat of
+  // "link/" follows the link.
+  std::string dir = dir_as_given;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   struct stat info {};
   if (::lstat(dir.c_str(), &info) != 0) {
     RETURN_IF_ERROR(MakeDirectory(dir, mode, info));

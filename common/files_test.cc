@@ -269,6 +269,25 @@ TEST(EnsureOwnDirectoryTest, AMissingOneIsMadeWithItsModeWhateverTheUmask) {
   EXPECT_EQ(ModeOf(private_dir), 0700u);
 }
 
+// A path ending in a slash (llmctld --data-dir /x/) names the same directory: it is made with its
+// mode, and a symbolic link there is refused, not followed as lstat follows "link/".
+TEST(EnsureOwnDirectoryTest, APathEndingInASlashIsTheDirectoryItNames) {
+  const std::string base = FreshDir("own_slash");
+  const std::string dir = base + "/above/dir";
+  const mode_t umask = ::umask(0022);
+  const Status made = EnsureOwnDirectory(dir + "//", 0770, OthersMay::kAnything);
+  ::umask(umask);
+  ASSERT_TRUE(made.ok()) << made.ToString();
+  EXPECT_EQ(ModeOf(dir), 0770u);
+
+  const std::string target = base + "/target";
+  ASSERT_EQ(::mkdir(target.c_str(), 0700), 0);
+  const std::string link = base + "/link";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  EXPECT_EQ(EnsureOwnDirectory(link + "/", 0700, OthersMay::kAnything).message(),
+            link + ": a symbolic link, not a directory");
+}
+
 // One that is there is accepted as `others` allows and never changed, mode and all.
 TEST(EnsureOwnDirectoryTest, AnExistingOneIsCheckedAndLeftAsItIs) {
   const std::string dir = FreshDir("own_existing");
