@@ -1,6 +1,8 @@
 // The `llmctl` command line: its commands and flags (CLI11), and which Llmctl method each runs.
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -154,23 +156,40 @@ void AddPlanCommand(CLI::App& app, ParsedCommandLine& line) {
   line.plan->add_option("--rates", line.rates_file, kRatesHelp);
 }
 
+// An experiment id of at least `lowest`: CLI11's NonNegativeNumber and PositiveNumber are ranges
+// of doubles, which let "1.5" through to a failed conversion and refused "x" as "not in range
+// 0.000000 to" a 309-digit number.
+CLI::Validator ExperimentId(int64_t lowest) {
+  return CLI::Validator(
+      [lowest](const std::string& input) {
+        int64_t id = 0;
+        const char* end = input.data() + input.size();
+        const auto [parsed_end, error] = std::from_chars(input.data(), end, id);
+        if (error == std::errc() && parsed_end == end && id >= lowest) return std::string();
+        return std::string("'")
+            .append(input)
+            .append("' is not an experiment id (a whole number from ")
+            .append(std::to_string(lowest))
+            .append(")");
+      },
+      lowest == 0 ? "NONNEGATIVE" : "POSITIVE");
+}
+
 // status, watch, cancel, resume, report and fetch: one experiment's.
 void AddExperimentCommands(CLI::App& app, ParsedCommandLine& line) {
   line.status = app.add_subcommand("status", "List experiments, or one experiment's trials");
   line.status->add_option("ID", line.id, "An experiment id (default: list them all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ExperimentId(0));
 
   line.watch = app.add_subcommand(
       "watch",
       "Follow an experiment live until every trial has ended (a table redrawn in place "
       "on a terminal, appended lines otherwise)");
   line.watch->add_option("ID", line.id, "The experiment id (default: the latest)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ExperimentId(0));
 
   line.cancel = app.add_subcommand("cancel", "Cancel an experiment's trials that have not ended");
-  line.cancel->add_option("ID", line.id, "The experiment id")
-      ->required()
-      ->check(CLI::PositiveNumber);
+  line.cancel->add_option("ID", line.id, "The experiment id")->required()->check(ExperimentId(1));
   line.cancel->add_option("--trial", line.trial, "Only this trial");
   line.cancel->add_flag("--checkpoint", line.checkpoint,
                         "Stop now, keep the progress: running trials first checkpoint their last "
@@ -180,9 +199,7 @@ void AddExperimentCommands(CLI::App& app, ParsedCommandLine& line) {
       "resume",
       "Continue a trial that stopped with a checkpoint (cancel --checkpoint, a lease's end) from "
       "it, on the node that holds it; the report then shows the steps of both runs");
-  line.resume->add_option("ID", line.id, "The experiment id")
-      ->required()
-      ->check(CLI::PositiveNumber);
+  line.resume->add_option("ID", line.id, "The experiment id")->required()->check(ExperimentId(1));
   line.resume->add_option("TRIAL", line.trial, "The trial's name")->required();
   line.resume->add_flag(
       "--wait", line.wait,
@@ -193,7 +210,7 @@ void AddExperimentCommands(CLI::App& app, ParsedCommandLine& line) {
                                    "An experiment's results: outcome, memory per "
                                    "category at the peak snapshot, time, tokens/s");
   line.report->add_option("ID", line.id, "The experiment id (default: the latest)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ExperimentId(0));
   line.report
       ->add_option("--format", line.format,
                    "table, csv, json, markdown or html (one file with charts)")
@@ -202,9 +219,7 @@ void AddExperimentCommands(CLI::App& app, ParsedCommandLine& line) {
 
   line.fetch = app.add_subcommand(
       "fetch", "Copy a trial's artifacts (adapters, checkpoints, logs), checking each sha256");
-  line.fetch->add_option("ID", line.id, "The experiment id")
-      ->required()
-      ->check(CLI::PositiveNumber);
+  line.fetch->add_option("ID", line.id, "The experiment id")->required()->check(ExperimentId(1));
   line.fetch->add_option("TRIAL", line.trial, "The trial's name")->required();
   line.fetch->add_option("--to", line.to, "Destination directory (default: ./llmctl-ID-TRIAL)");
 }
@@ -262,6 +277,13 @@ std::string DashValueHint(const CLI::App& app) {
 int Llmctl::Run(const std::vector<std::string>& args) {
   CLI::App app(kDescription, "llmctl");
   app.require_subcommand(1);
+  // CLI11's refusal quotes the arguments it refused as they came: an escape sequence among them
+  // would clear or retitle the terminal.
+  app.failure_message([](const CLI::App* command, const CLI::Error& error) {
+    const std::string message = CLI::FailureMessage::simple(command, error);
+    const size_t refusal_size = std::strlen(error.what());
+    return ForTerminal(message.substr(0, refusal_size)).append(message.substr(refusal_size));
+  });
   ParsedCommandLine line;
   AddSubmitCommand(app, line);
   AddEstimateCommand(app, line);

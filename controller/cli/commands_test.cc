@@ -403,6 +403,27 @@ TEST_F(CommandsTest, AValueThatStartsWithADashIsToldToFollowTwoDashes) {
   EXPECT_EQ(err_.str().find("put --"), std::string::npos) << err_.str();
 }
 
+// CLI11's refusal quotes the argument it refused: an escape in it (\e[2J clears the screen,
+// \e]0;...\a retitles the window) reaches the terminal as a space, and an id that is not one is
+// said to be so, not "not in range 0.000000 to" a 309-digit number.
+TEST_F(CommandsTest, ARefusedArgumentIsShownWithoutItsEscapes) {
+  EXPECT_EQ(Run({"nodes", "\x1b[2J\x1b]0;pwned\a"}), kExitInvalidInput);
+  EXPECT_EQ(err_.str().find('\x1b'), std::string::npos) << err_.str();
+  EXPECT_EQ(err_.str().find('\a'), std::string::npos) << err_.str();
+  EXPECT_NE(err_.str().find(" [2J ]0;pwned "), std::string::npos) << err_.str();
+
+  for (const char* id : {"\x1b[2J", "1.5", "99999999999999999999"}) {
+    EXPECT_EQ(Run({"report", id}), kExitInvalidInput) << id;
+    EXPECT_EQ(err_.str().find('\x1b'), std::string::npos) << err_.str();
+    EXPECT_NE(err_.str().find("is not an experiment id (a whole number from 0)"), std::string::npos)
+        << err_.str();
+  }
+  EXPECT_EQ(Run({"cancel", "0"}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("ID: '0' is not an experiment id (a whole number from 1)"),
+            std::string::npos)
+      << err_.str();
+}
+
 // `llmctl lease ...` is controller/openstack's command with the words after "lease" and our
 // environment: here none of the OS_* variables, so it refuses before any network call.
 TEST_F(CommandsTest, LeaseHandsItsWordsAndEnvironmentToTheLeaseCommands) {
