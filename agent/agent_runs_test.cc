@@ -6,6 +6,7 @@
 // agent_ranks_test.cc's.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -427,6 +428,28 @@ TEST_F(AgentTest, RunWhoseSupervisorVanishedIsFailedAfterRestart) {
   EXPECT_NE(streamed.ended->error().find("worker vanished"), std::string::npos);
   // Nobody would collect the orphaned worker's result: it was stopped.
   EXPECT_FALSE(ProcessStartTime(worker["pid"].get<pid_t>()).has_value());
+}
+
+// What the agent makes is its user's alone whatever the umask: under umask 000 its socket was
+// 0777 (any local user could call it; only the token stood between them and RunTrial) and its data,
+// runs and run directories 0777 (any user could plant or change a run's files).
+TEST_F(AgentTest, ItsSocketAndDirectoriesAreItsUsersAloneUnderAnOpenUmask) {
+  const mode_t umask = ::umask(0);
+  StartAgent();
+  const pb::RunKey key = Key(9, "open-umask", 1);
+  RunTrial(key, 0);
+  ::umask(umask);
+  const auto mode = [](const fs::path& path) {
+    struct stat info {};
+    EXPECT_EQ(::lstat(path.c_str(), &info), 0) << path;
+    return info.st_mode & 07777;
+  };
+  EXPECT_EQ(mode(dir_ / "agent.sock"), 0600u);
+  for (const fs::path& dir :
+       {dir_ / "data", dir_ / "data/runs", dir_ / "data/runs/9", dir_ / "data/runs/9/open-umask",
+        dir_ / "data/runs/9/open-umask/1", dir_ / "data/runs/9/open-umask/1/output"}) {
+    EXPECT_EQ(mode(dir), 0700u) << dir;
+  }
 }
 
 TEST_F(AgentTest, NodeInfoAndAuthentication) {

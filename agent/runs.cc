@@ -52,8 +52,14 @@ Status CreateRunDir(const WorkerLaunch& launch) {
   const std::string staging = dir + ".new";
   std::error_code error;
   fs::remove_all(staging, error);
-  fs::create_directories(staging + "/" + kOutputDir, error);
-  if (error) return UnavailableError("cannot create " + staging + ": " + error.message());
+  // runs/ID/TRIAL/ATTEMPT.new/output, each 0700 whatever the umask.
+  const fs::path trial_dir = fs::path(dir).parent_path();
+  for (const std::string& level : {trial_dir.parent_path().string(), trial_dir.string(), staging,
+                                   staging + "/" + kOutputDir}) {
+    if (const Status made = EnsureOwnDirectory(level, 0700, OthersMay::kAnything); !made.ok()) {
+      return UnavailableError(made.message());
+    }
+  }
   const std::string& yaml = launch.trial_file.yaml;
   RETURN_IF_ERROR(WriteFileAtomically(
       staging + "/" + kTrialFile, [&](int fd) { return WriteAll(fd, yaml.data(), yaml.size()); }));
@@ -83,11 +89,7 @@ RunManager::RunManager(RunManagerOptions options, InputCache* cache)
 
 StatusOr<std::unique_ptr<RunManager>> RunManager::Open(RunManagerOptions options,
                                                        InputCache* cache) {
-  std::error_code error;
-  fs::create_directories(options.data_dir + "/runs", error);
-  if (error) {
-    return UnavailableError("cannot create " + options.data_dir + "/runs: " + error.message());
-  }
+  RETURN_IF_ERROR(EnsureOwnDirectory(options.data_dir + "/runs", 0700, OthersMay::kRead));
   std::unique_ptr<RunManager> manager(new RunManager(std::move(options), cache));
   manager->wake_watcher_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!manager->wake_watcher_.valid()) {

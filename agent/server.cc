@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -21,6 +23,7 @@
 #include "common/digest/digest.h"
 #include "common/event_line.h"
 #include "common/event_stream.h"
+#include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/model_config.h"
 #include "common/version.h"
@@ -527,6 +530,8 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
     return InvalidArgumentError(
         "the agent needs --listen, --data-dir, --node, a token, --llm-train and its own path");
   }
+  // The runs, the input cache and the node's rates are this user's alone, whatever the umask.
+  RETURN_IF_ERROR(EnsureOwnDirectory(options.data_dir, 0700, OthersMay::kAnything));
   std::unique_ptr<AgentServer> server(new AgentServer());
   ASSIGN_OR_RETURN(server->cache_,
                    InputCache::Open(options.data_dir + "/cache", options.cache_keep_free_bytes));
@@ -583,6 +588,14 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
     return UnavailableError("cannot listen on " + options.listen);
   }
   if (is_unix) {
+    // bind made it 0777 less the umask; under umask 000 any local user could connect.
+    const std::string path = options.listen.substr(5);
+    if (::chmod(path.c_str(), 0600) != 0) {
+      return FailedPreconditionError(std::string("cannot make ")
+                                         .append(path)
+                                         .append(" private: ")
+                                         .append(std::strerror(errno)));
+    }
     server->address_ = options.listen;
   } else {
     const std::string host = options.listen.substr(0, options.listen.rfind(':'));
