@@ -12,7 +12,8 @@ namespace llmctl::trainer {
 
 StatusOr<std::unique_ptr<EventLog>> EventLog::Open(const std::string& path) {
   if (path.empty()) return std::unique_ptr<EventLog>(new EventLog(path, UniqueFd()));
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666));
+  // 0600: the agent, the same user, reads it; under umask 000 0666 let any user write events.
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600));
   if (!fd.valid()) {
     return UnavailableError("cannot open events file " + path + ": " + std::strerror(errno));
   }

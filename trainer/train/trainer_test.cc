@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -384,6 +385,19 @@ TEST(OutcomeTest, ATrialWhoseEventsCannotBeWrittenFails) {
   EXPECT_NE(result.error.find("cannot write events file /dev/full: No space left on device"),
             std::string::npos)
       << result.error;
+}
+
+// The events file is the user's alone whatever the umask: under umask 000 it was made 0666, for
+// any user to write events the agent would report as the trial's.
+TEST(EventLogTest, TheFileIsMadeForItsUserAloneUnderAnOpenUmask) {
+  const std::string path = testing::FreshTempDir("event-log-mode") + "/events.jsonl";
+  const mode_t umask = ::umask(0);
+  const StatusOr<std::unique_ptr<EventLog>> log = EventLog::Open(path);
+  ::umask(umask);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  struct stat info {};
+  ASSERT_EQ(::stat(path.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 07777, 0600u);
 }
 
 // A line cut short by a full disk or a file size limit is taken off the file again and nothing is
