@@ -282,15 +282,19 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   StatusOr<fs::path> dir = EmbeddedDataDir(env);
   if (!dir.ok()) return LocalRates();  // the calibration's note says why
   const fs::path path = *dir / kLocalProbeFile;
+  // The paths below are LLMCTL_HOME's text, the user's environment's: an escape in one would act
+  // on the terminal.
   const auto sheets = [&err](const std::string& why) {
-    err << "note: the time is at the data sheets' rates: " << why << "\n";
+    err << "note: the time is at the data sheets' rates: " << ForTerminal(why) << "\n";
     return LocalRates();
   };
   std::string stale;
   StatusOr<std::optional<estimate::RateProbe>> kept = CurrentLocalProbe(path, stale);
   if (!kept.ok()) return sheets(kept.status().message());
   if (kept->has_value()) return FromProbe(**kept, path.string());
-  if (!stale.empty()) err << "note: measuring this machine's rates again: " << stale << "\n";
+  if (!stale.empty()) {
+    err << "note: measuring this machine's rates again: " << ForTerminal(stale) << "\n";
+  }
   StatusOr<DaemonBinaries> binaries = LocateDaemonBinaries(self, env);
   if (!binaries.ok()) {
     return sheets("this machine's are not measured (" + binaries.status().message() + ")");
@@ -304,8 +308,8 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   const StatusOr<FileLock> measuring = [&]() -> StatusOr<FileLock> {
     StatusOr<FileLock> free = FileLock::AcquireWithin(lock_path, std::chrono::milliseconds(0));
     if (free.status().code() != StatusCode::kDeadlineExceeded) return free;
-    err << "waiting for the llmctl that measures this machine's rates into " << path.string()
-        << " (at most " << kProbeLockWait.count() << " minutes)\n"
+    err << "waiting for the llmctl that measures this machine's rates into "
+        << OnOneLine(path.string()) << " (at most " << kProbeLockWait.count() << " minutes)\n"
         << std::flush;
     return FileLock::AcquireWithin(lock_path, kProbeLockWait);
   }();
@@ -319,7 +323,7 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   if (!kept.ok()) return sheets(kept.status().message());
   if (kept->has_value()) return FromProbe(**kept, path.string());
   err << "measuring this machine's rates once (llm-train --probe, about 12 s) into "
-      << path.string() << "; delete it to measure again\n"
+      << OnOneLine(path.string()) << "; delete it to measure again\n"
       << std::flush;
   const Status probed = RunProbe(binaries->llm_train, path);
   StatusOr<estimate::RateProbe> probe =

@@ -146,6 +146,30 @@ TEST_F(LocalRatesTest, TwoAtOnceMeasureOnceAndBothTakeTheProbe) {
   }
 }
 
+// The probe's path is LLMCTL_HOME's text, the user's environment's: an escape in it (\e]0;...\a
+// retitles the window) reaches the terminal as a space.
+TEST_F(LocalRatesTest, TheProbesPathIsShownWithoutItsEscapes) {
+  const fs::path bin = home_ / "bin";
+  fs::create_directories(bin);
+  std::ofstream(home_ / "fixed.json") << FixedProbe().ToJson().dump(2);
+  for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
+    std::ofstream(bin / name) << "#!/bin/sh\ncat '" << (home_ / "fixed.json").string()
+                              << "' > \"$3\"\n";
+    fs::permissions(bin / name, fs::perms::owner_all);
+  }
+  const std::string home = (home_ / "data\x1b]0;T\a").string();
+  const EnvLookup env = [&home](std::string_view name) -> std::optional<std::string> {
+    if (name == "LLMCTL_HOME") return home;
+    return std::nullopt;
+  };
+  std::ostringstream err;
+  const LocalRates rates = LocalRates::Load(env, bin / "llmctl", err);
+  EXPECT_TRUE(rates.probe().has_value()) << err.str();
+  EXPECT_NE(err.str().find("measuring this machine's rates once"), std::string::npos) << err.str();
+  EXPECT_EQ(err.str().find('\x1b'), std::string::npos) << err.str();
+  EXPECT_EQ(err.str().find('\a'), std::string::npos) << err.str();
+}
+
 // A probe killed while llm-train wrote probe.json left its temporary (probe.json.tmp.PID.N) for
 // good; the next llmctl to measure removes it once it holds probe.json.lock.
 TEST_F(LocalRatesTest, AKilledProbesTemporaryIsRemovedByTheNextProbe) {
