@@ -284,7 +284,11 @@ StoredCalibrations Llmctl::LoadCalibrations() {
   const std::optional<ControllerAddress> configured = ConfiguredController();
   if (!configured.has_value()) {
     StoredCalibrations calibrations = StoredCalibrations::Load(context_.env);
-    if (!calibrations.note().empty()) context_.err << "note: " << calibrations.note() << "\n";
+    // The note may quote LLMCTL_HOME, the user's environment's text: an escape in it would act on
+    // the terminal.
+    if (!calibrations.note().empty()) {
+      context_.err << "note: " << ForTerminal(calibrations.note()) << "\n";
+    }
     return calibrations;
   }
   const std::string where = ControllerName(*configured);

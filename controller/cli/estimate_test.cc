@@ -73,6 +73,18 @@ TEST_F(EstimateTest, JsonHasEachTrialsExactModelStateActivationsAndPeak) {
 
 // The labs' table in miniature: the estimate says which rows fit the 216 MiB device and which
 // run out of memory, as each row's `expect:` says they do when run.
+// The notes quote LLMCTL_HOME, the user's environment's text: an escape in it (\e]0;...\a
+// retitles the window) reaches the terminal as a space.
+TEST_F(EstimateTest, NotesQuoteTheDataDirectoryWithoutItsEscapes) {
+  env_["LLMCTL_HOME"] = "relative\x1b]0;T\a";
+  ASSERT_EQ(Llmctl({Experiments() + "demo.yaml"}), kExitOk) << err_.str();
+  EXPECT_NE(err_.str().find("note: LLMCTL_HOME='relative ]0;T ' is not an absolute path"),
+            std::string::npos)
+      << err_.str();
+  EXPECT_EQ(err_.str().find('\x1b'), std::string::npos) << err_.str();
+  EXPECT_EQ(err_.str().find('\a'), std::string::npos) << err_.str();
+}
+
 TEST_F(EstimateTest, CpuLabVerdictsAreEachRowsExpectation) {
   ASSERT_EQ(Llmctl({Experiments() + "cpu-lab.yaml", "--format", "json"}), kExitOk) << err_.str();
   const nlohmann::json out = nlohmann::json::parse(out_.str());

@@ -1,5 +1,6 @@
 // Test support: `llmctl` run in-process for the commands that need no controller (estimate,
-// plan), with an empty environment, in a fresh directory per test, its output captured.
+// plan), with an environment of the test's (empty unless it sets one), in a fresh directory per
+// test, its output captured.
 #ifndef LLMCTL_CONTROLLER_CLI_OFFLINE_CLI_TEST_H_
 #define LLMCTL_CONTROLLER_CLI_OFFLINE_CLI_TEST_H_
 
@@ -9,6 +10,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -90,11 +92,16 @@ class OfflineCliTest : public ::testing::Test {
     out_.str("");
     err_.str("");
     CliContext context = TestCliContext(
-        [](std::string_view) { return std::optional<std::string>(); }, out_, err_, dir_);
+        [env = env_](std::string_view name) -> std::optional<std::string> {
+          if (auto value = env.find(std::string(name)); value != env.end()) return value->second;
+          return std::nullopt;
+        },
+        out_, err_, dir_);
     return RunLlmctl(args, context);
   }
 
   std::filesystem::path dir_;
+  std::map<std::string, std::string> env_;  // the environment, empty unless a test sets it
   std::ostringstream out_;
   std::ostringstream err_;
 };
