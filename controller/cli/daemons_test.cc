@@ -39,6 +39,14 @@ class DaemonsTest : public ::testing::Test {
     fs::permissions(path, fs::perms::owner_all);
   }
 
+  // /bin/sleep copied to bin/llmctld: a stand-in under llmctld's name, which its args keep
+  // running.
+  fs::path SleepAsLlmctld() {
+    fs::create_directories(dir_ / "bin");
+    fs::copy_file("/bin/sleep", dir_ / "bin" / "llmctld");
+    return fs::canonical(dir_ / "bin" / "llmctld");
+  }
+
   // The built llm-agent: ctest runs tests in the source directory, and LLMCTL_BUILD_DIR names
   // another build tree.
   static fs::path AgentBinary() {
@@ -205,9 +213,7 @@ TEST_F(DaemonsTest, ADaemonOfAnotherLlmctlIsNamedNotReplacedAndStops) {
 TEST_F(DaemonsTest, ADaemonWhoseBinaryWasReplacedSinceItStartedIsNoted) {
   const fs::path data = dir_ / "data";
   fs::create_directories(data / "logs");
-  fs::create_directories(dir_ / "bin");
-  fs::copy_file("/bin/sleep", dir_ / "bin" / "llmctld");  // a stand-in under llmctld's name
-  const fs::path binary = fs::canonical(dir_ / "bin" / "llmctld");
+  const fs::path binary = SleepAsLlmctld();
   EmbeddedDaemons daemons(data, {binary, fs::canonical("/bin/false"), fs::canonical("/bin/false")});
   DaemonSpec controller = daemons.ControllerSpec();
   controller.args = {"300"};
@@ -238,9 +244,7 @@ TEST_F(DaemonsTest, ADaemonWhoseBinaryWasReplacedSinceItStartedIsNoted) {
 TEST_F(DaemonsTest, AStopWaitsForAStartUnderWayAndStopsWhatItStarted) {
   const fs::path data = dir_ / "data";
   fs::create_directories(data / "logs");
-  fs::create_directories(dir_ / "bin");
-  fs::copy_file("/bin/sleep", dir_ / "bin" / "llmctld");  // a stand-in under llmctld's name
-  const fs::path binary = fs::canonical(dir_ / "bin" / "llmctld");
+  const fs::path binary = SleepAsLlmctld();
   EmbeddedDaemons daemons(data, {binary, fs::canonical("/bin/false"), fs::canonical("/bin/false")});
   std::future<StatusOr<std::vector<std::string>>> stopped;
   pid_t started = 0;

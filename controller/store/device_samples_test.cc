@@ -78,17 +78,22 @@ std::vector<NewDeviceSample> GpuReadings(int64_t first, int64_t last) {
   return readings;
 }
 
+// An attempt of `trial` on two nodes, n1 and n2, each on its cuda:0.
+StatusOr<int64_t> StartTwoNodeAttempt(Store& store, int64_t trial) {
+  return store.StartMultiNodeAttempt(
+      trial,
+      {{.node_rank = 0, .node = "n1", .device_indices = {0}, .ended = false},
+       {.node_rank = 1, .node = "n2", .device_indices = {0}, .ended = false}},
+      kNow);
+}
+
 // A multi-node attempt's nodes each number their own readings of their own cuda:0: each node's
 // are kept apart, from its own cursor, and merged per node.
 TEST_F(DeviceSamplesTest, EachNodeOfAMultiNodeAttemptKeepsItsOwnReadings) {
   std::unique_ptr<Store> store = OpenWithRunningTrial("db");
   ASSERT_NE(store, nullptr);
   const int64_t trial = (*store->ListTrials(experiment_id_))[1].id;
-  auto attempt = store->StartMultiNodeAttempt(
-      trial,
-      {{.node_rank = 0, .node = "n1", .device_indices = {0}, .ended = false},
-       {.node_rank = 1, .node = "n2", .device_indices = {0}, .ended = false}},
-      kNow);
+  auto attempt = StartTwoNodeAttempt(*store, trial);
   ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
   // Past the window on both nodes, so that older readings are merged.
   constexpr int64_t kReadings = 700;
@@ -279,11 +284,7 @@ TEST_F(DeviceSamplesTest, EachNodesWindowEndsAtItsOwnLastReading) {
   std::unique_ptr<Store> store = OpenWithRunningTrial("db");
   ASSERT_NE(store, nullptr);
   const int64_t trial = (*store->ListTrials(experiment_id_))[1].id;
-  auto attempt = store->StartMultiNodeAttempt(
-      trial,
-      {{.node_rank = 0, .node = "n1", .device_indices = {0}, .ended = false},
-       {.node_rank = 1, .node = "n2", .device_indices = {0}, .ended = false}},
-      kNow);
+  auto attempt = StartTwoNodeAttempt(*store, trial);
   ASSERT_TRUE(attempt.ok()) << attempt.status().ToString();
   ASSERT_EQ(*store->AppendDeviceSamples(trial, *attempt, GpuReadings(1, 120), 0), 120);
   NewDeviceSample ahead = GpuReading(1);
