@@ -57,6 +57,10 @@ TEST(NodeInfoCheckTest, RefusesEachFieldNoNodeHasByName) {
       {[](v1::NodeInfo& i) { i.set_libtorch_version("2.15\u202e0"); },
        "its libtorch_version holds a bidirectional text control"},
       {[](v1::NodeInfo& i) { i.set_cpu_count(-4); }, "its cpu_count is negative"},
+      {[](v1::NodeInfo& i) { i.set_unusable(std::string(1025, 'x')); },
+       "its unusable longer than 1024 bytes"},
+      {[](v1::NodeInfo& i) { i.set_unusable("its llm-train\x1b]0;T\a is another version"); },
+       "its unusable holds a control character"},
       {[](v1::NodeInfo& i) {
          for (int d = 0; d < kMaxNodeDevices; ++d) {
            v1::Device* device = i.add_devices();
