@@ -3,6 +3,8 @@
 #include <optional>
 #include <utility>
 
+#include "common/text.h"
+
 namespace llmctl::rpc {
 namespace {
 
@@ -16,14 +18,19 @@ std::optional<std::string> VersionIn(
   return std::string(found->second.data(), found->second.size());
 }
 
+// The other side's version as a message quotes it: its header is another process's text, up to
+// gRPC's 8 KiB of metadata, and the message is printed on the user's terminal.
+std::string Quoted(std::string_view version) { return OnOneLine(version, 64); }
+
 // Why this CLI (of `version`) refuses a controller that announced `controller`.
 std::string ControllerRefused(const std::string& controller, const std::string& version) {
+  const std::string shown = Quoted(controller);
   return std::string("the controller is llmctl ")
-      .append(controller)
+      .append(shown)
       .append(" and this llmctl ")
       .append(version)
       .append("; they must be the same version: install llmctl ")
-      .append(controller)
+      .append(shown)
       .append(" here, or run llmctl ")
       .append(version)
       .append("'s llmctld (the embedded one: llmctl daemon stop)");
@@ -95,7 +102,7 @@ grpc::Status CheckClientVersion(const std::multimap<grpc::string_ref, grpc::stri
   }
   return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                       std::string("this llmctl is ")
-                          .append(*client)
+                          .append(Quoted(*client))
                           .append(" and the controller llmctl ")
                           .append(version)
                           .append(install));

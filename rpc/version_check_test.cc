@@ -105,6 +105,27 @@ TEST(VersionCheckTest, TheClientRefusesTheAnswerOfAServerOfAnotherVersion) {
             "daemon stop)");
 }
 
+// A version is the other process's text: a long one is quoted cut to 64 bytes, on either side.
+TEST(VersionCheckTest, ALongVersionIsQuotedCut) {
+  const std::string long_version(4000, '9');
+  const std::string quoted = std::string(61, '9') + "\u2026";  // 64 bytes with its "…"
+  VersionedServer client_refused("0.4.0", /*checks=*/true);
+  const grpc::Status refused = Call(client_refused, long_version);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(refused.error_message(),
+            "this llmctl is " + quoted +
+                " and the controller llmctl 0.4.0; they must be the same version: install llmctl "
+                "0.4.0 here");
+
+  VersionedServer announcing(long_version, /*checks=*/false);
+  const grpc::Status answer = Call(announcing, "0.4.0");
+  EXPECT_EQ(answer.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(answer.error_message(),
+            "the controller is llmctl " + quoted +
+                " and this llmctl 0.4.0; they must be the same version: install llmctl " + quoted +
+                " here, or run llmctl 0.4.0's llmctld (the embedded one: llmctl daemon stop)");
+}
+
 // An llmctld older than the announcement says no version: its answer is taken as it is (that
 // pair is not caught here).
 TEST(VersionCheckTest, TheClientTakesTheAnswerOfAServerThatAnnouncesNoVersion) {
