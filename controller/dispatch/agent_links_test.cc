@@ -21,8 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using AgentLinksTest = DispatcherTest;
-
 v1::NodeStatus NodeStatusOf(v1::Controller::Stub& controller, const std::string& node) {
   grpc::ClientContext context;
   v1::ListNodesResponse nodes;
@@ -33,6 +31,21 @@ v1::NodeStatus NodeStatusOf(v1::Controller::Stub& controller, const std::string&
   ADD_FAILURE() << "no node " << node;
   return {};
 }
+
+class AgentLinksTest : public DispatcherTest {
+ protected:
+  // Node n1, whose agent takes trials again, is connected after the next health check, and
+  // `experiment`'s one waiting trial runs there to its end.
+  void ExpectConnectedAtTheNextHealthCheckAndTheTrialRuns(int64_t experiment) {
+    clock_.Advance(config_.health_interval);
+    Tick();
+    EXPECT_EQ(NodeStatusOf(*controller_, "n1").state(), "connected");
+    ASSERT_TRUE(Eventually([&] {
+      Tick();
+      return OnlyTrial(experiment).state == store::TrialState::kOk;
+    }));
+  }
+};
 
 TEST_F(AgentLinksTest, ATrialWhoseAgentStaysSilentIsRequeuedAndItsOldAttemptFencedOff) {
   const int64_t experiment = SubmitOneThatKeepsRunning();
@@ -201,13 +214,7 @@ TEST_F(AgentLinksTest, AnAgentOfAnotherLlmctlVersionIsUnusableAndSaysHowToRedepl
     std::lock_guard lock(agent_state_.mutex);
     agent_state_.llmctl_version = version;
   }
-  clock_.Advance(config_.health_interval);
-  Tick();
-  EXPECT_EQ(NodeStatusOf(*controller_, "n1").state(), "connected");
-  ASSERT_TRUE(Eventually([&] {
-    Tick();
-    return OnlyTrial(experiment).state == store::TrialState::kOk;
-  }));
+  ExpectConnectedAtTheNextHealthCheckAndTheTrialRuns(experiment);
 }
 
 // An agent that says it takes no trial (its llm-train is another llmctl version) makes its node
@@ -232,13 +239,7 @@ TEST_F(AgentLinksTest, AnAgentThatSaysItTakesNoTrialMakesItsNodeUnusableWithItsR
     std::lock_guard lock(agent_state_.mutex);
     agent_state_.unusable.clear();
   }
-  clock_.Advance(config_.health_interval);
-  Tick();
-  EXPECT_EQ(NodeStatusOf(*controller_, "n1").state(), "connected");
-  ASSERT_TRUE(Eventually([&] {
-    Tick();
-    return OnlyTrial(experiment).state == store::TrialState::kOk;
-  }));
+  ExpectConnectedAtTheNextHealthCheckAndTheTrialRuns(experiment);
 }
 
 // A node whose agent measures its rates starts no trial meanwhile: none is placed there, and the
