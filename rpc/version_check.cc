@@ -22,9 +22,20 @@ std::optional<std::string> VersionIn(
 // gRPC's 8 KiB of metadata, and the message is printed on the user's terminal.
 std::string Quoted(std::string_view version) { return OnOneLine(version, 64); }
 
-// Why this CLI (of `version`) refuses a controller that announced `controller`.
-std::string ControllerRefused(const std::string& controller, const std::string& version) {
-  const std::string shown = Quoted(controller);
+// Why this CLI (of `version`) refuses a controller that announced `controller`, or none: an llmctld
+// older than the announcement, whose API is older than this llmctl's.
+std::string ControllerRefused(const std::optional<std::string>& controller,
+                              const std::string& version) {
+  if (!controller.has_value()) {
+    return std::string("the controller does not say its version (it is older than this llmctl, ")
+        .append(version)
+        .append("); they must be the same version: run llmctl ")
+        .append(version)
+        .append(
+            "'s llmctld (the embedded one: llmctl daemon stop, and the next llmctl command "
+            "starts this llmctl's)");
+  }
+  const std::string shown = Quoted(*controller);
   return std::string("the controller is llmctl ")
       .append(shown)
       .append(" and this llmctl ")
@@ -49,10 +60,9 @@ class VersionChecker : public grpc::experimental::Interceptor {
     }
     // Only an answer is checked: a refusal or a failure to connect says what it says.
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_STATUS) &&
-        methods->GetRecvStatus()->ok() && controller_version_.has_value() &&
-        *controller_version_ != version_) {
+        methods->GetRecvStatus()->ok() && controller_version_ != version_) {
       *methods->GetRecvStatus() = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                               ControllerRefused(*controller_version_, version_));
+                                               ControllerRefused(controller_version_, version_));
     }
     methods->Proceed();
   }

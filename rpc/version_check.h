@@ -3,7 +3,8 @@
 // version makes of them, and a field it does not know is dropped without a word. So each side says
 // its version in the "llmctl-version" metadata, the CLI on every call of its channel
 // (VersionInterceptor) and the controller in every answer (AnnounceVersion), and each refuses the
-// other's when it differs, with FAILED_PRECONDITION naming both versions.
+// other's when it differs or is not said (a peer older than the header), with FAILED_PRECONDITION
+// naming both versions.
 #ifndef LLMCTL_RPC_VERSION_CHECK_H_
 #define LLMCTL_RPC_VERSION_CHECK_H_
 
@@ -20,8 +21,11 @@ inline constexpr char kVersionHeader[] = "llmctl-version";
 
 // Client side: sends "llmctl-version: <version>" on every call of the channel, and ends a call that
 // the server answered OK announcing another version with FAILED_PRECONDITION naming both instead
-// (such a server has run the call by then: the refusal is the server's to give, CheckClientVersion).
-// An answer that announces none (an llmctld older than the announcement) is taken as it is.
+// (such a server has run the call by then: the refusal is the server's to give,
+// CheckClientVersion). An answer that announces none is refused the same way, saying the
+// controller's version is not known: every llmctld since the header announces its own, so one that
+// does not is older and speaks an older API, as CheckClientVersion holds of a client that sends
+// none.
 std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> VersionInterceptor(
     std::string version);
 

@@ -26,26 +26,36 @@ class VersionedServer final : public pb::Agent::Service {
 
   grpc::Status GetNodeInfo(grpc::ServerContext* context, const pb::GetNodeInfoRequest*,
                            pb::NodeInfo* response) override {
-    if (version_.has_value()) AnnounceVersion(*context, *version_);
-    if (checks_) {
-      if (grpc::Status checked = CheckClientVersion(context->client_metadata(), *version_);
-          !checked.ok()) {
-        return checked;
-      }
-    }
+    if (grpc::Status checked = AnnounceAndCheck(*context); !checked.ok()) return checked;
     response->set_node("node1");
     return answer_;
   }
 
+  // A stream that ends with `answer` before any message.
+  grpc::Status StreamEvents(grpc::ServerContext* context, const pb::StreamEventsRequest*,
+                            grpc::ServerWriter<pb::StreamEventsResponse>*) override {
+    if (grpc::Status checked = AnnounceAndCheck(*context); !checked.ok()) return checked;
+    return answer_;
+  }
+
  private:
+  grpc::Status AnnounceAndCheck(grpc::ServerContext& context) const {
+    if (version_.has_value()) AnnounceVersion(context, *version_);
+    if (!checks_) return grpc::Status::OK;
+    return CheckClientVersion(context.client_metadata(), *version_);
+  }
+
   const std::optional<std::string> version_;
   const bool checks_;
   const grpc::Status answer_;
 };
 
-// One GetNodeInfo from a client of `client_version` (none: one older than the header, which sends
-// none) to `server`.
-grpc::Status Call(VersionedServer& server, const std::optional<std::string>& client_version) {
+enum class Method { kUnary, kEmptyStream };
+
+// One GetNodeInfo (kUnary), or one StreamEvents read to its end (kEmptyStream), from a client of
+// `client_version` (none: one older than the header, which sends none) to `server`.
+grpc::Status Call(VersionedServer& server, const std::optional<std::string>& client_version,
+                  Method method = Method::kUnary) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -60,10 +70,18 @@ grpc::Status Call(VersionedServer& server, const std::optional<std::string>& cli
       std::move(interceptors)));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  pb::NodeInfo info;
-  grpc::Status status = stub->GetNodeInfo(&context, {}, &info);
-  if (status.ok()) {
-    EXPECT_EQ(info.node(), "node1");
+  grpc::Status status;
+  if (method == Method::kUnary) {
+    pb::NodeInfo info;
+    status = stub->GetNodeInfo(&context, {}, &info);
+    if (status.ok()) {
+      EXPECT_EQ(info.node(), "node1");
+    }
+  } else {
+    const auto reader = stub->StreamEvents(&context, {});
+    pb::StreamEventsResponse event;
+    EXPECT_FALSE(reader->Read(&event));
+    status = reader->Finish();
   }
   running->Shutdown();
   return status;
@@ -126,11 +144,28 @@ TEST(VersionCheckTest, ALongVersionIsQuotedCut) {
                 " here, or run llmctl 0.4.0's llmctld (the embedded one: llmctl daemon stop)");
 }
 
-// An llmctld older than the announcement says no version: its answer is taken as it is (that
-// pair is not caught here).
-TEST(VersionCheckTest, TheClientTakesTheAnswerOfAServerThatAnnouncesNoVersion) {
-  VersionedServer server(std::nullopt, /*checks=*/false);
-  const grpc::Status status = Call(server, "0.4.0");
+// Every llmctld since the header announces its version: one that announces none is older and
+// speaks an older API, so its answer is refused saying so and how to run this llmctl's (it was
+// taken as it was, and the CLI failed later on what that llmctld made of its request).
+TEST(VersionCheckTest, TheClientRefusesTheAnswerOfAServerThatAnnouncesNoVersion) {
+  const std::string refusal =
+      "the controller does not say its version (it is older than this llmctl, 0.4.0); they must be "
+      "the same version: run llmctl 0.4.0's llmctld (the embedded one: llmctl daemon stop, and the "
+      "next llmctl command starts this llmctl's)";
+  for (const Method method : {Method::kUnary, Method::kEmptyStream}) {
+    VersionedServer server(std::nullopt, /*checks=*/false);
+    const grpc::Status status = Call(server, "0.4.0", method);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(status.error_message(), refusal);
+  }
+}
+
+// A stream that ends OK before any message still carries the server's announcement (gRPC sends
+// custom initial metadata ahead of the status rather than a trailers-only answer), so the check
+// above does not refuse an llmctld of this version whose Watch or FetchArtifacts sends nothing.
+TEST(VersionCheckTest, AnEmptyStreamOfAServerOfTheSameVersionIsTaken) {
+  VersionedServer server("0.4.0", /*checks=*/true);
+  const grpc::Status status = Call(server, "0.4.0", Method::kEmptyStream);
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 

@@ -20,17 +20,21 @@
 #include <vector>
 
 #include "common/digest/digest.h"
+#include "common/version.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/offline_cli_test.h"
 #include "llmctl/v1/controller.grpc.pb.h"
+#include "rpc/version_check.h"
 
 namespace llmctl::cli {
 
-// Records what the CLI sends and answers from canned responses.
+// Records what the CLI sends and answers from canned responses, announcing this llmctl's version
+// as llmctld does (the CLI refuses an answer that names none).
 class FakeController final : public v1::Controller::Service {
  public:
-  grpc::Status MissingBlobs(grpc::ServerContext*, const v1::MissingBlobsRequest* request,
+  grpc::Status MissingBlobs(grpc::ServerContext* context, const v1::MissingBlobsRequest* request,
                             v1::MissingBlobsResponse* response) override {
+    rpc::AnnounceVersion(*context, kVersion);
     std::lock_guard lock(mutex_);
     ++calls_;
     for (const std::string& sha256 : request->sha256()) {
@@ -42,6 +46,7 @@ class FakeController final : public v1::Controller::Service {
 
   grpc::Status UploadBlob(grpc::ServerContext* context, grpc::ServerReader<v1::BlobChunk>* reader,
                           v1::UploadBlobResponse* response) override {
+    rpc::AnnounceVersion(*context, kVersion);
     const auto time_left = context->deadline() - std::chrono::system_clock::now();
     v1::BlobChunk chunk;
     std::string sha256, bytes;
@@ -71,6 +76,7 @@ class FakeController final : public v1::Controller::Service {
 
   grpc::Status ListNodes(grpc::ServerContext* context, const v1::ListNodesRequest*,
                          v1::ListNodesResponse* response) override {
+    rpc::AnnounceVersion(*context, kVersion);
     std::lock_guard lock(mutex_);
     *response = nodes_;
     authorization_.clear();
@@ -79,8 +85,9 @@ class FakeController final : public v1::Controller::Service {
     }
     return grpc::Status::OK;
   }
-  grpc::Status TimedRuns(grpc::ServerContext*, const v1::TimedRunsRequest*,
+  grpc::Status TimedRuns(grpc::ServerContext* context, const v1::TimedRunsRequest*,
                          v1::TimedRunsResponse* response) override {
+    rpc::AnnounceVersion(*context, kVersion);
     std::lock_guard lock(mutex_);
     // What a controller from before the call answers.
     if (timed_runs_unimplemented_) return {grpc::StatusCode::UNIMPLEMENTED, ""};
@@ -88,8 +95,9 @@ class FakeController final : public v1::Controller::Service {
     *response = timed_runs_;
     return grpc::Status::OK;
   }
-  grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest* request,
+  grpc::Status Submit(grpc::ServerContext* context, const v1::SubmitRequest* request,
                       v1::SubmitResponse* response) override {
+    rpc::AnnounceVersion(*context, kVersion);
     std::lock_guard lock(mutex_);
     ++calls_;
     submitted_ = *request;
@@ -99,8 +107,9 @@ class FakeController final : public v1::Controller::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Watch(grpc::ServerContext*, const v1::GetExperimentRequest* request,
+  grpc::Status Watch(grpc::ServerContext* context, const v1::GetExperimentRequest* request,
                      grpc::ServerWriter<v1::ExperimentStatus>* writer) override {
+    rpc::AnnounceVersion(*context, kVersion);
     {
       std::lock_guard lock(mutex_);
       ++calls_;
@@ -109,8 +118,9 @@ class FakeController final : public v1::Controller::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Report(grpc::ServerContext*, const v1::GetExperimentRequest* request,
+  grpc::Status Report(grpc::ServerContext* context, const v1::GetExperimentRequest* request,
                       v1::ReportResponse* response) override {
+    rpc::AnnounceVersion(*context, kVersion);
     std::lock_guard lock(mutex_);
     ++calls_;
     if (request->experiment_id() != report_.experiment_id() && request->experiment_id() != 0) {
@@ -121,14 +131,16 @@ class FakeController final : public v1::Controller::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status FetchArtifacts(grpc::ServerContext*, const v1::FetchTrialArtifactsRequest*,
+  grpc::Status FetchArtifacts(grpc::ServerContext* context, const v1::FetchTrialArtifactsRequest*,
                               grpc::ServerWriter<v1::ArtifactChunk>* writer) override {
+    rpc::AnnounceVersion(*context, kVersion);
     for (const v1::ArtifactChunk& chunk : artifacts_) writer->Write(chunk);
     return grpc::Status::OK;
   }
 
-  grpc::Status Cancel(grpc::ServerContext*, const v1::CancelRequest* request,
+  grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
                       v1::CancelResponse* response) override {
+    rpc::AnnounceVersion(*context, kVersion);
     std::lock_guard lock(mutex_);
     ++calls_;
     // A trial named "ended..." has ended: nothing cancelled.
@@ -140,8 +152,9 @@ class FakeController final : public v1::Controller::Service {
   }
 
   // "running": cannot be resumed; "nope": no such trial; others resume from attempt 1's step 3.
-  grpc::Status Resume(grpc::ServerContext*, const v1::ResumeRequest* request,
+  grpc::Status Resume(grpc::ServerContext* context, const v1::ResumeRequest* request,
                       v1::ResumeResponse* response) override {
+    rpc::AnnounceVersion(*context, kVersion);
     if (request->trial() == "running") {
       return {grpc::StatusCode::FAILED_PRECONDITION,
               "trial 'running' is running; only a trial that has ended can be resumed"};
