@@ -278,4 +278,21 @@ std::string PercentEncode(std::string_view text, bool keep_slash) {
   return out;
 }
 
+std::string ShellWord(std::string_view word) {
+  if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                              "0123456789_-./:=@%+,") == std::string_view::npos) {
+    return std::string(word);
+  }
+  std::string quoted = "'";
+  for (char c : word) {
+    if (c == '\'') {
+      quoted.append("'\\''");
+    } else {
+      quoted.push_back(c);
+    }
+  }
+  quoted.push_back('\'');
+  return quoted;
+}
+
 }  // namespace llmctl

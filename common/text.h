@@ -87,6 +87,13 @@ std::optional<std::pair<std::string, std::string>> ParseInputNameArgument(
 std::string FormatColumns(const std::vector<std::vector<std::string>>& rows,
                           size_t first_right_aligned = std::numeric_limits<size_t>::max());
 
+// `word` as one word of a POSIX shell's command line, which the shell reads back as `word`: as it
+// is when it is not empty and holds only letters, digits and "_-./:=@%+,", else between single
+// quotes with each quote of its own written '\''. For the command lines tests run through /bin/sh
+// and those llmctl prints for a person to run (whose words pass through OnOneLine first), where a
+// word spliced in as it was broke the line at its first quote or space.
+std::string ShellWord(std::string_view word);
+
 // `text` for a URI's path or query: RFC 3986 unreserved bytes stay, everything else is %XX ('/'
 // too unless `keep_slash`).
 std::string PercentEncode(std::string_view text, bool keep_slash);

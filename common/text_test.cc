@@ -167,5 +167,14 @@ TEST(PercentEncodeTest, KeepsUnreservedBytesAndEncodesTheRest) {
   EXPECT_EQ(PercentEncode("refs/pr/1", /*keep_slash=*/false), "refs%2Fpr%2F1");
 }
 
+// What tests/support/shell_command_test.cc reads back through /bin/sh.
+TEST(ShellWordTest, PlainWordsStayAndOthersAreSingleQuoted) {
+  EXPECT_EQ(ShellWord("--site=KVM@TACC/g1.h100,x+y:50%"), "--site=KVM@TACC/g1.h100,x+y:50%");
+  EXPECT_EQ(ShellWord(""), "''");
+  EXPECT_EQ(ShellWord("My Drive"), "'My Drive'");
+  EXPECT_EQ(ShellWord("this machine's rates"), "'this machine'\\''s rates'");
+  EXPECT_EQ(ShellWord("$HOME `id` \\ \"*\""), "'$HOME `id` \\ \"*\"'");
+}
+
 }  // namespace
 }  // namespace llmctl

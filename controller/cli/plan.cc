@@ -386,21 +386,12 @@ Status CheckSubmittable(const std::string& yaml, const PlanOptions& o) {
 // `word` as a shell reads it back, on one line (OnOneLine's spaces for its controls): the comment
 // CommandLine's text goes into must stay one YAML comment however MODEL is spelled, where a
 // newline in it wrote a key of its own.
-std::string ShellWord(const std::string& word) {
-  const std::string shown = OnOneLine(word);
-  if (!shown.empty() &&
-      shown.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                              "0123456789_-./:=@%+,") == std::string::npos) {
-    return shown;
-  }
-  std::string quoted = "'";
-  for (char c : shown) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
+std::string ShownShellWord(const std::string& word) { return ShellWord(OnOneLine(word)); }
 
 std::string CommandLine(const PlanOptions& o) {
-  std::string text = "llmctl plan " + ShellWord(o.model) + " --device " + ShellWord(o.device);
-  if (!o.device_memory.empty()) text += " --device-memory " + ShellWord(o.device_memory);
+  std::string text =
+      "llmctl plan " + ShownShellWord(o.model) + " --device " + ShownShellWord(o.device);
+  if (!o.device_memory.empty()) text += " --device-memory " + ShownShellWord(o.device_memory);
   if (o.gpus > 1) text += " --gpus " + std::to_string(o.gpus);
   if (o.nodes > 1) text += " --nodes " + std::to_string(o.nodes);
   text += " --seq " + std::to_string(o.seq) + " --global-batch " + std::to_string(o.global_batch);
