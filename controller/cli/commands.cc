@@ -219,10 +219,11 @@ Status Llmctl::EnsureTargetNode(v1::Controller::Stub& stub, const Experiment& ex
   const ProvisionCommands commands =
       ProvisionCommandsFor(target, lease, lease_sizing.duration, node_flags);
   if (!provision) {
+    // Lines to paste into a shell: each word quoted as the shell needs (a site or an image may hold
+    // a space or a quote), the whole on one line whatever the experiment file's target holds.
     std::string create_line = "llmctl lease", up_line = "llmctl node";
-    for (const std::string& word : commands.create) create_line += " " + word;
-    for (const std::string& word : commands.up) up_line += " " + word;
-    // One line, whatever the experiment file's target holds (its flavor is in the commands too).
+    for (const std::string& word : commands.create) create_line.append(" ").append(ShellWord(word));
+    for (const std::string& word : commands.up) up_line.append(" ").append(ShellWord(word));
     return FailedPreconditionError(OnOneLine(
         "no node of the controller's is on a lease of " + target.flavor +
         (target.site.empty() ? "" : " at " + target.site) +

@@ -87,6 +87,25 @@ TEST_F(CommandsTest, ATargetWithNoMatchingNodeSaysWhatToRunAndSubmitsNothing) {
   EXPECT_TRUE(fake_.submitted_.has_value());
 }
 
+// The commands to run are for a shell: a flavor's name is the cloud's free text, and one holding a
+// space and a quote stays one word there, quoted. Spliced in as it was, the shell split it at the
+// space and read its quote as the start of a string running to the line's end.
+TEST_F(CommandsTest, TheCommandsToRunQuoteTheWordsAShellWouldSplit) {
+  Write("gpu.yaml",
+        "name: single\n"
+        "target: {site: KVM@TACC, flavor: \"bob's gpu\"}\n"
+        "model: llmctl-demo\n"
+        "init: random\n"
+        "tokenizer: node:/data/tokenizer.json\n"
+        "data: {path: node:/data/synthetic.jsonl}\n");
+  EXPECT_EQ(Run({"submit", (dir_ / "gpu.yaml").string()}), kExitFailed);
+  EXPECT_NE(err_.str().find("or run: llmctl lease create --flavor 'bob'\\''s gpu' --name "
+                            "llmctl-single-bob-s-gpu --duration 2h50m --wait --site KVM@TACC && "
+                            "llmctl node --site KVM@TACC up --lease llmctl-single-bob-s-gpu"),
+            std::string::npos)
+      << err_.str();
+}
+
 // A bare-metal target names a node type (experiments/single-a100.yaml): a node whose lease
 // reserved that type serves it, and without one the lease to make reserves hosts by node type.
 TEST_F(CommandsTest, ABareMetalTargetNamesANodeType) {
