@@ -91,6 +91,10 @@ void Dispatcher::Tick() {
   for (const dispatch::AttemptKey& attempt : links_.SilentRuns(*running, monotonic_now)) {
     DeclareLost(attempt, *running, now);
   }
+  // After the silent ones, whose streams DeclareLost stopped: an attempt is declared lost once.
+  for (const dispatch::AttemptKey& attempt : streams_.RefusedRuns(*running, monotonic_now)) {
+    DeclareLost(attempt, *running, now);
+  }
   running = store.ListRunningAttempts();
   if (running.ok()) leases_.Watch(*nodes, *running, now);
 

@@ -17,11 +17,12 @@
 //      has as running there that the agent does not know is lost at once;
 //   3. follows every running attempt whose agent is connected with a StreamEvents reader that
 //      starts at the store's LastSeq + 1, stores what arrives (idempotent on trial, attempt, seq)
-//      and finishes the attempt on `ended`; a broken stream is reopened after a backoff that
-//      doubles up to backoff_max, from the last stored seq;
+//      and finishes the attempt on `ended`; a broken stream, or one the agent refused, is reopened
+//      after a backoff that doubles up to backoff_max, from the last stored seq; only the store's
+//      fence ends one for good;
 //   4. declares lost the attempts whose agent has been silent for requeue_after (the scheduler's
-//      policy): the trial is queued again as attempt + 1, and anything the old attempt still sends
-//      is refused by the store (fencing);
+//      policy), or has refused their stream that long (event_streams.h): the trial is queued again
+//      as attempt + 1, and anything the old attempt still sends is refused by the store (fencing);
 //   5. places queued trials on connected agents (the scheduler's policy) and, for each, sends the
 //      agent the blobs of its inputs that it lacks, calls RunTrial, then StartAttempt. In that
 //      order a crash in between is harmless: the trial is still queued, is placed again, and

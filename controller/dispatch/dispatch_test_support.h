@@ -112,6 +112,8 @@ struct FakeAgentState {
   std::vector<std::string> rank1_script;
   // The next stream breaks after sending this many events (0: never).
   int drop_after = 0;
+  // StreamEvents' answers, in order (then it streams): an error sends nothing.
+  std::vector<grpc::Status> stream_results;
   // Streams send rank 0's lines as one batch (StreamEventsResponse.events), not one a message.
   bool one_batch = false;
   // PrepareHubModel: the requests seen, the answers to give in order (then OK), and whether a
@@ -288,6 +290,11 @@ class FakeAgent final : public v1::Agent::Service {
     state_.stream_from_rank1_seqs.push_back(
         rank1_from == request->from_rank_seq().end() ? 0 : rank1_from->second);
     state_.stream_from_sample_seqs.push_back(request->from_sample_seq());
+    if (!state_.stream_results.empty()) {
+      const grpc::Status result = state_.stream_results.front();
+      state_.stream_results.erase(state_.stream_results.begin());
+      if (!result.ok()) return result;
+    }
     auto run = state_.runs.find(RunName(request->key()));
     if (run == state_.runs.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such run");
     v1::StreamEventsResponse samples;

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -14,6 +15,7 @@
 #include "controller/device_samples_proto.h"
 #include "controller/dispatch/cancellation.h"
 #include "controller/dispatch/node_info_check.h"
+#include "controller/scheduler/scheduler.h"
 #include "rpc/grpc_status.h"
 
 namespace llmctl::controller::dispatch {
@@ -269,7 +271,8 @@ Status EventStreams::StoreSamples(Stream& stream, const v1::DeviceSamples& sampl
 }
 
 Status EventStreams::Receive(Stream& stream, v1::Agent::Stub& stub, grpc::ClientContext& context,
-                             const v1::StreamEventsRequest& request, bool& ended, bool& stored) {
+                             const v1::StreamEventsRequest& request, Status& answer, bool& ended,
+                             bool& stored) {
   Status result;
   auto reader = stub.StreamEvents(&context, request);
   v1::StreamEventsResponse response;
@@ -297,11 +300,30 @@ Status EventStreams::Receive(Stream& stream, v1::Agent::Stub& stub, grpc::Client
   }
   const grpc::Status finished = reader->Finish();
   if (result.ok() && !ended) {
-    result = finished.ok() ? UnavailableError("the event stream closed before the run ended")
+    answer = finished.ok() ? UnavailableError("the event stream closed before the run ended")
                            : rpc::FromGrpcStatus(finished);
   }
   return result;
 }
+
+namespace {
+
+// Whether the agent's answer to StreamEvents turns the stream away: anything but the transport's
+// failures (a node down or cut off, whose silence AgentLinks::SilentRuns judges) and the
+// controller's own cancel.
+bool IsRefusal(const Status& answer) {
+  switch (answer.code()) {
+    case StatusCode::kOk:
+    case StatusCode::kCancelled:
+    case StatusCode::kUnavailable:
+    case StatusCode::kDeadlineExceeded:
+      return false;
+    default:
+      return true;
+  }
+}
+
+}  // namespace
 
 void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
   bool ended = false;
@@ -314,22 +336,25 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
     stopped = stream.stop;
     if (!stopped) stream.context = &context;
   }
-  Status result;
+  Status result;  // the controller's side: the store's, or its refusal of a message
+  Status answer;  // the agent's
   if (!request.ok()) {
     result = request.status();
   } else if (!stopped) {
-    result = Receive(stream, stub, context, *request, ended, stored);
+    result = Receive(stream, stub, context, *request, answer, ended, stored);
   }
-  if (!result.ok() && result.code() != StatusCode::kCancelled) {
-    spdlog::warn("{} on node {}: event stream: {}", AttemptName(stream.attempt), stream.node,
-                 result.ToString());
+  const Status& failure = result.ok() ? answer : result;
+  if (!failure.ok() && failure.code() != StatusCode::kCancelled) {
+    spdlog::warn("{} on node {}: event stream: {}{}", AttemptName(stream.attempt), stream.node,
+                 result.ok() ? "the agent answered " : "", failure.ToString());
   }
   {
     MutexLock lock(core_.mutex);
     stream.context = nullptr;
-    // Fenced off (a stale, lost or ended attempt) or finished: nothing more to read. A store
-    // that could not write (its file read-only, removed or failing, its disk full) is no fence:
-    // the stream is read again after its backoff, from what the store holds.
+    // Fenced off by the store (a stale, lost or ended attempt) or finished: nothing more to read.
+    // The agent's FAILED_PRECONDITION is no fence, nor is a store that could not write (its file
+    // read-only, removed or failing, its disk full): the stream is read again after its backoff,
+    // from what the store holds.
     stream.settled = (ended && result.ok()) || store::IsFence(result);
     // A stream that stored something starts its backoff over; one whose every message was
     // refused (a full disk's store) keeps doubling it, instead of a reopening each second.
@@ -338,6 +363,20 @@ void EventStreams::Read(Stream& stream, v1::Agent::Stub& stub) {
       stream.backoff =
           NextBackoff(stream.backoff, core_.options.backoff_initial, core_.options.backoff_max);
       stream.retry_at = core_.clock.Monotonic() + stream.backoff;
+    }
+    if (stored || !IsRefusal(answer)) {
+      stream.refused_since.reset();
+    } else {
+      if (!stream.refused_since) stream.refused_since = core_.clock.Monotonic();
+      stream.refusal = answer;
+    }
+    // An agent that does not know the run (rebuilt, or its state lost while its link stayed up):
+    // the next round lists its runs, as after a reconnect, and declares the attempt lost if the
+    // run is gone.
+    if (answer.code() == StatusCode::kNotFound) {
+      if (AgentLinks::Link* link = links_.FindLocked(stream.node); link != nullptr) {
+        link->needs_reconcile = true;
+      }
     }
     stream.done = true;
   }
@@ -392,6 +431,45 @@ void EventStreams::CollectWakeTimesLocked(std::vector<MonotonicTime>& times) con
   for (const auto& [key, stream] : streams_) {
     if (stream->done && !stream->settled) times.push_back(stream->retry_at);
   }
+}
+
+std::vector<AttemptKey> EventStreams::RefusedRuns(const std::vector<store::RunningAttempt>& running,
+                                                  MonotonicTime now) {
+  std::set<AttemptKey> still_running;
+  for (const store::RunningAttempt& attempt : running) {
+    still_running.emplace(attempt.trial_id, attempt.attempt);
+  }
+  std::vector<scheduler::RunningAttempt> refused;
+  std::map<AttemptKey, std::string> refusals;  // the warning's
+  {
+    MutexLock lock(core_.mutex);
+    for (const auto& [key, stream] : streams_) {
+      // A reader running now was let in.
+      if (!stream->done || stream->settled || !stream->refused_since) continue;
+      const store::RunningAttempt& attempt = stream->attempt;
+      if (!still_running.contains({attempt.trial_id, attempt.attempt})) continue;
+      refused.push_back({.trial_id = attempt.trial_id,
+                         .attempt = attempt.attempt,
+                         .agent = stream->node,
+                         .agent_last_seen = *stream->refused_since});
+      refusals.try_emplace({attempt.trial_id, attempt.attempt}, stream->refusal.ToString());
+    }
+  }
+  const scheduler::LostAgentDecision decision =
+      scheduler::DecideLostAttempts(refused, now, core_.options.requeue_after);
+  std::vector<AttemptKey> lost;
+  for (const scheduler::RunningAttempt& attempt : decision.requeue) {
+    const AttemptKey key{attempt.trial_id, attempt.attempt};
+    if (std::find(lost.begin(), lost.end(), key) != lost.end()) continue;  // another node's too
+    spdlog::warn(
+        "node {} has refused the event stream of {} for {} s ({}): the attempt cannot be "
+        "followed; it is lost and requeued",
+        attempt.agent, AttemptName(attempt.trial_id, attempt.attempt),
+        std::chrono::duration_cast<std::chrono::seconds>(now - attempt.agent_last_seen).count(),
+        refusals.at(key));
+    lost.push_back(key);
+  }
+  return lost;
 }
 
 }  // namespace llmctl::controller::dispatch

@@ -3,9 +3,22 @@
 // LastDeviceSampleSeq + 1). What arrives is stored idempotently on (trial, attempt, seq); `ended`
 // finishes the attempt (through checkpoint_copy.h when it was stopped with a checkpoint); a broken
 // stream is reopened after a backoff that doubles up to backoff_max (and starts over once a stream
-// stored something), from the last stored seq; a fenced-off attempt (store::IsFence) is never
-// reopened, while one whose store failed to write (a file that cannot be written, a full disk) is,
-// and stores what it could not. Readers of attempts that are no longer running stop.
+// stored something), from the last stored seq. Only the store's own fence (store::IsFence: the
+// attempt is stale, lost or ended) settles a stream for good; one whose store failed to write (a
+// file that cannot be written, a full disk) is reopened and stores what it could not. Readers of
+// attempts that are no longer running stop.
+//
+// What the agent answers never settles a stream, whatever its code: a FAILED_PRECONDITION is the
+// agent's state, not the store's fence (this release's agent sends none for StreamEvents, and the
+// controller's channels to the agents carry no rpc::VersionInterceptor, but an agent of another
+// release or a faulty one may), and it is read again after its backoff like a broken one.
+// An agent that does not know the run (NOT_FOUND) has its runs listed at the next round
+// (AgentLinks::ForgottenRuns), which declares the attempt lost if the run is gone. An agent that
+// answers its health checks but refuses the stream (any code but the transport's UNAVAILABLE,
+// DEADLINE_EXCEEDED and CANCELLED, which are the link's silence to judge) for requeue_after, every
+// reading in a row, cannot be followed, as if it were silent: RefusedRuns names the attempt, which
+// the dispatcher declares lost (an agent of another llmctl version that turns the stream away, a
+// run whose files the agent cannot read).
 //
 // A multi-node attempt has a reader per node, each resuming every rank after its last stored line
 // (a node's agent sends its own ranks); a node's end is recorded with FinishAttemptNode, which ends
@@ -21,11 +34,13 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
+#include "common/status.h"
 #include "controller/dispatch/agent_links.h"
 #include "controller/dispatch/checkpoint_copy.h"
 #include "controller/dispatch/dispatcher_core.h"
@@ -65,6 +80,11 @@ class EventStreams {
   int Active();
   // When broken streams are due to be reopened.
   void CollectWakeTimesLocked(std::vector<MonotonicTime>& times) const LLMCTL_REQUIRES(core_.mutex);
+  // The `running` attempts one of whose streams its agent has refused for requeue_after (the
+  // scheduler's DecideLostAttempts, as for a silent agent), each once, with a warning naming the
+  // refusal; the dispatcher declares them lost.
+  std::vector<AttemptKey> RefusedRuns(const std::vector<store::RunningAttempt>& running,
+                                      MonotonicTime now);
 
  private:
   // (trial id, attempt, node rank)
@@ -86,6 +106,10 @@ class EventStreams {
     bool settled = false;  // ended and finished, or fenced off: never reopened
     MonotonicTime retry_at;
     std::chrono::milliseconds backoff{0};
+    // When its agent began to refuse it (IsRefusal), every reading since; unset once a reading
+    // stored something or ended otherwise. The last refusal, for the warning.
+    std::optional<MonotonicTime> refused_since;
+    Status refusal;
     // The worker's `result` event once it came; used only by the reader thread (one at a time).
     std::string result_json;
   };
@@ -95,11 +119,13 @@ class EventStreams {
   void Read(Stream& stream, v1::Agent::Stub& stub);
   // StreamEvents from after the lines and samples the store holds.
   StatusOr<v1::StreamEventsRequest> ResumeRequest(const Stream& stream);
-  // The stream's items into the store until it ends: an error stops it (cancelling `context`),
-  // and a stream that closes before the run's end is Unavailable. `ended`: the end came;
+  // The stream's items into the store until it ends. What the controller refused (the store's
+  // error, or its own refusal of a message) stops it, cancelling `context`, and is returned.
+  // `answer`: the agent's, when the stream closed before the run's end and nothing was refused
+  // (its call's error, or Unavailable for a stream it closed OK), else OK. `ended`: the end came;
   // `stored`: an item was stored (or, for samples the store refused for a bad reading, dropped).
   Status Receive(Stream& stream, v1::Agent::Stub& stub, grpc::ClientContext& context,
-                 const v1::StreamEventsRequest& request, bool& ended, bool& stored);
+                 const v1::StreamEventsRequest& request, Status& answer, bool& ended, bool& stored);
   // Event lines read at once (each as its refusal when the store would refuse it), in one
   // transaction; an error stops the stream. A line of a rank that is not the node's own is
   // dropped: stored, it would take the place of the real rank's line with the same seq. A message

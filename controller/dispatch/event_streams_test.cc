@@ -1,10 +1,16 @@
 // Following running attempts: dropped streams reopened from the last stored seq (after a backoff on
 // the monotonic clock), device samples, idempotent storage, a restarted controller resuming where
-// the store ends; OutcomeState.
+// the store ends; only the store's fence settling a stream, the agent's refusals read again, and
+// an attempt whose agent does not know the run or keeps refusing it lost; OutcomeState.
 #include "controller/dispatch/event_streams.h"
 
 #include <gtest/gtest.h>
 
+#include "controller/blob_store.h"
+#include "controller/change_notifier.h"
+#include "controller/dispatch/agent_links.h"
+#include "controller/dispatch/artifacts.h"
+#include "controller/dispatch/checkpoint_copy.h"
 #include "controller/dispatch/dispatch_test_support.h"
 #include "controller/store/refusing_vfs.h"
 
@@ -208,6 +214,152 @@ TEST_F(EventStreamsTest, AFencedOffAttemptsStreamStops) {
   ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
   EXPECT_EQ(StoredEvents(trial, 1), 1);
   EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+}
+
+// The agent's FAILED_PRECONDITION is its own state, not the store's fence: it was taken for one
+// (store::IsFence of whatever the stream ended with), the stream was never read again, and the
+// run's events and end never reached the store, the trial left running for good.
+TEST_F(EventStreamsTest, AStreamTheAgentRefusedWithFailedPreconditionIsReadAgainToTheRunsEnd) {
+  agent_state_.stream_results = {
+      grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the agent is not ready")};
+  const int64_t experiment = SubmitOne();
+  Tick();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 0);
+
+  clock_.Advance(seconds(1));
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(agent_state_.stream_from_seqs, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 3);
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 1);
+}
+
+// An agent that answers its health checks but turns the stream away every time (one of another
+// llmctl version, say) cannot be followed: after requeue_after (60 s here) of nothing but refusals
+// the attempt is lost, as if its agent were silent, and the trial runs again as attempt 2.
+TEST_F(EventStreamsTest, AnAttemptWhoseAgentKeepsRefusingItsStreamIsLostAfterRequeueAfter) {
+  agent_state_.stream_results.assign(
+      100, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this agent is llmctl 0.3.9"));
+  const int64_t experiment = SubmitOne();
+  Tick();  // the first refusal
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  for (int refused_for = 4; refused_for < 60; refused_for += 4) {
+    clock_.Advance(seconds(4));
+    Tick();
+    ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+    ASSERT_EQ(OnlyTrial(experiment).state, store::TrialState::kRunning) << refused_for << " s";
+  }
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    EXPECT_EQ(agent_state_.stream_from_seqs.size(), 15u) << "read again at each round";
+    agent_state_.stream_results.clear();  // attempt 2's stream is taken
+  }
+  clock_.Advance(seconds(4));  // refused for 60 s
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
+  EXPECT_EQ(
+      daemon_->store()
+          .FinishAttempt(OnlyTrial(experiment).id, 1, store::TrialState::kOk, 0, "", clock_.Now())
+          .code(),
+      StatusCode::kFailedPrecondition)
+      << "attempt 1 is fenced off";
+}
+
+// An agent that no longer knows a run while its link stayed up (its state lost between two health
+// checks, so no reconnect lists its runs) answers the stream NOT_FOUND: its runs are listed at the
+// next round, and the attempt is lost and runs again, as for an agent back without the run. The
+// stream was read again every backoff, for good.
+TEST_F(EventStreamsTest, AnAgentThatNoLongerKnowsTheRunHasItRequeuedAtTheNextRound) {
+  agent_state_.drop_after = 1;  // the first stream breaks after its line
+  const int64_t experiment = SubmitOneThatKeepsRunning();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.runs.clear();
+    agent_state_.script = {StepLine(0), kResultLine};
+    agent_state_.script_ends = true;
+  }
+  clock_.Advance(seconds(1));
+  Tick();  // read again: NOT_FOUND
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 1);
+
+  clock_.Advance(seconds(1));  // before the next health check
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
+}
+
+// The store's fence still settles a stream for good. Rounds that still list its attempt as running
+// (it was declared lost after they listed it) do not read it again: EventStreams is driven here
+// directly with that listing, against an agent of its own.
+TEST_F(EventStreamsTest, TheStoresFenceSettlesAStreamForGood) {
+  const int64_t experiment = SubmitOne();
+  const store::TrialRecord trial = OnlyTrial(experiment);
+  ASSERT_TRUE(daemon_->store().StartAttempt(trial.id, "n1", clock_.Now(), {0}).ok());
+  const StatusOr<std::vector<store::RunningAttempt>> running =
+      daemon_->store().ListRunningAttempts();
+  ASSERT_TRUE(running.ok() && running->size() == 1);
+  ASSERT_TRUE(daemon_->store().MarkAttemptLost(trial.id, 1, clock_.Now()).ok());
+
+  FakeAgentState state;
+  {
+    FakeAgentState::Run& run = state.runs[std::to_string(experiment) + "/one#1"];
+    run.request.mutable_key()->set_experiment_id(experiment);
+    run.request.mutable_key()->set_trial(trial.name);
+    run.request.mutable_key()->set_attempt(1);
+    run.lines = {StepLine(0)};
+  }
+  FakeAgent service(state);
+  const std::string address = "unix:" + root_ + "/direct-agent.sock";
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  const std::unique_ptr<grpc::Server> agent = builder.BuildAndStart();
+  ASSERT_NE(agent, nullptr);
+  auto blobs = BlobStore::Open(root_ + "/direct");
+  ASSERT_TRUE(blobs.ok()) << blobs.status().ToString();
+  ChangeNotifier changes;
+  DispatcherOptions options;
+  options.backoff_initial = seconds(1);
+  options.backoff_max = seconds(4);
+  dispatch::DispatcherCore core(daemon_->store(), **blobs, clock_, changes, options);
+  dispatch::AgentLinks links(core, [&](const store::NodeRecord&) -> StatusOr<AgentChannel> {
+    return AgentChannel{grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), ""};
+  });
+  dispatch::ArtifactFetcher artifacts(core, links);
+  dispatch::CheckpointCopies checkpoints(core, artifacts);
+  dispatch::EventStreams streams(core, links, checkpoints);
+  struct StopAtEnd {  // joins the readers and checks however the test ends
+    dispatch::EventStreams& streams;
+    dispatch::AgentLinks& links;
+    ~StopAtEnd() {
+      streams.StopAll();
+      links.Stop();
+    }
+  } stop_at_end{streams, links};
+  store::NodeRecord node;
+  node.name = "n1";
+  node.address = address;
+  links.CheckNodes({node}, clock_.Now(), clock_.Monotonic());
+  const auto streams_opened = [&] {
+    std::lock_guard lock(state.mutex);
+    return state.stream_from_seqs.size();
+  };
+
+  streams.Follow(*running, clock_.Monotonic());
+  ASSERT_TRUE(Eventually([&] { return streams_opened() == 1 && streams.Active() == 0; }));
+  EXPECT_EQ(StoredEvents(trial.id, 1), 0) << "its line was refused";
+  for (int round = 0; round < 3; ++round) {
+    clock_.Advance(seconds(5));
+    streams.Follow(*running, clock_.Monotonic());
+    EXPECT_EQ(streams.Active(), 0);
+  }
+  EXPECT_EQ(streams_opened(), 1u) << "never read again";
+  EXPECT_TRUE(streams.RefusedRuns(*running, clock_.Monotonic()).empty());
 }
 
 TEST_F(EventStreamsTest, DeviceSamplesAreStoredOnceAndAStreamResumesAfterTheLastStored) {
