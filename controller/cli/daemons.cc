@@ -1,6 +1,7 @@
 #include "controller/cli/daemons.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -20,6 +22,7 @@
 #include "common/atomic_file.h"
 #include "common/file_lock.h"
 #include "common/files.h"
+#include "common/llmctld_exit.h"
 #include "controller/cli/client.h"
 #include "controller/cli/local_rates.h"
 #include "rpc/grpc_status.h"
@@ -39,6 +42,9 @@ constexpr char kStartLockFile[] = "daemons.lock";
 constexpr size_t kMaxPidFileBytes = 64;
 // What LogTail reads from the end of a log: ample for the lines it shows when a daemon dies.
 constexpr off_t kMaxLogTailBytes = 64 * 1024;
+// How long a daemon found ended may take to have its status passed on by its parent, which looks
+// every kPollInterval: reached only when that parent is stuck, never when it is gone.
+constexpr milliseconds kEndStatusWait{5000};
 
 std::string Errno(int error) { return std::strerror(error); }
 
@@ -63,6 +69,62 @@ Status WriteText(const fs::path& path, const std::string& text, mode_t mode) {
   return written;
 }
 
+// The daemon's parent until StartedDaemon::Release: passes the daemon's wait status on over `watch`
+// should it end first, and exits once `watch` is readable, which it only is at its end of file
+// (released, or the starting process ended), leaving the daemon to init. Async-signal-safe calls
+// only: it is a fork of a process that may run threads.
+[[noreturn]] void WatchDaemon(pid_t daemon, int watch) {
+  while (true) {
+    int status = 0;
+    const pid_t ended = ::waitpid(daemon, &status, WNOHANG);
+    if (ended == daemon) {
+      (void)!::send(watch, &status, sizeof status, MSG_NOSIGNAL);
+      ::_exit(0);
+    }
+    // ECHILD: the daemon was reaped unseen (SIGCHLD ignored); nothing is left to pass on.
+    if (ended < 0 && errno != EINTR) ::_exit(0);
+    pollfd released{.fd = watch, .events = POLLIN, .revents = 0};
+    if (::poll(&released, 1, static_cast<int>(kPollInterval.count())) > 0) ::_exit(0);
+  }
+}
+
+// EnsureRunning's error for an llmctld that ended while it waited for it to answer: how it ended
+// (when `started`, here) and what it wrote to its log, which says why. A refused configuration is
+// the user's input here too, where any llmctld that ended was FailedPrecondition (llmctl exited 1).
+Status ControllerExitedAtStart(const DaemonSpec& controller, StartedDaemon* started) {
+  const std::optional<int> status =
+      started != nullptr ? started->WaitStatus(kEndStatusWait) : std::nullopt;
+  StatusCode code = StatusCode::kFailedPrecondition;
+  std::string message = controller.name;
+  if (status && WIFEXITED(*status) && WEXITSTATUS(*status) == llmctld_exit::kConfigRefused) {
+    code = StatusCode::kInvalidArgument;
+    message.append(" refused its configuration (exit code ")
+        .append(std::to_string(llmctld_exit::kConfigRefused))
+        .append(")");
+  } else if (status && WIFEXITED(*status)) {
+    message.append(" exited at start with code ").append(std::to_string(WEXITSTATUS(*status)));
+  } else if (status && WIFSIGNALED(*status)) {
+    const char* name = ::sigabbrev_np(WTERMSIG(*status));
+    message.append(" was killed at start by signal ").append(std::to_string(WTERMSIG(*status)));
+    if (name != nullptr) message.append(" (SIG").append(name).append(")");
+  } else {
+    message.append(" exited at start");
+  }
+  // Only what this start wrote: the log is appended to at every start.
+  std::string tail =
+      LogTail(controller.log_file, 15, started != nullptr ? started->log_start() : 0);
+  if (!tail.empty()) tail.pop_back();  // its last newline: the message's end is its printer's
+  if (tail.empty()) {
+    message.append("; nothing in ").append(controller.log_file.string());
+  } else {
+    message.append(started != nullptr ? "; what it wrote to " : "; the end of ")
+        .append(controller.log_file.string())
+        .append(":\n")
+        .append(tail);
+  }
+  return Status(code, message);
+}
+
 std::optional<fs::path> FirstExisting(const std::vector<fs::path>& candidates) {
   for (const fs::path& candidate : candidates) {
     std::error_code error;
@@ -75,16 +137,39 @@ std::optional<fs::path> FirstExisting(const std::vector<fs::path>& candidates) {
 
 }  // namespace
 
-StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
+std::optional<int> StartedDaemon::WaitStatus(milliseconds wait) {
+  if (!watch_.valid()) return std::nullopt;
+  pollfd ended{.fd = watch_.get(), .events = POLLIN, .revents = 0};
+  if (::poll(&ended, 1, static_cast<int>(wait.count())) <= 0) return std::nullopt;
+  int status = 0;
+  // End of file instead: its parent was killed.
+  if (::recv(watch_.get(), &status, sizeof status, MSG_WAITALL) != sizeof status) {
+    return std::nullopt;
+  }
+  return status;
+}
+
+void StartedDaemon::Release() {
+  if (!watch_.valid()) return;
+  watch_.reset();
+  while (::waitpid(watcher_, nullptr, 0) < 0 && errno == EINTR) {
+  }
+}
+
+StatusOr<StartedDaemon> StartDetached(const DaemonSpec& spec) {
   const int log = ::open(spec.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (log < 0) return FailedPreconditionError(spec.log_file.string() + ": " + Errno(errno));
+  struct stat log_info {};
+  const off_t log_start = ::fstat(log, &log_info) == 0 ? log_info.st_size : 0;
   // The grandchild reports its pid on `report`, waits for a byte on `go`, sent once its pid file
   // is written, then either execs (`report` closes empty) or writes the exec error there. Without
   // that byte (this llmctl ended first: Ctrl-C, kill -9; or the pid file could not be written) it
   // ends without running the daemon, which would run where nothing found it again (daemon stop,
-  // the next start failing on its lock).
+  // the next start failing on its lock). The child between, its parent, watches it over `watch`
+  // (WatchDaemon) until released.
   int report[2];
-  int go[2];  // a socket pair: a send to a grandchild that is gone raises no SIGPIPE
+  int go[2];     // a socket pair: a send to a grandchild that is gone raises no SIGPIPE
+  int watch[2];  // likewise, for the parent's send to a starter that is gone
   if (::pipe2(report, O_CLOEXEC) != 0) {
     ::close(log);
     return InternalError("pipe: " + Errno(errno));
@@ -92,6 +177,11 @@ StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) != 0) {
     ::close(log);
     for (int fd : report) ::close(fd);
+    return InternalError("socketpair: " + Errno(errno));
+  }
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, watch) != 0) {
+    ::close(log);
+    for (int fd : {report[0], report[1], go[0], go[1]}) ::close(fd);
     return InternalError("socketpair: " + Errno(errno));
   }
   std::vector<std::string> argv_text = {spec.binary.string()};
@@ -103,14 +193,21 @@ StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
   const pid_t child = ::fork();
   if (child < 0) {
     ::close(log);
-    for (int fd : {report[0], report[1], go[0], go[1]}) ::close(fd);
+    for (int fd : {report[0], report[1], go[0], go[1], watch[0], watch[1]}) ::close(fd);
     return InternalError("fork: " + Errno(errno));
   }
   if (child == 0) {
     // Only async-signal-safe calls from here on.
     ::setsid();
     const pid_t daemon = ::fork();
-    if (daemon != 0) ::_exit(daemon < 0 ? 1 : 0);
+    if (daemon < 0) ::_exit(1);
+    if (daemon > 0) {
+      // Its copies would hold them open: `report` past the grandchild's exec, whose end of file
+      // says the exec succeeded; `go` past the starter's end, which must stop the grandchild;
+      // `watch` past the starter's end, which must release the daemon.
+      for (int fd : {report[1], go[1], watch[1]}) ::close(fd);
+      WatchDaemon(daemon, watch[0]);
+    }
     ::close(go[1]);  // else its own copy would keep `go` open for good
     const pid_t self = ::getpid();
     (void)!::write(report[1], &self, sizeof self);
@@ -129,17 +226,16 @@ StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
     (void)!::write(report[1], &error, sizeof error);
     ::_exit(127);
   }
-  ::close(log);
-  ::close(report[1]);
-  ::close(go[0]);
-  int child_status = 0;
-  ::waitpid(child, &child_status, 0);
+  for (int fd : {log, report[1], go[0], watch[0]}) ::close(fd);
+  UniqueFd watched(watch[1]);
   pid_t daemon = 0;
   const ssize_t got_pid = ::read(report[0], &daemon, sizeof daemon);
   if (got_pid != sizeof daemon) {
     for (int fd : {report[0], go[1]}) ::close(fd);
+    StartedDaemon(0, child, std::move(watched), log_start).Release();  // its parent, reaped
     return InternalError("could not start " + spec.name);
   }
+  StartedDaemon started(daemon, child, std::move(watched), log_start);
   const Status written = WriteText(spec.pid_file, std::to_string(daemon) + "\n", 0644);
   if (written.ok()) (void)!::send(go[1], "g", 1, MSG_NOSIGNAL);
   ::close(go[1]);
@@ -155,7 +251,7 @@ StatusOr<pid_t> StartDetached(const DaemonSpec& spec) {
     fs::remove(spec.pid_file, error);
     return FailedPreconditionError("cannot run " + spec.binary.string() + ": " + Errno(exec_error));
   }
-  return daemon;
+  return started;
 }
 
 std::optional<RunningDaemon> FindDaemon(const fs::path& pid_file, const fs::path& binary) {
@@ -209,7 +305,7 @@ bool StopProcess(pid_t pid, milliseconds grace) {
   return true;
 }
 
-std::string LogTail(const fs::path& log_file, size_t max_lines) {
+std::string LogTail(const fs::path& log_file, size_t max_lines, off_t from) {
   // Only the log's last kMaxLogTailBytes are read, opened without blocking and only when a regular
   // file: a FIFO in its place is not waited on, and a long log, or one without newlines, is not
   // read whole into memory.
@@ -217,7 +313,8 @@ std::string LogTail(const fs::path& log_file, size_t max_lines) {
   StatusOr<UniqueFd> fd = OpenRegularFile(log_file.string(), info);
   if (!fd.ok()) return "";
   const off_t size = info.st_size;
-  const off_t start = size > kMaxLogTailBytes ? size - kMaxLogTailBytes : 0;
+  if (from >= size) return "";
+  const off_t start = std::max(from, size > kMaxLogTailBytes ? size - kMaxLogTailBytes : 0);
   std::string text(static_cast<size_t>(size - start), '\0');
   size_t got = 0;
   while (got < text.size()) {
@@ -228,8 +325,9 @@ std::string LogTail(const fs::path& log_file, size_t max_lines) {
     got += static_cast<size_t>(n);
   }
   text.resize(got);
-  // Begun inside the file: the first line is likely cut, so it is left out when others follow.
-  if (const size_t newline = text.find('\n'); start > 0 && newline != std::string::npos) {
+  // Begun inside the file (not at `from`): the first line is likely cut, so it is left out when
+  // others follow.
+  if (const size_t newline = text.find('\n'); start > from && newline != std::string::npos) {
     text.erase(0, newline + 1);
   }
   std::deque<std::string> lines;
@@ -313,21 +411,18 @@ DaemonSpec EmbeddedDaemons::AgentSpec() const {
           data_dir_ / "logs" / "llm-agent.log"};
 }
 
-Status EmbeddedDaemons::WaitForController(pid_t pid, milliseconds timeout) const {
+Status EmbeddedDaemons::WaitForController(pid_t pid, StartedDaemon* started,
+                                          milliseconds timeout) const {
   constexpr milliseconds kRetry{100};
   const std::shared_ptr<grpc::Channel> channel =
       OpenStartingControllerChannel(controller_target(), kRetry);
   const std::unique_ptr<v1::Controller::Stub> stub = v1::Controller::NewStub(channel);
   const auto give_up = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    if (!Alive(pid)) {
-      // Its own refusal (a data directory open to others, another llmctld on it), which its log
-      // says: this machine's to fix, where Unavailable would have llmctl ask whether the
-      // controller is running and exit 3.
-      return FailedPreconditionError("llmctld exited at start; the end of " +
-                                     ControllerSpec().log_file.string() + ":\n" +
-                                     LogTail(ControllerSpec().log_file, 15));
-    }
+    // Its own refusal (its configuration, a data directory open to others, another llmctld on
+    // it), which its log says, where Unavailable would have llmctl ask whether the controller is
+    // running and exit 3.
+    if (!Alive(pid)) return ControllerExitedAtStart(ControllerSpec(), started);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
     // The call waits while the channel connects: with the sync API only a thread inside a call
@@ -414,13 +509,19 @@ Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
 
   const DaemonSpec controller = ControllerSpec();
   std::optional<pid_t> controller_pid = RunningPid(controller.pid_file, controller.binary);
+  std::optional<StartedDaemon> started;
   if (!controller_pid) {
     // A socket left by a controller that died would make the new one fail to bind.
     std::error_code error;
     fs::remove(data_dir_ / "controller.sock", error);
-    ASSIGN_OR_RETURN(controller_pid, StartDetached(controller));
+    StatusOr<StartedDaemon> start = StartDetached(controller);
+    if (!start.ok()) return start.status();
+    started.emplace(std::move(*start));
+    controller_pid = started->pid();
   }
-  RETURN_IF_ERROR(WaitForController(*controller_pid, ready_timeout));
+  RETURN_IF_ERROR(WaitForController(*controller_pid, started ? &*started : nullptr, ready_timeout));
+  // It answers: past its start, it is let go.
+  if (started) started->Release();
   RETURN_IF_ERROR(RegisterLocalAgent());
 
   const DaemonSpec agent = AgentSpec();

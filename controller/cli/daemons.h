@@ -6,11 +6,13 @@
 //   --node local, its data in D/agent D/agent/tls/{ca.crt,agent.crt,agent.key,token} (0600) from
 //   RegisterNode("local", ...) the first time
 //
-// Daemons are detached (double fork + setsid: they outlive the command and its terminal); a pid
-// file is believed only while /proc/<pid>/exe is a program of the daemon's name, so a reused pid is
-// not mistaken for a daemon, and one of another llmctl (upgraded or moved while its daemons ran)
-// is refused by name until `llmctl daemon stop` ends it. Starts and stops are serialised by a lock
-// file, so two commands at once start one pair, and a stop waits for a start under way.
+// Daemons are detached (double fork + setsid: they outlive the command and its terminal; the
+// process between stays their parent while llmctl waits for llmctld to answer, to pass on its exit
+// code should it end first: StartedDaemon); a pid file is believed only while /proc/<pid>/exe is a
+// program of the daemon's name, so a reused pid is not mistaken for a daemon, and one of another
+// llmctl (upgraded or moved while its daemons ran) is refused by name until `llmctl daemon stop`
+// ends it. Starts and stops are serialised by a lock file, so two commands at once start one pair,
+// and a stop waits for a start under way.
 #ifndef LLMCTL_CONTROLLER_CLI_DAEMONS_H_
 #define LLMCTL_CONTROLLER_CLI_DAEMONS_H_
 
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "controller/cli/address.h"
 #include "llmctl/v1/controller.pb.h"
 
@@ -38,11 +41,46 @@ struct DaemonSpec {
   std::filesystem::path log_file;  // stdout and stderr, appended
 };
 
+// A daemon StartDetached started, while this process may still learn how it ends. A detached
+// daemon is not this process's child, so its exit code was lost, and llmctl could only say that
+// it had died: its parent (the process between, the leader of its session) stays until Release,
+// to reap the daemon should it end first and pass its wait status on. Released, that parent exits
+// and the daemon is init's, as any detached daemon's; that parent exits too when this process ends
+// (Ctrl-C, kill -9), so it never outlives the start it served.
+class StartedDaemon {
+ public:
+  StartedDaemon(pid_t pid, pid_t watcher, UniqueFd watch, off_t log_start)
+      : pid_(pid), watcher_(watcher), watch_(std::move(watch)), log_start_(log_start) {}
+  StartedDaemon(StartedDaemon&&) noexcept = default;
+  // Not assignable: the daemon it held would be let go without its parent being reaped.
+  StartedDaemon& operator=(StartedDaemon&&) = delete;
+  ~StartedDaemon() { Release(); }
+
+  pid_t pid() const { return pid_; }
+  // Where its log ended when it started: what it wrote since lies after.
+  off_t log_start() const { return log_start_; }
+
+  // Its wait status (waitpid's: an exit code or a signal) when it ended before Release, waiting up
+  // to `wait` for it; nullopt while it runs, once released, or when its parent was killed.
+  std::optional<int> WaitStatus(std::chrono::milliseconds wait);
+
+  // Lets the daemon go (its parent exits, and is reaped here). Idempotent.
+  void Release();
+
+ private:
+  pid_t pid_;
+  pid_t watcher_;
+  UniqueFd watch_;  // this end of a socket pair with its parent; none once released
+  off_t log_start_;
+};
+
 // Starts `spec` detached from this process (its own session, stdin from /dev/null) and writes its
 // pid file; the daemon's program runs only once that file is written, so a daemon never runs
 // without it (this process ended first: Ctrl-C, kill -9). FailedPrecondition with the reason when
-// the binary cannot be executed, or when the pid file cannot be written (a full disk).
-StatusOr<pid_t> StartDetached(const DaemonSpec& spec);
+// the binary cannot be executed, or when the pid file cannot be written (a full disk). The daemon
+// comes watched until released (StartedDaemon): a caller that does not wait for it to be ready
+// lets the result go at once.
+StatusOr<StartedDaemon> StartDetached(const DaemonSpec& spec);
 
 // A daemon as its pid file names it: a live process that runs a program of `binary`'s file name
 // (llmctld, llm-agent), wherever that lies. nullopt otherwise, and for a pid file that is not a
@@ -67,9 +105,10 @@ std::optional<pid_t> RunningPid(const std::filesystem::path& pid_file,
 // file. Returns true when it had to kill.
 bool StopProcess(pid_t pid, std::chrono::milliseconds grace);
 
-// The last `max_lines` lines of a log's last 64 KiB, for messages when a daemon dies at start; ""
+// The last `max_lines` lines of a log's last 64 KiB, of those from byte `from` on (what a daemon
+// wrote since it started: StartedDaemon::log_start), for messages when a daemon dies at start; ""
 // when the log is missing or not a regular file.
-std::string LogTail(const std::filesystem::path& log_file, size_t max_lines);
+std::string LogTail(const std::filesystem::path& log_file, size_t max_lines, off_t from = 0);
 
 struct DaemonBinaries {
   std::filesystem::path llmctld;
@@ -94,8 +133,10 @@ class EmbeddedDaemons {
 
   // Starts whatever is not running, waits up to `ready_timeout` for the controller to answer, and
   // registers the local agent the first time (credentials into D/agent/tls, 0600). Unavailable
-  // naming llmctld's log when it runs but does not answer in time; FailedPrecondition with the end
-  // of its log, which says why, when it exits at start (it refused D). FailedPrecondition, before
+  // naming llmctld's log when it runs but does not answer in time. When it exits at start, its exit
+  // code (common/llmctld_exit.h) and what it wrote to its log, which says why: InvalidArgument when
+  // it refused its configuration (llmctl exits 2, as llmctld did), FailedPrecondition otherwise
+  // (it refused D, another llmctld holds it; llmctl exits 1). FailedPrecondition, before
   // anything starts, when a daemon of D runs another llmctl's binary (llmctl upgraded or moved
   // while its daemons ran), naming both binaries and `llmctl daemon stop`: a second daemon beside
   // it would take its socket, and a second agent would manage the same runs. InvalidArgument,
@@ -128,7 +169,10 @@ class EmbeddedDaemons {
   // unix socket's path may be (sun_path's 108 bytes with the terminating NUL): its length, the
   // limit, and the shorter LLMCTL_HOME to choose.
   Status CheckSocketPathsFit() const;
-  Status WaitForController(pid_t pid, std::chrono::milliseconds timeout) const;
+  // `started`: the controller when this call started it, to learn its exit code should it end;
+  // null when it ran already.
+  Status WaitForController(pid_t pid, StartedDaemon* started,
+                           std::chrono::milliseconds timeout) const;
   // EnsureRunning's FailedPrecondition for a daemon of `spec` that runs another binary.
   static Status RefuseAnotherInstall(const DaemonSpec& spec);
   Status RegisterLocalAgent() const;

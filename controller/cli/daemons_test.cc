@@ -13,9 +13,12 @@
 #include <future>
 #include <iterator>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "common/file_lock.h"
+#include "controller/cli/commands.h"
+#include "controller/cli/offline_cli_test.h"
 #include "rpc/certificates.h"
 #include "tests/support/file_size_limit.h"
 
@@ -80,8 +83,38 @@ DaemonSpec Sleeper(const fs::path& dir) {
       "sleeper", fs::canonical("/bin/sleep"), {"300"}, dir / "sleeper.pid", dir / "sleeper.log"};
 }
 
+// StartDetached's daemon let go at once, as EnsureRunning lets the agent go: its pid.
+StatusOr<pid_t> StartReleased(const DaemonSpec& spec) {
+  StatusOr<StartedDaemon> started = StartDetached(spec);
+  if (!started.ok()) return started.status();
+  return started->pid();
+}
+
+// The parent pid of `pid` (/proc/PID/stat), 0 when it is gone.
+pid_t ParentOf(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream rest(line.substr(paren + 2));
+  char state = 0;
+  pid_t parent = 0;
+  rest >> state >> parent;
+  return parent;
+}
+
+// True while `pid` exists and has not ended (a zombie has).
+bool Running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
+}
+
 TEST_F(DaemonsTest, StartsDetachedFindsItByPidFileAndStopsIt) {
-  StatusOr<pid_t> pid = StartDetached(Sleeper(dir_));
+  StatusOr<pid_t> pid = StartReleased(Sleeper(dir_));
   ASSERT_TRUE(pid.ok()) << pid.status().message();
   EXPECT_EQ(RunningPid(dir_ / "sleeper.pid", "/bin/sleep"), *pid);
   EXPECT_NE(::getsid(*pid), ::getsid(0));  // its own session: it outlives our terminal
@@ -110,7 +143,7 @@ TEST_F(DaemonsTest, ADaemonWhosePidFileCannotBeWrittenIsStopped) {
   spec.pid_file = dir_ / "missing" / "sleeper.pid";
   const std::string unique = std::to_string(300 + ::getpid() % 1000) + ".25";  // sleep's seconds
   spec.args = {unique};
-  const StatusOr<pid_t> pid = StartDetached(spec);
+  const StatusOr<pid_t> pid = StartReleased(spec);
   EXPECT_EQ(pid.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(
       pid.status().message().find("sleeper not started: cannot create " + spec.pid_file.string()),
@@ -174,7 +207,7 @@ TEST_F(DaemonsTest, ADaemonOfAnotherLlmctlIsNamedNotReplacedAndStops) {
       EmbeddedDaemons(data, {old_binary, fs::canonical("/bin/false"), fs::canonical("/bin/false")})
           .ControllerSpec();
   old_controller.args = {"300"};
-  StatusOr<pid_t> pid = StartDetached(old_controller);
+  StatusOr<pid_t> pid = StartReleased(old_controller);
   ASSERT_TRUE(pid.ok()) << pid.status().message();
   std::ofstream(data / "controller.sock") << "";  // its socket
 
@@ -217,7 +250,7 @@ TEST_F(DaemonsTest, ADaemonWhoseBinaryWasReplacedSinceItStartedIsNoted) {
   EmbeddedDaemons daemons(data, {binary, fs::canonical("/bin/false"), fs::canonical("/bin/false")});
   DaemonSpec controller = daemons.ControllerSpec();
   controller.args = {"300"};
-  StatusOr<pid_t> pid = StartDetached(controller);
+  StatusOr<pid_t> pid = StartReleased(controller);
   ASSERT_TRUE(pid.ok()) << pid.status().message();
   EXPECT_TRUE(daemons.ReplacedBinaryNotes().empty());
 
@@ -258,7 +291,7 @@ TEST_F(DaemonsTest, AStopWaitsForAStartUnderWayAndStopsWhatItStarted) {
     stopped.wait_for(std::chrono::milliseconds(500));
     DaemonSpec controller = daemons.ControllerSpec();
     controller.args = {"300"};
-    StatusOr<pid_t> pid = StartDetached(controller);
+    StatusOr<pid_t> pid = StartReleased(controller);
     ASSERT_TRUE(pid.ok()) << pid.status().message();
     started = *pid;
   }
@@ -287,6 +320,126 @@ TEST_F(DaemonsTest, ABinaryThatCannotRunIsReported) {
   EXPECT_FALSE(fs::exists(spec.pid_file));
 }
 
+// A started daemon's parent, the leader of its session, passes on how it ended (a detached daemon's
+// exit code was lost: llmctl could only say that it had died) until it is let go; then it exits,
+// and the daemon runs on as init's.
+TEST_F(DaemonsTest, AStartedDaemonsEndIsPassedOnUntilItIsLetGo) {
+  DaemonSpec spec = Sleeper(dir_);
+  spec.binary = fs::canonical("/bin/sh");
+  spec.args = {"-c", "exit 3"};
+  StatusOr<StartedDaemon> ended = StartDetached(spec);
+  ASSERT_TRUE(ended.ok()) << ended.status().message();
+  const std::optional<int> status = ended->WaitStatus(std::chrono::seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << *status;
+
+  StatusOr<StartedDaemon> running = StartDetached(Sleeper(dir_));
+  ASSERT_TRUE(running.ok()) << running.status().message();
+  const pid_t parent = ParentOf(running->pid());
+  EXPECT_NE(parent, ::getpid());
+  EXPECT_EQ(::getsid(running->pid()), parent);  // the daemon is no session's leader
+  EXPECT_EQ(running->WaitStatus(std::chrono::milliseconds(0)), std::nullopt);
+  running->Release();
+  EXPECT_FALSE(Running(parent));
+  EXPECT_NE(ParentOf(running->pid()), parent);
+  EXPECT_TRUE(Running(running->pid()));
+  EXPECT_EQ(running->WaitStatus(std::chrono::milliseconds(0)), std::nullopt);
+  EXPECT_FALSE(StopProcess(running->pid(), std::chrono::seconds(10)));
+}
+
+// llmctl ended (Ctrl-C, kill -9) while it waited for a daemon it started: the daemon's parent,
+// which watched it for llmctl, exits, and the daemon runs on where its pid file finds it, as it
+// did when that parent exited at once. Here the starter ends without letting it go.
+TEST_F(DaemonsTest, ADaemonWhoseStarterEndsWhileItIsWatchedRunsOnFoundByItsPidFile) {
+  const DaemonSpec spec = Sleeper(dir_);
+  int pids[2];
+  ASSERT_EQ(::pipe(pids), 0);
+  const pid_t starter = ::fork();
+  ASSERT_GE(starter, 0);
+  if (starter == 0) {
+    ::close(pids[0]);
+    StatusOr<StartedDaemon> started = StartDetached(spec);
+    const pid_t sent[2] = {started.ok() ? started->pid() : 0,
+                           started.ok() ? ParentOf(started->pid()) : 0};
+    (void)!::write(pids[1], sent, sizeof sent);
+    ::_exit(0);  // as a kill would: `started` is never released
+  }
+  ::close(pids[1]);
+  pid_t got[2] = {0, 0};
+  const ssize_t read = ::read(pids[0], got, sizeof got);
+  ::close(pids[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(starter, &status, 0), starter);
+  ASSERT_EQ(read, static_cast<ssize_t>(sizeof got));
+  const auto [daemon, parent] = got;
+  ASSERT_GT(daemon, 0);
+  ASSERT_GT(parent, 0);
+  // Bounded wait for the parent to see its starter's end.
+  for (int i = 0; i < 400 && Running(parent); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_FALSE(Running(parent)) << "the daemon's parent outlived its starter";
+  EXPECT_EQ(RunningPid(spec.pid_file, "/bin/sleep"), daemon);
+  EXPECT_FALSE(StopProcess(daemon, std::chrono::seconds(10)));
+}
+
+// llmctld killed at start is reported with the signal, and its empty log as such.
+TEST_F(DaemonsTest, AControllerKilledAtStartIsReportedWithItsSignal) {
+  const fs::path home = dir_ / "home";
+  const fs::path llmctld = dir_ / "llmctld";
+  std::ofstream(llmctld) << "#!/bin/sh\nkill -s KILL $$\n";
+  fs::permissions(llmctld, fs::perms::owner_all);
+  EmbeddedDaemons daemons(
+      home,
+      {.llmctld = fs::canonical(llmctld), .llm_agent = "/bin/false", .llm_train = "/bin/false"});
+  const Status started = daemons.EnsureRunning(std::chrono::seconds(10));
+  EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition) << started.ToString();
+  EXPECT_EQ(started.message(), "llmctld was killed at start by signal 9 (SIGKILL); nothing in " +
+                                   (home / "logs" / "llmctld.log").string());
+}
+
+// The real llmctld refusing its configuration (here a config file with an unknown setting) makes
+// `llmctl daemon start` exit 2 as llmctld did, with llmctld's message naming the file, and none of
+// an earlier start's lines in its log. llmctl could not learn a detached daemon's exit code: it
+// exited 1 with the log's last lines, whichever start wrote them.
+TEST_F(DaemonsTest, AControllerThatRefusesItsConfigurationMakesDaemonStartExitWithItsCode) {
+  const char* build = std::getenv("LLMCTL_BUILD_DIR");
+  const fs::path real = fs::path(build != nullptr ? build : "build") / "controller" / "llmctld";
+  ASSERT_TRUE(fs::exists(real)) << real;
+  const fs::path config = dir_ / "controller.yaml";
+  std::ofstream(config) << "requeue_aftr: 5m\n";
+  // Under llmctld's name: the real one, with the config file after what llmctl passes it.
+  const fs::path llmctld = dir_ / "bin" / "llmctld";
+  fs::create_directories(llmctld.parent_path());
+  std::ofstream(llmctld) << "#!/bin/sh\nexec '" << fs::canonical(real).string()
+                         << "' \"$@\" --config '" << config.string() << "'\n";
+  fs::permissions(llmctld, fs::perms::owner_all);
+  const fs::path home = dir_ / "home";
+  fs::create_directories(home / "logs");
+  fs::permissions(home, fs::perms::owner_all);
+  const fs::path log = home / "logs" / "llmctld.log";
+  std::ofstream(log) << "llmctld: an earlier start's line\n";
+  const EnvLookup env = [&](std::string_view name) -> std::optional<std::string> {
+    if (name == "LLMCTL_HOME") return home.string();
+    if (name == "LLMCTL_LLMCTLD_BIN") return llmctld.string();
+    if (name == "LLMCTL_AGENT_BIN" || name == "LLMCTL_TRAIN_BIN") return "/bin/false";
+    return std::nullopt;
+  };
+  std::ostringstream out;
+  std::ostringstream err;
+  CliContext context = testing::TestCliContext(env, out, err, dir_ / "bin");
+  context.daemon_ready_timeout =
+      std::chrono::seconds(30);  // ample for it to exit, whatever the load
+  EXPECT_EQ(RunLlmctl({"llmctl", "daemon", "start"}, context), 2) << err.str();
+  EXPECT_EQ(err.str(),
+            "llmctl: llmctld refused its configuration (exit code 2); what it wrote to " +
+                log.string() + ":\n  llmctld: " + config.string() +
+                ":1:1: unknown setting 'requeue_aftr' (known: data_dir, listen, "
+                "allow_remote_listen, token_file, requeue_after, agent_call_deadline, "
+                "min_transfer_rate, health_interval)\n");
+  EXPECT_EQ(out.str(), "");
+}
+
 // llmctld refusing its data directory at start (one open to other users) is reported with its own
 // reason and as this machine's to fix: it was Unavailable, and llmctl exited 3 asking whether the
 // controller was running.
@@ -301,6 +454,10 @@ TEST_F(DaemonsTest, AControllerThatRefusesToStartIsReportedWithItsReason) {
       {.llmctld = fs::canonical(llmctld), .llm_agent = "/bin/false", .llm_train = "/bin/false"});
   const Status started = daemons.EnsureRunning(std::chrono::seconds(10));
   EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition) << started.ToString();
+  EXPECT_EQ(started.message().find("llmctld exited at start with code 1; what it wrote to " +
+                                   (home / "logs" / "llmctld.log").string() + ":\n"),
+            0u)
+      << started.message();
   EXPECT_NE(started.message().find("llmctld: FAILED_PRECONDITION: " + home.string() +
                                    ": open to other users (mode 0755)"),
             std::string::npos)
@@ -319,7 +476,7 @@ TEST_F(DaemonsTest, TheRealControllerLogsItsStopOnSigterm) {
       data,
       {.llmctld = fs::canonical(llmctld), .llm_agent = "/bin/false", .llm_train = "/bin/false"});
   const fs::path log = data / "logs" / "llmctld.log";
-  StatusOr<pid_t> pid = StartDetached(daemons.ControllerSpec());
+  StatusOr<pid_t> pid = StartReleased(daemons.ControllerSpec());
   ASSERT_TRUE(pid.ok()) << pid.status().message();
   // Bounded wait for the socket; llmctld exiting instead is a failure the log explains.
   for (int i = 0; i < 400 && !fs::exists(data / "controller.sock") &&
@@ -337,6 +494,9 @@ TEST_F(DaemonsTest, TheRealControllerLogsItsStopOnSigterm) {
 TEST_F(DaemonsTest, LogTailKeepsTheLastLines) {
   std::ofstream(dir_ / "x.log") << "one\ntwo\nthree\n";
   EXPECT_EQ(LogTail(dir_ / "x.log", 2), "  two\n  three\n");
+  // From an offset, as a daemon's start left it: only what followed.
+  EXPECT_EQ(LogTail(dir_ / "x.log", 5, 4), "  two\n  three\n");
+  EXPECT_EQ(LogTail(dir_ / "x.log", 5, 14), "");
 }
 
 // A FIFO in place of the pid file or the log is not waited on (llmctl once hung on one). Each
@@ -376,7 +536,7 @@ TEST_F(DaemonsTest, LogTailReadsOnlyTheEndOfALongLog) {
 }
 
 TEST_F(DaemonsTest, APidFileWithMoreThanAPidIsNotBelieved) {
-  StatusOr<pid_t> pid = StartDetached(Sleeper(dir_));
+  StatusOr<pid_t> pid = StartReleased(Sleeper(dir_));
   ASSERT_TRUE(pid.ok()) << pid.status().message();
   std::ofstream(dir_ / "padded.pid") << "  " << *pid << "\n";
   EXPECT_EQ(RunningPid(dir_ / "padded.pid", "/bin/sleep"), *pid);
@@ -525,7 +685,7 @@ TEST_F(DaemonsTest, TheRealAgentStartsWithTheFlagsAndCredentialsWeWrite) {
 
   EmbeddedDaemons daemons(
       data, {fs::canonical("/bin/false"), fs::canonical(agent_binary), fs::canonical("/bin/true")});
-  StatusOr<pid_t> pid = StartDetached(daemons.AgentSpec());
+  StatusOr<pid_t> pid = StartReleased(daemons.AgentSpec());
   ASSERT_TRUE(pid.ok()) << pid.status().message();
   // Bounded wait for the socket; the agent exiting instead is the failure this test looks for.
   for (int i = 0; i < 400 && !fs::exists(data / "agent.sock") &&
@@ -566,7 +726,7 @@ TEST_F(DaemonsTest, TheRealAgentStopsAtOnceWhileItsRateProbeRuns) {
   ::unsetenv("LLMCTL_RATE_PROBE");
   EmbeddedDaemons daemons(
       data, {fs::canonical("/bin/false"), fs::canonical(agent_binary), fs::canonical(trainer)});
-  StatusOr<pid_t> pid = StartDetached(daemons.AgentSpec());
+  StatusOr<pid_t> pid = StartReleased(daemons.AgentSpec());
   if (saved != nullptr) ::setenv("LLMCTL_RATE_PROBE", saved_value.c_str(), 1);
   ASSERT_TRUE(pid.ok()) << pid.status().message();
   for (int i = 0; i < 800 && !fs::exists(probe_pid); ++i) {
