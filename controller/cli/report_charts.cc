@@ -353,7 +353,7 @@ std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& t
   return out + "</svg></figure>\n";
 }
 
-// When node rank `node_rank`'s trainer started, on that node's clock, which its device samples
+// When rank 0's trainer started, read on node rank `node_rank`'s clock, which its device samples
 // are dated by; 0 when it is not known.
 int64_t NodeStartedUnixMs(const v1::AttemptMemory& attempt, int32_t node_rank) {
   if (node_rank == 0) return attempt.started_unix_ms();

@@ -25,11 +25,12 @@ std::string OutcomeChart(const v1::ReportResponse& report);
 
 // One trial's memory over time on one axis of seconds. Each attempt of the run counts from its
 // trainer's start (elapsed_ms), and the attempts of a resumed run follow each other without the
-// time between them; a GPU's device samples are placed by their node's wall clock against that
-// node's own trainer's start, read on the same clock (started_unix_ms for node rank 0,
-// node_started_unix_ms for the others), so two nodes' clocks are never mixed: samples from before
-// that start, or of a node without one, are left out; a CPU node's, the trial's resident memory,
-// are no device's memory and left out too.
+// time between them; a GPU's device samples are placed by their node's wall clock against rank 0's
+// trainer's start, read on the same clock (started_unix_ms for node rank 0, node_started_unix_ms
+// for the others, which the store sets where the ranks met), so two nodes' clocks are never mixed
+// and a node launched later is not drawn early: samples from before that start, or of a node
+// without one, are left out; a CPU node's, the trial's resident memory, are no device's memory and
+// left out too.
 struct MemoryTimeline {
   struct Attempt {
     int32_t attempt = 0;

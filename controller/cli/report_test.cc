@@ -538,17 +538,18 @@ TEST(MemoryTimelineTest, LaysOutAttemptsEndToEndAndSamplesByTheirClock) {
 }
 
 // A two-node attempt's nodes date their samples by their own clocks: node rank 1's, 30 s ahead of
-// node rank 0's, are placed against its own trainer's start, read on that same clock, not against
-// node rank 0's; a node whose start is unknown has nothing to place its samples against.
-TEST(MemoryTimelineTest, EachNodesSamplesArePlacedAgainstItsOwnStartOnItsOwnClock) {
+// node rank 0's, are placed against rank 0's trainer's start read on that same clock (the store's
+// node_started_unix_ms), not against node rank 0's reading of it; a node whose zero is
+// unknown has nothing to place its samples against.
+TEST(MemoryTimelineTest, EachNodesSamplesArePlacedAgainstRankZerosStartOnItsOwnClock) {
   v1::TrialReport trial;
   constexpr int64_t kNodeZeroStart = 1'700'000'000'000;
-  // Node rank 1's trainer started 0.2 s after node rank 0's, on a clock 30 s ahead.
-  constexpr int64_t kNodeOneStart = kNodeZeroStart + 30'000 + 200;
+  // Rank 0's start, read on node rank 1's clock, 30 s ahead.
+  constexpr int64_t kZeroOnNodeOne = kNodeZeroStart + 30'000;
   v1::AttemptMemory* attempt = report_test_support::AddAttemptMemory(
       &trial, 1, kNodeZeroStart, 80 * 1024 * kMiB, {{2'500, "phase3_after_opt_step", 0, 3 * kMiB}},
       {{1'000, 10 * 1024 * kMiB}});
-  (*attempt->mutable_node_started_unix_ms())[1] = kNodeOneStart;
+  (*attempt->mutable_node_started_unix_ms())[1] = kZeroOnNodeOne;
   const auto add_sample = [&](int32_t node_rank, int64_t unix_ms, int64_t used) {
     v1::DeviceMemorySample* sample = attempt->add_device_samples();
     sample->set_device("cuda:0");
@@ -556,8 +557,8 @@ TEST(MemoryTimelineTest, EachNodesSamplesArePlacedAgainstItsOwnStartOnItsOwnCloc
     sample->set_unix_ms(unix_ms);
     sample->set_memory_used_bytes(used);
   };
-  add_sample(1, kNodeOneStart + 1'000, 11 * 1024 * kMiB);
-  add_sample(1, kNodeOneStart + 2'000, 12 * 1024 * kMiB);
+  add_sample(1, kZeroOnNodeOne + 1'000, 11 * 1024 * kMiB);
+  add_sample(1, kZeroOnNodeOne + 2'000, 12 * 1024 * kMiB);
   add_sample(2, kNodeZeroStart + 1'500, 13 * 1024 * kMiB);  // node rank 2 has no start
 
   const MemoryTimeline timeline = LayOutMemoryTimeline(trial);
@@ -574,7 +575,7 @@ TEST(MemoryTimelineTest, EachNodesSamplesArePlacedAgainstItsOwnStartOnItsOwnCloc
   *report.add_trials() = trial;
   const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
   EXPECT_EQ(json["trials"][0]["memory_timeline"][0]["node_started_unix_ms"],
-            nlohmann::json({{"1", kNodeOneStart}}));
+            nlohmann::json({{"1", kZeroOnNodeOne}}));
 }
 
 // One figure of the "Memory over time" section, by its trial's name.

@@ -222,9 +222,15 @@ Status FillRankMemory(sqlite3* db, int64_t experiment_id, std::vector<TrialRepor
   return Status::Ok();
 }
 
-// A multi-node attempt's other nodes' own trainer starts (AttemptMemory::node_started_unix_ms):
-// node rank k runs ranks k * R to k * R + R - 1, R the world size over the nodes (as llm-train's
-// launcher numbers them), and its first rank's `start` event is dated by node k's clock.
+// A multi-node attempt's other nodes' zeros (AttemptMemory::node_started_unix_ms): when node rank
+// 0's trainer started, read on node k's clock. Node rank k runs ranks k * R to k * R + R - 1, R the
+// world size over the nodes (as llm-train's launcher numbers them), and its first rank's `start`
+// event is dated by node k's clock. That rank's own started_unix_ms is not the zero: node k is
+// launched only once node rank 0's launcher has written its port, and rank 0 waits for it where the
+// ranks meet, so from the meeting on the nodes train together, rank 0 that wait longer after its
+// start. The meeting is the one moment both clocks read (each start event's
+// ranks_met_elapsed_ms): the zero is node k's first rank's start plus its time to the meeting, less
+// rank 0's.
 StatusOr<std::map<int64_t, int64_t>> LoadNodeStarts(sqlite3* db, int64_t trial_id,
                                                     int64_t attempt) {
   std::map<int64_t, int64_t> starts;
@@ -232,15 +238,21 @@ StatusOr<std::map<int64_t, int64_t>> LoadNodeStarts(sqlite3* db, int64_t trial_i
                    internal::LoadAttemptNodes(db, trial_id, attempt));
   if (nodes.size() < 2) return starts;
   ASSIGN_OR_RETURN(const json start, LatestEventOfType(db, trial_id, attempt, "start"));
-  const auto world_size = start.is_object() ? start.find("world_size") : start.end();
-  if (world_size == start.end() || !world_size->is_number_integer()) return starts;
+  if (!start.is_object()) return starts;
+  const auto world_size = start.find("world_size");
+  const auto rank_zero_met_ms = start.find("ranks_met_elapsed_ms");
+  if (world_size == start.end() || !world_size->is_number_integer() ||
+      rank_zero_met_ms == start.end() || !rank_zero_met_ms->is_number()) {
+    return starts;
+  }
   const auto node_count = static_cast<int64_t>(nodes.size());
   const int64_t ranks_per_node = world_size->get<int64_t>() / node_count;
   // An event line is the trainer's word: a world that is not whole nodes' ranks places nothing.
   if (ranks_per_node < 1 || world_size->get<int64_t>() % node_count != 0) return starts;
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db,
-                                      "SELECT rank, json_extract(json, '$.started_unix_ms') "
+                                      "SELECT rank, json_extract(json, '$.started_unix_ms'), "
+                                      "json_extract(json, '$.ranks_met_elapsed_ms') "
                                       "FROM rank_events r WHERE trial_id = ? AND attempt = ? "
                                       "AND type = 'start' AND rank % ? = 0 AND seq = "
                                       "(SELECT MAX(seq) FROM rank_events WHERE "
@@ -251,8 +263,13 @@ StatusOr<std::map<int64_t, int64_t>> LoadNodeStarts(sqlite3* db, int64_t trial_i
     ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
     if (!has_row) break;
     const std::optional<int64_t> started = stmt.OptionalInt(1);
+    const std::optional<double> met_ms = stmt.OptionalNumber(2);
     const int64_t node_rank = stmt.Int(0) / ranks_per_node;
-    if (started.value_or(0) > 0 && node_rank < node_count) starts[node_rank] = *started;
+    if (!started || !met_ms || node_rank >= node_count) continue;
+    const double zero = static_cast<double>(*started) + *met_ms - rank_zero_met_ms->get<double>();
+    // Below 2^53 ms, where a double still holds every millisecond; an infinite or NaN figure fails
+    // the test too.
+    if (zero > 0 && zero < 9e15) starts[node_rank] = std::llround(zero);
   }
   return starts;
 }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,41 +75,56 @@ TEST_F(StoreTest, ReportHasEveryRanksMemoryForAMultiRankTrial) {
   EXPECT_THAT(report->trials[1].ranks, IsEmpty());
 }
 
-// A multi-node attempt's node rank 1 dates its device samples by its own clock: the report carries
-// its own trainer's start, its first rank's (rank 2 of 2 nodes of 2 ranks), to place them against.
-TEST_F(StoreTest, ReportHasEachOtherNodesOwnTrainerStart) {
+// A multi-node attempt's node rank 1 dates its device samples by its own clock, and its trainer
+// starts later than rank 0's: node rank 1 is launched once node rank 0's launcher has written its
+// port, and rank 0 waits for it where the ranks meet. The report carries, for node rank 1, the
+// moment rank 0's trainer started read on node rank 1's clock, through that meeting, the one moment
+// both clocks read: node rank 1's first rank's (rank 2 of 2 nodes of 2 ranks) start and meeting
+// less rank 0's wait for it. Node rank 2, whose start event does not say when it met the others,
+// has none.
+TEST_F(StoreTest, ReportPlacesEachOtherNodeAgainstRankZerosStartOnItsOwnClock) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);
-  const int64_t experiment = *store->CreateExperiment(MakeExperiment("x", {"two-nodes"}), kNow);
+  const int64_t experiment = *store->CreateExperiment(MakeExperiment("x", {"three-nodes"}), kNow);
   const int64_t trial = store->ListTrials(experiment)->at(0).id;
   ASSERT_EQ(*store->StartMultiNodeAttempt(
                 trial,
                 {{.node_rank = 0, .node = "n1", .device_indices = {0, 1}, .ended = false},
-                 {.node_rank = 1, .node = "n2", .device_indices = {0, 1}, .ended = false}},
+                 {.node_rank = 1, .node = "n2", .device_indices = {0, 1}, .ended = false},
+                 {.node_rank = 2, .node = "n3", .device_indices = {0, 1}, .ended = false}},
                 kNow),
             1);
   constexpr int64_t kNodeZeroStart = 1'700'000'000'000;
-  constexpr int64_t kNodeOneStart = kNodeZeroStart + 30'200;  // a clock 30 s ahead
-  const auto start = [](int64_t seq, int32_t rank, int64_t started_unix_ms) {
-    Event event = MakeEvent(seq, {{"type", "start"},
-                                  {"rank", rank},
-                                  {"world_size", 4},
-                                  {"started_unix_ms", started_unix_ms}});
+  constexpr int64_t kClockAhead = 30'000;  // node rank 1's clock against node rank 0's
+  constexpr int64_t kLaunchedLater = 4'000;
+  constexpr double kNodeOneWait = 500.25;  // from its start until the ranks met
+  constexpr double kRankZeroWait = kLaunchedLater + kNodeOneWait;
+  const auto start = [](int32_t rank, int64_t started_unix_ms, std::optional<double> met_ms) {
+    json line = {
+        {"type", "start"}, {"rank", rank}, {"world_size", 6}, {"started_unix_ms", started_unix_ms}};
+    if (met_ms) line["ranks_met_elapsed_ms"] = *met_ms;
+    Event event = MakeEvent(1, line);
     event.rank = rank;
     return event;
   };
-  ASSERT_EQ(*store->AppendEvents(
-                trial, 1,
-                std::vector<Event>{start(1, 0, kNodeZeroStart), start(1, 1, kNodeZeroStart + 5),
-                                   start(1, 2, kNodeOneStart), start(1, 3, kNodeOneStart + 7)}),
-            4);
+  const int64_t node_one_start = kNodeZeroStart + kClockAhead + kLaunchedLater;
+  ASSERT_EQ(*store->AppendEvents(trial, 1,
+                                 std::vector<Event>{
+                                     start(0, kNodeZeroStart, kRankZeroWait),
+                                     start(1, kNodeZeroStart + 5, kRankZeroWait - 5),
+                                     start(2, node_one_start, kNodeOneWait),
+                                     start(3, node_one_start + 7, kNodeOneWait - 7),
+                                     start(4, kNodeZeroStart + 6'000, std::nullopt),
+                                     start(5, kNodeZeroStart + 6'000, std::nullopt),
+                                 }),
+            6);
 
   StatusOr<ExperimentReport> report = store->Report(experiment);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   ASSERT_EQ(report->trials[0].memory_timeline.size(), 1u);
   const AttemptMemory& attempt = report->trials[0].memory_timeline[0];
   EXPECT_EQ(attempt.started_unix_ms, kNodeZeroStart);
-  EXPECT_THAT(attempt.node_started_unix_ms, ElementsAre(Pair(1, kNodeOneStart)));
+  EXPECT_THAT(attempt.node_started_unix_ms, ElementsAre(Pair(1, kNodeZeroStart + kClockAhead)));
 }
 
 // Issue 38: each rank's kernel_fallback events of the current attempt are the report's, rank by

@@ -243,9 +243,11 @@ struct AttemptMemory {
   std::vector<nlohmann::json> snapshots;  // its `snapshot` events, in order
   // When the trainer ended, on the snapshots' clock: its latest `result` event's elapsed_ms.
   std::optional<double> ended_elapsed_ms;
-  // A multi-node attempt's node rank k > 0 -> its own trainer's start: the started_unix_ms of its
-  // first rank's latest `start` event, on node k's clock, which its device samples are dated by.
-  // No entry for a node without one.
+  // A multi-node attempt's node rank k > 0 -> when rank 0's trainer started, read on node k's
+  // clock, which its device samples are dated by: its first rank's latest `start` event's
+  // started_unix_ms + ranks_met_elapsed_ms (when the ranks met, on node k's clock) less rank 0's
+  // ranks_met_elapsed_ms. Not node k's own start, which comes after rank 0's by node k's later
+  // launch. No entry for a node whose start event, or when rank 0's, does not say when they met.
   std::map<int64_t, int64_t> node_started_unix_ms;
 };
 

@@ -137,11 +137,24 @@ void ExpectNodesTrainLikeOneNode(const std::string& name, int nodes, int devices
   const std::vector<double> expected = StepLosses(one_node.events[0]);
   ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
   EXPECT_GT(std::abs(expected.front() - expected.back()), 1e-3);
+  // Every rank says when the ranks met, which can only be once every rank has started and, on
+  // each, after rank 0 did (rank 0 serves the store they meet through): read on this one host's
+  // clock, rank 0's meeting comes after every rank's start, and every rank's after rank 0's start
+  // (a millisecond for started_unix_ms's truncation).
+  const nlohmann::json rank_zero = EventsOfType(multi.events[0], "start").at(0);
+  ASSERT_TRUE(rank_zero["ranks_met_elapsed_ms"].is_number()) << rank_zero.dump();
+  const double rank_zero_started = rank_zero["started_unix_ms"].get<double>();
+  const double rank_zero_met = rank_zero_started + rank_zero["ranks_met_elapsed_ms"].get<double>();
   for (int rank = 0; rank < world_size; ++rank) {
     EXPECT_EQ(StepLosses(multi.events[rank]), expected) << "rank " << rank;
     const nlohmann::json start = EventsOfType(multi.events[rank], "start").at(0);
     EXPECT_EQ(start["rank"], rank);
     EXPECT_EQ(start["world_size"], world_size);
+    ASSERT_TRUE(start["ranks_met_elapsed_ms"].is_number()) << start.dump();
+    const double started = start["started_unix_ms"].get<double>();
+    EXPECT_LE(started, rank_zero_met + 1) << "rank " << rank;
+    EXPECT_GE(started + start["ranks_met_elapsed_ms"].get<double>() + 1, rank_zero_started)
+        << "rank " << rank;
   }
   ASSERT_FALSE(one_node.final_model.empty());
   ASSERT_EQ(multi.final_model.size(), one_node.final_model.size());

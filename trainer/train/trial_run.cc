@@ -22,6 +22,7 @@ Status TrialRun::Setup() {
       memory_->SetBudget(budget ? std::optional<uint64_t>(budget->bytes) : std::nullopt));
 
   ASSIGN_OR_RETURN(parallel_, MakeParallelism(config_, options_.rank_env, device_));
+  if (parallel_->world_size() > 1) ranks_met_elapsed_ms_ = ElapsedMs();
   rank_ = parallel_->rank();
   micro_batch_size_ = settings().train.micro_batch_size;
   accumulation_ =

@@ -153,6 +153,12 @@ class TrialRun {
   // wall clock (for the start event, so a reader can place the snapshots beside other clocks).
   const Clock::time_point started_ = Clock::now();
   const std::chrono::system_clock::time_point started_wall_ = std::chrono::system_clock::now();
+  // A multi-rank run's clock when its ranks met: MakeParallelism returns once the process group
+  // has connected every rank to every other, the same moment on every node. Node rank 0's ranks
+  // wait there for the nodes launched after theirs, so it is the one moment by which another
+  // node's clock can be set against rank 0's start (the report's memory chart does). Unset in a
+  // one-process run.
+  std::optional<double> ranks_met_elapsed_ms_;
 
   TrialModelConfig model_config_;
   Precision precision_;

@@ -128,25 +128,27 @@ void TrialRun::EmitStart(uint64_t load_peak) {
   total_steps_ = TotalSteps();
   const ParameterCounts counts = CountParameters(model_->module());
   const std::optional<uint64_t> limit = memory_->limit_bytes();
-  events_.Emit({{"type", "start"},
-                {"config", config_.EffectiveJson()},
-                {"total_steps", total_steps_},
-                {"examples", batches_->num_examples()},
-                {"parameters_total", counts.total},
-                {"parameters_trainable", counts.trainable},
-                {"load_peak_bytes", load_peak},
-                {"first_step", first_step_},
-                {"resumed_from", options_.resume_from},
-                {"device", device_.str()},
-                {"rank", rank_},
-                {"world_size", parallel_->world_size()},
-                {"comm_bytes", UniqueStorageBytes(CommBuffers())},
-                {"device_limit_bytes", limit ? json(*limit) : json(nullptr)},
-                {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        started_wall_.time_since_epoch())
-                                        .count()},
-                {"threads", torch::get_num_threads()},
-                {"torch_version", TORCH_VERSION}});
+  json start{{"type", "start"},
+             {"config", config_.EffectiveJson()},
+             {"total_steps", total_steps_},
+             {"examples", batches_->num_examples()},
+             {"parameters_total", counts.total},
+             {"parameters_trainable", counts.trainable},
+             {"load_peak_bytes", load_peak},
+             {"first_step", first_step_},
+             {"resumed_from", options_.resume_from},
+             {"device", device_.str()},
+             {"rank", rank_},
+             {"world_size", parallel_->world_size()},
+             {"comm_bytes", UniqueStorageBytes(CommBuffers())},
+             {"device_limit_bytes", limit ? json(*limit) : json(nullptr)},
+             {"started_unix_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     started_wall_.time_since_epoch())
+                                     .count()},
+             {"threads", torch::get_num_threads()},
+             {"torch_version", TORCH_VERSION}};
+  if (ranks_met_elapsed_ms_) start["ranks_met_elapsed_ms"] = *ranks_met_elapsed_ms_;
+  events_.Emit(start);
   Human("[start] model " + OnOneLine(settings().model.name) + " (" + std::to_string(counts.total) +
         " parameters, " + std::to_string(counts.trainable) + " trainable) | " + precision_.name +
         " | " + std::string(Name(settings().train.optimizer)) + " | micro-batch " +
